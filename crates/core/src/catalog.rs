@@ -1,0 +1,337 @@
+//! The operation catalog: the 11 sandbox write operations of SPEC §3, defined once.
+//!
+//! Every face (CLI `ops`, MCP tool list, HTTP) is generated from [`OPERATIONS`], so the
+//! lists cannot drift apart.
+
+use crate::confine::ExtensionPolicy;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// What kind of change an operation makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum MutationClass {
+    Create,
+    Append,
+    Replace,
+    Transform,
+    Generate,
+    /// Used by the audit trail and metrics of rollbacks; no intent maps to it.
+    Rollback,
+}
+
+impl MutationClass {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Append => "append",
+            Self::Replace => "replace",
+            Self::Transform => "transform",
+            Self::Generate => "generate",
+            Self::Rollback => "rollback",
+        }
+    }
+}
+
+impl fmt::Display for MutationClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Risk of an action, as assessed by governance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum RiskLevel {
+    Low,
+    Medium,
+    High,
+}
+
+impl RiskLevel {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
+}
+
+/// The input an operation takes besides its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    /// `content`: text written as given.
+    Content,
+    /// `data`: a structured value serialized by the target's format.
+    Data,
+    /// `edits`: exact-text replacements.
+    Edits,
+    /// Nothing: the path is all.
+    None,
+}
+
+/// One entry of the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Operation {
+    /// The intent name, e.g. `create_file`.
+    pub name: &'static str,
+    /// What kind of change it makes.
+    pub mutation_class: MutationClass,
+    /// Extensions it may write; empty means every allowed extension (or, for
+    /// `create_directory`, none apply).
+    pub extensions: &'static [&'static str],
+    /// Largest number of bytes it may leave on disk; `None` for directories.
+    pub max_size_bytes: Option<u64>,
+    /// Baseline risk.
+    pub risk_level: RiskLevel,
+    /// Whether every use is governed even where others are not.
+    pub requires_governance: bool,
+    /// The input it takes.
+    #[serde(skip)]
+    pub payload: Payload,
+    /// One line for people and for LLM tool descriptions.
+    #[serde(skip)]
+    pub summary: &'static str,
+}
+
+impl Operation {
+    /// Whether the operation creates directories rather than files.
+    pub fn is_directory(&self) -> bool {
+        self.name == "create_directory"
+    }
+}
+
+/// The catalog, in the order of SPEC §3.
+pub static OPERATIONS: [Operation; 11] = [
+    Operation {
+        name: "create_file",
+        mutation_class: MutationClass::Create,
+        extensions: &[],
+        max_size_bytes: Some(MIB),
+        risk_level: RiskLevel::Medium,
+        requires_governance: false,
+        payload: Payload::Content,
+        summary: "Create a new text file with the given content; fails if the path already exists.",
+    },
+    Operation {
+        name: "append_file",
+        mutation_class: MutationClass::Append,
+        extensions: &[],
+        max_size_bytes: Some(MIB),
+        risk_level: RiskLevel::Medium,
+        requires_governance: false,
+        payload: Payload::Content,
+        summary: "Append content to a file, creating it when missing.",
+    },
+    Operation {
+        name: "replace_file",
+        mutation_class: MutationClass::Replace,
+        extensions: &[],
+        max_size_bytes: Some(MIB),
+        risk_level: RiskLevel::Medium,
+        requires_governance: false,
+        payload: Payload::Content,
+        summary: "Replace the whole content of an existing regular file.",
+    },
+    Operation {
+        name: "create_directory",
+        mutation_class: MutationClass::Create,
+        extensions: &[],
+        max_size_bytes: None,
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::None,
+        summary: "Create a directory and any missing parents (mkdir -p); succeeds if it exists.",
+    },
+    Operation {
+        name: "write_json",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".json"],
+        max_size_bytes: Some(2 * MIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Data,
+        summary: "Serialize a structured value as pretty JSON into a .json file.",
+    },
+    Operation {
+        name: "write_yaml",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".yaml", ".yml"],
+        max_size_bytes: Some(MIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Data,
+        summary: "Serialize a structured value as YAML into a .yaml or .yml file.",
+    },
+    Operation {
+        name: "write_markdown",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".md"],
+        max_size_bytes: Some(2 * MIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Content,
+        summary: "Write a Markdown document (.md), creating or replacing it.",
+    },
+    Operation {
+        name: "generate_report",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".md"],
+        max_size_bytes: Some(5 * MIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Content,
+        summary: "Write a Markdown report (.md), creating or replacing it.",
+    },
+    Operation {
+        name: "generate_config",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".json", ".yaml", ".yml", ".toml", ".ini"],
+        max_size_bytes: Some(512 * KIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Data,
+        summary: "Serialize a structured value as a config file chosen by extension (json, yaml, toml, ini).",
+    },
+    Operation {
+        name: "generate_script",
+        mutation_class: MutationClass::Generate,
+        extensions: &[".py", ".sh"],
+        max_size_bytes: Some(MIB),
+        risk_level: RiskLevel::Medium,
+        requires_governance: true,
+        payload: Payload::Content,
+        summary: "Write a .py or .sh script as plain text; it is never made executable.",
+    },
+    Operation {
+        name: "sandbox_transform",
+        mutation_class: MutationClass::Transform,
+        extensions: &[],
+        max_size_bytes: Some(5 * MIB),
+        risk_level: RiskLevel::Low,
+        requires_governance: false,
+        payload: Payload::Edits,
+        summary: "Apply exact-text edits to an existing file; each `old` must match exactly once; all or nothing.",
+    },
+];
+
+/// Intents that are never executed, whatever the phase.
+pub const FORBIDDEN_INTENTS: [&str; 6] = [
+    "delete_file",
+    "move_file",
+    "run_command",
+    "restart_service",
+    "install_package",
+    "modify_config",
+];
+
+/// Read-only intents (classified as `readonly` scope).
+pub const READ_INTENTS: [&str; 3] = ["read_file", "list_directory", "get_file_info"];
+
+/// Maps an intent to its operation, if it is one of the 11 sandbox writes.
+pub fn op_for_intent(intent: &str) -> Option<&'static Operation> {
+    OPERATIONS.iter().find(|op| op.name == intent)
+}
+
+/// Whether `intent` is one of the 11 sandbox write operations.
+pub fn is_sandbox_write_intent(intent: &str) -> bool {
+    op_for_intent(intent).is_some()
+}
+
+/// Checks an operation against a target extension and the bytes it would leave on disk.
+///
+/// `ext` is the normalised extension (`.json`, lower case, or empty). The extension
+/// policy's block-list always wins; then the allow-list; then the operation's own list.
+pub fn is_allowed_operation(
+    op: &Operation,
+    ext: &str,
+    size: u64,
+    extensions: &ExtensionPolicy,
+) -> Verdict {
+    if !op.is_directory() {
+        extensions.check(ext)?;
+        if !op.extensions.is_empty() && !op.extensions.contains(&ext) {
+            return Err(Refusal::new(
+                ReasonCode::ExtensionNotAllowed,
+                format!(
+                    "{} writes only {} files; {} is not one of them",
+                    op.name,
+                    op.extensions.join(" "),
+                    shown_ext(ext)
+                ),
+            ));
+        }
+    }
+    if let Some(max) = op.max_size_bytes
+        && size > max
+    {
+        return Err(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} would leave {size} bytes on disk; its limit is {max} bytes ({})",
+                op.name,
+                human_bytes(max)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn shown_ext(ext: &str) -> String {
+    if ext.is_empty() {
+        "a name without extension".to_owned()
+    } else {
+        format!("'{ext}'")
+    }
+}
+
+/// `1048576` → `1 MiB`, for sentences.
+pub fn human_bytes(n: u64) -> String {
+    if n >= MIB && n.is_multiple_of(MIB) {
+        format!("{} MiB", n / MIB)
+    } else if n >= KIB && n.is_multiple_of(KIB) {
+        format!("{} KiB", n / KIB)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalog_has_eleven_unique_intents() {
+        let mut names: Vec<_> = OPERATIONS.iter().map(|o| o.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 11);
+    }
+
+    #[test]
+    fn only_generate_script_is_always_governed() {
+        let governed: Vec<_> = OPERATIONS
+            .iter()
+            .filter(|o| o.requires_governance)
+            .map(|o| o.name)
+            .collect();
+        assert_eq!(governed, ["generate_script"]);
+    }
+
+    #[test]
+    fn human_bytes_reads_well() {
+        assert_eq!(human_bytes(MIB), "1 MiB");
+        assert_eq!(human_bytes(512 * KIB), "512 KiB");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+    }
+}

@@ -1,0 +1,388 @@
+//! Configuration in two stages: a raw, serde-parsed file (`deny_unknown_fields`) merged
+//! with environment and flags, then validated without I/O into a [`Config`].
+//! Precedence: flag > environment > file > defaults (SPEC §11).
+
+use crate::confine::ExtensionPolicy;
+use crate::confine::path::MAX_PATH_DEPTH;
+use crate::policy::DEFAULT_PHASE;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Default sandbox roots.
+pub const DEFAULT_ROOTS: [&str; 2] = ["/tmp/opencode/sandbox", "/opt/ai-lab/sandbox"];
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/opt/ai-lab/runtime/state";
+/// Default HTTP address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8787";
+/// `MAX_ARTIFACTS_PER_WORKFLOW`.
+pub const MAX_ARTIFACTS_PER_WORKFLOW: u64 = 100;
+/// `MAX_WORKFLOW_BYTES` (25 MiB).
+pub const MAX_WORKFLOW_BYTES: u64 = 25 * 1024 * 1024;
+/// `RATE_LIMIT_WRITES_PER_MIN`.
+pub const RATE_LIMIT_WRITES_PER_MIN: u32 = 10;
+
+/// Environment variable names.
+pub mod env {
+    /// Colon-separated sandbox roots.
+    pub const ROOTS: &str = "AI_LAB_SANDBOX_ROOTS";
+    /// State directory.
+    pub const STATE_DIR: &str = "AI_LAB_STATE_DIR";
+    /// Write flag.
+    pub const ENABLE_WRITE: &str = "AI_LAB_ENABLE_SANDBOX_WRITE";
+    /// Dry-run flag.
+    pub const DRY_RUN: &str = "AI_LAB_SANDBOX_DRY_RUN";
+    /// HTTP bearer token.
+    pub const TOKEN: &str = "AI_LAB_SANDBOX_TOKEN";
+    /// Config file path.
+    pub const CONFIG: &str = "AI_LAB_SANDBOX_CONFIG";
+}
+
+/// How hard the runtime works to survive a power cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// fsync data, directories and logs.
+    Strict,
+    /// No fsync: atomic, but a power cut may lose the last writes.
+    Relaxed,
+}
+
+impl Durability {
+    /// Whether fsync is done.
+    pub fn is_strict(self) -> bool {
+        self == Durability::Strict
+    }
+}
+
+/// The config file as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RawConfig {
+    pub roots: Option<Vec<PathBuf>>,
+    pub state_dir: Option<PathBuf>,
+    pub phase: Option<String>,
+    pub enable_write: Option<bool>,
+    pub dry_run: Option<bool>,
+    pub durability: Option<Durability>,
+    pub limits: Option<RawLimits>,
+    pub extensions: Option<RawExtensions>,
+    pub server: Option<RawServer>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RawLimits {
+    pub max_artifacts_per_workflow: Option<u64>,
+    pub max_workflow_bytes: Option<u64>,
+    pub writes_per_minute: Option<u32>,
+    pub max_path_depth: Option<usize>,
+}
+
+/// `[extensions]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RawExtensions {
+    pub allowed: Option<Vec<String>>,
+    pub blocked: Option<Vec<String>>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RawServer {
+    pub addr: Option<String>,
+    pub token: Option<String>,
+}
+
+impl RawConfig {
+    /// Parses TOML; an unknown key is an error naming it.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(format!("invalid config: {}", e.message().trim())))
+    }
+}
+
+/// Values given on the command line; `None`/empty means "not given".
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)]
+pub struct Overrides {
+    pub roots: Vec<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub phase: Option<String>,
+    pub enable_write: bool,
+    pub no_dry_run: bool,
+    pub addr: Option<String>,
+    pub token: Option<String>,
+}
+
+/// Limits in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[allow(missing_docs)]
+pub struct Limits {
+    pub max_artifacts_per_workflow: u64,
+    pub max_workflow_bytes: u64,
+    pub writes_per_minute: u32,
+    pub max_path_depth: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_artifacts_per_workflow: MAX_ARTIFACTS_PER_WORKFLOW,
+            max_workflow_bytes: MAX_WORKFLOW_BYTES,
+            writes_per_minute: RATE_LIMIT_WRITES_PER_MIN,
+            max_path_depth: MAX_PATH_DEPTH,
+        }
+    }
+}
+
+/// The resolved configuration, passed explicitly as `&Config`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Sandbox roots, absolute, in order.
+    pub roots: Vec<PathBuf>,
+    /// Whether the roots were configured (rather than the defaults).
+    pub roots_explicit: bool,
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// Whether the state directory was configured; if not, an uncreatable default falls
+    /// back to the user's state directory.
+    pub state_dir_explicit: bool,
+    /// Phase in force.
+    pub phase: String,
+    /// `AI_LAB_ENABLE_SANDBOX_WRITE`.
+    pub enable_write: bool,
+    /// `AI_LAB_SANDBOX_DRY_RUN`.
+    pub dry_run: bool,
+    /// fsync policy.
+    pub durability: Durability,
+    /// Budgets and limits.
+    pub limits: Limits,
+    /// Extension lists.
+    pub extensions: ExtensionPolicy,
+    /// HTTP address.
+    pub addr: String,
+    /// HTTP bearer token.
+    pub token: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            roots: DEFAULT_ROOTS.iter().map(PathBuf::from).collect(),
+            roots_explicit: false,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            state_dir_explicit: false,
+            phase: DEFAULT_PHASE.to_owned(),
+            enable_write: false,
+            dry_run: true,
+            durability: Durability::Strict,
+            limits: Limits::default(),
+            extensions: ExtensionPolicy::default(),
+            addr: DEFAULT_ADDR.to_owned(),
+            token: None,
+        }
+    }
+}
+
+/// A configuration problem, naming the key or variable and the bad value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Config {
+    /// A configuration for the given roots and state directory, everything else default.
+    /// Handy for embedding and tests.
+    pub fn with_roots(roots: Vec<PathBuf>, state_dir: PathBuf) -> Self {
+        Self {
+            roots,
+            roots_explicit: true,
+            state_dir,
+            state_dir_explicit: true,
+            ..Self::default()
+        }
+    }
+
+    /// Merges file, environment (read through `env`) and flags, then validates.
+    pub fn resolve(
+        file: Option<RawConfig>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Self, ConfigError> {
+        let file = file.unwrap_or_default();
+        let mut c = Config::default();
+
+        if let Some(roots) = file.roots {
+            c.roots = roots;
+            c.roots_explicit = true;
+        }
+        if let Some(v) = env(env::ROOTS) {
+            c.roots = v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            c.roots_explicit = true;
+        }
+        if !flags.roots.is_empty() {
+            c.roots = flags.roots.clone();
+            c.roots_explicit = true;
+        }
+
+        if let Some(p) = file.state_dir {
+            c.state_dir = p;
+            c.state_dir_explicit = true;
+        }
+        if let Some(v) = env(env::STATE_DIR).filter(|v| !v.is_empty()) {
+            c.state_dir = PathBuf::from(v);
+            c.state_dir_explicit = true;
+        }
+        if let Some(p) = &flags.state_dir {
+            c.state_dir = p.clone();
+            c.state_dir_explicit = true;
+        }
+
+        if let Some(p) = file.phase {
+            c.phase = p;
+        }
+        if let Some(p) = &flags.phase {
+            c.phase = p.clone();
+        }
+
+        if let Some(b) = file.enable_write {
+            c.enable_write = b;
+        }
+        if let Some(v) = env(env::ENABLE_WRITE) {
+            c.enable_write = parse_bool(env::ENABLE_WRITE, &v)?;
+        }
+        if flags.enable_write {
+            c.enable_write = true;
+        }
+        if let Some(b) = file.dry_run {
+            c.dry_run = b;
+        }
+        if let Some(v) = env(env::DRY_RUN) {
+            c.dry_run = parse_bool(env::DRY_RUN, &v)?;
+        }
+        if flags.no_dry_run {
+            c.dry_run = false;
+        }
+
+        if let Some(d) = file.durability {
+            c.durability = d;
+        }
+        if let Some(l) = file.limits {
+            if let Some(v) = l.max_artifacts_per_workflow {
+                c.limits.max_artifacts_per_workflow = v;
+            }
+            if let Some(v) = l.max_workflow_bytes {
+                c.limits.max_workflow_bytes = v;
+            }
+            if let Some(v) = l.writes_per_minute {
+                c.limits.writes_per_minute = v;
+            }
+            if let Some(v) = l.max_path_depth {
+                c.limits.max_path_depth = v;
+            }
+        }
+        if let Some(x) = file.extensions {
+            c.extensions = ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
+        }
+        if let Some(s) = file.server {
+            if let Some(a) = s.addr {
+                c.addr = a;
+            }
+            c.token = s.token;
+        }
+        if let Some(t) = env(env::TOKEN).filter(|t| !t.is_empty()) {
+            c.token = Some(t);
+        }
+        if let Some(a) = &flags.addr {
+            c.addr = a.clone();
+        }
+        if let Some(t) = &flags.token {
+            c.token = Some(t.clone());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the values without I/O.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.roots.is_empty() {
+            return Err(ConfigError("no sandbox root is configured: give at least one in roots, AI_LAB_SANDBOX_ROOTS or --root".into()));
+        }
+        for r in &self.roots {
+            if !r.is_absolute() {
+                return Err(ConfigError(format!("root {} is not an absolute path; roots must be absolute", r.display())));
+            }
+            if r.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+                return Err(ConfigError(format!("root {} contains '..'; give the plain path", r.display())));
+            }
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(ConfigError(format!(
+                "state_dir {} is not an absolute path",
+                self.state_dir.display()
+            )));
+        }
+        if let Some(r) = self.roots.iter().find(|r| self.state_dir.starts_with(r)) {
+            return Err(ConfigError(format!(
+                "state_dir {} lies inside the sandbox root {}; it must be outside every root",
+                self.state_dir.display(),
+                r.display()
+            )));
+        }
+        if !is_phase_syntax(&self.phase) {
+            return Err(ConfigError(format!(
+                "phase '{}' is not a phase number such as 28.3",
+                self.phase.escape_debug()
+            )));
+        }
+        let l = &self.limits;
+        if l.max_path_depth == 0 || l.max_path_depth > MAX_PATH_DEPTH {
+            return Err(ConfigError(format!(
+                "limits.max_path_depth = {} is out of range; allowed 1 to {MAX_PATH_DEPTH}",
+                l.max_path_depth
+            )));
+        }
+        if l.writes_per_minute == 0 {
+            return Err(ConfigError("limits.writes_per_minute = 0 would forbid every write; give at least 1".into()));
+        }
+        if l.max_artifacts_per_workflow == 0 || l.max_workflow_bytes == 0 {
+            return Err(ConfigError("limits.max_artifacts_per_workflow and limits.max_workflow_bytes must be at least 1".into()));
+        }
+        if self.token.as_deref().is_some_and(|t| t.len() < 16) {
+            return Err(ConfigError("server.token is shorter than 16 characters; use a long random token".into()));
+        }
+        Ok(())
+    }
+
+    /// The user's state directory, used when the default one cannot be created.
+    pub fn fallback_state_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        if let Some(x) = env("XDG_STATE_HOME").filter(|x| x.starts_with('/')) {
+            return Some(Path::new(&x).join("ailab-sandbox"));
+        }
+        env("HOME")
+            .filter(|h| h.starts_with('/'))
+            .map(|h| Path::new(&h).join(".local/state/ailab-sandbox"))
+    }
+}
+
+fn parse_bool(var: &str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError(format!(
+            "{var}='{}' is not a boolean; use true/false, 1/0, yes/no or on/off",
+            v.escape_debug()
+        ))),
+    }
+}
+
+/// Whether `phase` looks like `28.3`.
+pub fn is_phase_syntax(phase: &str) -> bool {
+    let mut parts = phase.split('.');
+    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()));
+    ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}

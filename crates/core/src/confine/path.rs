@@ -1,0 +1,472 @@
+//! String-level path checks. They run before any I/O and produce the reason codes; the
+//! root directory handle (see [`super::root`]) is what actually guarantees confinement.
+
+use crate::catalog::shown_ext;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use std::path::{Component, Path, PathBuf};
+
+/// Default `MAX_PATH_DEPTH` (SPEC §2).
+pub const MAX_PATH_DEPTH: usize = 8;
+/// Longest file name in bytes (the usual `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+/// The reserved snapshot folder present in every root.
+pub const ROLLBACK_DIR: &str = ".rollback";
+/// Marker inside the names of the runtime's own temporary files. Agents may not create
+/// such names: start-up recovery removes them.
+pub const TEMP_MARKER: &str = ".ailab-tmp-";
+
+/// A path relative to a sandbox root that passed the lexical checks: no `..`, no `.`, no
+/// empty components, no control characters, each name within `MAX_NAME_BYTES`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelPath {
+    components: Vec<String>,
+}
+
+impl RelPath {
+    /// The components, first to last.
+    pub fn components(&self) -> &[String] {
+        &self.components
+    }
+
+    /// Number of components.
+    pub fn depth(&self) -> usize {
+        self.components.len()
+    }
+
+    /// The last component.
+    pub fn file_name(&self) -> &str {
+        self.components.last().map_or("", String::as_str)
+    }
+
+    /// All but the last component.
+    pub fn parent_components(&self) -> &[String] {
+        let n = self.components.len().saturating_sub(1);
+        &self.components[..n]
+    }
+
+    /// The path as a `/`-joined string, the form shown to users and stored in records.
+    pub fn as_string(&self) -> String {
+        self.components.join("/")
+    }
+
+    /// The path for `Dir` calls.
+    pub fn to_path_buf(&self) -> PathBuf {
+        self.components.iter().collect()
+    }
+
+    /// Builds from trusted components (already validated elsewhere).
+    pub(crate) fn from_components(components: Vec<String>) -> Self {
+        Self { components }
+    }
+}
+
+impl std::fmt::Display for RelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.as_string())
+    }
+}
+
+/// Refuses NUL and control characters, `~` at the start, `..` and `.` components, empty
+/// components and backslashes. The string is taken literally: never decoded, expanded or
+/// trimmed.
+pub fn detect_path_traversal(path: &str) -> Verdict {
+    let shown = shown_path(path);
+    if path.is_empty() {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            "the path is empty; give a file path relative to a sandbox root, e.g. notes/hello.md",
+        ));
+    }
+    if path.contains('\0') {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!("the path {shown} contains a NUL byte; paths may not contain control characters"),
+        ));
+    }
+    if path.chars().any(|c| c.is_control()) {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!("the path {shown} contains a control character; paths may not contain them"),
+        ));
+    }
+    if path.starts_with('~') {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!("the path {shown} starts with '~'; home-directory expansion is never done, give a path relative to a sandbox root"),
+        ));
+    }
+    if path.contains('\\') {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!("the path {shown} contains a backslash; use '/' as the only separator"),
+        ));
+    }
+    let body = path.strip_prefix('/').unwrap_or(path);
+    for comp in body.split('/') {
+        match comp {
+            ".." => {
+                return Err(Refusal::new(
+                    ReasonCode::PathTraversal,
+                    format!("the path {shown} contains a '..' component; paths must stay inside the sandbox root"),
+                ));
+            }
+            "." => {
+                return Err(Refusal::new(
+                    ReasonCode::PathTraversal,
+                    format!("the path {shown} contains a '.' component; write the path without it"),
+                ));
+            }
+            "" => {
+                return Err(Refusal::new(
+                    ReasonCode::PathTraversal,
+                    format!("the path {shown} has an empty component ('//' or a trailing '/'); write each directory once"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Refuses more than `max` components and names longer than 255 bytes.
+pub fn check_path_depth(path: &RelPath, max: usize) -> Verdict {
+    if path.depth() > max {
+        return Err(Refusal::new(
+            ReasonCode::DepthExceeded,
+            format!(
+                "the path {} has {} components; at most {max} are allowed",
+                shown_path(&path.as_string()),
+                path.depth()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Splits a lexically clean relative path (after [`detect_path_traversal`]).
+pub(crate) fn split_relative(path: &str) -> Verdict<RelPath> {
+    let mut components = Vec::new();
+    for comp in path.split('/') {
+        if comp.len() > MAX_NAME_BYTES {
+            return Err(Refusal::new(
+                ReasonCode::PathTraversal,
+                format!(
+                    "a name in the path is {} bytes long; names may have at most {MAX_NAME_BYTES} bytes",
+                    comp.len()
+                ),
+            ));
+        }
+        components.push(comp.to_owned());
+    }
+    Ok(RelPath { components })
+}
+
+/// Lexical containment: whether `abs` equals `root` or lies beneath it, compared
+/// component by component (so `/srv/root_evil` is not inside `/srv/root`).
+pub fn is_within_sandbox(abs: &Path, root: &Path) -> bool {
+    abs.starts_with(root)
+}
+
+/// Which root a path belongs to, and the path relative to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// Index of the root in the configured list.
+    pub root_index: usize,
+    /// The path relative to that root.
+    pub rel: RelPath,
+}
+
+/// Resolves an action's path to a root and a relative path, lexically.
+///
+/// A relative path belongs to `root_hint` (a configured root, given by its path) or else
+/// to the first root. An absolute path is accepted only if it lies inside a root (and
+/// inside `root_hint` when one is given). No symlink is resolved here: that is the root
+/// handle's job.
+pub fn resolve_sandbox_path(
+    path: &str,
+    roots: &[PathBuf],
+    root_hint: Option<&str>,
+    max_depth: usize,
+) -> Verdict<Resolved> {
+    detect_path_traversal(path)?;
+    let hinted = match root_hint {
+        None => None,
+        Some(hint) => Some(find_root(hint, roots)?),
+    };
+    let (root_index, rel_str) = if path.starts_with('/') {
+        let abs = Path::new(path);
+        let candidates: Vec<usize> = match hinted {
+            Some(i) => vec![i],
+            None => (0..roots.len()).collect(),
+        };
+        let found = candidates
+            .into_iter()
+            .find(|&i| is_within_sandbox(abs, &roots[i]));
+        let Some(i) = found else {
+            return Err(Refusal::new(
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "the absolute path {} is not inside a sandbox root; allowed roots: {}",
+                    shown_path(path),
+                    list_roots(roots)
+                ),
+            ));
+        };
+        let rest = abs
+            .strip_prefix(&roots[i])
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if rest.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "the path {} is the sandbox root itself; name a file or directory inside it",
+                    shown_path(path)
+                ),
+            ));
+        }
+        (i, rest)
+    } else {
+        if roots.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::OutsideSandbox,
+                "no sandbox root is configured; set roots in the config, AI_LAB_SANDBOX_ROOTS or --root",
+            ));
+        }
+        (hinted.unwrap_or(0), path.to_owned())
+    };
+    let rel = split_relative(&rel_str)?;
+    check_path_depth(&rel, max_depth)?;
+    Ok(Resolved { root_index, rel })
+}
+
+fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
+    let wanted = Path::new(hint.strip_suffix('/').unwrap_or(hint));
+    roots
+        .iter()
+        .position(|r| r.as_path() == wanted)
+        .ok_or_else(|| {
+            Refusal::new(
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "the root {} is not a configured sandbox root; allowed roots: {}",
+                    shown_path(hint),
+                    list_roots(roots)
+                ),
+            )
+        })
+}
+
+fn list_roots(roots: &[PathBuf]) -> String {
+    if roots.is_empty() {
+        return "(none)".to_owned();
+    }
+    roots
+        .iter()
+        .map(|r| r.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Refuses `.rollback/` (any case) at the top of a root, and the runtime's temporary names.
+pub fn check_reserved(rel: &RelPath) -> Verdict {
+    if let Some(first) = rel.components().first()
+        && first.eq_ignore_ascii_case(ROLLBACK_DIR)
+    {
+        return Err(Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the path {} is inside '.rollback/', which holds snapshots and is never writable by actions",
+                shown_path(&rel.as_string())
+            ),
+        ));
+    }
+    if rel.components().iter().any(|c| c.contains(TEMP_MARKER)) {
+        return Err(Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the path {} uses the runtime's temporary-file marker '{TEMP_MARKER}'; choose another name",
+                shown_path(&rel.as_string())
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The extension of a file name, normalised for checks: lower case, trailing dots and
+/// spaces ignored (`X.SERVICE`, `x.service.` and `x.service ` all give `.service`). A
+/// name without a dot after its first character has no extension (`""`).
+pub fn normalize_extension(file_name: &str) -> String {
+    let trimmed = file_name.trim_end_matches(['.', ' ']);
+    match trimmed.rfind('.') {
+        Some(i) if i > 0 => trimmed[i..].to_ascii_lowercase(),
+        _ => String::new(),
+    }
+}
+
+/// The extension allow-list and block-list (SPEC §2). The block-list always wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtensionPolicy {
+    allowed: Vec<String>,
+    blocked: Vec<String>,
+}
+
+/// Default allow-list.
+pub const DEFAULT_ALLOWED_EXTENSIONS: [&str; 25] = [
+    ".txt", ".md", ".markdown", ".rst", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".ini",
+    ".cfg", ".conf", ".csv", ".tsv", ".log", ".xml", ".html", ".css", ".js", ".ts", ".py", ".sh",
+    ".sql", ".diff", ".patch",
+];
+
+/// Default block-list: systemd unit types and loadable binaries.
+pub const DEFAULT_BLOCKED_EXTENSIONS: [&str; 16] = [
+    ".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path",
+    ".timer", ".slice", ".scope", ".so", ".dll", ".dylib", ".exe", ".ko",
+];
+
+impl Default for ExtensionPolicy {
+    fn default() -> Self {
+        Self::new(None, &[])
+    }
+}
+
+impl ExtensionPolicy {
+    /// `allowed` replaces the default allow-list when given; `extra_blocked` is added to
+    /// the default block-list.
+    pub fn new(allowed: Option<&[String]>, extra_blocked: &[String]) -> Self {
+        let norm = |e: &str| {
+            let e = e.trim_end_matches(['.', ' ']).to_ascii_lowercase();
+            if e.starts_with('.') { e } else { format!(".{e}") }
+        };
+        let allowed = match allowed {
+            Some(list) => list.iter().map(|e| norm(e)).collect(),
+            None => DEFAULT_ALLOWED_EXTENSIONS.iter().map(|e| norm(e)).collect(),
+        };
+        let mut blocked: Vec<String> = DEFAULT_BLOCKED_EXTENSIONS.iter().map(|e| norm(e)).collect();
+        for e in extra_blocked {
+            let e = norm(e);
+            if !blocked.contains(&e) {
+                blocked.push(e);
+            }
+        }
+        Self { allowed, blocked }
+    }
+
+    /// The allow-list, normalised.
+    pub fn allowed(&self) -> &[String] {
+        &self.allowed
+    }
+
+    /// The block-list, normalised.
+    pub fn blocked(&self) -> &[String] {
+        &self.blocked
+    }
+
+    /// Whether a normalised extension is on the block-list.
+    pub fn is_extension_blocked(&self, ext: &str) -> bool {
+        self.blocked.iter().any(|b| b == ext)
+    }
+
+    /// Whether a normalised extension is on the allow-list (and not blocked).
+    pub fn is_extension_allowed(&self, ext: &str) -> bool {
+        !self.is_extension_blocked(ext) && self.allowed.iter().any(|a| a == ext)
+    }
+
+    /// Refuses blocked extensions first, then ones missing from the allow-list.
+    pub fn check(&self, ext: &str) -> Verdict {
+        if self.is_extension_blocked(ext) {
+            return Err(Refusal::new(
+                ReasonCode::BlockedExtension,
+                format!(
+                    "the extension {} is blocked and can never be written (blocked: {})",
+                    shown_ext(ext),
+                    self.blocked.join(" ")
+                ),
+            ));
+        }
+        if !self.is_extension_allowed(ext) {
+            return Err(Refusal::new(
+                ReasonCode::ExtensionNotAllowed,
+                format!(
+                    "{} is not on the allow-list; allowed: {}",
+                    shown_ext(ext),
+                    self.allowed.join(" ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Quotes a user-supplied path for a sentence, escaping control characters and cutting
+/// very long values so a message stays one readable line.
+pub fn shown_path(path: &str) -> String {
+    const MAX: usize = 120;
+    let escaped: String = path.escape_debug().collect();
+    if escaped.chars().count() > MAX {
+        let cut: String = escaped.chars().take(MAX).collect();
+        format!("'{cut}…'")
+    } else {
+        format!("'{escaped}'")
+    }
+}
+
+/// Joins a root and a relative path for display and lexical checks.
+pub fn join_display(root: &Path, rel: &RelPath) -> PathBuf {
+    let mut p = root.to_path_buf();
+    for c in rel.components() {
+        p.push(c);
+    }
+    p
+}
+
+/// Normalises `..` and `.` lexically; `None` if the path climbs above its start.
+pub(crate) fn lexical_normalize(parts: impl IntoIterator<Item = String>) -> Option<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for p in parts {
+        match p.as_str() {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            _ => out.push(p),
+        }
+    }
+    Some(out)
+}
+
+/// Components of a path as strings (lossy for non-UTF-8, which never reaches here from
+/// a validated action).
+pub(crate) fn path_strings(p: &Path) -> Vec<String> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+            Component::ParentDir => Some("..".to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extension_normalisation_ignores_case_and_trailing_junk() {
+        assert_eq!(normalize_extension("X.SERVICE"), ".service");
+        assert_eq!(normalize_extension("x.service."), ".service");
+        assert_eq!(normalize_extension("x.service "), ".service");
+        assert_eq!(normalize_extension(".bashrc"), "");
+        assert_eq!(normalize_extension("Makefile"), "");
+        assert_eq!(normalize_extension("a.tar.gz"), ".gz");
+    }
+
+    #[test]
+    fn lexical_normalize_refuses_climbing() {
+        assert_eq!(
+            lexical_normalize(["a".into(), "..".into(), "b".into()]),
+            Some(vec!["b".to_owned()])
+        );
+        assert_eq!(lexical_normalize(["..".into()]), None);
+    }
+}

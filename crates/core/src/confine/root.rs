@@ -1,0 +1,626 @@
+//! A sandbox root and every file operation beneath it.
+//!
+//! The root directory is opened once, as a capability handle (`cap_std::fs::Dir`); every
+//! later lookup is relative to it and resolved by the kernel with `RESOLVE_BENEATH`, so no
+//! path string, symlink or rename race can make an operation land outside. Parent
+//! directories are walked one component at a time with `open_dir_nofollow`, and the last
+//! component is opened with `O_NOFOLLOW` or replaced by `renameat`, so symlinks are never
+//! followed for writes. The lexical checks before this produce the reason codes; this
+//! module is what holds the line.
+
+use super::path::{RelPath, TEMP_MARKER, lexical_normalize, path_strings, shown_path};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt, OpenOptions, OpenOptionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+
+/// Mode of every file the runtime creates: never an execute bit.
+pub const FILE_MODE: u32 = 0o644;
+/// Mode of every directory the runtime creates.
+pub const DIR_MODE: u32 = 0o755;
+
+/// How deep a symlink chain is followed (lexically) to tell an escape from an inside link.
+const SYMLINK_HOPS: usize = 8;
+
+/// What is at a target path, found without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// Nothing there.
+    Missing,
+    /// A regular file with one link.
+    File {
+        /// Its size in bytes.
+        size: u64,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// A directory.
+    Directory,
+}
+
+/// The result of inspecting a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// What is at the path.
+    pub kind: TargetKind,
+    /// How many of the parent components exist (as real directories).
+    pub existing_parents: usize,
+}
+
+/// A sandbox root: its configured path and the directory handle opened at start-up.
+#[derive(Debug)]
+pub struct SandboxRoot {
+    path: PathBuf,
+    dir: Dir,
+}
+
+impl SandboxRoot {
+    /// Opens (and, with `create`, first creates) a root, refusing one that is a symlink,
+    /// not a directory, owned by another user, or writable by others without the sticky
+    /// bit. The handle is checked to be the very directory that was inspected.
+    pub fn open(path: &Path, create: bool) -> Result<Self, String> {
+        let shown = path.display();
+        if !path.is_absolute() {
+            return Err(format!("root {shown} is not an absolute path"));
+        }
+        if path_strings(path).iter().any(|c| c == "..") {
+            return Err(format!("root {shown} contains '..'"));
+        }
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(DIR_MODE)
+                    .create(path)
+                    .map_err(|e| format!("root {shown} cannot be created: {e}"))?;
+                std::fs::symlink_metadata(path)
+                    .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?
+            }
+            Err(e) => return Err(format!("root {shown} cannot be inspected: {e}")),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(format!(
+                "root {shown} is a symbolic link; a root must be a real directory"
+            ));
+        }
+        if !meta.is_dir() {
+            return Err(format!("root {shown} is not a directory"));
+        }
+        let euid = rustix::process::geteuid().as_raw();
+        if meta.uid() != euid {
+            return Err(format!(
+                "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o002 != 0 && meta.mode() & 0o1000 == 0 {
+            return Err(format!(
+                "root {shown} is writable by other users and has no sticky bit"
+            ));
+        }
+        let dir = Dir::open_ambient_dir(path, ambient_authority())
+            .map_err(|e| format!("root {shown} cannot be opened: {e}"))?;
+        let opened = dir
+            .dir_metadata()
+            .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?;
+        if opened.dev() != meta.dev() || opened.ino() != meta.ino() {
+            return Err(format!(
+                "root {shown} changed while it was being opened; refusing it"
+            ));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            dir,
+        })
+    }
+
+    /// The configured path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root handle.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Looks at a target without following any symlink: `detect_symlink_escape` plus
+    /// the hard-link and special-file checks. Refuses a symlink anywhere in the path
+    /// (`symlink_escape` when it points outside the root, `symlink_refused` otherwise),
+    /// a regular file with more than one link (`hardlink_refused`) and FIFOs, sockets or
+    /// devices (`not_regular_file`).
+    pub fn inspect(&self, rel: &RelPath) -> Verdict<TargetInfo> {
+        let comps = rel.components();
+        let mut dir = self.clone_root()?;
+        let parents = rel.parent_components();
+        for (i, comp) in parents.iter().enumerate() {
+            match dir.symlink_metadata(comp) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(self.symlink_refusal(&comps[..=i]));
+                }
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(not_a_directory(&comps[..=i])),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Ok(TargetInfo {
+                        kind: TargetKind::Missing,
+                        existing_parents: i,
+                    });
+                }
+                Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
+            }
+            dir = self.descend(&dir, &comps[..=i])?;
+        }
+        let kind = match dir.symlink_metadata(rel.file_name()) {
+            Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(comps)),
+            Ok(m) if m.is_dir() => TargetKind::Directory,
+            Ok(m) if m.is_file() => {
+                if m.nlink() > 1 {
+                    return Err(hardlink_refusal(rel, m.nlink()));
+                }
+                TargetKind::File {
+                    size: m.len(),
+                    mode: m.mode() & 0o7777,
+                }
+            }
+            Ok(_) => return Err(special_refusal(rel)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => TargetKind::Missing,
+            Err(e) => return Err(io_refusal("inspect", comps, &e)),
+        };
+        Ok(TargetInfo {
+            kind,
+            existing_parents: parents.len(),
+        })
+    }
+
+    /// Opens the directory that holds `rel`, walking each parent without following
+    /// symlinks. With `create`, missing parents are made (mode 0755) and their
+    /// components returned, outermost first.
+    pub fn open_parent(&self, rel: &RelPath, create: bool, durable: bool) -> Verdict<(Dir, Vec<String>)> {
+        let comps = rel.components();
+        let mut dir = self.clone_root()?;
+        let mut created = Vec::new();
+        for (i, comp) in rel.parent_components().iter().enumerate() {
+            match dir.symlink_metadata(comp) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(self.symlink_refusal(&comps[..=i]));
+                }
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(not_a_directory(&comps[..=i])),
+                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                    let mut builder = DirBuilder::new();
+                    builder.mode(DIR_MODE);
+                    match dir.create_dir_with(comp, &builder) {
+                        Ok(()) => {
+                            created.push(comps[..=i].join("/"));
+                            if durable {
+                                sync_dir(&dir).map_err(|e| io_refusal("sync", &comps[..i], &e))?;
+                            }
+                        }
+                        // Lost a race with another creator: the descent below decides.
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(io_refusal("create directory", &comps[..=i], &e)),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(Refusal::new(
+                        ReasonCode::NotFound,
+                        format!("the directory {} does not exist", shown_path(&comps[..=i].join("/"))),
+                    ));
+                }
+                Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
+            }
+            dir = self.descend(&dir, &comps[..=i])?;
+        }
+        Ok((dir, created))
+    }
+
+    /// Reads a regular file (no symlink, no FIFO; opened non-blocking and checked on the
+    /// open handle), refusing more than `limit` bytes.
+    pub fn read_file(&self, rel: &RelPath, limit: u64) -> Verdict<Vec<u8>> {
+        let (dir, _) = self.open_parent(rel, false, false)?;
+        read_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_open_error(rel, e))
+    }
+
+    /// Writes `bytes` to `rel` atomically: a temporary file in the same directory,
+    /// flushed (and fsync'd when `durable`), then renamed over the target, then the
+    /// directory fsync'd. With `no_replace`, an existing target is never replaced
+    /// (`already_exists`), even one created a moment ago by someone else. Missing parents
+    /// are created; their components are returned.
+    pub fn write_atomic(
+        &self,
+        rel: &RelPath,
+        bytes: &[u8],
+        mode: u32,
+        no_replace: bool,
+        durable: bool,
+    ) -> Verdict<Vec<String>> {
+        let (dir, created) = self.open_parent(rel, true, durable)?;
+        write_atomic_in(&dir, rel.file_name(), bytes, mode, no_replace, durable)
+            .map_err(|e| self.map_open_error(rel, e))?;
+        Ok(created)
+    }
+
+    /// `mkdir -p`: creates the directory and missing parents (mode 0755). Returns the
+    /// components it created, outermost first; an existing directory is success.
+    pub fn create_dir_all(&self, rel: &RelPath, durable: bool) -> Verdict<Vec<String>> {
+        let (dir, mut created) = self.open_parent(rel, true, durable)?;
+        let name = rel.file_name();
+        let mut builder = DirBuilder::new();
+        builder.mode(DIR_MODE);
+        match dir.create_dir_with(name, &builder) {
+            Ok(()) => {
+                created.push(rel.as_string());
+                if durable {
+                    sync_dir(&dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let m = dir
+                    .symlink_metadata(name)
+                    .map_err(|e| io_refusal("inspect", rel.components(), &e))?;
+                if m.file_type().is_symlink() {
+                    return Err(self.symlink_refusal(rel.components()));
+                }
+                if !m.is_dir() {
+                    return Err(Refusal::new(
+                        ReasonCode::AlreadyExists,
+                        format!("{} exists and is not a directory", shown_path(&rel.as_string())),
+                    ));
+                }
+            }
+            Err(e) => return Err(io_refusal("create directory", rel.components(), &e)),
+        }
+        Ok(created)
+    }
+
+    /// Removes a regular file (never following a symlink; a symlink found there is left
+    /// alone and refused). A missing file is success.
+    pub fn remove_file(&self, rel: &RelPath, durable: bool) -> Verdict {
+        let (dir, _) = match self.open_parent(rel, false, false) {
+            Ok(d) => d,
+            Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(()),
+            Err(r) => return Err(r),
+        };
+        match dir.symlink_metadata(rel.file_name()) {
+            Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(rel.components())),
+            Ok(m) if m.is_dir() => {
+                return Err(Refusal::new(
+                    ReasonCode::NotRegularFile,
+                    format!("{} is a directory, not a file", shown_path(&rel.as_string())),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
+        }
+        dir.remove_file(rel.file_name())
+            .map_err(|e| io_refusal("remove", rel.components(), &e))?;
+        if durable {
+            sync_dir(&dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a directory if it is empty. Returns whether it was removed; a missing or
+    /// non-empty directory is left as it is.
+    pub fn remove_empty_dir(&self, rel: &RelPath, durable: bool) -> Verdict<bool> {
+        let (dir, _) = match self.open_parent(rel, false, false) {
+            Ok(d) => d,
+            Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(false),
+            Err(r) => return Err(r),
+        };
+        match dir.symlink_metadata(rel.file_name()) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
+        }
+        match dir.remove_dir(rel.file_name()) {
+            Ok(()) => {
+                if durable {
+                    sync_dir(&dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_refusal("remove directory", rel.components(), &e)),
+        }
+    }
+
+    /// Lists a directory: `(name, is_dir, size)` for each entry, symlinks and special
+    /// files reported as neither.
+    pub fn list_dir(&self, rel: Option<&RelPath>) -> Verdict<Vec<DirEntryInfo>> {
+        let dir = match rel {
+            None => self.clone_root()?,
+            Some(rel) => {
+                let (parent, _) = self.open_parent(rel, false, false)?;
+                let full = rel.components();
+                match parent.symlink_metadata(rel.file_name()) {
+                    Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(full)),
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return Err(not_a_directory(full)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        return Err(Refusal::new(
+                            ReasonCode::NotFound,
+                            format!("the directory {} does not exist", shown_path(&rel.as_string())),
+                        ));
+                    }
+                    Err(e) => return Err(io_refusal("inspect", full, &e)),
+                }
+                self.descend(&parent, full)?
+            }
+        };
+        let mut out = Vec::new();
+        let entries = dir.entries().map_err(|e| io_refusal("list", &[], &e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| io_refusal("list", &[], &e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let meta = entry.metadata().map_err(|e| io_refusal("list", &[], &e))?;
+            let ft = meta.file_type();
+            let kind = if ft.is_symlink() {
+                "symlink"
+            } else if ft.is_dir() {
+                "directory"
+            } else if ft.is_file() {
+                "file"
+            } else {
+                "special"
+            };
+            out.push(DirEntryInfo {
+                name,
+                kind,
+                size_bytes: if ft.is_file() { meta.len() } else { 0 },
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn clone_root(&self) -> Verdict<Dir> {
+        self.dir
+            .try_clone()
+            .map_err(|e| io_refusal("open root", &[], &e))
+    }
+
+    fn descend(&self, dir: &Dir, comps: &[String]) -> Verdict<Dir> {
+        let name = comps.last().map_or("", String::as_str);
+        dir.open_dir_nofollow(name).map_err(|e| {
+            // The component was a real directory a moment ago: a failure to open it
+            // without following links means it was swapped, most likely for a symlink.
+            if e.kind() == io::ErrorKind::NotADirectory || is_escape_error(&e) {
+                self.symlink_refusal(comps)
+            } else {
+                io_refusal("open directory", comps, &e)
+            }
+        })
+    }
+
+    fn map_open_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
+        match e.kind() {
+            io::ErrorKind::AlreadyExists => Refusal::new(
+                ReasonCode::AlreadyExists,
+                format!("{} already exists", shown_path(&rel.as_string())),
+            ),
+            io::ErrorKind::NotFound => Refusal::new(
+                ReasonCode::NotFound,
+                format!("{} does not exist", shown_path(&rel.as_string())),
+            ),
+            _ if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                self.symlink_refusal(rel.components())
+            }
+            _ if is_escape_error(&e) => self.symlink_refusal(rel.components()),
+            _ => match e.get_ref().and_then(|inner| inner.downcast_ref::<Refusal>()) {
+                Some(r) => r.clone(),
+                None => io_refusal("write", rel.components(), &e),
+            },
+        }
+    }
+
+    /// Classifies the symlink at `comps` (root-relative): `symlink_escape` when it, or
+    /// the chain it starts, leads outside the root; `symlink_refused` otherwise.
+    fn symlink_refusal(&self, comps: &[String]) -> Refusal {
+        let shown = shown_path(&comps.join("/"));
+        let escape = Refusal::new(
+            ReasonCode::SymlinkEscape,
+            format!("{shown} is a symbolic link that leads outside the sandbox root; symlinks are never followed for writes"),
+        );
+        let inside = Refusal::new(
+            ReasonCode::SymlinkRefused,
+            format!("{shown} is a symbolic link; symlinks are never followed for writes, even inside the sandbox"),
+        );
+        let mut current: Vec<String> = comps.to_vec();
+        for _ in 0..SYMLINK_HOPS {
+            let link: PathBuf = current.iter().collect();
+            let Ok(target) = self.dir.read_link_contents(&link) else {
+                return inside;
+            };
+            let next = if target.is_absolute() {
+                match target.strip_prefix(&self.path) {
+                    Ok(rest) => lexical_normalize(path_strings(rest)),
+                    Err(_) => None,
+                }
+            } else {
+                let mut parts = current[..current.len().saturating_sub(1)].to_vec();
+                parts.extend(path_strings(&target));
+                lexical_normalize(parts)
+            };
+            let Some(next) = next else { return escape };
+            if next.is_empty() {
+                return inside;
+            }
+            let next_path: PathBuf = next.iter().collect();
+            match self.dir.symlink_metadata(&next_path) {
+                Ok(m) if m.file_type().is_symlink() => current = next,
+                _ => return inside,
+            }
+        }
+        inside
+    }
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DirEntryInfo {
+    /// The entry's name.
+    pub name: String,
+    /// `file`, `directory`, `symlink` or `special`.
+    pub kind: &'static str,
+    /// Size of a regular file; 0 otherwise.
+    pub size_bytes: u64,
+}
+
+/// cap-std reports an escape as `PermissionDenied` with no OS error number.
+pub fn is_escape_error(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::PermissionDenied && e.raw_os_error().is_none()
+}
+
+/// fsyncs a directory. `Dir` handles are `O_PATH`, so `"."` is opened for reading first.
+pub fn sync_dir(dir: &Dir) -> io::Result<()> {
+    dir.open(".")?.sync_all()
+}
+
+/// Reads a regular file by name in `dir`: `O_NOFOLLOW`, non-blocking (a FIFO never
+/// stalls), checked on the open handle to be a regular file with a single link.
+pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).follow(FollowSymlinks::No).nonblock(true);
+    let file = dir.open_with(name, &opts)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::NotRegularFile,
+            format!("{} is not a regular file", shown_path(name)),
+        )));
+    }
+    if meta.nlink() > 1 {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::HardlinkRefused,
+            format!("{} has {} hard links", shown_path(name), meta.nlink()),
+        )));
+    }
+    if meta.len() > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!("{} is {} bytes; at most {limit} bytes are read", shown_path(name), meta.len()),
+        )));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(limit + 1).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The atomic write behind [`SandboxRoot::write_atomic`], on an already opened directory.
+pub fn write_atomic_in(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    no_replace: bool,
+    durable: bool,
+) -> io::Result<()> {
+    let tmp = temp_name();
+    let mut opts = OpenOptions::new();
+    opts.write(true)
+        .create_new(true)
+        .follow(FollowSymlinks::No)
+        .mode(mode & 0o666);
+    let mut file = dir.open_with(&tmp, &opts)?;
+    let result = (|| {
+        file.write_all(bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+        drop(file);
+        if no_replace {
+            // linkat never replaces an existing entry, unlike renameat.
+            dir.hard_link(&tmp, dir, name)?;
+            dir.remove_file(&tmp)
+        } else {
+            dir.rename(&tmp, dir, name)
+        }
+    })();
+    if let Err(e) = result {
+        let _ = dir.remove_file(&tmp);
+        return Err(e);
+    }
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.
+pub fn temp_name() -> String {
+    format!("{TEMP_MARKER}{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Removes the runtime's leftover temporary files below `dir` (a crash between creating
+/// and renaming one), descending at most `depth` levels and never through symlinks.
+/// Returns how many were removed.
+pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
+    let mut removed = 0;
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ft = entry.file_type()?;
+        if ft.is_file() && name.starts_with(TEMP_MARKER) {
+            dir.remove_file(name)?;
+            removed += 1;
+        } else if ft.is_dir() && !ft.is_symlink() && depth > 0 {
+            if let Ok(sub) = dir.open_dir_nofollow(name) {
+                removed += remove_temp_files(&sub, depth - 1)?;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+fn not_a_directory(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::NotFound,
+        format!(
+            "{} is not a directory, so nothing can be placed beneath it",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
+fn hardlink_refusal(rel: &RelPath, nlink: u64) -> Refusal {
+    Refusal::new(
+        ReasonCode::HardlinkRefused,
+        format!(
+            "{} has {nlink} hard links; a file with more than one link may alias a file outside the sandbox and is never written",
+            shown_path(&rel.as_string())
+        ),
+    )
+}
+
+fn special_refusal(rel: &RelPath) -> Refusal {
+    Refusal::new(
+        ReasonCode::NotRegularFile,
+        format!(
+            "{} is a FIFO, socket or device; only regular files and directories are handled",
+            shown_path(&rel.as_string())
+        ),
+    )
+}
+
+/// An I/O failure as a refusal. The message names only the root-relative path, never
+/// anything outside the sandbox.
+pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal {
+    let target = if comps.is_empty() {
+        "the sandbox root".to_owned()
+    } else {
+        shown_path(&comps.join("/"))
+    };
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("could not {what} {target}: {}", e.kind()),
+    )
+}

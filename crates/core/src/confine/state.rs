@@ -1,0 +1,185 @@
+//! The state directory: the runtime's own files (artifact registry, audit log, its head,
+//! lock files). It lies outside every sandbox root and is never reachable by an action.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    path: PathBuf,
+}
+
+impl StateDir {
+    /// Creates (mode 0700) and opens the state directory.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path.join("locks"))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens (creating) an append-only log file.
+    pub fn open_log(&self, name: &str) -> io::Result<LogFile> {
+        let path = self.path.join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok(LogFile { file })
+    }
+
+    /// Takes an exclusive lock named `name` (a file under `locks/`), held until the guard
+    /// drops. It excludes other threads and other processes alike: each call opens its
+    /// own file description.
+    pub fn lock(&self, name: &str) -> io::Result<FileLock> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.path.join("locks").join(format!("{name}.lock")))?;
+        file.lock()?;
+        Ok(FileLock { file })
+    }
+
+    /// Reads a small file; `None` when it does not exist.
+    pub fn read_optional(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.path.join(name)) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces a small file atomically (temporary file, rename; fsync'd when `durable`).
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_data()?;
+        }
+        drop(f);
+        std::fs::rename(&tmp, self.path.join(name))?;
+        if durable {
+            File::open(&self.path)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// An exclusive lock held on a lock file.
+#[derive(Debug)]
+pub struct FileLock {
+    file: File,
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
+/// An append-only JSONL file.
+#[derive(Debug)]
+pub struct LogFile {
+    file: File,
+}
+
+/// A lock held on a [`LogFile`]; released on drop.
+#[derive(Debug)]
+pub struct LogLock<'a> {
+    file: &'a File,
+}
+
+impl Drop for LogLock<'_> {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
+impl LogFile {
+    /// Takes the exclusive lock (other processes; threads are serialised by the owner's
+    /// mutex, since a lock belongs to the open file description).
+    pub fn lock_exclusive(&self) -> io::Result<LogLock<'_>> {
+        self.file.lock()?;
+        Ok(LogLock { file: &self.file })
+    }
+
+    /// Takes a shared lock for reading.
+    pub fn lock_shared(&self) -> io::Result<LogLock<'_>> {
+        self.file.lock_shared()?;
+        Ok(LogLock { file: &self.file })
+    }
+
+    /// Current length in bytes.
+    pub fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Reads bytes from `from` to the current end.
+    pub fn read_from(&self, from: u64) -> io::Result<Vec<u8>> {
+        let len = self.len()?;
+        if len <= from {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; (len - from) as usize];
+        self.file.read_exact_at(&mut buf, from)?;
+        Ok(buf)
+    }
+
+    /// Appends whole lines in one write (flushed; `sync_data` when `durable`). Call with
+    /// the exclusive lock held.
+    pub fn append(&self, bytes: &[u8], durable: bool) -> io::Result<()> {
+        (&self.file).write_all(bytes)?;
+        if durable {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the file to `len` bytes (dropping a torn last line). Call with the lock held.
+    pub fn truncate(&self, len: u64, durable: bool) -> io::Result<()> {
+        self.file.set_len(len)?;
+        if durable {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether a directory can be created (or exists) at `path`, without keeping it.
+pub fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+}

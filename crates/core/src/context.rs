@@ -1,0 +1,63 @@
+//! Execution modes and the reasons a run is only simulated (SPEC §4).
+
+use serde::{Deserialize, Serialize};
+
+/// How the runtime executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum ExecutionMode {
+    Simulation,
+    Readonly,
+    SandboxWrite,
+}
+
+/// Why a run was simulated rather than executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DryRunReason {
+    /// The write flag (`AI_LAB_ENABLE_SANDBOX_WRITE`) is off.
+    SandboxDisabled,
+    /// Dry-run (`AI_LAB_SANDBOX_DRY_RUN`) is on.
+    DryRun,
+    /// The phase does not allow sandbox writes.
+    PhaseNotSupported,
+    /// Governance refused the plan.
+    GovernanceBlocked,
+}
+
+/// The execution context of a run: the mode and the dry-run flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExecutionContext {
+    /// The mode.
+    pub mode: ExecutionMode,
+    /// Whether dry-run is on.
+    pub dry_run: bool,
+}
+
+impl ExecutionContext {
+    /// Derives the context from the flags: sandbox writes need the write flag on, dry-run
+    /// off and a phase that allows writes; anything else simulates, and says why.
+    pub fn from_flags(enable_write: bool, dry_run: bool, phase_allows_write: bool) -> (Self, Option<DryRunReason>) {
+        let reason = if !phase_allows_write {
+            Some(DryRunReason::PhaseNotSupported)
+        } else if !enable_write {
+            Some(DryRunReason::SandboxDisabled)
+        } else if dry_run {
+            Some(DryRunReason::DryRun)
+        } else {
+            None
+        };
+        let mode = if reason.is_none() {
+            ExecutionMode::SandboxWrite
+        } else {
+            ExecutionMode::Simulation
+        };
+        (Self { mode, dry_run }, reason)
+    }
+
+    /// True only for `readonly` and `sandbox_write` with dry-run off.
+    pub fn is_executable(&self) -> bool {
+        matches!(self.mode, ExecutionMode::Readonly | ExecutionMode::SandboxWrite) && !self.dry_run
+    }
+}

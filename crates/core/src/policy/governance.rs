@@ -1,0 +1,240 @@
+//! `check_sandbox_governance`: the ordered checks of SPEC §5, stopping at the first failure.
+
+use super::chmod::detect_chmod_intent;
+use super::permission::{PermissionScope, classify_permission_scope, phase_supports_sandbox_write};
+use crate::catalog::{
+    FORBIDDEN_INTENTS, Operation, READ_INTENTS, RiskLevel, is_allowed_operation, op_for_intent,
+};
+use crate::confine::path::shown_path;
+use crate::confine::{
+    ExtensionPolicy, RelPath, Resolved, SandboxRoot, TargetInfo, TargetKind, check_reserved,
+    is_within_sandbox, normalize_extension, resolve_sandbox_path,
+};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use std::path::{Path, PathBuf};
+
+/// What is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct GovernanceRequest<'a> {
+    /// The intent, e.g. `create_file`.
+    pub intent: &'a str,
+    /// The target path (relative to a root, or absolute inside one).
+    pub path: &'a str,
+    /// The phase in force.
+    pub phase: &'a str,
+    /// The root asked for, by its configured path.
+    pub root: Option<&'a str>,
+    /// The action's description, searched for chmod requests.
+    pub description: Option<&'a str>,
+    /// The tool asked to carry it out, if any.
+    pub tool: Option<&'a str>,
+}
+
+/// What governance checks against.
+#[derive(Debug, Clone, Copy)]
+pub struct GovernanceContext<'a> {
+    /// Configured root paths, in order.
+    pub root_paths: &'a [PathBuf],
+    /// Open root handles, parallel to `root_paths`; without them the filesystem checks
+    /// (symlinks, hard links, special files) are skipped.
+    pub roots: Option<&'a [SandboxRoot]>,
+    /// The state directory, reserved.
+    pub state_dir: Option<&'a Path>,
+    /// Extension lists.
+    pub extensions: &'a ExtensionPolicy,
+    /// Largest number of path components.
+    pub max_depth: usize,
+}
+
+/// A request that passed every check but size.
+#[derive(Debug, Clone)]
+pub struct Approval {
+    /// The operation.
+    pub op: &'static Operation,
+    /// The root and relative path.
+    pub resolved: Resolved,
+    /// What is at the target now (when root handles were given).
+    pub target: Option<TargetInfo>,
+    /// The normalised extension.
+    pub ext: String,
+    /// Assessed risk.
+    pub risk: RiskLevel,
+}
+
+/// Runs every check of SPEC §5 in order, `size` being the bytes the action would leave
+/// on disk.
+pub fn check_sandbox_governance(
+    req: &GovernanceRequest<'_>,
+    ctx: &GovernanceContext<'_>,
+    size: u64,
+) -> Verdict<Approval> {
+    let approval = check_target(req, ctx)?;
+    check_size(&approval, size, ctx.extensions)?;
+    Ok(approval)
+}
+
+/// Phase, intent and chmod checks: the ones that need no path.
+pub fn check_intent(req: &GovernanceRequest<'_>) -> Verdict<&'static Operation> {
+    if !phase_supports_sandbox_write(req.phase) {
+        return Err(Refusal::new(
+            ReasonCode::PhaseNotSupported,
+            format!(
+                "phase {} does not allow sandbox writes; writes are allowed in phases 28.3, 28.5, 28.6, 28.7 and 28.8",
+                shown_path(req.phase)
+            ),
+        ));
+    }
+    let op = match op_for_intent(req.intent) {
+        Some(op) => op,
+        None => return Err(intent_refusal(req.intent, req.tool)),
+    };
+    if classify_permission_scope(req.intent, req.tool) == PermissionScope::Forbidden {
+        return Err(intent_refusal(req.intent, req.tool));
+    }
+    for text in [Some(req.intent), req.description].into_iter().flatten() {
+        if let Some(pattern) = detect_chmod_intent(text) {
+            return Err(Refusal::new(
+                ReasonCode::ChmodForbidden,
+                format!(
+                    "the action asks to change permissions ({pattern}); the sandbox never runs chmod or sets an execute bit, so remove that request"
+                ),
+            ));
+        }
+    }
+    Ok(op)
+}
+
+/// Every check but size: intent, path, reserved names, the target on disk, extension.
+pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) -> Verdict<Approval> {
+    let op = check_intent(req)?;
+    let resolved = resolve_sandbox_path(req.path, ctx.root_paths, req.root, ctx.max_depth)?;
+    check_reserved(&resolved.rel)?;
+    if let Some(state) = ctx.state_dir {
+        let abs = crate::confine::path::join_display(&ctx.root_paths[resolved.root_index], &resolved.rel);
+        if is_within_sandbox(&abs, state) {
+            return Err(Refusal::new(
+                ReasonCode::ReservedPath,
+                format!(
+                    "the path {} is inside the runtime's state directory, which is never writable by actions",
+                    shown_path(req.path)
+                ),
+            ));
+        }
+    }
+    let target = match ctx.roots {
+        Some(roots) => {
+            let info = roots[resolved.root_index].inspect(&resolved.rel)?;
+            check_kind(op, &resolved.rel, info.kind)?;
+            Some(info)
+        }
+        None => None,
+    };
+    let ext = normalize_extension(resolved.rel.file_name());
+    is_allowed_operation(op, &ext, 0, ctx.extensions)?;
+    let risk = assess_sandbox_risk(req.intent, &resolved.rel.as_string());
+    Ok(Approval {
+        op,
+        resolved,
+        target,
+        ext,
+        risk,
+    })
+}
+
+/// The size check, last of all.
+pub fn check_size(approval: &Approval, size: u64, extensions: &ExtensionPolicy) -> Verdict {
+    is_allowed_operation(approval.op, &approval.ext, size, extensions)
+}
+
+fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {
+    match kind {
+        TargetKind::Directory if !op.is_directory() => Err(Refusal::new(
+            ReasonCode::NotRegularFile,
+            format!(
+                "{} is a directory; {} writes regular files only",
+                shown_path(&rel.as_string()),
+                op.name
+            ),
+        )),
+        TargetKind::File { .. } if op.is_directory() => Err(Refusal::new(
+            ReasonCode::AlreadyExists,
+            format!(
+                "{} exists and is a file, so no directory can be created there",
+                shown_path(&rel.as_string())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
+    let allowed = crate::catalog::OPERATIONS
+        .iter()
+        .map(|o| o.name)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if detect_chmod_intent(intent).is_some() {
+        return Refusal::new(
+            ReasonCode::ChmodForbidden,
+            format!("the intent {} asks to change permissions; the sandbox never runs chmod", shown_path(intent)),
+        );
+    }
+    if FORBIDDEN_INTENTS.contains(&intent) {
+        return Refusal::new(
+            ReasonCode::ForbiddenIntent,
+            format!("the intent {} is forbidden and never executed; sandbox writes are: {allowed}", shown_path(intent)),
+        );
+    }
+    if let Some(tool) = tool
+        && classify_permission_scope(intent, Some(tool)) == PermissionScope::Forbidden
+        && op_for_intent(intent).is_some()
+    {
+        return Refusal::new(
+            ReasonCode::ForbiddenIntent,
+            format!("the tool {} is a shell; sandbox writes never go through a shell", shown_path(tool)),
+        );
+    }
+    if READ_INTENTS.contains(&intent) {
+        return Refusal::new(
+            ReasonCode::NotSandboxWrite,
+            format!("the intent {} reads and does not belong in a write plan; sandbox writes are: {allowed}", shown_path(intent)),
+        );
+    }
+    let well_formed = !intent.is_empty()
+        && intent.len() <= 64
+        && intent.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !well_formed {
+        return Refusal::new(
+            ReasonCode::UnknownOperation,
+            format!("{} is not an operation name; sandbox writes are: {allowed}", shown_path(intent)),
+        );
+    }
+    Refusal::new(
+        ReasonCode::NotSandboxWrite,
+        format!("the intent {} is not a sandbox write operation; sandbox writes are: {allowed}", shown_path(intent)),
+    )
+}
+
+/// Risk of writing `path` with `intent`: the operation's baseline, at least medium for
+/// scripts (`.py`, `.sh`), high for paths that configure shells, version control or
+/// logins, and for anything outside the catalog.
+pub fn assess_sandbox_risk(intent: &str, path: &str) -> RiskLevel {
+    let Some(op) = op_for_intent(intent) else {
+        return RiskLevel::High;
+    };
+    let lower = path.to_ascii_lowercase();
+    let name = lower.rsplit('/').next().unwrap_or("");
+    const SENSITIVE_NAMES: [&str; 9] = [
+        ".bashrc", ".profile", ".bash_profile", ".zshrc", "authorized_keys", "crontab", ".gitconfig",
+        ".npmrc", ".pypirc",
+    ];
+    const SENSITIVE_DIRS: [&str; 3] = [".git/", ".ssh/", ".config/autostart/"];
+    if SENSITIVE_NAMES.contains(&name) || SENSITIVE_DIRS.iter().any(|d| lower.contains(d)) {
+        return RiskLevel::High;
+    }
+    let ext = normalize_extension(name);
+    if ext == ".py" || ext == ".sh" {
+        return op.risk_level.max(RiskLevel::Medium);
+    }
+    op.risk_level
+}

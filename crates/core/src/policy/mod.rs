@@ -1,0 +1,16 @@
+//! Governance: permission scopes and phases, chmod detection, risk, and
+//! `check_sandbox_governance`, which returns a decision value rather than an error.
+
+mod chmod;
+mod governance;
+mod permission;
+
+pub use chmod::{CHMOD_PATTERN_COUNT, detect_chmod_intent};
+pub use governance::{
+    Approval, GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_intent,
+    check_sandbox_governance, check_size, check_target,
+};
+pub use permission::{
+    DEFAULT_PHASE, PermissionScope, allowed_scopes, classify_permission_scope, is_scope_allowed,
+    phase_supports_sandbox_write,
+};

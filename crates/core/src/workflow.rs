@@ -1,0 +1,100 @@
+//! The workflow state machine and timeline (SPEC §6), as pure values.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A workflow run's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum WorkflowState {
+    Planning,
+    Executing,
+    Mutating,
+    Done,
+    Failed,
+    RolledBack,
+}
+
+impl WorkflowState {
+    /// Every state.
+    pub const ALL: [WorkflowState; 6] = [
+        Self::Planning,
+        Self::Executing,
+        Self::Mutating,
+        Self::Done,
+        Self::Failed,
+        Self::RolledBack,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Planning => "planning",
+            Self::Executing => "executing",
+            Self::Mutating => "mutating",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::RolledBack => "rolled_back",
+        }
+    }
+
+    /// Whether `self → to` is one of the allowed transitions.
+    pub fn can_transition(self, to: WorkflowState) -> bool {
+        use WorkflowState::*;
+        matches!(
+            (self, to),
+            (Planning, Executing)
+                | (Planning, Failed)
+                | (Executing, Mutating)
+                | (Executing, Done)
+                | (Executing, Failed)
+                | (Mutating, Done)
+                | (Mutating, Failed)
+                | (Done, RolledBack)
+                | (Failed, RolledBack)
+        )
+    }
+
+    /// Whether no transition leaves this state.
+    pub fn is_terminal(self) -> bool {
+        Self::ALL.iter().all(|&to| !self.can_transition(to))
+    }
+}
+
+impl fmt::Display for WorkflowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An illegal transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("illegal workflow transition {from} -> {to}")]
+pub struct IllegalTransition {
+    /// Where it was.
+    pub from: WorkflowState,
+    /// Where it was asked to go.
+    pub to: WorkflowState,
+}
+
+/// Applies a transition, refusing illegal ones.
+pub fn transition(from: WorkflowState, to: WorkflowState) -> Result<WorkflowState, IllegalTransition> {
+    if from.can_transition(to) {
+        Ok(to)
+    } else {
+        Err(IllegalTransition { from, to })
+    }
+}
+
+/// One timestamped event of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    /// When (RFC 3339, UTC).
+    pub at: String,
+    /// What: `execution_started`, `dry_run_reason`, `action_blocked`, `action_succeeded`,
+    /// `action_failed`, `rollback_started`, `rollback_finished`, `state_changed`, …
+    pub event: String,
+    /// Details.
+    pub detail: serde_json::Value,
+}
