@@ -1,1 +1,386 @@
-fn main(){}
+//! `ailab-sandbox`: the command-line face of the governed write runtime.
+#![forbid(unsafe_code)]
+
+mod human;
+
+use ailab_sandbox_core::catalog::OPERATIONS;
+use ailab_sandbox_core::config::{Config, Overrides, RawConfig, env as envvars};
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use ailab_sandbox_core::{Refusal, Sandbox};
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Governed filesystem write runtime: plans of write actions, confined to sandbox roots,
+/// snapshotted, audited and reversible.
+#[derive(Debug, Parser)]
+#[command(name = "ailab-sandbox", version, about, long_about = None)]
+struct Cli {
+    /// TOML config file (else AI_LAB_SANDBOX_CONFIG).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Sandbox root; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, defaults).
+    #[arg(long = "root", global = true, value_name = "DIR")]
+    roots: Vec<PathBuf>,
+    /// State directory for the audit log and artifact registry (else AI_LAB_STATE_DIR).
+    #[arg(long, global = true, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Phase in force (default 28.3).
+    #[arg(long, global = true)]
+    phase: Option<String>,
+    /// Turn the write executor on (AI_LAB_ENABLE_SANDBOX_WRITE).
+    #[arg(long, global = true)]
+    enable_write: bool,
+    /// Turn dry-run off (AI_LAB_SANDBOX_DRY_RUN=false).
+    #[arg(long, global = true)]
+    no_dry_run: bool,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Execute (or simulate) a plan: a JSON file, or - for standard input.
+    Run {
+        /// PLAN.json or -.
+        plan: String,
+    },
+    /// Governance verdict only: nothing is written.
+    Check {
+        /// The intent, e.g. create_file.
+        #[arg(long)]
+        intent: String,
+        /// The target path.
+        #[arg(long)]
+        path: String,
+        /// The action's description (searched for chmod requests).
+        #[arg(long)]
+        description: Option<String>,
+        /// Bytes the action would leave on disk.
+        #[arg(long, default_value_t = 0)]
+        size: u64,
+        /// The root, by its configured path.
+        #[arg(long = "in-root", value_name = "ROOT")]
+        in_root: Option<String>,
+    },
+    /// Roll a workflow (or one action) back, verified by checksum.
+    Rollback {
+        /// The workflow.
+        workflow_id: String,
+        /// Only this action.
+        #[arg(long = "action")]
+        action_id: Option<String>,
+        /// Restore even files changed since the workflow wrote them.
+        #[arg(long)]
+        force: bool,
+    },
+    /// The audit trail: list, `stats` or `verify`.
+    Audit(AuditArgs),
+    /// The artifact registry: list, or `show ID` with lineage.
+    Artifacts(ArtifactArgs),
+    /// Execution mode, phase, flags, roots and version.
+    State,
+    /// The operation catalog.
+    Ops,
+    /// Serve the HTTP API (JSON + Prometheus /metrics).
+    Serve {
+        /// Address to bind (default 127.0.0.1:8787).
+        #[arg(long)]
+        addr: Option<String>,
+        /// Bearer token every route requires (AI_LAB_SANDBOX_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// MCP server on standard input/output.
+    Mcp,
+    /// Remove snapshots of finished workflows older than a duration (e.g. 7d, 12h, 30m).
+    Prune {
+        /// Age, e.g. 7d.
+        #[arg(long = "older-than", value_parser = parse_duration)]
+        older_than: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Args)]
+struct AuditArgs {
+    #[command(subcommand)]
+    sub: Option<AuditSub>,
+    /// How many entries, newest first.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Only this workflow.
+    #[arg(long)]
+    workflow: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditSub {
+    /// Counts by status, mutation class and intent.
+    Stats,
+    /// Check the hash chain and head; exit 1 when broken.
+    Verify,
+}
+
+#[derive(Debug, Args)]
+struct ArtifactArgs {
+    #[command(subcommand)]
+    sub: Option<ArtifactSub>,
+    /// How many entries, newest first.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Only this workflow.
+    #[arg(long)]
+    workflow: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ArtifactSub {
+    /// One artifact and its lineage.
+    Show {
+        /// The artifact id.
+        id: String,
+    },
+}
+
+/// Exit codes (SPEC §10).
+const EXIT_OK: u8 = 0;
+const EXIT_REFUSED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let err = || format!("'{s}' is not a duration; use a number and a unit: 30s, 15m, 12h, 7d or 2w");
+    let unit_at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
+    let (n, unit) = s.split_at(unit_at);
+    let n: u64 = n.parse().map_err(|_| err())?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return Err(err()),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+fn init_tracing(server: bool) {
+    let default = if server { "info" } else { "warn" };
+    let level = std::env::var("AILAB_SANDBOX_LOG").unwrap_or_else(|_| default.to_owned());
+    let level = level.parse::<tracing::Level>().unwrap_or(tracing::Level::WARN);
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .try_init();
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let env = |k: &str| std::env::var(k).ok();
+    let path = cli.config.clone().or_else(|| env(envvars::CONFIG).filter(|p| !p.is_empty()).map(PathBuf::from));
+    let file = match &path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
+            Some(RawConfig::from_toml(&text).with_context(|| format!("config file {}", p.display()))?)
+        }
+        None => None,
+    };
+    let (addr, token) = match &cli.command {
+        Command::Serve { addr, token } => (addr.clone(), token.clone()),
+        _ => (None, None),
+    };
+    let flags = Overrides {
+        roots: cli.roots.clone(),
+        state_dir: cli.state_dir.clone(),
+        phase: cli.phase.clone(),
+        enable_write: cli.enable_write,
+        no_dry_run: cli.no_dry_run,
+        addr,
+        token,
+    };
+    Ok(Config::resolve(file, &env, &flags)?)
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn refusal_exit(json: bool, r: &Refusal, code: u8) -> Result<u8> {
+    if json {
+        print_json(&serde_json::json!({"reason_code": r.reason_code, "reason": r.reason}))?;
+    } else {
+        eprintln!("refused ({}): {}", r.reason_code, r.reason);
+    }
+    Ok(code)
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    if let Command::Ops = cli.command {
+        return ops(cli.json);
+    }
+    let config = load_config(&cli)?;
+    if let Command::Serve { .. } = cli.command {
+        return serve(config);
+    }
+    let sandbox = Sandbox::open(config)?;
+    if !cli.json {
+        for n in sandbox.notices() {
+            eprintln!("note: {n}");
+        }
+    }
+    let json = cli.json;
+    match cli.command {
+        Command::Run { plan } => {
+            let bytes = if plan == "-" {
+                let mut b = Vec::new();
+                std::io::stdin().read_to_end(&mut b).context("cannot read the plan from standard input")?;
+                b
+            } else {
+                std::fs::read(&plan).with_context(|| format!("cannot read plan file {plan}"))?
+            };
+            match sandbox.run_plan_json(&bytes) {
+                Ok(result) => {
+                    if json {
+                        print_json(&result)?;
+                    } else {
+                        human::run_result(&result);
+                    }
+                    Ok(if result.is_success() { EXIT_OK } else { EXIT_REFUSED })
+                }
+                Err(r) => refusal_exit(json, &r, EXIT_USAGE),
+            }
+        }
+        Command::Check { intent, path, description, size, in_root } => {
+            let v = sandbox.check(&intent, &path, description.as_deref(), size, in_root.as_deref());
+            if json {
+                print_json(&v)?;
+            } else {
+                human::check(&v);
+            }
+            Ok(if v.allowed { EXIT_OK } else { EXIT_REFUSED })
+        }
+        Command::Rollback { workflow_id, action_id, force } => {
+            let report = sandbox.rollback_workflow(&workflow_id, &RollbackOptions { action_id, force });
+            if json {
+                print_json(&report)?;
+            } else {
+                human::rollback(&report);
+            }
+            Ok(if report.is_success() { EXIT_OK } else { EXIT_REFUSED })
+        }
+        Command::Audit(a) => match a.sub {
+            Some(AuditSub::Stats) => {
+                let s = sandbox.audit_stats()?;
+                if json { print_json(&s)? } else { human::audit_stats(&s) }
+                Ok(EXIT_OK)
+            }
+            Some(AuditSub::Verify) => {
+                let v = sandbox.audit_verify()?;
+                if json { print_json(&v)? } else { human::verify(&v) }
+                Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
+            }
+            None => {
+                let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
+                if json { print_json(&entries)? } else { human::audit(&entries) }
+                Ok(EXIT_OK)
+            }
+        },
+        Command::Artifacts(a) => match a.sub {
+            Some(ArtifactSub::Show { id }) => match sandbox.artifact_with_lineage(&id)? {
+                Some((artifact, lineage)) => {
+                    if json {
+                        print_json(&serde_json::json!({"artifact": artifact, "lineage": lineage}))?;
+                    } else {
+                        human::artifact_show(&artifact, &lineage);
+                    }
+                    Ok(EXIT_OK)
+                }
+                None => {
+                    let r = Refusal::new(ailab_sandbox_core::ReasonCode::NotFound, format!("no artifact has the id '{}'", id.escape_debug()));
+                    refusal_exit(json, &r, EXIT_REFUSED)
+                }
+            },
+            None => {
+                let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
+                if json { print_json(&list)? } else { human::artifacts(&list) }
+                Ok(EXIT_OK)
+            }
+        },
+        Command::State => {
+            let doc = sandbox.state_doc();
+            if json { print_json(&doc)? } else { human::state(&doc) }
+            Ok(EXIT_OK)
+        }
+        Command::Prune { older_than } => match sandbox.prune(older_than) {
+            Ok(report) => {
+                if json {
+                    print_json(&report)?;
+                } else {
+                    println!("pruned {} workflows, kept {}", report.workflows_pruned.len(), report.workflows_kept);
+                }
+                Ok(EXIT_OK)
+            }
+            Err(r) => refusal_exit(json, &r, EXIT_REFUSED),
+        },
+        Command::Mcp => mcp(sandbox),
+        Command::Ops | Command::Serve { .. } => Ok(EXIT_OK),
+    }
+}
+
+#[derive(Serialize)]
+struct OpView {
+    name: &'static str,
+    mutation_class: ailab_sandbox_core::catalog::MutationClass,
+    extensions: &'static [&'static str],
+    max_size_bytes: Option<u64>,
+    risk_level: ailab_sandbox_core::catalog::RiskLevel,
+    requires_governance: bool,
+}
+
+fn ops(json: bool) -> Result<u8> {
+    let view: Vec<OpView> = OPERATIONS
+        .iter()
+        .map(|o| OpView {
+            name: o.name,
+            mutation_class: o.mutation_class,
+            extensions: o.extensions,
+            max_size_bytes: o.max_size_bytes,
+            risk_level: o.risk_level,
+            requires_governance: o.requires_governance,
+        })
+        .collect();
+    if json {
+        print_json(&view)?;
+    } else {
+        human::ops();
+    }
+    Ok(EXIT_OK)
+}
+
+fn serve(_config: Config) -> Result<u8> {
+    eprintln!("serve is not available in this build yet");
+    Ok(EXIT_USAGE)
+}
+
+fn mcp(_sandbox: Sandbox) -> Result<u8> {
+    eprintln!("mcp is not available in this build yet");
+    Ok(EXIT_USAGE)
+}

@@ -320,9 +320,27 @@ impl Config {
                 return Err(ConfigError(format!("root {} contains '..'; give the plain path", r.display())));
             }
         }
+        for (i, a) in self.roots.iter().enumerate() {
+            if let Some(b) = self.roots[i + 1..]
+                .iter()
+                .find(|b| a.starts_with(b) || b.starts_with(a))
+            {
+                return Err(ConfigError(format!(
+                    "roots {} and {} overlap (one lies inside the other, so its '.rollback/' would be writable through the other); give separate directories",
+                    a.display(),
+                    b.display()
+                )));
+            }
+        }
         if !self.state_dir.is_absolute() {
             return Err(ConfigError(format!(
                 "state_dir {} is not an absolute path",
+                self.state_dir.display()
+            )));
+        }
+        if self.state_dir.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            return Err(ConfigError(format!(
+                "state_dir {} contains '..'; give the plain path",
                 self.state_dir.display()
             )));
         }

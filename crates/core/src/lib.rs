@@ -10,13 +10,29 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod artifact;
+pub mod audit;
+pub mod budget;
 pub mod catalog;
+pub mod clock;
 pub mod config;
 pub mod confine;
 pub mod context;
+mod error;
+pub mod executor;
 pub mod hash;
+pub mod journal;
+pub mod metrics;
+pub mod plan;
 pub mod policy;
 pub mod reason;
+pub mod sandbox;
+pub mod snapshot;
 pub mod workflow;
 
+pub use config::Config;
+pub use error::Error;
+pub use executor::{ActionResult, ActionStatus, RunResult, RunStatus};
+pub use plan::Plan;
 pub use reason::{ReasonCode, Refusal, Verdict};
+pub use sandbox::Sandbox;

@@ -162,9 +162,10 @@ pub(crate) fn split_relative(path: &str) -> Verdict<RelPath> {
 }
 
 /// Lexical containment: whether `abs` equals `root` or lies beneath it, compared
-/// component by component (so `/srv/root_evil` is not inside `/srv/root`).
+/// component by component (so `/srv/root_evil` is not inside `/srv/root`). A path with a
+/// `..` component is never inside (`/srv/root/../etc` would pass a prefix test).
 pub fn is_within_sandbox(abs: &Path, root: &Path) -> bool {
-    abs.starts_with(root)
+    abs.starts_with(root) && !abs.components().any(|c| c == Component::ParentDir)
 }
 
 /// Which root a path belongs to, and the path relative to it.

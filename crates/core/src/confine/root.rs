@@ -489,7 +489,17 @@ pub fn sync_dir(dir: &Dir) -> io::Result<()> {
 pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
     let mut opts = OpenOptions::new();
     opts.read(true).follow(FollowSymlinks::No).nonblock(true);
-    let file = dir.open_with(name, &opts)?;
+    let file = match dir.open_with(name, &opts) {
+        Ok(f) => f,
+        // open(2) on a Unix socket fails with ENXIO: it is a special file, not an I/O fault.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+            return Err(io::Error::other(Refusal::new(
+                ReasonCode::NotRegularFile,
+                format!("{} is a socket or device, not a regular file", shown_path(name)),
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(io::Error::other(Refusal::new(
@@ -572,10 +582,12 @@ pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
         if ft.is_file() && name.starts_with(TEMP_MARKER) {
             dir.remove_file(name)?;
             removed += 1;
-        } else if ft.is_dir() && !ft.is_symlink() && depth > 0 {
-            if let Ok(sub) = dir.open_dir_nofollow(name) {
-                removed += remove_temp_files(&sub, depth - 1)?;
-            }
+        } else if ft.is_dir()
+            && !ft.is_symlink()
+            && depth > 0
+            && let Ok(sub) = dir.open_dir_nofollow(name)
+        {
+            removed += remove_temp_files(&sub, depth - 1)?;
         }
     }
     Ok(removed)

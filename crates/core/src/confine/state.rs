@@ -109,13 +109,14 @@ pub struct LogFile {
     file: File,
 }
 
-/// A lock held on a [`LogFile`]; released on drop.
+/// A lock held on a [`LogFile`]; released on drop. It holds a duplicate descriptor of
+/// the same open file description, so it does not borrow the log.
 #[derive(Debug)]
-pub struct LogLock<'a> {
-    file: &'a File,
+pub struct LogLock {
+    file: File,
 }
 
-impl Drop for LogLock<'_> {
+impl Drop for LogLock {
     fn drop(&mut self) {
         let _ = self.file.unlock();
     }
@@ -124,15 +125,17 @@ impl Drop for LogLock<'_> {
 impl LogFile {
     /// Takes the exclusive lock (other processes; threads are serialised by the owner's
     /// mutex, since a lock belongs to the open file description).
-    pub fn lock_exclusive(&self) -> io::Result<LogLock<'_>> {
-        self.file.lock()?;
-        Ok(LogLock { file: &self.file })
+    pub fn lock_exclusive(&self) -> io::Result<LogLock> {
+        let file = self.file.try_clone()?;
+        file.lock()?;
+        Ok(LogLock { file })
     }
 
     /// Takes a shared lock for reading.
-    pub fn lock_shared(&self) -> io::Result<LogLock<'_>> {
-        self.file.lock_shared()?;
-        Ok(LogLock { file: &self.file })
+    pub fn lock_shared(&self) -> io::Result<LogLock> {
+        let file = self.file.try_clone()?;
+        file.lock_shared()?;
+        Ok(LogLock { file })
     }
 
     /// Current length in bytes.
@@ -182,4 +185,9 @@ pub fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
         .recursive(true)
         .mode(mode)
         .create(path)
+}
+
+/// The path with symlinks resolved, when it exists.
+pub fn canonical(path: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(path).ok()
 }

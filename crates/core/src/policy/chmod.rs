@@ -17,7 +17,7 @@ const PATTERNS: [Pattern; 12] = [
     Pattern { name: "set_permissions / setPosixFilePermissions", matches: |t, _| t.contains("set_permissions") || t.contains("setposixfilepermissions") || t.contains("setexecutable(") },
     Pattern { name: "'+x' or a symbolic execute mode", matches: |_, w| w.iter().any(|x| SYMBOLIC_EXEC_MODES.contains(x)) },
     Pattern { name: "make executable", matches: |t, _| ["make executable", "make it executable", "make the file executable", "make the script executable", "make this executable", "mark executable", "mark as executable", "mark it executable", "make runnable"].iter().any(|p| t.contains(p)) },
-    Pattern { name: "set the executable bit", matches: |t, _| ["executable bit", "execute bit", "exec bit", "executable flag", "execute permission", "executable permission", "exec permission", "x bit"].iter().any(|p| t.contains(p)) },
+    Pattern { name: "set the executable bit", matches: |t, w| ["executable bit", "execute bit", "exec bit", "executable flag", "execute permission", "executable permission", "exec permission"].iter().any(|p| t.contains(p)) || has_x_bit(w) },
     Pattern { name: "stat.S_IX* mode constants", matches: |t, _| ["s_ixusr", "s_ixgrp", "s_ixoth", "s_irwxu"].iter().any(|p| t.contains(p)) },
     Pattern { name: "an octal literal with execute bits (0o755, 0o777…)", matches: |_, w| w.iter().any(|x| is_octal_literal_with_exec(x)) },
     Pattern { name: "install -m MODE", matches: |_, w| w.windows(2).any(|p| p[0] == "install" && p[1].starts_with("-m")) },
@@ -50,6 +50,15 @@ fn after_word(words: &[&str], word: &str, test: fn(&str) -> bool) -> bool {
                 .find(|a| !a.starts_with('-'))
                 .is_some_and(|m| test(m))
     })
+}
+
+/// "x bit", "x-bit", "x bits" as whole words: a substring test would flag "fix bitrate"
+/// or "complex bit manipulation".
+fn has_x_bit(words: &[&str]) -> bool {
+    words.iter().any(|w| matches!(*w, "x-bit" | "x-bits"))
+        || words
+            .windows(2)
+            .any(|p| p[0] == "x" && matches!(p[1], "bit" | "bits"))
 }
 
 fn is_octal_mode(m: &str) -> bool {

@@ -229,7 +229,9 @@ pub fn assess_sandbox_risk(intent: &str, path: &str) -> RiskLevel {
         ".npmrc", ".pypirc",
     ];
     const SENSITIVE_DIRS: [&str; 3] = [".git/", ".ssh/", ".config/autostart/"];
-    if SENSITIVE_NAMES.contains(&name) || SENSITIVE_DIRS.iter().any(|d| lower.contains(d)) {
+    // With a trailing '/', so that the directory itself (`create_directory .ssh`) counts.
+    let as_dir = format!("{lower}/");
+    if SENSITIVE_NAMES.contains(&name) || SENSITIVE_DIRS.iter().any(|d| as_dir.contains(d)) {
         return RiskLevel::High;
     }
     let ext = normalize_extension(name);

@@ -1,0 +1,181 @@
+//! Output for people: short tables, colour only on a terminal.
+
+use ailab_sandbox_core::artifact::ArtifactEntry;
+use ailab_sandbox_core::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
+use ailab_sandbox_core::catalog::{OPERATIONS, human_bytes};
+use ailab_sandbox_core::executor::RunResult;
+use ailab_sandbox_core::sandbox::{CheckVerdict, RollbackReport, StateDoc};
+use std::io::IsTerminal;
+
+fn paint(text: &str, good: bool) -> String {
+    if std::io::stdout().is_terminal() {
+        let code = if good { "32" } else { "31" };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    } else {
+        text.to_owned()
+    }
+}
+
+fn dash(v: Option<&str>) -> &str {
+    v.unwrap_or("-")
+}
+
+fn short(sum: Option<&str>) -> String {
+    sum.map_or("-".to_owned(), |s| s.chars().take(12).collect())
+}
+
+pub fn ops() {
+    println!("{:<18} {:<10} {:<28} {:>9} {:<7} governed", "OPERATION", "CLASS", "EXTENSIONS", "MAX", "RISK");
+    for o in &OPERATIONS {
+        let ext = if o.extensions.is_empty() {
+            if o.is_directory() { "-".to_owned() } else { "(all allowed)".to_owned() }
+        } else {
+            o.extensions.join(" ")
+        };
+        println!(
+            "{:<18} {:<10} {:<28} {:>9} {:<7} {}",
+            o.name,
+            o.mutation_class.as_str(),
+            ext,
+            o.max_size_bytes.map_or("-".to_owned(), human_bytes),
+            o.risk_level.as_str(),
+            if o.requires_governance { "yes" } else { "" }
+        );
+    }
+}
+
+pub fn check(v: &CheckVerdict) {
+    if v.allowed {
+        println!("{} (risk {}, operation {})", paint("allowed", true), v.risk.as_str(), dash(v.operation));
+    } else {
+        println!(
+            "{} {}: {}",
+            paint("refused", false),
+            v.reason_code.map_or("-", |c| c.as_str()),
+            dash(v.reason.as_deref())
+        );
+    }
+}
+
+pub fn run_result(r: &RunResult) {
+    let status = serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    println!(
+        "workflow {}  execution {}  status {}  state {}{}",
+        r.workflow_id,
+        r.execution_id,
+        paint(&status, r.is_success()),
+        r.state,
+        match r.dry_run_reason {
+            Some(d) if r.simulation_only => format!("  (simulated: {})", serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
+            _ => String::new(),
+        }
+    );
+    for a in &r.actions {
+        let st = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        println!(
+            "  {:<14} {:<18} {:<11} {:<12} {}{}",
+            a.action_id,
+            a.intent,
+            st,
+            short(a.after_checksum.as_deref()),
+            a.path,
+            a.reason.as_ref().map_or(String::new(), |r| format!("\n      {}: {r}", a.reason_code.map_or("-", |c| c.as_str())))
+        );
+    }
+}
+
+pub fn rollback(r: &RollbackReport) {
+    println!("workflow {}  {}  steps rolled back: {}", r.workflow_id, paint(r.status, r.is_success()), r.steps_rolled_back);
+    if let Some(reason) = &r.reason {
+        println!("  {}: {reason}", r.reason_code.map_or("-", |c| c.as_str()));
+    }
+    for s in &r.steps {
+        println!(
+            "  {:<14} {:<18} {} checksum_validated={} {}",
+            s.action_id,
+            s.intent,
+            if s.restored { "restored" } else { "NOT restored" },
+            s.checksum_validated,
+            s.path
+        );
+    }
+}
+
+pub fn audit(entries: &[SandboxAuditEntry]) {
+    println!("{:>6} {:<27} {:<11} {:<18} {:<22} TARGET", "SEQ", "TIME", "STATUS", "INTENT", "REASON");
+    for e in entries {
+        let st = serde_json::to_value(e.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        println!(
+            "{:>6} {:<27} {:<11} {:<18} {:<22} {}",
+            e.seq,
+            e.timestamp,
+            st,
+            e.mutation_type,
+            e.reason_code.map_or("-", |c| c.as_str()),
+            e.target_path.escape_debug()
+        );
+    }
+}
+
+pub fn audit_stats(s: &AuditStats) {
+    println!(
+        "total {}  success {}  failed {}  blocked {}  simulated {}  rolled_back {}",
+        s.total, s.success, s.failed, s.blocked, s.simulated, s.rolled_back
+    );
+    for (k, v) in &s.by_mutation_class {
+        println!("  class  {k:<18} {v}");
+    }
+    for (k, v) in &s.by_intent {
+        println!("  intent {:<18} {v}", k.escape_debug().to_string());
+    }
+}
+
+pub fn verify(v: &VerifyReport) {
+    if v.ok {
+        println!("{}: {} entries, chain and head intact", paint("ok", true), v.entries);
+    } else {
+        println!(
+            "{}: first bad seq {}: {}",
+            paint("BROKEN", false),
+            v.first_bad_seq.map_or("-".to_owned(), |s| s.to_string()),
+            dash(v.reason.as_deref())
+        );
+    }
+}
+
+pub fn artifacts(list: &[ArtifactEntry]) {
+    println!("{:<36} {:<16} {:<12} {:>9} PATH", "ARTIFACT", "INTENT", "SHA256", "BYTES");
+    for a in list {
+        println!("{:<36} {:<16} {:<12} {:>9} {}", a.artifact_id, a.mutation_type, short(Some(&a.checksum_sha256)), a.size_bytes, a.path);
+    }
+}
+
+pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
+    println!("{}  {}  {}  {} bytes  sha256 {}", a.artifact_id, a.mutation_type, a.path, a.size_bytes, a.checksum_sha256);
+    println!("  workflow {}  action {}  created {}", a.workflow_id, a.action_id, a.created_at);
+    if lineage.is_empty() {
+        println!("  lineage: (none)");
+    }
+    for (i, p) in lineage.iter().enumerate() {
+        println!("  {}└ {}  {}  {}", "  ".repeat(i), p.artifact_id, p.mutation_type, short(Some(&p.checksum_sha256)));
+    }
+}
+
+pub fn state(d: &StateDoc) {
+    let mode = serde_json::to_value(d.execution_mode).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    println!("execution_mode  {}", paint(&mode, d.dry_run_reason.is_none()));
+    if let Some(r) = d.dry_run_reason {
+        println!("dry_run_reason  {}", serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default());
+    }
+    println!("phase           {}", d.phase);
+    println!("write enabled   {}", d.executor_enabled);
+    println!("dry run         {}", d.dry_run);
+    println!("roots           {}", d.sandbox_roots.join(", "));
+    for s in &d.skipped_roots {
+        println!("skipped root    {s}");
+    }
+    println!("state dir       {}", d.state_dir);
+    println!("artifacts       {}", d.artifacts_total);
+    println!("audit entries   {}", d.audit_entries);
+    println!("version         {}", d.version);
+}

@@ -1,0 +1,218 @@
+//! The artifact registry: every file an action leaves behind, with its checksum and
+//! lineage. Append-only JSONL (`artifacts.jsonl`) plus an in-memory index kept current
+//! incrementally, so queries never rescan the file.
+
+use crate::confine::state::StateDir;
+use crate::journal::Journal;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::Mutex;
+
+/// Registry file name in the state directory.
+pub const ARTIFACTS_FILE: &str = "artifacts.jsonl";
+
+/// One registered artifact. The field names are a persisted format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactEntry {
+    /// `art_…`, unique.
+    pub artifact_id: String,
+    /// Absolute path inside a sandbox root.
+    pub path: String,
+    /// SHA-256 of the bytes written.
+    pub checksum_sha256: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// The intent that wrote it.
+    pub mutation_type: String,
+    /// The workflow.
+    pub workflow_id: String,
+    /// The action.
+    pub action_id: String,
+    /// The workflow's parent, if any.
+    pub parent_workflow_id: Option<String>,
+    /// The artifact this one derives from (by default the previous one at the same path).
+    pub parent_artifact_id: Option<String>,
+    /// `{execution_id}/{action_id}`: the exact action execution that produced it.
+    pub generated_by_action: String,
+    /// When (RFC 3339, UTC).
+    pub created_at: String,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    entries: Vec<ArtifactEntry>,
+    by_id: HashMap<String, usize>,
+    by_workflow: HashMap<String, (Vec<usize>, u64)>,
+    latest_by_path: HashMap<String, usize>,
+    by_action: HashMap<(String, String), usize>,
+    corrupt_lines: u64,
+}
+
+impl Index {
+    fn ingest(&mut self, lines: Vec<Vec<u8>>) {
+        for line in lines {
+            match serde_json::from_slice::<ArtifactEntry>(&line) {
+                Ok(e) => self.insert(e),
+                Err(err) => {
+                    self.corrupt_lines += 1;
+                    tracing::warn!(%err, "skipping an unreadable line in the artifact registry");
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, e: ArtifactEntry) {
+        let i = self.entries.len();
+        self.by_id.insert(e.artifact_id.clone(), i);
+        let w = self.by_workflow.entry(e.workflow_id.clone()).or_default();
+        w.0.push(i);
+        w.1 += e.size_bytes;
+        self.latest_by_path.insert(e.path.clone(), i);
+        self.by_action
+            .insert((e.workflow_id.clone(), e.action_id.clone()), i);
+        self.entries.push(e);
+    }
+}
+
+/// The registry.
+#[derive(Debug)]
+pub struct ArtifactRegistry {
+    inner: Mutex<(Journal, Index)>,
+}
+
+impl ArtifactRegistry {
+    /// Opens (creating) the registry and loads its index.
+    pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
+        let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
+        let mut index = Index::default();
+        index.ingest(journal.read_new()?);
+        Ok(Self {
+            inner: Mutex::new((journal, index)),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
+        let mut g = self.inner.lock().map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        let new = journal.read_new()?;
+        index.ingest(new);
+        Ok(f(index))
+    }
+
+    /// Appends entries (one durable write for all of them).
+    pub fn register_many(&self, entries: &[ArtifactEntry]) -> io::Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        for e in entries {
+            serde_json::to_writer(&mut bytes, e).map_err(io::Error::other)?;
+            bytes.push(b'\n');
+        }
+        let mut g = self.inner.lock().map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        journal.append_with(|new| {
+            index.ingest(new);
+            Ok((bytes, ()))
+        }, |_| Ok(()))?;
+        for e in entries {
+            index.insert(e.clone());
+        }
+        Ok(())
+    }
+
+    /// Appends one entry.
+    pub fn register(&self, entry: &ArtifactEntry) -> io::Result<()> {
+        self.register_many(std::slice::from_ref(entry))
+    }
+
+    /// The newest `limit` entries, newest first, optionally of one workflow.
+    pub fn list(&self, limit: usize, workflow_id: Option<&str>) -> io::Result<Vec<ArtifactEntry>> {
+        self.with(|ix| match workflow_id {
+            Some(w) => ix
+                .by_workflow
+                .get(w)
+                .map(|(ids, _)| ids.iter().rev().take(limit).map(|&i| ix.entries[i].clone()).collect())
+                .unwrap_or_default(),
+            None => ix.entries.iter().rev().take(limit).cloned().collect(),
+        })
+    }
+
+    /// One entry by id.
+    pub fn get(&self, artifact_id: &str) -> io::Result<Option<ArtifactEntry>> {
+        self.with(|ix| ix.by_id.get(artifact_id).map(|&i| ix.entries[i].clone()))
+    }
+
+    /// Every entry of a workflow, oldest first.
+    pub fn get_by_workflow(&self, workflow_id: &str) -> io::Result<Vec<ArtifactEntry>> {
+        self.with(|ix| {
+            ix.by_workflow
+                .get(workflow_id)
+                .map(|(ids, _)| ids.iter().map(|&i| ix.entries[i].clone()).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// The artifact an action produced.
+    pub fn get_by_action(&self, workflow_id: &str, action_id: &str) -> io::Result<Option<ArtifactEntry>> {
+        self.with(|ix| {
+            ix.by_action
+                .get(&(workflow_id.to_owned(), action_id.to_owned()))
+                .map(|&i| ix.entries[i].clone())
+        })
+    }
+
+    /// The newest artifact at an absolute path.
+    pub fn latest_for_path(&self, path: &str) -> io::Result<Option<ArtifactEntry>> {
+        self.with(|ix| ix.latest_by_path.get(path).map(|&i| ix.entries[i].clone()))
+    }
+
+    /// Every ancestor through `parent_artifact_id`, nearest first; cycle-safe; `[]` for
+    /// an unknown id.
+    pub fn get_lineage(&self, artifact_id: &str) -> io::Result<Vec<ArtifactEntry>> {
+        self.with(|ix| {
+            let mut out = Vec::new();
+            let mut seen = HashSet::new();
+            seen.insert(artifact_id.to_owned());
+            let mut cur = ix.by_id.get(artifact_id).copied();
+            while let Some(i) = cur {
+                let Some(parent) = ix.entries[i].parent_artifact_id.as_deref() else { break };
+                if !seen.insert(parent.to_owned()) {
+                    break;
+                }
+                cur = ix.by_id.get(parent).copied();
+                if let Some(p) = cur {
+                    out.push(ix.entries[p].clone());
+                }
+            }
+            out
+        })
+    }
+
+    /// Number of artifacts of a workflow.
+    pub fn count_by_workflow(&self, workflow_id: &str) -> io::Result<u64> {
+        self.with(|ix| ix.by_workflow.get(workflow_id).map_or(0, |(ids, _)| ids.len() as u64))
+    }
+
+    /// Total bytes of a workflow's artifacts.
+    pub fn total_bytes_by_workflow(&self, workflow_id: &str) -> io::Result<u64> {
+        self.with(|ix| ix.by_workflow.get(workflow_id).map_or(0, |(_, b)| *b))
+    }
+
+    /// Number of artifacts in all.
+    pub fn len(&self) -> io::Result<u64> {
+        self.with(|ix| ix.entries.len() as u64)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Lines that could not be read (skipped).
+    pub fn corrupt_lines(&self) -> io::Result<u64> {
+        self.with(|ix| ix.corrupt_lines)
+    }
+}

@@ -1,0 +1,396 @@
+//! The audit trail: every action (executed, simulated, blocked, failed, rolled back) as
+//! one JSONL line in `sandbox_audit.jsonl`, chained by SHA-256 (`seq`, `prev_hash`,
+//! `entry_hash`) so an edited, removed or reordered line is found by [`AuditLog::verify`].
+//! The chain's head is also kept in `sandbox_audit.head.json`, outside the log, so a cut
+//! tail is found too.
+
+use crate::catalog::MutationClass;
+use crate::confine::state::StateDir;
+use crate::hash::to_hex;
+use crate::journal::Journal;
+use crate::reason::ReasonCode;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::Mutex;
+
+/// Audit log file name.
+pub const AUDIT_FILE: &str = "sandbox_audit.jsonl";
+/// Head file name.
+pub const HEAD_FILE: &str = "sandbox_audit.head.json";
+/// `prev_hash` of the first entry.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// Outcome recorded for an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum AuditStatus {
+    Success,
+    Simulated,
+    Blocked,
+    Failed,
+    RolledBack,
+}
+
+/// One audit line. Field order is the hashing order: a persisted format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct SandboxAuditEntry {
+    pub seq: u64,
+    pub timestamp: String,
+    pub execution_id: String,
+    pub workflow_id: String,
+    pub action_id: String,
+    pub mutation_class: Option<MutationClass>,
+    pub mutation_type: String,
+    pub target_path: String,
+    pub before_checksum: Option<String>,
+    pub after_checksum: Option<String>,
+    pub rollback_available: bool,
+    pub rollback_path: Option<String>,
+    pub status: AuditStatus,
+    pub reason_code: Option<ReasonCode>,
+    pub error: Option<String>,
+    pub prev_hash: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub entry_hash: String,
+}
+
+/// What a caller records; the log assigns `seq`, `prev_hash` and `entry_hash`.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct AuditRecord {
+    pub timestamp: String,
+    pub execution_id: String,
+    pub workflow_id: String,
+    pub action_id: String,
+    pub mutation_class: Option<MutationClass>,
+    pub mutation_type: String,
+    pub target_path: String,
+    pub before_checksum: Option<String>,
+    pub after_checksum: Option<String>,
+    pub rollback_available: bool,
+    pub rollback_path: Option<String>,
+    pub status: AuditStatus,
+    pub reason_code: Option<ReasonCode>,
+    pub error: Option<String>,
+}
+
+impl SandboxAuditEntry {
+    /// SHA-256 over the entry serialised without `entry_hash`.
+    pub fn compute_hash(&self) -> String {
+        let mut copy = self.clone();
+        copy.entry_hash = String::new();
+        let bytes = serde_json::to_vec(&copy).unwrap_or_default();
+        to_hex(&Sha256::digest(&bytes))
+    }
+}
+
+/// Stored head of the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Head {
+    seq: u64,
+    entry_hash: String,
+}
+
+/// `audit verify` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Whether the whole chain and head check out.
+    pub ok: bool,
+    /// Lines read.
+    pub entries: u64,
+    /// The first sequence number where the chain breaks.
+    pub first_bad_seq: Option<u64>,
+    /// What is wrong.
+    pub reason: Option<String>,
+}
+
+/// Audit statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)]
+pub struct AuditStats {
+    pub total: u64,
+    pub success: u64,
+    pub failed: u64,
+    pub blocked: u64,
+    pub simulated: u64,
+    pub rolled_back: u64,
+    pub by_mutation_class: BTreeMap<String, u64>,
+    pub by_intent: BTreeMap<String, u64>,
+    pub by_reason_code: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    entries: Vec<SandboxAuditEntry>,
+    by_workflow: BTreeMap<String, Vec<usize>>,
+    last_seq: u64,
+    last_hash: String,
+    stats: AuditStats,
+}
+
+impl Index {
+    fn ingest(&mut self, lines: Vec<Vec<u8>>) {
+        for line in lines {
+            match serde_json::from_slice::<SandboxAuditEntry>(&line) {
+                Ok(e) => self.insert(e),
+                Err(err) => tracing::warn!(%err, "unreadable audit line (audit verify will report it)"),
+            }
+        }
+    }
+
+    fn insert(&mut self, e: SandboxAuditEntry) {
+        let s = &mut self.stats;
+        s.total += 1;
+        match e.status {
+            AuditStatus::Success => s.success += 1,
+            AuditStatus::Failed => s.failed += 1,
+            AuditStatus::Blocked => s.blocked += 1,
+            AuditStatus::Simulated => s.simulated += 1,
+            AuditStatus::RolledBack => s.rolled_back += 1,
+        }
+        if let Some(c) = e.mutation_class {
+            *s.by_mutation_class.entry(c.as_str().to_owned()).or_default() += 1;
+        }
+        *s.by_intent.entry(e.mutation_type.clone()).or_default() += 1;
+        if let Some(r) = e.reason_code {
+            *s.by_reason_code.entry(r.as_str().to_owned()).or_default() += 1;
+        }
+        self.last_seq = e.seq;
+        self.last_hash = e.entry_hash.clone();
+        self.by_workflow
+            .entry(e.workflow_id.clone())
+            .or_default()
+            .push(self.entries.len());
+        self.entries.push(e);
+    }
+}
+
+/// The audit log.
+#[derive(Debug)]
+pub struct AuditLog {
+    state: StateDir,
+    durable: bool,
+    inner: Mutex<(Journal, Index)>,
+}
+
+impl AuditLog {
+    /// Opens (creating) the log, repairs a torn tail and loads the index. A head that
+    /// lags the log (a crash between the append and the head update) is brought forward.
+    pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
+        let mut journal = Journal::open(state, AUDIT_FILE, durable)?;
+        let mut index = Index {
+            last_hash: GENESIS_HASH.to_owned(),
+            ..Index::default()
+        };
+        index.ingest(journal.read_new()?);
+        let log = Self {
+            state: state.clone(),
+            durable,
+            inner: Mutex::new((journal, index)),
+        };
+        if let Some(head) = log.read_head()? {
+            let (last_seq, last_hash) = log.with(|ix| (ix.last_seq, ix.last_hash.clone()))?;
+            if head.seq < last_seq {
+                log.write_head(last_seq, &last_hash)?;
+            }
+        }
+        Ok(log)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
+        let mut g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        let new = journal.read_new()?;
+        index.ingest(new);
+        Ok(f(index))
+    }
+
+    /// Appends records as one write, chaining each to the previous entry, then moves
+    /// the head. Returns the entries as written.
+    pub fn append(&self, records: Vec<AuditRecord>) -> io::Result<Vec<SandboxAuditEntry>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        let written = journal.append_with(|new| {
+            index.ingest(new);
+            let mut seq = index.last_seq;
+            let mut prev = index.last_hash.clone();
+            let mut bytes = Vec::new();
+            let mut out = Vec::new();
+            for r in records {
+                seq += 1;
+                let mut e = SandboxAuditEntry {
+                    seq,
+                    timestamp: r.timestamp,
+                    execution_id: r.execution_id,
+                    workflow_id: r.workflow_id,
+                    action_id: r.action_id,
+                    mutation_class: r.mutation_class,
+                    mutation_type: r.mutation_type,
+                    target_path: r.target_path,
+                    before_checksum: r.before_checksum,
+                    after_checksum: r.after_checksum,
+                    rollback_available: r.rollback_available,
+                    rollback_path: r.rollback_path,
+                    status: r.status,
+                    reason_code: r.reason_code,
+                    error: r.error,
+                    prev_hash: prev.clone(),
+                    entry_hash: String::new(),
+                };
+                e.entry_hash = e.compute_hash();
+                prev = e.entry_hash.clone();
+                serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
+                bytes.push(b'\n');
+                out.push(e);
+            }
+            Ok((bytes, out))
+        }, |out: &Vec<SandboxAuditEntry>| {
+            // Moved while the lock is held, so the head never goes backwards.
+            match out.last() {
+                Some(last) => self.write_head(last.seq, &last.entry_hash),
+                None => Ok(()),
+            }
+        })?;
+        for e in &written {
+            index.insert(e.clone());
+        }
+        Ok(written)
+    }
+
+    fn read_head(&self) -> io::Result<Option<Head>> {
+        Ok(self
+            .state
+            .read_optional(HEAD_FILE)?
+            .and_then(|b| serde_json::from_slice(&b).ok()))
+    }
+
+    fn write_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
+        let head = Head {
+            seq,
+            entry_hash: entry_hash.to_owned(),
+        };
+        let bytes = serde_json::to_vec(&head).map_err(io::Error::other)?;
+        self.state.write_atomic(HEAD_FILE, &bytes, self.durable)
+    }
+
+    /// The newest `limit` entries, newest first, optionally of one workflow.
+    pub fn list(&self, limit: usize, workflow_id: Option<&str>) -> io::Result<Vec<SandboxAuditEntry>> {
+        self.with(|ix| match workflow_id {
+            Some(w) => ix
+                .by_workflow
+                .get(w)
+                .map(|ids| ids.iter().rev().take(limit).map(|&i| ix.entries[i].clone()).collect())
+                .unwrap_or_default(),
+            None => ix.entries.iter().rev().take(limit).cloned().collect(),
+        })
+    }
+
+    /// Every entry of a workflow, oldest first.
+    pub fn by_workflow(&self, workflow_id: &str) -> io::Result<Vec<SandboxAuditEntry>> {
+        self.with(|ix| {
+            ix.by_workflow
+                .get(workflow_id)
+                .map(|ids| ids.iter().map(|&i| ix.entries[i].clone()).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// Timestamps of a workflow's executed writes (successful, not rollbacks), oldest
+    /// first: the durable history the rate limiter replays.
+    pub fn write_times(&self, workflow_id: &str) -> io::Result<Vec<String>> {
+        self.with(|ix| {
+            ix.by_workflow
+                .get(workflow_id)
+                .map(|ids| {
+                    ids.iter()
+                        .map(|&i| &ix.entries[i])
+                        .filter(|e| e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback))
+                        .map(|e| e.timestamp.clone())
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+
+    /// `get_sandbox_audit_stats`.
+    pub fn stats(&self) -> io::Result<AuditStats> {
+        self.with(|ix| ix.stats.clone())
+    }
+
+    /// Reads the whole log and checks every line, the chain and the head.
+    pub fn verify(&self) -> io::Result<VerifyReport> {
+        let bytes = {
+            let g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+            g.0.read_all()?
+        };
+        let head = self.read_head()?;
+        Ok(verify_bytes(&bytes, head.map(|h| (h.seq, h.entry_hash))))
+    }
+}
+
+/// Checks a log's bytes against an optional head `(seq, entry_hash)`.
+pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
+    let bad = |entries: u64, seq: u64, reason: String| VerifyReport {
+        ok: false,
+        entries,
+        first_bad_seq: Some(seq),
+        reason: Some(reason),
+    };
+    let mut prev = GENESIS_HASH.to_owned();
+    let mut expected_seq = 1u64;
+    let mut n = 0u64;
+    let mut hash_at_head = None;
+    let body = match bytes.iter().rposition(|&b| b == b'\n') {
+        Some(i) => &bytes[..=i],
+        None => &bytes[..0],
+    };
+    for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        n += 1;
+        let e: SandboxAuditEntry = match serde_json::from_slice(line) {
+            Ok(e) => e,
+            Err(err) => return bad(n, expected_seq, format!("line {n} is not a valid audit entry: {err}")),
+        };
+        if e.seq != expected_seq {
+            return bad(n, expected_seq, format!(
+                "line {n} has seq {} where {expected_seq} was expected: a line was removed, inserted or moved",
+                e.seq
+            ));
+        }
+        if e.prev_hash != prev {
+            return bad(n, e.seq, format!("entry {} does not chain to the entry before it: a line was removed or reordered", e.seq));
+        }
+        if e.compute_hash() != e.entry_hash {
+            return bad(n, e.seq, format!("entry {} does not match its hash: the line was edited", e.seq));
+        }
+        if head.as_ref().is_some_and(|(s, _)| *s == e.seq) {
+            hash_at_head = Some(e.entry_hash.clone());
+        }
+        prev = e.entry_hash;
+        expected_seq += 1;
+    }
+    let last_seq = expected_seq - 1;
+    if let Some((head_seq, head_hash)) = head {
+        if head_seq > last_seq {
+            return bad(n, last_seq + 1, format!(
+                "the log ends at seq {last_seq} but its head records seq {head_seq}: lines were removed from the end"
+            ));
+        }
+        if head_seq > 0 && hash_at_head.as_deref() != Some(head_hash.as_str()) {
+            return bad(n, head_seq, format!("entry {head_seq} differs from the hash recorded in the head: the log was rewritten"));
+        }
+    }
+    VerifyReport {
+        ok: true,
+        entries: n,
+        first_bad_seq: None,
+        reason: None,
+    }
+}

@@ -1,0 +1,47 @@
+//! The library's error type: things that went wrong, as opposed to refusals.
+
+use std::path::PathBuf;
+
+/// An error opening or running the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// No configured root could be used.
+    #[error("no sandbox root is usable: {}", .problems.join("; "))]
+    NoUsableRoot {
+        /// Why each root was skipped.
+        problems: Vec<String>,
+    },
+    /// The state directory cannot be created or opened.
+    #[error("state directory {} cannot be used: {source}", .path.display())]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The state directory lies inside a sandbox root.
+    #[error("state directory {} lies inside the sandbox root {}; it must be outside every root", .state_dir.display(), .root.display())]
+    StateDirInsideRoot {
+        /// The state directory.
+        state_dir: PathBuf,
+        /// The root.
+        root: PathBuf,
+    },
+    /// Reading or writing the registry or audit log failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Io { what, source }
+    }
+}

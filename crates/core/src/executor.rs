@@ -1,0 +1,675 @@
+//! `SandboxWriteExecutor`: runs a plan (SPEC §6). The whole plan is validated first
+//! against the tree as its earlier actions would leave it; then, per action:
+//! governance → budget → rate limit → snapshot → atomic mutation → checksum → artifact
+//! registry → audit. A failure restores the action at once and, with
+//! `on_failure: rollback`, every earlier action of the run.
+
+use crate::artifact::ArtifactEntry;
+use crate::audit::{AuditRecord, AuditStatus};
+use crate::budget::{check_budget, check_rate};
+use crate::catalog::{MutationClass, Operation, RiskLevel};
+use crate::clock::parse_timestamp;
+use crate::confine::TargetKind;
+use crate::confine::root::FILE_MODE;
+use crate::context::DryRunReason;
+use crate::hash::sha256_hex;
+use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
+use crate::policy::{Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::Sandbox;
+use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot};
+use crate::workflow::{TimelineEvent, WorkflowState};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Overall outcome of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum RunStatus {
+    Success,
+    SimulatedSuccess,
+    Blocked,
+    Failed,
+    RolledBack,
+}
+
+/// Outcome of one action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionStatus {
+    /// Written.
+    Success,
+    /// Would have been written.
+    Simulated,
+    /// Refused by governance, budget or rate limit; nothing written.
+    Blocked,
+    /// Not run because another action was refused or failed.
+    Skipped,
+    /// Tried and failed; its own change was undone.
+    Failed,
+    /// Written, then undone because a later action failed.
+    RolledBack,
+}
+
+/// One action's result.
+#[derive(Debug, Clone, Serialize)]
+#[allow(missing_docs)]
+pub struct ActionResult {
+    pub action_id: String,
+    pub intent: String,
+    pub mutation_class: Option<MutationClass>,
+    pub path: String,
+    pub status: ActionStatus,
+    pub reason_code: Option<ReasonCode>,
+    pub reason: Option<String>,
+    pub risk: RiskLevel,
+    pub before_checksum: Option<String>,
+    pub after_checksum: Option<String>,
+    pub size_bytes: Option<u64>,
+    pub artifact_id: Option<String>,
+    pub rollback_path: Option<String>,
+}
+
+/// The run result (SPEC §6).
+#[derive(Debug, Clone, Serialize)]
+#[allow(missing_docs)]
+pub struct RunResult {
+    pub workflow_id: String,
+    pub execution_id: String,
+    pub status: RunStatus,
+    pub simulation_only: bool,
+    pub dry_run_reason: Option<DryRunReason>,
+    pub state: WorkflowState,
+    pub actions: Vec<ActionResult>,
+    pub timeline: Vec<TimelineEvent>,
+}
+
+impl RunResult {
+    /// Whether the run succeeded (really or in simulation).
+    pub fn is_success(&self) -> bool {
+        matches!(self.status, RunStatus::Success | RunStatus::SimulatedSuccess)
+    }
+}
+
+/// What validation found for an action that passed.
+#[derive(Debug, Clone)]
+struct Prepared {
+    approval: Approval,
+    /// Bytes that would be on disk (`None` for a directory).
+    bytes: Option<Vec<u8>>,
+    before: Option<Vec<u8>>,
+}
+
+/// The virtual tree during validation: what earlier actions of the plan would leave.
+#[derive(Debug, Clone)]
+enum Virtual {
+    File(Vec<u8>),
+    Dir,
+}
+
+/// Runs one plan.
+#[derive(Debug)]
+pub struct SandboxWriteExecutor<'a> {
+    sb: &'a Sandbox,
+    plan: ValidPlan,
+    execution_id: String,
+    state: WorkflowState,
+    timeline: Vec<TimelineEvent>,
+}
+
+impl Sandbox {
+    /// Parses, validates and runs (or simulates) a plan given as JSON. A plan that cannot
+    /// be parsed, or whose ids are invalid, is refused before anything happens.
+    pub fn run_plan_json(&self, json: &[u8]) -> Verdict<RunResult> {
+        let plan = crate::plan::parse_plan(json)?;
+        self.run_plan(plan)
+    }
+
+    /// Validates and runs (or simulates) a plan.
+    pub fn run_plan(&self, plan: crate::plan::Plan) -> Verdict<RunResult> {
+        let plan = plan.validate()?;
+        Ok(SandboxWriteExecutor::new(self, plan).run())
+    }
+}
+
+impl<'a> SandboxWriteExecutor<'a> {
+    /// A run of `plan` on `sb`.
+    pub fn new(sb: &'a Sandbox, plan: ValidPlan) -> Self {
+        Self {
+            sb,
+            plan,
+            execution_id: new_execution_id(),
+            state: WorkflowState::Planning,
+            timeline: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, event: &str, detail: serde_json::Value) {
+        self.timeline.push(TimelineEvent {
+            at: self.sb.now(),
+            event: event.to_owned(),
+            detail,
+        });
+    }
+
+    fn go(&mut self, to: WorkflowState) {
+        match crate::workflow::transition(self.state, to) {
+            Ok(s) => {
+                let from = self.state;
+                self.state = s;
+                self.event("state_changed", json!({"from": from, "to": to}));
+            }
+            Err(e) => tracing::error!(%e, "workflow state machine refused a transition"),
+        }
+    }
+
+    fn request<'b>(&self, a: &'b Action) -> GovernanceRequest<'b>
+    where
+        'a: 'b,
+    {
+        GovernanceRequest {
+            intent: &a.intent,
+            path: &a.path,
+            phase: &self.sb.config.phase,
+            root: a.root.as_deref(),
+            description: a.description.as_deref(),
+            tool: a.tool.as_deref(),
+        }
+    }
+
+    /// Runs the plan.
+    pub fn run(mut self) -> RunResult {
+        let wf = self.plan.workflow_id.clone();
+        self.event(
+            "execution_started",
+            json!({"workflow_id": wf, "actions": self.plan.actions.len(), "on_failure": self.plan.on_failure}),
+        );
+        let (ctx, sim_reason) = self.sb.execution_context();
+        let lock = self.sb.state.lock(&format!("wf-{wf}"));
+        if let Err(e) = &lock {
+            let r = Refusal::new(ReasonCode::IoError, format!("could not lock workflow '{wf}': {}", e.kind()));
+            return self.blocked(vec![Err(r)], !ctx.is_executable());
+        }
+        let checks = self.validate(ctx.is_executable());
+        if checks.iter().any(Result::is_err) {
+            return self.blocked(checks, !ctx.is_executable());
+        }
+        let prepared: Vec<Prepared> = checks.into_iter().flatten().collect();
+        if !ctx.is_executable() {
+            return self.simulate(prepared, sim_reason);
+        }
+        self.execute()
+    }
+
+    /// Validation of the whole plan. In simulation mode the budget and rate limit are
+    /// reported too, but nothing is consumed.
+    fn validate(&self, _executable: bool) -> Vec<Result<Prepared, Refusal>> {
+        let sb = self.sb;
+        let wf = &self.plan.workflow_id;
+        let gctx = sb.governance_context();
+        let mut tree: HashMap<(usize, String), Virtual> = HashMap::new();
+        let used_artifacts = sb.registry.count_by_workflow(wf).unwrap_or(0);
+        let used_bytes = sb.registry.total_bytes_by_workflow(wf).unwrap_or(0);
+        let (mut add_artifacts, mut add_bytes, mut writes) = (0u64, 0u64, 0u32);
+        let history = self.write_history();
+        let now = sb.clock.now();
+        let mut out = Vec::new();
+        for a in &self.plan.actions {
+            let r = (|| {
+                let approval = check_target(&self.request(a), &gctx)?;
+                check_payload(approval.op, a)?;
+                check_parent_artifact(sb, a)?;
+                for (i, root) in sb.roots.iter().enumerate() {
+                    if Snapshotter::exists(root, wf, a.id()) {
+                        let _ = i;
+                        return Err(Refusal::new(
+                            ReasonCode::InvalidId,
+                            format!("action_id '{}' was already used in workflow '{wf}'; give each action a new id", a.id()),
+                        ));
+                    }
+                }
+                let ri = approval.resolved.root_index;
+                let key = (ri, approval.resolved.rel.as_string());
+                let current: Option<Virtual> = match tree.get(&key) {
+                    Some(v) => Some(v.clone()),
+                    None => match approval.target.as_ref().map(|t| t.kind) {
+                        Some(TargetKind::File { .. }) => {
+                            Some(Virtual::File(sb.roots[ri].read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?))
+                        }
+                        Some(TargetKind::Directory) => Some(Virtual::Dir),
+                        _ => None,
+                    },
+                };
+                let before = match &current {
+                    Some(Virtual::Dir) if !approval.op.is_directory() => {
+                        return Err(Refusal::new(
+                            ReasonCode::NotRegularFile,
+                            format!("'{}' is a directory; {} writes regular files only", a.path, a.intent),
+                        ));
+                    }
+                    Some(Virtual::File(_)) if approval.op.is_directory() => {
+                        return Err(Refusal::new(
+                            ReasonCode::AlreadyExists,
+                            format!("'{}' exists and is a file, so no directory can be created there", a.path),
+                        ));
+                    }
+                    Some(Virtual::File(b)) => Some(b.clone()),
+                    _ => None,
+                };
+                let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
+                let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
+                check_size(&approval, size, &sb.config.extensions)?;
+                if bytes.is_some() {
+                    check_budget(wf, &sb.config.limits, used_artifacts + add_artifacts, used_bytes + add_bytes, 1, size)?;
+                }
+                check_rate(wf, sb.config.limits.writes_per_minute, &history, now, writes + 1)?;
+                Ok(Prepared { approval, bytes, before })
+            })();
+            if let Ok(p) = &r {
+                let ri = p.approval.resolved.root_index;
+                let rel = &p.approval.resolved.rel;
+                let comps = rel.components();
+                for d in 1..comps.len() {
+                    tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
+                }
+                let v = match &p.bytes {
+                    Some(b) => {
+                        add_artifacts += 1;
+                        add_bytes += b.len() as u64;
+                        Virtual::File(b.clone())
+                    }
+                    None => Virtual::Dir,
+                };
+                tree.insert((ri, rel.as_string()), v);
+                writes += 1;
+            }
+            out.push(r);
+        }
+        out
+    }
+
+    fn write_history(&self) -> Vec<chrono::DateTime<chrono::Utc>> {
+        self.sb
+            .audit
+            .write_times(&self.plan.workflow_id)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| parse_timestamp(t))
+            .collect()
+    }
+
+    fn base_result(&self, a: &Action, op: Option<&'static Operation>, status: ActionStatus) -> ActionResult {
+        ActionResult {
+            action_id: a.id().to_owned(),
+            intent: a.intent.clone(),
+            mutation_class: op.map(|o| o.mutation_class),
+            path: a.path.clone(),
+            status,
+            reason_code: None,
+            reason: None,
+            risk: assess_sandbox_risk(&a.intent, &a.path),
+            before_checksum: None,
+            after_checksum: None,
+            size_bytes: None,
+            artifact_id: None,
+            rollback_path: None,
+        }
+    }
+
+    fn record(&self, a: &Action, r: &ActionResult, status: AuditStatus, target: String) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.sb.now(),
+            execution_id: self.execution_id.clone(),
+            workflow_id: self.plan.workflow_id.clone(),
+            action_id: a.id().to_owned(),
+            mutation_class: r.mutation_class,
+            mutation_type: a.intent.clone(),
+            target_path: target,
+            before_checksum: r.before_checksum.clone(),
+            after_checksum: r.after_checksum.clone(),
+            rollback_available: r.rollback_path.is_some(),
+            rollback_path: r.rollback_path.clone(),
+            status,
+            reason_code: r.reason_code,
+            error: r.reason.clone(),
+        }
+    }
+
+    fn finish(mut self, status: RunStatus, simulation_only: bool, dry_run_reason: Option<DryRunReason>, actions: Vec<ActionResult>) -> RunResult {
+        self.event("execution_finished", json!({"status": status, "state": self.state}));
+        RunResult {
+            workflow_id: self.plan.workflow_id.clone(),
+            execution_id: self.execution_id.clone(),
+            status,
+            simulation_only,
+            dry_run_reason,
+            state: self.state,
+            actions,
+            timeline: self.timeline,
+        }
+    }
+
+    fn blocked(mut self, checks: Vec<Result<Prepared, Refusal>>, simulation_only: bool) -> RunResult {
+        let mut results = Vec::new();
+        let mut records = Vec::new();
+        let actions = self.plan.actions.clone();
+        for (i, a) in actions.iter().enumerate() {
+            let op = self.sb.operation(&a.intent);
+            match checks.get(i) {
+                Some(Err(r)) => {
+                    let mut res = self.base_result(a, op, ActionStatus::Blocked);
+                    res.reason_code = Some(r.reason_code);
+                    res.reason = Some(r.reason.clone());
+                    self.sb.metrics.denied(&a.intent, r.reason_code);
+                    self.sb.metrics.mutation(&a.intent, "blocked");
+                    self.event("action_blocked", json!({"action_id": a.id(), "reason_code": r.reason_code}));
+                    records.push(self.record(a, &res, AuditStatus::Blocked, a.path.clone()));
+                    results.push(res);
+                }
+                Some(Ok(p)) => {
+                    let mut res = self.base_result(a, op, ActionStatus::Skipped);
+                    res.risk = p.approval.risk;
+                    res.reason = Some("not run: another action of the plan was refused".to_owned());
+                    results.push(res);
+                }
+                None => {
+                    let mut res = self.base_result(a, op, ActionStatus::Skipped);
+                    if let Some(Err(r)) = checks.first() {
+                        res.status = ActionStatus::Blocked;
+                        res.reason_code = Some(r.reason_code);
+                        res.reason = Some(r.reason.clone());
+                        records.push(self.record(a, &res, AuditStatus::Blocked, a.path.clone()));
+                    }
+                    results.push(res);
+                }
+            }
+        }
+        if let Err(e) = self.sb.audit.append(records) {
+            tracing::error!(error = %e, "could not audit blocked actions");
+        }
+        self.event("dry_run_reason", json!({"reason": DryRunReason::GovernanceBlocked}));
+        self.go(WorkflowState::Failed);
+        self.finish(RunStatus::Blocked, simulation_only, Some(DryRunReason::GovernanceBlocked), results)
+    }
+
+    fn simulate(mut self, prepared: Vec<Prepared>, reason: Option<DryRunReason>) -> RunResult {
+        self.event("dry_run_reason", json!({"reason": reason}));
+        self.go(WorkflowState::Executing);
+        let mut results = Vec::new();
+        let mut records = Vec::new();
+        let actions = self.plan.actions.clone();
+        for (a, p) in actions.iter().zip(prepared) {
+            let mut res = self.base_result(a, Some(p.approval.op), ActionStatus::Simulated);
+            res.risk = p.approval.risk;
+            res.before_checksum = p.before.as_deref().map(sha256_hex);
+            res.after_checksum = p.bytes.as_deref().map(sha256_hex);
+            res.size_bytes = p.bytes.as_ref().map(|b| b.len() as u64);
+            let target = self.sb.abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);
+            records.push(self.record(a, &res, AuditStatus::Simulated, target));
+            self.sb.metrics.mutation(&a.intent, "simulated");
+            self.event("action_simulated", json!({"action_id": a.id()}));
+            results.push(res);
+        }
+        if let Err(e) = self.sb.audit.append(records) {
+            tracing::error!(error = %e, "could not audit simulated actions");
+        }
+        self.go(WorkflowState::Done);
+        self.finish(RunStatus::SimulatedSuccess, true, reason, results)
+    }
+
+    fn execute(mut self) -> RunResult {
+        self.go(WorkflowState::Executing);
+        let actions = self.plan.actions.clone();
+        let mut results: Vec<ActionResult> = Vec::new();
+        let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
+        let mut failed = false;
+        for (i, a) in actions.iter().enumerate() {
+            if failed {
+                let mut res = self.base_result(a, self.sb.operation(&a.intent), ActionStatus::Skipped);
+                res.reason = Some("not run: an earlier action failed".to_owned());
+                results.push(res);
+                continue;
+            }
+            if i == 0 {
+                self.go(WorkflowState::Mutating);
+            }
+            let started = Instant::now();
+            match self.execute_action(a) {
+                Ok((res, snap)) => {
+                    self.sb.metrics.mutation(&a.intent, "success");
+                    self.sb.metrics.mutation_duration(&a.intent, started.elapsed().as_secs_f64());
+                    self.event("action_succeeded", json!({"action_id": a.id(), "after_checksum": res.after_checksum}));
+                    done.push(snap);
+                    results.push(res);
+                }
+                Err(res) => {
+                    self.sb.metrics.mutation(&a.intent, "failed");
+                    if let Some(code) = res.reason_code {
+                        self.sb.metrics.denied(&a.intent, code);
+                    }
+                    self.event("action_failed", json!({"action_id": a.id(), "reason_code": res.reason_code}));
+                    results.push(*res);
+                    failed = true;
+                }
+            }
+        }
+        let artifacts = self.sb.registry.len().unwrap_or(0);
+        self.sb.metrics.set_artifacts(artifacts);
+        if !failed {
+            self.go(WorkflowState::Done);
+            return self.finish(RunStatus::Success, false, None, results);
+        }
+        self.go(WorkflowState::Failed);
+        if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
+            if done.is_empty() && self.plan.on_failure == OnFailure::Rollback {
+                // Nothing of this run remains to undo: the failed action restored itself.
+                self.event("rollback_started", json!({"steps": 0}));
+                self.event("rollback_finished", json!({"steps_rolled_back": 0}));
+                self.go(WorkflowState::RolledBack);
+                return self.finish(RunStatus::RolledBack, false, None, results);
+            }
+            return self.finish(RunStatus::Failed, false, None, results);
+        }
+        self.event("rollback_started", json!({"steps": done.len()}));
+        let wf = self.plan.workflow_id.clone();
+        let steps = self.sb.restore_all(&self.execution_id, &wf, done.into_iter().rev().collect(), "workflow_failed");
+        let all_ok = steps.iter().all(|s| s.restored);
+        for s in &steps {
+            if let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) {
+                if s.restored {
+                    r.status = ActionStatus::RolledBack;
+                }
+            }
+        }
+        self.event(
+            "rollback_finished",
+            json!({"steps_rolled_back": steps.iter().filter(|s| s.restored).count(), "all_restored": all_ok}),
+        );
+        if all_ok {
+            self.go(WorkflowState::RolledBack);
+            self.finish(RunStatus::RolledBack, false, None, results)
+        } else {
+            self.finish(RunStatus::Failed, false, None, results)
+        }
+    }
+
+    /// One action, for real. On failure the action's own change is undone and the
+    /// failure audited.
+    fn execute_action(&mut self, a: &Action) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
+        let sb = self.sb;
+        let wf = self.plan.workflow_id.clone();
+        let op = sb.operation(&a.intent);
+        let mut res = self.base_result(a, op, ActionStatus::Failed);
+        let fail = |this: &Self, mut res: ActionResult, r: Refusal, target: String| {
+            res.status = ActionStatus::Failed;
+            res.reason_code = Some(r.reason_code);
+            res.reason = Some(r.reason);
+            let rec = this.record(a, &res, AuditStatus::Failed, target);
+            if let Err(e) = this.sb.audit.append(vec![rec]) {
+                tracing::error!(error = %e, "could not audit a failed action");
+            }
+            Box::new(res)
+        };
+
+        // governance → payload → current bytes → size → budget → rate limit
+        let gctx = sb.governance_context();
+        let approval = match check_target(&self.request(a), &gctx) {
+            Ok(ap) => ap,
+            Err(r) => return Err(fail(self, res, r, a.path.clone())),
+        };
+        res.risk = approval.risk;
+        let ri = approval.resolved.root_index;
+        let root = &sb.roots[ri];
+        let rel = approval.resolved.rel.clone();
+        let target = sb.abs_path(ri, &rel);
+        let prepared = (|| {
+            check_payload(approval.op, a)?;
+            let kind = approval.target.as_ref().map_or(TargetKind::Missing, |t| t.kind);
+            let before = match kind {
+                TargetKind::File { .. } => Some(root.read_file(&rel, MAX_SNAPSHOT_BYTES)?),
+                _ => None,
+            };
+            let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
+            let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
+            check_size(&approval, size, &sb.config.extensions)?;
+            if bytes.is_some() {
+                let used = sb.registry.count_by_workflow(&wf).unwrap_or(0);
+                let used_bytes = sb.registry.total_bytes_by_workflow(&wf).unwrap_or(0);
+                check_budget(&wf, &sb.config.limits, used, used_bytes, 1, size)?;
+            }
+            check_rate(&wf, sb.config.limits.writes_per_minute, &self.write_history(), sb.clock.now(), 1)?;
+            Ok::<_, Refusal>((kind, before, bytes))
+        })();
+        let (kind, before, bytes) = match prepared {
+            Ok(p) => p,
+            Err(r) => return Err(fail(self, res, r, target)),
+        };
+        res.before_checksum = before.as_deref().map(sha256_hex);
+
+        // snapshot
+        let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
+        let parents = rel.parent_components();
+        let mut created_dirs: Vec<String> = (existing..parents.len())
+            .map(|d| parents[..=d].join("/"))
+            .collect();
+        if approval.op.is_directory() && kind == TargetKind::Missing {
+            created_dirs.push(rel.as_string());
+        }
+        let meta = SnapshotMeta {
+            format: 1,
+            snapshot_id: uuid::Uuid::now_v7().simple().to_string(),
+            workflow_id: wf.clone(),
+            action_id: a.id().to_owned(),
+            execution_id: self.execution_id.clone(),
+            root: sb.root_paths[ri].display().to_string(),
+            original_path: rel.as_string(),
+            existed: kind != TargetKind::Missing,
+            kind: match kind {
+                TargetKind::File { .. } => SnapshotKind::File,
+                TargetKind::Directory => SnapshotKind::Directory,
+                TargetKind::Missing => SnapshotKind::Missing,
+            },
+            size_bytes: before.as_ref().map(|b| b.len() as u64),
+            sha256: res.before_checksum.clone(),
+            mode: match kind {
+                TargetKind::File { mode, .. } => Some(mode),
+                _ => None,
+            },
+            intent: a.intent.clone(),
+            mutation_class: approval.op.mutation_class,
+            created_dirs,
+            taken_at: sb.now(),
+        };
+        let rollback_path = match Snapshotter::take(root, &meta, before.as_deref(), sb.durable()) {
+            Ok(p) => p,
+            Err(r) => return Err(fail(self, res, r, target)),
+        };
+        res.rollback_path = Some(rollback_path);
+        let snap = (ri, StoredSnapshot { meta: meta.clone(), restored: false });
+
+        // mutate → checksum → registry → audit; any failure restores the snapshot.
+        let durable = sb.durable();
+        let outcome = (|| {
+            match &bytes {
+                Some(b) => {
+                    let mode = match kind {
+                        TargetKind::File { mode, .. } => mode & 0o666,
+                        _ => FILE_MODE,
+                    };
+                    let no_replace = approval.op.name == "create_file";
+                    root.write_atomic(&rel, b, mode, no_replace, durable)?;
+                }
+                None => {
+                    root.create_dir_all(&rel, durable)?;
+                }
+            }
+            let after = bytes.as_deref().map(sha256_hex);
+            let mut artifact_id = None;
+            if let (Some(b), Some(sum)) = (&bytes, &after) {
+                let parent = match &a.parent_artifact_id {
+                    Some(p) => Some(p.clone()),
+                    None => sb.registry.latest_for_path(&target).ok().flatten().map(|e| e.artifact_id),
+                };
+                let entry = ArtifactEntry {
+                    artifact_id: format!("art_{}", uuid::Uuid::now_v7().simple()),
+                    path: target.clone(),
+                    checksum_sha256: sum.clone(),
+                    size_bytes: b.len() as u64,
+                    mutation_type: a.intent.clone(),
+                    workflow_id: wf.clone(),
+                    action_id: a.id().to_owned(),
+                    parent_workflow_id: self.plan.parent_workflow_id.clone(),
+                    parent_artifact_id: parent,
+                    generated_by_action: format!("{}/{}", self.execution_id, a.id()),
+                    created_at: sb.now(),
+                };
+                sb.registry.register(&entry).map_err(|e| {
+                    Refusal::new(ReasonCode::IoError, format!("could not register the artifact: {}", e.kind()))
+                })?;
+                artifact_id = Some(entry.artifact_id);
+            }
+            Ok::<_, Refusal>((after, artifact_id))
+        })();
+        match outcome {
+            Ok((after, artifact_id)) => {
+                res.status = ActionStatus::Success;
+                res.after_checksum = after;
+                res.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
+                res.artifact_id = artifact_id;
+                let rec = self.record(a, &res, AuditStatus::Success, target.clone());
+                if let Err(e) = sb.audit.append(vec![rec]) {
+                    let r = Refusal::new(ReasonCode::IoError, format!("could not append to the audit log: {}", e.kind()));
+                    self.undo(&snap);
+                    return Err(fail(self, res, r, target));
+                }
+                Ok((res, snap))
+            }
+            Err(r) => {
+                self.undo(&snap);
+                Err(fail(self, res, r, target))
+            }
+        }
+    }
+
+    /// Restores one action's snapshot at once after its mutation failed.
+    fn undo(&mut self, snap: &(usize, StoredSnapshot)) {
+        let wf = self.plan.workflow_id.clone();
+        let steps = self.sb.restore_all(&self.execution_id, &wf, vec![snap.clone()], "action_failed");
+        self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
+    }
+}
+
+fn check_parent_artifact(sb: &Sandbox, a: &Action) -> Verdict {
+    if let Some(p) = &a.parent_artifact_id
+        && sb.registry.get(p).ok().flatten().is_none()
+    {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!("parent_artifact_id '{p}' is not a registered artifact"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! The seven Prometheus metrics of SPEC §9, in an explicit registry (no globals) that a
+//! server face exposes as text.
+
+use crate::catalog::op_for_intent;
+use crate::reason::ReasonCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeResult {
+    r#type: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IntentReason {
+    intent: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Detection {
+    detection_method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: String,
+}
+
+type HistogramFamily = Family<TypeLabel, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    // 100 µs to ~3 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// The runtime's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    mutations: Family<TypeResult, Counter>,
+    rollbacks: Family<Reason, Counter>,
+    policy_denied: Family<IntentReason, Counter>,
+    artifacts: Gauge,
+    escape_attempts: Family<Detection, Counter>,
+    checksum_mismatch: Counter,
+    duration: HistogramFamily,
+}
+
+/// Intent label values are bounded: anything outside the catalog is `other`.
+fn intent_label(intent: &str) -> String {
+    if op_for_intent(intent).is_some() {
+        intent.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let mutations = Family::<TypeResult, Counter>::default();
+        let rollbacks = Family::<Reason, Counter>::default();
+        let policy_denied = Family::<IntentReason, Counter>::default();
+        let artifacts = Gauge::default();
+        let escape_attempts = Family::<Detection, Counter>::default();
+        let checksum_mismatch = Counter::default();
+        let duration: HistogramFamily = Family::new_with_constructor(duration_histogram);
+        registry.register("ailab_sandbox_mutations", "Sandbox mutations by intent and result", mutations.clone());
+        registry.register("ailab_sandbox_rollbacks", "Rollbacks by reason", rollbacks.clone());
+        registry.register("ailab_sandbox_policy_denied", "Actions denied by governance", policy_denied.clone());
+        registry.register("ailab_sandbox_artifacts", "Artifacts in the registry", artifacts.clone());
+        registry.register("ailab_sandbox_escape_attempts", "Attempts to reach outside a sandbox root", escape_attempts.clone());
+        registry.register("ailab_sandbox_checksum_mismatch", "Restores whose checksum did not match", checksum_mismatch.clone());
+        registry.register("ailab_sandbox_mutation_duration_seconds", "Time to execute one mutation", duration.clone());
+        Self {
+            registry,
+            mutations,
+            rollbacks,
+            policy_denied,
+            artifacts,
+            escape_attempts,
+            checksum_mismatch,
+            duration,
+        }
+    }
+
+    /// Counts a mutation outcome (`success`, `failed`, `blocked`, `simulated`, `rolled_back`).
+    pub fn mutation(&self, intent: &str, result: &str) {
+        self.mutations
+            .get_or_create(&TypeResult {
+                r#type: intent_label(intent),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records how long a mutation took.
+    pub fn mutation_duration(&self, intent: &str, seconds: f64) {
+        self.duration
+            .get_or_create(&TypeLabel {
+                r#type: intent_label(intent),
+            })
+            .observe(seconds);
+    }
+
+    /// Counts a governance denial, and an escape attempt when the code is one.
+    pub fn denied(&self, intent: &str, code: ReasonCode) {
+        self.policy_denied
+            .get_or_create(&IntentReason {
+                intent: intent_label(intent),
+                reason: code.as_str().to_owned(),
+            })
+            .inc();
+        if code.is_escape_attempt() {
+            self.escape_attempts
+                .get_or_create(&Detection {
+                    detection_method: code.as_str().to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// Counts a rollback (`manual`, `action_failed`, `workflow_failed`).
+    pub fn rollback(&self, reason: &str) {
+        self.rollbacks
+            .get_or_create(&Reason {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a restore whose checksum did not match.
+    pub fn checksum_mismatch(&self) {
+        self.checksum_mismatch.inc();
+    }
+
+    /// Sets the artifact gauge.
+    pub fn set_artifacts(&self, n: u64) {
+        self.artifacts.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

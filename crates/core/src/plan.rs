@@ -1,0 +1,411 @@
+//! Plans: the JSON a caller submits (SPEC §6), its parsing and validation, and the bytes
+//! each operation would leave on disk.
+
+use crate::catalog::{Operation, Payload};
+use crate::confine::path::shown_path;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// Most actions a single plan may hold.
+pub const MAX_ACTIONS_PER_PLAN: usize = 1000;
+
+/// What to do when an action fails mid-run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// Roll back every earlier action of the run (default).
+    #[default]
+    Rollback,
+    /// Stop; the workflow ends `failed` and can be rolled back later.
+    Stop,
+}
+
+/// One exact-text replacement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Edit {
+    /// Text that must occur exactly once.
+    pub old: String,
+    /// Its replacement.
+    pub new: String,
+}
+
+/// One write action.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    /// Generated when absent.
+    #[serde(default)]
+    pub action_id: Option<String>,
+    /// The intent, e.g. `create_file`.
+    pub intent: String,
+    /// The target path.
+    pub path: String,
+    /// Text, for the content-taking operations.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// A structured value, for `write_json`, `write_yaml`, `generate_config`.
+    #[serde(default)]
+    pub data: Option<serde_json::Value>,
+    /// Edits, for `sandbox_transform`.
+    #[serde(default)]
+    pub edits: Option<Vec<Edit>>,
+    /// What the action is for (searched for chmod requests).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Which root (by its configured path); default the first.
+    #[serde(default)]
+    pub root: Option<String>,
+    /// The tool that asked.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// The artifact this one derives from.
+    #[serde(default)]
+    pub parent_artifact_id: Option<String>,
+}
+
+/// A plan as submitted.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Generated when absent.
+    #[serde(default)]
+    pub workflow_id: Option<String>,
+    /// The workflow this one continues, if any.
+    #[serde(default)]
+    pub parent_workflow_id: Option<String>,
+    /// Rollback (default) or stop.
+    #[serde(default)]
+    pub on_failure: Option<OnFailure>,
+    /// The actions, run in order.
+    pub actions: Vec<Action>,
+}
+
+/// A plan whose ids are all present and valid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidPlan {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Its parent.
+    pub parent_workflow_id: Option<String>,
+    /// Failure policy.
+    pub on_failure: OnFailure,
+    /// Actions with ids filled in.
+    pub actions: Vec<Action>,
+}
+
+/// Whether `id` matches `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
+pub fn is_valid_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// Refuses an id that could not be a folder name.
+pub fn check_id(kind: &str, id: &str) -> Verdict {
+    if is_valid_id(id) {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            ReasonCode::InvalidId,
+            format!(
+                "{kind} {} is not a valid id; ids are 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+                shown_path(id)
+            ),
+        ))
+    }
+}
+
+/// A new workflow id.
+pub fn new_workflow_id() -> String {
+    format!("wf_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// A new action id (unique across runs, so a workflow spanning many runs never reuses one).
+pub fn new_action_id() -> String {
+    format!("act_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// A new execution id.
+pub fn new_execution_id() -> String {
+    format!("ex_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.
+pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
+    serde_json::from_slice(json).map_err(|e| {
+        Refusal::new(ReasonCode::InvalidPlan, format!("the plan is not valid: {e}"))
+    })
+}
+
+impl Plan {
+    /// Checks ids (`invalid_id`), fills in missing ones, and checks the plan's shape
+    /// (`invalid_plan`).
+    pub fn validate(self) -> Verdict<ValidPlan> {
+        let workflow_id = match self.workflow_id {
+            Some(w) => {
+                check_id("workflow_id", &w)?;
+                w
+            }
+            None => new_workflow_id(),
+        };
+        if let Some(p) = &self.parent_workflow_id {
+            check_id("parent_workflow_id", p)?;
+        }
+        if self.actions.is_empty() {
+            return Err(Refusal::new(ReasonCode::InvalidPlan, "the plan has no actions; give at least one"));
+        }
+        if self.actions.len() > MAX_ACTIONS_PER_PLAN {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!("the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed", self.actions.len()),
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut actions = Vec::with_capacity(self.actions.len());
+        for mut a in self.actions {
+            let id = match a.action_id.take() {
+                Some(id) => {
+                    check_id("action_id", &id)?;
+                    id
+                }
+                None => new_action_id(),
+            };
+            if !seen.insert(id.clone()) {
+                return Err(Refusal::new(
+                    ReasonCode::InvalidPlan,
+                    format!("action_id {} appears twice in the plan; each action needs its own id", shown_path(&id)),
+                ));
+            }
+            a.action_id = Some(id);
+            actions.push(a);
+        }
+        Ok(ValidPlan {
+            workflow_id,
+            parent_workflow_id: self.parent_workflow_id,
+            on_failure: self.on_failure.unwrap_or_default(),
+            actions,
+        })
+    }
+}
+
+impl Action {
+    /// The id (always present after validation).
+    pub fn id(&self) -> &str {
+        self.action_id.as_deref().unwrap_or("")
+    }
+}
+
+/// Refuses payload fields the operation does not take, and a missing one it needs.
+pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
+    let given = [
+        ("content", a.content.is_some()),
+        ("data", a.data.is_some()),
+        ("edits", a.edits.is_some()),
+    ];
+    let wanted = match op.payload {
+        Payload::Content => Some("content"),
+        Payload::Data => Some("data"),
+        Payload::Edits => Some("edits"),
+        Payload::None => None,
+    };
+    for (field, present) in given {
+        if present && Some(field) != wanted {
+            let takes = wanted.map_or("only a path".to_owned(), |w| format!("'{w}'"));
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!("{} does not take '{field}'; it takes {takes}", op.name),
+            ));
+        }
+    }
+    if let Some(w) = wanted
+        && !given.iter().any(|(f, p)| *f == w && *p)
+    {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!("{} needs '{w}'", op.name),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes an operation leaves at its target, given what is there now (`current`,
+/// `None` when missing). Checks the operation's preconditions (`already_exists`,
+/// `not_found`, `edit_not_found`, `edit_ambiguous`). `None` for `create_directory`.
+pub fn render(op: &Operation, a: &Action, ext: &str, current: Option<&[u8]>) -> Verdict<Option<Vec<u8>>> {
+    let shown = shown_path(&a.path);
+    let content = || a.content.clone().unwrap_or_default().into_bytes();
+    let data = || a.data.clone().unwrap_or(serde_json::Value::Null);
+    Ok(Some(match op.name {
+        "create_directory" => return Ok(None),
+        "create_file" => {
+            if current.is_some() {
+                return Err(Refusal::new(
+                    ReasonCode::AlreadyExists,
+                    format!("{shown} already exists; create_file never overwrites (use replace_file)"),
+                ));
+            }
+            content()
+        }
+        "replace_file" => {
+            if current.is_none() {
+                return Err(Refusal::new(
+                    ReasonCode::NotFound,
+                    format!("{shown} does not exist; replace_file needs an existing file (use create_file)"),
+                ));
+            }
+            content()
+        }
+        "append_file" => {
+            let mut out = current.map(<[u8]>::to_vec).unwrap_or_default();
+            out.extend_from_slice(a.content.as_deref().unwrap_or("").as_bytes());
+            out
+        }
+        "sandbox_transform" => {
+            let Some(cur) = current else {
+                return Err(Refusal::new(
+                    ReasonCode::NotFound,
+                    format!("{shown} does not exist; sandbox_transform edits an existing file"),
+                ));
+            };
+            apply_edits(cur, a.edits.as_deref().unwrap_or(&[]), &a.path)?
+        }
+        "write_json" => to_json(&data())?,
+        "write_yaml" => to_yaml(&data())?,
+        "generate_config" => match ext {
+            ".json" => to_json(&data())?,
+            ".yaml" | ".yml" => to_yaml(&data())?,
+            ".toml" => to_toml(&data())?,
+            ".ini" => to_ini(&data())?,
+            _ => {
+                return Err(Refusal::new(
+                    ReasonCode::ExtensionNotAllowed,
+                    format!("generate_config cannot write {ext} files"),
+                ));
+            }
+        },
+        _ => content(),
+    }))
+}
+
+/// Applies exact-text edits in order, all or nothing.
+pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8>> {
+    let shown = shown_path(path);
+    let Ok(text) = std::str::from_utf8(current) else {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!("{shown} is not UTF-8 text; sandbox_transform edits text files only"),
+        ));
+    };
+    if edits.is_empty() {
+        return Err(Refusal::new(ReasonCode::InvalidPlan, "sandbox_transform needs at least one edit"));
+    }
+    let mut text = text.to_owned();
+    for (i, e) in edits.iter().enumerate() {
+        if e.old.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!("edit {} has an empty 'old'; give the exact text to replace", i + 1),
+            ));
+        }
+        let mut hits = text.match_indices(&e.old);
+        let Some((at, _)) = hits.next() else {
+            return Err(Refusal::new(
+                ReasonCode::EditNotFound,
+                format!("edit {}: the text {} does not occur in {shown}", i + 1, shown_path(&e.old)),
+            ));
+        };
+        if hits.next().is_some() {
+            let n = text.matches(&e.old).count();
+            return Err(Refusal::new(
+                ReasonCode::EditAmbiguous,
+                format!("edit {}: the text {} occurs {n} times in {shown}; it must occur exactly once, so include more context", i + 1, shown_path(&e.old)),
+            ));
+        }
+        text.replace_range(at..at + e.old.len(), &e.new);
+    }
+    Ok(text.into_bytes())
+}
+
+fn serialize_error(format: &str, e: impl std::fmt::Display) -> Refusal {
+    Refusal::new(
+        ReasonCode::InvalidPlan,
+        format!("'data' cannot be written as {format}: {e}"),
+    )
+}
+
+fn to_json(v: &serde_json::Value) -> Verdict<Vec<u8>> {
+    let mut out = serde_json::to_vec_pretty(v).map_err(|e| serialize_error("JSON", e))?;
+    out.push(b'\n');
+    Ok(out)
+}
+
+fn to_yaml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
+    yaml_serde::to_string(v)
+        .map(String::into_bytes)
+        .map_err(|e| serialize_error("YAML", e))
+}
+
+fn to_toml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
+    if !v.is_object() {
+        return Err(serialize_error("TOML", "a TOML document must be an object at the top"));
+    }
+    if contains_null(v) {
+        return Err(serialize_error("TOML", "TOML has no null"));
+    }
+    toml::to_string(v)
+        .map(String::into_bytes)
+        .map_err(|e| serialize_error("TOML", e))
+}
+
+fn contains_null(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(a) => a.iter().any(contains_null),
+        serde_json::Value::Object(o) => o.values().any(contains_null),
+        _ => false,
+    }
+}
+
+/// INI: top-level scalars as `key = value`, objects of scalars as `[section]`s.
+fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
+    use serde_json::Value;
+    let Value::Object(top) = v else {
+        return Err(serialize_error("INI", "an INI document must be an object at the top"));
+    };
+    let scalar = |key: &str, v: &Value| -> Verdict<String> {
+        let s = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Null => String::new(),
+            _ => return Err(serialize_error("INI", format!("'{key}' is nested too deep; INI holds sections of plain values"))),
+        };
+        if s.contains(['\n', '\r']) || key.contains(['\n', '\r', '=', '[', ']']) {
+            return Err(serialize_error("INI", format!("'{key}' has a line break or reserved character")));
+        }
+        Ok(format!("{key} = {s}\n"))
+    };
+    let mut out = String::new();
+    for (k, v) in top.iter().filter(|(_, v)| !v.is_object()) {
+        out.push_str(&scalar(k, v)?);
+    }
+    for (k, v) in top.iter() {
+        if let Value::Object(section) = v {
+            if k.contains(['\n', '\r', '[', ']']) {
+                return Err(serialize_error("INI", format!("section name '{k}' has a reserved character")));
+            }
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(&format!("[{k}]\n"));
+            for (sk, sv) in section {
+                out.push_str(&scalar(sk, sv)?);
+            }
+        }
+    }
+    Ok(out.into_bytes())
+}

@@ -1,0 +1,814 @@
+//! [`Sandbox`]: the runtime a face holds. It opens the roots and the state directory once,
+//! and offers every operation of SPEC §6–10 as a synchronous call.
+
+use crate::artifact::{ArtifactEntry, ArtifactRegistry};
+use crate::audit::{AuditLog, AuditRecord, AuditStats, AuditStatus, SandboxAuditEntry, VerifyReport};
+use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
+use crate::clock::{Clock, SystemClock, timestamp};
+use crate::config::{Config, DEFAULT_STATE_DIR};
+use crate::confine::path::{join_display, shown_path};
+use crate::confine::root::{DirEntryInfo, remove_temp_files};
+use crate::confine::state::StateDir;
+use crate::confine::{RelPath, SandboxRoot, TargetKind, check_reserved, resolve_sandbox_path};
+use crate::context::{DryRunReason, ExecutionContext, ExecutionMode};
+use crate::error::Error;
+use crate::hash::sha256_hex;
+use crate::metrics::Metrics;
+use crate::policy::{
+    GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_sandbox_governance,
+    phase_supports_sandbox_write,
+};
+use crate::reason::{ReasonCode, Verdict};
+use crate::snapshot::{MAX_SNAPSHOT_BYTES, RollbackEngine, Snapshotter, StoredSnapshot};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The runtime.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub(crate) config: Config,
+    pub(crate) roots: Vec<SandboxRoot>,
+    pub(crate) root_paths: Vec<PathBuf>,
+    skipped_roots: Vec<String>,
+    pub(crate) state: StateDir,
+    notices: Vec<String>,
+    pub(crate) registry: ArtifactRegistry,
+    pub(crate) audit: AuditLog,
+    pub(crate) metrics: Metrics,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// `check`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckVerdict {
+    /// Whether governance allows it.
+    pub allowed: bool,
+    /// Why not.
+    pub reason_code: Option<ReasonCode>,
+    /// Why not, for people.
+    pub reason: Option<String>,
+    /// Assessed risk.
+    pub risk: RiskLevel,
+    /// The operation, when the intent is one.
+    pub operation: Option<&'static str>,
+}
+
+/// The `state` document (also `GET /agentic/state`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StateDoc {
+    /// `sandbox_write` when writes really happen, else `simulation`.
+    pub execution_mode: ExecutionMode,
+    /// Why runs are simulated, if they are.
+    pub dry_run_reason: Option<DryRunReason>,
+    /// The phase.
+    pub phase: String,
+    /// Whether the write flag is on.
+    pub executor_enabled: bool,
+    /// Whether dry-run is on.
+    pub dry_run: bool,
+    /// Usable roots.
+    pub sandbox_roots: Vec<String>,
+    /// Roots that could not be used, and why.
+    pub skipped_roots: Vec<String>,
+    /// The state directory.
+    pub state_dir: String,
+    /// `strict` or `relaxed`.
+    pub durability: crate::config::Durability,
+    /// Limits in force.
+    pub limits: crate::config::Limits,
+    /// Artifacts registered.
+    pub artifacts_total: u64,
+    /// Audit entries.
+    pub audit_entries: u64,
+    /// Things the operator should know (fallbacks taken at start-up).
+    pub notices: Vec<String>,
+    /// Crate version.
+    pub version: &'static str,
+}
+
+/// What a rollback did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackReport {
+    /// The workflow.
+    pub workflow_id: String,
+    /// `rolled_back`, `refused` or `failed`.
+    pub status: &'static str,
+    /// How many actions were restored.
+    pub steps_rolled_back: u64,
+    /// Why it was refused or failed.
+    pub reason_code: Option<ReasonCode>,
+    /// Why, for people.
+    pub reason: Option<String>,
+    /// Files changed since the workflow wrote them.
+    pub conflicts: Vec<Conflict>,
+    /// Each restore.
+    pub steps: Vec<RollbackStep>,
+}
+
+impl RollbackReport {
+    /// Whether everything asked for was restored.
+    pub fn is_success(&self) -> bool {
+        self.status == "rolled_back"
+    }
+}
+
+/// A file changed since the action wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Conflict {
+    /// The action.
+    pub action_id: String,
+    /// The file (absolute, inside a root).
+    pub path: String,
+    /// What the action left.
+    pub expected_checksum: Option<String>,
+    /// What is there now (`None`: missing).
+    pub current_checksum: Option<String>,
+}
+
+/// One restore of a rollback.
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackStep {
+    /// The action undone.
+    pub action_id: String,
+    /// Its intent.
+    pub intent: String,
+    /// The target (absolute, inside a root).
+    pub path: String,
+    /// Whether it was restored.
+    pub restored: bool,
+    /// Whether the result matches the snapshot.
+    pub checksum_validated: bool,
+    /// SHA-256 after the restore.
+    pub restored_checksum: Option<String>,
+    /// Why it failed.
+    pub reason_code: Option<ReasonCode>,
+    /// Why, for people.
+    pub reason: Option<String>,
+}
+
+/// What can be rolled back (`GET /agentic/rollback/{id}`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackInfo {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Whether a rollback would have something to do.
+    pub rollback_available: bool,
+    /// Snapshots, newest first.
+    pub actions: Vec<RollbackInfoAction>,
+    /// Conflicts a rollback would meet now.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// One snapshot in [`RollbackInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackInfoAction {
+    /// The action.
+    pub action_id: String,
+    /// Its intent.
+    pub intent: String,
+    /// The target.
+    pub path: String,
+    /// Whether it existed before.
+    pub existed: bool,
+    /// The snapshot folder, relative to its root.
+    pub rollback_path: String,
+    /// When taken.
+    pub taken_at: String,
+    /// Whether already restored.
+    pub restored: bool,
+}
+
+/// Options of [`Sandbox::rollback_workflow`].
+#[derive(Debug, Clone, Default)]
+pub struct RollbackOptions {
+    /// Only this action.
+    pub action_id: Option<String>,
+    /// Restore even over later changes.
+    pub force: bool,
+}
+
+/// `read_file` result.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileRead {
+    /// Text (lossy UTF-8).
+    pub content: String,
+    /// Size.
+    pub size_bytes: u64,
+    /// SHA-256.
+    pub sha256: String,
+}
+
+/// `get_file_info` result.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileInfo {
+    /// The path as given.
+    pub path: String,
+    /// `file`, `directory` or `missing`.
+    pub kind: &'static str,
+    /// Size of a file.
+    pub size_bytes: Option<u64>,
+    /// SHA-256 of a file.
+    pub sha256: Option<String>,
+    /// The newest artifact at this path.
+    pub artifact_id: Option<String>,
+}
+
+/// What pruning removed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// Workflows whose snapshots were removed.
+    pub workflows_pruned: Vec<String>,
+    /// Workflows kept (newer, or running).
+    pub workflows_kept: u64,
+}
+
+pub(crate) const READ_LIMIT: u64 = 4 * 1024 * 1024;
+
+impl Sandbox {
+    /// Opens the runtime with the system clock.
+    pub fn open(config: Config) -> Result<Self, Error> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Opens the runtime: validates the config, opens (creating) the roots, the state
+    /// directory (falling back from an uncreatable default to the user's state
+    /// directory), the registry and the audit log, and removes leftover temporary files.
+    pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        config.validate()?;
+        let mut notices = Vec::new();
+        let mut roots = Vec::new();
+        let mut skipped = Vec::new();
+        for r in &config.roots {
+            match SandboxRoot::open(r, true) {
+                Ok(root) => roots.push(root),
+                Err(why) => {
+                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
+                    skipped.push(why);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(Error::NoUsableRoot { problems: skipped });
+        }
+        let (state, note) = open_state_dir(&config)?;
+        notices.extend(note);
+        for root in &roots {
+            if let Some(inside) = inside_root(state.path(), root.path()) {
+                return Err(Error::StateDirInsideRoot {
+                    state_dir: inside,
+                    root: root.path().to_path_buf(),
+                });
+            }
+        }
+        let durable = config.durability.is_strict();
+        let registry = ArtifactRegistry::open(&state, durable).map_err(Error::io("open the artifact registry"))?;
+        let audit = AuditLog::open(&state, durable).map_err(Error::io("open the audit log"))?;
+        let metrics = Metrics::new();
+        metrics.set_artifacts(registry.len().unwrap_or(0));
+        let depth = config.limits.max_path_depth;
+        for root in &roots {
+            match remove_temp_files(root.dir(), depth) {
+                Ok(0) => {}
+                Ok(n) => notices.push(format!("removed {n} leftover temporary files under {}", root.path().display())),
+                Err(e) => tracing::warn!(root = %root.path().display(), error = %e, "could not scan for leftover temporary files"),
+            }
+        }
+        let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
+        Ok(Self {
+            config,
+            roots,
+            root_paths,
+            skipped_roots: skipped,
+            state,
+            notices,
+            registry,
+            audit,
+            metrics,
+            clock,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The artifact registry.
+    pub fn registry(&self) -> &ArtifactRegistry {
+        &self.registry
+    }
+
+    /// The audit log.
+    pub fn audit_log(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Usable roots.
+    pub fn roots(&self) -> &[SandboxRoot] {
+        &self.roots
+    }
+
+    /// The state directory in use.
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// Start-up notices (fallbacks taken, leftovers removed).
+    pub fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    pub(crate) fn now(&self) -> String {
+        timestamp(self.clock.now())
+    }
+
+    pub(crate) fn durable(&self) -> bool {
+        self.config.durability.is_strict()
+    }
+
+    /// The execution context and, when simulating, why.
+    pub fn execution_context(&self) -> (ExecutionContext, Option<DryRunReason>) {
+        ExecutionContext::from_flags(
+            self.config.enable_write,
+            self.config.dry_run,
+            phase_supports_sandbox_write(&self.config.phase),
+        )
+    }
+
+    pub(crate) fn governance_context(&self) -> GovernanceContext<'_> {
+        GovernanceContext {
+            root_paths: &self.root_paths,
+            roots: Some(&self.roots),
+            state_dir: Some(self.state.path()),
+            extensions: &self.config.extensions,
+            max_depth: self.config.limits.max_path_depth,
+        }
+    }
+
+    /// The `state` document.
+    pub fn state_doc(&self) -> StateDoc {
+        let (ctx, reason) = self.execution_context();
+        StateDoc {
+            execution_mode: ctx.mode,
+            dry_run_reason: reason,
+            phase: self.config.phase.clone(),
+            executor_enabled: self.config.enable_write,
+            dry_run: self.config.dry_run,
+            sandbox_roots: self.root_paths.iter().map(|p| p.display().to_string()).collect(),
+            skipped_roots: self.skipped_roots.clone(),
+            state_dir: self.state.path().display().to_string(),
+            durability: self.config.durability,
+            limits: self.config.limits,
+            artifacts_total: self.registry.len().unwrap_or(0),
+            audit_entries: self.audit.stats().map(|s| s.total).unwrap_or(0),
+            notices: self.notices.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    /// Governance verdict only (`check`): no write, no audit.
+    pub fn check(&self, intent: &str, path: &str, description: Option<&str>, size: u64, root: Option<&str>) -> CheckVerdict {
+        let req = GovernanceRequest {
+            intent,
+            path,
+            phase: &self.config.phase,
+            root,
+            description,
+            tool: None,
+        };
+        let operation = op_for_intent(intent).map(|o| o.name);
+        match check_sandbox_governance(&req, &self.governance_context(), size) {
+            Ok(a) => CheckVerdict {
+                allowed: true,
+                reason_code: None,
+                reason: None,
+                risk: a.risk,
+                operation,
+            },
+            Err(r) => {
+                self.metrics.denied(intent, r.reason_code);
+                CheckVerdict {
+                    allowed: false,
+                    reason_code: Some(r.reason_code),
+                    reason: Some(r.reason),
+                    risk: assess_sandbox_risk(intent, path),
+                    operation,
+                }
+            }
+        }
+    }
+
+    fn resolve_read(&self, path: &str, root: Option<&str>) -> Verdict<(usize, RelPath)> {
+        let r = resolve_sandbox_path(path, &self.root_paths, root, self.config.limits.max_path_depth)
+            .inspect_err(|r| self.metrics.denied("read_file", r.reason_code))?;
+        check_reserved(&r.rel)?;
+        Ok((r.root_index, r.rel))
+    }
+
+    /// Reads a file inside a root (confined like writes; at most 4 MiB).
+    pub fn read_file(&self, path: &str, root: Option<&str>) -> Verdict<FileRead> {
+        let (i, rel) = self.resolve_read(path, root)?;
+        self.roots[i].inspect(&rel)?;
+        let bytes = self.roots[i].read_file(&rel, READ_LIMIT)?;
+        Ok(FileRead {
+            size_bytes: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+            content: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+
+    /// Lists a directory inside a root (`""` or `/` for the first root's top).
+    pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
+        if path.is_empty() || path == "/" || path == "." {
+            let i = match root {
+                Some(_) => resolve_sandbox_path("x", &self.root_paths, root, 8)?.root_index,
+                None => 0,
+            };
+            return self.roots[i].list_dir(None);
+        }
+        let (i, rel) = self.resolve_read(path, root)?;
+        self.roots[i].list_dir(Some(&rel))
+    }
+
+    /// Describes a path inside a root.
+    pub fn get_file_info(&self, path: &str, root: Option<&str>) -> Verdict<FileInfo> {
+        let (i, rel) = self.resolve_read(path, root)?;
+        let info = self.roots[i].inspect(&rel)?;
+        let abs = join_display(&self.root_paths[i], &rel).display().to_string();
+        let artifact_id = self.registry.latest_for_path(&abs).ok().flatten().map(|a| a.artifact_id);
+        Ok(match info.kind {
+            TargetKind::File { size, .. } => {
+                let bytes = self.roots[i].read_file(&rel, MAX_SNAPSHOT_BYTES)?;
+                FileInfo {
+                    path: path.to_owned(),
+                    kind: "file",
+                    size_bytes: Some(size),
+                    sha256: Some(sha256_hex(&bytes)),
+                    artifact_id,
+                }
+            }
+            TargetKind::Directory => FileInfo {
+                path: path.to_owned(),
+                kind: "directory",
+                size_bytes: None,
+                sha256: None,
+                artifact_id,
+            },
+            TargetKind::Missing => FileInfo {
+                path: path.to_owned(),
+                kind: "missing",
+                size_bytes: None,
+                sha256: None,
+                artifact_id,
+            },
+        })
+    }
+
+    /// Newest audit entries.
+    pub fn audit_entries(&self, limit: usize, workflow_id: Option<&str>) -> Result<Vec<SandboxAuditEntry>, Error> {
+        self.audit.list(limit, workflow_id).map_err(Error::io("read the audit log"))
+    }
+
+    /// Audit statistics.
+    pub fn audit_stats(&self) -> Result<AuditStats, Error> {
+        self.audit.stats().map_err(Error::io("read the audit log"))
+    }
+
+    /// Verifies the audit chain.
+    pub fn audit_verify(&self) -> Result<VerifyReport, Error> {
+        self.audit.verify().map_err(Error::io("read the audit log"))
+    }
+
+    /// Newest artifacts.
+    pub fn artifacts(&self, limit: usize, workflow_id: Option<&str>) -> Result<Vec<ArtifactEntry>, Error> {
+        self.registry.list(limit, workflow_id).map_err(Error::io("read the artifact registry"))
+    }
+
+    /// One artifact and its lineage (nearest ancestor first).
+    pub fn artifact_with_lineage(&self, id: &str) -> Result<Option<(ArtifactEntry, Vec<ArtifactEntry>)>, Error> {
+        let Some(a) = self.registry.get(id).map_err(Error::io("read the artifact registry"))? else {
+            return Ok(None);
+        };
+        let lineage = self.registry.get_lineage(id).map_err(Error::io("read the artifact registry"))?;
+        Ok(Some((a, lineage)))
+    }
+
+    pub(crate) fn abs_path(&self, root_index: usize, rel: &RelPath) -> String {
+        join_display(&self.root_paths[root_index], rel).display().to_string()
+    }
+
+    fn root_index_of(&self, root: &str) -> Option<usize> {
+        self.root_paths.iter().position(|p| p.as_os_str() == root)
+    }
+
+    /// Every snapshot of a workflow across roots, oldest first, with its root.
+    pub(crate) fn workflow_snapshots(&self, workflow_id: &str) -> Verdict<Vec<(usize, StoredSnapshot)>> {
+        let mut all = Vec::new();
+        for (i, root) in self.roots.iter().enumerate() {
+            for s in Snapshotter::load_workflow(root, workflow_id)? {
+                all.push((i, s));
+            }
+        }
+        all.sort_by(|a, b| a.1.meta.snapshot_id.cmp(&b.1.meta.snapshot_id));
+        Ok(all)
+    }
+
+    /// Files a rollback would overwrite although they changed since the action.
+    /// `snaps` is oldest first.
+    pub(crate) fn find_conflicts(&self, workflow_id: &str, snaps: &[(usize, StoredSnapshot)]) -> Vec<Conflict> {
+        let mut out = Vec::new();
+        // Restoring newest first, each path is only compared with the newest action that
+        // wrote it: older actions' results are what the newer snapshots restore.
+        let mut seen = std::collections::HashSet::new();
+        for (i, s) in snaps.iter().rev() {
+            let rel = s.meta.target();
+            let abs = self.abs_path(*i, &rel);
+            if !seen.insert(abs.clone()) {
+                continue;
+            }
+            let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &s.meta.action_id) else {
+                continue;
+            };
+            let current = match self.roots[*i].inspect(&rel) {
+                Ok(info) => match info.kind {
+                    TargetKind::File { .. } => self.roots[*i].read_file(&rel, MAX_SNAPSHOT_BYTES).ok().map(|b| sha256_hex(&b)),
+                    _ => None,
+                },
+                Err(_) => Some("unreadable".to_owned()),
+            };
+            if current.as_deref() != Some(art.checksum_sha256.as_str()) {
+                out.push(Conflict {
+                    action_id: s.meta.action_id.clone(),
+                    path: abs,
+                    expected_checksum: Some(art.checksum_sha256),
+                    current_checksum: current,
+                });
+            }
+        }
+        out
+    }
+
+    /// What a rollback of the workflow would restore, and the conflicts it would meet.
+    pub fn rollback_info(&self, workflow_id: &str) -> Verdict<RollbackInfo> {
+        crate::plan::check_id("workflow_id", workflow_id)?;
+        let snaps = self.workflow_snapshots(workflow_id)?;
+        let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
+        let conflicts = self.find_conflicts(workflow_id, &pending);
+        let actions = snaps
+            .iter()
+            .rev()
+            .map(|(i, s)| RollbackInfoAction {
+                action_id: s.meta.action_id.clone(),
+                intent: s.meta.intent.clone(),
+                path: self.abs_path(*i, &s.meta.target()),
+                existed: s.meta.existed,
+                rollback_path: s.meta.rollback_path(),
+                taken_at: s.meta.taken_at.clone(),
+                restored: s.restored,
+            })
+            .collect();
+        Ok(RollbackInfo {
+            workflow_id: workflow_id.to_owned(),
+            rollback_available: !pending.is_empty(),
+            actions,
+            conflicts,
+        })
+    }
+
+    /// Rolls a workflow (or one of its actions) back, newest first, refusing with
+    /// `conflict` when a file changed since the workflow wrote it, unless forced.
+    pub fn rollback_workflow(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
+        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: "refused",
+            steps_rolled_back: 0,
+            reason_code: Some(code),
+            reason: Some(reason),
+            conflicts,
+            steps: Vec::new(),
+        };
+        if let Err(r) = crate::plan::check_id("workflow_id", workflow_id) {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        if let Some(a) = &opts.action_id
+            && let Err(r) = crate::plan::check_id("action_id", a)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
+            Ok(l) => l,
+            Err(e) => return refused(ReasonCode::IoError, format!("could not lock the workflow: {}", e.kind()), Vec::new()),
+        };
+        let snaps = match self.workflow_snapshots(workflow_id) {
+            Ok(s) => s,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        let mut chosen: Vec<_> = snaps
+            .into_iter()
+            .filter(|(_, s)| opts.action_id.as_deref().is_none_or(|a| a == s.meta.action_id))
+            .collect();
+        if chosen.is_empty() {
+            let what = match &opts.action_id {
+                Some(a) => format!("action {} of workflow {}", shown_path(a), shown_path(workflow_id)),
+                None => format!("workflow {}", shown_path(workflow_id)),
+            };
+            return refused(ReasonCode::NoRollbackData, format!("there are no snapshots for {what}; nothing can be rolled back"), Vec::new());
+        }
+        chosen.retain(|(_, s)| !s.restored);
+        if chosen.is_empty() {
+            return refused(ReasonCode::NoRollbackData, format!("workflow {} was already rolled back", shown_path(workflow_id)), Vec::new());
+        }
+        let conflicts = self.find_conflicts(workflow_id, &chosen);
+        if !conflicts.is_empty() && !opts.force {
+            let files: Vec<_> = conflicts.iter().map(|c| c.path.clone()).collect();
+            return refused(
+                ReasonCode::Conflict,
+                format!("these files changed after the workflow wrote them: {}; roll back with force to overwrite them", files.join(", ")),
+                conflicts,
+            );
+        }
+        let execution_id = crate::plan::new_execution_id();
+        let steps = self.restore_all(&execution_id, workflow_id, chosen.into_iter().rev().collect(), "manual");
+        let n = steps.iter().filter(|s| s.restored).count() as u64;
+        let failed = steps.iter().find(|s| !s.restored);
+        RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: if failed.is_some() { "failed" } else { "rolled_back" },
+            steps_rolled_back: n,
+            reason_code: failed.and_then(|s| s.reason_code),
+            reason: failed.and_then(|s| s.reason.clone()),
+            conflicts,
+            steps,
+        }
+    }
+
+    /// Restores snapshots in the order given, auditing each step.
+    pub(crate) fn restore_all(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        snaps: Vec<(usize, StoredSnapshot)>,
+        why: &str,
+    ) -> Vec<RollbackStep> {
+        let mut steps = Vec::new();
+        let mut records = Vec::new();
+        for (i, s) in snaps {
+            let root = &self.roots[i];
+            let meta = &s.meta;
+            let abs = self.abs_path(i, &meta.target());
+            let before = match root.inspect(&meta.target()).map(|t| t.kind) {
+                Ok(TargetKind::File { .. }) => root.read_file(&meta.target(), MAX_SNAPSHOT_BYTES).ok().map(|b| sha256_hex(&b)),
+                _ => None,
+            };
+            let outcome = RollbackEngine::restore(root, meta, self.durable());
+            let step = match outcome {
+                Ok(o) => {
+                    let record = serde_json::json!({
+                        "restored_at": self.now(),
+                        "execution_id": execution_id,
+                        "restored_checksum": o.restored_checksum,
+                    });
+                    if let Err(r) = Snapshotter::mark_restored(root, meta, &record, self.durable()) {
+                        tracing::warn!(reason = %r, "could not mark a snapshot restored");
+                    }
+                    self.metrics.rollback(why);
+                    RollbackStep {
+                        action_id: meta.action_id.clone(),
+                        intent: meta.intent.clone(),
+                        path: abs.clone(),
+                        restored: true,
+                        checksum_validated: o.checksum_validated,
+                        restored_checksum: o.restored_checksum,
+                        reason_code: None,
+                        reason: None,
+                    }
+                }
+                Err(r) => {
+                    if r.reason_code == ReasonCode::ChecksumMismatch {
+                        self.metrics.checksum_mismatch();
+                    }
+                    RollbackStep {
+                        action_id: meta.action_id.clone(),
+                        intent: meta.intent.clone(),
+                        path: abs.clone(),
+                        restored: false,
+                        checksum_validated: false,
+                        restored_checksum: None,
+                        reason_code: Some(r.reason_code),
+                        reason: Some(r.reason),
+                    }
+                }
+            };
+            records.push(AuditRecord {
+                timestamp: self.now(),
+                execution_id: execution_id.to_owned(),
+                workflow_id: workflow_id.to_owned(),
+                action_id: meta.action_id.clone(),
+                mutation_class: Some(MutationClass::Rollback),
+                mutation_type: meta.intent.clone(),
+                target_path: abs,
+                before_checksum: before,
+                after_checksum: step.restored_checksum.clone(),
+                rollback_available: false,
+                rollback_path: Some(meta.rollback_path()),
+                status: if step.restored { AuditStatus::RolledBack } else { AuditStatus::Failed },
+                reason_code: step.reason_code,
+                error: step.reason.clone(),
+            });
+            steps.push(step);
+        }
+        if let Err(e) = self.audit.append(records) {
+            tracing::error!(error = %e, "could not append rollback records to the audit log");
+        }
+        steps
+    }
+
+    /// Removes the snapshots of workflows whose newest snapshot is older than
+    /// `older_than` and that no process is running now.
+    pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
+        let cutoff = self.clock.now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let mut report = PruneReport::default();
+        let mut ids: Vec<String> = Vec::new();
+        for root in &self.roots {
+            ids.extend(Snapshotter::list_workflows(root)?);
+        }
+        ids.sort();
+        ids.dedup();
+        for wf in ids {
+            if !crate::plan::is_valid_id(&wf) {
+                continue;
+            }
+            let Ok(_lock) = self.state.lock(&format!("wf-{wf}")) else {
+                report.workflows_kept += 1;
+                continue;
+            };
+            let snaps = self.workflow_snapshots(&wf)?;
+            let newest = snaps
+                .iter()
+                .filter_map(|(_, s)| crate::clock::parse_timestamp(&s.meta.taken_at))
+                .max();
+            if newest.is_some_and(|t| t < cutoff) {
+                for root in &self.roots {
+                    Snapshotter::remove_workflow(root, &wf)?;
+                }
+                report.workflows_pruned.push(wf);
+            } else {
+                report.workflows_kept += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Looks up an operation or refuses.
+    pub(crate) fn operation(&self, intent: &str) -> Option<&'static Operation> {
+        op_for_intent(intent)
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn root_for(&self, root: Option<&str>) -> usize {
+        root.and_then(|r| self.root_index_of(r)).unwrap_or(0)
+    }
+}
+
+/// `Some(state_dir)` when the state directory lies inside `root` (lexically, or after
+/// resolving symlinks).
+fn inside_root(state_dir: &Path, root: &Path) -> Option<PathBuf> {
+    if state_dir.starts_with(root) {
+        return Some(state_dir.to_path_buf());
+    }
+    let s = crate::confine::state::canonical(state_dir)?;
+    let r = crate::confine::state::canonical(root)?;
+    s.starts_with(&r).then_some(s)
+}
+
+fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
+    match StateDir::open(&config.state_dir) {
+        Ok(s) => Ok((s, None)),
+        Err(e) if !config.state_dir_explicit && config.state_dir == Path::new(DEFAULT_STATE_DIR) => {
+            let fallback = Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
+                path: config.state_dir.clone(),
+                source: e,
+            })?;
+            let s = StateDir::open(&fallback).map_err(|source| Error::StateDir {
+                path: fallback.clone(),
+                source,
+            })?;
+            let note = format!(
+                "the default state directory {DEFAULT_STATE_DIR} cannot be created; using {} instead",
+                fallback.display()
+            );
+            tracing::warn!("{note}");
+            Ok((s, Some(note)))
+        }
+        Err(source) => Err(Error::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,348 @@
+//! Snapshots and rollback (SPEC §7).
+//!
+//! Before an action touches its target, [`Snapshotter::take`] writes
+//! `{root}/.rollback/{workflow_id}/{action_id}/` with `backup` (the file's bytes, when it
+//! existed) and `meta.json` (the original-path marker: path, whether it existed, kind,
+//! size, SHA-256, mode, intent, time, and the directories the action will create), both
+//! durable before the target is touched. [`RollbackEngine::restore`] puts the original
+//! back (or removes what the action created) atomically and re-hashes the result.
+
+use crate::catalog::MutationClass;
+use crate::confine::path::{ROLLBACK_DIR, shown_path};
+use crate::confine::root::{FILE_MODE, read_regular, sync_dir, write_atomic_in};
+use crate::confine::{RelPath, SandboxRoot, TargetKind};
+use crate::hash::sha256_hex;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use cap_fs_ext::DirExt;
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
+use serde::{Deserialize, Serialize};
+use std::io;
+
+/// Metadata file of a snapshot.
+pub const META_FILE: &str = "meta.json";
+/// Backup file of a snapshot.
+pub const BACKUP_FILE: &str = "backup";
+/// Written once a snapshot has been restored.
+pub const RESTORED_FILE: &str = "restored.json";
+/// Largest file the runtime snapshots (and so mutates).
+pub const MAX_SNAPSHOT_BYTES: u64 = 64 * 1024 * 1024;
+const SNAPSHOT_DIR_MODE: u32 = 0o700;
+
+/// What was at the target before the action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// A regular file (backed up).
+    File,
+    /// A directory (left untouched by `mkdir -p`, so nothing to copy).
+    Directory,
+    /// Nothing: the action creates it.
+    Missing,
+}
+
+/// The original-path marker. A persisted format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotMeta {
+    /// Format version.
+    pub format: u32,
+    /// Time-ordered id: workflow rollback restores in reverse of this order.
+    pub snapshot_id: String,
+    /// The workflow.
+    pub workflow_id: String,
+    /// The action.
+    pub action_id: String,
+    /// The run that took it.
+    pub execution_id: String,
+    /// The root, as configured.
+    pub root: String,
+    /// The target, relative to the root.
+    pub original_path: String,
+    /// Whether the target existed.
+    pub existed: bool,
+    /// What it was.
+    pub kind: SnapshotKind,
+    /// Its size.
+    pub size_bytes: Option<u64>,
+    /// Its SHA-256.
+    pub sha256: Option<String>,
+    /// Its permission bits.
+    pub mode: Option<u32>,
+    /// The intent about to run.
+    pub intent: String,
+    /// Its mutation class.
+    pub mutation_class: MutationClass,
+    /// Directories (root-relative) the action creates, outermost first.
+    pub created_dirs: Vec<String>,
+    /// When.
+    pub taken_at: String,
+}
+
+impl SnapshotMeta {
+    /// The snapshot's folder, relative to its root: `.rollback/{workflow}/{action}`.
+    pub fn rollback_path(&self) -> String {
+        format!("{ROLLBACK_DIR}/{}/{}", self.workflow_id, self.action_id)
+    }
+
+    /// The target as a relative path.
+    pub fn target(&self) -> RelPath {
+        RelPath::from_components(self.original_path.split('/').map(str::to_owned).collect())
+    }
+}
+
+/// A stored snapshot and whether it was already restored.
+#[derive(Debug, Clone)]
+pub struct StoredSnapshot {
+    /// Its metadata.
+    pub meta: SnapshotMeta,
+    /// Whether a rollback already restored it.
+    pub restored: bool,
+}
+
+/// Takes and reads snapshots.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshotter;
+
+fn snap_io(what: &str, e: &io::Error) -> Refusal {
+    Refusal::new(ReasonCode::IoError, format!("could not {what} the snapshot: {}", e.kind()))
+}
+
+fn rollback_dir(root: &SandboxRoot, create: bool) -> io::Result<Option<Dir>> {
+    open_or_create(root.dir(), ROLLBACK_DIR, create, SNAPSHOT_DIR_MODE)
+}
+
+fn open_or_create(dir: &Dir, name: &str, create: bool, mode: u32) -> io::Result<Option<Dir>> {
+    match dir.open_dir_nofollow(name) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+            let mut b = DirBuilder::new();
+            b.mode(mode);
+            // A concurrent creator may win; opening below decides either way.
+            let _ = dir.create_dir_with(name, &b);
+            dir.open_dir_nofollow(name).map(Some)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
+    let Some(rb) = rollback_dir(root, false)? else { return Ok(None) };
+    let Some(wf) = open_or_create(&rb, workflow_id, false, SNAPSHOT_DIR_MODE)? else {
+        return Ok(None);
+    };
+    open_or_create(&wf, action_id, false, SNAPSHOT_DIR_MODE)
+}
+
+impl Snapshotter {
+    /// Whether a snapshot exists for this action (action ids are never reused in a
+    /// workflow).
+    pub fn exists(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> bool {
+        matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))
+    }
+
+    /// Writes backup and metadata, durable (when `durable`) before returning.
+    pub fn take(root: &SandboxRoot, meta: &SnapshotMeta, backup: Option<&[u8]>, durable: bool) -> Verdict<String> {
+        let rb = rollback_dir(root, true)
+            .map_err(|e| snap_io("create", &e))?
+            .ok_or_else(|| Refusal::new(ReasonCode::IoError, "could not create the .rollback folder"))?;
+        let wf = open_or_create(&rb, &meta.workflow_id, true, SNAPSHOT_DIR_MODE)
+            .map_err(|e| snap_io("create", &e))?
+            .ok_or_else(|| Refusal::new(ReasonCode::IoError, "could not create the workflow's snapshot folder"))?;
+        let mut b = DirBuilder::new();
+        b.mode(SNAPSHOT_DIR_MODE);
+        match wf.create_dir_with(&meta.action_id, &b) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(Refusal::new(
+                    ReasonCode::InvalidId,
+                    format!(
+                        "action_id {} was already used in workflow {}; give each action a new id",
+                        shown_path(&meta.action_id),
+                        shown_path(&meta.workflow_id)
+                    ),
+                ));
+            }
+            Err(e) => return Err(snap_io("create", &e)),
+        }
+        let dir = wf.open_dir_nofollow(&meta.action_id).map_err(|e| snap_io("open", &e))?;
+        if let Some(bytes) = backup {
+            write_atomic_in(&dir, BACKUP_FILE, bytes, 0o600, true, durable).map_err(|e| snap_io("write", &e))?;
+        }
+        let json = serde_json::to_vec_pretty(meta).map_err(|e| snap_io("encode", &io::Error::other(e)))?;
+        // The metadata is written last: a snapshot folder without it is an incomplete
+        // snapshot of an action that never touched its target.
+        write_atomic_in(&dir, META_FILE, &json, 0o600, true, durable).map_err(|e| snap_io("write", &e))?;
+        if durable {
+            sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
+            sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
+        }
+        Ok(meta.rollback_path())
+    }
+
+    /// Loads one snapshot; `None` when it does not exist or is incomplete.
+    pub fn load(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> Verdict<Option<StoredSnapshot>> {
+        let Some(dir) = snapshot_dir(root, workflow_id, action_id).map_err(|e| snap_io("open", &e))? else {
+            return Ok(None);
+        };
+        let meta = match read_regular(&dir, META_FILE, 1 << 20) {
+            Ok(b) => serde_json::from_slice::<SnapshotMeta>(&b).map_err(|e| {
+                Refusal::new(ReasonCode::ChecksumMismatch, format!("the snapshot metadata of {} is damaged: {e}", shown_path(action_id)))
+            })?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(snap_io("read", &e)),
+        };
+        let restored = dir.exists(RESTORED_FILE);
+        Ok(Some(StoredSnapshot { meta, restored }))
+    }
+
+    /// Every snapshot of a workflow in one root, in the order they were taken.
+    pub fn load_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict<Vec<StoredSnapshot>> {
+        let rb = match rollback_dir(root, false) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => return Err(snap_io("open", &e)),
+        };
+        let wf = match open_or_create(&rb, workflow_id, false, SNAPSHOT_DIR_MODE) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => return Err(snap_io("open", &e)),
+        };
+        let mut out = Vec::new();
+        for entry in wf.entries().map_err(|e| snap_io("list", &e))? {
+            let entry = entry.map_err(|e| snap_io("list", &e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+            if let Some(s) = Self::load(root, workflow_id, &name)? {
+                out.push(s);
+            }
+        }
+        out.sort_by(|a, b| a.meta.snapshot_id.cmp(&b.meta.snapshot_id));
+        Ok(out)
+    }
+
+    /// The backup bytes of a file snapshot.
+    pub fn read_backup(root: &SandboxRoot, meta: &SnapshotMeta) -> Verdict<Vec<u8>> {
+        let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
+            .map_err(|e| snap_io("open", &e))?
+            .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, format!("the snapshot of {} is gone", shown_path(&meta.action_id))))?;
+        read_regular(&dir, BACKUP_FILE, MAX_SNAPSHOT_BYTES).map_err(|e| {
+            Refusal::new(ReasonCode::NoRollbackData, format!("the backup of {} cannot be read: {}", shown_path(&meta.original_path), e.kind()))
+        })
+    }
+
+    /// Records that a snapshot was restored, so it is not restored twice.
+    pub fn mark_restored(root: &SandboxRoot, meta: &SnapshotMeta, record: &serde_json::Value, durable: bool) -> Verdict {
+        let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
+            .map_err(|e| snap_io("open", &e))?
+            .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
+        let bytes = serde_json::to_vec(record).unwrap_or_default();
+        write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable).map_err(|e| snap_io("mark", &e))
+    }
+
+    /// Workflow ids that have snapshots in a root.
+    pub fn list_workflows(root: &SandboxRoot) -> Verdict<Vec<String>> {
+        let rb = match rollback_dir(root, false) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => return Err(snap_io("open", &e)),
+        };
+        let mut out = Vec::new();
+        for entry in rb.entries().map_err(|e| snap_io("list", &e))? {
+            let entry = entry.map_err(|e| snap_io("list", &e))?;
+            if let Some(name) = entry.file_name().to_str() {
+                out.push(name.to_owned());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Deletes a workflow's snapshots (pruning).
+    pub fn remove_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict {
+        let Some(rb) = rollback_dir(root, false).map_err(|e| snap_io("open", &e))? else {
+            return Ok(());
+        };
+        rb.remove_dir_all(workflow_id).map_err(|e| snap_io("remove", &e))
+    }
+}
+
+/// What a restore found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RestoreOutcome {
+    /// Whether the target now matches the snapshot (same SHA-256, or absent as before).
+    pub checksum_validated: bool,
+    /// SHA-256 of the restored file, when one was restored.
+    pub restored_checksum: Option<String>,
+}
+
+/// Restores snapshots.
+#[derive(Debug, Clone, Copy)]
+pub struct RollbackEngine;
+
+impl RollbackEngine {
+    /// Puts the original back: rewrites a file from its backup (atomically), or removes
+    /// what the action created, then verifies by hashing.
+    pub fn restore(root: &SandboxRoot, meta: &SnapshotMeta, durable: bool) -> Verdict<RestoreOutcome> {
+        let rel = meta.target();
+        match meta.kind {
+            SnapshotKind::File => {
+                let bytes = Snapshotter::read_backup(root, meta)?;
+                let expected = meta.sha256.clone().unwrap_or_default();
+                if sha256_hex(&bytes) != expected {
+                    return Err(Refusal::new(
+                        ReasonCode::ChecksumMismatch,
+                        format!("the backup of {} does not match its recorded SHA-256; it was damaged", shown_path(&meta.original_path)),
+                    ));
+                }
+                let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
+                root.write_atomic(&rel, &bytes, mode, false, durable)?;
+                let back = root.read_file(&rel, MAX_SNAPSHOT_BYTES)?;
+                let restored = sha256_hex(&back);
+                if restored != expected {
+                    return Err(Refusal::new(
+                        ReasonCode::ChecksumMismatch,
+                        format!("{} reads back with SHA-256 {restored}, not the snapshot's {expected}", shown_path(&meta.original_path)),
+                    ));
+                }
+                Ok(RestoreOutcome {
+                    checksum_validated: true,
+                    restored_checksum: Some(restored),
+                })
+            }
+            SnapshotKind::Missing => {
+                match root.inspect(&rel)?.kind {
+                    TargetKind::File { .. } => root.remove_file(&rel, durable)?,
+                    TargetKind::Directory => {
+                        if !root.remove_empty_dir(&rel, durable)? {
+                            return Err(Refusal::new(
+                                ReasonCode::Conflict,
+                                format!("{} is a directory that is no longer empty; it was left in place", shown_path(&meta.original_path)),
+                            ));
+                        }
+                    }
+                    TargetKind::Missing => {}
+                }
+                for d in meta.created_dirs.iter().rev() {
+                    if *d == meta.original_path {
+                        continue;
+                    }
+                    let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+                    root.remove_empty_dir(&dir, durable)?;
+                }
+                let gone = root.inspect(&rel)?.kind == TargetKind::Missing;
+                Ok(RestoreOutcome {
+                    checksum_validated: gone,
+                    restored_checksum: None,
+                })
+            }
+            SnapshotKind::Directory => {
+                let still = root.inspect(&rel)?.kind == TargetKind::Directory;
+                Ok(RestoreOutcome {
+                    checksum_validated: still,
+                    restored_checksum: None,
+                })
+            }
+        }
+    }
+}
+

@@ -1,0 +1,1 @@
+//! HTTP face (in progress).

@@ -1,0 +1,1 @@
+//! MCP face (in progress).
