@@ -94,7 +94,10 @@ impl ArtifactRegistry {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
-        let mut g = self.inner.lock().map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
         let new = journal.read_new()?;
         index.ingest(new);
@@ -111,12 +114,18 @@ impl ArtifactRegistry {
             serde_json::to_writer(&mut bytes, e).map_err(io::Error::other)?;
             bytes.push(b'\n');
         }
-        let mut g = self.inner.lock().map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.append_with(|new| {
-            index.ingest(new);
-            Ok((bytes, ()))
-        }, |_| Ok(()))?;
+        journal.append_with(
+            |new| {
+                index.ingest(new);
+                Ok((bytes, ()))
+            },
+            |_| Ok(()),
+        )?;
         for e in entries {
             index.insert(e.clone());
         }
@@ -134,7 +143,13 @@ impl ArtifactRegistry {
             Some(w) => ix
                 .by_workflow
                 .get(w)
-                .map(|(ids, _)| ids.iter().rev().take(limit).map(|&i| ix.entries[i].clone()).collect())
+                .map(|(ids, _)| {
+                    ids.iter()
+                        .rev()
+                        .take(limit)
+                        .map(|&i| ix.entries[i].clone())
+                        .collect()
+                })
                 .unwrap_or_default(),
             None => ix.entries.iter().rev().take(limit).cloned().collect(),
         })
@@ -156,7 +171,11 @@ impl ArtifactRegistry {
     }
 
     /// The artifact an action produced.
-    pub fn get_by_action(&self, workflow_id: &str, action_id: &str) -> io::Result<Option<ArtifactEntry>> {
+    pub fn get_by_action(
+        &self,
+        workflow_id: &str,
+        action_id: &str,
+    ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
             ix.by_action
                 .get(&(workflow_id.to_owned(), action_id.to_owned()))
@@ -178,7 +197,9 @@ impl ArtifactRegistry {
             seen.insert(artifact_id.to_owned());
             let mut cur = ix.by_id.get(artifact_id).copied();
             while let Some(i) = cur {
-                let Some(parent) = ix.entries[i].parent_artifact_id.as_deref() else { break };
+                let Some(parent) = ix.entries[i].parent_artifact_id.as_deref() else {
+                    break;
+                };
                 if !seen.insert(parent.to_owned()) {
                     break;
                 }
@@ -193,7 +214,11 @@ impl ArtifactRegistry {
 
     /// Number of artifacts of a workflow.
     pub fn count_by_workflow(&self, workflow_id: &str) -> io::Result<u64> {
-        self.with(|ix| ix.by_workflow.get(workflow_id).map_or(0, |(ids, _)| ids.len() as u64))
+        self.with(|ix| {
+            ix.by_workflow
+                .get(workflow_id)
+                .map_or(0, |(ids, _)| ids.len() as u64)
+        })
     }
 
     /// Total bytes of a workflow's artifacts.

@@ -138,7 +138,9 @@ impl Index {
         for line in lines {
             match serde_json::from_slice::<SandboxAuditEntry>(&line) {
                 Ok(e) => self.insert(e),
-                Err(err) => tracing::warn!(%err, "unreadable audit line (audit verify will report it)"),
+                Err(err) => {
+                    tracing::warn!(%err, "unreadable audit line (audit verify will report it)")
+                }
             }
         }
     }
@@ -154,7 +156,9 @@ impl Index {
             AuditStatus::RolledBack => s.rolled_back += 1,
         }
         if let Some(c) = e.mutation_class {
-            *s.by_mutation_class.entry(c.as_str().to_owned()).or_default() += 1;
+            *s.by_mutation_class
+                .entry(c.as_str().to_owned())
+                .or_default() += 1;
         }
         *s.by_intent.entry(e.mutation_type.clone()).or_default() += 1;
         if let Some(r) = e.reason_code {
@@ -203,7 +207,10 @@ impl AuditLog {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
-        let mut g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
         let new = journal.read_new()?;
         index.ingest(new);
@@ -216,49 +223,53 @@ impl AuditLog {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let mut g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let written = journal.append_with(|new| {
-            index.ingest(new);
-            let mut seq = index.last_seq;
-            let mut prev = index.last_hash.clone();
-            let mut bytes = Vec::new();
-            let mut out = Vec::new();
-            for r in records {
-                seq += 1;
-                let mut e = SandboxAuditEntry {
-                    seq,
-                    timestamp: r.timestamp,
-                    execution_id: r.execution_id,
-                    workflow_id: r.workflow_id,
-                    action_id: r.action_id,
-                    mutation_class: r.mutation_class,
-                    mutation_type: r.mutation_type,
-                    target_path: r.target_path,
-                    before_checksum: r.before_checksum,
-                    after_checksum: r.after_checksum,
-                    rollback_available: r.rollback_available,
-                    rollback_path: r.rollback_path,
-                    status: r.status,
-                    reason_code: r.reason_code,
-                    error: r.error,
-                    prev_hash: prev.clone(),
-                    entry_hash: String::new(),
-                };
-                e.entry_hash = e.compute_hash();
-                prev = e.entry_hash.clone();
-                serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
-                bytes.push(b'\n');
-                out.push(e);
-            }
-            Ok((bytes, out))
-        }, |out: &Vec<SandboxAuditEntry>| {
-            // Moved while the lock is held, so the head never goes backwards.
-            match out.last() {
-                Some(last) => self.write_head(last.seq, &last.entry_hash),
-                None => Ok(()),
-            }
-        })?;
+        let written = journal.append_with(
+            |new| {
+                index.ingest(new);
+                let mut prev = index.last_hash.clone();
+                let mut bytes = Vec::new();
+                let mut out = Vec::new();
+                for (seq, r) in (index.last_seq + 1..).zip(records) {
+                    let mut e = SandboxAuditEntry {
+                        seq,
+                        timestamp: r.timestamp,
+                        execution_id: r.execution_id,
+                        workflow_id: r.workflow_id,
+                        action_id: r.action_id,
+                        mutation_class: r.mutation_class,
+                        mutation_type: r.mutation_type,
+                        target_path: r.target_path,
+                        before_checksum: r.before_checksum,
+                        after_checksum: r.after_checksum,
+                        rollback_available: r.rollback_available,
+                        rollback_path: r.rollback_path,
+                        status: r.status,
+                        reason_code: r.reason_code,
+                        error: r.error,
+                        prev_hash: prev.clone(),
+                        entry_hash: String::new(),
+                    };
+                    e.entry_hash = e.compute_hash();
+                    prev = e.entry_hash.clone();
+                    serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
+                    bytes.push(b'\n');
+                    out.push(e);
+                }
+                Ok((bytes, out))
+            },
+            |out: &Vec<SandboxAuditEntry>| {
+                // Moved while the lock is held, so the head never goes backwards.
+                match out.last() {
+                    Some(last) => self.write_head(last.seq, &last.entry_hash),
+                    None => Ok(()),
+                }
+            },
+        )?;
         for e in &written {
             index.insert(e.clone());
         }
@@ -282,12 +293,22 @@ impl AuditLog {
     }
 
     /// The newest `limit` entries, newest first, optionally of one workflow.
-    pub fn list(&self, limit: usize, workflow_id: Option<&str>) -> io::Result<Vec<SandboxAuditEntry>> {
+    pub fn list(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+    ) -> io::Result<Vec<SandboxAuditEntry>> {
         self.with(|ix| match workflow_id {
             Some(w) => ix
                 .by_workflow
                 .get(w)
-                .map(|ids| ids.iter().rev().take(limit).map(|&i| ix.entries[i].clone()).collect())
+                .map(|ids| {
+                    ids.iter()
+                        .rev()
+                        .take(limit)
+                        .map(|&i| ix.entries[i].clone())
+                        .collect()
+                })
                 .unwrap_or_default(),
             None => ix.entries.iter().rev().take(limit).cloned().collect(),
         })
@@ -312,7 +333,10 @@ impl AuditLog {
                 .map(|ids| {
                     ids.iter()
                         .map(|&i| &ix.entries[i])
-                        .filter(|e| e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback))
+                        .filter(|e| {
+                            e.status == AuditStatus::Success
+                                && e.mutation_class != Some(MutationClass::Rollback)
+                        })
                         .map(|e| e.timestamp.clone())
                         .collect()
                 })
@@ -328,7 +352,10 @@ impl AuditLog {
     /// Reads the whole log and checks every line, the chain and the head.
     pub fn verify(&self) -> io::Result<VerifyReport> {
         let bytes = {
-            let g = self.inner.lock().map_err(|_| io::Error::other("audit lock poisoned"))?;
+            let g = self
+                .inner
+                .lock()
+                .map_err(|_| io::Error::other("audit lock poisoned"))?;
             g.0.read_all()?
         };
         let head = self.read_head()?;
@@ -356,19 +383,43 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
         n += 1;
         let e: SandboxAuditEntry = match serde_json::from_slice(line) {
             Ok(e) => e,
-            Err(err) => return bad(n, expected_seq, format!("line {n} is not a valid audit entry: {err}")),
+            Err(err) => {
+                return bad(
+                    n,
+                    expected_seq,
+                    format!("line {n} is not a valid audit entry: {err}"),
+                );
+            }
         };
         if e.seq != expected_seq {
-            return bad(n, expected_seq, format!(
-                "line {n} has seq {} where {expected_seq} was expected: a line was removed, inserted or moved",
-                e.seq
-            ));
+            return bad(
+                n,
+                expected_seq,
+                format!(
+                    "line {n} has seq {} where {expected_seq} was expected: a line was removed, inserted or moved",
+                    e.seq
+                ),
+            );
         }
         if e.prev_hash != prev {
-            return bad(n, e.seq, format!("entry {} does not chain to the entry before it: a line was removed or reordered", e.seq));
+            return bad(
+                n,
+                e.seq,
+                format!(
+                    "entry {} does not chain to the entry before it: a line was removed or reordered",
+                    e.seq
+                ),
+            );
         }
         if e.compute_hash() != e.entry_hash {
-            return bad(n, e.seq, format!("entry {} does not match its hash: the line was edited", e.seq));
+            return bad(
+                n,
+                e.seq,
+                format!(
+                    "entry {} does not match its hash: the line was edited",
+                    e.seq
+                ),
+            );
         }
         if head.as_ref().is_some_and(|(s, _)| *s == e.seq) {
             hash_at_head = Some(e.entry_hash.clone());
@@ -379,12 +430,22 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
     let last_seq = expected_seq - 1;
     if let Some((head_seq, head_hash)) = head {
         if head_seq > last_seq {
-            return bad(n, last_seq + 1, format!(
-                "the log ends at seq {last_seq} but its head records seq {head_seq}: lines were removed from the end"
-            ));
+            return bad(
+                n,
+                last_seq + 1,
+                format!(
+                    "the log ends at seq {last_seq} but its head records seq {head_seq}: lines were removed from the end"
+                ),
+            );
         }
         if head_seq > 0 && hash_at_head.as_deref() != Some(head_hash.as_str()) {
-            return bad(n, head_seq, format!("entry {head_seq} differs from the hash recorded in the head: the log was rewritten"));
+            return bad(
+                n,
+                head_seq,
+                format!(
+                    "entry {head_seq} differs from the hash recorded in the head: the log was rewritten"
+                ),
+            );
         }
     }
     VerifyReport {

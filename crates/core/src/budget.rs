@@ -76,7 +76,12 @@ pub fn check_rate(
 }
 
 /// Seconds until `need` tokens are free (0 when they are now).
-pub fn seconds_until_free(per_minute: u32, history: &[DateTime<Utc>], now: DateTime<Utc>, need: u32) -> f64 {
+pub fn seconds_until_free(
+    per_minute: u32,
+    history: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+    need: u32,
+) -> f64 {
     let per_minute = per_minute.max(1);
     let interval = 60.0 / f64::from(per_minute);
     let tolerance = interval * f64::from(per_minute);
@@ -97,7 +102,9 @@ mod tests {
     use chrono::TimeZone;
 
     fn t(s: i64) -> DateTime<Utc> {
-        Utc.timestamp_opt(1_800_000_000 + s, 0).single().unwrap_or_default()
+        Utc.timestamp_opt(1_800_000_000 + s, 0)
+            .single()
+            .unwrap_or_default()
     }
 
     #[test]
@@ -107,7 +114,9 @@ mod tests {
             assert!(check_rate("w", 10, &hist, t(0), 1).is_ok());
             hist.push(t(0));
         }
-        let refused = check_rate("w", 10, &hist, t(0), 1).err().map(|r| r.reason_code);
+        let refused = check_rate("w", 10, &hist, t(0), 1)
+            .err()
+            .map(|r| r.reason_code);
         assert_eq!(refused, Some(ReasonCode::RateLimited));
         assert!((seconds_until_free(10, &hist, t(0), 1) - 6.0).abs() < 1e-6);
         assert!(check_rate("w", 10, &hist, t(6), 1).is_ok());
@@ -120,12 +129,16 @@ mod tests {
         let l = Limits::default();
         assert!(check_budget("w", &l, 99, 0, 1, 0).is_ok());
         assert_eq!(
-            check_budget("w", &l, 100, 0, 1, 0).err().map(|r| r.reason_code),
+            check_budget("w", &l, 100, 0, 1, 0)
+                .err()
+                .map(|r| r.reason_code),
             Some(ReasonCode::BudgetArtifactsExceeded)
         );
         assert!(check_budget("w", &l, 0, l.max_workflow_bytes - 10, 1, 10).is_ok());
         assert_eq!(
-            check_budget("w", &l, 0, l.max_workflow_bytes - 10, 1, 11).err().map(|r| r.reason_code),
+            check_budget("w", &l, 0, l.max_workflow_bytes - 10, 1, 11)
+                .err()
+                .map(|r| r.reason_code),
             Some(ReasonCode::BudgetBytesExceeded)
         );
     }

@@ -51,7 +51,10 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
-        self.now.lock().map(|n| *n).unwrap_or_else(|p| *p.into_inner())
+        self.now
+            .lock()
+            .map(|n| *n)
+            .unwrap_or_else(|p| *p.into_inner())
     }
 }
 
@@ -62,5 +65,7 @@ pub fn timestamp(t: DateTime<Utc>) -> String {
 
 /// Parses a timestamp written by [`timestamp`].
 pub fn parse_timestamp(s: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&Utc))
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }

@@ -102,7 +102,8 @@ pub struct RawServer {
 impl RawConfig {
     /// Parses TOML; an unknown key is an error naming it.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError(format!("invalid config: {}", e.message().trim())))
+        toml::from_str(text)
+            .map_err(|e| ConfigError(format!("invalid config: {}", e.message().trim())))
     }
 }
 
@@ -221,7 +222,11 @@ impl Config {
             c.roots_explicit = true;
         }
         if let Some(v) = env(env::ROOTS) {
-            c.roots = v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+            c.roots = v
+                .split(':')
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .collect();
             c.roots_explicit = true;
         }
         if !flags.roots.is_empty() {
@@ -286,7 +291,8 @@ impl Config {
             }
         }
         if let Some(x) = file.extensions {
-            c.extensions = ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
+            c.extensions =
+                ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
         }
         if let Some(s) = file.server {
             if let Some(a) = s.addr {
@@ -314,10 +320,18 @@ impl Config {
         }
         for r in &self.roots {
             if !r.is_absolute() {
-                return Err(ConfigError(format!("root {} is not an absolute path; roots must be absolute", r.display())));
+                return Err(ConfigError(format!(
+                    "root {} is not an absolute path; roots must be absolute",
+                    r.display()
+                )));
             }
-            if r.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-                return Err(ConfigError(format!("root {} contains '..'; give the plain path", r.display())));
+            if r.components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err(ConfigError(format!(
+                    "root {} contains '..'; give the plain path",
+                    r.display()
+                )));
             }
         }
         for (i, a) in self.roots.iter().enumerate() {
@@ -338,7 +352,11 @@ impl Config {
                 self.state_dir.display()
             )));
         }
-        if self.state_dir.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        if self
+            .state_dir
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
             return Err(ConfigError(format!(
                 "state_dir {} contains '..'; give the plain path",
                 self.state_dir.display()
@@ -365,13 +383,17 @@ impl Config {
             )));
         }
         if l.writes_per_minute == 0 {
-            return Err(ConfigError("limits.writes_per_minute = 0 would forbid every write; give at least 1".into()));
+            return Err(ConfigError(
+                "limits.writes_per_minute = 0 would forbid every write; give at least 1".into(),
+            ));
         }
         if l.max_artifacts_per_workflow == 0 || l.max_workflow_bytes == 0 {
             return Err(ConfigError("limits.max_artifacts_per_workflow and limits.max_workflow_bytes must be at least 1".into()));
         }
         if self.token.as_deref().is_some_and(|t| t.len() < 16) {
-            return Err(ConfigError("server.token is shorter than 16 characters; use a long random token".into()));
+            return Err(ConfigError(
+                "server.token is shorter than 16 characters; use a long random token".into(),
+            ));
         }
         Ok(())
     }
@@ -401,6 +423,8 @@ fn parse_bool(var: &str, v: &str) -> Result<bool, ConfigError> {
 /// Whether `phase` looks like `28.3`.
 pub fn is_phase_syntax(phase: &str) -> bool {
     let mut parts = phase.split('.');
-    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()));
+    let ok = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+    };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }

@@ -38,7 +38,11 @@ pub struct ExecutionContext {
 impl ExecutionContext {
     /// Derives the context from the flags: sandbox writes need the write flag on, dry-run
     /// off and a phase that allows writes; anything else simulates, and says why.
-    pub fn from_flags(enable_write: bool, dry_run: bool, phase_allows_write: bool) -> (Self, Option<DryRunReason>) {
+    pub fn from_flags(
+        enable_write: bool,
+        dry_run: bool,
+        phase_allows_write: bool,
+    ) -> (Self, Option<DryRunReason>) {
         let reason = if !phase_allows_write {
             Some(DryRunReason::PhaseNotSupported)
         } else if !enable_write {
@@ -58,6 +62,9 @@ impl ExecutionContext {
 
     /// True only for `readonly` and `sandbox_write` with dry-run off.
     pub fn is_executable(&self) -> bool {
-        matches!(self.mode, ExecutionMode::Readonly | ExecutionMode::SandboxWrite) && !self.dry_run
+        matches!(
+            self.mode,
+            ExecutionMode::Readonly | ExecutionMode::SandboxWrite
+        ) && !self.dry_run
     }
 }

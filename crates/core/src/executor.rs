@@ -17,7 +17,9 @@ use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id,
 use crate::policy::{Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
-use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot};
+use crate::snapshot::{
+    MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+};
 use crate::workflow::{TimelineEvent, WorkflowState};
 use serde::Serialize;
 use serde_json::json;
@@ -90,7 +92,10 @@ pub struct RunResult {
 impl RunResult {
     /// Whether the run succeeded (really or in simulation).
     pub fn is_success(&self) -> bool {
-        matches!(self.status, RunStatus::Success | RunStatus::SimulatedSuccess)
+        matches!(
+            self.status,
+            RunStatus::Success | RunStatus::SimulatedSuccess
+        )
     }
 }
 
@@ -190,7 +195,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         let (ctx, sim_reason) = self.sb.execution_context();
         let lock = self.sb.state.lock(&format!("wf-{wf}"));
         if let Err(e) = &lock {
-            let r = Refusal::new(ReasonCode::IoError, format!("could not lock workflow '{wf}': {}", e.kind()));
+            let r = Refusal::new(
+                ReasonCode::IoError,
+                format!("could not lock workflow '{wf}': {}", e.kind()),
+            );
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
         let checks = self.validate(ctx.is_executable());
@@ -227,7 +235,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                         let _ = i;
                         return Err(Refusal::new(
                             ReasonCode::InvalidId,
-                            format!("action_id '{}' was already used in workflow '{wf}'; give each action a new id", a.id()),
+                            format!(
+                                "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
+                                a.id()
+                            ),
                         ));
                     }
                 }
@@ -236,9 +247,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
-                        Some(TargetKind::File { .. }) => {
-                            Some(Virtual::File(sb.roots[ri].read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?))
-                        }
+                        Some(TargetKind::File { .. }) => Some(Virtual::File(
+                            sb.roots[ri].read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
+                        )),
                         Some(TargetKind::Directory) => Some(Virtual::Dir),
                         _ => None,
                     },
@@ -247,13 +258,19 @@ impl<'a> SandboxWriteExecutor<'a> {
                     Some(Virtual::Dir) if !approval.op.is_directory() => {
                         return Err(Refusal::new(
                             ReasonCode::NotRegularFile,
-                            format!("'{}' is a directory; {} writes regular files only", a.path, a.intent),
+                            format!(
+                                "'{}' is a directory; {} writes regular files only",
+                                a.path, a.intent
+                            ),
                         ));
                     }
                     Some(Virtual::File(_)) if approval.op.is_directory() => {
                         return Err(Refusal::new(
                             ReasonCode::AlreadyExists,
-                            format!("'{}' exists and is a file, so no directory can be created there", a.path),
+                            format!(
+                                "'{}' exists and is a file, so no directory can be created there",
+                                a.path
+                            ),
                         ));
                     }
                     Some(Virtual::File(b)) => Some(b.clone()),
@@ -263,10 +280,27 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
                 if bytes.is_some() {
-                    check_budget(wf, &sb.config.limits, used_artifacts + add_artifacts, used_bytes + add_bytes, 1, size)?;
+                    check_budget(
+                        wf,
+                        &sb.config.limits,
+                        used_artifacts + add_artifacts,
+                        used_bytes + add_bytes,
+                        1,
+                        size,
+                    )?;
                 }
-                check_rate(wf, sb.config.limits.writes_per_minute, &history, now, writes + 1)?;
-                Ok(Prepared { approval, bytes, before })
+                check_rate(
+                    wf,
+                    sb.config.limits.writes_per_minute,
+                    &history,
+                    now,
+                    writes + 1,
+                )?;
+                Ok(Prepared {
+                    approval,
+                    bytes,
+                    before,
+                })
             })();
             if let Ok(p) = &r {
                 let ri = p.approval.resolved.root_index;
@@ -301,7 +335,12 @@ impl<'a> SandboxWriteExecutor<'a> {
             .collect()
     }
 
-    fn base_result(&self, a: &Action, op: Option<&'static Operation>, status: ActionStatus) -> ActionResult {
+    fn base_result(
+        &self,
+        a: &Action,
+        op: Option<&'static Operation>,
+        status: ActionStatus,
+    ) -> ActionResult {
         ActionResult {
             action_id: a.id().to_owned(),
             intent: a.intent.clone(),
@@ -319,7 +358,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    fn record(&self, a: &Action, r: &ActionResult, status: AuditStatus, target: String) -> AuditRecord {
+    fn record(
+        &self,
+        a: &Action,
+        r: &ActionResult,
+        status: AuditStatus,
+        target: String,
+    ) -> AuditRecord {
         AuditRecord {
             timestamp: self.sb.now(),
             execution_id: self.execution_id.clone(),
@@ -338,8 +383,17 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    fn finish(mut self, status: RunStatus, simulation_only: bool, dry_run_reason: Option<DryRunReason>, actions: Vec<ActionResult>) -> RunResult {
-        self.event("execution_finished", json!({"status": status, "state": self.state}));
+    fn finish(
+        mut self,
+        status: RunStatus,
+        simulation_only: bool,
+        dry_run_reason: Option<DryRunReason>,
+        actions: Vec<ActionResult>,
+    ) -> RunResult {
+        self.event(
+            "execution_finished",
+            json!({"status": status, "state": self.state}),
+        );
         RunResult {
             workflow_id: self.plan.workflow_id.clone(),
             execution_id: self.execution_id.clone(),
@@ -352,7 +406,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    fn blocked(mut self, checks: Vec<Result<Prepared, Refusal>>, simulation_only: bool) -> RunResult {
+    fn blocked(
+        mut self,
+        checks: Vec<Result<Prepared, Refusal>>,
+        simulation_only: bool,
+    ) -> RunResult {
         let mut results = Vec::new();
         let mut records = Vec::new();
         let actions = self.plan.actions.clone();
@@ -365,7 +423,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                     res.reason = Some(r.reason.clone());
                     self.sb.metrics.denied(&a.intent, r.reason_code);
                     self.sb.metrics.mutation(&a.intent, "blocked");
-                    self.event("action_blocked", json!({"action_id": a.id(), "reason_code": r.reason_code}));
+                    self.event(
+                        "action_blocked",
+                        json!({"action_id": a.id(), "reason_code": r.reason_code}),
+                    );
                     records.push(self.record(a, &res, AuditStatus::Blocked, a.path.clone()));
                     results.push(res);
                 }
@@ -390,9 +451,17 @@ impl<'a> SandboxWriteExecutor<'a> {
         if let Err(e) = self.sb.audit.append(records) {
             tracing::error!(error = %e, "could not audit blocked actions");
         }
-        self.event("dry_run_reason", json!({"reason": DryRunReason::GovernanceBlocked}));
+        self.event(
+            "dry_run_reason",
+            json!({"reason": DryRunReason::GovernanceBlocked}),
+        );
         self.go(WorkflowState::Failed);
-        self.finish(RunStatus::Blocked, simulation_only, Some(DryRunReason::GovernanceBlocked), results)
+        self.finish(
+            RunStatus::Blocked,
+            simulation_only,
+            Some(DryRunReason::GovernanceBlocked),
+            results,
+        )
     }
 
     fn simulate(mut self, prepared: Vec<Prepared>, reason: Option<DryRunReason>) -> RunResult {
@@ -407,7 +476,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             res.before_checksum = p.before.as_deref().map(sha256_hex);
             res.after_checksum = p.bytes.as_deref().map(sha256_hex);
             res.size_bytes = p.bytes.as_ref().map(|b| b.len() as u64);
-            let target = self.sb.abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);
+            let target = self
+                .sb
+                .abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);
             records.push(self.record(a, &res, AuditStatus::Simulated, target));
             self.sb.metrics.mutation(&a.intent, "simulated");
             self.event("action_simulated", json!({"action_id": a.id()}));
@@ -428,7 +499,8 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut failed = false;
         for (i, a) in actions.iter().enumerate() {
             if failed {
-                let mut res = self.base_result(a, self.sb.operation(&a.intent), ActionStatus::Skipped);
+                let mut res =
+                    self.base_result(a, self.sb.operation(&a.intent), ActionStatus::Skipped);
                 res.reason = Some("not run: an earlier action failed".to_owned());
                 results.push(res);
                 continue;
@@ -440,8 +512,13 @@ impl<'a> SandboxWriteExecutor<'a> {
             match self.execute_action(a) {
                 Ok((res, snap)) => {
                     self.sb.metrics.mutation(&a.intent, "success");
-                    self.sb.metrics.mutation_duration(&a.intent, started.elapsed().as_secs_f64());
-                    self.event("action_succeeded", json!({"action_id": a.id(), "after_checksum": res.after_checksum}));
+                    self.sb
+                        .metrics
+                        .mutation_duration(&a.intent, started.elapsed().as_secs_f64());
+                    self.event(
+                        "action_succeeded",
+                        json!({"action_id": a.id(), "after_checksum": res.after_checksum}),
+                    );
                     done.push(snap);
                     results.push(res);
                 }
@@ -450,7 +527,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                     if let Some(code) = res.reason_code {
                         self.sb.metrics.denied(&a.intent, code);
                     }
-                    self.event("action_failed", json!({"action_id": a.id(), "reason_code": res.reason_code}));
+                    self.event(
+                        "action_failed",
+                        json!({"action_id": a.id(), "reason_code": res.reason_code}),
+                    );
                     results.push(*res);
                     failed = true;
                 }
@@ -475,13 +555,18 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         self.event("rollback_started", json!({"steps": done.len()}));
         let wf = self.plan.workflow_id.clone();
-        let steps = self.sb.restore_all(&self.execution_id, &wf, done.into_iter().rev().collect(), "workflow_failed");
+        let steps = self.sb.restore_all(
+            &self.execution_id,
+            &wf,
+            done.into_iter().rev().collect(),
+            "workflow_failed",
+        );
         let all_ok = steps.iter().all(|s| s.restored);
         for s in &steps {
-            if let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) {
-                if s.restored {
-                    r.status = ActionStatus::RolledBack;
-                }
+            if s.restored
+                && let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id)
+            {
+                r.status = ActionStatus::RolledBack;
             }
         }
         self.event(
@@ -498,7 +583,10 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     /// One action, for real. On failure the action's own change is undone and the
     /// failure audited.
-    fn execute_action(&mut self, a: &Action) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
+    fn execute_action(
+        &mut self,
+        a: &Action,
+    ) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
         let sb = self.sb;
         let wf = self.plan.workflow_id.clone();
         let op = sb.operation(&a.intent);
@@ -527,7 +615,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         let target = sb.abs_path(ri, &rel);
         let prepared = (|| {
             check_payload(approval.op, a)?;
-            let kind = approval.target.as_ref().map_or(TargetKind::Missing, |t| t.kind);
+            let kind = approval
+                .target
+                .as_ref()
+                .map_or(TargetKind::Missing, |t| t.kind);
             let before = match kind {
                 TargetKind::File { .. } => Some(root.read_file(&rel, MAX_SNAPSHOT_BYTES)?),
                 _ => None,
@@ -540,7 +631,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let used_bytes = sb.registry.total_bytes_by_workflow(&wf).unwrap_or(0);
                 check_budget(&wf, &sb.config.limits, used, used_bytes, 1, size)?;
             }
-            check_rate(&wf, sb.config.limits.writes_per_minute, &self.write_history(), sb.clock.now(), 1)?;
+            check_rate(
+                &wf,
+                sb.config.limits.writes_per_minute,
+                &self.write_history(),
+                sb.clock.now(),
+                1,
+            )?;
             Ok::<_, Refusal>((kind, before, bytes))
         })();
         let (kind, before, bytes) = match prepared {
@@ -588,11 +685,19 @@ impl<'a> SandboxWriteExecutor<'a> {
             Err(r) => return Err(fail(self, res, r, target)),
         };
         res.rollback_path = Some(rollback_path);
-        let snap = (ri, StoredSnapshot { meta: meta.clone(), restored: false });
+        let snap = (
+            ri,
+            StoredSnapshot {
+                meta: meta.clone(),
+                restored: false,
+            },
+        );
 
         // mutate → checksum → registry → audit; any failure restores the snapshot.
         let durable = sb.durable();
         let outcome = (|| {
+            sb.fail_at("after_snapshot")?;
+            sb.fail_at("before_mutate")?;
             match &bytes {
                 Some(b) => {
                     let mode = match kind {
@@ -606,12 +711,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                     root.create_dir_all(&rel, durable)?;
                 }
             }
+            sb.fail_at("after_mutate")?;
             let after = bytes.as_deref().map(sha256_hex);
             let mut artifact_id = None;
             if let (Some(b), Some(sum)) = (&bytes, &after) {
                 let parent = match &a.parent_artifact_id {
                     Some(p) => Some(p.clone()),
-                    None => sb.registry.latest_for_path(&target).ok().flatten().map(|e| e.artifact_id),
+                    None => sb
+                        .registry
+                        .latest_for_path(&target)
+                        .ok()
+                        .flatten()
+                        .map(|e| e.artifact_id),
                 };
                 let entry = ArtifactEntry {
                     artifact_id: format!("art_{}", uuid::Uuid::now_v7().simple()),
@@ -626,8 +737,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                     generated_by_action: format!("{}/{}", self.execution_id, a.id()),
                     created_at: sb.now(),
                 };
+                sb.fail_at("before_registry")?;
                 sb.registry.register(&entry).map_err(|e| {
-                    Refusal::new(ReasonCode::IoError, format!("could not register the artifact: {}", e.kind()))
+                    Refusal::new(
+                        ReasonCode::IoError,
+                        format!("could not register the artifact: {}", e.kind()),
+                    )
                 })?;
                 artifact_id = Some(entry.artifact_id);
             }
@@ -640,8 +755,15 @@ impl<'a> SandboxWriteExecutor<'a> {
                 res.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
                 res.artifact_id = artifact_id;
                 let rec = self.record(a, &res, AuditStatus::Success, target.clone());
-                if let Err(e) = sb.audit.append(vec![rec]) {
-                    let r = Refusal::new(ReasonCode::IoError, format!("could not append to the audit log: {}", e.kind()));
+                let appended = sb
+                    .fail_at("before_audit")
+                    .map_err(|r| std::io::Error::other(r.reason))
+                    .and_then(|()| sb.audit.append(vec![rec]));
+                if let Err(e) = appended {
+                    let r = Refusal::new(
+                        ReasonCode::IoError,
+                        format!("could not append to the audit log: {}", e.kind()),
+                    );
                     self.undo(&snap);
                     return Err(fail(self, res, r, target));
                 }
@@ -657,7 +779,9 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// Restores one action's snapshot at once after its mutation failed.
     fn undo(&mut self, snap: &(usize, StoredSnapshot)) {
         let wf = self.plan.workflow_id.clone();
-        let steps = self.sb.restore_all(&self.execution_id, &wf, vec![snap.clone()], "action_failed");
+        let steps =
+            self.sb
+                .restore_all(&self.execution_id, &wf, vec![snap.clone()], "action_failed");
         self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
     }
 }

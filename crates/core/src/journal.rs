@@ -111,7 +111,10 @@ impl Journal {
             None => from,
         };
         self.repaired += len - keep;
-        tracing::warn!(dropped_bytes = len - keep, "repaired a torn last line in a journal");
+        tracing::warn!(
+            dropped_bytes = len - keep,
+            "repaired a torn last line in a journal"
+        );
         self.file.truncate(keep, self.durable)
     }
 }

@@ -20,6 +20,7 @@ pub mod confine;
 pub mod context;
 mod error;
 pub mod executor;
+pub mod failpoint;
 pub mod hash;
 pub mod journal;
 pub mod metrics;

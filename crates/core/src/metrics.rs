@@ -83,13 +83,41 @@ impl Metrics {
         let escape_attempts = Family::<Detection, Counter>::default();
         let checksum_mismatch = Counter::default();
         let duration: HistogramFamily = Family::new_with_constructor(duration_histogram);
-        registry.register("ailab_sandbox_mutations", "Sandbox mutations by intent and result", mutations.clone());
-        registry.register("ailab_sandbox_rollbacks", "Rollbacks by reason", rollbacks.clone());
-        registry.register("ailab_sandbox_policy_denied", "Actions denied by governance", policy_denied.clone());
-        registry.register("ailab_sandbox_artifacts", "Artifacts in the registry", artifacts.clone());
-        registry.register("ailab_sandbox_escape_attempts", "Attempts to reach outside a sandbox root", escape_attempts.clone());
-        registry.register("ailab_sandbox_checksum_mismatch", "Restores whose checksum did not match", checksum_mismatch.clone());
-        registry.register("ailab_sandbox_mutation_duration_seconds", "Time to execute one mutation", duration.clone());
+        registry.register(
+            "ailab_sandbox_mutations",
+            "Sandbox mutations by intent and result",
+            mutations.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_rollbacks",
+            "Rollbacks by reason",
+            rollbacks.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_policy_denied",
+            "Actions denied by governance",
+            policy_denied.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_artifacts",
+            "Artifacts in the registry",
+            artifacts.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_escape_attempts",
+            "Attempts to reach outside a sandbox root",
+            escape_attempts.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_checksum_mismatch",
+            "Restores whose checksum did not match",
+            checksum_mismatch.clone(),
+        );
+        registry.register(
+            "ailab_sandbox_mutation_duration_seconds",
+            "Time to execute one mutation",
+            duration.clone(),
+        );
         Self {
             registry,
             mutations,

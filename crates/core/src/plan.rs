@@ -101,7 +101,8 @@ pub fn is_valid_id(id: &str) -> bool {
     !b.is_empty()
         && b.len() <= 64
         && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
 /// Refuses an id that could not be a folder name.
@@ -137,7 +138,10 @@ pub fn new_execution_id() -> String {
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.
 pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     serde_json::from_slice(json).map_err(|e| {
-        Refusal::new(ReasonCode::InvalidPlan, format!("the plan is not valid: {e}"))
+        Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!("the plan is not valid: {e}"),
+        )
     })
 }
 
@@ -156,12 +160,18 @@ impl Plan {
             check_id("parent_workflow_id", p)?;
         }
         if self.actions.is_empty() {
-            return Err(Refusal::new(ReasonCode::InvalidPlan, "the plan has no actions; give at least one"));
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                "the plan has no actions; give at least one",
+            ));
         }
         if self.actions.len() > MAX_ACTIONS_PER_PLAN {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
-                format!("the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed", self.actions.len()),
+                format!(
+                    "the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed",
+                    self.actions.len()
+                ),
             ));
         }
         let mut seen = HashSet::new();
@@ -177,7 +187,10 @@ impl Plan {
             if !seen.insert(id.clone()) {
                 return Err(Refusal::new(
                     ReasonCode::InvalidPlan,
-                    format!("action_id {} appears twice in the plan; each action needs its own id", shown_path(&id)),
+                    format!(
+                        "action_id {} appears twice in the plan; each action needs its own id",
+                        shown_path(&id)
+                    ),
                 ));
             }
             a.action_id = Some(id);
@@ -235,7 +248,12 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
 /// The bytes an operation leaves at its target, given what is there now (`current`,
 /// `None` when missing). Checks the operation's preconditions (`already_exists`,
 /// `not_found`, `edit_not_found`, `edit_ambiguous`). `None` for `create_directory`.
-pub fn render(op: &Operation, a: &Action, ext: &str, current: Option<&[u8]>) -> Verdict<Option<Vec<u8>>> {
+pub fn render(
+    op: &Operation,
+    a: &Action,
+    ext: &str,
+    current: Option<&[u8]>,
+) -> Verdict<Option<Vec<u8>>> {
     let shown = shown_path(&a.path);
     let content = || a.content.clone().unwrap_or_default().into_bytes();
     let data = || a.data.clone().unwrap_or(serde_json::Value::Null);
@@ -245,7 +263,9 @@ pub fn render(op: &Operation, a: &Action, ext: &str, current: Option<&[u8]>) -> 
             if current.is_some() {
                 return Err(Refusal::new(
                     ReasonCode::AlreadyExists,
-                    format!("{shown} already exists; create_file never overwrites (use replace_file)"),
+                    format!(
+                        "{shown} already exists; create_file never overwrites (use replace_file)"
+                    ),
                 ));
             }
             content()
@@ -254,7 +274,9 @@ pub fn render(op: &Operation, a: &Action, ext: &str, current: Option<&[u8]>) -> 
             if current.is_none() {
                 return Err(Refusal::new(
                     ReasonCode::NotFound,
-                    format!("{shown} does not exist; replace_file needs an existing file (use create_file)"),
+                    format!(
+                        "{shown} does not exist; replace_file needs an existing file (use create_file)"
+                    ),
                 ));
             }
             content()
@@ -301,28 +323,42 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
         ));
     };
     if edits.is_empty() {
-        return Err(Refusal::new(ReasonCode::InvalidPlan, "sandbox_transform needs at least one edit"));
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            "sandbox_transform needs at least one edit",
+        ));
     }
     let mut text = text.to_owned();
     for (i, e) in edits.iter().enumerate() {
         if e.old.is_empty() {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
-                format!("edit {} has an empty 'old'; give the exact text to replace", i + 1),
+                format!(
+                    "edit {} has an empty 'old'; give the exact text to replace",
+                    i + 1
+                ),
             ));
         }
         let mut hits = text.match_indices(&e.old);
         let Some((at, _)) = hits.next() else {
             return Err(Refusal::new(
                 ReasonCode::EditNotFound,
-                format!("edit {}: the text {} does not occur in {shown}", i + 1, shown_path(&e.old)),
+                format!(
+                    "edit {}: the text {} does not occur in {shown}",
+                    i + 1,
+                    shown_path(&e.old)
+                ),
             ));
         };
         if hits.next().is_some() {
             let n = text.matches(&e.old).count();
             return Err(Refusal::new(
                 ReasonCode::EditAmbiguous,
-                format!("edit {}: the text {} occurs {n} times in {shown}; it must occur exactly once, so include more context", i + 1, shown_path(&e.old)),
+                format!(
+                    "edit {}: the text {} occurs {n} times in {shown}; it must occur exactly once, so include more context",
+                    i + 1,
+                    shown_path(&e.old)
+                ),
             ));
         }
         text.replace_range(at..at + e.old.len(), &e.new);
@@ -351,7 +387,10 @@ fn to_yaml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 
 fn to_toml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
     if !v.is_object() {
-        return Err(serialize_error("TOML", "a TOML document must be an object at the top"));
+        return Err(serialize_error(
+            "TOML",
+            "a TOML document must be an object at the top",
+        ));
     }
     if contains_null(v) {
         return Err(serialize_error("TOML", "TOML has no null"));
@@ -374,7 +413,10 @@ fn contains_null(v: &serde_json::Value) -> bool {
 fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
     use serde_json::Value;
     let Value::Object(top) = v else {
-        return Err(serialize_error("INI", "an INI document must be an object at the top"));
+        return Err(serialize_error(
+            "INI",
+            "an INI document must be an object at the top",
+        ));
     };
     let scalar = |key: &str, v: &Value| -> Verdict<String> {
         let s = match v {
@@ -382,10 +424,18 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             Value::Number(n) => n.to_string(),
             Value::Bool(b) => b.to_string(),
             Value::Null => String::new(),
-            _ => return Err(serialize_error("INI", format!("'{key}' is nested too deep; INI holds sections of plain values"))),
+            _ => {
+                return Err(serialize_error(
+                    "INI",
+                    format!("'{key}' is nested too deep; INI holds sections of plain values"),
+                ));
+            }
         };
         if s.contains(['\n', '\r']) || key.contains(['\n', '\r', '=', '[', ']']) {
-            return Err(serialize_error("INI", format!("'{key}' has a line break or reserved character")));
+            return Err(serialize_error(
+                "INI",
+                format!("'{key}' has a line break or reserved character"),
+            ));
         }
         Ok(format!("{key} = {s}\n"))
     };
@@ -396,7 +446,10 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
     for (k, v) in top.iter() {
         if let Value::Object(section) = v {
             if k.contains(['\n', '\r', '[', ']']) {
-                return Err(serialize_error("INI", format!("section name '{k}' has a reserved character")));
+                return Err(serialize_error(
+                    "INI",
+                    format!("section name '{k}' has a reserved character"),
+                ));
             }
             if !out.is_empty() {
                 out.push('\n');

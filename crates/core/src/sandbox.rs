@@ -2,7 +2,9 @@
 //! and offers every operation of SPEC §6–10 as a synchronous call.
 
 use crate::artifact::{ArtifactEntry, ArtifactRegistry};
-use crate::audit::{AuditLog, AuditRecord, AuditStats, AuditStatus, SandboxAuditEntry, VerifyReport};
+use crate::audit::{
+    AuditLog, AuditRecord, AuditStats, AuditStatus, SandboxAuditEntry, VerifyReport,
+};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::clock::{Clock, SystemClock, timestamp};
 use crate::config::{Config, DEFAULT_STATE_DIR};
@@ -37,6 +39,7 @@ pub struct Sandbox {
     pub(crate) audit: AuditLog,
     pub(crate) metrics: Metrics,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) failpoints: crate::failpoint::FailPoints,
 }
 
 /// `check`'s answer.
@@ -262,7 +265,8 @@ impl Sandbox {
             }
         }
         let durable = config.durability.is_strict();
-        let registry = ArtifactRegistry::open(&state, durable).map_err(Error::io("open the artifact registry"))?;
+        let registry = ArtifactRegistry::open(&state, durable)
+            .map_err(Error::io("open the artifact registry"))?;
         let audit = AuditLog::open(&state, durable).map_err(Error::io("open the audit log"))?;
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
@@ -270,8 +274,13 @@ impl Sandbox {
         for root in &roots {
             match remove_temp_files(root.dir(), depth) {
                 Ok(0) => {}
-                Ok(n) => notices.push(format!("removed {n} leftover temporary files under {}", root.path().display())),
-                Err(e) => tracing::warn!(root = %root.path().display(), error = %e, "could not scan for leftover temporary files"),
+                Ok(n) => notices.push(format!(
+                    "removed {n} leftover temporary files under {}",
+                    root.path().display()
+                )),
+                Err(e) => {
+                    tracing::warn!(root = %root.path().display(), error = %e, "could not scan for leftover temporary files")
+                }
             }
         }
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
@@ -286,7 +295,23 @@ impl Sandbox {
             audit,
             metrics,
             clock,
+            failpoints: crate::failpoint::FailPoints::default(),
         })
+    }
+
+    /// Failure injection, for crash-consistency tests.
+    pub fn failpoints(&self) -> &crate::failpoint::FailPoints {
+        &self.failpoints
+    }
+
+    pub(crate) fn fail_at(&self, point: &str) -> Verdict {
+        if self.failpoints.hit(point) {
+            return Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("injected failure at {point}"),
+            ));
+        }
+        Ok(())
     }
 
     /// The configuration in force.
@@ -360,7 +385,11 @@ impl Sandbox {
             phase: self.config.phase.clone(),
             executor_enabled: self.config.enable_write,
             dry_run: self.config.dry_run,
-            sandbox_roots: self.root_paths.iter().map(|p| p.display().to_string()).collect(),
+            sandbox_roots: self
+                .root_paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
             skipped_roots: self.skipped_roots.clone(),
             state_dir: self.state.path().display().to_string(),
             durability: self.config.durability,
@@ -373,7 +402,14 @@ impl Sandbox {
     }
 
     /// Governance verdict only (`check`): no write, no audit.
-    pub fn check(&self, intent: &str, path: &str, description: Option<&str>, size: u64, root: Option<&str>) -> CheckVerdict {
+    pub fn check(
+        &self,
+        intent: &str,
+        path: &str,
+        description: Option<&str>,
+        size: u64,
+        root: Option<&str>,
+    ) -> CheckVerdict {
         let req = GovernanceRequest {
             intent,
             path,
@@ -405,8 +441,13 @@ impl Sandbox {
     }
 
     fn resolve_read(&self, path: &str, root: Option<&str>) -> Verdict<(usize, RelPath)> {
-        let r = resolve_sandbox_path(path, &self.root_paths, root, self.config.limits.max_path_depth)
-            .inspect_err(|r| self.metrics.denied("read_file", r.reason_code))?;
+        let r = resolve_sandbox_path(
+            path,
+            &self.root_paths,
+            root,
+            self.config.limits.max_path_depth,
+        )
+        .inspect_err(|r| self.metrics.denied("read_file", r.reason_code))?;
         check_reserved(&r.rel)?;
         Ok((r.root_index, r.rel))
     }
@@ -440,8 +481,15 @@ impl Sandbox {
     pub fn get_file_info(&self, path: &str, root: Option<&str>) -> Verdict<FileInfo> {
         let (i, rel) = self.resolve_read(path, root)?;
         let info = self.roots[i].inspect(&rel)?;
-        let abs = join_display(&self.root_paths[i], &rel).display().to_string();
-        let artifact_id = self.registry.latest_for_path(&abs).ok().flatten().map(|a| a.artifact_id);
+        let abs = join_display(&self.root_paths[i], &rel)
+            .display()
+            .to_string();
+        let artifact_id = self
+            .registry
+            .latest_for_path(&abs)
+            .ok()
+            .flatten()
+            .map(|a| a.artifact_id);
         Ok(match info.kind {
             TargetKind::File { size, .. } => {
                 let bytes = self.roots[i].read_file(&rel, MAX_SNAPSHOT_BYTES)?;
@@ -471,8 +519,14 @@ impl Sandbox {
     }
 
     /// Newest audit entries.
-    pub fn audit_entries(&self, limit: usize, workflow_id: Option<&str>) -> Result<Vec<SandboxAuditEntry>, Error> {
-        self.audit.list(limit, workflow_id).map_err(Error::io("read the audit log"))
+    pub fn audit_entries(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<SandboxAuditEntry>, Error> {
+        self.audit
+            .list(limit, workflow_id)
+            .map_err(Error::io("read the audit log"))
     }
 
     /// Audit statistics.
@@ -486,21 +540,39 @@ impl Sandbox {
     }
 
     /// Newest artifacts.
-    pub fn artifacts(&self, limit: usize, workflow_id: Option<&str>) -> Result<Vec<ArtifactEntry>, Error> {
-        self.registry.list(limit, workflow_id).map_err(Error::io("read the artifact registry"))
+    pub fn artifacts(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<ArtifactEntry>, Error> {
+        self.registry
+            .list(limit, workflow_id)
+            .map_err(Error::io("read the artifact registry"))
     }
 
     /// One artifact and its lineage (nearest ancestor first).
-    pub fn artifact_with_lineage(&self, id: &str) -> Result<Option<(ArtifactEntry, Vec<ArtifactEntry>)>, Error> {
-        let Some(a) = self.registry.get(id).map_err(Error::io("read the artifact registry"))? else {
+    pub fn artifact_with_lineage(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ArtifactEntry, Vec<ArtifactEntry>)>, Error> {
+        let Some(a) = self
+            .registry
+            .get(id)
+            .map_err(Error::io("read the artifact registry"))?
+        else {
             return Ok(None);
         };
-        let lineage = self.registry.get_lineage(id).map_err(Error::io("read the artifact registry"))?;
+        let lineage = self
+            .registry
+            .get_lineage(id)
+            .map_err(Error::io("read the artifact registry"))?;
         Ok(Some((a, lineage)))
     }
 
     pub(crate) fn abs_path(&self, root_index: usize, rel: &RelPath) -> String {
-        join_display(&self.root_paths[root_index], rel).display().to_string()
+        join_display(&self.root_paths[root_index], rel)
+            .display()
+            .to_string()
     }
 
     fn root_index_of(&self, root: &str) -> Option<usize> {
@@ -508,7 +580,10 @@ impl Sandbox {
     }
 
     /// Every snapshot of a workflow across roots, oldest first, with its root.
-    pub(crate) fn workflow_snapshots(&self, workflow_id: &str) -> Verdict<Vec<(usize, StoredSnapshot)>> {
+    pub(crate) fn workflow_snapshots(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Vec<(usize, StoredSnapshot)>> {
         let mut all = Vec::new();
         for (i, root) in self.roots.iter().enumerate() {
             for s in Snapshotter::load_workflow(root, workflow_id)? {
@@ -521,7 +596,11 @@ impl Sandbox {
 
     /// Files a rollback would overwrite although they changed since the action.
     /// `snaps` is oldest first.
-    pub(crate) fn find_conflicts(&self, workflow_id: &str, snaps: &[(usize, StoredSnapshot)]) -> Vec<Conflict> {
+    pub(crate) fn find_conflicts(
+        &self,
+        workflow_id: &str,
+        snaps: &[(usize, StoredSnapshot)],
+    ) -> Vec<Conflict> {
         let mut out = Vec::new();
         // Restoring newest first, each path is only compared with the newest action that
         // wrote it: older actions' results are what the newer snapshots restore.
@@ -537,7 +616,10 @@ impl Sandbox {
             };
             let current = match self.roots[*i].inspect(&rel) {
                 Ok(info) => match info.kind {
-                    TargetKind::File { .. } => self.roots[*i].read_file(&rel, MAX_SNAPSHOT_BYTES).ok().map(|b| sha256_hex(&b)),
+                    TargetKind::File { .. } => self.roots[*i]
+                        .read_file(&rel, MAX_SNAPSHOT_BYTES)
+                        .ok()
+                        .map(|b| sha256_hex(&b)),
                     _ => None,
                 },
                 Err(_) => Some("unreadable".to_owned()),
@@ -603,7 +685,13 @@ impl Sandbox {
         }
         let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
             Ok(l) => l,
-            Err(e) => return refused(ReasonCode::IoError, format!("could not lock the workflow: {}", e.kind()), Vec::new()),
+            Err(e) => {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not lock the workflow: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
         };
         let snaps = match self.workflow_snapshots(workflow_id) {
             Ok(s) => s,
@@ -611,35 +699,66 @@ impl Sandbox {
         };
         let mut chosen: Vec<_> = snaps
             .into_iter()
-            .filter(|(_, s)| opts.action_id.as_deref().is_none_or(|a| a == s.meta.action_id))
+            .filter(|(_, s)| {
+                opts.action_id
+                    .as_deref()
+                    .is_none_or(|a| a == s.meta.action_id)
+            })
             .collect();
         if chosen.is_empty() {
             let what = match &opts.action_id {
-                Some(a) => format!("action {} of workflow {}", shown_path(a), shown_path(workflow_id)),
+                Some(a) => format!(
+                    "action {} of workflow {}",
+                    shown_path(a),
+                    shown_path(workflow_id)
+                ),
                 None => format!("workflow {}", shown_path(workflow_id)),
             };
-            return refused(ReasonCode::NoRollbackData, format!("there are no snapshots for {what}; nothing can be rolled back"), Vec::new());
+            return refused(
+                ReasonCode::NoRollbackData,
+                format!("there are no snapshots for {what}; nothing can be rolled back"),
+                Vec::new(),
+            );
         }
         chosen.retain(|(_, s)| !s.restored);
         if chosen.is_empty() {
-            return refused(ReasonCode::NoRollbackData, format!("workflow {} was already rolled back", shown_path(workflow_id)), Vec::new());
+            return refused(
+                ReasonCode::NoRollbackData,
+                format!(
+                    "workflow {} was already rolled back",
+                    shown_path(workflow_id)
+                ),
+                Vec::new(),
+            );
         }
         let conflicts = self.find_conflicts(workflow_id, &chosen);
         if !conflicts.is_empty() && !opts.force {
             let files: Vec<_> = conflicts.iter().map(|c| c.path.clone()).collect();
             return refused(
                 ReasonCode::Conflict,
-                format!("these files changed after the workflow wrote them: {}; roll back with force to overwrite them", files.join(", ")),
+                format!(
+                    "these files changed after the workflow wrote them: {}; roll back with force to overwrite them",
+                    files.join(", ")
+                ),
                 conflicts,
             );
         }
         let execution_id = crate::plan::new_execution_id();
-        let steps = self.restore_all(&execution_id, workflow_id, chosen.into_iter().rev().collect(), "manual");
+        let steps = self.restore_all(
+            &execution_id,
+            workflow_id,
+            chosen.into_iter().rev().collect(),
+            "manual",
+        );
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         let failed = steps.iter().find(|s| !s.restored);
         RollbackReport {
             workflow_id: workflow_id.to_owned(),
-            status: if failed.is_some() { "failed" } else { "rolled_back" },
+            status: if failed.is_some() {
+                "failed"
+            } else {
+                "rolled_back"
+            },
             steps_rolled_back: n,
             reason_code: failed.and_then(|s| s.reason_code),
             reason: failed.and_then(|s| s.reason.clone()),
@@ -663,10 +782,15 @@ impl Sandbox {
             let meta = &s.meta;
             let abs = self.abs_path(i, &meta.target());
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
-                Ok(TargetKind::File { .. }) => root.read_file(&meta.target(), MAX_SNAPSHOT_BYTES).ok().map(|b| sha256_hex(&b)),
+                Ok(TargetKind::File { .. }) => root
+                    .read_file(&meta.target(), MAX_SNAPSHOT_BYTES)
+                    .ok()
+                    .map(|b| sha256_hex(&b)),
                 _ => None,
             };
-            let outcome = RollbackEngine::restore(root, meta, self.durable());
+            let outcome = self
+                .fail_at("during_restore")
+                .and_then(|()| RollbackEngine::restore(root, meta, self.durable()));
             let step = match outcome {
                 Ok(o) => {
                     let record = serde_json::json!({
@@ -674,7 +798,8 @@ impl Sandbox {
                         "execution_id": execution_id,
                         "restored_checksum": o.restored_checksum,
                     });
-                    if let Err(r) = Snapshotter::mark_restored(root, meta, &record, self.durable()) {
+                    if let Err(r) = Snapshotter::mark_restored(root, meta, &record, self.durable())
+                    {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
                     self.metrics.rollback(why);
@@ -717,7 +842,11 @@ impl Sandbox {
                 after_checksum: step.restored_checksum.clone(),
                 rollback_available: false,
                 rollback_path: Some(meta.rollback_path()),
-                status: if step.restored { AuditStatus::RolledBack } else { AuditStatus::Failed },
+                status: if step.restored {
+                    AuditStatus::RolledBack
+                } else {
+                    AuditStatus::Failed
+                },
                 reason_code: step.reason_code,
                 error: step.reason.clone(),
             });
@@ -732,7 +861,8 @@ impl Sandbox {
     /// Removes the snapshots of workflows whose newest snapshot is older than
     /// `older_than` and that no process is running now.
     pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
-        let cutoff = self.clock.now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        let cutoff = self.clock.now()
+            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
         let mut report = PruneReport::default();
         let mut ids: Vec<String> = Vec::new();
         for root in &self.roots {
@@ -790,11 +920,14 @@ fn inside_root(state_dir: &Path, root: &Path) -> Option<PathBuf> {
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
     match StateDir::open(&config.state_dir) {
         Ok(s) => Ok((s, None)),
-        Err(e) if !config.state_dir_explicit && config.state_dir == Path::new(DEFAULT_STATE_DIR) => {
-            let fallback = Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
-                path: config.state_dir.clone(),
-                source: e,
-            })?;
+        Err(e)
+            if !config.state_dir_explicit && config.state_dir == Path::new(DEFAULT_STATE_DIR) =>
+        {
+            let fallback =
+                Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
+                    path: config.state_dir.clone(),
+                    source: e,
+                })?;
             let s = StateDir::open(&fallback).map_err(|source| Error::StateDir {
                 path: fallback.clone(),
                 source,

@@ -104,7 +104,10 @@ pub struct StoredSnapshot {
 pub struct Snapshotter;
 
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
-    Refusal::new(ReasonCode::IoError, format!("could not {what} the snapshot: {}", e.kind()))
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("could not {what} the snapshot: {}", e.kind()),
+    )
 }
 
 fn rollback_dir(root: &SandboxRoot, create: bool) -> io::Result<Option<Dir>> {
@@ -127,7 +130,9 @@ fn open_or_create(dir: &Dir, name: &str, create: bool, mode: u32) -> io::Result<
 }
 
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
-    let Some(rb) = rollback_dir(root, false)? else { return Ok(None) };
+    let Some(rb) = rollback_dir(root, false)? else {
+        return Ok(None);
+    };
     let Some(wf) = open_or_create(&rb, workflow_id, false, SNAPSHOT_DIR_MODE)? else {
         return Ok(None);
     };
@@ -142,13 +147,25 @@ impl Snapshotter {
     }
 
     /// Writes backup and metadata, durable (when `durable`) before returning.
-    pub fn take(root: &SandboxRoot, meta: &SnapshotMeta, backup: Option<&[u8]>, durable: bool) -> Verdict<String> {
+    pub fn take(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        backup: Option<&[u8]>,
+        durable: bool,
+    ) -> Verdict<String> {
         let rb = rollback_dir(root, true)
             .map_err(|e| snap_io("create", &e))?
-            .ok_or_else(|| Refusal::new(ReasonCode::IoError, "could not create the .rollback folder"))?;
+            .ok_or_else(|| {
+                Refusal::new(ReasonCode::IoError, "could not create the .rollback folder")
+            })?;
         let wf = open_or_create(&rb, &meta.workflow_id, true, SNAPSHOT_DIR_MODE)
             .map_err(|e| snap_io("create", &e))?
-            .ok_or_else(|| Refusal::new(ReasonCode::IoError, "could not create the workflow's snapshot folder"))?;
+            .ok_or_else(|| {
+                Refusal::new(
+                    ReasonCode::IoError,
+                    "could not create the workflow's snapshot folder",
+                )
+            })?;
         let mut b = DirBuilder::new();
         b.mode(SNAPSHOT_DIR_MODE);
         match wf.create_dir_with(&meta.action_id, &b) {
@@ -165,14 +182,19 @@ impl Snapshotter {
             }
             Err(e) => return Err(snap_io("create", &e)),
         }
-        let dir = wf.open_dir_nofollow(&meta.action_id).map_err(|e| snap_io("open", &e))?;
+        let dir = wf
+            .open_dir_nofollow(&meta.action_id)
+            .map_err(|e| snap_io("open", &e))?;
         if let Some(bytes) = backup {
-            write_atomic_in(&dir, BACKUP_FILE, bytes, 0o600, true, durable).map_err(|e| snap_io("write", &e))?;
+            write_atomic_in(&dir, BACKUP_FILE, bytes, 0o600, true, durable)
+                .map_err(|e| snap_io("write", &e))?;
         }
-        let json = serde_json::to_vec_pretty(meta).map_err(|e| snap_io("encode", &io::Error::other(e)))?;
+        let json =
+            serde_json::to_vec_pretty(meta).map_err(|e| snap_io("encode", &io::Error::other(e)))?;
         // The metadata is written last: a snapshot folder without it is an incomplete
         // snapshot of an action that never touched its target.
-        write_atomic_in(&dir, META_FILE, &json, 0o600, true, durable).map_err(|e| snap_io("write", &e))?;
+        write_atomic_in(&dir, META_FILE, &json, 0o600, true, durable)
+            .map_err(|e| snap_io("write", &e))?;
         if durable {
             sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
             sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
@@ -181,13 +203,25 @@ impl Snapshotter {
     }
 
     /// Loads one snapshot; `None` when it does not exist or is incomplete.
-    pub fn load(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> Verdict<Option<StoredSnapshot>> {
-        let Some(dir) = snapshot_dir(root, workflow_id, action_id).map_err(|e| snap_io("open", &e))? else {
+    pub fn load(
+        root: &SandboxRoot,
+        workflow_id: &str,
+        action_id: &str,
+    ) -> Verdict<Option<StoredSnapshot>> {
+        let Some(dir) =
+            snapshot_dir(root, workflow_id, action_id).map_err(|e| snap_io("open", &e))?
+        else {
             return Ok(None);
         };
         let meta = match read_regular(&dir, META_FILE, 1 << 20) {
             Ok(b) => serde_json::from_slice::<SnapshotMeta>(&b).map_err(|e| {
-                Refusal::new(ReasonCode::ChecksumMismatch, format!("the snapshot metadata of {} is damaged: {e}", shown_path(action_id)))
+                Refusal::new(
+                    ReasonCode::ChecksumMismatch,
+                    format!(
+                        "the snapshot metadata of {} is damaged: {e}",
+                        shown_path(action_id)
+                    ),
+                )
             })?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(snap_io("read", &e)),
@@ -211,7 +245,9 @@ impl Snapshotter {
         let mut out = Vec::new();
         for entry in wf.entries().map_err(|e| snap_io("list", &e))? {
             let entry = entry.map_err(|e| snap_io("list", &e))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
             if let Some(s) = Self::load(root, workflow_id, &name)? {
                 out.push(s);
             }
@@ -224,19 +260,37 @@ impl Snapshotter {
     pub fn read_backup(root: &SandboxRoot, meta: &SnapshotMeta) -> Verdict<Vec<u8>> {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
             .map_err(|e| snap_io("open", &e))?
-            .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, format!("the snapshot of {} is gone", shown_path(&meta.action_id))))?;
+            .ok_or_else(|| {
+                Refusal::new(
+                    ReasonCode::NoRollbackData,
+                    format!("the snapshot of {} is gone", shown_path(&meta.action_id)),
+                )
+            })?;
         read_regular(&dir, BACKUP_FILE, MAX_SNAPSHOT_BYTES).map_err(|e| {
-            Refusal::new(ReasonCode::NoRollbackData, format!("the backup of {} cannot be read: {}", shown_path(&meta.original_path), e.kind()))
+            Refusal::new(
+                ReasonCode::NoRollbackData,
+                format!(
+                    "the backup of {} cannot be read: {}",
+                    shown_path(&meta.original_path),
+                    e.kind()
+                ),
+            )
         })
     }
 
     /// Records that a snapshot was restored, so it is not restored twice.
-    pub fn mark_restored(root: &SandboxRoot, meta: &SnapshotMeta, record: &serde_json::Value, durable: bool) -> Verdict {
+    pub fn mark_restored(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        record: &serde_json::Value,
+        durable: bool,
+    ) -> Verdict {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
             .map_err(|e| snap_io("open", &e))?
             .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
         let bytes = serde_json::to_vec(record).unwrap_or_default();
-        write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable).map_err(|e| snap_io("mark", &e))
+        write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable)
+            .map_err(|e| snap_io("mark", &e))
     }
 
     /// Workflow ids that have snapshots in a root.
@@ -262,7 +316,8 @@ impl Snapshotter {
         let Some(rb) = rollback_dir(root, false).map_err(|e| snap_io("open", &e))? else {
             return Ok(());
         };
-        rb.remove_dir_all(workflow_id).map_err(|e| snap_io("remove", &e))
+        rb.remove_dir_all(workflow_id)
+            .map_err(|e| snap_io("remove", &e))
     }
 }
 
@@ -282,7 +337,11 @@ pub struct RollbackEngine;
 impl RollbackEngine {
     /// Puts the original back: rewrites a file from its backup (atomically), or removes
     /// what the action created, then verifies by hashing.
-    pub fn restore(root: &SandboxRoot, meta: &SnapshotMeta, durable: bool) -> Verdict<RestoreOutcome> {
+    pub fn restore(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        durable: bool,
+    ) -> Verdict<RestoreOutcome> {
         let rel = meta.target();
         match meta.kind {
             SnapshotKind::File => {
@@ -291,7 +350,10 @@ impl RollbackEngine {
                 if sha256_hex(&bytes) != expected {
                     return Err(Refusal::new(
                         ReasonCode::ChecksumMismatch,
-                        format!("the backup of {} does not match its recorded SHA-256; it was damaged", shown_path(&meta.original_path)),
+                        format!(
+                            "the backup of {} does not match its recorded SHA-256; it was damaged",
+                            shown_path(&meta.original_path)
+                        ),
                     ));
                 }
                 let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
@@ -301,7 +363,10 @@ impl RollbackEngine {
                 if restored != expected {
                     return Err(Refusal::new(
                         ReasonCode::ChecksumMismatch,
-                        format!("{} reads back with SHA-256 {restored}, not the snapshot's {expected}", shown_path(&meta.original_path)),
+                        format!(
+                            "{} reads back with SHA-256 {restored}, not the snapshot's {expected}",
+                            shown_path(&meta.original_path)
+                        ),
                     ));
                 }
                 Ok(RestoreOutcome {
@@ -316,7 +381,10 @@ impl RollbackEngine {
                         if !root.remove_empty_dir(&rel, durable)? {
                             return Err(Refusal::new(
                                 ReasonCode::Conflict,
-                                format!("{} is a directory that is no longer empty; it was left in place", shown_path(&meta.original_path)),
+                                format!(
+                                    "{} is a directory that is no longer empty; it was left in place",
+                                    shown_path(&meta.original_path)
+                                ),
                             ));
                         }
                     }
@@ -345,4 +413,3 @@ impl RollbackEngine {
         }
     }
 }
-

@@ -79,7 +79,10 @@ pub struct IllegalTransition {
 }
 
 /// Applies a transition, refusing illegal ones.
-pub fn transition(from: WorkflowState, to: WorkflowState) -> Result<WorkflowState, IllegalTransition> {
+pub fn transition(
+    from: WorkflowState,
+    to: WorkflowState,
+) -> Result<WorkflowState, IllegalTransition> {
     if from.can_transition(to) {
         Ok(to)
     } else {

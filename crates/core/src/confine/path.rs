@@ -80,7 +80,9 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
     if path.contains('\0') {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
-            format!("the path {shown} contains a NUL byte; paths may not contain control characters"),
+            format!(
+                "the path {shown} contains a NUL byte; paths may not contain control characters"
+            ),
         ));
     }
     if path.chars().any(|c| c.is_control()) {
@@ -92,7 +94,9 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
     if path.starts_with('~') {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
-            format!("the path {shown} starts with '~'; home-directory expansion is never done, give a path relative to a sandbox root"),
+            format!(
+                "the path {shown} starts with '~'; home-directory expansion is never done, give a path relative to a sandbox root"
+            ),
         ));
     }
     if path.contains('\\') {
@@ -107,7 +111,9 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
             ".." => {
                 return Err(Refusal::new(
                     ReasonCode::PathTraversal,
-                    format!("the path {shown} contains a '..' component; paths must stay inside the sandbox root"),
+                    format!(
+                        "the path {shown} contains a '..' component; paths must stay inside the sandbox root"
+                    ),
                 ));
             }
             "." => {
@@ -119,7 +125,9 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
             "" => {
                 return Err(Refusal::new(
                     ReasonCode::PathTraversal,
-                    format!("the path {shown} has an empty component ('//' or a trailing '/'); write each directory once"),
+                    format!(
+                        "the path {shown} has an empty component ('//' or a trailing '/'); write each directory once"
+                    ),
                 ));
             }
             _ => {}
@@ -314,15 +322,51 @@ pub struct ExtensionPolicy {
 
 /// Default allow-list.
 pub const DEFAULT_ALLOWED_EXTENSIONS: [&str; 25] = [
-    ".txt", ".md", ".markdown", ".rst", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".ini",
-    ".cfg", ".conf", ".csv", ".tsv", ".log", ".xml", ".html", ".css", ".js", ".ts", ".py", ".sh",
-    ".sql", ".diff", ".patch",
+    ".txt",
+    ".md",
+    ".markdown",
+    ".rst",
+    ".json",
+    ".jsonl",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".ini",
+    ".cfg",
+    ".conf",
+    ".csv",
+    ".tsv",
+    ".log",
+    ".xml",
+    ".html",
+    ".css",
+    ".js",
+    ".ts",
+    ".py",
+    ".sh",
+    ".sql",
+    ".diff",
+    ".patch",
 ];
 
 /// Default block-list: systemd unit types and loadable binaries.
 pub const DEFAULT_BLOCKED_EXTENSIONS: [&str; 16] = [
-    ".service", ".socket", ".device", ".mount", ".automount", ".swap", ".target", ".path",
-    ".timer", ".slice", ".scope", ".so", ".dll", ".dylib", ".exe", ".ko",
+    ".service",
+    ".socket",
+    ".device",
+    ".mount",
+    ".automount",
+    ".swap",
+    ".target",
+    ".path",
+    ".timer",
+    ".slice",
+    ".scope",
+    ".so",
+    ".dll",
+    ".dylib",
+    ".exe",
+    ".ko",
 ];
 
 impl Default for ExtensionPolicy {
@@ -337,7 +381,11 @@ impl ExtensionPolicy {
     pub fn new(allowed: Option<&[String]>, extra_blocked: &[String]) -> Self {
         let norm = |e: &str| {
             let e = e.trim_end_matches(['.', ' ']).to_ascii_lowercase();
-            if e.starts_with('.') { e } else { format!(".{e}") }
+            if e.starts_with('.') {
+                e
+            } else {
+                format!(".{e}")
+            }
         };
         let allowed = match allowed {
             Some(list) => list.iter().map(|e| norm(e)).collect(),

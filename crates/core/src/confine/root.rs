@@ -179,7 +179,12 @@ impl SandboxRoot {
     /// Opens the directory that holds `rel`, walking each parent without following
     /// symlinks. With `create`, missing parents are made (mode 0755) and their
     /// components returned, outermost first.
-    pub fn open_parent(&self, rel: &RelPath, create: bool, durable: bool) -> Verdict<(Dir, Vec<String>)> {
+    pub fn open_parent(
+        &self,
+        rel: &RelPath,
+        create: bool,
+        durable: bool,
+    ) -> Verdict<(Dir, Vec<String>)> {
         let comps = rel.components();
         let mut dir = self.clone_root()?;
         let mut created = Vec::new();
@@ -208,7 +213,10 @@ impl SandboxRoot {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     return Err(Refusal::new(
                         ReasonCode::NotFound,
-                        format!("the directory {} does not exist", shown_path(&comps[..=i].join("/"))),
+                        format!(
+                            "the directory {} does not exist",
+                            shown_path(&comps[..=i].join("/"))
+                        ),
                     ));
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
@@ -268,7 +276,10 @@ impl SandboxRoot {
                 if !m.is_dir() {
                     return Err(Refusal::new(
                         ReasonCode::AlreadyExists,
-                        format!("{} exists and is not a directory", shown_path(&rel.as_string())),
+                        format!(
+                            "{} exists and is not a directory",
+                            shown_path(&rel.as_string())
+                        ),
                     ));
                 }
             }
@@ -286,11 +297,16 @@ impl SandboxRoot {
             Err(r) => return Err(r),
         };
         match dir.symlink_metadata(rel.file_name()) {
-            Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(rel.components())),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(self.symlink_refusal(rel.components()));
+            }
             Ok(m) if m.is_dir() => {
                 return Err(Refusal::new(
                     ReasonCode::NotRegularFile,
-                    format!("{} is a directory, not a file", shown_path(&rel.as_string())),
+                    format!(
+                        "{} is a directory, not a file",
+                        shown_path(&rel.as_string())
+                    ),
                 ));
             }
             Ok(_) => {}
@@ -347,7 +363,10 @@ impl SandboxRoot {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         return Err(Refusal::new(
                             ReasonCode::NotFound,
-                            format!("the directory {} does not exist", shown_path(&rel.as_string())),
+                            format!(
+                                "the directory {} does not exist",
+                                shown_path(&rel.as_string())
+                            ),
                         ));
                     }
                     Err(e) => return Err(io_refusal("inspect", full, &e)),
@@ -414,7 +433,10 @@ impl SandboxRoot {
                 self.symlink_refusal(rel.components())
             }
             _ if is_escape_error(&e) => self.symlink_refusal(rel.components()),
-            _ => match e.get_ref().and_then(|inner| inner.downcast_ref::<Refusal>()) {
+            _ => match e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<Refusal>())
+            {
                 Some(r) => r.clone(),
                 None => io_refusal("write", rel.components(), &e),
             },
@@ -427,11 +449,15 @@ impl SandboxRoot {
         let shown = shown_path(&comps.join("/"));
         let escape = Refusal::new(
             ReasonCode::SymlinkEscape,
-            format!("{shown} is a symbolic link that leads outside the sandbox root; symlinks are never followed for writes"),
+            format!(
+                "{shown} is a symbolic link that leads outside the sandbox root; symlinks are never followed for writes"
+            ),
         );
         let inside = Refusal::new(
             ReasonCode::SymlinkRefused,
-            format!("{shown} is a symbolic link; symlinks are never followed for writes, even inside the sandbox"),
+            format!(
+                "{shown} is a symbolic link; symlinks are never followed for writes, even inside the sandbox"
+            ),
         );
         let mut current: Vec<String> = comps.to_vec();
         for _ in 0..SYMLINK_HOPS {
@@ -495,7 +521,10 @@ pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
             return Err(io::Error::other(Refusal::new(
                 ReasonCode::NotRegularFile,
-                format!("{} is a socket or device, not a regular file", shown_path(name)),
+                format!(
+                    "{} is a socket or device, not a regular file",
+                    shown_path(name)
+                ),
             )));
         }
         Err(e) => return Err(e),
@@ -516,11 +545,25 @@ pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
     if meta.len() > limit {
         return Err(io::Error::other(Refusal::new(
             ReasonCode::SizeExceeded,
-            format!("{} is {} bytes; at most {limit} bytes are read", shown_path(name), meta.len()),
+            format!(
+                "{} is {} bytes; at most {limit} bytes are read",
+                shown_path(name),
+                meta.len()
+            ),
         )));
     }
     let mut buf = Vec::with_capacity(meta.len() as usize);
-    file.take(limit + 1).read_to_end(&mut buf)?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
+    // The file may have grown since the size check: one byte past the limit is enough to know.
+    if buf.len() as u64 > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} grew past {limit} bytes while being read",
+                shown_path(name)
+            ),
+        )));
+    }
     Ok(buf)
 }
 

@@ -7,21 +7,102 @@ struct Pattern {
     matches: fn(&str, &[&str]) -> bool,
 }
 
-const SYMBOLIC_EXEC_MODES: [&str; 9] = ["+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx"];
+const SYMBOLIC_EXEC_MODES: [&str; 9] = [
+    "+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx",
+];
 
 const PATTERNS: [Pattern; 12] = [
-    Pattern { name: "chmod +x (symbolic mode)", matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")) },
-    Pattern { name: "chmod with an octal mode (755, 775, 777, 0755…)", matches: |_, w| after_word(w, "chmod", is_octal_mode) },
-    Pattern { name: "a chmod command", matches: |_, w| w.contains(&"chmod") },
-    Pattern { name: "a chmod call (os.chmod, fs.chmodSync, Path.chmod…)", matches: |t, _| t.contains("chmod(") || t.contains("chmodsync") || t.contains("fchmod") || t.contains("lchmod") },
-    Pattern { name: "set_permissions / setPosixFilePermissions", matches: |t, _| t.contains("set_permissions") || t.contains("setposixfilepermissions") || t.contains("setexecutable(") },
-    Pattern { name: "'+x' or a symbolic execute mode", matches: |_, w| w.iter().any(|x| SYMBOLIC_EXEC_MODES.contains(x)) },
-    Pattern { name: "make executable", matches: |t, _| ["make executable", "make it executable", "make the file executable", "make the script executable", "make this executable", "mark executable", "mark as executable", "mark it executable", "make runnable"].iter().any(|p| t.contains(p)) },
-    Pattern { name: "set the executable bit", matches: |t, w| ["executable bit", "execute bit", "exec bit", "executable flag", "execute permission", "executable permission", "exec permission"].iter().any(|p| t.contains(p)) || has_x_bit(w) },
-    Pattern { name: "stat.S_IX* mode constants", matches: |t, _| ["s_ixusr", "s_ixgrp", "s_ixoth", "s_irwxu"].iter().any(|p| t.contains(p)) },
-    Pattern { name: "an octal literal with execute bits (0o755, 0o777…)", matches: |_, w| w.iter().any(|x| is_octal_literal_with_exec(x)) },
-    Pattern { name: "install -m MODE", matches: |_, w| w.windows(2).any(|p| p[0] == "install" && p[1].starts_with("-m")) },
-    Pattern { name: "setfacl / chattr", matches: |_, w| w.contains(&"setfacl") || w.contains(&"chattr") },
+    Pattern {
+        name: "chmod +x (symbolic mode)",
+        matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
+    },
+    Pattern {
+        name: "chmod with an octal mode (755, 775, 777, 0755…)",
+        matches: |_, w| after_word(w, "chmod", is_octal_mode),
+    },
+    Pattern {
+        name: "a chmod command",
+        matches: |_, w| w.contains(&"chmod"),
+    },
+    Pattern {
+        name: "a chmod call (os.chmod, fs.chmodSync, Path.chmod…)",
+        matches: |t, _| {
+            t.contains("chmod(")
+                || t.contains("chmodsync")
+                || t.contains("fchmod")
+                || t.contains("lchmod")
+        },
+    },
+    Pattern {
+        name: "set_permissions / setPosixFilePermissions",
+        matches: |t, _| {
+            t.contains("set_permissions")
+                || t.contains("setposixfilepermissions")
+                || t.contains("setexecutable(")
+        },
+    },
+    Pattern {
+        name: "'+x' or a symbolic execute mode",
+        matches: |_, w| w.iter().any(|x| SYMBOLIC_EXEC_MODES.contains(x)),
+    },
+    Pattern {
+        name: "make executable",
+        matches: |t, _| {
+            [
+                "make executable",
+                "make it executable",
+                "make the file executable",
+                "make the script executable",
+                "make this executable",
+                "mark executable",
+                "mark as executable",
+                "mark it executable",
+                "make runnable",
+            ]
+            .iter()
+            .any(|p| t.contains(p))
+        },
+    },
+    Pattern {
+        name: "set the executable bit",
+        matches: |t, w| {
+            [
+                "executable bit",
+                "execute bit",
+                "exec bit",
+                "executable flag",
+                "execute permission",
+                "executable permission",
+                "exec permission",
+            ]
+            .iter()
+            .any(|p| t.contains(p))
+                || has_x_bit(w)
+        },
+    },
+    Pattern {
+        name: "stat.S_IX* mode constants",
+        matches: |t, _| {
+            ["s_ixusr", "s_ixgrp", "s_ixoth", "s_irwxu"]
+                .iter()
+                .any(|p| t.contains(p))
+        },
+    },
+    Pattern {
+        name: "an octal literal with execute bits (0o755, 0o777…)",
+        matches: |_, w| w.iter().any(|x| is_octal_literal_with_exec(x)),
+    },
+    Pattern {
+        name: "install -m MODE",
+        matches: |_, w| {
+            w.windows(2)
+                .any(|p| p[0] == "install" && p[1].starts_with("-m"))
+        },
+    },
+    Pattern {
+        name: "setfacl / chattr",
+        matches: |_, w| w.contains(&"setfacl") || w.contains(&"chattr"),
+    },
 ];
 
 /// Number of recognised pattern families.
@@ -32,7 +113,9 @@ pub const CHMOD_PATTERN_COUNT: usize = PATTERNS.len();
 pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
     let lower = text.to_lowercase();
     let words: Vec<&str> = lower
-        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\'' | '`' | '(' | ')' | ':'))
+        .split(|c: char| {
+            c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\'' | '`' | '(' | ')' | ':')
+        })
         .map(|w| w.trim_end_matches(['.', '!', '?']))
         .filter(|w| !w.is_empty())
         .collect();

@@ -110,7 +110,8 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
     let resolved = resolve_sandbox_path(req.path, ctx.root_paths, req.root, ctx.max_depth)?;
     check_reserved(&resolved.rel)?;
     if let Some(state) = ctx.state_dir {
-        let abs = crate::confine::path::join_display(&ctx.root_paths[resolved.root_index], &resolved.rel);
+        let abs =
+            crate::confine::path::join_display(&ctx.root_paths[resolved.root_index], &resolved.rel);
         if is_within_sandbox(&abs, state) {
             return Err(Refusal::new(
                 ReasonCode::ReservedPath,
@@ -176,13 +177,19 @@ fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
     if detect_chmod_intent(intent).is_some() {
         return Refusal::new(
             ReasonCode::ChmodForbidden,
-            format!("the intent {} asks to change permissions; the sandbox never runs chmod", shown_path(intent)),
+            format!(
+                "the intent {} asks to change permissions; the sandbox never runs chmod",
+                shown_path(intent)
+            ),
         );
     }
     if FORBIDDEN_INTENTS.contains(&intent) {
         return Refusal::new(
             ReasonCode::ForbiddenIntent,
-            format!("the intent {} is forbidden and never executed; sandbox writes are: {allowed}", shown_path(intent)),
+            format!(
+                "the intent {} is forbidden and never executed; sandbox writes are: {allowed}",
+                shown_path(intent)
+            ),
         );
     }
     if let Some(tool) = tool
@@ -191,27 +198,41 @@ fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
     {
         return Refusal::new(
             ReasonCode::ForbiddenIntent,
-            format!("the tool {} is a shell; sandbox writes never go through a shell", shown_path(tool)),
+            format!(
+                "the tool {} is a shell; sandbox writes never go through a shell",
+                shown_path(tool)
+            ),
         );
     }
     if READ_INTENTS.contains(&intent) {
         return Refusal::new(
             ReasonCode::NotSandboxWrite,
-            format!("the intent {} reads and does not belong in a write plan; sandbox writes are: {allowed}", shown_path(intent)),
+            format!(
+                "the intent {} reads and does not belong in a write plan; sandbox writes are: {allowed}",
+                shown_path(intent)
+            ),
         );
     }
     let well_formed = !intent.is_empty()
         && intent.len() <= 64
-        && intent.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        && intent
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !well_formed {
         return Refusal::new(
             ReasonCode::UnknownOperation,
-            format!("{} is not an operation name; sandbox writes are: {allowed}", shown_path(intent)),
+            format!(
+                "{} is not an operation name; sandbox writes are: {allowed}",
+                shown_path(intent)
+            ),
         );
     }
     Refusal::new(
         ReasonCode::NotSandboxWrite,
-        format!("the intent {} is not a sandbox write operation; sandbox writes are: {allowed}", shown_path(intent)),
+        format!(
+            "the intent {} is not a sandbox write operation; sandbox writes are: {allowed}",
+            shown_path(intent)
+        ),
     )
 }
 
@@ -225,8 +246,15 @@ pub fn assess_sandbox_risk(intent: &str, path: &str) -> RiskLevel {
     let lower = path.to_ascii_lowercase();
     let name = lower.rsplit('/').next().unwrap_or("");
     const SENSITIVE_NAMES: [&str; 9] = [
-        ".bashrc", ".profile", ".bash_profile", ".zshrc", "authorized_keys", "crontab", ".gitconfig",
-        ".npmrc", ".pypirc",
+        ".bashrc",
+        ".profile",
+        ".bash_profile",
+        ".zshrc",
+        "authorized_keys",
+        "crontab",
+        ".gitconfig",
+        ".npmrc",
+        ".pypirc",
     ];
     const SENSITIVE_DIRS: [&str; 3] = [".git/", ".ssh/", ".config/autostart/"];
     // With a trailing '/', so that the directory itself (`create_directory .ssh`) counts.

@@ -1,0 +1,164 @@
+//! `detect_chmod_intent`: requests to change permissions are recognised; ordinary text is not.
+
+use ailab_sandbox_core::policy::{CHMOD_PATTERN_COUNT, detect_chmod_intent};
+
+fn flagged(text: &str) -> bool {
+    detect_chmod_intent(text).is_some()
+}
+
+#[test]
+fn at_least_ten_distinct_pattern_families_fire() {
+    let samples = [
+        "chmod +x a",
+        "chmod 755 a",
+        "use chmod -R",
+        "os.chmod(p, m)",
+        "std::fs::set_permissions(p, m)",
+        "give it +x",
+        "make it executable",
+        "set the executable bit",
+        "stat.S_IXUSR",
+        "mode 0o755",
+        "install -m 644 a b",
+        "setfacl -m u:x:rwx a",
+    ];
+    let mut names: Vec<&str> = samples
+        .iter()
+        .map(|s| detect_chmod_intent(s).unwrap_or_else(|| panic!("{s:?} not detected")))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert!(names.len() >= 10, "{names:?}");
+    assert_eq!(names.len(), CHMOD_PATTERN_COUNT, "{names:?}");
+}
+
+#[test]
+fn chmod_plus_x_is_detected() {
+    assert!(flagged("chmod +x run.sh"));
+    assert!(flagged("then CHMOD +X the script"));
+}
+
+#[test]
+fn chmod_octal_modes_are_detected() {
+    for text in [
+        "chmod 755 run.sh",
+        "chmod 0755 run.sh",
+        "chmod 775 dir",
+        "chmod 777 everything",
+        "chmod -R 755 out",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn chmod_symbolic_modes_are_detected() {
+    for text in [
+        "chmod u+x run.sh",
+        "chmod a+x run.sh",
+        "chmod ug+x run.sh",
+        "chmod g=rwx x",
+        "chmod o+w f",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn plus_x_without_chmod_is_detected() {
+    for text in [
+        "make it +x",
+        "give it +x please",
+        "script should be u+x",
+        "mark a+x",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn make_executable_phrases_are_detected() {
+    for text in [
+        "make executable",
+        "Make it executable.",
+        "please make the script executable",
+        "mark as executable",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn executable_bit_phrases_are_detected() {
+    for text in [
+        "set the executable bit",
+        "turn on the execute bit",
+        "set the exec bit",
+        "add execute permission",
+        "set the x bit",
+        "flip the X bits",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn chmod_calls_in_code_are_detected() {
+    for text in [
+        "os.chmod(p, 0o755)",
+        "fs.chmodSync(path, 0o755)",
+        "Path('x').chmod(0o700)",
+        "os.fchmod(fd, mode)",
+        "std::fs::set_permissions(p, perms)",
+        "st.st_mode | stat.S_IXUSR",
+        "mode = 0o755",
+        "install -m 755 x /usr/bin",
+        "chattr +i file",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+}
+
+#[test]
+fn a_bare_chmod_word_is_detected() {
+    assert!(flagged("use chmod afterwards"));
+    assert!(flagged("`chmod`"));
+}
+
+#[test]
+fn detection_names_the_pattern() {
+    let name = detect_chmod_intent("chmod 755 x").unwrap();
+    assert!(name.contains("chmod"), "{name}");
+    let name = detect_chmod_intent("set the executable bit").unwrap();
+    assert!(name.contains("executable"), "{name}");
+}
+
+#[test]
+fn ordinary_text_is_not_detected() {
+    for text in [
+        "executive summary",
+        "add +xml support",
+        "x+y=2",
+        "write the report",
+        "maximum",
+        "exec summary of chmodless",
+        "the executable name is printed in the log",
+        "version 0.755 release notes",
+        "mode 644 files only",
+        "",
+    ] {
+        assert_eq!(detect_chmod_intent(text), None, "{text:?}");
+    }
+}
+
+#[test]
+fn words_ending_in_x_before_bit_are_not_detected() {
+    for text in [
+        "fix bitrate calculation",
+        "explain the complex bit manipulation",
+        "the index bitmap is rebuilt",
+        "latex bibliography and box bits",
+    ] {
+        assert_eq!(detect_chmod_intent(text), None, "{text:?}");
+    }
+}

@@ -1,0 +1,386 @@
+//! Configuration: TOML parsing, precedence flag > env > file > defaults, validation.
+
+use ailab_sandbox_core::config::{
+    Config, ConfigError, DEFAULT_ADDR, DEFAULT_ROOTS, DEFAULT_STATE_DIR, Durability, Overrides,
+    RawConfig, env,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |k: &str| map.get(k).cloned()
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn resolve(
+    file: Option<&str>,
+    vars: &[(&str, &str)],
+    flags: &Overrides,
+) -> Result<Config, ConfigError> {
+    let raw = file.map(|t| RawConfig::from_toml(t).unwrap());
+    Config::resolve(raw, &env_of(vars), flags)
+}
+
+fn paths(v: &[&str]) -> Vec<PathBuf> {
+    v.iter().map(PathBuf::from).collect()
+}
+
+const FILE: &str = r#"
+roots = ["/srv/file-root"]
+state_dir = "/srv/file-state"
+enable_write = true
+dry_run = false
+"#;
+
+#[test]
+fn defaults_are_secure() {
+    let c = Config::resolve(None, &no_env, &Overrides::default()).unwrap();
+    assert!(!c.enable_write);
+    assert!(c.dry_run);
+    assert_eq!(c.addr, "127.0.0.1:8787");
+    assert_eq!(DEFAULT_ADDR, "127.0.0.1:8787");
+    assert_eq!(c.token, None);
+    assert_eq!(c.phase, "28.3");
+    assert_eq!(c.durability, Durability::Strict);
+    assert_eq!(c.roots, paths(&DEFAULT_ROOTS));
+    assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+    assert!(!c.roots_explicit && !c.state_dir_explicit);
+    assert_eq!(c.limits.max_path_depth, 8);
+    assert_eq!(c.limits.max_artifacts_per_workflow, 100);
+    assert_eq!(c.limits.max_workflow_bytes, 25 * 1024 * 1024);
+    assert_eq!(c.limits.writes_per_minute, 10);
+}
+
+#[test]
+fn default_config_value_matches_resolved_defaults() {
+    let d = Config::default();
+    assert!(!d.enable_write && d.dry_run);
+    assert_eq!(d.addr, DEFAULT_ADDR);
+    assert!(d.validate().is_ok());
+}
+
+#[test]
+fn unknown_top_level_key_is_an_error_naming_it() {
+    let err = RawConfig::from_toml("rootz = [\"/srv/x\"]\n").unwrap_err();
+    assert!(err.0.contains("rootz"), "{err}");
+}
+
+#[test]
+fn unknown_key_inside_limits_is_an_error_naming_it() {
+    let err = RawConfig::from_toml("[limits]\nmax_depth = 3\n").unwrap_err();
+    assert!(err.0.contains("max_depth"), "{err}");
+}
+
+#[test]
+fn unknown_key_inside_server_and_extensions_is_an_error() {
+    let err = RawConfig::from_toml("[server]\nport = 1\n").unwrap_err();
+    assert!(err.0.contains("port"), "{err}");
+    let err = RawConfig::from_toml("[extensions]\ndenied = [\".x\"]\n").unwrap_err();
+    assert!(err.0.contains("denied"), "{err}");
+}
+
+#[test]
+fn wrong_value_type_is_an_error() {
+    assert!(RawConfig::from_toml("enable_write = \"yes\"\n").is_err());
+    assert!(RawConfig::from_toml("durability = \"lazy\"\n").is_err());
+}
+
+#[test]
+fn full_spec_example_file_parses() {
+    let text = r#"
+roots = ["/srv/a", "/srv/b"]
+state_dir = "/srv/state"
+phase = "28.5"
+enable_write = false
+dry_run = true
+durability = "relaxed"
+[limits]
+max_artifacts_per_workflow = 50
+max_workflow_bytes = 1000
+writes_per_minute = 3
+max_path_depth = 4
+[extensions]
+allowed = [".txt", ".md"]
+blocked = [".service", ".bak"]
+[server]
+addr = "127.0.0.1:9000"
+token = "0123456789abcdef0123"
+"#;
+    let c = resolve(Some(text), &[], &Overrides::default()).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/a", "/srv/b"]));
+    assert_eq!(c.phase, "28.5");
+    assert_eq!(c.durability, Durability::Relaxed);
+    assert_eq!(c.limits.max_path_depth, 4);
+    assert_eq!(c.limits.writes_per_minute, 3);
+    assert_eq!(c.extensions.allowed(), [".txt", ".md"]);
+    assert!(c.extensions.is_extension_blocked(".bak"));
+    assert!(c.extensions.is_extension_blocked(".so"));
+    assert_eq!(c.addr, "127.0.0.1:9000");
+    assert_eq!(c.token.as_deref(), Some("0123456789abcdef0123"));
+}
+
+#[test]
+fn file_overrides_defaults() {
+    let c = resolve(Some(FILE), &[], &Overrides::default()).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/file-root"]));
+    assert_eq!(c.state_dir, PathBuf::from("/srv/file-state"));
+    assert!(c.enable_write);
+    assert!(!c.dry_run);
+    assert!(c.roots_explicit && c.state_dir_explicit);
+}
+
+#[test]
+fn env_overrides_file() {
+    let vars = [
+        (env::ROOTS, "/srv/env-a:/srv/env-b"),
+        (env::STATE_DIR, "/srv/env-state"),
+        (env::ENABLE_WRITE, "false"),
+        (env::DRY_RUN, "true"),
+    ];
+    let c = resolve(Some(FILE), &vars, &Overrides::default()).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/env-a", "/srv/env-b"]));
+    assert_eq!(c.state_dir, PathBuf::from("/srv/env-state"));
+    assert!(!c.enable_write);
+    assert!(c.dry_run);
+}
+
+#[test]
+fn env_turns_writing_on_over_defaults() {
+    let vars = [(env::ENABLE_WRITE, "1"), (env::DRY_RUN, "off")];
+    let c = resolve(None, &vars, &Overrides::default()).unwrap();
+    assert!(c.enable_write);
+    assert!(!c.dry_run);
+}
+
+#[test]
+fn flags_override_env_and_file() {
+    let vars = [
+        (env::ROOTS, "/srv/env-a"),
+        (env::STATE_DIR, "/srv/env-state"),
+        (env::ENABLE_WRITE, "false"),
+        (env::DRY_RUN, "true"),
+    ];
+    let flags = Overrides {
+        roots: paths(&["/srv/flag-root"]),
+        state_dir: Some(PathBuf::from("/srv/flag-state")),
+        enable_write: true,
+        no_dry_run: true,
+        addr: Some("127.0.0.1:9999".to_owned()),
+        ..Overrides::default()
+    };
+    let c = resolve(Some(FILE), &vars, &flags).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/flag-root"]));
+    assert_eq!(c.state_dir, PathBuf::from("/srv/flag-state"));
+    assert!(c.enable_write);
+    assert!(!c.dry_run);
+    assert_eq!(c.addr, "127.0.0.1:9999");
+}
+
+#[test]
+fn absent_flags_do_not_override() {
+    let vars = [(env::ENABLE_WRITE, "no"), (env::DRY_RUN, "yes")];
+    let c = resolve(Some(FILE), &vars, &Overrides::default()).unwrap();
+    assert!(!c.enable_write);
+    assert!(c.dry_run);
+}
+
+#[test]
+fn bad_boolean_env_value_names_the_variable() {
+    let err = resolve(None, &[(env::ENABLE_WRITE, "maybe")], &Overrides::default()).unwrap_err();
+    assert!(err.0.contains("AI_LAB_ENABLE_SANDBOX_WRITE"), "{err}");
+    assert!(err.0.contains("maybe"), "{err}");
+    let err = resolve(None, &[(env::DRY_RUN, "")], &Overrides::default()).unwrap_err();
+    assert!(err.0.contains("AI_LAB_SANDBOX_DRY_RUN"), "{err}");
+}
+
+#[test]
+fn token_from_env_and_flag() {
+    let tok_env = "env-token-0123456789";
+    let tok_flag = "flag-token-0123456789";
+    let c = resolve(None, &[(env::TOKEN, tok_env)], &Overrides::default()).unwrap();
+    assert_eq!(c.token.as_deref(), Some(tok_env));
+    let flags = Overrides {
+        token: Some(tok_flag.to_owned()),
+        ..Overrides::default()
+    };
+    let c = resolve(None, &[(env::TOKEN, tok_env)], &flags).unwrap();
+    assert_eq!(c.token.as_deref(), Some(tok_flag));
+    let err = resolve(None, &[(env::TOKEN, "short")], &Overrides::default()).unwrap_err();
+    assert!(err.0.contains("token"), "{err}");
+}
+
+#[test]
+fn relative_root_is_refused() {
+    let err = resolve(Some("roots = [\"sandbox\"]\n"), &[], &Overrides::default()).unwrap_err();
+    assert!(
+        err.0.contains("sandbox") && err.0.contains("absolute"),
+        "{err}"
+    );
+    let err = resolve(
+        None,
+        &[(env::ROOTS, "/srv/ok:rel/dir")],
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.0.contains("rel/dir"), "{err}");
+}
+
+#[test]
+fn dotdot_root_and_empty_roots_are_refused() {
+    let err = resolve(
+        None,
+        &[(env::ROOTS, "/srv/a/../etc")],
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.0.contains(".."), "{err}");
+    assert!(resolve(Some("roots = []\n"), &[], &Overrides::default()).is_err());
+}
+
+#[test]
+fn state_dir_inside_a_root_is_refused() {
+    let flags = Overrides {
+        roots: paths(&["/srv/a", "/srv/b"]),
+        state_dir: Some(PathBuf::from("/srv/b/state")),
+        ..Overrides::default()
+    };
+    let err = resolve(None, &[], &flags).unwrap_err();
+    assert!(
+        err.0.contains("/srv/b/state") && err.0.contains("/srv/b"),
+        "{err}"
+    );
+    let flags = Overrides {
+        state_dir: Some(PathBuf::from("/srv/a")),
+        ..flags
+    };
+    assert!(resolve(None, &[], &flags).is_err());
+}
+
+#[test]
+fn state_dir_with_dotdot_into_a_root_is_refused() {
+    let flags = Overrides {
+        roots: paths(&["/srv/root"]),
+        state_dir: Some(PathBuf::from("/srv/other/../root/state")),
+        ..Overrides::default()
+    };
+    assert!(resolve(None, &[], &flags).is_err());
+}
+
+#[test]
+fn state_dir_next_to_a_root_with_shared_prefix_is_fine() {
+    let flags = Overrides {
+        roots: paths(&["/srv/root"]),
+        state_dir: Some(PathBuf::from("/srv/root_state")),
+        ..Overrides::default()
+    };
+    let c = resolve(None, &[], &flags).unwrap();
+    assert_eq!(c.state_dir, PathBuf::from("/srv/root_state"));
+}
+
+#[test]
+fn relative_state_dir_is_refused() {
+    let err = resolve(None, &[(env::STATE_DIR, "state")], &Overrides::default()).unwrap_err();
+    assert!(err.0.contains("state_dir"), "{err}");
+}
+
+#[test]
+fn max_path_depth_above_eight_or_zero_is_refused() {
+    let err = resolve(
+        Some("[limits]\nmax_path_depth = 9\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.0.contains("max_path_depth") && err.0.contains('9'),
+        "{err}"
+    );
+    assert!(
+        resolve(
+            Some("[limits]\nmax_path_depth = 0\n"),
+            &[],
+            &Overrides::default()
+        )
+        .is_err()
+    );
+    let c = resolve(
+        Some("[limits]\nmax_path_depth = 8\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.limits.max_path_depth, 8);
+}
+
+#[test]
+fn zero_limits_are_refused() {
+    for text in [
+        "[limits]\nwrites_per_minute = 0\n",
+        "[limits]\nmax_artifacts_per_workflow = 0\n",
+        "[limits]\nmax_workflow_bytes = 0\n",
+    ] {
+        assert!(
+            resolve(Some(text), &[], &Overrides::default()).is_err(),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn malformed_phase_is_refused() {
+    for phase in ["latest", "28", "28.3.1", "28.x", ""] {
+        let flags = Overrides {
+            phase: Some(phase.to_owned()),
+            ..Overrides::default()
+        };
+        assert!(resolve(None, &[], &flags).is_err(), "{phase:?}");
+    }
+    let flags = Overrides {
+        phase: Some("28.2".to_owned()),
+        ..Overrides::default()
+    };
+    assert_eq!(resolve(None, &[], &flags).unwrap().phase, "28.2");
+}
+
+#[test]
+fn fallback_state_dir_uses_xdg_then_home() {
+    let x = env_of(&[("XDG_STATE_HOME", "/home/u/.st"), ("HOME", "/home/u")]);
+    assert_eq!(
+        Config::fallback_state_dir(&x),
+        Some(PathBuf::from("/home/u/.st/ailab-sandbox"))
+    );
+    let h = env_of(&[("XDG_STATE_HOME", "relative"), ("HOME", "/home/u")]);
+    assert_eq!(
+        Config::fallback_state_dir(&h),
+        Some(PathBuf::from("/home/u/.local/state/ailab-sandbox"))
+    );
+    assert_eq!(Config::fallback_state_dir(&no_env), None);
+}
+
+#[test]
+fn nested_or_duplicate_roots_are_refused() {
+    for roots in [
+        ["/srv/a", "/srv/a/b"],
+        ["/srv/a/b", "/srv/a"],
+        ["/srv/a", "/srv/a/"],
+    ] {
+        let flags = Overrides {
+            roots: paths(&roots),
+            ..Overrides::default()
+        };
+        let err = resolve(None, &[], &flags).unwrap_err();
+        assert!(err.0.contains("overlap"), "{roots:?}: {err}");
+    }
+    let flags = Overrides {
+        roots: paths(&["/srv/a", "/srv/ab"]),
+        ..Overrides::default()
+    };
+    assert_eq!(resolve(None, &[], &flags).unwrap().roots.len(), 2);
+}

@@ -1,0 +1,415 @@
+//! String-level path checks: traversal, depth, containment, reserved names, extensions.
+
+use ailab_sandbox_core::ReasonCode;
+use ailab_sandbox_core::confine::path::{MAX_NAME_BYTES, TEMP_MARKER};
+use ailab_sandbox_core::confine::{
+    ExtensionPolicy, MAX_PATH_DEPTH, RelPath, check_path_depth, check_reserved,
+    detect_path_traversal, is_within_sandbox, normalize_extension, resolve_sandbox_path,
+};
+use std::path::{Path, PathBuf};
+
+const ROOT_A: &str = "/srv/sandbox-a";
+const ROOT_B: &str = "/srv/sandbox-b";
+
+fn roots() -> Vec<PathBuf> {
+    vec![PathBuf::from(ROOT_A), PathBuf::from(ROOT_B)]
+}
+
+fn traversal_code(path: &str) -> Option<ReasonCode> {
+    detect_path_traversal(path).err().map(|r| r.reason_code)
+}
+
+fn resolve_code(path: &str) -> Option<ReasonCode> {
+    resolve_sandbox_path(path, &roots(), None, MAX_PATH_DEPTH)
+        .err()
+        .map(|r| r.reason_code)
+}
+
+fn rel(path: &str) -> RelPath {
+    resolve_sandbox_path(path, &roots(), None, MAX_PATH_DEPTH)
+        .expect("a clean relative path")
+        .rel
+}
+
+fn deep(n: usize) -> String {
+    let mut parts: Vec<String> = (1..n).map(|i| format!("d{i}")).collect();
+    parts.push("f.txt".to_owned());
+    parts.join("/")
+}
+
+#[test]
+fn dotdot_in_first_middle_and_last_position_is_traversal() {
+    for p in [
+        "../x.txt",
+        "a/../x.txt",
+        "a/b/..",
+        "..",
+        "/srv/sandbox-a/../etc/passwd",
+    ] {
+        assert_eq!(traversal_code(p), Some(ReasonCode::PathTraversal), "{p:?}");
+        assert_eq!(resolve_code(p), Some(ReasonCode::PathTraversal), "{p:?}");
+    }
+}
+
+#[test]
+fn leading_tilde_and_tilde_user_are_traversal() {
+    for p in [
+        "~",
+        "~/x.txt",
+        "~root/.ssh/authorized_keys",
+        "~user/notes.md",
+    ] {
+        assert_eq!(traversal_code(p), Some(ReasonCode::PathTraversal), "{p:?}");
+    }
+}
+
+#[test]
+fn tilde_inside_a_name_is_taken_literally() {
+    let r = rel("notes/~draft.md");
+    assert_eq!(r.components(), ["notes", "~draft.md"]);
+}
+
+#[test]
+fn nul_byte_is_traversal_and_named_in_reason() {
+    let refusal = detect_path_traversal("a\0b.txt").unwrap_err();
+    assert_eq!(refusal.reason_code, ReasonCode::PathTraversal);
+    assert!(refusal.reason.contains("NUL"), "{}", refusal.reason);
+    assert!(!refusal.reason.contains('\0'));
+}
+
+#[test]
+fn control_characters_are_refused() {
+    for p in [
+        "a\nb.txt",
+        "a\rb.txt",
+        "tab\there.txt",
+        "esc\x1b[0m.txt",
+        "del\x7f.txt",
+        "x\x01.md",
+    ] {
+        assert_eq!(traversal_code(p), Some(ReasonCode::PathTraversal), "{p:?}");
+    }
+}
+
+#[test]
+fn control_character_is_escaped_in_the_reason() {
+    let refusal = detect_path_traversal("evil\nline.txt").unwrap_err();
+    assert!(!refusal.reason.contains('\n'), "{}", refusal.reason);
+    assert!(
+        refusal.reason.contains("evil\\nline.txt"),
+        "{}",
+        refusal.reason
+    );
+}
+
+#[test]
+fn backslash_is_traversal() {
+    assert_eq!(
+        traversal_code("a\\..\\b.txt"),
+        Some(ReasonCode::PathTraversal)
+    );
+    assert_eq!(
+        traversal_code("dir\\file.txt"),
+        Some(ReasonCode::PathTraversal)
+    );
+}
+
+#[test]
+fn double_slash_trailing_slash_and_dot_components_are_traversal() {
+    for p in [
+        "a//b.txt",
+        "a/",
+        "notes/sub/",
+        "./a.txt",
+        "a/./b.txt",
+        "a/.",
+        ".",
+        "//srv/x.txt",
+        "/",
+    ] {
+        assert_eq!(traversal_code(p), Some(ReasonCode::PathTraversal), "{p:?}");
+    }
+}
+
+#[test]
+fn empty_path_is_refused() {
+    assert_eq!(traversal_code(""), Some(ReasonCode::PathTraversal));
+}
+
+#[test]
+fn dotted_names_that_are_not_dot_components_are_fine() {
+    for p in ["...", ".hidden.txt", "a..b.txt", "..a/b.txt", "a/.../b.md"] {
+        assert_eq!(traversal_code(p), None, "{p:?}");
+    }
+}
+
+#[test]
+fn paths_are_never_decoded_or_expanded() {
+    let r = rel("%2e%2e/$HOME/ a.txt");
+    assert_eq!(r.components(), ["%2e%2e", "$HOME", " a.txt"]);
+    assert_eq!(r.as_string(), "%2e%2e/$HOME/ a.txt");
+}
+
+#[test]
+fn relative_path_goes_to_first_root_by_default() {
+    let r = resolve_sandbox_path("notes/hello.md", &roots(), None, MAX_PATH_DEPTH).unwrap();
+    assert_eq!(r.root_index, 0);
+    assert_eq!(r.rel.components(), ["notes", "hello.md"]);
+    assert_eq!(r.rel.file_name(), "hello.md");
+    assert_eq!(r.rel.parent_components(), ["notes"]);
+}
+
+#[test]
+fn relative_path_with_root_hint_goes_to_that_root() {
+    let r = resolve_sandbox_path("x.txt", &roots(), Some(ROOT_B), MAX_PATH_DEPTH).unwrap();
+    assert_eq!(r.root_index, 1);
+    let r =
+        resolve_sandbox_path("x.txt", &roots(), Some("/srv/sandbox-b/"), MAX_PATH_DEPTH).unwrap();
+    assert_eq!(r.root_index, 1);
+}
+
+#[test]
+fn unknown_root_hint_is_outside_sandbox() {
+    let err = resolve_sandbox_path("x.txt", &roots(), Some("/etc"), MAX_PATH_DEPTH).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+    assert!(err.reason.contains(ROOT_A), "{}", err.reason);
+}
+
+#[test]
+fn absolute_path_inside_a_root_is_accepted_relative_to_it() {
+    let r = resolve_sandbox_path(
+        "/srv/sandbox-b/out/data.json",
+        &roots(),
+        None,
+        MAX_PATH_DEPTH,
+    )
+    .unwrap();
+    assert_eq!(r.root_index, 1);
+    assert_eq!(r.rel.as_string(), "out/data.json");
+}
+
+#[test]
+fn absolute_path_outside_every_root_is_refused() {
+    for p in [
+        "/etc/passwd",
+        "/srv/other/x.txt",
+        "/srv/x.txt",
+        "/tmp/x.txt",
+    ] {
+        assert_eq!(resolve_code(p), Some(ReasonCode::OutsideSandbox), "{p:?}");
+    }
+}
+
+#[test]
+fn absolute_path_in_another_root_than_the_hint_is_refused() {
+    let err = resolve_sandbox_path(
+        "/srv/sandbox-a/x.txt",
+        &roots(),
+        Some(ROOT_B),
+        MAX_PATH_DEPTH,
+    )
+    .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+}
+
+#[test]
+fn sibling_directory_sharing_the_root_prefix_is_outside() {
+    assert_eq!(
+        resolve_code("/srv/sandbox-a_evil/x.txt"),
+        Some(ReasonCode::OutsideSandbox)
+    );
+    assert_eq!(
+        resolve_code("/srv/sandbox-aa/x.txt"),
+        Some(ReasonCode::OutsideSandbox)
+    );
+    assert!(!is_within_sandbox(
+        Path::new("/srv/sandbox-a_evil/x.txt"),
+        Path::new(ROOT_A)
+    ));
+}
+
+#[test]
+fn the_root_itself_is_not_a_target() {
+    assert_eq!(resolve_code(ROOT_A), Some(ReasonCode::OutsideSandbox));
+    // With a trailing slash it is refused even earlier, as an empty component.
+    assert_eq!(
+        resolve_code("/srv/sandbox-a/"),
+        Some(ReasonCode::PathTraversal)
+    );
+}
+
+#[test]
+fn no_roots_means_outside_sandbox() {
+    let err = resolve_sandbox_path("x.txt", &[], None, MAX_PATH_DEPTH).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+}
+
+#[test]
+fn is_within_sandbox_compares_components() {
+    let root = Path::new(ROOT_A);
+    assert!(is_within_sandbox(Path::new("/srv/sandbox-a/x/y.txt"), root));
+    assert!(is_within_sandbox(root, root));
+    assert!(!is_within_sandbox(Path::new("/srv"), root));
+    assert!(!is_within_sandbox(Path::new("/srv/sandbox"), root));
+}
+
+#[test]
+fn is_within_sandbox_refuses_dotdot_escapes() {
+    let root = Path::new(ROOT_A);
+    assert!(!is_within_sandbox(
+        Path::new("/srv/sandbox-a/../../etc/passwd"),
+        root
+    ));
+    assert!(!is_within_sandbox(
+        Path::new("/srv/sandbox-a/x/../../y"),
+        root
+    ));
+}
+
+#[test]
+fn depth_eight_is_allowed_and_nine_refused() {
+    assert_eq!(rel(&deep(8)).depth(), 8);
+    let err = resolve_sandbox_path(&deep(9), &roots(), None, MAX_PATH_DEPTH).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::DepthExceeded);
+    assert!(
+        err.reason.contains('9') && err.reason.contains('8'),
+        "{}",
+        err.reason
+    );
+}
+
+#[test]
+fn depth_is_counted_from_the_root_for_absolute_paths() {
+    let abs8 = format!("{ROOT_A}/{}", deep(8));
+    let abs9 = format!("{ROOT_A}/{}", deep(9));
+    assert_eq!(
+        resolve_sandbox_path(&abs8, &roots(), None, MAX_PATH_DEPTH)
+            .unwrap()
+            .rel
+            .depth(),
+        8
+    );
+    assert_eq!(resolve_code(&abs9), Some(ReasonCode::DepthExceeded));
+}
+
+#[test]
+fn check_path_depth_honours_a_lower_maximum() {
+    let r = rel("a/b/c.txt");
+    assert!(check_path_depth(&r, 3).is_ok());
+    assert_eq!(
+        check_path_depth(&r, 2).unwrap_err().reason_code,
+        ReasonCode::DepthExceeded
+    );
+    assert_eq!(MAX_PATH_DEPTH, 8);
+}
+
+#[test]
+fn name_of_255_bytes_is_allowed_and_256_refused() {
+    assert_eq!(MAX_NAME_BYTES, 255);
+    let ok = format!("{}.txt", "a".repeat(251));
+    assert_eq!(ok.len(), 255);
+    assert_eq!(rel(&ok).file_name(), ok);
+    let long = format!("{}.txt", "a".repeat(252));
+    assert_eq!(long.len(), 256);
+    assert_eq!(resolve_code(&long), Some(ReasonCode::PathTraversal));
+    assert_eq!(
+        resolve_code(&format!("{long}/x.txt")),
+        Some(ReasonCode::PathTraversal)
+    );
+}
+
+#[test]
+fn rollback_dir_is_reserved_in_any_case() {
+    for p in [
+        ".rollback/wf/a1/meta.json",
+        ".ROLLBACK/x.txt",
+        ".RollBack/x.txt",
+        ".rollback",
+    ] {
+        let err = check_reserved(&rel(p)).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::ReservedPath, "{p:?}");
+    }
+}
+
+#[test]
+fn rollback_name_below_the_top_is_not_reserved() {
+    assert!(check_reserved(&rel("notes/.rollback/x.txt")).is_ok());
+    assert!(check_reserved(&rel(".rollbacks/x.txt")).is_ok());
+}
+
+#[test]
+fn temp_marker_names_are_reserved_anywhere() {
+    for p in [
+        format!("{TEMP_MARKER}abc"),
+        format!("dir/{TEMP_MARKER}0123"),
+        format!("x{TEMP_MARKER}y/z.txt"),
+    ] {
+        let err = check_reserved(&rel(&p)).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::ReservedPath, "{p:?}");
+    }
+    assert!(check_reserved(&rel("notes/ailab-tmp.txt")).is_ok());
+}
+
+#[test]
+fn normalize_extension_ignores_case_and_trailing_dots_and_spaces() {
+    assert_eq!(normalize_extension("X.SERVICE"), ".service");
+    assert_eq!(normalize_extension("x.service."), ".service");
+    assert_eq!(normalize_extension("x.service "), ".service");
+    assert_eq!(normalize_extension("x.service. . "), ".service");
+    assert_eq!(normalize_extension("lib.SO"), ".so");
+    assert_eq!(normalize_extension("Makefile"), "");
+    assert_eq!(normalize_extension(".bashrc"), "");
+    assert_eq!(normalize_extension("report.final.MD"), ".md");
+}
+
+#[test]
+fn default_extension_policy_blocks_systemd_units_and_binaries() {
+    let policy = ExtensionPolicy::default();
+    for name in [
+        "X.SERVICE",
+        "x.service.",
+        "x.service ",
+        "lib.so",
+        "a.timer",
+        "m.ko",
+        "w.DLL",
+    ] {
+        let err = policy.check(&normalize_extension(name)).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::BlockedExtension, "{name:?}");
+    }
+}
+
+#[test]
+fn default_extension_policy_allows_text_and_refuses_unknown() {
+    let policy = ExtensionPolicy::default();
+    for ext in [".txt", ".md", ".json", ".py", ".sh", ".patch"] {
+        assert!(policy.check(ext).is_ok(), "{ext}");
+    }
+    for ext in [".bin", ".png", "", ".pyc"] {
+        assert_eq!(
+            policy.check(ext).unwrap_err().reason_code,
+            ReasonCode::ExtensionNotAllowed,
+            "{ext:?}"
+        );
+    }
+}
+
+#[test]
+fn block_list_wins_over_a_configured_allow_list() {
+    let allowed = vec!["SERVICE".to_owned(), ".txt".to_owned()];
+    let policy = ExtensionPolicy::new(Some(&allowed), &[".md".to_owned()]);
+    assert_eq!(policy.allowed(), [".service", ".txt"]);
+    assert_eq!(
+        policy.check(".service").unwrap_err().reason_code,
+        ReasonCode::BlockedExtension
+    );
+    assert_eq!(
+        policy.check(".md").unwrap_err().reason_code,
+        ReasonCode::BlockedExtension
+    );
+    assert!(policy.check(".txt").is_ok());
+    assert_eq!(
+        policy.check(".json").unwrap_err().reason_code,
+        ReasonCode::ExtensionNotAllowed
+    );
+}

@@ -1,0 +1,671 @@
+//! `SandboxRoot` on real directories: symlinks, hard links, special files, modes.
+
+use ailab_sandbox_core::ReasonCode;
+use ailab_sandbox_core::confine::path::TEMP_MARKER;
+use ailab_sandbox_core::confine::root::{DIR_MODE, FILE_MODE, remove_temp_files};
+use ailab_sandbox_core::confine::{
+    MAX_PATH_DEPTH, RelPath, SandboxRoot, TargetKind, resolve_sandbox_path,
+};
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use tempfile::TempDir;
+
+struct Fx {
+    _tmp: TempDir,
+    root_path: PathBuf,
+    outside: PathBuf,
+    root: SandboxRoot,
+}
+
+fn mkdir_755(p: &Path) {
+    fs::DirBuilder::new().mode(0o755).create(p).unwrap();
+}
+
+fn fx() -> Fx {
+    let tmp = TempDir::new().unwrap();
+    let root_path = tmp.path().join("root");
+    let outside = tmp.path().join("outside");
+    mkdir_755(&root_path);
+    mkdir_755(&outside);
+    let root = SandboxRoot::open(&root_path, false).unwrap();
+    Fx {
+        _tmp: tmp,
+        root_path,
+        outside,
+        root,
+    }
+}
+
+fn rel(p: &str) -> RelPath {
+    resolve_sandbox_path(p, &[PathBuf::from("/unused-root")], None, MAX_PATH_DEPTH)
+        .unwrap()
+        .rel
+}
+
+fn inspect_code(fx: &Fx, p: &str) -> ReasonCode {
+    fx.root.inspect(&rel(p)).unwrap_err().reason_code
+}
+
+fn write_code(fx: &Fx, p: &str) -> ReasonCode {
+    fx.root
+        .write_atomic(&rel(p), b"new", FILE_MODE, false, false)
+        .unwrap_err()
+        .reason_code
+}
+
+fn mode_of(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn leftover_temp_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.contains(TEMP_MARKER) {
+            out.push(name);
+        }
+        if e.file_type().unwrap().is_dir() {
+            out.extend(leftover_temp_files(&e.path()));
+        }
+    }
+    out
+}
+
+// ---- opening roots ---------------------------------------------------------------------
+
+#[test]
+fn open_refuses_a_relative_root() {
+    let err = SandboxRoot::open(Path::new("relative/root"), true).unwrap_err();
+    assert!(err.contains("not an absolute path"), "{err}");
+    assert!(!Path::new("relative").exists());
+}
+
+#[test]
+fn open_refuses_a_symlinked_root() {
+    let tmp = TempDir::new().unwrap();
+    let real = tmp.path().join("real");
+    mkdir_755(&real);
+    let link = tmp.path().join("link");
+    symlink(&real, &link).unwrap();
+    let err = SandboxRoot::open(&link, false).unwrap_err();
+    assert!(err.contains("symbolic link"), "{err}");
+    let err = SandboxRoot::open(&link, true).unwrap_err();
+    assert!(err.contains("symbolic link"), "{err}");
+}
+
+#[test]
+fn open_refuses_a_world_writable_root_without_sticky_bit() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("squatted");
+    mkdir_755(&dir);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).unwrap();
+    let err = SandboxRoot::open(&dir, false).unwrap_err();
+    assert!(err.contains("sticky"), "{err}");
+}
+
+#[test]
+fn open_accepts_a_world_writable_root_with_sticky_bit() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("shared");
+    mkdir_755(&dir);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).unwrap();
+    let root = SandboxRoot::open(&dir, false).unwrap();
+    assert_eq!(root.path(), dir.as_path());
+}
+
+#[test]
+fn open_refuses_a_root_owned_by_another_user() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("foreign");
+    mkdir_755(&dir);
+    let other = if rustix::process::geteuid().as_raw() == 65534 {
+        65533
+    } else {
+        65534
+    };
+    if std::os::unix::fs::chown(&dir, Some(other), None).is_err() {
+        // Not privileged: the directory cannot be given away, so build the refusal case
+        // differently: a root-owned directory is foreign to an unprivileged user.
+        let err = SandboxRoot::open(Path::new("/"), false).unwrap_err();
+        assert!(err.contains("owned by uid"), "{err}");
+        return;
+    }
+    let err = SandboxRoot::open(&dir, false).unwrap_err();
+    assert!(err.contains("owned by uid"), "{err}");
+}
+
+#[test]
+fn open_creates_a_missing_root_with_mode_0755() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("a/b/root");
+    let root = SandboxRoot::open(&dir, true).unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(root.path(), dir.as_path());
+    assert_eq!(mode_of(&dir) & !DIR_MODE, 0, "mode {:o}", mode_of(&dir));
+}
+
+#[test]
+fn open_without_create_refuses_a_missing_root() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("missing");
+    let err = SandboxRoot::open(&dir, false).unwrap_err();
+    assert!(err.contains("cannot be inspected"), "{err}");
+    assert!(!dir.exists());
+}
+
+#[test]
+fn open_refuses_a_file_and_a_dotdot_root() {
+    let tmp = TempDir::new().unwrap();
+    let file = tmp.path().join("f.txt");
+    fs::write(&file, b"x").unwrap();
+    assert!(
+        SandboxRoot::open(&file, true)
+            .unwrap_err()
+            .contains("not a directory")
+    );
+    let dotdot = tmp.path().join("x/../y");
+    assert!(SandboxRoot::open(&dotdot, true).unwrap_err().contains(".."));
+    assert!(!tmp.path().join("y").exists());
+}
+
+// ---- symlinks --------------------------------------------------------------------------
+
+#[test]
+fn symlinked_target_pointing_outside_is_symlink_escape() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    symlink(&secret, fx.root_path.join("link.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "link.txt"), ReasonCode::SymlinkEscape);
+}
+
+#[test]
+fn relative_symlink_climbing_out_is_symlink_escape() {
+    let fx = fx();
+    fs::write(fx.outside.join("secret.txt"), b"outside").unwrap();
+    symlink("../outside/secret.txt", fx.root_path.join("link.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "link.txt"), ReasonCode::SymlinkEscape);
+}
+
+#[test]
+fn symlink_into_a_prefix_sibling_is_symlink_escape() {
+    let fx = fx();
+    let evil = PathBuf::from(format!("{}_evil", fx.root_path.display()));
+    mkdir_755(&evil);
+    fs::write(evil.join("x.txt"), b"evil").unwrap();
+    symlink(evil.join("x.txt"), fx.root_path.join("link.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "link.txt"), ReasonCode::SymlinkEscape);
+    fs::remove_dir_all(&evil).unwrap();
+}
+
+#[test]
+fn symlinked_target_pointing_inside_is_symlink_refused() {
+    let fx = fx();
+    fs::write(fx.root_path.join("real.txt"), b"inside").unwrap();
+    symlink("real.txt", fx.root_path.join("link.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "link.txt"), ReasonCode::SymlinkRefused);
+    symlink(fx.root_path.join("real.txt"), fx.root_path.join("abs.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "abs.txt"), ReasonCode::SymlinkRefused);
+}
+
+#[test]
+fn symlinked_parent_pointing_outside_is_symlink_escape() {
+    let fx = fx();
+    symlink(&fx.outside, fx.root_path.join("sub")).unwrap();
+    assert_eq!(inspect_code(&fx, "sub/x.txt"), ReasonCode::SymlinkEscape);
+    assert_eq!(write_code(&fx, "sub/x.txt"), ReasonCode::SymlinkEscape);
+    assert!(!fx.outside.join("x.txt").exists());
+}
+
+#[test]
+fn symlinked_grandparent_pointing_outside_is_symlink_escape() {
+    let fx = fx();
+    mkdir_755(&fx.outside.join("b"));
+    symlink(&fx.outside, fx.root_path.join("a")).unwrap();
+    assert_eq!(inspect_code(&fx, "a/b/x.txt"), ReasonCode::SymlinkEscape);
+    assert_eq!(write_code(&fx, "a/b/x.txt"), ReasonCode::SymlinkEscape);
+    assert_eq!(
+        fx.root
+            .create_dir_all(&rel("a/b/c"), false)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::SymlinkEscape
+    );
+    assert!(!fx.outside.join("b/x.txt").exists());
+    assert!(!fx.outside.join("b/c").exists());
+}
+
+#[test]
+fn symlinked_parent_and_grandparent_pointing_inside_are_symlink_refused() {
+    let fx = fx();
+    mkdir_755(&fx.root_path.join("real"));
+    mkdir_755(&fx.root_path.join("real/b"));
+    symlink("real", fx.root_path.join("alias")).unwrap();
+    assert_eq!(inspect_code(&fx, "alias/x.txt"), ReasonCode::SymlinkRefused);
+    assert_eq!(
+        inspect_code(&fx, "alias/b/x.txt"),
+        ReasonCode::SymlinkRefused
+    );
+    assert_eq!(write_code(&fx, "alias/b/x.txt"), ReasonCode::SymlinkRefused);
+    assert!(!fx.root_path.join("real/b/x.txt").exists());
+}
+
+#[test]
+fn dangling_symlink_pointing_outside_is_symlink_escape() {
+    let fx = fx();
+    let target = fx.outside.join("not-yet.txt");
+    symlink(&target, fx.root_path.join("dangling.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "dangling.txt"), ReasonCode::SymlinkEscape);
+    // A no-replace write must not create the file the link points to.
+    let err = fx
+        .root
+        .write_atomic(&rel("dangling.txt"), b"x", FILE_MODE, true, false)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::AlreadyExists);
+    assert!(!target.exists());
+}
+
+#[test]
+fn dangling_symlink_pointing_inside_is_symlink_refused() {
+    let fx = fx();
+    symlink("missing.txt", fx.root_path.join("dangling.txt")).unwrap();
+    assert_eq!(
+        inspect_code(&fx, "dangling.txt"),
+        ReasonCode::SymlinkRefused
+    );
+}
+
+#[test]
+fn symlink_chain_leaving_the_root_is_symlink_escape() {
+    let fx = fx();
+    symlink(&fx.outside, fx.root_path.join("hop2")).unwrap();
+    symlink("hop2", fx.root_path.join("hop1")).unwrap();
+    assert_eq!(inspect_code(&fx, "hop1/x.txt"), ReasonCode::SymlinkEscape);
+}
+
+#[test]
+fn symlink_loop_is_refused_without_hanging() {
+    let fx = fx();
+    symlink("b.txt", fx.root_path.join("a.txt")).unwrap();
+    symlink("a.txt", fx.root_path.join("b.txt")).unwrap();
+    symlink("self.txt", fx.root_path.join("self.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "a.txt"), ReasonCode::SymlinkRefused);
+    assert_eq!(inspect_code(&fx, "self.txt"), ReasonCode::SymlinkRefused);
+    assert_eq!(
+        fx.root
+            .read_file(&rel("a.txt"), 1024)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::SymlinkRefused
+    );
+}
+
+#[test]
+fn write_atomic_over_a_symlink_replaces_the_link_not_the_target() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    symlink(&secret, fx.root_path.join("link.txt")).unwrap();
+    fx.root
+        .write_atomic(&rel("link.txt"), b"inside", FILE_MODE, false, false)
+        .unwrap();
+    assert_eq!(fs::read(&secret).unwrap(), b"outside");
+    let meta = fs::symlink_metadata(fx.root_path.join("link.txt")).unwrap();
+    assert!(meta.file_type().is_file());
+    assert_eq!(fs::read(fx.root_path.join("link.txt")).unwrap(), b"inside");
+}
+
+#[test]
+fn read_file_through_a_symlink_is_refused() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    symlink(&secret, fx.root_path.join("link.txt")).unwrap();
+    assert_eq!(
+        fx.root
+            .read_file(&rel("link.txt"), 1024)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::SymlinkEscape
+    );
+}
+
+#[test]
+fn remove_file_leaves_a_symlink_and_its_target_alone() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    symlink(&secret, fx.root_path.join("link.txt")).unwrap();
+    let err = fx.root.remove_file(&rel("link.txt"), false).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::SymlinkEscape);
+    assert!(fs::symlink_metadata(fx.root_path.join("link.txt")).is_ok());
+    assert_eq!(fs::read(&secret).unwrap(), b"outside");
+}
+
+// ---- hard links and special files ------------------------------------------------------
+
+#[test]
+fn hard_link_to_a_file_outside_is_hardlink_refused() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    fs::hard_link(&secret, fx.root_path.join("h.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "h.txt"), ReasonCode::HardlinkRefused);
+    assert_eq!(
+        fx.root
+            .read_file(&rel("h.txt"), 1024)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::HardlinkRefused
+    );
+}
+
+#[test]
+fn hard_link_between_two_inside_files_is_hardlink_refused() {
+    let fx = fx();
+    fs::write(fx.root_path.join("a.txt"), b"a").unwrap();
+    fs::hard_link(fx.root_path.join("a.txt"), fx.root_path.join("b.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "a.txt"), ReasonCode::HardlinkRefused);
+    assert_eq!(inspect_code(&fx, "b.txt"), ReasonCode::HardlinkRefused);
+}
+
+#[test]
+fn write_atomic_on_a_hard_link_leaves_the_outside_file_unchanged() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    fs::hard_link(&secret, fx.root_path.join("h.txt")).unwrap();
+    fx.root
+        .write_atomic(&rel("h.txt"), b"replaced", FILE_MODE, false, false)
+        .unwrap();
+    assert_eq!(fs::read(&secret).unwrap(), b"outside");
+    assert_eq!(fs::metadata(&secret).unwrap().nlink(), 1);
+    assert_eq!(fs::read(fx.root_path.join("h.txt")).unwrap(), b"replaced");
+    assert_eq!(fs::metadata(fx.root_path.join("h.txt")).unwrap().nlink(), 1);
+}
+
+#[test]
+fn fifo_is_not_regular_file_and_never_blocks() {
+    let fx = fx();
+    let fifo = fx.root_path.join("pipe.txt");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(inspect_code(&fx, "pipe.txt"), ReasonCode::NotRegularFile);
+    // Opened non-blocking: with no writer this must return, not hang.
+    assert_eq!(
+        fx.root
+            .read_file(&rel("pipe.txt"), 1024)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::NotRegularFile
+    );
+}
+
+#[test]
+fn socket_is_not_regular_file() {
+    let fx = fx();
+    let _listener = std::os::unix::net::UnixListener::bind(fx.root_path.join("s.sock")).unwrap();
+    assert_eq!(inspect_code(&fx, "s.sock"), ReasonCode::NotRegularFile);
+    assert_eq!(
+        fx.root
+            .read_file(&rel("s.sock"), 1024)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::NotRegularFile
+    );
+}
+
+// ---- inspect ---------------------------------------------------------------------------
+
+#[test]
+fn inspect_reports_missing_file_and_directory() {
+    let fx = fx();
+    mkdir_755(&fx.root_path.join("d"));
+    fs::write(fx.root_path.join("d/f.txt"), b"12345").unwrap();
+    let info = fx.root.inspect(&rel("d/f.txt")).unwrap();
+    assert!(
+        matches!(info.kind, TargetKind::File { size: 5, .. }),
+        "{info:?}"
+    );
+    assert_eq!(info.existing_parents, 1);
+    assert_eq!(
+        fx.root.inspect(&rel("d")).unwrap().kind,
+        TargetKind::Directory
+    );
+    let missing = fx.root.inspect(&rel("d/x/y/z.txt")).unwrap();
+    assert_eq!(missing.kind, TargetKind::Missing);
+    assert_eq!(missing.existing_parents, 1);
+}
+
+#[test]
+fn inspect_through_a_file_used_as_directory_is_not_found() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"x").unwrap();
+    assert_eq!(inspect_code(&fx, "f.txt/x.txt"), ReasonCode::NotFound);
+}
+
+// ---- writes, modes, directories --------------------------------------------------------
+
+#[test]
+fn write_atomic_creates_parents_0755_and_file_0644() {
+    let fx = fx();
+    let created = fx
+        .root
+        .write_atomic(&rel("a/b/c/f.txt"), b"hello", FILE_MODE, false, false)
+        .unwrap();
+    assert_eq!(created, ["a", "a/b", "a/b/c"]);
+    assert_eq!(
+        fs::read(fx.root_path.join("a/b/c/f.txt")).unwrap(),
+        b"hello"
+    );
+    for d in ["a", "a/b", "a/b/c"] {
+        let m = mode_of(&fx.root_path.join(d));
+        assert_eq!(m & !DIR_MODE, 0, "{d}: {m:o}");
+        assert_eq!(m & 0o700, 0o700, "{d}: {m:o}");
+    }
+    let m = mode_of(&fx.root_path.join("a/b/c/f.txt"));
+    assert_eq!(m & !FILE_MODE, 0, "{m:o}");
+    assert_eq!(m & 0o111, 0, "{m:o}");
+    assert_eq!(m & 0o600, 0o600, "{m:o}");
+}
+
+#[test]
+fn write_atomic_never_sets_an_execute_bit_even_when_asked() {
+    let fx = fx();
+    fx.root
+        .write_atomic(&rel("run.sh"), b"#!/bin/sh\necho hi\n", 0o777, false, false)
+        .unwrap();
+    let m = mode_of(&fx.root_path.join("run.sh"));
+    assert_eq!(m & 0o111, 0, "{m:o}");
+    assert_eq!(m & 0o7000, 0, "{m:o}");
+}
+
+#[test]
+fn write_atomic_replaces_content_and_leaves_no_temp_file() {
+    let fx = fx();
+    fx.root
+        .write_atomic(&rel("f.txt"), b"one", FILE_MODE, false, false)
+        .unwrap();
+    fx.root
+        .write_atomic(&rel("f.txt"), b"two", FILE_MODE, false, true)
+        .unwrap();
+    assert_eq!(fs::read(fx.root_path.join("f.txt")).unwrap(), b"two");
+    assert!(leftover_temp_files(&fx.root_path).is_empty());
+}
+
+#[test]
+fn write_atomic_no_replace_refuses_an_existing_file() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"original").unwrap();
+    let err = fx
+        .root
+        .write_atomic(&rel("f.txt"), b"new", FILE_MODE, true, false)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::AlreadyExists);
+    assert_eq!(fs::read(fx.root_path.join("f.txt")).unwrap(), b"original");
+    assert!(leftover_temp_files(&fx.root_path).is_empty());
+    fx.root
+        .write_atomic(&rel("g.txt"), b"new", FILE_MODE, true, false)
+        .unwrap();
+    assert_eq!(fs::read(fx.root_path.join("g.txt")).unwrap(), b"new");
+}
+
+#[test]
+fn write_atomic_through_a_file_parent_is_refused() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"x").unwrap();
+    assert_eq!(write_code(&fx, "f.txt/inner.txt"), ReasonCode::NotFound);
+    assert_eq!(fs::read(fx.root_path.join("f.txt")).unwrap(), b"x");
+}
+
+#[test]
+fn create_dir_all_is_idempotent() {
+    let fx = fx();
+    let first = fx.root.create_dir_all(&rel("x/y/z"), true).unwrap();
+    assert_eq!(first, ["x", "x/y", "x/y/z"]);
+    let second = fx.root.create_dir_all(&rel("x/y/z"), false).unwrap();
+    assert!(second.is_empty());
+    assert!(fx.root_path.join("x/y/z").is_dir());
+    let m = mode_of(&fx.root_path.join("x/y/z"));
+    assert_eq!(m & !DIR_MODE, 0, "{m:o}");
+}
+
+#[test]
+fn create_dir_all_over_a_file_is_already_exists() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"x").unwrap();
+    assert_eq!(
+        fx.root
+            .create_dir_all(&rel("f.txt"), false)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::AlreadyExists
+    );
+}
+
+#[test]
+fn create_dir_all_on_a_symlinked_dir_is_refused() {
+    let fx = fx();
+    symlink(&fx.outside, fx.root_path.join("out")).unwrap();
+    assert_eq!(
+        fx.root
+            .create_dir_all(&rel("out"), false)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::SymlinkEscape
+    );
+}
+
+#[test]
+fn read_file_returns_bytes_and_refuses_above_the_limit() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"0123456789").unwrap();
+    assert_eq!(fx.root.read_file(&rel("f.txt"), 10).unwrap(), b"0123456789");
+    assert_eq!(
+        fx.root.read_file(&rel("f.txt"), 9).unwrap_err().reason_code,
+        ReasonCode::SizeExceeded
+    );
+    assert_eq!(
+        fx.root
+            .read_file(&rel("none.txt"), 9)
+            .unwrap_err()
+            .reason_code,
+        ReasonCode::NotFound
+    );
+}
+
+#[test]
+fn remove_file_and_remove_empty_dir() {
+    let fx = fx();
+    fx.root
+        .write_atomic(&rel("d/f.txt"), b"x", FILE_MODE, false, false)
+        .unwrap();
+    assert!(!fx.root.remove_empty_dir(&rel("d"), false).unwrap());
+    fx.root.remove_file(&rel("d/f.txt"), false).unwrap();
+    assert!(!fx.root_path.join("d/f.txt").exists());
+    fx.root.remove_file(&rel("d/f.txt"), false).unwrap();
+    assert!(fx.root.remove_empty_dir(&rel("d"), false).unwrap());
+    assert!(!fx.root_path.join("d").exists());
+    assert_eq!(
+        fx.root
+            .write_atomic(&rel("e/g.txt"), b"x", FILE_MODE, false, false)
+            .map(|_| fx
+                .root
+                .remove_file(&rel("e"), false)
+                .unwrap_err()
+                .reason_code)
+            .unwrap(),
+        ReasonCode::NotRegularFile
+    );
+}
+
+#[test]
+fn list_dir_reports_kinds_without_following_links() {
+    let fx = fx();
+    fs::write(fx.root_path.join("f.txt"), b"abc").unwrap();
+    mkdir_755(&fx.root_path.join("d"));
+    symlink(&fx.outside, fx.root_path.join("l")).unwrap();
+    let list = fx.root.list_dir(None).unwrap();
+    let kinds: Vec<(&str, &str, u64)> = list
+        .iter()
+        .map(|e| (e.name.as_str(), e.kind, e.size_bytes))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("d", "directory", 0),
+            ("f.txt", "file", 3),
+            ("l", "symlink", 0)
+        ]
+    );
+    assert_eq!(
+        fx.root.list_dir(Some(&rel("l"))).unwrap_err().reason_code,
+        ReasonCode::SymlinkEscape
+    );
+}
+
+#[test]
+fn remove_temp_files_cleans_only_marked_files() {
+    let fx = fx();
+    mkdir_755(&fx.root_path.join("d"));
+    fs::write(fx.root_path.join(format!("{TEMP_MARKER}1")), b"x").unwrap();
+    fs::write(fx.root_path.join(format!("d/{TEMP_MARKER}2")), b"x").unwrap();
+    fs::write(fx.root_path.join("d/keep.txt"), b"x").unwrap();
+    let removed = remove_temp_files(fx.root.dir(), MAX_PATH_DEPTH).unwrap();
+    assert_eq!(removed, 2);
+    assert!(leftover_temp_files(&fx.root_path).is_empty());
+    assert!(fx.root_path.join("d/keep.txt").exists());
+}
+
+// ---- swaps after the check ---------------------------------------------------------------
+
+#[test]
+fn directory_swapped_for_a_symlink_after_inspect_is_refused_at_write() {
+    let fx = fx();
+    mkdir_755(&fx.root_path.join("d"));
+    let info = fx.root.inspect(&rel("d/x.txt")).unwrap();
+    assert_eq!(info.kind, TargetKind::Missing);
+    fs::rename(fx.root_path.join("d"), fx.root_path.join("d_old")).unwrap();
+    symlink(&fx.outside, fx.root_path.join("d")).unwrap();
+    assert_eq!(write_code(&fx, "d/x.txt"), ReasonCode::SymlinkEscape);
+    assert!(!fx.outside.join("x.txt").exists());
+    assert!(!fx.root_path.join("d_old/x.txt").exists());
+}
+
+#[test]
+fn root_handle_stays_on_the_opened_directory_after_the_path_is_swapped() {
+    let fx = fx();
+    let moved = fx.root_path.with_file_name("root_moved");
+    fs::rename(&fx.root_path, &moved).unwrap();
+    symlink(&fx.outside, &fx.root_path).unwrap();
+    fx.root
+        .write_atomic(&rel("x.txt"), b"confined", FILE_MODE, false, false)
+        .unwrap();
+    assert_eq!(fs::read(moved.join("x.txt")).unwrap(), b"confined");
+    assert!(!fx.outside.join("x.txt").exists());
+}

@@ -1,0 +1,372 @@
+//! Each of the 11 operations: bytes on disk, checksums, artifacts, audit.
+
+use crate::support::*;
+use serde_json::json;
+use std::os::unix::fs::PermissionsExt;
+
+fn one(w: &World, action: serde_json::Value) -> ailab_sandbox_core::RunResult {
+    let sb = w.sandbox();
+    run(&sb, json!({"actions": [action]}))
+}
+
+#[test]
+fn create_file_writes_exact_bytes_and_checksum() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"action_id": "a1", "intent": "create_file", "path": "notes/hello.md", "content": "# Hi\n"}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(w.read("notes/hello.md"), b"# Hi\n");
+    assert_eq!(
+        r.actions[0].after_checksum.as_deref(),
+        Some(sha(b"# Hi\n").as_str())
+    );
+    assert_eq!(r.actions[0].before_checksum, None);
+    assert_eq!(r.actions[0].size_bytes, Some(5));
+    assert!(
+        r.actions[0]
+            .artifact_id
+            .as_deref()
+            .unwrap()
+            .starts_with("art_")
+    );
+    assert_eq!(
+        r.actions[0].rollback_path.as_deref(),
+        Some(format!(".rollback/{}/a1", r.workflow_id).as_str())
+    );
+}
+
+#[test]
+fn create_file_refuses_existing_target() {
+    let w = World::new();
+    w.write("a.txt", b"old");
+    let r = one(
+        &w,
+        json!({"intent": "create_file", "path": "a.txt", "content": "new"}),
+    );
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(code(&r, 0).as_deref(), Some("already_exists"));
+    assert_eq!(w.read("a.txt"), b"old");
+}
+
+#[test]
+fn append_file_creates_then_appends() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf", "actions": [
+        {"intent": "append_file", "path": "log.txt", "content": "one\n"},
+        {"intent": "append_file", "path": "log.txt", "content": "two\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(w.read("log.txt"), b"one\ntwo\n");
+    assert_eq!(
+        r.actions[1].before_checksum.as_deref(),
+        Some(sha(b"one\n").as_str())
+    );
+    assert_eq!(
+        r.actions[1].after_checksum.as_deref(),
+        Some(sha(b"one\ntwo\n").as_str())
+    );
+}
+
+#[test]
+fn replace_file_needs_existing_file() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "replace_file", "path": "missing.txt", "content": "x"}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("not_found"));
+    assert!(!w.path("missing.txt").exists());
+    w.write("present.txt", b"before");
+    let r = one(
+        &w,
+        json!({"intent": "replace_file", "path": "present.txt", "content": "after"}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(w.read("present.txt"), b"after");
+    assert_eq!(
+        r.actions[0].before_checksum.as_deref(),
+        Some(sha(b"before").as_str())
+    );
+}
+
+#[test]
+fn create_directory_is_mkdir_p_and_idempotent() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_directory", "path": "a/b/c"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert!(w.path("a/b/c").is_dir());
+    let mode = std::fs::metadata(w.path("a/b/c"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode & 0o022, 0, "no group/other write: {mode:o}");
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_directory", "path": "a/b/c"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert!(
+        r.actions[0].artifact_id.is_none(),
+        "directories are not artifacts"
+    );
+}
+
+#[test]
+fn write_json_serializes_data_pretty() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "write_json", "path": "out/data.json", "data": {"k": 1, "list": [1, 2]}}),
+    );
+    assert_eq!(status(&r), "success");
+    let text = String::from_utf8(w.read("out/data.json")).unwrap();
+    let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, json!({"k": 1, "list": [1, 2]}));
+    assert!(text.ends_with('\n'));
+    assert_eq!(
+        r.actions[0].after_checksum.as_deref(),
+        Some(sha(text.as_bytes()).as_str())
+    );
+}
+
+#[test]
+fn write_yaml_serializes_data() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "write_yaml", "path": "c.yaml", "data": {"name": "x", "n": 3}}),
+    );
+    assert_eq!(status(&r), "success");
+    let text = String::from_utf8(w.read("c.yaml")).unwrap();
+    assert!(text.contains("name: x"), "{text}");
+    assert!(text.contains("n: 3"), "{text}");
+}
+
+#[test]
+fn write_markdown_and_generate_report_write_content() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "write_markdown", "path": "doc.md", "content": "# Doc\n"},
+        {"intent": "generate_report", "path": "report.md", "content": "# Report\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(w.read("doc.md"), b"# Doc\n");
+    assert_eq!(w.read("report.md"), b"# Report\n");
+}
+
+#[test]
+fn generate_config_picks_format_by_extension() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let data = json!({"name": "svc", "server": {"port": 8080, "debug": false}});
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "generate_config", "path": "c.json", "data": data},
+        {"intent": "generate_config", "path": "c.toml", "data": data},
+        {"intent": "generate_config", "path": "c.ini", "data": data},
+        {"intent": "generate_config", "path": "c.yml", "data": data}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    let toml_text = String::from_utf8(w.read("c.toml")).unwrap();
+    let parsed: toml::Value = toml::from_str(&toml_text).unwrap();
+    assert_eq!(parsed["server"]["port"].as_integer(), Some(8080));
+    assert_eq!(
+        String::from_utf8(w.read("c.ini")).unwrap(),
+        "name = svc\n\n[server]\ndebug = false\nport = 8080\n"
+    );
+    let back: serde_json::Value = serde_json::from_slice(&w.read("c.json")).unwrap();
+    assert_eq!(back, data);
+    assert!(
+        String::from_utf8(w.read("c.yml"))
+            .unwrap()
+            .contains("port: 8080")
+    );
+}
+
+#[test]
+fn generate_config_toml_refuses_non_object() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "generate_config", "path": "c.toml", "data": [1, 2]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+}
+
+#[test]
+fn generate_script_never_has_execute_bit() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "generate_script", "path": "run.sh", "content": "#!/bin/sh\necho hi\n"}),
+    );
+    assert_eq!(status(&r), "success");
+    let mode = std::fs::metadata(w.path("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0, "mode {mode:o}");
+    assert_eq!(w.read("run.sh"), b"#!/bin/sh\necho hi\n");
+}
+
+#[test]
+fn replace_of_executable_file_drops_execute_bits() {
+    let w = World::new();
+    w.write("tool.sh", b"old");
+    std::fs::set_permissions(w.path("tool.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let r = one(
+        &w,
+        json!({"intent": "replace_file", "path": "tool.sh", "content": "new"}),
+    );
+    assert_eq!(status(&r), "success");
+    let mode = std::fs::metadata(w.path("tool.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0, "mode {mode:o}");
+}
+
+#[test]
+fn sandbox_transform_applies_edits_in_order() {
+    let w = World::new();
+    w.write("t.md", b"alpha beta gamma\n");
+    let r = one(
+        &w,
+        json!({"intent": "sandbox_transform", "path": "t.md", "edits": [
+        {"old": "alpha", "new": "ALPHA"}, {"old": "ALPHA beta", "new": "AB"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(w.read("t.md"), b"AB gamma\n");
+}
+
+#[test]
+fn sandbox_transform_edit_not_found_and_ambiguous_change_nothing() {
+    let w = World::new();
+    w.write("t.md", b"one two two\n");
+    let r = one(
+        &w,
+        json!({"intent": "sandbox_transform", "path": "t.md", "edits": [{"old": "one", "new": "1"}, {"old": "three", "new": "3"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("edit_not_found"));
+    let r = one(
+        &w,
+        json!({"intent": "sandbox_transform", "path": "t.md", "edits": [{"old": "two", "new": "2"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("edit_ambiguous"));
+    assert_eq!(w.read("t.md"), b"one two two\n");
+}
+
+#[test]
+fn sandbox_transform_of_missing_file_is_not_found() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "sandbox_transform", "path": "nope.md", "edits": [{"old": "a", "new": "b"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("not_found"));
+}
+
+#[test]
+fn size_limit_counts_bytes_on_disk() {
+    let w = World::new();
+    w.write("big.txt", &vec![b'a'; 1024 * 1024 - 2]);
+    let r = one(
+        &w,
+        json!({"intent": "append_file", "path": "big.txt", "content": "bcd"}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("size_exceeded"));
+    let r = one(
+        &w,
+        json!({"intent": "append_file", "path": "big.txt", "content": "bc"}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(
+        std::fs::metadata(w.path("big.txt")).unwrap().len(),
+        1024 * 1024
+    );
+}
+
+#[test]
+fn wrong_payload_field_is_invalid_plan() {
+    let w = World::new();
+    let r = one(
+        &w,
+        json!({"intent": "create_file", "path": "a.txt", "data": {"x": 1}}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+    assert!(r.actions[0].reason.as_deref().unwrap().contains("'data'"));
+    let r = one(
+        &w,
+        json!({"intent": "create_directory", "path": "d", "content": "x"}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+    let r = one(&w, json!({"intent": "write_json", "path": "d.json"}));
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+}
+
+#[test]
+fn later_actions_see_earlier_actions_of_the_plan() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_file", "path": "n/x.md", "content": "Hi"},
+        {"intent": "sandbox_transform", "path": "n/x.md", "edits": [{"old": "Hi", "new": "Hello"}]},
+        {"intent": "replace_file", "path": "n/x.md", "content": "Bye"}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    assert_eq!(w.read("n/x.md"), b"Bye");
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_file", "path": "m.md", "content": "1"},
+        {"intent": "create_file", "path": "m.md", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(code(&r, 1).as_deref(), Some("already_exists"));
+    assert!(!w.path("m.md").exists(), "a blocked plan writes nothing");
+}
+
+#[test]
+fn artifact_and_audit_records_match_the_write() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_rec", "actions": [{"action_id": "a1", "intent": "create_file", "path": "r.txt", "content": "rec"}]}),
+    );
+    let id = r.actions[0].artifact_id.clone().unwrap();
+    let (art, lineage) = sb.artifact_with_lineage(&id).unwrap().unwrap();
+    assert_eq!(art.checksum_sha256, sha(b"rec"));
+    assert_eq!(art.size_bytes, 3);
+    assert_eq!(art.mutation_type, "create_file");
+    assert_eq!(art.workflow_id, "wf_rec");
+    assert_eq!(art.path, w.path("r.txt").display().to_string());
+    assert!(lineage.is_empty());
+    let audit = sb.audit_entries(10, Some("wf_rec")).unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        audit[0].after_checksum.as_deref(),
+        Some(sha(b"rec").as_str())
+    );
+    assert_eq!(
+        audit[0].rollback_path.as_deref(),
+        Some(".rollback/wf_rec/a1")
+    );
+    assert!(audit[0].rollback_available);
+}

@@ -1,0 +1,534 @@
+//! The pipeline: secure defaults, whole-plan validation, failures, budgets, rate limit,
+//! plan parsing and ids.
+
+use crate::support::*;
+use ailab_sandbox_core::ReasonCode;
+use serde_json::json;
+
+fn three_actions() -> serde_json::Value {
+    json!({"workflow_id": "wf_demo", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "notes/hello.md", "content": "# Hi\n"},
+        {"action_id": "a2", "intent": "write_json", "path": "out/data.json", "data": {"k": 1}},
+        {"action_id": "a3", "intent": "sandbox_transform", "path": "notes/hello.md", "edits": [{"old": "Hi", "new": "Hello"}]}]})
+}
+
+#[test]
+fn default_config_only_simulates() {
+    let w = World::new();
+    let sb = w.open(w.config());
+    let r = run(&sb, three_actions());
+    assert_eq!(status(&r), "simulated_success");
+    assert!(r.simulation_only);
+    assert_eq!(
+        serde_json::to_value(r.dry_run_reason).unwrap(),
+        json!("sandbox_disabled")
+    );
+    assert!(
+        w.tree().is_empty(),
+        "nothing written: {:?}",
+        w.tree().keys()
+    );
+    assert_eq!(
+        r.actions[0].after_checksum.as_deref(),
+        Some(sha(b"# Hi\n").as_str())
+    );
+    let audit = sb.audit_entries(10, None).unwrap();
+    assert_eq!(audit.len(), 3);
+    assert!(
+        audit
+            .iter()
+            .all(|e| serde_json::to_value(e.status).unwrap() == json!("simulated"))
+    );
+    assert_eq!(sb.registry().count_by_workflow("wf_demo").unwrap(), 0);
+}
+
+#[test]
+fn write_flag_without_dry_run_off_still_simulates() {
+    let w = World::new();
+    let mut c = w.config();
+    c.enable_write = true;
+    let sb = w.open(c);
+    let r = run(&sb, three_actions());
+    assert_eq!(status(&r), "simulated_success");
+    assert_eq!(
+        serde_json::to_value(r.dry_run_reason).unwrap(),
+        json!("dry_run")
+    );
+    assert!(w.tree().is_empty());
+}
+
+#[test]
+fn phase_without_writes_simulates_with_reason() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.phase = "28.2".into();
+    let sb = w.open(c);
+    let r = run(&sb, three_actions());
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(code(&r, 0).as_deref(), Some("phase_not_supported"));
+    assert!(w.tree().is_empty());
+}
+
+#[test]
+fn simulations_consume_no_rate_limit_tokens() {
+    let w = World::new();
+    let sim = w.open(w.config());
+    for i in 0..15 {
+        let r = run(
+            &sim,
+            json!({"workflow_id": "wf_sim", "actions": [{"intent": "create_file", "path": format!("f{i}.txt"), "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "simulated_success");
+    }
+    drop(sim);
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_sim", "actions": (0..10).map(|i| json!({"intent": "create_file", "path": format!("f{i}.txt"), "content": "x"})).collect::<Vec<_>>()}),
+    );
+    assert_eq!(status(&r), "success");
+}
+
+#[test]
+fn real_run_writes_and_reports_the_timeline() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(&sb, three_actions());
+    assert_eq!(status(&r), "success");
+    assert!(!r.simulation_only);
+    assert_eq!(r.state.as_str(), "done");
+    assert_eq!(w.read("notes/hello.md"), b"# Hello\n");
+    let events: Vec<&str> = r.timeline.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(events.first(), Some(&"execution_started"));
+    assert_eq!(
+        events.iter().filter(|e| **e == "action_succeeded").count(),
+        3
+    );
+}
+
+#[test]
+fn blocked_plan_names_every_refused_action_and_writes_nothing() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let before = w.outside_tree();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_file", "path": "ok.txt", "content": "fine"},
+        {"intent": "create_file", "path": "../escape.txt", "content": "bad"},
+        {"intent": "run_command", "path": "x.sh"},
+        {"intent": "create_file", "path": "x.service", "content": "[Unit]"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(code(&r, 0), None);
+    assert_eq!(action_status(&r, 0), "skipped");
+    assert_eq!(code(&r, 1).as_deref(), Some("path_traversal"));
+    assert_eq!(code(&r, 2).as_deref(), Some("forbidden_intent"));
+    assert_eq!(code(&r, 3).as_deref(), Some("blocked_extension"));
+    assert!(w.tree().is_empty());
+    assert_eq!(w.outside_tree(), before);
+    let stats = sb.audit_stats().unwrap();
+    assert_eq!(stats.blocked, 3);
+    assert_eq!(stats.success, 0);
+    let metrics = sb.metrics().encode();
+    assert!(
+        metrics
+            .contains("ailab_sandbox_escape_attempts_total{detection_method=\"path_traversal\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn chmod_description_blocks_the_action() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "generate_script", "path": "a.sh", "content": "echo", "description": "then chmod +x it"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("chmod_forbidden"));
+    assert!(!w.path("a.sh").exists());
+}
+
+#[test]
+fn mid_run_failure_rolls_back_earlier_actions() {
+    let w = World::new();
+    w.write("keep.txt", b"original");
+    let before = w.tree();
+    let sb = w.sandbox();
+    sb.failpoints().arm("before_mutate", 3);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_fail", "actions": [
+        {"intent": "replace_file", "path": "keep.txt", "content": "changed"},
+        {"intent": "create_file", "path": "new/dir/a.txt", "content": "a"},
+        {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back");
+    assert_eq!(r.state.as_str(), "rolled_back");
+    assert_eq!(action_status(&r, 0), "rolled_back");
+    assert_eq!(action_status(&r, 1), "rolled_back");
+    assert_eq!(action_status(&r, 2), "failed");
+    assert_eq!(code(&r, 2).as_deref(), Some("io_error"));
+    assert_eq!(w.tree(), before, "tree restored byte for byte");
+    assert!(sb.audit_verify().unwrap().ok);
+    // The two earlier actions, and the failed action's own immediate restore.
+    assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
+}
+
+#[test]
+fn on_failure_stop_leaves_earlier_actions_and_allows_later_rollback() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    sb.failpoints().arm("before_registry", 2);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_stop", "on_failure": "stop", "actions": [
+        {"intent": "create_file", "path": "one.txt", "content": "1"},
+        {"intent": "create_file", "path": "two.txt", "content": "2"},
+        {"intent": "create_file", "path": "three.txt", "content": "3"}]}),
+    );
+    assert_eq!(status(&r), "failed");
+    assert_eq!(r.state.as_str(), "failed");
+    assert_eq!(w.read("one.txt"), b"1");
+    assert!(
+        !w.path("two.txt").exists(),
+        "the failed action undid itself"
+    );
+    assert_eq!(action_status(&r, 2), "skipped");
+    let rb = sb.rollback_workflow("wf_stop", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+}
+
+#[test]
+fn failure_at_every_pipeline_point_leaves_tree_unchanged() {
+    for point in [
+        "after_snapshot",
+        "before_mutate",
+        "after_mutate",
+        "before_registry",
+        "before_audit",
+    ] {
+        let w = World::new();
+        w.write("f.txt", b"v1");
+        let before = w.tree();
+        let sb = w.sandbox();
+        sb.failpoints().arm(point, 1);
+        let r = run(
+            &sb,
+            json!({"actions": [{"intent": "replace_file", "path": "f.txt", "content": "v2"}]}),
+        );
+        assert_ne!(status(&r), "success", "{point}");
+        assert_eq!(w.tree(), before, "{point}");
+        assert!(sb.audit_verify().unwrap().ok, "{point}");
+        assert_eq!(
+            sb.registry().len().unwrap(),
+            if point == "before_audit" { 1 } else { 0 },
+            "{point}"
+        );
+    }
+}
+
+#[test]
+fn budget_allows_100_artifacts_and_refuses_the_101st() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.writes_per_minute = 1000;
+    let sb = w.open(c);
+    let actions: Vec<_> = (0..100)
+        .map(|i| json!({"intent": "create_file", "path": format!("f/{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"workflow_id": "wf_budget", "actions": actions}));
+    assert_eq!(status(&r), "success");
+    assert_eq!(sb.registry().count_by_workflow("wf_budget").unwrap(), 100);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_budget", "actions": [{"intent": "create_file", "path": "f/100.txt", "content": "x"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("budget_artifacts_exceeded"));
+    assert!(!w.path("f/100.txt").exists());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_other", "actions": [{"intent": "create_file", "path": "f/100.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success", "budgets are per workflow");
+}
+
+#[test]
+fn byte_budget_counts_the_bytes_each_write_adds() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.max_workflow_bytes = 10;
+    let sb = w.open(c);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "a.txt", "content": "123456"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "b.txt", "content": "12345"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("budget_bytes_exceeded"));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "b.txt", "content": "1234"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(sb.registry().total_bytes_by_workflow("wf_b").unwrap(), 10);
+}
+
+#[test]
+fn budgets_survive_a_restart() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.max_artifacts_per_workflow = 2;
+    {
+        let sb = w.open(c.clone());
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_r", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "a"},
+            {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    let sb = w.open(c);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [{"intent": "create_file", "path": "c.txt", "content": "c"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("budget_artifacts_exceeded"));
+}
+
+#[test]
+fn rate_limit_allows_a_burst_of_ten_then_one_every_six_seconds() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let plan = |i: usize| json!({"workflow_id": "wf_rate", "actions": [{"intent": "create_file", "path": format!("r{i}.txt"), "content": "x"}]});
+    for i in 0..10 {
+        assert_eq!(status(&run(&sb, plan(i))), "success", "write {i}");
+    }
+    let r = run(&sb, plan(10));
+    assert_eq!(code(&r, 0).as_deref(), Some("rate_limited"));
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("6.0 seconds"),
+        "{:?}",
+        r.actions[0].reason
+    );
+    w.clock.advance(chrono::Duration::seconds(5));
+    assert_eq!(
+        code(&run(&sb, plan(10)), 0).as_deref(),
+        Some("rate_limited")
+    );
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(status(&run(&sb, plan(10))), "success");
+    assert_eq!(
+        code(&run(&sb, plan(11)), 0).as_deref(),
+        Some("rate_limited")
+    );
+    let other = json!({"workflow_id": "wf_rate_other", "actions": [{"intent": "create_file", "path": "o.txt", "content": "x"}]});
+    assert_eq!(
+        status(&run(&sb, other)),
+        "success",
+        "the limit is per workflow"
+    );
+}
+
+#[test]
+fn rate_limit_holds_across_a_restart() {
+    let w = World::new();
+    {
+        let sb = w.sandbox();
+        let actions: Vec<_> = (0..8)
+            .map(|i| json!({"intent": "create_file", "path": format!("a{i}.txt"), "content": "x"}))
+            .collect();
+        assert_eq!(
+            status(&run(
+                &sb,
+                json!({"workflow_id": "wf_rr", "actions": actions})
+            )),
+            "success"
+        );
+    }
+    let sb = w.sandbox();
+    let actions: Vec<_> = (0..3)
+        .map(|i| json!({"intent": "create_file", "path": format!("b{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"workflow_id": "wf_rr", "actions": actions}));
+    assert_eq!(status(&r), "blocked");
+    assert!(
+        r.actions
+            .iter()
+            .any(|a| a.reason_code == Some(ReasonCode::RateLimited))
+    );
+    assert!(!w.path("b0.txt").exists());
+}
+
+#[test]
+fn plan_larger_than_the_burst_is_refused_with_advice() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let actions: Vec<_> = (0..11)
+        .map(|i| json!({"intent": "create_file", "path": format!("a{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"actions": actions}));
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(code(&r, 10).as_deref(), Some("rate_limited"));
+    assert!(w.tree().is_empty());
+}
+
+#[test]
+fn unknown_fields_are_invalid_plan() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let err = sb
+        .run_plan_json(br#"{"actions": [], "extra": 1}"#)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(err.reason.contains("extra"), "{}", err.reason);
+    let err = sb.run_plan_json(br#"{"actions": [{"intent": "create_file", "path": "a.txt", "content": "x", "mode": 493}]}"#).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(err.reason.contains("mode"), "{}", err.reason);
+    let err = sb
+        .run_plan_json(br#"{"actions": [{"intent": 5, "path": "a.txt"}]}"#)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    let err = sb.run_plan_json(b"not json").unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    let err = sb.run_plan_json(br#"{"actions": []}"#).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(w.tree().is_empty());
+}
+
+#[test]
+fn bad_ids_are_invalid_id() {
+    let w = World::new();
+    let sb = w.sandbox();
+    for bad in [
+        "../x",
+        "a/b",
+        "",
+        ".hidden",
+        "-dash",
+        "x".repeat(65).as_str(),
+        "a b",
+        "wf\n1",
+    ] {
+        let err = sb
+            .run_plan(plan(json!({"workflow_id": bad, "actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]})))
+            .unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::InvalidId,
+            "workflow_id {bad:?}"
+        );
+        let err = sb
+            .run_plan(plan(json!({"actions": [{"action_id": bad, "intent": "create_file", "path": "a.txt", "content": "x"}]})))
+            .unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::InvalidId, "action_id {bad:?}");
+    }
+    assert!(w.tree().is_empty());
+    assert!(!w.root.join(".rollback").join("..").join("x").exists());
+}
+
+#[test]
+fn duplicate_action_ids_are_refused() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let err = sb
+        .run_plan(plan(json!({"actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "x"},
+            {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "x"}]})))
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_dup", "actions": [{"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_dup", "actions": [{"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "x"}]}),
+    );
+    assert_eq!(
+        code(&r, 0).as_deref(),
+        Some("invalid_id"),
+        "an action id is never reused within a workflow"
+    );
+}
+
+#[test]
+fn generated_ids_are_valid_and_unique() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "x"},
+        {"intent": "create_file", "path": "b.txt", "content": "x"}]}),
+    );
+    assert!(ailab_sandbox_core::plan::is_valid_id(&r.workflow_id));
+    assert!(ailab_sandbox_core::plan::is_valid_id(
+        &r.actions[0].action_id
+    ));
+    assert_ne!(r.actions[0].action_id, r.actions[1].action_id);
+}
+
+#[test]
+fn concurrent_plans_on_one_workflow_never_overshoot_the_budget() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.max_artifacts_per_workflow = 10;
+    c.limits.writes_per_minute = 1000;
+    let sb = std::sync::Arc::new(w.open(c));
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                let actions: Vec<_> = (0..3).map(|i| json!({"intent": "create_file", "path": format!("t{t}/{i}.txt"), "content": "x"})).collect();
+                sb.run_plan(plan(json!({"workflow_id": "wf_conc", "actions": actions}))).unwrap()
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = results.iter().filter(|r| r.is_success()).count();
+    assert_eq!(ok, 3, "three plans of three fit in ten");
+    assert_eq!(sb.registry().count_by_workflow("wf_conc").unwrap(), 9);
+    let files = w.tree().values().filter(|v| v.is_some()).count();
+    assert_eq!(files, 9);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+#[test]
+fn metrics_expose_the_seven_names() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]}),
+    );
+    run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "../b.txt", "content": "x"}]}),
+    );
+    sb.rollback_workflow("wf_m", &Default::default());
+    let text = sb.metrics().encode();
+    for name in [
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 1",
+        "ailab_sandbox_rollbacks_total{reason=\"manual\"} 1",
+        "ailab_sandbox_policy_denied_total{intent=\"create_file\",reason=\"path_traversal\"} 1",
+        "ailab_sandbox_artifacts ",
+        "ailab_sandbox_escape_attempts_total{detection_method=\"path_traversal\"} 1",
+        "ailab_sandbox_checksum_mismatch_total 0",
+        "ailab_sandbox_mutation_duration_seconds_count{type=\"create_file\"} 1",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+}

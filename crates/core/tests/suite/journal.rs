@@ -1,0 +1,310 @@
+//! Audit chain, tamper detection, torn tails, registry index and lineage.
+
+use crate::support::*;
+use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
+use ailab_sandbox_core::audit::AuditLog;
+use ailab_sandbox_core::confine::state::StateDir;
+use serde_json::json;
+
+fn audited_world(n: usize) -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    let sb = w.sandbox();
+    let actions: Vec<_> = (0..n)
+        .map(|i| json!({"intent": "create_file", "path": format!("f{i}.txt"), "content": "x"}))
+        .collect();
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_a", "actions": actions})
+        )),
+        "success"
+    );
+    (w, sb)
+}
+
+fn audit_path(w: &World) -> std::path::PathBuf {
+    w.state.join("sandbox_audit.jsonl")
+}
+
+fn lines(w: &World) -> Vec<String> {
+    std::fs::read_to_string(audit_path(w))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn write_lines(w: &World, lines: &[String]) {
+    std::fs::write(
+        audit_path(w),
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn chain_verifies_and_is_sequential() {
+    let (w, sb) = audited_world(5);
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.entries, 5);
+    let entries: Vec<serde_json::Value> = lines(&w)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(e["seq"], i as u64 + 1);
+        if i > 0 {
+            assert_eq!(e["prev_hash"], entries[i - 1]["entry_hash"]);
+        }
+    }
+}
+
+#[test]
+fn edited_line_is_detected() {
+    let (w, sb) = audited_world(4);
+    let mut l = lines(&w);
+    l[1] = l[1].replace("create_file", "replace_file");
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.first_bad_seq, Some(2));
+    assert!(v.reason.unwrap().contains("edited"));
+}
+
+#[test]
+fn removed_line_is_detected() {
+    let (w, sb) = audited_world(4);
+    let mut l = lines(&w);
+    l.remove(2);
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.first_bad_seq, Some(3));
+}
+
+#[test]
+fn reordered_lines_are_detected() {
+    let (w, sb) = audited_world(4);
+    let mut l = lines(&w);
+    l.swap(0, 1);
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.first_bad_seq, Some(1));
+}
+
+#[test]
+fn truncated_tail_is_detected_through_the_head() {
+    let (w, sb) = audited_world(4);
+    let mut l = lines(&w);
+    l.truncate(3);
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.first_bad_seq, Some(4));
+    assert!(v.reason.unwrap().contains("removed from the end"));
+}
+
+#[test]
+fn newline_in_a_payload_cannot_forge_a_line() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let forged = "x\n{\"seq\":99}";
+    run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": forged, "content": "x"}]}),
+    );
+    let l = lines(&w);
+    assert_eq!(l.len(), 1, "one refused action, one line");
+    let e: serde_json::Value = serde_json::from_str(&l[0]).unwrap();
+    assert_eq!(e["target_path"], forged);
+    assert_eq!(e["reason_code"], "path_traversal");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+#[test]
+fn torn_last_line_is_repaired_on_open() {
+    let (w, sb) = audited_world(3);
+    drop(sb);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(audit_path(&w))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"seq\":4,\"timest").unwrap();
+    drop(f);
+    let sb = w.sandbox();
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.entries, 3);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "g.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok);
+    assert_eq!(v.entries, 4);
+    assert!(std::fs::read(audit_path(&w)).unwrap().ends_with(b"\n"));
+}
+
+#[test]
+fn two_logs_on_one_file_keep_one_chain() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false).unwrap();
+    let b = AuditLog::open(&state, false).unwrap();
+    let rec = |i: usize| ailab_sandbox_core::audit::AuditRecord {
+        timestamp: format!("2026-01-01T00:00:{i:02}Z"),
+        execution_id: "ex".into(),
+        workflow_id: "wf".into(),
+        action_id: format!("a{i}"),
+        mutation_class: None,
+        mutation_type: "create_file".into(),
+        target_path: "p".into(),
+        before_checksum: None,
+        after_checksum: None,
+        rollback_available: false,
+        rollback_path: None,
+        status: ailab_sandbox_core::audit::AuditStatus::Blocked,
+        reason_code: None,
+        error: None,
+    };
+    for i in 0..10 {
+        let log = if i % 2 == 0 { &a } else { &b };
+        let written = log.append(vec![rec(i)]).unwrap();
+        assert_eq!(written[0].seq, i as u64 + 1);
+    }
+    assert!(a.verify().unwrap().ok);
+    assert_eq!(b.stats().unwrap().total, 10);
+}
+
+fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
+    ArtifactEntry {
+        artifact_id: id.into(),
+        path: format!("/r/{id}"),
+        checksum_sha256: sha(id.as_bytes()),
+        size_bytes: 10,
+        mutation_type: "create_file".into(),
+        workflow_id: wf.into(),
+        action_id: format!("act_{id}"),
+        parent_workflow_id: None,
+        parent_artifact_id: parent.map(str::to_owned),
+        generated_by_action: format!("ex/{id}"),
+        created_at: "2026-01-01T00:00:00Z".into(),
+    }
+}
+
+fn ids(v: &[ArtifactEntry]) -> Vec<&str> {
+    v.iter().map(|e| e.artifact_id.as_str()).collect()
+}
+
+#[test]
+fn lineage_on_a_chain_and_a_diamond() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    reg.register(&entry("A", None, "w1")).unwrap();
+    reg.register(&entry("B", Some("A"), "w1")).unwrap();
+    reg.register(&entry("C", Some("A"), "w2")).unwrap();
+    reg.register(&entry("D", Some("B"), "w2")).unwrap();
+    assert_eq!(ids(&reg.get_lineage("D").unwrap()), ["B", "A"]);
+    assert_eq!(ids(&reg.get_lineage("C").unwrap()), ["A"]);
+    assert!(reg.get_lineage("A").unwrap().is_empty());
+    assert!(reg.get_lineage("nope").unwrap().is_empty());
+    assert_eq!(reg.count_by_workflow("w1").unwrap(), 2);
+    assert_eq!(reg.total_bytes_by_workflow("w2").unwrap(), 20);
+    assert_eq!(ids(&reg.get_by_workflow("w2").unwrap()), ["C", "D"]);
+    assert_eq!(ids(&reg.list(2, None).unwrap()), ["D", "C"]);
+}
+
+#[test]
+fn lineage_is_cycle_safe() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    reg.register(&entry("X", Some("Y"), "w")).unwrap();
+    reg.register(&entry("Y", Some("X"), "w")).unwrap();
+    reg.register(&entry("Z", Some("Z"), "w")).unwrap();
+    assert_eq!(ids(&reg.get_lineage("X").unwrap()), ["Y"]);
+    assert!(reg.get_lineage("Z").unwrap().is_empty());
+}
+
+#[test]
+fn registry_sees_appends_from_another_handle_without_reopening() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = ArtifactRegistry::open(&state, false).unwrap();
+    let b = ArtifactRegistry::open(&state, false).unwrap();
+    a.register(&entry("A", None, "w")).unwrap();
+    assert_eq!(
+        b.get("A").unwrap().map(|e| e.artifact_id),
+        Some("A".to_owned())
+    );
+    b.register(&entry("B", Some("A"), "w")).unwrap();
+    assert_eq!(a.count_by_workflow("w").unwrap(), 2);
+}
+
+#[test]
+fn successive_writes_of_one_path_form_a_lineage_by_default() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_l", "actions": [
+        {"intent": "create_file", "path": "l.md", "content": "v1"},
+        {"intent": "replace_file", "path": "l.md", "content": "v2"},
+        {"intent": "sandbox_transform", "path": "l.md", "edits": [{"old": "v2", "new": "v3"}]}]}),
+    );
+    let ids_: Vec<String> = r
+        .actions
+        .iter()
+        .map(|a| a.artifact_id.clone().unwrap())
+        .collect();
+    let (_, lineage) = sb.artifact_with_lineage(&ids_[2]).unwrap().unwrap();
+    assert_eq!(
+        lineage
+            .iter()
+            .map(|e| e.artifact_id.clone())
+            .collect::<Vec<_>>(),
+        vec![ids_[1].clone(), ids_[0].clone()]
+    );
+    let r2 = run(
+        &sb,
+        json!({"workflow_id": "wf_l2", "parent_workflow_id": "wf_l", "actions": [
+        {"intent": "create_file", "path": "derived.md", "content": "d", "parent_artifact_id": ids_[2]}]}),
+    );
+    let (art, lineage) = sb
+        .artifact_with_lineage(r2.actions[0].artifact_id.as_ref().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(art.parent_workflow_id.as_deref(), Some("wf_l"));
+    assert_eq!(lineage.len(), 3);
+    let r3 = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "d", "parent_artifact_id": "art_missing"}]}),
+    );
+    assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
+}
+
+#[test]
+fn stats_count_by_status_class_and_intent() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_s", "actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "a"},
+        {"intent": "create_directory", "path": "d"}]}),
+    );
+    run(
+        &sb,
+        json!({"actions": [{"intent": "delete_file", "path": "a.txt"}]}),
+    );
+    sb.rollback_workflow("wf_s", &Default::default());
+    let s = sb.audit_stats().unwrap();
+    assert_eq!((s.total, s.success, s.blocked, s.rolled_back), (5, 2, 1, 2));
+    assert_eq!(s.by_intent.get("create_file"), Some(&2));
+    assert_eq!(s.by_mutation_class.get("create"), Some(&2));
+    assert_eq!(s.by_mutation_class.get("rollback"), Some(&2));
+}

@@ -1,0 +1,12 @@
+mod catalog;
+mod chmod;
+mod config;
+mod confine_paths;
+mod confine_root;
+mod exec_ops;
+mod exec_pipeline;
+mod governance;
+mod journal;
+mod permissions;
+mod rollback;
+mod workflow_state;

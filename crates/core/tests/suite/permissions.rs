@@ -1,0 +1,220 @@
+//! Permission scopes, the phase table and the execution context (SPEC §4).
+
+use PermissionScope::{
+    Forbidden, PrivilegedReserved, Readonly, RuntimeWriteReserved, WorkspaceWriteReserved,
+};
+use ailab_sandbox_core::catalog::{FORBIDDEN_INTENTS, OPERATIONS, READ_INTENTS};
+use ailab_sandbox_core::context::{DryRunReason, ExecutionContext, ExecutionMode};
+use ailab_sandbox_core::policy::{
+    DEFAULT_PHASE, PermissionScope, allowed_scopes, classify_permission_scope, is_scope_allowed,
+    phase_supports_sandbox_write,
+};
+
+#[test]
+fn phases_28_1_28_2_and_28_4_are_readonly_only() {
+    for phase in ["28.1", "28.2", "28.4"] {
+        assert_eq!(allowed_scopes(phase), [Readonly], "{phase}");
+        assert!(!phase_supports_sandbox_write(phase), "{phase}");
+    }
+}
+
+#[test]
+fn phases_28_3_and_28_5_add_workspace_write() {
+    for phase in ["28.3", "28.5"] {
+        assert_eq!(
+            allowed_scopes(phase),
+            [Readonly, WorkspaceWriteReserved],
+            "{phase}"
+        );
+        assert!(phase_supports_sandbox_write(phase), "{phase}");
+        assert!(!is_scope_allowed(phase, RuntimeWriteReserved), "{phase}");
+    }
+}
+
+#[test]
+fn phase_28_6_adds_runtime_write() {
+    assert_eq!(
+        allowed_scopes("28.6"),
+        [Readonly, WorkspaceWriteReserved, RuntimeWriteReserved]
+    );
+    assert!(!is_scope_allowed("28.6", PrivilegedReserved));
+}
+
+#[test]
+fn phases_28_7_and_28_8_add_privileged() {
+    for phase in ["28.7", "28.8"] {
+        assert_eq!(
+            allowed_scopes(phase),
+            [
+                Readonly,
+                WorkspaceWriteReserved,
+                RuntimeWriteReserved,
+                PrivilegedReserved
+            ],
+            "{phase}"
+        );
+        assert!(is_scope_allowed(phase, PrivilegedReserved));
+    }
+}
+
+#[test]
+fn unknown_phases_are_readonly_and_forbidden_is_never_allowed() {
+    for phase in ["", "28", "28.9", "29.3", "28.3.1", " 28.3", "28.30", "x"] {
+        assert_eq!(allowed_scopes(phase), [Readonly], "{phase:?}");
+    }
+    for phase in ["28.1", "28.3", "28.6", "28.8", "nope"] {
+        assert!(!is_scope_allowed(phase, Forbidden), "{phase}");
+    }
+}
+
+#[test]
+fn default_phase_is_the_write_executor() {
+    assert_eq!(DEFAULT_PHASE, "28.3");
+    assert!(phase_supports_sandbox_write(DEFAULT_PHASE));
+}
+
+#[test]
+fn classify_write_read_forbidden_and_unknown_intents() {
+    for o in OPERATIONS.iter() {
+        assert_eq!(
+            classify_permission_scope(o.name, None),
+            WorkspaceWriteReserved,
+            "{}",
+            o.name
+        );
+    }
+    for intent in READ_INTENTS {
+        assert_eq!(
+            classify_permission_scope(intent, None),
+            Readonly,
+            "{intent}"
+        );
+    }
+    for intent in FORBIDDEN_INTENTS {
+        assert_eq!(
+            classify_permission_scope(intent, None),
+            Forbidden,
+            "{intent}"
+        );
+    }
+    for intent in ["", "chmod", "sudo", "Create_File"] {
+        assert_eq!(
+            classify_permission_scope(intent, None),
+            Forbidden,
+            "{intent:?}"
+        );
+    }
+}
+
+#[test]
+fn shell_tools_make_any_intent_forbidden() {
+    for tool in ["shell", "BASH", "sh", "exec", "Terminal", "run_command"] {
+        assert_eq!(
+            classify_permission_scope("create_file", Some(tool)),
+            Forbidden,
+            "{tool}"
+        );
+        assert_eq!(
+            classify_permission_scope("read_file", Some(tool)),
+            Forbidden,
+            "{tool}"
+        );
+    }
+    assert_eq!(
+        classify_permission_scope("create_file", Some("fs")),
+        WorkspaceWriteReserved
+    );
+}
+
+#[test]
+fn scope_wire_names() {
+    let names: Vec<String> = [
+        Readonly,
+        WorkspaceWriteReserved,
+        RuntimeWriteReserved,
+        PrivilegedReserved,
+        Forbidden,
+    ]
+    .iter()
+    .map(|s| serde_json::to_string(s).unwrap())
+    .collect();
+    assert_eq!(
+        names,
+        [
+            "\"readonly\"",
+            "\"workspace_write_reserved\"",
+            "\"runtime_write_reserved\"",
+            "\"privileged_reserved\"",
+            "\"forbidden\""
+        ]
+    );
+}
+
+// ---- execution context -----------------------------------------------------------------
+
+#[test]
+fn is_executable_only_for_readonly_and_sandbox_write_without_dry_run() {
+    let cases = [
+        (ExecutionMode::Simulation, false, false),
+        (ExecutionMode::Simulation, true, false),
+        (ExecutionMode::Readonly, false, true),
+        (ExecutionMode::Readonly, true, false),
+        (ExecutionMode::SandboxWrite, false, true),
+        (ExecutionMode::SandboxWrite, true, false),
+    ];
+    for (mode, dry_run, expected) in cases {
+        let ctx = ExecutionContext { mode, dry_run };
+        assert_eq!(ctx.is_executable(), expected, "{mode:?} dry_run={dry_run}");
+    }
+}
+
+#[test]
+fn from_flags_writes_only_with_write_on_dry_run_off_and_a_write_phase() {
+    let (ctx, reason) = ExecutionContext::from_flags(true, false, true);
+    assert_eq!(ctx.mode, ExecutionMode::SandboxWrite);
+    assert!(ctx.is_executable());
+    assert_eq!(reason, None);
+}
+
+#[test]
+fn from_flags_secure_defaults_simulate_with_a_reason() {
+    let cases = [
+        ((false, true, true), DryRunReason::SandboxDisabled),
+        ((false, false, true), DryRunReason::SandboxDisabled),
+        ((true, true, true), DryRunReason::DryRun),
+        ((true, false, false), DryRunReason::PhaseNotSupported),
+        ((false, true, false), DryRunReason::PhaseNotSupported),
+    ];
+    for ((enable, dry, phase_ok), expected) in cases {
+        let (ctx, reason) = ExecutionContext::from_flags(enable, dry, phase_ok);
+        assert_eq!(
+            ctx.mode,
+            ExecutionMode::Simulation,
+            "{enable} {dry} {phase_ok}"
+        );
+        assert!(!ctx.is_executable(), "{enable} {dry} {phase_ok}");
+        assert_eq!(reason, Some(expected), "{enable} {dry} {phase_ok}");
+    }
+}
+
+#[test]
+fn dry_run_reason_wire_names() {
+    let names: Vec<String> = [
+        DryRunReason::SandboxDisabled,
+        DryRunReason::DryRun,
+        DryRunReason::PhaseNotSupported,
+        DryRunReason::GovernanceBlocked,
+    ]
+    .iter()
+    .map(|r| serde_json::to_string(r).unwrap())
+    .collect();
+    assert_eq!(
+        names,
+        [
+            "\"sandbox_disabled\"",
+            "\"dry_run\"",
+            "\"phase_not_supported\"",
+            "\"governance_blocked\""
+        ]
+    );
+}

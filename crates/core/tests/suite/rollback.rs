@@ -1,0 +1,289 @@
+//! Rollback: byte-for-byte restores, conflicts, force, single actions, pruning.
+
+use crate::support::*;
+use ailab_sandbox_core::ReasonCode;
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use serde_json::json;
+
+fn seed(w: &World) {
+    w.write("docs/readme.md", b"# Readme\nline\n");
+    w.write("data/config.json", b"{\"v\": 1}\n");
+    w.write("log.txt", b"start\n");
+}
+
+fn five_actions() -> serde_json::Value {
+    json!({"workflow_id": "wf_five", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "new/deep/file.txt", "content": "new file\n"},
+        {"action_id": "a2", "intent": "append_file", "path": "log.txt", "content": "more\n"},
+        {"action_id": "a3", "intent": "replace_file", "path": "data/config.json", "content": "{\"v\": 2}\n"},
+        {"action_id": "a4", "intent": "sandbox_transform", "path": "docs/readme.md", "edits": [{"old": "line", "new": "changed line"}]},
+        {"action_id": "a5", "intent": "create_directory", "path": "made/here"}]})
+}
+
+#[test]
+fn workflow_rollback_restores_the_tree_byte_for_byte() {
+    let w = World::new();
+    seed(&w);
+    let before = w.tree();
+    let sb = w.sandbox();
+    let r = run(&sb, five_actions());
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    assert_ne!(w.tree(), before);
+    let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 5);
+    assert!(rb.steps.iter().all(|s| s.checksum_validated));
+    let order: Vec<&str> = rb.steps.iter().map(|s| s.action_id.as_str()).collect();
+    assert_eq!(order, ["a5", "a4", "a3", "a2", "a1"], "newest first");
+    assert_eq!(
+        rb.steps[1].restored_checksum.as_deref(),
+        Some(sha(b"# Readme\nline\n").as_str())
+    );
+    assert_eq!(
+        w.tree(),
+        before,
+        "created files and directories removed, changed files restored"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+#[test]
+fn second_rollback_has_nothing_to_do() {
+    let w = World::new();
+    seed(&w);
+    let sb = w.sandbox();
+    run(&sb, five_actions());
+    assert_eq!(
+        sb.rollback_workflow("wf_five", &RollbackOptions::default())
+            .status,
+        "rolled_back"
+    );
+    let again = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+    assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
+}
+
+#[test]
+fn unknown_workflow_is_no_rollback_data() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_never", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused");
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let rb = sb.rollback_workflow("../etc", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::InvalidId));
+}
+
+#[test]
+fn conflict_is_refused_unless_forced() {
+    let w = World::new();
+    seed(&w);
+    let before = w.tree();
+    let sb = w.sandbox();
+    run(&sb, five_actions());
+    w.write("log.txt", b"someone else wrote this\n");
+    let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    assert_eq!(rb.conflicts.len(), 1);
+    assert!(rb.conflicts[0].path.ends_with("log.txt"));
+    assert!(rb.reason.as_deref().unwrap().contains("log.txt"));
+    assert_eq!(
+        w.read("log.txt"),
+        b"someone else wrote this\n",
+        "nothing restored on conflict"
+    );
+    assert_eq!(w.read("data/config.json"), b"{\"v\": 2}\n");
+    let info = sb.rollback_info("wf_five").unwrap();
+    assert!(info.rollback_available);
+    assert_eq!(info.conflicts.len(), 1);
+    let rb = sb.rollback_workflow(
+        "wf_five",
+        &RollbackOptions {
+            action_id: None,
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
+
+#[test]
+fn deleted_file_counts_as_a_conflict() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_del", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    std::fs::remove_file(w.path("a.txt")).unwrap();
+    let rb = sb.rollback_workflow("wf_del", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    assert_eq!(rb.conflicts[0].current_checksum, None);
+}
+
+#[test]
+fn single_action_rollback() {
+    let w = World::new();
+    seed(&w);
+    let sb = w.sandbox();
+    run(&sb, five_actions());
+    let rb = sb.rollback_workflow(
+        "wf_five",
+        &RollbackOptions {
+            action_id: Some("a3".into()),
+            force: false,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 1);
+    assert_eq!(w.read("data/config.json"), b"{\"v\": 1}\n");
+    assert_eq!(
+        w.read("log.txt"),
+        b"start\nmore\n",
+        "other actions untouched"
+    );
+    let rb = sb.rollback_workflow(
+        "wf_five",
+        &RollbackOptions {
+            action_id: Some("zz".into()),
+            force: false,
+        },
+    );
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+}
+
+#[test]
+fn rolling_back_an_older_action_over_a_newer_one_is_a_conflict() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_chain", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "c.md", "content": "v1"},
+        {"action_id": "a2", "intent": "replace_file", "path": "c.md", "content": "v2"}]}),
+    );
+    let rb = sb.rollback_workflow(
+        "wf_chain",
+        &RollbackOptions {
+            action_id: Some("a1".into()),
+            force: false,
+        },
+    );
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    let rb = sb.rollback_workflow("wf_chain", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back");
+    assert!(!w.path("c.md").exists());
+}
+
+#[test]
+fn damaged_backup_is_checksum_mismatch() {
+    let w = World::new();
+    w.write("f.txt", b"original");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_dmg", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "new"}]}),
+    );
+    std::fs::write(w.root.join(".rollback/wf_dmg/a1/backup"), b"tampered").unwrap();
+    let rb = sb.rollback_workflow("wf_dmg", &RollbackOptions::default());
+    assert_eq!(rb.status, "failed");
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch));
+    assert_eq!(w.read("f.txt"), b"new", "a damaged backup is never written");
+    assert!(
+        sb.metrics()
+            .encode()
+            .contains("ailab_sandbox_checksum_mismatch_total 1")
+    );
+}
+
+#[test]
+fn rollback_survives_a_restart() {
+    let w = World::new();
+    seed(&w);
+    let before = w.tree();
+    {
+        let sb = w.sandbox();
+        run(&sb, five_actions());
+    }
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
+
+#[test]
+fn restore_through_a_parent_swapped_for_a_symlink_stays_inside() {
+    let w = World::new();
+    w.write("sub/f.txt", b"original");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_swap", "actions": [{"intent": "replace_file", "path": "sub/f.txt", "content": "new"}]}),
+    );
+    std::fs::rename(w.path("sub"), w.tmp.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(&w.outside, w.path("sub")).unwrap();
+    let outside_before = w.outside_tree();
+    let rb = sb.rollback_workflow(
+        "wf_swap",
+        &RollbackOptions {
+            action_id: None,
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "failed");
+    assert_eq!(rb.reason_code, Some(ReasonCode::SymlinkEscape));
+    assert_eq!(w.outside_tree(), outside_before, "nothing written outside");
+    assert!(!w.outside.join("f.txt").exists());
+}
+
+#[test]
+fn prune_removes_old_finished_workflows_only() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_old", "actions": [{"intent": "create_file", "path": "o.txt", "content": "o"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    run(
+        &sb,
+        json!({"workflow_id": "wf_new", "actions": [{"intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_old"]);
+    assert_eq!(report.workflows_kept, 1);
+    assert!(!w.root.join(".rollback/wf_old").exists());
+    assert!(w.root.join(".rollback/wf_new").exists());
+    assert_eq!(
+        sb.rollback_workflow("wf_old", &RollbackOptions::default())
+            .reason_code,
+        Some(ReasonCode::NoRollbackData)
+    );
+}
+
+#[test]
+fn snapshot_metadata_is_the_original_path_marker() {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_meta", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(w.root.join(".rollback/wf_meta/a1/meta.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["original_path"], "m.txt");
+    assert_eq!(meta["existed"], true);
+    assert_eq!(meta["kind"], "file");
+    assert_eq!(meta["size_bytes"], 4);
+    assert_eq!(meta["sha256"], sha(b"mark"));
+    assert_eq!(meta["intent"], "replace_file");
+    assert_eq!(
+        std::fs::read(w.root.join(".rollback/wf_meta/a1/backup")).unwrap(),
+        b"mark"
+    );
+}

@@ -1,0 +1,146 @@
+//! Fixtures shared by the executor, rollback, registry and audit tests.
+#![allow(dead_code)]
+
+use ailab_sandbox_core::clock::{Clock, ManualClock};
+use ailab_sandbox_core::config::Durability;
+use ailab_sandbox_core::{Config, Plan, RunResult, Sandbox};
+use chrono::TimeZone;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A temporary world: a root, a state directory and an outside directory.
+pub struct World {
+    pub tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub outside: PathBuf,
+    pub clock: ManualClock,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let state = tmp.path().join("state");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), b"outside-secret").unwrap();
+        let start = chrono::Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
+        Self {
+            tmp,
+            root,
+            state,
+            outside,
+            clock: ManualClock::new(start),
+        }
+    }
+
+    pub fn config(&self) -> Config {
+        let mut c = Config::with_roots(vec![self.root.clone()], self.state.clone());
+        c.durability = Durability::Relaxed;
+        c
+    }
+
+    pub fn writable_config(&self) -> Config {
+        let mut c = self.config();
+        c.enable_write = true;
+        c.dry_run = false;
+        c
+    }
+
+    /// A sandbox with writes enabled and the manual clock.
+    pub fn sandbox(&self) -> Sandbox {
+        self.open(self.writable_config())
+    }
+
+    pub fn open(&self, config: Config) -> Sandbox {
+        let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
+        Sandbox::open_with_clock(config, clock).unwrap()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    pub fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.path(rel)).unwrap()
+    }
+
+    pub fn write(&self, rel: &str, bytes: &[u8]) {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+
+    /// The root's tree (without `.rollback/`): path → file bytes, or `None` for a directory.
+    pub fn tree(&self) -> BTreeMap<String, Option<Vec<u8>>> {
+        tree(&self.root)
+    }
+
+    /// The outside directory's tree.
+    pub fn outside_tree(&self) -> BTreeMap<String, Option<Vec<u8>>> {
+        tree(&self.outside)
+    }
+}
+
+pub fn tree(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, Option<Vec<u8>>>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries {
+        let e = e.unwrap();
+        let p = e.path();
+        let rel = p.strip_prefix(base).unwrap().to_string_lossy().into_owned();
+        if rel == ".rollback" {
+            continue;
+        }
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.insert(rel, None);
+            walk(base, &p, out);
+        } else if ft.is_file() {
+            out.insert(rel, Some(std::fs::read(&p).unwrap()));
+        } else {
+            out.insert(rel, Some(b"<special>".to_vec()));
+        }
+    }
+}
+
+pub fn plan(v: serde_json::Value) -> Plan {
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn run(sb: &Sandbox, v: serde_json::Value) -> RunResult {
+    sb.run_plan(plan(v)).unwrap()
+}
+
+pub fn sha(bytes: &[u8]) -> String {
+    ailab_sandbox_core::hash::sha256_hex(bytes)
+}
+
+pub fn status(r: &RunResult) -> String {
+    serde_json::to_value(r.status)
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+pub fn action_status(r: &RunResult, i: usize) -> String {
+    serde_json::to_value(r.actions[i].status)
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+pub fn code(r: &RunResult, i: usize) -> Option<String> {
+    r.actions[i].reason_code.map(|c| c.as_str().to_owned())
+}
