@@ -127,6 +127,9 @@ pub struct AuditStats {
 #[derive(Debug, Default)]
 struct Index {
     entries: Vec<SandboxAuditEntry>,
+    /// Rate-limiter state (GCRA TAT) per workflow, kept current as entries arrive.
+    tat: std::collections::HashMap<String, f64>,
+    per_minute: u32,
     by_workflow: BTreeMap<String, Vec<usize>>,
     last_seq: u64,
     last_hash: String,
@@ -164,6 +167,17 @@ impl Index {
         if let Some(r) = e.reason_code {
             *s.by_reason_code.entry(r.as_str().to_owned()).or_default() += 1;
         }
+        if e.status == AuditStatus::Success
+            && e.mutation_class != Some(MutationClass::Rollback)
+            && let Some(t) = crate::clock::parse_timestamp(&e.timestamp)
+        {
+            let tat = self
+                .tat
+                .entry(e.workflow_id.clone())
+                .or_insert(f64::NEG_INFINITY);
+            *tat =
+                crate::budget::advance_tat(*tat, crate::budget::epoch_seconds(t), self.per_minute);
+        }
         self.last_seq = e.seq;
         self.last_hash = e.entry_hash.clone();
         self.by_workflow
@@ -185,9 +199,11 @@ pub struct AuditLog {
 impl AuditLog {
     /// Opens (creating) the log, repairs a torn tail and loads the index. A head that
     /// lags the log (a crash between the append and the head update) is brought forward.
-    pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
+    /// `writes_per_minute` is the rate the limiter state is kept for.
+    pub fn open(state: &StateDir, durable: bool, writes_per_minute: u32) -> io::Result<Self> {
         let mut journal = Journal::open(state, AUDIT_FILE, durable)?;
         let mut index = Index {
+            per_minute: writes_per_minute.max(1),
             last_hash: GENESIS_HASH.to_owned(),
             ..Index::default()
         };
@@ -324,23 +340,14 @@ impl AuditLog {
         })
     }
 
-    /// Timestamps of a workflow's executed writes (successful, not rollbacks), oldest
-    /// first: the durable history the rate limiter replays.
-    pub fn write_times(&self, workflow_id: &str) -> io::Result<Vec<String>> {
+    /// The rate limiter's state for a workflow: the GCRA theoretical arrival time of its
+    /// executed writes (successful, not rollbacks), replayed from the durable log.
+    pub fn rate_tat(&self, workflow_id: &str) -> io::Result<f64> {
         self.with(|ix| {
-            ix.by_workflow
+            ix.tat
                 .get(workflow_id)
-                .map(|ids| {
-                    ids.iter()
-                        .map(|&i| &ix.entries[i])
-                        .filter(|e| {
-                            e.status == AuditStatus::Success
-                                && e.mutation_class != Some(MutationClass::Rollback)
-                        })
-                        .map(|e| e.timestamp.clone())
-                        .collect()
-                })
-                .unwrap_or_default()
+                .copied()
+                .unwrap_or(f64::NEG_INFINITY)
         })
     }
 

@@ -40,13 +40,32 @@ pub fn check_budget(
     Ok(())
 }
 
-/// A token bucket (GCRA form) with `per_minute` tokens a minute and a burst of
-/// `per_minute`, replayed from the times of earlier writes (oldest first). Refuses when
-/// `need` tokens are not free at `now`, saying how many seconds until they are.
+/// Seconds since the epoch, as the rate limiter counts time.
+pub fn epoch_seconds(t: DateTime<Utc>) -> f64 {
+    t.timestamp_micros() as f64 / 1e6
+}
+
+/// The token bucket in GCRA form: its whole state is one number, the theoretical arrival
+/// time (TAT), `f64::NEG_INFINITY` for a bucket that never saw a write. This moves it
+/// past one write made at `at` (seconds since the epoch).
+pub fn advance_tat(tat: f64, at: f64, per_minute: u32) -> f64 {
+    tat.max(at) + 60.0 / f64::from(per_minute.max(1))
+}
+
+/// Replays a history of write times (oldest first) into a TAT.
+pub fn replay_tat(history: &[DateTime<Utc>], per_minute: u32) -> f64 {
+    history.iter().fold(f64::NEG_INFINITY, |tat, t| {
+        advance_tat(tat, epoch_seconds(*t), per_minute)
+    })
+}
+
+/// A token bucket of `per_minute` tokens a minute with a burst of `per_minute`, whose
+/// state `tat` comes from the durable write history. Refuses when `need` tokens are not
+/// free at `now`, saying how many seconds until they are.
 pub fn check_rate(
     workflow_id: &str,
     per_minute: u32,
-    history: &[DateTime<Utc>],
+    tat: f64,
     now: DateTime<Utc>,
     need: u32,
 ) -> Verdict {
@@ -62,13 +81,12 @@ pub fn check_rate(
             ),
         ));
     }
-    let wait = seconds_until_free(per_minute, history, now, need);
+    let wait = seconds_until_free(per_minute, tat, now, need);
     if wait > 0.0 {
         return Err(Refusal::new(
             ReasonCode::RateLimited,
             format!(
-                "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {:.1} seconds",
-                wait
+                "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {wait:.1} seconds"
             ),
         ));
     }
@@ -76,23 +94,12 @@ pub fn check_rate(
 }
 
 /// Seconds until `need` tokens are free (0 when they are now).
-pub fn seconds_until_free(
-    per_minute: u32,
-    history: &[DateTime<Utc>],
-    now: DateTime<Utc>,
-    need: u32,
-) -> f64 {
+pub fn seconds_until_free(per_minute: u32, tat: f64, now: DateTime<Utc>, need: u32) -> f64 {
     let per_minute = per_minute.max(1);
     let interval = 60.0 / f64::from(per_minute);
     let tolerance = interval * f64::from(per_minute);
-    let at = |t: &DateTime<Utc>| t.timestamp_micros() as f64 / 1e6;
-    let now_s = at(&now);
-    let mut tat = f64::NEG_INFINITY;
-    for t in history {
-        tat = tat.max(at(t)) + interval;
-    }
-    let start = tat.max(now_s);
-    let wait = start + interval * f64::from(need) - tolerance - now_s;
+    let now_s = epoch_seconds(now);
+    let wait = tat.max(now_s) + interval * f64::from(need) - tolerance - now_s;
     if wait > 1e-9 { wait } else { 0.0 }
 }
 
@@ -111,17 +118,18 @@ mod tests {
     fn burst_of_ten_then_one_every_six_seconds() {
         let mut hist = Vec::new();
         for _ in 0..10 {
-            assert!(check_rate("w", 10, &hist, t(0), 1).is_ok());
+            assert!(check_rate("w", 10, replay_tat(&hist, 10), t(0), 1).is_ok());
             hist.push(t(0));
         }
-        let refused = check_rate("w", 10, &hist, t(0), 1)
+        let tat = replay_tat(&hist, 10);
+        let refused = check_rate("w", 10, tat, t(0), 1)
             .err()
             .map(|r| r.reason_code);
         assert_eq!(refused, Some(ReasonCode::RateLimited));
-        assert!((seconds_until_free(10, &hist, t(0), 1) - 6.0).abs() < 1e-6);
-        assert!(check_rate("w", 10, &hist, t(6), 1).is_ok());
-        assert!(check_rate("w", 10, &hist, t(59), 10).is_err());
-        assert!(check_rate("w", 10, &hist, t(60), 10).is_ok());
+        assert!((seconds_until_free(10, tat, t(0), 1) - 6.0).abs() < 1e-6);
+        assert!(check_rate("w", 10, tat, t(6), 1).is_ok());
+        assert!(check_rate("w", 10, tat, t(59), 10).is_err());
+        assert!(check_rate("w", 10, tat, t(60), 10).is_ok());
     }
 
     #[test]

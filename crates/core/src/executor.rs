@@ -8,7 +8,6 @@ use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel};
-use crate::clock::parse_timestamp;
 use crate::confine::TargetKind;
 use crate::confine::root::FILE_MODE;
 use crate::context::DryRunReason;
@@ -222,7 +221,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let used_artifacts = sb.registry.count_by_workflow(wf).unwrap_or(0);
         let used_bytes = sb.registry.total_bytes_by_workflow(wf).unwrap_or(0);
         let (mut add_artifacts, mut add_bytes, mut writes) = (0u64, 0u64, 0u32);
-        let history = self.write_history();
+        let tat = self.rate_tat();
         let now = sb.clock.now();
         let mut out = Vec::new();
         for a in &self.plan.actions {
@@ -289,13 +288,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         size,
                     )?;
                 }
-                check_rate(
-                    wf,
-                    sb.config.limits.writes_per_minute,
-                    &history,
-                    now,
-                    writes + 1,
-                )?;
+                check_rate(wf, sb.config.limits.writes_per_minute, tat, now, writes + 1)?;
                 Ok(Prepared {
                     approval,
                     bytes,
@@ -325,14 +318,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         out
     }
 
-    fn write_history(&self) -> Vec<chrono::DateTime<chrono::Utc>> {
+    fn rate_tat(&self) -> f64 {
         self.sb
             .audit
-            .write_times(&self.plan.workflow_id)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|t| parse_timestamp(t))
-            .collect()
+            .rate_tat(&self.plan.workflow_id)
+            .unwrap_or(f64::NEG_INFINITY)
     }
 
     fn base_result(
@@ -493,6 +483,36 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     fn execute(mut self) -> RunResult {
         self.go(WorkflowState::Executing);
+        let record = crate::recovery::InflightRecord {
+            execution_id: self.execution_id.clone(),
+            workflow_id: self.plan.workflow_id.clone(),
+            started_at: self.sb.now(),
+        };
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        if let Err(e) = self
+            .sb
+            .state
+            .inflight_add(&self.execution_id, &bytes, self.sb.durable())
+        {
+            let r = Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not record the run in the state directory: {}",
+                    e.kind()
+                ),
+            );
+            let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();
+            return self.blocked(checks, false);
+        }
+        let sb = self.sb;
+        let result = self.execute_actions();
+        if let Err(e) = sb.state.inflight_remove(&result.execution_id) {
+            tracing::warn!(error = %e, "could not remove the run's in-flight record");
+        }
+        result
+    }
+
+    fn execute_actions(mut self) -> RunResult {
         let actions = self.plan.actions.clone();
         let mut results: Vec<ActionResult> = Vec::new();
         let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
@@ -634,7 +654,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             check_rate(
                 &wf,
                 sb.config.limits.writes_per_minute,
-                &self.write_history(),
+                self.rate_tat(),
                 sb.clock.now(),
                 1,
             )?;

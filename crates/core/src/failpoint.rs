@@ -1,5 +1,5 @@
 //! Failure injection for crash-consistency tests. A [`FailPoints`] set belongs to one
-//! [`crate::Sandbox`]; production code only asks it whether a named point should fail,
+//! [`crate::Sandbox`]; production code only asks it whether a named point should fire,
 //! which is one uncontended lock when nothing is armed.
 
 use std::collections::HashMap;
@@ -15,34 +15,50 @@ pub const POINTS: [&str; 6] = [
     "during_restore",
 ];
 
-/// Armed failure points: name → how many more hits pass before one fails.
+/// What an armed point does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// The step returns an I/O error; the pipeline handles it.
+    Error,
+    /// The thread panics on the spot, skipping every clean-up step: the picture left on
+    /// disk is that of a crash (files, logs and in-flight records as they are).
+    Crash,
+}
+
+/// Armed failure points: name → (hits to let pass, then what to do).
 #[derive(Debug, Default)]
 pub struct FailPoints {
-    armed: Mutex<HashMap<String, u32>>,
+    armed: Mutex<HashMap<String, (u32, FailMode)>>,
 }
 
 impl FailPoints {
-    /// Arms `point` to fail on its `nth` hit from now (1 = the next one).
+    /// Arms `point` to return an error on its `nth` hit from now (1 = the next one).
     pub fn arm(&self, point: &str, nth: u32) {
+        self.arm_with(point, nth, FailMode::Error);
+    }
+
+    /// Arms `point` to crash on its `nth` hit from now.
+    pub fn arm_crash(&self, point: &str, nth: u32) {
+        self.arm_with(point, nth, FailMode::Crash);
+    }
+
+    fn arm_with(&self, point: &str, nth: u32, mode: FailMode) {
         if let Ok(mut m) = self.armed.lock() {
-            m.insert(point.to_owned(), nth.max(1));
+            m.insert(point.to_owned(), (nth.max(1), mode));
         }
     }
 
-    /// Whether `point` fails now (it then disarms).
-    pub fn hit(&self, point: &str) -> bool {
-        let Ok(mut m) = self.armed.lock() else {
-            return false;
-        };
-        let Some(n) = m.get_mut(point) else {
-            return false;
-        };
+    /// What `point` does now, if it fires (it then disarms).
+    pub fn hit(&self, point: &str) -> Option<FailMode> {
+        let mut m = self.armed.lock().ok()?;
+        let (n, mode) = m.get_mut(point)?;
         *n -= 1;
         if *n == 0 {
+            let mode = *mode;
             m.remove(point);
-            true
+            Some(mode)
         } else {
-            false
+            None
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod plan;
 pub mod policy;
 pub mod reason;
+pub mod recovery;
 pub mod sandbox;
 pub mod snapshot;
 pub mod workflow;

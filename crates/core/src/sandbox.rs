@@ -9,7 +9,7 @@ use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::clock::{Clock, SystemClock, timestamp};
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::{join_display, shown_path};
-use crate::confine::root::{DirEntryInfo, remove_temp_files};
+use crate::confine::root::DirEntryInfo;
 use crate::confine::state::StateDir;
 use crate::confine::{RelPath, SandboxRoot, TargetKind, check_reserved, resolve_sandbox_path};
 use crate::context::{DryRunReason, ExecutionContext, ExecutionMode};
@@ -267,24 +267,12 @@ impl Sandbox {
         let durable = config.durability.is_strict();
         let registry = ArtifactRegistry::open(&state, durable)
             .map_err(Error::io("open the artifact registry"))?;
-        let audit = AuditLog::open(&state, durable).map_err(Error::io("open the audit log"))?;
+        let audit = AuditLog::open(&state, durable, config.limits.writes_per_minute)
+            .map_err(Error::io("open the audit log"))?;
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
-        let depth = config.limits.max_path_depth;
-        for root in &roots {
-            match remove_temp_files(root.dir(), depth) {
-                Ok(0) => {}
-                Ok(n) => notices.push(format!(
-                    "removed {n} leftover temporary files under {}",
-                    root.path().display()
-                )),
-                Err(e) => {
-                    tracing::warn!(root = %root.path().display(), error = %e, "could not scan for leftover temporary files")
-                }
-            }
-        }
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
-        Ok(Self {
+        let mut sb = Self {
             config,
             roots,
             root_paths,
@@ -296,7 +284,14 @@ impl Sandbox {
             metrics,
             clock,
             failpoints: crate::failpoint::FailPoints::default(),
-        })
+        };
+        for r in sb.recover() {
+            sb.notices.push(format!(
+                "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} temporary files removed",
+                r.execution_id, r.workflow_id, r.rolled_back, r.temp_files_removed
+            ));
+        }
+        Ok(sb)
     }
 
     /// Failure injection, for crash-consistency tests.
@@ -305,13 +300,16 @@ impl Sandbox {
     }
 
     pub(crate) fn fail_at(&self, point: &str) -> Verdict {
-        if self.failpoints.hit(point) {
-            return Err(crate::reason::Refusal::new(
+        match self.failpoints.hit(point) {
+            None => Ok(()),
+            Some(crate::failpoint::FailMode::Error) => Err(crate::reason::Refusal::new(
                 ReasonCode::IoError,
                 format!("injected failure at {point}"),
-            ));
+            )),
+            Some(crate::failpoint::FailMode::Crash) => {
+                std::panic::panic_any(format!("injected crash at {point}"))
+            }
         }
-        Ok(())
     }
 
     /// The configuration in force.

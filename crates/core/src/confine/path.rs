@@ -54,8 +54,8 @@ impl RelPath {
         self.components.iter().collect()
     }
 
-    /// Builds from trusted components (already validated elsewhere).
-    pub(crate) fn from_components(components: Vec<String>) -> Self {
+    /// Builds from components that were validated elsewhere (records the runtime wrote).
+    pub fn from_components(components: Vec<String>) -> Self {
         Self { components }
     }
 }

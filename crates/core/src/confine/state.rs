@@ -6,6 +6,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+/// Subdirectory holding one record per run that is changing files right now.
+pub const INFLIGHT_DIR: &str = "inflight";
+
 /// The state directory.
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -19,10 +22,12 @@ impl StateDir {
             .recursive(true)
             .mode(0o700)
             .create(path)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path.join("locks"))?;
+        for sub in ["locks", INFLIGHT_DIR] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path.join(sub))?;
+        }
         Ok(Self {
             path: path.to_path_buf(),
         })
@@ -58,6 +63,62 @@ impl StateDir {
             .open(self.path.join("locks").join(format!("{name}.lock")))?;
         file.lock()?;
         Ok(FileLock { file })
+    }
+
+    /// Like [`StateDir::lock`] but does not wait: `None` when another holder has it.
+    pub fn try_lock(&self, name: &str) -> io::Result<Option<FileLock>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.path.join("locks").join(format!("{name}.lock")))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(FileLock { file })),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    /// Records that run `id` is about to change files (durable when `durable`).
+    pub fn inflight_add(&self, id: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+        let dir = self.path.join(INFLIGHT_DIR);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join(format!("{id}.json")))?;
+        f.write_all(bytes)?;
+        if durable {
+            f.sync_data()?;
+            File::open(&dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Removes run `id`'s record.
+    pub fn inflight_remove(&self, id: &str) -> io::Result<()> {
+        match std::fs::remove_file(self.path.join(INFLIGHT_DIR).join(format!("{id}.json"))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every run record: `(id, contents)`.
+    pub fn inflight_list(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.path.join(INFLIGHT_DIR))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            out.push((id.to_owned(), std::fs::read(e.path())?));
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// Reads a small file; `None` when it does not exist.

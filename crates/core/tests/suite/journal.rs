@@ -152,8 +152,8 @@ fn torn_last_line_is_repaired_on_open() {
 fn two_logs_on_one_file_keep_one_chain() {
     let w = World::new();
     let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false).unwrap();
-    let b = AuditLog::open(&state, false).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    let b = AuditLog::open(&state, false, 10).unwrap();
     let rec = |i: usize| ailab_sandbox_core::audit::AuditRecord {
         timestamp: format!("2026-01-01T00:00:{i:02}Z"),
         execution_id: "ex".into(),

@@ -1,0 +1,143 @@
+//! Start-up recovery. A run records itself in the state directory's `inflight/` before it
+//! touches a file and removes the record when it ends. A record whose workflow lock is
+//! free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
+//! that were snapshotted but never audited as done are rolled back from their snapshots,
+//! and the temporary files it may have left are removed.
+
+use crate::audit::AuditStatus;
+use crate::confine::RelPath;
+use crate::confine::path::ROLLBACK_DIR;
+use crate::confine::root::remove_temp_files;
+use crate::sandbox::Sandbox;
+use cap_fs_ext::DirExt;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// The record a run keeps while it changes files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InflightRecord {
+    /// The run.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// When it started.
+    pub started_at: String,
+}
+
+/// What recovery did for one dead run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The dead run.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// In-doubt actions rolled back.
+    pub rolled_back: usize,
+    /// Temporary files removed.
+    pub temp_files_removed: usize,
+}
+
+impl Sandbox {
+    /// Recovers every run that died while changing files. Runs still alive in another
+    /// process (their workflow lock is held) are left alone.
+    pub fn recover(&self) -> Vec<Recovered> {
+        let records = match self.state.inflight_list() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list in-flight runs");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for (id, bytes) in records {
+            let Ok(rec) = serde_json::from_slice::<InflightRecord>(&bytes) else {
+                tracing::warn!(record = %id, "unreadable in-flight record removed");
+                let _ = self.state.inflight_remove(&id);
+                continue;
+            };
+            if !crate::plan::is_valid_id(&rec.workflow_id) {
+                let _ = self.state.inflight_remove(&id);
+                continue;
+            }
+            let _lock = match self.state.try_lock(&format!("wf-{}", rec.workflow_id)) {
+                Ok(Some(l)) => l,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot lock a workflow for recovery");
+                    continue;
+                }
+            };
+            out.push(self.recover_run(&id, &rec));
+            if let Err(e) = self.state.inflight_remove(&id) {
+                tracing::warn!(error = %e, "cannot remove an in-flight record");
+            }
+        }
+        out
+    }
+
+    fn recover_run(&self, record_id: &str, rec: &InflightRecord) -> Recovered {
+        let mut report = Recovered {
+            execution_id: rec.execution_id.clone(),
+            workflow_id: rec.workflow_id.clone(),
+            ..Recovered::default()
+        };
+        let done: HashSet<String> = self
+            .audit
+            .by_workflow(&rec.workflow_id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.execution_id == rec.execution_id && e.status != AuditStatus::Simulated)
+            .map(|e| e.action_id)
+            .collect();
+        let snaps = self
+            .workflow_snapshots(&rec.workflow_id)
+            .unwrap_or_default();
+        let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
+        let mut in_doubt = Vec::new();
+        for (i, s) in snaps {
+            if s.meta.execution_id != rec.execution_id {
+                continue;
+            }
+            dirs.insert((i, s.meta.target().parent_components().to_vec()));
+            if !s.restored && !done.contains(&s.meta.action_id) {
+                in_doubt.push((i, s));
+            }
+        }
+        in_doubt.reverse();
+        let n = in_doubt.len();
+        let steps = self.restore_all(record_id, &rec.workflow_id, in_doubt, "recovery");
+        report.rolled_back = steps.iter().filter(|s| s.restored).count();
+        if report.rolled_back < n {
+            tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
+        }
+        for (i, comps) in dirs {
+            let rel = RelPath::from_components(comps.clone());
+            let dir = if comps.is_empty() {
+                self.roots[i].dir().try_clone().ok()
+            } else {
+                self.roots[i]
+                    .open_parent(&child(&rel), false, false)
+                    .ok()
+                    .map(|(d, _)| d)
+            };
+            if let Some(d) = dir {
+                report.temp_files_removed += remove_temp_files(&d, 0).unwrap_or(0);
+            }
+        }
+        for root in &self.roots {
+            if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
+                && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
+            {
+                report.temp_files_removed += remove_temp_files(&wf, 1).unwrap_or(0);
+            }
+        }
+        report
+    }
+}
+
+/// A path one level below `dir`, so that `open_parent` opens `dir` itself.
+fn child(dir: &RelPath) -> RelPath {
+    let mut c = dir.components().to_vec();
+    c.push("x".to_owned());
+    RelPath::from_components(c)
+}
