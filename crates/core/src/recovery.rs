@@ -67,7 +67,7 @@ impl Sandbox {
                     continue;
                 }
             };
-            out.push(self.recover_run(&id, &rec));
+            out.push(self.recover_run(&rec));
             if let Err(e) = self.state.inflight_remove(&id) {
                 tracing::warn!(error = %e, "cannot remove an in-flight record");
             }
@@ -75,7 +75,7 @@ impl Sandbox {
         out
     }
 
-    fn recover_run(&self, record_id: &str, rec: &InflightRecord) -> Recovered {
+    fn recover_run(&self, rec: &InflightRecord) -> Recovered {
         let mut report = Recovered {
             execution_id: rec.execution_id.clone(),
             workflow_id: rec.workflow_id.clone(),
@@ -103,13 +103,8 @@ impl Sandbox {
                 in_doubt.push((i, s));
             }
         }
-        in_doubt.reverse();
-        let n = in_doubt.len();
-        let steps = self.restore_all(record_id, &rec.workflow_id, in_doubt, "recovery");
-        report.rolled_back = steps.iter().filter(|s| s.restored).count();
-        if report.rolled_back < n {
-            tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
-        }
+        // Temporary files first: a directory the run created is only empty, and so
+        // removable by the restore, once they are gone.
         for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
             let dir = if comps.is_empty() {
@@ -130,6 +125,18 @@ impl Sandbox {
             {
                 report.temp_files_removed += remove_temp_files(&wf, 1).unwrap_or(0);
             }
+        }
+        in_doubt.reverse();
+        let n = in_doubt.len();
+        let steps = self.restore_all(
+            &crate::plan::new_execution_id(),
+            &rec.workflow_id,
+            in_doubt,
+            "recovery",
+        );
+        report.rolled_back = steps.iter().filter(|s| s.restored).count();
+        if report.rolled_back < n {
+            tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
         }
         report
     }

@@ -1,0 +1,186 @@
+//! `kill -9` of a real `ailab-sandbox run` at many moments of a long plan. After each
+//! kill: every target holds its old or its new bytes, the next start recovers (no
+//! temporary files left), `audit verify` passes, and `rollback --force` restores the
+//! original tree byte for byte.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const ACTIONS: usize = 40;
+const TRIALS: u64 = 24;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ailab-sandbox"))
+}
+
+fn tree(dir: &Path, base: &Path, out: &mut BTreeMap<String, Option<Vec<u8>>>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let rel = p.strip_prefix(base).unwrap().display().to_string();
+        if rel == ".rollback" {
+            continue;
+        }
+        if e.file_type().unwrap().is_dir() {
+            out.insert(rel, None);
+            tree(&p, base, out);
+        } else {
+            out.insert(rel, Some(std::fs::read(&p).unwrap()));
+        }
+    }
+}
+
+fn snapshot(root: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    tree(root, root, &mut out);
+    out
+}
+
+fn has_temp_files(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.contains(".ailab-tmp-")
+            || (e.file_type().unwrap().is_dir() && has_temp_files(&e.path()))
+    })
+}
+
+fn cli(cfg: &Path) -> Command {
+    let mut c = Command::new(bin());
+    for v in [
+        "AI_LAB_SANDBOX_ROOTS",
+        "AI_LAB_STATE_DIR",
+        "AI_LAB_ENABLE_SANDBOX_WRITE",
+        "AI_LAB_SANDBOX_DRY_RUN",
+        "AI_LAB_SANDBOX_CONFIG",
+    ] {
+        c.env_remove(v);
+    }
+    c.arg("--config").arg(cfg).arg("--json");
+    c
+}
+
+#[test]
+fn kill_9_at_random_moments_is_always_recoverable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    for i in 0..ACTIONS {
+        if i % 2 == 0 {
+            std::fs::write(
+                root.join(format!("docs/f{i}.txt")),
+                format!("original {i}\n"),
+            )
+            .unwrap();
+        }
+    }
+    let cfg = tmp.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\ndurability = \"strict\"\n[limits]\nwrites_per_minute = 100000\n",
+            root.display(),
+            state.display()
+        ),
+    )
+    .unwrap();
+    let original = snapshot(&root);
+    // Even actions replace existing files; odd ones create new files in new directories.
+    let new_bytes = |i: usize| format!("new content {i}\n").repeat(50);
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut killed_mid_run = 0;
+    for trial in 0..TRIALS {
+        let wf = format!("wf_kill{trial}");
+        let actions: Vec<Value> = (0..ACTIONS)
+            .map(|i| {
+                if i % 2 == 0 {
+                    json!({"intent": "replace_file", "path": format!("docs/f{i}.txt"), "content": new_bytes(i)})
+                } else {
+                    json!({"intent": "create_file", "path": format!("n{i}/deep/g{i}.txt"), "content": new_bytes(i)})
+                }
+            })
+            .collect();
+        let plan = tmp.path().join(format!("{wf}.json"));
+        std::fs::write(
+            &plan,
+            serde_json::to_vec(&json!({"workflow_id": wf, "actions": actions})).unwrap(),
+        )
+        .unwrap();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_micros(2_000 + seed % 60_000);
+        let mut child = cli(&cfg)
+            .arg("run")
+            .arg(&plan)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let finished = child.try_wait().unwrap().is_some();
+        child.kill().ok();
+        child.wait().unwrap();
+        if !finished {
+            killed_mid_run += 1;
+        }
+
+        for i in 0..ACTIONS {
+            let p = if i % 2 == 0 {
+                root.join(format!("docs/f{i}.txt"))
+            } else {
+                root.join(format!("n{i}/deep/g{i}.txt"))
+            };
+            match std::fs::read(&p) {
+                Ok(b) => {
+                    let old = if i % 2 == 0 {
+                        Some(format!("original {i}\n").into_bytes())
+                    } else {
+                        None
+                    };
+                    assert!(
+                        b == new_bytes(i).into_bytes() || Some(&b) == old.as_ref(),
+                        "trial {trial}: {} is torn",
+                        p.display()
+                    );
+                }
+                Err(_) => assert!(
+                    i % 2 == 1,
+                    "trial {trial}: existing file {} vanished",
+                    p.display()
+                ),
+            }
+        }
+        // The next start recovers the dead run.
+        let out = cli(&cfg).arg("state").output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        assert!(
+            !has_temp_files(&root),
+            "trial {trial}: temporary files left after recovery"
+        );
+        let out = cli(&cfg).args(["audit", "verify"]).output().unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["ok"], true, "trial {trial}: {v}");
+        let out = cli(&cfg)
+            .args(["rollback", &wf, "--force"])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            v["status"] == "rolled_back" || v["reason_code"] == "no_rollback_data",
+            "trial {trial}: {v}"
+        );
+        assert_eq!(
+            snapshot(&root),
+            original,
+            "trial {trial}: original tree restored"
+        );
+    }
+    assert!(
+        killed_mid_run >= TRIALS / 3,
+        "only {killed_mid_run} of {TRIALS} kills landed mid-run"
+    );
+}
