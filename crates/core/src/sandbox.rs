@@ -40,6 +40,7 @@ pub struct Sandbox {
     pub(crate) metrics: Metrics,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
+    kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
 }
 
 /// `check`'s answer.
@@ -86,6 +87,8 @@ pub struct StateDoc {
     pub audit_entries: u64,
     /// Things the operator should know (fallbacks taken at start-up).
     pub notices: Vec<String>,
+    /// Kernel confinement in force (Landlock), when the face applied it.
+    pub kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
     /// Crate version.
     pub version: &'static str,
 }
@@ -284,6 +287,7 @@ impl Sandbox {
             metrics,
             clock,
             failpoints: crate::failpoint::FailPoints::default(),
+            kernel_confinement: None,
         };
         for r in sb.recover() {
             sb.notices.push(format!(
@@ -292,6 +296,20 @@ impl Sandbox {
             ));
         }
         Ok(sb)
+    }
+
+    /// Applies kernel confinement (Landlock) to the calling thread and the threads it
+    /// creates from now on: writes only beneath the roots and the state directory, no
+    /// execution. Call it before starting any runtime or thread pool. The result is
+    /// reported in [`Sandbox::state_doc`].
+    pub fn confine_process(&mut self) -> &crate::confine::kernel::KernelConfinement {
+        let mut writable = self.root_paths.clone();
+        writable.push(self.state.path().to_path_buf());
+        let report = crate::confine::kernel::restrict_to(&writable);
+        if !report.is_enforced() {
+            tracing::warn!(detail = ?report.detail, "kernel confinement (Landlock) is not in force; the root handles still confine every write");
+        }
+        self.kernel_confinement.insert(report)
     }
 
     /// Failure injection, for crash-consistency tests.
@@ -395,6 +413,7 @@ impl Sandbox {
             artifacts_total: self.registry.len().unwrap_or(0),
             audit_entries: self.audit.stats().map(|s| s.total).unwrap_or(0),
             notices: self.notices.clone(),
+            kernel_confinement: self.kernel_confinement.clone(),
             version: env!("CARGO_PKG_VERSION"),
         }
     }

@@ -4,6 +4,7 @@
 //! root handles through which every write goes; [`state`] holds the runtime's own state
 //! directory (registry, audit log, locks), which no action can reach.
 
+pub mod kernel;
 pub mod path;
 pub mod root;
 pub mod state;

@@ -1,0 +1,102 @@
+//! Kernel confinement, as defense in depth under the root handles: where the kernel has
+//! Landlock, the calling thread (and every thread it creates afterwards) restricts itself
+//! so that files can be written only beneath the given directories, read anywhere, and
+//! executed nowhere. Even a bug in the path code could then not write elsewhere, and "no
+//! subprocess" becomes a kernel guarantee.
+//!
+//! Landlock binds only the calling thread and threads created after it (`all_threads`
+//! needs ABI 8), so a program calls [`restrict_to`] on its main thread before it starts any
+//! runtime or thread pool.
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// What the kernel enforces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KernelConfinement {
+    /// `landlock`.
+    pub mechanism: &'static str,
+    /// `fully_enforced`, `partially_enforced`, `not_enforced` or `unavailable`.
+    pub status: &'static str,
+    /// The Landlock ABI in effect, when there is one.
+    pub abi: Option<u32>,
+    /// Directories the process may write beneath.
+    pub writable: Vec<String>,
+    /// Why it is not (fully) enforced.
+    pub detail: Option<String>,
+}
+
+impl KernelConfinement {
+    /// Whether every requested restriction is enforced.
+    pub fn is_enforced(&self) -> bool {
+        self.status == "fully_enforced" || self.status == "partially_enforced"
+    }
+}
+
+/// Restricts the calling thread and its future threads: read anywhere, write beneath
+/// `writable` only, execute nothing. Never fails: a kernel without Landlock yields a
+/// report saying so.
+#[cfg(target_os = "linux")]
+pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
+    use landlock::{
+        ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
+    };
+    let abi = ABI::V10;
+    let shown: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
+    let all = AccessFs::from_all(abi);
+    let no_exec: BitFlags<AccessFs> = all & !AccessFs::Execute;
+    let read_only: BitFlags<AccessFs> = AccessFs::from_read(abi) & !AccessFs::Execute;
+    let result = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .and_then(|r| r.create())
+        .and_then(|r| r.add_rules(path_beneath_rules(["/"], read_only)))
+        .and_then(|r| r.add_rules(path_beneath_rules(writable, no_exec)))
+        .and_then(|r| r.restrict_self());
+    match result {
+        Ok(status) => {
+            let abi_num = match status.landlock {
+                LandlockStatus::Available { effective_abi, .. } => Some(effective_abi as u32),
+                _ => None,
+            };
+            let (st, detail) = match status.ruleset {
+                RulesetStatus::FullyEnforced => ("fully_enforced", None),
+                RulesetStatus::PartiallyEnforced => (
+                    "partially_enforced",
+                    Some("the kernel's Landlock ABI lacks some access rights".to_owned()),
+                ),
+                RulesetStatus::NotEnforced => (
+                    "not_enforced",
+                    Some(format!("Landlock is not available: {:?}", status.landlock)),
+                ),
+            };
+            KernelConfinement {
+                mechanism: "landlock",
+                status: st,
+                abi: abi_num,
+                writable: shown,
+                detail,
+            }
+        }
+        Err(e) => KernelConfinement {
+            mechanism: "landlock",
+            status: "unavailable",
+            abi: None,
+            writable: shown,
+            detail: Some(e.to_string()),
+        },
+    }
+}
+
+/// Restricts nothing where Landlock does not exist.
+#[cfg(not(target_os = "linux"))]
+pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
+    KernelConfinement {
+        mechanism: "landlock",
+        status: "unavailable",
+        abi: None,
+        writable: writable.iter().map(|p| p.display().to_string()).collect(),
+        detail: Some("Landlock exists only on Linux".to_owned()),
+    }
+}
