@@ -25,10 +25,17 @@ fn short(sum: Option<&str>) -> String {
 }
 
 pub fn ops() {
-    println!("{:<18} {:<10} {:<28} {:>9} {:<7} governed", "OPERATION", "CLASS", "EXTENSIONS", "MAX", "RISK");
+    println!(
+        "{:<18} {:<10} {:<28} {:>9} {:<7} governed",
+        "OPERATION", "CLASS", "EXTENSIONS", "MAX", "RISK"
+    );
     for o in &OPERATIONS {
         let ext = if o.extensions.is_empty() {
-            if o.is_directory() { "-".to_owned() } else { "(all allowed)".to_owned() }
+            if o.is_directory() {
+                "-".to_owned()
+            } else {
+                "(all allowed)".to_owned()
+            }
         } else {
             o.extensions.join(" ")
         };
@@ -46,7 +53,12 @@ pub fn ops() {
 
 pub fn check(v: &CheckVerdict) {
     if v.allowed {
-        println!("{} (risk {}, operation {})", paint("allowed", true), v.risk.as_str(), dash(v.operation));
+        println!(
+            "{} (risk {}, operation {})",
+            paint("allowed", true),
+            v.risk.as_str(),
+            dash(v.operation)
+        );
     } else {
         println!(
             "{} {}: {}",
@@ -58,7 +70,10 @@ pub fn check(v: &CheckVerdict) {
 }
 
 pub fn run_result(r: &RunResult) {
-    let status = serde_json::to_value(r.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    let status = serde_json::to_value(r.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
     println!(
         "workflow {}  execution {}  status {}  state {}{}",
         r.workflow_id,
@@ -66,12 +81,21 @@ pub fn run_result(r: &RunResult) {
         paint(&status, r.is_success()),
         r.state,
         match r.dry_run_reason {
-            Some(d) if r.simulation_only => format!("  (simulated: {})", serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()),
+            Some(d) if r.simulation_only => format!(
+                "  (simulated: {})",
+                serde_json::to_value(d)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
             _ => String::new(),
         }
     );
     for a in &r.actions {
-        let st = serde_json::to_value(a.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let st = serde_json::to_value(a.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
         println!(
             "  {:<14} {:<18} {:<11} {:<12} {}{}",
             a.action_id,
@@ -79,13 +103,21 @@ pub fn run_result(r: &RunResult) {
             st,
             short(a.after_checksum.as_deref()),
             a.path,
-            a.reason.as_ref().map_or(String::new(), |r| format!("\n      {}: {r}", a.reason_code.map_or("-", |c| c.as_str())))
+            a.reason.as_ref().map_or(String::new(), |r| format!(
+                "\n      {}: {r}",
+                a.reason_code.map_or("-", |c| c.as_str())
+            ))
         );
     }
 }
 
 pub fn rollback(r: &RollbackReport) {
-    println!("workflow {}  {}  steps rolled back: {}", r.workflow_id, paint(r.status, r.is_success()), r.steps_rolled_back);
+    println!(
+        "workflow {}  {}  steps rolled back: {}",
+        r.workflow_id,
+        paint(r.status, r.is_success()),
+        r.steps_rolled_back
+    );
     if let Some(reason) = &r.reason {
         println!("  {}: {reason}", r.reason_code.map_or("-", |c| c.as_str()));
     }
@@ -94,7 +126,11 @@ pub fn rollback(r: &RollbackReport) {
             "  {:<14} {:<18} {} checksum_validated={} {}",
             s.action_id,
             s.intent,
-            if s.restored { "restored" } else { "NOT restored" },
+            if s.restored {
+                "restored"
+            } else {
+                "NOT restored"
+            },
             s.checksum_validated,
             s.path
         );
@@ -102,9 +138,15 @@ pub fn rollback(r: &RollbackReport) {
 }
 
 pub fn audit(entries: &[SandboxAuditEntry]) {
-    println!("{:>6} {:<27} {:<11} {:<18} {:<22} TARGET", "SEQ", "TIME", "STATUS", "INTENT", "REASON");
+    println!(
+        "{:>6} {:<27} {:<11} {:<18} {:<22} TARGET",
+        "SEQ", "TIME", "STATUS", "INTENT", "REASON"
+    );
     for e in entries {
-        let st = serde_json::to_value(e.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let st = serde_json::to_value(e.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
         println!(
             "{:>6} {:<27} {:<11} {:<18} {:<22} {}",
             e.seq,
@@ -132,7 +174,11 @@ pub fn audit_stats(s: &AuditStats) {
 
 pub fn verify(v: &VerifyReport) {
     if v.ok {
-        println!("{}: {} entries, chain and head intact", paint("ok", true), v.entries);
+        println!(
+            "{}: {} entries, chain and head intact",
+            paint("ok", true),
+            v.entries
+        );
     } else {
         println!(
             "{}: first bad seq {}: {}",
@@ -144,28 +190,62 @@ pub fn verify(v: &VerifyReport) {
 }
 
 pub fn artifacts(list: &[ArtifactEntry]) {
-    println!("{:<36} {:<16} {:<12} {:>9} PATH", "ARTIFACT", "INTENT", "SHA256", "BYTES");
+    println!(
+        "{:<36} {:<16} {:<12} {:>9} PATH",
+        "ARTIFACT", "INTENT", "SHA256", "BYTES"
+    );
     for a in list {
-        println!("{:<36} {:<16} {:<12} {:>9} {}", a.artifact_id, a.mutation_type, short(Some(&a.checksum_sha256)), a.size_bytes, a.path);
+        println!(
+            "{:<36} {:<16} {:<12} {:>9} {}",
+            a.artifact_id,
+            a.mutation_type,
+            short(Some(&a.checksum_sha256)),
+            a.size_bytes,
+            a.path
+        );
     }
 }
 
 pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
-    println!("{}  {}  {}  {} bytes  sha256 {}", a.artifact_id, a.mutation_type, a.path, a.size_bytes, a.checksum_sha256);
-    println!("  workflow {}  action {}  created {}", a.workflow_id, a.action_id, a.created_at);
+    println!(
+        "{}  {}  {}  {} bytes  sha256 {}",
+        a.artifact_id, a.mutation_type, a.path, a.size_bytes, a.checksum_sha256
+    );
+    println!(
+        "  workflow {}  action {}  created {}",
+        a.workflow_id, a.action_id, a.created_at
+    );
     if lineage.is_empty() {
         println!("  lineage: (none)");
     }
     for (i, p) in lineage.iter().enumerate() {
-        println!("  {}└ {}  {}  {}", "  ".repeat(i), p.artifact_id, p.mutation_type, short(Some(&p.checksum_sha256)));
+        println!(
+            "  {}└ {}  {}  {}",
+            "  ".repeat(i),
+            p.artifact_id,
+            p.mutation_type,
+            short(Some(&p.checksum_sha256))
+        );
     }
 }
 
 pub fn state(d: &StateDoc) {
-    let mode = serde_json::to_value(d.execution_mode).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-    println!("execution_mode  {}", paint(&mode, d.dry_run_reason.is_none()));
+    let mode = serde_json::to_value(d.execution_mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    println!(
+        "execution_mode  {}",
+        paint(&mode, d.dry_run_reason.is_none())
+    );
     if let Some(r) = d.dry_run_reason {
-        println!("dry_run_reason  {}", serde_json::to_value(r).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default());
+        println!(
+            "dry_run_reason  {}",
+            serde_json::to_value(r)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        );
     }
     println!("phase           {}", d.phase);
     println!("write enabled   {}", d.executor_enabled);

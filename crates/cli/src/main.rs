@@ -154,7 +154,8 @@ const EXIT_REFUSED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let err = || format!("'{s}' is not a duration; use a number and a unit: 30s, 15m, 12h, 7d or 2w");
+    let err =
+        || format!("'{s}' is not a duration; use a number and a unit: 30s, 15m, 12h, 7d or 2w");
     let unit_at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
     let (n, unit) = s.split_at(unit_at);
     let n: u64 = n.parse().map_err(|_| err())?;
@@ -184,7 +185,9 @@ fn main() -> ExitCode {
 fn init_tracing(server: bool) {
     let default = if server { "info" } else { "warn" };
     let level = std::env::var("AILAB_SANDBOX_LOG").unwrap_or_else(|_| default.to_owned());
-    let level = level.parse::<tracing::Level>().unwrap_or(tracing::Level::WARN);
+    let level = level
+        .parse::<tracing::Level>()
+        .unwrap_or(tracing::Level::WARN);
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)
@@ -194,11 +197,19 @@ fn init_tracing(server: bool) {
 
 fn load_config(cli: &Cli) -> Result<Config> {
     let env = |k: &str| std::env::var(k).ok();
-    let path = cli.config.clone().or_else(|| env(envvars::CONFIG).filter(|p| !p.is_empty()).map(PathBuf::from));
+    let path = cli.config.clone().or_else(|| {
+        env(envvars::CONFIG)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    });
     let file = match &path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
-            Some(RawConfig::from_toml(&text).with_context(|| format!("config file {}", p.display()))?)
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config file {}", p.display()))?;
+            Some(
+                RawConfig::from_toml(&text)
+                    .with_context(|| format!("config file {}", p.display()))?,
+            )
         }
         None => None,
     };
@@ -251,7 +262,9 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Run { plan } => {
             let bytes = if plan == "-" {
                 let mut b = Vec::new();
-                std::io::stdin().read_to_end(&mut b).context("cannot read the plan from standard input")?;
+                std::io::stdin()
+                    .read_to_end(&mut b)
+                    .context("cannot read the plan from standard input")?;
                 b
             } else {
                 std::fs::read(&plan).with_context(|| format!("cannot read plan file {plan}"))?
@@ -263,13 +276,29 @@ fn run(cli: Cli) -> Result<u8> {
                     } else {
                         human::run_result(&result);
                     }
-                    Ok(if result.is_success() { EXIT_OK } else { EXIT_REFUSED })
+                    Ok(if result.is_success() {
+                        EXIT_OK
+                    } else {
+                        EXIT_REFUSED
+                    })
                 }
                 Err(r) => refusal_exit(json, &r, EXIT_USAGE),
             }
         }
-        Command::Check { intent, path, description, size, in_root } => {
-            let v = sandbox.check(&intent, &path, description.as_deref(), size, in_root.as_deref());
+        Command::Check {
+            intent,
+            path,
+            description,
+            size,
+            in_root,
+        } => {
+            let v = sandbox.check(
+                &intent,
+                &path,
+                description.as_deref(),
+                size,
+                in_root.as_deref(),
+            );
             if json {
                 print_json(&v)?;
             } else {
@@ -277,29 +306,50 @@ fn run(cli: Cli) -> Result<u8> {
             }
             Ok(if v.allowed { EXIT_OK } else { EXIT_REFUSED })
         }
-        Command::Rollback { workflow_id, action_id, force } => {
-            let report = sandbox.rollback_workflow(&workflow_id, &RollbackOptions { action_id, force });
+        Command::Rollback {
+            workflow_id,
+            action_id,
+            force,
+        } => {
+            let report =
+                sandbox.rollback_workflow(&workflow_id, &RollbackOptions { action_id, force });
             if json {
                 print_json(&report)?;
             } else {
                 human::rollback(&report);
             }
-            Ok(if report.is_success() { EXIT_OK } else { EXIT_REFUSED })
+            Ok(if report.is_success() {
+                EXIT_OK
+            } else {
+                EXIT_REFUSED
+            })
         }
         Command::Audit(a) => match a.sub {
             Some(AuditSub::Stats) => {
                 let s = sandbox.audit_stats()?;
-                if json { print_json(&s)? } else { human::audit_stats(&s) }
+                if json {
+                    print_json(&s)?
+                } else {
+                    human::audit_stats(&s)
+                }
                 Ok(EXIT_OK)
             }
             Some(AuditSub::Verify) => {
                 let v = sandbox.audit_verify()?;
-                if json { print_json(&v)? } else { human::verify(&v) }
+                if json {
+                    print_json(&v)?
+                } else {
+                    human::verify(&v)
+                }
                 Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
             }
             None => {
                 let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
-                if json { print_json(&entries)? } else { human::audit(&entries) }
+                if json {
+                    print_json(&entries)?
+                } else {
+                    human::audit(&entries)
+                }
                 Ok(EXIT_OK)
             }
         },
@@ -314,19 +364,30 @@ fn run(cli: Cli) -> Result<u8> {
                     Ok(EXIT_OK)
                 }
                 None => {
-                    let r = Refusal::new(ailab_sandbox_core::ReasonCode::NotFound, format!("no artifact has the id '{}'", id.escape_debug()));
+                    let r = Refusal::new(
+                        ailab_sandbox_core::ReasonCode::NotFound,
+                        format!("no artifact has the id '{}'", id.escape_debug()),
+                    );
                     refusal_exit(json, &r, EXIT_REFUSED)
                 }
             },
             None => {
                 let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
-                if json { print_json(&list)? } else { human::artifacts(&list) }
+                if json {
+                    print_json(&list)?
+                } else {
+                    human::artifacts(&list)
+                }
                 Ok(EXIT_OK)
             }
         },
         Command::State => {
             let doc = sandbox.state_doc();
-            if json { print_json(&doc)? } else { human::state(&doc) }
+            if json {
+                print_json(&doc)?
+            } else {
+                human::state(&doc)
+            }
             Ok(EXIT_OK)
         }
         Command::Prune { older_than } => match sandbox.prune(older_than) {
@@ -334,7 +395,11 @@ fn run(cli: Cli) -> Result<u8> {
                 if json {
                     print_json(&report)?;
                 } else {
-                    println!("pruned {} workflows, kept {}", report.workflows_pruned.len(), report.workflows_kept);
+                    println!(
+                        "pruned {} workflows, kept {}",
+                        report.workflows_pruned.len(),
+                        report.workflows_kept
+                    );
                 }
                 Ok(EXIT_OK)
             }
@@ -375,12 +440,25 @@ fn ops(json: bool) -> Result<u8> {
     Ok(EXIT_OK)
 }
 
-fn serve(_config: Config) -> Result<u8> {
-    eprintln!("serve is not available in this build yet");
-    Ok(EXIT_USAGE)
+fn serve(config: Config) -> Result<u8> {
+    let opts = ailab_sandbox_http::ServeOptions {
+        addr: config.addr.clone(),
+        token: config.token.clone(),
+        ..ailab_sandbox_http::ServeOptions::default()
+    };
+    // Refuse a public address without a token before touching the roots.
+    let resolved = ailab_sandbox_http::resolve_addr(&opts.addr)?;
+    ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref())?;
+    let sandbox = Sandbox::open(config)?;
+    for n in sandbox.notices() {
+        eprintln!("note: {n}");
+    }
+    eprintln!("listening on http://{}", opts.addr);
+    ailab_sandbox_http::run(std::sync::Arc::new(sandbox), opts)?;
+    Ok(EXIT_OK)
 }
 
-fn mcp(_sandbox: Sandbox) -> Result<u8> {
-    eprintln!("mcp is not available in this build yet");
-    Ok(EXIT_USAGE)
+fn mcp(sandbox: Sandbox) -> Result<u8> {
+    ailab_sandbox_mcp::run_stdio(std::sync::Arc::new(sandbox)).context("MCP server")?;
+    Ok(EXIT_OK)
 }

@@ -16,7 +16,12 @@ struct Env {
 fn env() -> Env {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    Env { root: dir.join("root"), state: dir.join("state"), dir, _tmp: tmp }
+    Env {
+        root: dir.join("root"),
+        state: dir.join("state"),
+        dir,
+        _tmp: tmp,
+    }
 }
 
 impl Env {
@@ -43,7 +48,8 @@ impl Env {
 }
 
 fn json_out(out: &std::process::Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn plan_of(wf: &str, n: usize, prefix: &str) -> Value {
@@ -59,10 +65,20 @@ fn ops_lists_the_eleven_operations() {
     let out = e.cmd().args(["--json", "ops"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v = json_out(&out);
-    let names: Vec<&str> = v.as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names.len(), 11);
     assert_eq!(names[0], "create_file");
-    let script = v.as_array().unwrap().iter().find(|o| o["name"] == "generate_script").unwrap();
+    let script = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == "generate_script")
+        .unwrap();
     assert_eq!(script["requires_governance"], true);
     assert_eq!(script["extensions"], json!([".py", ".sh"]));
     assert_eq!(script["max_size_bytes"], 1048576);
@@ -71,19 +87,62 @@ fn ops_lists_the_eleven_operations() {
 #[test]
 fn check_exit_codes_follow_the_verdict() {
     let e = env();
-    let out = e.cmd().args(["--json", "check", "--intent", "create_file", "--path", "notes/a.md"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "check",
+            "--intent",
+            "create_file",
+            "--path",
+            "notes/a.md",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v = json_out(&out);
     assert_eq!(v["allowed"], true);
     assert_eq!(v["operation"], "create_file");
-    let out = e.cmd().args(["--json", "check", "--intent", "create_file", "--path", "../x.md"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "check",
+            "--intent",
+            "create_file",
+            "--path",
+            "../x.md",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_out(&out)["reason_code"], "path_traversal");
-    let out = e.cmd().args(["--json", "check", "--intent", "write_json", "--path", "a.json", "--size", "3000000"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "check",
+            "--intent",
+            "write_json",
+            "--path",
+            "a.json",
+            "--size",
+            "3000000",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_out(&out)["reason_code"], "size_exceeded");
-    let out = e.cmd().args(["check", "--intent", "create_file"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "missing --path is a usage error");
+    let out = e
+        .cmd()
+        .args(["check", "--intent", "create_file"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "missing --path is a usage error"
+    );
 }
 
 #[test]
@@ -103,15 +162,35 @@ fn state_reports_secure_defaults() {
 fn run_simulates_by_default_and_writes_when_enabled() {
     let e = env();
     let plan = e.write_plan("p.json", &plan_of("wf_cli", 2, "n"));
-    let out = e.cmd().arg("--json").arg("run").arg(&plan).output().unwrap();
+    let out = e
+        .cmd()
+        .arg("--json")
+        .arg("run")
+        .arg(&plan)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["status"], "simulated_success");
     assert!(!e.root.join("n0.txt").exists());
-    let out = e.cmd().args(["--json", "--enable-write", "--no-dry-run", "run"]).arg(&plan).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(json_out(&out)["status"], "success");
     assert_eq!(std::fs::read(e.root.join("n1.txt")).unwrap(), b"1\n");
-    let out = e.cmd().args(["--json", "rollback", "wf_cli"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "rollback", "wf_cli"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v = json_out(&out);
     assert_eq!(v["status"], "rolled_back");
@@ -122,17 +201,35 @@ fn run_simulates_by_default_and_writes_when_enabled() {
 #[test]
 fn plan_from_stdin_and_bad_plans() {
     let e = env();
-    let out = e.cmd().args(["--json", "run", "-"]).write_stdin(serde_json::to_vec(&plan_of("wf_in", 1, "s")).unwrap()).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "run", "-"])
+        .write_stdin(serde_json::to_vec(&plan_of("wf_in", 1, "s")).unwrap())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let out = e.cmd().args(["--json", "run", "-"]).write_stdin("{ not json").output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "run", "-"])
+        .write_stdin("{ not json")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(json_out(&out)["reason_code"], "invalid_plan");
     let out = e.cmd().args(["--json", "run", "-"]).write_stdin(r#"{"workflow_id":"../x","actions":[{"intent":"create_file","path":"a.txt","content":""}]}"#).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(json_out(&out)["reason_code"], "invalid_id");
-    let out = e.cmd().args(["--json", "--enable-write", "--no-dry-run", "run", "-"]).write_stdin(r#"{"actions":[{"intent":"delete_file","path":"a.txt"}]}"#).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run", "-"])
+        .write_stdin(r#"{"actions":[{"intent":"delete_file","path":"a.txt"}]}"#)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1), "a blocked plan exits 1");
-    assert_eq!(json_out(&out)["actions"][0]["reason_code"], "forbidden_intent");
+    assert_eq!(
+        json_out(&out)["actions"][0]["reason_code"],
+        "forbidden_intent"
+    );
 }
 
 #[test]
@@ -140,13 +237,30 @@ fn rate_limit_is_shared_by_two_processes() {
     let e = env();
     let first = e.write_plan("a.json", &plan_of("wf_rate", 8, "a"));
     let second = e.write_plan("b.json", &plan_of("wf_rate", 3, "b"));
-    let out = e.cmd().args(["--json", "--enable-write", "--no-dry-run", "run"]).arg(&first).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&first)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let out = e.cmd().args(["--json", "--enable-write", "--no-dry-run", "run"]).arg(&second).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&second)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let v = json_out(&out);
     assert_eq!(v["status"], "blocked");
-    assert!(v["actions"].as_array().unwrap().iter().any(|a| a["reason_code"] == "rate_limited"), "{v}");
+    assert!(
+        v["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["reason_code"] == "rate_limited"),
+        "{v}"
+    );
     assert!(!e.root.join("b0.txt").exists());
 }
 
@@ -154,14 +268,28 @@ fn rate_limit_is_shared_by_two_processes() {
 fn audit_verify_exits_1_on_tampering() {
     let e = env();
     let plan = e.write_plan("p.json", &plan_of("wf_audit", 3, "t"));
-    e.cmd().args(["--enable-write", "--no-dry-run", "run"]).arg(&plan).assert().success();
-    let out = e.cmd().args(["--json", "audit", "verify"]).output().unwrap();
+    e.cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["entries"], 3);
     let log = e.state.join("sandbox_audit.jsonl");
-    let text = std::fs::read_to_string(&log).unwrap().replace("t1.txt", "t9.txt");
+    let text = std::fs::read_to_string(&log)
+        .unwrap()
+        .replace("t1.txt", "t9.txt");
     std::fs::write(&log, text).unwrap();
-    let out = e.cmd().args(["--json", "audit", "verify"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let v = json_out(&out);
     assert_eq!(v["ok"], false);
@@ -177,19 +305,39 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
             {"intent": "create_file", "path": "l.md", "content": "v1"},
             {"intent": "sandbox_transform", "path": "l.md", "edits": [{"old": "v1", "new": "v2"}]}]}),
     );
-    e.cmd().args(["--enable-write", "--no-dry-run", "run"]).arg(&plan).assert().success();
-    let out = e.cmd().args(["--json", "artifacts", "--workflow", "wf_l"]).output().unwrap();
+    e.cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .assert()
+        .success();
+    let out = e
+        .cmd()
+        .args(["--json", "artifacts", "--workflow", "wf_l"])
+        .output()
+        .unwrap();
     let list = json_out(&out);
     assert_eq!(list.as_array().unwrap().len(), 2);
     let newest = list[0]["artifact_id"].as_str().unwrap().to_owned();
-    let out = e.cmd().args(["--json", "artifacts", "show", &newest]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "artifacts", "show", &newest])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v = json_out(&out);
     assert_eq!(v["artifact"]["mutation_type"], "sandbox_transform");
     assert_eq!(v["lineage"][0]["mutation_type"], "create_file");
-    let out = e.cmd().args(["--json", "artifacts", "show", "art_unknown"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "artifacts", "show", "art_unknown"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let out = e.cmd().args(["--json", "audit", "--limit", "1"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "--limit", "1"])
+        .output()
+        .unwrap();
     assert_eq!(json_out(&out).as_array().unwrap().len(), 1);
     let out = e.cmd().args(["--json", "audit", "stats"]).output().unwrap();
     assert_eq!(json_out(&out)["success"], 2);
@@ -200,7 +348,13 @@ fn config_file_unknown_key_names_it() {
     let e = env();
     let cfg = e.dir.join("c.toml");
     std::fs::write(&cfg, "enable_write = true\nmystery = 1\n").unwrap();
-    let out = e.cmd().arg("--config").arg(&cfg).arg("state").output().unwrap();
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("state")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("mystery"));
 }
@@ -209,9 +363,21 @@ fn config_file_unknown_key_names_it() {
 fn environment_flags_turn_writing_on() {
     let e = env();
     let plan = e.write_plan("p.json", &plan_of("wf_env", 1, "e"));
-    let out = e.cmd().env("AI_LAB_ENABLE_SANDBOX_WRITE", "true").env("AI_LAB_SANDBOX_DRY_RUN", "false").args(["--json", "run"]).arg(&plan).output().unwrap();
+    let out = e
+        .cmd()
+        .env("AI_LAB_ENABLE_SANDBOX_WRITE", "true")
+        .env("AI_LAB_SANDBOX_DRY_RUN", "false")
+        .args(["--json", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
     assert_eq!(json_out(&out)["status"], "success");
-    let out = e.cmd().env("AI_LAB_ENABLE_SANDBOX_WRITE", "maybe").arg("state").output().unwrap();
+    let out = e
+        .cmd()
+        .env("AI_LAB_ENABLE_SANDBOX_WRITE", "maybe")
+        .arg("state")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("AI_LAB_ENABLE_SANDBOX_WRITE"));
 }
@@ -219,10 +385,17 @@ fn environment_flags_turn_writing_on() {
 #[test]
 fn prune_parses_durations() {
     let e = env();
-    let out = e.cmd().args(["--json", "prune", "--older-than", "7d"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "prune", "--older-than", "7d"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["workflows_pruned"], json!([]));
-    let out = e.cmd().args(["prune", "--older-than", "soon"]).output().unwrap();
+    let out = e
+        .cmd()
+        .args(["prune", "--older-than", "soon"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
-

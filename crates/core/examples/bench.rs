@@ -169,6 +169,21 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().any(|a| a == "--json");
     let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    if only.as_deref() == Some("registry") {
+        let (load, mem, lin, cnt, count) = registry(if quick { 20_000 } else { 1_000_000 }, 1000);
+        println!(
+            "registry load {:.0} ms, +{mem:.0} MiB, lineage {:.0} µs, count {:.1} µs ({count})",
+            load.as_secs_f64() * 1e3,
+            lin.as_secs_f64() * 1e6,
+            cnt.as_secs_f64() * 1e6
+        );
+        return;
+    }
     let n = if quick { 20 } else { 200 };
     let mut rows = Vec::new();
     for (size, label) in [(1024usize, "1 KiB"), (256 * 1024, "256 KiB")] {

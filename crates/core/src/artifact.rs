@@ -40,20 +40,27 @@ pub struct ArtifactEntry {
     pub created_at: String,
 }
 
+/// Maps keyed by ids and paths: Fx hashing, since the keys are the runtime's own
+/// strings (and loading a million entries is dominated by hashing otherwise).
+type FastMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 #[derive(Debug, Default)]
 struct Index {
     entries: Vec<ArtifactEntry>,
-    by_id: HashMap<String, usize>,
-    by_workflow: HashMap<String, (Vec<usize>, u64)>,
-    latest_by_path: HashMap<String, usize>,
-    by_action: HashMap<(String, String), usize>,
+    by_id: FastMap<Box<str>, u32>,
+    by_workflow: FastMap<Box<str>, (Vec<u32>, u64)>,
+    latest_by_path: FastMap<Box<str>, u32>,
     corrupt_lines: u64,
 }
 
 impl Index {
-    fn ingest(&mut self, lines: Vec<Vec<u8>>) {
-        for line in lines {
-            match serde_json::from_slice::<ArtifactEntry>(&line) {
+    fn ingest(&mut self, buf: &[u8]) {
+        let n = buf.iter().filter(|&&b| b == b'\n').count();
+        self.entries.reserve(n);
+        self.by_id.reserve(n);
+        self.latest_by_path.reserve(n);
+        for line in crate::journal::lines(buf) {
+            match serde_json::from_slice::<ArtifactEntry>(line) {
                 Ok(e) => self.insert(e),
                 Err(err) => {
                     self.corrupt_lines += 1;
@@ -64,15 +71,29 @@ impl Index {
     }
 
     fn insert(&mut self, e: ArtifactEntry) {
-        let i = self.entries.len();
-        self.by_id.insert(e.artifact_id.clone(), i);
-        let w = self.by_workflow.entry(e.workflow_id.clone()).or_default();
-        w.0.push(i);
-        w.1 += e.size_bytes;
-        self.latest_by_path.insert(e.path.clone(), i);
-        self.by_action
-            .insert((e.workflow_id.clone(), e.action_id.clone()), i);
+        let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
+        self.by_id.insert(e.artifact_id.as_str().into(), i);
+        match self.by_workflow.get_mut(e.workflow_id.as_str()) {
+            Some(w) => {
+                w.0.push(i);
+                w.1 += e.size_bytes;
+            }
+            None => {
+                self.by_workflow
+                    .insert(e.workflow_id.as_str().into(), (vec![i], e.size_bytes));
+            }
+        }
+        match self.latest_by_path.get_mut(e.path.as_str()) {
+            Some(p) => *p = i,
+            None => {
+                self.latest_by_path.insert(e.path.as_str().into(), i);
+            }
+        }
         self.entries.push(e);
+    }
+
+    fn at(&self, i: u32) -> &ArtifactEntry {
+        &self.entries[i as usize]
     }
 }
 
@@ -87,7 +108,7 @@ impl ArtifactRegistry {
     pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
         let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
         let mut index = Index::default();
-        index.ingest(journal.read_new()?);
+        journal.read_new(&mut |b| index.ingest(b))?;
         Ok(Self {
             inner: Mutex::new((journal, index)),
         })
@@ -99,8 +120,7 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let new = journal.read_new()?;
-        index.ingest(new);
+        journal.read_new(&mut |b| index.ingest(b))?;
         Ok(f(index))
     }
 
@@ -147,7 +167,7 @@ impl ArtifactRegistry {
                     ids.iter()
                         .rev()
                         .take(limit)
-                        .map(|&i| ix.entries[i].clone())
+                        .map(|&i| ix.at(i).clone())
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -157,7 +177,7 @@ impl ArtifactRegistry {
 
     /// One entry by id.
     pub fn get(&self, artifact_id: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| ix.by_id.get(artifact_id).map(|&i| ix.entries[i].clone()))
+        self.with(|ix| ix.by_id.get(artifact_id).map(|&i| ix.at(i).clone()))
     }
 
     /// Every entry of a workflow, oldest first.
@@ -165,7 +185,7 @@ impl ArtifactRegistry {
         self.with(|ix| {
             ix.by_workflow
                 .get(workflow_id)
-                .map(|(ids, _)| ids.iter().map(|&i| ix.entries[i].clone()).collect())
+                .map(|(ids, _)| ids.iter().map(|&i| ix.at(i).clone()).collect())
                 .unwrap_or_default()
         })
     }
@@ -176,16 +196,22 @@ impl ArtifactRegistry {
         workflow_id: &str,
         action_id: &str,
     ) -> io::Result<Option<ArtifactEntry>> {
+        // A workflow holds at most its artifact budget: scanning it is cheap, and saves
+        // an index entry per artifact.
         self.with(|ix| {
-            ix.by_action
-                .get(&(workflow_id.to_owned(), action_id.to_owned()))
-                .map(|&i| ix.entries[i].clone())
+            ix.by_workflow.get(workflow_id).and_then(|(ids, _)| {
+                ids.iter()
+                    .rev()
+                    .map(|&i| ix.at(i))
+                    .find(|e| e.action_id == action_id)
+                    .cloned()
+            })
         })
     }
 
     /// The newest artifact at an absolute path.
     pub fn latest_for_path(&self, path: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| ix.latest_by_path.get(path).map(|&i| ix.entries[i].clone()))
+        self.with(|ix| ix.latest_by_path.get(path).map(|&i| ix.at(i).clone()))
     }
 
     /// Every ancestor through `parent_artifact_id`, nearest first; cycle-safe; `[]` for
@@ -193,19 +219,16 @@ impl ArtifactRegistry {
     pub fn get_lineage(&self, artifact_id: &str) -> io::Result<Vec<ArtifactEntry>> {
         self.with(|ix| {
             let mut out = Vec::new();
-            let mut seen = HashSet::new();
-            seen.insert(artifact_id.to_owned());
             let mut cur = ix.by_id.get(artifact_id).copied();
+            let mut seen: HashSet<u32> = cur.into_iter().collect();
             while let Some(i) = cur {
-                let Some(parent) = ix.entries[i].parent_artifact_id.as_deref() else {
+                let Some(parent) = ix.at(i).parent_artifact_id.as_deref() else {
                     break;
                 };
-                if !seen.insert(parent.to_owned()) {
-                    break;
-                }
                 cur = ix.by_id.get(parent).copied();
-                if let Some(p) = cur {
-                    out.push(ix.entries[p].clone());
+                match cur {
+                    Some(p) if seen.insert(p) => out.push(ix.at(p).clone()),
+                    _ => break,
                 }
             }
             out

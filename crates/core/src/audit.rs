@@ -137,9 +137,9 @@ struct Index {
 }
 
 impl Index {
-    fn ingest(&mut self, lines: Vec<Vec<u8>>) {
-        for line in lines {
-            match serde_json::from_slice::<SandboxAuditEntry>(&line) {
+    fn ingest(&mut self, buf: &[u8]) {
+        for line in crate::journal::lines(buf) {
+            match serde_json::from_slice::<SandboxAuditEntry>(line) {
                 Ok(e) => self.insert(e),
                 Err(err) => {
                     tracing::warn!(%err, "unreadable audit line (audit verify will report it)")
@@ -207,7 +207,7 @@ impl AuditLog {
             last_hash: GENESIS_HASH.to_owned(),
             ..Index::default()
         };
-        index.ingest(journal.read_new()?);
+        journal.read_new(&mut |b| index.ingest(b))?;
         let log = Self {
             state: state.clone(),
             durable,
@@ -228,8 +228,7 @@ impl AuditLog {
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let new = journal.read_new()?;
-        index.ingest(new);
+        journal.read_new(&mut |b| index.ingest(b))?;
         Ok(f(index))
     }
 

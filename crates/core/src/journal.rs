@@ -37,10 +37,11 @@ impl Journal {
     }
 
     /// Reads the complete lines appended since the last call (by anyone), under a shared
-    /// lock. A partial last line is left for the next repair.
-    pub fn read_new(&mut self) -> io::Result<Vec<Vec<u8>>> {
+    /// lock, handing them to `sink` in buffers of whole lines (iterate with [`lines`]).
+    /// A partial last line is left for the next repair.
+    pub fn read_new(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         let _lock = self.file.lock_shared()?;
-        self.read_new_locked()
+        self.read_new_locked(sink)
     }
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
@@ -49,13 +50,14 @@ impl Journal {
     /// All of it under the exclusive lock.
     pub fn append_with<T>(
         &mut self,
-        make: impl FnOnce(Vec<Vec<u8>>) -> io::Result<(Vec<u8>, T)>,
+        make: impl FnOnce(&[u8]) -> io::Result<(Vec<u8>, T)>,
         after: impl FnOnce(&T) -> io::Result<()>,
     ) -> io::Result<T> {
         let _lock = self.file.lock_exclusive()?;
         self.repair_tail()?;
-        let new = self.read_new_locked()?;
-        let (bytes, out) = make(new)?;
+        let mut new = Vec::new();
+        self.read_new_locked(&mut |b| new.extend_from_slice(b))?;
+        let (bytes, out) = make(&new)?;
         if !bytes.is_empty() {
             if let Err(e) = self.file.append(&bytes, self.durable) {
                 // Leave no torn line behind for the next reader.
@@ -74,42 +76,56 @@ impl Journal {
         self.file.read_from(0)
     }
 
-    fn read_new_locked(&mut self) -> io::Result<Vec<Vec<u8>>> {
+    fn read_new_locked(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+        // Bounded chunks keep a large first load from holding the whole file in memory.
+        const CHUNK: u64 = 8 << 20;
         let len = self.file.len()?;
         if len < self.offset {
             // Someone cut the file: read it again from the start.
             self.offset = 0;
         }
-        let buf = self.file.read_from(self.offset)?;
-        let Some(last_nl) = buf.iter().rposition(|&b| b == b'\n') else {
-            return Ok(Vec::new());
-        };
-        let complete = &buf[..=last_nl];
-        self.offset += complete.len() as u64;
-        Ok(complete
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(<[u8]>::to_vec)
-            .collect())
+        let mut pos = self.offset;
+        let mut carry: Vec<u8> = Vec::new();
+        while pos < len {
+            let n = (len - pos).min(CHUNK);
+            let chunk = self.file.read_range(pos, n)?;
+            pos += n;
+            let mut buf = std::mem::take(&mut carry);
+            buf.extend_from_slice(&chunk);
+            match buf.iter().rposition(|&b| b == b'\n') {
+                Some(i) => {
+                    sink(&buf[..=i]);
+                    self.offset += i as u64 + 1;
+                    carry = buf[i + 1..].to_vec();
+                }
+                None => carry = buf,
+            }
+        }
+        Ok(())
     }
 
     /// With the exclusive lock held no writer is mid-line, so bytes after the last
     /// newline are a torn line left by a crash: cut them.
     fn repair_tail(&mut self) -> io::Result<()> {
         let len = self.file.len()?;
-        if len == 0 {
+        if len == 0 || self.file.read_range(len - 1, 1)? == b"\n" {
             return Ok(());
         }
-        // Our offset is always at a line boundary, so the torn part lies after it.
-        let from = self.offset.min(len);
-        let buf = self.file.read_from(from)?;
-        if buf.last() == Some(&b'\n') || buf.is_empty() {
-            return Ok(());
+        // Our offset is always at a line boundary, so the torn part lies after it: look
+        // backwards from the end, a block at a time, for the last newline.
+        const BLOCK: u64 = 64 << 10;
+        let floor = self.offset.min(len);
+        let mut end = len;
+        let mut keep = floor;
+        while end > floor {
+            let start = end.saturating_sub(BLOCK).max(floor);
+            let buf = self.file.read_range(start, end - start)?;
+            if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+                keep = start + i as u64 + 1;
+                break;
+            }
+            end = start;
         }
-        let keep = match buf.iter().rposition(|&b| b == b'\n') {
-            Some(i) => from + i as u64 + 1,
-            None => from,
-        };
         self.repaired += len - keep;
         tracing::warn!(
             dropped_bytes = len - keep,
@@ -117,4 +133,9 @@ impl Journal {
         );
         self.file.truncate(keep, self.durable)
     }
+}
+
+/// The non-empty lines of a buffer handed out by [`Journal::read_new`].
+pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    buf.split(|&b| b == b'\n').filter(|l| !l.is_empty())
 }

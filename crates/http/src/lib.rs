@@ -1,1 +1,159 @@
-//! HTTP face (in progress).
+//! `ailab-sandbox-http`: the HTTP face of the governed write runtime (SPEC §10).
+//!
+//! JSON routes over one shared [`Sandbox`], plus Prometheus `/metrics`:
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /agentic/state` | the state document |
+//! | `GET /agentic/executions?limit=50&workflow_id=` | audit entries, newest first |
+//! | `GET /agentic/executions/stats` | audit statistics |
+//! | `GET /agentic/artifacts?limit=50&workflow_id=` | artifacts, newest first |
+//! | `GET /agentic/artifacts/{id}` | `{"artifact", "lineage"}`; 404 `not_found` if unknown |
+//! | `GET /agentic/rollback/{workflow_id}` | what a rollback would restore |
+//! | `POST /agentic/plans` | runs the plan in the body |
+//! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
+//! | `GET /metrics` | OpenMetrics text |
+//! | `GET /healthz` | `{"status": "ok"}` (never needs the token) |
+//!
+//! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
+//! 422 for `blocked` (nothing was written), 409 for `failed` and `rolled_back` (a
+//! mutation failed); the body is always the run result, with a top-level `reason_code`
+//! and `reason` added when the run did not succeed. A plan that cannot be parsed or has
+//! invalid ids is 400. `POST /agentic/rollback/{id}` answers 200 when rolled back, 409
+//! on `conflict` or a failed restore step, 404 on `no_rollback_data`, 400 on
+//! `invalid_id`, with the rollback report as body. Every other error is a JSON
+//! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
+//! 400 `invalid_id`, 401 `unauthorized`, 403 `forbidden_origin` / `forbidden_host`, 404
+//! `not_found`, 405 `method_not_allowed`, 408 `request_timeout`, 413
+//! `payload_too_large`, and 500 `io_error` / `internal_error` whose reason never carries
+//! internal detail (that goes to the log).
+//!
+//! Who may call: with a token, every route but `/healthz` needs
+//! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
+//! sent, and requests that carry `Origin` (or a cross-site `Sec-Fetch-Site`) are refused,
+//! so a web page cannot drive the runtime; without a token the `Host` must be a loopback
+//! name, which defeats DNS rebinding. [`run`] refuses to listen on a non-loopback
+//! address without a token.
+//!
+//! The [`Sandbox`] is synchronous: every call runs on Tokio's blocking pool.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use ailab_sandbox_core::{Config, Sandbox};
+//!
+//! let config = Config::with_roots(vec!["/srv/sandbox".into()], "/var/lib/ailab".into());
+//! let sandbox = Arc::new(Sandbox::open(config)?);
+//! // In-process (tests): a plain axum Router.
+//! let _app = ailab_sandbox_http::router(sandbox.clone(), None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+//! // As a server, until SIGINT/SIGTERM:
+//! ailab_sandbox_http::run(sandbox, ailab_sandbox_http::ServeOptions::default())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod error;
+mod guard;
+mod routes;
+mod server;
+pub mod wire;
+
+use ailab_sandbox_core::Sandbox;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::RequestBodyDeadlineLayer;
+
+pub use error::codes;
+pub use guard::constant_time_eq;
+pub use routes::OPENMETRICS_CONTENT_TYPE;
+pub use server::{ServeError, ServeOptions, check_exposure, resolve_addr, run, serve};
+
+/// Default largest request body: 4 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// How long a client may take to send a request body.
+pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The application: every route of SPEC §10 with its middleware (request log, JSON error
+/// bodies, browser refusal and token check, body limit and deadline). `token: None`
+/// serves everyone who reaches it; `body_limit_bytes` bounds every request body (413).
+pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: usize) -> Router {
+    let state = routes::AppState {
+        sandbox,
+        body_limit: body_limit_bytes,
+    };
+    let guard = guard::Guard::new(token.as_deref());
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/metrics", get(routes::metrics))
+        .route("/agentic/state", get(routes::state))
+        .route("/agentic/executions", get(routes::executions))
+        .route("/agentic/executions/stats", get(routes::execution_stats))
+        .route("/agentic/artifacts", get(routes::artifacts))
+        .route("/agentic/artifacts/{id}", get(routes::artifact))
+        .route("/agentic/plans", post(routes::run_plan))
+        .route(
+            "/agentic/rollback/{workflow_id}",
+            get(routes::rollback_info).post(routes::rollback),
+        )
+        .fallback(routes::not_found)
+        .with_state(state)
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(body_limit_bytes))
+        .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
+        .layer(middleware::from_fn_with_state(guard, guard::guard))
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(log_request))
+}
+
+fn is_json(resp: &Response) -> bool {
+    resp.headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"))
+}
+
+/// Turns the bare error answers of layers (405 from the method router, 413 from the body
+/// limit, …) into JSON `{"reason_code", "reason"}`, and marks every answer uncacheable.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let status = resp.status();
+    if (status.is_client_error() || status.is_server_error()) && !is_json(&resp) {
+        let allow = resp.headers().get(header::ALLOW).cloned();
+        let mut fresh = error::ApiError::for_status(status, allow.as_ref()).into_response();
+        if let Some(allow) = allow {
+            fresh.headers_mut().insert(header::ALLOW, allow);
+        }
+        resp = fresh;
+    }
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// One log line per request: method, route, status, latency.
+async fn log_request(req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let resp = next.run(req).await;
+    let latency = start.elapsed();
+    let route = route.as_ref().map_or("(no route)", MatchedPath::as_str);
+    let status = resp.status().as_u16();
+    if resp.status().is_server_error() {
+        tracing::warn!(%method, route, status, ?latency, "request");
+    } else {
+        tracing::info!(%method, route, status, ?latency, "request");
+    }
+    resp
+}

@@ -1,1 +1,548 @@
-//! MCP face (in progress).
+//! `ailab-sandbox-mcp`: the MCP stdio face of the governed write runtime (SPEC §10).
+//!
+//! An agent client (opencode, Claude Code, Codex, …) launches `ailab-sandbox mcp` and
+//! speaks MCP over its standard input and output. The server offers:
+//!
+//! - one tool per write intent of the catalog — the 11 of
+//!   [`ailab_sandbox_core::catalog::OPERATIONS`], generated from it so the lists cannot
+//!   drift — each running a one-action plan through [`Sandbox::run_plan`];
+//! - read tools confined like the writes: `read_file`, `list_directory`, `get_file_info`;
+//! - `rollback_workflow`, `rollback_action`, `list_artifacts`, `get_artifact`, `get_state`.
+//!
+//! One MCP session is one workflow (`wf_mcp_…`, generated when the server is built)
+//! unless a call names its own `workflow_id`. A refusal, a failure or a dry-run
+//! simulation is a normal tool result (refusals and failures with `isError: true` and
+//! the reason code), never a protocol error. Standard output carries protocol frames
+//! only; logs go through `tracing` (the binary sends them to standard error).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use ailab_sandbox_core::{Config, Sandbox};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::with_roots(vec!["/tmp/sbx".into()], "/tmp/sbx-state".into());
+//! let sandbox = Arc::new(Sandbox::open(config)?);
+//! ailab_sandbox_mcp::run_stdio(sandbox)?; // serves until the client closes stdin
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![deny(clippy::print_stdout)]
+
+mod render;
+mod tools;
+
+use ailab_sandbox_core::Sandbox;
+use ailab_sandbox_core::catalog::Operation;
+use ailab_sandbox_core::plan::{self, Plan};
+use ailab_sandbox_core::reason::{ReasonCode, Refusal};
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use render::{error, ok, refusal, to_value};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer, ServerInitializeError};
+use rmcp::{ErrorData, ServerHandler, ServiceExt};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tools::{Args, DEFAULT_LIST_LIMIT, ToolKind, ToolSpec};
+
+/// The name the server gives in `serverInfo`.
+pub const SERVER_NAME: &str = "ailab-sandbox";
+
+/// Something that stopped the MCP server (as opposed to a refused tool call, which is a
+/// normal tool result).
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// The async runtime could not be built.
+    #[error("could not start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The MCP session could not be initialized (the client did not open with a valid
+    /// `initialize`, or the transport failed).
+    #[error("the MCP session could not be initialized: {0}")]
+    Initialize(#[source] Box<ServerInitializeError>),
+    /// The session's task ended abnormally.
+    #[error("the MCP session ended abnormally: {0}")]
+    Session(#[source] tokio::task::JoinError),
+}
+
+/// The MCP server: an [`rmcp::ServerHandler`] over a shared [`Sandbox`].
+///
+/// Each value is one session, with its own workflow id; build one per connection.
+#[derive(Debug, Clone)]
+pub struct SandboxMcp {
+    sandbox: Arc<Sandbox>,
+    workflow_id: Arc<str>,
+    tools: Arc<[ToolSpec]>,
+}
+
+/// A fresh session workflow id: `wf_mcp_` and a time-ordered UUID.
+fn session_workflow_id() -> String {
+    let id = plan::new_workflow_id();
+    let tail = id.strip_prefix("wf_").unwrap_or(&id);
+    format!("wf_mcp_{tail}")
+}
+
+impl SandboxMcp {
+    /// A session over `sandbox` with a new workflow id (`wf_mcp_…`).
+    pub fn new(sandbox: Arc<Sandbox>) -> Self {
+        Self::with_workflow_id(sandbox, session_workflow_id())
+    }
+
+    /// A session whose writes go to `workflow_id` unless a call names another. An invalid
+    /// id is not refused here; every write and rollback then refuses with `invalid_id`.
+    pub fn with_workflow_id(sandbox: Arc<Sandbox>, workflow_id: impl Into<String>) -> Self {
+        let tools = tools::all_tools(&sandbox).into();
+        Self {
+            sandbox,
+            workflow_id: workflow_id.into().into(),
+            tools,
+        }
+    }
+
+    /// The session's workflow.
+    pub fn workflow_id(&self) -> &str {
+        &self.workflow_id
+    }
+
+    /// The tool definitions, as `tools/list` returns them.
+    pub fn tools(&self) -> Vec<Tool> {
+        self.tools.iter().map(|t| t.tool.clone()).collect()
+    }
+
+    /// What `initialize` answers: server info, the tools capability and instructions.
+    pub fn server_config(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new(SERVER_NAME, env!("CARGO_PKG_VERSION"))
+                    .with_title("ailab-sandbox: governed, reversible file writes"),
+            )
+            .with_instructions(self.instructions())
+    }
+
+    fn instructions(&self) -> String {
+        let doc = self.sandbox.state_doc();
+        let mode = match doc.dry_run_reason {
+            None => {
+                "Writing is ENABLED on this server: write tools change files for real.".to_owned()
+            }
+            reason => format!(
+                "Writing is NOT enabled on this server. Why: {}. Every write tool only simulates and reports what it would do; nothing is written. {}",
+                render::dry_run_words(reason, &doc.phase),
+                render::ENABLE_HINT
+            ),
+        };
+        format!(
+            "ailab-sandbox is a governed filesystem write runtime. Use its tools to create and edit text files, but only inside the sandbox roots: {roots}. \
+Give paths relative to the first root (e.g. \"notes/todo.md\"); '..', '~' and absolute paths outside the roots are refused. \
+There is no shell and no delete, move or chmod: files are never made executable. \
+Each write tool checks the extension and size limit named in its description, the workflow's budget and a rate limit of {rate} writes per minute; \
+then it snapshots the target, writes atomically, records an artifact (sha256) and an audit entry. \
+Every write can be undone with rollback_action (one write) or rollback_workflow (all writes of a workflow). \
+All writes of this session belong to workflow {wf} unless a call passes workflow_id. \
+A refused or failed call returns isError with a reason_code, the reason and what to do instead; read it and adapt rather than retrying unchanged. \
+Use read_file, list_directory and get_file_info to look before you write, sandbox_transform for small exact edits, and get_state to see the mode, roots and limits. {mode}",
+            roots = doc.sandbox_roots.join(", "),
+            rate = self.sandbox.config().limits.writes_per_minute,
+            wf = self.workflow_id,
+        )
+    }
+
+    /// Runs one tool call. Unknown tools and bad arguments are `isError` results too.
+    pub async fn call(&self, name: &str, arguments: Option<JsonObject>) -> CallToolResult {
+        let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
+            return unknown_tool(name, &self.tools);
+        };
+        let args = match spec.parse(arguments.unwrap_or_default()) {
+            Ok(a) => a,
+            Err(problem) => return render::bad_arguments(name, &problem),
+        };
+        tracing::debug!(tool = name, "tools/call");
+        match spec.kind {
+            ToolKind::Write(op) => self.write(op, args).await,
+            ToolKind::ReadFile => self.read_file(args).await,
+            ToolKind::ListDirectory => self.list_directory(args).await,
+            ToolKind::GetFileInfo => self.get_file_info(args).await,
+            ToolKind::RollbackWorkflow => self.rollback(args, None).await,
+            ToolKind::RollbackAction => {
+                let id = args.str("action_id");
+                self.rollback(args, id).await
+            }
+            ToolKind::ListArtifacts => self.list_artifacts(args).await,
+            ToolKind::GetArtifact => self.get_artifact(args).await,
+            ToolKind::GetState => self.get_state().await,
+        }
+    }
+
+    /// Runs `f` with the sandbox on the blocking pool (the runtime is synchronous and
+    /// fsyncs); a panic there becomes an `isError` result, not a dead server.
+    async fn blocking<T, F>(&self, f: F) -> Result<T, CallToolResult>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Sandbox) -> T + Send + 'static,
+    {
+        let sb = Arc::clone(&self.sandbox);
+        tokio::task::spawn_blocking(move || f(&sb))
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "a sandbox call panicked or was cancelled");
+                internal_error("the runtime failed while handling this call")
+            })
+    }
+
+    async fn write(&self, op: &'static Operation, args: Args) -> CallToolResult {
+        let workflow_id = args
+            .str("workflow_id")
+            .unwrap_or_else(|| self.workflow_id.to_string());
+        let action = plan::Action {
+            intent: op.name.to_owned(),
+            path: args.str("path").unwrap_or_default(),
+            content: args.str("content"),
+            data: args.value("data"),
+            edits: args.edits("edits"),
+            description: args.str("description"),
+            root: args.str("root"),
+            tool: Some("mcp".to_owned()),
+            ..plan::Action::default()
+        };
+        let plan = Plan {
+            workflow_id: Some(workflow_id),
+            actions: vec![action],
+            ..Plan::default()
+        };
+        let phase = self.sandbox.config().phase.clone();
+        match self.blocking(move |sb| sb.run_plan(plan)).await {
+            Ok(Ok(res)) => render::write_result(&res, op, &self.workflow_id, &phase),
+            Ok(Err(r)) => refusal(&r, Some(op), ". Nothing was written."),
+            Err(e) => e,
+        }
+    }
+
+    async fn read_file(&self, args: Args) -> CallToolResult {
+        let path = args.str("path").unwrap_or_default();
+        let root = args.str("root");
+        match self
+            .blocking(move |sb| sb.read_file(&path, root.as_deref()))
+            .await
+        {
+            Ok(Ok(f)) => ok(f.content.clone(), to_value(&f)),
+            Ok(Err(r)) => refusal(&r, None, ". Nothing was read."),
+            Err(e) => e,
+        }
+    }
+
+    async fn list_directory(&self, args: Args) -> CallToolResult {
+        let path = args.str("path").unwrap_or_default();
+        let root = args.str("root");
+        let p = path.clone();
+        match self
+            .blocking(move |sb| sb.list_directory(&p, root.as_deref()))
+            .await
+        {
+            Ok(Ok(entries)) => {
+                let shown = if path.is_empty() {
+                    "/ (the root)"
+                } else {
+                    path.as_str()
+                };
+                let mut text = if entries.is_empty() {
+                    format!("Directory {shown} is empty.")
+                } else {
+                    format!("Directory {shown}: {} entries", entries.len())
+                };
+                for e in &entries {
+                    let size = if e.kind == "file" {
+                        format!("  ({} bytes)", e.size_bytes)
+                    } else {
+                        String::new()
+                    };
+                    let slash = if e.kind == "directory" { "/" } else { "" };
+                    let note = if e.name.eq_ignore_ascii_case(".rollback") {
+                        "  (reserved: rollback snapshots, never writable)"
+                    } else {
+                        ""
+                    };
+                    text.push_str(&format!("\n{:<9} {}{slash}{size}{note}", e.kind, e.name));
+                }
+                ok(
+                    text,
+                    Some(serde_json::json!({"path": path, "entries": entries})),
+                )
+            }
+            Ok(Err(r)) => refusal(&r, None, "."),
+            Err(e) => e,
+        }
+    }
+
+    async fn get_file_info(&self, args: Args) -> CallToolResult {
+        let path = args.str("path").unwrap_or_default();
+        let root = args.str("root");
+        match self
+            .blocking(move |sb| sb.get_file_info(&path, root.as_deref()))
+            .await
+        {
+            Ok(Ok(info)) => {
+                let mut text = format!("{}: {}", info.path, info.kind);
+                if let Some(n) = info.size_bytes {
+                    text.push_str(&format!(", {n} bytes"));
+                }
+                if let Some(s) = &info.sha256 {
+                    text.push_str(&format!(", sha256 {s}"));
+                }
+                if let Some(a) = &info.artifact_id {
+                    text.push_str(&format!(", newest artifact {a}"));
+                }
+                ok(text, to_value(&info))
+            }
+            Ok(Err(r)) => refusal(&r, None, "."),
+            Err(e) => e,
+        }
+    }
+
+    async fn rollback(&self, args: Args, action_id: Option<String>) -> CallToolResult {
+        let workflow_id = args
+            .str("workflow_id")
+            .unwrap_or_else(|| self.workflow_id.to_string());
+        let what = match &action_id {
+            Some(a) => format!("action {a} of workflow {workflow_id}"),
+            None => format!("workflow {workflow_id}"),
+        };
+        let opts = RollbackOptions {
+            action_id,
+            force: args.flag("force"),
+        };
+        match self
+            .blocking(move |sb| sb.rollback_workflow(&workflow_id, &opts))
+            .await
+        {
+            Ok(rep) => render::rollback_result(&rep, &what),
+            Err(e) => e,
+        }
+    }
+
+    async fn list_artifacts(&self, args: Args) -> CallToolResult {
+        let limit =
+            usize::try_from(args.uint("limit").unwrap_or(DEFAULT_LIST_LIMIT)).unwrap_or(usize::MAX);
+        let workflow_id = args.str("workflow_id");
+        let wf = workflow_id.clone();
+        match self
+            .blocking(move |sb| sb.artifacts(limit, wf.as_deref()))
+            .await
+        {
+            Ok(Ok(list)) => {
+                let scope = workflow_id.map_or_else(String::new, |w| format!(" of workflow {w}"));
+                let mut text = if list.is_empty() {
+                    format!("No artifacts{scope}.")
+                } else {
+                    format!("{} artifact(s){scope}, newest first:", list.len())
+                };
+                for a in &list {
+                    text.push_str(&format!(
+                        "\n{} {} {} ({} bytes, sha256 {}) workflow {} action {} at {}",
+                        a.artifact_id,
+                        a.mutation_type,
+                        a.path,
+                        a.size_bytes,
+                        a.checksum_sha256,
+                        a.workflow_id,
+                        a.action_id,
+                        a.created_at
+                    ));
+                }
+                ok(text, Some(serde_json::json!({"artifacts": list})))
+            }
+            Ok(Err(e)) => internal_error(&e.to_string()),
+            Err(e) => e,
+        }
+    }
+
+    async fn get_artifact(&self, args: Args) -> CallToolResult {
+        let id = args.str("artifact_id").unwrap_or_default();
+        let lookup = id.clone();
+        match self
+            .blocking(move |sb| sb.artifact_with_lineage(&lookup))
+            .await
+        {
+            Ok(Ok(Some((a, lineage)))) => {
+                let mut text = format!(
+                    "{} {} {} ({} bytes, sha256 {})\nworkflow {} action {} at {}\nparent artifact: {}",
+                    a.artifact_id,
+                    a.mutation_type,
+                    a.path,
+                    a.size_bytes,
+                    a.checksum_sha256,
+                    a.workflow_id,
+                    a.action_id,
+                    a.created_at,
+                    a.parent_artifact_id.as_deref().unwrap_or("none"),
+                );
+                if lineage.is_empty() {
+                    text.push_str("\nlineage: none (it derives from no earlier artifact)");
+                } else {
+                    text.push_str("\nlineage, nearest first:");
+                    for l in &lineage {
+                        text.push_str(&format!(
+                            "\n- {} {} {} sha256 {}",
+                            l.artifact_id, l.mutation_type, l.path, l.checksum_sha256
+                        ));
+                    }
+                }
+                ok(
+                    text,
+                    Some(serde_json::json!({"artifact": a, "lineage": lineage})),
+                )
+            }
+            Ok(Ok(None)) => refusal(
+                &Refusal::new(
+                    ReasonCode::NotFound,
+                    format!("there is no artifact with id {id:?}"),
+                ),
+                None,
+                ".",
+            ),
+            Ok(Err(e)) => internal_error(&e.to_string()),
+            Err(e) => e,
+        }
+    }
+
+    async fn get_state(&self) -> CallToolResult {
+        let doc = match self.blocking(|sb| sb.state_doc()).await {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let mode = match doc.dry_run_reason {
+            None => "writes are real (sandbox_write)".to_owned(),
+            reason => format!(
+                "writes are only simulated ({})",
+                render::dry_run_words(reason, &doc.phase)
+            ),
+        };
+        let text = format!(
+            "execution_mode: {} — {mode}\nphase: {}\nexecutor_enabled: {}\ndry_run: {}\nsandbox_roots: {}\nsession workflow_id: {}\nlimits: {} artifacts and {} bytes per workflow, {} writes per minute, path depth {}\nartifacts_total: {}\naudit_entries: {}\nversion: {}",
+            serde_json::to_value(doc.execution_mode)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            doc.phase,
+            doc.executor_enabled,
+            doc.dry_run,
+            doc.sandbox_roots.join(", "),
+            self.workflow_id,
+            doc.limits.max_artifacts_per_workflow,
+            doc.limits.max_workflow_bytes,
+            doc.limits.writes_per_minute,
+            doc.limits.max_path_depth,
+            doc.artifacts_total,
+            doc.audit_entries,
+            doc.version,
+        );
+        let mut structured = to_value(&doc);
+        if let Some(serde_json::Value::Object(m)) = &mut structured {
+            m.insert(
+                "session_workflow_id".into(),
+                self.workflow_id.to_string().into(),
+            );
+        }
+        ok(text, structured)
+    }
+}
+
+fn unknown_tool(name: &str, tools: &[ToolSpec]) -> CallToolResult {
+    let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
+    let r = Refusal::new(
+        ReasonCode::UnknownOperation,
+        format!(
+            "there is no tool named {name:?}; the tools are: {}",
+            names.join(", ")
+        ),
+    );
+    refusal(&r, None, ". Nothing was done.")
+}
+
+fn internal_error(what: &str) -> CallToolResult {
+    let r = Refusal::new(ReasonCode::IoError, what.to_owned());
+    error(
+        format!(
+            "FAILED ({}): {}.\nWhat to do instead: {}",
+            r.reason_code,
+            render::clause(&r.reason),
+            render::what_to_do(r.reason_code, None)
+        ),
+        Some(serde_json::json!({"reason_code": r.reason_code, "reason": r.reason})),
+    )
+}
+
+impl ServerHandler for SandboxMcp {
+    fn get_info(&self) -> ServerConfig {
+        self.server_config()
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        Ok(self.call(&request.name, request.arguments).await.into())
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools
+            .iter()
+            .find(|t| t.name() == name)
+            .map(|t| t.tool.clone())
+    }
+}
+
+/// Serves one MCP session over `reader`/`writer` until the client closes its end.
+/// A client that disconnects before `initialize` ends the session cleanly too.
+pub async fn serve_io<R, W>(server: SandboxMcp, reader: R, writer: W) -> Result<(), McpError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let running = match server.serve((reader, writer)).await {
+        Ok(r) => r,
+        Err(ServerInitializeError::ConnectionClosed(why)) => {
+            tracing::info!(%why, "the client closed the connection before initializing");
+            return Ok(());
+        }
+        Err(e) => return Err(McpError::Initialize(Box::new(e))),
+    };
+    match running.waiting().await {
+        Ok(rmcp::service::QuitReason::JoinError(e)) | Err(e) => Err(McpError::Session(e)),
+        Ok(reason) => {
+            tracing::info!(?reason, "MCP session ended");
+            Ok(())
+        }
+    }
+}
+
+/// Serves MCP over standard input/output until the client closes standard input (EOF),
+/// then returns. Builds its own tokio runtime; call it from synchronous code.
+pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ailab-sandbox-mcp")
+        .build()
+        .map_err(McpError::Runtime)?;
+    let server = SandboxMcp::new(sandbox);
+    tracing::info!(
+        workflow_id = server.workflow_id(),
+        "MCP server listening on stdin/stdout"
+    );
+    let result = runtime.block_on(serve_io(server, tokio::io::stdin(), tokio::io::stdout()));
+    // A blocking stdin read may still be pending if the session ended for another reason.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}

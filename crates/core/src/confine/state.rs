@@ -220,6 +220,13 @@ impl LogFile {
         Ok(buf)
     }
 
+    /// Reads up to `n` bytes at `from`.
+    pub fn read_range(&self, from: u64, n: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; n as usize];
+        self.file.read_exact_at(&mut buf, from)?;
+        Ok(buf)
+    }
+
     /// Appends whole lines in one write (flushed; `sync_data` when `durable`). Call with
     /// the exclusive lock held.
     pub fn append(&self, bytes: &[u8], durable: bool) -> io::Result<()> {

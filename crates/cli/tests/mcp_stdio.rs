@@ -1,0 +1,172 @@
+//! `ailab-sandbox mcp` as an agent client runs it: a child process spoken to in
+//! newline-delimited JSON-RPC over its standard input and output.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Server {
+    // The test launches the binary under test; nothing in the runtime spawns processes.
+    #[allow(clippy::disallowed_methods)]
+    fn start(root: &std::path::Path, state: &std::path::Path) -> Self {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
+            .env_remove("AI_LAB_SANDBOX_ROOTS")
+            .env_remove("AI_LAB_STATE_DIR")
+            .env_remove("AI_LAB_ENABLE_SANDBOX_WRITE")
+            .env_remove("AI_LAB_SANDBOX_DRY_RUN")
+            .env_remove("AI_LAB_SANDBOX_CONFIG")
+            .arg("--root")
+            .arg(root)
+            .arg("--state-dir")
+            .arg(state)
+            .args(["--enable-write", "--no-dry-run", "mcp"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, msg: &Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Sends a request and returns its response; every stdout line must be JSON-RPC.
+    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(TIMEOUT)
+                .expect("no response from the server");
+            let msg: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            assert_eq!(msg["jsonrpc"], "2.0", "{line}");
+            if msg["id"] == json!(id) {
+                assert!(msg.get("error").is_none(), "{method} failed: {line}");
+                return msg["result"].clone();
+            }
+        }
+    }
+
+    fn call(&mut self, id: u64, tool: &str, args: Value) -> Value {
+        self.request(id, "tools/call", json!({"name": tool, "arguments": args}))
+    }
+
+    /// Closes stdin and waits for a clean exit.
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "mcp exited with {status}");
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "mcp did not exit on stdin EOF"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn mcp_over_stdio_writes_and_rolls_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    let mut s = Server::start(&root, &state);
+
+    let init = s.request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "mcp-stdio-test", "version": "0"}}),
+    );
+    assert_eq!(init["serverInfo"]["name"], "ailab-sandbox");
+    assert_eq!(init["serverInfo"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(init["protocolVersion"], "2025-06-18");
+    assert!(init["capabilities"]["tools"].is_object(), "{init}");
+    s.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+
+    let list = s.request(2, "tools/list", json!({}));
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 19, "{names:?}");
+    for n in [
+        "create_file",
+        "sandbox_transform",
+        "read_file",
+        "rollback_workflow",
+        "get_state",
+    ] {
+        assert!(names.contains(&n), "{n} missing from {names:?}");
+    }
+
+    let r = s.call(
+        3,
+        "create_file",
+        json!({"path": "notes/hello.md", "content": "# Hi\n"}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(
+        std::fs::read(root.join("notes/hello.md")).unwrap(),
+        b"# Hi\n"
+    );
+    assert!(text(&r).contains("rollback_action"), "{r}");
+
+    let r = s.call(
+        4,
+        "create_file",
+        json!({"path": "../escape.md", "content": "x"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(text(&r).contains("path_traversal"), "{r}");
+
+    let r = s.call(5, "rollback_workflow", json!({}));
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(r["structuredContent"]["steps_rolled_back"], 1, "{r}");
+    assert!(!root.join("notes/hello.md").exists());
+
+    s.finish();
+}

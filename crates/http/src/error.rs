@@ -1,0 +1,385 @@
+//! The one mapping from everything that can go wrong to an HTTP status and a JSON body
+//! `{"reason_code", "reason"}` (STYLE rule 6). Internal details (I/O errors, paths of the
+//! state directory) are logged, never sent.
+
+use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};
+use ailab_sandbox_core::sandbox::RollbackReport;
+use ailab_sandbox_core::{ReasonCode, Refusal};
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::wire::ErrorBody;
+
+/// Reason codes of the HTTP face itself, besides the core's [`ReasonCode`]s.
+pub mod codes {
+    /// No or wrong bearer token.
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    /// The request came from a web page (it carries `Origin` or a cross-site
+    /// `Sec-Fetch-Site`): browsers may not drive the runtime.
+    pub const FORBIDDEN_ORIGIN: &str = "forbidden_origin";
+    /// Without a token, only loopback `Host` names are served (DNS-rebinding guard).
+    pub const FORBIDDEN_HOST: &str = "forbidden_host";
+    /// No such route, or no such artifact.
+    pub const NOT_FOUND: &str = "not_found";
+    /// The route exists but not with this method.
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    /// The body is larger than the configured limit.
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// Malformed query, path parameter or request body.
+    pub const INVALID_REQUEST: &str = "invalid_request";
+    /// The body did not arrive in time.
+    pub const REQUEST_TIMEOUT: &str = "request_timeout";
+    /// Something went wrong inside the server; details are in its log.
+    pub const INTERNAL_ERROR: &str = "internal_error";
+}
+
+/// An error answer: status, stable code and a readable sentence.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub status: StatusCode,
+    pub reason_code: &'static str,
+    pub reason: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, reason_code: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason_code,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn bad_request(reason: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, codes::INVALID_REQUEST, reason)
+    }
+
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            codes::INTERNAL_ERROR,
+            "the server could not complete the request; see the server log",
+        )
+    }
+
+    /// A storage failure in the core (registry or audit log): logged with detail, answered
+    /// without it (the detail could name the state directory, which lies outside every root).
+    pub fn storage(what: &'static str, err: &ailab_sandbox_core::Error) -> Self {
+        tracing::error!(error = %err, "{what}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ReasonCode::IoError.as_str(),
+            format!("{what}; see the server log"),
+        )
+    }
+
+    pub fn from_refusal(r: Refusal) -> Self {
+        Self::new(
+            refusal_status(r.reason_code),
+            r.reason_code.as_str(),
+            r.reason,
+        )
+    }
+
+    /// The answer for a bare error status produced by a layer (405, 413, …) rather than
+    /// by a handler.
+    pub fn for_status(status: StatusCode, allow: Option<&HeaderValue>) -> Self {
+        let (code, reason) = match status {
+            StatusCode::BAD_REQUEST => (
+                codes::INVALID_REQUEST,
+                "the request is malformed".to_owned(),
+            ),
+            StatusCode::UNAUTHORIZED => (
+                codes::UNAUTHORIZED,
+                "a valid bearer token is required".to_owned(),
+            ),
+            StatusCode::FORBIDDEN => (
+                codes::FORBIDDEN_ORIGIN,
+                "this request is not allowed".to_owned(),
+            ),
+            StatusCode::NOT_FOUND => (codes::NOT_FOUND, "no such route".to_owned()),
+            StatusCode::METHOD_NOT_ALLOWED => {
+                let allowed = allow.and_then(|v| v.to_str().ok()).unwrap_or("");
+                let reason = if allowed.is_empty() {
+                    "this method is not allowed on this route; the Allow header lists those that are".to_owned()
+                } else {
+                    format!("this method is not allowed on this route; allowed: {allowed}")
+                };
+                (codes::METHOD_NOT_ALLOWED, reason)
+            }
+            StatusCode::REQUEST_TIMEOUT => (
+                codes::REQUEST_TIMEOUT,
+                "the request did not arrive in time".to_owned(),
+            ),
+            StatusCode::PAYLOAD_TOO_LARGE => (
+                codes::PAYLOAD_TOO_LARGE,
+                "the request body is larger than the server accepts".to_owned(),
+            ),
+            s if s.is_server_error() => return Self::internal(),
+            _ => (
+                codes::INVALID_REQUEST,
+                "the request cannot be served".to_owned(),
+            ),
+        };
+        Self::new(status, code, reason)
+    }
+
+    /// `413` naming the limit.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            codes::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (
+            self.status,
+            Json(ErrorBody {
+                reason_code: self.reason_code.to_owned(),
+                reason: self.reason,
+            }),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+/// The status of a refusal by its code. Exhaustive on purpose: a new code in the core must
+/// be given a status here.
+pub(crate) fn refusal_status(code: ReasonCode) -> StatusCode {
+    use ReasonCode as C;
+    match code {
+        C::InvalidPlan | C::InvalidId => StatusCode::BAD_REQUEST,
+        C::NotFound | C::NoRollbackData => StatusCode::NOT_FOUND,
+        C::Conflict | C::AlreadyExists => StatusCode::CONFLICT,
+        C::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        C::IoError | C::ChecksumMismatch => StatusCode::INTERNAL_SERVER_ERROR,
+        C::PhaseNotSupported
+        | C::NotSandboxWrite
+        | C::ForbiddenIntent
+        | C::UnknownOperation
+        | C::ChmodForbidden
+        | C::PathTraversal
+        | C::DepthExceeded
+        | C::OutsideSandbox
+        | C::ReservedPath
+        | C::SymlinkEscape
+        | C::SymlinkRefused
+        | C::HardlinkRefused
+        | C::NotRegularFile
+        | C::BlockedExtension
+        | C::ExtensionNotAllowed
+        | C::SizeExceeded
+        | C::EditNotFound
+        | C::EditAmbiguous
+        | C::BudgetArtifactsExceeded
+        | C::BudgetBytesExceeded => StatusCode::UNPROCESSABLE_ENTITY,
+    }
+}
+
+/// The status of a run result: 200 for success and simulated success, 422 when the plan
+/// was refused (nothing written), 409 when a mutation failed (`failed`, `rolled_back`).
+pub(crate) fn run_status(status: RunStatus) -> StatusCode {
+    match status {
+        RunStatus::Success | RunStatus::SimulatedSuccess => StatusCode::OK,
+        RunStatus::Blocked => StatusCode::UNPROCESSABLE_ENTITY,
+        RunStatus::Failed | RunStatus::RolledBack => StatusCode::CONFLICT,
+    }
+}
+
+/// For an unsuccessful run: the first refused or failed action's code and a sentence
+/// summing up the run, so that every error answer has `reason_code` and `reason`.
+pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
+    let wanted = match r.status {
+        RunStatus::Success | RunStatus::SimulatedSuccess => return None,
+        RunStatus::Blocked => ActionStatus::Blocked,
+        RunStatus::Failed | RunStatus::RolledBack => ActionStatus::Failed,
+    };
+    let bad: Vec<_> = r
+        .actions
+        .iter()
+        .filter(|a| a.status == wanted && a.reason_code.is_some())
+        .collect();
+    let first = bad.first()?;
+    let code = first.reason_code?;
+    let why = first.reason.as_deref().unwrap_or(code.as_str());
+    let more = match bad.len() {
+        1 => String::new(),
+        n => format!(" (and {} more refused)", n - 1),
+    };
+    let reason = match r.status {
+        RunStatus::Blocked => format!(
+            "the plan was refused and nothing was written: action {}: {why}{more}",
+            first.action_id
+        ),
+        RunStatus::RolledBack => format!(
+            "action {} failed: {why}; the run's earlier changes were rolled back",
+            first.action_id
+        ),
+        _ => format!(
+            "action {} failed: {why}; the workflow ended failed and can be rolled back",
+            first.action_id
+        ),
+    };
+    Some((code, reason))
+}
+
+/// The status of a rollback report: 200 when rolled back, the refusal's status when
+/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id), 409 when a restore step
+/// failed.
+pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
+    if r.is_success() {
+        return StatusCode::OK;
+    }
+    match (r.status, r.reason_code) {
+        ("refused", Some(code)) => refusal_status(code),
+        _ => StatusCode::CONFLICT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ailab_sandbox_core::catalog::{MutationClass, RiskLevel};
+    use ailab_sandbox_core::executor::ActionResult;
+    use ailab_sandbox_core::workflow::WorkflowState;
+
+    fn action(id: &str, status: ActionStatus, code: Option<ReasonCode>) -> ActionResult {
+        ActionResult {
+            action_id: id.to_owned(),
+            intent: "create_file".to_owned(),
+            mutation_class: Some(MutationClass::Create),
+            path: "a.md".to_owned(),
+            status,
+            reason_code: code,
+            reason: code.map(|c| format!("because {c}")),
+            risk: RiskLevel::Medium,
+            before_checksum: None,
+            after_checksum: None,
+            size_bytes: None,
+            artifact_id: None,
+            rollback_path: None,
+        }
+    }
+
+    fn run(status: RunStatus, actions: Vec<ActionResult>) -> RunResult {
+        RunResult {
+            workflow_id: "wf".to_owned(),
+            execution_id: "ex".to_owned(),
+            status,
+            simulation_only: false,
+            dry_run_reason: None,
+            state: WorkflowState::Failed,
+            actions,
+            timeline: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn run_statuses() {
+        assert_eq!(run_status(RunStatus::Success), StatusCode::OK);
+        assert_eq!(run_status(RunStatus::SimulatedSuccess), StatusCode::OK);
+        assert_eq!(
+            run_status(RunStatus::Blocked),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        assert_eq!(run_status(RunStatus::Failed), StatusCode::CONFLICT);
+        assert_eq!(run_status(RunStatus::RolledBack), StatusCode::CONFLICT);
+    }
+
+    #[test]
+    fn refusal_statuses() {
+        assert_eq!(
+            refusal_status(ReasonCode::InvalidPlan),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            refusal_status(ReasonCode::InvalidId),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            refusal_status(ReasonCode::NoRollbackData),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(refusal_status(ReasonCode::Conflict), StatusCode::CONFLICT);
+        assert_eq!(
+            refusal_status(ReasonCode::RateLimited),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            refusal_status(ReasonCode::PathTraversal),
+            StatusCode::UNPROCESSABLE_ENTITY
+        );
+        for code in ReasonCode::ALL {
+            let s = refusal_status(code);
+            assert!(
+                s.is_client_error()
+                    || code == ReasonCode::IoError
+                    || code == ReasonCode::ChecksumMismatch,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn summaries_name_the_first_bad_action() {
+        let ok = run(
+            RunStatus::Success,
+            vec![action("a1", ActionStatus::Success, None)],
+        );
+        assert!(run_summary(&ok).is_none());
+        let blocked = run(
+            RunStatus::Blocked,
+            vec![
+                action("a1", ActionStatus::Skipped, None),
+                action("a2", ActionStatus::Blocked, Some(ReasonCode::PathTraversal)),
+                action(
+                    "a3",
+                    ActionStatus::Blocked,
+                    Some(ReasonCode::BlockedExtension),
+                ),
+            ],
+        );
+        let (code, reason) = run_summary(&blocked).unwrap_or((ReasonCode::IoError, String::new()));
+        assert_eq!(code, ReasonCode::PathTraversal);
+        assert!(
+            reason.contains("a2") && reason.contains("1 more"),
+            "{reason}"
+        );
+        let failed = run(
+            RunStatus::RolledBack,
+            vec![
+                action("a1", ActionStatus::RolledBack, None),
+                action("a2", ActionStatus::Failed, Some(ReasonCode::IoError)),
+            ],
+        );
+        let (code, reason) =
+            run_summary(&failed).unwrap_or((ReasonCode::PathTraversal, String::new()));
+        assert_eq!(code, ReasonCode::IoError);
+        assert!(reason.contains("rolled back"), "{reason}");
+    }
+
+    #[test]
+    fn layer_statuses_become_json_codes() {
+        let allow = HeaderValue::from_static("GET,HEAD");
+        let e = ApiError::for_status(StatusCode::METHOD_NOT_ALLOWED, Some(&allow));
+        assert_eq!(e.reason_code, codes::METHOD_NOT_ALLOWED);
+        assert!(e.reason.contains("GET,HEAD"));
+        assert_eq!(
+            ApiError::for_status(StatusCode::PAYLOAD_TOO_LARGE, None).reason_code,
+            codes::PAYLOAD_TOO_LARGE
+        );
+        let e = ApiError::for_status(StatusCode::BAD_GATEWAY, None);
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.reason_code, codes::INTERNAL_ERROR);
+    }
+}

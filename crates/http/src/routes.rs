@@ -1,0 +1,259 @@
+//! The route handlers. Each one validates its input, then calls the synchronous
+//! [`Sandbox`] on the blocking pool, then maps the outcome through [`crate::error`].
+
+use ailab_sandbox_core::Sandbox;
+use ailab_sandbox_core::plan::check_id;
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+use crate::error::{ApiError, codes, rollback_status, run_status, run_summary};
+use crate::wire::{
+    ArtifactDoc, DEFAULT_LIST_LIMIT, Health, ListQuery, MAX_LIST_LIMIT, PlanResponse,
+    RollbackRequest,
+};
+
+/// Content type of `/metrics` (OpenMetrics text, as `prometheus-client` encodes it).
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+const ROLLBACK_BODY_HINT: &str = r#"send no body, or {"force": true|false, "action_id": "..."}"#;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub sandbox: Arc<Sandbox>,
+    pub body_limit: usize,
+}
+
+/// Runs a synchronous sandbox call on the blocking pool. A panic there becomes a bare
+/// 500 (logged), never a crash of the server.
+async fn blocking<T, F>(f: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        tracing::error!(error = %e, "a sandbox call did not complete");
+        ApiError::internal()
+    })
+}
+
+fn list_params(
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<(usize, Option<String>), ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_LIST_LIMIT}, got {limit}"
+        )));
+    }
+    let workflow = q.workflow_id.filter(|w| !w.is_empty());
+    if let Some(w) = &workflow {
+        check_id("workflow_id", w).map_err(ApiError::from_refusal)?;
+    }
+    Ok((limit as usize, workflow))
+}
+
+fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(s)| s)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn body_bytes(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    b.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else if is_timeout(&e) {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                codes::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            )
+        } else {
+            ApiError::bad_request("the request body could not be read")
+        }
+    })
+}
+
+/// `GET /healthz`.
+pub(crate) async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// `GET /agentic/state`.
+pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let sb = s.sandbox;
+    let doc = blocking(move || sb.state_doc()).await?;
+    Ok(Json(doc).into_response())
+}
+
+/// `GET /agentic/executions?limit=&workflow_id=`.
+pub(crate) async fn executions(
+    State(s): State<AppState>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (limit, wf) = list_params(q)?;
+    let sb = s.sandbox;
+    let entries = blocking(move || sb.audit_entries(limit, wf.as_deref()))
+        .await?
+        .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
+    Ok(Json(entries).into_response())
+}
+
+/// `GET /agentic/executions/stats`.
+pub(crate) async fn execution_stats(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let sb = s.sandbox;
+    let stats = blocking(move || sb.audit_stats())
+        .await?
+        .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
+    Ok(Json(stats).into_response())
+}
+
+/// `GET /agentic/artifacts?limit=&workflow_id=`.
+pub(crate) async fn artifacts(
+    State(s): State<AppState>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (limit, wf) = list_params(q)?;
+    let sb = s.sandbox;
+    let entries = blocking(move || sb.artifacts(limit, wf.as_deref()))
+        .await?
+        .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
+    Ok(Json(entries).into_response())
+}
+
+/// `GET /agentic/artifacts/{id}`: the artifact and its lineage, 404 if unknown.
+pub(crate) async fn artifact(
+    State(s): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = path_param(id)?;
+    check_id("artifact_id", &id).map_err(ApiError::from_refusal)?;
+    let sb = s.sandbox;
+    let lookup = id.clone();
+    let found = blocking(move || sb.artifact_with_lineage(&lookup))
+        .await?
+        .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
+    match found {
+        Some((artifact, lineage)) => Ok(Json(ArtifactDoc { artifact, lineage }).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            codes::NOT_FOUND,
+            format!("no artifact has the id '{id}'"),
+        )),
+    }
+}
+
+/// `GET /agentic/rollback/{workflow_id}`: what a rollback would restore.
+pub(crate) async fn rollback_info(
+    State(s): State<AppState>,
+    wf: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let wf = path_param(wf)?;
+    let sb = s.sandbox;
+    let info = blocking(move || sb.rollback_info(&wf))
+        .await?
+        .map_err(ApiError::from_refusal)?;
+    Ok(Json(info).into_response())
+}
+
+/// `POST /agentic/plans`: runs (or simulates) a plan. The body of every answer but a
+/// parse/id error is the run result; the status tells the outcome.
+pub(crate) async fn run_plan(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = body_bytes(body, s.body_limit)?;
+    let sb = s.sandbox;
+    let result = blocking(move || sb.run_plan_json(&bytes))
+        .await?
+        .map_err(ApiError::from_refusal)?;
+    let status = run_status(result.status);
+    let (reason_code, reason) = match run_summary(&result) {
+        Some((c, r)) => (Some(c), Some(r)),
+        None => (None, None),
+    };
+    let doc = PlanResponse {
+        result,
+        reason_code,
+        reason,
+    };
+    Ok((status, Json(doc)).into_response())
+}
+
+/// `POST /agentic/rollback/{workflow_id}` with an optional body
+/// `{"force": bool, "action_id": "..."}`.
+pub(crate) async fn rollback(
+    State(s): State<AppState>,
+    wf: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let wf = path_param(wf)?;
+    let bytes = body_bytes(body, s.body_limit)?;
+    let req = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => RollbackRequest::default(),
+        // Only an object: serde would also accept a struct written as an array.
+        Some(b'{') => serde_json::from_slice::<RollbackRequest>(&bytes).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the rollback options are not valid: {e}; {ROLLBACK_BODY_HINT}"
+            ))
+        })?,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "the rollback options must be a JSON object; {ROLLBACK_BODY_HINT}"
+            )));
+        }
+    };
+    let opts = RollbackOptions {
+        action_id: req.action_id,
+        force: req.force,
+    };
+    let sb = s.sandbox;
+    let report = blocking(move || sb.rollback_workflow(&wf, &opts)).await?;
+    Ok((rollback_status(&report), Json(report)).into_response())
+}
+
+/// `GET /metrics`: OpenMetrics text.
+pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let sb = s.sandbox;
+    let text = blocking(move || sb.metrics().encode()).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// Any other path.
+pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        codes::NOT_FOUND,
+        format!(
+            "there is no route {method} {}; the routes are under /agentic/, plus /metrics and /healthz",
+            path.escape_debug()
+        ),
+    )
+}

@@ -1,0 +1,217 @@
+//! Listening: address checks, the Tokio runtime, graceful shutdown.
+
+use ailab_sandbox_core::Sandbox;
+use ailab_sandbox_core::config::DEFAULT_ADDR;
+use axum::Router;
+use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+use crate::DEFAULT_BODY_LIMIT;
+
+/// How long in-flight requests may take to finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Most threads the blocking pool (the synchronous sandbox calls) may use.
+const MAX_BLOCKING_THREADS: usize = 64;
+
+/// How to serve.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// `host:port` to listen on (default `127.0.0.1:8787`).
+    pub addr: String,
+    /// Bearer token every route but `/healthz` then needs.
+    pub token: Option<String>,
+    /// Largest request body, in bytes (default 4 MiB).
+    pub body_limit_bytes: usize,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            addr: DEFAULT_ADDR.to_owned(),
+            token: None,
+            body_limit_bytes: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("body_limit_bytes", &self.body_limit_bytes)
+            .finish()
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address is not `host:port` or does not resolve.
+    #[error("invalid listen address '{addr}': {reason}")]
+    InvalidAddr {
+        /// The address given.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// A non-loopback address without a token.
+    #[error(
+        "refusing to listen on {addr}: {} is not a loopback address and no token is set; \
+         set a token (--token or AI_LAB_SANDBOX_TOKEN) or listen on 127.0.0.1",
+        .resolved.ip()
+    )]
+    PublicWithoutToken {
+        /// The address given.
+        addr: String,
+        /// The non-loopback address it resolved to.
+        resolved: SocketAddr,
+    },
+    /// The token is empty.
+    #[error("the token is empty; set a long random token or none")]
+    EmptyToken,
+    /// The body limit is zero.
+    #[error("the request body limit must be at least 1 byte")]
+    ZeroBodyLimit,
+    /// Tokio could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Binding failed.
+    #[error("cannot listen on {addr}: {error}")]
+    Bind {
+        /// The address given.
+        addr: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// Serving failed.
+    #[error("the server stopped with an error: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Resolves `host:port` (an IP literal or a name such as `localhost`).
+pub fn resolve_addr(addr: &str) -> Result<Vec<SocketAddr>, ServeError> {
+    let invalid = |reason: String| ServeError::InvalidAddr {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| invalid(format!("{e}; use host:port such as 127.0.0.1:8787")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(invalid("it resolves to no address".to_owned()));
+    }
+    Ok(addrs)
+}
+
+/// Refuses to expose the runtime beyond loopback without a token (SPEC §12.6), and an
+/// empty token.
+pub fn check_exposure(
+    addr: &str,
+    resolved: &[SocketAddr],
+    token: Option<&str>,
+) -> Result<(), ServeError> {
+    match token {
+        Some("") => Err(ServeError::EmptyToken),
+        Some(_) => Ok(()),
+        None => match resolved
+            .iter()
+            .find(|a| !a.ip().to_canonical().is_loopback())
+        {
+            Some(public) => Err(ServeError::PublicWithoutToken {
+                addr: addr.to_owned(),
+                resolved: *public,
+            }),
+            None => Ok(()),
+        },
+    }
+}
+
+/// Serves until SIGINT or SIGTERM, then lets in-flight requests finish (for at most 30 s)
+/// and returns. Builds its own multi-thread Tokio runtime; refuses a non-loopback address
+/// without a token. Logs one line per request with `tracing`.
+pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> {
+    if opts.body_limit_bytes == 0 {
+        return Err(ServeError::ZeroBodyLimit);
+    }
+    let addrs = resolve_addr(&opts.addr)?;
+    check_exposure(&opts.addr, &addrs, opts.token.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ailab-http")
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .build()
+        .map_err(ServeError::Runtime)?;
+    rt.block_on(async move {
+        let listener = TcpListener::bind(&addrs[..])
+            .await
+            .map_err(|error| ServeError::Bind {
+                addr: opts.addr.clone(),
+                error,
+            })?;
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
+        }
+        let app = crate::router(sandbox, opts.token, opts.body_limit_bytes);
+        serve(listener, app, shutdown_signal()).await
+    })
+    // Dropping the runtime waits for sandbox calls still running on the blocking pool,
+    // so a plan that was executing finishes its writes and audit records.
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
+/// in-flight requests finish (for at most 30 s) and returns. The caller is responsible
+/// for the exposure check ([`check_exposure`]); [`run`] does it.
+pub async fn serve<F>(listener: TcpListener, app: Router, shutdown: F) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections; in-flight requests finish");
+        let _ = tx.send(());
+    });
+    let grace = async move {
+        if rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(ServeError::Serve),
+        () = grace => {
+            tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

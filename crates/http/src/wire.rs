@@ -1,0 +1,79 @@
+//! Wire types owned by the HTTP face: request bodies and query strings it accepts, and
+//! the documents it answers with besides the core's own serializable types.
+
+use ailab_sandbox_core::RunResult;
+use ailab_sandbox_core::artifact::ArtifactEntry;
+use serde::{Deserialize, Serialize};
+
+/// Default `limit` of the list routes.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+/// Largest `limit` the list routes accept.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+
+/// Every error answer: a stable code and a sentence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable snake_case code (the core's reason codes, or one of
+    /// [`crate::codes`]).
+    pub reason_code: String,
+    /// What was wrong, for people.
+    pub reason: String,
+}
+
+/// Query of `GET /agentic/executions` and `GET /agentic/artifacts`. Unknown parameters
+/// are refused, so a misspelt filter never silently returns everything.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// How many entries, newest first: 1 to [`MAX_LIST_LIMIT`], default
+    /// [`DEFAULT_LIST_LIMIT`].
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Only this workflow's entries (empty means no filter).
+    #[serde(default)]
+    pub workflow_id: Option<String>,
+}
+
+/// Optional body of `POST /agentic/rollback/{workflow_id}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// Restore even over files changed since the workflow wrote them.
+    #[serde(default)]
+    pub force: bool,
+    /// Roll back only this action.
+    #[serde(default)]
+    pub action_id: Option<String>,
+}
+
+/// `GET /agentic/artifacts/{id}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtifactDoc {
+    /// The artifact.
+    pub artifact: ArtifactEntry,
+    /// Its ancestors, nearest first.
+    pub lineage: Vec<ArtifactEntry>,
+}
+
+/// `POST /agentic/plans`: the run result of SPEC §6, plus, when the run did not
+/// succeed, the first refused or failed action's `reason_code` and a `reason` summing
+/// the run up (so that every error answer carries both).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanResponse {
+    /// The run result, field for field.
+    #[serde(flatten)]
+    pub result: RunResult,
+    /// Present when the run was blocked, failed or rolled back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<ailab_sandbox_core::ReasonCode>,
+    /// Present when the run was blocked, failed or rolled back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: &'static str,
+}

@@ -1,0 +1,6 @@
+//! Integration tests of `ailab-sandbox-http`, built as one test binary: the router driven
+//! in-process with `tower::ServiceExt::oneshot`, and the real server over TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod suite;
+mod support;

@@ -1,0 +1,282 @@
+//! Every class of bad input gets a 4xx JSON `{"reason_code", "reason"}`, never a 5xx.
+
+use crate::support::*;
+use axum::body::Body;
+use axum::http::{Method, StatusCode, header};
+use serde_json::json;
+
+#[tokio::test]
+async fn malformed_plan_json_is_400_invalid_plan() {
+    let e = writable();
+    for body in ["{", "not json", "[]", "{\"actions\": [}", "\u{0}"] {
+        let r = post(&e.app, "/agentic/plans", body).await;
+        r.assert_error(StatusCode::BAD_REQUEST, "invalid_plan");
+    }
+}
+
+#[tokio::test]
+async fn empty_plan_body_is_400() {
+    let e = writable();
+    post(&e.app, "/agentic/plans", Body::empty())
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_plan");
+    post_json(&e.app, "/agentic/plans", &json!({"actions": []}))
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_plan");
+}
+
+#[tokio::test]
+async fn plan_with_unknown_fields_or_wrong_types_is_400() {
+    let e = writable();
+    let cases = [
+        json!({"actions": [{"intent": "create_file", "path": "a.md", "content": "x"}], "surprise": 1}),
+        json!({"actions": [{"intent": "create_file", "path": "a.md", "content": "x", "mode": "0755"}]}),
+        json!({"actions": "create_file"}),
+        json!({"actions": [{"intent": 7, "path": "a.md"}]}),
+        json!({"actions": [{"intent": "create_file", "path": ["a.md"]}]}),
+        json!({"on_failure": "explode", "actions": [{"intent": "create_file", "path": "a.md", "content": "x"}]}),
+    ];
+    for plan in cases {
+        let r = post_json(&e.app, "/agentic/plans", &plan).await;
+        let v = r.assert_error(StatusCode::BAD_REQUEST, "invalid_plan");
+        assert!(
+            v.get("status").is_none(),
+            "a parse error is not a run result: {v}"
+        );
+    }
+    assert!(!e.root.join("a.md").exists());
+}
+
+#[tokio::test]
+async fn plan_with_invalid_ids_is_400_invalid_id() {
+    let e = writable();
+    for plan in [
+        create_plan("../evil", "a.md", "x"),
+        create_plan("has space", "a.md", "x"),
+        json!({"actions": [{"action_id": "-x", "intent": "create_file", "path": "a.md", "content": "x"}]}),
+        json!({"parent_workflow_id": "a/b", "actions": [{"intent": "create_file", "path": "a.md", "content": "x"}]}),
+    ] {
+        post_json(&e.app, "/agentic/plans", &plan)
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    }
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413_json() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 1024,
+        ..Opts::default()
+    });
+    let big = create_plan("wf_big", "big.txt", &"x".repeat(4096));
+    let bytes = serde_json::to_vec(&big).unwrap();
+    // Declared length over the limit: refused before reading.
+    let req = request(Method::POST, "/agentic/plans")
+        .header(header::CONTENT_LENGTH, bytes.len())
+        .body(Body::from(bytes.clone()))
+        .unwrap();
+    send(&e.app, req)
+        .await
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    // No declared length: refused while reading.
+    let req = request(Method::POST, "/agentic/plans")
+        .body(Body::from(bytes.clone()))
+        .unwrap();
+    let v = send(&e.app, req)
+        .await
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert!(v["reason"].as_str().unwrap().contains("1024"), "{v}");
+    // The rollback route has the same limit.
+    let req = request(Method::POST, "/agentic/rollback/wf_big")
+        .body(Body::from(bytes))
+        .unwrap();
+    send(&e.app, req)
+        .await
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert!(!e.root.join("big.txt").exists());
+    // Under the limit still works.
+    let small = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_small", "small.txt", "ok"),
+    )
+    .await;
+    assert_eq!(small.status, StatusCode::OK, "{}", small.text());
+}
+
+#[tokio::test]
+async fn bad_limits_are_400() {
+    let e = simulating();
+    for route in ["/agentic/executions", "/agentic/artifacts"] {
+        for q in [
+            "limit=0",
+            "limit=1001",
+            "limit=-1",
+            "limit=abc",
+            "limit=",
+            "limit=1.5",
+            "limit=99999999999999999999",
+            "limit=1&limit=2",
+        ] {
+            let r = get(&e.app, &format!("{route}?{q}")).await;
+            r.assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+        }
+        let ok = get(&e.app, &format!("{route}?limit=1")).await;
+        assert_eq!(ok.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn unknown_query_parameters_are_400() {
+    let e = simulating();
+    let v = get(&e.app, "/agentic/artifacts?workflow=wf_x")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(v["reason"].as_str().unwrap().contains("workflow"), "{v}");
+    get(&e.app, "/agentic/executions?workflow_id=../x")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+}
+
+#[tokio::test]
+async fn bad_rollback_bodies_are_400() {
+    let e = writable();
+    for body in [
+        "{",
+        "{\"force\": \"yes\"}",
+        "{\"forse\": true}",
+        "[]",
+        "true",
+        "{\"action_id\": 5}",
+    ] {
+        post(&e.app, "/agentic/rollback/wf_x", body)
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    post_json(
+        &e.app,
+        "/agentic/rollback/wf_x",
+        &json!({"action_id": "../a"}),
+    )
+    .await
+    .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+}
+
+#[tokio::test]
+async fn invalid_workflow_ids_in_the_path_are_400() {
+    let e = writable();
+    for id in ["-bad", "a%20b", "..", "%2E%2E", "a%2Fb", &"x".repeat(65)] {
+        get(&e.app, &format!("/agentic/rollback/{id}"))
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+        post(&e.app, &format!("/agentic/rollback/{id}"), Body::empty())
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    }
+    // Not UTF-8 once decoded.
+    get(&e.app, "/agentic/rollback/%FF")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+}
+
+#[tokio::test]
+async fn rollback_of_an_unknown_workflow_is_404() {
+    let e = writable();
+    post(&e.app, "/agentic/rollback/wf_unknown", Body::empty())
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "no_rollback_data");
+}
+
+#[tokio::test]
+async fn unknown_or_invalid_artifacts() {
+    let e = simulating();
+    let v = get(&e.app, "/agentic/artifacts/art_doesnotexist")
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "not_found");
+    assert!(v["reason"].as_str().unwrap().contains("art_doesnotexist"));
+    get(&e.app, "/agentic/artifacts/..%2F..%2Fetc")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    get(&e.app, "/agentic/artifacts/%FF%FE")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_json() {
+    let e = simulating();
+    for uri in [
+        "/",
+        "/agentic",
+        "/agentic/state/",
+        "/agentic/plans/x",
+        "/agentic/artifacts/a/b",
+        "/%00",
+    ] {
+        get(&e.app, uri)
+            .await
+            .assert_error(StatusCode::NOT_FOUND, "not_found");
+    }
+    post(&e.app, "/nope", "{}")
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "not_found");
+}
+
+#[tokio::test]
+async fn wrong_methods_are_405_json() {
+    let e = simulating();
+    let cases = [
+        (Method::GET, "/agentic/plans"),
+        (Method::POST, "/agentic/state"),
+        (Method::DELETE, "/agentic/artifacts/art_x"),
+        (Method::PUT, "/agentic/rollback/wf_x"),
+        (Method::POST, "/metrics"),
+        (Method::OPTIONS, "/agentic/plans"),
+    ];
+    for (m, uri) in cases {
+        let r = send(&e.app, request(m.clone(), uri).body(Body::empty()).unwrap()).await;
+        r.assert_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+        assert!(
+            r.headers.contains_key(header::ALLOW),
+            "{m} {uri}: {:?}",
+            r.headers
+        );
+    }
+}
+
+#[tokio::test]
+async fn error_answers_do_not_reveal_the_state_directory() {
+    let e = writable();
+    let state = e.state_dir.display().to_string();
+    let tmp = e.tmp.path().display().to_string();
+    let answers = vec![
+        post(&e.app, "/agentic/plans", "{").await,
+        post_json(
+            &e.app,
+            "/agentic/plans",
+            &create_plan("wf_p", "../../x.md", "x"),
+        )
+        .await,
+        post_json(
+            &e.app,
+            "/agentic/plans",
+            &create_plan("wf_p", &format!("{state}/audit.md"), "x"),
+        )
+        .await,
+        post(&e.app, "/agentic/rollback/wf_none", Body::empty()).await,
+        get(&e.app, "/agentic/artifacts/art_none").await,
+        get(&e.app, "/agentic/nope").await,
+    ];
+    for r in answers {
+        assert!(r.status.is_client_error(), "{} {}", r.status, r.text());
+        let text = r.text();
+        // The offending path given by the caller may be echoed; nothing else of the host's.
+        // Paths inside the root may be named; nothing else under the temporary directory.
+        let echoed = text
+            .replace(&format!("{state}/audit.md"), "<given>")
+            .replace(&e.root.display().to_string(), "<root>");
+        assert!(!echoed.contains(&state), "{text}");
+        assert!(!echoed.contains(&tmp), "{text}");
+    }
+}

@@ -1,0 +1,274 @@
+//! Plans and rollbacks through HTTP, checked on disk.
+
+use crate::support::*;
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use serde_json::json;
+
+#[tokio::test]
+async fn plan_writes_exact_bytes_then_rollback_removes_them() {
+    let e = writable();
+    let content = "# Hi\nünïcödé — bytes\n";
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_http", "notes/hello.md", content),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "success");
+    assert_eq!(v["simulation_only"], false);
+    assert_eq!(v["workflow_id"], "wf_http");
+    assert!(v.get("reason_code").is_none(), "no reason on success: {v}");
+    let path = e.root.join("notes/hello.md");
+    assert_eq!(std::fs::read(&path).unwrap(), content.as_bytes());
+
+    let arts = get(&e.app, "/agentic/artifacts?workflow_id=wf_http").await;
+    assert_eq!(arts.status, StatusCode::OK);
+    let arts = arts.json();
+    assert_eq!(arts.as_array().unwrap().len(), 1);
+    assert_eq!(
+        arts[0]["checksum_sha256"],
+        v["actions"][0]["after_checksum"]
+    );
+
+    let info = get(&e.app, "/agentic/rollback/wf_http").await;
+    assert_eq!(info.status, StatusCode::OK);
+    let info = info.json();
+    assert_eq!(info["rollback_available"], true);
+    assert_eq!(info["actions"][0]["action_id"], "a1");
+
+    let rb = post(&e.app, "/agentic/rollback/wf_http", Body::empty()).await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    let rb = rb.json();
+    assert_eq!(rb["status"], "rolled_back");
+    assert_eq!(rb["steps_rolled_back"], 1);
+    assert_eq!(rb["steps"][0]["checksum_validated"], true);
+    assert!(!path.exists(), "rollback removes the created file");
+
+    let again = post(&e.app, "/agentic/rollback/wf_http", Body::empty()).await;
+    let v = again.assert_error(StatusCode::NOT_FOUND, "no_rollback_data");
+    assert_eq!(v["status"], "refused");
+
+    // The audit chain written through HTTP verifies.
+    let report = e.sandbox.audit_verify().unwrap();
+    assert!(report.ok, "{report:?}");
+}
+
+#[tokio::test]
+async fn rollback_without_content_type_or_body_works() {
+    let e = writable();
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_bare", "a.txt", "x"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let req = request(Method::POST, "/agentic/rollback/wf_bare")
+        .body(Body::empty())
+        .unwrap();
+    let rb = send(&e.app, req).await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    assert!(!e.root.join("a.txt").exists());
+}
+
+#[tokio::test]
+async fn secure_defaults_only_simulate() {
+    let e = simulating();
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_sim", "notes/sim.md", "hello"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "simulated_success");
+    assert_eq!(v["simulation_only"], true);
+    assert_eq!(v["actions"][0]["status"], "simulated");
+    assert!(!e.root.join("notes/sim.md").exists());
+    let audit = get(&e.app, "/agentic/executions?workflow_id=wf_sim")
+        .await
+        .json();
+    assert_eq!(audit[0]["status"], "simulated");
+}
+
+#[tokio::test]
+async fn blocked_plan_is_422_with_the_run_result_and_writes_nothing() {
+    let e = writable();
+    let plan = json!({
+        "workflow_id": "wf_blocked",
+        "actions": [
+            { "action_id": "ok", "intent": "create_file", "path": "fine.md", "content": "x" },
+            { "action_id": "bad", "intent": "create_file", "path": "../escape.md", "content": "x" }
+        ]
+    });
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    let v = r.assert_error(StatusCode::UNPROCESSABLE_ENTITY, "path_traversal");
+    assert_eq!(v["status"], "blocked");
+    assert_eq!(v["actions"][1]["status"], "blocked");
+    assert_eq!(v["actions"][1]["reason_code"], "path_traversal");
+    assert_eq!(v["actions"][0]["status"], "skipped");
+    assert!(v["timeline"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(!e.root.join("fine.md").exists());
+    assert!(!e.tmp.path().join("escape.md").exists());
+}
+
+#[tokio::test]
+async fn blocked_extension_and_forbidden_intent_are_422() {
+    let e = writable();
+    let plan =
+        json!({"actions": [{"intent": "create_file", "path": "x.service", "content": "[Unit]"}]});
+    post_json(&e.app, "/agentic/plans", &plan)
+        .await
+        .assert_error(StatusCode::UNPROCESSABLE_ENTITY, "blocked_extension");
+    let plan = json!({"actions": [{"intent": "run_command", "path": "x.sh"}]});
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    assert_eq!(r.json()["status"], "blocked");
+    assert!(!e.root.join("x.service").exists());
+}
+
+#[tokio::test]
+async fn rollback_conflict_is_409_until_forced() {
+    let e = writable();
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_conf", "c.md", "original"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let path = e.root.join("c.md");
+    std::fs::write(&path, "changed by someone else").unwrap();
+
+    let info = get(&e.app, "/agentic/rollback/wf_conf").await.json();
+    assert_eq!(info["conflicts"].as_array().unwrap().len(), 1);
+
+    let rb = post(&e.app, "/agentic/rollback/wf_conf", "{}").await;
+    let v = rb.assert_error(StatusCode::CONFLICT, "conflict");
+    assert_eq!(v["conflicts"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "changed by someone else"
+    );
+
+    let rb = post_json(&e.app, "/agentic/rollback/wf_conf", &json!({"force": true})).await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn rollback_of_one_action() {
+    let e = writable();
+    let plan = json!({
+        "workflow_id": "wf_two",
+        "actions": [
+            { "action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1" },
+            { "action_id": "a2", "intent": "write_json", "path": "two.json", "data": {"k": 2} }
+        ]
+    });
+    assert_eq!(
+        post_json(&e.app, "/agentic/plans", &plan).await.status,
+        StatusCode::OK
+    );
+    let rb = post_json(
+        &e.app,
+        "/agentic/rollback/wf_two",
+        &json!({"action_id": "a2"}),
+    )
+    .await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    assert_eq!(rb.json()["steps_rolled_back"], 1);
+    assert!(e.root.join("one.txt").exists());
+    assert!(!e.root.join("two.json").exists());
+
+    let rb = post_json(
+        &e.app,
+        "/agentic/rollback/wf_two",
+        &json!({"action_id": "nope"}),
+    )
+    .await;
+    rb.assert_error(StatusCode::NOT_FOUND, "no_rollback_data");
+}
+
+#[tokio::test]
+async fn artifact_lineage_across_workflows() {
+    let e = writable();
+    let r1 = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_l1", "doc.md", "v1"),
+    )
+    .await
+    .json();
+    let plan = json!({
+        "workflow_id": "wf_l2", "parent_workflow_id": "wf_l1",
+        "actions": [ { "action_id": "a1", "intent": "replace_file", "path": "doc.md", "content": "v2" } ]
+    });
+    let r2 = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r2.status, StatusCode::OK, "{}", r2.text());
+    let r2 = r2.json();
+    assert_eq!(
+        std::fs::read_to_string(e.root.join("doc.md")).unwrap(),
+        "v2"
+    );
+    let first = r1["actions"][0]["artifact_id"].as_str().unwrap();
+    let second = r2["actions"][0]["artifact_id"].as_str().unwrap();
+
+    let doc = get(&e.app, &format!("/agentic/artifacts/{second}")).await;
+    assert_eq!(doc.status, StatusCode::OK, "{}", doc.text());
+    let doc = doc.json();
+    assert_eq!(doc["artifact"]["artifact_id"], second);
+    assert_eq!(doc["artifact"]["parent_workflow_id"], "wf_l1");
+    assert_eq!(doc["lineage"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["lineage"][0]["artifact_id"], first);
+
+    let doc = get(&e.app, &format!("/agentic/artifacts/{first}"))
+        .await
+        .json();
+    assert_eq!(doc["lineage"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn rate_limit_blocks_the_eleventh_write() {
+    let e = writable();
+    let actions: Vec<_> = (0..11)
+        .map(|i| json!({"action_id": format!("a{i}"), "intent": "create_file", "path": format!("r{i}.txt"), "content": "x"}))
+        .collect();
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &json!({"workflow_id": "wf_rate", "actions": actions}),
+    )
+    .await;
+    let v = r.assert_error(StatusCode::UNPROCESSABLE_ENTITY, "rate_limited");
+    assert_eq!(v["actions"][10]["reason_code"], "rate_limited");
+    assert!(!e.root.join("r0.txt").exists());
+}
+
+#[tokio::test]
+async fn concurrent_plans_on_distinct_workflows() {
+    let e = writable();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let app = e.app.clone();
+        tasks.push(tokio::spawn(async move {
+            let plan = create_plan(&format!("wf_c{i}"), &format!("c/{i}.txt"), &format!("n{i}"));
+            post_json(&app, "/agentic/plans", &plan).await.status
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    for i in 0..8 {
+        assert_eq!(
+            std::fs::read_to_string(e.root.join(format!("c/{i}.txt"))).unwrap(),
+            format!("n{i}")
+        );
+    }
+    let arts = get(&e.app, "/agentic/artifacts?limit=1000").await.json();
+    assert_eq!(arts.as_array().unwrap().len(), 8);
+}

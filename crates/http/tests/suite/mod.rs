@@ -1,0 +1,5 @@
+mod auth;
+mod bad_input;
+mod effects;
+mod reads;
+mod tcp;

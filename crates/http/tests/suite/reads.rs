@@ -1,0 +1,211 @@
+//! The read routes.
+
+use crate::support::*;
+use axum::http::{StatusCode, header};
+use serde_json::json;
+
+#[tokio::test]
+async fn healthz_is_ok() {
+    let e = simulating();
+    let r = get(&e.app, "/healthz").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json(), json!({"status": "ok"}));
+}
+
+#[tokio::test]
+async fn state_document_has_the_spec_fields() {
+    let e = simulating();
+    let r = get(&e.app, "/agentic/state").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers.get(header::CONTENT_TYPE).unwrap(),
+        "application/json"
+    );
+    let v = r.json();
+    assert_eq!(v["execution_mode"], "simulation");
+    assert_eq!(v["phase"], "28.3");
+    assert_eq!(v["executor_enabled"], false);
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["sandbox_roots"], json!([e.root.display().to_string()]));
+    assert!(v["version"].as_str().is_some_and(|s| !s.is_empty()));
+
+    let w = writable();
+    let v = get(&w.app, "/agentic/state").await.json();
+    assert_eq!(v["execution_mode"], "sandbox_write");
+    assert_eq!(v["executor_enabled"], true);
+    assert_eq!(v["dry_run"], false);
+}
+
+#[tokio::test]
+async fn executions_list_filter_and_limit() {
+    let e = writable();
+    for wf in ["wf_e1", "wf_e2"] {
+        let plan = json!({"workflow_id": wf, "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": format!("{wf}/1.txt"), "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": format!("{wf}/2.txt"), "content": "2"}
+        ]});
+        assert_eq!(
+            post_json(&e.app, "/agentic/plans", &plan).await.status,
+            StatusCode::OK
+        );
+    }
+    let all = get(&e.app, "/agentic/executions").await;
+    assert_eq!(all.status, StatusCode::OK);
+    assert_eq!(all.json().as_array().unwrap().len(), 4);
+    let one = get(&e.app, "/agentic/executions?workflow_id=wf_e1")
+        .await
+        .json();
+    let one = one.as_array().unwrap();
+    assert_eq!(one.len(), 2);
+    assert!(
+        one.iter()
+            .all(|x| x["workflow_id"] == "wf_e1" && x["status"] == "success")
+    );
+    assert!(one.iter().all(|x| x["entry_hash"].is_string()));
+    let limited = get(&e.app, "/agentic/executions?limit=1&workflow_id=wf_e2")
+        .await
+        .json();
+    assert_eq!(limited.as_array().unwrap().len(), 1);
+    assert_eq!(limited[0]["action_id"], "a2", "newest first");
+    // An empty workflow_id is no filter (the SPEC's URL template).
+    let empty = get(&e.app, "/agentic/executions?limit=50&workflow_id=")
+        .await
+        .json();
+    assert_eq!(empty.as_array().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn execution_stats_count_outcomes() {
+    let e = writable();
+    post_json(&e.app, "/agentic/plans", &create_plan("wf_s", "s.txt", "x")).await;
+    post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_s2", "../out.txt", "x"),
+    )
+    .await;
+    let r = get(&e.app, "/agentic/executions/stats").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v = r.json();
+    assert_eq!(v["total"], 2);
+    assert_eq!(v["success"], 1);
+    assert_eq!(v["blocked"], 1);
+    for key in ["failed", "simulated", "rolled_back"] {
+        assert!(v[key].is_u64(), "{key} in {v}");
+    }
+}
+
+#[tokio::test]
+async fn artifacts_list_limit_and_filter() {
+    let e = writable();
+    for (wf, n) in [("wf_a", 3), ("wf_b", 2)] {
+        let actions: Vec<_> = (0..n)
+            .map(|i| json!({"action_id": format!("a{i}"), "intent": "create_file", "path": format!("{wf}/{i}.md"), "content": "x"}))
+            .collect();
+        let r = post_json(
+            &e.app,
+            "/agentic/plans",
+            &json!({"workflow_id": wf, "actions": actions}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    assert_eq!(
+        get(&e.app, "/agentic/artifacts")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+    let b = get(&e.app, "/agentic/artifacts?workflow_id=wf_b")
+        .await
+        .json();
+    assert_eq!(b.as_array().unwrap().len(), 2);
+    assert!(
+        b.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["workflow_id"] == "wf_b")
+    );
+    let two = get(&e.app, "/agentic/artifacts?limit=2").await.json();
+    assert_eq!(two.as_array().unwrap().len(), 2);
+    assert_eq!(two[0]["workflow_id"], "wf_b", "newest first");
+    let max = get(&e.app, "/agentic/artifacts?limit=1000").await;
+    assert_eq!(max.status, StatusCode::OK);
+    let unknown = get(&e.app, "/agentic/artifacts?workflow_id=wf_none")
+        .await
+        .json();
+    assert_eq!(unknown, json!([]));
+}
+
+#[tokio::test]
+async fn rollback_info_of_an_unknown_workflow_is_empty() {
+    let e = simulating();
+    let r = get(&e.app, "/agentic/rollback/wf_never").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v = r.json();
+    assert_eq!(v["workflow_id"], "wf_never");
+    assert_eq!(v["rollback_available"], false);
+    assert_eq!(v["actions"], json!([]));
+}
+
+#[tokio::test]
+async fn metrics_are_openmetrics_text() {
+    let e = writable();
+    post_json(&e.app, "/agentic/plans", &create_plan("wf_m", "m.txt", "x")).await;
+    post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_m2", "../m.txt", "x"),
+    )
+    .await;
+    let r = get(&e.app, "/metrics").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers.get(header::CONTENT_TYPE).unwrap(),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert_eq!(
+        ailab_sandbox_http::OPENMETRICS_CONTENT_TYPE,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = r.text();
+    for name in [
+        "ailab_sandbox_mutations_total",
+        "ailab_sandbox_policy_denied_total",
+        "ailab_sandbox_escape_attempts_total",
+        "ailab_sandbox_artifacts",
+        "ailab_sandbox_mutation_duration_seconds",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+    assert!(text.contains("create_file"), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+}
+
+#[tokio::test]
+async fn answers_are_uncacheable_and_carry_no_cors_headers() {
+    let e = simulating();
+    for uri in ["/healthz", "/agentic/state", "/metrics", "/nope"] {
+        let r = get(&e.app, uri).await;
+        assert_eq!(
+            r.headers.get(header::CACHE_CONTROL).unwrap(),
+            "no-store",
+            "{uri}"
+        );
+        assert_eq!(
+            r.headers.get(header::X_CONTENT_TYPE_OPTIONS).unwrap(),
+            "nosniff",
+            "{uri}"
+        );
+        assert!(
+            r.headers
+                .keys()
+                .all(|k| !k.as_str().starts_with("access-control-")),
+            "{uri}: {:?}",
+            r.headers
+        );
+    }
+}

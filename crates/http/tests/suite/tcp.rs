@@ -1,0 +1,324 @@
+//! The real server over TCP, with hand-written HTTP/1.1.
+
+use crate::support::*;
+use ailab_sandbox_http::{ServeError, ServeOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl Server {
+    async fn start(app: axum::Router) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(ailab_sandbox_http::serve(listener, app, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let r = tokio::time::timeout(Duration::from_secs(20), self.task).await;
+        r.expect("server stops")
+            .expect("server task")
+            .expect("server result");
+    }
+}
+
+/// Reads one response from a keep-alive connection (body by Content-Length).
+fn read_one(r: &mut BufReader<TcpStream>) -> (u16, String) {
+    let mut status_line = String::new();
+    r.read_line(&mut status_line).unwrap();
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut len = 0usize;
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).unwrap();
+    (status, String::from_utf8(body).unwrap())
+}
+
+fn get_req(addr: SocketAddr, path: &str, extra: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_tcp_with_token_auth() {
+    let e = env_with(Opts {
+        write: true,
+        token: Some(TOKEN),
+        ..Opts::default()
+    });
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    let root = e.root.clone();
+    tokio::task::spawn_blocking(move || {
+        let (status, head, body) = raw_http(addr, &get_req(addr, "/agentic/state", ""));
+        assert_eq!(status, 401, "{head}\n{body}");
+        assert!(head.to_ascii_lowercase().contains("www-authenticate: bearer"), "{head}");
+        assert!(!head.to_ascii_lowercase().contains("access-control-"), "{head}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["reason_code"], "unauthorized");
+
+        let (status, _, body) = raw_http(addr, &get_req(addr, "/agentic/state", "Authorization: Bearer wrong-token-0123456789\r\n"));
+        assert_eq!(status, 401, "{body}");
+
+        let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+        let (status, head, body) = raw_http(addr, &get_req(addr, "/agentic/state", &auth));
+        assert_eq!(status, 200, "{head}\n{body}");
+        assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["execution_mode"], "sandbox_write");
+
+        let (status, _, body) = raw_http(addr, &get_req(addr, "/healthz", ""));
+        assert_eq!(status, 200);
+        assert_eq!(body, r#"{"status":"ok"}"#);
+
+        let plan = serde_json::to_string(&create_plan("wf_tcp", "tcp/hello.md", "over TCP\n")).unwrap();
+        let req = format!(
+            "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{plan}",
+            plan.len()
+        );
+        let (status, _, body) = raw_http(addr, &req);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(std::fs::read_to_string(root.join("tcp/hello.md")).unwrap(), "over TCP\n");
+
+        let (status, head, body) = raw_http(addr, &get_req(addr, "/metrics", &auth));
+        assert_eq!(status, 200);
+        assert!(head.contains("application/openmetrics-text; version=1.0.0; charset=utf-8"), "{head}");
+        assert!(body.contains("ailab_sandbox_mutations_total"), "{body}");
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_serves_many_requests_on_one_connection() {
+    let e = simulating();
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        for i in 0..20 {
+            let path = if i % 2 == 0 {
+                "/agentic/artifacts?limit=50"
+            } else {
+                "/agentic/state"
+            };
+            write!(w, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+            let (status, body) = read_one(&mut r);
+            assert_eq!(status, 200, "{body}");
+        }
+        // An error keeps the connection usable.
+        write!(
+            w,
+            "GET /agentic/artifacts?limit=0 HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+        )
+        .unwrap();
+        let (status, body) = read_one(&mut r);
+        assert_eq!(status, 400, "{body}");
+        write!(w, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+        assert_eq!(read_one(&mut r).0, 200);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_the_wire_does_not_hurt_the_server() {
+    let e = simulating();
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        for junk in [
+            &b"GARBAGE\r\n\r\n"[..],
+            b"\x00\x01\x02\xff\r\n\r\n",
+            b"GET / HTTP/9.9\r\n\r\n",
+            b"POST /agentic/plans HTTP/1.1\r\nContent-Length: -4\r\n\r\n",
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(junk).unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            if !out.is_empty() {
+                let (status, _, _) = parse_response(&out);
+                assert!(
+                    (400..500).contains(&status),
+                    "{}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+        }
+        let (status, _, _) = raw_http(addr, &get_req(addr, "/healthz", ""));
+        assert_eq!(status, 200);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_the_in_flight_request_finish() {
+    let e = writable();
+    let mut server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    let plan = serde_json::to_string(&create_plan("wf_grace", "grace.txt", "finished")).unwrap();
+    let (head, tail) = plan.split_at(plan.len() / 2);
+    let head = format!(
+        "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{head}",
+        plan.len()
+    );
+    let tail = tail.to_owned();
+    // Send the headers and half the body.
+    let mut stream = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Ask the server to stop while the request is in flight.
+    let _ = server.stop.take().unwrap().send(());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !server.task.is_finished(),
+        "the server waits for the in-flight request"
+    );
+    // New connections are no longer accepted.
+    let refused = tokio::task::spawn_blocking(move || TcpStream::connect(addr).is_err())
+        .await
+        .unwrap();
+    assert!(refused, "the listener is closed after the signal");
+    // Finish the request: it is answered and its effect is on disk.
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        stream.write_all(tail.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        stream.read_to_end(&mut out).unwrap();
+        let (status, _, body) = parse_response(&out);
+        (status, body)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        std::fs::read_to_string(e.root.join("grace.txt")).unwrap(),
+        "finished"
+    );
+    server.stop().await;
+}
+
+#[test]
+fn run_refuses_a_public_address_without_a_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sandbox =
+        std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config(&tmp, false)).unwrap());
+    for addr in ["0.0.0.0:0", "[::]:0"] {
+        let opts = ServeOptions {
+            addr: addr.to_owned(),
+            token: None,
+            ..ServeOptions::default()
+        };
+        let err = ailab_sandbox_http::run(sandbox.clone(), opts).unwrap_err();
+        assert!(
+            matches!(err, ServeError::PublicWithoutToken { .. }),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("loopback") && msg.contains("token"), "{msg}");
+    }
+    // An empty token is no token.
+    let opts = ServeOptions {
+        addr: "0.0.0.0:0".to_owned(),
+        token: Some(String::new()),
+        ..ServeOptions::default()
+    };
+    assert!(matches!(
+        ailab_sandbox_http::run(sandbox.clone(), opts),
+        Err(ServeError::EmptyToken)
+    ));
+    // Garbage addresses and a zero body limit are refused up front.
+    let opts = ServeOptions {
+        addr: "not an address".to_owned(),
+        ..ServeOptions::default()
+    };
+    assert!(matches!(
+        ailab_sandbox_http::run(sandbox.clone(), opts),
+        Err(ServeError::InvalidAddr { .. })
+    ));
+    let opts = ServeOptions {
+        addr: "127.0.0.1:0".to_owned(),
+        body_limit_bytes: 0,
+        ..ServeOptions::default()
+    };
+    assert!(matches!(
+        ailab_sandbox_http::run(sandbox, opts),
+        Err(ServeError::ZeroBodyLimit)
+    ));
+}
+
+#[test]
+fn exposure_rules() {
+    use ailab_sandbox_http::{check_exposure, resolve_addr};
+    let loopback = resolve_addr("127.0.0.1:8787").unwrap();
+    assert!(check_exposure("127.0.0.1:8787", &loopback, None).is_ok());
+    let local = resolve_addr("localhost:8787").unwrap();
+    assert!(local.iter().all(|a| a.ip().is_loopback()));
+    assert!(check_exposure("localhost:8787", &local, None).is_ok());
+    let v6 = resolve_addr("[::1]:8787").unwrap();
+    assert!(check_exposure("[::1]:8787", &v6, None).is_ok());
+    let public = resolve_addr("0.0.0.0:8787").unwrap();
+    assert!(check_exposure("0.0.0.0:8787", &public, None).is_err());
+    assert!(check_exposure("0.0.0.0:8787", &public, Some(TOKEN)).is_ok());
+    let lan = resolve_addr("192.168.1.10:8787").unwrap();
+    assert!(check_exposure("192.168.1.10:8787", &lan, None).is_err());
+    assert!(resolve_addr("127.0.0.1").is_err(), "a port is needed");
+}
+
+#[test]
+fn run_reports_a_busy_port() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let sandbox =
+        std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config(&tmp, false)).unwrap());
+    let opts = ServeOptions {
+        addr: addr.to_string(),
+        ..ServeOptions::default()
+    };
+    let err = ailab_sandbox_http::run(sandbox, opts).unwrap_err();
+    assert!(matches!(err, ServeError::Bind { .. }), "{err}");
+    drop(taken);
+}

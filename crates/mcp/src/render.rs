@@ -1,0 +1,371 @@
+//! Turning runtime answers into tool results an LLM can act on.
+//!
+//! The one mapping of this face (STYLE rule 6): a refusal or failure is a tool result
+//! with `isError: true` whose text gives the reason code, the reason and what to do
+//! instead; a simulation is a normal result that says nothing was written and why; a
+//! success names the path, checksum, size, artifact, workflow and how to roll back.
+
+use ailab_sandbox_core::catalog::Operation;
+use ailab_sandbox_core::context::DryRunReason;
+use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};
+use ailab_sandbox_core::reason::{ReasonCode, Refusal};
+use ailab_sandbox_core::sandbox::RollbackReport;
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde::Serialize;
+use serde_json::Value;
+
+/// How the operator turns real writes on; repeated wherever a simulation is reported.
+pub(crate) const ENABLE_HINT: &str = "To write for real, the operator must restart the MCP server with both --enable-write and --no-dry-run (or set AI_LAB_ENABLE_SANDBOX_WRITE=true and AI_LAB_SANDBOX_DRY_RUN=false). A tool call cannot change this: tell the user if a real write is needed.";
+
+/// A successful result: `text` for people and models, `structured` for programs.
+pub(crate) fn ok(text: String, structured: Option<Value>) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = structured;
+    r
+}
+
+/// An `isError` result.
+pub(crate) fn error(text: String, structured: Option<Value>) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(text)]);
+    r.structured_content = structured;
+    r
+}
+
+/// Serializes a value for `structuredContent` (always an object on the wire).
+pub(crate) fn to_value<T: Serialize>(v: &T) -> Option<Value> {
+    match serde_json::to_value(v) {
+        Ok(v @ Value::Object(_)) => Some(v),
+        Ok(other) => Some(serde_json::json!({ "value": other })),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not serialize a structured tool result");
+            None
+        }
+    }
+}
+
+/// A refusal as an `isError` result.
+pub(crate) fn refusal(r: &Refusal, op: Option<&Operation>, tail: &str) -> CallToolResult {
+    let text = format!(
+        "REFUSED ({code}): {reason}{tail}\nWhat to do instead: {hint}",
+        code = r.reason_code,
+        reason = clause(&r.reason),
+        hint = what_to_do(r.reason_code, op),
+    );
+    error(
+        text,
+        Some(serde_json::json!({"reason_code": r.reason_code, "reason": r.reason})),
+    )
+}
+
+/// `reason` without a trailing full stop, so that sentences can be appended.
+pub(crate) fn clause(reason: &str) -> &str {
+    reason.trim_end().trim_end_matches('.')
+}
+
+/// Bad arguments (unknown field, wrong type, missing field) as an `isError` result.
+pub(crate) fn bad_arguments(tool: &str, problem: &str) -> CallToolResult {
+    let r = Refusal::new(
+        ReasonCode::InvalidPlan,
+        format!("invalid arguments for {tool}: {problem}"),
+    );
+    let text = format!(
+        "REFUSED ({code}): {reason}. Nothing was done.\nWhat to do instead: call {tool} again with the arguments its input schema lists (tools/list), and nothing else.",
+        code = r.reason_code,
+        reason = clause(&r.reason),
+    );
+    error(
+        text,
+        Some(serde_json::json!({"reason_code": r.reason_code, "reason": r.reason})),
+    )
+}
+
+/// What a caller should do after a refusal or failure with `code`. Exhaustive on purpose:
+/// a new reason code must be given advice here before the crate compiles.
+pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
+    use ReasonCode as C;
+    let s = match code {
+        C::PhaseNotSupported => {
+            "the phase in force does not allow sandbox writes; only the operator can change it (--phase 28.3). Tell the user."
+        }
+        C::NotSandboxWrite | C::ForbiddenIntent | C::UnknownOperation => {
+            "use one of the write tools of this server (create_file, append_file, replace_file, create_directory, write_json, write_yaml, write_markdown, generate_report, generate_config, generate_script, sandbox_transform); deleting, moving, running commands or installing packages is never possible here."
+        }
+        C::ChmodForbidden => {
+            "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description and content, and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
+        }
+        C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
+            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no absolute path outside the roots, at most 8 components. Call get_state to see the roots."
+        }
+        C::ReservedPath => {
+            "'.rollback/' and the state directory are reserved for the runtime; choose another path."
+        }
+        C::SymlinkEscape | C::SymlinkRefused => {
+            "symlinks are never followed for writes; write to a real file or directory path instead (list_directory shows which entries are symlinks)."
+        }
+        C::HardlinkRefused => {
+            "that file has other hard links, so writing it could change a file elsewhere; write a new file under another name instead."
+        }
+        C::NotRegularFile => {
+            "the target is a directory, FIFO, socket or device; choose a regular file path (check it with get_file_info)."
+        }
+        C::BlockedExtension | C::ExtensionNotAllowed => {
+            return match op.filter(|o| !o.extensions.is_empty()) {
+                Some(o) => format!(
+                    "give the path one of the extensions {} accepts ({}), or use create_file, which takes any allowed extension.",
+                    o.name,
+                    o.extensions.join(" ")
+                ),
+                None => "choose an allowed extension (.md, .txt, .json, .yaml, ... as listed in the tool's description); system unit files and binaries are never writable.".to_owned(),
+            };
+        }
+        C::SizeExceeded => {
+            "the result would be over the tool's size limit (see its description); split the content into several smaller files, or append in parts."
+        }
+        C::AlreadyExists => {
+            "the file exists and create_file never overwrites; use replace_file to replace it, sandbox_transform to edit it, or choose a new path."
+        }
+        C::NotFound => {
+            "the path does not exist; check it with list_directory or get_file_info, or create the file first with create_file."
+        }
+        C::EditNotFound => {
+            "call read_file and copy the exact current text (whitespace and line breaks included) into 'old'."
+        }
+        C::EditAmbiguous => {
+            "include more surrounding text in 'old' so that it occurs exactly once in the file."
+        }
+        C::InvalidId => {
+            "ids are 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit; or omit workflow_id to use this session's workflow."
+        }
+        C::InvalidPlan => {
+            "check the arguments against the tool's input schema (tools/list) and call it again."
+        }
+        C::BudgetArtifactsExceeded | C::BudgetBytesExceeded => {
+            "this workflow has used its budget of artifacts or bytes; ask the user whether to continue in a new workflow (pass a new workflow_id) or to have the operator raise the limits."
+        }
+        C::RateLimited => {
+            "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
+        }
+        C::Conflict => {
+            "the listed files changed after they were written; check them with read_file, then call again with force: true only if overwriting those changes is intended."
+        }
+        C::NoRollbackData => {
+            "there is nothing left to roll back; check the workflow_id or action_id with list_artifacts."
+        }
+        C::ChecksumMismatch => {
+            "a restored file did not match its snapshot; do not retry blindly. Tell the user; the operator should inspect the audit trail (`ailab-sandbox audit verify`)."
+        }
+        C::IoError => {
+            "the runtime could not read or write its files; tell the user. The operator should check the state directory and the sandbox roots (get_state)."
+        }
+    };
+    s.to_owned()
+}
+
+/// Why a run was simulated, in words.
+pub(crate) fn dry_run_words(reason: Option<DryRunReason>, phase: &str) -> String {
+    match reason {
+        Some(DryRunReason::SandboxDisabled) => {
+            "sandbox_disabled: the operator has not enabled writing; the server was started without --enable-write or AI_LAB_ENABLE_SANDBOX_WRITE=true".to_owned()
+        }
+        Some(DryRunReason::DryRun) => {
+            "dry_run: dry-run mode is on; the server was started without --no-dry-run or AI_LAB_SANDBOX_DRY_RUN=false".to_owned()
+        }
+        Some(DryRunReason::PhaseNotSupported) => {
+            format!("phase_not_supported: phase {phase} does not allow sandbox writes")
+        }
+        Some(DryRunReason::GovernanceBlocked) => "governance_blocked: the action was refused".to_owned(),
+        None => "dry run".to_owned(),
+    }
+}
+
+/// The result of a one-action write run.
+pub(crate) fn write_result(
+    res: &RunResult,
+    op: &Operation,
+    session_wf: &str,
+    phase: &str,
+) -> CallToolResult {
+    let structured = to_value(res);
+    let Some(a) = res.actions.first() else {
+        return error(
+            format!(
+                "The run of {} returned no action result (status {:?}); nothing is known to have been written.",
+                op.name, res.status
+            ),
+            structured,
+        );
+    };
+    let wf_arg = if res.workflow_id == session_wf {
+        String::new()
+    } else {
+        format!(", \"workflow_id\": \"{}\"", res.workflow_id)
+    };
+    let sum = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
+    let size = a
+        .size_bytes
+        .map_or_else(String::new, |n| format!("{n} bytes"));
+    match res.status {
+        RunStatus::Success => {
+            let what = if op.is_directory() {
+                format!(
+                    "{} created directory {} (or it already existed).",
+                    op.name, a.path
+                )
+            } else {
+                format!(
+                    "{} wrote {}: {size}, sha256 {}.",
+                    op.name,
+                    a.path,
+                    sum(&a.after_checksum)
+                )
+            };
+            let text = format!(
+                "{what}\npath: {path}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
+                path = a.path,
+                sha = sum(&a.after_checksum),
+                size_n = a
+                    .size_bytes
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                art = sum(&a.artifact_id),
+                wf = res.workflow_id,
+                act = a.action_id,
+                wf_hint = if wf_arg.is_empty() {
+                    " with no arguments".to_owned()
+                } else {
+                    format!(" with {{\"workflow_id\": \"{}\"}}", res.workflow_id)
+                },
+            );
+            ok(text, structured)
+        }
+        RunStatus::SimulatedSuccess => {
+            let would = if op.is_directory() {
+                format!("would create directory {}", a.path)
+            } else {
+                format!("would leave {size} (sha256 {})", sum(&a.after_checksum))
+            };
+            let text = format!(
+                "DRY RUN: nothing was written. {} on {} passed every check (governance, budget, rate limit) and {would}.\nWhy it was only simulated: {}.\n{ENABLE_HINT}\nworkflow_id: {}",
+                op.name,
+                a.path,
+                dry_run_words(res.dry_run_reason, phase),
+                res.workflow_id,
+            );
+            ok(text, structured)
+        }
+        RunStatus::Blocked => {
+            let code = a.reason_code.unwrap_or(ReasonCode::InvalidPlan);
+            let reason = a
+                .reason
+                .clone()
+                .unwrap_or_else(|| "the action was refused".to_owned());
+            let sim = if res.simulation_only {
+                " (Writing is also not enabled on this server, so even an allowed call would only be simulated.)"
+            } else {
+                ""
+            };
+            let text = format!(
+                "REFUSED ({code}): {}. Nothing was written.{sim}\nWhat to do instead: {}",
+                clause(&reason),
+                what_to_do(code, Some(op))
+            );
+            error(text, structured)
+        }
+        RunStatus::Failed | RunStatus::RolledBack => {
+            let code = a.reason_code.unwrap_or(ReasonCode::IoError);
+            let reason = a
+                .reason
+                .clone()
+                .unwrap_or_else(|| "the action failed".to_owned());
+            let undone = if a.status == ActionStatus::Failed || res.status == RunStatus::RolledBack
+            {
+                " The action's own change was undone from its snapshot, so the file is as it was before."
+            } else {
+                ""
+            };
+            let text = format!(
+                "FAILED ({code}): {}.{undone}\nWhat to do instead: {}",
+                clause(&reason),
+                what_to_do(code, Some(op))
+            );
+            error(text, structured)
+        }
+    }
+}
+
+/// A rollback report as a tool result.
+pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResult {
+    let structured = to_value(rep);
+    let mut lines = Vec::new();
+    for s in &rep.steps {
+        let state = if s.restored {
+            format!(
+                "restored{}, sha256 {}",
+                if s.checksum_validated {
+                    " and verified by checksum"
+                } else {
+                    ""
+                },
+                s.restored_checksum
+                    .as_deref()
+                    .unwrap_or("- (removed: it did not exist before)")
+            )
+        } else {
+            format!(
+                "NOT restored ({}): {}",
+                s.reason_code.map_or("-", |c| c.as_str()),
+                s.reason.as_deref().unwrap_or("")
+            )
+        };
+        lines.push(format!(
+            "- {} {} {}: {state}",
+            s.action_id, s.intent, s.path
+        ));
+    }
+    if rep.is_success() {
+        let text = format!(
+            "Rolled back {what}: {} step(s) restored.\n{}",
+            rep.steps_rolled_back,
+            lines.join("\n")
+        );
+        return ok(text, structured);
+    }
+    let code = rep.reason_code.unwrap_or(ReasonCode::IoError);
+    let reason = rep
+        .reason
+        .clone()
+        .unwrap_or_else(|| "the rollback did not complete".to_owned());
+    let head = if rep.status == "refused" {
+        "REFUSED"
+    } else {
+        "FAILED"
+    };
+    let mut text = format!("{head} ({code}): rollback of {what}: {}.", clause(&reason));
+    if !lines.is_empty() {
+        text.push('\n');
+        text.push_str(&lines.join("\n"));
+    }
+    text.push_str(&format!("\nWhat to do instead: {}", what_to_do(code, None)));
+    error(text, structured)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_code_has_advice() {
+        for code in ReasonCode::ALL {
+            assert!(!what_to_do(code, None).is_empty(), "{code}");
+        }
+    }
+
+    #[test]
+    fn dry_run_words_name_the_reason() {
+        assert!(
+            dry_run_words(Some(DryRunReason::SandboxDisabled), "28.3")
+                .starts_with("sandbox_disabled")
+        );
+        assert!(dry_run_words(Some(DryRunReason::DryRun), "28.3").starts_with("dry_run"));
+        assert!(dry_run_words(Some(DryRunReason::PhaseNotSupported), "28.2").contains("28.2"));
+    }
+}

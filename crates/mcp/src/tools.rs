@@ -1,0 +1,547 @@
+//! The tool table: every tool's name, description, fields and annotations, defined once.
+//!
+//! The 11 write tools are generated from the operation catalog
+//! ([`ailab_sandbox_core::catalog::OPERATIONS`]), so the MCP tool list cannot drift from
+//! the CLI `ops` list or the HTTP face. Each tool's JSON Schema *and* its argument parser
+//! are derived from the same [`Field`] list, so what the schema promises is exactly what
+//! the parser accepts (`additionalProperties: false` is enforced, not just advertised).
+
+use ailab_sandbox_core::Sandbox;
+use ailab_sandbox_core::catalog::{MutationClass, OPERATIONS, Operation, Payload, human_bytes};
+use ailab_sandbox_core::plan::Edit;
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Pattern every workflow and action id must match (SPEC §6).
+pub(crate) const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+
+/// Most artifacts `list_artifacts` returns in one call.
+pub(crate) const MAX_LIST_LIMIT: u64 = 1000;
+
+/// Default for `list_artifacts`.
+pub(crate) const DEFAULT_LIST_LIMIT: u64 = 50;
+
+/// What a tool does when called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ToolKind {
+    /// One of the 11 catalog writes.
+    Write(&'static Operation),
+    ReadFile,
+    ListDirectory,
+    GetFileInfo,
+    RollbackWorkflow,
+    RollbackAction,
+    ListArtifacts,
+    GetArtifact,
+    GetState,
+}
+
+/// The JSON type a field takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A string.
+    Str,
+    /// A string that must be a valid id.
+    Id,
+    /// A boolean.
+    Bool,
+    /// A whole number in `min..=max`.
+    Uint { min: u64, max: u64 },
+    /// Any JSON value.
+    Any,
+    /// A non-empty list of `{old, new}` edits.
+    Edits,
+}
+
+/// One argument of a tool.
+#[derive(Debug, Clone)]
+pub(crate) struct Field {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub required: bool,
+    pub description: String,
+}
+
+impl Field {
+    fn new(name: &'static str, kind: Kind, required: bool, description: impl Into<String>) -> Self {
+        Self {
+            name,
+            kind,
+            required,
+            description: description.into(),
+        }
+    }
+
+    fn schema(&self) -> Value {
+        let mut s = match self.kind {
+            Kind::Str => json!({"type": "string"}),
+            Kind::Id => json!({"type": "string", "pattern": ID_PATTERN}),
+            Kind::Bool => json!({"type": "boolean"}),
+            Kind::Uint { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
+            Kind::Any => json!({}),
+            Kind::Edits => json!({
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "old": {"type": "string", "minLength": 1, "description": "Exact text to replace; it must occur exactly once in the file."},
+                        "new": {"type": "string", "description": "Replacement text (may be empty to delete `old`)."}
+                    },
+                    "required": ["old", "new"],
+                    "additionalProperties": false
+                }
+            }),
+        };
+        if let Value::Object(m) = &mut s {
+            m.insert(
+                "description".into(),
+                Value::String(self.description.clone()),
+            );
+        }
+        s
+    }
+}
+
+/// One tool: its wire definition and what it does.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolSpec {
+    pub kind: ToolKind,
+    pub fields: Vec<Field>,
+    pub tool: Tool,
+}
+
+impl ToolSpec {
+    fn new(
+        name: &'static str,
+        kind: ToolKind,
+        title: String,
+        description: String,
+        fields: Vec<Field>,
+        annotations: ToolAnnotations,
+    ) -> Self {
+        let mut props = JsonObject::new();
+        for f in &fields {
+            props.insert(f.name.into(), f.schema());
+        }
+        let required: Vec<Value> = fields
+            .iter()
+            .filter(|f| f.required)
+            .map(|f| Value::String(f.name.into()))
+            .collect();
+        let mut schema = JsonObject::new();
+        schema.insert("type".into(), json!("object"));
+        schema.insert("properties".into(), Value::Object(props));
+        if !required.is_empty() {
+            schema.insert("required".into(), Value::Array(required));
+        }
+        schema.insert("additionalProperties".into(), json!(false));
+        let tool = Tool::new(name, description, Arc::new(schema))
+            .with_title(title)
+            .with_annotations(annotations);
+        Self { kind, fields, tool }
+    }
+
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.tool.name
+    }
+
+    /// Checks `args` against the fields: no unknown field, every required field present
+    /// and not null, every value of the right type. Null optional fields count as absent.
+    pub fn parse(&self, args: JsonObject) -> Result<Args, String> {
+        for key in args.keys() {
+            if !self.fields.iter().any(|f| f.name == key) {
+                return Err(format!(
+                    "{} does not take '{key}'; it takes {}",
+                    self.name(),
+                    self.field_list()
+                ));
+            }
+        }
+        for f in &self.fields {
+            let v = args.get(f.name).filter(|v| !v.is_null());
+            match v {
+                None if f.required => {
+                    return Err(format!(
+                        "{} needs '{}' ({})",
+                        self.name(),
+                        f.name,
+                        kind_name(f.kind)
+                    ));
+                }
+                None => {}
+                Some(v) => check_kind(f, v)?,
+            }
+        }
+        Ok(Args { map: args })
+    }
+
+    fn field_list(&self) -> String {
+        if self.fields.is_empty() {
+            return "no arguments".to_owned();
+        }
+        self.fields
+            .iter()
+            .map(|f| {
+                format!(
+                    "'{}'{}",
+                    f.name,
+                    if f.required { " (required)" } else { "" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Str => "a string",
+        Kind::Id => "an id string",
+        Kind::Bool => "true or false",
+        Kind::Uint { .. } => "a whole number",
+        Kind::Any => "any JSON value",
+        Kind::Edits => "a list of {\"old\": ..., \"new\": ...} objects",
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
+    let wrong = || {
+        format!(
+            "'{}' must be {}, not {}",
+            f.name,
+            kind_name(f.kind),
+            json_type(v)
+        )
+    };
+    match f.kind {
+        Kind::Str | Kind::Id => v.is_string().then_some(()).ok_or_else(wrong),
+        Kind::Bool => v.is_boolean().then_some(()).ok_or_else(wrong),
+        Kind::Uint { min, max } => match v.as_u64() {
+            Some(n) if (min..=max).contains(&n) => Ok(()),
+            Some(n) => Err(format!(
+                "'{}' is {n}; it must be between {min} and {max}",
+                f.name
+            )),
+            None => Err(wrong()),
+        },
+        Kind::Any => Ok(()),
+        Kind::Edits => {
+            let Some(list) = v.as_array() else {
+                return Err(wrong());
+            };
+            if list.is_empty() {
+                return Err(format!(
+                    "'{}' is empty; give at least one {{\"old\", \"new\"}} edit",
+                    f.name
+                ));
+            }
+            for (i, e) in list.iter().enumerate() {
+                serde_json::from_value::<Edit>(e.clone()).map_err(|err| {
+                    format!(
+                        "'{}' item {} must be an object with exactly the strings 'old' and 'new': {err}",
+                        f.name,
+                        i + 1
+                    )
+                })?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Arguments that passed [`ToolSpec::parse`]; the getters cannot meet a wrong type.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Args {
+    map: JsonObject,
+}
+
+impl Args {
+    fn present(&self, key: &str) -> Option<&Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    /// A string field.
+    pub fn str(&self, key: &str) -> Option<String> {
+        self.present(key).and_then(Value::as_str).map(str::to_owned)
+    }
+
+    /// A boolean field (absent: false).
+    pub fn flag(&self, key: &str) -> bool {
+        self.present(key).and_then(Value::as_bool).unwrap_or(false)
+    }
+
+    /// A whole-number field.
+    pub fn uint(&self, key: &str) -> Option<u64> {
+        self.present(key).and_then(Value::as_u64)
+    }
+
+    /// Any JSON value, as given.
+    pub fn value(&self, key: &str) -> Option<Value> {
+        self.present(key).cloned()
+    }
+
+    /// The edits.
+    pub fn edits(&self, key: &str) -> Option<Vec<Edit>> {
+        self.present(key)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+}
+
+fn title_of(name: &str) -> String {
+    let words = name.replace('_', " ");
+    let mut c = words.chars();
+    match c.next() {
+        Some(first) => first.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// The extensions `op` may write under the operator's extension policy.
+pub(crate) fn extensions_for(op: &Operation, sandbox: &Sandbox) -> Vec<String> {
+    let policy = &sandbox.config().extensions;
+    if op.extensions.is_empty() {
+        policy
+            .allowed()
+            .iter()
+            .filter(|e| !policy.is_extension_blocked(e))
+            .cloned()
+            .collect()
+    } else {
+        op.extensions
+            .iter()
+            .filter(|e| policy.is_extension_allowed(e) && !policy.is_extension_blocked(e))
+            .map(|e| (*e).to_owned())
+            .collect()
+    }
+}
+
+fn path_field(what: &str, required: bool) -> Field {
+    Field::new(
+        "path",
+        Kind::Str,
+        required,
+        format!(
+            "{what}, relative to the sandbox root (e.g. \"notes/todo.md\"). Absolute paths are accepted only inside a root. No '..', no '~', at most 8 components; '.rollback/' is reserved."
+        ),
+    )
+}
+
+fn root_field() -> Field {
+    Field::new(
+        "root",
+        Kind::Str,
+        false,
+        "Which sandbox root, by its configured absolute path (see get_state); default the first root.",
+    )
+}
+
+fn workflow_field(what: &str) -> Field {
+    Field::new("workflow_id", Kind::Id, false, what.to_owned())
+}
+
+fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
+    let exts = extensions_for(op, sandbox);
+    let ext_text = if op.is_directory() {
+        "Creates directories only (mode 0755).".to_owned()
+    } else if op.extensions.is_empty() {
+        format!("Allowed extensions: {}.", exts.join(" "))
+    } else {
+        format!("Only {} files.", exts.join(" "))
+    };
+    let size_text = match op.max_size_bytes {
+        Some(max) => format!(" Size limit: {} on disk.", human_bytes(max)),
+        None => String::new(),
+    };
+    let payload = match op.payload {
+        Payload::Content => Some(Field::new(
+            "content",
+            Kind::Str,
+            true,
+            match op.name {
+                "append_file" => {
+                    "Text appended to the end of the file, as given (include a trailing newline if you want one)."
+                }
+                "generate_script" => {
+                    "The script's full text. It is written as a plain file and never made executable."
+                }
+                _ => "The file's full text, written exactly as given (UTF-8).",
+            },
+        )),
+        Payload::Data => Some(Field::new(
+            "data",
+            Kind::Any,
+            true,
+            match op.name {
+                "write_json" => "Any JSON value; it is written as pretty-printed JSON.",
+                "write_yaml" => "Any JSON value; it is written as YAML.",
+                _ => {
+                    "The config as a JSON value (an object for .toml and .ini); it is serialized by the target's extension: .json, .yaml/.yml, .toml or .ini (INI: top-level scalars and one level of sections)."
+                }
+            },
+        )),
+        Payload::Edits => Some(Field::new(
+            "edits",
+            Kind::Edits,
+            true,
+            "Exact-text replacements applied in order; each 'old' must occur exactly once in the current text. All or nothing: if one edit fails, nothing is written.",
+        )),
+        Payload::None => None,
+    };
+    let mut fields = vec![path_field(
+        if op.is_directory() {
+            "Directory to create"
+        } else {
+            "Target file"
+        },
+        true,
+    )];
+    fields.extend(payload);
+    fields.push(workflow_field(
+        "Groups this write with others for rollback; default: this MCP session's workflow. 1-64 letters, digits, '.', '_' or '-'.",
+    ));
+    fields.push(Field::new(
+        "description",
+        Kind::Str,
+        false,
+        "What the write is for, recorded with the action. Asking here for chmod or an executable file gets the call refused.",
+    ));
+    fields.push(root_field());
+    let description = format!(
+        "{} {ext_text}{size_text} Writes only inside the sandbox roots, never through a shell, and never sets execute bits (files 0644). Each write is checked, snapshotted first and registered as an artifact; undo it with rollback_action or rollback_workflow. When the operator has not enabled writing, the call is only simulated: the result says so and nothing is written.",
+        op.summary
+    );
+    let destructive = !matches!(
+        op.mutation_class,
+        MutationClass::Create | MutationClass::Append
+    );
+    let annotations = ToolAnnotations::with_title(title_of(op.name))
+        .read_only(false)
+        .destructive(destructive)
+        .idempotent(op.is_directory())
+        .open_world(false);
+    ToolSpec::new(
+        op.name,
+        ToolKind::Write(op),
+        title_of(op.name),
+        description,
+        fields,
+        annotations,
+    )
+}
+
+fn read_only(title: &str) -> ToolAnnotations {
+    ToolAnnotations::with_title(title)
+        .read_only(true)
+        .open_world(false)
+}
+
+/// Every tool, write tools first (in catalog order).
+pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
+    let mut out: Vec<ToolSpec> = OPERATIONS
+        .iter()
+        .map(|op| write_tool(op, sandbox))
+        .collect();
+    let read_limit = "4 MiB";
+    out.push(ToolSpec::new(
+        "read_file",
+        ToolKind::ReadFile,
+        "Read file".into(),
+        format!(
+            "Read a text file inside the sandbox (at most {read_limit}). The text content is exactly the file's text; the structured result also gives size_bytes and sha256. Confined like writes: no '..', no symlinks, nothing outside the roots."
+        ),
+        vec![path_field("File to read", true), root_field()],
+        read_only("Read file"),
+    ));
+    out.push(ToolSpec::new(
+        "list_directory",
+        ToolKind::ListDirectory,
+        "List directory".into(),
+        "List a directory inside the sandbox: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' for the top of the root.".into(),
+        vec![path_field("Directory to list (default: the root itself)", false), root_field()],
+        read_only("List directory"),
+    ));
+    out.push(ToolSpec::new(
+        "get_file_info",
+        ToolKind::GetFileInfo,
+        "Get file info".into(),
+        "Describe a path inside the sandbox: file, directory or missing; for a file its size and sha256, and the newest artifact written there.".into(),
+        vec![path_field("Path to describe", true), root_field()],
+        read_only("Get file info"),
+    ));
+    out.push(ToolSpec::new(
+        "rollback_workflow",
+        ToolKind::RollbackWorkflow,
+        "Roll back workflow".into(),
+        "Undo every write of a workflow, newest first, restoring each file from its snapshot and verifying it by checksum. Default: this session's workflow. Refuses with 'conflict' if a file changed after the workflow wrote it, unless force is true.".into(),
+        vec![
+            workflow_field("Workflow to roll back; default: this MCP session's workflow."),
+            Field::new("force", Kind::Bool, false, "Restore even files that changed after the workflow wrote them (default false)."),
+        ],
+        ToolAnnotations::with_title("Roll back workflow").read_only(false).destructive(true).open_world(false),
+    ));
+    out.push(ToolSpec::new(
+        "rollback_action",
+        ToolKind::RollbackAction,
+        "Roll back one action".into(),
+        "Undo one write (by the action_id a write tool returned), restoring the file from its snapshot, verified by checksum. Refuses with 'conflict' if the file changed since, unless force is true.".into(),
+        vec![
+            Field::new("action_id", Kind::Id, true, "The action to undo, as returned by the write tool (act_...)."),
+            workflow_field("The action's workflow; default: this MCP session's workflow."),
+            Field::new("force", Kind::Bool, false, "Restore even if the file changed after the action wrote it (default false)."),
+        ],
+        ToolAnnotations::with_title("Roll back one action").read_only(false).destructive(true).open_world(false),
+    ));
+    out.push(ToolSpec::new(
+        "list_artifacts",
+        ToolKind::ListArtifacts,
+        "List artifacts".into(),
+        "List registered artifacts (files written), newest first, with path, checksum, size, intent, workflow and action.".into(),
+        vec![
+            Field::new(
+                "limit",
+                Kind::Uint { min: 1, max: MAX_LIST_LIMIT },
+                false,
+                format!("How many, newest first (default {DEFAULT_LIST_LIMIT}, at most {MAX_LIST_LIMIT})."),
+            ),
+            workflow_field("Only this workflow's artifacts (default: all workflows)."),
+        ],
+        read_only("List artifacts"),
+    ));
+    out.push(ToolSpec::new(
+        "get_artifact",
+        ToolKind::GetArtifact,
+        "Get artifact".into(),
+        "One artifact with its lineage: the earlier artifacts it derives from, nearest first."
+            .into(),
+        vec![Field::new(
+            "artifact_id",
+            Kind::Str,
+            true,
+            "The artifact (art_...), as returned by a write tool or list_artifacts.",
+        )],
+        read_only("Get artifact"),
+    ));
+    out.push(ToolSpec::new(
+        "get_state",
+        ToolKind::GetState,
+        "Get state".into(),
+        "The runtime's state: whether writes are real or simulated (and why), phase, sandbox roots, limits, counts, and this session's workflow id.".into(),
+        Vec::new(),
+        read_only("Get state"),
+    ));
+    out
+}

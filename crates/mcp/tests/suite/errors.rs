@@ -1,0 +1,190 @@
+//! Refusals, bad arguments and unknown tools come back as `isError` results.
+
+use super::support::{Mode, Session, structured, text};
+use serde_json::json;
+
+#[tokio::test]
+async fn a_path_traversal_is_refused_with_its_reason_code() {
+    let s = Session::start(Mode::Write).await;
+    let r = s
+        .err(
+            "create_file",
+            json!({"path": "../escape.md", "content": "x"}),
+        )
+        .await;
+    let t = text(&r);
+    assert!(t.contains("path_traversal"), "{t}");
+    assert!(t.contains("What to do instead"), "{t}");
+    assert_eq!(
+        structured(&r)["actions"][0]["reason_code"],
+        "path_traversal"
+    );
+    assert!(
+        !s.root.parent().unwrap().join("escape.md").exists(),
+        "the write escaped"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn governance_refusals_name_the_code_and_an_alternative() {
+    let s = Session::start(Mode::Write).await;
+    let cases = [
+        (
+            "create_file",
+            json!({"path": "unit.service", "content": "x"}),
+            "blocked_extension",
+        ),
+        (
+            "write_json",
+            json!({"path": "x.yaml", "data": {}}),
+            "extension_not_allowed",
+        ),
+        (
+            "generate_script",
+            json!({"path": "a.sh", "content": "echo\n", "description": "then chmod +x it"}),
+            "chmod_forbidden",
+        ),
+        (
+            "replace_file",
+            json!({"path": "missing.md", "content": "x"}),
+            "not_found",
+        ),
+        (
+            "sandbox_transform",
+            json!({"path": "missing.md", "edits": [{"old": "a", "new": "b"}]}),
+            "not_found",
+        ),
+        (
+            "create_file",
+            json!({"path": "a/b/c/d/e/f/g/h/i.md", "content": "x"}),
+            "depth_exceeded",
+        ),
+        (
+            "create_file",
+            json!({"path": ".rollback/x.md", "content": "x"}),
+            "reserved_path",
+        ),
+        (
+            "create_file",
+            json!({"path": "x.md", "content": "x", "workflow_id": "../bad"}),
+            "invalid_id",
+        ),
+    ];
+    for (tool, args, code) in cases {
+        let r = s.err(tool, args).await;
+        let t = text(&r);
+        assert!(t.contains(code), "{tool}: expected {code} in {t}");
+        assert!(t.contains("What to do instead"), "{t}");
+    }
+    s.ok(
+        "create_file",
+        json!({"path": "dup.md", "content": "one\ntwo\none\n"}),
+    )
+    .await;
+    let r = s
+        .err("create_file", json!({"path": "dup.md", "content": "x"}))
+        .await;
+    assert!(
+        text(&r).contains("already_exists") && text(&r).contains("replace_file"),
+        "{}",
+        text(&r)
+    );
+    let r = s
+        .err(
+            "sandbox_transform",
+            json!({"path": "dup.md", "edits": [{"old": "one", "new": "1"}]}),
+        )
+        .await;
+    assert!(text(&r).contains("edit_ambiguous"), "{}", text(&r));
+    let r = s
+        .err(
+            "sandbox_transform",
+            json!({"path": "dup.md", "edits": [{"old": "three", "new": "3"}]}),
+        )
+        .await;
+    assert!(text(&r).contains("edit_not_found"), "{}", text(&r));
+    assert_eq!(
+        s.read("dup.md"),
+        b"one\ntwo\none\n",
+        "refused edits changed nothing"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn bad_arguments_and_unknown_tools_are_tool_errors() {
+    let s = Session::start(Mode::Write).await;
+    let cases = [
+        (
+            "create_file",
+            json!({"path": "x.md", "content": "x", "mode": "0755"}),
+            "'mode'",
+        ),
+        (
+            "create_file",
+            json!({"path": "x.md", "content": 5}),
+            "'content' must be a string",
+        ),
+        ("create_file", json!({"path": "x.md"}), "needs 'content'"),
+        ("create_file", json!({"content": "x"}), "needs 'path'"),
+        (
+            "write_json",
+            json!({"path": "x.json", "content": "{}"}),
+            "does not take 'content'",
+        ),
+        (
+            "create_directory",
+            json!({"path": "d", "content": "x"}),
+            "does not take 'content'",
+        ),
+        (
+            "sandbox_transform",
+            json!({"path": "x.md", "edits": []}),
+            "empty",
+        ),
+        (
+            "sandbox_transform",
+            json!({"path": "x.md", "edits": [{"old": "a"}]}),
+            "'edits' item 1",
+        ),
+        (
+            "sandbox_transform",
+            json!({"path": "x.md", "edits": "a->b"}),
+            "'edits' must be",
+        ),
+        ("list_artifacts", json!({"limit": 0}), "between 1 and 1000"),
+        ("list_artifacts", json!({"limit": "ten"}), "whole number"),
+        (
+            "rollback_workflow",
+            json!({"force": "yes"}),
+            "'force' must be true or false",
+        ),
+        ("get_state", json!({"x": 1}), "no arguments"),
+    ];
+    for (tool, args, needle) in cases {
+        let r = s.err(tool, args).await;
+        let t = text(&r);
+        assert!(t.contains("invalid_plan"), "{tool}: {t}");
+        assert!(t.contains(needle), "{tool}: expected {needle:?} in {t}");
+    }
+    let r = s.err("delete_file", json!({"path": "x.md"})).await;
+    assert!(
+        text(&r).contains("unknown_operation") && text(&r).contains("create_file"),
+        "{}",
+        text(&r)
+    );
+    let r = s.call_raw("get_state", serde_json::Map::new()).await;
+    assert_eq!(r.is_error, Some(false));
+    assert!(
+        std::fs::read_dir(&s.root).unwrap().next().is_none(),
+        "bad calls wrote nothing"
+    );
+    // The server survived all of it.
+    s.ok(
+        "create_file",
+        json!({"path": "after.md", "content": "ok\n"}),
+    )
+    .await;
+    s.finish().await;
+}

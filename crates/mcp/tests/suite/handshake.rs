@@ -1,0 +1,102 @@
+//! initialize and tools/list.
+
+use super::support::{Mode, Session};
+use ailab_sandbox_core::catalog::{OPERATIONS, Payload};
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+const OTHER_TOOLS: [&str; 8] = [
+    "read_file",
+    "list_directory",
+    "get_file_info",
+    "rollback_workflow",
+    "rollback_action",
+    "list_artifacts",
+    "get_artifact",
+    "get_state",
+];
+
+#[tokio::test]
+async fn initialize_names_the_server_and_advertises_tools() {
+    let s = Session::start(Mode::Default).await;
+    let info = s.client.peer_info().expect("server info after initialize");
+    let server = info.server_info.as_ref().expect("serverInfo");
+    assert_eq!(server.name, "ailab-sandbox");
+    assert_eq!(server.version, env!("CARGO_PKG_VERSION"));
+    assert!(info.capabilities.tools.is_some(), "tools capability");
+    let instructions = info.instructions.as_deref().unwrap_or_default();
+    assert!(instructions.contains(&s.workflow_id), "{instructions}");
+    assert!(instructions.contains("NOT enabled"), "{instructions}");
+    assert!(s.workflow_id.starts_with("wf_mcp_"), "{}", s.workflow_id);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn tools_list_has_the_catalog_and_the_other_tools() {
+    let s = Session::start(Mode::Write).await;
+    let tools = s.client.list_all_tools().await.unwrap();
+    let names: BTreeSet<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    let mut expected: BTreeSet<String> = OPERATIONS.iter().map(|o| o.name.to_owned()).collect();
+    assert_eq!(expected.len(), 11);
+    expected.extend(OTHER_TOOLS.iter().map(|n| (*n).to_owned()));
+    assert_eq!(names, expected);
+    assert_eq!(tools.len(), 19, "no duplicates");
+
+    for op in &OPERATIONS {
+        let t = tools.iter().find(|t| t.name == op.name).unwrap();
+        let schema = Value::Object((*t.input_schema).clone());
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["additionalProperties"], false, "{}", op.name);
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let payload = match op.payload {
+            Payload::Content => Some("content"),
+            Payload::Data => Some("data"),
+            Payload::Edits => Some("edits"),
+            Payload::None => None,
+        };
+        let mut want = vec!["path"];
+        want.extend(payload);
+        assert_eq!(required, want, "{}", op.name);
+        let props = schema["properties"].as_object().unwrap();
+        let mut keys: Vec<&str> = props.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut want_keys = vec!["path", "workflow_id", "description", "root"];
+        want_keys.extend(payload);
+        want_keys.sort_unstable();
+        assert_eq!(keys, want_keys, "{}", op.name);
+        let d = t.description.as_deref().unwrap();
+        assert!(d.contains("execute bits"), "{}: {d}", op.name);
+        assert!(d.contains("simulated"), "{}: {d}", op.name);
+        if let Some(max) = op.max_size_bytes {
+            assert!(
+                d.contains(&ailab_sandbox_core::catalog::human_bytes(max)),
+                "{}: {d}",
+                op.name
+            );
+        }
+        for ext in op.extensions {
+            assert!(d.contains(ext), "{}: {d}", op.name);
+        }
+        let ann = t.annotations.as_ref().unwrap();
+        assert_eq!(ann.read_only_hint, Some(false));
+    }
+    let read = tools.iter().find(|t| t.name == "read_file").unwrap();
+    assert_eq!(read.input_schema["required"], serde_json::json!(["path"]));
+    assert_eq!(
+        read.annotations.as_ref().unwrap().read_only_hint,
+        Some(true)
+    );
+    let rb = tools.iter().find(|t| t.name == "rollback_action").unwrap();
+    assert_eq!(
+        rb.input_schema["required"],
+        serde_json::json!(["action_id"])
+    );
+    let state = tools.iter().find(|t| t.name == "get_state").unwrap();
+    assert_eq!(state.input_schema["additionalProperties"], false);
+    s.finish().await;
+}

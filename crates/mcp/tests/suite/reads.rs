@@ -1,0 +1,103 @@
+//! read_file, list_directory, get_file_info, list_artifacts, get_artifact, get_state.
+
+use super::support::{Mode, Session, sha256_of, structured, text};
+use serde_json::json;
+
+#[tokio::test]
+async fn read_tools_are_confined_and_exact() {
+    let s = Session::start(Mode::Write).await;
+    let content = "line one\nline two — ünïcode\n";
+    s.ok(
+        "create_file",
+        json!({"path": "notes/r.md", "content": content}),
+    )
+    .await;
+    s.ok("create_directory", json!({"path": "notes/sub"})).await;
+
+    let r = s.ok("read_file", json!({"path": "notes/r.md"})).await;
+    assert_eq!(text(&r), content, "text content is exactly the file's text");
+    let st = structured(&r);
+    assert_eq!(st["content"], content);
+    assert_eq!(st["size_bytes"], content.len() as u64);
+    assert_eq!(st["sha256"], sha256_of(&s.path("notes/r.md")).as_str());
+
+    let r = s.ok("list_directory", json!({"path": "notes"})).await;
+    let entries = structured(&r)["entries"].as_array().unwrap().clone();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["r.md", "sub"]);
+    assert!(
+        text(&r).contains("r.md") && text(&r).contains("sub/"),
+        "{}",
+        text(&r)
+    );
+    let r = s.ok("list_directory", json!({})).await;
+    assert!(text(&r).contains("notes/"), "{}", text(&r));
+
+    let r = s.ok("get_file_info", json!({"path": "notes/r.md"})).await;
+    let st = structured(&r);
+    assert_eq!(st["kind"], "file");
+    assert_eq!(st["size_bytes"], content.len() as u64);
+    assert_eq!(st["sha256"], sha256_of(&s.path("notes/r.md")).as_str());
+    assert!(st["artifact_id"].as_str().unwrap().starts_with("art_"));
+    let r = s
+        .ok("get_file_info", json!({"path": "notes/none.md"}))
+        .await;
+    assert_eq!(structured(&r)["kind"], "missing");
+
+    let r = s.err("read_file", json!({"path": "../outside.txt"})).await;
+    assert!(text(&r).contains("path_traversal"), "{}", text(&r));
+    let r = s.err("read_file", json!({"path": "/etc/passwd"})).await;
+    assert!(text(&r).contains("outside_sandbox"), "{}", text(&r));
+    let r = s.err("read_file", json!({"path": "notes/none.md"})).await;
+    assert!(text(&r).contains("not_found"), "{}", text(&r));
+    let r = s.err("list_directory", json!({"path": "../"})).await;
+    assert!(text(&r).contains("path_traversal"), "{}", text(&r));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn artifacts_and_state_are_reported() {
+    let s = Session::start(Mode::Write).await;
+    let first = s
+        .ok("create_file", json!({"path": "a.md", "content": "a\n"}))
+        .await;
+    let first_id = structured(&first)["actions"][0]["artifact_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let second = s
+        .ok("append_file", json!({"path": "a.md", "content": "b\n"}))
+        .await;
+    let second_id = structured(&second)["actions"][0]["artifact_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let r = s.ok("list_artifacts", json!({"limit": 1})).await;
+    let list = structured(&r)["artifacts"].as_array().unwrap().clone();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["artifact_id"], second_id.as_str());
+
+    let r = s
+        .ok("get_artifact", json!({"artifact_id": second_id}))
+        .await;
+    let st = structured(&r);
+    assert_eq!(st["artifact"]["parent_artifact_id"], first_id.as_str());
+    assert_eq!(st["lineage"][0]["artifact_id"], first_id.as_str());
+    assert!(text(&r).contains(&first_id));
+    let r = s
+        .err("get_artifact", json!({"artifact_id": "art_nope"}))
+        .await;
+    assert!(text(&r).contains("not_found"), "{}", text(&r));
+
+    let r = s.ok("get_state", json!({})).await;
+    let st = structured(&r);
+    assert_eq!(st["execution_mode"], "sandbox_write");
+    assert_eq!(st["session_workflow_id"], s.workflow_id.as_str());
+    assert_eq!(st["sandbox_roots"][0], s.root.display().to_string());
+    assert!(text(&r).contains(&s.workflow_id));
+    s.finish().await;
+}

@@ -1,0 +1,106 @@
+//! rollback_workflow and rollback_action restore the bytes, verified by checksum.
+
+use super::support::{Mode, Session, structured, text};
+use serde_json::json;
+
+#[tokio::test]
+async fn rollback_workflow_restores_the_original_bytes() {
+    let s = Session::start(Mode::Write).await;
+    // A file that existed before the session.
+    std::fs::create_dir_all(s.path("docs")).unwrap();
+    std::fs::write(s.path("docs/plan.md"), b"# Plan\n\nstatus: draft\n").unwrap();
+
+    s.ok(
+        "sandbox_transform",
+        json!({"path": "docs/plan.md", "edits": [{"old": "draft", "new": "final"}]}),
+    )
+    .await;
+    s.ok(
+        "create_file",
+        json!({"path": "docs/new.md", "content": "new\n"}),
+    )
+    .await;
+    assert_eq!(s.read("docs/plan.md"), b"# Plan\n\nstatus: final\n");
+
+    let r = s.ok("rollback_workflow", json!({})).await;
+    let st = structured(&r);
+    assert_eq!(st["status"], "rolled_back");
+    assert_eq!(st["steps_rolled_back"], 2);
+    assert!(
+        st["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["checksum_validated"] == true)
+    );
+    assert!(text(&r).contains(&s.workflow_id), "{}", text(&r));
+    assert_eq!(s.read("docs/plan.md"), b"# Plan\n\nstatus: draft\n");
+    assert!(!s.path("docs/new.md").exists());
+
+    // Nothing is left to roll back.
+    let r = s.err("rollback_workflow", json!({})).await;
+    assert!(text(&r).contains("no_rollback_data"), "{}", text(&r));
+
+    // The session's workflow goes on after a rollback, and can be rolled back again.
+    s.ok(
+        "create_file",
+        json!({"path": "docs/again.md", "content": "again\n"}),
+    )
+    .await;
+    let r = s.ok("rollback_workflow", json!({})).await;
+    assert_eq!(structured(&r)["steps_rolled_back"], 1, "{}", text(&r));
+    assert!(!s.path("docs/again.md").exists());
+    assert_eq!(s.read("docs/plan.md"), b"# Plan\n\nstatus: draft\n");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn rollback_action_undoes_one_write() {
+    let s = Session::start(Mode::Write).await;
+    s.ok(
+        "create_file",
+        json!({"path": "keep.md", "content": "keep\n"}),
+    )
+    .await;
+    let r = s
+        .ok(
+            "create_file",
+            json!({"path": "undo.md", "content": "undo\n"}),
+        )
+        .await;
+    let action = structured(&r)["actions"][0]["action_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text(&r).contains(&format!("{{\"action_id\": \"{action}\"}}")),
+        "{}",
+        text(&r)
+    );
+
+    s.ok("rollback_action", json!({"action_id": action})).await;
+    assert!(!s.path("undo.md").exists());
+    assert_eq!(s.read("keep.md"), b"keep\n");
+    let r = s
+        .err("rollback_action", json!({"action_id": "act_unknown"}))
+        .await;
+    assert!(text(&r).contains("no_rollback_data"), "{}", text(&r));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_conflicting_rollback_needs_force() {
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_file", json!({"path": "c.md", "content": "mine\n"}))
+        .await;
+    std::fs::write(s.path("c.md"), b"edited by someone else\n").unwrap();
+
+    let r = s.err("rollback_workflow", json!({})).await;
+    let t = text(&r);
+    assert!(t.contains("conflict") && t.contains("force"), "{t}");
+    assert_eq!(s.read("c.md"), b"edited by someone else\n");
+
+    s.ok("rollback_workflow", json!({"force": true})).await;
+    assert!(!s.path("c.md").exists());
+    s.finish().await;
+}

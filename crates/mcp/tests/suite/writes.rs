@@ -1,0 +1,220 @@
+//! Each of the 11 write tools, for real and as a dry run.
+
+use super::support::{Mode, Session, sha256_of, structured, text};
+use ailab_sandbox_core::catalog::OPERATIONS;
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+
+/// Checks a successful write result against the file on disk.
+fn assert_written(s: &Session, tool: &str, rel: &str, r: &rmcp::model::CallToolResult) {
+    let t = text(r);
+    let st = structured(r);
+    assert_eq!(st["status"], "success", "{tool}: {t}");
+    assert_eq!(st["workflow_id"], s.workflow_id.as_str());
+    let a = &st["actions"][0];
+    assert_eq!(a["intent"], tool);
+    let sha = sha256_of(&s.path(rel));
+    assert_eq!(a["after_checksum"], sha.as_str(), "{tool}");
+    assert_eq!(a["size_bytes"], s.read(rel).len() as u64, "{tool}");
+    let art = a["artifact_id"].as_str().unwrap();
+    for needle in [
+        sha.as_str(),
+        art,
+        s.workflow_id.as_str(),
+        "rollback_action",
+        rel,
+    ] {
+        assert!(t.contains(needle), "{tool}: {needle:?} missing from {t}");
+    }
+    let mode = std::fs::metadata(s.path(rel)).unwrap().permissions().mode();
+    assert_eq!(mode & 0o111, 0, "{tool} left an execute bit: {mode:o}");
+}
+
+#[tokio::test]
+async fn every_write_tool_writes_what_it_says() {
+    let s = Session::start(Mode::Write).await;
+    let mut used = Vec::new();
+
+    let r = s
+        .ok(
+            "create_file",
+            json!({"path": "notes/a.md", "content": "hello\n"}),
+        )
+        .await;
+    assert_eq!(s.read("notes/a.md"), b"hello\n");
+    assert_written(&s, "create_file", "notes/a.md", &r);
+    used.push("create_file");
+
+    let r = s
+        .ok(
+            "append_file",
+            json!({"path": "notes/a.md", "content": "more\n"}),
+        )
+        .await;
+    assert_eq!(s.read("notes/a.md"), b"hello\nmore\n");
+    assert_written(&s, "append_file", "notes/a.md", &r);
+    used.push("append_file");
+
+    let r = s
+        .ok(
+            "replace_file",
+            json!({"path": "notes/a.md", "content": "replaced text\n"}),
+        )
+        .await;
+    assert_eq!(s.read("notes/a.md"), b"replaced text\n");
+    assert_written(&s, "replace_file", "notes/a.md", &r);
+    used.push("replace_file");
+
+    let r = s.ok("create_directory", json!({"path": "dir/sub"})).await;
+    assert!(s.path("dir/sub").is_dir());
+    assert_eq!(structured(&r)["status"], "success");
+    assert!(text(&r).contains("dir/sub"));
+    used.push("create_directory");
+
+    let data = json!({"k": 1, "list": [1, 2], "s": "x"});
+    let r = s
+        .ok("write_json", json!({"path": "data/x.json", "data": data}))
+        .await;
+    let mut want = serde_json::to_vec_pretty(&data).unwrap();
+    want.push(b'\n');
+    assert_eq!(s.read("data/x.json"), want);
+    assert_written(&s, "write_json", "data/x.json", &r);
+    used.push("write_json");
+
+    let r = s
+        .ok(
+            "write_yaml",
+            json!({"path": "data/x.yaml", "data": {"k": 1}}),
+        )
+        .await;
+    assert_eq!(s.read("data/x.yaml"), b"k: 1\n");
+    assert_written(&s, "write_yaml", "data/x.yaml", &r);
+    used.push("write_yaml");
+
+    let r = s
+        .ok(
+            "write_markdown",
+            json!({"path": "doc/readme.md", "content": "# Title\n"}),
+        )
+        .await;
+    assert_eq!(s.read("doc/readme.md"), b"# Title\n");
+    assert_written(&s, "write_markdown", "doc/readme.md", &r);
+    used.push("write_markdown");
+
+    let r = s
+        .ok(
+            "generate_report",
+            json!({"path": "reports/r.md", "content": "# Report\n\nAll good.\n"}),
+        )
+        .await;
+    assert_eq!(s.read("reports/r.md"), b"# Report\n\nAll good.\n");
+    assert_written(&s, "generate_report", "reports/r.md", &r);
+    used.push("generate_report");
+
+    let r = s
+        .ok(
+            "generate_config",
+            json!({"path": "cfg/app.toml", "data": {"name": "x", "port": 8}}),
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8(s.read("cfg/app.toml")).unwrap(),
+        "name = \"x\"\nport = 8\n"
+    );
+    assert_written(&s, "generate_config", "cfg/app.toml", &r);
+    used.push("generate_config");
+
+    let r = s.ok("generate_script", json!({"path": "scripts/run.sh", "content": "#!/bin/sh\necho hi\n", "description": "a greeting"})).await;
+    assert_eq!(s.read("scripts/run.sh"), b"#!/bin/sh\necho hi\n");
+    assert_written(&s, "generate_script", "scripts/run.sh", &r);
+    used.push("generate_script");
+
+    let r = s
+        .ok(
+            "sandbox_transform",
+            json!({"path": "notes/a.md", "edits": [{"old": "replaced", "new": "transformed"}]}),
+        )
+        .await;
+    assert_eq!(s.read("notes/a.md"), b"transformed text\n");
+    assert_written(&s, "sandbox_transform", "notes/a.md", &r);
+    used.push("sandbox_transform");
+
+    let mut all: Vec<&str> = OPERATIONS.iter().map(|o| o.name).collect();
+    all.sort_unstable();
+    used.sort_unstable();
+    assert_eq!(used, all, "every catalog operation is exercised");
+
+    // Every write landed in the session's workflow, as artifacts.
+    let r = s
+        .ok("list_artifacts", json!({"workflow_id": s.workflow_id}))
+        .await;
+    assert_eq!(
+        structured(&r)["artifacts"].as_array().unwrap().len(),
+        10,
+        "{}",
+        text(&r)
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_is_not_an_error_and_writes_nothing() {
+    let s = Session::start(Mode::Default).await;
+    let r = s
+        .ok(
+            "create_file",
+            json!({"path": "notes/dry.md", "content": "hello\n"}),
+        )
+        .await;
+    assert!(
+        !s.path("notes/dry.md").exists(),
+        "a dry run created the file"
+    );
+    let t = text(&r);
+    let lower = t.to_lowercase();
+    assert!(lower.contains("dry run"), "{t}");
+    assert!(lower.contains("nothing was written"), "{t}");
+    assert!(t.contains("sandbox_disabled"), "{t}");
+    assert!(
+        t.contains("--enable-write") && t.contains("--no-dry-run"),
+        "{t}"
+    );
+    let st = structured(&r);
+    assert_eq!(st["status"], "simulated_success");
+    assert_eq!(st["simulation_only"], true);
+    assert_eq!(st["dry_run_reason"], "sandbox_disabled");
+    // A refusal in simulation mode is still an error.
+    let r = s
+        .err(
+            "create_file",
+            json!({"path": "../escape.md", "content": "x"}),
+        )
+        .await;
+    assert!(text(&r).contains("path_traversal"), "{}", text(&r));
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_call_may_name_its_own_workflow() {
+    let s = Session::start(Mode::Write).await;
+    let r = s
+        .ok(
+            "create_file",
+            json!({"path": "w.txt", "content": "w\n", "workflow_id": "wf_custom"}),
+        )
+        .await;
+    assert_eq!(structured(&r)["workflow_id"], "wf_custom");
+    assert!(
+        text(&r).contains("\"workflow_id\": \"wf_custom\""),
+        "{}",
+        text(&r)
+    );
+    let r = s
+        .ok("list_artifacts", json!({"workflow_id": s.workflow_id}))
+        .await;
+    assert_eq!(structured(&r)["artifacts"], Value::Array(Vec::new()));
+    s.ok("rollback_workflow", json!({"workflow_id": "wf_custom"}))
+        .await;
+    assert!(!s.path("w.txt").exists());
+    s.finish().await;
+}
