@@ -190,6 +190,7 @@ fn init_tracing(server: bool) {
         .unwrap_or(tracing::Level::WARN);
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(level)
         .with_target(false)
         .try_init();
@@ -251,12 +252,16 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Serve { .. } = cli.command {
         return serve(config);
     }
-    let sandbox = Sandbox::open(config)?;
+    let mut sandbox = Sandbox::open(config)?;
     if !cli.json {
         for n in sandbox.notices() {
             eprintln!("note: {n}");
         }
     }
+    report_confinement(
+        sandbox.confine_process(),
+        cli.json || matches!(cli.command, Command::Mcp),
+    );
     let json = cli.json;
     match cli.command {
         Command::Run { plan } => {
@@ -449,13 +454,26 @@ fn serve(config: Config) -> Result<u8> {
     // Refuse a public address without a token before touching the roots.
     let resolved = ailab_sandbox_http::resolve_addr(&opts.addr)?;
     ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref())?;
-    let sandbox = Sandbox::open(config)?;
+    let mut sandbox = Sandbox::open(config)?;
     for n in sandbox.notices() {
         eprintln!("note: {n}");
     }
+    // Before the runtime starts its threads: Landlock binds only threads created later.
+    report_confinement(sandbox.confine_process(), false);
     eprintln!("listening on http://{}", opts.addr);
     ailab_sandbox_http::run(std::sync::Arc::new(sandbox), opts)?;
     Ok(EXIT_OK)
+}
+
+/// Says on stderr when the kernel could not add its confinement (the root handles still
+/// confine every write).
+fn report_confinement(k: &ailab_sandbox_core::confine::kernel::KernelConfinement, quiet: bool) {
+    if !k.is_enforced() && !quiet {
+        eprintln!(
+            "warning: kernel confinement (Landlock) is not in force: {}",
+            k.detail.as_deref().unwrap_or("unknown reason")
+        );
+    }
 }
 
 fn mcp(sandbox: Sandbox) -> Result<u8> {

@@ -42,7 +42,29 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
         ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, Ruleset,
         RulesetAttr, RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
     };
-    let abi = ABI::V10;
+    // Ask for exactly what the running kernel offers, so that "fully enforced" means
+    // every right this kernel knows about: probe from the newest ABI down.
+    let abi = [
+        ABI::V10,
+        ABI::V9,
+        ABI::V8,
+        ABI::V7,
+        ABI::V6,
+        ABI::V5,
+        ABI::V4,
+        ABI::V3,
+        ABI::V2,
+        ABI::V1,
+    ]
+    .into_iter()
+    .find(|&abi| {
+        Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessFs::from_all(abi))
+            .and_then(|r| r.create())
+            .is_ok()
+    })
+    .unwrap_or(ABI::V1);
     let shown: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
     let all = AccessFs::from_all(abi);
     let no_exec: BitFlags<AccessFs> = all & !AccessFs::Execute;
