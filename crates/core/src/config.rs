@@ -325,6 +325,12 @@ impl Config {
                     r.display()
                 )));
             }
+            if r.parent().is_none() {
+                return Err(ConfigError(format!(
+                    "root {} is the filesystem root; give a dedicated directory",
+                    r.display()
+                )));
+            }
             if r.components()
                 .any(|c| matches!(c, std::path::Component::ParentDir))
             {

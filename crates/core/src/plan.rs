@@ -137,6 +137,13 @@ pub fn new_execution_id() -> String {
 
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.
 pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
+    // serde would also read a struct from a JSON array; a plan is an object.
+    if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            "the plan is not valid: it must be a JSON object with an \"actions\" array",
+        ));
+    }
     serde_json::from_slice(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,

@@ -69,6 +69,11 @@ impl SandboxRoot {
         if path_strings(path).iter().any(|c| c == "..") {
             return Err(format!("root {shown} contains '..'"));
         }
+        if path.parent().is_none() {
+            return Err(format!(
+                "root {shown} is the filesystem root; a sandbox root must be a dedicated directory"
+            ));
+        }
         let meta = match std::fs::symlink_metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound && create => {

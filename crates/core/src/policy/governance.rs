@@ -174,7 +174,7 @@ fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
         .map(|o| o.name)
         .collect::<Vec<_>>()
         .join(", ");
-    if detect_chmod_intent(intent).is_some() {
+    if detect_chmod_intent(intent).is_some() || intent.to_ascii_lowercase().contains("chmod") {
         return Refusal::new(
             ReasonCode::ChmodForbidden,
             format!(

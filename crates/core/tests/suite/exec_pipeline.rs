@@ -532,3 +532,38 @@ fn metrics_expose_the_seven_names() {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
 }
+
+#[test]
+fn a_plan_must_be_a_json_object() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let err = sb
+        .run_plan_json(
+            br#"[null, null, null, [{"intent": "create_file", "path": "a.txt", "content": "x"}]]"#,
+        )
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(w.tree().is_empty());
+}
+
+#[test]
+fn chmod_in_the_intent_name_is_chmod_forbidden() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "chmod_file", "path": "a.sh"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("chmod_forbidden"));
+}
+
+#[test]
+fn the_filesystem_root_is_never_a_sandbox_root() {
+    let w = World::new();
+    let c = ailab_sandbox_core::Config::with_roots(vec!["/".into()], w.state.clone());
+    let err = c.validate().unwrap_err();
+    assert!(err.0.contains("filesystem root"), "{}", err.0);
+    assert!(
+        ailab_sandbox_core::confine::SandboxRoot::open(std::path::Path::new("/"), false).is_err()
+    );
+}
