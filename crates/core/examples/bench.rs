@@ -74,6 +74,27 @@ fn bare(n: usize, size: usize, durable: bool) -> Duration {
     start.elapsed() / n as u32
 }
 
+/// The same atomic writes without per-file fsyncs, made durable by one syncfs each.
+fn bare_syncfs(n: usize, size: usize) -> Duration {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Dir::open_ambient_dir(tmp.path(), ambient_authority()).unwrap();
+    let content = vec![b'x'; size];
+    let start = Instant::now();
+    for i in 0..n {
+        write_atomic_in(
+            &dir,
+            &format!("f{}.txt", i / 2),
+            &content,
+            FILE_MODE,
+            i % 2 == 0,
+            false,
+        )
+        .unwrap();
+        rustix::fs::syncfs(&dir).unwrap();
+    }
+    start.elapsed() / n as u32
+}
+
 fn rollback_100(durability: Durability) -> Duration {
     let tmp = tempfile::tempdir().unwrap();
     let sb = sandbox(tmp.path(), durability);
@@ -198,6 +219,11 @@ fn main() {
             name: format!("bare non-durable write, {label}"),
             per_op: bare_fast,
             baseline: None,
+        });
+        rows.push(Row {
+            name: format!("bare write + syncfs, {label}"),
+            per_op: bare_syncfs(n, size),
+            baseline: Some(bare_durable),
         });
         rows.push(Row {
             name: format!("governed strict, {label}"),

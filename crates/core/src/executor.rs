@@ -483,17 +483,15 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     fn execute(mut self) -> RunResult {
         self.go(WorkflowState::Executing);
-        let record = crate::recovery::InflightRecord {
+        let mut record = crate::recovery::InflightRecord {
+            state: "active".to_owned(),
             execution_id: self.execution_id.clone(),
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
         };
+        let wf = self.plan.workflow_id.clone();
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        if let Err(e) = self
-            .sb
-            .state
-            .inflight_add(&self.execution_id, &bytes, self.sb.durable())
-        {
+        if let Err(e) = self.sb.state.inflight_write(&wf, &bytes, self.sb.durable()) {
             let r = Refusal::new(
                 ReasonCode::IoError,
                 format!(
@@ -506,8 +504,12 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         let sb = self.sb;
         let result = self.execute_actions();
-        if let Err(e) = sb.state.inflight_remove(&result.execution_id) {
-            tracing::warn!(error = %e, "could not remove the run's in-flight record");
+        // Not synced: after a crash an `active` record of a finished run only makes the
+        // next start look for unfinished actions, and find none.
+        record.state = "idle".to_owned();
+        let bytes = serde_json::to_vec(&record).unwrap_or_default();
+        if let Err(e) = sb.state.inflight_write(&wf, &bytes, false) {
+            tracing::warn!(error = %e, "could not mark the run's record idle");
         }
         result
     }

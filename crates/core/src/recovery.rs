@@ -1,6 +1,6 @@
-//! Start-up recovery. A run records itself in the state directory's `inflight/` before it
-//! touches a file and removes the record when it ends. A record whose workflow lock is
-//! free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
+//! Start-up recovery. A run marks its workflow's record in the state directory's
+//! `inflight/` active before it touches a file and idle when it ends. An active record
+//! whose workflow lock is free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
 //! that were snapshotted but never audited as done are rolled back from their snapshots,
 //! and the temporary files it may have left are removed.
 
@@ -13,9 +13,12 @@ use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
-/// The record a run keeps while it changes files.
+/// The record a workflow's run keeps while it changes files (`state: active`), set back to
+/// `idle` when the run ends. One file per workflow, rewritten in place.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InflightRecord {
+    /// `active` while a run changes files, `idle` after.
+    pub state: String,
     /// The run.
     pub execution_id: String,
     /// Its workflow.
@@ -55,7 +58,10 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             };
-            if !crate::plan::is_valid_id(&rec.workflow_id) {
+            if rec.state != "active" {
+                continue;
+            }
+            if !crate::plan::is_valid_id(&rec.workflow_id) || rec.workflow_id != id {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             }
@@ -68,8 +74,13 @@ impl Sandbox {
                 }
             };
             out.push(self.recover_run(&rec));
-            if let Err(e) = self.state.inflight_remove(&id) {
-                tracing::warn!(error = %e, "cannot remove an in-flight record");
+            let idle = InflightRecord {
+                state: "idle".to_owned(),
+                ..rec
+            };
+            let bytes = serde_json::to_vec(&idle).unwrap_or_default();
+            if let Err(e) = self.state.inflight_write(&id, &bytes, self.durable()) {
+                tracing::warn!(error = %e, "cannot mark an in-flight record idle");
             }
         }
         out

@@ -904,6 +904,9 @@ impl Sandbox {
                 for root in &self.roots {
                     Snapshotter::remove_workflow(root, &wf)?;
                 }
+                if let Err(e) = self.state.inflight_remove(&wf) {
+                    tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
+                }
                 report.workflows_pruned.push(wf);
             } else {
                 report.workflows_kept += 1;

@@ -9,7 +9,9 @@
 
 use crate::catalog::MutationClass;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
-use crate::confine::root::{FILE_MODE, read_regular, sync_dir, write_atomic_in};
+use crate::confine::root::{
+    FILE_MODE, Flush, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
+};
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
@@ -129,6 +131,20 @@ fn open_or_create(dir: &Dir, name: &str, create: bool, mode: u32) -> io::Result<
     }
 }
 
+/// Opens `name` in `dir`, creating it (mode 0700) if missing; says whether it was made.
+fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
+    if let Ok(d) = dir.open_dir_nofollow(name) {
+        return Ok((d, false));
+    }
+    let mut b = DirBuilder::new();
+    b.mode(SNAPSHOT_DIR_MODE);
+    let made = dir.create_dir_with(name, &b).is_ok();
+    let d = dir
+        .open_dir_nofollow(name)
+        .map_err(|e| snap_io("create", &e))?;
+    Ok((d, made))
+}
+
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
     let Some(rb) = rollback_dir(root, false)? else {
         return Ok(None);
@@ -146,26 +162,17 @@ impl Snapshotter {
         matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))
     }
 
-    /// Writes backup and metadata, durable (when `durable`) before returning.
+    /// Writes backup and metadata, durable (when `durable`) before returning: each
+    /// file's data, then the new folder's entries, then the folder's own entry — the
+    /// fewest syncs that make the whole snapshot survive a power cut.
     pub fn take(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         backup: Option<&[u8]>,
         durable: bool,
     ) -> Verdict<String> {
-        let rb = rollback_dir(root, true)
-            .map_err(|e| snap_io("create", &e))?
-            .ok_or_else(|| {
-                Refusal::new(ReasonCode::IoError, "could not create the .rollback folder")
-            })?;
-        let wf = open_or_create(&rb, &meta.workflow_id, true, SNAPSHOT_DIR_MODE)
-            .map_err(|e| snap_io("create", &e))?
-            .ok_or_else(|| {
-                Refusal::new(
-                    ReasonCode::IoError,
-                    "could not create the workflow's snapshot folder",
-                )
-            })?;
+        let (rb, rb_new) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
+        let (wf, wf_new) = open_or_create_tracked(&rb, &meta.workflow_id)?;
         let mut b = DirBuilder::new();
         b.mode(SNAPSHOT_DIR_MODE);
         match wf.create_dir_with(&meta.action_id, &b) {
@@ -185,19 +192,30 @@ impl Snapshotter {
         let dir = wf
             .open_dir_nofollow(&meta.action_id)
             .map_err(|e| snap_io("open", &e))?;
+        let flush = if durable {
+            Flush::FileOnly
+        } else {
+            Flush::Nothing
+        };
         if let Some(bytes) = backup {
-            write_atomic_in(&dir, BACKUP_FILE, bytes, 0o600, true, durable)
+            write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, true, flush)
                 .map_err(|e| snap_io("write", &e))?;
         }
         let json =
             serde_json::to_vec_pretty(meta).map_err(|e| snap_io("encode", &io::Error::other(e)))?;
         // The metadata is written last: a snapshot folder without it is an incomplete
         // snapshot of an action that never touched its target.
-        write_atomic_in(&dir, META_FILE, &json, 0o600, true, durable)
+        write_atomic_flush(&dir, META_FILE, &json, 0o600, true, flush)
             .map_err(|e| snap_io("write", &e))?;
         if durable {
+            sync_dir(&dir).map_err(|e| snap_io("sync", &e))?;
             sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
-            sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
+            if wf_new {
+                sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
+            }
+            if rb_new {
+                sync_dir(root.dir()).map_err(|e| snap_io("sync", &e))?;
+            }
         }
         Ok(meta.rollback_path())
     }

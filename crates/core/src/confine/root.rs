@@ -572,6 +572,17 @@ pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// How far a write is made durable before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Not at all (relaxed durability).
+    Nothing,
+    /// The file's data; the caller syncs the directory once for several files.
+    FileOnly,
+    /// The file's data and the directory entry.
+    FileAndDir,
+}
+
 /// The atomic write behind [`SandboxRoot::write_atomic`], on an already opened directory.
 pub fn write_atomic_in(
     dir: &Dir,
@@ -580,6 +591,23 @@ pub fn write_atomic_in(
     mode: u32,
     no_replace: bool,
     durable: bool,
+) -> io::Result<()> {
+    let flush = if durable {
+        Flush::FileAndDir
+    } else {
+        Flush::Nothing
+    };
+    write_atomic_flush(dir, name, bytes, mode, no_replace, flush)
+}
+
+/// [`write_atomic_in`] with an explicit [`Flush`].
+pub fn write_atomic_flush(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    no_replace: bool,
+    flush: Flush,
 ) -> io::Result<()> {
     let tmp = temp_name();
     let mut opts = OpenOptions::new();
@@ -590,8 +618,8 @@ pub fn write_atomic_in(
     let mut file = dir.open_with(&tmp, &opts)?;
     let result = (|| {
         file.write_all(bytes)?;
-        if durable {
-            file.sync_all()?;
+        if flush != Flush::Nothing {
+            file.sync_data()?;
         }
         drop(file);
         if no_replace {
@@ -606,7 +634,7 @@ pub fn write_atomic_in(
         let _ = dir.remove_file(&tmp);
         return Err(e);
     }
-    if durable {
+    if flush == Flush::FileAndDir {
         sync_dir(dir)?;
     }
     Ok(())

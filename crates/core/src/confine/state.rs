@@ -81,26 +81,46 @@ impl StateDir {
         }
     }
 
-    /// Records that run `id` is about to change files (durable when `durable`).
-    pub fn inflight_add(&self, id: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    /// Writes `name`'s run record in place (`bytes` padded to a fixed 512-byte block, so
+    /// an overwrite is one sector write). The first record of a name creates the file and
+    /// syncs the directory; later ones cost a single `fdatasync` when `durable`.
+    pub fn inflight_write(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+        const BLOCK: usize = 512;
+        if bytes.len() >= BLOCK {
+            return Err(io::Error::other("run record too long"));
+        }
+        let mut block = bytes.to_vec();
+        block.resize(BLOCK - 1, b' ');
+        block.push(b'\n');
         let dir = self.path.join(INFLIGHT_DIR);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(dir.join(format!("{id}.json")))?;
-        f.write_all(bytes)?;
-        if durable {
-            f.sync_data()?;
-            File::open(&dir)?.sync_all()?;
+        let path = dir.join(format!("{name}.json"));
+        match OpenOptions::new().write(true).open(&path) {
+            Ok(f) => {
+                f.write_all_at(&block, 0)?;
+                if durable {
+                    f.sync_data()?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)?;
+                f.write_all(&block)?;
+                if durable {
+                    f.sync_data()?;
+                    File::open(&dir)?.sync_all()?;
+                }
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }
 
-    /// Removes run `id`'s record.
-    pub fn inflight_remove(&self, id: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.path.join(INFLIGHT_DIR).join(format!("{id}.json"))) {
+    /// Removes `name`'s run record.
+    pub fn inflight_remove(&self, name: &str) -> io::Result<()> {
+        match std::fs::remove_file(self.path.join(INFLIGHT_DIR).join(format!("{name}.json"))) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

@@ -117,9 +117,9 @@ fn a_live_run_in_another_process_is_not_recovered() {
     let w = World::new();
     let sb = w.sandbox();
     let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
-    let rec = json!({"execution_id": "ex_live", "workflow_id": "wf_live", "started_at": "2026-01-01T00:00:00Z"});
+    let rec = json!({"state": "active", "execution_id": "ex_live", "workflow_id": "wf_live", "started_at": "2026-01-01T00:00:00Z"});
     state
-        .inflight_add("ex_live", rec.to_string().as_bytes(), false)
+        .inflight_write("wf_live", rec.to_string().as_bytes(), false)
         .unwrap();
     let held = state.lock("wf-wf_live").unwrap();
     assert!(
