@@ -205,6 +205,8 @@ fn load_config(cli: &Cli) -> Result<Config> {
     });
     let file = match &path {
         Some(p) => {
+            // The operator's own input file, read before confinement starts.
+            #[allow(clippy::disallowed_methods)]
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read config file {}", p.display()))?;
             Some(
@@ -265,15 +267,7 @@ fn run(cli: Cli) -> Result<u8> {
     let json = cli.json;
     match cli.command {
         Command::Run { plan } => {
-            let bytes = if plan == "-" {
-                let mut b = Vec::new();
-                std::io::stdin()
-                    .read_to_end(&mut b)
-                    .context("cannot read the plan from standard input")?;
-                b
-            } else {
-                std::fs::read(&plan).with_context(|| format!("cannot read plan file {plan}"))?
-            };
+            let bytes = read_plan(&plan)?;
             match sandbox.run_plan_json(&bytes) {
                 Ok(result) => {
                     if json {
@@ -413,6 +407,20 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Mcp => mcp(sandbox),
         Command::Ops | Command::Serve { .. } => Ok(EXIT_OK),
     }
+}
+
+/// The plan the operator names: a file (read anywhere, never written), or `-` for stdin.
+fn read_plan(plan: &str) -> Result<Vec<u8>> {
+    if plan == "-" {
+        let mut b = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut b)
+            .context("cannot read the plan from standard input")?;
+        return Ok(b);
+    }
+    #[allow(clippy::disallowed_methods)]
+    let bytes = std::fs::read(plan).with_context(|| format!("cannot read plan file {plan}"))?;
+    Ok(bytes)
 }
 
 #[derive(Serialize)]

@@ -1,6 +1,11 @@
 //! The command line as a user drives it: exit codes, JSON documents, and limits that hold
 //! across separate processes.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::disallowed_types
+)]
 
 use assert_cmd::Command;
 use serde_json::{Value, json};

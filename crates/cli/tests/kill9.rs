@@ -2,7 +2,12 @@
 //! kill: every target holds its old or its new bytes, the next start recovers (no
 //! temporary files left), `audit verify` passes, and `rollback --force` restores the
 //! original tree byte for byte.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::disallowed_types
+)]
 
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

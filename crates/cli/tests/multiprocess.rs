@@ -1,6 +1,11 @@
 //! Several processes on one workflow at once: the budget never overshoots, the rate limit
 //! is exact, no registry line is lost and the audit chain stays valid.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::disallowed_methods,
+    clippy::disallowed_types
+)]
 
 use serde_json::{Value, json};
 use std::path::Path;

@@ -1,7 +1,13 @@
 //! Governance overhead, measured: governed writes through the executor against the bare
 //! floor for the same work in the same process, plus rollback, hashing and a large
 //! registry. `cargo run --release -p ailab-sandbox-core --example bench -- [--json] [--quick]`
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::disallowed_methods,
+    clippy::disallowed_types
+)]
 
 use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
 use ailab_sandbox_core::config::Durability;

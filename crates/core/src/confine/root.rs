@@ -7,6 +7,7 @@
 //! component is opened with `O_NOFOLLOW` or replaced by `renameat`, so symlinks are never
 //! followed for writes. The lexical checks before this produce the reason codes; this
 //! module is what holds the line.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // confine/ is where paths are opened
 
 use super::path::{RelPath, TEMP_MARKER, lexical_normalize, path_strings, shown_path};
 use crate::reason::{ReasonCode, Refusal, Verdict};
