@@ -20,6 +20,17 @@ use cap_std::fs::Dir;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
+/// Temporary directories live until the process exits: deleting thousands of files
+/// between cases makes ext4 skip recently freed inodes when allocating, which would
+/// charge one case's clean-up to the next case.
+fn keep(dir: tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().to_path_buf();
+    KEPT.lock().unwrap().push(dir);
+    path
+}
+
+static KEPT: std::sync::Mutex<Vec<tempfile::TempDir>> = std::sync::Mutex::new(Vec::new());
+
 struct Row {
     name: String,
     per_op: Duration,
@@ -40,8 +51,8 @@ fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
 /// N governed actions, one plan per action (the common agent pattern), alternating
 /// create_file and replace_file on N/2 paths.
 fn governed(n: usize, size: usize, durability: Durability) -> Duration {
-    let tmp = tempfile::tempdir().unwrap();
-    let sb = sandbox(tmp.path(), durability);
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let sb = sandbox(&tmp, durability);
     let content = "x".repeat(size);
     let start = Instant::now();
     for i in 0..n {
@@ -62,8 +73,8 @@ fn governed(n: usize, size: usize, durability: Durability) -> Duration {
 /// The floor: the same N writes as atomic temp + rename through a directory handle,
 /// with (durable) or without fsyncs.
 fn bare(n: usize, size: usize, durable: bool) -> Duration {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = Dir::open_ambient_dir(tmp.path(), ambient_authority()).unwrap();
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let dir = Dir::open_ambient_dir(&tmp, ambient_authority()).unwrap();
     let content = vec![b'x'; size];
     let start = Instant::now();
     for i in 0..n {
@@ -82,8 +93,8 @@ fn bare(n: usize, size: usize, durable: bool) -> Duration {
 
 /// The same atomic writes without per-file fsyncs, made durable by one syncfs each.
 fn bare_syncfs(n: usize, size: usize) -> Duration {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = Dir::open_ambient_dir(tmp.path(), ambient_authority()).unwrap();
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let dir = Dir::open_ambient_dir(&tmp, ambient_authority()).unwrap();
     let content = vec![b'x'; size];
     let start = Instant::now();
     for i in 0..n {
@@ -96,14 +107,14 @@ fn bare_syncfs(n: usize, size: usize) -> Duration {
             false,
         )
         .unwrap();
-        rustix::fs::syncfs(&dir).unwrap();
+        rustix::fs::syncfs(dir.open(".").unwrap()).unwrap();
     }
     start.elapsed() / n as u32
 }
 
 fn rollback_100(durability: Durability) -> Duration {
-    let tmp = tempfile::tempdir().unwrap();
-    let sb = sandbox(tmp.path(), durability);
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let sb = sandbox(&tmp, durability);
     for i in 0..100 {
         let plan: Plan = serde_json::from_value(json!({"workflow_id": "wf_rb", "actions": [
             {"intent": "create_file", "path": format!("d{}/f{i}.txt", i % 10), "content": "y".repeat(1024)}]}))
@@ -193,6 +204,11 @@ fn registry(entries: usize, chain: usize) -> (Duration, f64, Duration, Duration,
 }
 
 fn main() {
+    run();
+    KEPT.lock().unwrap().clear();
+}
+
+fn run() {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().any(|a| a == "--json");
     let quick = args.iter().any(|a| a == "--quick");
@@ -208,6 +224,26 @@ fn main() {
             load.as_secs_f64() * 1e3,
             lin.as_secs_f64() * 1e6,
             cnt.as_secs_f64() * 1e6
+        );
+        return;
+    }
+    if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("governed-")) {
+        // One case alone, for profilers.
+        let d = if mode == "strict" {
+            Durability::Strict
+        } else {
+            Durability::Relaxed
+        };
+        let n = args
+            .iter()
+            .position(|a| a == "--n")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000);
+        let t = governed(n, 1024, d);
+        println!(
+            "governed {mode} 1 KiB: {:.1} µs per action",
+            t.as_secs_f64() * 1e6
         );
         return;
     }

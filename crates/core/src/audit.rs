@@ -306,7 +306,7 @@ impl AuditLog {
         // is (it moves after the log's durable append). A crash may leave the previous
         // head, which only weakens the cut-tail check for the last entries until the next
         // append, and costs no consistency.
-        self.state.write_atomic(HEAD_FILE, &bytes, false)
+        self.state.write_block(HEAD_FILE, &bytes, false)
     }
 
     /// The newest `limit` entries, newest first, optionally of one workflow.

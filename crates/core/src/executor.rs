@@ -491,7 +491,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         let wf = self.plan.workflow_id.clone();
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        if let Err(e) = self.sb.state.inflight_write(&wf, &bytes, self.sb.durable()) {
+        if let Err(e) = self
+            .sb
+            .state
+            .inflight_write(&wf, &bytes, self.sb.fsync_each())
+        {
             let r = Refusal::new(
                 ReasonCode::IoError,
                 format!(
@@ -702,7 +706,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             created_dirs,
             taken_at: sb.now(),
         };
-        let rollback_path = match Snapshotter::take(root, &meta, before.as_deref(), sb.durable()) {
+        let rollback_path = match Snapshotter::take(root, &meta, before.as_deref(), sb.fsync_each())
+            .and_then(|p| sb.sync_point().map(|()| p))
+        {
             Ok(p) => p,
             Err(r) => return Err(fail(self, res, r, target)),
         };
@@ -716,7 +722,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         );
 
         // mutate → checksum → registry → audit; any failure restores the snapshot.
-        let durable = sb.durable();
+        let durable = sb.fsync_each();
         let outcome = (|| {
             sb.fail_at("after_snapshot")?;
             sb.fail_at("before_mutate")?;
@@ -780,7 +786,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let appended = sb
                     .fail_at("before_audit")
                     .map_err(|r| std::io::Error::other(r.reason))
-                    .and_then(|()| sb.audit.append(vec![rec]));
+                    .and_then(|()| sb.audit.append(vec![rec]))
+                    // The second durability point: the target, the registry and the
+                    // audit line, all at once. Recovery checks audited targets against
+                    // their after_checksum, so their order on disk does not matter.
+                    .and_then(|_| sb.sync_point().map_err(|r| std::io::Error::other(r.reason)));
                 if let Err(e) = appended {
                     let r = Refusal::new(
                         ReasonCode::IoError,

@@ -11,7 +11,7 @@ use crate::confine::root::remove_temp_files;
 use crate::sandbox::Sandbox;
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
 /// `idle` when the run ends. One file per workflow, rewritten in place.
@@ -92,14 +92,16 @@ impl Sandbox {
             workflow_id: rec.workflow_id.clone(),
             ..Recovered::default()
         };
-        let done: HashSet<String> = self
-            .audit
-            .by_workflow(&rec.workflow_id)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.execution_id == rec.execution_id && e.status != AuditStatus::Simulated)
-            .map(|e| e.action_id)
-            .collect();
+        // What the dead run audited: every outcome, and for successes the checksum the
+        // target should now have.
+        let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
+        for e in self.audit.by_workflow(&rec.workflow_id).unwrap_or_default() {
+            if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
+                continue;
+            }
+            let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
+            audited.insert(e.action_id, after);
+        }
         let snaps = self
             .workflow_snapshots(&rec.workflow_id)
             .unwrap_or_default();
@@ -110,7 +112,14 @@ impl Sandbox {
                 continue;
             }
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
-            if !s.restored && !done.contains(&s.meta.action_id) {
+            let finished = match audited.get(&s.meta.action_id) {
+                None => false,
+                // Audited as done: done only if the target really holds the result (with
+                // batched syncs the audit line can reach the disk before the target).
+                Some(Some(after)) => self.target_checksum(i, &s.meta.target()) == *after,
+                Some(None) => true,
+            };
+            if !s.restored && !finished {
                 in_doubt.push((i, s));
             }
         }
@@ -150,6 +159,19 @@ impl Sandbox {
             tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
         }
         report
+    }
+}
+
+impl Sandbox {
+    /// SHA-256 of a regular file's bytes; `None` for anything else.
+    fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
+        match self.roots[root].inspect(rel).ok()?.kind {
+            crate::confine::TargetKind::File { .. } => self.roots[root]
+                .read_file(rel, crate::snapshot::MAX_SNAPSHOT_BYTES)
+                .ok()
+                .map(|b| crate::hash::sha256_hex(&b)),
+            _ => None,
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub struct Sandbox {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
     kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
+    /// Strict durability on Linux: whole-filesystem syncs at the pipeline's two
+    /// durability points instead of a fsync per file and directory.
+    batch_sync: Option<crate::confine::state::FsSync>,
 }
 
 /// `check`'s answer.
@@ -267,7 +270,18 @@ impl Sandbox {
                 });
             }
         }
-        let durable = config.durability.is_strict();
+        let batch_sync = if config.durability.is_strict() && cfg!(target_os = "linux") {
+            let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
+            dirs.push(state.path());
+            Some(
+                crate::confine::state::FsSync::open(&dirs)
+                    .map_err(Error::io("open the filesystems for syncing"))?,
+            )
+        } else {
+            None
+        };
+        // With batched syncs the logs are made durable by the executor's sync points.
+        let durable = config.durability.is_strict() && batch_sync.is_none();
         let registry = ArtifactRegistry::open(&state, durable)
             .map_err(Error::io("open the artifact registry"))?;
         let audit = AuditLog::open(&state, durable, config.limits.writes_per_minute)
@@ -288,6 +302,7 @@ impl Sandbox {
             clock,
             failpoints: crate::failpoint::FailPoints::default(),
             kernel_confinement: None,
+            batch_sync,
         };
         for r in sb.recover() {
             sb.notices.push(format!(
@@ -367,6 +382,27 @@ impl Sandbox {
 
     pub(crate) fn now(&self) -> String {
         timestamp(self.clock.now())
+    }
+
+    /// Whether each write syncs its own file and directory (strict durability without
+    /// batched syncs). Paths that are not on the hot path (rollback, recovery) use
+    /// [`Sandbox::durable`] instead.
+    pub(crate) fn fsync_each(&self) -> bool {
+        self.config.durability.is_strict() && self.batch_sync.is_none()
+    }
+
+    /// One of the pipeline's durability points: everything written so far reaches
+    /// stable storage (a no-op unless syncs are batched).
+    pub(crate) fn sync_point(&self) -> Verdict {
+        match &self.batch_sync {
+            Some(s) => s.sync().map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not sync to stable storage: {}", e.kind()),
+                )
+            }),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn durable(&self) -> bool {

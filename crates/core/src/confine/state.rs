@@ -82,19 +82,23 @@ impl StateDir {
         }
     }
 
-    /// Writes `name`'s run record in place (`bytes` padded to a fixed 512-byte block, so
-    /// an overwrite is one sector write). The first record of a name creates the file and
-    /// syncs the directory; later ones cost a single `fdatasync` when `durable`.
+    /// Writes `name`'s run record in place (see [`StateDir::write_block`]).
     pub fn inflight_write(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+        self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
+    }
+
+    /// Writes a small record in place: `bytes` padded to one 512-byte block, so an
+    /// overwrite is a single sector write and allocates nothing. The first write creates
+    /// the file and syncs its directory; later ones cost one `fdatasync` when `durable`.
+    pub fn write_block(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         const BLOCK: usize = 512;
         if bytes.len() >= BLOCK {
-            return Err(io::Error::other("run record too long"));
+            return Err(io::Error::other("record longer than one block"));
         }
         let mut block = bytes.to_vec();
         block.resize(BLOCK - 1, b' ');
         block.push(b'\n');
-        let dir = self.path.join(INFLIGHT_DIR);
-        let path = dir.join(format!("{name}.json"));
+        let path = self.path.join(rel);
         match OpenOptions::new().write(true).open(&path) {
             Ok(f) => {
                 f.write_all_at(&block, 0)?;
@@ -111,7 +115,9 @@ impl StateDir {
                 f.write_all(&block)?;
                 if durable {
                     f.sync_data()?;
-                    File::open(&dir)?.sync_all()?;
+                    if let Some(dir) = path.parent() {
+                        File::open(dir)?.sync_all()?;
+                    }
                 }
             }
             Err(e) => return Err(e),
@@ -279,4 +285,43 @@ pub fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
 /// The path with symlinks resolved, when it exists.
 pub fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
+}
+
+/// Makes whole filesystems durable at once with `syncfs(2)`: one call per distinct
+/// filesystem among the given directories, in place of a `fsync` per file and directory
+/// touched since the last call.
+#[derive(Debug)]
+pub struct FsSync {
+    handles: Vec<File>,
+}
+
+impl FsSync {
+    /// Opens one handle per distinct filesystem (by device) among `dirs`.
+    pub fn open(dirs: &[&Path]) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let mut seen = Vec::new();
+        let mut handles = Vec::new();
+        for d in dirs {
+            let f = File::open(d)?;
+            let dev = f.metadata()?.dev();
+            if !seen.contains(&dev) {
+                seen.push(dev);
+                handles.push(f);
+            }
+        }
+        Ok(Self { handles })
+    }
+
+    /// Flushes every filesystem to stable storage.
+    pub fn sync(&self) -> io::Result<()> {
+        for h in &self.handles {
+            rustix::fs::syncfs(h)?;
+        }
+        Ok(())
+    }
+
+    /// How many filesystems one [`FsSync::sync`] flushes.
+    pub fn filesystems(&self) -> usize {
+        self.handles.len()
+    }
 }

@@ -132,3 +132,66 @@ fn a_live_run_in_another_process_is_not_recovered() {
     assert_eq!(r[0].workflow_id, "wf_live");
     assert!(sb.recover().is_empty(), "the record is gone once recovered");
 }
+
+/// With batched syncs the audit line may reach the disk while the target's new bytes do
+/// not. Recovery must then treat the audited action as unfinished and restore it.
+#[test]
+fn audited_action_whose_target_did_not_persist_is_rolled_back() {
+    let w = World::new();
+    w.write("a.txt", b"old\n");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_lost", "actions": [
+        {"intent": "replace_file", "path": "a.txt", "content": "new\n"},
+        {"intent": "create_file", "path": "b.txt", "content": "b\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    drop(sb);
+    // The power cut: a.txt's rename never reached the disk; the run's record is active.
+    std::fs::write(w.path("a.txt"), b"old\n").unwrap();
+    let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
+    let rec = json!({"state": "active", "execution_id": r.execution_id, "workflow_id": "wf_lost", "started_at": "2026-01-01T00:00:00Z"});
+    state
+        .inflight_write("wf_lost", rec.to_string().as_bytes(), false)
+        .unwrap();
+    let sb = w.sandbox();
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("1 unfinished actions rolled back")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.read("a.txt"), b"old\n");
+    assert_eq!(w.read("b.txt"), b"b\n", "the action that did persist stays");
+    let stats = sb.audit_stats().unwrap();
+    assert_eq!(stats.rolled_back, 1);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+#[test]
+fn strict_durability_runs_and_recovers() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let mut c = w.writable_config();
+    c.durability = ailab_sandbox_core::config::Durability::Strict;
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_audit", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+    assert!(outcome.is_err());
+    drop(sb);
+    let sb = w.open(c);
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow(
+        "wf_crash",
+        &RollbackOptions {
+            action_id: None,
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(!w.path("new/c.txt").exists());
+}
