@@ -40,16 +40,93 @@ pub struct ArtifactEntry {
     pub created_at: String,
 }
 
-/// Maps keyed by ids and paths: Fx hashing, since the keys are the runtime's own
-/// strings (and loading a million entries is dominated by hashing otherwise).
+/// Maps keyed by workflow: Fx hashing, since the keys are the runtime's own strings.
 type FastMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
+
+fn fx(s: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(s)
+}
+
+/// Indices into `entries`, hashed by one of the entry's own fields: a million entries
+/// cost no key copies.
+#[derive(Debug, Default)]
+struct FieldIndex {
+    table: hashbrown::HashTable<u32>,
+}
+
+impl FieldIndex {
+    fn get(
+        &self,
+        entries: &[ArtifactEntry],
+        field: fn(&ArtifactEntry) -> &str,
+        key: &str,
+    ) -> Option<u32> {
+        self.table
+            .find(fx(key), |&i| field(&entries[i as usize]) == key)
+            .copied()
+    }
+
+    /// Points `key` at entry `i` (the newest entry with that key wins).
+    fn set(&mut self, entries: &[ArtifactEntry], field: fn(&ArtifactEntry) -> &str, i: u32) {
+        let key = field(&entries[i as usize]);
+        let hash = fx(key);
+        match self
+            .table
+            .find_mut(hash, |&j| field(&entries[j as usize]) == key)
+        {
+            Some(slot) => *slot = i,
+            None => {
+                self.table
+                    .insert_unique(hash, i, |&j| fx(field(&entries[j as usize])));
+            }
+        }
+    }
+
+    fn reserve(&mut self, entries: &[ArtifactEntry], field: fn(&ArtifactEntry) -> &str, n: usize) {
+        self.table.reserve(n, |&j| fx(field(&entries[j as usize])));
+    }
+}
+
+fn id_of(e: &ArtifactEntry) -> &str {
+    &e.artifact_id
+}
+
+fn path_of(e: &ArtifactEntry) -> &str {
+    &e.path
+}
+
+/// Parses a buffer of whole lines, in order. A large buffer (a registry loaded at start-up)
+/// is split at a line boundary and parsed on two threads: parsing is most of a load.
+fn parse_lines(buf: &[u8]) -> Vec<Result<ArtifactEntry, serde_json::Error>> {
+    let parse = |b: &[u8]| -> Vec<_> {
+        crate::journal::lines(b)
+            .map(serde_json::from_slice::<ArtifactEntry>)
+            .collect()
+    };
+    let mid = buf.len() / 2;
+    let split = match buf[mid..].iter().position(|&b| b == b'\n') {
+        Some(i) if buf.len() >= 1 << 20 => mid + i + 1,
+        _ => return parse(buf),
+    };
+    let (a, b) = buf.split_at(split);
+    std::thread::scope(|scope| {
+        let second = scope.spawn(|| parse(b));
+        let mut first = parse(a);
+        match second.join() {
+            Ok(rest) => first.extend(rest),
+            Err(_) => first.extend(parse(b)),
+        }
+        first
+    })
+}
 
 #[derive(Debug, Default)]
 struct Index {
     entries: Vec<ArtifactEntry>,
-    by_id: FastMap<Box<str>, u32>,
+    by_id: FieldIndex,
+    latest_by_path: FieldIndex,
     by_workflow: FastMap<Box<str>, (Vec<u32>, u64)>,
-    latest_by_path: FastMap<Box<str>, u32>,
     corrupt_lines: u64,
 }
 
@@ -57,10 +134,10 @@ impl Index {
     fn ingest(&mut self, buf: &[u8]) {
         let n = buf.iter().filter(|&&b| b == b'\n').count();
         self.entries.reserve(n);
-        self.by_id.reserve(n);
-        self.latest_by_path.reserve(n);
-        for line in crate::journal::lines(buf) {
-            match serde_json::from_slice::<ArtifactEntry>(line) {
+        self.by_id.reserve(&self.entries, id_of, n);
+        self.latest_by_path.reserve(&self.entries, path_of, n);
+        for parsed in parse_lines(buf) {
+            match parsed {
                 Ok(e) => self.insert(e),
                 Err(err) => {
                     self.corrupt_lines += 1;
@@ -72,7 +149,6 @@ impl Index {
 
     fn insert(&mut self, e: ArtifactEntry) {
         let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
-        self.by_id.insert(e.artifact_id.as_str().into(), i);
         match self.by_workflow.get_mut(e.workflow_id.as_str()) {
             Some(w) => {
                 w.0.push(i);
@@ -83,17 +159,17 @@ impl Index {
                     .insert(e.workflow_id.as_str().into(), (vec![i], e.size_bytes));
             }
         }
-        match self.latest_by_path.get_mut(e.path.as_str()) {
-            Some(p) => *p = i,
-            None => {
-                self.latest_by_path.insert(e.path.as_str().into(), i);
-            }
-        }
         self.entries.push(e);
+        self.by_id.set(&self.entries, id_of, i);
+        self.latest_by_path.set(&self.entries, path_of, i);
     }
 
     fn at(&self, i: u32) -> &ArtifactEntry {
         &self.entries[i as usize]
+    }
+
+    fn by_id(&self, id: &str) -> Option<u32> {
+        self.by_id.get(&self.entries, id_of, id)
     }
 }
 
@@ -177,7 +253,7 @@ impl ArtifactRegistry {
 
     /// One entry by id.
     pub fn get(&self, artifact_id: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| ix.by_id.get(artifact_id).map(|&i| ix.at(i).clone()))
+        self.with(|ix| ix.by_id(artifact_id).map(|i| ix.at(i).clone()))
     }
 
     /// Every entry of a workflow, oldest first.
@@ -211,7 +287,11 @@ impl ArtifactRegistry {
 
     /// The newest artifact at an absolute path.
     pub fn latest_for_path(&self, path: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| ix.latest_by_path.get(path).map(|&i| ix.at(i).clone()))
+        self.with(|ix| {
+            ix.latest_by_path
+                .get(&ix.entries, path_of, path)
+                .map(|i| ix.at(i).clone())
+        })
     }
 
     /// Every ancestor through `parent_artifact_id`, nearest first; cycle-safe; `[]` for
@@ -219,13 +299,13 @@ impl ArtifactRegistry {
     pub fn get_lineage(&self, artifact_id: &str) -> io::Result<Vec<ArtifactEntry>> {
         self.with(|ix| {
             let mut out = Vec::new();
-            let mut cur = ix.by_id.get(artifact_id).copied();
+            let mut cur = ix.by_id(artifact_id);
             let mut seen: HashSet<u32> = cur.into_iter().collect();
             while let Some(i) = cur {
                 let Some(parent) = ix.at(i).parent_artifact_id.as_deref() else {
                     break;
                 };
-                cur = ix.by_id.get(parent).copied();
+                cur = ix.by_id(parent);
                 match cur {
                     Some(p) if seen.insert(p) => out.push(ix.at(p).clone()),
                     _ => break,
