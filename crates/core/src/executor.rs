@@ -683,7 +683,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         let meta = SnapshotMeta {
             format: 1,
-            snapshot_id: uuid::Uuid::now_v7().simple().to_string(),
+            snapshot_id: crate::ids::unique(),
             workflow_id: wf.clone(),
             action_id: a.id().to_owned(),
             execution_id: self.execution_id.clone(),
@@ -753,7 +753,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         .map(|e| e.artifact_id),
                 };
                 let entry = ArtifactEntry {
-                    artifact_id: format!("art_{}", uuid::Uuid::now_v7().simple()),
+                    artifact_id: format!("art_{}", crate::ids::unique()),
                     path: target.clone(),
                     checksum_sha256: sum.clone(),
                     size_bytes: b.len() as u64,

@@ -22,6 +22,7 @@ mod error;
 pub mod executor;
 pub mod failpoint;
 pub mod hash;
+pub mod ids;
 pub mod journal;
 pub mod metrics;
 pub mod plan;

@@ -122,17 +122,17 @@ pub fn check_id(kind: &str, id: &str) -> Verdict {
 
 /// A new workflow id.
 pub fn new_workflow_id() -> String {
-    format!("wf_{}", uuid::Uuid::now_v7().simple())
+    format!("wf_{}", crate::ids::unique())
 }
 
 /// A new action id (unique across runs, so a workflow spanning many runs never reuses one).
 pub fn new_action_id() -> String {
-    format!("act_{}", uuid::Uuid::now_v7().simple())
+    format!("act_{}", crate::ids::unique())
 }
 
 /// A new execution id.
 pub fn new_execution_id() -> String {
-    format!("ex_{}", uuid::Uuid::now_v7().simple())
+    format!("ex_{}", crate::ids::unique())
 }
 
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.

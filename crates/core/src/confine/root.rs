@@ -643,7 +643,7 @@ pub fn write_atomic_flush(
 
 /// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.
 pub fn temp_name() -> String {
-    format!("{TEMP_MARKER}{}", uuid::Uuid::now_v7().simple())
+    format!("{TEMP_MARKER}{}", crate::ids::unique())
 }
 
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating

@@ -1,0 +1,45 @@
+//! Unique, time-ordered ids for executions, actions, artifacts, snapshots and temporary
+//! files: 32 hex digits, `{unix nanoseconds}{process sequence}{process seed}`. They sort
+//! by creation time within a process (the sequence breaks ties), and the seed, drawn once
+//! from the OS, keeps processes apart; no system call per id.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+static SEQUENCE: AtomicU32 = AtomicU32::new(0);
+
+fn seed() -> u32 {
+    static SEED: OnceLock<u32> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let b = uuid::Uuid::new_v4().into_bytes();
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]]) ^ std::process::id().rotate_left(16)
+    })
+}
+
+/// A fresh id of 32 lowercase hex digits.
+pub fn unique() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    format!("{nanos:016x}{seq:08x}{:08x}", seed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_sorted_and_hex() {
+        let ids: Vec<String> = (0..1000).map(|_| unique()).collect();
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "time-ordered within a process"
+        );
+        assert!(
+            ids.iter()
+                .all(|i| i.len() == 32 && i.bytes().all(|b| b.is_ascii_hexdigit()))
+        );
+    }
+}
