@@ -242,6 +242,21 @@ fn run() {
         );
         return;
     }
+    if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("bare-")) {
+        let n = args
+            .iter()
+            .position(|a| a == "--n")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000);
+        let t = bare(n, 1024, mode == "durable");
+        println!(
+            "bare {mode} 1 KiB: {:.1} µs per write",
+            t.as_secs_f64() * 1e6
+        );
+        KEPT.lock().unwrap().clear();
+        return;
+    }
     if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("governed-")) {
         // One case alone, for profilers.
         let d = if mode == "strict" {
