@@ -55,26 +55,24 @@ impl StateDir {
     /// drops. It excludes other threads and other processes alike: each call opens its
     /// own file description.
     pub fn lock(&self, name: &str) -> io::Result<FileLock> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(self.path.join("locks").join(format!("{name}.lock")))?;
+        let file = self.lock_file(name)?;
         file.lock()?;
         Ok(FileLock { file })
     }
 
-    /// Like [`StateDir::lock`] but does not wait: `None` when another holder has it.
-    pub fn try_lock(&self, name: &str) -> io::Result<Option<FileLock>> {
-        let file = OpenOptions::new()
+    fn lock_file(&self, name: &str) -> io::Result<File> {
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .open(self.path.join("locks").join(format!("{name}.lock")))?;
+            .open(self.path.join("locks").join(format!("{name}.lock")))
+    }
+
+    /// Like [`StateDir::lock`] but does not wait: `None` when another holder has it.
+    pub fn try_lock(&self, name: &str) -> io::Result<Option<FileLock>> {
+        let file = self.lock_file(name)?;
         match file.try_lock() {
             Ok(()) => Ok(Some(FileLock { file })),
             Err(std::fs::TryLockError::WouldBlock) => Ok(None),
@@ -179,7 +177,8 @@ impl StateDir {
     }
 }
 
-/// An exclusive lock held on a lock file.
+/// A lock held on a file, released on drop. On a [`LogFile`] it holds a duplicate
+/// descriptor of the same open file description, so it does not borrow the log.
 #[derive(Debug)]
 pub struct FileLock {
     file: File,
@@ -197,33 +196,20 @@ pub struct LogFile {
     file: File,
 }
 
-/// A lock held on a [`LogFile`]; released on drop. It holds a duplicate descriptor of
-/// the same open file description, so it does not borrow the log.
-#[derive(Debug)]
-pub struct LogLock {
-    file: File,
-}
-
-impl Drop for LogLock {
-    fn drop(&mut self) {
-        let _ = self.file.unlock();
-    }
-}
-
 impl LogFile {
     /// Takes the exclusive lock (other processes; threads are serialised by the owner's
     /// mutex, since a lock belongs to the open file description).
-    pub fn lock_exclusive(&self) -> io::Result<LogLock> {
+    pub fn lock_exclusive(&self) -> io::Result<FileLock> {
         let file = self.file.try_clone()?;
         file.lock()?;
-        Ok(LogLock { file })
+        Ok(FileLock { file })
     }
 
     /// Takes a shared lock for reading.
-    pub fn lock_shared(&self) -> io::Result<LogLock> {
+    pub fn lock_shared(&self) -> io::Result<FileLock> {
         let file = self.file.try_clone()?;
         file.lock_shared()?;
-        Ok(LogLock { file })
+        Ok(FileLock { file })
     }
 
     /// Current length in bytes.
