@@ -25,9 +25,13 @@ fn short(sum: Option<&str>) -> String {
 }
 
 pub fn ops() {
-    println!(
+    out!(
         "{:<18} {:<10} {:<28} {:>9} {:<7} governed",
-        "OPERATION", "CLASS", "EXTENSIONS", "MAX", "RISK"
+        "OPERATION",
+        "CLASS",
+        "EXTENSIONS",
+        "MAX",
+        "RISK"
     );
     for o in &OPERATIONS {
         let ext = if o.extensions.is_empty() {
@@ -39,7 +43,7 @@ pub fn ops() {
         } else {
             o.extensions.join(" ")
         };
-        println!(
+        out!(
             "{:<18} {:<10} {:<28} {:>9} {:<7} {}",
             o.name,
             o.mutation_class.as_str(),
@@ -53,14 +57,14 @@ pub fn ops() {
 
 pub fn check(v: &CheckVerdict) {
     if v.allowed {
-        println!(
+        out!(
             "{} (risk {}, operation {})",
             paint("allowed", true),
             v.risk.as_str(),
             dash(v.operation)
         );
     } else {
-        println!(
+        out!(
             "{} {}: {}",
             paint("refused", false),
             v.reason_code.map_or("-", |c| c.as_str()),
@@ -74,7 +78,7 @@ pub fn run_result(r: &RunResult) {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    println!(
+    out!(
         "workflow {}  execution {}  status {}  state {}{}",
         r.workflow_id,
         r.execution_id,
@@ -96,7 +100,7 @@ pub fn run_result(r: &RunResult) {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        println!(
+        out!(
             "  {:<14} {:<18} {:<11} {:<12} {}{}",
             a.action_id,
             a.intent,
@@ -112,17 +116,17 @@ pub fn run_result(r: &RunResult) {
 }
 
 pub fn rollback(r: &RollbackReport) {
-    println!(
+    out!(
         "workflow {}  {}  steps rolled back: {}",
         r.workflow_id,
         paint(r.status, r.is_success()),
         r.steps_rolled_back
     );
     if let Some(reason) = &r.reason {
-        println!("  {}: {reason}", r.reason_code.map_or("-", |c| c.as_str()));
+        out!("  {}: {reason}", r.reason_code.map_or("-", |c| c.as_str()));
     }
     for s in &r.steps {
-        println!(
+        out!(
             "  {:<14} {:<18} {} checksum_validated={} {}",
             s.action_id,
             s.intent,
@@ -138,16 +142,20 @@ pub fn rollback(r: &RollbackReport) {
 }
 
 pub fn audit(entries: &[SandboxAuditEntry]) {
-    println!(
+    out!(
         "{:>6} {:<27} {:<11} {:<18} {:<22} TARGET",
-        "SEQ", "TIME", "STATUS", "INTENT", "REASON"
+        "SEQ",
+        "TIME",
+        "STATUS",
+        "INTENT",
+        "REASON"
     );
     for e in entries {
         let st = serde_json::to_value(e.status)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        println!(
+        out!(
             "{:>6} {:<27} {:<11} {:<18} {:<22} {}",
             e.seq,
             e.timestamp,
@@ -160,27 +168,32 @@ pub fn audit(entries: &[SandboxAuditEntry]) {
 }
 
 pub fn audit_stats(s: &AuditStats) {
-    println!(
+    out!(
         "total {}  success {}  failed {}  blocked {}  simulated {}  rolled_back {}",
-        s.total, s.success, s.failed, s.blocked, s.simulated, s.rolled_back
+        s.total,
+        s.success,
+        s.failed,
+        s.blocked,
+        s.simulated,
+        s.rolled_back
     );
     for (k, v) in &s.by_mutation_class {
-        println!("  class  {k:<18} {v}");
+        out!("  class  {k:<18} {v}");
     }
     for (k, v) in &s.by_intent {
-        println!("  intent {:<18} {v}", k.escape_debug().to_string());
+        out!("  intent {:<18} {v}", k.escape_debug().to_string());
     }
 }
 
 pub fn verify(v: &VerifyReport) {
     if v.ok {
-        println!(
+        out!(
             "{}: {} entries, chain and head intact",
             paint("ok", true),
             v.entries
         );
     } else {
-        println!(
+        out!(
             "{}: first bad seq {}: {}",
             paint("BROKEN", false),
             v.first_bad_seq.map_or("-".to_owned(), |s| s.to_string()),
@@ -190,12 +203,15 @@ pub fn verify(v: &VerifyReport) {
 }
 
 pub fn artifacts(list: &[ArtifactEntry]) {
-    println!(
+    out!(
         "{:<36} {:<16} {:<12} {:>9} PATH",
-        "ARTIFACT", "INTENT", "SHA256", "BYTES"
+        "ARTIFACT",
+        "INTENT",
+        "SHA256",
+        "BYTES"
     );
     for a in list {
-        println!(
+        out!(
             "{:<36} {:<16} {:<12} {:>9} {}",
             a.artifact_id,
             a.mutation_type,
@@ -207,19 +223,25 @@ pub fn artifacts(list: &[ArtifactEntry]) {
 }
 
 pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
-    println!(
+    out!(
         "{}  {}  {}  {} bytes  sha256 {}",
-        a.artifact_id, a.mutation_type, a.path, a.size_bytes, a.checksum_sha256
+        a.artifact_id,
+        a.mutation_type,
+        a.path,
+        a.size_bytes,
+        a.checksum_sha256
     );
-    println!(
+    out!(
         "  workflow {}  action {}  created {}",
-        a.workflow_id, a.action_id, a.created_at
+        a.workflow_id,
+        a.action_id,
+        a.created_at
     );
     if lineage.is_empty() {
-        println!("  lineage: (none)");
+        out!("  lineage: (none)");
     }
     for (i, p) in lineage.iter().enumerate() {
-        println!(
+        out!(
             "  {}└ {}  {}  {}",
             "  ".repeat(i),
             p.artifact_id,
@@ -234,12 +256,12 @@ pub fn state(d: &StateDoc) {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    println!(
+    out!(
         "execution_mode  {}",
         paint(&mode, d.dry_run_reason.is_none())
     );
     if let Some(r) = d.dry_run_reason {
-        println!(
+        out!(
             "dry_run_reason  {}",
             serde_json::to_value(r)
                 .ok()
@@ -247,15 +269,15 @@ pub fn state(d: &StateDoc) {
                 .unwrap_or_default()
         );
     }
-    println!("phase           {}", d.phase);
-    println!("write enabled   {}", d.executor_enabled);
-    println!("dry run         {}", d.dry_run);
-    println!("roots           {}", d.sandbox_roots.join(", "));
+    out!("phase           {}", d.phase);
+    out!("write enabled   {}", d.executor_enabled);
+    out!("dry run         {}", d.dry_run);
+    out!("roots           {}", d.sandbox_roots.join(", "));
     for s in &d.skipped_roots {
-        println!("skipped root    {s}");
+        out!("skipped root    {s}");
     }
-    println!("state dir       {}", d.state_dir);
-    println!("artifacts       {}", d.artifacts_total);
-    println!("audit entries   {}", d.audit_entries);
-    println!("version         {}", d.version);
+    out!("state dir       {}", d.state_dir);
+    out!("artifacts       {}", d.artifacts_total);
+    out!("audit entries   {}", d.audit_entries);
+    out!("version         {}", d.version);
 }

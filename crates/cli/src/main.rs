@@ -1,6 +1,15 @@
 //! `ailab-sandbox`: the command-line face of the governed write runtime.
 #![forbid(unsafe_code)]
 
+/// `println!` that tolerates a closed standard output (`ailab-sandbox audit | head`):
+/// the command's work is done either way, and a broken pipe is not worth a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod human;
 
 use ailab_sandbox_core::catalog::OPERATIONS;
@@ -233,7 +242,7 @@ fn load_config(cli: &Cli) -> Result<Config> {
 }
 
 fn print_json<T: Serialize>(v: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    out!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -394,7 +403,7 @@ fn run(cli: Cli) -> Result<u8> {
                 if json {
                     print_json(&report)?;
                 } else {
-                    println!(
+                    out!(
                         "pruned {} workflows, kept {}",
                         report.workflows_pruned.len(),
                         report.workflows_kept
