@@ -82,22 +82,30 @@ fn kill_9_at_random_moments_is_always_recoverable() {
             .unwrap();
         }
     }
-    let cfg = tmp.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\ndurability = \"strict\"\n[limits]\nwrites_per_minute = 100000\n",
-            root.display(),
-            state.display()
-        ),
-    )
-    .unwrap();
+    // Half the trials with per-file fsyncs, half with batched whole-filesystem syncs.
+    let configs: Vec<PathBuf> = ["strict", "batched"]
+        .iter()
+        .map(|durability| {
+            let cfg = tmp.path().join(format!("{durability}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\ndurability = \"{durability}\"\n[limits]\nwrites_per_minute = 100000\n",
+                    root.display(),
+                    state.display()
+                ),
+            )
+            .unwrap();
+            cfg
+        })
+        .collect();
     let original = snapshot(&root);
     // Even actions replace existing files; odd ones create new files in new directories.
     let new_bytes = |i: usize| format!("new content {i}\n").repeat(50);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     let mut killed_mid_run = 0;
     for trial in 0..TRIALS {
+        let cfg = &configs[trial as usize % 2];
         let wf = format!("wf_kill{trial}");
         let actions: Vec<Value> = (0..ACTIONS)
             .map(|i| {
@@ -118,7 +126,7 @@ fn kill_9_at_random_moments_is_always_recoverable() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let delay = Duration::from_micros(2_000 + seed % 60_000);
-        let mut child = cli(&cfg)
+        let mut child = cli(cfg)
             .arg("run")
             .arg(&plan)
             .stdout(Stdio::null())
@@ -160,16 +168,16 @@ fn kill_9_at_random_moments_is_always_recoverable() {
             }
         }
         // The next start recovers the dead run.
-        let out = cli(&cfg).arg("state").output().unwrap();
+        let out = cli(cfg).arg("state").output().unwrap();
         assert_eq!(out.status.code(), Some(0));
         assert!(
             !has_temp_files(&root),
             "trial {trial}: temporary files left after recovery"
         );
-        let out = cli(&cfg).args(["audit", "verify"]).output().unwrap();
+        let out = cli(cfg).args(["audit", "verify"]).output().unwrap();
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["ok"], true, "trial {trial}: {v}");
-        let out = cli(&cfg)
+        let out = cli(cfg)
             .args(["rollback", &wf, "--force"])
             .output()
             .unwrap();

@@ -259,10 +259,10 @@ fn run() {
     }
     if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("governed-")) {
         // One case alone, for profilers.
-        let d = if mode == "strict" {
-            Durability::Strict
-        } else {
-            Durability::Relaxed
+        let d = match mode {
+            "strict" => Durability::Strict,
+            "batched" => Durability::Batched,
+            _ => Durability::Relaxed,
         };
         let n = args
             .iter()
@@ -283,10 +283,12 @@ fn run() {
     for (size, label) in [(1024usize, "1 KiB"), (256 * 1024, "256 KiB")] {
         // Each governed case runs right after its floor, `reps` times over; medians are
         // reported, so a noisy moment of the machine weighs on one sample only.
-        let (mut bd, mut bf, mut bs, mut gs, mut gr) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut bd, mut bf, mut bs, mut gs, mut gb, mut gr) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..reps {
             bd.push(bare(n, size, true));
             gs.push(governed(n, size, Durability::Strict));
+            gb.push(governed(n, size, Durability::Batched));
             bf.push(bare(n, size, false));
             gr.push(governed(n, size, Durability::Relaxed));
             bs.push(bare_syncfs(n, size));
@@ -310,6 +312,11 @@ fn run() {
         rows.push(Row {
             name: format!("governed strict, {label}"),
             per_op: median(gs),
+            baseline: Some(bare_durable),
+        });
+        rows.push(Row {
+            name: format!("governed batched, {label}"),
+            per_op: median(gb),
             baseline: Some(bare_durable),
         });
         rows.push(Row {

@@ -41,7 +41,7 @@ pub struct Sandbox {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
     kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
-    /// Strict durability on Linux: whole-filesystem syncs at the pipeline's two
+    /// Batched durability on Linux: whole-filesystem syncs at the pipeline's two
     /// durability points instead of a fsync per file and directory.
     batch_sync: Option<crate::confine::state::FsSync>,
 }
@@ -270,7 +270,9 @@ impl Sandbox {
                 });
             }
         }
-        let batch_sync = if config.durability.is_strict() && cfg!(target_os = "linux") {
+        let batch_sync = if config.durability == crate::config::Durability::Batched
+            && cfg!(target_os = "linux")
+        {
             let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
             dirs.push(state.path());
             Some(

@@ -171,27 +171,29 @@ fn audited_action_whose_target_did_not_persist_is_rolled_back() {
 }
 
 #[test]
-fn strict_durability_runs_and_recovers() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    let original = w.tree();
-    let mut c = w.writable_config();
-    c.durability = ailab_sandbox_core::config::Durability::Strict;
-    let sb = w.open(c.clone());
-    sb.failpoints().arm_crash("before_audit", 2);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
-    assert!(outcome.is_err());
-    drop(sb);
-    let sb = w.open(c);
-    assert!(sb.audit_verify().unwrap().ok);
-    let rb = sb.rollback_workflow(
-        "wf_crash",
-        &RollbackOptions {
-            action_id: None,
-            force: true,
-        },
-    );
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), original);
-    assert!(!w.path("new/c.txt").exists());
+fn strict_and_batched_durability_run_and_recover() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        let original = w.tree();
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("before_audit", 2);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+        assert!(outcome.is_err(), "{durability:?}");
+        drop(sb);
+        let sb = w.open(c);
+        assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
+        let rb = sb.rollback_workflow(
+            "wf_crash",
+            &RollbackOptions {
+                action_id: None,
+                force: true,
+            },
+        );
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
 }
