@@ -7,7 +7,7 @@
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{check_budget, check_rate};
-use crate::catalog::{MutationClass, Operation, RiskLevel};
+use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
 use crate::confine::root::FILE_MODE;
 use crate::context::DryRunReason;
@@ -200,7 +200,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             );
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
-        let checks = self.validate(ctx.is_executable());
+        let checks = self.validate();
         if checks.iter().any(Result::is_err) {
             return self.blocked(checks, !ctx.is_executable());
         }
@@ -211,9 +211,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         self.execute()
     }
 
-    /// Validation of the whole plan. In simulation mode the budget and rate limit are
-    /// reported too, but nothing is consumed.
-    fn validate(&self, _executable: bool) -> Vec<Result<Prepared, Refusal>> {
+    /// Validation of the whole plan against the tree as its earlier actions would leave
+    /// it. Budgets and the rate limit are checked in simulation too; only real writes
+    /// consume them.
+    fn validate(&self) -> Vec<Result<Prepared, Refusal>> {
         let sb = self.sb;
         let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
@@ -229,17 +230,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let approval = check_target(&self.request(a), &gctx)?;
                 check_payload(approval.op, a)?;
                 check_parent_artifact(sb, a)?;
-                for (i, root) in sb.roots.iter().enumerate() {
-                    if Snapshotter::exists(root, wf, a.id()) {
-                        let _ = i;
-                        return Err(Refusal::new(
-                            ReasonCode::InvalidId,
-                            format!(
-                                "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
-                                a.id()
-                            ),
-                        ));
-                    }
+                if sb
+                    .roots
+                    .iter()
+                    .any(|root| Snapshotter::exists(root, wf, a.id()))
+                {
+                    return Err(Refusal::new(
+                        ReasonCode::InvalidId,
+                        format!(
+                            "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
+                            a.id()
+                        ),
+                    ));
                 }
                 let ri = approval.resolved.root_index;
                 let key = (ri, approval.resolved.rel.as_string());
@@ -405,7 +407,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut records = Vec::new();
         let actions = self.plan.actions.clone();
         for (i, a) in actions.iter().enumerate() {
-            let op = self.sb.operation(&a.intent);
+            let op = op_for_intent(&a.intent);
             match checks.get(i) {
                 Some(Err(r)) => {
                     let mut res = self.base_result(a, op, ActionStatus::Blocked);
@@ -525,8 +527,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut failed = false;
         for (i, a) in actions.iter().enumerate() {
             if failed {
-                let mut res =
-                    self.base_result(a, self.sb.operation(&a.intent), ActionStatus::Skipped);
+                let mut res = self.base_result(a, op_for_intent(&a.intent), ActionStatus::Skipped);
                 res.reason = Some("not run: an earlier action failed".to_owned());
                 results.push(res);
                 continue;
@@ -615,7 +616,7 @@ impl<'a> SandboxWriteExecutor<'a> {
     ) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
         let sb = self.sb;
         let wf = self.plan.workflow_id.clone();
-        let op = sb.operation(&a.intent);
+        let op = op_for_intent(&a.intent);
         let mut res = self.base_result(a, op, ActionStatus::Failed);
         let fail = |this: &Self, mut res: ActionResult, r: Refusal, target: String| {
             res.status = ActionStatus::Failed;

@@ -5,7 +5,7 @@ use crate::artifact::{ArtifactEntry, ArtifactRegistry};
 use crate::audit::{
     AuditLog, AuditRecord, AuditStats, AuditStatus, SandboxAuditEntry, VerifyReport,
 };
-use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
+use crate::catalog::{MutationClass, RiskLevel, op_for_intent};
 use crate::clock::{Clock, SystemClock, timestamp};
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::{join_display, shown_path};
@@ -630,10 +630,6 @@ impl Sandbox {
             .to_string()
     }
 
-    fn root_index_of(&self, root: &str) -> Option<usize> {
-        self.root_paths.iter().position(|p| p.as_os_str() == root)
-    }
-
     /// Every snapshot of a workflow across roots, oldest first, with its root.
     pub(crate) fn workflow_snapshots(
         &self,
@@ -951,16 +947,6 @@ impl Sandbox {
             }
         }
         Ok(report)
-    }
-
-    /// Looks up an operation or refuses.
-    pub(crate) fn operation(&self, intent: &str) -> Option<&'static Operation> {
-        op_for_intent(intent)
-    }
-
-    #[allow(dead_code)]
-    pub(crate) fn root_for(&self, root: Option<&str>) -> usize {
-        root.and_then(|r| self.root_index_of(r)).unwrap_or(0)
     }
 }
 
