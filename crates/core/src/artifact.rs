@@ -49,10 +49,12 @@ fn fx(s: &str) -> u64 {
 }
 
 /// Indices into `entries`, hashed by one of the entry's own fields: a million entries
-/// cost no key copies.
+/// cost no key copies. Each slot keeps its hash beside the index, so growing the table
+/// and probing past other keys never touch the entries themselves (which, scattered over
+/// hundreds of megabytes, would each cost a cache miss).
 #[derive(Debug, Default)]
 struct FieldIndex {
-    table: hashbrown::HashTable<u32>,
+    table: hashbrown::HashTable<(u64, u32)>,
 }
 
 impl FieldIndex {
@@ -62,29 +64,30 @@ impl FieldIndex {
         field: fn(&ArtifactEntry) -> &str,
         key: &str,
     ) -> Option<u32> {
+        let hash = fx(key);
         self.table
-            .find(fx(key), |&i| field(&entries[i as usize]) == key)
-            .copied()
+            .find(hash, |&(h, i)| {
+                h == hash && field(&entries[i as usize]) == key
+            })
+            .map(|&(_, i)| i)
     }
 
     /// Points `key` at entry `i` (the newest entry with that key wins).
     fn set(&mut self, entries: &[ArtifactEntry], field: fn(&ArtifactEntry) -> &str, i: u32) {
         let key = field(&entries[i as usize]);
         let hash = fx(key);
-        match self
-            .table
-            .find_mut(hash, |&j| field(&entries[j as usize]) == key)
-        {
-            Some(slot) => *slot = i,
+        match self.table.find_mut(hash, |&(h, j)| {
+            h == hash && field(&entries[j as usize]) == key
+        }) {
+            Some(slot) => slot.1 = i,
             None => {
-                self.table
-                    .insert_unique(hash, i, |&j| fx(field(&entries[j as usize])));
+                self.table.insert_unique(hash, (hash, i), |&(h, _)| h);
             }
         }
     }
 
-    fn reserve(&mut self, entries: &[ArtifactEntry], field: fn(&ArtifactEntry) -> &str, n: usize) {
-        self.table.reserve(n, |&j| fx(field(&entries[j as usize])));
+    fn reserve(&mut self, n: usize) {
+        self.table.reserve(n, |&(h, _)| h);
     }
 }
 
@@ -134,8 +137,8 @@ impl Index {
     fn ingest(&mut self, buf: &[u8]) {
         let n = buf.iter().filter(|&&b| b == b'\n').count();
         self.entries.reserve(n);
-        self.by_id.reserve(&self.entries, id_of, n);
-        self.latest_by_path.reserve(&self.entries, path_of, n);
+        self.by_id.reserve(n);
+        self.latest_by_path.reserve(n);
         for parsed in parse_lines(buf) {
             match parsed {
                 Ok(e) => self.insert(e),
@@ -184,6 +187,13 @@ impl ArtifactRegistry {
     pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
         let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
         let mut index = Index::default();
+        // Room for every line at once (an entry's line is well over 200 bytes): growing a
+        // vector of a million entries step by step copies it several times over. Pages
+        // not yet used cost address space only.
+        let expected = usize::try_from(journal.len()? / 200).unwrap_or(0);
+        index.entries.reserve(expected);
+        index.by_id.reserve(expected);
+        index.latest_by_path.reserve(expected);
         journal.read_new(&mut |b| index.ingest(b))?;
         Ok(Self {
             inner: Mutex::new((journal, index)),

@@ -31,6 +31,16 @@ impl Journal {
         Ok(j)
     }
 
+    /// The file's current length in bytes.
+    pub fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
     /// Bytes dropped by torn-tail repairs since open.
     pub fn repaired_bytes(&self) -> u64 {
         self.repaired
