@@ -7,6 +7,28 @@
 //! and dry-run on until the operator turns both.
 //!
 //! This crate is synchronous and knows nothing of HTTP, MCP or the command line.
+//!
+//! ```
+//! use ailab_sandbox_core::{Config, Sandbox};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let mut config = Config::with_roots(vec![dir.path().join("root")], dir.path().join("state"));
+//! // Secure by default: without both of these, plans are only simulated.
+//! config.enable_write = true;
+//! config.dry_run = false;
+//! let sandbox = Sandbox::open(config)?;
+//!
+//! let plan = br##"{"actions": [{"intent": "create_file", "path": "notes/hi.md", "content": "# Hi\n"}]}"##;
+//! let result = sandbox.run_plan_json(plan)?;
+//! assert!(result.is_success());
+//! assert_eq!(std::fs::read(dir.path().join("root/notes/hi.md"))?, b"# Hi\n");
+//!
+//! // Every action can be undone, verified by checksum.
+//! let report = sandbox.rollback_workflow(&result.workflow_id, &Default::default());
+//! assert!(report.is_success());
+//! assert!(!dir.path().join("root/notes/hi.md").exists());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
