@@ -99,28 +99,67 @@ fn path_of(e: &ArtifactEntry) -> &str {
     &e.path
 }
 
-/// Parses a buffer of whole lines, in order. A large buffer (a registry loaded at start-up)
-/// is split at a line boundary and parsed on two threads: parsing is most of a load.
-fn parse_lines(buf: &[u8]) -> Vec<Result<ArtifactEntry, serde_json::Error>> {
-    let parse = |b: &[u8]| -> Vec<_> {
-        crate::journal::lines(b)
-            .map(serde_json::from_slice::<ArtifactEntry>)
-            .collect()
-    };
-    let mid = buf.len() / 2;
-    let split = match buf[mid..].iter().position(|&b| b == b'\n') {
-        Some(i) if buf.len() >= 1 << 20 => mid + i + 1,
-        _ => return parse(buf),
-    };
-    let (a, b) = buf.split_at(split);
+type Parsed = Vec<Result<ArtifactEntry, serde_json::Error>>;
+
+/// Parses a buffer of whole lines, in order.
+fn parse_lines(buf: &[u8]) -> Parsed {
+    crate::journal::lines(buf)
+        .map(serde_json::from_slice::<ArtifactEntry>)
+        .collect()
+}
+
+/// Loads a whole registry file: the journal's chunks go, in turn, to two parser threads
+/// while this thread inserts the parsed chunks in file order. Parsing is most of a load;
+/// this keeps both cores busy and overlaps the index inserts with it.
+fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
+    use std::sync::mpsc::{Receiver, sync_channel};
     std::thread::scope(|scope| {
-        let second = scope.spawn(|| parse(b));
-        let mut first = parse(a);
-        match second.join() {
-            Ok(rest) => first.extend(rest),
-            Err(_) => first.extend(parse(b)),
+        let mut to_parser = Vec::new();
+        let mut from_parser: Vec<Receiver<Parsed>> = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = sync_channel::<Vec<u8>>(1);
+            let (ptx, prx) = sync_channel::<Parsed>(1);
+            scope.spawn(move || {
+                for chunk in rx {
+                    if ptx.send(parse_lines(&chunk)).is_err() {
+                        break;
+                    }
+                }
+            });
+            to_parser.push(tx);
+            from_parser.push(prx);
         }
-        first
+        let mut sent = 0usize;
+        let mut inserted = 0usize;
+        let mut lost = false;
+        let insert_next = |index: &mut Index, inserted: &mut usize, lost: &mut bool| {
+            match from_parser[*inserted % 2].recv() {
+                Ok(parsed) => index.insert_parsed(parsed),
+                Err(_) => *lost = true,
+            }
+            *inserted += 1;
+        };
+        let result = journal.read_new(&mut |chunk| {
+            // A parser has at most one chunk queued: before handing it a third, insert
+            // the oldest result, which keeps memory bounded and the file order intact.
+            if sent >= inserted + 2 {
+                insert_next(index, &mut inserted, &mut lost);
+            }
+            if to_parser[sent % 2].send(chunk.to_vec()).is_err() {
+                lost = true;
+            }
+            sent += 1;
+        });
+        drop(to_parser);
+        while inserted < sent {
+            insert_next(index, &mut inserted, &mut lost);
+        }
+        if lost {
+            return Err(io::Error::other(
+                "a registry parser thread stopped; the registry was not loaded",
+            ));
+        }
+        result
     })
 }
 
@@ -135,11 +174,15 @@ struct Index {
 
 impl Index {
     fn ingest(&mut self, buf: &[u8]) {
-        let n = buf.iter().filter(|&&b| b == b'\n').count();
+        self.insert_parsed(parse_lines(buf));
+    }
+
+    fn insert_parsed(&mut self, parsed: Parsed) {
+        let n = parsed.len();
         self.entries.reserve(n);
         self.by_id.reserve(n);
         self.latest_by_path.reserve(n);
-        for parsed in parse_lines(buf) {
+        for parsed in parsed {
             match parsed {
                 Ok(e) => self.insert(e),
                 Err(err) => {
@@ -194,7 +237,7 @@ impl ArtifactRegistry {
         index.entries.reserve(expected);
         index.by_id.reserve(expected);
         index.latest_by_path.reserve(expected);
-        journal.read_new(&mut |b| index.ingest(b))?;
+        load(&mut journal, &mut index)?;
         Ok(Self {
             inner: Mutex::new((journal, index)),
         })

@@ -308,3 +308,56 @@ fn stats_count_by_status_class_and_intent() {
     assert_eq!(s.by_mutation_class.get("create"), Some(&2));
     assert_eq!(s.by_mutation_class.get("rollback"), Some(&2));
 }
+
+/// A registry larger than one 8 MiB read, loaded by the parallel loader: every entry is
+/// back, in file order, with lineage across chunk boundaries and the newest entry per path.
+#[test]
+fn multi_chunk_registry_loads_in_order() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let n = 40_000;
+    {
+        let reg = ArtifactRegistry::open(&state, false).unwrap();
+        let batch: Vec<ArtifactEntry> = (0..n)
+            .map(|i| {
+                let mut e = entry(
+                    &format!("art_{i:06}"),
+                    (i > 0).then(|| format!("art_{:06}", i - 1)).as_deref(),
+                    &format!("wf_{}", i % 7),
+                );
+                e.path = format!("/r/p{}", i % 100);
+                e.generated_by_action = "x".repeat(200);
+                e
+            })
+            .collect();
+        reg.register_many(&batch).unwrap();
+    }
+    assert!(
+        std::fs::metadata(w.state.join("artifacts.jsonl"))
+            .unwrap()
+            .len()
+            > 8 << 20
+    );
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    assert_eq!(reg.len().unwrap(), n as u64);
+    assert_eq!(
+        reg.list(1, None).unwrap()[0].artifact_id,
+        format!("art_{:06}", n - 1)
+    );
+    assert_eq!(
+        reg.count_by_workflow("wf_3").unwrap(),
+        (0..n).filter(|i| i % 7 == 3).count() as u64
+    );
+    let lineage = reg.get_lineage(&format!("art_{:06}", n - 1)).unwrap();
+    assert_eq!(lineage.len(), n - 1);
+    assert!(
+        lineage
+            .windows(2)
+            .all(|w| w[0].artifact_id > w[1].artifact_id),
+        "nearest first"
+    );
+    assert_eq!(
+        reg.latest_for_path("/r/p42").unwrap().unwrap().artifact_id,
+        format!("art_{:06}", n - 100 + 42)
+    );
+}
