@@ -200,7 +200,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             );
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
-        let checks = self.validate();
+        let checks = self.validate(ctx.is_executable());
         if checks.iter().any(Result::is_err) {
             return self.blocked(checks, !ctx.is_executable());
         }
@@ -213,8 +213,10 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     /// Validation of the whole plan against the tree as its earlier actions would leave
     /// it. Budgets and the rate limit are checked in simulation too; only real writes
-    /// consume them.
-    fn validate(&self) -> Vec<Result<Prepared, Refusal>> {
+    /// consume them. A file's current bytes are read only where the result depends on
+    /// them (appends, transforms) or a simulation reports their checksum: the execution
+    /// reads them again for the snapshot anyway.
+    fn validate(&self, executable: bool) -> Vec<Result<Prepared, Refusal>> {
         let sb = self.sb;
         let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
@@ -248,9 +250,20 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
-                        Some(TargetKind::File { .. }) => Some(Virtual::File(
-                            sb.roots[ri].read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
-                        )),
+                        Some(TargetKind::File { .. })
+                            if !executable
+                                || matches!(
+                                    approval.op.name,
+                                    "append_file" | "sandbox_transform"
+                                ) =>
+                        {
+                            Some(Virtual::File(
+                                sb.roots[ri]
+                                    .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
+                            ))
+                        }
+                        // It exists; what it holds does not change the result.
+                        Some(TargetKind::File { .. }) => Some(Virtual::File(Vec::new())),
                         Some(TargetKind::Directory) => Some(Virtual::Dir),
                         _ => None,
                     },
