@@ -99,7 +99,8 @@ impl Metrics {
             policy_denied.clone(),
         );
         registry.register(
-            "ailab_sandbox_artifacts",
+            // A gauge gets no suffix from the encoder; SPEC §9 names it with `_total`.
+            "ailab_sandbox_artifacts_total",
             "Artifacts in the registry",
             artifacts.clone(),
         );
