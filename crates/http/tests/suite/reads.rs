@@ -177,7 +177,6 @@ async fn metrics_are_openmetrics_text() {
         "ailab_sandbox_policy_denied_total",
         "ailab_sandbox_escape_attempts_total",
         "ailab_sandbox_artifacts_total",
-        "# TYPE ailab_sandbox_rollbacks counter",
         "ailab_sandbox_checksum_mismatch_total",
         "ailab_sandbox_mutation_duration_seconds",
     ] {
