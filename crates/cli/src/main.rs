@@ -105,6 +105,9 @@ enum Command {
         /// Bearer token every route requires (AI_LAB_SANDBOX_TOKEN).
         #[arg(long)]
         token: Option<String>,
+        /// Largest request body in bytes (default 4 MiB).
+        #[arg(long, value_name = "BYTES")]
+        max_body_bytes: Option<usize>,
     },
     /// MCP server on standard input/output.
     Mcp,
@@ -225,9 +228,13 @@ fn load_config(cli: &Cli) -> Result<Config> {
         }
         None => None,
     };
-    let (addr, token) = match &cli.command {
-        Command::Serve { addr, token } => (addr.clone(), token.clone()),
-        _ => (None, None),
+    let (addr, token, max_body_bytes) = match &cli.command {
+        Command::Serve {
+            addr,
+            token,
+            max_body_bytes,
+        } => (addr.clone(), token.clone(), *max_body_bytes),
+        _ => (None, None, None),
     };
     let flags = Overrides {
         roots: cli.roots.clone(),
@@ -237,6 +244,7 @@ fn load_config(cli: &Cli) -> Result<Config> {
         no_dry_run: cli.no_dry_run,
         addr,
         token,
+        max_body_bytes,
     };
     Ok(Config::resolve(file, &env, &flags)?)
 }
@@ -466,7 +474,7 @@ fn serve(config: Config) -> Result<u8> {
     let opts = ailab_sandbox_http::ServeOptions {
         addr: config.addr.clone(),
         token: config.token.clone(),
-        ..ailab_sandbox_http::ServeOptions::default()
+        body_limit_bytes: config.max_body_bytes,
     };
     // Refuse a public address without a token before touching the roots.
     let resolved = ailab_sandbox_http::resolve_addr(&opts.addr)?;

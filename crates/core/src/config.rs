@@ -102,6 +102,7 @@ pub struct RawExtensions {
 pub struct RawServer {
     pub addr: Option<String>,
     pub token: Option<String>,
+    pub max_body_bytes: Option<usize>,
 }
 
 impl RawConfig {
@@ -123,7 +124,11 @@ pub struct Overrides {
     pub no_dry_run: bool,
     pub addr: Option<String>,
     pub token: Option<String>,
+    pub max_body_bytes: Option<usize>,
 }
+
+/// Default largest HTTP request body (4 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Limits in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -174,6 +179,8 @@ pub struct Config {
     pub addr: String,
     /// HTTP bearer token.
     pub token: Option<String>,
+    /// Largest HTTP request body in bytes.
+    pub max_body_bytes: usize,
 }
 
 impl Default for Config {
@@ -191,6 +198,7 @@ impl Default for Config {
             extensions: ExtensionPolicy::default(),
             addr: DEFAULT_ADDR.to_owned(),
             token: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -304,6 +312,9 @@ impl Config {
                 c.addr = a;
             }
             c.token = s.token;
+            if let Some(m) = s.max_body_bytes {
+                c.max_body_bytes = m;
+            }
         }
         if let Some(t) = env(env::TOKEN).filter(|t| !t.is_empty()) {
             c.token = Some(t);
@@ -313,6 +324,9 @@ impl Config {
         }
         if let Some(t) = &flags.token {
             c.token = Some(t.clone());
+        }
+        if let Some(m) = flags.max_body_bytes {
+            c.max_body_bytes = m;
         }
         c.validate()?;
         Ok(c)
@@ -400,6 +414,12 @@ impl Config {
         }
         if l.max_artifacts_per_workflow == 0 || l.max_workflow_bytes == 0 {
             return Err(ConfigError("limits.max_artifacts_per_workflow and limits.max_workflow_bytes must be at least 1".into()));
+        }
+        if !(1024..=256 * 1024 * 1024).contains(&self.max_body_bytes) {
+            return Err(ConfigError(format!(
+                "server.max_body_bytes = {} is out of range; allowed 1024 to 268435456",
+                self.max_body_bytes
+            )));
         }
         if self.token.as_deref().is_some_and(|t| t.len() < 16) {
             return Err(ConfigError(

@@ -384,3 +384,35 @@ fn nested_or_duplicate_roots_are_refused() {
     };
     assert_eq!(resolve(None, &[], &flags).unwrap().roots.len(), 2);
 }
+
+#[test]
+fn max_body_bytes_flag_beats_file_and_is_range_checked() {
+    let text = "[server]\nmax_body_bytes = 2048\n";
+    assert_eq!(
+        resolve(Some(text), &[], &Overrides::default())
+            .unwrap()
+            .max_body_bytes,
+        2048
+    );
+    let flags = Overrides {
+        max_body_bytes: Some(8192),
+        ..Overrides::default()
+    };
+    assert_eq!(
+        resolve(Some(text), &[], &flags).unwrap().max_body_bytes,
+        8192
+    );
+    assert_eq!(
+        resolve(None, &[], &Overrides::default())
+            .unwrap()
+            .max_body_bytes,
+        4 * 1024 * 1024
+    );
+    let err = resolve(
+        Some("[server]\nmax_body_bytes = 10\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(err.0.contains("max_body_bytes = 10"), "{}", err.0);
+}
