@@ -77,46 +77,38 @@ fn governed(n: usize, size: usize, durability: Durability) -> Duration {
     start.elapsed() / n as u32
 }
 
-/// The floor: the same N writes as atomic temp + rename through a directory handle,
-/// with (durable) or without fsyncs.
-fn bare(n: usize, size: usize, durable: bool) -> Duration {
-    let tmp = keep(tempfile::tempdir().unwrap());
-    let dir = Dir::open_ambient_dir(&tmp, ambient_authority()).unwrap();
-    let content = vec![b'x'; size];
-    settle();
-    let start = Instant::now();
-    for i in 0..n {
-        write_atomic_in(
-            &dir,
-            &format!("f{}.txt", i / 2),
-            &content,
-            FILE_MODE,
-            i % 2 == 0,
-            durable,
-        )
-        .unwrap();
-    }
-    start.elapsed() / n as u32
+/// How the floor makes its writes durable.
+#[derive(Clone, Copy, PartialEq)]
+enum Floor {
+    /// `fdatasync` the file, `fsync` the directory.
+    Durable,
+    /// No sync at all.
+    Fast,
+    /// No per-file sync; one `syncfs` after each write.
+    Syncfs,
 }
 
-/// The same atomic writes without per-file fsyncs, made durable by one syncfs each.
-fn bare_syncfs(n: usize, size: usize) -> Duration {
+/// The floor: the same N writes as atomic temp + rename through a directory handle.
+fn bare(n: usize, size: usize, floor: Floor) -> Duration {
     let tmp = keep(tempfile::tempdir().unwrap());
     let dir = Dir::open_ambient_dir(&tmp, ambient_authority()).unwrap();
     let content = vec![b'x'; size];
     settle();
     let start = Instant::now();
     for i in 0..n {
+        let name = format!("f{}.txt", i / 2);
         write_atomic_in(
             &dir,
-            &format!("f{}.txt", i / 2),
+            &name,
             &content,
             FILE_MODE,
             i % 2 == 0,
-            false,
+            floor == Floor::Durable,
         )
         .unwrap();
-        rustix::fs::syncfs(dir.open(".").unwrap()).unwrap();
+        if floor == Floor::Syncfs {
+            rustix::fs::syncfs(dir.open(".").unwrap()).unwrap();
+        }
     }
     start.elapsed() / n as u32
 }
@@ -249,7 +241,15 @@ fn run() {
             .and_then(|i| args.get(i + 1))
             .and_then(|v| v.parse().ok())
             .unwrap_or(2000);
-        let t = bare(n, 1024, mode == "durable");
+        let t = bare(
+            n,
+            1024,
+            if mode == "durable" {
+                Floor::Durable
+            } else {
+                Floor::Fast
+            },
+        );
         println!(
             "bare {mode} 1 KiB: {:.1} µs per write",
             t.as_secs_f64() * 1e6
@@ -286,12 +286,12 @@ fn run() {
         let (mut bd, mut bf, mut bs, mut gs, mut gb, mut gr) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..reps {
-            bd.push(bare(n, size, true));
+            bd.push(bare(n, size, Floor::Durable));
             gs.push(governed(n, size, Durability::Strict));
             gb.push(governed(n, size, Durability::Batched));
-            bf.push(bare(n, size, false));
+            bf.push(bare(n, size, Floor::Fast));
             gr.push(governed(n, size, Durability::Relaxed));
-            bs.push(bare_syncfs(n, size));
+            bs.push(bare(n, size, Floor::Syncfs));
         }
         let (bare_durable, bare_fast) = (median(bd), median(bf));
         rows.push(Row {

@@ -112,26 +112,21 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
     )
 }
 
-fn rollback_dir(root: &SandboxRoot, create: bool) -> io::Result<Option<Dir>> {
-    open_or_create(root.dir(), ROLLBACK_DIR, create, SNAPSHOT_DIR_MODE)
+fn rollback_dir(root: &SandboxRoot) -> io::Result<Option<Dir>> {
+    open_existing(root.dir(), ROLLBACK_DIR)
 }
 
-fn open_or_create(dir: &Dir, name: &str, create: bool, mode: u32) -> io::Result<Option<Dir>> {
+/// Opens the directory `name` in `dir` without following a symlink; `None` if missing.
+fn open_existing(dir: &Dir, name: &str) -> io::Result<Option<Dir>> {
     match dir.open_dir_nofollow(name) {
         Ok(d) => Ok(Some(d)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-            let mut b = DirBuilder::new();
-            b.mode(mode);
-            // A concurrent creator may win; opening below decides either way.
-            let _ = dir.create_dir_with(name, &b);
-            dir.open_dir_nofollow(name).map(Some)
-        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
 }
 
 /// Opens `name` in `dir`, creating it (mode 0700) if missing; says whether it was made.
+/// A concurrent creator may win the creation; opening decides either way.
 fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
     if let Ok(d) = dir.open_dir_nofollow(name) {
         return Ok((d, false));
@@ -146,13 +141,13 @@ fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
 }
 
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
-    let Some(rb) = rollback_dir(root, false)? else {
+    let Some(rb) = rollback_dir(root)? else {
         return Ok(None);
     };
-    let Some(wf) = open_or_create(&rb, workflow_id, false, SNAPSHOT_DIR_MODE)? else {
+    let Some(wf) = open_existing(&rb, workflow_id)? else {
         return Ok(None);
     };
-    open_or_create(&wf, action_id, false, SNAPSHOT_DIR_MODE)
+    open_existing(&wf, action_id)
 }
 
 impl Snapshotter {
@@ -250,12 +245,12 @@ impl Snapshotter {
 
     /// Every snapshot of a workflow in one root, in the order they were taken.
     pub fn load_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict<Vec<StoredSnapshot>> {
-        let rb = match rollback_dir(root, false) {
+        let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Vec::new()),
             Err(e) => return Err(snap_io("open", &e)),
         };
-        let wf = match open_or_create(&rb, workflow_id, false, SNAPSHOT_DIR_MODE) {
+        let wf = match open_existing(&rb, workflow_id) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Vec::new()),
             Err(e) => return Err(snap_io("open", &e)),
@@ -313,7 +308,7 @@ impl Snapshotter {
 
     /// Workflow ids that have snapshots in a root.
     pub fn list_workflows(root: &SandboxRoot) -> Verdict<Vec<String>> {
-        let rb = match rollback_dir(root, false) {
+        let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Vec::new()),
             Err(e) => return Err(snap_io("open", &e)),
@@ -331,7 +326,7 @@ impl Snapshotter {
 
     /// Deletes a workflow's snapshots (pruning).
     pub fn remove_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict {
-        let Some(rb) = rollback_dir(root, false).map_err(|e| snap_io("open", &e))? else {
+        let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
             return Ok(());
         };
         rb.remove_dir_all(workflow_id)
