@@ -60,7 +60,8 @@ pub struct SandboxAuditEntry {
 }
 
 /// What a caller records; the log assigns `seq`, `prev_hash` and `entry_hash`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
 pub struct AuditRecord {
     pub timestamp: String,
@@ -193,6 +194,16 @@ impl Index {
 pub struct AuditLog {
     state: StateDir,
     inner: Mutex<(Journal, Index)>,
+    /// With batched syncs the head may only name lines that are durable, so it waits
+    /// here for the next sync point ([`AuditLog::pending_head`], [`AuditLog::publish_head`]).
+    deferred_head: Option<Mutex<DeferredHead>>,
+}
+
+/// The head waiting for a sync point, and the last one written by this process.
+#[derive(Debug, Default)]
+struct DeferredHead {
+    pending: Option<(u64, String)>,
+    published: u64,
 }
 
 impl AuditLog {
@@ -200,6 +211,17 @@ impl AuditLog {
     /// lags the log (a crash between the append and the head update) is brought forward.
     /// `writes_per_minute` is the rate the limiter state is kept for.
     pub fn open(state: &StateDir, durable: bool, writes_per_minute: u32) -> io::Result<Self> {
+        Self::open_with(state, durable, writes_per_minute, false)
+    }
+
+    /// [`AuditLog::open`]; with `defer_head`, the head moves only when the caller
+    /// publishes it after making the log durable.
+    pub fn open_with(
+        state: &StateDir,
+        durable: bool,
+        writes_per_minute: u32,
+        defer_head: bool,
+    ) -> io::Result<Self> {
         let mut journal = Journal::open(state, AUDIT_FILE, durable)?;
         let mut index = Index {
             per_minute: writes_per_minute.max(1),
@@ -210,11 +232,12 @@ impl AuditLog {
         let log = Self {
             state: state.clone(),
             inner: Mutex::new((journal, index)),
+            deferred_head: defer_head.then(|| Mutex::new(DeferredHead::default())),
         };
         if let Some(head) = log.read_head()? {
             let (last_seq, last_hash) = log.with(|ix| (ix.last_seq, ix.last_hash.clone()))?;
             if head.seq < last_seq {
-                log.write_head(last_seq, &last_hash)?;
+                log.move_head(last_seq, &last_hash)?;
             }
         }
         Ok(log)
@@ -278,7 +301,7 @@ impl AuditLog {
             |out: &Vec<SandboxAuditEntry>| {
                 // Moved while the lock is held, so the head never goes backwards.
                 match out.last() {
-                    Some(last) => self.write_head(last.seq, &last.entry_hash),
+                    Some(last) => self.move_head(last.seq, &last.entry_hash),
                     None => Ok(()),
                 }
             },
@@ -287,6 +310,50 @@ impl AuditLog {
             index.insert(e.clone());
         }
         Ok(written)
+    }
+
+    /// Writes the head now, or keeps it for the next sync point when deferred.
+    fn move_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
+        match &self.deferred_head {
+            Some(d) => {
+                if let Ok(mut d) = d.lock() {
+                    d.pending = Some((seq, entry_hash.to_owned()));
+                }
+                Ok(())
+            }
+            None => self.write_head(seq, entry_hash),
+        }
+    }
+
+    /// Whether a head waits for a sync point.
+    pub fn has_pending_head(&self) -> bool {
+        self.deferred_head
+            .as_ref()
+            .and_then(|d| d.lock().ok().map(|d| d.pending.is_some()))
+            .unwrap_or(false)
+    }
+
+    /// The head waiting for a sync point; take it before syncing.
+    pub fn pending_head(&self) -> Option<(u64, String)> {
+        let d = self.deferred_head.as_ref()?;
+        d.lock().ok()?.pending.take()
+    }
+
+    /// Writes a head taken with [`AuditLog::pending_head`] once the sync it waited for is
+    /// done. A head older than one this process already wrote is dropped.
+    pub fn publish_head(&self, head: Option<(u64, String)>) -> io::Result<()> {
+        let (Some((seq, hash)), Some(d)) = (head, &self.deferred_head) else {
+            return Ok(());
+        };
+        let mut d = d
+            .lock()
+            .map_err(|_| io::Error::other("audit head lock poisoned"))?;
+        if seq <= d.published {
+            return Ok(());
+        }
+        self.write_head(seq, &hash)?;
+        d.published = seq;
+        Ok(())
     }
 
     fn read_head(&self) -> io::Result<Option<Head>> {

@@ -9,7 +9,7 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
-use crate::confine::root::FILE_MODE;
+use crate::confine::root::{FILE_MODE, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -17,7 +17,7 @@ use crate::policy::{Approval, GovernanceRequest, assess_sandbox_risk, check_size
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
 use crate::snapshot::{
-    MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+    MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
 use crate::workflow::{TimelineEvent, WorkflowState};
 use serde::Serialize;
@@ -498,7 +498,7 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     fn execute(mut self) -> RunResult {
         self.go(WorkflowState::Executing);
-        let mut record = crate::recovery::InflightRecord {
+        let record = crate::recovery::InflightRecord {
             state: "active".to_owned(),
             execution_id: self.execution_id.clone(),
             workflow_id: self.plan.workflow_id.clone(),
@@ -523,13 +523,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         let sb = self.sb;
         let result = self.execute_actions();
-        // Not synced: after a crash an `active` record of a finished run only makes the
-        // next start look for unfinished actions, and find none.
-        record.state = "idle".to_owned();
-        let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        if let Err(e) = sb.state.inflight_write(&wf, &bytes, false) {
-            tracing::warn!(error = %e, "could not mark the run's record idle");
-        }
+        sb.run_finished(record);
         result
     }
 
@@ -695,7 +689,35 @@ impl<'a> SandboxWriteExecutor<'a> {
         if approval.op.is_directory() && kind == TargetKind::Missing {
             created_dirs.push(rel.as_string());
         }
-        let meta = SnapshotMeta {
+        // The outcome is known before anything is written: the registry entry and the
+        // success record are prepared here, so that a snapshot can carry them as its
+        // commit record.
+        let after = bytes.as_deref().map(sha256_hex);
+        let entry = match (&bytes, &after) {
+            (Some(b), Some(sum)) => Some(ArtifactEntry {
+                artifact_id: format!("art_{}", crate::ids::unique()),
+                path: target.clone(),
+                checksum_sha256: sum.clone(),
+                size_bytes: b.len() as u64,
+                mutation_type: a.intent.clone(),
+                workflow_id: wf.clone(),
+                action_id: a.id().to_owned(),
+                parent_workflow_id: self.plan.parent_workflow_id.clone(),
+                parent_artifact_id: match &a.parent_artifact_id {
+                    Some(p) => Some(p.clone()),
+                    None => sb
+                        .registry
+                        .latest_for_path(&target)
+                        .ok()
+                        .flatten()
+                        .map(|e| e.artifact_id),
+                },
+                generated_by_action: format!("{}/{}", self.execution_id, a.id()),
+                created_at: sb.now(),
+            }),
+            _ => None,
+        };
+        let mut meta = SnapshotMeta {
             format: 1,
             snapshot_id: crate::ids::unique(),
             workflow_id: wf.clone(),
@@ -719,9 +741,42 @@ impl<'a> SandboxWriteExecutor<'a> {
             mutation_class: approval.op.mutation_class,
             created_dirs,
             taken_at: sb.now(),
+            commit: None,
         };
+        let mut done = res.clone();
+        done.status = ActionStatus::Success;
+        done.after_checksum = after.clone();
+        done.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
+        done.artifact_id = entry.as_ref().map(|e| e.artifact_id.clone());
+        done.rollback_path = Some(meta.rollback_path());
+        let done_record = self.record(a, &done, AuditStatus::Success, target.clone());
+        let mode = match kind {
+            TargetKind::File { mode, .. } => mode & 0o666,
+            _ => FILE_MODE,
+        };
+        let no_replace = approval.op.name == "create_file";
+
+        // With batched syncs a file write whose directories exist takes one durability
+        // point: its new bytes are staged beside the target and the snapshot doubles as
+        // the commit record, so one sync makes the snapshot and the whole outcome durable
+        // before the target changes. What follows the sync (the rename, the registry and
+        // audit lines) reaches the disk at the next sync point; until then recovery can
+        // redo it from the commit record.
+        let staged_name = match &bytes {
+            Some(_) if sb.stages_writes() && meta.created_dirs.is_empty() => Some(temp_name()),
+            _ => None,
+        };
+        if let (Some(name), Some(sum)) = (&staged_name, &after) {
+            meta.commit = Some(SnapshotCommit {
+                staged_name: name.clone(),
+                after_sha256: sum.clone(),
+                no_replace,
+                artifact: entry.clone(),
+                audit: done_record.clone(),
+            });
+        }
+        // The snapshot first, so that recovery knows of the staged file if it survives.
         let rollback_path = match Snapshotter::take(root, &meta, before.as_deref(), sb.fsync_each())
-            .and_then(|p| sb.sync_point().map(|()| p))
         {
             Ok(p) => p,
             Err(r) => return Err(fail(self, res, r, target)),
@@ -734,77 +789,66 @@ impl<'a> SandboxWriteExecutor<'a> {
                 restored: false,
             },
         );
+        let staged = match (&staged_name, &bytes) {
+            (Some(name), Some(b)) => match root.stage_write(&rel, name, b, mode) {
+                Ok(st) => Some(st),
+                Err(r) => {
+                    self.undo(&snap);
+                    return Err(fail(self, res, r, target));
+                }
+            },
+            _ => None,
+        };
+        if let Err(r) = sb.sync_point() {
+            if let Some(st) = &staged {
+                st.discard();
+            }
+            self.undo(&snap);
+            return Err(fail(self, res, r, target));
+        }
 
         // mutate → checksum → registry → audit; any failure restores the snapshot.
         let durable = sb.fsync_each();
         let outcome = (|| {
             sb.fail_at("after_snapshot")?;
             sb.fail_at("before_mutate")?;
-            match &bytes {
-                Some(b) => {
-                    let mode = match kind {
-                        TargetKind::File { mode, .. } => mode & 0o666,
-                        _ => FILE_MODE,
-                    };
-                    let no_replace = approval.op.name == "create_file";
+            match (&bytes, &staged) {
+                (Some(_), Some(st)) => st
+                    .commit(no_replace, false)
+                    .map_err(|e| root.map_open_error(&rel, e))?,
+                (Some(b), None) => {
                     root.write_atomic(&rel, b, mode, no_replace, durable)?;
                 }
-                None => {
+                (None, _) => {
                     root.create_dir_all(&rel, durable)?;
                 }
             }
             sb.fail_at("after_mutate")?;
-            let after = bytes.as_deref().map(sha256_hex);
-            let mut artifact_id = None;
-            if let (Some(b), Some(sum)) = (&bytes, &after) {
-                let parent = match &a.parent_artifact_id {
-                    Some(p) => Some(p.clone()),
-                    None => sb
-                        .registry
-                        .latest_for_path(&target)
-                        .ok()
-                        .flatten()
-                        .map(|e| e.artifact_id),
-                };
-                let entry = ArtifactEntry {
-                    artifact_id: format!("art_{}", crate::ids::unique()),
-                    path: target.clone(),
-                    checksum_sha256: sum.clone(),
-                    size_bytes: b.len() as u64,
-                    mutation_type: a.intent.clone(),
-                    workflow_id: wf.clone(),
-                    action_id: a.id().to_owned(),
-                    parent_workflow_id: self.plan.parent_workflow_id.clone(),
-                    parent_artifact_id: parent,
-                    generated_by_action: format!("{}/{}", self.execution_id, a.id()),
-                    created_at: sb.now(),
-                };
+            if let Some(entry) = &entry {
                 sb.fail_at("before_registry")?;
-                sb.registry.register(&entry).map_err(|e| {
+                sb.registry.register(entry).map_err(|e| {
                     Refusal::new(
                         ReasonCode::IoError,
                         format!("could not register the artifact: {}", e.kind()),
                     )
                 })?;
-                artifact_id = Some(entry.artifact_id);
             }
-            Ok::<_, Refusal>((after, artifact_id))
+            Ok::<_, Refusal>(())
         })();
         match outcome {
-            Ok((after, artifact_id)) => {
-                res.status = ActionStatus::Success;
-                res.after_checksum = after;
-                res.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
-                res.artifact_id = artifact_id;
-                let rec = self.record(a, &res, AuditStatus::Success, target.clone());
+            Ok(()) => {
                 let appended = sb
                     .fail_at("before_audit")
                     .map_err(|r| std::io::Error::other(r.reason))
-                    .and_then(|()| sb.audit.append(vec![rec]))
+                    .and_then(|()| sb.audit.append(vec![done_record]))
                     // The second durability point: the target, the registry and the
                     // audit line, all at once. Recovery checks audited targets against
-                    // their after_checksum, so their order on disk does not matter.
-                    .and_then(|_| sb.sync_point().map_err(|r| std::io::Error::other(r.reason)));
+                    // their after_checksum, so their order on disk does not matter. A
+                    // staged write needs none: its commit record is durable already.
+                    .and_then(|_| match staged {
+                        Some(_) => Ok(()),
+                        None => sb.sync_point().map_err(|r| std::io::Error::other(r.reason)),
+                    });
                 if let Err(e) = appended {
                     let r = Refusal::new(
                         ReasonCode::IoError,
@@ -813,9 +857,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                     self.undo(&snap);
                     return Err(fail(self, res, r, target));
                 }
-                Ok((res, snap))
+                Ok((done, snap))
             }
             Err(r) => {
+                if let Some(st) = &staged {
+                    st.discard();
+                }
                 self.undo(&snap);
                 Err(fail(self, res, r, target))
             }

@@ -2,7 +2,8 @@
 //! `inflight/` active before it touches a file and idle when it ends. An active record
 //! whose workflow lock is free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
 //! that were snapshotted but never audited as done are rolled back from their snapshots,
-//! and the temporary files it may have left are removed.
+//! except those whose snapshot is also a commit record (batched durability) and whose new
+//! bytes are durable: those are finished. The temporary files the run left are removed.
 
 use crate::audit::AuditStatus;
 use crate::confine::RelPath;
@@ -36,6 +37,9 @@ pub struct Recovered {
     pub workflow_id: String,
     /// In-doubt actions rolled back.
     pub rolled_back: usize,
+    /// Actions finished from their commit records (batched durability): their new bytes
+    /// were durable, so recovery put them in place and wrote their registry and audit lines.
+    pub completed: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
 }
@@ -74,6 +78,12 @@ impl Sandbox {
                 }
             };
             out.push(self.recover_run(&rec));
+            // What recovery appended must be durable before the record says the run
+            // needs no more recovery.
+            if let Err(r) = self.sync_point() {
+                tracing::warn!(reason = %r.reason, "cannot sync after recovery");
+                continue;
+            }
             let idle = InflightRecord {
                 state: "idle".to_owned(),
                 ..rec
@@ -112,14 +122,24 @@ impl Sandbox {
                 continue;
             }
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
-            let finished = match audited.get(&s.meta.action_id) {
+            if s.restored {
+                continue;
+            }
+            let outcome = audited.get(&s.meta.action_id);
+            if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
+                && let Some(changed) = self.finish_commit(i, &s.meta, c, outcome.is_some())
+            {
+                report.completed += usize::from(changed);
+                continue;
+            }
+            let finished = match outcome {
                 None => false,
                 // Audited as done: done only if the target really holds the result (with
                 // batched syncs the audit line can reach the disk before the target).
                 Some(Some(after)) => self.target_checksum(i, &s.meta.target()) == *after,
                 Some(None) => true,
             };
-            if !s.restored && !finished {
+            if !finished {
                 in_doubt.push((i, s));
             }
         }
@@ -163,6 +183,55 @@ impl Sandbox {
 }
 
 impl Sandbox {
+    /// Finishes an action from its commit record: puts the staged bytes in place unless
+    /// the target already holds them, then appends what the registry and the audit log
+    /// lack; `Some(true)` when that changed anything. `None` when the new bytes are
+    /// neither in place nor staged intact: the action is then rolled back like any
+    /// unfinished one.
+    fn finish_commit(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        c: &crate::snapshot::SnapshotCommit,
+        audited: bool,
+    ) -> Option<bool> {
+        let rel = meta.target();
+        let mut changed = false;
+        if self.target_checksum(root, &rel).as_deref() != Some(c.after_sha256.as_str()) {
+            let (staged, bytes) = self.roots[root].find_staged(
+                &rel,
+                &c.staged_name,
+                crate::snapshot::MAX_SNAPSHOT_BYTES,
+            )?;
+            if crate::hash::sha256_hex(&bytes) != c.after_sha256
+                || staged.commit(c.no_replace, self.durable()).is_err()
+            {
+                return None;
+            }
+            changed = true;
+        }
+        if let Some(entry) = &c.artifact
+            && self
+                .registry
+                .get(&entry.artifact_id)
+                .ok()
+                .flatten()
+                .is_none()
+        {
+            changed = true;
+            if let Err(e) = self.registry.register(entry) {
+                tracing::error!(error = %e, artifact = %entry.artifact_id, "recovery could not register an artifact");
+            }
+        }
+        if !audited {
+            changed = true;
+            if let Err(e) = self.audit.append(vec![c.audit.clone()]) {
+                tracing::error!(error = %e, "recovery could not audit a finished action");
+            }
+        }
+        Some(changed)
+    }
+
     /// SHA-256 of a regular file's bytes; `None` for anything else.
     fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
         match self.roots[root].inspect(rel).ok()?.kind {

@@ -44,6 +44,8 @@ pub struct Sandbox {
     /// Batched durability on Linux: whole-filesystem syncs at the pipeline's two
     /// durability points instead of a fsync per file and directory.
     batch_sync: Option<crate::confine::state::FsSync>,
+    /// Run records to mark idle once a sync point has made their runs durable.
+    idle_after_sync: std::sync::Mutex<Vec<crate::recovery::InflightRecord>>,
 }
 
 /// `check`'s answer.
@@ -286,8 +288,13 @@ impl Sandbox {
         let durable = config.durability.is_strict() && batch_sync.is_none();
         let registry = ArtifactRegistry::open(&state, durable)
             .map_err(Error::io("open the artifact registry"))?;
-        let audit = AuditLog::open(&state, durable, config.limits.writes_per_minute)
-            .map_err(Error::io("open the audit log"))?;
+        let audit = AuditLog::open_with(
+            &state,
+            durable,
+            config.limits.writes_per_minute,
+            batch_sync.is_some(),
+        )
+        .map_err(Error::io("open the audit log"))?;
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
@@ -305,11 +312,12 @@ impl Sandbox {
             failpoints: crate::failpoint::FailPoints::default(),
             kernel_confinement: None,
             batch_sync,
+            idle_after_sync: std::sync::Mutex::new(Vec::new()),
         };
         for r in sb.recover() {
             sb.notices.push(format!(
-                "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} temporary files removed",
-                r.execution_id, r.workflow_id, r.rolled_back, r.temp_files_removed
+                "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed",
+                r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed
             ));
         }
         Ok(sb)
@@ -393,17 +401,84 @@ impl Sandbox {
         self.config.durability.is_strict() && self.batch_sync.is_none()
     }
 
+    /// Whether file writes are staged and committed with one durability point (batched
+    /// syncs).
+    pub(crate) fn stages_writes(&self) -> bool {
+        self.batch_sync.is_some()
+    }
+
     /// One of the pipeline's durability points: everything written so far reaches
     /// stable storage (a no-op unless syncs are batched).
     pub(crate) fn sync_point(&self) -> Verdict {
-        match &self.batch_sync {
-            Some(s) => s.sync().map_err(|e| {
-                crate::reason::Refusal::new(
-                    ReasonCode::IoError,
-                    format!("could not sync to stable storage: {}", e.kind()),
-                )
-            }),
-            None => Ok(()),
+        let Some(s) = &self.batch_sync else {
+            return Ok(());
+        };
+        // What waits for this sync is taken first: whatever is queued later may name
+        // writes this sync does not cover.
+        let idle = std::mem::take(
+            &mut *self
+                .idle_after_sync
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        let head = self.audit.pending_head();
+        s.sync().map_err(|e| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not sync to stable storage: {}", e.kind()),
+            )
+        })?;
+        if let Err(e) = self.audit.publish_head(head) {
+            tracing::warn!(error = %e, "could not move the audit head");
+        }
+        for rec in idle {
+            self.mark_idle(rec);
+        }
+        Ok(())
+    }
+
+    /// Marks a finished run's record idle. With batched syncs the last writes of a run
+    /// may still be in memory when it returns, and an idle record makes recovery skip the
+    /// run, so the mark waits for the next sync point (or the sandbox's drop).
+    pub(crate) fn run_finished(&self, rec: crate::recovery::InflightRecord) {
+        if self.batch_sync.is_some() {
+            self.idle_after_sync
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(rec);
+        } else {
+            self.write_idle(&rec);
+        }
+    }
+
+    /// Writes the idle mark of a run whose writes are durable, unless a newer run of the
+    /// workflow has taken over the record (its lock is held, or the record names another
+    /// execution): that run owns the record now.
+    fn mark_idle(&self, rec: crate::recovery::InflightRecord) {
+        let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{}", rec.workflow_id)) else {
+            return;
+        };
+        let current = self
+            .state
+            .inflight_read(&rec.workflow_id)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok());
+        if current.is_some_and(|c| c.execution_id == rec.execution_id) {
+            self.write_idle(&rec);
+        }
+    }
+
+    fn write_idle(&self, rec: &crate::recovery::InflightRecord) {
+        let idle = crate::recovery::InflightRecord {
+            state: "idle".to_owned(),
+            ..rec.clone()
+        };
+        let bytes = serde_json::to_vec(&idle).unwrap_or_default();
+        // Not synced: after a crash an `active` record of a finished run only makes the
+        // next start look for unfinished actions, and find none.
+        if let Err(e) = self.state.inflight_write(&rec.workflow_id, &bytes, false) {
+            tracing::warn!(error = %e, "could not mark the run's record idle");
         }
     }
 
@@ -987,5 +1062,23 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
             path: config.state_dir.clone(),
             source,
         }),
+    }
+}
+
+impl Drop for Sandbox {
+    /// With batched syncs, one last sync point makes the final runs durable and lets
+    /// their records and the audit head catch up.
+    fn drop(&mut self) {
+        let waiting = !self
+            .idle_after_sync
+            .get_mut()
+            .map_or(true, |v| v.is_empty())
+            || self.audit.has_pending_head();
+        if self.batch_sync.is_some()
+            && waiting
+            && let Err(r) = self.sync_point()
+        {
+            tracing::warn!(reason = %r.reason, "final sync failed");
+        }
     }
 }

@@ -78,6 +78,28 @@ pub struct SnapshotMeta {
     pub created_dirs: Vec<String>,
     /// When.
     pub taken_at: String,
+    /// What completes the action, when the snapshot is also its commit record (batched
+    /// durability): recovery finishes such an action instead of undoing it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<SnapshotCommit>,
+}
+
+/// Everything recovery needs to finish a file write whose new bytes were made durable
+/// together with its snapshot: the staged file beside the target, the checksum it must
+/// have, and the registry entry and audit record the action appends once it is in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotCommit {
+    /// The temporary file in the target's directory that holds the new bytes.
+    pub staged_name: String,
+    /// SHA-256 of the new bytes.
+    pub after_sha256: String,
+    /// Whether the target must not exist when the staged file takes its place.
+    pub no_replace: bool,
+    /// The artifact the action registers.
+    pub artifact: Option<crate::artifact::ArtifactEntry>,
+    /// The audit record of its success.
+    pub audit: crate::audit::AuditRecord,
 }
 
 impl SnapshotMeta {

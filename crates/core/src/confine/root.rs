@@ -425,7 +425,7 @@ impl SandboxRoot {
         })
     }
 
-    fn map_open_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
+    pub(crate) fn map_open_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
         match e.kind() {
             io::ErrorKind::AlreadyExists => Refusal::new(
                 ReasonCode::AlreadyExists,
@@ -611,26 +611,8 @@ pub fn write_atomic_flush(
     flush: Flush,
 ) -> io::Result<()> {
     let tmp = temp_name();
-    let mut opts = OpenOptions::new();
-    opts.write(true)
-        .create_new(true)
-        .follow(FollowSymlinks::No)
-        .mode(mode & 0o666);
-    let mut file = dir.open_with(&tmp, &opts)?;
-    let result = (|| {
-        file.write_all(bytes)?;
-        if flush != Flush::Nothing {
-            file.sync_data()?;
-        }
-        drop(file);
-        if no_replace {
-            // linkat never replaces an existing entry, unlike renameat.
-            dir.hard_link(&tmp, dir, name)?;
-            dir.remove_file(&tmp)
-        } else {
-            dir.rename(&tmp, dir, name)
-        }
-    })();
+    let result = write_new_file(dir, &tmp, bytes, mode, flush != Flush::Nothing)
+        .and_then(|()| put_in_place(dir, &tmp, name, no_replace));
     if let Err(e) = result {
         let _ = dir.remove_file(&tmp);
         return Err(e);
@@ -639,6 +621,116 @@ pub fn write_atomic_flush(
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`.
+fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
+    let mut opts = OpenOptions::new();
+    opts.write(true)
+        .create_new(true)
+        .follow(FollowSymlinks::No)
+        .mode(mode & 0o666);
+    let mut file = dir.open_with(name, &opts)?;
+    file.write_all(bytes)?;
+    if sync {
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Moves the temporary file `tmp` to `name` in one step. With `no_replace` an existing
+/// `name` is never replaced: `linkat` fails where `renameat` would overwrite.
+fn put_in_place(dir: &Dir, tmp: &str, name: &str, no_replace: bool) -> io::Result<()> {
+    if no_replace {
+        dir.hard_link(tmp, dir, name)?;
+        dir.remove_file(tmp)
+    } else {
+        dir.rename(tmp, dir, name)
+    }
+}
+
+/// New bytes for a target, written to a temporary file beside it but not yet in place:
+/// the first half of an atomic write, for callers that make the staged file durable
+/// together with other records before the target changes.
+#[derive(Debug)]
+pub struct StagedWrite {
+    dir: Dir,
+    staged: String,
+    name: String,
+}
+
+impl StagedWrite {
+    /// The temporary file's name (in the target's directory).
+    pub fn staged_name(&self) -> &str {
+        &self.staged
+    }
+
+    /// Puts the staged bytes in place (see [`write_atomic_flush`] for `no_replace`),
+    /// then syncs the directory when `sync`.
+    pub fn commit(&self, no_replace: bool, sync: bool) -> io::Result<()> {
+        put_in_place(&self.dir, &self.staged, &self.name, no_replace)?;
+        if sync {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the staged file; the target is left as it is.
+    pub fn discard(&self) {
+        let _ = self.dir.remove_file(&self.staged);
+    }
+}
+
+impl SandboxRoot {
+    /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced). The
+    /// target's parents must exist: directories are only created by
+    /// [`SandboxRoot::write_atomic`].
+    pub fn stage_write(
+        &self,
+        rel: &RelPath,
+        staged: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Verdict<StagedWrite> {
+        if !staged.starts_with(TEMP_MARKER) || staged.contains('/') {
+            return Err(Refusal::new(
+                ReasonCode::InvalidId,
+                format!("{} is not a temporary name", shown_path(staged)),
+            ));
+        }
+        let (dir, _) = self.open_parent(rel, false, false)?;
+        let staged = staged.to_owned();
+        write_new_file(&dir, &staged, bytes, mode, false)
+            .map_err(|e| self.map_open_error(rel, e))?;
+        Ok(StagedWrite {
+            dir,
+            staged,
+            name: rel.file_name().to_owned(),
+        })
+    }
+
+    /// A file staged earlier under `staged` beside `rel`, when it is still there and is a
+    /// regular file holding `limit` bytes at most: returned with its bytes.
+    pub fn find_staged(
+        &self,
+        rel: &RelPath,
+        staged: &str,
+        limit: u64,
+    ) -> Option<(StagedWrite, Vec<u8>)> {
+        if !staged.starts_with(TEMP_MARKER) || staged.contains('/') {
+            return None;
+        }
+        let (dir, _) = self.open_parent(rel, false, false).ok()?;
+        let bytes = read_regular(&dir, staged, limit).ok()?;
+        Some((
+            StagedWrite {
+                dir,
+                staged: staged.to_owned(),
+                name: rel.file_name().to_owned(),
+            },
+            bytes,
+        ))
+    }
 }
 
 /// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.

@@ -123,6 +123,11 @@ impl StateDir {
         Ok(())
     }
 
+    /// Reads `name`'s run record; `None` when there is none.
+    pub fn inflight_read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        self.read_optional(&format!("{INFLIGHT_DIR}/{name}.json"))
+    }
+
     /// Removes `name`'s run record.
     pub fn inflight_remove(&self, name: &str) -> io::Result<()> {
         match std::fs::remove_file(self.path.join(INFLIGHT_DIR).join(format!("{name}.json"))) {

@@ -55,13 +55,20 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn crash_at_every_step_of_every_action_is_recoverable() {
+    use ailab_sandbox_core::config::Durability;
     let mut trials = 0;
-    for point in POINTS {
-        for nth in 1..=3 {
+    for (durability, point, nth) in [Durability::Relaxed, Durability::Batched]
+        .into_iter()
+        .flat_map(|d| POINTS.into_iter().map(move |p| (d, p)))
+        .flat_map(|(d, p)| (1..=3).map(move |n| (d, p, n)))
+    {
+        {
             let w = World::new();
             seed(&w);
             let original = w.tree();
-            let sb = w.sandbox();
+            let mut c = w.writable_config();
+            c.durability = durability;
+            let sb = w.open(c.clone());
             sb.failpoints().arm_crash(point, nth);
             let outcome =
                 std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
@@ -81,7 +88,7 @@ fn crash_at_every_step_of_every_action_is_recoverable() {
             if let Ok(c) = std::fs::read(w.path("new/c.txt")) {
                 assert_eq!(c, b"gamma\n", "{point}#{nth}");
             }
-            let sb = w.sandbox();
+            let sb = w.open(c);
             assert!(
                 sb.notices()
                     .iter()
@@ -109,7 +116,143 @@ fn crash_at_every_step_of_every_action_is_recoverable() {
             trials += 1;
         }
     }
-    assert_eq!(trials, 15);
+    assert_eq!(trials, 30);
+}
+
+fn batched(w: &World) -> ailab_sandbox_core::Config {
+    let mut c = w.writable_config();
+    c.durability = ailab_sandbox_core::config::Durability::Batched;
+    c
+}
+
+fn one_replace() -> serde_json::Value {
+    json!({"workflow_id": "wf_commit", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})
+}
+
+/// With batched syncs a file write is committed by its one sync point: the snapshot and
+/// the staged new bytes are durable together. A run that dies after that point is
+/// finished by recovery, never undone, whatever else it had written: the target holds
+/// the new bytes, the registry and the audit trail hold exactly one line each for it.
+#[test]
+fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
+    for point in POINTS {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        let original = w.tree();
+        let sb = w.open(batched(&w));
+        sb.failpoints().arm_crash(point, 1);
+        let outcome =
+            std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
+        assert!(outcome.is_err(), "{point} should crash");
+        drop(sb);
+        let registry = w.state.join("artifacts.jsonl");
+        if point == "before_audit" {
+            // The registry line was written but, say, never reached the disk.
+            assert_eq!(
+                std::fs::read_to_string(&registry).unwrap().lines().count(),
+                1
+            );
+            std::fs::write(&registry, b"").unwrap();
+        }
+        let sb = w.open(batched(&w));
+        assert!(
+            sb.notices().iter().any(|n| n.contains(
+                "0 unfinished actions rolled back, 1 finished from their commit records"
+            )),
+            "{point}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(w.read("a.txt"), b"ALPHA\n", "{point}");
+        assert!(temp_files(&w.root).is_empty(), "{point}");
+        let arts = sb.registry().get_by_workflow("wf_commit").unwrap();
+        assert_eq!(arts.len(), 1, "{point}");
+        assert_eq!(arts[0].checksum_sha256, sha(b"ALPHA\n"), "{point}");
+        assert_eq!(arts[0].action_id, "a1");
+        let stats = sb.audit_stats().unwrap();
+        assert_eq!((stats.total, stats.success), (1, 1), "{point}: {stats:?}");
+        assert!(sb.audit_verify().unwrap().ok, "{point}");
+        // The finished action rolls back like any other.
+        let rb = sb.rollback_workflow("wf_commit", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{point}: {rb:?}");
+        assert_eq!(w.tree(), original, "{point}");
+        drop(sb);
+        assert!(
+            w.open(batched(&w))
+                .notices()
+                .iter()
+                .all(|n| !n.contains("recovered")),
+            "{point}: recovered once only"
+        );
+    }
+}
+
+/// The same crash, but the staged bytes never reached the disk (the sync point did not
+/// complete): nothing can be finished, so the action is undone.
+#[test]
+fn batched_crash_before_the_commit_point_is_rolled_back() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let sb = w.open(batched(&w));
+    sb.failpoints().arm_crash("before_mutate", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
+    assert!(outcome.is_err());
+    drop(sb);
+    let staged = temp_files(&w.root);
+    assert_eq!(staged.len(), 1, "the staged new bytes: {staged:?}");
+    std::fs::remove_file(&staged[0]).unwrap();
+    let sb = w.open(batched(&w));
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("1 unfinished actions rolled back, 0 finished")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.tree(), original);
+    assert!(
+        sb.registry()
+            .get_by_workflow("wf_commit")
+            .unwrap()
+            .is_empty()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A batched run that ends normally leaves nothing for recovery: dropping the sandbox
+/// syncs, marks the run idle and moves the audit head to the last line.
+#[test]
+fn batched_run_then_drop_leaves_an_idle_record_and_a_current_head() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.open(batched(&w));
+    let r = run(&sb, one_replace());
+    assert_eq!(status(&r), "success");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_commit", "actions": [
+        {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "b\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    drop(sb);
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_commit.json")).unwrap())
+            .unwrap();
+    assert_eq!(rec["state"], "idle");
+    assert_eq!(rec["execution_id"], r.execution_id.as_str());
+    let head: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.state.join("sandbox_audit.head.json")).unwrap())
+            .unwrap();
+    assert_eq!(head["seq"], 2);
+    let sb = w.open(batched(&w));
+    assert!(
+        sb.notices().iter().all(|n| !n.contains("recovered")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(w.read("b.txt"), b"b\n");
 }
 
 #[test]
