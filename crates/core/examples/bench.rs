@@ -40,8 +40,30 @@ fn settle() {
 struct Row {
     name: String,
     per_op: Duration,
-    baseline: Option<Duration>,
+    /// Median over the repetitions of (this case / its floor measured right before it).
+    ratio: Option<f64>,
 }
+
+/// One case's samples and the floor samples taken beside them.
+fn row(name: String, samples: &[Duration], floor: Option<&[Duration]>) -> Row {
+    let ratio = floor.map(|f| {
+        let mut r: Vec<f64> = samples
+            .iter()
+            .zip(f)
+            .map(|(s, b)| s.as_secs_f64() / b.as_secs_f64())
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    });
+    Row {
+        name,
+        per_op: median(samples.to_vec()),
+        ratio,
+    }
+}
+
+const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
+Temporary directories are made under $TMPDIR (default /tmp).";
 
 fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
     let mut c = Config::with_roots(vec![dir.join("root")], dir.join("state"));
@@ -217,6 +239,21 @@ fn main() {
 
 fn run() {
     let args: Vec<String> = std::env::args().collect();
+    let mut rest = args.iter().skip(1);
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--json" | "--quick" => {}
+            "--only" | "--n" | "--size" if rest.next().is_some() => {}
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                return;
+            }
+            other => {
+                eprintln!("bench: unexpected argument {other:?}\n{USAGE}");
+                std::process::exit(2);
+            }
+        }
+    }
     let json_out = args.iter().any(|a| a == "--json");
     let quick = args.iter().any(|a| a == "--quick");
     let only = args
@@ -224,6 +261,14 @@ fn run() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let flag = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let size = flag("--size", 1024);
     if only.as_deref() == Some("registry") {
         let (load, mem, lin, cnt, count) = registry(if quick { 20_000 } else { 1_000_000 }, 1000);
         println!(
@@ -235,15 +280,10 @@ fn run() {
         return;
     }
     if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("bare-")) {
-        let n = args
-            .iter()
-            .position(|a| a == "--n")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000);
+        let n = flag("--n", 2000);
         let t = bare(
             n,
-            1024,
+            size,
             if mode == "durable" {
                 Floor::Durable
             } else {
@@ -251,7 +291,7 @@ fn run() {
             },
         );
         println!(
-            "bare {mode} 1 KiB: {:.1} µs per write",
+            "bare {mode} {size} bytes: {:.1} µs per write",
             t.as_secs_f64() * 1e6
         );
         KEPT.lock().unwrap().clear();
@@ -264,15 +304,10 @@ fn run() {
             "batched" => Durability::Batched,
             _ => Durability::Relaxed,
         };
-        let n = args
-            .iter()
-            .position(|a| a == "--n")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2000);
-        let t = governed(n, 1024, d);
+        let n = flag("--n", 2000);
+        let t = governed(n, size, d);
         println!(
-            "governed {mode} 1 KiB: {:.1} µs per action",
+            "governed {mode} {size} bytes: {:.1} µs per action",
             t.as_secs_f64() * 1e6
         );
         return;
@@ -293,48 +328,24 @@ fn run() {
             gr.push(governed(n, size, Durability::Relaxed));
             bs.push(bare(n, size, Floor::Syncfs));
         }
-        let (bare_durable, bare_fast) = (median(bd), median(bf));
-        rows.push(Row {
-            name: format!("bare durable write, {label}"),
-            per_op: bare_durable,
-            baseline: None,
-        });
-        rows.push(Row {
-            name: format!("bare non-durable write, {label}"),
-            per_op: bare_fast,
-            baseline: None,
-        });
-        rows.push(Row {
-            name: format!("bare write + syncfs, {label}"),
-            per_op: median(bs),
-            baseline: Some(bare_durable),
-        });
-        rows.push(Row {
-            name: format!("governed strict, {label}"),
-            per_op: median(gs),
-            baseline: Some(bare_durable),
-        });
-        rows.push(Row {
-            name: format!("governed batched, {label}"),
-            per_op: median(gb),
-            baseline: Some(bare_durable),
-        });
-        rows.push(Row {
-            name: format!("governed relaxed, {label}"),
-            per_op: median(gr),
-            baseline: Some(bare_fast),
-        });
+        rows.push(row(format!("bare durable write, {label}"), &bd, None));
+        rows.push(row(format!("bare non-durable write, {label}"), &bf, None));
+        rows.push(row(format!("bare write + syncfs, {label}"), &bs, Some(&bd)));
+        rows.push(row(format!("governed strict, {label}"), &gs, Some(&bd)));
+        rows.push(row(format!("governed batched, {label}"), &gb, Some(&bd)));
+        rows.push(row(format!("governed relaxed, {label}"), &gr, Some(&bf)));
     }
-    rows.push(Row {
-        name: "rollback of a 100-action workflow (strict), total".into(),
-        per_op: rollback_100(Durability::Strict),
-        baseline: None,
-    });
-    rows.push(Row {
-        name: "rollback of a 100-action workflow (relaxed), total".into(),
-        per_op: rollback_100(Durability::Relaxed),
-        baseline: None,
-    });
+    for (d, label) in [
+        (Durability::Strict, "strict"),
+        (Durability::Batched, "batched"),
+        (Durability::Relaxed, "relaxed"),
+    ] {
+        rows.push(row(
+            format!("rollback of a 100-action workflow ({label}), total"),
+            &[rollback_100(d)],
+            None,
+        ));
+    }
     let (sha_hex, sha_raw) = sha_throughput();
     let entries = if quick { 20_000 } else { 1_000_000 };
     let (load, mem, lin, cnt, count) = registry(entries, 1000);
@@ -344,7 +355,7 @@ fn run() {
             "rows": rows.iter().map(|r| json!({
                 "name": r.name,
                 "micros_per_op": r.per_op.as_secs_f64() * 1e6,
-                "ratio_to_floor": r.baseline.map(|b| r.per_op.as_secs_f64() / b.as_secs_f64()),
+                "ratio_to_floor": r.ratio,
             })).collect::<Vec<_>>(),
             "sha256_mib_s": {"runtime_helper": sha_hex, "sha2_direct": sha_raw, "ratio": sha_hex / sha_raw},
             "registry": {"entries": entries, "load_ms": load.as_secs_f64() * 1e3, "rss_mib": mem,
@@ -359,10 +370,7 @@ fn run() {
             "{:<52} {:>10.1}µs {:>10}",
             r.name,
             r.per_op.as_secs_f64() * 1e6,
-            r.baseline.map_or("".into(), |b| format!(
-                "{:.2}×",
-                r.per_op.as_secs_f64() / b.as_secs_f64()
-            ))
+            r.ratio.map_or(String::new(), |x| format!("{x:.2}×"))
         );
     }
     println!(
