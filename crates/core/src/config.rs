@@ -43,10 +43,12 @@ pub mod env {
 pub enum Durability {
     /// fsync data, directories and logs, each where it was written.
     Strict,
-    /// As durable as `strict`, with two whole-filesystem syncs (`syncfs`) per action in
-    /// place of a fsync per file and directory: faster on a filesystem of its own, slower
-    /// where other programs write heavily to the same filesystem (each sync waits for
-    /// their data too). Linux only; elsewhere it behaves as `strict`.
+    /// As durable as `strict`, with whole-filesystem syncs (`syncfs`) in place of a fsync
+    /// per file and directory: one per file write (its snapshot and staged new bytes,
+    /// which recovery can finish from), two for a write that creates directories.
+    /// Faster on a filesystem of its own, slower where other programs write heavily to the
+    /// same filesystem (each sync waits for their data too). Linux only; elsewhere it
+    /// behaves as `strict`.
     Batched,
     /// No fsync: atomic, but a power cut may lose the last writes.
     Relaxed,
