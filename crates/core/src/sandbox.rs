@@ -41,8 +41,8 @@ pub struct Sandbox {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
     kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
-    /// Batched durability on Linux: whole-filesystem syncs at the pipeline's two
-    /// durability points instead of a fsync per file and directory.
+    /// Batched durability on Linux: whole-filesystem syncs at the pipeline's durability
+    /// points instead of a fsync per file and directory.
     batch_sync: Option<crate::confine::state::FsSync>,
     /// Run records to mark idle once a sync point has made their runs durable.
     idle_after_sync: std::sync::Mutex<Vec<crate::recovery::InflightRecord>>,

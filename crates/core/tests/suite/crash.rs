@@ -340,3 +340,67 @@ fn strict_and_batched_durability_run_and_recover() {
         assert_eq!(w.tree(), original, "{durability:?}");
     }
 }
+
+/// Threads on several workflows share the sync points: each run's idle mark and the audit
+/// head are written only after a sync that covers them, whichever thread makes it, and
+/// a run never marks idle a record a newer run of its workflow has taken over.
+#[test]
+fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
+    let w = World::new();
+    let mut c = batched(&w);
+    c.limits.writes_per_minute = 1000;
+    let sb = std::sync::Arc::new(w.open(c.clone()));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                for i in 0..6 {
+                    let r = sb
+                        .run_plan(plan(
+                            json!({"workflow_id": format!("wf_t{}", t % 2), "actions": [
+                            {"action_id": format!("a{t}_{i}"), "intent": "create_file",
+                             "path": format!("t{t}/f{i}.txt"), "content": format!("{t}/{i}\n")}]}),
+                        ))
+                        .unwrap();
+                    assert_eq!(
+                        r.status,
+                        ailab_sandbox_core::executor::RunStatus::Success,
+                        "{r:?}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let sb = std::sync::Arc::into_inner(sb).unwrap();
+    drop(sb);
+    for wf in ["wf_t0", "wf_t1"] {
+        let rec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(rec["state"], "idle", "{wf}: {rec}");
+    }
+    let head: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.state.join("sandbox_audit.head.json")).unwrap())
+            .unwrap();
+    assert_eq!(head["seq"], 24);
+    let sb = w.open(c);
+    assert!(
+        sb.notices().iter().all(|n| !n.contains("recovered")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(sb.registry().len().unwrap(), 24);
+    for t in 0..4 {
+        for i in 0..6 {
+            assert_eq!(
+                w.read(&format!("t{t}/f{i}.txt")),
+                format!("{t}/{i}\n").as_bytes()
+            );
+        }
+    }
+}
