@@ -790,7 +790,10 @@ impl<'a> SandboxWriteExecutor<'a> {
             },
         );
         let staged = match (&staged_name, &bytes) {
-            (Some(name), Some(b)) => match root.stage_write(&rel, name, b, mode) {
+            (Some(name), Some(b)) => match root
+                .stage_write(&rel, name, b, mode)
+                .and_then(|st| sb.cover_for_sync(st.dir()).map(|()| st))
+            {
                 Ok(st) => Some(st),
                 Err(r) => {
                     self.undo(&snap);
@@ -822,6 +825,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                 (None, _) => {
                     root.create_dir_all(&rel, durable)?;
                 }
+            }
+            if staged.is_none() && sb.stages_writes() {
+                let (dir, _) = root.open_parent(&rel, false, false)?;
+                sb.cover_for_sync(&dir)?;
             }
             sb.fail_at("after_mutate")?;
             if let Some(entry) = &entry {

@@ -407,6 +407,23 @@ impl Sandbox {
         self.batch_sync.is_some()
     }
 
+    /// Makes the next sync points cover the filesystem of `dir`, a directory the
+    /// pipeline just wrote into (a no-op unless syncs are batched).
+    pub(crate) fn cover_for_sync(&self, dir: &cap_std::fs::Dir) -> Verdict {
+        match &self.batch_sync {
+            Some(s) => s.cover(dir).map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not open the target's filesystem for syncing: {}",
+                        e.kind()
+                    ),
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// One of the pipeline's durability points: everything written so far reaches
     /// stable storage (a no-op unless syncs are batched).
     pub(crate) fn sync_point(&self) -> Verdict {

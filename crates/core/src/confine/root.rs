@@ -665,6 +665,11 @@ impl StagedWrite {
         &self.staged
     }
 
+    /// The target's directory.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
     /// Puts the staged bytes in place (see [`write_atomic_flush`] for `no_replace`),
     /// then syncs the directory when `sync`.
     pub fn commit(&self, no_replace: bool, sync: bool) -> io::Result<()> {

@@ -283,29 +283,58 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
 /// touched since the last call.
 #[derive(Debug)]
 pub struct FsSync {
-    handles: Vec<File>,
+    /// One open handle per filesystem, by device.
+    handles: std::sync::Mutex<Vec<(u64, File)>>,
 }
 
 impl FsSync {
     /// Opens one handle per distinct filesystem (by device) among `dirs`.
     pub fn open(dirs: &[&Path]) -> io::Result<Self> {
         use std::os::unix::fs::MetadataExt;
-        let mut seen = Vec::new();
-        let mut handles = Vec::new();
+        let mut handles: Vec<(u64, File)> = Vec::new();
         for d in dirs {
             let f = File::open(d)?;
             let dev = f.metadata()?.dev();
-            if !seen.contains(&dev) {
-                seen.push(dev);
-                handles.push(f);
+            if !handles.iter().any(|(d, _)| *d == dev) {
+                handles.push((dev, f));
             }
         }
-        Ok(Self { handles })
+        Ok(Self {
+            handles: std::sync::Mutex::new(handles),
+        })
+    }
+
+    /// Makes later syncs cover the filesystem that holds `dir` too: a directory inside a
+    /// root may be another filesystem mounted there.
+    pub fn cover(&self, dir: &cap_std::fs::Dir) -> io::Result<()> {
+        use cap_fs_ext::MetadataExt;
+        let dev = dir.dir_metadata()?.dev();
+        let mut handles = self
+            .handles
+            .lock()
+            .map_err(|_| io::Error::other("sync handles poisoned"))?;
+        if !handles.iter().any(|(d, _)| *d == dev) {
+            // The runtime's directory handles are `O_PATH`, which `syncfs` refuses: open
+            // the directory itself for reading.
+            use rustix::fs::{Mode, OFlags};
+            let fd = rustix::fs::openat(
+                dir,
+                ".",
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )?;
+            handles.push((dev, File::from(fd)));
+        }
+        Ok(())
     }
 
     /// Flushes every filesystem to stable storage.
     pub fn sync(&self) -> io::Result<()> {
-        for h in &self.handles {
+        let handles = self
+            .handles
+            .lock()
+            .map_err(|_| io::Error::other("sync handles poisoned"))?;
+        for (_, h) in handles.iter() {
             rustix::fs::syncfs(h)?;
         }
         Ok(())
@@ -313,6 +342,6 @@ impl FsSync {
 
     /// How many filesystems one [`FsSync::sync`] flushes.
     pub fn filesystems(&self) -> usize {
-        self.handles.len()
+        self.handles.lock().map_or(0, |h| h.len())
     }
 }

@@ -669,3 +669,30 @@ fn root_handle_stays_on_the_opened_directory_after_the_path_is_swapped() {
     assert_eq!(fs::read(moved.join("x.txt")).unwrap(), b"confined");
     assert!(!fx.outside.join("x.txt").exists());
 }
+
+/// Batched syncs flush whole filesystems; a directory inside a root can be another
+/// filesystem mounted there, and a write into it must widen the set that is synced.
+#[test]
+fn batched_syncs_cover_every_filesystem_written_to() {
+    use ailab_sandbox_core::confine::state::FsSync;
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    let sync = FsSync::open(&[tmp.path()]).unwrap();
+    assert_eq!(sync.filesystems(), 1);
+    let open = |p: &std::path::Path| {
+        cap_std::fs::Dir::open_ambient_dir(p, cap_std::ambient_authority()).unwrap()
+    };
+    sync.cover(&open(&tmp.path().join("sub"))).unwrap();
+    assert_eq!(sync.filesystems(), 1, "same filesystem, nothing added");
+    let other = std::path::Path::new("/dev/shm");
+    let dev = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if dev(other).is_none() || dev(other) == dev(tmp.path()) {
+        return; // no second filesystem to try here
+    }
+    sync.cover(&open(other)).unwrap();
+    assert_eq!(sync.filesystems(), 2);
+    sync.cover(&open(other)).unwrap();
+    assert_eq!(sync.filesystems(), 2, "each filesystem once");
+    sync.sync().unwrap();
+}
