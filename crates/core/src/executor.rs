@@ -694,27 +694,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         // commit record.
         let after = bytes.as_deref().map(sha256_hex);
         let entry = match (&bytes, &after) {
-            (Some(b), Some(sum)) => Some(ArtifactEntry {
-                artifact_id: format!("art_{}", crate::ids::unique()),
-                path: target.clone(),
-                checksum_sha256: sum.clone(),
-                size_bytes: b.len() as u64,
-                mutation_type: a.intent.clone(),
-                workflow_id: wf.clone(),
-                action_id: a.id().to_owned(),
-                parent_workflow_id: self.plan.parent_workflow_id.clone(),
-                parent_artifact_id: match &a.parent_artifact_id {
-                    Some(p) => Some(p.clone()),
-                    None => sb
-                        .registry
-                        .latest_for_path(&target)
-                        .ok()
-                        .flatten()
-                        .map(|e| e.artifact_id),
-                },
-                generated_by_action: format!("{}/{}", self.execution_id, a.id()),
-                created_at: sb.now(),
-            }),
+            (Some(b), Some(sum)) => Some(self.new_artifact(a, &target, b.len() as u64, sum)),
             _ => None,
         };
         let mut meta = SnapshotMeta {
@@ -873,6 +853,33 @@ impl<'a> SandboxWriteExecutor<'a> {
                 self.undo(&snap);
                 Err(fail(self, res, r, target))
             }
+        }
+    }
+
+    /// The registry entry of a file the action is about to write; its parent defaults to
+    /// the latest artifact at the same path.
+    fn new_artifact(&self, a: &Action, target: &str, size: u64, sum: &str) -> ArtifactEntry {
+        let sb = self.sb;
+        ArtifactEntry {
+            artifact_id: format!("art_{}", crate::ids::unique()),
+            path: target.to_owned(),
+            checksum_sha256: sum.to_owned(),
+            size_bytes: size,
+            mutation_type: a.intent.clone(),
+            workflow_id: self.plan.workflow_id.clone(),
+            action_id: a.id().to_owned(),
+            parent_workflow_id: self.plan.parent_workflow_id.clone(),
+            parent_artifact_id: match &a.parent_artifact_id {
+                Some(p) => Some(p.clone()),
+                None => sb
+                    .registry
+                    .latest_for_path(target)
+                    .ok()
+                    .flatten()
+                    .map(|e| e.artifact_id),
+            },
+            generated_by_action: format!("{}/{}", self.execution_id, a.id()),
+            created_at: sb.now(),
         }
     }
 
