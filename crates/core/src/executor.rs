@@ -806,9 +806,8 @@ impl<'a> SandboxWriteExecutor<'a> {
                     root.create_dir_all(&rel, durable)?;
                 }
             }
-            if staged.is_none() && sb.stages_writes() {
-                let (dir, _) = root.open_parent(&rel, false, false)?;
-                sb.cover_for_sync(&dir)?;
+            if staged.is_none() {
+                sb.cover_target(ri, &rel)?;
             }
             sb.fail_at("after_mutate")?;
             if let Some(entry) = &entry {

@@ -424,6 +424,24 @@ impl Sandbox {
         }
     }
 
+    /// [`Sandbox::cover_for_sync`] for the nearest existing directory above `rel` (a
+    /// restore may have removed the directories an action created).
+    pub(crate) fn cover_target(&self, root: usize, rel: &RelPath) -> Verdict {
+        if !self.stages_writes() {
+            return Ok(());
+        }
+        let mut comps = rel.components().to_vec();
+        while !comps.is_empty() {
+            if let Ok((dir, _)) =
+                self.roots[root].open_parent(&RelPath::from_components(comps.clone()), false, false)
+            {
+                return self.cover_for_sync(&dir);
+            }
+            comps.pop();
+        }
+        Ok(())
+    }
+
     /// One of the pipeline's durability points: everything written so far reaches
     /// stable storage (a no-op unless syncs are batched).
     pub(crate) fn sync_point(&self) -> Verdict {
@@ -910,7 +928,11 @@ impl Sandbox {
         }
     }
 
-    /// Restores snapshots in the order given, auditing each step.
+    /// Restores snapshots in the order given, auditing each step. With per-file syncs
+    /// each restore and its "restored" mark are durable one after the other; with batched
+    /// syncs every restore is made durable by one sync point before any mark is written
+    /// (a mark must never reach the disk ahead of the bytes it vouches for), and the marks
+    /// and audit lines by a second one.
     pub(crate) fn restore_all(
         &self,
         execution_id: &str,
@@ -918,12 +940,11 @@ impl Sandbox {
         snaps: Vec<(usize, StoredSnapshot)>,
         why: &str,
     ) -> Vec<RollbackStep> {
-        let mut steps = Vec::new();
-        let mut records = Vec::new();
+        let durable = self.fsync_each();
+        let mut done = Vec::new();
         for (i, s) in snaps {
             let root = &self.roots[i];
-            let meta = &s.meta;
-            let abs = self.abs_path(i, &meta.target());
+            let meta = s.meta;
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
                 Ok(TargetKind::File { .. }) => root
                     .read_file(&meta.target(), MAX_SNAPSHOT_BYTES)
@@ -933,7 +954,23 @@ impl Sandbox {
             };
             let outcome = self
                 .fail_at("during_restore")
-                .and_then(|()| RollbackEngine::restore(root, meta, self.durable()));
+                .and_then(|()| RollbackEngine::restore(root, &meta, durable))
+                .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o));
+            done.push((i, meta, before, outcome));
+        }
+        if self.stages_writes()
+            && done.iter().any(|d| d.3.is_ok())
+            && let Err(r) = self.sync_point()
+        {
+            for d in done.iter_mut().filter(|d| d.3.is_ok()) {
+                d.3 = Err(r.clone());
+            }
+        }
+        let mut steps = Vec::new();
+        let mut records = Vec::new();
+        for (i, meta, before, outcome) in done {
+            let root = &self.roots[i];
+            let abs = self.abs_path(i, &meta.target());
             let step = match outcome {
                 Ok(o) => {
                     let record = serde_json::json!({
@@ -941,8 +978,7 @@ impl Sandbox {
                         "execution_id": execution_id,
                         "restored_checksum": o.restored_checksum,
                     });
-                    if let Err(r) = Snapshotter::mark_restored(root, meta, &record, self.durable())
-                    {
+                    if let Err(r) = Snapshotter::mark_restored(root, &meta, &record, durable) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
                     self.metrics.rollback(why);
@@ -997,6 +1033,9 @@ impl Sandbox {
         }
         if let Err(e) = self.audit.append(records) {
             tracing::error!(error = %e, "could not append rollback records to the audit log");
+        }
+        if let Err(r) = self.sync_point() {
+            tracing::error!(reason = %r.reason, "could not sync the rollback's marks and audit lines");
         }
         steps
     }

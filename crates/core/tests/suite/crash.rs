@@ -404,3 +404,40 @@ fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
         }
     }
 }
+
+/// A batched rollback marks no snapshot restored before one sync point has made all its
+/// restores durable: a crash in the middle leaves no mark, and the rollback run again
+/// restores the original tree.
+#[test]
+fn batched_rollback_marks_snapshots_only_after_its_restores_are_synced() {
+    let w = World::new();
+    seed(&w);
+    let original = w.tree();
+    let sb = w.open(batched(&w));
+    let r = run(&sb, plan_json());
+    assert_eq!(status(&r), "success");
+    sb.failpoints().arm_crash("during_restore", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_crash", &RollbackOptions::default())
+    }));
+    assert!(outcome.is_err(), "the second restore crashes");
+    drop(sb);
+    let marks: Vec<String> = walk(&w.root.join(".rollback"))
+        .into_iter()
+        .filter(|p| p.ends_with("restored.json"))
+        .collect();
+    assert!(marks.is_empty(), "{marks:?}");
+    let sb = w.open(batched(&w));
+    let rb = sb.rollback_workflow(
+        "wf_crash",
+        &RollbackOptions {
+            action_id: None,
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 3);
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
+}
