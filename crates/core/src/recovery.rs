@@ -117,29 +117,47 @@ impl Sandbox {
             .unwrap_or_default();
         let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
         let mut in_doubt = Vec::new();
-        for (i, s) in snaps {
-            if s.meta.execution_id != rec.execution_id {
-                continue;
-            }
+        // Newest first, one target at a time: an action is judged against what its
+        // target holds once the newer in-doubt actions on it are undone, and once one is
+        // finished the older ones on the same target are too (their result was its
+        // starting point, so the target cannot hold it any more).
+        let mut settled: HashSet<(usize, String)> = HashSet::new();
+        let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
+        let mine: Vec<_> = snaps
+            .into_iter()
+            .filter(|(_, s)| s.meta.execution_id == rec.execution_id)
+            .collect();
+        for (i, s) in mine.into_iter().rev() {
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
-            if s.restored {
+            let key = (i, s.meta.original_path.clone());
+            if s.restored || settled.contains(&key) {
                 continue;
             }
+            let current = expected
+                .entry(key.clone())
+                .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
+                .clone();
             let outcome = audited.get(&s.meta.action_id);
             if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
-                && let Some(changed) = self.finish_commit(i, &s.meta, c, outcome.is_some())
+                && let Some(changed) =
+                    self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
             {
                 report.completed += usize::from(changed);
+                settled.insert(key);
                 continue;
             }
             let finished = match outcome {
                 None => false,
                 // Audited as done: done only if the target really holds the result (with
                 // batched syncs the audit line can reach the disk before the target).
-                Some(Some(after)) => self.target_checksum(i, &s.meta.target()) == *after,
+                Some(Some(after)) => current == *after,
                 Some(None) => true,
             };
-            if !finished {
+            if finished {
+                settled.insert(key);
+            } else {
+                // Undone below: the target will hold what it held before this action.
+                expected.insert(key, s.meta.sha256.clone());
                 in_doubt.push((i, s));
             }
         }
@@ -166,7 +184,6 @@ impl Sandbox {
                 report.temp_files_removed += remove_temp_files(&wf, 1).unwrap_or(0);
             }
         }
-        in_doubt.reverse();
         let n = in_doubt.len();
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
@@ -184,7 +201,8 @@ impl Sandbox {
 
 impl Sandbox {
     /// Finishes an action from its commit record: puts the staged bytes in place unless
-    /// the target already holds them, then appends what the registry and the audit log
+    /// the target already holds them (`current`: its checksum once newer in-doubt actions
+    /// on it are undone), then appends what the registry and the audit log
     /// lack; `Some(true)` when that changed anything. `None` when the new bytes are
     /// neither in place nor staged intact: the action is then rolled back like any
     /// unfinished one.
@@ -194,10 +212,11 @@ impl Sandbox {
         meta: &crate::snapshot::SnapshotMeta,
         c: &crate::snapshot::SnapshotCommit,
         audited: bool,
+        current: Option<&str>,
     ) -> Option<bool> {
         let rel = meta.target();
         let mut changed = false;
-        if self.target_checksum(root, &rel).as_deref() != Some(c.after_sha256.as_str()) {
+        if current != Some(c.after_sha256.as_str()) {
             let (staged, bytes) = self.roots[root].find_staged(
                 &rel,
                 &c.staged_name,

@@ -441,3 +441,56 @@ fn batched_rollback_marks_snapshots_only_after_its_restores_are_synced() {
     assert!(sb.audit_verify().unwrap().ok);
     assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
 }
+
+/// Two finished actions of a dead run on the same file: only the newer one's result can
+/// be on disk, and it is; recovery must keep both, and undo only the unfinished action.
+#[test]
+fn recovery_keeps_finished_actions_that_share_a_target() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        w.write("a.txt", b"zero\n");
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("before_audit", 3);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.run_plan(plan(json!({"workflow_id": "wf_same", "actions": [
+                {"intent": "replace_file", "path": "a.txt", "content": "one\n"},
+                {"intent": "append_file", "path": "a.txt", "content": "two\n"},
+                {"intent": "create_file", "path": "c.txt", "content": "gamma\n"}]})))
+        }));
+        assert!(outcome.is_err(), "{durability:?}");
+        drop(sb);
+        let sb = w.open(c);
+        assert_eq!(
+            w.read("a.txt"),
+            b"one\ntwo\n",
+            "{durability:?}: {:?}",
+            sb.notices()
+        );
+        let stats = sb.audit_stats().unwrap();
+        if durability == Durability::Batched {
+            // The third action passed its commit point: finished, not undone.
+            assert_eq!(w.read("c.txt"), b"gamma\n");
+            assert_eq!((stats.success, stats.rolled_back), (3, 0), "{stats:?}");
+        } else {
+            assert!(!w.path("c.txt").exists(), "{durability:?}");
+            assert_eq!(
+                (stats.success, stats.rolled_back),
+                (2, 1),
+                "{durability:?}: {stats:?}"
+            );
+        }
+        assert!(sb.audit_verify().unwrap().ok);
+        let rb = sb.rollback_workflow(
+            "wf_same",
+            &RollbackOptions {
+                action_id: None,
+                force: false,
+            },
+        );
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(w.read("a.txt"), b"zero\n", "{durability:?}");
+    }
+}
