@@ -1,7 +1,7 @@
 //! `kill -9` of a real `ailab-sandbox run` at many moments of a long plan. After each
 //! kill: every target holds its old or its new bytes, the next start recovers (no
-//! temporary files left), `audit verify` passes, and `rollback --force` restores the
-//! original tree byte for byte.
+//! temporary files left, every target agreeing with the audit trail), `audit verify`
+//! passes, and `rollback --force` restores the original tree byte for byte.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -174,6 +174,40 @@ fn kill_9_at_random_moments_is_always_recoverable() {
             !has_temp_files(&root),
             "trial {trial}: temporary files left after recovery"
         );
+        // After recovery the tree agrees with the audit trail: a target holds its new
+        // bytes exactly when its action is audited as done and not rolled back.
+        let out = cli(cfg)
+            .args(["audit", "--workflow", &wf, "--limit", "1000"])
+            .output()
+            .unwrap();
+        let entries: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut done = std::collections::HashSet::new();
+        for e in entries.iter().rev() {
+            let target = e["target_path"].as_str().unwrap().to_owned();
+            match e["status"].as_str().unwrap() {
+                "success" => {
+                    done.insert(target);
+                }
+                "rolled_back" => {
+                    done.remove(&target);
+                }
+                _ => {}
+            }
+        }
+        for i in 0..ACTIONS {
+            let p = if i % 2 == 0 {
+                root.join(format!("docs/f{i}.txt"))
+            } else {
+                root.join(format!("n{i}/deep/g{i}.txt"))
+            };
+            let holds_new = std::fs::read(&p).ok() == Some(new_bytes(i).into_bytes());
+            assert_eq!(
+                holds_new,
+                done.contains(&p.display().to_string()),
+                "trial {trial}: {} disagrees with the audit trail",
+                p.display()
+            );
+        }
         let out = cli(cfg).args(["audit", "verify"]).output().unwrap();
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["ok"], true, "trial {trial}: {v}");
