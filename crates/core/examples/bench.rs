@@ -62,7 +62,7 @@ fn row(name: String, samples: &[Duration], floor: Option<&[Duration]>) -> Row {
     }
 }
 
-const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
+const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|concurrent|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
 Temporary directories are made under $TMPDIR (default /tmp).";
 
 fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
@@ -95,6 +95,50 @@ fn governed(n: usize, size: usize, durability: Durability) -> Duration {
         .unwrap();
         let r = sb.run_plan(plan).unwrap();
         assert!(r.is_success(), "{:?}", r.actions[0].reason);
+    }
+    start.elapsed() / n as u32
+}
+
+/// `threads` agents at once, each with its own workflow, `n` one-action plans in all
+/// (1 KiB, alternating create and replace): wall time per action, and with batched
+/// durability the whole-filesystem syncs made per action (concurrent actions share them).
+fn governed_concurrent(n: usize, threads: usize, durability: Durability) -> (Duration, f64) {
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let sb = std::sync::Arc::new(sandbox(&tmp, durability));
+    let content = "x".repeat(1024);
+    settle();
+    let syncs_before = sb.batched_syncs().unwrap_or(0);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (sb, content) = (sb.clone(), content.clone());
+            std::thread::spawn(move || {
+                for i in 0..n / threads {
+                    let intent = if i % 2 == 0 { "create_file" } else { "replace_file" };
+                    let plan: Plan = serde_json::from_value(json!({"workflow_id": format!("wf_c{t}"), "actions": [
+                        {"action_id": format!("a{i}"), "intent": intent, "path": format!("t{t}/f{}.txt", i / 2), "content": content}]}))
+                    .unwrap();
+                    assert!(sb.run_plan(plan).unwrap().is_success());
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let per_action = start.elapsed() / n as u32;
+    let syncs = sb.batched_syncs().unwrap_or(0) - syncs_before;
+    (per_action, syncs as f64 / n as f64)
+}
+
+/// The floor for [`governed_concurrent`]: `threads` writers of durable bare writes.
+fn bare_concurrent(n: usize, threads: usize) -> Duration {
+    let start = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|_| std::thread::spawn(move || bare(n / threads, 1024, Floor::Durable)))
+        .collect();
+    for w in workers {
+        w.join().unwrap();
     }
     start.elapsed() / n as u32
 }
@@ -279,6 +323,23 @@ fn run() {
         );
         return;
     }
+    if only.as_deref() == Some("concurrent") {
+        // Four agents at once, batched and strict, beside four bare writers.
+        let n = flag("--n", 400);
+        let floor = bare_concurrent(n, 4);
+        let (gb, syncs) = governed_concurrent(n, 4, Durability::Batched);
+        let gs = governed_concurrent(n, 4, Durability::Strict).0;
+        println!(
+            "4 writers bare {:.1} µs, batched {:.1} µs ({:.2}×, {syncs:.2} syncfs per action), strict {:.1} µs ({:.2}×)",
+            floor.as_secs_f64() * 1e6,
+            gb.as_secs_f64() * 1e6,
+            gb.as_secs_f64() / floor.as_secs_f64(),
+            gs.as_secs_f64() * 1e6,
+            gs.as_secs_f64() / floor.as_secs_f64()
+        );
+        KEPT.lock().unwrap().clear();
+        return;
+    }
     if let Some(mode) = only.as_deref().and_then(|o| o.strip_prefix("bare-")) {
         let n = flag("--n", 2000);
         let t = bare(
@@ -335,6 +396,35 @@ fn run() {
         rows.push(row(format!("governed batched, {label}"), &gb, Some(&bd)));
         rows.push(row(format!("governed relaxed, {label}"), &gr, Some(&bf)));
     }
+    // Four agents at once: batched syncs are shared by the actions in flight.
+    let threads = 4;
+    let (mut cb, mut cg, mut cs, mut syncs) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        cb.push(bare_concurrent(n * 2, threads));
+        let (t, per) = governed_concurrent(n * 2, threads, Durability::Batched);
+        cg.push(t);
+        syncs.push(per);
+        cs.push(governed_concurrent(n * 2, threads, Durability::Strict).0);
+    }
+    rows.push(row(
+        format!("bare durable write, {threads} writers, 1 KiB (wall per write)"),
+        &cb,
+        None,
+    ));
+    rows.push(row(
+        format!("governed strict, {threads} agents, 1 KiB (wall per action)"),
+        &cs,
+        Some(&cb),
+    ));
+    syncs.sort_by(f64::total_cmp);
+    rows.push(row(
+        format!(
+            "governed batched, {threads} agents, 1 KiB ({:.2} syncfs per action)",
+            syncs[syncs.len() / 2]
+        ),
+        &cg,
+        Some(&cb),
+    ));
     for (d, label) in [
         (Durability::Strict, "strict"),
         (Durability::Batched, "batched"),
@@ -364,10 +454,10 @@ fn run() {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap());
         return;
     }
-    println!("{:<52} {:>12} {:>10}", "case", "per op", "vs floor");
+    println!("{:<66} {:>12} {:>10}", "case", "per op", "vs floor");
     for r in &rows {
         println!(
-            "{:<52} {:>10.1}µs {:>10}",
+            "{:<66} {:>10.1}µs {:>10}",
             r.name,
             r.per_op.as_secs_f64() * 1e6,
             r.ratio.map_or(String::new(), |x| format!("{x:.2}×"))

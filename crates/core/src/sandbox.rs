@@ -401,6 +401,12 @@ impl Sandbox {
         self.config.durability.is_strict() && self.batch_sync.is_none()
     }
 
+    /// With batched durability, how many whole-filesystem syncs this sandbox has made so
+    /// far (concurrent actions share them); `None` otherwise.
+    pub fn batched_syncs(&self) -> Option<u64> {
+        self.batch_sync.as_ref().map(|s| s.syncs_made())
+    }
+
     /// Whether file writes are staged and committed with one durability point (batched
     /// syncs).
     pub(crate) fn stages_writes(&self) -> bool {

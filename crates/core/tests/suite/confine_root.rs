@@ -696,3 +696,30 @@ fn batched_syncs_cover_every_filesystem_written_to() {
     assert_eq!(sync.filesystems(), 2, "each filesystem once");
     sync.sync().unwrap();
 }
+
+/// Concurrent callers share syncs: every call returns once a sync that started after it
+/// asked has finished, and no more syncs are made than calls.
+#[test]
+fn batched_syncs_are_shared_by_concurrent_callers() {
+    use ailab_sandbox_core::confine::state::FsSync;
+    let tmp = tempfile::tempdir().unwrap();
+    let sync = std::sync::Arc::new(FsSync::open(&[tmp.path()]).unwrap());
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (sync, barrier, dir) = (sync.clone(), barrier.clone(), tmp.path().to_path_buf());
+            std::thread::spawn(move || {
+                for i in 0..5 {
+                    fs::write(dir.join(format!("f{t}_{i}")), b"x").unwrap();
+                    barrier.wait();
+                    sync.sync().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let made = sync.syncs_made();
+    assert!((1..=40).contains(&made), "{made} syncs for 40 calls");
+}
