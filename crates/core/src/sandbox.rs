@@ -934,11 +934,12 @@ impl Sandbox {
         }
     }
 
-    /// Restores snapshots in the order given, auditing each step. With per-file syncs
-    /// each restore and its "restored" mark are durable one after the other; with batched
-    /// syncs every restore is made durable by one sync point before any mark is written
-    /// (a mark must never reach the disk ahead of the bytes it vouches for), and the marks
-    /// and audit lines by a second one.
+    /// Restores snapshots in the order given, recording each step (its "restored" mark
+    /// and audit line) before the next one starts, so that a rollback that dies leaves
+    /// its finished steps recorded. With per-file syncs each restore, then its record,
+    /// is durable as it is written; with batched syncs a sync point separates a restore
+    /// from its record (a mark must never reach the disk ahead of the bytes it vouches
+    /// for), and the last record is made durable by a final one.
     pub(crate) fn restore_all(
         &self,
         execution_id: &str,
@@ -947,10 +948,11 @@ impl Sandbox {
         why: &str,
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
-        let mut done = Vec::new();
+        let mut steps = Vec::new();
         for (i, s) in snaps {
             let root = &self.roots[i];
             let meta = s.meta;
+            let abs = self.abs_path(i, &meta.target());
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
                 Ok(TargetKind::File { .. }) => root
                     .read_file(&meta.target(), MAX_SNAPSHOT_BYTES)
@@ -961,22 +963,8 @@ impl Sandbox {
             let outcome = self
                 .fail_at("during_restore")
                 .and_then(|()| RollbackEngine::restore(root, &meta, durable))
-                .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o));
-            done.push((i, meta, before, outcome));
-        }
-        if self.stages_writes()
-            && done.iter().any(|d| d.3.is_ok())
-            && let Err(r) = self.sync_point()
-        {
-            for d in done.iter_mut().filter(|d| d.3.is_ok()) {
-                d.3 = Err(r.clone());
-            }
-        }
-        let mut steps = Vec::new();
-        let mut records = Vec::new();
-        for (i, meta, before, outcome) in done {
-            let root = &self.roots[i];
-            let abs = self.abs_path(i, &meta.target());
+                .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
+                .and_then(|o| self.sync_point().map(|()| o));
             let step = match outcome {
                 Ok(o) => {
                     let record = serde_json::json!({
@@ -1015,7 +1003,7 @@ impl Sandbox {
                     }
                 }
             };
-            records.push(AuditRecord {
+            let record = AuditRecord {
                 timestamp: self.now(),
                 execution_id: execution_id.to_owned(),
                 workflow_id: workflow_id.to_owned(),
@@ -1034,14 +1022,14 @@ impl Sandbox {
                 },
                 reason_code: step.reason_code,
                 error: step.reason.clone(),
-            });
+            };
+            if let Err(e) = self.audit.append(vec![record]) {
+                tracing::error!(error = %e, "could not append a rollback record to the audit log");
+            }
             steps.push(step);
         }
-        if let Err(e) = self.audit.append(records) {
-            tracing::error!(error = %e, "could not append rollback records to the audit log");
-        }
         if let Err(r) = self.sync_point() {
-            tracing::error!(reason = %r.reason, "could not sync the rollback's marks and audit lines");
+            tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
         }
         steps
     }

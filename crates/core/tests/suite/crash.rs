@@ -405,41 +405,48 @@ fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
     }
 }
 
-/// A batched rollback marks no snapshot restored before one sync point has made all its
-/// restores durable: a crash in the middle leaves no mark, and the rollback run again
-/// restores the original tree.
+/// A rollback records each step (its "restored" mark and audit line) as soon as the
+/// step's restore is durable, before the next step starts: when it dies in the middle,
+/// the tree agrees with the audit trail, and the rollback run again finishes the rest.
 #[test]
-fn batched_rollback_marks_snapshots_only_after_its_restores_are_synced() {
-    let w = World::new();
-    seed(&w);
-    let original = w.tree();
-    let sb = w.open(batched(&w));
-    let r = run(&sb, plan_json());
-    assert_eq!(status(&r), "success");
-    sb.failpoints().arm_crash("during_restore", 2);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.rollback_workflow("wf_crash", &RollbackOptions::default())
-    }));
-    assert!(outcome.is_err(), "the second restore crashes");
-    drop(sb);
-    let marks: Vec<String> = walk(&w.root.join(".rollback"))
-        .into_iter()
-        .filter(|p| p.ends_with("restored.json"))
-        .collect();
-    assert!(marks.is_empty(), "{marks:?}");
-    let sb = w.open(batched(&w));
-    let rb = sb.rollback_workflow(
-        "wf_crash",
-        &RollbackOptions {
-            action_id: None,
-            force: true,
-        },
-    );
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(rb.steps_rolled_back, 3);
-    assert_eq!(w.tree(), original);
-    assert!(sb.audit_verify().unwrap().ok);
-    assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
+fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        seed(&w);
+        let original = w.tree();
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let sb = w.open(c.clone());
+        let r = run(&sb, plan_json());
+        assert_eq!(status(&r), "success");
+        sb.failpoints().arm_crash("during_restore", 2);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.rollback_workflow("wf_crash", &RollbackOptions::default())
+        }));
+        assert!(outcome.is_err(), "the second restore crashes");
+        drop(sb);
+        // Newest first: new/c.txt was removed, and that step is recorded.
+        assert!(!w.path("new/c.txt").exists(), "{durability:?}");
+        let marks: Vec<String> = walk(&w.root.join(".rollback"))
+            .into_iter()
+            .filter(|p| p.ends_with("restored.json"))
+            .collect();
+        assert_eq!(marks.len(), 1, "{durability:?}: {marks:?}");
+        let sb = w.open(c);
+        assert_eq!(sb.audit_stats().unwrap().rolled_back, 1, "{durability:?}");
+        assert_eq!(
+            w.read("d/b.txt"),
+            b"beta\nmore\n",
+            "{durability:?}: not restored yet"
+        );
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(rb.steps_rolled_back, 2, "{durability:?}");
+        assert_eq!(w.tree(), original, "{durability:?}");
+        assert!(sb.audit_verify().unwrap().ok);
+        assert_eq!(sb.audit_stats().unwrap().rolled_back, 3, "{durability:?}");
+    }
 }
 
 /// Two finished actions of a dead run on the same file: only the newer one's result can

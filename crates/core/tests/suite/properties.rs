@@ -91,17 +91,21 @@ fn crash_action() -> impl Strategy<Value = (u8, u8, u8)> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
 
-    /// A run of generated actions over a few shared files dies at a generated step of a
-    /// generated action, in each durability. After the next start every file holds what
-    /// the newest successful action on it left (or its original bytes), every success
-    /// is registered, the audit chain verifies, and a forced rollback gives back the
-    /// original tree.
+    /// A run of generated actions over a few shared files fails at a generated step of a
+    /// generated action (a crash, or an I/O error the pipeline handles, stopping or
+    /// rolling back), in each durability; then, maybe, a rollback dies at one of its
+    /// restores. After the next start every file holds what the newest audited change to
+    /// it left, every success is registered, the audit chain verifies, and a forced
+    /// rollback gives back the original tree.
     #[test]
     fn recovery_after_a_crash_anywhere_is_consistent(
         actions in proptest::collection::vec(crash_action(), 1..7),
         point in 0usize..5,
         nth in 1u32..7,
         mode in 0u8..3,
+        crash in any::<bool>(),
+        undo_on_failure in any::<bool>(),
+        rollback_crash in proptest::option::of(1u32..5),
     ) {
         use ailab_sandbox_core::audit::AuditStatus;
         use ailab_sandbox_core::config::Durability;
@@ -145,22 +149,45 @@ proptest! {
             })
             .collect();
         let sb = w.open(c.clone());
-        sb.failpoints().arm_crash(points[point], nth);
+        // The failure is a crash or an I/O error the pipeline handles itself.
+        if crash {
+            sb.failpoints().arm_crash(points[point], nth);
+        } else {
+            sb.failpoints().arm(points[point], nth);
+        }
+        let on_failure = if undo_on_failure { "rollback" } else { "stop" };
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            sb.run_plan(plan(json!({"workflow_id": "wf_prop", "on_failure": "stop", "actions": plan_actions})))
+            sb.run_plan(plan(json!({"workflow_id": "wf_prop", "on_failure": on_failure, "actions": plan_actions})))
         }));
-        if let Ok(r) = outcome {
-            // Not crashed: the armed step came after the last action, and the plan ran.
-            let r = r.unwrap();
-            prop_assert!(r.is_success(), "{:?}", r.actions);
+        let sb = match outcome {
+            Ok(r) => {
+                let r = r.unwrap();
+                prop_assert!(!r.simulation_only && r.status != ailab_sandbox_core::executor::RunStatus::Blocked,
+                    "the generated plan must run: {:?}", r.actions);
+                sb
+            }
+            // A crash ends the process: the next thing to happen is a start, which recovers.
+            Err(_) => {
+                drop(sb);
+                w.open(c.clone())
+            }
+        };
+        // Then, maybe, a rollback of the workflow that dies at one of its restores.
+        if let Some(k) = rollback_crash {
+            sb.failpoints().arm_crash("during_restore", k);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sb.rollback_workflow("wf_prop", &ailab_sandbox_core::sandbox::RollbackOptions::default())
+            }));
         }
         drop(sb);
 
         let sb = w.open(c);
         prop_assert!(sb.audit_verify().unwrap().ok);
         let entries = sb.audit_entries(1000, Some("wf_prop")).unwrap();
-        // Newest success per target, in audit order (entries come newest first).
-        let mut newest: BTreeMap<String, String> = BTreeMap::new();
+        // What each target must hold after the newest audited change to it (entries
+        // come newest first): a success's bytes, or what a rollback restored (`None`:
+        // the file is gone).
+        let mut newest: BTreeMap<String, Option<String>> = BTreeMap::new();
         let registered = sb.registry().get_by_workflow("wf_prop").unwrap();
         for e in entries.iter().rev() {
             match e.status {
@@ -168,20 +195,17 @@ proptest! {
                     // Registered too (the registry also keeps what a rollback undid).
                     prop_assert!(registered.iter().any(|r| r.action_id == e.action_id
                         && Some(&r.checksum_sha256) == e.after_checksum.as_ref()), "{}", e.action_id);
-                    newest.insert(e.target_path.clone(), e.after_checksum.clone().unwrap());
+                    newest.insert(e.target_path.clone(), e.after_checksum.clone());
                 }
                 AuditStatus::RolledBack => {
-                    newest.remove(&e.target_path);
-                    if let Some(b) = &e.after_checksum {
-                        newest.insert(e.target_path.clone(), b.clone());
-                    }
+                    newest.insert(e.target_path.clone(), e.after_checksum.clone());
                 }
                 _ => {}
             }
         }
         for (target, sum) in &newest {
-            let bytes = std::fs::read(target).unwrap();
-            prop_assert_eq!(&sha(&bytes), sum, "{}", target);
+            let now = std::fs::read(target).ok().map(|b| sha(&b));
+            prop_assert_eq!(&now, sum, "{}", target);
         }
         let rb = sb.rollback_workflow("wf_prop", &ailab_sandbox_core::sandbox::RollbackOptions { action_id: None, force: true });
         prop_assert!(
