@@ -6,13 +6,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 6] = [
+pub const POINTS: [&str; 7] = [
     "after_snapshot",
     "before_mutate",
     "after_mutate",
     "before_registry",
     "before_audit",
     "during_restore",
+    "after_restore",
 ];
 
 /// What an armed point does when it fires.

@@ -14,6 +14,9 @@ use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// The record state of a workflow whose rollback is under way.
+pub const ROLLING_BACK: &str = "rolling_back";
+
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
 /// `idle` when the run ends. One file per workflow, rewritten in place.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,6 +45,10 @@ pub struct Recovered {
     pub completed: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
+    /// For a dead rollback: files it had restored without recording it, now recorded.
+    pub restores_recorded: usize,
+    /// Whether the dead process was rolling the workflow back (not running a plan).
+    pub rollback: bool,
 }
 
 impl Sandbox {
@@ -62,7 +69,7 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             };
-            if rec.state != "active" {
+            if rec.state != "active" && rec.state != ROLLING_BACK {
                 continue;
             }
             if !crate::plan::is_valid_id(&rec.workflow_id) || rec.workflow_id != id {
@@ -77,7 +84,11 @@ impl Sandbox {
                     continue;
                 }
             };
-            out.push(self.recover_run(&rec));
+            out.push(if rec.state == ROLLING_BACK {
+                self.recover_rollback(&rec)
+            } else {
+                self.recover_run(&rec)
+            });
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.sync_point() {
@@ -94,6 +105,87 @@ impl Sandbox {
             }
         }
         out
+    }
+
+    /// A rollback died. It restored targets newest first and recorded each step after
+    /// its restore, so at most the step in progress is unrecorded: per target, newest
+    /// first, an unmarked snapshot of an action audited as done whose target holds the
+    /// action's `before` checksum was restored by it and is recorded now; one whose target
+    /// still holds the action's result, or anything else, ends the walk for that target.
+    fn recover_rollback(&self, rec: &InflightRecord) -> Recovered {
+        let mut report = Recovered {
+            execution_id: rec.execution_id.clone(),
+            workflow_id: rec.workflow_id.clone(),
+            rollback: true,
+            ..Recovered::default()
+        };
+        let mut done: HashMap<String, Option<String>> = HashMap::new();
+        for e in self.audit.by_workflow(&rec.workflow_id).unwrap_or_default() {
+            match e.status {
+                AuditStatus::Success => {
+                    done.insert(e.action_id, e.after_checksum);
+                }
+                AuditStatus::RolledBack => {
+                    done.remove(&e.action_id);
+                }
+                _ => {}
+            }
+        }
+        let snaps = self
+            .workflow_snapshots(&rec.workflow_id)
+            .unwrap_or_default();
+        let mut settled: HashSet<(usize, String)> = HashSet::new();
+        let mut records = Vec::new();
+        for (i, s) in snaps.into_iter().rev() {
+            let key = (i, s.meta.original_path.clone());
+            if s.restored || settled.contains(&key) {
+                continue;
+            }
+            let Some(after) = done.get(&s.meta.action_id) else {
+                continue;
+            };
+            let current = self.target_checksum(i, &s.meta.target());
+            if current != s.meta.sha256 || current == *after {
+                settled.insert(key);
+                continue;
+            }
+            let record = serde_json::json!({
+                "restored_at": self.now(),
+                "execution_id": rec.execution_id,
+                "restored_checksum": current,
+                "recorded_by": "recovery",
+            });
+            if let Err(r) = crate::snapshot::Snapshotter::mark_restored(
+                &self.roots[i],
+                &s.meta,
+                &record,
+                self.fsync_each(),
+            ) {
+                tracing::warn!(reason = %r, "could not mark a snapshot restored");
+                continue;
+            }
+            records.push(crate::audit::AuditRecord {
+                timestamp: self.now(),
+                execution_id: rec.execution_id.clone(),
+                workflow_id: rec.workflow_id.clone(),
+                action_id: s.meta.action_id.clone(),
+                mutation_class: Some(crate::catalog::MutationClass::Rollback),
+                mutation_type: s.meta.intent.clone(),
+                target_path: self.abs_path(i, &s.meta.target()),
+                before_checksum: after.clone(),
+                after_checksum: current,
+                rollback_available: false,
+                rollback_path: Some(s.meta.rollback_path()),
+                status: AuditStatus::RolledBack,
+                reason_code: None,
+                error: None,
+            });
+            report.restores_recorded += 1;
+        }
+        if let Err(e) = self.audit.append(records) {
+            tracing::error!(error = %e, "recovery could not audit a dead rollback's restores");
+        }
+        report
     }
 
     fn recover_run(&self, rec: &InflightRecord) -> Recovered {

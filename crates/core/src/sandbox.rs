@@ -315,10 +315,17 @@ impl Sandbox {
             idle_after_sync: std::sync::Mutex::new(Vec::new()),
         };
         for r in sb.recover() {
-            sb.notices.push(format!(
-                "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed",
-                r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed
-            ));
+            sb.notices.push(if r.rollback {
+                format!(
+                    "recovered interrupted rollback {} of workflow {}: {} restored files recorded",
+                    r.execution_id, r.workflow_id, r.restores_recorded
+                )
+            } else {
+                format!(
+                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed",
+                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed
+                )
+            });
         }
         Ok(sb)
     }
@@ -911,12 +918,41 @@ impl Sandbox {
             );
         }
         let execution_id = crate::plan::new_execution_id();
+        // The workflow's record says a rollback is under way, durably, before any target
+        // changes: if the process dies between a restore and its record, the next start
+        // finds the restored file and records it. Earlier runs of the workflow are made
+        // durable first (batched), since the record no longer points recovery at them.
+        let record = crate::recovery::InflightRecord {
+            state: crate::recovery::ROLLING_BACK.to_owned(),
+            execution_id: execution_id.clone(),
+            workflow_id: workflow_id.to_owned(),
+            started_at: self.now(),
+        };
+        let marked = self.sync_point().and_then(|()| {
+            let bytes = serde_json::to_vec(&record).unwrap_or_default();
+            self.state
+                .inflight_write(workflow_id, &bytes, self.fsync_each())
+                .map_err(|e| {
+                    crate::reason::Refusal::new(
+                        ReasonCode::IoError,
+                        format!(
+                            "could not record the rollback in the state directory: {}",
+                            e.kind()
+                        ),
+                    )
+                })?;
+            self.sync_point()
+        });
+        if let Err(r) = marked {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
         let steps = self.restore_all(
             &execution_id,
             workflow_id,
             chosen.into_iter().rev().collect(),
             "manual",
         );
+        self.run_finished(record);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         let failed = steps.iter().find(|s| !s.restored);
         RollbackReport {
@@ -964,7 +1000,8 @@ impl Sandbox {
                 .fail_at("during_restore")
                 .and_then(|()| RollbackEngine::restore(root, &meta, durable))
                 .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
-                .and_then(|o| self.sync_point().map(|()| o));
+                .and_then(|o| self.sync_point().map(|()| o))
+                .and_then(|o| self.fail_at("after_restore").map(|()| o));
             let step = match outcome {
                 Ok(o) => {
                     let record = serde_json::json!({

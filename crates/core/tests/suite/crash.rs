@@ -501,3 +501,54 @@ fn recovery_keeps_finished_actions_that_share_a_target() {
         assert_eq!(w.read("a.txt"), b"zero\n", "{durability:?}");
     }
 }
+
+/// A rollback killed between a restore and its record: the next start finds the file
+/// restored (it holds the action's `before` checksum) and records it, so the tree agrees
+/// with the audit trail again.
+#[test]
+fn a_rollback_killed_after_a_restore_is_recorded_at_the_next_start() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        seed(&w);
+        let original = w.tree();
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let sb = w.open(c.clone());
+        assert_eq!(status(&run(&sb, plan_json())), "success");
+        sb.failpoints().arm_crash("after_restore", 2);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.rollback_workflow("wf_crash", &RollbackOptions::default())
+        }));
+        assert!(outcome.is_err(), "killed after the second restore");
+        drop(sb);
+        assert_eq!(
+            w.read("d/b.txt"),
+            b"beta\n",
+            "{durability:?}: restored, unrecorded"
+        );
+        let sb = w.open(c);
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("interrupted rollback")
+                    && n.contains("1 restored files recorded")),
+            "{durability:?}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(sb.audit_stats().unwrap().rolled_back, 2, "{durability:?}");
+        assert!(sb.audit_verify().unwrap().ok);
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(
+            rb.steps_rolled_back, 1,
+            "{durability:?}: only a.txt was left"
+        );
+        assert_eq!(w.tree(), original, "{durability:?}");
+        drop(sb);
+        let rec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
+                .unwrap();
+        assert_eq!(rec["state"], "idle", "{durability:?}");
+    }
+}
