@@ -21,6 +21,20 @@ fn seed(w: &World) {
     w.write("d/b.txt", b"beta\n");
 }
 
+type Tree = std::collections::BTreeMap<String, Option<Vec<u8>>>;
+
+/// A seeded world, a writable configuration in `durability`, and the tree as seeded.
+fn seeded(
+    durability: ailab_sandbox_core::config::Durability,
+) -> (World, ailab_sandbox_core::Config, Tree) {
+    let w = World::new();
+    seed(&w);
+    let original = w.tree();
+    let mut c = w.writable_config();
+    c.durability = durability;
+    (w, c, original)
+}
+
 fn plan_json() -> serde_json::Value {
     json!({"workflow_id": "wf_crash", "actions": [
         {"intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
@@ -63,11 +77,7 @@ fn crash_at_every_step_of_every_action_is_recoverable() {
         .flat_map(|(d, p)| (1..=3).map(move |n| (d, p, n)))
     {
         {
-            let w = World::new();
-            seed(&w);
-            let original = w.tree();
-            let mut c = w.writable_config();
-            c.durability = durability;
+            let (w, c, original) = seeded(durability);
             let sb = w.open(c.clone());
             sb.failpoints().arm_crash(point, nth);
             let outcome =
@@ -405,6 +415,27 @@ fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
     }
 }
 
+/// Runs `plan_json` in `durability`, then a rollback of it that dies at the second hit
+/// of `point`; returns the world, its configuration and the tree before the run.
+fn rollback_killed_at(
+    point: &str,
+    durability: ailab_sandbox_core::config::Durability,
+) -> (World, ailab_sandbox_core::Config, Tree) {
+    let (w, c, original) = seeded(durability);
+    let sb = w.open(c.clone());
+    assert_eq!(status(&run(&sb, plan_json())), "success");
+    sb.failpoints().arm_crash(point, 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_crash", &RollbackOptions::default())
+    }));
+    assert!(
+        outcome.is_err(),
+        "{durability:?}: the rollback dies at {point}"
+    );
+    drop(sb);
+    (w, c, original)
+}
+
 /// A rollback records each step (its "restored" mark and audit line) as soon as the
 /// step's restore is durable, before the next step starts: when it dies in the middle,
 /// the tree agrees with the audit trail, and the rollback run again finishes the rest.
@@ -412,20 +443,7 @@ fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
 fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
-        let w = World::new();
-        seed(&w);
-        let original = w.tree();
-        let mut c = w.writable_config();
-        c.durability = durability;
-        let sb = w.open(c.clone());
-        let r = run(&sb, plan_json());
-        assert_eq!(status(&r), "success");
-        sb.failpoints().arm_crash("during_restore", 2);
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            sb.rollback_workflow("wf_crash", &RollbackOptions::default())
-        }));
-        assert!(outcome.is_err(), "the second restore crashes");
-        drop(sb);
+        let (w, c, original) = rollback_killed_at("during_restore", durability);
         // Newest first: new/c.txt was removed, and that step is recorded.
         assert!(!w.path("new/c.txt").exists(), "{durability:?}");
         let marks: Vec<String> = walk(&w.root.join(".rollback"))
@@ -509,19 +527,7 @@ fn recovery_keeps_finished_actions_that_share_a_target() {
 fn a_rollback_killed_after_a_restore_is_recorded_at_the_next_start() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
-        let w = World::new();
-        seed(&w);
-        let original = w.tree();
-        let mut c = w.writable_config();
-        c.durability = durability;
-        let sb = w.open(c.clone());
-        assert_eq!(status(&run(&sb, plan_json())), "success");
-        sb.failpoints().arm_crash("after_restore", 2);
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            sb.rollback_workflow("wf_crash", &RollbackOptions::default())
-        }));
-        assert!(outcome.is_err(), "killed after the second restore");
-        drop(sb);
+        let (w, c, original) = rollback_killed_at("after_restore", durability);
         assert_eq!(
             w.read("d/b.txt"),
             b"beta\n",
