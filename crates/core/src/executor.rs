@@ -504,20 +504,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
         };
-        let wf = self.plan.workflow_id.clone();
-        let bytes = serde_json::to_vec(&record).unwrap_or_default();
-        if let Err(e) = self
-            .sb
-            .state
-            .inflight_write(&wf, &bytes, self.sb.fsync_each())
-        {
-            let r = Refusal::new(
-                ReasonCode::IoError,
-                format!(
-                    "could not record the run in the state directory: {}",
-                    e.kind()
-                ),
-            );
+        if let Err(r) = self.sb.begin_record(&record) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();
             return self.blocked(checks, false);
         }

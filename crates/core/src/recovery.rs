@@ -95,14 +95,7 @@ impl Sandbox {
                 tracing::warn!(reason = %r.reason, "cannot sync after recovery");
                 continue;
             }
-            let idle = InflightRecord {
-                state: "idle".to_owned(),
-                ..rec
-            };
-            let bytes = serde_json::to_vec(&idle).unwrap_or_default();
-            if let Err(e) = self.state.inflight_write(&id, &bytes, self.durable()) {
-                tracing::warn!(error = %e, "cannot mark an in-flight record idle");
-            }
+            self.write_idle_record(&rec, self.durable());
         }
         out
     }
@@ -149,37 +142,18 @@ impl Sandbox {
                 settled.insert(key);
                 continue;
             }
-            let record = serde_json::json!({
-                "restored_at": self.now(),
-                "execution_id": rec.execution_id,
-                "restored_checksum": current,
-                "recorded_by": "recovery",
-            });
-            if let Err(r) = crate::snapshot::Snapshotter::mark_restored(
-                &self.roots[i],
-                &s.meta,
-                &record,
-                self.fsync_each(),
-            ) {
+            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, true) {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }
-            records.push(crate::audit::AuditRecord {
-                timestamp: self.now(),
-                execution_id: rec.execution_id.clone(),
-                workflow_id: rec.workflow_id.clone(),
-                action_id: s.meta.action_id.clone(),
-                mutation_class: Some(crate::catalog::MutationClass::Rollback),
-                mutation_type: s.meta.intent.clone(),
-                target_path: self.abs_path(i, &s.meta.target()),
-                before_checksum: after.clone(),
-                after_checksum: current,
-                rollback_available: false,
-                rollback_path: Some(s.meta.rollback_path()),
-                status: AuditStatus::RolledBack,
-                reason_code: None,
-                error: None,
-            });
+            records.push(self.rollback_record(
+                &rec.execution_id,
+                &rec.workflow_id,
+                i,
+                &s.meta,
+                after.clone(),
+                current,
+            ));
             report.restores_recorded += 1;
         }
         if let Err(e) = self.audit.append(records) {

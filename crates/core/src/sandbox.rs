@@ -21,7 +21,9 @@ use crate::policy::{
     phase_supports_sandbox_write,
 };
 use crate::reason::{ReasonCode, Verdict};
-use crate::snapshot::{MAX_SNAPSHOT_BYTES, RollbackEngine, Snapshotter, StoredSnapshot};
+use crate::snapshot::{
+    MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotMeta, Snapshotter, StoredSnapshot,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -518,16 +520,49 @@ impl Sandbox {
     }
 
     fn write_idle(&self, rec: &crate::recovery::InflightRecord) {
+        // Not synced: after a crash an `active` record of a finished run only makes the
+        // next start look for unfinished actions, and find none.
+        self.write_idle_record(rec, false);
+    }
+
+    /// Writes `rec` with state `idle`.
+    pub(crate) fn write_idle_record(&self, rec: &crate::recovery::InflightRecord, durable: bool) {
         let idle = crate::recovery::InflightRecord {
             state: "idle".to_owned(),
             ..rec.clone()
         };
-        let bytes = serde_json::to_vec(&idle).unwrap_or_default();
-        // Not synced: after a crash an `active` record of a finished run only makes the
-        // next start look for unfinished actions, and find none.
-        if let Err(e) = self.state.inflight_write(&rec.workflow_id, &bytes, false) {
-            tracing::warn!(error = %e, "could not mark the run's record idle");
+        if let Err(e) = self.write_record(&idle, durable) {
+            tracing::warn!(error = %e, "could not mark a workflow's record idle");
         }
+    }
+
+    /// Writes a workflow's in-flight record (in place; synced when `durable`).
+    fn write_record(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        durable: bool,
+    ) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
+        self.state.inflight_write(&rec.workflow_id, &bytes, durable)
+    }
+
+    /// Records that `rec`'s run or rollback is under way, before it changes any file
+    /// (synced under `strict`; under `batched` the next sync point covers it).
+    pub(crate) fn begin_record(&self, rec: &crate::recovery::InflightRecord) -> Verdict {
+        self.write_record(rec, self.fsync_each()).map_err(|e| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not record the {} in the state directory: {}",
+                    if rec.state == crate::recovery::ROLLING_BACK {
+                        "rollback"
+                    } else {
+                        "run"
+                    },
+                    e.kind()
+                ),
+            )
+        })
     }
 
     pub(crate) fn durable(&self) -> bool {
@@ -928,21 +963,10 @@ impl Sandbox {
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
         };
-        let marked = self.sync_point().and_then(|()| {
-            let bytes = serde_json::to_vec(&record).unwrap_or_default();
-            self.state
-                .inflight_write(workflow_id, &bytes, self.fsync_each())
-                .map_err(|e| {
-                    crate::reason::Refusal::new(
-                        ReasonCode::IoError,
-                        format!(
-                            "could not record the rollback in the state directory: {}",
-                            e.kind()
-                        ),
-                    )
-                })?;
-            self.sync_point()
-        });
+        let marked = self
+            .sync_point()
+            .and_then(|()| self.begin_record(&record))
+            .and_then(|()| self.sync_point());
         if let Err(r) = marked {
             return refused(r.reason_code, r.reason, Vec::new());
         }
@@ -1004,12 +1028,9 @@ impl Sandbox {
                 .and_then(|o| self.fail_at("after_restore").map(|()| o));
             let step = match outcome {
                 Ok(o) => {
-                    let record = serde_json::json!({
-                        "restored_at": self.now(),
-                        "execution_id": execution_id,
-                        "restored_checksum": o.restored_checksum,
-                    });
-                    if let Err(r) = Snapshotter::mark_restored(root, &meta, &record, durable) {
+                    if let Err(r) =
+                        self.mark_restored(i, &meta, execution_id, &o.restored_checksum, false)
+                    {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
                     self.metrics.rollback(why);
@@ -1040,26 +1061,19 @@ impl Sandbox {
                     }
                 }
             };
-            let record = AuditRecord {
-                timestamp: self.now(),
-                execution_id: execution_id.to_owned(),
-                workflow_id: workflow_id.to_owned(),
-                action_id: meta.action_id.clone(),
-                mutation_class: Some(MutationClass::Rollback),
-                mutation_type: meta.intent.clone(),
-                target_path: abs,
-                before_checksum: before,
-                after_checksum: step.restored_checksum.clone(),
-                rollback_available: false,
-                rollback_path: Some(meta.rollback_path()),
-                status: if step.restored {
-                    AuditStatus::RolledBack
-                } else {
-                    AuditStatus::Failed
-                },
-                reason_code: step.reason_code,
-                error: step.reason.clone(),
-            };
+            let mut record = self.rollback_record(
+                execution_id,
+                workflow_id,
+                i,
+                &meta,
+                before,
+                step.restored_checksum.clone(),
+            );
+            if !step.restored {
+                record.status = AuditStatus::Failed;
+                record.reason_code = step.reason_code;
+                record.error = step.reason.clone();
+            }
             if let Err(e) = self.audit.append(vec![record]) {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
             }
@@ -1069,6 +1083,55 @@ impl Sandbox {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
         }
         steps
+    }
+
+    /// Marks a snapshot restored, with the restore's checksum; `recovered` when start-up
+    /// recovery records a restore a dead rollback made.
+    pub(crate) fn mark_restored(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+        execution_id: &str,
+        restored_checksum: &Option<String>,
+        recovered: bool,
+    ) -> Verdict {
+        let mut record = serde_json::json!({
+            "restored_at": self.now(),
+            "execution_id": execution_id,
+            "restored_checksum": restored_checksum,
+        });
+        if recovered {
+            record["recorded_by"] = serde_json::json!("recovery");
+        }
+        Snapshotter::mark_restored(&self.roots[root], meta, &record, self.fsync_each())
+    }
+
+    /// The audit record of a restore: the target went from `before` to `restored`.
+    pub(crate) fn rollback_record(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        root: usize,
+        meta: &SnapshotMeta,
+        before: Option<String>,
+        restored: Option<String>,
+    ) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.now(),
+            execution_id: execution_id.to_owned(),
+            workflow_id: workflow_id.to_owned(),
+            action_id: meta.action_id.clone(),
+            mutation_class: Some(MutationClass::Rollback),
+            mutation_type: meta.intent.clone(),
+            target_path: self.abs_path(root, &meta.target()),
+            before_checksum: before,
+            after_checksum: restored,
+            rollback_available: false,
+            rollback_path: Some(meta.rollback_path()),
+            status: AuditStatus::RolledBack,
+            reason_code: None,
+            error: None,
+        }
     }
 
     /// Removes the snapshots of workflows whose newest snapshot is older than
