@@ -697,7 +697,7 @@ impl SandboxRoot {
         bytes: &[u8],
         mode: u32,
     ) -> Verdict<StagedWrite> {
-        if !staged.starts_with(TEMP_MARKER) || staged.contains('/') {
+        if !is_temp_name(staged) {
             return Err(Refusal::new(
                 ReasonCode::InvalidId,
                 format!("{} is not a temporary name", shown_path(staged)),
@@ -722,7 +722,7 @@ impl SandboxRoot {
         staged: &str,
         limit: u64,
     ) -> Option<(StagedWrite, Vec<u8>)> {
-        if !staged.starts_with(TEMP_MARKER) || staged.contains('/') {
+        if !is_temp_name(staged) {
             return None;
         }
         let (dir, _) = self.open_parent(rel, false, false).ok()?;
@@ -736,6 +736,12 @@ impl SandboxRoot {
             bytes,
         ))
     }
+}
+
+/// Whether `name` is one file name made by [`temp_name`] (a staged file recorded in a
+/// snapshot is only trusted as that).
+fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_MARKER) && !name.contains('/')
 }
 
 /// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.
