@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 7] = [
+pub const POINTS: [&str; 8] = [
     "after_snapshot",
     "before_mutate",
     "after_mutate",
@@ -14,6 +14,7 @@ pub const POINTS: [&str; 7] = [
     "before_audit",
     "during_restore",
     "after_restore",
+    "after_mark",
 ];
 
 /// What an armed point does when it fires.

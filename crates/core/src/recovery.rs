@@ -45,7 +45,9 @@ pub struct Recovered {
     pub completed: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
-    /// For a dead rollback: files it had restored without recording it, now recorded.
+    /// Restores the dead process made without auditing them, now audited: for a dead
+    /// rollback, files found restored but unmarked; for either, marked snapshots the
+    /// audit trail does not mention.
     pub restores_recorded: usize,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
@@ -159,6 +161,7 @@ impl Sandbox {
         if let Err(e) = self.audit.append(records) {
             tracing::error!(error = %e, "recovery could not audit a dead rollback's restores");
         }
+        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
     }
 
@@ -261,7 +264,55 @@ impl Sandbox {
         if report.rolled_back < n {
             tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
         }
+        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
+    }
+
+    /// A restore is marked in its snapshot folder, then audited; a process that died
+    /// between the two left a marked snapshot the audit trail does not mention. Each is
+    /// audited now, from its mark, so that the trail's newest record of a file says what
+    /// it holds. Returns how many.
+    fn record_marked_restores(&self, workflow_id: &str) -> usize {
+        let entries = self.audit.by_workflow(workflow_id).unwrap_or_default();
+        let recorded: HashSet<&str> = entries
+            .iter()
+            .filter(|e| e.status == AuditStatus::RolledBack)
+            .map(|e| e.action_id.as_str())
+            .collect();
+        let mut records = Vec::new();
+        for (i, s) in self.workflow_snapshots(workflow_id).unwrap_or_default() {
+            if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
+                continue;
+            }
+            let Some(mark) = crate::snapshot::Snapshotter::restored_mark(&self.roots[i], &s.meta)
+            else {
+                tracing::warn!(action = %s.meta.action_id, "unreadable restored mark left unaudited");
+                continue;
+            };
+            // What the target held before the restore: the action's result, when it was
+            // audited as done.
+            let before = entries
+                .iter()
+                .rev()
+                .find(|e| e.action_id == s.meta.action_id && e.status == AuditStatus::Success)
+                .and_then(|e| e.after_checksum.clone());
+            records.push(self.rollback_record(
+                &mark.execution_id,
+                workflow_id,
+                i,
+                &s.meta,
+                before,
+                mark.restored_checksum,
+            ));
+        }
+        let n = records.len();
+        if n > 0
+            && let Err(e) = self.audit.append(records)
+        {
+            tracing::error!(error = %e, "recovery could not audit marked restores");
+            return 0;
+        }
+        n
     }
 }
 

@@ -324,8 +324,8 @@ impl Sandbox {
                 )
             } else {
                 format!(
-                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed",
-                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed
+                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed, {} restores recorded",
+                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed, r.restores_recorded
                 )
             });
         }
@@ -1074,7 +1074,13 @@ impl Sandbox {
                 record.reason_code = step.reason_code;
                 record.error = step.reason.clone();
             }
-            if let Err(e) = self.audit.append(vec![record]) {
+            // A death between the mark and this line is recorded by the next start's
+            // recovery (`record_marked_restores`).
+            let appended = self
+                .fail_at("after_mark")
+                .map_err(|r| std::io::Error::other(r.reason))
+                .and_then(|()| self.audit.append(vec![record]));
+            if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
             }
             steps.push(step);

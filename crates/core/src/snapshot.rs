@@ -114,6 +114,15 @@ impl SnapshotMeta {
     }
 }
 
+/// What a snapshot's "restored" mark says.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RestoredMark {
+    /// The rollback (or run undoing itself) that restored it.
+    pub execution_id: String,
+    /// SHA-256 of what the restore left, `None` when it removed the target.
+    pub restored_checksum: Option<String>,
+}
+
 /// A stored snapshot and whether it was already restored.
 #[derive(Debug, Clone)]
 pub struct StoredSnapshot {
@@ -326,6 +335,14 @@ impl Snapshotter {
         let bytes = serde_json::to_vec(record).unwrap_or_default();
         write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable)
             .map_err(|e| snap_io("mark", &e))
+    }
+
+    /// The "restored" mark of a snapshot (what [`Snapshotter::mark_restored`] wrote);
+    /// `None` when there is none or it cannot be read.
+    pub fn restored_mark(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<RestoredMark> {
+        let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id).ok()??;
+        let bytes = read_regular(&dir, RESTORED_FILE, 1 << 16).ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// Workflow ids that have snapshots in a root.

@@ -520,41 +520,97 @@ fn recovery_keeps_finished_actions_that_share_a_target() {
     }
 }
 
-/// A rollback killed between a restore and its record: the next start finds the file
-/// restored (it holds the action's `before` checksum) and records it, so the tree agrees
-/// with the audit trail again.
+/// A rollback killed after a restore but before that step's audit line (before or after
+/// its "restored" mark): the next start finds the file restored (it holds the action's
+/// `before` checksum, or its snapshot is marked) and records it, so the tree agrees with
+/// the audit trail again.
 #[test]
-fn a_rollback_killed_after_a_restore_is_recorded_at_the_next_start() {
+fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    use ailab_sandbox_core::config::Durability;
+    for point in ["after_restore", "after_mark"] {
+        for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+            let (w, c, original) = rollback_killed_at(point, durability);
+            let case = format!("{point}, {durability:?}");
+            assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: restored, unrecorded");
+            let sb = w.open(c);
+            assert!(
+                sb.notices()
+                    .iter()
+                    .any(|n| n.contains("interrupted rollback")
+                        && n.contains("1 restored files recorded")),
+                "{case}: {:?}",
+                sb.notices()
+            );
+            assert_eq!(sb.audit_stats().unwrap().rolled_back, 2, "{case}");
+            assert!(sb.audit_verify().unwrap().ok);
+            let b = sb
+                .audit_entries(100, Some("wf_crash"))
+                .unwrap()
+                .into_iter()
+                .find(|e| e.target_path.ends_with("d/b.txt"))
+                .unwrap();
+            assert_eq!(
+                b.status,
+                AuditStatus::RolledBack,
+                "{case}: newest of d/b.txt"
+            );
+            assert_eq!(b.after_checksum, Some(sha(b"beta\n")), "{case}");
+            let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+            assert_eq!(rb.steps_rolled_back, 1, "{case}: only a.txt was left");
+            assert_eq!(w.tree(), original, "{case}");
+            drop(sb);
+            let rec: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(rec["state"], "idle", "{case}");
+        }
+    }
+}
+
+/// A run that fails and rolls itself back, killed between a restore's mark and its audit
+/// line: the next start records that restore too, so the audit trail's newest record of
+/// every file says what the file holds.
+#[test]
+fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
+    use ailab_sandbox_core::audit::AuditStatus;
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
-        let (w, c, original) = rollback_killed_at("after_restore", durability);
-        assert_eq!(
-            w.read("d/b.txt"),
-            b"beta\n",
-            "{durability:?}: restored, unrecorded"
-        );
-        let sb = w.open(c);
-        assert!(
-            sb.notices()
-                .iter()
-                .any(|n| n.contains("interrupted rollback")
-                    && n.contains("1 restored files recorded")),
-            "{durability:?}: {:?}",
-            sb.notices()
-        );
-        assert_eq!(sb.audit_stats().unwrap().rolled_back, 2, "{durability:?}");
-        assert!(sb.audit_verify().unwrap().ok);
-        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
-        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
-        assert_eq!(
-            rb.steps_rolled_back, 1,
-            "{durability:?}: only a.txt was left"
-        );
-        assert_eq!(w.tree(), original, "{durability:?}");
+        let (w, c, _) = seeded(durability);
+        let sb = w.open(c.clone());
+        // The third action fails at its audit line and undoes itself (the first mark);
+        // the run's rollback then dies after marking its first step, d/b.txt.
+        sb.failpoints().arm("before_audit", 3);
+        sb.failpoints().arm_crash("after_mark", 2);
+        let mut p = plan_json();
+        p["on_failure"] = json!("rollback");
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+        assert!(outcome.is_err(), "{durability:?}");
         drop(sb);
-        let rec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
+        let sb = w.open(c);
+        assert!(sb.audit_verify().unwrap().ok);
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
+        assert!(!w.path("new/c.txt").exists(), "{durability:?}");
+        let entries = sb.audit_entries(100, Some("wf_crash")).unwrap();
+        for (file, holds) in [("a.txt", &b"ALPHA\n"[..]), ("d/b.txt", &b"beta\n"[..])] {
+            let newest = entries
+                .iter()
+                .find(|e| e.target_path.ends_with(file) && e.status != AuditStatus::Failed)
                 .unwrap();
-        assert_eq!(rec["state"], "idle", "{durability:?}");
+            assert_eq!(
+                newest.after_checksum.as_deref(),
+                Some(sha(holds).as_str()),
+                "{durability:?}: {file}: {newest:?}"
+            );
+            assert_eq!(w.read(file), holds, "{durability:?}: {file}");
+        }
+        let stats = sb.audit_stats().unwrap();
+        assert_eq!(
+            (stats.success, stats.rolled_back),
+            (2, 2),
+            "{durability:?}: {stats:?}"
+        );
     }
 }

@@ -94,7 +94,7 @@ proptest! {
     /// A run of generated actions over a few shared files fails at a generated step of a
     /// generated action (a crash, or an I/O error the pipeline handles, stopping or
     /// rolling back), in each durability; then, maybe, a rollback dies before or after
-    /// one of its restores. After the next start every file holds what the newest audited change to
+    /// one of its restores, or between a restore's mark and its audit line. After the next start every file holds what the newest audited change to
     /// it left, every success is registered, the audit chain verifies, and a forced
     /// rollback gives back the original tree.
     #[test]
@@ -105,7 +105,7 @@ proptest! {
         mode in 0u8..3,
         crash in any::<bool>(),
         undo_on_failure in any::<bool>(),
-        rollback_crash in proptest::option::of((1u32..5, any::<bool>())),
+        rollback_crash in proptest::option::of((1u32..5, 0usize..3)),
     ) {
         use ailab_sandbox_core::audit::AuditStatus;
         use ailab_sandbox_core::config::Durability;
@@ -173,8 +173,8 @@ proptest! {
             }
         };
         // Then, maybe, a rollback of the workflow that dies at one of its restores.
-        if let Some((k, after)) = rollback_crash {
-            sb.failpoints().arm_crash(if after { "after_restore" } else { "during_restore" }, k);
+        if let Some((k, at)) = rollback_crash {
+            sb.failpoints().arm_crash(["during_restore", "after_restore", "after_mark"][at], k);
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 sb.rollback_workflow("wf_prop", &ailab_sandbox_core::sandbox::RollbackOptions::default())
             }));
