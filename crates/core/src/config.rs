@@ -43,12 +43,14 @@ pub mod env {
 pub enum Durability {
     /// fsync data, directories and logs, each where it was written.
     Strict,
-    /// As durable as `strict`, with whole-filesystem syncs (`syncfs`) in place of a fsync
-    /// per file and directory: one per file write (its snapshot and staged new bytes,
-    /// which recovery can finish from), two for a write that creates directories.
-    /// Faster on a filesystem of its own, slower where other programs write heavily to the
-    /// same filesystem (each sync waits for their data too). Linux only; elsewhere it
-    /// behaves as `strict`.
+    /// As durable as `strict` (an action reported done survives a power cut), committed
+    /// differently: a small file write appends one entry to its workflow's commit log and
+    /// syncs that one file; a larger one makes a whole-filesystem sync (`syncfs`) of its
+    /// snapshot and staged new bytes; a write that creates directories makes two. The rest
+    /// reaches the disk at the next sync point, and start-up recovery finishes from the
+    /// log or the commit record what a power cut lost. Faster on a filesystem of its own,
+    /// slower where other programs write heavily to the same filesystem (each sync waits
+    /// for their data too). Linux only; elsewhere it behaves as `strict`.
     Batched,
     /// No fsync: atomic, but a power cut may lose the last writes.
     Relaxed,

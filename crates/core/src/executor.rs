@@ -122,6 +122,8 @@ pub struct SandboxWriteExecutor<'a> {
     execution_id: String,
     state: WorkflowState,
     timeline: Vec<TimelineEvent>,
+    /// The run's record, once it executes (commit log entries carry it).
+    record: Option<crate::recovery::InflightRecord>,
 }
 
 impl Sandbox {
@@ -135,7 +137,9 @@ impl Sandbox {
     /// Validates and runs (or simulates) a plan.
     pub fn run_plan(&self, plan: crate::plan::Plan) -> Verdict<RunResult> {
         let plan = plan.validate()?;
-        Ok(SandboxWriteExecutor::new(self, plan).run())
+        let result = SandboxWriteExecutor::new(self, plan).run();
+        self.sync_if_logs_are_long();
+        Ok(result)
     }
 }
 
@@ -148,6 +152,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             execution_id: new_execution_id(),
             state: WorkflowState::Planning,
             timeline: Vec::new(),
+            record: None,
         }
     }
 
@@ -509,6 +514,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.blocked(checks, false);
         }
         let sb = self.sb;
+        self.record = Some(record.clone());
         let result = self.execute_actions();
         sb.run_finished(record);
         result
@@ -769,13 +775,34 @@ impl<'a> SandboxWriteExecutor<'a> {
             },
             _ => None,
         };
-        if let Err(r) = sb.sync_point() {
-            if let Some(st) = &staged {
-                st.discard();
+        // The commit point: one append to the workflow's commit log for a small staged
+        // write, else one sync point.
+        let committed = match (&staged, &bytes, &self.record) {
+            _ if let Err(r) = sb.fail_at("before_commit") => Err(r),
+            (Some(_), Some(b), Some(record))
+                if sb.logs_commit(before.as_ref().map_or(0, Vec::len) + b.len()) =>
+            {
+                let entry = crate::commit_log::encode(record, &meta, before.as_deref(), b);
+                sb.log_commit(&wf, &entry).map(Some)
             }
-            self.undo(&snap);
-            return Err(fail(self, res, r, target));
-        }
+            _ => sb.sync_point().map(|()| None),
+        };
+        let logged = match committed {
+            Ok(l) => l,
+            Err(r) => {
+                if let Some(st) = &staged {
+                    st.discard();
+                }
+                self.undo(&snap);
+                return Err(fail(self, res, r, target));
+            }
+        };
+        // Once this action's writes are made (or undone), a sync point may empty the log.
+        let finished = |sb: &Sandbox| {
+            if let Some(len) = logged {
+                sb.commit_finished(&wf, len);
+            }
+        };
 
         // mutate → checksum → registry → audit; any failure restores the snapshot.
         let durable = sb.fsync_each();
@@ -828,8 +855,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                         format!("could not append to the audit log: {}", e.kind()),
                     );
                     self.undo(&snap);
+                    finished(sb);
                     return Err(fail(self, res, r, target));
                 }
+                finished(sb);
                 Ok((done, snap))
             }
             Err(r) => {
@@ -837,6 +866,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     st.discard();
                 }
                 self.undo(&snap);
+                finished(sb);
                 Err(fail(self, res, r, target))
             }
         }

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 8] = [
+pub const POINTS: [&str; 9] = [
+    "before_commit",
     "after_snapshot",
     "before_mutate",
     "after_mutate",

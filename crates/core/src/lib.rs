@@ -37,6 +37,7 @@ pub mod audit;
 pub mod budget;
 pub mod catalog;
 pub mod clock;
+pub mod commit_log;
 pub mod config;
 pub mod confine;
 pub mod context;

@@ -19,7 +19,7 @@ pub const ROLLING_BACK: &str = "rolling_back";
 
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
 /// `idle` when the run ends. One file per workflow, rewritten in place.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InflightRecord {
     /// `active` while a run changes files, `idle` after.
     pub state: String,
@@ -57,6 +57,7 @@ impl Sandbox {
     /// Recovers every run that died while changing files. Runs still alive in another
     /// process (their workflow lock is held) are left alone.
     pub fn recover(&self) -> Vec<Recovered> {
+        let mut out = self.recover_commit_logs();
         let records = match self.state.inflight_list() {
             Ok(r) => r,
             Err(e) => {
@@ -64,7 +65,6 @@ impl Sandbox {
                 return Vec::new();
             }
         };
-        let mut out = Vec::new();
         for (id, bytes) in records {
             let Ok(rec) = serde_json::from_slice::<InflightRecord>(&bytes) else {
                 tracing::warn!(record = %id, "unreadable in-flight record removed");
@@ -86,11 +86,7 @@ impl Sandbox {
                     continue;
                 }
             };
-            out.push(if rec.state == ROLLING_BACK {
-                self.recover_rollback(&rec)
-            } else {
-                self.recover_run(&rec)
-            });
+            out.push(self.recover_record(&rec));
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.sync_point() {
@@ -100,6 +96,188 @@ impl Sandbox {
             self.write_idle_record(&rec, self.durable());
         }
         out
+    }
+
+    fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        if rec.state == ROLLING_BACK {
+            self.recover_rollback(rec)
+        } else {
+            self.recover_run(rec)
+        }
+    }
+
+    /// Replays the commit logs of workflows no process is running (see
+    /// [`crate::commit_log`]), then recovers their runs as usual, makes it all durable
+    /// and empties the logs.
+    fn recover_commit_logs(&self) -> Vec<Recovered> {
+        let workflows = match self.state.commit_logs() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list commit logs");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for wf in workflows {
+            if !crate::plan::is_valid_id(&wf) {
+                continue;
+            }
+            let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
+                continue;
+            };
+            let log = match self.state.commit_log_read(&wf) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
+                    continue;
+                }
+            };
+            let entries = crate::commit_log::CommitEntry::decode_all(&log);
+            let replayed = self.replay_commits(&wf, &entries);
+            // The record was not synced with the log: if it is gone, the log's last run
+            // stands in for it.
+            let on_disk = self
+                .state
+                .inflight_read(&wf)
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
+            let rec = on_disk.or_else(|| entries.last().map(|e| e.record.clone()));
+            let dead = rec
+                .as_ref()
+                .filter(|r| r.state == "active" || r.state == ROLLING_BACK);
+            let mut report = match dead {
+                Some(r) => self.recover_record(r),
+                None => Recovered {
+                    execution_id: rec
+                        .as_ref()
+                        .map(|r| r.execution_id.clone())
+                        .unwrap_or_default(),
+                    workflow_id: wf.clone(),
+                    ..Recovered::default()
+                },
+            };
+            report.completed += replayed;
+            if let Err(r) = self.sync_logged_writes() {
+                tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
+                continue;
+            }
+            if let Err(e) = self.state.commit_log_clear(&wf) {
+                tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
+                continue;
+            }
+            if let Some(r) = dead {
+                self.write_idle_record(r, self.durable());
+            }
+            if dead.is_some() || replayed > 0 {
+                out.push(report);
+            }
+        }
+        out
+    }
+
+    /// Redoes what a commit log's entries committed and the disk lost: each entry's
+    /// snapshot, registry entry and audit record, and per target the newest entry's new
+    /// bytes. An entry whose snapshot is marked restored was undone (durably) and is
+    /// skipped. A target that holds none of the contents the entries knew for it was
+    /// changed by someone else since, and is left as it is. Returns how many entries
+    /// needed anything.
+    fn replay_commits(&self, wf: &str, entries: &[crate::commit_log::CommitEntry]) -> usize {
+        use crate::snapshot::Snapshotter;
+        let audited: HashSet<(String, String)> = self
+            .audit
+            .by_workflow(wf)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.status == AuditStatus::Success)
+            .map(|e| (e.execution_id, e.action_id))
+            .collect();
+        let mut live = Vec::new();
+        let mut changed: HashSet<String> = HashSet::new();
+        for e in entries {
+            let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
+                continue;
+            };
+            let Some(i) = self
+                .root_paths
+                .iter()
+                .position(|p| p.display().to_string() == meta.root)
+            else {
+                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; skipped");
+                continue;
+            };
+            if meta.workflow_id != wf {
+                continue;
+            }
+            let root = &self.roots[i];
+            match Snapshotter::load(root, wf, &meta.action_id) {
+                Ok(Some(s)) if s.restored => continue,
+                Ok(Some(s)) if s.meta != *meta => {
+                    tracing::warn!(action = %meta.action_id, "another snapshot holds a logged action's folder; entry skipped");
+                    continue;
+                }
+                _ => {}
+            }
+            // The backup and metadata may be missing or torn even when the folder loads.
+            let before = e.backup.as_deref().map(crate::hash::sha256_hex);
+            let backup_ok = e.backup.is_none() || before == meta.sha256;
+            if !backup_ok {
+                continue;
+            }
+            if let Err(r) = Snapshotter::repair(root, meta, e.backup.as_deref()) {
+                tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
+                continue;
+            }
+            let was_audited =
+                audited.contains(&(meta.execution_id.clone(), meta.action_id.clone()));
+            if self.complete_logs(commit, was_audited) {
+                changed.insert(meta.snapshot_id.clone());
+            }
+            live.push((i, e));
+        }
+        let mut seen: HashSet<(usize, &str)> = HashSet::new();
+        for &(i, e) in live.iter().rev() {
+            let meta = &e.meta;
+            if !seen.insert((i, meta.original_path.as_str())) {
+                continue;
+            }
+            let rel = meta.target();
+            let current = self.target_checksum(i, &rel);
+            let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
+            if current == after {
+                continue;
+            }
+            let known = live
+                .iter()
+                .filter(|(j, o)| *j == i && o.meta.original_path == meta.original_path)
+                .any(|(_, o)| {
+                    current == o.meta.sha256
+                        || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
+                });
+            if !known {
+                tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
+                continue;
+            }
+            let mode = meta
+                .mode
+                .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
+            let put = self.roots[i]
+                .stage_write(&rel, &crate::confine::root::temp_name(), &e.bytes, mode)
+                .and_then(|st| {
+                    st.commit(false, false)
+                        .map_err(|err| self.roots[i].map_open_error(&rel, err))
+                })
+                .and_then(|()| self.cover_target(i, &rel));
+            match put {
+                Ok(()) => {
+                    changed.insert(meta.snapshot_id.clone());
+                }
+                Err(r) => {
+                    tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place")
+                }
+            }
+        }
+        changed.len()
     }
 
     /// A rollback died. It restored targets newest first and recorded each step after
@@ -346,6 +524,14 @@ impl Sandbox {
             }
             changed = true;
         }
+        changed |= self.complete_logs(c, audited);
+        Some(changed)
+    }
+
+    /// Appends a committed action's registry entry unless the registry has it, and its
+    /// audit record unless `audited`; whether anything was appended.
+    fn complete_logs(&self, c: &crate::snapshot::SnapshotCommit, audited: bool) -> bool {
+        let mut changed = false;
         if let Some(entry) = &c.artifact
             && self
                 .registry
@@ -365,7 +551,7 @@ impl Sandbox {
                 tracing::error!(error = %e, "recovery could not audit a finished action");
             }
         }
-        Some(changed)
+        changed
     }
 
     /// SHA-256 of a regular file's bytes; `None` for anything else.

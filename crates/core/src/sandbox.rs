@@ -48,6 +48,11 @@ pub struct Sandbox {
     batch_sync: Option<crate::confine::state::FsSync>,
     /// Run records to mark idle once a sync point has made their runs durable.
     idle_after_sync: std::sync::Mutex<Vec<crate::recovery::InflightRecord>>,
+    /// Commit logs this sandbox appended to since the last sync point: workflow → the
+    /// log's length after the append. A sync point empties those that have not grown.
+    logs_after_sync: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Entries appended to commit logs since the last sync point.
+    logged_since_sync: std::sync::atomic::AtomicUsize,
 }
 
 /// `check`'s answer.
@@ -315,6 +320,8 @@ impl Sandbox {
             kernel_confinement: None,
             batch_sync,
             idle_after_sync: std::sync::Mutex::new(Vec::new()),
+            logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
+            logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
         };
         for r in sb.recover() {
             sb.notices.push(if r.rollback {
@@ -472,18 +479,119 @@ impl Sandbox {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         let head = self.audit.pending_head();
-        s.sync().map_err(|e| {
-            crate::reason::Refusal::new(
+        let logs = std::mem::take(&mut *lock_or_recover(&self.logs_after_sync));
+        self.logged_since_sync
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = s.sync() {
+            lock_or_recover(&self.logs_after_sync).extend(logs);
+            return Err(crate::reason::Refusal::new(
                 ReasonCode::IoError,
                 format!("could not sync to stable storage: {}", e.kind()),
-            )
-        })?;
+            ));
+        }
+        self.empty_commit_logs(logs);
         if let Err(e) = self.audit.publish_head(head) {
             tracing::warn!(error = %e, "could not move the audit head");
         }
         for rec in idle {
             self.mark_idle(rec);
         }
+        Ok(())
+    }
+
+    /// Empties the commit logs whose entries the sync point just made durable elsewhere:
+    /// those whose workflow is not running (its lock is free) and that have not grown
+    /// since. The others stay for a later sync point.
+    fn empty_commit_logs(&self, logs: std::collections::HashMap<String, u64>) {
+        for (wf, len) in logs {
+            let done = match self.state.try_lock(&format!("wf-{wf}")) {
+                Ok(Some(_lock)) => match self.state.commit_log_len(&wf) {
+                    Ok(now) if now == len => self.state.commit_log_clear(&wf).is_ok(),
+                    // Emptied by another holder of the lock.
+                    Ok(now) => now < len,
+                    Err(_) => false,
+                },
+                _ => false,
+            };
+            if !done {
+                self.commit_finished(&wf, len);
+            }
+        }
+    }
+
+    /// Whether a file write of `logged` bytes (backup and new bytes) commits through its
+    /// workflow's commit log rather than a whole-filesystem sync.
+    pub(crate) fn logs_commit(&self, logged: usize) -> bool {
+        self.batch_sync.is_some() && logged <= crate::commit_log::MAX_LOGGED_BYTES
+    }
+
+    /// Commits a file write: appends `entry` (see [`crate::commit_log::encode`]) to its
+    /// workflow's commit log and syncs the log; returns the log's length, for [`Sandbox::commit_finished`]. Call with the
+    /// workflow's lock held.
+    pub(crate) fn log_commit(&self, workflow_id: &str, entry: &[u8]) -> Verdict<u64> {
+        let len = self
+            .state
+            .commit_log_append(workflow_id, entry)
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not write the commit log: {}", e.kind()),
+                )
+            })?;
+        self.logged_since_sync
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(len)
+    }
+
+    /// A logged commit's writes are all made (in memory): the next sync point to begin
+    /// makes them durable and may then empty the log up to `len`. Registering only now
+    /// keeps a sync that began before these writes from emptying the log.
+    pub(crate) fn commit_finished(&self, workflow_id: &str, len: u64) {
+        let mut pending = lock_or_recover(&self.logs_after_sync);
+        let slot = pending.entry(workflow_id.to_owned()).or_insert(len);
+        *slot = (*slot).max(len);
+    }
+
+    /// Makes a sync point once enough commits wait in logs, so that logs stay short and
+    /// recovery quick. Called between runs, when no workflow lock of this caller is held.
+    pub(crate) fn sync_if_logs_are_long(&self) {
+        if self
+            .logged_since_sync
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= LOGGED_PER_SYNC
+            && let Err(r) = self.sync_point()
+        {
+            tracing::warn!(reason = %r.reason, "could not make a sync point");
+        }
+    }
+
+    /// Before a workflow's snapshots change hands (rollback, prune): what its commit log
+    /// holds is made durable in place and the log emptied, so that no later recovery
+    /// replays an entry whose action has since been undone. Call with the workflow's
+    /// lock held.
+    pub(crate) fn settle_commit_log(&self, workflow_id: &str) -> Verdict {
+        if self.state.commit_log_len(workflow_id).unwrap_or(1) == 0 {
+            return Ok(());
+        }
+        self.sync_logged_writes()?;
+        self.state.commit_log_clear(workflow_id).map_err(|e| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not empty the commit log: {}", e.kind()),
+            )
+        })?;
+        lock_or_recover(&self.logs_after_sync).remove(workflow_id);
+        Ok(())
+    }
+
+    /// Makes durable whatever a commit log's writes left in memory: a sync point, or one
+    /// whole-system sync when this sandbox does not batch its syncs (the logs were
+    /// written by another process, or before the durability changed).
+    pub(crate) fn sync_logged_writes(&self) -> Verdict {
+        if self.batch_sync.is_some() {
+            return self.sync_point();
+        }
+        rustix::fs::sync();
         Ok(())
     }
 
@@ -956,7 +1064,9 @@ impl Sandbox {
         // The workflow's record says a rollback is under way, durably, before any target
         // changes: if the process dies between a restore and its record, the next start
         // finds the restored file and records it. Earlier runs of the workflow are made
-        // durable first (batched), since the record no longer points recovery at them.
+        // durable first (batched), since the record no longer points recovery at them,
+        // and the workflow's commit log is emptied, so no later recovery redoes an
+        // action this rollback undoes.
         let record = crate::recovery::InflightRecord {
             state: crate::recovery::ROLLING_BACK.to_owned(),
             execution_id: execution_id.clone(),
@@ -964,7 +1074,8 @@ impl Sandbox {
             started_at: self.now(),
         };
         let marked = self
-            .sync_point()
+            .settle_commit_log(workflow_id)
+            .and_then(|()| self.sync_point())
             .and_then(|()| self.begin_record(&record))
             .and_then(|()| self.sync_point());
         if let Err(r) = marked {
@@ -1166,6 +1277,8 @@ impl Sandbox {
                 .filter_map(|(_, s)| crate::clock::parse_timestamp(&s.meta.taken_at))
                 .max();
             if newest.is_some_and(|t| t < cutoff) {
+                // A commit log entry must not outlive the snapshot it would recreate.
+                self.settle_commit_log(&wf)?;
                 for root in &self.roots {
                     Snapshotter::remove_workflow(root, &wf)?;
                 }
@@ -1179,6 +1292,13 @@ impl Sandbox {
         }
         Ok(report)
     }
+}
+
+/// Commits a sandbox logs between two sync points.
+const LOGGED_PER_SYNC: usize = 32;
+
+fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// `Some(state_dir)` when the state directory lies inside `root` (lexically, or after
@@ -1229,6 +1349,10 @@ impl Drop for Sandbox {
             .idle_after_sync
             .get_mut()
             .map_or(true, |v| v.is_empty())
+            || !self
+                .logs_after_sync
+                .get_mut()
+                .map_or(true, |v| v.is_empty())
             || self.audit.has_pending_head();
         if self.batch_sync.is_some()
             && waiting

@@ -246,6 +246,35 @@ impl Snapshotter {
         Ok(meta.rollback_path())
     }
 
+    /// Puts back what a commit log entry says a snapshot holds, for the parts that are
+    /// missing or damaged (a power cut before they reached the disk): the folder, the
+    /// backup, the metadata. Nothing is synced; recovery syncs once at the end.
+    pub fn repair(root: &SandboxRoot, meta: &SnapshotMeta, backup: Option<&[u8]>) -> Verdict {
+        let (rb, _) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
+        let (wf, _) = open_or_create_tracked(&rb, &meta.workflow_id)?;
+        let (dir, _) = open_or_create_tracked(&wf, &meta.action_id)?;
+        if let Some(bytes) = backup
+            && read_regular(&dir, BACKUP_FILE, MAX_SNAPSHOT_BYTES)
+                .ok()
+                .as_deref()
+                != Some(bytes)
+        {
+            write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, false, Flush::Nothing)
+                .map_err(|e| snap_io("write", &e))?;
+        }
+        let intact = read_regular(&dir, META_FILE, 1 << 20)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<SnapshotMeta>(&b).ok())
+            .is_some_and(|m| m == *meta);
+        if !intact {
+            let json = serde_json::to_vec_pretty(meta)
+                .map_err(|e| snap_io("encode", &io::Error::other(e)))?;
+            write_atomic_flush(&dir, META_FILE, &json, 0o600, false, Flush::Nothing)
+                .map_err(|e| snap_io("write", &e))?;
+        }
+        Ok(())
+    }
+
     /// Loads one snapshot; `None` when it does not exist or is incomplete.
     pub fn load(
         root: &SandboxRoot,

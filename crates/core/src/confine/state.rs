@@ -151,6 +151,85 @@ impl StateDir {
         Ok(out)
     }
 
+    fn commit_log_path(&self, workflow_id: &str) -> PathBuf {
+        self.path
+            .join(INFLIGHT_DIR)
+            .join(format!("{workflow_id}.log"))
+    }
+
+    /// Appends `entry` to a workflow's commit log and syncs it; returns the log's new
+    /// length. The first append creates the file and syncs its directory, so later
+    /// appends cost one `fdatasync` each. Call with the workflow's lock held.
+    pub fn commit_log_append(&self, workflow_id: &str, entry: &[u8]) -> io::Result<u64> {
+        let path = self.commit_log_path(workflow_id);
+        let (mut f, created) = match OpenOptions::new().append(true).open(&path) {
+            Ok(f) => (f, false),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (
+                OpenOptions::new()
+                    .append(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)?,
+                true,
+            ),
+            Err(e) => return Err(e),
+        };
+        f.write_all(entry)?;
+        f.sync_data()?;
+        if created {
+            File::open(self.path.join(INFLIGHT_DIR))?.sync_all()?;
+        }
+        Ok(f.metadata()?.len())
+    }
+
+    /// A workflow's commit log; empty when there is none.
+    pub fn commit_log_read(&self, workflow_id: &str) -> io::Result<Vec<u8>> {
+        Ok(self
+            .read_optional(&format!("{INFLIGHT_DIR}/{workflow_id}.log"))?
+            .unwrap_or_default())
+    }
+
+    /// The length of a workflow's commit log (0 when there is none).
+    pub fn commit_log_len(&self, workflow_id: &str) -> io::Result<u64> {
+        match std::fs::metadata(self.commit_log_path(workflow_id)) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Empties a workflow's commit log, durably: what it held must be durable elsewhere
+    /// first. Call with the workflow's lock held.
+    pub fn commit_log_clear(&self, workflow_id: &str) -> io::Result<()> {
+        match OpenOptions::new()
+            .write(true)
+            .open(self.commit_log_path(workflow_id))
+        {
+            Ok(f) => {
+                f.set_len(0)?;
+                f.sync_data()
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The workflows whose commit logs hold entries.
+    pub fn commit_logs(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.path.join(INFLIGHT_DIR))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".log")
+                && e.metadata()?.len() > 0
+            {
+                out.push(id.to_owned());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Reads a small file; `None` when it does not exist.
     pub fn read_optional(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         match std::fs::read(self.path.join(name)) {

@@ -1,5 +1,6 @@
 mod catalog;
 mod chmod;
+mod commit_log;
 mod config;
 mod confine_paths;
 mod confine_root;

@@ -144,3 +144,52 @@ pub fn action_status(r: &RunResult, i: usize) -> String {
 pub fn code(r: &RunResult, i: usize) -> Option<String> {
     r.actions[i].reason_code.map(|c| c.as_str().to_owned())
 }
+
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// What the disk holds at a sync point: the root and the state directory.
+pub struct Durable {
+    saved: tempfile::TempDir,
+}
+
+impl Durable {
+    pub fn take(w: &World) -> Self {
+        let saved = tempfile::tempdir().unwrap();
+        copy_tree(&w.root, &saved.path().join("root"));
+        copy_tree(&w.state, &saved.path().join("state"));
+        Self { saved }
+    }
+
+    /// The power cut: the root and the state directory go back to this sync point,
+    /// except the commit logs, which were synced since.
+    pub fn restore_except_commit_logs(&self, w: &World) {
+        std::fs::remove_dir_all(&w.root).unwrap();
+        copy_tree(&self.saved.path().join("root"), &w.root);
+        let logs = w.state.join("inflight");
+        let kept: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&logs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .map(|p| {
+                let b = std::fs::read(&p).unwrap();
+                (p, b)
+            })
+            .collect();
+        std::fs::remove_dir_all(&w.state).unwrap();
+        copy_tree(&self.saved.path().join("state"), &w.state);
+        for (p, b) in kept {
+            std::fs::write(p, b).unwrap();
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! `batched` durability commits a small file write by appending it to the workflow's
+//! commit log and syncing that one file. These tests model a power cut: after a crash,
+//! every file goes back to what it was at the last sync point, except the commit log
+//! (the only thing synced since). The next start must redo what the log committed.
+
+use crate::support::*;
+use ailab_sandbox_core::audit::AuditStatus;
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use serde_json::json;
+use std::panic::AssertUnwindSafe;
+
+fn batched(w: &World) -> ailab_sandbox_core::Config {
+    let mut c = w.writable_config();
+    c.durability = ailab_sandbox_core::config::Durability::Batched;
+    c.limits.writes_per_minute = 1000;
+    c
+}
+
+fn log_len(w: &World, wf: &str) -> u64 {
+    std::fs::metadata(w.state.join(format!("inflight/{wf}.log"))).map_or(0, |m| m.len())
+}
+
+/// Runs `plan` and makes it die at the `nth` hit of `point`.
+fn run_killed(sb: &ailab_sandbox_core::Sandbox, p: serde_json::Value, point: &str, nth: u32) {
+    sb.failpoints().arm_crash(point, nth);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+    assert!(outcome.is_err(), "the run dies at {point}");
+}
+
+fn three_writes() -> serde_json::Value {
+    json!({"workflow_id": "wf_log", "actions": [
+        {"intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
+        {"intent": "append_file", "path": "d/b.txt", "content": "more\n"},
+        {"intent": "create_file", "path": "c.txt", "content": "gamma\n"}]})
+}
+
+/// Three logged writes, then a power cut before the third's audit line: the snapshots,
+/// the new bytes, the registry and audit lines, the run record are all lost; only the
+/// commit log remains. The next start (batched, or strict after a change of durability)
+/// puts everything back, and a rollback then restores the original tree from the
+/// snapshots it rebuilt.
+#[test]
+fn logged_writes_survive_a_power_cut() {
+    use ailab_sandbox_core::config::Durability;
+    for reopen in [Durability::Batched, Durability::Strict] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        w.write("d/b.txt", b"beta\n");
+        let original = w.tree();
+        drop(w.open(batched(&w)));
+        let durable = Durable::take(&w);
+        let sb = w.open(batched(&w));
+        run_killed(&sb, three_writes(), "before_audit", 3);
+        // A power cut: no drop, so no last sync point.
+        std::mem::forget(sb);
+        assert!(log_len(&w, "wf_log") > 0);
+        durable.restore_except_commit_logs(&w);
+        assert_eq!(w.tree(), original, "the cut lost every change");
+
+        let mut c = batched(&w);
+        c.durability = reopen;
+        let sb = w.open(c);
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("3 finished from their commit records")),
+            "{reopen:?}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(w.read("a.txt"), b"ALPHA\n");
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
+        assert_eq!(w.read("c.txt"), b"gamma\n");
+        let stats = sb.audit_stats().unwrap();
+        assert_eq!((stats.success, stats.failed), (3, 0), "{stats:?}");
+        assert!(sb.audit_verify().unwrap().ok);
+        let registered = sb.registry().get_by_workflow("wf_log").unwrap();
+        assert_eq!(registered.len(), 3);
+        for (file, bytes) in [("a.txt", &b"ALPHA\n"[..]), ("c.txt", b"gamma\n")] {
+            assert!(
+                registered
+                    .iter()
+                    .any(|e| e.path.ends_with(file) && e.checksum_sha256 == sha(bytes)),
+                "{file}: {registered:?}"
+            );
+        }
+        assert_eq!(log_len(&w, "wf_log"), 0, "replayed, then emptied");
+        let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert_eq!(rb.steps_rolled_back, 3);
+        assert_eq!(w.tree(), original, "{reopen:?}");
+    }
+}
+
+/// The same cut, with the log's last entry torn: that write never committed, so it is
+/// not redone, and the two before it are.
+#[test]
+fn a_torn_last_entry_is_not_redone() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    w.write("d/b.txt", b"beta\n");
+    drop(w.open(batched(&w)));
+    let durable = Durable::take(&w);
+    let sb = w.open(batched(&w));
+    run_killed(&sb, three_writes(), "before_audit", 3);
+    // A power cut: no drop, so no last sync point.
+    std::mem::forget(sb);
+    durable.restore_except_commit_logs(&w);
+    let log = w.state.join("inflight/wf_log.log");
+    let bytes = std::fs::read(&log).unwrap();
+    std::fs::write(&log, &bytes[..bytes.len() - 3]).unwrap();
+
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
+    assert!(!w.path("c.txt").exists());
+    assert_eq!(sb.audit_stats().unwrap().success, 2);
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 2);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Two finished runs rewrote one file, then a third run died before its commit point;
+/// the cut lost all three. The file must end as the second run left it, with both runs
+/// audited and registered, and a rollback gives back the first bytes.
+#[test]
+fn runs_on_one_file_are_redone_in_order() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    drop(w.open(batched(&w)));
+    let durable = Durable::take(&w);
+    let sb = w.open(batched(&w));
+    for text in ["one\n", "two\n"] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_log", "actions": [
+                {"intent": "replace_file", "path": "a.txt", "content": text}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    run_killed(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "replace_file", "path": "a.txt", "content": "three\n"}]}),
+        "before_commit",
+        1,
+    );
+    // A power cut: no drop, so no last sync point.
+    std::mem::forget(sb);
+    durable.restore_except_commit_logs(&w);
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"two\n", "{:?}", sb.notices());
+    let entries = sb.audit_entries(10, Some("wf_log")).unwrap();
+    let successes: Vec<_> = entries
+        .iter()
+        .filter(|e| e.status == AuditStatus::Success)
+        .collect();
+    assert_eq!(successes.len(), 2, "{entries:?}");
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 2);
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+}
+
+/// A logged write that failed after its commit point undid itself (its snapshot is
+/// marked restored, durably, before the run returns): a later start must not redo it.
+#[test]
+fn an_undone_write_is_not_redone() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.open(batched(&w));
+    sb.failpoints().arm("before_audit", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    assert!(
+        log_len(&w, "wf_log") > 0,
+        "the commit entry stays until a sync point"
+    );
+    // Dies before any later sync point could empty the log.
+    std::mem::forget(sb);
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"alpha\n", "{:?}", sb.notices());
+    let stats = sb.audit_stats().unwrap();
+    assert_eq!((stats.success, stats.failed), (0, 1), "{stats:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(log_len(&w, "wf_log"), 0);
+}
+
+/// Logs stay short: a sync point every few dozen commits empties them, and so do the
+/// sandbox's drop and a rollback; a clean start then finds nothing to replay.
+#[test]
+fn sync_points_rollbacks_and_drops_empty_the_logs() {
+    let w = World::new();
+    let sb = w.open(batched(&w));
+    let write = |i: usize| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_log", "actions": [
+                {"intent": "create_file", "path": format!("f{i}.txt"), "content": format!("{i}\n")}]}),
+        )
+    };
+    for i in 0..31 {
+        assert_eq!(status(&write(i)), "success");
+    }
+    assert!(log_len(&w, "wf_log") > 0);
+    let syncs = sb.batched_syncs().unwrap();
+    assert_eq!(status(&write(31)), "success");
+    assert_eq!(
+        sb.batched_syncs().unwrap(),
+        syncs + 1,
+        "one sync point for 32 commits"
+    );
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    for i in 32..35 {
+        assert_eq!(status(&write(i)), "success");
+    }
+    assert!(log_len(&w, "wf_log") > 0);
+    let rb = sb.rollback_workflow(
+        "wf_log",
+        &RollbackOptions {
+            action_id: None,
+            force: false,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(log_len(&w, "wf_log"), 0, "a rollback empties the log first");
+    assert!(!w.path("f0.txt").exists());
+    assert_eq!(status(&write(100)), "success");
+    assert!(log_len(&w, "wf_log") > 0);
+    drop(sb);
+    assert_eq!(log_len(&w, "wf_log"), 0, "the drop's sync point empties it");
+    let sb = w.open(batched(&w));
+    assert!(
+        sb.notices().iter().all(|n| !n.contains("recovered")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.read("f100.txt"), b"100\n");
+}
