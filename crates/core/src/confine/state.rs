@@ -174,8 +174,12 @@ impl StateDir {
             ),
             Err(e) => return Err(e),
         };
-        f.write_all(entry)?;
-        f.sync_data()?;
+        let before = f.metadata()?.len();
+        if let Err(e) = f.write_all(entry).and_then(|()| f.sync_data()) {
+            // A torn entry would end the log there and hide every later one.
+            let _ = f.set_len(before);
+            return Err(e);
+        }
         if created {
             File::open(self.path.join(INFLIGHT_DIR))?.sync_all()?;
         }
