@@ -8,22 +8,53 @@
 //!
 //! Only a holder of the workflow's lock appends to or empties its log, so processes never
 //! interleave entries. An entry is framed and checksummed: a torn or damaged tail ends
-//! the log, and what it held was never reported done.
+//! the log, and what it held was never reported done. The file is allocated ahead (zeros)
+//! and a header in its first sector says where the entries end and which generation they
+//! belong to, so an append changes neither the file's size nor its blocks.
 
+use crate::confine::state::CommitLogFile as File;
 use crate::hash::sha256_hex;
 use crate::recovery::InflightRecord;
 use crate::snapshot::SnapshotMeta;
 use serde::{Deserialize, Serialize};
+use std::io;
 
-const MAGIC: &[u8; 4] = b"ALC1";
-/// `MAGIC`, header length (u32), backup length (u64, `u64::MAX` for none), new length
-/// (u64), SHA-256 of everything after the prefix.
-const PREFIX: usize = 4 + 4 + 8 + 8 + 32;
+/// The log's header: `HEAD_MAGIC`, generation (u64), end (u64), then the first 8 bytes
+/// of the SHA-256 of those 20 bytes. It lies in the first sector, which a device writes
+/// whole.
+const HEAD_MAGIC: &[u8; 4] = b"ALCL";
+const HEAD_LEN: u64 = 64;
+const FRAME_MAGIC: &[u8; 4] = b"ALC2";
+/// `FRAME_MAGIC`, generation (u64), header length (u32), backup length (u64, `u64::MAX`
+/// for none), new length (u64), SHA-256 of the generation, the lengths and the body.
+const PREFIX: usize = 4 + 8 + 4 + 8 + 8 + 32;
 const NO_BACKUP: u64 = u64::MAX;
+/// A new log's size. The file is written with zeros up front and grown in steps of this
+/// size, so that an append overwrites allocated blocks and leaves the size alone: its
+/// `fdatasync` then writes the entry and the header, and no inode or allocation.
+const GROWTH: u64 = 1024 * 1024;
 
 /// Entries whose backup and new bytes together exceed this go through a whole-filesystem
 /// sync instead: appending them would write large files twice.
 pub const MAX_LOGGED_BYTES: usize = 64 * 1024;
+
+/// Where a log's entries end, and their generation. Emptying a log starts a new
+/// generation: entries of an older one left past the end are never read again, and a
+/// position taken before the log was emptied never matches one taken after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The current generation.
+    pub generation: u64,
+    /// The offset after the last entry.
+    pub end: u64,
+}
+
+impl Position {
+    /// Whether the log holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.end <= HEAD_LEN
+    }
+}
 
 /// One committed file write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,73 +76,124 @@ struct Header {
     meta: SnapshotMeta,
 }
 
-impl CommitEntry {
-    /// The entry as appended to the log.
-    pub fn encode(&self) -> Vec<u8> {
-        encode(
-            &self.record,
-            &self.meta,
-            self.backup.as_deref(),
-            &self.bytes,
-        )
-    }
+fn new_generation() -> u64 {
+    let d = sha2_digest(crate::ids::unique().as_bytes());
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
 
-    /// The entries of a log, oldest first, up to the first torn or damaged one.
-    pub fn decode_all(mut log: &[u8]) -> Vec<CommitEntry> {
-        let mut out = Vec::new();
-        while let Some((entry, rest)) = Self::decode_one(log) {
-            out.push(entry);
-            log = rest;
-        }
-        if !log.is_empty() {
-            tracing::warn!(
-                bytes = log.len(),
-                "a commit log ends with a torn or damaged entry, ignored"
-            );
-        }
-        out
-    }
+fn encode_head(p: Position) -> [u8; HEAD_LEN as usize] {
+    let mut h = [0u8; HEAD_LEN as usize];
+    h[..4].copy_from_slice(HEAD_MAGIC);
+    h[4..12].copy_from_slice(&p.generation.to_le_bytes());
+    h[12..20].copy_from_slice(&p.end.to_le_bytes());
+    let d = sha2_digest(&h[..20]);
+    h[20..28].copy_from_slice(&d[..8]);
+    h
+}
 
-    fn decode_one(log: &[u8]) -> Option<(CommitEntry, &[u8])> {
-        if log.len() < PREFIX || &log[..4] != MAGIC {
-            return None;
-        }
-        let header_len = u32::from_le_bytes(log[4..8].try_into().ok()?) as usize;
-        let backup_len = u64::from_le_bytes(log[8..16].try_into().ok()?);
-        let bytes_len = usize::try_from(u64::from_le_bytes(log[16..24].try_into().ok()?)).ok()?;
-        let backup_size = if backup_len == NO_BACKUP {
-            0
-        } else {
-            usize::try_from(backup_len).ok()?
-        };
-        let body_len = header_len
-            .checked_add(backup_size)?
-            .checked_add(bytes_len)?;
-        let body = log.get(PREFIX..PREFIX.checked_add(body_len)?)?;
-        if sha2_digest(body)[..] != log[24..PREFIX] {
-            return None;
-        }
-        let header: Header = serde_json::from_slice(&body[..header_len]).ok()?;
-        let backup =
-            (backup_len != NO_BACKUP).then(|| body[header_len..header_len + backup_size].to_vec());
-        let entry = CommitEntry {
-            record: header.record,
-            meta: header.meta,
-            backup,
-            bytes: body[header_len + backup_size..].to_vec(),
-        };
-        // An entry must describe a finishable write: a commit record whose checksum the
-        // new bytes have.
-        let commit = entry.meta.commit.as_ref()?;
-        if sha256_hex(&entry.bytes) != commit.after_sha256 {
-            return None;
-        }
-        Some((entry, &log[PREFIX + body_len..]))
+fn decode_head(h: &[u8]) -> Option<Position> {
+    if h.len() < 28 || &h[..4] != HEAD_MAGIC || sha2_digest(&h[..20])[..8] != h[20..28] {
+        return None;
+    }
+    Some(Position {
+        generation: u64::from_le_bytes(h[4..12].try_into().ok()?),
+        end: u64::from_le_bytes(h[12..20].try_into().ok()?),
+    })
+}
+
+/// Prepares a new, empty log file: header, zeros, synced. The caller syncs the
+/// directory that holds it.
+pub fn initialize(file: &File) -> io::Result<Position> {
+    let p = Position {
+        generation: new_generation(),
+        end: HEAD_LEN,
+    };
+    file.write_all_at(&encode_head(p), 0)?;
+    grow(file, GROWTH)?;
+    file.sync_all()?;
+    Ok(p)
+}
+
+/// Writes zeros up to `size`, so that later appends find their blocks allocated.
+fn grow(file: &File, size: u64) -> io::Result<()> {
+    let from = file.len()?.max(HEAD_LEN);
+    if from < size {
+        file.write_all_at(&vec![0; (size - from) as usize], from)?;
+    }
+    Ok(())
+}
+
+/// The log's position; `None` when its header is unreadable (no log written it).
+pub fn position(file: &File) -> io::Result<Option<Position>> {
+    let mut h = [0u8; 28];
+    match file.read_exact_at(&mut h, 0) {
+        Ok(()) => Ok(decode_head(&h)),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
-/// The log entry of a commit, from borrowed parts (see [`CommitEntry`]).
-pub fn encode(
+/// Appends one entry and syncs the log; returns the new position. Call with the
+/// workflow's lock held. On failure the header is put back, so the entry is not in the
+/// log.
+pub fn append(
+    file: &File,
+    record: &InflightRecord,
+    meta: &SnapshotMeta,
+    backup: Option<&[u8]>,
+    bytes: &[u8],
+) -> io::Result<Position> {
+    let at = match position(file)? {
+        Some(p) => p,
+        None => initialize(file)?,
+    };
+    let frame = encode(at.generation, record, meta, backup, bytes);
+    let next = Position {
+        generation: at.generation,
+        end: at.end + frame.len() as u64,
+    };
+    let size = file.len()?;
+    if next.end > size {
+        grow(file, next.end.div_ceil(GROWTH) * GROWTH)?;
+    }
+    let written = file
+        .write_all_at(&frame, at.end)
+        .and_then(|()| file.write_all_at(&encode_head(next), 0))
+        .and_then(|()| file.sync_data());
+    if let Err(e) = written {
+        let _ = file.write_all_at(&encode_head(at), 0);
+        return Err(e);
+    }
+    Ok(next)
+}
+
+/// Empties the log, durably (a new generation): what it held must be durable elsewhere
+/// first. Call with the workflow's lock held.
+pub fn clear(file: &File) -> io::Result<()> {
+    let p = Position {
+        generation: new_generation(),
+        end: HEAD_LEN,
+    };
+    file.write_all_at(&encode_head(p), 0)?;
+    file.sync_data()
+}
+
+/// The log's entries of the current generation, oldest first, up to the first torn or
+/// damaged one. They are read past the header's end too: a power cut may keep an entry
+/// and lose the header write that counted it.
+pub fn read(file: &File) -> io::Result<Vec<CommitEntry>> {
+    let Some(at) = position(file)? else {
+        return Ok(Vec::new());
+    };
+    let size = file.len()?;
+    let mut buf = vec![0u8; size.saturating_sub(HEAD_LEN) as usize];
+    file.read_exact_at(&mut buf, HEAD_LEN)?;
+    Ok(decode_all(at.generation, &buf))
+}
+
+/// The log entry of a commit.
+fn encode(
+    generation: u64,
     record: &InflightRecord,
     meta: &SnapshotMeta,
     backup: Option<&[u8]>,
@@ -125,7 +207,8 @@ pub fn encode(
     let header = serde_json::to_vec(&HeaderRef { record, meta }).unwrap_or_default();
     let backup_bytes = backup.unwrap_or_default();
     let mut out = Vec::with_capacity(PREFIX + header.len() + backup_bytes.len() + bytes.len());
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(FRAME_MAGIC);
+    out.extend_from_slice(&generation.to_le_bytes());
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     let backup_len = backup.map_or(NO_BACKUP, |b| b.len() as u64);
     out.extend_from_slice(&backup_len.to_le_bytes());
@@ -134,9 +217,70 @@ pub fn encode(
     out.extend_from_slice(&header);
     out.extend_from_slice(backup_bytes);
     out.extend_from_slice(bytes);
-    let digest = sha2_digest(&out[PREFIX..]);
-    out[24..PREFIX].copy_from_slice(&digest);
+    let digest = checksum(&out);
+    out[PREFIX - 32..PREFIX].copy_from_slice(&digest);
     out
+}
+
+/// SHA-256 of a frame's generation, lengths and body (everything but the magic and the
+/// checksum itself).
+fn checksum(frame: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(&frame[4..PREFIX - 32]);
+    h.update(&frame[PREFIX..]);
+    h.finalize().into()
+}
+
+fn decode_all(generation: u64, mut log: &[u8]) -> Vec<CommitEntry> {
+    let mut out = Vec::new();
+    while let Some((entry, rest)) = decode_one(generation, log) {
+        out.push(entry);
+        log = rest;
+    }
+    out
+}
+
+fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
+    if log.len() < PREFIX || &log[..4] != FRAME_MAGIC {
+        return None;
+    }
+    let word =
+        |at: usize| -> Option<u64> { Some(u64::from_le_bytes(log[at..at + 8].try_into().ok()?)) };
+    if word(4)? != generation {
+        return None;
+    }
+    let header_len = u32::from_le_bytes(log[12..16].try_into().ok()?) as usize;
+    let backup_len = word(16)?;
+    let bytes_len = usize::try_from(word(24)?).ok()?;
+    let backup_size = if backup_len == NO_BACKUP {
+        0
+    } else {
+        usize::try_from(backup_len).ok()?
+    };
+    let body_len = header_len
+        .checked_add(backup_size)?
+        .checked_add(bytes_len)?;
+    let frame = log.get(..PREFIX.checked_add(body_len)?)?;
+    if checksum(frame)[..] != frame[PREFIX - 32..PREFIX] {
+        return None;
+    }
+    let body = &frame[PREFIX..];
+    let header: Header = serde_json::from_slice(&body[..header_len]).ok()?;
+    let entry = CommitEntry {
+        record: header.record,
+        meta: header.meta,
+        backup: (backup_len != NO_BACKUP)
+            .then(|| body[header_len..header_len + backup_size].to_vec()),
+        bytes: body[header_len + backup_size..].to_vec(),
+    };
+    // An entry must describe a finishable write: a commit record whose checksum the
+    // new bytes have.
+    let commit = entry.meta.commit.as_ref()?;
+    if sha256_hex(&entry.bytes) != commit.after_sha256 {
+        return None;
+    }
+    Some((entry, &log[frame.len()..]))
 }
 
 fn sha2_digest(bytes: &[u8]) -> [u8; 32] {
@@ -180,20 +324,78 @@ mod tests {
         }
     }
 
+    fn append_entry(f: &File, e: &CommitEntry) -> Position {
+        match append(f, &e.record, &e.meta, e.backup.as_deref(), &e.bytes) {
+            Ok(p) => p,
+            Err(err) => panic!("append: {err}"),
+        }
+    }
+
+    fn entries(f: &File) -> Vec<CommitEntry> {
+        read(f).unwrap_or_else(|e| panic!("read: {e}"))
+    }
+
+    fn log_file() -> (tempfile::TempDir, File) {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("tempdir")
+        };
+        let state = crate::confine::state::StateDir::open(dir.path());
+        let Ok(Some(f)) = state.and_then(|s| s.commit_log_file("wf", true)) else {
+            panic!("open")
+        };
+        (dir, f)
+    }
+
     #[test]
-    fn entries_round_trip_and_a_torn_tail_ends_the_log() {
-        let a = entry(Some(b"old"), b"new bytes");
-        let b = entry(None, b"");
-        let c = entry(Some(b""), b"third");
-        let mut log = [a.encode(), b.encode(), c.encode()].concat();
-        assert_eq!(CommitEntry::decode_all(&log), vec![a.clone(), b.clone(), c]);
-        log.truncate(log.len() - 1);
-        assert_eq!(CommitEntry::decode_all(&log), vec![a.clone(), b]);
-        // A flipped byte in the middle entry ends the log there.
-        let mut log = [a.encode(), entry(None, b"xyz").encode()].concat();
-        let n = log.len();
-        log[n - 2] ^= 1;
-        assert_eq!(CommitEntry::decode_all(&log), vec![a]);
-        assert!(CommitEntry::decode_all(b"garbage").is_empty());
+    fn entries_round_trip_in_place_and_a_new_generation_hides_the_old() {
+        let (_dir, f) = log_file();
+        assert!(entries(&f).is_empty());
+        let (a, b, c) = (
+            entry(Some(b"old"), b"new bytes"),
+            entry(None, b""),
+            entry(Some(b""), b"third"),
+        );
+        let p1 = append_entry(&f, &a);
+        let size = f.len().ok();
+        append_entry(&f, &b);
+        let p3 = append_entry(&f, &c);
+        assert_eq!(entries(&f), vec![a.clone(), b.clone(), c.clone()]);
+        assert_eq!(f.len().ok(), size, "appends keep the size");
+        assert_eq!(p1.generation, p3.generation);
+        assert!(!p3.is_empty());
+
+        // Emptied: a new generation; what is appended next is all that is read.
+        assert!(clear(&f).is_ok());
+        let p = position(&f).ok().flatten();
+        assert!(p.is_some_and(|p| p.is_empty() && p.generation != p3.generation));
+        assert!(entries(&f).is_empty());
+        append_entry(&f, &b);
+        assert_eq!(entries(&f), vec![b.clone()]);
+
+        // An entry whose header update was lost is still read.
+        let before = position(&f).ok().flatten();
+        append_entry(&f, &a);
+        if let Some(before) = before {
+            assert!(f.write_all_at(&encode_head(before), 0).is_ok());
+        }
+        assert_eq!(entries(&f), vec![b.clone(), a.clone()]);
+
+        // A damaged byte ends the log at that entry.
+        let at = p1.end - 1;
+        assert!(clear(&f).is_ok());
+        append_entry(&f, &a);
+        append_entry(&f, &c);
+        let mut byte = [0u8; 1];
+        assert!(f.read_exact_at(&mut byte, at + 10).is_ok());
+        assert!(f.write_all_at(&[byte[0] ^ 1], at + 10).is_ok());
+        assert_eq!(entries(&f), vec![a]);
+    }
+
+    #[test]
+    fn a_file_without_a_header_holds_no_entry() {
+        let (_dir, f) = log_file();
+        assert!(f.write_all_at(b"garbage that is not a log", 0).is_ok());
+        assert_eq!(position(&f).ok(), Some(None));
+        assert!(entries(&f).is_empty());
     }
 }

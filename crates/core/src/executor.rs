@@ -782,8 +782,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             (Some(_), Some(b), Some(record))
                 if sb.logs_commit(before.as_ref().map_or(0, Vec::len) + b.len()) =>
             {
-                let entry = crate::commit_log::encode(record, &meta, before.as_deref(), b);
-                sb.log_commit(&wf, &entry).map(Some)
+                sb.log_commit(record, &meta, before.as_deref(), b).map(Some)
             }
             _ => sb.sync_point().map(|()| None),
         };
@@ -799,8 +798,8 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         // Once this action's writes are made (or undone), a sync point may empty the log.
         let finished = |sb: &Sandbox| {
-            if let Some(len) = logged {
-                sb.commit_finished(&wf, len);
+            if let Some(at) = logged {
+                sb.commit_finished(&wf, at);
             }
         };
 

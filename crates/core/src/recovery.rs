@@ -125,14 +125,21 @@ impl Sandbox {
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
-            let log = match self.state.commit_log_read(&wf) {
-                Ok(l) => l,
+            let read = self
+                .state
+                .commit_log_file(&wf, false)
+                .and_then(|f| match f {
+                    Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+                    None => Ok(None),
+                });
+            let (file, entries) = match read {
+                Ok(Some((f, e))) if !e.is_empty() => (f, e),
+                Ok(_) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
                     continue;
                 }
             };
-            let entries = crate::commit_log::CommitEntry::decode_all(&log);
             let replayed = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
@@ -162,7 +169,7 @@ impl Sandbox {
                 tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
                 continue;
             }
-            if let Err(e) = self.state.commit_log_clear(&wf) {
+            if let Err(e) = crate::commit_log::clear(&file) {
                 tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
                 continue;
             }

@@ -49,8 +49,9 @@ pub struct Sandbox {
     /// Run records to mark idle once a sync point has made their runs durable.
     idle_after_sync: std::sync::Mutex<Vec<crate::recovery::InflightRecord>>,
     /// Commit logs this sandbox appended to since the last sync point: workflow → the
-    /// log's length after the append. A sync point empties those that have not grown.
-    logs_after_sync: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// log's position after its last finished commit. A sync point empties those still
+    /// there.
+    logs_after_sync: std::sync::Mutex<std::collections::HashMap<String, Position>>,
     /// Entries appended to commit logs since the last sync point.
     logged_since_sync: std::sync::atomic::AtomicUsize,
 }
@@ -500,21 +501,28 @@ impl Sandbox {
     }
 
     /// Empties the commit logs whose entries the sync point just made durable elsewhere:
-    /// those whose workflow is not running (its lock is free) and that have not grown
-    /// since. The others stay for a later sync point.
-    fn empty_commit_logs(&self, logs: std::collections::HashMap<String, u64>) {
-        for (wf, len) in logs {
+    /// those whose workflow is not running (its lock is free) and that are where their
+    /// last finished commit left them. The others stay for a later sync point.
+    fn empty_commit_logs(&self, logs: std::collections::HashMap<String, Position>) {
+        for (wf, at) in logs {
             let done = match self.state.try_lock(&format!("wf-{wf}")) {
-                Ok(Some(_lock)) => match self.state.commit_log_len(&wf) {
-                    Ok(now) if now == len => self.state.commit_log_clear(&wf).is_ok(),
-                    // Emptied by another holder of the lock.
-                    Ok(now) => now < len,
+                Ok(Some(_lock)) => match self.state.commit_log_file(&wf, false) {
+                    Ok(Some(f)) => match crate::commit_log::position(&f) {
+                        Ok(Some(now)) if now == at => crate::commit_log::clear(&f).is_ok(),
+                        // Emptied since by another holder of the lock, or unreadable.
+                        Ok(Some(now)) => now.generation != at.generation,
+                        Ok(None) => true,
+                        Err(_) => false,
+                    },
+                    Ok(None) => true,
                     Err(_) => false,
                 },
                 _ => false,
             };
             if !done {
-                self.commit_finished(&wf, len);
+                lock_or_recover(&self.logs_after_sync)
+                    .entry(wf)
+                    .or_insert(at);
             }
         }
     }
@@ -525,13 +533,21 @@ impl Sandbox {
         self.batch_sync.is_some() && logged <= crate::commit_log::MAX_LOGGED_BYTES
     }
 
-    /// Commits a file write: appends `entry` (see [`crate::commit_log::encode`]) to its
-    /// workflow's commit log and syncs the log; returns the log's length, for [`Sandbox::commit_finished`]. Call with the
+    /// Commits a file write: appends its entry to the workflow's commit log and syncs the
+    /// log; returns the log's position, for [`Sandbox::commit_finished`]. Call with the
     /// workflow's lock held.
-    pub(crate) fn log_commit(&self, workflow_id: &str, entry: &[u8]) -> Verdict<u64> {
-        let len = self
+    pub(crate) fn log_commit(
+        &self,
+        record: &crate::recovery::InflightRecord,
+        meta: &SnapshotMeta,
+        backup: Option<&[u8]>,
+        bytes: &[u8],
+    ) -> Verdict<Position> {
+        let at = self
             .state
-            .commit_log_append(workflow_id, entry)
+            .commit_log_file(&meta.workflow_id, true)
+            .and_then(|f| f.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
+            .and_then(|f| crate::commit_log::append(&f, record, meta, backup, bytes))
             .map_err(|e| {
                 crate::reason::Refusal::new(
                     ReasonCode::IoError,
@@ -540,16 +556,14 @@ impl Sandbox {
             })?;
         self.logged_since_sync
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(len)
+        Ok(at)
     }
 
     /// A logged commit's writes are all made (in memory): the next sync point to begin
-    /// makes them durable and may then empty the log up to `len`. Registering only now
-    /// keeps a sync that began before these writes from emptying the log.
-    pub(crate) fn commit_finished(&self, workflow_id: &str, len: u64) {
-        let mut pending = lock_or_recover(&self.logs_after_sync);
-        let slot = pending.entry(workflow_id.to_owned()).or_insert(len);
-        *slot = (*slot).max(len);
+    /// makes them durable and may then empty the log if it is still `at`. Registering
+    /// only now keeps a sync that began before these writes from emptying the log.
+    pub(crate) fn commit_finished(&self, workflow_id: &str, at: Position) {
+        lock_or_recover(&self.logs_after_sync).insert(workflow_id.to_owned(), at);
     }
 
     /// Makes a sync point once enough commits wait in logs, so that logs stay short and
@@ -570,16 +584,23 @@ impl Sandbox {
     /// replays an entry whose action has since been undone. Call with the workflow's
     /// lock held.
     pub(crate) fn settle_commit_log(&self, workflow_id: &str) -> Verdict {
-        if self.state.commit_log_len(workflow_id).unwrap_or(1) == 0 {
-            return Ok(());
-        }
-        self.sync_logged_writes()?;
-        self.state.commit_log_clear(workflow_id).map_err(|e| {
+        let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
                 format!("could not empty the commit log: {}", e.kind()),
             )
-        })?;
+        };
+        let Some(f) = self.state.commit_log_file(workflow_id, false).map_err(io)? else {
+            return Ok(());
+        };
+        if crate::commit_log::position(&f)
+            .map_err(io)?
+            .is_none_or(|p| p.is_empty())
+        {
+            return Ok(());
+        }
+        self.sync_logged_writes()?;
+        crate::commit_log::clear(&f).map_err(io)?;
         lock_or_recover(&self.logs_after_sync).remove(workflow_id);
         Ok(())
     }
@@ -1293,6 +1314,8 @@ impl Sandbox {
         Ok(report)
     }
 }
+
+use crate::commit_log::Position;
 
 /// Commits a sandbox logs between two sync points.
 const LOGGED_PER_SYNC: usize = 32;

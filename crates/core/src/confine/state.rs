@@ -151,82 +151,42 @@ impl StateDir {
         Ok(out)
     }
 
-    fn commit_log_path(&self, workflow_id: &str) -> PathBuf {
-        self.path
+    /// A workflow's commit log file (`inflight/{workflow}.log`, see
+    /// [`crate::commit_log`]). When it is missing: `None`, or with `create` a new file,
+    /// initialised and synced with its directory.
+    pub fn commit_log_file(
+        &self,
+        workflow_id: &str,
+        create: bool,
+    ) -> io::Result<Option<CommitLogFile>> {
+        let path = self
+            .path
             .join(INFLIGHT_DIR)
-            .join(format!("{workflow_id}.log"))
-    }
-
-    /// Appends `entry` to a workflow's commit log and syncs it; returns the log's new
-    /// length. The first append creates the file and syncs its directory, so later
-    /// appends cost one `fdatasync` each. Call with the workflow's lock held.
-    pub fn commit_log_append(&self, workflow_id: &str, entry: &[u8]) -> io::Result<u64> {
-        let path = self.commit_log_path(workflow_id);
-        let (mut f, created) = match OpenOptions::new().append(true).open(&path) {
-            Ok(f) => (f, false),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (
-                OpenOptions::new()
-                    .append(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)?,
-                true,
-            ),
-            Err(e) => return Err(e),
-        };
-        let before = f.metadata()?.len();
-        if let Err(e) = f.write_all(entry).and_then(|()| f.sync_data()) {
-            // A torn entry would end the log there and hide every later one.
-            let _ = f.set_len(before);
-            return Err(e);
+            .join(format!("{workflow_id}.log"));
+        match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(file) => return Ok(Some(CommitLogFile { file })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            Err(_) => {}
         }
-        if created {
-            File::open(self.path.join(INFLIGHT_DIR))?.sync_all()?;
-        }
-        Ok(f.metadata()?.len())
-    }
-
-    /// A workflow's commit log; empty when there is none.
-    pub fn commit_log_read(&self, workflow_id: &str) -> io::Result<Vec<u8>> {
-        Ok(self
-            .read_optional(&format!("{INFLIGHT_DIR}/{workflow_id}.log"))?
-            .unwrap_or_default())
-    }
-
-    /// The length of a workflow's commit log (0 when there is none).
-    pub fn commit_log_len(&self, workflow_id: &str) -> io::Result<u64> {
-        match std::fs::metadata(self.commit_log_path(workflow_id)) {
-            Ok(m) => Ok(m.len()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Empties a workflow's commit log, durably: what it held must be durable elsewhere
-    /// first. Call with the workflow's lock held.
-    pub fn commit_log_clear(&self, workflow_id: &str) -> io::Result<()> {
-        match OpenOptions::new()
+        let file = OpenOptions::new()
+            .read(true)
             .write(true)
-            .open(self.commit_log_path(workflow_id))
-        {
-            Ok(f) => {
-                f.set_len(0)?;
-                f.sync_data()
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        let log = CommitLogFile { file };
+        crate::commit_log::initialize(&log)?;
+        File::open(self.path.join(INFLIGHT_DIR))?.sync_all()?;
+        Ok(Some(log))
     }
 
-    /// The workflows whose commit logs hold entries.
+    /// The workflows that have a commit log file.
     pub fn commit_logs(&self) -> io::Result<Vec<String>> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(self.path.join(INFLIGHT_DIR))? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(id) = name.strip_suffix(".log")
-                && e.metadata()?.len() > 0
-            {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".log") {
                 out.push(id.to_owned());
             }
         }
@@ -262,6 +222,45 @@ impl StateDir {
             File::open(&self.path)?.sync_all()?;
         }
         Ok(())
+    }
+}
+
+/// A commit log file: positioned reads and writes, and syncs (the format is
+/// [`crate::commit_log`]'s).
+#[derive(Debug)]
+pub struct CommitLogFile {
+    file: File,
+}
+
+impl CommitLogFile {
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    /// Writes all of `bytes` at `offset`.
+    pub fn write_all_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(bytes, offset)
+    }
+
+    /// The file's size.
+    pub fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// `fdatasync`.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// `fsync`.
+    pub fn sync_all(&self) -> io::Result<()> {
+        self.file.sync_all()
     }
 }
 

@@ -16,8 +16,19 @@ fn batched(w: &World) -> ailab_sandbox_core::Config {
     c
 }
 
-fn log_len(w: &World, wf: &str) -> u64 {
-    std::fs::metadata(w.state.join(format!("inflight/{wf}.log"))).map_or(0, |m| m.len())
+/// How many entries a workflow's commit log holds.
+fn log_len(w: &World, wf: &str) -> usize {
+    match log_file(w, wf) {
+        Some(f) => ailab_sandbox_core::commit_log::read(&f).unwrap().len(),
+        None => 0,
+    }
+}
+
+fn log_file(w: &World, wf: &str) -> Option<ailab_sandbox_core::confine::state::CommitLogFile> {
+    ailab_sandbox_core::confine::state::StateDir::open(&w.state)
+        .unwrap()
+        .commit_log_file(wf, false)
+        .unwrap()
 }
 
 /// Runs `plan` and makes it die at the `nth` hit of `point`.
@@ -105,9 +116,15 @@ fn a_torn_last_entry_is_not_redone() {
     // A power cut: no drop, so no last sync point.
     std::mem::forget(sb);
     durable.restore_except_commit_logs(&w);
-    let log = w.state.join("inflight/wf_log.log");
-    let bytes = std::fs::read(&log).unwrap();
-    std::fs::write(&log, &bytes[..bytes.len() - 3]).unwrap();
+    // The last entry's final bytes never reached the disk.
+    let log = log_file(&w, "wf_log").unwrap();
+    assert_eq!(log_len(&w, "wf_log"), 3);
+    let end = ailab_sandbox_core::commit_log::position(&log)
+        .unwrap()
+        .unwrap()
+        .end;
+    log.write_all_at(&[0; 3], end - 3).unwrap();
+    assert_eq!(log_len(&w, "wf_log"), 2);
 
     let sb = w.open(batched(&w));
     assert_eq!(w.read("a.txt"), b"ALPHA\n");

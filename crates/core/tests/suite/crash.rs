@@ -214,8 +214,14 @@ fn batched_crash_before_the_commit_point_is_rolled_back() {
     assert_eq!(staged.len(), 1, "the staged new bytes: {staged:?}");
     std::fs::remove_file(&staged[0]).unwrap();
     let log = w.state.join("inflight/wf_commit.log");
-    assert!(
-        std::fs::metadata(&log).unwrap().len() > 0,
+    let f = ailab_sandbox_core::confine::state::StateDir::open(&w.state)
+        .unwrap()
+        .commit_log_file("wf_commit", false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ailab_sandbox_core::commit_log::read(&f).unwrap().len(),
+        1,
         "the commit entry"
     );
     std::fs::write(&log, b"").unwrap();
