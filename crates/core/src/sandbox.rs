@@ -1303,7 +1303,11 @@ impl Sandbox {
                 for root in &self.roots {
                     Snapshotter::remove_workflow(root, &wf)?;
                 }
-                if let Err(e) = self.state.inflight_remove(&wf) {
+                if let Err(e) = self
+                    .state
+                    .inflight_remove(&wf)
+                    .and_then(|()| self.state.commit_log_remove(&wf))
+                {
                     tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
                 }
                 report.workflows_pruned.push(wf);

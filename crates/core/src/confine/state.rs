@@ -181,6 +181,18 @@ impl StateDir {
         Ok(Some(log))
     }
 
+    /// Removes a workflow's commit log file (its workflow was pruned).
+    pub fn commit_log_remove(&self, workflow_id: &str) -> io::Result<()> {
+        let path = self
+            .path
+            .join(INFLIGHT_DIR)
+            .join(format!("{workflow_id}.log"));
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// The workflows that have a commit log file.
     pub fn commit_logs(&self) -> io::Result<Vec<String>> {
         let mut out = Vec::new();

@@ -258,4 +258,9 @@ fn sync_points_rollbacks_and_drops_empty_the_logs() {
         sb.notices()
     );
     assert_eq!(w.read("f100.txt"), b"100\n");
+    // Pruning the workflow removes its log file too.
+    w.clock.advance(chrono::Duration::days(30));
+    let pruned = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(pruned.workflows_pruned, vec!["wf_log".to_owned()]);
+    assert!(!w.state.join("inflight/wf_log.log").exists());
 }
