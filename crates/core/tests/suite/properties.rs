@@ -108,6 +108,7 @@ proptest! {
         crash in any::<bool>(),
         undo_on_failure in any::<bool>(),
         rollback_crash in proptest::option::of((1u32..5, 0usize..3)),
+        flat in any::<bool>(),
     ) {
         use ailab_sandbox_core::audit::AuditStatus;
         use ailab_sandbox_core::config::Durability;
@@ -120,7 +121,9 @@ proptest! {
         let mut c = w.writable_config();
         c.durability = [Durability::Relaxed, Durability::Strict, Durability::Batched][mode as usize];
         c.limits.writes_per_minute = 1000;
-        let paths = ["p0.txt", "d/p1.txt", "new/p2.txt"];
+        // The third file is created in a new directory (a write with sync points), or
+        // beside the first (every write of the run commits through the log).
+        let paths = ["p0.txt", "d/p1.txt", if flat { "p2.txt" } else { "new/p2.txt" }];
         // Every generated plan is valid: a missing file is created first, an existing
         // one is never created again, and a transform replaces the file's whole text
         // (known here by following the plan), which occurs exactly once.
