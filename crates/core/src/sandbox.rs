@@ -7,6 +7,7 @@ use crate::audit::{
 };
 use crate::catalog::{MutationClass, RiskLevel, op_for_intent};
 use crate::clock::{Clock, SystemClock, timestamp};
+use crate::commit_log::Position;
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::{join_display, shown_path};
 use crate::confine::root::DirEntryInfo;
@@ -473,18 +474,17 @@ impl Sandbox {
         };
         // What waits for this sync is taken first: whatever is queued later may name
         // writes this sync does not cover.
-        let idle = std::mem::take(
-            &mut *self
-                .idle_after_sync
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
+        let idle = std::mem::take(&mut *lock_or_recover(&self.idle_after_sync));
         let head = self.audit.pending_head();
         let logs = std::mem::take(&mut *lock_or_recover(&self.logs_after_sync));
         self.logged_since_sync
             .store(0, std::sync::atomic::Ordering::Relaxed);
         if let Err(e) = s.sync() {
-            lock_or_recover(&self.logs_after_sync).extend(logs);
+            // Back for the next sync point; what registered meanwhile is newer.
+            let mut pending = lock_or_recover(&self.logs_after_sync);
+            for (wf, at) in logs {
+                pending.entry(wf).or_insert(at);
+            }
             return Err(crate::reason::Refusal::new(
                 ReasonCode::IoError,
                 format!("could not sync to stable storage: {}", e.kind()),
@@ -621,10 +621,7 @@ impl Sandbox {
     /// run, so the mark waits for the next sync point (or the sandbox's drop).
     pub(crate) fn run_finished(&self, rec: crate::recovery::InflightRecord) {
         if self.batch_sync.is_some() {
-            self.idle_after_sync
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(rec);
+            lock_or_recover(&self.idle_after_sync).push(rec);
         } else {
             self.write_idle(&rec);
         }
@@ -1318,8 +1315,6 @@ impl Sandbox {
         Ok(report)
     }
 }
-
-use crate::commit_log::Position;
 
 /// Commits a sandbox logs between two sync points.
 const LOGGED_PER_SYNC: usize = 32;
