@@ -140,7 +140,7 @@ impl Sandbox {
                     continue;
                 }
             };
-            let replayed = self.replay_commits(&wf, &entries);
+            let (replayed, complete) = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
             let on_disk = self
@@ -165,6 +165,11 @@ impl Sandbox {
                 },
             };
             report.completed += replayed;
+            if !complete {
+                tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
+                out.push(report);
+                continue;
+            }
             if let Err(r) = self.sync_logged_writes() {
                 tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
                 continue;
@@ -188,8 +193,12 @@ impl Sandbox {
     /// bytes. An entry whose snapshot is marked restored was undone (durably) and is
     /// skipped. A target that holds none of the contents the entries knew for it was
     /// changed by someone else since, and is left as it is. Returns how many entries
-    /// needed anything.
-    fn replay_commits(&self, wf: &str, entries: &[crate::commit_log::CommitEntry]) -> usize {
+    /// needed anything, and whether every write it tried succeeded.
+    fn replay_commits(
+        &self,
+        wf: &str,
+        entries: &[crate::commit_log::CommitEntry],
+    ) -> (usize, bool) {
         use crate::snapshot::Snapshotter;
         let audited: HashSet<(String, String)> = self
             .audit
@@ -201,6 +210,7 @@ impl Sandbox {
             .collect();
         let mut live = Vec::new();
         let mut changed: HashSet<String> = HashSet::new();
+        let mut complete = true;
         for e in entries {
             let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
                 continue;
@@ -233,12 +243,17 @@ impl Sandbox {
             }
             if let Err(r) = Snapshotter::repair(root, meta, e.backup.as_deref()) {
                 tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
+                complete = false;
                 continue;
             }
             let was_audited =
                 audited.contains(&(meta.execution_id.clone(), meta.action_id.clone()));
-            if self.complete_logs(commit, was_audited) {
-                changed.insert(meta.snapshot_id.clone());
+            match self.complete_logs(commit, was_audited) {
+                Ok(true) => {
+                    changed.insert(meta.snapshot_id.clone());
+                }
+                Ok(false) => {}
+                Err(()) => complete = false,
             }
             live.push((i, e));
         }
@@ -280,11 +295,12 @@ impl Sandbox {
                     changed.insert(meta.snapshot_id.clone());
                 }
                 Err(r) => {
-                    tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place")
+                    tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
+                    complete = false;
                 }
             }
         }
-        changed.len()
+        (changed.len(), complete)
     }
 
     /// A rollback died. It restored targets newest first and recorded each step after
@@ -531,14 +547,20 @@ impl Sandbox {
             }
             changed = true;
         }
-        changed |= self.complete_logs(c, audited);
+        changed |= self.complete_logs(c, audited).unwrap_or(true);
         Some(changed)
     }
 
     /// Appends a committed action's registry entry unless the registry has it, and its
-    /// audit record unless `audited`; whether anything was appended.
-    fn complete_logs(&self, c: &crate::snapshot::SnapshotCommit, audited: bool) -> bool {
+    /// audit record unless `audited`; whether anything was appended (`Err` when an append
+    /// failed, which is logged).
+    fn complete_logs(
+        &self,
+        c: &crate::snapshot::SnapshotCommit,
+        audited: bool,
+    ) -> Result<bool, ()> {
         let mut changed = false;
+        let mut failed = false;
         if let Some(entry) = &c.artifact
             && self
                 .registry
@@ -550,15 +572,17 @@ impl Sandbox {
             changed = true;
             if let Err(e) = self.registry.register(entry) {
                 tracing::error!(error = %e, artifact = %entry.artifact_id, "recovery could not register an artifact");
+                failed = true;
             }
         }
         if !audited {
             changed = true;
             if let Err(e) = self.audit.append(vec![c.audit.clone()]) {
                 tracing::error!(error = %e, "recovery could not audit a finished action");
+                failed = true;
             }
         }
-        changed
+        if failed { Err(()) } else { Ok(changed) }
     }
 
     /// SHA-256 of a regular file's bytes; `None` for anything else.
