@@ -264,3 +264,49 @@ fn sync_points_rollbacks_and_drops_empty_the_logs() {
     assert_eq!(pruned.workflows_pruned, vec!["wf_log".to_owned()]);
     assert!(!w.state.join("inflight/wf_log.log").exists());
 }
+
+/// A replay that cannot rebuild an entry's snapshot (here the root's `.rollback` has
+/// become a file) keeps the log, so a later start, once the obstacle is gone, finishes
+/// the job.
+#[test]
+fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    w.write("d/b.txt", b"beta\n");
+    let original = w.tree();
+    drop(w.open(batched(&w)));
+    let durable = Durable::take(&w);
+    let sb = w.open(batched(&w));
+    run_killed(&sb, three_writes(), "before_audit", 3);
+    std::mem::forget(sb);
+    durable.restore_except_commit_logs(&w);
+    let rollback = w.root.join(".rollback");
+    if rollback.exists() {
+        std::fs::remove_dir_all(&rollback).unwrap();
+    }
+    std::fs::write(&rollback, b"in the way\n").unwrap();
+
+    let sb = w.open(batched(&w));
+    assert_eq!(
+        log_len(&w, "wf_log"),
+        3,
+        "the log is kept: {:?}",
+        sb.notices()
+    );
+    assert_eq!(w.tree(), original, "nothing redone without its snapshot");
+    drop(sb);
+
+    std::fs::remove_file(&rollback).unwrap();
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    let stats = sb.audit_stats().unwrap();
+    assert_eq!(stats.success, 3, "{stats:?}");
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 3);
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
