@@ -9,6 +9,8 @@ use ailab_sandbox_core::sandbox::RollbackOptions;
 use serde_json::json;
 use std::panic::AssertUnwindSafe;
 
+type Tree = std::collections::BTreeMap<String, Option<Vec<u8>>>;
+
 fn batched(w: &World) -> ailab_sandbox_core::Config {
     let mut c = w.writable_config();
     c.durability = ailab_sandbox_core::config::Durability::Batched;
@@ -45,6 +47,25 @@ fn three_writes() -> serde_json::Value {
         {"intent": "create_file", "path": "c.txt", "content": "gamma\n"}]})
 }
 
+/// `three_writes` on a seeded world, killed before the third's audit line, then a power
+/// cut that keeps only the commit log; returns the world and its tree as seeded.
+fn three_writes_then_a_power_cut() -> (World, Tree) {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    w.write("d/b.txt", b"beta\n");
+    let original = w.tree();
+    drop(w.open(batched(&w)));
+    let durable = Durable::take(&w);
+    let sb = w.open(batched(&w));
+    run_killed(&sb, three_writes(), "before_audit", 3);
+    // A power cut: no drop, so no last sync point.
+    std::mem::forget(sb);
+    assert_eq!(log_len(&w, "wf_log"), 3);
+    durable.restore_except_commit_logs(&w);
+    assert_eq!(w.tree(), original, "the cut lost every change");
+    (w, original)
+}
+
 /// Three logged writes, then a power cut before the third's audit line: the snapshots,
 /// the new bytes, the registry and audit lines, the run record are all lost; only the
 /// commit log remains. The next start (batched, or strict after a change of durability)
@@ -54,19 +75,7 @@ fn three_writes() -> serde_json::Value {
 fn logged_writes_survive_a_power_cut() {
     use ailab_sandbox_core::config::Durability;
     for reopen in [Durability::Batched, Durability::Strict] {
-        let w = World::new();
-        w.write("a.txt", b"alpha\n");
-        w.write("d/b.txt", b"beta\n");
-        let original = w.tree();
-        drop(w.open(batched(&w)));
-        let durable = Durable::take(&w);
-        let sb = w.open(batched(&w));
-        run_killed(&sb, three_writes(), "before_audit", 3);
-        // A power cut: no drop, so no last sync point.
-        std::mem::forget(sb);
-        assert!(log_len(&w, "wf_log") > 0);
-        durable.restore_except_commit_logs(&w);
-        assert_eq!(w.tree(), original, "the cut lost every change");
+        let (w, original) = three_writes_then_a_power_cut();
 
         let mut c = batched(&w);
         c.durability = reopen;
@@ -106,19 +115,9 @@ fn logged_writes_survive_a_power_cut() {
 /// not redone, and the two before it are.
 #[test]
 fn a_torn_last_entry_is_not_redone() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    w.write("d/b.txt", b"beta\n");
-    drop(w.open(batched(&w)));
-    let durable = Durable::take(&w);
-    let sb = w.open(batched(&w));
-    run_killed(&sb, three_writes(), "before_audit", 3);
-    // A power cut: no drop, so no last sync point.
-    std::mem::forget(sb);
-    durable.restore_except_commit_logs(&w);
+    let (w, _) = three_writes_then_a_power_cut();
     // The last entry's final bytes never reached the disk.
     let log = log_file(&w, "wf_log").unwrap();
-    assert_eq!(log_len(&w, "wf_log"), 3);
     let end = ailab_sandbox_core::commit_log::position(&log)
         .unwrap()
         .unwrap()
@@ -270,16 +269,7 @@ fn sync_points_rollbacks_and_drops_empty_the_logs() {
 /// the job.
 #[test]
 fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    w.write("d/b.txt", b"beta\n");
-    let original = w.tree();
-    drop(w.open(batched(&w)));
-    let durable = Durable::take(&w);
-    let sb = w.open(batched(&w));
-    run_killed(&sb, three_writes(), "before_audit", 3);
-    std::mem::forget(sb);
-    durable.restore_except_commit_logs(&w);
+    let (w, original) = three_writes_then_a_power_cut();
     let rollback = w.root.join(".rollback");
     if rollback.exists() {
         std::fs::remove_dir_all(&rollback).unwrap();
