@@ -29,11 +29,14 @@ const FRAME_MAGIC: &[u8; 4] = b"ALC2";
 /// for none), new length (u64), SHA-256 of the generation, the lengths and the body.
 const PREFIX: usize = 4 + 8 + 4 + 8 + 8 + 32;
 const NO_BACKUP: u64 = u64::MAX;
-/// A new log's size. The file is written with zeros up front and grown in steps of this
-/// size, so that an append overwrites allocated blocks and leaves the size alone: its
-/// `fdatasync` then writes the entry and the header, and no allocation. Sync points
-/// empty a log every few dozen commits, so most logs never grow.
-const GROWTH: u64 = 128 * 1024;
+/// The file is written with zeros ahead of use, in steps of this size, so that an append
+/// overwrites allocated blocks and leaves the size alone: its `fdatasync` then writes
+/// the entry and the header, and no allocation. Sync points empty a log every few dozen
+/// commits, so a log rarely grows past one step.
+const GROWTH: u64 = 64 * 1024;
+/// A new log's size: room for a first small entry only, since many workflows commit
+/// once or twice.
+const INITIAL: u64 = 8 * 1024;
 
 /// Entries whose backup and new bytes together exceed this go through a whole-filesystem
 /// sync instead: appending them would write large files twice.
@@ -102,16 +105,15 @@ fn decode_head(h: &[u8]) -> Option<Position> {
     })
 }
 
-/// Prepares a new, empty log file: header, zeros, synced. The caller syncs the
-/// directory that holds it.
+/// Prepares a new, empty log file: header and zeros, not synced (the sync point that
+/// follows a workflow's first commit makes it durable, with its directory entry).
 pub fn initialize(file: &File) -> io::Result<Position> {
     let p = Position {
         generation: new_generation(),
         end: HEAD_LEN,
     };
     file.write_all_at(&encode_head(p), 0)?;
-    grow(file, GROWTH)?;
-    file.sync_all()?;
+    grow(file, INITIAL)?;
     Ok(p)
 }
 
@@ -354,7 +356,7 @@ mod tests {
             panic!("tempdir")
         };
         let state = crate::confine::state::StateDir::open(dir.path());
-        let Ok(Some(f)) = state.and_then(|s| s.commit_log_file("wf", true)) else {
+        let Ok(f) = state.and_then(|s| s.commit_log_create("wf")) else {
             panic!("open")
         };
         (dir, f)

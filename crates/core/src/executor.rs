@@ -777,15 +777,22 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         // The commit point: one append to the workflow's commit log for a small staged
         // write, else one sync point.
-        let committed = match (&staged, &bytes, &self.record) {
-            _ if let Err(r) = sb.fail_at("before_commit") => Err(r),
+        let log_entry = match (&staged, &bytes, &self.record) {
             (Some(_), Some(b), Some(record))
                 if sb.logs_commit(before.as_ref().map_or(0, Vec::len) + b.len()) =>
             {
-                sb.log_commit(record, &meta, before.as_deref(), b).map(Some)
+                Some(crate::sandbox::LogEntry {
+                    record,
+                    meta: &meta,
+                    backup: before.as_deref(),
+                    bytes: b,
+                })
             }
-            _ => sb.sync_point().map(|()| None),
+            _ => None,
         };
+        let committed = sb
+            .fail_at("before_commit")
+            .and_then(|()| sb.commit_point(log_entry));
         let logged = match committed {
             Ok(l) => l,
             Err(r) => {

@@ -125,13 +125,10 @@ impl Sandbox {
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
-            let read = self
-                .state
-                .commit_log_file(&wf, false)
-                .and_then(|f| match f {
-                    Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
-                    None => Ok(None),
-                });
+            let read = self.state.commit_log_file(&wf).and_then(|f| match f {
+                Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+                None => Ok(None),
+            });
             let (file, entries) = match read {
                 Ok(Some((f, e))) if !e.is_empty() => (f, e),
                 Ok(_) => continue,

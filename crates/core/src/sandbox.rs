@@ -506,7 +506,7 @@ impl Sandbox {
     fn empty_commit_logs(&self, logs: std::collections::HashMap<String, Position>) {
         for (wf, at) in logs {
             let done = match self.state.try_lock(&format!("wf-{wf}")) {
-                Ok(Some(_lock)) => match self.state.commit_log_file(&wf, false) {
+                Ok(Some(_lock)) => match self.state.commit_log_file(&wf) {
                     Ok(Some(f)) => match crate::commit_log::position(&f) {
                         Ok(Some(now)) if now == at => crate::commit_log::clear(&f).is_ok(),
                         // Emptied since by another holder of the lock, or unreadable.
@@ -527,36 +527,42 @@ impl Sandbox {
         }
     }
 
-    /// Whether a file write of `logged` bytes (backup and new bytes) commits through its
-    /// workflow's commit log rather than a whole-filesystem sync.
+    /// Whether a file write of `logged` bytes (backup and new bytes) may commit through
+    /// its workflow's commit log rather than a whole-filesystem sync.
     pub(crate) fn logs_commit(&self, logged: usize) -> bool {
         self.batch_sync.is_some() && logged <= crate::commit_log::MAX_LOGGED_BYTES
     }
 
-    /// Commits a file write: appends its entry to the workflow's commit log and syncs the
-    /// log; returns the log's position, for [`Sandbox::commit_finished`]. Call with the
-    /// workflow's lock held.
-    pub(crate) fn log_commit(
-        &self,
-        record: &crate::recovery::InflightRecord,
-        meta: &SnapshotMeta,
-        backup: Option<&[u8]>,
-        bytes: &[u8],
-    ) -> Verdict<Position> {
-        let at = self
+    /// The commit point of a write whose snapshot (and staged bytes) are written. With
+    /// `entry` (a small staged write under `batched`) it is one append to the workflow's
+    /// commit log, synced, and the log's position is returned for
+    /// [`Sandbox::commit_finished`]; otherwise, and for a workflow's first commit, a sync
+    /// point, which also makes the new log durable. Call with the workflow's lock held.
+    pub(crate) fn commit_point(&self, entry: Option<LogEntry<'_>>) -> Verdict<Option<Position>> {
+        let io = |e: std::io::Error| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not write the commit log: {}", e.kind()),
+            )
+        };
+        let Some(e) = entry else {
+            return self.sync_point().map(|()| None);
+        };
+        let Some(log) = self
             .state
-            .commit_log_file(&meta.workflow_id, true)
-            .and_then(|f| f.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
-            .and_then(|f| crate::commit_log::append(&f, record, meta, backup, bytes))
-            .map_err(|e| {
-                crate::reason::Refusal::new(
-                    ReasonCode::IoError,
-                    format!("could not write the commit log: {}", e.kind()),
-                )
-            })?;
+            .commit_log_file(&e.meta.workflow_id)
+            .map_err(io)?
+        else {
+            if let Err(err) = self.state.commit_log_create(&e.meta.workflow_id) {
+                tracing::warn!(error = %err, "could not create a commit log; this write syncs instead");
+            }
+            return self.sync_point().map(|()| None);
+        };
+        let at =
+            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?;
         self.logged_since_sync
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(at)
+        Ok(Some(at))
     }
 
     /// A logged commit's writes are all made (in memory): the next sync point to begin
@@ -590,7 +596,7 @@ impl Sandbox {
                 format!("could not empty the commit log: {}", e.kind()),
             )
         };
-        let Some(f) = self.state.commit_log_file(workflow_id, false).map_err(io)? else {
+        let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
             return Ok(());
         };
         if crate::commit_log::position(&f)
@@ -1314,6 +1320,14 @@ impl Sandbox {
         }
         Ok(report)
     }
+}
+
+/// What a commit log entry holds (see [`crate::commit_log::CommitEntry`]).
+pub(crate) struct LogEntry<'a> {
+    pub record: &'a crate::recovery::InflightRecord,
+    pub meta: &'a SnapshotMeta,
+    pub backup: Option<&'a [u8]>,
+    pub bytes: &'a [u8],
 }
 
 /// Commits a sandbox logs between two sync points.

@@ -151,43 +151,43 @@ impl StateDir {
         Ok(out)
     }
 
-    /// A workflow's commit log file (`inflight/{workflow}.log`, see
-    /// [`crate::commit_log`]). When it is missing: `None`, or with `create` a new file,
-    /// initialised and synced with its directory.
-    pub fn commit_log_file(
-        &self,
-        workflow_id: &str,
-        create: bool,
-    ) -> io::Result<Option<CommitLogFile>> {
-        let path = self
-            .path
+    fn commit_log_path(&self, workflow_id: &str) -> PathBuf {
+        self.path
             .join(INFLIGHT_DIR)
-            .join(format!("{workflow_id}.log"));
-        match OpenOptions::new().read(true).write(true).open(&path) {
-            Ok(file) => return Ok(Some(CommitLogFile { file })),
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            Err(_) => {}
+            .join(format!("{workflow_id}.log"))
+    }
+
+    /// A workflow's commit log file (`inflight/{workflow}.log`, see
+    /// [`crate::commit_log`]); `None` when it does not exist.
+    pub fn commit_log_file(&self, workflow_id: &str) -> io::Result<Option<CommitLogFile>> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.commit_log_path(workflow_id))
+        {
+            Ok(file) => Ok(Some(CommitLogFile { file })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Creates a workflow's commit log file, initialised but not synced: the caller
+    /// makes a sync point before the first append.
+    pub fn commit_log_create(&self, workflow_id: &str) -> io::Result<CommitLogFile> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(&path)?;
+            .open(self.commit_log_path(workflow_id))?;
         let log = CommitLogFile { file };
         crate::commit_log::initialize(&log)?;
-        File::open(self.path.join(INFLIGHT_DIR))?.sync_all()?;
-        Ok(Some(log))
+        Ok(log)
     }
 
     /// Removes a workflow's commit log file (its workflow was pruned).
     pub fn commit_log_remove(&self, workflow_id: &str) -> io::Result<()> {
-        let path = self
-            .path
-            .join(INFLIGHT_DIR)
-            .join(format!("{workflow_id}.log"));
-        match std::fs::remove_file(path) {
+        match std::fs::remove_file(self.commit_log_path(workflow_id)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

@@ -29,7 +29,7 @@ fn log_len(w: &World, wf: &str) -> usize {
 fn log_file(w: &World, wf: &str) -> Option<ailab_sandbox_core::confine::state::CommitLogFile> {
     ailab_sandbox_core::confine::state::StateDir::open(&w.state)
         .unwrap()
-        .commit_log_file(wf, false)
+        .commit_log_file(wf)
         .unwrap()
 }
 
@@ -47,14 +47,30 @@ fn three_writes() -> serde_json::Value {
         {"intent": "create_file", "path": "c.txt", "content": "gamma\n"}]})
 }
 
+/// A workflow's first commit creates its log and makes a sync point (which also makes
+/// the new log durable); this one, `seed.txt` in `wf_log`, comes before the sync point a
+/// power cut goes back to. Then the sandbox is dropped (another sync point).
+fn prime(w: &World) {
+    let sb = w.open(batched(w));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "create_file", "path": "seed.txt", "content": "seed\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(log_len(w, "wf_log"), 0, "a first commit syncs instead");
+}
+
 /// `three_writes` on a seeded world, killed before the third's audit line, then a power
-/// cut that keeps only the commit log; returns the world and its tree as seeded.
-fn three_writes_then_a_power_cut() -> (World, Tree) {
+/// cut that keeps only the commit log; returns the world, its tree as seeded (before
+/// `prime`, so that a rollback of the whole workflow gives it back) and as primed.
+fn three_writes_then_a_power_cut() -> (World, Tree, Tree) {
     let w = World::new();
     w.write("a.txt", b"alpha\n");
     w.write("d/b.txt", b"beta\n");
     let original = w.tree();
-    drop(w.open(batched(&w)));
+    prime(&w);
+    let primed = w.tree();
     let durable = Durable::take(&w);
     let sb = w.open(batched(&w));
     run_killed(&sb, three_writes(), "before_audit", 3);
@@ -62,8 +78,8 @@ fn three_writes_then_a_power_cut() -> (World, Tree) {
     std::mem::forget(sb);
     assert_eq!(log_len(&w, "wf_log"), 3);
     durable.restore_except_commit_logs(&w);
-    assert_eq!(w.tree(), original, "the cut lost every change");
-    (w, original)
+    assert_eq!(w.tree(), primed, "the cut lost every change");
+    (w, original, primed)
 }
 
 /// Three logged writes, then a power cut before the third's audit line: the snapshots,
@@ -75,7 +91,7 @@ fn three_writes_then_a_power_cut() -> (World, Tree) {
 fn logged_writes_survive_a_power_cut() {
     use ailab_sandbox_core::config::Durability;
     for reopen in [Durability::Batched, Durability::Strict] {
-        let (w, original) = three_writes_then_a_power_cut();
+        let (w, original, _) = three_writes_then_a_power_cut();
 
         let mut c = batched(&w);
         c.durability = reopen;
@@ -91,10 +107,14 @@ fn logged_writes_survive_a_power_cut() {
         assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
         assert_eq!(w.read("c.txt"), b"gamma\n");
         let stats = sb.audit_stats().unwrap();
-        assert_eq!((stats.success, stats.failed), (3, 0), "{stats:?}");
+        assert_eq!(
+            (stats.success, stats.failed),
+            (4, 0),
+            "{stats:?} (with the seed)"
+        );
         assert!(sb.audit_verify().unwrap().ok);
         let registered = sb.registry().get_by_workflow("wf_log").unwrap();
-        assert_eq!(registered.len(), 3);
+        assert_eq!(registered.len(), 4);
         for (file, bytes) in [("a.txt", &b"ALPHA\n"[..]), ("c.txt", b"gamma\n")] {
             assert!(
                 registered
@@ -106,7 +126,7 @@ fn logged_writes_survive_a_power_cut() {
         assert_eq!(log_len(&w, "wf_log"), 0, "replayed, then emptied");
         let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
         assert_eq!(rb.status, "rolled_back", "{rb:?}");
-        assert_eq!(rb.steps_rolled_back, 3);
+        assert_eq!(rb.steps_rolled_back, 4);
         assert_eq!(w.tree(), original, "{reopen:?}");
     }
 }
@@ -115,7 +135,7 @@ fn logged_writes_survive_a_power_cut() {
 /// not redone, and the two before it are.
 #[test]
 fn a_torn_last_entry_is_not_redone() {
-    let (w, _) = three_writes_then_a_power_cut();
+    let (w, _, _) = three_writes_then_a_power_cut();
     // The last entry's final bytes never reached the disk.
     let log = log_file(&w, "wf_log").unwrap();
     let end = ailab_sandbox_core::commit_log::position(&log)
@@ -129,8 +149,8 @@ fn a_torn_last_entry_is_not_redone() {
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
     assert!(!w.path("c.txt").exists());
-    assert_eq!(sb.audit_stats().unwrap().success, 2);
-    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 2);
+    assert_eq!(sb.audit_stats().unwrap().success, 3, "two and the seed");
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 3);
     assert!(sb.audit_verify().unwrap().ok);
 }
 
@@ -141,7 +161,7 @@ fn a_torn_last_entry_is_not_redone() {
 fn runs_on_one_file_are_redone_in_order() {
     let w = World::new();
     w.write("a.txt", b"alpha\n");
-    drop(w.open(batched(&w)));
+    prime(&w);
     let durable = Durable::take(&w);
     let sb = w.open(batched(&w));
     for text in ["one\n", "two\n"] {
@@ -171,8 +191,8 @@ fn runs_on_one_file_are_redone_in_order() {
         .iter()
         .filter(|e| e.status == AuditStatus::Success)
         .collect();
-    assert_eq!(successes.len(), 2, "{entries:?}");
-    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 2);
+    assert_eq!(successes.len(), 3, "two and the seed: {entries:?}");
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 3);
     assert!(sb.audit_verify().unwrap().ok);
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
@@ -185,6 +205,7 @@ fn runs_on_one_file_are_redone_in_order() {
 fn an_undone_write_is_not_redone() {
     let w = World::new();
     w.write("a.txt", b"alpha\n");
+    prime(&w);
     let sb = w.open(batched(&w));
     sb.failpoints().arm("before_audit", 1);
     let r = run(
@@ -202,7 +223,11 @@ fn an_undone_write_is_not_redone() {
     let sb = w.open(batched(&w));
     assert_eq!(w.read("a.txt"), b"alpha\n", "{:?}", sb.notices());
     let stats = sb.audit_stats().unwrap();
-    assert_eq!((stats.success, stats.failed), (0, 1), "{stats:?}");
+    assert_eq!(
+        (stats.success, stats.failed),
+        (1, 1),
+        "{stats:?} (the seed)"
+    );
     assert!(sb.audit_verify().unwrap().ok);
     assert_eq!(log_len(&w, "wf_log"), 0);
 }
@@ -220,19 +245,22 @@ fn sync_points_rollbacks_and_drops_empty_the_logs() {
                 {"intent": "create_file", "path": format!("f{i}.txt"), "content": format!("{i}\n")}]}),
         )
     };
-    for i in 0..31 {
+    // The first commit creates the log with a sync point; 32 logged ones make the next.
+    assert_eq!(status(&write(0)), "success");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    for i in 1..32 {
         assert_eq!(status(&write(i)), "success");
     }
-    assert!(log_len(&w, "wf_log") > 0);
+    assert_eq!(log_len(&w, "wf_log"), 31);
     let syncs = sb.batched_syncs().unwrap();
-    assert_eq!(status(&write(31)), "success");
+    assert_eq!(status(&write(32)), "success");
     assert_eq!(
         sb.batched_syncs().unwrap(),
         syncs + 1,
         "one sync point for 32 commits"
     );
     assert_eq!(log_len(&w, "wf_log"), 0);
-    for i in 32..35 {
+    for i in 33..36 {
         assert_eq!(status(&write(i)), "success");
     }
     assert!(log_len(&w, "wf_log") > 0);
@@ -269,7 +297,7 @@ fn sync_points_rollbacks_and_drops_empty_the_logs() {
 /// the job.
 #[test]
 fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
-    let (w, original) = three_writes_then_a_power_cut();
+    let (w, _, primed) = three_writes_then_a_power_cut();
     let rollback = w.root.join(".rollback");
     if rollback.exists() {
         std::fs::remove_dir_all(&rollback).unwrap();
@@ -283,7 +311,7 @@ fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
         "the log is kept: {:?}",
         sb.notices()
     );
-    assert_eq!(w.tree(), original, "nothing redone without its snapshot");
+    assert_eq!(w.tree(), primed, "nothing redone without its snapshot");
     drop(sb);
 
     std::fs::remove_file(&rollback).unwrap();
@@ -293,10 +321,12 @@ fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
     let stats = sb.audit_stats().unwrap();
-    assert_eq!(stats.success, 3, "{stats:?}");
-    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 3);
+    assert_eq!(stats.success, 4, "{stats:?} (with the seed)");
+    assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 4);
     assert!(sb.audit_verify().unwrap().ok);
+    // The seed's snapshot went with the `.rollback` the test replaced: the seed stays.
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), original);
+    assert_eq!(rb.steps_rolled_back, 3);
+    assert_eq!(w.tree(), primed);
 }
