@@ -548,15 +548,21 @@ impl Sandbox {
         let Some(e) = entry else {
             return self.sync_point().map(|()| None);
         };
-        let Some(log) = self
-            .state
-            .commit_log_file(&e.meta.workflow_id)
-            .map_err(io)?
-        else {
-            if let Err(err) = self.state.commit_log_create(&e.meta.workflow_id) {
-                tracing::warn!(error = %err, "could not create a commit log; this write syncs instead");
+        let wf = &e.meta.workflow_id;
+        let Some(log) = self.state.commit_log_file(wf).map_err(io)? else {
+            let created = match self.state.commit_log_create(wf) {
+                Ok(_) => true,
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not create a commit log; this write syncs instead");
+                    false
+                }
+            };
+            let synced = self.sync_point();
+            if synced.is_err() && created {
+                // Its directory entry may not be durable: no entry may go into it.
+                let _ = self.state.commit_log_remove(wf);
             }
-            return self.sync_point().map(|()| None);
+            return synced.map(|()| None);
         };
         let at =
             crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?;
