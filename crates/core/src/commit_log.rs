@@ -137,8 +137,8 @@ pub fn position(file: &File) -> io::Result<Option<Position>> {
 }
 
 /// Appends one entry and syncs the log; returns the new position. Call with the
-/// workflow's lock held. On failure the header is put back, so the entry is not in the
-/// log.
+/// workflow's lock held. On failure the header is put back and the frame spoiled, so
+/// the entry is not in the log.
 pub fn append(
     file: &File,
     record: &InflightRecord,
@@ -164,6 +164,8 @@ pub fn append(
         .and_then(|()| file.write_all_at(&encode_head(next), 0))
         .and_then(|()| file.sync_data());
     if let Err(e) = written {
+        // Entries are read past the header's end, so the frame itself is spoiled too.
+        let _ = file.write_all_at(&[0; 4], at.end);
         let _ = file.write_all_at(&encode_head(at), 0);
         return Err(e);
     }
