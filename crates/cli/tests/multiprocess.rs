@@ -1,5 +1,6 @@
 //! Several processes on one workflow at once: the budget never overshoots, the rate limit
-//! is exact, no registry line is lost and the audit chain stays valid.
+//! is exact, no registry line is lost, the audit chain stays valid, and under `batched`
+//! durability they share the workflow's commit log without losing an entry.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -11,12 +12,12 @@ use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn config(dir: &Path, limits: &str) -> std::path::PathBuf {
+fn config(dir: &Path, durability: &str, limits: &str) -> std::path::PathBuf {
     let cfg = dir.join("c.toml");
     std::fs::write(
         &cfg,
         format!(
-            "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\n[limits]\n{limits}\n",
+            "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\ndurability = \"{durability}\"\n[limits]\n{limits}\n",
             dir.join("root").display(),
             dir.join("state").display()
         ),
@@ -25,13 +26,14 @@ fn config(dir: &Path, limits: &str) -> std::path::PathBuf {
     cfg
 }
 
-/// Starts `procs` processes at once, each running a plan of three writes to `wf`;
-/// returns their statuses.
-fn race(dir: &Path, cfg: &Path, wf: &str, procs: usize) -> Vec<String> {
+/// Starts `procs` processes at once, each running a plan of three writes to `wf` (in a
+/// directory of its own, or all in the root when `flat`); returns their statuses.
+fn race(dir: &Path, cfg: &Path, wf: &str, procs: usize, flat: bool) -> Vec<String> {
     let children: Vec<_> = (0..procs)
         .map(|p| {
+            let sep = if flat { '-' } else { '/' };
             let actions: Vec<Value> = (0..3)
-                .map(|i| json!({"intent": "create_file", "path": format!("p{p}/f{i}.txt"), "content": "x"}))
+                .map(|i| json!({"intent": "create_file", "path": format!("p{p}{sep}f{i}.txt"), "content": format!("{p}/{i}")}))
                 .collect();
             let plan = dir.join(format!("{wf}-{p}.json"));
             std::fs::write(&plan, serde_json::to_vec(&json!({"workflow_id": wf, "actions": actions})).unwrap()).unwrap();
@@ -79,9 +81,10 @@ fn budget_is_never_overshot_by_parallel_processes() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(
         tmp.path(),
+        "strict",
         "max_artifacts_per_workflow = 10\nwrites_per_minute = 1000",
     );
-    let statuses = race(tmp.path(), &cfg, "wf_budget", 6);
+    let statuses = race(tmp.path(), &cfg, "wf_budget", 6, false);
     assert_eq!(
         statuses.iter().filter(|s| *s == "success").count(),
         3,
@@ -104,8 +107,8 @@ fn budget_is_never_overshot_by_parallel_processes() {
 #[test]
 fn rate_limit_is_exact_across_parallel_processes() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), "writes_per_minute = 10");
-    let statuses = race(tmp.path(), &cfg, "wf_rate", 6);
+    let cfg = config(tmp.path(), "strict", "writes_per_minute = 10");
+    let statuses = race(tmp.path(), &cfg, "wf_rate", 6, false);
     // Burst of ten: three plans of three fit, a fourth would need twelve.
     assert_eq!(
         statuses.iter().filter(|s| *s == "success").count(),
@@ -119,5 +122,37 @@ fn rate_limit_is_exact_across_parallel_processes() {
         v["entries"].as_u64().unwrap(),
         9 + 3 * 3 - 3,
         "nine writes and each blocked plan's refused actions"
+    );
+}
+
+/// Six processes commit to one workflow's commit log in turn (`batched`, writes in the
+/// root: after the workflow's first commit each one is logged). Every write lands, once,
+/// and by the next start at the latest (here `audit verify`'s) the log holds nothing.
+#[test]
+fn batched_processes_share_a_workflow_commit_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), "batched", "writes_per_minute = 1000");
+    let statuses = race(tmp.path(), &cfg, "wf_shared", 6, true);
+    assert!(statuses.iter().all(|s| s == "success"), "{statuses:?}");
+    for p in 0..6 {
+        for i in 0..3 {
+            let path = tmp.path().join(format!("root/p{p}-f{i}.txt"));
+            assert_eq!(std::fs::read_to_string(path).unwrap(), format!("{p}/{i}"));
+        }
+    }
+    assert_eq!(lines(&tmp.path().join("state/artifacts.jsonl")), 18);
+    let v = verify(&cfg);
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["entries"].as_u64().unwrap(), 18);
+    let log = ailab_sandbox_core::confine::state::StateDir::open(&tmp.path().join("state"))
+        .unwrap()
+        .commit_log_file("wf_shared")
+        .unwrap()
+        .expect("the workflow's commit log");
+    assert!(
+        ailab_sandbox_core::commit_log::read(&log)
+            .unwrap()
+            .is_empty(),
+        "entries left in the log"
     );
 }
