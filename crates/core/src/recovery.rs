@@ -122,13 +122,21 @@ impl Sandbox {
             if !crate::plan::is_valid_id(&wf) {
                 continue;
             }
+            let read_log = || {
+                self.state.commit_log_file(&wf).and_then(|f| match f {
+                    Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+                    None => Ok(None),
+                })
+            };
+            // Most logs are empty: they are told apart without taking the lock (which
+            // may mean creating its file), and read again under it.
+            if matches!(read_log(), Ok(Some((_, ref e))) if e.is_empty()) {
+                continue;
+            }
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
-            let read = self.state.commit_log_file(&wf).and_then(|f| match f {
-                Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
-                None => Ok(None),
-            });
+            let read = read_log();
             let (file, entries) = match read {
                 Ok(Some((f, e))) if !e.is_empty() => (f, e),
                 Ok(_) => continue,
