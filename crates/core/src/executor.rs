@@ -731,10 +731,11 @@ impl<'a> SandboxWriteExecutor<'a> {
 
         // With batched syncs a file write whose directories exist takes one durability
         // point: its new bytes are staged beside the target and the snapshot doubles as
-        // the commit record, so one sync makes the snapshot and the whole outcome durable
-        // before the target changes. What follows the sync (the rename, the registry and
-        // audit lines) reaches the disk at the next sync point; until then recovery can
-        // redo it from the commit record.
+        // the commit record, so one commit point (a sync, or an append to the workflow's
+        // commit log) makes the snapshot and the whole outcome durable before the target
+        // changes. What follows (the rename, the registry and audit lines) reaches the
+        // disk at the next sync point; until then recovery can redo it from the commit
+        // record or the log.
         let staged_name = match &bytes {
             Some(_) if sb.stages_writes() && meta.created_dirs.is_empty() => Some(temp_name()),
             _ => None,

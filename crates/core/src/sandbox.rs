@@ -593,9 +593,9 @@ impl Sandbox {
 
     /// Before a workflow's snapshots change hands (rollback, prune): what its commit log
     /// holds is made durable in place and the log emptied, so that no later recovery
-    /// replays an entry whose action has since been undone. Call with the workflow's
-    /// lock held.
-    pub(crate) fn settle_commit_log(&self, workflow_id: &str) -> Verdict {
+    /// replays an entry whose action has since been undone. Says whether that took a sync
+    /// point (the log held entries). Call with the workflow's lock held.
+    pub(crate) fn settle_commit_log(&self, workflow_id: &str) -> Verdict<bool> {
         let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
@@ -603,18 +603,18 @@ impl Sandbox {
             )
         };
         let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
-            return Ok(());
+            return Ok(false);
         };
         if crate::commit_log::position(&f)
             .map_err(io)?
             .is_none_or(|p| p.is_empty())
         {
-            return Ok(());
+            return Ok(false);
         }
         self.sync_logged_writes()?;
         crate::commit_log::clear(&f).map_err(io)?;
         lock_or_recover(&self.logs_after_sync).remove(workflow_id);
-        Ok(())
+        Ok(true)
     }
 
     /// Makes durable whatever a commit log's writes left in memory: a sync point, or one
@@ -1105,7 +1105,7 @@ impl Sandbox {
         };
         let marked = self
             .settle_commit_log(workflow_id)
-            .and_then(|()| self.sync_point())
+            .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })
             .and_then(|()| self.begin_record(&record))
             .and_then(|()| self.sync_point());
         if let Err(r) = marked {
@@ -1308,7 +1308,7 @@ impl Sandbox {
                 .max();
             if newest.is_some_and(|t| t < cutoff) {
                 // A commit log entry must not outlive the snapshot it would recreate.
-                self.settle_commit_log(&wf)?;
+                let _synced = self.settle_commit_log(&wf)?;
                 for root in &self.roots {
                     Snapshotter::remove_workflow(root, &wf)?;
                 }

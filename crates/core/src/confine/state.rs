@@ -269,11 +269,6 @@ impl CommitLogFile {
     pub fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
     }
-
-    /// `fsync`.
-    pub fn sync_all(&self) -> io::Result<()> {
-        self.file.sync_all()
-    }
 }
 
 /// A lock held on a file, released on drop. On a [`LogFile`] it holds a duplicate
