@@ -9,8 +9,16 @@ use std::io;
 #[derive(Debug)]
 pub struct Journal {
     file: LogFile,
-    offset: u64,
+    cursor: Cursor,
     durable: bool,
+}
+
+/// How far this process has read, kept apart from the file so a lock guard can borrow
+/// the file while the cursor moves.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// Always at a line boundary.
+    offset: u64,
     repaired: u64,
 }
 
@@ -18,17 +26,17 @@ impl Journal {
     /// Opens `name` in the state directory and repairs a torn tail.
     pub fn open(state: &StateDir, name: &str, durable: bool) -> io::Result<Self> {
         let file = state.open_log(name)?;
-        let mut j = Self {
-            file,
-            offset: 0,
-            durable,
-            repaired: 0,
-        };
+        let mut cursor = Cursor::default();
         {
-            let _lock = j.file.lock_exclusive()?;
-            j.repair_tail()?;
+            let _lock = file.lock_exclusive()?;
+            let len = file.len()?;
+            cursor.repair_tail(&file, len, durable)?;
         }
-        Ok(j)
+        Ok(Self {
+            file,
+            cursor,
+            durable,
+        })
     }
 
     /// The file's current length in bytes.
@@ -43,7 +51,7 @@ impl Journal {
 
     /// Bytes dropped by torn-tail repairs since open.
     pub fn repaired_bytes(&self) -> u64 {
-        self.repaired
+        self.cursor.repaired
     }
 
     /// Reads the complete lines appended since the last call (by anyone), under a shared
@@ -52,11 +60,12 @@ impl Journal {
     pub fn read_new(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<()> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
         // that lands just after this check is simply read by the next call.
-        if self.file.len()? == self.offset {
+        if self.file.len()? == self.cursor.offset {
             return Ok(());
         }
         let _lock = self.file.lock_shared()?;
-        self.read_new_locked(sink)
+        let len = self.file.len()?;
+        self.cursor.read_new_locked(&self.file, len, sink)
     }
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
@@ -69,17 +78,21 @@ impl Journal {
         after: impl FnOnce(&T) -> io::Result<()>,
     ) -> io::Result<T> {
         let _lock = self.file.lock_exclusive()?;
-        self.repair_tail()?;
+        // One length serves the repair and the catch-up: with the lock held, nobody else
+        // changes the file in between.
+        let len = self.file.len()?;
+        let len = self.cursor.repair_tail(&self.file, len, self.durable)?;
         let mut new = Vec::new();
-        self.read_new_locked(&mut |b| new.extend_from_slice(b))?;
+        self.cursor
+            .read_new_locked(&self.file, len, &mut |b| new.extend_from_slice(b))?;
         let (bytes, out) = make(&new)?;
         if !bytes.is_empty() {
             if let Err(e) = self.file.append(&bytes, self.durable) {
                 // Leave no torn line behind for the next reader.
-                let _ = self.file.truncate(self.offset, self.durable);
+                let _ = self.file.truncate(self.cursor.offset, self.durable);
                 return Err(e);
             }
-            self.offset += bytes.len() as u64;
+            self.cursor.offset += bytes.len() as u64;
         }
         after(&out)?;
         Ok(out)
@@ -90,11 +103,19 @@ impl Journal {
         let _lock = self.file.lock_shared()?;
         self.file.read_from(0)
     }
+}
 
-    fn read_new_locked(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+impl Cursor {
+    /// Reads the complete lines between the cursor and `len` (the file's length, taken
+    /// under a lock).
+    fn read_new_locked(
+        &mut self,
+        file: &LogFile,
+        len: u64,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<()> {
         // Bounded chunks keep a large first load from holding the whole file in memory.
         const CHUNK: u64 = 8 << 20;
-        let len = self.file.len()?;
         if len < self.offset {
             // Someone cut the file: read it again from the start.
             self.offset = 0;
@@ -103,7 +124,7 @@ impl Journal {
         let mut carry: Vec<u8> = Vec::new();
         while pos < len {
             let n = (len - pos).min(CHUNK);
-            let chunk = self.file.read_range(pos, n)?;
+            let chunk = file.read_range(pos, n)?;
             pos += n;
             let mut buf = std::mem::take(&mut carry);
             buf.extend_from_slice(&chunk);
@@ -120,21 +141,24 @@ impl Journal {
     }
 
     /// With the exclusive lock held no writer is mid-line, so bytes after the last
-    /// newline are a torn line left by a crash: cut them.
-    fn repair_tail(&mut self) -> io::Result<()> {
-        let len = self.file.len()?;
-        if len == 0 || self.file.read_range(len - 1, 1)? == b"\n" {
-            return Ok(());
+    /// newline are a torn line left by a crash: cut them. Returns the length after.
+    fn repair_tail(&mut self, file: &LogFile, len: u64, durable: bool) -> io::Result<u64> {
+        // The cursor sits at a line boundary: a file that ends there ends in a newline.
+        if len == 0 || (len == self.offset && self.offset > 0) {
+            return Ok(len);
         }
-        // Our offset is always at a line boundary, so the torn part lies after it: look
-        // backwards from the end, a block at a time, for the last newline.
+        if file.read_range(len - 1, 1)? == b"\n" {
+            return Ok(len);
+        }
+        // The torn part lies after the cursor: look backwards from the end, a block at a
+        // time, for the last newline.
         const BLOCK: u64 = 64 << 10;
         let floor = self.offset.min(len);
         let mut end = len;
         let mut keep = floor;
         while end > floor {
             let start = end.saturating_sub(BLOCK).max(floor);
-            let buf = self.file.read_range(start, end - start)?;
+            let buf = file.read_range(start, end - start)?;
             if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
                 keep = start + i as u64 + 1;
                 break;
@@ -146,7 +170,8 @@ impl Journal {
             dropped_bytes = len - keep,
             "repaired a torn last line in a journal"
         );
-        self.file.truncate(keep, self.durable)
+        file.truncate(keep, durable)?;
+        Ok(keep)
     }
 }
 

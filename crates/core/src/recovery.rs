@@ -446,7 +446,7 @@ impl Sandbox {
                 self.roots[i]
                     .open_parent(&child(&rel), false, false)
                     .ok()
-                    .map(|(d, _)| d)
+                    .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
                 report.temp_files_removed += remove_temp_files(&d, 0).unwrap_or(0);

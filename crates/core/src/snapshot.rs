@@ -185,7 +185,11 @@ impl Snapshotter {
     /// Whether a snapshot exists for this action (action ids are never reused in a
     /// workflow).
     pub fn exists(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> bool {
-        matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))
+        // One lookup beneath the root rather than one per folder: a yes only refuses
+        // the action before anything runs, and `take` itself follows no link.
+        root.dir()
+            .open_dir_nofollow(format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}"))
+            .is_ok()
     }
 
     /// Writes backup and metadata, durable (when `durable`) before returning: each

@@ -141,7 +141,7 @@ impl SandboxRoot {
     /// devices (`not_regular_file`).
     pub fn inspect(&self, rel: &RelPath) -> Verdict<TargetInfo> {
         let comps = rel.components();
-        let mut dir = self.clone_root()?;
+        let mut dir = ParentDir::Root(&self.dir);
         let parents = rel.parent_components();
         for (i, comp) in parents.iter().enumerate() {
             match dir.symlink_metadata(comp) {
@@ -158,7 +158,7 @@ impl SandboxRoot {
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
-            dir = self.descend(&dir, &comps[..=i])?;
+            dir = ParentDir::Owned(self.descend(&dir, &comps[..=i])?);
         }
         let kind = match dir.symlink_metadata(rel.file_name()) {
             Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(comps)),
@@ -190,9 +190,9 @@ impl SandboxRoot {
         rel: &RelPath,
         create: bool,
         durable: bool,
-    ) -> Verdict<(Dir, Vec<String>)> {
+    ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
         let comps = rel.components();
-        let mut dir = self.clone_root()?;
+        let mut dir = ParentDir::Root(&self.dir);
         let mut created = Vec::new();
         for (i, comp) in rel.parent_components().iter().enumerate() {
             match dir.symlink_metadata(comp) {
@@ -227,7 +227,7 @@ impl SandboxRoot {
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
-            dir = self.descend(&dir, &comps[..=i])?;
+            dir = ParentDir::Owned(self.descend(&dir, &comps[..=i])?);
         }
         Ok((dir, created))
     }
@@ -358,7 +358,7 @@ impl SandboxRoot {
     /// files reported as neither.
     pub fn list_dir(&self, rel: Option<&RelPath>) -> Verdict<Vec<DirEntryInfo>> {
         let dir = match rel {
-            None => self.clone_root()?,
+            None => ParentDir::Root(&self.dir),
             Some(rel) => {
                 let (parent, _) = self.open_parent(rel, false, false)?;
                 let full = rel.components();
@@ -377,7 +377,7 @@ impl SandboxRoot {
                     }
                     Err(e) => return Err(io_refusal("inspect", full, &e)),
                 }
-                self.descend(&parent, full)?
+                ParentDir::Owned(self.descend(&parent, full)?)
             }
         };
         let mut out = Vec::new();
@@ -404,12 +404,6 @@ impl SandboxRoot {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
-    }
-
-    fn clone_root(&self) -> Verdict<Dir> {
-        self.dir
-            .try_clone()
-            .map_err(|e| io_refusal("open root", &[], &e))
     }
 
     fn descend(&self, dir: &Dir, comps: &[String]) -> Verdict<Dir> {
@@ -504,6 +498,37 @@ pub struct DirEntryInfo {
     pub kind: &'static str,
     /// Size of a regular file; 0 otherwise.
     pub size_bytes: u64,
+}
+
+/// A directory handle on the way to a target: the root's own handle for a target at the
+/// top (no descriptor duplicated on the common path), else a handle opened beneath it.
+#[derive(Debug)]
+pub enum ParentDir<'a> {
+    /// The root itself.
+    Root(&'a Dir),
+    /// A directory opened beneath the root.
+    Owned(Dir),
+}
+
+impl ParentDir<'_> {
+    /// An owned handle (a duplicate of the root's when it is the root).
+    pub fn into_owned(self) -> io::Result<Dir> {
+        match self {
+            ParentDir::Root(d) => d.try_clone(),
+            ParentDir::Owned(d) => Ok(d),
+        }
+    }
+}
+
+impl std::ops::Deref for ParentDir<'_> {
+    type Target = Dir;
+
+    fn deref(&self) -> &Dir {
+        match self {
+            ParentDir::Root(d) => d,
+            ParentDir::Owned(d) => d,
+        }
+    }
 }
 
 /// cap-std reports an escape as `PermissionDenied` with no OS error number.
@@ -639,14 +664,31 @@ fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) ->
 }
 
 /// Moves the temporary file `tmp` to `name` in one step. With `no_replace` an existing
-/// `name` is never replaced: `linkat` fails where `renameat` would overwrite.
+/// `name` is never replaced: `renameat2(RENAME_NOREPLACE)` where the filesystem has it,
+/// else `linkat` (which fails where `renameat` would overwrite) and then `unlinkat`.
 fn put_in_place(dir: &Dir, tmp: &str, name: &str, no_replace: bool) -> io::Result<()> {
-    if no_replace {
-        dir.hard_link(tmp, dir, name)?;
-        dir.remove_file(tmp)
-    } else {
-        dir.rename(tmp, dir, name)
+    if !no_replace {
+        return dir.rename(tmp, dir, name);
     }
+    // Both names are single components of `dir`, so the raw call resolves nothing beyond
+    // the handle; anything else goes through cap-std.
+    #[cfg(target_os = "linux")]
+    if is_single_component(tmp) && is_single_component(name) {
+        use rustix::fs::{RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        match renameat_with(dir, tmp, dir, name, RenameFlags::NOREPLACE) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dir.hard_link(tmp, dir, name)?;
+    dir.remove_file(tmp)
+}
+
+/// A name that stays in its directory: not empty, no `/`, not `.` or `..`.
+fn is_single_component(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
 }
 
 /// New bytes for a target, written to a temporary file beside it but not yet in place:
@@ -708,7 +750,7 @@ impl SandboxRoot {
         write_new_file(&dir, &staged, bytes, mode, false)
             .map_err(|e| self.map_open_error(rel, e))?;
         Ok(StagedWrite {
-            dir,
+            dir: dir.into_owned().map_err(|e| self.map_open_error(rel, e))?,
             staged,
             name: rel.file_name().to_owned(),
         })
@@ -729,7 +771,7 @@ impl SandboxRoot {
         let bytes = read_regular(&dir, staged, limit).ok()?;
         Some((
             StagedWrite {
-                dir,
+                dir: dir.into_owned().ok()?,
                 staged: staged.to_owned(),
                 name: rel.file_name().to_owned(),
             },

@@ -271,14 +271,27 @@ impl CommitLogFile {
     }
 }
 
-/// A lock held on a file, released on drop. On a [`LogFile`] it holds a duplicate
-/// descriptor of the same open file description, so it does not borrow the log.
+/// A named lock (a file under `locks/`), released on drop.
 #[derive(Debug)]
 pub struct FileLock {
     file: File,
 }
 
 impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}
+
+/// A lock held on a [`LogFile`], released on drop. It borrows the log's own descriptor:
+/// a lock belongs to the open file description, which threads share, so the owner
+/// serialises its threads with a mutex of its own.
+#[derive(Debug)]
+pub struct LogLock<'a> {
+    file: &'a File,
+}
+
+impl Drop for LogLock<'_> {
     fn drop(&mut self) {
         let _ = self.file.unlock();
     }
@@ -293,17 +306,15 @@ pub struct LogFile {
 impl LogFile {
     /// Takes the exclusive lock (other processes; threads are serialised by the owner's
     /// mutex, since a lock belongs to the open file description).
-    pub fn lock_exclusive(&self) -> io::Result<FileLock> {
-        let file = self.file.try_clone()?;
-        file.lock()?;
-        Ok(FileLock { file })
+    pub fn lock_exclusive(&self) -> io::Result<LogLock<'_>> {
+        self.file.lock()?;
+        Ok(LogLock { file: &self.file })
     }
 
     /// Takes a shared lock for reading.
-    pub fn lock_shared(&self) -> io::Result<FileLock> {
-        let file = self.file.try_clone()?;
-        file.lock_shared()?;
-        Ok(FileLock { file })
+    pub fn lock_shared(&self) -> io::Result<LogLock<'_>> {
+        self.file.lock_shared()?;
+        Ok(LogLock { file: &self.file })
     }
 
     /// Current length in bytes.
