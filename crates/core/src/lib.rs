@@ -53,6 +53,7 @@ pub mod policy;
 pub mod reason;
 pub mod recovery;
 pub mod sandbox;
+pub mod seal;
 pub mod snapshot;
 pub mod workflow;
 

@@ -232,7 +232,7 @@ impl Sandbox {
                 continue;
             }
             let root = &self.roots[i];
-            match Snapshotter::load(root, wf, &meta.action_id) {
+            match Snapshotter::load(root, &self.seal, wf, &meta.action_id) {
                 Ok(Some(s)) if s.restored => continue,
                 Ok(Some(s)) if s.meta != *meta => {
                     tracing::warn!(action = %meta.action_id, "another snapshot holds a logged action's folder; entry skipped");
@@ -246,7 +246,7 @@ impl Sandbox {
             if !backup_ok {
                 continue;
             }
-            if let Err(r) = Snapshotter::repair(root, meta, e.backup.as_deref()) {
+            if let Err(r) = Snapshotter::repair(root, &self.seal, meta, e.backup.as_deref()) {
                 tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
                 complete = false;
                 continue;
@@ -332,9 +332,7 @@ impl Sandbox {
                 _ => {}
             }
         }
-        let snaps = self
-            .workflow_snapshots(&rec.workflow_id)
-            .unwrap_or_default();
+        let snaps = self.trusted_workflow_snapshots(&rec.workflow_id);
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -387,9 +385,7 @@ impl Sandbox {
             let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
             audited.insert(e.action_id, after);
         }
-        let snaps = self
-            .workflow_snapshots(&rec.workflow_id)
-            .unwrap_or_default();
+        let snaps = self.trusted_workflow_snapshots(&rec.workflow_id);
         let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
         let mut in_doubt = Vec::new();
         // Newest first, one target at a time: an action is judged against what its
@@ -486,11 +482,12 @@ impl Sandbox {
             .map(|e| e.action_id.as_str())
             .collect();
         let mut records = Vec::new();
-        for (i, s) in self.workflow_snapshots(workflow_id).unwrap_or_default() {
+        for (i, s) in self.trusted_workflow_snapshots(workflow_id) {
             if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
                 continue;
             }
-            let Some(mark) = crate::snapshot::Snapshotter::restored_mark(&self.roots[i], &s.meta)
+            let Some(mark) =
+                crate::snapshot::Snapshotter::restored_mark(&self.roots[i], &self.seal, &s.meta)
             else {
                 tracing::warn!(action = %s.meta.action_id, "unreadable restored mark left unaudited");
                 continue;

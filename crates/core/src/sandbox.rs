@@ -40,6 +40,8 @@ pub struct Sandbox {
     notices: Vec<String>,
     pub(crate) registry: ArtifactRegistry,
     pub(crate) audit: AuditLog,
+    /// Seals the snapshot records kept inside the roots.
+    pub(crate) seal: crate::seal::SealKey,
     pub(crate) metrics: Metrics,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: crate::failpoint::FailPoints,
@@ -56,6 +58,9 @@ pub struct Sandbox {
     /// Entries appended to commit logs since the last sync point.
     logged_since_sync: std::sync::atomic::AtomicUsize,
 }
+
+/// Snapshots with the index of the root they are in.
+type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
 
 /// `check`'s answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -304,6 +309,11 @@ impl Sandbox {
             batch_sync.is_some(),
         )
         .map_err(Error::io("open the audit log"))?;
+        let seal = crate::seal::SealKey::new(
+            state
+                .secret(crate::seal::KEY_FILE)
+                .map_err(Error::io("read or create the snapshot seal key"))?,
+        );
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
@@ -316,6 +326,7 @@ impl Sandbox {
             notices,
             registry,
             audit,
+            seal,
             metrics,
             clock,
             failpoints: crate::failpoint::FailPoints::default(),
@@ -926,19 +937,53 @@ impl Sandbox {
             .to_string()
     }
 
-    /// Every snapshot of a workflow across roots, oldest first, with its root.
+    /// Every snapshot of a workflow across roots, oldest first, with its root. A record
+    /// that cannot be trusted refuses the whole workflow: a rollback that skipped it would
+    /// report success with a file left unrestored.
     pub(crate) fn workflow_snapshots(
         &self,
         workflow_id: &str,
     ) -> Verdict<Vec<(usize, StoredSnapshot)>> {
-        let mut all = Vec::new();
-        for (i, root) in self.roots.iter().enumerate() {
-            for s in Snapshotter::load_workflow(root, workflow_id)? {
-                all.push((i, s));
+        let (all, mut untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
+        match untrusted.pop() {
+            Some(r) => Err(r),
+            None => Ok(all),
+        }
+    }
+
+    /// [`Sandbox::workflow_snapshots`] for recovery, which finishes or undoes what it can
+    /// trust and leaves the rest alone (logged) rather than giving up on the whole run.
+    pub(crate) fn trusted_workflow_snapshots(
+        &self,
+        workflow_id: &str,
+    ) -> Vec<(usize, StoredSnapshot)> {
+        match self.workflow_snapshots_and_untrusted(workflow_id) {
+            Ok((all, untrusted)) => {
+                for r in untrusted {
+                    tracing::error!(workflow = %workflow_id, reason = %r, "recovery left an untrusted snapshot alone");
+                }
+                all
+            }
+            Err(r) => {
+                tracing::error!(workflow = %workflow_id, reason = %r, "recovery could not read the workflow's snapshots");
+                Vec::new()
             }
         }
+    }
+
+    fn workflow_snapshots_and_untrusted(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<(RootedSnapshots, Vec<crate::Refusal>)> {
+        let mut all = Vec::new();
+        let mut untrusted = Vec::new();
+        for (i, root) in self.roots.iter().enumerate() {
+            let (snaps, bad) = Snapshotter::load_workflow(root, &self.seal, workflow_id)?;
+            all.extend(snaps.into_iter().map(|s| (i, s)));
+            untrusted.extend(bad);
+        }
         all.sort_by(|a, b| a.1.meta.snapshot_id.cmp(&b.1.meta.snapshot_id));
-        Ok(all)
+        Ok((all, untrusted))
     }
 
     /// Files a rollback would overwrite although they changed since the action.
@@ -1250,7 +1295,13 @@ impl Sandbox {
         if recovered {
             record["recorded_by"] = serde_json::json!("recovery");
         }
-        Snapshotter::mark_restored(&self.roots[root], meta, &record, self.fsync_each())
+        Snapshotter::mark_restored(
+            &self.roots[root],
+            &self.seal,
+            meta,
+            &record,
+            self.fsync_each(),
+        )
     }
 
     /// The audit record of a restore: the target went from `before` to `restored`.

@@ -15,6 +15,7 @@ use crate::confine::root::{
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::seal::{SealKey, Unsealed};
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
 use serde::{Deserialize, Serialize};
@@ -143,6 +144,24 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
     )
 }
 
+/// A snapshot record that is damaged or was not sealed by this runtime's key.
+fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
+    let detail = match why {
+        Unsealed::Malformed(e) => format!("is damaged ({e})"),
+        Unsealed::Forged => {
+            "does not carry this runtime's seal: it was changed or written by something else"
+                .to_owned()
+        }
+    };
+    Refusal::new(
+        ReasonCode::ChecksumMismatch,
+        format!(
+            "the snapshot record {} {detail}; it is not trusted for rollback or recovery (inspect the folder, then remove it)",
+            shown_path(&format!("{folder}/{file}"))
+        ),
+    )
+}
+
 fn rollback_dir(root: &SandboxRoot) -> io::Result<Option<Dir>> {
     open_existing(root.dir(), ROLLBACK_DIR)
 }
@@ -197,6 +216,7 @@ impl Snapshotter {
     /// fewest syncs that make the whole snapshot survive a power cut.
     pub fn take(
         root: &SandboxRoot,
+        key: &SealKey,
         meta: &SnapshotMeta,
         backup: Option<&[u8]>,
         durable: bool,
@@ -231,8 +251,7 @@ impl Snapshotter {
             write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, true, flush)
                 .map_err(|e| snap_io("write", &e))?;
         }
-        let json =
-            serde_json::to_vec_pretty(meta).map_err(|e| snap_io("encode", &io::Error::other(e)))?;
+        let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
         // The metadata is written last: a snapshot folder without it is an incomplete
         // snapshot of an action that never touched its target.
         write_atomic_flush(&dir, META_FILE, &json, 0o600, true, flush)
@@ -253,7 +272,12 @@ impl Snapshotter {
     /// Puts back what a commit log entry says a snapshot holds, for the parts that are
     /// missing or damaged (a power cut before they reached the disk): the folder, the
     /// backup, the metadata. Nothing is synced; recovery syncs once at the end.
-    pub fn repair(root: &SandboxRoot, meta: &SnapshotMeta, backup: Option<&[u8]>) -> Verdict {
+    pub fn repair(
+        root: &SandboxRoot,
+        key: &SealKey,
+        meta: &SnapshotMeta,
+        backup: Option<&[u8]>,
+    ) -> Verdict {
         let (rb, _) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
         let (wf, _) = open_or_create_tracked(&rb, &meta.workflow_id)?;
         let (dir, _) = open_or_create_tracked(&wf, &meta.action_id)?;
@@ -268,20 +292,22 @@ impl Snapshotter {
         }
         let intact = read_regular(&dir, META_FILE, 1 << 20)
             .ok()
-            .and_then(|b| serde_json::from_slice::<SnapshotMeta>(&b).ok())
+            .and_then(|b| key.open::<SnapshotMeta>(&b).ok())
             .is_some_and(|m| m == *meta);
         if !intact {
-            let json = serde_json::to_vec_pretty(meta)
-                .map_err(|e| snap_io("encode", &io::Error::other(e)))?;
+            let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
             write_atomic_flush(&dir, META_FILE, &json, 0o600, false, Flush::Nothing)
                 .map_err(|e| snap_io("write", &e))?;
         }
         Ok(())
     }
 
-    /// Loads one snapshot; `None` when it does not exist or is incomplete.
+    /// Loads one snapshot; `None` when it does not exist or is incomplete. Its metadata
+    /// and restore mark are trusted only under `key`'s seal, and must name the folder they
+    /// are in (`checksum_mismatch` otherwise: damaged, or not written by this runtime).
     pub fn load(
         root: &SandboxRoot,
+        key: &SealKey,
         workflow_id: &str,
         action_id: &str,
     ) -> Verdict<Option<StoredSnapshot>> {
@@ -290,47 +316,62 @@ impl Snapshotter {
         else {
             return Ok(None);
         };
-        let meta = match read_regular(&dir, META_FILE, 1 << 20) {
-            Ok(b) => serde_json::from_slice::<SnapshotMeta>(&b).map_err(|e| {
-                Refusal::new(
-                    ReasonCode::ChecksumMismatch,
-                    format!(
-                        "the snapshot metadata of {} is damaged: {e}",
-                        shown_path(action_id)
-                    ),
-                )
-            })?,
+        let folder = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
+        let meta: SnapshotMeta = match read_regular(&dir, META_FILE, 1 << 20) {
+            Ok(b) => key
+                .open(&b)
+                .map_err(|e| untrusted(&folder, META_FILE, &e))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(snap_io("read", &e)),
         };
-        let restored = dir.exists(RESTORED_FILE);
+        if meta.workflow_id != workflow_id || meta.action_id != action_id {
+            return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
+        }
+        let restored = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
+            Ok(b) => {
+                key.open::<serde_json::Value>(&b)
+                    .map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?;
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(snap_io("read", &e)),
+        };
         Ok(Some(StoredSnapshot { meta, restored }))
     }
 
-    /// Every snapshot of a workflow in one root, in the order they were taken.
-    pub fn load_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict<Vec<StoredSnapshot>> {
+    /// Every snapshot of a workflow in one root, in the order they were taken, and a
+    /// refusal for each folder whose records cannot be trusted (see [`Snapshotter::load`]).
+    pub fn load_workflow(
+        root: &SandboxRoot,
+        key: &SealKey,
+        workflow_id: &str,
+    ) -> Verdict<(Vec<StoredSnapshot>, Vec<Refusal>)> {
         let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
-            Ok(None) => return Ok(Vec::new()),
+            Ok(None) => return Ok(Default::default()),
             Err(e) => return Err(snap_io("open", &e)),
         };
         let wf = match open_existing(&rb, workflow_id) {
             Ok(Some(d)) => d,
-            Ok(None) => return Ok(Vec::new()),
+            Ok(None) => return Ok(Default::default()),
             Err(e) => return Err(snap_io("open", &e)),
         };
         let mut out = Vec::new();
+        let mut untrusted = Vec::new();
         for entry in wf.entries().map_err(|e| snap_io("list", &e))? {
             let entry = entry.map_err(|e| snap_io("list", &e))?;
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
-            if let Some(s) = Self::load(root, workflow_id, &name)? {
-                out.push(s);
+            match Self::load(root, key, workflow_id, &name) {
+                Ok(Some(s)) => out.push(s),
+                Ok(None) => {}
+                Err(r) if r.reason_code == ReasonCode::ChecksumMismatch => untrusted.push(r),
+                Err(r) => return Err(r),
             }
         }
         out.sort_by(|a, b| a.meta.snapshot_id.cmp(&b.meta.snapshot_id));
-        Ok(out)
+        Ok((out, untrusted))
     }
 
     /// The backup bytes of a file snapshot.
@@ -358,6 +399,7 @@ impl Snapshotter {
     /// Records that a snapshot was restored, so it is not restored twice.
     pub fn mark_restored(
         root: &SandboxRoot,
+        key: &SealKey,
         meta: &SnapshotMeta,
         record: &serde_json::Value,
         durable: bool,
@@ -365,17 +407,22 @@ impl Snapshotter {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
             .map_err(|e| snap_io("open", &e))?
             .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
-        let bytes = serde_json::to_vec(record).unwrap_or_default();
+        let bytes = key.seal(record).map_err(|e| snap_io("encode", &e))?;
         write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable)
             .map_err(|e| snap_io("mark", &e))
     }
 
     /// The "restored" mark of a snapshot (what [`Snapshotter::mark_restored`] wrote);
-    /// `None` when there is none or it cannot be read.
-    pub fn restored_mark(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<RestoredMark> {
+    /// `None` when there is none, it cannot be read, or its seal is not `key`'s.
+    pub fn restored_mark(
+        root: &SandboxRoot,
+        key: &SealKey,
+        meta: &SnapshotMeta,
+    ) -> Option<RestoredMark> {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id).ok()??;
         let bytes = read_regular(&dir, RESTORED_FILE, 1 << 16).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        // Sealed as the whole record, which holds more than the mark's fields.
+        serde_json::from_value(key.open::<serde_json::Value>(&bytes).ok()?).ok()
     }
 
     /// Workflow ids that have snapshots in a root.

@@ -215,6 +215,44 @@ impl StateDir {
         }
     }
 
+    /// The 32-byte secret kept in `name`, made on first use from the kernel's random
+    /// source. It appears whole or not at all (written aside, then linked into place, which
+    /// fails if another process made it first: then theirs is used), durable before use.
+    pub fn secret(&self, name: &str) -> io::Result<[u8; 32]> {
+        let path = self.path.join(name);
+        if let Some(key) = read_secret(&path)? {
+            return Ok(key);
+        }
+        let mut key = [0u8; 32];
+        let mut filled = 0;
+        while filled < key.len() {
+            filled +=
+                rustix::rand::getrandom(&mut key[filled..], rustix::rand::GetRandomFlags::empty())?;
+        }
+        let tmp = self
+            .path
+            .join(format!(".{name}.{}.tmp", std::process::id()));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let linked = f
+            .write_all(&key)
+            .and_then(|()| f.sync_all())
+            .and_then(|()| std::fs::hard_link(&tmp, &path));
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                File::open(&self.path)?.sync_all()?;
+                Ok(key)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read_secret(&path)?
+                .ok_or_else(|| io::Error::other(format!("{} vanished", path.display()))),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Replaces a small file atomically (temporary file, rename; fsync'd when `durable`).
     pub fn write_atomic(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let tmp = self.path.join(format!(".{name}.tmp"));
@@ -495,4 +533,19 @@ impl FsSync {
     pub fn filesystems(&self) -> usize {
         self.handles.lock().map_or(0, |h| h.len())
     }
+}
+
+fn read_secret(path: &Path) -> io::Result<Option<[u8; 32]>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    bytes.as_slice().try_into().map(Some).map_err(|_| {
+        io::Error::other(format!(
+            "{} holds {} bytes, not the 32 of a key; it was damaged (removing it makes every existing snapshot untrusted)",
+            path.display(),
+            bytes.len()
+        ))
+    })
 }

@@ -15,4 +15,5 @@ mod permissions;
 mod properties;
 mod race;
 mod rollback;
+mod seal;
 mod workflow_state;

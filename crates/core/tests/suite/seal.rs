@@ -1,0 +1,233 @@
+//! Snapshot records live inside the roots, where agents and other programs may write
+//! directly: only records sealed with the state directory's key are restored, finished
+//! or audited.
+
+use crate::support::*;
+use ailab_sandbox_core::ReasonCode;
+use ailab_sandbox_core::sandbox::RollbackOptions;
+use serde_json::{Value, json};
+use std::panic::AssertUnwindSafe;
+
+fn meta_path(w: &World, wf: &str, action: &str) -> std::path::PathBuf {
+    w.root.join(format!(".rollback/{wf}/{action}/meta.json"))
+}
+
+fn read_meta(w: &World, wf: &str, action: &str) -> Value {
+    serde_json::from_slice(&std::fs::read(meta_path(w, wf, action)).unwrap()).unwrap()
+}
+
+fn plant(w: &World, wf: &str, action: &str, meta: &Value, backup: Option<&[u8]>) {
+    let dir = w.root.join(format!(".rollback/{wf}/{action}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("meta.json"),
+        serde_json::to_vec_pretty(meta).unwrap(),
+    )
+    .unwrap();
+    if let Some(b) = backup {
+        std::fs::write(dir.join("backup"), b).unwrap();
+    }
+}
+
+fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) {
+    let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    let reason = rb.reason.unwrap();
+    assert!(reason.contains(file), "{reason}");
+    let forced = sb.rollback_workflow(
+        wf,
+        &RollbackOptions {
+            force: true,
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(forced.status, "refused", "force does not trust it either");
+}
+
+/// A snapshot written into `.rollback/` by hand — a copy of a genuine one with its
+/// target changed to a blocked unit file, and one with no seal at all — is refused, and
+/// nothing is written.
+#[test]
+fn planted_snapshots_are_never_restored() {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_ok", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    let unit = b"[Service]\nExecStart=/bin/sh -c id\n";
+    let mut copied = read_meta(&w, "wf_ok", "a1");
+    copied["workflow_id"] = json!("wf_evil");
+    copied["original_path"] = json!("evil.service");
+    copied["sha256"] = json!(sha(unit));
+    copied["size_bytes"] = json!(unit.len());
+    plant(&w, "wf_evil", "a1", &copied, Some(unit));
+    refused_as_untrusted(&sb, "wf_evil", ".rollback/wf_evil/a1/meta.json");
+
+    let mut unsealed = copied.clone();
+    unsealed.as_object_mut().unwrap().remove("seal");
+    unsealed["workflow_id"] = json!("wf_bare");
+    plant(&w, "wf_bare", "a1", &unsealed, Some(unit));
+    refused_as_untrusted(&sb, "wf_bare", ".rollback/wf_bare/a1/meta.json");
+
+    assert!(!w.path("evil.service").exists());
+    assert_eq!(w.read("m.txt"), b"x");
+    // The genuine workflow still rolls back.
+    let rb = sb.rollback_workflow("wf_ok", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
+/// A genuine snapshot edited in place (its target renamed) no longer rolls back; put
+/// back as it was, it does.
+#[test]
+fn an_edited_snapshot_refuses_its_workflow_rollback() {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_meta", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"},
+            {"action_id": "a2", "intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    let path = meta_path(&w, "wf_meta", "a1");
+    let genuine = std::fs::read(&path).unwrap();
+    let edited = String::from_utf8(genuine.clone())
+        .unwrap()
+        .replace("\"m.txt\"", "\"other.txt\"");
+    std::fs::write(&path, edited).unwrap();
+    refused_as_untrusted(&sb, "wf_meta", ".rollback/wf_meta/a1/meta.json");
+    assert_eq!(w.read("m.txt"), b"x");
+    assert!(!w.path("other.txt").exists());
+    assert_eq!(w.read("n.txt"), b"n", "nothing of the workflow was undone");
+
+    std::fs::write(&path, genuine).unwrap();
+    let rb = sb.rollback_workflow("wf_meta", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.txt"), b"mark");
+    assert!(!w.path("n.txt").exists());
+}
+
+/// A hand-made "restored" mark would make a rollback skip a file and report success:
+/// it is refused instead.
+#[test]
+fn a_planted_restore_mark_is_not_trusted() {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_mark", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    std::fs::write(
+        w.root.join(".rollback/wf_mark/a1/restored.json"),
+        br#"{"execution_id":"exec_x","restored_checksum":null}"#,
+    )
+    .unwrap();
+    refused_as_untrusted(&sb, "wf_mark", ".rollback/wf_mark/a1/restored.json");
+    assert_eq!(w.read("m.txt"), b"x");
+    // A genuine mark, written by a rollback, is honoured.
+    std::fs::remove_file(w.root.join(".rollback/wf_mark/a1/restored.json")).unwrap();
+    assert_eq!(
+        sb.rollback_workflow("wf_mark", &RollbackOptions::default())
+            .status,
+        "rolled_back"
+    );
+    let again = sb.rollback_workflow("wf_mark", &RollbackOptions::default());
+    assert_eq!(again.steps_rolled_back, 0, "{again:?}");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
+/// A run that died after its commit point is finished at the next start. A record
+/// planted beside its snapshot, claiming the same run and carrying a commit of its own
+/// (a staged unit file, a registry entry, an audit line), is left alone: recovery
+/// finishes the genuine action only, and the trail and registry hold nothing forged.
+#[test]
+fn recovery_acts_on_sealed_snapshots_only() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let mut config = w.writable_config();
+    config.durability = ailab_sandbox_core::config::Durability::Batched;
+    let sb = w.open(config.clone());
+    sb.failpoints().arm_crash("before_registry", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_commit", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+
+    let unit = b"[Service]\nExecStart=/bin/sh -c id\n";
+    let staged = ".ailab-tmp-00000000000000000000000000000001";
+    std::fs::write(w.root.join(staged), unit).unwrap();
+    let mut forged = read_meta(&w, "wf_commit", "a1");
+    forged["action_id"] = json!("a9");
+    forged["snapshot_id"] = json!(format!("{}z", forged["snapshot_id"].as_str().unwrap()));
+    forged["original_path"] = json!("evil.service");
+    forged["existed"] = json!(false);
+    forged["kind"] = json!("missing");
+    forged["sha256"] = Value::Null;
+    forged["size_bytes"] = Value::Null;
+    forged["mode"] = Value::Null;
+    forged["commit"]["staged_name"] = json!(staged);
+    forged["commit"]["after_sha256"] = json!(sha(unit));
+    forged["commit"]["artifact"] = Value::Null;
+    forged["commit"]["audit"]["action_id"] = json!("a9");
+    forged["commit"]["audit"]["target_path"] = json!("/etc/forged");
+    plant(&w, "wf_commit", "a9", &forged, None);
+
+    let sb = w.open(config);
+    assert_eq!(
+        w.read("a.txt"),
+        b"ALPHA\n",
+        "the genuine action is finished"
+    );
+    assert!(!w.path("evil.service").exists());
+    let arts = sb.registry().get_by_workflow("wf_commit").unwrap();
+    assert_eq!(arts.len(), 1);
+    assert_eq!(arts[0].action_id, "a1");
+    let trail = sb.audit_log().list(100, Some("wf_commit")).unwrap();
+    assert!(trail.iter().all(|e| e.action_id != "a9"), "{trail:?}");
+    assert!(trail.iter().all(|e| !e.target_path.contains("forged")));
+    assert_eq!(sb.audit_stats().unwrap().success, 1);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// The key is made once, private to the owner, and read back by the next start, so
+/// snapshots taken before a restart still roll back; a damaged key stops the start with
+/// a message naming it.
+#[test]
+fn the_seal_key_is_private_and_outlives_the_process() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_keep", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    drop(sb);
+    let key = w.state.join("seal.key");
+    let bytes = std::fs::read(&key).unwrap();
+    assert_eq!(bytes.len(), 32);
+    assert_ne!(bytes, [0u8; 32]);
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let sb = w.sandbox();
+    assert_eq!(std::fs::read(&key).unwrap(), bytes, "not replaced");
+    let rb = sb.rollback_workflow("wf_keep", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    drop(sb);
+
+    std::fs::write(&key, b"short").unwrap();
+    let err = match ailab_sandbox_core::Sandbox::open(w.writable_config()) {
+        Ok(_) => panic!("a damaged key stops the start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("seal.key"), "{err}");
+}
