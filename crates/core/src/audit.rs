@@ -5,7 +5,7 @@
 //! tail is found too.
 
 use crate::catalog::MutationClass;
-use crate::confine::state::StateDir;
+use crate::confine::state::{BlockFile, StateDir};
 use crate::hash::to_hex;
 use crate::journal::Journal;
 use crate::reason::ReasonCode;
@@ -187,6 +187,19 @@ impl Index {
             .push(self.entries.len());
         self.entries.push(e);
     }
+
+    fn hash_of(&self, seq: u64) -> Option<&str> {
+        let at = usize::try_from(seq).ok()?.checked_sub(1)?;
+        match self.entries.get(at) {
+            Some(e) if e.seq == seq => Some(&e.entry_hash),
+            _ => self
+                .entries
+                .iter()
+                .rev()
+                .find(|e| e.seq == seq)
+                .map(|e| e.entry_hash.as_str()),
+        }
+    }
 }
 
 /// The audit log.
@@ -197,6 +210,63 @@ pub struct AuditLog {
     /// With batched syncs the head may only name lines that are durable, so it waits
     /// here for the next sync point ([`AuditLog::pending_head`], [`AuditLog::publish_head`]).
     deferred_head: Option<Mutex<DeferredHead>>,
+    /// The head file, held open, and why it stopped moving.
+    head: Mutex<HeadKeeper>,
+}
+
+/// The head file and whether it may still move. Once the log is found not to match it
+/// (lines cut from the end, a rewritten entry, a head removed or damaged), the head is
+/// never written again, so the evidence stays for `audit verify`.
+#[derive(Debug, Default)]
+struct HeadKeeper {
+    file: Option<BlockFile>,
+    frozen: Option<String>,
+}
+
+/// What the head file holds.
+#[derive(Debug)]
+enum HeadFile {
+    Missing,
+    Damaged(String),
+    At(Head),
+}
+
+fn parse_head(bytes: &[u8]) -> HeadFile {
+    match serde_json::from_slice::<Head>(bytes) {
+        Ok(h) => HeadFile::At(h),
+        Err(e) => HeadFile::Damaged(e.to_string()),
+    }
+}
+
+fn head_bytes(seq: u64, entry_hash: &str) -> io::Result<Vec<u8>> {
+    serde_json::to_vec(&Head {
+        seq,
+        entry_hash: entry_hash.to_owned(),
+    })
+    .map_err(io::Error::other)
+}
+
+/// How the log fails to match its head, if it does.
+fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
+    match head {
+        HeadFile::Missing if ix.last_seq > 0 => Some(format!(
+            "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed",
+            ix.last_seq
+        )),
+        HeadFile::Missing => None,
+        HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
+        HeadFile::At(h) if h.seq > ix.last_seq => Some(format!(
+            "the log ends at seq {} but its head records seq {}: lines were removed from the end",
+            ix.last_seq, h.seq
+        )),
+        HeadFile::At(h) if h.seq > 0 && ix.hash_of(h.seq) != Some(h.entry_hash.as_str()) => {
+            Some(format!(
+                "entry {} differs from the hash recorded in the head: the log was rewritten",
+                h.seq
+            ))
+        }
+        HeadFile::At(_) => None,
+    }
 }
 
 /// The head waiting for a sync point, and the last one written by this process.
@@ -233,14 +303,62 @@ impl AuditLog {
             state: state.clone(),
             inner: Mutex::new((journal, index)),
             deferred_head: defer_head.then(|| Mutex::new(DeferredHead::default())),
+            head: Mutex::new(HeadKeeper {
+                file: state.open_block(HEAD_FILE)?,
+                frozen: None,
+            }),
         };
-        if let Some(head) = log.read_head()? {
-            let (last_seq, last_hash) = log.with(|ix| (ix.last_seq, ix.last_hash.clone()))?;
-            if head.seq < last_seq {
-                log.move_head(last_seq, &last_hash)?;
+        let on_disk = log.head_on_disk()?;
+        let (last_seq, last_hash, mismatch) = log.with(|ix| {
+            (
+                ix.last_seq,
+                ix.last_hash.clone(),
+                head_mismatch(ix, &on_disk),
+            )
+        })?;
+        if let Some(why) = mismatch {
+            log.freeze(why);
+            return Ok(log);
+        }
+        match on_disk {
+            HeadFile::Missing => {
+                // Made durable before the first line exists, so that a missing head
+                // always means a removed one, never a crash.
+                state.write_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?, true)?;
+                log.keeper()?.file = state.open_block(HEAD_FILE)?;
             }
+            HeadFile::At(h) if h.seq < last_seq => log.move_head(last_seq, &last_hash)?,
+            _ => {}
         }
         Ok(log)
+    }
+
+    fn keeper(&self) -> io::Result<std::sync::MutexGuard<'_, HeadKeeper>> {
+        self.head
+            .lock()
+            .map_err(|_| io::Error::other("audit head lock poisoned"))
+    }
+
+    /// The head as this process's open handle reads it.
+    fn head_on_disk(&self) -> io::Result<HeadFile> {
+        Ok(match &self.keeper()?.file {
+            Some(f) => parse_head(&f.read()?),
+            None => HeadFile::Missing,
+        })
+    }
+
+    fn freeze(&self, why: String) {
+        if let Ok(mut k) = self.keeper()
+            && k.frozen.is_none()
+        {
+            tracing::error!(problem = %why, "the audit log does not match its head; the head stays as it is");
+            k.frozen = Some(why);
+        }
+    }
+
+    /// Why the head no longer moves (the log was found not to match it), if it does not.
+    pub fn head_problem(&self) -> Option<String> {
+        self.keeper().ok()?.frozen.clone()
     }
 
     fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
@@ -267,6 +385,10 @@ impl AuditLog {
         let written = journal.append_with(
             |new| {
                 index.ingest(new);
+                // Checked under the lock, before this append could hide a cut tail.
+                if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
+                    self.freeze(why);
+                }
                 let mut prev = index.last_hash.clone();
                 let mut bytes = Vec::new();
                 let mut out = Vec::new();
@@ -356,24 +478,33 @@ impl AuditLog {
         Ok(())
     }
 
-    fn read_head(&self) -> io::Result<Option<Head>> {
-        Ok(self
-            .state
-            .read_optional(HEAD_FILE)?
-            .and_then(|b| serde_json::from_slice(&b).ok()))
-    }
-
     fn write_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
-        let head = Head {
-            seq,
-            entry_hash: entry_hash.to_owned(),
-        };
-        let bytes = serde_json::to_vec(&head).map_err(io::Error::other)?;
+        let bytes = head_bytes(seq, entry_hash)?;
+        let mut k = self.keeper()?;
+        if k.frozen.is_some() {
+            return Ok(());
+        }
         // Never fsync'd: the head only has to be no further than the log, which it never
         // is (it moves after the log's durable append). A crash may leave the previous
         // head, which only weakens the cut-tail check for the last entries until the next
         // append, and costs no consistency.
-        self.state.write_block(HEAD_FILE, &bytes, false)
+        match &k.file {
+            Some(f) => {
+                // Heads published after sync points may arrive out of order between
+                // processes: the head never goes backwards.
+                if let HeadFile::At(h) = parse_head(&f.read()?)
+                    && h.seq >= seq
+                {
+                    return Ok(());
+                }
+                f.write(&bytes)
+            }
+            None => {
+                self.state.write_block(HEAD_FILE, &bytes, false)?;
+                k.file = self.state.open_block(HEAD_FILE)?;
+                Ok(())
+            }
+        }
     }
 
     /// The newest `limit` entries, newest first, optionally of one workflow.
@@ -433,8 +564,33 @@ impl AuditLog {
                 .map_err(|_| io::Error::other("audit lock poisoned"))?;
             g.0.read_all()?
         };
-        let head = self.read_head()?;
-        Ok(verify_bytes(&bytes, head.map(|h| (h.seq, h.entry_hash))))
+        // The file as it is now, not this process's handle on it, which outlives a removal.
+        let head = match self.state.read_optional(HEAD_FILE)? {
+            None => HeadFile::Missing,
+            Some(b) => parse_head(&b),
+        };
+        let at = match &head {
+            HeadFile::At(h) => Some((h.seq, h.entry_hash.clone())),
+            _ => None,
+        };
+        let report = verify_bytes(&bytes, at);
+        let problem = match head {
+            HeadFile::Missing if report.entries > 0 => Some(format!(
+                "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed, so lines cut from the end cannot be ruled out",
+                report.entries
+            )),
+            HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
+            _ => None,
+        };
+        Ok(match problem {
+            Some(reason) if report.ok => VerifyReport {
+                ok: false,
+                entries: report.entries,
+                first_bad_seq: None,
+                reason: Some(reason),
+            },
+            _ => report,
+        })
     }
 }
 

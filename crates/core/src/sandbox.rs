@@ -349,6 +349,11 @@ impl Sandbox {
                 )
             });
         }
+        if let Some(problem) = sb.audit.head_problem() {
+            sb.notices.push(format!(
+                "the audit trail was tampered with: {problem}; its head is kept as it is so `audit verify` keeps reporting it"
+            ));
+        }
         Ok(sb)
     }
 

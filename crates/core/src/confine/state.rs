@@ -85,17 +85,25 @@ impl StateDir {
         self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
     }
 
+    /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
+    /// it without looking it up again; `None` when it does not exist.
+    pub fn open_block(&self, rel: &str) -> io::Result<Option<BlockFile>> {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.path.join(rel))
+        {
+            Ok(file) => Ok(Some(BlockFile { file })),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Writes a small record in place: `bytes` padded to one 512-byte block, so an
     /// overwrite is a single sector write and allocates nothing. The first write creates
     /// the file and syncs its directory; later ones cost one `fdatasync` when `durable`.
     pub fn write_block(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-        const BLOCK: usize = 512;
-        if bytes.len() >= BLOCK {
-            return Err(io::Error::other("record longer than one block"));
-        }
-        let mut block = bytes.to_vec();
-        block.resize(BLOCK - 1, b' ');
-        block.push(b'\n');
+        let block = padded_block(bytes)?;
         let path = self.path.join(rel);
         match OpenOptions::new().write(true).open(&path) {
             Ok(f) => {
@@ -306,6 +314,39 @@ impl CommitLogFile {
     /// `fdatasync`.
     pub fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+}
+
+const BLOCK: usize = 512;
+
+fn padded_block(bytes: &[u8]) -> io::Result<Vec<u8>> {
+    if bytes.len() >= BLOCK {
+        return Err(io::Error::other("record longer than one block"));
+    }
+    let mut block = bytes.to_vec();
+    block.resize(BLOCK - 1, b' ');
+    block.push(b'\n');
+    Ok(block)
+}
+
+/// A one-block record file held open (see [`StateDir::open_block`]).
+#[derive(Debug)]
+pub struct BlockFile {
+    file: File,
+}
+
+impl BlockFile {
+    /// The block's bytes (at most one block).
+    pub fn read(&self) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; BLOCK];
+        let n = self.file.read_at(&mut buf, 0)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Rewrites the block in place (not synced).
+    pub fn write(&self, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(&padded_block(bytes)?, 0)
     }
 }
 

@@ -106,6 +106,92 @@ fn truncated_tail_is_detected_through_the_head() {
     assert!(v.reason.unwrap().contains("removed from the end"));
 }
 
+fn one_more_line(sb: &ailab_sandbox_core::Sandbox, path: &str) {
+    run(
+        sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": path, "content": "x"}]}),
+    );
+}
+
+/// Later appends, in the process that saw the cut and in the next one, do not move the
+/// head back over it: the cut stays visible to `audit verify`.
+#[test]
+fn a_cut_tail_stays_detected_after_more_appends() {
+    let (w, sb) = audited_world(6);
+    let mut l = lines(&w);
+    l.truncate(3);
+    write_lines(&w, &l);
+    one_more_line(&sb, "g1.txt");
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+    assert!(sb.audit_log().head_problem().is_some());
+    drop(sb);
+    let sb = w.sandbox();
+    assert!(
+        sb.notices().iter().any(|n| n.contains("tampered")),
+        "{:?}",
+        sb.notices()
+    );
+    for i in 0..4 {
+        one_more_line(&sb, &format!("h{i}.txt"));
+    }
+    assert!(lines(&w).len() > 6, "the log grew past the old head");
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+    assert_eq!(v.first_bad_seq, Some(6));
+    assert!(v.reason.unwrap().contains("rewritten"));
+}
+
+/// A removed or damaged head is reported by `audit verify` and is not quietly made
+/// again by the next append or start.
+#[test]
+fn a_removed_or_damaged_head_is_reported() {
+    let head = |w: &World| w.state.join("sandbox_audit.head.json");
+    let (w, sb) = audited_world(3);
+    std::fs::remove_file(head(&w)).unwrap();
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert!(v.reason.unwrap().contains("missing"));
+    one_more_line(&sb, "g.txt");
+    drop(sb);
+    let sb = w.sandbox();
+    one_more_line(&sb, "h.txt");
+    assert!(!head(&w).exists());
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.entries, 5, "the chain itself is whole");
+    assert!(v.reason.unwrap().contains("missing"));
+    drop(sb);
+
+    let (w, sb) = audited_world(2);
+    std::fs::write(head(&w), b"not json").unwrap();
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert!(v.reason.unwrap().contains("damaged"));
+    drop(sb);
+    let sb = w.sandbox();
+    one_more_line(&sb, "g.txt");
+    assert_eq!(std::fs::read(head(&w)).unwrap(), b"not json");
+    assert!(!sb.audit_verify().unwrap().ok);
+}
+
+/// A new state directory gets its head before its first line, so a missing head is
+/// never the trace of a crash.
+#[test]
+fn a_new_log_starts_with_a_head() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let head: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.state.join("sandbox_audit.head.json")).unwrap())
+            .unwrap();
+    assert_eq!(head["seq"], 0);
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok && v.entries == 0, "{v:?}");
+    one_more_line(&sb, "g.txt");
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok && v.entries == 1, "{v:?}");
+}
+
 #[test]
 fn newline_in_a_payload_cannot_forge_a_line() {
     let w = World::new();
