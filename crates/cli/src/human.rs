@@ -119,7 +119,7 @@ pub fn rollback(r: &RollbackReport) {
     out!(
         "workflow {}  {}  steps rolled back: {}",
         r.workflow_id,
-        paint(r.status, r.is_success()),
+        paint(r.status, r.is_success() || r.is_simulated()),
         r.steps_rolled_back
     );
     if let Some(reason) = &r.reason {

@@ -334,7 +334,7 @@ fn run(cli: Cli) -> Result<u8> {
             } else {
                 human::rollback(&report);
             }
-            Ok(if report.is_success() {
+            Ok(if report.is_success() || report.is_simulated() {
                 EXIT_OK
             } else {
                 EXIT_REFUSED

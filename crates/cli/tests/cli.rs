@@ -191,9 +191,24 @@ fn run_simulates_by_default_and_writes_when_enabled() {
     );
     assert_eq!(json_out(&out)["status"], "success");
     assert_eq!(std::fs::read(e.root.join("n1.txt")).unwrap(), b"1\n");
+    // A rollback writes too: without the flags it only says what it would do.
     let out = e
         .cmd()
         .args(["--json", "rollback", "wf_cli"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json_out(&out)["status"], "simulated");
+    assert!(e.root.join("n1.txt").exists());
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_cli",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));

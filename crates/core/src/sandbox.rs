@@ -136,6 +136,11 @@ impl RollbackReport {
     pub fn is_success(&self) -> bool {
         self.status == "rolled_back"
     }
+
+    /// Whether it only said what it would restore (writes off or dry-run on).
+    pub fn is_simulated(&self) -> bool {
+        self.status == "simulated"
+    }
 }
 
 /// A file changed since the action wrote it.
@@ -1139,6 +1144,44 @@ impl Sandbox {
                 ),
                 conflicts,
             );
+        }
+        // A rollback writes files like any action: with writes off or dry-run on it only
+        // says what it would restore.
+        if let (ctx, Some(why)) = self.execution_context()
+            && !ctx.is_executable()
+        {
+            let would: Vec<String> = chosen
+                .iter()
+                .rev()
+                .map(|(_, s)| {
+                    format!(
+                        "{} ({} {})",
+                        s.meta.action_id,
+                        s.meta.intent,
+                        shown_path(&s.meta.original_path)
+                    )
+                })
+                .collect();
+            let flag = match why {
+                crate::context::DryRunReason::DryRun => "dry-run is on",
+                crate::context::DryRunReason::PhaseNotSupported => {
+                    "the phase does not allow sandbox writes"
+                }
+                _ => "writing is disabled",
+            };
+            return RollbackReport {
+                workflow_id: workflow_id.to_owned(),
+                status: "simulated",
+                steps_rolled_back: 0,
+                reason_code: None,
+                reason: Some(format!(
+                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}; turn writing on (--enable-write --no-dry-run) to roll back",
+                    would.len(),
+                    would.join(", ")
+                )),
+                conflicts,
+                steps: Vec::new(),
+            };
         }
         let execution_id = crate::plan::new_execution_id();
         // The workflow's record says a rollback is under way, durably, before any target

@@ -321,6 +321,13 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
             s.action_id, s.intent, s.path
         ));
     }
+    if rep.is_simulated() {
+        let text = format!(
+            "Simulated rollback of {what}: {}.",
+            clause(rep.reason.as_deref().unwrap_or("nothing was restored"))
+        );
+        return ok(text, structured);
+    }
     if rep.is_success() {
         let text = format!(
             "Rolled back {what}: {} step(s) restored.\n{}",

@@ -287,3 +287,37 @@ fn snapshot_metadata_is_the_original_path_marker() {
         b"mark"
     );
 }
+
+/// A rollback writes files, so with writing off or dry-run on it changes nothing and
+/// says what it would restore; turned on, the same rollback restores.
+#[test]
+fn rollback_with_writing_off_or_dry_run_only_simulates() {
+    let w = World::new();
+    seed(&w);
+    let before = w.tree();
+    let sb = w.sandbox();
+    assert_eq!(status(&run(&sb, five_actions())), "success");
+    drop(sb);
+    let after = w.tree();
+    let mut dry = w.writable_config();
+    dry.dry_run = true;
+    for (config, flag) in [(w.config(), "writing is disabled"), (dry, "dry-run is on")] {
+        let sb = w.open(config);
+        let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+        assert_eq!(rb.status, "simulated", "{rb:?}");
+        assert!(rb.is_simulated() && !rb.is_success());
+        assert_eq!(rb.steps_rolled_back, 0);
+        let reason = rb.reason.unwrap();
+        assert!(reason.contains(flag), "{reason}");
+        assert!(
+            reason.contains("5 action(s) would be rolled back, newest first: a5"),
+            "{reason}"
+        );
+        assert_eq!(w.tree(), after, "nothing restored");
+        assert_eq!(sb.audit_stats().unwrap().rolled_back, 0);
+    }
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+}
