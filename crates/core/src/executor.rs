@@ -9,7 +9,7 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
-use crate::confine::root::{FILE_MODE, temp_name};
+use crate::confine::root::{FILE_MODE, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -251,6 +251,14 @@ impl<'a> SandboxWriteExecutor<'a> {
                     ));
                 }
                 let ri = approval.resolved.root_index;
+                // A parent that an earlier action makes a file is refused here as the
+                // disk would refuse it at run time, before anything of the plan is written.
+                let comps = approval.resolved.rel.components();
+                for d in 1..comps.len() {
+                    if let Some(Virtual::File(_)) = tree.get(&(ri, comps[..d].join("/"))) {
+                        return Err(not_a_directory(&comps[..d]));
+                    }
+                }
                 let key = (ri, approval.resolved.rel.as_string());
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),

@@ -815,7 +815,9 @@ pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
     Ok(removed)
 }
 
-fn not_a_directory(comps: &[String]) -> Refusal {
+/// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
+/// validation gives the same answer for a parent an earlier action makes a file.
+pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
     Refusal::new(
         ReasonCode::NotFound,
         format!(
