@@ -447,6 +447,23 @@ fn a_directory_created_earlier_in_the_plan_is_no_place_for_a_later_file() {
 }
 
 #[test]
+fn a_rollback_folder_below_the_top_is_never_written() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_directory", "path": "inner"},
+        {"intent": "create_file", "path": "inner/B/.Rollback/wf/a1/backup.txt", "content": "forged"},
+        {"intent": "create_directory", "path": "notes/.rollback"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{:?}", r.actions);
+    assert_eq!(code(&r, 1).as_deref(), Some("reserved_path"));
+    assert_eq!(code(&r, 2).as_deref(), Some("reserved_path"));
+    assert!(w.tree().is_empty(), "nothing written: {:?}", w.tree());
+}
+
+#[test]
 fn artifact_and_audit_records_match_the_write() {
     let w = World::new();
     let sb = w.sandbox();
