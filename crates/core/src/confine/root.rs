@@ -55,16 +55,22 @@ pub struct TargetInfo {
 pub struct SandboxRoot {
     path: PathBuf,
     dir: Dir,
+    /// The root directory's `(st_dev, st_ino)`.
+    id: (u64, u64),
+    /// The same for every directory the root was reached through, `/` first: where the
+    /// root really lies, whatever symlinks its configured path names.
+    ancestry: Vec<(u64, u64)>,
 }
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
 const ANCESTOR_HOPS: usize = 40;
 
 /// A directory on the way down to a root: the path it was reached by (symlinks
-/// resolved) and its handle.
+/// resolved), its handle and its identity.
 struct Ancestor {
     path: PathBuf,
     dir: Dir,
+    id: (u64, u64),
 }
 
 impl SandboxRoot {
@@ -145,7 +151,15 @@ impl SandboxRoot {
         Ok(Self {
             path: path.to_path_buf(),
             dir,
+            id: (opened.dev(), opened.ino()),
+            ancestry: chain.iter().map(|a| a.id).collect(),
         })
+    }
+
+    /// Whether `other` lies inside this root (or is the same directory), judged by the
+    /// directories both were really reached through, not by their configured paths.
+    pub fn contains(&self, other: &SandboxRoot) -> bool {
+        self.id == other.id || other.ancestry.contains(&self.id)
     }
 
     /// The configured path.
@@ -839,6 +853,19 @@ pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
     Ok(removed)
 }
 
+/// The first pair of roots `(outer, inner)` where `inner` is `outer` or lies inside it
+/// (see [`SandboxRoot::contains`]). The configuration compares the paths as written; this
+/// catches the overlaps that symlinks hide.
+pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
+    roots.iter().enumerate().find_map(|(i, outer)| {
+        roots
+            .iter()
+            .enumerate()
+            .find(|&(j, inner)| i != j && outer.contains(inner))
+            .map(|(j, _)| (i, j))
+    })
+}
+
 /// Walks from `/` to the directory that holds `root` (whose components above it are
 /// `names`), checking each directory on the way (see [`SandboxRoot::open`]) and, with
 /// `create`, making the missing ones. Returns the chain of real directories, `/` first.
@@ -958,7 +985,11 @@ fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<A
             path.display()
         ));
     }
-    Ok(Ancestor { path, dir })
+    Ok(Ancestor {
+        path,
+        dir,
+        id: (m.dev(), m.ino()),
+    })
 }
 
 /// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller

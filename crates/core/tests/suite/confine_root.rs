@@ -1,11 +1,11 @@
 //! `SandboxRoot` on real directories: symlinks, hard links, special files, modes.
 
-use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::confine::path::TEMP_MARKER;
 use ailab_sandbox_core::confine::root::{DIR_MODE, FILE_MODE, remove_temp_files};
 use ailab_sandbox_core::confine::{
     MAX_PATH_DEPTH, RelPath, SandboxRoot, TargetKind, resolve_sandbox_path,
 };
+use ailab_sandbox_core::{Config, ReasonCode, Sandbox};
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -298,6 +298,59 @@ fn open_refuses_an_ancestor_that_is_a_file() {
     let err = SandboxRoot::open(&file.join("root"), true).unwrap_err();
     assert!(err.contains(&file.display().to_string()), "{err}");
     assert!(err.contains("not a directory"), "{err}");
+}
+
+#[test]
+fn roots_nested_through_a_symlink_are_refused_at_start_up() {
+    let tmp = TempDir::new().unwrap();
+    let a = tmp.path().join("A");
+    mkdir_755(&a);
+    mkdir_755(&a.join("inner"));
+    symlink(a.join("inner"), tmp.path().join("lnk")).unwrap();
+    symlink(tmp.path(), tmp.path().join("alias")).unwrap();
+    let state = tmp.path().join("state");
+    for (outer, inner) in [
+        (a.clone(), tmp.path().join("lnk/B")),
+        (a.clone(), tmp.path().join("alias/A")),
+        (a.clone(), tmp.path().join("alias/A/inner/C")),
+    ] {
+        for roots in [
+            vec![outer.clone(), inner.clone()],
+            vec![inner.clone(), outer.clone()],
+        ] {
+            let err = Sandbox::open(Config::with_roots(roots.clone(), state.clone()))
+                .err()
+                .unwrap_or_else(|| panic!("{roots:?} were accepted"))
+                .to_string();
+            assert!(err.contains("overlap"), "{err}");
+            assert!(err.contains(&format!("{} ", outer.display())), "{err}");
+            assert!(err.contains(&format!("{} ", inner.display())), "{err}");
+        }
+    }
+    assert!(!a.join(".rollback").exists(), "no root was used");
+    // Siblings reached through a symlink do not overlap.
+    mkdir_755(&tmp.path().join("other"));
+    symlink(tmp.path().join("other"), tmp.path().join("lnk2")).unwrap();
+    let roots = vec![a.clone(), tmp.path().join("lnk2/B")];
+    let sb = Sandbox::open(Config::with_roots(roots, state)).unwrap();
+    assert_eq!(sb.roots().len(), 2);
+}
+
+#[test]
+fn contains_compares_real_directories_not_paths() {
+    let tmp = TempDir::new().unwrap();
+    let a = tmp.path().join("A");
+    mkdir_755(&a);
+    mkdir_755(&a.join("inner"));
+    symlink(a.join("inner"), tmp.path().join("lnk")).unwrap();
+    let outer = SandboxRoot::open(&a, false).unwrap();
+    let inner = SandboxRoot::open(&tmp.path().join("lnk/B"), true).unwrap();
+    let prefix_sibling = SandboxRoot::open(&tmp.path().join("AB"), true).unwrap();
+    assert!(outer.contains(&inner));
+    assert!(!inner.contains(&outer));
+    assert!(outer.contains(&SandboxRoot::open(&a, false).unwrap()));
+    assert!(!outer.contains(&prefix_sibling));
+    assert!(!prefix_sibling.contains(&outer));
 }
 
 #[test]
