@@ -14,6 +14,15 @@ pub enum Error {
         /// Why each root was skipped.
         problems: Vec<String>,
     },
+    /// Two roots are one directory, or one lies inside the other, once symlinks are
+    /// followed.
+    #[error("roots {} and {} overlap: {} is {} or lies inside it once symbolic links are followed, so the one's '.rollback/' would be writable through the other; give separate directories", .outer.display(), .inner.display(), .inner.display(), .outer.display())]
+    RootsOverlap {
+        /// The root that holds the other.
+        outer: PathBuf,
+        /// The root inside it.
+        inner: PathBuf,
+    },
     /// The state directory cannot be created or opened.
     #[error("state directory {} cannot be used: {source}", .path.display())]
     StateDir {

@@ -9,7 +9,8 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
-use crate::confine::root::{FILE_MODE, temp_name};
+use crate::confine::path::resolve_sandbox_path;
+use crate::confine::root::{FILE_MODE, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -251,6 +252,14 @@ impl<'a> SandboxWriteExecutor<'a> {
                     ));
                 }
                 let ri = approval.resolved.root_index;
+                // A parent that an earlier action makes a file is refused here as the
+                // disk would refuse it at run time, before anything of the plan is written.
+                let comps = approval.resolved.rel.components();
+                for d in 1..comps.len() {
+                    if let Some(Virtual::File(_)) = tree.get(&(ri, comps[..d].join("/"))) {
+                        return Err(not_a_directory(&comps[..d]));
+                    }
+                }
                 let key = (ri, approval.resolved.rel.as_string());
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),
@@ -368,6 +377,22 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
+    /// An action's `target_path` for the audit trail when it was refused before its
+    /// approval: the absolute path inside its root, the form written entries carry, so
+    /// that every entry about one file names it alike; the path as given only when it
+    /// names no place in a root (traversal, outside every root, too deep).
+    fn target_path(&self, a: &Action) -> String {
+        match resolve_sandbox_path(
+            &a.path,
+            &self.sb.root_paths,
+            a.root.as_deref(),
+            self.sb.config.limits.max_path_depth,
+        ) {
+            Ok(r) => self.sb.abs_path(r.root_index, &r.rel),
+            Err(_) => a.path.clone(),
+        }
+    }
+
     fn record(
         &self,
         a: &Action,
@@ -437,7 +462,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         "action_blocked",
                         json!({"action_id": a.id(), "reason_code": r.reason_code}),
                     );
-                    records.push(self.record(a, &res, AuditStatus::Blocked, a.path.clone()));
+                    records.push(self.record(a, &res, AuditStatus::Blocked, self.target_path(a)));
                     results.push(res);
                 }
                 Some(Ok(p)) => {
@@ -452,7 +477,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                         res.status = ActionStatus::Blocked;
                         res.reason_code = Some(r.reason_code);
                         res.reason = Some(r.reason.clone());
-                        records.push(self.record(a, &res, AuditStatus::Blocked, a.path.clone()));
+                        records.push(self.record(
+                            a,
+                            &res,
+                            AuditStatus::Blocked,
+                            self.target_path(a),
+                        ));
                     }
                     results.push(res);
                 }
@@ -633,7 +663,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let gctx = sb.governance_context();
         let approval = match check_target(&self.request(a), &gctx) {
             Ok(ap) => ap,
-            Err(r) => return Err(fail(self, res, r, a.path.clone())),
+            Err(r) => return Err(fail(self, res, r, self.target_path(a))),
         };
         res.risk = approval.risk;
         let ri = approval.resolved.root_index;

@@ -281,6 +281,12 @@ impl Sandbox {
         if roots.is_empty() {
             return Err(Error::NoUsableRoot { problems: skipped });
         }
+        if let Some((outer, inner)) = crate::confine::root::nested_roots(&roots) {
+            return Err(Error::RootsOverlap {
+                outer: roots[outer].path().to_path_buf(),
+                inner: roots[inner].path().to_path_buf(),
+            });
+        }
         let (state, note) = open_state_dir(&config)?;
         notices.extend(note);
         for root in &roots {

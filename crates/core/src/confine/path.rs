@@ -277,15 +277,19 @@ fn list_roots(roots: &[PathBuf]) -> String {
         .join(", ")
 }
 
-/// Refuses `.rollback/` (any case) at the top of a root, and the runtime's temporary names.
+/// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary
+/// names. Only the top one of a root holds its snapshots, but a deeper one may be another
+/// root's seen through a bind mount, so the name is refused wherever it appears.
 pub fn check_reserved(rel: &RelPath) -> Verdict {
-    if let Some(first) = rel.components().first()
-        && first.eq_ignore_ascii_case(ROLLBACK_DIR)
+    if rel
+        .components()
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(ROLLBACK_DIR))
     {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
-                "the path {} is inside '.rollback/', which holds snapshots and is never writable by actions",
+                "the path {} has a '.rollback' component: that name holds snapshots and is never writable by actions, at any depth",
                 shown_path(&rel.as_string())
             ),
         ));

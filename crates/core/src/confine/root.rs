@@ -15,7 +15,6 @@ use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncEx
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt, OpenOptions, OpenOptionsExt};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 
 /// Mode of every file the runtime creates: never an execute bit.
@@ -56,34 +55,63 @@ pub struct TargetInfo {
 pub struct SandboxRoot {
     path: PathBuf,
     dir: Dir,
+    /// The root directory's `(st_dev, st_ino)`.
+    id: (u64, u64),
+    /// The same for every directory the root was reached through, `/` first: where the
+    /// root really lies, whatever symlinks its configured path names.
+    ancestry: Vec<(u64, u64)>,
+}
+
+/// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
+const ANCESTOR_HOPS: usize = 40;
+
+/// A directory on the way down to a root: the path it was reached by (symlinks
+/// resolved), its handle and its identity.
+struct Ancestor {
+    path: PathBuf,
+    dir: Dir,
+    id: (u64, u64),
 }
 
 impl SandboxRoot {
     /// Opens (and, with `create`, first creates) a root, refusing one that is a symlink,
     /// not a directory, owned by another user, or writable by others without the sticky
-    /// bit. The handle is checked to be the very directory that was inspected.
+    /// bit.
+    ///
+    /// The path is walked from `/` one directory handle at a time, and each directory
+    /// above the root (existing or created here) must be owned by root or by this
+    /// process's user and writable only by its owner unless it has the sticky bit;
+    /// otherwise whoever controls it could swap the root for a directory of theirs. A
+    /// symlink on the way is followed only when it is owned by root or by this user,
+    /// and what it leads to is checked the same way. Each check is made on the open
+    /// handle that the walk then descends from, so nothing can be swapped in between.
     pub fn open(path: &Path, create: bool) -> Result<Self, String> {
         let shown = path.display();
         if !path.is_absolute() {
             return Err(format!("root {shown} is not an absolute path"));
         }
-        if path_strings(path).iter().any(|c| c == "..") {
+        let names = path_strings(path);
+        if names.iter().any(|c| c == "..") {
             return Err(format!("root {shown} contains '..'"));
         }
-        if path.parent().is_none() {
+        let Some((name, above)) = names.split_last() else {
             return Err(format!(
                 "root {shown} is the filesystem root; a sandbox root must be a dedicated directory"
             ));
-        }
-        let meta = match std::fs::symlink_metadata(path) {
+        };
+        let euid = rustix::process::geteuid().as_raw();
+        let chain = open_ancestors(path, above, create, euid)?;
+        let parent = chain
+            .last()
+            .ok_or_else(|| format!("root {shown} has no parent directory"))?;
+        let meta = match parent.dir.symlink_metadata(name) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(DIR_MODE)
-                    .create(path)
+                make_dir(&parent.dir, name)
                     .map_err(|e| format!("root {shown} cannot be created: {e}"))?;
-                std::fs::symlink_metadata(path)
+                parent
+                    .dir
+                    .symlink_metadata(name)
                     .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?
             }
             Err(e) => return Err(format!("root {shown} cannot be inspected: {e}")),
@@ -96,20 +124,11 @@ impl SandboxRoot {
         if !meta.is_dir() {
             return Err(format!("root {shown} is not a directory"));
         }
-        let euid = rustix::process::geteuid().as_raw();
-        if meta.uid() != euid {
-            return Err(format!(
-                "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
-                meta.uid()
-            ));
-        }
-        if meta.mode() & 0o002 != 0 && meta.mode() & 0o1000 == 0 {
-            return Err(format!(
-                "root {shown} is writable by other users and has no sticky bit"
-            ));
-        }
-        let dir = Dir::open_ambient_dir(path, ambient_authority())
+        let dir = parent
+            .dir
+            .open_dir_nofollow(name)
             .map_err(|e| format!("root {shown} cannot be opened: {e}"))?;
+        // From here on only the open handle counts: the checks are made on it.
         let opened = dir
             .dir_metadata()
             .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?;
@@ -118,10 +137,29 @@ impl SandboxRoot {
                 "root {shown} changed while it was being opened; refusing it"
             ));
         }
+        if opened.uid() != euid {
+            return Err(format!(
+                "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
+                opened.uid()
+            ));
+        }
+        if opened.mode() & 0o002 != 0 && opened.mode() & 0o1000 == 0 {
+            return Err(format!(
+                "root {shown} is writable by other users and has no sticky bit"
+            ));
+        }
         Ok(Self {
             path: path.to_path_buf(),
             dir,
+            id: (opened.dev(), opened.ino()),
+            ancestry: chain.iter().map(|a| a.id).collect(),
         })
+    }
+
+    /// Whether `other` lies inside this root (or is the same directory), judged by the
+    /// directories both were really reached through, not by their configured paths.
+    pub fn contains(&self, other: &SandboxRoot) -> bool {
+        self.id == other.id || other.ancestry.contains(&self.id)
     }
 
     /// The configured path.
@@ -815,7 +853,159 @@ pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
     Ok(removed)
 }
 
-fn not_a_directory(comps: &[String]) -> Refusal {
+/// The first pair of roots `(outer, inner)` where `inner` is `outer` or lies inside it
+/// (see [`SandboxRoot::contains`]). The configuration compares the paths as written; this
+/// catches the overlaps that symlinks hide.
+pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
+    roots.iter().enumerate().find_map(|(i, outer)| {
+        roots
+            .iter()
+            .enumerate()
+            .find(|&(j, inner)| i != j && outer.contains(inner))
+            .map(|(j, _)| (i, j))
+    })
+}
+
+/// Walks from `/` to the directory that holds `root` (whose components above it are
+/// `names`), checking each directory on the way (see [`SandboxRoot::open`]) and, with
+/// `create`, making the missing ones. Returns the chain of real directories, `/` first.
+fn open_ancestors(
+    root: &Path,
+    names: &[String],
+    create: bool,
+    euid: u32,
+) -> Result<Vec<Ancestor>, String> {
+    let shown = root.display();
+    let top = PathBuf::from("/");
+    let dir = Dir::open_ambient_dir(&top, ambient_authority())
+        .map_err(|e| format!("root {shown} cannot be reached: / cannot be opened: {e}"))?;
+    let mut chain = vec![checked_ancestor(root, top, dir, euid)?];
+    let mut pending: std::collections::VecDeque<String> = names.iter().cloned().collect();
+    let mut hops = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            // The chain holds real directories only, so its previous entry is the parent.
+            if chain.len() > 1 {
+                chain.pop();
+            }
+            continue;
+        }
+        let parent = chain
+            .last()
+            .ok_or_else(|| format!("root {shown} cannot be reached"))?;
+        let here = parent.path.join(&name);
+        let meta = match parent.dir.symlink_metadata(&name) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                make_dir(&parent.dir, &name).map_err(|e| {
+                    format!(
+                        "root {shown} cannot be created: its parent {} cannot be created: {e}",
+                        here.display()
+                    )
+                })?;
+                parent.dir.symlink_metadata(&name).map_err(|e| {
+                    format!(
+                        "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                        here.display()
+                    )
+                })?
+            }
+            Err(e) => {
+                return Err(format!(
+                    "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                    here.display()
+                ));
+            }
+        };
+        if meta.file_type().is_symlink() {
+            if meta.uid() != 0 && meta.uid() != euid {
+                return Err(format!(
+                    "root {shown} is refused: {} above it is a symbolic link owned by uid {}; a symbolic link above a root must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
+                    here.display(),
+                    meta.uid()
+                ));
+            }
+            hops += 1;
+            if hops > ANCESTOR_HOPS {
+                return Err(format!(
+                    "root {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
+                ));
+            }
+            let target = parent.dir.read_link_contents(&name).map_err(|e| {
+                format!(
+                    "root {shown} cannot be inspected: the symbolic link {} above it cannot be read: {e}",
+                    here.display()
+                )
+            })?;
+            if target.is_absolute() {
+                chain.truncate(1);
+            }
+            for comp in path_strings(&target).into_iter().rev() {
+                pending.push_front(comp);
+            }
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(format!(
+                "root {shown} cannot be used: {} above it is not a directory",
+                here.display()
+            ));
+        }
+        let dir = parent.dir.open_dir_nofollow(&name).map_err(|e| {
+            format!(
+                "root {shown} cannot be opened: its parent {} cannot be opened: {e}",
+                here.display()
+            )
+        })?;
+        chain.push(checked_ancestor(root, here, dir, euid)?);
+    }
+    Ok(chain)
+}
+
+/// Checks a directory above `root` on its open handle: owned by root or by `euid`, and
+/// writable only by its owner unless it has the sticky bit.
+fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<Ancestor, String> {
+    let shown = root.display();
+    let m = dir.dir_metadata().map_err(|e| {
+        format!(
+            "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+            path.display()
+        )
+    })?;
+    let (uid, mode) = (m.uid(), m.mode() & 0o7777);
+    if uid != 0 && uid != euid {
+        return Err(format!(
+            "root {shown} is refused: the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a root must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the root for a directory of theirs",
+            path.display()
+        ));
+    }
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(format!(
+            "root {shown} is refused: the directory {} above it (owner uid {uid}, mode {mode:04o}) is writable by its group or by other users and has no sticky bit; a directory above a root must be writable only by its owner, or carry the sticky bit as /tmp does, or others could swap the root for a directory of theirs",
+            path.display()
+        ));
+    }
+    Ok(Ancestor {
+        path,
+        dir,
+        id: (m.dev(), m.ino()),
+    })
+}
+
+/// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
+/// to inspect like any existing one.
+fn make_dir(parent: &Dir, name: &str) -> io::Result<()> {
+    let mut builder = DirBuilder::new();
+    builder.mode(DIR_MODE);
+    match parent.create_dir_with(name, &builder) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
+/// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
+/// validation gives the same answer for a parent an earlier action makes a file.
+pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
     Refusal::new(
         ReasonCode::NotFound,
         format!(

@@ -332,9 +332,23 @@ fn rollback_dir_is_reserved_in_any_case() {
 }
 
 #[test]
-fn rollback_name_below_the_top_is_not_reserved() {
-    assert!(check_reserved(&rel("notes/.rollback/x.txt")).is_ok());
-    assert!(check_reserved(&rel(".rollbacks/x.txt")).is_ok());
+fn rollback_name_is_reserved_at_any_depth() {
+    for p in [
+        "notes/.rollback/x.txt",
+        "inner/B/.ROLLBACK/wf/a1/backup",
+        "a/b/.RollBack",
+    ] {
+        let err = check_reserved(&rel(p)).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::ReservedPath, "{p:?}");
+        assert!(err.reason.contains(&format!("'{p}'")), "{}", err.reason);
+    }
+    for p in [
+        ".rollbacks/x.txt",
+        "notes/.rollback-old/x.txt",
+        "notes/x.rollback",
+    ] {
+        assert!(check_reserved(&rel(p)).is_ok(), "{p:?}");
+    }
 }
 
 #[test]

@@ -1,11 +1,11 @@
 //! `SandboxRoot` on real directories: symlinks, hard links, special files, modes.
 
-use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::confine::path::TEMP_MARKER;
 use ailab_sandbox_core::confine::root::{DIR_MODE, FILE_MODE, remove_temp_files};
 use ailab_sandbox_core::confine::{
     MAX_PATH_DEPTH, RelPath, SandboxRoot, TargetKind, resolve_sandbox_path,
 };
+use ailab_sandbox_core::{Config, ReasonCode, Sandbox};
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -136,6 +136,223 @@ fn open_refuses_a_root_owned_by_another_user() {
     assert!(err.contains("owned by uid"), "{err}");
 }
 
+/// A uid that is not this process's.
+fn other_uid() -> u32 {
+    if rustix::process::geteuid().as_raw() == 65534 {
+        65533
+    } else {
+        65534
+    }
+}
+
+/// Gives `p` (not following a symlink) to another user; `false` when this process is not
+/// privileged enough to, in which case the fixture cannot be built.
+fn give_away(p: &Path) -> bool {
+    match std::os::unix::fs::lchown(p, Some(other_uid()), None) {
+        Ok(()) => true,
+        Err(e) => {
+            assert_ne!(rustix::process::geteuid().as_raw(), 0, "{e}");
+            false
+        }
+    }
+}
+
+fn chmod(p: &Path, mode: u32) {
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn open_refuses_a_root_below_a_directory_owned_by_another_user() {
+    let tmp = TempDir::new().unwrap();
+    let foreign = tmp.path().join("foreign");
+    mkdir_755(&foreign);
+    mkdir_755(&foreign.join("root"));
+    if !give_away(&foreign) {
+        return;
+    }
+    let shown = foreign.display().to_string();
+    for (root, create) in [
+        (foreign.join("root"), false),
+        (foreign.join("new/deeper/root"), true),
+    ] {
+        let err = SandboxRoot::open(&root, create).unwrap_err();
+        assert!(err.contains(&shown), "{err}");
+        assert!(
+            err.contains(&format!("owned by uid {}", other_uid())),
+            "{err}"
+        );
+        assert!(err.contains("mode 0755"), "{err}");
+        assert!(
+            err.contains("must be owned by root (uid 0) or by this process's uid"),
+            "{err}"
+        );
+    }
+    assert!(!foreign.join("new").exists(), "nothing created beneath it");
+}
+
+#[test]
+fn open_refuses_a_root_below_a_group_or_world_writable_directory_without_sticky_bit() {
+    let tmp = TempDir::new().unwrap();
+    let shared = tmp.path().join("shared");
+    mkdir_755(&shared);
+    mkdir_755(&shared.join("root"));
+    for mode in [0o777, 0o775, 0o757] {
+        chmod(&shared, mode);
+        for (root, create) in [
+            (shared.join("root"), false),
+            (shared.join("new/root"), true),
+        ] {
+            let err = SandboxRoot::open(&root, create).unwrap_err();
+            assert!(err.contains(&shared.display().to_string()), "{err}");
+            assert!(err.contains(&format!("mode {mode:04o}")), "{err}");
+            assert!(err.contains("sticky bit"), "{err}");
+        }
+        assert!(!shared.join("new").exists(), "nothing created beneath it");
+    }
+    // Like /tmp: others may add entries but not move or remove this process's.
+    chmod(&shared, 0o1777);
+    SandboxRoot::open(&shared.join("root"), false).unwrap();
+    SandboxRoot::open(&shared.join("new/root"), true).unwrap();
+}
+
+#[test]
+fn open_accepts_root_owned_ancestors() {
+    // / and /tmp (or wherever the temporary directory lives) belong to root or to us.
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    mkdir_755(&root);
+    SandboxRoot::open(&root, false).unwrap();
+}
+
+#[test]
+fn open_follows_a_symlinked_ancestor_and_checks_where_it_leads() {
+    let tmp = TempDir::new().unwrap();
+    let real = tmp.path().join("real");
+    mkdir_755(&real);
+    mkdir_755(&real.join("root"));
+    symlink(&real, tmp.path().join("abs")).unwrap();
+    symlink("real", tmp.path().join("rel")).unwrap();
+    mkdir_755(&tmp.path().join("sub"));
+    symlink("../real", tmp.path().join("sub/up")).unwrap();
+    let through = [
+        tmp.path().join("abs/root"),
+        tmp.path().join("rel/root"),
+        tmp.path().join("sub/up/root"),
+    ];
+    for root in &through {
+        let opened = SandboxRoot::open(root, false).unwrap();
+        assert_eq!(opened.path(), root.as_path(), "the configured path is kept");
+        opened
+            .write_atomic(&rel("seen.txt"), b"x", FILE_MODE, false, false)
+            .unwrap();
+        assert!(real.join("root/seen.txt").exists());
+        fs::remove_file(real.join("root/seen.txt")).unwrap();
+    }
+    // The directory a link leads to is checked as if it were named.
+    chmod(&real, 0o777);
+    for root in &through {
+        let err = SandboxRoot::open(root, false).unwrap_err();
+        assert!(err.contains(&real.display().to_string()), "{err}");
+        assert!(err.contains("mode 0777"), "{err}");
+    }
+}
+
+#[test]
+fn open_refuses_a_symlinked_ancestor_owned_by_another_user() {
+    let tmp = TempDir::new().unwrap();
+    let real = tmp.path().join("real");
+    mkdir_755(&real);
+    mkdir_755(&real.join("root"));
+    let link = tmp.path().join("theirs");
+    symlink(&real, &link).unwrap();
+    if !give_away(&link) {
+        return;
+    }
+    let err = SandboxRoot::open(&link.join("root"), false).unwrap_err();
+    assert!(err.contains(&link.display().to_string()), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(
+        err.contains(&format!("owned by uid {}", other_uid())),
+        "{err}"
+    );
+    assert!(
+        err.contains("must be owned by root (uid 0) or by this process's uid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn open_refuses_an_ancestor_symlink_loop_without_hanging() {
+    let tmp = TempDir::new().unwrap();
+    symlink("loop2", tmp.path().join("loop1")).unwrap();
+    symlink("loop1", tmp.path().join("loop2")).unwrap();
+    let err = SandboxRoot::open(&tmp.path().join("loop1/root"), true).unwrap_err();
+    assert!(err.contains("symbolic links"), "{err}");
+}
+
+#[test]
+fn open_refuses_an_ancestor_that_is_a_file() {
+    let tmp = TempDir::new().unwrap();
+    let file = tmp.path().join("f.txt");
+    fs::write(&file, b"x").unwrap();
+    let err = SandboxRoot::open(&file.join("root"), true).unwrap_err();
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    assert!(err.contains("not a directory"), "{err}");
+}
+
+#[test]
+fn roots_nested_through_a_symlink_are_refused_at_start_up() {
+    let tmp = TempDir::new().unwrap();
+    let a = tmp.path().join("A");
+    mkdir_755(&a);
+    mkdir_755(&a.join("inner"));
+    symlink(a.join("inner"), tmp.path().join("lnk")).unwrap();
+    symlink(tmp.path(), tmp.path().join("alias")).unwrap();
+    let state = tmp.path().join("state");
+    for (outer, inner) in [
+        (a.clone(), tmp.path().join("lnk/B")),
+        (a.clone(), tmp.path().join("alias/A")),
+        (a.clone(), tmp.path().join("alias/A/inner/C")),
+    ] {
+        for roots in [
+            vec![outer.clone(), inner.clone()],
+            vec![inner.clone(), outer.clone()],
+        ] {
+            let err = Sandbox::open(Config::with_roots(roots.clone(), state.clone()))
+                .err()
+                .unwrap_or_else(|| panic!("{roots:?} were accepted"))
+                .to_string();
+            assert!(err.contains("overlap"), "{err}");
+            assert!(err.contains(&format!("{} ", outer.display())), "{err}");
+            assert!(err.contains(&format!("{} ", inner.display())), "{err}");
+        }
+    }
+    assert!(!a.join(".rollback").exists(), "no root was used");
+    // Siblings reached through a symlink do not overlap.
+    mkdir_755(&tmp.path().join("other"));
+    symlink(tmp.path().join("other"), tmp.path().join("lnk2")).unwrap();
+    let roots = vec![a.clone(), tmp.path().join("lnk2/B")];
+    let sb = Sandbox::open(Config::with_roots(roots, state)).unwrap();
+    assert_eq!(sb.roots().len(), 2);
+}
+
+#[test]
+fn contains_compares_real_directories_not_paths() {
+    let tmp = TempDir::new().unwrap();
+    let a = tmp.path().join("A");
+    mkdir_755(&a);
+    mkdir_755(&a.join("inner"));
+    symlink(a.join("inner"), tmp.path().join("lnk")).unwrap();
+    let outer = SandboxRoot::open(&a, false).unwrap();
+    let inner = SandboxRoot::open(&tmp.path().join("lnk/B"), true).unwrap();
+    let prefix_sibling = SandboxRoot::open(&tmp.path().join("AB"), true).unwrap();
+    assert!(outer.contains(&inner));
+    assert!(!inner.contains(&outer));
+    assert!(outer.contains(&SandboxRoot::open(&a, false).unwrap()));
+    assert!(!outer.contains(&prefix_sibling));
+    assert!(!prefix_sibling.contains(&outer));
+}
+
 #[test]
 fn open_creates_a_missing_root_with_mode_0755() {
     let tmp = TempDir::new().unwrap();
@@ -143,7 +360,11 @@ fn open_creates_a_missing_root_with_mode_0755() {
     let root = SandboxRoot::open(&dir, true).unwrap();
     assert!(dir.is_dir());
     assert_eq!(root.path(), dir.as_path());
-    assert_eq!(mode_of(&dir) & !DIR_MODE, 0, "mode {:o}", mode_of(&dir));
+    for d in [tmp.path().join("a"), tmp.path().join("a/b"), dir.clone()] {
+        assert_eq!(mode_of(&d) & !DIR_MODE, 0, "{d:?}: mode {:o}", mode_of(&d));
+        let uid = fs::metadata(&d).unwrap().uid();
+        assert_eq!(uid, rustix::process::geteuid().as_raw(), "{d:?}");
+    }
 }
 
 #[test]

@@ -342,6 +342,127 @@ fn later_actions_see_earlier_actions_of_the_plan() {
     assert!(!w.path("m.md").exists(), "a blocked plan writes nothing");
 }
 
+/// The reason a plan gets for `path` when the tree already holds what an earlier action
+/// of another plan left there: validation must answer the same within one plan.
+fn refusal_on_disk(
+    w: &World,
+    setup: serde_json::Value,
+    action: serde_json::Value,
+) -> (String, String) {
+    let sb = w.sandbox();
+    assert_eq!(status(&run(&sb, json!({"actions": [setup]}))), "success");
+    let r = run(&sb, json!({"actions": [action]}));
+    assert_eq!(status(&r), "blocked", "{:?}", r.actions);
+    (code(&r, 0).unwrap(), r.actions[0].reason.clone().unwrap())
+}
+
+#[test]
+fn a_file_created_earlier_in_the_plan_is_no_parent_for_a_later_action() {
+    for (second, refused_parent) in [
+        (
+            json!({"intent": "create_file", "path": "x.txt/y.txt", "content": "y"}),
+            "x.txt",
+        ),
+        (
+            json!({"intent": "append_file", "path": "x.txt/a/b.txt", "content": "y"}),
+            "x.txt",
+        ),
+        (
+            json!({"intent": "create_directory", "path": "x.txt/d"}),
+            "x.txt",
+        ),
+        (
+            json!({"intent": "create_file", "path": "n/x.txt/y.txt", "content": "y"}),
+            "n/x.txt",
+        ),
+    ] {
+        let first_path = refused_parent;
+        let w = World::new();
+        let sb = w.sandbox();
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_parent", "actions": [
+                {"intent": "create_file", "path": first_path, "content": "x"}, second.clone()]}),
+        );
+        assert_eq!(status(&r), "blocked", "{second}: {:?}", r.actions);
+        assert_eq!(action_status(&r, 0), "skipped");
+        assert_eq!(code(&r, 1).as_deref(), Some("not_found"), "{second}");
+        let reason = r.actions[1].reason.clone().unwrap();
+        assert!(
+            reason.contains(&format!("'{refused_parent}' is not a directory")),
+            "{second}: {reason}"
+        );
+        assert!(w.tree().is_empty(), "nothing written: {:?}", w.tree());
+        assert!(
+            !w.root.join(".rollback/wf_parent").exists(),
+            "no snapshot taken"
+        );
+        let audit = sb.audit_entries(10, Some("wf_parent")).unwrap();
+        assert!(
+            audit
+                .iter()
+                .all(|e| serde_json::to_value(e.status).unwrap() == json!("blocked")),
+            "{audit:?}"
+        );
+        drop(sb);
+        // The same answer as when the file is already on disk.
+        let disk = World::new();
+        let on_disk = refusal_on_disk(
+            &disk,
+            json!({"intent": "create_file", "path": first_path, "content": "x"}),
+            second.clone(),
+        );
+        assert_eq!(on_disk, ("not_found".to_owned(), reason), "{second}");
+    }
+}
+
+#[test]
+fn a_directory_created_earlier_in_the_plan_is_no_place_for_a_later_file() {
+    for (first, second) in [
+        (
+            json!({"intent": "create_directory", "path": "a.txt/b"}),
+            json!({"intent": "create_file", "path": "a.txt", "content": "x"}),
+        ),
+        (
+            json!({"intent": "create_file", "path": "a.txt/b.md/c.txt", "content": "c"}),
+            json!({"intent": "append_file", "path": "a.txt/b.md", "content": "x"}),
+        ),
+        (
+            json!({"intent": "create_directory", "path": "d.json"}),
+            json!({"intent": "write_json", "path": "d.json", "data": {"k": 1}}),
+        ),
+    ] {
+        let w = World::new();
+        let sb = w.sandbox();
+        let r = run(&sb, json!({"actions": [first.clone(), second.clone()]}));
+        assert_eq!(status(&r), "blocked", "{second}: {:?}", r.actions);
+        assert_eq!(action_status(&r, 0), "skipped");
+        assert_eq!(code(&r, 1).as_deref(), Some("not_regular_file"), "{second}");
+        assert!(w.tree().is_empty(), "nothing written: {:?}", w.tree());
+        drop(sb);
+        let disk = World::new();
+        let (on_disk, _) = refusal_on_disk(&disk, first, second.clone());
+        assert_eq!(on_disk, "not_regular_file", "{second}");
+    }
+}
+
+#[test]
+fn a_rollback_folder_below_the_top_is_never_written() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [
+        {"intent": "create_directory", "path": "inner"},
+        {"intent": "create_file", "path": "inner/B/.Rollback/wf/a1/backup.txt", "content": "forged"},
+        {"intent": "create_directory", "path": "notes/.rollback"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{:?}", r.actions);
+    assert_eq!(code(&r, 1).as_deref(), Some("reserved_path"));
+    assert_eq!(code(&r, 2).as_deref(), Some("reserved_path"));
+    assert!(w.tree().is_empty(), "nothing written: {:?}", w.tree());
+}
+
 #[test]
 fn artifact_and_audit_records_match_the_write() {
     let w = World::new();

@@ -139,6 +139,50 @@ fn blocked_plan_names_every_refused_action_and_writes_nothing() {
 }
 
 #[test]
+fn blocked_entries_name_their_target_as_written_entries_do() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let note = w.path("n/a.txt").display().to_string();
+    let unit = w.path("n/u.service").display().to_string();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_tp", "actions": [
+        {"intent": "create_file", "path": "n/a.txt", "content": "x", "description": "chmod +x it"},
+        {"intent": "create_file", "path": unit, "content": "[Unit]"},
+        {"intent": "create_file", "path": "../escape.txt", "content": "x"},
+        {"intent": "create_file", "path": "/elsewhere/f.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_tp", "actions": [
+        {"intent": "create_file", "path": "n/a.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let mut by_target: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for e in sb.audit_entries(20, Some("wf_tp")).unwrap() {
+        let status = serde_json::to_value(e.status).unwrap();
+        by_target
+            .entry(e.target_path)
+            .or_default()
+            .push(status.as_str().unwrap().to_owned());
+    }
+    for statuses in by_target.values_mut() {
+        statuses.sort();
+    }
+    let expected: std::collections::BTreeMap<String, Vec<String>> = [
+        (note, vec!["blocked".to_owned(), "success".to_owned()]),
+        (unit, vec!["blocked".to_owned()]),
+        // Paths that name no place in a root keep the string as given.
+        ("../escape.txt".to_owned(), vec!["blocked".to_owned()]),
+        ("/elsewhere/f.txt".to_owned(), vec!["blocked".to_owned()]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(by_target, expected);
+}
+
+#[test]
 fn chmod_description_blocks_the_action() {
     let w = World::new();
     let sb = w.sandbox();
