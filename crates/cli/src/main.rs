@@ -105,7 +105,7 @@ enum Command {
         /// Bearer token every route requires (AI_LAB_SANDBOX_TOKEN).
         #[arg(long)]
         token: Option<String>,
-        /// Largest request body in bytes (default 4 MiB).
+        /// Largest request body in bytes (default 64 MiB).
         #[arg(long, value_name = "BYTES")]
         max_body_bytes: Option<usize>,
     },

@@ -75,8 +75,9 @@ pub use guard::constant_time_eq;
 pub use routes::OPENMETRICS_CONTENT_TYPE;
 pub use server::{ServeError, ServeOptions, check_exposure, resolve_addr, run, serve};
 
-/// Default largest request body: 4 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Default largest request body: 64 MiB, the configuration's default, so that every plan
+/// the catalog and the default workflow budget allow fits once JSON-escaped.
+pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BODY_BYTES;
 
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);

@@ -24,7 +24,7 @@ pub struct ServeOptions {
     pub addr: String,
     /// Bearer token every route but `/healthz` then needs.
     pub token: Option<String>,
-    /// Largest request body, in bytes (default 4 MiB).
+    /// Largest request body, in bytes (default 64 MiB).
     pub body_limit_bytes: usize,
 }
 
