@@ -13,7 +13,7 @@
 //! | `POST /agentic/plans` | runs the plan in the body |
 //! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
 //! | `GET /metrics` | OpenMetrics text |
-//! | `GET /healthz` | `{"status": "ok"}` (never needs the token) |
+//! | `GET /healthz` | `{"status": "ok"}` |
 //!
 //! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
 //! 422 for `blocked` (nothing was written), 409 for `failed` and `rolled_back` (a
@@ -28,7 +28,7 @@
 //! `payload_too_large`, and 500 `io_error` / `internal_error` whose reason never carries
 //! internal detail (that goes to the log).
 //!
-//! Who may call: with a token, every route but `/healthz` needs
+//! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
 //! sent, and requests that carry `Origin` (or a cross-site `Sec-Fetch-Site`) are refused,
 //! so a web page cannot drive the runtime; without a token the `Host` must be a loopback
