@@ -8,7 +8,7 @@
 //! | `GET /agentic/executions?limit=50&workflow_id=` | audit entries, newest first |
 //! | `GET /agentic/executions/stats` | audit statistics |
 //! | `GET /agentic/artifacts?limit=50&workflow_id=` | artifacts, newest first |
-//! | `GET /agentic/artifacts/{id}` | `{"artifact", "lineage"}`; 404 `not_found` if unknown |
+//! | `GET /agentic/artifacts/{id}` | `{"artifact", "lineage"}`; 404 `not_found` if unknown or malformed |
 //! | `GET /agentic/rollback/{workflow_id}` | what a rollback would restore |
 //! | `POST /agentic/plans` | runs the plan in the body |
 //! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
@@ -23,10 +23,10 @@
 //! on `conflict` or a failed restore step, 404 on `no_rollback_data`, 400 on
 //! `invalid_id`, with the rollback report as body. Every other error is a JSON
 //! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
-//! 400 `invalid_id`, 401 `unauthorized`, 403 `forbidden_origin` / `forbidden_host`, 404
-//! `not_found`, 405 `method_not_allowed`, 408 `request_timeout`, 413
-//! `payload_too_large`, and 500 `io_error` / `internal_error` whose reason never carries
-//! internal detail (that goes to the log).
+//! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403
+//! `forbidden_origin` / `forbidden_host`, 404 `not_found`, 405 `method_not_allowed`, 408
+//! `request_timeout`, 413 `payload_too_large`, and 500 `io_error` / `internal_error`
+//! whose reason never carries internal detail (that goes to the log).
 //!
 //! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
