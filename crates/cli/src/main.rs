@@ -14,8 +14,9 @@ mod human;
 
 use ailab_sandbox_core::catalog::OPERATIONS;
 use ailab_sandbox_core::config::{Config, Overrides, RawConfig, env as envvars};
+use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
-use ailab_sandbox_core::{Refusal, Sandbox};
+use ailab_sandbox_core::{ReasonCode, Refusal, Sandbox};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
@@ -105,7 +106,7 @@ enum Command {
         /// Bearer token every route requires (AI_LAB_SANDBOX_TOKEN).
         #[arg(long)]
         token: Option<String>,
-        /// Largest request body in bytes (default 4 MiB).
+        /// Largest request body in bytes (default 64 MiB).
         #[arg(long, value_name = "BYTES")]
         max_body_bytes: Option<usize>,
     },
@@ -263,6 +264,21 @@ fn refusal_exit(json: bool, r: &Refusal, code: u8) -> Result<u8> {
     Ok(code)
 }
 
+/// The exit code of a refusal: a malformed id or plan is the caller's input error (2);
+/// anything else was refused on its merits (1).
+fn refused_exit_code(code: ReasonCode) -> u8 {
+    match code {
+        ReasonCode::InvalidId | ReasonCode::InvalidPlan => EXIT_USAGE,
+        _ => EXIT_REFUSED,
+    }
+}
+
+/// Checks an optional `--workflow` filter, so that a malformed one is an input error rather
+/// than a silently empty list.
+fn check_workflow_filter(workflow: Option<&str>) -> Result<(), Refusal> {
+    workflow.map_or(Ok(()), |w| check_id("workflow_id", w))
+}
+
 fn run(cli: Cli) -> Result<u8> {
     if let Command::Ops = cli.command {
         return ops(cli.json);
@@ -337,7 +353,7 @@ fn run(cli: Cli) -> Result<u8> {
             Ok(if report.is_success() || report.is_simulated() {
                 EXIT_OK
             } else {
-                EXIT_REFUSED
+                report.reason_code.map_or(EXIT_REFUSED, refused_exit_code)
             })
         }
         Command::Audit(a) => match a.sub {
@@ -360,6 +376,9 @@ fn run(cli: Cli) -> Result<u8> {
                 Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
             }
             None => {
+                if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
+                    return refusal_exit(json, &r, EXIT_USAGE);
+                }
                 let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
                 if json {
                     print_json(&entries)?
@@ -370,24 +389,34 @@ fn run(cli: Cli) -> Result<u8> {
             }
         },
         Command::Artifacts(a) => match a.sub {
-            Some(ArtifactSub::Show { id }) => match sandbox.artifact_with_lineage(&id)? {
-                Some((artifact, lineage)) => {
-                    if json {
-                        print_json(&serde_json::json!({"artifact": artifact, "lineage": lineage}))?;
-                    } else {
-                        human::artifact_show(&artifact, &lineage);
+            Some(ArtifactSub::Show { id }) => {
+                if let Err(r) = check_id("artifact_id", &id) {
+                    return refusal_exit(json, &r, EXIT_USAGE);
+                }
+                match sandbox.artifact_with_lineage(&id)? {
+                    Some((artifact, lineage)) => {
+                        if json {
+                            print_json(
+                                &serde_json::json!({"artifact": artifact, "lineage": lineage}),
+                            )?;
+                        } else {
+                            human::artifact_show(&artifact, &lineage);
+                        }
+                        Ok(EXIT_OK)
                     }
-                    Ok(EXIT_OK)
+                    None => {
+                        let r = Refusal::new(
+                            ReasonCode::NotFound,
+                            format!("no artifact has the id '{}'", id.escape_debug()),
+                        );
+                        refusal_exit(json, &r, EXIT_REFUSED)
+                    }
                 }
-                None => {
-                    let r = Refusal::new(
-                        ailab_sandbox_core::ReasonCode::NotFound,
-                        format!("no artifact has the id '{}'", id.escape_debug()),
-                    );
-                    refusal_exit(json, &r, EXIT_REFUSED)
-                }
-            },
+            }
             None => {
+                if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
+                    return refusal_exit(json, &r, EXIT_USAGE);
+                }
                 let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
                 if json {
                     print_json(&list)?

@@ -419,3 +419,42 @@ fn prune_parses_durations() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn malformed_ids_are_input_errors_exit_2() {
+    let e = env();
+    let cases: [&[&str]; 5] = [
+        &["rollback", "../etc"],
+        &["rollback", "wf_ok", "--action", "../x"],
+        &["artifacts", "show", "../x"],
+        &["artifacts", "--workflow", "a/b"],
+        &["audit", "--workflow", "has space"],
+    ];
+    for args in cases {
+        let out = e.cmd().arg("--json").args(args).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = json_out(&out);
+        assert_eq!(v["reason_code"], "invalid_id", "{args:?}: {v}");
+        let out = e.cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("invalid_id"), "{args:?}: {said}");
+    }
+    // A well-formed id that names nothing is a refusal, not an input error.
+    let out = e
+        .cmd()
+        .args(["--json", "rollback", "wf_unknown"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_out(&out)["reason_code"], "no_rollback_data");
+}

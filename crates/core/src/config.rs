@@ -131,8 +131,14 @@ pub struct Overrides {
     pub max_body_bytes: Option<usize>,
 }
 
-/// Default largest HTTP request body (4 MiB).
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Default largest HTTP request body (64 MiB).
+///
+/// A plan travels as JSON, where a quote, backslash or newline of content takes two bytes
+/// and a control character six. 64 MiB carries a plan that fills the whole
+/// `MAX_WORKFLOW_BYTES` with text escaped at two bytes a byte, and one operation's 5 MiB
+/// content escaped at six, with room for the actions' other fields: no plan the catalog
+/// and the default budget allow is refused over HTTP when the CLI would take it.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Limits in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -11,9 +11,6 @@ use std::sync::Arc;
 
 use crate::error::{ApiError, codes};
 
-/// Routes served to anyone (liveness probes carry no token).
-const PUBLIC_PATHS: [&str; 1] = ["/healthz"];
-
 /// The expected token, kept only as its SHA-256 so that comparing takes the same time
 /// whatever the presented token's length or content.
 #[derive(Clone)]
@@ -138,12 +135,10 @@ pub(crate) fn is_loopback_host(host: &[u8]) -> bool {
         .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
-/// Middleware: refuses browser requests (403) and requests without the token (401),
-/// except on the public routes.
+/// Middleware: refuses browser requests (403) and requests without the token (401) on
+/// every route, `/healthz` included (SPEC §10), so that nothing answers a caller who does
+/// not hold the token.
 pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
-    if PUBLIC_PATHS.contains(&req.uri().path()) {
-        return next.run(req).await;
-    }
     if let Some(refusal) = browser_refusal(req.headers(), g.token_digest.is_some()) {
         return refusal.into_response();
     }

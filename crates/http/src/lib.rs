@@ -8,12 +8,12 @@
 //! | `GET /agentic/executions?limit=50&workflow_id=` | audit entries, newest first |
 //! | `GET /agentic/executions/stats` | audit statistics |
 //! | `GET /agentic/artifacts?limit=50&workflow_id=` | artifacts, newest first |
-//! | `GET /agentic/artifacts/{id}` | `{"artifact", "lineage"}`; 404 `not_found` if unknown |
+//! | `GET /agentic/artifacts/{id}` | `{"artifact", "lineage"}`; 404 `not_found` if unknown or malformed |
 //! | `GET /agentic/rollback/{workflow_id}` | what a rollback would restore |
 //! | `POST /agentic/plans` | runs the plan in the body |
 //! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
 //! | `GET /metrics` | OpenMetrics text |
-//! | `GET /healthz` | `{"status": "ok"}` (never needs the token) |
+//! | `GET /healthz` | `{"status": "ok"}` |
 //!
 //! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
 //! 422 for `blocked` (nothing was written), 409 for `failed` and `rolled_back` (a
@@ -23,12 +23,12 @@
 //! on `conflict` or a failed restore step, 404 on `no_rollback_data`, 400 on
 //! `invalid_id`, with the rollback report as body. Every other error is a JSON
 //! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
-//! 400 `invalid_id`, 401 `unauthorized`, 403 `forbidden_origin` / `forbidden_host`, 404
-//! `not_found`, 405 `method_not_allowed`, 408 `request_timeout`, 413
-//! `payload_too_large`, and 500 `io_error` / `internal_error` whose reason never carries
-//! internal detail (that goes to the log).
+//! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403
+//! `forbidden_origin` / `forbidden_host`, 404 `not_found`, 405 `method_not_allowed`, 408
+//! `request_timeout`, 413 `payload_too_large`, and 500 `io_error` / `internal_error`
+//! whose reason never carries internal detail (that goes to the log).
 //!
-//! Who may call: with a token, every route but `/healthz` needs
+//! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
 //! sent, and requests that carry `Origin` (or a cross-site `Sec-Fetch-Site`) are refused,
 //! so a web page cannot drive the runtime; without a token the `Host` must be a loopback
@@ -75,8 +75,9 @@ pub use guard::constant_time_eq;
 pub use routes::OPENMETRICS_CONTENT_TYPE;
 pub use server::{ServeError, ServeOptions, check_exposure, resolve_addr, run, serve};
 
-/// Default largest request body: 4 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Default largest request body: 64 MiB, the configuration's default, so that every plan
+/// the catalog and the default workflow budget allow fits once JSON-escaped.
+pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BODY_BYTES;
 
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);

@@ -6,6 +6,7 @@ use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
@@ -140,13 +141,31 @@ pub(crate) async fn artifacts(
     Ok(Json(entries).into_response())
 }
 
-/// `GET /agentic/artifacts/{id}`: the artifact and its lineage, 404 if unknown.
+/// `GET /agentic/artifacts/{id}`: the artifact and its lineage, 404 if unknown. An id that
+/// no artifact can have (malformed, or not UTF-8 once decoded) is unknown as well: SPEC §10
+/// answers this route with 404 whatever makes the id name nothing.
 pub(crate) async fn artifact(
     State(s): State<AppState>,
+    uri: Uri,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let id = path_param(id)?;
-    check_id("artifact_id", &id).map_err(ApiError::from_refusal)?;
+    let id = match id {
+        Ok(Path(id)) => id,
+        // Still percent-encoded, the segment is printable and names the bytes sent.
+        Err(PathRejection::FailedToDeserializePathParams(e))
+            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+        {
+            uri.path().rsplit('/').next().unwrap_or_default().to_owned()
+        }
+        Err(e) => return Err(ApiError::bad_request(e.body_text())),
+    };
+    if let Err(r) = check_id("artifact_id", &id) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            codes::NOT_FOUND,
+            format!("no artifact has that id: {}", r.reason),
+        ));
+    }
     let sb = s.sandbox;
     let lookup = id.clone();
     let found = blocking(move || sb.artifact_with_lineage(&lookup))

@@ -22,9 +22,9 @@ const MAX_BLOCKING_THREADS: usize = 64;
 pub struct ServeOptions {
     /// `host:port` to listen on (default `127.0.0.1:8787`).
     pub addr: String,
-    /// Bearer token every route but `/healthz` then needs.
+    /// Bearer token every route then needs.
     pub token: Option<String>,
-    /// Largest request body, in bytes (default 4 MiB).
+    /// Largest request body, in bytes (default 64 MiB).
     pub body_limit_bytes: usize,
 }
 

@@ -1,8 +1,8 @@
 //! Configuration: TOML parsing, precedence flag > env > file > defaults, validation.
 
 use ailab_sandbox_core::config::{
-    Config, ConfigError, DEFAULT_ADDR, DEFAULT_ROOTS, DEFAULT_STATE_DIR, Durability, Overrides,
-    RawConfig, env,
+    Config, ConfigError, DEFAULT_ADDR, DEFAULT_MAX_BODY_BYTES, DEFAULT_ROOTS, DEFAULT_STATE_DIR,
+    Durability, MAX_WORKFLOW_BYTES, Overrides, RawConfig, env,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -406,7 +406,7 @@ fn max_body_bytes_flag_beats_file_and_is_range_checked() {
         resolve(None, &[], &Overrides::default())
             .unwrap()
             .max_body_bytes,
-        4 * 1024 * 1024
+        DEFAULT_MAX_BODY_BYTES
     );
     let err = resolve(
         Some("[server]\nmax_body_bytes = 10\n"),
@@ -415,4 +415,19 @@ fn max_body_bytes_flag_beats_file_and_is_range_checked() {
     )
     .unwrap_err();
     assert!(err.0.contains("max_body_bytes = 10"), "{}", err.0);
+}
+
+#[test]
+fn default_body_limit_carries_every_plan_the_catalog_allows() {
+    // JSON escaping makes a text byte at most two bytes on the wire (quote, backslash,
+    // newline) and a control character six; the rest of an action (path, ids) is small.
+    const ACTION_FIELDS: u64 = 64 * 1024;
+    let limit = DEFAULT_MAX_BODY_BYTES as u64;
+    let budget = ailab_sandbox_core::config::MAX_ARTIFACTS_PER_WORKFLOW * ACTION_FIELDS;
+    assert!(limit >= 2 * MAX_WORKFLOW_BYTES + budget, "{limit}");
+    for op in ailab_sandbox_core::catalog::OPERATIONS.iter() {
+        let max = op.max_size_bytes.unwrap_or(0);
+        assert!(limit >= 6 * max + ACTION_FIELDS, "{}: {max}", op.name);
+    }
+    assert_eq!(Config::default().max_body_bytes, DEFAULT_MAX_BODY_BYTES);
 }

@@ -11,6 +11,7 @@ mod exec_pipeline;
 mod governance;
 mod journal;
 mod kernel;
+mod lint_bans;
 mod permissions;
 mod properties;
 mod race;

@@ -13,9 +13,10 @@ fn with_token() -> Env {
 }
 
 #[tokio::test]
-async fn every_route_but_healthz_needs_the_token() {
+async fn every_route_needs_the_token() {
     let e = with_token();
     let routes = [
+        (Method::GET, "/healthz"),
         (Method::GET, "/agentic/state"),
         (Method::GET, "/agentic/executions"),
         (Method::GET, "/agentic/executions/stats"),
@@ -36,7 +37,9 @@ async fn every_route_but_healthz_needs_the_token() {
             "{m} {uri}"
         );
     }
-    assert_eq!(get(&e.app, "/healthz").await.status, StatusCode::OK);
+    let r = get_auth(&e.app, "/healthz", TOKEN).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json(), serde_json::json!({"status": "ok"}));
 }
 
 #[tokio::test]

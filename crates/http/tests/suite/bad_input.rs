@@ -189,18 +189,27 @@ async fn rollback_of_an_unknown_workflow_is_404() {
 }
 
 #[tokio::test]
-async fn unknown_or_invalid_artifacts() {
+async fn unknown_or_malformed_artifact_ids_are_404() {
     let e = simulating();
     let v = get(&e.app, "/agentic/artifacts/art_doesnotexist")
         .await
         .assert_error(StatusCode::NOT_FOUND, "not_found");
     assert!(v["reason"].as_str().unwrap().contains("art_doesnotexist"));
-    get(&e.app, "/agentic/artifacts/..%2F..%2Fetc")
-        .await
-        .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
-    get(&e.app, "/agentic/artifacts/%FF%FE")
-        .await
-        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    // An id no artifact can have is unknown too (SPEC §10); the reason names it and
+    // says what ids look like.
+    for (uri, shown) in [
+        ("/agentic/artifacts/..%2F..%2Fetc", "../../etc"),
+        ("/agentic/artifacts/has%20space", "has space"),
+        ("/agentic/artifacts/-x", "-x"),
+        ("/agentic/artifacts/%FF%FE", "%FF%FE"),
+    ] {
+        let v = get(&e.app, uri)
+            .await
+            .assert_error(StatusCode::NOT_FOUND, "not_found");
+        let reason = v["reason"].as_str().unwrap();
+        assert!(reason.contains(shown), "{uri}: {reason}");
+        assert!(reason.contains("1 to 64 letters"), "{uri}: {reason}");
+    }
 }
 
 #[tokio::test]

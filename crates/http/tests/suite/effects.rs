@@ -272,3 +272,57 @@ async fn concurrent_plans_on_distinct_workflows() {
     let arts = get(&e.app, "/agentic/artifacts?limit=1000").await.json();
     assert_eq!(arts.as_array().unwrap().len(), 8);
 }
+
+/// The body limit `serve` uses when none is configured.
+fn default_limit() -> usize {
+    ailab_sandbox_core::Config::default().max_body_bytes
+}
+
+#[tokio::test]
+async fn a_report_over_four_mib_fits_the_default_body_limit() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: default_limit(),
+        ..Opts::default()
+    });
+    // 4.1 MiB of report text, under generate_report's 5 MiB, with quotes and newlines
+    // that JSON escaping makes longer on the wire.
+    let line = "| \"metric\" | value |\n";
+    let content = line.repeat((41 * 1024 * 1024 / 10) / line.len() + 1);
+    assert!(content.len() > 4 * 1024 * 1024 + 100 * 1024);
+    let plan = json!({"workflow_id": "wf_report", "actions": [
+        {"action_id": "a1", "intent": "generate_report", "path": "reports/big.md", "content": content}]});
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["status"], "success");
+    assert_eq!(
+        std::fs::read(e.root.join("reports/big.md")).unwrap().len(),
+        content.len()
+    );
+}
+
+#[tokio::test]
+async fn a_plan_filling_the_workflow_budget_fits_the_default_body_limit() {
+    let e = env_with(Opts {
+        body_limit: default_limit(),
+        ..Opts::default()
+    });
+    // Five reports at generate_report's 5 MiB add up to the 25 MiB workflow budget;
+    // every byte is a quote or a newline, so the body is twice that.
+    let max = 5 * 1024 * 1024;
+    let content: String = "\"\n".repeat(max / 2);
+    let actions: Vec<_> = (0..5)
+        .map(|i| json!({"intent": "generate_report", "path": format!("r{i}.md"), "content": content}))
+        .collect();
+    let body =
+        serde_json::to_vec(&json!({"workflow_id": "wf_budget", "actions": actions})).unwrap();
+    assert!(body.len() > 50 * 1024 * 1024);
+    let r = post(&e.app, "/agentic/plans", body).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        &r.text()[..r.text().len().min(2000)]
+    );
+    assert_eq!(r.json()["status"], "simulated_success");
+}

@@ -96,6 +96,8 @@ async fn real_tcp_with_token_auth() {
         assert_eq!(v["execution_mode"], "sandbox_write");
 
         let (status, _, body) = raw_http(addr, &get_req(addr, "/healthz", ""));
+        assert_eq!(status, 401, "{body}");
+        let (status, _, body) = raw_http(addr, &get_req(addr, "/healthz", &auth));
         assert_eq!(status, 200);
         assert_eq!(body, r#"{"status":"ok"}"#);
 
