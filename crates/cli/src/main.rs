@@ -184,6 +184,7 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> ExitCode {
+    ailab_sandbox_core::confine::root::use_spec_creation_modes();
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     match run(cli) {

@@ -458,3 +458,40 @@ fn malformed_ids_are_input_errors_exit_2() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_out(&out)["reason_code"], "no_rollback_data");
 }
+
+/// Files come out 0644 and directories 0755 even when the caller's umask would make them
+/// private (SPEC §2); the runtime sets the mask rather than chmod anything.
+#[test]
+fn created_modes_do_not_depend_on_the_callers_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_mask", "actions": [
+            {"intent": "create_file", "path": "d/e/f.txt", "content": "x"}]}),
+    );
+    let bin = assert_cmd::cargo::cargo_bin("ailab-sandbox");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("umask 077; exec \"$0\" \"$@\"")
+        .arg(&bin)
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&e.root.join("d/e/f.txt")), 0o644);
+    assert_eq!(mode(&e.root.join("d")), 0o755);
+    assert_eq!(mode(&e.root.join("d/e")), 0o755);
+}

@@ -540,6 +540,13 @@ pub struct DirEntryInfo {
     pub size_bytes: u64,
 }
 
+/// Makes the process create files 0644 and directories 0755 (SPEC §2) whatever umask it
+/// inherited: the runtime never chmods, so the mask is what decides. Programs call it
+/// once at start-up, before any thread; a library caller keeps its own mask.
+pub fn use_spec_creation_modes() {
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+}
+
 /// A directory handle on the way to a target: the root's own handle for a target at the
 /// top (no descriptor duplicated on the common path), else a handle opened beneath it.
 #[derive(Debug)]
