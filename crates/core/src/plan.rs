@@ -10,6 +10,11 @@ use std::collections::HashSet;
 /// Most actions a single plan may hold.
 pub const MAX_ACTIONS_PER_PLAN: usize = 1000;
 
+/// Most `sandbox_transform` edits a single plan may hold, all actions together. Each edit
+/// scans its whole file (up to 5 MiB) during validation and again when it runs, so this
+/// bounds the work one request can ask for.
+pub const MAX_EDITS_PER_PLAN: usize = 256;
+
 /// What to do when an action fails mid-run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -178,6 +183,19 @@ impl Plan {
                 format!(
                     "the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed",
                     self.actions.len()
+                ),
+            ));
+        }
+        let edits: usize = self
+            .actions
+            .iter()
+            .map(|a| a.edits.as_ref().map_or(0, Vec::len))
+            .sum();
+        if edits > MAX_EDITS_PER_PLAN {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans"
                 ),
             ));
         }

@@ -451,6 +451,39 @@ fn unknown_fields_are_invalid_plan() {
     assert!(w.tree().is_empty());
 }
 
+/// Edits cost a scan of their file each: a plan may hold 256 in all, whether in one
+/// action or spread over several; one more is refused before any file is read.
+#[test]
+fn a_plan_holds_at_most_256_edits() {
+    let w = World::new();
+    w.write("t.md", b"x");
+    let sb = w.sandbox();
+    let edits = |n: usize| -> Vec<serde_json::Value> {
+        (0..n)
+            .map(|i| json!({"old": if i % 2 == 0 { "x" } else { "y" }, "new": if i % 2 == 0 { "y" } else { "x" }}))
+            .collect()
+    };
+    let spread = json!({"workflow_id": "wf_ed", "actions": [
+        {"action_id": "a1", "intent": "sandbox_transform", "path": "t.md", "edits": edits(128)},
+        {"action_id": "a2", "intent": "sandbox_transform", "path": "t.md", "edits": edits(129)}]});
+    let err = sb
+        .run_plan_json(&serde_json::to_vec(&spread).unwrap())
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(
+        err.reason.contains("257 edits") && err.reason.contains("256"),
+        "{}",
+        err.reason
+    );
+    let fits = json!({"workflow_id": "wf_ed", "actions": [
+        {"action_id": "a1", "intent": "sandbox_transform", "path": "t.md", "edits": edits(256)}]});
+    let r = sb
+        .run_plan_json(&serde_json::to_vec(&fits).unwrap())
+        .unwrap();
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    assert_eq!(w.read("t.md"), b"x", "256 flips leave it as it was");
+}
+
 #[test]
 fn bad_ids_are_invalid_id() {
     let w = World::new();
