@@ -491,17 +491,15 @@ impl<'a> SandboxWriteExecutor<'a> {
         if let Err(e) = self.sb.audit.append(records) {
             tracing::error!(error = %e, "could not audit blocked actions");
         }
-        self.event(
-            "dry_run_reason",
-            json!({"reason": DryRunReason::GovernanceBlocked}),
-        );
+        // A phase without sandbox writes refuses every action for that one reason: say so,
+        // rather than the generic governance refusal.
+        let why = match self.sb.execution_context().1 {
+            Some(DryRunReason::PhaseNotSupported) => DryRunReason::PhaseNotSupported,
+            _ => DryRunReason::GovernanceBlocked,
+        };
+        self.event("dry_run_reason", json!({ "reason": why }));
         self.go(WorkflowState::Failed);
-        self.finish(
-            RunStatus::Blocked,
-            simulation_only,
-            Some(DryRunReason::GovernanceBlocked),
-            results,
-        )
+        self.finish(RunStatus::Blocked, simulation_only, Some(why), results)
     }
 
     fn simulate(mut self, prepared: Vec<Prepared>, reason: Option<DryRunReason>) -> RunResult {

@@ -66,7 +66,22 @@ fn phase_without_writes_simulates_with_reason() {
     let r = run(&sb, three_actions());
     assert_eq!(status(&r), "blocked");
     assert_eq!(code(&r, 0).as_deref(), Some("phase_not_supported"));
+    assert_eq!(
+        r.dry_run_reason,
+        Some(ailab_sandbox_core::context::DryRunReason::PhaseNotSupported)
+    );
     assert!(w.tree().is_empty());
+    // Blocked for another reason in a phase that writes, the run says governance.
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "x.service", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    assert_eq!(
+        r.dry_run_reason,
+        Some(ailab_sandbox_core::context::DryRunReason::GovernanceBlocked)
+    );
 }
 
 #[test]
