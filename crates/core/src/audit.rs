@@ -327,7 +327,7 @@ impl AuditLog {
                 state.write_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?, true)?;
                 log.keeper()?.file = state.open_block(HEAD_FILE)?;
             }
-            HeadFile::At(h) if h.seq < last_seq => log.move_head(last_seq, &last_hash)?,
+            HeadFile::At(h) if h.seq < last_seq => log.move_head(last_seq, &last_hash, false)?,
             _ => {}
         }
         Ok(log)
@@ -423,7 +423,7 @@ impl AuditLog {
             |out: &Vec<SandboxAuditEntry>| {
                 // Moved while the lock is held, so the head never goes backwards.
                 match out.last() {
-                    Some(last) => self.move_head(last.seq, &last.entry_hash),
+                    Some(last) => self.move_head(last.seq, &last.entry_hash, true),
                     None => Ok(()),
                 }
             },
@@ -434,8 +434,9 @@ impl AuditLog {
         Ok(written)
     }
 
-    /// Writes the head now, or keeps it for the next sync point when deferred.
-    fn move_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
+    /// Writes the head now, or keeps it for the next sync point when deferred. `checked`:
+    /// the caller holds the log's lock and compared the head with the log just before.
+    fn move_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
         match &self.deferred_head {
             Some(d) => {
                 if let Ok(mut d) = d.lock() {
@@ -443,7 +444,7 @@ impl AuditLog {
                 }
                 Ok(())
             }
-            None => self.write_head(seq, entry_hash),
+            None => self.write_head(seq, entry_hash, checked),
         }
     }
 
@@ -473,12 +474,12 @@ impl AuditLog {
         if seq <= d.published {
             return Ok(());
         }
-        self.write_head(seq, &hash)?;
+        self.write_head(seq, &hash, false)?;
         d.published = seq;
         Ok(())
     }
 
-    fn write_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
+    fn write_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
         let bytes = head_bytes(seq, entry_hash)?;
         let mut k = self.keeper()?;
         if k.frozen.is_some() {
@@ -492,7 +493,8 @@ impl AuditLog {
             Some(f) => {
                 // Heads published after sync points may arrive out of order between
                 // processes: the head never goes backwards.
-                if let HeadFile::At(h) = parse_head(&f.read()?)
+                if !checked
+                    && let HeadFile::At(h) = parse_head(&f.read()?)
                     && h.seq >= seq
                 {
                     return Ok(());

@@ -4,6 +4,7 @@
 //! the state directory: a snapshot planted in `.rollback/` by anyone who cannot read that
 //! key is never restored, finished or audited.
 
+use crate::hash::to_hex;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -51,24 +52,20 @@ impl SealKey {
         mac
     }
 
-    /// `value` as pretty JSON with a last field `seal`: the MAC of its compact JSON. `T`
-    /// must serialize the same way each time (no hash maps), since [`SealKey::open`]
-    /// serializes what it read again to check the seal.
+    /// `value` as JSON with a last field `seal`: the MAC of its compact JSON, which is
+    /// the file's own text up to that field. `T` must serialize the same way each time (no
+    /// hash maps), since [`SealKey::open`] serializes what it read again to check the seal.
     pub fn seal<T: Serialize>(&self, value: &T) -> io::Result<Vec<u8>> {
-        let canonical = serde_json::to_vec(value).map_err(io::Error::other)?;
-        let tag = hex(&self.mac(&canonical).finalize().into_bytes());
-        let mut out = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+        let mut out = serde_json::to_vec(value).map_err(io::Error::other)?;
+        let tag = to_hex(&self.mac(&out).finalize().into_bytes());
         if out.last() != Some(&b'}') {
             return Err(io::Error::other("only objects are sealed"));
         }
         out.pop();
-        while out.last().is_some_and(u8::is_ascii_whitespace) {
-            out.pop();
-        }
         if out.last() != Some(&b'{') {
             out.push(b',');
         }
-        out.extend_from_slice(format!("\n  \"{SEAL_FIELD}\": \"{tag}\"\n}}").as_bytes());
+        out.extend_from_slice(format!("\"{SEAL_FIELD}\":\"{tag}\"}}\n").as_bytes());
         Ok(out)
     }
 
@@ -93,10 +90,6 @@ impl SealKey {
             .map_err(|_| Unsealed::Forged)?;
         Ok(record)
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
