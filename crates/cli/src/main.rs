@@ -103,7 +103,8 @@ enum Command {
         /// Address to bind (default 127.0.0.1:8787).
         #[arg(long)]
         addr: Option<String>,
-        /// Bearer token every route requires (AI_LAB_SANDBOX_TOKEN).
+        /// Bearer token every route requires. Other local users can read a command line:
+        /// prefer AI_LAB_SANDBOX_TOKEN or the config file.
         #[arg(long)]
         token: Option<String>,
         /// Largest request body in bytes (default 64 MiB).
@@ -238,6 +239,11 @@ fn load_config(cli: &Cli) -> Result<Config> {
         } => (addr.clone(), token.clone(), *max_body_bytes),
         _ => (None, None, None),
     };
+    if token.is_some() {
+        eprintln!(
+            "warning: --token is visible to every local user in the process list; pass it in AI_LAB_SANDBOX_TOKEN or the config file instead"
+        );
+    }
     let flags = Overrides {
         roots: cli.roots.clone(),
         state_dir: cli.state_dir.clone(),

@@ -495,3 +495,27 @@ fn created_modes_do_not_depend_on_the_callers_umask() {
     assert_eq!(mode(&e.root.join("d")), 0o755);
     assert_eq!(mode(&e.root.join("d/e")), 0o755);
 }
+
+/// A token on the command line can be read by every local user; the server says so.
+#[test]
+fn a_token_on_the_command_line_is_warned_about() {
+    let e = env();
+    let out = e
+        .cmd()
+        .args([
+            "serve",
+            "--addr",
+            "not-an-address",
+            "--token",
+            "s3cret-token",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("AI_LAB_SANDBOX_TOKEN"), "{err}");
+    assert!(
+        !err.contains("s3cret-token"),
+        "the warning does not repeat it: {err}"
+    );
+}
