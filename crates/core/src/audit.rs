@@ -246,12 +246,13 @@ fn head_bytes(seq: u64, entry_hash: &str) -> io::Result<Vec<u8>> {
     .map_err(io::Error::other)
 }
 
-/// How the log fails to match its head, if it does.
-fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
+/// How the log fails to match its head, if it does. `lines_before` is how many lines the
+/// log held before the head was read: every writer makes the head before its first line,
+/// so a head missing then was removed (lines appended after the read prove nothing).
+fn head_mismatch(ix: &Index, head: &HeadFile, lines_before: u64) -> Option<String> {
     match head {
-        HeadFile::Missing if ix.last_seq > 0 => Some(format!(
-            "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed",
-            ix.last_seq
+        HeadFile::Missing if lines_before > 0 => Some(format!(
+            "the head file {HEAD_FILE} is missing although the log holds {lines_before} entries: it was removed"
         )),
         HeadFile::Missing => None,
         HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
@@ -299,6 +300,7 @@ impl AuditLog {
             ..Index::default()
         };
         journal.read_new(&mut |b| index.ingest(b))?;
+        let lines_before = index.last_seq;
         let log = Self {
             state: state.clone(),
             inner: Mutex::new((journal, index)),
@@ -308,12 +310,14 @@ impl AuditLog {
                 frozen: None,
             }),
         };
+        // The log is read again after the head, so it holds at least the lines the head
+        // names, even if other processes appended in between.
         let on_disk = log.head_on_disk()?;
         let (last_seq, last_hash, mismatch) = log.with(|ix| {
             (
                 ix.last_seq,
                 ix.last_hash.clone(),
-                head_mismatch(ix, &on_disk),
+                head_mismatch(ix, &on_disk, lines_before),
             )
         })?;
         if let Some(why) = mismatch {
@@ -322,9 +326,10 @@ impl AuditLog {
         }
         match on_disk {
             HeadFile::Missing => {
-                // Made durable before the first line exists, so that a missing head
-                // always means a removed one, never a crash.
-                state.write_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?, true)?;
+                // Made whole and durable before this process can append its first line,
+                // so a missing head always means a removed one, never a crash; another
+                // process starting at the same moment may make it first.
+                state.create_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?)?;
                 log.keeper()?.file = state.open_block(HEAD_FILE)?;
             }
             HeadFile::At(h) if h.seq < last_seq => log.move_head(last_seq, &last_hash, false)?,
@@ -386,7 +391,7 @@ impl AuditLog {
             |new| {
                 index.ingest(new);
                 // Checked under the lock, before this append could hide a cut tail.
-                if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
+                if let Some(why) = head_mismatch(index, &self.head_on_disk()?, index.last_seq) {
                     self.freeze(why);
                 }
                 let mut prev = index.last_hash.clone();

@@ -88,6 +88,35 @@ impl StateDir {
         self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
     }
 
+    /// Creates the one-block record `rel` with `bytes`, durable, unless it exists: written
+    /// aside and linked into place, so a reader never sees it empty or half written.
+    /// Returns whether this call made it.
+    #[allow(clippy::disallowed_methods)]
+    pub fn create_block(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
+        let path = self.path.join(rel);
+        let tmp = self
+            .path
+            .join(format!(".{rel}{}", super::root::temp_name()));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let linked = f
+            .write_all(&padded_block(bytes)?)
+            .and_then(|()| f.sync_data())
+            .and_then(|()| std::fs::hard_link(&tmp, &path));
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                File::open(&self.path)?.sync_all()?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
     /// it without looking it up again; `None` when it does not exist.
     pub fn open_block(&self, rel: &str) -> io::Result<Option<BlockFile>> {
@@ -248,7 +277,7 @@ impl StateDir {
         }
         let tmp = self
             .path
-            .join(format!(".{name}.{}.tmp", std::process::id()));
+            .join(format!(".{name}{}", super::root::temp_name()));
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -447,3 +447,41 @@ fn multi_chunk_registry_loads_in_order() {
         format!("art_{:06}", n - 100 + 42)
     );
 }
+
+/// Several processes (here threads, each with its own handles) starting at once on a new
+/// state directory agree on one head and one seal key: none takes the others' first
+/// lines for tampering.
+#[test]
+fn simultaneous_first_starts_agree_on_the_head_and_the_key() {
+    for _ in 0..5 {
+        let w = World::new();
+        let barrier = std::sync::Barrier::new(6);
+        std::thread::scope(|s| {
+            for t in 0..6 {
+                let (w, barrier) = (&w, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let sb = w.sandbox();
+                    assert!(
+                        sb.notices().iter().all(|n| !n.contains("tampered")),
+                        "{:?}",
+                        sb.notices()
+                    );
+                    one_more_line(&sb, &format!("t{t}.txt"));
+                    assert!(sb.audit_log().head_problem().is_none());
+                });
+            }
+        });
+        let sb = w.sandbox();
+        let v = sb.audit_verify().unwrap();
+        assert!(v.ok, "{v:?}");
+        assert_eq!(v.entries, 6);
+        assert_eq!(std::fs::read(w.state.join("seal.key")).unwrap().len(), 32);
+        let leftovers: Vec<_> = std::fs::read_dir(&w.state)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.contains("ailab-tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
