@@ -144,6 +144,19 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
     )
 }
 
+/// A restore mark sealed by `key` for the snapshot `meta` (not another one's).
+fn open_mark(
+    key: &SealKey,
+    bytes: &[u8],
+    meta: &SnapshotMeta,
+) -> Result<serde_json::Value, Unsealed> {
+    let mark = key.open::<serde_json::Value>(bytes)?;
+    if mark.get("snapshot_id").and_then(serde_json::Value::as_str) != Some(&meta.snapshot_id) {
+        return Err(Unsealed::Forged);
+    }
+    Ok(mark)
+}
+
 /// A snapshot record that is damaged or was not sealed by this runtime's key.
 fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
     let detail = match why {
@@ -324,13 +337,16 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(snap_io("read", &e)),
         };
-        if meta.workflow_id != workflow_id || meta.action_id != action_id {
+        // A genuine record copied into another folder or root is still not this one.
+        if meta.workflow_id != workflow_id
+            || meta.action_id != action_id
+            || meta.root != root.path().display().to_string()
+        {
             return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
         }
         let restored = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
             Ok(b) => {
-                key.open::<serde_json::Value>(&b)
-                    .map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?;
+                open_mark(key, &b, &meta).map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?;
                 true
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
@@ -407,7 +423,10 @@ impl Snapshotter {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
             .map_err(|e| snap_io("open", &e))?
             .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
-        let bytes = key.seal(record).map_err(|e| snap_io("encode", &e))?;
+        // The mark names its snapshot, so a genuine mark copied elsewhere proves nothing.
+        let mut record = record.clone();
+        record["snapshot_id"] = serde_json::Value::String(meta.snapshot_id.clone());
+        let bytes = key.seal(&record).map_err(|e| snap_io("encode", &e))?;
         write_atomic_in(&dir, RESTORED_FILE, &bytes, 0o600, false, durable)
             .map_err(|e| snap_io("mark", &e))
     }
@@ -422,7 +441,7 @@ impl Snapshotter {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id).ok()??;
         let bytes = read_regular(&dir, RESTORED_FILE, 1 << 16).ok()?;
         // Sealed as the whole record, which holds more than the mark's fields.
-        serde_json::from_value(key.open::<serde_json::Value>(&bytes).ok()?).ok()
+        serde_json::from_value(open_mark(key, &bytes, meta).ok()?).ok()
     }
 
     /// Workflow ids that have snapshots in a root.

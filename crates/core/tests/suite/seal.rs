@@ -231,3 +231,48 @@ fn the_seal_key_is_private_and_outlives_the_process() {
     };
     assert!(err.contains("seal.key"), "{err}");
 }
+
+/// Genuine records moved where they do not belong prove nothing: a restore mark copied
+/// from another snapshot of the workflow, and a whole snapshot folder copied into another
+/// root, are refused like forged ones.
+#[test]
+fn genuine_records_copied_elsewhere_are_not_trusted() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    let mut config = w.writable_config();
+    config.roots = vec![w.root.clone(), root2.clone()];
+    w.write("m.txt", b"mark");
+    w.write("n.txt", b"note");
+    let sb = w.open(config.clone());
+    run(
+        &sb,
+        json!({"workflow_id": "wf_copy", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"},
+            {"action_id": "a2", "intent": "replace_file", "path": "n.txt", "content": "y"}]}),
+    );
+    let one = sb.rollback_workflow(
+        "wf_copy",
+        &RollbackOptions {
+            action_id: Some("a2".into()),
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(one.status, "rolled_back", "{one:?}");
+    let folder = |root: &std::path::Path, a: &str| root.join(format!(".rollback/wf_copy/{a}"));
+    std::fs::copy(
+        folder(&w.root, "a2").join("restored.json"),
+        folder(&w.root, "a1").join("restored.json"),
+    )
+    .unwrap();
+    refused_as_untrusted(&sb, "wf_copy", ".rollback/wf_copy/a1/restored.json");
+    assert_eq!(w.read("m.txt"), b"x");
+    std::fs::remove_file(folder(&w.root, "a1").join("restored.json")).unwrap();
+
+    copy_tree(&folder(&w.root, "a1"), &folder(&root2, "a1"));
+    refused_as_untrusted(&sb, "wf_copy", ".rollback/wf_copy/a1/meta.json");
+    assert!(!root2.join("m.txt").exists());
+    std::fs::remove_dir_all(root2.join(".rollback")).unwrap();
+    let rb = sb.rollback_workflow("wf_copy", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
