@@ -212,6 +212,20 @@ pub struct AuditLog {
     deferred_head: Option<Mutex<DeferredHead>>,
     /// The head file, held open, and why it stopped moving.
     head: Mutex<HeadKeeper>,
+    /// Without durable appends or sync points (relaxed durability) the head may only name
+    /// lines made durable by this log's own `fdatasync`: it moves every
+    /// [`RELAXED_HEAD_EVERY`] appends and when the log is dropped.
+    relaxed_head: Option<Mutex<RelaxedHead>>,
+}
+
+/// Appends between two head moves under relaxed durability.
+pub const RELAXED_HEAD_EVERY: u32 = 64;
+
+/// The newest entry appended since the head last moved, and how many came since.
+#[derive(Debug, Default)]
+struct RelaxedHead {
+    newest: Option<(u64, String)>,
+    since: u32,
 }
 
 /// The head file and whether it may still move. Once the log is found not to match it
@@ -246,13 +260,14 @@ fn head_bytes(seq: u64, entry_hash: &str) -> io::Result<Vec<u8>> {
     .map_err(io::Error::other)
 }
 
-/// How the log fails to match its head, if it does. `lines_before` is how many lines the
-/// log held before the head was read: every writer makes the head before its first line,
-/// so a head missing then was removed (lines appended after the read prove nothing).
-fn head_mismatch(ix: &Index, head: &HeadFile, lines_before: u64) -> Option<String> {
+/// How the log fails to match its head, if it does. Called with the log's lock held and
+/// the index caught up. Every writer makes the head before its first line, so a head
+/// missing beside lines was removed.
+fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
     match head {
-        HeadFile::Missing if lines_before > 0 => Some(format!(
-            "the head file {HEAD_FILE} is missing although the log holds {lines_before} entries: it was removed"
+        HeadFile::Missing if ix.last_seq > 0 => Some(format!(
+            "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed",
+            ix.last_seq
         )),
         HeadFile::Missing => None,
         HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
@@ -300,7 +315,6 @@ impl AuditLog {
             ..Index::default()
         };
         journal.read_new(&mut |b| index.ingest(b))?;
-        let lines_before = index.last_seq;
         let log = Self {
             state: state.clone(),
             inner: Mutex::new((journal, index)),
@@ -309,33 +323,64 @@ impl AuditLog {
                 file: state.open_block(HEAD_FILE)?,
                 frozen: None,
             }),
+            relaxed_head: (!durable && !defer_head).then(|| Mutex::new(RelaxedHead::default())),
         };
-        // The log is read again after the head, so it holds at least the lines the head
-        // names, even if other processes appended in between.
-        let on_disk = log.head_on_disk()?;
-        let (last_seq, last_hash, mismatch) = log.with(|ix| {
-            (
-                ix.last_seq,
-                ix.last_hash.clone(),
-                head_mismatch(ix, &on_disk, lines_before),
-            )
-        })?;
-        if let Some(why) = mismatch {
-            log.freeze(why);
-            return Ok(log);
-        }
-        match on_disk {
-            HeadFile::Missing => {
-                // Made whole and durable before this process can append its first line,
-                // so a missing head always means a removed one, never a crash; another
-                // process starting at the same moment may make it first.
-                state.create_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?)?;
-                log.keeper()?.file = state.open_block(HEAD_FILE)?;
+        // Judged under the log's lock, like every head write: no other process appends or
+        // moves the head meanwhile, so the log and the head are seen at one moment.
+        let behind = log.under_log_lock(|ix| {
+            let on_disk = log.head_on_disk()?;
+            if let Some(why) = head_mismatch(ix, &on_disk) {
+                log.freeze(why);
+                return Ok(None);
             }
-            HeadFile::At(h) if h.seq < last_seq => log.move_head(last_seq, &last_hash, false)?,
-            _ => {}
+            Ok(match on_disk {
+                HeadFile::Missing => {
+                    // Made whole and durable before this process can append its first
+                    // line, so a missing head always means a removed one, never a crash.
+                    log.state
+                        .create_block(HEAD_FILE, &head_bytes(0, GENESIS_HASH)?)?;
+                    log.keeper()?.file = log.state.open_block(HEAD_FILE)?;
+                    None
+                }
+                HeadFile::At(h) if h.seq < ix.last_seq => Some((ix.last_seq, ix.last_hash.clone())),
+                _ => None,
+            })
+        })?;
+        if let Some((seq, hash)) = behind {
+            match &log.deferred_head {
+                Some(_) => log.move_head(seq, &hash, false)?,
+                None => log.publish_synced(seq, &hash)?,
+            }
         }
         Ok(log)
+    }
+
+    /// Runs `f` on the caught-up index with the log's exclusive file lock held.
+    fn under_log_lock<T>(&self, f: impl FnOnce(&Index) -> io::Result<T>) -> io::Result<T> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        journal.append_with(
+            |new| {
+                index.ingest(new);
+                Ok((Vec::new(), f(index)?))
+            },
+            |_| Ok(()),
+        )
+    }
+
+    /// Makes the log durable, then moves the head to `seq` (never backwards).
+    fn publish_synced(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
+        {
+            let g = self
+                .inner
+                .lock()
+                .map_err(|_| io::Error::other("audit lock poisoned"))?;
+            g.0.sync_data()?;
+        }
+        self.under_log_lock(|_| self.write_head(seq, entry_hash, false))
     }
 
     fn keeper(&self) -> io::Result<std::sync::MutexGuard<'_, HeadKeeper>> {
@@ -391,7 +436,7 @@ impl AuditLog {
             |new| {
                 index.ingest(new);
                 // Checked under the lock, before this append could hide a cut tail.
-                if let Some(why) = head_mismatch(index, &self.head_on_disk()?, index.last_seq) {
+                if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
                     self.freeze(why);
                 }
                 let mut prev = index.last_hash.clone();
@@ -436,11 +481,39 @@ impl AuditLog {
         for e in &written {
             index.insert(e.clone());
         }
+        drop(g);
+        self.relaxed_progress(&written)?;
         Ok(written)
     }
 
-    /// Writes the head now, or keeps it for the next sync point when deferred. `checked`:
-    /// the caller holds the log's lock and compared the head with the log just before.
+    /// Under relaxed durability, counts appends and moves the head, after syncing the
+    /// log, every [`RELAXED_HEAD_EVERY`] of them.
+    fn relaxed_progress(&self, written: &[SandboxAuditEntry]) -> io::Result<()> {
+        let (Some(r), Some(last)) = (&self.relaxed_head, written.last()) else {
+            return Ok(());
+        };
+        let due = {
+            let mut r = r
+                .lock()
+                .map_err(|_| io::Error::other("audit head lock poisoned"))?;
+            r.newest = Some((last.seq, last.entry_hash.clone()));
+            r.since += 1;
+            if r.since >= RELAXED_HEAD_EVERY {
+                r.since = 0;
+                r.newest.take()
+            } else {
+                None
+            }
+        };
+        match due {
+            Some((seq, hash)) => self.publish_synced(seq, &hash),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the head now, or keeps it for a later sync (deferred under batched syncs,
+    /// counted under relaxed durability). `checked`: the caller holds the log's lock and
+    /// compared the head with the log just before.
     fn move_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
         match &self.deferred_head {
             Some(d) => {
@@ -449,6 +522,7 @@ impl AuditLog {
                 }
                 Ok(())
             }
+            None if self.relaxed_head.is_some() => Ok(()),
             None => self.write_head(seq, entry_hash, checked),
         }
     }
@@ -473,15 +547,19 @@ impl AuditLog {
         let (Some((seq, hash)), Some(d)) = (head, &self.deferred_head) else {
             return Ok(());
         };
-        let mut d = d
-            .lock()
-            .map_err(|_| io::Error::other("audit head lock poisoned"))?;
-        if seq <= d.published {
-            return Ok(());
-        }
-        self.write_head(seq, &hash, false)?;
-        d.published = seq;
-        Ok(())
+        // Under the log's lock, like every head write, so that no process reads a head
+        // block another is writing. Locks are taken in the order append takes them.
+        self.under_log_lock(|_| {
+            let mut d = d
+                .lock()
+                .map_err(|_| io::Error::other("audit head lock poisoned"))?;
+            if seq <= d.published {
+                return Ok(());
+            }
+            self.write_head(seq, &hash, false)?;
+            d.published = seq;
+            Ok(())
+        })
     }
 
     fn write_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
@@ -490,10 +568,10 @@ impl AuditLog {
         if k.frozen.is_some() {
             return Ok(());
         }
-        // Never fsync'd: the head only has to be no further than the log, which it never
-        // is (it moves after the log's durable append). A crash may leave the previous
-        // head, which only weakens the cut-tail check for the last entries until the next
-        // append, and costs no consistency.
+        // Never fsync'd: the head only has to be no further than the durable log, which
+        // it never is (it moves after the log's durable append, sync point or own sync).
+        // A crash may leave an older head, which only weakens the cut-tail check for the
+        // last entries until the head moves again, and costs no consistency.
         match &k.file {
             Some(f) => {
                 // Heads published after sync points may arrive out of order between
@@ -598,6 +676,22 @@ impl AuditLog {
             },
             _ => report,
         })
+    }
+}
+
+impl Drop for AuditLog {
+    /// Under relaxed durability, the head catches up with the last appends on the way
+    /// out (after syncing the log).
+    fn drop(&mut self) {
+        let newest = self
+            .relaxed_head
+            .as_ref()
+            .and_then(|r| r.lock().ok()?.newest.take());
+        if let Some((seq, hash)) = newest
+            && let Err(e) = self.publish_synced(seq, &hash)
+        {
+            tracing::warn!(error = %e, "the audit head could not catch up at exit");
+        }
     }
 }
 

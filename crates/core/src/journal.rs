@@ -49,6 +49,11 @@ impl Journal {
         Ok(self.len()? == 0)
     }
 
+    /// Makes every line appended so far durable (`fdatasync`).
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Bytes dropped by torn-tail repairs since open.
     pub fn repaired_bytes(&self) -> u64 {
         self.cursor.repaired

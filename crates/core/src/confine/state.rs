@@ -463,6 +463,11 @@ impl LogFile {
         Ok(buf)
     }
 
+    /// `fdatasync`.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Appends whole lines in one write (flushed; `sync_data` when `durable`). Call with
     /// the exclusive lock held.
     pub fn append(&self, bytes: &[u8], durable: bool) -> io::Result<()> {
