@@ -51,6 +51,10 @@ pub struct Recovered {
     pub restores_recorded: usize,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
+    /// Snapshot folders of the workflow left alone because they could not be read or
+    /// trusted; while there are any, the run stays recorded as unfinished, so the next
+    /// start tries again.
+    pub untrusted: usize,
 }
 
 impl Sandbox {
@@ -86,14 +90,18 @@ impl Sandbox {
                     continue;
                 }
             };
-            out.push(self.recover_record(&rec));
+            let report = self.recover_record(&rec);
+            let unfinished = report.untrusted > 0;
+            out.push(report);
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.sync_point() {
                 tracing::warn!(reason = %r.reason, "cannot sync after recovery");
                 continue;
             }
-            self.write_idle_record(&rec, self.durable());
+            if !unfinished {
+                self.write_idle_record(&rec, self.durable());
+            }
         }
         out
     }
@@ -332,7 +340,8 @@ impl Sandbox {
                 _ => {}
             }
         }
-        let snaps = self.trusted_workflow_snapshots(&rec.workflow_id);
+        let (snaps, untrusted) = self.trusted_workflow_snapshots(&rec.workflow_id);
+        report.untrusted += untrusted;
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -385,7 +394,8 @@ impl Sandbox {
             let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
             audited.insert(e.action_id, after);
         }
-        let snaps = self.trusted_workflow_snapshots(&rec.workflow_id);
+        let (snaps, untrusted) = self.trusted_workflow_snapshots(&rec.workflow_id);
+        report.untrusted += untrusted;
         let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
         let mut in_doubt = Vec::new();
         // Newest first, one target at a time: an action is judged against what its
@@ -482,7 +492,7 @@ impl Sandbox {
             .map(|e| e.action_id.as_str())
             .collect();
         let mut records = Vec::new();
-        for (i, s) in self.trusted_workflow_snapshots(workflow_id) {
+        for (i, s) in self.trusted_workflow_snapshots(workflow_id).0 {
             if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
                 continue;
             }

@@ -359,6 +359,12 @@ impl Sandbox {
                     r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed, r.restores_recorded
                 )
             });
+            if r.untrusted > 0 {
+                sb.notices.push(format!(
+                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); fix or remove them under .rollback/{}/ and the next start finishes the recovery",
+                    r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
+                ));
+            }
         }
         if let Some(problem) = sb.audit.head_problem() {
             sb.notices.push(format!(
@@ -969,20 +975,18 @@ impl Sandbox {
 
     /// [`Sandbox::workflow_snapshots`] for recovery, which finishes or undoes what it can
     /// trust and leaves the rest alone (logged) rather than giving up on the whole run.
-    pub(crate) fn trusted_workflow_snapshots(
-        &self,
-        workflow_id: &str,
-    ) -> Vec<(usize, StoredSnapshot)> {
+    /// Also returns how many folders were left alone.
+    pub(crate) fn trusted_workflow_snapshots(&self, workflow_id: &str) -> (RootedSnapshots, usize) {
         match self.workflow_snapshots_and_untrusted(workflow_id) {
             Ok((all, untrusted)) => {
-                for r in untrusted {
+                for r in &untrusted {
                     tracing::error!(workflow = %workflow_id, reason = %r, "recovery left an untrusted snapshot alone");
                 }
-                all
+                (all, untrusted.len())
             }
             Err(r) => {
                 tracing::error!(workflow = %workflow_id, reason = %r, "recovery could not read the workflow's snapshots");
-                Vec::new()
+                (Vec::new(), 1)
             }
         }
     }

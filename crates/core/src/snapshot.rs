@@ -379,11 +379,20 @@ impl Snapshotter {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
+            // One bad folder (damaged, forged, or not a folder at all) does not hide the
+            // others: the caller decides what to do with the refusals.
             match Self::load(root, key, workflow_id, &name) {
                 Ok(Some(s)) => out.push(s),
                 Ok(None) => {}
                 Err(r) if r.reason_code == ReasonCode::ChecksumMismatch => untrusted.push(r),
-                Err(r) => return Err(r),
+                Err(r) => untrusted.push(Refusal::new(
+                    r.reason_code,
+                    format!(
+                        "{}: {}",
+                        shown_path(&format!("{ROLLBACK_DIR}/{workflow_id}/{name}")),
+                        r.reason
+                    ),
+                )),
             }
         }
         out.sort_by(|a, b| a.meta.snapshot_id.cmp(&b.meta.snapshot_id));

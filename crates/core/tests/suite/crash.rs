@@ -617,3 +617,59 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
         );
     }
 }
+
+/// Something that is not a snapshot folder in the workflow's `.rollback` folder (a stray
+/// file here) does not blind recovery: the genuine in-doubt action is still undone, the
+/// run stays recorded as unfinished and the start says what was left alone, and once the
+/// stray entry is gone the next start finishes.
+#[test]
+fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_audit", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+    assert!(outcome.is_err());
+    drop(sb);
+    let stray = w.root.join(".rollback/wf_crash/zz");
+    std::fs::write(&stray, b"not a snapshot").unwrap();
+    let record = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
+            .unwrap()
+    };
+    let sb = w.open(c.clone());
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("1 unfinished actions rolled back")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("left 1 snapshot folder(s) alone")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(
+        w.read("d/b.txt"),
+        b"beta\n",
+        "the in-doubt append was undone"
+    );
+    assert_eq!(w.read("a.txt"), b"ALPHA\n", "the audited replace stays");
+    assert_eq!(record()["state"], "active", "retried at the next start");
+    drop(sb);
+    std::fs::remove_file(&stray).unwrap();
+    let sb = w.open(c);
+    assert_eq!(record()["state"], "idle");
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow(
+        "wf_crash",
+        &RollbackOptions {
+            force: true,
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
