@@ -26,6 +26,7 @@ use crate::snapshot::{
     MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
 use serde::Serialize;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -1109,12 +1110,74 @@ impl Sandbox {
             Ok(s) => s,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
+        // The audit trail lives in the state directory, out of reach of whoever can
+        // write inside a root: it says which writes happened and which were undone, so a
+        // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
+        // rollback that reports success with a file left as it was.
+        let trail = match self.audit.by_workflow(workflow_id) {
+            Ok(t) => t,
+            Err(e) => {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not read the audit trail: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
+        };
+        let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
+        let mut undone: HashMap<&str, u64> = HashMap::new();
+        for e in &trail {
+            match e.status {
+                AuditStatus::Success
+                    if e.rollback_available
+                        && e.mutation_class != Some(MutationClass::Rollback) =>
+                {
+                    written.insert(&e.action_id, (e.seq, &e.target_path));
+                }
+                AuditStatus::RolledBack => {
+                    undone.insert(&e.action_id, e.seq);
+                }
+                _ => {}
+            }
+        }
+        let is_undone = |action: &str| {
+            written
+                .get(action)
+                .is_some_and(|(w, _)| undone.get(action).is_some_and(|u| u > w))
+        };
+        let have: HashSet<&str> = snaps
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
+        let mut missing: Vec<String> = written
+            .iter()
+            .filter(|(a, _)| opts.action_id.as_deref().is_none_or(|want| want == **a))
+            .filter(|(a, _)| !have.contains(**a) && !is_undone(a))
+            .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
+            .collect();
+        missing.sort();
+        if !missing.is_empty() && !snaps.is_empty() {
+            return refused(
+                ReasonCode::NoRollbackData,
+                format!(
+                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes: they were removed, so those files cannot be restored and nothing was rolled back; restore the folders, or roll back the other actions one at a time",
+                    missing.join(", "),
+                    workflow_id
+                ),
+                Vec::new(),
+            );
+        }
         let mut chosen: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| {
                 opts.action_id
                     .as_deref()
                     .is_none_or(|a| a == s.meta.action_id)
+            })
+            .map(|(i, mut s)| {
+                // Undone according to the trail even if its mark was removed.
+                s.restored |= is_undone(&s.meta.action_id);
+                (i, s)
             })
             .collect();
         if chosen.is_empty() {

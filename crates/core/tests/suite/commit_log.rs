@@ -4,6 +4,7 @@
 //! (the only thing synced since). The next start must redo what the log committed.
 
 use crate::support::*;
+use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::audit::AuditStatus;
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use serde_json::json;
@@ -324,9 +325,24 @@ fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
     assert_eq!(stats.success, 4, "{stats:?} (with the seed)");
     assert_eq!(sb.registry().get_by_workflow("wf_log").unwrap().len(), 4);
     assert!(sb.audit_verify().unwrap().ok);
-    // The seed's snapshot went with the `.rollback` the test replaced: the seed stays.
+    // The seed's snapshot went with the `.rollback` the test replaced: the workflow's
+    // rollback says so instead of leaving the seed behind in silence, and the three
+    // logged writes roll back one at a time, newest first.
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(rb.steps_rolled_back, 3);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    assert!(rb.reason.as_deref().unwrap().contains("seed.txt"), "{rb:?}");
+    let mut logged = sb.registry().get_by_workflow("wf_log").unwrap();
+    logged.retain(|a| !a.path.ends_with("seed.txt"));
+    for a in logged.iter().rev() {
+        let one = sb.rollback_workflow(
+            "wf_log",
+            &RollbackOptions {
+                action_id: Some(a.action_id.clone()),
+                ..RollbackOptions::default()
+            },
+        );
+        assert_eq!(one.status, "rolled_back", "{one:?}");
+    }
     assert_eq!(w.tree(), primed);
 }

@@ -276,3 +276,61 @@ fn genuine_records_copied_elsewhere_are_not_trusted() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.read("m.txt"), b"mark");
 }
+
+/// Removing records is caught too, through the audit trail in the state directory: a
+/// workflow whose snapshot folder (or its metadata) is gone is not reported rolled back
+/// with that file left as it was, and a removed restore mark does not make an undone
+/// action be restored a second time.
+#[test]
+fn removed_records_are_caught_through_the_audit_trail() {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    w.write("n.txt", b"note");
+    let sb = w.sandbox();
+    let plan = json!({"workflow_id": "wf_rm", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"},
+        {"action_id": "a2", "intent": "replace_file", "path": "n.txt", "content": "y"}]});
+    run(&sb, plan);
+    let a2 = w.root.join(".rollback/wf_rm/a2");
+    let kept = w.tmp.path().join("a2-kept");
+    copy_tree(&a2, &kept);
+    for remove in [
+        |d: &std::path::Path| std::fs::remove_dir_all(d).unwrap(),
+        |d: &std::path::Path| std::fs::remove_file(d.join("meta.json")).unwrap(),
+    ] {
+        remove(&a2);
+        let rb = sb.rollback_workflow("wf_rm", &RollbackOptions::default());
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+        let reason = rb.reason.unwrap();
+        assert!(
+            reason.contains("'a2'") && reason.contains("n.txt"),
+            "{reason}"
+        );
+        assert_eq!(
+            (w.read("m.txt"), w.read("n.txt")),
+            (b"x".to_vec(), b"y".to_vec())
+        );
+        let _ = std::fs::remove_dir_all(&a2);
+        copy_tree(&kept, &a2);
+    }
+    let rb = sb.rollback_workflow("wf_rm", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("n.txt"), b"note");
+
+    // The file changes again; with the restore marks gone, a second forced rollback
+    // would put the old bytes back over it, but the trail says both were undone.
+    w.write("n.txt", b"later");
+    for a in ["a1", "a2"] {
+        std::fs::remove_file(w.root.join(format!(".rollback/wf_rm/{a}/restored.json"))).unwrap();
+    }
+    let again = sb.rollback_workflow(
+        "wf_rm",
+        &RollbackOptions {
+            force: true,
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(again.steps_rolled_back, 0, "{again:?}");
+    assert_eq!(w.read("n.txt"), b"later");
+}
