@@ -217,11 +217,25 @@ impl Snapshotter {
     /// Whether a snapshot exists for this action (action ids are never reused in a
     /// workflow).
     pub fn exists(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> bool {
-        // One lookup beneath the root rather than one per folder: a yes only refuses
-        // the action before anything runs, and `take` itself follows no link.
-        root.dir()
-            .open_dir_nofollow(format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}"))
-            .is_ok()
+        // One lookup beneath the root rather than one per folder, following no link
+        // anywhere on the way (a planted link could otherwise make fresh ids look used).
+        #[cfg(target_os = "linux")]
+        {
+            use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+            let path = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
+            match openat2(
+                root.dir(),
+                path.as_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+            ) {
+                Ok(_) => return true,
+                Err(rustix::io::Errno::NOSYS) => {}
+                Err(_) => return false,
+            }
+        }
+        matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))
     }
 
     /// Writes backup and metadata, durable (when `durable`) before returning: each

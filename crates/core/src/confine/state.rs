@@ -112,7 +112,12 @@ impl StateDir {
                 File::open(&self.path)?.sync_all()?;
                 Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            // Another process linked it first; its directory entry may not be durable
+            // yet, and this process is about to rely on it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                File::open(&self.path)?.sync_all()?;
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
@@ -293,8 +298,13 @@ impl StateDir {
                 File::open(&self.path)?.sync_all()?;
                 Ok(key)
             }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read_secret(&path)?
-                .ok_or_else(|| io::Error::other(format!("{} vanished", path.display()))),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Made by another process a moment ago: durable before it seals anything
+                // here.
+                File::open(&self.path)?.sync_all()?;
+                read_secret(&path)?
+                    .ok_or_else(|| io::Error::other(format!("{} vanished", path.display())))
+            }
             Err(e) => Err(e),
         }
     }

@@ -334,3 +334,28 @@ fn removed_records_are_caught_through_the_audit_trail() {
     assert_eq!(again.steps_rolled_back, 0, "{again:?}");
     assert_eq!(w.read("n.txt"), b"later");
 }
+
+/// A link planted in `.rollback/` is never followed, not even to decide whether an action
+/// id was used: the write is refused for what it is (no snapshot can be taken there), not
+/// blamed on an id that was never used, and nothing is written.
+#[test]
+fn a_link_planted_in_the_rollback_folder_is_not_followed() {
+    let w = World::new();
+    std::fs::create_dir_all(w.root.join("elsewhere/a1")).unwrap();
+    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
+    std::os::unix::fs::symlink("../elsewhere", w.root.join(".rollback/wf_ln")).unwrap();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_ln", "actions": [{"action_id": "a1", "intent": "create_file", "path": "n.txt", "content": "x"}]}),
+    );
+    assert_ne!(
+        code(&r, 0).as_deref(),
+        Some("invalid_id"),
+        "{:?}",
+        r.actions
+    );
+    assert_ne!(status(&r), "success");
+    assert!(!w.path("n.txt").exists());
+    assert!(w.path("elsewhere/a1").read_dir().unwrap().next().is_none());
+}
