@@ -389,9 +389,14 @@ impl AuditLog {
             .map_err(|_| io::Error::other("audit head lock poisoned"))
     }
 
-    /// The head as this process's open handle reads it.
+    /// The head as this process's open handle reads it. Without a handle yet, the file is
+    /// looked for again (another process may have made it since this one looked).
     fn head_on_disk(&self) -> io::Result<HeadFile> {
-        Ok(match &self.keeper()?.file {
+        let mut k = self.keeper()?;
+        if k.file.is_none() {
+            k.file = self.state.open_block(HEAD_FILE)?;
+        }
+        Ok(match &k.file {
             Some(f) => parse_head(&f.read()?),
             None => HeadFile::Missing,
         })

@@ -974,19 +974,19 @@ impl Sandbox {
         }
     }
 
-    /// [`Sandbox::workflow_snapshots`] for recovery, which finishes or undoes what it can
-    /// trust and leaves the rest alone (logged) rather than giving up on the whole run.
-    /// Also returns how many folders were left alone.
+    /// [`Sandbox::workflow_snapshots`] for recovery and pruning, which act on what they
+    /// can trust and leave the rest alone (logged) rather than giving up on the whole
+    /// workflow. Also returns how many folders were left alone.
     pub(crate) fn trusted_workflow_snapshots(&self, workflow_id: &str) -> (RootedSnapshots, usize) {
         match self.workflow_snapshots_and_untrusted(workflow_id) {
             Ok((all, untrusted)) => {
                 for r in &untrusted {
-                    tracing::error!(workflow = %workflow_id, reason = %r, "recovery left an untrusted snapshot alone");
+                    tracing::error!(workflow = %workflow_id, reason = %r, "an untrusted snapshot folder was left alone");
                 }
                 (all, untrusted.len())
             }
             Err(r) => {
-                tracing::error!(workflow = %workflow_id, reason = %r, "recovery could not read the workflow's snapshots");
+                tracing::error!(workflow = %workflow_id, reason = %r, "the workflow's snapshots could not be read");
                 (Vec::new(), 1)
             }
         }
@@ -1473,12 +1473,18 @@ impl Sandbox {
                 report.workflows_kept += 1;
                 continue;
             };
-            let snaps = self.workflow_snapshots(&wf)?;
+            // Age comes from what can be trusted: sealed snapshots and the audit trail.
+            // A folder nothing vouches for (unsealed, planted) does not keep a workflow,
+            // nor stop the prune of others.
+            let (snaps, _) = self.trusted_workflow_snapshots(&wf);
+            let trail = self.audit.by_workflow(&wf).unwrap_or_default();
             let newest = snaps
                 .iter()
-                .filter_map(|(_, s)| crate::clock::parse_timestamp(&s.meta.taken_at))
+                .map(|(_, s)| s.meta.taken_at.as_str())
+                .chain(trail.iter().map(|e| e.timestamp.as_str()))
+                .filter_map(crate::clock::parse_timestamp)
                 .max();
-            if newest.is_some_and(|t| t < cutoff) {
+            if newest.is_none_or(|t| t < cutoff) {
                 // A commit log entry must not outlive the snapshot it would recreate.
                 let _synced = self.settle_commit_log(&wf)?;
                 for root in &self.roots {

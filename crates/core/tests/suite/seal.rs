@@ -359,3 +359,42 @@ fn a_link_planted_in_the_rollback_folder_is_not_followed() {
     assert!(!w.path("n.txt").exists());
     assert!(w.path("elsewhere/a1").read_dir().unwrap().next().is_none());
 }
+
+/// A folder nothing vouches for — unsealed, planted — neither stops a prune nor keeps
+/// its workflow: its age is what the seals and the audit trail say, and here nothing does.
+#[test]
+fn prune_is_not_stopped_by_untrusted_folders() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_old", "actions": [{"intent": "create_file", "path": "o.txt", "content": "o"}]}),
+    );
+    let mut meta = read_meta(&w, "wf_old", &first_action(&w, "wf_old"));
+    meta.as_object_mut().unwrap().remove("seal");
+    meta["workflow_id"] = json!("wf_junk");
+    meta["action_id"] = json!("a1");
+    plant(&w, "wf_junk", "a1", &meta, None);
+    w.clock.advance(chrono::Duration::days(10));
+    run(
+        &sb,
+        json!({"workflow_id": "wf_new", "actions": [{"intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_junk", "wf_old"]);
+    assert!(w.root.join(".rollback/wf_new").exists());
+    assert!(!w.root.join(".rollback/wf_junk").exists());
+}
+
+fn first_action(w: &World, wf: &str) -> String {
+    std::fs::read_dir(w.root.join(format!(".rollback/{wf}")))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .into_string()
+        .unwrap()
+}
