@@ -52,8 +52,8 @@ pub struct Recovered {
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
     /// Snapshot folders of the workflow left alone because they could not be read or
-    /// trusted; while there are any, the run stays recorded as unfinished, so the next
-    /// start tries again.
+    /// trusted. The run is recorded as recovered all the same: judging it again at every
+    /// start would undo later changes to its targets.
     pub untrusted: usize,
 }
 
@@ -90,18 +90,14 @@ impl Sandbox {
                     continue;
                 }
             };
-            let report = self.recover_record(&rec);
-            let unfinished = report.untrusted > 0;
-            out.push(report);
+            out.push(self.recover_record(&rec));
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.sync_point() {
                 tracing::warn!(reason = %r.reason, "cannot sync after recovery");
                 continue;
             }
-            if !unfinished {
-                self.write_idle_record(&rec, self.durable());
-            }
+            self.write_idle_record(&rec, self.durable());
         }
         out
     }

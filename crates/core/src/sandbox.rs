@@ -362,7 +362,7 @@ impl Sandbox {
             });
             if r.untrusted > 0 {
                 sb.notices.push(format!(
-                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); fix or remove them under .rollback/{}/ and the next start finishes the recovery",
+                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
                     r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
                 ));
             }
@@ -1124,13 +1124,31 @@ impl Sandbox {
                 );
             }
         };
+        let pruned_up_to = match self.state.prune_mark(workflow_id) {
+            Ok(m) => m.unwrap_or(0),
+            Err(e) => {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not read the workflow's prune record: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
+        };
+        // Writes into a root this process is not configured with have no snapshot here.
+        let in_a_root = |target: &str| {
+            self.root_paths
+                .iter()
+                .any(|r| std::path::Path::new(target).starts_with(r))
+        };
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
         let mut undone: HashMap<&str, u64> = HashMap::new();
         for e in &trail {
             match e.status {
                 AuditStatus::Success
                     if e.rollback_available
-                        && e.mutation_class != Some(MutationClass::Rollback) =>
+                        && e.mutation_class != Some(MutationClass::Rollback)
+                        && e.seq > pruned_up_to
+                        && in_a_root(&e.target_path) =>
                 {
                     written.insert(&e.action_id, (e.seq, &e.target_path));
                 }
@@ -1160,7 +1178,7 @@ impl Sandbox {
             return refused(
                 ReasonCode::NoRollbackData,
                 format!(
-                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes: they were removed, so those files cannot be restored and nothing was rolled back; restore the folders, or roll back the other actions one at a time",
+                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, or lost with unsynced data): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
                     missing.join(", "),
                     workflow_id
                 ),
@@ -1476,15 +1494,24 @@ impl Sandbox {
             // Age comes from what can be trusted: sealed snapshots and the audit trail.
             // A folder nothing vouches for (unsealed, planted) does not keep a workflow,
             // nor stop the prune of others.
-            let (snaps, _) = self.trusted_workflow_snapshots(&wf);
-            let trail = self.audit.by_workflow(&wf).unwrap_or_default();
+            let (snaps, untrusted) = self.trusted_workflow_snapshots(&wf);
+            let Ok(trail) = self.audit.by_workflow(&wf) else {
+                report.workflows_kept += 1;
+                continue;
+            };
             let newest = snaps
                 .iter()
                 .map(|(_, s)| s.meta.taken_at.as_str())
                 .chain(trail.iter().map(|e| e.timestamp.as_str()))
                 .filter_map(crate::clock::parse_timestamp)
                 .max();
-            if newest.is_none_or(|t| t < cutoff) {
+            // Nothing proves the age of folders it cannot verify (another state
+            // directory's, or a lost key's): they are kept.
+            let old = match newest {
+                Some(t) => t < cutoff,
+                None => untrusted == 0,
+            };
+            if old {
                 // A commit log entry must not outlive the snapshot it would recreate.
                 let _synced = self.settle_commit_log(&wf)?;
                 for root in &self.roots {
@@ -1496,6 +1523,18 @@ impl Sandbox {
                     .and_then(|()| self.state.commit_log_remove(&wf))
                 {
                     tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
+                }
+                // Rollback checks snapshots against the audit trail: writes audited up to
+                // here have no snapshot any more, by design.
+                let mark = self
+                    .audit
+                    .last_seq()
+                    .and_then(|seq| self.state.write_prune_mark(&wf, seq));
+                if let Err(e) = mark {
+                    return Err(crate::Refusal::new(
+                        ReasonCode::IoError,
+                        format!("could not record the prune of {wf}: {}", e.kind()),
+                    ));
                 }
                 report.workflows_pruned.push(wf);
             } else {

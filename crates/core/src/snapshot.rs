@@ -231,8 +231,15 @@ impl Snapshotter {
                 ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
             ) {
                 Ok(_) => return true,
-                Err(rustix::io::Errno::NOSYS) => {}
-                Err(_) => return false,
+                // Missing, or a link or a non-folder on the way: not a snapshot.
+                Err(
+                    rustix::io::Errno::NOENT
+                    | rustix::io::Errno::LOOP
+                    | rustix::io::Errno::NOTDIR
+                    | rustix::io::Errno::XDEV,
+                ) => return false,
+                // No openat2 here (an old kernel, a seccomp filter): one folder at a time.
+                Err(_) => {}
             }
         }
         matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))

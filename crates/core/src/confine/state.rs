@@ -168,6 +168,24 @@ impl StateDir {
         Ok(())
     }
 
+    /// Records that `workflow`'s snapshots were pruned when the audit trail ended at
+    /// `audit_seq` (durable): writes audited before it have no snapshot any more, by
+    /// design.
+    pub fn write_prune_mark(&self, workflow: &str, audit_seq: u64) -> io::Result<()> {
+        self.write_block(
+            &format!("{INFLIGHT_DIR}/{workflow}.pruned"),
+            audit_seq.to_string().as_bytes(),
+            true,
+        )
+    }
+
+    /// The audit seq recorded by the last prune of `workflow`, if any.
+    pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<u64>> {
+        Ok(self
+            .read_optional(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))?
+            .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse().ok()))
+    }
+
     /// Reads `name`'s run record; `None` when there is none.
     pub fn inflight_read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         self.read_optional(&format!("{INFLIGHT_DIR}/{name}.json"))

@@ -619,9 +619,9 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
 }
 
 /// Something that is not a snapshot folder in the workflow's `.rollback` folder (a stray
-/// file here) does not blind recovery: the genuine in-doubt action is still undone, the
-/// run stays recorded as unfinished and the start says what was left alone, and once the
-/// stray entry is gone the next start finishes.
+/// file here) does not blind recovery: the genuine in-doubt action is still undone and
+/// the start says what was left alone. The run is recovered once: a later start does not
+/// judge it again (which would undo later changes to its files).
 #[test]
 fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
@@ -657,11 +657,21 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
         "the in-doubt append was undone"
     );
     assert_eq!(w.read("a.txt"), b"ALPHA\n", "the audited replace stays");
-    assert_eq!(record()["state"], "active", "retried at the next start");
+    assert_eq!(record()["state"], "idle");
+    drop(sb);
+    // Someone changes the audited file; the next start leaves it alone.
+    w.write("a.txt", b"edited later\n");
+    let sb = w.open(c.clone());
+    assert!(
+        sb.notices().iter().all(|n| !n.contains("recovered")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.read("a.txt"), b"edited later\n");
     drop(sb);
     std::fs::remove_file(&stray).unwrap();
+    w.write("a.txt", b"ALPHA\n");
     let sb = w.open(c);
-    assert_eq!(record()["state"], "idle");
     assert!(sb.audit_verify().unwrap().ok);
     let rb = sb.rollback_workflow(
         "wf_crash",

@@ -360,8 +360,8 @@ fn a_link_planted_in_the_rollback_folder_is_not_followed() {
     assert!(w.path("elsewhere/a1").read_dir().unwrap().next().is_none());
 }
 
-/// A folder nothing vouches for — unsealed, planted — neither stops a prune nor keeps
-/// its workflow: its age is what the seals and the audit trail say, and here nothing does.
+/// A folder nothing vouches for — unsealed, planted, or another state directory's — does
+/// not stop a prune, and is kept: nothing proves its age.
 #[test]
 fn prune_is_not_stopped_by_untrusted_folders() {
     let w = World::new();
@@ -383,9 +383,55 @@ fn prune_is_not_stopped_by_untrusted_folders() {
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();
-    assert_eq!(report.workflows_pruned, ["wf_junk", "wf_old"]);
+    assert_eq!(report.workflows_pruned, ["wf_old"]);
+    assert_eq!(report.workflows_kept, 2);
     assert!(w.root.join(".rollback/wf_new").exists());
-    assert!(!w.root.join(".rollback/wf_junk").exists());
+    assert!(w.root.join(".rollback/wf_junk/a1/meta.json").exists());
+}
+
+/// Pruned writes are not missing snapshots: after a prune the workflow id can be used
+/// again and its new run rolls back; so does a run that also wrote into a root this
+/// process is not configured with.
+#[test]
+fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_again", "actions": [{"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_again"]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_again", "actions": [{"action_id": "b1", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    let rb = sb.rollback_workflow("wf_again", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("two.txt").exists());
+    assert_eq!(w.read("one.txt"), b"1", "pruned: no longer reversible");
+    drop(sb);
+
+    let root2 = w.tmp.path().join("root2");
+    let mut both = w.writable_config();
+    both.roots = vec![w.root.clone(), root2.clone()];
+    let sb = w.open(both);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_two", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "here.txt", "content": "h"},
+            {"action_id": "a2", "intent": "create_file", "path": root2.join("there.txt").display().to_string(), "content": "t"}]}),
+    );
+    assert!(root2.join("there.txt").exists());
+    drop(sb);
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_two", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("here.txt").exists());
+    assert!(root2.join("there.txt").exists(), "not this process's root");
 }
 
 fn first_action(w: &World, wf: &str) -> String {
