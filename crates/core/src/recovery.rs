@@ -55,6 +55,9 @@ pub struct Recovered {
     /// trusted. The run is recorded as recovered all the same: judging it again at every
     /// start would undo later changes to its targets.
     pub untrusted: usize,
+    /// Nothing of the workflow's snapshots could be read, so nothing was judged: the run
+    /// stays recorded as unfinished and the next start tries again.
+    pub retry: bool,
 }
 
 impl Sandbox {
@@ -90,14 +93,18 @@ impl Sandbox {
                     continue;
                 }
             };
-            out.push(self.recover_record(&rec));
+            let report = self.recover_record(&rec);
+            let retry = report.retry;
+            out.push(report);
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.sync_point() {
                 tracing::warn!(reason = %r.reason, "cannot sync after recovery");
                 continue;
             }
-            self.write_idle_record(&rec, self.durable());
+            if !retry {
+                self.write_idle_record(&rec, self.durable());
+            }
         }
         out
     }
@@ -336,7 +343,10 @@ impl Sandbox {
                 _ => {}
             }
         }
-        let (snaps, untrusted) = self.trusted_workflow_snapshots(&rec.workflow_id);
+        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
+            report.retry = true;
+            return report;
+        };
         report.untrusted += untrusted;
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
@@ -390,7 +400,10 @@ impl Sandbox {
             let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
             audited.insert(e.action_id, after);
         }
-        let (snaps, untrusted) = self.trusted_workflow_snapshots(&rec.workflow_id);
+        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
+            report.retry = true;
+            return report;
+        };
         report.untrusted += untrusted;
         let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
         let mut in_doubt = Vec::new();
@@ -488,7 +501,11 @@ impl Sandbox {
             .map(|e| e.action_id.as_str())
             .collect();
         let mut records = Vec::new();
-        for (i, s) in self.trusted_workflow_snapshots(workflow_id).0 {
+        let snaps = self
+            .trusted_workflow_snapshots(workflow_id)
+            .map(|(s, _)| s)
+            .unwrap_or_default();
+        for (i, s) in snaps {
             if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
                 continue;
             }

@@ -360,7 +360,12 @@ impl Sandbox {
                     r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed, r.restores_recorded
                 )
             });
-            if r.untrusted > 0 {
+            if r.retry {
+                sb.notices.push(format!(
+                    "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
+                    r.workflow_id, r.execution_id
+                ));
+            } else if r.untrusted > 0 {
                 sb.notices.push(format!(
                     "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
                     r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
@@ -976,20 +981,21 @@ impl Sandbox {
 
     /// [`Sandbox::workflow_snapshots`] for recovery and pruning, which act on what they
     /// can trust and leave the rest alone (logged) rather than giving up on the whole
-    /// workflow. Also returns how many folders were left alone.
-    pub(crate) fn trusted_workflow_snapshots(&self, workflow_id: &str) -> (RootedSnapshots, usize) {
-        match self.workflow_snapshots_and_untrusted(workflow_id) {
-            Ok((all, untrusted)) => {
-                for r in &untrusted {
-                    tracing::error!(workflow = %workflow_id, reason = %r, "an untrusted snapshot folder was left alone");
-                }
-                (all, untrusted.len())
-            }
-            Err(r) => {
+    /// workflow. Also returns how many folders were left alone. An error means nothing
+    /// could be read at all (a root's `.rollback` unreadable, say).
+    pub(crate) fn trusted_workflow_snapshots(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<(RootedSnapshots, usize)> {
+        let (all, untrusted) = self
+            .workflow_snapshots_and_untrusted(workflow_id)
+            .inspect_err(|r| {
                 tracing::error!(workflow = %workflow_id, reason = %r, "the workflow's snapshots could not be read");
-                (Vec::new(), 1)
-            }
+            })?;
+        for r in &untrusted {
+            tracing::error!(workflow = %workflow_id, reason = %r, "an untrusted snapshot folder was left alone");
         }
+        Ok((all, untrusted.len()))
     }
 
     fn workflow_snapshots_and_untrusted(
@@ -1491,57 +1497,68 @@ impl Sandbox {
                 report.workflows_kept += 1;
                 continue;
             };
-            // Age comes from what can be trusted: sealed snapshots and the audit trail.
-            // A folder nothing vouches for (unsealed, planted) does not keep a workflow,
-            // nor stop the prune of others.
-            let (snaps, untrusted) = self.trusted_workflow_snapshots(&wf);
-            let Ok(trail) = self.audit.by_workflow(&wf) else {
-                report.workflows_kept += 1;
-                continue;
-            };
-            let newest = snaps
-                .iter()
-                .map(|(_, s)| s.meta.taken_at.as_str())
-                .chain(trail.iter().map(|e| e.timestamp.as_str()))
-                .filter_map(crate::clock::parse_timestamp)
-                .max();
-            // Nothing proves the age of folders it cannot verify (another state
-            // directory's, or a lost key's): they are kept.
-            let old = match newest {
-                Some(t) => t < cutoff,
-                None => untrusted == 0,
-            };
-            if old {
-                // A commit log entry must not outlive the snapshot it would recreate.
-                let _synced = self.settle_commit_log(&wf)?;
-                for root in &self.roots {
-                    Snapshotter::remove_workflow(root, &wf)?;
+            match self.prune_workflow(&wf, cutoff) {
+                Ok(true) => report.workflows_pruned.push(wf),
+                Ok(false) => report.workflows_kept += 1,
+                // One workflow that cannot be pruned does not keep the others.
+                Err(r) => {
+                    tracing::error!(workflow = %wf, reason = %r, "a workflow could not be pruned");
+                    report.workflows_kept += 1;
                 }
-                if let Err(e) = self
-                    .state
-                    .inflight_remove(&wf)
-                    .and_then(|()| self.state.commit_log_remove(&wf))
-                {
-                    tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
-                }
-                // Rollback checks snapshots against the audit trail: writes audited up to
-                // here have no snapshot any more, by design.
-                let mark = self
-                    .audit
-                    .last_seq()
-                    .and_then(|seq| self.state.write_prune_mark(&wf, seq));
-                if let Err(e) = mark {
-                    return Err(crate::Refusal::new(
-                        ReasonCode::IoError,
-                        format!("could not record the prune of {wf}: {}", e.kind()),
-                    ));
-                }
-                report.workflows_pruned.push(wf);
-            } else {
-                report.workflows_kept += 1;
             }
         }
         Ok(report)
+    }
+}
+
+impl Sandbox {
+    /// Prunes one workflow (its lock held) when what can be trusted — sealed snapshots
+    /// and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
+    /// (another state directory's, a lost key's, planted) keep the workflow: nothing
+    /// proves their age. Returns whether it was pruned.
+    fn prune_workflow(&self, wf: &str, cutoff: chrono::DateTime<chrono::Utc>) -> Verdict<bool> {
+        let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
+        let trail = self.audit.by_workflow(wf).map_err(|e| {
+            crate::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not read the audit trail: {}", e.kind()),
+            )
+        })?;
+        let newest = snaps
+            .iter()
+            .map(|(_, s)| s.meta.taken_at.as_str())
+            .chain(trail.iter().map(|e| e.timestamp.as_str()))
+            .filter_map(crate::clock::parse_timestamp)
+            .max();
+        if untrusted > 0 || newest.is_some_and(|t| t >= cutoff) {
+            return Ok(false);
+        }
+        // A commit log entry must not outlive the snapshot it would recreate.
+        let _synced = self.settle_commit_log(wf)?;
+        // Recorded first: rollback checks snapshots against the audit trail, and writes
+        // audited up to here are about to lose theirs by design. A mark without the
+        // removal only spares writes that still have snapshots; the other way round,
+        // every later rollback of the workflow would be refused.
+        self.audit
+            .last_seq()
+            .and_then(|seq| self.state.write_prune_mark(wf, seq))
+            .map_err(|e| {
+                crate::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not record the prune: {}", e.kind()),
+                )
+            })?;
+        for root in &self.roots {
+            Snapshotter::remove_workflow(root, wf)?;
+        }
+        if let Err(e) = self
+            .state
+            .inflight_remove(wf)
+            .and_then(|()| self.state.commit_log_remove(wf))
+        {
+            tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
+        }
+        Ok(true)
     }
 }
 

@@ -361,7 +361,7 @@ impl Snapshotter {
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id
             || meta.action_id != action_id
-            || meta.root != root.path().display().to_string()
+            || std::path::Path::new(&meta.root) != root.path()
         {
             return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
         }
@@ -497,8 +497,11 @@ impl Snapshotter {
         let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
             return Ok(());
         };
-        rb.remove_dir_all(workflow_id)
-            .map_err(|e| snap_io("remove", &e))
+        match rb.remove_dir_all(workflow_id) {
+            // The workflow wrote nothing in this root.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r.map_err(|e| snap_io("remove", &e)),
+        }
     }
 }
 

@@ -683,3 +683,46 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
 }
+
+/// When a workflow's snapshots cannot be read at all, nothing of its dead run is judged:
+/// the run stays recorded as unfinished, and the start that can read them recovers it.
+#[test]
+fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_audit", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+    assert!(outcome.is_err());
+    drop(sb);
+    let rollback = w.root.join(".rollback");
+    let aside = w.tmp.path().join("rollback-aside");
+    std::fs::rename(&rollback, &aside).unwrap();
+    std::fs::write(&rollback, b"in the way").unwrap();
+    let record = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
+            .unwrap()
+    };
+    let sb = w.open(c.clone());
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("recovered at the next start")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(record()["state"], "active");
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not judged yet");
+    drop(sb);
+    std::fs::remove_file(&rollback).unwrap();
+    std::fs::rename(&aside, &rollback).unwrap();
+    let sb = w.open(c);
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("1 unfinished actions rolled back")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.read("d/b.txt"), b"beta\n");
+    assert_eq!(record()["state"], "idle");
+}

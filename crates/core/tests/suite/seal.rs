@@ -444,3 +444,48 @@ fn first_action(w: &World, wf: &str) -> String {
         .into_string()
         .unwrap()
 }
+
+/// Pruning several roots, where a workflow wrote into one of them only, prunes every old
+/// workflow and records it; a root spelled with a trailing slash is the same root for the
+/// snapshots it holds.
+#[test]
+fn prune_over_several_roots_and_root_spellings() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    let mut both = w.writable_config();
+    both.roots = vec![w.root.clone(), root2.clone()];
+    let sb = w.open(both.clone());
+    run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"action_id": "b1", "intent": "create_file", "path": root2.join("b.txt").display().to_string(), "content": "b"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_a", "wf_b"]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"action_id": "a2", "intent": "create_file", "path": "a2.txt", "content": "a"}]}),
+    );
+    let rb = sb.rollback_workflow("wf_a", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    drop(sb);
+
+    let mut slashed = w.writable_config();
+    slashed.roots = vec![std::path::PathBuf::from(format!("{}/", w.root.display()))];
+    let sb = w.open(slashed);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_s", "actions": [{"action_id": "s1", "intent": "create_file", "path": "s.txt", "content": "s"}]}),
+    );
+    drop(sb);
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_s", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("s.txt").exists());
+}
