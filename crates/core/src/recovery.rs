@@ -234,7 +234,7 @@ impl Sandbox {
             let Some(i) = self
                 .root_paths
                 .iter()
-                .position(|p| p.display().to_string() == meta.root)
+                .position(|p| p.as_path() == std::path::Path::new(&meta.root))
             else {
                 tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; skipped");
                 continue;

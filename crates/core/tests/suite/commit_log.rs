@@ -346,3 +346,23 @@ fn a_replay_that_fails_keeps_the_log_for_the_next_start() {
     }
     assert_eq!(w.tree(), primed);
 }
+
+/// The root is the same root however its path is spelled: a start that names it with a
+/// trailing slash replays what the log holds for it.
+#[test]
+fn a_root_spelled_differently_still_gets_its_logged_writes() {
+    let (w, _, _) = three_writes_then_a_power_cut();
+    let mut c = batched(&w);
+    c.roots = vec![std::path::PathBuf::from(format!("{}/", w.root.display()))];
+    let sb = w.open(c);
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("3 finished from their commit records")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+}
