@@ -194,7 +194,9 @@ impl Sandbox {
                 tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
                 continue;
             }
-            if let Some(r) = dead {
+            if let Some(r) = dead
+                && !report.retry
+            {
                 self.write_idle_record(r, self.durable());
             }
             if dead.is_some() || replayed > 0 {
@@ -231,12 +233,11 @@ impl Sandbox {
             let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
                 continue;
             };
-            let Some(i) = self
-                .root_paths
-                .iter()
-                .position(|p| p.as_path() == std::path::Path::new(&meta.root))
-            else {
-                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; skipped");
+            let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
+                // Its writes were acknowledged: the log is kept until a start that has
+                // the root can replay them.
+                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; the log is kept");
+                complete = false;
                 continue;
             };
             if meta.workflow_id != wf {

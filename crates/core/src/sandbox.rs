@@ -349,6 +349,13 @@ impl Sandbox {
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
         };
         for r in sb.recover() {
+            if r.retry {
+                sb.notices.push(format!(
+                    "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
+                    r.workflow_id, r.execution_id
+                ));
+                continue;
+            }
             sb.notices.push(if r.rollback {
                 format!(
                     "recovered interrupted rollback {} of workflow {}: {} restored files recorded",
@@ -360,12 +367,7 @@ impl Sandbox {
                     r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed, r.restores_recorded
                 )
             });
-            if r.retry {
-                sb.notices.push(format!(
-                    "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
-                    r.workflow_id, r.execution_id
-                ));
-            } else if r.untrusted > 0 {
+            if r.untrusted > 0 {
                 sb.notices.push(format!(
                     "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
                     r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
@@ -1180,7 +1182,25 @@ impl Sandbox {
             .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
             .collect();
         missing.sort();
-        if !missing.is_empty() && !snaps.is_empty() {
+        // A prune records itself before it removes anything: a snapshot still there of a
+        // write it covered means it stopped half way, and its mark must not excuse the
+        // folders it did remove.
+        let pruned_but_present = trail.iter().any(|e| {
+            e.status == AuditStatus::Success
+                && e.seq <= pruned_up_to
+                && have.contains(e.action_id.as_str())
+        });
+        if pruned_but_present {
+            return refused(
+                ReasonCode::NoRollbackData,
+                format!(
+                    "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
+                    shown_path(workflow_id)
+                ),
+                Vec::new(),
+            );
+        }
+        if !missing.is_empty() {
             return refused(
                 ReasonCode::NoRollbackData,
                 format!(

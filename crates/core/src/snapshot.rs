@@ -361,7 +361,7 @@ impl Snapshotter {
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id
             || meta.action_id != action_id
-            || std::path::Path::new(&meta.root) != root.path()
+            || !root.is_named_by(&meta.root)
         {
             return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
         }

@@ -158,6 +158,16 @@ impl SandboxRoot {
         })
     }
 
+    /// Whether `configured` (a root path as some earlier run configured it) names this
+    /// very directory: the same path, or another spelling (a symlink, `//`) that leads to
+    /// it.
+    #[allow(clippy::disallowed_methods)] // a path from a sealed record, only compared
+    pub fn is_named_by(&self, configured: &str) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        Path::new(configured) == self.path
+            || std::fs::metadata(configured).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
+    }
+
     /// Whether `other` lies inside this root (or is the same directory), judged by the
     /// directories both were really reached through, not by their configured paths.
     pub fn contains(&self, other: &SandboxRoot) -> bool {

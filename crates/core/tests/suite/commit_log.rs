@@ -366,3 +366,21 @@ fn a_root_spelled_differently_still_gets_its_logged_writes() {
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
 }
+
+/// A start without the root a commit log's writes went to keeps the log (those writes
+/// were acknowledged); the next start with the root replays them.
+#[test]
+fn a_log_for_a_root_not_configured_now_is_kept() {
+    let (w, _, primed) = three_writes_then_a_power_cut();
+    let other = w.tmp.path().join("other-root");
+    let mut c = batched(&w);
+    c.roots = vec![other];
+    drop(w.open(c));
+    assert_eq!(log_len(&w, "wf_log"), 3, "kept for the root");
+    assert_eq!(w.tree(), primed);
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -489,3 +489,64 @@ fn prune_over_several_roots_and_root_spellings() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(!w.path("s.txt").exists());
 }
+
+/// A prune records itself before removing anything; if it stops half way, the rollback
+/// refuses (rather than skip the writes whose snapshots it removed) until a prune
+/// finishes. With every folder gone and no prune, the refusal names the actions.
+#[test]
+fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_half", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    // Recorded, then stopped before the folders went.
+    let seq = sb.audit_log().last_seq().unwrap();
+    ailab_sandbox_core::confine::state::StateDir::open(&w.state)
+        .unwrap()
+        .write_prune_mark("wf_half", seq)
+        .unwrap();
+    std::fs::remove_dir_all(w.root.join(".rollback/wf_half/a1")).unwrap();
+    let rb = sb.rollback_workflow("wf_half", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(rb.reason.unwrap().contains("prune again"));
+    assert!(w.path("two.txt").exists());
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_half"]);
+
+    run(
+        &sb,
+        json!({"workflow_id": "wf_gone", "actions": [{"action_id": "g1", "intent": "create_file", "path": "g.txt", "content": "g"}]}),
+    );
+    std::fs::remove_dir_all(w.root.join(".rollback/wf_gone")).unwrap();
+    let rb = sb.rollback_workflow("wf_gone", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    assert!(rb.reason.unwrap().contains("'g1'"));
+}
+
+/// A root reached through another spelling of its path (a symlink to it) is the same
+/// root for the snapshots it holds.
+#[test]
+fn a_root_named_through_a_symlink_keeps_its_snapshots() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_ln", "actions": [{"action_id": "a1", "intent": "create_file", "path": "l.txt", "content": "l"}]}),
+    );
+    drop(sb);
+    let link = w.tmp.path().join("link-to-here");
+    std::os::unix::fs::symlink(w.tmp.path(), &link).unwrap();
+    let mut c = w.writable_config();
+    c.roots = vec![link.join("root")];
+    let sb = w.open(c);
+    let rb = sb.rollback_workflow("wf_ln", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("l.txt").exists());
+}
