@@ -612,7 +612,7 @@ impl Sandbox {
     }
 
     /// SHA-256 of a regular file's bytes; `None` for anything else.
-    fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
+    pub(crate) fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
         match self.roots[root].inspect(rel).ok()?.kind {
             crate::confine::TargetKind::File { .. } => self.roots[root]
                 .read_file(rel, crate::snapshot::MAX_SNAPSHOT_BYTES)

@@ -1286,6 +1286,34 @@ impl Sandbox {
                 }
                 _ => "writing is disabled",
             };
+            // Simulated like a plan's actions, and audited like them (SPEC §8): one line
+            // per restore that would happen.
+            let execution_id = crate::plan::new_execution_id();
+            let records: Vec<AuditRecord> = chosen
+                .iter()
+                .rev()
+                .map(|(i, s)| {
+                    let current = self.target_checksum(*i, &s.meta.target());
+                    let mut r = self.rollback_record(
+                        &execution_id,
+                        workflow_id,
+                        *i,
+                        &s.meta,
+                        current,
+                        s.meta.sha256.clone(),
+                    );
+                    r.status = AuditStatus::Simulated;
+                    r.rollback_path = None;
+                    r
+                })
+                .collect();
+            if let Err(e) = self.audit.append(records) {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not audit the simulated rollback: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
             return RollbackReport {
                 workflow_id: workflow_id.to_owned(),
                 status: "simulated",

@@ -314,7 +314,17 @@ fn rollback_with_writing_off_or_dry_run_only_simulates() {
             "{reason}"
         );
         assert_eq!(w.tree(), after, "nothing restored");
-        assert_eq!(sb.audit_stats().unwrap().rolled_back, 0);
+        let stats = sb.audit_stats().unwrap();
+        assert_eq!(stats.rolled_back, 0);
+        // Audited as simulated restores, newest first, like a plan's simulated actions.
+        let trail = sb.audit_log().list(5, Some("wf_five")).unwrap();
+        let simulated: Vec<&str> = trail
+            .iter()
+            .rev()
+            .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::Simulated)
+            .map(|e| e.action_id.as_str())
+            .collect();
+        assert_eq!(simulated, ["a5", "a4", "a3", "a2", "a1"]);
     }
     let sb = w.sandbox();
     let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
