@@ -494,6 +494,46 @@ fn created_modes_do_not_depend_on_the_callers_umask() {
     assert_eq!(mode(&e.root.join("d/e/f.txt")), 0o644);
     assert_eq!(mode(&e.root.join("d")), 0o755);
     assert_eq!(mode(&e.root.join("d/e")), 0o755);
+
+    // A group-writable file keeps its mode through a replacement and a rollback, whatever
+    // the caller's umask.
+    let shared = e.root.join("shared.md");
+    std::fs::write(&shared, b"v1\n").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let plan = e.write_plan(
+        "r.json",
+        &json!({"workflow_id": "wf_mode", "actions": [
+            {"intent": "replace_file", "path": "shared.md", "content": "v2\n"}]}),
+    );
+    let with_umask = |args: &[&str], plan: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c")
+            .arg("umask 077; exec \"$0\" \"$@\"")
+            .arg(&bin)
+            .arg("--root")
+            .arg(&e.root)
+            .arg("--state-dir")
+            .arg(&e.state)
+            .args(["--json", "--enable-write", "--no-dry-run"])
+            .args(args)
+            .env_remove("AI_LAB_SANDBOX_CONFIG");
+        if let Some(p) = plan {
+            c.arg(p);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    with_umask(&["run"], Some(&plan));
+    assert_eq!(std::fs::read(&shared).unwrap(), b"v2\n");
+    assert_eq!(mode(&shared), 0o664, "replaced");
+    with_umask(&["rollback", "wf_mode"], None);
+    assert_eq!(std::fs::read(&shared).unwrap(), b"v1\n");
+    assert_eq!(mode(&shared), 0o664, "restored");
 }
 
 /// A token on the command line can be read by every local user; the server says so.

@@ -550,11 +550,13 @@ pub struct DirEntryInfo {
     pub size_bytes: u64,
 }
 
-/// Makes the process create files 0644 and directories 0755 (SPEC §2) whatever umask it
-/// inherited: the runtime never chmods, so the mask is what decides. Programs call it
-/// once at start-up, before any thread; a library caller keeps its own mask.
+/// Makes the modes the runtime asks for the modes it gets, whatever umask the process
+/// inherited: new files 0644 and directories 0755 (SPEC §2), a replaced or restored file
+/// its own earlier mode (without an execute bit), the state directory's files 0600. The
+/// runtime never chmods, so the mask is what would decide otherwise. Programs call it once
+/// at start-up, before any thread; a library caller keeps its own mask.
 pub fn use_spec_creation_modes() {
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    rustix::process::umask(rustix::fs::Mode::empty());
 }
 
 /// A directory handle on the way to a target: the root's own handle for a target at the
@@ -998,10 +1000,16 @@ fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<A
             path.display()
         ));
     }
-    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+    // A group-writable directory is fine when the group is this process's own (a user
+    // private group, as many systems give each user); another group's members could
+    // swap the root like any other user.
+    let egid = rustix::process::getegid().as_raw();
+    let others_write = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid);
+    if others_write && mode & 0o1000 == 0 {
         return Err(format!(
-            "root {shown} is refused: the directory {} above it (owner uid {uid}, mode {mode:04o}) is writable by its group or by other users and has no sticky bit; a directory above a root must be writable only by its owner, or carry the sticky bit as /tmp does, or others could swap the root for a directory of theirs",
-            path.display()
+            "root {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a root must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the root for a directory of theirs",
+            path.display(),
+            m.gid()
         ));
     }
     Ok(Ancestor {
