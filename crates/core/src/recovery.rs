@@ -156,7 +156,7 @@ impl Sandbox {
                     continue;
                 }
             };
-            let (replayed, complete) = self.replay_commits(&wf, &entries);
+            let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
             let on_disk = self
@@ -194,6 +194,19 @@ impl Sandbox {
                 tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
                 continue;
             }
+            // Entries for a root not configured now stay, alone, for a start that has it:
+            // their writes were acknowledged, and the others must not be replayed again.
+            for e in kept.iter().map(|&i| &entries[i]) {
+                if let Err(err) = crate::commit_log::append(
+                    &file,
+                    &e.record,
+                    &e.meta,
+                    e.backup.as_deref(),
+                    &e.bytes,
+                ) {
+                    tracing::error!(error = %err, workflow = %wf, "a commit log entry for a root not configured now could not be kept");
+                }
+            }
             if let Some(r) = dead
                 && !report.retry
             {
@@ -216,7 +229,7 @@ impl Sandbox {
         &self,
         wf: &str,
         entries: &[crate::commit_log::CommitEntry],
-    ) -> (usize, bool) {
+    ) -> (usize, bool, Vec<usize>) {
         use crate::snapshot::Snapshotter;
         let audited: HashSet<(String, String)> = self
             .audit
@@ -229,15 +242,16 @@ impl Sandbox {
         let mut live = Vec::new();
         let mut changed: HashSet<String> = HashSet::new();
         let mut complete = true;
-        for e in entries {
+        let mut kept = Vec::new();
+        for (at, e) in entries.iter().enumerate() {
             let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
                 continue;
             };
             let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
-                // Its writes were acknowledged: the log is kept until a start that has
-                // the root can replay them.
-                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; the log is kept");
-                complete = false;
+                // Its write was acknowledged: the entry is kept for a start that has the
+                // root.
+                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; it is kept");
+                kept.push(at);
                 continue;
             };
             if meta.workflow_id != wf {
@@ -317,7 +331,7 @@ impl Sandbox {
                 }
             }
         }
-        (changed.len(), complete)
+        (changed.len(), complete, kept)
     }
 
     /// A rollback died. It restored targets newest first and recorded each step after

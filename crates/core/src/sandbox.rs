@@ -967,6 +967,19 @@ impl Sandbox {
             .to_string()
     }
 
+    /// The root (index) a recorded absolute target path lies in, whatever spelling of
+    /// the root it was recorded with; `None` when it is in none of this process's roots.
+    fn root_of(&self, target: &str) -> Option<usize> {
+        let path = std::path::Path::new(target);
+        if let Some(i) = self.root_paths.iter().position(|r| path.starts_with(r)) {
+            return Some(i);
+        }
+        path.ancestors().skip(1).find_map(|a| {
+            let a = a.to_str()?;
+            self.roots.iter().position(|r| r.is_named_by(a))
+        })
+    }
+
     /// Every snapshot of a workflow across roots, oldest first, with its root. A record
     /// that cannot be trusted refuses the whole workflow: a rollback that skipped it would
     /// report success with a file left unrestored.
@@ -1132,8 +1145,8 @@ impl Sandbox {
                 );
             }
         };
-        let pruned_up_to = match self.state.prune_mark(workflow_id) {
-            Ok(m) => m.unwrap_or(0),
+        let (pruned_up_to, pruned_roots) = match self.state.prune_mark(workflow_id) {
+            Ok(m) => m.unwrap_or_default(),
             Err(e) => {
                 return refused(
                     ReasonCode::IoError,
@@ -1142,11 +1155,13 @@ impl Sandbox {
                 );
             }
         };
-        // Writes into a root this process is not configured with have no snapshot here.
-        let in_a_root = |target: &str| {
-            self.root_paths
-                .iter()
-                .any(|r| std::path::Path::new(target).starts_with(r))
+        // Which of this process's roots the last prune went through.
+        let pruned_root = |i: usize| pruned_roots.iter().any(|r| self.roots[i].is_named_by(r));
+        // Writes excused from having a snapshot here: those into a root this process is not
+        // configured with, and those a prune removed.
+        let expects_snapshot = |e: &SandboxAuditEntry| {
+            self.root_of(&e.target_path)
+                .is_some_and(|i| e.seq > pruned_up_to || !pruned_root(i))
         };
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
         let mut undone: HashMap<&str, u64> = HashMap::new();
@@ -1155,8 +1170,7 @@ impl Sandbox {
                 AuditStatus::Success
                     if e.rollback_available
                         && e.mutation_class != Some(MutationClass::Rollback)
-                        && e.seq > pruned_up_to
-                        && in_a_root(&e.target_path) =>
+                        && expects_snapshot(e) =>
                 {
                     written.insert(&e.action_id, (e.seq, &e.target_path));
                 }
@@ -1185,10 +1199,18 @@ impl Sandbox {
         // A prune records itself before it removes anything: a snapshot still there of a
         // write it covered means it stopped half way, and its mark must not excuse the
         // folders it did remove.
-        let pruned_but_present = trail.iter().any(|e| {
-            e.status == AuditStatus::Success
-                && e.seq <= pruned_up_to
-                && have.contains(e.action_id.as_str())
+        let pruned_but_present = snaps.iter().any(|(i, s)| {
+            pruned_root(*i)
+                && opts
+                    .action_id
+                    .as_deref()
+                    .is_none_or(|a| a == s.meta.action_id)
+                && trail.iter().any(|e| {
+                    e.status == AuditStatus::Success
+                        && e.seq <= pruned_up_to
+                        && e.action_id == s.meta.action_id
+                        && e.execution_id == s.meta.execution_id
+                })
         });
         if pruned_but_present {
             return refused(
@@ -1575,7 +1597,13 @@ impl Sandbox {
         let newest = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())
-            .chain(trail.iter().map(|e| e.timestamp.as_str()))
+            // A simulated rollback or plan is no activity on the workflow's snapshots.
+            .chain(
+                trail
+                    .iter()
+                    .filter(|e| e.status != AuditStatus::Simulated)
+                    .map(|e| e.timestamp.as_str()),
+            )
             .filter_map(crate::clock::parse_timestamp)
             .max();
         if untrusted > 0 || newest.is_some_and(|t| t >= cutoff) {
@@ -1589,7 +1617,14 @@ impl Sandbox {
         // every later rollback of the workflow would be refused.
         self.audit
             .last_seq()
-            .and_then(|seq| self.state.write_prune_mark(wf, seq))
+            .and_then(|seq| {
+                let roots: Vec<String> = self
+                    .root_paths
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect();
+                self.state.write_prune_mark(wf, seq, &roots)
+            })
             .map_err(|e| {
                 crate::Refusal::new(
                     ReasonCode::IoError,

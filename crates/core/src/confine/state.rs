@@ -168,22 +168,38 @@ impl StateDir {
         Ok(())
     }
 
-    /// Records that `workflow`'s snapshots were pruned when the audit trail ended at
-    /// `audit_seq` (durable): writes audited before it have no snapshot any more, by
-    /// design.
-    pub fn write_prune_mark(&self, workflow: &str, audit_seq: u64) -> io::Result<()> {
+    /// Records that `workflow`'s snapshots in `roots` (as configured) were pruned when the
+    /// audit trail ended at `audit_seq` (durable): writes audited before it into those
+    /// roots have no snapshot any more, by design.
+    pub fn write_prune_mark(
+        &self,
+        workflow: &str,
+        audit_seq: u64,
+        roots: &[String],
+    ) -> io::Result<()> {
+        let mut text = audit_seq.to_string();
+        for r in roots {
+            text.push('\n');
+            text.push_str(r);
+        }
         self.write_block(
             &format!("{INFLIGHT_DIR}/{workflow}.pruned"),
-            audit_seq.to_string().as_bytes(),
+            text.as_bytes(),
             true,
         )
     }
 
-    /// The audit seq recorded by the last prune of `workflow`, if any.
-    pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<u64>> {
-        Ok(self
-            .read_optional(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))?
-            .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse().ok()))
+    /// The audit seq and the roots recorded by the last prune of `workflow`, if any.
+    pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<(u64, Vec<String>)>> {
+        let Some(bytes) = self.read_optional(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))? else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+        let Some(seq) = lines.next().and_then(|l| l.parse().ok()) else {
+            return Ok(None);
+        };
+        Ok(Some((seq, lines.map(str::to_owned).collect())))
     }
 
     /// Reads `name`'s run record; `None` when there is none.

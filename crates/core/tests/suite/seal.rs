@@ -507,7 +507,7 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     let seq = sb.audit_log().last_seq().unwrap();
     ailab_sandbox_core::confine::state::StateDir::open(&w.state)
         .unwrap()
-        .write_prune_mark("wf_half", seq)
+        .write_prune_mark("wf_half", seq, &[w.root.display().to_string()])
         .unwrap();
     std::fs::remove_dir_all(w.root.join(".rollback/wf_half/a1")).unwrap();
     let rb = sb.rollback_workflow("wf_half", &RollbackOptions::default());
@@ -549,4 +549,63 @@ fn a_root_named_through_a_symlink_keeps_its_snapshots() {
     let rb = sb.rollback_workflow("wf_ln", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(!w.path("l.txt").exists());
+}
+
+/// After a prune the workflow's action ids may be used again, a prune made with one of
+/// two roots leaves the other's snapshots reversible, and a root named through a
+/// symlinked path still has its missing snapshots noticed.
+#[test]
+fn prune_marks_name_their_roots_and_runs() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    let mut both = w.writable_config();
+    both.roots = vec![w.root.clone(), root2.clone()];
+    let sb = w.open(both.clone());
+    run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "a"},
+            {"action_id": "b1", "intent": "create_file", "path": root2.join("b.txt").display().to_string(), "content": "b"}]}),
+    );
+    drop(sb);
+    w.clock.advance(chrono::Duration::days(10));
+    let sb = w.sandbox();
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_p"]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [{"action_id": "a1", "intent": "create_file", "path": "again.txt", "content": "x"}]}),
+    );
+    drop(sb);
+    let sb = w.open(both);
+    let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("again.txt").exists());
+    assert!(
+        !root2.join("b.txt").exists(),
+        "root2 was not pruned: still reversible"
+    );
+    assert!(w.path("a.txt").exists(), "pruned: no longer reversible");
+    drop(sb);
+
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_q", "actions": [
+            {"action_id": "q1", "intent": "create_file", "path": "q1.txt", "content": "1"},
+            {"action_id": "q2", "intent": "create_file", "path": "q2.txt", "content": "2"}]}),
+    );
+    drop(sb);
+    std::fs::remove_dir_all(w.root.join(".rollback/wf_q/q1")).unwrap();
+    let link = w.tmp.path().join("via");
+    std::os::unix::fs::symlink(w.tmp.path(), &link).unwrap();
+    let mut linked = w.writable_config();
+    linked.roots = vec![link.join("root")];
+    let sb = w.open(linked);
+    let rb = sb.rollback_workflow("wf_q", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    assert!(rb.reason.unwrap().contains("'q1'"));
+    assert!(w.path("q2.txt").exists());
 }
