@@ -88,11 +88,19 @@ impl StateDir {
         self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
     }
 
-    /// Creates the one-block record `rel` with `bytes`, durable, unless it exists: written
-    /// aside and linked into place, so a reader never sees it empty or half written.
+    /// Creates the one-block record `rel` with `bytes`, durable, unless it exists (see
+    /// [`StateDir::create_whole`]). Returns whether this call made it.
+    pub fn create_block(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
+        self.create_whole(rel, &padded_block(bytes)?)
+    }
+
+    /// Creates `rel` with `bytes`, durable, unless it exists: written aside and linked into
+    /// place, so a reader never sees it empty or half written, and a second creator keeps
+    /// the first one's. Either way the directory is synced before returning: the caller is
+    /// about to rely on the entry, which another process may have linked a moment ago.
     /// Returns whether this call made it.
     #[allow(clippy::disallowed_methods)]
-    pub fn create_block(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
+    fn create_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
         let path = self.path.join(rel);
         let tmp = self
             .path
@@ -103,23 +111,17 @@ impl StateDir {
             .mode(0o600)
             .open(&tmp)?;
         let linked = f
-            .write_all(&padded_block(bytes)?)
+            .write_all(bytes)
             .and_then(|()| f.sync_data())
             .and_then(|()| std::fs::hard_link(&tmp, &path));
         let _ = std::fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => {
-                File::open(&self.path)?.sync_all()?;
-                Ok(true)
-            }
-            // Another process linked it first; its directory entry may not be durable
-            // yet, and this process is about to rely on it.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                File::open(&self.path)?.sync_all()?;
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
+        let made = match linked {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(e),
+        };
+        File::open(&self.path)?.sync_all()?;
+        Ok(made)
     }
 
     /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
@@ -300,9 +302,8 @@ impl StateDir {
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
-    /// source. It appears whole or not at all (written aside, then linked into place, which
-    /// fails if another process made it first: then theirs is used), durable before use.
-    #[allow(clippy::disallowed_methods)]
+    /// source. It appears whole or not at all, and if another process made it first, theirs
+    /// is used (see [`StateDir::create_whole`]).
     pub fn secret(&self, name: &str) -> io::Result<[u8; 32]> {
         let path = self.path.join(name);
         if let Some(key) = read_secret(&path)? {
@@ -314,33 +315,10 @@ impl StateDir {
             filled +=
                 rustix::rand::getrandom(&mut key[filled..], rustix::rand::GetRandomFlags::empty())?;
         }
-        let tmp = self
-            .path
-            .join(format!(".{name}{}", super::root::temp_name()));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        let linked = f
-            .write_all(&key)
-            .and_then(|()| f.sync_all())
-            .and_then(|()| std::fs::hard_link(&tmp, &path));
-        let _ = std::fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => {
-                File::open(&self.path)?.sync_all()?;
-                Ok(key)
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // Made by another process a moment ago: durable before it seals anything
-                // here.
-                File::open(&self.path)?.sync_all()?;
-                read_secret(&path)?
-                    .ok_or_else(|| io::Error::other(format!("{} vanished", path.display())))
-            }
-            Err(e) => Err(e),
+        if self.create_whole(name, &key)? {
+            return Ok(key);
         }
+        read_secret(&path)?.ok_or_else(|| io::Error::other(format!("{} vanished", path.display())))
     }
 
     /// Replaces a small file atomically (temporary file, rename; fsync'd when `durable`).

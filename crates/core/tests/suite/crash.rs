@@ -42,6 +42,21 @@ fn plan_json() -> serde_json::Value {
         {"intent": "create_file", "path": "new/c.txt", "content": "gamma\n"}]})
 }
 
+/// Runs `plan_json` in `c` and makes it die just before the second action's audit line:
+/// the first action is audited, the second is in doubt.
+fn die_before_the_second_audit(w: &World, c: &ailab_sandbox_core::Config) {
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_audit", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+    assert!(outcome.is_err(), "the run should die");
+}
+
+/// A workflow's run record as the state directory holds it.
+fn run_record(w: &World, wf: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
+        .unwrap()
+}
+
 fn temp_files(dir: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();
     for e in walk(dir) {
@@ -335,11 +350,7 @@ fn strict_and_batched_durability_run_and_recover() {
         let original = w.tree();
         let mut c = w.writable_config();
         c.durability = durability;
-        let sb = w.open(c.clone());
-        sb.failpoints().arm_crash("before_audit", 2);
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
-        assert!(outcome.is_err(), "{durability:?}");
-        drop(sb);
+        die_before_the_second_audit(&w, &c);
         let sb = w.open(c);
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
         let rb = sb.rollback_workflow(
@@ -390,10 +401,7 @@ fn batched_concurrent_runs_leave_every_record_idle_and_the_head_current() {
     let sb = std::sync::Arc::into_inner(sb).unwrap();
     drop(sb);
     for wf in ["wf_t0", "wf_t1"] {
-        let rec: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap(),
-        )
-        .unwrap();
+        let rec = run_record(&w, wf);
         assert_eq!(rec["state"], "idle", "{wf}: {rec}");
     }
     let head: serde_json::Value =
@@ -564,11 +572,7 @@ fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() 
             assert_eq!(rb.steps_rolled_back, 1, "{case}: only a.txt was left");
             assert_eq!(w.tree(), original, "{case}");
             drop(sb);
-            let rec: serde_json::Value = serde_json::from_slice(
-                &std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap(),
-            )
-            .unwrap();
-            assert_eq!(rec["state"], "idle", "{case}");
+            assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{case}");
         }
     }
 }
@@ -625,17 +629,10 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
 #[test]
 fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
-    let sb = w.open(c.clone());
-    sb.failpoints().arm_crash("before_audit", 2);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
-    assert!(outcome.is_err());
-    drop(sb);
+    die_before_the_second_audit(&w, &c);
     let stray = w.root.join(".rollback/wf_crash/zz");
     std::fs::write(&stray, b"not a snapshot").unwrap();
-    let record = || -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
-            .unwrap()
-    };
+    let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
     assert!(
         sb.notices()
@@ -689,19 +686,12 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
 #[test]
 fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
-    let sb = w.open(c.clone());
-    sb.failpoints().arm_crash("before_audit", 2);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
-    assert!(outcome.is_err());
-    drop(sb);
+    die_before_the_second_audit(&w, &c);
     let rollback = w.root.join(".rollback");
     let aside = w.tmp.path().join("rollback-aside");
     std::fs::rename(&rollback, &aside).unwrap();
     std::fs::write(&rollback, b"in the way").unwrap();
-    let record = || -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(w.state.join("inflight/wf_crash.json")).unwrap())
-            .unwrap()
-    };
+    let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
     assert!(
         sb.notices()

@@ -45,6 +45,12 @@ fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) 
     assert_eq!(forced.status, "refused", "force does not trust it either");
 }
 
+/// Rolls a workflow back and checks that it was.
+fn rolls_back(sb: &ailab_sandbox_core::Sandbox, wf: &str) {
+    let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+}
+
 /// A snapshot written into `.rollback/` by hand — a copy of a genuine one with its
 /// target changed to a blocked unit file, and one with no seal at all — is refused, and
 /// nothing is written.
@@ -75,8 +81,7 @@ fn planted_snapshots_are_never_restored() {
     assert!(!w.path("evil.service").exists());
     assert_eq!(w.read("m.txt"), b"x");
     // The genuine workflow still rolls back.
-    let rb = sb.rollback_workflow("wf_ok", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_ok");
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
@@ -105,8 +110,7 @@ fn an_edited_snapshot_refuses_its_workflow_rollback() {
     assert_eq!(w.read("n.txt"), b"n", "nothing of the workflow was undone");
 
     std::fs::write(&path, genuine).unwrap();
-    let rb = sb.rollback_workflow("wf_meta", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_meta");
     assert_eq!(w.read("m.txt"), b"mark");
     assert!(!w.path("n.txt").exists());
 }
@@ -220,8 +224,7 @@ fn the_seal_key_is_private_and_outlives_the_process() {
     );
     let sb = w.sandbox();
     assert_eq!(std::fs::read(&key).unwrap(), bytes, "not replaced");
-    let rb = sb.rollback_workflow("wf_keep", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_keep");
     drop(sb);
 
     std::fs::write(&key, b"short").unwrap();
@@ -272,8 +275,7 @@ fn genuine_records_copied_elsewhere_are_not_trusted() {
     refused_as_untrusted(&sb, "wf_copy", ".rollback/wf_copy/a1/meta.json");
     assert!(!root2.join("m.txt").exists());
     std::fs::remove_dir_all(root2.join(".rollback")).unwrap();
-    let rb = sb.rollback_workflow("wf_copy", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_copy");
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
@@ -314,8 +316,7 @@ fn removed_records_are_caught_through_the_audit_trail() {
         let _ = std::fs::remove_dir_all(&a2);
         copy_tree(&kept, &a2);
     }
-    let rb = sb.rollback_workflow("wf_rm", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_rm");
     assert_eq!(w.read("n.txt"), b"note");
 
     // The file changes again; with the restore marks gone, a second forced rollback
@@ -409,8 +410,7 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
         &sb,
         json!({"workflow_id": "wf_again", "actions": [{"action_id": "b1", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
     );
-    let rb = sb.rollback_workflow("wf_again", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_again");
     assert!(!w.path("two.txt").exists());
     assert_eq!(w.read("one.txt"), b"1", "pruned: no longer reversible");
     drop(sb);
@@ -428,8 +428,7 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(root2.join("there.txt").exists());
     drop(sb);
     let sb = w.sandbox();
-    let rb = sb.rollback_workflow("wf_two", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_two");
     assert!(!w.path("here.txt").exists());
     assert!(root2.join("there.txt").exists(), "not this process's root");
 }
@@ -472,8 +471,7 @@ fn prune_over_several_roots_and_root_spellings() {
         &sb,
         json!({"workflow_id": "wf_a", "actions": [{"action_id": "a2", "intent": "create_file", "path": "a2.txt", "content": "a"}]}),
     );
-    let rb = sb.rollback_workflow("wf_a", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_a");
     drop(sb);
 
     let mut slashed = w.writable_config();
@@ -485,8 +483,7 @@ fn prune_over_several_roots_and_root_spellings() {
     );
     drop(sb);
     let sb = w.sandbox();
-    let rb = sb.rollback_workflow("wf_s", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_s");
     assert!(!w.path("s.txt").exists());
 }
 
@@ -546,8 +543,7 @@ fn a_root_named_through_a_symlink_keeps_its_snapshots() {
     let mut c = w.writable_config();
     c.roots = vec![link.join("root")];
     let sb = w.open(c);
-    let rb = sb.rollback_workflow("wf_ln", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_ln");
     assert!(!w.path("l.txt").exists());
 }
 
@@ -580,8 +576,7 @@ fn prune_marks_name_their_roots_and_runs() {
     );
     drop(sb);
     let sb = w.open(both);
-    let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    rolls_back(&sb, "wf_p");
     assert!(!w.path("again.txt").exists());
     assert!(
         !root2.join("b.txt").exists(),
