@@ -88,8 +88,9 @@ impl StateDir {
         self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
     }
 
-    /// Creates the one-block record `rel` with `bytes`, durable, unless it exists (see
-    /// [`StateDir::create_whole`]). Returns whether this call made it.
+    /// Creates the one-block record `rel` with `bytes`, durable, unless it exists: it
+    /// appears whole or not at all, and a second creator keeps the first one's. Returns
+    /// whether this call made it.
     pub fn create_block(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
         self.create_whole(rel, &padded_block(bytes)?)
     }
@@ -302,8 +303,8 @@ impl StateDir {
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
-    /// source. It appears whole or not at all, and if another process made it first, theirs
-    /// is used (see [`StateDir::create_whole`]).
+    /// source. It appears whole or not at all, durable before use, and if another process
+    /// made it first, theirs is used.
     pub fn secret(&self, name: &str) -> io::Result<[u8; 32]> {
         let path = self.path.join(name);
         if let Some(key) = read_secret(&path)? {
