@@ -19,10 +19,12 @@ use crate::snapshot::SnapshotMeta;
 use serde::{Deserialize, Serialize};
 use std::io;
 
-/// The log's header: `HEAD_MAGIC`, generation (u64), end (u64), then the first 8 bytes
-/// of the SHA-256 of those 20 bytes. It lies in the first sector, which a device writes
-/// whole.
-const HEAD_MAGIC: &[u8; 4] = b"ALCL";
+/// The log's header: `HEAD_MAGIC`, generation (u64), end (u64), start (u64), then the
+/// first 8 bytes of the SHA-256 of those 28 bytes. It lies in the first sector, which a
+/// device writes whole.
+const HEAD_MAGIC: &[u8; 4] = b"ALC3";
+/// The first header format, without a start (its entries start after the header).
+const HEAD_MAGIC_V1: &[u8; 4] = b"ALCL";
 const HEAD_LEN: u64 = 64;
 const FRAME_MAGIC: &[u8; 4] = b"ALC2";
 /// `FRAME_MAGIC`, generation (u64), header length (u32), backup length (u64, `u64::MAX`
@@ -49,14 +51,25 @@ pub const MAX_LOGGED_BYTES: usize = 64 * 1024;
 pub struct Position {
     /// The current generation.
     pub generation: u64,
+    /// The offset of the first entry.
+    pub start: u64,
     /// The offset after the last entry.
     pub end: u64,
 }
 
 impl Position {
+    /// An empty log of a new generation.
+    fn emptied() -> Self {
+        Self {
+            generation: new_generation(),
+            start: HEAD_LEN,
+            end: HEAD_LEN,
+        }
+    }
+
     /// Whether the log holds no entry.
     pub fn is_empty(&self) -> bool {
-        self.end <= HEAD_LEN
+        self.end <= self.start
     }
 }
 
@@ -90,28 +103,33 @@ fn encode_head(p: Position) -> [u8; HEAD_LEN as usize] {
     h[..4].copy_from_slice(HEAD_MAGIC);
     h[4..12].copy_from_slice(&p.generation.to_le_bytes());
     h[12..20].copy_from_slice(&p.end.to_le_bytes());
-    let d = sha2_digest(&h[..20]);
-    h[20..28].copy_from_slice(&d[..8]);
+    h[20..28].copy_from_slice(&p.start.to_le_bytes());
+    let d = sha2_digest(&h[..28]);
+    h[28..36].copy_from_slice(&d[..8]);
     h
 }
 
 fn decode_head(h: &[u8]) -> Option<Position> {
-    if h.len() < 28 || &h[..4] != HEAD_MAGIC || sha2_digest(&h[..20])[..8] != h[20..28] {
+    let word = |at: usize| Some(u64::from_le_bytes(h.get(at..at + 8)?.try_into().ok()?));
+    let (start, sealed) = match h.get(..4)? {
+        m if m == HEAD_MAGIC => (word(20)?, 28),
+        m if m == HEAD_MAGIC_V1 => (HEAD_LEN, 20),
+        _ => return None,
+    };
+    if sha2_digest(&h[..sealed])[..8] != *h.get(sealed..sealed + 8)? || start < HEAD_LEN {
         return None;
     }
     Some(Position {
-        generation: u64::from_le_bytes(h[4..12].try_into().ok()?),
-        end: u64::from_le_bytes(h[12..20].try_into().ok()?),
+        generation: word(4)?,
+        start,
+        end: word(12)?,
     })
 }
 
 /// Prepares a new, empty log file: header and zeros, not synced (the sync point that
 /// follows a workflow's first commit makes it durable, with its directory entry).
 pub fn initialize(file: &File) -> io::Result<Position> {
-    let p = Position {
-        generation: new_generation(),
-        end: HEAD_LEN,
-    };
+    let p = Position::emptied();
     file.write_all_at(&encode_head(p), 0)?;
     grow(file, INITIAL)?;
     Ok(p)
@@ -128,7 +146,7 @@ fn grow(file: &File, size: u64) -> io::Result<()> {
 
 /// The log's position; `None` when its header is unreadable (no log written it).
 pub fn position(file: &File) -> io::Result<Option<Position>> {
-    let mut h = [0u8; 28];
+    let mut h = [0u8; 36];
     match file.read_exact_at(&mut h, 0) {
         Ok(()) => Ok(decode_head(&h)),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
@@ -152,8 +170,8 @@ pub fn append(
     };
     let frame = encode(at.generation, record, meta, backup, bytes);
     let next = Position {
-        generation: at.generation,
         end: at.end + frame.len() as u64,
+        ..at
     };
     let size = file.len()?;
     if next.end > size {
@@ -175,38 +193,82 @@ pub fn append(
 /// Empties the log, durably (a new generation): what it held must be durable elsewhere
 /// first. Call with the workflow's lock held.
 pub fn clear(file: &File) -> io::Result<()> {
-    let p = Position {
-        generation: new_generation(),
-        end: HEAD_LEN,
-    };
-    file.write_all_at(&encode_head(p), 0)?;
+    file.write_all_at(&encode_head(Position::emptied()), 0)?;
     file.sync_data()
+}
+
+/// Keeps only `keep` (entries read from this log) and drops the others, so that a crash
+/// at any point leaves either all the entries or just those: `keep` is written as a new
+/// generation after everything the log holds and synced, then one header write switches
+/// to it. Call with the workflow's lock held.
+pub fn retain(file: &File, keep: &[CommitEntry]) -> io::Result<()> {
+    if keep.is_empty() {
+        return clear(file);
+    }
+    let next = write_retained(file, keep)?;
+    file.write_all_at(&encode_head(next), 0)?;
+    file.sync_data()
+}
+
+/// The first half of [`retain`]: `keep` written, synced, and not yet the log's entries.
+fn write_retained(file: &File, keep: &[CommitEntry]) -> io::Result<Position> {
+    let (at, _, read_end) = read_span(file)?;
+    let generation = new_generation();
+    let mut frames = Vec::new();
+    for e in keep {
+        frames.extend(encode(
+            generation,
+            &e.record,
+            &e.meta,
+            e.backup.as_deref(),
+            &e.bytes,
+        ));
+    }
+    // Past the entries the header counts and past any it lost count of, which a crash
+    // before the switch must still find.
+    let start = at.map_or(HEAD_LEN, |p| p.end).max(read_end);
+    let next = Position {
+        generation,
+        start,
+        end: start + frames.len() as u64,
+    };
+    grow(file, next.end.div_ceil(GROWTH) * GROWTH)?;
+    file.write_all_at(&frames, start)?;
+    file.sync_data()?;
+    Ok(next)
 }
 
 /// The log's entries of the current generation, oldest first, up to the first torn or
 /// damaged one. They are read past the header's end too: a power cut may keep an entry
 /// and lose the header write that counted it.
 pub fn read(file: &File) -> io::Result<Vec<CommitEntry>> {
+    read_span(file).map(|(_, entries, _)| entries)
+}
+
+/// The header's position, the entries, and the offset after the last one read.
+fn read_span(file: &File) -> io::Result<(Option<Position>, Vec<CommitEntry>, u64)> {
     let Some(at) = position(file)? else {
-        return Ok(Vec::new());
+        return Ok((None, Vec::new(), HEAD_LEN));
     };
     if at.is_empty() {
         // The usual case, checked without reading the file: an entry whose header write
         // was lost would start right here.
         let mut prefix = [0u8; 12];
-        match file.read_exact_at(&mut prefix, HEAD_LEN) {
+        let none = Ok((Some(at), Vec::new(), at.end));
+        match file.read_exact_at(&mut prefix, at.end) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return none,
             Err(e) => return Err(e),
         }
         if &prefix[..4] != FRAME_MAGIC || prefix[4..12] != at.generation.to_le_bytes() {
-            return Ok(Vec::new());
+            return none;
         }
     }
     let size = file.len()?;
-    let mut buf = vec![0u8; size.saturating_sub(HEAD_LEN) as usize];
-    file.read_exact_at(&mut buf, HEAD_LEN)?;
-    Ok(decode_all(at.generation, &buf))
+    let mut buf = vec![0u8; size.saturating_sub(at.start) as usize];
+    file.read_exact_at(&mut buf, at.start)?;
+    let (entries, used) = decode_all(at.generation, &buf);
+    Ok((Some(at), entries, at.start + used as u64))
 }
 
 /// The log entry of a commit.
@@ -250,13 +312,15 @@ fn checksum(frame: &[u8]) -> [u8; 32] {
     h.finalize().into()
 }
 
-fn decode_all(generation: u64, mut log: &[u8]) -> Vec<CommitEntry> {
+/// The entries, and how many bytes they take.
+fn decode_all(generation: u64, log: &[u8]) -> (Vec<CommitEntry>, usize) {
     let mut out = Vec::new();
-    while let Some((entry, rest)) = decode_one(generation, log) {
+    let mut rest = log;
+    while let Some((entry, after)) = decode_one(generation, rest) {
         out.push(entry);
-        log = rest;
+        rest = after;
     }
-    out
+    (out, log.len() - rest.len())
 }
 
 fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
@@ -406,6 +470,62 @@ mod tests {
         let mut byte = [0u8; 1];
         assert!(f.read_exact_at(&mut byte, at + 10).is_ok());
         assert!(f.write_all_at(&[byte[0] ^ 1], at + 10).is_ok());
+        assert_eq!(entries(&f), vec![a]);
+    }
+
+    #[test]
+    fn retaining_entries_is_all_or_nothing() {
+        let (_dir, f) = log_file();
+        let (a, b, c, d) = (
+            entry(Some(b"old"), b"a"),
+            entry(None, b"b"),
+            entry(Some(b""), b"c"),
+            entry(None, b"d"),
+        );
+        append_entry(&f, &a);
+        append_entry(&f, &b);
+        let counted = position(&f).ok().flatten();
+        // One entry whose header write was lost: the log still holds it.
+        append_entry(&f, &c);
+        if let Some(p) = counted {
+            assert!(f.write_all_at(&encode_head(p), 0).is_ok());
+        }
+        let all = vec![a.clone(), b.clone(), c.clone()];
+        assert_eq!(entries(&f), all);
+
+        // A crash after the kept entries are written and before the switch: every entry
+        // is still there, the uncounted one too.
+        let staged = write_retained(&f, &[b.clone(), c.clone()]);
+        assert!(staged.is_ok_and(|p| !p.is_empty()));
+        assert_eq!(entries(&f), all);
+
+        assert!(retain(&f, &[b.clone(), c.clone()]).is_ok());
+        assert_eq!(entries(&f), vec![b.clone(), c.clone()]);
+        append_entry(&f, &d);
+        assert_eq!(entries(&f), vec![b.clone(), c, d.clone()]);
+        assert!(retain(&f, &[]).is_ok());
+        assert!(entries(&f).is_empty());
+        assert!(position(&f).is_ok_and(|p| p.is_some_and(|p| p.start == HEAD_LEN)));
+        append_entry(&f, &b);
+        assert_eq!(entries(&f), vec![b]);
+    }
+
+    #[test]
+    fn a_log_with_a_first_format_header_is_read() {
+        let (_dir, f) = log_file();
+        let a = entry(None, b"a");
+        let Ok(Some(p)) = position(&f) else {
+            panic!("a new log has a header")
+        };
+        let mut h = [0u8; HEAD_LEN as usize];
+        h[..4].copy_from_slice(HEAD_MAGIC_V1);
+        h[4..12].copy_from_slice(&p.generation.to_le_bytes());
+        h[12..20].copy_from_slice(&HEAD_LEN.to_le_bytes());
+        let digest = sha2_digest(&h[..20]);
+        h[20..28].copy_from_slice(&digest[..8]);
+        assert!(f.write_all_at(&h, 0).is_ok());
+        assert_eq!(position(&f).ok().flatten(), Some(p));
+        append_entry(&f, &a);
         assert_eq!(entries(&f), vec![a]);
     }
 

@@ -190,22 +190,12 @@ impl Sandbox {
                 tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
                 continue;
             }
-            if let Err(e) = crate::commit_log::clear(&file) {
-                tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
-                continue;
-            }
             // Entries for a root not configured now stay, alone, for a start that has it:
             // their writes were acknowledged, and the others must not be replayed again.
-            for e in kept.iter().map(|&i| &entries[i]) {
-                if let Err(err) = crate::commit_log::append(
-                    &file,
-                    &e.record,
-                    &e.meta,
-                    e.backup.as_deref(),
-                    &e.bytes,
-                ) {
-                    tracing::error!(error = %err, workflow = %wf, "a commit log entry for a root not configured now could not be kept");
-                }
+            let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
+            if let Err(e) = crate::commit_log::retain(&file, &keep) {
+                tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
+                continue;
             }
             if let Some(r) = dead
                 && !report.retry
