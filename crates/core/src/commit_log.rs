@@ -399,6 +399,7 @@ mod tests {
                 execution_id: "ex".into(),
                 workflow_id: "wf".into(),
                 started_at: "t".into(),
+                finished: false,
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

@@ -206,6 +206,12 @@ impl<'a> SandboxWriteExecutor<'a> {
             );
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
+        // Before validation, which must see the tree as the dead run's recovery leaves it.
+        if ctx.is_executable()
+            && let Err(r) = self.sb.recover_dead_run(&wf)
+        {
+            return self.blocked(vec![Err(r)], false);
+        }
         let checks = self.validate(ctx.is_executable());
         if checks.iter().any(Result::is_err) {
             return self.blocked(checks, !ctx.is_executable());
@@ -536,6 +542,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             execution_id: self.execution_id.clone(),
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
+            finished: false,
         };
         if let Err(r) = self.sb.begin_record(&record) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

@@ -9,6 +9,7 @@ use crate::audit::AuditStatus;
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
+use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,11 @@ pub struct InflightRecord {
     pub workflow_id: String,
     /// When it started.
     pub started_at: String,
+    /// Set when the run has ended but, with batched syncs, its last writes may still be
+    /// in memory: a start after a crash recovers it as if it were under way, a new run of
+    /// the workflow in a live process does not (see [`Sandbox::recover_dead_run`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finished: bool,
 }
 
 /// What recovery did for one dead run.
@@ -107,6 +113,59 @@ impl Sandbox {
             }
         }
         out
+    }
+
+    /// Recovers a run or rollback of `workflow_id` that died while this process was
+    /// running, before a new one takes its record over (after which nothing could find
+    /// it): its record is still under way, yet the workflow's lock, which the owner holds
+    /// until it marks the record finished or idle, is free. Call with that lock held,
+    /// and only when about to write. Refused (`io_error`) when the dead run's snapshots
+    /// cannot be read, so that its record is kept for a later try.
+    pub(crate) fn recover_dead_run(&self, workflow_id: &str) -> Verdict {
+        let io = |e: std::io::Error| {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not read the run record of workflow {workflow_id}: {}",
+                    e.kind()
+                ),
+            )
+        };
+        let Some(file) = self.state.inflight_open(workflow_id).map_err(io)? else {
+            return Ok(());
+        };
+        let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
+            return Ok(());
+        };
+        drop(file);
+        if rec.finished || (rec.state != "active" && rec.state != ROLLING_BACK) {
+            return Ok(());
+        }
+        // Whatever the dead process logged is in memory or on disk already: made durable
+        // and dropped from its log, so that no later replay redoes what this undoes.
+        self.settle_commit_log(workflow_id)?;
+        let report = self.recover_record(&rec);
+        if report.retry {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id} has an interrupted {} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
+                    if report.rollback { "rollback" } else { "run" },
+                    rec.execution_id
+                ),
+            ));
+        }
+        self.sync_point()?;
+        tracing::warn!(
+            workflow = %workflow_id,
+            execution = %rec.execution_id,
+            rolled_back = report.rolled_back,
+            completed = report.completed,
+            restores_recorded = report.restores_recorded,
+            "recovered an interrupted run of the workflow before starting a new one"
+        );
+        self.write_idle_record(&rec, self.durable());
+        Ok(())
     }
 
     fn recover_record(&self, rec: &InflightRecord) -> Recovered {
@@ -443,9 +502,11 @@ impl Sandbox {
             }
             let finished = match outcome {
                 None => false,
-                // Audited as done: done only if the target really holds the result (with
-                // batched syncs the audit line can reach the disk before the target).
-                Some(Some(after)) => current == *after,
+                // Audited as done: undone only if the target is back to what it held
+                // before (with batched syncs the audit line can reach the disk before the
+                // target). Anything else is the result, or a later change by someone
+                // else, which is theirs to keep.
+                Some(Some(_)) => current != s.meta.sha256,
                 Some(None) => true,
             };
             if finished {

@@ -674,6 +674,15 @@ impl Sandbox {
     /// run, so the mark waits for the next sync point (or the sandbox's drop).
     pub(crate) fn run_finished(&self, rec: crate::recovery::InflightRecord) {
         if self.batch_sync.is_some() {
+            // Marked finished at once (not synced): a later run of the workflow in any
+            // process then knows this one did not die half way.
+            let finished = crate::recovery::InflightRecord {
+                finished: true,
+                ..rec.clone()
+            };
+            if let Err(e) = self.write_record(&finished, false) {
+                tracing::warn!(error = %e, "could not mark a workflow's run finished");
+            }
             lock_or_recover(&self.idle_after_sync).push(rec);
         } else {
             self.write_idle(&rec);
@@ -708,6 +717,7 @@ impl Sandbox {
     pub(crate) fn write_idle_record(&self, rec: &crate::recovery::InflightRecord, durable: bool) {
         let idle = crate::recovery::InflightRecord {
             state: "idle".to_owned(),
+            finished: false,
             ..rec.clone()
         };
         if let Err(e) = self.write_record(&idle, durable) {
@@ -1127,6 +1137,12 @@ impl Sandbox {
                 );
             }
         };
+        // Before the snapshots are read: the dead run's recovery may restore some.
+        if self.execution_context().0.is_executable()
+            && let Err(r) = self.recover_dead_run(workflow_id)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
         let snaps = match self.workflow_snapshots(workflow_id) {
             Ok(s) => s,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
@@ -1362,6 +1378,7 @@ impl Sandbox {
             execution_id: execution_id.clone(),
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
+            finished: false,
         };
         let marked = self
             .settle_commit_log(workflow_id)

@@ -205,6 +205,11 @@ impl StateDir {
         Ok(Some((seq, lines.map(str::to_owned).collect())))
     }
 
+    /// `name`'s run record file, held open to read it; `None` when it does not exist.
+    pub fn inflight_open(&self, name: &str) -> io::Result<Option<BlockFile>> {
+        self.open_block(&format!("{INFLIGHT_DIR}/{name}.json"))
+    }
+
     /// Reads `name`'s run record; `None` when there is none.
     pub fn inflight_read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         self.read_optional(&format!("{INFLIGHT_DIR}/{name}.json"))

@@ -45,7 +45,11 @@ fn plan_json() -> serde_json::Value {
 /// Runs `plan_json` in `c` and makes it die just before the second action's audit line:
 /// the first action is audited, the second is in doubt.
 fn die_before_the_second_audit(w: &World, c: &ailab_sandbox_core::Config) {
-    let sb = w.open(c.clone());
+    kill_before_the_second_audit(&w.open(c.clone()));
+}
+
+/// The same, in a sandbox that lives on (as another process would).
+fn kill_before_the_second_audit(sb: &ailab_sandbox_core::Sandbox) {
     sb.failpoints().arm_crash("before_audit", 2);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
     assert!(outcome.is_err(), "the run should die");
@@ -715,4 +719,178 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     );
     assert_eq!(w.read("d/b.txt"), b"beta\n");
     assert_eq!(record()["state"], "idle");
+}
+
+/// A run that dies while the process (or another one) lives on is recovered by the next
+/// run or rollback of its workflow, before that one takes the workflow's record over:
+/// otherwise the dead run's unfinished write would stay, and no start would find it.
+#[test]
+fn a_run_that_dies_in_a_live_process_is_recovered_by_the_next_run_of_its_workflow() {
+    use ailab_sandbox_core::config::Durability;
+    for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        let (w, c, original) = seeded(d);
+        let sb = w.open(c.clone());
+        kill_before_the_second_audit(&sb);
+        let dead = run_record(&w, "wf_crash")["execution_id"].clone();
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{d:?}: in doubt");
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_crash", "actions": [
+                {"intent": "create_file", "path": "z.txt", "content": "z\n"}]}),
+        );
+        assert_eq!(status(&r), "success", "{d:?}: {r:?}");
+        // Past its commit point (batched) the dead write is finished, else undone.
+        let b: &[u8] = if d == Durability::Batched {
+            b"beta\nmore\n"
+        } else {
+            b"beta\n"
+        };
+        assert_eq!(w.read("d/b.txt"), b, "{d:?}: the dead run's write judged");
+        let judged: Vec<_> = sb
+            .audit_log()
+            .by_workflow("wf_crash")
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.target_path.ends_with("d/b.txt"))
+            .map(|e| e.status)
+            .collect();
+        let verdict = if d == Durability::Batched {
+            ailab_sandbox_core::audit::AuditStatus::Success
+        } else {
+            ailab_sandbox_core::audit::AuditStatus::RolledBack
+        };
+        assert_eq!(judged, [verdict], "{d:?}: judged once, and audited");
+        assert_eq!(w.read("a.txt"), b"ALPHA\n", "{d:?}: its audited write kept");
+        assert_eq!(w.read("z.txt"), b"z\n");
+        assert_ne!(run_record(&w, "wf_crash")["execution_id"], dead);
+        assert!(sb.audit_verify().unwrap().ok);
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{d:?}: {rb:?}");
+        assert_eq!(w.tree(), original, "{d:?}");
+        drop(sb);
+        let sb = w.open(c);
+        assert!(
+            !sb.notices().iter().any(|n| n.contains("interrupted")),
+            "{d:?}: nothing left for a start to recover: {:?}",
+            sb.notices()
+        );
+    }
+}
+
+/// When the dead run cannot be judged (its snapshots cannot be read), a new run of its
+/// workflow is refused, naming it, rather than taking its record over; once they can be
+/// read again the next run recovers it first.
+#[test]
+fn a_new_run_waits_for_a_dead_run_that_cannot_be_recovered_yet() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
+    let sb = w.open(c);
+    kill_before_the_second_audit(&sb);
+    let dead = run_record(&w, "wf_crash")["execution_id"].clone();
+    let rollback = w.root.join(".rollback");
+    let aside = w.tmp.path().join("rollback-aside");
+    std::fs::rename(&rollback, &aside).unwrap();
+    std::fs::write(&rollback, b"in the way").unwrap();
+    let next = json!({"workflow_id": "wf_crash", "actions": [
+        {"intent": "create_file", "path": "z.txt", "content": "z\n"}]});
+    let r = run(&sb, next.clone());
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("io_error"));
+    let reason = r.actions[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("interrupted run") && reason.contains(dead.as_str().unwrap()),
+        "{reason}"
+    );
+    assert!(!w.path("z.txt").exists());
+    assert_eq!(run_record(&w, "wf_crash")["execution_id"], dead);
+    let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(run_record(&w, "wf_crash")["execution_id"], dead);
+
+    std::fs::remove_file(&rollback).unwrap();
+    std::fs::rename(&aside, &rollback).unwrap();
+    assert_eq!(status(&run(&sb, next)), "success");
+    assert_eq!(w.read("d/b.txt"), b"beta\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A `batched` run that ended is marked finished at once, although its record waits for
+/// a sync point to be idle: a run of the workflow in another live process does not take
+/// it for dead, and so does not undo its write when someone else changed the file since.
+/// (The write creates a directory, so it has no commit record to be finished from.)
+#[test]
+fn a_finished_batched_run_in_a_live_process_is_left_alone() {
+    let w = World::new();
+    let first = w.open(batched(&w));
+    // Open before the run: a start recovers every record whose workflow is free.
+    let second = w.open(batched(&w));
+    let r = run(
+        &first,
+        json!({"workflow_id": "wf_commit", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "n/a.txt", "content": "A\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(run_record(&w, "wf_commit")["finished"], true);
+    let r = run(
+        &second,
+        json!({"workflow_id": "wf_other", "actions": [
+            {"intent": "replace_file", "path": "n/a.txt", "content": "OTHER\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let r = run(
+        &second,
+        json!({"workflow_id": "wf_commit", "actions": [
+            {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "b\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(
+        w.read("n/a.txt"),
+        b"OTHER\n",
+        "the finished run is not judged"
+    );
+    drop(first);
+    drop(second);
+    assert_eq!(run_record(&w, "wf_commit")["state"], "idle");
+}
+
+/// A start recovers every record whose workflow is free, which includes a `batched` run
+/// that ended in a process still running (its record waits for a sync point). A write
+/// such a run reported done, whose file someone changed since, is left as it is: only a
+/// target back at what it held before the write is taken for a lost write.
+#[test]
+fn a_start_keeps_later_changes_to_what_a_finished_run_wrote() {
+    for d in [
+        ailab_sandbox_core::config::Durability::Batched,
+        ailab_sandbox_core::config::Durability::Strict,
+    ] {
+        let w = World::new();
+        let mut c = w.writable_config();
+        c.durability = d;
+        let sb = w.open(c.clone());
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_one", "actions": [
+                {"intent": "create_file", "path": "n/a.txt", "content": "A\n"},
+                {"intent": "create_file", "path": "n/b.txt", "content": "B\n"}]}),
+        );
+        assert_eq!(status(&r), "success");
+        if d == ailab_sandbox_core::config::Durability::Strict {
+            // A strict run marks its record idle as it ends: make it one that died
+            // after its writes.
+            let rec = json!({"state": "active", "execution_id": r.execution_id, "workflow_id": "wf_one", "started_at": "2026-01-01T00:00:00Z"});
+            ailab_sandbox_core::confine::state::StateDir::open(&w.state)
+                .unwrap()
+                .inflight_write("wf_one", rec.to_string().as_bytes(), false)
+                .unwrap();
+        }
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_two", "actions": [
+                {"intent": "replace_file", "path": "n/a.txt", "content": "TWO\n"}]}),
+        );
+        assert_eq!(status(&r), "success");
+        let other = w.open(c);
+        assert_eq!(w.read("n/a.txt"), b"TWO\n", "{d:?}");
+        assert_eq!(w.read("n/b.txt"), b"B\n", "{d:?}");
+        assert!(other.audit_verify().unwrap().ok);
+    }
 }
