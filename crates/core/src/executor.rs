@@ -622,6 +622,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             &wf,
             done.into_iter().rev().collect(),
             "workflow_failed",
+            crate::sandbox::RestoreMode::Unchanged,
         );
         let all_ok = steps.iter().all(|s| s.restored);
         for s in &steps {
@@ -675,6 +676,12 @@ impl<'a> SandboxWriteExecutor<'a> {
         let root = &sb.roots[ri];
         let rel = approval.resolved.rel.clone();
         let target = sb.abs_path(ri, &rel);
+        // Held to the end of the action: its current bytes, its snapshot and its new
+        // bytes then all belong to the same moment of the target.
+        let _target_lock = match sb.lock_target(ri, &rel) {
+            Ok(l) => l,
+            Err(r) => return Err(fail(self, res, r, target)),
+        };
         let prepared = (|| {
             check_payload(approval.op, a)?;
             let kind = approval
@@ -944,9 +951,13 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// Restores one action's snapshot at once after its mutation failed.
     fn undo(&mut self, snap: &(usize, StoredSnapshot)) {
         let wf = self.plan.workflow_id.clone();
-        let steps =
-            self.sb
-                .restore_all(&self.execution_id, &wf, vec![snap.clone()], "action_failed");
+        let steps = self.sb.restore_all(
+            &self.execution_id,
+            &wf,
+            vec![snap.clone()],
+            "action_failed",
+            crate::sandbox::RestoreMode::Held,
+        );
         self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
     }
 }

@@ -157,6 +157,51 @@ pub struct Conflict {
     pub current_checksum: Option<String>,
 }
 
+/// What a target holds, compared with what an action left there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TargetState {
+    File(String),
+    Directory,
+    Missing,
+    Unreadable,
+}
+
+impl TargetState {
+    fn checksum(&self) -> Option<String> {
+        match self {
+            Self::File(sum) => Some(sum.clone()),
+            Self::Unreadable => Some("unreadable".to_owned()),
+            _ => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::File(sum) => format!("a file with SHA-256 {sum}"),
+            Self::Directory => "a directory".to_owned(),
+            Self::Missing => "nothing".to_owned(),
+            Self::Unreadable => "something unreadable".to_owned(),
+        }
+    }
+}
+
+/// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
+/// seldom wait for each other, few enough that the lock files stay a handful.
+const TARGET_LOCK_STRIPES: u64 = 64;
+
+/// How [`Sandbox::restore_all`] treats each target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RestoreMode {
+    /// The caller holds the target's lock and restores its own action's change.
+    Held,
+    /// Whatever the target holds now is replaced (a forced rollback; recovery, which
+    /// has judged each target).
+    Force,
+    /// Only a target that still holds what its action left is restored; any other
+    /// step fails with `conflict` and its target stays as it is.
+    Unchanged,
+}
+
 /// One restore of a rollback.
 #[derive(Debug, Clone, Serialize)]
 pub struct RollbackStep {
@@ -1046,38 +1091,137 @@ impl Sandbox {
         snaps: &[(usize, StoredSnapshot)],
     ) -> Vec<Conflict> {
         let mut out = Vec::new();
-        // Restoring newest first, each path is only compared with the newest action that
-        // wrote it: older actions' results are what the newer snapshots restore.
-        let mut seen = std::collections::HashSet::new();
+        // What the rollback removes: an entry of a directory the workflow created is
+        // no obstacle to removing that directory when it is one of them.
+        let removed: HashSet<(usize, String)> = snaps
+            .iter()
+            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
+            .flat_map(|(i, s)| {
+                std::iter::once((*i, s.meta.original_path.clone()))
+                    .chain(s.meta.created_dirs.iter().map(|d| (*i, d.clone())))
+            })
+            .collect();
+        // Restoring newest first, the newest action on a path is compared with what the
+        // path holds now, and each older one with what the newer snapshot will put back:
+        // a difference is a change someone else made in between.
+        let mut will_hold: HashMap<String, TargetState> = HashMap::new();
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
             let abs = self.abs_path(*i, &rel);
-            if !seen.insert(abs.clone()) {
-                continue;
-            }
-            let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &s.meta.action_id) else {
+            let before = match s.meta.kind {
+                crate::snapshot::SnapshotKind::File => {
+                    TargetState::File(s.meta.sha256.clone().unwrap_or_default())
+                }
+                crate::snapshot::SnapshotKind::Directory => TargetState::Directory,
+                crate::snapshot::SnapshotKind::Missing => TargetState::Missing,
+            };
+            let newest = !will_hold.contains_key(&abs);
+            let current = will_hold
+                .insert(abs.clone(), before)
+                .unwrap_or_else(|| self.target_state(*i, &rel));
+            let Some(left) = self.left_by(workflow_id, &s.meta) else {
                 continue;
             };
-            let current = match self.roots[*i].inspect(&rel) {
-                Ok(info) => match info.kind {
-                    TargetKind::File { .. } => self.roots[*i]
-                        .read_file(&rel, MAX_SNAPSHOT_BYTES)
-                        .ok()
-                        .map(|b| sha256_hex(&b)),
-                    _ => None,
-                },
-                Err(_) => Some("unreadable".to_owned()),
-            };
-            if current.as_deref() != Some(art.checksum_sha256.as_str()) {
+            let changed = current != left
+                || (newest
+                    && left == TargetState::Directory
+                    && s.meta.kind == crate::snapshot::SnapshotKind::Missing
+                    && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
+                        entries.iter().any(|e| {
+                            !removed.contains(&(*i, format!("{}/{}", s.meta.original_path, e.name)))
+                        })
+                    }));
+            if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
                     path: abs,
-                    expected_checksum: Some(art.checksum_sha256),
-                    current_checksum: current,
+                    expected_checksum: left.checksum(),
+                    current_checksum: current.checksum(),
                 });
             }
         }
         out
+    }
+
+    /// What an action left at its target, as the records say: a file's checksum (its
+    /// artifact), or a directory; `None` when they say neither.
+    fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<TargetState> {
+        if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id) {
+            return Some(TargetState::File(art.checksum_sha256));
+        }
+        op_for_intent(&meta.intent)
+            .is_some_and(|op| op.is_directory())
+            .then_some(TargetState::Directory)
+    }
+
+    /// What a target holds now.
+    fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
+        let r = &self.roots[root];
+        match r.inspect(rel).map(|t| t.kind) {
+            Ok(TargetKind::File { .. }) => r
+                .read_file(rel, MAX_SNAPSHOT_BYTES)
+                .map_or(TargetState::Unreadable, |b| {
+                    TargetState::File(sha256_hex(&b))
+                }),
+            Ok(TargetKind::Directory) => TargetState::Directory,
+            Ok(TargetKind::Missing) => TargetState::Missing,
+            Err(_) => TargetState::Unreadable,
+        }
+    }
+
+    /// Refuses (`conflict`) to restore a target that no longer holds what its action
+    /// left, naming both.
+    fn check_unchanged(&self, workflow_id: &str, root: usize, meta: &SnapshotMeta) -> Verdict {
+        let Some(left) = self.left_by(workflow_id, meta) else {
+            return Ok(());
+        };
+        let now = self.target_state(root, &meta.target());
+        if now == left {
+            return Ok(());
+        }
+        Err(crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{} changed after action {} wrote it: it holds {} instead of {}; it was left as it is (roll back with force to overwrite it)",
+                shown_path(&meta.original_path),
+                shown_path(&meta.action_id),
+                now.describe(),
+                left.describe()
+            ),
+        ))
+    }
+
+    /// Takes the lock that serialises every change to `rel` in root `root` across
+    /// workflows, threads and processes, from the read of what it holds to the write of
+    /// what replaces it (or its restore): otherwise two writers working from the same
+    /// bytes would lose one's change, and a restore could undo a change it never saw.
+    /// A holder takes no other target's lock, and a workflow's lock only before it, so
+    /// no two holders wait for each other.
+    pub(crate) fn lock_target(
+        &self,
+        root: usize,
+        rel: &RelPath,
+    ) -> Verdict<crate::confine::state::FileLock> {
+        let (dev, ino) = self.roots[root].id();
+        let path = rel.as_string();
+        // FNV-1a, so that every process picks the same stripe.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in dev
+            .to_le_bytes()
+            .iter()
+            .chain(&ino.to_le_bytes())
+            .chain(path.as_bytes())
+        {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.state
+            .lock(&format!("target-{:02}", h % TARGET_LOCK_STRIPES))
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not lock {}: {}", shown_path(&path), e.kind()),
+                )
+            })
     }
 
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
@@ -1279,12 +1423,17 @@ impl Sandbox {
         }
         chosen.retain(|(_, s)| !s.restored);
         if chosen.is_empty() {
-            return refused(
-                ReasonCode::NoRollbackData,
-                format!(
-                    "workflow {} was already rolled back",
+            let what = match &opts.action_id {
+                Some(a) => format!(
+                    "action {} of workflow {}",
+                    shown_path(a),
                     shown_path(workflow_id)
                 ),
+                None => format!("workflow {}", shown_path(workflow_id)),
+            };
+            return refused(
+                ReasonCode::NoRollbackData,
+                format!("{what} was already rolled back"),
                 Vec::new(),
             );
         }
@@ -1393,6 +1542,11 @@ impl Sandbox {
             workflow_id,
             chosen.into_iter().rev().collect(),
             "manual",
+            if opts.force {
+                RestoreMode::Force
+            } else {
+                RestoreMode::Unchanged
+            },
         );
         self.run_finished(record);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
@@ -1424,6 +1578,7 @@ impl Sandbox {
         workflow_id: &str,
         snaps: Vec<(usize, StoredSnapshot)>,
         why: &str,
+        mode: RestoreMode,
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
         let mut steps = Vec::new();
@@ -1431,6 +1586,10 @@ impl Sandbox {
             let root = &self.roots[i];
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
+            let lock = match mode {
+                RestoreMode::Held => Ok(None),
+                _ => self.lock_target(i, &meta.target()).map(Some),
+            };
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
                 Ok(TargetKind::File { .. }) => root
                     .read_file(&meta.target(), MAX_SNAPSHOT_BYTES)
@@ -1438,8 +1597,12 @@ impl Sandbox {
                     .map(|b| sha256_hex(&b)),
                 _ => None,
             };
-            let outcome = self
-                .fail_at("during_restore")
+            let outcome = lock
+                .and_then(|_| match mode {
+                    RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
+                    _ => Ok(()),
+                })
+                .and_then(|()| self.fail_at("during_restore"))
                 .and_then(|()| RollbackEngine::restore(root, &meta, durable))
                 .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
                 .and_then(|o| self.sync_point().map(|()| o))

@@ -588,6 +588,22 @@ impl RollbackEngine {
                 })
             }
             SnapshotKind::Directory => {
+                // The action found the directory there; if it is gone, it is made again.
+                match root.inspect(&rel)?.kind {
+                    TargetKind::Directory => {}
+                    TargetKind::Missing => {
+                        root.create_dir_all(&rel, durable)?;
+                    }
+                    TargetKind::File { .. } => {
+                        return Err(Refusal::new(
+                            ReasonCode::Conflict,
+                            format!(
+                                "{} was a directory and is now a file; it was left in place",
+                                shown_path(&meta.original_path)
+                            ),
+                        ));
+                    }
+                }
                 let still = root.inspect(&rel)?.kind == TargetKind::Directory;
                 Ok(RestoreOutcome {
                     checksum_validated: still,

@@ -174,6 +174,11 @@ impl SandboxRoot {
         self.id == other.id || other.ancestry.contains(&self.id)
     }
 
+    /// The root directory's `(st_dev, st_ino)`: the same for every spelling of its path.
+    pub fn id(&self) -> (u64, u64) {
+        self.id
+    }
+
     /// The configured path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -331,3 +331,132 @@ fn rollback_with_writing_off_or_dry_run_only_simulates() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), before);
 }
+
+fn rollback(
+    sb: &ailab_sandbox_core::Sandbox,
+    wf: &str,
+    force: bool,
+) -> ailab_sandbox_core::sandbox::RollbackReport {
+    sb.rollback_workflow(
+        wf,
+        &RollbackOptions {
+            force,
+            ..RollbackOptions::default()
+        },
+    )
+}
+
+/// Another workflow's change between two writes of this workflow to one file is a
+/// conflict for the older write: rolling it back would throw that change away. Refused
+/// up front (nothing restored); with force, the file goes back to the original.
+#[test]
+fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
+    let w = World::new();
+    w.write("t.txt", b"original\n");
+    let sb = w.sandbox();
+    let put = |wf: &str, text: &str| {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "t.txt", "content": text}]}),
+        );
+        assert_eq!(status(&r), "success");
+    };
+    put("wf_x", "A\n");
+    put("wf_y", "OTHER\n");
+    put("wf_x", "B\n");
+    let rb = rollback(&sb, "wf_x", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].expected_checksum.as_deref(),
+        Some(sha(b"A\n").as_str())
+    );
+    assert_eq!(
+        rb.conflicts[0].current_checksum.as_deref(),
+        Some(sha(b"OTHER\n").as_str())
+    );
+    assert_eq!(w.read("t.txt"), b"B\n", "nothing restored");
+    let rb = rollback(&sb, "wf_x", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("t.txt"), b"original\n");
+}
+
+/// A directory an action created is compared like a file: replaced by a file, or
+/// holding something the rollback does not remove, it is a conflict found before
+/// anything is restored; one the action found and that is gone since is made again.
+#[test]
+fn directories_are_checked_before_anything_is_restored() {
+    let w = World::new();
+    w.write("f.txt", b"old\n");
+    std::fs::create_dir(w.path("kept")).unwrap();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_d", "actions": [
+            {"action_id": "a1", "intent": "create_directory", "path": "k/l"},
+            {"action_id": "a2", "intent": "create_file", "path": "k/l/mine.txt", "content": "mine\n"},
+            {"action_id": "a3", "intent": "replace_file", "path": "f.txt", "content": "new\n"},
+            {"action_id": "a4", "intent": "create_directory", "path": "kept"}]}),
+    );
+    assert_eq!(status(&r), "success");
+
+    // Someone else's file in the created directory.
+    w.write("k/l/user.txt", b"user data\n");
+    let rb = rollback(&sb, "wf_d", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(rb.conflicts[0].action_id, "a1");
+    assert_eq!(w.read("f.txt"), b"new\n", "nothing restored");
+    std::fs::remove_file(w.path("k/l/user.txt")).unwrap();
+
+    // The created directory replaced by a file.
+    std::fs::remove_file(w.path("k/l/mine.txt")).unwrap();
+    std::fs::remove_dir(w.path("k/l")).unwrap();
+    w.write("k/l", b"precious\n");
+    let rb = rollback(&sb, "wf_d", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(rb.conflicts.iter().any(|c| c.action_id == "a1"), "{rb:?}");
+    assert_eq!(w.read("k/l"), b"precious\n");
+    std::fs::remove_file(w.path("k/l")).unwrap();
+    std::fs::create_dir(w.path("k/l")).unwrap();
+    w.write("k/l/mine.txt", b"mine\n");
+
+    // A directory the action found, removed since.
+    std::fs::remove_dir(w.path("kept")).unwrap();
+    let rb = rollback(&sb, "wf_d", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(rb.conflicts[0].action_id, "a4");
+    let rb = rollback(&sb, "wf_d", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(w.path("kept").is_dir(), "made again");
+    assert!(!w.path("k").exists());
+    assert_eq!(w.read("f.txt"), b"old\n");
+}
+
+/// Rolling back an action twice names the action, not the whole workflow.
+#[test]
+fn an_action_rolled_back_twice_is_named() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf1", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "1\n"},
+            {"action_id": "a2", "intent": "append_file", "path": "x.txt", "content": "2\n"}]}),
+    );
+    let one = RollbackOptions {
+        action_id: Some("a2".to_owned()),
+        ..RollbackOptions::default()
+    };
+    assert_eq!(sb.rollback_workflow("wf1", &one).status, "rolled_back");
+    let again = sb.rollback_workflow("wf1", &one);
+    assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
+    assert_eq!(
+        again.reason.as_deref(),
+        Some("action 'a2' of workflow 'wf1' was already rolled back")
+    );
+    assert_eq!(rollback(&sb, "wf1", false).status, "rolled_back");
+    assert!(!w.path("x.txt").exists());
+}
