@@ -559,3 +559,25 @@ fn a_token_on_the_command_line_is_warned_about() {
         "the warning does not repeat it: {err}"
     );
 }
+
+/// A token too short for the server stops `serve` only: the other commands never use it.
+#[test]
+fn a_short_token_stops_the_server_only() {
+    let e = env();
+    let out = e
+        .cmd()
+        .env("AI_LAB_SANDBOX_TOKEN", "short")
+        .args(["state"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = e
+        .cmd()
+        .env("AI_LAB_SANDBOX_TOKEN", "short")
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("shorter than 16 characters"), "{err}");
+}

@@ -270,20 +270,22 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
-                        Some(TargetKind::File { .. })
-                            if !executable
-                                || matches!(
-                                    approval.op.name,
-                                    "append_file" | "sandbox_transform"
-                                ) =>
-                        {
-                            Some(Virtual::File(
+                        Some(TargetKind::File { size, .. }) => {
+                            check_existing_size(approval.op, a, size)?;
+                            // Read only where the result depends on the bytes, or where a
+                            // simulation reports their checksum and they are within what
+                            // the operation itself may write.
+                            let needed =
+                                matches!(approval.op.name, "append_file" | "sandbox_transform")
+                                    || (!executable
+                                        && size <= approval.op.max_size_bytes.unwrap_or(0));
+                            Some(Virtual::File(if needed {
                                 sb.roots[ri]
-                                    .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
-                            ))
+                                    .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?
+                            } else {
+                                Vec::new()
+                            }))
                         }
-                        // It exists; what it holds does not change the result.
-                        Some(TargetKind::File { .. }) => Some(Virtual::File(Vec::new())),
                         Some(TargetKind::Directory) => Some(Virtual::Dir),
                         _ => None,
                     },
@@ -689,7 +691,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                 .as_ref()
                 .map_or(TargetKind::Missing, |t| t.kind);
             let before = match kind {
-                TargetKind::File { .. } => Some(root.read_file(&rel, MAX_SNAPSHOT_BYTES)?),
+                TargetKind::File { size, .. } => {
+                    check_existing_size(approval.op, a, size)?;
+                    Some(root.read_file(&rel, MAX_SNAPSHOT_BYTES)?)
+                }
                 _ => None,
             };
             let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
@@ -960,6 +965,47 @@ impl<'a> SandboxWriteExecutor<'a> {
         );
         self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
     }
+}
+
+/// Refuses, from its size alone and before reading it, an existing file the action
+/// could not handle: one too large to snapshot, or one whose result would exceed the
+/// operation's limit whatever the edits (an append adds to it; a transform edits files
+/// up to the limit).
+fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) -> Verdict {
+    use crate::catalog::human_bytes;
+    let too_big = |what: String| Err(Refusal::new(ReasonCode::SizeExceeded, what));
+    if size > MAX_SNAPSHOT_BYTES {
+        return too_big(format!(
+            "'{}' holds {} and a snapshot holds at most {}, so it cannot be changed",
+            a.path,
+            human_bytes(size),
+            human_bytes(MAX_SNAPSHOT_BYTES)
+        ));
+    }
+    let Some(max) = op.max_size_bytes else {
+        return Ok(());
+    };
+    match op.name {
+        "append_file" => {
+            let total = size.saturating_add(a.content.as_ref().map_or(0, |c| c.len() as u64));
+            if total > max {
+                return too_big(format!(
+                    "append_file would leave {total} bytes in '{}'; its limit is {max} bytes ({})",
+                    a.path,
+                    human_bytes(max)
+                ));
+            }
+        }
+        "sandbox_transform" if size > max => {
+            return too_big(format!(
+                "'{}' holds {size} bytes; sandbox_transform edits files of at most {max} bytes ({})",
+                a.path,
+                human_bytes(max)
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn check_parent_artifact(sb: &Sandbox, a: &Action) -> Verdict {

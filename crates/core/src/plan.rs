@@ -364,8 +364,7 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
                 ),
             ));
         }
-        let mut hits = text.match_indices(&e.old);
-        let Some((at, _)) = hits.next() else {
+        let Some(at) = text.find(&e.old) else {
             return Err(Refusal::new(
                 ReasonCode::EditNotFound,
                 format!(
@@ -375,8 +374,13 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
                 ),
             ));
         };
-        if hits.next().is_some() {
-            let n = text.matches(&e.old).count();
+        // Occurrences that overlap count too ("aa" occurs twice in "aaa").
+        let starts = |from: usize| {
+            let step = text[from..].chars().next().map_or(1, char::len_utf8);
+            text[from + step..].find(&e.old).map(|i| from + step + i)
+        };
+        if starts(at).is_some() {
+            let n = std::iter::successors(Some(at), |&p| starts(p)).count();
             return Err(Refusal::new(
                 ReasonCode::EditAmbiguous,
                 format!(

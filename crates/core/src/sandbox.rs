@@ -1730,8 +1730,11 @@ impl Sandbox {
     /// Removes the snapshots of workflows whose newest snapshot is older than
     /// `older_than` and that no process is running now.
     pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
-        let cutoff = self.clock.now()
-            - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+        // An age beyond the calendar's range prunes nothing.
+        let cutoff = chrono::Duration::from_std(older_than)
+            .ok()
+            .and_then(|d| self.clock.now().checked_sub_signed(d))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
         let mut report = PruneReport::default();
         let mut ids: Vec<String> = Vec::new();
         for root in &self.roots {

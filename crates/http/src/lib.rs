@@ -74,7 +74,9 @@ use tower_http::timeout::RequestBodyDeadlineLayer;
 pub use error::codes;
 pub use guard::constant_time_eq;
 pub use routes::OPENMETRICS_CONTENT_TYPE;
-pub use server::{ServeError, ServeOptions, check_exposure, resolve_addr, run, serve};
+pub use server::{
+    MIN_TOKEN_LEN, ServeError, ServeOptions, check_exposure, resolve_addr, run, serve,
+};
 
 /// Default largest request body: 64 MiB, the configuration's default, so that every plan
 /// the catalog and the default workflow budget allow fits once JSON-escaped.

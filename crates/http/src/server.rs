@@ -74,6 +74,12 @@ pub enum ServeError {
     /// The token is empty.
     #[error("the token is empty; set a long random token or none")]
     EmptyToken,
+    /// The token is too short to resist guessing.
+    #[error(
+        "the token is shorter than {MIN_TOKEN_LEN} characters; use a long random token \
+         (for example 32 hexadecimal digits)"
+    )]
+    ShortToken,
     /// The body limit is zero.
     #[error("the request body limit must be at least 1 byte")]
     ZeroBodyLimit,
@@ -92,6 +98,9 @@ pub enum ServeError {
     #[error("the server stopped with an error: {0}")]
     Serve(std::io::Error),
 }
+
+/// The shortest token `serve` accepts.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 /// Resolves `host:port` (an IP literal or a name such as `localhost`).
 pub fn resolve_addr(addr: &str) -> Result<Vec<SocketAddr>, ServeError> {
@@ -118,6 +127,7 @@ pub fn check_exposure(
 ) -> Result<(), ServeError> {
     match token {
         Some("") => Err(ServeError::EmptyToken),
+        Some(t) if t.len() < MIN_TOKEN_LEN => Err(ServeError::ShortToken),
         Some(_) => Ok(()),
         None => match resolved
             .iter()

@@ -327,6 +327,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let limit =
             usize::try_from(args.uint("limit").unwrap_or(DEFAULT_LIST_LIMIT)).unwrap_or(usize::MAX);
         let workflow_id = args.str("workflow_id");
+        if let Some(Err(r)) = workflow_id
+            .as_deref()
+            .map(|w| ailab_sandbox_core::plan::check_id("workflow_id", w))
+        {
+            return refusal(&r, None, "");
+        }
         let wf = workflow_id.clone();
         match self
             .blocking(move |sb| sb.artifacts(limit, wf.as_deref()))

@@ -212,8 +212,9 @@ fn token_from_env_and_flag() {
     };
     let c = resolve(None, &[(env::TOKEN, tok_env)], &flags).unwrap();
     assert_eq!(c.token.as_deref(), Some(tok_flag));
-    let err = resolve(None, &[(env::TOKEN, "short")], &Overrides::default()).unwrap_err();
-    assert!(err.0.contains("token"), "{err}");
+    // Only `serve` uses the token, and refuses a short one: other commands still run.
+    let c = resolve(None, &[(env::TOKEN, "short")], &Overrides::default()).unwrap();
+    assert_eq!(c.token.as_deref(), Some("short"));
 }
 
 #[test]

@@ -268,6 +268,27 @@ fn sandbox_transform_edit_not_found_and_ambiguous_change_nothing() {
     );
     assert_eq!(code(&r, 0).as_deref(), Some("edit_ambiguous"));
     assert_eq!(w.read("t.md"), b"one two two\n");
+
+    // Overlapping occurrences are occurrences too.
+    w.write("o.md", "aaa x\u{e9}\u{e9}\u{e9} xababay\n".as_bytes());
+    for (old, times) in [
+        ("aa", "2 times"),
+        ("\u{e9}\u{e9}", "2 times"),
+        ("aba", "2 times"),
+        ("a", "6 times"),
+    ] {
+        let r = one(
+            &w,
+            json!({"intent": "sandbox_transform", "path": "o.md", "edits": [{"old": old, "new": "X"}]}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("edit_ambiguous"), "{old}");
+        let reason = r.actions[0].reason.clone().unwrap_or_default();
+        assert!(reason.contains(times), "{old}: {reason}");
+    }
+    assert_eq!(
+        w.read("o.md"),
+        "aaa x\u{e9}\u{e9}\u{e9} xababay\n".as_bytes()
+    );
 }
 
 #[test]

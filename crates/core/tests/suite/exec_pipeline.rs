@@ -660,3 +660,58 @@ fn the_filesystem_root_is_never_a_sandbox_root() {
         ailab_sandbox_core::confine::SandboxRoot::open(std::path::Path::new("/"), false).is_err()
     );
 }
+
+/// A file too large to snapshot, or one an append or a transform could only take past
+/// its limit, is refused from its size, up front: nothing of the plan is written.
+#[test]
+fn oversized_existing_files_are_refused_before_anything_is_written() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let big = |name: &str, len: u64| {
+        let f = std::fs::File::create(w.path(name)).unwrap();
+        f.set_len(len).unwrap();
+    };
+    big("huge.txt", 65 * 1024 * 1024);
+    big("large.md", 6 * 1024 * 1024);
+    big("almost.txt", 1024 * 1024 - 2);
+    for (intent, path, extra, needle) in [
+        (
+            "replace_file",
+            "huge.txt",
+            json!({"content": "small\n"}),
+            "snapshot holds at most",
+        ),
+        (
+            "append_file",
+            "almost.txt",
+            json!({"content": "abc"}),
+            "would leave 1048577 bytes",
+        ),
+        (
+            "sandbox_transform",
+            "large.md",
+            json!({"edits": [{"old": "a", "new": "b"}]}),
+            "edits files of at most",
+        ),
+    ] {
+        let mut action = json!({"action_id": "a2", "intent": intent, "path": path});
+        for (k, v) in extra.as_object().unwrap() {
+            action[k] = v.clone();
+        }
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_big", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "first.txt", "content": "1"},
+                action]}),
+        );
+        assert_eq!(status(&r), "blocked", "{intent}: {r:?}");
+        assert_eq!(code(&r, 1).as_deref(), Some("size_exceeded"), "{intent}");
+        let reason = r.actions[1].reason.clone().unwrap_or_default();
+        assert!(reason.contains(needle), "{intent}: {reason}");
+        assert!(!w.path("first.txt").exists(), "{intent}: nothing written");
+    }
+    assert_eq!(
+        std::fs::metadata(w.path("huge.txt")).unwrap().len(),
+        65 * 1024 * 1024
+    );
+}

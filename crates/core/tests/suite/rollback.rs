@@ -249,6 +249,11 @@ fn prune_removes_old_finished_workflows_only() {
         &sb,
         json!({"workflow_id": "wf_new", "actions": [{"intent": "create_file", "path": "n.txt", "content": "n"}]}),
     );
+    // Ages past what the calendar holds prune nothing (and do not overflow).
+    for age in [u64::MAX, 20_000_000 * 604_800] {
+        let report = sb.prune(std::time::Duration::from_secs(age)).unwrap();
+        assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    }
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();

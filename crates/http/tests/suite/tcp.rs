@@ -304,6 +304,9 @@ fn exposure_rules() {
     let public = resolve_addr("0.0.0.0:8787").unwrap();
     assert!(check_exposure("0.0.0.0:8787", &public, None).is_err());
     assert!(check_exposure("0.0.0.0:8787", &public, Some(TOKEN)).is_ok());
+    for short in ["", "short", "fifteen-chars!!"] {
+        assert!(check_exposure("127.0.0.1:8787", &loopback, Some(short)).is_err());
+    }
     let lan = resolve_addr("192.168.1.10:8787").unwrap();
     assert!(check_exposure("192.168.1.10:8787", &lan, None).is_err());
     assert!(resolve_addr("127.0.0.1").is_err(), "a port is needed");

@@ -70,6 +70,11 @@ async fn governance_refusals_name_the_code_and_an_alternative() {
             json!({"path": "x.md", "content": "x", "workflow_id": "../bad"}),
             "invalid_id",
         ),
+        (
+            "list_artifacts",
+            json!({"workflow_id": "bad id"}),
+            "invalid_id",
+        ),
     ];
     for (tool, args, code) in cases {
         let r = s.err(tool, args).await;
