@@ -446,6 +446,12 @@ fn run(cli: Cli) -> Result<u8> {
             Ok(report) => {
                 if json {
                     print_json(&report)?;
+                } else if report.simulated {
+                    out!(
+                        "would prune {} workflows, keep {}; nothing was removed: writing is off or dry-run is on (--enable-write --no-dry-run to prune)",
+                        report.workflows_pruned.len(),
+                        report.workflows_kept
+                    );
                 } else {
                     out!(
                         "pruned {} workflows, kept {}",

@@ -293,10 +293,12 @@ pub struct FileInfo {
 /// What pruning removed.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PruneReport {
-    /// Workflows whose snapshots were removed.
+    /// Workflows whose snapshots were removed (when `simulated`: would be).
     pub workflows_pruned: Vec<String>,
     /// Workflows kept (newer, or running).
     pub workflows_kept: u64,
+    /// Writing is off or dry-run is on: nothing was removed.
+    pub simulated: bool,
 }
 
 pub(crate) const READ_LIMIT: u64 = 4 * 1024 * 1024;
@@ -1728,14 +1730,20 @@ impl Sandbox {
     }
 
     /// Removes the snapshots of workflows whose newest snapshot is older than
-    /// `older_than` and that no process is running now.
+    /// `older_than` and that no process is running now. Removing snapshots makes writes
+    /// irreversible, so like any write it only reports what it would do unless writing
+    /// is on and dry-run off.
     pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
+        let simulated = !self.execution_context().0.is_executable();
         // An age beyond the calendar's range prunes nothing.
         let cutoff = chrono::Duration::from_std(older_than)
             .ok()
             .and_then(|d| self.clock.now().checked_sub_signed(d))
             .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
-        let mut report = PruneReport::default();
+        let mut report = PruneReport {
+            simulated,
+            ..PruneReport::default()
+        };
         let mut ids: Vec<String> = Vec::new();
         for root in &self.roots {
             ids.extend(Snapshotter::list_workflows(root)?);
@@ -1750,7 +1758,7 @@ impl Sandbox {
                 report.workflows_kept += 1;
                 continue;
             };
-            match self.prune_workflow(&wf, cutoff) {
+            match self.prune_workflow(&wf, cutoff, simulated) {
                 Ok(true) => report.workflows_pruned.push(wf),
                 Ok(false) => report.workflows_kept += 1,
                 // One workflow that cannot be pruned does not keep the others.
@@ -1769,7 +1777,12 @@ impl Sandbox {
     /// and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
     /// (another state directory's, a lost key's, planted) keep the workflow: nothing
     /// proves their age. Returns whether it was pruned.
-    fn prune_workflow(&self, wf: &str, cutoff: chrono::DateTime<chrono::Utc>) -> Verdict<bool> {
+    fn prune_workflow(
+        &self,
+        wf: &str,
+        cutoff: chrono::DateTime<chrono::Utc>,
+        simulated: bool,
+    ) -> Verdict<bool> {
         let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
         let trail = self.audit.by_workflow(wf).map_err(|e| {
             crate::Refusal::new(
@@ -1791,6 +1804,9 @@ impl Sandbox {
             .max();
         if untrusted > 0 || newest.is_some_and(|t| t >= cutoff) {
             return Ok(false);
+        }
+        if simulated {
+            return Ok(true);
         }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;

@@ -254,9 +254,23 @@ fn prune_removes_old_finished_workflows_only() {
         let report = sb.prune(std::time::Duration::from_secs(age)).unwrap();
         assert!(report.workflows_pruned.is_empty(), "{report:?}");
     }
+    // Pruning makes writes irreversible: with writing off or dry-run on it only says
+    // what it would remove.
+    let mut dry = w.writable_config();
+    dry.dry_run = true;
+    for config in [w.config(), dry] {
+        let report = w
+            .open(config)
+            .prune(std::time::Duration::from_secs(7 * 86_400))
+            .unwrap();
+        assert!(report.simulated);
+        assert_eq!(report.workflows_pruned, ["wf_old"]);
+        assert!(w.root.join(".rollback/wf_old/").exists());
+    }
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();
+    assert!(!report.simulated);
     assert_eq!(report.workflows_pruned, ["wf_old"]);
     assert_eq!(report.workflows_kept, 1);
     assert!(!w.root.join(".rollback/wf_old").exists());
