@@ -14,7 +14,9 @@ use crate::confine::root::{FILE_MODE, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
-use crate::policy::{Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target};
+use crate::policy::{
+    Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target, resolve_target,
+};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
 use crate::snapshot::{
@@ -669,7 +671,18 @@ impl<'a> SandboxWriteExecutor<'a> {
 
         // governance → payload → current bytes → size → budget → rate limit
         let gctx = sb.governance_context();
-        let approval = match check_target(&self.request(a), &gctx) {
+        let req = self.request(a);
+        // The target's lock first, held to the end of the action: what governance finds
+        // there, the bytes read, the snapshot and the write then all belong to one moment
+        // of the target. (A path that does not resolve is refused just below.)
+        let _target_lock = match resolve_target(&req, &gctx) {
+            Ok(r) => match sb.lock_target(r.root_index, &r.rel) {
+                Ok(l) => Some(l),
+                Err(r) => return Err(fail(self, res, r, self.target_path(a))),
+            },
+            Err(_) => None,
+        };
+        let approval = match check_target(&req, &gctx) {
             Ok(ap) => ap,
             Err(r) => return Err(fail(self, res, r, self.target_path(a))),
         };
@@ -678,12 +691,6 @@ impl<'a> SandboxWriteExecutor<'a> {
         let root = &sb.roots[ri];
         let rel = approval.resolved.rel.clone();
         let target = sb.abs_path(ri, &rel);
-        // Held to the end of the action: its current bytes, its snapshot and its new
-        // bytes then all belong to the same moment of the target.
-        let _target_lock = match sb.lock_target(ri, &rel) {
-            Ok(l) => l,
-            Err(r) => return Err(fail(self, res, r, target)),
-        };
         let prepared = (|| {
             check_payload(approval.op, a)?;
             let kind = approval
@@ -733,8 +740,18 @@ impl<'a> SandboxWriteExecutor<'a> {
         // success record are prepared here, so that a snapshot can carry them as its
         // commit record.
         let after = bytes.as_deref().map(sha256_hex);
+        let left = match &after {
+            Some(sum) => crate::sandbox::TargetState::File(sum.clone()),
+            None => crate::sandbox::TargetState::Directory,
+        };
         let entry = match (&bytes, &after) {
-            (Some(b), Some(sum)) => Some(self.new_artifact(a, &target, b.len() as u64, sum)),
+            (Some(b), Some(sum)) => Some(self.new_artifact(
+                a,
+                &target,
+                b.len() as u64,
+                sum,
+                res.before_checksum.as_deref(),
+            )),
             _ => None,
         };
         let mut meta = SnapshotMeta {
@@ -817,7 +834,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             {
                 Ok(st) => Some(st),
                 Err(r) => {
-                    self.undo(&snap);
+                    self.undo(&snap, &left);
                     return Err(fail(self, res, r, target));
                 }
             },
@@ -847,7 +864,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if let Some(st) = &staged {
                     st.discard();
                 }
-                self.undo(&snap);
+                self.undo(&snap, &left);
                 return Err(fail(self, res, r, target));
             }
         };
@@ -908,7 +925,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ReasonCode::IoError,
                         format!("could not append to the audit log: {}", e.kind()),
                     );
-                    self.undo(&snap);
+                    self.undo(&snap, &left);
                     finished(sb);
                     return Err(fail(self, res, r, target));
                 }
@@ -919,16 +936,26 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if let Some(st) = &staged {
                     st.discard();
                 }
-                self.undo(&snap);
+                self.undo(&snap, &left);
                 finished(sb);
                 Err(fail(self, res, r, target))
             }
         }
     }
 
-    /// The registry entry of a file the action is about to write; its parent defaults to
-    /// the latest artifact at the same path.
-    fn new_artifact(&self, a: &Action, target: &str, size: u64, sum: &str) -> ArtifactEntry {
+    /// The registry entry of a file the action is about to write. Its parent defaults to
+    /// the artifact whose bytes it replaces: of the latest artifact at the same path and
+    /// its ancestors, the newest with the checksum the file holds now (an artifact rolled
+    /// back since is skipped), else the latest one (SPEC §8: a file changed by hand, or
+    /// made again).
+    fn new_artifact(
+        &self,
+        a: &Action,
+        target: &str,
+        size: u64,
+        sum: &str,
+        before: Option<&str>,
+    ) -> ArtifactEntry {
         let sb = self.sb;
         ArtifactEntry {
             artifact_id: format!("art_{}", crate::ids::unique()),
@@ -941,12 +968,17 @@ impl<'a> SandboxWriteExecutor<'a> {
             parent_workflow_id: self.plan.parent_workflow_id.clone(),
             parent_artifact_id: match &a.parent_artifact_id {
                 Some(p) => Some(p.clone()),
-                None => sb
-                    .registry
-                    .latest_for_path(target)
-                    .ok()
-                    .flatten()
-                    .map(|e| e.artifact_id),
+                None => {
+                    let latest = sb.registry.latest_for_path(target).ok().flatten();
+                    let same_bytes = std::iter::successors(latest.clone(), |e| {
+                        let parent = e.parent_artifact_id.as_deref()?;
+                        sb.registry.get(parent).ok().flatten()
+                    })
+                    // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
+                    .take(64)
+                    .find(|e| e.path == target && Some(e.checksum_sha256.as_str()) == before);
+                    same_bytes.or(latest).map(|e| e.artifact_id)
+                }
             },
             generated_by_action: format!("{}/{}", self.execution_id, a.id()),
             created_at: sb.now(),
@@ -954,14 +986,15 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     /// Restores one action's snapshot at once after its mutation failed.
-    fn undo(&mut self, snap: &(usize, StoredSnapshot)) {
+    /// `left`: what the action writes (see [`crate::sandbox::RestoreMode::OwnChange`]).
+    fn undo(&mut self, snap: &(usize, StoredSnapshot), left: &crate::sandbox::TargetState) {
         let wf = self.plan.workflow_id.clone();
         let steps = self.sb.restore_all(
             &self.execution_id,
             &wf,
             vec![snap.clone()],
             "action_failed",
-            crate::sandbox::RestoreMode::Held,
+            crate::sandbox::RestoreMode::OwnChange(left.clone()),
         );
         self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
     }

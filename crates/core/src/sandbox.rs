@@ -159,7 +159,7 @@ pub struct Conflict {
 
 /// What a target holds, compared with what an action left there.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum TargetState {
+pub(crate) enum TargetState {
     File(String),
     Directory,
     Missing,
@@ -190,10 +190,13 @@ impl TargetState {
 const TARGET_LOCK_STRIPES: u64 = 64;
 
 /// How [`Sandbox::restore_all`] treats each target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RestoreMode {
-    /// The caller holds the target's lock and restores its own action's change.
-    Held,
+    /// An action undoing its own change after it failed, holding the target's lock: a
+    /// target still as the snapshot found it needs nothing, one holding what the action
+    /// wrote (this) is restored, and anything else was not written by the action and
+    /// is left alone (`conflict`).
+    OwnChange(TargetState),
     /// Whatever the target holds now is replaced (a forced rollback; recovery, which
     /// has judged each target).
     Force,
@@ -1173,13 +1176,18 @@ impl Sandbox {
 
     /// Refuses (`conflict`) to restore a target that no longer holds what its action
     /// left, naming both.
-    fn check_unchanged(&self, workflow_id: &str, root: usize, meta: &SnapshotMeta) -> Verdict {
+    fn check_unchanged(
+        &self,
+        workflow_id: &str,
+        root: usize,
+        meta: &SnapshotMeta,
+    ) -> Verdict<bool> {
         let Some(left) = self.left_by(workflow_id, meta) else {
-            return Ok(());
+            return Ok(true);
         };
         let now = self.target_state(root, &meta.target());
         if now == left {
-            return Ok(());
+            return Ok(true);
         }
         Err(crate::reason::Refusal::new(
             ReasonCode::Conflict,
@@ -1189,6 +1197,39 @@ impl Sandbox {
                 shown_path(&meta.action_id),
                 now.describe(),
                 left.describe()
+            ),
+        ))
+    }
+
+    /// For an action undoing its own change: whether there is one to undo (see
+    /// [`RestoreMode::OwnChange`]).
+    fn check_own_change(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+        left: &TargetState,
+    ) -> Verdict<bool> {
+        let now = self.target_state(root, &meta.target());
+        let found = match meta.kind {
+            crate::snapshot::SnapshotKind::File => {
+                TargetState::File(meta.sha256.clone().unwrap_or_default())
+            }
+            crate::snapshot::SnapshotKind::Directory => TargetState::Directory,
+            crate::snapshot::SnapshotKind::Missing => TargetState::Missing,
+        };
+        if now == found {
+            return Ok(false);
+        }
+        if now == *left {
+            return Ok(true);
+        }
+        Err(crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{} holds {}, which action {} did not write; it was left as it is",
+                shown_path(&meta.original_path),
+                now.describe(),
+                shown_path(&meta.action_id)
             ),
         ))
     }
@@ -1589,7 +1630,7 @@ impl Sandbox {
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
             let lock = match mode {
-                RestoreMode::Held => Ok(None),
+                RestoreMode::OwnChange(_) => Ok(None),
                 _ => self.lock_target(i, &meta.target()).map(Some),
             };
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
@@ -1599,13 +1640,26 @@ impl Sandbox {
                     .map(|b| sha256_hex(&b)),
                 _ => None,
             };
+            // The guard stays bound to `lock` until the step is recorded.
             let outcome = lock
-                .and_then(|_| match mode {
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|_| match &mode {
                     RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
-                    _ => Ok(()),
+                    RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
+                    RestoreMode::Force => Ok(true),
                 })
-                .and_then(|()| self.fail_at("during_restore"))
-                .and_then(|()| RollbackEngine::restore(root, &meta, durable))
+                .and_then(|change| self.fail_at("during_restore").map(|()| change))
+                .and_then(|change| {
+                    if change {
+                        RollbackEngine::restore(root, &meta, durable)
+                    } else {
+                        Ok(crate::snapshot::RestoreOutcome {
+                            checksum_validated: true,
+                            restored_checksum: meta.sha256.clone(),
+                        })
+                    }
+                })
                 .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
                 .and_then(|o| self.sync_point().map(|()| o))
                 .and_then(|o| self.fail_at("after_restore").map(|()| o));
@@ -1666,6 +1720,7 @@ impl Sandbox {
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
             }
+            drop(lock);
             steps.push(step);
         }
         if let Err(r) = self.sync_point() {

@@ -185,7 +185,14 @@ pub(crate) fn write_result(
     session_wf: &str,
     phase: &str,
 ) -> CallToolResult {
-    let structured = to_value(res);
+    let mut structured = to_value(res);
+    // A refusal's code at the top, where every other refusal carries it.
+    if let (Some(Value::Object(m)), Some(code)) = (
+        structured.as_mut(),
+        res.actions.iter().find_map(|a| a.reason_code),
+    ) {
+        m.insert("reason_code".to_owned(), serde_json::json!(code));
+    }
     let Some(a) = res.actions.first() else {
         return error(
             format!(

@@ -357,6 +357,8 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
     let exts = extensions_for(op, sandbox);
     let ext_text = if op.is_directory() {
         "Creates directories only (mode 0755).".to_owned()
+    } else if exts.is_empty() {
+        "This server's extension policy allows none of the files this operation writes, so every call is refused (extension_not_allowed).".to_owned()
     } else if op.extensions.is_empty() {
         format!("Allowed extensions: {}.", exts.join(" "))
     } else {
@@ -544,4 +546,44 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         read_only("Get state"),
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tool whose files the extension policy allows none of says so, instead of
+    /// "Only  files.".
+    #[test]
+    fn a_tool_the_extension_policy_rules_out_says_so() {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("tempdir")
+        };
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
+            Some(&[".txt".to_owned(), ".md".to_owned()]),
+            &[],
+        );
+        let Ok(sb) = Sandbox::open(config) else {
+            panic!("open")
+        };
+        let describe = |name: &str| {
+            let Some(op) = ailab_sandbox_core::catalog::op_for_intent(name) else {
+                panic!("{name}")
+            };
+            write_tool(op, &sb)
+                .tool
+                .description
+                .map(|d| d.to_string())
+                .unwrap_or_default()
+        };
+        let json = describe("write_json");
+        assert!(json.contains("allows none of the files"), "{json}");
+        assert!(!json.contains("Only  files"), "{json}");
+        let md = describe("write_markdown");
+        assert!(md.contains("Only .md files."), "{md}");
+    }
 }

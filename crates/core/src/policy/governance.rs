@@ -142,6 +142,15 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
     })
 }
 
+/// Where `req` points, as [`check_target`] resolves it (no I/O): for taking the
+/// target's lock before governance looks at it.
+pub fn resolve_target(
+    req: &GovernanceRequest<'_>,
+    ctx: &GovernanceContext<'_>,
+) -> Verdict<crate::confine::path::Resolved> {
+    resolve_sandbox_path(req.path, ctx.root_paths, req.root, ctx.max_depth)
+}
+
 /// The size check, last of all.
 pub fn check_size(approval: &Approval, size: u64, extensions: &ExtensionPolicy) -> Verdict {
     is_allowed_operation(approval.op, &approval.ext, size, extensions)

@@ -421,6 +421,62 @@ fn successive_writes_of_one_path_form_a_lineage_by_default() {
     assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
 }
 
+/// A write's parent is the artifact whose bytes it replaced (one rolled back since is
+/// skipped), or else the latest artifact at its path.
+#[test]
+fn lineage_follows_the_bytes_a_write_replaced() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let art =
+        |r: &ailab_sandbox_core::RunResult, i: usize| r.actions[i].artifact_id.clone().unwrap();
+    let parent = |id: &str| {
+        sb.artifact_with_lineage(id)
+            .unwrap()
+            .unwrap()
+            .0
+            .parent_artifact_id
+    };
+    let r1 = run(
+        &sb,
+        json!({"workflow_id": "w1", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "one\n"},
+            {"action_id": "a2", "intent": "append_file", "path": "x.txt", "content": "two\n"}]}),
+    );
+    let one = ailab_sandbox_core::sandbox::RollbackOptions {
+        action_id: Some("a2".to_owned()),
+        ..Default::default()
+    };
+    assert_eq!(sb.rollback_workflow("w1", &one).status, "rolled_back");
+    let r2 = run(
+        &sb,
+        json!({"workflow_id": "w2", "actions": [{"action_id": "b1", "intent": "append_file", "path": "x.txt", "content": "three\n"}]}),
+    );
+    assert_eq!(
+        parent(&art(&r2, 0)),
+        Some(art(&r1, 0)),
+        "from a1's bytes, not a2's"
+    );
+    for wf in ["w2", "w1"] {
+        let rb = sb.rollback_workflow(wf, &Default::default());
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    }
+    let r3 = run(
+        &sb,
+        json!({"workflow_id": "w3", "actions": [{"action_id": "c1", "intent": "create_file", "path": "x.txt", "content": "fresh\n"}]}),
+    );
+    assert_eq!(
+        parent(&art(&r3, 0)),
+        Some(art(&r2, 0)),
+        "made again: the path's latest"
+    );
+    w.write("x.txt", b"edited by hand\n");
+    let r4 = run(
+        &sb,
+        json!({"workflow_id": "w4", "actions": [{"action_id": "d1", "intent": "replace_file", "path": "x.txt", "content": "v4\n"}]}),
+    );
+    assert_eq!(parent(&art(&r4, 0)), Some(art(&r3, 0)), "the path's latest");
+}
+
 #[test]
 fn stats_count_by_status_class_and_intent() {
     let w = World::new();

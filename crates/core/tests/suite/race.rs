@@ -175,7 +175,10 @@ fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
             }
             "rolled_back" | "blocked" => assert!(!edited, "wt{t} left no edit: {text}"),
             "failed" => {
-                assert!(edited, "wt{t}: a refused rollback leaves its edit: {text}");
+                assert!(
+                    edited,
+                    "wt{t}: a refused rollback leaves its edit: {text} {r:?}"
+                );
                 assert_eq!(code(r, 0).as_deref(), None, "{r:?}");
             }
             other => panic!("wt{t}: {other}: {r:?}"),

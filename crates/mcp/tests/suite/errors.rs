@@ -81,6 +81,7 @@ async fn governance_refusals_name_the_code_and_an_alternative() {
         let t = text(&r);
         assert!(t.contains(code), "{tool}: expected {code} in {t}");
         assert!(t.contains("What to do instead"), "{t}");
+        assert_eq!(structured(&r)["reason_code"], code, "{tool}: at the top");
     }
     s.ok(
         "create_file",
