@@ -58,6 +58,8 @@ pub struct Sandbox {
     logs_after_sync: std::sync::Mutex<std::collections::HashMap<String, Position>>,
     /// Entries appended to commit logs since the last sync point.
     logged_since_sync: std::sync::atomic::AtomicUsize,
+    /// The target locks (see [`Sandbox::lock_target`]).
+    target_locks: crate::confine::state::LockSet,
 }
 
 /// Snapshots with the index of the root they are in.
@@ -187,7 +189,7 @@ impl TargetState {
 
 /// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
 /// seldom wait for each other, few enough that the lock files stay a handful.
-const TARGET_LOCK_STRIPES: u64 = 64;
+const TARGET_LOCK_STRIPES: usize = 64;
 
 /// How [`Sandbox::restore_all`] treats each target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -339,6 +341,12 @@ impl Sandbox {
             });
         }
         let (state, note) = open_state_dir(&config)?;
+        let target_locks = crate::confine::state::LockSet::new(
+            &state,
+            (0..TARGET_LOCK_STRIPES)
+                .map(|i| format!("target-{i:02}"))
+                .collect(),
+        );
         notices.extend(note);
         for root in &roots {
             if let Some(inside) = inside_root(state.path(), root.path()) {
@@ -397,6 +405,7 @@ impl Sandbox {
             idle_after_sync: std::sync::Mutex::new(Vec::new()),
             logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
+            target_locks,
         };
         for r in sb.recover() {
             if r.retry {
@@ -1244,7 +1253,7 @@ impl Sandbox {
         &self,
         root: usize,
         rel: &RelPath,
-    ) -> Verdict<crate::confine::state::FileLock> {
+    ) -> Verdict<crate::confine::state::HeldLock<'_>> {
         let (dev, ino) = self.roots[root].id();
         let path = rel.as_string();
         // FNV-1a, so that every process picks the same stripe.
@@ -1257,8 +1266,8 @@ impl Sandbox {
         {
             h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
-        self.state
-            .lock(&format!("target-{:02}", h % TARGET_LOCK_STRIPES))
+        self.target_locks
+            .lock((h % TARGET_LOCK_STRIPES as u64) as usize)
             .map_err(|e| {
                 crate::reason::Refusal::new(
                     ReasonCode::IoError,
@@ -1436,6 +1445,16 @@ impl Sandbox {
                 Vec::new(),
             );
         }
+        // Directories the workflow's actions created: once a whole-workflow rollback has
+        // removed their files, those left empty go too, whichever action made them (an
+        // action rolled back alone earlier could not remove a directory a later action
+        // still had a file in).
+        let mut created: Vec<(usize, String)> = snaps
+            .iter()
+            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
+            .flat_map(|(i, s)| s.meta.created_dirs.iter().map(move |d| (*i, d.clone())))
+            .collect();
+        created.sort_by_key(|(_, d)| std::cmp::Reverse(d.matches('/').count()));
         let mut chosen: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| {
@@ -1591,9 +1610,17 @@ impl Sandbox {
                 RestoreMode::Unchanged
             },
         );
+        let failed = steps.iter().find(|s| !s.restored);
+        if failed.is_none() && opts.action_id.is_none() {
+            let durable = self.fsync_each();
+            for (i, d) in created {
+                let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+                // Not empty (someone's file) or already gone: left as it is.
+                let _ = self.roots[i].remove_empty_dir(&dir, durable);
+            }
+        }
         self.run_finished(record);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
-        let failed = steps.iter().find(|s| !s.restored);
         RollbackReport {
             workflow_id: workflow_id.to_owned(),
             status: if failed.is_some() {

@@ -417,6 +417,60 @@ impl BlockFile {
     }
 }
 
+/// A fixed set of named locks whose files stay open between uses: taking one costs a
+/// mutex and a `flock`, not an open and a close. The mutex orders this process's
+/// threads (a `flock` belongs to the open file description, which they share); the
+/// `flock` orders processes, and other `LockSet`s or [`StateDir::lock`] callers.
+#[derive(Debug)]
+pub struct LockSet {
+    state: StateDir,
+    names: Vec<String>,
+    slots: Vec<std::sync::Mutex<Option<File>>>,
+}
+
+impl LockSet {
+    /// `names`, opened on first use.
+    pub fn new(state: &StateDir, names: Vec<String>) -> Self {
+        let slots = names.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        Self {
+            state: state.clone(),
+            names,
+            slots,
+        }
+    }
+
+    /// Takes lock `i` (of the names given), held until the guard drops.
+    pub fn lock(&self, i: usize) -> io::Result<HeldLock<'_>> {
+        let (Some(slot), Some(name)) = (self.slots.get(i), self.names.get(i)) else {
+            return Err(io::Error::other("no such lock"));
+        };
+        let mut slot = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let file = match slot.take() {
+            Some(f) => f,
+            None => self.state.lock_file(name)?,
+        };
+        file.lock()?;
+        *slot = Some(file);
+        Ok(HeldLock { slot })
+    }
+}
+
+/// A lock of a [`LockSet`], released on drop.
+#[derive(Debug)]
+pub struct HeldLock<'a> {
+    slot: std::sync::MutexGuard<'a, Option<File>>,
+}
+
+impl Drop for HeldLock<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.slot.as_ref() {
+            let _ = f.unlock();
+        }
+    }
+}
+
 /// A named lock (a file under `locks/`), released on drop.
 #[derive(Debug)]
 pub struct FileLock {

@@ -479,3 +479,38 @@ fn an_action_rolled_back_twice_is_named() {
     assert_eq!(rollback(&sb, "wf1", false).status, "rolled_back");
     assert!(!w.path("x.txt").exists());
 }
+
+/// Directories a workflow created go with its last file, whichever action made them,
+/// even when the action that made them was rolled back alone first.
+#[test]
+fn a_workflows_directories_go_when_it_is_rolled_back_whole() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "k/l/a.txt", "content": "a"},
+            {"action_id": "a2", "intent": "create_file", "path": "k/l/b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let a1 = RollbackOptions {
+        action_id: Some("a1".to_owned()),
+        ..RollbackOptions::default()
+    };
+    assert_eq!(sb.rollback_workflow("wf_k", &a1).status, "rolled_back");
+    assert!(w.path("k/l").is_dir(), "b.txt is still in it");
+    assert_eq!(rollback(&sb, "wf_k", false).status, "rolled_back");
+    assert!(!w.path("k").exists(), "{:?}", w.tree());
+
+    // A directory holding someone else's file stays.
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "m/n/a.txt", "content": "a"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    w.write("m/user.txt", b"mine\n");
+    assert_eq!(rollback(&sb, "wf_m", false).status, "rolled_back");
+    assert!(!w.path("m/n").exists());
+    assert_eq!(w.read("m/user.txt"), b"mine\n");
+}
