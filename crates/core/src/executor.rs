@@ -127,6 +127,8 @@ pub struct SandboxWriteExecutor<'a> {
     timeline: Vec<TimelineEvent>,
     /// The run's record, once it executes (commit log entries carry it).
     record: Option<crate::recovery::InflightRecord>,
+    /// The record's file, held open from the check for a dead run to the run's end.
+    record_file: Option<crate::confine::state::BlockFile>,
 }
 
 impl Sandbox {
@@ -156,6 +158,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             state: WorkflowState::Planning,
             timeline: Vec::new(),
             record: None,
+            record_file: None,
         }
     }
 
@@ -209,10 +212,11 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
         // Before validation, which must see the tree as the dead run's recovery leaves it.
-        if ctx.is_executable()
-            && let Err(r) = self.sb.recover_dead_run(&wf)
-        {
-            return self.blocked(vec![Err(r)], false);
+        if ctx.is_executable() {
+            match self.sb.recover_dead_run(&wf) {
+                Ok(file) => self.record_file = file,
+                Err(r) => return self.blocked(vec![Err(r)], false),
+            }
         }
         let checks = self.validate(ctx.is_executable());
         if checks.iter().any(Result::is_err) {
@@ -548,14 +552,15 @@ impl<'a> SandboxWriteExecutor<'a> {
             started_at: self.sb.now(),
             finished: false,
         };
-        if let Err(r) = self.sb.begin_record(&record) {
+        if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();
             return self.blocked(checks, false);
         }
         let sb = self.sb;
         self.record = Some(record.clone());
+        let file = self.record_file.take();
         let result = self.execute_actions();
-        sb.run_finished(record);
+        sb.run_finished(record, file.as_ref());
         result
     }
 

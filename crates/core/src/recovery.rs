@@ -121,7 +121,11 @@ impl Sandbox {
     /// until it marks the record finished or idle, is free. Call with that lock held,
     /// and only when about to write. Refused (`io_error`) when the dead run's snapshots
     /// cannot be read, so that its record is kept for a later try.
-    pub(crate) fn recover_dead_run(&self, workflow_id: &str) -> Verdict {
+    /// Returns the record's file, still open, for the new run to write through.
+    pub(crate) fn recover_dead_run(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Option<crate::confine::state::BlockFile>> {
         let io = |e: std::io::Error| {
             Refusal::new(
                 ReasonCode::IoError,
@@ -132,14 +136,13 @@ impl Sandbox {
             )
         };
         let Some(file) = self.state.inflight_open(workflow_id).map_err(io)? else {
-            return Ok(());
+            return Ok(None);
         };
         let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
-            return Ok(());
+            return Ok(Some(file));
         };
-        drop(file);
         if rec.finished || (rec.state != "active" && rec.state != ROLLING_BACK) {
-            return Ok(());
+            return Ok(Some(file));
         }
         // Whatever the dead process logged is in memory or on disk already: made durable
         // and dropped from its log, so that no later replay redoes what this undoes.
@@ -165,7 +168,7 @@ impl Sandbox {
             "recovered an interrupted run of the workflow before starting a new one"
         );
         self.write_idle_record(&rec, self.durable());
-        Ok(())
+        Ok(Some(file))
     }
 
     fn recover_record(&self, rec: &InflightRecord) -> Recovered {

@@ -731,20 +731,33 @@ impl Sandbox {
     /// Marks a finished run's record idle. With batched syncs the last writes of a run
     /// may still be in memory when it returns, and an idle record makes recovery skip the
     /// run, so the mark waits for the next sync point (or the sandbox's drop).
-    pub(crate) fn run_finished(&self, rec: crate::recovery::InflightRecord) {
-        if self.batch_sync.is_some() {
+    /// `file`: the record's file, when the run holds it open.
+    pub(crate) fn run_finished(
+        &self,
+        rec: crate::recovery::InflightRecord,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) {
+        let (mark, what) = if self.batch_sync.is_some() {
             // Marked finished at once (not synced): a later run of the workflow in any
             // process then knows this one did not die half way.
             let finished = crate::recovery::InflightRecord {
                 finished: true,
                 ..rec.clone()
             };
-            if let Err(e) = self.write_record(&finished, false) {
-                tracing::warn!(error = %e, "could not mark a workflow's run finished");
-            }
             lock_or_recover(&self.idle_after_sync).push(rec);
+            (finished, "finished")
         } else {
-            self.write_idle(&rec);
+            // Not synced: after a crash an `active` record of a finished run only makes
+            // the next start look for unfinished actions, and find none.
+            let idle = crate::recovery::InflightRecord {
+                state: "idle".to_owned(),
+                finished: false,
+                ..rec
+            };
+            (idle, "idle")
+        };
+        if let Err(e) = self.write_record_to(&mark, false, file) {
+            tracing::warn!(error = %e, "could not mark a workflow's run {what}");
         }
     }
 
@@ -767,8 +780,6 @@ impl Sandbox {
     }
 
     fn write_idle(&self, rec: &crate::recovery::InflightRecord) {
-        // Not synced: after a crash an `active` record of a finished run only makes the
-        // next start look for unfinished actions, and find none.
         self.write_idle_record(rec, false);
     }
 
@@ -790,27 +801,52 @@ impl Sandbox {
         rec: &crate::recovery::InflightRecord,
         durable: bool,
     ) -> std::io::Result<()> {
+        self.write_record_to(rec, durable, None)
+    }
+
+    /// [`Sandbox::write_record`] through `file` when the caller holds the record open.
+    fn write_record_to(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        durable: bool,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) -> std::io::Result<()> {
         let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
-        self.state.inflight_write(&rec.workflow_id, &bytes, durable)
+        match file {
+            Some(f) => {
+                f.write(&bytes)?;
+                if durable {
+                    f.sync_data()?;
+                }
+                Ok(())
+            }
+            None => self.state.inflight_write(&rec.workflow_id, &bytes, durable),
+        }
     }
 
     /// Records that `rec`'s run or rollback is under way, before it changes any file
-    /// (synced under `strict`; under `batched` the next sync point covers it).
-    pub(crate) fn begin_record(&self, rec: &crate::recovery::InflightRecord) -> Verdict {
-        self.write_record(rec, self.fsync_each()).map_err(|e| {
-            crate::reason::Refusal::new(
-                ReasonCode::IoError,
-                format!(
-                    "could not record the {} in the state directory: {}",
-                    if rec.state == crate::recovery::ROLLING_BACK {
-                        "rollback"
-                    } else {
-                        "run"
-                    },
-                    e.kind()
-                ),
-            )
-        })
+    /// (synced under `strict`; under `batched` the next sync point covers it). `file`:
+    /// the record's file, when the caller holds it open.
+    pub(crate) fn begin_record(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) -> Verdict {
+        self.write_record_to(rec, self.fsync_each(), file)
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not record the {} in the state directory: {}",
+                        if rec.state == crate::recovery::ROLLING_BACK {
+                            "rollback"
+                        } else {
+                            "run"
+                        },
+                        e.kind()
+                    ),
+                )
+            })
     }
 
     pub(crate) fn durable(&self) -> bool {
@@ -1594,7 +1630,7 @@ impl Sandbox {
         let marked = self
             .settle_commit_log(workflow_id)
             .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })
-            .and_then(|()| self.begin_record(&record))
+            .and_then(|()| self.begin_record(&record, None))
             .and_then(|()| self.sync_point());
         if let Err(r) = marked {
             return refused(r.reason_code, r.reason, Vec::new());
@@ -1619,7 +1655,7 @@ impl Sandbox {
                 let _ = self.roots[i].remove_empty_dir(&dir, durable);
             }
         }
-        self.run_finished(record);
+        self.run_finished(record, None);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         RollbackReport {
             workflow_id: workflow_id.to_owned(),

@@ -415,6 +415,11 @@ impl BlockFile {
     pub fn write(&self, bytes: &[u8]) -> io::Result<()> {
         self.file.write_all_at(&padded_block(bytes)?, 0)
     }
+
+    /// `fdatasync`.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
 }
 
 /// A fixed set of named locks whose files stay open between uses: taking one costs a
