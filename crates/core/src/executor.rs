@@ -107,13 +107,15 @@ struct Prepared {
     approval: Approval,
     /// Bytes that would be on disk (`None` for a directory).
     bytes: Option<Vec<u8>>,
-    before: Option<Vec<u8>>,
+    /// The checksum of what the target holds, when validation read it.
+    before_checksum: Option<String>,
 }
 
 /// The virtual tree during validation: what earlier actions of the plan would leave.
 #[derive(Debug, Clone)]
 enum Virtual {
-    File(Vec<u8>),
+    /// A file, and its bytes when they were read (only where they matter).
+    File(Option<Vec<u8>>),
     Dir,
 }
 
@@ -286,10 +288,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                                     || (!executable
                                         && size <= approval.op.max_size_bytes.unwrap_or(0));
                             Some(Virtual::File(if needed {
-                                sb.roots[ri]
-                                    .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?
+                                Some(
+                                    sb.roots[ri]
+                                        .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
+                                )
                             } else {
-                                Vec::new()
+                                None
                             }))
                         }
                         Some(TargetKind::Directory) => Some(Virtual::Dir),
@@ -315,7 +319,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                             ),
                         ));
                     }
-                    Some(Virtual::File(b)) => Some(b.clone()),
+                    // Unread bytes do not change the result (render needs to know only
+                    // that the file exists).
+                    Some(Virtual::File(b)) => Some(b.clone().unwrap_or_default()),
+                    _ => None,
+                };
+                let before_checksum = match &current {
+                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b)),
                     _ => None,
                 };
                 let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
@@ -335,7 +345,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 Ok(Prepared {
                     approval,
                     bytes,
-                    before,
+                    before_checksum,
                 })
             })();
             if let Ok(p) = &r {
@@ -349,7 +359,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     Some(b) => {
                         add_artifacts += 1;
                         add_bytes += b.len() as u64;
-                        Virtual::File(b.clone())
+                        Virtual::File(Some(b.clone()))
                     }
                     None => Virtual::Dir,
                 };
@@ -525,7 +535,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         for (a, p) in actions.iter().zip(prepared) {
             let mut res = self.base_result(a, Some(p.approval.op), ActionStatus::Simulated);
             res.risk = p.approval.risk;
-            res.before_checksum = p.before.as_deref().map(sha256_hex);
+            res.before_checksum = p.before_checksum.clone();
             res.after_checksum = p.bytes.as_deref().map(sha256_hex);
             res.size_bytes = p.bytes.as_ref().map(|b| b.len() as u64);
             let target = self
@@ -1007,8 +1017,8 @@ impl<'a> SandboxWriteExecutor<'a> {
 
 /// Refuses, from its size alone and before reading it, an existing file the action
 /// could not handle: one too large to snapshot, or one whose result would exceed the
-/// operation's limit whatever the edits (an append adds to it; a transform edits files
-/// up to the limit).
+/// operation's limit (an append adds its content; a transform's result differs from the
+/// file by exactly what its edits add and remove, each applying once or not at all).
 fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) -> Verdict {
     use crate::catalog::human_bytes;
     let too_big = |what: String| Err(Refusal::new(ReasonCode::SizeExceeded, what));
@@ -1034,12 +1044,21 @@ fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) ->
                 ));
             }
         }
-        "sandbox_transform" if size > max => {
-            return too_big(format!(
-                "'{}' holds {size} bytes; sandbox_transform edits files of at most {max} bytes ({})",
-                a.path,
-                human_bytes(max)
-            ));
+        "sandbox_transform" => {
+            let change: i128 = a
+                .edits
+                .iter()
+                .flatten()
+                .map(|e| e.new.len() as i128 - e.old.len() as i128)
+                .sum();
+            let total = i128::from(size) + change;
+            if total > i128::from(max) {
+                return too_big(format!(
+                    "sandbox_transform would leave {total} bytes in '{}'; its limit is {max} bytes ({})",
+                    a.path,
+                    human_bytes(max)
+                ));
+            }
         }
         _ => {}
     }

@@ -374,17 +374,20 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
                 ),
             ));
         };
-        // Occurrences that overlap count too ("aa" occurs twice in "aaa").
-        let starts = |from: usize| {
-            let step = text[from..].chars().next().map_or(1, char::len_utf8);
-            text[from + step..].find(&e.old).map(|i| from + step + i)
-        };
-        if starts(at).is_some() {
-            let n = std::iter::successors(Some(at), |&p| starts(p)).count();
+        // Occurrences that overlap count too ("aa" occurs twice in "aaa"): a second one
+        // may start one character after the first. One more search, linear in the text.
+        let step = text[at..].chars().next().map_or(1, char::len_utf8);
+        if text[at + step..].contains(e.old.as_str()) {
+            let apart = text.matches(e.old.as_str()).count();
+            let times = if apart > 1 {
+                format!("{apart} times")
+            } else {
+                "more than once (the occurrences overlap)".to_owned()
+            };
             return Err(Refusal::new(
                 ReasonCode::EditAmbiguous,
                 format!(
-                    "edit {}: the text {} occurs {n} times in {shown}; it must occur exactly once, so include more context",
+                    "edit {}: the text {} occurs {times} in {shown}; it must occur exactly once, so include more context",
                     i + 1,
                     shown_path(&e.old)
                 ),

@@ -509,7 +509,9 @@ impl Sandbox {
                 // before (with batched syncs the audit line can reach the disk before the
                 // target). Anything else is the result, or a later change by someone
                 // else, which is theirs to keep.
-                Some(Some(_)) => current != s.meta.sha256,
+                Some(Some(after)) => {
+                    current == *after || !self.back_to_before(i, &s.meta, current.as_deref())
+                }
                 Some(None) => true,
             };
             if finished {
@@ -681,6 +683,30 @@ impl Sandbox {
     }
 
     /// SHA-256 of a regular file's bytes; `None` for anything else.
+    /// Whether a target (`current`: its checksum, `None` when it is no file) holds what
+    /// it held before the snapshot's action: the same bytes, or still nothing, or still a
+    /// directory.
+    fn back_to_before(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: Option<&str>,
+    ) -> bool {
+        use crate::confine::TargetKind;
+        use crate::snapshot::SnapshotKind;
+        let kind = || {
+            self.roots[root]
+                .inspect(&meta.target())
+                .ok()
+                .map(|t| t.kind)
+        };
+        match meta.kind {
+            SnapshotKind::File => current.is_some() && current == meta.sha256.as_deref(),
+            SnapshotKind::Missing => current.is_none() && kind() == Some(TargetKind::Missing),
+            SnapshotKind::Directory => current.is_none() && kind() == Some(TargetKind::Directory),
+        }
+    }
+
     pub(crate) fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
         match self.roots[root].inspect(rel).ok()?.kind {
             crate::confine::TargetKind::File { .. } => self.roots[root]

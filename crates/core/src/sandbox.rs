@@ -1165,16 +1165,16 @@ impl Sandbox {
                 crate::snapshot::SnapshotKind::Directory => TargetState::Directory,
                 crate::snapshot::SnapshotKind::Missing => TargetState::Missing,
             };
-            let newest = !will_hold.contains_key(&abs);
             let current = will_hold
                 .insert(abs.clone(), before)
                 .unwrap_or_else(|| self.target_state(*i, &rel));
             let Some(left) = self.left_by(workflow_id, &s.meta) else {
                 continue;
             };
+            // A directory the action created is removed by its restore, so anything in
+            // it the rollback does not remove is a conflict, newest action or not.
             let changed = current != left
-                || (newest
-                    && left == TargetState::Directory
+                || (left == TargetState::Directory
                     && s.meta.kind == crate::snapshot::SnapshotKind::Missing
                     && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
                         entries.iter().any(|e| {
@@ -1196,7 +1196,10 @@ impl Sandbox {
     /// What an action left at its target, as the records say: a file's checksum (its
     /// artifact), or a directory; `None` when they say neither.
     fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<TargetState> {
-        if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id) {
+        // The artifact of this very run: an action id may be used again after a prune.
+        if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id)
+            && art.generated_by_action == format!("{}/{}", meta.execution_id, meta.action_id)
+        {
             return Some(TargetState::File(art.checksum_sha256));
         }
         op_for_intent(&meta.intent)
@@ -1481,14 +1484,29 @@ impl Sandbox {
                 Vec::new(),
             );
         }
-        // Directories the workflow's actions created: once a whole-workflow rollback has
-        // removed their files, those left empty go too, whichever action made them (an
-        // action rolled back alone earlier could not remove a directory a later action
-        // still had a file in).
+        // Directories that actions rolled back alone earlier created but could not remove,
+        // since a later action of the workflow still had a file in them: once this
+        // rollback removes that file, those left empty go too. Only directories above a
+        // target restored now (so they cannot have been removed and made again since).
+        let now: Vec<(usize, String)> = snaps
+            .iter()
+            .filter(|(_, s)| {
+                !s.restored
+                    && opts
+                        .action_id
+                        .as_deref()
+                        .is_none_or(|a| a == s.meta.action_id)
+            })
+            .map(|(i, s)| (*i, format!("{}/", s.meta.original_path)))
+            .collect();
         let mut created: Vec<(usize, String)> = snaps
             .iter()
-            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
+            .filter(|(_, s)| s.restored && s.meta.kind == crate::snapshot::SnapshotKind::Missing)
             .flat_map(|(i, s)| s.meta.created_dirs.iter().map(move |d| (*i, d.clone())))
+            .filter(|(i, d)| {
+                now.iter()
+                    .any(|(j, t)| i == j && t.starts_with(&format!("{d}/")))
+            })
             .collect();
         created.sort_by_key(|(_, d)| std::cmp::Reverse(d.matches('/').count()));
         let mut chosen: Vec<_> = snaps
@@ -1647,7 +1665,7 @@ impl Sandbox {
             },
         );
         let failed = steps.iter().find(|s| !s.restored);
-        if failed.is_none() && opts.action_id.is_none() {
+        if failed.is_none() {
             let durable = self.fsync_each();
             for (i, d) in created {
                 let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());

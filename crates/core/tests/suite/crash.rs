@@ -894,3 +894,59 @@ fn a_start_keeps_later_changes_to_what_a_finished_run_wrote() {
         assert!(other.audit_verify().unwrap().ok);
     }
 }
+
+/// A dead run's audited `create_directory` stays: a new directory is not "back to what
+/// it held before" (nothing), whatever durability, at the next start or in a live process.
+#[test]
+fn a_dead_runs_audited_directory_stays() {
+    use ailab_sandbox_core::config::Durability;
+    for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        for live in [false, true] {
+            let (w, c, _) = seeded(d);
+            let sb = w.open(c.clone());
+            sb.failpoints().arm_crash("before_audit", 2);
+            let plan_json = json!({"workflow_id": "wf_dir", "actions": [
+                {"action_id": "a1", "intent": "create_directory", "path": "newdir"},
+                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]});
+            let outcome =
+                std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json.clone()))));
+            assert!(outcome.is_err());
+            let sb = if live {
+                let r = run(
+                    &sb,
+                    json!({"workflow_id": "wf_dir", "actions": [
+                        {"action_id": "a3", "intent": "create_file", "path": "z.txt", "content": "z"}]}),
+                );
+                assert_eq!(status(&r), "success", "{r:?}");
+                sb
+            } else {
+                drop(sb);
+                w.open(c)
+            };
+            assert!(
+                w.path("newdir").is_dir(),
+                "{d:?} live={live} {:?} {:?}",
+                sb.notices(),
+                sb.audit_log()
+                    .by_workflow("wf_dir")
+                    .unwrap()
+                    .iter()
+                    .map(|e| (e.action_id.clone(), e.status, e.after_checksum.clone()))
+                    .collect::<Vec<_>>()
+            );
+            let trail: Vec<_> = sb
+                .audit_log()
+                .by_workflow("wf_dir")
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.action_id == "a1")
+                .map(|e| e.status)
+                .collect();
+            assert_eq!(
+                trail,
+                [ailab_sandbox_core::audit::AuditStatus::Success],
+                "{d:?} live={live}"
+            );
+        }
+    }
+}

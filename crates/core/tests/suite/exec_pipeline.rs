@@ -691,7 +691,7 @@ fn oversized_existing_files_are_refused_before_anything_is_written() {
             "sandbox_transform",
             "large.md",
             json!({"edits": [{"old": "a", "new": "b"}]}),
-            "edits files of at most",
+            "would leave 6291456 bytes",
         ),
     ] {
         let mut action = json!({"action_id": "a2", "intent": intent, "path": path});
@@ -713,5 +713,44 @@ fn oversized_existing_files_are_refused_before_anything_is_written() {
     assert_eq!(
         std::fs::metadata(w.path("huge.txt")).unwrap().len(),
         65 * 1024 * 1024
+    );
+
+    // A transform is judged by the size it would leave: a file over the limit that its
+    // edits bring under it is edited.
+    let limit = 5 * 1024 * 1024;
+    let mut text = "a".repeat(limit + 200 - 1000).into_bytes();
+    text.extend_from_slice("X".repeat(1000).as_bytes());
+    w.write("shrink.md", &text);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_shrink", "actions": [{"intent": "sandbox_transform", "path": "shrink.md",
+            "edits": [{"old": "X".repeat(1000), "new": ""}]}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+    assert_eq!(
+        std::fs::metadata(w.path("shrink.md")).unwrap().len(),
+        (limit - 800) as u64
+    );
+}
+
+/// A simulation reports a file's checksum only when it read the file (within the
+/// operation's limit); it never makes one up.
+#[test]
+fn a_simulation_reports_no_checksum_it_did_not_compute() {
+    let w = World::new();
+    let sb = w.open(w.config());
+    w.write("big.md", &vec![b'b'; 3 * 1024 * 1024 / 2]);
+    w.write("small.md", b"small\n");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_sim", "actions": [
+            {"intent": "replace_file", "path": "big.md", "content": "new\n"},
+            {"intent": "replace_file", "path": "small.md", "content": "new\n"}]}),
+    );
+    assert_eq!(status(&r), "simulated_success", "{r:?}");
+    assert_eq!(r.actions[0].before_checksum, None);
+    assert_eq!(
+        r.actions[1].before_checksum.as_deref(),
+        Some(sha(b"small\n").as_str())
     );
 }

@@ -514,3 +514,84 @@ fn a_workflows_directories_go_when_it_is_rolled_back_whole() {
     assert!(!w.path("m/n").exists());
     assert_eq!(w.read("m/user.txt"), b"mine\n");
 }
+
+/// A directory the workflow created and then named again (its second action found it)
+/// is still checked for others' files before anything is restored.
+#[test]
+fn an_older_directory_creation_is_checked_too() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_dd", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f1.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_directory", "path": "d"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_dd", "actions": [{"action_id": "a3", "intent": "create_directory", "path": "d"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    w.write("d/user.txt", b"user\n");
+    let rb = rollback(&sb, "wf_dd", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(rb.conflicts.iter().any(|c| c.action_id == "a2"), "{rb:?}");
+    assert!(w.path("f1.txt").exists(), "nothing restored");
+}
+
+/// A directory an action created and a single-action rollback removed, made again by
+/// someone else since, is not the workflow's to remove.
+#[test]
+fn a_directory_made_again_by_others_is_kept() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_c", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/x.txt", "content": "x"},
+            {"action_id": "a2", "intent": "create_file", "path": "y.txt", "content": "y"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let a1 = RollbackOptions {
+        action_id: Some("a1".to_owned()),
+        ..RollbackOptions::default()
+    };
+    assert_eq!(sb.rollback_workflow("wf_c", &a1).status, "rolled_back");
+    assert!(!w.path("d").exists());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_other", "actions": [{"intent": "create_directory", "path": "d"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert_eq!(rollback(&sb, "wf_c", false).status, "rolled_back");
+    assert!(w.path("d").is_dir(), "wf_other's directory");
+    assert_eq!(rollback(&sb, "wf_other", false).status, "rolled_back");
+    assert!(!w.path("d").exists());
+}
+
+/// After a prune an action id may be used again; the rollback compares the new action's
+/// result, not an artifact the pruned one left in the registry.
+#[test]
+fn a_reused_action_id_is_judged_by_its_own_run() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [{"action_id": "a1", "intent": "create_file", "path": "p.txt", "content": "p"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_r"]);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [{"action_id": "a1", "intent": "create_directory", "path": "dd"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = rollback(&sb, "wf_r", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("dd").exists());
+    assert!(w.path("p.txt").exists(), "pruned: no longer reversible");
+}
