@@ -497,7 +497,11 @@ impl Sandbox {
             let outcome = audited.get(&s.meta.action_id);
             if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
                 && let Some(changed) =
-                    self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
+                    self.lock_target(i, &s.meta.target())
+                        .ok()
+                        .and_then(|_held| {
+                            self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
+                        })
             {
                 report.completed += usize::from(changed);
                 settled.insert(key);
