@@ -32,7 +32,7 @@ pub struct InflightRecord {
     pub started_at: String,
     /// Set when the run has ended but, with batched syncs, its last writes may still be
     /// in memory: a start after a crash recovers it as if it were under way, a new run of
-    /// the workflow in a live process does not (see [`Sandbox::recover_dead_run`]).
+    /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
 }
