@@ -86,10 +86,24 @@ fn symlink_flip_race_never_writes_outside() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-fn busy_config(w: &World) -> ailab_sandbox_core::Config {
+/// Eight agents at once, `job(sandbox, agent)` each, over two sandboxes on one root and
+/// state directory (as two processes would be); their results in agent order, and one
+/// of the sandboxes.
+fn eight_agents<T: Send + 'static>(
+    w: &World,
+    job: fn(&ailab_sandbox_core::Sandbox, usize) -> T,
+) -> (Vec<T>, Arc<ailab_sandbox_core::Sandbox>) {
     let mut c = w.writable_config();
     c.limits.writes_per_minute = 1_000_000;
-    c
+    let sandboxes = [Arc::new(w.open(c.clone())), Arc::new(w.open(c))];
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let sb = sandboxes[t % 2].clone();
+            std::thread::spawn(move || job(&sb, t))
+        })
+        .collect();
+    let results = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    (results, sandboxes[0].clone())
 }
 
 /// Workflows appending to one file at once, from threads and from two sandboxes (as two
@@ -99,28 +113,16 @@ fn busy_config(w: &World) -> ailab_sandbox_core::Config {
 fn concurrent_writes_to_one_file_lose_nothing() {
     let w = World::new();
     w.write("log.txt", b"");
-    let sandboxes = [
-        Arc::new(w.open(busy_config(&w))),
-        Arc::new(w.open(busy_config(&w))),
-    ];
-    let workers: Vec<_> = (0..8)
-        .map(|t| {
-            let sb = sandboxes[t % 2].clone();
-            std::thread::spawn(move || {
-                for i in 0..5 {
-                    let r = run(
-                        &sb,
-                        json!({"workflow_id": format!("wf_{t}"), "actions": [
-                            {"intent": "append_file", "path": "log.txt", "content": format!("{t}-{i}\n")}]}),
-                    );
-                    assert_eq!(status(&r), "success", "{r:?}");
-                }
-            })
-        })
-        .collect();
-    for h in workers {
-        h.join().unwrap();
-    }
+    let (_, sb) = eight_agents(&w, |sb, t| {
+        for i in 0..5 {
+            let r = run(
+                sb,
+                json!({"workflow_id": format!("wf_{t}"), "actions": [
+                    {"intent": "append_file", "path": "log.txt", "content": format!("{t}-{i}\n")}]}),
+            );
+            assert_eq!(status(&r), "success", "{r:?}");
+        }
+    });
     let text = String::from_utf8(w.read("log.txt")).unwrap();
     let mut lines: Vec<&str> = text.lines().collect();
     lines.sort_unstable();
@@ -129,7 +131,7 @@ fn concurrent_writes_to_one_file_lose_nothing() {
         .collect();
     expected.sort();
     assert_eq!(lines, expected);
-    let entries = sandboxes[0].audit_entries(1000, None).unwrap();
+    let entries = sb.audit_entries(1000, None).unwrap();
     let befores: std::collections::HashSet<_> =
         entries.iter().map(|e| e.before_checksum.clone()).collect();
     assert_eq!(befores.len(), 40, "each write saw the one before it");
@@ -145,32 +147,21 @@ fn concurrent_writes_to_one_file_lose_nothing() {
 fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
     let w = World::new();
     w.write("t.txt", b"k0 k1 k2 k3 k4 k5 k6 k7\n");
-    let sandboxes = [
-        Arc::new(w.open(busy_config(&w))),
-        Arc::new(w.open(busy_config(&w))),
-    ];
-    let workers: Vec<_> = (0..8)
-        .map(|t| {
-            let sb = sandboxes[t % 2].clone();
-            std::thread::spawn(move || {
-                let r = run(
-                    &sb,
-                    json!({"workflow_id": format!("wt{t}"), "on_failure": "rollback", "actions": [
-                        {"action_id": "a", "intent": "sandbox_transform", "path": "t.txt", "edits": [{"old": format!("k{t}"), "new": format!("K{t}")}]},
-                        {"action_id": "b", "intent": "create_file", "path": "c.txt", "content": format!("{t}")}]}),
-                );
-                (t, r)
-            })
-        })
-        .collect();
-    let results: Vec<_> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    let (results, sb) = eight_agents(&w, |sb, t| {
+        run(
+            sb,
+            json!({"workflow_id": format!("wt{t}"), "on_failure": "rollback", "actions": [
+                {"action_id": "a", "intent": "sandbox_transform", "path": "t.txt", "edits": [{"old": format!("k{t}"), "new": format!("K{t}")}]},
+                {"action_id": "b", "intent": "create_file", "path": "c.txt", "content": format!("{t}")}]}),
+        )
+    });
     let text = String::from_utf8(w.read("t.txt")).unwrap();
     let winner: usize = String::from_utf8(w.read("c.txt")).unwrap().parse().unwrap();
-    for (t, r) in &results {
+    for (t, r) in results.iter().enumerate() {
         let edited = text.contains(&format!("K{t}"));
         match status(r).as_str() {
             "success" => {
-                assert_eq!(*t, winner);
+                assert_eq!(t, winner);
                 assert!(edited, "the winner's edit stays: {text}");
             }
             "rolled_back" | "blocked" => assert!(!edited, "wt{t} left no edit: {text}"),
@@ -184,5 +175,5 @@ fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
             other => panic!("wt{t}: {other}: {r:?}"),
         }
     }
-    assert!(sandboxes[0].audit_verify().unwrap().ok);
+    assert!(sb.audit_verify().unwrap().ok);
 }
