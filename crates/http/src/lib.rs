@@ -85,8 +85,47 @@ pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BO
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Request bodies the server takes in at once, in multiples of the largest one allowed:
+/// a body is parsed into about as much memory again, so this bounds what concurrent
+/// uploads can hold whatever their number. Further requests wait for room.
+pub const BODIES_IN_FLIGHT: usize = 4;
+
+/// The unit in which room for bodies is counted.
+const ROOM_UNIT: usize = 1024;
+
+/// Room for request bodies (see [`BODIES_IN_FLIGHT`]).
+#[derive(Clone)]
+struct BodyRoom {
+    units: Arc<tokio::sync::Semaphore>,
+    limit: usize,
+}
+
+/// Holds room for a request's body, as long as its declared length (or the largest
+/// allowed, when it declares none), until its response is ready.
+async fn body_room(
+    axum::extract::State(room): axum::extract::State<BodyRoom>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
+        return next.run(req).await;
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    // More than the limit is refused by the limit layer, once there is room to look.
+    let len = declared.map_or(room.limit, |n| n.min(room.limit));
+    let units = u32::try_from(len.div_ceil(ROOM_UNIT).max(1)).unwrap_or(u32::MAX);
+    // The semaphore is never closed.
+    let _room = room.units.acquire_many(units).await.ok();
+    next.run(req).await
+}
+
 /// The application: every route of SPEC §10 with its middleware (request log, JSON error
-/// bodies, browser refusal and token check, body limit and deadline). `token: None`
+/// bodies, browser refusal and token check, room for bodies in flight, body limit and
+/// deadline). `token: None`
 /// serves everyone who reaches it; `body_limit_bytes` bounds every request body (413).
 pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: usize) -> Router {
     let state = routes::AppState {
@@ -94,6 +133,14 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         body_limit: body_limit_bytes,
     };
     let guard = guard::Guard::new(token.as_deref());
+    let room = BodyRoom {
+        units: Arc::new(tokio::sync::Semaphore::new(
+            (BODIES_IN_FLIGHT * body_limit_bytes.max(1))
+                .div_ceil(ROOM_UNIT)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
+        limit: body_limit_bytes.max(1),
+    };
     Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(routes::metrics))
@@ -112,6 +159,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(body_limit_bytes))
         .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
+        .layer(middleware::from_fn_with_state(room, body_room))
         .layer(middleware::from_fn_with_state(guard, guard::guard))
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(log_request))

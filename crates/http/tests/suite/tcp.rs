@@ -327,3 +327,49 @@ fn run_reports_a_busy_port() {
     assert!(matches!(err, ServeError::Bind { .. }), "{err}");
     drop(taken);
 }
+
+/// Request bodies in flight are bounded: with the room for four of the largest bodies
+/// taken by clients still sending theirs, the next request waits for room, and goes
+/// through once one of them gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_in_flight_are_bounded() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 4096,
+        ..Opts::default()
+    });
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    let root = e.root.clone();
+    tokio::task::spawn_blocking(move || {
+        let post = |len: usize, body: &str| {
+            format!(
+                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+            )
+        };
+        let mut stalled: Vec<TcpStream> = (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(post(4096, "{").as_bytes()).unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let plan = r#"{"actions":[{"intent":"create_file","path":"a.md","content":"x"}]}"#;
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(post(plan.len(), plan).as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+        let mut first = [0u8; 1];
+        assert!(s.read(&mut first).is_err(), "no room yet: the request waits");
+        assert!(!root.join("a.md").exists());
+        drop(stalled.pop());
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let (status, body) = read_one(&mut BufReader::new(s));
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("a.md").exists());
+        drop(stalled);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
