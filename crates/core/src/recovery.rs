@@ -484,6 +484,13 @@ impl Sandbox {
             .into_iter()
             .filter(|(_, s)| s.meta.execution_id == rec.execution_id)
             .collect();
+        // Every target of the run stays as judged until it is finished or restored:
+        // other workflows may be writing (recovery also runs in a live process, at the
+        // next run of the dead one's workflow).
+        let Ok(_held) = self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) else {
+            report.retry = true;
+            return report;
+        };
         for (i, s) in mine.into_iter().rev() {
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
             let key = (i, s.meta.original_path.clone());
@@ -497,11 +504,7 @@ impl Sandbox {
             let outcome = audited.get(&s.meta.action_id);
             if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
                 && let Some(changed) =
-                    self.lock_target(i, &s.meta.target())
-                        .ok()
-                        .and_then(|_held| {
-                            self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
-                        })
+                    self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
             {
                 report.completed += usize::from(changed);
                 settled.insert(key);
@@ -555,7 +558,7 @@ impl Sandbox {
             &rec.workflow_id,
             in_doubt,
             "recovery",
-            crate::sandbox::RestoreMode::Force,
+            crate::sandbox::RestoreMode::Held,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();
         if report.rolled_back < n {

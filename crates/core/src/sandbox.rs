@@ -191,6 +191,17 @@ impl TargetState {
 /// seldom wait for each other, few enough that the lock files stay a handful.
 const TARGET_LOCK_STRIPES: usize = 64;
 
+fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
+    crate::reason::Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "could not lock {}: {}",
+            shown_path(&rel.as_string()),
+            e.kind()
+        ),
+    )
+}
+
 /// How [`Sandbox::restore_all`] treats each target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RestoreMode {
@@ -199,6 +210,8 @@ pub(crate) enum RestoreMode {
     /// wrote (this) is restored, and anything else was not written by the action and
     /// is left alone (`conflict`).
     OwnChange(TargetState),
+    /// The caller holds every target's lock and has judged each (recovery).
+    Held,
     /// Whatever the target holds now is replaced (a forced rollback; recovery, which
     /// has judged each target).
     Force,
@@ -1293,26 +1306,46 @@ impl Sandbox {
         root: usize,
         rel: &RelPath,
     ) -> Verdict<crate::confine::state::HeldLock<'_>> {
+        self.target_locks
+            .lock(self.stripe_of(root, rel))
+            .map_err(|e| lock_refusal(rel, &e))
+    }
+
+    /// The locks of several targets at once, taken in stripe order so that two holders
+    /// of several never wait for each other (holders of one never wait while holding it).
+    pub(crate) fn lock_targets(
+        &self,
+        targets: impl Iterator<Item = (usize, RelPath)>,
+    ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
+        let mut stripes: Vec<(usize, RelPath)> = targets
+            .map(|(root, rel)| (self.stripe_of(root, &rel), rel))
+            .collect();
+        stripes.sort_by_key(|(i, _)| *i);
+        stripes.dedup_by_key(|(i, _)| *i);
+        stripes
+            .iter()
+            .map(|(i, rel)| {
+                self.target_locks
+                    .lock(*i)
+                    .map_err(|e| lock_refusal(rel, &e))
+            })
+            .collect()
+    }
+
+    /// Which target lock serves `rel` in root `root`.
+    fn stripe_of(&self, root: usize, rel: &RelPath) -> usize {
         let (dev, ino) = self.roots[root].id();
-        let path = rel.as_string();
         // FNV-1a, so that every process picks the same stripe.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for b in dev
             .to_le_bytes()
             .iter()
             .chain(&ino.to_le_bytes())
-            .chain(path.as_bytes())
+            .chain(rel.as_string().as_bytes())
         {
             h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
         }
-        self.target_locks
-            .lock((h % TARGET_LOCK_STRIPES as u64) as usize)
-            .map_err(|e| {
-                crate::reason::Refusal::new(
-                    ReasonCode::IoError,
-                    format!("could not lock {}: {}", shown_path(&path), e.kind()),
-                )
-            })
+        (h % TARGET_LOCK_STRIPES as u64) as usize
     }
 
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
@@ -1711,7 +1744,7 @@ impl Sandbox {
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
             let lock = match mode {
-                RestoreMode::OwnChange(_) => Ok(None),
+                RestoreMode::OwnChange(_) | RestoreMode::Held => Ok(None),
                 _ => self.lock_target(i, &meta.target()).map(Some),
             };
             let before = match root.inspect(&meta.target()).map(|t| t.kind) {
@@ -1728,7 +1761,7 @@ impl Sandbox {
                 .and_then(|_| match &mode {
                     RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
                     RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
-                    RestoreMode::Force => Ok(true),
+                    RestoreMode::Force | RestoreMode::Held => Ok(true),
                 })
                 .and_then(|change| self.fail_at("during_restore").map(|()| change))
                 .and_then(|change| {
