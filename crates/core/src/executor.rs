@@ -793,6 +793,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             mutation_class: approval.op.mutation_class,
             created_dirs,
             taken_at: sb.now(),
+            after_sha256: after.clone(),
             commit: None,
         };
         let mut done = res.clone();

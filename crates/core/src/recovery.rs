@@ -511,7 +511,13 @@ impl Sandbox {
                 continue;
             }
             let finished = match outcome {
-                None => false,
+                // Never audited: undone, unless the target holds neither what it held
+                // before nor what the action wrote, which is someone else's later write
+                // (the action's lock was released when its run died), theirs to keep.
+                None => s.meta.after_sha256.as_ref().is_some_and(|after| {
+                    current.as_ref() != Some(after)
+                        && !self.back_to_before(i, &s.meta, current.as_deref())
+                }),
                 // Audited as done: undone only if the target is back to what it held
                 // before (with batched syncs the audit line can reach the disk before the
                 // target). Anything else is the result, or a later change by someone
@@ -689,7 +695,6 @@ impl Sandbox {
         if failed { Err(()) } else { Ok(changed) }
     }
 
-    /// SHA-256 of a regular file's bytes; `None` for anything else.
     /// Whether a target (`current`: its checksum, `None` when it is no file) holds what
     /// it held before the snapshot's action: the same bytes, or still nothing, or still a
     /// directory.
@@ -714,6 +719,7 @@ impl Sandbox {
         }
     }
 
+    /// SHA-256 of a regular file's bytes; `None` for anything else.
     pub(crate) fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
         match self.roots[root].inspect(rel).ok()?.kind {
             crate::confine::TargetKind::File { .. } => self.roots[root]

@@ -1517,31 +1517,6 @@ impl Sandbox {
                 Vec::new(),
             );
         }
-        // Directories that actions rolled back alone earlier created but could not remove,
-        // since a later action of the workflow still had a file in them: once this
-        // rollback removes that file, those left empty go too. Only directories above a
-        // target restored now (so they cannot have been removed and made again since).
-        let now: Vec<(usize, String)> = snaps
-            .iter()
-            .filter(|(_, s)| {
-                !s.restored
-                    && opts
-                        .action_id
-                        .as_deref()
-                        .is_none_or(|a| a == s.meta.action_id)
-            })
-            .map(|(i, s)| (*i, format!("{}/", s.meta.original_path)))
-            .collect();
-        let mut created: Vec<(usize, String)> = snaps
-            .iter()
-            .filter(|(_, s)| s.restored && s.meta.kind == crate::snapshot::SnapshotKind::Missing)
-            .flat_map(|(i, s)| s.meta.created_dirs.iter().map(move |d| (*i, d.clone())))
-            .filter(|(i, d)| {
-                now.iter()
-                    .any(|(j, t)| i == j && t.starts_with(&format!("{d}/")))
-            })
-            .collect();
-        created.sort_by_key(|(_, d)| std::cmp::Reverse(d.matches('/').count()));
         let mut chosen: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| {
@@ -1698,14 +1673,6 @@ impl Sandbox {
             },
         );
         let failed = steps.iter().find(|s| !s.restored);
-        if failed.is_none() {
-            let durable = self.fsync_each();
-            for (i, d) in created {
-                let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
-                // Not empty (someone's file) or already gone: left as it is.
-                let _ = self.roots[i].remove_empty_dir(&dir, durable);
-            }
-        }
         self.run_finished(record, None);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         RollbackReport {

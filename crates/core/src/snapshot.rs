@@ -79,6 +79,11 @@ pub struct SnapshotMeta {
     pub created_dirs: Vec<String>,
     /// When.
     pub taken_at: String,
+    /// The SHA-256 of the file the action is about to write (none for a directory, and
+    /// in snapshots written before it was recorded): recovery tells the action's own
+    /// unaudited write from someone else's later one by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_sha256: Option<String>,
     /// What completes the action, when the snapshot is also its commit record (batched
     /// durability): recovery finishes such an action instead of undoing it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -110,14 +110,18 @@ async fn body_room(
     if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
         return next.run(req).await;
     }
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    // More than the limit is refused by the limit layer, once there is room to look.
-    let len = declared.map_or(room.limit, |n| n.min(room.limit));
-    let units = u32::try_from(len.div_ceil(ROOM_UNIT).max(1)).unwrap_or(u32::MAX);
+    // The declared length (exactly 0 for a request without a body); a chunked body may
+    // be as large as the limit. More than the limit is refused by the limit layer.
+    let hint = axum::body::HttpBody::size_hint(req.body());
+    let len = hint
+        .exact()
+        .or(hint.upper())
+        .and_then(|n| usize::try_from(n).ok())
+        .map_or(room.limit, |n| n.min(room.limit));
+    if len == 0 {
+        return next.run(req).await;
+    }
+    let units = u32::try_from(len.div_ceil(ROOM_UNIT)).unwrap_or(u32::MAX);
     // The semaphore is never closed.
     let _room = room.units.acquire_many(units).await.ok();
     next.run(req).await

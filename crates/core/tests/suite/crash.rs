@@ -950,3 +950,55 @@ fn a_dead_runs_audited_directory_stays() {
         }
     }
 }
+
+/// A dead run's unaudited write is undone only while its target holds what the action
+/// wrote (or still what it held before): a file another workflow wrote or created there
+/// after the run died is theirs, and recovery leaves it, at the next start or in a live
+/// process.
+#[test]
+fn recovery_leaves_what_others_wrote_after_the_run_died() {
+    use ailab_sandbox_core::config::Durability;
+    for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        for live in [false, true] {
+            let (w, c, _) = seeded(d);
+            let sb = w.open(c.clone());
+            // Dies before the second action's audit line (its write is made), or before
+            // the third action's write (`new/c.txt` never written).
+            kill_before_the_second_audit(&sb);
+            let other = run(
+                &sb,
+                json!({"workflow_id": "wf_other", "actions": [
+                    {"intent": "replace_file", "path": "d/b.txt", "content": "OTHER\n"}]}),
+            );
+            assert_eq!(status(&other), "success", "{other:?}");
+            let sb = if live {
+                let r = run(
+                    &sb,
+                    json!({"workflow_id": "wf_crash", "actions": [
+                        {"intent": "create_file", "path": "z.txt", "content": "z"}]}),
+                );
+                assert_eq!(status(&r), "success", "{r:?}");
+                sb
+            } else {
+                drop(sb);
+                w.open(c.clone())
+            };
+            assert_eq!(w.read("d/b.txt"), b"OTHER\n", "{d:?} live={live}");
+            assert!(sb.audit_verify().unwrap().ok);
+        }
+        let (w, c, _) = seeded(d);
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("before_mutate", 3);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+        assert!(outcome.is_err());
+        let other = run(
+            &sb,
+            json!({"workflow_id": "wf_other", "actions": [
+                {"intent": "create_file", "path": "new/c.txt", "content": "theirs\n"}]}),
+        );
+        assert_eq!(status(&other), "success", "{other:?}");
+        drop(sb);
+        let _sb = w.open(c);
+        assert_eq!(w.read("new/c.txt"), b"theirs\n", "{d:?}");
+    }
+}

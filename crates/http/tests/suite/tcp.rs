@@ -329,8 +329,8 @@ fn run_reports_a_busy_port() {
 }
 
 /// Request bodies in flight are bounded: with the room for four of the largest bodies
-/// taken by clients still sending theirs, the next request waits for room, and goes
-/// through once one of them gives up.
+/// taken by clients still sending theirs, the next request with a body waits for room
+/// (one without passes), and goes through once one of them gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_in_flight_are_bounded() {
     let e = env_with(Opts {
@@ -362,6 +362,19 @@ async fn request_bodies_in_flight_are_bounded() {
         let mut first = [0u8; 1];
         assert!(s.read(&mut first).is_err(), "no room yet: the request waits");
         assert!(!root.join("a.md").exists());
+        // A request without a body needs no room.
+        let mut bodyless = TcpStream::connect(addr).unwrap();
+        bodyless
+            .write_all(
+                format!("POST /agentic/rollback/wf_none HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .unwrap();
+        bodyless
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let (status, body) = read_one(&mut BufReader::new(bodyless));
+        assert_eq!(status, 404, "{body}");
         drop(stalled.pop());
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let (status, body) = read_one(&mut BufReader::new(s));
