@@ -26,6 +26,11 @@ pub fn unique() -> String {
     format!("{nanos:016x}{seq:08x}{:08x}", seed())
 }
 
+/// The part of an id (or of a name ending in one) that tells which process made it.
+pub fn process_seed(id: &str) -> &str {
+    id.get(id.len().saturating_sub(8)..).unwrap_or("")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

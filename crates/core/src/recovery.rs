@@ -548,14 +548,16 @@ impl Sandbox {
                     .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
-                report.temp_files_removed += remove_temp_files(&d, 0).unwrap_or(0);
+                report.temp_files_removed +=
+                    remove_temp_files(&d, 0, Some(&rec.execution_id)).unwrap_or(0);
             }
         }
         for root in &self.roots {
             if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
                 && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
             {
-                report.temp_files_removed += remove_temp_files(&wf, 1).unwrap_or(0);
+                report.temp_files_removed +=
+                    remove_temp_files(&wf, 1, Some(&rec.execution_id)).unwrap_or(0);
             }
         }
         let n = in_doubt.len();

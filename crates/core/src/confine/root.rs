@@ -857,15 +857,21 @@ pub fn temp_name() -> String {
 
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
-/// Returns how many were removed.
-pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
+/// With `made_by` (the id of a run, see [`crate::ids`]), only those made by the process
+/// that made that id: another process's may belong to a write under way. Returns how
+/// many were removed.
+pub fn remove_temp_files(dir: &Dir, depth: usize, made_by: Option<&str>) -> io::Result<usize> {
+    let seed = made_by.map(crate::ids::process_seed);
     let mut removed = 0;
     for entry in dir.entries()? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let ft = entry.file_type()?;
-        if ft.is_file() && name.starts_with(TEMP_MARKER) {
+        if ft.is_file()
+            && name.starts_with(TEMP_MARKER)
+            && seed.is_none_or(|s| crate::ids::process_seed(name) == s)
+        {
             dir.remove_file(name)?;
             removed += 1;
         } else if ft.is_dir()
@@ -873,7 +879,7 @@ pub fn remove_temp_files(dir: &Dir, depth: usize) -> io::Result<usize> {
             && depth > 0
             && let Ok(sub) = dir.open_dir_nofollow(name)
         {
-            removed += remove_temp_files(&sub, depth - 1)?;
+            removed += remove_temp_files(&sub, depth - 1, made_by)?;
         }
     }
     Ok(removed)

@@ -870,8 +870,27 @@ fn remove_temp_files_cleans_only_marked_files() {
     fs::write(fx.root_path.join(format!("{TEMP_MARKER}1")), b"x").unwrap();
     fs::write(fx.root_path.join(format!("d/{TEMP_MARKER}2")), b"x").unwrap();
     fs::write(fx.root_path.join("d/keep.txt"), b"x").unwrap();
-    let removed = remove_temp_files(fx.root.dir(), MAX_PATH_DEPTH).unwrap();
-    assert_eq!(removed, 2);
+    // Another process's temporary file is left when only a dead process's are removed.
+    let dead = "ex_00000000000000000000000011111111";
+    fs::write(
+        fx.root_path.join(format!("{TEMP_MARKER}0000000022222222")),
+        b"x",
+    )
+    .unwrap();
+    fs::write(
+        fx.root_path.join(format!("{TEMP_MARKER}0000000011111111")),
+        b"x",
+    )
+    .unwrap();
+    let removed = remove_temp_files(fx.root.dir(), MAX_PATH_DEPTH, Some(dead)).unwrap();
+    assert_eq!(removed, 1);
+    assert!(
+        fx.root_path
+            .join(format!("{TEMP_MARKER}0000000022222222"))
+            .exists()
+    );
+    let removed = remove_temp_files(fx.root.dir(), MAX_PATH_DEPTH, None).unwrap();
+    assert_eq!(removed, 3);
     assert!(leftover_temp_files(&fx.root_path).is_empty());
     assert!(fx.root_path.join("d/keep.txt").exists());
 }
