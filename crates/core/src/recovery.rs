@@ -10,7 +10,7 @@ use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, TargetState};
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -35,6 +35,17 @@ pub struct InflightRecord {
     /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
+}
+
+impl InflightRecord {
+    /// The same run's record once it is over and needs no recovery.
+    pub fn idle(&self) -> Self {
+        Self {
+            state: "idle".to_owned(),
+            finished: false,
+            ..self.clone()
+        }
+    }
 }
 
 /// What recovery did for one dead run.
@@ -706,28 +717,21 @@ impl Sandbox {
         meta: &crate::snapshot::SnapshotMeta,
         current: Option<&str>,
     ) -> bool {
-        use crate::confine::TargetKind;
-        use crate::snapshot::SnapshotKind;
-        let kind = || {
-            self.roots[root]
-                .inspect(&meta.target())
-                .ok()
-                .map(|t| t.kind)
-        };
         match meta.kind {
-            SnapshotKind::File => current.is_some() && current == meta.sha256.as_deref(),
-            SnapshotKind::Missing => current.is_none() && kind() == Some(TargetKind::Missing),
-            SnapshotKind::Directory => current.is_none() && kind() == Some(TargetKind::Directory),
+            crate::snapshot::SnapshotKind::File => {
+                current.is_some() && current == meta.sha256.as_deref()
+            }
+            _ => {
+                current.is_none()
+                    && self.target_state(root, &meta.target()) == TargetState::found_by(meta)
+            }
         }
     }
 
     /// SHA-256 of a regular file's bytes; `None` for anything else.
     pub(crate) fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
-        match self.roots[root].inspect(rel).ok()?.kind {
-            crate::confine::TargetKind::File { .. } => self.roots[root]
-                .read_file(rel, crate::snapshot::MAX_SNAPSHOT_BYTES)
-                .ok()
-                .map(|b| crate::hash::sha256_hex(&b)),
+        match self.target_state(root, rel) {
+            TargetState::File(sum) => Some(sum),
             _ => None,
         }
     }

@@ -177,6 +177,17 @@ impl TargetState {
         }
     }
 
+    /// What the snapshot's action found at its target.
+    pub(crate) fn found_by(meta: &SnapshotMeta) -> Self {
+        match meta.kind {
+            crate::snapshot::SnapshotKind::File => {
+                Self::File(meta.sha256.clone().unwrap_or_default())
+            }
+            crate::snapshot::SnapshotKind::Directory => Self::Directory,
+            crate::snapshot::SnapshotKind::Missing => Self::Missing,
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Self::File(sum) => format!("a file with SHA-256 {sum}"),
@@ -762,12 +773,7 @@ impl Sandbox {
         } else {
             // Not synced: after a crash an `active` record of a finished run only makes
             // the next start look for unfinished actions, and find none.
-            let idle = crate::recovery::InflightRecord {
-                state: "idle".to_owned(),
-                finished: false,
-                ..rec
-            };
-            (idle, "idle")
+            (rec.idle(), "idle")
         };
         if let Err(e) = self.write_record_to(&mark, false, file) {
             tracing::warn!(error = %e, "could not mark a workflow's run {what}");
@@ -798,12 +804,7 @@ impl Sandbox {
 
     /// Writes `rec` with state `idle`.
     pub(crate) fn write_idle_record(&self, rec: &crate::recovery::InflightRecord, durable: bool) {
-        let idle = crate::recovery::InflightRecord {
-            state: "idle".to_owned(),
-            finished: false,
-            ..rec.clone()
-        };
-        if let Err(e) = self.write_record(&idle, durable) {
+        if let Err(e) = self.write_record(&rec.idle(), durable) {
             tracing::warn!(error = %e, "could not mark a workflow's record idle");
         }
     }
@@ -1171,15 +1172,8 @@ impl Sandbox {
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
             let abs = self.abs_path(*i, &rel);
-            let before = match s.meta.kind {
-                crate::snapshot::SnapshotKind::File => {
-                    TargetState::File(s.meta.sha256.clone().unwrap_or_default())
-                }
-                crate::snapshot::SnapshotKind::Directory => TargetState::Directory,
-                crate::snapshot::SnapshotKind::Missing => TargetState::Missing,
-            };
             let current = will_hold
-                .insert(abs.clone(), before)
+                .insert(abs.clone(), TargetState::found_by(&s.meta))
                 .unwrap_or_else(|| self.target_state(*i, &rel));
             let Some(left) = self.left_by(workflow_id, &s.meta) else {
                 continue;
@@ -1221,7 +1215,7 @@ impl Sandbox {
     }
 
     /// What a target holds now.
-    fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
+    pub(crate) fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
         let r = &self.roots[root];
         match r.inspect(rel).map(|t| t.kind) {
             Ok(TargetKind::File { .. }) => r
@@ -1271,14 +1265,7 @@ impl Sandbox {
         left: &TargetState,
     ) -> Verdict<bool> {
         let now = self.target_state(root, &meta.target());
-        let found = match meta.kind {
-            crate::snapshot::SnapshotKind::File => {
-                TargetState::File(meta.sha256.clone().unwrap_or_default())
-            }
-            crate::snapshot::SnapshotKind::Directory => TargetState::Directory,
-            crate::snapshot::SnapshotKind::Missing => TargetState::Missing,
-        };
-        if now == found {
+        if now == TargetState::found_by(meta) {
             return Ok(false);
         }
         if now == *left {
@@ -1530,15 +1517,15 @@ impl Sandbox {
                 (i, s)
             })
             .collect();
+        let what = match &opts.action_id {
+            Some(a) => format!(
+                "action {} of workflow {}",
+                shown_path(a),
+                shown_path(workflow_id)
+            ),
+            None => format!("workflow {}", shown_path(workflow_id)),
+        };
         if chosen.is_empty() {
-            let what = match &opts.action_id {
-                Some(a) => format!(
-                    "action {} of workflow {}",
-                    shown_path(a),
-                    shown_path(workflow_id)
-                ),
-                None => format!("workflow {}", shown_path(workflow_id)),
-            };
             return refused(
                 ReasonCode::NoRollbackData,
                 format!("there are no snapshots for {what}; nothing can be rolled back"),
@@ -1547,14 +1534,6 @@ impl Sandbox {
         }
         chosen.retain(|(_, s)| !s.restored);
         if chosen.is_empty() {
-            let what = match &opts.action_id {
-                Some(a) => format!(
-                    "action {} of workflow {}",
-                    shown_path(a),
-                    shown_path(workflow_id)
-                ),
-                None => format!("workflow {}", shown_path(workflow_id)),
-            };
             return refused(
                 ReasonCode::NoRollbackData,
                 format!("{what} was already rolled back"),
@@ -1714,13 +1693,7 @@ impl Sandbox {
                 RestoreMode::OwnChange(_) | RestoreMode::Held => Ok(None),
                 _ => self.lock_target(i, &meta.target()).map(Some),
             };
-            let before = match root.inspect(&meta.target()).map(|t| t.kind) {
-                Ok(TargetKind::File { .. }) => root
-                    .read_file(&meta.target(), MAX_SNAPSHOT_BYTES)
-                    .ok()
-                    .map(|b| sha256_hex(&b)),
-                _ => None,
-            };
+            let before = self.target_checksum(i, &meta.target());
             // The guard stays bound to `lock` until the step is recorded.
             let outcome = lock
                 .as_ref()
