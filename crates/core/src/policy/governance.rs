@@ -107,7 +107,7 @@ pub fn check_intent(req: &GovernanceRequest<'_>) -> Verdict<&'static Operation> 
 /// Every check but size: intent, path, reserved names, the target on disk, extension.
 pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) -> Verdict<Approval> {
     let op = check_intent(req)?;
-    let resolved = resolve_sandbox_path(req.path, ctx.root_paths, req.root, ctx.max_depth)?;
+    let resolved = resolve_target(req, ctx)?;
     check_reserved(&resolved.rel)?;
     if let Some(state) = ctx.state_dir {
         let abs =
