@@ -55,6 +55,19 @@ fn kill_before_the_second_audit(sb: &ailab_sandbox_core::Sandbox) {
     assert!(outcome.is_err(), "the run should die");
 }
 
+/// Puts the root's snapshots out of reach (a file where `.rollback` was); the returned
+/// closure puts them back.
+fn hide_snapshots(w: &World) -> impl FnOnce() {
+    let rollback = w.root.join(".rollback");
+    let aside = w.tmp.path().join("rollback-aside");
+    std::fs::rename(&rollback, &aside).unwrap();
+    std::fs::write(&rollback, b"in the way").unwrap();
+    move || {
+        std::fs::remove_file(&rollback).unwrap();
+        std::fs::rename(&aside, &rollback).unwrap();
+    }
+}
+
 /// A workflow's run record as the state directory holds it.
 fn run_record(w: &World, wf: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
@@ -235,13 +248,7 @@ fn batched_crash_before_the_commit_point_is_rolled_back() {
     // been logged, the entry would be gone too.
     std::fs::write(w.state.join("inflight/wf_commit.log"), b"").unwrap();
     let sb = w.open(batched(&w));
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("1 unfinished actions rolled back, 0 finished")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "1 unfinished actions rolled back, 0 finished");
     assert_eq!(w.tree(), original);
     assert!(
         sb.registry()
@@ -331,13 +338,7 @@ fn audited_action_whose_target_did_not_persist_is_rolled_back() {
         .inflight_write("wf_lost", rec.to_string().as_bytes(), false)
         .unwrap();
     let sb = w.sandbox();
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("1 unfinished actions rolled back")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "1 unfinished actions rolled back");
     assert_eq!(w.read("a.txt"), b"old\n");
     assert_eq!(w.read("b.txt"), b"b\n", "the action that did persist stays");
     let stats = sb.audit_stats().unwrap();
@@ -638,20 +639,8 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     std::fs::write(&stray, b"not a snapshot").unwrap();
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("1 unfinished actions rolled back")),
-        "{:?}",
-        sb.notices()
-    );
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("left 1 snapshot folder(s) alone")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "1 unfinished actions rolled back");
+    assert_noticed(&sb, "left 1 snapshot folder(s) alone");
     assert_eq!(
         w.read("d/b.txt"),
         b"beta\n",
@@ -691,32 +680,16 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
 fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
     die_before_the_second_audit(&w, &c);
-    let rollback = w.root.join(".rollback");
-    let aside = w.tmp.path().join("rollback-aside");
-    std::fs::rename(&rollback, &aside).unwrap();
-    std::fs::write(&rollback, b"in the way").unwrap();
+    let put_back = hide_snapshots(&w);
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("recovered at the next start")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "recovered at the next start");
     assert_eq!(record()["state"], "active");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not judged yet");
     drop(sb);
-    std::fs::remove_file(&rollback).unwrap();
-    std::fs::rename(&aside, &rollback).unwrap();
+    put_back();
     let sb = w.open(c);
-    assert!(
-        sb.notices()
-            .iter()
-            .any(|n| n.contains("1 unfinished actions rolled back")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "1 unfinished actions rolled back");
     assert_eq!(w.read("d/b.txt"), b"beta\n");
     assert_eq!(record()["state"], "idle");
 }
@@ -786,10 +759,7 @@ fn a_new_run_waits_for_a_dead_run_that_cannot_be_recovered_yet() {
     let sb = w.open(c);
     kill_before_the_second_audit(&sb);
     let dead = run_record(&w, "wf_crash")["execution_id"].clone();
-    let rollback = w.root.join(".rollback");
-    let aside = w.tmp.path().join("rollback-aside");
-    std::fs::rename(&rollback, &aside).unwrap();
-    std::fs::write(&rollback, b"in the way").unwrap();
+    let put_back = hide_snapshots(&w);
     let next = json!({"workflow_id": "wf_crash", "actions": [
         {"intent": "create_file", "path": "z.txt", "content": "z\n"}]});
     let r = run(&sb, next.clone());
@@ -806,8 +776,7 @@ fn a_new_run_waits_for_a_dead_run_that_cannot_be_recovered_yet() {
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(run_record(&w, "wf_crash")["execution_id"], dead);
 
-    std::fs::remove_file(&rollback).unwrap();
-    std::fs::rename(&aside, &rollback).unwrap();
+    put_back();
     assert_eq!(status(&run(&sb, next)), "success");
     assert_eq!(w.read("d/b.txt"), b"beta\n");
     assert!(sb.audit_verify().unwrap().ok);

@@ -136,11 +136,7 @@ fn a_cut_tail_stays_detected_after_more_appends() {
     assert!(sb.audit_log().head_problem().is_some());
     drop(sb);
     let sb = w.sandbox();
-    assert!(
-        sb.notices().iter().any(|n| n.contains("tampered")),
-        "{:?}",
-        sb.notices()
-    );
+    assert_noticed(&sb, "tampered");
     for i in 0..4 {
         one_more_line(&sb, &format!("h{i}.txt"));
     }

@@ -193,3 +193,13 @@ impl Durable {
         }
     }
 }
+
+/// Asserts that one of the sandbox's start-up notices mentions `text`.
+#[track_caller]
+pub fn assert_noticed(sb: &Sandbox, text: &str) {
+    assert!(
+        sb.notices().iter().any(|n| n.contains(text)),
+        "no notice mentions {text:?}: {:?}",
+        sb.notices()
+    );
+}
