@@ -286,7 +286,8 @@ impl Sandbox {
     /// snapshot, registry entry and audit record, and per target the newest entry's new
     /// bytes. An entry whose snapshot is marked restored was undone (durably) and is
     /// skipped. A target that holds none of the contents the entries knew for it was
-    /// changed by someone else since, and is left as it is. Returns how many entries
+    /// changed by someone else since, and is left as it is; each target is judged and
+    /// written under its lock. Returns how many entries
     /// needed anything, and whether every write it tried succeeded.
     fn replay_commits(
         &self,
@@ -358,6 +359,16 @@ impl Sandbox {
                 continue;
             }
             let rel = meta.target();
+            // A live process may be writing the target: judge and replace it under the
+            // target's lock, as every writer does.
+            let _held = match self.lock_target(i, &rel) {
+                Ok(h) => h,
+                Err(r) => {
+                    tracing::error!(reason = %r, "recovery could not lock a logged action's target");
+                    complete = false;
+                    continue;
+                }
+            };
             let current = self.target_checksum(i, &rel);
             let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
             if current == after {

@@ -378,3 +378,46 @@ fn a_log_for_a_root_not_configured_now_is_kept() {
     assert_eq!(log_len(&w, "wf_log"), 0);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A start that replays a commit log puts a target's logged bytes in place under the
+/// target's lock, as every writer does: while another holder has it, the target waits.
+#[test]
+fn a_replay_waits_for_the_targets_lock() {
+    use rustix::fs::{FlockOperation, flock};
+    let (w, _, _) = three_writes_then_a_power_cut();
+    let locks = w.state.join("locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    // Every stripe, so that the test does not depend on which one serves `a.txt`.
+    let held: Vec<std::fs::File> = (0..64)
+        .map(|i| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(locks.join(format!("target-{i:02}.lock")))
+                .unwrap();
+            flock(&f, FlockOperation::LockExclusive).unwrap();
+            f
+        })
+        .collect();
+    let config = batched(&w);
+    std::thread::scope(|s| {
+        // Owned here, so that a failing assertion releases the locks before the scope
+        // waits for the start.
+        let held = held;
+        let opening = s.spawn(|| w.open(config));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert!(!opening.is_finished(), "the start waits for the locks");
+        assert_eq!(
+            w.read("a.txt"),
+            b"alpha\n",
+            "not replayed under another's lock"
+        );
+        drop(held);
+        let sb = opening.join().unwrap();
+        assert_eq!(w.read("a.txt"), b"ALPHA\n");
+        assert_eq!(w.read("c.txt"), b"gamma\n");
+        drop(sb);
+    });
+}
