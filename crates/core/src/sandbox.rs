@@ -296,12 +296,16 @@ pub struct RollbackOptions {
 /// `read_file` result.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileRead {
-    /// Text (lossy UTF-8).
+    /// The file's text; where the bytes are not valid UTF-8, each invalid sequence shows
+    /// as U+FFFD (see `invalid_utf8_at`).
     pub content: String,
-    /// Size.
+    /// Size of the bytes on disk.
     pub size_bytes: u64,
-    /// SHA-256.
+    /// SHA-256 of the bytes on disk.
     pub sha256: String,
+    /// Offset of the first byte that is not valid UTF-8, if any: `content` is then not the
+    /// file's exact bytes.
+    pub invalid_utf8_at: Option<u64>,
 }
 
 /// `get_file_info` result.
@@ -971,6 +975,9 @@ impl Sandbox {
         Ok(FileRead {
             size_bytes: bytes.len() as u64,
             sha256: sha256_hex(&bytes),
+            invalid_utf8_at: std::str::from_utf8(&bytes)
+                .err()
+                .map(|e| e.valid_up_to() as u64),
             content: String::from_utf8_lossy(&bytes).into_owned(),
         })
     }

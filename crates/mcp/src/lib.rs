@@ -228,7 +228,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .blocking(move |sb| sb.read_file(&path, root.as_deref()))
             .await
         {
-            Ok(Ok(f)) => ok(f.content.clone(), to_value(&f)),
+            Ok(Ok(f)) => {
+                let mut r = ok(f.content.clone(), to_value(&f));
+                if let Some(at) = f.invalid_utf8_at {
+                    // A separate block, so that the first one stays the file's text.
+                    r.content.push(rmcp::model::ContentBlock::text(format!(
+                        "Note: this file is not valid UTF-8 (first invalid byte at offset {at} of {}): each invalid sequence is shown as U+FFFD, so the text above is not the file's exact bytes; size_bytes and sha256 are of the bytes on disk.",
+                        f.size_bytes
+                    )));
+                }
+                r
+            }
             Ok(Err(r)) => refusal(&r, None, ". Nothing was read."),
             Err(e) => e,
         }

@@ -101,3 +101,34 @@ async fn artifacts_and_state_are_reported() {
     assert!(text(&r).contains(&s.workflow_id));
     s.finish().await;
 }
+
+/// A file that is not valid UTF-8 cannot be shown as exact text: the result says so and
+/// where, and its size and checksum are of the bytes on disk.
+#[tokio::test]
+async fn read_file_says_when_the_text_is_not_the_files_bytes() {
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_file", json!({"path": "notes/b.md", "content": "x"}))
+        .await;
+    let bytes = b"caf\xe9 ok\n";
+    std::fs::write(s.path("notes/b.md"), bytes).unwrap();
+
+    let r = s.ok("read_file", json!({"path": "notes/b.md"})).await;
+    let st = structured(&r);
+    assert_eq!(st["content"], "caf\u{fffd} ok\n");
+    assert_eq!(st["invalid_utf8_at"], 3);
+    assert_eq!(st["size_bytes"], bytes.len() as u64);
+    assert_eq!(st["sha256"], sha256_of(&s.path("notes/b.md")).as_str());
+    assert_eq!(r.content.len(), 2, "the text, then a note");
+    assert_eq!(r.content[0].as_text().unwrap().text, "caf\u{fffd} ok\n");
+    let note = &r.content[1].as_text().unwrap().text;
+    assert!(
+        note.contains("not valid UTF-8") && note.contains("offset 3"),
+        "{note}"
+    );
+
+    std::fs::write(s.path("notes/b.md"), b"fine\n").unwrap();
+    let r = s.ok("read_file", json!({"path": "notes/b.md"})).await;
+    assert_eq!(r.content.len(), 1, "valid text has no note");
+    assert!(structured(&r)["invalid_utf8_at"].is_null());
+    s.finish().await;
+}
