@@ -76,69 +76,19 @@ struct Ancestor {
 }
 
 impl SandboxRoot {
-    /// Opens (and, with `create`, first creates) a root, refusing one that is a symlink,
-    /// not a directory, owned by another user, or writable by others without the sticky
-    /// bit.
+    /// Opens (and, with `create`, first creates) a root through [`open_checked_dir`],
+    /// refusing one owned by another user or writable by others without the sticky bit.
     ///
-    /// The path is walked from `/` one directory handle at a time, and each directory
-    /// above the root (existing or created here) must be owned by root or by this
-    /// process's user and writable only by its owner unless it has the sticky bit;
-    /// otherwise whoever controls it could swap the root for a directory of theirs. A
-    /// symlink on the way is followed only when it is owned by root or by this user,
-    /// and what it leads to is checked the same way. Each check is made on the open
-    /// handle that the walk then descends from, so nothing can be swapped in between.
+    /// Whoever controls a directory above the root could swap the root for a directory
+    /// of theirs; a symlink on the way is followed only when it is owned by root or by
+    /// this user, and what it leads to is checked the same way. Each check is made on
+    /// the open handle that the walk then descends from, so nothing can be swapped in
+    /// between.
     pub fn open(path: &Path, create: bool) -> Result<Self, String> {
         let shown = path.display();
-        if !path.is_absolute() {
-            return Err(format!("root {shown} is not an absolute path"));
-        }
-        let names = path_strings(path);
-        if names.iter().any(|c| c == "..") {
-            return Err(format!("root {shown} contains '..'"));
-        }
-        let Some((name, above)) = names.split_last() else {
-            return Err(format!(
-                "root {shown} is the filesystem root; a sandbox root must be a dedicated directory"
-            ));
-        };
+        let checked = open_checked_dir(path, create, "root", DIR_MODE)?;
+        let (dir, opened) = (checked.dir, checked.meta);
         let euid = rustix::process::geteuid().as_raw();
-        let chain = open_ancestors(path, above, create, euid)?;
-        let parent = chain
-            .last()
-            .ok_or_else(|| format!("root {shown} has no parent directory"))?;
-        let meta = match parent.dir.symlink_metadata(name) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                make_dir(&parent.dir, name)
-                    .map_err(|e| format!("root {shown} cannot be created: {e}"))?;
-                parent
-                    .dir
-                    .symlink_metadata(name)
-                    .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?
-            }
-            Err(e) => return Err(format!("root {shown} cannot be inspected: {e}")),
-        };
-        if meta.file_type().is_symlink() {
-            return Err(format!(
-                "root {shown} is a symbolic link; a root must be a real directory"
-            ));
-        }
-        if !meta.is_dir() {
-            return Err(format!("root {shown} is not a directory"));
-        }
-        let dir = parent
-            .dir
-            .open_dir_nofollow(name)
-            .map_err(|e| format!("root {shown} cannot be opened: {e}"))?;
-        // From here on only the open handle counts: the checks are made on it.
-        let opened = dir
-            .dir_metadata()
-            .map_err(|e| format!("root {shown} cannot be inspected: {e}"))?;
-        if opened.dev() != meta.dev() || opened.ino() != meta.ino() {
-            return Err(format!(
-                "root {shown} changed while it was being opened; refusing it"
-            ));
-        }
         if opened.uid() != euid {
             return Err(format!(
                 "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
@@ -154,7 +104,7 @@ impl SandboxRoot {
             path: path.to_path_buf(),
             dir,
             id: (opened.dev(), opened.ino()),
-            ancestry: chain.iter().map(|a| a.id).collect(),
+            ancestry: checked.ancestry,
         })
     }
 
@@ -898,6 +848,87 @@ pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
     })
 }
 
+/// A directory opened by [`open_checked_dir`].
+pub(crate) struct CheckedDir {
+    /// Its handle.
+    pub dir: Dir,
+    /// Its metadata, read from the handle.
+    pub meta: cap_std::fs::Metadata,
+    /// The `(st_dev, st_ino)` of every directory it was reached through, `/` first.
+    pub ancestry: Vec<(u64, u64)>,
+}
+
+/// Opens the directory `path` (`what` names it in messages: "root", "state directory")
+/// by walking from `/` one handle at a time; with `create`, missing directories are made
+/// (the last one with `mode`). Each directory above it must be owned by root or by this
+/// process's user and writable only by its owner unless it has the sticky bit; a symlink
+/// on the way is followed only when it is owned by root or by this user; the directory
+/// itself must not be a symlink. Its own owner and mode are for the caller to judge, on
+/// the handle returned, so nothing can be swapped in between.
+pub(crate) fn open_checked_dir(
+    path: &Path,
+    create: bool,
+    what: &str,
+    mode: u32,
+) -> Result<CheckedDir, String> {
+    let shown = path.display();
+    if !path.is_absolute() {
+        return Err(format!("{what} {shown} is not an absolute path"));
+    }
+    let names = path_strings(path);
+    if names.iter().any(|c| c == "..") {
+        return Err(format!("{what} {shown} contains '..'"));
+    }
+    let Some((name, above)) = names.split_last() else {
+        return Err(format!(
+            "{what} {shown} is the filesystem root; a {what} must be a dedicated directory"
+        ));
+    };
+    let euid = rustix::process::geteuid().as_raw();
+    let chain = open_ancestors(path, above, create, euid, what)?;
+    let parent = chain
+        .last()
+        .ok_or_else(|| format!("{what} {shown} has no parent directory"))?;
+    let meta = match parent.dir.symlink_metadata(name) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+            make_dir(&parent.dir, name, mode)
+                .map_err(|e| format!("{what} {shown} cannot be created: {e}"))?;
+            parent
+                .dir
+                .symlink_metadata(name)
+                .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?
+        }
+        Err(e) => return Err(format!("{what} {shown} cannot be inspected: {e}")),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "{what} {shown} is a symbolic link; a {what} must be a real directory"
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(format!("{what} {shown} is not a directory"));
+    }
+    let dir = parent
+        .dir
+        .open_dir_nofollow(name)
+        .map_err(|e| format!("{what} {shown} cannot be opened: {e}"))?;
+    // From here on only the open handle counts: the checks are made on it.
+    let opened = dir
+        .dir_metadata()
+        .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+    if opened.dev() != meta.dev() || opened.ino() != meta.ino() {
+        return Err(format!(
+            "{what} {shown} changed while it was being opened; refusing it"
+        ));
+    }
+    Ok(CheckedDir {
+        dir,
+        meta: opened,
+        ancestry: chain.iter().map(|a| a.id).collect(),
+    })
+}
+
 /// Walks from `/` to the directory that holds `root` (whose components above it are
 /// `names`), checking each directory on the way (see [`SandboxRoot::open`]) and, with
 /// `create`, making the missing ones. Returns the chain of real directories, `/` first.
@@ -906,12 +937,13 @@ fn open_ancestors(
     names: &[String],
     create: bool,
     euid: u32,
+    what: &str,
 ) -> Result<Vec<Ancestor>, String> {
     let shown = root.display();
     let top = PathBuf::from("/");
     let dir = Dir::open_ambient_dir(&top, ambient_authority())
-        .map_err(|e| format!("root {shown} cannot be reached: / cannot be opened: {e}"))?;
-    let mut chain = vec![checked_ancestor(root, top, dir, euid)?];
+        .map_err(|e| format!("{what} {shown} cannot be reached: / cannot be opened: {e}"))?;
+    let mut chain = vec![checked_ancestor(root, top, dir, euid, what)?];
     let mut pending: std::collections::VecDeque<String> = names.iter().cloned().collect();
     let mut hops = 0;
     while let Some(name) = pending.pop_front() {
@@ -924,27 +956,27 @@ fn open_ancestors(
         }
         let parent = chain
             .last()
-            .ok_or_else(|| format!("root {shown} cannot be reached"))?;
+            .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
         let here = parent.path.join(&name);
         let meta = match parent.dir.symlink_metadata(&name) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                make_dir(&parent.dir, &name).map_err(|e| {
+                make_dir(&parent.dir, &name, DIR_MODE).map_err(|e| {
                     format!(
-                        "root {shown} cannot be created: its parent {} cannot be created: {e}",
+                        "{what} {shown} cannot be created: its parent {} cannot be created: {e}",
                         here.display()
                     )
                 })?;
                 parent.dir.symlink_metadata(&name).map_err(|e| {
                     format!(
-                        "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                        "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
                         here.display()
                     )
                 })?
             }
             Err(e) => {
                 return Err(format!(
-                    "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                    "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
                     here.display()
                 ));
             }
@@ -952,7 +984,7 @@ fn open_ancestors(
         if meta.file_type().is_symlink() {
             if meta.uid() != 0 && meta.uid() != euid {
                 return Err(format!(
-                    "root {shown} is refused: {} above it is a symbolic link owned by uid {}; a symbolic link above a root must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
+                    "{what} {shown} is refused: {} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
                     here.display(),
                     meta.uid()
                 ));
@@ -960,12 +992,12 @@ fn open_ancestors(
             hops += 1;
             if hops > ANCESTOR_HOPS {
                 return Err(format!(
-                    "root {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
+                    "{what} {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
                 ));
             }
             let target = parent.dir.read_link_contents(&name).map_err(|e| {
                 format!(
-                    "root {shown} cannot be inspected: the symbolic link {} above it cannot be read: {e}",
+                    "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {e}",
                     here.display()
                 )
             })?;
@@ -979,35 +1011,41 @@ fn open_ancestors(
         }
         if !meta.is_dir() {
             return Err(format!(
-                "root {shown} cannot be used: {} above it is not a directory",
+                "{what} {shown} cannot be used: {} above it is not a directory",
                 here.display()
             ));
         }
         let dir = parent.dir.open_dir_nofollow(&name).map_err(|e| {
             format!(
-                "root {shown} cannot be opened: its parent {} cannot be opened: {e}",
+                "{what} {shown} cannot be opened: its parent {} cannot be opened: {e}",
                 here.display()
             )
         })?;
-        chain.push(checked_ancestor(root, here, dir, euid)?);
+        chain.push(checked_ancestor(root, here, dir, euid, what)?);
     }
     Ok(chain)
 }
 
 /// Checks a directory above `root` on its open handle: owned by root or by `euid`, and
 /// writable only by its owner unless it has the sticky bit.
-fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<Ancestor, String> {
+fn checked_ancestor(
+    root: &Path,
+    path: PathBuf,
+    dir: Dir,
+    euid: u32,
+    what: &str,
+) -> Result<Ancestor, String> {
     let shown = root.display();
     let m = dir.dir_metadata().map_err(|e| {
         format!(
-            "root {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+            "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
             path.display()
         )
     })?;
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
     if uid != 0 && uid != euid {
         return Err(format!(
-            "root {shown} is refused: the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a root must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the root for a directory of theirs",
+            "{what} {shown} is refused: the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for a directory of theirs",
             path.display()
         ));
     }
@@ -1018,7 +1056,7 @@ fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<A
     let others_write = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid);
     if others_write && mode & 0o1000 == 0 {
         return Err(format!(
-            "root {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a root must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the root for a directory of theirs",
+            "{what} {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
             path.display(),
             m.gid()
         ));
@@ -1032,9 +1070,9 @@ fn checked_ancestor(root: &Path, path: PathBuf, dir: Dir, euid: u32) -> Result<A
 
 /// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
 /// to inspect like any existing one.
-fn make_dir(parent: &Dir, name: &str) -> io::Result<()> {
+fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
     let mut builder = DirBuilder::new();
-    builder.mode(DIR_MODE);
+    builder.mode(mode);
     match parent.create_dir_with(name, &builder) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         other => other,

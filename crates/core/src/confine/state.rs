@@ -5,35 +5,72 @@
 // clippy.toml (SPEC §12.1-2) still hold in the rest of this module.
 #![allow(clippy::disallowed_types)]
 
-use std::fs::{File, OpenOptions};
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt};
+use std::fs::File;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Subdirectory holding one record per run that is changing files right now.
 pub const INFLIGHT_DIR: &str = "inflight";
 
-/// The state directory.
+/// The state directory, reached only through the directory handles opened (and vetted)
+/// at start-up: every file in it is opened by a single name under one of them, never
+/// following a symlink, so nothing planted there can send a write elsewhere.
 #[derive(Debug, Clone)]
 pub struct StateDir {
     path: PathBuf,
+    dirs: std::sync::Arc<Handles>,
 }
 
+/// The state directory's handles: its top and its two subdirectories.
+#[derive(Debug)]
+struct Handles {
+    top: Dir,
+    locks: Dir,
+    inflight: Dir,
+}
+
+/// Mode of the state directory and its subdirectories: private to the runtime's user.
+const STATE_DIR_MODE: u32 = 0o700;
+
 impl StateDir {
-    /// Creates (mode 0700) and opens the state directory.
+    /// Creates (mode 0700) and opens the state directory. It is refused when it or a
+    /// directory above it could be controlled by another user (see
+    /// [`super::root::open_checked_dir`]), when it is a symlink, or when it is owned by
+    /// another user or writable by others: it holds the audit trail, the registry and
+    /// the seal key that decides which snapshots are trusted.
     pub fn open(path: &Path) -> io::Result<Self> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path)?;
-        for sub in ["locks", INFLIGHT_DIR] {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(path.join(sub))?;
-        }
+        const WHAT: &str = "state directory";
+        let checked = super::root::open_checked_dir(path, true, WHAT, STATE_DIR_MODE)
+            .map_err(io::Error::other)?;
+        check_private(&checked.meta, &path.display().to_string())?;
+        let sub = |name: &str| -> io::Result<Dir> {
+            let mut b = DirBuilder::new();
+            b.mode(STATE_DIR_MODE);
+            match checked.dir.create_dir_with(name, &b) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            let shown = path.join(name).display().to_string();
+            let d = checked.dir.open_dir_nofollow(name).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{WHAT} folder {shown} cannot be opened: {e}"),
+                )
+            })?;
+            check_private(&d.dir_metadata()?, &shown)?;
+            Ok(d)
+        };
+        let (locks, inflight) = (sub("locks")?, sub(INFLIGHT_DIR)?);
         Ok(Self {
             path: path.to_path_buf(),
+            dirs: std::sync::Arc::new(Handles {
+                top: checked.dir,
+                locks,
+                inflight,
+            }),
         })
     }
 
@@ -42,15 +79,46 @@ impl StateDir {
         &self.path
     }
 
+    /// The directory handle and the file name for `rel` (`name`, `locks/name` or
+    /// `inflight/name`).
+    fn locate<'a>(&'a self, rel: &'a str) -> io::Result<(&'a Dir, &'a str)> {
+        let (dir, name) = match rel.split_once('/') {
+            None => (&self.dirs.top, rel),
+            Some(("locks", n)) => (&self.dirs.locks, n),
+            Some((INFLIGHT_DIR, n)) => (&self.dirs.inflight, n),
+            Some(_) => (&self.dirs.top, ""),
+        };
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{rel:?} is not a file of the state directory"),
+            ));
+        }
+        Ok((dir, name))
+    }
+
+    /// Opens `rel` with `opts`, never following a symlink.
+    fn open_file(&self, rel: &str, opts: &mut OpenOptions) -> io::Result<File> {
+        let (dir, name) = self.locate(rel)?;
+        opts.follow(FollowSymlinks::No);
+        Ok(dir.open_with(name, opts)?.into_std())
+    }
+
+    /// Syncs the directory that holds `rel`.
+    fn sync_dir_of(&self, rel: &str) -> io::Result<()> {
+        super::root::sync_dir(self.locate(rel)?.0)
+    }
+
     /// Opens (creating) an append-only log file.
     pub fn open_log(&self, name: &str) -> io::Result<LogFile> {
-        let path = self.path.join(name);
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&path)?;
+        let file = self.open_file(
+            name,
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .mode(0o600),
+        )?;
         Ok(LogFile { file })
     }
 
@@ -64,13 +132,15 @@ impl StateDir {
     }
 
     fn lock_file(&self, name: &str) -> io::Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(self.path.join("locks").join(format!("{name}.lock")))
+        self.open_file(
+            &format!("locks/{name}.lock"),
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
     }
 
     /// Like [`StateDir::lock`] but does not wait: `None` when another holder has it.
@@ -100,39 +170,31 @@ impl StateDir {
     /// the first one's. Either way the directory is synced before returning: the caller is
     /// about to rely on the entry, which another process may have linked a moment ago.
     /// Returns whether this call made it.
-    #[allow(clippy::disallowed_methods)]
     fn create_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
-        let path = self.path.join(rel);
-        let tmp = self
-            .path
-            .join(format!(".{rel}{}", super::root::temp_name()));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let (dir, name) = self.locate(rel)?;
+        let tmp = format!(".{name}{}", super::root::temp_name());
+        let mut f = self.open_file(
+            &beside(rel, &tmp),
+            OpenOptions::new().write(true).create_new(true).mode(0o600),
+        )?;
         let linked = f
             .write_all(bytes)
             .and_then(|()| f.sync_data())
-            .and_then(|()| std::fs::hard_link(&tmp, &path));
-        let _ = std::fs::remove_file(&tmp);
+            .and_then(|()| dir.hard_link(&tmp, dir, name));
+        let _ = dir.remove_file(&tmp);
         let made = match linked {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
             Err(e) => return Err(e),
         };
-        File::open(&self.path)?.sync_all()?;
+        super::root::sync_dir(dir)?;
         Ok(made)
     }
 
     /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
     /// it without looking it up again; `None` when it does not exist.
     pub fn open_block(&self, rel: &str) -> io::Result<Option<BlockFile>> {
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(self.path.join(rel))
-        {
+        match self.open_file(rel, OpenOptions::new().read(true).write(true)) {
             Ok(file) => Ok(Some(BlockFile { file })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -144,8 +206,7 @@ impl StateDir {
     /// the file and syncs its directory; later ones cost one `fdatasync` when `durable`.
     pub fn write_block(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let block = padded_block(bytes)?;
-        let path = self.path.join(rel);
-        match OpenOptions::new().write(true).open(&path) {
+        match self.open_file(rel, OpenOptions::new().write(true)) {
             Ok(f) => {
                 f.write_all_at(&block, 0)?;
                 if durable {
@@ -153,17 +214,14 @@ impl StateDir {
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let mut f = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)?;
+                let mut f = self.open_file(
+                    rel,
+                    OpenOptions::new().write(true).create_new(true).mode(0o600),
+                )?;
                 f.write_all(&block)?;
                 if durable {
                     f.sync_data()?;
-                    if let Some(dir) = path.parent() {
-                        File::open(dir)?.sync_all()?;
-                    }
+                    self.sync_dir_of(rel)?;
                 }
             }
             Err(e) => return Err(e),
@@ -215,45 +273,55 @@ impl StateDir {
         self.read_optional(&format!("{INFLIGHT_DIR}/{name}.json"))
     }
 
-    /// Removes `name`'s run record.
-    #[allow(clippy::disallowed_methods)]
-    pub fn inflight_remove(&self, name: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.path.join(INFLIGHT_DIR).join(format!("{name}.json"))) {
+    /// Removes `rel`; one that is already gone is fine.
+    fn remove(&self, rel: &str) -> io::Result<()> {
+        let (dir, name) = self.locate(rel)?;
+        match dir.remove_file(name) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
     }
 
-    /// Every run record: `(id, contents)`.
-    #[allow(clippy::disallowed_methods)]
-    pub fn inflight_list(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
+    /// Removes `name`'s run record.
+    pub fn inflight_remove(&self, name: &str) -> io::Result<()> {
+        self.remove(&format!("{INFLIGHT_DIR}/{name}.json"))
+    }
+
+    /// The ids of the files in `inflight/` named `{id}{suffix}`, sorted.
+    fn inflight_ids(&self, suffix: &str) -> io::Result<Vec<String>> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(self.path.join(INFLIGHT_DIR))? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            out.push((id.to_owned(), std::fs::read(e.path())?));
+        for e in self.dirs.inflight.entries()? {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(suffix) {
+                out.push(id.to_owned());
+            }
         }
         out.sort();
         Ok(out)
     }
 
-    fn commit_log_path(&self, workflow_id: &str) -> PathBuf {
-        self.path
-            .join(INFLIGHT_DIR)
-            .join(format!("{workflow_id}.log"))
+    /// Every run record: `(id, contents)`.
+    pub fn inflight_list(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for id in self.inflight_ids(".json")? {
+            if let Some(bytes) = self.inflight_read(&id)? {
+                out.push((id, bytes));
+            }
+        }
+        Ok(out)
+    }
+
+    fn commit_log_rel(workflow_id: &str) -> String {
+        format!("{INFLIGHT_DIR}/{workflow_id}.log")
     }
 
     /// A workflow's commit log file (`inflight/{workflow}.log`, see
     /// [`crate::commit_log`]); `None` when it does not exist.
     pub fn commit_log_file(&self, workflow_id: &str) -> io::Result<Option<CommitLogFile>> {
-        match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(self.commit_log_path(workflow_id))
-        {
+        match self.open_file(
+            &Self::commit_log_rel(workflow_id),
+            OpenOptions::new().read(true).write(true),
+        ) {
             Ok(file) => Ok(Some(CommitLogFile { file })),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -263,44 +331,34 @@ impl StateDir {
     /// Creates a workflow's commit log file, initialised but not synced: the caller
     /// makes a sync point before the first append.
     pub fn commit_log_create(&self, workflow_id: &str) -> io::Result<CommitLogFile> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(self.commit_log_path(workflow_id))?;
+        let file = self.open_file(
+            &Self::commit_log_rel(workflow_id),
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600),
+        )?;
         let log = CommitLogFile { file };
         crate::commit_log::initialize(&log)?;
         Ok(log)
     }
 
     /// Removes a workflow's commit log file (its workflow was pruned).
-    #[allow(clippy::disallowed_methods)]
     pub fn commit_log_remove(&self, workflow_id: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.commit_log_path(workflow_id)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        self.remove(&Self::commit_log_rel(workflow_id))
     }
 
     /// The workflows that have a commit log file.
-    #[allow(clippy::disallowed_methods)]
     pub fn commit_logs(&self) -> io::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(self.path.join(INFLIGHT_DIR))? {
-            let name = e?.file_name().to_string_lossy().into_owned();
-            if let Some(id) = name.strip_suffix(".log") {
-                out.push(id.to_owned());
-            }
-        }
-        out.sort();
-        Ok(out)
+        self.inflight_ids(".log")
     }
 
-    /// Reads a small file; `None` when it does not exist.
-    #[allow(clippy::disallowed_methods)]
-    pub fn read_optional(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
-        match std::fs::read(self.path.join(name)) {
+    /// Reads a small file (a regular file with one link, not followed if a symlink);
+    /// `None` when it does not exist.
+    pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
+        let (dir, name) = self.locate(rel)?;
+        match super::root::read_regular(dir, name, MAX_STATE_FILE) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -311,8 +369,7 @@ impl StateDir {
     /// source. It appears whole or not at all, durable before use, and if another process
     /// made it first, theirs is used.
     pub fn secret(&self, name: &str) -> io::Result<[u8; 32]> {
-        let path = self.path.join(name);
-        if let Some(key) = read_secret(&path)? {
+        if let Some(key) = self.read_secret(name)? {
             return Ok(key);
         }
         let mut key = [0u8; 32];
@@ -324,30 +381,87 @@ impl StateDir {
         if self.create_whole(name, &key)? {
             return Ok(key);
         }
-        read_secret(&path)?.ok_or_else(|| io::Error::other(format!("{} vanished", path.display())))
+        self.read_secret(name)?
+            .ok_or_else(|| io::Error::other(format!("{} vanished", self.path.join(name).display())))
+    }
+
+    fn read_secret(&self, name: &str) -> io::Result<Option<[u8; 32]>> {
+        let Some(bytes) = self.read_optional(name)? else {
+            return Ok(None);
+        };
+        bytes.as_slice().try_into().map(Some).map_err(|_| {
+            io::Error::other(format!(
+                "{} holds {} bytes, not the 32 of a key; it was damaged (removing it makes every existing snapshot untrusted)",
+                self.path.join(name).display(),
+                bytes.len()
+            ))
+        })
     }
 
     /// Replaces a small file atomically (temporary file, rename; fsync'd when `durable`).
     pub fn write_atomic(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-        let tmp = self.path.join(format!(".{name}.tmp"));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let (dir, file_name) = self.locate(name)?;
+        let tmp = format!(".{file_name}.tmp");
+        let mut f = self.open_file(
+            &beside(name, &tmp),
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600),
+        )?;
         f.write_all(bytes)?;
         if durable {
             f.sync_data()?;
         }
         drop(f);
-        #[allow(clippy::disallowed_methods)]
-        std::fs::rename(&tmp, self.path.join(name))?;
+        dir.rename(&tmp, dir, file_name)?;
         if durable {
-            File::open(&self.path)?.sync_all()?;
+            super::root::sync_dir(dir)?;
         }
         Ok(())
     }
+}
+
+/// The state file `name` in the folder of `rel`.
+fn beside(rel: &str, name: &str) -> String {
+    match rel.rsplit_once('/') {
+        Some((folder, _)) => format!("{folder}/{name}"),
+        None => name.to_owned(),
+    }
+}
+
+/// The largest small state file read whole (run records, marks, the key, the head).
+const MAX_STATE_FILE: u64 = 1 << 20;
+
+/// Refuses a state directory (or one of its folders) that another user could change:
+/// owned by someone else, writable by others (sticky bit or not: they could plant a
+/// file under a name the runtime uses), or group-writable by a group not this
+/// process's own.
+fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
+    use cap_std::fs::MetadataExt;
+    let euid = rustix::process::geteuid().as_raw();
+    let egid = rustix::process::getegid().as_raw();
+    let mode = m.mode() & 0o7777;
+    if m.uid() != euid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "state directory {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control the audit trail and the seal key there",
+                m.uid()
+            ),
+        ));
+    }
+    if mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "state directory {shown} (group {}, mode {mode:04o}) is writable by other users; it must be writable only by its owner (for example mode 0700), or others could plant files in it",
+                m.gid()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A commit log file: positioned reads and writes, and syncs (the format is
@@ -575,14 +689,6 @@ impl LogFile {
     }
 }
 
-/// Whether a directory can be created (or exists) at `path`, without keeping it.
-pub fn ensure_dir(path: &Path, mode: u32) -> io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-}
-
 /// The path with symlinks resolved, when it exists.
 #[allow(clippy::disallowed_methods)]
 pub fn canonical(path: &Path) -> Option<PathBuf> {
@@ -706,20 +812,4 @@ impl FsSync {
     pub fn filesystems(&self) -> usize {
         self.handles.lock().map_or(0, |h| h.len())
     }
-}
-
-#[allow(clippy::disallowed_methods)]
-fn read_secret(path: &Path) -> io::Result<Option<[u8; 32]>> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    bytes.as_slice().try_into().map(Some).map_err(|_| {
-        io::Error::other(format!(
-            "{} holds {} bytes, not the 32 of a key; it was damaged (removing it makes every existing snapshot untrusted)",
-            path.display(),
-            bytes.len()
-        ))
-    })
 }

@@ -17,4 +17,5 @@ mod properties;
 mod race;
 mod rollback;
 mod seal;
+mod state_dir;
 mod workflow_state;

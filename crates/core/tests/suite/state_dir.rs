@@ -1,0 +1,108 @@
+//! The state directory holds the audit trail, the registry and the seal key: one another
+//! user could change is refused, and nothing planted in it sends a write elsewhere.
+
+use crate::support::*;
+use ailab_sandbox_core::Sandbox;
+use ailab_sandbox_core::confine::state::StateDir;
+use serde_json::json;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+
+fn open_err(w: &World) -> String {
+    match Sandbox::open(w.writable_config()) {
+        Ok(_) => panic!("the state directory {} was accepted", w.state.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_state_directory_others_can_write_is_refused() {
+    for mode in [0o777, 0o1777, 0o722] {
+        let w = World::new();
+        fs::DirBuilder::new().mode(0o700).create(&w.state).unwrap();
+        fs::set_permissions(&w.state, fs::Permissions::from_mode(mode)).unwrap();
+        let err = open_err(&w);
+        assert!(err.contains("writable by other users"), "{mode:o}: {err}");
+        assert!(
+            !w.state.join("sandbox_audit.jsonl").exists(),
+            "{mode:o}: nothing is written there"
+        );
+    }
+}
+
+#[test]
+fn a_state_directory_folder_others_can_write_is_refused() {
+    let w = World::new();
+    drop(w.sandbox());
+    fs::set_permissions(w.state.join("inflight"), fs::Permissions::from_mode(0o777)).unwrap();
+    let err = open_err(&w);
+    assert!(
+        err.contains("inflight") && err.contains("writable by other users"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_state_directory_that_is_a_symlink_is_refused() {
+    let w = World::new();
+    let real = w.state.with_file_name("real-state");
+    fs::DirBuilder::new().mode(0o700).create(&real).unwrap();
+    symlink(&real, &w.state).unwrap();
+    let err = open_err(&w);
+    assert!(err.contains("symbolic link"), "{err}");
+}
+
+#[test]
+fn a_state_directory_owned_by_another_user_is_refused() {
+    let w = World::new();
+    fs::DirBuilder::new().mode(0o700).create(&w.state).unwrap();
+    if std::os::unix::fs::chown(&w.state, Some(65534), None).is_err()
+        || rustix::process::geteuid().as_raw() == 65534
+    {
+        // Not privileged: the directory cannot be given away.
+        return;
+    }
+    let err = open_err(&w);
+    assert!(err.contains("owned by uid 65534"), "{err}");
+}
+
+/// A symlink planted under a name the runtime uses is never followed: the file it
+/// points to (outside every root and the state directory) keeps its bytes, whether the
+/// runtime only reads its state or writes.
+#[test]
+fn a_symlink_planted_in_the_state_directory_is_not_followed() {
+    for name in [
+        "sandbox_audit.jsonl",
+        "artifacts.jsonl",
+        "sandbox_audit.head.json",
+        "seal.key",
+    ] {
+        let w = World::new();
+        drop(w.sandbox());
+        let victim = w.outside.join("victim.txt");
+        fs::write(&victim, b"line1\nimportant data").unwrap();
+        let planted = w.state.join(name);
+        fs::remove_file(&planted).unwrap();
+        symlink(&victim, &planted).unwrap();
+        if let Ok(sb) = Sandbox::open(w.writable_config()) {
+            let _ = sb.run_plan(plan(json!({"actions": [
+                {"intent": "create_file", "path": "a.txt", "content": "x"}]})));
+        }
+        assert_eq!(
+            fs::read(&victim).unwrap(),
+            b"line1\nimportant data",
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn state_files_are_opened_by_name_only() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    for bad in ["../x", "inflight/../x", "other/x", "inflight/", ""] {
+        let err = state.read_optional(bad).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{bad}");
+    }
+    assert!(state.read_optional("inflight/none.json").unwrap().is_none());
+}
