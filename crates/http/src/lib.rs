@@ -85,9 +85,11 @@ pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BO
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Request bodies the server takes in at once, in multiples of the largest one allowed:
-/// a body is parsed into about as much memory again, so this bounds what concurrent
-/// uploads can hold whatever their number. Further requests wait for room.
+/// Request bodies the server holds at once, in multiples of the largest one allowed: a
+/// body is parsed into about as much memory again, so this bounds what concurrent
+/// uploads can hold whatever their number. A request is charged for the bytes it has
+/// actually sent, as they arrive, until its response is ready: a client that declares a
+/// large body and sends nothing holds no room. Bytes that find no room wait for it.
 pub const BODIES_IN_FLIGHT: usize = 4;
 
 /// The unit in which room for bodies is counted.
@@ -97,34 +99,57 @@ const ROOM_UNIT: usize = 1024;
 #[derive(Clone)]
 struct BodyRoom {
     units: Arc<tokio::sync::Semaphore>,
+    /// The body limit: no request is charged more (beyond it the limit layer answers
+    /// 413), so one large chunk never waits for more room than there is.
     limit: usize,
 }
 
-/// Holds room for a request's body, as long as its declared length (or the largest
-/// allowed, when it declares none), until its response is ready.
+/// The room one request holds: taken as its body arrives, given back when its response
+/// is ready.
+type Held = Arc<std::sync::Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>;
+
+/// Charges a request's body to the room as it arrives (see [`BODIES_IN_FLIGHT`]).
 async fn body_room(
     axum::extract::State(room): axum::extract::State<BodyRoom>,
     req: Request,
     next: Next,
 ) -> Response {
-    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
+    if req.method() == axum::http::Method::GET
+        || req.method() == axum::http::Method::HEAD
+        || axum::body::HttpBody::is_end_stream(req.body())
+    {
         return next.run(req).await;
     }
-    // The declared length (exactly 0 for a request without a body); a chunked body may
-    // be as large as the limit. More than the limit is refused by the limit layer.
-    let hint = axum::body::HttpBody::size_hint(req.body());
-    let len = hint
-        .exact()
-        .or(hint.upper())
-        .and_then(|n| usize::try_from(n).ok())
-        .map_or(room.limit, |n| n.min(room.limit));
-    if len == 0 {
-        return next.run(req).await;
-    }
-    let units = u32::try_from(len.div_ceil(ROOM_UNIT)).unwrap_or(u32::MAX);
-    // The semaphore is never closed.
-    let _room = room.units.acquire_many(units).await.ok();
-    next.run(req).await
+    let held: Held = Arc::default();
+    let (parts, body) = req.into_parts();
+    let metered = futures_util::stream::unfold(
+        (body.into_data_stream(), room, held.clone(), 0usize, 0usize),
+        |(mut stream, room, held, mut bytes, mut units)| async move {
+            use futures_util::StreamExt;
+            let chunk = stream.next().await?;
+            if let Ok(data) = &chunk {
+                bytes = bytes.saturating_add(data.len()).min(room.limit);
+                let more = bytes.div_ceil(ROOM_UNIT).saturating_sub(units);
+                if more > 0 {
+                    let n = u32::try_from(more).unwrap_or(u32::MAX);
+                    // The semaphore is never closed.
+                    if let Ok(p) = room.units.clone().acquire_many_owned(n).await {
+                        held.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(p);
+                    }
+                    units += more;
+                }
+            }
+            Some((chunk, (stream, room, held, bytes, units)))
+        },
+    );
+    let req = Request::from_parts(parts, axum::body::Body::from_stream(metered));
+    let resp = next.run(req).await;
+    held.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+    resp
 }
 
 /// The application: every route of SPEC §10 with its middleware (request log, JSON error

@@ -328,9 +328,9 @@ fn run_reports_a_busy_port() {
     drop(taken);
 }
 
-/// Request bodies in flight are bounded: with the room for four of the largest bodies
-/// taken by clients still sending theirs, the next request with a body waits for room
-/// (one without passes), and goes through once one of them gives up.
+/// Room for request bodies is charged for the bytes that arrived: clients that declare
+/// bodies and send nothing hold none, while bodies that did arrive, up to the room for
+/// [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make further bodies wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_in_flight_are_bounded() {
     let e = env_with(Opts {
@@ -347,21 +347,41 @@ async fn request_bodies_in_flight_are_bounded() {
                 "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
             )
         };
-        let mut stalled: Vec<TcpStream> = (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
-            .map(|_| {
-                let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(post(4096, "{").as_bytes()).unwrap();
-                s
-            })
-            .collect();
+        let stall = |sent: &str| -> Vec<TcpStream> {
+            (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
+                .map(|_| {
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.write_all(post(4096, sent).as_bytes()).unwrap();
+                    s
+                })
+                .collect()
+        };
+        let plan = |name: &str| {
+            format!(r#"{{"actions":[{{"intent":"create_file","path":"{name}","content":"x"}}]}}"#)
+        };
+        let send = |body: &str| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(post(body.len(), body).as_bytes()).unwrap();
+            s
+        };
+
+        // Declared, not sent: no room is held, a plan goes through at once.
+        let idle = stall("");
         std::thread::sleep(Duration::from_millis(300));
-        let plan = r#"{"actions":[{"intent":"create_file","path":"a.md","content":"x"}]}"#;
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(post(plan.len(), plan).as_bytes()).unwrap();
+        let s = send(&plan("a.md"));
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, body) = read_one(&mut BufReader::new(s));
+        assert_eq!(status, 200, "{body}");
+        drop(idle);
+
+        // Sent (all but the last byte): the room is full, the next body waits.
+        let mut full = stall(&" ".repeat(4095));
+        std::thread::sleep(Duration::from_millis(300));
+        let mut s = send(&plan("b.md"));
         s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
         let mut first = [0u8; 1];
         assert!(s.read(&mut first).is_err(), "no room yet: the request waits");
-        assert!(!root.join("a.md").exists());
+        assert!(!root.join("b.md").exists());
         // A request without a body needs no room.
         let mut bodyless = TcpStream::connect(addr).unwrap();
         bodyless
@@ -375,12 +395,12 @@ async fn request_bodies_in_flight_are_bounded() {
             .unwrap();
         let (status, body) = read_one(&mut BufReader::new(bodyless));
         assert_eq!(status, 404, "{body}");
-        drop(stalled.pop());
+        drop(full.pop());
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let (status, body) = read_one(&mut BufReader::new(s));
         assert_eq!(status, 200, "{body}");
-        assert!(root.join("a.md").exists());
-        drop(stalled);
+        assert!(root.join("b.md").exists());
+        drop(full);
     })
     .await
     .unwrap();
