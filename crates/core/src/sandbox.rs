@@ -511,6 +511,15 @@ impl Sandbox {
         &self.metrics
     }
 
+    /// The metrics in the Prometheus text format, with the artifacts gauge read from the
+    /// registry at this moment: other processes register artifacts too.
+    pub fn metrics_text(&self) -> String {
+        if let Ok(n) = self.registry.len() {
+            self.metrics.set_artifacts(n);
+        }
+        self.metrics.encode()
+    }
+
     /// The artifact registry.
     pub fn registry(&self) -> &ArtifactRegistry {
         &self.registry

@@ -253,7 +253,7 @@ pub(crate) async fn rollback(
 /// `GET /metrics`: OpenMetrics text.
 pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
     let sb = s.sandbox;
-    let text = blocking(move || sb.metrics().encode()).await?;
+    let text = blocking(move || sb.metrics_text()).await?;
     Ok((
         [(
             header::CONTENT_TYPE,

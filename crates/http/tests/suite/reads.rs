@@ -210,3 +210,28 @@ async fn answers_are_uncacheable_and_carry_no_cors_headers() {
         );
     }
 }
+
+/// The artifacts gauge counts what the registry holds when it is scraped, including
+/// artifacts another process registered since this server last wrote.
+#[tokio::test]
+async fn the_artifacts_gauge_counts_other_processes_writes() {
+    let e = writable();
+    let r = post_json(
+        &e.app,
+        "/agentic/plans",
+        &create_plan("wf_g1", "g1.txt", "x"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    // Another process on the same root and state directory.
+    let other = ailab_sandbox_core::Sandbox::open(config(&e.tmp, true)).unwrap();
+    for (wf, name) in [("wf_g2", "g2.txt"), ("wf_g3", "g3.txt")] {
+        let plan = serde_json::from_value(create_plan(wf, name, "y")).unwrap();
+        assert!(other.run_plan(plan).unwrap().is_success());
+    }
+    let text = get(&e.app, "/metrics").await.text();
+    assert!(
+        text.lines().any(|l| l == "ailab_sandbox_artifacts_total 3"),
+        "{text}"
+    );
+}
