@@ -1741,6 +1741,7 @@ impl Sandbox {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
                     self.metrics.rollback(why);
+                    self.metrics.mutation(&meta.intent, "rolled_back");
                     RollbackStep {
                         action_id: meta.action_id.clone(),
                         intent: meta.intent.clone(),

@@ -615,6 +615,7 @@ fn metrics_expose_the_seven_names() {
     for name in [
         "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 1",
         "ailab_sandbox_rollbacks_total{reason=\"manual\"} 1",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 1",
         "ailab_sandbox_policy_denied_total{intent=\"create_file\",reason=\"path_traversal\"} 1",
         "# TYPE ailab_sandbox_artifacts_total gauge",
         "ailab_sandbox_artifacts_total 1",
