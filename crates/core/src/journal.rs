@@ -146,7 +146,8 @@ impl Cursor {
     }
 
     /// With the exclusive lock held no writer is mid-line, so bytes after the last
-    /// newline are a torn line left by a crash: cut them. Returns the length after.
+    /// newline are a torn line left by a crash: cut them, unless they are a whole entry
+    /// that lost only its newline. Returns the length after.
     fn repair_tail(&mut self, file: &LogFile, len: u64, durable: bool) -> io::Result<u64> {
         // The cursor sits at a line boundary: a file that ends there ends in a newline.
         if len == 0 || (len == self.offset && self.offset > 0) {
@@ -169,6 +170,14 @@ impl Cursor {
                 break;
             }
             end = start;
+        }
+        // A line that lost only its newline is whole: no proper prefix of a JSON object
+        // is one. It is ended, not dropped.
+        let tail = file.read_range(keep, len - keep)?;
+        if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&tail).is_ok() {
+            tracing::warn!("ended a journal's last line, which had lost its newline");
+            file.append(b"\n", durable)?;
+            return Ok(len + 1);
         }
         self.repaired += len - keep;
         tracing::warn!(

@@ -278,6 +278,36 @@ fn torn_last_line_is_repaired_on_open() {
     assert!(std::fs::read(audit_path(&w)).unwrap().ends_with(b"\n"));
 }
 
+/// A last line that lost only its newline is a whole entry, recorded in the head: it
+/// is ended, not dropped, in the audit log and in the registry alike.
+#[test]
+fn a_last_line_missing_only_its_newline_is_kept() {
+    let (w, sb) = audited_world(3);
+    drop(sb);
+    let registry = w.state.join("artifacts.jsonl");
+    for path in [audit_path(&w), registry.clone()] {
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 1)
+            .unwrap();
+    }
+    let sb = w.sandbox();
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.entries, 3);
+    assert_eq!(sb.registry().len().unwrap(), 3);
+    for path in [audit_path(&w), registry] {
+        assert!(
+            std::fs::read(&path).unwrap().ends_with(b"}\n"),
+            "{}",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn two_logs_on_one_file_keep_one_chain() {
     let w = World::new();
