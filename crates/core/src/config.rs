@@ -110,11 +110,60 @@ pub struct RawServer {
 }
 
 impl RawConfig {
-    /// Parses TOML; an unknown key is an error naming it.
+    /// Parses TOML; an error names the line and the key it is about (never the value,
+    /// which may be the token).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text)
-            .map_err(|e| ConfigError(format!("invalid config: {}", e.message().trim())))
+        toml::from_str(text).map_err(|e| {
+            let (mut at, mut key) = (String::new(), None);
+            if let Some(span) = e.span() {
+                let start = span.start.min(text.len());
+                let line_no = text[..start].matches('\n').count() + 1;
+                let line = text.lines().nth(line_no - 1).unwrap_or("");
+                at = format!(" (line {line_no}");
+                if let Some((k, _)) = line.split_once('=')
+                    && !line.trim_start().starts_with('[')
+                {
+                    let k = k.trim().trim_matches('"');
+                    at.push_str(&format!(", key '{}'", k.escape_debug()));
+                    key = Some(k.to_owned());
+                }
+                at.push(')');
+            }
+            let why = if key.as_deref() == Some("token") {
+                "the token must be a string".to_owned()
+            } else {
+                e.message().trim().to_owned()
+            };
+            ConfigError(format!("invalid config{at}: {why}"))
+        })
     }
+}
+
+/// Refuses extension entries the policy could never match: it compares a file's last
+/// extension (`.gz` for `a.tar.gz`), lower-cased, so an entry is one extension such as
+/// `.md` (the dot optional). An empty allow-list would refuse every file.
+fn check_extension_lists(x: &RawExtensions) -> Result<(), ConfigError> {
+    if x.allowed.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ConfigError(
+            "extensions.allowed is empty, so no file could be written; leave it out for the default allow-list".into(),
+        ));
+    }
+    for (list, entries) in [("allowed", &x.allowed), ("blocked", &x.blocked)] {
+        for e in entries.iter().flatten() {
+            let bare = e.strip_prefix('.').unwrap_or(e);
+            let ok = !bare.is_empty()
+                && bare
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '+' | '~'));
+            if !ok {
+                return Err(ConfigError(format!(
+                    "extensions.{list} entry '{}' is not a file extension such as .md; give one extension per entry (a file is judged by its last extension only, so '.tar.gz' would never match: write '.gz')",
+                    e.escape_debug()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Values given on the command line; `None`/empty means "not given".
@@ -244,7 +293,7 @@ impl Config {
             c.roots = roots;
             c.roots_explicit = true;
         }
-        if let Some(v) = env(env::ROOTS) {
+        if let Some(v) = env(env::ROOTS).filter(|v| !v.is_empty()) {
             c.roots = v
                 .split(':')
                 .filter(|s| !s.is_empty())
@@ -314,6 +363,7 @@ impl Config {
             }
         }
         if let Some(x) = file.extensions {
+            check_extension_lists(&x)?;
             c.extensions =
                 ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
         }
@@ -394,6 +444,13 @@ impl Config {
         {
             return Err(ConfigError(format!(
                 "state_dir {} contains '..'; give the plain path",
+                self.state_dir.display()
+            )));
+        }
+        if let Some(r) = self.roots.iter().find(|r| r.starts_with(&self.state_dir)) {
+            return Err(ConfigError(format!(
+                "root {} lies inside the state_dir {}; the runtime's own files are never writable, so give a root outside it",
+                r.display(),
                 self.state_dir.display()
             )));
         }

@@ -377,11 +377,18 @@ impl Sandbox {
         );
         notices.extend(note);
         for root in &roots {
-            if let Some(inside) = inside_root(state.path(), root.path()) {
+            if let Some(inside) = lies_inside(state.path(), root.path()) {
                 return Err(Error::StateDirInsideRoot {
                     state_dir: inside,
                     root: root.path().to_path_buf(),
                 });
+            }
+            if let Some(inside) = lies_inside(root.path(), state.path()) {
+                return Err(Error::Config(crate::config::ConfigError(format!(
+                    "root {} lies inside the state directory {} once symbolic links are followed; the runtime's own files are never writable, so give a root outside it",
+                    inside.display(),
+                    state.path().display()
+                ))));
             }
         }
         let batch_sync = if config.durability == crate::config::Durability::Batched
@@ -1985,14 +1992,14 @@ fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `Some(state_dir)` when the state directory lies inside `root` (lexically, or after
-/// resolving symlinks).
-fn inside_root(state_dir: &Path, root: &Path) -> Option<PathBuf> {
-    if state_dir.starts_with(root) {
-        return Some(state_dir.to_path_buf());
+/// `Some(inner)` when `inner` lies inside `outer` (lexically, or after resolving
+/// symlinks).
+fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
+    if inner.starts_with(outer) {
+        return Some(inner.to_path_buf());
     }
-    let s = crate::confine::state::canonical(state_dir)?;
-    let r = crate::confine::state::canonical(root)?;
+    let s = crate::confine::state::canonical(inner)?;
+    let r = crate::confine::state::canonical(outer)?;
     s.starts_with(&r).then_some(s)
 }
 

@@ -432,3 +432,55 @@ fn default_body_limit_carries_every_plan_the_catalog_allows() {
     }
     assert_eq!(Config::default().max_body_bytes, DEFAULT_MAX_BODY_BYTES);
 }
+
+#[test]
+fn a_wrongly_typed_value_is_named_by_line_and_key_but_a_token_is_not_echoed() {
+    let err = RawConfig::from_toml("enable_write = true\ndry_run = \"false\"\n").unwrap_err();
+    assert!(
+        err.0.contains("line 2") && err.0.contains("key 'dry_run'") && err.0.contains("boolean"),
+        "{err}"
+    );
+    let err = RawConfig::from_toml("[server]\ntoken = 1234567890123456789\n").unwrap_err();
+    assert!(err.0.contains("key 'token'"), "{err}");
+    assert!(
+        !err.0.contains("1234567890"),
+        "the value is not echoed: {err}"
+    );
+}
+
+#[test]
+fn extension_entries_that_could_never_match_are_refused() {
+    for (toml, named) in [
+        ("[extensions]\nblocked = [\".tar.gz\"]\n", ".tar.gz"),
+        ("[extensions]\nallowed = [\"*\"]\n", "*"),
+        ("[extensions]\nallowed = [\"\"]\n", "''"),
+        ("[extensions]\nallowed = [\" .txt\"]\n", " .txt"),
+        ("[extensions]\nallowed = []\n", "empty"),
+    ] {
+        let raw = RawConfig::from_toml(&format!("roots = [\"/srv/r\"]\n{toml}")).unwrap();
+        let err = Config::resolve(Some(raw), &no_env, &Overrides::default()).unwrap_err();
+        assert!(err.0.contains(named), "{toml}: {err}");
+    }
+    let raw = RawConfig::from_toml(
+        "roots = [\"/srv/r\"]\n[extensions]\nallowed = [\"md\", \".TXT\", \".c++\"]\nblocked = [\".gz\"]\n",
+    )
+    .unwrap();
+    assert!(Config::resolve(Some(raw), &no_env, &Overrides::default()).is_ok());
+}
+
+#[test]
+fn an_empty_roots_variable_counts_as_unset() {
+    let c = resolve(Some(FILE), &[(env::ROOTS, "")], &Overrides::default()).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/file-root"]));
+}
+
+#[test]
+fn a_root_inside_the_state_directory_is_refused() {
+    let flags = Overrides {
+        roots: paths(&["/srv/state/inflight"]),
+        state_dir: Some(PathBuf::from("/srv/state")),
+        ..Overrides::default()
+    };
+    let err = resolve(None, &[], &flags).unwrap_err();
+    assert!(err.0.contains("inside the state_dir"), "{err}");
+}

@@ -106,3 +106,20 @@ fn state_files_are_opened_by_name_only() {
     }
     assert!(state.read_optional("inflight/none.json").unwrap().is_none());
 }
+
+/// A root reached through a symlink into the state directory is refused at start-up
+/// (its actions could never write: the state directory is reserved).
+#[test]
+fn a_root_inside_the_state_directory_through_a_symlink_is_refused() {
+    let w = World::new();
+    drop(w.sandbox());
+    let alias = w.state.with_file_name("alias");
+    symlink(&w.state, &alias).unwrap();
+    let mut c = w.writable_config();
+    c.roots = vec![alias.join("inner")];
+    let err = match Sandbox::open(c) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("inside the state directory"), "{err}");
+}
