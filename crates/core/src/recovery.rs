@@ -437,6 +437,13 @@ impl Sandbox {
             return report;
         };
         report.untrusted += untrusted;
+        // A restore writes its bytes aside first (and its mark): the dead rollback's
+        // temporary files may lie beside any of the workflow's targets.
+        let dirs = snaps
+            .iter()
+            .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
+            .collect();
+        report.temp_files_removed += self.remove_dead_temp_files(rec, dirs);
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -559,29 +566,7 @@ impl Sandbox {
         }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
-        for (i, comps) in dirs {
-            let rel = RelPath::from_components(comps.clone());
-            let dir = if comps.is_empty() {
-                self.roots[i].dir().try_clone().ok()
-            } else {
-                self.roots[i]
-                    .open_parent(&child(&rel), false, false)
-                    .ok()
-                    .and_then(|(d, _)| d.into_owned().ok())
-            };
-            if let Some(d) = dir {
-                report.temp_files_removed +=
-                    remove_temp_files(&d, 0, Some(&rec.execution_id)).unwrap_or(0);
-            }
-        }
-        for root in &self.roots {
-            if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
-                && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
-            {
-                report.temp_files_removed +=
-                    remove_temp_files(&wf, 1, Some(&rec.execution_id)).unwrap_or(0);
-            }
-        }
+        report.temp_files_removed += self.remove_dead_temp_files(rec, dirs);
         let n = in_doubt.len();
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
@@ -596,6 +581,38 @@ impl Sandbox {
         }
         report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
+    }
+
+    /// Removes the temporary files the dead run's process left in `dirs` (root index,
+    /// components) and in the workflow's snapshot folders. Returns how many.
+    fn remove_dead_temp_files(
+        &self,
+        rec: &InflightRecord,
+        dirs: HashSet<(usize, Vec<String>)>,
+    ) -> usize {
+        let mut removed = 0;
+        for (i, comps) in dirs {
+            let rel = RelPath::from_components(comps.clone());
+            let dir = if comps.is_empty() {
+                self.roots[i].dir().try_clone().ok()
+            } else {
+                self.roots[i]
+                    .open_parent(&child(&rel), false, false)
+                    .ok()
+                    .and_then(|(d, _)| d.into_owned().ok())
+            };
+            if let Some(d) = dir {
+                removed += remove_temp_files(&d, 0, Some(&rec.execution_id)).unwrap_or(0);
+            }
+        }
+        for root in &self.roots {
+            if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
+                && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
+            {
+                removed += remove_temp_files(&wf, 1, Some(&rec.execution_id)).unwrap_or(0);
+            }
+        }
+        removed
     }
 
     /// A restore is marked in its snapshot folder, then audited; a process that died

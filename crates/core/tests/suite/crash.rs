@@ -483,6 +483,34 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
     }
 }
 
+/// A rollback that dies while a restore's bytes or mark are written aside leaves
+/// temporary files beside a target and in a snapshot folder: the next start removes
+/// them, so the tree can be restored exactly.
+#[test]
+fn a_dead_rollbacks_temporary_files_are_removed() {
+    use ailab_sandbox_core::config::Durability;
+    use ailab_sandbox_core::confine::root::temp_name;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let (w, c, original) = rollback_killed_at("during_restore", durability);
+        // What the dead process would have left (its temporary names carry its seed).
+        let beside_target = w.path(&format!("d/{}", temp_name()));
+        std::fs::write(&beside_target, b"restoring").unwrap();
+        let folder = walk(&w.root.join(".rollback"))
+            .into_iter()
+            .find(|p| p.ends_with("meta.json"))
+            .map(|p| std::path::Path::new(&p).parent().unwrap().to_path_buf())
+            .unwrap();
+        let in_folder = folder.join(temp_name());
+        std::fs::write(&in_folder, b"{}").unwrap();
+        let sb = w.open(c);
+        assert!(!beside_target.exists(), "{durability:?}");
+        assert!(!in_folder.exists(), "{durability:?}");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
+
 /// Two finished actions of a dead run on the same file: only the newer one's result can
 /// be on disk, and it is; recovery must keep both, and undo only the unfinished action.
 #[test]
