@@ -3,14 +3,17 @@
 //! whose workflow lock is free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
 //! that were snapshotted but never audited as done are rolled back from their snapshots,
 //! except those whose snapshot is also a commit record (batched durability) and whose new
-//! bytes are durable: those are finished. The temporary files the run left are removed.
+//! bytes are durable, and those whose result is in place and registered (the run died
+//! before its audit line): those are finished. The temporary files the run left are
+//! removed.
 
-use crate::audit::AuditStatus;
+use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::{Sandbox, TargetState};
+use crate::snapshot::SnapshotMeta;
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -509,6 +512,11 @@ impl Sandbox {
         // starting point, so the target cannot hold it any more).
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
+        let registered = self
+            .registry
+            .get_by_workflow(&rec.workflow_id)
+            .unwrap_or_default();
+        let mut finish_audits = Vec::new();
         let mine: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| s.meta.execution_id == rec.execution_id)
@@ -539,6 +547,23 @@ impl Sandbox {
                 settled.insert(key);
                 continue;
             }
+            // Written and registered, not yet audited (the run died between the two
+            // appends): finished by auditing it, so the registry never lists an
+            // artifact the trail does not.
+            if outcome.is_none()
+                && current.is_some()
+                && current == s.meta.after_sha256
+                && registered.iter().any(|e| {
+                    e.action_id == s.meta.action_id
+                        && Some(&e.checksum_sha256) == current.as_ref()
+                        && not_before(&e.created_at, &s.meta.taken_at)
+                })
+            {
+                finish_audits.push(self.success_record(i, &s.meta));
+                report.completed += 1;
+                settled.insert(key);
+                continue;
+            }
             let finished = match outcome {
                 // Never audited: undone, unless the target holds neither what it held
                 // before nor what the action wrote, which is someone else's later write
@@ -564,6 +589,12 @@ impl Sandbox {
                 in_doubt.push((i, s));
             }
         }
+        if !finish_audits.is_empty()
+            && let Err(e) = self.audit.append(finish_audits)
+        {
+            tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
+            report.retry = true;
+        }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
         report.temp_files_removed += self.remove_dead_temp_files(rec, dirs);
@@ -581,6 +612,26 @@ impl Sandbox {
         }
         report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
+    }
+
+    /// The audit record of a dead run's action that wrote its result and registered it.
+    fn success_record(&self, root: usize, meta: &SnapshotMeta) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.now(),
+            execution_id: meta.execution_id.clone(),
+            workflow_id: meta.workflow_id.clone(),
+            action_id: meta.action_id.clone(),
+            mutation_class: Some(meta.mutation_class),
+            mutation_type: meta.intent.clone(),
+            target_path: self.abs_path(root, &meta.target()),
+            before_checksum: meta.sha256.clone(),
+            after_checksum: meta.after_sha256.clone(),
+            rollback_available: true,
+            rollback_path: Some(meta.rollback_path()),
+            status: AuditStatus::Success,
+            reason_code: None,
+            error: None,
+        }
     }
 
     /// Removes the temporary files the dead run's process left in `dirs` (root index,
@@ -770,4 +821,16 @@ fn child(dir: &RelPath) -> RelPath {
     let mut c = dir.components().to_vec();
     c.push("x".to_owned());
     RelPath::from_components(c)
+}
+
+/// Whether the time `at` is not before `since` (both RFC 3339); `false` when either
+/// cannot be read.
+fn not_before(at: &str, since: &str) -> bool {
+    match (
+        chrono::DateTime::parse_from_rfc3339(at),
+        chrono::DateTime::parse_from_rfc3339(since),
+    ) {
+        (Ok(a), Ok(b)) => a >= b,
+        _ => false,
+    }
 }

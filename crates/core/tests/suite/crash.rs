@@ -42,15 +42,15 @@ fn plan_json() -> serde_json::Value {
         {"intent": "create_file", "path": "new/c.txt", "content": "gamma\n"}]})
 }
 
-/// Runs `plan_json` in `c` and makes it die just before the second action's audit line:
-/// the first action is audited, the second is in doubt.
-fn die_before_the_second_audit(w: &World, c: &ailab_sandbox_core::Config) {
-    kill_before_the_second_audit(&w.open(c.clone()));
+/// Runs `plan_json` in `c` and makes it die just before the second action's registry
+/// line: the first action is audited, the second is in doubt (written, not recorded).
+fn die_before_the_second_record(w: &World, c: &ailab_sandbox_core::Config) {
+    kill_before_the_second_record(&w.open(c.clone()));
 }
 
 /// The same, in a sandbox that lives on (as another process would).
-fn kill_before_the_second_audit(sb: &ailab_sandbox_core::Sandbox) {
-    sb.failpoints().arm_crash("before_audit", 2);
+fn kill_before_the_second_record(sb: &ailab_sandbox_core::Sandbox) {
+    sb.failpoints().arm_crash("before_registry", 2);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
     assert!(outcome.is_err(), "the run should die");
 }
@@ -355,7 +355,7 @@ fn strict_and_batched_durability_run_and_recover() {
         let original = w.tree();
         let mut c = w.writable_config();
         c.durability = durability;
-        die_before_the_second_audit(&w, &c);
+        die_before_the_second_record(&w, &c);
         let sb = w.open(c);
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
         let rb = sb.rollback_workflow(
@@ -483,6 +483,60 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
     }
 }
 
+/// A run that dies between an action's registry line and its audit line left the
+/// action's result in place and registered: recovery finishes it by auditing it, so the
+/// registry never lists an artifact the trail does not (and a later rollback undoes it).
+#[test]
+fn a_registered_write_whose_run_died_before_its_audit_line_is_finished() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        for live in [false, true] {
+            let (w, c, original) = seeded(durability);
+            let sb = w.open(c.clone());
+            sb.failpoints().arm_crash("before_audit", 2);
+            let outcome =
+                std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+            assert!(outcome.is_err());
+            let sb = if live {
+                // The next run of the workflow, in the same process, recovers it.
+                let r = run(
+                    &sb,
+                    json!({"workflow_id": "wf_crash", "actions": [
+                        {"intent": "create_file", "path": "later.txt", "content": "x"}]}),
+                );
+                assert_eq!(status(&r), "success", "{durability:?}");
+                sb
+            } else {
+                drop(sb);
+                w.open(c)
+            };
+            let at = format!("{durability:?} live={live}");
+            assert_eq!(w.read("a.txt"), b"ALPHA\n", "{at}");
+            assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{at}");
+            assert!(!w.path("new/c.txt").exists(), "{at}");
+            let audited: std::collections::HashSet<(String, String)> = sb
+                .audit_entries(1000, Some("wf_crash"))
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::Success)
+                .map(|e| (e.action_id, e.after_checksum.unwrap_or_default()))
+                .collect();
+            let registered = sb.registry().get_by_workflow("wf_crash").unwrap();
+            assert_eq!(registered.len(), if live { 3 } else { 2 }, "{at}");
+            for e in &registered {
+                assert!(
+                    audited.contains(&(e.action_id.clone(), e.checksum_sha256.clone())),
+                    "{at}: {e:?} is registered but not audited as done"
+                );
+            }
+            assert!(sb.audit_verify().unwrap().ok, "{at}");
+            let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "{at}: {rb:?}");
+            assert_eq!(w.tree(), original, "{at}");
+        }
+    }
+}
+
 /// A rollback that dies while a restore's bytes or mark are written aside leaves
 /// temporary files beside a target and in a snapshot folder: the next start removes
 /// them, so the tree can be restored exactly.
@@ -522,7 +576,7 @@ fn recovery_keeps_finished_actions_that_share_a_target() {
         let mut c = w.writable_config();
         c.durability = durability;
         let sb = w.open(c.clone());
-        sb.failpoints().arm_crash("before_audit", 3);
+        sb.failpoints().arm_crash("before_registry", 3);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             sb.run_plan(plan(json!({"workflow_id": "wf_same", "actions": [
                 {"intent": "replace_file", "path": "a.txt", "content": "one\n"},
@@ -662,7 +716,7 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
 #[test]
 fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
-    die_before_the_second_audit(&w, &c);
+    die_before_the_second_record(&w, &c);
     let stray = w.root.join(".rollback/wf_crash/zz");
     std::fs::write(&stray, b"not a snapshot").unwrap();
     let record = || run_record(&w, "wf_crash");
@@ -707,7 +761,7 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
 #[test]
 fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
-    die_before_the_second_audit(&w, &c);
+    die_before_the_second_record(&w, &c);
     let put_back = hide_snapshots(&w);
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
@@ -731,7 +785,7 @@ fn a_run_that_dies_in_a_live_process_is_recovered_by_the_next_run_of_its_workflo
     for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
         let (w, c, original) = seeded(d);
         let sb = w.open(c.clone());
-        kill_before_the_second_audit(&sb);
+        kill_before_the_second_record(&sb);
         let dead = run_record(&w, "wf_crash")["execution_id"].clone();
         assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{d:?}: in doubt");
         let r = run(
@@ -785,7 +839,7 @@ fn a_run_that_dies_in_a_live_process_is_recovered_by_the_next_run_of_its_workflo
 fn a_new_run_waits_for_a_dead_run_that_cannot_be_recovered_yet() {
     let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Relaxed);
     let sb = w.open(c);
-    kill_before_the_second_audit(&sb);
+    kill_before_the_second_record(&sb);
     let dead = run_record(&w, "wf_crash")["execution_id"].clone();
     let put_back = hide_snapshots(&w);
     let next = json!({"workflow_id": "wf_crash", "actions": [
@@ -961,7 +1015,7 @@ fn recovery_leaves_what_others_wrote_after_the_run_died() {
             let sb = w.open(c.clone());
             // Dies before the second action's audit line (its write is made), or before
             // the third action's write (`new/c.txt` never written).
-            kill_before_the_second_audit(&sb);
+            kill_before_the_second_record(&sb);
             let other = run(
                 &sb,
                 json!({"workflow_id": "wf_other", "actions": [
