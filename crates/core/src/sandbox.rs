@@ -1879,6 +1879,15 @@ impl Sandbox {
         };
         let mut ids: Vec<String> = Vec::new();
         for root in &self.roots {
+            if !simulated {
+                match Snapshotter::sweep_pruned(root) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(folders = n, "removed what an earlier prune left"),
+                    Err(r) => {
+                        tracing::warn!(reason = %r, "could not sweep what earlier prunes left")
+                    }
+                }
+            }
             ids.extend(Snapshotter::list_workflows(root)?);
         }
         ids.sort();
@@ -1964,7 +1973,10 @@ impl Sandbox {
                 )
             })?;
         for root in &self.roots {
-            Snapshotter::remove_workflow(root, wf)?;
+            if let Some(aside) = Snapshotter::set_aside(root, wf, self.durable())? {
+                self.fail_at("during_prune")?;
+                Snapshotter::remove_aside(root, &aside)?;
+            }
         }
         if let Err(e) = self
             .state

@@ -25,6 +25,9 @@ use std::io;
 pub const META_FILE: &str = "meta.json";
 /// Backup file of a snapshot.
 pub const BACKUP_FILE: &str = "backup";
+/// Prefix of a pruned workflow's snapshot folder moved aside for removal (a workflow id
+/// never starts with a dot).
+pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
 /// Largest file the runtime snapshots (and so mutates).
@@ -497,16 +500,61 @@ impl Snapshotter {
         Ok(out)
     }
 
-    /// Deletes a workflow's snapshots (pruning).
-    pub fn remove_workflow(root: &SandboxRoot, workflow_id: &str) -> Verdict {
+    /// Moves a workflow's snapshots in this root aside for removal, in one step, under a
+    /// name no workflow can have (durably when `durable`): from then on the workflow has
+    /// none here, and a removal that dies half way leaves only that folder, which
+    /// [`Snapshotter::sweep_pruned`] removes. Returns the folder's name, `None` when the
+    /// workflow wrote nothing in this root.
+    pub fn set_aside(
+        root: &SandboxRoot,
+        workflow_id: &str,
+        durable: bool,
+    ) -> Verdict<Option<String>> {
+        let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
+            return Ok(None);
+        };
+        let aside = format!("{PRUNED_MARKER}{}", crate::ids::unique());
+        match rb.rename(workflow_id, &rb, &aside) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            r => r.map_err(|e| snap_io("remove", &e))?,
+        }
+        if durable {
+            sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
+        }
+        Ok(Some(aside))
+    }
+
+    /// Removes a folder [`Snapshotter::set_aside`] moved aside (gone already is fine).
+    pub fn remove_aside(root: &SandboxRoot, name: &str) -> Verdict {
         let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
             return Ok(());
         };
-        match rb.remove_dir_all(workflow_id) {
-            // The workflow wrote nothing in this root.
+        match rb.remove_dir_all(name) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             r => r.map_err(|e| snap_io("remove", &e)),
         }
+    }
+
+    /// Removes the folders earlier prunes moved aside and did not finish removing (a
+    /// prune that died). One that cannot be removed now (another prune may be removing
+    /// it) is left for the next sweep. Returns how many were removed.
+    pub fn sweep_pruned(root: &SandboxRoot) -> Verdict<usize> {
+        let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
+            return Ok(0);
+        };
+        let mut names = Vec::new();
+        for e in rb.entries().map_err(|e| snap_io("list", &e))? {
+            let name = e.map_err(|e| snap_io("list", &e))?.file_name();
+            if let Some(name) = name.to_str()
+                && name.starts_with(PRUNED_MARKER)
+            {
+                names.push(name.to_owned());
+            }
+        }
+        Ok(names
+            .iter()
+            .filter(|n| Self::remove_aside(root, n).is_ok())
+            .count())
     }
 }
 

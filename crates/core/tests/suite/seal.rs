@@ -527,6 +527,59 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     assert!(rb.reason.unwrap().contains("'g1'"));
 }
 
+/// A prune moves a workflow's snapshot folder aside in one step before removing it: one
+/// that dies while removing leaves no half-removed workflow, so later writes of the
+/// workflow stay reversible, and the next prune removes what it left.
+#[test]
+fn a_prune_that_dies_while_removing_leaves_the_workflow_reversible() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_cut", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    sb.failpoints().arm_crash("during_prune", 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sb.prune(std::time::Duration::from_secs(7 * 86_400))
+    }));
+    assert!(outcome.is_err(), "the prune dies");
+    drop(sb);
+    let aside = || {
+        std::fs::read_dir(w.root.join(".rollback"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".ailab-pruned-")
+            })
+            .count()
+    };
+    assert_eq!(aside(), 1, "moved aside whole");
+    assert!(!w.root.join(".rollback/wf_cut").exists());
+
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_cut", "actions": [
+            {"action_id": "a3", "intent": "create_file", "path": "three.txt", "content": "3"}]}),
+    );
+    let rb = sb.rollback_workflow("wf_cut", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 1);
+    assert!(!w.path("three.txt").exists());
+    assert!(w.path("one.txt").exists() && w.path("two.txt").exists());
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    assert_eq!(aside(), 0, "swept by the next prune");
+}
+
 /// A root reached through another spelling of its path (a symlink to it) is the same
 /// root for the snapshots it holds.
 #[test]
