@@ -20,6 +20,21 @@ fn dash(v: Option<&str>) -> &str {
     v.unwrap_or("-")
 }
 
+/// A value a plan's author chose (an intent, a path, a sentence quoting them), with its
+/// control characters escaped: it can never move the cursor, colour the terminal or
+/// start a line of its own.
+fn safe(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn short(sum: Option<&str>) -> String {
     sum.map_or("-".to_owned(), |s| s.chars().take(12).collect())
 }
@@ -68,7 +83,7 @@ pub fn check(v: &CheckVerdict) {
             "{} {}: {}",
             paint("refused", false),
             v.reason_code.map_or("-", |c| c.as_str()),
-            dash(v.reason.as_deref())
+            safe(dash(v.reason.as_deref()))
         );
     }
 }
@@ -102,14 +117,15 @@ pub fn run_result(r: &RunResult) {
             .unwrap_or_default();
         out!(
             "  {:<14} {:<18} {:<11} {:<12} {}{}",
-            a.action_id,
-            a.intent,
+            safe(&a.action_id),
+            safe(&a.intent),
             st,
             short(a.after_checksum.as_deref()),
-            a.path,
+            safe(&a.path),
             a.reason.as_ref().map_or(String::new(), |r| format!(
-                "\n      {}: {r}",
-                a.reason_code.map_or("-", |c| c.as_str())
+                "\n      {}: {}",
+                a.reason_code.map_or("-", |c| c.as_str()),
+                safe(r)
             ))
         );
     }
@@ -123,20 +139,24 @@ pub fn rollback(r: &RollbackReport) {
         r.steps_rolled_back
     );
     if let Some(reason) = &r.reason {
-        out!("  {}: {reason}", r.reason_code.map_or("-", |c| c.as_str()));
+        out!(
+            "  {}: {}",
+            r.reason_code.map_or("-", |c| c.as_str()),
+            safe(reason)
+        );
     }
     for s in &r.steps {
         out!(
             "  {:<14} {:<18} {} checksum_validated={} {}",
-            s.action_id,
-            s.intent,
+            safe(&s.action_id),
+            safe(&s.intent),
             if s.restored {
                 "restored"
             } else {
                 "NOT restored"
             },
             s.checksum_validated,
-            s.path
+            safe(&s.path)
         );
     }
 }
@@ -160,9 +180,9 @@ pub fn audit(entries: &[SandboxAuditEntry]) {
             e.seq,
             e.timestamp,
             st,
-            e.mutation_type,
+            safe(&e.mutation_type),
             e.reason_code.map_or("-", |c| c.as_str()),
-            e.target_path.escape_debug()
+            safe(&e.target_path)
         );
     }
 }

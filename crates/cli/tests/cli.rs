@@ -604,3 +604,30 @@ fn a_short_token_stops_the_server_only() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("shorter than 16 characters"), "{err}");
 }
+
+/// What a plan's author wrote is printed with its control characters escaped: an intent
+/// or a path can neither drive the terminal nor forge a line of the listing.
+#[test]
+fn human_output_escapes_control_characters() {
+    let e = env();
+    let plan = json!({"workflow_id": "wf_esc", "actions": [
+        {"intent": "x\u{1b}[2J\u{1b}[31mFAKE\nline", "path": "a\u{1b}[1m.txt\nforged", "content": "x"}]});
+    let p = e.write_plan("esc.json", &plan);
+    for args in [vec!["--enable-write", "--no-dry-run", "run"], vec!["audit"]] {
+        let mut c = e.cmd();
+        c.args(&args);
+        if args.last() == Some(&"run") {
+            c.arg(&p);
+        }
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains('\u{1b}'), "{args:?}: {text}");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("line") || l.starts_with("forged")),
+            "{args:?}: {text}"
+        );
+        assert!(text.contains("\\u{1b}"), "{args:?}: {text}");
+    }
+}
