@@ -88,7 +88,9 @@ pub fn check_rate(
             format!(
                 "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {wait:.1} seconds"
             ),
-        ));
+        )
+        // Whole seconds, rounded up: trying again after them never comes too early.
+        .retry_after(wait.ceil() as u64));
     }
     Ok(())
 }

@@ -75,6 +75,9 @@ pub struct ActionResult {
     pub size_bytes: Option<u64>,
     pub artifact_id: Option<String>,
     pub rollback_path: Option<String>,
+    /// For a `rate_limited` action: whole seconds until its writes are allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
 }
 
 /// The run result (SPEC §6).
@@ -398,6 +401,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             size_bytes: None,
             artifact_id: None,
             rollback_path: None,
+            retry_after_seconds: None,
         }
     }
 
@@ -480,6 +484,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     let mut res = self.base_result(a, op, ActionStatus::Blocked);
                     res.reason_code = Some(r.reason_code);
                     res.reason = Some(r.reason.clone());
+                    res.retry_after_seconds = r.retry_after_seconds;
                     self.sb.metrics.denied(&a.intent, r.reason_code);
                     self.sb.metrics.mutation(&a.intent, "blocked");
                     self.event(

@@ -137,6 +137,9 @@ pub struct Refusal {
     pub reason_code: ReasonCode,
     /// What was wrong, naming the offending value and what is allowed.
     pub reason: String,
+    /// For `rate_limited`: whole seconds until the writes asked for are allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u64>,
 }
 
 impl Refusal {
@@ -145,7 +148,15 @@ impl Refusal {
         Self {
             reason_code,
             reason: reason.into(),
+            retry_after_seconds: None,
         }
+    }
+
+    /// The same refusal, saying when to try again.
+    #[must_use]
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_seconds = Some(seconds);
+        self
     }
 }
 

@@ -268,6 +268,7 @@ mod tests {
             size_bytes: None,
             artifact_id: None,
             rollback_path: None,
+            retry_after_seconds: None,
         }
     }
 

@@ -205,7 +205,11 @@ pub(crate) async fn run_plan(
     let result = blocking(move || sb.run_plan_json(&bytes))
         .await?
         .map_err(ApiError::from_refusal)?;
-    let status = run_status(result.status);
+    let mut status = run_status(result.status);
+    let retry_after = rate_limited_for(&result);
+    if retry_after.is_some() {
+        status = axum::http::StatusCode::TOO_MANY_REQUESTS;
+    }
     let (reason_code, reason) = match run_summary(&result) {
         Some((c, r)) => (Some(c), Some(r)),
         None => (None, None),
@@ -215,7 +219,35 @@ pub(crate) async fn run_plan(
         reason_code,
         reason,
     };
-    Ok((status, Json(doc)).into_response())
+    let mut resp = (status, Json(doc)).into_response();
+    if let Some(secs) = retry_after {
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(secs),
+        );
+    }
+    Ok(resp)
+}
+
+/// When a plan was refused only by the rate limit: the seconds until all its refused
+/// writes are allowed (the run is answered 429 with `Retry-After`).
+fn rate_limited_for(r: &ailab_sandbox_core::executor::RunResult) -> Option<u64> {
+    use ailab_sandbox_core::executor::{ActionStatus, RunStatus};
+    if r.status != RunStatus::Blocked {
+        return None;
+    }
+    let mut wait = None;
+    for a in r
+        .actions
+        .iter()
+        .filter(|a| a.status == ActionStatus::Blocked && a.reason_code.is_some())
+    {
+        if a.reason_code != Some(ailab_sandbox_core::ReasonCode::RateLimited) {
+            return None;
+        }
+        wait = Some(wait.unwrap_or(0).max(a.retry_after_seconds?));
+    }
+    wait
 }
 
 /// `POST /agentic/rollback/{workflow_id}` with an optional body

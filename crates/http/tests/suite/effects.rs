@@ -249,6 +249,32 @@ async fn rate_limit_blocks_the_eleventh_write() {
     assert!(!e.root.join("r0.txt").exists());
 }
 
+/// A plan refused only because the workflow's tokens are spent is answered 429 with
+/// `Retry-After` (and the seconds in the action's `retry_after_seconds`); one that could
+/// never pass (more writes than the burst, above) stays 422.
+#[tokio::test]
+async fn a_plan_that_must_wait_for_the_rate_limit_is_429_with_retry_after() {
+    let e = writable();
+    let plan = |i: usize| {
+        json!({"workflow_id": "wf_wait", "actions": [
+            {"action_id": format!("a{i}"), "intent": "create_file", "path": format!("w{i}.txt"), "content": "x"}]})
+    };
+    for i in 0..10 {
+        let r = post_json(&e.app, "/agentic/plans", &plan(i)).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let r = post_json(&e.app, "/agentic/plans", &plan(10)).await;
+    let v = r.assert_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    let secs: u64 = r.headers[axum::http::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&secs), "{secs}");
+    assert_eq!(v["actions"][0]["retry_after_seconds"], secs);
+    assert!(!e.root.join("w10.txt").exists());
+}
+
 #[tokio::test]
 async fn concurrent_plans_on_distinct_workflows() {
     let e = writable();
