@@ -76,7 +76,7 @@ struct Ancestor {
 }
 
 impl SandboxRoot {
-    /// Opens (and, with `create`, first creates) a root through [`open_checked_dir`],
+    /// Opens (and, with `create`, first creates) a root through `open_checked_dir`,
     /// refusing one owned by another user or writable by others without the sticky bit.
     ///
     /// Whoever controls a directory above the root could swap the root for a directory

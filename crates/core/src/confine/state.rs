@@ -38,7 +38,7 @@ const STATE_DIR_MODE: u32 = 0o700;
 impl StateDir {
     /// Creates (mode 0700) and opens the state directory. It is refused when it or a
     /// directory above it could be controlled by another user (see
-    /// [`super::root::open_checked_dir`]), when it is a symlink, or when it is owned by
+    /// `root::open_checked_dir`), when it is a symlink, or when it is owned by
     /// another user or writable by others: it holds the audit trail, the registry and
     /// the seal key that decides which snapshots are trusted.
     pub fn open(path: &Path) -> io::Result<Self> {
