@@ -8,9 +8,14 @@ use serde_json::json;
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 
-fn open_err(w: &World) -> String {
-    match Sandbox::open(w.writable_config()) {
-        Ok(_) => panic!("the state directory {} was accepted", w.state.display()),
+/// Why opening a sandbox with `config` fails.
+fn open_err(config: ailab_sandbox_core::Config) -> String {
+    let state = config.state_dir.clone();
+    match Sandbox::open(config) {
+        Ok(_) => panic!(
+            "the configuration with state directory {} was accepted",
+            state.display()
+        ),
         Err(e) => e.to_string(),
     }
 }
@@ -21,7 +26,7 @@ fn a_state_directory_others_can_write_is_refused() {
         let w = World::new();
         fs::DirBuilder::new().mode(0o700).create(&w.state).unwrap();
         fs::set_permissions(&w.state, fs::Permissions::from_mode(mode)).unwrap();
-        let err = open_err(&w);
+        let err = open_err(w.writable_config());
         assert!(err.contains("writable by other users"), "{mode:o}: {err}");
         assert!(
             !w.state.join("sandbox_audit.jsonl").exists(),
@@ -35,7 +40,7 @@ fn a_state_directory_folder_others_can_write_is_refused() {
     let w = World::new();
     drop(w.sandbox());
     fs::set_permissions(w.state.join("inflight"), fs::Permissions::from_mode(0o777)).unwrap();
-    let err = open_err(&w);
+    let err = open_err(w.writable_config());
     assert!(
         err.contains("inflight") && err.contains("writable by other users"),
         "{err}"
@@ -48,7 +53,7 @@ fn a_state_directory_that_is_a_symlink_is_refused() {
     let real = w.state.with_file_name("real-state");
     fs::DirBuilder::new().mode(0o700).create(&real).unwrap();
     symlink(&real, &w.state).unwrap();
-    let err = open_err(&w);
+    let err = open_err(w.writable_config());
     assert!(err.contains("symbolic link"), "{err}");
 }
 
@@ -62,7 +67,7 @@ fn a_state_directory_owned_by_another_user_is_refused() {
         // Not privileged: the directory cannot be given away.
         return;
     }
-    let err = open_err(&w);
+    let err = open_err(w.writable_config());
     assert!(err.contains("owned by uid 65534"), "{err}");
 }
 
@@ -117,9 +122,6 @@ fn a_root_inside_the_state_directory_through_a_symlink_is_refused() {
     symlink(&w.state, &alias).unwrap();
     let mut c = w.writable_config();
     c.roots = vec![alias.join("inner")];
-    let err = match Sandbox::open(c) {
-        Ok(_) => panic!("accepted"),
-        Err(e) => e.to_string(),
-    };
+    let err = open_err(c);
     assert!(err.contains("inside the state directory"), "{err}");
 }
