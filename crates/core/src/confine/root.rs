@@ -558,6 +558,18 @@ pub fn sync_dir(dir: &Dir) -> io::Result<()> {
 /// Reads a regular file by name in `dir`: `O_NOFOLLOW`, non-blocking (a FIFO never
 /// stalls), checked on the open handle to be a regular file with a single link.
 pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
+    read_file_in(dir, name, limit, true)
+}
+
+/// [`read_regular`], with `single_link` deciding whether a file with other hard links is
+/// refused (it is in a root, where a link may alias a file outside; the state directory,
+/// private to the runtime's user, makes its files by linking them into place).
+pub(crate) fn read_file_in(
+    dir: &Dir,
+    name: &str,
+    limit: u64,
+    single_link: bool,
+) -> io::Result<Vec<u8>> {
     let mut opts = OpenOptions::new();
     opts.read(true).follow(FollowSymlinks::No).nonblock(true);
     let file = match dir.open_with(name, &opts) {
@@ -581,7 +593,7 @@ pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
             format!("{} is not a regular file", shown_path(name)),
         )));
     }
-    if meta.nlink() > 1 {
+    if single_link && meta.nlink() > 1 {
         return Err(io::Error::other(Refusal::new(
             ReasonCode::HardlinkRefused,
             format!("{} has {} hard links", shown_path(name), meta.nlink()),

@@ -354,11 +354,13 @@ impl StateDir {
         self.inflight_ids(".log")
     }
 
-    /// Reads a small file (a regular file with one link, not followed if a symlink);
-    /// `None` when it does not exist.
+    /// Reads a small file (a regular file, not followed if a symlink; it may have a
+    /// second link for a moment while [`StateDir::create_block`] puts it in place, or
+    /// for good when a crash came between its two steps); `None` when it does not
+    /// exist.
     pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
         let (dir, name) = self.locate(rel)?;
-        match super::root::read_regular(dir, name, MAX_STATE_FILE) {
+        match super::root::read_file_in(dir, name, MAX_STATE_FILE, false) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),

@@ -125,3 +125,29 @@ fn a_root_inside_the_state_directory_through_a_symlink_is_refused() {
     let err = open_err(c);
     assert!(err.contains("inside the state directory"), "{err}");
 }
+
+/// The key and the audit head are put in place by linking a temporary file, then
+/// removing it: a crash between the two leaves them with a second link, which must not
+/// stop the runtime (nor a concurrent start that reads them in between).
+#[test]
+fn state_files_left_with_a_second_link_are_read() {
+    let w = World::new();
+    let sb = w.sandbox();
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]})
+        )),
+        "success"
+    );
+    drop(sb);
+    for name in ["seal.key", "sandbox_audit.head.json"] {
+        fs::hard_link(
+            w.state.join(name),
+            w.state.join(format!(".{name}.ailab-tmp-left")),
+        )
+        .unwrap();
+    }
+    let sb = Sandbox::open(w.writable_config()).unwrap();
+    assert!(sb.audit_verify().unwrap().ok);
+}
