@@ -87,9 +87,11 @@ pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Request bodies the server holds at once, in multiples of the largest one allowed: a
 /// body is parsed into about as much memory again, so this bounds what concurrent
-/// uploads can hold whatever their number. A request is charged for the bytes it has
-/// actually sent, as they arrive, until its response is ready: a client that declares a
-/// large body and sends nothing holds no room. Bytes that find no room wait for it.
+/// uploads can hold whatever their number. A request is charged its declared length (the
+/// largest allowed when it declares none) in one step when its first bytes arrive, and
+/// until its response is ready: a client that sends nothing holds no room, and since no
+/// request ever waits for room while holding some, uploads cannot wait for each other.
+/// Bytes that find no room wait for it.
 pub const BODIES_IN_FLIGHT: usize = 4;
 
 /// The unit in which room for bodies is counted.
@@ -100,15 +102,15 @@ const ROOM_UNIT: usize = 1024;
 struct BodyRoom {
     units: Arc<tokio::sync::Semaphore>,
     /// The body limit: no request is charged more (beyond it the limit layer answers
-    /// 413), so one large chunk never waits for more room than there is.
+    /// 413).
     limit: usize,
 }
 
-/// The room one request holds: taken as its body arrives, given back when its response
-/// is ready.
-type Held = Arc<std::sync::Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>;
+/// The room one request holds, given back when its response is ready.
+type Held = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
 
-/// Charges a request's body to the room as it arrives (see [`BODIES_IN_FLIGHT`]).
+/// Charges a request's body to the room when it starts to arrive (see
+/// [`BODIES_IN_FLIGHT`]).
 async fn body_room(
     axum::extract::State(room): axum::extract::State<BodyRoom>,
     req: Request,
@@ -120,35 +122,36 @@ async fn body_room(
     {
         return next.run(req).await;
     }
+    let hint = axum::body::HttpBody::size_hint(req.body());
+    let len = hint
+        .exact()
+        .or(hint.upper())
+        .and_then(|n| usize::try_from(n).ok())
+        .map_or(room.limit, |n| n.min(room.limit));
+    let units = u32::try_from(len.div_ceil(ROOM_UNIT).max(1)).unwrap_or(u32::MAX);
     let held: Held = Arc::default();
     let (parts, body) = req.into_parts();
     let metered = futures_util::stream::unfold(
-        (body.into_data_stream(), room, held.clone(), 0usize, 0usize),
-        |(mut stream, room, held, mut bytes, mut units)| async move {
+        (body.into_data_stream(), room, held.clone(), false),
+        move |(mut stream, room, held, mut charged)| async move {
             use futures_util::StreamExt;
             let chunk = stream.next().await?;
-            if let Ok(data) = &chunk {
-                bytes = bytes.saturating_add(data.len()).min(room.limit);
-                let more = bytes.div_ceil(ROOM_UNIT).saturating_sub(units);
-                if more > 0 {
-                    let n = u32::try_from(more).unwrap_or(u32::MAX);
-                    // The semaphore is never closed.
-                    if let Ok(p) = room.units.clone().acquire_many_owned(n).await {
-                        held.lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(p);
-                    }
-                    units += more;
-                }
+            if !charged {
+                charged = true;
+                // The semaphore is never closed.
+                let permit = room.units.clone().acquire_many_owned(units).await.ok();
+                *held
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = permit;
             }
-            Some((chunk, (stream, room, held, bytes, units)))
+            Some((chunk, (stream, room, held, charged)))
         },
     );
     let req = Request::from_parts(parts, axum::body::Body::from_stream(metered));
     let resp = next.run(req).await;
     held.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
+        .take();
     resp
 }
 

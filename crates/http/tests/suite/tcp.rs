@@ -328,8 +328,8 @@ fn run_reports_a_busy_port() {
     drop(taken);
 }
 
-/// Room for request bodies is charged for the bytes that arrived: clients that declare
-/// bodies and send nothing hold none, while bodies that did arrive, up to the room for
+/// Room for request bodies is charged when a body starts to arrive: clients that declare
+/// bodies and send nothing hold none, while bodies under way, up to the room for
 /// [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make further bodies wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_in_flight_are_bounded() {
@@ -401,6 +401,54 @@ async fn request_bodies_in_flight_are_bounded() {
         assert_eq!(status, 200, "{body}");
         assert!(root.join("b.md").exists());
         drop(full);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+/// More uploads than there is room for, each sent in two halves: those without room wait
+/// holding none, so every one goes through (none waits for another's room until the
+/// body deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_in_pieces_never_wait_for_each_other() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 4096,
+        ..Opts::default()
+    });
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    let root = e.root.clone();
+    tokio::task::spawn_blocking(move || {
+        let clients: Vec<_> = (0..2 * ailab_sandbox_http::BODIES_IN_FLIGHT)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let plan = format!(
+                        r#"{{"workflow_id":"wf_p{i}","actions":[{{"intent":"create_file","path":"p{i}.md","content":"x"}}]}}"#
+                    );
+                    let body = format!("{plan:<4096}");
+                    let mut s = TcpStream::connect(addr).unwrap();
+                    s.write_all(
+                        format!(
+                            "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{}",
+                            &body[..2048]
+                        )
+                        .as_bytes(),
+                    )
+                    .unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                    s.write_all(&body.as_bytes()[2048..]).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    read_one(&mut BufReader::new(s))
+                })
+            })
+            .collect();
+        for (i, c) in clients.into_iter().enumerate() {
+            let (status, body) = c.join().unwrap();
+            assert_eq!(status, 200, "{i}: {body}");
+            assert!(root.join(format!("p{i}.md")).exists());
+        }
     })
     .await
     .unwrap();
