@@ -24,7 +24,7 @@ pub enum Error {
         inner: PathBuf,
     },
     /// The state directory cannot be created or opened.
-    #[error("state directory {} cannot be used: {source}", .path.display())]
+    #[error("{}", state_dir_message(.path, .source))]
     StateDir {
         /// The directory.
         path: PathBuf,
@@ -52,5 +52,16 @@ pub enum Error {
 impl Error {
     pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |source| Self::Io { what, source }
+    }
+}
+
+/// Names the state directory once: the reasons its checks give name it already.
+fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
+    let shown = path.display().to_string();
+    let why = cause.to_string();
+    if why.contains(&shown) {
+        why
+    } else {
+        format!("state directory {shown} cannot be used: {why}")
     }
 }

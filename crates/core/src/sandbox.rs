@@ -2018,8 +2018,12 @@ fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
     match StateDir::open(&config.state_dir) {
         Ok(s) => Ok((s, None)),
+        // Only a default that could not be made: one that exists and was refused is
+        // reported, or another run would quietly use another audit trail.
         Err(e)
-            if !config.state_dir_explicit && config.state_dir == Path::new(DEFAULT_STATE_DIR) =>
+            if !config.state_dir_explicit
+                && config.state_dir == Path::new(DEFAULT_STATE_DIR)
+                && !crate::confine::state::exists(&config.state_dir) =>
         {
             let fallback =
                 Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {

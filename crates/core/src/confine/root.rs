@@ -883,6 +883,30 @@ pub(crate) fn open_checked_dir(
     what: &str,
     mode: u32,
 ) -> Result<CheckedDir, String> {
+    open_dir_checked(path, create, what, mode, false)
+}
+
+/// [`open_checked_dir`], except that the directory itself may be a symlink, followed
+/// under the rules for the directories above it (the link owned by root or this user;
+/// what it leads to owned by root or this user and writable only by its owner unless it
+/// has the sticky bit): for the state directory, which the runtime only reaches, never
+/// hands out.
+pub(crate) fn open_checked_dir_through_link(
+    path: &Path,
+    create: bool,
+    what: &str,
+    mode: u32,
+) -> Result<CheckedDir, String> {
+    open_dir_checked(path, create, what, mode, true)
+}
+
+fn open_dir_checked(
+    path: &Path,
+    create: bool,
+    what: &str,
+    mode: u32,
+    follow_last: bool,
+) -> Result<CheckedDir, String> {
     let shown = path.display();
     if !path.is_absolute() {
         return Err(format!("{what} {shown} is not an absolute path"));
@@ -914,9 +938,24 @@ pub(crate) fn open_checked_dir(
         Err(e) => return Err(format!("{what} {shown} cannot be inspected: {e}")),
     };
     if meta.file_type().is_symlink() {
-        return Err(format!(
-            "{what} {shown} is a symbolic link; a {what} must be a real directory"
-        ));
+        if !follow_last {
+            return Err(format!(
+                "{what} {shown} is a symbolic link; a {what} must be a real directory"
+            ));
+        }
+        let mut chain = open_ancestors(path, &names, false, euid, what)?;
+        let last = chain
+            .pop()
+            .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
+        let meta = last
+            .dir
+            .dir_metadata()
+            .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+        return Ok(CheckedDir {
+            dir: last.dir,
+            meta,
+            ancestry: chain.iter().map(|a| a.id).collect(),
+        });
     }
     if !meta.is_dir() {
         return Err(format!("{what} {shown} is not a directory"));

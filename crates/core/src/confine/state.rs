@@ -38,12 +38,13 @@ const STATE_DIR_MODE: u32 = 0o700;
 impl StateDir {
     /// Creates (mode 0700) and opens the state directory. It is refused when it or a
     /// directory above it could be controlled by another user (see
-    /// `root::open_checked_dir`), when it is a symlink, or when it is owned by
-    /// another user or writable by others: it holds the audit trail, the registry and
-    /// the seal key that decides which snapshots are trusted.
+    /// `root::open_checked_dir`; a symlink as the directory itself is followed under the
+    /// same rules), or when it is owned by another user or writable by others: it holds
+    /// the audit trail, the registry and the seal key that decides which snapshots are
+    /// trusted.
     pub fn open(path: &Path) -> io::Result<Self> {
         const WHAT: &str = "state directory";
-        let checked = super::root::open_checked_dir(path, true, WHAT, STATE_DIR_MODE)
+        let checked = super::root::open_checked_dir_through_link(path, true, WHAT, STATE_DIR_MODE)
             .map_err(io::Error::other)?;
         check_private(&checked.meta, &path.display().to_string())?;
         let sub = |name: &str| -> io::Result<Dir> {
@@ -689,6 +690,12 @@ impl LogFile {
         }
         Ok(())
     }
+}
+
+/// Whether something (a symlink included, not followed) is at `path`.
+#[allow(clippy::disallowed_methods)]
+pub fn exists(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok()
 }
 
 /// The path with symlinks resolved, when it exists.

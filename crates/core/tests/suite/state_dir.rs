@@ -28,6 +28,11 @@ fn a_state_directory_others_can_write_is_refused() {
         fs::set_permissions(&w.state, fs::Permissions::from_mode(mode)).unwrap();
         let err = open_err(w.writable_config());
         assert!(err.contains("writable by other users"), "{mode:o}: {err}");
+        assert_eq!(
+            err.matches(&*w.state.display().to_string()).count(),
+            1,
+            "named once: {err}"
+        );
         assert!(
             !w.state.join("sandbox_audit.jsonl").exists(),
             "{mode:o}: nothing is written there"
@@ -47,14 +52,36 @@ fn a_state_directory_folder_others_can_write_is_refused() {
     );
 }
 
+/// A state directory named through a symlink is followed like a directory above a root:
+/// the files land in the directory it leads to, which must be private all the same, and
+/// a link another user owns is refused.
 #[test]
-fn a_state_directory_that_is_a_symlink_is_refused() {
+fn a_state_directory_named_through_a_symlink() {
     let w = World::new();
     let real = w.state.with_file_name("real-state");
     fs::DirBuilder::new().mode(0o700).create(&real).unwrap();
     symlink(&real, &w.state).unwrap();
+    let sb = Sandbox::open(w.writable_config()).unwrap();
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]})
+        )),
+        "success"
+    );
+    drop(sb);
+    assert!(real.join("sandbox_audit.jsonl").exists());
+
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o777)).unwrap();
     let err = open_err(w.writable_config());
-    assert!(err.contains("symbolic link"), "{err}");
+    assert!(err.contains("writable by other users"), "{err}");
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+
+    if rustix::process::geteuid().as_raw() == 0 {
+        std::os::unix::fs::lchown(&w.state, Some(65534), None).unwrap();
+        let err = open_err(w.writable_config());
+        assert!(err.contains("symbolic link owned by uid 65534"), "{err}");
+    }
 }
 
 #[test]
