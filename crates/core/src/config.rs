@@ -114,7 +114,7 @@ impl RawConfig {
     /// which may be the token).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let (mut at, mut key) = (String::new(), None);
+            let (mut at, mut secret) = (String::new(), false);
             if let Some(span) = e.span() {
                 let start = span.start.min(text.len());
                 let line_no = text[..start].matches('\n').count() + 1;
@@ -125,12 +125,14 @@ impl RawConfig {
                 {
                     let k = k.trim().trim_matches('"');
                     at.push_str(&format!(", key '{}'", k.escape_debug()));
-                    key = Some(k.to_owned());
                 }
                 at.push(')');
+                // However the token is written (`token`, `server.token`, an inline
+                // table), a message about its line may quote it.
+                secret = line.contains("token");
             }
-            let why = if key.as_deref() == Some("token") {
-                "the token must be a string".to_owned()
+            let why = if secret {
+                "the value on this line is not valid here (not shown: the line holds the token; the token must be a string)".to_owned()
             } else {
                 e.message().trim().to_owned()
             };

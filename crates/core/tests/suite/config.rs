@@ -440,12 +440,18 @@ fn a_wrongly_typed_value_is_named_by_line_and_key_but_a_token_is_not_echoed() {
         err.0.contains("line 2") && err.0.contains("key 'dry_run'") && err.0.contains("boolean"),
         "{err}"
     );
-    let err = RawConfig::from_toml("[server]\ntoken = 1234567890123456789\n").unwrap_err();
-    assert!(err.0.contains("key 'token'"), "{err}");
-    assert!(
-        !err.0.contains("1234567890"),
-        "the value is not echoed: {err}"
-    );
+    for toml in [
+        "[server]\ntoken = 1234567890123456789\n",
+        "server.token = 1234567890123456789\n",
+        "server = { token = 1234567890123456789 }\n",
+    ] {
+        let err = RawConfig::from_toml(toml).unwrap_err();
+        assert!(err.0.contains("(line "), "{err}");
+        assert!(
+            !err.0.contains("1234567890"),
+            "the value is not echoed: {err}"
+        );
+    }
 }
 
 #[test]
