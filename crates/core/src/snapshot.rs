@@ -530,7 +530,8 @@ impl Snapshotter {
             return Ok(());
         };
         match rb.remove_dir_all(name) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            // Gone, or going: another prune's sweep may be removing it at the same time.
+            Err(_) if rb.symlink_metadata(name).is_err() => Ok(()),
             r => r.map_err(|e| snap_io("remove", &e)),
         }
     }
