@@ -21,12 +21,14 @@ fn dash(v: Option<&str>) -> &str {
 }
 
 /// A value a plan's author chose (an intent, a path, a sentence quoting them), with its
-/// control characters escaped: it can never move the cursor, colour the terminal or
-/// start a line of its own.
+/// control characters and text-direction marks escaped: it can never move the cursor,
+/// colour the terminal, start a line of its own or show its characters in another order
+/// (`report\u{202e}dm.jpg`).
 fn safe(text: &str) -> String {
     text.chars()
         .map(|c| {
-            if c.is_control() {
+            let direction = matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || direction {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
@@ -217,7 +219,7 @@ pub fn verify(v: &VerifyReport) {
             "{}: first bad seq {}: {}",
             paint("BROKEN", false),
             v.first_bad_seq.map_or("-".to_owned(), |s| s.to_string()),
-            dash(v.reason.as_deref())
+            safe(dash(v.reason.as_deref()))
         );
     }
 }
@@ -234,10 +236,10 @@ pub fn artifacts(list: &[ArtifactEntry]) {
         out!(
             "{:<36} {:<16} {:<12} {:>9} {}",
             a.artifact_id,
-            a.mutation_type,
+            safe(&a.mutation_type),
             short(Some(&a.checksum_sha256)),
             a.size_bytes,
-            a.path
+            safe(&a.path)
         );
     }
 }
@@ -246,8 +248,8 @@ pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
     out!(
         "{}  {}  {}  {} bytes  sha256 {}",
         a.artifact_id,
-        a.mutation_type,
-        a.path,
+        safe(&a.mutation_type),
+        safe(&a.path),
         a.size_bytes,
         a.checksum_sha256
     );
@@ -265,7 +267,7 @@ pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
             "  {}└ {}  {}  {}",
             "  ".repeat(i),
             p.artifact_id,
-            p.mutation_type,
+            safe(&p.mutation_type),
             short(Some(&p.checksum_sha256))
         );
     }

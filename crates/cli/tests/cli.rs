@@ -631,3 +631,30 @@ fn human_output_escapes_control_characters() {
         assert!(text.contains("\\u{1b}"), "{args:?}: {text}");
     }
 }
+
+/// A text-direction mark in a path (allowed in a file name) is shown escaped, so
+/// `report\u{202e}dm.txt` cannot pass for another name in a listing.
+#[test]
+fn human_output_escapes_text_direction_marks() {
+    let e = env();
+    let p = e.write_plan(
+        "rtl.json",
+        &json!({"workflow_id": "wf_rtl", "actions": [
+            {"intent": "create_file", "path": "report\u{202e}dm.txt", "content": "x"}]}),
+    );
+    for args in [
+        vec!["--enable-write", "--no-dry-run", "run"],
+        vec!["artifacts"],
+    ] {
+        let mut c = e.cmd();
+        c.args(&args);
+        if args.last() == Some(&"run") {
+            c.arg(&p);
+        }
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!text.contains('\u{202e}'), "{args:?}: {text}");
+        assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
+    }
+}
