@@ -554,9 +554,8 @@ impl Sandbox {
                 && current.is_some()
                 && current == s.meta.after_sha256
                 && registered.iter().any(|e| {
-                    e.action_id == s.meta.action_id
+                    e.generated_by_action == format!("{}/{}", s.meta.execution_id, s.meta.action_id)
                         && Some(&e.checksum_sha256) == current.as_ref()
-                        && not_before(&e.created_at, &s.meta.taken_at)
                 })
             {
                 finish_audits.push(self.success_record(i, &s.meta));
@@ -589,6 +588,8 @@ impl Sandbox {
                 in_doubt.push((i, s));
             }
         }
+        // Judged newest first; audited in the order they ran.
+        finish_audits.reverse();
         if !finish_audits.is_empty()
             && let Err(e) = self.audit.append(finish_audits)
         {
@@ -821,16 +822,4 @@ fn child(dir: &RelPath) -> RelPath {
     let mut c = dir.components().to_vec();
     c.push("x".to_owned());
     RelPath::from_components(c)
-}
-
-/// Whether the time `at` is not before `since` (both RFC 3339); `false` when either
-/// cannot be read.
-fn not_before(at: &str, since: &str) -> bool {
-    match (
-        chrono::DateTime::parse_from_rfc3339(at),
-        chrono::DateTime::parse_from_rfc3339(since),
-    ) {
-        (Ok(a), Ok(b)) => a >= b,
-        _ => false,
-    }
 }

@@ -463,7 +463,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         ToolKind::ReadFile,
         "Read file".into(),
         format!(
-            "Read a text file inside the sandbox (at most {read_limit}). The text content is exactly the file's text; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
+            "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
         ),
         vec![path_field("File to read", true), root_field()],
         read_only("Read file"),
