@@ -20,6 +20,15 @@ fn open_err(config: ailab_sandbox_core::Config) -> String {
     }
 }
 
+/// One successful write, so that the logs, the head and the key exist.
+fn write_one(sb: &Sandbox) {
+    let r = run(
+        sb,
+        json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success");
+}
+
 #[test]
 fn a_state_directory_others_can_write_is_refused() {
     for mode in [0o777, 0o1777, 0o722] {
@@ -62,13 +71,7 @@ fn a_state_directory_named_through_a_symlink() {
     fs::DirBuilder::new().mode(0o700).create(&real).unwrap();
     symlink(&real, &w.state).unwrap();
     let sb = Sandbox::open(w.writable_config()).unwrap();
-    assert_eq!(
-        status(&run(
-            &sb,
-            json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]})
-        )),
-        "success"
-    );
+    write_one(&sb);
     drop(sb);
     assert!(real.join("sandbox_audit.jsonl").exists());
 
@@ -160,13 +163,7 @@ fn a_root_inside_the_state_directory_through_a_symlink_is_refused() {
 fn state_files_left_with_a_second_link_are_read() {
     let w = World::new();
     let sb = w.sandbox();
-    assert_eq!(
-        status(&run(
-            &sb,
-            json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]})
-        )),
-        "success"
-    );
+    write_one(&sb);
     drop(sb);
     for name in ["seal.key", "sandbox_audit.head.json"] {
         fs::hard_link(

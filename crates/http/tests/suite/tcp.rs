@@ -328,19 +328,24 @@ fn run_reports_a_busy_port() {
     drop(taken);
 }
 
-/// Room for request bodies is charged when a body starts to arrive: clients that declare
-/// bodies and send nothing hold none, while bodies under way, up to the room for
-/// [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make further bodies wait.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn request_bodies_in_flight_are_bounded() {
+/// A writing server whose body limit is 4 KiB, with its environment.
+async fn small_bodies() -> (Env, Server) {
     let e = env_with(Opts {
         write: true,
         body_limit: 4096,
         ..Opts::default()
     });
     let server = Server::start(e.app.clone()).await;
-    let addr = server.addr;
-    let root = e.root.clone();
+    (e, server)
+}
+
+/// Room for request bodies is charged when a body starts to arrive: clients that declare
+/// bodies and send nothing hold none, while bodies under way, up to the room for
+/// [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make further bodies wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_in_flight_are_bounded() {
+    let (e, server) = small_bodies().await;
+    let (addr, root) = (server.addr, e.root.clone());
     tokio::task::spawn_blocking(move || {
         let post = |len: usize, body: &str| {
             format!(
@@ -412,14 +417,8 @@ async fn request_bodies_in_flight_are_bounded() {
 /// body deadline).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_in_pieces_never_wait_for_each_other() {
-    let e = env_with(Opts {
-        write: true,
-        body_limit: 4096,
-        ..Opts::default()
-    });
-    let server = Server::start(e.app.clone()).await;
-    let addr = server.addr;
-    let root = e.root.clone();
+    let (e, server) = small_bodies().await;
+    let (addr, root) = (server.addr, e.root.clone());
     tokio::task::spawn_blocking(move || {
         let clients: Vec<_> = (0..2 * ailab_sandbox_http::BODIES_IN_FLIGHT)
             .map(|i| {
