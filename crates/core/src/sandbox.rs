@@ -1879,16 +1879,14 @@ impl Sandbox {
         };
         let mut ids: Vec<String> = Vec::new();
         for root in &self.roots {
+            let names = Snapshotter::list_workflows(root)?;
             if !simulated {
-                match Snapshotter::sweep_pruned(root) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(folders = n, "removed what an earlier prune left"),
-                    Err(r) => {
-                        tracing::warn!(reason = %r, "could not sweep what earlier prunes left")
-                    }
+                let swept = Snapshotter::sweep_pruned(root, &names);
+                if swept > 0 {
+                    tracing::info!(folders = swept, "removed what an earlier prune left");
                 }
             }
-            ids.extend(Snapshotter::list_workflows(root)?);
+            ids.extend(names);
         }
         ids.sort();
         ids.dedup();

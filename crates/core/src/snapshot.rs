@@ -536,26 +536,16 @@ impl Snapshotter {
         }
     }
 
-    /// Removes the folders earlier prunes moved aside and did not finish removing (a
-    /// prune that died). One that cannot be removed now (another prune may be removing
-    /// it) is left for the next sweep. Returns how many were removed.
-    pub fn sweep_pruned(root: &SandboxRoot) -> Verdict<usize> {
-        let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
-            return Ok(0);
-        };
-        let mut names = Vec::new();
-        for e in rb.entries().map_err(|e| snap_io("list", &e))? {
-            let name = e.map_err(|e| snap_io("list", &e))?.file_name();
-            if let Some(name) = name.to_str()
-                && name.starts_with(PRUNED_MARKER)
-            {
-                names.push(name.to_owned());
-            }
-        }
-        Ok(names
+    /// Removes, of `names` (what [`Snapshotter::list_workflows`] found in this root's
+    /// `.rollback`), the folders earlier prunes moved aside and did not finish removing
+    /// (a prune that died). One that cannot be removed now (another prune may be
+    /// removing it) is left for the next sweep. Returns how many were removed.
+    pub fn sweep_pruned(root: &SandboxRoot, names: &[String]) -> usize {
+        names
             .iter()
+            .filter(|n| n.starts_with(PRUNED_MARKER))
             .filter(|n| Self::remove_aside(root, n).is_ok())
-            .count())
+            .count()
     }
 }
 
