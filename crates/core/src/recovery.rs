@@ -7,13 +7,12 @@
 //! before its audit line): those are finished. The temporary files the run left are
 //! removed.
 
-use crate::audit::{AuditRecord, AuditStatus};
+use crate::audit::AuditStatus;
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::{Sandbox, TargetState};
-use crate::snapshot::SnapshotMeta;
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -550,15 +549,15 @@ impl Sandbox {
             // Written and registered, not yet audited (the run died between the two
             // appends): finished by auditing it, so the registry never lists an
             // artifact the trail does not.
+            let made_by = format!("{}/{}", s.meta.execution_id, s.meta.action_id);
             if outcome.is_none()
                 && current.is_some()
                 && current == s.meta.after_sha256
                 && registered.iter().any(|e| {
-                    e.generated_by_action == format!("{}/{}", s.meta.execution_id, s.meta.action_id)
-                        && Some(&e.checksum_sha256) == current.as_ref()
+                    e.generated_by_action == made_by && Some(&e.checksum_sha256) == current.as_ref()
                 })
             {
-                finish_audits.push(self.success_record(i, &s.meta));
+                finish_audits.push(self.done_record(i, &s.meta));
                 report.completed += 1;
                 settled.insert(key);
                 continue;
@@ -613,26 +612,6 @@ impl Sandbox {
         }
         report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
-    }
-
-    /// The audit record of a dead run's action that wrote its result and registered it.
-    fn success_record(&self, root: usize, meta: &SnapshotMeta) -> AuditRecord {
-        AuditRecord {
-            timestamp: self.now(),
-            execution_id: meta.execution_id.clone(),
-            workflow_id: meta.workflow_id.clone(),
-            action_id: meta.action_id.clone(),
-            mutation_class: Some(meta.mutation_class),
-            mutation_type: meta.intent.clone(),
-            target_path: self.abs_path(root, &meta.target()),
-            before_checksum: meta.sha256.clone(),
-            after_checksum: meta.after_sha256.clone(),
-            rollback_available: true,
-            rollback_path: Some(meta.rollback_path()),
-            status: AuditStatus::Success,
-            reason_code: None,
-            error: None,
-        }
     }
 
     /// Removes the temporary files the dead run's process left in `dirs` (root index,

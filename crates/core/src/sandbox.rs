@@ -1834,6 +1834,26 @@ impl Sandbox {
         )
     }
 
+    /// The audit record of a snapshotted action's write, as its run makes it when done.
+    pub(crate) fn done_record(&self, root: usize, meta: &SnapshotMeta) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.now(),
+            execution_id: meta.execution_id.clone(),
+            workflow_id: meta.workflow_id.clone(),
+            action_id: meta.action_id.clone(),
+            mutation_class: Some(meta.mutation_class),
+            mutation_type: meta.intent.clone(),
+            target_path: self.abs_path(root, &meta.target()),
+            before_checksum: meta.sha256.clone(),
+            after_checksum: meta.after_sha256.clone(),
+            rollback_available: true,
+            rollback_path: Some(meta.rollback_path()),
+            status: AuditStatus::Success,
+            reason_code: None,
+            error: None,
+        }
+    }
+
     /// The audit record of a restore: the target went from `before` to `restored`.
     pub(crate) fn rollback_record(
         &self,
@@ -1845,20 +1865,14 @@ impl Sandbox {
         restored: Option<String>,
     ) -> AuditRecord {
         AuditRecord {
-            timestamp: self.now(),
             execution_id: execution_id.to_owned(),
             workflow_id: workflow_id.to_owned(),
-            action_id: meta.action_id.clone(),
             mutation_class: Some(MutationClass::Rollback),
-            mutation_type: meta.intent.clone(),
-            target_path: self.abs_path(root, &meta.target()),
             before_checksum: before,
             after_checksum: restored,
             rollback_available: false,
-            rollback_path: Some(meta.rollback_path()),
             status: AuditStatus::RolledBack,
-            reason_code: None,
-            error: None,
+            ..self.done_record(root, meta)
         }
     }
 
