@@ -461,7 +461,7 @@ impl Sandbox {
                 settled.insert(key);
                 continue;
             }
-            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, true) {
+            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, &[], true) {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }

@@ -23,7 +23,7 @@ use crate::policy::{
 };
 use crate::reason::{ReasonCode, Verdict};
 use crate::snapshot::{
-    MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotMeta, Snapshotter, StoredSnapshot,
+    LeftDir, MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -1527,6 +1527,13 @@ impl Sandbox {
                 Vec::new(),
             );
         }
+        // Directories earlier restores of this workflow had to leave: this rollback may
+        // empty them.
+        let left_before: Vec<(usize, LeftDir)> = snaps
+            .iter()
+            .filter(|(_, s)| s.restored)
+            .flat_map(|(i, s)| s.left_dirs.iter().map(|d| (*i, d.clone())))
+            .collect();
         let mut chosen: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| {
@@ -1674,6 +1681,9 @@ impl Sandbox {
                 RestoreMode::Unchanged
             },
         );
+        if steps.iter().any(|s| s.restored) {
+            self.remove_left_dirs(left_before);
+        }
         let failed = steps.iter().find(|s| !s.restored);
         self.run_finished(record, None);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
@@ -1689,6 +1699,19 @@ impl Sandbox {
             reason: failed.and_then(|s| s.reason.clone()),
             conflicts,
             steps,
+        }
+    }
+
+    /// Removes the directories earlier restores had to leave that are empty now (the
+    /// files that kept them were rolled back since), deepest first; one that holds
+    /// something, or is no longer the directory the action made, stays.
+    fn remove_left_dirs(&self, mut left: Vec<(usize, LeftDir)>) {
+        left.sort_by_key(|(i, d)| (std::cmp::Reverse(d.path.matches('/').count()), *i));
+        for (i, d) in left {
+            let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
+            if let Err(r) = self.roots[i].remove_empty_dir(&rel, Some(d.id), self.fsync_each()) {
+                tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
+            }
         }
     }
 
@@ -1734,6 +1757,7 @@ impl Sandbox {
                         Ok(crate::snapshot::RestoreOutcome {
                             checksum_validated: true,
                             restored_checksum: meta.sha256.clone(),
+                            left_dirs: Vec::new(),
                         })
                     }
                 })
@@ -1742,9 +1766,14 @@ impl Sandbox {
                 .and_then(|o| self.fail_at("after_restore").map(|()| o));
             let step = match outcome {
                 Ok(o) => {
-                    if let Err(r) =
-                        self.mark_restored(i, &meta, execution_id, &o.restored_checksum, false)
-                    {
+                    if let Err(r) = self.mark_restored(
+                        i,
+                        &meta,
+                        execution_id,
+                        &o.restored_checksum,
+                        &o.left_dirs,
+                        false,
+                    ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
                     self.metrics.rollback(why);
@@ -1807,14 +1836,16 @@ impl Sandbox {
         steps
     }
 
-    /// Marks a snapshot restored, with the restore's checksum; `recovered` when start-up
-    /// recovery records a restore a dead rollback made.
+    /// Marks a snapshot restored, with the restore's checksum and the directories it
+    /// had to leave; `recovered` when start-up recovery records a restore a dead
+    /// rollback made.
     pub(crate) fn mark_restored(
         &self,
         root: usize,
         meta: &SnapshotMeta,
         execution_id: &str,
         restored_checksum: &Option<String>,
+        left_dirs: &[LeftDir],
         recovered: bool,
     ) -> Verdict {
         let mut record = serde_json::json!({
@@ -1822,6 +1853,9 @@ impl Sandbox {
             "execution_id": execution_id,
             "restored_checksum": restored_checksum,
         });
+        if !left_dirs.is_empty() {
+            record["left_dirs"] = serde_json::json!(left_dirs);
+        }
         if recovered {
             record["recorded_by"] = serde_json::json!("recovery");
         }

@@ -130,6 +130,22 @@ pub struct RestoredMark {
     pub execution_id: String,
     /// SHA-256 of what the restore left, `None` when it removed the target.
     pub restored_checksum: Option<String>,
+    /// Directories the action created that the restore had to leave.
+    #[serde(default)]
+    pub left_dirs: Vec<LeftDir>,
+}
+
+/// A directory an action created that its restore had to leave because it was not empty
+/// then (a later action of the workflow, not rolled back, had a file in it). Kept by
+/// identity as well as by path, so that a later rollback removes it once it is empty,
+/// and never a directory of the same name someone made since.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftDir {
+    /// Relative to the root.
+    pub path: String,
+    /// Which directory it was.
+    #[serde(flatten)]
+    pub id: crate::confine::DirId,
 }
 
 /// A stored snapshot and whether it was already restored.
@@ -139,6 +155,8 @@ pub struct StoredSnapshot {
     pub meta: SnapshotMeta,
     /// Whether a rollback already restored it.
     pub restored: bool,
+    /// What its restore had to leave, when restored.
+    pub left_dirs: Vec<LeftDir>,
 }
 
 /// Takes and reads snapshots.
@@ -373,15 +391,23 @@ impl Snapshotter {
         {
             return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
         }
-        let restored = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
+        let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
             Ok(b) => {
-                open_mark(key, &b, &meta).map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?;
-                true
+                Some(open_mark(key, &b, &meta).map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?)
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(snap_io("read", &e)),
         };
-        Ok(Some(StoredSnapshot { meta, restored }))
+        let left_dirs = mark
+            .as_ref()
+            .and_then(|m| serde_json::from_value::<RestoredMark>(m.clone()).ok())
+            .map(|m| m.left_dirs)
+            .unwrap_or_default();
+        Ok(Some(StoredSnapshot {
+            meta,
+            restored: mark.is_some(),
+            left_dirs,
+        }))
     }
 
     /// Every snapshot of a workflow in one root, in the order they were taken, and a
@@ -556,6 +582,9 @@ pub struct RestoreOutcome {
     pub checksum_validated: bool,
     /// SHA-256 of the restored file, when one was restored.
     pub restored_checksum: Option<String>,
+    /// Directories the action created that were not empty, so stayed.
+    #[serde(skip)]
+    pub left_dirs: Vec<LeftDir>,
 }
 
 /// Restores snapshots.
@@ -600,13 +629,14 @@ impl RollbackEngine {
                 Ok(RestoreOutcome {
                     checksum_validated: true,
                     restored_checksum: Some(restored),
+                    left_dirs: Vec::new(),
                 })
             }
             SnapshotKind::Missing => {
                 match root.inspect(&rel)?.kind {
                     TargetKind::File { .. } => root.remove_file(&rel, durable)?,
                     TargetKind::Directory => {
-                        if !root.remove_empty_dir(&rel, durable)? {
+                        if !root.remove_empty_dir(&rel, None, durable)? {
                             return Err(Refusal::new(
                                 ReasonCode::Conflict,
                                 format!(
@@ -618,17 +648,26 @@ impl RollbackEngine {
                     }
                     TargetKind::Missing => {}
                 }
+                let mut left_dirs = Vec::new();
                 for d in meta.created_dirs.iter().rev() {
                     if *d == meta.original_path {
                         continue;
                     }
                     let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
-                    root.remove_empty_dir(&dir, durable)?;
+                    if !root.remove_empty_dir(&dir, None, durable)?
+                        && let Some(id) = root.dir_id(&dir)?
+                    {
+                        left_dirs.push(LeftDir {
+                            path: d.clone(),
+                            id,
+                        });
+                    }
                 }
                 let gone = root.inspect(&rel)?.kind == TargetKind::Missing;
                 Ok(RestoreOutcome {
                     checksum_validated: gone,
                     restored_checksum: None,
+                    left_dirs,
                 })
             }
             SnapshotKind::Directory => {
@@ -652,6 +691,7 @@ impl RollbackEngine {
                 Ok(RestoreOutcome {
                     checksum_validated: still,
                     restored_checksum: None,
+                    left_dirs: Vec::new(),
                 })
             }
         }

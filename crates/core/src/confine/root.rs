@@ -52,6 +52,35 @@ pub struct TargetInfo {
     pub existing_parents: usize,
 }
 
+/// Which directory a path names, so that one removed and made again under the same name
+/// is told apart: device, inode and birth time (a freed inode is reused at once on some
+/// filesystems, and the birth time, where the filesystem keeps one, differs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DirId {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Birth time, nanoseconds since the epoch.
+    #[serde(default)]
+    pub born_ns: Option<u64>,
+}
+
+impl DirId {
+    fn of(m: &cap_std::fs::Metadata) -> Self {
+        let born_ns = m
+            .created()
+            .ok()
+            .and_then(|t| t.into_std().duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| u64::try_from(d.as_nanos()).ok());
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            born_ns,
+        }
+    }
+}
+
 /// A sandbox root: its configured path and the directory handle opened at start-up.
 #[derive(Debug)]
 pub struct SandboxRoot {
@@ -332,16 +361,21 @@ impl SandboxRoot {
         Ok(())
     }
 
-    /// Removes a directory if it is empty. Returns whether it was removed; a missing or
-    /// non-empty directory is left as it is.
-    pub fn remove_empty_dir(&self, rel: &RelPath, durable: bool) -> Verdict<bool> {
+    /// Removes a directory if it is empty and, with `only`, is that directory. Returns
+    /// whether it was removed; a missing, non-empty or other directory is left as it is.
+    pub fn remove_empty_dir(
+        &self,
+        rel: &RelPath,
+        only: Option<DirId>,
+        durable: bool,
+    ) -> Verdict<bool> {
         let (dir, _) = match self.open_parent(rel, false, false) {
             Ok(d) => d,
             Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(false),
             Err(r) => return Err(r),
         };
         match dir.symlink_metadata(rel.file_name()) {
-            Ok(m) if m.is_dir() => {}
+            Ok(m) if m.is_dir() && only.is_none_or(|id| id == DirId::of(&m)) => {}
             Ok(_) => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
@@ -356,6 +390,21 @@ impl SandboxRoot {
             Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Ok(false),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(io_refusal("remove directory", rel.components(), &e)),
+        }
+    }
+
+    /// Which directory `rel` is; `None` when it is missing or not a directory.
+    pub fn dir_id(&self, rel: &RelPath) -> Verdict<Option<DirId>> {
+        let (dir, _) = match self.open_parent(rel, false, false) {
+            Ok(d) => d,
+            Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(None),
+            Err(r) => return Err(r),
+        };
+        match dir.symlink_metadata(rel.file_name()) {
+            Ok(m) if m.is_dir() => Ok(Some(DirId::of(&m))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_refusal("inspect", rel.components(), &e)),
         }
     }
 

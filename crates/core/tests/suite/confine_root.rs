@@ -819,11 +819,11 @@ fn remove_file_and_remove_empty_dir() {
     fx.root
         .write_atomic(&rel("d/f.txt"), b"x", FILE_MODE, false, false)
         .unwrap();
-    assert!(!fx.root.remove_empty_dir(&rel("d"), false).unwrap());
+    assert!(!fx.root.remove_empty_dir(&rel("d"), None, false).unwrap());
     fx.root.remove_file(&rel("d/f.txt"), false).unwrap();
     assert!(!fx.root_path.join("d/f.txt").exists());
     fx.root.remove_file(&rel("d/f.txt"), false).unwrap();
-    assert!(fx.root.remove_empty_dir(&rel("d"), false).unwrap());
+    assert!(fx.root.remove_empty_dir(&rel("d"), None, false).unwrap());
     assert!(!fx.root_path.join("d").exists());
     assert_eq!(
         fx.root

@@ -578,3 +578,63 @@ fn a_reused_action_id_is_judged_by_its_own_run() {
     assert!(!w.path("dd").exists());
     assert!(w.path("p.txt").exists(), "pruned: no longer reversible");
 }
+
+/// A directory an action made that its single-action rollback had to leave, because a
+/// later action's file was in it, goes once that action is rolled back too: the tree
+/// ends as it was. One made again since by another workflow is not the one left.
+#[test]
+fn a_directory_an_earlier_rollback_left_goes_with_the_last_file_in_it() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_l", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d1/d2/x.txt", "content": "x"},
+            {"action_id": "a2", "intent": "create_file", "path": "d1/y.txt", "content": "y"},
+            {"action_id": "a3", "intent": "create_file", "path": "e/z.txt", "content": "z"},
+            {"action_id": "a4", "intent": "create_file", "path": "e/w.txt", "content": "w"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let one = |a: &str| {
+        sb.rollback_workflow(
+            "wf_l",
+            &RollbackOptions {
+                action_id: Some(a.to_owned()),
+                force: false,
+            },
+        )
+    };
+    assert_eq!(one("a1").status, "rolled_back");
+    assert!(!w.path("d1/d2").exists());
+    assert!(w.path("d1/y.txt").exists(), "a2's file keeps d1");
+    assert_eq!(one("a2").status, "rolled_back");
+    assert!(!w.path("d1").exists(), "left by a1's rollback, empty now");
+
+    // e is left by a3's rollback, then moved away (so that its inode cannot be reused)
+    // and made again by someone else.
+    assert_eq!(one("a3").status, "rolled_back");
+    std::fs::rename(w.path("e"), w.path("e_moved")).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [{"intent": "create_directory", "path": "e"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = sb.rollback_workflow(
+        "wf_l",
+        &RollbackOptions {
+            action_id: Some("a4".to_owned()),
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(
+        w.path("e").is_dir(),
+        "wf_m's directory, not the one a3 left"
+    );
+    assert_eq!(rollback(&sb, "wf_m", false).status, "rolled_back");
+    std::fs::remove_file(w.path("e_moved/w.txt")).unwrap();
+    std::fs::remove_dir(w.path("e_moved")).unwrap();
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
