@@ -127,13 +127,7 @@ fn single_action_rollback() {
     seed(&w);
     let sb = w.sandbox();
     run(&sb, five_actions());
-    let rb = sb.rollback_workflow(
-        "wf_five",
-        &RollbackOptions {
-            action_id: Some("a3".into()),
-            force: false,
-        },
-    );
+    let rb = rollback_action(&sb, "wf_five", "a3", false);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(rb.steps_rolled_back, 1);
     assert_eq!(w.read("data/config.json"), b"{\"v\": 1}\n");
@@ -142,13 +136,7 @@ fn single_action_rollback() {
         b"start\nmore\n",
         "other actions untouched"
     );
-    let rb = sb.rollback_workflow(
-        "wf_five",
-        &RollbackOptions {
-            action_id: Some("zz".into()),
-            force: false,
-        },
-    );
+    let rb = rollback_action(&sb, "wf_five", "zz", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
 }
 
@@ -162,13 +150,7 @@ fn rolling_back_an_older_action_over_a_newer_one_is_a_conflict() {
         {"action_id": "a1", "intent": "create_file", "path": "c.md", "content": "v1"},
         {"action_id": "a2", "intent": "replace_file", "path": "c.md", "content": "v2"}]}),
     );
-    let rb = sb.rollback_workflow(
-        "wf_chain",
-        &RollbackOptions {
-            action_id: Some("a1".into()),
-            force: false,
-        },
-    );
+    let rb = rollback_action(&sb, "wf_chain", "a1", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
     let rb = sb.rollback_workflow("wf_chain", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back");
@@ -365,6 +347,21 @@ fn rollback(
     )
 }
 
+fn rollback_action(
+    sb: &ailab_sandbox_core::Sandbox,
+    wf: &str,
+    action: &str,
+    force: bool,
+) -> ailab_sandbox_core::sandbox::RollbackReport {
+    sb.rollback_workflow(
+        wf,
+        &RollbackOptions {
+            action_id: Some(action.to_owned()),
+            force,
+        },
+    )
+}
+
 /// Another workflow's change between two writes of this workflow to one file is a
 /// conflict for the older write: rolling it back would throw that change away. Refused
 /// up front (nothing restored); with force, the file goes back to the original.
@@ -465,12 +462,11 @@ fn an_action_rolled_back_twice_is_named() {
             {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "1\n"},
             {"action_id": "a2", "intent": "append_file", "path": "x.txt", "content": "2\n"}]}),
     );
-    let one = RollbackOptions {
-        action_id: Some("a2".to_owned()),
-        ..RollbackOptions::default()
-    };
-    assert_eq!(sb.rollback_workflow("wf1", &one).status, "rolled_back");
-    let again = sb.rollback_workflow("wf1", &one);
+    assert_eq!(
+        rollback_action(&sb, "wf1", "a2", false).status,
+        "rolled_back"
+    );
+    let again = rollback_action(&sb, "wf1", "a2", false);
     assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
     assert_eq!(
         again.reason.as_deref(),
@@ -536,11 +532,10 @@ fn a_directory_made_again_by_others_is_kept() {
             {"action_id": "a2", "intent": "create_file", "path": "y.txt", "content": "y"}]}),
     );
     assert_eq!(status(&r), "success");
-    let a1 = RollbackOptions {
-        action_id: Some("a1".to_owned()),
-        ..RollbackOptions::default()
-    };
-    assert_eq!(sb.rollback_workflow("wf_c", &a1).status, "rolled_back");
+    assert_eq!(
+        rollback_action(&sb, "wf_c", "a1", false).status,
+        "rolled_back"
+    );
     assert!(!w.path("d").exists());
     let r = run(
         &sb,
@@ -596,15 +591,7 @@ fn a_directory_an_earlier_rollback_left_goes_with_the_last_file_in_it() {
             {"action_id": "a4", "intent": "create_file", "path": "e/w.txt", "content": "w"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
-    let one = |a: &str| {
-        sb.rollback_workflow(
-            "wf_l",
-            &RollbackOptions {
-                action_id: Some(a.to_owned()),
-                force: false,
-            },
-        )
-    };
+    let one = |a: &str| rollback_action(&sb, "wf_l", a, false);
     assert_eq!(one("a1").status, "rolled_back");
     assert!(!w.path("d1/d2").exists());
     assert!(w.path("d1/y.txt").exists(), "a2's file keeps d1");
@@ -620,13 +607,7 @@ fn a_directory_an_earlier_rollback_left_goes_with_the_last_file_in_it() {
         json!({"workflow_id": "wf_m", "actions": [{"intent": "create_directory", "path": "e"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
-    let rb = sb.rollback_workflow(
-        "wf_l",
-        &RollbackOptions {
-            action_id: Some("a4".to_owned()),
-            force: true,
-        },
-    );
+    let rb = rollback_action(&sb, "wf_l", "a4", true);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(
         w.path("e").is_dir(),
