@@ -344,7 +344,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                         size,
                     )?;
                 }
-                check_rate(wf, sb.config.limits.writes_per_minute, tat, now, writes + 1)?;
+                // Every write of the plan that gets this far counts, refused or not: the
+                // wait a refusal names is for all of them, so trying the plan again after
+                // it never comes too early, and a plan over the burst is named as such.
+                writes += 1;
+                check_rate(wf, sb.config.limits.writes_per_minute, tat, now, writes)?;
                 Ok(Prepared {
                     approval,
                     bytes,
@@ -367,7 +371,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                     None => Virtual::Dir,
                 };
                 tree.insert((ri, rel.as_string()), v);
-                writes += 1;
             }
             out.push(r);
         }

@@ -400,6 +400,44 @@ fn rate_limit_allows_a_burst_of_ten_then_one_every_six_seconds() {
     );
 }
 
+/// The wait a rate-limited plan is told is for all of its writes: trying again after the
+/// longest one lets the whole plan through, and a plan larger than the burst is refused
+/// as such, whatever was written before it.
+#[test]
+fn a_rate_limited_plans_wait_covers_all_its_writes() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let plan = |tag: &str, n: usize| {
+        let actions: Vec<_> = (0..n)
+            .map(|i| json!({"intent": "create_file", "path": format!("{tag}{i}.txt"), "content": "x"}))
+            .collect();
+        json!({"workflow_id": "wf_wait", "actions": actions})
+    };
+    assert_eq!(status(&run(&sb, plan("a", 10))), "success");
+    let r = run(&sb, plan("b", 3));
+    assert_eq!(status(&r), "blocked");
+    let waits: Vec<_> = r.actions.iter().map(|a| a.retry_after_seconds).collect();
+    assert_eq!(waits, [Some(6), Some(12), Some(18)], "{:?}", r.actions);
+    w.clock.advance(chrono::Duration::seconds(17));
+    assert_eq!(status(&run(&sb, plan("b", 3))), "blocked", "too early");
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(status(&run(&sb, plan("b", 3))), "success");
+
+    let r = run(&sb, plan("c", 12));
+    assert_eq!(status(&r), "blocked");
+    let last = r.actions.last().unwrap();
+    assert_eq!(last.reason_code, Some(ReasonCode::RateLimited));
+    assert_eq!(last.retry_after_seconds, None, "no wait makes it pass");
+    assert!(
+        last.reason
+            .as_deref()
+            .unwrap()
+            .contains("the plan needs 12 writes"),
+        "{:?}",
+        last.reason
+    );
+}
+
 #[test]
 fn rate_limit_holds_across_a_restart() {
     let w = World::new();
