@@ -224,6 +224,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             }
         }
         let checks = self.validate(ctx.is_executable());
+        if let Err(r) = self.sb.fail_at("after_validate") {
+            return self.blocked(vec![Err(r)], !ctx.is_executable());
+        }
         if checks.iter().any(Result::is_err) {
             return self.blocked(checks, !ctx.is_executable());
         }
@@ -586,11 +589,18 @@ impl<'a> SandboxWriteExecutor<'a> {
         let actions = self.plan.actions.clone();
         let mut results: Vec<ActionResult> = Vec::new();
         let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
-        let mut failed = false;
+        let (mut failed, mut blocked) = (false, false);
         for (i, a) in actions.iter().enumerate() {
             if failed {
                 let mut res = self.base_result(a, op_for_intent(&a.intent), ActionStatus::Skipped);
-                res.reason = Some("not run: an earlier action failed".to_owned());
+                res.reason = Some(
+                    if blocked {
+                        "not run: another action of the plan was refused"
+                    } else {
+                        "not run: an earlier action failed"
+                    }
+                    .to_owned(),
+                );
                 results.push(res);
                 continue;
             }
@@ -598,7 +608,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 self.go(WorkflowState::Mutating);
             }
             let started = Instant::now();
-            match self.execute_action(a) {
+            match self.execute_action(a, i == 0) {
                 Ok((res, snap)) => {
                     self.sb.metrics.mutation(&a.intent, "success");
                     self.sb
@@ -612,12 +622,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                     results.push(res);
                 }
                 Err(res) => {
-                    self.sb.metrics.mutation(&a.intent, "failed");
+                    blocked = res.status == ActionStatus::Blocked;
+                    let (result, event) = if blocked {
+                        ("blocked", "action_blocked")
+                    } else {
+                        ("failed", "action_failed")
+                    };
+                    self.sb.metrics.mutation(&a.intent, result);
                     if let Some(code) = res.reason_code {
                         self.sb.metrics.denied(&a.intent, code);
                     }
                     self.event(
-                        "action_failed",
+                        event,
                         json!({"action_id": a.id(), "reason_code": res.reason_code}),
                     );
                     results.push(*res);
@@ -632,6 +648,12 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.finish(RunStatus::Success, false, None, results);
         }
         self.go(WorkflowState::Failed);
+        if blocked {
+            // Refused before anything was written, as validation refuses.
+            let why = DryRunReason::GovernanceBlocked;
+            self.event("dry_run_reason", json!({ "reason": why }));
+            return self.finish(RunStatus::Blocked, false, Some(why), results);
+        }
         if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
             if done.is_empty() && self.plan.on_failure == OnFailure::Rollback {
                 // Nothing of this run remains to undo: the failed action restored itself.
@@ -672,24 +694,40 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     /// One action, for real. On failure the action's own change is undone and the
-    /// failure audited.
+    /// failure audited. `first`: nothing of the run is written yet, so a refusal (the
+    /// target, budget or rate limit changed since validation) blocks the plan as
+    /// validation would have, rather than failing it.
     fn execute_action(
         &mut self,
         a: &Action,
+        first: bool,
     ) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
         let sb = self.sb;
         let wf = self.plan.workflow_id.clone();
         let op = op_for_intent(&a.intent);
         let mut res = self.base_result(a, op, ActionStatus::Failed);
-        let fail = |this: &Self, mut res: ActionResult, r: Refusal, target: String| {
-            res.status = ActionStatus::Failed;
-            res.reason_code = Some(r.reason_code);
-            res.reason = Some(r.reason);
-            let rec = this.record(a, &res, AuditStatus::Failed, target);
-            if let Err(e) = this.sb.audit.append(vec![rec]) {
-                tracing::error!(error = %e, "could not audit a failed action");
-            }
-            Box::new(res)
+        // `refused`: nothing of the action was written either.
+        let fail_or_block =
+            |this: &Self, mut res: ActionResult, r: Refusal, target: String, refused: bool| {
+                let blocked = first && refused && r.reason_code != ReasonCode::IoError;
+                let status = if blocked {
+                    res.status = ActionStatus::Blocked;
+                    res.retry_after_seconds = r.retry_after_seconds;
+                    AuditStatus::Blocked
+                } else {
+                    res.status = ActionStatus::Failed;
+                    AuditStatus::Failed
+                };
+                res.reason_code = Some(r.reason_code);
+                res.reason = Some(r.reason);
+                let rec = this.record(a, &res, status, target);
+                if let Err(e) = this.sb.audit.append(vec![rec]) {
+                    tracing::error!(error = %e, "could not audit a failed action");
+                }
+                Box::new(res)
+            };
+        let fail = |this: &Self, res: ActionResult, r: Refusal, target: String| {
+            fail_or_block(this, res, r, target, false)
         };
 
         // governance → payload → current bytes → size → budget → rate limit
@@ -701,13 +739,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         let _target_lock = match resolve_target(&req, &gctx) {
             Ok(r) => match sb.lock_target(r.root_index, &r.rel) {
                 Ok(l) => Some(l),
-                Err(r) => return Err(fail(self, res, r, self.target_path(a))),
+                Err(r) => return Err(fail_or_block(self, res, r, self.target_path(a), true)),
             },
             Err(_) => None,
         };
         let approval = match check_target(&req, &gctx) {
             Ok(ap) => ap,
-            Err(r) => return Err(fail(self, res, r, self.target_path(a))),
+            Err(r) => return Err(fail_or_block(self, res, r, self.target_path(a), true)),
         };
         res.risk = approval.risk;
         let ri = approval.resolved.root_index;
@@ -746,7 +784,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         })();
         let (kind, before, bytes) = match prepared {
             Ok(p) => p,
-            Err(r) => return Err(fail(self, res, r, target)),
+            Err(r) => return Err(fail_or_block(self, res, r, target, true)),
         };
         res.before_checksum = before.as_deref().map(sha256_hex);
 

@@ -3,7 +3,7 @@
 //! which is one uncontended lock when nothing is armed.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The points of the write pipeline where a failure can be injected.
 pub const POINTS: [&str; 9] = [
@@ -28,40 +28,76 @@ pub enum FailMode {
     Crash,
 }
 
-/// Armed failure points: name → (hits to let pass, then what to do).
-#[derive(Debug, Default)]
+/// Something another writer does at a point of the pipeline, to put a race in a test.
+pub type Interleave = Arc<dyn Fn() + Send + Sync>;
+
+enum Armed {
+    Fail(u32, FailMode),
+    Call(Interleave),
+}
+
+/// Armed failure points: name → (hits to let pass, then what to do), or what to run there.
+#[derive(Default)]
 pub struct FailPoints {
-    armed: Mutex<HashMap<String, (u32, FailMode)>>,
+    armed: Mutex<HashMap<String, Armed>>,
+}
+
+impl std::fmt::Debug for FailPoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .armed
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_struct("FailPoints").field("armed", &names).finish()
+    }
 }
 
 impl FailPoints {
     /// Arms `point` to return an error on its `nth` hit from now (1 = the next one).
     pub fn arm(&self, point: &str, nth: u32) {
-        self.arm_with(point, nth, FailMode::Error);
+        self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Error));
     }
 
     /// Arms `point` to crash on its `nth` hit from now.
     pub fn arm_crash(&self, point: &str, nth: u32) {
-        self.arm_with(point, nth, FailMode::Crash);
+        self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Crash));
     }
 
-    fn arm_with(&self, point: &str, nth: u32, mode: FailMode) {
+    /// Runs `f` at the next hit of `point`, then goes on as if nothing was armed: what
+    /// another writer could do at that moment.
+    pub fn interleave(&self, point: &str, f: Interleave) {
+        self.arm_with(point, Armed::Call(f));
+    }
+
+    fn arm_with(&self, point: &str, armed: Armed) {
         if let Ok(mut m) = self.armed.lock() {
-            m.insert(point.to_owned(), (nth.max(1), mode));
+            m.insert(point.to_owned(), armed);
         }
     }
 
     /// What `point` does now, if it fires (it then disarms).
     pub fn hit(&self, point: &str) -> Option<FailMode> {
-        let mut m = self.armed.lock().ok()?;
-        let (n, mode) = m.get_mut(point)?;
-        *n -= 1;
-        if *n == 0 {
-            let mode = *mode;
-            m.remove(point);
-            Some(mode)
-        } else {
-            None
-        }
+        let call = {
+            let mut m = self.armed.lock().ok()?;
+            match m.get_mut(point)? {
+                Armed::Fail(n, mode) => {
+                    *n -= 1;
+                    if *n > 0 {
+                        return None;
+                    }
+                    let mode = *mode;
+                    m.remove(point);
+                    return Some(mode);
+                }
+                Armed::Call(_) => match m.remove(point) {
+                    Some(Armed::Call(f)) => f,
+                    _ => return None,
+                },
+            }
+        };
+        // Outside the lock: the other writer may pass armed points of its own.
+        call();
+        None
     }
 }

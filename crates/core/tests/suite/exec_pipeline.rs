@@ -793,3 +793,52 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
         Some(sha(b"small\n").as_str())
     );
 }
+
+/// What another writer changes between validation and execution is found again under the
+/// target's lock. Refused before anything of the plan is written, the plan is blocked as
+/// validation would have blocked it (audited as blocked, nothing to roll back); refused
+/// after an earlier action was written, the run fails and rolls that back.
+#[test]
+fn a_refusal_found_at_execution_blocks_the_plan_if_nothing_was_written() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let other_writer = |rel: &str| {
+        let path = w.path(rel);
+        std::sync::Arc::new(move || std::fs::write(&path, b"theirs").unwrap())
+    };
+    sb.failpoints()
+        .interleave("after_validate", other_writer("x.txt"));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_late", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "mine"},
+            {"intent": "create_file", "path": "y.txt", "content": "y"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(action_status(&r, 0), "blocked");
+    assert_eq!(code(&r, 0).as_deref(), Some("already_exists"));
+    assert_eq!(action_status(&r, 1), "skipped");
+    assert_eq!(w.read("x.txt"), b"theirs");
+    assert!(!w.path("y.txt").exists());
+    let statuses: Vec<_> = sb
+        .audit_entries(10, Some("wf_late"))
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::to_value(e.status).unwrap())
+        .collect();
+    assert_eq!(statuses, [json!("blocked")]);
+
+    sb.failpoints()
+        .interleave("after_validate", other_writer("z.txt"));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_late2", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "a"},
+            {"intent": "create_file", "path": "z.txt", "content": "mine"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    assert_eq!(action_status(&r, 1), "failed");
+    assert_eq!(code(&r, 1).as_deref(), Some("already_exists"));
+    assert!(!w.path("a.txt").exists(), "the first action rolled back");
+    assert_eq!(w.read("z.txt"), b"theirs");
+}
