@@ -90,12 +90,12 @@ impl Metrics {
         );
         registry.register(
             "ailab_sandbox_rollbacks",
-            "Rollbacks by reason",
+            "Rollbacks that restored at least one step, by reason",
             rollbacks.clone(),
         );
         registry.register(
             "ailab_sandbox_policy_denied",
-            "Actions denied by governance",
+            "Actions refused, by intent and reason code (governance, budgets, rate limit, failed checks)",
             policy_denied.clone(),
         );
         registry.register(

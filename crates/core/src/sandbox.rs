@@ -1776,7 +1776,6 @@ impl Sandbox {
                     ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
-                    self.metrics.rollback(why);
                     self.metrics.mutation(&meta.intent, "rolled_back");
                     RollbackStep {
                         action_id: meta.action_id.clone(),
@@ -1832,6 +1831,10 @@ impl Sandbox {
         }
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
+        }
+        // One rollback, however many steps it restored (those count as mutations).
+        if steps.iter().any(|s| s.restored) {
+            self.metrics.rollback(why);
         }
         steps
     }

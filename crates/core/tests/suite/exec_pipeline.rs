@@ -642,7 +642,9 @@ fn metrics_expose_the_seven_names() {
     let sb = w.sandbox();
     run(
         &sb,
-        json!({"workflow_id": "wf_m", "actions": [{"intent": "create_file", "path": "a.txt", "content": "x"}]}),
+        json!({"workflow_id": "wf_m", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "x"},
+            {"intent": "create_file", "path": "c.txt", "content": "x"}]}),
     );
     run(
         &sb,
@@ -651,15 +653,15 @@ fn metrics_expose_the_seven_names() {
     sb.rollback_workflow("wf_m", &Default::default());
     let text = sb.metrics().encode();
     for name in [
-        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 1",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 2",
         "ailab_sandbox_rollbacks_total{reason=\"manual\"} 1",
-        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 1",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 2",
         "ailab_sandbox_policy_denied_total{intent=\"create_file\",reason=\"path_traversal\"} 1",
         "# TYPE ailab_sandbox_artifacts_total gauge",
-        "ailab_sandbox_artifacts_total 1",
+        "ailab_sandbox_artifacts_total 2",
         "ailab_sandbox_escape_attempts_total{detection_method=\"path_traversal\"} 1",
         "ailab_sandbox_checksum_mismatch_total 0",
-        "ailab_sandbox_mutation_duration_seconds_count{type=\"create_file\"} 1",
+        "ailab_sandbox_mutation_duration_seconds_count{type=\"create_file\"} 2",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
