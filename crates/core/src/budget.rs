@@ -7,31 +7,54 @@ use crate::config::Limits;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use chrono::{DateTime, Utc};
 
-/// Refuses when adding `add_artifacts` artifacts of `add_bytes` bytes would take a
-/// workflow past its limits.
+/// Artifacts and their bytes, as a workflow's budget counts them: every file version it
+/// wrote, at the file's full size (an append counts the whole file it leaves).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Artifacts.
+    pub artifacts: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Refuses when one more artifact of `size` bytes would take a workflow past its limits,
+/// counting what the registry holds for it (`registered`) and what earlier actions of
+/// the same plan would add (`planned`).
 pub fn check_budget(
     workflow_id: &str,
     limits: &Limits,
-    used_artifacts: u64,
-    used_bytes: u64,
-    add_artifacts: u64,
-    add_bytes: u64,
+    registered: Usage,
+    planned: Usage,
+    size: u64,
 ) -> Verdict {
-    if used_artifacts + add_artifacts > limits.max_artifacts_per_workflow {
+    let plan_part = |n: u64, unit: &str| {
+        if n > 0 {
+            format!(", and earlier actions of this plan add {n} {unit}")
+        } else {
+            String::new()
+        }
+    };
+    let artifacts = registered.artifacts + planned.artifacts;
+    if artifacts + 1 > limits.max_artifacts_per_workflow {
         return Err(Refusal::new(
             ReasonCode::BudgetArtifactsExceeded,
             format!(
-                "workflow '{workflow_id}' has {used_artifacts} artifacts; this would make {}, over its limit of {}",
-                used_artifacts + add_artifacts,
+                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {}",
+                registered.artifacts,
+                plan_part(planned.artifacts, "more"),
+                artifacts + 1,
                 limits.max_artifacts_per_workflow
             ),
         ));
     }
-    if used_bytes + add_bytes > limits.max_workflow_bytes {
+    let bytes = registered.bytes + planned.bytes;
+    if bytes + size > limits.max_workflow_bytes {
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "workflow '{workflow_id}' has written {used_bytes} bytes; {add_bytes} more would pass its limit of {} ({})",
+                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {} ({}) (every file the workflow writes counts at its full size)",
+                registered.bytes,
+                plan_part(planned.bytes, "bytes"),
                 limits.max_workflow_bytes,
                 human_bytes(limits.max_workflow_bytes)
             ),
@@ -137,19 +160,25 @@ mod tests {
     #[test]
     fn budget_edges() {
         let l = Limits::default();
-        assert!(check_budget("w", &l, 99, 0, 1, 0).is_ok());
+        let used = |artifacts, bytes| Usage { artifacts, bytes };
+        let none = Usage::default();
+        assert!(check_budget("w", &l, used(98, 0), used(1, 0), 0).is_ok());
+        let r = check_budget("w", &l, used(97, 0), used(3, 0), 0).unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::BudgetArtifactsExceeded);
         assert_eq!(
-            check_budget("w", &l, 100, 0, 1, 0)
-                .err()
-                .map(|r| r.reason_code),
-            Some(ReasonCode::BudgetArtifactsExceeded)
+            r.reason,
+            "workflow 'w' has 97 artifacts, and earlier actions of this plan add 3 more; this would make 101, over its limit of 100"
         );
-        assert!(check_budget("w", &l, 0, l.max_workflow_bytes - 10, 1, 10).is_ok());
+        let max = l.max_workflow_bytes;
+        assert!(check_budget("w", &l, used(0, max - 10), none, 10).is_ok());
+        let r = check_budget("w", &l, used(1, max - 10), none, 11).unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::BudgetBytesExceeded);
         assert_eq!(
-            check_budget("w", &l, 0, l.max_workflow_bytes - 10, 1, 11)
-                .err()
-                .map(|r| r.reason_code),
-            Some(ReasonCode::BudgetBytesExceeded)
+            r.reason,
+            format!(
+                "workflow 'w' has artifacts of {} bytes in all; a file of 11 bytes would pass its limit of {max} (25 MiB) (every file the workflow writes counts at its full size)",
+                max - 10
+            )
         );
     }
 }

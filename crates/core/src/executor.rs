@@ -6,7 +6,7 @@
 
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
-use crate::budget::{check_budget, check_rate};
+use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
 use crate::confine::path::resolve_sandbox_path;
@@ -247,9 +247,12 @@ impl<'a> SandboxWriteExecutor<'a> {
         let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
         let mut tree: HashMap<(usize, String), Virtual> = HashMap::new();
-        let used_artifacts = sb.registry.count_by_workflow(wf).unwrap_or(0);
-        let used_bytes = sb.registry.total_bytes_by_workflow(wf).unwrap_or(0);
-        let (mut add_artifacts, mut add_bytes, mut writes) = (0u64, 0u64, 0u32);
+        let registered = Usage {
+            artifacts: sb.registry.count_by_workflow(wf).unwrap_or(0),
+            bytes: sb.registry.total_bytes_by_workflow(wf).unwrap_or(0),
+        };
+        let mut planned = Usage::default();
+        let mut writes = 0u32;
         let tat = self.rate_tat();
         let now = sb.clock.now();
         let mut out = Vec::new();
@@ -338,14 +341,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
                 if bytes.is_some() {
-                    check_budget(
-                        wf,
-                        &sb.config.limits,
-                        used_artifacts + add_artifacts,
-                        used_bytes + add_bytes,
-                        1,
-                        size,
-                    )?;
+                    check_budget(wf, &sb.config.limits, registered, planned, size)?;
                 }
                 // Every write of the plan that gets this far counts, refused or not: the
                 // wait a refusal names is for all of them, so trying the plan again after
@@ -367,8 +363,8 @@ impl<'a> SandboxWriteExecutor<'a> {
                 }
                 let v = match &p.bytes {
                     Some(b) => {
-                        add_artifacts += 1;
-                        add_bytes += b.len() as u64;
+                        planned.artifacts += 1;
+                        planned.bytes += b.len() as u64;
                         Virtual::File(Some(b.clone()))
                     }
                     None => Virtual::Dir,
@@ -769,9 +765,11 @@ impl<'a> SandboxWriteExecutor<'a> {
             let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
             check_size(&approval, size, &sb.config.extensions)?;
             if bytes.is_some() {
-                let used = sb.registry.count_by_workflow(&wf).unwrap_or(0);
-                let used_bytes = sb.registry.total_bytes_by_workflow(&wf).unwrap_or(0);
-                check_budget(&wf, &sb.config.limits, used, used_bytes, 1, size)?;
+                let registered = Usage {
+                    artifacts: sb.registry.count_by_workflow(&wf).unwrap_or(0),
+                    bytes: sb.registry.total_bytes_by_workflow(&wf).unwrap_or(0),
+                };
+                check_budget(&wf, &sb.config.limits, registered, Usage::default(), size)?;
             }
             check_rate(
                 &wf,
