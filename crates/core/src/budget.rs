@@ -129,6 +129,7 @@ pub fn seconds_until_free(per_minute: u32, tat: f64, now: DateTime<Utc>, need: u
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed step is a failed test
 mod tests {
     use super::*;
     use chrono::TimeZone;
