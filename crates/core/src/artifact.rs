@@ -382,6 +382,19 @@ impl ArtifactRegistry {
         self.with(|ix| ix.by_workflow.get(workflow_id).map_or(0, |(_, b)| *b))
     }
 
+    /// A workflow's artifacts and their bytes at one moment of the registry, as its
+    /// budget counts them.
+    pub fn usage_by_workflow(&self, workflow_id: &str) -> io::Result<crate::budget::Usage> {
+        self.with(|ix| {
+            ix.by_workflow
+                .get(workflow_id)
+                .map_or_else(Default::default, |(ids, bytes)| crate::budget::Usage {
+                    artifacts: ids.len() as u64,
+                    bytes: *bytes,
+                })
+        })
+    }
+
     /// Number of artifacts in all.
     pub fn len(&self) -> io::Result<u64> {
         self.with(|ix| ix.entries.len() as u64)

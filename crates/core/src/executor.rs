@@ -247,10 +247,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
         let mut tree: HashMap<(usize, String), Virtual> = HashMap::new();
-        let registered = Usage {
-            artifacts: sb.registry.count_by_workflow(wf).unwrap_or(0),
-            bytes: sb.registry.total_bytes_by_workflow(wf).unwrap_or(0),
-        };
+        let registered = self.registered_usage();
         let mut planned = Usage::default();
         let mut writes = 0u32;
         let tat = self.rate_tat();
@@ -341,13 +338,19 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
                 if bytes.is_some() {
-                    check_budget(wf, &sb.config.limits, registered, planned, size)?;
+                    check_budget(wf, &sb.config.limits, registered.clone()?, planned, size)?;
                 }
                 // Every write of the plan that gets this far counts, refused or not: the
                 // wait a refusal names is for all of them, so trying the plan again after
                 // it never comes too early, and a plan over the burst is named as such.
                 writes += 1;
-                check_rate(wf, sb.config.limits.writes_per_minute, tat, now, writes)?;
+                check_rate(
+                    wf,
+                    sb.config.limits.writes_per_minute,
+                    tat.clone()?,
+                    now,
+                    writes,
+                )?;
                 Ok(Prepared {
                     approval,
                     bytes,
@@ -376,11 +379,38 @@ impl<'a> SandboxWriteExecutor<'a> {
         out
     }
 
-    fn rate_tat(&self) -> f64 {
+    /// The rate limiter's state from the audit trail. A trail that cannot be read refuses
+    /// the write rather than counting no earlier writes.
+    fn rate_tat(&self) -> Verdict<f64> {
         self.sb
             .audit
             .rate_tat(&self.plan.workflow_id)
-            .unwrap_or(f64::NEG_INFINITY)
+            .map_err(|e| {
+                Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "the audit log could not be read to count workflow '{}''s recent writes for the rate limit: {e}",
+                        self.plan.workflow_id
+                    ),
+                )
+            })
+    }
+
+    /// The workflow's artifacts and bytes in the registry. A registry that cannot be read
+    /// refuses the write rather than counting nothing.
+    fn registered_usage(&self) -> Verdict<Usage> {
+        self.sb
+            .registry
+            .usage_by_workflow(&self.plan.workflow_id)
+            .map_err(|e| {
+                Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "the artifact registry could not be read to count workflow '{}''s budget: {e}",
+                        self.plan.workflow_id
+                    ),
+                )
+            })
     }
 
     fn base_result(
@@ -765,16 +795,18 @@ impl<'a> SandboxWriteExecutor<'a> {
             let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
             check_size(&approval, size, &sb.config.extensions)?;
             if bytes.is_some() {
-                let registered = Usage {
-                    artifacts: sb.registry.count_by_workflow(&wf).unwrap_or(0),
-                    bytes: sb.registry.total_bytes_by_workflow(&wf).unwrap_or(0),
-                };
-                check_budget(&wf, &sb.config.limits, registered, Usage::default(), size)?;
+                check_budget(
+                    &wf,
+                    &sb.config.limits,
+                    self.registered_usage()?,
+                    Usage::default(),
+                    size,
+                )?;
             }
             check_rate(
                 &wf,
                 sb.config.limits.writes_per_minute,
-                self.rate_tat(),
+                self.rate_tat()?,
                 sb.clock.now(),
                 1,
             )?;
