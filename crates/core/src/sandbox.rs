@@ -45,7 +45,7 @@ pub struct Sandbox {
     pub(crate) seal: crate::seal::SealKey,
     pub(crate) metrics: Metrics,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) failpoints: crate::failpoint::FailPoints,
+    pub(crate) failpoints: Arc<crate::failpoint::FailPoints>,
     kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
     /// Batched durability on Linux: whole-filesystem syncs at the pipeline's durability
     /// points instead of a fsync per file and directory.
@@ -407,13 +407,15 @@ impl Sandbox {
         let durable = config.durability.is_strict() && batch_sync.is_none();
         let registry = ArtifactRegistry::open(&state, durable)
             .map_err(Error::io("open the artifact registry"))?;
-        let audit = AuditLog::open_with(
+        let mut audit = AuditLog::open_with(
             &state,
             durable,
             config.limits.writes_per_minute,
             batch_sync.is_some(),
         )
         .map_err(Error::io("open the audit log"))?;
+        let failpoints = Arc::new(crate::failpoint::FailPoints::default());
+        audit.share_failpoints(failpoints.clone());
         let seal = crate::seal::SealKey::new(
             state
                 .secret(crate::seal::KEY_FILE)
@@ -434,7 +436,7 @@ impl Sandbox {
             seal,
             metrics,
             clock,
-            failpoints: crate::failpoint::FailPoints::default(),
+            failpoints,
             kernel_confinement: None,
             batch_sync,
             idle_after_sync: std::sync::Mutex::new(Vec::new()),

@@ -187,6 +187,29 @@ fn head_seq(w: &World) -> u64 {
     head["seq"].as_u64().unwrap()
 }
 
+/// A head that cannot be written after the lines are (an I/O error on its block) only
+/// lags: the append stands, the action succeeds, and the chain stays whole; the next
+/// append brings the head forward.
+#[test]
+fn a_head_that_cannot_follow_the_log_only_lags() {
+    let w = World::new();
+    let sb = w.open(strict(&w));
+    one_more_line(&sb, "a.txt");
+    sb.failpoints().arm("audit_head", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_h", "actions": [{"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("b.txt"), b"b");
+    assert_eq!(head_seq(&w), 1, "lags the log");
+    one_more_line(&sb, "c.txt");
+    assert_eq!(head_seq(&w), 3);
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.entries, 3);
+}
+
 /// Under `relaxed` durability appends are not synced, so a power cut may lose the last
 /// lines: the head names only lines the log itself has synced — every 64 appends and at
 /// exit — and a lost tail of unsynced lines is not taken for tampering.
