@@ -170,6 +170,26 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
     )
 }
 
+/// Whether an I/O error says nothing about the folder (the process is out of
+/// descriptors or memory, the disk out of space, the device failed): the same read may
+/// succeed later, so no judgement is made on it.
+fn is_passing(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [
+        Errno::MFILE,
+        Errno::NFILE,
+        Errno::NOMEM,
+        Errno::IO,
+        Errno::INTR,
+        Errno::AGAIN,
+        Errno::NOSPC,
+        Errno::DQUOT,
+        Errno::NOBUFS,
+    ]
+    .iter()
+    .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
+}
+
 /// A restore mark sealed by `key` for the snapshot `meta` (not another one's).
 fn open_mark(
     key: &SealKey,
@@ -371,8 +391,20 @@ impl Snapshotter {
         workflow_id: &str,
         action_id: &str,
     ) -> Verdict<Option<StoredSnapshot>> {
-        let Some(dir) =
-            snapshot_dir(root, workflow_id, action_id).map_err(|e| snap_io("open", &e))?
+        Self::load_judged(root, key, workflow_id, action_id).map_err(|(r, _)| r)
+    }
+
+    /// [`Snapshotter::load`], with each refusal saying whether it is passing (out of
+    /// descriptors, memory or space, an I/O error): such a folder is not judged now.
+    fn load_judged(
+        root: &SandboxRoot,
+        key: &SealKey,
+        workflow_id: &str,
+        action_id: &str,
+    ) -> Result<Option<StoredSnapshot>, (Refusal, bool)> {
+        let io = |what: &str, e: &io::Error| (snap_io(what, e), is_passing(e));
+        let trust = |r: Refusal| (r, false);
+        let Some(dir) = snapshot_dir(root, workflow_id, action_id).map_err(|e| io("open", &e))?
         else {
             return Ok(None);
         };
@@ -380,23 +412,24 @@ impl Snapshotter {
         let meta: SnapshotMeta = match read_regular(&dir, META_FILE, 1 << 20) {
             Ok(b) => key
                 .open(&b)
-                .map_err(|e| untrusted(&folder, META_FILE, &e))?,
+                .map_err(|e| trust(untrusted(&folder, META_FILE, &e)))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(snap_io("read", &e)),
+            Err(e) => return Err(io("read", &e)),
         };
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id
             || meta.action_id != action_id
             || !root.is_named_by(&meta.root)
         {
-            return Err(untrusted(&folder, META_FILE, &Unsealed::Forged));
+            return Err(trust(untrusted(&folder, META_FILE, &Unsealed::Forged)));
         }
         let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
-            Ok(b) => {
-                Some(open_mark(key, &b, &meta).map_err(|e| untrusted(&folder, RESTORED_FILE, &e))?)
-            }
+            Ok(b) => Some(
+                open_mark(key, &b, &meta)
+                    .map_err(|e| trust(untrusted(&folder, RESTORED_FILE, &e)))?,
+            ),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(snap_io("read", &e)),
+            Err(e) => return Err(io("read", &e)),
         };
         let left_dirs = mark
             .as_ref()
@@ -436,11 +469,14 @@ impl Snapshotter {
             };
             // One bad folder (damaged, forged, or not a folder at all) does not hide the
             // others: the caller decides what to do with the refusals.
-            match Self::load(root, key, workflow_id, &name) {
+            match Self::load_judged(root, key, workflow_id, &name) {
                 Ok(Some(s)) => out.push(s),
                 Ok(None) => {}
-                Err(r) if r.reason_code == ReasonCode::ChecksumMismatch => untrusted.push(r),
-                Err(r) => untrusted.push(Refusal::new(
+                // Not judged now: recovery and rollback try again later rather than
+                // leave the folder alone for good.
+                Err((r, true)) => return Err(r),
+                Err((r, _)) if r.reason_code == ReasonCode::ChecksumMismatch => untrusted.push(r),
+                Err((r, _)) => untrusted.push(Refusal::new(
                     r.reason_code,
                     format!(
                         "{}: {}",
