@@ -134,6 +134,9 @@ pub struct SandboxWriteExecutor<'a> {
     record: Option<crate::recovery::InflightRecord>,
     /// The record's file, held open from the check for a dead run to the run's end.
     record_file: Option<crate::confine::state::BlockFile>,
+    /// Why a failed action's own change could not be undone, if it could not: the change
+    /// is still on disk, so the run is not rolled back, whatever else it undoes.
+    undo_failed: Option<String>,
 }
 
 impl Sandbox {
@@ -164,6 +167,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             timeline: Vec::new(),
             record: None,
             record_file: None,
+            undo_failed: None,
         }
     }
 
@@ -681,7 +685,10 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.finish(RunStatus::Blocked, false, Some(why), results);
         }
         if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
-            if done.is_empty() && self.plan.on_failure == OnFailure::Rollback {
+            if done.is_empty()
+                && self.plan.on_failure == OnFailure::Rollback
+                && self.undo_failed.is_none()
+            {
                 // Nothing of this run remains to undo: the failed action restored itself.
                 self.event("rollback_started", json!({"steps": 0}));
                 self.event("rollback_finished", json!({"steps_rolled_back": 0}));
@@ -711,7 +718,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             "rollback_finished",
             json!({"steps_rolled_back": steps.iter().filter(|s| s.restored).count(), "all_restored": all_ok}),
         );
-        if all_ok {
+        if all_ok && self.undo_failed.is_none() {
             self.go(WorkflowState::RolledBack);
             self.finish(RunStatus::RolledBack, false, None, results)
         } else {
@@ -752,7 +759,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                 }
                 Box::new(res)
             };
-        let fail = |this: &Self, res: ActionResult, r: Refusal, target: String| {
+        let fail = |this: &Self, res: ActionResult, mut r: Refusal, target: String| {
+            if let Some(why) = &this.undo_failed {
+                r.reason = format!(
+                    "{}; its change could not be undone ({why}) and is still in place: roll the workflow back once that is fixed",
+                    r.reason
+                );
+            }
             fail_or_block(this, res, r, target, false)
         };
 
@@ -1089,7 +1102,19 @@ impl<'a> SandboxWriteExecutor<'a> {
             "action_failed",
             crate::sandbox::RestoreMode::OwnChange(left.clone()),
         );
-        self.event("action_restored", json!({"action_id": snap.1.meta.action_id, "restored": steps.iter().all(|s| s.restored)}));
+        let restored = steps.iter().all(|s| s.restored);
+        self.event(
+            "action_restored",
+            json!({"action_id": snap.1.meta.action_id, "restored": restored}),
+        );
+        if !restored {
+            self.undo_failed = Some(
+                steps
+                    .iter()
+                    .find_map(|s| s.reason.clone())
+                    .unwrap_or_else(|| "the restore failed".to_owned()),
+            );
+        }
     }
 }
 

@@ -844,3 +844,30 @@ fn a_refusal_found_at_execution_blocks_the_plan_if_nothing_was_written() {
     assert!(!w.path("a.txt").exists(), "the first action rolled back");
     assert_eq!(w.read("z.txt"), b"theirs");
 }
+
+/// An action whose write fails after the target changed, and whose own undo fails too,
+/// leaves its change in place: the run says so (failed, not rolled back), and the
+/// workflow can be rolled back later.
+#[test]
+fn a_failed_undo_is_reported_and_the_workflow_stays_reversible() {
+    let w = World::new();
+    w.write("t.txt", b"orig\n");
+    let sb = w.sandbox();
+    sb.failpoints().arm("after_mutate", 1);
+    sb.failpoints().arm("during_restore", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_u", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "t.txt", "content": "new\n"}]}),
+    );
+    assert_eq!(status(&r), "failed", "{r:?}");
+    assert_eq!(r.state.as_str(), "failed");
+    assert_eq!(action_status(&r, 0), "failed");
+    let reason = r.actions[0].reason.as_deref().unwrap();
+    assert!(reason.contains("could not be undone"), "{reason}");
+    assert_eq!(w.read("t.txt"), b"new\n", "the change is still there");
+    let rb = sb.rollback_workflow("wf_u", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("t.txt"), b"orig\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
