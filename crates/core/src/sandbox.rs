@@ -23,7 +23,8 @@ use crate::policy::{
 };
 use crate::reason::{ReasonCode, Verdict};
 use crate::snapshot::{
-    LeftDir, MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotMeta, Snapshotter, StoredSnapshot,
+    LeftDir, MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter,
+    StoredSnapshot,
 };
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -1756,10 +1757,18 @@ impl Sandbox {
                     if change {
                         RollbackEngine::restore(root, &meta, durable)
                     } else {
+                        // The target is as the action found it (its write failed before
+                        // the target changed), but directories made on the way may be there.
+                        let left_dirs = match meta.kind {
+                            SnapshotKind::Missing => {
+                                RollbackEngine::remove_created_dirs(root, &meta, durable)?
+                            }
+                            _ => Vec::new(),
+                        };
                         Ok(crate::snapshot::RestoreOutcome {
                             checksum_validated: true,
                             restored_checksum: meta.sha256.clone(),
-                            left_dirs: Vec::new(),
+                            left_dirs,
                         })
                     }
                 })

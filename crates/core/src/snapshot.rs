@@ -319,25 +319,36 @@ impl Snapshotter {
             }
             Err(e) => return Err(snap_io("create", &e)),
         }
-        let dir = wf
-            .open_dir_nofollow(&meta.action_id)
-            .map_err(|e| snap_io("open", &e))?;
-        let flush = if durable {
-            Flush::FileOnly
-        } else {
-            Flush::Nothing
-        };
-        if let Some(bytes) = backup {
-            write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, true, flush)
+        let written = (|| {
+            let dir = wf
+                .open_dir_nofollow(&meta.action_id)
+                .map_err(|e| snap_io("open", &e))?;
+            let flush = if durable {
+                Flush::FileOnly
+            } else {
+                Flush::Nothing
+            };
+            if let Some(bytes) = backup {
+                write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, true, flush)
+                    .map_err(|e| snap_io("write", &e))?;
+            }
+            let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
+            // The metadata is written last: a snapshot folder without it is an incomplete
+            // snapshot of an action that never touched its target.
+            write_atomic_flush(&dir, META_FILE, &json, 0o600, true, flush)
                 .map_err(|e| snap_io("write", &e))?;
+            if durable {
+                sync_dir(&dir).map_err(|e| snap_io("sync", &e))?;
+            }
+            Ok(())
+        })();
+        if let Err(r) = written {
+            // The target was not touched: the action never ran, and its id stays free
+            // for a retry once the cause (a full disk, say) is gone.
+            let _ = wf.remove_dir_all(&meta.action_id);
+            return Err(r);
         }
-        let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
-        // The metadata is written last: a snapshot folder without it is an incomplete
-        // snapshot of an action that never touched its target.
-        write_atomic_flush(&dir, META_FILE, &json, 0o600, true, flush)
-            .map_err(|e| snap_io("write", &e))?;
         if durable {
-            sync_dir(&dir).map_err(|e| snap_io("sync", &e))?;
             sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
             if wf_new {
                 sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
@@ -628,6 +639,31 @@ pub struct RestoreOutcome {
 pub struct RollbackEngine;
 
 impl RollbackEngine {
+    /// Removes the directories the action created to reach its target, deepest first,
+    /// those that are empty; returns those that were not.
+    pub fn remove_created_dirs(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        durable: bool,
+    ) -> Verdict<Vec<LeftDir>> {
+        let mut left_dirs = Vec::new();
+        for d in meta.created_dirs.iter().rev() {
+            if *d == meta.original_path {
+                continue;
+            }
+            let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+            if !root.remove_empty_dir(&dir, None, durable)?
+                && let Some(id) = root.dir_id(&dir)?
+            {
+                left_dirs.push(LeftDir {
+                    path: d.clone(),
+                    id,
+                });
+            }
+        }
+        Ok(left_dirs)
+    }
+
     /// Puts the original back: rewrites a file from its backup (atomically), or removes
     /// what the action created, then verifies by hashing.
     pub fn restore(
@@ -684,21 +720,7 @@ impl RollbackEngine {
                     }
                     TargetKind::Missing => {}
                 }
-                let mut left_dirs = Vec::new();
-                for d in meta.created_dirs.iter().rev() {
-                    if *d == meta.original_path {
-                        continue;
-                    }
-                    let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
-                    if !root.remove_empty_dir(&dir, None, durable)?
-                        && let Some(id) = root.dir_id(&dir)?
-                    {
-                        left_dirs.push(LeftDir {
-                            path: d.clone(),
-                            id,
-                        });
-                    }
-                }
+                let left_dirs = Self::remove_created_dirs(root, meta, durable)?;
                 let gone = root.inspect(&rel)?.kind == TargetKind::Missing;
                 Ok(RestoreOutcome {
                     checksum_validated: gone,

@@ -723,7 +723,8 @@ pub fn write_atomic_flush(
     Ok(())
 }
 
-/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`.
+/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`. A
+/// file it created but could not fill (the disk is full) is removed again.
 fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
     let mut opts = OpenOptions::new();
     opts.write(true)
@@ -731,11 +732,14 @@ fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) ->
         .follow(FollowSymlinks::No)
         .mode(mode & 0o666);
     let mut file = dir.open_with(name, &opts)?;
-    file.write_all(bytes)?;
-    if sync {
-        file.sync_data()?;
+    let filled = file
+        .write_all(bytes)
+        .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+    if filled.is_err() {
+        drop(file);
+        let _ = dir.remove_file(name);
     }
-    Ok(())
+    filled
 }
 
 /// Moves the temporary file `tmp` to `name` in one step. With `no_replace` an existing
