@@ -251,6 +251,9 @@ pub struct RollbackStep {
     pub reason_code: Option<ReasonCode>,
     /// Why, for people.
     pub reason: Option<String>,
+    /// Why its audit line could not be written, if it could not.
+    #[serde(skip)]
+    pub unrecorded: Option<String>,
 }
 
 /// What can be rolled back (`GET /agentic/rollback/{id}`).
@@ -1688,18 +1691,34 @@ impl Sandbox {
             self.remove_left_dirs(left_before);
         }
         let failed = steps.iter().find(|s| !s.restored);
-        self.run_finished(record, None);
+        let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
+        if unrecorded.is_none() {
+            self.run_finished(record, None);
+        }
+        // Else the record stays "rolling back": the next start, or the next run or
+        // rollback of this workflow in any process, finds it and audits the restores
+        // its marks record, as after a crash.
         let n = steps.iter().filter(|s| s.restored).count() as u64;
+        let (reason_code, reason) = match (failed, unrecorded) {
+            (Some(s), _) => (s.reason_code, s.reason.clone()),
+            (None, Some(e)) => (
+                Some(ReasonCode::IoError),
+                Some(format!(
+                    "the files were restored, but the audit trail could not record it ({e}); it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
+                )),
+            ),
+            (None, None) => (None, None),
+        };
         RollbackReport {
             workflow_id: workflow_id.to_owned(),
-            status: if failed.is_some() {
+            status: if reason_code.is_some() {
                 "failed"
             } else {
                 "rolled_back"
             },
             steps_rolled_back: n,
-            reason_code: failed.and_then(|s| s.reason_code),
-            reason: failed.and_then(|s| s.reason.clone()),
+            reason_code,
+            reason,
             conflicts,
             steps,
         }
@@ -1775,7 +1794,7 @@ impl Sandbox {
                 .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
                 .and_then(|o| self.sync_point().map(|()| o))
                 .and_then(|o| self.fail_at("after_restore").map(|()| o));
-            let step = match outcome {
+            let mut step = match outcome {
                 Ok(o) => {
                     if let Err(r) = self.mark_restored(
                         i,
@@ -1797,6 +1816,7 @@ impl Sandbox {
                         restored_checksum: o.restored_checksum,
                         reason_code: None,
                         reason: None,
+                        unrecorded: None,
                     }
                 }
                 Err(r) => {
@@ -1812,6 +1832,7 @@ impl Sandbox {
                         restored_checksum: None,
                         reason_code: Some(r.reason_code),
                         reason: Some(r.reason),
+                        unrecorded: None,
                     }
                 }
             };
@@ -1836,6 +1857,7 @@ impl Sandbox {
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
+                step.unrecorded = Some(e.to_string());
             }
             drop(lock);
             steps.push(step);

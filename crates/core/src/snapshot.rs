@@ -166,7 +166,8 @@ pub struct Snapshotter;
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what} the snapshot: {}", e.kind()),
+        // The OS's own words ("Too many open files"), which name no path.
+        format!("could not {what} the snapshot: {e}"),
     )
 }
 

@@ -619,3 +619,51 @@ fn a_directory_an_earlier_rollback_left_goes_with_the_last_file_in_it() {
     assert_eq!(w.tree(), before);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback whose audit line cannot be written restores the files but says it failed,
+/// and leaves its record for recovery: the next use of the workflow audits the restore,
+/// so the trail ends up saying what happened.
+#[test]
+fn a_rollback_the_trail_could_not_record_is_recorded_later() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_n", "actions": [{"action_id": "a1", "intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    sb.failpoints().arm("after_mark", 1);
+    let rb = rollback(&sb, "wf_n", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 1);
+    assert_eq!(rb.reason_code, Some(ReasonCode::IoError));
+    assert!(
+        rb.reason.as_deref().unwrap().contains("could not record"),
+        "{rb:?}"
+    );
+    assert!(!w.path("n.txt").exists(), "restored all the same");
+    let statuses = |sb: &ailab_sandbox_core::Sandbox| -> Vec<String> {
+        sb.audit_entries(10, Some("wf_n"))
+            .unwrap()
+            .iter()
+            .map(|e| {
+                serde_json::to_value(e.status)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert!(!statuses(&sb).contains(&"rolled_back".to_owned()));
+    let again = rollback(&sb, "wf_n", false);
+    assert_eq!(
+        again.reason_code,
+        Some(ReasonCode::NoRollbackData),
+        "{again:?}"
+    );
+    let mut seen = statuses(&sb);
+    seen.sort();
+    assert_eq!(seen, ["rolled_back", "success"]);
+    assert!(sb.audit_verify().unwrap().ok);
+}
