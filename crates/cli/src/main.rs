@@ -188,12 +188,24 @@ fn main() -> ExitCode {
     ailab_sandbox_core::confine::root::use_spec_creation_modes();
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
+    catch_file_size_signal();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(EXIT_USAGE)
         }
+    }
+}
+
+/// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action
+/// kills the process: a server would die on one large plan, and a log grown to the limit
+/// would kill every start in its recovery. Caught, the write fails with EFBIG instead,
+/// which the runtime reports and undoes like any I/O error.
+fn catch_file_size_signal() {
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGXFSZ, seen) {
+        tracing::warn!(error = %e, "could not catch SIGXFSZ; a write past the file-size limit would end the process");
     }
 }
 

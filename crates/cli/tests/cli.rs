@@ -658,3 +658,53 @@ fn human_output_escapes_text_direction_marks() {
         assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
     }
 }
+
+/// A write past the file-size limit (`ulimit -f`) fails like any I/O error: the process
+/// is not killed by SIGXFSZ, reports the failure, and leaves nothing of the write.
+#[test]
+fn a_write_past_the_file_size_limit_fails_cleanly() {
+    let e = env();
+    let plan = e.write_plan(
+        "big.json",
+        &json!({"workflow_id": "wf_fsize", "actions": [
+            {"intent": "create_file", "path": "big.txt", "content": "x".repeat(256 * 1024)}]}),
+    );
+    let args = [
+        "--root",
+        e.root.to_str().unwrap(),
+        "--state-dir",
+        e.state.to_str().unwrap(),
+        "--enable-write",
+        "--no-dry-run",
+        "--json",
+        "run",
+        plan.to_str().unwrap(),
+    ];
+    // 128 blocks: 64 KiB in 512-byte blocks (POSIX sh), 128 KiB in 1 KiB ones (bash).
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 128 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_ailab-sandbox"))
+        .args(args)
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .env_remove("AI_LAB_SANDBOX_ROOTS")
+        .env_remove("AI_LAB_STATE_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.code().is_some(),
+        "ended by a signal: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_out(&out);
+    assert_ne!(v["status"], "success", "{v}");
+    assert_eq!(v["actions"][0]["reason_code"], "io_error", "{v}");
+    assert!(!e.root.join("big.txt").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&e.root)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != ".rollback")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
