@@ -383,38 +383,22 @@ impl<'a> SandboxWriteExecutor<'a> {
         out
     }
 
-    /// The rate limiter's state from the audit trail. A trail that cannot be read refuses
-    /// the write rather than counting no earlier writes.
+    /// The rate limiter's state from the audit trail.
     fn rate_tat(&self) -> Verdict<f64> {
+        let wf = &self.plan.workflow_id;
         self.sb
             .audit
-            .rate_tat(&self.plan.workflow_id)
-            .map_err(|e| {
-                Refusal::new(
-                    ReasonCode::IoError,
-                    format!(
-                        "the audit log could not be read to count workflow '{}''s recent writes for the rate limit: {e}",
-                        self.plan.workflow_id
-                    ),
-                )
-            })
+            .rate_tat(wf)
+            .map_err(|e| uncountable("audit log", "recent writes for the rate limit", wf, &e))
     }
 
-    /// The workflow's artifacts and bytes in the registry. A registry that cannot be read
-    /// refuses the write rather than counting nothing.
+    /// The workflow's artifacts and bytes in the registry.
     fn registered_usage(&self) -> Verdict<Usage> {
+        let wf = &self.plan.workflow_id;
         self.sb
             .registry
-            .usage_by_workflow(&self.plan.workflow_id)
-            .map_err(|e| {
-                Refusal::new(
-                    ReasonCode::IoError,
-                    format!(
-                        "the artifact registry could not be read to count workflow '{}''s budget: {e}",
-                        self.plan.workflow_id
-                    ),
-                )
-            })
+            .usage_by_workflow(wf)
+            .map_err(|e| uncountable("artifact registry", "budget", wf, &e))
     }
 
     fn base_result(
@@ -1116,6 +1100,15 @@ impl<'a> SandboxWriteExecutor<'a> {
             );
         }
     }
+}
+
+/// A log that cannot be read to count a limit refuses the write, rather than counting
+/// nothing and letting it through.
+fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> Refusal {
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("the {log} could not be read to count workflow '{workflow_id}''s {what}: {e}"),
+    )
 }
 
 /// Refuses, from its size alone and before reading it, an existing file the action
