@@ -822,13 +822,7 @@ fn a_refusal_found_at_execution_blocks_the_plan_if_nothing_was_written() {
     assert_eq!(action_status(&r, 1), "skipped");
     assert_eq!(w.read("x.txt"), b"theirs");
     assert!(!w.path("y.txt").exists());
-    let statuses: Vec<_> = sb
-        .audit_entries(10, Some("wf_late"))
-        .unwrap()
-        .iter()
-        .map(|e| serde_json::to_value(e.status).unwrap())
-        .collect();
-    assert_eq!(statuses, [json!("blocked")]);
+    assert_eq!(audit_statuses(&sb, "wf_late"), ["blocked"]);
 
     sb.failpoints()
         .interleave("after_validate", other_writer("z.txt"));

@@ -141,6 +141,21 @@ pub fn action_status(r: &RunResult, i: usize) -> String {
         .to_owned()
 }
 
+/// The statuses of a workflow's audit lines, newest first, as the log spells them.
+pub fn audit_statuses(sb: &Sandbox, workflow_id: &str) -> Vec<String> {
+    sb.audit_entries(100, Some(workflow_id))
+        .unwrap()
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e.status)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
 pub fn code(r: &RunResult, i: usize) -> Option<String> {
     r.actions[i].reason_code.map(|c| c.as_str().to_owned())
 }
