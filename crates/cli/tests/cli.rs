@@ -605,6 +605,20 @@ fn a_short_token_stops_the_server_only() {
     assert!(err.contains("shorter than 16 characters"), "{err}");
 }
 
+/// Runs a command without `--json` (`run` gets `plan`): its exit code and standard output.
+fn human_output(e: &Env, args: &[&str], plan: &std::path::Path) -> (Option<i32>, String) {
+    let mut c = e.cmd();
+    c.args(args);
+    if args.last() == Some(&"run") {
+        c.arg(plan);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// What a plan's author wrote is printed with its control characters escaped: an intent
 /// or a path can neither drive the terminal nor forge a line of the listing.
 #[test]
@@ -614,13 +628,7 @@ fn human_output_escapes_control_characters() {
         {"intent": "x\u{1b}[2J\u{1b}[31mFAKE\nline", "path": "a\u{1b}[1m.txt\nforged", "content": "x"}]});
     let p = e.write_plan("esc.json", &plan);
     for args in [vec!["--enable-write", "--no-dry-run", "run"], vec!["audit"]] {
-        let mut c = e.cmd();
-        c.args(&args);
-        if args.last() == Some(&"run") {
-            c.arg(&p);
-        }
-        let out = c.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (_, text) = human_output(&e, &args, &p);
         assert!(!text.contains('\u{1b}'), "{args:?}: {text}");
         assert!(
             !text
@@ -646,14 +654,8 @@ fn human_output_escapes_text_direction_marks() {
         vec!["--enable-write", "--no-dry-run", "run"],
         vec!["artifacts"],
     ] {
-        let mut c = e.cmd();
-        c.args(&args);
-        if args.last() == Some(&"run") {
-            c.arg(&p);
-        }
-        let out = c.output().unwrap();
-        assert_eq!(out.status.code(), Some(0), "{args:?}");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let (code, text) = human_output(&e, &args, &p);
+        assert_eq!(code, Some(0), "{args:?}");
         assert!(!text.contains('\u{202e}'), "{args:?}: {text}");
         assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
     }

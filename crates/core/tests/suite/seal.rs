@@ -51,6 +51,14 @@ fn rolls_back(sb: &ailab_sandbox_core::Sandbox, wf: &str) {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
 }
 
+/// A configuration with the world's root and a second one, `root2`, beside it.
+fn two_roots(w: &World) -> (std::path::PathBuf, ailab_sandbox_core::Config) {
+    let root2 = w.tmp.path().join("root2");
+    let mut config = w.writable_config();
+    config.roots = vec![w.root.clone(), root2.clone()];
+    (root2, config)
+}
+
 /// A snapshot written into `.rollback/` by hand — a copy of a genuine one with its
 /// target changed to a blocked unit file, and one with no seal at all — is refused, and
 /// nothing is written.
@@ -241,9 +249,7 @@ fn the_seal_key_is_private_and_outlives_the_process() {
 #[test]
 fn genuine_records_copied_elsewhere_are_not_trusted() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    let mut config = w.writable_config();
-    config.roots = vec![w.root.clone(), root2.clone()];
+    let (root2, config) = two_roots(&w);
     w.write("m.txt", b"mark");
     w.write("n.txt", b"note");
     let sb = w.open(config.clone());
@@ -415,9 +421,7 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert_eq!(w.read("one.txt"), b"1", "pruned: no longer reversible");
     drop(sb);
 
-    let root2 = w.tmp.path().join("root2");
-    let mut both = w.writable_config();
-    both.roots = vec![w.root.clone(), root2.clone()];
+    let (root2, both) = two_roots(&w);
     let sb = w.open(both);
     run(
         &sb,
@@ -450,9 +454,7 @@ fn first_action(w: &World, wf: &str) -> String {
 #[test]
 fn prune_over_several_roots_and_root_spellings() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    let mut both = w.writable_config();
-    both.roots = vec![w.root.clone(), root2.clone()];
+    let (root2, both) = two_roots(&w);
     let sb = w.open(both.clone());
     run(
         &sb,
@@ -606,9 +608,7 @@ fn a_root_named_through_a_symlink_keeps_its_snapshots() {
 #[test]
 fn prune_marks_name_their_roots_and_runs() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    let mut both = w.writable_config();
-    both.roots = vec![w.root.clone(), root2.clone()];
+    let (root2, both) = two_roots(&w);
     let sb = w.open(both.clone());
     run(
         &sb,
