@@ -181,11 +181,9 @@ impl TargetState {
     /// What the snapshot's action found at its target.
     pub(crate) fn found_by(meta: &SnapshotMeta) -> Self {
         match meta.kind {
-            crate::snapshot::SnapshotKind::File => {
-                Self::File(meta.sha256.clone().unwrap_or_default())
-            }
-            crate::snapshot::SnapshotKind::Directory => Self::Directory,
-            crate::snapshot::SnapshotKind::Missing => Self::Missing,
+            SnapshotKind::File => Self::File(meta.sha256.clone().unwrap_or_default()),
+            SnapshotKind::Directory => Self::Directory,
+            SnapshotKind::Missing => Self::Missing,
         }
     }
 
