@@ -529,6 +529,7 @@ fn serve(config: Config) -> Result<u8> {
         addr: config.addr.clone(),
         token: config.token.clone(),
         body_limit_bytes: config.max_body_bytes,
+        ..Default::default()
     };
     // Refuse a public address without a token before touching the roots.
     let resolved = ailab_sandbox_http::resolve_addr(&opts.addr)?;

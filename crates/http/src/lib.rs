@@ -75,7 +75,8 @@ pub use error::codes;
 pub use guard::constant_time_eq;
 pub use routes::OPENMETRICS_CONTENT_TYPE;
 pub use server::{
-    MIN_TOKEN_LEN, ServeError, ServeOptions, check_exposure, resolve_addr, run, serve,
+    ConnLimits, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MIN_TOKEN_LEN, ServeError, ServeOptions,
+    check_exposure, resolve_addr, run, serve, serve_with,
 };
 
 /// Default largest request body: 64 MiB, the configuration's default, so that every plan

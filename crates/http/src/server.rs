@@ -17,6 +17,33 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Most threads the blocking pool (the synchronous sandbox calls) may use.
 const MAX_BLOCKING_THREADS: usize = 64;
 
+/// Most connections served at once; further clients wait in the listen backlog until one
+/// closes. Each holds a descriptor, and the runtime needs its own for its logs and locks.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a connection may take to send a request's headers, and how long a kept-alive
+/// connection may stay idle between requests, before it is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a client's connections may hold: without these bounds, a local client that opens
+/// connections and sends nothing would hold the server's descriptors for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Connections served at once (at least 1; default [`MAX_CONNECTIONS`]).
+    pub max_connections: usize,
+    /// See [`HEADER_READ_TIMEOUT`] (the default).
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        }
+    }
+}
+
 /// How to serve.
 #[derive(Clone)]
 pub struct ServeOptions {
@@ -26,6 +53,8 @@ pub struct ServeOptions {
     pub token: Option<String>,
     /// Largest request body, in bytes (default 64 MiB).
     pub body_limit_bytes: usize,
+    /// Bounds on connections.
+    pub limits: ConnLimits,
 }
 
 impl Default for ServeOptions {
@@ -34,6 +63,7 @@ impl Default for ServeOptions {
             addr: DEFAULT_ADDR.to_owned(),
             token: None,
             body_limit_bytes: DEFAULT_BODY_LIMIT,
+            limits: ConnLimits::default(),
         }
     }
 }
@@ -44,6 +74,7 @@ impl std::fmt::Debug for ServeOptions {
             .field("addr", &self.addr)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("body_limit_bytes", &self.body_limit_bytes)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -94,9 +125,6 @@ pub enum ServeError {
         /// Why.
         error: std::io::Error,
     },
-    /// Serving failed.
-    #[error("the server stopped with an error: {0}")]
-    Serve(std::io::Error),
 }
 
 /// The shortest token `serve` accepts.
@@ -168,7 +196,7 @@ pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> 
             tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
         }
         let app = crate::router(sandbox, opts.token, opts.body_limit_bytes);
-        serve(listener, app, shutdown_signal()).await
+        serve_with(listener, app, opts.limits, shutdown_signal()).await
     })
     // Dropping the runtime waits for sandbox calls still running on the blocking pool,
     // so a plan that was executing finishes its writes and audit records.
@@ -176,28 +204,95 @@ pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> 
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
 /// in-flight requests finish (for at most 30 s) and returns. The caller is responsible
-/// for the exposure check ([`check_exposure`]); [`run`] does it.
+/// for the exposure check ([`check_exposure`]); [`run`] does it. Connections are bounded
+/// by the default [`ConnLimits`].
 pub async fn serve<F>(listener: TcpListener, app: Router, shutdown: F) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new connections; in-flight requests finish");
-        let _ = tx.send(());
-    });
-    let grace = async move {
-        if rx.await.is_err() {
+    serve_with(listener, app, ConnLimits::default(), shutdown).await
+}
+
+/// [`serve`] with explicit connection bounds.
+pub async fn serve_with<F>(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let room = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    // Each connection holds a receiver: the sender learns of shutdown's end when the
+    // last one is dropped, and tells them all to finish when it changes.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            a = accept(&listener, &room) => a,
+        };
+        let (stream, permit) = accepted;
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        let timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            }
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    tracing::info!("shutting down: no new connections; in-flight requests finish");
+    drop(listener);
+    drop(stop_rx);
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(SHUTDOWN_GRACE, stop_tx.closed()).await {
+        Ok(()) => {}
+        Err(_) => tracing::warn!(
+            "in-flight requests did not finish within {SHUTDOWN_GRACE:?}; stopping anyway"
+        ),
+    }
+    Ok(())
+}
+
+/// The next connection once there is room for it. An accept error (out of descriptors,
+/// a connection reset before it was taken) is logged and retried after a pause, so a
+/// passing shortage does not spin or stop the server.
+async fn accept(
+    listener: &TcpListener,
+    room: &Arc<tokio::sync::Semaphore>,
+) -> (tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit) {
+    loop {
+        let Ok(permit) = room.clone().acquire_owned().await else {
+            // The semaphore is never closed.
             std::future::pending::<()>().await;
-        }
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
-    tokio::select! {
-        r = server => r.map_err(ServeError::Serve),
-        () = grace => {
-            tracing::warn!("in-flight requests did not finish within {SHUTDOWN_GRACE:?}; stopping anyway");
-            Ok(())
+            continue;
+        };
+        match listener.accept().await {
+            Ok((stream, _)) => return (stream, permit),
+            Err(e) => {
+                drop(permit);
+                tracing::warn!(error = %e, "could not accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The real server over TCP, with hand-written HTTP/1.1.
 
 use crate::support::*;
-use ailab_sandbox_http::{ServeError, ServeOptions};
+use ailab_sandbox_http::{ConnLimits, ServeError, ServeOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -15,12 +15,21 @@ struct Server {
 
 impl Server {
     async fn start(app: axum::Router) -> Self {
+        Self::start_with(app, ConnLimits::default()).await
+    }
+
+    async fn start_with(app: axum::Router, limits: ConnLimits) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(ailab_sandbox_http::serve(listener, app, async move {
-            let _ = rx.await;
-        }));
+        let task = tokio::spawn(ailab_sandbox_http::serve_with(
+            listener,
+            app,
+            limits,
+            async move {
+                let _ = rx.await;
+            },
+        ));
         Self {
             addr,
             stop: Some(tx),
@@ -61,6 +70,12 @@ fn read_one(r: &mut BufReader<TcpStream>) -> (u16, String) {
     let mut body = vec![0; len];
     r.read_exact(&mut body).unwrap();
     (status, String::from_utf8(body).unwrap())
+}
+
+/// The server answers a fresh connection.
+fn assert_still_answers(addr: SocketAddr) {
+    let (status, _, body) = raw_http(addr, &get_req(addr, "/healthz", ""));
+    assert_eq!(status, 200, "{body}");
 }
 
 fn get_req(addr: SocketAddr, path: &str, extra: &str) -> String {
@@ -182,8 +197,7 @@ async fn garbage_on_the_wire_does_not_hurt_the_server() {
                 );
             }
         }
-        let (status, _, _) = raw_http(addr, &get_req(addr, "/healthz", ""));
-        assert_eq!(status, 200);
+        assert_still_answers(addr);
     })
     .await
     .unwrap();
@@ -239,6 +253,94 @@ async fn shutdown_lets_the_in_flight_request_finish() {
         std::fs::read_to_string(e.root.join("grace.txt")).unwrap(),
         "finished"
     );
+    server.stop().await;
+}
+
+/// Whether the server closes `s` (end of file, or a reset) within `within`, having sent
+/// nothing on it.
+fn closed_silently(mut s: TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!(
+            "unexpected answer: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+        Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_idle_connections_are_closed() {
+    let e = env_with(Opts::default());
+    let limits = ConnLimits {
+        header_read_timeout: Duration::from_secs(1),
+        ..ConnLimits::default()
+    };
+    let server = Server::start_with(e.app.clone(), limits).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        // Nothing sent at all.
+        let silent = TcpStream::connect(addr).unwrap();
+        assert!(closed_silently(silent, Duration::from_secs(15)));
+        // Half a request head.
+        let mut half = TcpStream::connect(addr).unwrap();
+        half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        assert!(closed_silently(half, Duration::from_secs(15)));
+        // Kept alive after an answer, then idle.
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        w.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut r = BufReader::new(s);
+        assert_eq!(read_one(&mut r).0, 200);
+        assert!(closed_silently(r.into_inner(), Duration::from_secs(15)));
+        assert_still_answers(addr);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_wait_for_room() {
+    let e = env_with(Opts::default());
+    let limits = ConnLimits {
+        max_connections: 2,
+        ..ConnLimits::default()
+    };
+    let server = Server::start_with(e.app.clone(), limits).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        // The kernel completes the handshake; the server takes the connection only when
+        // one of the two closes.
+        let mut third = TcpStream::connect(addr).unwrap();
+        third
+            .write_all(get_req(addr, "/healthz", "").as_bytes())
+            .unwrap();
+        third
+            .set_read_timeout(Some(Duration::from_millis(700)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = third.read(&mut buf);
+        assert!(
+            matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut),
+            "answered while two connections held the room: {early:?}"
+        );
+        drop(held);
+        third.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut out = Vec::new();
+        third.read_to_end(&mut out).unwrap();
+        let (status, _, body) = parse_response(&out);
+        assert_eq!(status, 200, "{body}");
+    })
+    .await
+    .unwrap();
     server.stop().await;
 }
 
