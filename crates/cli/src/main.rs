@@ -471,7 +471,18 @@ fn run(cli: Cli) -> Result<u8> {
                         report.workflows_kept
                     );
                 }
-                Ok(EXIT_OK)
+                if report.workflows_failed.is_empty() {
+                    return Ok(EXIT_OK);
+                }
+                if !json {
+                    for f in &report.workflows_failed {
+                        eprintln!(
+                            "could not prune workflow {} ({}): {}; the next prune tries again",
+                            f.workflow_id, f.reason_code, f.reason
+                        );
+                    }
+                }
+                Ok(EXIT_REFUSED)
             }
             Err(r) => refusal_exit(json, &r, EXIT_REFUSED),
         },

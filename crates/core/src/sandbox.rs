@@ -332,8 +332,22 @@ pub struct PruneReport {
     pub workflows_pruned: Vec<String>,
     /// Workflows kept (newer, or running).
     pub workflows_kept: u64,
+    /// Workflows whose prune could not be done or finished (an I/O error): each is tried
+    /// again by the next prune.
+    pub workflows_failed: Vec<PruneFailure>,
     /// Writing is off or dry-run is on: nothing was removed.
     pub simulated: bool,
+}
+
+/// A workflow [`Sandbox::prune`] could not prune, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneFailure {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Why, as a code.
+    pub reason_code: ReasonCode,
+    /// Why, for a person.
+    pub reason: String,
 }
 
 pub(crate) const READ_LIMIT: u64 = 4 * 1024 * 1024;
@@ -1976,17 +1990,27 @@ impl Sandbox {
             if !crate::plan::is_valid_id(&wf) {
                 continue;
             }
-            let Ok(_lock) = self.state.lock(&format!("wf-{wf}")) else {
-                report.workflows_kept += 1;
-                continue;
-            };
-            match self.prune_workflow(&wf, cutoff, simulated) {
+            let pruned = self
+                .state
+                .lock(&format!("wf-{wf}"))
+                .map_err(|e| {
+                    crate::Refusal::new(
+                        ReasonCode::IoError,
+                        format!("could not take the workflow's lock: {e}"),
+                    )
+                })
+                .and_then(|_lock| self.prune_workflow(&wf, cutoff, simulated));
+            match pruned {
                 Ok(true) => report.workflows_pruned.push(wf),
                 Ok(false) => report.workflows_kept += 1,
                 // One workflow that cannot be pruned does not keep the others.
                 Err(r) => {
                     tracing::error!(workflow = %wf, reason = %r, "a workflow could not be pruned");
-                    report.workflows_kept += 1;
+                    report.workflows_failed.push(PruneFailure {
+                        workflow_id: wf,
+                        reason_code: r.reason_code,
+                        reason: r.reason,
+                    });
                 }
             }
         }

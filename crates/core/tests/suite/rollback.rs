@@ -548,6 +548,41 @@ fn a_directory_made_again_by_others_is_kept() {
     assert!(!w.path("d").exists());
 }
 
+/// A workflow whose prune fails is reported as such, not counted among those kept, and
+/// does not stop the others; the next prune finishes what it left.
+#[test]
+fn a_prune_that_fails_is_reported_and_finished_later() {
+    let w = World::new();
+    let sb = w.sandbox();
+    for wf in ["wf_p1", "wf_p2"] {
+        run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": format!("{wf}.txt"), "content": "p"}]}),
+        );
+    }
+    w.clock.advance(chrono::Duration::days(10));
+    sb.failpoints().arm("during_prune", 1);
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_p2"], "{report:?}");
+    assert_eq!(report.workflows_kept, 0, "{report:?}");
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    let failed = &report.workflows_failed[0];
+    assert_eq!(failed.workflow_id, "wf_p1");
+    assert_eq!(failed.reason_code, ReasonCode::IoError);
+    assert!(failed.reason.contains("during_prune"), "{}", failed.reason);
+    let again = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert!(again.workflows_failed.is_empty(), "{again:?}");
+    let left: Vec<_> = std::fs::read_dir(w.root.join(".rollback"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// After a prune an action id may be used again; the rollback compares the new action's
 /// result, not an artifact the pruned one left in the registry.
 #[test]
