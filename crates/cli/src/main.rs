@@ -306,7 +306,18 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Serve { .. } = cli.command {
         return serve(config);
     }
-    let mut sandbox = Sandbox::open(config)?;
+    let verify_only = matches!(
+        &cli.command,
+        Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
+    );
+    let state_dir = config.state_dir.clone();
+    let mut sandbox = match Sandbox::open(config) {
+        Ok(s) => s,
+        Err(e) if verify_only && e.is_unwritable() => {
+            return verify_read_only(&state_dir, &e, cli.json);
+        }
+        Err(e) => return Err(e.into()),
+    };
     if !cli.json {
         for n in sandbox.notices() {
             eprintln!("note: {n}");
@@ -489,6 +500,28 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Mcp => mcp(sandbox),
         Command::Ops | Command::Serve { .. } => Ok(EXIT_OK),
     }
+}
+
+/// `audit verify` where the runtime cannot start because it may not write (a read-only
+/// copy of the state directory, a read-only mount): the trail is checked as it is on disk.
+fn verify_read_only(
+    state_dir: &std::path::Path,
+    why: &ailab_sandbox_core::Error,
+    json: bool,
+) -> Result<u8> {
+    let v = ailab_sandbox_core::audit::verify_read_only(state_dir)
+        .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
+    if !json {
+        eprintln!(
+            "note: the runtime cannot start here ({why}); the trail was verified read-only, without recovery"
+        );
+    }
+    if json {
+        print_json(&v)?
+    } else {
+        human::verify(&v)
+    }
+    Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
 }
 
 /// The plan the operator names: a file (read anywhere, never written), or `-` for stdin.

@@ -679,32 +679,49 @@ impl AuditLog {
             g.0.read_all()?
         };
         // The file as it is now, not this process's handle on it, which outlives a removal.
-        let head = match self.state.read_optional(HEAD_FILE)? {
-            None => HeadFile::Missing,
-            Some(b) => parse_head(&b),
-        };
-        let at = match &head {
-            HeadFile::At(h) => Some((h.seq, h.entry_hash.clone())),
-            _ => None,
-        };
-        let report = verify_bytes(&bytes, at);
-        let problem = match head {
-            HeadFile::Missing if report.entries > 0 => Some(format!(
-                "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed, so lines cut from the end cannot be ruled out",
-                report.entries
-            )),
-            HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
-            _ => None,
-        };
-        Ok(match problem {
-            Some(reason) if report.ok => VerifyReport {
-                ok: false,
-                entries: report.entries,
-                first_bad_seq: None,
-                reason: Some(reason),
-            },
-            _ => report,
-        })
+        let head = self.state.read_optional(HEAD_FILE)?;
+        Ok(verify_with_head(&bytes, head.as_deref()))
+    }
+}
+
+/// [`AuditLog::verify`] for the state directory at `state_dir`, writing nothing: no
+/// recovery, no lock, and a torn last line left out as a crash leaves it. For a state
+/// directory this process cannot write (a read-only copy, a read-only mount), where
+/// opening the runtime fails.
+pub fn verify_read_only(state_dir: &std::path::Path) -> io::Result<VerifyReport> {
+    let mut files =
+        StateDir::read_without_opening(state_dir, &[AUDIT_FILE, HEAD_FILE], u64::MAX)?.into_iter();
+    let (log, head) = (files.next().flatten(), files.next().flatten());
+    Ok(verify_with_head(&log.unwrap_or_default(), head.as_deref()))
+}
+
+/// Checks a log's bytes against the bytes of its head file (`None`: there is none).
+fn verify_with_head(bytes: &[u8], head: Option<&[u8]>) -> VerifyReport {
+    let head = match head {
+        None => HeadFile::Missing,
+        Some(b) => parse_head(b),
+    };
+    let at = match &head {
+        HeadFile::At(h) => Some((h.seq, h.entry_hash.clone())),
+        _ => None,
+    };
+    let report = verify_bytes(bytes, at);
+    let problem = match head {
+        HeadFile::Missing if report.entries > 0 => Some(format!(
+            "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed, so lines cut from the end cannot be ruled out",
+            report.entries
+        )),
+        HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
+        _ => None,
+    };
+    match problem {
+        Some(reason) if report.ok => VerifyReport {
+            ok: false,
+            entries: report.entries,
+            first_bad_seq: None,
+            reason: Some(reason),
+        },
+        _ => report,
     }
 }
 

@@ -24,12 +24,12 @@ pub enum Error {
         inner: PathBuf,
     },
     /// The state directory cannot be created or opened.
-    #[error("{}", state_dir_message(.path, .source))]
+    #[error("{}", state_dir_message(.path, .cause))]
     StateDir {
         /// The directory.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why (in the message; not a `source`, so that a printed chain says it once).
+        cause: std::io::Error,
     },
     /// The state directory lies inside a sandbox root.
     #[error("state directory {} lies inside the sandbox root {}; it must be outside every root", .state_dir.display(), .root.display())]
@@ -40,18 +40,33 @@ pub enum Error {
         root: PathBuf,
     },
     /// Reading or writing the registry or audit log failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// What was being done.
         what: &'static str,
-        /// Why it failed.
-        source: std::io::Error,
+        /// Why it failed (in the message; not a `source`, so that a printed chain says it
+        /// once).
+        cause: std::io::Error,
     },
 }
 
 impl Error {
     pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
-        move |source| Self::Io { what, source }
+        move |cause| Self::Io { what, cause }
+    }
+
+    /// Whether the runtime could not start because it may not write where it must (a
+    /// read-only filesystem, or no permission): what reads only, such as verifying the
+    /// audit trail, can still be done without it.
+    pub fn is_unwritable(&self) -> bool {
+        let cause = match self {
+            Self::Io { cause, .. } | Self::StateDir { cause, .. } => cause,
+            _ => return false,
+        };
+        matches!(
+            cause.kind(),
+            std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+        )
     }
 }
 
@@ -63,5 +78,31 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
         why
     } else {
         format!("state directory {shown} cannot be used: {why}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// A cause is said once, by the message: error chains printed whole (`{:#}`) would
+    /// say it twice if it were also the `source`.
+    #[test]
+    fn causes_are_said_once() {
+        let io = || std::io::Error::from_raw_os_error(30);
+        for e in [
+            Error::io("open the artifact registry")(io()),
+            Error::StateDir {
+                path: "/s".into(),
+                cause: io(),
+            },
+        ] {
+            let shown = e.to_string();
+            assert!(shown.contains("os error 30"), "{shown}");
+            assert!(std::error::Error::source(&e).is_none(), "{shown}");
+            assert!(e.is_unwritable(), "{shown}");
+        }
+        let full = Error::io("append")(std::io::Error::from_raw_os_error(28));
+        assert!(!full.is_unwritable(), "a full disk is not a read-only one");
     }
 }

@@ -2136,11 +2136,11 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
             let fallback =
                 Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
                     path: config.state_dir.clone(),
-                    source: e,
+                    cause: e,
                 })?;
-            let s = StateDir::open(&fallback).map_err(|source| Error::StateDir {
+            let s = StateDir::open(&fallback).map_err(|cause| Error::StateDir {
                 path: fallback.clone(),
-                source,
+                cause,
             })?;
             let note = format!(
                 "the default state directory {DEFAULT_STATE_DIR} cannot be created; using {} instead",
@@ -2149,9 +2149,9 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
             tracing::warn!("{note}");
             Ok((s, Some(note)))
         }
-        Err(source) => Err(Error::StateDir {
+        Err(cause) => Err(Error::StateDir {
             path: config.state_dir.clone(),
-            source,
+            cause,
         }),
     }
 }

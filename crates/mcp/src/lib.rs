@@ -59,14 +59,14 @@ pub const SERVER_NAME: &str = "ailab-sandbox";
 pub enum McpError {
     /// The async runtime could not be built.
     #[error("could not start the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
     /// The MCP session could not be initialized (the client did not open with a valid
     /// `initialize`, or the transport failed).
     #[error("the MCP session could not be initialized: {0}")]
-    Initialize(#[source] Box<ServerInitializeError>),
+    Initialize(Box<ServerInitializeError>),
     /// The session's task ended abnormally.
     #[error("the MCP session ended abnormally: {0}")]
-    Session(#[source] tokio::task::JoinError),
+    Session(tokio::task::JoinError),
 }
 
 /// The MCP server: an [`rmcp::ServerHandler`] over a shared [`Sandbox`].

@@ -75,6 +75,34 @@ impl StateDir {
         })
     }
 
+    /// Reads top-level files of the state directory at `path` without creating or
+    /// writing anything (`None` for a missing file): for a state directory this process
+    /// cannot write, such as a read-only copy kept for an audit. Each file is read
+    /// through the directory's handle without following a link, at most `limit` bytes.
+    pub fn read_without_opening(
+        path: &Path,
+        names: &[&str],
+        limit: u64,
+    ) -> io::Result<Vec<Option<Vec<u8>>>> {
+        let checked = super::root::open_checked_dir_through_link(
+            path,
+            false,
+            "state directory",
+            STATE_DIR_MODE,
+        )
+        .map_err(io::Error::other)?;
+        names
+            .iter()
+            .map(
+                |name| match super::root::read_file_in(&checked.dir, name, limit, false) {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(e),
+                },
+            )
+            .collect()
+    }
+
     /// Its path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -115,6 +115,50 @@ fn truncated_tail_is_detected_through_the_head() {
     assert!(v.reason.unwrap().contains("removed from the end"));
 }
 
+/// A state directory the runtime cannot open for writing can still have its trail
+/// verified, with the same verdicts, and nothing is written there.
+#[test]
+fn the_trail_verifies_read_only_alike() {
+    use ailab_sandbox_core::audit::verify_read_only;
+    let (w, sb) = audited_world(4);
+    drop(sb);
+    let tree = |w: &World| {
+        let mut names: Vec<_> = std::fs::read_dir(&w.state)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), e.metadata().unwrap().len())
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let before = tree(&w);
+    let v = verify_read_only(&w.state).unwrap();
+    assert!(v.ok, "{v:?}");
+    assert_eq!(v.entries, 4);
+    let original = lines(&w);
+    let mut l = original.clone();
+    l.truncate(3);
+    write_lines(&w, &l);
+    let v = verify_read_only(&w.state).unwrap();
+    assert_eq!((v.ok, v.first_bad_seq), (false, Some(4)), "{v:?}");
+    l[1] = l[1].replace("create_file", "replace_file");
+    write_lines(&w, &l);
+    let v = verify_read_only(&w.state).unwrap();
+    assert_eq!((v.ok, v.first_bad_seq), (false, Some(2)), "{v:?}");
+    write_lines(&w, &original);
+    std::fs::remove_file(w.state.join("sandbox_audit.head.json")).unwrap();
+    let v = verify_read_only(&w.state).unwrap();
+    assert!(!v.ok && v.reason.unwrap().contains("missing"));
+    let after = tree(&w);
+    assert_eq!(after.len(), before.len() - 1, "nothing made: {after:?}");
+    // A state directory that is not there is an error, and is not made.
+    let gone = w.state.join("nope");
+    assert!(verify_read_only(&gone).is_err());
+    assert!(!gone.exists());
+}
+
 fn one_more_line(sb: &ailab_sandbox_core::Sandbox, path: &str) {
     run(
         sb,
