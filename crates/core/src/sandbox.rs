@@ -1404,8 +1404,67 @@ impl Sandbox {
     }
 
     /// Rolls a workflow (or one of its actions) back, newest first, refusing with
-    /// `conflict` when a file changed since the workflow wrote it, unless forced.
+    /// `conflict` when a file changed since the workflow wrote it, unless forced. A
+    /// refusal is audited as a blocked rollback (SPEC §8: blocked actions are audited
+    /// too), so that a snapshot found tampered with, or a conflict, is on the trail.
     pub fn rollback_workflow(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
+        let report = self.rollback_unaudited(workflow_id, opts);
+        if report.status == "refused" {
+            self.audit_refused_rollback(workflow_id, opts, &report);
+        }
+        report
+    }
+
+    fn audit_refused_rollback(
+        &self,
+        workflow_id: &str,
+        opts: &RollbackOptions,
+        report: &RollbackReport,
+    ) {
+        // An id that is not one names nothing the trail could hold.
+        if report.reason_code == Some(ReasonCode::InvalidId) {
+            return;
+        }
+        if report.reason_code == Some(ReasonCode::ChecksumMismatch) {
+            self.metrics.checksum_mismatch();
+        }
+        let folder = self
+            .root_paths
+            .first()
+            .map(|r| {
+                r.join(crate::confine::path::ROLLBACK_DIR)
+                    .join(workflow_id)
+                    .display()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let record = AuditRecord {
+            timestamp: self.now(),
+            execution_id: crate::plan::new_execution_id(),
+            workflow_id: workflow_id.to_owned(),
+            action_id: opts.action_id.clone().unwrap_or_default(),
+            mutation_class: Some(MutationClass::Rollback),
+            mutation_type: if opts.action_id.is_some() {
+                "rollback_action"
+            } else {
+                "rollback_workflow"
+            }
+            .to_owned(),
+            target_path: folder,
+            before_checksum: None,
+            after_checksum: None,
+            rollback_available: false,
+            rollback_path: None,
+            status: AuditStatus::Blocked,
+            reason_code: report.reason_code,
+            error: report.reason.clone(),
+        };
+        if let Err(e) = self.audit.append(vec![record]) {
+            tracing::error!(error = %e, "could not audit a refused rollback");
+        }
+    }
+
+    fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
         let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
             workflow_id: workflow_id.to_owned(),
             status: "refused",

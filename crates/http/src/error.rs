@@ -160,9 +160,11 @@ pub(crate) fn refusal_status(code: ReasonCode) -> StatusCode {
     match code {
         C::InvalidPlan | C::InvalidId => StatusCode::BAD_REQUEST,
         C::NotFound | C::NoRollbackData => StatusCode::NOT_FOUND,
-        C::Conflict | C::AlreadyExists => StatusCode::CONFLICT,
+        // A snapshot or file that no longer matches its checksum is a conflict with what
+        // the runtime recorded, not a server fault.
+        C::Conflict | C::AlreadyExists | C::ChecksumMismatch => StatusCode::CONFLICT,
         C::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        C::IoError | C::ChecksumMismatch => StatusCode::INTERNAL_SERVER_ERROR,
+        C::IoError => StatusCode::INTERNAL_SERVER_ERROR,
         C::PhaseNotSupported
         | C::NotSandboxWrite
         | C::ForbiddenIntent
@@ -313,6 +315,10 @@ mod tests {
         );
         assert_eq!(refusal_status(ReasonCode::Conflict), StatusCode::CONFLICT);
         assert_eq!(
+            refusal_status(ReasonCode::ChecksumMismatch),
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
             refusal_status(ReasonCode::RateLimited),
             StatusCode::TOO_MANY_REQUESTS
         );
@@ -322,12 +328,7 @@ mod tests {
         );
         for code in ReasonCode::ALL {
             let s = refusal_status(code);
-            assert!(
-                s.is_client_error()
-                    || code == ReasonCode::IoError
-                    || code == ReasonCode::ChecksumMismatch,
-                "{code}"
-            );
+            assert!(s.is_client_error() || code == ReasonCode::IoError, "{code}");
         }
     }
 

@@ -21,7 +21,8 @@
 //! and `reason` added when the run did not succeed. A plan that cannot be parsed or has
 //! invalid ids is 400. `POST /agentic/rollback/{id}` answers 200 when rolled back (or
 //! simulated, with writing off or dry-run on), 409
-//! on `conflict` or a failed restore step, 404 on `no_rollback_data`, 400 on
+//! on `conflict`, `checksum_mismatch` (a snapshot record or backup that fails its seal or
+//! checksum) or a failed restore step, 404 on `no_rollback_data`, 400 on
 //! `invalid_id`, with the rollback report as body. Every other error is a JSON
 //! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
 //! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403

@@ -93,6 +93,17 @@ fn conflict_is_refused_unless_forced() {
         "nothing restored on conflict"
     );
     assert_eq!(w.read("data/config.json"), b"{\"v\": 2}\n");
+    // The refusal is on the trail, as a blocked rollback naming the conflict.
+    let last = &sb.audit_entries(1, Some("wf_five")).unwrap()[0];
+    assert_eq!(
+        (last.status, last.reason_code, last.mutation_type.as_str()),
+        (
+            ailab_sandbox_core::audit::AuditStatus::Blocked,
+            Some(ReasonCode::Conflict),
+            "rollback_workflow"
+        )
+    );
+    assert!(last.error.as_deref().unwrap().contains("log.txt"));
     let info = sb.rollback_info("wf_five").unwrap();
     assert!(info.rollback_available);
     assert_eq!(info.conflicts.len(), 1);
@@ -686,6 +697,7 @@ fn a_rollback_the_trail_could_not_record_is_recorded_later() {
     );
     let mut seen = audit_statuses(&sb, "wf_n");
     seen.sort();
-    assert_eq!(seen, ["rolled_back", "success"]);
+    // The second rollback, refused, is on the trail as blocked.
+    assert_eq!(seen, ["blocked", "rolled_back", "success"]);
     assert!(sb.audit_verify().unwrap().ok);
 }

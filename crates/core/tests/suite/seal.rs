@@ -35,6 +35,19 @@ fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) 
     assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
     let reason = rb.reason.unwrap();
     assert!(reason.contains(file), "{reason}");
+    // Counted, and on the trail as a blocked rollback.
+    let counted = |sb: &ailab_sandbox_core::Sandbox| {
+        let text = sb.metrics().encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix("ailab_sandbox_checksum_mismatch_total "))
+            .map(|n| n.parse::<u64>().unwrap())
+            .unwrap()
+    };
+    assert!(counted(sb) >= 1);
+    let last = &sb.audit_entries(1, Some(wf)).unwrap()[0];
+    assert_eq!(last.status, ailab_sandbox_core::audit::AuditStatus::Blocked);
+    assert_eq!(last.reason_code, Some(ReasonCode::ChecksumMismatch));
+    let before = counted(sb);
     let forced = sb.rollback_workflow(
         wf,
         &RollbackOptions {
@@ -43,6 +56,7 @@ fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) 
         },
     );
     assert_eq!(forced.status, "refused", "force does not trust it either");
+    assert_eq!(counted(sb), before + 1);
 }
 
 /// Rolls a workflow back and checks that it was.
