@@ -295,7 +295,21 @@ impl Config {
             c.roots = roots;
             c.roots_explicit = true;
         }
-        if let Some(v) = env(env::ROOTS).filter(|v| !v.is_empty()) {
+        // A variable set to nothing (often an unset shell variable passed on) is an
+        // error, not the defaults: those would be other directories than intended.
+        let set_but_empty = |name: &str, unset_means: &str, give: &str| {
+            ConfigError(format!(
+                "{name} is set but empty; unset it to use {unset_means}, or give {give}"
+            ))
+        };
+        if let Some(v) = env(env::ROOTS) {
+            if v.is_empty() {
+                return Err(set_but_empty(
+                    env::ROOTS,
+                    "the configured or default roots",
+                    "absolute directories separated by ':'",
+                ));
+            }
             c.roots = v
                 .split(':')
                 .filter(|s| !s.is_empty())
@@ -312,7 +326,14 @@ impl Config {
             c.state_dir = p;
             c.state_dir_explicit = true;
         }
-        if let Some(v) = env(env::STATE_DIR).filter(|v| !v.is_empty()) {
+        if let Some(v) = env(env::STATE_DIR) {
+            if v.is_empty() {
+                return Err(set_but_empty(
+                    env::STATE_DIR,
+                    "the configured or default state directory",
+                    "an absolute directory",
+                ));
+            }
             c.state_dir = PathBuf::from(v);
             c.state_dir_explicit = true;
         }
@@ -378,7 +399,9 @@ impl Config {
                 c.max_body_bytes = m;
             }
         }
-        if let Some(t) = env(env::TOKEN).filter(|t| !t.is_empty()) {
+        // An empty token is kept, for `serve` to refuse (it is no token), rather than
+        // quietly serving without one.
+        if let Some(t) = env(env::TOKEN) {
             c.token = Some(t);
         }
         if let Some(a) = &flags.addr {

@@ -200,6 +200,22 @@ fn bad_boolean_env_value_names_the_variable() {
     assert!(err.0.contains("AI_LAB_SANDBOX_DRY_RUN"), "{err}");
 }
 
+/// A variable set to nothing is refused by name, not taken as "use the defaults" (an
+/// unset shell variable passed on would otherwise point the runtime at other
+/// directories); an empty token is kept for `serve` to refuse.
+#[test]
+fn empty_variables_are_refused_not_defaulted() {
+    for var in [env::ROOTS, env::STATE_DIR] {
+        let err = resolve(Some(FILE), &[(var, "")], &Overrides::default()).unwrap_err();
+        assert!(
+            err.0.contains(var) && err.0.contains("empty"),
+            "{var}: {err}"
+        );
+    }
+    let c = resolve(None, &[(env::TOKEN, "")], &Overrides::default()).unwrap();
+    assert_eq!(c.token.as_deref(), Some(""));
+}
+
 #[test]
 fn token_from_env_and_flag() {
     let tok_env = "env-token-0123456789";
@@ -472,12 +488,6 @@ fn extension_entries_that_could_never_match_are_refused() {
     )
     .unwrap();
     assert!(Config::resolve(Some(raw), &no_env, &Overrides::default()).is_ok());
-}
-
-#[test]
-fn an_empty_roots_variable_counts_as_unset() {
-    let c = resolve(Some(FILE), &[(env::ROOTS, "")], &Overrides::default()).unwrap();
-    assert_eq!(c.roots, paths(&["/srv/file-root"]));
 }
 
 #[test]
