@@ -384,6 +384,16 @@ impl Sandbox {
                 inner: roots[inner].path().to_path_buf(),
             });
         }
+        // Checked before the state directory is opened, since opening makes folders in
+        // it: through a symlink into a root they would be made inside the sandbox.
+        for root in &roots {
+            if let Some(inside) = lies_inside(&config.state_dir, root.path()) {
+                return Err(Error::StateDirInsideRoot {
+                    state_dir: inside,
+                    root: root.path().to_path_buf(),
+                });
+            }
+        }
         let (state, note) = open_state_dir(&config)?;
         let target_locks = crate::confine::state::LockSet::new(
             &state,
@@ -2177,7 +2187,7 @@ fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
     if inner.starts_with(outer) {
         return Some(inner.to_path_buf());
     }
-    let s = crate::confine::state::canonical(inner)?;
+    let s = crate::confine::state::canonical_to_be(inner)?;
     let r = crate::confine::state::canonical(outer)?;
     s.starts_with(&r).then_some(s)
 }

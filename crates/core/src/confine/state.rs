@@ -732,6 +732,21 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
 }
 
+/// Where `path` would be once made: its nearest existing ancestor with symbolic links
+/// resolved, then the components that do not exist yet. `None` when no ancestor
+/// resolves.
+pub fn canonical_to_be(path: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Some(c) = canonical(at) {
+            return Some(rest.iter().rev().fold(c, |p: PathBuf, n| p.join(n)));
+        }
+        rest.push(at.file_name()?.to_owned());
+        at = at.parent()?;
+    }
+}
+
 /// Makes whole filesystems durable at once with `syncfs(2)`: one call per distinct
 /// filesystem among the given directories, in place of a `fsync` per file and directory
 /// touched since the last call. Concurrent callers share syncs (group commit): a sync

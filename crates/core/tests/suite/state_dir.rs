@@ -156,6 +156,43 @@ fn a_root_inside_the_state_directory_through_a_symlink_is_refused() {
     assert!(err.contains("inside the state directory"), "{err}");
 }
 
+/// A state directory that reaches into a root through a symlink — itself one, or below
+/// one — is refused before anything is made in it, so nothing lands in the sandbox.
+#[test]
+fn a_state_directory_inside_a_root_through_a_symlink_makes_nothing_there() {
+    let w = World::new();
+    drop(w.sandbox());
+    let before = w.tree();
+    fs::create_dir(w.root.join("st")).unwrap();
+    let to_root = w.tmp.path().join("to-root");
+    symlink(&w.root, &to_root).unwrap();
+    let to_st = w.tmp.path().join("to-st");
+    symlink(w.root.join("st"), &to_st).unwrap();
+    for state in [
+        to_st.clone(),
+        to_root.join("st"),
+        to_root.join("new/deeper"),
+    ] {
+        let mut c = w.writable_config();
+        c.state_dir = state.clone();
+        let err = open_err(c);
+        assert!(
+            err.contains("must be outside every root"),
+            "{}: {err}",
+            state.display()
+        );
+        let mut made: Vec<_> = fs::read_dir(w.root.join("st"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        made.sort();
+        assert!(made.is_empty(), "{}: {made:?}", state.display());
+        assert!(!w.root.join("new").exists(), "{}", state.display());
+    }
+    fs::remove_dir(w.root.join("st")).unwrap();
+    assert_eq!(w.tree(), before);
+}
+
 /// The key and the audit head are put in place by linking a temporary file, then
 /// removing it: a crash between the two leaves them with a second link, which must not
 /// stop the runtime (nor a concurrent start that reads them in between).
