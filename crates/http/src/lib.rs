@@ -62,8 +62,8 @@ pub mod wire;
 
 use ailab_sandbox_core::Sandbox;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderValue, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -195,7 +195,10 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
         .layer(middleware::from_fn_with_state(room, body_room))
         .layer(middleware::from_fn_with_state(guard, guard::guard))
-        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(
+            body_limit_bytes,
+            json_errors,
+        ))
         .layer(middleware::from_fn(log_request))
 }
 
@@ -207,12 +210,17 @@ fn is_json(resp: &Response) -> bool {
 
 /// Turns the bare error answers of layers (405 from the method router, 413 from the body
 /// limit, …) into JSON `{"reason_code", "reason"}`, and marks every answer uncacheable.
-async fn json_errors(req: Request, next: Next) -> Response {
+async fn json_errors(State(body_limit): State<usize>, req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
     let status = resp.status();
     if (status.is_client_error() || status.is_server_error()) && !is_json(&resp) {
         let allow = resp.headers().get(header::ALLOW).cloned();
-        let mut fresh = error::ApiError::for_status(status, allow.as_ref()).into_response();
+        let answer = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            error::ApiError::too_large(body_limit)
+        } else {
+            error::ApiError::for_status(status, allow.as_ref())
+        };
+        let mut fresh = answer.into_response();
         if let Some(allow) = allow {
             fresh.headers_mut().insert(header::ALLOW, allow);
         }

@@ -48,13 +48,23 @@ where
 fn list_params(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<(usize, Option<String>), ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit must be between 1 and {MAX_LIST_LIMIT}, got {limit}"
-        )));
-    }
+    let allowed = format!(
+        "this route takes limit (a whole number from 1 to {MAX_LIST_LIMIT}, default {DEFAULT_LIST_LIMIT}) and workflow_id, each at most once"
+    );
+    let Query(q) = q.map_err(|e| ApiError::bad_request(format!("{}; {allowed}", e.body_text())))?;
+    let limit = match q.limit.as_deref() {
+        None => DEFAULT_LIST_LIMIT,
+        Some(text) => text
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "limit must be a whole number from 1 to {MAX_LIST_LIMIT}, got {:?}",
+                    text.chars().take(40).collect::<String>()
+                ))
+            })?,
+    };
     let workflow = q.workflow_id.filter(|w| !w.is_empty());
     if let Some(w) = &workflow {
         check_id("workflow_id", w).map_err(ApiError::from_refusal)?;

@@ -27,8 +27,9 @@ pub struct ErrorBody {
 pub struct ListQuery {
     /// How many entries, newest first: 1 to [`MAX_LIST_LIMIT`], default
     /// [`DEFAULT_LIST_LIMIT`].
+    /// (Taken as text, so that a bad value is named in the refusal.)
     #[serde(default)]
-    pub limit: Option<u32>,
+    pub limit: Option<String>,
     /// Only this workflow's entries (empty means no filter).
     #[serde(default)]
     pub workflow_id: Option<String>,

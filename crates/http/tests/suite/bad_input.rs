@@ -76,9 +76,10 @@ async fn oversized_bodies_are_413_json() {
         .header(header::CONTENT_LENGTH, bytes.len())
         .body(Body::from(bytes.clone()))
         .unwrap();
-    send(&e.app, req)
+    let v = send(&e.app, req)
         .await
         .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert!(v["reason"].as_str().unwrap().contains("1024"), "{v}");
     // No declared length: refused while reading.
     let req = request(Method::POST, "/agentic/plans")
         .body(Body::from(bytes.clone()))
@@ -120,7 +121,14 @@ async fn bad_limits_are_400() {
             "limit=1&limit=2",
         ] {
             let r = get(&e.app, &format!("{route}?{q}")).await;
-            r.assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+            let v = r.assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+            // The refusal says what is allowed, and names the value it got.
+            let reason = v["reason"].as_str().unwrap();
+            assert!(reason.contains("1 to 1000"), "{q}: {reason}");
+            let given = q.trim_start_matches("limit=");
+            if !given.contains('&') {
+                assert!(reason.contains(&format!("{given:?}")), "{q}: {reason}");
+            }
         }
         let ok = get(&e.app, &format!("{route}?limit=1")).await;
         assert_eq!(ok.status, StatusCode::OK);
