@@ -746,7 +746,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let fail = |this: &Self, res: ActionResult, mut r: Refusal, target: String| {
             if let Some(why) = &this.undo_failed {
                 r.reason = format!(
-                    "{}; its change could not be undone ({why}) and is still in place: roll the workflow back once that is fixed",
+                    "{}; undoing its change failed ({why}), so the change may still be in place: roll the workflow back once that is fixed",
                     r.reason
                 );
             }

@@ -1686,12 +1686,19 @@ impl Sandbox {
                     )
                 })
                 .collect();
-            let flag = match why {
-                crate::context::DryRunReason::DryRun => "dry-run is on",
-                crate::context::DryRunReason::PhaseNotSupported => {
-                    "the phase does not allow sandbox writes"
-                }
-                _ => "writing is disabled",
+            let (flag, fix) = match why {
+                crate::context::DryRunReason::DryRun => (
+                    "dry-run is on",
+                    "turn dry-run off (--no-dry-run) to roll back",
+                ),
+                crate::context::DryRunReason::PhaseNotSupported => (
+                    "the phase does not allow sandbox writes",
+                    "use a phase that allows them to roll back",
+                ),
+                _ => (
+                    "writing is disabled",
+                    "turn writing on (--enable-write --no-dry-run) to roll back",
+                ),
             };
             // Simulated like a plan's actions, and audited like them (SPEC §8): one line
             // per restore that would happen.
@@ -1727,7 +1734,7 @@ impl Sandbox {
                 steps_rolled_back: 0,
                 reason_code: None,
                 reason: Some(format!(
-                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}; turn writing on (--enable-write --no-dry-run) to roll back",
+                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}; {fix}",
                     would.len(),
                     would.join(", ")
                 )),

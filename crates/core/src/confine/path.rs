@@ -212,14 +212,23 @@ pub fn resolve_sandbox_path(
             .into_iter()
             .find(|&i| is_within_sandbox(abs, &roots[i]));
         let Some(i) = found else {
-            return Err(Refusal::new(
-                ReasonCode::OutsideSandbox,
-                format!(
+            let reason = match (
+                hinted,
+                (0..roots.len()).find(|&i| is_within_sandbox(abs, &roots[i])),
+            ) {
+                (Some(h), Some(other)) => format!(
+                    "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
+                    shown_path(path),
+                    shown_path(&roots[other].display().to_string()),
+                    shown_path(&roots[h].display().to_string())
+                ),
+                _ => format!(
                     "the absolute path {} is not inside a sandbox root; allowed roots: {}",
                     shown_path(path),
                     list_roots(roots)
                 ),
-            ));
+            };
+            return Err(Refusal::new(ReasonCode::OutsideSandbox, reason));
         };
         let rest = abs
             .strip_prefix(&roots[i])

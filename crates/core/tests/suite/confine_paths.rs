@@ -175,6 +175,26 @@ fn unknown_root_hint_is_outside_sandbox() {
     assert!(err.reason.contains(ROOT_A), "{}", err.reason);
 }
 
+/// An absolute path in another root than the one the action names is refused, and the
+/// refusal says which root it lies in.
+#[test]
+fn absolute_path_in_another_root_than_the_hint_names_both() {
+    let err = resolve_sandbox_path(
+        "/srv/sandbox-b/x.txt",
+        &roots(),
+        Some(ROOT_A),
+        MAX_PATH_DEPTH,
+    )
+    .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+    assert!(
+        err.reason.contains("lies in root '/srv/sandbox-b'")
+            && err.reason.contains(&format!("names ('{ROOT_A}')")),
+        "{}",
+        err.reason
+    );
+}
+
 #[test]
 fn absolute_path_inside_a_root_is_accepted_relative_to_it() {
     let r = resolve_sandbox_path(

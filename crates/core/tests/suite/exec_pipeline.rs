@@ -858,7 +858,7 @@ fn a_failed_undo_is_reported_and_the_workflow_stays_reversible() {
     assert_eq!(r.state.as_str(), "failed");
     assert_eq!(action_status(&r, 0), "failed");
     let reason = r.actions[0].reason.as_deref().unwrap();
-    assert!(reason.contains("could not be undone"), "{reason}");
+    assert!(reason.contains("undoing its change failed"), "{reason}");
     assert_eq!(w.read("t.txt"), b"new\n", "the change is still there");
     let rb = sb.rollback_workflow("wf_u", &Default::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
