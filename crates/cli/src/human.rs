@@ -299,6 +299,27 @@ pub fn state(d: &StateDoc) {
         out!("skipped root    {s}");
     }
     out!("state dir       {}", d.state_dir);
+    let durability = serde_json::to_value(d.durability)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    out!("durability      {durability}");
+    out!(
+        "limits          {} artifacts and {} bytes per workflow, {} writes a minute, path depth {}",
+        d.limits.max_artifacts_per_workflow,
+        d.limits.max_workflow_bytes,
+        d.limits.writes_per_minute,
+        d.limits.max_path_depth
+    );
+    if let Some(k) = &d.kernel_confinement {
+        let abi = k.abi.map(|a| format!(", ABI {a}")).unwrap_or_default();
+        let detail = k
+            .detail
+            .as_deref()
+            .map(|x| format!(" ({x})"))
+            .unwrap_or_default();
+        out!("confinement     {} {}{abi}{detail}", k.mechanism, k.status);
+    }
     out!("artifacts       {}", d.artifacts_total);
     out!("audit entries   {}", d.audit_entries);
     out!("version         {}", d.version);

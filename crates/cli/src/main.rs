@@ -471,14 +471,16 @@ fn run(cli: Cli) -> Result<u8> {
                     print_json(&report)?;
                 } else if report.simulated {
                     out!(
-                        "would prune {} workflows, keep {}; nothing was removed: writing is off or dry-run is on (--enable-write --no-dry-run to prune)",
+                        "would prune {} workflows{}, keep {}; nothing was removed: writing is off or dry-run is on (--enable-write --no-dry-run to prune)",
                         report.workflows_pruned.len(),
+                        named(&report.workflows_pruned),
                         report.workflows_kept
                     );
                 } else {
                     out!(
-                        "pruned {} workflows, kept {}",
+                        "pruned {} workflows{}, kept {}",
                         report.workflows_pruned.len(),
+                        named(&report.workflows_pruned),
                         report.workflows_kept
                     );
                 }
@@ -522,6 +524,15 @@ fn verify_read_only(
         human::verify(&v)
     }
     Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
+}
+
+/// ` (a, b, c)` after a count, or nothing for none.
+fn named(ids: &[String]) -> String {
+    if ids.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", ids.join(", "))
+    }
 }
 
 /// The plan the operator names: a file (read anywhere, never written), or `-` for stdin.
