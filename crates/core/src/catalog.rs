@@ -111,6 +111,10 @@ impl Operation {
     }
 }
 
+/// The largest file any operation writes (`generate_report`, `sandbox_transform`): what
+/// reads must accept, so that an agent can read back whatever it wrote.
+pub const LARGEST_WRITE_BYTES: u64 = 5 * MIB;
+
 /// The catalog, in the order of SPEC §3.
 pub static OPERATIONS: [Operation; 11] = [
     Operation {
@@ -326,6 +330,12 @@ mod tests {
             .map(|o| o.name)
             .collect();
         assert_eq!(governed, ["generate_script"]);
+    }
+
+    #[test]
+    fn the_largest_write_is_the_largest_operation_limit() {
+        let largest = OPERATIONS.iter().filter_map(|o| o.max_size_bytes).max();
+        assert_eq!(largest, Some(LARGEST_WRITE_BYTES));
     }
 
     #[test]

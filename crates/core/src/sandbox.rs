@@ -350,7 +350,8 @@ pub struct PruneFailure {
     pub reason: String,
 }
 
-pub(crate) const READ_LIMIT: u64 = 4 * 1024 * 1024;
+/// The most `read_file` returns.
+pub const READ_LIMIT: u64 = crate::catalog::LARGEST_WRITE_BYTES;
 
 impl Sandbox {
     /// Opens the runtime with the system clock.
@@ -1011,7 +1012,8 @@ impl Sandbox {
         Ok((r.root_index, r.rel))
     }
 
-    /// Reads a file inside a root (confined like writes; at most 4 MiB).
+    /// Reads a file inside a root (confined like writes; at most [`READ_LIMIT`], the
+    /// largest file an operation writes).
     pub fn read_file(&self, path: &str, root: Option<&str>) -> Verdict<FileRead> {
         let (i, rel) = self.resolve_read(path, root)?;
         self.roots[i].inspect(&rel)?;

@@ -520,6 +520,9 @@ impl ServerHandler for SandboxMcp {
     }
 }
 
+/// The largest message a client may send: the HTTP face's default body limit.
+pub const MAX_MESSAGE_BYTES: usize = ailab_sandbox_core::config::DEFAULT_MAX_BODY_BYTES;
+
 /// Serves one MCP session over `reader`/`writer` until the client closes its end.
 /// A client that disconnects before `initialize` ends the session cleanly too.
 pub async fn serve_io<R, W>(server: SandboxMcp, reader: R, writer: W) -> Result<(), McpError>
@@ -527,7 +530,12 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let running = match server.serve((reader, writer)).await {
+    // A message must fit whatever the operations accept once JSON-escaped (a content of
+    // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
+    // 16 MiB would drop such calls without an answer.
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(reader, writer)
+        .with_max_line_length(MAX_MESSAGE_BYTES);
+    let running = match server.serve(transport).await {
         Ok(r) => r,
         Err(ServerInitializeError::ConnectionClosed(why)) => {
             tracing::info!(%why, "the client closed the connection before initializing");

@@ -457,7 +457,8 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         .iter()
         .map(|op| write_tool(op, sandbox))
         .collect();
-    let read_limit = "4 MiB";
+    let read_limit =
+        ailab_sandbox_core::catalog::human_bytes(ailab_sandbox_core::sandbox::READ_LIMIT);
     out.push(ToolSpec::new(
         "read_file",
         ToolKind::ReadFile,

@@ -865,3 +865,18 @@ fn a_failed_undo_is_reported_and_the_workflow_stays_reversible() {
     assert_eq!(w.read("t.txt"), b"orig\n");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// An agent can read back the largest file an operation writes; one byte more is refused.
+#[test]
+fn read_file_takes_the_largest_file_an_operation_writes() {
+    use ailab_sandbox_core::catalog::LARGEST_WRITE_BYTES;
+    let w = World::new();
+    let sb = w.sandbox();
+    let n = usize::try_from(LARGEST_WRITE_BYTES).unwrap();
+    w.write("big.md", &vec![b'x'; n]);
+    let f = sb.read_file("big.md", None).unwrap();
+    assert_eq!(f.size_bytes, LARGEST_WRITE_BYTES);
+    w.write("bigger.md", &vec![b'x'; n + 1]);
+    let err = sb.read_file("bigger.md", None).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::SizeExceeded, "{}", err.reason);
+}

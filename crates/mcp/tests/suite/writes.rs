@@ -218,3 +218,24 @@ async fn a_call_may_name_its_own_workflow() {
     assert!(!s.path("w.txt").exists());
     s.finish().await;
 }
+
+/// A call the operation accepts is answered even when JSON escaping makes its message
+/// larger than rmcp's default line limit (16 MiB): 3 MiB of control characters, each
+/// sent as a six-byte escape, is an 18 MiB line.
+#[tokio::test]
+async fn a_call_grown_by_escaping_is_still_answered() {
+    let s = Session::start(Mode::Write).await;
+    let content = "\u{1}".repeat(3 << 20);
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        s.call(
+            "generate_report",
+            json!({"path": "reports/escaped.md", "content": content}),
+        ),
+    )
+    .await
+    .expect("the server answers");
+    assert_eq!(structured(&r)["status"], "success", "{}", text(&r));
+    assert_eq!(s.read("reports/escaped.md").len(), 3 << 20);
+    s.finish().await;
+}
