@@ -387,14 +387,7 @@ impl Sandbox {
         }
         // Checked before the state directory is opened, since opening makes folders in
         // it: through a symlink into a root they would be made inside the sandbox.
-        for root in &roots {
-            if let Some(inside) = lies_inside(&config.state_dir, root.path()) {
-                return Err(Error::StateDirInsideRoot {
-                    state_dir: inside,
-                    root: root.path().to_path_buf(),
-                });
-            }
-        }
+        state_dir_outside(&config.state_dir, &roots)?;
         let (state, note) = open_state_dir(&config)?;
         let target_locks = crate::confine::state::LockSet::new(
             &state,
@@ -403,13 +396,11 @@ impl Sandbox {
                 .collect(),
         );
         notices.extend(note);
+        // A fallback state directory was not checked above.
+        if state.path() != config.state_dir {
+            state_dir_outside(state.path(), &roots)?;
+        }
         for root in &roots {
-            if let Some(inside) = lies_inside(state.path(), root.path()) {
-                return Err(Error::StateDirInsideRoot {
-                    state_dir: inside,
-                    root: root.path().to_path_buf(),
-                });
-            }
             if let Some(inside) = lies_inside(root.path(), state.path()) {
                 return Err(Error::Config(crate::config::ConfigError(format!(
                     "root {} lies inside the state directory {} once symbolic links are followed; the runtime's own files are never writable, so give a root outside it",
@@ -2188,6 +2179,21 @@ const LOGGED_PER_SYNC: usize = 32;
 
 fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Refuses a state directory inside one of `roots` (lexically, or once symbolic links
+/// are followed, also for parts of it not made yet).
+fn state_dir_outside(state_dir: &Path, roots: &[SandboxRoot]) -> Result<(), Error> {
+    match roots
+        .iter()
+        .find_map(|r| lies_inside(state_dir, r.path()).map(|inside| (inside, r)))
+    {
+        Some((inside, root)) => Err(Error::StateDirInsideRoot {
+            state_dir: inside,
+            root: root.path().to_path_buf(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `Some(inner)` when `inner` lies inside `outer` (lexically, or after resolving

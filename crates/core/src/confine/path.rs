@@ -204,18 +204,13 @@ pub fn resolve_sandbox_path(
     };
     let (root_index, rel_str) = if path.starts_with('/') {
         let abs = Path::new(path);
-        let candidates: Vec<usize> = match hinted {
-            Some(i) => vec![i],
-            None => (0..roots.len()).collect(),
+        let first_inside = (0..roots.len()).find(|&i| is_within_sandbox(abs, &roots[i]));
+        let found = match hinted {
+            Some(h) => is_within_sandbox(abs, &roots[h]).then_some(h),
+            None => first_inside,
         };
-        let found = candidates
-            .into_iter()
-            .find(|&i| is_within_sandbox(abs, &roots[i]));
         let Some(i) = found else {
-            let reason = match (
-                hinted,
-                (0..roots.len()).find(|&i| is_within_sandbox(abs, &roots[i])),
-            ) {
+            let reason = match (hinted, first_inside) {
                 (Some(h), Some(other)) => format!(
                     "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
                     shown_path(path),
