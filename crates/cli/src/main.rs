@@ -396,15 +396,7 @@ fn run(cli: Cli) -> Result<u8> {
                 }
                 Ok(EXIT_OK)
             }
-            Some(AuditSub::Verify) => {
-                let v = sandbox.audit_verify()?;
-                if json {
-                    print_json(&v)?
-                } else {
-                    human::verify(&v)
-                }
-                Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
-            }
+            Some(AuditSub::Verify) => show_verified(&sandbox.audit_verify()?, json),
             None => {
                 if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
                     return refusal_exit(json, &r, EXIT_USAGE);
@@ -518,10 +510,15 @@ fn verify_read_only(
             "note: the runtime cannot start here ({why}); the trail was verified read-only, without recovery"
         );
     }
+    show_verified(&v, json)
+}
+
+/// Prints an `audit verify` report; exit 1 when the trail is broken.
+fn show_verified(v: &ailab_sandbox_core::audit::VerifyReport, json: bool) -> Result<u8> {
     if json {
-        print_json(&v)?
+        print_json(v)?
     } else {
-        human::verify(&v)
+        human::verify(v)
     }
     Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
 }

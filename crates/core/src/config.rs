@@ -297,19 +297,17 @@ impl Config {
         }
         // A variable set to nothing (often an unset shell variable passed on) is an
         // error, not the defaults: those would be other directories than intended.
-        let set_but_empty = |name: &str, unset_means: &str, give: &str| {
-            ConfigError(format!(
+        let non_empty = |name: &str, unset_means: &str, give: &str| match env(name) {
+            Some(v) if v.is_empty() => Err(ConfigError(format!(
                 "{name} is set but empty; unset it to use {unset_means}, or give {give}"
-            ))
+            ))),
+            v => Ok(v),
         };
-        if let Some(v) = env(env::ROOTS) {
-            if v.is_empty() {
-                return Err(set_but_empty(
-                    env::ROOTS,
-                    "the configured or default roots",
-                    "absolute directories separated by ':'",
-                ));
-            }
+        if let Some(v) = non_empty(
+            env::ROOTS,
+            "the configured or default roots",
+            "absolute directories separated by ':'",
+        )? {
             c.roots = v
                 .split(':')
                 .filter(|s| !s.is_empty())
@@ -326,14 +324,11 @@ impl Config {
             c.state_dir = p;
             c.state_dir_explicit = true;
         }
-        if let Some(v) = env(env::STATE_DIR) {
-            if v.is_empty() {
-                return Err(set_but_empty(
-                    env::STATE_DIR,
-                    "the configured or default state directory",
-                    "an absolute directory",
-                ));
-            }
+        if let Some(v) = non_empty(
+            env::STATE_DIR,
+            "the configured or default state directory",
+            "an absolute directory",
+        )? {
             c.state_dir = PathBuf::from(v);
             c.state_dir_explicit = true;
         }

@@ -246,16 +246,18 @@ where
                 .header_read_timeout(timeout);
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    return;
+            let finished = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                _ = stop.wait_for(|s| *s) => None,
+            };
+            let ended = match finished {
+                Some(r) => r,
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
                 }
-                _ = stop.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
-            }
-            if let Err(e) = conn.await {
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });

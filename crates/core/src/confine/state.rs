@@ -93,13 +93,7 @@ impl StateDir {
         .map_err(io::Error::other)?;
         names
             .iter()
-            .map(
-                |name| match super::root::read_file_in(&checked.dir, name, limit, false) {
-                    Ok(b) => Ok(Some(b)),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(e),
-                },
-            )
+            .map(|name| read_if_present(&checked.dir, name, limit))
             .collect()
     }
 
@@ -389,11 +383,7 @@ impl StateDir {
     /// exist.
     pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
         let (dir, name) = self.locate(rel)?;
-        match super::root::read_file_in(dir, name, MAX_STATE_FILE, false) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        read_if_present(dir, name, MAX_STATE_FILE)
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
@@ -730,6 +720,16 @@ pub fn exists(path: &Path) -> bool {
 #[allow(clippy::disallowed_methods)]
 pub fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
+}
+
+/// A state file's bytes, `None` when it does not exist; never through a symlink, and a
+/// second link is accepted (see [`StateDir::read_optional`]).
+fn read_if_present(dir: &Dir, name: &str, limit: u64) -> io::Result<Option<Vec<u8>>> {
+    match super::root::read_file_in(dir, name, limit, false) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Where `path` would be once made: its nearest existing ancestor with symbolic links
