@@ -121,7 +121,10 @@ enum Command {
     },
 }
 
+// `--limit`/`--workflow` shape the list; given with a subcommand they would be ignored,
+// so clap refuses the pair.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct AuditArgs {
     #[command(subcommand)]
     sub: Option<AuditSub>,
@@ -141,7 +144,10 @@ enum AuditSub {
     Verify,
 }
 
+// `--limit`/`--workflow` shape the list; given with a subcommand they would be ignored,
+// so clap refuses the pair.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct ArtifactArgs {
     #[command(subcommand)]
     sub: Option<ArtifactSub>,

@@ -361,6 +361,18 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
     assert_eq!(json_out(&out).as_array().unwrap().len(), 1);
     let out = e.cmd().args(["--json", "audit", "stats"]).output().unwrap();
     assert_eq!(json_out(&out)["success"], 2);
+    // A list's filter given with a subcommand would be silently ignored: refused instead,
+    // naming the flag.
+    for args in [
+        &["audit", "--workflow", "wf_l", "stats"][..],
+        &["artifacts", "--limit", "1", "show", newest.as_str()],
+    ] {
+        let out = e.cmd().arg("--json").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(args[1]), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
 }
 
 #[test]
