@@ -1046,13 +1046,13 @@ impl Sandbox {
             .flatten()
             .map(|a| a.artifact_id);
         Ok(match info.kind {
-            TargetKind::File { size, .. } => {
-                let bytes = self.roots[i].read_file(&rel, MAX_SNAPSHOT_BYTES)?;
+            TargetKind::File { .. } => {
+                let (size, sum) = self.roots[i].hash_file(&rel)?;
                 FileInfo {
                     path: path.to_owned(),
                     kind: "file",
                     size_bytes: Some(size),
-                    sha256: Some(sha256_hex(&bytes)),
+                    sha256: Some(sum),
                     artifact_id,
                 }
             }

@@ -273,6 +273,12 @@ impl SandboxRoot {
         read_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_open_error(rel, e))
     }
 
+    /// The size and SHA-256 of a regular file, however large, read in chunks.
+    pub fn hash_file(&self, rel: &RelPath) -> Verdict<(u64, String)> {
+        let (dir, _) = self.open_parent(rel, false, false)?;
+        hash_regular(&dir, rel.file_name()).map_err(|e| self.map_open_error(rel, e))
+    }
+
     /// Writes `bytes` to `rel` atomically: a temporary file in the same directory,
     /// flushed (and fsync'd when `durable`), then renamed over the target, then the
     /// directory fsync'd. With `no_replace`, an existing target is never replaced
@@ -619,6 +625,61 @@ pub(crate) fn read_file_in(
     limit: u64,
     single_link: bool,
 ) -> io::Result<Vec<u8>> {
+    let (file, meta) = open_regular(dir, name, single_link)?;
+    if meta.len() > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} is {} bytes; at most {limit} bytes are read",
+                shown_path(name),
+                meta.len()
+            ),
+        )));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
+    // The file may have grown since the size check: one byte past the limit is enough to know.
+    if buf.len() as u64 > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} grew past {limit} bytes while being read",
+                shown_path(name)
+            ),
+        )));
+    }
+    Ok(buf)
+}
+
+/// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
+/// size is described in constant memory. Both describe the same bytes, those read.
+pub fn hash_regular(dir: &Dir, name: &str) -> io::Result<(u64, String)> {
+    use sha2::Digest as _;
+    let (mut file, _) = open_regular(dir, name, true)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                size += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((size, crate::hash::to_hex(&hasher.finalize())))
+}
+
+/// Opens `name` for reading without following a symlink or blocking on a FIFO, and
+/// refuses what is not a regular file (and, with `single_link`, a file with other links).
+fn open_regular(
+    dir: &Dir,
+    name: &str,
+    single_link: bool,
+) -> io::Result<(cap_std::fs::File, cap_std::fs::Metadata)> {
     let mut opts = OpenOptions::new();
     opts.read(true).follow(FollowSymlinks::No).nonblock(true);
     let file = match dir.open_with(name, &opts) {
@@ -648,29 +709,7 @@ pub(crate) fn read_file_in(
             format!("{} has {} hard links", shown_path(name), meta.nlink()),
         )));
     }
-    if meta.len() > limit {
-        return Err(io::Error::other(Refusal::new(
-            ReasonCode::SizeExceeded,
-            format!(
-                "{} is {} bytes; at most {limit} bytes are read",
-                shown_path(name),
-                meta.len()
-            ),
-        )));
-    }
-    let mut buf = Vec::with_capacity(meta.len() as usize);
-    file.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
-    // The file may have grown since the size check: one byte past the limit is enough to know.
-    if buf.len() as u64 > limit {
-        return Err(io::Error::other(Refusal::new(
-            ReasonCode::SizeExceeded,
-            format!(
-                "{} grew past {limit} bytes while being read",
-                shown_path(name)
-            ),
-        )));
-    }
-    Ok(buf)
+    Ok((file, meta))
 }
 
 /// How far a write is made durable before it returns.

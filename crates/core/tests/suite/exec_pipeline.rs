@@ -880,3 +880,38 @@ fn read_file_takes_the_largest_file_an_operation_writes() {
     let err = sb.read_file("bigger.md", None).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::SizeExceeded, "{}", err.reason);
 }
+
+#[test]
+fn get_file_info_describes_a_file_of_any_size() {
+    use sha2::{Digest, Sha256};
+    let w = World::new();
+    let sb = w.sandbox();
+    // Odd-sized, so the last chunk is a partial one.
+    let bytes: Vec<u8> = (0..1_000_003u32).map(|i| (i % 251) as u8).collect();
+    w.write("data.bin", &bytes);
+    let info = sb.get_file_info("data.bin", None).unwrap();
+    assert_eq!(info.kind, "file");
+    assert_eq!(info.size_bytes, Some(1_000_003));
+    assert_eq!(
+        info.sha256.as_deref(),
+        Some(ailab_sandbox_core::hash::to_hex(&Sha256::digest(&bytes)).as_str())
+    );
+    // Larger than anything the runtime reads whole (a sparse file: no disk is used).
+    let huge = 65 * 1024 * 1024 + 1;
+    std::fs::File::create(w.path("huge.bin"))
+        .unwrap()
+        .set_len(huge)
+        .unwrap();
+    let info = sb.get_file_info("huge.bin", None).unwrap();
+    assert_eq!(info.size_bytes, Some(huge));
+    let zeros = {
+        let mut h = Sha256::new();
+        let block = vec![0u8; 1024 * 1024];
+        for _ in 0..huge / 1024 / 1024 {
+            h.update(&block);
+        }
+        h.update(&block[..usize::try_from(huge % (1024 * 1024)).unwrap()]);
+        ailab_sandbox_core::hash::to_hex(&h.finalize())
+    };
+    assert_eq!(info.sha256, Some(zeros));
+}
