@@ -77,7 +77,14 @@ pub struct SandboxMcp {
     sandbox: Arc<Sandbox>,
     workflow_id: Arc<str>,
     tools: Arc<[ToolSpec]>,
+    /// Shared by the clones of one session: see [`MAX_CONCURRENT_CALLS`].
+    calls: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many tool calls run in the sandbox at once; later ones wait their turn. rmcp
+/// starts a task per request, so without a cap a client sending thousands of calls at once
+/// would hold as many file contents in memory and as many blocking threads.
+pub const MAX_CONCURRENT_CALLS: usize = 8;
 
 /// A fresh session workflow id: `wf_mcp_` and a time-ordered UUID.
 fn session_workflow_id() -> String {
@@ -100,6 +107,7 @@ impl SandboxMcp {
             sandbox,
             workflow_id: workflow_id.into().into(),
             tools,
+            calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
         }
     }
 
@@ -185,6 +193,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         F: FnOnce(&Sandbox) -> T + Send + 'static,
     {
         let sb = Arc::clone(&self.sandbox);
+        // The semaphore is never closed, so acquiring only waits.
+        let _permit = self.calls.acquire().await;
         tokio::task::spawn_blocking(move || f(&sb))
             .await
             .map_err(|e| {
@@ -569,4 +579,33 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     // A blocking stdin read may still be pending if the session ended for another reason.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// With every slot taken, a call waits; it runs as soon as one is free.
+    #[tokio::test]
+    async fn calls_beyond_the_cap_wait_for_a_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        let server = SandboxMcp::new(Arc::new(Sandbox::open(config).unwrap()));
+        let held = Arc::clone(&server.calls)
+            .acquire_many_owned(u32::try_from(MAX_CONCURRENT_CALLS).unwrap())
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let server = server.clone();
+            async move { server.blocking(|_| 7).await.ok() }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "a call ran with every slot taken");
+        drop(held);
+        assert_eq!(waiting.await.unwrap(), Some(7));
+    }
 }

@@ -132,3 +132,44 @@ async fn read_file_says_when_the_text_is_not_the_files_bytes() {
     assert!(structured(&r)["invalid_utf8_at"].is_null());
     s.finish().await;
 }
+
+#[tokio::test]
+async fn many_calls_at_once_are_all_answered() {
+    use rmcp::model::CallToolRequestParams;
+    let s = Session::start(Mode::Write).await;
+    let n = 5 * ailab_sandbox_mcp::MAX_CONCURRENT_CALLS;
+    std::fs::create_dir_all(s.path("")).unwrap();
+    for i in 0..n {
+        std::fs::write(s.path(&format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    // Far more calls than run at once: the rest wait their turn, none is lost.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let peer = s.client.peer().clone();
+        calls.spawn(async move {
+            let args = json!({"path": format!("f{i}.txt")});
+            let r = peer
+                .call_tool(
+                    CallToolRequestParams::new("get_file_info")
+                        .with_arguments(args.as_object().unwrap().clone()),
+                )
+                .await
+                .unwrap();
+            (i, r)
+        });
+    }
+    let mut answered = 0;
+    while let Some(done) = calls.join_next().await {
+        let (i, r) = done.unwrap();
+        assert_eq!(r.is_error, Some(false), "{}", text(&r));
+        let st = structured(&r);
+        assert_eq!(st["size_bytes"], format!("file {i}\n").len() as u64);
+        assert_eq!(
+            st["sha256"],
+            sha256_of(&s.path(&format!("f{i}.txt"))).as_str()
+        );
+        answered += 1;
+    }
+    assert_eq!(answered, n);
+    s.finish().await;
+}
