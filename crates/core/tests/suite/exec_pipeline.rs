@@ -650,9 +650,22 @@ fn metrics_expose_the_seven_names() {
         &sb,
         json!({"actions": [{"intent": "create_file", "path": "../b.txt", "content": "x"}]}),
     );
+    // Denied intents keep their names when they are the spec's forbidden ones; anything
+    // else is `other`, so that callers cannot grow the label set.
+    run(
+        &sb,
+        json!({"actions": [{"intent": "run_command", "path": "r.txt", "content": "x"}]}),
+    );
+    run(
+        &sb,
+        json!({"actions": [{"intent": "frobnicate_42", "path": "r.txt", "content": "x"}]}),
+    );
     sb.rollback_workflow("wf_m", &Default::default());
     let text = sb.metrics().encode();
+    assert!(!text.contains("frobnicate"), "{text}");
     for name in [
+        "ailab_sandbox_policy_denied_total{intent=\"run_command\",reason=\"forbidden_intent\"} 1",
+        "ailab_sandbox_policy_denied_total{intent=\"other\",reason=\"not_sandbox_write\"} 1",
         "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 2",
         "ailab_sandbox_rollbacks_total{reason=\"manual\"} 1",
         "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 2",
