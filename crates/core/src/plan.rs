@@ -149,12 +149,120 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
             "the plan is not valid: it must be a JSON object with an \"actions\" array",
         ));
     }
-    serde_json::from_slice(json).map_err(|e| {
+    let plan: Plan = serde_json::from_slice(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
             format!("the plan is not valid: {e}"),
         )
-    })
+    })?;
+    // Only a number held as a double can have lost digits; most plans have none.
+    if plan
+        .actions
+        .iter()
+        .any(|a| a.data.as_ref().is_some_and(has_float))
+    {
+        check_numbers_kept(json)?;
+    }
+    Ok(plan)
+}
+
+fn has_float(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => n.is_f64(),
+        Value::Array(a) => a.iter().any(has_float),
+        Value::Object(o) => o.values().any(has_float),
+        _ => false,
+    }
+}
+
+/// Refuses a number the runtime would not write back as the same value. Numbers are held
+/// as 64-bit integers or doubles, so `12345678901234567890123` or `0.1000000000000000000001`
+/// would reach the file changed; the caller learns so and can send a string instead. Runs
+/// on a plan that parsed, so the text is valid JSON.
+fn check_numbers_kept(json: &[u8]) -> Verdict {
+    let mut i = 0;
+    while i < json.len() {
+        match json[i] {
+            b'"' => {
+                i += 1;
+                while i < json.len() && json[i] != b'"' {
+                    i += if json[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < json.len()
+                    && matches!(json[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let token = std::str::from_utf8(&json[start..i]).unwrap_or_default();
+                if !number_is_kept(token) {
+                    return Err(Refusal::new(
+                        ReasonCode::InvalidPlan,
+                        format!(
+                            "the number {} would not be written back as the same value (numbers are kept as 64-bit integers or doubles, about 15 significant digits); send it as a string to keep it exactly",
+                            shown_number(token)
+                        ),
+                    ));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+fn shown_number(token: &str) -> String {
+    if token.chars().count() > 40 {
+        format!(
+            "{}… ({} characters)",
+            token.chars().take(40).collect::<String>(),
+            token.len()
+        )
+    } else {
+        token.to_owned()
+    }
+}
+
+/// Whether `token` (a JSON number) survives a round trip through serde_json's `Value`.
+fn number_is_kept(token: &str) -> bool {
+    let is_integer = !token.contains(['.', 'e', 'E']);
+    if is_integer {
+        // serde_json keeps every i64 and u64 exactly; beyond them it falls back to f64.
+        if token.parse::<i64>().is_ok() || token.parse::<u64>().is_ok() {
+            return true;
+        }
+    }
+    let Ok(n) = serde_json::from_str::<serde_json::Number>(token) else {
+        return false;
+    };
+    decimal_value(token) == decimal_value(&n.to_string())
+}
+
+/// A decimal number's value as (negative, significant digits, exponent) with the digits
+/// stripped of leading and trailing zeros: equal values give equal triples.
+fn decimal_value(text: &str) -> (bool, String, i64) {
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exp) = match text.find(['e', 'E']) {
+        Some(at) => (&text[..at], text[at + 1..].parse::<i64>().unwrap_or(0)),
+        None => (text, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let lead = digits.len() - digits.trim_start_matches('0').len();
+    let significant = digits.trim_matches('0');
+    if significant.is_empty() {
+        return (false, String::new(), 0);
+    }
+    // value = 0.{significant} × 10^point
+    let point = int.len() as i64 - lead as i64 + exp;
+    (negative, significant.to_owned(), point)
 }
 
 impl Plan {
@@ -493,4 +601,54 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
         }
     }
     Ok(out.into_bytes())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_that_survive_are_kept_and_others_are_named() {
+        for kept in [
+            "0",
+            "-0",
+            "-0.0",
+            "42",
+            "-9223372036854775808",
+            "18446744073709551615",
+            "3.14",
+            "0.1",
+            "1e3",
+            "1E-7",
+            "2.5e+10",
+            "100000000000000000000000",
+            "1.7976931348623157e308",
+        ] {
+            assert!(number_is_kept(kept), "{kept}");
+        }
+        for changed in [
+            "18446744073709551616",
+            "-9223372036854775809",
+            "12345678901234567890123",
+            "0.1000000000000000000001",
+            "3.141592653589793238462643",
+            "1e-400",
+        ] {
+            assert!(!number_is_kept(changed), "{changed}");
+        }
+    }
+
+    #[test]
+    fn numbers_inside_strings_are_text() {
+        assert!(check_numbers_kept(br#"{"a": "12345678901234567890123", "b\"": 1}"#).is_ok());
+        let err = check_numbers_kept(br#"{"a": ["x\\", 12345678901234567890123]}"#).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            err.reason.contains("12345678901234567890123"),
+            "{}",
+            err.reason
+        );
+        assert!(err.reason.contains("string"), "{}", err.reason);
+    }
 }

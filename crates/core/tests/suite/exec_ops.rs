@@ -140,6 +140,46 @@ fn write_json_serializes_data_pretty() {
 }
 
 #[test]
+fn numbers_are_written_as_sent_or_refused() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let plan = |n: &str| {
+        format!(
+            r#"{{"actions": [{{"intent": "write_json", "path": "n.json", "data": {{"n": {n}}}}}]}}"#
+        )
+    };
+    let err = sb
+        .run_plan_json(plan("12345678901234567890123").as_bytes())
+        .unwrap_err();
+    assert_eq!(err.reason_code, ailab_sandbox_core::ReasonCode::InvalidPlan);
+    assert!(
+        err.reason.contains("12345678901234567890123"),
+        "{}",
+        err.reason
+    );
+    let err = sb
+        .run_plan_json(plan("3.14159265358979323846").as_bytes())
+        .unwrap_err();
+    assert_eq!(
+        err.reason_code,
+        ailab_sandbox_core::ReasonCode::InvalidPlan,
+        "{}",
+        err.reason
+    );
+    assert!(!w.path("n.json").exists());
+    assert!(sb.audit_entries(10, None).unwrap().is_empty());
+    // The largest integers and ordinary decimals reach the file as sent.
+    let r = sb
+        .run_plan_json(plan("[18446744073709551615, -9223372036854775808, 0.1, 2.5]").as_bytes())
+        .unwrap();
+    assert_eq!(status(&r), "success");
+    let text = String::from_utf8(w.read("n.json")).unwrap();
+    for n in ["18446744073709551615", "-9223372036854775808", "0.1", "2.5"] {
+        assert!(text.contains(n), "{n} in {text}");
+    }
+}
+
+#[test]
 fn write_yaml_serializes_data() {
     let w = World::new();
     let r = one(
