@@ -653,6 +653,20 @@ impl AuditLog {
         })
     }
 
+    /// Whether the trail records a write (not a rollback) by this action of the workflow.
+    /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
+    pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
+        self.with(|ix| {
+            ix.by_workflow.get(workflow_id).is_some_and(|ids| {
+                ids.iter().map(|&i| &ix.entries[i]).any(|e| {
+                    e.status == AuditStatus::Success
+                        && e.action_id == action_id
+                        && e.mutation_class != Some(MutationClass::Rollback)
+                })
+            })
+        })
+    }
+
     /// The rate limiter's state for a workflow: the GCRA theoretical arrival time of its
     /// executed writes (successful, not rollbacks), replayed from the durable log.
     pub fn rate_tat(&self, workflow_id: &str) -> io::Result<f64> {

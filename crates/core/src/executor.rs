@@ -262,10 +262,22 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let approval = check_target(&self.request(a), &gctx)?;
                 check_payload(approval.op, a)?;
                 check_parent_artifact(sb, a)?;
-                if sb
-                    .roots
-                    .iter()
-                    .any(|root| Snapshotter::exists(root, wf, a.id()))
+                // The trail too: an id whose snapshot was pruned or removed would let a
+                // rollback take the new write's snapshot for the old one's.
+                let wrote = sb.audit.wrote_action(wf, a.id()).map_err(|e| {
+                    Refusal::new(
+                        ReasonCode::IoError,
+                        format!(
+                            "the audit trail could not be read to check that action_id '{}' is new in workflow '{wf}': {e}",
+                            a.id()
+                        ),
+                    )
+                })?;
+                if wrote
+                    || sb
+                        .roots
+                        .iter()
+                        .any(|root| Snapshotter::exists(root, wf, a.id()))
                 {
                     return Err(Refusal::new(
                         ReasonCode::InvalidId,

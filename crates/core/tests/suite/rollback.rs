@@ -594,30 +594,49 @@ fn a_prune_that_fails_is_reported_and_finished_later() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// After a prune an action id may be used again; the rollback compares the new action's
-/// result, not an artifact the pruned one left in the registry.
+/// An action id stays used once the trail records its write, even after its snapshot is
+/// pruned or removed from `.rollback/`: a new write under the same id would give the
+/// rollback a snapshot that stands for the old one, and it would report success with the
+/// old file left in place.
 #[test]
-fn a_reused_action_id_is_judged_by_its_own_run() {
+fn an_action_id_stays_used_after_its_snapshot_is_gone() {
     let w = World::new();
     let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_r", "actions": [{"action_id": "a1", "intent": "create_file", "path": "p.txt", "content": "p"}]}),
-    );
+    let create = |wf: &str, id: &str, path: &str| {
+        run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"action_id": id, "intent": "create_file", "path": path, "content": "x"}]}),
+        )
+    };
+    // Removed by hand.
+    assert_eq!(status(&create("wf_gone", "a1", "m.txt")), "success");
+    std::fs::remove_dir_all(w.root.join(".rollback/wf_gone")).unwrap();
+    let r = create("wf_gone", "a1", "m2.txt");
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_id"), "{r:?}");
+    assert!(!w.path("m2.txt").exists());
+    let rb = rollback(&sb, "wf_gone", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    assert!(w.path("m.txt").exists());
+
+    // Pruned: the id stays used; a new id works, and its write rolls back alone.
+    assert_eq!(status(&create("wf_r", "a1", "p.txt")), "success");
     w.clock.advance(chrono::Duration::days(10));
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();
     assert_eq!(report.workflows_pruned, ["wf_r"]);
+    let r = create("wf_r", "a1", "q.txt");
+    assert_eq!(code(&r, 0).as_deref(), Some("invalid_id"), "{r:?}");
     let r = run(
         &sb,
-        json!({"workflow_id": "wf_r", "actions": [{"action_id": "a1", "intent": "create_directory", "path": "dd"}]}),
+        json!({"workflow_id": "wf_r", "actions": [{"action_id": "a2", "intent": "create_directory", "path": "dd"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
     let rb = rollback(&sb, "wf_r", false);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(!w.path("dd").exists());
     assert!(w.path("p.txt").exists(), "pruned: no longer reversible");
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// A directory an action made that its single-action rollback had to leave, because a
