@@ -695,13 +695,26 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         self.event("rollback_started", json!({"steps": done.len()}));
         let wf = self.plan.workflow_id.clone();
-        let steps = self.sb.restore_all(
-            &self.execution_id,
-            &wf,
-            done.into_iter().rev().collect(),
-            "workflow_failed",
-            crate::sandbox::RestoreMode::Unchanged,
-        );
+        let held = self
+            .sb
+            .lock_targets(done.iter().map(|(i, s)| (*i, s.meta.target())));
+        let steps = match held {
+            Ok(_held) => self.sb.restore_all(
+                &self.execution_id,
+                &wf,
+                done.into_iter().rev().collect(),
+                "workflow_failed",
+                crate::sandbox::RestoreMode::Unchanged,
+            ),
+            Err(r) => done
+                .into_iter()
+                .rev()
+                .map(|(i, s)| {
+                    let path = self.sb.abs_path(i, &s.meta.target());
+                    crate::sandbox::RollbackStep::failed(&s.meta, path, r.clone())
+                })
+                .collect(),
+        };
         let all_ok = steps.iter().all(|s| s.restored);
         for s in &steps {
             if s.restored

@@ -604,7 +604,7 @@ impl Sandbox {
             &rec.workflow_id,
             in_doubt,
             "recovery",
-            crate::sandbox::RestoreMode::Held,
+            crate::sandbox::RestoreMode::Force,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();
         if report.rolled_back < n {

@@ -21,7 +21,7 @@ use crate::policy::{
     GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_sandbox_governance,
     phase_supports_sandbox_write,
 };
-use crate::reason::{ReasonCode, Verdict};
+use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     LeftDir, MAX_SNAPSHOT_BYTES, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter,
     StoredSnapshot,
@@ -220,8 +220,6 @@ pub(crate) enum RestoreMode {
     /// wrote (this) is restored, and anything else was not written by the action and
     /// is left alone (`conflict`).
     OwnChange(TargetState),
-    /// The caller holds every target's lock and has judged each (recovery).
-    Held,
     /// Whatever the target holds now is replaced (a forced rollback; recovery, which
     /// has judged each target).
     Force,
@@ -252,6 +250,23 @@ pub struct RollbackStep {
     /// Why its audit line could not be written, if it could not.
     #[serde(skip)]
     pub unrecorded: Option<String>,
+}
+
+impl RollbackStep {
+    /// A step that restored nothing, and why.
+    pub(crate) fn failed(meta: &SnapshotMeta, path: String, r: Refusal) -> Self {
+        Self {
+            action_id: meta.action_id.clone(),
+            intent: meta.intent.clone(),
+            path,
+            restored: false,
+            checksum_validated: false,
+            restored_checksum: None,
+            reason_code: Some(r.reason_code),
+            reason: Some(r.reason),
+            unrecorded: None,
+        }
+    }
 }
 
 /// What can be rolled back (`GET /agentic/rollback/{id}`).
@@ -1330,8 +1345,9 @@ impl Sandbox {
     /// workflows, threads and processes, from the read of what it holds to the write of
     /// what replaces it (or its restore): otherwise two writers working from the same
     /// bytes would lose one's change, and a restore could undo a change it never saw.
-    /// A holder takes no other target's lock, and a workflow's lock only before it, so
-    /// no two holders wait for each other.
+    /// A holder of one takes no other target's lock (holders of several take them at once,
+    /// [`Sandbox::lock_targets`]), and a workflow's lock only before, so no two holders
+    /// wait for each other.
     pub(crate) fn lock_target(
         &self,
         root: usize,
@@ -1650,7 +1666,13 @@ impl Sandbox {
                 Vec::new(),
             );
         }
-        let conflicts = self.find_conflicts(workflow_id, &chosen);
+        // Every target's lock, from the conflict check to the last restore: a writer
+        // landing in between would meet the rollback half done.
+        let _held = match self.lock_targets(chosen.iter().map(|(i, s)| (*i, s.meta.target()))) {
+            Ok(h) => h,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        let mut conflicts = self.find_conflicts(workflow_id, &chosen);
         if !conflicts.is_empty() && !opts.force {
             let files: Vec<_> = conflicts.iter().map(|c| c.path.clone()).collect();
             return refused(
@@ -1757,6 +1779,15 @@ impl Sandbox {
         if let Err(r) = marked {
             return refused(r.reason_code, r.reason, Vec::new());
         }
+        // A step refused as a conflict (a change made without the runtime's locks after
+        // the check above) is named among the conflicts like those found before.
+        let targets: HashMap<String, (usize, RelPath, Option<String>)> = chosen
+            .iter()
+            .map(|(i, s)| {
+                let after = s.meta.after_sha256.clone();
+                (s.meta.action_id.clone(), (*i, s.meta.target(), after))
+            })
+            .collect();
         let steps = self.restore_all(
             &execution_id,
             workflow_id,
@@ -1770,6 +1801,21 @@ impl Sandbox {
         );
         if steps.iter().any(|s| s.restored) {
             self.remove_left_dirs(left_before);
+        }
+        for s in steps
+            .iter()
+            .filter(|s| s.reason_code == Some(ReasonCode::Conflict))
+        {
+            if let Some((i, rel, after)) = targets.get(&s.action_id)
+                && !conflicts.iter().any(|c| c.action_id == s.action_id)
+            {
+                conflicts.push(Conflict {
+                    action_id: s.action_id.clone(),
+                    path: s.path.clone(),
+                    expected_checksum: after.clone(),
+                    current_checksum: self.target_checksum(*i, rel),
+                });
+            }
         }
         let failed = steps.iter().find(|s| !s.restored);
         let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
@@ -1823,7 +1869,9 @@ impl Sandbox {
     /// its finished steps recorded. With per-file syncs each restore, then its record,
     /// is durable as it is written; with batched syncs a sync point separates a restore
     /// from its record (a mark must never reach the disk ahead of the bytes it vouches
-    /// for), and the last record is made durable by a final one.
+    /// for), and the last record is made durable by a final one. The caller holds the
+    /// lock of every target ([`Sandbox::lock_targets`]) from its judgement of them to the
+    /// end, so that no writer lands between two steps.
     pub(crate) fn restore_all(
         &self,
         execution_id: &str,
@@ -1838,43 +1886,35 @@ impl Sandbox {
             let root = &self.roots[i];
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
-            let lock = match mode {
-                RestoreMode::OwnChange(_) | RestoreMode::Held => Ok(None),
-                _ => self.lock_target(i, &meta.target()).map(Some),
-            };
             let before = self.target_checksum(i, &meta.target());
-            // The guard stays bound to `lock` until the step is recorded.
-            let outcome = lock
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|_| match &mode {
-                    RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
-                    RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
-                    RestoreMode::Force | RestoreMode::Held => Ok(true),
-                })
-                .and_then(|change| self.fail_at("during_restore").map(|()| change))
-                .and_then(|change| {
-                    if change {
-                        RollbackEngine::restore(root, &meta, durable)
-                    } else {
-                        // The target is as the action found it (its write failed before
-                        // the target changed), but directories made on the way may be there.
-                        let left_dirs = match meta.kind {
-                            SnapshotKind::Missing => {
-                                RollbackEngine::remove_created_dirs(root, &meta, durable)?
-                            }
-                            _ => Vec::new(),
-                        };
-                        Ok(crate::snapshot::RestoreOutcome {
-                            checksum_validated: true,
-                            restored_checksum: meta.sha256.clone(),
-                            left_dirs,
-                        })
-                    }
-                })
-                .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
-                .and_then(|o| self.sync_point().map(|()| o))
-                .and_then(|o| self.fail_at("after_restore").map(|()| o));
+            let outcome = match &mode {
+                RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
+                RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
+                RestoreMode::Force => Ok(true),
+            }
+            .and_then(|change| self.fail_at("during_restore").map(|()| change))
+            .and_then(|change| {
+                if change {
+                    RollbackEngine::restore(root, &meta, durable)
+                } else {
+                    // The target is as the action found it (its write failed before
+                    // the target changed), but directories made on the way may be there.
+                    let left_dirs = match meta.kind {
+                        SnapshotKind::Missing => {
+                            RollbackEngine::remove_created_dirs(root, &meta, durable)?
+                        }
+                        _ => Vec::new(),
+                    };
+                    Ok(crate::snapshot::RestoreOutcome {
+                        checksum_validated: true,
+                        restored_checksum: meta.sha256.clone(),
+                        left_dirs,
+                    })
+                }
+            })
+            .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
+            .and_then(|o| self.sync_point().map(|()| o))
+            .and_then(|o| self.fail_at("after_restore").map(|()| o));
             let mut step = match outcome {
                 Ok(o) => {
                     if let Err(r) = self.mark_restored(
@@ -1904,17 +1944,7 @@ impl Sandbox {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
                         self.metrics.checksum_mismatch();
                     }
-                    RollbackStep {
-                        action_id: meta.action_id.clone(),
-                        intent: meta.intent.clone(),
-                        path: abs.clone(),
-                        restored: false,
-                        checksum_validated: false,
-                        restored_checksum: None,
-                        reason_code: Some(r.reason_code),
-                        reason: Some(r.reason),
-                        unrecorded: None,
-                    }
+                    RollbackStep::failed(&meta, abs.clone(), r)
                 }
             };
             let mut record = self.rollback_record(
@@ -1940,7 +1970,6 @@ impl Sandbox {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
                 step.unrecorded = Some(e.to_string());
             }
-            drop(lock);
             steps.push(step);
         }
         if let Err(r) = self.sync_point() {

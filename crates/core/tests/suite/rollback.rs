@@ -720,3 +720,84 @@ fn a_rollback_the_trail_could_not_record_is_recorded_later() {
     assert_eq!(seen, ["blocked", "rolled_back", "success"]);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback holds every target's lock from its conflict check to its last restore: a
+/// writer of another workflow (here another `Sandbox`, as another process would be) who
+/// comes between two restores waits, then writes on the finished rollback's result.
+/// Without the locks the writer landed on a file the rollback had still to restore, and
+/// the rollback stopped there with a conflict, half done.
+#[test]
+fn a_writer_waits_for_a_rollback_to_finish() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_rb", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "A"},
+            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "G"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let other = std::sync::Arc::new(w.sandbox());
+    let writer: std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<_>>>> =
+        Default::default();
+    // After g.txt's restore, before f.txt's.
+    sb.failpoints().interleave("after_restore", {
+        let (other, writer) = (other.clone(), writer.clone());
+        std::sync::Arc::new(move || {
+            let other = other.clone();
+            *writer.lock().unwrap() = Some(std::thread::spawn(move || {
+                run(
+                    &other,
+                    json!({"workflow_id": "wf_other", "actions": [
+                        {"intent": "append_file", "path": "f.txt", "content": "B"}]}),
+                )
+            }));
+            // Time for the writer to land, if it could.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        })
+    });
+    let rb = rollback(&sb, "wf_rb", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 2);
+    let theirs = writer.lock().unwrap().take().unwrap().join().unwrap();
+    assert_eq!(status(&theirs), "success", "{theirs:?}");
+    assert_eq!(w.read("f.txt"), b"B", "appended to the fully restored tree");
+    assert!(!w.path("g.txt").exists());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A change made without the runtime (no lock) between two restores stops the rollback
+/// at that file, and the report names it among the conflicts.
+#[test]
+fn a_conflict_met_during_a_rollback_is_named() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_rc", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "A"},
+            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "G"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let f = w.path("f.txt");
+    sb.failpoints().interleave(
+        "after_restore",
+        std::sync::Arc::new(move || std::fs::write(&f, b"theirs").unwrap()),
+    );
+    let rb = rollback(&sb, "wf_rc", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    assert_eq!(rb.steps_rolled_back, 1);
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(rb.conflicts[0].action_id, "a1");
+    assert!(rb.conflicts[0].path.ends_with("/f.txt"), "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].current_checksum.as_deref(),
+        Some(sha(b"theirs").as_str())
+    );
+    assert_eq!(
+        rb.conflicts[0].expected_checksum.as_deref(),
+        Some(sha(b"A").as_str())
+    );
+    assert_eq!(w.read("f.txt"), b"theirs");
+}
