@@ -1575,6 +1575,38 @@ impl Sandbox {
                 .get(action)
                 .is_some_and(|(w, _)| undone.get(action).is_some_and(|u| u > w))
         };
+        // Writes into a root this process is not configured with cannot be restored from
+        // here: rolling back the rest and saying "rolled back" would leave them unsaid.
+        let mut elsewhere: Vec<&str> = trail
+            .iter()
+            .filter(|e| {
+                e.status == AuditStatus::Success
+                    && e.rollback_available
+                    && e.mutation_class != Some(MutationClass::Rollback)
+                    && self.root_of(&e.target_path).is_none()
+                    && opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
+                    && !trail.iter().any(|u| {
+                        u.status == AuditStatus::RolledBack
+                            && u.action_id == e.action_id
+                            && u.seq > e.seq
+                    })
+            })
+            .map(|e| e.action_id.as_str())
+            .collect();
+        elsewhere.sort_unstable();
+        elsewhere.dedup();
+        if !elsewhere.is_empty() {
+            let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
+            return refused(
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "{} of workflow {} wrote into a root this process is not configured with, so nothing was rolled back; run the rollback with every root the workflow wrote into (--root, once per root), or roll back the other actions one at a time",
+                    names.join(", "),
+                    shown_path(workflow_id)
+                ),
+                Vec::new(),
+            );
+        }
         let have: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())

@@ -236,8 +236,8 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
 }
 
 /// The status of a rollback report: 200 when rolled back or simulated, the refusal's status when
-/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id), 409 when a restore step
-/// failed.
+/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id, 422 outside_sandbox), 409
+/// when a restore step failed.
 pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
     if r.is_success() || r.is_simulated() {
         return StatusCode::OK;

@@ -411,8 +411,10 @@ fn prune_is_not_stopped_by_untrusted_folders() {
 }
 
 /// Pruned writes are not missing snapshots: after a prune the workflow id can be used
-/// again and its new run rolls back; so does a run that also wrote into a root this
-/// process is not configured with.
+/// again and its new run rolls back. A run that also wrote into a root this process is
+/// not configured with is not "rolled back" by it: the whole-workflow rollback is refused
+/// naming the actions it cannot reach, one action at a time works, and a process with
+/// every root finishes the job.
 #[test]
 fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     let w = World::new();
@@ -446,9 +448,33 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(root2.join("there.txt").exists());
     drop(sb);
     let sb = w.sandbox();
-    rolls_back(&sb, "wf_two");
+    let rb = sb.rollback_workflow("wf_two", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::OutsideSandbox), "{rb:?}");
+    let reason = rb.reason.unwrap();
+    assert!(
+        reason.contains("'a2'") && !reason.contains("'a1'"),
+        "{reason}"
+    );
+    assert!(
+        !reason.contains("root2"),
+        "no path outside this process's roots: {reason}"
+    );
+    assert!(w.path("here.txt").exists(), "nothing rolled back");
+    let one = sb.rollback_workflow(
+        "wf_two",
+        &RollbackOptions {
+            action_id: Some("a1".to_owned()),
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(one.status, "rolled_back", "{one:?}");
     assert!(!w.path("here.txt").exists());
     assert!(root2.join("there.txt").exists(), "not this process's root");
+    drop(sb);
+    let (_, both) = two_roots(&w);
+    rolls_back(&w.open(both), "wf_two");
+    assert!(!root2.join("there.txt").exists());
 }
 
 fn first_action(w: &World, wf: &str) -> String {
