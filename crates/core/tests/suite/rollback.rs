@@ -721,6 +721,21 @@ fn a_rollback_the_trail_could_not_record_is_recorded_later() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A world where workflow `wf` created f.txt ("A", action a1), then g.txt ("G", a2): its
+/// rollback restores g.txt first.
+fn f_then_g(wf: &str) -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "A"},
+            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "G"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    (w, sb)
+}
+
 /// A rollback holds every target's lock from its conflict check to its last restore: a
 /// writer of another workflow (here another `Sandbox`, as another process would be) who
 /// comes between two restores waits, then writes on the finished rollback's result.
@@ -728,15 +743,7 @@ fn a_rollback_the_trail_could_not_record_is_recorded_later() {
 /// the rollback stopped there with a conflict, half done.
 #[test]
 fn a_writer_waits_for_a_rollback_to_finish() {
-    let w = World::new();
-    let sb = w.sandbox();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_rb", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "A"},
-            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "G"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
+    let (w, sb) = f_then_g("wf_rb");
     let other = std::sync::Arc::new(w.sandbox());
     let writer: std::sync::Arc<std::sync::Mutex<Option<std::thread::JoinHandle<_>>>> =
         Default::default();
@@ -770,15 +777,7 @@ fn a_writer_waits_for_a_rollback_to_finish() {
 /// at that file, and the report names it among the conflicts.
 #[test]
 fn a_conflict_met_during_a_rollback_is_named() {
-    let w = World::new();
-    let sb = w.sandbox();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_rc", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "A"},
-            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "G"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
+    let (w, sb) = f_then_g("wf_rc");
     let f = w.path("f.txt");
     sb.failpoints().interleave(
         "after_restore",
