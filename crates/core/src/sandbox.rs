@@ -1547,22 +1547,24 @@ impl Sandbox {
         };
         // Which of this process's roots the last prune went through.
         let pruned_root = |i: usize| pruned_roots.iter().any(|r| self.roots[i].is_named_by(r));
-        // Writes excused from having a snapshot here: those into a root this process is not
-        // configured with, and those a prune removed.
-        let expects_snapshot = |e: &SandboxAuditEntry| {
-            self.root_of(&e.target_path)
-                .is_some_and(|i| e.seq > pruned_up_to || !pruned_root(i))
-        };
+        // Writes that must have a snapshot here, and writes into a root this process is not
+        // configured with; those a prune removed need neither.
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
+        let mut elsewhere_writes: Vec<&SandboxAuditEntry> = Vec::new();
         let mut undone: HashMap<&str, u64> = HashMap::new();
         for e in &trail {
             match e.status {
                 AuditStatus::Success
                     if e.rollback_available
-                        && e.mutation_class != Some(MutationClass::Rollback)
-                        && expects_snapshot(e) =>
+                        && e.mutation_class != Some(MutationClass::Rollback) =>
                 {
-                    written.insert(&e.action_id, (e.seq, &e.target_path));
+                    match self.root_of(&e.target_path) {
+                        None => elsewhere_writes.push(e),
+                        Some(i) if e.seq > pruned_up_to || !pruned_root(i) => {
+                            written.insert(&e.action_id, (e.seq, &e.target_path));
+                        }
+                        Some(_) => {}
+                    }
                 }
                 AuditStatus::RolledBack => {
                     undone.insert(&e.action_id, e.seq);
@@ -1577,19 +1579,11 @@ impl Sandbox {
         };
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
-        let mut elsewhere: Vec<&str> = trail
+        let mut elsewhere: Vec<&str> = elsewhere_writes
             .iter()
             .filter(|e| {
-                e.status == AuditStatus::Success
-                    && e.rollback_available
-                    && e.mutation_class != Some(MutationClass::Rollback)
-                    && self.root_of(&e.target_path).is_none()
-                    && opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
-                    && !trail.iter().any(|u| {
-                        u.status == AuditStatus::RolledBack
-                            && u.action_id == e.action_id
-                            && u.seq > e.seq
-                    })
+                opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
+                    && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
             })
             .map(|e| e.action_id.as_str())
             .collect();
