@@ -62,7 +62,7 @@ fn row(name: String, samples: &[Duration], floor: Option<&[Duration]>) -> Row {
     }
 }
 
-const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|concurrent|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
+const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|concurrent|readers|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
 Temporary directories are made under $TMPDIR (default /tmp).";
 
 fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
@@ -130,6 +130,58 @@ fn governed_concurrent(n: usize, threads: usize, durability: Durability) -> (Dur
     let per_action = start.elapsed() / n as u32;
     let syncs = sb.batched_syncs().unwrap_or(0) - syncs_before;
     (per_action, syncs as f64 / n as f64)
+}
+
+/// Latency of a reader (the newest 50 artifacts and the audit statistics, what a
+/// dashboard polls) while two agents write `n` one-action plans in all under `strict`
+/// durability, and over the same registry and log once they are done: (p50, p90, p99)
+/// of each.
+fn reads_during_writes(n: usize) -> ([Duration; 3], [Duration; 3]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tmp = keep(tempfile::tempdir().unwrap());
+    let sb = std::sync::Arc::new(sandbox(&tmp, Durability::Strict));
+    let read = |sb: &Sandbox| {
+        let t = Instant::now();
+        sb.artifacts(50, None).unwrap();
+        sb.audit_stats().unwrap();
+        t.elapsed()
+    };
+    let quantiles = |mut lat: Vec<Duration>| {
+        lat.sort();
+        [0.5, 0.9, 0.99].map(|q| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)])
+    };
+    settle();
+    let writing = std::sync::Arc::new(AtomicBool::new(true));
+    let reader = {
+        let (sb, writing) = (sb.clone(), writing.clone());
+        std::thread::spawn(move || {
+            let mut lat = Vec::new();
+            while writing.load(Ordering::SeqCst) {
+                lat.push(read(&sb));
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            lat
+        })
+    };
+    let writers: Vec<_> = (0..2)
+        .map(|t| {
+            let sb = sb.clone();
+            std::thread::spawn(move || {
+                for i in 0..n / 2 {
+                    let plan: Plan = serde_json::from_value(json!({"workflow_id": format!("wf_r{t}"), "actions": [
+                        {"action_id": format!("a{i}"), "intent": "create_file", "path": format!("t{t}/f{i}.txt"), "content": "x"}]}))
+                    .unwrap();
+                    assert!(sb.run_plan(plan).unwrap().is_success());
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    writing.store(false, Ordering::SeqCst);
+    let busy = quantiles(reader.join().unwrap());
+    (busy, quantiles((0..500).map(|_| read(&sb)).collect()))
 }
 
 /// The floor for [`governed_concurrent`]: `threads` writers of durable bare writes.
@@ -337,6 +389,20 @@ fn run() {
             gb.as_secs_f64() / floor.as_secs_f64(),
             gs.as_secs_f64() * 1e6,
             gs.as_secs_f64() / floor.as_secs_f64()
+        );
+        KEPT.lock().unwrap().clear();
+        return;
+    }
+    if only.as_deref() == Some("readers") {
+        let (busy, idle) = reads_during_writes(flag("--n", 300));
+        let us = |d: [Duration; 3]| {
+            d.map(|x| format!("{:.0}", x.as_secs_f64() * 1e6))
+                .join(" / ")
+        };
+        println!(
+            "reads (50 artifacts + audit stats), p50 / p90 / p99: while 2 strict agents write {} µs, after {} µs",
+            us(busy),
+            us(idle)
         );
         KEPT.lock().unwrap().clear();
         return;

@@ -268,17 +268,15 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.append_with(
-            |new| {
-                index.ingest(new);
-                Ok((bytes, ()))
-            },
-            |_| Ok(()),
-        )?;
+        let ((), pending) = journal.append_with(|new| {
+            index.ingest(new);
+            Ok((bytes, ()))
+        })?;
         for e in entries {
             index.insert(e.clone());
         }
-        Ok(())
+        drop(g);
+        pending.wait()
     }
 
     /// Appends one entry.

@@ -352,7 +352,7 @@ impl AuditLog {
         })?;
         if let Some((seq, hash)) = behind {
             match &log.deferred_head {
-                Some(_) => log.move_head(seq, &hash, false)?,
+                Some(_) => log.keep_head(seq, &hash),
                 None => log.publish_synced(seq, &hash)?,
             }
         }
@@ -366,13 +366,12 @@ impl AuditLog {
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.append_with(
-            |new| {
-                index.ingest(new);
-                Ok((Vec::new(), f(index)?))
-            },
-            |_| Ok(()),
-        )
+        // Nothing is appended, so nothing waits for a sync.
+        let (out, _nothing_written) = journal.append_with(|new| {
+            index.ingest(new);
+            Ok((Vec::new(), f(index)?))
+        })?;
+        Ok(out)
     }
 
     /// Makes the log durable, then moves the head to `seq` (never backwards).
@@ -384,7 +383,7 @@ impl AuditLog {
                 .map_err(|_| io::Error::other("audit lock poisoned"))?;
             g.0.sync_data()?;
         }
-        self.under_log_lock(|_| self.write_head(seq, entry_hash, false))
+        self.under_log_lock(|_| self.write_head(seq, entry_hash))
     }
 
     fn keeper(&self) -> io::Result<std::sync::MutexGuard<'_, HeadKeeper>> {
@@ -446,63 +445,66 @@ impl AuditLog {
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let written = journal.append_with(
-            |new| {
-                index.ingest(new);
-                // Checked under the lock, before this append could hide a cut tail.
-                if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
-                    self.freeze(why);
-                }
-                let mut prev = index.last_hash.clone();
-                let mut bytes = Vec::new();
-                let mut out = Vec::new();
-                for (seq, r) in (index.last_seq + 1..).zip(records) {
-                    let mut e = SandboxAuditEntry {
-                        seq,
-                        timestamp: r.timestamp,
-                        execution_id: r.execution_id,
-                        workflow_id: r.workflow_id,
-                        action_id: r.action_id,
-                        mutation_class: r.mutation_class,
-                        mutation_type: r.mutation_type,
-                        target_path: r.target_path,
-                        before_checksum: r.before_checksum,
-                        after_checksum: r.after_checksum,
-                        rollback_available: r.rollback_available,
-                        rollback_path: r.rollback_path,
-                        status: r.status,
-                        reason_code: r.reason_code,
-                        error: r.error,
-                        prev_hash: prev.clone(),
-                        entry_hash: String::new(),
-                    };
-                    e.entry_hash = e.compute_hash();
-                    prev = e.entry_hash.clone();
-                    serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
-                    bytes.push(b'\n');
-                    out.push(e);
-                }
-                Ok((bytes, out))
-            },
-            |out: &Vec<SandboxAuditEntry>| {
-                // Moved while the lock is held, so the head never goes backwards. The
-                // lines are written: a head that cannot follow them only lags (the next
-                // move brings it forward), so this append still stands.
-                if let Some(last) = out.last()
-                    && let Err(e) = self.move_head(last.seq, &last.entry_hash, true)
-                {
-                    tracing::warn!(error = %e, "the audit head could not follow the log; it lags until it next moves");
-                }
-                Ok(())
-            },
-        )?;
+        let (written, pending) = journal.append_with(|new| {
+            index.ingest(new);
+            // Checked under the lock, before this append could hide a cut tail.
+            if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
+                self.freeze(why);
+            }
+            let mut prev = index.last_hash.clone();
+            let mut bytes = Vec::new();
+            let mut out = Vec::new();
+            for (seq, r) in (index.last_seq + 1..).zip(records) {
+                let mut e = SandboxAuditEntry {
+                    seq,
+                    timestamp: r.timestamp,
+                    execution_id: r.execution_id,
+                    workflow_id: r.workflow_id,
+                    action_id: r.action_id,
+                    mutation_class: r.mutation_class,
+                    mutation_type: r.mutation_type,
+                    target_path: r.target_path,
+                    before_checksum: r.before_checksum,
+                    after_checksum: r.after_checksum,
+                    rollback_available: r.rollback_available,
+                    rollback_path: r.rollback_path,
+                    status: r.status,
+                    reason_code: r.reason_code,
+                    error: r.error,
+                    prev_hash: prev.clone(),
+                    entry_hash: String::new(),
+                };
+                e.entry_hash = e.compute_hash();
+                prev = e.entry_hash.clone();
+                serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
+                bytes.push(b'\n');
+                out.push(e);
+            }
+            Ok((bytes, out))
+        })?;
         for e in &written {
             index.insert(e.clone());
         }
+        // A head kept for a sync point is handed over in append order, under the lock.
+        if self.deferred_head.is_some()
+            && let Some(last) = written.last()
+        {
+            self.keep_head(last.seq, &last.entry_hash);
+        }
         drop(g);
-        // The lines are written: a head that cannot follow them now only lags.
-        if let Err(e) = self.relaxed_progress(&written) {
-            tracing::warn!(error = %e, "the audit head could not move after a sync of the log");
+        pending.wait()?;
+        // The lines are durable (or, under relaxed durability, written): a head that
+        // cannot follow them only lags until it next moves, so this append still stands.
+        let moved = match written.last() {
+            Some(last) if self.deferred_head.is_none() && self.relaxed_head.is_none() => {
+                // Under the log's lock, like every head write. Appends of other threads
+                // may finish their syncs first: the head only moves forward.
+                self.under_log_lock(|_| self.write_head(last.seq, &last.entry_hash))
+            }
+            _ => self.relaxed_progress(&written),
+        };
+        if let Err(e) = moved {
+            tracing::warn!(error = %e, "the audit head could not follow the log; it lags until it next moves");
         }
         Ok(written)
     }
@@ -532,19 +534,12 @@ impl AuditLog {
         }
     }
 
-    /// Writes the head now, or keeps it for a later sync (deferred under batched syncs,
-    /// counted under relaxed durability). `checked`: the caller holds the log's lock and
-    /// compared the head with the log just before.
-    fn move_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
-        match &self.deferred_head {
-            Some(d) => {
-                if let Ok(mut d) = d.lock() {
-                    d.pending = Some((seq, entry_hash.to_owned()));
-                }
-                Ok(())
-            }
-            None if self.relaxed_head.is_some() => Ok(()),
-            None => self.write_head(seq, entry_hash, checked),
+    /// Keeps the head for the next sync point (batched syncs).
+    fn keep_head(&self, seq: u64, entry_hash: &str) {
+        if let Some(d) = &self.deferred_head
+            && let Ok(mut d) = d.lock()
+        {
+            d.pending = Some((seq, entry_hash.to_owned()));
         }
     }
 
@@ -582,13 +577,13 @@ impl AuditLog {
             if seq <= d.published {
                 return Ok(());
             }
-            self.write_head(seq, &hash, false)?;
+            self.write_head(seq, &hash)?;
             d.published = seq;
             Ok(())
         })
     }
 
-    fn write_head(&self, seq: u64, entry_hash: &str, checked: bool) -> io::Result<()> {
+    fn write_head(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
         if self.failpoints.hit("audit_head").is_some() {
             return Err(io::Error::other("injected failure at audit_head"));
         }
@@ -603,10 +598,9 @@ impl AuditLog {
         // last entries until the head moves again, and costs no consistency.
         match &k.file {
             Some(f) => {
-                // Heads published after sync points may arrive out of order between
-                // processes: the head never goes backwards.
-                if !checked
-                    && let HeadFile::At(h) = parse_head(&f.read()?)
+                // Heads published after syncs may arrive out of order between threads
+                // and processes: the head never goes backwards.
+                if let HeadFile::At(h) = parse_head(&f.read()?)
                     && h.seq >= seq
                 {
                     return Ok(());

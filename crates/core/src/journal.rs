@@ -1,16 +1,40 @@
 //! An append-only JSONL journal shared by threads and processes: whole lines appended
 //! under an exclusive file lock, read incrementally (never rescanned), a torn last line
-//! from a crashed writer repaired.
+//! from a crashed writer repaired. Durable appends are synced after the lock is let go,
+//! so that appenders waiting at the same time share one `fdatasync` (group commit) and
+//! readers never wait for a disk flush.
 
 use crate::confine::state::{LogFile, StateDir};
+use crate::group_commit::GroupCommit;
 use std::io;
+use std::sync::Arc;
 
 /// A JSONL file and how far this process has read it.
 #[derive(Debug)]
 pub struct Journal {
-    file: LogFile,
+    file: Arc<LogFile>,
     cursor: Cursor,
-    durable: bool,
+    /// `None` when appends are not synced.
+    group: Option<Arc<GroupCommit>>,
+}
+
+/// What an append has to wait for before its lines are durable.
+#[must_use = "an append's lines are durable only once wait() has returned"]
+#[derive(Debug)]
+pub struct Pending {
+    sync: Option<(Arc<LogFile>, Arc<GroupCommit>, u64)>,
+}
+
+impl Pending {
+    /// Returns once the append's lines are durable: at once when a sync that started
+    /// after they were written has finished, else after a sync of its own, which covers
+    /// every append written by then.
+    pub fn wait(self) -> io::Result<()> {
+        match self.sync {
+            Some((file, group, ticket)) => group.wait(ticket, || file.sync_data()),
+            None => Ok(()),
+        }
+    }
 }
 
 /// How far this process has read, kept apart from the file so a lock guard can borrow
@@ -25,7 +49,7 @@ struct Cursor {
 impl Journal {
     /// Opens `name` in the state directory and repairs a torn tail.
     pub fn open(state: &StateDir, name: &str, durable: bool) -> io::Result<Self> {
-        let file = state.open_log(name)?;
+        let file = Arc::new(state.open_log(name)?);
         let mut cursor = Cursor::default();
         {
             let _lock = file.lock_exclusive()?;
@@ -35,8 +59,12 @@ impl Journal {
         Ok(Self {
             file,
             cursor,
-            durable,
+            group: durable.then(Arc::default),
         })
+    }
+
+    fn durable(&self) -> bool {
+        self.group.is_some()
     }
 
     /// The file's current length in bytes.
@@ -75,32 +103,37 @@ impl Journal {
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
     /// other writers appended since this process last read and returns the bytes to
-    /// append, built from that up-to-date view; `after` runs once the bytes are written.
-    /// All of it under the exclusive lock.
+    /// append, built from that up-to-date view. All of it under the exclusive lock; the
+    /// lines are durable once the returned [`Pending`] has been waited for, which the
+    /// caller does after letting go of whatever serialises its appends, so that the
+    /// appends made meanwhile share the sync.
     pub fn append_with<T>(
         &mut self,
         make: impl FnOnce(&[u8]) -> io::Result<(Vec<u8>, T)>,
-        after: impl FnOnce(&T) -> io::Result<()>,
-    ) -> io::Result<T> {
+    ) -> io::Result<(T, Pending)> {
+        let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
         // One length serves the repair and the catch-up: with the lock held, nobody else
         // changes the file in between.
         let len = self.file.len()?;
-        let len = self.cursor.repair_tail(&self.file, len, self.durable)?;
+        let len = self.cursor.repair_tail(&self.file, len, durable)?;
         let mut new = Vec::new();
         self.cursor
             .read_new_locked(&self.file, len, &mut |b| new.extend_from_slice(b))?;
         let (bytes, out) = make(&new)?;
+        let mut pending = Pending { sync: None };
         if !bytes.is_empty() {
-            if let Err(e) = self.file.append(&bytes, self.durable) {
+            if let Err(e) = self.file.append(&bytes, false) {
                 // Leave no torn line behind for the next reader.
-                let _ = self.file.truncate(self.cursor.offset, self.durable);
+                let _ = self.file.truncate(self.cursor.offset, durable);
                 return Err(e);
             }
             self.cursor.offset += bytes.len() as u64;
+            if let Some(g) = &self.group {
+                pending.sync = Some((self.file.clone(), g.clone(), g.ticket()));
+            }
         }
-        after(&out)?;
-        Ok(out)
+        Ok((out, pending))
     }
 
     /// Reads everything from the start (for verification), under a shared lock.

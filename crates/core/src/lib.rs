@@ -44,6 +44,7 @@ pub mod context;
 mod error;
 pub mod executor;
 pub mod failpoint;
+pub mod group_commit;
 pub mod hash;
 pub mod ids;
 pub mod journal;

@@ -5,6 +5,7 @@
 // clippy.toml (SPEC §12.1-2) still hold in the rest of this module.
 #![allow(clippy::disallowed_types)]
 
+use crate::group_commit::GroupCommit;
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt};
 use std::fs::File;
@@ -749,26 +750,12 @@ pub fn canonical_to_be(path: &Path) -> Option<PathBuf> {
 
 /// Makes whole filesystems durable at once with `syncfs(2)`: one call per distinct
 /// filesystem among the given directories, in place of a `fsync` per file and directory
-/// touched since the last call. Concurrent callers share syncs (group commit): a sync
-/// that started after a caller's writes covers them, so a caller waits for one to start
-/// after it asked and finish, and makes it itself only when none is running.
+/// touched since the last call. Concurrent callers share syncs ([`GroupCommit`]).
 #[derive(Debug)]
 pub struct FsSync {
     /// One open handle per filesystem, by device.
     handles: std::sync::Mutex<Vec<(u64, File)>>,
-    group: std::sync::Mutex<SyncGroup>,
-    done: std::sync::Condvar,
-}
-
-/// Tickets of the group commit: callers number their requests; a sync started when
-/// `requested` was N covers every request up to N.
-#[derive(Debug, Default)]
-struct SyncGroup {
-    requested: u64,
-    covered: u64,
-    running: bool,
-    /// Syncs actually made (for tests and benchmarks).
-    made: u64,
+    group: GroupCommit,
 }
 
 impl FsSync {
@@ -785,8 +772,7 @@ impl FsSync {
         }
         Ok(Self {
             handles: std::sync::Mutex::new(handles),
-            group: std::sync::Mutex::new(SyncGroup::default()),
-            done: std::sync::Condvar::new(),
+            group: GroupCommit::default(),
         })
     }
 
@@ -816,37 +802,12 @@ impl FsSync {
 
     /// Returns once everything written before the call is on stable storage.
     pub fn sync(&self) -> io::Result<()> {
-        let poisoned = || io::Error::other("sync group poisoned");
-        let mut g = self.group.lock().map_err(|_| poisoned())?;
-        g.requested += 1;
-        let ticket = g.requested;
-        loop {
-            if g.covered >= ticket {
-                return Ok(());
-            }
-            if !g.running {
-                g.running = true;
-                let target = g.requested;
-                drop(g);
-                let result = self.sync_all();
-                g = self.group.lock().map_err(|_| poisoned())?;
-                g.running = false;
-                g.made += 1;
-                if result.is_ok() {
-                    g.covered = g.covered.max(target);
-                }
-                self.done.notify_all();
-                // On failure the waiters try again themselves; this caller reports it.
-                result?;
-                continue;
-            }
-            g = self.done.wait(g).map_err(|_| poisoned())?;
-        }
+        self.group.wait(self.group.ticket(), || self.sync_all())
     }
 
     /// How many syncs were actually made (each covering one or more requests).
     pub fn syncs_made(&self) -> u64 {
-        self.group.lock().map_or(0, |g| g.made)
+        self.group.syncs_made()
     }
 
     fn sync_all(&self) -> io::Result<()> {
