@@ -133,6 +133,9 @@ struct Index {
     tat: std::collections::HashMap<String, f64>,
     per_minute: u32,
     by_workflow: BTreeMap<String, Vec<usize>>,
+    /// The actions of each workflow that the trail records a write by (not a rollback):
+    /// asked before every action, so not a scan of the workflow's entries.
+    wrote: std::collections::HashMap<String, std::collections::HashSet<String>>,
     last_seq: u64,
     last_hash: String,
     stats: AuditStats,
@@ -169,10 +172,15 @@ impl Index {
         if let Some(r) = e.reason_code {
             *s.by_reason_code.entry(r.as_str().to_owned()).or_default() += 1;
         }
-        if e.status == AuditStatus::Success
-            && e.mutation_class != Some(MutationClass::Rollback)
-            && let Some(t) = crate::clock::parse_timestamp(&e.timestamp)
-        {
+        let wrote =
+            e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
+        if wrote {
+            self.wrote
+                .entry(e.workflow_id.clone())
+                .or_default()
+                .insert(e.action_id.clone());
+        }
+        if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
             let tat = self
                 .tat
                 .entry(e.workflow_id.clone())
@@ -651,13 +659,9 @@ impl AuditLog {
     /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
     pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
-            ix.by_workflow.get(workflow_id).is_some_and(|ids| {
-                ids.iter().map(|&i| &ix.entries[i]).any(|e| {
-                    e.status == AuditStatus::Success
-                        && e.action_id == action_id
-                        && e.mutation_class != Some(MutationClass::Rollback)
-                })
-            })
+            ix.wrote
+                .get(workflow_id)
+                .is_some_and(|a| a.contains(action_id))
         })
     }
 
