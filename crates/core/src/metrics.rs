@@ -10,6 +10,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `reason` labels of `ailab_sandbox_rollbacks_total`: asked for by hand, run
+/// because an action or the workflow failed, or run at start-up for a run that died.
+pub const ROLLBACK_REASONS: [&str; 4] = ["manual", "action_failed", "workflow_failed", "recovery"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeResult {
     r#type: String,
@@ -124,6 +128,22 @@ impl Metrics {
             "Time to execute one mutation",
             duration.clone(),
         );
+        // The series an alert watches exist from the start, at 0: `increase()` over a
+        // series that first appears at 1 sees no increase, so the first escape attempt
+        // or rollback would go unnoticed.
+        for reason in ROLLBACK_REASONS {
+            drop(rollbacks.get_or_create(&Reason {
+                reason: reason.to_owned(),
+            }));
+        }
+        for code in ReasonCode::ALL
+            .into_iter()
+            .filter(|c| c.is_escape_attempt())
+        {
+            drop(escape_attempts.get_or_create(&Detection {
+                detection_method: code.as_str().to_owned(),
+            }));
+        }
         Self {
             registry,
             mutations,
@@ -172,8 +192,9 @@ impl Metrics {
         }
     }
 
-    /// Counts a rollback (`manual`, `action_failed`, `workflow_failed`).
+    /// Counts a rollback, for one of [`ROLLBACK_REASONS`].
     pub fn rollback(&self, reason: &str) {
+        debug_assert!(ROLLBACK_REASONS.contains(&reason), "{reason}");
         self.rollbacks
             .get_or_create(&Reason {
                 reason: reason.to_owned(),

@@ -640,6 +640,17 @@ fn concurrent_plans_on_one_workflow_never_overshoot_the_budget() {
 fn metrics_expose_the_seven_names() {
     let w = World::new();
     let sb = w.sandbox();
+    // Alerts use increase(): the series they watch exist at 0 before the first event.
+    let fresh = sb.metrics().encode();
+    for name in [
+        "ailab_sandbox_escape_attempts_total{detection_method=\"path_traversal\"} 0",
+        "ailab_sandbox_escape_attempts_total{detection_method=\"symlink_escape\"} 0",
+        "ailab_sandbox_escape_attempts_total{detection_method=\"outside_sandbox\"} 0",
+        "ailab_sandbox_rollbacks_total{reason=\"manual\"} 0",
+        "ailab_sandbox_rollbacks_total{reason=\"workflow_failed\"} 0",
+    ] {
+        assert!(fresh.contains(name), "missing {name} in\n{fresh}");
+    }
     run(
         &sb,
         json!({"workflow_id": "wf_m", "actions": [
