@@ -57,6 +57,7 @@ pub mod sandbox;
 pub mod seal;
 pub mod snapshot;
 pub mod workflow;
+pub mod yaml;
 
 pub use config::Config;
 pub use error::Error;

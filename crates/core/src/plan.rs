@@ -520,9 +520,7 @@ fn to_json(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 }
 
 fn to_yaml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
-    yaml_serde::to_string(v)
-        .map(String::into_bytes)
-        .map_err(|e| serialize_error("YAML", e))
+    Ok(crate::yaml::to_string(v).into_bytes())
 }
 
 fn to_toml(v: &serde_json::Value) -> Verdict<Vec<u8>> {

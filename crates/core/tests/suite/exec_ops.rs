@@ -184,12 +184,15 @@ fn write_yaml_serializes_data() {
     let w = World::new();
     let r = one(
         &w,
-        json!({"intent": "write_yaml", "path": "c.yaml", "data": {"name": "x", "n": 3}}),
+        json!({"intent": "write_yaml", "path": "c.yaml", "data": {"name": "x", "count": 3, "flag": "yes", "day": "2020-01-01"}}),
     );
     assert_eq!(status(&r), "success");
     let text = String::from_utf8(w.read("c.yaml")).unwrap();
     assert!(text.contains("name: x"), "{text}");
-    assert!(text.contains("n: 3"), "{text}");
+    assert!(text.contains("count: 3"), "{text}");
+    // Strings a YAML 1.1 reader would take for a boolean or a date stay strings.
+    assert!(text.contains("flag: \"yes\""), "{text}");
+    assert!(text.contains("day: \"2020-01-01\""), "{text}");
 }
 
 #[test]
