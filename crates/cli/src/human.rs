@@ -24,7 +24,7 @@ fn dash(v: Option<&str>) -> &str {
 /// control characters and text-direction marks escaped: it can never move the cursor,
 /// colour the terminal, start a line of its own or show its characters in another order
 /// (`report\u{202e}dm.jpg`).
-fn safe(text: &str) -> String {
+pub(crate) fn safe(text: &str) -> String {
     text.chars()
         .map(|c| {
             let direction = matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
@@ -136,7 +136,7 @@ pub fn run_result(r: &RunResult) {
 pub fn rollback(r: &RollbackReport) {
     out!(
         "workflow {}  {}  steps rolled back: {}",
-        r.workflow_id,
+        safe(&r.workflow_id),
         paint(r.status, r.is_success() || r.is_simulated()),
         r.steps_rolled_back
     );

@@ -198,7 +198,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", human::safe(&format!("{e:#}")));
             ExitCode::from(EXIT_USAGE)
         }
     }
@@ -284,7 +284,7 @@ fn refusal_exit(json: bool, r: &Refusal, code: u8) -> Result<u8> {
     if json {
         print_json(&serde_json::json!({"reason_code": r.reason_code, "reason": r.reason}))?;
     } else {
-        eprintln!("refused ({}): {}", r.reason_code, r.reason);
+        eprintln!("refused ({}): {}", r.reason_code, human::safe(&r.reason));
     }
     Ok(code)
 }
@@ -326,7 +326,7 @@ fn run(cli: Cli) -> Result<u8> {
     };
     if !cli.json {
         for n in sandbox.notices() {
-            eprintln!("note: {n}");
+            eprintln!("note: {}", human::safe(n));
         }
     }
     report_confinement(
@@ -489,7 +489,9 @@ fn run(cli: Cli) -> Result<u8> {
                     for f in &report.workflows_failed {
                         eprintln!(
                             "could not prune workflow {} ({}): {}; the next prune tries again",
-                            f.workflow_id, f.reason_code, f.reason
+                            human::safe(&f.workflow_id),
+                            f.reason_code,
+                            human::safe(&f.reason)
                         );
                     }
                 }
@@ -513,7 +515,8 @@ fn verify_read_only(
         .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
     if !json {
         eprintln!(
-            "note: the runtime cannot start here ({why}); the trail was verified read-only, without recovery"
+            "note: the runtime cannot start here ({}); the trail was verified read-only, without recovery",
+            human::safe(&why.to_string())
         );
     }
     show_verified(&v, json)
@@ -594,7 +597,7 @@ fn serve(config: Config) -> Result<u8> {
     ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref())?;
     let mut sandbox = Sandbox::open(config)?;
     for n in sandbox.notices() {
-        eprintln!("note: {n}");
+        eprintln!("note: {}", human::safe(n));
     }
     // Before the runtime starts its threads: Landlock binds only threads created later.
     report_confinement(sandbox.confine_process(), false);

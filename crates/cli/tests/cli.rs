@@ -652,6 +652,34 @@ fn human_output_escapes_control_characters() {
     }
 }
 
+/// Refusals and errors on standard error escape what the caller sent too: an unknown
+/// field's name in a plan, a workflow id given to `rollback`.
+#[test]
+fn refusals_escape_control_characters() {
+    let e = env();
+    let p = e.write_plan(
+        "field.json",
+        &json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x",
+            "\u{1b}[31mRED\u{1b}]0;title\u{7}\nFAKE LINE": 1}]}),
+    );
+    let mut run = e.cmd();
+    run.args(["--enable-write", "--no-dry-run", "run"]).arg(&p);
+    let mut rollback = e.cmd();
+    rollback.args(["rollback", "\u{1b}[31mRED\u{1b}[0m"]);
+    for mut c in [run, rollback] {
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!said.contains(['\u{1b}', '\u{7}']), "{said}");
+        assert!(!said.lines().any(|l| l.starts_with("FAKE")), "{said}");
+        assert!(said.contains("\\u{1b}"), "{said}");
+    }
+}
+
 /// A text-direction mark in a path (allowed in a file name) is shown escaped, so
 /// `report\u{202e}dm.txt` cannot pass for another name in a listing.
 #[test]
