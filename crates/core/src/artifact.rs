@@ -268,7 +268,7 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let ((), pending) = journal.append_with(|new| {
+        let ((), pending) = journal.append_with(|new, _| {
             index.ingest(new);
             Ok((bytes, ()))
         })?;
@@ -276,7 +276,22 @@ impl ArtifactRegistry {
             index.insert(e.clone());
         }
         drop(g);
-        pending.wait()
+        let range = pending.range();
+        pending.wait().inspect_err(|_| self.cut_back(range))
+    }
+
+    /// Takes lines whose sync failed out of the file again, when nothing follows them.
+    fn cut_back(&self, range: (u64, u64)) {
+        if let Ok(mut g) = self.inner.lock()
+            && let Err(e) = g.0.cut_back(range)
+        {
+            tracing::warn!(error = %e, "could not take out registry lines whose sync failed");
+        }
+    }
+
+    /// Why this process writes nothing more: an earlier sync of the registry failed.
+    pub fn sync_failure(&self) -> Option<io::Error> {
+        self.inner.lock().ok()?.0.sync_failure()
     }
 
     /// Appends one entry.

@@ -5,7 +5,7 @@
 //! tail is found too.
 
 use crate::catalog::MutationClass;
-use crate::confine::state::{BlockFile, StateDir};
+use crate::confine::state::{BlockFile, LogFile, StateDir};
 use crate::failpoint::FailPoints;
 use crate::hash::to_hex;
 use crate::journal::Journal;
@@ -339,7 +339,7 @@ impl AuditLog {
         };
         // Judged under the log's lock, like every head write: no other process appends or
         // moves the head meanwhile, so the log and the head are seen at one moment.
-        let behind = log.under_log_lock(|ix| {
+        let behind = log.under_log_lock(|ix, _| {
             let on_disk = log.head_on_disk()?;
             if let Some(why) = head_mismatch(ix, &on_disk) {
                 log.freeze(why);
@@ -367,17 +367,21 @@ impl AuditLog {
         Ok(log)
     }
 
-    /// Runs `f` on the caught-up index with the log's exclusive file lock held.
-    fn under_log_lock<T>(&self, f: impl FnOnce(&Index) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `f` on the caught-up index and the file with the log's exclusive file lock
+    /// held.
+    fn under_log_lock<T>(
+        &self,
+        f: impl FnOnce(&Index, &LogFile) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut g = self
             .inner
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
         // Nothing is appended, so nothing waits for a sync.
-        let (out, _nothing_written) = journal.append_with(|new| {
+        let (out, _nothing_written) = journal.append_with(|new, file| {
             index.ingest(new);
-            Ok((Vec::new(), f(index)?))
+            Ok((Vec::new(), f(index, file)?))
         })?;
         Ok(out)
     }
@@ -391,7 +395,7 @@ impl AuditLog {
                 .map_err(|_| io::Error::other("audit lock poisoned"))?;
             g.0.sync_data()?;
         }
-        self.under_log_lock(|_| self.write_head(seq, entry_hash))
+        self.under_log_lock(|_, _| self.write_head(seq, entry_hash))
     }
 
     fn keeper(&self) -> io::Result<std::sync::MutexGuard<'_, HeadKeeper>> {
@@ -453,7 +457,10 @@ impl AuditLog {
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let (written, pending) = journal.append_with(|new| {
+        // Under strict durability the head moves after the sync, once the lines are
+        // checked to be still in the log as written.
+        let moves_after_sync = self.deferred_head.is_none() && self.relaxed_head.is_none();
+        let ((written, copy), pending) = journal.append_with(|new, _| {
             index.ingest(new);
             // Checked under the lock, before this append could hide a cut tail.
             if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
@@ -488,7 +495,8 @@ impl AuditLog {
                 bytes.push(b'\n');
                 out.push(e);
             }
-            Ok((bytes, out))
+            let copy = moves_after_sync.then(|| bytes.clone());
+            Ok((bytes, (out, copy)))
         })?;
         for e in &written {
             index.insert(e.clone());
@@ -500,21 +508,83 @@ impl AuditLog {
             self.keep_head(last.seq, &last.entry_hash);
         }
         drop(g);
-        pending.wait()?;
+        let (at, len) = pending.range();
+        let injected = || match self.failpoints.hit("audit_sync") {
+            Some(crate::failpoint::FailMode::Error) => {
+                Err(io::Error::other("injected failure at audit_sync"))
+            }
+            Some(crate::failpoint::FailMode::Crash) => panic!("injected crash at audit_sync"),
+            None => Ok(()),
+        };
+        if let Err(e) = pending.wait_checked(injected) {
+            self.cut_back((at, len));
+            return Err(e);
+        }
         // The lines are durable (or, under relaxed durability, written): a head that
         // cannot follow them only lags until it next moves, so this append still stands.
-        let moved = match written.last() {
-            Some(last) if self.deferred_head.is_none() && self.relaxed_head.is_none() => {
-                // Under the log's lock, like every head write. Appends of other threads
-                // may finish their syncs first: the head only moves forward.
-                self.under_log_lock(|_| self.write_head(last.seq, &last.entry_hash))
-            }
+        let moved = match (written.last(), copy) {
+            (Some(last), Some(copy)) => self.under_log_lock(|_, file| {
+                // Under the log's lock, like every head write. The lines were out of the
+                // lock while they synced: a head moved over lines cut meanwhile (and
+                // replaced by another writer's) would hide the cut, so they are read back.
+                let still = match file.read_range(at, len) {
+                    Ok(b) => b == copy,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
+                    Err(e) => return Err(e),
+                };
+                if !still {
+                    // The head is set to the entry this process made durable, so that
+                    // every later check finds the log no longer holds it.
+                    return self.record_cut(
+                        last.seq,
+                        &last.entry_hash,
+                        format!(
+                            "entry {} was cut from the log or rewritten while it was being synced",
+                            last.seq
+                        ),
+                    );
+                }
+                // Appends of other threads may finish their syncs first: the head only
+                // moves forward.
+                self.write_head(last.seq, &last.entry_hash)
+            }),
             _ => self.relaxed_progress(&written),
         };
         if let Err(e) = moved {
             tracing::warn!(error = %e, "the audit head could not follow the log; it lags until it next moves");
         }
         Ok(written)
+    }
+
+    /// Takes lines whose sync failed out of the file again, when nothing follows them.
+    fn cut_back(&self, range: (u64, u64)) {
+        if let Ok(mut g) = self.inner.lock()
+            && let Err(e) = g.0.cut_back(range)
+        {
+            tracing::warn!(error = %e, "could not take out audit lines whose sync failed");
+        }
+    }
+
+    /// Writes the head at an entry this process made durable and the log no longer
+    /// holds, then freezes it there: the evidence stays for `audit verify` and for every
+    /// other process, whatever is appended after.
+    fn record_cut(&self, seq: u64, entry_hash: &str, why: String) -> io::Result<()> {
+        let bytes = head_bytes(seq, entry_hash)?;
+        let mut k = self.keeper()?;
+        if k.frozen.is_some() {
+            return Ok(());
+        }
+        tracing::error!(problem = %why, "the audit log does not match its head; the head stays as it is");
+        k.frozen = Some(why);
+        match &k.file {
+            Some(f) => f.write(&bytes),
+            None => self.state.write_block(HEAD_FILE, &bytes, false),
+        }
+    }
+
+    /// Why this process writes nothing more: an earlier sync of the log failed.
+    pub fn sync_failure(&self) -> Option<io::Error> {
+        self.inner.lock().ok()?.0.sync_failure()
     }
 
     /// Under relaxed durability, counts appends and moves the head, after syncing the
@@ -552,7 +622,7 @@ impl AuditLog {
     }
 
     /// Shares the sandbox's failure points (tests).
-    pub(crate) fn share_failpoints(&mut self, failpoints: Arc<FailPoints>) {
+    pub fn share_failpoints(&mut self, failpoints: Arc<FailPoints>) {
         self.failpoints = failpoints;
     }
 
@@ -578,7 +648,7 @@ impl AuditLog {
         };
         // Under the log's lock, like every head write, so that no process reads a head
         // block another is writing. Locks are taken in the order append takes them.
-        self.under_log_lock(|_| {
+        self.under_log_lock(|_, _| {
             let mut d = d
                 .lock()
                 .map_err(|_| io::Error::other("audit head lock poisoned"))?;
@@ -611,6 +681,17 @@ impl AuditLog {
                 if let HeadFile::At(h) = parse_head(&f.read()?)
                     && h.seq >= seq
                 {
+                    if h.seq == seq && h.entry_hash != entry_hash {
+                        // Two entries under one seq: the log was cut and written again.
+                        // The head keeps this process's entry as evidence (see
+                        // `record_cut`).
+                        let why = format!(
+                            "the head records another entry {seq} than the one this process appended: the log was cut and written again"
+                        );
+                        tracing::error!(problem = %why, "the audit log does not match its head; the head stays as it is");
+                        f.write(&bytes)?;
+                        k.frozen = Some(why);
+                    }
                     return Ok(());
                 }
                 f.write(&bytes)
@@ -683,15 +764,16 @@ impl AuditLog {
 
     /// Reads the whole log and checks every line, the chain and the head.
     pub fn verify(&self) -> io::Result<VerifyReport> {
-        let bytes = {
+        // The head is read under the log's lock, like every head write: read apart, an
+        // append landing in between would show a head ahead of the log read before it.
+        // The file as it is now, not this process's handle on it, which outlives a removal.
+        let (bytes, head) = {
             let g = self
                 .inner
                 .lock()
                 .map_err(|_| io::Error::other("audit lock poisoned"))?;
-            g.0.read_all()?
+            g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))?
         };
-        // The file as it is now, not this process's handle on it, which outlives a removal.
-        let head = self.state.read_optional(HEAD_FILE)?;
         Ok(verify_with_head(&bytes, head.as_deref()))
     }
 }

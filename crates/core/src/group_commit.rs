@@ -51,13 +51,8 @@ impl GroupCommit {
             if s.covered >= ticket {
                 return Ok(());
             }
-            if let Some((kind, why)) = &s.failed {
-                return Err(io::Error::new(
-                    *kind,
-                    format!(
-                        "an earlier sync failed ({why}): nothing written since can be made durable; restart the runtime so that its recovery checks what reached the disk"
-                    ),
-                ));
+            if let Some(e) = failure(&s) {
+                return Err(e);
             }
             if !s.running {
                 break;
@@ -67,16 +62,22 @@ impl GroupCommit {
         s.running = true;
         let upto = s.taken;
         drop(s);
-        let result = sync();
-        let mut s = self.lock();
-        s.running = false;
-        s.made += 1;
-        match &result {
-            Ok(()) => s.covered = s.covered.max(upto),
-            Err(e) => s.failed = Some((e.kind(), e.to_string())),
+        // Whatever way the sync ends, a panic included, the waiters learn of it.
+        let mut ended = Ended {
+            group: self,
+            upto,
+            result: Err(io::Error::other("the sync panicked")),
+        };
+        ended.result = sync();
+        match &ended.result {
+            Ok(()) => Ok(()),
+            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
         }
-        self.done.notify_all();
-        result
+    }
+
+    /// The error every later wait returns, once a sync has failed.
+    pub fn failed(&self) -> Option<io::Error> {
+        failure(&self.lock())
     }
 
     /// Syncs made so far, each covering one ticket or more.
@@ -85,8 +86,39 @@ impl GroupCommit {
     }
 }
 
+fn failure(s: &State) -> Option<io::Error> {
+    s.failed.as_ref().map(|(kind, why)| {
+        io::Error::new(
+            *kind,
+            format!(
+                "an earlier sync failed ({why}): nothing written since can be made durable, so this process writes nothing more; restart the runtime so that its recovery checks what reached the disk"
+            ),
+        )
+    })
+}
+
+/// The end of a running sync, recorded when dropped.
+struct Ended<'a> {
+    group: &'a GroupCommit,
+    upto: u64,
+    result: io::Result<()>,
+}
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        let mut s = self.group.lock();
+        s.running = false;
+        s.made += 1;
+        match &self.result {
+            Ok(()) => s.covered = s.covered.max(self.upto),
+            Err(e) => s.failed = Some((e.kind(), e.to_string())),
+        }
+        self.group.done.notify_all();
+    }
+}
+
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::GroupCommit;
     use std::io;
@@ -148,6 +180,27 @@ mod tests {
         follower.join().unwrap().unwrap();
         covered.join().unwrap().unwrap();
         assert_eq!(g.syncs_made(), 2);
+    }
+
+    #[test]
+    fn a_sync_that_panics_fails_its_waiters_instead_of_hanging_them() {
+        let g = Arc::new(GroupCommit::default());
+        let first = g.ticket();
+        let panicked = {
+            let g = g.clone();
+            std::thread::spawn(move || g.wait(first, || panic!("injected"))).join()
+        };
+        assert!(panicked.is_err());
+        let (done, rx) = mpsc::channel();
+        let later = g.ticket();
+        let g2 = g.clone();
+        std::thread::spawn(move || done.send(g2.wait(later, || Ok(()))).unwrap());
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a wait after a panicked sync never returned")
+            .unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
+        assert!(g.failed().is_some());
     }
 
     #[test]

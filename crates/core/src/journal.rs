@@ -23,15 +23,32 @@ pub struct Journal {
 #[derive(Debug)]
 pub struct Pending {
     sync: Option<(Arc<LogFile>, Arc<GroupCommit>, u64)>,
+    /// Where the appended bytes start in the file.
+    at: u64,
+    len: u64,
 }
 
 impl Pending {
+    /// Where the appended bytes start in the file, and how many there are.
+    pub fn range(&self) -> (u64, u64) {
+        (self.at, self.len)
+    }
+
     /// Returns once the append's lines are durable: at once when a sync that started
     /// after they were written has finished, else after a sync of its own, which covers
     /// every append written by then.
     pub fn wait(self) -> io::Result<()> {
+        self.wait_checked(|| Ok(()))
+    }
+
+    /// [`Pending::wait`], running `before_sync` first when this caller makes the sync
+    /// (failure injection in tests).
+    pub fn wait_checked(self, before_sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
         match self.sync {
-            Some((file, group, ticket)) => group.wait(ticket, || file.sync_data()),
+            Some((file, group, ticket)) => group.wait(ticket, || {
+                before_sync()?;
+                file.sync_data()
+            }),
             None => Ok(()),
         }
     }
@@ -107,9 +124,10 @@ impl Journal {
     /// lines are durable once the returned [`Pending`] has been waited for, which the
     /// caller does after letting go of whatever serialises its appends, so that the
     /// appends made meanwhile share the sync.
+    /// `make` also gets the file, to read back what it needs under the same lock.
     pub fn append_with<T>(
         &mut self,
-        make: impl FnOnce(&[u8]) -> io::Result<(Vec<u8>, T)>,
+        make: impl FnOnce(&[u8], &LogFile) -> io::Result<(Vec<u8>, T)>,
     ) -> io::Result<(T, Pending)> {
         let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
@@ -120,9 +138,18 @@ impl Journal {
         let mut new = Vec::new();
         self.cursor
             .read_new_locked(&self.file, len, &mut |b| new.extend_from_slice(b))?;
-        let (bytes, out) = make(&new)?;
-        let mut pending = Pending { sync: None };
+        let (bytes, out) = make(&new, &self.file)?;
+        // The repaired file ends where the cursor is: at a line boundary.
+        let mut pending = Pending {
+            sync: None,
+            at: self.cursor.offset,
+            len: bytes.len() as u64,
+        };
         if !bytes.is_empty() {
+            // After a failed sync nothing more is written: it could not be made durable.
+            if let Some(e) = self.group.as_ref().and_then(|g| g.failed()) {
+                return Err(e);
+            }
             if let Err(e) = self.file.append(&bytes, false) {
                 // Leave no torn line behind for the next reader.
                 let _ = self.file.truncate(self.cursor.offset, durable);
@@ -136,10 +163,34 @@ impl Journal {
         Ok((out, pending))
     }
 
-    /// Reads everything from the start (for verification), under a shared lock.
-    pub fn read_all(&self) -> io::Result<Vec<u8>> {
+    /// After its sync failed, takes an append's lines out of the file again when nothing
+    /// follows them, so that what the caller reports failed is not left in the log. (The
+    /// index of this process keeps them; it writes nothing more until it restarts.)
+    pub fn cut_back(&mut self, (at, len): (u64, u64)) -> io::Result<()> {
+        let _lock = self.file.lock_exclusive()?;
+        if len == 0 || self.file.len()? != at + len {
+            return Ok(());
+        }
+        self.file.truncate(at, self.durable())?;
+        if self.cursor.offset == at + len {
+            self.cursor.offset = at;
+        }
+        Ok(())
+    }
+
+    /// Why appends are refused: an earlier sync failed.
+    pub fn sync_failure(&self) -> Option<io::Error> {
+        self.group.as_ref().and_then(|g| g.failed())
+    }
+
+    /// Reads everything from the start (for verification) and runs `also` under the same
+    /// shared lock, so that no append lands between the two.
+    pub fn read_all_with<T>(
+        &self,
+        also: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<(Vec<u8>, T)> {
         let _lock = self.file.lock_shared()?;
-        self.file.read_from(0)
+        Ok((self.file.read_from(0)?, also()?))
     }
 }
 

@@ -604,6 +604,16 @@ impl Sandbox {
         self.batch_sync.as_ref().map(|s| s.syncs_made())
     }
 
+    /// Why this process writes nothing more, once a sync of its logs or of its
+    /// filesystems failed: the kernel may have dropped what it could not write, so no
+    /// later write could be promised durable.
+    pub fn sync_failure(&self) -> Option<std::io::Error> {
+        self.registry
+            .sync_failure()
+            .or_else(|| self.audit.sync_failure())
+            .or_else(|| self.batch_sync.as_ref().and_then(|s| s.failed()))
+    }
+
     /// Whether file writes are staged and committed with one durability point (batched
     /// syncs).
     pub(crate) fn stages_writes(&self) -> bool {
@@ -816,6 +826,12 @@ impl Sandbox {
         rec: crate::recovery::InflightRecord,
         file: Option<&crate::confine::state::BlockFile>,
     ) {
+        if self.sync_failure().is_some() {
+            // Left active: the next start's recovery checks this run's actions against
+            // what reached the disk.
+            tracing::warn!(workflow = %rec.workflow_id, "a sync failed during this run; its record stays active for recovery");
+            return;
+        }
         let (mark, what) = if self.batch_sync.is_some() {
             // Marked finished at once (not synced): a later run of the workflow in any
             // process then knows this one did not die half way.

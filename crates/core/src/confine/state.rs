@@ -810,6 +810,11 @@ impl FsSync {
         self.group.syncs_made()
     }
 
+    /// The error every later sync returns, once one has failed.
+    pub fn failed(&self) -> Option<io::Error> {
+        self.group.failed()
+    }
+
     fn sync_all(&self) -> io::Result<()> {
         let handles = self
             .handles

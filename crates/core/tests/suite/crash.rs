@@ -1053,3 +1053,38 @@ fn recovery_leaves_what_others_wrote_after_the_run_died() {
         assert_eq!(w.read("new/c.txt"), b"theirs\n", "{d:?}");
     }
 }
+
+/// A failed sync of the audit log (an I/O error of the disk) fails the action, which is
+/// undone and leaves no success line behind. The process then writes nothing more — no
+/// later sync could vouch for the pages the kernel failed to write — and its run record
+/// stays active, so that the next start checks the run against the disk.
+#[test]
+fn after_a_failed_log_sync_the_process_writes_nothing_more() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm("audit_sync", 1);
+    let r = run(&sb, plan_json());
+    assert_ne!(status(&r), "success", "{r:?}");
+    assert_eq!(w.tree(), original);
+    assert_eq!(run_record(&w, "wf_crash")["state"], "active");
+    let other = json!({"workflow_id": "wf_other", "actions": [
+        {"intent": "create_file", "path": "z.txt", "content": "z"}]});
+    let r = serde_json::to_value(run(&sb, other.clone())).unwrap();
+    assert_eq!(r["actions"][0]["reason_code"], "io_error", "{r}");
+    let reason = r["actions"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("an earlier sync failed"), "{reason}");
+    assert!(!w.path("z.txt").exists());
+    drop(sb);
+    let sb = w.open(c);
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(w.tree(), original);
+    assert!(
+        !sb.audit_entries(100, Some("wf_crash"))
+            .unwrap()
+            .iter()
+            .any(|e| e.status == ailab_sandbox_core::audit::AuditStatus::Success),
+        "a success line outlived the failed sync"
+    );
+    assert_eq!(status(&run(&sb, other)), "success");
+    assert_eq!(w.read("z.txt"), b"z");
+}

@@ -375,13 +375,8 @@ fn a_last_line_missing_only_its_newline_is_kept() {
     }
 }
 
-#[test]
-fn two_logs_on_one_file_keep_one_chain() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
-    let b = AuditLog::open(&state, false, 10).unwrap();
-    let rec = |i: usize| ailab_sandbox_core::audit::AuditRecord {
+fn rec(i: usize) -> ailab_sandbox_core::audit::AuditRecord {
+    ailab_sandbox_core::audit::AuditRecord {
         timestamp: format!("2026-01-01T00:00:{i:02}Z"),
         execution_id: "ex".into(),
         workflow_id: "wf".into(),
@@ -396,7 +391,15 @@ fn two_logs_on_one_file_keep_one_chain() {
         status: ailab_sandbox_core::audit::AuditStatus::Blocked,
         reason_code: None,
         error: None,
-    };
+    }
+}
+
+#[test]
+fn two_logs_on_one_file_keep_one_chain() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    let b = AuditLog::open(&state, false, 10).unwrap();
     for i in 0..10 {
         let log = if i % 2 == 0 { &a } else { &b };
         let written = log.append(vec![rec(i)]).unwrap();
@@ -681,4 +684,62 @@ fn simultaneous_first_starts_agree_on_the_head_and_the_key() {
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
+}
+
+/// A strict append's lines are synced outside the log's lock. If they are cut meanwhile
+/// and another writer appends in their place (and moves the head over its own line),
+/// the cut must still show: the head goes to the entry this process made durable.
+#[test]
+fn a_line_cut_while_it_syncs_stays_detected() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let mut a = AuditLog::open(&state, true, 10).unwrap();
+    let b = std::sync::Arc::new(AuditLog::open(&state, true, 10).unwrap());
+    let failpoints = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    a.share_failpoints(failpoints.clone());
+    a.append(vec![rec(0)]).unwrap();
+    let path = audit_path(&w);
+    failpoints.interleave(
+        "audit_sync",
+        std::sync::Arc::new(move || {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let keep = text.trim_end().rfind('\n').map_or(0, |i| i + 1);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(keep as u64)
+                .unwrap();
+            b.append(vec![rec(9)]).unwrap();
+        }),
+    );
+    a.append(vec![rec(1)]).unwrap();
+    assert!(a.head_problem().is_some());
+    let v = a.verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+    assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
+}
+
+/// After a failed sync the append is reported failed and its line is not left in the
+/// log; nothing more is written by that process (a later sync could succeed with the
+/// failed pages lost), while another process goes on.
+#[test]
+fn after_a_failed_sync_a_log_writes_nothing_more() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let mut a = AuditLog::open(&state, true, 10).unwrap();
+    let failpoints = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    a.share_failpoints(failpoints.clone());
+    a.append(vec![rec(0)]).unwrap();
+    failpoints.arm("audit_sync", 1);
+    let e = a.append(vec![rec(1)]).unwrap_err();
+    assert!(e.to_string().contains("injected"), "{e}");
+    assert_eq!(lines(&w).len(), 1);
+    let e = a.append(vec![rec(2)]).unwrap_err();
+    assert!(e.to_string().contains("an earlier sync failed"), "{e}");
+    assert!(a.sync_failure().is_some());
+    assert_eq!(lines(&w).len(), 1);
+    let b = AuditLog::open(&state, true, 10).unwrap();
+    assert_eq!(b.append(vec![rec(3)]).unwrap()[0].seq, 2);
+    assert!(b.verify().unwrap().ok);
 }
