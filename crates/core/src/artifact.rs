@@ -276,17 +276,7 @@ impl ArtifactRegistry {
             index.insert(e.clone());
         }
         drop(g);
-        let range = pending.range();
-        pending.wait().inspect_err(|_| self.cut_back(range))
-    }
-
-    /// Takes lines whose sync failed out of the file again, when nothing follows them.
-    fn cut_back(&self, range: (u64, u64)) {
-        if let Ok(mut g) = self.inner.lock()
-            && let Err(e) = g.0.cut_back(range)
-        {
-            tracing::warn!(error = %e, "could not take out registry lines whose sync failed");
-        }
+        pending.wait()
     }
 
     /// Why this process writes nothing more: an earlier sync of the registry failed.

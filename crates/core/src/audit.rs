@@ -516,10 +516,10 @@ impl AuditLog {
             Some(crate::failpoint::FailMode::Crash) => panic!("injected crash at audit_sync"),
             None => Ok(()),
         };
-        if let Err(e) = pending.wait_checked(injected) {
-            self.cut_back((at, len));
-            return Err(e);
-        }
+        // After a failed sync the lines stay: other processes may have read them already
+        // (taking them out would break their cursors). The run's record stays active, and
+        // the next start's recovery records the action's undoing after them.
+        pending.wait_checked(injected)?;
         // The lines are durable (or, under relaxed durability, written): a head that
         // cannot follow them only lags until it next moves, so this append still stands.
         let moved = match (written.last(), copy) {
@@ -554,15 +554,6 @@ impl AuditLog {
             tracing::warn!(error = %e, "the audit head could not follow the log; it lags until it next moves");
         }
         Ok(written)
-    }
-
-    /// Takes lines whose sync failed out of the file again, when nothing follows them.
-    fn cut_back(&self, range: (u64, u64)) {
-        if let Ok(mut g) = self.inner.lock()
-            && let Err(e) = g.0.cut_back(range)
-        {
-            tracing::warn!(error = %e, "could not take out audit lines whose sync failed");
-        }
     }
 
     /// Writes the head at an entry this process made durable and the log no longer

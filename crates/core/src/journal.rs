@@ -163,21 +163,6 @@ impl Journal {
         Ok((out, pending))
     }
 
-    /// After its sync failed, takes an append's lines out of the file again when nothing
-    /// follows them, so that what the caller reports failed is not left in the log. (The
-    /// index of this process keeps them; it writes nothing more until it restarts.)
-    pub fn cut_back(&mut self, (at, len): (u64, u64)) -> io::Result<()> {
-        let _lock = self.file.lock_exclusive()?;
-        if len == 0 || self.file.len()? != at + len {
-            return Ok(());
-        }
-        self.file.truncate(at, self.durable())?;
-        if self.cursor.offset == at + len {
-            self.cursor.offset = at;
-        }
-        Ok(())
-    }
-
     /// Why appends are refused: an earlier sync failed.
     pub fn sync_failure(&self) -> Option<io::Error> {
         self.group.as_ref().and_then(|g| g.failed())

@@ -1517,6 +1517,10 @@ impl Sandbox {
         {
             return refused(r.reason_code, r.reason, Vec::new());
         }
+        // A restore could not be made durable either, nor recorded.
+        if let Some(e) = self.sync_failure() {
+            return refused(ReasonCode::IoError, e.to_string(), Vec::new());
+        }
         let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
             Ok(l) => l,
             Err(e) => {

@@ -1055,7 +1055,7 @@ fn recovery_leaves_what_others_wrote_after_the_run_died() {
 }
 
 /// A failed sync of the audit log (an I/O error of the disk) fails the action, which is
-/// undone and leaves no success line behind. The process then writes nothing more — no
+/// undone. The process then writes nothing more — no
 /// later sync could vouch for the pages the kernel failed to write — and its run record
 /// stays active, so that the next start checks the run against the disk.
 #[test]
@@ -1074,17 +1074,27 @@ fn after_a_failed_log_sync_the_process_writes_nothing_more() {
     let reason = r["actions"][0]["reason"].as_str().unwrap();
     assert!(reason.contains("an earlier sync failed"), "{reason}");
     assert!(!w.path("z.txt").exists());
+    let rb = sb.rollback_workflow("wf_crash", &Default::default());
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{rb:?}"
+    );
     drop(sb);
     let sb = w.open(c);
     assert!(sb.audit_verify().unwrap().ok);
     assert_eq!(w.tree(), original);
-    assert!(
-        !sb.audit_entries(100, Some("wf_crash"))
-            .unwrap()
-            .iter()
-            .any(|e| e.status == ailab_sandbox_core::audit::AuditStatus::Success),
-        "a success line outlived the failed sync"
-    );
+    // The success line whose sync failed may have reached the disk: recovery then
+    // records the action's undoing after it, so the trail ends saying what the file holds.
+    let entries = sb.audit_entries(100, Some("wf_crash")).unwrap();
+    let newest = |id: &str| entries.iter().find(|e| e.action_id == id).map(|e| e.status);
+    for e in &entries {
+        assert_ne!(
+            newest(&e.action_id),
+            Some(ailab_sandbox_core::audit::AuditStatus::Success),
+            "{entries:?}"
+        );
+    }
     assert_eq!(status(&run(&sb, other)), "success");
     assert_eq!(w.read("z.txt"), b"z");
 }

@@ -720,9 +720,9 @@ fn a_line_cut_while_it_syncs_stays_detected() {
     assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
 }
 
-/// After a failed sync the append is reported failed and its line is not left in the
-/// log; nothing more is written by that process (a later sync could succeed with the
-/// failed pages lost), while another process goes on.
+/// After a failed sync the append is reported failed; nothing more is written by that
+/// process (a later sync could succeed with the failed pages lost), while another
+/// process goes on. The failed line stays: another process may have read it already.
 #[test]
 fn after_a_failed_sync_a_log_writes_nothing_more() {
     let w = World::new();
@@ -734,12 +734,12 @@ fn after_a_failed_sync_a_log_writes_nothing_more() {
     failpoints.arm("audit_sync", 1);
     let e = a.append(vec![rec(1)]).unwrap_err();
     assert!(e.to_string().contains("injected"), "{e}");
-    assert_eq!(lines(&w).len(), 1);
+    assert_eq!(lines(&w).len(), 2);
     let e = a.append(vec![rec(2)]).unwrap_err();
     assert!(e.to_string().contains("an earlier sync failed"), "{e}");
     assert!(a.sync_failure().is_some());
-    assert_eq!(lines(&w).len(), 1);
+    assert_eq!(lines(&w).len(), 2);
     let b = AuditLog::open(&state, true, 10).unwrap();
-    assert_eq!(b.append(vec![rec(3)]).unwrap()[0].seq, 2);
+    assert_eq!(b.append(vec![rec(3)]).unwrap()[0].seq, 3);
     assert!(b.verify().unwrap().ok);
 }
