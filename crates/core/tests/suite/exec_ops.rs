@@ -170,11 +170,22 @@ fn numbers_are_written_as_sent_or_refused() {
     assert!(sb.audit_entries(10, None).unwrap().is_empty());
     // The largest integers and ordinary decimals reach the file as sent.
     let r = sb
-        .run_plan_json(plan("[18446744073709551615, -9223372036854775808, 0.1, 2.5]").as_bytes())
+        .run_plan_json(
+            plan("[18446744073709551615, -9223372036854775808, 0.1, 2.5, 3.89024412130861e+37, 2.2532106301827582e+30]")
+                .as_bytes(),
+        )
         .unwrap();
     assert_eq!(status(&r), "success");
     let text = String::from_utf8(w.read("n.json")).unwrap();
-    for n in ["18446744073709551615", "-9223372036854775808", "0.1", "2.5"] {
+    // Doubles are parsed correctly rounded, so one that round-trips is not refused.
+    for n in [
+        "18446744073709551615",
+        "-9223372036854775808",
+        "0.1",
+        "2.5",
+        "3.89024412130861e+37",
+        "2.2532106301827582e+30",
+    ] {
         assert!(text.contains(n), "{n} in {text}");
     }
 }
