@@ -509,17 +509,10 @@ impl AuditLog {
         }
         drop(g);
         let (at, len) = pending.range();
-        let injected = || match self.failpoints.hit("audit_sync") {
-            Some(crate::failpoint::FailMode::Error) => {
-                Err(io::Error::other("injected failure at audit_sync"))
-            }
-            Some(crate::failpoint::FailMode::Crash) => panic!("injected crash at audit_sync"),
-            None => Ok(()),
-        };
         // After a failed sync the lines stay: other processes may have read them already
         // (taking them out would break their cursors). The run's record stays active, and
         // the next start's recovery records the action's undoing after them.
-        pending.wait_checked(injected)?;
+        pending.wait_checked(|| self.failpoints.check("audit_sync"))?;
         // The lines are durable (or, under relaxed durability, written): a head that
         // cannot follow them only lags until it next moves, so this append still stands.
         let moved = match (written.last(), copy) {
@@ -565,11 +558,16 @@ impl AuditLog {
         if k.frozen.is_some() {
             return Ok(());
         }
+        self.pin_head(&mut k, &bytes, why)
+    }
+
+    /// Writes `bytes` as the head and freezes it ([`AuditLog::record_cut`]).
+    fn pin_head(&self, k: &mut HeadKeeper, bytes: &[u8], why: String) -> io::Result<()> {
         tracing::error!(problem = %why, "the audit log does not match its head; the head stays as it is");
         k.frozen = Some(why);
         match &k.file {
-            Some(f) => f.write(&bytes),
-            None => self.state.write_block(HEAD_FILE, &bytes, false),
+            Some(f) => f.write(bytes),
+            None => self.state.write_block(HEAD_FILE, bytes, false),
         }
     }
 
@@ -665,28 +663,24 @@ impl AuditLog {
         // it never is (it moves after the log's durable append, sync point or own sync).
         // A crash may leave an older head, which only weakens the cut-tail check for the
         // last entries until the head moves again, and costs no consistency.
-        match &k.file {
-            Some(f) => {
-                // Heads published after syncs may arrive out of order between threads
-                // and processes: the head never goes backwards.
-                if let HeadFile::At(h) = parse_head(&f.read()?)
-                    && h.seq >= seq
-                {
-                    if h.seq == seq && h.entry_hash != entry_hash {
-                        // Two entries under one seq: the log was cut and written again.
-                        // The head keeps this process's entry as evidence (see
-                        // `record_cut`).
-                        let why = format!(
-                            "the head records another entry {seq} than the one this process appended: the log was cut and written again"
-                        );
-                        tracing::error!(problem = %why, "the audit log does not match its head; the head stays as it is");
-                        f.write(&bytes)?;
-                        k.frozen = Some(why);
-                    }
-                    return Ok(());
-                }
-                f.write(&bytes)
+        // Heads published after syncs may arrive out of order between threads and
+        // processes: the head never goes backwards.
+        if let Some(f) = &k.file
+            && let HeadFile::At(h) = parse_head(&f.read()?)
+            && h.seq >= seq
+        {
+            if h.seq == seq && h.entry_hash != entry_hash {
+                // Two entries under one seq: the log was cut and written again. The head
+                // keeps this process's entry as evidence.
+                let why = format!(
+                    "the head records another entry {seq} than the one this process appended: the log was cut and written again"
+                );
+                return self.pin_head(&mut k, &bytes, why);
             }
+            return Ok(());
+        }
+        match &k.file {
+            Some(f) => f.write(&bytes),
             None => {
                 self.state.write_block(HEAD_FILE, &bytes, false)?;
                 k.file = self.state.open_block(HEAD_FILE)?;

@@ -801,9 +801,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let rel = approval.resolved.rel.clone();
         let target = sb.abs_path(ri, &rel);
         let prepared = (|| {
-            if let Some(e) = sb.sync_failure() {
-                return Err(Refusal::new(ReasonCode::IoError, e.to_string()));
-            }
+            sb.check_syncs()?;
             check_payload(approval.op, a)?;
             let kind = approval
                 .target

@@ -76,6 +76,18 @@ impl FailPoints {
         }
     }
 
+    /// Fires `point` as an I/O step would: `Err` for an armed error, a panic for an
+    /// armed crash.
+    pub fn check(&self, point: &str) -> std::io::Result<()> {
+        match self.hit(point) {
+            None => Ok(()),
+            Some(FailMode::Error) => Err(std::io::Error::other(format!(
+                "injected failure at {point}"
+            ))),
+            Some(FailMode::Crash) => std::panic::panic_any(format!("injected crash at {point}")),
+        }
+    }
+
     /// What `point` does now, if it fires (it then disarms).
     pub fn hit(&self, point: &str) -> Option<FailMode> {
         let call = {

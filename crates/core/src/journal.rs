@@ -147,7 +147,7 @@ impl Journal {
         };
         if !bytes.is_empty() {
             // After a failed sync nothing more is written: it could not be made durable.
-            if let Some(e) = self.group.as_ref().and_then(|g| g.failed()) {
+            if let Some(e) = self.sync_failure() {
                 return Err(e);
             }
             if let Err(e) = self.file.append(&bytes, false) {

@@ -531,16 +531,9 @@ impl Sandbox {
     }
 
     pub(crate) fn fail_at(&self, point: &str) -> Verdict {
-        match self.failpoints.hit(point) {
-            None => Ok(()),
-            Some(crate::failpoint::FailMode::Error) => Err(crate::reason::Refusal::new(
-                ReasonCode::IoError,
-                format!("injected failure at {point}"),
-            )),
-            Some(crate::failpoint::FailMode::Crash) => {
-                std::panic::panic_any(format!("injected crash at {point}"))
-            }
-        }
+        self.failpoints
+            .check(point)
+            .map_err(|e| crate::reason::Refusal::new(ReasonCode::IoError, e.to_string()))
     }
 
     /// The configuration in force.
@@ -612,6 +605,17 @@ impl Sandbox {
             .sync_failure()
             .or_else(|| self.audit.sync_failure())
             .or_else(|| self.batch_sync.as_ref().and_then(|s| s.failed()))
+    }
+
+    /// [`Sandbox::sync_failure`] as the refusal of a write or a restore.
+    pub(crate) fn check_syncs(&self) -> Verdict {
+        match self.sync_failure() {
+            Some(e) => Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                e.to_string(),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether file writes are staged and committed with one durability point (batched
@@ -1518,8 +1522,8 @@ impl Sandbox {
             return refused(r.reason_code, r.reason, Vec::new());
         }
         // A restore could not be made durable either, nor recorded.
-        if let Some(e) = self.sync_failure() {
-            return refused(ReasonCode::IoError, e.to_string(), Vec::new());
+        if let Err(r) = self.check_syncs() {
+            return refused(r.reason_code, r.reason, Vec::new());
         }
         let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
             Ok(l) => l,
