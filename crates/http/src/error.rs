@@ -32,7 +32,13 @@ pub mod codes {
     pub const REQUEST_TIMEOUT: &str = "request_timeout";
     /// Something went wrong inside the server; details are in its log.
     pub const INTERNAL_ERROR: &str = "internal_error";
+    /// The bodies of other requests fill the room the server keeps for bodies in flight
+    /// (see [`crate::BODIES_IN_FLIGHT`]); retry after `Retry-After` seconds.
+    pub const SERVER_BUSY: &str = "server_busy";
 }
+
+/// What a `server_busy` answer's `Retry-After` asks for.
+const BUSY_RETRY_SECONDS: u32 = 1;
 
 /// An error answer: status, stable code and a readable sentence.
 #[derive(Debug, Clone)]
@@ -125,6 +131,17 @@ impl ApiError {
         Self::new(status, code, reason)
     }
 
+    /// `503`: other requests' bodies fill the room for bodies in flight.
+    pub fn busy() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::SERVER_BUSY,
+            format!(
+                "other requests' bodies fill the room the server keeps for bodies in flight; send the request again in {BUSY_RETRY_SECONDS} second(s)"
+            ),
+        )
+    }
+
     /// `413` naming the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(
@@ -148,6 +165,10 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.reason_code == codes::SERVER_BUSY {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(BUSY_RETRY_SECONDS));
         }
         resp
     }

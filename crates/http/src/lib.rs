@@ -28,8 +28,10 @@
 //! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
 //! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403
 //! `forbidden_origin` / `forbidden_host`, 404 `not_found`, 405 `method_not_allowed`, 408
-//! `request_timeout`, 413 `payload_too_large`, and 500 `io_error` / `internal_error`
-//! whose reason never carries internal detail (that goes to the log).
+//! `request_timeout`, 413 `payload_too_large`, 500 `io_error` / `internal_error`
+//! whose reason never carries internal detail (that goes to the log), and 503
+//! `server_busy` with `Retry-After` when other requests' bodies fill the room kept for
+//! bodies in flight (see [`BODIES_IN_FLIGHT`]).
 //!
 //! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
@@ -90,11 +92,12 @@ pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Request bodies the server holds at once, in multiples of the largest one allowed: a
 /// body is parsed into about as much memory again, so this bounds what concurrent
-/// uploads can hold whatever their number. A request is charged its declared length (the
-/// largest allowed when it declares none) in one step when its first bytes arrive, and
-/// until its response is ready: a client that sends nothing holds no room, and since no
-/// request ever waits for room while holding some, uploads cannot wait for each other.
-/// Bytes that find no room wait for it.
+/// uploads can hold whatever their number. A request is charged for its body as the
+/// bytes arrive (never more than the largest body allowed), until its response is ready:
+/// a client holds only as much room as it has sent. A request that holds no room waits
+/// for room for its first bytes; one that holds some and finds no more is answered 503
+/// `server_busy` with `Retry-After` instead of waiting, since uploads that wait while
+/// holding room could wait for each other until their deadline.
 pub const BODIES_IN_FLIGHT: usize = 4;
 
 /// The unit in which room for bodies is counted.
@@ -112,8 +115,19 @@ struct BodyRoom {
 /// The room one request holds, given back when its response is ready.
 type Held = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
 
-/// Charges a request's body to the room when it starts to arrive (see
-/// [`BODIES_IN_FLIGHT`]).
+/// A body that found the room for bodies full after its first bytes (answered 503).
+#[derive(Debug)]
+pub(crate) struct RoomFull;
+
+impl std::fmt::Display for RoomFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no room for more request body bytes")
+    }
+}
+
+impl std::error::Error for RoomFull {}
+
+/// Charges a request's body to the room as it arrives (see [`BODIES_IN_FLIGHT`]).
 async fn body_room(
     axum::extract::State(room): axum::extract::State<BodyRoom>,
     req: Request,
@@ -125,31 +139,48 @@ async fn body_room(
     {
         return next.run(req).await;
     }
-    let hint = axum::body::HttpBody::size_hint(req.body());
-    let len = hint
-        .exact()
-        .or(hint.upper())
-        .and_then(|n| usize::try_from(n).ok())
-        .map_or(room.limit, |n| n.min(room.limit));
-    let units = u32::try_from(len.div_ceil(ROOM_UNIT).max(1)).unwrap_or(u32::MAX);
     let held: Held = Arc::default();
     let (parts, body) = req.into_parts();
-    let metered = futures_util::stream::unfold(
-        (body.into_data_stream(), room, held.clone(), false),
-        move |(mut stream, room, held, mut charged)| async move {
-            use futures_util::StreamExt;
-            let chunk = stream.next().await?;
-            if !charged {
-                charged = true;
-                // The semaphore is never closed.
-                let permit = room.units.clone().acquire_many_owned(units).await.ok();
-                *held
+    // (stream, bytes charged so far, whether the body ended with an error)
+    let metered = futures_util::stream::unfold((body.into_data_stream(), 0usize, false), {
+        let held = held.clone();
+        move |(mut stream, charged, ended)| {
+            let (room, held) = (room.clone(), held.clone());
+            async move {
+                use futures_util::StreamExt;
+                if ended {
+                    return None;
+                }
+                let chunk = match stream.next().await? {
+                    Ok(c) => c,
+                    Err(e) => return Some((Err(e), (stream, charged, true))),
+                };
+                let now = (charged + chunk.len()).min(room.limit);
+                let more = now.div_ceil(ROOM_UNIT) - charged.div_ceil(ROOM_UNIT);
+                if more == 0 {
+                    return Some((Ok(chunk), (stream, now, false)));
+                }
+                let more = u32::try_from(more).unwrap_or(u32::MAX);
+                let permit = if charged == 0 {
+                    // Holding nothing, it may wait. The semaphore is never closed.
+                    room.units.clone().acquire_many_owned(more).await.ok()
+                } else {
+                    room.units.clone().try_acquire_many_owned(more).ok()
+                };
+                let Some(permit) = permit else {
+                    return Some((Err(axum::Error::new(RoomFull)), (stream, now, true)));
+                };
+                let mut slot = held
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = permit;
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match slot.as_mut() {
+                    Some(p) => p.merge(permit),
+                    None => *slot = Some(permit),
+                }
+                Some((Ok(chunk), (stream, now, false)))
             }
-            Some((chunk, (stream, room, held, charged)))
-        },
-    );
+        }
+    });
     let req = Request::from_parts(parts, axum::body::Body::from_stream(metered));
     let resp = next.run(req).await;
     held.lock()

@@ -77,10 +77,11 @@ fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError
         .map_err(|e| ApiError::bad_request(e.body_text()))
 }
 
-fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `e` or one of its sources is a `T`.
+fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if err.is::<tower_http::timeout::TimeoutError>() {
+        if err.is::<T>() {
             return true;
         }
         cur = err.source();
@@ -92,12 +93,14 @@ fn body_bytes(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, A
     b.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
-        } else if is_timeout(&e) {
+        } else if caused_by::<tower_http::timeout::TimeoutError>(&e) {
             ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 codes::REQUEST_TIMEOUT,
                 "the request body did not arrive in time",
             )
+        } else if caused_by::<crate::RoomFull>(&e) {
+            ApiError::busy()
         } else {
             ApiError::bad_request("the request body could not be read")
         }

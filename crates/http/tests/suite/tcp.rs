@@ -50,10 +50,17 @@ impl Server {
 
 /// Reads one response from a keep-alive connection (body by Content-Length).
 fn read_one(r: &mut BufReader<TcpStream>) -> (u16, String) {
+    let (status, _, body) = read_answer(r);
+    (status, body)
+}
+
+/// One answer: status, headers (names lowercased) and body.
+fn read_answer(r: &mut BufReader<TcpStream>) -> (u16, Vec<(String, String)>, String) {
     let mut status_line = String::new();
     r.read_line(&mut status_line).unwrap();
     let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
     let mut len = 0usize;
+    let mut headers = Vec::new();
     loop {
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
@@ -61,15 +68,17 @@ fn read_one(r: &mut BufReader<TcpStream>) -> (u16, String) {
         if line.is_empty() {
             break;
         }
-        if let Some((k, v)) = line.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            len = v.trim().parse().unwrap();
+        if let Some((k, v)) = line.split_once(':') {
+            let (k, v) = (k.to_ascii_lowercase(), v.trim().to_owned());
+            if k == "content-length" {
+                len = v.parse().unwrap();
+            }
+            headers.push((k, v));
         }
     }
     let mut body = vec![0; len];
     r.read_exact(&mut body).unwrap();
-    (status, String::from_utf8(body).unwrap())
+    (status, headers, String::from_utf8(body).unwrap())
 }
 
 /// The server answers a fresh connection.
@@ -441,9 +450,10 @@ async fn small_bodies() -> (Env, Server) {
     (e, server)
 }
 
-/// Room for request bodies is charged when a body starts to arrive: clients that declare
-/// bodies and send nothing hold none, while bodies under way, up to the room for
-/// [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make further bodies wait.
+/// Room for request bodies is charged as bodies arrive: clients that declare bodies and
+/// send nothing, or only their first byte, hold next to none, while bodies under way, up
+/// to the room for [`ailab_sandbox_http::BODIES_IN_FLIGHT`] of the largest, make a
+/// further body wait, and one that already holds room answered `server_busy` at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_in_flight_are_bounded() {
     let (e, server) = small_bodies().await;
@@ -454,8 +464,8 @@ async fn request_bodies_in_flight_are_bounded() {
                 "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
             )
         };
-        let stall = |sent: &str| -> Vec<TcpStream> {
-            (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
+        let stall = |n: usize, sent: &str| -> Vec<TcpStream> {
+            (0..n)
                 .map(|_| {
                     let mut s = TcpStream::connect(addr).unwrap();
                     s.write_all(post(4096, sent).as_bytes()).unwrap();
@@ -471,18 +481,45 @@ async fn request_bodies_in_flight_are_bounded() {
             s.write_all(post(body.len(), body).as_bytes()).unwrap();
             s
         };
+        let answered_at_once = |name: &str| {
+            let s = send(&plan(name));
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let (status, body) = read_one(&mut BufReader::new(s));
+            assert_eq!(status, 200, "{name}: {body}");
+        };
 
-        // Declared, not sent: no room is held, a plan goes through at once.
-        let idle = stall("");
+        // Declared, not sent, or only a first byte sent: next to no room is held, a plan
+        // goes through at once.
+        let idle = stall(ailab_sandbox_http::BODIES_IN_FLIGHT, "");
         std::thread::sleep(Duration::from_millis(300));
-        let s = send(&plan("a.md"));
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let (status, body) = read_one(&mut BufReader::new(s));
-        assert_eq!(status, 200, "{body}");
+        answered_at_once("a.md");
         drop(idle);
+        let trickle = stall(ailab_sandbox_http::BODIES_IN_FLIGHT, " ");
+        std::thread::sleep(Duration::from_millis(300));
+        answered_at_once("c.md");
 
-        // Sent (all but the last byte): the room is full, the next body waits.
-        let mut full = stall(&" ".repeat(4095));
+        drop(trickle);
+
+        // A body that holds room and finds no more is answered at once, not held. The
+        // room is 4 × 4 KiB, in 1 KiB units: 2 for this body, 3 × 4 + 2 for the others.
+        let mut filling = TcpStream::connect(addr).unwrap();
+        filling.write_all(post(4096, &" ".repeat(2048)).as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut full = stall(3, &" ".repeat(4095));
+        full.extend(stall(1, &" ".repeat(2048)));
+        std::thread::sleep(Duration::from_millis(300));
+        filling.write_all(" ".repeat(2048).as_bytes()).unwrap();
+        filling.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, headers, body) = read_answer(&mut BufReader::new(filling));
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("\"server_busy\""), "{body}");
+        assert!(
+            headers.iter().any(|(k, v)| k == "retry-after" && v == "1"),
+            "{headers:?}"
+        );
+
+        // Holding nothing, the next body waits for room (the room is full again).
+        full.extend(stall(1, &" ".repeat(2048)));
         std::thread::sleep(Duration::from_millis(300));
         let mut s = send(&plan("b.md"));
         s.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
@@ -514,39 +551,46 @@ async fn request_bodies_in_flight_are_bounded() {
     server.stop().await;
 }
 
-/// More uploads than there is room for, each sent in two halves: those without room wait
-/// holding none, so every one goes through (none waits for another's room until the
-/// body deadline).
+/// More uploads than there is room for, each sent in two halves: none waits for
+/// another's room until the body deadline; each is answered at once, written or
+/// `server_busy`, and those refused go through when sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_in_pieces_never_wait_for_each_other() {
     let (e, server) = small_bodies().await;
     let (addr, root) = (server.addr, e.root.clone());
     tokio::task::spawn_blocking(move || {
+        let upload = move |i: usize, pause: Duration| {
+            let plan = format!(
+                r#"{{"workflow_id":"wf_p{i}","actions":[{{"intent":"create_file","path":"p{i}.md","content":"x"}}]}}"#
+            );
+            let body = format!("{plan:<4096}");
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(
+                format!(
+                    "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{}",
+                    &body[..2048]
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            std::thread::sleep(pause);
+            s.write_all(&body.as_bytes()[2048..]).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            read_one(&mut BufReader::new(s))
+        };
         let clients: Vec<_> = (0..2 * ailab_sandbox_http::BODIES_IN_FLIGHT)
-            .map(|i| {
-                std::thread::spawn(move || {
-                    let plan = format!(
-                        r#"{{"workflow_id":"wf_p{i}","actions":[{{"intent":"create_file","path":"p{i}.md","content":"x"}}]}}"#
-                    );
-                    let body = format!("{plan:<4096}");
-                    let mut s = TcpStream::connect(addr).unwrap();
-                    s.write_all(
-                        format!(
-                            "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 4096\r\nConnection: close\r\n\r\n{}",
-                            &body[..2048]
-                        )
-                        .as_bytes(),
-                    )
-                    .unwrap();
-                    std::thread::sleep(Duration::from_millis(300));
-                    s.write_all(&body.as_bytes()[2048..]).unwrap();
-                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-                    read_one(&mut BufReader::new(s))
-                })
-            })
+            .map(|i| std::thread::spawn(move || upload(i, Duration::from_millis(300))))
             .collect();
+        let mut busy = Vec::new();
         for (i, c) in clients.into_iter().enumerate() {
-            let (status, body) = c.join().unwrap();
+            match c.join().unwrap() {
+                (200, _) => assert!(root.join(format!("p{i}.md")).exists()),
+                (503, body) if body.contains("\"server_busy\"") => busy.push(i),
+                (status, body) => panic!("{i}: {status} {body}"),
+            }
+        }
+        for i in busy {
+            let (status, body) = upload(i, Duration::ZERO);
             assert_eq!(status, 200, "{i}: {body}");
             assert!(root.join(format!("p{i}.md")).exists());
         }
