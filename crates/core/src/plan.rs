@@ -176,11 +176,13 @@ fn has_float(v: &serde_json::Value) -> bool {
     }
 }
 
-/// Refuses a number the runtime would not write back as the same value. Numbers are held
-/// as 64-bit integers or doubles, so `12345678901234567890123` or `0.1000000000000000000001`
-/// would reach the file changed; the caller learns so and can send a string instead. Runs
-/// on a plan that parsed, so the text is valid JSON.
-fn check_numbers_kept(json: &[u8]) -> Verdict {
+/// Refuses (`invalid_plan`) a number in the JSON text `json` that the runtime would not
+/// write back as the same value. Numbers are held as 64-bit integers or doubles, so
+/// `12345678901234567890123` or `0.1000000000000000000001` would reach the file changed;
+/// the caller learns so and can send a string instead. Meant for text that parses as
+/// JSON (strings are skipped by their quotes); faces that receive plans parsed elsewhere
+/// run it on the text they were sent.
+pub fn check_numbers_kept(json: &[u8]) -> Verdict {
     let mut i = 0;
     while i < json.len() {
         match json[i] {

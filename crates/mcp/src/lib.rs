@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout)]
 
+mod numbers;
 mod render;
 mod tools;
 
@@ -79,6 +80,9 @@ pub struct SandboxMcp {
     tools: Arc<[ToolSpec]>,
     /// Shared by the clones of one session: see [`MAX_CONCURRENT_CALLS`].
     calls: Arc<tokio::sync::Semaphore>,
+    /// Calls whose arguments hold a number that would not be written back as sent,
+    /// noted by [`serve_io`] from the text of the session's messages.
+    lossy: Arc<numbers::LossyCalls>,
 }
 
 /// How many tool calls run in the sandbox at once; later ones wait their turn. rmcp
@@ -108,6 +112,7 @@ impl SandboxMcp {
             workflow_id: workflow_id.into().into(),
             tools,
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
+            lossy: Arc::default(),
         }
     }
 
@@ -161,6 +166,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 
     /// Runs one tool call. Unknown tools and bad arguments are `isError` results too.
     pub async fn call(&self, name: &str, arguments: Option<JsonObject>) -> CallToolResult {
+        self.call_noted(name, arguments, None).await
+    }
+
+    /// [`Self::call`], for a call whose text held a number that would not be written
+    /// back as sent (`lossy`): a write is refused with it.
+    async fn call_noted(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        lossy: Option<Refusal>,
+    ) -> CallToolResult {
         let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
             return unknown_tool(name, &self.tools);
         };
@@ -170,7 +186,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         };
         tracing::debug!(tool = name, "tools/call");
         match spec.kind {
-            ToolKind::Write(op) => self.write(op, args).await,
+            ToolKind::Write(op) => match lossy {
+                Some(r) => refusal(&r, Some(op), ". Nothing was written."),
+                None => self.write(op, args).await,
+            },
             ToolKind::ReadFile => self.read_file(args).await,
             ToolKind::ListDirectory => self.list_directory(args).await,
             ToolKind::GetFileInfo => self.get_file_info(args).await,
@@ -517,9 +536,13 @@ impl ServerHandler for SandboxMcp {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        Ok(self.call(&request.name, request.arguments).await.into())
+        let lossy = self.lossy.take(&context.id);
+        Ok(self
+            .call_noted(&request.name, request.arguments, lossy)
+            .await
+            .into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -540,10 +563,15 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
+    // The messages' text passes through `numbers::pump` on its way to rmcp, which sees
+    // only parsed values (see `numbers`).
+    let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
+    let lossy = Arc::clone(&server.lossy);
+    tokio::spawn(async move { numbers::pump(reader, to_rmcp, &lossy, MAX_MESSAGE_BYTES).await });
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
     // 16 MiB would drop such calls without an answer.
-    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(reader, writer)
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
         .with_max_line_length(MAX_MESSAGE_BYTES);
     let running = match server.serve(transport).await {
         Ok(r) => r,

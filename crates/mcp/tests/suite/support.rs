@@ -30,20 +30,27 @@ pub enum Mode {
     Default,
 }
 
+/// A sandbox over temporary directories: the sandbox, its root, and the directories
+/// (removed when dropped).
+pub fn open_sandbox(mode: Mode) -> (Arc<Sandbox>, PathBuf, [tempfile::TempDir; 2]) {
+    let root_dir = tempfile::tempdir().unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
+    let root = root_dir.path().join("sandbox");
+    let mut config = Config::with_roots(vec![root.clone()], state_dir.path().join("state"));
+    if mode == Mode::Write {
+        config.enable_write = true;
+        config.dry_run = false;
+    }
+    // The suite makes more than 10 writes a minute in one workflow.
+    config.limits.writes_per_minute = 1000;
+    config.durability = Durability::Relaxed;
+    let sandbox = Arc::new(Sandbox::open(config).unwrap());
+    (sandbox, root, [root_dir, state_dir])
+}
+
 impl Session {
     pub async fn start(mode: Mode) -> Self {
-        let root_dir = tempfile::tempdir().unwrap();
-        let state_dir = tempfile::tempdir().unwrap();
-        let root = root_dir.path().join("sandbox");
-        let mut config = Config::with_roots(vec![root.clone()], state_dir.path().join("state"));
-        if mode == Mode::Write {
-            config.enable_write = true;
-            config.dry_run = false;
-        }
-        // The suite makes more than 10 writes a minute in one workflow.
-        config.limits.writes_per_minute = 1000;
-        config.durability = Durability::Relaxed;
-        let sandbox = Arc::new(Sandbox::open(config).unwrap());
+        let (sandbox, root, [root_dir, state_dir]) = open_sandbox(mode);
         let server = SandboxMcp::new(sandbox);
         let workflow_id = server.workflow_id().to_owned();
         let (client_io, server_io) = tokio::io::duplex(1 << 16);

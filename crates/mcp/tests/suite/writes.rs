@@ -239,3 +239,75 @@ async fn a_call_grown_by_escaping_is_still_answered() {
     assert_eq!(s.read("reports/escaped.md").len(), 3 << 20);
     s.finish().await;
 }
+
+/// A number that would reach the file changed (more digits than a 64-bit integer or a
+/// double holds) is refused as `invalid_plan`, as over HTTP, instead of being written
+/// rounded; a number that is kept is written as sent. The client is raw JSON lines: a
+/// client library would round the number before sending it.
+#[tokio::test]
+async fn numbers_that_would_change_are_refused_not_rounded() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let (sandbox, root, _dirs) = super::support::open_sandbox(Mode::Write);
+    let server = ailab_sandbox_mcp::SandboxMcp::new(sandbox);
+    let (client_io, server_io) = tokio::io::duplex(1 << 16);
+    let (r, w) = tokio::io::split(server_io);
+    let served = tokio::spawn(ailab_sandbox_mcp::serve_io(server, r, w));
+    let (cr, mut cw) = tokio::io::split(client_io);
+    let mut answers = BufReader::new(cr).lines();
+    cw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"raw\",\"version\":\"0\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+        .await
+        .unwrap();
+    answers.next_line().await.unwrap().unwrap();
+    let cases = [
+        (r#""big""#, "big.json", "12345678901234567890123", false),
+        (
+            "2",
+            "fine.json",
+            r#"{"p": 0.1000000000000000000001}"#,
+            false,
+        ),
+        (
+            "3",
+            "kept.json",
+            "[1.5, 18446744073709551615, -0.25e-3]",
+            true,
+        ),
+    ];
+    for (id, file, data, kept) in cases {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"{file}","data":{data}}}}}}}"#
+        );
+        cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["id"].to_string(), id, "{answer}");
+        let result = &answer["result"];
+        if kept {
+            assert_eq!(result["isError"], json!(false), "{answer}");
+            let written = std::fs::read_to_string(root.join(file)).unwrap();
+            for n in ["1.5", "18446744073709551615", "-0.00025"] {
+                assert!(written.contains(n), "{n} missing from {written}");
+            }
+        } else {
+            assert_eq!(result["isError"], json!(true), "{answer}");
+            assert_eq!(
+                result["structuredContent"]["reason_code"], "invalid_plan",
+                "{answer}"
+            );
+            assert!(
+                result["content"][0]["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("send it as a string"),
+                "{answer}"
+            );
+            assert!(!root.join(file).exists(), "{file} was written");
+        }
+    }
+    drop((cw, answers));
+    tokio::time::timeout(std::time::Duration::from_secs(10), served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
