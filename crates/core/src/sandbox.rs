@@ -1673,6 +1673,50 @@ impl Sandbox {
                 Vec::new(),
             );
         }
+        // One action undone under a later action of the workflow on the same file (or a
+        // path beneath or above it) would leave that later action recorded as in place
+        // while its change is gone, and its own rollback would then bring back this
+        // one's bytes: the later ones go first, force or not.
+        if let Some(a) = opts.action_id.as_deref() {
+            let later = later_writers(&snaps, a, |s| s.restored || is_undone(&s.meta.action_id));
+            if !later.is_empty() {
+                let names: Vec<String> = later
+                    .iter()
+                    .map(|(_, s)| {
+                        format!(
+                            "{} ({} {})",
+                            shown_path(&s.meta.action_id),
+                            s.meta.intent,
+                            shown_path(&s.meta.original_path)
+                        )
+                    })
+                    .collect();
+                let conflicts = later
+                    .iter()
+                    .map(|(i, s)| {
+                        let rel = s.meta.target();
+                        Conflict {
+                            action_id: s.meta.action_id.clone(),
+                            path: self.abs_path(*i, &rel),
+                            expected_checksum: self
+                                .left_by(workflow_id, &s.meta)
+                                .and_then(|l| l.checksum()),
+                            current_checksum: self.target_state(*i, &rel).checksum(),
+                        }
+                    })
+                    .collect();
+                return refused(
+                    ReasonCode::Conflict,
+                    format!(
+                        "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
+                        shown_path(workflow_id),
+                        shown_path(a),
+                        names.join(", ")
+                    ),
+                    conflicts,
+                );
+            }
+        }
         // Directories earlier restores of this workflow had to leave: this rollback may
         // empty them.
         let left_before: Vec<(usize, LeftDir)> = snaps
@@ -2339,4 +2383,38 @@ impl Drop for Sandbox {
             tracing::warn!(reason = %r.reason, "final sync failed");
         }
     }
+}
+
+/// The snapshots of `snaps` (oldest first) taken after one of `action`'s, in the same
+/// root, on its target or a path beneath or above it, by other actions not yet undone
+/// (`undone`).
+fn later_writers<'a>(
+    snaps: &'a [(usize, StoredSnapshot)],
+    action: &str,
+    undone: impl Fn(&StoredSnapshot) -> bool,
+) -> Vec<&'a (usize, StoredSnapshot)> {
+    let overlaps = |a: &str, b: &str| {
+        a == b
+            || a.strip_prefix(b).is_some_and(|r| r.starts_with('/'))
+            || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'))
+    };
+    let Some(first) = snaps
+        .iter()
+        .position(|(_, s)| s.meta.action_id == action && !undone(s))
+    else {
+        return Vec::new();
+    };
+    snaps[first + 1..]
+        .iter()
+        .filter(|(i, s)| {
+            s.meta.action_id != action
+                && !undone(s)
+                && snaps[first..].iter().any(|(mi, m)| {
+                    m.meta.action_id == action
+                        && mi == i
+                        && !undone(m)
+                        && overlaps(&m.meta.original_path, &s.meta.original_path)
+                })
+        })
+        .collect()
 }

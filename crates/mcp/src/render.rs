@@ -146,7 +146,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
             "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
         }
         C::Conflict => {
-            "the listed files changed after they were written; check them with read_file, then call again with force: true only if overwriting those changes is intended."
+            "when the reason names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
         }
         C::NoRollbackData => {
             "there is nothing left to roll back; check the workflow_id or action_id with list_artifacts."

@@ -168,6 +168,56 @@ fn rolling_back_an_older_action_over_a_newer_one_is_a_conflict() {
     assert!(!w.path("c.md").exists());
 }
 
+/// An action of a workflow is not rolled back under a later action of the same workflow
+/// on its file, even with force: the later one would stay recorded as in place, and its
+/// own rollback would then bring back the earlier action's bytes. Rolled back in order,
+/// the file ends as it was.
+#[test]
+fn a_later_action_on_the_same_file_is_rolled_back_first_even_with_force() {
+    let w = World::new();
+    w.write("o.md", b"orig\n");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_xy", "actions": [
+        {"action_id": "x", "intent": "replace_file", "path": "o.md", "content": "x\n"},
+        {"action_id": "y", "intent": "replace_file", "path": "o.md", "content": "y\n"},
+        {"action_id": "z", "intent": "create_file", "path": "z.md", "content": "z"}]}),
+    );
+    for force in [false, true] {
+        let rb = rollback_action(&sb, "wf_xy", "x", force);
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+        assert!(
+            rb.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("'y' (replace_file 'o.md')"),
+            "{rb:?}"
+        );
+        assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+        assert_eq!(rb.conflicts[0].action_id, "y");
+        assert_eq!(w.read("o.md"), b"y\n", "nothing restored");
+    }
+    assert_eq!(
+        rollback_action(&sb, "wf_xy", "y", false).status,
+        "rolled_back"
+    );
+    assert_eq!(w.read("o.md"), b"x\n");
+    assert_eq!(
+        rollback_action(&sb, "wf_xy", "x", false).status,
+        "rolled_back"
+    );
+    assert_eq!(w.read("o.md"), b"orig\n");
+    assert_eq!(w.read("z.md"), b"z", "other files untouched");
+    let rb = rollback(&sb, "wf_xy", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 1);
+    assert!(!w.path("z.md").exists());
+    assert_eq!(w.read("o.md"), b"orig\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 #[test]
 fn damaged_backup_is_checksum_mismatch() {
     let w = World::new();
