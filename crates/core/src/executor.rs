@@ -28,6 +28,10 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// The words a failed action's reason carries when undoing its own change failed too
+/// (faces that summarise the outcome must not say the change was undone).
+pub const UNDO_FAILED: &str = "undoing its change failed";
+
 /// Overall outcome of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -771,7 +775,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let fail = |this: &Self, res: ActionResult, mut r: Refusal, target: String| {
             if let Some(why) = &this.undo_failed {
                 r.reason = format!(
-                    "{}; undoing its change failed ({why}), so the change may still be in place: roll the workflow back once that is fixed",
+                    "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
                     r.reason
                 );
             }

@@ -36,6 +36,7 @@ mod tools;
 
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::Operation;
+use ailab_sandbox_core::confine::path::shown_path;
 use ailab_sandbox_core::plan::{self, Plan};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
 use ailab_sandbox_core::sandbox::RollbackOptions;
@@ -304,7 +305,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     } else {
                         ""
                     };
-                    text.push_str(&format!("\n{:<9} {}{slash}{size}{note}", e.kind, e.name));
+                    // A name is one line of the list: control characters are escaped (no
+                    // tool accepts such a path anyway).
+                    let name = if e.name.chars().any(char::is_control) {
+                        format!(
+                            "{}  (control characters in the name: no tool can address it)",
+                            shown_path(&e.name)
+                        )
+                    } else {
+                        e.name.clone()
+                    };
+                    text.push_str(&format!("\n{:<9} {name}{slash}{size}{note}", e.kind));
                 }
                 ok(
                     text,
@@ -440,13 +451,13 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     Some(serde_json::json!({"artifact": a, "lineage": lineage})),
                 )
             }
-            Ok(Ok(None)) => refusal(
+            Ok(Ok(None)) => render::refusal_advising(
                 &Refusal::new(
                     ReasonCode::NotFound,
                     format!("there is no artifact with id {id:?}"),
                 ),
-                None,
                 ".",
+                "check the id: list_artifacts lists the artifacts (newest first, optionally of one workflow), and each write's result names its artifact_id.",
             ),
             Ok(Err(e)) => internal_error(&e.to_string()),
             Err(e) => e,

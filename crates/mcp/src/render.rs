@@ -45,11 +45,15 @@ pub(crate) fn to_value<T: Serialize>(v: &T) -> Option<Value> {
 
 /// A refusal as an `isError` result.
 pub(crate) fn refusal(r: &Refusal, op: Option<&Operation>, tail: &str) -> CallToolResult {
+    refusal_advising(r, tail, &what_to_do(r.reason_code, op))
+}
+
+/// [`refusal`] with its own advice.
+pub(crate) fn refusal_advising(r: &Refusal, tail: &str, hint: &str) -> CallToolResult {
     let text = format!(
         "REFUSED ({code}): {reason}{tail}\nWhat to do instead: {hint}",
         code = r.reason_code,
         reason = clause(&r.reason),
-        hint = what_to_do(r.reason_code, op),
     );
     error(
         text,
@@ -265,10 +269,13 @@ pub(crate) fn write_result(
                 .reason
                 .clone()
                 .unwrap_or_else(|| "the action was refused".to_owned());
-            let sim = if res.simulation_only {
-                " (Writing is also not enabled on this server, so even an allowed call would only be simulated.)"
-            } else {
-                ""
+            // A blocked run names the phase as its dry-run reason when the phase is what
+            // refused it, and governance otherwise (see the core's executor).
+            let sim = match (res.simulation_only, res.dry_run_reason) {
+                (false, _) | (true, Some(DryRunReason::PhaseNotSupported)) => "",
+                (true, _) => {
+                    " (This server also only simulates writes — writing is disabled or dry-run is on — so even an allowed call would only be simulated.)"
+                }
             };
             let text = format!(
                 "REFUSED ({code}): {}. Nothing was written.{sim}\nWhat to do instead: {}",
@@ -283,8 +290,9 @@ pub(crate) fn write_result(
                 .reason
                 .clone()
                 .unwrap_or_else(|| "the action failed".to_owned());
-            let undone = if a.status == ActionStatus::Failed || res.status == RunStatus::RolledBack
-            {
+            let undone = if reason.contains(ailab_sandbox_core::executor::UNDO_FAILED) {
+                " Undoing the action's own change failed too, so the change may still be in place."
+            } else if a.status == ActionStatus::Failed || res.status == RunStatus::RolledBack {
                 " The action's own change was undone from its snapshot, so the file is as it was before."
             } else {
                 ""

@@ -202,7 +202,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Id => "an id string",
         Kind::Bool => "true or false",
         Kind::Uint { .. } => "a whole number",
-        Kind::Any => "any JSON value",
+        Kind::Any => "any JSON value except null",
         Kind::Edits => "a list of {\"old\": ..., \"new\": ...} objects",
     }
 }
@@ -218,6 +218,16 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
+/// A non-negative whole number, also written with a fraction of zero (`5.0`, an integer
+/// to JSON Schema).
+fn whole_number(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        let f = v.as_f64()?;
+        // Below 2^53 every whole double is exact.
+        (f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&f)).then_some(f as u64)
+    })
+}
+
 fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
     let wrong = || {
         format!(
@@ -230,7 +240,7 @@ fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
     match f.kind {
         Kind::Str | Kind::Id => v.is_string().then_some(()).ok_or_else(wrong),
         Kind::Bool => v.is_boolean().then_some(()).ok_or_else(wrong),
-        Kind::Uint { min, max } => match v.as_u64() {
+        Kind::Uint { min, max } => match whole_number(v) {
             Some(n) if (min..=max).contains(&n) => Ok(()),
             Some(n) => Err(format!(
                 "'{}' is {n}; it must be between {min} and {max}",
@@ -286,7 +296,7 @@ impl Args {
 
     /// A whole-number field.
     pub fn uint(&self, key: &str) -> Option<u64> {
-        self.present(key).and_then(Value::as_u64)
+        self.present(key).and_then(whole_number)
     }
 
     /// Any JSON value, as given.
@@ -388,8 +398,8 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
             Kind::Any,
             true,
             match op.name {
-                "write_json" => "Any JSON value; it is written as pretty-printed JSON.",
-                "write_yaml" => "Any JSON value; it is written as YAML.",
+                "write_json" => "Any JSON value except null; it is written as pretty-printed JSON.",
+                "write_yaml" => "Any JSON value except null; it is written as YAML.",
                 _ => {
                     "The config as a JSON value (an object for .toml and .ini); it is serialized by the target's extension: .json, .yaml/.yml, .toml or .ini (INI: top-level scalars and one level of sections)."
                 }

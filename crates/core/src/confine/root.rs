@@ -425,7 +425,21 @@ impl SandboxRoot {
                 match parent.symlink_metadata(rel.file_name()) {
                     Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(full)),
                     Ok(m) if m.is_dir() => {}
-                    Ok(_) => return Err(not_a_directory(full)),
+                    Ok(m) => {
+                        return Err(Refusal::new(
+                            ReasonCode::NotFound,
+                            format!(
+                                "{} is a {}, not a directory: there is nothing to list; describe it with get_file_info{}",
+                                shown_path(&rel.as_string()),
+                                if m.is_file() { "file" } else { "special file" },
+                                if m.is_file() {
+                                    " or read it with read_file"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        ));
+                    }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
                         return Err(Refusal::new(
                             ReasonCode::NotFound,

@@ -161,6 +161,12 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         ),
         ("list_artifacts", json!({"limit": 0}), "between 1 and 1000"),
         ("list_artifacts", json!({"limit": "ten"}), "whole number"),
+        ("list_artifacts", json!({"limit": 2.5}), "whole number"),
+        (
+            "write_json",
+            json!({"path": "n.json", "data": null}),
+            "except null",
+        ),
         (
             "rollback_workflow",
             json!({"force": "yes"}),
@@ -192,5 +198,31 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         json!({"path": "after.md", "content": "ok\n"}),
     )
     .await;
+    s.finish().await;
+}
+
+/// A refused write says that the server only simulates writes exactly when it does, and
+/// not when the phase is what refused it.
+#[tokio::test]
+async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
+    let s = Session::start_with(Mode::Write, |c| c.phase = "28.2".to_owned()).await;
+    let t = text(
+        &s.err("create_file", json!({"path": "p.md", "content": "p"}))
+            .await,
+    );
+    assert!(t.contains("phase_not_supported"), "{t}");
+    assert!(
+        !t.contains("only simulates") && !t.contains("not enabled"),
+        "{t}"
+    );
+    s.finish().await;
+
+    let s = Session::start(Mode::Default).await;
+    let t = text(
+        &s.err("create_file", json!({"path": "u.service", "content": "u"}))
+            .await,
+    );
+    assert!(t.contains("blocked_extension"), "{t}");
+    assert!(t.contains("only simulates writes"), "{t}");
     s.finish().await;
 }

@@ -55,6 +55,25 @@ async fn read_tools_are_confined_and_exact() {
     assert!(text(&r).contains("not_found"), "{}", text(&r));
     let r = s.err("list_directory", json!({"path": "../"})).await;
     assert!(text(&r).contains("path_traversal"), "{}", text(&r));
+    let r = s.err("list_directory", json!({"path": "notes/r.md"})).await;
+    assert!(
+        text(&r).contains("'notes/r.md' is a file, not a directory"),
+        "{}",
+        text(&r)
+    );
+    s.finish().await;
+}
+
+/// A name placed in the root by something else cannot forge lines of the listing.
+#[tokio::test]
+async fn a_listed_name_is_one_line() {
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_directory", json!({"path": "d"})).await;
+    std::fs::write(s.path("d/x.md\nfile      FAKE.md  (1 bytes)"), b"x").unwrap();
+    let r = s.ok("list_directory", json!({"path": "d"})).await;
+    let t = text(&r);
+    assert_eq!(t.lines().count(), 2, "{t}");
+    assert!(t.contains("'x.md\\nfile      FAKE.md  (1 bytes)'"), "{t}");
     s.finish().await;
 }
 
@@ -79,6 +98,9 @@ async fn artifacts_and_state_are_reported() {
     let r = s.ok("list_artifacts", json!({"limit": 1})).await;
     let list = structured(&r)["artifacts"].as_array().unwrap().clone();
     assert_eq!(list.len(), 1);
+    // 1.0 is an integer to JSON Schema, as the tool's schema says.
+    let r = s.ok("list_artifacts", json!({"limit": 1.0})).await;
+    assert_eq!(structured(&r)["artifacts"].as_array().unwrap().len(), 1);
     assert_eq!(list[0]["artifact_id"], second_id.as_str());
 
     let r = s
@@ -92,6 +114,7 @@ async fn artifacts_and_state_are_reported() {
         .err("get_artifact", json!({"artifact_id": "art_nope"}))
         .await;
     assert!(text(&r).contains("not_found"), "{}", text(&r));
+    assert!(text(&r).contains("list_artifacts lists"), "{}", text(&r));
 
     let r = s.ok("get_state", json!({})).await;
     let st = structured(&r);

@@ -33,6 +33,14 @@ pub enum Mode {
 /// A sandbox over temporary directories: the sandbox, its root, and the directories
 /// (removed when dropped).
 pub fn open_sandbox(mode: Mode) -> (Arc<Sandbox>, PathBuf, [tempfile::TempDir; 2]) {
+    open_sandbox_with(mode, |_| {})
+}
+
+/// [`open_sandbox`], with the configuration changed by `tweak` last.
+pub fn open_sandbox_with(
+    mode: Mode,
+    tweak: impl FnOnce(&mut Config),
+) -> (Arc<Sandbox>, PathBuf, [tempfile::TempDir; 2]) {
     let root_dir = tempfile::tempdir().unwrap();
     let state_dir = tempfile::tempdir().unwrap();
     let root = root_dir.path().join("sandbox");
@@ -44,13 +52,19 @@ pub fn open_sandbox(mode: Mode) -> (Arc<Sandbox>, PathBuf, [tempfile::TempDir; 2
     // The suite makes more than 10 writes a minute in one workflow.
     config.limits.writes_per_minute = 1000;
     config.durability = Durability::Relaxed;
+    tweak(&mut config);
     let sandbox = Arc::new(Sandbox::open(config).unwrap());
     (sandbox, root, [root_dir, state_dir])
 }
 
 impl Session {
     pub async fn start(mode: Mode) -> Self {
-        let (sandbox, root, [root_dir, state_dir]) = open_sandbox(mode);
+        Self::start_with(mode, |_| {}).await
+    }
+
+    /// A session whose configuration `tweak` changes last.
+    pub async fn start_with(mode: Mode, tweak: impl FnOnce(&mut Config)) -> Self {
+        let (sandbox, root, [root_dir, state_dir]) = open_sandbox_with(mode, tweak);
         let server = SandboxMcp::new(sandbox);
         let workflow_id = server.workflow_id().to_owned();
         let (client_io, server_io) = tokio::io::duplex(1 << 16);
