@@ -1778,6 +1778,27 @@ impl Sandbox {
                 conflicts,
             );
         }
+        // Force overwrites a changed file, never a directory someone put where a file
+        // was: its contents are not the workflow's to remove.
+        let now_dirs: Vec<String> = chosen
+            .iter()
+            .filter(|(i, s)| {
+                !op_for_intent(&s.meta.intent).is_some_and(|op| op.is_directory())
+                    && self.target_state(*i, &s.meta.target()) == TargetState::Directory
+            })
+            .map(|(_, s)| shown_path(&s.meta.original_path))
+            .collect();
+        if !now_dirs.is_empty() {
+            return refused(
+                ReasonCode::NotRegularFile,
+                format!(
+                    "{} {} now a directory where the workflow wrote a file; a rollback never removes a directory it did not create, even with force: move it away, then roll back",
+                    now_dirs.join(", "),
+                    if now_dirs.len() == 1 { "is" } else { "are" }
+                ),
+                conflicts,
+            );
+        }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.
         if let (ctx, Some(why)) = self.execution_context()

@@ -850,3 +850,36 @@ fn a_conflict_met_during_a_rollback_is_named() {
     );
     assert_eq!(w.read("f.txt"), b"theirs");
 }
+
+/// A directory put where the workflow wrote a file is not removed by a forced rollback:
+/// it is refused up front (`not_regular_file`), nothing is restored, and the directory
+/// keeps its contents.
+#[test]
+fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
+    let w = World::new();
+    w.write("y.md", b"orig");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_dir", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "k.md", "content": "k"},
+        {"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}]}),
+    );
+    std::fs::remove_file(w.path("y.md")).unwrap();
+    std::fs::create_dir(w.path("y.md")).unwrap();
+    w.write("y.md/keep.txt", b"someone's");
+    for force in [false, true] {
+        let rb = rollback(&sb, "wf_dir", force);
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        let want = if force {
+            ReasonCode::NotRegularFile
+        } else {
+            ReasonCode::Conflict
+        };
+        assert_eq!(rb.reason_code, Some(want), "{rb:?}");
+        assert_eq!(rb.steps_rolled_back, 0);
+    }
+    assert_eq!(w.read("y.md/keep.txt"), b"someone's");
+    assert_eq!(w.read("k.md"), b"k", "nothing restored");
+    assert!(sb.audit_verify().unwrap().ok);
+}
