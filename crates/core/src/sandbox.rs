@@ -197,6 +197,21 @@ impl TargetState {
     }
 }
 
+/// What an action left at its target, as the records say ([`Sandbox::left_by`]).
+struct Left {
+    state: TargetState,
+    /// No artifact records the write: the action may have stopped before it, leaving
+    /// what it found.
+    maybe_unwritten: bool,
+}
+
+impl Left {
+    /// Whether `now` is what the action left, for the snapshot `meta` it took.
+    fn holds(&self, now: &TargetState, meta: &SnapshotMeta) -> bool {
+        *now == self.state || (self.maybe_unwritten && *now == TargetState::found_by(meta))
+    }
+}
+
 /// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
 /// seldom wait for each other, few enough that the lock files stay a handful.
 const TARGET_LOCK_STRIPES: usize = 64;
@@ -1259,8 +1274,8 @@ impl Sandbox {
             };
             // A directory the action created is removed by its restore, so anything in
             // it the rollback does not remove is a conflict, newest action or not.
-            let changed = current != left
-                || (left == TargetState::Directory
+            let changed = !left.holds(&current, &s.meta)
+                || (left.state == TargetState::Directory
                     && s.meta.kind == crate::snapshot::SnapshotKind::Missing
                     && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
                         entries.iter().any(|e| {
@@ -1271,7 +1286,7 @@ impl Sandbox {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
                     path: abs,
-                    expected_checksum: left.checksum(),
+                    expected_checksum: left.state.checksum(),
                     current_checksum: current.checksum(),
                 });
             }
@@ -1280,17 +1295,29 @@ impl Sandbox {
     }
 
     /// What an action left at its target, as the records say: a file's checksum (its
-    /// artifact), or a directory; `None` when they say neither.
-    fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<TargetState> {
+    /// artifact), or a directory. An action with no artifact (it failed, or its line was
+    /// lost) left the file its snapshot says it was about to write, or nothing at all:
+    /// whether it wrote before it stopped is not recorded. `None` when the records say
+    /// nothing (snapshots older than that field).
+    fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<Left> {
         // The artifact of this very run: an action id may be used again after a prune.
         if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id)
             && art.generated_by_action == format!("{}/{}", meta.execution_id, meta.action_id)
         {
-            return Some(TargetState::File(art.checksum_sha256));
+            return Some(Left {
+                state: TargetState::File(art.checksum_sha256),
+                maybe_unwritten: false,
+            });
         }
-        op_for_intent(&meta.intent)
-            .is_some_and(|op| op.is_directory())
-            .then_some(TargetState::Directory)
+        let state = if op_for_intent(&meta.intent).is_some_and(|op| op.is_directory()) {
+            TargetState::Directory
+        } else {
+            TargetState::File(meta.after_sha256.clone()?)
+        };
+        Some(Left {
+            state,
+            maybe_unwritten: true,
+        })
     }
 
     /// What a target holds now.
@@ -1320,7 +1347,7 @@ impl Sandbox {
             return Ok(true);
         };
         let now = self.target_state(root, &meta.target());
-        if now == left {
+        if left.holds(&now, meta) {
             return Ok(true);
         }
         Err(crate::reason::Refusal::new(
@@ -1330,7 +1357,7 @@ impl Sandbox {
                 shown_path(&meta.original_path),
                 shown_path(&meta.action_id),
                 now.describe(),
-                left.describe()
+                left.state.describe()
             ),
         ))
     }
@@ -1700,7 +1727,7 @@ impl Sandbox {
                             path: self.abs_path(*i, &rel),
                             expected_checksum: self
                                 .left_by(workflow_id, &s.meta)
-                                .and_then(|l| l.checksum()),
+                                .and_then(|l| l.state.checksum()),
                             current_checksum: self.target_state(*i, &rel).checksum(),
                         }
                     })

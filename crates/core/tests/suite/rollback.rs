@@ -883,3 +883,55 @@ fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
     assert_eq!(w.read("k.md"), b"k", "nothing restored");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A failed action whose undo failed too has no artifact; its snapshot still says what it
+/// was about to write. A later rollback restores its target only when the target holds
+/// that or what the action found, and otherwise refuses with `conflict`: a file another
+/// program created in the action's place, or another workflow's change on top of the
+/// failed write, is never removed or overwritten without force.
+#[test]
+fn a_failed_action_is_rolled_back_only_over_what_it_wrote() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let theirs = w.path("new.txt");
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || std::fs::write(&theirs, b"theirs").unwrap()),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_race", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "new.txt", "content": "mine"}]}),
+    );
+    assert_ne!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("new.txt"), b"theirs");
+    let rb = rollback(&sb, "wf_race", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("new.txt"), b"theirs", "another program's file stays");
+
+    // A failed append left in place (its undo failed), then another workflow's append.
+    w.write("t.txt", b"v0\n");
+    sb.failpoints().arm("after_mutate", 1);
+    sb.failpoints().arm("during_restore", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [
+            {"action_id": "a1", "intent": "append_file", "path": "t.txt", "content": "A\n"}]}),
+    );
+    assert_eq!(status(&r), "failed", "{r:?}");
+    assert_eq!(w.read("t.txt"), b"v0\nA\n");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [
+            {"action_id": "b1", "intent": "append_file", "path": "t.txt", "content": "B important\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = rollback(&sb, "wf_a", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("t.txt"), b"v0\nA\nB important\n");
+    // In order, both go: wf_b's append, then wf_a's failed one.
+    assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
+    assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
+    assert_eq!(w.read("t.txt"), b"v0\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
