@@ -910,7 +910,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             TargetKind::File { mode, .. } => mode & 0o666,
             _ => FILE_MODE,
         };
-        let no_replace = approval.op.name == "create_file";
+        // A target found missing must still be missing when the new file takes its
+        // place: a file another program created meanwhile is never replaced.
+        let no_replace = approval.op.name == "create_file" || matches!(kind, TargetKind::Missing);
 
         // With batched syncs a file write whose directories exist takes one durability
         // point: its new bytes are staged beside the target and the snapshot doubles as
@@ -954,7 +956,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             {
                 Ok(st) => Some(st),
                 Err(r) => {
-                    self.undo(&snap, &left);
+                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
                     return Err(fail(self, res, r, target));
                 }
             },
@@ -984,7 +986,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if let Some(st) = &staged {
                     st.discard();
                 }
-                self.undo(&snap, &left);
+                self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
                 return Err(fail(self, res, r, target));
             }
         };
@@ -1045,18 +1047,34 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ReasonCode::IoError,
                         format!("could not append to the audit log: {}", e.kind()),
                     );
-                    self.undo(&snap, &left);
+                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
                     finished(sb);
                     return Err(fail(self, res, r, target));
                 }
                 finished(sb);
                 Ok((done, snap))
             }
-            Err(r) => {
+            Err(mut r) => {
                 if let Some(st) = &staged {
                     st.discard();
                 }
-                self.undo(&snap, &left);
+                // Only the no-replace rename (or a directory's creation) refuses with
+                // `already_exists`: the target was not touched, and what holds it now
+                // is someone else's.
+                if r.reason_code == ReasonCode::AlreadyExists {
+                    self.undo(&snap, crate::sandbox::RestoreMode::Untouched);
+                    if approval.op.name != "create_file" {
+                        r = Refusal::new(
+                            ReasonCode::Conflict,
+                            format!(
+                                "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
+                                crate::confine::path::shown_path(&rel.as_string())
+                            ),
+                        );
+                    }
+                } else {
+                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+                }
                 finished(sb);
                 Err(fail(self, res, r, target))
             }
@@ -1105,16 +1123,17 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    /// Restores one action's snapshot at once after its mutation failed.
-    /// `left`: what the action writes (see [`crate::sandbox::RestoreMode::OwnChange`]).
-    fn undo(&mut self, snap: &(usize, StoredSnapshot), left: &crate::sandbox::TargetState) {
+    /// Restores one action's snapshot at once after its mutation failed, as `mode` says
+    /// ([`crate::sandbox::RestoreMode::OwnChange`] with what the action writes, or
+    /// [`crate::sandbox::RestoreMode::Untouched`]).
+    fn undo(&mut self, snap: &(usize, StoredSnapshot), mode: crate::sandbox::RestoreMode) {
         let wf = self.plan.workflow_id.clone();
         let steps = self.sb.restore_all(
             &self.execution_id,
             &wf,
             vec![snap.clone()],
             "action_failed",
-            crate::sandbox::RestoreMode::OwnChange(left.clone()),
+            mode,
         );
         let restored = steps.iter().all(|s| s.restored);
         self.event(

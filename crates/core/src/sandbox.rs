@@ -241,6 +241,10 @@ pub(crate) enum RestoreMode {
     /// Only a target that still holds what its action left is restored; any other
     /// step fails with `conflict` and its target stays as it is.
     Unchanged,
+    /// An action whose write was refused before its target changed (a file appeared
+    /// where it found none, and the no-replace rename kept it): the target is left as it
+    /// is, whatever it holds; directories made on the way go if empty.
+    Untouched,
 }
 
 /// One restore of a rollback.
@@ -2033,6 +2037,7 @@ impl Sandbox {
                 RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
                 RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
                 RestoreMode::Force => Ok(true),
+                RestoreMode::Untouched => Ok(false),
             }
             .and_then(|change| self.fail_at("during_restore").map(|()| change))
             .and_then(|change| {

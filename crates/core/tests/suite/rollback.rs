@@ -884,31 +884,57 @@ fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A file another program creates where a write found none, between the write's
+/// snapshot and its rename, is never replaced: the write fails (`already_exists` for a
+/// creation, `conflict` for the others), its undo leaves the file alone, and a later
+/// rollback has nothing of the action's to restore.
+#[test]
+fn a_file_that_appears_under_a_write_is_kept() {
+    for (intent, extra, code) in [
+        ("create_file", json!({"content": "mine"}), "already_exists"),
+        ("append_file", json!({"content": "mine"}), "conflict"),
+        ("write_json", json!({"data": {"k": 1}}), "conflict"),
+    ] {
+        let w = World::new();
+        let sb = w.sandbox();
+        let theirs = w.path("d/new.json");
+        std::fs::create_dir(w.path("d")).unwrap();
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || std::fs::write(&theirs, b"theirs").unwrap()),
+        );
+        let mut action = json!({"action_id": "a1", "intent": intent, "path": "d/new.json"});
+        action
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = run(&sb, json!({"workflow_id": "wf_race", "actions": [action]}));
+        assert_eq!(status(&r), "rolled_back", "{intent}: {r:?}");
+        assert_eq!(
+            r.actions[0].reason_code.map(|c| c.as_str()),
+            Some(code),
+            "{intent}"
+        );
+        assert_eq!(w.read("d/new.json"), b"theirs", "{intent}");
+        let rb = rollback(&sb, "wf_race", false);
+        assert_eq!(
+            rb.reason_code,
+            Some(ReasonCode::NoRollbackData),
+            "{intent}: {rb:?}"
+        );
+        assert_eq!(w.read("d/new.json"), b"theirs", "{intent}");
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
 /// A failed action whose undo failed too has no artifact; its snapshot still says what it
 /// was about to write. A later rollback restores its target only when the target holds
-/// that or what the action found, and otherwise refuses with `conflict`: a file another
-/// program created in the action's place, or another workflow's change on top of the
-/// failed write, is never removed or overwritten without force.
+/// that or what the action found, and otherwise refuses with `conflict`: another
+/// workflow's change on top of the failed write is never overwritten without force.
 #[test]
 fn a_failed_action_is_rolled_back_only_over_what_it_wrote() {
     let w = World::new();
     let sb = w.sandbox();
-    let theirs = w.path("new.txt");
-    sb.failpoints().interleave(
-        "before_mutate",
-        std::sync::Arc::new(move || std::fs::write(&theirs, b"theirs").unwrap()),
-    );
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_race", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "new.txt", "content": "mine"}]}),
-    );
-    assert_ne!(status(&r), "success", "{r:?}");
-    assert_eq!(w.read("new.txt"), b"theirs");
-    let rb = rollback(&sb, "wf_race", false);
-    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-    assert_eq!(w.read("new.txt"), b"theirs", "another program's file stays");
-
     // A failed append left in place (its undo failed), then another workflow's append.
     w.write("t.txt", b"v0\n");
     sb.failpoints().arm("after_mutate", 1);
