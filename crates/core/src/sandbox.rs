@@ -353,11 +353,15 @@ pub struct FileInfo {
     pub kind: &'static str,
     /// Size of a file.
     pub size_bytes: Option<u64>,
-    /// SHA-256 of a file.
+    /// SHA-256 of a file of at most [`MAX_INFO_HASH_BYTES`]; larger files are not read.
     pub sha256: Option<String>,
     /// The newest artifact at this path.
     pub artifact_id: Option<String>,
 }
+
+/// The largest file [`Sandbox::get_file_info`] hashes (1 GiB, about a second of
+/// SHA-256): describing a file must not pin a thread for hours.
+pub const MAX_INFO_HASH_BYTES: u64 = 1 << 30;
 
 /// What pruning removed.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -1101,12 +1105,12 @@ impl Sandbox {
             .map(|a| a.artifact_id);
         Ok(match info.kind {
             TargetKind::File { .. } => {
-                let (size, sum) = self.roots[i].hash_file(&rel)?;
+                let (size, sum) = self.roots[i].hash_file(&rel, MAX_INFO_HASH_BYTES)?;
                 FileInfo {
                     path: path.to_owned(),
                     kind: "file",
                     size_bytes: Some(size),
-                    sha256: Some(sum),
+                    sha256: sum,
                     artifact_id,
                 }
             }

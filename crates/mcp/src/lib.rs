@@ -339,8 +339,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 if let Some(n) = info.size_bytes {
                     text.push_str(&format!(", {n} bytes"));
                 }
-                if let Some(s) = &info.sha256 {
-                    text.push_str(&format!(", sha256 {s}"));
+                match (&info.sha256, info.kind) {
+                    (Some(s), _) => text.push_str(&format!(", sha256 {s}")),
+                    (None, "file") => {
+                        text.push_str(", not hashed (over 1 GiB)");
+                    }
+                    _ => {}
                 }
                 if let Some(a) = &info.artifact_id {
                     text.push_str(&format!(", newest artifact {a}"));

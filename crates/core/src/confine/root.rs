@@ -274,9 +274,9 @@ impl SandboxRoot {
     }
 
     /// The size and SHA-256 of a regular file, however large, read in chunks.
-    pub fn hash_file(&self, rel: &RelPath) -> Verdict<(u64, String)> {
+    pub fn hash_file(&self, rel: &RelPath, limit: u64) -> Verdict<(u64, Option<String>)> {
         let (dir, _) = self.open_parent(rel, false, false)?;
-        hash_regular(&dir, rel.file_name()).map_err(|e| self.map_open_error(rel, e))
+        hash_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_open_error(rel, e))
     }
 
     /// Writes `bytes` to `rel` atomically: a temporary file in the same directory,
@@ -667,9 +667,12 @@ pub(crate) fn read_file_in(
 
 /// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
 /// size is described in constant memory. Both describe the same bytes, those read.
-pub fn hash_regular(dir: &Dir, name: &str) -> io::Result<(u64, String)> {
+pub fn hash_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<String>)> {
     use sha2::Digest as _;
-    let (mut file, _) = open_regular(dir, name, true)?;
+    let (mut file, meta) = open_regular(dir, name, true)?;
+    if meta.len() > limit {
+        return Ok((meta.len(), None));
+    }
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut size = 0u64;
@@ -679,12 +682,16 @@ pub fn hash_regular(dir: &Dir, name: &str) -> io::Result<(u64, String)> {
             Ok(n) => {
                 hasher.update(&buf[..n]);
                 size += n as u64;
+                // A file that grows while it is read is not followed for ever.
+                if size > limit {
+                    return Ok((size, None));
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok((size, crate::hash::to_hex(&hasher.finalize())))
+    Ok((size, Some(crate::hash::to_hex(&hasher.finalize()))))
 }
 
 /// Opens `name` for reading without following a symlink or blocking on a FIFO, and

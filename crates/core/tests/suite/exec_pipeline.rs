@@ -906,7 +906,7 @@ fn read_file_takes_the_largest_file_an_operation_writes() {
 }
 
 #[test]
-fn get_file_info_describes_a_file_of_any_size() {
+fn get_file_info_describes_a_file_of_any_size_and_hashes_up_to_a_limit() {
     use sha2::{Digest, Sha256};
     let w = World::new();
     let sb = w.sandbox();
@@ -938,4 +938,13 @@ fn get_file_info_describes_a_file_of_any_size() {
         ailab_sandbox_core::hash::to_hex(&h.finalize())
     };
     assert_eq!(info.sha256, Some(zeros));
+    // Beyond 1 GiB it is described unread: hashing must not pin a thread for hours.
+    let over = ailab_sandbox_core::sandbox::MAX_INFO_HASH_BYTES + 1;
+    std::fs::File::create(w.path("over.bin"))
+        .unwrap()
+        .set_len(over)
+        .unwrap();
+    let info = sb.get_file_info("over.bin", None).unwrap();
+    assert_eq!(info.size_bytes, Some(over));
+    assert_eq!(info.sha256, None);
 }

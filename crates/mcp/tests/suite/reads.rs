@@ -64,6 +64,29 @@ async fn read_tools_are_confined_and_exact() {
     s.finish().await;
 }
 
+/// get_file_info hashes a file up to 1 GiB; a larger one (here sparse, 20 GiB) is
+/// described without reading it.
+#[tokio::test]
+async fn a_huge_file_is_described_without_being_read() {
+    let s = Session::start(Mode::Write).await;
+    std::fs::write(s.path("small.txt"), b"s").unwrap();
+    std::fs::File::create(s.path("huge.txt"))
+        .unwrap()
+        .set_len(20 << 30)
+        .unwrap();
+    let r = s.ok("get_file_info", json!({"path": "huge.txt"})).await;
+    let st = structured(&r);
+    assert_eq!(st["size_bytes"], 20u64 << 30);
+    assert!(st["sha256"].is_null(), "{st}");
+    assert!(text(&r).contains("not hashed"), "{}", text(&r));
+    let r = s.ok("get_file_info", json!({"path": "small.txt"})).await;
+    assert_eq!(
+        structured(&r)["sha256"],
+        sha256_of(&s.path("small.txt")).as_str()
+    );
+    s.finish().await;
+}
+
 /// A name placed in the root by something else cannot forge lines of the listing.
 #[tokio::test]
 async fn a_listed_name_is_one_line() {
