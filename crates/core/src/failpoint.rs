@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 9] = [
+pub const POINTS: [&str; 10] = [
     "before_commit",
     "after_snapshot",
     "before_mutate",
@@ -14,6 +14,7 @@ pub const POINTS: [&str; 9] = [
     "before_registry",
     "before_audit",
     "during_restore",
+    "restore_verify",
     "after_restore",
     "after_mark",
 ];

@@ -2046,7 +2046,7 @@ impl Sandbox {
             .and_then(|change| self.fail_at("during_restore").map(|()| change))
             .and_then(|change| {
                 if change {
-                    RollbackEngine::restore(root, &meta, durable)
+                    RollbackEngine::restore(root, &meta, durable, || self.fail_at("restore_verify"))
                 } else {
                     // The target is as the action found it (its write failed before
                     // the target changed), but directories made on the way may be there.

@@ -667,11 +667,26 @@ impl RollbackEngine {
 
     /// Puts the original back: rewrites a file from its backup (atomically), or removes
     /// what the action created, then verifies by hashing.
+    ///
+    /// `changed` runs once the target is changed, before it is verified. From then on a
+    /// verification that cannot be made (`changed` fails, or the target cannot be read
+    /// back: say a directory was swapped for a symlink at that instant) leaves the
+    /// restore done but unverified (`checksum_validated: false`), not failed: it must be
+    /// recorded as what happened.
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         durable: bool,
+        changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
+        let unverified = |r: Refusal| {
+            tracing::warn!(reason = %r, path = %meta.original_path, "a restored target could not be verified");
+            RestoreOutcome {
+                checksum_validated: false,
+                restored_checksum: None,
+                left_dirs: Vec::new(),
+            }
+        };
         let rel = meta.target();
         match meta.kind {
             SnapshotKind::File => {
@@ -688,7 +703,10 @@ impl RollbackEngine {
                 }
                 let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
                 root.write_atomic(&rel, &bytes, mode, false, durable)?;
-                let back = root.read_file(&rel, MAX_SNAPSHOT_BYTES)?;
+                let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
+                    Ok(b) => b,
+                    Err(r) => return Ok(unverified(r)),
+                };
                 let restored = sha256_hex(&back);
                 if restored != expected {
                     return Err(Refusal::new(
@@ -721,13 +739,18 @@ impl RollbackEngine {
                     }
                     TargetKind::Missing => {}
                 }
-                let left_dirs = Self::remove_created_dirs(root, meta, durable)?;
-                let gone = root.inspect(&rel)?.kind == TargetKind::Missing;
-                Ok(RestoreOutcome {
-                    checksum_validated: gone,
-                    restored_checksum: None,
-                    left_dirs,
-                })
+                let after = changed().and_then(|()| {
+                    let left_dirs = Self::remove_created_dirs(root, meta, durable)?;
+                    Ok((left_dirs, root.inspect(&rel)?.kind == TargetKind::Missing))
+                });
+                match after {
+                    Ok((left_dirs, gone)) => Ok(RestoreOutcome {
+                        checksum_validated: gone,
+                        restored_checksum: None,
+                        left_dirs,
+                    }),
+                    Err(r) => Ok(unverified(r)),
+                }
             }
             SnapshotKind::Directory => {
                 // The action found the directory there; if it is gone, it is made again.

@@ -961,3 +961,45 @@ fn a_failed_action_is_rolled_back_only_over_what_it_wrote() {
     assert_eq!(w.read("t.txt"), b"v0\n");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A restore whose change is made but cannot be verified afterwards (the read-back
+/// fails) is recorded as done, unverified: the trail, the mark and the disk agree, and
+/// the workflow is not rolled back twice.
+#[test]
+fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
+    let w = World::new();
+    w.write("r.md", b"orig");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_v", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "r.md", "content": "new"},
+        {"action_id": "a2", "intent": "create_file", "path": "n.md", "content": "n"}]}),
+    );
+    // A removal (a2), then a rewrite from the backup (a1).
+    for a in ["a2", "a1"] {
+        sb.failpoints().arm("restore_verify", 1);
+        let rb = rollback_action(&sb, "wf_v", a, false);
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert_eq!(rb.steps_rolled_back, 1);
+        assert!(
+            rb.steps[0].restored && !rb.steps[0].checksum_validated,
+            "{rb:?}"
+        );
+    }
+    assert_eq!(w.read("r.md"), b"orig");
+    assert!(!w.path("n.md").exists());
+    let trail = sb.audit_entries(100, Some("wf_v")).unwrap();
+    let undone = trail
+        .iter()
+        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .count();
+    assert_eq!(undone, 2, "{trail:?}");
+    let again = rollback(&sb, "wf_v", false);
+    assert_eq!(
+        again.reason_code,
+        Some(ReasonCode::NoRollbackData),
+        "{again:?}"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
