@@ -9,7 +9,7 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
-use crate::confine::path::resolve_sandbox_path;
+use crate::confine::path::{resolve_sandbox_path, shown_path};
 use crate::confine::root::{FILE_MODE, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
@@ -956,7 +956,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             {
                 Ok(st) => Some(st),
                 Err(r) => {
-                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+                    self.undo(&snap, &left);
                     return Err(fail(self, res, r, target));
                 }
             },
@@ -986,7 +986,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if let Some(st) = &staged {
                     st.discard();
                 }
-                self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+                self.undo(&snap, &left);
                 return Err(fail(self, res, r, target));
             }
         };
@@ -1047,7 +1047,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ReasonCode::IoError,
                         format!("could not append to the audit log: {}", e.kind()),
                     );
-                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+                    self.undo(&snap, &left);
                     finished(sb);
                     return Err(fail(self, res, r, target));
                 }
@@ -1062,18 +1062,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // `already_exists`: the target was not touched, and what holds it now
                 // is someone else's.
                 if r.reason_code == ReasonCode::AlreadyExists {
-                    self.undo(&snap, crate::sandbox::RestoreMode::Untouched);
+                    self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
                     if approval.op.name != "create_file" {
                         r = Refusal::new(
                             ReasonCode::Conflict,
                             format!(
                                 "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
-                                crate::confine::path::shown_path(&rel.as_string())
+                                shown_path(&rel.as_string())
                             ),
                         );
                     }
                 } else {
-                    self.undo(&snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+                    self.undo(&snap, &left);
                 }
                 finished(sb);
                 Err(fail(self, res, r, target))
@@ -1123,10 +1123,14 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    /// Restores one action's snapshot at once after its mutation failed, as `mode` says
-    /// ([`crate::sandbox::RestoreMode::OwnChange`] with what the action writes, or
-    /// [`crate::sandbox::RestoreMode::Untouched`]).
-    fn undo(&mut self, snap: &(usize, StoredSnapshot), mode: crate::sandbox::RestoreMode) {
+    /// Restores one action's snapshot at once after its mutation failed.
+    /// `left`: what the action writes (see [`crate::sandbox::RestoreMode::OwnChange`]).
+    fn undo(&mut self, snap: &(usize, StoredSnapshot), left: &crate::sandbox::TargetState) {
+        self.undo_with(snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+    }
+
+    /// [`Self::undo`], as `mode` says.
+    fn undo_with(&mut self, snap: &(usize, StoredSnapshot), mode: crate::sandbox::RestoreMode) {
         let wf = self.plan.workflow_id.clone();
         let steps = self.sb.restore_all(
             &self.execution_id,

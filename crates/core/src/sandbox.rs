@@ -1317,7 +1317,7 @@ impl Sandbox {
                 maybe_unwritten: false,
             });
         }
-        let state = if op_for_intent(&meta.intent).is_some_and(|op| op.is_directory()) {
+        let state = if meta.is_directory_action() {
             TargetState::Directory
         } else {
             TargetState::File(meta.after_sha256.clone()?)
@@ -1818,7 +1818,7 @@ impl Sandbox {
         let now_dirs: Vec<String> = chosen
             .iter()
             .filter(|(i, s)| {
-                !op_for_intent(&s.meta.intent).is_some_and(|op| op.is_directory())
+                !s.meta.is_directory_action()
                     && self.target_state(*i, &s.meta.target()) == TargetState::Directory
             })
             .map(|(_, s)| shown_path(&s.meta.original_path))
@@ -2455,22 +2455,18 @@ fn later_writers<'a>(
             || a.strip_prefix(b).is_some_and(|r| r.starts_with('/'))
             || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'))
     };
-    let Some(first) = snaps
-        .iter()
-        .position(|(_, s)| s.meta.action_id == action && !undone(s))
-    else {
+    let is_mine = |s: &StoredSnapshot| s.meta.action_id == action && !undone(s);
+    let Some(first) = snaps.iter().position(|(_, s)| is_mine(s)) else {
         return Vec::new();
     };
+    let mine: Vec<_> = snaps[first..].iter().filter(|(_, s)| is_mine(s)).collect();
     snaps[first + 1..]
         .iter()
         .filter(|(i, s)| {
             s.meta.action_id != action
                 && !undone(s)
-                && snaps[first..].iter().any(|(mi, m)| {
-                    m.meta.action_id == action
-                        && mi == i
-                        && !undone(m)
-                        && overlaps(&m.meta.original_path, &s.meta.original_path)
+                && mine.iter().any(|(mi, m)| {
+                    mi == i && overlaps(&m.meta.original_path, &s.meta.original_path)
                 })
         })
         .collect()

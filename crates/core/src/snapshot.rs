@@ -112,6 +112,11 @@ pub struct SnapshotCommit {
 }
 
 impl SnapshotMeta {
+    /// Whether the action makes a directory (rather than writing a file).
+    pub fn is_directory_action(&self) -> bool {
+        crate::catalog::op_for_intent(&self.intent).is_some_and(|op| op.is_directory())
+    }
+
     /// The snapshot's folder, relative to its root: `.rollback/{workflow}/{action}`.
     pub fn rollback_path(&self) -> String {
         format!("{ROLLBACK_DIR}/{}/{}", self.workflow_id, self.action_id)
