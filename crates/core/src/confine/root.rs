@@ -536,8 +536,28 @@ impl SandboxRoot {
         let mut current: Vec<String> = comps.to_vec();
         for _ in 0..SYMLINK_HOPS {
             let link: PathBuf = current.iter().collect();
-            let Ok(target) = self.dir.read_link_contents(&link) else {
-                return inside;
+            let target = match self.dir.read_link_contents(&link) {
+                Ok(target) => target,
+                // Every caller comes here because the name was a symlink, or was refused
+                // as one, a moment ago. Gone now, or no longer a link: it was swapped
+                // while being checked, and where it led cannot be known any more. A swap
+                // back and forth is how an escape is attempted, so it is counted as one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::InvalidInput
+                    ) =>
+                {
+                    return Refusal::new(
+                        ReasonCode::SymlinkEscape,
+                        format!(
+                            "{} was swapped for a symbolic link and back while it was being checked; symlinks are never followed for writes",
+                            shown_path(&link.to_string_lossy())
+                        ),
+                    );
+                }
+                Err(e) if is_escape_error(&e) => return escape,
+                Err(_) => return inside,
             };
             let next = if target.is_absolute() {
                 match target.strip_prefix(&self.path) {
@@ -1287,4 +1307,50 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
         ReasonCode::IoError,
         format!("could not {what} {target}: {}", e.kind()),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, SandboxRoot) {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("root");
+        let root = SandboxRoot::open(&path, true).unwrap();
+        (tmp, root)
+    }
+
+    fn comps(p: &str) -> Vec<String> {
+        p.split('/').map(str::to_owned).collect()
+    }
+
+    /// The kernel refused a name as a symlink, and by the time the link is read to tell
+    /// where it led, a swapper has put the directory back: still an escape attempt.
+    #[test]
+    fn a_link_swapped_back_before_it_is_read_is_an_escape_attempt() {
+        let (_tmp, root) = root();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        let r = root.symlink_refusal(&comps("d"));
+        assert_eq!(r.reason_code, ReasonCode::SymlinkEscape, "{}", r.reason);
+        assert!(r.reason.contains("swapped"), "{}", r.reason);
+        let r = root.symlink_refusal(&comps("gone"));
+        assert_eq!(r.reason_code, ReasonCode::SymlinkEscape, "{}", r.reason);
+    }
+
+    #[test]
+    fn a_link_still_in_place_is_classified_by_where_it_leads() {
+        let (tmp, root) = root();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("d", root.path().join("in")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), root.path().join("out")).unwrap();
+        assert_eq!(
+            root.symlink_refusal(&comps("in")).reason_code,
+            ReasonCode::SymlinkRefused
+        );
+        assert_eq!(
+            root.symlink_refusal(&comps("out")).reason_code,
+            ReasonCode::SymlinkEscape
+        );
+    }
 }
