@@ -12,7 +12,9 @@ use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::{join_display, shown_path};
 use crate::confine::root::DirEntryInfo;
 use crate::confine::state::StateDir;
-use crate::confine::{RelPath, SandboxRoot, TargetKind, check_reserved, resolve_sandbox_path};
+use crate::confine::{
+    EntryKind, RelPath, SandboxRoot, TargetKind, check_reserved, resolve_sandbox_path,
+};
 use crate::context::{DryRunReason, ExecutionContext, ExecutionMode};
 use crate::error::Error;
 use crate::hash::sha256_hex;
@@ -349,7 +351,7 @@ pub struct FileRead {
 pub struct FileInfo {
     /// The path as given.
     pub path: String,
-    /// `file`, `directory` or `missing`.
+    /// `file`, `directory`, `symlink`, `special` (a FIFO, socket or device) or `missing`.
     pub kind: &'static str,
     /// Size of a file.
     pub size_bytes: Option<u64>,
@@ -1090,10 +1092,12 @@ impl Sandbox {
         self.roots[i].list_dir(Some(&rel))
     }
 
-    /// Describes a path inside a root.
+    /// Describes a path inside a root. A symlink, FIFO, socket or device at the path is
+    /// named for what it is, never followed or opened; a file with other hard links is
+    /// refused (`hardlink_refused`) as for `read_file`, since it may be a file outside.
     pub fn get_file_info(&self, path: &str, root: Option<&str>) -> Verdict<FileInfo> {
         let (i, rel) = self.resolve_read(path, root)?;
-        let info = self.roots[i].inspect(&rel)?;
+        let (entry, _) = self.roots[i].entry(&rel)?;
         let abs = join_display(&self.root_paths[i], &rel)
             .display()
             .to_string();
@@ -1103,31 +1107,22 @@ impl Sandbox {
             .ok()
             .flatten()
             .map(|a| a.artifact_id);
-        Ok(match info.kind {
-            TargetKind::File { .. } => {
+        let (kind, size_bytes, sha256) = match entry {
+            EntryKind::File { .. } => {
                 let (size, sum) = self.roots[i].hash_file(&rel, MAX_INFO_HASH_BYTES)?;
-                FileInfo {
-                    path: path.to_owned(),
-                    kind: "file",
-                    size_bytes: Some(size),
-                    sha256: sum,
-                    artifact_id,
-                }
+                ("file", Some(size), sum)
             }
-            TargetKind::Directory => FileInfo {
-                path: path.to_owned(),
-                kind: "directory",
-                size_bytes: None,
-                sha256: None,
-                artifact_id,
-            },
-            TargetKind::Missing => FileInfo {
-                path: path.to_owned(),
-                kind: "missing",
-                size_bytes: None,
-                sha256: None,
-                artifact_id,
-            },
+            EntryKind::Directory => ("directory", None, None),
+            EntryKind::Missing => ("missing", None, None),
+            EntryKind::Symlink => ("symlink", None, None),
+            EntryKind::Special => ("special", None, None),
+        };
+        Ok(FileInfo {
+            path: path.to_owned(),
+            kind,
+            size_bytes,
+            sha256,
+            artifact_id,
         })
     }
 

@@ -491,7 +491,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "get_file_info",
         ToolKind::GetFileInfo,
         "Get file info".into(),
-        "Describe a path inside the sandbox: file, directory or missing; for a file its size and sha256, and the newest artifact written there.".into(),
+        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link; for a file its size and sha256 (up to 1 GiB), and the newest artifact written there.".into(),
         vec![path_field("Path to describe", true), root_field()],
         read_only("Get file info"),
     ));

@@ -43,6 +43,28 @@ pub enum TargetKind {
     Directory,
 }
 
+/// What is at a path, looked at without following or opening it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// Nothing there.
+    Missing,
+    /// A regular file.
+    File {
+        /// Its size in bytes.
+        size: u64,
+        /// Its permission bits.
+        mode: u32,
+        /// How many names it has.
+        links: u64,
+    },
+    /// A directory.
+    Directory,
+    /// A symbolic link (never followed).
+    Symlink,
+    /// A FIFO, socket or device node (never opened).
+    Special,
+}
+
 /// The result of inspecting a target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetInfo {
@@ -174,6 +196,27 @@ impl SandboxRoot {
     /// a regular file with more than one link (`hardlink_refused`) and FIFOs, sockets or
     /// devices (`not_regular_file`).
     pub fn inspect(&self, rel: &RelPath) -> Verdict<TargetInfo> {
+        let (entry, existing_parents) = self.entry(rel)?;
+        let kind = match entry {
+            EntryKind::Missing => TargetKind::Missing,
+            EntryKind::Directory => TargetKind::Directory,
+            EntryKind::File { links, .. } if links > 1 => {
+                return Err(hardlink_refusal(rel, links));
+            }
+            EntryKind::File { size, mode, .. } => TargetKind::File { size, mode },
+            EntryKind::Symlink => return Err(self.symlink_refusal(rel.components())),
+            EntryKind::Special => return Err(special_refusal(rel)),
+        };
+        Ok(TargetInfo {
+            kind,
+            existing_parents,
+        })
+    }
+
+    /// What is at `rel`, whatever it is, and how many of its parents exist. The parents
+    /// are walked as for a write (a symlink among them is refused); the last component
+    /// is looked at, never opened or followed, so a symlink or a FIFO there is described.
+    pub fn entry(&self, rel: &RelPath) -> Verdict<(EntryKind, usize)> {
         let comps = rel.components();
         let mut dir = ParentDir::Root(&self.dir);
         let parents = rel.parent_components();
@@ -185,35 +228,25 @@ impl SandboxRoot {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Ok(TargetInfo {
-                        kind: TargetKind::Missing,
-                        existing_parents: i,
-                    });
+                    return Ok((EntryKind::Missing, i));
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
             dir = ParentDir::Owned(self.descend(&dir, &comps[..=i])?);
         }
         let kind = match dir.symlink_metadata(rel.file_name()) {
-            Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(comps)),
-            Ok(m) if m.is_dir() => TargetKind::Directory,
-            Ok(m) if m.is_file() => {
-                if m.nlink() > 1 {
-                    return Err(hardlink_refusal(rel, m.nlink()));
-                }
-                TargetKind::File {
-                    size: m.len(),
-                    mode: m.mode() & 0o7777,
-                }
-            }
-            Ok(_) => return Err(special_refusal(rel)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => TargetKind::Missing,
+            Ok(m) if m.file_type().is_symlink() => EntryKind::Symlink,
+            Ok(m) if m.is_dir() => EntryKind::Directory,
+            Ok(m) if m.is_file() => EntryKind::File {
+                size: m.len(),
+                mode: m.mode() & 0o7777,
+                links: m.nlink(),
+            },
+            Ok(_) => EntryKind::Special,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => EntryKind::Missing,
             Err(e) => return Err(io_refusal("inspect", comps, &e)),
         };
-        Ok(TargetInfo {
-            kind,
-            existing_parents: parents.len(),
-        })
+        Ok((kind, parents.len()))
     }
 
     /// Opens the directory that holds `rel`, walking each parent without following

@@ -948,3 +948,56 @@ fn get_file_info_describes_a_file_of_any_size_and_hashes_up_to_a_limit() {
     assert_eq!(info.size_bytes, Some(over));
     assert_eq!(info.sha256, None);
 }
+
+/// What list_directory lists, get_file_info describes: a symlink and a FIFO are named for
+/// what they are, never followed or opened (opening a FIFO would block). A symlink among
+/// the parents and a file with other hard links stay refused, as for read_file.
+#[test]
+fn get_file_info_names_links_and_special_files_without_following_them() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), b"s").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret.txt"), w.path("out.txt")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), w.path("outdir")).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        w.path("pipe.txt"),
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    for (path, kind) in [
+        ("out.txt", "symlink"),
+        ("outdir", "symlink"),
+        ("pipe.txt", "special"),
+    ] {
+        let info = sb.get_file_info(path, None).unwrap();
+        assert_eq!(info.kind, kind, "{path}");
+        assert_eq!((info.size_bytes, info.sha256), (None, None), "{path}");
+    }
+    let listed: Vec<_> = sb
+        .list_directory("", None)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.kind))
+        .collect();
+    assert!(
+        listed.contains(&("out.txt".to_owned(), "symlink")),
+        "{listed:?}"
+    );
+    assert!(
+        listed.contains(&("pipe.txt".to_owned(), "special")),
+        "{listed:?}"
+    );
+    let err = sb.get_file_info("outdir/secret.txt", None).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::SymlinkEscape, "{}", err.reason);
+    w.write("a.txt", b"a");
+    std::fs::hard_link(w.path("a.txt"), w.path("b.txt")).unwrap();
+    let err = sb.get_file_info("b.txt", None).unwrap_err();
+    assert_eq!(
+        err.reason_code,
+        ReasonCode::HardlinkRefused,
+        "{}",
+        err.reason
+    );
+}
