@@ -68,6 +68,9 @@ pub struct Sandbox {
 /// Snapshots with the index of the root they are in.
 type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
 
+/// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
+type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
+
 /// `check`'s answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckVerdict {
@@ -295,8 +298,13 @@ impl RollbackStep {
 pub struct RollbackInfo {
     /// The workflow.
     pub workflow_id: String,
-    /// Whether a rollback would have something to do.
+    /// Whether a rollback would have something to do, and would not be refused before
+    /// it starts (conflicts aside: those a forced rollback overrides).
     pub rollback_available: bool,
+    /// Why a rollback would be refused before it starts (the code `POST` answers with).
+    pub reason_code: Option<ReasonCode>,
+    /// The same, for a person.
+    pub reason: Option<String>,
     /// Snapshots, newest first.
     pub actions: Vec<RollbackInfoAction>,
     /// Conflicts a rollback would meet now.
@@ -1448,9 +1456,20 @@ impl Sandbox {
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
     pub fn rollback_info(&self, workflow_id: &str) -> Verdict<RollbackInfo> {
         crate::plan::check_id("workflow_id", workflow_id)?;
-        let snaps = self.workflow_snapshots(workflow_id)?;
+        let found = self.workflow_snapshots(workflow_id)?;
+        let (snaps, refusal) = match self.rollback_selection(
+            workflow_id,
+            found.clone(),
+            &RollbackOptions::default(),
+        ) {
+            Ok(snaps) => (snaps, None),
+            Err(refused) => (found, Some(refused)),
+        };
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
-        let conflicts = self.find_conflicts(workflow_id, &pending);
+        let (refusal, conflicts) = match refusal {
+            Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
+            None => (None, self.find_conflicts(workflow_id, &pending)),
+        };
         let actions = snaps
             .iter()
             .rev()
@@ -1466,7 +1485,9 @@ impl Sandbox {
             .collect();
         Ok(RollbackInfo {
             workflow_id: workflow_id.to_owned(),
-            rollback_available: !pending.is_empty(),
+            rollback_available: refusal.is_none() && !pending.is_empty(),
+            reason_code: refusal.as_ref().map(|(code, _)| *code),
+            reason: refusal.map(|(_, reason)| reason),
             actions,
             conflicts,
         })
@@ -1533,48 +1554,17 @@ impl Sandbox {
         }
     }
 
-    fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
-        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
-            workflow_id: workflow_id.to_owned(),
-            status: "refused",
-            steps_rolled_back: 0,
-            reason_code: Some(code),
-            reason: Some(reason),
-            conflicts,
-            steps: Vec::new(),
-        };
-        if let Err(r) = crate::plan::check_id("workflow_id", workflow_id) {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        if let Some(a) = &opts.action_id
-            && let Err(r) = crate::plan::check_id("action_id", a)
-        {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        // A restore could not be made durable either, nor recorded.
-        if let Err(r) = self.check_syncs() {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
-            Ok(l) => l,
-            Err(e) => {
-                return refused(
-                    ReasonCode::IoError,
-                    format!("could not lock the workflow: {}", e.kind()),
-                    Vec::new(),
-                );
-            }
-        };
-        // Before the snapshots are read: the dead run's recovery may restore some.
-        if self.execution_context().0.is_executable()
-            && let Err(r) = self.recover_dead_run(workflow_id)
-        {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        let snaps = match self.workflow_snapshots(workflow_id) {
-            Ok(s) => s,
-            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
-        };
+    /// The snapshots a rollback of the workflow (or of `opts.action_id`) would restore,
+    /// each marked restored when its mark or the trail says so, or why the rollback is
+    /// refused before restoring anything: judged from the audit trail, the prune record
+    /// and the snapshots. The rollback and [`Sandbox::rollback_info`] share it, so that
+    /// what `GET /agentic/rollback/{id}` says is what `POST` does.
+    fn rollback_selection(
+        &self,
+        workflow_id: &str,
+        snaps: RootedSnapshots,
+        opts: &RollbackOptions,
+    ) -> Result<RootedSnapshots, RollbackRefusal> {
         // The audit trail lives in the state directory, out of reach of whoever can
         // write inside a root: it says which writes happened and which were undone, so a
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
@@ -1582,21 +1572,21 @@ impl Sandbox {
         let trail = match self.audit.by_workflow(workflow_id) {
             Ok(t) => t,
             Err(e) => {
-                return refused(
+                return Err((
                     ReasonCode::IoError,
                     format!("could not read the audit trail: {}", e.kind()),
                     Vec::new(),
-                );
+                ));
             }
         };
         let (pruned_up_to, pruned_roots) = match self.state.prune_mark(workflow_id) {
             Ok(m) => m.unwrap_or_default(),
             Err(e) => {
-                return refused(
+                return Err((
                     ReasonCode::IoError,
                     format!("could not read the workflow's prune record: {}", e.kind()),
                     Vec::new(),
-                );
+                ));
             }
         };
         // Which of this process's roots the last prune went through.
@@ -1645,7 +1635,7 @@ impl Sandbox {
         elsewhere.dedup();
         if !elsewhere.is_empty() {
             let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
-            return refused(
+            return Err((
                 ReasonCode::OutsideSandbox,
                 format!(
                     "{} of workflow {} wrote into a root this process is not configured with, so nothing was rolled back; run the rollback with every root the workflow wrote into (--root, once per root), or roll back the other actions one at a time",
@@ -1653,7 +1643,7 @@ impl Sandbox {
                     shown_path(workflow_id)
                 ),
                 Vec::new(),
-            );
+            ));
         }
         let have: HashSet<&str> = snaps
             .iter()
@@ -1683,17 +1673,17 @@ impl Sandbox {
                 })
         });
         if pruned_but_present {
-            return refused(
+            return Err((
                 ReasonCode::NoRollbackData,
                 format!(
                     "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
                     shown_path(workflow_id)
                 ),
                 Vec::new(),
-            );
+            ));
         }
         if !missing.is_empty() {
-            return refused(
+            return Err((
                 ReasonCode::NoRollbackData,
                 format!(
                     "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, or lost with unsynced data): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
@@ -1701,7 +1691,7 @@ impl Sandbox {
                     workflow_id
                 ),
                 Vec::new(),
-            );
+            ));
         }
         // One action undone under a later action of the workflow on the same file (or a
         // path beneath or above it) would leave that later action recorded as in place
@@ -1735,7 +1725,7 @@ impl Sandbox {
                         }
                     })
                     .collect();
-                return refused(
+                return Err((
                     ReasonCode::Conflict,
                     format!(
                         "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
@@ -1744,17 +1734,10 @@ impl Sandbox {
                         names.join(", ")
                     ),
                     conflicts,
-                );
+                ));
             }
         }
-        // Directories earlier restores of this workflow had to leave: this rollback may
-        // empty them.
-        let left_before: Vec<(usize, LeftDir)> = snaps
-            .iter()
-            .filter(|(_, s)| s.restored)
-            .flat_map(|(i, s)| s.left_dirs.iter().map(|d| (*i, d.clone())))
-            .collect();
-        let mut chosen: Vec<_> = snaps
+        Ok(snaps
             .into_iter()
             .filter(|(_, s)| {
                 opts.action_id
@@ -1766,7 +1749,62 @@ impl Sandbox {
                 s.restored |= is_undone(&s.meta.action_id);
                 (i, s)
             })
+            .collect())
+    }
+
+    fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
+        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: "refused",
+            steps_rolled_back: 0,
+            reason_code: Some(code),
+            reason: Some(reason),
+            conflicts,
+            steps: Vec::new(),
+        };
+        if let Err(r) = crate::plan::check_id("workflow_id", workflow_id) {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        if let Some(a) = &opts.action_id
+            && let Err(r) = crate::plan::check_id("action_id", a)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        // A restore could not be made durable either, nor recorded.
+        if let Err(r) = self.check_syncs() {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
+            Ok(l) => l,
+            Err(e) => {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not lock the workflow: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
+        };
+        // Before the snapshots are read: the dead run's recovery may restore some.
+        if self.execution_context().0.is_executable()
+            && let Err(r) = self.recover_dead_run(workflow_id)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        let snaps = match self.workflow_snapshots(workflow_id) {
+            Ok(s) => s,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        // Directories earlier restores of this workflow had to leave: this rollback may
+        // empty them.
+        let left_before: Vec<(usize, LeftDir)> = snaps
+            .iter()
+            .filter(|(_, s)| s.restored)
+            .flat_map(|(i, s)| s.left_dirs.iter().map(|d| (*i, d.clone())))
             .collect();
+        let mut chosen = match self.rollback_selection(workflow_id, snaps, opts) {
+            Ok(chosen) => chosen,
+            Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
+        };
         let what = match &opts.action_id {
             Some(a) => format!(
                 "action {} of workflow {}",

@@ -448,6 +448,15 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(root2.join("there.txt").exists());
     drop(sb);
     let sb = w.sandbox();
+    // What GET /agentic/rollback/{id} says is what POST then does.
+    let info = sb.rollback_info("wf_two").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ReasonCode::OutsideSandbox),
+        "{info:?}"
+    );
+    assert!(info.reason.unwrap().contains("'a2'"));
     let rb = sb.rollback_workflow("wf_two", &RollbackOptions::default());
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::OutsideSandbox), "{rb:?}");
@@ -472,6 +481,10 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(!w.path("here.txt").exists());
     assert!(root2.join("there.txt").exists(), "not this process's root");
     drop(sb);
+    let (_, both) = two_roots(&w);
+    let info = w.open(both).rollback_info("wf_two").unwrap();
+    assert!(info.rollback_available, "{info:?}");
+    assert_eq!((info.reason_code, info.reason), (None, None));
     let (_, both) = two_roots(&w);
     rolls_back(&w.open(both), "wf_two");
     assert!(!root2.join("there.txt").exists());
