@@ -61,6 +61,11 @@ pub struct SandboxAuditEntry {
 }
 
 /// What a caller records; the log assigns `seq`, `prev_hash` and `entry_hash`.
+///
+/// Its fields repeat the entry's rather than being `#[serde(flatten)]`ed into it: serde
+/// cannot deny unknown fields through a flatten, and the entry must, since a field added
+/// to a line would otherwise be dropped when the line is re-serialised for hashing, and
+/// the edit would go undetected.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
