@@ -81,6 +81,19 @@ fn edited_line_is_detected() {
     assert!(v.reason.unwrap().contains("edited"));
 }
 
+/// A field added to a line would vanish when the line is re-serialised for hashing, so
+/// the chain alone would not see it: the line itself is refused.
+#[test]
+fn added_field_is_detected() {
+    let (w, sb) = audited_world(3);
+    let mut l = lines(&w);
+    l[1] = l[1].replacen('{', r#"{"approved_by":"admin","#, 1);
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+    assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
+}
+
 #[test]
 fn removed_line_is_detected() {
     let (w, sb) = audited_world(4);
