@@ -837,12 +837,20 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
     let mut expected_seq = 1u64;
     let mut n = 0u64;
     let mut hash_at_head = None;
-    let body = match bytes.iter().rposition(|&b| b == b'\n') {
-        Some(i) => &bytes[..=i],
-        None => &bytes[..0],
-    };
-    for line in body.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+    // The complete lines, without the last newline (a torn last line is left out).
+    let lines = bytes
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map(|i| bytes[..i].split(|&b| b == b'\n'));
+    for line in lines.into_iter().flatten() {
         n += 1;
+        if line.is_empty() {
+            return bad(
+                n,
+                expected_seq,
+                format!("line {n} is empty: the runtime never writes one, so it was inserted"),
+            );
+        }
         let e: SandboxAuditEntry = match serde_json::from_slice(line) {
             Ok(e) => e,
             Err(err) => {
@@ -873,7 +881,11 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
                 ),
             );
         }
-        if e.compute_hash() != e.entry_hash {
+        // The hash covers the entry's meaning; the line must also be the very bytes the
+        // runtime wrote for it, so that no edit at all (spaces, key order, escapes) passes.
+        if e.compute_hash() != e.entry_hash
+            || serde_json::to_vec(&e).is_ok_and(|canonical| canonical != line)
+        {
             return bad(
                 n,
                 e.seq,

@@ -94,6 +94,38 @@ fn added_field_is_detected() {
     assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
 }
 
+/// The hash covers what a line means; the bytes must be as written too, so that no
+/// edit passes, not even one that keeps the meaning.
+#[test]
+fn any_byte_edited_is_detected() {
+    let (w, sb) = audited_world(3);
+    let original = lines(&w);
+    let edits: [(&str, fn(&str) -> String); 5] = [
+        ("space", |l| l.replacen(':', ": ", 1)),
+        ("escape", |l| l.replacen("\"seq\"", "\"\\u0073eq\"", 1)),
+        ("carriage return", |l| format!("{l}\r")),
+        ("key order", |l| {
+            let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(l).unwrap();
+            let mut keys: Vec<_> = v.into_iter().collect();
+            keys.reverse();
+            serde_json::to_string(&keys.into_iter().collect::<serde_json::Map<_, _>>()).unwrap()
+        }),
+        ("blank line", |l| format!("{l}\n")),
+    ];
+    for (what, edit) in edits {
+        let mut l = original.clone();
+        l[1] = edit(&l[1]);
+        assert_ne!(l[1], original[1], "{what}");
+        write_lines(&w, &l);
+        let v = sb.audit_verify().unwrap();
+        assert!(!v.ok, "{what}: {v:?}");
+        let bad = if what == "blank line" { 3 } else { 2 };
+        assert_eq!(v.first_bad_seq, Some(bad), "{what}: {v:?}");
+    }
+    write_lines(&w, &original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 #[test]
 fn removed_line_is_detected() {
     let (w, sb) = audited_world(4);
