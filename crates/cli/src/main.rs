@@ -17,7 +17,7 @@ use ailab_sandbox_core::config::{Config, Overrides, RawConfig, env as envvars};
 use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use ailab_sandbox_core::{ReasonCode, Refusal, Sandbox};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use std::io::Read;
@@ -230,12 +230,22 @@ fn init_tracing(server: bool) {
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {
+    // A value that is not UTF-8 must not read as unset.
+    if let Some(name) = envvars::ALL
+        .into_iter()
+        .find(|k| matches!(std::env::var(k), Err(std::env::VarError::NotUnicode(_))))
+    {
+        bail!("{name} is not valid UTF-8; unset it, or give a value in UTF-8");
+    }
     let env = |k: &str| std::env::var(k).ok();
-    let path = cli.config.clone().or_else(|| {
-        env(envvars::CONFIG)
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from)
-    });
+    let path = match (&cli.config, env(envvars::CONFIG)) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(p)) if p.is_empty() => bail!(
+            "{} is set but empty; unset it to run without a config file, or give the file's path",
+            envvars::CONFIG
+        ),
+        (None, p) => p.map(PathBuf::from),
+    };
     let file = match &path {
         Some(p) => {
             // The operator's own input file, read before confinement starts.

@@ -414,6 +414,49 @@ fn environment_flags_turn_writing_on() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("AI_LAB_ENABLE_SANDBOX_WRITE"));
 }
 
+/// A variable set but empty, or not UTF-8, is an error that names it, never read as
+/// unset; a root or state directory that is not UTF-8 is refused, not opened under a
+/// lossy copy of its name.
+#[test]
+fn unusable_settings_are_named_not_ignored() {
+    use std::os::unix::ffi::OsStrExt;
+    let e = env();
+    let refused = |c: &mut Command, name: &str| {
+        let out = c.arg("state").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(name), "{name}: {err}");
+    };
+    refused(
+        e.cmd().env("AI_LAB_SANDBOX_CONFIG", ""),
+        "AI_LAB_SANDBOX_CONFIG",
+    );
+    let bad = std::ffi::OsStr::from_bytes(b"/x\xff");
+    refused(
+        e.cmd().env("AI_LAB_SANDBOX_CONFIG", bad),
+        "AI_LAB_SANDBOX_CONFIG",
+    );
+    refused(
+        e.cmd().env("AI_LAB_SANDBOX_TOKEN", bad),
+        "AI_LAB_SANDBOX_TOKEN",
+    );
+    let root = e.dir.join(std::ffi::OsStr::from_bytes(b"r\xff"));
+    refused(e.cmd().arg("--root").arg(&root), "not valid UTF-8");
+    let state = e.dir.join(std::ffi::OsStr::from_bytes(b"s\xff"));
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&state);
+    refused(&mut c, "not valid UTF-8");
+    let made: Vec<_> = std::fs::read_dir(&e.dir)
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    assert!(made.is_empty(), "nothing created: {made:?}");
+}
+
 #[test]
 fn prune_parses_durations() {
     let e = env();

@@ -35,6 +35,8 @@ pub mod env {
     pub const TOKEN: &str = "AI_LAB_SANDBOX_TOKEN";
     /// Config file path.
     pub const CONFIG: &str = "AI_LAB_SANDBOX_CONFIG";
+    /// Every variable the runtime reads.
+    pub const ALL: [&str; 6] = [ROOTS, STATE_DIR, ENABLE_WRITE, DRY_RUN, TOKEN, CONFIG];
 }
 
 /// How hard the runtime works to survive a power cut.
@@ -416,6 +418,21 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.roots.is_empty() {
             return Err(ConfigError("no sandbox root is configured: give at least one in roots, AI_LAB_SANDBOX_ROOTS or --root".into()));
+        }
+        // A path that is not UTF-8 would be shown, matched and recorded under another
+        // name than the directory it opens (SPEC §2 refuses invalid UTF-8 in paths).
+        for (what, p) in self
+            .roots
+            .iter()
+            .map(|r| ("root", r))
+            .chain([("state_dir", &self.state_dir)])
+        {
+            if p.to_str().is_none() {
+                return Err(ConfigError(format!(
+                    "{what} {} is not valid UTF-8; give a path in UTF-8",
+                    p.display()
+                )));
+            }
         }
         for r in &self.roots {
             if !r.is_absolute() {
