@@ -100,7 +100,8 @@ fn added_field_is_detected() {
 fn any_byte_edited_is_detected() {
     let (w, sb) = audited_world(3);
     let original = lines(&w);
-    let edits: [(&str, fn(&str) -> String); 5] = [
+    type Edit = fn(&str) -> String;
+    let edits: [(&str, Edit); 5] = [
         ("space", |l| l.replacen(':', ": ", 1)),
         ("escape", |l| l.replacen("\"seq\"", "\"\\u0073eq\"", 1)),
         ("carriage return", |l| format!("{l}\r")),
