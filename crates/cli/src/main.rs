@@ -326,11 +326,11 @@ fn run(cli: Cli) -> Result<u8> {
         &cli.command,
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
-    let state_dir = config.state_dir.clone();
+    let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
     let mut sandbox = match Sandbox::open(config) {
         Ok(s) => s,
         Err(e) if verify_only && e.is_unwritable() => {
-            return verify_read_only(&state_dir, &e, cli.json);
+            return verify_read_only(&state_dir, durable, &e, cli.json);
         }
         Err(e) => return Err(e.into()),
     };
@@ -518,10 +518,11 @@ fn run(cli: Cli) -> Result<u8> {
 /// copy of the state directory, a read-only mount): the trail is checked as it is on disk.
 fn verify_read_only(
     state_dir: &std::path::Path,
+    durable: bool,
     why: &ailab_sandbox_core::Error,
     json: bool,
 ) -> Result<u8> {
-    let v = ailab_sandbox_core::audit::verify_read_only(state_dir)
+    let v = ailab_sandbox_core::audit::verify_read_only(state_dir, durable)
         .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
     if !json {
         eprintln!(

@@ -307,6 +307,11 @@ impl ArtifactRegistry {
         })
     }
 
+    /// Every entry `pred` picks, oldest first.
+    pub fn find(&self, pred: impl Fn(&ArtifactEntry) -> bool) -> io::Result<Vec<ArtifactEntry>> {
+        self.with(|ix| ix.entries.iter().filter(|e| pred(e)).cloned().collect())
+    }
+
     /// One entry by id.
     pub fn get(&self, artifact_id: &str) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| ix.by_id(artifact_id).map(|i| ix.at(i).clone()))

@@ -4,7 +4,9 @@
 //! The chain's head is also kept in `sandbox_audit.head.json`, outside the log, so a cut
 //! tail is found too.
 
+use crate::artifact::{ARTIFACTS_FILE, ArtifactEntry};
 use crate::catalog::MutationClass;
+use crate::confine::path::shown_path;
 use crate::confine::state::{BlockFile, LogFile, StateDir};
 use crate::failpoint::FailPoints;
 use crate::hash::to_hex;
@@ -766,17 +768,89 @@ impl AuditLog {
         };
         Ok(verify_with_head(&bytes, head.as_deref()))
     }
+
+    /// [`verify`](Self::verify), and the actions the same bytes record as having
+    /// written (see [`writes_in`]).
+    pub fn verify_and_writes(&self) -> io::Result<(VerifyReport, Writes)> {
+        let (bytes, head) = {
+            let g = self
+                .inner
+                .lock()
+                .map_err(|_| io::Error::other("audit lock poisoned"))?;
+            g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))?
+        };
+        Ok((verify_with_head(&bytes, head.as_deref()), writes_in(&bytes)))
+    }
+}
+
+/// `report` (of a sound chain), failed when the registry holds artifacts, `missing`,
+/// whose writes the trail does not record.
+pub(crate) fn with_unlogged(report: VerifyReport, missing: &[ArtifactEntry]) -> VerifyReport {
+    let Some(first) = missing.first() else {
+        return report;
+    };
+    VerifyReport {
+        ok: false,
+        first_bad_seq: None,
+        reason: Some(format!(
+            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced",
+            missing.len(),
+            first.artifact_id,
+            shown_path(&first.action_id),
+            shown_path(&first.workflow_id)
+        )),
+        ..report
+    }
+}
+
+/// The `(workflow_id, action_id)` of writes an audit log records.
+pub type Writes = std::collections::HashSet<(String, String)>;
+
+/// The actions the complete lines of `bytes` record as having changed a file, or tried
+/// to: succeeded, failed (a failure after the registry line leaves its artifact behind,
+/// see `Sandbox::audit_verify`) or rolled back. Blocked and simulated actions register
+/// nothing.
+pub fn writes_in(bytes: &[u8]) -> Writes {
+    crate::journal::lines(bytes)
+        .filter_map(|line| serde_json::from_slice::<SandboxAuditEntry>(line).ok())
+        .filter(|e| {
+            matches!(
+                e.status,
+                AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
+            )
+        })
+        .map(|e| (e.workflow_id, e.action_id))
+        .collect()
 }
 
 /// [`AuditLog::verify`] for the state directory at `state_dir`, writing nothing: no
 /// recovery, no lock, and a torn last line left out as a crash leaves it. For a state
 /// directory this process cannot write (a read-only copy, a read-only mount), where
 /// opening the runtime fails.
-pub fn verify_read_only(state_dir: &std::path::Path) -> io::Result<VerifyReport> {
-    let mut files =
-        StateDir::read_without_opening(state_dir, &[AUDIT_FILE, HEAD_FILE], u64::MAX)?.into_iter();
-    let (log, head) = (files.next().flatten(), files.next().flatten());
-    Ok(verify_with_head(&log.unwrap_or_default(), head.as_deref()))
+/// With `registry`, the registry is compared too, as [`crate::Sandbox::audit_verify`]
+/// does when the logs were written with durable appends.
+pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Result<VerifyReport> {
+    let mut files = StateDir::read_without_opening(
+        state_dir,
+        &[AUDIT_FILE, HEAD_FILE, ARTIFACTS_FILE],
+        u64::MAX,
+    )?
+    .into_iter();
+    let (log, head, registered) = (
+        files.next().flatten().unwrap_or_default(),
+        files.next().flatten(),
+        files.next().flatten().unwrap_or_default(),
+    );
+    let report = verify_with_head(&log, head.as_deref());
+    if !report.ok || !registry {
+        return Ok(report);
+    }
+    let logged = writes_in(&log);
+    let missing: Vec<ArtifactEntry> = crate::journal::lines(&registered)
+        .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
+        .filter(|a| !logged.contains(&(a.workflow_id.clone(), a.action_id.clone())))
+        .collect();
+    Ok(with_unlogged(report, &missing))
 }
 
 /// Checks a log's bytes against the bytes of its head file (`None`: there is none).

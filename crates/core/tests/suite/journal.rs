@@ -161,6 +161,77 @@ fn truncated_tail_is_detected_through_the_head() {
     assert!(v.reason.unwrap().contains("removed from the end"));
 }
 
+/// The head catches a cut tail, but not one cut with the head rewritten to match (its
+/// values are in the log), nor a trail removed with its head: the registry, a separate
+/// file, still names the writes those lines recorded.
+#[test]
+fn writes_the_registry_holds_must_be_on_the_trail() {
+    use ailab_sandbox_core::audit::verify_read_only;
+    let (w, sb) = audited_world(4);
+    let original = lines(&w);
+    let head = w.state.join("sandbox_audit.head.json");
+    let cut = |keep: usize| {
+        write_lines(&w, &original[..keep]);
+        let last: serde_json::Value = serde_json::from_str(&original[keep - 1]).unwrap();
+        std::fs::write(
+            &head,
+            json!({"seq": last["seq"], "entry_hash": last["entry_hash"]}).to_string(),
+        )
+        .unwrap();
+    };
+    // The last write's line cut, the head pointed at the line before it.
+    cut(original.len() - 1);
+    for v in [
+        sb.audit_verify().unwrap(),
+        verify_read_only(&w.state, true).unwrap(),
+    ] {
+        assert!(!v.ok, "{v:?}");
+        let reason = v.reason.unwrap();
+        assert!(reason.contains("1 artifact(s)"), "{reason}");
+        assert!(reason.contains("'wf_a'"), "{reason}");
+    }
+    std::fs::remove_file(audit_path(&w)).unwrap();
+    std::fs::remove_file(&head).unwrap();
+    drop(sb);
+    for v in [
+        verify_read_only(&w.state, true).unwrap(),
+        w.open(strict(&w)).audit_verify().unwrap(),
+    ] {
+        assert!(!v.ok, "{v:?}");
+        assert!(v.reason.unwrap().contains("4 artifact(s)"));
+    }
+}
+
+/// Writes under way while the trail is verified are not taken for lines removed.
+#[test]
+fn writes_under_way_do_not_fail_verification() {
+    let w = World::new();
+    let mut c = strict(&w);
+    c.limits.writes_per_minute = 10_000;
+    let sb = std::sync::Arc::new(w.open(c));
+    let writer = std::thread::spawn({
+        let sb = std::sync::Arc::clone(&sb);
+        move || {
+            for i in 0..40 {
+                let r = run(
+                    &sb,
+                    json!({"workflow_id": format!("wf_{}", i % 4), "actions": [{"intent": "create_file", "path": format!("w{i}.txt"), "content": "x"}]}),
+                );
+                assert_eq!(status(&r), "success");
+            }
+        }
+    });
+    let mut checks = 0;
+    while !writer.is_finished() {
+        let v = sb.audit_verify().unwrap();
+        assert!(v.ok, "{v:?}");
+        checks += 1;
+    }
+    writer.join().unwrap();
+    assert!(sb.audit_verify().unwrap().ok);
+    assert!(checks > 0);
+}
+
 /// A state directory the runtime cannot open for writing can still have its trail
 /// verified, with the same verdicts, and nothing is written there.
 #[test]
@@ -180,28 +251,28 @@ fn the_trail_verifies_read_only_alike() {
         names
     };
     let before = tree(&w);
-    let v = verify_read_only(&w.state).unwrap();
+    let v = verify_read_only(&w.state, true).unwrap();
     assert!(v.ok, "{v:?}");
     assert_eq!(v.entries, 4);
     let original = lines(&w);
     let mut l = original.clone();
     l.truncate(3);
     write_lines(&w, &l);
-    let v = verify_read_only(&w.state).unwrap();
+    let v = verify_read_only(&w.state, true).unwrap();
     assert_eq!((v.ok, v.first_bad_seq), (false, Some(4)), "{v:?}");
     l[1] = l[1].replace("create_file", "replace_file");
     write_lines(&w, &l);
-    let v = verify_read_only(&w.state).unwrap();
+    let v = verify_read_only(&w.state, true).unwrap();
     assert_eq!((v.ok, v.first_bad_seq), (false, Some(2)), "{v:?}");
     write_lines(&w, &original);
     std::fs::remove_file(w.state.join("sandbox_audit.head.json")).unwrap();
-    let v = verify_read_only(&w.state).unwrap();
+    let v = verify_read_only(&w.state, true).unwrap();
     assert!(!v.ok && v.reason.unwrap().contains("missing"));
     let after = tree(&w);
     assert_eq!(after.len(), before.len() - 1, "nothing made: {after:?}");
     // A state directory that is not there is an error, and is not made.
     let gone = w.state.join("nope");
-    assert!(verify_read_only(&gone).is_err());
+    assert!(verify_read_only(&gone, true).is_err());
     assert!(!gone.exists());
 }
 
