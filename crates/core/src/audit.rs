@@ -756,30 +756,27 @@ impl AuditLog {
 
     /// Reads the whole log and checks every line, the chain and the head.
     pub fn verify(&self) -> io::Result<VerifyReport> {
-        // The head is read under the log's lock, like every head write: read apart, an
-        // append landing in between would show a head ahead of the log read before it.
-        // The file as it is now, not this process's handle on it, which outlives a removal.
-        let (bytes, head) = {
-            let g = self
-                .inner
-                .lock()
-                .map_err(|_| io::Error::other("audit lock poisoned"))?;
-            g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))?
-        };
+        let (bytes, head) = self.log_and_head()?;
         Ok(verify_with_head(&bytes, head.as_deref()))
     }
 
     /// [`verify`](Self::verify), and the actions the same bytes record as having
     /// written (see [`writes_in`]).
     pub fn verify_and_writes(&self) -> io::Result<(VerifyReport, Writes)> {
-        let (bytes, head) = {
-            let g = self
-                .inner
-                .lock()
-                .map_err(|_| io::Error::other("audit lock poisoned"))?;
-            g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))?
-        };
+        let (bytes, head) = self.log_and_head()?;
         Ok((verify_with_head(&bytes, head.as_deref()), writes_in(&bytes)))
+    }
+
+    /// The log's bytes and the head file's. The head is read under the log's lock, like
+    /// every head write: read apart, an append landing in between would show a head
+    /// ahead of the log read before it. The file as it is now, not this process's handle
+    /// on it, which outlives a removal.
+    fn log_and_head(&self) -> io::Result<(Vec<u8>, Option<Vec<u8>>)> {
+        let g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))
     }
 }
 
