@@ -1503,7 +1503,7 @@ impl Sandbox {
             found.clone(),
             &RollbackOptions::default(),
         ) {
-            Ok(snaps) => (snaps, None),
+            Ok((snaps, _)) => (snaps, None),
             Err(refused) => (found, Some(refused)),
         };
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
@@ -1595,6 +1595,37 @@ impl Sandbox {
         }
     }
 
+    /// The actions of `trail` (of `action` only, when given) that wrote into a root this
+    /// process is not configured with and are not undone since: neither a rollback nor a
+    /// prune from here can reach their snapshots.
+    fn unreachable_writes<'a>(
+        &self,
+        trail: &'a [SandboxAuditEntry],
+        action: Option<&str>,
+    ) -> Vec<&'a str> {
+        let mut undone: HashMap<&str, u64> = HashMap::new();
+        for e in trail {
+            if e.status == AuditStatus::RolledBack {
+                undone.insert(&e.action_id, e.seq);
+            }
+        }
+        let mut out: Vec<&str> = trail
+            .iter()
+            .filter(|e| {
+                e.status == AuditStatus::Success
+                    && e.rollback_available
+                    && e.mutation_class != Some(MutationClass::Rollback)
+                    && action.is_none_or(|a| a == e.action_id)
+                    && self.root_of(&e.target_path).is_none()
+                    && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
+            })
+            .map(|e| e.action_id.as_str())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// The snapshots a rollback of the workflow (or of `opts.action_id`) would restore,
     /// each marked restored when its mark or the trail says so, or why the rollback is
     /// refused before restoring anything: judged from the audit trail, the prune record
@@ -1605,7 +1636,7 @@ impl Sandbox {
         workflow_id: &str,
         snaps: RootedSnapshots,
         opts: &RollbackOptions,
-    ) -> Result<RootedSnapshots, RollbackRefusal> {
+    ) -> Result<(RootedSnapshots, Vec<String>), RollbackRefusal> {
         // The audit trail lives in the state directory, out of reach of whoever can
         // write inside a root: it says which writes happened and which were undone, so a
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
@@ -1635,7 +1666,7 @@ impl Sandbox {
         // Writes that must have a snapshot here, and writes into a root this process is not
         // configured with; those a prune removed need neither.
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
-        let mut elsewhere_writes: Vec<&SandboxAuditEntry> = Vec::new();
+        let mut pruned: Vec<String> = Vec::new();
         let mut undone: HashMap<&str, u64> = HashMap::new();
         for e in &trail {
             match e.status {
@@ -1644,9 +1675,16 @@ impl Sandbox {
                         && e.mutation_class != Some(MutationClass::Rollback) =>
                 {
                     match self.root_of(&e.target_path) {
-                        None => elsewhere_writes.push(e),
+                        None => {}
                         Some(i) if e.seq > pruned_up_to || !pruned_root(i) => {
                             written.insert(&e.action_id, (e.seq, &e.target_path));
+                        }
+                        Some(_) if opts.action_id.as_deref().is_none_or(|a| a == e.action_id) => {
+                            pruned.push(format!(
+                                "{} ({})",
+                                shown_path(&e.action_id),
+                                shown_path(&e.target_path)
+                            ));
                         }
                         Some(_) => {}
                     }
@@ -1664,16 +1702,7 @@ impl Sandbox {
         };
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
-        let mut elsewhere: Vec<&str> = elsewhere_writes
-            .iter()
-            .filter(|e| {
-                opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
-                    && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
-            })
-            .map(|e| e.action_id.as_str())
-            .collect();
-        elsewhere.sort_unstable();
-        elsewhere.dedup();
+        let elsewhere = self.unreachable_writes(&trail, opts.action_id.as_deref());
         if !elsewhere.is_empty() {
             let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
             return Err((
@@ -1778,7 +1807,7 @@ impl Sandbox {
                 ));
             }
         }
-        Ok(snaps
+        let chosen = snaps
             .into_iter()
             .filter(|(_, s)| {
                 opts.action_id
@@ -1790,7 +1819,8 @@ impl Sandbox {
                 s.restored |= is_undone(&s.meta.action_id);
                 (i, s)
             })
-            .collect())
+            .collect();
+        Ok((chosen, pruned))
     }
 
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
@@ -1842,8 +1872,8 @@ impl Sandbox {
             .filter(|(_, s)| s.restored)
             .flat_map(|(i, s)| s.left_dirs.iter().map(|d| (*i, d.clone())))
             .collect();
-        let mut chosen = match self.rollback_selection(workflow_id, snaps, opts) {
-            Ok(chosen) => chosen,
+        let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
+            Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
         };
         let what = match &opts.action_id {
@@ -2056,6 +2086,15 @@ impl Sandbox {
                 Some(ReasonCode::IoError),
                 Some(format!(
                     "the files were restored, but the audit trail could not record it ({e}); it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
+                )),
+            ),
+            // Done, yet not everything the workflow wrote is back as it was: say so.
+            (None, None) if !pruned.is_empty() => (
+                None,
+                Some(format!(
+                    "{} earlier write(s) were pruned (prune --older-than) and cannot be rolled back; those files stay as they are: {}",
+                    pruned.len(),
+                    pruned.join(", ")
                 )),
             ),
             (None, None) => (None, None),

@@ -490,6 +490,54 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(!root2.join("there.txt").exists());
 }
 
+/// A rollback after a prune says which writes it could not undo, so that "rolled back"
+/// is not taken for "as before the workflow": here a prune made with one of two roots
+/// removed that root's snapshots, and the rollback with both restores the other's.
+#[test]
+fn a_rollback_names_the_writes_a_prune_made_irreversible() {
+    let w = World::new();
+    let (root2, both) = two_roots(&w);
+    let sb = w.open(both);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": root2.join("two.txt").display().to_string(), "content": "2"}]}),
+    );
+    drop(sb);
+    w.clock.advance(chrono::Duration::days(10));
+    let week = std::time::Duration::from_secs(7 * 86_400);
+    assert_eq!(w.sandbox().prune(week).unwrap().workflows_pruned, ["wf_m"]);
+    let (_, both) = two_roots(&w);
+    let sb = w.open(both);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [{"action_id": "b1", "intent": "create_file", "path": "three.txt", "content": "3"}]}),
+    );
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!((rb.steps_rolled_back, rb.reason_code), (2, None));
+    let reason = rb.reason.unwrap();
+    assert!(
+        reason.contains("1 earlier write(s) were pruned"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("'a1'") && !reason.contains("'a2'"),
+        "{reason}"
+    );
+    assert!(!w.path("three.txt").exists());
+    assert!(!root2.join("two.txt").exists());
+    assert!(w.path("one.txt").exists(), "pruned: stays");
+    // Nothing pruned, nothing said.
+    run(
+        &sb,
+        json!({"workflow_id": "wf_n", "actions": [{"intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    let rb = sb.rollback_workflow("wf_n", &RollbackOptions::default());
+    assert_eq!((rb.status, rb.reason), ("rolled_back", None));
+}
+
 fn first_action(w: &World, wf: &str) -> String {
     std::fs::read_dir(w.root.join(format!(".rollback/{wf}")))
         .unwrap()
