@@ -793,3 +793,68 @@ fn a_write_past_the_file_size_limit_fails_cleanly() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// A state directory that is a bind mount of a folder inside a root (two volume mounts
+/// of one host directory, say) is apart from the root by every path, yet the same
+/// directory: actions are refused there (`reserved_path`), and nothing is written.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_state_directory_mounted_inside_a_root_is_never_written() {
+    let e = env();
+    let sub = e.root.join("sub");
+    std::fs::create_dir_all(&e.root).unwrap();
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&sub)
+        .unwrap();
+    let state = e.dir.join("mounted-state");
+    std::fs::create_dir(&state).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_mount", "actions": [
+            {"intent": "create_file", "path": "sub/x.txt", "content": "x"},
+            {"intent": "replace_file", "path": "sub/artifacts.jsonl", "content": ""}]}),
+    );
+    let bin = assert_cmd::cargo::cargo_bin("ailab-sandbox");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$1\" \"$2\" || exit 97; shift 2; exec \"$@\"")
+        .arg("sh")
+        .arg(&sub)
+        .arg(&state)
+        .arg(&bin)
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .output();
+    let out = match out {
+        Ok(o) if o.status.code() != Some(97) && o.status.code().is_some() => o,
+        _ => {
+            eprintln!("no private mount namespace here: skipped");
+            return;
+        }
+    };
+    if String::from_utf8_lossy(&out.stderr).contains("unshare:") {
+        eprintln!("no private mount namespace here: skipped");
+        return;
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = json_out(&out);
+    assert_eq!(run["status"], "blocked", "{run}");
+    for a in run["actions"].as_array().unwrap() {
+        assert_eq!(a["reason_code"], "reserved_path", "{a}");
+    }
+    assert!(!sub.join("x.txt").exists());
+    // The runtime's files were made in the folder, through the mount, and left alone.
+    let registry = std::fs::read(sub.join("artifacts.jsonl")).unwrap_or_default();
+    assert!(registry.is_empty());
+    assert!(sub.join("sandbox_audit.jsonl").exists());
+}

@@ -448,6 +448,34 @@ impl Sandbox {
         if state.path() != config.state_dir {
             state_dir_outside(state.path(), &roots)?;
         }
+        let state_ids = state
+            .dir_ids()
+            .map_err(Error::io("look at the state directory"))?;
+        let root_ids: Vec<((u64, u64), String)> = roots
+            .iter()
+            .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
+            .collect();
+        for (i, root) in roots.iter_mut().enumerate() {
+            if state_ids.contains(&root.id()) {
+                return Err(Error::Config(crate::config::ConfigError(format!(
+                    "root {} is the state directory {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
+                    root.path().display(),
+                    state.path().display()
+                ))));
+            }
+            let mut reserved: Vec<((u64, u64), String)> = state_ids
+                .iter()
+                .map(|id| (*id, "the runtime's state directory".to_owned()))
+                .collect();
+            reserved.extend(
+                root_ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, r)| r.clone()),
+            );
+            root.reserve(reserved);
+        }
         for root in &roots {
             if let Some(inside) = lies_inside(root.path(), state.path()) {
                 return Err(Error::Config(crate::config::ConfigError(format!(

@@ -113,6 +113,8 @@ pub struct SandboxRoot {
     /// The same for every directory the root was reached through, `/` first: where the
     /// root really lies, whatever symlinks its configured path names.
     ancestry: Vec<(u64, u64)>,
+    /// Directories never reached through this root (see [`SandboxRoot::reserve`]).
+    reserved: Vec<((u64, u64), String)>,
 }
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
@@ -156,6 +158,7 @@ impl SandboxRoot {
             dir,
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,
+            reserved: Vec::new(),
         })
     }
 
@@ -515,7 +518,7 @@ impl SandboxRoot {
 
     fn descend(&self, dir: &Dir, comps: &[String]) -> Verdict<Dir> {
         let name = comps.last().map_or("", String::as_str);
-        dir.open_dir_nofollow(name).map_err(|e| {
+        let opened = dir.open_dir_nofollow(name).map_err(|e| {
             // The component was a real directory a moment ago: a failure to open it
             // without following links means it was swapped, most likely for a symlink.
             if e.kind() == io::ErrorKind::NotADirectory || is_escape_error(&e) {
@@ -523,7 +526,35 @@ impl SandboxRoot {
             } else {
                 io_refusal("open directory", comps, &e)
             }
-        })
+        })?;
+        if !self.reserved.is_empty() {
+            let m = opened
+                .dir_metadata()
+                .map_err(|e| io_refusal("open directory", comps, &e))?;
+            if let Some((_, what)) = self
+                .reserved
+                .iter()
+                .find(|(id, _)| *id == (m.dev(), m.ino()))
+            {
+                return Err(Refusal::new(
+                    ReasonCode::ReservedPath,
+                    format!(
+                        "{} is {what}, mounted into this root; actions never reach it through another root",
+                        shown_path(&comps.join("/"))
+                    ),
+                ));
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Makes the directories `ids` (`(st_dev, st_ino)`, each with what it is: the state
+    /// directory and its folders, the other roots) unreachable beneath this root. Paths
+    /// tell a directory inside a root from the state directory or another root, but not
+    /// a bind mount of one into the other: the identity of every directory an action
+    /// passes through does.
+    pub fn reserve(&mut self, ids: Vec<((u64, u64), String)>) {
+        self.reserved = ids;
     }
 
     pub(crate) fn map_open_error(&self, rel: &RelPath, e: io::Error) -> Refusal {

@@ -98,6 +98,15 @@ impl StateDir {
             .collect()
     }
 
+    /// The `(st_dev, st_ino)` of the directory and of its folders.
+    pub fn dir_ids(&self) -> io::Result<Vec<(u64, u64)>> {
+        use cap_std::fs::MetadataExt as _;
+        [&self.dirs.top, &self.dirs.locks, &self.dirs.inflight]
+            .into_iter()
+            .map(|d| d.dir_metadata().map(|m| (m.dev(), m.ino())))
+            .collect()
+    }
+
     /// Its path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -976,3 +976,40 @@ fn batched_syncs_are_shared_by_concurrent_callers() {
     let made = sync.syncs_made();
     assert!((1..=40).contains(&made), "{made} syncs for 40 calls");
 }
+
+/// A directory reserved by identity (the state directory, mounted into a root where no
+/// path says so) is never passed through: not for a write, a read or a listing, and
+/// not under another name (a second mount, or a rename, keeps the identity).
+#[test]
+fn a_reserved_directory_is_unreachable_under_any_name() {
+    let mut fx = fx();
+    mkdir_755(&fx.root_path.join("state"));
+    fs::write(fx.root_path.join("state/seal.key"), b"k").unwrap();
+    let m = fs::metadata(fx.root_path.join("state")).unwrap();
+    fx.root
+        .reserve(vec![((m.dev(), m.ino()), "the state directory".to_owned())]);
+    for name in ["state", "renamed"] {
+        let code = |r: Result<(), ailab_sandbox_core::Refusal>| r.unwrap_err().reason_code;
+        let p = format!("{name}/x.txt");
+        assert_eq!(write_code(&fx, &p), ReasonCode::ReservedPath, "{p}");
+        assert_eq!(inspect_code(&fx, &p), ReasonCode::ReservedPath, "{p}");
+        let key = rel(&format!("{name}/seal.key"));
+        assert_eq!(
+            code(fx.root.read_file(&key, 10).map(drop)),
+            ReasonCode::ReservedPath
+        );
+        assert_eq!(
+            code(fx.root.list_dir(Some(&rel(name))).map(drop)),
+            ReasonCode::ReservedPath
+        );
+        if name == "state" {
+            fs::rename(fx.root_path.join("state"), fx.root_path.join("renamed")).unwrap();
+        }
+    }
+    assert!(!fx.root_path.join("renamed/x.txt").exists());
+    // Other directories are as before.
+    mkdir_755(&fx.root_path.join("d"));
+    fx.root
+        .write_atomic(&rel("d/x.txt"), b"ok", FILE_MODE, false, false)
+        .unwrap();
+}
