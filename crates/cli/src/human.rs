@@ -41,7 +41,7 @@ fn short(sum: Option<&str>) -> String {
     sum.map_or("-".to_owned(), |s| s.chars().take(12).collect())
 }
 
-pub fn ops() {
+pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
     out!(
         "{:<18} {:<10} {:<28} {:>9} {:<7} governed",
         "OPERATION",
@@ -51,14 +51,12 @@ pub fn ops() {
         "RISK"
     );
     for o in &OPERATIONS {
-        let ext = if o.extensions.is_empty() {
-            if o.is_directory() {
-                "-".to_owned()
-            } else {
-                "(all allowed)".to_owned()
-            }
+        let ext = if o.is_directory() {
+            "-".to_owned()
+        } else if o.extensions.is_empty() {
+            "(all allowed)".to_owned()
         } else {
-            o.extensions.join(" ")
+            ailab_sandbox_core::catalog::writable_extensions(o, policy).join(" ")
         };
         out!(
             "{:<18} {:<10} {:<28} {:>9} {:<7} {}",

@@ -12,7 +12,7 @@ macro_rules! out {
 
 mod human;
 
-use ailab_sandbox_core::catalog::OPERATIONS;
+use ailab_sandbox_core::catalog::{OPERATIONS, writable_extensions};
 use ailab_sandbox_core::config::{Config, Overrides, RawConfig, env as envvars};
 use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
@@ -315,10 +315,10 @@ fn check_workflow_filter(workflow: Option<&str>) -> Result<(), Refusal> {
 }
 
 fn run(cli: Cli) -> Result<u8> {
-    if let Command::Ops = cli.command {
-        return ops(cli.json);
-    }
     let config = load_config(&cli)?;
+    if let Command::Ops = cli.command {
+        return ops(&config, cli.json);
+    }
     if let Command::Serve { .. } = cli.command {
         return serve(config);
     }
@@ -570,19 +570,20 @@ fn read_plan(plan: &str) -> Result<Vec<u8>> {
 struct OpView {
     name: &'static str,
     mutation_class: ailab_sandbox_core::catalog::MutationClass,
-    extensions: &'static [&'static str],
+    extensions: Vec<String>,
     max_size_bytes: Option<u64>,
     risk_level: ailab_sandbox_core::catalog::RiskLevel,
     requires_governance: bool,
 }
 
-fn ops(json: bool) -> Result<u8> {
+/// The catalog, with the extensions each operation may write under the configured lists.
+fn ops(config: &Config, json: bool) -> Result<u8> {
     let view: Vec<OpView> = OPERATIONS
         .iter()
         .map(|o| OpView {
             name: o.name,
             mutation_class: o.mutation_class,
-            extensions: o.extensions,
+            extensions: writable_extensions(o, &config.extensions),
             max_size_bytes: o.max_size_bytes,
             risk_level: o.risk_level,
             requires_governance: o.requires_governance,
@@ -591,7 +592,7 @@ fn ops(json: bool) -> Result<u8> {
     if json {
         print_json(&view)?;
     } else {
-        human::ops();
+        human::ops(&config.extensions);
     }
     Ok(EXIT_OK)
 }

@@ -87,6 +87,37 @@ fn ops_lists_the_eleven_operations() {
     assert_eq!(script["requires_governance"], true);
     assert_eq!(script["extensions"], json!([".py", ".sh"]));
     assert_eq!(script["max_size_bytes"], 1048576);
+    let op = |v: &Value, name: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == name)
+            .unwrap()["extensions"]
+            .clone()
+    };
+    // What each may write under the lists in force: the allow-list for a file operation
+    // without a list of its own, nothing for a directory operation.
+    let all = op(&v, "create_file");
+    assert_eq!(all.as_array().unwrap().len(), 25, "{all}");
+    assert_eq!(op(&v, "create_directory"), json!([]));
+    let config = e.dir.join("c.toml");
+    std::fs::write(
+        &config,
+        "[extensions]\nallowed = [\".md\", \".json\", \".sh\"]\nblocked = [\".sh\"]\n",
+    )
+    .unwrap();
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&config)
+        .args(["--json", "ops"])
+        .output()
+        .unwrap();
+    let v = json_out(&out);
+    assert_eq!(op(&v, "create_file"), json!([".md", ".json"]));
+    // .py is not on the allow-list, .sh is blocked: nothing left.
+    assert_eq!(op(&v, "generate_script"), json!([]));
+    assert_eq!(op(&v, "write_json"), json!([".json"]));
 }
 
 #[test]

@@ -291,6 +291,23 @@ pub fn is_allowed_operation(
     Ok(())
 }
 
+/// The extensions `op` may write under `policy`: its own list, or the allow-list when it
+/// has none, less what the policy refuses; empty for a directory operation.
+pub fn writable_extensions(op: &Operation, policy: &ExtensionPolicy) -> Vec<String> {
+    if op.is_directory() {
+        return Vec::new();
+    }
+    let candidates: Vec<String> = if op.extensions.is_empty() {
+        policy.allowed().to_vec()
+    } else {
+        op.extensions.iter().map(|e| (*e).to_owned()).collect()
+    };
+    candidates
+        .into_iter()
+        .filter(|e| policy.check(e).is_ok())
+        .collect()
+}
+
 pub(crate) fn shown_ext(ext: &str) -> String {
     if ext.is_empty() {
         "a name without extension".to_owned()
