@@ -1206,7 +1206,11 @@ impl Sandbox {
         let mut workflows: Vec<&str> = missing.iter().map(|a| a.workflow_id.as_str()).collect();
         workflows.sort_unstable();
         workflows.dedup();
-        for wf in workflows {
+        // An id no run could have (a registry edited by hand) names no lock either.
+        for wf in workflows
+            .into_iter()
+            .filter(|w| crate::plan::is_valid_id(w))
+        {
             drop(
                 self.state
                     .lock(&format!("wf-{wf}"))
