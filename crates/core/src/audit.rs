@@ -800,15 +800,23 @@ pub(crate) fn with_unlogged(report: VerifyReport, missing: &[ArtifactEntry]) -> 
     }
 }
 
-/// The `(workflow_id, action_id)` of writes an audit log records.
-pub type Writes = std::collections::HashSet<(String, String)>;
+/// The actions, by workflow, that an audit log records as having written.
+pub type Writes = std::collections::HashMap<String, std::collections::HashSet<String>>;
+
+/// Whether `logged` records the write that registered `artifact`.
+pub fn records(logged: &Writes, artifact: &ArtifactEntry) -> bool {
+    logged
+        .get(&artifact.workflow_id)
+        .is_some_and(|actions| actions.contains(&artifact.action_id))
+}
 
 /// The actions the complete lines of `bytes` record as having changed a file, or tried
 /// to: succeeded, failed (a failure after the registry line leaves its artifact behind,
 /// see `Sandbox::audit_verify`) or rolled back. Blocked and simulated actions register
 /// nothing.
 pub fn writes_in(bytes: &[u8]) -> Writes {
-    crate::journal::lines(bytes)
+    let mut out = Writes::new();
+    for e in crate::journal::lines(bytes)
         .filter_map(|line| serde_json::from_slice::<SandboxAuditEntry>(line).ok())
         .filter(|e| {
             matches!(
@@ -816,8 +824,10 @@ pub fn writes_in(bytes: &[u8]) -> Writes {
                 AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
             )
         })
-        .map(|e| (e.workflow_id, e.action_id))
-        .collect()
+    {
+        out.entry(e.workflow_id).or_default().insert(e.action_id);
+    }
+    out
 }
 
 /// [`AuditLog::verify`] for the state directory at `state_dir`, writing nothing: no
@@ -845,7 +855,7 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     let logged = writes_in(&log);
     let missing: Vec<ArtifactEntry> = crate::journal::lines(&registered)
         .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
-        .filter(|a| !logged.contains(&(a.workflow_id.clone(), a.action_id.clone())))
+        .filter(|a| !records(&logged, a))
         .collect();
     Ok(with_unlogged(report, &missing))
 }

@@ -1192,12 +1192,10 @@ impl Sandbox {
         if !report.ok || !self.durable() {
             return Ok(report);
         }
-        let unlogged = |logged: &crate::audit::Writes| {
-            self.registry
-                .find(|a| !logged.contains(&(a.workflow_id.clone(), a.action_id.clone())))
-                .map_err(Error::io("read the artifact registry"))
-        };
-        let mut missing = unlogged(&logged)?;
+        let mut missing = self
+            .registry
+            .find(|a| !crate::audit::records(&logged, a))
+            .map_err(Error::io("read the artifact registry"))?;
         if missing.is_empty() {
             return Ok(report);
         }
@@ -1224,7 +1222,7 @@ impl Sandbox {
         if !report.ok {
             return Ok(report);
         }
-        missing.retain(|a| !logged.contains(&(a.workflow_id.clone(), a.action_id.clone())));
+        missing.retain(|a| !crate::audit::records(&logged, a));
         Ok(crate::audit::with_unlogged(report, &missing))
     }
 
@@ -1627,37 +1625,6 @@ impl Sandbox {
         }
     }
 
-    /// The actions of `trail` (of `action` only, when given) that wrote into a root this
-    /// process is not configured with and are not undone since: neither a rollback nor a
-    /// prune from here can reach their snapshots.
-    fn unreachable_writes<'a>(
-        &self,
-        trail: &'a [SandboxAuditEntry],
-        action: Option<&str>,
-    ) -> Vec<&'a str> {
-        let mut undone: HashMap<&str, u64> = HashMap::new();
-        for e in trail {
-            if e.status == AuditStatus::RolledBack {
-                undone.insert(&e.action_id, e.seq);
-            }
-        }
-        let mut out: Vec<&str> = trail
-            .iter()
-            .filter(|e| {
-                e.status == AuditStatus::Success
-                    && e.rollback_available
-                    && e.mutation_class != Some(MutationClass::Rollback)
-                    && action.is_none_or(|a| a == e.action_id)
-                    && self.root_of(&e.target_path).is_none()
-                    && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
-            })
-            .map(|e| e.action_id.as_str())
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
-    }
-
     /// The snapshots a rollback of the workflow (or of `opts.action_id`) would restore,
     /// each marked restored when its mark or the trail says so, or why the rollback is
     /// refused before restoring anything: judged from the audit trail, the prune record
@@ -1698,7 +1665,8 @@ impl Sandbox {
         // Writes that must have a snapshot here, and writes into a root this process is not
         // configured with; those a prune removed need neither.
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
-        let mut pruned: Vec<String> = Vec::new();
+        let mut elsewhere_writes: Vec<&SandboxAuditEntry> = Vec::new();
+        let mut pruned_writes: Vec<&SandboxAuditEntry> = Vec::new();
         let mut undone: HashMap<&str, u64> = HashMap::new();
         for e in &trail {
             match e.status {
@@ -1707,18 +1675,11 @@ impl Sandbox {
                         && e.mutation_class != Some(MutationClass::Rollback) =>
                 {
                     match self.root_of(&e.target_path) {
-                        None => {}
+                        None => elsewhere_writes.push(e),
                         Some(i) if e.seq > pruned_up_to || !pruned_root(i) => {
                             written.insert(&e.action_id, (e.seq, &e.target_path));
                         }
-                        Some(_) if opts.action_id.as_deref().is_none_or(|a| a == e.action_id) => {
-                            pruned.push(format!(
-                                "{} ({})",
-                                shown_path(&e.action_id),
-                                shown_path(&e.target_path)
-                            ));
-                        }
-                        Some(_) => {}
+                        Some(_) => pruned_writes.push(e),
                     }
                 }
                 AuditStatus::RolledBack => {
@@ -1732,9 +1693,31 @@ impl Sandbox {
                 .get(action)
                 .is_some_and(|(w, _)| undone.get(action).is_some_and(|u| u > w))
         };
+        // Of the writes kept apart above, those asked for and not undone since.
+        let in_place = |e: &SandboxAuditEntry| {
+            opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
+                && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
+        };
+        let pruned: Vec<String> = pruned_writes
+            .into_iter()
+            .filter(|e| in_place(e))
+            .map(|e| {
+                format!(
+                    "{} ({})",
+                    shown_path(&e.action_id),
+                    shown_path(&e.target_path)
+                )
+            })
+            .collect();
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
-        let elsewhere = self.unreachable_writes(&trail, opts.action_id.as_deref());
+        let mut elsewhere: Vec<&str> = elsewhere_writes
+            .into_iter()
+            .filter(|e| in_place(e))
+            .map(|e| e.action_id.as_str())
+            .collect();
+        elsewhere.sort_unstable();
+        elsewhere.dedup();
         if !elsewhere.is_empty() {
             let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
             return Err((

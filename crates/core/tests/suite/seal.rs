@@ -502,8 +502,18 @@ fn a_rollback_names_the_writes_a_prune_made_irreversible() {
         &sb,
         json!({"workflow_id": "wf_m", "actions": [
             {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
-            {"action_id": "a2", "intent": "create_file", "path": root2.join("two.txt").display().to_string(), "content": "2"}]}),
+            {"action_id": "a2", "intent": "create_file", "path": root2.join("two.txt").display().to_string(), "content": "2"},
+            {"action_id": "a3", "intent": "create_file", "path": "four.txt", "content": "4"}]}),
     );
+    // Undone before the prune: nothing of it stays, so nothing is said of it.
+    let one = sb.rollback_workflow(
+        "wf_m",
+        &RollbackOptions {
+            action_id: Some("a3".to_owned()),
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(one.status, "rolled_back", "{one:?}");
     drop(sb);
     w.clock.advance(chrono::Duration::days(10));
     let week = std::time::Duration::from_secs(7 * 86_400);
@@ -526,6 +536,7 @@ fn a_rollback_names_the_writes_a_prune_made_irreversible() {
         reason.contains("'a1'") && !reason.contains("'a2'"),
         "{reason}"
     );
+    assert!(!reason.contains("'a3'"), "{reason}");
     assert!(!w.path("three.txt").exists());
     assert!(!root2.join("two.txt").exists());
     assert!(w.path("one.txt").exists(), "pruned: stays");
