@@ -13,7 +13,7 @@ macro_rules! out {
 mod human;
 
 use ailab_sandbox_core::catalog::{OPERATIONS, writable_extensions};
-use ailab_sandbox_core::config::{Config, Overrides, RawConfig, env as envvars};
+use ailab_sandbox_core::config::{Config, ConfigError, Overrides, RawConfig, env as envvars};
 use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use ailab_sandbox_core::{ReasonCode, Refusal, Sandbox};
@@ -192,16 +192,106 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 fn main() -> ExitCode {
     ailab_sandbox_core::confine::root::use_spec_creation_modes();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
+    let json = cli.json;
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {}", human::safe(&format!("{e:#}")));
+            let reason = human::safe(&format!("{e:#}"));
+            if json {
+                out!(
+                    "{}",
+                    serde_json::json!({"reason_code": failure_code(&e), "reason": reason})
+                );
+            }
+            eprintln!("error: {reason}");
             ExitCode::from(EXIT_USAGE)
         }
     }
+}
+
+/// Codes of the CLI itself for a command that could not run at all (exit 2), printed with
+/// `--json` as `{"reason_code", "reason"}` like any refusal.
+mod codes {
+    /// Unknown subcommand or flag, a missing or malformed argument.
+    pub const INVALID_USAGE: &str = "invalid_usage";
+    /// The configuration (flags, `AI_LAB_*` variables, config file) cannot be used.
+    pub const INVALID_CONFIG: &str = "invalid_config";
+}
+
+/// A plan file or standard input that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {what}: {cause}")]
+struct UnreadablePlan {
+    what: String,
+    cause: std::io::Error,
+}
+
+fn failure_code(e: &anyhow::Error) -> &'static str {
+    use ailab_sandbox_core::Error as E;
+    for cause in e.chain() {
+        if let Some(e) = cause.downcast_ref::<E>() {
+            return match e {
+                E::Io { .. } | E::StateDir { .. } => ReasonCode::IoError.as_str(),
+                E::Config(_)
+                | E::NoUsableRoot { .. }
+                | E::RootsOverlap { .. }
+                | E::StateDirInsideRoot { .. } => codes::INVALID_CONFIG,
+            };
+        }
+        if cause.is::<ConfigError>() {
+            return codes::INVALID_CONFIG;
+        }
+        if let Some(e) = cause.downcast_ref::<ailab_sandbox_http::ServeError>() {
+            use ailab_sandbox_http::ServeError as S;
+            if matches!(
+                e,
+                S::InvalidAddr { .. }
+                    | S::PublicWithoutToken { .. }
+                    | S::EmptyToken
+                    | S::ShortToken
+                    | S::ZeroBodyLimit
+            ) {
+                return codes::INVALID_CONFIG;
+            }
+        }
+        if cause.is::<UnreadablePlan>() {
+            return ReasonCode::InvalidPlan.as_str();
+        }
+    }
+    ReasonCode::IoError.as_str()
+}
+
+/// Help and version print as clap prints them; any other parse error is a usage error, in
+/// JSON when `--json` is among the arguments (it could not be parsed with the rest).
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) || !std::env::args_os().any(|a| a == "--json")
+    {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let reason = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ");
+    out!(
+        "{}",
+        serde_json::json!({"reason_code": codes::INVALID_USAGE, "reason": human::safe(reason)})
+    );
+    eprintln!("{}", text.trim_end());
+    ExitCode::from(EXIT_USAGE)
 }
 
 /// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action
@@ -315,7 +405,7 @@ fn check_workflow_filter(workflow: Option<&str>) -> Result<(), Refusal> {
 }
 
 fn run(cli: Cli) -> Result<u8> {
-    let config = load_config(&cli)?;
+    let config = load_config(&cli).map_err(|e| ConfigError(format!("{e:#}")))?;
     if let Command::Ops = cli.command {
         return ops(&config, cli.json);
     }
@@ -558,11 +648,17 @@ fn read_plan(plan: &str) -> Result<Vec<u8>> {
         let mut b = Vec::new();
         std::io::stdin()
             .read_to_end(&mut b)
-            .context("cannot read the plan from standard input")?;
+            .map_err(|cause| UnreadablePlan {
+                what: "the plan from standard input".into(),
+                cause,
+            })?;
         return Ok(b);
     }
     #[allow(clippy::disallowed_methods)]
-    let bytes = std::fs::read(plan).with_context(|| format!("cannot read plan file {plan}"))?;
+    let bytes = std::fs::read(plan).map_err(|cause| UnreadablePlan {
+        what: format!("plan file {plan}"),
+        cause,
+    })?;
     Ok(bytes)
 }
 

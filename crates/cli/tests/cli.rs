@@ -402,7 +402,9 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(args[1]), "{args:?}: {err}");
-        assert!(out.stdout.is_empty(), "{args:?}");
+        let doc = json_out(&out);
+        assert_eq!(doc["reason_code"], json!("invalid_usage"), "{args:?}");
+        assert!(doc["reason"].as_str().unwrap().contains(args[1]), "{doc}");
     }
 }
 
@@ -486,6 +488,48 @@ fn unusable_settings_are_named_not_ignored() {
         .map(|d| d.unwrap().file_name())
         .collect();
     assert!(made.is_empty(), "nothing created: {made:?}");
+}
+
+#[test]
+fn with_json_a_command_that_cannot_run_says_why_in_json() {
+    let e = env();
+    std::fs::write(e.dir.join("file"), "").unwrap();
+    let says = |c: &mut Command, code: &str| {
+        let out = c.current_dir(&e.dir).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{code}");
+        let doc = json_out(&out);
+        assert_eq!(doc["reason_code"], json!(code), "{doc}");
+        let reason = doc["reason"].as_str().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "stderr says it too: {err}");
+    };
+    says(
+        e.cmd().args(["--json", "--bogus", "state"]),
+        "invalid_usage",
+    );
+    says(
+        e.cmd().args(["--json", "run", "missing.json"]),
+        "invalid_plan",
+    );
+    says(
+        e.cmd().args(["--json", "--phase", "", "state"]),
+        "invalid_config",
+    );
+    says(
+        e.cmd().args(["--json", "serve", "--addr", "0.0.0.0:1"]),
+        "invalid_config",
+    );
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(e.dir.join("file/state"))
+        .args(["--json", "state"]);
+    says(&mut c, "io_error");
+    let out = e.cmd().args(["--bogus", "state"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "without --json nothing on stdout");
 }
 
 #[test]
