@@ -25,7 +25,7 @@
 //! checksum) or a failed restore step, 404 on `no_rollback_data`, 400 on
 //! `invalid_id`, 422 on `outside_sandbox` (the workflow also wrote into a root this server
 //! is not configured with), with the rollback report as body. Every other error is a JSON
-//! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter),
+//! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter, or a query on a route that reads none),
 //! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403
 //! `forbidden_origin` / `forbidden_host`, 404 `not_found`, 405 `method_not_allowed`, 408
 //! `request_timeout`, 413 `payload_too_large`, 500 `io_error` / `internal_error`
@@ -207,19 +207,22 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         )),
         limit: body_limit_bytes.max(1),
     };
-    Router::new()
+    let without_query = Router::new()
         .route("/healthz", get(routes::healthz))
         .route("/metrics", get(routes::metrics))
         .route("/agentic/state", get(routes::state))
-        .route("/agentic/executions", get(routes::executions))
         .route("/agentic/executions/stats", get(routes::execution_stats))
-        .route("/agentic/artifacts", get(routes::artifacts))
         .route("/agentic/artifacts/{id}", get(routes::artifact))
         .route("/agentic/plans", post(routes::run_plan))
         .route(
             "/agentic/rollback/{workflow_id}",
             get(routes::rollback_info).post(routes::rollback),
         )
+        .route_layer(middleware::from_fn(routes::no_query));
+    Router::new()
+        .route("/agentic/executions", get(routes::executions))
+        .route("/agentic/artifacts", get(routes::artifacts))
+        .merge(without_query)
         .fallback(routes::not_found)
         .with_state(state)
         .layer(DefaultBodyLimit::disable())

@@ -309,6 +309,39 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiEr
         .into_response())
 }
 
+/// Refuses a query on a route that reads none: ignored, `?action_id=a2` on a rollback would
+/// undo the whole workflow, and `?dry_run=true` on a plan would write.
+pub(crate) async fn no_query(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let query = req.uri().query().unwrap_or_default();
+    if query.is_empty() {
+        return next.run(req).await;
+    }
+    let shown: String = query.chars().take(200).collect();
+    let hint = if req.method() == Method::POST && req.uri().path().starts_with("/agentic/rollback/")
+    {
+        ROLLBACK_BODY_HINT
+    } else if req.method() == Method::POST {
+        "send the plan as the JSON body; whether it writes is the server's configuration (enable_write, dry_run)"
+    } else {
+        "send the request without one"
+    };
+    ApiError::bad_request(format!(
+        "{} {} takes no query parameters, got '{}'; {hint}",
+        req.method(),
+        req.uri()
+            .path()
+            .chars()
+            .take(200)
+            .collect::<String>()
+            .escape_debug(),
+        shown.escape_debug()
+    ))
+    .into_response()
+}
+
 /// Any other path.
 pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
     let path: String = uri.path().chars().take(200).collect();

@@ -172,6 +172,55 @@ async fn bad_rollback_bodies_are_400() {
 }
 
 #[tokio::test]
+async fn a_query_on_a_route_that_reads_none_is_refused_not_ignored() {
+    let e = writable();
+    for (a, path) in [("a1", "one.txt"), ("a2", "two.txt")] {
+        let plan = json!({"workflow_id": "wf_q", "actions": [
+            {"action_id": a, "intent": "create_file", "path": path, "content": "x"}]});
+        assert_eq!(
+            post_json(&e.app, "/agentic/plans", &plan).await.status,
+            StatusCode::OK
+        );
+    }
+    // A caller who thinks the query names the action must not lose the whole workflow.
+    let v = post(&e.app, "/agentic/rollback/wf_q?action_id=a2", Body::empty())
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("action_id=a2") && reason.contains("\"action_id\""),
+        "{v}"
+    );
+    assert!(e.root.join("one.txt").exists() && e.root.join("two.txt").exists());
+    // Nor may a plan write while its caller asked for a dry run.
+    let plan = create_plan("wf_d", "three.txt", "x");
+    post_json(&e.app, "/agentic/plans?dry_run=true", &plan)
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(!e.root.join("three.txt").exists());
+    for uri in [
+        "/healthz?x",
+        "/agentic/state?verbose=1",
+        "/agentic/rollback/wf_q?force=true",
+    ] {
+        get(&e.app, uri)
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    // An empty query is no query.
+    assert_eq!(get(&e.app, "/agentic/state?").await.status, StatusCode::OK);
+    let mut body = post(&e.app, "/agentic/rollback/wf_q", r#"{"action_id": "a2"}"#).await;
+    assert_eq!(body.status, StatusCode::OK, "{}", body.text());
+    body = get(&e.app, "/agentic/executions?workflow_id=wf_q").await;
+    assert_eq!(
+        body.status,
+        StatusCode::OK,
+        "list routes keep their queries"
+    );
+    assert!(e.root.join("one.txt").exists() && !e.root.join("two.txt").exists());
+}
+
+#[tokio::test]
 async fn invalid_workflow_ids_in_the_path_are_400() {
     let e = writable();
     for id in ["-bad", "a%20b", "..", "%2E%2E", "a%2Fb", &"x".repeat(65)] {
