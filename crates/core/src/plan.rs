@@ -532,21 +532,71 @@ fn to_toml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             "a TOML document must be an object at the top",
         ));
     }
-    if contains_null(v) {
-        return Err(serialize_error("TOML", "TOML has no null"));
+    if let Some(why) = toml_problem(v, &mut String::new()) {
+        return Err(serialize_error("TOML", why));
     }
     toml::to_string(v)
         .map(String::into_bytes)
         .map_err(|e| serialize_error("TOML", e))
 }
 
-fn contains_null(v: &serde_json::Value) -> bool {
+/// What TOML cannot hold, and where: `at` is the path to `v` (`server.ports[2]`).
+fn toml_problem(v: &serde_json::Value, at: &mut String) -> Option<String> {
+    use serde_json::Value;
+    let shown = |at: &str| at.escape_debug().to_string();
     match v {
-        serde_json::Value::Null => true,
-        serde_json::Value::Array(a) => a.iter().any(contains_null),
-        serde_json::Value::Object(o) => o.values().any(contains_null),
-        _ => false,
+        Value::Null => Some(format!("'{}' is null, and TOML has no null", shown(at))),
+        // The writer would print it; every TOML reader refuses it.
+        Value::Number(n) if n.is_u64() && n.as_i64().is_none() => Some(format!(
+            "'{}' is {n}, and a TOML integer is at most {}",
+            shown(at),
+            i64::MAX
+        )),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            let len = at.len();
+            at.push_str(&format!("[{i}]"));
+            let found = toml_problem(item, at);
+            at.truncate(len);
+            found
+        }),
+        Value::Object(o) => o.iter().find_map(|(k, item)| {
+            let len = at.len();
+            if len > 0 {
+                at.push('.');
+            }
+            at.push_str(k);
+            let found = toml_problem(item, at);
+            at.truncate(len);
+            found
+        }),
+        _ => None,
     }
+}
+
+/// Why a key, section name or value would not read back as written, if it would not.
+/// Readers trim around names and values, take a line opening with `;` or `#` as a
+/// comment, and split a key at `=` or `:`.
+fn ini_problem(what: &str, text: &str) -> Option<String> {
+    let shown = text.escape_debug();
+    let value = what == "value";
+    let why = if text.contains(['\n', '\r']) {
+        "has a line break"
+    } else if text.trim() != text {
+        "starts or ends with white space, which readers drop"
+    } else if value {
+        return None;
+    } else if text.is_empty() {
+        "is empty"
+    } else if text.starts_with([';', '#']) {
+        "starts with ';' or '#', which readers take for a comment"
+    } else if what == "key" && text.contains(['=', ':', '[', ']']) {
+        "has '=', ':', '[' or ']', which readers take for syntax"
+    } else if text.contains(['[', ']']) {
+        "has '[' or ']', which readers take for syntax"
+    } else {
+        return None;
+    };
+    Some(format!("the {what} '{shown}' {why}"))
 }
 
 /// INI: top-level scalars as `key = value`, objects of scalars as `[section]`s.
@@ -567,15 +617,15 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             _ => {
                 return Err(serialize_error(
                     "INI",
-                    format!("'{key}' is nested too deep; INI holds sections of plain values"),
+                    format!(
+                        "'{}' is nested too deep; INI holds sections of plain values",
+                        key.escape_debug()
+                    ),
                 ));
             }
         };
-        if s.contains(['\n', '\r']) || key.contains(['\n', '\r', '=', '[', ']']) {
-            return Err(serialize_error(
-                "INI",
-                format!("'{key}' has a line break or reserved character"),
-            ));
+        if let Some(why) = ini_problem("key", key).or_else(|| ini_problem("value", &s)) {
+            return Err(serialize_error("INI", why));
         }
         Ok(format!("{key} = {s}\n"))
     };
@@ -585,11 +635,8 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
     }
     for (k, v) in top.iter() {
         if let Value::Object(section) = v {
-            if k.contains(['\n', '\r', '[', ']']) {
-                return Err(serialize_error(
-                    "INI",
-                    format!("section name '{k}' has a reserved character"),
-                ));
+            if let Some(why) = ini_problem("section name", k) {
+                return Err(serialize_error("INI", why));
             }
             if !out.is_empty() {
                 out.push('\n');

@@ -262,6 +262,70 @@ fn generate_config_toml_refuses_non_object() {
 }
 
 #[test]
+fn generate_config_refuses_data_that_would_not_read_back() {
+    let w = World::new();
+    for (path, data, names) in [
+        (
+            "c.toml",
+            json!({"a": 18446744073709551615_u64}),
+            "'a' is 18446744073709551615",
+        ),
+        (
+            "c.toml",
+            json!({"a": {"b": [1, 2, {"c": null}]}}),
+            "'a.b[2].c' is null",
+        ),
+        ("c.ini", json!({"s": {";k": "v"}}), "the key ';k'"),
+        ("c.ini", json!({"s": {"#k": "v"}}), "the key '#k'"),
+        ("c.ini", json!({"s": {"k:x": "v"}}), "the key 'k:x'"),
+        ("c.ini", json!({"s": {"": "v"}}), "the key '' is empty"),
+        (
+            "c.ini",
+            json!({"": {"k": "v"}}),
+            "the section name '' is empty",
+        ),
+        ("c.ini", json!({"s": {" k": "v"}}), "the key ' k'"),
+        ("c.ini", json!({"s": {"k": " v "}}), "the value ' v '"),
+        (
+            "c.ini",
+            json!({"k": "a\nb"}),
+            "the value 'a\\nb' has a line break",
+        ),
+        (
+            "c.ini",
+            json!({"[s]": {"k": "v"}}),
+            "the section name '[s]'",
+        ),
+    ] {
+        let r = one(
+            &w,
+            json!({"intent": "generate_config", "path": path, "data": data}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"), "{data}");
+        let reason = r.actions[0].reason.as_deref().unwrap();
+        assert!(reason.contains(names), "{data}: {reason}");
+        assert!(!w.path(path).exists(), "{data}");
+    }
+    // What INI and TOML can hold is written as given.
+    let r = one(
+        &w,
+        json!({"intent": "generate_config", "path": "c.toml",
+               "data": {"max": 9223372036854775807_i64, "min": -9223372036854775808_i64}}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    let back: toml::Value =
+        toml::from_str(std::str::from_utf8(&w.read("c.toml")).unwrap()).unwrap();
+    assert_eq!(back["max"].as_integer(), Some(i64::MAX));
+    let r = one(
+        &w,
+        json!({"intent": "generate_config", "path": "c.ini",
+               "data": {"s": {"a.b": "x;y # z", "k": null, "empty": ""}}}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    assert_eq!(w.read("c.ini"), b"[s]\na.b = x;y # z\nempty = \nk = \n");
+}
+
+#[test]
 fn generate_script_never_has_execute_bit() {
     let w = World::new();
     let r = one(
