@@ -257,6 +257,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut tree: HashMap<(usize, String), Virtual> = HashMap::new();
         let registered = self.registered_usage();
         let mut planned = Usage::default();
+        // Writes only the rate limit held back: they count against the budget of the
+        // actions after them, so a plan over both limits is told of the budget now rather
+        // than once its rate-limited part was sent again and written.
+        let mut held_back = Usage::default();
         let mut writes = 0u32;
         let tat = self.rate_tat();
         let now = sb.clock.now();
@@ -358,19 +362,28 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
                 if bytes.is_some() {
-                    check_budget(wf, &sb.config.limits, registered.clone()?, planned, size)?;
+                    let asked = Usage {
+                        artifacts: planned.artifacts + held_back.artifacts,
+                        bytes: planned.bytes + held_back.bytes,
+                    };
+                    check_budget(wf, &sb.config.limits, registered.clone()?, asked, size)?;
                 }
                 // Every write of the plan that gets this far counts, refused or not: the
                 // wait a refusal names is for all of them, so trying the plan again after
                 // it never comes too early, and a plan over the burst is named as such.
                 writes += 1;
-                check_rate(
+                let limited = check_rate(
                     wf,
                     sb.config.limits.writes_per_minute,
                     tat.clone()?,
                     now,
                     writes,
-                )?;
+                );
+                if limited.is_err() && bytes.is_some() {
+                    held_back.artifacts += 1;
+                    held_back.bytes += size;
+                }
+                limited?;
                 Ok(Prepared {
                     approval,
                     bytes,

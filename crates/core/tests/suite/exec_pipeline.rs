@@ -438,6 +438,31 @@ fn a_rate_limited_plans_wait_covers_all_its_writes() {
     );
 }
 
+/// A plan over both the rate limit and the artifact budget is told of the budget too: the
+/// writes the rate limit holds back would take the budget's room once sent again.
+#[test]
+fn a_plan_over_the_rate_limit_and_the_budget_is_told_of_both() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.max_artifacts_per_workflow = 15;
+    let sb = w.open(c);
+    let actions: Vec<_> = (0..20)
+        .map(|i| json!({"intent": "create_file", "path": format!("f{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"workflow_id": "wf_both", "actions": actions}));
+    assert_eq!(status(&r), "blocked");
+    let codes: Vec<_> = r.actions.iter().map(|a| a.reason_code).collect();
+    assert_eq!(codes[..10], [None; 10], "{:?}", r.actions);
+    assert_eq!(codes[10..15], [Some(ReasonCode::RateLimited); 5]);
+    assert_eq!(codes[15..], [Some(ReasonCode::BudgetArtifactsExceeded); 5]);
+    let reason = r.actions[15].reason.as_deref().unwrap();
+    assert!(
+        reason.contains("earlier actions of this plan add 15 more"),
+        "{reason}"
+    );
+    assert!(!w.path("f0.txt").exists(), "a blocked plan writes nothing");
+}
+
 #[test]
 fn rate_limit_holds_across_a_restart() {
     let w = World::new();
