@@ -355,6 +355,24 @@ impl ArtifactRegistry {
         })
     }
 
+    /// The newest artifact at an absolute path whose bytes hash to `checksum`: the one a
+    /// file holding those bytes is, when later writes to the path were rolled back. It is
+    /// looked for among the newest artifact's nearest ancestors only.
+    pub fn version_holding(&self, path: &str, checksum: &str) -> io::Result<Option<ArtifactEntry>> {
+        self.with(|ix| {
+            let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path);
+            // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
+            for _ in 0..64 {
+                let e = ix.at(cur?);
+                if e.path == path && e.checksum_sha256 == checksum {
+                    return Some(e.clone());
+                }
+                cur = ix.by_id(e.parent_artifact_id.as_deref()?);
+            }
+            None
+        })
+    }
+
     /// Every ancestor through `parent_artifact_id`, nearest first; cycle-safe; `[]` for
     /// an unknown id.
     pub fn get_lineage(&self, artifact_id: &str) -> io::Result<Vec<ArtifactEntry>> {

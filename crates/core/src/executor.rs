@@ -1119,17 +1119,10 @@ impl<'a> SandboxWriteExecutor<'a> {
             parent_workflow_id: self.plan.parent_workflow_id.clone(),
             parent_artifact_id: match &a.parent_artifact_id {
                 Some(p) => Some(p.clone()),
-                None => {
-                    let latest = sb.registry.latest_for_path(target).ok().flatten();
-                    let same_bytes = std::iter::successors(latest.clone(), |e| {
-                        let parent = e.parent_artifact_id.as_deref()?;
-                        sb.registry.get(parent).ok().flatten()
-                    })
-                    // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
-                    .take(64)
-                    .find(|e| e.path == target && Some(e.checksum_sha256.as_str()) == before);
-                    same_bytes.or(latest).map(|e| e.artifact_id)
-                }
+                None => before
+                    .and_then(|sum| sb.registry.version_holding(target, sum).ok().flatten())
+                    .or_else(|| sb.registry.latest_for_path(target).ok().flatten())
+                    .map(|e| e.artifact_id),
             },
             generated_by_action: format!("{}/{}", self.execution_id, a.id()),
             created_at: sb.now(),

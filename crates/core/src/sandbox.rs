@@ -365,7 +365,10 @@ pub struct FileInfo {
     pub size_bytes: Option<u64>,
     /// SHA-256 of a file of at most [`MAX_INFO_HASH_BYTES`]; larger files are not read.
     pub sha256: Option<String>,
-    /// The newest artifact at this path.
+    /// The artifact the file is: the newest at this path with the file's checksum (for a
+    /// file too large to hash, the newest at this path if its size agrees). `None` for a
+    /// path that is not a file, or a file that holds no registered version, e.g. one
+    /// changed by hand or whose writes were all rolled back.
     pub artifact_id: Option<String>,
 }
 
@@ -1137,12 +1140,6 @@ impl Sandbox {
         let abs = join_display(&self.root_paths[i], &rel)
             .display()
             .to_string();
-        let artifact_id = self
-            .registry
-            .latest_for_path(&abs)
-            .ok()
-            .flatten()
-            .map(|a| a.artifact_id);
         let (kind, size_bytes, sha256) = match entry {
             EntryKind::File { .. } => {
                 let (size, sum) = self.roots[i].hash_file(&rel, MAX_INFO_HASH_BYTES)?;
@@ -1153,6 +1150,18 @@ impl Sandbox {
             EntryKind::Symlink => ("symlink", None, None),
             EntryKind::Special => ("special", None, None),
         };
+        let artifact_id = match (&sha256, size_bytes) {
+            (Some(sum), _) => self.registry.version_holding(&abs, sum),
+            // Too large to hash here: the newest artifact, if the size agrees.
+            (None, Some(size)) => self
+                .registry
+                .latest_for_path(&abs)
+                .map(|a| a.filter(|a| a.size_bytes == size)),
+            (None, None) => Ok(None),
+        }
+        .ok()
+        .flatten()
+        .map(|a| a.artifact_id);
         Ok(FileInfo {
             path: path.to_owned(),
             kind,

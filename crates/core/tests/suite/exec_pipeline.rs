@@ -1026,3 +1026,42 @@ fn get_file_info_names_links_and_special_files_without_following_them() {
         err.reason
     );
 }
+
+/// `get_file_info` names the artifact the file holds, as the next write's lineage does: a
+/// rolled-back write's artifact stays registered, but no file is it any more.
+#[test]
+fn get_file_info_names_the_artifact_the_file_holds() {
+    use ailab_sandbox_core::sandbox::RollbackOptions;
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_i", "actions": [
+            {"action_id": "l1", "intent": "create_file", "path": "n.txt", "content": "1"},
+            {"action_id": "l2", "intent": "replace_file", "path": "n.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let art = |action: &str| {
+        r.actions
+            .iter()
+            .find(|a| a.action_id == action)
+            .unwrap()
+            .artifact_id
+            .clone()
+    };
+    let info = || sb.get_file_info("n.txt", None).unwrap();
+    assert_eq!(info().artifact_id, art("l2"));
+    let one = |action: &str| RollbackOptions {
+        action_id: Some(action.to_owned()),
+        force: false,
+    };
+    assert!(sb.rollback_workflow("wf_i", &one("l2")).is_success());
+    assert_eq!(w.read("n.txt"), b"1");
+    assert_eq!(info().artifact_id, art("l1"), "the file holds l1's bytes");
+    w.write("n.txt", b"by hand");
+    assert_eq!(info().artifact_id, None, "no registered version");
+    w.write("n.txt", b"1");
+    assert!(sb.rollback_workflow("wf_i", &one("l1")).is_success());
+    assert_eq!(info().kind, "missing");
+    assert_eq!(info().artifact_id, None);
+}
