@@ -1843,7 +1843,32 @@ impl Sandbox {
                 s.restored |= is_undone(&s.meta.action_id);
                 (i, s)
             })
-            .collect();
+            .collect::<RootedSnapshots>();
+        let what = || match &opts.action_id {
+            Some(a) => format!(
+                "action {} of workflow {}",
+                shown_path(a),
+                shown_path(workflow_id)
+            ),
+            None => format!("workflow {}", shown_path(workflow_id)),
+        };
+        if chosen.is_empty() {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "there are no snapshots for {}; nothing can be rolled back",
+                    what()
+                ),
+                Vec::new(),
+            ));
+        }
+        if chosen.iter().all(|(_, s)| s.restored) {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!("{} was already rolled back", what()),
+                Vec::new(),
+            ));
+        }
         Ok((chosen, pruned))
     }
 
@@ -1900,29 +1925,7 @@ impl Sandbox {
             Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
         };
-        let what = match &opts.action_id {
-            Some(a) => format!(
-                "action {} of workflow {}",
-                shown_path(a),
-                shown_path(workflow_id)
-            ),
-            None => format!("workflow {}", shown_path(workflow_id)),
-        };
-        if chosen.is_empty() {
-            return refused(
-                ReasonCode::NoRollbackData,
-                format!("there are no snapshots for {what}; nothing can be rolled back"),
-                Vec::new(),
-            );
-        }
         chosen.retain(|(_, s)| !s.restored);
-        if chosen.is_empty() {
-            return refused(
-                ReasonCode::NoRollbackData,
-                format!("{what} was already rolled back"),
-                Vec::new(),
-            );
-        }
         // Every target's lock, from the conflict check to the last restore: a writer
         // landing in between would meet the rollback half done.
         let _held = match self.lock_targets(chosen.iter().map(|(i, s)| (*i, s.meta.target()))) {

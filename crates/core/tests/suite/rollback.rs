@@ -116,6 +116,23 @@ fn conflict_is_refused_unless_forced() {
     );
     assert_eq!(rb.status, "rolled_back");
     assert_eq!(w.tree(), before);
+    // What GET says agrees with what POST then answers.
+    for (wf, says) in [
+        ("wf_five", "already rolled back"),
+        ("wf_never", "no snapshots"),
+    ] {
+        let info = sb.rollback_info(wf).unwrap();
+        assert!(!info.rollback_available, "{wf}");
+        assert_eq!(info.reason_code, Some(ReasonCode::NoRollbackData), "{wf}");
+        assert!(
+            info.reason.as_deref().unwrap().contains(says),
+            "{wf}: {info:?}"
+        );
+        let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{wf}");
+        assert_eq!(rb.reason, info.reason, "{wf}");
+    }
+    assert_eq!(sb.rollback_info("wf_five").unwrap().actions.len(), 5);
 }
 
 #[test]

@@ -149,6 +149,7 @@ async fn rollback_info_of_an_unknown_workflow_is_empty() {
     assert_eq!(v["workflow_id"], "wf_never");
     assert_eq!(v["rollback_available"], false);
     assert_eq!(v["actions"], json!([]));
+    assert_eq!(v["reason_code"], "no_rollback_data", "as POST answers");
 }
 
 #[tokio::test]
