@@ -417,6 +417,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
     let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
+    let plan_limit = config.max_body_bytes;
     let mut sandbox = match Sandbox::open(config) {
         Ok(s) => s,
         Err(e) if verify_only && e.is_unwritable() => {
@@ -436,7 +437,7 @@ fn run(cli: Cli) -> Result<u8> {
     let json = cli.json;
     match cli.command {
         Command::Run { plan } => {
-            let bytes = read_plan(&plan)?;
+            let bytes = read_plan(&plan, plan_limit)?;
             match sandbox.run_plan_json(&bytes) {
                 Ok(result) => {
                     if json {
@@ -642,23 +643,40 @@ fn named(ids: &[String]) -> String {
     }
 }
 
-/// The plan the operator names: a file (read anywhere, never written), or `-` for stdin.
-fn read_plan(plan: &str) -> Result<Vec<u8>> {
-    if plan == "-" {
-        let mut b = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut b)
-            .map_err(|cause| UnreadablePlan {
-                what: "the plan from standard input".into(),
-                cause,
-            })?;
-        return Ok(b);
-    }
-    #[allow(clippy::disallowed_methods)]
-    let bytes = std::fs::read(plan).map_err(|cause| UnreadablePlan {
-        what: format!("plan file {plan}"),
+/// The plan the operator names: a file (read anywhere, never written), or `-` for stdin;
+/// at most `limit` bytes (the server's body limit), so that `run /dev/zero` ends.
+fn read_plan(plan: &str, limit: usize) -> Result<Vec<u8>> {
+    let what = if plan == "-" {
+        "the plan from standard input".to_owned()
+    } else {
+        format!("plan file {plan}")
+    };
+    let unreadable = |cause| UnreadablePlan {
+        what: what.clone(),
         cause,
-    })?;
+    };
+    let source: Box<dyn Read> = if plan == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        // The operator's own input, opened for reading only (like the config file).
+        #[allow(clippy::disallowed_types)]
+        let file = std::fs::File::open(plan).map_err(unreadable)?;
+        Box::new(file)
+    };
+    let mut bytes = Vec::new();
+    source
+        .take(limit as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() > limit {
+        return Err(UnreadablePlan {
+            what,
+            cause: std::io::Error::other(format!(
+                "it is larger than {limit} bytes, the limit max_body_bytes sets"
+            )),
+        }
+        .into());
+    }
     Ok(bytes)
 }
 

@@ -511,6 +511,17 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         e.cmd().args(["--json", "run", "missing.json"]),
         "invalid_plan",
     );
+    // A plan larger than the body limit is not read to its end.
+    let cfg = e.dir.join("small.toml");
+    std::fs::write(&cfg, "[server]\nmax_body_bytes = 1024\n").unwrap();
+    let mut c = e.cmd();
+    c.arg("--config")
+        .arg(&cfg)
+        .args(["--json", "run", "/dev/zero"]);
+    says(&mut c, "invalid_plan");
+    let out = c.output().unwrap();
+    let reason = json_out(&out)["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains("larger than 1024 bytes"), "{reason}");
     says(
         e.cmd().args(["--json", "--phase", "", "state"]),
         "invalid_config",
