@@ -18,13 +18,45 @@ pub enum PermissionScope {
 /// The default phase: the sandbox write executor.
 pub const DEFAULT_PHASE: &str = "28.3";
 
-/// Tools that are shells in disguise: anything routed to them is forbidden.
-const SHELL_TOOLS: [&str; 6] = ["shell", "bash", "sh", "exec", "terminal", "run_command"];
+/// Tools that are shells or command runners: anything routed to them is forbidden.
+const SHELL_TOOLS: [&str; 22] = [
+    "shell",
+    "sh",
+    "bash",
+    "zsh",
+    "dash",
+    "ash",
+    "ksh",
+    "mksh",
+    "csh",
+    "tcsh",
+    "fish",
+    "busybox",
+    "pwsh",
+    "powershell",
+    "cmd",
+    "exec",
+    "terminal",
+    "run_command",
+    "command",
+    "subprocess",
+    "system",
+    "env",
+];
+
+/// Whether a tool name names a shell, however it is spelled: `/bin/bash`, `BASH `,
+/// `cmd.exe`, `C:\Windows\System32\cmd.exe`.
+fn is_shell_tool(tool: &str) -> bool {
+    let t = tool.trim().to_ascii_lowercase();
+    let name = t.rsplit(['/', '\\']).next().unwrap_or_default();
+    let name = name.strip_suffix(".exe").unwrap_or(name);
+    SHELL_TOOLS.contains(&name)
+}
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
 /// forbidden: secure by default.
 pub fn classify_permission_scope(intent: &str, tool: Option<&str>) -> PermissionScope {
-    if tool.is_some_and(|t| SHELL_TOOLS.contains(&t.to_ascii_lowercase().as_str())) {
+    if tool.is_some_and(is_shell_tool) {
         return PermissionScope::Forbidden;
     }
     if FORBIDDEN_INTENTS.contains(&intent) {

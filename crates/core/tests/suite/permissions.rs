@@ -108,7 +108,24 @@ fn classify_write_read_forbidden_and_unknown_intents() {
 
 #[test]
 fn shell_tools_make_any_intent_forbidden() {
-    for tool in ["shell", "BASH", "sh", "exec", "Terminal", "run_command"] {
+    for tool in [
+        "shell",
+        "BASH",
+        "sh",
+        "exec",
+        "Terminal",
+        "run_command",
+        "/bin/bash",
+        "bash ",
+        "zsh",
+        "dash",
+        "fish",
+        "pwsh",
+        "PowerShell",
+        "cmd.exe",
+        "C:\\Windows\\System32\\cmd.exe",
+        "/usr/bin/env",
+    ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
             Forbidden,
