@@ -144,9 +144,16 @@ pub fn new_execution_id() -> String {
 pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     // serde would also read a struct from a JSON array; a plan is an object.
     if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let bom = if json.starts_with(b"\xEF\xBB\xBF") {
+            " (it starts with a byte order mark, which JSON does not allow: save it as UTF-8 without one)"
+        } else {
+            ""
+        };
         return Err(Refusal::new(
             ReasonCode::InvalidPlan,
-            "the plan is not valid: it must be a JSON object with an \"actions\" array",
+            format!(
+                "the plan is not valid: it must be a JSON object with an \"actions\" array{bom}"
+            ),
         ));
     }
     let plan: Plan = serde_json::from_slice(json).map_err(|e| {
@@ -654,6 +661,16 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        let plan = b"\xEF\xBB\xBF{\"actions\": []}";
+        let why = parse_plan(plan).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(why.reason.contains("byte order mark"), "{}", why.reason);
+        let why = parse_plan(b"[]").unwrap_err().reason;
+        assert!(!why.contains("byte order mark"), "{why}");
+    }
 
     #[test]
     fn numbers_that_survive_are_kept_and_others_are_named() {

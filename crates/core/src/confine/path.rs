@@ -159,7 +159,8 @@ pub(crate) fn split_relative(path: &str) -> Verdict<RelPath> {
             return Err(Refusal::new(
                 ReasonCode::PathTraversal,
                 format!(
-                    "a name in the path is {} bytes long; names may have at most {MAX_NAME_BYTES} bytes",
+                    "the name {} in the path is {} bytes long; names may have at most {MAX_NAME_BYTES} bytes",
+                    shown_path(comp),
                     comp.len()
                 ),
             ));

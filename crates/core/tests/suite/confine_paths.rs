@@ -336,6 +336,13 @@ fn name_of_255_bytes_is_allowed_and_256_refused() {
         resolve_code(&format!("{long}/x.txt")),
         Some(ReasonCode::PathTraversal)
     );
+    let why = resolve_sandbox_path(&format!("ok/{long}/x.txt"), &roots(), None, MAX_PATH_DEPTH)
+        .unwrap_err()
+        .reason;
+    assert!(
+        why.contains("'aaaa") && why.contains("256 bytes"),
+        "names which: {why}"
+    );
 }
 
 #[test]
