@@ -15,7 +15,7 @@ pub enum Error {
         problems: Vec<String>,
     },
     /// Two roots are one directory, or one lies inside the other, once symlinks are
-    /// followed.
+    /// followed. Roots that overlap as written are refused earlier, as [`Error::Config`].
     #[error("roots {} and {} overlap: {} is {} or lies inside it once symbolic links are followed, so the one's '.rollback/' would be writable through the other; give separate directories", .outer.display(), .inner.display(), .inner.display(), .outer.display())]
     RootsOverlap {
         /// The root that holds the other.
@@ -31,7 +31,9 @@ pub enum Error {
         /// Why (in the message; not a `source`, so that a printed chain says it once).
         cause: std::io::Error,
     },
-    /// The state directory lies inside a sandbox root.
+    /// The state directory lies inside a sandbox root once symlinks are followed. One
+    /// that does as written (or a root inside it) is refused earlier, as
+    /// [`Error::Config`].
     #[error("state directory {} lies inside the sandbox root {}; it must be outside every root", .state_dir.display(), .root.display())]
     StateDirInsideRoot {
         /// The state directory.

@@ -29,6 +29,20 @@
 //! assert!(!dir.path().join("root/notes/hi.md").exists());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Embedding
+//!
+//! - A [`Sandbox`] is `Send + Sync`: share one behind an `Arc` across threads. Several
+//!   instances, in one process or many, may share a state directory; budgets, the rate
+//!   limit, the audit chain and rollbacks hold across them (file locks).
+//! - Files are created with the process's umask applied. Call
+//!   [`confine::root::use_spec_creation_modes`] once at start-up, before any thread, to
+//!   get the modes SPEC §2 names (0644, 0755) whatever the inherited umask.
+//! - A write past the file-size limit (`ulimit -f`) raises `SIGXFSZ`, whose default action
+//!   ends the process. Ignore or catch it (the binary catches it) and the write fails with
+//!   `EFBIG` instead, which the runtime reports and undoes like any I/O error.
+//! - Every method is blocking (file I/O, `fsync`): from async code, call it on a blocking
+//!   thread (`tokio::task::spawn_blocking`).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -65,6 +65,12 @@ pub struct Sandbox {
     target_locks: crate::confine::state::LockSet,
 }
 
+// The crate documentation promises it: embedders share one instance across threads.
+const _: () = {
+    const fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Sandbox>();
+};
+
 /// Snapshots with the index of the root they are in.
 type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
 
@@ -126,7 +132,8 @@ pub struct StateDoc {
 pub struct RollbackReport {
     /// The workflow.
     pub workflow_id: String,
-    /// `rolled_back`, `refused` or `failed`.
+    /// `rolled_back`, `simulated` (writing off or dry-run on: nothing was restored),
+    /// `refused` or `failed`.
     pub status: &'static str,
     /// How many actions were restored.
     pub steps_rolled_back: u64,
