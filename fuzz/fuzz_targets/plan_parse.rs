@@ -10,7 +10,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let Ok(plan) = parse_plan(data) else { return };
     let Ok(valid) = plan.validate() else { return };
-    for a in &valid.actions {
+    for a in valid.actions() {
         assert!(ailab_sandbox_core::plan::is_valid_id(a.id()));
         if let Some(op) = op_for_intent(&a.intent) {
             let ext = normalize_extension(&a.path);

@@ -87,17 +87,36 @@ pub struct Plan {
     pub actions: Vec<Action>,
 }
 
-/// A plan whose ids are all present and valid.
+/// A plan whose ids are all present and valid, within the plan's limits. Only
+/// [`Plan::validate`] makes one, so an executor is never handed a plan that skipped it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidPlan {
+    pub(crate) workflow_id: String,
+    pub(crate) parent_workflow_id: Option<String>,
+    pub(crate) on_failure: OnFailure,
+    pub(crate) actions: Vec<Action>,
+}
+
+impl ValidPlan {
     /// The workflow.
-    pub workflow_id: String,
+    pub fn workflow_id(&self) -> &str {
+        &self.workflow_id
+    }
+
     /// Its parent.
-    pub parent_workflow_id: Option<String>,
+    pub fn parent_workflow_id(&self) -> Option<&str> {
+        self.parent_workflow_id.as_deref()
+    }
+
     /// Failure policy.
-    pub on_failure: OnFailure,
+    pub fn on_failure(&self) -> OnFailure {
+        self.on_failure
+    }
+
     /// Actions with ids filled in.
-    pub actions: Vec<Action>,
+    pub fn actions(&self) -> &[Action] {
+        &self.actions
+    }
 }
 
 /// Whether `id` matches `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
