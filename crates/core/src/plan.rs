@@ -50,8 +50,9 @@ pub struct Action {
     /// Text, for the content-taking operations.
     #[serde(default)]
     pub content: Option<String>,
-    /// A structured value, for `write_json`, `write_yaml`, `generate_config`.
-    #[serde(default)]
+    /// A structured value, for `write_json`, `write_yaml`, `generate_config`. Parsed from
+    /// JSON text, an object that gives a key twice is refused.
+    #[serde(default, deserialize_with = "unique_keys::data")]
     pub data: Option<serde_json::Value>,
     /// Edits, for `sandbox_transform`.
     #[serde(default)]
@@ -157,6 +158,87 @@ pub fn new_action_id() -> String {
 /// A new execution id.
 pub fn new_execution_id() -> String {
     format!("ex_{}", crate::ids::unique())
+}
+
+/// `data` as sent, refusing an object that gives a key twice: serde_json keeps the last
+/// value and drops the others unseen, so the file would not hold what the caller wrote.
+mod unique_keys {
+    use serde::de::{Deserialize, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Number, Value};
+    use std::fmt;
+
+    pub(super) fn data<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+        let Unique(v) = Unique::deserialize(d)?;
+        Ok((!v.is_null()).then_some(v))
+    }
+
+    struct Unique(Value);
+
+    impl<'de> Deserialize<'de> for Unique {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(UniqueVisitor)
+        }
+    }
+
+    struct UniqueVisitor;
+
+    impl<'de> Visitor<'de> for UniqueVisitor {
+        type Value = Unique;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, b: bool) -> Result<Unique, E> {
+            Ok(Unique(Value::Bool(b)))
+        }
+        fn visit_i64<E>(self, n: i64) -> Result<Unique, E> {
+            Ok(Unique(Value::Number(n.into())))
+        }
+        fn visit_u64<E>(self, n: u64) -> Result<Unique, E> {
+            Ok(Unique(Value::Number(n.into())))
+        }
+        fn visit_f64<E>(self, n: f64) -> Result<Unique, E> {
+            Ok(Unique(
+                Number::from_f64(n).map_or(Value::Null, Value::Number),
+            ))
+        }
+        fn visit_str<E>(self, s: &str) -> Result<Unique, E> {
+            Ok(Unique(Value::String(s.to_owned())))
+        }
+        fn visit_string<E>(self, s: String) -> Result<Unique, E> {
+            Ok(Unique(Value::String(s)))
+        }
+        fn visit_none<E>(self) -> Result<Unique, E> {
+            Ok(Unique(Value::Null))
+        }
+        fn visit_unit<E>(self) -> Result<Unique, E> {
+            Ok(Unique(Value::Null))
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Unique, D::Error> {
+            Unique::deserialize(d)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+            let mut items = Vec::new();
+            while let Some(Unique(v)) = seq.next_element()? {
+                items.push(v);
+            }
+            Ok(Unique(Value::Array(items)))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            let mut out = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let Unique(v) = map.next_value()?;
+                if out.contains_key(&key) {
+                    return Err(A::Error::custom(format!(
+                        "the key {} appears twice in one object of 'data'; give each key once",
+                        crate::confine::path::shown_path(&key)
+                    )));
+                }
+                out.insert(key, v);
+            }
+            Ok(Unique(Value::Object(out)))
+        }
+    }
 }
 
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.
@@ -680,6 +762,28 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_given_twice_in_data_is_refused() {
+        let plan = br#"{"actions": [{"intent": "write_json", "path": "c.json",
+            "data": {"a": [{"limit": 1, "limit": 1000}]}}]}"#;
+        let why = parse_plan(plan).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            why.reason.contains("'limit' appears twice"),
+            "{}",
+            why.reason
+        );
+        let plan = br#"{"actions": [{"intent": "write_json", "path": "c.json",
+            "data": {"a": [{"limit": 1}, {"limit": 2}], "n": null, "f": 0.5, "u": 18446744073709551615}}]}"#;
+        let data = parse_plan(plan).unwrap().actions[0].data.clone().unwrap();
+        assert_eq!(
+            data,
+            serde_json::json!({"a": [{"limit": 1}, {"limit": 2}], "n": null, "f": 0.5, "u": u64::MAX})
+        );
+        let plan = br#"{"actions": [{"intent": "write_json", "path": "c.json", "data": null}]}"#;
+        assert_eq!(parse_plan(plan).unwrap().actions[0].data, None);
+    }
 
     #[test]
     fn a_byte_order_mark_is_named() {
