@@ -172,6 +172,11 @@ mod unique_keys {
         Ok((!v.is_null()).then_some(v))
     }
 
+    /// JSON text's value, refusing an object that gives a key twice.
+    pub(super) fn parse(json: &[u8]) -> serde_json::Result<Value> {
+        serde_json::from_slice::<Unique>(json).map(|Unique(v)| v)
+    }
+
     struct Unique(Value);
 
     impl<'de> Deserialize<'de> for Unique {
@@ -230,7 +235,7 @@ mod unique_keys {
                 let Unique(v) = map.next_value()?;
                 if out.contains_key(&key) {
                     return Err(A::Error::custom(format!(
-                        "the key {} appears twice in one object of 'data'; give each key once",
+                        "the key {} appears twice in one object; give each key once",
                         crate::confine::path::shown_path(&key)
                     )));
                 }
@@ -239,6 +244,18 @@ mod unique_keys {
             Ok(Unique(Value::Object(out)))
         }
     }
+}
+
+/// Refuses (`invalid_plan`) JSON text holding an object that gives a key twice, which a
+/// parser would read as the last value alone. For faces that receive plans parsed
+/// elsewhere, like [`check_numbers_kept`]; [`parse_plan`] refuses such `data` itself.
+pub fn check_unique_keys(json: &[u8]) -> Verdict {
+    unique_keys::parse(json).map(drop).map_err(|e| {
+        Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!("the arguments are not valid: {e}"),
+        )
+    })
 }
 
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.

@@ -1,14 +1,16 @@
-//! Numbers a tool call would not get back as sent.
+//! Numbers and keys a tool call would not get back as sent.
 //!
 //! rmcp parses each message into `serde_json` values, which hold numbers as 64-bit
-//! integers or doubles: `12345678901234567890123` or `0.1000000000000000000001` would
-//! reach a `write_json` file changed, and the tool would report success. Only the message's
-//! text says what was sent, so the session's input passes through [`pump`], which checks
-//! each `tools/call` line before rmcp sees it and notes the calls whose arguments hold such
-//! a number; the call is then refused as `invalid_plan`, as the same plan is over HTTP
-//! and the CLI ([`ailab_sandbox_core::plan::check_numbers_kept`]).
+//! integers or doubles, and keep one value of a key given twice: `12345678901234567890123`,
+//! `0.1000000000000000000001` or `{"k": 1, "k": 2}` would reach a `write_json` file
+//! changed, and the tool would report success. Only the message's text says what was sent,
+//! so the session's input passes through [`pump`], which checks each `tools/call` line
+//! before rmcp sees it and notes the calls whose arguments hold such a number or key; the
+//! call is then refused as `invalid_plan`, as the same plan is over HTTP and the CLI
+//! ([`ailab_sandbox_core::plan::check_numbers_kept`],
+//! [`ailab_sandbox_core::plan::check_unique_keys`]).
 
-use ailab_sandbox_core::plan::check_numbers_kept;
+use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -53,8 +55,8 @@ impl LossyCalls {
     /// Notes the request on `line` (one JSON-RPC message) if it is a `tools/call` whose
     /// arguments hold a number that would not be kept.
     fn inspect(&self, line: &[u8]) {
-        // Most lines hold no such number: one pass over the bytes tells.
-        if check_numbers_kept(line).is_ok() {
+        // Only a tool call is inspected further.
+        if !line.windows(10).any(|w| w == b"tools/call") {
             return;
         }
         #[derive(Deserialize)]
@@ -80,7 +82,8 @@ impl LossyCalls {
         ) else {
             return;
         };
-        let Err(refusal) = check_numbers_kept(args.get().as_bytes()) else {
+        let args = args.get().as_bytes();
+        let Err(refusal) = check_numbers_kept(args).and_then(|()| check_unique_keys(args)) else {
             return;
         };
         // The id as the handler will see it, written back by serde_json.

@@ -241,8 +241,8 @@ async fn a_call_grown_by_escaping_is_still_answered() {
 }
 
 /// A number that would reach the file changed (more digits than a 64-bit integer or a
-/// double holds) is refused as `invalid_plan`, as over HTTP, instead of being written
-/// rounded; a number that is kept is written as sent. The client is raw JSON lines: a
+/// double holds), or a key given twice, is refused as `invalid_plan`, as over HTTP,
+/// instead of being written rounded or dropped; a number that is kept is written as sent. The client is raw JSON lines: a
 /// client library would round the number before sending it.
 #[tokio::test]
 async fn numbers_that_would_change_are_refused_not_rounded() {
@@ -258,22 +258,29 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
         .await
         .unwrap();
     answers.next_line().await.unwrap().unwrap();
+    let string = Some("send it as a string");
     let cases = [
-        (r#""big""#, "big.json", "12345678901234567890123", false),
+        (r#""big""#, "big.json", "12345678901234567890123", string),
         (
             "2",
             "fine.json",
             r#"{"p": 0.1000000000000000000001}"#,
-            false,
+            string,
         ),
         (
             "3",
             "kept.json",
             "[1.5, 18446744073709551615, -0.25e-3]",
-            true,
+            None,
+        ),
+        (
+            "4",
+            "twice.json",
+            r#"{"a": [{"limit": 1, "limit": 1000}]}"#,
+            Some("'limit' appears twice"),
         ),
     ];
-    for (id, file, data, kept) in cases {
+    for (id, file, data, refused) in cases {
         let call = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"{file}","data":{data}}}}}}}"#
         );
@@ -282,13 +289,7 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
         assert_eq!(answer["id"].to_string(), id, "{answer}");
         let result = &answer["result"];
-        if kept {
-            assert_eq!(result["isError"], json!(false), "{answer}");
-            let written = std::fs::read_to_string(root.join(file)).unwrap();
-            for n in ["1.5", "18446744073709551615", "-0.00025"] {
-                assert!(written.contains(n), "{n} missing from {written}");
-            }
-        } else {
+        if let Some(says) = refused {
             assert_eq!(result["isError"], json!(true), "{answer}");
             assert_eq!(
                 result["structuredContent"]["reason_code"], "invalid_plan",
@@ -298,10 +299,16 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
                 result["content"][0]["text"]
                     .as_str()
                     .unwrap()
-                    .contains("send it as a string"),
+                    .contains(says),
                 "{answer}"
             );
             assert!(!root.join(file).exists(), "{file} was written");
+        } else {
+            assert_eq!(result["isError"], json!(false), "{answer}");
+            let written = std::fs::read_to_string(root.join(file)).unwrap();
+            for n in ["1.5", "18446744073709551615", "-0.00025"] {
+                assert!(written.contains(n), "{n} missing from {written}");
+            }
         }
     }
     drop((cw, answers));
