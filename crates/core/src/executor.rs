@@ -672,7 +672,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ("failed", "action_failed")
                     };
                     self.sb.metrics.mutation(&a.intent, result);
-                    if let Some(code) = res.reason_code {
+                    // A check made again at write time refused it; a write that failed
+                    // (an I/O error) was not denied by any policy.
+                    if let Some(code) = res.reason_code.filter(|_| blocked) {
                         self.sb.metrics.denied(&a.intent, code);
                     }
                     self.event(

@@ -104,7 +104,7 @@ impl Metrics {
         );
         registry.register(
             "ailab_sandbox_policy_denied",
-            "Actions refused, by intent and reason code (governance, budgets, rate limit, failed checks)",
+            "Actions refused, by intent and reason code (governance, budgets, rate limit, checks made again at write time); failed writes are in ailab_sandbox_mutations_total{result=\"failed\"}",
             policy_denied.clone(),
         );
         registry.register(

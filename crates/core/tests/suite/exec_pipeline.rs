@@ -697,14 +697,23 @@ fn metrics_expose_the_seven_names() {
         json!({"actions": [{"intent": "frobnicate_42", "path": "r.txt", "content": "x"}]}),
     );
     sb.rollback_workflow("wf_m", &Default::default());
+    // A write that fails is a failure, not a denial.
+    sb.failpoints().arm("after_mutate", 1);
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "f.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
     let text = sb.metrics().encode();
     assert!(!text.contains("frobnicate"), "{text}");
+    assert!(!text.contains("reason=\"io_error\""), "{text}");
     for name in [
         "ailab_sandbox_policy_denied_total{intent=\"run_command\",reason=\"forbidden_intent\"} 1",
         "ailab_sandbox_policy_denied_total{intent=\"other\",reason=\"not_sandbox_write\"} 1",
         "ailab_sandbox_mutations_total{type=\"create_file\",result=\"success\"} 2",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"failed\"} 1",
         "ailab_sandbox_rollbacks_total{reason=\"manual\"} 1",
-        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 2",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"rolled_back\"} 3",
         "ailab_sandbox_policy_denied_total{intent=\"create_file\",reason=\"path_traversal\"} 1",
         "# TYPE ailab_sandbox_artifacts_total gauge",
         "ailab_sandbox_artifacts_total 2",
