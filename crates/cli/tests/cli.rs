@@ -900,33 +900,19 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
             {"intent": "create_file", "path": "sub/x.txt", "content": "x"},
             {"intent": "replace_file", "path": "sub/artifacts.jsonl", "content": ""}]}),
     );
-    let bin = assert_cmd::cargo::cargo_bin("ailab-sandbox");
-    let out = std::process::Command::new("unshare")
-        .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg("mount --bind \"$1\" \"$2\" || exit 97; shift 2; exec \"$@\"")
-        .arg("sh")
-        .arg(&sub)
-        .arg(&state)
-        .arg(&bin)
-        .arg("--root")
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$2\"",
+        &[sub.as_os_str(), state.as_os_str()],
+    );
+    c.arg("--root")
         .arg(&e.root)
         .arg("--state-dir")
         .arg(&state)
         .args(["--json", "--enable-write", "--no-dry-run", "run"])
-        .arg(&plan)
-        .env_remove("AI_LAB_SANDBOX_CONFIG")
-        .output();
-    let out = match out {
-        Ok(o) if o.status.code() != Some(97) && o.status.code().is_some() => o,
-        _ => {
-            eprintln!("no private mount namespace here: skipped");
-            return;
-        }
-    };
-    if String::from_utf8_lossy(&out.stderr).contains("unshare:") {
-        eprintln!("no private mount namespace here: skipped");
+        .arg(&plan);
+    let Some(out) = output_unless_unshared(c) else {
         return;
-    }
+    };
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -943,4 +929,70 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
     let registry = std::fs::read(sub.join("artifacts.jsonl")).unwrap_or_default();
     assert!(registry.is_empty());
     assert!(sub.join("sandbox_audit.jsonl").exists());
+}
+
+/// When the default state directory cannot be created, the runtime uses the user's
+/// (`$XDG_STATE_HOME/ailab-sandbox`) and says so. The default's parent is hidden under a
+/// read-only tmpfs in a private mount namespace, so the real one is never touched.
+#[test]
+fn an_uncreatable_default_state_directory_falls_back_to_the_users() {
+    let e = env();
+    let xdg = e.dir.join("xdg");
+    let mut c = with_private_mount("mount -t tmpfs -o ro,size=64k tmpfs /opt", &[]);
+    c.arg("--root")
+        .arg(&e.root)
+        .args(["--json", "state"])
+        .env_remove("AI_LAB_STATE_DIR")
+        .env("XDG_STATE_HOME", &xdg);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = json_out(&out);
+    let used = xdg.join("ailab-sandbox");
+    assert_eq!(doc["state_dir"], json!(used.to_str().unwrap()), "{doc}");
+    let notices = doc["notices"].to_string();
+    assert!(
+        notices.contains("/opt/ai-lab/runtime/state cannot be created"),
+        "{notices}"
+    );
+    assert!(used.join("sandbox_audit.jsonl").exists());
+}
+
+/// The binary, run in a private mount namespace once `mount` (a shell command, given
+/// `args` as `$1`, `$2`, …) has succeeded; never without it.
+fn with_private_mount(mount: &str, args: &[&std::ffi::OsStr]) -> std::process::Command {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "{mount} || exit 97; shift {}; exec \"$@\"",
+            args.len()
+        ))
+        .arg("sh")
+        .args(args)
+        .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_CONFIG");
+    c
+}
+
+/// `c`'s output, or `None` (the test is skipped) where no private mount namespace can be
+/// made: no `unshare`, or no privilege to mount.
+fn output_unless_unshared(mut c: std::process::Command) -> Option<std::process::Output> {
+    match c.output() {
+        Ok(o)
+            if o.status.code().is_some_and(|c| c != 97)
+                && !String::from_utf8_lossy(&o.stderr).contains("unshare:") =>
+        {
+            Some(o)
+        }
+        _ => {
+            eprintln!("no private mount namespace here: skipped");
+            None
+        }
+    }
 }
