@@ -277,22 +277,41 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     async fn list_directory(&self, args: Args) -> CallToolResult {
         let path = args.str("path").unwrap_or_default();
         let root = args.str("root");
+        let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
         match self
             .blocking(move |sb| sb.list_directory(&p, root.as_deref()))
             .await
         {
-            Ok(Ok(entries)) => {
+            Ok(Ok(mut entries)) => {
                 let shown = if path.is_empty() {
                     "/ (the root)"
                 } else {
                     path.as_str()
                 };
-                let mut text = if entries.is_empty() {
+                let total = entries.len();
+                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
+                entries.truncate(from.saturating_add(tools::MAX_DIR_ENTRIES).min(total));
+                let entries = entries.split_off(from);
+                let to = from + entries.len();
+                let next_offset = (to < total).then_some(to);
+                let mut text = if total == 0 {
                     format!("Directory {shown} is empty.")
+                } else if from == 0 && next_offset.is_none() {
+                    format!("Directory {shown}: {total} entries")
+                } else if entries.is_empty() {
+                    format!("Directory {shown}: {total} entries, none from offset {offset}")
                 } else {
-                    format!("Directory {shown}: {} entries", entries.len())
+                    format!(
+                        "Directory {shown}: entries {} to {to} of {total} in name order",
+                        from + 1
+                    )
                 };
+                if let Some(next) = next_offset {
+                    text.push_str(&format!(
+                        "; for the next ones call list_directory again with offset {next}"
+                    ));
+                }
                 for e in &entries {
                     let size = if e.kind == "file" {
                         format!("  ({} bytes)", e.size_bytes)
@@ -319,7 +338,13 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 ok(
                     text,
-                    Some(serde_json::json!({"path": path, "entries": entries})),
+                    Some(serde_json::json!({
+                        "path": path,
+                        "total": total,
+                        "offset": from,
+                        "next_offset": next_offset,
+                        "entries": entries,
+                    })),
                 )
             }
             Ok(Err(r)) => refusal(&r, None, "."),

@@ -19,6 +19,9 @@ pub(crate) const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
 /// Most artifacts `list_artifacts` returns in one call.
 pub(crate) const MAX_LIST_LIMIT: u64 = 1000;
 
+/// Most entries `list_directory` returns in one call.
+pub(crate) const MAX_DIR_ENTRIES: usize = 500;
+
 /// Default for `list_artifacts`.
 pub(crate) const DEFAULT_LIST_LIMIT: u64 = 50;
 
@@ -483,15 +486,24 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "list_directory",
         ToolKind::ListDirectory,
         "List directory".into(),
-        "List a directory inside the sandbox: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' for the top of the root.".into(),
-        vec![path_field("Directory to list (default: the root itself)", false), root_field()],
+        format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' for the top of the root. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
+        vec![
+            path_field("Directory to list (default: the root itself)", false),
+            root_field(),
+            Field::new(
+                "offset",
+                Kind::Uint { min: 0, max: u64::MAX },
+                false,
+                "How many entries (in name order) to skip; default 0.".to_owned(),
+            ),
+        ],
         read_only("List directory"),
     ));
     out.push(ToolSpec::new(
         "get_file_info",
         ToolKind::GetFileInfo,
         "Get file info".into(),
-        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link; for a file its size and sha256 (up to 1 GiB), and the newest artifact written there.".into(),
+        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link; for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
         vec![path_field("Path to describe", true), root_field()],
         read_only("Get file info"),
     ));

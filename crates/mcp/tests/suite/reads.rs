@@ -219,3 +219,46 @@ async fn many_calls_at_once_are_all_answered() {
     assert_eq!(answered, n);
     s.finish().await;
 }
+
+/// A large directory is listed in pages of 500, in name order, each saying where the next
+/// one starts, so that one call never answers with the whole directory.
+#[tokio::test]
+async fn a_large_directory_is_listed_in_pages() {
+    let s = Session::start(Mode::Write).await;
+    let dir = s.path("many");
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..1203 {
+        std::fs::write(dir.join(format!("f{i:04}.txt")), "x").unwrap();
+    }
+    let mut names = Vec::new();
+    let mut offset = Some(0);
+    let mut pages = 0;
+    while let Some(at) = offset {
+        let r = s
+            .ok("list_directory", json!({"path": "many", "offset": at}))
+            .await;
+        let st = structured(&r);
+        assert_eq!(st["total"], 1203);
+        assert_eq!(st["offset"], at);
+        let entries = st["entries"].as_array().unwrap();
+        assert!(entries.len() <= 500);
+        names.extend(
+            entries
+                .iter()
+                .map(|e| e["name"].as_str().unwrap().to_owned()),
+        );
+        offset = st["next_offset"].as_u64();
+        if let Some(next) = offset {
+            assert!(text(&r).contains(&format!("offset {next}")), "{}", text(&r));
+        }
+        pages += 1;
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<String> = (0..1203).map(|i| format!("f{i:04}.txt")).collect();
+    assert_eq!(names, expected);
+    let r = s
+        .ok("list_directory", json!({"path": "many", "offset": 5000}))
+        .await;
+    assert_eq!(structured(&r)["entries"], json!([]));
+    assert!(text(&r).contains("none from offset 5000"), "{}", text(&r));
+}
