@@ -128,8 +128,8 @@ enum Command {
 struct AuditArgs {
     #[command(subcommand)]
     sub: Option<AuditSub>,
-    /// How many entries, newest first.
-    #[arg(long, default_value_t = 50)]
+    /// How many entries, newest first (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]
@@ -151,8 +151,8 @@ enum AuditSub {
 struct ArtifactArgs {
     #[command(subcommand)]
     sub: Option<ArtifactSub>,
-    /// How many entries, newest first.
-    #[arg(long, default_value_t = 50)]
+    /// How many entries, newest first (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]
@@ -166,6 +166,16 @@ enum ArtifactSub {
         /// The artifact id.
         id: String,
     },
+}
+
+/// A list's `--limit`: 0 would answer an empty list for any query (HTTP refuses it too).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a count of entries; give a whole number from 1"
+        )),
+    }
 }
 
 /// Exit codes (SPEC §10).

@@ -508,6 +508,10 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         "invalid_usage",
     );
     says(
+        e.cmd().args(["--json", "audit", "--limit", "0"]),
+        "invalid_usage",
+    );
+    says(
         e.cmd().args(["--json", "run", "missing.json"]),
         "invalid_plan",
     );
