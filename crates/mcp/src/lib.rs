@@ -186,11 +186,16 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             Err(problem) => return render::bad_arguments(name, &problem),
         };
         tracing::debug!(tool = name, "tools/call");
+        // Arguments that did not arrive as sent: a write would store other values, and a
+        // read or rollback would act on another target than the caller named.
+        if let Some(r) = lossy {
+            return match spec.kind {
+                ToolKind::Write(op) => refusal(&r, Some(op), ". Nothing was written."),
+                _ => refusal(&r, None, ". Nothing was done."),
+            };
+        }
         match spec.kind {
-            ToolKind::Write(op) => match lossy {
-                Some(r) => refusal(&r, Some(op), ". Nothing was written."),
-                None => self.write(op, args).await,
-            },
+            ToolKind::Write(op) => self.write(op, args).await,
             ToolKind::ReadFile => self.read_file(args).await,
             ToolKind::ListDirectory => self.list_directory(args).await,
             ToolKind::GetFileInfo => self.get_file_info(args).await,

@@ -12,8 +12,6 @@
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -52,45 +50,23 @@ impl LossyCalls {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Notes the request on `line` (one JSON-RPC message) if it is a `tools/call` whose
-    /// arguments hold a number that would not be kept.
+    /// Notes the request on `line` (one JSON-RPC message) if it is a `tools/call` holding
+    /// a number that would not be kept or an object that gives a key twice.
     fn inspect(&self, line: &[u8]) {
-        // Only a tool call is inspected further.
-        if !line.windows(10).any(|w| w == b"tools/call") {
-            return;
-        }
-        #[derive(Deserialize)]
-        struct Message<'a> {
-            #[serde(borrow)]
-            id: Option<&'a RawValue>,
-            method: Option<String>,
-            #[serde(borrow)]
-            params: Option<Params<'a>>,
-        }
-        #[derive(Deserialize)]
-        struct Params<'a> {
-            #[serde(borrow)]
-            arguments: Option<&'a RawValue>,
-        }
-        let Ok(msg) = serde_json::from_slice::<Message<'_>>(line) else {
+        // The whole message, so that neither an escaped method name (`tools\/call`) nor a
+        // second `arguments` hides the call from the check.
+        let Err(refusal) = check_numbers_kept(line).and_then(|()| check_unique_keys(line)) else {
             return;
         };
-        let (Some(id), Some("tools/call"), Some(args)) = (
-            msg.id,
-            msg.method.as_deref(),
-            msg.params.and_then(|p| p.arguments),
-        ) else {
+        // As rmcp reads it: the last of duplicated keys.
+        let Ok(msg) = serde_json::from_slice::<serde_json::Value>(line) else {
             return;
         };
-        let args = args.get().as_bytes();
-        let Err(refusal) = check_numbers_kept(args).and_then(|()| check_unique_keys(args)) else {
+        if msg.get("method").and_then(serde_json::Value::as_str) != Some("tools/call") {
             return;
-        };
+        }
         // The id as the handler will see it, written back by serde_json.
-        let Some(key) = serde_json::from_str::<serde_json::Value>(id.get())
-            .ok()
-            .and_then(|v| serde_json::to_string(&v).ok())
-        else {
+        let Some(key) = msg.get("id").and_then(|id| serde_json::to_string(id).ok()) else {
             return;
         };
         self.note(key, refusal);

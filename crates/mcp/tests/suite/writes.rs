@@ -311,6 +311,40 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             }
         }
     }
+    // Neither an escaped method name nor a tool other than a write gets past the check.
+    for (id, call) in [
+        (
+            "5",
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools\/call","params":{"name":"write_json","arguments":{"path":"esc.json","data":{"k":1,"k":2}}}}"#,
+        ),
+        (
+            "6",
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools\u002fcall","params":{"name":"write_json","arguments":{"path":"esc.json","data":12345678901234567890123}}}"#,
+        ),
+        (
+            "7",
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"rollback_workflow","arguments":{"workflow_id":"wf_a","workflow_id":"wf_b"}}}"#,
+        ),
+    ] {
+        cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
+        let answer: Value =
+            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(answer["id"].to_string(), id, "{answer}");
+        assert_eq!(answer["result"]["isError"], json!(true), "{answer}");
+        assert_eq!(
+            answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+            "{answer}"
+        );
+    }
+    // A second `arguments` is refused by the SDK itself.
+    let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write_json","arguments":{"path":"esc.json","data":1},"arguments":{"path":"esc.json","data":{"k":1,"k":2}}}}"#;
+    cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
+    let answer: Value = serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+    assert!(
+        answer["error"].is_object() || answer["result"]["isError"] == json!(true),
+        "{answer}"
+    );
+    assert!(!root.join("esc.json").exists());
     drop((cw, answers));
     tokio::time::timeout(std::time::Duration::from_secs(10), served)
         .await
