@@ -207,22 +207,32 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         )),
         limit: body_limit_bytes.max(1),
     };
-    let without_query = Router::new()
-        .route("/healthz", get(routes::healthz))
-        .route("/metrics", get(routes::metrics))
-        .route("/agentic/state", get(routes::state))
-        .route("/agentic/executions/stats", get(routes::execution_stats))
-        .route("/agentic/artifacts/{id}", get(routes::artifact))
-        .route("/agentic/plans", post(routes::run_plan))
+    // On each method's handler, not the route: a method the route lacks stays 405.
+    let no_query = || middleware::from_fn(routes::no_query);
+    Router::new()
+        .route("/healthz", get(routes::healthz).route_layer(no_query()))
+        .route("/metrics", get(routes::metrics).route_layer(no_query()))
+        .route("/agentic/state", get(routes::state).route_layer(no_query()))
+        .route("/agentic/executions", get(routes::executions))
+        .route(
+            "/agentic/executions/stats",
+            get(routes::execution_stats).route_layer(no_query()),
+        )
+        .route("/agentic/artifacts", get(routes::artifacts))
+        .route(
+            "/agentic/artifacts/{id}",
+            get(routes::artifact).route_layer(no_query()),
+        )
+        .route(
+            "/agentic/plans",
+            post(routes::run_plan).route_layer(no_query()),
+        )
         .route(
             "/agentic/rollback/{workflow_id}",
-            get(routes::rollback_info).post(routes::rollback),
+            get(routes::rollback_info)
+                .post(routes::rollback)
+                .route_layer(no_query()),
         )
-        .route_layer(middleware::from_fn(routes::no_query));
-    Router::new()
-        .route("/agentic/executions", get(routes::executions))
-        .route("/agentic/artifacts", get(routes::artifacts))
-        .merge(without_query)
         .fallback(routes::not_found)
         .with_state(state)
         .layer(DefaultBodyLimit::disable())

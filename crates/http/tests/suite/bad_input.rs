@@ -207,6 +207,15 @@ async fn a_query_on_a_route_that_reads_none_is_refused_not_ignored() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
     }
+    // A method the route does not have is still 405, query or not.
+    for (method, uri) in [
+        (Method::PUT, "/healthz?x"),
+        (Method::POST, "/metrics?x"),
+        (Method::DELETE, "/agentic/plans?dry_run=true"),
+    ] {
+        let r = send(&e.app, request(method, uri).body(Body::empty()).unwrap()).await;
+        r.assert_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    }
     // An empty query is no query.
     assert_eq!(get(&e.app, "/agentic/state?").await.status, StatusCode::OK);
     let mut body = post(&e.app, "/agentic/rollback/wf_q", r#"{"action_id": "a2"}"#).await;
