@@ -208,7 +208,8 @@ fn main() -> ExitCode {
     };
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
-    let json = cli.json;
+    // Standard output is the JSON-RPC channel of `mcp`: nothing else goes there.
+    let json = cli.json && !matches!(cli.command, Command::Mcp);
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -286,16 +287,23 @@ fn usage_error(e: clap::Error) -> ExitCode {
         ErrorKind::DisplayHelp
             | ErrorKind::DisplayVersion
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) || !std::env::args_os().any(|a| a == "--json")
+    ) || !std::env::args_os()
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json" || a.to_string_lossy().starts_with("--json="))
     {
         e.exit();
     }
     let text = e.render().to_string();
+    // The message without clap's usage and help lines, on one line: "the following
+    // required arguments were not provided: <PLAN>".
     let reason = text
         .lines()
-        .next()
-        .unwrap_or_default()
-        .trim_start_matches("error: ");
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let reason = reason.trim_start_matches("error: ");
     out!(
         "{}",
         serde_json::json!({"reason_code": codes::INVALID_USAGE, "reason": human::safe(reason)})

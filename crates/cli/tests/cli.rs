@@ -511,6 +511,9 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         e.cmd().args(["--json", "audit", "--limit", "0"]),
         "invalid_usage",
     );
+    let out = e.cmd().args(["--json", "run"]).output().unwrap();
+    let reason = json_out(&out)["reason"].as_str().unwrap().to_owned();
+    assert!(reason.ends_with("were not provided: <PLAN>"), "{reason}");
     says(
         e.cmd().args(["--json", "run", "missing.json"]),
         "invalid_plan",
