@@ -712,7 +712,7 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
         return None;
     } else if text.is_empty() {
         "is empty"
-    } else if text.starts_with([';', '#']) {
+    } else if what == "key" && text.starts_with([';', '#']) {
         "starts with ';' or '#', which readers take for a comment"
     } else if what == "key" && text.contains(['=', ':', '[', ']']) {
         "has '=', ':', '[' or ']', which readers take for syntax"
@@ -767,7 +767,19 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
                 out.push('\n');
             }
             out.push_str(&format!("[{k}]\n"));
+            let mut seen = std::collections::HashSet::new();
             for (sk, sv) in section {
+                // Readers fold the case of keys: two would become one, or an error.
+                if !seen.insert(sk.to_lowercase()) {
+                    return Err(serialize_error(
+                        "INI",
+                        format!(
+                            "section '{}' has keys that differ only in case ('{}' and another); readers fold the case of keys",
+                            k.escape_debug(),
+                            sk.escape_debug()
+                        ),
+                    ));
+                }
                 out.push_str(&scalar(sk, sv)?);
             }
         }

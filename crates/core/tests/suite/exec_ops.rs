@@ -296,6 +296,11 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             json!({"[s]": {"k": "v"}}),
             "the section name '[s]'",
         ),
+        (
+            "c.ini",
+            json!({"s": {"Key": "1", "key": "2"}}),
+            "differ only in case",
+        ),
     ] {
         let r = one(
             &w,
@@ -319,10 +324,10 @@ fn generate_config_refuses_data_that_would_not_read_back() {
     let r = one(
         &w,
         json!({"intent": "generate_config", "path": "c.ini",
-               "data": {"s": {"a.b": "x;y # z", "k": null, "empty": ""}}}),
+               "data": {";s": {"a.b": "x;y # z", "k": null, "empty": ""}}}),
     );
     assert_eq!(status(&r), "success", "{:?}", r.actions);
-    assert_eq!(w.read("c.ini"), b"[s]\na.b = x;y # z\nempty = \nk = \n");
+    assert_eq!(w.read("c.ini"), b"[;s]\na.b = x;y # z\nempty = \nk = \n");
 }
 
 #[test]
