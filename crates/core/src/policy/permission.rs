@@ -18,8 +18,9 @@ pub enum PermissionScope {
 /// The default phase: the sandbox write executor.
 pub const DEFAULT_PHASE: &str = "28.3";
 
-/// Tools that are shells or command runners: anything routed to them is forbidden.
-const SHELL_TOOLS: [&str; 22] = [
+/// Tools that are shells, or run a command as another user or system: anything routed to
+/// them is forbidden.
+const SHELL_TOOLS: [&str; 27] = [
     "shell",
     "sh",
     "bash",
@@ -35,22 +36,30 @@ const SHELL_TOOLS: [&str; 22] = [
     "pwsh",
     "powershell",
     "cmd",
+    "wsl",
+    "sudo",
+    "doas",
+    "su",
     "exec",
     "terminal",
     "run_command",
-    "command",
+    "exec_command",
+    "execute_command",
+    "shell_exec",
     "subprocess",
-    "system",
-    "env",
+    "spawn",
 ];
 
-/// Whether a tool name names a shell, however it is spelled: `/bin/bash`, `BASH `,
-/// `cmd.exe`, `C:\Windows\System32\cmd.exe`.
+/// Whether a tool names a shell anywhere in it, however it is spelled: `/bin/bash`,
+/// `BASH `, `bash -c`, `/usr/bin/env bash`, `cmd.exe`, `C:\Windows\System32\cmd.exe`,
+/// `run-command`.
 fn is_shell_tool(tool: &str) -> bool {
-    let t = tool.trim().to_ascii_lowercase();
-    let name = t.rsplit(['/', '\\']).next().unwrap_or_default();
-    let name = name.strip_suffix(".exe").unwrap_or(name);
-    SHELL_TOOLS.contains(&name)
+    let t = tool.to_ascii_lowercase().replace('-', "_");
+    t.split_whitespace().any(|word| {
+        let name = word.rsplit(['/', '\\']).next().unwrap_or_default();
+        let name = name.strip_suffix(".exe").unwrap_or(name);
+        SHELL_TOOLS.contains(&name)
+    })
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are

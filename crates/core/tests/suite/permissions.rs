@@ -124,7 +124,12 @@ fn shell_tools_make_any_intent_forbidden() {
         "PowerShell",
         "cmd.exe",
         "C:\\Windows\\System32\\cmd.exe",
-        "/usr/bin/env",
+        "bash -c",
+        "/usr/bin/env bash",
+        "sudo",
+        "wsl.exe",
+        "run-command",
+        "execute_command",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -137,10 +142,21 @@ fn shell_tools_make_any_intent_forbidden() {
             "{tool}"
         );
     }
-    assert_eq!(
-        classify_permission_scope("create_file", Some("fs")),
-        WorkspaceWriteReserved
-    );
+    for tool in [
+        "fs",
+        "system",
+        "command",
+        "env",
+        "my/system",
+        "file_writer",
+        "ssh_keys_doc",
+    ] {
+        assert_eq!(
+            classify_permission_scope("create_file", Some(tool)),
+            WorkspaceWriteReserved,
+            "{tool}"
+        );
+    }
 }
 
 #[test]
