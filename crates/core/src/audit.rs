@@ -728,6 +728,25 @@ impl AuditLog {
         })
     }
 
+    /// Whether another run's write to `target_path` started from `before` (its
+    /// `before_checksum`): proof that a write leaving those bytes had landed there. A scan
+    /// of the whole trail, for recovery's rare doubtful cases.
+    pub fn write_started_from(
+        &self,
+        target_path: &str,
+        before: &str,
+        not_execution: &str,
+    ) -> io::Result<bool> {
+        self.with(|ix| {
+            ix.entries.iter().rev().any(|e| {
+                e.status == AuditStatus::Success
+                    && e.execution_id != not_execution
+                    && e.target_path == target_path
+                    && e.before_checksum.as_deref() == Some(before)
+            })
+        })
+    }
+
     /// Whether the trail records a write (not a rollback) by this action of the workflow.
     /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
     pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {

@@ -7,7 +7,7 @@
 //! before its audit line): those are finished. The temporary files the run left are
 //! removed.
 
-use crate::audit::AuditStatus;
+use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
@@ -59,9 +59,12 @@ pub struct Recovered {
     pub workflow_id: String,
     /// In-doubt actions rolled back.
     pub rolled_back: usize,
-    /// Actions finished from their commit records (batched durability): their new bytes
-    /// were durable, so recovery put them in place and wrote their registry and audit lines.
+    /// Actions finished: written but not yet registered or audited, or (batched
+    /// durability) committed, whose new bytes recovery put in place.
     pub completed: usize,
+    /// Unaudited actions whose target another run wrote before recovery, and that never
+    /// reached it: marked undone (audited as rolled back), the other run's write kept.
+    pub superseded: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
     /// Restores the dead process made without auditing them, now audited: for a dead
@@ -538,6 +541,26 @@ impl Sandbox {
                 .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
                 .clone();
             let outcome = audited.get(&s.meta.action_id);
+            // Never audited, and the target holds neither what it held before nor what
+            // the action writes: another run wrote it since (the dead run's locks went
+            // with it). That write is theirs to keep; this action is recorded as what it
+            // was, done or not, and never put over it.
+            if outcome.is_none()
+                && current != s.meta.after_sha256
+                && !self.back_to_before(i, &s.meta, current.as_deref())
+            {
+                let landed =
+                    self.settle_overwritten(i, &s.meta, rec, current.as_ref(), &registered);
+                match landed {
+                    Some(record) => {
+                        finish_audits.extend(record);
+                        report.completed += 1;
+                    }
+                    None => report.superseded += 1,
+                }
+                settled.insert(key);
+                continue;
+            }
             if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
                 && let Some(changed) =
                     self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
@@ -700,6 +723,64 @@ impl Sandbox {
 }
 
 impl Sandbox {
+    /// A dead run's unaudited action whose target another run has written since. When
+    /// its write had landed (its artifact is registered, or another run's write started
+    /// from its result), it is
+    /// finished without touching the target: `Some` with the audit record to append
+    /// (`None` inside when the commit record's own were appended). Otherwise it never
+    /// landed: its staged bytes are discarded and its snapshot marked restored, to be
+    /// audited as rolled back; `None`.
+    fn settle_overwritten(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        rec: &InflightRecord,
+        current: Option<&String>,
+        registered: &[crate::artifact::ArtifactEntry],
+    ) -> Option<Option<AuditRecord>> {
+        let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
+        let staged = meta.commit.as_ref().and_then(|c| {
+            self.roots[root].find_staged(
+                &meta.target(),
+                &c.staged_name,
+                crate::snapshot::MAX_SNAPSHOT_BYTES,
+            )
+        });
+        // A commit record's staged file is made after the record: its absence proves
+        // nothing, its presence that the rename never happened.
+        let landed = staged.is_none()
+            && (registered.iter().any(|e| e.generated_by_action == made_by)
+                || meta.after_sha256.as_deref().is_some_and(|after| {
+                    meta.sha256.as_deref() != Some(after)
+                        && self
+                            .audit
+                            .write_started_from(
+                                &self.abs_path(root, &meta.target()),
+                                after,
+                                &meta.execution_id,
+                            )
+                            .unwrap_or(false)
+                }));
+        if landed {
+            return Some(match &meta.commit {
+                Some(c) => {
+                    let _ = self.complete_logs(c, false);
+                    None
+                }
+                None => Some(self.done_record(root, meta)),
+            });
+        }
+        if let Some((staged, _)) = staged {
+            staged.discard();
+        }
+        if let Err(r) =
+            self.mark_restored(root, meta, &rec.execution_id, &current.cloned(), &[], true)
+        {
+            tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
+        }
+        None
+    }
+
     /// Finishes an action from its commit record: puts the staged bytes in place unless
     /// the target already holds them (`current`: its checksum once newer in-doubt actions
     /// on it are undone), then appends what the registry and the audit log

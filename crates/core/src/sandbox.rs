@@ -563,8 +563,8 @@ impl Sandbox {
                 )
             } else {
                 format!(
-                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished from their commit records, {} temporary files removed, {} restores recorded",
-                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.temp_files_removed, r.restores_recorded
+                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished, {} left undone under another run's later write, {} temporary files removed, {} restores recorded",
+                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.superseded, r.temp_files_removed, r.restores_recorded
                 )
             });
             if r.untrusted > 0 {

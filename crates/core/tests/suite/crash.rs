@@ -199,9 +199,9 @@ fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
         }
         let sb = w.open(batched(&w));
         assert!(
-            sb.notices().iter().any(|n| n.contains(
-                "0 unfinished actions rolled back, 1 finished from their commit records"
-            )),
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("0 unfinished actions rolled back, 1 finished,")),
             "{point}: {:?}",
             sb.notices()
         );
@@ -1097,4 +1097,82 @@ fn after_a_failed_log_sync_the_process_writes_nothing_more() {
     }
     assert_eq!(status(&run(&sb, other)), "success");
     assert_eq!(w.read("z.txt"), b"z");
+}
+
+/// A run dies with an action unaudited, and another run (a process that lives on) writes
+/// the same file before recovery: the dead run's locks went with it. Recovery never puts
+/// the dead action over that later write. It records the action as what it was: done
+/// (written, as the later write's starting point or its registry line shows) or undone
+/// (it never reached the file). The trail verifies, and rolling both workflows back gives
+/// the original file.
+#[test]
+fn recovery_never_puts_a_dead_action_over_a_later_write() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Strict, Durability::Batched] {
+        for (point, landed) in [
+            ("before_mutate", false),
+            ("after_mutate", true),
+            ("before_registry", true),
+            ("before_audit", true),
+        ] {
+            let case = format!("{durability:?} {point}");
+            let w = World::new();
+            w.write("a.txt", b"alpha\n");
+            let original = w.tree();
+            let mut c = w.writable_config();
+            c.durability = durability;
+            let live = w.open(c.clone());
+            let dying = w.open(c.clone());
+            dying.failpoints().arm_crash(point, 1);
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                dying.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [
+                    {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]})))
+            }));
+            assert!(outcome.is_err(), "{case}: the run should die");
+            drop(dying);
+            let r = run(
+                &live,
+                json!({"workflow_id": "wf_live", "actions": [
+                    {"intent": "append_file", "path": "a.txt", "content": "live\n"}]}),
+            );
+            assert_eq!(status(&r), "success", "{case}");
+            let kept = w.read("a.txt");
+            let expected: &[u8] = if landed {
+                b"DEAD\nlive\n"
+            } else {
+                b"alpha\nlive\n"
+            };
+            assert_eq!(kept, expected, "{case}");
+            drop(live);
+            let sb = w.open(c.clone());
+            assert_eq!(w.read("a.txt"), kept, "{case}: the later write is kept");
+            let verified = sb.audit_verify().unwrap();
+            assert!(verified.ok, "{case}: {verified:?}");
+            let trail = sb.audit_entries(10, Some("wf_dead")).unwrap();
+            let statuses: Vec<_> = trail.iter().map(|e| format!("{:?}", e.status)).collect();
+            let want = if landed { "Success" } else { "RolledBack" };
+            assert_eq!(statuses, [want], "{case}: {trail:?}");
+            assert!(temp_files(&w.root).is_empty(), "{case}");
+            let force = RollbackOptions {
+                action_id: None,
+                force: true,
+            };
+            let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+            let rb = sb.rollback_workflow("wf_dead", &force);
+            if landed {
+                assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+            } else {
+                assert!(
+                    rb.reason
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("already rolled back"),
+                    "{case}: {rb:?}"
+                );
+            }
+            assert_eq!(w.tree(), original, "{case}");
+            assert!(sb.audit_verify().unwrap().ok, "{case}");
+        }
+    }
 }
