@@ -141,6 +141,10 @@ pub struct SandboxWriteExecutor<'a> {
     /// Why a failed action's own change could not be undone, if it could not: the change
     /// is still on disk, so the run is not rolled back, whatever else it undoes.
     undo_failed: Option<String>,
+    /// Set when a restore's audit line could not be appended (its mark is on disk): the
+    /// run's record then stays active, so that the next run of the workflow, in any
+    /// process, audits the restore from its mark, as after a crash.
+    unrecorded: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl Sandbox {
@@ -172,6 +176,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             record: None,
             record_file: None,
             undo_failed: None,
+            unrecorded: std::rc::Rc::default(),
         }
     }
 
@@ -623,8 +628,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         let sb = self.sb;
         self.record = Some(record.clone());
         let file = self.record_file.take();
+        let unrecorded = std::rc::Rc::clone(&self.unrecorded);
         let result = self.execute_actions();
-        sb.run_finished(record, file.as_ref());
+        if unrecorded.get() {
+            tracing::warn!(workflow = %record.workflow_id, "a restore of this run is not on the audit trail; its record stays active for the next run to audit it");
+        } else {
+            sb.run_finished(record, file.as_ref());
+        }
         result
     }
 
@@ -1148,6 +1158,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             mode,
         );
         let restored = steps.iter().all(|s| s.restored);
+        if steps.iter().any(|s| s.unrecorded.is_some()) {
+            self.unrecorded.set(true);
+        }
         self.event(
             "action_restored",
             json!({"action_id": snap.1.meta.action_id, "restored": restored}),

@@ -1176,3 +1176,44 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
         }
     }
 }
+
+/// A failed run undoes its actions; when the audit line of a restore cannot be appended
+/// (a full disk), the restore's mark is on disk and the run's record stays active, so
+/// the next run of the workflow audits the restore from its mark: the trail's newest
+/// record of each file says what it holds.
+#[test]
+fn a_restore_whose_audit_line_was_lost_is_audited_by_the_next_run() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    let sb = w.sandbox();
+    sb.failpoints().arm("after_mutate", 2);
+    sb.failpoints().arm("after_mark", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    assert!(!w.path("one.txt").exists() && !w.path("two.txt").exists());
+    let undone = |sb: &ailab_sandbox_core::Sandbox| {
+        let mut ids: Vec<_> = sb
+            .audit_entries(50, Some("wf_m"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.status == AuditStatus::RolledBack)
+            .map(|e| e.action_id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(undone(&sb).len(), 1, "one restore's line was lost");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a3", "intent": "create_file", "path": "three.txt", "content": "3"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(undone(&sb), ["a1", "a2"]);
+    assert!(sb.audit_verify().unwrap().ok);
+}
