@@ -400,6 +400,7 @@ mod tests {
                 workflow_id: "wf".into(),
                 started_at: "t".into(),
                 finished: false,
+                recovered_by: Vec::new(),
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

@@ -620,6 +620,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
             finished: false,
+            recovered_by: Vec::new(),
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

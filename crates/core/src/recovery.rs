@@ -37,6 +37,10 @@ pub struct InflightRecord {
     /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
+    /// An id made by each process that began recovering this run: recovery writes
+    /// temporary files too, and one that died leaves them for the next to remove.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovered_by: Vec<String>,
 }
 
 impl InflightRecord {
@@ -188,10 +192,23 @@ impl Sandbox {
     }
 
     fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        let me = crate::ids::unique();
+        let mine = crate::ids::process_seed(&me);
+        let mut claimed = rec.clone();
+        if !rec
+            .recovered_by
+            .iter()
+            .any(|id| crate::ids::process_seed(id) == mine)
+        {
+            claimed.recovered_by.push(me.clone());
+            if let Err(e) = self.write_record(&claimed, self.durable()) {
+                tracing::warn!(error = %e, "could not name this process in a run record it recovers");
+            }
+        }
         if rec.state == ROLLING_BACK {
-            self.recover_rollback(rec)
+            self.recover_rollback(&claimed)
         } else {
-            self.recover_run(rec)
+            self.recover_run(&claimed)
         }
     }
 
@@ -644,6 +661,18 @@ impl Sandbox {
         rec: &InflightRecord,
         dirs: HashSet<(usize, Vec<String>)>,
     ) -> usize {
+        // The dead run's process, and earlier recoveries of it that died; never this
+        // process, whose other writes may be under way in the same folders.
+        let mine = crate::ids::unique();
+        let mine = crate::ids::process_seed(&mine);
+        let makers: Vec<&str> = std::iter::once(rec.execution_id.as_str())
+            .chain(
+                rec.recovered_by
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|id| crate::ids::process_seed(id) != mine),
+            )
+            .collect();
         let mut removed = 0;
         for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
@@ -656,14 +685,18 @@ impl Sandbox {
                     .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
-                removed += remove_temp_files(&d, 0, Some(&rec.execution_id)).unwrap_or(0);
+                for by in &makers {
+                    removed += remove_temp_files(&d, 0, Some(by)).unwrap_or(0);
+                }
             }
         }
         for root in &self.roots {
             if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
                 && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
             {
-                removed += remove_temp_files(&wf, 1, Some(&rec.execution_id)).unwrap_or(0);
+                for by in &makers {
+                    removed += remove_temp_files(&wf, 1, Some(by)).unwrap_or(0);
+                }
             }
         }
         removed

@@ -956,7 +956,7 @@ impl Sandbox {
     }
 
     /// Writes a workflow's in-flight record (in place; synced when `durable`).
-    fn write_record(
+    pub(crate) fn write_record(
         &self,
         rec: &crate::recovery::InflightRecord,
         durable: bool,
@@ -2058,6 +2058,7 @@ impl Sandbox {
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
             finished: false,
+            recovered_by: Vec::new(),
         };
         let marked = self
             .settle_commit_log(workflow_id)

@@ -1217,3 +1217,40 @@ fn a_restore_whose_audit_line_was_lost_is_audited_by_the_next_run() {
     assert_eq!(undone(&sb), ["a1", "a2"]);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A recovery writes temporary files too (a restore's bytes go aside first). One that
+/// died names its process in the run record before it starts, so the next recovery of
+/// the run removes what it left; another process's temporary files stay.
+#[test]
+fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let mut rec = run_record(&w, "wf_crash");
+    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
+    std::fs::write(
+        w.state.join("inflight/wf_crash.json"),
+        serde_json::to_vec(&rec).unwrap(),
+    )
+    .unwrap();
+    let left = w.path(".ailab-tmp-1111111111111111000000010badcafe");
+    std::fs::write(&left, b"restore bytes").unwrap();
+    let other = w.path(".ailab-tmp-11111111111111110000000100c0ffee");
+    std::fs::write(&other, b"x").unwrap();
+    let sb = w.open(c);
+    assert_noticed(&sb, "recovered interrupted run");
+    assert!(!left.exists(), "left by the recovery that died");
+    assert!(
+        other.exists(),
+        "not made by a process that recovered this run"
+    );
+    std::fs::remove_file(&other).unwrap();
+    let rb = sb.rollback_workflow(
+        "wf_crash",
+        &RollbackOptions {
+            action_id: None,
+            force: true,
+        },
+    );
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
