@@ -435,7 +435,12 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
     let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
-    let plan_limit = config.max_body_bytes;
+    // Read before the runtime opens: a plan that cannot be read leaves nothing behind
+    // (no root or state directory created).
+    let plan_bytes = match &cli.command {
+        Command::Run { plan } => Some(read_plan(plan, config.max_body_bytes)?),
+        _ => None,
+    };
     let mut sandbox = match Sandbox::open(config) {
         Ok(s) => s,
         Err(e) if verify_only && e.is_unwritable() => {
@@ -454,8 +459,8 @@ fn run(cli: Cli) -> Result<u8> {
     );
     let json = cli.json;
     match cli.command {
-        Command::Run { plan } => {
-            let bytes = read_plan(&plan, plan_limit)?;
+        Command::Run { .. } => {
+            let bytes = plan_bytes.unwrap_or_default();
             match sandbox.run_plan_json(&bytes) {
                 Ok(result) => {
                     if json {

@@ -518,6 +518,10 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         e.cmd().args(["--json", "run", "missing.json"]),
         "invalid_plan",
     );
+    assert!(
+        !e.root.exists() && !e.state.exists(),
+        "an unreadable plan leaves nothing behind"
+    );
     // A plan larger than the body limit is not read to its end.
     let cfg = e.dir.join("small.toml");
     std::fs::write(&cfg, "[server]\nmax_body_bytes = 1024\n").unwrap();
