@@ -728,22 +728,28 @@ impl AuditLog {
         })
     }
 
-    /// Whether another run's write to `target_path` started from `before` (its
-    /// `before_checksum`): proof that a write leaving those bytes had landed there. A scan
-    /// of the whole trail, for recovery's rare doubtful cases.
-    pub fn write_started_from(
+    /// The first change another run made to `target_path` at or after `since` (a write or
+    /// a restore; its `before_checksum` is what it found there), if the trail records
+    /// one. A scan from the newest entry back to `since`, for recovery's rare doubtful
+    /// cases.
+    pub fn first_change_since(
         &self,
         target_path: &str,
-        before: &str,
+        since: &str,
         not_execution: &str,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Option<SandboxAuditEntry>> {
         self.with(|ix| {
-            ix.entries.iter().rev().any(|e| {
-                e.status == AuditStatus::Success
-                    && e.execution_id != not_execution
-                    && e.target_path == target_path
-                    && e.before_checksum.as_deref() == Some(before)
-            })
+            ix.entries
+                .iter()
+                .rev()
+                .take_while(|e| e.timestamp.as_str() >= since)
+                .filter(|e| {
+                    matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
+                        && e.execution_id != not_execution
+                        && e.target_path == target_path
+                })
+                .last()
+                .cloned()
         })
     }
 

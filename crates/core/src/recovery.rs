@@ -757,8 +757,8 @@ impl Sandbox {
 
 impl Sandbox {
     /// A dead run's unaudited action whose target another run has written since. When
-    /// its write had landed (its artifact is registered, or another run's write started
-    /// from its result), it is
+    /// its write had landed (its artifact is registered, or the first change another run
+    /// made to the target after the snapshot found its result), it is
     /// finished without touching the target: `Some` with the audit record to append
     /// (`None` inside when the commit record's own were appended). Otherwise it never
     /// landed: its staged bytes are discarded and its snapshot marked restored, to be
@@ -784,15 +784,18 @@ impl Sandbox {
         let landed = staged.is_none()
             && (registered.iter().any(|e| e.generated_by_action == made_by)
                 || meta.after_sha256.as_deref().is_some_and(|after| {
+                    // The first change made after this action's snapshot found its result.
                     meta.sha256.as_deref() != Some(after)
                         && self
                             .audit
-                            .write_started_from(
+                            .first_change_since(
                                 &self.abs_path(root, &meta.target()),
-                                after,
+                                &meta.taken_at,
                                 &meta.execution_id,
                             )
-                            .unwrap_or(false)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|e| e.before_checksum.as_deref() == Some(after))
                 }));
         if landed {
             return Some(match &meta.commit {

@@ -1254,3 +1254,45 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
 }
+
+/// The proof that a dead action reached its file is the first change another run made
+/// to it after the action's snapshot: an older write that happened to start from the
+/// same bytes proves nothing.
+#[test]
+fn an_older_write_from_the_same_bytes_does_not_make_a_dead_action_done() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let c = w.writable_config();
+    let live = w.open(c.clone());
+    for (wf, content) in [("wf_past", "DEAD\n"), ("wf_past2", "alpha\n")] {
+        let r = run(
+            &live,
+            json!({"workflow_id": wf, "actions": [
+                {"intent": "replace_file", "path": "a.txt", "content": content}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    w.clock.advance(chrono::Duration::seconds(60));
+    let dying = w.open(c.clone());
+    dying.failpoints().arm_crash("before_mutate", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        dying.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]})))
+    }));
+    assert!(outcome.is_err());
+    drop(dying);
+    w.clock.advance(chrono::Duration::seconds(60));
+    let r = run(
+        &live,
+        json!({"workflow_id": "wf_live", "actions": [
+            {"intent": "append_file", "path": "a.txt", "content": "live\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    drop(live);
+    let sb = w.open(c);
+    assert_eq!(w.read("a.txt"), b"alpha\nlive\n");
+    let trail = sb.audit_entries(10, Some("wf_dead")).unwrap();
+    let statuses: Vec<_> = trail.iter().map(|e| format!("{:?}", e.status)).collect();
+    assert_eq!(statuses, ["RolledBack"], "{trail:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
