@@ -223,22 +223,29 @@ impl Sandbox {
                 return Vec::new();
             }
         };
+        let read_log = |wf: &str| {
+            self.state.commit_log_file(wf).and_then(|f| match f {
+                Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+                None => Ok(None),
+            })
+        };
+        // Most logs are empty: they are told apart without taking the lock (which may
+        // mean creating its file), and read again under it. The others are replayed in
+        // the order their first writes were made: two workflows may have rewritten one
+        // file, and each replay builds on what the earlier ones put back.
+        let mut pending: Vec<(String, String)> = workflows
+            .into_iter()
+            .filter(|wf| crate::plan::is_valid_id(wf))
+            .filter_map(|wf| match read_log(&wf) {
+                Ok(Some((_, e))) if e.is_empty() => None,
+                Ok(Some((_, e))) => Some((e[0].meta.taken_at.clone(), wf)),
+                _ => Some((String::new(), wf)),
+            })
+            .collect();
+        pending.sort();
         let mut out = Vec::new();
-        for wf in workflows {
-            if !crate::plan::is_valid_id(&wf) {
-                continue;
-            }
-            let read_log = || {
-                self.state.commit_log_file(&wf).and_then(|f| match f {
-                    Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
-                    None => Ok(None),
-                })
-            };
-            // Most logs are empty: they are told apart without taking the lock (which
-            // may mean creating its file), and read again under it.
-            if matches!(read_log(), Ok(Some((_, ref e))) if e.is_empty()) {
-                continue;
-            }
+        for (_, wf) in pending {
+            let read_log = || read_log(&wf);
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
