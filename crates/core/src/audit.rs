@@ -728,10 +728,10 @@ impl AuditLog {
         })
     }
 
-    /// The first change another run made to `target_path` at or after `since` (a write or
-    /// a restore; its `before_checksum` is what it found there), if the trail records
-    /// one. A scan from the newest entry back to `since`, for recovery's rare doubtful
-    /// cases.
+    /// The first change another run made to `target_path` after `since` (a write or a
+    /// restore; its `before_checksum` is what it found there), if the trail records one:
+    /// the earliest by timestamp, since recovery appends lines after the fact. A scan of
+    /// the whole trail, for recovery's rare doubtful cases.
     pub fn first_change_since(
         &self,
         target_path: &str,
@@ -741,14 +741,13 @@ impl AuditLog {
         self.with(|ix| {
             ix.entries
                 .iter()
-                .rev()
-                .take_while(|e| e.timestamp.as_str() >= since)
                 .filter(|e| {
-                    matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
+                    e.timestamp.as_str() > since
+                        && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
                         && e.execution_id != not_execution
                         && e.target_path == target_path
                 })
-                .last()
+                .min_by(|a, b| a.timestamp.cmp(&b.timestamp))
                 .cloned()
         })
     }

@@ -142,8 +142,8 @@ pub struct SandboxWriteExecutor<'a> {
     /// is still on disk, so the run is not rolled back, whatever else it undoes.
     undo_failed: Option<String>,
     /// Set when a restore's audit line could not be appended (its mark is on disk): the
-    /// run's record then stays active, so that the next run of the workflow, in any
-    /// process, audits the restore from its mark, as after a crash.
+    /// run's record then says so, and the next run or start audits the restore from its
+    /// mark, as after a crash.
     unrecorded: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
@@ -631,8 +631,17 @@ impl<'a> SandboxWriteExecutor<'a> {
         let file = self.record_file.take();
         let unrecorded = std::rc::Rc::clone(&self.unrecorded);
         let result = self.execute_actions();
-        if unrecorded.get() {
-            tracing::warn!(workflow = %record.workflow_id, "a restore of this run is not on the audit trail; its record stays active for the next run to audit it");
+        // After a failed sync the record stays active instead (`run_finished`): the next
+        // start checks the whole run against the disk.
+        if unrecorded.get() && sb.sync_failure().is_none() {
+            tracing::warn!(workflow = %record.workflow_id, "a restore of this run is not on the audit trail; its record says so, for the next run or start to audit it");
+            let rec = crate::recovery::InflightRecord {
+                state: crate::recovery::RESTORES_UNAUDITED.to_owned(),
+                ..record
+            };
+            if let Err(e) = sb.write_record(&rec, sb.durable()) {
+                tracing::warn!(error = %e, "could not mark a run's restores unaudited");
+            }
         } else {
             sb.run_finished(record, file.as_ref());
         }

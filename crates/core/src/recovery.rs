@@ -20,6 +20,19 @@ use std::collections::{HashMap, HashSet};
 /// The record state of a workflow whose rollback is under way.
 pub const ROLLING_BACK: &str = "rolling_back";
 
+/// The record state of a run that ended, in a process that may live on, with a restore
+/// whose audit line could not be appended (its mark is on disk): recovery only audits
+/// the restores its marks record, touching no file of the run.
+pub const RESTORES_UNAUDITED: &str = "restores_unaudited";
+
+/// At most this many recovering processes are named in a run record.
+const MAX_RECOVERED_BY: usize = 4;
+
+/// Whether a record's run needs recovery.
+fn needs_recovery(rec: &InflightRecord) -> bool {
+    rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED
+}
+
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
 /// `idle` when the run ends. One file per workflow, rewritten in place.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,7 +117,7 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             };
-            if rec.state != "active" && rec.state != ROLLING_BACK {
+            if !needs_recovery(&rec) {
                 continue;
             }
             if !crate::plan::is_valid_id(&rec.workflow_id) || rec.workflow_id != id {
@@ -161,7 +174,7 @@ impl Sandbox {
         let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
             return Ok(Some(file));
         };
-        if rec.finished || (rec.state != "active" && rec.state != ROLLING_BACK) {
+        if rec.finished || !needs_recovery(&rec) {
             return Ok(Some(file));
         }
         // Whatever the dead process logged is in memory or on disk already: made durable
@@ -192,6 +205,19 @@ impl Sandbox {
     }
 
     fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        if rec.state == RESTORES_UNAUDITED {
+            let recorded = self
+                .try_record_marked_restores(&rec.workflow_id)
+                .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"))
+                .ok();
+            return Recovered {
+                execution_id: rec.execution_id.clone(),
+                workflow_id: rec.workflow_id.clone(),
+                restores_recorded: recorded.unwrap_or(0),
+                retry: recorded.is_none(),
+                ..Recovered::default()
+            };
+        }
         let me = crate::ids::unique();
         let mine = crate::ids::process_seed(&me);
         let mut claimed = rec.clone();
@@ -200,16 +226,29 @@ impl Sandbox {
             .iter()
             .any(|id| crate::ids::process_seed(id) == mine)
         {
+            // The record is one small block: the oldest names give way.
+            if claimed.recovered_by.len() >= MAX_RECOVERED_BY {
+                claimed.recovered_by.remove(0);
+            }
             claimed.recovered_by.push(me.clone());
             if let Err(e) = self.write_record(&claimed, self.durable()) {
                 tracing::warn!(error = %e, "could not name this process in a run record it recovers");
             }
         }
-        if rec.state == ROLLING_BACK {
+        let report = if rec.state == ROLLING_BACK {
             self.recover_rollback(&claimed)
         } else {
             self.recover_run(&claimed)
+        };
+        // Not finished, but not dead either: this process, which may go on writing in
+        // the same folders, is no longer named for the next recovery to clean up after.
+        if report.retry
+            && claimed != *rec
+            && let Err(e) = self.write_record(rec, self.durable())
+        {
+            tracing::warn!(error = %e, "could not restore a run record after an unfinished recovery");
         }
+        report
     }
 
     /// Replays the commit logs of workflows no process is running (see
@@ -268,9 +307,7 @@ impl Sandbox {
                 .flatten()
                 .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
             let rec = on_disk.or_else(|| entries.last().map(|e| e.record.clone()));
-            let dead = rec
-                .as_ref()
-                .filter(|r| r.state == "active" || r.state == ROLLING_BACK);
+            let dead = rec.as_ref().filter(|r| needs_recovery(r));
             let mut report = match dead {
                 Some(r) => self.recover_record(r),
                 None => Recovered {
@@ -335,6 +372,7 @@ impl Sandbox {
         let mut live = Vec::new();
         let mut changed: HashSet<String> = HashSet::new();
         let mut complete = true;
+        let mut superseded = false;
         let mut kept = Vec::new();
         for (at, e) in entries.iter().enumerate() {
             let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
@@ -368,6 +406,20 @@ impl Sandbox {
             if let Err(r) = Snapshotter::repair(root, &self.seal, meta, e.backup.as_deref()) {
                 tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
                 complete = false;
+                continue;
+            }
+            // Another run changed the target after this entry was logged, without
+            // finding its result there (its process died before the rename): that change
+            // stands, and this action is recorded undone, never redone over it.
+            if self.first_change_by_another(i, meta).is_some() && !self.found_its_result(i, meta) {
+                let current = self.target_checksum(i, &meta.target());
+                if let Err(r) =
+                    self.mark_restored(i, meta, &e.record.execution_id, &current, &[], true)
+                {
+                    tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
+                    complete = false;
+                }
+                superseded = true;
                 continue;
             }
             let was_audited =
@@ -433,6 +485,9 @@ impl Sandbox {
                     complete = false;
                 }
             }
+        }
+        if superseded {
+            self.record_marked_restores(wf);
         }
         (changed.len(), complete, kept)
     }
@@ -565,13 +620,15 @@ impl Sandbox {
                 .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
                 .clone();
             let outcome = audited.get(&s.meta.action_id);
-            // Never audited, and the target holds neither what it held before nor what
-            // the action writes: another run wrote it since (the dead run's locks went
-            // with it). That write is theirs to keep; this action is recorded as what it
-            // was, done or not, and never put over it.
+            // Never audited, and another run changed the target since (the dead run's
+            // locks went with it): the trail says so, or the target holds neither what it
+            // held before nor what the action writes. That change is theirs to keep;
+            // this action is recorded as what it was, done or not, and never redone or
+            // restored over it.
             if outcome.is_none()
-                && current != s.meta.after_sha256
-                && !self.back_to_before(i, &s.meta, current.as_deref())
+                && ((current != s.meta.after_sha256
+                    && !self.back_to_before(i, &s.meta, current.as_deref()))
+                    || self.first_change_by_another(i, &s.meta).is_some())
             {
                 let landed =
                     self.settle_overwritten(i, &s.meta, rec, current.as_ref(), &registered);
@@ -714,6 +771,15 @@ impl Sandbox {
     /// audited now, from its mark, so that the trail's newest record of a file says what
     /// it holds. Returns how many.
     fn record_marked_restores(&self, workflow_id: &str) -> usize {
+        self.try_record_marked_restores(workflow_id)
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "recovery could not audit marked restores");
+                0
+            })
+    }
+
+    /// [`Sandbox::record_marked_restores`], saying when the audit append failed.
+    fn try_record_marked_restores(&self, workflow_id: &str) -> std::io::Result<usize> {
         let entries = self.audit.by_workflow(workflow_id).unwrap_or_default();
         let recorded: HashSet<&str> = entries
             .iter()
@@ -752,13 +818,10 @@ impl Sandbox {
             ));
         }
         let n = records.len();
-        if n > 0
-            && let Err(e) = self.audit.append(records)
-        {
-            tracing::error!(error = %e, "recovery could not audit marked restores");
-            return 0;
+        if n > 0 {
+            self.audit.append(records)?;
         }
-        n
+        Ok(n)
     }
 }
 
@@ -790,20 +853,7 @@ impl Sandbox {
         // nothing, its presence that the rename never happened.
         let landed = staged.is_none()
             && (registered.iter().any(|e| e.generated_by_action == made_by)
-                || meta.after_sha256.as_deref().is_some_and(|after| {
-                    // The first change made after this action's snapshot found its result.
-                    meta.sha256.as_deref() != Some(after)
-                        && self
-                            .audit
-                            .first_change_since(
-                                &self.abs_path(root, &meta.target()),
-                                &meta.taken_at,
-                                &meta.execution_id,
-                            )
-                            .ok()
-                            .flatten()
-                            .is_some_and(|e| e.before_checksum.as_deref() == Some(after))
-                }));
+                || self.found_its_result(root, meta));
         if landed {
             return Some(match &meta.commit {
                 Some(c) => {
@@ -822,6 +872,34 @@ impl Sandbox {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
         }
         None
+    }
+
+    /// The first change another run made to an action's target after its snapshot, as
+    /// the trail records it.
+    fn first_change_by_another(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+    ) -> Option<crate::audit::SandboxAuditEntry> {
+        self.audit
+            .first_change_since(
+                &self.abs_path(root, &meta.target()),
+                &meta.taken_at,
+                &meta.execution_id,
+            )
+            .ok()
+            .flatten()
+    }
+
+    /// Whether the first change another run made to an action's target after its
+    /// snapshot found the action's result there: proof that the action's write landed.
+    fn found_its_result(&self, root: usize, meta: &crate::snapshot::SnapshotMeta) -> bool {
+        meta.after_sha256.as_deref().is_some_and(|after| {
+            meta.sha256.as_deref() != Some(after)
+                && self
+                    .first_change_by_another(root, meta)
+                    .is_some_and(|e| e.before_checksum.as_deref() == Some(after))
+        })
     }
 
     /// Finishes an action from its commit record: puts the staged bytes in place unless

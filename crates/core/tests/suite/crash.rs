@@ -1130,6 +1130,8 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
             }));
             assert!(outcome.is_err(), "{case}: the run should die");
             drop(dying);
+            // Anything written later is timestamped later.
+            w.clock.advance(chrono::Duration::seconds(1));
             let r = run(
                 &live,
                 json!({"workflow_id": "wf_live", "actions": [
@@ -1295,4 +1297,180 @@ fn an_older_write_from_the_same_bytes_does_not_make_a_dead_action_done() {
     let statuses: Vec<_> = trail.iter().map(|e| format!("{:?}", e.status)).collect();
     assert_eq!(statuses, ["RolledBack"], "{trail:?}");
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Runs `plan` in a fresh sandbox over `c` armed to crash at `point`; drops it.
+fn die_with(w: &World, c: &ailab_sandbox_core::Config, point: &str, p: serde_json::Value) {
+    let dying = w.open(c.clone());
+    dying.failpoints().arm_crash(point, 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| dying.run_plan(plan(p))));
+    assert!(outcome.is_err(), "the run should die");
+    drop(dying);
+    // Anything written later is timestamped later.
+    w.clock.advance(chrono::Duration::seconds(1));
+}
+
+fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
+    sb.audit_entries(50, Some(wf))
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}:{:?}", e.action_id, e.status))
+        .collect()
+}
+
+/// Batched, with the workflow's commit log made by an earlier run: the dead action's
+/// commit is one log append. It dies before its rename, and another process then writes
+/// the file. The next start's log replay must neither put the dead bytes over that
+/// write nor record the dead action as done.
+#[test]
+fn a_logged_dead_write_that_never_landed_is_not_recorded_done_at_the_next_start() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let c = batched(&w);
+    let first = w.open(c.clone());
+    let r = run(
+        &first,
+        json!({"workflow_id": "wf_dead", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "x\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    drop(first);
+    let live = w.open(c.clone());
+    die_with(
+        &w,
+        &c,
+        "before_mutate",
+        json!({"workflow_id": "wf_dead", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]}),
+    );
+    let r = run(
+        &live,
+        json!({"workflow_id": "wf_live", "actions": [
+            {"intent": "append_file", "path": "a.txt", "content": "live\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(
+        w.read("a.txt"),
+        b"alpha\nlive\n",
+        "the dead write never landed"
+    );
+    drop(live);
+    let sb = w.open(c.clone());
+    assert_eq!(
+        w.read("a.txt"),
+        b"alpha\nlive\n",
+        "wf_live's audited append was overwritten by the dead run's staged bytes: notices {:?}, wf_dead {:?}, wf_live {:?}, verify {:?}",
+        sb.notices(),
+        statuses_of(&sb, "wf_dead"),
+        statuses_of(&sb, "wf_live"),
+        sb.audit_verify().unwrap().ok
+    );
+    let arts: Vec<_> = sb
+        .registry()
+        .get_by_workflow("wf_dead")
+        .unwrap()
+        .into_iter()
+        .map(|a| a.action_id)
+        .filter(|a| a == "a1")
+        .collect();
+    let trail = statuses_of(&sb, "wf_dead");
+    assert!(
+        arts.is_empty() && !trail.contains(&"a1:Success".to_owned()),
+        "a write that never landed is recorded as done: registry {arts:?}, trail {trail:?}, notices {:?}",
+        sb.notices()
+    );
+}
+
+/// Another run writes the very bytes the dead action would have written (it never
+/// landed): recovery must not take them for the dead action's result and restore the
+/// old bytes over that audited write.
+#[test]
+fn a_later_write_of_the_same_bytes_is_kept() {
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        let mut c = w.writable_config();
+        c.durability = d;
+        let live = w.open(c.clone());
+        die_with(
+            &w,
+            &c,
+            "before_mutate",
+            json!({"workflow_id": "wf_dead", "actions": [
+                {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "SAME\n"}]}),
+        );
+        let r = run(
+            &live,
+            json!({"workflow_id": "wf_live", "actions": [
+                {"intent": "replace_file", "path": "a.txt", "content": "SAME\n"}]}),
+        );
+        assert_eq!(status(&r), "success");
+        drop(live);
+        let sb = w.open(c.clone());
+        if w.read("a.txt") != b"SAME\n" {
+            wrong.push(format!(
+                "{d:?}: wf_live's audited write undone, a.txt = {:?}; wf_dead {:?}, wf_live {:?}",
+                String::from_utf8_lossy(&w.read("a.txt")),
+                statuses_of(&sb, "wf_dead"),
+                statuses_of(&sb, "wf_live")
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// A run whose restore could not be audited leaves its record for a later recovery in a
+/// process that lives on. Another process that starts then records the restore, and
+/// must not remove that live process's temporary files beside the run's targets: here
+/// the staged bytes of a write it has under way in the same folder.
+#[test]
+fn recovering_a_run_whose_restores_went_unaudited_spares_writes_under_way() {
+    let w = World::new();
+    w.write("b.txt", b"beta\n");
+    let c = batched(&w);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm("after_mutate", 2);
+    sb.failpoints().arm("after_mark", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    assert_eq!(run_record(&w, "wf_m")["state"], "restores_unaudited");
+    // The same process goes on with another workflow in the same folder; while its
+    // staged bytes wait beside b.txt, another process starts (its start-up recovery).
+    let c2 = c.clone();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = std::sync::Arc::clone(&seen);
+    let root = w.root.clone();
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            seen2
+                .lock()
+                .unwrap()
+                .push(format!("before: {:?}", temp_files(&root)));
+            let other = ailab_sandbox_core::Sandbox::open(c2.clone()).unwrap();
+            seen2
+                .lock()
+                .unwrap()
+                .push(format!("notices: {:?}", other.notices()));
+            seen2
+                .lock()
+                .unwrap()
+                .push(format!("after: {:?}", temp_files(&root)));
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_live", "actions": [
+            {"intent": "replace_file", "path": "b.txt", "content": "BETA\n"}]}),
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(status(&r), "success", "{r:?}\n{seen:#?}");
+    assert_eq!(w.read("b.txt"), b"BETA\n");
 }
