@@ -1121,33 +1121,19 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
             let original = w.tree();
             let mut c = w.writable_config();
             c.durability = durability;
-            let live = w.open(c.clone());
-            let dying = w.open(c.clone());
-            dying.failpoints().arm_crash(point, 1);
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                dying.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [
-                    {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]})))
-            }));
-            assert!(outcome.is_err(), "{case}: the run should die");
-            drop(dying);
-            // Anything written later is timestamped later.
-            w.clock.advance(chrono::Duration::seconds(1));
-            let r = run(
-                &live,
-                json!({"workflow_id": "wf_live", "actions": [
-                    {"intent": "append_file", "path": "a.txt", "content": "live\n"}]}),
+            let sb = overtaken(
+                &w,
+                &c,
+                point,
+                ("replace_file", "DEAD\n"),
+                ("append_file", "live\n"),
             );
-            assert_eq!(status(&r), "success", "{case}");
-            let kept = w.read("a.txt");
             let expected: &[u8] = if landed {
                 b"DEAD\nlive\n"
             } else {
                 b"alpha\nlive\n"
             };
-            assert_eq!(kept, expected, "{case}");
-            drop(live);
-            let sb = w.open(c.clone());
-            assert_eq!(w.read("a.txt"), kept, "{case}: the later write is kept");
+            assert_eq!(w.read("a.txt"), expected, "{case}: the later write is kept");
             let verified = sb.audit_verify().unwrap();
             assert!(verified.ok, "{case}: {verified:?}");
             let trail = sb.audit_entries(10, Some("wf_dead")).unwrap();
@@ -1310,6 +1296,34 @@ fn die_with(w: &World, c: &ailab_sandbox_core::Config, point: &str, p: serde_jso
     w.clock.advance(chrono::Duration::seconds(1));
 }
 
+/// `wf_dead`'s action `a1` (`dead`: intent and content) on `a.txt` dies at `point`, then
+/// a process that was already running writes the file in `wf_live` (`live`); returns the
+/// sandbox of the next start, which recovers the dead run.
+fn overtaken(
+    w: &World,
+    c: &ailab_sandbox_core::Config,
+    point: &str,
+    dead: (&str, &str),
+    live: (&str, &str),
+) -> ailab_sandbox_core::Sandbox {
+    let running = w.open(c.clone());
+    die_with(
+        w,
+        c,
+        point,
+        json!({"workflow_id": "wf_dead", "actions": [
+            {"action_id": "a1", "intent": dead.0, "path": "a.txt", "content": dead.1}]}),
+    );
+    let r = run(
+        &running,
+        json!({"workflow_id": "wf_live", "actions": [
+            {"intent": live.0, "path": "a.txt", "content": live.1}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(running);
+    w.open(c.clone())
+}
+
 fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
     sb.audit_entries(50, Some(wf))
         .unwrap()
@@ -1335,27 +1349,13 @@ fn a_logged_dead_write_that_never_landed_is_not_recorded_done_at_the_next_start(
     );
     assert_eq!(status(&r), "success");
     drop(first);
-    let live = w.open(c.clone());
-    die_with(
+    let sb = overtaken(
         &w,
         &c,
         "before_mutate",
-        json!({"workflow_id": "wf_dead", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]}),
+        ("replace_file", "DEAD\n"),
+        ("append_file", "live\n"),
     );
-    let r = run(
-        &live,
-        json!({"workflow_id": "wf_live", "actions": [
-            {"intent": "append_file", "path": "a.txt", "content": "live\n"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    assert_eq!(
-        w.read("a.txt"),
-        b"alpha\nlive\n",
-        "the dead write never landed"
-    );
-    drop(live);
-    let sb = w.open(c.clone());
     assert_eq!(
         w.read("a.txt"),
         b"alpha\nlive\n",
@@ -1393,22 +1393,13 @@ fn a_later_write_of_the_same_bytes_is_kept() {
         w.write("a.txt", b"alpha\n");
         let mut c = w.writable_config();
         c.durability = d;
-        let live = w.open(c.clone());
-        die_with(
+        let sb = overtaken(
             &w,
             &c,
             "before_mutate",
-            json!({"workflow_id": "wf_dead", "actions": [
-                {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "SAME\n"}]}),
+            ("replace_file", "SAME\n"),
+            ("replace_file", "SAME\n"),
         );
-        let r = run(
-            &live,
-            json!({"workflow_id": "wf_live", "actions": [
-                {"intent": "replace_file", "path": "a.txt", "content": "SAME\n"}]}),
-        );
-        assert_eq!(status(&r), "success");
-        drop(live);
-        let sb = w.open(c.clone());
         if w.read("a.txt") != b"SAME\n" {
             wrong.push(format!(
                 "{d:?}: wf_live's audited write undone, a.txt = {:?}; wf_dead {:?}, wf_live {:?}",
