@@ -1165,6 +1165,20 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
     }
 }
 
+/// Runs `wf_m` (two creations) so that its second action fails and the audit line of
+/// one of the restores that undo it cannot be appended.
+fn lose_a_restore_line(sb: &ailab_sandbox_core::Sandbox) {
+    sb.failpoints().arm("after_mutate", 2);
+    sb.failpoints().arm("after_mark", 1);
+    let r = run(
+        sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+}
+
 /// A failed run undoes its actions; when the audit line of a restore cannot be appended
 /// (a full disk), the restore's mark is on disk and the run's record stays active, so
 /// the next run of the workflow audits the restore from its mark: the trail's newest
@@ -1174,15 +1188,7 @@ fn a_restore_whose_audit_line_was_lost_is_audited_by_the_next_run() {
     use ailab_sandbox_core::audit::AuditStatus;
     let w = World::new();
     let sb = w.sandbox();
-    sb.failpoints().arm("after_mutate", 2);
-    sb.failpoints().arm("after_mark", 1);
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_m", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
-            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
-    );
-    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    lose_a_restore_line(&sb);
     assert!(!w.path("one.txt").exists() && !w.path("two.txt").exists());
     let undone = |sb: &ailab_sandbox_core::Sandbox| {
         let mut ids: Vec<_> = sb
@@ -1422,15 +1428,7 @@ fn recovering_a_run_whose_restores_went_unaudited_spares_writes_under_way() {
     w.write("b.txt", b"beta\n");
     let c = batched(&w);
     let sb = w.open(c.clone());
-    sb.failpoints().arm("after_mutate", 2);
-    sb.failpoints().arm("after_mark", 1);
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_m", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
-            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
-    );
-    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    lose_a_restore_line(&sb);
     assert_eq!(run_record(&w, "wf_m")["state"], "restores_unaudited");
     // The same process goes on with another workflow in the same folder; while its
     // staged bytes wait beside b.txt, another process starts (its start-up recovery).
