@@ -411,7 +411,10 @@ impl Sandbox {
             // Another run changed the target after this entry was logged, without
             // finding its result there (its process died before the rename): that change
             // stands, and this action is recorded undone, never redone over it.
-            if self.first_change_by_another(i, meta).is_some() && !self.found_its_result(i, meta) {
+            if self
+                .first_change_by_another(i, meta)
+                .is_some_and(|first| !found_its_result(meta, &first))
+            {
                 let current = self.target_checksum(i, &meta.target());
                 if let Err(r) =
                     self.mark_restored(i, meta, &e.record.execution_id, &current, &[], true)
@@ -625,13 +628,23 @@ impl Sandbox {
             // held before nor what the action writes. That change is theirs to keep;
             // this action is recorded as what it was, done or not, and never redone or
             // restored over it.
+            let first_change = outcome
+                .is_none()
+                .then(|| self.first_change_by_another(i, &s.meta))
+                .flatten();
             if outcome.is_none()
                 && ((current != s.meta.after_sha256
                     && !self.back_to_before(i, &s.meta, current.as_deref()))
-                    || self.first_change_by_another(i, &s.meta).is_some())
+                    || first_change.is_some())
             {
-                let landed =
-                    self.settle_overwritten(i, &s.meta, rec, current.as_ref(), &registered);
+                let landed = self.settle_overwritten(
+                    i,
+                    &s.meta,
+                    rec,
+                    current.as_ref(),
+                    &registered,
+                    first_change.as_ref(),
+                );
                 match landed {
                     Some(record) => {
                         finish_audits.extend(record);
@@ -826,9 +839,9 @@ impl Sandbox {
 }
 
 impl Sandbox {
-    /// A dead run's unaudited action whose target another run has written since. When
-    /// its write had landed (its artifact is registered, or the first change another run
-    /// made to the target after the snapshot found its result), it is
+    /// A dead run's unaudited action whose target another run has written since
+    /// (`first_change`: the first such change the trail records). When its write had
+    /// landed (its artifact is registered, or that first change found its result), it is
     /// finished without touching the target: `Some` with the audit record to append
     /// (`None` inside when the commit record's own were appended). Otherwise it never
     /// landed: its staged bytes are discarded and its snapshot marked restored, to be
@@ -840,6 +853,7 @@ impl Sandbox {
         rec: &InflightRecord,
         current: Option<&String>,
         registered: &[crate::artifact::ArtifactEntry],
+        first_change: Option<&crate::audit::SandboxAuditEntry>,
     ) -> Option<Option<AuditRecord>> {
         let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
         let staged = meta.commit.as_ref().and_then(|c| {
@@ -853,7 +867,7 @@ impl Sandbox {
         // nothing, its presence that the rename never happened.
         let landed = staged.is_none()
             && (registered.iter().any(|e| e.generated_by_action == made_by)
-                || self.found_its_result(root, meta));
+                || first_change.is_some_and(|first| found_its_result(meta, first)));
         if landed {
             return Some(match &meta.commit {
                 Some(c) => {
@@ -889,17 +903,6 @@ impl Sandbox {
             )
             .ok()
             .flatten()
-    }
-
-    /// Whether the first change another run made to an action's target after its
-    /// snapshot found the action's result there: proof that the action's write landed.
-    fn found_its_result(&self, root: usize, meta: &crate::snapshot::SnapshotMeta) -> bool {
-        meta.after_sha256.as_deref().is_some_and(|after| {
-            meta.sha256.as_deref() != Some(after)
-                && self
-                    .first_change_by_another(root, meta)
-                    .is_some_and(|e| e.before_checksum.as_deref() == Some(after))
-        })
     }
 
     /// Finishes an action from its commit record: puts the staged bytes in place unless
@@ -1003,4 +1006,15 @@ fn child(dir: &RelPath) -> RelPath {
     let mut c = dir.components().to_vec();
     c.push("x".to_owned());
     RelPath::from_components(c)
+}
+
+/// Whether `first`, the first change another run made to an action's target after its
+/// snapshot, found the action's result there: proof that the action's write landed.
+fn found_its_result(
+    meta: &crate::snapshot::SnapshotMeta,
+    first: &crate::audit::SandboxAuditEntry,
+) -> bool {
+    meta.after_sha256.as_deref().is_some_and(|after| {
+        meta.sha256.as_deref() != Some(after) && first.before_checksum.as_deref() == Some(after)
+    })
 }
