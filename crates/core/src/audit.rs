@@ -728,13 +728,15 @@ impl AuditLog {
         })
     }
 
-    /// The first change another run made to `target_path` after `since` (a write or a
+    /// The first change another run made to a target after `since` (a write or a
     /// restore; its `before_checksum` is what it found there), if the trail records one:
-    /// the earliest by timestamp, since recovery appends lines after the fact. A scan of
-    /// the whole trail, for recovery's rare doubtful cases.
+    /// the earliest by timestamp, since recovery appends lines after the fact.
+    /// `is_target` tells whether a recorded `target_path` names the target: another
+    /// process may have spelled its root differently (through a symlink), so the text
+    /// alone does not say. A scan of the whole trail, for recovery's rare doubtful cases.
     pub fn first_change_since(
         &self,
-        target_path: &str,
+        is_target: impl Fn(&str) -> bool,
         since: &str,
         not_execution: &str,
     ) -> io::Result<Option<SandboxAuditEntry>> {
@@ -745,7 +747,7 @@ impl AuditLog {
                     e.timestamp.as_str() > since
                         && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
                         && e.execution_id != not_execution
-                        && e.target_path == target_path
+                        && is_target(&e.target_path)
                 })
                 .min_by(|a, b| a.timestamp.cmp(&b.timestamp))
                 .cloned()

@@ -31,6 +31,11 @@ pub fn process_seed(id: &str) -> &str {
     id.get(id.len().saturating_sub(8)..).unwrap_or("")
 }
 
+/// Whether an id (or a name ending in one) was made by this process.
+pub fn made_here(id: &str) -> bool {
+    process_seed(id) == format!("{:08x}", seed())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -137,8 +137,11 @@ impl Sandbox {
             out.push(report);
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
-            if let Err(r) = self.sync_point() {
+            if let Err(r) = self.conclude_sync() {
                 tracing::warn!(reason = %r.reason, "cannot sync after recovery");
+                if !retry {
+                    self.unclaim(&rec);
+                }
                 continue;
             }
             if !retry {
@@ -191,7 +194,7 @@ impl Sandbox {
                 ),
             ));
         }
-        self.sync_point()?;
+        self.conclude_sync().inspect_err(|_| self.unclaim(&rec))?;
         tracing::warn!(
             workflow = %workflow_id,
             execution = %rec.execution_id,
@@ -218,19 +221,13 @@ impl Sandbox {
                 ..Recovered::default()
             };
         }
-        let me = crate::ids::unique();
-        let mine = crate::ids::process_seed(&me);
         let mut claimed = rec.clone();
-        if !rec
-            .recovered_by
-            .iter()
-            .any(|id| crate::ids::process_seed(id) == mine)
-        {
+        if !rec.recovered_by.iter().any(|id| crate::ids::made_here(id)) {
             // The record is one small block: the oldest names give way.
             if claimed.recovered_by.len() >= MAX_RECOVERED_BY {
                 claimed.recovered_by.remove(0);
             }
-            claimed.recovered_by.push(me.clone());
+            claimed.recovered_by.push(crate::ids::unique());
             if let Err(e) = self.write_record(&claimed, self.durable()) {
                 tracing::warn!(error = %e, "could not name this process in a run record it recovers");
             }
@@ -240,15 +237,35 @@ impl Sandbox {
         } else {
             self.recover_run(&claimed)
         };
-        // Not finished, but not dead either: this process, which may go on writing in
-        // the same folders, is no longer named for the next recovery to clean up after.
-        if report.retry
-            && claimed != *rec
-            && let Err(e) = self.write_record(rec, self.durable())
-        {
-            tracing::warn!(error = %e, "could not restore a run record after an unfinished recovery");
+        if report.retry {
+            self.unclaim(rec);
         }
         report
+    }
+
+    /// The sync point that makes what a recovery did durable, before the run's record
+    /// says it needs no more recovery.
+    fn conclude_sync(&self) -> Verdict {
+        self.failpoints.check("recovery_sync").map_err(|e| {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!("could not sync to stable storage: {e}"),
+            )
+        })?;
+        self.sync_point()
+    }
+
+    /// Puts back a dead run's record, without this process's name, after a recovery of
+    /// it that did not conclude (its result could not be audited or made durable): the
+    /// next recovery, in another process, removes the temporary files of the processes
+    /// the record names, and this one lives on and may have writes under way in the
+    /// same folders.
+    fn unclaim(&self, rec: &InflightRecord) {
+        let mut back = rec.clone();
+        back.recovered_by.retain(|id| !crate::ids::made_here(id));
+        if let Err(e) = self.write_record(&back, self.durable()) {
+            tracing::warn!(error = %e, "could not restore a run record after an unfinished recovery");
+        }
     }
 
     /// Replays the commit logs of workflows no process is running (see
@@ -320,28 +337,31 @@ impl Sandbox {
                 },
             };
             report.completed += replayed;
-            if !complete {
-                tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
-                out.push(report);
-                continue;
-            }
-            if let Err(r) = self.sync_logged_writes() {
-                tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
-                continue;
-            }
             // Entries for a root not configured now stay, alone, for a start that has it:
             // their writes were acknowledged, and the others must not be replayed again.
             let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
-            if let Err(e) = crate::commit_log::retain(&file, &keep) {
+            let concluded = if !complete {
+                tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
+                false
+            } else if let Err(r) = self.sync_logged_writes() {
+                tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
+                false
+            } else if let Err(e) = crate::commit_log::retain(&file, &keep) {
                 tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
-                continue;
-            }
+                false
+            } else {
+                true
+            };
             if let Some(r) = dead
                 && !report.retry
             {
-                self.write_idle_record(r, self.durable());
+                if concluded {
+                    self.write_idle_record(r, self.durable());
+                } else {
+                    self.unclaim(r);
+                }
             }
-            if dead.is_some() || replayed > 0 {
+            if !complete || (concluded && (dead.is_some() || replayed > 0)) {
                 out.push(report);
             }
         }
@@ -740,14 +760,12 @@ impl Sandbox {
     ) -> usize {
         // The dead run's process, and earlier recoveries of it that died; never this
         // process, whose other writes may be under way in the same folders.
-        let mine = crate::ids::unique();
-        let mine = crate::ids::process_seed(&mine);
         let makers: Vec<&str> = std::iter::once(rec.execution_id.as_str())
             .chain(
                 rec.recovered_by
                     .iter()
                     .map(String::as_str)
-                    .filter(|id| crate::ids::process_seed(id) != mine),
+                    .filter(|id| !crate::ids::made_here(id)),
             )
             .collect();
         let mut removed = 0;
@@ -895,9 +913,10 @@ impl Sandbox {
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
     ) -> Option<crate::audit::SandboxAuditEntry> {
+        let rel = meta.target();
         self.audit
             .first_change_since(
-                &self.abs_path(root, &meta.target()),
+                |recorded| self.names_target(recorded, root, &rel),
                 &meta.taken_at,
                 &meta.execution_id,
             )

@@ -1278,6 +1278,21 @@ impl Sandbox {
             .to_string()
     }
 
+    /// Whether a recorded absolute target path names `rel` in this root, whatever
+    /// spelling of the root (a symlink to it, say) the recording process was given.
+    pub(crate) fn names_target(&self, recorded: &str, root_index: usize, rel: &RelPath) -> bool {
+        let path = std::path::Path::new(recorded);
+        if path == join_display(&self.root_paths[root_index], rel) {
+            return true;
+        }
+        path.ends_with(rel.to_path_buf())
+            && path
+                .ancestors()
+                .nth(rel.depth())
+                .and_then(std::path::Path::to_str)
+                .is_some_and(|r| self.roots[root_index].is_named_by(r))
+    }
+
     /// The root (index) a recorded absolute target path lies in, whatever spelling of
     /// the root it was recorded with; `None` when it is in none of this process's roots.
     fn root_of(&self, target: &str) -> Option<usize> {

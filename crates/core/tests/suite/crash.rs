@@ -141,13 +141,7 @@ fn crash_at_every_step_of_every_action_is_recoverable() {
             assert!(temp_files(&w.root).is_empty(), "{point}#{nth}");
             let v = sb.audit_verify().unwrap();
             assert!(v.ok, "{point}#{nth}: {v:?}");
-            let rb = sb.rollback_workflow(
-                "wf_crash",
-                &RollbackOptions {
-                    action_id: None,
-                    force: true,
-                },
-            );
+            let rb = sb.rollback_workflow("wf_crash", &forced());
             assert!(
                 rb.status == "rolled_back"
                     || rb.reason_code == Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
@@ -358,13 +352,7 @@ fn strict_and_batched_durability_run_and_recover() {
         die_before_the_second_record(&w, &c);
         let sb = w.open(c);
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
-        let rb = sb.rollback_workflow(
-            "wf_crash",
-            &RollbackOptions {
-                action_id: None,
-                force: true,
-            },
-        );
+        let rb = sb.rollback_workflow("wf_crash", &forced());
         assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
         assert_eq!(w.tree(), original, "{durability:?}");
     }
@@ -745,13 +733,7 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     w.write("a.txt", b"ALPHA\n");
     let sb = w.open(c);
     assert!(sb.audit_verify().unwrap().ok);
-    let rb = sb.rollback_workflow(
-        "wf_crash",
-        &RollbackOptions {
-            force: true,
-            ..RollbackOptions::default()
-        },
-    );
+    let rb = sb.rollback_workflow("wf_crash", &forced());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
 }
@@ -830,6 +812,34 @@ fn a_run_that_dies_in_a_live_process_is_recovered_by_the_next_run_of_its_workflo
             sb.notices()
         );
     }
+}
+
+/// A recovery names its process in the run record so that, should it die, the next
+/// recovery removes its temporary files. When it cannot make its result durable, the
+/// record stays for a later recovery in another process, and must no longer name this
+/// one, which lives on and may have writes under way in the same folders.
+#[test]
+fn a_recovery_that_cannot_sync_does_not_leave_its_process_named() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Batched);
+    let sb = w.open(c.clone());
+    kill_before_the_second_record(&sb);
+    let dead = run_record(&w, "wf_crash")["execution_id"].clone();
+    let next = json!({"workflow_id": "wf_crash", "actions": [
+        {"intent": "create_file", "path": "z.txt", "content": "z\n"}]});
+    sb.failpoints().arm("recovery_sync", 1);
+    let r = run(&sb, next.clone());
+    assert_eq!(code(&r, 0), Some("io_error".to_owned()), "{r:?}");
+    let rec = run_record(&w, "wf_crash");
+    assert_eq!(
+        rec["execution_id"], dead,
+        "still the dead run's, for a later try"
+    );
+    assert_eq!(rec["recovered_by"], serde_json::Value::Null, "{rec}");
+    let r = run(&sb, next);
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = sb.rollback_workflow("wf_crash", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
 }
 
 /// When the dead run cannot be judged (its snapshots cannot be read), a new run of its
@@ -1141,10 +1151,7 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
             let want = if landed { "Success" } else { "RolledBack" };
             assert_eq!(statuses, [want], "{case}: {trail:?}");
             assert!(temp_files(&w.root).is_empty(), "{case}");
-            let force = RollbackOptions {
-                action_id: None,
-                force: true,
-            };
+            let force = forced();
             let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());
             assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
             let rb = sb.rollback_workflow("wf_dead", &force);
@@ -1238,13 +1245,7 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
         "not made by a process that recovered this run"
     );
     std::fs::remove_file(&other).unwrap();
-    let rb = sb.rollback_workflow(
-        "wf_crash",
-        &RollbackOptions {
-            action_id: None,
-            force: true,
-        },
-    );
+    let rb = sb.rollback_workflow("wf_crash", &forced());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
 }
@@ -1312,7 +1313,19 @@ fn overtaken(
     dead: (&str, &str),
     live: (&str, &str),
 ) -> ailab_sandbox_core::Sandbox {
-    let running = w.open(c.clone());
+    overtaken_by(w, c, c, point, dead, live)
+}
+
+/// [`overtaken`], the process that lives on opened with `live_config`.
+fn overtaken_by(
+    w: &World,
+    c: &ailab_sandbox_core::Config,
+    live_config: &ailab_sandbox_core::Config,
+    point: &str,
+    dead: (&str, &str),
+    live: (&str, &str),
+) -> ailab_sandbox_core::Sandbox {
+    let running = w.open(live_config.clone());
     die_with(
         w,
         c,
@@ -1387,6 +1400,52 @@ fn a_logged_dead_write_that_never_landed_is_not_recorded_done_at_the_next_start(
     );
 }
 
+/// A world whose `a.txt` holds `alpha`, written with `durability`.
+fn alpha_world(
+    durability: ailab_sandbox_core::config::Durability,
+) -> (World, ailab_sandbox_core::Config) {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let mut c = w.writable_config();
+    c.durability = durability;
+    (w, c)
+}
+
+/// The process that lives on was given the root through a symlink, so the trail names
+/// its write by another path. Recovery must still see that the dead action's result was
+/// its starting point (the action landed) and keep its write, not restore the old bytes
+/// over it.
+#[test]
+fn a_later_write_through_another_spelling_of_the_root_is_kept() {
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        let (w, c) = alpha_world(d);
+        let link = w.tmp.path().join("link");
+        std::os::unix::fs::symlink(w.tmp.path(), &link).unwrap();
+        let mut live = c.clone();
+        live.roots = vec![link.join("root")];
+        let sb = overtaken_by(
+            &w,
+            &c,
+            &live,
+            "after_mutate",
+            ("replace_file", "DEAD\n"),
+            ("append_file", "live\n"),
+        );
+        let dead = statuses_of(&sb, "wf_dead");
+        if w.read("a.txt") != b"DEAD\nlive\n" || dead != ["a1:Success"] {
+            wrong.push(format!(
+                "{d:?}: a.txt = {:?}; wf_dead {dead:?}, wf_live {:?}",
+                String::from_utf8_lossy(&w.read("a.txt")),
+                statuses_of(&sb, "wf_live")
+            ));
+        }
+        assert!(sb.audit_verify().unwrap().ok, "{d:?}");
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
 /// Another run writes the very bytes the dead action would have written (it never
 /// landed): recovery must not take them for the dead action's result and restore the
 /// old bytes over that audited write.
@@ -1395,10 +1454,7 @@ fn a_later_write_of_the_same_bytes_is_kept() {
     use ailab_sandbox_core::config::Durability;
     let mut wrong = Vec::new();
     for d in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
-        let w = World::new();
-        w.write("a.txt", b"alpha\n");
-        let mut c = w.writable_config();
-        c.durability = d;
+        let (w, c) = alpha_world(d);
         let sb = overtaken(
             &w,
             &c,

@@ -232,7 +232,7 @@ proptest! {
             let now = std::fs::read(target).ok().map(|b| sha(&b));
             prop_assert_eq!(&now, sum, "{}", target);
         }
-        let rb = sb.rollback_workflow("wf_prop", &ailab_sandbox_core::sandbox::RollbackOptions { action_id: None, force: true });
+        let rb = sb.rollback_workflow("wf_prop", &forced());
         prop_assert!(
             rb.status == "rolled_back"
                 || rb.reason_code == Some(ailab_sandbox_core::ReasonCode::NoRollbackData),

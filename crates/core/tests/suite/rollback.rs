@@ -107,13 +107,7 @@ fn conflict_is_refused_unless_forced() {
     let info = sb.rollback_info("wf_five").unwrap();
     assert!(info.rollback_available);
     assert_eq!(info.conflicts.len(), 1);
-    let rb = sb.rollback_workflow(
-        "wf_five",
-        &RollbackOptions {
-            action_id: None,
-            force: true,
-        },
-    );
+    let rb = sb.rollback_workflow("wf_five", &forced());
     assert_eq!(rb.status, "rolled_back");
     assert_eq!(w.tree(), before);
     // What GET says agrees with what POST then answers.
@@ -283,13 +277,7 @@ fn restore_through_a_parent_swapped_for_a_symlink_stays_inside() {
     std::fs::rename(w.path("sub"), w.tmp.path().join("moved")).unwrap();
     std::os::unix::fs::symlink(&w.outside, w.path("sub")).unwrap();
     let outside_before = w.outside_tree();
-    let rb = sb.rollback_workflow(
-        "wf_swap",
-        &RollbackOptions {
-            action_id: None,
-            force: true,
-        },
-    );
+    let rb = sb.rollback_workflow("wf_swap", &forced());
     assert_eq!(rb.status, "failed");
     assert_eq!(rb.reason_code, Some(ReasonCode::SymlinkEscape));
     assert_eq!(w.outside_tree(), outside_before, "nothing written outside");

@@ -48,13 +48,7 @@ fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) 
     assert_eq!(last.status, ailab_sandbox_core::audit::AuditStatus::Blocked);
     assert_eq!(last.reason_code, Some(ReasonCode::ChecksumMismatch));
     let before = counted(sb);
-    let forced = sb.rollback_workflow(
-        wf,
-        &RollbackOptions {
-            force: true,
-            ..RollbackOptions::default()
-        },
-    );
+    let forced = sb.rollback_workflow(wf, &forced());
     assert_eq!(forced.status, "refused", "force does not trust it either");
     assert_eq!(counted(sb), before + 1);
 }
@@ -345,13 +339,7 @@ fn removed_records_are_caught_through_the_audit_trail() {
     for a in ["a1", "a2"] {
         std::fs::remove_file(w.root.join(format!(".rollback/wf_rm/{a}/restored.json"))).unwrap();
     }
-    let again = sb.rollback_workflow(
-        "wf_rm",
-        &RollbackOptions {
-            force: true,
-            ..RollbackOptions::default()
-        },
-    );
+    let again = sb.rollback_workflow("wf_rm", &forced());
     assert_eq!(again.steps_rolled_back, 0, "{again:?}");
     assert_eq!(w.read("n.txt"), b"later");
 }

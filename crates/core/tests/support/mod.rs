@@ -218,3 +218,11 @@ pub fn assert_noticed(sb: &Sandbox, text: &str) {
         sb.notices()
     );
 }
+
+/// Rollback options that restore over later changes (`force`), for the whole workflow.
+pub fn forced() -> ailab_sandbox_core::sandbox::RollbackOptions {
+    ailab_sandbox_core::sandbox::RollbackOptions {
+        action_id: None,
+        force: true,
+    }
+}
