@@ -112,19 +112,17 @@ impl Sandbox {
             }
         };
         for (id, bytes) in records {
-            let Ok(rec) = serde_json::from_slice::<InflightRecord>(&bytes) else {
-                tracing::warn!(record = %id, "unreadable in-flight record removed");
-                let _ = self.state.inflight_remove(&id);
-                continue;
-            };
-            if !needs_recovery(&rec) {
+            let parsed = serde_json::from_slice::<InflightRecord>(&bytes).ok();
+            if parsed.as_ref().is_some_and(|r| !needs_recovery(r)) {
                 continue;
             }
-            if !crate::plan::is_valid_id(&rec.workflow_id) || rec.workflow_id != id {
+            if !crate::plan::is_valid_id(&id) {
+                // No run can hold a workflow of that name.
+                tracing::warn!(record = %id, "in-flight record of no workflow removed");
                 let _ = self.state.inflight_remove(&id);
                 continue;
             }
-            let _lock = match self.state.try_lock(&format!("wf-{}", rec.workflow_id)) {
+            let _lock = match self.state.try_lock(&format!("wf-{id}")) {
                 Ok(Some(l)) => l,
                 Ok(None) => continue,
                 Err(e) => {
@@ -132,6 +130,24 @@ impl Sandbox {
                     continue;
                 }
             };
+            // Read again under the lock: what was listed may have been a record its run
+            // was writing, or one a run has taken over since.
+            let rec = match self.state.inflight_read(&id) {
+                Ok(Some(b)) => serde_json::from_slice::<InflightRecord>(&b).ok(),
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, record = %id, "cannot read an in-flight record");
+                    continue;
+                }
+            };
+            let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
+                tracing::warn!(record = %id, "unreadable in-flight record removed");
+                let _ = self.state.inflight_remove(&id);
+                continue;
+            };
+            if !needs_recovery(&rec) {
+                continue;
+            }
             let report = self.recover_record(&rec);
             let retry = report.retry;
             out.push(report);

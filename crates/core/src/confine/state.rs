@@ -137,11 +137,6 @@ impl StateDir {
         Ok(dir.open_with(name, opts)?.into_std())
     }
 
-    /// Syncs the directory that holds `rel`.
-    fn sync_dir_of(&self, rel: &str) -> io::Result<()> {
-        super::root::sync_dir(self.locate(rel)?.0)
-    }
-
     /// Opens (creating) an append-only log file.
     pub fn open_log(&self, name: &str) -> io::Result<LogFile> {
         let file = self.open_file(
@@ -195,15 +190,15 @@ impl StateDir {
     /// appears whole or not at all, and a second creator keeps the first one's. Returns
     /// whether this call made it.
     pub fn create_block(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
-        self.create_whole(rel, &padded_block(bytes)?)
+        self.create_whole(rel, &padded_block(bytes)?, true)
     }
 
-    /// Creates `rel` with `bytes`, durable, unless it exists: written aside and linked into
-    /// place, so a reader never sees it empty or half written, and a second creator keeps
-    /// the first one's. Either way the directory is synced before returning: the caller is
-    /// about to rely on the entry, which another process may have linked a moment ago.
-    /// Returns whether this call made it.
-    fn create_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<bool> {
+    /// Creates `rel` with `bytes` unless it exists: written aside and linked into place,
+    /// so a reader never sees it empty or half written, and a second creator keeps the
+    /// first one's. When `durable`, the directory is synced before returning either way:
+    /// the caller is about to rely on the entry, which another process may have linked a
+    /// moment ago. Returns whether this call made it.
+    fn create_whole(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<bool> {
         let (dir, name) = self.locate(rel)?;
         let tmp = format!(".{name}{}", super::root::temp_name());
         let mut f = self.open_file(
@@ -212,7 +207,7 @@ impl StateDir {
         )?;
         let linked = f
             .write_all(bytes)
-            .and_then(|()| f.sync_data())
+            .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
             .and_then(|()| dir.hard_link(&tmp, dir, name));
         let _ = dir.remove_file(&tmp);
         let made = match linked {
@@ -220,7 +215,9 @@ impl StateDir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
             Err(e) => return Err(e),
         };
-        super::root::sync_dir(dir)?;
+        if durable {
+            super::root::sync_dir(dir)?;
+        }
         Ok(made)
     }
 
@@ -239,27 +236,26 @@ impl StateDir {
     /// the file and syncs its directory; later ones cost one `fdatasync` when `durable`.
     pub fn write_block(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let block = padded_block(bytes)?;
+        let rewrite = |f: &File| {
+            f.write_all_at(&block, 0)?;
+            if durable {
+                f.sync_data()?;
+            }
+            Ok(())
+        };
         match self.open_file(rel, OpenOptions::new().write(true)) {
-            Ok(f) => {
-                f.write_all_at(&block, 0)?;
-                if durable {
-                    f.sync_data()?;
-                }
-            }
+            Ok(f) => rewrite(&f),
+            // Made whole: another process listing the folder (a start's recovery) must
+            // never find the record empty, which would make it look unreadable.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let mut f = self.open_file(
-                    rel,
-                    OpenOptions::new().write(true).create_new(true).mode(0o600),
-                )?;
-                f.write_all(&block)?;
-                if durable {
-                    f.sync_data()?;
-                    self.sync_dir_of(rel)?;
+                if self.create_whole(rel, &block, durable)? {
+                    Ok(())
+                } else {
+                    rewrite(&self.open_file(rel, OpenOptions::new().write(true))?)
                 }
             }
-            Err(e) => return Err(e),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     /// Records that `workflow`'s snapshots in `roots` (as configured) were pruned when the
@@ -409,7 +405,7 @@ impl StateDir {
             filled +=
                 rustix::rand::getrandom(&mut key[filled..], rustix::rand::GetRandomFlags::empty())?;
         }
-        if self.create_whole(name, &key)? {
+        if self.create_whole(name, &key, true)? {
             return Ok(key);
         }
         self.read_secret(name)?

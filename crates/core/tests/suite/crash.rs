@@ -842,6 +842,44 @@ fn a_recovery_that_cannot_sync_does_not_leave_its_process_named() {
     assert_eq!(w.tree(), original);
 }
 
+/// Another process that starts while a run is under way may find the run's record
+/// unreadable (caught while being written, say). The run holds its workflow's lock, so
+/// the record is its own and stays: removed, a `kill -9` of the run would leave its
+/// in-doubt write for no recovery to find.
+#[test]
+fn a_start_leaves_the_record_of_a_live_run_alone() {
+    let w = World::new();
+    let c = w.writable_config();
+    let sb = w.open(c.clone());
+    let record = w.state.join("inflight/wf_live.json");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (seen2, record2) = (seen.clone(), record.clone());
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let held = std::fs::read(&record2).unwrap();
+            std::fs::write(&record2, b"").unwrap();
+            drop(ailab_sandbox_core::Sandbox::open(c.clone()).unwrap());
+            *seen2.lock().unwrap() = Some(record2.exists());
+            if record2.exists() {
+                std::fs::write(&record2, held).unwrap();
+            }
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_live", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    assert_eq!(
+        *seen.lock().unwrap(),
+        Some(true),
+        "the live run's record was removed"
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(run_record(&w, "wf_live")["state"], "idle");
+}
+
 /// When the dead run cannot be judged (its snapshots cannot be read), a new run of its
 /// workflow is refused, naming it, rather than taking its record over; once they can be
 /// read again the next run recovers it first.
