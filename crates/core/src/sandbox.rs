@@ -2411,7 +2411,14 @@ impl Sandbox {
                         format!("could not take the workflow's lock: {e}"),
                     )
                 })
-                .and_then(|_lock| self.prune_workflow(&wf, cutoff, simulated));
+                .and_then(|_lock| {
+                    // A run this prune waited for may have died holding the lock: its
+                    // in-doubt writes are judged from the snapshots about to go.
+                    if !simulated {
+                        self.recover_dead_run(&wf)?;
+                    }
+                    self.prune_workflow(&wf, cutoff, simulated)
+                });
             match pruned {
                 Ok(true) => report.workflows_pruned.push(wf),
                 Ok(false) => report.workflows_kept += 1,

@@ -1557,3 +1557,50 @@ fn recovering_a_run_whose_restores_went_unaudited_spares_writes_under_way() {
     assert_eq!(status(&r), "success", "{r:?}\n{seen:#?}");
     assert_eq!(w.read("b.txt"), b"BETA\n");
 }
+
+/// A prune that waited for a run's workflow lock may find that run dead: its in-doubt
+/// write is judged from its snapshots (undone, or finished) before they go, so no target
+/// is left changed without an audit line and nothing of the run stays behind.
+#[test]
+fn a_prune_recovers_a_run_that_died_while_it_waited() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let pruner = w.open(c.clone());
+        die_with(
+            &w,
+            &c,
+            "before_registry",
+            json!({"workflow_id": "wf_dead", "actions": [
+                {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "DEAD\n"}]}),
+        );
+        let first = pruner.prune(std::time::Duration::ZERO).unwrap();
+        let done = statuses_of(&pruner, "wf_dead");
+        let expected = if w.read("a.txt") == b"DEAD\n" {
+            "a1:Success"
+        } else {
+            assert_eq!(w.read("a.txt"), b"alpha\n", "{durability:?}");
+            "a1:RolledBack"
+        };
+        assert_eq!(
+            done,
+            [expected],
+            "{durability:?}: the trail does not vouch for a.txt"
+        );
+        assert_eq!(temp_files(&w.root), Vec::<String>::new(), "{durability:?}");
+        assert!(pruner.audit_verify().unwrap().ok, "{durability:?}");
+        // An undo is audited now, so that prune kept the workflow; a finished write is
+        // audited at its own time.
+        w.clock.advance(chrono::Duration::seconds(1));
+        let second = pruner.prune(std::time::Duration::ZERO).unwrap();
+        let pruned = [first.workflows_pruned, second.workflows_pruned].concat();
+        assert_eq!(pruned, ["wf_dead"], "{durability:?}");
+        drop(pruner);
+        let sb = w.open(c);
+        assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
+        assert_eq!(statuses_of(&sb, "wf_dead"), [expected], "{durability:?}");
+    }
+}
