@@ -728,20 +728,21 @@ impl AuditLog {
         })
     }
 
-    /// The first change another run made to a target after `since` (a write or a
-    /// restore; its `before_checksum` is what it found there), if the trail records one:
-    /// the earliest by timestamp, since recovery appends lines after the fact.
+    /// The changes another run made to a target after `since` (writes and restores;
+    /// each `before_checksum` is what it found there), as the trail records them:
+    /// earliest first by timestamp, since recovery appends lines after the fact.
     /// `is_target` tells whether a recorded `target_path` names the target: another
     /// process may have spelled its root differently (through a symlink), so the text
     /// alone does not say. A scan of the whole trail, for recovery's rare doubtful cases.
-    pub fn first_change_since(
+    pub fn changes_since(
         &self,
         is_target: impl Fn(&str) -> bool,
         since: &str,
         not_execution: &str,
-    ) -> io::Result<Option<SandboxAuditEntry>> {
+    ) -> io::Result<Vec<SandboxAuditEntry>> {
         self.with(|ix| {
-            ix.entries
+            let mut found: Vec<SandboxAuditEntry> = ix
+                .entries
                 .iter()
                 .filter(|e| {
                     e.timestamp.as_str() > since
@@ -749,8 +750,10 @@ impl AuditLog {
                         && e.execution_id != not_execution
                         && is_target(&e.target_path)
                 })
-                .min_by(|a, b| a.timestamp.cmp(&b.timestamp))
                 .cloned()
+                .collect();
+            found.sort_by(|a, b| a.timestamp.cmp(&b.timestamp));
+            found
         })
     }
 

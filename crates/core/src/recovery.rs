@@ -99,6 +99,22 @@ pub struct Recovered {
     pub retry: bool,
 }
 
+impl Recovered {
+    /// Whether this recovery of `rec` is worth telling: a run that had finished (its
+    /// process may live on, waiting for its next sync point) and needed nothing is not.
+    fn worth_telling(&self, rec: &InflightRecord) -> bool {
+        !rec.finished
+            || self.retry
+            || self.rolled_back
+                + self.completed
+                + self.superseded
+                + self.temp_files_removed
+                + self.restores_recorded
+                + self.untrusted
+                > 0
+    }
+}
+
 impl Sandbox {
     /// Recovers every run that died while changing files. Runs still alive in another
     /// process (their workflow lock is held) are left alone.
@@ -150,7 +166,9 @@ impl Sandbox {
             }
             let report = self.recover_record(&rec);
             let retry = report.retry;
-            out.push(report);
+            if report.worth_telling(&rec) {
+                out.push(report);
+            }
             // What recovery appended must be durable before the record says the run
             // needs no more recovery.
             if let Err(r) = self.conclude_sync() {
@@ -377,7 +395,9 @@ impl Sandbox {
                     self.unclaim(r);
                 }
             }
-            if !complete || (concluded && (dead.is_some() || replayed > 0)) {
+            if !complete
+                || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))
+            {
                 out.push(report);
             }
         }
@@ -444,12 +464,17 @@ impl Sandbox {
                 complete = false;
                 continue;
             }
-            // Another run changed the target after this entry was logged, without
-            // finding its result there (its process died before the rename): that change
-            // stands, and this action is recorded undone, never redone over it.
-            if self
-                .first_change_by_another(i, meta)
-                .is_some_and(|first| !found_its_result(meta, &first))
+            let was_audited =
+                audited.contains(&(meta.execution_id.clone(), meta.action_id.clone()));
+            // Never audited, and another run changed the target after this entry was
+            // logged without finding its result there (its process died before the
+            // rename): that change stands, and this action is recorded undone, never
+            // redone over it. An audited action landed: whatever came after is not
+            // evidence against it.
+            if !was_audited
+                && self
+                    .first_change_by_another(i, meta)
+                    .is_some_and(|first| !found_its_result(meta, &first))
             {
                 let current = self.target_checksum(i, &meta.target());
                 if let Err(r) =
@@ -461,8 +486,6 @@ impl Sandbox {
                 superseded = true;
                 continue;
             }
-            let was_audited =
-                audited.contains(&(meta.execution_id.clone(), meta.action_id.clone()));
             match self.complete_logs(commit, was_audited) {
                 Ok(true) => {
                     changed.insert(meta.snapshot_id.clone());
@@ -501,7 +524,17 @@ impl Sandbox {
                     current == o.meta.sha256
                         || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
                 });
-            if !known {
+            // What the target holds may be older bytes of this log's that a later run
+            // of another workflow wrote back (a live process's logs wait for its next
+            // sync point): the trail then shows that run changing the target to them.
+            // Lines that changed nothing (a recovery recording an action undone) show
+            // no such thing.
+            let put_back_since = || {
+                self.changes_by_others(i, meta)
+                    .iter()
+                    .any(|c| c.after_checksum == current && c.before_checksum != c.after_checksum)
+            };
+            if !known || put_back_since() {
                 tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
                 continue;
             }
@@ -922,22 +955,30 @@ impl Sandbox {
         None
     }
 
-    /// The first change another run made to an action's target after its snapshot, as
-    /// the trail records it.
+    /// The changes other runs made to an action's target after its snapshot, earliest
+    /// first, as the trail records them.
+    fn changes_by_others(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+    ) -> Vec<crate::audit::SandboxAuditEntry> {
+        let rel = meta.target();
+        self.audit
+            .changes_since(
+                |recorded| self.names_target(recorded, root, &rel),
+                &meta.taken_at,
+                &meta.execution_id,
+            )
+            .unwrap_or_default()
+    }
+
+    /// The first change another run made to an action's target after its snapshot.
     fn first_change_by_another(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
     ) -> Option<crate::audit::SandboxAuditEntry> {
-        let rel = meta.target();
-        self.audit
-            .first_change_since(
-                |recorded| self.names_target(recorded, root, &rel),
-                &meta.taken_at,
-                &meta.execution_id,
-            )
-            .ok()
-            .flatten()
+        self.changes_by_others(root, meta).into_iter().next()
     }
 
     /// Finishes an action from its commit record: puts the staged bytes in place unless

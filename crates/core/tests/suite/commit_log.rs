@@ -463,3 +463,107 @@ fn two_workflows_on_one_file_are_redone_in_the_order_they_wrote() {
     }
     assert_eq!(w.read("a.txt"), b"alpha\n");
 }
+
+/// Runs each `(workflow, actions)` as a plan in `sb`, each action `(id, intent, path,
+/// content)`.
+fn run_each(w: &World, sb: &ailab_sandbox_core::Sandbox, plans: &[(&str, &[[&str; 4]])]) {
+    for (wf, actions) in plans {
+        w.clock.advance(chrono::Duration::seconds(1));
+        let actions: Vec<_> = actions
+            .iter()
+            .map(|[id, intent, path, content]| {
+                json!({"action_id": id, "intent": intent, "path": path, "content": content})
+            })
+            .collect();
+        let r = run(sb, json!({"workflow_id": wf, "actions": actions}));
+        assert_eq!(status(&r), "success", "{wf}: {r:?}");
+    }
+}
+
+/// A process that lives on has finished runs whose logs wait for its next sync point.
+/// Another process starting meanwhile replays those logs: their writes are audited done,
+/// so it leaves every one of them done, whatever other runs wrote to the file since.
+#[test]
+fn a_start_leaves_the_audited_writes_of_a_live_process_done() {
+    let w = World::new();
+    w.write("f.txt", b"original\n");
+    let live = w.open(batched(&w));
+    run_each(
+        &w,
+        &live,
+        &[
+            ("w1", &[["g0", "create_file", "g.txt", "g\n"]]),
+            ("w0", &[["x0", "append_file", "f.txt", "w0-first\n"]]),
+            (
+                "w1",
+                &[
+                    ["a", "append_file", "f.txt", "w1-a\n"],
+                    ["b", "append_file", "f.txt", "w1-b\n"],
+                ],
+            ),
+            ("w0", &[["x1", "append_file", "f.txt", "w0-second\n"]]),
+        ],
+    );
+    assert!(
+        log_len(&w, "w1") + log_len(&w, "w0") > 0,
+        "logs still to empty"
+    );
+    let text = b"original\nw0-first\nw1-a\nw1-b\nw0-second\n";
+    let other = w.open(batched(&w));
+    assert_eq!(w.read("f.txt"), text);
+    for (wf, done) in [
+        ("w0", ["x1:Success", "x0:Success"]),
+        ("w1", ["b:Success", "a:Success"]),
+    ] {
+        let mut got = statuses_of(&other, wf);
+        got.retain(|s| !s.starts_with("g0"));
+        assert_eq!(got, done, "{wf}: {:?}", other.notices());
+    }
+    assert!(other.audit_verify().unwrap().ok);
+    assert_eq!(
+        other.notices(),
+        Vec::<String>::new(),
+        "nothing was interrupted"
+    );
+    // Each write is undone, newest first, without force: every snapshot is still there.
+    let x1 = RollbackOptions {
+        action_id: Some("x1".to_owned()),
+        ..RollbackOptions::default()
+    };
+    for (wf, opts) in [
+        ("w0", &x1),
+        ("w1", &RollbackOptions::default()),
+        ("w0", &RollbackOptions::default()),
+    ] {
+        let rb = other.rollback_workflow(wf, opts);
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    }
+    assert_eq!(w.read("f.txt"), b"original\n");
+    drop(live);
+}
+
+/// A live process's finished run replaced a file, and a later run of another workflow
+/// put the file's old bytes back. Another process's start must not put the first run's
+/// logged bytes over that later, audited write.
+#[test]
+fn a_start_does_not_redo_a_logged_write_a_later_run_replaced() {
+    let w = World::new();
+    w.write("f.txt", b"original\n");
+    let live = w.open(batched(&w));
+    run_each(
+        &w,
+        &live,
+        &[
+            ("w1", &[["g0", "create_file", "g.txt", "g\n"]]),
+            ("w0", &[["h0", "create_file", "h.txt", "h\n"]]),
+            ("w0", &[["h1", "append_file", "h.txt", "more\n"]]),
+            ("w1", &[["a", "replace_file", "f.txt", "A\n"]]),
+            ("w0", &[["x", "replace_file", "f.txt", "original\n"]]),
+        ],
+    );
+    assert_eq!((log_len(&w, "w0"), log_len(&w, "w1")), (2, 1));
+    let other = w.open(batched(&w));
+    assert_eq!(w.read("f.txt"), b"original\n", "{:?}", other.notices());
+    assert!(other.audit_verify().unwrap().ok);
+    drop(live);
+}

@@ -1381,14 +1381,6 @@ fn overtaken_by(
     w.open(c.clone())
 }
 
-fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
-    sb.audit_entries(50, Some(wf))
-        .unwrap()
-        .iter()
-        .map(|e| format!("{}:{:?}", e.action_id, e.status))
-        .collect()
-}
-
 /// Batched, with the workflow's commit log made by an earlier run: the dead action's
 /// commit is one log append. It dies before its rename, and another process then writes
 /// the file. The next start's log replay must neither put the dead bytes over that

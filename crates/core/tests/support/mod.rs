@@ -226,3 +226,12 @@ pub fn forced() -> ailab_sandbox_core::sandbox::RollbackOptions {
         force: true,
     }
 }
+
+/// `action:Status` for each of a workflow's audit lines, newest first.
+pub fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
+    sb.audit_entries(50, Some(wf))
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}:{:?}", e.action_id, e.status))
+        .collect()
+}
