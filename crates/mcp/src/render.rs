@@ -98,7 +98,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
             "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description and content, and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
         }
         C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
-            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no absolute path outside the roots, at most 8 components. Call get_state to see the roots."
+            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no absolute path outside the roots, no more components than get_state's limits.max_path_depth. Call get_state to see the roots and the limit."
         }
         C::ReservedPath => {
             "'.rollback/' and the state directory are reserved for the runtime; choose another path."

@@ -342,13 +342,14 @@ pub(crate) fn extensions_for(op: &Operation, sandbox: &Sandbox) -> Vec<String> {
     }
 }
 
-fn path_field(what: &str, required: bool) -> Field {
+/// `depth`: the configured `limits.max_path_depth`.
+fn path_field(what: &str, required: bool, depth: usize) -> Field {
     Field::new(
         "path",
         Kind::Str,
         required,
         format!(
-            "{what}, relative to the sandbox root (e.g. \"notes/todo.md\"). Absolute paths are accepted only inside a root. No '..', no '~', at most 8 components; '.rollback/' is reserved."
+            "{what}, relative to the sandbox root (e.g. \"notes/todo.md\"). Absolute paths are accepted only inside a root. No '..', no '~', at most {depth} components; '.rollback/' is reserved."
         ),
     )
 }
@@ -423,6 +424,7 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
             "Target file"
         },
         true,
+        sandbox.config().limits.max_path_depth,
     )];
     fields.extend(payload);
     fields.push(workflow_field(
@@ -470,6 +472,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         .iter()
         .map(|op| write_tool(op, sandbox))
         .collect();
+    let depth = sandbox.config().limits.max_path_depth;
     let read_limit =
         ailab_sandbox_core::catalog::human_bytes(ailab_sandbox_core::sandbox::READ_LIMIT);
     out.push(ToolSpec::new(
@@ -479,7 +482,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         format!(
             "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
         ),
-        vec![path_field("File to read", true), root_field()],
+        vec![path_field("File to read", true, depth), root_field()],
         read_only("Read file"),
     ));
     out.push(ToolSpec::new(
@@ -488,7 +491,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "List directory".into(),
         format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' for the top of the root. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
         vec![
-            path_field("Directory to list (default: the root itself)", false),
+            path_field("Directory to list (default: the root itself)", false, depth),
             root_field(),
             Field::new(
                 "offset",
@@ -504,7 +507,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         ToolKind::GetFileInfo,
         "Get file info".into(),
         "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link; for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
-        vec![path_field("Path to describe", true), root_field()],
+        vec![path_field("Path to describe", true, depth), root_field()],
         read_only("Get file info"),
     ));
     out.push(ToolSpec::new(
@@ -608,5 +611,35 @@ mod tests {
         assert!(!json.contains("Only  files"), "{json}");
         let md = describe("write_markdown");
         assert!(md.contains("Only .md files."), "{md}");
+    }
+
+    /// Every tool's path field states the depth this server allows, not a default.
+    #[test]
+    fn path_fields_state_the_configured_depth() {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("tempdir")
+        };
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        config.limits.max_path_depth = 3;
+        let Ok(sb) = Sandbox::open(config) else {
+            panic!("open")
+        };
+        let mut with_path = 0;
+        for t in all_tools(&sb) {
+            let schema = serde_json::Value::Object((*t.tool.input_schema).clone());
+            let Some(path) = schema["properties"]["path"]["description"].as_str() else {
+                continue;
+            };
+            with_path += 1;
+            assert!(
+                path.contains("at most 3 components"),
+                "{}: {path}",
+                t.tool.name
+            );
+        }
+        assert_eq!(with_path, 14, "11 write tools and 3 read tools");
     }
 }
