@@ -444,6 +444,9 @@ impl Plan {
                 }
                 None => new_action_id(),
             };
+            if let Some(p) = &a.parent_artifact_id {
+                check_id("parent_artifact_id", p)?;
+            }
             if !seen.insert(id.clone()) {
                 return Err(Refusal::new(
                     ReasonCode::InvalidPlan,

@@ -588,6 +588,14 @@ fn bad_ids_are_invalid_id() {
             .run_plan(plan(json!({"actions": [{"action_id": bad, "intent": "create_file", "path": "a.txt", "content": "x"}]})))
             .unwrap_err();
         assert_eq!(err.reason_code, ReasonCode::InvalidId, "action_id {bad:?}");
+        let err = sb
+            .run_plan(plan(json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x", "parent_artifact_id": bad}]})))
+            .unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::InvalidId,
+            "parent_artifact_id {bad:?}"
+        );
     }
     assert!(w.tree().is_empty());
     assert!(!w.root.join(".rollback").join("..").join("x").exists());
