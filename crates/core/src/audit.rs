@@ -175,7 +175,9 @@ impl Index {
                 .entry(c.as_str().to_owned())
                 .or_default() += 1;
         }
-        *s.by_intent.entry(e.mutation_type.clone()).or_default() += 1;
+        *s.by_intent
+            .entry(crate::catalog::intent_label(&e.mutation_type).to_owned())
+            .or_default() += 1;
         if let Some(r) = e.reason_code {
             *s.by_reason_code.entry(r.as_str().to_owned()).or_default() += 1;
         }

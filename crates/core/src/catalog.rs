@@ -242,6 +242,18 @@ pub const FORBIDDEN_INTENTS: [&str; 6] = [
 /// Read-only intents (classified as `readonly` scope).
 pub const READ_INTENTS: [&str; 3] = ["read_file", "list_directory", "get_file_info"];
 
+/// The name a report counts `intent` under: the catalog's writes, the named forbidden
+/// intents, the read intents and the rollbacks by name (an operator wants to see
+/// `run_command` denials as such), anything else `other`. Intents come from clients, so
+/// a report keyed by them would otherwise grow without bound.
+pub fn intent_label(intent: &str) -> &str {
+    let known = op_for_intent(intent).is_some()
+        || FORBIDDEN_INTENTS.contains(&intent)
+        || READ_INTENTS.contains(&intent)
+        || matches!(intent, "rollback_action" | "rollback_workflow");
+    if known { intent } else { "other" }
+}
+
 /// Maps an intent to its operation, if it is one of the 11 sandbox writes.
 pub fn op_for_intent(intent: &str) -> Option<&'static Operation> {
     OPERATIONS.iter().find(|op| op.name == intent)

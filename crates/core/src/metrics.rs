@@ -1,7 +1,6 @@
 //! The seven Prometheus metrics of SPEC §9, in an explicit registry (no globals) that a
 //! server face exposes as text.
 
-use crate::catalog::{FORBIDDEN_INTENTS, READ_INTENTS, op_for_intent};
 use crate::reason::ReasonCode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -61,18 +60,9 @@ pub struct Metrics {
     duration: HistogramFamily,
 }
 
-/// Intent label values are bounded: the catalog's writes, the named forbidden intents and
-/// the read intents by name (an operator wants to see `run_command` denials as such),
-/// anything else `other`.
+/// Intent label values are bounded (see [`crate::catalog::intent_label`]).
 fn intent_label(intent: &str) -> String {
-    let known = op_for_intent(intent).is_some()
-        || FORBIDDEN_INTENTS.contains(&intent)
-        || READ_INTENTS.contains(&intent);
-    if known {
-        intent.to_owned()
-    } else {
-        "other".to_owned()
-    }
+    crate::catalog::intent_label(intent).to_owned()
 }
 
 impl Default for Metrics {

@@ -704,10 +704,20 @@ fn stats_count_by_status_class_and_intent() {
         &sb,
         json!({"actions": [{"intent": "delete_file", "path": "a.txt"}]}),
     );
+    // Intents a client makes up are counted together, whatever their number.
+    for i in 0..3 {
+        run(
+            &sb,
+            json!({"actions": [{"intent": format!("made_up_{i}"), "path": "a.txt"}]}),
+        );
+    }
     sb.rollback_workflow("wf_s", &Default::default());
     let s = sb.audit_stats().unwrap();
-    assert_eq!((s.total, s.success, s.blocked, s.rolled_back), (5, 2, 1, 2));
+    assert_eq!((s.total, s.success, s.blocked, s.rolled_back), (8, 2, 4, 2));
     assert_eq!(s.by_intent.get("create_file"), Some(&2));
+    assert_eq!(s.by_intent.get("delete_file"), Some(&1));
+    assert_eq!(s.by_intent.get("other"), Some(&3), "{:?}", s.by_intent);
+    assert!(!s.by_intent.keys().any(|k| k.starts_with("made_up")));
     assert_eq!(s.by_mutation_class.get("create"), Some(&2));
     assert_eq!(s.by_mutation_class.get("rollback"), Some(&2));
 }
