@@ -141,6 +141,9 @@ pub struct SandboxWriteExecutor<'a> {
     /// Why a failed action's own change could not be undone, if it could not: the change
     /// is still on disk, so the run is not rolled back, whatever else it undoes.
     undo_failed: Option<String>,
+    /// The action whose own change was last undone: its snapshot is restored, so its
+    /// failure line offers no rollback.
+    undone: Option<String>,
     /// Set when a restore's audit line could not be appended (its mark is on disk): the
     /// run's record then says so, and the next run or start audits the restore from its
     /// mark, as after a crash.
@@ -176,6 +179,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             record: None,
             record_file: None,
             undo_failed: None,
+            undone: None,
             unrecorded: std::rc::Rc::default(),
         }
     }
@@ -807,7 +811,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                 }
                 Box::new(res)
             };
-        let fail = |this: &Self, res: ActionResult, mut r: Refusal, target: String| {
+        let fail = |this: &Self, mut res: ActionResult, mut r: Refusal, target: String| {
+            if this.undone.as_deref() == Some(a.id()) {
+                res.rollback_path = None;
+            }
             if let Some(why) = &this.undo_failed {
                 r.reason = format!(
                     "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
@@ -1175,7 +1182,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             "action_restored",
             json!({"action_id": snap.1.meta.action_id, "restored": restored}),
         );
-        if !restored {
+        if restored {
+            self.undone = Some(snap.1.meta.action_id.clone());
+        } else {
             self.undo_failed = Some(
                 steps
                     .iter()

@@ -1596,3 +1596,29 @@ fn a_prune_recovers_a_run_that_died_while_it_waited() {
         assert_eq!(statuses_of(&sb, "wf_dead"), [expected], "{durability:?}");
     }
 }
+
+/// An action whose write fails is undone at once: its failure line, the last word on
+/// it, offers no rollback, since its snapshot is already restored.
+#[test]
+fn a_failed_action_undone_at_once_offers_no_rollback() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.sandbox();
+    sb.failpoints().arm("after_mutate", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_f", "on_failure": "stop", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+    );
+    assert_eq!(status(&r), "failed", "{r:?}");
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    assert_eq!(r.actions[0].rollback_path, None, "{r:?}");
+    let trail = sb.audit_entries(10, Some("wf_f")).unwrap();
+    let failed = trail
+        .iter()
+        .find(|e| e.status == AuditStatus::Failed)
+        .unwrap();
+    assert!(!failed.rollback_available, "{failed:?}");
+    assert_eq!(failed.rollback_path, None);
+}
