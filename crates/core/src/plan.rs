@@ -15,6 +15,13 @@ pub const MAX_ACTIONS_PER_PLAN: usize = 1000;
 /// bounds the work one request can ask for.
 pub const MAX_EDITS_PER_PLAN: usize = 256;
 
+/// Most values (scalars, arrays, objects, at any depth) the `data` of a single plan may
+/// hold, all actions together. Parsed, each value takes tens of bytes, many times its
+/// text: this bounds the memory one request can ask for. Each value renders to at least
+/// two bytes, so one action's data never needs more than half its operation's largest
+/// file (2 MiB), and a plan holds two such actions.
+pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
+
 /// What to do when an action fails mid-run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -172,6 +179,45 @@ mod unique_keys {
         Ok((!v.is_null()).then_some(v))
     }
 
+    thread_local! {
+        /// How many more `data` values the plan being parsed on this thread may hold;
+        /// `None`: no plan is being parsed, nothing is counted.
+        static VALUES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Counts `data` values for the duration of a plan's parse (see
+    /// [`super::MAX_DATA_VALUES_PER_PLAN`]).
+    pub(super) struct Counting;
+
+    impl Counting {
+        pub(super) fn start() -> Self {
+            VALUES_LEFT.with(|c| c.set(Some(super::MAX_DATA_VALUES_PER_PLAN)));
+            Self
+        }
+    }
+
+    impl Drop for Counting {
+        fn drop(&mut self) {
+            VALUES_LEFT.with(|c| c.set(None));
+        }
+    }
+
+    /// Charges one value, refused past the plan's allowance: before the value is built,
+    /// so a refused plan never holds more than the allowance in memory.
+    fn one<E: Error>() -> Result<(), E> {
+        VALUES_LEFT.with(|c| match c.get() {
+            Some(0) => Err(E::custom(format!(
+                "the data of the plan's actions holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans",
+                super::MAX_DATA_VALUES_PER_PLAN
+            ))),
+            Some(n) => {
+                c.set(Some(n - 1));
+                Ok(())
+            }
+            None => Ok(()),
+        })
+    }
+
     /// JSON text's value, refusing an object that gives a key twice.
     pub(super) fn parse(json: &[u8]) -> serde_json::Result<Value> {
         serde_json::from_slice::<Unique>(json).map(|Unique(v)| v)
@@ -193,36 +239,45 @@ mod unique_keys {
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("any JSON value")
         }
-        fn visit_bool<E>(self, b: bool) -> Result<Unique, E> {
+        fn visit_bool<E: Error>(self, b: bool) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::Bool(b)))
         }
-        fn visit_i64<E>(self, n: i64) -> Result<Unique, E> {
+        fn visit_i64<E: Error>(self, n: i64) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::Number(n.into())))
         }
-        fn visit_u64<E>(self, n: u64) -> Result<Unique, E> {
+        fn visit_u64<E: Error>(self, n: u64) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::Number(n.into())))
         }
-        fn visit_f64<E>(self, n: f64) -> Result<Unique, E> {
+        fn visit_f64<E: Error>(self, n: f64) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(
                 Number::from_f64(n).map_or(Value::Null, Value::Number),
             ))
         }
-        fn visit_str<E>(self, s: &str) -> Result<Unique, E> {
+        fn visit_str<E: Error>(self, s: &str) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::String(s.to_owned())))
         }
-        fn visit_string<E>(self, s: String) -> Result<Unique, E> {
+        fn visit_string<E: Error>(self, s: String) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::String(s)))
         }
-        fn visit_none<E>(self) -> Result<Unique, E> {
+        fn visit_none<E: Error>(self) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::Null))
         }
-        fn visit_unit<E>(self) -> Result<Unique, E> {
+        fn visit_unit<E: Error>(self) -> Result<Unique, E> {
+            one()?;
             Ok(Unique(Value::Null))
         }
         fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Unique, D::Error> {
             Unique::deserialize(d)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+            one()?;
             let mut items = Vec::new();
             while let Some(Unique(v)) = seq.next_element()? {
                 items.push(v);
@@ -230,6 +285,7 @@ mod unique_keys {
             Ok(Unique(Value::Array(items)))
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            one()?;
             let mut out = Map::new();
             while let Some(key) = map.next_key::<String>()? {
                 let Unique(v) = map.next_value()?;
@@ -274,12 +330,14 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
             ),
         ));
     }
+    let counting = unique_keys::Counting::start();
     let plan: Plan = serde_json::from_slice(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
             format!("the plan is not valid: {e}"),
         )
     })?;
+    drop(counting);
     // Only a number held as a double can have lost digits; most plans have none.
     if plan
         .actions
@@ -519,7 +577,8 @@ pub fn render(
 ) -> Verdict<Option<Vec<u8>>> {
     let shown = shown_path(&a.path);
     let content = || a.content.clone().unwrap_or_default().into_bytes();
-    let data = || a.data.clone().unwrap_or(serde_json::Value::Null);
+    static NULL: serde_json::Value = serde_json::Value::Null;
+    let data = || a.data.as_ref().unwrap_or(&NULL);
     Ok(Some(match op.name {
         "create_directory" => return Ok(None),
         "create_file" => {
@@ -558,13 +617,13 @@ pub fn render(
             };
             apply_edits(cur, a.edits.as_deref().unwrap_or(&[]), &a.path)?
         }
-        "write_json" => to_json(&data())?,
-        "write_yaml" => to_yaml(&data())?,
+        "write_json" => to_json(data())?,
+        "write_yaml" => to_yaml(data())?,
         "generate_config" => match ext {
-            ".json" => to_json(&data())?,
-            ".yaml" | ".yml" => to_yaml(&data())?,
-            ".toml" => to_toml(&data())?,
-            ".ini" => to_ini(&data())?,
+            ".json" => to_json(data())?,
+            ".yaml" | ".yml" => to_yaml(data())?,
+            ".toml" => to_toml(data())?,
+            ".ini" => to_ini(data())?,
             _ => {
                 return Err(Refusal::new(
                     ReasonCode::ExtensionNotAllowed,
@@ -815,6 +874,33 @@ mod tests {
         );
         let plan = br#"{"actions": [{"intent": "write_json", "path": "c.json", "data": null}]}"#;
         assert_eq!(parse_plan(plan).unwrap().actions[0].data, None);
+    }
+
+    /// A plan's data is counted across its actions, and refused before it is all
+    /// built; the count ends with the parse.
+    #[test]
+    fn the_values_of_a_plans_data_are_bounded() {
+        let action = |values: usize| {
+            // An array of `values - 1` zeros: `values` values.
+            let zeros = vec!["0"; values - 1].join(",");
+            format!(r#"{{"intent": "write_json", "path": "c.json", "data": [{zeros}]}}"#)
+        };
+        let half = MAX_DATA_VALUES_PER_PLAN / 2;
+        let fits = format!(r#"{{"actions": [{}, {}]}}"#, action(half), action(half));
+        assert!(parse_plan(fits.as_bytes()).is_ok());
+        let over = format!(r#"{{"actions": [{}, {}]}}"#, action(half), action(half + 1));
+        let why = parse_plan(over.as_bytes()).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            why.reason.contains(&format!(
+                "holds more than {MAX_DATA_VALUES_PER_PLAN} values"
+            )),
+            "{}",
+            why.reason
+        );
+        // The next plan starts afresh, and data parsed outside a plan is not counted.
+        assert!(parse_plan(fits.as_bytes()).is_ok());
+        assert!(check_unique_keys(over.as_bytes()).is_ok());
     }
 
     #[test]

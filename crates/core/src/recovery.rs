@@ -235,7 +235,7 @@ impl Sandbox {
             rolled_back = report.rolled_back,
             completed = report.completed,
             restores_recorded = report.restores_recorded,
-            "recovered an interrupted run of the workflow before starting a new one"
+            "recovered an interrupted run of the workflow before touching its snapshots"
         );
         self.write_idle_record(&rec, self.durable());
         Ok(Some(file))
