@@ -400,6 +400,7 @@ mod tests {
                 workflow_id: "wf".into(),
                 started_at: "t".into(),
                 finished: false,
+                boot: None,
                 recovered_by: Vec::new(),
             },
             meta,

@@ -624,6 +624,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
             finished: false,
+            boot: None,
             recovered_by: Vec::new(),
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {

@@ -28,9 +28,13 @@ pub const RESTORES_UNAUDITED: &str = "restores_unaudited";
 /// At most this many recovering processes are named in a run record.
 const MAX_RECOVERED_BY: usize = 4;
 
-/// Whether a record's run needs recovery.
+/// Whether a record's run needs recovery. One that finished in this boot does not: its
+/// process may live on until its next sync point, and if it died, nothing it wrote was
+/// lost (a kill leaves the page cache whole). Judging its actions against the disk
+/// would take another run's later write-back of old bytes for an undo.
 fn needs_recovery(rec: &InflightRecord) -> bool {
-    rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED
+    (rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED)
+        && !rec.finished_this_boot()
 }
 
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
@@ -50,6 +54,10 @@ pub struct InflightRecord {
     /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
+    /// The boot of the machine in which the run finished (see [`crate::ids::boot_id`]):
+    /// only a later boot, after a crash of the machine, may have lost its writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<String>,
     /// An id made by each process that began recovering this run: recovery writes
     /// temporary files too, and one that died leaves them for the next to remove.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -62,8 +70,23 @@ impl InflightRecord {
         Self {
             state: "idle".to_owned(),
             finished: false,
+            boot: None,
             ..self.clone()
         }
+    }
+
+    /// The same run's record once it has ended, its writes perhaps not yet durable.
+    pub fn finished(&self) -> Self {
+        Self {
+            finished: true,
+            boot: crate::ids::boot_id().map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the run finished in this boot of the machine.
+    fn finished_this_boot(&self) -> bool {
+        self.finished && self.boot.is_some() && self.boot.as_deref() == crate::ids::boot_id()
     }
 }
 
@@ -339,6 +362,29 @@ impl Sandbox {
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
+            let record = || {
+                self.state
+                    .inflight_read(&wf)
+                    .ok()
+                    .flatten()
+                    .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
+            };
+            // Its run finished in this boot: nothing the log covers was lost, so it is
+            // not replayed, only made durable and emptied (as that process's next sync
+            // point would), unless it covers a root this start cannot sync.
+            if record().is_some_and(|r| r.finished_this_boot()) {
+                let all_here = read_log().is_ok_and(|l| {
+                    l.is_none_or(|(_, entries)| {
+                        entries
+                            .iter()
+                            .all(|e| self.roots.iter().any(|r| r.is_named_by(&e.meta.root)))
+                    })
+                });
+                if all_here && let Err(r) = self.settle_commit_log(&wf) {
+                    tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
+                }
+                continue;
+            }
             let read = read_log();
             let (file, entries) = match read {
                 Ok(Some((f, e))) if !e.is_empty() => (f, e),
@@ -351,13 +397,7 @@ impl Sandbox {
             let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
-            let on_disk = self
-                .state
-                .inflight_read(&wf)
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
-            let rec = on_disk.or_else(|| entries.last().map(|e| e.record.clone()));
+            let rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
             let dead = rec.as_ref().filter(|r| needs_recovery(r));
             let mut report = match dead {
                 Some(r) => self.recover_record(r),

@@ -910,10 +910,7 @@ impl Sandbox {
         let (mark, what) = if self.batch_sync.is_some() {
             // Marked finished at once (not synced): a later run of the workflow in any
             // process then knows this one did not die half way.
-            let finished = crate::recovery::InflightRecord {
-                finished: true,
-                ..rec.clone()
-            };
+            let finished = rec.finished();
             lock_or_recover(&self.idle_after_sync).push(rec);
             (finished, "finished")
         } else {
@@ -2073,6 +2070,7 @@ impl Sandbox {
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
             finished: false,
+            boot: None,
             recovered_by: Vec::new(),
         };
         let marked = self

@@ -130,6 +130,30 @@ fn logged_writes_survive_a_power_cut() {
     }
 }
 
+/// A run marked finished in an earlier boot of the machine may have lost its writes to
+/// the crash that ended that boot: its log is replayed as any other.
+#[test]
+fn a_run_finished_in_an_earlier_boot_is_replayed() {
+    let (w, _, _) = three_writes_then_a_power_cut();
+    let record = w.state.join("inflight/wf_log.json");
+    let mut rec: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&record)
+            .unwrap()
+            .trim_end_matches('\0'),
+    )
+    .unwrap();
+    rec["state"] = json!("active");
+    rec["finished"] = json!(true);
+    rec["boot"] = json!("an-earlier-boot");
+    std::fs::write(&record, rec.to_string()).unwrap();
+    let sb = w.open(batched(&w));
+    assert_noticed(&sb, "3 finished,");
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// The same cut, with the log's last entry torn: that write never committed, so it is
 /// not redone, and the two before it are.
 #[test]
@@ -566,4 +590,55 @@ fn a_start_does_not_redo_a_logged_write_a_later_run_replaced() {
     assert_eq!(w.read("f.txt"), b"original\n", "{:?}", other.notices());
     assert!(other.audit_verify().unwrap().ok);
     drop(live);
+}
+
+/// A live process's finished run (its record waits for the next sync point) wrote a
+/// file, and another workflow wrote the file's old bytes back. A start meanwhile finds
+/// the file as it was before the run, yet the run was not undone: it is left done, so
+/// that rolling back both workflows gives the old bytes back.
+#[test]
+fn a_start_does_not_take_a_write_back_for_a_finished_runs_undo() {
+    for partial_rollback in [false, true] {
+        let w = World::new();
+        w.write("f.txt", b"O\n");
+        let live = w.open(batched(&w));
+        run_each(
+            &w,
+            &live,
+            &[
+                ("w1", &[["g1", "create_file", "g1.txt", "g\n"]]),
+                ("w2", &[["g2", "create_file", "g2.txt", "g\n"]]),
+                ("w1", &[["y", "replace_file", "f.txt", "A\n"]]),
+                ("w2", &[["b", "replace_file", "f.txt", "O\n"]]),
+            ],
+        );
+        if partial_rollback {
+            run_each(
+                &w,
+                &live,
+                &[("w1", &[["x", "replace_file", "g1.txt", "x\n"]])],
+            );
+            // A rollback's record also waits for the sync point.
+            let x = RollbackOptions {
+                action_id: Some("x".to_owned()),
+                ..RollbackOptions::default()
+            };
+            let rb = live.rollback_workflow("w1", &x);
+            assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        }
+        let other = w.open(batched(&w));
+        assert_eq!(other.notices(), Vec::<String>::new(), "{partial_rollback}");
+        let y: Vec<_> = statuses_of(&other, "w1")
+            .into_iter()
+            .filter(|s| s.starts_with("y:"))
+            .collect();
+        assert_eq!(y, ["y:Success"], "{partial_rollback}");
+        for wf in ["w2", "w1"] {
+            let rb = other.rollback_workflow(wf, &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "{partial_rollback} {wf}: {rb:?}");
+        }
+        assert_eq!(w.read("f.txt"), b"O\n", "{partial_rollback}");
+        assert!(other.audit_verify().unwrap().ok);
+        drop(live);
+    }
 }
