@@ -36,20 +36,6 @@ pub fn made_here(id: &str) -> bool {
     process_seed(id) == format!("{:08x}", seed())
 }
 
-/// This boot of the machine, as the kernel names it (Linux); `None` elsewhere. A run
-/// that finished in this boot lost nothing to a power cut: what it wrote is in the page
-/// cache or on disk.
-pub fn boot_id() -> Option<&'static str> {
-    static BOOT: OnceLock<Option<String>> = OnceLock::new();
-    BOOT.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-    })
-    .as_deref()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,7 +54,7 @@ pub struct InflightRecord {
     /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
-    /// The boot of the machine in which the run finished (see [`crate::ids::boot_id`]):
+    /// The boot of the machine in which the run finished (see [`crate::confine::state::boot_id`]):
     /// only a later boot, after a crash of the machine, may have lost its writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<String>,
@@ -79,14 +79,14 @@ impl InflightRecord {
     pub fn finished(&self) -> Self {
         Self {
             finished: true,
-            boot: crate::ids::boot_id().map(str::to_owned),
+            boot: crate::confine::state::boot_id().map(str::to_owned),
             ..self.clone()
         }
     }
 
     /// Whether the run finished in this boot of the machine.
     fn finished_this_boot(&self) -> bool {
-        self.finished && self.boot.is_some() && self.boot.as_deref() == crate::ids::boot_id()
+        self.finished && self.boot.is_some() && self.boot.as_deref() == crate::confine::state::boot_id()
     }
 }
 

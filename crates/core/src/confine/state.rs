@@ -722,6 +722,21 @@ pub fn exists(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok()
 }
 
+/// This boot of the machine, as the kernel names it (Linux); `None` elsewhere. A run
+/// that finished in this boot lost nothing to a power cut: what it wrote is in the page
+/// cache or on disk.
+#[allow(clippy::disallowed_methods)] // a kernel file, read once
+pub fn boot_id() -> Option<&'static str> {
+    static BOOT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    })
+    .as_deref()
+}
+
 /// The path with symlinks resolved, when it exists.
 #[allow(clippy::disallowed_methods)]
 pub fn canonical(path: &Path) -> Option<PathBuf> {
