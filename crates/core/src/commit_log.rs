@@ -402,6 +402,7 @@ mod tests {
                 finished: false,
                 boot: None,
                 recovered_by: Vec::new(),
+                roots: Vec::new(),
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

@@ -251,7 +251,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         if !ctx.is_executable() {
             return self.simulate(prepared, sim_reason);
         }
-        self.execute()
+        let roots = self
+            .sb
+            .root_names(prepared.iter().map(|p| p.approval.resolved.root_index));
+        self.execute(roots)
     }
 
     /// Validation of the whole plan against the tree as its earlier actions would leave
@@ -616,7 +619,8 @@ impl<'a> SandboxWriteExecutor<'a> {
         self.finish(RunStatus::SimulatedSuccess, true, reason, results)
     }
 
-    fn execute(mut self) -> RunResult {
+    /// `roots`: the roots the plan writes into (see [`Sandbox::root_names`]).
+    fn execute(mut self, roots: Vec<String>) -> RunResult {
         self.go(WorkflowState::Executing);
         let record = crate::recovery::InflightRecord {
             state: "active".to_owned(),
@@ -626,6 +630,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             finished: false,
             boot: None,
             recovered_by: Vec::new(),
+            roots,
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

@@ -62,6 +62,11 @@ pub struct InflightRecord {
     /// temporary files too, and one that died leaves them for the next to remove.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recovered_by: Vec<String>,
+    /// The sandbox roots the run writes into, as configured: a start without one of
+    /// them cannot judge the run's writes there, and leaves the run to a start that has
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<String>,
 }
 
 impl InflightRecord {
@@ -86,7 +91,9 @@ impl InflightRecord {
 
     /// Whether the run finished in this boot of the machine.
     fn finished_this_boot(&self) -> bool {
-        self.finished && self.boot.is_some() && self.boot.as_deref() == crate::confine::state::boot_id()
+        self.finished
+            && self.boot.is_some()
+            && self.boot.as_deref() == crate::confine::state::boot_id()
     }
 }
 
@@ -117,9 +124,12 @@ pub struct Recovered {
     /// trusted. The run is recorded as recovered all the same: judging it again at every
     /// start would undo later changes to its targets.
     pub untrusted: usize,
-    /// Nothing of the workflow's snapshots could be read, so nothing was judged: the run
-    /// stays recorded as unfinished and the next start tries again.
+    /// Nothing of the workflow's snapshots could be read, or some lie in roots this
+    /// start is not configured with ([`Self::missing_roots`]), so nothing was judged: the
+    /// run stays recorded as unfinished and the next start tries again.
     pub retry: bool,
+    /// Roots the run writes into that this start is not configured with.
+    pub missing_roots: Vec<String>,
 }
 
 impl Recovered {
@@ -242,13 +252,21 @@ impl Sandbox {
         self.settle_commit_log(workflow_id)?;
         let report = self.recover_record(&rec);
         if report.retry {
+            let what = if report.rollback { "rollback" } else { "run" };
             return Err(Refusal::new(
                 ReasonCode::IoError,
-                format!(
-                    "workflow {workflow_id} has an interrupted {} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
-                    if report.rollback { "rollback" } else { "run" },
-                    rec.execution_id
-                ),
+                if report.missing_roots.is_empty() {
+                    format!(
+                        "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
+                        rec.execution_id
+                    )
+                } else {
+                    format!(
+                        "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
+                        rec.execution_id,
+                        report.missing_roots.join(", ")
+                    )
+                },
             ));
         }
         self.conclude_sync().inspect_err(|_| self.unclaim(&rec))?;
@@ -265,6 +283,22 @@ impl Sandbox {
     }
 
     fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        let missing_roots: Vec<String> = rec
+            .roots
+            .iter()
+            .filter(|r| !self.roots.iter().any(|c| c.is_named_by(r)))
+            .cloned()
+            .collect();
+        if !missing_roots.is_empty() {
+            return Recovered {
+                execution_id: rec.execution_id.clone(),
+                workflow_id: rec.workflow_id.clone(),
+                rollback: rec.state == ROLLING_BACK,
+                retry: true,
+                missing_roots,
+                ..Recovered::default()
+            };
+        }
         if rec.state == RESTORES_UNAUDITED {
             let recorded = self
                 .try_record_marked_restores(&rec.workflow_id)

@@ -549,6 +549,17 @@ impl Sandbox {
             target_locks,
         };
         for r in sb.recover() {
+            if !r.missing_roots.is_empty() {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
+                    if r.rollback { "rollback" } else { "run" },
+                    r.execution_id,
+                    r.workflow_id,
+                    r.missing_roots.join(", "),
+                    if r.missing_roots.len() == 1 { "that root" } else { "those roots" }
+                ));
+                continue;
+            }
             if r.retry {
                 sb.notices.push(format!(
                     "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
@@ -950,6 +961,17 @@ impl Sandbox {
         if let Err(e) = self.write_record(&rec.idle(), durable) {
             tracing::warn!(error = %e, "could not mark a workflow's record idle");
         }
+    }
+
+    /// The configured roots at `indexes`, each once, as a run record names them.
+    pub(crate) fn root_names(&self, indexes: impl Iterator<Item = usize>) -> Vec<String> {
+        let mut names: Vec<String> = indexes
+            .filter_map(|i| self.root_paths.get(i))
+            .map(|p| p.display().to_string())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// Writes a workflow's in-flight record (in place; synced when `durable`).
@@ -2072,6 +2094,7 @@ impl Sandbox {
             finished: false,
             boot: None,
             recovered_by: Vec::new(),
+            roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
         };
         let marked = self
             .settle_commit_log(workflow_id)

@@ -1622,3 +1622,51 @@ fn a_failed_action_undone_at_once_offers_no_rollback() {
     assert!(!failed.rollback_available, "{failed:?}");
     assert_eq!(failed.rollback_path, None);
 }
+
+/// A run that died while writing into a second root is left for a start that has that
+/// root: one without it can judge none of the run's writes there, so it neither marks
+/// the run recovered nor lets a new run of the workflow take its record over.
+#[test]
+fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    std::fs::create_dir(&root2).unwrap();
+    let mut both = w.writable_config();
+    both.roots = vec![w.root.clone(), root2.clone()];
+    die_with(
+        &w,
+        &both,
+        "before_registry",
+        json!({"workflow_id": "wf_r2", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "x",
+             "root": root2.display().to_string()}]}),
+    );
+    assert!(root2.join("x.txt").exists());
+    let one = w.open(w.writable_config());
+    assert_noticed(&one, "which this start is not configured with");
+    assert_eq!(run_record(&w, "wf_r2")["state"], "active");
+    let r = run(
+        &one,
+        json!({"workflow_id": "wf_r2", "actions": [
+            {"intent": "create_file", "path": "y.txt", "content": "y"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.contains(&root2.display().to_string())),
+        "{r:?}"
+    );
+    drop(one);
+    let sb = w.open(both);
+    assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());
+    let trail = statuses_of(&sb, "wf_r2");
+    assert_eq!(trail.len(), 2, "{trail:?}");
+    assert_eq!(
+        trail[0], "a1:RolledBack",
+        "the new run was blocked: {trail:?}"
+    );
+    assert_eq!(run_record(&w, "wf_r2")["state"], "idle");
+    assert!(sb.audit_verify().unwrap().ok);
+}
