@@ -248,6 +248,7 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
     for cause in e.chain() {
         if let Some(e) = cause.downcast_ref::<E>() {
             return match e {
+                E::StateDir { .. } if e.is_unsafe_state_dir() => codes::INVALID_CONFIG,
                 E::Io { .. } | E::StateDir { .. } => ReasonCode::IoError.as_str(),
                 E::Config(_)
                 | E::NoUsableRoot { .. }

@@ -549,6 +549,19 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         .arg(e.dir.join("file/state"))
         .args(["--json", "state"]);
     says(&mut c, "io_error");
+    // A state directory other users could write is a setting to correct.
+    use std::os::unix::fs::PermissionsExt;
+    let shared = e.dir.join("shared-state");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&shared)
+        .args(["--json", "state"]);
+    says(&mut c, "invalid_config");
     let out = e.cmd().args(["--bogus", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty(), "without --json nothing on stdout");

@@ -57,6 +57,13 @@ impl Error {
         move |cause| Self::Io { what, cause }
     }
 
+    /// Whether the state directory was refused because other users could change it: a
+    /// setting to correct (`invalid_config`), not a failure of the disk.
+    pub fn is_unsafe_state_dir(&self) -> bool {
+        matches!(self, Self::StateDir { cause, .. }
+            if cause.get_ref().is_some_and(|e| e.is::<crate::confine::state::NotPrivate>()))
+    }
+
     /// Whether the runtime could not start because it may not write where it must (a
     /// read-only filesystem, or no permission): what reads only, such as verifying the
     /// audit trail, can still be done without it.

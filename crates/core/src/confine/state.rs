@@ -461,6 +461,19 @@ fn beside(rel: &str, name: &str) -> String {
 /// The largest small state file read whole (run records, marks, the key, the head).
 const MAX_STATE_FILE: u64 = 1 << 20;
 
+/// Why a state directory is refused as one other users could change: a setting to
+/// correct, not a failure of the disk (see [`crate::Error::is_unsafe_state_dir`]).
+#[derive(Debug)]
+pub struct NotPrivate(String);
+
+impl std::fmt::Display for NotPrivate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotPrivate {}
+
 /// Refuses a state directory (or one of its folders) that another user could change:
 /// owned by someone else, writable by others (sticky bit or not: they could plant a
 /// file under a name the runtime uses), or group-writable by a group not this
@@ -473,19 +486,19 @@ fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
     if m.uid() != euid {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!(
+            NotPrivate(format!(
                 "state directory {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control the audit trail and the seal key there",
                 m.uid()
-            ),
+            )),
         ));
     }
     if mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!(
+            NotPrivate(format!(
                 "state directory {shown} (group {}, mode {mode:04o}) is writable by other users; it must be writable only by its owner (for example mode 0700), or others could plant files in it",
                 m.gid()
-            ),
+            )),
         ));
     }
     Ok(())
