@@ -768,14 +768,16 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
     let value = what == "value";
     let why = if text.contains(['\n', '\r']) {
         "has a line break"
+    } else if text.chars().any(|c| c.is_control() && c != '\t') {
+        "has a control character, which readers stop at or mangle"
     } else if text.trim() != text {
         "starts or ends with white space, which readers drop"
+    } else if (value || what == "key") && text.starts_with([';', '#']) {
+        "starts with ';' or '#', which readers take for a comment"
     } else if value {
         return None;
     } else if text.is_empty() {
         "is empty"
-    } else if what == "key" && text.starts_with([';', '#']) {
-        "starts with ';' or '#', which readers take for a comment"
     } else if what == "key" && text.contains(['=', ':', '[', ']']) {
         "has '=', ':', '[' or ']', which readers take for syntax"
     } else if text.contains(['[', ']']) {

@@ -288,6 +288,18 @@ fn generate_config_refuses_data_that_would_not_read_back() {
         ("c.ini", json!({"s": {"k": " v "}}), "the value ' v '"),
         (
             "c.ini",
+            json!({"c": ";not a comment"}),
+            "the value ';not a comment' starts with ';' or '#'",
+        ),
+        ("c.ini", json!({"c": "#x"}), "the value '#x' starts with"),
+        (
+            "c.ini",
+            json!({"k": "v\u{0}x"}),
+            "the value 'v\\0x' has a control character",
+        ),
+        ("c.ini", json!({"k\u{1b}": "v"}), "has a control character"),
+        (
+            "c.ini",
             json!({"k": "a\nb"}),
             "the value 'a\\nb' has a line break",
         ),
