@@ -104,7 +104,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
             "'.rollback/' and the state directory are reserved for the runtime; choose another path."
         }
         C::SymlinkEscape | C::SymlinkRefused => {
-            "symlinks are never followed for writes; write to a real file or directory path instead (list_directory shows which entries are symlinks)."
+            "symlinks are never followed; use a real file or directory path instead (list_directory shows which entries are symlinks)."
         }
         C::HardlinkRefused => {
             "that file has other hard links, so writing it could change a file elsewhere; write a new file under another name instead."

@@ -448,7 +448,13 @@ impl ExtensionPolicy {
                 format!(
                     "{} is not on the allow-list; allowed: {}",
                     shown_ext(ext),
-                    self.allowed.join(" ")
+                    // An extension both allowed and blocked is blocked.
+                    self.allowed
+                        .iter()
+                        .filter(|e| !self.is_extension_blocked(e))
+                        .map(String::as_str)
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 ),
             ));
         }

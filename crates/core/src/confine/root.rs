@@ -588,13 +588,13 @@ impl SandboxRoot {
         let escape = Refusal::new(
             ReasonCode::SymlinkEscape,
             format!(
-                "{shown} is a symbolic link that leads outside the sandbox root; symlinks are never followed for writes"
+                "{shown} is a symbolic link that leads outside the sandbox root; symlinks are never followed"
             ),
         );
         let inside = Refusal::new(
             ReasonCode::SymlinkRefused,
             format!(
-                "{shown} is a symbolic link; symlinks are never followed for writes, even inside the sandbox"
+                "{shown} is a symbolic link; symlinks are never followed, even inside the sandbox"
             ),
         );
         let mut current: Vec<String> = comps.to_vec();
@@ -615,7 +615,7 @@ impl SandboxRoot {
                     return Refusal::new(
                         ReasonCode::SymlinkEscape,
                         format!(
-                            "{} was swapped for a symbolic link and back while it was being checked; symlinks are never followed for writes",
+                            "{} was swapped for a symbolic link and back while it was being checked; symlinks are never followed",
                             shown_path(&link.to_string_lossy())
                         ),
                     );

@@ -449,8 +449,11 @@ fn block_list_wins_over_a_configured_allow_list() {
         ReasonCode::BlockedExtension
     );
     assert!(policy.check(".txt").is_ok());
-    assert_eq!(
-        policy.check(".json").unwrap_err().reason_code,
-        ReasonCode::ExtensionNotAllowed
+    let refused = policy.check(".json").unwrap_err();
+    assert_eq!(refused.reason_code, ReasonCode::ExtensionNotAllowed);
+    assert!(
+        refused.reason.ends_with("allowed: .txt"),
+        "a blocked extension is not offered: {}",
+        refused.reason
     );
 }
