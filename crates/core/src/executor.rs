@@ -628,7 +628,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             workflow_id: self.plan.workflow_id.clone(),
             started_at: self.sb.now(),
             finished: false,
-            boot: None,
+            boot: crate::confine::state::boot_id().map(str::to_owned),
             recovered_by: Vec::new(),
             roots,
         };

@@ -54,8 +54,9 @@ pub struct InflightRecord {
     /// the workflow in a live process does not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub finished: bool,
-    /// The boot of the machine in which the run finished (see [`crate::confine::state::boot_id`]):
-    /// only a later boot, after a crash of the machine, may have lost its writes.
+    /// The boot of the machine in which the run began and, once `finished`, ended (see
+    /// [`crate::confine::state::boot_id`]): only a later boot, after a crash of the
+    /// machine, may have lost its writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot: Option<String>,
     /// An id made by each process that began recovering this run: recovery writes
@@ -75,7 +76,6 @@ impl InflightRecord {
         Self {
             state: "idle".to_owned(),
             finished: false,
-            boot: None,
             ..self.clone()
         }
     }
@@ -91,9 +91,12 @@ impl InflightRecord {
 
     /// Whether the run finished in this boot of the machine.
     fn finished_this_boot(&self) -> bool {
-        self.finished
-            && self.boot.is_some()
-            && self.boot.as_deref() == crate::confine::state::boot_id()
+        self.finished && self.this_boot()
+    }
+
+    /// Whether the record was written in this boot of the machine.
+    fn this_boot(&self) -> bool {
+        self.boot.is_some() && self.boot.as_deref() == crate::confine::state::boot_id()
     }
 }
 
@@ -160,9 +163,20 @@ impl Sandbox {
                 return Vec::new();
             }
         };
+        // Runs that finished in this boot, whose processes left no sync point behind
+        // them: made durable and marked idle, so that a later boot, which cannot tell
+        // what a crash lost, never judges them.
+        let mut finished = Vec::new();
         for (id, bytes) in records {
             let parsed = serde_json::from_slice::<InflightRecord>(&bytes).ok();
-            if parsed.as_ref().is_some_and(|r| !needs_recovery(r)) {
+            if parsed
+                .as_ref()
+                .is_some_and(|r| !needs_recovery(r) && !r.finished_this_boot())
+            {
+                continue;
+            }
+            // Already left for another start by the replay of its commit log.
+            if out.iter().any(|r| r.retry && r.workflow_id == id) {
                 continue;
             }
             if !crate::plan::is_valid_id(&id) {
@@ -171,7 +185,7 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             }
-            let _lock = match self.state.try_lock(&format!("wf-{id}")) {
+            let lock = match self.state.try_lock(&format!("wf-{id}")) {
                 Ok(Some(l)) => l,
                 Ok(None) => continue,
                 Err(e) => {
@@ -194,6 +208,10 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             };
+            if rec.finished_this_boot() {
+                finished.push((lock, rec));
+                continue;
+            }
             if !needs_recovery(&rec) {
                 continue;
             }
@@ -213,6 +231,19 @@ impl Sandbox {
             }
             if !retry {
                 self.write_idle_record(&rec, self.durable());
+            }
+            drop(lock);
+        }
+        if !finished.is_empty() {
+            match self.sync_logged_writes() {
+                Ok(()) => {
+                    for (_lock, rec) in &finished {
+                        self.write_idle_record(rec, self.durable());
+                    }
+                }
+                Err(r) => {
+                    tracing::warn!(reason = %r.reason, "cannot sync the writes of finished runs")
+                }
             }
         }
         out
@@ -244,29 +275,48 @@ impl Sandbox {
         let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
             return Ok(Some(file));
         };
-        if rec.finished || !needs_recovery(&rec) {
+        if !needs_recovery(&rec) {
             return Ok(Some(file));
         }
-        // Whatever the dead process logged is in memory or on disk already: made durable
-        // and dropped from its log, so that no later replay redoes what this undoes.
+        let what = if rec.state == ROLLING_BACK {
+            "rollback"
+        } else {
+            "run"
+        };
+        let missing = self.missing_roots(&rec);
+        if !missing.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
+                    rec.execution_id,
+                    missing.join(", ")
+                ),
+            ));
+        }
+        // Logged before the machine last stopped: only a replay brings back what its
+        // crash lost, and the start that should have made it did not (see its log).
+        if !rec.this_boot() && self.commit_log_holds_entries(workflow_id).map_err(io)? {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) whose commit log, written before the machine restarted, was not replayed (see the log of the last start); restart the runtime to replay it, then retry",
+                    rec.execution_id
+                ),
+            ));
+        }
+        // Whatever the dead process logged in this boot is in memory or on disk already:
+        // made durable and dropped from its log, so that no later replay redoes what
+        // this undoes.
         self.settle_commit_log(workflow_id)?;
         let report = self.recover_record(&rec);
         if report.retry {
-            let what = if report.rollback { "rollback" } else { "run" };
             return Err(Refusal::new(
                 ReasonCode::IoError,
-                if report.missing_roots.is_empty() {
-                    format!(
-                        "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
-                        rec.execution_id
-                    )
-                } else {
-                    format!(
-                        "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
-                        rec.execution_id,
-                        report.missing_roots.join(", ")
-                    )
-                },
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
+                    rec.execution_id
+                ),
             ));
         }
         self.conclude_sync().inspect_err(|_| self.unclaim(&rec))?;
@@ -282,13 +332,17 @@ impl Sandbox {
         Ok(Some(file))
     }
 
-    fn recover_record(&self, rec: &InflightRecord) -> Recovered {
-        let missing_roots: Vec<String> = rec
-            .roots
+    /// The roots a run record names that this sandbox is not configured with.
+    fn missing_roots(&self, rec: &InflightRecord) -> Vec<String> {
+        rec.roots
             .iter()
             .filter(|r| !self.roots.iter().any(|c| c.is_named_by(r)))
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        let missing_roots = self.missing_roots(rec);
         if !missing_roots.is_empty() {
             return Recovered {
                 execution_id: rec.execution_id.clone(),
@@ -431,7 +485,26 @@ impl Sandbox {
             let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
-            let rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            let mut rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            // Entries kept for a root not configured now hold acknowledged writes: the
+            // record names that root, so that until a start that has it replays them,
+            // no run, rollback or prune of the workflow here empties the log.
+            if !kept.is_empty()
+                && let Some(r) = rec.as_mut()
+            {
+                r.finished = false;
+                if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
+                    r.state = "active".to_owned();
+                }
+                for &i in &kept {
+                    if !r.roots.contains(&entries[i].meta.root) {
+                        r.roots.push(entries[i].meta.root.clone());
+                    }
+                }
+                if let Err(e) = self.write_record(r, self.durable()) {
+                    tracing::warn!(error = %e, workflow = %wf, "could not name a missing root in a run record");
+                }
+            }
             let dead = rec.as_ref().filter(|r| needs_recovery(r));
             let mut report = match dead {
                 Some(r) => self.recover_record(r),
@@ -599,16 +672,8 @@ impl Sandbox {
                         || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
                 });
             // What the target holds may be older bytes of this log's that a later run
-            // of another workflow wrote back (a live process's logs wait for its next
-            // sync point): the trail then shows that run changing the target to them.
-            // Lines that changed nothing (a recovery recording an action undone) show
-            // no such thing.
-            let put_back_since = || {
-                self.changes_by_others(i, meta)
-                    .iter()
-                    .any(|c| c.after_checksum == current && c.before_checksum != c.after_checksum)
-            };
-            if !known || put_back_since() {
+            // of another workflow wrote back.
+            if !known || self.put_back_by_another(i, meta, &current) {
                 tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
                 continue;
             }
@@ -835,7 +900,9 @@ impl Sandbox {
                 // target). Anything else is the result, or a later change by someone
                 // else, which is theirs to keep.
                 Some(Some(after)) => {
-                    current == *after || !self.back_to_before(i, &s.meta, current.as_deref())
+                    current == *after
+                        || !self.back_to_before(i, &s.meta, current.as_deref())
+                        || self.put_back_by_another(i, &s.meta, &current)
                 }
                 Some(None) => true,
             };
@@ -1044,6 +1111,21 @@ impl Sandbox {
                 &meta.execution_id,
             )
             .unwrap_or_default()
+    }
+
+    /// Whether another run, after this action's snapshot, changed its target to what it
+    /// holds now (`current`): old bytes found there were written back, not left by an
+    /// undo of this action. Lines that changed nothing (a recovery recording an action
+    /// undone) show no such thing.
+    fn put_back_by_another(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: &Option<String>,
+    ) -> bool {
+        self.changes_by_others(root, meta)
+            .iter()
+            .any(|c| c.after_checksum == *current && c.before_checksum != c.after_checksum)
     }
 
     /// The first change another run made to an action's target after its snapshot.

@@ -886,10 +886,34 @@ impl Sandbox {
         {
             return Ok(false);
         }
+        // Entries a start kept for a root not configured here hold acknowledged writes
+        // this process can neither sync nor replay.
+        let foreign: Vec<String> = crate::commit_log::read(&f)
+            .map_err(io)?
+            .into_iter()
+            .map(|e| e.meta.root)
+            .filter(|root| !self.roots.iter().any(|r| r.is_named_by(root)))
+            .collect();
+        if let Some(root) = foreign.first() {
+            return Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
+                ),
+            ));
+        }
         self.sync_logged_writes()?;
         crate::commit_log::clear(&f).map_err(io)?;
         lock_or_recover(&self.logs_after_sync).remove(workflow_id);
         Ok(true)
+    }
+
+    /// Whether a workflow's commit log holds entries.
+    pub(crate) fn commit_log_holds_entries(&self, workflow_id: &str) -> std::io::Result<bool> {
+        match self.state.commit_log_file(workflow_id)? {
+            Some(f) => Ok(crate::commit_log::position(&f)?.is_some_and(|p| !p.is_empty())),
+            None => Ok(false),
+        }
     }
 
     /// Makes durable whatever a commit log's writes left in memory: a sync point, or one
@@ -2092,7 +2116,7 @@ impl Sandbox {
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
             finished: false,
-            boot: None,
+            boot: crate::confine::state::boot_id().map(str::to_owned),
             recovered_by: Vec::new(),
             roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
         };

@@ -642,3 +642,117 @@ fn a_start_does_not_take_a_write_back_for_a_finished_runs_undo() {
         drop(live);
     }
 }
+
+/// A power cut lost a logged write into a second root. A start configured without that
+/// root keeps the entry, and until a start that has the root replays it, nothing here
+/// empties the log: a new run, a rollback and a prune of the workflow are refused.
+#[test]
+fn a_logged_write_into_a_root_not_configured_survives_until_it_is_replayed() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    std::fs::create_dir(&root2).unwrap();
+    std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
+    let mut both = batched(&w);
+    both.roots = vec![w.root.clone(), root2.clone()];
+    let only = batched(&w);
+    let sb = w.open(both.clone());
+    run_each(&w, &sb, &[("w1", &[["g0", "create_file", "g.txt", "g\n"]])]);
+    drop(sb);
+    let durable = Durable::take(&w);
+    let sb = w.open(both.clone());
+    w.clock.advance(chrono::Duration::seconds(1));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "w1", "actions": [{"action_id": "a", "intent": "replace_file",
+            "path": "f.txt", "content": "A\n", "root": root2.display().to_string()}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(log_len(&w, "w1"), 1);
+    // A power cut: no drop; the second root loses the write and its snapshot too.
+    std::mem::forget(sb);
+    durable.restore_except_commit_logs(&w);
+    std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
+    std::fs::remove_dir_all(root2.join(".rollback")).unwrap();
+
+    let one = w.open(only);
+    assert_noticed(&one, "not configured with");
+    let r = run(
+        &one,
+        json!({"workflow_id": "w1", "actions": [
+            {"intent": "create_file", "path": "h.txt", "content": "h\n"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    let rb = one.rollback_workflow("w1", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    let pruned = one.prune(std::time::Duration::ZERO).unwrap();
+    assert!(pruned.workflows_pruned.is_empty(), "{pruned:?}");
+    assert_eq!(
+        log_len(&w, "w1"),
+        1,
+        "the acknowledged write is still logged"
+    );
+    drop(one);
+
+    let sb = w.open(both);
+    assert_eq!(
+        std::fs::read(root2.join("f.txt")).unwrap(),
+        b"A\n",
+        "{:?}",
+        sb.notices()
+    );
+    assert!(statuses_of(&sb, "w1").contains(&"a:Success".to_owned()));
+    assert_eq!(log_len(&w, "w1"), 0);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A process killed after its runs finished leaves their records `finished`. A start in
+/// the same boot makes their writes durable and marks them idle; after a restart of the
+/// machine, a start that still finds one does not take another workflow's write-back of
+/// the old bytes for an undo of the run's audited write.
+#[test]
+fn finished_runs_of_a_killed_process_are_settled_and_never_misjudged() {
+    for reboot in [false, true] {
+        let w = World::new();
+        w.write("f.txt", b"O\n");
+        let killed = w.open(batched(&w));
+        run_each(
+            &w,
+            &killed,
+            &[
+                ("w1", &[["g1", "create_file", "g1.txt", "g\n"]]),
+                ("w2", &[["g2", "create_file", "g2.txt", "g\n"]]),
+                ("w1", &[["y", "replace_file", "f.txt", "A\n"]]),
+                ("w2", &[["b", "replace_file", "f.txt", "O\n"]]),
+            ],
+        );
+        // Killed: no last sync point.
+        std::mem::forget(killed);
+        for wf in ["w1", "w2"] {
+            let mut rec = run_record(&w, wf);
+            assert_eq!(rec["finished"], true, "{wf}: {rec}");
+            if reboot {
+                rec["boot"] = json!("an-earlier-boot");
+                std::fs::write(w.state.join(format!("inflight/{wf}.json")), rec.to_string())
+                    .unwrap();
+            }
+        }
+        let sb = w.open(batched(&w));
+        assert_eq!(sb.notices(), Vec::<String>::new(), "reboot {reboot}");
+        if !reboot {
+            for wf in ["w1", "w2"] {
+                assert_eq!(run_record(&w, wf)["state"], "idle", "{wf}");
+            }
+        }
+        let y: Vec<_> = statuses_of(&sb, "w1")
+            .into_iter()
+            .filter(|s| s.starts_with("y:"))
+            .collect();
+        assert_eq!(y, ["y:Success"], "reboot {reboot}");
+        for wf in ["w2", "w1"] {
+            let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "reboot {reboot}, {wf}: {rb:?}");
+        }
+        assert_eq!(w.read("f.txt"), b"O\n", "reboot {reboot}");
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}

@@ -68,12 +68,6 @@ fn hide_snapshots(w: &World) -> impl FnOnce() {
     }
 }
 
-/// A workflow's run record as the state directory holds it.
-fn run_record(w: &World, wf: &str) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
-        .unwrap()
-}
-
 fn temp_files(dir: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();
     for e in walk(dir) {

@@ -235,3 +235,9 @@ pub fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
         .map(|e| format!("{}:{:?}", e.action_id, e.status))
         .collect()
 }
+
+/// A workflow's run record as the state directory holds it.
+pub fn run_record(w: &World, wf: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
+        .unwrap()
+}
