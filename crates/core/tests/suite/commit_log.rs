@@ -592,6 +592,25 @@ fn a_start_does_not_redo_a_logged_write_a_later_run_replaced() {
     drop(live);
 }
 
+/// A sandbox in which `w1` (action `y`) replaced `f.txt`'s `O` with `A`, and then `w2`
+/// (action `b`) wrote `O` back; each workflow's first run created its commit log.
+fn written_back() -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    w.write("f.txt", b"O\n");
+    let sb = w.open(batched(&w));
+    run_each(
+        &w,
+        &sb,
+        &[
+            ("w1", &[["g1", "create_file", "g1.txt", "g\n"]]),
+            ("w2", &[["g2", "create_file", "g2.txt", "g\n"]]),
+            ("w1", &[["y", "replace_file", "f.txt", "A\n"]]),
+            ("w2", &[["b", "replace_file", "f.txt", "O\n"]]),
+        ],
+    );
+    (w, sb)
+}
+
 /// A live process's finished run (its record waits for the next sync point) wrote a
 /// file, and another workflow wrote the file's old bytes back. A start meanwhile finds
 /// the file as it was before the run, yet the run was not undone: it is left done, so
@@ -599,19 +618,7 @@ fn a_start_does_not_redo_a_logged_write_a_later_run_replaced() {
 #[test]
 fn a_start_does_not_take_a_write_back_for_a_finished_runs_undo() {
     for partial_rollback in [false, true] {
-        let w = World::new();
-        w.write("f.txt", b"O\n");
-        let live = w.open(batched(&w));
-        run_each(
-            &w,
-            &live,
-            &[
-                ("w1", &[["g1", "create_file", "g1.txt", "g\n"]]),
-                ("w2", &[["g2", "create_file", "g2.txt", "g\n"]]),
-                ("w1", &[["y", "replace_file", "f.txt", "A\n"]]),
-                ("w2", &[["b", "replace_file", "f.txt", "O\n"]]),
-            ],
-        );
+        let (w, live) = written_back();
         if partial_rollback {
             run_each(
                 &w,
@@ -712,19 +719,7 @@ fn a_logged_write_into_a_root_not_configured_survives_until_it_is_replayed() {
 #[test]
 fn finished_runs_of_a_killed_process_are_settled_and_never_misjudged() {
     for reboot in [false, true] {
-        let w = World::new();
-        w.write("f.txt", b"O\n");
-        let killed = w.open(batched(&w));
-        run_each(
-            &w,
-            &killed,
-            &[
-                ("w1", &[["g1", "create_file", "g1.txt", "g\n"]]),
-                ("w2", &[["g2", "create_file", "g2.txt", "g\n"]]),
-                ("w1", &[["y", "replace_file", "f.txt", "A\n"]]),
-                ("w2", &[["b", "replace_file", "f.txt", "O\n"]]),
-            ],
-        );
+        let (w, killed) = written_back();
         // Killed: no last sync point.
         std::mem::forget(killed);
         for wf in ["w1", "w2"] {
