@@ -399,12 +399,13 @@ fn print_json<T: Serialize>(v: &T) -> Result<()> {
     Ok(())
 }
 
+/// Standard error says why whether or not `--json` puts the reason on standard output,
+/// as for a command that cannot run at all.
 fn refusal_exit(json: bool, r: &Refusal, code: u8) -> Result<u8> {
     if json {
         print_json(&serde_json::json!({"reason_code": r.reason_code, "reason": r.reason}))?;
-    } else {
-        eprintln!("refused ({}): {}", r.reason_code, human::safe(&r.reason));
     }
+    eprintln!("refused ({}): {}", r.reason_code, human::safe(&r.reason));
     Ok(code)
 }
 

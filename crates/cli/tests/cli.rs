@@ -562,6 +562,21 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         .arg(&shared)
         .args(["--json", "state"]);
     says(&mut c, "invalid_config");
+    // Refused input, not a command that could not run: the reason is on both too.
+    says(
+        e.cmd().args(["--json", "artifacts", "show", "a/b"]),
+        "invalid_id",
+    );
+    says(
+        e.cmd().args(["--json", "audit", "--workflow", "a.b/"]),
+        "invalid_id",
+    );
+    let not_a_plan = e.dir.join("not-a-plan.json");
+    std::fs::write(&not_a_plan, r#"{"actions": [], "extra": 1}"#).unwrap();
+    says(
+        e.cmd().args(["--json", "run"]).arg(&not_a_plan),
+        "invalid_plan",
+    );
     let out = e.cmd().args(["--bogus", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty(), "without --json nothing on stdout");
