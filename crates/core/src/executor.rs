@@ -537,7 +537,7 @@ impl<'a> SandboxWriteExecutor<'a> {
     ) -> RunResult {
         let mut results = Vec::new();
         let mut records = Vec::new();
-        let actions = self.plan.actions.clone();
+        let actions = std::mem::take(&mut self.plan.actions);
         for (i, a) in actions.iter().enumerate() {
             let op = op_for_intent(&a.intent);
             match checks.get(i) {
@@ -597,7 +597,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         self.go(WorkflowState::Executing);
         let mut results = Vec::new();
         let mut records = Vec::new();
-        let actions = self.plan.actions.clone();
+        let actions = std::mem::take(&mut self.plan.actions);
         for (a, p) in actions.iter().zip(prepared) {
             let mut res = self.base_result(a, Some(p.approval.op), ActionStatus::Simulated);
             res.risk = p.approval.risk;
@@ -659,7 +659,7 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     fn execute_actions(mut self) -> RunResult {
-        let actions = self.plan.actions.clone();
+        let actions = std::mem::take(&mut self.plan.actions);
         let mut results: Vec<ActionResult> = Vec::new();
         let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
         let (mut failed, mut blocked) = (false, false);

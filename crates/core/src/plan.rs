@@ -62,7 +62,7 @@ pub struct Action {
     #[serde(default, deserialize_with = "unique_keys::data")]
     pub data: Option<serde_json::Value>,
     /// Edits, for `sandbox_transform`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_keys::edits")]
     pub edits: Option<Vec<Edit>>,
     /// What the action is for (searched for chmod requests).
     #[serde(default)]
@@ -92,6 +92,7 @@ pub struct Plan {
     #[serde(default)]
     pub on_failure: Option<OnFailure>,
     /// The actions, run in order.
+    #[serde(deserialize_with = "unique_keys::actions")]
     pub actions: Vec<Action>,
 }
 
@@ -179,43 +180,138 @@ mod unique_keys {
         Ok((!v.is_null()).then_some(v))
     }
 
-    thread_local! {
-        /// How many more `data` values the plan being parsed on this thread may hold;
-        /// `None`: no plan is being parsed, nothing is counted.
-        static VALUES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    /// What the plan being parsed may still hold.
+    #[derive(Clone, Copy)]
+    struct Allowance {
+        values: usize,
+        edits: usize,
     }
 
-    /// Counts `data` values for the duration of a plan's parse (see
-    /// [`super::MAX_DATA_VALUES_PER_PLAN`]).
+    thread_local! {
+        /// What the plan being parsed on this thread may still hold; `None`: no plan is
+        /// being parsed, nothing is counted.
+        static LEFT: std::cell::Cell<Option<Allowance>> = const { std::cell::Cell::new(None) };
+    }
+
+    /// Counts `data` values and edits for the duration of a plan's parse (see
+    /// [`super::MAX_DATA_VALUES_PER_PLAN`], [`super::MAX_EDITS_PER_PLAN`]): a plan past
+    /// either is refused before it is all built, so a refused plan never holds more than
+    /// the allowance in memory.
     pub(super) struct Counting;
 
     impl Counting {
         pub(super) fn start() -> Self {
-            VALUES_LEFT.with(|c| c.set(Some(super::MAX_DATA_VALUES_PER_PLAN)));
+            LEFT.with(|c| {
+                c.set(Some(Allowance {
+                    values: super::MAX_DATA_VALUES_PER_PLAN,
+                    edits: super::MAX_EDITS_PER_PLAN,
+                }));
+            });
             Self
         }
     }
 
     impl Drop for Counting {
         fn drop(&mut self) {
-            VALUES_LEFT.with(|c| c.set(None));
+            LEFT.with(|c| c.set(None));
         }
     }
 
-    /// Charges one value, refused past the plan's allowance: before the value is built,
-    /// so a refused plan never holds more than the allowance in memory.
-    fn one<E: Error>() -> Result<(), E> {
-        VALUES_LEFT.with(|c| match c.get() {
-            Some(0) => Err(E::custom(format!(
-                "the data of the plan's actions holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans",
-                super::MAX_DATA_VALUES_PER_PLAN
-            ))),
-            Some(n) => {
-                c.set(Some(n - 1));
-                Ok(())
+    /// Charges one thing `take` picks out of the allowance; `refuse` says why when none
+    /// is left.
+    fn charge<E: Error>(
+        take: impl FnOnce(&mut Allowance) -> &mut usize,
+        refuse: impl FnOnce() -> String,
+    ) -> Result<(), E> {
+        LEFT.with(|c| {
+            let Some(mut left) = c.get() else {
+                return Ok(());
+            };
+            let n = take(&mut left);
+            if *n == 0 {
+                return Err(E::custom(refuse()));
             }
-            None => Ok(()),
+            *n -= 1;
+            c.set(Some(left));
+            Ok(())
         })
+    }
+
+    fn one<E: Error>() -> Result<(), E> {
+        charge(
+            |a| &mut a.values,
+            || {
+                format!(
+                    "the data of the plan's actions holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans",
+                    super::MAX_DATA_VALUES_PER_PLAN
+                )
+            },
+        )
+    }
+
+    /// An action's `edits`, charged to the plan's allowance as they are read.
+    pub(super) fn edits<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Vec<super::Edit>>, D::Error> {
+        struct Edits;
+        impl<'de> Visitor<'de> for Edits {
+            type Value = Option<Vec<super::Edit>>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of edits")
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_seq(self)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(e) = seq.next_element::<super::Edit>()? {
+                    charge(
+                        |a| &mut a.edits,
+                        || {
+                            format!(
+                                "the plan has more than {0} edits in all; at most {0} are allowed in one plan, so split the changes over several plans",
+                                super::MAX_EDITS_PER_PLAN
+                            )
+                        },
+                    )?;
+                    out.push(e);
+                }
+                Ok(Some(out))
+            }
+        }
+        d.deserialize_option(Edits)
+    }
+
+    /// A plan's `actions`, refused past [`super::MAX_ACTIONS_PER_PLAN`] before more
+    /// are built.
+    pub(super) fn actions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::Action>, D::Error> {
+        struct Actions;
+        impl<'de> Visitor<'de> for Actions {
+            type Value = Vec<super::Action>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an array of actions")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(a) = seq.next_element::<super::Action>()? {
+                    if out.len() == super::MAX_ACTIONS_PER_PLAN {
+                        return Err(A::Error::custom(format!(
+                            "the plan has more than {0} actions; at most {0} are allowed in one plan, so split it over several plans",
+                            super::MAX_ACTIONS_PER_PLAN
+                        )));
+                    }
+                    out.push(a);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Actions)
     }
 
     /// JSON text's value, refusing an object that gives a key twice.
@@ -903,6 +999,25 @@ mod tests {
         // The next plan starts afresh, and data parsed outside a plan is not counted.
         assert!(parse_plan(fits.as_bytes()).is_ok());
         assert!(check_unique_keys(over.as_bytes()).is_ok());
+    }
+
+    /// Actions past the plan's limit are refused while the plan is read, before they
+    /// are all built.
+    #[test]
+    fn a_plan_is_read_up_to_its_largest_number_of_actions() {
+        let plan = |n: usize| {
+            let one = r#"{"intent": "create_file", "path": "a.txt", "content": ""}"#;
+            format!(r#"{{"actions": [{}]}}"#, vec![one; n].join(","))
+        };
+        let fits = parse_plan(plan(MAX_ACTIONS_PER_PLAN).as_bytes()).unwrap();
+        assert!(fits.validate().is_ok());
+        let why = parse_plan(plan(MAX_ACTIONS_PER_PLAN + 1).as_bytes()).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            why.reason.contains("more than 1000 actions"),
+            "{}",
+            why.reason
+        );
     }
 
     #[test]
