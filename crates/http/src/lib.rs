@@ -90,11 +90,13 @@ pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BO
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Request bodies the server holds at once, in multiples of the largest one allowed: a
-/// body is parsed into about as much memory again, so this bounds what concurrent
-/// uploads can hold whatever their number. A request is charged for its body as the
-/// bytes arrive (never more than the largest body allowed), until its response is ready:
-/// a client holds only as much room as it has sent. A request that holds no room waits
+/// Request bodies the server holds at once, in multiples of the largest one allowed. A
+/// plan parses into a few times its body at most (its actions, edits and data values are
+/// capped, each refused as it is read), so this bounds what concurrent uploads can hold
+/// whatever their number. A request is charged for its body as the bytes arrive (never
+/// more than the largest body allowed), until its response is ready or, for a plan,
+/// until the plan has run, even if the client hung up meanwhile: a client holds only as
+/// much room as it has sent. A request that holds no room waits
 /// for room for its first bytes; one that holds some and finds no more is answered 503
 /// `server_busy` with `Retry-After` instead of waiting, since uploads that wait while
 /// holding room could wait for each other until their deadline.
@@ -115,6 +117,22 @@ struct BodyRoom {
 /// The room one request holds, given back when its response is ready.
 type Held = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
 
+/// The room a request holds, as its handler finds it among the request's extensions: a
+/// handler that parses or runs the body on the blocking pool takes the room along, so
+/// that a client that hangs up does not free it while that work goes on.
+#[derive(Clone, Default)]
+pub(crate) struct HeldRoom(Held);
+
+impl HeldRoom {
+    /// The room held so far, to be dropped when the work on the body ends.
+    pub(crate) fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
 /// A body that found the room for bodies full after its first bytes (answered 503).
 #[derive(Debug)]
 pub(crate) struct RoomFull;
@@ -130,16 +148,17 @@ impl std::error::Error for RoomFull {}
 /// Charges a request's body to the room as it arrives (see [`BODIES_IN_FLIGHT`]).
 async fn body_room(
     axum::extract::State(room): axum::extract::State<BodyRoom>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
+    let held: Held = Arc::default();
+    req.extensions_mut().insert(HeldRoom(held.clone()));
     if req.method() == axum::http::Method::GET
         || req.method() == axum::http::Method::HEAD
         || axum::body::HttpBody::is_end_stream(req.body())
     {
         return next.run(req).await;
     }
-    let held: Held = Arc::default();
     let (parts, body) = req.into_parts();
     // (stream, bytes charged so far, whether the body ended with an error)
     let metered = futures_util::stream::unfold((body.into_data_stream(), 0usize, false), {

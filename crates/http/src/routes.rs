@@ -211,13 +211,20 @@ pub(crate) async fn rollback_info(
 /// parse/id error is the run result; the status tells the outcome.
 pub(crate) async fn run_plan(
     State(s): State<AppState>,
+    room: Option<axum::Extension<crate::HeldRoom>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(body, s.body_limit)?;
     let sb = s.sandbox;
-    let result = blocking(move || sb.run_plan_json(&bytes))
-        .await?
-        .map_err(ApiError::from_refusal)?;
+    // Held until the plan is parsed and run, even if the client hangs up meanwhile.
+    let held = room.and_then(|r| r.take());
+    let result = blocking(move || {
+        let result = sb.run_plan_json(&bytes);
+        drop((bytes, held));
+        result
+    })
+    .await?
+    .map_err(ApiError::from_refusal)?;
     let mut status = run_status(result.status);
     let retry_after = rate_limited_for(&result);
     if retry_after.is_some() {

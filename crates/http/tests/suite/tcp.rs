@@ -551,6 +551,69 @@ async fn request_bodies_in_flight_are_bounded() {
     server.stop().await;
 }
 
+/// A client that sends a plan and hangs up does not take its room back while its plan
+/// is still parsed and run: the next body waits for it like for any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_holds_its_room_until_its_plan_has_run() {
+    let (e, server) = small_bodies().await;
+    let addr = server.addr;
+    let (reached, at_point) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    e.sandbox.failpoints().interleave(
+        "after_validate",
+        std::sync::Arc::new(move || {
+            let _ = reached.send(());
+            let _ = released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(20));
+        }),
+    );
+    tokio::task::spawn_blocking(move || {
+        let post = |len: usize, body: &str| {
+            format!(
+                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+            )
+        };
+        // A whole body of the largest size (4 of the room's 16 units), then gone.
+        let plan = r#"{"actions":[{"intent":"create_file","path":"h.md","content":"x"}]}"#;
+        let padded = format!("{plan:<4096}");
+        let mut gone = TcpStream::connect(addr).unwrap();
+        gone.write_all(post(4096, &padded).as_bytes()).unwrap();
+        at_point.recv_timeout(Duration::from_secs(10)).unwrap();
+        drop(gone);
+        std::thread::sleep(Duration::from_millis(300));
+        // Three bodies under way take the other 12 units.
+        let stalled: Vec<TcpStream> = (0..3)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(post(4096, &" ".repeat(4095)).as_bytes()).unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        // Not a plan: answered 400 as soon as it has room.
+        let body = r#"{"actions": 1}"#;
+        let mut next = TcpStream::connect(addr).unwrap();
+        next.write_all(post(body.len(), body).as_bytes()).unwrap();
+        next.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+        let mut first = [0u8; 1];
+        assert!(
+            next.read(&mut first).is_err(),
+            "the hung-up client's plan still holds its room"
+        );
+        release.send(()).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, answer) = read_one(&mut BufReader::new(next));
+        assert_eq!(status, 400, "{answer}");
+        drop(stalled);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
 /// More uploads than there is room for, each sent in two halves: none waits for
 /// another's room until the body deadline; each is answered at once, written or
 /// `server_busy`, and those refused go through when sent again.
