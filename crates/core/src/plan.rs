@@ -428,9 +428,15 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     }
     let counting = unique_keys::Counting::start();
     let plan: Plan = serde_json::from_slice(json).map_err(|e| {
+        // The parser's own words say what it hit, not what to change.
+        let hint = if e.to_string().starts_with("recursion limit exceeded") {
+            " (arrays and objects nest at most 128 levels deep: flatten the data)"
+        } else {
+            ""
+        };
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the plan is not valid: {e}"),
+            format!("the plan is not valid: {e}{hint}"),
         )
     })?;
     drop(counting);
@@ -1015,6 +1021,22 @@ mod tests {
         assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
         assert!(
             why.reason.contains("more than 1000 actions"),
+            "{}",
+            why.reason
+        );
+    }
+
+    #[test]
+    fn data_nested_too_deep_says_how_deep_it_may_go() {
+        let deep = format!(
+            r#"{{"actions": [{{"intent": "write_json", "path": "d.json", "data": {}{}}}]}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let why = parse_plan(deep.as_bytes()).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            why.reason.contains("at most 128 levels deep"),
             "{}",
             why.reason
         );
