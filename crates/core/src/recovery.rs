@@ -209,7 +209,11 @@ impl Sandbox {
                 continue;
             };
             if rec.finished_this_boot() {
-                finished.push((lock, rec));
+                // A log that could not be emptied (it holds entries for a root this start
+                // lacks) keeps the run finished, for a start that can empty it.
+                if self.commit_log_holds_entries(&id).is_ok_and(|held| !held) {
+                    finished.push((lock, rec));
+                }
                 continue;
             }
             if !needs_recovery(&rec) {
@@ -272,6 +276,9 @@ impl Sandbox {
         let Some(file) = self.state.inflight_open(workflow_id).map_err(io)? else {
             return Ok(None);
         };
+        // Whatever the record says: entries another process logged for a root this one
+        // lacks would be emptied with the log at this run's first sync point.
+        self.refuse_foreign_log_entries(workflow_id)?;
         let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
             return Ok(Some(file));
         };

@@ -754,11 +754,18 @@ impl Sandbox {
         let logs = std::mem::take(&mut *lock_or_recover(&self.logs_after_sync));
         self.logged_since_sync
             .store(0, std::sync::atomic::Ordering::Relaxed);
-        if let Err(e) = s.sync() {
+        if let Err(e) = self.failpoints.check("batch_sync").and_then(|()| s.sync()) {
             // Back for the next sync point; what registered meanwhile is newer.
             let mut pending = lock_or_recover(&self.logs_after_sync);
             for (wf, at) in logs {
                 pending.entry(wf).or_insert(at);
+            }
+            drop(pending);
+            // The kernel may have dropped what it could not write: these runs are no
+            // longer finished for a start in this boot, which checks them against the
+            // disk and replays their logs.
+            for rec in idle {
+                self.mark_after_sync(rec, false);
             }
             return Err(crate::reason::Refusal::new(
                 ReasonCode::IoError,
@@ -770,7 +777,7 @@ impl Sandbox {
             tracing::warn!(error = %e, "could not move the audit head");
         }
         for rec in idle {
-            self.mark_idle(rec);
+            self.mark_after_sync(rec, true);
         }
         Ok(())
     }
@@ -886,26 +893,50 @@ impl Sandbox {
         {
             return Ok(false);
         }
-        // Entries a start kept for a root not configured here hold acknowledged writes
-        // this process can neither sync nor replay.
-        let foreign: Vec<String> = crate::commit_log::read(&f)
-            .map_err(io)?
-            .into_iter()
-            .map(|e| e.meta.root)
-            .filter(|root| !self.roots.iter().any(|r| r.is_named_by(root)))
-            .collect();
-        if let Some(root) = foreign.first() {
-            return Err(crate::reason::Refusal::new(
-                ReasonCode::IoError,
-                format!(
-                    "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
-                ),
-            ));
-        }
+        self.refuse_foreign_log_entries(workflow_id)?;
         self.sync_logged_writes()?;
         crate::commit_log::clear(&f).map_err(io)?;
         lock_or_recover(&self.logs_after_sync).remove(workflow_id);
         Ok(true)
+    }
+
+    /// Refuses (`io_error`) while a workflow's commit log holds entries for a root this
+    /// sandbox is not configured with: acknowledged writes another process made, which
+    /// this one can neither sync nor replay, and which emptying the log would lose.
+    /// Entries this process logged itself since its last sync point are not read again.
+    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict {
+        let io = |e: std::io::Error| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not read the commit log: {}", e.kind()),
+            )
+        };
+        let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
+            return Ok(());
+        };
+        let Some(at) = crate::commit_log::position(&f)
+            .map_err(io)?
+            .filter(|p| !p.is_empty())
+        else {
+            return Ok(());
+        };
+        if lock_or_recover(&self.logs_after_sync).get(workflow_id) == Some(&at) {
+            return Ok(());
+        }
+        let foreign = crate::commit_log::read(&f)
+            .map_err(io)?
+            .into_iter()
+            .map(|e| e.meta.root)
+            .find(|root| !self.roots.iter().any(|r| r.is_named_by(root)));
+        match foreign {
+            Some(root) => Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether a workflow's commit log holds entries.
@@ -958,10 +989,11 @@ impl Sandbox {
         }
     }
 
-    /// Writes the idle mark of a run whose writes are durable, unless a newer run of the
-    /// workflow has taken over the record (its lock is held, or the record names another
+    /// After a sync point, marks a finished run's record idle (`synced`: its writes are
+    /// durable) or under way again (the sync failed), unless a newer run of the workflow
+    /// has taken over the record (its lock is held, or the record names another
     /// execution): that run owns the record now.
-    fn mark_idle(&self, rec: crate::recovery::InflightRecord) {
+    fn mark_after_sync(&self, rec: crate::recovery::InflightRecord, synced: bool) {
         let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{}", rec.workflow_id)) else {
             return;
         };
@@ -971,8 +1003,13 @@ impl Sandbox {
             .ok()
             .flatten()
             .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok());
-        if current.is_some_and(|c| c.execution_id == rec.execution_id) {
+        if current.is_none_or(|c| c.execution_id != rec.execution_id) {
+            return;
+        }
+        if synced {
             self.write_idle(&rec);
+        } else if let Err(e) = self.write_record(&rec, false) {
+            tracing::warn!(error = %e, "could not mark a run unfinished after a failed sync");
         }
     }
 

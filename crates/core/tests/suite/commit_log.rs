@@ -751,3 +751,98 @@ fn finished_runs_of_a_killed_process_are_settled_and_never_misjudged() {
         assert!(sb.audit_verify().unwrap().ok);
     }
 }
+
+/// A live process with two roots has a logged write into the second waiting for its
+/// next sync point. A process configured with the first root only neither runs the
+/// workflow (its sync point would empty the log, entry and all) nor marks the run idle;
+/// a later start with both roots, in the same boot, empties the log without replaying
+/// it over what the file holds by then.
+#[test]
+fn a_process_without_a_root_leaves_a_live_processs_log_for_it_alone() {
+    let w = World::new();
+    let root2 = w.tmp.path().join("root2");
+    std::fs::create_dir(&root2).unwrap();
+    std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
+    let mut both = batched(&w);
+    both.roots = vec![w.root.clone(), root2.clone()];
+    let live = w.open(both.clone());
+    run_each(
+        &w,
+        &live,
+        &[("w1", &[["g0", "create_file", "g.txt", "g\n"]])],
+    );
+    let r = run(
+        &live,
+        json!({"workflow_id": "w1", "actions": [{"action_id": "a", "intent": "replace_file",
+            "path": "f.txt", "content": "A\n", "root": root2.display().to_string()}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(log_len(&w, "w1"), 1);
+
+    let one = w.open(batched(&w));
+    let r = run(
+        &one,
+        json!({"workflow_id": "w1", "actions": [
+            {"intent": "create_file", "path": "h.txt", "content": "h\n"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.contains(&root2.display().to_string())),
+        "{r:?}"
+    );
+    drop(one);
+    assert_eq!(
+        log_len(&w, "w1"),
+        1,
+        "the acknowledged write is still logged"
+    );
+    assert_eq!(run_record(&w, "w1")["finished"], true);
+
+    // Put back by hand: a start in this boot must not replay the log over it.
+    std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
+    let sb = w.open(both);
+    assert_eq!(
+        std::fs::read(root2.join("f.txt")).unwrap(),
+        b"O\n",
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(log_len(&w, "w1"), 0);
+    assert_eq!(run_record(&w, "w1")["state"], "idle");
+    drop(sb);
+    drop(live);
+}
+
+/// A sync point that fails may leave finished runs' writes lost by the kernel: their
+/// records go back to under way, so that the next start checks them against the disk
+/// and replays their logs instead of taking them for finished in this boot.
+#[test]
+fn a_failed_sync_point_leaves_its_runs_to_recovery() {
+    let w = World::new();
+    let sb = w.open(batched(&w));
+    run_each(
+        &w,
+        &sb,
+        &[
+            ("w1", &[["g0", "create_file", "g.txt", "g\n"]]),
+            ("w1", &[["a", "create_file", "a.txt", "a\n"]]),
+        ],
+    );
+    assert_eq!(log_len(&w, "w1"), 1);
+    assert_eq!(run_record(&w, "w1")["finished"], true);
+    sb.failpoints().arm("batch_sync", 1);
+    drop(sb);
+    let rec = run_record(&w, "w1");
+    assert_eq!(rec["state"], "active", "{rec}");
+    assert!(rec.get("finished").is_none(), "{rec}");
+    assert_eq!(log_len(&w, "w1"), 1, "not emptied by a failed sync");
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"a\n");
+    assert!(statuses_of(&sb, "w1").contains(&"a:Success".to_owned()));
+    assert_eq!(log_len(&w, "w1"), 0);
+    assert_eq!(run_record(&w, "w1")["state"], "idle");
+    assert!(sb.audit_verify().unwrap().ok);
+}
