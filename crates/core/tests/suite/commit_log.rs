@@ -656,11 +656,8 @@ fn a_start_does_not_take_a_write_back_for_a_finished_runs_undo() {
 #[test]
 fn a_logged_write_into_a_root_not_configured_survives_until_it_is_replayed() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    std::fs::create_dir(&root2).unwrap();
+    let (root2, both) = with_second_root(&w, &batched(&w));
     std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
-    let mut both = batched(&w);
-    both.roots = vec![w.root.clone(), root2.clone()];
     let only = batched(&w);
     let sb = w.open(both.clone());
     run_each(&w, &sb, &[("w1", &[["g0", "create_file", "g.txt", "g\n"]])]);
@@ -683,12 +680,7 @@ fn a_logged_write_into_a_root_not_configured_survives_until_it_is_replayed() {
 
     let one = w.open(only);
     assert_noticed(&one, "not configured with");
-    let r = run(
-        &one,
-        json!({"workflow_id": "w1", "actions": [
-            {"intent": "create_file", "path": "h.txt", "content": "h\n"}]}),
-    );
-    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_run_blocked_naming(&one, "w1", &root2);
     let rb = one.rollback_workflow("w1", &RollbackOptions::default());
     assert_eq!(rb.status, "refused", "{rb:?}");
     let pruned = one.prune(std::time::Duration::ZERO).unwrap();
@@ -760,11 +752,8 @@ fn finished_runs_of_a_killed_process_are_settled_and_never_misjudged() {
 #[test]
 fn a_process_without_a_root_leaves_a_live_processs_log_for_it_alone() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    std::fs::create_dir(&root2).unwrap();
+    let (root2, both) = with_second_root(&w, &batched(&w));
     std::fs::write(root2.join("f.txt"), b"O\n").unwrap();
-    let mut both = batched(&w);
-    both.roots = vec![w.root.clone(), root2.clone()];
     let live = w.open(both.clone());
     run_each(
         &w,
@@ -780,19 +769,7 @@ fn a_process_without_a_root_leaves_a_live_processs_log_for_it_alone() {
     assert_eq!(log_len(&w, "w1"), 1);
 
     let one = w.open(batched(&w));
-    let r = run(
-        &one,
-        json!({"workflow_id": "w1", "actions": [
-            {"intent": "create_file", "path": "h.txt", "content": "h\n"}]}),
-    );
-    assert_eq!(status(&r), "blocked", "{r:?}");
-    assert!(
-        r.actions[0]
-            .reason
-            .as_deref()
-            .is_some_and(|why| why.contains(&root2.display().to_string())),
-        "{r:?}"
-    );
+    assert_run_blocked_naming(&one, "w1", &root2);
     drop(one);
     assert_eq!(
         log_len(&w, "w1"),

@@ -1623,10 +1623,7 @@ fn a_failed_action_undone_at_once_offers_no_rollback() {
 #[test]
 fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     let w = World::new();
-    let root2 = w.tmp.path().join("root2");
-    std::fs::create_dir(&root2).unwrap();
-    let mut both = w.writable_config();
-    both.roots = vec![w.root.clone(), root2.clone()];
+    let (root2, both) = with_second_root(&w, &w.writable_config());
     die_with(
         &w,
         &both,
@@ -1639,19 +1636,7 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     let one = w.open(w.writable_config());
     assert_noticed(&one, "which this start is not configured with");
     assert_eq!(run_record(&w, "wf_r2")["state"], "active");
-    let r = run(
-        &one,
-        json!({"workflow_id": "wf_r2", "actions": [
-            {"intent": "create_file", "path": "y.txt", "content": "y"}]}),
-    );
-    assert_eq!(status(&r), "blocked", "{r:?}");
-    assert!(
-        r.actions[0]
-            .reason
-            .as_deref()
-            .is_some_and(|why| why.contains(&root2.display().to_string())),
-        "{r:?}"
-    );
+    assert_run_blocked_naming(&one, "wf_r2", &root2);
     drop(one);
     let sb = w.open(both);
     assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());

@@ -241,3 +241,34 @@ pub fn run_record(w: &World, wf: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
         .unwrap()
 }
+
+/// A second root beside the world's, made, and `config` with both roots.
+pub fn with_second_root(
+    w: &World,
+    config: &ailab_sandbox_core::Config,
+) -> (std::path::PathBuf, ailab_sandbox_core::Config) {
+    let root2 = w.tmp.path().join("root2");
+    std::fs::create_dir(&root2).unwrap();
+    let mut both = config.clone();
+    both.roots = vec![w.root.clone(), root2.clone()];
+    (root2, both)
+}
+
+/// Runs a one-file plan of `wf` in `sb` and asserts that it is blocked, the reason
+/// naming `path`.
+#[track_caller]
+pub fn assert_run_blocked_naming(sb: &Sandbox, wf: &str, path: &std::path::Path) {
+    let r = run(
+        sb,
+        serde_json::json!({"workflow_id": wf, "actions": [
+            {"intent": "create_file", "path": "blocked.txt", "content": "b\n"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .is_some_and(|why| why.contains(&path.display().to_string())),
+        "{r:?}"
+    );
+}
