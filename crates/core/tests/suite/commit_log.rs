@@ -452,26 +452,26 @@ fn two_workflows_on_one_file_are_redone_in_the_order_they_wrote() {
     let w = World::new();
     w.write("a.txt", b"alpha\n");
     let sb = w.open(batched(&w));
-    for wf in ["wf_b", "wf_a"] {
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"intent": "create_file", "path": format!("{wf}.txt"), "content": "seed\n"}]}),
-        );
-        assert_eq!(status(&r), "success", "a first commit syncs instead");
-    }
+    // A first commit syncs instead of logging.
+    run_each(
+        &w,
+        &sb,
+        &[
+            ("wf_b", &[["s1", "create_file", "wf_b.txt", "seed\n"]]),
+            ("wf_a", &[["s2", "create_file", "wf_a.txt", "seed\n"]]),
+        ],
+    );
     drop(sb);
     let durable = Durable::take(&w);
     let sb = w.open(batched(&w));
-    for (wf, text) in [("wf_b", "one\n"), ("wf_a", "two\n")] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"intent": "replace_file", "path": "a.txt", "content": text}]}),
-        );
-        assert_eq!(status(&r), "success");
-    }
+    run_each(
+        &w,
+        &sb,
+        &[
+            ("wf_b", &[["one", "replace_file", "a.txt", "one\n"]]),
+            ("wf_a", &[["two", "replace_file", "a.txt", "two\n"]]),
+        ],
+    );
     assert_eq!((log_len(&w, "wf_a"), log_len(&w, "wf_b")), (1, 1));
     // A power cut: no drop, so no last sync point.
     std::mem::forget(sb);
