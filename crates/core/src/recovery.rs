@@ -669,6 +669,12 @@ impl Sandbox {
             let current = self.target_checksum(i, &rel);
             let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
             if current == after {
+                // In place, perhaps only in memory, maybe beneath a mount inside the
+                // root: the sync that concludes the replay must cover it.
+                if let Err(r) = self.cover_target(i, &rel) {
+                    tracing::error!(reason = %r, "recovery could not cover a logged target for its sync");
+                    complete = false;
+                }
                 continue;
             }
             let known = live

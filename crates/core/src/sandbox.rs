@@ -893,7 +893,11 @@ impl Sandbox {
         {
             return Ok(false);
         }
-        self.refuse_foreign_log_entries(workflow_id)?;
+        if self.refuse_foreign_log_entries(workflow_id)? {
+            // Another process logged them and may have written beneath a mount inside a
+            // root, which this process's syncs do not cover.
+            rustix::fs::sync();
+        }
         self.sync_logged_writes()?;
         crate::commit_log::clear(&f).map_err(io)?;
         lock_or_recover(&self.logs_after_sync).remove(workflow_id);
@@ -904,7 +908,8 @@ impl Sandbox {
     /// sandbox is not configured with: acknowledged writes another process made, which
     /// this one can neither sync nor replay, and which emptying the log would lose.
     /// Entries this process logged itself since its last sync point are not read again.
-    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict {
+    /// Returns whether the log holds entries another process logged.
+    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict<bool> {
         let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
@@ -912,16 +917,16 @@ impl Sandbox {
             )
         };
         let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(at) = crate::commit_log::position(&f)
             .map_err(io)?
             .filter(|p| !p.is_empty())
         else {
-            return Ok(());
+            return Ok(false);
         };
         if lock_or_recover(&self.logs_after_sync).get(workflow_id) == Some(&at) {
-            return Ok(());
+            return Ok(false);
         }
         let foreign = crate::commit_log::read(&f)
             .map_err(io)?
@@ -935,7 +940,7 @@ impl Sandbox {
                     "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
                 ),
             )),
-            None => Ok(()),
+            None => Ok(true),
         }
     }
 
