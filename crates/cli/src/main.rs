@@ -509,6 +509,10 @@ fn run(cli: Cli) -> Result<u8> {
                 sandbox.rollback_workflow(&workflow_id, &RollbackOptions { action_id, force });
             if json {
                 print_json(&report)?;
+                // As for any refusal: the reason on standard error too.
+                if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
+                    eprintln!("refused ({code}): {}", human::safe(why));
+                }
             } else {
                 human::rollback(&report);
             }

@@ -571,6 +571,7 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         e.cmd().args(["--json", "audit", "--workflow", "a.b/"]),
         "invalid_id",
     );
+    says(e.cmd().args(["--json", "rollback", "../x"]), "invalid_id");
     let not_a_plan = e.dir.join("not-a-plan.json");
     std::fs::write(&not_a_plan, r#"{"actions": [], "extra": 1}"#).unwrap();
     says(
