@@ -920,8 +920,22 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
         }
         Ok(format!("{key} = {s}\n"))
     };
+    // Readers fold the case of keys: two would become one, or an error.
+    let case_clash = |within: &str, key: &str| {
+        serialize_error(
+            "INI",
+            format!(
+                "{within} has keys that differ only in case ('{}' and another); readers fold the case of keys",
+                key.escape_debug()
+            ),
+        )
+    };
     let mut out = String::new();
+    let mut seen = std::collections::HashSet::new();
     for (k, v) in top.iter().filter(|(_, v)| !v.is_object()) {
+        if !seen.insert(k.to_lowercase()) {
+            return Err(case_clash("the top level", k));
+        }
         out.push_str(&scalar(k, v)?);
     }
     for (k, v) in top.iter() {
@@ -935,16 +949,8 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             out.push_str(&format!("[{k}]\n"));
             let mut seen = std::collections::HashSet::new();
             for (sk, sv) in section {
-                // Readers fold the case of keys: two would become one, or an error.
                 if !seen.insert(sk.to_lowercase()) {
-                    return Err(serialize_error(
-                        "INI",
-                        format!(
-                            "section '{}' has keys that differ only in case ('{}' and another); readers fold the case of keys",
-                            k.escape_debug(),
-                            sk.escape_debug()
-                        ),
-                    ));
+                    return Err(case_clash(&format!("section '{}'", k.escape_debug()), sk));
                 }
                 out.push_str(&scalar(sk, sv)?);
             }

@@ -313,6 +313,11 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             json!({"s": {"Key": "1", "key": "2"}}),
             "differ only in case",
         ),
+        (
+            "c.ini",
+            json!({"Key": "1", "key": "2"}),
+            "the top level has keys that differ only in case",
+        ),
     ] {
         let r = one(
             &w,
