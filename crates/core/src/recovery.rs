@@ -466,16 +466,9 @@ impl Sandbox {
             };
             // Its run finished in this boot: nothing the log covers was lost, so it is
             // not replayed, only made durable and emptied (as that process's next sync
-            // point would), unless it covers a root this start cannot sync.
+            // point would); settling refuses a log that covers a root this start lacks.
             if record().is_some_and(|r| r.finished_this_boot()) {
-                let all_here = read_log().is_ok_and(|l| {
-                    l.is_none_or(|(_, entries)| {
-                        entries
-                            .iter()
-                            .all(|e| self.roots.iter().any(|r| r.is_named_by(&e.meta.root)))
-                    })
-                });
-                if all_here && let Err(r) = self.settle_commit_log(&wf) {
+                if let Err(r) = self.settle_commit_log(&wf) {
                     tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
                 }
                 continue;

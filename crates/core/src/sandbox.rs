@@ -884,16 +884,10 @@ impl Sandbox {
                 format!("could not empty the commit log: {}", e.kind()),
             )
         };
-        let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
+        let Some((f, at)) = self.log_with_entries(workflow_id).map_err(io)? else {
             return Ok(false);
         };
-        if crate::commit_log::position(&f)
-            .map_err(io)?
-            .is_none_or(|p| p.is_empty())
-        {
-            return Ok(false);
-        }
-        if self.refuse_foreign_log_entries(workflow_id)? {
+        if self.check_log_entries(workflow_id, &f, &at)? {
             // Another process logged them and may have written beneath a mount inside a
             // root, which this process's syncs do not cover.
             rustix::fs::sync();
@@ -905,31 +899,41 @@ impl Sandbox {
     }
 
     /// Refuses (`io_error`) while a workflow's commit log holds entries for a root this
-    /// sandbox is not configured with: acknowledged writes another process made, which
-    /// this one can neither sync nor replay, and which emptying the log would lose.
-    /// Entries this process logged itself since its last sync point are not read again.
-    /// Returns whether the log holds entries another process logged.
-    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict<bool> {
-        let io = |e: std::io::Error| {
+    /// sandbox is not configured with (see [`Self::check_log_entries`]).
+    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict {
+        let entries = self.log_with_entries(workflow_id).map_err(|e| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
                 format!("could not read the commit log: {}", e.kind()),
             )
-        };
-        let Some(f) = self.state.commit_log_file(workflow_id).map_err(io)? else {
-            return Ok(false);
-        };
-        let Some(at) = crate::commit_log::position(&f)
-            .map_err(io)?
-            .filter(|p| !p.is_empty())
-        else {
-            return Ok(false);
-        };
-        if lock_or_recover(&self.logs_after_sync).get(workflow_id) == Some(&at) {
+        })?;
+        match entries {
+            Some((f, at)) => self.check_log_entries(workflow_id, &f, &at).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses (`io_error`) a commit log `f`, whose entries end `at`, that holds entries
+    /// for a root this sandbox is not configured with: acknowledged writes another
+    /// process made, which this one can neither sync nor replay, and which emptying the
+    /// log would lose. Entries this process logged itself since its last sync point are
+    /// not read again. Returns whether the log holds entries another process logged.
+    fn check_log_entries(
+        &self,
+        workflow_id: &str,
+        f: &crate::confine::state::CommitLogFile,
+        at: &Position,
+    ) -> Verdict<bool> {
+        if lock_or_recover(&self.logs_after_sync).get(workflow_id) == Some(at) {
             return Ok(false);
         }
-        let foreign = crate::commit_log::read(&f)
-            .map_err(io)?
+        let foreign = crate::commit_log::read(f)
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not read the commit log: {}", e.kind()),
+                )
+            })?
             .into_iter()
             .map(|e| e.meta.root)
             .find(|root| !self.roots.iter().any(|r| r.is_named_by(root)));
@@ -944,12 +948,22 @@ impl Sandbox {
         }
     }
 
+    /// A workflow's commit log and where its entries end, when it holds any.
+    fn log_with_entries(
+        &self,
+        workflow_id: &str,
+    ) -> std::io::Result<Option<(crate::confine::state::CommitLogFile, Position)>> {
+        let Some(f) = self.state.commit_log_file(workflow_id)? else {
+            return Ok(None);
+        };
+        Ok(crate::commit_log::position(&f)?
+            .filter(|p| !p.is_empty())
+            .map(|at| (f, at)))
+    }
+
     /// Whether a workflow's commit log holds entries.
     pub(crate) fn commit_log_holds_entries(&self, workflow_id: &str) -> std::io::Result<bool> {
-        match self.state.commit_log_file(workflow_id)? {
-            Some(f) => Ok(crate::commit_log::position(&f)?.is_some_and(|p| !p.is_empty())),
-            None => Ok(false),
-        }
+        Ok(self.log_with_entries(workflow_id)?.is_some())
     }
 
     /// Makes durable whatever a commit log's writes left in memory: a sync point, or one
