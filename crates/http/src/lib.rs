@@ -114,22 +114,32 @@ struct BodyRoom {
     limit: usize,
 }
 
-/// The room one request holds, given back when its response is ready.
-type Held = Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
-
-/// The room a request holds, as its handler finds it among the request's extensions: a
-/// handler that parses or runs the body on the blocking pool takes the room along, so
-/// that a client that hangs up does not free it while that work goes on.
+/// The room one request holds, given back when its response is ready. Its handler finds
+/// it among the request's extensions: one that parses or runs the body on the blocking
+/// pool takes the room along, so that a client that hangs up does not free it while
+/// that work goes on.
 #[derive(Clone, Default)]
-pub(crate) struct HeldRoom(Held);
+pub(crate) struct HeldRoom(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
 
 impl HeldRoom {
-    /// The room held so far, to be dropped when the work on the body ends.
-    pub(crate) fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+    }
+
+    /// Adds room for more of the body.
+    fn add(&self, permit: tokio::sync::OwnedSemaphorePermit) {
+        let mut slot = self.slot();
+        match slot.as_mut() {
+            Some(p) => p.merge(permit),
+            None => *slot = Some(permit),
+        }
+    }
+
+    /// The room held so far, to be dropped when the work on the body ends.
+    pub(crate) fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slot().take()
     }
 }
 
@@ -151,8 +161,8 @@ async fn body_room(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let held: Held = Arc::default();
-    req.extensions_mut().insert(HeldRoom(held.clone()));
+    let held = HeldRoom::default();
+    req.extensions_mut().insert(held.clone());
     if req.method() == axum::http::Method::GET
         || req.method() == axum::http::Method::HEAD
         || axum::body::HttpBody::is_end_stream(req.body())
@@ -189,22 +199,14 @@ async fn body_room(
                 let Some(permit) = permit else {
                     return Some((Err(axum::Error::new(RoomFull)), (stream, now, true)));
                 };
-                let mut slot = held
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                match slot.as_mut() {
-                    Some(p) => p.merge(permit),
-                    None => *slot = Some(permit),
-                }
+                held.add(permit);
                 Some((Ok(chunk), (stream, now, false)))
             }
         }
     });
     let req = Request::from_parts(parts, axum::body::Body::from_stream(metered));
     let resp = next.run(req).await;
-    held.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    held.take();
     resp
 }
 
