@@ -59,10 +59,10 @@ pub struct Action {
     pub content: Option<String>,
     /// A structured value, for `write_json`, `write_yaml`, `generate_config`. Parsed from
     /// JSON text, an object that gives a key twice is refused.
-    #[serde(default, deserialize_with = "unique_keys::data")]
+    #[serde(default, deserialize_with = "reading::data")]
     pub data: Option<serde_json::Value>,
     /// Edits, for `sandbox_transform`.
-    #[serde(default, deserialize_with = "unique_keys::edits")]
+    #[serde(default, deserialize_with = "reading::edits")]
     pub edits: Option<Vec<Edit>>,
     /// What the action is for (searched for chmod requests).
     #[serde(default)]
@@ -92,7 +92,7 @@ pub struct Plan {
     #[serde(default)]
     pub on_failure: Option<OnFailure>,
     /// The actions, run in order.
-    #[serde(deserialize_with = "unique_keys::actions")]
+    #[serde(deserialize_with = "reading::actions")]
     pub actions: Vec<Action>,
 }
 
@@ -168,9 +168,12 @@ pub fn new_execution_id() -> String {
     format!("ex_{}", crate::ids::unique())
 }
 
-/// `data` as sent, refusing an object that gives a key twice: serde_json keeps the last
-/// value and drops the others unseen, so the file would not hold what the caller wrote.
-mod unique_keys {
+/// How a plan's JSON is read beyond serde's defaults. `data` as sent, refusing an object
+/// that gives a key twice: serde_json keeps the last value and drops the others unseen,
+/// so the file would not hold what the caller wrote. And the plan's limits (actions,
+/// edits, data values) counted as it is read, so that a plan past them is refused
+/// before it is all built.
+mod reading {
     use serde::de::{Deserialize, Deserializer, Error, MapAccess, SeqAccess, Visitor};
     use serde_json::{Map, Number, Value};
     use std::fmt;
@@ -402,7 +405,7 @@ mod unique_keys {
 /// parser would read as the last value alone. For faces that receive plans parsed
 /// elsewhere, like [`check_numbers_kept`]; [`parse_plan`] refuses such `data` itself.
 pub fn check_unique_keys(json: &[u8]) -> Verdict {
-    unique_keys::parse(json).map(drop).map_err(|e| {
+    reading::parse(json).map(drop).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
             format!("the arguments are not valid: {e}"),
@@ -426,7 +429,7 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
             ),
         ));
     }
-    let counting = unique_keys::Counting::start();
+    let counting = reading::Counting::start();
     let plan: Plan = serde_json::from_slice(json).map_err(|e| {
         // The parser's own words say what it hit, not what to change.
         let hint = if e.to_string().starts_with("recursion limit exceeded") {
