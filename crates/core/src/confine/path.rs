@@ -430,6 +430,27 @@ impl ExtensionPolicy {
         !self.is_extension_blocked(ext) && self.allowed.iter().any(|a| a == ext)
     }
 
+    /// Refuses the first of `dirs` (directory names) whose extension is blocked: the
+    /// block-list always wins, so a name such as `x.service` is never made a directory
+    /// either, nor written beneath. Directories have no allow-list.
+    pub fn check_directories(&self, dirs: &[String]) -> Verdict {
+        for name in dirs {
+            let ext = normalize_extension(name);
+            if self.is_extension_blocked(&ext) {
+                return Err(Refusal::new(
+                    ReasonCode::BlockedExtension,
+                    format!(
+                        "the directory name {} has the blocked extension {}; a name with a blocked extension is never written, as a file or as a directory, nor beneath one (blocked: {})",
+                        shown_path(name),
+                        shown_ext(&ext),
+                        self.blocked.join(" ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses blocked extensions first, then ones missing from the allow-list.
     pub fn check(&self, ext: &str) -> Verdict {
         if self.is_extension_blocked(ext) {

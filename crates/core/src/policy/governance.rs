@@ -130,6 +130,12 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
         }
         None => None,
     };
+    let dirs = if op.is_directory() {
+        resolved.rel.components()
+    } else {
+        resolved.rel.parent_components()
+    };
+    ctx.extensions.check_directories(dirs)?;
     let ext = normalize_extension(resolved.rel.file_name());
     is_allowed_operation(op, &ext, 0, ctx.extensions)?;
     let risk = assess_sandbox_risk(req.intent, &resolved.rel.as_string());

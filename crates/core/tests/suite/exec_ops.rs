@@ -122,6 +122,37 @@ fn create_directory_is_mkdir_p_and_idempotent() {
 }
 
 #[test]
+fn a_blocked_extension_is_never_a_directory_name() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let before = w.tree();
+    for action in [
+        json!({"intent": "create_directory", "path": "evil.service"}),
+        json!({"intent": "create_directory", "path": "units/x.Timer./drop"}),
+        json!({"intent": "create_file", "path": "lib.so/readme.md", "content": "x"}),
+        json!({"intent": "write_json", "path": "a/b.socket/c.json", "data": {}}),
+    ] {
+        let (intent, path) = (&action["intent"], &action["path"]);
+        let r = run(&sb, json!({ "actions": [action] }));
+        assert_eq!(status(&r), "blocked", "{intent} {path}");
+        assert_eq!(
+            code(&r, 0).as_deref(),
+            Some("blocked_extension"),
+            "{intent} {path}"
+        );
+        let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("directory name"), "{reason}");
+    }
+    assert_eq!(w.tree(), before, "nothing was created");
+    // A dot inside a directory name that is not a blocked extension is fine.
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "v1.2/notes.md", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success");
+}
+
+#[test]
 fn write_json_serializes_data_pretty() {
     let w = World::new();
     let r = one(
