@@ -451,6 +451,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 
     async fn get_artifact(&self, args: Args) -> CallToolResult {
         let id = args.str("artifact_id").unwrap_or_default();
+        if let Err(r) = plan::check_id("artifact_id", &id) {
+            return refusal(&r, None, ".");
+        }
         let lookup = id.clone();
         match self
             .blocking(move |sb| sb.artifact_with_lineage(&lookup))
@@ -540,15 +543,23 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     }
 }
 
+/// The refusal for a tool this server does not have. A forbidden intent asked for as a
+/// tool (`delete_file`, `run_command`, …) is refused as `forbidden_intent`, the code the
+/// CLI and HTTP give the same intent in a plan.
 fn unknown_tool(name: &str, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
-    let r = Refusal::new(
-        ReasonCode::UnknownOperation,
-        format!(
-            "there is no tool named {name:?}; the tools are: {}",
-            names.join(", ")
-        ),
-    );
+    let (code, what) = if ailab_sandbox_core::catalog::FORBIDDEN_INTENTS.contains(&name) {
+        (
+            ReasonCode::ForbiddenIntent,
+            format!("{name:?} is a forbidden intent, never executed, and no tool offers it"),
+        )
+    } else {
+        (
+            ReasonCode::UnknownOperation,
+            format!("there is no tool named {name:?}"),
+        )
+    };
+    let r = Refusal::new(code, format!("{what}; the tools are: {}", names.join(", ")));
     refusal(&r, None, ". Nothing was done.")
 }
 

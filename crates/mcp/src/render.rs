@@ -107,7 +107,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
             "symlinks are never followed; use a real file or directory path instead (list_directory shows which entries are symlinks)."
         }
         C::HardlinkRefused => {
-            "that file has other hard links, so writing it could change a file elsewhere; write a new file under another name instead."
+            "that file has other hard links, so it may be a file elsewhere and is never read or written here; to write, choose a new file under another name instead."
         }
         C::NotRegularFile => {
             "the target is a directory, FIFO, socket or device; choose a regular file path (check it with get_file_info)."

@@ -182,10 +182,18 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     }
     let r = s.err("delete_file", json!({"path": "x.md"})).await;
     assert!(
-        text(&r).contains("unknown_operation") && text(&r).contains("create_file"),
+        text(&r).contains("(forbidden_intent)") && text(&r).contains("create_file"),
         "{}",
         text(&r)
     );
+    let r = s.err("make_coffee", json!({})).await;
+    assert!(
+        text(&r).contains("(unknown_operation)") && text(&r).contains("create_file"),
+        "{}",
+        text(&r)
+    );
+    let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
+    assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
     let r = s.call_raw("get_state", serde_json::Map::new()).await;
     assert_eq!(r.is_error, Some(false));
     assert!(
