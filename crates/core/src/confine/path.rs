@@ -294,7 +294,7 @@ pub fn check_reserved(rel: &RelPath) -> Verdict {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
-                "the path {} has a '.rollback' component: that name holds snapshots and is never writable by actions, at any depth",
+                "the path {} has a '.rollback' component: that name holds snapshots and is reserved for the runtime, never read or written by actions, at any depth",
                 shown_path(&rel.as_string())
             ),
         ));

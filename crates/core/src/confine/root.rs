@@ -204,7 +204,7 @@ impl SandboxRoot {
             EntryKind::Missing => TargetKind::Missing,
             EntryKind::Directory => TargetKind::Directory,
             EntryKind::File { links, .. } if links > 1 => {
-                return Err(hardlink_refusal(rel, links));
+                return Err(hardlink_refusal(&rel.as_string(), links));
             }
             EntryKind::File { size, mode, .. } => TargetKind::File { size, mode },
             EntryKind::Symlink => return Err(self.symlink_refusal(rel.components())),
@@ -809,10 +809,7 @@ fn open_regular(
         )));
     }
     if single_link && meta.nlink() > 1 {
-        return Err(io::Error::other(Refusal::new(
-            ReasonCode::HardlinkRefused,
-            format!("{} has {} hard links", shown_path(name), meta.nlink()),
-        )));
+        return Err(io::Error::other(hardlink_refusal(name, meta.nlink())));
     }
     Ok((file, meta))
 }
@@ -1339,12 +1336,13 @@ pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
     )
 }
 
-fn hardlink_refusal(rel: &RelPath, nlink: u64) -> Refusal {
+/// `path` is the path as the caller should see it (root-relative, or a file name).
+fn hardlink_refusal(path: &str, nlink: u64) -> Refusal {
     Refusal::new(
         ReasonCode::HardlinkRefused,
         format!(
-            "{} has {nlink} hard links; a file with more than one link may alias a file outside the sandbox and is never written",
-            shown_path(&rel.as_string())
+            "{} has {nlink} hard links; a file with more than one link may alias a file outside the sandbox, so it is never read or written",
+            shown_path(path)
         ),
     )
 }

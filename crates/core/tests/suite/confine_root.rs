@@ -567,6 +567,21 @@ fn read_file_through_a_symlink_is_refused() {
 }
 
 #[test]
+fn read_file_of_a_hard_linked_file_is_refused_in_words_that_fit_a_read() {
+    let fx = fx();
+    let secret = fx.outside.join("secret.txt");
+    fs::write(&secret, b"outside").unwrap();
+    fs::hard_link(&secret, fx.root_path.join("hl.txt")).unwrap();
+    let err = fx.root.read_file(&rel("hl.txt"), 1024).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::HardlinkRefused);
+    assert!(
+        err.reason.contains("never read or written"),
+        "{}",
+        err.reason
+    );
+}
+
+#[test]
 fn remove_file_leaves_a_symlink_and_its_target_alone() {
     let fx = fx();
     let secret = fx.outside.join("secret.txt");
