@@ -1986,7 +1986,10 @@ impl Sandbox {
         if chosen.iter().all(|(_, s)| s.restored) {
             return Err((
                 ReasonCode::NoRollbackData,
-                format!("{} was already rolled back", what()),
+                format!(
+                    "{} was already rolled back (an action that fails is undone at once); nothing is left to roll back",
+                    what()
+                ),
                 Vec::new(),
             ));
         }

@@ -536,7 +536,9 @@ fn an_action_rolled_back_twice_is_named() {
     assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
     assert_eq!(
         again.reason.as_deref(),
-        Some("action 'a2' of workflow 'wf1' was already rolled back")
+        Some(
+            "action 'a2' of workflow 'wf1' was already rolled back (an action that fails is undone at once); nothing is left to roll back"
+        )
     );
     assert_eq!(rollback(&sb, "wf1", false).status, "rolled_back");
     assert!(!w.path("x.txt").exists());
