@@ -62,6 +62,7 @@ pub mod group_commit;
 pub mod hash;
 pub mod ids;
 pub mod journal;
+pub mod left_dirs;
 pub mod metrics;
 pub mod plan;
 pub mod policy;

@@ -44,6 +44,8 @@ pub struct Sandbox {
     notices: Vec<String>,
     pub(crate) registry: ArtifactRegistry,
     pub(crate) audit: AuditLog,
+    /// Directories restores had to leave, for a later restore to remove once empty.
+    left_dirs: crate::left_dirs::LeftDirs,
     /// Seals the snapshot records kept inside the roots.
     pub(crate) seal: crate::seal::SealKey,
     pub(crate) metrics: Metrics,
@@ -518,6 +520,8 @@ impl Sandbox {
             batch_sync.is_some(),
         )
         .map_err(Error::io("open the audit log"))?;
+        let left_dirs = crate::left_dirs::LeftDirs::open(&state, durable)
+            .map_err(Error::io("open the ledger of directories rollbacks left"))?;
         let failpoints = Arc::new(crate::failpoint::FailPoints::default());
         audit.share_failpoints(failpoints.clone());
         let seal = crate::seal::SealKey::new(
@@ -537,6 +541,7 @@ impl Sandbox {
             notices,
             registry,
             audit,
+            left_dirs,
             seal,
             metrics,
             clock,
@@ -2038,13 +2043,6 @@ impl Sandbox {
             Ok(s) => s,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
-        // Directories earlier restores of this workflow had to leave: this rollback may
-        // empty them.
-        let left_before: Vec<(usize, LeftDir)> = snaps
-            .iter()
-            .filter(|(_, s)| s.restored)
-            .flat_map(|(i, s)| s.left_dirs.iter().map(|d| (*i, d.clone())))
-            .collect();
         let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
             Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
@@ -2207,9 +2205,6 @@ impl Sandbox {
                 RestoreMode::Unchanged
             },
         );
-        if steps.iter().any(|s| s.restored) {
-            self.remove_left_dirs(left_before);
-        }
         for s in steps
             .iter()
             .filter(|s| s.reason_code == Some(ReasonCode::Conflict))
@@ -2268,15 +2263,36 @@ impl Sandbox {
         }
     }
 
-    /// Removes the directories earlier restores had to leave that are empty now (the
-    /// files that kept them were rolled back since), deepest first; one that holds
-    /// something, or is no longer the directory the action made, stays.
-    fn remove_left_dirs(&self, mut left: Vec<(usize, LeftDir)>) {
-        left.sort_by_key(|(i, d)| (std::cmp::Reverse(d.path.matches('/').count()), *i));
-        for (i, d) in left {
-            let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
-            if let Err(r) = self.roots[i].remove_empty_dir(&rel, Some(d.id), self.fsync_each()) {
-                tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
+    /// Removes the directories restores had to leave (of any workflow, see
+    /// [`crate::left_dirs`]) that are empty now, deepest first, and settles those
+    /// removed or no longer the directory that was left; one that still holds something
+    /// stays on the ledger.
+    fn remove_left_dirs(&self) {
+        for (i, root) in self.roots.iter().enumerate() {
+            let name = self.root_names(std::iter::once(i)).concat();
+            let left = match self.left_dirs.in_root(&name) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the ledger of directories rollbacks left");
+                    return;
+                }
+            };
+            let mut settled = Vec::new();
+            for d in left {
+                let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
+                let gone = root
+                    .remove_empty_dir(&rel, Some(d.id), self.fsync_each())
+                    .and_then(|removed| Ok(removed || root.dir_id(&rel)? != Some(d.id)));
+                match gone {
+                    Ok(true) => settled.push(d),
+                    Ok(false) => {}
+                    Err(r) => {
+                        tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
+                    }
+                }
+            }
+            if let Err(e) = self.left_dirs.settle(&name, &settled) {
+                tracing::warn!(error = %e, "could not update the ledger of directories rollbacks left");
             }
         }
     }
@@ -2345,6 +2361,13 @@ impl Sandbox {
                     ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
+                    if !o.left_dirs.is_empty()
+                        && let Err(e) = self
+                            .left_dirs
+                            .record(&self.root_names(std::iter::once(i)).concat(), &o.left_dirs)
+                    {
+                        tracing::warn!(error = %e, "could not record the directories a restore left");
+                    }
                     self.metrics.mutation(&meta.intent, "rolled_back");
                     RollbackStep {
                         action_id: meta.action_id.clone(),
@@ -2395,6 +2418,7 @@ impl Sandbox {
         }
         // One rollback, however many steps it restored (those count as mutations).
         if steps.iter().any(|s| s.restored) {
+            self.remove_left_dirs();
             self.metrics.rollback(why);
         }
         steps

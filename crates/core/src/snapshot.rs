@@ -141,10 +141,11 @@ pub struct RestoredMark {
 }
 
 /// A directory an action created that its restore had to leave because it was not empty
-/// then (a later action of the workflow, not rolled back, had a file in it). Kept by
-/// identity as well as by path, so that a later rollback removes it once it is empty,
-/// and never a directory of the same name someone made since.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// then (a later action of the workflow or another workflow, not rolled back, or
+/// someone else had a file in it). Kept by identity as well as by path, so that a later
+/// restore removes it once it is empty (see [`crate::left_dirs`]), and never a
+/// directory of the same name someone made since.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LeftDir {
     /// Relative to the root.
     pub path: String,

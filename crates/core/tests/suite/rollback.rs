@@ -562,6 +562,47 @@ fn a_directory_holding_someone_elses_file_stays() {
     assert_eq!(w.read("m/user.txt"), b"mine\n");
 }
 
+/// A directory one workflow's write created, left by its rollback because another
+/// workflow wrote beneath it, goes once that one is rolled back too, in another process
+/// as much as in this one; a directory of the same name made since stays.
+#[test]
+fn a_directory_left_for_another_workflows_file_goes_with_it() {
+    let w = World::new();
+    let before = w.tree();
+    let write = |sb: &ailab_sandbox_core::Sandbox, wf: &str, path: &str| {
+        let r = run(
+            sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": path, "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "success", "{wf}");
+    };
+    let sb = w.sandbox();
+    write(&sb, "wf_a", "fd/deep/x.txt");
+    write(&sb, "wf_b", "fd/y.txt");
+    assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
+    assert!(!w.path("fd/deep").exists());
+    assert!(w.path("fd").is_dir(), "wf_b's file keeps it");
+    drop(sb);
+    let sb = w.sandbox();
+    assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
+    assert_eq!(
+        w.tree(),
+        before,
+        "every workflow rolled back: the tree as it was"
+    );
+
+    // Left again, then removed by someone and made anew: not the directory that was left.
+    write(&sb, "wf_c", "gd/x.txt");
+    write(&sb, "wf_d", "gd/y.txt");
+    assert_eq!(rollback(&sb, "wf_c", false).status, "rolled_back");
+    std::fs::remove_file(w.path("gd/y.txt")).unwrap();
+    std::fs::remove_dir(w.path("gd")).unwrap();
+    std::fs::create_dir(w.path("gd")).unwrap();
+    w.write("gd/y.txt", b"x");
+    assert_eq!(rollback(&sb, "wf_d", true).status, "rolled_back");
+    assert!(w.path("gd").is_dir(), "made by someone else since");
+}
+
 /// A directory the workflow created and then named again (its second action found it)
 /// is still checked for others' files before anything is restored.
 #[test]

@@ -1,0 +1,140 @@
+//! Directories a restore had to leave because they held files it did not write (another
+//! workflow's, someone else's). Each is removed by a later restore, of any workflow,
+//! once it is empty: rolling back every workflow that wrote beneath a directory one of
+//! them created leaves the tree as it was, in whatever order they are rolled back.
+//!
+//! The ledger (`left_dirs.jsonl` in the state directory) is only a hint: a directory is
+//! removed while it is empty and still the very directory that was left (device, inode,
+//! birth time), never otherwise, so a lost, stale or planted line can at worst leave an
+//! empty directory in place.
+
+use crate::confine::state::StateDir;
+use crate::journal::{self, Journal};
+use crate::snapshot::LeftDir;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::io;
+use std::sync::Mutex;
+
+/// The ledger's file name in the state directory.
+pub const LEFT_DIRS_FILE: &str = "left_dirs.jsonl";
+
+/// One line: a directory left (or, with `gone`, no longer to be looked after).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+struct Line {
+    /// The root, as configured (see [`crate::sandbox::Sandbox::root_names`]).
+    root: String,
+    #[serde(flatten)]
+    dir: LeftDir,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    gone: bool,
+}
+
+/// The ledger, shared by threads and processes.
+#[derive(Debug)]
+pub struct LeftDirs {
+    inner: Mutex<Ledger>,
+}
+
+#[derive(Debug)]
+struct Ledger {
+    journal: Journal,
+    /// What the file says so far: the directories still left, by root.
+    left: HashSet<Line>,
+}
+
+impl Ledger {
+    fn catch_up(&mut self) -> io::Result<()> {
+        let left = &mut self.left;
+        self.journal
+            .read_new(&mut |buf| journal::lines(buf).for_each(|l| fold(left, l)))
+    }
+
+    fn append(&mut self, lines: &[Line]) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        for l in lines {
+            serde_json::to_writer(&mut bytes, l).map_err(io::Error::other)?;
+            bytes.push(b'\n');
+        }
+        let left = &mut self.left;
+        let ((), pending) = self.journal.append_with(|new, _| {
+            journal::lines(new).for_each(|l| fold(left, l));
+            Ok((bytes, ()))
+        })?;
+        pending.wait()?;
+        lines.iter().for_each(|l| fold_line(left, l.clone()));
+        Ok(())
+    }
+}
+
+/// Applies one line of the file; one that does not parse is skipped (a hint only).
+fn fold(left: &mut HashSet<Line>, raw: &[u8]) {
+    if let Ok(line) = serde_json::from_slice::<Line>(raw) {
+        fold_line(left, line);
+    }
+}
+
+fn fold_line(left: &mut HashSet<Line>, mut line: Line) {
+    if line.gone {
+        line.gone = false;
+        left.remove(&line);
+    } else {
+        left.insert(line);
+    }
+}
+
+impl LeftDirs {
+    /// Opens the ledger (appends synced when `durable`).
+    pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
+        Ok(Self {
+            inner: Mutex::new(Ledger {
+                journal: Journal::open(state, LEFT_DIRS_FILE, durable)?,
+                left: HashSet::new(),
+            }),
+        })
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records directories a restore in `root` had to leave.
+    pub fn record(&self, root: &str, dirs: &[LeftDir]) -> io::Result<()> {
+        self.ledger().append(&lines(root, dirs, false))
+    }
+
+    /// The directories left in `root` and not yet settled, deepest first.
+    pub fn in_root(&self, root: &str) -> io::Result<Vec<LeftDir>> {
+        let mut ledger = self.ledger();
+        ledger.catch_up()?;
+        let mut dirs: Vec<LeftDir> = ledger
+            .left
+            .iter()
+            .filter(|l| l.root == root)
+            .map(|l| l.dir.clone())
+            .collect();
+        dirs.sort_by(|a, b| {
+            let depth = |d: &LeftDir| d.path.matches('/').count();
+            depth(b).cmp(&depth(a)).then_with(|| a.path.cmp(&b.path))
+        });
+        Ok(dirs)
+    }
+
+    /// Settles directories of `root`: removed, or no longer the ones that were left.
+    pub fn settle(&self, root: &str, dirs: &[LeftDir]) -> io::Result<()> {
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        self.ledger().append(&lines(root, dirs, true))
+    }
+}
+
+fn lines(root: &str, dirs: &[LeftDir], gone: bool) -> Vec<Line> {
+    dirs.iter()
+        .map(|d| Line {
+            root: root.to_owned(),
+            dir: d.clone(),
+            gone,
+        })
+        .collect()
+}
