@@ -17,7 +17,7 @@ use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::seal::{SealKey, Unsealed};
 use cap_fs_ext::DirExt;
-use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt};
 use serde::{Deserialize, Serialize};
 use std::io;
 
@@ -256,6 +256,41 @@ fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
     Ok((d, made))
 }
 
+/// Opens a root's snapshot store (`.rollback`), creating it (private) when missing,
+/// for writing snapshots into. One that another user owns or could write in is
+/// refused: whoever can write there can remove the snapshots, and in a root writable by
+/// others (with the sticky bit, as the SPEC allows) anyone may make `.rollback` before
+/// the runtime does.
+fn snapshot_store(root: &SandboxRoot) -> Verdict<(Dir, bool)> {
+    let (rb, made) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
+    let m = rb.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
+    let euid = rustix::process::geteuid().as_raw();
+    let problem = if m.uid() != euid {
+        Some(format!(
+            "is owned by uid {}, not by this process's uid {euid}",
+            m.uid()
+        ))
+    } else if crate::confine::root::writable_by_others(&m) {
+        Some(format!(
+            "is writable by other users (group {}, mode {:04o})",
+            m.gid(),
+            m.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        None => Ok((rb, made)),
+        Some(problem) => Err(Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the snapshot folder {} {problem}, so others could remove the snapshots kept there; nothing is written in this root until the operator removes that folder (the runtime then makes its own, private one)",
+                shown_path(&root.path().join(ROLLBACK_DIR).display().to_string())
+            ),
+        )),
+    }
+}
+
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
     let Some(rb) = rollback_dir(root)? else {
         return Ok(None);
@@ -308,7 +343,7 @@ impl Snapshotter {
         backup: Option<&[u8]>,
         durable: bool,
     ) -> Verdict<String> {
-        let (rb, rb_new) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
+        let (rb, rb_new) = snapshot_store(root)?;
         let (wf, wf_new) = open_or_create_tracked(&rb, &meta.workflow_id)?;
         let mut b = DirBuilder::new();
         b.mode(SNAPSHOT_DIR_MODE);
@@ -376,7 +411,7 @@ impl Snapshotter {
         meta: &SnapshotMeta,
         backup: Option<&[u8]>,
     ) -> Verdict {
-        let (rb, _) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
+        let (rb, _) = snapshot_store(root)?;
         let (wf, _) = open_or_create_tracked(&rb, &meta.workflow_id)?;
         let (dir, _) = open_or_create_tracked(&wf, &meta.action_id)?;
         if let Some(bytes) = backup

@@ -117,6 +117,15 @@ pub struct SandboxRoot {
     reserved: Vec<((u64, u64), String)>,
 }
 
+/// Whether users other than this process's could write in the directory `m` describes:
+/// it is writable by others, or by a group that is not this process's own (a user
+/// private group, as many systems give each user, is fine; another group's members are
+/// other users).
+pub(crate) fn writable_by_others(m: &cap_std::fs::Metadata) -> bool {
+    let egid = rustix::process::getegid().as_raw();
+    m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != egid)
+}
+
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
 const ANCESTOR_HOPS: usize = 40;
 
@@ -148,9 +157,11 @@ impl SandboxRoot {
                 opened.uid()
             ));
         }
-        if opened.mode() & 0o002 != 0 && opened.mode() & 0o1000 == 0 {
+        if writable_by_others(&opened) && opened.mode() & 0o1000 == 0 {
             return Err(format!(
-                "root {shown} is writable by other users and has no sticky bit"
+                "root {shown} (group {}, mode {:04o}) is writable by other users and has no sticky bit; a root must be writable only by its owner or this process's group, or carry the sticky bit as /tmp does",
+                opened.gid(),
+                opened.mode() & 0o7777
             ));
         }
         Ok(Self {
@@ -1294,12 +1305,9 @@ fn checked_ancestor(
             path.display()
         ));
     }
-    // A group-writable directory is fine when the group is this process's own (a user
-    // private group, as many systems give each user); another group's members could
-    // swap the root like any other user.
+    // Another group's members could swap the root like any other user.
     let egid = rustix::process::getegid().as_raw();
-    let others_write = mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid);
-    if others_write && mode & 0o1000 == 0 {
+    if writable_by_others(&m) && mode & 0o1000 == 0 {
         return Err(format!(
             "{what} {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
             path.display(),

@@ -481,7 +481,6 @@ impl std::error::Error for NotPrivate {}
 fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
     use cap_std::fs::MetadataExt;
     let euid = rustix::process::geteuid().as_raw();
-    let egid = rustix::process::getegid().as_raw();
     let mode = m.mode() & 0o7777;
     if m.uid() != euid {
         return Err(io::Error::new(
@@ -492,7 +491,7 @@ fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
             )),
         ));
     }
-    if mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid) {
+    if super::root::writable_by_others(m) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             NotPrivate(format!(

@@ -106,6 +106,30 @@ fn open_refuses_a_world_writable_root_without_sticky_bit() {
 }
 
 #[test]
+fn open_refuses_a_root_another_group_can_write_without_sticky_bit() {
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("grouped");
+    mkdir_755(&dir);
+    let egid = rustix::process::getegid().as_raw();
+    let other = if egid == 65534 { 65533 } else { 65534 };
+    if let Err(e) = std::os::unix::fs::chown(&dir, None, Some(other)) {
+        // Not privileged, and not in that group: the fixture cannot be built.
+        assert_ne!(rustix::process::geteuid().as_raw(), 0, "{e}");
+        return;
+    }
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o775)).unwrap();
+    let err = SandboxRoot::open(&dir, false).unwrap_err();
+    assert!(err.contains("writable by other users"), "{err}");
+    // The process's own group may write: a user private group.
+    std::os::unix::fs::chown(&dir, None, Some(egid)).unwrap();
+    SandboxRoot::open(&dir, false).unwrap();
+    // And another group may, with the sticky bit.
+    std::os::unix::fs::chown(&dir, None, Some(other)).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o1775)).unwrap();
+    SandboxRoot::open(&dir, false).unwrap();
+}
+
+#[test]
 fn open_accepts_a_world_writable_root_with_sticky_bit() {
     let tmp = TempDir::new().unwrap();
     let dir = tmp.path().join("shared");

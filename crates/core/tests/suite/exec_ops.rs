@@ -152,6 +152,51 @@ fn a_blocked_extension_is_never_a_directory_name() {
     assert_eq!(status(&r), "success");
 }
 
+/// A `.rollback` another user could write in (made before the runtime's own, say, in a
+/// root others may write to) would let them remove the snapshots: nothing is written.
+#[test]
+fn a_snapshot_folder_others_can_write_in_stops_every_write() {
+    let w = World::new();
+    w.write("doc.md", b"original\n");
+    let store = w.path(".rollback");
+    std::fs::create_dir(&store).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+    );
+    assert_ne!(status(&r), "success");
+    assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"));
+    let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains(".rollback") && reason.contains("writable by other users"),
+        "{reason}"
+    );
+    assert_eq!(w.read("doc.md"), b"original\n");
+    assert_eq!(std::fs::read_dir(&store).unwrap().count(), 0);
+    // Made by another user (when this process may give it away): the same.
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if std::os::unix::fs::chown(&store, Some(65534), None).is_ok()
+        && rustix::process::geteuid().as_raw() != 65534
+    {
+        let r = run(
+            &sb,
+            json!({"actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"));
+        assert!(
+            r.actions[0]
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("owned by uid 65534"),
+            "{r:?}"
+        );
+        assert_eq!(w.read("doc.md"), b"original\n");
+    }
+}
+
 #[test]
 fn write_json_serializes_data_pretty() {
     let w = World::new();
