@@ -4,9 +4,13 @@ use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::config::DEFAULT_ADDR;
 use axum::Router;
 use std::future::Future;
+use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 
 use crate::DEFAULT_BODY_LIMIT;
@@ -25,14 +29,22 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// connection may stay idle between requests, before it is closed.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an answer may wait for the client to read any of it before the connection
+/// is closed: a client that sends requests and never reads the answers would otherwise
+/// hold its connection, and its place among [`MAX_CONNECTIONS`], for good.
+pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// What a client's connections may hold: without these bounds, a local client that opens
-/// connections and sends nothing would hold the server's descriptors for good.
+/// connections and sends nothing, or reads nothing, would hold the server's descriptors
+/// for good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
     /// Connections served at once (at least 1; default [`MAX_CONNECTIONS`]).
     pub max_connections: usize,
     /// See [`HEADER_READ_TIMEOUT`] (the default).
     pub header_read_timeout: Duration,
+    /// See [`WRITE_STALL_TIMEOUT`] (the default).
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for ConnLimits {
@@ -40,7 +52,91 @@ impl Default for ConnLimits {
         Self {
             max_connections: MAX_CONNECTIONS,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            write_stall_timeout: WRITE_STALL_TIMEOUT,
         }
+    }
+}
+
+/// A connection whose writes fail once they have made no progress for `limit`: the
+/// client has stopped reading. Any progress starts the wait anew, so a slow reader is
+/// served.
+struct StallGuard<S> {
+    io: S,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> StallGuard<S> {
+    fn new(io: S, limit: Duration) -> Self {
+        Self {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// Passes a write's outcome on, failing it when it has waited too long.
+    fn watch<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let limit = self.limit;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.stalled = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing of the answer for {limit:?}"),
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for StallGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for StallGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, r)
     }
 }
 
@@ -237,14 +333,14 @@ where
         let (stream, permit) = accepted;
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stop_rx.clone();
-        let timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _permit = permit;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(timeout);
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                .header_read_timeout(limits.header_read_timeout);
+            let io = StallGuard::new(stream, limits.write_stall_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);
             let finished = tokio::select! {
                 r = conn.as_mut() => Some(r),

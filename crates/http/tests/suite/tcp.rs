@@ -315,6 +315,39 @@ async fn silent_and_idle_connections_are_closed() {
     server.stop().await;
 }
 
+/// A client that sends requests and never reads the answers loses its connection once
+/// the answers stop moving, so it cannot hold the server's connection slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_no_answer_loses_its_connection() {
+    let e = env_with(Opts::default());
+    let limits = ConnLimits {
+        max_connections: 1,
+        write_stall_timeout: Duration::from_secs(1),
+        ..ConnLimits::default()
+    };
+    let server = Server::start_with(e.app.clone(), limits).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        let hog = TcpStream::connect(addr).unwrap();
+        hog.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+        let req = format!("GET /agentic/state HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+        // Pipelined until the server stops taking requests (its answers fill the
+        // buffers) or drops the connection; not one answer is read.
+        let mut sent = 0;
+        while sent < 200_000 && (&hog).write_all(req.as_bytes()).is_ok() {
+            sent += 1;
+        }
+        assert!(sent > 10, "{sent}");
+        // The only slot is free again: a new client is answered.
+        let (status, _, body) = raw_http(addr, &get_req(addr, "/healthz", ""));
+        assert_eq!(status, 200, "{body}");
+        drop(hog);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_wait_for_room() {
     let e = env_with(Opts::default());
