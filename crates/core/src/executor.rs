@@ -10,7 +10,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
 use crate::confine::path::{resolve_sandbox_path, shown_path};
-use crate::confine::root::{FILE_MODE, not_a_directory, temp_name};
+use crate::confine::root::{FILE_MODE, Put, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -859,12 +859,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                 .target
                 .as_ref()
                 .map_or(TargetKind::Missing, |t| t.kind);
-            let before = match kind {
+            let (before, stamp) = match kind {
                 TargetKind::File { size, .. } => {
                     check_existing_size(approval.op, a, size)?;
-                    Some(root.read_file(&rel, MAX_SNAPSHOT_BYTES)?)
+                    let (bytes, stamp) = root.read_file_stamped(&rel, MAX_SNAPSHOT_BYTES)?;
+                    (Some(bytes), Some(stamp))
                 }
-                _ => None,
+                _ => (None, None),
             };
             let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
             let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
@@ -885,9 +886,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                 sb.clock.now(),
                 1,
             )?;
-            Ok::<_, Refusal>((kind, before, bytes))
+            Ok::<_, Refusal>((kind, before, stamp, bytes))
         })();
-        let (kind, before, bytes) = match prepared {
+        let (kind, before, stamp, bytes) = match prepared {
             Ok(p) => p,
             Err(r) => return Err(fail_or_block(self, res, r, target, true)),
         };
@@ -959,8 +960,14 @@ impl<'a> SandboxWriteExecutor<'a> {
             _ => FILE_MODE,
         };
         // A target found missing must still be missing when the new file takes its
-        // place: a file another program created meanwhile is never replaced.
+        // place: a file another program created meanwhile is never replaced. One found
+        // must still be the file that was read: another program's change made meanwhile
+        // (a line appended to a log) is never overwritten unseen.
         let no_replace = approval.op.name == "create_file" || matches!(kind, TargetKind::Missing);
+        let put = match &stamp {
+            Some(was) if !no_replace => Put::Unchanged(was),
+            _ => Put::new_or_any(no_replace),
+        };
 
         // With batched syncs a file write whose directories exist takes one durability
         // point: its new bytes are staged beside the target and the snapshot doubles as
@@ -1052,10 +1059,10 @@ impl<'a> SandboxWriteExecutor<'a> {
             sb.fail_at("before_mutate")?;
             match (&bytes, &staged) {
                 (Some(_), Some(st)) => st
-                    .commit(no_replace, false)
+                    .commit(put, false)
                     .map_err(|e| root.map_open_error(&rel, e))?,
                 (Some(b), None) => {
-                    root.write_atomic(&rel, b, mode, no_replace, durable)?;
+                    root.write_atomic_put(&rel, b, mode, put, durable)?;
                 }
                 (None, _) => {
                     root.create_dir_all(&rel, durable)?;
@@ -1107,9 +1114,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                     st.discard();
                 }
                 // Only the no-replace rename (or a directory's creation) refuses with
-                // `already_exists`: the target was not touched, and what holds it now
-                // is someone else's.
-                if r.reason_code == ReasonCode::AlreadyExists {
+                // `already_exists`, and only the rename over the file that was read with
+                // `conflict`: the target was not touched, and what holds it now is
+                // someone else's.
+                if r.reason_code == ReasonCode::Conflict {
+                    self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
+                } else if r.reason_code == ReasonCode::AlreadyExists {
                     self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
                     if approval.op.name != "create_file" {
                         r = Refusal::new(

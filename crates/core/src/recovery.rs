@@ -689,7 +689,7 @@ impl Sandbox {
             let put = self.roots[i]
                 .stage_write(&rel, &crate::confine::root::temp_name(), &e.bytes, mode)
                 .and_then(|st| {
-                    st.commit(false, false)
+                    st.commit(crate::confine::root::Put::Any, false)
                         .map_err(|err| self.roots[i].map_open_error(&rel, err))
                 })
                 .and_then(|()| self.cover_target(i, &rel));
@@ -1166,7 +1166,12 @@ impl Sandbox {
                 crate::snapshot::MAX_SNAPSHOT_BYTES,
             )?;
             if crate::hash::sha256_hex(&bytes) != c.after_sha256
-                || staged.commit(c.no_replace, self.durable()).is_err()
+                || staged
+                    .commit(
+                        crate::confine::root::Put::new_or_any(c.no_replace),
+                        self.durable(),
+                    )
+                    .is_err()
             {
                 return None;
             }

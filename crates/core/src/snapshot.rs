@@ -10,7 +10,7 @@
 use crate::catalog::MutationClass;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
 use crate::confine::root::{
-    FILE_MODE, Flush, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
+    FILE_MODE, Flush, Put, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
 };
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
@@ -371,13 +371,13 @@ impl Snapshotter {
                 Flush::Nothing
             };
             if let Some(bytes) = backup {
-                write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, true, flush)
+                write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, Put::New, flush)
                     .map_err(|e| snap_io("write", &e))?;
             }
             let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
             // The metadata is written last: a snapshot folder without it is an incomplete
             // snapshot of an action that never touched its target.
-            write_atomic_flush(&dir, META_FILE, &json, 0o600, true, flush)
+            write_atomic_flush(&dir, META_FILE, &json, 0o600, Put::New, flush)
                 .map_err(|e| snap_io("write", &e))?;
             if durable {
                 sync_dir(&dir).map_err(|e| snap_io("sync", &e))?;
@@ -420,7 +420,7 @@ impl Snapshotter {
                 .as_deref()
                 != Some(bytes)
         {
-            write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, false, Flush::Nothing)
+            write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, Put::Any, Flush::Nothing)
                 .map_err(|e| snap_io("write", &e))?;
         }
         let intact = read_regular(&dir, META_FILE, 1 << 20)
@@ -429,7 +429,7 @@ impl Snapshotter {
             .is_some_and(|m| m == *meta);
         if !intact {
             let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;
-            write_atomic_flush(&dir, META_FILE, &json, 0o600, false, Flush::Nothing)
+            write_atomic_flush(&dir, META_FILE, &json, 0o600, Put::Any, Flush::Nothing)
                 .map_err(|e| snap_io("write", &e))?;
         }
         Ok(())

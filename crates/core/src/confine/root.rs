@@ -316,8 +316,13 @@ impl SandboxRoot {
     /// Reads a regular file (no symlink, no FIFO; opened non-blocking and checked on the
     /// open handle), refusing more than `limit` bytes.
     pub fn read_file(&self, rel: &RelPath, limit: u64) -> Verdict<Vec<u8>> {
+        self.read_file_stamped(rel, limit).map(|(bytes, _)| bytes)
+    }
+
+    /// [`SandboxRoot::read_file`], with the file's [`FileStamp`] as it was read.
+    pub fn read_file_stamped(&self, rel: &RelPath, limit: u64) -> Verdict<(Vec<u8>, FileStamp)> {
         let (dir, _) = self.open_parent(rel, false, false)?;
-        read_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_open_error(rel, e))
+        read_file_in(&dir, rel.file_name(), limit, true).map_err(|e| self.map_open_error(rel, e))
     }
 
     /// The size and SHA-256 of a regular file, however large, read in chunks.
@@ -339,8 +344,20 @@ impl SandboxRoot {
         no_replace: bool,
         durable: bool,
     ) -> Verdict<Vec<String>> {
+        self.write_atomic_put(rel, bytes, mode, Put::new_or_any(no_replace), durable)
+    }
+
+    /// [`SandboxRoot::write_atomic`], saying what the rename may replace.
+    pub fn write_atomic_put(
+        &self,
+        rel: &RelPath,
+        bytes: &[u8],
+        mode: u32,
+        put: Put<'_>,
+        durable: bool,
+    ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent(rel, true, durable)?;
-        write_atomic_in(&dir, rel.file_name(), bytes, mode, no_replace, durable)
+        write_atomic_flush(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
             .map_err(|e| self.map_open_error(rel, e))?;
         Ok(created)
     }
@@ -722,7 +739,48 @@ pub fn sync_dir(dir: &Dir) -> io::Result<()> {
 /// Reads a regular file by name in `dir`: `O_NOFOLLOW`, non-blocking (a FIFO never
 /// stalls), checked on the open handle to be a regular file with a single link.
 pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
-    read_file_in(dir, name, limit, true)
+    read_file_in(dir, name, limit, true).map(|(bytes, _)| bytes)
+}
+
+/// What a regular file was when it was read, to tell whether anyone changed it since:
+/// which file (device, inode), its size, and its modification and change times (any
+/// write, truncation or rename over it changes one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    id: (u64, u64),
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(m: &cap_std::fs::Metadata) -> Self {
+        Self {
+            id: (m.dev(), m.ino()),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// What the rename that puts a write in place may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put<'a> {
+    /// Nothing: the name must be free (`already_exists` otherwise).
+    New,
+    /// Whatever is there.
+    Any,
+    /// Only the file as it was read (`conflict` otherwise): a change another program
+    /// made since is never overwritten unseen.
+    Unchanged(&'a FileStamp),
+}
+
+impl Put<'_> {
+    /// [`Put::New`] when `no_replace`, else [`Put::Any`].
+    pub fn new_or_any(no_replace: bool) -> Self {
+        if no_replace { Put::New } else { Put::Any }
+    }
 }
 
 /// [`read_regular`], with `single_link` deciding whether a file with other hard links is
@@ -733,8 +791,11 @@ pub(crate) fn read_file_in(
     name: &str,
     limit: u64,
     single_link: bool,
-) -> io::Result<Vec<u8>> {
+) -> io::Result<(Vec<u8>, FileStamp)> {
     let (file, meta) = open_regular(dir, name, single_link)?;
+    // Taken before the bytes are read: a change made while they are read then shows as
+    // a different stamp, never as the same stamp over other bytes.
+    let stamp = FileStamp::of(&meta);
     if meta.len() > limit {
         return Err(io::Error::other(Refusal::new(
             ReasonCode::SizeExceeded,
@@ -757,7 +818,7 @@ pub(crate) fn read_file_in(
             ),
         )));
     }
-    Ok(buf)
+    Ok((buf, stamp))
 }
 
 /// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
@@ -845,26 +906,36 @@ pub fn write_atomic_in(
     no_replace: bool,
     durable: bool,
 ) -> io::Result<()> {
-    let flush = if durable {
+    write_atomic_flush(
+        dir,
+        name,
+        bytes,
+        mode,
+        Put::new_or_any(no_replace),
+        flush_for(durable),
+    )
+}
+
+fn flush_for(durable: bool) -> Flush {
+    if durable {
         Flush::FileAndDir
     } else {
         Flush::Nothing
-    };
-    write_atomic_flush(dir, name, bytes, mode, no_replace, flush)
+    }
 }
 
-/// [`write_atomic_in`] with an explicit [`Flush`].
+/// [`write_atomic_in`] with an explicit [`Flush`] and what it may replace.
 pub fn write_atomic_flush(
     dir: &Dir,
     name: &str,
     bytes: &[u8],
     mode: u32,
-    no_replace: bool,
+    put: Put<'_>,
     flush: Flush,
 ) -> io::Result<()> {
     let tmp = temp_name();
     let result = write_new_file(dir, &tmp, bytes, mode, flush != Flush::Nothing)
-        .and_then(|()| put_in_place(dir, &tmp, name, no_replace));
+        .and_then(|()| put_in_place(dir, &tmp, name, put));
     if let Err(e) = result {
         let _ = dir.remove_file(&tmp);
         return Err(e);
@@ -894,12 +965,32 @@ fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) ->
     filled
 }
 
-/// Moves the temporary file `tmp` to `name` in one step. With `no_replace` an existing
+/// Moves the temporary file `tmp` to `name` in one step. With [`Put::New`] an existing
 /// `name` is never replaced: `renameat2(RENAME_NOREPLACE)` where the filesystem has it,
 /// else `linkat` (which fails where `renameat` would overwrite) and then `unlinkat`.
-fn put_in_place(dir: &Dir, tmp: &str, name: &str, no_replace: bool) -> io::Result<()> {
-    if !no_replace {
-        return dir.rename(tmp, dir, name);
+/// With [`Put::Unchanged`] the file there is looked at just before the rename: one
+/// changed since it was read (another program appended to it, say) is left as it is.
+fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put<'_>) -> io::Result<()> {
+    match put {
+        Put::New => {}
+        Put::Any => return dir.rename(tmp, dir, name),
+        Put::Unchanged(was) => {
+            let now = match dir.symlink_metadata(name) {
+                Ok(m) => Some(FileStamp::of(&m)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            if now.as_ref() != Some(was) {
+                return Err(io::Error::other(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} was changed by another program while the action ran (after it was read); it was left as it is, with that change: read it again, then retry",
+                        shown_path(name)
+                    ),
+                )));
+            }
+            return dir.rename(tmp, dir, name);
+        }
     }
     // Both names are single components of `dir`, so the raw call resolves nothing beyond
     // the handle; anything else goes through cap-std.
@@ -943,10 +1034,10 @@ impl StagedWrite {
         &self.dir
     }
 
-    /// Puts the staged bytes in place (see [`write_atomic_flush`] for `no_replace`),
-    /// then syncs the directory when `sync`.
-    pub fn commit(&self, no_replace: bool, sync: bool) -> io::Result<()> {
-        put_in_place(&self.dir, &self.staged, &self.name, no_replace)?;
+    /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
+    /// the directory when `sync`.
+    pub fn commit(&self, put: Put<'_>, sync: bool) -> io::Result<()> {
+        put_in_place(&self.dir, &self.staged, &self.name, put)?;
         if sync {
             sync_dir(&self.dir)?;
         }

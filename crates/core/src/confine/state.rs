@@ -758,7 +758,7 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
 /// A state file's bytes, `None` when it does not exist; never through a symlink, and a
 /// second link is accepted (see [`StateDir::read_optional`]).
 fn read_if_present(dir: &Dir, name: &str, limit: u64) -> io::Result<Option<Vec<u8>>> {
-    match super::root::read_file_in(dir, name, limit, false) {
+    match super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),

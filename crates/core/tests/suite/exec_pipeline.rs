@@ -858,6 +858,53 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
     );
 }
 
+/// Another program that changes a file while an action rewrites it (a line appended to
+/// a log between the action's read and its rename) keeps its change: the action fails
+/// with `conflict` and leaves the file as that program made it, in every durability
+/// (`batched` puts its staged bytes in place by the same check).
+#[test]
+fn a_change_made_while_an_action_runs_is_never_overwritten() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let w = World::new();
+        w.write("log.md", b"one\n");
+        let mut config = w.writable_config();
+        config.durability = durability;
+        let sb = w.open(config);
+        let path = w.path("log.md");
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&path)
+                    .unwrap();
+                std::io::Write::write_all(&mut f, b"theirs\n").unwrap();
+            }),
+        );
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_app", "actions": [
+                {"intent": "append_file", "path": "log.md", "content": "mine\n"}]}),
+        );
+        assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{durability:?}");
+        assert_eq!(w.read("log.md"), b"one\ntheirs\n", "{durability:?}");
+        assert!(sb.artifacts(10, Some("wf_app")).unwrap().is_empty());
+        drop(sb);
+        // Nothing for a restart to finish or undo either.
+        let sb = w.sandbox();
+        assert_eq!(w.read("log.md"), b"one\ntheirs\n", "{durability:?}");
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_app", "actions": [
+                {"intent": "append_file", "path": "log.md", "content": "mine\n"}]}),
+        );
+        assert_eq!(status(&r), "success", "{durability:?} {r:?}");
+        assert_eq!(w.read("log.md"), b"one\ntheirs\nmine\n", "{durability:?}");
+    }
+}
+
 /// What another writer changes between validation and execution is found again under the
 /// target's lock. Refused before anything of the plan is written, the plan is blocked as
 /// validation would have blocked it (audited as blocked, nothing to roll back); refused
