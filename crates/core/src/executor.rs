@@ -896,6 +896,13 @@ impl<'a> SandboxWriteExecutor<'a> {
 
         // snapshot
         let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
+        // The depth from which the write may make directories: those its snapshot
+        // records, no others (the directory itself, for create_directory, counts last).
+        let mkdir_from = if kind == TargetKind::Missing {
+            existing
+        } else {
+            usize::MAX - 1
+        };
         let parents = rel.parent_components();
         let mut created_dirs: Vec<String> = (existing..parents.len())
             .map(|d| parents[..=d].join("/"))
@@ -1062,10 +1069,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                     .commit(put, false)
                     .map_err(|e| root.map_open_error(&rel, e))?,
                 (Some(b), None) => {
-                    root.write_atomic_put(&rel, b, mode, put, durable)?;
+                    root.write_atomic_put(&rel, b, mode, put, mkdir_from, durable)?;
                 }
                 (None, _) => {
-                    root.create_dir_all(&rel, durable)?;
+                    root.create_dir_all_from(&rel, mkdir_from, durable)?;
                 }
             }
             if staged.is_none() {
@@ -1118,6 +1125,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // `conflict`: the target was not touched, and what holds it now is
                 // someone else's.
                 if r.reason_code == ReasonCode::Conflict {
+                    // Nothing was made either: a missing parent stops before any mkdir.
                     self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
                 } else if r.reason_code == ReasonCode::AlreadyExists {
                     self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);

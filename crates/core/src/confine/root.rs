@@ -272,6 +272,19 @@ impl SandboxRoot {
         create: bool,
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
+        self.open_parent_from(rel, if create { 0 } else { usize::MAX }, durable)
+    }
+
+    /// [`SandboxRoot::open_parent`], creating only the missing parents from the
+    /// `mkdir_from`-th on (0: all of them): a write whose snapshot records the parents it
+    /// makes must not make others. A parent above that depth that is missing was there
+    /// when the action was checked and has gone since (`conflict`).
+    fn open_parent_from(
+        &self,
+        rel: &RelPath,
+        mkdir_from: usize,
+        durable: bool,
+    ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
         let comps = rel.components();
         let mut dir = ParentDir::Root(&self.dir);
         let mut created = Vec::new();
@@ -282,7 +295,7 @@ impl SandboxRoot {
                 }
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
-                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && i >= mkdir_from => {
                     let mut builder = DirBuilder::new();
                     builder.mode(DIR_MODE);
                     match dir.create_dir_with(comp, &builder) {
@@ -296,6 +309,9 @@ impl SandboxRoot {
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(io_refusal("create directory", &comps[..=i], &e)),
                     }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound && mkdir_from != usize::MAX => {
+                    return Err(removed_meanwhile(&comps[..=i]));
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     return Err(Refusal::new(
@@ -344,19 +360,21 @@ impl SandboxRoot {
         no_replace: bool,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        self.write_atomic_put(rel, bytes, mode, Put::new_or_any(no_replace), durable)
+        self.write_atomic_put(rel, bytes, mode, Put::new_or_any(no_replace), 0, durable)
     }
 
-    /// [`SandboxRoot::write_atomic`], saying what the rename may replace.
+    /// [`SandboxRoot::write_atomic`], saying what the rename may replace and from which
+    /// depth missing parents may be made (see [`SandboxRoot::create_dir_all_from`]).
     pub fn write_atomic_put(
         &self,
         rel: &RelPath,
         bytes: &[u8],
         mode: u32,
         put: Put<'_>,
+        mkdir_from: usize,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        let (dir, created) = self.open_parent(rel, true, durable)?;
+        let (dir, created) = self.open_parent_from(rel, mkdir_from, durable)?;
         write_atomic_flush(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
             .map_err(|e| self.map_open_error(rel, e))?;
         Ok(created)
@@ -365,11 +383,30 @@ impl SandboxRoot {
     /// `mkdir -p`: creates the directory and missing parents (mode 0755). Returns the
     /// components it created, outermost first; an existing directory is success.
     pub fn create_dir_all(&self, rel: &RelPath, durable: bool) -> Verdict<Vec<String>> {
-        let (dir, mut created) = self.open_parent(rel, true, durable)?;
+        self.create_dir_all_from(rel, 0, durable)
+    }
+
+    /// [`SandboxRoot::create_dir_all`], making only the missing components from the
+    /// `mkdir_from`-th on (the directory itself is the last, at its depth − 1): an action
+    /// makes exactly the directories its snapshot records, and one that was there when it
+    /// was checked and has gone since is a `conflict`, not made again unrecorded.
+    pub fn create_dir_all_from(
+        &self,
+        rel: &RelPath,
+        mkdir_from: usize,
+        durable: bool,
+    ) -> Verdict<Vec<String>> {
+        let (dir, mut created) = self.open_parent_from(rel, mkdir_from, durable)?;
         let name = rel.file_name();
+        let may_make = mkdir_from <= rel.parent_components().len();
         let mut builder = DirBuilder::new();
         builder.mode(DIR_MODE);
-        match dir.create_dir_with(name, &builder) {
+        let made = if may_make {
+            dir.create_dir_with(name, &builder)
+        } else {
+            Err(io::ErrorKind::AlreadyExists.into())
+        };
+        match made {
             Ok(()) => {
                 created.push(rel.as_string());
                 if durable {
@@ -377,9 +414,12 @@ impl SandboxRoot {
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let m = dir
-                    .symlink_metadata(name)
-                    .map_err(|e| io_refusal("inspect", rel.components(), &e))?;
+                let m = match dir.symlink_metadata(name) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && !may_make => {
+                        return Err(removed_meanwhile(rel.components()));
+                    }
+                    found => found.map_err(|e| io_refusal("inspect", rel.components(), &e))?,
+                };
                 if m.file_type().is_symlink() {
                     return Err(self.symlink_refusal(rel.components()));
                 }
@@ -1421,6 +1461,19 @@ fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         other => other,
     }
+}
+
+/// The refusal for a directory `comps` that was there when the action was checked and
+/// is not now: something removed it meanwhile (a rollback taking away a directory it had
+/// left empty, another program).
+fn removed_meanwhile(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} was removed while the action ran; nothing was written: try again",
+            shown_path(&comps.join("/"))
+        ),
+    )
 }
 
 /// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan

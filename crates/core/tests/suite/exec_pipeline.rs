@@ -905,6 +905,43 @@ fn a_change_made_while_an_action_runs_is_never_overwritten() {
     }
 }
 
+/// A directory that was there when an action was checked and is removed before it writes
+/// (a rollback taking away a directory it had left empty) is not made again behind the
+/// snapshot's back: its record would not know to remove it. The action fails with
+/// `conflict` and nothing is made.
+#[test]
+fn a_parent_removed_while_an_action_runs_is_not_made_again_unrecorded() {
+    for action in [
+        json!({"intent": "create_file", "path": "d/e/x.txt", "content": "x"}),
+        json!({"intent": "create_directory", "path": "d/e"}),
+        json!({"intent": "create_directory", "path": "d"}),
+    ] {
+        let w = World::new();
+        let sb = w.sandbox();
+        std::fs::create_dir(w.path("d")).unwrap();
+        let dir = w.path("d");
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || std::fs::remove_dir(&dir).unwrap()),
+        );
+        let r = run(
+            &sb,
+            json!({ "workflow_id": "wf_gone", "actions": [action] }),
+        );
+        assert_eq!(action_status(&r, 0), "failed", "{action} {r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{action}");
+        assert!(
+            r.actions[0]
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("'d' was removed"),
+            "{r:?}"
+        );
+        assert!(w.tree().is_empty(), "{action}: {:?}", w.tree());
+    }
+}
+
 /// What another writer changes between validation and execution is found again under the
 /// target's lock. Refused before anything of the plan is written, the plan is blocked as
 /// validation would have blocked it (audited as blocked, nothing to roll back); refused
