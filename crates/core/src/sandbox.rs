@@ -553,7 +553,16 @@ impl Sandbox {
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
         };
-        for r in sb.recover() {
+        let recovered = sb.recover();
+        // A rollback that died after its restores, before it removed the directories
+        // they emptied, is finished here.
+        if recovered
+            .iter()
+            .any(|r| r.rollback && r.missing_roots.is_empty() && !r.retry)
+        {
+            sb.remove_left_dirs();
+        }
+        for r in recovered {
             if !r.missing_roots.is_empty() {
                 sb.notices.push(format!(
                     "the interrupted {} {} of workflow {} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",

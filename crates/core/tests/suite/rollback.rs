@@ -603,6 +603,32 @@ fn a_directory_left_for_another_workflows_file_goes_with_it() {
     assert!(w.path("gd").is_dir(), "made by someone else since");
 }
 
+/// A rollback that dies after its last restore, before it removed the directories that
+/// restore emptied, has them removed by the next start's recovery.
+#[test]
+fn directories_a_dead_rollback_emptied_go_at_the_next_start() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    for (wf, path) in [("wf_a", "fd/sub/x.txt"), ("wf_b", "fd/sub/y.txt")] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": path, "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "success", "{wf}");
+    }
+    assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
+    sb.failpoints().arm_crash("after_mark", 1);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_b", &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback should die");
+    drop(sb);
+    assert!(w.path("fd/sub").is_dir(), "left by the dead rollback");
+    let _next = w.sandbox();
+    assert_eq!(w.tree(), before);
+}
+
 /// A directory the workflow created and then named again (its second action found it)
 /// is still checked for others' files before anything is restored.
 #[test]
