@@ -972,7 +972,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         // (a line appended to a log) is never overwritten unseen.
         let no_replace = approval.op.name == "create_file" || matches!(kind, TargetKind::Missing);
         let put = match &stamp {
-            Some(was) if !no_replace => Put::Unchanged(was),
+            Some(was) if !no_replace => Put::Unchanged(*was),
             _ => Put::new_or_any(no_replace),
         };
 

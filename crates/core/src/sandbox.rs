@@ -11,6 +11,7 @@ use crate::commit_log::Position;
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::{join_display, shown_path};
 use crate::confine::root::DirEntryInfo;
+use crate::confine::root::Put;
 use crate::confine::state::StateDir;
 use crate::confine::{
     EntryKind, RelPath, SandboxRoot, TargetKind, check_reserved, resolve_sandbox_path,
@@ -240,6 +241,10 @@ fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
         ),
     )
 }
+
+/// Whether a target is to be restored, and what the restore may replace: what the
+/// judgement saw (see [`Put`]).
+type Judged = (bool, Put);
 
 /// How [`Sandbox::restore_all`] treats each target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1548,33 +1553,40 @@ impl Sandbox {
 
     /// What a target holds now.
     pub(crate) fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
+        self.target_state_judged(root, rel).0
+    }
+
+    /// [`Sandbox::target_state`], with what a restore judged by it may replace: the very
+    /// file it read, nothing where it found nothing.
+    fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
         let r = &self.roots[root];
         match r.inspect(rel).map(|t| t.kind) {
             Ok(TargetKind::File { .. }) => r
-                .read_file(rel, MAX_SNAPSHOT_BYTES)
-                .map_or(TargetState::Unreadable, |b| {
-                    TargetState::File(sha256_hex(&b))
+                .read_file_stamped(rel, MAX_SNAPSHOT_BYTES)
+                .map_or((TargetState::Unreadable, Put::Any), |(b, stamp)| {
+                    (TargetState::File(sha256_hex(&b)), Put::Unchanged(stamp))
                 }),
-            Ok(TargetKind::Directory) => TargetState::Directory,
-            Ok(TargetKind::Missing) => TargetState::Missing,
-            Err(_) => TargetState::Unreadable,
+            Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
+            Ok(TargetKind::Missing) => (TargetState::Missing, Put::New),
+            Err(_) => (TargetState::Unreadable, Put::Any),
         }
     }
 
     /// Refuses (`conflict`) to restore a target that no longer holds what its action
-    /// left, naming both.
+    /// left, naming both; else says to restore it, over the file it judged (see
+    /// [`Judged`]).
     fn check_unchanged(
         &self,
         workflow_id: &str,
         root: usize,
         meta: &SnapshotMeta,
-    ) -> Verdict<bool> {
+    ) -> Verdict<Judged> {
         let Some(left) = self.left_by(workflow_id, meta) else {
-            return Ok(true);
+            return Ok((true, Put::Any));
         };
-        let now = self.target_state(root, &meta.target());
+        let (now, put) = self.target_state_judged(root, &meta.target());
         if left.holds(&now, meta) {
-            return Ok(true);
+            return Ok((true, put));
         }
         Err(crate::reason::Refusal::new(
             ReasonCode::Conflict,
@@ -1595,13 +1607,13 @@ impl Sandbox {
         root: usize,
         meta: &SnapshotMeta,
         left: &TargetState,
-    ) -> Verdict<bool> {
-        let now = self.target_state(root, &meta.target());
+    ) -> Verdict<Judged> {
+        let (now, put) = self.target_state_judged(root, &meta.target());
         if now == TargetState::found_by(meta) {
-            return Ok(false);
+            return Ok((false, Put::Any));
         }
         if now == *left {
-            return Ok(true);
+            return Ok((true, put));
         }
         Err(crate::reason::Refusal::new(
             ReasonCode::Conflict,
@@ -2332,13 +2344,15 @@ impl Sandbox {
             let outcome = match &mode {
                 RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
                 RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
-                RestoreMode::Force => Ok(true),
-                RestoreMode::Untouched => Ok(false),
+                RestoreMode::Force => Ok((true, Put::Any)),
+                RestoreMode::Untouched => Ok((false, Put::Any)),
             }
-            .and_then(|change| self.fail_at("during_restore").map(|()| change))
-            .and_then(|change| {
+            .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
+            .and_then(|(change, put)| {
                 if change {
-                    RollbackEngine::restore(root, &meta, durable, || self.fail_at("restore_verify"))
+                    RollbackEngine::restore(root, &meta, durable, put, || {
+                        self.fail_at("restore_verify")
+                    })
                 } else {
                     // The target is as the action found it (its write failed before
                     // the target changed), but directories made on the way may be there.

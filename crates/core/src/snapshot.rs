@@ -263,32 +263,44 @@ fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
 /// the runtime does.
 fn snapshot_store(root: &SandboxRoot) -> Verdict<(Dir, bool)> {
     let (rb, made) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)?;
-    let m = rb.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
+    check_private(root, &rb, ROLLBACK_DIR)?;
+    Ok((rb, made))
+}
+
+/// Opens (or creates) a workflow's folder in the snapshot store, refused like the
+/// store itself when another user owns it or could write in it.
+fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(Dir, bool)> {
+    let (wf, made) = open_or_create_tracked(rb, workflow_id)?;
+    check_private(root, &wf, &format!("{ROLLBACK_DIR}/{workflow_id}"))?;
+    Ok((wf, made))
+}
+
+/// Refuses a folder of the snapshot store (`rel` in `root`) that another user owns or
+/// could write in.
+fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
+    let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
     let euid = rustix::process::geteuid().as_raw();
     let problem = if m.uid() != euid {
-        Some(format!(
+        format!(
             "is owned by uid {}, not by this process's uid {euid}",
             m.uid()
-        ))
+        )
     } else if crate::confine::root::writable_by_others(&m) {
-        Some(format!(
+        format!(
             "is writable by other users (group {}, mode {:04o})",
             m.gid(),
             m.mode() & 0o7777
-        ))
+        )
     } else {
-        None
+        return Ok(());
     };
-    match problem {
-        None => Ok((rb, made)),
-        Some(problem) => Err(Refusal::new(
-            ReasonCode::ReservedPath,
-            format!(
-                "the snapshot folder {} {problem}, so others could remove the snapshots kept there; nothing is written in this root until the operator removes that folder (the runtime then makes its own, private one)",
-                shown_path(&root.path().join(ROLLBACK_DIR).display().to_string())
-            ),
-        )),
-    }
+    Err(Refusal::new(
+        ReasonCode::ReservedPath,
+        format!(
+            "the snapshot folder {} {problem}, so others could remove the snapshots kept there; nothing is written there until the operator removes that folder (the runtime then makes its own, private one)",
+            shown_path(&root.path().join(rel).display().to_string())
+        ),
+    ))
 }
 
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
@@ -344,7 +356,7 @@ impl Snapshotter {
         durable: bool,
     ) -> Verdict<String> {
         let (rb, rb_new) = snapshot_store(root)?;
-        let (wf, wf_new) = open_or_create_tracked(&rb, &meta.workflow_id)?;
+        let (wf, wf_new) = workflow_folder(root, &rb, &meta.workflow_id)?;
         let mut b = DirBuilder::new();
         b.mode(SNAPSHOT_DIR_MODE);
         match wf.create_dir_with(&meta.action_id, &b) {
@@ -412,7 +424,7 @@ impl Snapshotter {
         backup: Option<&[u8]>,
     ) -> Verdict {
         let (rb, _) = snapshot_store(root)?;
-        let (wf, _) = open_or_create_tracked(&rb, &meta.workflow_id)?;
+        let (wf, _) = workflow_folder(root, &rb, &meta.workflow_id)?;
         let (dir, _) = open_or_create_tracked(&wf, &meta.action_id)?;
         if let Some(bytes) = backup
             && read_regular(&dir, BACKUP_FILE, MAX_SNAPSHOT_BYTES)
@@ -714,10 +726,16 @@ impl RollbackEngine {
     /// back: say a directory was swapped for a symlink at that instant) leaves the
     /// restore done but unverified (`checksum_validated: false`), not failed: it must be
     /// recorded as what happened.
+    ///
+    /// `put` says what the caller judged the target to be: a file ([`Put::Unchanged`]),
+    /// which alone is then replaced or removed, nothing ([`Put::New`]), or anything
+    /// (forced), so that a change another program makes after the judgement is never
+    /// undone unseen (`conflict`).
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         durable: bool,
+        put: Put,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
         let unverified = |r: Refusal| {
@@ -743,7 +761,7 @@ impl RollbackEngine {
                     ));
                 }
                 let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
-                root.write_atomic(&rel, &bytes, mode, false, durable)?;
+                root.write_atomic_put(&rel, &bytes, mode, put, 0, durable)?;
                 let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
                     Ok(b) => b,
                     Err(r) => return Ok(unverified(r)),
@@ -766,7 +784,7 @@ impl RollbackEngine {
             }
             SnapshotKind::Missing => {
                 match root.inspect(&rel)?.kind {
-                    TargetKind::File { .. } => root.remove_file(&rel, durable)?,
+                    TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
                     TargetKind::Directory => {
                         if !root.remove_empty_dir(&rel, None, durable)? {
                             return Err(Refusal::new(

@@ -370,7 +370,7 @@ impl SandboxRoot {
         rel: &RelPath,
         bytes: &[u8],
         mode: u32,
-        put: Put<'_>,
+        put: Put,
         mkdir_from: usize,
         durable: bool,
     ) -> Verdict<Vec<String>> {
@@ -441,6 +441,12 @@ impl SandboxRoot {
     /// Removes a regular file (never following a symlink; a symlink found there is left
     /// alone and refused). A missing file is success.
     pub fn remove_file(&self, rel: &RelPath, durable: bool) -> Verdict {
+        self.remove_file_put(rel, Put::Any, durable)
+    }
+
+    /// [`SandboxRoot::remove_file`], removing only the file as it was read when `put` is
+    /// [`Put::Unchanged`] (`conflict` otherwise, and the file stays).
+    pub fn remove_file_put(&self, rel: &RelPath, put: Put, durable: bool) -> Verdict {
         let (dir, _) = match self.open_parent(rel, false, false) {
             Ok(d) => d,
             Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(()),
@@ -459,7 +465,13 @@ impl SandboxRoot {
                     ),
                 ));
             }
-            Ok(_) => {}
+            Ok(m) => {
+                if let Put::Unchanged(was) = put
+                    && FileStamp::of(&m) != was
+                {
+                    return Err(changed_meanwhile(rel.file_name()));
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
         }
@@ -806,17 +818,17 @@ impl FileStamp {
 
 /// What the rename that puts a write in place may replace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Put<'a> {
+pub enum Put {
     /// Nothing: the name must be free (`already_exists` otherwise).
     New,
     /// Whatever is there.
     Any,
     /// Only the file as it was read (`conflict` otherwise): a change another program
     /// made since is never overwritten unseen.
-    Unchanged(&'a FileStamp),
+    Unchanged(FileStamp),
 }
 
-impl Put<'_> {
+impl Put {
     /// [`Put::New`] when `no_replace`, else [`Put::Any`].
     pub fn new_or_any(no_replace: bool) -> Self {
         if no_replace { Put::New } else { Put::Any }
@@ -970,7 +982,7 @@ pub fn write_atomic_flush(
     name: &str,
     bytes: &[u8],
     mode: u32,
-    put: Put<'_>,
+    put: Put,
     flush: Flush,
 ) -> io::Result<()> {
     let tmp = temp_name();
@@ -1010,7 +1022,7 @@ fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) ->
 /// else `linkat` (which fails where `renameat` would overwrite) and then `unlinkat`.
 /// With [`Put::Unchanged`] the file there is looked at just before the rename: one
 /// changed since it was read (another program appended to it, say) is left as it is.
-fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put<'_>) -> io::Result<()> {
+fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
     match put {
         Put::New => {}
         Put::Any => return dir.rename(tmp, dir, name),
@@ -1020,14 +1032,8 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put<'_>) -> io::Result<()
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 Err(e) => return Err(e),
             };
-            if now.as_ref() != Some(was) {
-                return Err(io::Error::other(Refusal::new(
-                    ReasonCode::Conflict,
-                    format!(
-                        "{} was changed by another program while the action ran (after it was read); it was left as it is, with that change: read it again, then retry",
-                        shown_path(name)
-                    ),
-                )));
+            if now != Some(was) {
+                return Err(io::Error::other(changed_meanwhile(name)));
             }
             return dir.rename(tmp, dir, name);
         }
@@ -1076,7 +1082,7 @@ impl StagedWrite {
 
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
     /// the directory when `sync`.
-    pub fn commit(&self, put: Put<'_>, sync: bool) -> io::Result<()> {
+    pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
         put_in_place(&self.dir, &self.staged, &self.name, put)?;
         if sync {
             sync_dir(&self.dir)?;
@@ -1461,6 +1467,18 @@ fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         other => other,
     }
+}
+
+/// The refusal for a file `name` that changed after it was read, just before it would
+/// have been replaced or removed.
+fn changed_meanwhile(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was changed by another program after it was read; it was left as it is, with that change: read it again, then retry",
+            shown_path(name)
+        ),
+    )
 }
 
 /// The refusal for a directory `comps` that was there when the action was checked and

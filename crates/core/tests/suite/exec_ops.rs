@@ -195,6 +195,35 @@ fn a_snapshot_folder_others_can_write_in_stops_every_write() {
         );
         assert_eq!(w.read("doc.md"), b"original\n");
     }
+    // A private store with a workflow folder others can write in: that workflow writes
+    // nothing, others do.
+    std::fs::remove_dir(&store).unwrap();
+    std::fs::create_dir_all(store.join("wf_open")).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(
+        store.join("wf_open"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_open", "actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"), "{r:?}");
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains(".rollback/wf_open"),
+        "{r:?}"
+    );
+    assert_eq!(w.read("doc.md"), b"original\n");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_mine", "actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
 }
 
 #[test]

@@ -871,16 +871,9 @@ fn a_change_made_while_an_action_runs_is_never_overwritten() {
         let mut config = w.writable_config();
         config.durability = durability;
         let sb = w.open(config);
-        let path = w.path("log.md");
         sb.failpoints().interleave(
             "before_mutate",
-            std::sync::Arc::new(move || {
-                let mut f = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&path)
-                    .unwrap();
-                std::io::Write::write_all(&mut f, b"theirs\n").unwrap();
-            }),
+            another_program_appends(w.path("log.md"), b"theirs\n"),
         );
         let r = run(
             &sb,

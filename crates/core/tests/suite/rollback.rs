@@ -603,6 +603,48 @@ fn a_directory_left_for_another_workflows_file_goes_with_it() {
     assert!(w.path("gd").is_dir(), "made by someone else since");
 }
 
+/// Another program that changes a file between a rollback's check of it and its
+/// restore keeps its change: the step fails with `conflict` and the file stays as that
+/// program left it, whether the restore would have rewritten it or removed it.
+#[test]
+fn a_change_made_while_a_rollback_runs_is_never_undone_unseen() {
+    for (existing, action) in [
+        (
+            true,
+            json!({"intent": "append_file", "path": "log.md", "content": "mine\n"}),
+        ),
+        (
+            false,
+            json!({"intent": "create_file", "path": "log.md", "content": "mine\n"}),
+        ),
+    ] {
+        let w = World::new();
+        let sb = w.sandbox();
+        if existing {
+            w.write("log.md", b"one\n");
+        }
+        let r = run(&sb, json!({"workflow_id": "wf_r", "actions": [action]}));
+        assert_eq!(status(&r), "success");
+        sb.failpoints().interleave(
+            "during_restore",
+            another_program_appends(w.path("log.md"), b"theirs\n"),
+        );
+        let rb = rollback(&sb, "wf_r", false);
+        assert_eq!(rb.status, "failed", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        let expected: &[u8] = if existing {
+            b"one\nmine\ntheirs\n"
+        } else {
+            b"mine\ntheirs\n"
+        };
+        assert_eq!(w.read("log.md"), expected);
+        // Forced, the rollback restores over the change it has now seen.
+        let rb = rollback(&sb, "wf_r", true);
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert_eq!(w.path("log.md").exists(), existing);
+    }
+}
+
 /// A rollback that dies after its last restore, before it removed the directories that
 /// restore emptied, has them removed by the next start's recovery.
 #[test]

@@ -272,3 +272,18 @@ pub fn assert_run_blocked_naming(sb: &Sandbox, wf: &str, path: &std::path::Path)
         "{r:?}"
     );
 }
+
+/// Another program appending `line` to `path` (open, append, close), to be run at a
+/// failpoint: what a log writer outside the runtime does at that moment.
+pub fn another_program_appends(
+    path: PathBuf,
+    line: &'static [u8],
+) -> ailab_sandbox_core::failpoint::Interleave {
+    std::sync::Arc::new(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, line).unwrap();
+    })
+}
