@@ -759,6 +759,49 @@ impl AuditLog {
         })
     }
 
+    /// Whether a `create_directory` found the directory `is_target` names after the
+    /// action `maker` (of workflow `workflow_id`) made it, and is not rolled back since
+    /// (nor among `undoing`, actions of that workflow about to be): it made the
+    /// directory's existence its result. "After" is after the maker's own line in the
+    /// trail's order, or, when the trail holds none (its write failed), after `since`.
+    pub fn directory_claimed(
+        &self,
+        is_target: impl Fn(&str) -> bool,
+        (workflow_id, maker): (&str, &str),
+        since: &str,
+        undoing: &dyn Fn(&str) -> bool,
+    ) -> io::Result<bool> {
+        self.with(|ix| {
+            let own = |e: &SandboxAuditEntry| e.workflow_id == workflow_id && e.action_id == maker;
+            let start = ix
+                .entries
+                .iter()
+                .position(|e| own(e) && e.status == AuditStatus::Success)
+                .map(|p| p + 1);
+            let after = |(i, e): &(usize, &SandboxAuditEntry)| match start {
+                Some(p) => *i >= p,
+                None => e.timestamp.as_str() >= since,
+            };
+            let mut claims: Vec<(&str, &str)> = Vec::new();
+            for (_, e) in ix.entries.iter().enumerate().filter(after) {
+                if !is_target(&e.target_path) || own(e) {
+                    continue;
+                }
+                let key = (e.workflow_id.as_str(), e.action_id.as_str());
+                match e.status {
+                    AuditStatus::Success if e.mutation_type == "create_directory" => {
+                        claims.push(key)
+                    }
+                    AuditStatus::RolledBack => claims.retain(|c| *c != key),
+                    _ => {}
+                }
+            }
+            claims
+                .iter()
+                .any(|(wf, action)| !(*wf == workflow_id && undoing(action)))
+        })
+    }
+
     /// Whether the trail records a write (not a rollback) by this action of the workflow.
     /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
     pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {

@@ -5,8 +5,10 @@
 //!
 //! The ledger (`left_dirs.jsonl` in the state directory) is only a hint: a directory is
 //! removed while it is empty and still the very directory that was left (device, inode,
-//! birth time), never otherwise, so a lost, stale or planted line can at worst leave an
-//! empty directory in place.
+//! birth time; one on a filesystem that keeps no birth time is never put on it), never
+//! otherwise, so a lost, stale or planted line can at worst leave an empty directory in
+//! place. Nor while a later `create_directory` that found it, and so made its existence
+//! its result, stands: it goes once that one is rolled back too.
 
 use crate::confine::state::StateDir;
 use crate::journal::{self, Journal};
@@ -19,13 +21,46 @@ use std::sync::Mutex;
 /// The ledger's file name in the state directory.
 pub const LEFT_DIRS_FILE: &str = "left_dirs.jsonl";
 
+/// The action that made a directory: a later `create_directory` of someone else that
+/// found the directory makes its existence that one's result, and keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Maker {
+    /// Its workflow.
+    pub workflow_id: String,
+    /// The action.
+    pub action_id: String,
+    /// When it ran (its snapshot's time).
+    pub at: String,
+}
+
+impl Maker {
+    /// The action a snapshot belongs to.
+    pub fn of(meta: &crate::snapshot::SnapshotMeta) -> Self {
+        Self {
+            workflow_id: meta.workflow_id.clone(),
+            action_id: meta.action_id.clone(),
+            at: meta.taken_at.clone(),
+        }
+    }
+}
+
+/// A directory left, and who made it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Left {
+    /// The directory.
+    #[serde(flatten)]
+    pub dir: LeftDir,
+    /// Who made it.
+    pub made_by: Maker,
+}
+
 /// One line: a directory left (or, with `gone`, no longer to be looked after).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 struct Line {
     /// The root, as configured (see [`crate::sandbox::Sandbox::root_names`]).
     root: String,
     #[serde(flatten)]
-    dir: LeftDir,
+    left: Left,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     gone: bool,
 }
@@ -98,42 +133,51 @@ impl LeftDirs {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records directories a restore in `root` had to leave.
-    pub fn record(&self, root: &str, dirs: &[LeftDir]) -> io::Result<()> {
-        self.ledger().append(&lines(root, dirs, false))
+    /// Records directories a restore in `root` had to leave, made by `made_by`.
+    pub fn record(&self, root: &str, dirs: &[LeftDir], made_by: &Maker) -> io::Result<()> {
+        let left: Vec<Left> = dirs
+            .iter()
+            .map(|d| Left {
+                dir: d.clone(),
+                made_by: made_by.clone(),
+            })
+            .collect();
+        self.ledger().append(&lines(root, &left, false))
     }
 
     /// The directories left in `root` and not yet settled, deepest first.
-    pub fn in_root(&self, root: &str) -> io::Result<Vec<LeftDir>> {
+    pub fn in_root(&self, root: &str) -> io::Result<Vec<Left>> {
         let mut ledger = self.ledger();
         ledger.catch_up()?;
-        let mut dirs: Vec<LeftDir> = ledger
+        let mut left: Vec<Left> = ledger
             .left
             .iter()
             .filter(|l| l.root == root)
-            .map(|l| l.dir.clone())
+            .map(|l| l.left.clone())
             .collect();
-        dirs.sort_by(|a, b| {
-            let depth = |d: &LeftDir| d.path.matches('/').count();
-            depth(b).cmp(&depth(a)).then_with(|| a.path.cmp(&b.path))
+        left.sort_by(|a, b| {
+            let depth = |l: &Left| l.dir.path.matches('/').count();
+            depth(b)
+                .cmp(&depth(a))
+                .then_with(|| a.dir.path.cmp(&b.dir.path))
         });
-        Ok(dirs)
+        Ok(left)
     }
 
     /// Settles directories of `root`: removed, or no longer the ones that were left.
-    pub fn settle(&self, root: &str, dirs: &[LeftDir]) -> io::Result<()> {
-        if dirs.is_empty() {
+    pub fn settle(&self, root: &str, left: &[Left]) -> io::Result<()> {
+        if left.is_empty() {
             return Ok(());
         }
-        self.ledger().append(&lines(root, dirs, true))
+        self.ledger().append(&lines(root, left, true))
     }
 }
 
-fn lines(root: &str, dirs: &[LeftDir], gone: bool) -> Vec<Line> {
-    dirs.iter()
-        .map(|d| Line {
+fn lines(root: &str, left: &[Left], gone: bool) -> Vec<Line> {
+    left.iter()
+        .map(|l| Line {
             root: root.to_owned(),
-            dir: d.clone(),
+            left: l.clone(),
             gone,
         })
         .collect()

@@ -1480,6 +1480,10 @@ impl Sandbox {
         snaps: &[(usize, StoredSnapshot)],
     ) -> Vec<Conflict> {
         let mut out = Vec::new();
+        let undoing: HashSet<&str> = snaps
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
         // What the rollback removes: an entry of a directory the workflow created is
         // no obstacle to removing that directory when it is one of them.
         let removed: HashSet<(usize, String)> = snaps
@@ -1504,15 +1508,24 @@ impl Sandbox {
                 continue;
             };
             // A directory the action created is removed by its restore, so anything in
-            // it the rollback does not remove is a conflict, newest action or not.
+            // it the rollback does not remove is a conflict, newest action or not, and so
+            // is a later create_directory that made it its result.
+            let created_dir = left.state == TargetState::Directory
+                && s.meta.kind == crate::snapshot::SnapshotKind::Missing;
             let changed = !left.holds(&current, &s.meta)
-                || (left.state == TargetState::Directory
-                    && s.meta.kind == crate::snapshot::SnapshotKind::Missing
+                || (created_dir
                     && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
                         entries.iter().any(|e| {
                             !removed.contains(&(*i, format!("{}/{}", s.meta.original_path, e.name)))
                         })
-                    }));
+                    }))
+                || (created_dir
+                    && self.adopted(
+                        *i,
+                        &s.meta.original_path,
+                        &crate::left_dirs::Maker::of(&s.meta),
+                        &undoing,
+                    ));
             if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
@@ -1549,6 +1562,30 @@ impl Sandbox {
             state,
             maybe_unwritten: true,
         })
+    }
+
+    /// Whether a `create_directory` other than `creator`'s, run after it and not rolled
+    /// back (by the trail, or among `undoing`, actions of the creator's workflow a
+    /// rollback is about to restore), found the directory `dir` of root `root` and so
+    /// made its existence its result: the creator's rollback must then leave it.
+    pub(crate) fn adopted(
+        &self,
+        root: usize,
+        dir: &str,
+        creator: &crate::left_dirs::Maker,
+        undoing: &HashSet<&str>,
+    ) -> bool {
+        let rel = RelPath::from_components(dir.split('/').map(str::to_owned).collect());
+        let abs = self.abs_path(root, &rel);
+        self.audit
+            .directory_claimed(
+                |t| t == abs,
+                (&creator.workflow_id, &creator.action_id),
+                &creator.at,
+                &|a| undoing.contains(a),
+            )
+            // Unknown: keeping a directory is the harmless answer.
+            .unwrap_or(true)
     }
 
     /// What a target holds now.
@@ -2299,13 +2336,21 @@ impl Sandbox {
                 }
             };
             let mut settled = Vec::new();
-            for d in left {
+            for l in left {
+                let d = &l.dir;
                 let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
+                // One someone has made the result of a create_directory stays on the
+                // ledger until that one is rolled back. (Asked of empty ones only: it
+                // may read the whole trail.)
+                let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
+                if empty && self.adopted(i, &d.path, &l.made_by, &HashSet::new()) {
+                    continue;
+                }
                 let gone = root
                     .remove_empty_dir(&rel, Some(d.id), self.fsync_each())
                     .and_then(|removed| Ok(removed || root.dir_id(&rel)? != Some(d.id)));
                 match gone {
-                    Ok(true) => settled.push(d),
+                    Ok(true) => settled.push(l),
                     Ok(false) => {}
                     Err(r) => {
                         tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
@@ -2350,21 +2395,28 @@ impl Sandbox {
             .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
             .and_then(|(change, put)| {
                 if change {
-                    RollbackEngine::restore(root, &meta, durable, put, || {
+                    let maker = crate::left_dirs::Maker::of(&meta);
+                    let keep = |d: &str| self.adopted(i, d, &maker, &HashSet::new());
+                    RollbackEngine::restore(root, &meta, durable, put, &keep, || {
                         self.fail_at("restore_verify")
                     })
                 } else {
                     // The target is as the action found it (its write failed before
-                    // the target changed), but directories made on the way may be there.
+                    // the target changed) or as someone else made it meanwhile, and stays
+                    // so, but directories made on the way may be there. What it holds is
+                    // what the record says the undo left.
                     let left_dirs = match meta.kind {
                         SnapshotKind::Missing => {
-                            RollbackEngine::remove_created_dirs(root, &meta, durable)?
+                            let maker = crate::left_dirs::Maker::of(&meta);
+                            RollbackEngine::remove_created_dirs(root, &meta, durable, &|d| {
+                                self.adopted(i, d, &maker, &HashSet::new())
+                            })?
                         }
                         _ => Vec::new(),
                     };
                     Ok(crate::snapshot::RestoreOutcome {
                         checksum_validated: true,
-                        restored_checksum: meta.sha256.clone(),
+                        restored_checksum: before.clone(),
                         left_dirs,
                     })
                 }
@@ -2384,10 +2436,22 @@ impl Sandbox {
                     ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
-                    if !o.left_dirs.is_empty()
-                        && let Err(e) = self
-                            .left_dirs
-                            .record(&self.root_names(std::iter::once(i)).concat(), &o.left_dirs)
+                    // Only a directory known by its birth time too is told apart from one
+                    // made again later in the same inode (a filesystem without birth times
+                    // reuses inodes at once): others are left for good, never removed by
+                    // mistake.
+                    let known: Vec<LeftDir> = o
+                        .left_dirs
+                        .iter()
+                        .filter(|d| d.id.born_ns.is_some())
+                        .cloned()
+                        .collect();
+                    if !known.is_empty()
+                        && let Err(e) = self.left_dirs.record(
+                            &self.root_names(std::iter::once(i)).concat(),
+                            &known,
+                            &crate::left_dirs::Maker::of(&meta),
+                        )
                     {
                         tracing::warn!(error = %e, "could not record the directories a restore left");
                     }

@@ -692,13 +692,30 @@ pub struct RestoreOutcome {
 #[derive(Debug, Clone, Copy)]
 pub struct RollbackEngine;
 
+/// The refusal to remove a directory an action created that another action has made its
+/// result since (a `create_directory` that found it).
+pub(crate) fn adopted_refusal(path: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was made the result of a later create_directory (of another workflow, or a later one of this workflow), not rolled back; it was left in place: roll that one back first",
+            shown_path(path)
+        ),
+    )
+}
+
 impl RollbackEngine {
     /// Removes the directories the action created to reach its target, deepest first,
     /// those that are empty; returns those that were not.
+    ///
+    /// `keep` names the directories someone else has come to rely on since (another
+    /// workflow's `create_directory` found one and made it its result): those stay, and
+    /// are returned as left like one that is not empty.
     pub fn remove_created_dirs(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         durable: bool,
+        keep: &dyn Fn(&str) -> bool,
     ) -> Verdict<Vec<LeftDir>> {
         let mut left_dirs = Vec::new();
         for d in meta.created_dirs.iter().rev() {
@@ -706,7 +723,10 @@ impl RollbackEngine {
                 continue;
             }
             let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
-            if !root.remove_empty_dir(&dir, None, durable)?
+            // Whether someone relies on it is only asked of an empty one (it may read the
+            // whole trail).
+            let empty = root.list_dir(Some(&dir)).is_ok_and(|e| e.is_empty());
+            if (!empty || keep(d) || !root.remove_empty_dir(&dir, None, durable)?)
                 && let Some(id) = root.dir_id(&dir)?
             {
                 left_dirs.push(LeftDir {
@@ -736,6 +756,7 @@ impl RollbackEngine {
         meta: &SnapshotMeta,
         durable: bool,
         put: Put,
+        keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
         let unverified = |r: Refusal| {
@@ -786,6 +807,9 @@ impl RollbackEngine {
                 match root.inspect(&rel)?.kind {
                     TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
                     TargetKind::Directory => {
+                        if keep(&meta.original_path) {
+                            return Err(adopted_refusal(&meta.original_path));
+                        }
                         if !root.remove_empty_dir(&rel, None, durable)? {
                             return Err(Refusal::new(
                                 ReasonCode::Conflict,
@@ -799,7 +823,7 @@ impl RollbackEngine {
                     TargetKind::Missing => {}
                 }
                 let after = changed().and_then(|()| {
-                    let left_dirs = Self::remove_created_dirs(root, meta, durable)?;
+                    let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
                     Ok((left_dirs, root.inspect(&rel)?.kind == TargetKind::Missing))
                 });
                 match after {

@@ -884,6 +884,15 @@ fn a_change_made_while_an_action_runs_is_never_overwritten() {
         assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{durability:?}");
         assert_eq!(w.read("log.md"), b"one\ntheirs\n", "{durability:?}");
         assert!(sb.artifacts(10, Some("wf_app")).unwrap().is_empty());
+        // The trail says the undo left the file as the other program made it.
+        let undo = sb
+            .audit_entries(10, Some("wf_app"))
+            .unwrap()
+            .into_iter()
+            .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+            .expect("the undo is recorded");
+        let now = Some(sha(b"one\ntheirs\n"));
+        assert_eq!((&undo.before_checksum, &undo.after_checksum), (&now, &now));
         drop(sb);
         // Nothing for a restart to finish or undo either.
         let sb = w.sandbox();

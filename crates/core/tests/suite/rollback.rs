@@ -645,6 +645,61 @@ fn a_change_made_while_a_rollback_runs_is_never_undone_unseen() {
     }
 }
 
+/// A directory another workflow's create_directory found, and so made its result, is
+/// not removed by the rollback of the workflow that made it (refused as a `conflict`
+/// when it is that workflow's own create_directory, kept when it made it as a parent)
+/// nor by a later clean-up of left directories; once that create_directory is rolled
+/// back too, it goes, and the tree is as it was.
+#[test]
+fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    let act = |wf: &str, action: serde_json::Value| {
+        let r = run(&sb, json!({"workflow_id": wf, "actions": [action]}));
+        assert_eq!(status(&r), "success", "{wf} {r:?}");
+    };
+    // Made as a parent, then left by the rollback for another workflow's file.
+    act(
+        "wf_a",
+        json!({"intent": "create_file", "path": "d/a.txt", "content": "a"}),
+    );
+    act(
+        "wf_b",
+        json!({"intent": "create_file", "path": "d/b.txt", "content": "b"}),
+    );
+    assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
+    act("wf_d", json!({"intent": "create_directory", "path": "d"}));
+    assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
+    assert!(w.path("d").is_dir(), "wf_d's result");
+    assert_eq!(rollback(&sb, "wf_d", false).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+
+    // Made by create_directory, then found by another one.
+    act("wf_e", json!({"intent": "create_directory", "path": "e"}));
+    act("wf_f", json!({"intent": "create_directory", "path": "e"}));
+    let rb = rollback(&sb, "wf_e", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    assert!(w.path("e").is_dir());
+    assert_eq!(rollback(&sb, "wf_f", false).status, "rolled_back");
+    assert!(w.path("e").is_dir(), "wf_e's, not wf_f's to remove");
+    assert_eq!(rollback(&sb, "wf_e", false).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+
+    // Made as a parent, then found: kept by the rollback, gone with the finder's.
+    act(
+        "wf_g",
+        json!({"intent": "create_file", "path": "g/x.txt", "content": "x"}),
+    );
+    act("wf_h", json!({"intent": "create_directory", "path": "g"}));
+    assert_eq!(rollback(&sb, "wf_g", false).status, "rolled_back");
+    assert!(w.path("g").is_dir(), "wf_h's result");
+    assert!(!w.path("g/x.txt").exists());
+    assert_eq!(rollback(&sb, "wf_h", false).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
+
 /// A rollback that dies after its last restore, before it removed the directories that
 /// restore emptied, has them removed by the next start's recovery.
 #[test]
