@@ -10,7 +10,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::TargetKind;
 use crate::confine::path::{resolve_sandbox_path, shown_path};
-use crate::confine::root::{FILE_MODE, Put, not_a_directory, temp_name};
+use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -896,13 +896,13 @@ impl<'a> SandboxWriteExecutor<'a> {
 
         // snapshot
         let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
-        // The depth from which the write may make directories: those its snapshot
-        // records, no others (the directory itself, for create_directory, counts last).
-        let mkdir_from = if kind == TargetKind::Missing {
+        // The directories the write may make: those its snapshot records, no others
+        // (for create_directory, the directory itself counts last).
+        let make = Make::From(if kind == TargetKind::Missing {
             existing
         } else {
-            usize::MAX - 1
-        };
+            rel.components().len()
+        });
         let parents = rel.parent_components();
         let mut created_dirs: Vec<String> = (existing..parents.len())
             .map(|d| parents[..=d].join("/"))
@@ -1069,10 +1069,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                     .commit(put, false)
                     .map_err(|e| root.map_open_error(&rel, e))?,
                 (Some(b), None) => {
-                    root.write_atomic_put(&rel, b, mode, put, mkdir_from, durable)?;
+                    root.write_atomic_put(&rel, b, mode, put, make, durable)?;
                 }
                 (None, _) => {
-                    root.create_dir_all_from(&rel, mkdir_from, durable)?;
+                    root.create_dir_all_making(&rel, make, durable)?;
                 }
             }
             if staged.is_none() {

@@ -10,7 +10,7 @@
 use crate::catalog::MutationClass;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
 use crate::confine::root::{
-    FILE_MODE, Flush, Put, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
+    FILE_MODE, Flush, Make, Put, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
 };
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
@@ -782,7 +782,7 @@ impl RollbackEngine {
                     ));
                 }
                 let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
-                root.write_atomic_put(&rel, &bytes, mode, put, 0, durable)?;
+                root.write_atomic_put(&rel, &bytes, mode, put, Make::From(0), durable)?;
                 let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
                     Ok(b) => b,
                     Err(r) => return Ok(unverified(r)),

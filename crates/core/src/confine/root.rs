@@ -272,17 +272,15 @@ impl SandboxRoot {
         create: bool,
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
-        self.open_parent_from(rel, if create { 0 } else { usize::MAX }, durable)
+        let make = if create { Make::From(0) } else { Make::Nothing };
+        self.open_parent_making(rel, make, durable)
     }
 
-    /// [`SandboxRoot::open_parent`], creating only the missing parents from the
-    /// `mkdir_from`-th on (0: all of them): a write whose snapshot records the parents it
-    /// makes must not make others. A parent above that depth that is missing was there
-    /// when the action was checked and has gone since (`conflict`).
-    fn open_parent_from(
+    /// [`SandboxRoot::open_parent`], making the missing parents `make` allows.
+    fn open_parent_making(
         &self,
         rel: &RelPath,
-        mkdir_from: usize,
+        make: Make,
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
         let comps = rel.components();
@@ -295,7 +293,7 @@ impl SandboxRoot {
                 }
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
-                Err(e) if e.kind() == io::ErrorKind::NotFound && i >= mkdir_from => {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && make.may_make(i) => {
                     let mut builder = DirBuilder::new();
                     builder.mode(DIR_MODE);
                     match dir.create_dir_with(comp, &builder) {
@@ -310,7 +308,7 @@ impl SandboxRoot {
                         Err(e) => return Err(io_refusal("create directory", &comps[..=i], &e)),
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotFound && mkdir_from != usize::MAX => {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && make != Make::Nothing => {
                     return Err(removed_meanwhile(&comps[..=i]));
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -360,21 +358,28 @@ impl SandboxRoot {
         no_replace: bool,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        self.write_atomic_put(rel, bytes, mode, Put::new_or_any(no_replace), 0, durable)
+        self.write_atomic_put(
+            rel,
+            bytes,
+            mode,
+            Put::new_or_any(no_replace),
+            Make::From(0),
+            durable,
+        )
     }
 
-    /// [`SandboxRoot::write_atomic`], saying what the rename may replace and from which
-    /// depth missing parents may be made (see [`SandboxRoot::create_dir_all_from`]).
+    /// [`SandboxRoot::write_atomic`], saying what the rename may replace and which
+    /// missing parents may be made.
     pub fn write_atomic_put(
         &self,
         rel: &RelPath,
         bytes: &[u8],
         mode: u32,
         put: Put,
-        mkdir_from: usize,
+        make: Make,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        let (dir, created) = self.open_parent_from(rel, mkdir_from, durable)?;
+        let (dir, created) = self.open_parent_making(rel, make, durable)?;
         write_atomic_flush(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
             .map_err(|e| self.map_open_error(rel, e))?;
         Ok(created)
@@ -383,22 +388,20 @@ impl SandboxRoot {
     /// `mkdir -p`: creates the directory and missing parents (mode 0755). Returns the
     /// components it created, outermost first; an existing directory is success.
     pub fn create_dir_all(&self, rel: &RelPath, durable: bool) -> Verdict<Vec<String>> {
-        self.create_dir_all_from(rel, 0, durable)
+        self.create_dir_all_making(rel, Make::From(0), durable)
     }
 
-    /// [`SandboxRoot::create_dir_all`], making only the missing components from the
-    /// `mkdir_from`-th on (the directory itself is the last, at its depth − 1): an action
-    /// makes exactly the directories its snapshot records, and one that was there when it
-    /// was checked and has gone since is a `conflict`, not made again unrecorded.
-    pub fn create_dir_all_from(
+    /// [`SandboxRoot::create_dir_all`], making only the missing components `make`
+    /// allows (the directory itself is the last one, at index depth − 1).
+    pub fn create_dir_all_making(
         &self,
         rel: &RelPath,
-        mkdir_from: usize,
+        make: Make,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        let (dir, mut created) = self.open_parent_from(rel, mkdir_from, durable)?;
+        let (dir, mut created) = self.open_parent_making(rel, make, durable)?;
         let name = rel.file_name();
-        let may_make = mkdir_from <= rel.parent_components().len();
+        let may_make = make.may_make(rel.parent_components().len());
         let mut builder = DirBuilder::new();
         builder.mode(DIR_MODE);
         let made = if may_make {
@@ -816,6 +819,24 @@ impl FileStamp {
     }
 }
 
+/// Which missing directories on the way to a path, and the path itself for a directory,
+/// may be made: an action makes exactly those its snapshot records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Make {
+    /// None: a missing one is `not_found`.
+    Nothing,
+    /// Those from the component at this index on (0: all of them). One before it that
+    /// is missing was there when the action was checked and has gone since: `conflict`,
+    /// and nothing is made.
+    From(usize),
+}
+
+impl Make {
+    fn may_make(self, index: usize) -> bool {
+        matches!(self, Make::From(from) if index >= from)
+    }
+}
+
 /// What the rename that puts a write in place may replace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Put {
@@ -823,8 +844,9 @@ pub enum Put {
     New,
     /// Whatever is there.
     Any,
-    /// Only the file as it was read (`conflict` otherwise): a change another program
-    /// made since is never overwritten unseen.
+    /// Only the file as it was read (`conflict` otherwise), looked at just before the
+    /// rename: a change another program made since is kept, unless it lands between
+    /// that look and the rename.
     Unchanged(FileStamp),
 }
 
