@@ -1008,7 +1008,6 @@ impl<'a> SandboxWriteExecutor<'a> {
             StoredSnapshot {
                 meta: meta.clone(),
                 restored: false,
-                left_dirs: Vec::new(),
             },
         );
         let staged = match (&staged_name, &bytes) {

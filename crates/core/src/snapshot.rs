@@ -161,8 +161,6 @@ pub struct StoredSnapshot {
     pub meta: SnapshotMeta,
     /// Whether a rollback already restored it.
     pub restored: bool,
-    /// What its restore had to leave, when restored.
-    pub left_dirs: Vec<LeftDir>,
 }
 
 /// Takes and reads snapshots.
@@ -496,15 +494,9 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(io("read", &e)),
         };
-        let left_dirs = mark
-            .as_ref()
-            .and_then(|m| serde_json::from_value::<RestoredMark>(m.clone()).ok())
-            .map(|m| m.left_dirs)
-            .unwrap_or_default();
         Ok(Some(StoredSnapshot {
             meta,
             restored: mark.is_some(),
-            left_dirs,
         }))
     }
 
