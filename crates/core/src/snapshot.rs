@@ -277,7 +277,7 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
 /// could write in.
 fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
     let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
-    let euid = rustix::process::geteuid().as_raw();
+    let euid = crate::confine::root::euid();
     let problem = if m.uid() != euid {
         format!(
             "is owned by uid {}, not by this process's uid {euid}",

@@ -117,12 +117,25 @@ pub struct SandboxRoot {
     reserved: Vec<((u64, u64), String)>,
 }
 
+/// This process's effective uid, asked once: the runtime never changes it, and it is
+/// compared on every write (the snapshot store's owner).
+pub(crate) fn euid() -> u32 {
+    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *EUID.get_or_init(|| rustix::process::geteuid().as_raw())
+}
+
+/// This process's effective gid, asked once (see [`euid`]).
+pub(crate) fn egid() -> u32 {
+    static EGID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *EGID.get_or_init(|| rustix::process::getegid().as_raw())
+}
+
 /// Whether users other than this process's could write in the directory `m` describes:
 /// it is writable by others, or by a group that is not this process's own (a user
 /// private group, as many systems give each user, is fine; another group's members are
 /// other users).
 pub(crate) fn writable_by_others(m: &cap_std::fs::Metadata) -> bool {
-    let egid = rustix::process::getegid().as_raw();
+    let egid = egid();
     m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != egid)
 }
 
@@ -150,7 +163,7 @@ impl SandboxRoot {
         let shown = path.display();
         let checked = open_checked_dir(path, create, "root", DIR_MODE)?;
         let (dir, opened) = (checked.dir, checked.meta);
-        let euid = rustix::process::geteuid().as_raw();
+        let euid = euid();
         if opened.uid() != euid {
             return Err(format!(
                 "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
@@ -1284,7 +1297,7 @@ fn open_dir_checked(
             "{what} {shown} is the filesystem root; a {what} must be a dedicated directory"
         ));
     };
-    let euid = rustix::process::geteuid().as_raw();
+    let euid = euid();
     let chain = open_ancestors(path, above, create, euid, what)?;
     let parent = chain
         .last()
@@ -1465,7 +1478,7 @@ fn checked_ancestor(
         ));
     }
     // Another group's members could swap the root like any other user.
-    let egid = rustix::process::getegid().as_raw();
+    let egid = egid();
     if writable_by_others(&m) && mode & 0o1000 == 0 {
         return Err(format!(
             "{what} {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",

@@ -480,7 +480,7 @@ impl std::error::Error for NotPrivate {}
 /// process's own.
 fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
     use cap_std::fs::MetadataExt;
-    let euid = rustix::process::geteuid().as_raw();
+    let euid = crate::confine::root::euid();
     let mode = m.mode() & 0o7777;
     if m.uid() != euid {
         return Err(io::Error::new(
