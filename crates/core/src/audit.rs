@@ -143,6 +143,9 @@ struct Index {
     /// The actions of each workflow that the trail records a write by (not a rollback):
     /// asked before every action, so not a scan of the workflow's entries.
     wrote: std::collections::HashMap<String, std::collections::HashSet<String>>,
+    /// The `create_directory` actions that stand (not rolled back) for each directory
+    /// they named: its existence is their result (see [`AuditLog::directory_claims`]).
+    dir_claims: std::collections::HashMap<String, Vec<(String, String)>>,
     last_seq: u64,
     last_hash: String,
     stats: AuditStats,
@@ -188,6 +191,15 @@ impl Index {
                 .entry(e.workflow_id.clone())
                 .or_default()
                 .insert(e.action_id.clone());
+        }
+        if e.mutation_type == "create_directory" {
+            let claim = (e.workflow_id.clone(), e.action_id.clone());
+            let claims = self.dir_claims.entry(e.target_path.clone()).or_default();
+            match e.status {
+                AuditStatus::Success => claims.push(claim),
+                AuditStatus::RolledBack => claims.retain(|c| *c != claim),
+                _ => {}
+            }
         }
         if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
             let tat = self
@@ -759,46 +771,19 @@ impl AuditLog {
         })
     }
 
-    /// Whether a `create_directory` found the directory `is_target` names after the
-    /// action `maker` (of workflow `workflow_id`) made it, and is not rolled back since
-    /// (nor among `undoing`, actions of that workflow about to be): it made the
-    /// directory's existence its result. "After" is after the maker's own line in the
-    /// trail's order, or, when the trail holds none (its write failed), after `since`.
-    pub fn directory_claimed(
+    /// The `create_directory` actions (workflow, action) that stand, not rolled back,
+    /// for the directory `is_target` names (recorded under any spelling of its root):
+    /// the directory's existence is their result.
+    pub fn directory_claims(
         &self,
         is_target: impl Fn(&str) -> bool,
-        (workflow_id, maker): (&str, &str),
-        since: &str,
-        undoing: &dyn Fn(&str) -> bool,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Vec<(String, String)>> {
         self.with(|ix| {
-            let own = |e: &SandboxAuditEntry| e.workflow_id == workflow_id && e.action_id == maker;
-            let start = ix
-                .entries
+            ix.dir_claims
                 .iter()
-                .position(|e| own(e) && e.status == AuditStatus::Success)
-                .map(|p| p + 1);
-            let after = |(i, e): &(usize, &SandboxAuditEntry)| match start {
-                Some(p) => *i >= p,
-                None => e.timestamp.as_str() >= since,
-            };
-            let mut claims: Vec<(&str, &str)> = Vec::new();
-            for (_, e) in ix.entries.iter().enumerate().filter(after) {
-                if !is_target(&e.target_path) || own(e) {
-                    continue;
-                }
-                let key = (e.workflow_id.as_str(), e.action_id.as_str());
-                match e.status {
-                    AuditStatus::Success if e.mutation_type == "create_directory" => {
-                        claims.push(key)
-                    }
-                    AuditStatus::RolledBack => claims.retain(|c| *c != key),
-                    _ => {}
-                }
-            }
-            claims
-                .iter()
-                .any(|(wf, action)| !(*wf == workflow_id && undoing(action)))
+                .filter(|(path, claims)| !claims.is_empty() && is_target(path))
+                .flat_map(|(_, claims)| claims.iter().cloned())
+                .collect()
         })
     }
 

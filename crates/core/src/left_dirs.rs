@@ -29,8 +29,6 @@ pub struct Maker {
     pub workflow_id: String,
     /// The action.
     pub action_id: String,
-    /// When it ran (its snapshot's time).
-    pub at: String,
 }
 
 impl Maker {
@@ -39,7 +37,6 @@ impl Maker {
         Self {
             workflow_id: meta.workflow_id.clone(),
             action_id: meta.action_id.clone(),
-            at: meta.taken_at.clone(),
         }
     }
 }

@@ -173,6 +173,10 @@ pub struct Conflict {
     pub expected_checksum: Option<String>,
     /// What is there now (`None`: missing).
     pub current_checksum: Option<String>,
+    /// For a directory the action made: the `create_directory` actions
+    /// (`workflow/action`) that found it since and stand, whose result it is now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub claimed_by: Vec<String>,
 }
 
 /// What a target holds, compared with what an action left there.
@@ -1485,13 +1489,21 @@ impl Sandbox {
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
         // What the rollback removes: an entry of a directory the workflow created is
-        // no obstacle to removing that directory when it is one of them.
+        // no obstacle to removing that directory when it is one of them (and no
+        // create_directory outside the rollback keeps it).
         let removed: HashSet<(usize, String)> = snaps
             .iter()
             .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
             .flat_map(|(i, s)| {
-                std::iter::once((*i, s.meta.original_path.clone()))
-                    .chain(s.meta.created_dirs.iter().map(|d| (*i, d.clone())))
+                let undoing = &undoing;
+                let maker = crate::left_dirs::Maker::of(&s.meta);
+                std::iter::once((*i, s.meta.original_path.clone())).chain(
+                    s.meta
+                        .created_dirs
+                        .iter()
+                        .filter(move |d| self.claimers(*i, d, &maker, undoing).is_empty())
+                        .map(|d| (*i, d.clone())),
+                )
             })
             .collect();
         // Restoring newest first, the newest action on a path is compared with what the
@@ -1512,26 +1524,30 @@ impl Sandbox {
             // is a later create_directory that made it its result.
             let created_dir = left.state == TargetState::Directory
                 && s.meta.kind == crate::snapshot::SnapshotKind::Missing;
+            let claimed_by: Vec<String> = if created_dir {
+                let maker = crate::left_dirs::Maker::of(&s.meta);
+                self.claimers(*i, &s.meta.original_path, &maker, &undoing)
+                    .into_iter()
+                    .map(|(wf, action)| format!("{wf}/{action}"))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let changed = !left.holds(&current, &s.meta)
+                || !claimed_by.is_empty()
                 || (created_dir
                     && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
                         entries.iter().any(|e| {
                             !removed.contains(&(*i, format!("{}/{}", s.meta.original_path, e.name)))
                         })
-                    }))
-                || (created_dir
-                    && self.adopted(
-                        *i,
-                        &s.meta.original_path,
-                        &crate::left_dirs::Maker::of(&s.meta),
-                        &undoing,
-                    ));
+                    }));
             if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
                     path: abs,
                     expected_checksum: left.state.checksum(),
                     current_checksum: current.checksum(),
+                    claimed_by,
                 });
             }
         }
@@ -1564,28 +1580,32 @@ impl Sandbox {
         })
     }
 
-    /// Whether a `create_directory` other than `creator`'s, run after it and not rolled
-    /// back (by the trail, or among `undoing`, actions of the creator's workflow a
-    /// rollback is about to restore), found the directory `dir` of root `root` and so
-    /// made its existence its result: the creator's rollback must then leave it.
-    pub(crate) fn adopted(
+    /// The `create_directory` actions (workflow, action), other than `maker`'s and not
+    /// among `undoing` (actions of the maker's workflow a rollback is about to restore),
+    /// that stand for the directory `dir` of root `root`: its existence is their result,
+    /// so the maker's rollback must leave it.
+    pub(crate) fn claimers(
         &self,
         root: usize,
         dir: &str,
-        creator: &crate::left_dirs::Maker,
+        maker: &crate::left_dirs::Maker,
         undoing: &HashSet<&str>,
-    ) -> bool {
+    ) -> Vec<(String, String)> {
         let rel = RelPath::from_components(dir.split('/').map(str::to_owned).collect());
-        let abs = self.abs_path(root, &rel);
-        self.audit
-            .directory_claimed(
-                |t| t == abs,
-                (&creator.workflow_id, &creator.action_id),
-                &creator.at,
-                &|a| undoing.contains(a),
-            )
+        match self
+            .audit
+            .directory_claims(|t| self.names_target(t, root, &rel))
+        {
+            Ok(mut claims) => {
+                claims.retain(|(wf, action)| {
+                    *wf != maker.workflow_id
+                        || (*action != maker.action_id && !undoing.contains(action.as_str()))
+                });
+                claims
+            }
             // Unknown: keeping a directory is the harmless answer.
-            .unwrap_or(true)
+            Err(_) => vec![("?".to_owned(), "?".to_owned())],
+        }
     }
 
     /// What a target holds now.
@@ -2000,6 +2020,7 @@ impl Sandbox {
                                 .left_by(workflow_id, &s.meta)
                                 .and_then(|l| l.state.checksum()),
                             current_checksum: self.target_state(*i, &rel).checksum(),
+                            claimed_by: Vec::new(),
                         }
                     })
                     .collect();
@@ -2114,15 +2135,24 @@ impl Sandbox {
         };
         let mut conflicts = self.find_conflicts(workflow_id, &chosen);
         if !conflicts.is_empty() && !opts.force {
-            let files: Vec<_> = conflicts.iter().map(|c| c.path.clone()).collect();
-            return refused(
-                ReasonCode::Conflict,
-                format!(
+            let (claimed, changed): (Vec<&Conflict>, Vec<&Conflict>) =
+                conflicts.iter().partition(|c| !c.claimed_by.is_empty());
+            let mut why = Vec::new();
+            if !changed.is_empty() {
+                let files: Vec<&str> = changed.iter().map(|c| c.path.as_str()).collect();
+                why.push(format!(
                     "these files changed after the workflow wrote them: {}; roll back with force to overwrite them",
                     files.join(", ")
-                ),
-                conflicts,
-            );
+                ));
+            }
+            for c in claimed {
+                why.push(format!(
+                    "the directory {} is also the result of create_directory {}, which stands: roll that back first, or roll back with force to leave the directory in place",
+                    c.path,
+                    c.claimed_by.join(", ")
+                ));
+            }
+            return refused(ReasonCode::Conflict, why.join("; "), conflicts);
         }
         // Force overwrites a changed file, never a directory someone put where a file
         // was: its contents are not the workflow's to remove.
@@ -2275,6 +2305,7 @@ impl Sandbox {
                     path: s.path.clone(),
                     expected_checksum: after.clone(),
                     current_checksum: self.target_checksum(*i, rel),
+                    claimed_by: Vec::new(),
                 });
             }
         }
@@ -2343,7 +2374,11 @@ impl Sandbox {
                 // ledger until that one is rolled back. (Asked of empty ones only: it
                 // may read the whole trail.)
                 let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
-                if empty && self.adopted(i, &d.path, &l.made_by, &HashSet::new()) {
+                if empty
+                    && !self
+                        .claimers(i, &d.path, &l.made_by, &HashSet::new())
+                        .is_empty()
+                {
                     continue;
                 }
                 let gone = root
@@ -2396,7 +2431,7 @@ impl Sandbox {
             .and_then(|(change, put)| {
                 if change {
                     let maker = crate::left_dirs::Maker::of(&meta);
-                    let keep = |d: &str| self.adopted(i, d, &maker, &HashSet::new());
+                    let keep = |d: &str| !self.claimers(i, d, &maker, &HashSet::new()).is_empty();
                     RollbackEngine::restore(root, &meta, durable, put, &keep, || {
                         self.fail_at("restore_verify")
                     })
@@ -2409,7 +2444,7 @@ impl Sandbox {
                         SnapshotKind::Missing => {
                             let maker = crate::left_dirs::Maker::of(&meta);
                             RollbackEngine::remove_created_dirs(root, &meta, durable, &|d| {
-                                self.adopted(i, d, &maker, &HashSet::new())
+                                !self.claimers(i, d, &maker, &HashSet::new()).is_empty()
                             })?
                         }
                         _ => Vec::new(),

@@ -684,18 +684,6 @@ pub struct RestoreOutcome {
 #[derive(Debug, Clone, Copy)]
 pub struct RollbackEngine;
 
-/// The refusal to remove a directory an action created that another action has made its
-/// result since (a `create_directory` that found it).
-pub(crate) fn adopted_refusal(path: &str) -> Refusal {
-    Refusal::new(
-        ReasonCode::Conflict,
-        format!(
-            "{} was made the result of a later create_directory (of another workflow, or a later one of this workflow), not rolled back; it was left in place: roll that one back first",
-            shown_path(path)
-        ),
-    )
-}
-
 impl RollbackEngine {
     /// Removes the directories the action created to reach its target, deepest first,
     /// those that are empty; returns those that were not.
@@ -799,17 +787,26 @@ impl RollbackEngine {
                 match root.inspect(&rel)?.kind {
                     TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
                     TargetKind::Directory => {
-                        if keep(&meta.original_path) {
-                            return Err(adopted_refusal(&meta.original_path));
-                        }
-                        if !root.remove_empty_dir(&rel, None, durable)? {
-                            return Err(Refusal::new(
-                                ReasonCode::Conflict,
-                                format!(
-                                    "{} is a directory that is no longer empty; it was left in place",
-                                    shown_path(&meta.original_path)
-                                ),
-                            ));
+                        // Another action's result now, or holding what is not the
+                        // workflow's (a forced rollback): left in place, as a directory the
+                        // restore had to leave, so a later restore removes it once it is
+                        // empty and no one's.
+                        let removed = !keep(&meta.original_path)
+                            && root.remove_empty_dir(&rel, None, durable)?;
+                        if !removed {
+                            let mut left_dirs =
+                                Self::remove_created_dirs(root, meta, durable, keep)?;
+                            if let Some(id) = root.dir_id(&rel)? {
+                                left_dirs.push(LeftDir {
+                                    path: meta.original_path.clone(),
+                                    id,
+                                });
+                            }
+                            return Ok(RestoreOutcome {
+                                checksum_validated: true,
+                                restored_checksum: None,
+                                left_dirs,
+                            });
                         }
                     }
                     TargetKind::Missing => {}

@@ -681,6 +681,13 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
     let rb = rollback(&sb, "wf_e", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
+    let reason = rb.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("result of create_directory wf_f/")
+            && reason.contains("roll that back first"),
+        "{reason}"
+    );
+    assert_eq!(rb.conflicts[0].claimed_by.len(), 1, "{rb:?}");
     assert!(w.path("e").is_dir());
     assert_eq!(rollback(&sb, "wf_f", false).status, "rolled_back");
     assert!(w.path("e").is_dir(), "wf_e's, not wf_f's to remove");
@@ -698,6 +705,54 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
     assert!(!w.path("g/x.txt").exists());
     assert_eq!(rollback(&sb, "wf_h", false).status, "rolled_back");
     assert_eq!(w.tree(), before);
+
+    // A directory the workflow made as a parent and another found, beneath one it made
+    // with create_directory: refused before anything is restored; forced, both stay
+    // until the finder is rolled back.
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_n", "actions": [
+            {"intent": "create_directory", "path": "n"},
+            {"intent": "create_file", "path": "n/b/f.txt", "content": "f"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    act("wf_m", json!({"intent": "create_directory", "path": "n/b"}));
+    let rb = rollback(&sb, "wf_n", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(w.path("n/b/f.txt").exists(), "nothing restored");
+    let rb = rollback(&sb, "wf_n", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("n/b/f.txt").exists());
+    assert!(w.path("n/b").is_dir(), "wf_m's result");
+    assert_eq!(rollback(&sb, "wf_m", false).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
+
+/// A create_directory recorded by a process that names the root another way (through a
+/// symlink above it) keeps the directory all the same.
+#[test]
+fn a_claim_recorded_under_another_spelling_of_the_root_counts() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a/f.txt", "content": "f"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let alias = w.tmp.path().join("alias");
+    std::os::unix::fs::symlink(w.root.parent().unwrap(), &alias).unwrap();
+    let mut other = w.writable_config();
+    other.roots = vec![alias.join(w.root.file_name().unwrap())];
+    let aliased = w.open(other);
+    let r = run(
+        &aliased,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_directory", "path": "a"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(aliased);
+    assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
+    assert!(!w.path("a/f.txt").exists());
+    assert!(w.path("a").is_dir(), "wf_b's result");
 }
 
 /// A rollback that dies after its last restore, before it removed the directories that
