@@ -62,6 +62,17 @@ pub struct SandboxAuditEntry {
     pub entry_hash: String,
 }
 
+/// A `create_directory` that stands: its directory's existence is its result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirClaim {
+    /// Its workflow.
+    pub workflow_id: String,
+    /// The action.
+    pub action_id: String,
+    /// When it was recorded.
+    pub at: String,
+}
+
 /// What a caller records; the log assigns `seq`, `prev_hash` and `entry_hash`.
 ///
 /// Its fields repeat the entry's rather than being `#[serde(flatten)]`ed into it: serde
@@ -144,8 +155,11 @@ struct Index {
     /// asked before every action, so not a scan of the workflow's entries.
     wrote: std::collections::HashMap<String, std::collections::HashSet<String>>,
     /// The `create_directory` actions that stand (not rolled back) for each directory
-    /// they named: its existence is their result (see [`AuditLog::directory_claims`]).
-    dir_claims: std::collections::HashMap<String, Vec<(String, String)>>,
+    /// they named, as recorded, with when they did: its existence is their result (see
+    /// [`AuditLog::directory_claims`]). A rollback's line may spell the root otherwise,
+    /// so a claim is withdrawn by its action, wherever it is filed.
+    dir_claims: std::collections::HashMap<String, Vec<DirClaim>>,
+    claim_paths: std::collections::HashMap<(String, String), String>,
     last_seq: u64,
     last_hash: String,
     stats: AuditStats,
@@ -193,11 +207,26 @@ impl Index {
                 .insert(e.action_id.clone());
         }
         if e.mutation_type == "create_directory" {
-            let claim = (e.workflow_id.clone(), e.action_id.clone());
-            let claims = self.dir_claims.entry(e.target_path.clone()).or_default();
+            let key = (e.workflow_id.clone(), e.action_id.clone());
             match e.status {
-                AuditStatus::Success => claims.push(claim),
-                AuditStatus::RolledBack => claims.retain(|c| *c != claim),
+                AuditStatus::Success => {
+                    self.dir_claims
+                        .entry(e.target_path.clone())
+                        .or_default()
+                        .push(DirClaim {
+                            workflow_id: e.workflow_id.clone(),
+                            action_id: e.action_id.clone(),
+                            at: e.timestamp.clone(),
+                        });
+                    self.claim_paths.insert(key, e.target_path.clone());
+                }
+                AuditStatus::RolledBack => {
+                    if let Some(path) = self.claim_paths.remove(&key)
+                        && let Some(claims) = self.dir_claims.get_mut(&path)
+                    {
+                        claims.retain(|c| (&c.workflow_id, &c.action_id) != (&key.0, &key.1));
+                    }
+                }
                 _ => {}
             }
         }
@@ -774,10 +803,7 @@ impl AuditLog {
     /// The `create_directory` actions (workflow, action) that stand, not rolled back,
     /// for the directory `is_target` names (recorded under any spelling of its root):
     /// the directory's existence is their result.
-    pub fn directory_claims(
-        &self,
-        is_target: impl Fn(&str) -> bool,
-    ) -> io::Result<Vec<(String, String)>> {
+    pub fn directory_claims(&self, is_target: impl Fn(&str) -> bool) -> io::Result<Vec<DirClaim>> {
         self.with(|ix| {
             ix.dir_claims
                 .iter()

@@ -29,6 +29,9 @@ pub struct Maker {
     pub workflow_id: String,
     /// The action.
     pub action_id: String,
+    /// When it ran (its snapshot's time): only a claim recorded since can be on the
+    /// directory it made.
+    pub at: String,
 }
 
 impl Maker {
@@ -37,6 +40,7 @@ impl Maker {
         Self {
             workflow_id: meta.workflow_id.clone(),
             action_id: meta.action_id.clone(),
+            at: meta.taken_at.clone(),
         }
     }
 }

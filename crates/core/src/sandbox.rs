@@ -1489,23 +1489,25 @@ impl Sandbox {
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
         // What the rollback removes: an entry of a directory the workflow created is
-        // no obstacle to removing that directory when it is one of them (and no
-        // create_directory outside the rollback keeps it).
-        let removed: HashSet<(usize, String)> = snaps
+        // no obstacle to removing that directory when it is one of them, unless a
+        // create_directory outside the rollback keeps it (`kept`, with its claimers).
+        let mut removed: HashSet<(usize, String)> = HashSet::new();
+        let mut kept: HashMap<(usize, String), Vec<String>> = HashMap::new();
+        for (i, s) in snaps
             .iter()
             .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
-            .flat_map(|(i, s)| {
-                let undoing = &undoing;
-                let maker = crate::left_dirs::Maker::of(&s.meta);
-                std::iter::once((*i, s.meta.original_path.clone())).chain(
-                    s.meta
-                        .created_dirs
-                        .iter()
-                        .filter(move |d| self.claimers(*i, d, &maker, undoing).is_empty())
-                        .map(|d| (*i, d.clone())),
-                )
-            })
-            .collect();
+        {
+            removed.insert((*i, s.meta.original_path.clone()));
+            let maker = crate::left_dirs::Maker::of(&s.meta);
+            for d in &s.meta.created_dirs {
+                let claims = self.claimers(*i, d, &maker, &undoing);
+                if claims.is_empty() {
+                    removed.insert((*i, d.clone()));
+                } else {
+                    kept.insert((*i, d.clone()), claims);
+                }
+            }
+        }
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
@@ -1524,23 +1526,35 @@ impl Sandbox {
             // is a later create_directory that made it its result.
             let created_dir = left.state == TargetState::Directory
                 && s.meta.kind == crate::snapshot::SnapshotKind::Missing;
-            let claimed_by: Vec<String> = if created_dir {
+            let mut claimed_by: Vec<String> = if created_dir {
                 let maker = crate::left_dirs::Maker::of(&s.meta);
                 self.claimers(*i, &s.meta.original_path, &maker, &undoing)
-                    .into_iter()
-                    .map(|(wf, action)| format!("{wf}/{action}"))
-                    .collect()
             } else {
                 Vec::new()
             };
-            let changed = !left.holds(&current, &s.meta)
-                || !claimed_by.is_empty()
-                || (created_dir
-                    && self.roots[*i].list_dir(Some(&rel)).map_or(true, |entries| {
-                        entries.iter().any(|e| {
-                            !removed.contains(&(*i, format!("{}/{}", s.meta.original_path, e.name)))
-                        })
-                    }));
+            // What it holds that the rollback does not remove: another's entry, or a
+            // directory the workflow made that a claim keeps (naming its claimers).
+            let mut foreign = false;
+            if created_dir {
+                match self.roots[*i].list_dir(Some(&rel)) {
+                    Ok(entries) => {
+                        for e in entries {
+                            let entry = (*i, format!("{}/{}", s.meta.original_path, e.name));
+                            if removed.contains(&entry) {
+                                continue;
+                            }
+                            match kept.get(&entry) {
+                                Some(claims) => claimed_by.extend(claims.iter().cloned()),
+                                None => foreign = true,
+                            }
+                        }
+                    }
+                    Err(_) => foreign = true,
+                }
+            }
+            claimed_by.sort();
+            claimed_by.dedup();
+            let changed = !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign;
             if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
@@ -1580,31 +1594,36 @@ impl Sandbox {
         })
     }
 
-    /// The `create_directory` actions (workflow, action), other than `maker`'s and not
-    /// among `undoing` (actions of the maker's workflow a rollback is about to restore),
-    /// that stand for the directory `dir` of root `root`: its existence is their result,
-    /// so the maker's rollback must leave it.
+    /// The `create_directory` actions (`workflow/action`) that stand for the directory
+    /// `dir` of root `root` and were recorded since `maker` made it, other than `maker`
+    /// and than those among `undoing` (actions of the maker's workflow a rollback is
+    /// about to restore): its existence is their result, so the maker's rollback must
+    /// leave it. (One recorded before cannot have found the directory `maker` made: it
+    /// named an earlier one, since gone.)
     pub(crate) fn claimers(
         &self,
         root: usize,
         dir: &str,
         maker: &crate::left_dirs::Maker,
         undoing: &HashSet<&str>,
-    ) -> Vec<(String, String)> {
+    ) -> Vec<String> {
         let rel = RelPath::from_components(dir.split('/').map(str::to_owned).collect());
         match self
             .audit
             .directory_claims(|t| self.names_target(t, root, &rel))
         {
-            Ok(mut claims) => {
-                claims.retain(|(wf, action)| {
-                    *wf != maker.workflow_id
-                        || (*action != maker.action_id && !undoing.contains(action.as_str()))
-                });
-                claims
-            }
+            Ok(claims) => claims
+                .into_iter()
+                .filter(|c| {
+                    c.at >= maker.at
+                        && (c.workflow_id != maker.workflow_id
+                            || (c.action_id != maker.action_id
+                                && !undoing.contains(c.action_id.as_str())))
+                })
+                .map(|c| format!("{}/{}", c.workflow_id, c.action_id))
+                .collect(),
             // Unknown: keeping a directory is the harmless answer.
-            Err(_) => vec![("?".to_owned(), "?".to_owned())],
+            Err(_) => vec!["(the audit trail could not be read)".to_owned()],
         }
     }
 
@@ -2147,7 +2166,7 @@ impl Sandbox {
             }
             for c in claimed {
                 why.push(format!(
-                    "the directory {} is also the result of create_directory {}, which stands: roll that back first, or roll back with force to leave the directory in place",
+                    "the directory {}, or one the workflow made in it, is also the result of create_directory {}, which stands: roll that back first (once its workflow is pruned it never can be), or roll back with force to leave the directory in place",
                     c.path,
                     c.claimed_by.join(", ")
                 ));

@@ -833,7 +833,8 @@ impl FileStamp {
 }
 
 /// Which missing directories on the way to a path, and the path itself for a directory,
-/// may be made: an action makes exactly those its snapshot records.
+/// may be made: an action makes none its snapshot does not record. (Two actions may
+/// each record one that only the faster made; either removes it only once it is empty.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Make {
     /// None: a missing one is `not_found`.

@@ -719,6 +719,17 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
     act("wf_m", json!({"intent": "create_directory", "path": "n/b"}));
     let rb = rollback(&sb, "wf_n", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(
+        rb.reason
+            .as_deref()
+            .unwrap()
+            .contains("result of create_directory wf_m/"),
+        "{rb:?}"
+    );
+    assert!(
+        rb.conflicts.iter().any(|c| !c.claimed_by.is_empty()),
+        "{rb:?}"
+    );
     assert!(w.path("n/b/f.txt").exists(), "nothing restored");
     let rb = rollback(&sb, "wf_n", true);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
@@ -753,6 +764,43 @@ fn a_claim_recorded_under_another_spelling_of_the_root_counts() {
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     assert!(!w.path("a/f.txt").exists());
     assert!(w.path("a").is_dir(), "wf_b's result");
+    // Rolled back under the other spelling, the claim is withdrawn all the same.
+    assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
+    assert!(!w.path("a").exists());
+}
+
+/// A claim recorded before a directory was made again counts against none of its later
+/// makers: it named the earlier directory, since gone.
+#[test]
+fn a_claim_on_a_directory_since_made_again_does_not_bind_its_new_maker() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    let make = |wf: &str| {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "create_directory", "path": "d"}]}),
+        );
+        assert_eq!(status(&r), "success", "{wf}");
+        w.clock.advance(chrono::Duration::seconds(1));
+    };
+    make("wf_1");
+    std::fs::remove_dir(w.path("d")).unwrap();
+    make("wf_3");
+    // wf_1's rollback would remove wf_3's directory: refused, naming it.
+    let rb = rollback(&sb, "wf_1", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert!(rb.reason.as_deref().unwrap().contains("wf_3/"), "{rb:?}");
+    // wf_3's rollback is not bound by wf_1's older claim.
+    assert_eq!(rollback(&sb, "wf_3", false).status, "rolled_back");
+    // wf_1's directory is gone (removed by another program): a change, as ever.
+    let rb = rollback(&sb, "wf_1", false);
+    assert!(
+        rb.conflicts.iter().all(|c| c.claimed_by.is_empty()),
+        "{rb:?}"
+    );
+    assert_eq!(rollback(&sb, "wf_1", true).status, "rolled_back");
+    assert_eq!(w.tree(), before);
 }
 
 /// A rollback that dies after its last restore, before it removed the directories that
