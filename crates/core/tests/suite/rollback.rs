@@ -431,6 +431,12 @@ fn rollback_action(
 /// Another workflow's change between two writes of this workflow to one file is a
 /// conflict for the older write: rolling it back would throw that change away. Refused
 /// up front (nothing restored); with force, the file goes back to the original.
+/// Runs one action in workflow `wf`, which must succeed.
+fn act(sb: &ailab_sandbox_core::Sandbox, wf: &str, action: serde_json::Value) {
+    let r = run(sb, json!({"workflow_id": wf, "actions": [action]}));
+    assert_eq!(status(&r), "success", "{wf} {r:?}");
+}
+
 #[test]
 fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     let w = World::new();
@@ -570,11 +576,11 @@ fn a_directory_left_for_another_workflows_file_goes_with_it() {
     let w = World::new();
     let before = w.tree();
     let write = |sb: &ailab_sandbox_core::Sandbox, wf: &str, path: &str| {
-        let r = run(
+        act(
             sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": path, "content": "x"}]}),
+            wf,
+            json!({"intent": "create_file", "path": path, "content": "x"}),
         );
-        assert_eq!(status(&r), "success", "{wf}");
     };
     let sb = w.sandbox();
     write(&sb, "wf_a", "fd/deep/x.txt");
@@ -655,29 +661,39 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
     let w = World::new();
     let before = w.tree();
     let sb = w.sandbox();
-    let act = |wf: &str, action: serde_json::Value| {
-        let r = run(&sb, json!({"workflow_id": wf, "actions": [action]}));
-        assert_eq!(status(&r), "success", "{wf} {r:?}");
-    };
     // Made as a parent, then left by the rollback for another workflow's file.
     act(
+        &sb,
         "wf_a",
         json!({"intent": "create_file", "path": "d/a.txt", "content": "a"}),
     );
     act(
+        &sb,
         "wf_b",
         json!({"intent": "create_file", "path": "d/b.txt", "content": "b"}),
     );
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
-    act("wf_d", json!({"intent": "create_directory", "path": "d"}));
+    act(
+        &sb,
+        "wf_d",
+        json!({"intent": "create_directory", "path": "d"}),
+    );
     assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
     assert!(w.path("d").is_dir(), "wf_d's result");
     assert_eq!(rollback(&sb, "wf_d", false).status, "rolled_back");
     assert_eq!(w.tree(), before);
 
     // Made by create_directory, then found by another one.
-    act("wf_e", json!({"intent": "create_directory", "path": "e"}));
-    act("wf_f", json!({"intent": "create_directory", "path": "e"}));
+    act(
+        &sb,
+        "wf_e",
+        json!({"intent": "create_directory", "path": "e"}),
+    );
+    act(
+        &sb,
+        "wf_f",
+        json!({"intent": "create_directory", "path": "e"}),
+    );
     let rb = rollback(&sb, "wf_e", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
@@ -696,10 +712,15 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
 
     // Made as a parent, then found: kept by the rollback, gone with the finder's.
     act(
+        &sb,
         "wf_g",
         json!({"intent": "create_file", "path": "g/x.txt", "content": "x"}),
     );
-    act("wf_h", json!({"intent": "create_directory", "path": "g"}));
+    act(
+        &sb,
+        "wf_h",
+        json!({"intent": "create_directory", "path": "g"}),
+    );
     assert_eq!(rollback(&sb, "wf_g", false).status, "rolled_back");
     assert!(w.path("g").is_dir(), "wf_h's result");
     assert!(!w.path("g/x.txt").exists());
@@ -716,7 +737,11 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
             {"intent": "create_file", "path": "n/b/f.txt", "content": "f"}]}),
     );
     assert_eq!(status(&r), "success");
-    act("wf_m", json!({"intent": "create_directory", "path": "n/b"}));
+    act(
+        &sb,
+        "wf_m",
+        json!({"intent": "create_directory", "path": "n/b"}),
+    );
     let rb = rollback(&sb, "wf_n", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert!(
@@ -745,21 +770,21 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
 fn a_claim_recorded_under_another_spelling_of_the_root_counts() {
     let w = World::new();
     let sb = w.sandbox();
-    let r = run(
+    act(
         &sb,
-        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a/f.txt", "content": "f"}]}),
+        "wf_a",
+        json!({"intent": "create_file", "path": "a/f.txt", "content": "f"}),
     );
-    assert_eq!(status(&r), "success");
     let alias = w.tmp.path().join("alias");
     std::os::unix::fs::symlink(w.root.parent().unwrap(), &alias).unwrap();
     let mut other = w.writable_config();
     other.roots = vec![alias.join(w.root.file_name().unwrap())];
     let aliased = w.open(other);
-    let r = run(
+    act(
         &aliased,
-        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_directory", "path": "a"}]}),
+        "wf_b",
+        json!({"intent": "create_directory", "path": "a"}),
     );
-    assert_eq!(status(&r), "success", "{r:?}");
     drop(aliased);
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     assert!(!w.path("a/f.txt").exists());
@@ -777,11 +802,7 @@ fn a_claim_on_a_directory_since_made_again_does_not_bind_its_new_maker() {
     let before = w.tree();
     let sb = w.sandbox();
     let make = |wf: &str| {
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "create_directory", "path": "d"}]}),
-        );
-        assert_eq!(status(&r), "success", "{wf}");
+        act(&sb, wf, json!({"intent": "create_directory", "path": "d"}));
         w.clock.advance(chrono::Duration::seconds(1));
     };
     make("wf_1");
@@ -811,11 +832,11 @@ fn directories_a_dead_rollback_emptied_go_at_the_next_start() {
     let before = w.tree();
     let sb = w.sandbox();
     for (wf, path) in [("wf_a", "fd/sub/x.txt"), ("wf_b", "fd/sub/y.txt")] {
-        let r = run(
+        act(
             &sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": path, "content": "x"}]}),
+            wf,
+            json!({"intent": "create_file", "path": path, "content": "x"}),
         );
-        assert_eq!(status(&r), "success", "{wf}");
     }
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     sb.failpoints().arm_crash("after_mark", 1);
