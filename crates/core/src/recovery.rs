@@ -760,7 +760,18 @@ impl Sandbox {
                 settled.insert(key);
                 continue;
             }
-            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, &[], true) {
+            // The dead rollback put the target back; the directories its action made on
+            // the way are finished here as the restore would have (removed, or left on
+            // the ledger).
+            let left = match s.meta.kind {
+                crate::snapshot::SnapshotKind::Missing => {
+                    self.remove_created_dirs_of(i, &s.meta).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            self.record_left_dirs(i, &s.meta, &left);
+            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, &left, true)
+            {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }

@@ -2371,6 +2371,42 @@ impl Sandbox {
         }
     }
 
+    /// Puts on the ledger the directories a restore of `meta`'s action (in root `root`)
+    /// had to leave. Only a directory known by its birth time too is told apart from one
+    /// made again later in the same inode (a filesystem without birth times reuses inodes
+    /// at once): others are left for good, never removed by mistake.
+    pub(crate) fn record_left_dirs(&self, root: usize, meta: &SnapshotMeta, left: &[LeftDir]) {
+        let known: Vec<LeftDir> = left
+            .iter()
+            .filter(|d| d.id.born_ns.is_some())
+            .cloned()
+            .collect();
+        if !known.is_empty()
+            && let Err(e) = self.left_dirs.record(
+                &self.root_names(std::iter::once(root)).concat(),
+                &known,
+                &crate::left_dirs::Maker::of(meta),
+            )
+        {
+            tracing::warn!(error = %e, "could not record the directories a restore left");
+        }
+    }
+
+    /// The directories a restore of `meta`'s action (which found its target missing)
+    /// removes on the way, as [`RollbackEngine::remove_created_dirs`] does for it: those
+    /// still there and not claimed by a create_directory that stands, if empty; returns
+    /// those it had to leave.
+    pub(crate) fn remove_created_dirs_of(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+    ) -> Verdict<Vec<LeftDir>> {
+        let maker = crate::left_dirs::Maker::of(meta);
+        RollbackEngine::remove_created_dirs(&self.roots[root], meta, self.fsync_each(), &|d| {
+            !self.claimers(root, d, &maker, &HashSet::new()).is_empty()
+        })
+    }
+
     /// Removes the directories restores had to leave (of any workflow, see
     /// [`crate::left_dirs`]) that are empty now, deepest first, and settles those
     /// removed or no longer the directory that was left; one that still holds something
@@ -2460,12 +2496,7 @@ impl Sandbox {
                     // so, but directories made on the way may be there. What it holds is
                     // what the record says the undo left.
                     let left_dirs = match meta.kind {
-                        SnapshotKind::Missing => {
-                            let maker = crate::left_dirs::Maker::of(&meta);
-                            RollbackEngine::remove_created_dirs(root, &meta, durable, &|d| {
-                                !self.claimers(i, d, &maker, &HashSet::new()).is_empty()
-                            })?
-                        }
+                        SnapshotKind::Missing => self.remove_created_dirs_of(i, &meta)?,
                         _ => Vec::new(),
                     };
                     Ok(crate::snapshot::RestoreOutcome {
@@ -2480,6 +2511,10 @@ impl Sandbox {
             .and_then(|o| self.fail_at("after_restore").map(|()| o));
             let mut step = match outcome {
                 Ok(o) => {
+                    // The ledger before the mark: a death between them leaves a line
+                    // about a step that recovery then finishes, never a step done with
+                    // its directories on no ledger.
+                    self.record_left_dirs(i, &meta, &o.left_dirs);
                     if let Err(r) = self.mark_restored(
                         i,
                         &meta,
@@ -2489,25 +2524,6 @@ impl Sandbox {
                         false,
                     ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
-                    }
-                    // Only a directory known by its birth time too is told apart from one
-                    // made again later in the same inode (a filesystem without birth times
-                    // reuses inodes at once): others are left for good, never removed by
-                    // mistake.
-                    let known: Vec<LeftDir> = o
-                        .left_dirs
-                        .iter()
-                        .filter(|d| d.id.born_ns.is_some())
-                        .cloned()
-                        .collect();
-                    if !known.is_empty()
-                        && let Err(e) = self.left_dirs.record(
-                            &self.root_names(std::iter::once(i)).concat(),
-                            &known,
-                            &crate::left_dirs::Maker::of(&meta),
-                        )
-                    {
-                        tracing::warn!(error = %e, "could not record the directories a restore left");
                     }
                     self.metrics.mutation(&meta.intent, "rolled_back");
                     RollbackStep {

@@ -431,6 +431,17 @@ fn rollback_action(
 /// Another workflow's change between two writes of this workflow to one file is a
 /// conflict for the older write: rolling it back would throw that change away. Refused
 /// up front (nothing restored); with force, the file goes back to the original.
+/// `wf_a` and `wf_b` each create a file in `dir`, which `wf_a`'s write makes.
+fn share_a_new_dir(sb: &ailab_sandbox_core::Sandbox, dir: &str) {
+    for (wf, name) in [("wf_a", "a.txt"), ("wf_b", "b.txt")] {
+        act(
+            sb,
+            wf,
+            json!({"intent": "create_file", "path": format!("{dir}/{name}"), "content": "x"}),
+        );
+    }
+}
+
 /// Runs one action in workflow `wf`, which must succeed.
 fn act(sb: &ailab_sandbox_core::Sandbox, wf: &str, action: serde_json::Value) {
     let r = run(sb, json!({"workflow_id": wf, "actions": [action]}));
@@ -662,16 +673,7 @@ fn a_directory_another_create_directory_relies_on_stays_until_that_one_goes() {
     let before = w.tree();
     let sb = w.sandbox();
     // Made as a parent, then left by the rollback for another workflow's file.
-    act(
-        &sb,
-        "wf_a",
-        json!({"intent": "create_file", "path": "d/a.txt", "content": "a"}),
-    );
-    act(
-        &sb,
-        "wf_b",
-        json!({"intent": "create_file", "path": "d/b.txt", "content": "b"}),
-    );
+    share_a_new_dir(&sb, "d");
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     act(
         &sb,
@@ -824,6 +826,34 @@ fn a_claim_on_a_directory_since_made_again_does_not_bind_its_new_maker() {
     assert_eq!(w.tree(), before);
 }
 
+/// A rollback that dies between a restore that had to leave a directory (another
+/// workflow's file is in it) and that step's records still gets the directory on the
+/// ledger, by the restore itself or by the next start's recovery: rolling back the other
+/// workflow then leaves the tree as it was.
+#[test]
+fn a_directory_left_by_a_rollback_that_died_is_not_forgotten() {
+    for point in ["after_restore", "after_mark"] {
+        let w = World::new();
+        let before = w.tree();
+        let sb = w.sandbox();
+        share_a_new_dir(&sb, "d/e");
+        sb.failpoints().arm_crash(point, 1);
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sb.rollback_workflow("wf_a", &RollbackOptions::default())
+        }));
+        assert!(died.is_err(), "{point}: the rollback should die");
+        drop(sb);
+        let sb = w.sandbox();
+        assert!(!w.path("d/e/a.txt").exists(), "{point}");
+        assert_eq!(
+            rollback(&sb, "wf_b", false).status,
+            "rolled_back",
+            "{point}"
+        );
+        assert_eq!(w.tree(), before, "{point}");
+    }
+}
+
 /// A rollback that dies after its last restore, before it removed the directories that
 /// restore emptied, has them removed by the next start's recovery.
 #[test]
@@ -831,13 +861,7 @@ fn directories_a_dead_rollback_emptied_go_at_the_next_start() {
     let w = World::new();
     let before = w.tree();
     let sb = w.sandbox();
-    for (wf, path) in [("wf_a", "fd/sub/x.txt"), ("wf_b", "fd/sub/y.txt")] {
-        act(
-            &sb,
-            wf,
-            json!({"intent": "create_file", "path": path, "content": "x"}),
-        );
-    }
+    share_a_new_dir(&sb, "fd/sub");
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     sb.failpoints().arm_crash("after_mark", 1);
     let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
