@@ -146,17 +146,19 @@ impl LeftDirs {
         self.ledger().append(&lines(root, &left, false))
     }
 
-    /// The directories left in `root` and not yet settled, deepest first.
-    pub fn in_root(&self, root: &str) -> io::Result<Vec<Left>> {
+    /// The directories left in the root `is_root` names (recorded under any spelling
+    /// of it) and not yet settled, deepest first, each with the spelling it was recorded
+    /// under (for [`LeftDirs::settle`]).
+    pub fn in_root(&self, is_root: impl Fn(&str) -> bool) -> io::Result<Vec<(String, Left)>> {
         let mut ledger = self.ledger();
         ledger.catch_up()?;
-        let mut left: Vec<Left> = ledger
+        let mut left: Vec<(String, Left)> = ledger
             .left
             .iter()
-            .filter(|l| l.root == root)
-            .map(|l| l.left.clone())
+            .filter(|l| is_root(&l.root))
+            .map(|l| (l.root.clone(), l.left.clone()))
             .collect();
-        left.sort_by(|a, b| {
+        left.sort_by(|(_, a), (_, b)| {
             let depth = |l: &Left| l.dir.path.matches('/').count();
             depth(b)
                 .cmp(&depth(a))

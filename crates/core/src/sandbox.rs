@@ -2414,20 +2414,19 @@ impl Sandbox {
     fn remove_left_dirs(&self) {
         for (i, root) in self.roots.iter().enumerate() {
             let name = self.root_names(std::iter::once(i)).concat();
-            let left = match self.left_dirs.in_root(&name) {
+            let left = match self.left_dirs.in_root(|r| r == name || root.is_named_by(r)) {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the ledger of directories rollbacks left");
                     return;
                 }
             };
-            let mut settled = Vec::new();
-            for l in left {
+            let mut settled: HashMap<String, Vec<crate::left_dirs::Left>> = HashMap::new();
+            for (spelled, l) in left {
                 let d = &l.dir;
                 let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
                 // One someone has made the result of a create_directory stays on the
-                // ledger until that one is rolled back. (Asked of empty ones only: it
-                // may read the whole trail.)
+                // ledger until that one is rolled back. (Asked of empty ones only.)
                 let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
                 if empty
                     && !self
@@ -2440,15 +2439,17 @@ impl Sandbox {
                     .remove_empty_dir(&rel, Some(d.id), self.fsync_each())
                     .and_then(|removed| Ok(removed || root.dir_id(&rel)? != Some(d.id)));
                 match gone {
-                    Ok(true) => settled.push(l),
+                    Ok(true) => settled.entry(spelled).or_default().push(l),
                     Ok(false) => {}
                     Err(r) => {
                         tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
                     }
                 }
             }
-            if let Err(e) = self.left_dirs.settle(&name, &settled) {
-                tracing::warn!(error = %e, "could not update the ledger of directories rollbacks left");
+            for (spelled, done) in settled {
+                if let Err(e) = self.left_dirs.settle(&spelled, &done) {
+                    tracing::warn!(error = %e, "could not update the ledger of directories rollbacks left");
+                }
             }
         }
     }
@@ -2487,7 +2488,8 @@ impl Sandbox {
                 if change {
                     let maker = crate::left_dirs::Maker::of(&meta);
                     let keep = |d: &str| !self.claimers(i, d, &maker, &HashSet::new()).is_empty();
-                    RollbackEngine::restore(root, &meta, durable, put, &keep, || {
+                    let forced = mode == RestoreMode::Force;
+                    RollbackEngine::restore(root, &meta, durable, put, forced, &keep, || {
                         self.fail_at("restore_verify")
                     })
                 } else {

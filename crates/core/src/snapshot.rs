@@ -729,13 +729,15 @@ impl RollbackEngine {
     ///
     /// `put` says what the caller judged the target to be: a file ([`Put::Unchanged`]),
     /// which alone is then replaced or removed, nothing ([`Put::New`]), or anything
-    /// (forced), so that a change another program makes after the judgement is never
-    /// undone unseen (`conflict`).
+    /// (forced), so that a change another program makes after the judgement is not
+    /// undone unseen (`conflict`). `forced`: a directory the action made that holds what
+    /// is not the workflow's is left in place rather than refused.
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         durable: bool,
         put: Put,
+        forced: bool,
         keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
@@ -788,11 +790,21 @@ impl RollbackEngine {
                     TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
                     TargetKind::Directory => {
                         // Another action's result now, or holding what is not the
-                        // workflow's (a forced rollback): left in place, as a directory the
-                        // restore had to leave, so a later restore removes it once it is
-                        // empty and no one's.
-                        let removed = !keep(&meta.original_path)
-                            && root.remove_empty_dir(&rel, None, durable)?;
+                        // workflow's in a forced rollback: left in place, as a directory
+                        // the restore had to leave, so a later restore removes it once it
+                        // is empty and no one's. Unforced, something put in it since the
+                        // rollback's check is a change it never saw: a conflict.
+                        let claimed = keep(&meta.original_path);
+                        let removed = !claimed && root.remove_empty_dir(&rel, None, durable)?;
+                        if !removed && !claimed && !forced {
+                            return Err(Refusal::new(
+                                ReasonCode::Conflict,
+                                format!(
+                                    "{} is a directory that is no longer empty; it was left in place",
+                                    shown_path(&meta.original_path)
+                                ),
+                            ));
+                        }
                         if !removed {
                             let mut left_dirs =
                                 Self::remove_created_dirs(root, meta, durable, keep)?;

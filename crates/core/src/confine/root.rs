@@ -461,7 +461,8 @@ impl SandboxRoot {
     }
 
     /// [`SandboxRoot::remove_file`], removing only the file as it was read when `put` is
-    /// [`Put::Unchanged`] (`conflict` otherwise, and the file stays).
+    /// [`Put::Unchanged`], and none when it is [`Put::New`] (`conflict` otherwise, and
+    /// the file stays).
     pub fn remove_file_put(&self, rel: &RelPath, put: Put, durable: bool) -> Verdict {
         let (dir, _) = match self.open_parent(rel, false, false) {
             Ok(d) => d,
@@ -482,9 +483,13 @@ impl SandboxRoot {
                 ));
             }
             Ok(m) => {
-                if let Put::Unchanged(was) = put
-                    && FileStamp::of(&m) != was
-                {
+                let changed = match put {
+                    Put::Unchanged(was) => FileStamp::of(&m) != was,
+                    // Judged missing: a file there now is someone else's since.
+                    Put::New => true,
+                    Put::Any => false,
+                };
+                if changed {
                     return Err(changed_meanwhile(rel.file_name()));
                 }
             }
@@ -811,8 +816,10 @@ pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
 }
 
 /// What a regular file was when it was read, to tell whether anyone changed it since:
-/// which file (device, inode), its size, and its modification and change times (any
-/// write, truncation or rename over it changes one of them).
+/// which file (device, inode), its size, and its modification and change times. A rename
+/// over it, an append or a truncation always changes one of them; a rewrite in place
+/// that keeps the size changes the times only when the filesystem's clock has moved on
+/// (timestamps are taken from a coarse kernel clock, a few milliseconds a tick).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileStamp {
     id: (u64, u64),

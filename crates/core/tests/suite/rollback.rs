@@ -442,6 +442,16 @@ fn share_a_new_dir(sb: &ailab_sandbox_core::Sandbox, dir: &str) {
     }
 }
 
+/// A sandbox over the same root, named through a symlink above it (as another process
+/// configured otherwise would).
+fn aliased_sandbox(w: &World) -> ailab_sandbox_core::Sandbox {
+    let alias = w.tmp.path().join("alias");
+    std::os::unix::fs::symlink(w.root.parent().unwrap(), &alias).unwrap();
+    let mut other = w.writable_config();
+    other.roots = vec![alias.join(w.root.file_name().unwrap())];
+    w.open(other)
+}
+
 /// Runs one action in workflow `wf`, which must succeed.
 fn act(sb: &ailab_sandbox_core::Sandbox, wf: &str, action: serde_json::Value) {
     let r = run(sb, json!({"workflow_id": wf, "actions": [action]}));
@@ -777,11 +787,7 @@ fn a_claim_recorded_under_another_spelling_of_the_root_counts() {
         "wf_a",
         json!({"intent": "create_file", "path": "a/f.txt", "content": "f"}),
     );
-    let alias = w.tmp.path().join("alias");
-    std::os::unix::fs::symlink(w.root.parent().unwrap(), &alias).unwrap();
-    let mut other = w.writable_config();
-    other.roots = vec![alias.join(w.root.file_name().unwrap())];
-    let aliased = w.open(other);
+    let aliased = aliased_sandbox(&w);
     act(
         &aliased,
         "wf_b",
@@ -823,6 +829,48 @@ fn a_claim_on_a_directory_since_made_again_does_not_bind_its_new_maker() {
         "{rb:?}"
     );
     assert_eq!(rollback(&sb, "wf_1", true).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
+
+/// A file another program puts into a directory a workflow made, between the
+/// rollback's check and the directory's removal, is a change the rollback never saw:
+/// unforced, a `conflict`, and the file stays.
+#[test]
+fn a_file_put_into_a_made_directory_while_a_rollback_runs_is_a_conflict() {
+    let w = World::new();
+    let sb = w.sandbox();
+    act(
+        &sb,
+        "wf_q",
+        json!({"intent": "create_directory", "path": "q"}),
+    );
+    let path = w.path("q/x.txt");
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || std::fs::write(&path, b"theirs").unwrap()),
+    );
+    let rb = rollback(&sb, "wf_q", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("q/x.txt"), b"theirs");
+    // Forced, the directory is left in place with the file, on the ledger.
+    let rb = rollback(&sb, "wf_q", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("q/x.txt"), b"theirs");
+}
+
+/// Directories left by a process that names the root another way are found by one that
+/// names it plainly.
+#[test]
+fn a_left_directory_recorded_under_another_spelling_of_the_root_goes() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    let aliased = aliased_sandbox(&w);
+    share_a_new_dir(&aliased, "d");
+    assert_eq!(rollback(&aliased, "wf_a", false).status, "rolled_back");
+    drop(aliased);
+    assert_eq!(rollback(&sb, "wf_b", false).status, "rolled_back");
     assert_eq!(w.tree(), before);
 }
 
