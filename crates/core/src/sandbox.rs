@@ -1627,6 +1627,12 @@ impl Sandbox {
         }
     }
 
+    /// Whether a `create_directory` that stands keeps the directory `dir` of root `root`
+    /// from removal by `maker`'s rollback (see [`Sandbox::claimers`]).
+    fn claimed(&self, root: usize, dir: &str, maker: &crate::left_dirs::Maker) -> bool {
+        !self.claimers(root, dir, maker, &HashSet::new()).is_empty()
+    }
+
     /// What a target holds now.
     pub(crate) fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
         self.target_state_judged(root, rel).0
@@ -2403,7 +2409,7 @@ impl Sandbox {
     ) -> Verdict<Vec<LeftDir>> {
         let maker = crate::left_dirs::Maker::of(meta);
         RollbackEngine::remove_created_dirs(&self.roots[root], meta, self.fsync_each(), &|d| {
-            !self.claimers(root, d, &maker, &HashSet::new()).is_empty()
+            self.claimed(root, d, &maker)
         })
     }
 
@@ -2428,11 +2434,7 @@ impl Sandbox {
                 // One someone has made the result of a create_directory stays on the
                 // ledger until that one is rolled back. (Asked of empty ones only.)
                 let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
-                if empty
-                    && !self
-                        .claimers(i, &d.path, &l.made_by, &HashSet::new())
-                        .is_empty()
-                {
+                if empty && self.claimed(i, &d.path, &l.made_by) {
                     continue;
                 }
                 let gone = root
@@ -2487,7 +2489,7 @@ impl Sandbox {
             .and_then(|(change, put)| {
                 if change {
                     let maker = crate::left_dirs::Maker::of(&meta);
-                    let keep = |d: &str| !self.claimers(i, d, &maker, &HashSet::new()).is_empty();
+                    let keep = |d: &str| self.claimed(i, d, &maker);
                     let forced = mode == RestoreMode::Force;
                     RollbackEngine::restore(root, &meta, durable, put, forced, &keep, || {
                         self.fail_at("restore_verify")

@@ -17,7 +17,7 @@ use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::seal::{SealKey, Unsealed};
 use cap_fs_ext::DirExt;
-use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
 use serde::{Deserialize, Serialize};
 use std::io;
 
@@ -276,21 +276,17 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
 /// Refuses a folder of the snapshot store (`rel` in `root`) that another user owns or
 /// could write in.
 fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
+    use crate::confine::root::NotOurs as Why;
     let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
-    let euid = crate::confine::root::euid();
-    let problem = if m.uid() != euid {
-        format!(
-            "is owned by uid {}, not by this process's uid {euid}",
-            m.uid()
-        )
-    } else if crate::confine::root::writable_by_others(&m) {
-        format!(
-            "is writable by other users (group {}, mode {:04o})",
-            m.gid(),
-            m.mode() & 0o7777
-        )
-    } else {
-        return Ok(());
+    let problem = match crate::confine::root::not_ours(&m) {
+        None => return Ok(()),
+        Some(Why::Owner(uid)) => format!(
+            "is owned by uid {uid}, not by this process's uid {}",
+            crate::confine::root::euid()
+        ),
+        Some(Why::Writable { gid, mode }) => {
+            format!("is writable by other users (group {gid}, mode {mode:04o})")
+        }
     };
     Err(Refusal::new(
         ReasonCode::ReservedPath,

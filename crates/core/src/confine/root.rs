@@ -139,6 +139,31 @@ pub(crate) fn writable_by_others(m: &cap_std::fs::Metadata) -> bool {
     m.mode() & 0o002 != 0 || (m.mode() & 0o020 != 0 && m.gid() != egid)
 }
 
+/// Why a directory meant to be the runtime's alone (the state directory, the snapshot
+/// store) is not: another user owns it, or others could write in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotOurs {
+    /// Owned by this uid, not the process's.
+    Owner(u32),
+    /// Writable by others; the directory's group and mode.
+    Writable { gid: u32, mode: u32 },
+}
+
+/// [`NotOurs`] for the directory `m` describes, if it is not private to this
+/// process's user.
+pub(crate) fn not_ours(m: &cap_std::fs::Metadata) -> Option<NotOurs> {
+    if m.uid() != euid() {
+        Some(NotOurs::Owner(m.uid()))
+    } else if writable_by_others(m) {
+        Some(NotOurs::Writable {
+            gid: m.gid(),
+            mode: m.mode() & 0o7777,
+        })
+    } else {
+        None
+    }
+}
+
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
 const ANCESTOR_HOPS: usize = 40;
 

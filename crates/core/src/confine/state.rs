@@ -479,28 +479,21 @@ impl std::error::Error for NotPrivate {}
 /// file under a name the runtime uses), or group-writable by a group not this
 /// process's own.
 fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
-    use cap_std::fs::MetadataExt;
-    let euid = crate::confine::root::euid();
-    let mode = m.mode() & 0o7777;
-    if m.uid() != euid {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            NotPrivate(format!(
-                "state directory {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control the audit trail and the seal key there",
-                m.uid()
-            )),
-        ));
-    }
-    if super::root::writable_by_others(m) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            NotPrivate(format!(
-                "state directory {shown} (group {}, mode {mode:04o}) is writable by other users; it must be writable only by its owner (for example mode 0700), or others could plant files in it",
-                m.gid()
-            )),
-        ));
-    }
-    Ok(())
+    use super::root::NotOurs as Why;
+    let why = match super::root::not_ours(m) {
+        None => return Ok(()),
+        Some(Why::Owner(uid)) => format!(
+            "state directory {shown} is owned by uid {uid}, not by this process's uid {}; someone else may control the audit trail and the seal key there",
+            super::root::euid()
+        ),
+        Some(Why::Writable { gid, mode }) => format!(
+            "state directory {shown} (group {gid}, mode {mode:04o}) is writable by other users; it must be writable only by its owner (for example mode 0700), or others could plant files in it"
+        ),
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        NotPrivate(why),
+    ))
 }
 
 /// A commit log file: positioned reads and writes, and syncs (the format is
