@@ -245,7 +245,7 @@ mod reading {
             |a| &mut a.values,
             || {
                 format!(
-                    "the data of the plan's actions holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans",
+                    "the data holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans or calls",
                     super::MAX_DATA_VALUES_PER_PLAN
                 )
             },
@@ -402,9 +402,12 @@ mod reading {
 }
 
 /// Refuses (`invalid_plan`) JSON text holding an object that gives a key twice, which a
-/// parser would read as the last value alone. For faces that receive plans parsed
-/// elsewhere, like [`check_numbers_kept`]; [`parse_plan`] refuses such `data` itself.
+/// parser would read as the last value alone, or more values than
+/// [`MAX_DATA_VALUES_PER_PLAN`] (counted as read, so that such text is never all built).
+/// For faces that receive plans parsed elsewhere, like [`check_numbers_kept`];
+/// [`parse_plan`] refuses such `data` itself.
 pub fn check_unique_keys(json: &[u8]) -> Verdict {
+    let _counting = reading::Counting::start();
     reading::parse(json).map(drop).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
@@ -1011,9 +1014,20 @@ mod tests {
             "{}",
             why.reason
         );
-        // The next plan starts afresh, and data parsed outside a plan is not counted.
+        // The next plan starts afresh.
         assert!(parse_plan(fits.as_bytes()).is_ok());
-        assert!(check_unique_keys(over.as_bytes()).is_ok());
+        // Text checked for a face that parses it elsewhere (MCP) is bounded too, so that
+        // the check itself never builds more.
+        let why = check_unique_keys(over.as_bytes()).unwrap_err();
+        assert!(
+            why.reason.contains(&format!(
+                "holds more than {MAX_DATA_VALUES_PER_PLAN} values"
+            )),
+            "{}",
+            why.reason
+        );
+        assert!(check_unique_keys(action(1000).as_bytes()).is_ok());
+        assert!(parse_plan(fits.as_bytes()).is_ok());
     }
 
     /// Actions past the plan's limit are refused while the plan is read, before they

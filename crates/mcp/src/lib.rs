@@ -30,8 +30,8 @@
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout)]
 
-mod numbers;
 mod render;
+mod screen;
 mod tools;
 
 use ailab_sandbox_core::Sandbox;
@@ -81,9 +81,6 @@ pub struct SandboxMcp {
     tools: Arc<[ToolSpec]>,
     /// Shared by the clones of one session: see [`MAX_CONCURRENT_CALLS`].
     calls: Arc<tokio::sync::Semaphore>,
-    /// Calls whose arguments hold a number that would not be written back as sent,
-    /// noted by [`serve_io`] from the text of the session's messages.
-    lossy: Arc<numbers::LossyCalls>,
 }
 
 /// How many tool calls run in the sandbox at once; later ones wait their turn. rmcp
@@ -113,7 +110,6 @@ impl SandboxMcp {
             workflow_id: workflow_id.into().into(),
             tools,
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
-            lossy: Arc::default(),
         }
     }
 
@@ -170,30 +166,30 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         self.call_noted(name, arguments, None).await
     }
 
-    /// [`Self::call`], for a call whose text held a number that would not be written
-    /// back as sent (`lossy`): a write is refused with it.
+    /// [`Self::call`], for a call the session's screen refused (`refused`, see
+    /// [`screen`]): its arguments did not arrive as sent, or were too many to read.
     async fn call_noted(
         &self,
         name: &str,
         arguments: Option<JsonObject>,
-        lossy: Option<Refusal>,
+        refused: Option<Refusal>,
     ) -> CallToolResult {
         let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
             return unknown_tool(name, &self.tools);
         };
-        let args = match spec.parse(arguments.unwrap_or_default()) {
-            Ok(a) => a,
-            Err(problem) => return render::bad_arguments(name, &problem),
-        };
-        tracing::debug!(tool = name, "tools/call");
-        // Arguments that did not arrive as sent: a write would store other values, and a
-        // read or rollback would act on another target than the caller named.
-        if let Some(r) = lossy {
+        // A write would store other values, and a read or rollback would act on another
+        // target than the caller named.
+        if let Some(r) = refused {
             return match spec.kind {
                 ToolKind::Write(op) => refusal(&r, Some(op), ". Nothing was written."),
                 _ => refusal(&r, None, ". Nothing was done."),
             };
         }
+        let args = match spec.parse(arguments.unwrap_or_default()) {
+            Ok(a) => a,
+            Err(problem) => return render::bad_arguments(name, &problem),
+        };
+        tracing::debug!(tool = name, "tools/call");
         match spec.kind {
             ToolKind::Write(op) => self.write(op, args).await,
             ToolKind::ReadFile => self.read_file(args).await,
@@ -594,9 +590,14 @@ impl ServerHandler for SandboxMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let lossy = self.lossy.take(&context.id);
+        // Where rmcp leaves the call's `_meta`: in the request's context.
+        let refused = request
+            .meta
+            .as_ref()
+            .and_then(|m| screen::refusal_in(&m.0.0))
+            .or_else(|| screen::refusal_in(&context.meta.0.0));
         Ok(self
-            .call_noted(&request.name, request.arguments, lossy)
+            .call_noted(&request.name, request.arguments, refused)
             .await
             .into())
     }
@@ -619,11 +620,10 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    // The messages' text passes through `numbers::pump` on its way to rmcp, which sees
-    // only parsed values (see `numbers`).
+    // The messages' text passes through `screen::pump` on its way to rmcp, which sees
+    // only parsed values (see `screen`).
     let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
-    let lossy = Arc::clone(&server.lossy);
-    tokio::spawn(async move { numbers::pump(reader, to_rmcp, &lossy, MAX_MESSAGE_BYTES).await });
+    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES));
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
     // 16 MiB would drop such calls without an answer.

@@ -1,6 +1,6 @@
 //! initialize and tools/list.
 
-use super::support::{Mode, Session};
+use super::support::{INITIALIZE, Mode, RawSession, Session};
 use ailab_sandbox_core::catalog::{OPERATIONS, Payload};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -98,5 +98,34 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
     );
     let state = tools.iter().find(|t| t.name == "get_state").unwrap();
     assert_eq!(state.input_schema["additionalProperties"], false);
+    s.finish().await;
+}
+
+/// Notifications are never answered, so one sent before `initialize` is dropped instead
+/// of ending the session; a request sent before it is answered.
+#[tokio::test]
+async fn notifications_before_initialize_do_not_end_the_session() {
+    let mut s = RawSession::connect(Mode::Default);
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#)
+        .await;
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    s.send(INITIALIZE).await;
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 0, "{answer}");
+    assert_eq!(
+        answer["result"]["serverInfo"]["name"], "ailab-sandbox",
+        "{answer}"
+    );
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+        .await;
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert!(
+        answer["result"]["tools"].as_array().unwrap().len() > 10,
+        "{answer}"
+    );
     s.finish().await;
 }

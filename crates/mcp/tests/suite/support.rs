@@ -152,3 +152,76 @@ pub fn structured(r: &CallToolResult) -> &Value {
 pub fn sha256_of(path: &Path) -> String {
     ailab_sandbox_core::hash::sha256_hex(&std::fs::read(path).unwrap())
 }
+
+/// A session driven by raw JSON lines, for what a client library would not send: the
+/// client's end of the pipe, its answers, and the server task.
+pub struct RawSession {
+    pub input: tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    pub answers:
+        tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    pub root: PathBuf,
+    served: JoinHandle<Result<(), McpError>>,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+/// The `initialize` request a raw session opens with.
+pub const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+impl RawSession {
+    /// A server over a fresh sandbox, nothing sent yet.
+    pub fn connect(mode: Mode) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let (sandbox, root, dirs) = open_sandbox(mode);
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(server_io);
+        let served = tokio::spawn(serve_io(SandboxMcp::new(sandbox), r, w));
+        let (cr, input) = tokio::io::split(client_io);
+        Self {
+            input,
+            answers: tokio::io::BufReader::new(cr).lines(),
+            root,
+            served,
+            _dirs: dirs,
+        }
+    }
+
+    /// [`RawSession::connect`], then `initialize` answered and `initialized` sent.
+    pub async fn start(mode: Mode) -> Self {
+        let mut s = Self::connect(mode);
+        s.send(INITIALIZE).await;
+        assert_eq!(s.answer().await["id"], 0);
+        s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .await;
+        s
+    }
+
+    /// Sends one message (a newline is added).
+    pub async fn send(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.input
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+
+    /// The next message the server sends (30 s at most).
+    pub async fn answer(&mut self) -> Value {
+        let line =
+            tokio::time::timeout(std::time::Duration::from_secs(30), self.answers.next_line())
+                .await
+                .expect("the server answers")
+                .unwrap()
+                .expect("the session is open");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// Closes the client's end; the session must end cleanly.
+    pub async fn finish(self) {
+        drop((self.input, self.answers));
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.served)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -1,6 +1,6 @@
 //! Each of the 11 write tools, for real and as a dry run.
 
-use super::support::{Mode, Session, sha256_of, structured, text};
+use super::support::{Mode, RawSession, Session, sha256_of, structured, text};
 use ailab_sandbox_core::catalog::OPERATIONS;
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -246,18 +246,7 @@ async fn a_call_grown_by_escaping_is_still_answered() {
 /// client library would round the number before sending it.
 #[tokio::test]
 async fn numbers_that_would_change_are_refused_not_rounded() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let (sandbox, root, _dirs) = super::support::open_sandbox(Mode::Write);
-    let server = ailab_sandbox_mcp::SandboxMcp::new(sandbox);
-    let (client_io, server_io) = tokio::io::duplex(1 << 16);
-    let (r, w) = tokio::io::split(server_io);
-    let served = tokio::spawn(ailab_sandbox_mcp::serve_io(server, r, w));
-    let (cr, mut cw) = tokio::io::split(client_io);
-    let mut answers = BufReader::new(cr).lines();
-    cw.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"raw\",\"version\":\"0\"}}}\n{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
-        .await
-        .unwrap();
-    answers.next_line().await.unwrap().unwrap();
+    let mut s = RawSession::start(Mode::Write).await;
     let string = Some("send it as a string");
     let cases = [
         (r#""big""#, "big.json", "12345678901234567890123", string),
@@ -284,9 +273,8 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
         let call = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"{file}","data":{data}}}}}}}"#
         );
-        cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
-        let answer: Value =
-            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        s.send(&call).await;
+        let answer = s.answer().await;
         assert_eq!(answer["id"].to_string(), id, "{answer}");
         let result = &answer["result"];
         if let Some(says) = refused {
@@ -302,10 +290,10 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
                     .contains(says),
                 "{answer}"
             );
-            assert!(!root.join(file).exists(), "{file} was written");
+            assert!(!s.root.join(file).exists(), "{file} was written");
         } else {
             assert_eq!(result["isError"], json!(false), "{answer}");
-            let written = std::fs::read_to_string(root.join(file)).unwrap();
+            let written = std::fs::read_to_string(s.root.join(file)).unwrap();
             for n in ["1.5", "18446744073709551615", "-0.00025"] {
                 assert!(written.contains(n), "{n} missing from {written}");
             }
@@ -326,9 +314,8 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"rollback_workflow","arguments":{"workflow_id":"wf_a","workflow_id":"wf_b"}}}"#,
         ),
     ] {
-        cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
-        let answer: Value =
-            serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+        s.send(call).await;
+        let answer = s.answer().await;
         assert_eq!(answer["id"].to_string(), id, "{answer}");
         assert_eq!(answer["result"]["isError"], json!(true), "{answer}");
         assert_eq!(
@@ -338,17 +325,92 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
     }
     // A second `arguments` is refused by the SDK itself.
     let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write_json","arguments":{"path":"esc.json","data":1},"arguments":{"path":"esc.json","data":{"k":1,"k":2}}}}"#;
-    cw.write_all(format!("{call}\n").as_bytes()).await.unwrap();
-    let answer: Value = serde_json::from_str(&answers.next_line().await.unwrap().unwrap()).unwrap();
+    s.send(call).await;
+    let answer = s.answer().await;
     assert!(
         answer["error"].is_object() || answer["result"]["isError"] == json!(true),
         "{answer}"
     );
-    assert!(!root.join("esc.json").exists());
-    drop((cw, answers));
-    tokio::time::timeout(std::time::Duration::from_secs(10), served)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    assert!(!s.root.join("esc.json").exists());
+    s.finish().await;
+}
+
+/// Calls sent all at once, before any is answered, are each refused with their own
+/// reason: a burst cannot push a refusal out and get its call through.
+#[tokio::test]
+async fn a_burst_of_calls_not_kept_as_sent_is_refused_call_by_call() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let n = 300;
+    let burst: String = (0..n)
+        .map(|i| {
+            let args = if i % 2 == 0 {
+                format!(r#"{{"path":"seen/f{i}.json","path":"hidden/f{i}.json","data":1}}"#)
+            } else {
+                format!(r#"{{"path":"big/f{i}.json","data":12345678901234567890123}}"#)
+            };
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/call\",\"params\":{{\"name\":\"write_json\",\"arguments\":{args}}}}}\n"
+            )
+        })
+        .collect();
+    // Written from its own task: the answers must be read meanwhile.
+    let mut input = s.input;
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        input.write_all(burst.as_bytes()).await.unwrap();
+        input
+    });
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(60), s.answers.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        let result = &answer["result"];
+        assert_eq!(result["isError"], json!(true), "{answer}");
+        assert_eq!(
+            result["structuredContent"]["reason_code"], "invalid_plan",
+            "{answer}"
+        );
+        answered.insert(answer["id"].as_u64().unwrap());
+    }
+    assert_eq!(answered.len(), n);
+    for dir in ["seen", "hidden", "big"] {
+        assert!(!s.root.join(dir).exists(), "{dir} was written");
+    }
+    s.input = writer.await.unwrap();
+    s.finish().await;
+}
+
+/// Arguments past what a plan may hold are refused before they are built.
+#[tokio::test]
+async fn a_call_past_the_plan_value_limit_is_refused() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let zeros = vec!["0"; ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN + 1].join(",");
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"big.json","data":[{zeros}]}}}}}}"#
+    );
+    // Sent from its own task: the line is larger than the pipe.
+    let mut input = s.input;
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        input
+            .write_all(format!("{call}\n").as_bytes())
+            .await
+            .unwrap();
+        input
+    });
+    s.input = writer.await.unwrap();
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 1);
+    assert_eq!(
+        answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+        "{answer}"
+    );
+    let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("holds more than 2097152 values"), "{text}");
+    assert!(!s.root.join("big.json").exists());
+    s.finish().await;
 }
