@@ -755,11 +755,22 @@ impl Sandbox {
             let Some(after) = done.get(&s.meta.action_id) else {
                 continue;
             };
-            let current = self.target_checksum(i, &s.meta.target());
-            if current != s.meta.sha256 || current == *after {
+            // Restored: the target is as the action found it and not as it left it.
+            // Compared as states, not checksums: a directory has none, and a removed
+            // `create_directory` is told from a standing one only by what is there.
+            let now = self.target_state(i, &s.meta.target());
+            let left = if s.meta.is_directory_action() {
+                TargetState::Directory
+            } else {
+                after
+                    .clone()
+                    .map_or(TargetState::Missing, TargetState::File)
+            };
+            if now != TargetState::found_by(&s.meta) || now == left {
                 settled.insert(key);
                 continue;
             }
+            let current = now.checksum();
             // The dead rollback put the target back; the directories its action made on
             // the way are finished here as the restore would have (removed, or left on
             // the ledger).

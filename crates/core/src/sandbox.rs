@@ -189,7 +189,7 @@ pub(crate) enum TargetState {
 }
 
 impl TargetState {
-    fn checksum(&self) -> Option<String> {
+    pub(crate) fn checksum(&self) -> Option<String> {
         match self {
             Self::File(sum) => Some(sum.clone()),
             Self::Unreadable => Some("unreadable".to_owned()),

@@ -1649,3 +1649,46 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     assert_eq!(run_record(&w, "wf_r2")["state"], "idle");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback killed just after removing a directory a `create_directory` made, before
+/// recording that step: the next start finds the directory gone (as the action found
+/// it) and records the step, so the rollback run again finishes without `force`.
+#[test]
+fn a_rollback_killed_after_removing_a_made_directory_is_recorded_at_the_next_start() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let (w, c, original) = seeded(durability);
+        let sb = w.open(c.clone());
+        let p = json!({"workflow_id": "wf_dirs", "actions": [
+            {"intent": "create_file", "path": "notes/n.txt", "content": "n\n"},
+            {"intent": "create_directory", "path": "made/here"}]});
+        assert_eq!(status(&run(&sb, p)), "success", "{durability:?}");
+        sb.failpoints().arm_crash("after_restore", 1);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.rollback_workflow("wf_dirs", &RollbackOptions::default())
+        }));
+        assert!(outcome.is_err(), "{durability:?}: the rollback dies");
+        drop(sb);
+        assert!(
+            !w.path("made").exists(),
+            "{durability:?}: removed, unrecorded"
+        );
+        let sb = w.open(c);
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("interrupted rollback")
+                    && n.contains("1 restored files recorded")),
+            "{durability:?}: {:?}",
+            sb.notices()
+        );
+        assert!(sb.audit_verify().unwrap().ok);
+        let rb = sb.rollback_workflow("wf_dirs", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(
+            rb.steps_rolled_back, 1,
+            "{durability:?}: only the file was left"
+        );
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
