@@ -139,6 +139,15 @@ pub(crate) fn is_loopback_host(host: &[u8]) -> bool {
 /// every route, `/healthz` included (SPEC §10), so that nothing answers a caller who does
 /// not hold the token.
 pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
+    // RFC 9112 §3.2: answered 400. Served, it would pass the loopback check on one Host
+    // while a proxy or the application could read another.
+    let hosts = req.headers().get_all(header::HOST).iter().count();
+    if hosts > 1 {
+        return ApiError::bad_request(format!(
+            "the request has {hosts} Host headers; HTTP/1.1 allows exactly one"
+        ))
+        .into_response();
+    }
     if let Some(refusal) = browser_refusal(req.headers(), g.token_digest.is_some()) {
         return refusal.into_response();
     }

@@ -170,6 +170,17 @@ async fn without_a_token_only_loopback_hosts_are_served() {
             .unwrap();
         assert_eq!(send(&e.app, req).await.status, StatusCode::OK, "{host}");
     }
+    // Two Host headers are refused (RFC 9112 §3.2), a loopback one first or not.
+    for app in [&e.app, &with_token().app] {
+        let req = request(Method::GET, "/agentic/state")
+            .header(header::HOST, "localhost")
+            .header(header::HOST, "evil.example")
+            .body(Body::empty())
+            .unwrap();
+        send(app, req)
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    }
     // With a token, any Host is fine (the token is the authority).
     let t = with_token();
     let req = request(Method::GET, "/agentic/state")
