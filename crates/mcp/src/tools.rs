@@ -249,6 +249,10 @@ fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
                 "'{}' is {n}; it must be between {min} and {max}",
                 f.name
             )),
+            None if v.is_number() => Err(format!(
+                "'{}' is {v}; it must be a whole number between {min} and {max}",
+                f.name
+            )),
             None => Err(wrong()),
         },
         Kind::Any => Ok(()),

@@ -160,6 +160,16 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
             "'edits' must be",
         ),
         ("list_artifacts", json!({"limit": 0}), "between 1 and 1000"),
+        (
+            "list_artifacts",
+            json!({"limit": -1}),
+            "'limit' is -1; it must be a whole number between 1 and 1000",
+        ),
+        (
+            "list_artifacts",
+            json!({"limit": 2.5}),
+            "'limit' is 2.5; it must be a whole number between 1 and 1000",
+        ),
         ("list_artifacts", json!({"limit": "ten"}), "whole number"),
         ("list_artifacts", json!({"limit": 2.5}), "whole number"),
         (
