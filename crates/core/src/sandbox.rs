@@ -285,6 +285,10 @@ pub struct RollbackStep {
     pub checksum_validated: bool,
     /// SHA-256 after the restore.
     pub restored_checksum: Option<String>,
+    /// What became of a target no checksum describes: removed, or a directory left in
+    /// place or made again, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Why it failed.
     pub reason_code: Option<ReasonCode>,
     /// Why, for people.
@@ -304,6 +308,7 @@ impl RollbackStep {
             restored: false,
             checksum_validated: false,
             restored_checksum: None,
+            detail: None,
             reason_code: Some(r.reason_code),
             reason: Some(r.reason),
             unrecorded: None,
@@ -2096,7 +2101,7 @@ impl Sandbox {
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "{} was already rolled back (an action that fails is undone at once); nothing is left to roll back",
+                    "{} was already rolled back (by an earlier rollback, or at once when its action failed); nothing is left to roll back",
                     what()
                 ),
                 Vec::new(),
@@ -2164,7 +2169,13 @@ impl Sandbox {
                 conflicts.iter().partition(|c| !c.claimed_by.is_empty());
             let mut why = Vec::new();
             if !changed.is_empty() {
-                let files: Vec<&str> = changed.iter().map(|c| c.path.as_str()).collect();
+                // One entry per action in `conflicts`; each file once for people.
+                let mut files: Vec<&str> = Vec::new();
+                for c in &changed {
+                    if !files.contains(&c.path.as_str()) {
+                        files.push(&c.path);
+                    }
+                }
                 why.push(format!(
                     "these files changed after the workflow wrote them: {}; roll back with force to overwrite them",
                     files.join(", ")
@@ -2503,10 +2514,17 @@ impl Sandbox {
                         SnapshotKind::Missing => self.remove_created_dirs_of(i, &meta)?,
                         _ => Vec::new(),
                     };
+                    let detail = match meta.kind {
+                        SnapshotKind::Missing if before.is_none() => {
+                            Some("absent, as before the action: it was not written".to_owned())
+                        }
+                        _ => None,
+                    };
                     Ok(crate::snapshot::RestoreOutcome {
                         checksum_validated: true,
                         restored_checksum: before.clone(),
                         left_dirs,
+                        detail,
                     })
                 }
             })
@@ -2537,6 +2555,7 @@ impl Sandbox {
                         restored: true,
                         checksum_validated: o.checksum_validated,
                         restored_checksum: o.restored_checksum,
+                        detail: o.detail,
                         reason_code: None,
                         reason: None,
                         unrecorded: None,

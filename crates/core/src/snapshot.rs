@@ -674,6 +674,10 @@ pub struct RestoreOutcome {
     /// Directories the action created that were not empty, so stayed.
     #[serde(skip)]
     pub left_dirs: Vec<LeftDir>,
+    /// What became of a target no checksum describes (removed, or a directory left or
+    /// made again), for people.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Restores snapshots.
@@ -714,6 +718,15 @@ impl RollbackEngine {
         Ok(left_dirs)
     }
 
+    /// The detail of a restore that left the target absent, as its action found it.
+    pub(crate) fn absent_detail(meta: &SnapshotMeta) -> String {
+        if meta.is_directory_action() {
+            "removed: the action made it".to_owned()
+        } else {
+            "removed: it did not exist before the action".to_owned()
+        }
+    }
+
     /// Puts the original back: rewrites a file from its backup (atomically), or removes
     /// what the action created, then verifies by hashing.
     ///
@@ -743,6 +756,7 @@ impl RollbackEngine {
                 checksum_validated: false,
                 restored_checksum: None,
                 left_dirs: Vec::new(),
+                detail: None,
             }
         };
         let rel = meta.target();
@@ -779,6 +793,7 @@ impl RollbackEngine {
                     checksum_validated: true,
                     restored_checksum: Some(restored),
                     left_dirs: Vec::new(),
+                    detail: None,
                 })
             }
             SnapshotKind::Missing => {
@@ -814,6 +829,10 @@ impl RollbackEngine {
                                 checksum_validated: true,
                                 restored_checksum: None,
                                 left_dirs,
+                                detail: Some(
+                                    "left in place: other files are in it, or it is another action's result; it is removed once empty and no one's"
+                                        .to_owned(),
+                                ),
                             });
                         }
                     }
@@ -828,16 +847,18 @@ impl RollbackEngine {
                         checksum_validated: gone,
                         restored_checksum: None,
                         left_dirs,
+                        detail: gone.then(|| Self::absent_detail(meta)),
                     }),
                     Err(r) => Ok(unverified(r)),
                 }
             }
             SnapshotKind::Directory => {
                 // The action found the directory there; if it is gone, it is made again.
-                match root.inspect(&rel)?.kind {
-                    TargetKind::Directory => {}
+                let detail = match root.inspect(&rel)?.kind {
+                    TargetKind::Directory => "left in place: it existed before the action",
                     TargetKind::Missing => {
                         root.create_dir_all(&rel, durable)?;
+                        "made again: it existed before the action"
                     }
                     TargetKind::File { .. } => {
                         return Err(Refusal::new(
@@ -848,12 +869,13 @@ impl RollbackEngine {
                             ),
                         ));
                     }
-                }
+                };
                 let still = root.inspect(&rel)?.kind == TargetKind::Directory;
                 Ok(RestoreOutcome {
                     checksum_validated: still,
                     restored_checksum: None,
                     left_dirs: Vec::new(),
+                    detail: still.then(|| detail.to_owned()),
                 })
             }
         }

@@ -313,17 +313,23 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
     let mut lines = Vec::new();
     for s in &rep.steps {
         let state = if s.restored {
-            format!(
-                "restored{}, sha256 {}",
-                if s.checksum_validated {
-                    " and verified by checksum"
-                } else {
-                    ""
-                },
-                s.restored_checksum
-                    .as_deref()
-                    .unwrap_or("- (removed: it did not exist before)")
-            )
+            let verified = if s.checksum_validated {
+                " and verified by checksum"
+            } else {
+                ""
+            };
+            match (&s.restored_checksum, &s.detail) {
+                (Some(sum), _) => format!("restored{verified}, sha256 {sum}"),
+                (None, Some(detail)) => format!(
+                    "{detail} ({})",
+                    if s.checksum_validated {
+                        "verified"
+                    } else {
+                        "not verified"
+                    }
+                ),
+                (None, None) => format!("restored{verified}"),
+            }
         } else {
             format!(
                 "NOT restored ({}): {}",

@@ -564,7 +564,7 @@ fn an_action_rolled_back_twice_is_named() {
     assert_eq!(
         again.reason.as_deref(),
         Some(
-            "action 'a2' of workflow 'wf1' was already rolled back (an action that fails is undone at once); nothing is left to roll back"
+            "action 'a2' of workflow 'wf1' was already rolled back (by an earlier rollback, or at once when its action failed); nothing is left to roll back"
         )
     );
     assert_eq!(rollback(&sb, "wf1", false).status, "rolled_back");
@@ -1369,4 +1369,67 @@ fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
         "{again:?}"
     );
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Interleaved appends by two workflows: each of the rolled back workflow's actions is a
+/// conflict of its own, but the sentence names the file once.
+#[test]
+fn a_conflict_names_each_file_once() {
+    let w = World::new();
+    w.write("log.md", b"base\n");
+    let sb = w.sandbox();
+    for (wf, line) in [
+        ("wf_a", "a1"),
+        ("wf_b", "b1"),
+        ("wf_a", "a2"),
+        ("wf_b", "b2"),
+        ("wf_a", "a3"),
+    ] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "append_file", "path": "log.md", "content": format!("{line}\n")}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    let rb = rollback(&sb, "wf_b", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 2, "{rb:?}");
+    let reason = rb.reason.unwrap();
+    assert_eq!(reason.matches("log.md").count(), 1, "{reason}");
+}
+
+/// Each step says what became of a target no checksum describes.
+#[test]
+fn a_step_says_what_became_of_a_target_without_checksum() {
+    let w = World::new();
+    w.write("kept/old.txt", b"old\n");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_d", "actions": [
+            {"action_id": "made", "intent": "create_directory", "path": "made"},
+            {"action_id": "kept", "intent": "create_directory", "path": "kept"},
+            {"action_id": "file", "intent": "create_file", "path": "new.txt", "content": "n\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let rb = rollback(&sb, "wf_d", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let detail = |id: &str| {
+        rb.steps
+            .iter()
+            .find(|s| s.action_id == id)
+            .and_then(|s| s.detail.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(detail("made"), "removed: the action made it");
+    assert_eq!(
+        detail("kept"),
+        "left in place: it existed before the action"
+    );
+    assert_eq!(
+        detail("file"),
+        "removed: it did not exist before the action"
+    );
+    assert!(!w.path("made").exists());
+    assert_eq!(w.read("kept/old.txt"), b"old\n");
 }

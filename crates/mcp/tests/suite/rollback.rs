@@ -104,3 +104,28 @@ async fn a_conflicting_rollback_needs_force() {
     assert!(!s.path("c.md").exists());
     s.finish().await;
 }
+
+/// A directory the workflow found is reported left in place, not removed.
+#[tokio::test]
+async fn a_directory_rollback_says_what_became_of_it() {
+    let s = Session::start(Mode::Write).await;
+    std::fs::create_dir_all(s.path("shared/sub")).unwrap();
+    std::fs::write(s.path("shared/sub/keep.txt"), b"keep\n").unwrap();
+    s.ok("create_directory", json!({"path": "shared/sub"}))
+        .await;
+    s.ok("create_directory", json!({"path": "fresh"})).await;
+    let r = s.ok("rollback_workflow", json!({})).await;
+    let t = text(&r);
+    assert!(
+        t.contains("shared/sub: left in place: it existed before the action (verified)"),
+        "{t}"
+    );
+    assert!(
+        t.contains("fresh: removed: the action made it (verified)"),
+        "{t}"
+    );
+    assert!(!t.contains("did not exist before"), "{t}");
+    assert_eq!(s.read("shared/sub/keep.txt"), b"keep\n");
+    assert!(!s.path("fresh").exists());
+    s.finish().await;
+}
