@@ -516,12 +516,19 @@ impl Config {
                 "limits.writes_per_minute = 0 would forbid every write; give at least 1".into(),
             ));
         }
-        if l.max_artifacts_per_workflow == 0 || l.max_workflow_bytes == 0 {
-            return Err(ConfigError("limits.max_artifacts_per_workflow and limits.max_workflow_bytes must be at least 1".into()));
+        for (key, value) in [
+            ("max_artifacts_per_workflow", l.max_artifacts_per_workflow),
+            ("max_workflow_bytes", l.max_workflow_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "limits.{key} = 0 would forbid every write; give at least 1"
+                )));
+            }
         }
         if !(1024..=256 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(ConfigError(format!(
-                "server.max_body_bytes = {} is out of range; allowed 1024 to 268435456",
+                "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed 1024 to 268435456",
                 self.max_body_bytes
             )));
         }

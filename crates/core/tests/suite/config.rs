@@ -432,6 +432,31 @@ fn max_body_bytes_flag_beats_file_and_is_range_checked() {
     )
     .unwrap_err();
     assert!(err.0.contains("max_body_bytes = 10"), "{}", err.0);
+    assert!(err.0.contains("--max-body-bytes"), "{}", err.0);
+}
+
+/// A zero budget is refused naming the key that holds it, and only that one.
+#[test]
+fn a_zero_budget_names_its_key() {
+    for key in ["max_artifacts_per_workflow", "max_workflow_bytes"] {
+        let err = resolve(
+            Some(&format!("[limits]\n{key} = 0\n")),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.0.starts_with(&format!("limits.{key} = 0 ")),
+            "{}",
+            err.0
+        );
+        let other = if key == "max_workflow_bytes" {
+            "max_artifacts_per_workflow"
+        } else {
+            "max_workflow_bytes"
+        };
+        assert!(!err.0.contains(other), "{}", err.0);
+    }
 }
 
 #[test]
