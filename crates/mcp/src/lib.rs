@@ -623,12 +623,14 @@ where
     // The messages' text passes through `screen::pump` on its way to rmcp, which sees
     // only parsed values (see `screen`).
     let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES));
+    // A `\r` before the newline is not the message's.
+    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES + 1));
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
-    // 16 MiB would drop such calls without an answer.
+    // 16 MiB would drop such calls without an answer. It counts the newline, and must
+    // take every line the screen passes on.
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
-        .with_max_line_length(MAX_MESSAGE_BYTES);
+        .with_max_line_length(MAX_MESSAGE_BYTES + 2);
     let running = match server.serve(transport).await {
         Ok(r) => r,
         Err(ServerInitializeError::ConnectionClosed(why)) => {

@@ -12,7 +12,10 @@
 //! A call that fails is passed on without its arguments, its refusal under
 //! [`REFUSED_META_KEY`] in `params._meta`: the handler answers with it (`invalid_plan`, as
 //! the same plan is refused over HTTP and the CLI), whatever the number of such calls in
-//! flight. A refusal a client puts there itself only refuses its own call.
+//! flight. A refusal a client puts there itself only refuses its own call. Any other
+//! message that fails never reaches rmcp as sent either: a request goes on without its
+//! parameters, anything else is dropped. Lines are read past a byte order mark, as rmcp
+//! reads them, and a line too long for rmcp is dropped here, never passed on unscreened.
 //!
 //! rmcp also ends a session whose first message is a notification; notifications are never
 //! answered, so the pump drops those sent before `initialize`.
@@ -50,6 +53,8 @@ struct Head {
     id: Option<Value>,
     /// `params.name`.
     name: Option<String>,
+    /// `params._meta`, as sent.
+    meta: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// A JSON value kept when it is a string or a number (what a method, a version, an id or
@@ -104,8 +109,13 @@ impl Scalar {
     }
 }
 
-/// A message's `params`, of which only `name` is kept.
-struct Params(Option<String>);
+/// A message's `params` (an object, else the message is not read), of which `name` and
+/// `_meta` are kept: `_meta` as text, so that a large one is never built.
+#[derive(Default)]
+struct Params {
+    name: Option<String>,
+    meta: Option<Box<serde_json::value::RawValue>>,
+}
 
 impl<'de> Deserialize<'de> for Params {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -113,43 +123,23 @@ impl<'de> Deserialize<'de> for Params {
         impl<'de> Visitor<'de> for V {
             type Value = Params;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
+                f.write_str("an object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
-                let mut name = None;
+                let mut params = Params::default();
                 while let Some(key) = map.next_key::<String>()? {
-                    if key == "name" {
-                        name = map.next_value::<Scalar>()?.text();
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
+                    match key.as_str() {
+                        "name" => params.name = map.next_value::<Scalar>()?.text(),
+                        "_meta" => params.meta = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
                     }
                 }
-                Ok(Params(name))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Params, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Params(None))
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Params, E> {
-                Ok(Params(None))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Params, E> {
-                Ok(Params(None))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Params, E> {
-                Ok(Params(None))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Params, E> {
-                Ok(Params(None))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Params, E> {
-                Ok(Params(None))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Params, E> {
-                Ok(Params(None))
+                Ok(params)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_map(V)
     }
 }
 
@@ -168,7 +158,10 @@ impl<'de> Deserialize<'de> for Head {
                         "jsonrpc" => head.jsonrpc = map.next_value::<Scalar>()?.0,
                         "method" => head.method = map.next_value::<Scalar>()?.text(),
                         "id" => head.id = map.next_value::<Scalar>()?.0,
-                        "params" => head.name = map.next_value::<Params>()?.0,
+                        "params" => {
+                            let p = map.next_value::<Params>()?;
+                            (head.name, head.meta) = (p.name, p.meta);
+                        }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -191,16 +184,21 @@ impl Head {
     }
 }
 
-/// What the pump passes on for one whole line: the line itself, a `tools/call` without
-/// its arguments and with its refusal, or nothing (a notification before `initialize`).
+/// What the pump passes on for one whole line: the line itself, another message in its
+/// place, or nothing.
 enum Pass {
     Line,
-    Refused(Vec<u8>),
+    Instead(Vec<u8>),
     Drop,
 }
 
-/// Screens one whole line (one JSON-RPC message). `initialized`: an `initialize` request
-/// has been passed on, and is set when this line is one.
+/// The most of a client's `params._meta` kept on a message passed on in another's place
+/// (rmcp needs it from clients that skip `initialize`); a larger one is left out.
+const MAX_META_BYTES: usize = 64 * 1024;
+
+/// Screens one whole line (one JSON-RPC message, without a byte order mark).
+/// `initialized`: an `initialize` request has been passed on, and is set when this line
+/// is one.
 fn screen(line: &[u8], initialized: &mut bool) -> Pass {
     if !*initialized && let Some(head) = Head::of(line) {
         if head.is_notification() {
@@ -214,31 +212,51 @@ fn screen(line: &[u8], initialized: &mut bool) -> Pass {
     let Err(refusal) = check_numbers_kept(line).and_then(|()| check_unique_keys(line)) else {
         return Pass::Line;
     };
+    // From here on the message never reaches rmcp as sent: rmcp would build all its
+    // values (however many), or read other ones than were sent.
     let Some(head) = Head::of(line) else {
-        return Pass::Line;
+        // Not a JSON object: rmcp would not answer it either.
+        tracing::debug!("a message that is not a JSON object, dropped");
+        return Pass::Drop;
     };
-    let (Some("tools/call"), Some(id)) = (head.method.as_deref(), head.id) else {
-        return Pass::Line;
+    let (Some(method), Some(id)) = (head.method, head.id) else {
+        // A notification or a response (the server asks the client nothing): never
+        // answered.
+        tracing::debug!("a notification or response that failed the screen, dropped");
+        return Pass::Drop;
     };
+    let mut meta = head
+        .meta
+        .filter(|m| m.get().len() <= MAX_META_BYTES)
+        .and_then(|m| serde_json::from_str::<serde_json::Map<String, Value>>(m.get()).ok())
+        .unwrap_or_default();
+    let mut params = serde_json::Map::new();
+    if method == "tools/call" {
+        // Answered by the handler with the refusal, as a tool result.
+        meta.insert(REFUSED_META_KEY.into(), serde_json::json!(refusal));
+        params.insert("name".into(), head.name.unwrap_or_default().into());
+    }
+    if !meta.is_empty() {
+        params.insert("_meta".into(), Value::Object(meta));
+    }
+    // Any other request goes on without its parameters: rmcp answers it as such.
     let mut message = serde_json::Map::new();
     if let Some(v) = head.jsonrpc {
         message.insert("jsonrpc".into(), v);
     }
     message.insert("id".into(), id);
-    message.insert("method".into(), "tools/call".into());
-    message.insert(
-        "params".into(),
-        serde_json::json!({
-            "name": head.name.unwrap_or_default(),
-            "_meta": { REFUSED_META_KEY: refusal },
-        }),
-    );
-    Pass::Refused(Value::Object(message).to_string().into_bytes())
+    message.insert("method".into(), method.into());
+    if !params.is_empty() {
+        message.insert("params".into(), Value::Object(params));
+    }
+    Pass::Instead(Value::Object(message).to_string().into_bytes())
 }
 
-/// Copies `reader` to `out` a line at a time, screening each line of up to `max_line`
-/// bytes (see the module). A longer line is passed on as it comes: rmcp refuses it.
-/// Ends at the end of `reader`, a read error, or when `out` is closed.
+/// Copies `reader` to `out` a line at a time, screening each line (see the module); a
+/// line longer than `max_line` bytes (its newline aside) is dropped, as rmcp would drop
+/// it, and a last line without a newline is passed on with one, so that rmcp reads it.
+/// rmcp must accept lines of `max_line` bytes and a newline. Ends at the end of `reader`,
+/// a read error, or when `out` is closed.
 pub(crate) async fn pump<R, W>(mut reader: R, mut out: W, max_line: usize)
 where
     R: AsyncRead + Unpin,
@@ -246,7 +264,7 @@ where
 {
     let mut buf = vec![0u8; 64 * 1024];
     let mut line = Vec::new();
-    // The current line is longer than `max_line`: passed on as it comes.
+    // The current line is longer than `max_line`: dropped as it comes.
     let mut too_long = false;
     let mut initialized = false;
     loop {
@@ -258,26 +276,17 @@ where
         loop {
             let newline = chunk.iter().position(|&b| b == b'\n');
             let (head, rest) = chunk.split_at(newline.unwrap_or(chunk.len()));
-            if too_long {
-                if out.write_all(head).await.is_err() {
-                    return;
-                }
-            } else if line.len() + head.len() > max_line {
+            if !too_long && line.len() + head.len() > max_line {
                 too_long = true;
-                let held = std::mem::take(&mut line);
-                if out.write_all(&held).await.is_err() || out.write_all(head).await.is_err() {
-                    return;
-                }
-            } else {
+                line = Vec::new();
+                tracing::warn!(max_line, "a message longer than the limit, dropped");
+            } else if !too_long {
                 line.extend_from_slice(head);
             }
             if newline.is_none() {
                 break;
             }
-            if !too_long && !pass(&mut out, &line, &mut initialized, b"\n").await {
-                return;
-            }
-            if too_long && out.write_all(b"\n").await.is_err() {
+            if !too_long && !pass(&mut out, &line, &mut initialized).await {
                 return;
             }
             line.clear();
@@ -285,26 +294,22 @@ where
             chunk = &rest[1..];
         }
     }
-    // A last message without a newline is still read by rmcp.
-    if !too_long && !line.is_empty() && !pass(&mut out, &line, &mut initialized, b"").await {
+    if !too_long && !line.is_empty() && !pass(&mut out, &line, &mut initialized).await {
         return;
     }
     let _ = out.shutdown().await;
 }
 
-/// Passes on what [`screen`] makes of `line`, then `end`; false when `out` is closed.
-async fn pass<W: AsyncWrite + Unpin>(
-    out: &mut W,
-    line: &[u8],
-    initialized: &mut bool,
-    end: &[u8],
-) -> bool {
+/// Passes on what [`screen`] makes of `line` and a newline; false when `out` is closed.
+async fn pass<W: AsyncWrite + Unpin>(out: &mut W, line: &[u8], initialized: &mut bool) -> bool {
+    // rmcp reads past a byte order mark; the screen's parsers would stop at it.
+    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
     let written = match screen(line, initialized) {
         Pass::Drop => return true,
         Pass::Line => out.write_all(line).await,
-        Pass::Refused(call) => out.write_all(&call).await,
+        Pass::Instead(message) => out.write_all(&message).await,
     };
-    written.is_ok() && out.write_all(end).await.is_ok()
+    written.is_ok() && out.write_all(b"\n").await.is_ok()
 }
 
 #[cfg(test)]
@@ -339,23 +344,25 @@ mod tests {
 
     #[tokio::test]
     async fn calls_kept_as_sent_pass_unchanged_and_others_carry_their_refusal() {
+        let lossy_meta = r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"_meta":{"progressToken":3},"name":"read_file","arguments":{"path":"a","path":"b"}}}"#;
         let lines = [
             INITIALIZE.to_owned(),
             call("1", "[1.5, 2]"),
             call("\"a\\u0062\"", "12345678901234567890123"),
             r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"x":0.1000000000000000000001}}"#
                 .to_owned(),
+            format!("\u{feff}{}", call("5", "[1]")),
+            lossy_meta.to_owned(),
             call("4", r#"{"k": 1, "k": 2}"#),
         ];
         let input = format!(
-            "{}\n{}\n{}\r\n{}\n{}",
-            lines[0], lines[1], lines[2], lines[3], lines[4]
+            "{}\n{}\n{}\r\n{}\n{}\n{}\n{}",
+            lines[0], lines[1], lines[2], lines[3], lines[4], lines[5], lines[6]
         );
         let out = pumped(&input, 1 << 20).await;
-        assert_eq!(out.len(), 5, "{out:?}");
+        assert_eq!(out.len(), 8, "{out:?}");
         assert_eq!(out[0], lines[0]);
         assert_eq!(out[1], lines[1]);
-        assert_eq!(out[3], lines[3], "not a tools/call");
         let (msg, r) = refusal_of(&out[2]);
         assert_eq!(msg["id"], "ab");
         assert_eq!(msg["method"], "tools/call");
@@ -363,10 +370,40 @@ mod tests {
         assert!(msg["params"].get("arguments").is_none(), "{msg}");
         assert_eq!(r.reason_code, ReasonCode::InvalidPlan);
         assert!(r.reason.contains("12345678901234567890123"), "{}", r.reason);
-        // The last line has no newline and is still screened.
-        let (msg, r) = refusal_of(&out[4]);
+        // Another request that fails goes on without its parameters.
+        assert_eq!(out[3], r#"{"id":3,"jsonrpc":"2.0","method":"tools/list"}"#);
+        // A byte order mark is read past, as rmcp does.
+        assert_eq!(out[4], call("5", "[1]"));
+        // The client's `_meta` stays.
+        let (msg, r) = refusal_of(&out[5]);
+        assert_eq!(msg["params"]["_meta"]["progressToken"], 3, "{msg}");
+        assert!(r.reason.contains("'path' appears twice"), "{}", r.reason);
+        // The last line has no newline: it is screened, and passed on with one.
+        let (msg, r) = refusal_of(&out[6]);
         assert_eq!(msg["id"], 4);
         assert!(r.reason.contains("'k' appears twice"), "{}", r.reason);
+        assert_eq!(out[7], "");
+    }
+
+    /// A message that fails the screen and is not a request never reaches rmcp.
+    #[tokio::test]
+    async fn failing_notifications_responses_and_non_objects_are_dropped() {
+        let input = format!(
+            "{INITIALIZE}\n{}\n{}\n{}\n{}\n",
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"write_json","arguments":{"data":1e400}}}"#,
+            r#"{"jsonrpc":"2.0","id":9,"result":{"k":1,"k":2}}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":1e400}}]"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+        );
+        let out = pumped(&input, 1 << 20).await;
+        assert_eq!(
+            out,
+            [
+                INITIALIZE,
+                r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+                ""
+            ]
+        );
     }
 
     /// However many refused calls are in flight, each carries its own refusal.
@@ -376,8 +413,8 @@ mod tests {
             .chain((0..500).map(|i| call(&i.to_string(), "12345678901234567890123")))
             .collect();
         let out = pumped(&input.join("\n"), 1 << 20).await;
-        assert_eq!(out.len(), 501);
-        for (i, line) in out[1..].iter().enumerate() {
+        assert_eq!(out.len(), 502);
+        for (i, line) in out[1..501].iter().enumerate() {
             let (msg, r) = refusal_of(line);
             assert_eq!(msg["id"], i);
             assert_eq!(r.reason_code, ReasonCode::InvalidPlan);
@@ -407,11 +444,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn lines_over_the_limit_pass_unscreened() {
+    async fn lines_over_the_limit_are_dropped() {
         let line = call("7", "12345678901234567890123");
-        let input = format!("{INITIALIZE}\n{line}\n{line}");
+        let fits = call("8", "[1]");
+        let input = format!("{INITIALIZE}\n{line}\n{fits}\n{line}");
         let out = pumped(&input, line.len() - 1).await;
-        assert_eq!(out, [INITIALIZE, line.as_str(), line.as_str()]);
+        assert_eq!(out, [INITIALIZE, fits.as_str(), ""]);
     }
 
     #[test]

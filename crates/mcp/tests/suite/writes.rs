@@ -414,3 +414,67 @@ async fn a_call_past_the_plan_value_limit_is_refused() {
     assert!(!s.root.join("big.json").exists());
     s.finish().await;
 }
+
+/// A byte order mark before a call, which rmcp reads past, does not take the call past
+/// the check either.
+#[tokio::test]
+async fn a_byte_order_mark_does_not_hide_a_call_from_the_check() {
+    let mut s = RawSession::start(Mode::Write).await;
+    s.send(concat!(
+        "\u{feff}",
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"seen.txt","path":"hidden.txt","content":"x"}}}"#
+    ))
+    .await;
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+        "{answer}"
+    );
+    assert!(!s.root.join("hidden.txt").exists());
+    assert!(!s.root.join("seen.txt").exists());
+    s.finish().await;
+}
+
+/// A client that skips `initialize` sends what rmcp needs in each request's `_meta`; a
+/// refused call keeps it, so it is answered with its refusal, not a protocol error.
+#[tokio::test]
+async fn a_refused_call_keeps_the_clients_meta() {
+    let mut s = RawSession::connect(Mode::Write);
+    let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    s.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"a.json","data":{{"x":1}}}},{meta}}}}}"#
+    ))
+    .await;
+    let answer = s.answer().await;
+    assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    s.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"b.json","data":{{"x":1,"x":2}}}},{meta}}}}}"#
+    ))
+    .await;
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+        "{answer}"
+    );
+    assert!(!s.root.join("b.json").exists());
+    s.finish().await;
+}
+
+/// A last message the client sends without a newline before closing is still run.
+#[tokio::test]
+async fn a_last_message_without_a_newline_is_answered() {
+    use tokio::io::AsyncWriteExt;
+    let mut s = RawSession::start(Mode::Write).await;
+    s.input
+        .write_all(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"last.txt","content":"x"}}}"#)
+        .await
+        .unwrap();
+    s.input.shutdown().await.unwrap();
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(answer["result"]["isError"], json!(false), "{answer}");
+    assert_eq!(std::fs::read(s.root.join("last.txt")).unwrap(), b"x");
+    s.finish().await;
+}
