@@ -524,10 +524,10 @@ fn shown_number(token: &str) -> String {
 fn number_is_kept(token: &str) -> bool {
     let is_integer = !token.contains(['.', 'e', 'E']);
     if is_integer {
-        // serde_json keeps every i64 and u64 exactly; beyond them it falls back to f64.
-        if token.parse::<i64>().is_ok() || token.parse::<u64>().is_ok() {
-            return true;
-        }
+        // serde_json keeps every i64 and u64 exactly; beyond them it falls back to f64,
+        // and the file would hold a float (`1e+23`) where an integer was sent, read back
+        // as another type, and mostly as another value, even when the double is exact.
+        return token.parse::<i64>().is_ok() || token.parse::<u64>().is_ok();
     }
     let Ok(n) = serde_json::from_str::<serde_json::Number>(token) else {
         return false;
@@ -1089,7 +1089,7 @@ mod tests {
             "1e3",
             "1E-7",
             "2.5e+10",
-            "100000000000000000000000",
+            "1e23",
             "1.7976931348623157e308",
         ] {
             assert!(number_is_kept(kept), "{kept}");
@@ -1097,6 +1097,9 @@ mod tests {
         for changed in [
             "18446744073709551616",
             "-9223372036854775809",
+            "100000000000000000000000",
+            "20000000000000000000",
+            "1180591620717411303424",
             "12345678901234567890123",
             "0.1000000000000000000001",
             "3.141592653589793238462643",
