@@ -1012,7 +1012,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         );
         let staged = match (&staged_name, &bytes) {
             (Some(name), Some(b)) => match root
-                .stage_write(&rel, name, b, mode)
+                .stage_write(&rel, name, b, mode, stamp.filter(|_| !no_replace))
                 .and_then(|st| sb.cover_for_sync(st.dir()).map(|()| st))
             {
                 Ok(st) => Some(st),

@@ -687,7 +687,13 @@ impl Sandbox {
                 .mode
                 .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
             let put = self.roots[i]
-                .stage_write(&rel, &crate::confine::root::temp_name(), &e.bytes, mode)
+                .stage_write(
+                    &rel,
+                    &crate::confine::root::temp_name(),
+                    &e.bytes,
+                    mode,
+                    None,
+                )
                 .and_then(|st| {
                     st.commit(crate::confine::root::Put::Any, false)
                         .map_err(|err| self.roots[i].map_open_error(&rel, err))

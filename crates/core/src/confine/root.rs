@@ -851,6 +851,8 @@ pub struct FileStamp {
     size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
+    /// Owner and group: the file written in its place gets them (see [`write_new_file`]).
+    owner: (u32, u32),
 }
 
 impl FileStamp {
@@ -860,6 +862,7 @@ impl FileStamp {
             size: m.len(),
             mtime: (m.mtime(), m.mtime_nsec()),
             ctime: (m.ctime(), m.ctime_nsec()),
+            owner: (m.uid(), m.gid()),
         }
     }
 }
@@ -1054,7 +1057,11 @@ pub fn write_atomic_flush(
     flush: Flush,
 ) -> io::Result<()> {
     let tmp = temp_name();
-    let result = write_new_file(dir, &tmp, bytes, mode, flush != Flush::Nothing)
+    let owner = match put {
+        Put::Unchanged(was) => Some(was.owner),
+        _ => None,
+    };
+    let result = write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing)
         .and_then(|()| put_in_place(dir, &tmp, name, put));
     if let Err(e) = result {
         let _ = dir.remove_file(&tmp);
@@ -1068,13 +1075,31 @@ pub fn write_atomic_flush(
 
 /// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`. A
 /// file it created but could not fill (the disk is full) is removed again.
-fn write_new_file(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
+///
+/// `owner`: the owner and group of the file it is to replace, given to it where this
+/// process may (as root, or for a group it is in), so that a replacement, and a
+/// restore, leave the file its owner's rather than the runtime's: a file of mode 0600
+/// would otherwise be lost to its owner. Where it may not, the file is the runtime's.
+fn write_new_file(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    sync: bool,
+) -> io::Result<()> {
     let mut opts = OpenOptions::new();
     opts.write(true)
         .create_new(true)
         .follow(FollowSymlinks::No)
         .mode(mode & 0o666);
     let mut file = dir.open_with(name, &opts)?;
+    if let Some((uid, gid)) = owner.filter(|&o| o != (euid(), egid())) {
+        use rustix::fs::{Gid, Uid, fchown};
+        if let Err(e) = fchown(&file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))) {
+            tracing::debug!(error = %e, uid, gid, "the replacement keeps the runtime's owner");
+        }
+    }
     let filled = file
         .write_all(bytes)
         .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
@@ -1165,15 +1190,16 @@ impl StagedWrite {
 }
 
 impl SandboxRoot {
-    /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced). The
-    /// target's parents must exist: directories are only created by
-    /// [`SandboxRoot::write_atomic`].
+    /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced), owned
+    /// like the file it is `replacing`, where this process may. The target's parents must
+    /// exist: directories are only created by [`SandboxRoot::write_atomic`].
     pub fn stage_write(
         &self,
         rel: &RelPath,
         staged: &str,
         bytes: &[u8],
         mode: u32,
+        replacing: Option<FileStamp>,
     ) -> Verdict<StagedWrite> {
         if !is_temp_name(staged) {
             return Err(Refusal::new(
@@ -1183,8 +1209,15 @@ impl SandboxRoot {
         }
         let (dir, _) = self.open_parent(rel, false, false)?;
         let staged = staged.to_owned();
-        write_new_file(&dir, &staged, bytes, mode, false)
-            .map_err(|e| self.map_open_error(rel, e))?;
+        write_new_file(
+            &dir,
+            &staged,
+            bytes,
+            mode,
+            replacing.map(|r| r.owner),
+            false,
+        )
+        .map_err(|e| self.map_open_error(rel, e))?;
         Ok(StagedWrite {
             dir: dir.into_owned().map_err(|e| self.map_open_error(rel, e))?,
             staged,
