@@ -666,9 +666,15 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
     if let Some(w) = wanted
         && !given.iter().any(|(f, p)| *f == w && *p)
     {
+        // A null is taken as no value: the message says so, since one was sent.
+        let what = if w == "data" {
+            " (any JSON value except null)"
+        } else {
+            ""
+        };
         return Err(Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("{} needs '{w}'", op.name),
+            format!("{} needs '{w}'{what}", op.name),
         ));
     }
     Ok(())
@@ -910,7 +916,15 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
             Value::Bool(b) => b.to_string(),
-            Value::Null => String::new(),
+            Value::Null => {
+                return Err(serialize_error(
+                    "INI",
+                    format!(
+                        "'{}' is null, and INI has no null (an empty value reads back as \"\"); leave the key out or send \"\"",
+                        key.escape_debug()
+                    ),
+                ));
+            }
             _ => {
                 return Err(serialize_error(
                     "INI",
@@ -989,7 +1003,15 @@ mod tests {
             serde_json::json!({"a": [{"limit": 1}, {"limit": 2}], "n": null, "f": 0.5, "u": u64::MAX})
         );
         let plan = br#"{"actions": [{"intent": "write_json", "path": "c.json", "data": null}]}"#;
-        assert_eq!(parse_plan(plan).unwrap().actions[0].data, None);
+        let action = &parse_plan(plan).unwrap().actions[0];
+        assert_eq!(action.data, None);
+        // Refused saying what is allowed, since a value was sent.
+        let op = crate::catalog::op_for_intent("write_json").unwrap();
+        let why = check_payload(op, action).unwrap_err();
+        assert_eq!(
+            why.reason,
+            "write_json needs 'data' (any JSON value except null)"
+        );
     }
 
     /// A plan's data is counted across its actions, and refused before it is all

@@ -380,6 +380,12 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             json!({"a": {"b": [1, 2, {"c": null}]}}),
             "'a.b[2].c' is null",
         ),
+        (
+            "c.ini",
+            json!({"s": {"a": null}}),
+            "'a' is null, and INI has no null",
+        ),
+        ("c.ini", json!({"a": null}), "'a' is null"),
         ("c.ini", json!({"s": {";k": "v"}}), "the key ';k'"),
         ("c.ini", json!({"s": {"#k": "v"}}), "the key '#k'"),
         ("c.ini", json!({"s": {"k:x": "v"}}), "the key 'k:x'"),
@@ -446,10 +452,10 @@ fn generate_config_refuses_data_that_would_not_read_back() {
     let r = one(
         &w,
         json!({"intent": "generate_config", "path": "c.ini",
-               "data": {";s": {"a.b": "x;y # z", "k": null, "empty": ""}}}),
+               "data": {";s": {"a.b": "x;y # z", "empty": ""}}}),
     );
     assert_eq!(status(&r), "success", "{:?}", r.actions);
-    assert_eq!(w.read("c.ini"), b"[;s]\na.b = x;y # z\nempty = \nk = \n");
+    assert_eq!(w.read("c.ini"), b"[;s]\na.b = x;y # z\nempty = \n");
 }
 
 #[test]
