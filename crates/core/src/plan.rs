@@ -317,9 +317,66 @@ mod reading {
         d.deserialize_seq(Actions)
     }
 
-    /// JSON text's value, refusing an object that gives a key twice.
-    pub(super) fn parse(json: &[u8]) -> serde_json::Result<Value> {
-        serde_json::from_slice::<Unique>(json).map(|Unique(v)| v)
+    /// Reads JSON text through, refusing an object that gives a key twice. Nothing is
+    /// built but the keys of the objects being read: the text may be a message far
+    /// larger than what it is checked for.
+    pub(super) fn scan(json: &[u8]) -> serde_json::Result<()> {
+        serde_json::from_slice::<Scan>(json).map(drop)
+    }
+
+    struct Scan;
+
+    impl<'de> Deserialize<'de> for Scan {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(ScanVisitor)
+        }
+    }
+
+    struct ScanVisitor;
+
+    impl<'de> Visitor<'de> for ScanVisitor {
+        type Value = Scan;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E: Error>(self, _: bool) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_i64<E: Error>(self, _: i64) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_u64<E: Error>(self, _: u64) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_f64<E: Error>(self, _: f64) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_str<E: Error>(self, _: &str) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_unit<E: Error>(self) -> Result<Scan, E> {
+            one().map(|()| Scan)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scan, A::Error> {
+            one()?;
+            while seq.next_element::<Scan>()?.is_some() {}
+            Ok(Scan)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scan, A::Error> {
+            one()?;
+            let mut keys = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<Scan>()?;
+                if let Some(key) = keys.replace(key) {
+                    return Err(A::Error::custom(format!(
+                        "the key {} appears twice in one object; give each key once",
+                        crate::confine::path::shown_path(&key)
+                    )));
+                }
+            }
+            Ok(Scan)
+        }
     }
 
     struct Unique(Value);
@@ -408,7 +465,7 @@ mod reading {
 /// [`parse_plan`] refuses such `data` itself.
 pub fn check_unique_keys(json: &[u8]) -> Verdict {
     let _counting = reading::Counting::start();
-    reading::parse(json).map(drop).map_err(|e| {
+    reading::scan(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
             format!("the arguments are not valid: {e}"),

@@ -224,7 +224,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             })
     }
 
-    async fn write(&self, op: &'static Operation, args: Args) -> CallToolResult {
+    async fn write(&self, op: &'static Operation, mut args: Args) -> CallToolResult {
         let workflow_id = args
             .str("workflow_id")
             .unwrap_or_else(|| self.workflow_id.to_string());
@@ -232,8 +232,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             intent: op.name.to_owned(),
             path: args.str("path").unwrap_or_default(),
             content: args.str("content"),
-            data: args.value("data"),
-            edits: args.edits("edits"),
+            data: args.take_value("data"),
+            edits: args.take_edits("edits"),
             description: args.str("description"),
             root: args.str("root"),
             tool: Some("mcp".to_owned()),
@@ -623,14 +623,13 @@ where
     // The messages' text passes through `screen::pump` on its way to rmcp, which sees
     // only parsed values (see `screen`).
     let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
-    // A `\r` before the newline is not the message's.
-    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES + 1));
+    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES));
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
     // 16 MiB would drop such calls without an answer. It counts the newline, and must
-    // take every line the screen passes on.
+    // take every line the screen passes on (which enforces the limit itself).
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
-        .with_max_line_length(MAX_MESSAGE_BYTES + 2);
+        .with_max_line_length(MAX_MESSAGE_BYTES + screen::MAX_GROWTH + 2);
     let running = match server.serve(transport).await {
         Ok(r) => r,
         Err(ServerInitializeError::ConnectionClosed(why)) => {

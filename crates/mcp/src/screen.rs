@@ -17,13 +17,13 @@
 //! parameters, anything else is dropped. Lines are read past a byte order mark, as rmcp
 //! reads them, and a line too long for rmcp is dropped here, never passed on unscreened.
 //!
-//! rmcp also ends a session whose first message is a notification; notifications are never
-//! answered, so the pump drops those sent before `initialize`.
+//! rmcp also ends a session whose first message is not a request; notifications and
+//! responses are never answered, so the pump drops those sent before the first request.
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -44,103 +44,17 @@ pub(crate) fn refusal_in(meta: &serde_json::Map<String, Value>) -> Option<Refusa
     )
 }
 
-/// What a message says of itself, read without building its other values. A key given
-/// twice keeps its last value, as rmcp reads it.
+/// A piece of a message as sent.
+type Raw = Box<serde_json::value::RawValue>;
+
+/// What a message says of itself, kept as sent and read without building its values. A
+/// key given twice keeps its last value, as rmcp reads it.
 #[derive(Default)]
 struct Head {
-    jsonrpc: Option<Value>,
-    method: Option<String>,
-    id: Option<Value>,
-    /// `params.name`.
-    name: Option<String>,
-    /// `params._meta`, as sent.
-    meta: Option<Box<serde_json::value::RawValue>>,
-}
-
-/// A JSON value kept when it is a string or a number (what a method, a version, an id or
-/// a tool name may be), skipped unbuilt otherwise.
-struct Scalar(Option<Value>);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::from(s))))
-            }
-            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::from(n))))
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::from(n))))
-            }
-            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::from(n))))
-            }
-            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::from(b))))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Scalar, E> {
-                Ok(Scalar(Some(Value::Null)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Scalar(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Scalar(None))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Scalar {
-    fn text(self) -> Option<String> {
-        match self.0 {
-            Some(Value::String(s)) => Some(s),
-            _ => None,
-        }
-    }
-}
-
-/// A message's `params` (an object, else the message is not read), of which `name` and
-/// `_meta` are kept: `_meta` as text, so that a large one is never built.
-#[derive(Default)]
-struct Params {
-    name: Option<String>,
-    meta: Option<Box<serde_json::value::RawValue>>,
-}
-
-impl<'de> Deserialize<'de> for Params {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Params;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
-                let mut params = Params::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
-                        "name" => params.name = map.next_value::<Scalar>()?.text(),
-                        "_meta" => params.meta = Some(map.next_value()?),
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(params)
-            }
-        }
-        d.deserialize_map(V)
-    }
+    jsonrpc: Option<Raw>,
+    method: Option<Raw>,
+    id: Option<Raw>,
+    params: Option<Raw>,
 }
 
 impl<'de> Deserialize<'de> for Head {
@@ -154,18 +68,17 @@ impl<'de> Deserialize<'de> for Head {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
                 let mut head = Head::default();
                 while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
-                        "jsonrpc" => head.jsonrpc = map.next_value::<Scalar>()?.0,
-                        "method" => head.method = map.next_value::<Scalar>()?.text(),
-                        "id" => head.id = map.next_value::<Scalar>()?.0,
-                        "params" => {
-                            let p = map.next_value::<Params>()?;
-                            (head.name, head.meta) = (p.name, p.meta);
-                        }
+                    let slot = match key.as_str() {
+                        "jsonrpc" => &mut head.jsonrpc,
+                        "method" => &mut head.method,
+                        "id" => &mut head.id,
+                        "params" => &mut head.params,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
+                            continue;
                         }
-                    }
+                    };
+                    *slot = Some(map.next_value()?);
                 }
                 Ok(head)
             }
@@ -179,8 +92,41 @@ impl Head {
         serde_json::from_slice(line).ok()
     }
 
-    fn is_notification(&self) -> bool {
-        self.method.is_some() && self.id.is_none()
+    /// The method, when it is a string.
+    fn method(&self) -> Option<String> {
+        self.method
+            .as_ref()
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+    }
+
+    fn is_request(&self) -> bool {
+        self.method().is_some() && self.id.is_some()
+    }
+
+    /// `params.name` (when a string) and `params._meta` (when an object of at most
+    /// [`MAX_META_BYTES`]).
+    fn name_and_meta(&self) -> (Option<String>, serde_json::Map<String, Value>) {
+        #[derive(Deserialize)]
+        struct Params {
+            name: Option<Raw>,
+            #[serde(rename = "_meta")]
+            meta: Option<Raw>,
+        }
+        // A params object that gives `name` or `_meta` twice is read as giving neither.
+        let Some(p) = self
+            .params
+            .as_ref()
+            .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+        else {
+            return (None, serde_json::Map::new());
+        };
+        let name = p.name.and_then(|n| serde_json::from_str(n.get()).ok());
+        let meta = p
+            .meta
+            .filter(|m| m.get().len() <= MAX_META_BYTES)
+            .and_then(|m| serde_json::from_str(m.get()).ok())
+            .unwrap_or_default();
+        (name, meta)
     }
 }
 
@@ -194,18 +140,25 @@ enum Pass {
 
 /// The most of a client's `params._meta` kept on a message passed on in another's place
 /// (rmcp needs it from clients that skip `initialize`); a larger one is left out.
-const MAX_META_BYTES: usize = 64 * 1024;
+const MAX_META_BYTES: usize = 1 << 20;
 
-/// Screens one whole line (one JSON-RPC message, without a byte order mark).
-/// `initialized`: an `initialize` request has been passed on, and is set when this line
-/// is one.
-fn screen(line: &[u8], initialized: &mut bool) -> Pass {
-    if !*initialized && let Some(head) = Head::of(line) {
-        if head.is_notification() {
-            tracing::debug!(method = ?head.method, "a notification before initialize, dropped");
+/// How much longer than the line it replaces a message [`screen`] passes on may be: a
+/// refusal's text and the client's `_meta`. rmcp must take lines that much longer.
+pub(crate) const MAX_GROWTH: usize = MAX_META_BYTES + (64 << 10);
+
+/// Screens one whole line (one JSON-RPC message, without a byte order mark). `started`:
+/// a request has been passed on (rmcp ends a session whose first message is not one),
+/// and is set when this line is one.
+fn screen(line: &[u8], started: &mut bool) -> Pass {
+    if !*started {
+        let Some(head) = Head::of(line) else {
+            return Pass::Line;
+        };
+        if !head.is_request() {
+            tracing::debug!("a notification or response before any request, dropped");
             return Pass::Drop;
         }
-        *initialized = head.method.as_deref() == Some("initialize");
+        *started = true;
     }
     // The whole message, so that neither an escaped method name (`tools\/call`) nor a
     // second `arguments` hides the call from the check.
@@ -219,54 +172,61 @@ fn screen(line: &[u8], initialized: &mut bool) -> Pass {
         tracing::debug!("a message that is not a JSON object, dropped");
         return Pass::Drop;
     };
-    let (Some(method), Some(id)) = (head.method, head.id) else {
+    let (Some(method), Some(id)) = (head.method(), head.id.as_ref()) else {
         // A notification or a response (the server asks the client nothing): never
         // answered.
         tracing::debug!("a notification or response that failed the screen, dropped");
         return Pass::Drop;
     };
-    let mut meta = head
-        .meta
-        .filter(|m| m.get().len() <= MAX_META_BYTES)
-        .and_then(|m| serde_json::from_str::<serde_json::Map<String, Value>>(m.get()).ok())
-        .unwrap_or_default();
+    let (name, mut meta) = head.name_and_meta();
     let mut params = serde_json::Map::new();
     if method == "tools/call" {
         // Answered by the handler with the refusal, as a tool result.
         meta.insert(REFUSED_META_KEY.into(), serde_json::json!(refusal));
-        params.insert("name".into(), head.name.unwrap_or_default().into());
+        params.insert("name".into(), name.unwrap_or_default().into());
     }
     if !meta.is_empty() {
         params.insert("_meta".into(), Value::Object(meta));
     }
-    // Any other request goes on without its parameters: rmcp answers it as such.
-    let mut message = serde_json::Map::new();
-    if let Some(v) = head.jsonrpc {
-        message.insert("jsonrpc".into(), v);
+    // Any other request goes on without its parameters: rmcp answers it as such. The id
+    // goes on as sent, so that the answer names the request the client sent.
+    let mut message = String::from("{");
+    if let Some(v) = &head.jsonrpc {
+        message.push_str(&format!("\"jsonrpc\":{},", v.get()));
     }
-    message.insert("id".into(), id);
-    message.insert("method".into(), method.into());
+    message.push_str(&format!(
+        "\"id\":{},\"method\":{}",
+        id.get(),
+        Value::from(method)
+    ));
     if !params.is_empty() {
-        message.insert("params".into(), Value::Object(params));
+        message.push_str(&format!(",\"params\":{}", Value::Object(params)));
     }
-    Pass::Instead(Value::Object(message).to_string().into_bytes())
+    message.push('}');
+    Pass::Instead(message.into_bytes())
 }
 
-/// Copies `reader` to `out` a line at a time, screening each line (see the module); a
-/// line longer than `max_line` bytes (its newline aside) is dropped, as rmcp would drop
-/// it, and a last line without a newline is passed on with one, so that rmcp reads it.
-/// rmcp must accept lines of `max_line` bytes and a newline. Ends at the end of `reader`,
-/// a read error, or when `out` is closed.
+/// A byte order mark, which rmcp reads past.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Copies `reader` to `out` a line at a time, screening each line (see the module). A
+/// message longer than `max_line` bytes (a leading byte order mark and a `\r` before the
+/// newline aside) is dropped, as rmcp drops an over-long line, and a last line without a
+/// newline is passed on with one, so that rmcp reads it. rmcp must take lines of
+/// `max_line` + [`MAX_GROWTH`] bytes and a newline. Ends at the end of `reader`, a read
+/// error, or when `out` is closed.
 pub(crate) async fn pump<R, W>(mut reader: R, mut out: W, max_line: usize)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    // What a line may hold while it is read: the message, a mark and a `\r`.
+    let most = max_line + BOM.len() + 1;
     let mut buf = vec![0u8; 64 * 1024];
     let mut line = Vec::new();
-    // The current line is longer than `max_line`: dropped as it comes.
+    // The current line is longer than `most`: dropped as it comes.
     let mut too_long = false;
-    let mut initialized = false;
+    let mut started = false;
     loop {
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -276,17 +236,16 @@ where
         loop {
             let newline = chunk.iter().position(|&b| b == b'\n');
             let (head, rest) = chunk.split_at(newline.unwrap_or(chunk.len()));
-            if !too_long && line.len() + head.len() > max_line {
+            if !too_long && line.len() + head.len() > most {
                 too_long = true;
                 line = Vec::new();
-                tracing::warn!(max_line, "a message longer than the limit, dropped");
             } else if !too_long {
                 line.extend_from_slice(head);
             }
             if newline.is_none() {
                 break;
             }
-            if !too_long && !pass(&mut out, &line, &mut initialized).await {
+            if !pass(&mut out, &line, too_long, max_line, &mut started).await {
                 return;
             }
             line.clear();
@@ -294,17 +253,29 @@ where
             chunk = &rest[1..];
         }
     }
-    if !too_long && !line.is_empty() && !pass(&mut out, &line, &mut initialized).await {
+    if (too_long || !line.is_empty())
+        && !pass(&mut out, &line, too_long, max_line, &mut started).await
+    {
         return;
     }
     let _ = out.shutdown().await;
 }
 
 /// Passes on what [`screen`] makes of `line` and a newline; false when `out` is closed.
-async fn pass<W: AsyncWrite + Unpin>(out: &mut W, line: &[u8], initialized: &mut bool) -> bool {
-    // rmcp reads past a byte order mark; the screen's parsers would stop at it.
-    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-    let written = match screen(line, initialized) {
+async fn pass<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    line: &[u8],
+    too_long: bool,
+    max_line: usize,
+    started: &mut bool,
+) -> bool {
+    let line = line.strip_prefix(BOM).unwrap_or(line);
+    let message = line.strip_suffix(b"\r").unwrap_or(line);
+    if too_long || message.len() > max_line {
+        tracing::warn!(max_line, "a message longer than the limit, dropped");
+        return true;
+    }
+    let written = match screen(line, started) {
         Pass::Drop => return true,
         Pass::Line => out.write_all(line).await,
         Pass::Instead(message) => out.write_all(&message).await,
@@ -371,7 +342,7 @@ mod tests {
         assert_eq!(r.reason_code, ReasonCode::InvalidPlan);
         assert!(r.reason.contains("12345678901234567890123"), "{}", r.reason);
         // Another request that fails goes on without its parameters.
-        assert_eq!(out[3], r#"{"id":3,"jsonrpc":"2.0","method":"tools/list"}"#);
+        assert_eq!(out[3], r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#);
         // A byte order mark is read past, as rmcp does.
         assert_eq!(out[4], call("5", "[1]"));
         // The client's `_meta` stays.
@@ -441,6 +412,48 @@ mod tests {
         let input = format!("{cancelled}\n{initialized}\n{ping}\n{INITIALIZE}\n{initialized}\n");
         let out = pumped(&input, 1 << 20).await;
         assert_eq!(out, [ping, INITIALIZE, initialized, ""]);
+        // A response first would end the session too.
+        let response = r#"{"jsonrpc":"2.0","id":77,"result":{}}"#;
+        let out = pumped(&format!("{response}\n{INITIALIZE}\n{response}\n"), 1 << 20).await;
+        assert_eq!(out, [INITIALIZE, response, ""]);
+    }
+
+    /// A request that fails keeps its id as sent, and goes on whatever its `params`.
+    #[tokio::test]
+    async fn a_failing_request_keeps_its_id_as_sent() {
+        let input = format!(
+            "{INITIALIZE}\n{}\n{}\n{}\n",
+            r#"{"jsonrpc":"2.0","id":1.0000000000000000001,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"a","content":"x"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":[1e400]}"#,
+            r#"{"jsonrpc":"2.0","id":"s","method":"tools/list","params":null,"x":{"a":1,"a":2}}"#,
+        );
+        let out = pumped(&input, 1 << 20).await;
+        // Not a number a parser keeps: rmcp answers it as the invalid id it is.
+        assert!(
+            out[1].starts_with(
+                r#"{"jsonrpc":"2.0","id":1.0000000000000000001,"method":"tools/call","params":{"#
+            ),
+            "{}",
+            out[1]
+        );
+        assert!(out[1].contains(REFUSED_META_KEY), "{}", out[1]);
+        assert_eq!(out[2], r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+        assert_eq!(
+            out[3],
+            r#"{"jsonrpc":"2.0","id":"s","method":"tools/list"}"#
+        );
+    }
+
+    /// The limit is the message's: a byte order mark and a `\r` before the newline aside.
+    #[tokio::test]
+    async fn the_limit_leaves_a_mark_and_a_carriage_return_aside() {
+        let fits = call("8", "[1]");
+        let over = call("9", "[10]");
+        assert_eq!(over.len(), fits.len() + 1);
+        let input = format!("{fits}\n\u{feff}{fits}\r\n{over}\n{over}\r\n{fits}");
+        let out = pumped(&input, fits.len()).await;
+        let cr = format!("{fits}\r");
+        assert_eq!(out, [fits.as_str(), cr.as_str(), fits.as_str(), ""]);
     }
 
     #[tokio::test]

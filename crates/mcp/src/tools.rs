@@ -306,15 +306,15 @@ impl Args {
         self.present(key).and_then(whole_number)
     }
 
-    /// Any JSON value, as given.
-    pub fn value(&self, key: &str) -> Option<Value> {
-        self.present(key).cloned()
+    /// Any JSON value, as given, taken out (not copied: it may be large).
+    pub fn take_value(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key).filter(|v| !v.is_null())
     }
 
-    /// The edits.
-    pub fn edits(&self, key: &str) -> Option<Vec<Edit>> {
-        self.present(key)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    /// The edits, taken out.
+    pub fn take_edits(&mut self, key: &str) -> Option<Vec<Edit>> {
+        self.take_value(key)
+            .and_then(|v| serde_json::from_value(v).ok())
     }
 }
 

@@ -101,11 +101,12 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
     s.finish().await;
 }
 
-/// Notifications are never answered, so one sent before `initialize` is dropped instead
-/// of ending the session; a request sent before it is answered.
+/// Notifications and responses are never answered, so one sent before the first request
+/// is dropped instead of ending the session.
 #[tokio::test]
 async fn notifications_before_initialize_do_not_end_the_session() {
     let mut s = RawSession::connect(Mode::Default);
+    s.send(r#"{"jsonrpc":"2.0","id":77,"result":{}}"#).await;
     s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#)
         .await;
     s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
