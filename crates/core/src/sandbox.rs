@@ -2177,7 +2177,7 @@ impl Sandbox {
                     }
                 }
                 why.push(format!(
-                    "these files changed after the workflow wrote them: {}; roll back with force to overwrite them",
+                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them",
                     files.join(", ")
                 ));
             }

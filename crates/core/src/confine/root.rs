@@ -1059,7 +1059,8 @@ pub fn write_atomic_flush(
     let tmp = temp_name();
     let owner = match put {
         Put::Unchanged(was) => Some(was.owner),
-        _ => None,
+        Put::Any => owner_now(dir, name),
+        Put::New => None,
     };
     let result = write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing)
         .and_then(|()| put_in_place(dir, &tmp, name, put));
@@ -1071,6 +1072,14 @@ pub fn write_atomic_flush(
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// The owner and group of the regular file `name` in `dir`, if there is one.
+fn owner_now(dir: &Dir, name: &str) -> Option<(u32, u32)> {
+    dir.symlink_metadata(name)
+        .ok()
+        .filter(cap_std::fs::Metadata::is_file)
+        .map(|m| (m.uid(), m.gid()))
 }
 
 /// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`. A
@@ -1191,8 +1200,9 @@ impl StagedWrite {
 
 impl SandboxRoot {
     /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced), owned
-    /// like the file it is `replacing`, where this process may. The target's parents must
-    /// exist: directories are only created by [`SandboxRoot::write_atomic`].
+    /// like the file it is `replacing` (or, not given, the one there now), where this
+    /// process may. The target's parents must exist: directories are only created by
+    /// [`SandboxRoot::write_atomic`].
     pub fn stage_write(
         &self,
         rel: &RelPath,
@@ -1214,7 +1224,7 @@ impl SandboxRoot {
             &staged,
             bytes,
             mode,
-            replacing.map(|r| r.owner),
+            replacing.map_or_else(|| owner_now(&dir, rel.file_name()), |r| Some(r.owner)),
             false,
         )
         .map_err(|e| self.map_open_error(rel, e))?;

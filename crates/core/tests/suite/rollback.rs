@@ -1479,3 +1479,50 @@ fn a_replaced_file_and_its_restore_keep_their_owner() {
         }
     }
 }
+
+/// The owner is kept by the restores that replace whatever is there: a forced rollback,
+/// and the recovery of a run that died before or after its rename.
+#[test]
+fn a_forced_or_recovered_restore_keeps_the_owner() {
+    use ailab_sandbox_core::config::Durability;
+    use std::os::unix::fs::MetadataExt;
+    let owned = |w: &World| {
+        let m = std::fs::metadata(w.path("own.txt")).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o777)
+    };
+    for durability in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
+        for how in ["force", "before_mutate", "after_mutate"] {
+            let w = World::new();
+            w.write("own.txt", b"data\n");
+            let path = w.path("own.txt");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            if std::os::unix::fs::chown(&path, Some(65534), Some(65534)).is_err() {
+                return;
+            }
+            let mut c = w.writable_config();
+            c.durability = durability;
+            let sb = w.open(c.clone());
+            let plan = json!({"workflow_id": "wf_own", "actions": [{"intent": "replace_file", "path": "own.txt", "content": "new\n"}]});
+            let case = format!("{how}, {durability:?}");
+            if how == "force" {
+                assert_eq!(status(&run(&sb, plan)), "success", "{case}");
+                let rb = rollback(&sb, "wf_own", true);
+                assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+            } else {
+                sb.failpoints().arm_crash(how, 1);
+                let died =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&sb, plan)));
+                assert!(died.is_err(), "{case}: the run dies");
+                drop(sb);
+                drop(w.open(c));
+            }
+            // Under `batched` the commit log makes the write whole once it is logged:
+            // recovery replays it rather than undoing it.
+            let replayed = durability == Durability::Batched && how != "force";
+            let expected: &[u8] = if replayed { b"new\n" } else { b"data\n" };
+            assert_eq!(w.read("own.txt"), expected, "{case}");
+            assert_eq!(owned(&w), (65534, 65534, 0o600), "{case}");
+        }
+    }
+}
