@@ -55,6 +55,8 @@ struct Head {
     method: Option<Raw>,
     id: Option<Raw>,
     params: Option<Raw>,
+    /// It has a `result` or an `error`: a response, whatever else it has.
+    answer: bool,
 }
 
 impl<'de> Deserialize<'de> for Head {
@@ -73,6 +75,11 @@ impl<'de> Deserialize<'de> for Head {
                         "method" => &mut head.method,
                         "id" => &mut head.id,
                         "params" => &mut head.params,
+                        "result" | "error" => {
+                            head.answer = true;
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                             continue;
@@ -99,13 +106,20 @@ impl Head {
             .and_then(|m| serde_json::from_str(m.get()).ok())
     }
 
+    /// A request as rmcp reads one: a string method, an id that is a string or an
+    /// integer, no result or error.
     fn is_request(&self) -> bool {
-        self.method().is_some() && self.id.is_some()
+        let id_fits = self.id.as_ref().is_some_and(|id| {
+            let t = id.get();
+            serde_json::from_str::<String>(t).is_ok()
+                || serde_json::from_str::<i64>(t).is_ok()
+                || serde_json::from_str::<u64>(t).is_ok()
+        });
+        self.method().is_some() && id_fits && !self.answer
     }
 
-    /// `params.name` (when a string) and `params._meta` (when an object of at most
-    /// [`MAX_META_BYTES`]).
-    fn name_and_meta(&self) -> (Option<String>, serde_json::Map<String, Value>) {
+    /// `params.name` (when a string) and `params._meta` (when an object), as sent.
+    fn name_and_meta(&self) -> (Option<Raw>, Option<Raw>) {
         #[derive(Deserialize)]
         struct Params {
             name: Option<Raw>,
@@ -118,14 +132,12 @@ impl Head {
             .as_ref()
             .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
         else {
-            return (None, serde_json::Map::new());
+            return (None, None);
         };
-        let name = p.name.and_then(|n| serde_json::from_str(n.get()).ok());
-        let meta = p
-            .meta
-            .filter(|m| m.get().len() <= MAX_META_BYTES)
-            .and_then(|m| serde_json::from_str(m.get()).ok())
-            .unwrap_or_default();
+        let name = p
+            .name
+            .filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
+        let meta = p.meta.filter(|m| m.get().starts_with('{'));
         (name, meta)
     }
 }
@@ -138,13 +150,10 @@ enum Pass {
     Drop,
 }
 
-/// The most of a client's `params._meta` kept on a message passed on in another's place
-/// (rmcp needs it from clients that skip `initialize`); a larger one is left out.
-const MAX_META_BYTES: usize = 1 << 20;
-
-/// How much longer than the line it replaces a message [`screen`] passes on may be: a
-/// refusal's text and the client's `_meta`. rmcp must take lines that much longer.
-pub(crate) const MAX_GROWTH: usize = MAX_META_BYTES + (64 << 10);
+/// How much longer than the line it replaces a message [`screen`] passes on may be: it
+/// copies parts of the line as sent and adds a refusal, whose text is short. rmcp must
+/// take lines that much longer.
+pub(crate) const MAX_GROWTH: usize = 64 << 10;
 
 /// Screens one whole line (one JSON-RPC message, without a byte order mark). `started`:
 /// a request has been passed on (rmcp ends a session whose first message is not one),
@@ -178,15 +187,36 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         tracing::debug!("a notification or response that failed the screen, dropped");
         return Pass::Drop;
     };
-    let (name, mut meta) = head.name_and_meta();
-    let mut params = serde_json::Map::new();
+    // Built from the line's own text: a re-serialised value could come out longer
+    // (`1e15` as `1000000000000000.0`) than rmcp takes.
+    let (name, meta) = head.name_and_meta();
+    let mut params = Vec::new();
     if method == "tools/call" {
-        // Answered by the handler with the refusal, as a tool result.
-        meta.insert(REFUSED_META_KEY.into(), serde_json::json!(refusal));
-        params.insert("name".into(), name.unwrap_or_default().into());
+        params.push(format!(
+            "\"name\":{}",
+            name.as_ref().map_or("\"\"", |n| n.get())
+        ));
     }
-    if !meta.is_empty() {
-        params.insert("_meta".into(), Value::Object(meta));
+    // The client's `_meta` (rmcp needs it from clients that skip `initialize`), and for
+    // a call the refusal, answered by the handler as a tool result. Last, so that it is
+    // the one read if the client gave the key too.
+    let refused = (method == "tools/call").then(|| {
+        format!(
+            "\"{REFUSED_META_KEY}\":{}",
+            serde_json::to_string(&refusal).unwrap_or_else(|_| "{}".to_owned())
+        )
+    });
+    let inner = meta.as_ref().map(|m| {
+        let t = m.get().trim();
+        t[1..t.len() - 1].trim()
+    });
+    let fields: Vec<&str> = inner
+        .into_iter()
+        .filter(|i| !i.is_empty())
+        .chain(refused.as_deref())
+        .collect();
+    if meta.is_some() || refused.is_some() {
+        params.push(format!("\"_meta\":{{{}}}", fields.join(",")));
     }
     // Any other request goes on without its parameters: rmcp answers it as such. The id
     // goes on as sent, so that the answer names the request the client sent.
@@ -197,10 +227,10 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     message.push_str(&format!(
         "\"id\":{},\"method\":{}",
         id.get(),
-        Value::from(method)
+        head.method.as_ref().map_or("\"\"", |m| m.get())
     ));
     if !params.is_empty() {
-        message.push_str(&format!(",\"params\":{}", Value::Object(params)));
+        message.push_str(&format!(",\"params\":{{{}}}", params.join(",")));
     }
     message.push('}');
     Pass::Instead(message.into_bytes())
@@ -345,7 +375,12 @@ mod tests {
         assert_eq!(out[3], r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#);
         // A byte order mark is read past, as rmcp does.
         assert_eq!(out[4], call("5", "[1]"));
-        // The client's `_meta` stays.
+        // The client's `_meta` stays, as sent.
+        assert!(
+            out[5].contains(r#""_meta":{"progressToken":3,"ailab-sandbox/refused":"#),
+            "{}",
+            out[5]
+        );
         let (msg, r) = refusal_of(&out[5]);
         assert_eq!(msg["params"]["_meta"]["progressToken"], 3, "{msg}");
         assert!(r.reason.contains("'path' appears twice"), "{}", r.reason);
@@ -412,6 +447,15 @@ mod tests {
         let input = format!("{cancelled}\n{initialized}\n{ping}\n{INITIALIZE}\n{initialized}\n");
         let out = pumped(&input, 1 << 20).await;
         assert_eq!(out, [ping, INITIALIZE, initialized, ""]);
+        // So would a request rmcp does not take as one, followed by a notification.
+        for first in [
+            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","result":{}}"#,
+        ] {
+            let out = pumped(&format!("{first}\n{cancelled}\n{INITIALIZE}\n"), 1 << 20).await;
+            assert_eq!(out, [INITIALIZE, ""], "{first}");
+        }
         // A response first would end the session too.
         let response = r#"{"jsonrpc":"2.0","id":77,"result":{}}"#;
         let out = pumped(&format!("{response}\n{INITIALIZE}\n{response}\n"), 1 << 20).await;
