@@ -600,6 +600,17 @@ fn recovery_keeps_finished_actions_that_share_a_target() {
     }
 }
 
+/// Asserts that the start recovered an interrupted rollback by recording one restore.
+fn assert_recorded_one_restore(sb: &ailab_sandbox_core::Sandbox, case: &str) {
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("interrupted rollback") && n.contains("1 restored files recorded")),
+        "{case}: {:?}",
+        sb.notices()
+    );
+}
+
 /// A rollback killed after a restore but before that step's audit line (before or after
 /// its "restored" mark): the next start finds the file restored (it holds the action's
 /// `before` checksum, or its snapshot is marked) and records it, so the tree agrees with
@@ -614,14 +625,7 @@ fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() 
             let case = format!("{point}, {durability:?}");
             assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: restored, unrecorded");
             let sb = w.open(c);
-            assert!(
-                sb.notices()
-                    .iter()
-                    .any(|n| n.contains("interrupted rollback")
-                        && n.contains("1 restored files recorded")),
-                "{case}: {:?}",
-                sb.notices()
-            );
+            assert_recorded_one_restore(&sb, &case);
             assert_eq!(sb.audit_stats().unwrap().rolled_back, 2, "{case}");
             assert!(sb.audit_verify().unwrap().ok);
             let b = sb
@@ -1674,14 +1678,7 @@ fn a_rollback_killed_after_removing_a_made_directory_is_recorded_at_the_next_sta
             "{durability:?}: removed, unrecorded"
         );
         let sb = w.open(c);
-        assert!(
-            sb.notices()
-                .iter()
-                .any(|n| n.contains("interrupted rollback")
-                    && n.contains("1 restored files recorded")),
-            "{durability:?}: {:?}",
-            sb.notices()
-        );
+        assert_recorded_one_restore(&sb, &format!("{durability:?}"));
         assert!(sb.audit_verify().unwrap().ok);
         let rb = sb.rollback_workflow("wf_dirs", &RollbackOptions::default());
         assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");

@@ -1434,24 +1434,36 @@ fn a_step_says_what_became_of_a_target_without_checksum() {
     assert_eq!(w.read("kept/old.txt"), b"old\n");
 }
 
+/// A world with `own.txt` (`data\n`, mode 0600) owned by uid and gid 65534; `None` when
+/// this process may not give a file away.
+fn another_users_file() -> Option<World> {
+    let w = World::new();
+    w.write("own.txt", b"data\n");
+    let path = w.path("own.txt");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).ok()?;
+    Some(w)
+}
+
+/// `own.txt`'s owner, group and permission bits.
+fn owned(w: &World) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(w.path("own.txt")).unwrap();
+    (m.uid(), m.gid(), m.mode() & 0o777)
+}
+
 /// A file of another user's, replaced or appended to (as root), stays that user's, and
 /// so does the original a rollback puts back: a file of mode 0600 is not lost to its
 /// owner.
 #[test]
 fn a_replaced_file_and_its_restore_keep_their_owner() {
     use ailab_sandbox_core::config::Durability;
-    use std::os::unix::fs::MetadataExt;
     for durability in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
         for intent in ["replace_file", "append_file"] {
-            let w = World::new();
-            w.write("own.txt", b"data\n");
-            let path = w.path("own.txt");
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                .unwrap();
-            if std::os::unix::fs::chown(&path, Some(65534), Some(65534)).is_err() {
+            let Some(w) = another_users_file() else {
                 // Not privileged: no file of another user's can be made here.
                 return;
-            }
+            };
             let mut c = w.writable_config();
             c.durability = durability;
             let sb = w.open(c);
@@ -1461,21 +1473,11 @@ fn a_replaced_file_and_its_restore_keep_their_owner() {
             );
             assert_eq!(status(&r), "success", "{r:?}");
             let case = format!("{intent}, {durability:?}");
-            let m = std::fs::metadata(&path).unwrap();
-            assert_eq!(
-                (m.uid(), m.gid(), m.mode() & 0o777),
-                (65534, 65534, 0o600),
-                "{case}"
-            );
+            assert_eq!(owned(&w), (65534, 65534, 0o600), "{case}");
             let rb = rollback(&sb, "wf_own", false);
             assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
             assert_eq!(w.read("own.txt"), b"data\n", "{case}");
-            let m = std::fs::metadata(&path).unwrap();
-            assert_eq!(
-                (m.uid(), m.gid(), m.mode() & 0o777),
-                (65534, 65534, 0o600),
-                "{case}"
-            );
+            assert_eq!(owned(&w), (65534, 65534, 0o600), "{case}");
         }
     }
 }
@@ -1485,21 +1487,12 @@ fn a_replaced_file_and_its_restore_keep_their_owner() {
 #[test]
 fn a_forced_or_recovered_restore_keeps_the_owner() {
     use ailab_sandbox_core::config::Durability;
-    use std::os::unix::fs::MetadataExt;
-    let owned = |w: &World| {
-        let m = std::fs::metadata(w.path("own.txt")).unwrap();
-        (m.uid(), m.gid(), m.mode() & 0o777)
-    };
     for durability in [Durability::Strict, Durability::Batched, Durability::Relaxed] {
         for how in ["force", "before_mutate", "after_mutate"] {
-            let w = World::new();
-            w.write("own.txt", b"data\n");
-            let path = w.path("own.txt");
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                .unwrap();
-            if std::os::unix::fs::chown(&path, Some(65534), Some(65534)).is_err() {
+            let Some(w) = another_users_file() else {
+                // Not privileged: no file of another user's can be made here.
                 return;
-            }
+            };
             let mut c = w.writable_config();
             c.durability = durability;
             let sb = w.open(c.clone());
