@@ -118,15 +118,39 @@ impl Head {
         self.method().is_some() && id_fits && !self.answer
     }
 
-    /// `params.name` (when a string) and `params._meta` (when an object), as sent.
+    /// `params.name` (when a string) and `params._meta` (when an object of at most
+    /// [`MAX_META_BYTES`]), as sent; a key given twice keeps its last value.
     fn name_and_meta(&self) -> (Option<Raw>, Option<Raw>) {
-        #[derive(Deserialize)]
+        #[derive(Default)]
         struct Params {
             name: Option<Raw>,
-            #[serde(rename = "_meta")]
             meta: Option<Raw>,
         }
-        // A params object that gives `name` or `_meta` twice is read as giving neither.
+        impl<'de> Deserialize<'de> for Params {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = Params;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("an object")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
+                        let mut p = Params::default();
+                        while let Some(key) = map.next_key::<String>()? {
+                            match key.as_str() {
+                                "name" => p.name = Some(map.next_value()?),
+                                "_meta" => p.meta = Some(map.next_value()?),
+                                _ => {
+                                    map.next_value::<IgnoredAny>()?;
+                                }
+                            }
+                        }
+                        Ok(p)
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
         let Some(p) = self
             .params
             .as_ref()
@@ -137,10 +161,24 @@ impl Head {
         let name = p
             .name
             .filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
-        let meta = p.meta.filter(|m| m.get().starts_with('{'));
+        // Copied as sent, so it must be small: its values are not counted apart.
+        let meta = p
+            .meta
+            .filter(|m| m.get().starts_with('{') && m.get().len() <= MAX_META_BYTES);
         (name, meta)
     }
+
+    /// Whether the id and version are plain values (a string or a number), which are
+    /// copied as sent into a message passed on in this one's place.
+    fn scalar_envelope(&self) -> bool {
+        let scalar = |r: &Raw| !r.get().starts_with(['[', '{']);
+        self.id.as_ref().is_some_and(scalar) && self.jsonrpc.as_ref().is_none_or(scalar)
+    }
 }
+
+/// The most of a client's `params._meta` copied onto a message passed on in another's
+/// place (rmcp needs it from clients that skip `initialize`); a larger one is left out.
+const MAX_META_BYTES: usize = 64 << 10;
 
 /// What the pump passes on for one whole line: the line itself, another message in its
 /// place, or nothing.
@@ -187,6 +225,11 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         tracing::debug!("a notification or response that failed the screen, dropped");
         return Pass::Drop;
     };
+    if !head.scalar_envelope() {
+        // An id or version rmcp would refuse, and might hold any number of values.
+        tracing::debug!("a request with an id or version that is not a plain value, dropped");
+        return Pass::Drop;
+    }
     // Built from the line's own text: a re-serialised value could come out longer
     // (`1e15` as `1000000000000000.0`) than rmcp takes.
     let (name, meta) = head.name_and_meta();
@@ -318,6 +361,7 @@ async fn pass<W: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use ailab_sandbox_core::ReasonCode;
+    use serde_json::json;
 
     fn call(id: &str, data: &str) -> String {
         format!(
@@ -486,6 +530,39 @@ mod tests {
             out[3],
             r#"{"jsonrpc":"2.0","id":"s","method":"tools/list"}"#
         );
+    }
+
+    /// What is copied as sent onto a refused request is bounded: a large `_meta` is left
+    /// out, an id or version that is not a plain value drops the request, and a key given
+    /// twice keeps its last value.
+    #[tokio::test]
+    async fn a_rebuilt_request_copies_only_small_plain_parts() {
+        let big_meta = format!("{{\"v\":[{}]}}", vec!["0"; 40_000].join(","));
+        let first = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"_meta":{big_meta},"name":"write_json","arguments":{{"data":1e400}}}}}}"#
+        );
+        let input = format!(
+            "{INITIALIZE}\n{first}\n{}\n{}\n{}\n",
+            r#"{"jsonrpc":"2.0","id":[0,0],"method":"tools/call","params":{"name":"write_json","arguments":{"data":1e400}}}"#,
+            r#"{"jsonrpc":["2.0"],"id":3,"method":"ping","params":{"x":1e400}}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","name":"write_json","arguments":{"data":1}}}"#,
+        );
+        let out = pumped(&input, 1 << 20).await;
+        assert_eq!(out.len(), 4, "{out:?}");
+        let (msg, _) = refusal_of(&out[1]);
+        assert_eq!(msg["id"], 1);
+        assert_eq!(
+            msg["params"]["_meta"].as_object().unwrap().len(),
+            1,
+            "{msg}"
+        );
+        let (msg, r) = refusal_of(&out[2]);
+        assert_eq!(
+            (msg["id"].clone(), msg["params"]["name"].clone()),
+            (json!(4), json!("write_json"))
+        );
+        assert!(r.reason.contains("'name' appears twice"), "{}", r.reason);
+        assert_eq!(out[3], "");
     }
 
     /// The limit is the message's: a byte order mark and a `\r` before the newline aside.
