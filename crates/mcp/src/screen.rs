@@ -199,7 +199,9 @@ pub(crate) const MAX_GROWTH: usize = 64 << 10;
 fn screen(line: &[u8], started: &mut bool) -> Pass {
     if !*started {
         let Some(head) = Head::of(line) else {
-            return Pass::Line;
+            // Not a JSON object: rmcp would not answer it, only build its values.
+            tracing::debug!("a message that is not a JSON object, dropped");
+            return Pass::Drop;
         };
         if !head.is_request() {
             tracing::debug!("a notification or response before any request, dropped");
@@ -504,6 +506,16 @@ mod tests {
         let response = r#"{"jsonrpc":"2.0","id":77,"result":{}}"#;
         let out = pumped(&format!("{response}\n{INITIALIZE}\n{response}\n"), 1 << 20).await;
         assert_eq!(out, [INITIALIZE, response, ""]);
+        // Nor does anything that is not a JSON object, however many values it holds.
+        let zeros = vec!["0"; 100].join(",");
+        let out = pumped(
+            &format!(
+                "{{\"id\":1,\"method\":\"ping\",\"params\":[{zeros}]}} x\n[{zeros}]\n{INITIALIZE}\n"
+            ),
+            1 << 20,
+        )
+        .await;
+        assert_eq!(out, [INITIALIZE, ""]);
     }
 
     /// A request that fails keeps its id as sent, and goes on whatever its `params`.
