@@ -23,7 +23,7 @@
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -47,9 +47,42 @@ pub(crate) fn refusal_in(meta: &serde_json::Map<String, Value>) -> Option<Refusa
 /// A piece of a message as sent.
 type Raw = Box<serde_json::value::RawValue>;
 
-/// What a message says of itself, kept as sent and read without building its values. A
-/// key given twice keeps its last value, as rmcp reads it.
-#[derive(Default)]
+/// The values of `keys` in the JSON object `text`, as sent and without building them; a
+/// key given twice keeps its last value, as rmcp reads it. `None` when `text` is not one
+/// JSON object.
+fn pick<const N: usize>(text: &[u8], keys: [&str; N]) -> Option<[Option<Raw>; N]> {
+    struct Pick<'k, const N: usize>(&'k [&'k str; N]);
+    impl<'de, const N: usize> DeserializeSeed<'de> for Pick<'_, N> {
+        type Value = [Option<Raw>; N];
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de, const N: usize> Visitor<'de> for Pick<'_, N> {
+        type Value = [Option<Raw>; N];
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut picked = std::array::from_fn(|_| None);
+            while let Some(key) = map.next_key::<String>()? {
+                match self.0.iter().position(|k| *k == key) {
+                    Some(i) => picked[i] = Some(map.next_value()?),
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(picked)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let picked = Pick(&keys).deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(picked)
+}
+
+/// What a message says of itself, kept as sent (see [`pick`]).
 struct Head {
     jsonrpc: Option<Raw>,
     method: Option<Raw>,
@@ -59,44 +92,19 @@ struct Head {
     answer: bool,
 }
 
-impl<'de> Deserialize<'de> for Head {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Head;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON-RPC message")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
-                let mut head = Head::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    let slot = match key.as_str() {
-                        "jsonrpc" => &mut head.jsonrpc,
-                        "method" => &mut head.method,
-                        "id" => &mut head.id,
-                        "params" => &mut head.params,
-                        "result" | "error" => {
-                            head.answer = true;
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = Some(map.next_value()?);
-                }
-                Ok(head)
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
 impl Head {
     fn of(line: &[u8]) -> Option<Head> {
-        serde_json::from_slice(line).ok()
+        let [jsonrpc, method, id, params, result, error] = pick(
+            line,
+            ["jsonrpc", "method", "id", "params", "result", "error"],
+        )?;
+        Some(Head {
+            jsonrpc,
+            method,
+            id,
+            params,
+            answer: result.is_some() || error.is_some(),
+        })
     }
 
     /// The method, when it is a string.
@@ -121,50 +129,16 @@ impl Head {
     /// `params.name` (when a string) and `params._meta` (when an object of at most
     /// [`MAX_META_BYTES`]), as sent; a key given twice keeps its last value.
     fn name_and_meta(&self) -> (Option<Raw>, Option<Raw>) {
-        #[derive(Default)]
-        struct Params {
-            name: Option<Raw>,
-            meta: Option<Raw>,
-        }
-        impl<'de> Deserialize<'de> for Params {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V;
-                impl<'de> Visitor<'de> for V {
-                    type Value = Params;
-                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                        f.write_str("an object")
-                    }
-                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params, A::Error> {
-                        let mut p = Params::default();
-                        while let Some(key) = map.next_key::<String>()? {
-                            match key.as_str() {
-                                "name" => p.name = Some(map.next_value()?),
-                                "_meta" => p.meta = Some(map.next_value()?),
-                                _ => {
-                                    map.next_value::<IgnoredAny>()?;
-                                }
-                            }
-                        }
-                        Ok(p)
-                    }
-                }
-                d.deserialize_map(V)
-            }
-        }
-        let Some(p) = self
+        let Some([name, meta]) = self
             .params
             .as_ref()
-            .and_then(|p| serde_json::from_str::<Params>(p.get()).ok())
+            .and_then(|p| pick(p.get().as_bytes(), ["name", "_meta"]))
         else {
             return (None, None);
         };
-        let name = p
-            .name
-            .filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
+        let name = name.filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
         // Copied as sent, so it must be small: its values are not counted apart.
-        let meta = p
-            .meta
-            .filter(|m| m.get().starts_with('{') && m.get().len() <= MAX_META_BYTES);
+        let meta = meta.filter(|m| m.get().starts_with('{') && m.get().len() <= MAX_META_BYTES);
         (name, meta)
     }
 
@@ -197,6 +171,8 @@ pub(crate) const MAX_GROWTH: usize = 64 << 10;
 /// a request has been passed on (rmcp ends a session whose first message is not one),
 /// and is set when this line is one.
 fn screen(line: &[u8], started: &mut bool) -> Pass {
+    // Read before the first request, and again only when the check fails.
+    let mut first = None;
     if !*started {
         let Some(head) = Head::of(line) else {
             // Not a JSON object: rmcp would not answer it, only build its values.
@@ -208,6 +184,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             return Pass::Drop;
         }
         *started = true;
+        first = Some(head);
     }
     // The whole message, so that neither an escaped method name (`tools\/call`) nor a
     // second `arguments` hides the call from the check.
@@ -216,7 +193,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     };
     // From here on the message never reaches rmcp as sent: rmcp would build all its
     // values (however many), or read other ones than were sent.
-    let Some(head) = Head::of(line) else {
+    let Some(head) = first.or_else(|| Head::of(line)) else {
         // Not a JSON object: rmcp would not answer it either.
         tracing::debug!("a message that is not a JSON object, dropped");
         return Pass::Drop;
