@@ -765,14 +765,14 @@ impl Sandbox {
             // Compared as states, not checksums: a directory has none, and a removed
             // `create_directory` is told from a standing one only by what is there.
             let now = self.target_state(i, &s.meta.target());
-            let left = if s.meta.is_directory_action() {
+            let as_left = if s.meta.is_directory_action() {
                 TargetState::Directory
             } else {
                 after
                     .clone()
                     .map_or(TargetState::Missing, TargetState::File)
             };
-            if now != TargetState::found_by(&s.meta) || now == left {
+            if now != TargetState::found_by(&s.meta) || now == as_left {
                 settled.insert(key);
                 continue;
             }
