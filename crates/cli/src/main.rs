@@ -756,8 +756,9 @@ fn serve(config: Config) -> Result<u8> {
     }
     // Before the runtime starts its threads: Landlock binds only threads created later.
     report_confinement(sandbox.confine_process(), false);
-    eprintln!("listening on http://{}", opts.addr);
-    ailab_sandbox_http::run(std::sync::Arc::new(sandbox), opts)?;
+    ailab_sandbox_http::run_announcing(std::sync::Arc::new(sandbox), opts, |local| {
+        eprintln!("listening on http://{local}");
+    })?;
     Ok(EXIT_OK)
 }
 

@@ -786,6 +786,52 @@ fn a_short_token_stops_the_server_only() {
     assert!(err.contains("shorter than 16 characters"), "{err}");
 }
 
+/// `serve` announces the address it listens on only once bound, with the real port for
+/// port 0, so a supervisor waiting for the line is never told of a server that failed.
+#[test]
+fn serve_announces_the_bound_address_only_after_binding() {
+    use std::io::{BufRead, Read, Write};
+    let e = env();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    let out = e.cmd().args(["serve", "--addr", &busy]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {busy}")), "{err}");
+    assert!(!err.contains("listening on"), "{err}");
+
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env("AILAB_SANDBOX_LOG", "error")
+        .env_remove("AI_LAB_SANDBOX_TOKEN")
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let announced = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned));
+    let Some(addr) = announced else {
+        let _ = child.kill();
+        panic!("no announcement: {:?}", child.wait_with_output());
+    };
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!addr.ends_with(":0"), "the real port: {addr}");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 /// Runs a command without `--json` (`run` gets `plan`): its exit code and standard output.
 fn human_output(e: &Env, args: &[&str], plan: &std::path::Path) -> (Option<i32>, String) {
     let mut c = e.cmd();

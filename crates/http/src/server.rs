@@ -270,6 +270,18 @@ pub fn check_exposure(
 /// and returns. Builds its own multi-thread Tokio runtime; refuses a non-loopback address
 /// without a token. Logs one line per request with `tracing`.
 pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> {
+    run_announcing(sandbox, opts, |_| {})
+}
+
+/// [`run`], calling `listening` with the bound address (the real port when `addr` asks
+/// for port 0) once the socket listens and before the first connection is accepted: a
+/// supervisor waiting for that announcement never sees it for a server that failed to
+/// bind.
+pub fn run_announcing(
+    sandbox: Arc<Sandbox>,
+    opts: ServeOptions,
+    listening: impl FnOnce(SocketAddr) + Send,
+) -> Result<(), ServeError> {
     if opts.body_limit_bytes == 0 {
         return Err(ServeError::ZeroBodyLimit);
     }
@@ -288,9 +300,12 @@ pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> 
                 addr: opts.addr.clone(),
                 error,
             })?;
-        if let Ok(local) = listener.local_addr() {
-            tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
-        }
+        let local = listener.local_addr().map_err(|error| ServeError::Bind {
+            addr: opts.addr.clone(),
+            error,
+        })?;
+        tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
+        listening(local);
         let app = crate::router(sandbox, opts.token, opts.body_limit_bytes);
         serve_with(listener, app, opts.limits, shutdown_signal()).await
     })
