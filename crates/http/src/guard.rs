@@ -78,7 +78,8 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Why a request from a browser is refused, if it is one.
-fn browser_refusal(headers: &HeaderMap, token_set: bool) -> Option<ApiError> {
+fn browser_refusal(req: &Request, token_set: bool) -> Option<ApiError> {
+    let headers = req.headers();
     if headers.contains_key(header::ORIGIN) {
         return Some(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -96,11 +97,14 @@ fn browser_refusal(headers: &HeaderMap, token_set: bool) -> Option<ApiError> {
         ));
     }
     // Without a token the server listens on loopback only; a Host that is not a loopback
-    // name means a DNS-rebinding page is talking to it.
-    if !token_set
-        && let Some(host) = headers.get(header::HOST)
-        && !is_loopback_host(host.as_bytes())
-    {
+    // name means a DNS-rebinding page is talking to it. A request target in absolute form
+    // names the host too, and RFC 9112 §3.2.2 puts it before the header: both must pass.
+    let mut named = headers
+        .get(header::HOST)
+        .map(|h| h.as_bytes())
+        .into_iter()
+        .chain(req.uri().authority().map(|a| a.as_str().as_bytes()));
+    if !token_set && named.any(|host| !is_loopback_host(host)) {
         return Some(ApiError::new(
             StatusCode::FORBIDDEN,
             codes::FORBIDDEN_HOST,
@@ -139,16 +143,16 @@ pub(crate) fn is_loopback_host(host: &[u8]) -> bool {
 /// every route, `/healthz` included (SPEC §10), so that nothing answers a caller who does
 /// not hold the token.
 pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
-    // RFC 9112 §3.2: answered 400. Served, it would pass the loopback check on one Host
-    // while a proxy or the application could read another.
+    // RFC 9112 §3.2: answered 400. Served, several would pass the loopback check on one
+    // Host while a proxy or the application could read another, and none would skip it.
     let hosts = req.headers().get_all(header::HOST).iter().count();
-    if hosts > 1 {
+    if hosts != 1 {
         return ApiError::bad_request(format!(
-            "the request has {hosts} Host headers; HTTP/1.1 allows exactly one"
+            "the request has {hosts} Host headers; this server needs exactly one (such as 'Host: localhost')"
         ))
         .into_response();
     }
-    if let Some(refusal) = browser_refusal(req.headers(), g.token_digest.is_some()) {
+    if let Some(refusal) = browser_refusal(&req, g.token_digest.is_some()) {
         return refusal.into_response();
     }
     if !g.authorized(req.headers()) {

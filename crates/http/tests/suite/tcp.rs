@@ -144,6 +144,40 @@ async fn real_tcp_with_token_auth() {
     server.stop().await;
 }
 
+/// Without a token, what names the host must name loopback: a request with no `Host`
+/// (RFC 9112 §3.2: 400) and an absolute-form target naming another host (which RFC 9112
+/// §3.2.2 puts before the header) would otherwise slip past the DNS-rebinding guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_name_of_the_host_is_checked() {
+    let e = simulating();
+    let server = Server::start(e.app.clone()).await;
+    let addr = server.addr;
+    tokio::task::spawn_blocking(move || {
+        let answer = |req: &str| {
+            let (status, head, body) = raw_http(addr, req);
+            let code = serde_json::from_str::<serde_json::Value>(&body)
+                .map(|v| v["reason_code"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            (status, code, format!("{head}\n{body}"))
+        };
+        for version in ["HTTP/1.1", "HTTP/1.0"] {
+            let (status, code, all) =
+                answer(&format!("GET /agentic/state {version}\r\nConnection: close\r\n\r\n"));
+            assert_eq!((status, code.as_str()), (400, "invalid_request"), "{all}");
+        }
+        let (status, code, all) = answer(
+            "GET http://evil.example/agentic/state HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        );
+        assert_eq!((status, code.as_str()), (403, "forbidden_host"), "{all}");
+        let (status, _, all) = answer(&format!(
+            "GET http://{addr}/agentic/state HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        ));
+        assert_eq!(status, 200, "{all}");
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_serves_many_requests_on_one_connection() {
     let e = simulating();

@@ -116,7 +116,14 @@ impl Resp {
     }
 }
 
-pub async fn send(app: &Router, req: Request<Body>) -> Resp {
+/// Sends `req` as a client would: with `Host: localhost` unless the test names one.
+pub async fn send(app: &Router, mut req: Request<Body>) -> Resp {
+    if !req.headers().contains_key(axum::http::header::HOST) {
+        req.headers_mut().insert(
+            axum::http::header::HOST,
+            axum::http::HeaderValue::from_static("localhost"),
+        );
+    }
     let resp = app.clone().oneshot(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = axum::body::to_bytes(body, usize::MAX)
