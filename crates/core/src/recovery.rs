@@ -133,6 +133,12 @@ pub struct Recovered {
     pub retry: bool,
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
+    /// Why targets of the run could not be judged (each a sentence naming one): what
+    /// stands there is something the runtime never reads — a file with a second hard
+    /// link, a symbolic link, FIFO or device on its path, a file where a folder was. Only
+    /// whoever put it there can put it right; until then nothing of the run is judged
+    /// ([`Self::retry`]), since any verdict (done, undone, overwritten) would be a guess.
+    pub unjudged: Vec<String>,
 }
 
 impl Recovered {
@@ -317,6 +323,16 @@ impl Sandbox {
         // this undoes.
         self.settle_commit_log(workflow_id)?;
         let report = self.recover_record(&rec);
+        if !report.unjudged.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; put those paths back as the runtime left them (remove the extra link, link or special file), then retry",
+                    rec.execution_id,
+                    report.unjudged.join("; ")
+                ),
+            ));
+        }
         if report.retry {
             return Err(Refusal::new(
                 ReasonCode::IoError,
@@ -744,6 +760,15 @@ impl Sandbox {
             return report;
         };
         report.untrusted += untrusted;
+        report.unjudged = self.unjudged(
+            snaps
+                .iter()
+                .filter(|(_, s)| !s.restored && done.contains_key(&s.meta.action_id)),
+        );
+        if !report.unjudged.is_empty() {
+            report.retry = true;
+            return report;
+        }
         // A restore writes its bytes aside first (and its mark): the dead rollback's
         // temporary files may lie beside any of the workflow's targets.
         let dirs = snaps
@@ -854,6 +879,11 @@ impl Sandbox {
             report.retry = true;
             return report;
         };
+        report.unjudged = self.unjudged(mine.iter().filter(|(_, s)| !s.restored));
+        if !report.unjudged.is_empty() {
+            report.retry = true;
+            return report;
+        }
         for (i, s) in mine.into_iter().rev() {
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
             let key = (i, s.meta.original_path.clone());
@@ -1241,6 +1271,21 @@ impl Sandbox {
             }
         }
         if failed { Err(()) } else { Ok(changed) }
+    }
+
+    /// Why some of these snapshots' targets cannot be judged now, one sentence each (see
+    /// [`Recovered::unjudged`]). A missing target or a file too large for a snapshot is
+    /// judged (someone else's change); only what the runtime refuses to look at is not.
+    fn unjudged<'a>(
+        &self,
+        snaps: impl Iterator<Item = &'a (usize, crate::snapshot::StoredSnapshot)>,
+    ) -> Vec<String> {
+        let mut seen = HashSet::new();
+        snaps
+            .filter(|(i, s)| seen.insert((*i, s.meta.original_path.clone())))
+            .filter_map(|(i, s)| self.roots[*i].inspect(&s.meta.target()).err())
+            .map(|r| r.reason)
+            .collect()
     }
 
     /// Whether a target (`current`: its checksum, `None` when it is no file) holds what

@@ -588,6 +588,16 @@ impl Sandbox {
                 ));
                 continue;
             }
+            if !r.unjudged.is_empty() {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; put those paths back as the runtime left them (remove the extra link, link or special file) and it is recovered at the next start",
+                    if r.rollback { "rollback" } else { "run" },
+                    r.execution_id,
+                    r.workflow_id,
+                    r.unjudged.join("; ")
+                ));
+                continue;
+            }
             if r.retry {
                 sb.notices.push(format!(
                     "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",

@@ -756,6 +756,93 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     assert_eq!(record()["state"], "idle");
 }
 
+/// What someone may leave at a dead run's target before the next start, which the runtime
+/// never looks through: a second hard link to the file, or a symbolic link where its
+/// folder was. Returns the closure that takes it away again.
+fn interfere_at(w: &World, rel: &str, how: &str) -> Box<dyn FnOnce()> {
+    let file = w.path(rel);
+    let outside = w.tmp.path().join("interference");
+    if how == "hard link" {
+        std::fs::hard_link(&file, &outside).unwrap();
+        return Box::new(move || std::fs::remove_file(outside).unwrap());
+    }
+    let folder = file.parent().unwrap().to_path_buf();
+    let aside = w.tmp.path().join("folder-aside");
+    std::fs::rename(&folder, &aside).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &folder).unwrap();
+    Box::new(move || {
+        std::fs::remove_file(&folder).unwrap();
+        std::fs::rename(aside, folder).unwrap();
+    })
+}
+
+/// A dead run's target that the runtime may not look at when recovery comes is not
+/// judged: any verdict would be a guess (the run's write had landed, yet recovery audited
+/// it rolled back, registered nothing and left it in place, and a forced rollback was
+/// refused as already done). The run waits, its record active, the notice and a new run
+/// of the workflow naming the path and why; once the path is put back, the next start
+/// recovers it.
+#[test]
+fn a_run_whose_target_cannot_be_looked_at_waits_until_it_can() {
+    for how in ["hard link", "symlinked folder"] {
+        let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        die_before_the_second_record(&w, &c);
+        let put_back = interfere_at(&w, "d/b.txt", how);
+        let sb = w.open(c.clone());
+        assert_noticed(&sb, "neither finished nor undone: 'd");
+        assert_eq!(run_record(&w, "wf_crash")["state"], "active", "{how}");
+        let r = run(&sb, plan_json());
+        assert_eq!(status(&r), "blocked", "{how}: {r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("io_error"), "{how}");
+        assert!(
+            r.actions[0]
+                .reason
+                .as_deref()
+                .is_some_and(|why| why.contains("cannot be judged yet: 'd")),
+            "{how}: {r:?}"
+        );
+        drop(sb);
+        put_back();
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{how}: untouched");
+        let sb = w.open(c);
+        assert_noticed(&sb, "1 unfinished actions rolled back");
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{how}");
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{how}");
+        let rb = sb.rollback_workflow("wf_crash", &forced());
+        assert_eq!(rb.status, "rolled_back", "{how}: {rb:?}");
+        assert_eq!(w.tree(), original, "{how}");
+        assert!(sb.audit_verify().unwrap().ok, "{how}");
+    }
+}
+
+/// The same for a dead rollback: a step it had restored is recorded only once its target
+/// can be looked at (it stayed audited as the run left it, and a plain rollback was then
+/// refused as a conflict with the very bytes it had put back).
+#[test]
+fn a_rollback_whose_target_cannot_be_looked_at_waits_until_it_can() {
+    for how in ["hard link", "symlinked folder"] {
+        let (w, c, original) = rollback_killed_at(
+            "after_restore",
+            ailab_sandbox_core::config::Durability::Strict,
+        );
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{how}: restored, unrecorded");
+        let put_back = interfere_at(&w, "d/b.txt", how);
+        let sb = w.open(c.clone());
+        assert_noticed(&sb, "neither finished nor undone: 'd");
+        drop(sb);
+        put_back();
+        let sb = w.open(c);
+        assert_recorded_one_restore(&sb, how);
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{how}: {rb:?}");
+        assert_eq!(rb.steps_rolled_back, 1, "{how}: only a.txt was left");
+        assert_eq!(w.tree(), original, "{how}");
+        assert_eq!(sb.audit_stats().unwrap().rolled_back, 3, "{how}");
+        assert!(sb.audit_verify().unwrap().ok, "{how}");
+    }
+}
+
 /// A run that dies while the process (or another one) lives on is recovered by the next
 /// run or rollback of its workflow, before that one takes the workflow's record over:
 /// otherwise the dead run's unfinished write would stay, and no start would find it.
