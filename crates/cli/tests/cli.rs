@@ -554,14 +554,19 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
     let shared = e.dir.join("shared-state");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
-    c.env_remove("AI_LAB_SANDBOX_CONFIG")
-        .arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&shared)
-        .args(["--json", "state"]);
-    says(&mut c, "invalid_config");
+    for command in [&["state"][..], &["audit", "verify"]] {
+        let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+        c.env_remove("AI_LAB_SANDBOX_CONFIG")
+            .arg("--root")
+            .arg(&e.root)
+            .arg("--state-dir")
+            .arg(&shared)
+            .arg("--json")
+            .args(command);
+        // Verifying reads a trail that others could have rewritten, head and all: no
+        // verdict on it is to be trusted, so it is refused like everything else.
+        says(&mut c, "invalid_config");
+    }
     // Refused input, not a command that could not run: the reason is on both too.
     says(
         e.cmd().args(["--json", "artifacts", "show", "a/b"]),

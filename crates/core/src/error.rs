@@ -66,8 +66,13 @@ impl Error {
 
     /// Whether the runtime could not start because it may not write where it must (a
     /// read-only filesystem, or no permission): what reads only, such as verifying the
-    /// audit trail, can still be done without it.
+    /// audit trail, can still be done without it. Never true for a state directory other
+    /// users could change ([`Self::is_unsafe_state_dir`]): nothing read there is to be
+    /// trusted.
     pub fn is_unwritable(&self) -> bool {
+        if self.is_unsafe_state_dir() {
+            return false;
+        }
         let cause = match self {
             Self::Io { cause, .. } | Self::StateDir { cause, .. } => cause,
             _ => return false,

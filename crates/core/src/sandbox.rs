@@ -114,7 +114,7 @@ pub struct StateDoc {
     pub skipped_roots: Vec<String>,
     /// The state directory.
     pub state_dir: String,
-    /// `strict` or `relaxed`.
+    /// `strict`, `batched` or `relaxed`.
     pub durability: crate::config::Durability,
     /// Limits in force.
     pub limits: crate::config::Limits,
