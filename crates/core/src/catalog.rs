@@ -266,8 +266,10 @@ pub fn is_sandbox_write_intent(intent: &str) -> bool {
 
 /// Checks an operation against a target extension and the bytes it would leave on disk.
 ///
-/// `ext` is the normalised extension (`.json`, lower case, or empty). The extension
-/// policy's block-list always wins; then the allow-list; then the operation's own list.
+/// `ext` is the extension with its dot (`.json`, or empty), judged as
+/// [`crate::confine::path::normalize_extension`] gives it: case and trailing dots or
+/// spaces are ignored. The extension policy's block-list always wins; then the
+/// allow-list; then the operation's own list.
 pub fn is_allowed_operation(
     op: &Operation,
     ext: &str,
@@ -275,6 +277,14 @@ pub fn is_allowed_operation(
     extensions: &ExtensionPolicy,
 ) -> Verdict {
     if !op.is_directory() {
+        let trimmed = ext.trim_end_matches(['.', ' ']);
+        let normal;
+        let ext = if trimmed.len() == ext.len() && !ext.bytes().any(|b| b.is_ascii_uppercase()) {
+            ext
+        } else {
+            normal = trimmed.to_ascii_lowercase();
+            normal.as_str()
+        };
         extensions.check(ext)?;
         if !op.extensions.is_empty() && !op.extensions.contains(&ext) {
             return Err(Refusal::new(

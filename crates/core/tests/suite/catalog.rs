@@ -265,6 +265,23 @@ fn blocked_extensions_are_refused_for_every_file_operation() {
     }
 }
 
+/// The extension given as a caller may spell it: case and trailing dots or spaces do not
+/// change the verdict (`.SERVICE` is blocked, not merely "not on the allow-list").
+#[test]
+fn an_extension_is_judged_however_it_is_spelled() {
+    for ext in [".SERVICE", ".service.", ".Service ", ".EXE"] {
+        assert_eq!(
+            verdict("create_file", ext, 1),
+            Some(ReasonCode::BlockedExtension),
+            "{ext:?}"
+        );
+    }
+    for ext in [".TXT", ".Md.", ".json "] {
+        assert_eq!(verdict("create_file", ext, 1), None, "{ext:?}");
+    }
+    assert_eq!(verdict("write_json", ".JSON", 1), None);
+}
+
 #[test]
 fn extensions_outside_an_operation_list_are_not_allowed() {
     let cases = [
