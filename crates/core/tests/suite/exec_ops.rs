@@ -152,6 +152,48 @@ fn a_blocked_extension_is_never_a_directory_name() {
     assert_eq!(status(&r), "success");
 }
 
+/// Something other than a folder where `.rollback` belongs (a file, a symbolic link, a
+/// FIFO) stops every write in the root, with a reason naming it and what to do, not an
+/// operating-system error about a snapshot.
+#[test]
+fn a_snapshot_store_that_is_not_a_folder_stops_every_write_naming_it() {
+    for what in ["a file", "a symbolic link", "a FIFO"] {
+        let w = World::new();
+        w.write("doc.md", b"original\n");
+        let store = w.path(".rollback");
+        match what {
+            "a file" => std::fs::write(&store, b"x").unwrap(),
+            "a symbolic link" => std::os::unix::fs::symlink(w.tmp.path(), &store).unwrap(),
+            _ => rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &store,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+                0,
+            )
+            .unwrap(),
+        }
+        let sb = w.sandbox();
+        let r = run(
+            &sb,
+            json!({"actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+        );
+        assert_eq!(
+            code(&r, 0).as_deref(),
+            Some("reserved_path"),
+            "{what}: {r:?}"
+        );
+        let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(".rollback")
+                && reason.contains(&format!("is {what}"))
+                && reason.contains("removes it"),
+            "{what}: {reason}"
+        );
+        assert_eq!(w.read("doc.md"), b"original\n", "{what}");
+    }
+}
+
 /// A `.rollback` another user could write in (made before the runtime's own, say, in a
 /// root others may write to) would let them remove the snapshots: nothing is written.
 #[test]
