@@ -332,6 +332,11 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                             "{}  (control characters in the name: no tool can address it)",
                             shown_path(&e.name)
                         )
+                    } else if e.not_utf8 {
+                        format!(
+                            "{}  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)",
+                            e.name
+                        )
                     } else {
                         e.name.clone()
                     };
@@ -446,9 +451,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     }
 
     async fn get_artifact(&self, args: Args) -> CallToolResult {
+        const FIND_IT: &str = "check the id: list_artifacts lists the artifacts (newest first, optionally of one workflow), and each write's result names its artifact_id.";
         let id = args.str("artifact_id").unwrap_or_default();
         if let Err(r) = plan::check_id("artifact_id", &id) {
-            return refusal(&r, None, ".");
+            return render::refusal_advising(&r, ".", FIND_IT);
         }
         let lookup = id.clone();
         match self
@@ -490,7 +496,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     format!("there is no artifact with id {id:?}"),
                 ),
                 ".",
-                "check the id: list_artifacts lists the artifacts (newest first, optionally of one workflow), and each write's result names its artifact_id.",
+                FIND_IT,
             ),
             Ok(Err(e)) => internal_error(&e.to_string()),
             Err(e) => e,

@@ -620,7 +620,9 @@ impl SandboxRoot {
         let entries = dir.entries().map_err(|e| io_refusal("list", &[], &e))?;
         for entry in entries {
             let entry = entry.map_err(|e| io_refusal("list", &[], &e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+            let raw = entry.file_name();
+            let not_utf8 = raw.to_str().is_none();
+            let name = raw.to_string_lossy().into_owned();
             let meta = entry.metadata().map_err(|e| io_refusal("list", &[], &e))?;
             let ft = meta.file_type();
             let kind = if ft.is_symlink() {
@@ -634,6 +636,7 @@ impl SandboxRoot {
             };
             out.push(DirEntryInfo {
                 name,
+                not_utf8,
                 kind,
                 size_bytes: if ft.is_file() { meta.len() } else { 0 },
             });
@@ -776,8 +779,12 @@ impl SandboxRoot {
 /// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DirEntryInfo {
-    /// The entry's name.
+    /// The entry's name (bytes that are not UTF-8 shown as U+FFFD).
     pub name: String,
+    /// Set when the name on disk is not UTF-8: `name` is then only a likeness of it, and
+    /// no path given as text can name the entry.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub not_utf8: bool,
     /// `file`, `directory`, `symlink` or `special`.
     pub kind: &'static str,
     /// Size of a regular file; 0 otherwise.

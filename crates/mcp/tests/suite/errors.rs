@@ -204,6 +204,12 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     );
     let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
     assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
+    // What to do names what the tool takes: it has no workflow_id to omit.
+    assert!(
+        text(&r).contains("list_artifacts") && !text(&r).contains("workflow_id"),
+        "{}",
+        text(&r)
+    );
     let r = s.call_raw("get_state", serde_json::Map::new()).await;
     assert_eq!(r.is_error, Some(false));
     assert!(

@@ -100,6 +100,31 @@ async fn a_listed_name_is_one_line() {
     s.finish().await;
 }
 
+/// A name that is not UTF-8 is listed as a likeness (U+FFFD for its stray bytes), and
+/// said to be one: a file really named with U+FFFD would otherwise look the same, and a
+/// read of the likeness reads that other file.
+#[tokio::test]
+async fn a_name_that_is_not_utf8_is_said_to_be_unaddressable() {
+    use std::os::unix::ffi::OsStrExt;
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_directory", json!({"path": "d"})).await;
+    let bad = s
+        .path("d")
+        .join(std::ffi::OsStr::from_bytes(b"bad\xff.txt"));
+    std::fs::write(bad, b"x").unwrap();
+    std::fs::write(s.path("d/bad\u{fffd}.txt"), b"real\n").unwrap();
+    let r = s.ok("list_directory", json!({"path": "d"})).await;
+    let t = text(&r);
+    let flagged: Vec<&str> = t.lines().filter(|l| l.contains("not UTF-8")).collect();
+    assert_eq!(flagged.len(), 1, "{t}");
+    assert!(flagged[0].contains("(1 bytes)"), "the stray one: {t}");
+    let entries = structured(&r)["entries"].as_array().unwrap().clone();
+    let marked: Vec<_> = entries.iter().filter(|e| e["not_utf8"] == true).collect();
+    assert_eq!(marked.len(), 1, "{entries:?}");
+    assert_eq!(marked[0]["size_bytes"], 1);
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn artifacts_and_state_are_reported() {
     let s = Session::start(Mode::Write).await;
