@@ -1017,7 +1017,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             {
                 Ok(st) => Some(st),
                 Err(r) => {
-                    self.undo(&snap, &left);
+                    self.undo_refused(&snap, &left, &r);
                     return Err(fail(self, res, r, target));
                 }
             },
@@ -1123,22 +1123,15 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // `already_exists`, and only the rename over the file that was read with
                 // `conflict`: the target was not touched, and what holds it now is
                 // someone else's.
-                if r.reason_code == ReasonCode::Conflict {
-                    // Nothing was made either: a missing parent stops before any mkdir.
-                    self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
-                } else if r.reason_code == ReasonCode::AlreadyExists {
-                    self.undo_with(&snap, crate::sandbox::RestoreMode::Untouched);
-                    if approval.op.name != "create_file" {
-                        r = Refusal::new(
-                            ReasonCode::Conflict,
-                            format!(
-                                "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
-                                shown_path(&rel.as_string())
-                            ),
-                        );
-                    }
-                } else {
-                    self.undo(&snap, &left);
+                self.undo_refused(&snap, &left, &r);
+                if r.reason_code == ReasonCode::AlreadyExists && approval.op.name != "create_file" {
+                    r = Refusal::new(
+                        ReasonCode::Conflict,
+                        format!(
+                            "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
+                            shown_path(&rel.as_string())
+                        ),
+                    );
                 }
                 finished(sb);
                 Err(fail(self, res, r, target))
@@ -1185,6 +1178,33 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// `left`: what the action writes (see [`crate::sandbox::RestoreMode::OwnChange`]).
     fn undo(&mut self, snap: &(usize, StoredSnapshot), left: &crate::sandbox::TargetState) {
         self.undo_with(snap, crate::sandbox::RestoreMode::OwnChange(left.clone()));
+    }
+
+    /// Undoes an action whose write failed with `r`. Some refusals come only before the
+    /// rename, so the target was not touched and is left as it is, whatever it holds
+    /// ([`crate::sandbox::RestoreMode::Untouched`]): `conflict` (the file changed since it
+    /// was read: a missing parent stops before any mkdir), `already_exists` (the
+    /// no-replace rename kept what appeared), and a symbolic link, hard link or special
+    /// file found on the walk to the target or at it (which may not even be looked at now).
+    fn undo_refused(
+        &mut self,
+        snap: &(usize, StoredSnapshot),
+        left: &crate::sandbox::TargetState,
+        r: &Refusal,
+    ) {
+        if matches!(
+            r.reason_code,
+            ReasonCode::Conflict
+                | ReasonCode::AlreadyExists
+                | ReasonCode::SymlinkEscape
+                | ReasonCode::SymlinkRefused
+                | ReasonCode::HardlinkRefused
+                | ReasonCode::NotRegularFile
+        ) {
+            self.undo_with(snap, crate::sandbox::RestoreMode::Untouched);
+        } else {
+            self.undo(snap, left);
+        }
     }
 
     /// [`Self::undo`], as `mode` says.

@@ -730,6 +730,24 @@ impl RollbackEngine {
                 continue;
             }
             let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+            // Beyond a symbolic link or special file someone put on the way, it is out of
+            // the root's reach: nothing there can be removed or recorded through it (and
+            // a write refused at that link made nothing beyond it).
+            match root.dir_id(&dir) {
+                Err(r)
+                    if matches!(
+                        r.reason_code,
+                        ReasonCode::SymlinkEscape
+                            | ReasonCode::SymlinkRefused
+                            | ReasonCode::NotRegularFile
+                    ) =>
+                {
+                    tracing::warn!(dir = %d, reason = %r.reason, "a directory its action may have made is out of reach");
+                    continue;
+                }
+                Err(r) => return Err(r),
+                Ok(_) => {}
+            }
             // Whether someone relies on it is only asked of an empty one (it may read the
             // whole trail).
             let empty = root.list_dir(Some(&dir)).is_ok_and(|e| e.is_empty());

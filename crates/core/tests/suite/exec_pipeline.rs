@@ -944,6 +944,66 @@ fn a_parent_removed_while_an_action_runs_is_not_made_again_unrecorded() {
     }
 }
 
+/// A parent swapped for a symbolic link while an action runs stops the write before any
+/// byte lands, outside the root or in it; the action fails with the link named and its
+/// undo has nothing to do, so the failure does not say a change may still be in place.
+#[test]
+fn a_parent_swapped_for_a_link_while_an_action_runs_stops_it_cleanly() {
+    use ailab_sandbox_core::config::Durability;
+    // (`batched` stages its bytes beside the target before this point: the swap then
+    // carries them away with the folder, as a move right after the write would.)
+    for (durability, action) in [Durability::Relaxed, Durability::Strict]
+        .into_iter()
+        .flat_map(|d| {
+            [
+                json!({"intent": "create_file", "path": "sub/new.txt", "content": "x"}),
+                json!({"intent": "replace_file", "path": "sub/old.txt", "content": "new"}),
+                json!({"intent": "create_file", "path": "sub/deeper/new.txt", "content": "x"}),
+            ]
+            .map(|a| (d, a))
+        })
+    {
+        let w = World::new();
+        w.write("sub/old.txt", b"old");
+        let mut config = w.writable_config();
+        config.durability = durability;
+        let sb = w.open(config);
+        let (sub, aside, outside) = (
+            w.path("sub"),
+            w.tmp.path().join("sub-aside"),
+            w.tmp.path().join("elsewhere"),
+        );
+        std::fs::create_dir(&outside).unwrap();
+        let target = outside.clone();
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || {
+                std::fs::rename(&sub, &aside).unwrap();
+                std::os::unix::fs::symlink(&target, &sub).unwrap();
+            }),
+        );
+        let r = run(
+            &sb,
+            json!({ "workflow_id": "wf_swap", "actions": [action] }),
+        );
+        let case = format!("{durability:?} {action}");
+        assert_eq!(action_status(&r, 0), "failed", "{case} {r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("symlink_escape"), "{case}");
+        let reason = r.actions[0].reason.as_deref().unwrap();
+        assert!(
+            reason.contains("'sub'") && !reason.contains("undoing its change failed"),
+            "{case}: {reason}"
+        );
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "{action}");
+        assert_eq!(
+            std::fs::read(w.tmp.path().join("sub-aside/old.txt")).unwrap(),
+            b"old",
+            "{action}"
+        );
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
 /// What another writer changes between validation and execution is found again under the
 /// target's lock. Refused before anything of the plan is written, the plan is blocked as
 /// validation would have blocked it (audited as blocked, nothing to roll back); refused
