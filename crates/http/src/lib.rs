@@ -230,7 +230,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
     };
     // On each method's handler, not the route: a method the route lacks stays 405.
     let no_query = || middleware::from_fn(routes::no_query);
-    Router::new()
+    let routes = Router::new()
         .route("/healthz", get(routes::healthz).route_layer(no_query()))
         .route("/metrics", get(routes::metrics).route_layer(no_query()))
         .route("/agentic/state", get(routes::state).route_layer(no_query()))
@@ -261,11 +261,17 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
         .layer(middleware::from_fn_with_state(room, body_room))
         .layer(middleware::from_fn_with_state(guard, guard::guard))
-        .layer(middleware::from_fn_with_state(
-            body_limit_bytes,
-            json_errors,
-        ))
-        .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn(log_request));
+    // Around the whole router, not each route (as `Router::layer` puts it): a 405 gets its
+    // `Allow` header from the method router only after the route's own layers have run.
+    Router::new().fallback_service(
+        tower::ServiceBuilder::new()
+            .layer(middleware::from_fn_with_state(
+                body_limit_bytes,
+                json_errors,
+            ))
+            .service(routes),
+    )
 }
 
 fn is_json(resp: &Response) -> bool {
