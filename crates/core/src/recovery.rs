@@ -142,6 +142,11 @@ pub struct Recovered {
 }
 
 impl Recovered {
+    /// What died: `rollback` or `run`.
+    pub fn what(&self) -> &'static str {
+        if self.rollback { "rollback" } else { "run" }
+    }
+
     /// Whether this recovery of `rec` is worth telling: a run that had finished (its
     /// process may live on, waiting for its next sync point) and needed nothing is not.
     fn worth_telling(&self, rec: &InflightRecord) -> bool {

@@ -580,7 +580,7 @@ impl Sandbox {
             if !r.missing_roots.is_empty() {
                 sb.notices.push(format!(
                     "the interrupted {} {} of workflow {} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
-                    if r.rollback { "rollback" } else { "run" },
+                    r.what(),
                     r.execution_id,
                     r.workflow_id,
                     r.missing_roots.join(", "),
@@ -591,7 +591,7 @@ impl Sandbox {
             if !r.unjudged.is_empty() {
                 sb.notices.push(format!(
                     "the interrupted {} {} of workflow {} was neither finished nor undone: {}; put those paths back as the runtime left them (remove the extra link, link or special file) and it is recovered at the next start",
-                    if r.rollback { "rollback" } else { "run" },
+                    r.what(),
                     r.execution_id,
                     r.workflow_id,
                     r.unjudged.join("; ")
