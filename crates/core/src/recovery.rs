@@ -968,6 +968,12 @@ impl Sandbox {
                 // before (with batched syncs the audit line can reach the disk before the
                 // target). Anything else is the result, or a later change by someone
                 // else, which is theirs to keep.
+                // A directory made has no checksum to compare: it is done while it
+                // stands, and undone once gone again as the action found it (the dead run
+                // was rolling back its failure; the restore finishes and records that).
+                Some(Some(_)) if s.meta.is_directory_action() => {
+                    !self.back_to_before(i, &s.meta, current.as_deref())
+                }
                 Some(Some(after)) => {
                     current == *after
                         || !self.back_to_before(i, &s.meta, current.as_deref())

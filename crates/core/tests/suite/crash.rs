@@ -695,6 +695,49 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
     }
 }
 
+/// The same for directories: a run killed while rolling back its failure, after it
+/// removed a `create_directory`'s directory and before recording it, is recorded at the
+/// next start (the trail said the directory stood, and a plain rollback was then refused
+/// as a conflict with a change nobody made).
+#[test]
+fn a_run_killed_while_undoing_its_directories_is_recorded_at_the_next_start() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let (w, c, original) = seeded(durability);
+        let sb = w.open(c.clone());
+        // The third action fails at its audit line and undoes itself (the first
+        // restore); the run's rollback then dies right after removing k/n2/a/b.
+        sb.failpoints().arm("before_audit", 3);
+        sb.failpoints().arm_crash("after_restore", 2);
+        let p = json!({"workflow_id": "wf_crash", "on_failure": "rollback", "actions": [
+            {"action_id": "n1", "intent": "create_directory", "path": "k/n1/a/b"},
+            {"action_id": "n2", "intent": "create_directory", "path": "k/n2/a/b"},
+            {"action_id": "c", "intent": "create_file", "path": "k/c.txt", "content": "c\n"}]});
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+        assert!(outcome.is_err(), "{durability:?}");
+        drop(sb);
+        assert!(
+            !w.path("k/n2").exists(),
+            "{durability:?}: removed, unrecorded"
+        );
+        let sb = w.open(c);
+        assert!(sb.audit_verify().unwrap().ok);
+        let newest = sb
+            .audit_entries(100, Some("wf_crash"))
+            .unwrap()
+            .into_iter()
+            .find(|e| e.action_id == "n2")
+            .unwrap();
+        assert_eq!(newest.status, AuditStatus::RolledBack, "{durability:?}");
+        assert!(w.path("k/n1/a/b").is_dir(), "{durability:?}: not reached");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{durability:?}: {rb:?}");
+        assert_eq!(rb.steps_rolled_back, 1, "{durability:?}: only n1 was left");
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
+
 /// Something that is not a snapshot folder in the workflow's `.rollback` folder (a stray
 /// file here) does not blind recovery: the genuine in-doubt action is still undone and
 /// the start says what was left alone. The run is recovered once: a later start does not
