@@ -332,7 +332,7 @@ impl Sandbox {
             return Err(Refusal::new(
                 ReasonCode::IoError,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; put those paths back as the runtime left them (remove the extra link, link or special file), then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; remove that second hard link, symbolic link or special file, then retry",
                     rec.execution_id,
                     report.unjudged.join("; ")
                 ),
@@ -766,6 +766,7 @@ impl Sandbox {
         };
         report.untrusted += untrusted;
         report.unjudged = self.unjudged(
+            rec,
             snaps
                 .iter()
                 .filter(|(_, s)| !s.restored && done.contains_key(&s.meta.action_id)),
@@ -884,7 +885,13 @@ impl Sandbox {
             report.retry = true;
             return report;
         };
-        report.unjudged = self.unjudged(mine.iter().filter(|(_, s)| !s.restored));
+        // Only never-audited actions await a verdict that depends on what their targets
+        // hold; an audited one whose target cannot be looked at is judged finished below.
+        report.unjudged = self.unjudged(
+            rec,
+            mine.iter()
+                .filter(|(_, s)| !s.restored && !audited.contains_key(&s.meta.action_id)),
+        );
         if !report.unjudged.is_empty() {
             report.retry = true;
             return report;
@@ -1023,16 +1030,7 @@ impl Sandbox {
         rec: &InflightRecord,
         dirs: HashSet<(usize, Vec<String>)>,
     ) -> usize {
-        // The dead run's process, and earlier recoveries of it that died; never this
-        // process, whose other writes may be under way in the same folders.
-        let makers: Vec<&str> = std::iter::once(rec.execution_id.as_str())
-            .chain(
-                rec.recovered_by
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|id| !crate::ids::made_here(id)),
-            )
-            .collect();
+        let makers = dead_makers(rec);
         let mut removed = 0;
         for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
@@ -1285,16 +1283,40 @@ impl Sandbox {
     }
 
     /// Why some of these snapshots' targets cannot be judged now, one sentence each (see
-    /// [`Recovered::unjudged`]). A missing target or a file too large for a snapshot is
-    /// judged (someone else's change); only what the runtime refuses to look at is not.
+    /// [`Recovered::unjudged`]). A missing target, a file where a folder was, a file too
+    /// large for a snapshot is judged (someone else's change); only what the runtime
+    /// refuses to look at is not. A second link that is the dead run's own temporary file
+    /// (see [`crate::confine::root::SandboxRoot::remove_temp_links_of`]) is removed first.
     fn unjudged<'a>(
         &self,
+        rec: &InflightRecord,
         snaps: impl Iterator<Item = &'a (usize, crate::snapshot::StoredSnapshot)>,
     ) -> Vec<String> {
+        let refusal = |i: usize, rel: &RelPath| {
+            self.roots[i].inspect(rel).err().filter(|r| {
+                matches!(
+                    r.reason_code,
+                    ReasonCode::SymlinkEscape
+                        | ReasonCode::SymlinkRefused
+                        | ReasonCode::HardlinkRefused
+                        | ReasonCode::NotRegularFile
+                )
+            })
+        };
+        let makers = dead_makers(rec);
         let mut seen = HashSet::new();
         snaps
             .filter(|(i, s)| seen.insert((*i, s.meta.original_path.clone())))
-            .filter_map(|(i, s)| self.roots[*i].inspect(&s.meta.target()).err())
+            .filter_map(|(i, s)| {
+                let rel = s.meta.target();
+                let r = refusal(*i, &rel)?;
+                if r.reason_code == ReasonCode::HardlinkRefused
+                    && self.roots[*i].remove_temp_links_of(&rel, &makers) > 0
+                {
+                    return refusal(*i, &rel);
+                }
+                Some(r)
+            })
             .map(|r| r.reason)
             .collect()
     }
@@ -1326,6 +1348,20 @@ impl Sandbox {
             _ => None,
         }
     }
+}
+
+/// The ids of the processes whose temporary files a dead run left: its own, and those of
+/// earlier recoveries of it that died; never this process's, whose other writes may be
+/// under way in the same folders.
+fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
+    std::iter::once(rec.execution_id.as_str())
+        .chain(
+            rec.recovered_by
+                .iter()
+                .map(String::as_str)
+                .filter(|id| !crate::ids::made_here(id)),
+        )
+        .collect()
 }
 
 /// A path one level below `dir`, so that `open_parent` opens `dir` itself.

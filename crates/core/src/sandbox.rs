@@ -590,7 +590,7 @@ impl Sandbox {
             }
             if !r.unjudged.is_empty() {
                 sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; put those paths back as the runtime left them (remove the extra link, link or special file) and it is recovered at the next start",
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
                     r.what(),
                     r.execution_id,
                     r.workflow_id,

@@ -1277,6 +1277,44 @@ pub fn temp_name() -> String {
     format!("{TEMP_MARKER}{}", crate::ids::unique())
 }
 
+impl SandboxRoot {
+    /// Removes the temporary files of the processes that made `made_by` (run ids, see
+    /// [`crate::ids`]) beside `rel` that are hard links to it: what a writer killed
+    /// between linking its temporary file into place and unlinking the temporary name
+    /// (where the filesystem lacks `RENAME_NOREPLACE`) left. Returns how many.
+    pub fn remove_temp_links_of(&self, rel: &RelPath, made_by: &[&str]) -> usize {
+        let Ok((dir, _)) = self.open_parent(rel, false, false) else {
+            return 0;
+        };
+        let Ok(target) = dir.symlink_metadata(rel.file_name()) else {
+            return 0;
+        };
+        let Ok(entries) = dir.entries() else {
+            return 0;
+        };
+        let seeds: Vec<&str> = made_by
+            .iter()
+            .map(|m| crate::ids::process_seed(m))
+            .collect();
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !name.starts_with(TEMP_MARKER) || !seeds.contains(&crate::ids::process_seed(name)) {
+                continue;
+            }
+            if dir
+                .symlink_metadata(name)
+                .is_ok_and(|m| m.is_file() && m.dev() == target.dev() && m.ino() == target.ino())
+                && dir.remove_file(name).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
 /// With `made_by` (the id of a run, see [`crate::ids`]), only those made by the process

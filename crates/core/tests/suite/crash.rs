@@ -859,6 +859,65 @@ fn a_run_whose_target_cannot_be_looked_at_waits_until_it_can() {
     }
 }
 
+/// Only what the runtime refuses to look at makes recovery wait, and only at a target
+/// whose verdict depends on it: a file standing where a dead action's folder was is
+/// someone else's change (judged), a second link to an audited action's target does not
+/// hold up the undo of an unaudited one, and a second link that is the dead run's own
+/// temporary name (a kill between linking a file into place and unlinking the temporary
+/// name) is removed like its other temporary files.
+#[test]
+fn recovery_waits_only_for_what_it_cannot_judge() {
+    use ailab_sandbox_core::confine::path::TEMP_MARKER;
+    for case in [
+        "file for folder",
+        "link to an audited target",
+        "own temporary link",
+    ] {
+        let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        die_before_the_second_record(&w, &c);
+        let execution = run_record(&w, "wf_crash")["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let seed = &execution[execution.len() - 8..];
+        match case {
+            "file for folder" => {
+                std::fs::rename(w.path("d"), w.tmp.path().join("d-aside")).unwrap();
+                std::fs::write(w.path("d"), b"theirs").unwrap();
+            }
+            "link to an audited target" => {
+                std::fs::hard_link(w.path("a.txt"), w.tmp.path().join("backup")).unwrap();
+            }
+            _ => std::fs::hard_link(
+                w.path("d/b.txt"),
+                w.path(&format!("d/{TEMP_MARKER}left{seed}")),
+            )
+            .unwrap(),
+        }
+        let sb = w.open(c.clone());
+        assert!(
+            sb.notices()
+                .iter()
+                .all(|n| !n.contains("neither finished nor undone")),
+            "{case}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{case}");
+        assert!(sb.audit_verify().unwrap().ok, "{case}");
+        match case {
+            "file for folder" => assert_eq!(w.read("d"), b"theirs", "{case}"),
+            "link to an audited target" => {
+                assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: undone");
+                assert_eq!(w.read("a.txt"), b"ALPHA\n", "{case}: done");
+            }
+            _ => {
+                assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: undone");
+                assert_eq!(temp_files(&w.root), Vec::<String>::new(), "{case}");
+            }
+        }
+    }
+}
+
 /// The same for a dead rollback: a step it had restored is recorded only once its target
 /// can be looked at (it stayed audited as the run left it, and a plain rollback was then
 /// refused as a conflict with the very bytes it had put back).
