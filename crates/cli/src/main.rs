@@ -757,7 +757,10 @@ fn serve(config: Config) -> Result<u8> {
     // Before the runtime starts its threads: Landlock binds only threads created later.
     report_confinement(sandbox.confine_process(), false);
     ailab_sandbox_http::run_announcing(std::sync::Arc::new(sandbox), opts, |local| {
-        eprintln!("listening on http://{local}");
+        // Not `eprintln!`: a supervisor that closed its end of stderr would stop the
+        // server with a panic.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "listening on http://{local}");
     })?;
     Ok(EXIT_OK)
 }

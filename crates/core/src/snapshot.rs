@@ -260,8 +260,9 @@ fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
 /// others (with the sticky bit, as the SPEC allows) anyone may make `.rollback` before
 /// the runtime does.
 fn snapshot_store(root: &SandboxRoot) -> Verdict<(Dir, bool)> {
-    let (rb, made) = open_or_create_tracked(root.dir(), ROLLBACK_DIR)
-        .map_err(|r| not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR).unwrap_or(r))?;
+    let (rb, made) = open_or_create_tracked(root.dir(), ROLLBACK_DIR).map_err(|r| {
+        not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, "in this root").unwrap_or(r)
+    })?;
     check_private(root, &rb, ROLLBACK_DIR)?;
     Ok((rb, made))
 }
@@ -270,16 +271,25 @@ fn snapshot_store(root: &SandboxRoot) -> Verdict<(Dir, bool)> {
 /// store itself when another user owns it or could write in it.
 fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(Dir, bool)> {
     let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
-    let (wf, made) = open_or_create_tracked(rb, workflow_id)
-        .map_err(|r| not_a_folder(root, rb, workflow_id, &rel).unwrap_or(r))?;
+    let (wf, made) = open_or_create_tracked(rb, workflow_id).map_err(|r| {
+        let scope = format!("for workflow {workflow_id} in this root");
+        not_a_folder(root, rb, workflow_id, &rel, &scope).unwrap_or(r)
+    })?;
     check_private(root, &wf, &rel)?;
     Ok((wf, made))
 }
 
 /// The refusal for a folder of the snapshot store (`name` in `dir`, `rel` in `root`)
 /// that could not be opened because something else stands in its place (a file, a
-/// symbolic link, a FIFO); `None` when nothing does.
-fn not_a_folder(root: &SandboxRoot, dir: &Dir, name: &str, rel: &str) -> Option<Refusal> {
+/// symbolic link, a FIFO); `None` when nothing does. `scope`: what it stops, as in
+/// "nothing is written {scope}".
+fn not_a_folder(
+    root: &SandboxRoot,
+    dir: &Dir,
+    name: &str,
+    rel: &str,
+    scope: &str,
+) -> Option<Refusal> {
     let m = dir.symlink_metadata(name).ok()?;
     let ft = m.file_type();
     let what = if ft.is_dir() {
@@ -294,7 +304,7 @@ fn not_a_folder(root: &SandboxRoot, dir: &Dir, name: &str, rel: &str) -> Option<
     Some(Refusal::new(
         ReasonCode::ReservedPath,
         format!(
-            "the snapshot folder {} is {what}, not a folder, so no snapshot can be kept there; nothing is written in this root until the operator removes it (the runtime then makes its own, private folder)",
+            "the snapshot folder {} is {what}, not a folder, so no snapshot can be kept there; nothing is written {scope} until the operator removes it (the runtime then makes its own, private folder)",
             shown_path(&root.path().join(rel).display().to_string())
         ),
     ))

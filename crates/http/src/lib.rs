@@ -285,6 +285,11 @@ fn is_json(resp: &Response) -> bool {
 async fn json_errors(State(body_limit): State<usize>, req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
     let status = resp.status();
+    // The method router adds `Allow` to any answer its route gives for a method it lacks:
+    // on a refusal for want of the token it would tell a stranger which routes exist.
+    if status != StatusCode::METHOD_NOT_ALLOWED {
+        resp.headers_mut().remove(header::ALLOW);
+    }
     if (status.is_client_error() || status.is_server_error()) && !is_json(&resp) {
         let allow = resp.headers().get(header::ALLOW).cloned();
         let answer = if status == StatusCode::PAYLOAD_TOO_LARGE {

@@ -351,7 +351,12 @@ pub(crate) async fn no_query(
 
 /// Any other path.
 pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
-    let path: String = uri.path().chars().take(200).collect();
+    // A target in authority form (`CONNECT host:port`) has no path: it is shown as sent.
+    let target = match uri.path() {
+        "" | "/" if uri.authority().is_some() && uri.scheme().is_none() => uri.to_string(),
+        p => p.to_owned(),
+    };
+    let path: String = target.chars().take(200).collect();
     ApiError::new(
         StatusCode::NOT_FOUND,
         codes::NOT_FOUND,

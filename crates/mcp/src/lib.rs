@@ -320,25 +320,22 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         String::new()
                     };
                     let slash = if e.kind == "directory" { "/" } else { "" };
-                    let note = if e.name.eq_ignore_ascii_case(".rollback") {
-                        "  (reserved: rollback snapshots, never writable)"
-                    } else {
-                        ""
-                    };
                     // A name is one line of the list: control characters are escaped (no
                     // tool accepts such a path anyway).
-                    let name = if e.name.chars().any(char::is_control) {
-                        format!(
-                            "{}  (control characters in the name: no tool can address it)",
-                            shown_path(&e.name)
-                        )
-                    } else if e.not_utf8 {
-                        format!(
-                            "{}  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)",
-                            e.name
-                        )
+                    let control = e.name.chars().any(char::is_control);
+                    let name = if control {
+                        shown_path(&e.name)
                     } else {
                         e.name.clone()
+                    };
+                    let note = if e.name.eq_ignore_ascii_case(".rollback") {
+                        "  (reserved: rollback snapshots, never writable)"
+                    } else if control {
+                        "  (control characters in the name: no tool can address it)"
+                    } else if e.not_utf8 {
+                        "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
+                    } else {
+                        ""
                     };
                     text.push_str(&format!("\n{:<9} {name}{slash}{size}{note}", e.kind));
                 }

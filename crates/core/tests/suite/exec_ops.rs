@@ -192,6 +192,21 @@ fn a_snapshot_store_that_is_not_a_folder_stops_every_write_naming_it() {
         );
         assert_eq!(w.read("doc.md"), b"original\n", "{what}");
     }
+    // In a workflow's place, it stops that workflow only.
+    let w = World::new();
+    std::fs::create_dir_all(w.path(".rollback")).unwrap();
+    std::fs::set_permissions(w.path(".rollback"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(w.path(".rollback/wf_x"), b"x").unwrap();
+    let sb = w.sandbox();
+    let one = |wf: &str| json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": format!("{wf}.md"), "content": "x"}]});
+    let r = run(&sb, one("wf_x"));
+    assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"), "{r:?}");
+    let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("nothing is written for workflow wf_x"),
+        "{reason}"
+    );
+    assert_eq!(status(&run(&sb, one("wf_y"))), "success");
 }
 
 /// A `.rollback` another user could write in (made before the runtime's own, say, in a

@@ -27,6 +27,9 @@ async fn every_route_needs_the_token() {
         (Method::POST, "/agentic/rollback/wf_x"),
         (Method::GET, "/metrics"),
         (Method::GET, "/unknown"),
+        // A method the route lacks: the refusal does not say which it has either.
+        (Method::DELETE, "/agentic/plans"),
+        (Method::PUT, "/healthz"),
     ];
     for (m, uri) in routes {
         let r = send(&e.app, request(m.clone(), uri).body(Body::empty()).unwrap()).await;
@@ -36,6 +39,7 @@ async fn every_route_needs_the_token() {
             "Bearer",
             "{m} {uri}"
         );
+        assert!(!r.headers.contains_key(header::ALLOW), "{m} {uri}");
     }
     let r = get_auth(&e.app, "/healthz", TOKEN).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());

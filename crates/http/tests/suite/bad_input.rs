@@ -296,6 +296,17 @@ async fn unknown_routes_are_404_json() {
     post(&e.app, "/nope", "{}")
         .await
         .assert_error(StatusCode::NOT_FOUND, "not_found");
+    // A target in authority form is named as sent, not as an empty path.
+    let r = send(
+        &e.app,
+        request(Method::CONNECT, "127.0.0.1:8787")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    let v = r.assert_error(StatusCode::NOT_FOUND, "not_found");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.contains("CONNECT 127.0.0.1:8787;"), "{reason}");
 }
 
 #[tokio::test]
