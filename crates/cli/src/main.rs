@@ -598,8 +598,12 @@ fn run(cli: Cli) -> Result<u8> {
                 if json {
                     print_json(&report)?;
                 } else if report.simulated {
+                    let (why, fix) = report
+                        .dry_run_reason
+                        .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
+                        .explained();
                     out!(
-                        "would prune {} workflows{}, keep {}; nothing was removed: writing is off or dry-run is on (--enable-write --no-dry-run to prune)",
+                        "would prune {} workflows{}, keep {}; nothing was removed: {why} ({fix} to prune)",
                         report.workflows_pruned.len(),
                         named(&report.workflows_pruned),
                         report.workflows_kept

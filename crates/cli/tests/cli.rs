@@ -599,6 +599,7 @@ fn prune_parses_durations() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["workflows_pruned"], json!([]));
     assert_eq!(json_out(&out)["simulated"], json!(true), "writing is off");
+    assert_eq!(json_out(&out)["dry_run_reason"], json!("sandbox_disabled"));
     for (args, says) in [
         (
             &["prune", "--older-than", "0s"][..],
@@ -613,6 +614,19 @@ fn prune_parses_durations() {
                 "0s",
             ][..],
             "pruned 0 workflows",
+        ),
+        // Simulated for another reason than the flags: the reason named is that one.
+        (
+            &[
+                "--enable-write",
+                "--no-dry-run",
+                "--phase",
+                "28.4",
+                "prune",
+                "--older-than",
+                "0s",
+            ][..],
+            "nothing was removed: the phase does not allow sandbox writes",
         ),
     ] {
         let out = e.cmd().args(args).output().unwrap();

@@ -26,6 +26,24 @@ pub enum DryRunReason {
     GovernanceBlocked,
 }
 
+impl DryRunReason {
+    /// In words, for an operator: what stops writing, and what would let it (to be
+    /// followed by what it would let, as in "… to roll back").
+    pub fn explained(self) -> (&'static str, &'static str) {
+        match self {
+            Self::DryRun => ("dry-run is on", "turn dry-run off (--no-dry-run)"),
+            Self::PhaseNotSupported => (
+                "the phase does not allow sandbox writes",
+                "use a phase that allows them (28.3, 28.5 to 28.8)",
+            ),
+            Self::SandboxDisabled | Self::GovernanceBlocked => (
+                "writing is disabled",
+                "turn writing on (--enable-write --no-dry-run)",
+            ),
+        }
+    }
+}
+
 /// The execution context of a run: the mode and the dry-run flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ExecutionContext {

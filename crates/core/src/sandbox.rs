@@ -411,6 +411,9 @@ pub struct PruneReport {
     pub workflows_failed: Vec<PruneFailure>,
     /// Writing is off or dry-run is on: nothing was removed.
     pub simulated: bool,
+    /// Why, when `simulated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run_reason: Option<DryRunReason>,
 }
 
 /// A workflow [`Sandbox::prune`] could not prune, and why.
@@ -2238,20 +2241,8 @@ impl Sandbox {
                     )
                 })
                 .collect();
-            let (flag, fix) = match why {
-                crate::context::DryRunReason::DryRun => (
-                    "dry-run is on",
-                    "turn dry-run off (--no-dry-run) to roll back",
-                ),
-                crate::context::DryRunReason::PhaseNotSupported => (
-                    "the phase does not allow sandbox writes",
-                    "use a phase that allows them to roll back",
-                ),
-                _ => (
-                    "writing is disabled",
-                    "turn writing on (--enable-write --no-dry-run) to roll back",
-                ),
-            };
+            let (flag, fix) = why.explained();
+            let fix = format!("{fix} to roll back");
             // Simulated like a plan's actions, and audited like them (SPEC §8): one line
             // per restore that would happen.
             let execution_id = crate::plan::new_execution_id();
@@ -2693,7 +2684,8 @@ impl Sandbox {
     /// irreversible, so like any write it only reports what it would do unless writing
     /// is on and dry-run off.
     pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
-        let simulated = !self.execution_context().0.is_executable();
+        let (ctx, why) = self.execution_context();
+        let simulated = !ctx.is_executable();
         // An age beyond the calendar's range prunes nothing.
         let cutoff = chrono::Duration::from_std(older_than)
             .ok()
@@ -2701,6 +2693,7 @@ impl Sandbox {
             .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
         let mut report = PruneReport {
             simulated,
+            dry_run_reason: why.filter(|_| simulated),
             ..PruneReport::default()
         };
         let mut ids: Vec<String> = Vec::new();
