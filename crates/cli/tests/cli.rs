@@ -483,6 +483,26 @@ fn unusable_settings_are_named_not_ignored() {
         .arg("--state-dir")
         .arg(&state);
     refused(&mut c, "not valid UTF-8");
+    // Nor a control character, which would forge lines of `state`'s listing.
+    refused(
+        e.cmd()
+            .arg("--root")
+            .arg(e.dir.join("nl\nroots           /etc")),
+        "contains a control character",
+    );
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .env("AI_LAB_SANDBOX_ROOTS", e.dir.join("tab\there"))
+        .arg("--state-dir")
+        .arg(&e.state);
+    refused(&mut c, "contains a control character");
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(e.dir.join("st\nate"));
+    refused(&mut c, "contains a control character");
     let made: Vec<_> = std::fs::read_dir(&e.dir)
         .unwrap()
         .map(|d| d.unwrap().file_name())

@@ -427,11 +427,22 @@ impl Config {
             .map(|r| ("root", r))
             .chain([("state_dir", &self.state_dir)])
         {
-            if p.to_str().is_none() {
-                return Err(ConfigError(format!(
-                    "{what} {} is not valid UTF-8; give a path in UTF-8",
-                    p.display()
-                )));
+            match p.to_str() {
+                None => {
+                    return Err(ConfigError(format!(
+                        "{what} {} is not valid UTF-8; give a path in UTF-8",
+                        p.display()
+                    )));
+                }
+                // Nor a control character (SPEC §2): a newline in it would forge lines
+                // wherever the path is shown.
+                Some(text) if text.chars().any(char::is_control) => {
+                    return Err(ConfigError(format!(
+                        "{what} {} contains a control character; give a path without any",
+                        text.escape_debug()
+                    )));
+                }
+                Some(_) => {}
             }
         }
         for r in &self.roots {
