@@ -203,7 +203,9 @@ impl SandboxRoot {
             ));
         }
         Ok(Self {
-            path: path.to_path_buf(),
+            // One spelling, whatever the configuration wrote (`//`, a trailing `/`): the
+            // registry and the audit trail record paths beneath it as text.
+            path: path.components().collect(),
             dir,
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,

@@ -1004,6 +1004,38 @@ fn a_parent_swapped_for_a_link_while_an_action_runs_stops_it_cleanly() {
     }
 }
 
+/// A root is one root however its path is spelled (`//`, a trailing `/`): its artifacts
+/// are recorded under one path, so a later write to a file finds the file's earlier
+/// artifact as its parent.
+#[test]
+fn a_roots_spelling_does_not_break_lineage() {
+    let w = World::new();
+    let spelled = format!("{}//{}/", w.tmp.path().display(), "root");
+    let mut odd = w.writable_config();
+    odd.roots = vec![std::path::PathBuf::from(&spelled)];
+    let first = run(
+        &w.open(odd),
+        json!({"workflow_id": "wf_one", "actions": [
+            {"intent": "create_file", "path": "f.txt", "content": "one\n"}]}),
+    );
+    let sb = w.open(w.writable_config());
+    let second = run(
+        &sb,
+        json!({"workflow_id": "wf_two", "actions": [
+            {"intent": "replace_file", "path": "f.txt", "content": "two\n"}]}),
+    );
+    let (a, b) = (&first.actions[0], &second.actions[0]);
+    assert_eq!(a.path, b.path);
+    let newest = sb
+        .artifacts(10, Some("wf_two"))
+        .unwrap()
+        .into_iter()
+        .next()
+        .unwrap();
+    assert_eq!(newest.parent_artifact_id, a.artifact_id, "{newest:?}");
+    assert_eq!(newest.path, w.root.join("f.txt").display().to_string());
+}
+
 /// What another writer changes between validation and execution is found again under the
 /// target's lock. Refused before anything of the plan is written, the plan is blocked as
 /// validation would have blocked it (audited as blocked, nothing to roll back); refused
