@@ -20,6 +20,10 @@ pub const MAX_ARTIFACTS_PER_WORKFLOW: u64 = 100;
 pub const MAX_WORKFLOW_BYTES: u64 = 25 * 1024 * 1024;
 /// `RATE_LIMIT_WRITES_PER_MIN`.
 pub const RATE_LIMIT_WRITES_PER_MIN: u32 = 10;
+/// How long a write waits for a file another writer holds, by default (seconds).
+pub const LOCK_WAIT_SECONDS: u64 = 30;
+/// The longest wait `limits.lock_wait_seconds` may ask for (an hour).
+pub const MAX_LOCK_WAIT_SECONDS: u64 = 3600;
 
 /// Environment variable names.
 pub mod env {
@@ -90,6 +94,7 @@ pub struct RawLimits {
     pub max_workflow_bytes: Option<u64>,
     pub writes_per_minute: Option<u32>,
     pub max_path_depth: Option<usize>,
+    pub lock_wait_seconds: Option<u64>,
 }
 
 /// `[extensions]`.
@@ -201,6 +206,9 @@ pub struct Limits {
     pub max_workflow_bytes: u64,
     pub writes_per_minute: u32,
     pub max_path_depth: usize,
+    /// How long a write or rollback waits for a file another writer holds before it is
+    /// refused (`conflict`): a stopped or hung process must not stop the workflow for good.
+    pub lock_wait_seconds: u64,
 }
 
 impl Default for Limits {
@@ -210,6 +218,7 @@ impl Default for Limits {
             max_workflow_bytes: MAX_WORKFLOW_BYTES,
             writes_per_minute: RATE_LIMIT_WRITES_PER_MIN,
             max_path_depth: MAX_PATH_DEPTH,
+            lock_wait_seconds: LOCK_WAIT_SECONDS,
         }
     }
 }
@@ -381,6 +390,9 @@ impl Config {
             if let Some(v) = l.max_path_depth {
                 c.limits.max_path_depth = v;
             }
+            if let Some(v) = l.lock_wait_seconds {
+                c.limits.lock_wait_seconds = v;
+            }
         }
         if let Some(x) = file.extensions {
             check_extension_lists(&x)?;
@@ -520,6 +532,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "limits.max_path_depth = {} is out of range; allowed 1 to {MAX_PATH_DEPTH}",
                 l.max_path_depth
+            )));
+        }
+        if !(1..=MAX_LOCK_WAIT_SECONDS).contains(&l.lock_wait_seconds) {
+            return Err(ConfigError(format!(
+                "limits.lock_wait_seconds = {} is out of range; allowed 1 to {MAX_LOCK_WAIT_SECONDS}",
+                l.lock_wait_seconds
             )));
         }
         if l.writes_per_minute == 0 {

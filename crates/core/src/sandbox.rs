@@ -236,6 +236,15 @@ impl Left {
 const TARGET_LOCK_STRIPES: usize = 64;
 
 fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "another writer has kept {} busy too long ({e}: a stopped or hung process, or a very long write); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                shown_path(&rel.as_string())
+            ),
+        );
+    }
     crate::reason::Refusal::new(
         ReasonCode::IoError,
         format!(
@@ -471,6 +480,7 @@ impl Sandbox {
             (0..TARGET_LOCK_STRIPES)
                 .map(|i| format!("target-{i:02}"))
                 .collect(),
+            std::time::Duration::from_secs(config.limits.lock_wait_seconds),
         );
         notices.extend(note);
         // A fallback state directory was not checked above.

@@ -577,20 +577,25 @@ pub struct LockSet {
     state: StateDir,
     names: Vec<String>,
     slots: Vec<std::sync::Mutex<Option<File>>>,
+    wait: std::time::Duration,
 }
 
 impl LockSet {
-    /// `names`, opened on first use.
-    pub fn new(state: &StateDir, names: Vec<String>) -> Self {
+    /// `names`, opened on first use; a lock another process holds is waited for at most
+    /// `wait`.
+    pub fn new(state: &StateDir, names: Vec<String>, wait: std::time::Duration) -> Self {
         let slots = names.iter().map(|_| std::sync::Mutex::new(None)).collect();
         Self {
             state: state.clone(),
             names,
             slots,
+            wait,
         }
     }
 
-    /// Takes lock `i` (of the names given), held until the guard drops.
+    /// Takes lock `i` (of the names given), held until the guard drops. Another process
+    /// holding it longer than the set's wait (stopped, hung) is an error of kind
+    /// `TimedOut`, not a wait without end.
     pub fn lock(&self, i: usize) -> io::Result<HeldLock<'_>> {
         let (Some(slot), Some(name)) = (self.slots.get(i), self.names.get(i)) else {
             return Err(io::Error::other("no such lock"));
@@ -602,7 +607,27 @@ impl LockSet {
             Some(f) => f,
             None => self.state.lock_file(name)?,
         };
-        file.lock()?;
+        let deadline = std::time::Instant::now() + self.wait;
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
+                        // The file goes back to its slot: the next taker reuses it.
+                        *slot = Some(file);
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("held by another process for {} s", self.wait.as_secs()),
+                        ));
+                    }
+                    std::thread::sleep(pause.min(deadline - now));
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            }
+        }
         *slot = Some(file);
         Ok(HeldLock { slot })
     }

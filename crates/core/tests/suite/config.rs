@@ -337,6 +337,38 @@ fn max_path_depth_above_eight_or_zero_is_refused() {
 }
 
 #[test]
+fn lock_wait_is_read_and_bounded() {
+    assert_eq!(
+        resolve(None, &[], &Overrides::default())
+            .unwrap()
+            .limits
+            .lock_wait_seconds,
+        30
+    );
+    let c = resolve(
+        Some("[limits]\nlock_wait_seconds = 5\n"),
+        &[],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.limits.lock_wait_seconds, 5);
+    for bad in ["0", "3601"] {
+        let err = resolve(
+            Some(&format!("[limits]\nlock_wait_seconds = {bad}\n")),
+            &[],
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.0.contains("lock_wait_seconds")
+                && err.0.contains(bad)
+                && err.0.contains("1 to 3600"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn zero_limits_are_refused() {
     for text in [
         "[limits]\nwrites_per_minute = 0\n",

@@ -1004,6 +1004,48 @@ fn a_parent_swapped_for_a_link_while_an_action_runs_stops_it_cleanly() {
     }
 }
 
+/// A write waits for a file another process is writing only so long
+/// (`limits.lock_wait_seconds`): a stopped or hung holder gets it refused with
+/// `conflict`, naming the file and the setting, rather than stalling its workflow (and
+/// every later call of an MCP session) for good. Once the holder is done, it goes through.
+#[test]
+fn a_write_waits_for_a_busy_file_only_so_long() {
+    let w = World::new();
+    w.write("same.md", b"one\n");
+    let holder = w.sandbox();
+    let mut impatient = w.writable_config();
+    impatient.limits.lock_wait_seconds = 1;
+    let other = std::sync::Arc::new(w.open(impatient));
+    let append = |wf: &str, line: &str| {
+        json!({"workflow_id": wf, "actions": [
+            {"intent": "append_file", "path": "same.md", "content": line}]})
+    };
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (o, r) = (other.clone(), refused.clone());
+    let plan_b = append("wf_b", "two\n");
+    holder.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let started = std::time::Instant::now();
+            let res = o.run_plan(plan(plan_b.clone())).unwrap();
+            *r.lock().unwrap() = Some((res, started.elapsed()));
+        }),
+    );
+    assert_eq!(status(&run(&holder, append("wf_a", "mine\n"))), "success");
+    let (res, waited) = refused.lock().unwrap().take().expect("the other write ran");
+    assert_eq!(status(&res), "blocked", "{res:?}");
+    assert_eq!(code(&res, 0).as_deref(), Some("conflict"));
+    let reason = res.actions[0].reason.as_deref().unwrap();
+    assert!(
+        reason.contains("same.md") && reason.contains("limits.lock_wait_seconds"),
+        "{reason}"
+    );
+    assert!(waited >= std::time::Duration::from_secs(1), "{waited:?}");
+    assert_eq!(w.read("same.md"), b"one\nmine\n");
+    assert_eq!(status(&run(&other, append("wf_b", "two\n"))), "success");
+    assert_eq!(w.read("same.md"), b"one\nmine\ntwo\n");
+}
+
 /// A root is one root however its path is spelled (`//`, a trailing `/`): its artifacts
 /// are recorded under one path, so a later write to a file finds the file's earlier
 /// artifact as its parent.
