@@ -106,10 +106,13 @@ pub fn check_rate(
     }
     let wait = seconds_until_free(per_minute, tat, now, need);
     if wait > 0.0 {
+        // Tenths rounded up, like the whole seconds below: a caller who waits what it
+        // reads is never too early.
+        let shown = (wait * 10.0).ceil() / 10.0;
         return Err(Refusal::new(
             ReasonCode::RateLimited,
             format!(
-                "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {wait:.1} seconds"
+                "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {shown:.1} seconds"
             ),
         )
         // Whole seconds, rounded up: trying again after them never comes too early.
@@ -154,6 +157,14 @@ mod tests {
         assert_eq!(refused, Some(ReasonCode::RateLimited));
         assert!((seconds_until_free(10, tat, t(0), 1) - 6.0).abs() < 1e-6);
         assert!(check_rate("w", 10, tat, t(6), 1).is_ok());
+        // The wait is shown rounded up: 0.04 s is "0.1", never "0.0".
+        let almost = Utc
+            .timestamp_micros(1_800_000_000_000_000 + 5_960_000)
+            .single()
+            .unwrap_or_default();
+        let r = check_rate("w", 10, tat, almost, 1).unwrap_err();
+        assert!(r.reason.ends_with("allowed in 0.1 seconds"), "{}", r.reason);
+        assert_eq!(r.retry_after_seconds, Some(1));
         assert!(check_rate("w", 10, tat, t(59), 10).is_err());
         assert!(check_rate("w", 10, tat, t(60), 10).is_ok());
     }

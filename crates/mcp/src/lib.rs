@@ -37,6 +37,7 @@ mod tools;
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::Operation;
 use ailab_sandbox_core::confine::path::shown_path;
+use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::plan::{self, Plan};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
 use ailab_sandbox_core::sandbox::RollbackOptions;
@@ -139,6 +140,12 @@ impl SandboxMcp {
             None => {
                 "Writing is ENABLED on this server: write tools change files for real.".to_owned()
             }
+            // Refused, not simulated: the flags are not what stops it.
+            reason @ Some(DryRunReason::PhaseNotSupported) => format!(
+                "Writing is NOT allowed on this server. Why: {}. Every write tool is refused (phase_not_supported); nothing is written. {}",
+                render::dry_run_words(reason, &doc.phase),
+                render::PHASE_HINT
+            ),
             reason => format!(
                 "Writing is NOT enabled on this server. Why: {}. Every write tool only simulates and reports what it would do; nothing is written. {}",
                 render::dry_run_words(reason, &doc.phase),
@@ -507,6 +514,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         };
         let mode = match doc.dry_run_reason {
             None => "writes are real (sandbox_write)".to_owned(),
+            reason @ Some(DryRunReason::PhaseNotSupported) => format!(
+                "writes are refused ({})",
+                render::dry_run_words(reason, &doc.phase)
+            ),
             reason => format!(
                 "writes are only simulated ({})",
                 render::dry_run_words(reason, &doc.phase)

@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// How the operator turns real writes on; repeated wherever a simulation is reported.
+pub(crate) const PHASE_HINT: &str = "To write, the operator must restart the MCP server with a phase that allows sandbox writes (--phase 28.3, or 28.5 to 28.8). A tool call cannot change this: tell the user if a real write is needed.";
 pub(crate) const ENABLE_HINT: &str = "To write for real, the operator must restart the MCP server with both --enable-write and --no-dry-run (or set AI_LAB_ENABLE_SANDBOX_WRITE=true and AI_LAB_SANDBOX_DRY_RUN=false). A tool call cannot change this: tell the user if a real write is needed.";
 
 /// A successful result: `text` for people and models, `structured` for programs.

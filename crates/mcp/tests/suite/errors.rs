@@ -239,6 +239,19 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
         !t.contains("only simulates") && !t.contains("not enabled"),
         "{t}"
     );
+    // The session's instructions and get_state say the same: refused, and the fix is the
+    // phase, not the write flags (both are on).
+    let info = s.client.peer_info().unwrap();
+    let instructions = info.instructions.as_deref().unwrap_or_default();
+    assert!(
+        instructions.contains("is refused (phase_not_supported)")
+            && instructions.contains("--phase 28.3")
+            && !instructions.contains("only simulates")
+            && !instructions.contains("--enable-write"),
+        "{instructions}"
+    );
+    let t = text(&s.ok("get_state", json!({})).await);
+    assert!(t.contains("writes are refused (phase_not_supported"), "{t}");
     s.finish().await;
 
     let s = Session::start(Mode::Default).await;
