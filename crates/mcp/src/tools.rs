@@ -86,6 +86,7 @@ impl Field {
             Kind::Edits => json!({
                 "type": "array",
                 "minItems": 1,
+                "maxItems": ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN,
                 "items": {
                     "type": "object",
                     "properties": {
@@ -417,7 +418,10 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
             "edits",
             Kind::Edits,
             true,
-            "Exact-text replacements applied in order; each 'old' must occur exactly once in the current text. All or nothing: if one edit fails, nothing is written.",
+            format!(
+                "Exact-text replacements applied in order (at most {}); each 'old' must occur exactly once in the current text. All or nothing: if one edit fails, nothing is written.",
+                ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN
+            ),
         )),
         Payload::None => None,
     };
@@ -438,7 +442,7 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
         "description",
         Kind::Str,
         false,
-        "What the write is for, recorded with the action. Asking here for chmod or an executable file gets the call refused.",
+        "What the write is for, read by governance only (it is not stored): asking here for chmod or an executable file gets the call refused.",
     ));
     fields.push(root_field());
     let description = format!(

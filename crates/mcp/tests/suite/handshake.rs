@@ -84,6 +84,15 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
         }
         let ann = t.annotations.as_ref().unwrap();
         assert_eq!(ann.read_only_hint, Some(false));
+        if payload == Some("edits") {
+            // The cap a call past it is refused for is in the schema.
+            assert_eq!(
+                props["edits"]["maxItems"],
+                ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN,
+                "{}",
+                op.name
+            );
+        }
     }
     let read = tools.iter().find(|t| t.name == "read_file").unwrap();
     assert_eq!(read.input_schema["required"], serde_json::json!(["path"]));
