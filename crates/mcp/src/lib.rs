@@ -277,7 +277,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 r
             }
-            Ok(Err(r)) => refusal(&r, None, ". Nothing was read."),
+            Ok(Err(r)) => render::read_refusal(&r, ". Nothing was read."),
             Err(e) => e,
         }
     }
@@ -357,7 +357,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     })),
                 )
             }
-            Ok(Err(r)) => refusal(&r, None, "."),
+            Ok(Err(r)) => render::read_refusal(&r, "."),
             Err(e) => e,
         }
     }
@@ -386,7 +386,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 ok(text, to_value(&info))
             }
-            Ok(Err(r)) => refusal(&r, None, "."),
+            Ok(Err(r)) => render::read_refusal(&r, "."),
             Err(e) => e,
         }
     }

@@ -49,6 +49,24 @@ pub(crate) fn refusal(r: &Refusal, op: Option<&Operation>, tail: &str) -> CallTo
     refusal_advising(r, tail, &what_to_do(r.reason_code, op))
 }
 
+/// A read tool's refusal: the advice is about reading, where [`what_to_do`] speaks to
+/// writers.
+pub(crate) fn read_refusal(r: &Refusal, tail: &str) -> CallToolResult {
+    let hint = match r.reason_code {
+        ReasonCode::SizeExceeded => {
+            "the file is larger than this server returns, and cannot be read in parts here: get_file_info gives its size and checksum; ask the user if you need its contents.".to_owned()
+        }
+        ReasonCode::NotFound => {
+            "check the path with list_directory or get_file_info; the reason above says what is (or is not) there.".to_owned()
+        }
+        ReasonCode::HardlinkRefused => {
+            "that file has other hard links, so it may be a file elsewhere, and it is never read here; ask the user for its contents if you need them.".to_owned()
+        }
+        code => what_to_do(code, None),
+    };
+    refusal_advising(r, tail, &hint)
+}
+
 /// [`refusal`] with its own advice.
 pub(crate) fn refusal_advising(r: &Refusal, tail: &str, hint: &str) -> CallToolResult {
     let text = format!(

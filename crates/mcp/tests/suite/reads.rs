@@ -61,6 +61,20 @@ async fn read_tools_are_confined_and_exact() {
         "{}",
         text(&r)
     );
+    // The advice is a reader's, and does not contradict the reason.
+    assert!(
+        !text(&r).contains("does not exist") && !text(&r).contains("create the file"),
+        "{}",
+        text(&r)
+    );
+    std::fs::write(s.path("big.txt"), vec![b'x'; 5 * 1024 * 1024 + 1]).unwrap();
+    let r = s.err("read_file", json!({"path": "big.txt"})).await;
+    assert!(
+        text(&r).contains("size_exceeded") && text(&r).contains("get_file_info"),
+        "{}",
+        text(&r)
+    );
+    assert!(!text(&r).contains("split the content"), "{}", text(&r));
     s.finish().await;
 }
 
