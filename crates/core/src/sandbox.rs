@@ -2200,7 +2200,7 @@ impl Sandbox {
                     }
                 }
                 why.push(format!(
-                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them",
+                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
                     files.join(", ")
                 ));
             }

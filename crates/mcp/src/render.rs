@@ -369,8 +369,22 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         return ok(text, structured);
     }
     if rep.is_success() {
+        let kept = rep
+            .steps
+            .iter()
+            .filter(|s| {
+                s.restored
+                    && s.detail
+                        .as_deref()
+                        .is_some_and(|d| d.starts_with("left in place"))
+            })
+            .count();
+        let kept = match kept {
+            0 => String::new(),
+            k => format!(" ({k} of them left a directory in place, as its line says)"),
+        };
         let text = format!(
-            "Rolled back {what}: {} step(s) restored.\n{}",
+            "Rolled back {what}: {} step(s) done{kept}.\n{}",
             rep.steps_rolled_back,
             lines.join("\n")
         );

@@ -125,6 +125,11 @@ async fn a_directory_rollback_says_what_became_of_it() {
         "{t}"
     );
     assert!(!t.contains("did not exist before"), "{t}");
+    // The summary counts both as done, and says one stayed.
+    assert!(
+        t.contains("2 step(s) done (1 of them left a directory in place"),
+        "{t}"
+    );
     assert_eq!(s.read("shared/sub/keep.txt"), b"keep\n");
     assert!(!s.path("fresh").exists());
     s.finish().await;
