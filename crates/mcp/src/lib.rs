@@ -134,6 +134,14 @@ impl SandboxMcp {
             .with_instructions(self.instructions())
     }
 
+    /// A write tool with the extension policy it runs under, for refusal advice.
+    fn writer<'a>(&'a self, op: &'a Operation) -> render::Writer<'a> {
+        render::Writer {
+            op,
+            policy: &self.sandbox.config().extensions,
+        }
+    }
+
     fn instructions(&self) -> String {
         let doc = self.sandbox.state_doc();
         let mode = match doc.dry_run_reason {
@@ -188,7 +196,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         // target than the caller named.
         if let Some(r) = refused {
             return match spec.kind {
-                ToolKind::Write(op) => refusal(&r, Some(op), ". Nothing was written."),
+                ToolKind::Write(op) => refusal(&r, Some(self.writer(op)), ". Nothing was written."),
                 _ => refusal(&r, None, ". Nothing was done."),
             };
         }
@@ -253,8 +261,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         };
         let phase = self.sandbox.config().phase.clone();
         match self.blocking(move |sb| sb.run_plan(plan)).await {
-            Ok(Ok(res)) => render::write_result(&res, op, &self.workflow_id, &phase),
-            Ok(Err(r)) => refusal(&r, Some(op), ". Nothing was written."),
+            Ok(Ok(res)) => render::write_result(&res, self.writer(op), &self.workflow_id, &phase),
+            Ok(Err(r)) => refusal(&r, Some(self.writer(op)), ". Nothing was written."),
             Err(e) => e,
         }
     }

@@ -5,7 +5,8 @@
 //! instead; a simulation is a normal result that says nothing was written and why; a
 //! success names the path, checksum, size, artifact, workflow and how to roll back.
 
-use ailab_sandbox_core::catalog::Operation;
+use ailab_sandbox_core::catalog::{Operation, op_for_intent, writable_extensions};
+use ailab_sandbox_core::confine::path::ExtensionPolicy;
 use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
@@ -45,7 +46,7 @@ pub(crate) fn to_value<T: Serialize>(v: &T) -> Option<Value> {
 }
 
 /// A refusal as an `isError` result.
-pub(crate) fn refusal(r: &Refusal, op: Option<&Operation>, tail: &str) -> CallToolResult {
+pub(crate) fn refusal(r: &Refusal, op: Option<Writer<'_>>, tail: &str) -> CallToolResult {
     refusal_advising(r, tail, &what_to_do(r.reason_code, op))
 }
 
@@ -102,9 +103,16 @@ pub(crate) fn bad_arguments(tool: &str, problem: &str) -> CallToolResult {
     )
 }
 
+/// The write tool a refusal is for, with the extension policy it runs under.
+#[derive(Clone, Copy)]
+pub(crate) struct Writer<'a> {
+    pub op: &'a Operation,
+    pub policy: &'a ExtensionPolicy,
+}
+
 /// What a caller should do after a refusal or failure with `code`. Exhaustive on purpose:
 /// a new reason code must be given advice here before the crate compiles.
-pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
+pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
     use ReasonCode as C;
     let s = match code {
         C::PhaseNotSupported => {
@@ -132,12 +140,32 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<&Operation>) -> String {
             "the target is a directory, FIFO, socket or device; choose a regular file path (check it with get_file_info)."
         }
         C::BlockedExtension | C::ExtensionNotAllowed => {
-            return match op.filter(|o| !o.extensions.is_empty()) {
-                Some(o) => format!(
-                    "give the path one of the extensions {} accepts ({}), or use create_file, which takes any allowed extension.",
-                    o.name,
-                    o.extensions.join(" ")
-                ),
+            return match op {
+                // What this server's policy lets it write, not the catalog's list: the
+                // operator's allow-list may take some away.
+                Some(w) => {
+                    let mine = writable_extensions(w.op, w.policy);
+                    let any = op_for_intent("create_file")
+                        .map(|c| writable_extensions(c, w.policy))
+                        .unwrap_or_default();
+                    match (mine.is_empty(), w.op.extensions.is_empty() || any.is_empty()) {
+                        (true, _) => format!(
+                            "{} can write no file on this server: the operator's extension policy allows none of its extensions. Tell the user.",
+                            w.op.name
+                        ),
+                        (false, true) => format!(
+                            "give the path one of the extensions {} may write here: {}.",
+                            w.op.name,
+                            mine.join(" ")
+                        ),
+                        (false, false) => format!(
+                            "give the path one of the extensions {} may write here ({}), or use create_file, which writes {}.",
+                            w.op.name,
+                            mine.join(" "),
+                            any.join(" ")
+                        ),
+                    }
+                }
                 None => "choose an allowed extension (.md, .txt, .json, .yaml, ... as listed in the tool's description); system unit files and binaries are never writable.".to_owned(),
             };
         }
@@ -204,10 +232,11 @@ pub(crate) fn dry_run_words(reason: Option<DryRunReason>, phase: &str) -> String
 /// The result of a one-action write run.
 pub(crate) fn write_result(
     res: &RunResult,
-    op: &Operation,
+    w: Writer<'_>,
     session_wf: &str,
     phase: &str,
 ) -> CallToolResult {
+    let op = w.op;
     let mut structured = to_value(res);
     // A refusal's code at the top, where every other refusal carries it.
     if let (Some(Value::Object(m)), Some(code)) = (
@@ -299,7 +328,7 @@ pub(crate) fn write_result(
             let text = format!(
                 "REFUSED ({code}): {}. Nothing was written.{sim}\nWhat to do instead: {}",
                 clause(&reason),
-                what_to_do(code, Some(op))
+                what_to_do(code, Some(w))
             );
             error(text, structured)
         }
@@ -319,7 +348,7 @@ pub(crate) fn write_result(
             let text = format!(
                 "FAILED ({code}): {}.{undone}\nWhat to do instead: {}",
                 clause(&reason),
-                what_to_do(code, Some(op))
+                what_to_do(code, Some(w))
             );
             error(text, structured)
         }

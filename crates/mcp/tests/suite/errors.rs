@@ -26,6 +26,48 @@ async fn a_path_traversal_is_refused_with_its_reason_code() {
     s.finish().await;
 }
 
+/// The extensions an extension refusal suggests are those this server's policy lets the
+/// tool write: never one the operator's allow-list refuses in turn.
+#[tokio::test]
+async fn extension_advice_follows_the_servers_policy() {
+    let allowed: Vec<String> = [".txt", ".md", ".yaml"].map(str::to_owned).to_vec();
+    let s = Session::start_with(Mode::Write, move |c| {
+        c.extensions = ailab_sandbox_core::confine::path::ExtensionPolicy::new(Some(&allowed), &[]);
+    })
+    .await;
+    let advice = |t: String| {
+        t.split("What to do instead: ")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let t = text(
+        &s.err("write_json", json!({"path": "a.json", "data": {}}))
+            .await,
+    );
+    assert!(
+        advice(t.clone()).contains("write_json can write no file on this server"),
+        "{t}"
+    );
+    let t = advice(text(
+        &s.err("create_file", json!({"path": "a.json", "content": "x"}))
+            .await,
+    ));
+    assert!(t.contains(".txt .md .yaml") && !t.contains(".json"), "{t}");
+    let t = advice(text(
+        &s.err(
+            "generate_config",
+            json!({"path": "a.toml", "data": {"k": 1}}),
+        )
+        .await,
+    ));
+    assert!(
+        t.contains("(.yaml)") && !t.contains(".toml") && !t.contains(".json"),
+        "{t}"
+    );
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn governance_refusals_name_the_code_and_an_alternative() {
     let s = Session::start(Mode::Write).await;
