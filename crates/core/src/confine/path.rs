@@ -263,7 +263,7 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
             Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "the root {} is not a configured sandbox root; allowed roots: {}",
+                    "the root {} is not a sandbox root in use (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
                     shown_path(hint),
                     list_roots(roots)
                 ),

@@ -1298,3 +1298,27 @@ fn get_file_info_names_the_artifact_the_file_holds() {
     assert_eq!(info().kind, "missing");
     assert_eq!(info().artifact_id, None);
 }
+
+/// A plan naming a configured root that was skipped at start (it could not be opened) is
+/// told so, not that the root is not configured.
+#[test]
+fn a_skipped_root_is_named_as_skipped() {
+    let w = World::new();
+    std::fs::write(w.tmp.path().join("a-file"), b"x").unwrap();
+    let unusable = w.tmp.path().join("a-file/root");
+    let mut c = w.writable_config();
+    c.roots.push(unusable.clone());
+    let sb = w.open(c);
+    assert_eq!(sb.state_doc().skipped_roots.len(), 1);
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "x",
+                            "root": unusable.display().to_string()}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("outside_sandbox"), "{r:?}");
+    let reason = r.actions[0].reason.as_deref().unwrap();
+    assert!(
+        reason.contains("skipped_roots") && !reason.contains("not a configured"),
+        "{reason}"
+    );
+}
