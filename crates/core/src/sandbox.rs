@@ -451,6 +451,13 @@ impl Sandbox {
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
         config.validate()?;
         let mut notices = Vec::new();
+        // Before any root is made: one that would lie inside the state directory would be
+        // made there (and the state directory's own folders after it) only to be refused.
+        for r in &config.roots {
+            if let Some(inside) = lies_inside(r, &config.state_dir) {
+                return Err(root_inside_state_dir(&inside, &config.state_dir));
+            }
+        }
         let mut roots = Vec::new();
         let mut skipped = Vec::new();
         for r in &config.roots {
@@ -517,11 +524,7 @@ impl Sandbox {
         }
         for root in &roots {
             if let Some(inside) = lies_inside(root.path(), state.path()) {
-                return Err(Error::Config(crate::config::ConfigError(format!(
-                    "root {} lies inside the state directory {} once symbolic links are followed; the runtime's own files are never writable, so give a root outside it",
-                    inside.display(),
-                    state.path().display()
-                ))));
+                return Err(root_inside_state_dir(&inside, state.path()));
             }
         }
         let batch_sync = if config.durability == crate::config::Durability::Batched
@@ -2868,14 +2871,22 @@ fn state_dir_outside(state_dir: &Path, roots: &[SandboxRoot]) -> Result<(), Erro
 }
 
 /// `Some(inner)` when `inner` lies inside `outer` (lexically, or after resolving
-/// symlinks).
+/// symlinks), or would once made.
 fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
     if inner.starts_with(outer) {
         return Some(inner.to_path_buf());
     }
     let s = crate::confine::state::canonical_to_be(inner)?;
-    let r = crate::confine::state::canonical(outer)?;
+    let r = crate::confine::state::canonical_to_be(outer)?;
     s.starts_with(&r).then_some(s)
+}
+
+fn root_inside_state_dir(inside: &Path, state_dir: &Path) -> Error {
+    Error::Config(crate::config::ConfigError(format!(
+        "root {} lies inside the state directory {} once symbolic links are followed; the runtime's own files are never writable, so give a root outside it",
+        inside.display(),
+        state_dir.display()
+    )))
 }
 
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {

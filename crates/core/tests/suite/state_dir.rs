@@ -212,3 +212,25 @@ fn state_files_left_with_a_second_link_are_read() {
     let sb = Sandbox::open(w.writable_config()).unwrap();
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A root that lies inside the state directory once a symbolic link on its path is
+/// followed is refused before anything is made: neither the root nor the state
+/// directory's own folders.
+#[test]
+fn a_root_inside_the_state_directory_is_refused_before_anything_is_made() {
+    let w = World::new();
+    fs::create_dir(&w.state).unwrap();
+    symlink(w.tmp.path(), w.tmp.path().join("lnk")).unwrap();
+    let mut c = w.writable_config();
+    c.roots = vec![w.tmp.path().join("lnk/state/r")];
+    let err = open_err(c);
+    assert!(err.contains("lies inside the state directory"), "{err}");
+    let made: Vec<_> = fs::read_dir(&w.state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        made.is_empty(),
+        "nothing made in the state directory: {made:?}"
+    );
+}
