@@ -587,6 +587,15 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         // verdict on it is to be trusted, so it is refused like everything else.
         says(&mut c, "invalid_config");
     }
+    // So is one beneath a directory others could write in: they could swap it.
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(shared.join("state"))
+        .args(["--json", "state"]);
+    says(&mut c, "invalid_config");
     // Refused input, not a command that could not run: the reason is on both too.
     says(
         e.cmd().args(["--json", "artifacts", "show", "a/b"]),

@@ -1377,6 +1377,11 @@ pub(crate) struct CheckedDir {
 /// on the way is followed only when it is owned by root or by this user; the directory
 /// itself must not be a symlink. Its own owner and mode are for the caller to judge, on
 /// the handle returned, so nothing can be swapped in between.
+/// Begins the reason of every refusal of a directory for what lies above it (another
+/// user's directory or symbolic link): a setting to correct, which callers tell apart
+/// from a failure of the disk by it.
+pub(crate) const REFUSED_ABOVE: &str = "is refused: ";
+
 pub(crate) fn open_checked_dir(
     path: &Path,
     create: bool,
@@ -1535,7 +1540,7 @@ fn open_ancestors(
         if meta.file_type().is_symlink() {
             if meta.uid() != 0 && meta.uid() != euid {
                 return Err(format!(
-                    "{what} {shown} is refused: {} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
+                    "{what} {shown} {REFUSED_ABOVE}{} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
                     here.display(),
                     meta.uid()
                 ));
@@ -1596,7 +1601,7 @@ fn checked_ancestor(
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
     if uid != 0 && uid != euid {
         return Err(format!(
-            "{what} {shown} is refused: the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for a directory of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for a directory of theirs",
             path.display()
         ));
     }
@@ -1604,7 +1609,7 @@ fn checked_ancestor(
     let egid = egid();
     if writable_by_others(&m) && mode & 0o1000 == 0 {
         return Err(format!(
-            "{what} {shown} is refused: the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
             path.display(),
             m.gid()
         ));

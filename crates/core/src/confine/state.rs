@@ -46,7 +46,14 @@ impl StateDir {
     pub fn open(path: &Path) -> io::Result<Self> {
         const WHAT: &str = "state directory";
         let checked = super::root::open_checked_dir_through_link(path, true, WHAT, STATE_DIR_MODE)
-            .map_err(io::Error::other)?;
+            .map_err(|why| {
+                // Others could swap it for theirs: as unsafe as one they could write in.
+                if why.contains(super::root::REFUSED_ABOVE) {
+                    io::Error::new(io::ErrorKind::PermissionDenied, NotPrivate(why))
+                } else {
+                    io::Error::other(why)
+                }
+            })?;
         check_private(&checked.meta, &path.display().to_string())?;
         let sub = |name: &str| -> io::Result<Dir> {
             let mut b = DirBuilder::new();
