@@ -51,12 +51,15 @@ pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
         "RISK"
     );
     for o in &OPERATIONS {
+        // The same list `--json` gives: what this policy lets the operation write.
         let ext = if o.is_directory() {
             "-".to_owned()
-        } else if o.extensions.is_empty() {
-            "(all allowed)".to_owned()
         } else {
-            ailab_sandbox_core::catalog::writable_extensions(o, policy).join(" ")
+            match ailab_sandbox_core::catalog::writable_extensions(o, policy) {
+                list if list.is_empty() => "(none under this policy)".to_owned(),
+                _ if o.extensions.is_empty() => "(all allowed)".to_owned(),
+                list => list.join(" "),
+            }
         };
         out!(
             "{:<18} {:<10} {:<28} {:>9} {:<7} {}",

@@ -118,6 +118,27 @@ fn ops_lists_the_eleven_operations() {
     // .py is not on the allow-list, .sh is blocked: nothing left.
     assert_eq!(op(&v, "generate_script"), json!([]));
     assert_eq!(op(&v, "write_json"), json!([".json"]));
+    // For people, the same lists, and a word where nothing is left.
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&config)
+        .arg("ops")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line("generate_script").contains("(none under this policy)"),
+        "{text}"
+    );
+    assert!(line("write_json").contains(".json"), "{text}");
+    assert!(line("create_file").contains("(all allowed)"), "{text}");
 }
 
 #[test]
