@@ -450,10 +450,10 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
-    if !cli.json {
-        for n in sandbox.notices() {
-            eprintln!("note: {}", human::safe(n));
-        }
+    // With --json too: standard output is the document, standard error is for people
+    // (a recovery that could not judge a run must be seen).
+    for n in sandbox.notices() {
+        eprintln!("note: {}", human::safe(n));
     }
     report_confinement(
         sandbox.confine_process(),

@@ -104,6 +104,7 @@ fn kill_9_at_random_moments_is_always_recoverable() {
     let new_bytes = |i: usize| format!("new content {i}\n").repeat(50);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     let mut killed_mid_run = 0;
+    let mut noticed = 0;
     for trial in 0..TRIALS {
         let cfg = &configs[trial as usize % 2];
         let wf = format!("wf_kill{trial}");
@@ -170,6 +171,16 @@ fn kill_9_at_random_moments_is_always_recoverable() {
         // The next start recovers the dead run.
         let out = cli(cfg).arg("state").output().unwrap();
         assert_eq!(out.status.code(), Some(0));
+        // What the start says is on standard error with --json too, not only in `state`.
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        for n in doc["notices"].as_array().unwrap() {
+            noticed += 1;
+            assert!(
+                err.contains(&format!("note: {}", n.as_str().unwrap())),
+                "trial {trial}: {n} not on stderr: {err}"
+            );
+        }
         assert!(
             !has_temp_files(&root),
             "trial {trial}: temporary files left after recovery"
@@ -230,4 +241,5 @@ fn kill_9_at_random_moments_is_always_recoverable() {
         killed_mid_run >= TRIALS / 3,
         "only {killed_mid_run} of {TRIALS} kills landed mid-run"
     );
+    assert!(noticed > 0, "no start said it recovered a run");
 }
