@@ -393,6 +393,11 @@ impl Snapshotter {
         match wf.create_dir_with(&meta.action_id, &b) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let rel = format!("{ROLLBACK_DIR}/{}/{}", meta.workflow_id, meta.action_id);
+                let scope = format!("for action {} in this root", meta.action_id);
+                if let Some(r) = not_a_folder(root, &wf, &meta.action_id, &rel, &scope) {
+                    return Err(r);
+                }
                 return Err(Refusal::new(
                     ReasonCode::InvalidId,
                     format!(

@@ -207,6 +207,24 @@ fn a_snapshot_store_that_is_not_a_folder_stops_every_write_naming_it() {
         "{reason}"
     );
     assert_eq!(status(&run(&sb, one("wf_y"))), "success");
+    // In an action's place: that action id is not "already used", something is in the way.
+    std::fs::create_dir(w.path(".rollback/wf_z")).unwrap();
+    std::fs::set_permissions(
+        w.path(".rollback/wf_z"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    std::fs::write(w.path(".rollback/wf_z/a1"), b"x").unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_z", "actions": [{"action_id": "a1", "intent": "create_file", "path": "z.md", "content": "x"}]}),
+    );
+    assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"), "{r:?}");
+    let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains(".rollback/wf_z/a1") && reason.contains("is a file"),
+        "{reason}"
+    );
 }
 
 /// A `.rollback` another user could write in (made before the runtime's own, say, in a
