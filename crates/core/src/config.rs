@@ -206,8 +206,9 @@ pub struct Limits {
     pub max_workflow_bytes: u64,
     pub writes_per_minute: u32,
     pub max_path_depth: usize,
-    /// How long a write or rollback waits for a file another writer holds before it is
-    /// refused (`conflict`): a stopped or hung process must not stop the workflow for good.
+    /// How long a write, run or rollback waits for a file, a workflow or a log another
+    /// process holds before it gives up (`conflict` for files and workflows): a stopped or
+    /// hung process must not stall the others for good.
     pub lock_wait_seconds: u64,
 }
 

@@ -227,10 +227,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let (ctx, sim_reason) = self.sb.execution_context();
         let lock = self.sb.state.lock(&format!("wf-{wf}"));
         if let Err(e) = &lock {
-            let r = Refusal::new(
-                ReasonCode::IoError,
-                format!("could not lock workflow '{wf}': {}", e.kind()),
-            );
+            let r = crate::sandbox::workflow_lock_refusal(&wf, e);
             return self.blocked(vec![Err(r)], !ctx.is_executable());
         }
         // Before validation, which must see the tree as the dead run's recovery leaves it.

@@ -235,6 +235,28 @@ impl Left {
 /// seldom wait for each other, few enough that the lock files stay a handful.
 const TARGET_LOCK_STRIPES: usize = 64;
 
+/// Why a workflow's lock could not be taken: another run or rollback of it holds it too
+/// long (`conflict`), or an I/O failure.
+pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "another run or rollback of workflow {} has kept it busy too long ({e}: a stopped or hung process, or a very long plan); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                shown_path(workflow_id)
+            ),
+        );
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "could not lock workflow {}: {}",
+            shown_path(workflow_id),
+            e.kind()
+        ),
+    )
+}
+
 fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
     if e.kind() == std::io::ErrorKind::TimedOut {
         return crate::reason::Refusal::new(
@@ -482,12 +504,15 @@ impl Sandbox {
         // it: through a symlink into a root they would be made inside the sandbox.
         state_dir_outside(&config.state_dir, &roots)?;
         let (state, note) = open_state_dir(&config)?;
+        let state = state.with_lock_wait(std::time::Duration::from_secs(
+            config.limits.lock_wait_seconds,
+        ));
         let target_locks = crate::confine::state::LockSet::new(
             &state,
             (0..TARGET_LOCK_STRIPES)
                 .map(|i| format!("target-{i:02}"))
                 .collect(),
-            std::time::Duration::from_secs(config.limits.lock_wait_seconds),
+            state.lock_wait(),
         );
         notices.extend(note);
         // A fallback state directory was not checked above.
@@ -2161,11 +2186,8 @@ impl Sandbox {
         let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
             Ok(l) => l,
             Err(e) => {
-                return refused(
-                    ReasonCode::IoError,
-                    format!("could not lock the workflow: {}", e.kind()),
-                    Vec::new(),
-                );
+                let r = workflow_lock_refusal(workflow_id, &e);
+                return refused(r.reason_code, r.reason, Vec::new());
             }
         };
         // Before the snapshots are read: the dead run's recovery may restore some.

@@ -23,6 +23,8 @@ pub const INFLIGHT_DIR: &str = "inflight";
 pub struct StateDir {
     path: PathBuf,
     dirs: std::sync::Arc<Handles>,
+    /// How long a lock another process holds is waited for (see [`lock_within`]).
+    lock_wait: std::time::Duration,
 }
 
 /// The state directory's handles: its top and its two subdirectories.
@@ -80,7 +82,20 @@ impl StateDir {
                 locks,
                 inflight,
             }),
+            lock_wait: std::time::Duration::from_secs(crate::config::LOCK_WAIT_SECONDS),
         })
+    }
+
+    /// The same directory, whose locks (and those of the logs it opens from now on) are
+    /// waited for at most `wait` when another process holds them.
+    pub fn with_lock_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// How long its locks are waited for.
+    pub fn lock_wait(&self) -> std::time::Duration {
+        self.lock_wait
     }
 
     /// Reads top-level files of the state directory at `path` without creating or
@@ -154,7 +169,10 @@ impl StateDir {
                 .create(true)
                 .mode(0o600),
         )?;
-        Ok(LogFile { file })
+        Ok(LogFile {
+            file,
+            wait: self.lock_wait,
+        })
     }
 
     /// Takes an exclusive lock named `name` (a file under `locks/`), held until the guard
@@ -162,7 +180,7 @@ impl StateDir {
     /// own file description.
     pub fn lock(&self, name: &str) -> io::Result<FileLock> {
         let file = self.lock_file(name)?;
-        file.lock()?;
+        lock_within(&file, false, self.lock_wait)?;
         Ok(FileLock { file })
     }
 
@@ -614,29 +632,42 @@ impl LockSet {
             Some(f) => f,
             None => self.state.lock_file(name)?,
         };
-        let deadline = std::time::Instant::now() + self.wait;
-        let mut pause = std::time::Duration::from_millis(1);
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    let now = std::time::Instant::now();
-                    if now >= deadline {
-                        // The file goes back to its slot: the next taker reuses it.
-                        *slot = Some(file);
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("held by another process for {} s", self.wait.as_secs()),
-                        ));
-                    }
-                    std::thread::sleep(pause.min(deadline - now));
-                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
-                }
-                Err(std::fs::TryLockError::Error(e)) => return Err(e),
-            }
-        }
+        let taken = lock_within(&file, false, self.wait);
+        // The file goes back to its slot either way: the next taker reuses it.
         *slot = Some(file);
+        taken?;
         Ok(HeldLock { slot })
+    }
+}
+
+/// Takes `file`'s lock (shared or exclusive), waiting at most `wait` while another
+/// process holds it: a stopped or hung holder is an error of kind `TimedOut`, not a wait
+/// without end. Polls, since `flock` has no timeout of its own; uncontended, it is one
+/// call.
+pub fn lock_within(file: &File, shared: bool, wait: std::time::Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        let tried = if shared {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match tried {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("held by another process for {} s", wait.as_secs()),
+                    ));
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
     }
 }
 
@@ -684,19 +715,20 @@ impl Drop for LogLock<'_> {
 #[derive(Debug)]
 pub struct LogFile {
     file: File,
+    wait: std::time::Duration,
 }
 
 impl LogFile {
     /// Takes the exclusive lock (other processes; threads are serialised by the owner's
     /// mutex, since a lock belongs to the open file description).
     pub fn lock_exclusive(&self) -> io::Result<LogLock<'_>> {
-        self.file.lock()?;
+        lock_within(&self.file, false, self.wait)?;
         Ok(LogLock { file: &self.file })
     }
 
     /// Takes a shared lock for reading.
     pub fn lock_shared(&self) -> io::Result<LogLock<'_>> {
-        self.file.lock_shared()?;
+        lock_within(&self.file, true, self.wait)?;
         Ok(LogLock { file: &self.file })
     }
 

@@ -1046,6 +1046,73 @@ fn a_write_waits_for_a_busy_file_only_so_long() {
     assert_eq!(w.read("same.md"), b"one\nmine\ntwo\n");
 }
 
+/// The same bound holds for a workflow another process is running or rolling back, and
+/// for the audit log another process is appending to: a run, a rollback or a read waits
+/// at most `limits.lock_wait_seconds`, then is refused, and nothing is half done.
+#[test]
+fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
+    let w = World::new();
+    w.write("f.txt", b"base\n");
+    let holder = w.sandbox();
+    let mut impatient = w.writable_config();
+    impatient.limits.lock_wait_seconds = 1;
+    let other = std::sync::Arc::new(w.open(impatient));
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (o, out) = (other.clone(), outcomes.clone());
+    holder.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let r = o
+                .run_plan(plan(json!({"workflow_id": "wf_same", "actions": [
+                    {"intent": "create_file", "path": "g.txt", "content": "g\n"}]})))
+                .unwrap();
+            let rb = o.rollback_workflow("wf_same", &forced());
+            out.lock().unwrap().push((r, rb));
+        }),
+    );
+    let r = run(
+        &holder,
+        json!({"workflow_id": "wf_same", "actions": [
+            {"intent": "replace_file", "path": "f.txt", "content": "mine\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    let (r, rb) = outcomes.lock().unwrap().pop().expect("the other calls ran");
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"));
+    for why in [
+        r.actions[0].reason.clone().unwrap(),
+        rb.reason.clone().unwrap(),
+    ] {
+        assert!(
+            why.contains("wf_same") && why.contains("limits.lock_wait_seconds"),
+            "{why}"
+        );
+    }
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict)
+    );
+    assert!(!w.path("g.txt").exists());
+    assert_eq!(w.read("f.txt"), b"mine\n");
+
+    // The audit log, held by another process: the write is undone, reads give up.
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    let r = run(
+        &other,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "replace_file", "path": "f.txt", "content": "theirs\n"}]}),
+    );
+    assert_ne!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("f.txt"), b"mine\n", "undone");
+    assert!(other.audit_entries(10, None).is_err());
+    log.unlock().unwrap();
+    assert!(other.audit_verify().unwrap().ok);
+}
+
 /// A root is one root however its path is spelled (`//`, a trailing `/`): its artifacts
 /// are recorded under one path, so a later write to a file finds the file's earlier
 /// artifact as its parent.
