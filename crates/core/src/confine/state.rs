@@ -823,14 +823,28 @@ fn read_if_present(dir: &Dir, name: &str, limit: u64) -> io::Result<Option<Vec<u
 }
 
 /// Where `path` would be once made: its nearest existing ancestor with symbolic links
-/// resolved, then the components that do not exist yet. `None` when no ancestor
-/// resolves.
+/// resolved, then the components that do not exist yet. A symbolic link that leads
+/// nowhere yet is followed to where it leads (making `path` makes its target). `None`
+/// when no ancestor resolves.
 pub fn canonical_to_be(path: &Path) -> Option<PathBuf> {
+    to_be(path, 0)
+}
+
+fn to_be(path: &Path, hops: usize) -> Option<PathBuf> {
+    const MAX_HOPS: usize = 40;
     let mut rest = Vec::new();
     let mut at = path;
     loop {
         if let Some(c) = canonical(at) {
             return Some(rest.iter().rev().fold(c, |p: PathBuf, n| p.join(n)));
+        }
+        if let Ok(target) = std::fs::read_link(at) {
+            if hops >= MAX_HOPS {
+                return None;
+            }
+            let target = at.parent()?.join(target);
+            let made = to_be(&target, hops + 1)?;
+            return Some(rest.iter().rev().fold(made, |p: PathBuf, n| p.join(n)));
         }
         rest.push(at.file_name()?.to_owned());
         at = at.parent()?;

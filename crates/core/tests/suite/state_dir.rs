@@ -233,4 +233,15 @@ fn a_root_inside_the_state_directory_is_refused_before_anything_is_made() {
         made.is_empty(),
         "nothing made in the state directory: {made:?}"
     );
+    // Through a link that leads to a folder not made yet, the same.
+    symlink(w.state.join("sub"), w.tmp.path().join("dangling")).unwrap();
+    let mut c = w.writable_config();
+    c.roots = vec![w.tmp.path().join("dangling/r")];
+    let err = open_err(c);
+    assert!(err.contains("lies inside the state directory"), "{err}");
+    let made: Vec<_> = fs::read_dir(&w.state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(made.is_empty(), "nothing made there either: {made:?}");
 }
