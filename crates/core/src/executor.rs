@@ -274,6 +274,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let tat = self.rate_tat();
         let now = sb.clock.now();
         let mut out = Vec::new();
+        let mut stores_checked = std::collections::HashSet::new();
         for a in &self.plan.actions {
             let r = (|| {
                 let approval = check_target(&self.request(a), &gctx)?;
@@ -305,6 +306,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                     ));
                 }
                 let ri = approval.resolved.root_index;
+                if stores_checked.insert(ri) {
+                    crate::snapshot::check_store(&sb.roots[ri], Some(wf))?;
+                }
                 // A parent that an earlier action makes a file is refused here as the
                 // disk would refuse it at run time, before anything of the plan is written.
                 let comps = approval.resolved.rel.components();

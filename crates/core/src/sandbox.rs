@@ -1254,7 +1254,13 @@ impl Sandbox {
             tool: None,
         };
         let operation = op_for_intent(intent).map(|o| o.name);
-        match check_sandbox_governance(&req, &self.governance_context(), size) {
+        // As a plan would find it: a root whose snapshot store is unusable writes nothing.
+        let checked =
+            check_sandbox_governance(&req, &self.governance_context(), size).and_then(|a| {
+                crate::snapshot::check_store(&self.roots[a.resolved.root_index], None)?;
+                Ok(a)
+            });
+        match checked {
             Ok(a) => CheckVerdict {
                 allowed: true,
                 reason_code: None,

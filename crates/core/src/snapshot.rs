@@ -279,6 +279,31 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
     Ok((wf, made))
 }
 
+/// Whether snapshots of `workflow_id` can be kept in `root`, found without making
+/// anything: a `.rollback` or workflow folder that is there must be a private folder
+/// ([`snapshot_store`] and [`workflow_folder`] refuse the others). A plan checks this
+/// before it writes, so that such a root blocks the plan rather than failing it after
+/// its earlier actions were written.
+/// Without a workflow (`None`), the store itself only.
+pub fn check_store(root: &SandboxRoot, workflow_id: Option<&str>) -> Verdict {
+    let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR) else {
+        return not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, "in this root")
+            .map_or(Ok(()), Err);
+    };
+    check_private(root, &rb, ROLLBACK_DIR)?;
+    let Some(workflow_id) = workflow_id else {
+        return Ok(());
+    };
+    let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
+    match rb.open_dir_nofollow(workflow_id) {
+        Ok(wf) => check_private(root, &wf, &rel),
+        Err(_) => {
+            let scope = format!("for workflow {workflow_id} in this root");
+            not_a_folder(root, &rb, workflow_id, &rel, &scope).map_or(Ok(()), Err)
+        }
+    }
+}
+
 /// The refusal for a folder of the snapshot store (`name` in `dir`, `rel` in `root`)
 /// that could not be opened because something else stands in its place (a file, a
 /// symbolic link, a FIFO); `None` when nothing does. `scope`: what it stops, as in

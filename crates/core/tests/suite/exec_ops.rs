@@ -227,6 +227,39 @@ fn a_snapshot_store_that_is_not_a_folder_stops_every_write_naming_it() {
     );
 }
 
+/// A root whose snapshot store is unusable blocks the whole plan at validation, as any
+/// refusal does: an earlier action of the plan in another root is not written first
+/// (nor written and undone), and a simulation says the same.
+#[test]
+fn an_unusable_snapshot_store_blocks_the_plan_before_anything_is_written() {
+    let w = World::new();
+    let (root2, both) = with_second_root(&w, &w.writable_config());
+    std::fs::write(root2.join(".rollback"), b"x").unwrap();
+    let p = json!({"workflow_id": "wf_two", "on_failure": "stop", "actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "x"},
+        {"intent": "create_file", "path": "b.txt", "content": "y", "root": root2.display().to_string()}]});
+    let r = run(&w.open(both.clone()), p.clone());
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 1).as_deref(), Some("reserved_path"));
+    assert!(!w.path("a.txt").exists(), "nothing written");
+    let mut sim = both.clone();
+    sim.dry_run = true;
+    let r = run(&w.open(sim), p);
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    let v = w.open(both).check(
+        "create_file",
+        "b.txt",
+        None,
+        1,
+        Some(&root2.display().to_string()),
+    );
+    assert!(!v.allowed, "{v:?}");
+    assert_eq!(
+        v.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::ReservedPath)
+    );
+}
+
 /// A `.rollback` another user could write in (made before the runtime's own, say, in a
 /// root others may write to) would let them remove the snapshots: nothing is written.
 #[test]
