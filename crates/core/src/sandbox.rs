@@ -242,7 +242,7 @@ pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Re
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "another run or rollback of workflow {} has kept it busy too long ({e}: a stopped or hung process, or a very long plan); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                "another run or rollback of workflow {} kept it busy ({e}: a long plan or rollback, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
                 shown_path(workflow_id)
             ),
         );
@@ -262,7 +262,7 @@ fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
         return crate::reason::Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "another writer has kept {} busy too long ({e}: a stopped or hung process, or a very long write); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                "another writer kept {} busy ({e}: a long write or rollback, heavy contention, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
                 shown_path(&rel.as_string())
             ),
         );
@@ -1798,11 +1798,14 @@ impl Sandbox {
             .collect();
         stripes.sort_by_key(|(i, _)| *i);
         stripes.dedup_by_key(|(i, _)| *i);
+        // One wait for them all: each taken after the one before, they would otherwise
+        // add up, and holders of several would queue behind each other for minutes.
+        let deadline = self.target_locks.deadline();
         stripes
             .iter()
             .map(|(i, rel)| {
                 self.target_locks
-                    .lock(*i)
+                    .lock_by(*i, deadline)
                     .map_err(|e| lock_refusal(rel, &e))
             })
             .collect()
@@ -2754,22 +2757,27 @@ impl Sandbox {
             if !crate::plan::is_valid_id(&wf) {
                 continue;
             }
+            // A workflow being run or rolled back now is kept, not waited for: it is not
+            // finished, and one stopped process must not hold up the prune of the others.
             let pruned = self
                 .state
-                .lock(&format!("wf-{wf}"))
+                .try_lock(&format!("wf-{wf}"))
                 .map_err(|e| {
                     crate::Refusal::new(
                         ReasonCode::IoError,
                         format!("could not take the workflow's lock: {e}"),
                     )
                 })
-                .and_then(|_lock| {
-                    // A run this prune waited for may have died holding the lock: its
-                    // in-doubt writes are judged from the snapshots about to go.
-                    if !simulated {
-                        self.recover_dead_run(&wf)?;
+                .and_then(|lock| match lock {
+                    None => Ok(false),
+                    Some(_lock) => {
+                        // A run that died holding the lock: its in-doubt writes are judged
+                        // from the snapshots about to go.
+                        if !simulated {
+                            self.recover_dead_run(&wf)?;
+                        }
+                        self.prune_workflow(&wf, cutoff, simulated)
                     }
-                    self.prune_workflow(&wf, cutoff, simulated)
                 });
             match pruned {
                 Ok(true) => report.workflows_pruned.push(wf),

@@ -172,6 +172,7 @@ impl StateDir {
         Ok(LogFile {
             file,
             wait: self.lock_wait,
+            stalled: std::sync::Mutex::new(None),
         })
     }
 
@@ -619,20 +620,34 @@ impl LockSet {
     }
 
     /// Takes lock `i` (of the names given), held until the guard drops. Another process
-    /// holding it longer than the set's wait (stopped, hung) is an error of kind
-    /// `TimedOut`, not a wait without end.
+    /// or thread holding it longer than the set's wait (stopped, hung, or a very long
+    /// write) is an error of kind `TimedOut`, not a wait without end.
     pub fn lock(&self, i: usize) -> io::Result<HeldLock<'_>> {
+        self.lock_by(i, self.deadline())
+    }
+
+    /// When a wait that starts now ends.
+    pub fn deadline(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.wait
+    }
+
+    /// [`LockSet::lock`], waiting until `deadline` at the latest, for this process's
+    /// other threads and for other processes together: a holder of several locks taken
+    /// one after the other waits no longer in all than for one.
+    pub fn lock_by(&self, i: usize, deadline: std::time::Instant) -> io::Result<HeldLock<'_>> {
         let (Some(slot), Some(name)) = (self.slots.get(i), self.names.get(i)) else {
             return Err(io::Error::other("no such lock"));
         };
-        let mut slot = slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = poll_until(deadline, self.wait, || match slot.try_lock() {
+            Ok(g) => Ok(Some(g)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(Some(p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => Ok(None),
+        })?;
         let file = match slot.take() {
             Some(f) => f,
             None => self.state.lock_file(name)?,
         };
-        let taken = lock_within(&file, false, self.wait);
+        let taken = flock_until(&file, false, deadline, self.wait);
         // The file goes back to its slot either way: the next taker reuses it.
         *slot = Some(file);
         taken?;
@@ -645,29 +660,51 @@ impl LockSet {
 /// without end. Polls, since `flock` has no timeout of its own; uncontended, it is one
 /// call.
 pub fn lock_within(file: &File, shared: bool, wait: std::time::Duration) -> io::Result<()> {
-    let deadline = std::time::Instant::now() + wait;
-    let mut pause = std::time::Duration::from_millis(1);
-    loop {
+    flock_until(file, shared, std::time::Instant::now() + wait, wait)
+}
+
+fn flock_until(
+    file: &File,
+    shared: bool,
+    deadline: std::time::Instant,
+    wait: std::time::Duration,
+) -> io::Result<()> {
+    poll_until(deadline, wait, || {
         let tried = if shared {
             file.try_lock_shared()
         } else {
             file.try_lock()
         };
         match tried {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let now = std::time::Instant::now();
-                if now >= deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("held by another process for {} s", wait.as_secs()),
-                    ));
-                }
-                std::thread::sleep(pause.min(deadline - now));
-                pause = (pause * 2).min(std::time::Duration::from_millis(20));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            Ok(()) => Ok(Some(())),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
         }
+    })
+}
+
+/// Calls `attempt` until it gives something or `deadline` passes (`TimedOut`, naming
+/// `wait`), pausing a little longer each time but never more than 2 ms: short pauses keep
+/// a waiter from losing every race to one that happens to try just after a release.
+fn poll_until<T>(
+    deadline: std::time::Instant,
+    wait: std::time::Duration,
+    mut attempt: impl FnMut() -> io::Result<Option<T>>,
+) -> io::Result<T> {
+    let mut pause = std::time::Duration::from_micros(100);
+    loop {
+        if let Some(got) = attempt()? {
+            return Ok(got);
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("waited {} s", wait.as_secs()),
+            ));
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(std::time::Duration::from_millis(2));
     }
 }
 
@@ -716,20 +753,56 @@ impl Drop for LogLock<'_> {
 pub struct LogFile {
     file: File,
     wait: std::time::Duration,
+    /// When a wait for the lock last ran out: this process's threads queue for the file
+    /// behind their owner's mutex, and each would otherwise wait its whole time in turn
+    /// while one stopped process holds the lock.
+    stalled: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl LogFile {
     /// Takes the exclusive lock (other processes; threads are serialised by the owner's
     /// mutex, since a lock belongs to the open file description).
     pub fn lock_exclusive(&self) -> io::Result<LogLock<'_>> {
-        lock_within(&self.file, false, self.wait)?;
-        Ok(LogLock { file: &self.file })
+        self.lock(false)
     }
 
     /// Takes a shared lock for reading.
     pub fn lock_shared(&self) -> io::Result<LogLock<'_>> {
-        lock_within(&self.file, true, self.wait)?;
-        Ok(LogLock { file: &self.file })
+        self.lock(true)
+    }
+
+    /// Waits for the lock as [`lock_within`] does, but not at all while the wait of
+    /// another of this process's threads ran out less than a wait ago and the lock is
+    /// still taken: the holder is stuck, and queued threads give up together.
+    fn lock(&self, shared: bool) -> io::Result<LogLock<'_>> {
+        let stalled = || {
+            self.stalled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let stuck = stalled().is_some_and(|at| at.elapsed() < self.wait);
+        let wait = if stuck {
+            std::time::Duration::ZERO
+        } else {
+            self.wait
+        };
+        match flock_until(
+            &self.file,
+            shared,
+            std::time::Instant::now() + wait,
+            self.wait,
+        ) {
+            Ok(()) => {
+                *stalled() = None;
+                Ok(LogLock { file: &self.file })
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    *stalled() = Some(std::time::Instant::now());
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Current length in bytes.

@@ -1046,6 +1046,94 @@ fn a_write_waits_for_a_busy_file_only_so_long() {
     assert_eq!(w.read("same.md"), b"one\nmine\ntwo\n");
 }
 
+/// A prune keeps a workflow that another process is running at that moment, without
+/// waiting for it (a stopped run would otherwise hold up the prune of every workflow),
+/// and prunes the others.
+#[test]
+fn a_prune_keeps_a_running_workflow_without_waiting() {
+    let w = World::new();
+    let holder = w.sandbox();
+    assert_eq!(
+        status(&run(
+            &holder,
+            json!({"workflow_id": "wf_old", "actions": [
+        {"intent": "create_file", "path": "old.txt", "content": "o\n"}]})
+        )),
+        "success"
+    );
+    w.clock.advance(chrono::Duration::hours(2));
+    let pruner = std::sync::Arc::new(w.sandbox());
+    let report = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (p, out) = (pruner.clone(), report.clone());
+    holder.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let started = std::time::Instant::now();
+            let r = p.prune(std::time::Duration::from_secs(3600)).unwrap();
+            *out.lock().unwrap() = Some((r, started.elapsed()));
+        }),
+    );
+    assert_eq!(
+        status(&run(
+            &holder,
+            json!({"workflow_id": "wf_running", "actions": [
+        {"intent": "create_file", "path": "new.txt", "content": "n\n"}]})
+        )),
+        "success"
+    );
+    let (r, elapsed) = report.lock().unwrap().take().unwrap();
+    assert_eq!(r.workflows_pruned, ["wf_old"], "{r:?}");
+    assert_eq!(r.workflows_kept, 1, "{r:?}");
+    assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
+}
+
+/// Many writers of one process waiting for the same busy file each wait the bound once,
+/// together, not one after the other: six queued behind a stopped holder are all refused
+/// within about one wait, not six.
+#[test]
+fn writers_waiting_together_give_up_together() {
+    let w = World::new();
+    w.write("same.md", b"one\n");
+    let holder = w.sandbox();
+    let mut impatient = w.writable_config();
+    impatient.limits.lock_wait_seconds = 1;
+    let other = std::sync::Arc::new(w.open(impatient));
+    let waited = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let (o, out) = (other.clone(), waited.clone());
+    holder.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let started = std::time::Instant::now();
+            let threads: Vec<_> = (0..6)
+                .map(|i| {
+                    let o = o.clone();
+                    std::thread::spawn(move || {
+                        o.run_plan(plan(json!({"workflow_id": format!("wf_q{i}"), "actions": [
+                            {"intent": "append_file", "path": "same.md", "content": "q\n"}]})))
+                            .unwrap()
+                    })
+                })
+                .collect();
+            let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            *out.lock().unwrap() = Some((results, started.elapsed()));
+        }),
+    );
+    assert_eq!(
+        status(&run(
+            &holder,
+            json!({"workflow_id": "wf_hold", "actions": [
+        {"intent": "append_file", "path": "same.md", "content": "mine\n"}]})
+        )),
+        "success"
+    );
+    let (results, elapsed) = waited.lock().unwrap().take().unwrap();
+    for r in &results {
+        assert_eq!(code(r, 0).as_deref(), Some("conflict"), "{r:?}");
+    }
+    assert!(elapsed < std::time::Duration::from_secs(4), "{elapsed:?}");
+    assert_eq!(w.read("same.md"), b"one\nmine\n");
+}
+
 /// The same bound holds for a workflow another process is running or rolling back, and
 /// for the audit log another process is appending to: a run, a rollback or a read waits
 /// at most `limits.lock_wait_seconds`, then is refused, and nothing is half done.
