@@ -26,11 +26,14 @@ const PATTERNS: [Pattern; 12] = [
     },
     Pattern {
         name: "a chmod call (os.chmod, fs.chmodSync, Path.chmod…)",
-        matches: |t, _| {
+        matches: |t, w| {
             t.contains("chmod(")
                 || t.contains("chmodsync")
                 || t.contains("fchmod")
                 || t.contains("lchmod")
+                // A qualified name without its parentheses: "os.chmod", "Path.chmod".
+                || w.iter()
+                    .any(|x| x.split(['.', ':']).any(|part| part == "chmod"))
         },
     },
     Pattern {

@@ -114,6 +114,11 @@ fn chmod_calls_in_code_are_detected() {
         "mode = 0o755",
         "install -m 755 x /usr/bin",
         "chattr +i file",
+        // Named without the call's parentheses (SPEC §5 names os.chmod).
+        "os.chmod",
+        "call os.chmod on it",
+        "then Path.chmod it",
+        "then os.chmod it to 0755",
     ] {
         assert!(flagged(text), "{text:?}");
     }
