@@ -760,17 +760,20 @@ impl Sandbox {
                 _ => {}
             }
         }
+        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
         let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
             report.retry = true;
             return report;
         };
         report.untrusted += untrusted;
-        report.unjudged = self.unjudged(
+        let removed;
+        (report.unjudged, removed) = self.unjudged(
             rec,
             snaps
                 .iter()
                 .filter(|(_, s)| !s.restored && done.contains_key(&s.meta.action_id)),
         );
+        report.temp_files_removed += removed;
         if !report.unjudged.is_empty() {
             report.retry = true;
             return report;
@@ -856,6 +859,7 @@ impl Sandbox {
             let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
             audited.insert(e.action_id, after);
         }
+        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
         let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
             report.retry = true;
             return report;
@@ -887,11 +891,13 @@ impl Sandbox {
         };
         // Only never-audited actions await a verdict that depends on what their targets
         // hold; an audited one whose target cannot be looked at is judged finished below.
-        report.unjudged = self.unjudged(
+        let removed;
+        (report.unjudged, removed) = self.unjudged(
             rec,
             mine.iter()
                 .filter(|(_, s)| !s.restored && !audited.contains_key(&s.meta.action_id)),
         );
+        report.temp_files_removed += removed;
         if !report.unjudged.is_empty() {
             report.retry = true;
             return report;
@@ -1024,7 +1030,7 @@ impl Sandbox {
     }
 
     /// Removes the temporary files the dead run's process left in `dirs` (root index,
-    /// components) and in the workflow's snapshot folders. Returns how many.
+    /// components). Returns how many.
     fn remove_dead_temp_files(
         &self,
         rec: &InflightRecord,
@@ -1048,6 +1054,16 @@ impl Sandbox {
                 }
             }
         }
+        removed
+    }
+
+    /// Removes the temporary files the dead run's process left in the workflow's snapshot
+    /// folders. Before the snapshots are read: one killed between linking its `meta.json`
+    /// into place and unlinking the temporary name left the file with a second link, which
+    /// would make the snapshot untrusted. Returns how many.
+    fn remove_dead_snapshot_temp_files(&self, rec: &InflightRecord) -> usize {
+        let makers = dead_makers(rec);
+        let mut removed = 0;
         for root in &self.roots {
             if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
                 && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
@@ -1287,11 +1303,12 @@ impl Sandbox {
     /// large for a snapshot is judged (someone else's change); only what the runtime
     /// refuses to look at is not. A second link that is the dead run's own temporary file
     /// (see [`crate::confine::root::SandboxRoot::remove_temp_links_of`]) is removed first.
+    /// Also returns how many temporary names it removed.
     fn unjudged<'a>(
         &self,
         rec: &InflightRecord,
         snaps: impl Iterator<Item = &'a (usize, crate::snapshot::StoredSnapshot)>,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, usize) {
         let refusal = |i: usize, rel: &RelPath| {
             self.roots[i].inspect(rel).err().filter(|r| {
                 matches!(
@@ -1305,20 +1322,24 @@ impl Sandbox {
         };
         let makers = dead_makers(rec);
         let mut seen = HashSet::new();
-        snaps
+        let mut removed = 0;
+        let reasons = snaps
             .filter(|(i, s)| seen.insert((*i, s.meta.original_path.clone())))
             .filter_map(|(i, s)| {
                 let rel = s.meta.target();
                 let r = refusal(*i, &rel)?;
-                if r.reason_code == ReasonCode::HardlinkRefused
-                    && self.roots[*i].remove_temp_links_of(&rel, &makers) > 0
-                {
-                    return refusal(*i, &rel);
+                if r.reason_code == ReasonCode::HardlinkRefused {
+                    let gone = self.roots[*i].remove_temp_links_of(&rel, &makers);
+                    if gone > 0 {
+                        removed += gone;
+                        return refusal(*i, &rel);
+                    }
                 }
                 Some(r)
             })
             .map(|r| r.reason)
-            .collect()
+            .collect();
+        (reasons, removed)
     }
 
     /// Whether a target (`current`: its checksum, `None` when it is no file) holds what

@@ -872,6 +872,7 @@ fn recovery_waits_only_for_what_it_cannot_judge() {
         "file for folder",
         "link to an audited target",
         "own temporary link",
+        "own temporary link to a snapshot",
     ] {
         let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
         die_before_the_second_record(&w, &c);
@@ -888,11 +889,21 @@ fn recovery_waits_only_for_what_it_cannot_judge() {
             "link to an audited target" => {
                 std::fs::hard_link(w.path("a.txt"), w.tmp.path().join("backup")).unwrap();
             }
-            _ => std::fs::hard_link(
+            "own temporary link" => std::fs::hard_link(
                 w.path("d/b.txt"),
                 w.path(&format!("d/{TEMP_MARKER}left{seed}")),
             )
             .unwrap(),
+            _ => {
+                for folder in std::fs::read_dir(w.path(".rollback/wf_crash")).unwrap() {
+                    let folder = folder.unwrap().path();
+                    std::fs::hard_link(
+                        folder.join("meta.json"),
+                        folder.join(format!("{TEMP_MARKER}meta{seed}")),
+                    )
+                    .unwrap();
+                }
+            }
         }
         let sb = w.open(c.clone());
         assert!(
@@ -913,6 +924,14 @@ fn recovery_waits_only_for_what_it_cannot_judge() {
             _ => {
                 assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: undone");
                 assert_eq!(temp_files(&w.root), Vec::<String>::new(), "{case}");
+                assert!(
+                    sb.notices().iter().all(|n| !n.contains("alone")),
+                    "{case}: every snapshot trusted: {:?}",
+                    sb.notices()
+                );
+                if case == "own temporary link" {
+                    assert_noticed(&sb, "1 temporary files removed");
+                }
             }
         }
     }
