@@ -161,6 +161,10 @@ pub fn rollback(r: &RollbackReport) {
             s.checksum_validated,
             safe(&s.path)
         );
+        // What became of a target no checksum describes (removed, or left in place).
+        if let Some(detail) = &s.detail {
+            out!("    {}", safe(detail));
+        }
     }
 }
 

@@ -931,8 +931,19 @@ impl RollbackEngine {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
                         checksum_validated: gone,
                         restored_checksum: None,
+                        detail: gone.then(|| {
+                            let mut d = Self::absent_detail(meta);
+                            if !left_dirs.is_empty() {
+                                let names: Vec<String> =
+                                    left_dirs.iter().map(|l| shown_path(&l.path)).collect();
+                                d.push_str(&format!(
+                                    "; {} it made on the way left in place: other files are in it, or it is another action's result (removed once empty and no one's)",
+                                    names.join(", ")
+                                ));
+                            }
+                            d
+                        }),
                         left_dirs,
-                        detail: gone.then(|| Self::absent_detail(meta)),
                     }),
                     Err(r) => Ok(unverified(r)),
                 }

@@ -405,7 +405,7 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
                 s.restored
                     && s.detail
                         .as_deref()
-                        .is_some_and(|d| d.starts_with("left in place"))
+                        .is_some_and(|d| d.contains("left in place"))
             })
             .count();
         let kept = match kept {

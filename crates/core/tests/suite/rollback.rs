@@ -1519,3 +1519,29 @@ fn a_forced_or_recovered_restore_keeps_the_owner() {
         }
     }
 }
+
+/// A rollback that removes what an action made but must leave a directory the action
+/// made on the way (someone put a file in it) says so in the step, where it said only
+/// that the target was removed.
+#[test]
+fn a_directory_made_on_the_way_and_left_is_named() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_way", "actions": [
+            {"intent": "create_directory", "path": "x1/x2"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    w.write("x1/other.txt", b"theirs\n");
+    let rb = sb.rollback_workflow("wf_way", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let detail = rb.steps[0].detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.starts_with("removed: the action made it")
+            && detail.contains("'x1' it made on the way left in place"),
+        "{detail}"
+    );
+    assert!(!w.path("x1/x2").exists());
+    assert_eq!(w.read("x1/other.txt"), b"theirs\n");
+}
