@@ -648,12 +648,11 @@ fn verify_read_only(
 ) -> Result<u8> {
     let v = ailab_sandbox_core::audit::verify_read_only(state_dir, durable)
         .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
-    if !json {
-        eprintln!(
-            "note: the runtime cannot start here ({}); the trail was verified read-only, without recovery",
-            human::safe(&why.to_string())
-        );
-    }
+    // With --json too, as every notice: standard output holds only the report.
+    eprintln!(
+        "note: the runtime cannot start here ({}); the trail was verified read-only, without recovery",
+        human::safe(&why.to_string())
+    );
     show_verified(&v, json)
 }
 

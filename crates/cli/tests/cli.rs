@@ -1086,6 +1086,44 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
     assert!(sub.join("sandbox_audit.jsonl").exists());
 }
 
+/// `audit verify` on a state directory mounted read-only checks the trail as it is and
+/// says so on standard error, with `--json` too (the report alone is on standard output).
+#[test]
+fn a_read_only_trail_is_verified_and_said_to_be() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_ro", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "x"}]}),
+    );
+    let out = e
+        .cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\"",
+        &[e.state.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "audit", "verify"]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(json_out(&out)["ok"], json!(true));
+    assert!(
+        err.contains("verified read-only, without recovery"),
+        "{err}"
+    );
+}
+
 /// When the default state directory cannot be created, the runtime uses the user's
 /// (`$XDG_STATE_HOME/ailab-sandbox`) and says so. The default's parent is hidden under a
 /// read-only tmpfs in a private mount namespace, so the real one is never touched.
