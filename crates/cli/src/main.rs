@@ -267,6 +267,7 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
                     | S::PublicWithoutToken { .. }
                     | S::EmptyToken
                     | S::ShortToken
+                    | S::UnsendableToken
                     | S::ZeroBodyLimit
             ) {
                 return codes::INVALID_CONFIG;

@@ -207,6 +207,13 @@ pub enum ServeError {
          (for example 32 hexadecimal digits)"
     )]
     ShortToken,
+    /// The token could never match: HTTP drops white space at the ends of a header
+    /// value, and a header cannot carry a control character.
+    #[error(
+        "the token begins or ends with white space, or holds a control character, which an \
+         Authorization header cannot carry; no request could ever match it: give it without them"
+    )]
+    UnsendableToken,
     /// The body limit is zero.
     #[error("the request body limit must be at least 1 byte")]
     ZeroBodyLimit,
@@ -252,6 +259,9 @@ pub fn check_exposure(
     match token {
         Some("") => Err(ServeError::EmptyToken),
         Some(t) if t.len() < MIN_TOKEN_LEN => Err(ServeError::ShortToken),
+        Some(t) if t.trim() != t || t.chars().any(char::is_control) => {
+            Err(ServeError::UnsendableToken)
+        }
         Some(_) => Ok(()),
         None => match resolved
             .iter()

@@ -485,6 +485,21 @@ fn exposure_rules() {
     for short in ["", "short", "fifteen-chars!!"] {
         assert!(check_exposure("127.0.0.1:8787", &loopback, Some(short)).is_err());
     }
+    // One no request could carry: HTTP trims header values, and refuses control bytes.
+    for unsendable in [
+        " 0123456789abcdef",
+        "0123456789abcdef ",
+        "0123456789abcdef\t",
+        "0123456789\nabcdef",
+    ] {
+        assert!(
+            matches!(
+                check_exposure("127.0.0.1:8787", &loopback, Some(unsendable)),
+                Err(ailab_sandbox_http::ServeError::UnsendableToken)
+            ),
+            "{unsendable:?}"
+        );
+    }
     let lan = resolve_addr("192.168.1.10:8787").unwrap();
     assert!(check_exposure("192.168.1.10:8787", &lan, None).is_err());
     assert!(resolve_addr("127.0.0.1").is_err(), "a port is needed");
