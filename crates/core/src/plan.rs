@@ -550,10 +550,17 @@ pub fn check_numbers_kept(json: &[u8]) -> Verdict {
                 }
                 let token = std::str::from_utf8(&json[start..i]).unwrap_or_default();
                 if !number_is_kept(token) {
+                    // An integer minus zero has no integer to be kept as: it would come
+                    // back as a double, -0.0.
+                    let why = if token.trim_start_matches('-').bytes().all(|b| b == b'0') {
+                        "an integer minus zero would be written back as -0.0; send 0, or -0.0 if a negative zero is meant"
+                    } else {
+                        "numbers are kept as 64-bit integers or doubles, about 15 significant digits; send it as a string to keep it exactly"
+                    };
                     return Err(Refusal::new(
                         ReasonCode::InvalidPlan,
                         format!(
-                            "the number {} would not be written back as the same value (numbers are kept as 64-bit integers or doubles, about 15 significant digits); send it as a string to keep it exactly",
+                            "the number {} would not be written back as the same value ({why})",
                             shown_number(token)
                         ),
                     ));
@@ -1200,5 +1207,12 @@ mod tests {
             err.reason
         );
         assert!(err.reason.contains("string"), "{}", err.reason);
+        // Minus zero is refused for what it is, not for its digits.
+        let err = check_numbers_kept(br#"{"a": -0}"#).unwrap_err();
+        assert!(
+            err.reason.contains("-0.0") && !err.reason.contains("significant digits"),
+            "{}",
+            err.reason
+        );
     }
 }
