@@ -281,7 +281,7 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
 
 /// Whether snapshots of `workflow_id` can be kept in `root`, found without making
 /// anything: a `.rollback` or workflow folder that is there must be a private folder
-/// ([`snapshot_store`] and [`workflow_folder`] refuse the others). A plan checks this
+/// (taking a snapshot refuses the others). A plan checks this
 /// before it writes, so that such a root blocks the plan rather than failing it after
 /// its earlier actions were written.
 /// Without a workflow (`None`), the store itself only.
