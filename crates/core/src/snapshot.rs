@@ -286,21 +286,29 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
 /// its earlier actions were written.
 /// Without a workflow (`None`), the store itself only.
 pub fn check_store(root: &SandboxRoot, workflow_id: Option<&str>) -> Verdict {
-    let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR) else {
-        return not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, "in this root")
-            .map_or(Ok(()), Err);
+    // Looked at, not opened: one `fstatat` each, on the write path of every plan.
+    let look = |dir: &Dir, name: &str, rel: &str, scope: &str| match dir.symlink_metadata(name) {
+        Ok(m) if m.is_dir() => check_private_meta(root, &m, rel).map(|()| true),
+        Ok(_) => not_a_folder(root, dir, name, rel, scope).map_or(Ok(false), Err),
+        Err(_) => Ok(false),
     };
-    check_private(root, &rb, ROLLBACK_DIR)?;
+    if !look(root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, "in this root")? {
+        return Ok(());
+    }
     let Some(workflow_id) = workflow_id else {
         return Ok(());
     };
     let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
-    match rb.open_dir_nofollow(workflow_id) {
-        Ok(wf) => check_private(root, &wf, &rel),
-        Err(_) => {
-            let scope = format!("for workflow {workflow_id} in this root");
-            not_a_folder(root, &rb, workflow_id, &rel, &scope).map_or(Ok(()), Err)
-        }
+    match root.dir().symlink_metadata(&rel) {
+        Ok(m) if m.is_dir() => check_private_meta(root, &m, &rel),
+        Ok(_) => match root.dir().open_dir_nofollow(ROLLBACK_DIR) {
+            Ok(rb) => {
+                let scope = format!("for workflow {workflow_id} in this root");
+                look(&rb, workflow_id, &rel, &scope).map(|_| ())
+            }
+            Err(_) => Ok(()),
+        },
+        Err(_) => Ok(()),
     }
 }
 
@@ -338,9 +346,14 @@ fn not_a_folder(
 /// Refuses a folder of the snapshot store (`rel` in `root`) that another user owns or
 /// could write in.
 fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
-    use crate::confine::root::NotOurs as Why;
     let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
-    let problem = match crate::confine::root::not_ours(&m) {
+    check_private_meta(root, &m, rel)
+}
+
+/// [`check_private`] on a folder's metadata.
+fn check_private_meta(root: &SandboxRoot, m: &cap_std::fs::Metadata, rel: &str) -> Verdict {
+    use crate::confine::root::NotOurs as Why;
+    let problem = match crate::confine::root::not_ours(m) {
         None => return Ok(()),
         Some(Why::Owner(uid)) => format!(
             "is owned by uid {uid}, not by this process's uid {}",
