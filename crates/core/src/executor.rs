@@ -291,12 +291,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ),
                     )
                 })?;
-                if wrote
-                    || sb
-                        .roots
-                        .iter()
-                        .any(|root| Snapshotter::exists(root, wf, a.id()))
-                {
+                let ri = approval.resolved.root_index;
+                let mut used = false;
+                for (i, root) in sb.roots.iter().enumerate() {
+                    match Snapshotter::place(root, wf, a.id()) {
+                        Ok(u) => used |= u,
+                        // Something other than a folder in its place, where its snapshot
+                        // is to be taken: nothing of the plan is written.
+                        Err(r) if i == ri => return Err(r),
+                        Err(_) => {}
+                    }
+                }
+                if wrote || used {
                     return Err(Refusal::new(
                         ReasonCode::InvalidId,
                         format!(
@@ -305,7 +311,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                         ),
                     ));
                 }
-                let ri = approval.resolved.root_index;
                 if stores_checked.insert(ri) {
                     crate::snapshot::check_store(&sb.roots[ri], Some(wf))?;
                 }

@@ -386,12 +386,19 @@ impl Snapshotter {
     /// Whether a snapshot exists for this action (action ids are never reused in a
     /// workflow).
     pub fn exists(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> bool {
+        Self::place(root, workflow_id, action_id).unwrap_or(false)
+    }
+
+    /// [`Snapshotter::exists`], refused (`reserved_path`) when something other than a
+    /// folder stands in the action's place (`.rollback/{workflow}/{action}`), where no
+    /// snapshot of it could be taken: a plan checks it before it writes.
+    pub fn place(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> Verdict<bool> {
+        let path = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
         // One lookup beneath the root rather than one per folder, following no link
         // anywhere on the way (a planted link could otherwise make fresh ids look used).
         #[cfg(target_os = "linux")]
         {
             use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
-            let path = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
             match openat2(
                 root.dir(),
                 path.as_str(),
@@ -399,19 +406,37 @@ impl Snapshotter {
                 Mode::empty(),
                 ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
             ) {
-                Ok(_) => return true,
-                // Missing, or a link or a non-folder on the way: not a snapshot.
-                Err(
-                    rustix::io::Errno::NOENT
-                    | rustix::io::Errno::LOOP
-                    | rustix::io::Errno::NOTDIR
-                    | rustix::io::Errno::XDEV,
-                ) => return false,
+                Ok(_) => return Ok(true),
+                // Missing: no snapshot.
+                Err(rustix::io::Errno::NOENT | rustix::io::Errno::XDEV) => return Ok(false),
+                // A link or a non-folder on the way, or in the place itself.
+                Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                    return Self::obstruction(root, workflow_id, action_id, &path).map(|()| false);
+                }
                 // No openat2 here (an old kernel, a seccomp filter): one folder at a time.
                 Err(_) => {}
             }
         }
-        matches!(snapshot_dir(root, workflow_id, action_id), Ok(Some(_)))
+        match snapshot_dir(root, workflow_id, action_id) {
+            Ok(Some(_)) => Ok(true),
+            _ => Self::obstruction(root, workflow_id, action_id, &path).map(|()| false),
+        }
+    }
+
+    /// The refusal for a non-folder at `rel`, the action's place.
+    fn obstruction(root: &SandboxRoot, workflow_id: &str, action_id: &str, rel: &str) -> Verdict {
+        let Ok(m) = root.dir().symlink_metadata(rel) else {
+            return Ok(());
+        };
+        if m.is_dir() {
+            return Ok(());
+        }
+        let folder = root
+            .dir()
+            .open_dir_nofollow(format!("{ROLLBACK_DIR}/{workflow_id}"))
+            .map_err(|e| snap_io("inspect", &e))?;
+        let scope = format!("for action {action_id} in this root");
+        not_a_folder(root, &folder, action_id, rel, &scope).map_or(Ok(()), Err)
     }
 
     /// Writes backup and metadata, durable (when `durable`) before returning: each

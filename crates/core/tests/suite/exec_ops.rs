@@ -246,7 +246,7 @@ fn an_unusable_snapshot_store_blocks_the_plan_before_anything_is_written() {
     sim.dry_run = true;
     let r = run(&w.open(sim), p);
     assert_eq!(status(&r), "blocked", "{r:?}");
-    let v = w.open(both).check(
+    let v = w.open(both.clone()).check(
         "create_file",
         "b.txt",
         None,
@@ -258,6 +258,20 @@ fn an_unusable_snapshot_store_blocks_the_plan_before_anything_is_written() {
         v.reason_code,
         Some(ailab_sandbox_core::ReasonCode::ReservedPath)
     );
+    // The same for a file in the place of the action's own snapshot folder.
+    std::fs::remove_file(root2.join(".rollback")).unwrap();
+    std::fs::create_dir_all(root2.join(".rollback/wf_three")).unwrap();
+    for d in [".rollback", ".rollback/wf_three"] {
+        std::fs::set_permissions(root2.join(d), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    std::fs::write(root2.join(".rollback/wf_three/a2"), b"z").unwrap();
+    let p = json!({"workflow_id": "wf_three", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "x"},
+        {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "y", "root": root2.display().to_string()}]});
+    let r = run(&w.open(both), p);
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 1).as_deref(), Some("reserved_path"));
+    assert!(!w.path("a.txt").exists(), "nothing written");
 }
 
 /// A `.rollback` another user could write in (made before the runtime's own, say, in a
