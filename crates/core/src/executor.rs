@@ -1089,7 +1089,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 sb.registry.register(entry).map_err(|e| {
                     Refusal::new(
                         ReasonCode::IoError,
-                        format!("could not register the artifact: {}", e.kind()),
+                        log_failure("register the artifact", &e),
                     )
                 })?;
             }
@@ -1112,7 +1112,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if let Err(e) = appended {
                     let r = Refusal::new(
                         ReasonCode::IoError,
-                        format!("could not append to the audit log: {}", e.kind()),
+                        log_failure("append to the audit log", &e),
                     );
                     self.undo(&snap, &left);
                     finished(sb);
@@ -1246,6 +1246,18 @@ impl<'a> SandboxWriteExecutor<'a> {
 
 /// A log that cannot be read to count a limit refuses the write, rather than counting
 /// nothing and letting it through.
+/// Why an append to the registry or the audit trail failed, for the action's reason: a
+/// log another process held past `limits.lock_wait_seconds` is named as such.
+fn log_failure(what: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        format!(
+            "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind); the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start"
+        )
+    } else {
+        format!("could not {what}: {}", e.kind())
+    }
+}
+
 fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> Refusal {
     Refusal::new(
         ReasonCode::IoError,

@@ -771,9 +771,11 @@ impl LogFile {
         self.lock(true)
     }
 
-    /// Waits for the lock as [`lock_within`] does, but not at all while the wait of
-    /// another of this process's threads ran out less than a wait ago and the lock is
-    /// still taken: the holder is stuck, and queued threads give up together.
+    /// Waits for the lock as [`lock_within`] does, but for at most a second while the
+    /// whole wait of another of this process's threads ran out less than a wait ago: the
+    /// holder is most likely stuck, and the threads queued behind that one give up about
+    /// together rather than each after a whole wait. A second is still far more than an
+    /// append holds the lock, and only a whole wait that runs out marks the log stuck.
     fn lock(&self, shared: bool) -> io::Result<LogLock<'_>> {
         let stalled = || {
             self.stalled
@@ -782,22 +784,19 @@ impl LogFile {
         };
         let stuck = stalled().is_some_and(|at| at.elapsed() < self.wait);
         let wait = if stuck {
-            std::time::Duration::ZERO
+            self.wait.min(std::time::Duration::from_secs(1))
         } else {
             self.wait
         };
-        match flock_until(
-            &self.file,
-            shared,
-            std::time::Instant::now() + wait,
-            self.wait,
-        ) {
+        match flock_until(&self.file, shared, std::time::Instant::now() + wait, wait) {
             Ok(()) => {
-                *stalled() = None;
+                if stuck {
+                    *stalled() = None;
+                }
                 Ok(LogLock { file: &self.file })
             }
             Err(e) => {
-                if e.kind() == io::ErrorKind::TimedOut {
+                if e.kind() == io::ErrorKind::TimedOut && !stuck {
                     *stalled() = Some(std::time::Instant::now());
                 }
                 Err(e)

@@ -1196,9 +1196,24 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     );
     assert_ne!(status(&r), "success", "{r:?}");
     assert_eq!(w.read("f.txt"), b"mine\n", "undone");
+    let why = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(why.contains("waited 1 s"), "{why}");
     assert!(other.audit_entries(10, None).is_err());
     log.unlock().unwrap();
     assert!(other.audit_verify().unwrap().ok);
+    // Right after, an ordinary short hold is waited for, not taken for the stuck one.
+    log.lock().unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        log.unlock().unwrap();
+    });
+    let r = run(
+        &other,
+        json!({"workflow_id": "wf_log2", "actions": [
+            {"intent": "create_file", "path": "g2.txt", "content": "g\n"}]}),
+    );
+    release.join().unwrap();
+    assert_eq!(status(&r), "success", "{r:?}");
 }
 
 /// A root is one root however its path is spelled (`//`, a trailing `/`): its artifacts
