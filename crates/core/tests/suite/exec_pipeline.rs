@@ -1004,6 +1004,19 @@ fn a_parent_swapped_for_a_link_while_an_action_runs_stops_it_cleanly() {
     }
 }
 
+/// Two sandboxes on one world, as two processes would be: one that holds locks (its
+/// failpoints let a test act while it does), and one that waits a second at most.
+fn holder_and_impatient_other(
+    w: &World,
+) -> (
+    ailab_sandbox_core::Sandbox,
+    std::sync::Arc<ailab_sandbox_core::Sandbox>,
+) {
+    let mut impatient = w.writable_config();
+    impatient.limits.lock_wait_seconds = 1;
+    (w.sandbox(), std::sync::Arc::new(w.open(impatient)))
+}
+
 /// A write waits for a file another process is writing only so long
 /// (`limits.lock_wait_seconds`): a stopped or hung holder gets it refused with
 /// `conflict`, naming the file and the setting, rather than stalling its workflow (and
@@ -1012,10 +1025,7 @@ fn a_parent_swapped_for_a_link_while_an_action_runs_stops_it_cleanly() {
 fn a_write_waits_for_a_busy_file_only_so_long() {
     let w = World::new();
     w.write("same.md", b"one\n");
-    let holder = w.sandbox();
-    let mut impatient = w.writable_config();
-    impatient.limits.lock_wait_seconds = 1;
-    let other = std::sync::Arc::new(w.open(impatient));
+    let (holder, other) = holder_and_impatient_other(&w);
     let append = |wf: &str, line: &str| {
         json!({"workflow_id": wf, "actions": [
             {"intent": "append_file", "path": "same.md", "content": line}]})
@@ -1094,10 +1104,7 @@ fn a_prune_keeps_a_running_workflow_without_waiting() {
 fn writers_waiting_together_give_up_together() {
     let w = World::new();
     w.write("same.md", b"one\n");
-    let holder = w.sandbox();
-    let mut impatient = w.writable_config();
-    impatient.limits.lock_wait_seconds = 1;
-    let other = std::sync::Arc::new(w.open(impatient));
+    let (holder, other) = holder_and_impatient_other(&w);
     let waited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let (o, out) = (other.clone(), waited.clone());
     holder.failpoints().interleave(
@@ -1141,10 +1148,7 @@ fn writers_waiting_together_give_up_together() {
 fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     let w = World::new();
     w.write("f.txt", b"base\n");
-    let holder = w.sandbox();
-    let mut impatient = w.writable_config();
-    impatient.limits.lock_wait_seconds = 1;
-    let other = std::sync::Arc::new(w.open(impatient));
+    let (holder, other) = holder_and_impatient_other(&w);
     let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let (o, out) = (other.clone(), outcomes.clone());
     holder.failpoints().interleave(
