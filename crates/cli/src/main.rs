@@ -213,15 +213,24 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            let reason = human::safe(&format!("{e:#}"));
+            let code = failure_code(&e);
+            let mut reason = human::safe(&format!("{e:#}"));
+            // Another process held a file of the state directory past the wait: a busy
+            // peer, refused like one (exit 1), not a command that cannot run.
+            let busy = code == ReasonCode::Conflict.as_str();
+            if busy {
+                reason.push_str(
+                    ": another process holds it (a stopped or hung one?); try again, or raise limits.lock_wait_seconds",
+                );
+            }
             if json {
                 out!(
                     "{}",
-                    serde_json::json!({"reason_code": failure_code(&e), "reason": reason})
+                    serde_json::json!({"reason_code": code, "reason": reason})
                 );
             }
             eprintln!("error: {reason}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::from(if busy { EXIT_REFUSED } else { EXIT_USAGE })
         }
     }
 }
@@ -249,6 +258,9 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
         if let Some(e) = cause.downcast_ref::<E>() {
             return match e {
                 E::StateDir { .. } if e.is_unsafe_state_dir() => codes::INVALID_CONFIG,
+                E::Io { cause, .. } if cause.kind() == std::io::ErrorKind::TimedOut => {
+                    ReasonCode::Conflict.as_str()
+                }
                 E::Io { .. } | E::StateDir { .. } => ReasonCode::IoError.as_str(),
                 E::Config(_)
                 | E::NoUsableRoot { .. }

@@ -1086,6 +1086,40 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
     assert!(sub.join("sandbox_audit.jsonl").exists());
 }
 
+/// A command that finds the audit trail held by another process past the wait is refused
+/// like a busy peer (exit 1, `conflict`, with what to do), not as one that cannot run.
+#[test]
+fn a_trail_held_by_another_process_is_a_conflict() {
+    let e = env();
+    let out = e.cmd().arg("state").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let config = e.dir.join("quick.toml");
+    std::fs::write(&config, "[limits]\nlock_wait_seconds = 1\n").unwrap();
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(e.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&config)
+        .args(["--json", "audit"])
+        .output()
+        .unwrap();
+    log.unlock().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doc = json_out(&out);
+    assert_eq!(doc["reason_code"], "conflict", "{doc}");
+    assert!(
+        doc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("limits.lock_wait_seconds"),
+        "{doc}"
+    );
+}
+
 /// `audit verify` on a state directory mounted read-only checks the trail as it is and
 /// says so on standard error, with `--json` too (the report alone is on standard output).
 #[test]

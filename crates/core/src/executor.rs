@@ -284,7 +284,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // rollback take the new write's snapshot for the old one's.
                 let wrote = sb.audit.wrote_action(wf, a.id()).map_err(|e| {
                     Refusal::new(
-                        ReasonCode::IoError,
+                        busy_or_io(&e),
                         format!(
                             "the audit trail could not be read to check that action_id '{}' is new in workflow '{wf}': {e}",
                             a.id()
@@ -1086,12 +1086,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             sb.fail_at("after_mutate")?;
             if let Some(entry) = &entry {
                 sb.fail_at("before_registry")?;
-                sb.registry.register(entry).map_err(|e| {
-                    Refusal::new(
-                        ReasonCode::IoError,
-                        log_failure("register the artifact", &e),
-                    )
-                })?;
+                sb.registry
+                    .register(entry)
+                    .map_err(|e| log_failure("register the artifact", &e))?;
             }
             Ok::<_, Refusal>(())
         })();
@@ -1110,10 +1107,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         None => sb.sync_point().map_err(|r| std::io::Error::other(r.reason)),
                     });
                 if let Err(e) = appended {
-                    let r = Refusal::new(
-                        ReasonCode::IoError,
-                        log_failure("append to the audit log", &e),
-                    );
+                    let r = log_failure("append to the audit log", &e);
                     self.undo(&snap, &left);
                     finished(sb);
                     return Err(fail(self, res, r, target));
@@ -1244,23 +1238,37 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 }
 
-/// A log that cannot be read to count a limit refuses the write, rather than counting
-/// nothing and letting it through.
-/// Why an append to the registry or the audit trail failed, for the action's reason: a
-/// log another process held past `limits.lock_wait_seconds` is named as such.
-fn log_failure(what: &str, e: &std::io::Error) -> String {
+/// Why an append to the registry or the audit trail failed: a log another process held
+/// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
+fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     if e.kind() == std::io::ErrorKind::TimedOut {
-        format!(
-            "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind); the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start"
-        )
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind); the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start"
+            ),
+        );
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("could not {what}: {}", e.kind()),
+    )
+}
+
+/// `conflict` for a log another process held too long, else `io_error`.
+fn busy_or_io(e: &std::io::Error) -> ReasonCode {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        ReasonCode::Conflict
     } else {
-        format!("could not {what}: {}", e.kind())
+        ReasonCode::IoError
     }
 }
 
+/// A log that cannot be read to count a limit refuses the write, rather than counting
+/// nothing and letting it through.
 fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> Refusal {
     Refusal::new(
-        ReasonCode::IoError,
+        busy_or_io(e),
         format!("the {log} could not be read to count workflow '{workflow_id}''s {what}: {e}"),
     )
 }

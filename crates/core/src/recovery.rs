@@ -133,6 +133,9 @@ pub struct Recovered {
     pub retry: bool,
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
+    /// Why nothing was judged when the cause was another process holding a log or a
+    /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
+    pub busy: Option<String>,
     /// Why targets of the run could not be judged (each a sentence naming one): what
     /// stands there is something the runtime never reads — a file with a second hard
     /// link, a symbolic link, FIFO or device on its path, a file where a folder was. Only
@@ -338,6 +341,15 @@ impl Sandbox {
                 ),
             ));
         }
+        if let Some(busy) = &report.busy {
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be recovered now: {busy}; nothing was done: try again later, or raise limits.lock_wait_seconds",
+                    rec.execution_id
+                ),
+            ));
+        }
         if report.retry {
             return Err(Refusal::new(
                 ReasonCode::IoError,
@@ -384,13 +396,13 @@ impl Sandbox {
         if rec.state == RESTORES_UNAUDITED {
             let recorded = self
                 .try_record_marked_restores(&rec.workflow_id)
-                .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"))
-                .ok();
+                .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"));
             return Recovered {
                 execution_id: rec.execution_id.clone(),
                 workflow_id: rec.workflow_id.clone(),
-                restores_recorded: recorded.unwrap_or(0),
-                retry: recorded.is_none(),
+                restores_recorded: *recorded.as_ref().unwrap_or(&0),
+                retry: recorded.is_err(),
+                busy: recorded.err().and_then(|e| busy_log(&e)),
                 ..Recovered::default()
             };
         }
@@ -749,7 +761,16 @@ impl Sandbox {
             ..Recovered::default()
         };
         let mut done: HashMap<String, Option<String>> = HashMap::new();
-        for e in self.audit.by_workflow(&rec.workflow_id).unwrap_or_default() {
+        // Read, or nothing is judged: an empty view would take every step for undone.
+        let entries = match self.audit.by_workflow(&rec.workflow_id) {
+            Ok(e) => e,
+            Err(e) => {
+                report.busy = busy_log(&e);
+                report.retry = true;
+                return report;
+            }
+        };
+        for e in entries {
             match e.status {
                 AuditStatus::Success => {
                     done.insert(e.action_id, e.after_checksum);
@@ -852,7 +873,17 @@ impl Sandbox {
         // What the dead run audited: every outcome, and for successes the checksum the
         // target should now have.
         let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
-        for e in self.audit.by_workflow(&rec.workflow_id).unwrap_or_default() {
+        // Read, or nothing is judged: an empty view would take every action for
+        // unaudited, and undo finished ones.
+        let entries = match self.audit.by_workflow(&rec.workflow_id) {
+            Ok(e) => e,
+            Err(e) => {
+                report.busy = busy_log(&e);
+                report.retry = true;
+                return report;
+            }
+        };
+        for e in entries {
             if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
                 continue;
             }
@@ -873,10 +904,14 @@ impl Sandbox {
         // starting point, so the target cannot hold it any more).
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
-        let registered = self
-            .registry
-            .get_by_workflow(&rec.workflow_id)
-            .unwrap_or_default();
+        let registered = match self.registry.get_by_workflow(&rec.workflow_id) {
+            Ok(r) => r,
+            Err(e) => {
+                report.busy = busy_log(&e);
+                report.retry = true;
+                return report;
+            }
+        };
         let mut finish_audits = Vec::new();
         let mine: Vec<_> = snaps
             .into_iter()
@@ -885,9 +920,13 @@ impl Sandbox {
         // Every target of the run stays as judged until it is finished or restored:
         // other workflows may be writing (recovery also runs in a live process, at the
         // next run of the dead one's workflow).
-        let Ok(_held) = self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) else {
-            report.retry = true;
-            return report;
+        let _held = match self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) {
+            Ok(h) => h,
+            Err(r) => {
+                report.busy = (r.reason_code == ReasonCode::Conflict).then_some(r.reason);
+                report.retry = true;
+                return report;
+            }
         };
         // Only never-audited actions await a verdict that depends on what their targets
         // hold; an audited one whose target cannot be looked at is judged finished below.
@@ -1008,6 +1047,7 @@ impl Sandbox {
             && let Err(e) = self.audit.append(finish_audits)
         {
             tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
+            report.busy = busy_log(&e);
             report.retry = true;
         }
         // Temporary files first: a directory the run created is only empty, and so
@@ -1090,7 +1130,7 @@ impl Sandbox {
 
     /// [`Sandbox::record_marked_restores`], saying when the audit append failed.
     fn try_record_marked_restores(&self, workflow_id: &str) -> std::io::Result<usize> {
-        let entries = self.audit.by_workflow(workflow_id).unwrap_or_default();
+        let entries = self.audit.by_workflow(workflow_id)?;
         let recorded: HashSet<&str> = entries
             .iter()
             .filter(|e| e.status == AuditStatus::RolledBack)
@@ -1369,6 +1409,14 @@ impl Sandbox {
             _ => None,
         }
     }
+}
+
+/// The sentence for a log another process held past `limits.lock_wait_seconds`, if that
+/// is why it could not be read or written.
+fn busy_log(e: &std::io::Error) -> Option<String> {
+    (e.kind() == std::io::ErrorKind::TimedOut).then(|| {
+        format!("another process held the audit trail or the registry ({e}: a stopped or hung process, or one far behind)")
+    })
 }
 
 /// The ids of the processes whose temporary files a dead run left: its own, and those of

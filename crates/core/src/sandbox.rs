@@ -639,6 +639,15 @@ impl Sandbox {
                 ));
                 continue;
             }
+            if let Some(busy) = &r.busy {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run",
+                    r.what(),
+                    r.execution_id,
+                    r.workflow_id
+                ));
+                continue;
+            }
             if r.retry {
                 sb.notices.push(format!(
                     "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",

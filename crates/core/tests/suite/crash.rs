@@ -964,6 +964,40 @@ fn a_rollback_whose_target_cannot_be_looked_at_waits_until_it_can() {
     }
 }
 
+/// A dead run whose recovery finds the audit trail held by another process past the wait
+/// is not judged on an empty view of it (which would take its audited actions for
+/// unaudited and undo them): the new run of its workflow is refused with `conflict`
+/// saying why, nothing is undone, and once the trail is free the next run recovers it.
+#[test]
+fn a_recovery_that_finds_the_trail_busy_judges_nothing() {
+    let (w, mut c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    c.limits.lock_wait_seconds = 1;
+    // Opened first: what the dead run audits is new to it, to be read from the trail.
+    let sb = w.open(c.clone());
+    kill_before_the_second_record(&w.open(c));
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    let r = run(&sb, plan_json());
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{r:?}");
+    let why = r.actions[0].reason.as_deref().unwrap();
+    assert!(why.contains("cannot be recovered now"), "{why}");
+    assert_eq!(
+        w.read("a.txt"),
+        b"ALPHA\n",
+        "the audited first action stands"
+    );
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "nothing judged yet");
+    log.unlock().unwrap();
+    let rb = sb.rollback_workflow("wf_crash", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run that dies while the process (or another one) lives on is recovered by the next
 /// run or rollback of its workflow, before that one takes the workflow's record over:
 /// otherwise the dead run's unfinished write would stay, and no start would find it.

@@ -1202,6 +1202,8 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     assert_eq!(w.read("f.txt"), b"mine\n", "undone");
     let why = r.actions[0].reason.as_deref().unwrap_or_default();
     assert!(why.contains("waited 1 s"), "{why}");
+    // A busy peer, not a broken disk.
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{r:?}");
     assert!(other.audit_entries(10, None).is_err());
     log.unlock().unwrap();
     assert!(other.audit_verify().unwrap().ok);
