@@ -1066,6 +1066,9 @@ impl<'a> SandboxWriteExecutor<'a> {
 
         // mutate → checksum → registry → audit; any failure restores the snapshot.
         let durable = sb.fsync_each();
+        // Set once the write is made: a refusal after it (the registry busy, say) found a
+        // changed target, which only a refusal before it does not.
+        let mut written = false;
         let outcome = (|| {
             sb.fail_at("after_snapshot")?;
             sb.fail_at("before_mutate")?;
@@ -1080,6 +1083,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     root.create_dir_all_making(&rel, make, durable)?;
                 }
             }
+            written = true;
             if staged.is_none() {
                 sb.cover_target(ri, &rel)?;
             }
@@ -1123,7 +1127,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // `already_exists`, and only the rename over the file that was read with
                 // `conflict`: the target was not touched, and what holds it now is
                 // someone else's.
-                self.undo_refused(&snap, &left, &r);
+                if written {
+                    self.undo(&snap, &left);
+                } else {
+                    self.undo_refused(&snap, &left, &r);
+                }
                 if r.reason_code == ReasonCode::AlreadyExists && approval.op.name != "create_file" {
                     r = Refusal::new(
                         ReasonCode::Conflict,

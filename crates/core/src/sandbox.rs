@@ -235,6 +235,10 @@ impl Left {
 /// seldom wait for each other, few enough that the lock files stay a handful.
 const TARGET_LOCK_STRIPES: usize = 64;
 
+/// How a rollback step's record says the audit trail was held by another process past
+/// `limits.lock_wait_seconds`.
+const HELD_TRAIL: &str = "another process held the audit trail";
+
 /// Why a workflow's lock could not be taken: another run or rollback of it holds it too
 /// long (`conflict`), or an I/O failure.
 pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
@@ -2410,6 +2414,13 @@ impl Sandbox {
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         let (reason_code, reason) = match (failed, unrecorded) {
             (Some(s), _) => (s.reason_code, s.reason.clone()),
+            // A busy peer, not a broken disk.
+            (None, Some(e)) if e.starts_with(HELD_TRAIL) => (
+                Some(ReasonCode::Conflict),
+                Some(format!(
+                    "the files were restored, but {e}, so it could not record it; it is recorded when this workflow is next used, or at the next start"
+                )),
+            ),
             (None, Some(e)) => (
                 Some(ReasonCode::IoError),
                 Some(format!(
@@ -2643,7 +2654,11 @@ impl Sandbox {
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                step.unrecorded = Some(e.to_string());
+                step.unrecorded = Some(if e.kind() == std::io::ErrorKind::TimedOut {
+                    format!("{HELD_TRAIL} ({e})")
+                } else {
+                    e.to_string()
+                });
             }
             steps.push(step);
         }

@@ -1220,6 +1220,39 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     );
     release.join().unwrap();
     assert_eq!(status(&r), "success", "{r:?}");
+    // The registry, held by another process when the artifact is registered: the file
+    // written a moment before is removed again, as the answer says.
+    let registry = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("artifacts.jsonl"))
+        .unwrap();
+    registry.lock().unwrap();
+    let r = run(
+        &other,
+        json!({"workflow_id": "wf_reg", "actions": [
+            {"intent": "create_file", "path": "y.md", "content": "z\n"}]}),
+    );
+    registry.unlock().unwrap();
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{r:?}");
+    assert!(!w.path("y.md").exists(), "undone: {r:?}");
+    assert!(other.audit_verify().unwrap().ok);
+    // A rollback that restores while the trail is held says so as a busy peer.
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    let rb = other.rollback_workflow(
+        "wf_log2",
+        &ailab_sandbox_core::sandbox::RollbackOptions::default(),
+    );
+    log.unlock().unwrap();
+    assert!(!w.path("g2.txt").exists(), "restored: {rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{rb:?}"
+    );
 }
 
 /// A root is one root however its path is spelled (`//`, a trailing `/`): its artifacts
