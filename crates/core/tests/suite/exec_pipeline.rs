@@ -1187,12 +1187,17 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     assert!(!w.path("g.txt").exists());
     assert_eq!(w.read("f.txt"), b"mine\n");
 
+    // A log of the state directory, locked as another process appending to it would.
+    let hold = |name: &str| {
+        let f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(w.state.join(name))
+            .unwrap();
+        f.lock().unwrap();
+        f
+    };
     // The audit log, held by another process: the write is undone, reads give up.
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(w.state.join("sandbox_audit.jsonl"))
-        .unwrap();
-    log.lock().unwrap();
+    let log = hold("sandbox_audit.jsonl");
     let r = run(
         &other,
         json!({"workflow_id": "wf_log", "actions": [
@@ -1222,11 +1227,7 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     assert_eq!(status(&r), "success", "{r:?}");
     // The registry, held by another process when the artifact is registered: the file
     // written a moment before is removed again, as the answer says.
-    let registry = std::fs::OpenOptions::new()
-        .append(true)
-        .open(w.state.join("artifacts.jsonl"))
-        .unwrap();
-    registry.lock().unwrap();
+    let registry = hold("artifacts.jsonl");
     let r = run(
         &other,
         json!({"workflow_id": "wf_reg", "actions": [
@@ -1237,11 +1238,7 @@ fn a_busy_workflow_or_log_is_waited_for_only_so_long() {
     assert!(!w.path("y.md").exists(), "undone: {r:?}");
     assert!(other.audit_verify().unwrap().ok);
     // A rollback that restores while the trail is held says so as a busy peer.
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(w.state.join("sandbox_audit.jsonl"))
-        .unwrap();
-    log.lock().unwrap();
+    let log = hold("sandbox_audit.jsonl");
     let rb = other.rollback_workflow(
         "wf_log2",
         &ailab_sandbox_core::sandbox::RollbackOptions::default(),
