@@ -145,6 +145,17 @@ pub struct Recovered {
 }
 
 impl Recovered {
+    /// What a log read gave, or `None` with the recovery left for a later try (and why,
+    /// when another process held the log): judging on an empty view would take audited
+    /// actions for unaudited and undo them.
+    fn read<T>(&mut self, read: std::io::Result<T>) -> Option<T> {
+        read.inspect_err(|e| {
+            self.busy = busy_log(e);
+            self.retry = true;
+        })
+        .ok()
+    }
+
     /// What died: `rollback` or `run`.
     pub fn what(&self) -> &'static str {
         if self.rollback { "rollback" } else { "run" }
@@ -762,13 +773,8 @@ impl Sandbox {
         };
         let mut done: HashMap<String, Option<String>> = HashMap::new();
         // Read, or nothing is judged: an empty view would take every step for undone.
-        let entries = match self.audit.by_workflow(&rec.workflow_id) {
-            Ok(e) => e,
-            Err(e) => {
-                report.busy = busy_log(&e);
-                report.retry = true;
-                return report;
-            }
+        let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
+            return report;
         };
         for e in entries {
             match e.status {
@@ -781,12 +787,9 @@ impl Sandbox {
                 _ => {}
             }
         }
-        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
-        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
-            report.retry = true;
+        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
-        report.untrusted += untrusted;
         let removed;
         (report.unjudged, removed) = self.unjudged(
             rec,
@@ -875,13 +878,8 @@ impl Sandbox {
         let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
         // Read, or nothing is judged: an empty view would take every action for
         // unaudited, and undo finished ones.
-        let entries = match self.audit.by_workflow(&rec.workflow_id) {
-            Ok(e) => e,
-            Err(e) => {
-                report.busy = busy_log(&e);
-                report.retry = true;
-                return report;
-            }
+        let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
+            return report;
         };
         for e in entries {
             if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
@@ -890,12 +888,9 @@ impl Sandbox {
             let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
             audited.insert(e.action_id, after);
         }
-        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
-        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
-            report.retry = true;
+        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
-        report.untrusted += untrusted;
         let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
         let mut in_doubt = Vec::new();
         // Newest first, one target at a time: an action is judged against what its
@@ -904,13 +899,8 @@ impl Sandbox {
         // starting point, so the target cannot hold it any more).
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
-        let registered = match self.registry.get_by_workflow(&rec.workflow_id) {
-            Ok(r) => r,
-            Err(e) => {
-                report.busy = busy_log(&e);
-                report.retry = true;
-                return report;
-            }
+        let Some(registered) = report.read(self.registry.get_by_workflow(&rec.workflow_id)) else {
+            return report;
         };
         let mut finish_audits = Vec::new();
         let mine: Vec<_> = snaps
@@ -1095,6 +1085,22 @@ impl Sandbox {
             }
         }
         removed
+    }
+
+    /// The workflow's trusted snapshots, once the dead run's temporary files among them
+    /// are gone; `None` (the recovery left for a later try) when they cannot be read.
+    fn dead_run_snapshots(
+        &self,
+        rec: &InflightRecord,
+        report: &mut Recovered,
+    ) -> Option<crate::sandbox::RootedSnapshots> {
+        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
+        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
+            report.retry = true;
+            return None;
+        };
+        report.untrusted += untrusted;
+        Some(snaps)
     }
 
     /// Removes the temporary files the dead run's process left in the workflow's snapshot

@@ -75,7 +75,7 @@ const _: () = {
 };
 
 /// Snapshots with the index of the root they are in.
-type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
+pub(crate) type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
 
 /// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
 type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
