@@ -1,0 +1,319 @@
+//! What a target holds now against what an action left there: the conflicts a
+//! rollback meets.
+
+use super::Sandbox;
+use crate::confine::path::shown_path;
+use crate::confine::root::Put;
+use crate::confine::{RelPath, TargetKind};
+use crate::hash::sha256_hex;
+use crate::reason::{ReasonCode, Verdict};
+use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnapshot};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// Whether a target is to be restored, and what the restore may replace: what the
+/// judgement saw (see [`Put`]).
+type Judged = (bool, Put);
+
+/// A file changed since the action wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Conflict {
+    /// The action.
+    pub action_id: String,
+    /// The file (absolute, inside a root).
+    pub path: String,
+    /// What the action left.
+    pub expected_checksum: Option<String>,
+    /// What is there now (`None`: missing).
+    pub current_checksum: Option<String>,
+    /// For a directory the action made: the `create_directory` actions
+    /// (`workflow/action`) that found it since and stand, whose result it is now.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub claimed_by: Vec<String>,
+}
+
+/// What a target holds, compared with what an action left there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TargetState {
+    File(String),
+    Directory,
+    Missing,
+    Unreadable,
+}
+
+impl TargetState {
+    pub(crate) fn checksum(&self) -> Option<String> {
+        match self {
+            Self::File(sum) => Some(sum.clone()),
+            Self::Unreadable => Some("unreadable".to_owned()),
+            _ => None,
+        }
+    }
+
+    /// What the snapshot's action found at its target.
+    pub(crate) fn found_by(meta: &SnapshotMeta) -> Self {
+        match meta.kind {
+            SnapshotKind::File => Self::File(meta.sha256.clone().unwrap_or_default()),
+            SnapshotKind::Directory => Self::Directory,
+            SnapshotKind::Missing => Self::Missing,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::File(sum) => format!("a file with SHA-256 {sum}"),
+            Self::Directory => "a directory".to_owned(),
+            Self::Missing => "nothing".to_owned(),
+            Self::Unreadable => "something unreadable".to_owned(),
+        }
+    }
+}
+
+/// What an action left at its target, as the records say ([`Sandbox::left_by`]).
+pub(super) struct Left {
+    pub(super) state: TargetState,
+    /// No artifact records the write: the action may have stopped before it, leaving
+    /// what it found.
+    maybe_unwritten: bool,
+}
+
+impl Left {
+    /// Whether `now` is what the action left, for the snapshot `meta` it took.
+    fn holds(&self, now: &TargetState, meta: &SnapshotMeta) -> bool {
+        *now == self.state || (self.maybe_unwritten && *now == TargetState::found_by(meta))
+    }
+}
+
+impl Sandbox {
+    /// Files a rollback would overwrite although they changed since the action.
+    /// `snaps` is oldest first.
+    pub(crate) fn find_conflicts(
+        &self,
+        workflow_id: &str,
+        snaps: &[(usize, StoredSnapshot)],
+    ) -> Vec<Conflict> {
+        let mut out = Vec::new();
+        let undoing: HashSet<&str> = snaps
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
+        // What the rollback removes: an entry of a directory the workflow created is
+        // no obstacle to removing that directory when it is one of them, unless a
+        // create_directory outside the rollback keeps it (`kept`, with its claimers).
+        let mut removed: HashSet<(usize, String)> = HashSet::new();
+        let mut kept: HashMap<(usize, String), Vec<String>> = HashMap::new();
+        for (i, s) in snaps
+            .iter()
+            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
+        {
+            removed.insert((*i, s.meta.original_path.clone()));
+            let maker = crate::left_dirs::Maker::of(&s.meta);
+            for d in &s.meta.created_dirs {
+                let claims = self.claimers(*i, d, &maker, &undoing);
+                if claims.is_empty() {
+                    removed.insert((*i, d.clone()));
+                } else {
+                    kept.insert((*i, d.clone()), claims);
+                }
+            }
+        }
+        // Restoring newest first, the newest action on a path is compared with what the
+        // path holds now, and each older one with what the newer snapshot will put back:
+        // a difference is a change someone else made in between.
+        let mut will_hold: HashMap<String, TargetState> = HashMap::new();
+        for (i, s) in snaps.iter().rev() {
+            let rel = s.meta.target();
+            let abs = self.abs_path(*i, &rel);
+            let current = will_hold
+                .insert(abs.clone(), TargetState::found_by(&s.meta))
+                .unwrap_or_else(|| self.target_state(*i, &rel));
+            let Some(left) = self.left_by(workflow_id, &s.meta) else {
+                continue;
+            };
+            // A directory the action created is removed by its restore, so anything in
+            // it the rollback does not remove is a conflict, newest action or not, and so
+            // is a later create_directory that made it its result.
+            let created_dir = left.state == TargetState::Directory
+                && s.meta.kind == crate::snapshot::SnapshotKind::Missing;
+            let mut claimed_by: Vec<String> = if created_dir {
+                let maker = crate::left_dirs::Maker::of(&s.meta);
+                self.claimers(*i, &s.meta.original_path, &maker, &undoing)
+            } else {
+                Vec::new()
+            };
+            // What it holds that the rollback does not remove: another's entry, or a
+            // directory the workflow made that a claim keeps (naming its claimers).
+            let mut foreign = false;
+            if created_dir {
+                match self.roots[*i].list_dir(Some(&rel)) {
+                    Ok(entries) => {
+                        for e in entries {
+                            let entry = (*i, format!("{}/{}", s.meta.original_path, e.name));
+                            if removed.contains(&entry) {
+                                continue;
+                            }
+                            match kept.get(&entry) {
+                                Some(claims) => claimed_by.extend(claims.iter().cloned()),
+                                None => foreign = true,
+                            }
+                        }
+                    }
+                    Err(_) => foreign = true,
+                }
+            }
+            claimed_by.sort();
+            claimed_by.dedup();
+            let changed = !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign;
+            if changed {
+                out.push(Conflict {
+                    action_id: s.meta.action_id.clone(),
+                    path: abs,
+                    expected_checksum: left.state.checksum(),
+                    current_checksum: current.checksum(),
+                    claimed_by,
+                });
+            }
+        }
+        out
+    }
+
+    /// What an action left at its target, as the records say: a file's checksum (its
+    /// artifact), or a directory. An action with no artifact (it failed, or its line was
+    /// lost) left the file its snapshot says it was about to write, or nothing at all:
+    /// whether it wrote before it stopped is not recorded. `None` when the records say
+    /// nothing (snapshots older than that field).
+    pub(super) fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<Left> {
+        // The artifact of this very run: an action id may be used again after a prune.
+        if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id)
+            && art.generated_by_action == format!("{}/{}", meta.execution_id, meta.action_id)
+        {
+            return Some(Left {
+                state: TargetState::File(art.checksum_sha256),
+                maybe_unwritten: false,
+            });
+        }
+        let state = if meta.is_directory_action() {
+            TargetState::Directory
+        } else {
+            TargetState::File(meta.after_sha256.clone()?)
+        };
+        Some(Left {
+            state,
+            maybe_unwritten: true,
+        })
+    }
+
+    /// The `create_directory` actions (`workflow/action`) that stand for the directory
+    /// `dir` of root `root` and were recorded since `maker` made it, other than `maker`
+    /// and than those among `undoing` (actions of the maker's workflow a rollback is
+    /// about to restore): its existence is their result, so the maker's rollback must
+    /// leave it. (One recorded before cannot have found the directory `maker` made: it
+    /// named an earlier one, since gone.)
+    pub(crate) fn claimers(
+        &self,
+        root: usize,
+        dir: &str,
+        maker: &crate::left_dirs::Maker,
+        undoing: &HashSet<&str>,
+    ) -> Vec<String> {
+        let rel = RelPath::from_components(dir.split('/').map(str::to_owned).collect());
+        match self
+            .audit
+            .directory_claims(|t| self.names_target(t, root, &rel))
+        {
+            Ok(claims) => claims
+                .into_iter()
+                .filter(|c| {
+                    c.at >= maker.at
+                        && (c.workflow_id != maker.workflow_id
+                            || (c.action_id != maker.action_id
+                                && !undoing.contains(c.action_id.as_str())))
+                })
+                .map(|c| format!("{}/{}", c.workflow_id, c.action_id))
+                .collect(),
+            // Unknown: keeping a directory is the harmless answer.
+            Err(_) => vec!["(the audit trail could not be read)".to_owned()],
+        }
+    }
+
+    /// Whether a `create_directory` that stands keeps the directory `dir` of root `root`
+    /// from removal by `maker`'s rollback (see [`Sandbox::claimers`]).
+    pub(super) fn claimed(&self, root: usize, dir: &str, maker: &crate::left_dirs::Maker) -> bool {
+        !self.claimers(root, dir, maker, &HashSet::new()).is_empty()
+    }
+
+    /// What a target holds now.
+    pub(crate) fn target_state(&self, root: usize, rel: &RelPath) -> TargetState {
+        self.target_state_judged(root, rel).0
+    }
+
+    /// [`Sandbox::target_state`], with what a restore judged by it may replace: the very
+    /// file it read, nothing where it found nothing.
+    fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
+        let r = &self.roots[root];
+        match r.inspect(rel).map(|t| t.kind) {
+            Ok(TargetKind::File { .. }) => r
+                .read_file_stamped(rel, MAX_SNAPSHOT_BYTES)
+                .map_or((TargetState::Unreadable, Put::Any), |(b, stamp)| {
+                    (TargetState::File(sha256_hex(&b)), Put::Unchanged(stamp))
+                }),
+            Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
+            Ok(TargetKind::Missing) => (TargetState::Missing, Put::New),
+            Err(_) => (TargetState::Unreadable, Put::Any),
+        }
+    }
+
+    /// Refuses (`conflict`) to restore a target that no longer holds what its action
+    /// left, naming both; else says to restore it, over the file it judged (see
+    /// [`Judged`]).
+    pub(super) fn check_unchanged(
+        &self,
+        workflow_id: &str,
+        root: usize,
+        meta: &SnapshotMeta,
+    ) -> Verdict<Judged> {
+        let Some(left) = self.left_by(workflow_id, meta) else {
+            return Ok((true, Put::Any));
+        };
+        let (now, put) = self.target_state_judged(root, &meta.target());
+        if left.holds(&now, meta) {
+            return Ok((true, put));
+        }
+        Err(crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{} changed after action {} wrote it: it holds {} instead of {}; it was left as it is (roll back with force to overwrite it)",
+                shown_path(&meta.original_path),
+                shown_path(&meta.action_id),
+                now.describe(),
+                left.state.describe()
+            ),
+        ))
+    }
+
+    /// For an action undoing its own change: whether there is one to undo (see
+    /// [`RestoreMode::OwnChange`]).
+    pub(super) fn check_own_change(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+        left: &TargetState,
+    ) -> Verdict<Judged> {
+        let (now, put) = self.target_state_judged(root, &meta.target());
+        if now == TargetState::found_by(meta) {
+            return Ok((false, Put::Any));
+        }
+        if now == *left {
+            return Ok((true, put));
+        }
+        Err(crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{} holds {}, which action {} did not write; it was left as it is",
+                shown_path(&meta.original_path),
+                now.describe(),
+                shown_path(&meta.action_id)
+            ),
+        ))
+    }
+}

@@ -1,0 +1,463 @@
+//! How [`Sandbox`] makes writes durable: targeted syncs under `strict`, sync points
+//! and commit logs under `batched`, and the per-workflow run records recovery reads.
+
+use super::{Sandbox, lock_or_recover};
+use crate::commit_log::Position;
+use crate::confine::RelPath;
+use crate::reason::{ReasonCode, Verdict};
+use crate::snapshot::SnapshotMeta;
+
+/// What a commit log entry holds (see [`crate::commit_log::CommitEntry`]).
+pub(crate) struct LogEntry<'a> {
+    pub record: &'a crate::recovery::InflightRecord,
+    pub meta: &'a SnapshotMeta,
+    pub backup: Option<&'a [u8]>,
+    pub bytes: &'a [u8],
+}
+
+/// Commits a sandbox logs between two sync points.
+const LOGGED_PER_SYNC: usize = 32;
+
+impl Sandbox {
+    /// Whether each write syncs its own file and directory (strict durability without
+    /// batched syncs). Paths that are not on the hot path (rollback, recovery) use
+    /// [`Sandbox::durable`] instead.
+    pub(crate) fn fsync_each(&self) -> bool {
+        self.config.durability.is_strict() && self.batch_sync.is_none()
+    }
+
+    /// With batched durability, how many whole-filesystem syncs this sandbox has made so
+    /// far (concurrent actions share them); `None` otherwise.
+    pub fn batched_syncs(&self) -> Option<u64> {
+        self.batch_sync.as_ref().map(|s| s.syncs_made())
+    }
+
+    /// Why this process writes nothing more, once a sync of its logs or of its
+    /// filesystems failed: the kernel may have dropped what it could not write, so no
+    /// later write could be promised durable.
+    pub fn sync_failure(&self) -> Option<std::io::Error> {
+        self.registry
+            .sync_failure()
+            .or_else(|| self.audit.sync_failure())
+            .or_else(|| self.batch_sync.as_ref().and_then(|s| s.failed()))
+    }
+
+    /// [`Sandbox::sync_failure`] as the refusal of a write or a restore.
+    pub(crate) fn check_syncs(&self) -> Verdict {
+        match self.sync_failure() {
+            Some(e) => Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                e.to_string(),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether file writes are staged and committed with one durability point (batched
+    /// syncs).
+    pub(crate) fn stages_writes(&self) -> bool {
+        self.batch_sync.is_some()
+    }
+
+    /// Makes the next sync points cover the filesystem of `dir`, a directory the
+    /// pipeline just wrote into (a no-op unless syncs are batched).
+    pub(crate) fn cover_for_sync(&self, dir: &cap_std::fs::Dir) -> Verdict {
+        match &self.batch_sync {
+            Some(s) => s.cover(dir).map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not open the target's filesystem for syncing: {}",
+                        e.kind()
+                    ),
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Sandbox::cover_for_sync`] for the nearest existing directory above `rel` (a
+    /// restore may have removed the directories an action created).
+    pub(crate) fn cover_target(&self, root: usize, rel: &RelPath) -> Verdict {
+        if !self.stages_writes() {
+            return Ok(());
+        }
+        let mut comps = rel.components().to_vec();
+        while !comps.is_empty() {
+            if let Ok((dir, _)) =
+                self.roots[root].open_parent(&RelPath::from_components(comps.clone()), false, false)
+            {
+                return self.cover_for_sync(&dir);
+            }
+            comps.pop();
+        }
+        Ok(())
+    }
+
+    /// One of the pipeline's durability points: everything written so far reaches
+    /// stable storage (a no-op unless syncs are batched).
+    pub(crate) fn sync_point(&self) -> Verdict {
+        let Some(s) = &self.batch_sync else {
+            return Ok(());
+        };
+        // What waits for this sync is taken first: whatever is queued later may name
+        // writes this sync does not cover.
+        let idle = std::mem::take(&mut *lock_or_recover(&self.idle_after_sync));
+        let head = self.audit.pending_head();
+        let logs = std::mem::take(&mut *lock_or_recover(&self.logs_after_sync));
+        self.logged_since_sync
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = self.failpoints.check("batch_sync").and_then(|()| s.sync()) {
+            // Back for the next sync point; what registered meanwhile is newer.
+            let mut pending = lock_or_recover(&self.logs_after_sync);
+            for (wf, at) in logs {
+                pending.entry(wf).or_insert(at);
+            }
+            drop(pending);
+            // The kernel may have dropped what it could not write: these runs are no
+            // longer finished for a start in this boot, which checks them against the
+            // disk and replays their logs.
+            for rec in idle {
+                self.mark_after_sync(rec, false);
+            }
+            return Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not sync to stable storage: {}", e.kind()),
+            ));
+        }
+        self.empty_commit_logs(logs);
+        if let Err(e) = self.audit.publish_head(head) {
+            tracing::warn!(error = %e, "could not move the audit head");
+        }
+        for rec in idle {
+            self.mark_after_sync(rec, true);
+        }
+        Ok(())
+    }
+
+    /// Empties the commit logs whose entries the sync point just made durable elsewhere:
+    /// those whose workflow is not running (its lock is free) and that are where their
+    /// last finished commit left them. The others stay for a later sync point.
+    fn empty_commit_logs(&self, logs: std::collections::HashMap<String, Position>) {
+        for (wf, at) in logs {
+            let done = match self.state.try_lock(&format!("wf-{wf}")) {
+                Ok(Some(_lock)) => match self.state.commit_log_file(&wf) {
+                    Ok(Some(f)) => match crate::commit_log::position(&f) {
+                        Ok(Some(now)) if now == at => crate::commit_log::clear(&f).is_ok(),
+                        // Emptied since by another holder of the lock, or unreadable.
+                        Ok(Some(now)) => now.generation != at.generation,
+                        Ok(None) => true,
+                        Err(_) => false,
+                    },
+                    Ok(None) => true,
+                    Err(_) => false,
+                },
+                _ => false,
+            };
+            if !done {
+                lock_or_recover(&self.logs_after_sync)
+                    .entry(wf)
+                    .or_insert(at);
+            }
+        }
+    }
+
+    /// Whether a file write of `logged` bytes (backup and new bytes) may commit through
+    /// its workflow's commit log rather than a whole-filesystem sync.
+    pub(crate) fn logs_commit(&self, logged: usize) -> bool {
+        self.batch_sync.is_some() && logged <= crate::commit_log::MAX_LOGGED_BYTES
+    }
+
+    /// The commit point of a write whose snapshot (and staged bytes) are written. With
+    /// `entry` (a small staged write under `batched`) it is one append to the workflow's
+    /// commit log, synced, and the log's position is returned for
+    /// [`Sandbox::commit_finished`]; otherwise, and for a workflow's first commit, a sync
+    /// point, which also makes the new log durable. Call with the workflow's lock held.
+    pub(crate) fn commit_point(&self, entry: Option<LogEntry<'_>>) -> Verdict<Option<Position>> {
+        let io = |e: std::io::Error| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not write the commit log: {}", e.kind()),
+            )
+        };
+        let Some(e) = entry else {
+            return self.sync_point().map(|()| None);
+        };
+        let wf = &e.meta.workflow_id;
+        let Some(log) = self.state.commit_log_file(wf).map_err(io)? else {
+            let created = match self.state.commit_log_create(wf) {
+                Ok(_) => true,
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not create a commit log; this write syncs instead");
+                    false
+                }
+            };
+            let synced = self.sync_point();
+            if synced.is_err() && created {
+                // Its directory entry may not be durable: no entry may go into it.
+                let _ = self.state.commit_log_remove(wf);
+            }
+            return synced.map(|()| None);
+        };
+        let at =
+            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?;
+        self.logged_since_sync
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(at))
+    }
+
+    /// A logged commit's writes are all made (in memory): the next sync point to begin
+    /// makes them durable and may then empty the log if it is still `at`. Registering
+    /// only now keeps a sync that began before these writes from emptying the log.
+    pub(crate) fn commit_finished(&self, workflow_id: &str, at: Position) {
+        lock_or_recover(&self.logs_after_sync).insert(workflow_id.to_owned(), at);
+    }
+
+    /// Makes a sync point once enough commits wait in logs, so that logs stay short and
+    /// recovery quick. Called between runs, when no workflow lock of this caller is held.
+    pub(crate) fn sync_if_logs_are_long(&self) {
+        if self
+            .logged_since_sync
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= LOGGED_PER_SYNC
+            && let Err(r) = self.sync_point()
+        {
+            tracing::warn!(reason = %r.reason, "could not make a sync point");
+        }
+    }
+
+    /// Before a workflow's snapshots change hands (rollback, prune): what its commit log
+    /// holds is made durable in place and the log emptied, so that no later recovery
+    /// replays an entry whose action has since been undone. Says whether that took a sync
+    /// point (the log held entries). Call with the workflow's lock held.
+    pub(crate) fn settle_commit_log(&self, workflow_id: &str) -> Verdict<bool> {
+        let io = |e: std::io::Error| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not empty the commit log: {}", e.kind()),
+            )
+        };
+        let Some((f, at)) = self.log_with_entries(workflow_id).map_err(io)? else {
+            return Ok(false);
+        };
+        if self.check_log_entries(workflow_id, &f, &at)? {
+            // Another process logged them and may have written beneath a mount inside a
+            // root, which this process's syncs do not cover.
+            rustix::fs::sync();
+        }
+        self.sync_logged_writes()?;
+        crate::commit_log::clear(&f).map_err(io)?;
+        lock_or_recover(&self.logs_after_sync).remove(workflow_id);
+        Ok(true)
+    }
+
+    /// Refuses (`io_error`) while a workflow's commit log holds entries for a root this
+    /// sandbox is not configured with (see [`Self::check_log_entries`]).
+    pub(crate) fn refuse_foreign_log_entries(&self, workflow_id: &str) -> Verdict {
+        let entries = self.log_with_entries(workflow_id).map_err(|e| {
+            crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not read the commit log: {}", e.kind()),
+            )
+        })?;
+        match entries {
+            Some((f, at)) => self.check_log_entries(workflow_id, &f, &at).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses (`io_error`) a commit log `f`, whose entries end `at`, that holds entries
+    /// for a root this sandbox is not configured with: acknowledged writes another
+    /// process made, which this one can neither sync nor replay, and which emptying the
+    /// log would lose. Entries this process logged itself since its last sync point are
+    /// not read again. Returns whether the log holds entries another process logged.
+    fn check_log_entries(
+        &self,
+        workflow_id: &str,
+        f: &crate::confine::state::CommitLogFile,
+        at: &Position,
+    ) -> Verdict<bool> {
+        if lock_or_recover(&self.logs_after_sync).get(workflow_id) == Some(at) {
+            return Ok(false);
+        }
+        let foreign = crate::commit_log::read(f)
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not read the commit log: {}", e.kind()),
+                )
+            })?
+            .into_iter()
+            .map(|e| e.meta.root)
+            .find(|root| !self.roots.iter().any(|r| r.is_named_by(root)));
+        match foreign {
+            Some(root) => Err(crate::reason::Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
+                ),
+            )),
+            None => Ok(true),
+        }
+    }
+
+    /// A workflow's commit log and where its entries end, when it holds any.
+    fn log_with_entries(
+        &self,
+        workflow_id: &str,
+    ) -> std::io::Result<Option<(crate::confine::state::CommitLogFile, Position)>> {
+        let Some(f) = self.state.commit_log_file(workflow_id)? else {
+            return Ok(None);
+        };
+        Ok(crate::commit_log::position(&f)?
+            .filter(|p| !p.is_empty())
+            .map(|at| (f, at)))
+    }
+
+    /// Whether a workflow's commit log holds entries.
+    pub(crate) fn commit_log_holds_entries(&self, workflow_id: &str) -> std::io::Result<bool> {
+        Ok(self.log_with_entries(workflow_id)?.is_some())
+    }
+
+    /// Makes durable whatever a commit log's writes left in memory: a sync point, or one
+    /// whole-system sync when this sandbox does not batch its syncs (the logs were
+    /// written by another process, or before the durability changed).
+    pub(crate) fn sync_logged_writes(&self) -> Verdict {
+        if self.batch_sync.is_some() {
+            return self.sync_point();
+        }
+        rustix::fs::sync();
+        Ok(())
+    }
+
+    /// Marks a finished run's record idle. With batched syncs the last writes of a run
+    /// may still be in memory when it returns, and an idle record makes recovery skip the
+    /// run, so the mark waits for the next sync point (or the sandbox's drop).
+    /// `file`: the record's file, when the run holds it open.
+    pub(crate) fn run_finished(
+        &self,
+        rec: crate::recovery::InflightRecord,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) {
+        if self.sync_failure().is_some() {
+            // Left active: the next start's recovery checks this run's actions against
+            // what reached the disk.
+            tracing::warn!(workflow = %rec.workflow_id, "a sync failed during this run; its record stays active for recovery");
+            return;
+        }
+        let (mark, what) = if self.batch_sync.is_some() {
+            // Marked finished at once (not synced): a later run of the workflow in any
+            // process then knows this one did not die half way.
+            let finished = rec.finished();
+            lock_or_recover(&self.idle_after_sync).push(rec);
+            (finished, "finished")
+        } else {
+            // Not synced: after a crash an `active` record of a finished run only makes
+            // the next start look for unfinished actions, and find none.
+            (rec.idle(), "idle")
+        };
+        if let Err(e) = self.write_record_to(&mark, false, file) {
+            tracing::warn!(error = %e, "could not mark a workflow's run {what}");
+        }
+    }
+
+    /// After a sync point, marks a finished run's record idle (`synced`: its writes are
+    /// durable) or under way again (the sync failed), unless a newer run of the workflow
+    /// has taken over the record (its lock is held, or the record names another
+    /// execution): that run owns the record now.
+    fn mark_after_sync(&self, rec: crate::recovery::InflightRecord, synced: bool) {
+        let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{}", rec.workflow_id)) else {
+            return;
+        };
+        let current = self
+            .state
+            .inflight_read(&rec.workflow_id)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok());
+        if current.is_none_or(|c| c.execution_id != rec.execution_id) {
+            return;
+        }
+        if synced {
+            self.write_idle(&rec);
+        } else if let Err(e) = self.write_record(&rec, false) {
+            tracing::warn!(error = %e, "could not mark a run unfinished after a failed sync");
+        }
+    }
+
+    fn write_idle(&self, rec: &crate::recovery::InflightRecord) {
+        self.write_idle_record(rec, false);
+    }
+
+    /// Writes `rec` with state `idle`.
+    pub(crate) fn write_idle_record(&self, rec: &crate::recovery::InflightRecord, durable: bool) {
+        if let Err(e) = self.write_record(&rec.idle(), durable) {
+            tracing::warn!(error = %e, "could not mark a workflow's record idle");
+        }
+    }
+
+    /// The configured roots at `indexes`, each once, as a run record names them.
+    pub(crate) fn root_names(&self, indexes: impl Iterator<Item = usize>) -> Vec<String> {
+        let mut names: Vec<String> = indexes
+            .filter_map(|i| self.root_paths.get(i))
+            .map(|p| p.display().to_string())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Writes a workflow's in-flight record (in place; synced when `durable`).
+    pub(crate) fn write_record(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        durable: bool,
+    ) -> std::io::Result<()> {
+        self.write_record_to(rec, durable, None)
+    }
+
+    /// [`Sandbox::write_record`] through `file` when the caller holds the record open.
+    fn write_record_to(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        durable: bool,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec(rec).map_err(std::io::Error::other)?;
+        match file {
+            Some(f) => {
+                f.write(&bytes)?;
+                if durable {
+                    f.sync_data()?;
+                }
+                Ok(())
+            }
+            None => self.state.inflight_write(&rec.workflow_id, &bytes, durable),
+        }
+    }
+
+    /// Records that `rec`'s run or rollback is under way, before it changes any file
+    /// (synced under `strict`; under `batched` the next sync point covers it). `file`:
+    /// the record's file, when the caller holds it open.
+    pub(crate) fn begin_record(
+        &self,
+        rec: &crate::recovery::InflightRecord,
+        file: Option<&crate::confine::state::BlockFile>,
+    ) -> Verdict {
+        self.write_record_to(rec, self.fsync_each(), file)
+            .map_err(|e| {
+                crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not record the {} in the state directory: {}",
+                        if rec.state == crate::recovery::ROLLING_BACK {
+                            "rollback"
+                        } else {
+                            "run"
+                        },
+                        e.kind()
+                    ),
+                )
+            })
+    }
+}

@@ -1,0 +1,112 @@
+//! The locks that serialise changes to one target, and to one workflow, across
+//! threads and processes.
+
+use super::Sandbox;
+use crate::confine::RelPath;
+use crate::confine::path::shown_path;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+
+/// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
+/// seldom wait for each other, few enough that the lock files stay a handful.
+pub(super) const TARGET_LOCK_STRIPES: usize = 64;
+
+/// Why a workflow's lock could not be taken: another run or rollback of it holds it too
+/// long (`conflict`), or an I/O failure.
+pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "another run or rollback of workflow {} kept it busy ({e}: a long plan or rollback, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                shown_path(workflow_id)
+            ),
+        );
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "could not lock workflow {}: {}",
+            shown_path(workflow_id),
+            e.kind()
+        ),
+    )
+}
+
+fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return crate::reason::Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "another writer kept {} busy ({e}: a long write or rollback, heavy contention, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
+                shown_path(&rel.as_string())
+            ),
+        );
+    }
+    crate::reason::Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "could not lock {}: {}",
+            shown_path(&rel.as_string()),
+            e.kind()
+        ),
+    )
+}
+
+impl Sandbox {
+    /// Takes the lock that serialises every change to `rel` in root `root` across
+    /// workflows, threads and processes, from the read of what it holds to the write of
+    /// what replaces it (or its restore): otherwise two writers working from the same
+    /// bytes would lose one's change, and a restore could undo a change it never saw.
+    /// A holder of one takes no other target's lock (holders of several take them at once,
+    /// [`Sandbox::lock_targets`]), and a workflow's lock only before, so no two holders
+    /// wait for each other.
+    pub(crate) fn lock_target(
+        &self,
+        root: usize,
+        rel: &RelPath,
+    ) -> Verdict<crate::confine::state::HeldLock<'_>> {
+        self.target_locks
+            .lock(self.stripe_of(root, rel))
+            .map_err(|e| lock_refusal(rel, &e))
+    }
+
+    /// The locks of several targets at once, taken in stripe order so that two holders
+    /// of several never wait for each other (holders of one never wait while holding it).
+    pub(crate) fn lock_targets(
+        &self,
+        targets: impl Iterator<Item = (usize, RelPath)>,
+    ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
+        let mut stripes: Vec<(usize, RelPath)> = targets
+            .map(|(root, rel)| (self.stripe_of(root, &rel), rel))
+            .collect();
+        stripes.sort_by_key(|(i, _)| *i);
+        stripes.dedup_by_key(|(i, _)| *i);
+        // One wait for them all: each taken after the one before, they would otherwise
+        // add up, and holders of several would queue behind each other for minutes.
+        let deadline = self.target_locks.deadline();
+        stripes
+            .iter()
+            .map(|(i, rel)| {
+                self.target_locks
+                    .lock_by(*i, deadline)
+                    .map_err(|e| lock_refusal(rel, &e))
+            })
+            .collect()
+    }
+
+    /// Which target lock serves `rel` in root `root`.
+    fn stripe_of(&self, root: usize, rel: &RelPath) -> usize {
+        let (dev, ino) = self.roots[root].id();
+        // FNV-1a, so that every process picks the same stripe.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in dev
+            .to_le_bytes()
+            .iter()
+            .chain(&ino.to_le_bytes())
+            .chain(rel.as_string().as_bytes())
+        {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % TARGET_LOCK_STRIPES as u64) as usize
+    }
+}

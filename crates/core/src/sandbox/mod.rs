@@ -1,0 +1,651 @@
+//! [`Sandbox`]: the runtime a face holds. It opens the roots and the state directory once,
+//! and offers every operation of SPEC §6–10 as a synchronous call.
+
+use crate::artifact::ArtifactRegistry;
+use crate::audit::AuditLog;
+use crate::catalog::{RiskLevel, op_for_intent};
+use crate::clock::{Clock, SystemClock, timestamp};
+use crate::commit_log::Position;
+use crate::config::{Config, DEFAULT_STATE_DIR};
+use crate::confine::path::join_display;
+use crate::confine::state::StateDir;
+use crate::confine::{RelPath, SandboxRoot};
+use crate::context::{DryRunReason, ExecutionContext, ExecutionMode};
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::policy::{
+    GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_sandbox_governance,
+    phase_supports_sandbox_write,
+};
+use crate::reason::{ReasonCode, Verdict};
+use crate::snapshot::StoredSnapshot;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+mod conflicts;
+mod durability;
+mod locks;
+mod prune;
+mod reads;
+mod rollback;
+
+pub use conflicts::Conflict;
+pub(crate) use conflicts::TargetState;
+pub(crate) use durability::LogEntry;
+use locks::TARGET_LOCK_STRIPES;
+pub(crate) use locks::workflow_lock_refusal;
+pub use prune::{PruneFailure, PruneReport};
+pub use reads::{FileInfo, FileRead, MAX_INFO_HASH_BYTES, READ_LIMIT};
+pub(crate) use rollback::RestoreMode;
+pub use rollback::{
+    RollbackInfo, RollbackInfoAction, RollbackOptions, RollbackReport, RollbackStep,
+};
+
+/// The runtime.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub(crate) config: Config,
+    pub(crate) roots: Vec<SandboxRoot>,
+    pub(crate) root_paths: Vec<PathBuf>,
+    skipped_roots: Vec<String>,
+    pub(crate) state: StateDir,
+    notices: Vec<String>,
+    pub(crate) registry: ArtifactRegistry,
+    pub(crate) audit: AuditLog,
+    /// Directories restores had to leave, for a later restore to remove once empty.
+    left_dirs: crate::left_dirs::LeftDirs,
+    /// Seals the snapshot records kept inside the roots.
+    pub(crate) seal: crate::seal::SealKey,
+    pub(crate) metrics: Metrics,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) failpoints: Arc<crate::failpoint::FailPoints>,
+    kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
+    /// Batched durability on Linux: whole-filesystem syncs at the pipeline's durability
+    /// points instead of a fsync per file and directory.
+    batch_sync: Option<crate::confine::state::FsSync>,
+    /// Run records to mark idle once a sync point has made their runs durable.
+    idle_after_sync: std::sync::Mutex<Vec<crate::recovery::InflightRecord>>,
+    /// Commit logs this sandbox appended to since the last sync point: workflow → the
+    /// log's position after its last finished commit. A sync point empties those still
+    /// there.
+    logs_after_sync: std::sync::Mutex<std::collections::HashMap<String, Position>>,
+    /// Entries appended to commit logs since the last sync point.
+    logged_since_sync: std::sync::atomic::AtomicUsize,
+    /// The target locks (see [`Sandbox::lock_target`]).
+    target_locks: crate::confine::state::LockSet,
+}
+
+// The crate documentation promises it: embedders share one instance across threads.
+const _: () = {
+    const fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Sandbox>();
+};
+
+/// Snapshots with the index of the root they are in.
+pub(crate) type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
+
+/// `check`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckVerdict {
+    /// Whether governance allows it.
+    pub allowed: bool,
+    /// Why not.
+    pub reason_code: Option<ReasonCode>,
+    /// Why not, for people.
+    pub reason: Option<String>,
+    /// Assessed risk.
+    pub risk: RiskLevel,
+    /// The operation, when the intent is one.
+    pub operation: Option<&'static str>,
+}
+
+/// The `state` document (also `GET /agentic/state`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StateDoc {
+    /// `sandbox_write` when writes really happen, else `simulation`.
+    pub execution_mode: ExecutionMode,
+    /// Why runs are simulated, if they are.
+    pub dry_run_reason: Option<DryRunReason>,
+    /// The phase.
+    pub phase: String,
+    /// Whether the write flag is on.
+    pub executor_enabled: bool,
+    /// Whether dry-run is on.
+    pub dry_run: bool,
+    /// Usable roots.
+    pub sandbox_roots: Vec<String>,
+    /// Roots that could not be used, and why.
+    pub skipped_roots: Vec<String>,
+    /// The state directory.
+    pub state_dir: String,
+    /// `strict`, `batched` or `relaxed`.
+    pub durability: crate::config::Durability,
+    /// Limits in force.
+    pub limits: crate::config::Limits,
+    /// Artifacts registered.
+    pub artifacts_total: u64,
+    /// Audit entries.
+    pub audit_entries: u64,
+    /// Things the operator should know (fallbacks taken at start-up).
+    pub notices: Vec<String>,
+    /// Kernel confinement in force (Landlock), when the face applied it.
+    pub kernel_confinement: Option<crate::confine::kernel::KernelConfinement>,
+    /// Crate version.
+    pub version: &'static str,
+}
+
+impl Sandbox {
+    /// Opens the runtime with the system clock.
+    pub fn open(config: Config) -> Result<Self, Error> {
+        Self::open_with_clock(config, Arc::new(SystemClock))
+    }
+
+    /// Opens the runtime: validates the config, opens (creating) the roots, the state
+    /// directory (falling back from an uncreatable default to the user's state
+    /// directory), the registry and the audit log, and removes leftover temporary files.
+    pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        config.validate()?;
+        let mut notices = Vec::new();
+        // Before any root is made: one that would lie inside the state directory would be
+        // made there (and the state directory's own folders after it) only to be refused.
+        for r in &config.roots {
+            if let Some(inside) = lies_inside(r, &config.state_dir) {
+                return Err(root_inside_state_dir(&inside, &config.state_dir));
+            }
+        }
+        let mut roots = Vec::new();
+        let mut skipped = Vec::new();
+        for r in &config.roots {
+            match SandboxRoot::open(r, true) {
+                Ok(root) => roots.push(root),
+                Err(why) => {
+                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
+                    skipped.push(why);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(Error::NoUsableRoot { problems: skipped });
+        }
+        if let Some((outer, inner)) = crate::confine::root::nested_roots(&roots) {
+            return Err(Error::RootsOverlap {
+                outer: roots[outer].path().to_path_buf(),
+                inner: roots[inner].path().to_path_buf(),
+            });
+        }
+        // Checked before the state directory is opened, since opening makes folders in
+        // it: through a symlink into a root they would be made inside the sandbox.
+        state_dir_outside(&config.state_dir, &roots)?;
+        let (state, note) = open_state_dir(&config)?;
+        let state = state.with_lock_wait(std::time::Duration::from_secs(
+            config.limits.lock_wait_seconds,
+        ));
+        let target_locks = crate::confine::state::LockSet::new(
+            &state,
+            (0..TARGET_LOCK_STRIPES)
+                .map(|i| format!("target-{i:02}"))
+                .collect(),
+            state.lock_wait(),
+        );
+        notices.extend(note);
+        // A fallback state directory was not checked above.
+        if state.path() != config.state_dir {
+            state_dir_outside(state.path(), &roots)?;
+        }
+        let state_ids = state
+            .dir_ids()
+            .map_err(Error::io("look at the state directory"))?;
+        let root_ids: Vec<((u64, u64), String)> = roots
+            .iter()
+            .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
+            .collect();
+        for (i, root) in roots.iter_mut().enumerate() {
+            if state_ids.contains(&root.id()) {
+                return Err(Error::Config(crate::config::ConfigError(format!(
+                    "root {} is the state directory {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
+                    root.path().display(),
+                    state.path().display()
+                ))));
+            }
+            let mut reserved: Vec<((u64, u64), String)> = state_ids
+                .iter()
+                .map(|id| (*id, "the runtime's state directory".to_owned()))
+                .collect();
+            reserved.extend(
+                root_ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, r)| r.clone()),
+            );
+            root.reserve(reserved);
+        }
+        for root in &roots {
+            if let Some(inside) = lies_inside(root.path(), state.path()) {
+                return Err(root_inside_state_dir(&inside, state.path()));
+            }
+        }
+        let batch_sync = if config.durability == crate::config::Durability::Batched
+            && cfg!(target_os = "linux")
+        {
+            let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
+            dirs.push(state.path());
+            Some(
+                crate::confine::state::FsSync::open(&dirs)
+                    .map_err(Error::io("open the filesystems for syncing"))?,
+            )
+        } else {
+            None
+        };
+        // With batched syncs the logs are made durable by the executor's sync points.
+        let durable = config.durability.is_strict() && batch_sync.is_none();
+        let registry = ArtifactRegistry::open(&state, durable)
+            .map_err(Error::io("open the artifact registry"))?;
+        let mut audit = AuditLog::open_with(
+            &state,
+            durable,
+            config.limits.writes_per_minute,
+            batch_sync.is_some(),
+        )
+        .map_err(Error::io("open the audit log"))?;
+        let left_dirs = crate::left_dirs::LeftDirs::open(&state, durable)
+            .map_err(Error::io("open the ledger of directories rollbacks left"))?;
+        let failpoints = Arc::new(crate::failpoint::FailPoints::default());
+        audit.share_failpoints(failpoints.clone());
+        let seal = crate::seal::SealKey::new(
+            state
+                .secret(crate::seal::KEY_FILE)
+                .map_err(Error::io("read or create the snapshot seal key"))?,
+        );
+        let metrics = Metrics::new();
+        metrics.set_artifacts(registry.len().unwrap_or(0));
+        let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
+        let mut sb = Self {
+            config,
+            roots,
+            root_paths,
+            skipped_roots: skipped,
+            state,
+            notices,
+            registry,
+            audit,
+            left_dirs,
+            seal,
+            metrics,
+            clock,
+            failpoints,
+            kernel_confinement: None,
+            batch_sync,
+            idle_after_sync: std::sync::Mutex::new(Vec::new()),
+            logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
+            logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
+            target_locks,
+        };
+        let recovered = sb.recover();
+        // A rollback that died after its restores, before it removed the directories
+        // they emptied, is finished here.
+        if recovered
+            .iter()
+            .any(|r| r.rollback && r.missing_roots.is_empty() && !r.retry)
+        {
+            sb.remove_left_dirs();
+        }
+        for r in recovered {
+            if !r.missing_roots.is_empty() {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
+                    r.what(),
+                    r.execution_id,
+                    r.workflow_id,
+                    r.missing_roots.join(", "),
+                    if r.missing_roots.len() == 1 { "that root" } else { "those roots" }
+                ));
+                continue;
+            }
+            if !r.unjudged.is_empty() {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
+                    r.what(),
+                    r.execution_id,
+                    r.workflow_id,
+                    r.unjudged.join("; ")
+                ));
+                continue;
+            }
+            if let Some(busy) = &r.busy {
+                sb.notices.push(format!(
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run",
+                    r.what(),
+                    r.execution_id,
+                    r.workflow_id
+                ));
+                continue;
+            }
+            if r.retry {
+                sb.notices.push(format!(
+                    "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
+                    r.workflow_id, r.execution_id
+                ));
+                continue;
+            }
+            sb.notices.push(if r.rollback {
+                format!(
+                    "recovered interrupted rollback {} of workflow {}: {} restored files recorded",
+                    r.execution_id, r.workflow_id, r.restores_recorded
+                )
+            } else {
+                format!(
+                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished, {} left undone under another run's later write, {} temporary files removed, {} restores recorded",
+                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.superseded, r.temp_files_removed, r.restores_recorded
+                )
+            });
+            if r.untrusted > 0 {
+                sb.notices.push(format!(
+                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
+                    r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
+                ));
+            }
+        }
+        if let Some(problem) = sb.audit.head_problem() {
+            sb.notices.push(format!(
+                "the audit trail was tampered with: {problem}; its head is kept as it is so `audit verify` keeps reporting it"
+            ));
+        }
+        Ok(sb)
+    }
+
+    /// Applies kernel confinement (Landlock) to the calling thread and the threads it
+    /// creates from now on: writes only beneath the roots and the state directory, no
+    /// execution. Call it before starting any runtime or thread pool. The result is
+    /// reported in [`Sandbox::state_doc`].
+    pub fn confine_process(&mut self) -> &crate::confine::kernel::KernelConfinement {
+        let mut writable = self.root_paths.clone();
+        writable.push(self.state.path().to_path_buf());
+        let report = crate::confine::kernel::restrict_to(&writable);
+        if !report.is_enforced() {
+            tracing::warn!(detail = ?report.detail, "kernel confinement (Landlock) is not in force; the root handles still confine every write");
+        }
+        self.kernel_confinement.insert(report)
+    }
+
+    /// Failure injection, for crash-consistency tests.
+    pub fn failpoints(&self) -> &crate::failpoint::FailPoints {
+        &self.failpoints
+    }
+
+    pub(crate) fn fail_at(&self, point: &str) -> Verdict {
+        self.failpoints
+            .check(point)
+            .map_err(|e| crate::reason::Refusal::new(ReasonCode::IoError, e.to_string()))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The metrics in the Prometheus text format, with the artifacts gauge read from the
+    /// registry at this moment: other processes register artifacts too.
+    pub fn metrics_text(&self) -> String {
+        if let Ok(n) = self.registry.len() {
+            self.metrics.set_artifacts(n);
+        }
+        self.metrics.encode()
+    }
+
+    /// The artifact registry.
+    pub fn registry(&self) -> &ArtifactRegistry {
+        &self.registry
+    }
+
+    /// The audit log.
+    pub fn audit_log(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Usable roots.
+    pub fn roots(&self) -> &[SandboxRoot] {
+        &self.roots
+    }
+
+    /// The state directory in use.
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// Start-up notices (fallbacks taken, leftovers removed).
+    pub fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    pub(crate) fn now(&self) -> String {
+        timestamp(self.clock.now())
+    }
+
+    pub(crate) fn durable(&self) -> bool {
+        self.config.durability.is_strict()
+    }
+
+    /// The execution context and, when simulating, why.
+    pub fn execution_context(&self) -> (ExecutionContext, Option<DryRunReason>) {
+        ExecutionContext::from_flags(
+            self.config.enable_write,
+            self.config.dry_run,
+            phase_supports_sandbox_write(&self.config.phase),
+        )
+    }
+
+    pub(crate) fn governance_context(&self) -> GovernanceContext<'_> {
+        GovernanceContext {
+            root_paths: &self.root_paths,
+            roots: Some(&self.roots),
+            state_dir: Some(self.state.path()),
+            extensions: &self.config.extensions,
+            max_depth: self.config.limits.max_path_depth,
+        }
+    }
+
+    /// The `state` document.
+    pub fn state_doc(&self) -> StateDoc {
+        let (ctx, reason) = self.execution_context();
+        StateDoc {
+            execution_mode: ctx.mode,
+            dry_run_reason: reason,
+            phase: self.config.phase.clone(),
+            executor_enabled: self.config.enable_write,
+            dry_run: self.config.dry_run,
+            sandbox_roots: self
+                .root_paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+            skipped_roots: self.skipped_roots.clone(),
+            state_dir: self.state.path().display().to_string(),
+            durability: self.config.durability,
+            limits: self.config.limits,
+            artifacts_total: self.registry.len().unwrap_or(0),
+            audit_entries: self.audit.stats().map(|s| s.total).unwrap_or(0),
+            notices: self.notices.clone(),
+            kernel_confinement: self.kernel_confinement.clone(),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    /// Governance verdict only (`check`): no write, no audit.
+    pub fn check(
+        &self,
+        intent: &str,
+        path: &str,
+        description: Option<&str>,
+        size: u64,
+        root: Option<&str>,
+    ) -> CheckVerdict {
+        let req = GovernanceRequest {
+            intent,
+            path,
+            phase: &self.config.phase,
+            root,
+            description,
+            tool: None,
+        };
+        let operation = op_for_intent(intent).map(|o| o.name);
+        // As a plan would find it: a root whose snapshot store is unusable writes nothing.
+        let checked =
+            check_sandbox_governance(&req, &self.governance_context(), size).and_then(|a| {
+                crate::snapshot::check_store(&self.roots[a.resolved.root_index], None)?;
+                Ok(a)
+            });
+        match checked {
+            Ok(a) => CheckVerdict {
+                allowed: true,
+                reason_code: None,
+                reason: None,
+                risk: a.risk,
+                operation,
+            },
+            Err(r) => {
+                self.metrics.denied(intent, r.reason_code);
+                CheckVerdict {
+                    allowed: false,
+                    reason_code: Some(r.reason_code),
+                    reason: Some(r.reason),
+                    risk: assess_sandbox_risk(intent, path),
+                    operation,
+                }
+            }
+        }
+    }
+
+    pub(crate) fn abs_path(&self, root_index: usize, rel: &RelPath) -> String {
+        join_display(&self.root_paths[root_index], rel)
+            .display()
+            .to_string()
+    }
+
+    /// Whether a recorded absolute target path names `rel` in this root, whatever
+    /// spelling of the root (a symlink to it, say) the recording process was given.
+    pub(crate) fn names_target(&self, recorded: &str, root_index: usize, rel: &RelPath) -> bool {
+        let path = std::path::Path::new(recorded);
+        if path == join_display(&self.root_paths[root_index], rel) {
+            return true;
+        }
+        path.ends_with(rel.to_path_buf())
+            && path
+                .ancestors()
+                .nth(rel.depth())
+                .and_then(std::path::Path::to_str)
+                .is_some_and(|r| self.roots[root_index].is_named_by(r))
+    }
+
+    /// The root (index) a recorded absolute target path lies in, whatever spelling of
+    /// the root it was recorded with; `None` when it is in none of this process's roots.
+    fn root_of(&self, target: &str) -> Option<usize> {
+        let path = std::path::Path::new(target);
+        if let Some(i) = self.root_paths.iter().position(|r| path.starts_with(r)) {
+            return Some(i);
+        }
+        path.ancestors().skip(1).find_map(|a| {
+            let a = a.to_str()?;
+            self.roots.iter().position(|r| r.is_named_by(a))
+        })
+    }
+}
+
+pub(super) fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Refuses a state directory inside one of `roots` (lexically, or once symbolic links
+/// are followed, also for parts of it not made yet).
+fn state_dir_outside(state_dir: &Path, roots: &[SandboxRoot]) -> Result<(), Error> {
+    match roots
+        .iter()
+        .find_map(|r| lies_inside(state_dir, r.path()).map(|inside| (inside, r)))
+    {
+        Some((inside, root)) => Err(Error::StateDirInsideRoot {
+            state_dir: inside,
+            root: root.path().to_path_buf(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `Some(inner)` when `inner` lies inside `outer` (lexically, or after resolving
+/// symlinks), or would once made.
+fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
+    if inner.starts_with(outer) {
+        return Some(inner.to_path_buf());
+    }
+    let s = crate::confine::state::canonical_to_be(inner)?;
+    let r = crate::confine::state::canonical_to_be(outer)?;
+    s.starts_with(&r).then_some(s)
+}
+
+fn root_inside_state_dir(inside: &Path, state_dir: &Path) -> Error {
+    Error::Config(crate::config::ConfigError(format!(
+        "root {} lies inside the state directory {} once symbolic links are followed; the runtime's own files are never writable, so give a root outside it",
+        inside.display(),
+        state_dir.display()
+    )))
+}
+
+fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
+    match StateDir::open(&config.state_dir) {
+        Ok(s) => Ok((s, None)),
+        // Only a default that could not be made: one that exists and was refused is
+        // reported, or another run would quietly use another audit trail.
+        Err(e)
+            if !config.state_dir_explicit
+                && config.state_dir == Path::new(DEFAULT_STATE_DIR)
+                && !crate::confine::state::exists(&config.state_dir) =>
+        {
+            let fallback =
+                Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
+                    path: config.state_dir.clone(),
+                    cause: e,
+                })?;
+            let s = StateDir::open(&fallback).map_err(|cause| Error::StateDir {
+                path: fallback.clone(),
+                cause,
+            })?;
+            let note = format!(
+                "the default state directory {DEFAULT_STATE_DIR} cannot be created; using {} instead",
+                fallback.display()
+            );
+            tracing::warn!("{note}");
+            Ok((s, Some(note)))
+        }
+        Err(cause) => Err(Error::StateDir {
+            path: config.state_dir.clone(),
+            cause,
+        }),
+    }
+}
+
+impl Drop for Sandbox {
+    /// With batched syncs, one last sync point makes the final runs durable and lets
+    /// their records and the audit head catch up.
+    fn drop(&mut self) {
+        let waiting = !self
+            .idle_after_sync
+            .get_mut()
+            .map_or(true, |v| v.is_empty())
+            || !self
+                .logs_after_sync
+                .get_mut()
+                .map_or(true, |v| v.is_empty())
+            || self.audit.has_pending_head();
+        if self.batch_sync.is_some()
+            && waiting
+            && let Err(r) = self.sync_point()
+        {
+            tracing::warn!(reason = %r.reason, "final sync failed");
+        }
+    }
+}

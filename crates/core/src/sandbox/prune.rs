@@ -1,0 +1,188 @@
+//! Pruning the snapshots of old workflows.
+
+use super::Sandbox;
+use crate::audit::AuditStatus;
+use crate::context::DryRunReason;
+use crate::reason::{ReasonCode, Verdict};
+use crate::snapshot::Snapshotter;
+use serde::Serialize;
+
+/// What pruning removed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// Workflows whose snapshots were removed (when `simulated`: would be).
+    pub workflows_pruned: Vec<String>,
+    /// Workflows kept (newer, or running).
+    pub workflows_kept: u64,
+    /// Workflows whose prune could not be done or finished (an I/O error): each is tried
+    /// again by the next prune.
+    pub workflows_failed: Vec<PruneFailure>,
+    /// Writing is off or dry-run is on: nothing was removed.
+    pub simulated: bool,
+    /// Why, when `simulated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run_reason: Option<DryRunReason>,
+}
+
+/// A workflow [`Sandbox::prune`] could not prune, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PruneFailure {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Why, as a code.
+    pub reason_code: ReasonCode,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+impl Sandbox {
+    /// Removes the snapshots of workflows whose newest snapshot is older than
+    /// `older_than` and that no process is running now. Removing snapshots makes writes
+    /// irreversible, so like any write it only reports what it would do unless writing
+    /// is on and dry-run off.
+    pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
+        let (ctx, why) = self.execution_context();
+        let simulated = !ctx.is_executable();
+        // An age beyond the calendar's range prunes nothing.
+        let cutoff = chrono::Duration::from_std(older_than)
+            .ok()
+            .and_then(|d| self.clock.now().checked_sub_signed(d))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        let mut report = PruneReport {
+            simulated,
+            dry_run_reason: why.filter(|_| simulated),
+            ..PruneReport::default()
+        };
+        let mut ids: Vec<String> = Vec::new();
+        for root in &self.roots {
+            let names = Snapshotter::list_workflows(root)?;
+            if !simulated {
+                let swept = Snapshotter::sweep_pruned(root, &names);
+                if swept > 0 {
+                    tracing::info!(folders = swept, "removed what an earlier prune left");
+                }
+            }
+            ids.extend(names);
+        }
+        ids.sort();
+        ids.dedup();
+        for wf in ids {
+            if !crate::plan::is_valid_id(&wf) {
+                continue;
+            }
+            // A workflow being run or rolled back now is kept, not waited for: it is not
+            // finished, and one stopped process must not hold up the prune of the others.
+            let pruned = self
+                .state
+                .try_lock(&format!("wf-{wf}"))
+                .map_err(|e| {
+                    crate::Refusal::new(
+                        ReasonCode::IoError,
+                        format!("could not take the workflow's lock: {e}"),
+                    )
+                })
+                .and_then(|lock| match lock {
+                    None => Ok(false),
+                    Some(_lock) => {
+                        // A run that died holding the lock: its in-doubt writes are judged
+                        // from the snapshots about to go.
+                        if !simulated {
+                            self.recover_dead_run(&wf)?;
+                        }
+                        self.prune_workflow(&wf, cutoff, simulated)
+                    }
+                });
+            match pruned {
+                Ok(true) => report.workflows_pruned.push(wf),
+                Ok(false) => report.workflows_kept += 1,
+                // One workflow that cannot be pruned does not keep the others.
+                Err(r) => {
+                    tracing::error!(workflow = %wf, reason = %r, "a workflow could not be pruned");
+                    report.workflows_failed.push(PruneFailure {
+                        workflow_id: wf,
+                        reason_code: r.reason_code,
+                        reason: r.reason,
+                    });
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Prunes one workflow (its lock held) when what can be trusted — sealed snapshots
+    /// and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
+    /// (another state directory's, a lost key's, planted) keep the workflow: nothing
+    /// proves their age. Returns whether it was pruned.
+    fn prune_workflow(
+        &self,
+        wf: &str,
+        cutoff: chrono::DateTime<chrono::Utc>,
+        simulated: bool,
+    ) -> Verdict<bool> {
+        let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
+        let trail = self.audit.by_workflow(wf).map_err(|e| {
+            crate::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not read the audit trail: {}", e.kind()),
+            )
+        })?;
+        let newest = snaps
+            .iter()
+            .map(|(_, s)| s.meta.taken_at.as_str())
+            // A simulated rollback or plan is no activity on the workflow's snapshots.
+            .chain(
+                trail
+                    .iter()
+                    .filter(|e| e.status != AuditStatus::Simulated)
+                    .map(|e| e.timestamp.as_str()),
+            )
+            .filter_map(crate::clock::parse_timestamp)
+            .max();
+        if untrusted > 0 || newest.is_some_and(|t| t >= cutoff) {
+            return Ok(false);
+        }
+        if simulated {
+            return Ok(true);
+        }
+        // A commit log entry must not outlive the snapshot it would recreate.
+        let _synced = self.settle_commit_log(wf)?;
+        // Recorded first: rollback checks snapshots against the audit trail, and writes
+        // audited up to here are about to lose theirs by design. A mark without the
+        // removal only spares writes that still have snapshots; the other way round,
+        // every later rollback of the workflow would be refused.
+        self.audit
+            .last_seq()
+            .and_then(|seq| {
+                let roots: Vec<String> = self
+                    .root_paths
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect();
+                self.state.write_prune_mark(wf, seq, &roots)
+            })
+            .map_err(|e| {
+                crate::Refusal::new(
+                    ReasonCode::IoError,
+                    format!("could not record the prune: {}", e.kind()),
+                )
+            })?;
+        for root in &self.roots {
+            if let Some(aside) = Snapshotter::set_aside(root, wf, self.durable())? {
+                self.fail_at("during_prune")?;
+                // The workflow has no snapshots here any more: a folder that cannot be
+                // removed now is left for the next prune's sweep.
+                if let Err(r) = Snapshotter::remove_aside(root, &aside) {
+                    tracing::warn!(reason = %r, "a pruned snapshot folder is left for the next prune");
+                }
+            }
+        }
+        if let Err(e) = self
+            .state
+            .inflight_remove(wf)
+            .and_then(|()| self.state.commit_log_remove(wf))
+        {
+            tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,229 @@
+//! Reads: files in the roots, the audit trail and the artifact registry.
+
+use super::Sandbox;
+use crate::artifact::ArtifactEntry;
+use crate::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
+use crate::confine::path::join_display;
+use crate::confine::root::DirEntryInfo;
+use crate::confine::{EntryKind, RelPath, check_reserved, resolve_sandbox_path};
+use crate::error::Error;
+use crate::hash::sha256_hex;
+use crate::reason::Verdict;
+use serde::Serialize;
+
+/// `read_file` result.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileRead {
+    /// The file's text; where the bytes are not valid UTF-8, each invalid sequence shows
+    /// as U+FFFD (see `invalid_utf8_at`).
+    pub content: String,
+    /// Size of the bytes on disk.
+    pub size_bytes: u64,
+    /// SHA-256 of the bytes on disk.
+    pub sha256: String,
+    /// Offset of the first byte that is not valid UTF-8, if any: `content` is then not the
+    /// file's exact bytes.
+    pub invalid_utf8_at: Option<u64>,
+}
+
+/// `get_file_info` result.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileInfo {
+    /// The path as given.
+    pub path: String,
+    /// `file`, `directory`, `symlink`, `special` (a FIFO, socket or device) or `missing`.
+    pub kind: &'static str,
+    /// Size of a file.
+    pub size_bytes: Option<u64>,
+    /// SHA-256 of a file of at most [`MAX_INFO_HASH_BYTES`]; larger files are not read.
+    pub sha256: Option<String>,
+    /// The artifact the file is: the newest at this path with the file's checksum (for a
+    /// file too large to hash, the newest at this path if its size agrees). `None` for a
+    /// path that is not a file, or a file that holds no registered version, e.g. one
+    /// changed by hand or whose writes were all rolled back.
+    pub artifact_id: Option<String>,
+}
+
+/// The largest file [`Sandbox::get_file_info`] hashes (1 GiB, about a second of
+/// SHA-256): describing a file must not pin a thread for hours.
+pub const MAX_INFO_HASH_BYTES: u64 = 1 << 30;
+
+/// The most `read_file` returns.
+pub const READ_LIMIT: u64 = crate::catalog::LARGEST_WRITE_BYTES;
+
+impl Sandbox {
+    fn resolve_read(&self, path: &str, root: Option<&str>) -> Verdict<(usize, RelPath)> {
+        let r = resolve_sandbox_path(
+            path,
+            &self.root_paths,
+            root,
+            self.config.limits.max_path_depth,
+        )
+        .inspect_err(|r| self.metrics.denied("read_file", r.reason_code))?;
+        check_reserved(&r.rel)?;
+        Ok((r.root_index, r.rel))
+    }
+
+    /// Reads a file inside a root (confined like writes; at most [`READ_LIMIT`], the
+    /// largest file an operation writes).
+    pub fn read_file(&self, path: &str, root: Option<&str>) -> Verdict<FileRead> {
+        let (i, rel) = self.resolve_read(path, root)?;
+        self.roots[i].inspect(&rel)?;
+        let bytes = self.roots[i].read_file(&rel, READ_LIMIT)?;
+        Ok(FileRead {
+            size_bytes: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+            invalid_utf8_at: std::str::from_utf8(&bytes)
+                .err()
+                .map(|e| e.valid_up_to() as u64),
+            content: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+
+    /// Lists a directory inside a root (`""` or `/` for the first root's top).
+    pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
+        if path.is_empty() || path == "/" || path == "." {
+            let i = match root {
+                Some(_) => resolve_sandbox_path("x", &self.root_paths, root, 8)?.root_index,
+                None => 0,
+            };
+            return self.roots[i].list_dir(None);
+        }
+        let (i, rel) = self.resolve_read(path, root)?;
+        self.roots[i].list_dir(Some(&rel))
+    }
+
+    /// Describes a path inside a root. A symlink, FIFO, socket or device at the path is
+    /// named for what it is, never followed or opened; a file with other hard links is
+    /// refused (`hardlink_refused`) as for `read_file`, since it may be a file outside.
+    pub fn get_file_info(&self, path: &str, root: Option<&str>) -> Verdict<FileInfo> {
+        let (i, rel) = self.resolve_read(path, root)?;
+        let (entry, _) = self.roots[i].entry(&rel)?;
+        let abs = join_display(&self.root_paths[i], &rel)
+            .display()
+            .to_string();
+        let (kind, size_bytes, sha256) = match entry {
+            EntryKind::File { .. } => {
+                let (size, sum) = self.roots[i].hash_file(&rel, MAX_INFO_HASH_BYTES)?;
+                ("file", Some(size), sum)
+            }
+            EntryKind::Directory => ("directory", None, None),
+            EntryKind::Missing => ("missing", None, None),
+            EntryKind::Symlink => ("symlink", None, None),
+            EntryKind::Special => ("special", None, None),
+        };
+        let artifact_id = match (&sha256, size_bytes) {
+            (Some(sum), _) => self.registry.version_holding(&abs, sum),
+            // Too large to hash here: the newest artifact, if the size agrees.
+            (None, Some(size)) => self
+                .registry
+                .latest_for_path(&abs)
+                .map(|a| a.filter(|a| a.size_bytes == size)),
+            (None, None) => Ok(None),
+        }
+        .ok()
+        .flatten()
+        .map(|a| a.artifact_id);
+        Ok(FileInfo {
+            path: path.to_owned(),
+            kind,
+            size_bytes,
+            sha256,
+            artifact_id,
+        })
+    }
+
+    /// Newest audit entries.
+    pub fn audit_entries(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<SandboxAuditEntry>, Error> {
+        self.audit
+            .list(limit, workflow_id)
+            .map_err(Error::io("read the audit log"))
+    }
+
+    /// Audit statistics.
+    pub fn audit_stats(&self) -> Result<AuditStats, Error> {
+        self.audit.stats().map_err(Error::io("read the audit log"))
+    }
+
+    /// Verifies the audit chain, and that the trail records every write the artifact
+    /// registry holds an artifact of. The head kept outside the log catches a cut tail,
+    /// but not one cut together with the head rewritten to match, nor a trail removed
+    /// with its head: the registry, a separate file, still names those writes. Under
+    /// `relaxed` durability the registry is not compared: a power cut may lose trail
+    /// lines the registry keeps.
+    pub fn audit_verify(&self) -> Result<VerifyReport, Error> {
+        let (report, logged) = self
+            .audit
+            .verify_and_writes()
+            .map_err(Error::io("read the audit log"))?;
+        if !report.ok || !self.durable() {
+            return Ok(report);
+        }
+        let mut missing = self
+            .registry
+            .find(|a| !crate::audit::records(&logged, a))
+            .map_err(Error::io("read the artifact registry"))?;
+        if missing.is_empty() {
+            return Ok(report);
+        }
+        // A run registers an artifact, then appends its line, with its workflow's lock
+        // held: once each lock has been free for a moment, those lines are written.
+        let mut workflows: Vec<&str> = missing.iter().map(|a| a.workflow_id.as_str()).collect();
+        workflows.sort_unstable();
+        workflows.dedup();
+        // An id no run could have (a registry edited by hand) names no lock either.
+        for wf in workflows
+            .into_iter()
+            .filter(|w| crate::plan::is_valid_id(w))
+        {
+            drop(
+                self.state
+                    .lock(&format!("wf-{wf}"))
+                    .map_err(Error::io("lock a workflow"))?,
+            );
+        }
+        let (report, logged) = self
+            .audit
+            .verify_and_writes()
+            .map_err(Error::io("read the audit log"))?;
+        if !report.ok {
+            return Ok(report);
+        }
+        missing.retain(|a| !crate::audit::records(&logged, a));
+        Ok(crate::audit::with_unlogged(report, &missing))
+    }
+
+    /// Newest artifacts.
+    pub fn artifacts(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+    ) -> Result<Vec<ArtifactEntry>, Error> {
+        self.registry
+            .list(limit, workflow_id)
+            .map_err(Error::io("read the artifact registry"))
+    }
+
+    /// One artifact and its lineage (nearest ancestor first).
+    pub fn artifact_with_lineage(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ArtifactEntry, Vec<ArtifactEntry>)>, Error> {
+        let Some(a) = self
+            .registry
+            .get(id)
+            .map_err(Error::io("read the artifact registry"))?
+        else {
+            return Ok(None);
+        };
+        let lineage = self
+            .registry
+            .get_lineage(id)
+            .map_err(Error::io("read the artifact registry"))?;
+        Ok(Some((a, lineage)))
+    }
+}

@@ -1,0 +1,1154 @@
+//! Rollback (SPEC §7): what can be restored, and restoring it.
+
+use super::conflicts::{Conflict, TargetState};
+use super::locks::workflow_lock_refusal;
+use super::{RootedSnapshots, Sandbox};
+use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
+use crate::catalog::MutationClass;
+use crate::confine::RelPath;
+use crate::confine::path::shown_path;
+use crate::confine::root::Put;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::snapshot::{
+    LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
+type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
+
+/// What a rollback did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackReport {
+    /// The workflow.
+    pub workflow_id: String,
+    /// `rolled_back`, `simulated` (writing off or dry-run on: nothing was restored),
+    /// `refused` or `failed`.
+    pub status: &'static str,
+    /// How many actions were restored.
+    pub steps_rolled_back: u64,
+    /// Why it was refused or failed.
+    pub reason_code: Option<ReasonCode>,
+    /// Why, for people.
+    pub reason: Option<String>,
+    /// Files changed since the workflow wrote them.
+    pub conflicts: Vec<Conflict>,
+    /// Each restore.
+    pub steps: Vec<RollbackStep>,
+}
+
+impl RollbackReport {
+    /// Whether everything asked for was restored.
+    pub fn is_success(&self) -> bool {
+        self.status == "rolled_back"
+    }
+
+    /// Whether it only said what it would restore (writes off or dry-run on).
+    pub fn is_simulated(&self) -> bool {
+        self.status == "simulated"
+    }
+}
+
+/// How a rollback step's record says the audit trail was held by another process past
+/// `limits.lock_wait_seconds`.
+const HELD_TRAIL: &str = "another process held the audit trail";
+
+/// How [`Sandbox::restore_all`] treats each target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RestoreMode {
+    /// An action undoing its own change after it failed, holding the target's lock: a
+    /// target still as the snapshot found it needs nothing, one holding what the action
+    /// wrote (this) is restored, and anything else was not written by the action and
+    /// is left alone (`conflict`).
+    OwnChange(TargetState),
+    /// Whatever the target holds now is replaced (a forced rollback; recovery, which
+    /// has judged each target).
+    Force,
+    /// Only a target that still holds what its action left is restored; any other
+    /// step fails with `conflict` and its target stays as it is.
+    Unchanged,
+    /// An action whose write was refused before its target changed (a file appeared
+    /// where it found none, and the no-replace rename kept it): the target is left as it
+    /// is, whatever it holds; directories made on the way go if empty.
+    Untouched,
+}
+
+/// One restore of a rollback.
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackStep {
+    /// The action undone.
+    pub action_id: String,
+    /// Its intent.
+    pub intent: String,
+    /// The target (absolute, inside a root).
+    pub path: String,
+    /// Whether it was restored.
+    pub restored: bool,
+    /// Whether the result matches the snapshot.
+    pub checksum_validated: bool,
+    /// SHA-256 after the restore.
+    pub restored_checksum: Option<String>,
+    /// What became of a target no checksum describes: removed, or a directory left in
+    /// place or made again, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Why it failed.
+    pub reason_code: Option<ReasonCode>,
+    /// Why, for people.
+    pub reason: Option<String>,
+    /// Why its audit line could not be written, if it could not.
+    #[serde(skip)]
+    pub unrecorded: Option<String>,
+}
+
+impl RollbackStep {
+    /// A step that restored nothing, and why.
+    pub(crate) fn failed(meta: &SnapshotMeta, path: String, r: Refusal) -> Self {
+        Self {
+            action_id: meta.action_id.clone(),
+            intent: meta.intent.clone(),
+            path,
+            restored: false,
+            checksum_validated: false,
+            restored_checksum: None,
+            detail: None,
+            reason_code: Some(r.reason_code),
+            reason: Some(r.reason),
+            unrecorded: None,
+        }
+    }
+}
+
+/// What can be rolled back (`GET /agentic/rollback/{id}`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackInfo {
+    /// The workflow.
+    pub workflow_id: String,
+    /// Whether a rollback would have something to do, and would not be refused before
+    /// it starts (conflicts aside: those a forced rollback overrides).
+    pub rollback_available: bool,
+    /// Why a rollback would be refused before it starts (the code `POST` answers with).
+    pub reason_code: Option<ReasonCode>,
+    /// The same, for a person.
+    pub reason: Option<String>,
+    /// Snapshots, newest first.
+    pub actions: Vec<RollbackInfoAction>,
+    /// Conflicts a rollback would meet now.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// One snapshot in [`RollbackInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct RollbackInfoAction {
+    /// The action.
+    pub action_id: String,
+    /// Its intent.
+    pub intent: String,
+    /// The target.
+    pub path: String,
+    /// Whether it existed before.
+    pub existed: bool,
+    /// The snapshot folder, relative to its root.
+    pub rollback_path: String,
+    /// When taken.
+    pub taken_at: String,
+    /// Whether already restored.
+    pub restored: bool,
+}
+
+/// Options of [`Sandbox::rollback_workflow`].
+#[derive(Debug, Clone, Default)]
+pub struct RollbackOptions {
+    /// Only this action.
+    pub action_id: Option<String>,
+    /// Restore even over later changes.
+    pub force: bool,
+}
+
+/// The snapshots of `snaps` (oldest first) taken after one of `action`'s, in the same
+/// root, on its target or a path beneath or above it, by other actions not yet undone
+/// (`undone`).
+fn later_writers<'a>(
+    snaps: &'a [(usize, StoredSnapshot)],
+    action: &str,
+    undone: impl Fn(&StoredSnapshot) -> bool,
+) -> Vec<&'a (usize, StoredSnapshot)> {
+    let overlaps = |a: &str, b: &str| {
+        a == b
+            || a.strip_prefix(b).is_some_and(|r| r.starts_with('/'))
+            || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'))
+    };
+    let is_mine = |s: &StoredSnapshot| s.meta.action_id == action && !undone(s);
+    let Some(first) = snaps.iter().position(|(_, s)| is_mine(s)) else {
+        return Vec::new();
+    };
+    let mine: Vec<_> = snaps[first..].iter().filter(|(_, s)| is_mine(s)).collect();
+    snaps[first + 1..]
+        .iter()
+        .filter(|(i, s)| {
+            s.meta.action_id != action
+                && !undone(s)
+                && mine.iter().any(|(mi, m)| {
+                    mi == i && overlaps(&m.meta.original_path, &s.meta.original_path)
+                })
+        })
+        .collect()
+}
+
+impl Sandbox {
+    /// Every snapshot of a workflow across roots, oldest first, with its root. A record
+    /// that cannot be trusted refuses the whole workflow: a rollback that skipped it would
+    /// report success with a file left unrestored.
+    pub(crate) fn workflow_snapshots(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Vec<(usize, StoredSnapshot)>> {
+        let (all, mut untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
+        match untrusted.pop() {
+            Some(r) => Err(r),
+            None => Ok(all),
+        }
+    }
+
+    /// [`Sandbox::workflow_snapshots`] for recovery and pruning, which act on what they
+    /// can trust and leave the rest alone (logged) rather than giving up on the whole
+    /// workflow. Also returns how many folders were left alone. An error means nothing
+    /// could be read at all (a root's `.rollback` unreadable, say).
+    pub(crate) fn trusted_workflow_snapshots(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<(RootedSnapshots, usize)> {
+        let (all, untrusted) = self
+            .workflow_snapshots_and_untrusted(workflow_id)
+            .inspect_err(|r| {
+                tracing::error!(workflow = %workflow_id, reason = %r, "the workflow's snapshots could not be read");
+            })?;
+        for r in &untrusted {
+            tracing::error!(workflow = %workflow_id, reason = %r, "an untrusted snapshot folder was left alone");
+        }
+        Ok((all, untrusted.len()))
+    }
+
+    fn workflow_snapshots_and_untrusted(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<(RootedSnapshots, Vec<crate::Refusal>)> {
+        let mut all = Vec::new();
+        let mut untrusted = Vec::new();
+        for (i, root) in self.roots.iter().enumerate() {
+            let (snaps, bad) = Snapshotter::load_workflow(root, &self.seal, workflow_id)?;
+            all.extend(snaps.into_iter().map(|s| (i, s)));
+            untrusted.extend(bad);
+        }
+        all.sort_by(|a, b| a.1.meta.snapshot_id.cmp(&b.1.meta.snapshot_id));
+        Ok((all, untrusted))
+    }
+
+    /// What a rollback of the workflow would restore, and the conflicts it would meet.
+    pub fn rollback_info(&self, workflow_id: &str) -> Verdict<RollbackInfo> {
+        crate::plan::check_id("workflow_id", workflow_id)?;
+        let found = self.workflow_snapshots(workflow_id)?;
+        let (snaps, refusal) = match self.rollback_selection(
+            workflow_id,
+            found.clone(),
+            &RollbackOptions::default(),
+        ) {
+            Ok((snaps, _)) => (snaps, None),
+            Err(refused) => (found, Some(refused)),
+        };
+        let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
+        let (refusal, conflicts) = match refusal {
+            Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
+            None => (None, self.find_conflicts(workflow_id, &pending)),
+        };
+        let actions = snaps
+            .iter()
+            .rev()
+            .map(|(i, s)| RollbackInfoAction {
+                action_id: s.meta.action_id.clone(),
+                intent: s.meta.intent.clone(),
+                path: self.abs_path(*i, &s.meta.target()),
+                existed: s.meta.existed,
+                rollback_path: s.meta.rollback_path(),
+                taken_at: s.meta.taken_at.clone(),
+                restored: s.restored,
+            })
+            .collect();
+        Ok(RollbackInfo {
+            workflow_id: workflow_id.to_owned(),
+            rollback_available: refusal.is_none() && !pending.is_empty(),
+            reason_code: refusal.as_ref().map(|(code, _)| *code),
+            reason: refusal.map(|(_, reason)| reason),
+            actions,
+            conflicts,
+        })
+    }
+
+    /// Rolls a workflow (or one of its actions) back, newest first, refusing with
+    /// `conflict` when a file changed since the workflow wrote it, unless forced. A
+    /// refusal is audited as a blocked rollback (SPEC §8: blocked actions are audited
+    /// too), so that a snapshot found tampered with, or a conflict, is on the trail.
+    pub fn rollback_workflow(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
+        let report = self.rollback_unaudited(workflow_id, opts);
+        if report.status == "refused" {
+            self.audit_refused_rollback(workflow_id, opts, &report);
+        }
+        report
+    }
+
+    fn audit_refused_rollback(
+        &self,
+        workflow_id: &str,
+        opts: &RollbackOptions,
+        report: &RollbackReport,
+    ) {
+        // An id that is not one names nothing the trail could hold.
+        if report.reason_code == Some(ReasonCode::InvalidId) {
+            return;
+        }
+        if report.reason_code == Some(ReasonCode::ChecksumMismatch) {
+            self.metrics.checksum_mismatch();
+        }
+        let folder = self
+            .root_paths
+            .first()
+            .map(|r| {
+                r.join(crate::confine::path::ROLLBACK_DIR)
+                    .join(workflow_id)
+                    .display()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let record = AuditRecord {
+            timestamp: self.now(),
+            execution_id: crate::plan::new_execution_id(),
+            workflow_id: workflow_id.to_owned(),
+            action_id: opts.action_id.clone().unwrap_or_default(),
+            mutation_class: Some(MutationClass::Rollback),
+            mutation_type: if opts.action_id.is_some() {
+                "rollback_action"
+            } else {
+                "rollback_workflow"
+            }
+            .to_owned(),
+            target_path: folder,
+            before_checksum: None,
+            after_checksum: None,
+            rollback_available: false,
+            rollback_path: None,
+            status: AuditStatus::Blocked,
+            reason_code: report.reason_code,
+            error: report.reason.clone(),
+        };
+        if let Err(e) = self.audit.append(vec![record]) {
+            tracing::error!(error = %e, "could not audit a refused rollback");
+        }
+    }
+
+    /// The snapshots a rollback of the workflow (or of `opts.action_id`) would restore,
+    /// each marked restored when its mark or the trail says so, or why the rollback is
+    /// refused before restoring anything: judged from the audit trail, the prune record
+    /// and the snapshots. The rollback and [`Sandbox::rollback_info`] share it, so that
+    /// what `GET /agentic/rollback/{id}` says is what `POST` does.
+    fn rollback_selection(
+        &self,
+        workflow_id: &str,
+        snaps: RootedSnapshots,
+        opts: &RollbackOptions,
+    ) -> Result<(RootedSnapshots, Vec<String>), RollbackRefusal> {
+        // The audit trail lives in the state directory, out of reach of whoever can
+        // write inside a root: it says which writes happened and which were undone, so a
+        // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
+        // rollback that reports success with a file left as it was.
+        let trail = match self.audit.by_workflow(workflow_id) {
+            Ok(t) => t,
+            Err(e) => {
+                return Err((
+                    ReasonCode::IoError,
+                    format!("could not read the audit trail: {}", e.kind()),
+                    Vec::new(),
+                ));
+            }
+        };
+        let (pruned_up_to, pruned_roots) = match self.state.prune_mark(workflow_id) {
+            Ok(m) => m.unwrap_or_default(),
+            Err(e) => {
+                return Err((
+                    ReasonCode::IoError,
+                    format!("could not read the workflow's prune record: {}", e.kind()),
+                    Vec::new(),
+                ));
+            }
+        };
+        // Which of this process's roots the last prune went through.
+        let pruned_root = |i: usize| pruned_roots.iter().any(|r| self.roots[i].is_named_by(r));
+        // Writes that must have a snapshot here, and writes into a root this process is not
+        // configured with; those a prune removed need neither.
+        let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
+        let mut elsewhere_writes: Vec<&SandboxAuditEntry> = Vec::new();
+        let mut pruned_writes: Vec<&SandboxAuditEntry> = Vec::new();
+        let mut undone: HashMap<&str, u64> = HashMap::new();
+        for e in &trail {
+            match e.status {
+                AuditStatus::Success
+                    if e.rollback_available
+                        && e.mutation_class != Some(MutationClass::Rollback) =>
+                {
+                    match self.root_of(&e.target_path) {
+                        None => elsewhere_writes.push(e),
+                        Some(i) if e.seq > pruned_up_to || !pruned_root(i) => {
+                            written.insert(&e.action_id, (e.seq, &e.target_path));
+                        }
+                        Some(_) => pruned_writes.push(e),
+                    }
+                }
+                AuditStatus::RolledBack => {
+                    undone.insert(&e.action_id, e.seq);
+                }
+                _ => {}
+            }
+        }
+        let is_undone = |action: &str| {
+            written
+                .get(action)
+                .is_some_and(|(w, _)| undone.get(action).is_some_and(|u| u > w))
+        };
+        // Of the writes kept apart above, those asked for and not undone since.
+        let in_place = |e: &SandboxAuditEntry| {
+            opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
+                && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
+        };
+        let pruned: Vec<String> = pruned_writes
+            .into_iter()
+            .filter(|e| in_place(e))
+            .map(|e| {
+                format!(
+                    "{} ({})",
+                    shown_path(&e.action_id),
+                    shown_path(&e.target_path)
+                )
+            })
+            .collect();
+        // Writes into a root this process is not configured with cannot be restored from
+        // here: rolling back the rest and saying "rolled back" would leave them unsaid.
+        let mut elsewhere: Vec<&str> = elsewhere_writes
+            .into_iter()
+            .filter(|e| in_place(e))
+            .map(|e| e.action_id.as_str())
+            .collect();
+        elsewhere.sort_unstable();
+        elsewhere.dedup();
+        if !elsewhere.is_empty() {
+            let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
+            return Err((
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "{} of workflow {} wrote into a root this process is not configured with, so nothing was rolled back; run the rollback with every root the workflow wrote into (--root, once per root), or roll back the other actions one at a time",
+                    names.join(", "),
+                    shown_path(workflow_id)
+                ),
+                Vec::new(),
+            ));
+        }
+        let have: HashSet<&str> = snaps
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
+        let mut missing: Vec<String> = written
+            .iter()
+            .filter(|(a, _)| opts.action_id.as_deref().is_none_or(|want| want == **a))
+            .filter(|(a, _)| !have.contains(**a) && !is_undone(a))
+            .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
+            .collect();
+        missing.sort();
+        // A prune records itself before it removes anything: a snapshot still there of a
+        // write it covered means it stopped half way, and its mark must not excuse the
+        // folders it did remove.
+        let pruned_but_present = snaps.iter().any(|(i, s)| {
+            pruned_root(*i)
+                && opts
+                    .action_id
+                    .as_deref()
+                    .is_none_or(|a| a == s.meta.action_id)
+                && trail.iter().any(|e| {
+                    e.status == AuditStatus::Success
+                        && e.seq <= pruned_up_to
+                        && e.action_id == s.meta.action_id
+                        && e.execution_id == s.meta.execution_id
+                })
+        });
+        if pruned_but_present {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
+                    shown_path(workflow_id)
+                ),
+                Vec::new(),
+            ));
+        }
+        if !missing.is_empty() {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, or lost with unsynced data): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
+                    missing.join(", "),
+                    workflow_id
+                ),
+                Vec::new(),
+            ));
+        }
+        // One action undone under a later action of the workflow on the same file (or a
+        // path beneath or above it) would leave that later action recorded as in place
+        // while its change is gone, and its own rollback would then bring back this
+        // one's bytes: the later ones go first, force or not.
+        if let Some(a) = opts.action_id.as_deref() {
+            let later = later_writers(&snaps, a, |s| s.restored || is_undone(&s.meta.action_id));
+            if !later.is_empty() {
+                let names: Vec<String> = later
+                    .iter()
+                    .map(|(_, s)| {
+                        format!(
+                            "{} ({} {})",
+                            shown_path(&s.meta.action_id),
+                            s.meta.intent,
+                            shown_path(&s.meta.original_path)
+                        )
+                    })
+                    .collect();
+                let conflicts = later
+                    .iter()
+                    .map(|(i, s)| {
+                        let rel = s.meta.target();
+                        Conflict {
+                            action_id: s.meta.action_id.clone(),
+                            path: self.abs_path(*i, &rel),
+                            expected_checksum: self
+                                .left_by(workflow_id, &s.meta)
+                                .and_then(|l| l.state.checksum()),
+                            current_checksum: self.target_state(*i, &rel).checksum(),
+                            claimed_by: Vec::new(),
+                        }
+                    })
+                    .collect();
+                return Err((
+                    ReasonCode::Conflict,
+                    format!(
+                        "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
+                        shown_path(workflow_id),
+                        shown_path(a),
+                        names.join(", ")
+                    ),
+                    conflicts,
+                ));
+            }
+        }
+        let chosen = snaps
+            .into_iter()
+            .filter(|(_, s)| {
+                opts.action_id
+                    .as_deref()
+                    .is_none_or(|a| a == s.meta.action_id)
+            })
+            .map(|(i, mut s)| {
+                // Undone according to the trail even if its mark was removed.
+                s.restored |= is_undone(&s.meta.action_id);
+                (i, s)
+            })
+            .collect::<RootedSnapshots>();
+        let what = || match &opts.action_id {
+            Some(a) => format!(
+                "action {} of workflow {}",
+                shown_path(a),
+                shown_path(workflow_id)
+            ),
+            None => format!("workflow {}", shown_path(workflow_id)),
+        };
+        if chosen.is_empty() {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "there are no snapshots for {}; nothing can be rolled back",
+                    what()
+                ),
+                Vec::new(),
+            ));
+        }
+        if chosen.iter().all(|(_, s)| s.restored) {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "{} was already rolled back (by an earlier rollback, or at once when its action failed); nothing is left to roll back",
+                    what()
+                ),
+                Vec::new(),
+            ));
+        }
+        Ok((chosen, pruned))
+    }
+
+    fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
+        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: "refused",
+            steps_rolled_back: 0,
+            reason_code: Some(code),
+            reason: Some(reason),
+            conflicts,
+            steps: Vec::new(),
+        };
+        if let Err(r) = crate::plan::check_id("workflow_id", workflow_id) {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        if let Some(a) = &opts.action_id
+            && let Err(r) = crate::plan::check_id("action_id", a)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        // A restore could not be made durable either, nor recorded.
+        if let Err(r) = self.check_syncs() {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
+            Ok(l) => l,
+            Err(e) => {
+                let r = workflow_lock_refusal(workflow_id, &e);
+                return refused(r.reason_code, r.reason, Vec::new());
+            }
+        };
+        // Before the snapshots are read: the dead run's recovery may restore some.
+        if self.execution_context().0.is_executable()
+            && let Err(r) = self.recover_dead_run(workflow_id)
+        {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        let snaps = match self.workflow_snapshots(workflow_id) {
+            Ok(s) => s,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
+            Ok(selected) => selected,
+            Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
+        };
+        chosen.retain(|(_, s)| !s.restored);
+        // Every target's lock, from the conflict check to the last restore: a writer
+        // landing in between would meet the rollback half done.
+        let _held = match self.lock_targets(chosen.iter().map(|(i, s)| (*i, s.meta.target()))) {
+            Ok(h) => h,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        let mut conflicts = self.find_conflicts(workflow_id, &chosen);
+        if !conflicts.is_empty() && !opts.force {
+            let (claimed, changed): (Vec<&Conflict>, Vec<&Conflict>) =
+                conflicts.iter().partition(|c| !c.claimed_by.is_empty());
+            let mut why = Vec::new();
+            if !changed.is_empty() {
+                // One entry per action in `conflicts`; each file once for people.
+                let mut files: Vec<&str> = Vec::new();
+                for c in &changed {
+                    if !files.contains(&c.path.as_str()) {
+                        files.push(&c.path);
+                    }
+                }
+                why.push(format!(
+                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
+                    files.join(", ")
+                ));
+            }
+            for c in claimed {
+                why.push(format!(
+                    "the directory {}, or one the workflow made in it, is also the result of create_directory {}, which stands: roll that back first (once its workflow is pruned it never can be), or roll back with force to leave the directory in place",
+                    c.path,
+                    c.claimed_by.join(", ")
+                ));
+            }
+            return refused(ReasonCode::Conflict, why.join("; "), conflicts);
+        }
+        // Force overwrites a changed file, never a directory someone put where a file
+        // was: its contents are not the workflow's to remove.
+        let now_dirs: Vec<String> = chosen
+            .iter()
+            .filter(|(i, s)| {
+                !s.meta.is_directory_action()
+                    && self.target_state(*i, &s.meta.target()) == TargetState::Directory
+            })
+            .map(|(_, s)| shown_path(&s.meta.original_path))
+            .collect();
+        if !now_dirs.is_empty() {
+            return refused(
+                ReasonCode::NotRegularFile,
+                format!(
+                    "{} {} now a directory where the workflow wrote a file; a rollback never removes a directory it did not create, even with force: move it away, then roll back",
+                    now_dirs.join(", "),
+                    if now_dirs.len() == 1 { "is" } else { "are" }
+                ),
+                conflicts,
+            );
+        }
+        // A rollback writes files like any action: with writes off or dry-run on it only
+        // says what it would restore.
+        if let (ctx, Some(why)) = self.execution_context()
+            && !ctx.is_executable()
+        {
+            let would: Vec<String> = chosen
+                .iter()
+                .rev()
+                .map(|(_, s)| {
+                    format!(
+                        "{} ({} {})",
+                        s.meta.action_id,
+                        s.meta.intent,
+                        shown_path(&s.meta.original_path)
+                    )
+                })
+                .collect();
+            let (flag, fix) = why.explained();
+            let fix = format!("{fix} to roll back");
+            // Simulated like a plan's actions, and audited like them (SPEC §8): one line
+            // per restore that would happen.
+            let execution_id = crate::plan::new_execution_id();
+            let records: Vec<AuditRecord> = chosen
+                .iter()
+                .rev()
+                .map(|(i, s)| {
+                    let current = self.target_checksum(*i, &s.meta.target());
+                    let mut r = self.rollback_record(
+                        &execution_id,
+                        workflow_id,
+                        *i,
+                        &s.meta,
+                        current,
+                        s.meta.sha256.clone(),
+                    );
+                    r.status = AuditStatus::Simulated;
+                    r.rollback_path = None;
+                    r
+                })
+                .collect();
+            if let Err(e) = self.audit.append(records) {
+                return refused(
+                    ReasonCode::IoError,
+                    format!("could not audit the simulated rollback: {}", e.kind()),
+                    Vec::new(),
+                );
+            }
+            return RollbackReport {
+                workflow_id: workflow_id.to_owned(),
+                status: "simulated",
+                steps_rolled_back: 0,
+                reason_code: None,
+                reason: Some(format!(
+                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}; {fix}",
+                    would.len(),
+                    would.join(", ")
+                )),
+                conflicts,
+                steps: Vec::new(),
+            };
+        }
+        let execution_id = crate::plan::new_execution_id();
+        // The workflow's record says a rollback is under way, durably, before any target
+        // changes: if the process dies between a restore and its record, the next start
+        // finds the restored file and records it. Earlier runs of the workflow are made
+        // durable first (batched), since the record no longer points recovery at them,
+        // and the workflow's commit log is emptied, so no later recovery redoes an
+        // action this rollback undoes.
+        let record = crate::recovery::InflightRecord {
+            state: crate::recovery::ROLLING_BACK.to_owned(),
+            execution_id: execution_id.clone(),
+            workflow_id: workflow_id.to_owned(),
+            started_at: self.now(),
+            finished: false,
+            boot: crate::confine::state::boot_id().map(str::to_owned),
+            recovered_by: Vec::new(),
+            roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
+        };
+        let marked = self
+            .settle_commit_log(workflow_id)
+            .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })
+            .and_then(|()| self.begin_record(&record, None))
+            .and_then(|()| self.sync_point());
+        if let Err(r) = marked {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
+        // A step refused as a conflict (a change made without the runtime's locks after
+        // the check above) is named among the conflicts like those found before.
+        let targets: HashMap<String, (usize, RelPath, Option<String>)> = chosen
+            .iter()
+            .map(|(i, s)| {
+                let after = s.meta.after_sha256.clone();
+                (s.meta.action_id.clone(), (*i, s.meta.target(), after))
+            })
+            .collect();
+        let steps = self.restore_all(
+            &execution_id,
+            workflow_id,
+            chosen.into_iter().rev().collect(),
+            "manual",
+            if opts.force {
+                RestoreMode::Force
+            } else {
+                RestoreMode::Unchanged
+            },
+        );
+        for s in steps
+            .iter()
+            .filter(|s| s.reason_code == Some(ReasonCode::Conflict))
+        {
+            if let Some((i, rel, after)) = targets.get(&s.action_id)
+                && !conflicts.iter().any(|c| c.action_id == s.action_id)
+            {
+                conflicts.push(Conflict {
+                    action_id: s.action_id.clone(),
+                    path: s.path.clone(),
+                    expected_checksum: after.clone(),
+                    current_checksum: self.target_checksum(*i, rel),
+                    claimed_by: Vec::new(),
+                });
+            }
+        }
+        let failed = steps.iter().find(|s| !s.restored);
+        let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
+        if unrecorded.is_none() {
+            self.run_finished(record, None);
+        }
+        // Else the record stays "rolling back": the next start, or the next run or
+        // rollback of this workflow in any process, finds it and audits the restores
+        // its marks record, as after a crash.
+        let n = steps.iter().filter(|s| s.restored).count() as u64;
+        let (reason_code, reason) = match (failed, unrecorded) {
+            (Some(s), _) => (s.reason_code, s.reason.clone()),
+            // A busy peer, not a broken disk.
+            (None, Some(e)) if e.starts_with(HELD_TRAIL) => (
+                Some(ReasonCode::Conflict),
+                Some(format!(
+                    "the files were restored, but {e}, so it could not record it; it is recorded when this workflow is next used, or at the next start"
+                )),
+            ),
+            (None, Some(e)) => (
+                Some(ReasonCode::IoError),
+                Some(format!(
+                    "the files were restored, but the audit trail could not record it ({e}); it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
+                )),
+            ),
+            // Done, yet not everything the workflow wrote is back as it was: say so.
+            (None, None) if !pruned.is_empty() => (
+                None,
+                Some(format!(
+                    "{} earlier write(s) were pruned (prune --older-than) and cannot be rolled back; those files stay as they are: {}",
+                    pruned.len(),
+                    pruned.join(", ")
+                )),
+            ),
+            (None, None) => (None, None),
+        };
+        RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: if reason_code.is_some() {
+                "failed"
+            } else {
+                "rolled_back"
+            },
+            steps_rolled_back: n,
+            reason_code,
+            reason,
+            conflicts,
+            steps,
+        }
+    }
+
+    /// Puts on the ledger the directories a restore of `meta`'s action (in root `root`)
+    /// had to leave. Only a directory known by its birth time too is told apart from one
+    /// made again later in the same inode (a filesystem without birth times reuses inodes
+    /// at once): others are left for good, never removed by mistake.
+    pub(crate) fn record_left_dirs(&self, root: usize, meta: &SnapshotMeta, left: &[LeftDir]) {
+        let known: Vec<LeftDir> = left
+            .iter()
+            .filter(|d| d.id.born_ns.is_some())
+            .cloned()
+            .collect();
+        if !known.is_empty()
+            && let Err(e) = self.left_dirs.record(
+                &self.root_names(std::iter::once(root)).concat(),
+                &known,
+                &crate::left_dirs::Maker::of(meta),
+            )
+        {
+            tracing::warn!(error = %e, "could not record the directories a restore left");
+        }
+    }
+
+    /// The directories a restore of `meta`'s action (which found its target missing)
+    /// removes on the way, as [`RollbackEngine::remove_created_dirs`] does for it: those
+    /// still there and not claimed by a create_directory that stands, if empty; returns
+    /// those it had to leave.
+    pub(crate) fn remove_created_dirs_of(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+    ) -> Verdict<Vec<LeftDir>> {
+        let maker = crate::left_dirs::Maker::of(meta);
+        RollbackEngine::remove_created_dirs(&self.roots[root], meta, self.fsync_each(), &|d| {
+            self.claimed(root, d, &maker)
+        })
+    }
+
+    /// Removes the directories restores had to leave (of any workflow, see
+    /// [`crate::left_dirs`]) that are empty now, deepest first, and settles those
+    /// removed or no longer the directory that was left; one that still holds something
+    /// stays on the ledger.
+    pub(super) fn remove_left_dirs(&self) {
+        for (i, root) in self.roots.iter().enumerate() {
+            let name = self.root_names(std::iter::once(i)).concat();
+            let left = match self.left_dirs.in_root(|r| r == name || root.is_named_by(r)) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the ledger of directories rollbacks left");
+                    return;
+                }
+            };
+            let mut settled: HashMap<String, Vec<crate::left_dirs::Left>> = HashMap::new();
+            for (spelled, l) in left {
+                let d = &l.dir;
+                let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
+                // One someone has made the result of a create_directory stays on the
+                // ledger until that one is rolled back. (Asked of empty ones only.)
+                let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
+                if empty && self.claimed(i, &d.path, &l.made_by) {
+                    continue;
+                }
+                let gone = root
+                    .remove_empty_dir(&rel, Some(d.id), self.fsync_each())
+                    .and_then(|removed| Ok(removed || root.dir_id(&rel)? != Some(d.id)));
+                match gone {
+                    Ok(true) => settled.entry(spelled).or_default().push(l),
+                    Ok(false) => {}
+                    Err(r) => {
+                        tracing::warn!(path = %d.path, reason = %r, "could not remove a directory an earlier rollback left");
+                    }
+                }
+            }
+            for (spelled, done) in settled {
+                if let Err(e) = self.left_dirs.settle(&spelled, &done) {
+                    tracing::warn!(error = %e, "could not update the ledger of directories rollbacks left");
+                }
+            }
+        }
+    }
+
+    /// Restores snapshots in the order given, recording each step (its "restored" mark
+    /// and audit line) before the next one starts, so that a rollback that dies leaves
+    /// its finished steps recorded. With per-file syncs each restore, then its record,
+    /// is durable as it is written; with batched syncs a sync point separates a restore
+    /// from its record (a mark must never reach the disk ahead of the bytes it vouches
+    /// for), and the last record is made durable by a final one. The caller holds the
+    /// lock of every target ([`Sandbox::lock_targets`]) from its judgement of them to the
+    /// end, so that no writer lands between two steps.
+    pub(crate) fn restore_all(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        snaps: Vec<(usize, StoredSnapshot)>,
+        why: &str,
+        mode: RestoreMode,
+    ) -> Vec<RollbackStep> {
+        let durable = self.fsync_each();
+        let mut steps = Vec::new();
+        for (i, s) in snaps {
+            let root = &self.roots[i];
+            let meta = s.meta;
+            let abs = self.abs_path(i, &meta.target());
+            let before = self.target_checksum(i, &meta.target());
+            let outcome = match &mode {
+                RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
+                RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
+                RestoreMode::Force => Ok((true, Put::Any)),
+                RestoreMode::Untouched => Ok((false, Put::Any)),
+            }
+            .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
+            .and_then(|(change, put)| {
+                if change {
+                    let maker = crate::left_dirs::Maker::of(&meta);
+                    let keep = |d: &str| self.claimed(i, d, &maker);
+                    let forced = mode == RestoreMode::Force;
+                    RollbackEngine::restore(root, &meta, durable, put, forced, &keep, || {
+                        self.fail_at("restore_verify")
+                    })
+                } else {
+                    // The target is as the action found it (its write failed before
+                    // the target changed) or as someone else made it meanwhile, and stays
+                    // so, but directories made on the way may be there. What it holds is
+                    // what the record says the undo left.
+                    let left_dirs = match meta.kind {
+                        SnapshotKind::Missing => self.remove_created_dirs_of(i, &meta)?,
+                        _ => Vec::new(),
+                    };
+                    let detail = match meta.kind {
+                        SnapshotKind::Missing if before.is_none() => {
+                            Some("absent, as before the action: it was not written".to_owned())
+                        }
+                        _ => None,
+                    };
+                    Ok(crate::snapshot::RestoreOutcome {
+                        checksum_validated: true,
+                        restored_checksum: before.clone(),
+                        left_dirs,
+                        detail,
+                    })
+                }
+            })
+            .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
+            .and_then(|o| self.sync_point().map(|()| o))
+            .and_then(|o| self.fail_at("after_restore").map(|()| o));
+            let mut step = match outcome {
+                Ok(o) => {
+                    // The ledger before the mark: a death between them leaves a line
+                    // about a step that recovery then finishes, never a step done with
+                    // its directories on no ledger.
+                    self.record_left_dirs(i, &meta, &o.left_dirs);
+                    if let Err(r) = self.mark_restored(
+                        i,
+                        &meta,
+                        execution_id,
+                        &o.restored_checksum,
+                        &o.left_dirs,
+                        false,
+                    ) {
+                        tracing::warn!(reason = %r, "could not mark a snapshot restored");
+                    }
+                    self.metrics.mutation(&meta.intent, "rolled_back");
+                    RollbackStep {
+                        action_id: meta.action_id.clone(),
+                        intent: meta.intent.clone(),
+                        path: abs.clone(),
+                        restored: true,
+                        checksum_validated: o.checksum_validated,
+                        restored_checksum: o.restored_checksum,
+                        detail: o.detail,
+                        reason_code: None,
+                        reason: None,
+                        unrecorded: None,
+                    }
+                }
+                Err(r) => {
+                    if r.reason_code == ReasonCode::ChecksumMismatch {
+                        self.metrics.checksum_mismatch();
+                    }
+                    RollbackStep::failed(&meta, abs.clone(), r)
+                }
+            };
+            let mut record = self.rollback_record(
+                execution_id,
+                workflow_id,
+                i,
+                &meta,
+                before,
+                step.restored_checksum.clone(),
+            );
+            if !step.restored {
+                record.status = AuditStatus::Failed;
+                record.reason_code = step.reason_code;
+                record.error = step.reason.clone();
+            }
+            // A death between the mark and this line is recorded by the next start's
+            // recovery (`record_marked_restores`).
+            let appended = self
+                .fail_at("after_mark")
+                .map_err(|r| std::io::Error::other(r.reason))
+                .and_then(|()| self.audit.append(vec![record]));
+            if let Err(e) = appended {
+                tracing::error!(error = %e, "could not append a rollback record to the audit log");
+                step.unrecorded = Some(if e.kind() == std::io::ErrorKind::TimedOut {
+                    format!("{HELD_TRAIL} ({e})")
+                } else {
+                    e.to_string()
+                });
+            }
+            steps.push(step);
+        }
+        if let Err(r) = self.sync_point() {
+            tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
+        }
+        // One rollback, however many steps it restored (those count as mutations).
+        if steps.iter().any(|s| s.restored) {
+            self.remove_left_dirs();
+            self.metrics.rollback(why);
+        }
+        steps
+    }
+
+    /// Marks a snapshot restored, with the restore's checksum and the directories it
+    /// had to leave; `recovered` when start-up recovery records a restore a dead
+    /// rollback made.
+    pub(crate) fn mark_restored(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+        execution_id: &str,
+        restored_checksum: &Option<String>,
+        left_dirs: &[LeftDir],
+        recovered: bool,
+    ) -> Verdict {
+        let mut record = serde_json::json!({
+            "restored_at": self.now(),
+            "execution_id": execution_id,
+            "restored_checksum": restored_checksum,
+        });
+        if !left_dirs.is_empty() {
+            record["left_dirs"] = serde_json::json!(left_dirs);
+        }
+        if recovered {
+            record["recorded_by"] = serde_json::json!("recovery");
+        }
+        Snapshotter::mark_restored(
+            &self.roots[root],
+            &self.seal,
+            meta,
+            &record,
+            self.fsync_each(),
+        )
+    }
+
+    /// The audit record of a snapshotted action's write, as its run makes it when done.
+    pub(crate) fn done_record(&self, root: usize, meta: &SnapshotMeta) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.now(),
+            execution_id: meta.execution_id.clone(),
+            workflow_id: meta.workflow_id.clone(),
+            action_id: meta.action_id.clone(),
+            mutation_class: Some(meta.mutation_class),
+            mutation_type: meta.intent.clone(),
+            target_path: self.abs_path(root, &meta.target()),
+            before_checksum: meta.sha256.clone(),
+            after_checksum: meta.after_sha256.clone(),
+            rollback_available: true,
+            rollback_path: Some(meta.rollback_path()),
+            status: AuditStatus::Success,
+            reason_code: None,
+            error: None,
+        }
+    }
+
+    /// The audit record of a restore: the target went from `before` to `restored`.
+    pub(crate) fn rollback_record(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        root: usize,
+        meta: &SnapshotMeta,
+        before: Option<String>,
+        restored: Option<String>,
+    ) -> AuditRecord {
+        AuditRecord {
+            execution_id: execution_id.to_owned(),
+            workflow_id: workflow_id.to_owned(),
+            mutation_class: Some(MutationClass::Rollback),
+            before_checksum: before,
+            after_checksum: restored,
+            rollback_available: false,
+            status: AuditStatus::RolledBack,
+            ..self.done_record(root, meta)
+        }
+    }
+}
