@@ -921,6 +921,16 @@ impl RollbackEngine {
             }
             SnapshotKind::Missing => {
                 match root.inspect(&rel)?.kind {
+                    // A directory action made no file: one there now is someone else's.
+                    TargetKind::File { .. } if meta.is_directory_action() => {
+                        return Err(Refusal::new(
+                            ReasonCode::Conflict,
+                            format!(
+                                "{} is now a file where the action made a directory; it was left in place",
+                                shown_path(&meta.original_path)
+                            ),
+                        ));
+                    }
                     TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
                     TargetKind::Directory => {
                         // Another action's result now, or holding what is not the

@@ -686,6 +686,30 @@ impl Sandbox {
                 conflicts,
             );
         }
+        // Nor a file someone put where the workflow made a directory.
+        let now_files: Vec<String> = chosen
+            .iter()
+            .filter(|(i, s)| {
+                s.meta.is_directory_action()
+                    && s.meta.kind == SnapshotKind::Missing
+                    && matches!(
+                        self.target_state(*i, &s.meta.target()),
+                        TargetState::File(_)
+                    )
+            })
+            .map(|(_, s)| shown_path(&s.meta.original_path))
+            .collect();
+        if !now_files.is_empty() {
+            return refused(
+                ReasonCode::Conflict,
+                format!(
+                    "{} {} now a file where the workflow made a directory; a rollback never removes a file the workflow did not write, even with force: move it away, then roll back",
+                    now_files.join(", "),
+                    if now_files.len() == 1 { "is" } else { "are" }
+                ),
+                conflicts,
+            );
+        }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.
         if let (ctx, Some(why)) = self.execution_context()

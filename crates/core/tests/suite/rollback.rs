@@ -1251,6 +1251,57 @@ fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Nor a file put where a `create_directory` made its directory: a file the workflow
+/// never wrote is not its to remove, even with force (it was removed, reported as "the
+/// action made it").
+#[test]
+fn a_forced_rollback_never_removes_a_file_put_where_a_directory_was_made() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_cd", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "k.md", "content": "k"},
+        {"action_id": "a2", "intent": "create_directory", "path": "cd1"}]}),
+    );
+    std::fs::remove_dir(w.path("cd1")).unwrap();
+    w.write("cd1", b"someone's");
+    for force in [false, true] {
+        let rb = rollback(&sb, "wf_cd", force);
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        assert_eq!(rb.steps_rolled_back, 0);
+        if force {
+            let why = rb.reason.as_deref().unwrap();
+            assert!(why.contains("cd1") && why.contains("move it away"), "{why}");
+        }
+    }
+    assert_eq!(w.read("cd1"), b"someone's");
+    assert_eq!(w.read("k.md"), b"k", "nothing restored");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// The same file put there while a forced rollback runs, after its check, stays too.
+#[test]
+fn a_file_put_where_a_directory_was_made_while_a_forced_rollback_runs_stays() {
+    let w = World::new();
+    let sb = w.sandbox();
+    act(&sb, "wf_r", json!({"intent": "create_directory", "path": "r"}));
+    let path = w.path("r");
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            std::fs::remove_dir(&path).unwrap();
+            std::fs::write(&path, b"theirs").unwrap();
+        }),
+    );
+    let rb = rollback(&sb, "wf_r", true);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("r"), b"theirs");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A file another program creates where a write found none, between the write's
 /// snapshot and its rename, is never replaced: the write fails (`already_exists` for a
 /// creation, `conflict` for the others), its undo leaves the file alone, and a later
