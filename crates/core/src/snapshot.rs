@@ -608,15 +608,29 @@ impl Snapshotter {
         key: &SealKey,
         workflow_id: &str,
     ) -> Verdict<(Vec<StoredSnapshot>, Vec<Refusal>)> {
+        // Something else in a store folder's place may stand for snapshots moved away:
+        // the workflow's rollback is refused, naming it, rather than done in part.
         let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Default::default()),
-            Err(e) => return Err(snap_io("open", &e)),
+            Err(e) => {
+                let scope = "in this root, and no workflow is rolled back,";
+                return Err(
+                    not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, scope)
+                        .unwrap_or_else(|| snap_io("open", &e)),
+                );
+            }
         };
         let wf = match open_existing(&rb, workflow_id) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Default::default()),
-            Err(e) => return Err(snap_io("open", &e)),
+            Err(e) => {
+                let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
+                let scope =
+                    format!("for workflow {workflow_id} in this root, nor is it rolled back,");
+                return Err(not_a_folder(root, &rb, workflow_id, &rel, &scope)
+                    .unwrap_or_else(|| snap_io("open", &e)));
+            }
         };
         let mut out = Vec::new();
         let mut untrusted = Vec::new();

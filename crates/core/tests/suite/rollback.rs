@@ -1286,7 +1286,11 @@ fn a_forced_rollback_never_removes_a_file_put_where_a_directory_was_made() {
 fn a_file_put_where_a_directory_was_made_while_a_forced_rollback_runs_stays() {
     let w = World::new();
     let sb = w.sandbox();
-    act(&sb, "wf_r", json!({"intent": "create_directory", "path": "r"}));
+    act(
+        &sb,
+        "wf_r",
+        json!({"intent": "create_directory", "path": "r"}),
+    );
     let path = w.path("r");
     sb.failpoints().interleave(
         "during_restore",
@@ -1300,6 +1304,51 @@ fn a_file_put_where_a_directory_was_made_while_a_forced_rollback_runs_stays() {
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
     assert_eq!(w.read("r"), b"theirs");
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Something other than a folder where a workflow's snapshot folder would be, in any
+/// root, refuses its rollback as `reserved_path` naming it (it may stand for snapshots
+/// moved away); it was `io_error` naming nothing (HTTP 500).
+#[test]
+fn a_stray_entry_in_a_store_refuses_the_rollback_naming_it() {
+    let w = World::new();
+    let (root2, both) = with_second_root(&w, &w.writable_config());
+    let sb = ailab_sandbox_core::Sandbox::open(both).unwrap();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_s", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "s.md", "content": "s"},
+        {"action_id": "a2", "intent": "create_file", "path": root2.join("t.md").display().to_string(), "content": "t"}]}),
+    );
+    run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "o.md", "content": "o"}]}),
+    );
+    let stray = root2.join(".rollback/wf_o");
+    std::fs::write(&stray, b"stray").unwrap();
+    for rb in [rollback(&sb, "wf_o", false), rollback(&sb, "wf_o", true)] {
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::ReservedPath), "{rb:?}");
+        let why = rb.reason.unwrap();
+        assert!(why.contains(&stray.display().to_string()), "{why}");
+    }
+    let info = sb.rollback_info("wf_o").unwrap_err();
+    assert_eq!(info.reason_code, ReasonCode::ReservedPath, "{info:?}");
+    assert_eq!(w.read("o.md"), b"o", "nothing restored");
+    std::fs::remove_file(&stray).unwrap();
+    // The whole store.
+    std::fs::rename(root2.join(".rollback"), w.tmp.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(w.tmp.path().join("moved"), root2.join(".rollback")).unwrap();
+    let rb = rollback(&sb, "wf_s", true);
+    assert_eq!(rb.reason_code, Some(ReasonCode::ReservedPath), "{rb:?}");
+    assert!(rb.reason.unwrap().contains("symbolic link"));
+    assert_eq!(std::fs::read(root2.join("t.md")).unwrap(), b"t");
+    std::fs::remove_file(root2.join(".rollback")).unwrap();
+    std::fs::rename(w.tmp.path().join("moved"), root2.join(".rollback")).unwrap();
+    assert!(rollback(&sb, "wf_o", false).is_success());
+    assert!(rollback(&sb, "wf_s", false).is_success());
+    assert!(!w.path("s.md").exists() && !root2.join("t.md").exists());
 }
 
 /// A file another program creates where a write found none, between the write's
