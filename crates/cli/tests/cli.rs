@@ -1037,7 +1037,8 @@ fn a_write_past_the_file_size_limit_fails_cleanly() {
 
 /// A state directory that is a bind mount of a folder inside a root (two volume mounts
 /// of one host directory, say) is apart from the root by every path, yet the same
-/// directory: actions are refused there (`reserved_path`), and nothing is written.
+/// directory: actions are refused there (`reserved_path`, `create_directory` of the
+/// mount point too: it was audited as a success), and nothing is written.
 /// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
 #[test]
 fn a_state_directory_mounted_inside_a_root_is_never_written() {
@@ -1053,7 +1054,8 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
         "p.json",
         &json!({"workflow_id": "wf_mount", "actions": [
             {"intent": "create_file", "path": "sub/x.txt", "content": "x"},
-            {"intent": "replace_file", "path": "sub/artifacts.jsonl", "content": ""}]}),
+            {"intent": "replace_file", "path": "sub/artifacts.jsonl", "content": ""},
+            {"intent": "create_directory", "path": "sub"}]}),
     );
     let mut c = with_private_mount(
         "mount --bind \"$1\" \"$2\"",

@@ -290,7 +290,11 @@ impl SandboxRoot {
         }
         let kind = match dir.symlink_metadata(rel.file_name()) {
             Ok(m) if m.file_type().is_symlink() => EntryKind::Symlink,
-            Ok(m) if m.is_dir() => EntryKind::Directory,
+            Ok(m) if m.is_dir() => {
+                // The target itself too: `create_directory` of a mount point "succeeded".
+                self.refuse_reserved(&m, comps)?;
+                EntryKind::Directory
+            }
             Ok(m) if m.is_file() => EntryKind::File {
                 size: m.len(),
                 mode: m.mode() & 0o7777,
@@ -466,7 +470,9 @@ impl SandboxRoot {
                 if m.file_type().is_symlink() {
                     return Err(self.symlink_refusal(rel.components()));
                 }
-                if !m.is_dir() {
+                if m.is_dir() {
+                    self.refuse_reserved(&m, rel.components())?;
+                } else {
                     return Err(Refusal::new(
                         ReasonCode::AlreadyExists,
                         format!(
@@ -662,21 +668,28 @@ impl SandboxRoot {
             let m = opened
                 .dir_metadata()
                 .map_err(|e| io_refusal("open directory", comps, &e))?;
-            if let Some((_, what)) = self
-                .reserved
-                .iter()
-                .find(|(id, _)| *id == (m.dev(), m.ino()))
-            {
-                return Err(Refusal::new(
-                    ReasonCode::ReservedPath,
-                    format!(
-                        "{} is {what}, mounted into this root; actions never reach it through another root",
-                        shown_path(&comps.join("/"))
-                    ),
-                ));
-            }
+            self.refuse_reserved(&m, comps)?;
         }
         Ok(opened)
+    }
+
+    /// Refuses a directory (`m`, at `comps`) that is the state directory, one of its
+    /// folders or another root, mounted into this root.
+    fn refuse_reserved(&self, m: &cap_std::fs::Metadata, comps: &[String]) -> Verdict {
+        match self
+            .reserved
+            .iter()
+            .find(|(id, _)| *id == (m.dev(), m.ino()))
+        {
+            Some((_, what)) => Err(Refusal::new(
+                ReasonCode::ReservedPath,
+                format!(
+                    "{} is {what}, mounted into this root; actions never reach it through another root",
+                    shown_path(&comps.join("/"))
+                ),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Makes the directories `ids` (`(st_dev, st_ino)`, each with what it is: the state
