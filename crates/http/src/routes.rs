@@ -72,9 +72,23 @@ fn list_params(
     Ok((limit as usize, workflow))
 }
 
-fn path_param(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    p.map(|Path(s)| s)
-        .map_err(|e| ApiError::bad_request(e.body_text()))
+/// A workflow id from the path. One that is not UTF-8 once decoded is a malformed id
+/// (`invalid_id`, naming the segment as sent), as in a query or a body.
+fn workflow_param(p: Result<Path<String>, PathRejection>, uri: &Uri) -> Result<String, ApiError> {
+    match p {
+        Ok(Path(s)) => Ok(s),
+        Err(PathRejection::FailedToDeserializePathParams(e))
+            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+        {
+            // Still percent-encoded, the segment is printable and names the bytes sent.
+            let sent = uri.path().rsplit('/').next().unwrap_or_default();
+            Err(match check_id("workflow_id", sent) {
+                Err(r) => ApiError::from_refusal(r),
+                Ok(()) => ApiError::bad_request(e.body_text()),
+            })
+        }
+        Err(e) => Err(ApiError::bad_request(e.body_text())),
+    }
 }
 
 /// Whether `e` or one of its sources is a `T`.
@@ -197,9 +211,10 @@ pub(crate) async fn artifact(
 /// `GET /agentic/rollback/{workflow_id}`: what a rollback would restore.
 pub(crate) async fn rollback_info(
     State(s): State<AppState>,
+    uri: Uri,
     wf: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
-    let wf = path_param(wf)?;
+    let wf = workflow_param(wf, &uri)?;
     let sb = s.sandbox;
     let info = blocking(move || sb.rollback_info(&wf))
         .await?
@@ -274,10 +289,11 @@ fn rate_limited_for(r: &ailab_sandbox_core::executor::RunResult) -> Option<u64> 
 /// `{"force": bool, "action_id": "..."}`.
 pub(crate) async fn rollback(
     State(s): State<AppState>,
+    uri: Uri,
     wf: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let wf = path_param(wf)?;
+    let wf = workflow_param(wf, &uri)?;
     let bytes = body_bytes(body, s.body_limit)?;
     let req = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None => RollbackRequest::default(),

@@ -240,10 +240,14 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
     }
-    // Not UTF-8 once decoded.
-    get(&e.app, "/agentic/rollback/%FF")
+    // Not UTF-8 once decoded: a malformed id too (it was `invalid_request`), named as sent.
+    let v = get(&e.app, "/agentic/rollback/%FF")
         .await
-        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    assert!(v["reason"].as_str().unwrap().contains("%FF"), "{v}");
+    post(&e.app, "/agentic/rollback/%FF", Body::empty())
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
 }
 
 #[tokio::test]
