@@ -5,9 +5,9 @@ use super::locks::workflow_lock_refusal;
 use super::{RootedSnapshots, Sandbox};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::catalog::MutationClass;
-use crate::confine::RelPath;
 use crate::confine::path::shown_path;
 use crate::confine::root::Put;
+use crate::confine::{EntryKind, RelPath};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
@@ -260,7 +260,11 @@ impl Sandbox {
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
         let (refusal, conflicts) = match refusal {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
-            None => (None, self.find_conflicts(workflow_id, &pending)),
+            None => (
+                self.beyond_force(&pending)
+                    .map(|r| (r.reason_code, r.reason)),
+                self.find_conflicts(workflow_id, &pending),
+            ),
         };
         let actions = snaps
             .iter()
@@ -283,6 +287,64 @@ impl Sandbox {
             actions,
             conflicts,
         })
+    }
+
+    /// What force cannot override in `chosen`'s targets, as one refusal with the code of
+    /// the first: a directory someone put where a file was, or a file where a directory
+    /// was made (not the workflow's to remove), a file with another hard link, a FIFO or
+    /// device, a symbolic link or another root's mount on the way.
+    fn beyond_force(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
+        let mut found: Vec<(ReasonCode, String)> = Vec::new();
+        for (i, s) in chosen {
+            let (root, rel) = (&self.roots[*i], s.meta.target());
+            let path = shown_path(&s.meta.original_path);
+            let dir_action = s.meta.is_directory_action();
+            let why = match root.entry(&rel) {
+                Ok((EntryKind::Directory, _)) if !dir_action => Some((
+                    ReasonCode::NotRegularFile,
+                    format!("{path} is now a directory where the workflow wrote a file"),
+                )),
+                Ok((EntryKind::File { .. }, _))
+                    if dir_action && s.meta.kind == SnapshotKind::Missing =>
+                {
+                    Some((
+                        ReasonCode::Conflict,
+                        format!("{path} is now a file where the workflow made a directory"),
+                    ))
+                }
+                Ok((EntryKind::File { links, .. }, _)) if links > 1 => {
+                    root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
+                }
+                Ok((EntryKind::Special, _)) => {
+                    root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
+                }
+                Err(r)
+                    if matches!(
+                        r.reason_code,
+                        ReasonCode::SymlinkEscape
+                            | ReasonCode::SymlinkRefused
+                            | ReasonCode::ReservedPath
+                    ) =>
+                {
+                    Some((r.reason_code, r.reason))
+                }
+                _ => None,
+            };
+            if let Some(w) = why
+                && !found.iter().any(|(_, r)| *r == w.1)
+            {
+                found.push(w);
+            }
+        }
+        let code = found.first()?.0;
+        let reasons: Vec<String> = found.into_iter().map(|(_, r)| r).collect();
+        Some(Refusal::new(
+            code,
+            format!(
+                "{}; a rollback never removes what the workflow did not make, nor writes to a file with other links, a special file or through a link, even with force: move it away (or remove the extra link), then roll back",
+                reasons.join("; ")
+            ),
+        ))
     }
 
     /// Rolls a workflow (or one of its actions) back, newest first, refusing with
@@ -639,6 +701,12 @@ impl Sandbox {
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
         let mut conflicts = self.find_conflicts(workflow_id, &chosen);
+        // What force cannot overwrite is refused before anything is restored, with its
+        // own code, forced or not: advising force would not help, and met at its restore
+        // it left the workflow half rolled back.
+        if let Some(r) = self.beyond_force(&chosen) {
+            return refused(r.reason_code, r.reason, conflicts);
+        }
         if !conflicts.is_empty() && !opts.force {
             let (claimed, changed): (Vec<&Conflict>, Vec<&Conflict>) =
                 conflicts.iter().partition(|c| !c.claimed_by.is_empty());
@@ -664,51 +732,6 @@ impl Sandbox {
                 ));
             }
             return refused(ReasonCode::Conflict, why.join("; "), conflicts);
-        }
-        // Force overwrites a changed file, never a directory someone put where a file
-        // was: its contents are not the workflow's to remove.
-        let now_dirs: Vec<String> = chosen
-            .iter()
-            .filter(|(i, s)| {
-                !s.meta.is_directory_action()
-                    && self.target_state(*i, &s.meta.target()) == TargetState::Directory
-            })
-            .map(|(_, s)| shown_path(&s.meta.original_path))
-            .collect();
-        if !now_dirs.is_empty() {
-            return refused(
-                ReasonCode::NotRegularFile,
-                format!(
-                    "{} {} now a directory where the workflow wrote a file; a rollback never removes a directory it did not create, even with force: move it away, then roll back",
-                    now_dirs.join(", "),
-                    if now_dirs.len() == 1 { "is" } else { "are" }
-                ),
-                conflicts,
-            );
-        }
-        // Nor a file someone put where the workflow made a directory.
-        let now_files: Vec<String> = chosen
-            .iter()
-            .filter(|(i, s)| {
-                s.meta.is_directory_action()
-                    && s.meta.kind == SnapshotKind::Missing
-                    && matches!(
-                        self.target_state(*i, &s.meta.target()),
-                        TargetState::File(_)
-                    )
-            })
-            .map(|(_, s)| shown_path(&s.meta.original_path))
-            .collect();
-        if !now_files.is_empty() {
-            return refused(
-                ReasonCode::Conflict,
-                format!(
-                    "{} {} now a file where the workflow made a directory; a rollback never removes a file the workflow did not write, even with force: move it away, then roll back",
-                    now_files.join(", "),
-                    if now_files.len() == 1 { "is" } else { "are" }
-                ),
-                conflicts,
-            );
         }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.

@@ -278,7 +278,7 @@ fn restore_through_a_parent_swapped_for_a_symlink_stays_inside() {
     std::os::unix::fs::symlink(&w.outside, w.path("sub")).unwrap();
     let outside_before = w.outside_tree();
     let rb = sb.rollback_workflow("wf_swap", &forced());
-    assert_eq!(rb.status, "failed");
+    assert_eq!(rb.status, "refused", "before anything is restored: {rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::SymlinkEscape));
     assert_eq!(w.outside_tree(), outside_before, "nothing written outside");
     assert!(!w.outside.join("f.txt").exists());
@@ -1235,17 +1235,20 @@ fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
     std::fs::remove_file(w.path("y.md")).unwrap();
     std::fs::create_dir(w.path("y.md")).unwrap();
     w.write("y.md/keep.txt", b"someone's");
+    // Refused alike unforced: advising force would not help.
     for force in [false, true] {
         let rb = rollback(&sb, "wf_dir", force);
         assert_eq!(rb.status, "refused", "{rb:?}");
-        let want = if force {
-            ReasonCode::NotRegularFile
-        } else {
-            ReasonCode::Conflict
-        };
-        assert_eq!(rb.reason_code, Some(want), "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::NotRegularFile), "{rb:?}");
         assert_eq!(rb.steps_rolled_back, 0);
     }
+    let info = sb.rollback_info("wf_dir").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ReasonCode::NotRegularFile),
+        "{info:?}"
+    );
     assert_eq!(w.read("y.md/keep.txt"), b"someone's");
     assert_eq!(w.read("k.md"), b"k", "nothing restored");
     assert!(sb.audit_verify().unwrap().ok);
@@ -1349,6 +1352,60 @@ fn a_stray_entry_in_a_store_refuses_the_rollback_naming_it() {
     assert!(rollback(&sb, "wf_o", false).is_success());
     assert!(rollback(&sb, "wf_s", false).is_success());
     assert!(!w.path("s.md").exists() && !root2.join("t.md").exists());
+}
+
+/// A target force cannot overwrite either (another hard link, a FIFO) refuses the whole
+/// rollback before anything is restored, with its own code: it was `conflict` advising
+/// force, and force then restored the other actions and failed at that one, leaving the
+/// workflow half rolled back.
+#[test]
+fn a_target_force_cannot_overwrite_refuses_the_rollback_up_front() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_hl", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+        {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"},
+        {"action_id": "a3", "intent": "create_file", "path": "three.txt", "content": "3"}]}),
+    );
+    std::fs::hard_link(w.path("two.txt"), w.tmp.path().join("alias.txt")).unwrap();
+    for force in [false, true] {
+        let rb = rollback(&sb, "wf_hl", force);
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::HardlinkRefused), "{rb:?}");
+        assert_eq!(rb.steps_rolled_back, 0);
+        let why = rb.reason.unwrap();
+        assert!(
+            why.contains("two.txt") && why.contains("even with force"),
+            "{why}"
+        );
+    }
+    for f in ["one.txt", "two.txt", "three.txt"] {
+        assert!(w.path(f).exists(), "{f} not restored");
+    }
+    let info = sb.rollback_info("wf_hl").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ReasonCode::HardlinkRefused),
+        "{info:?}"
+    );
+    std::fs::remove_file(w.tmp.path().join("alias.txt")).unwrap();
+    std::fs::remove_file(w.path("two.txt")).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        w.path("two.txt"),
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    let rb = rollback(&sb, "wf_hl", true);
+    assert_eq!(rb.reason_code, Some(ReasonCode::NotRegularFile), "{rb:?}");
+    assert!(w.path("one.txt").exists() && w.path("three.txt").exists());
+    std::fs::remove_file(w.path("two.txt")).unwrap();
+    assert!(rollback(&sb, "wf_hl", true).is_success());
+    assert!(w.tree().is_empty(), "{:?}", w.tree());
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// A file another program creates where a write found none, between the write's
