@@ -1003,11 +1003,17 @@ impl<'a> SandboxWriteExecutor<'a> {
             });
         }
         // The snapshot first, so that recovery knows of the staged file if it survives.
-        let rollback_path =
-            match Snapshotter::take(root, &sb.seal, &meta, before.as_deref(), sb.fsync_each()) {
-                Ok(p) => p,
-                Err(r) => return Err(fail(self, res, r, target)),
-            };
+        let rollback_path = match Snapshotter::take(
+            root,
+            &sb.seal,
+            &meta,
+            before.as_deref(),
+            sb.fsync_each(),
+            || sb.fail_at("snapshot_synced"),
+        ) {
+            Ok(p) => p,
+            Err(r) => return Err(fail(self, res, r, target)),
+        };
         res.rollback_path = Some(rollback_path);
         let snap = (
             ri,

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 10] = [
+pub const POINTS: [&str; 11] = [
     "before_commit",
+    "snapshot_synced",
     "after_snapshot",
     "before_mutate",
     "after_mutate",

@@ -441,13 +441,16 @@ impl Snapshotter {
 
     /// Writes backup and metadata, durable (when `durable`) before returning: each
     /// file's data, then the new folder's entries, then the folder's own entry — the
-    /// fewest syncs that make the whole snapshot survive a power cut.
+    /// fewest syncs that make the whole snapshot survive a power cut. `synced` runs
+    /// after the syncs; any failure up to there removes the folder (the target was not
+    /// touched), so no snapshot stands for a write that never happened.
     pub fn take(
         root: &SandboxRoot,
         key: &SealKey,
         meta: &SnapshotMeta,
         backup: Option<&[u8]>,
         durable: bool,
+        synced: impl FnOnce() -> Verdict,
     ) -> Verdict<String> {
         let (rb, rb_new) = snapshot_store(root)?;
         let (wf, wf_new) = workflow_folder(root, &rb, &meta.workflow_id)?;
@@ -492,23 +495,23 @@ impl Snapshotter {
                 .map_err(|e| snap_io("write", &e))?;
             if durable {
                 sync_dir(&dir).map_err(|e| snap_io("sync", &e))?;
+                sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
+                if wf_new {
+                    sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
+                }
+                if rb_new {
+                    sync_dir(root.dir()).map_err(|e| snap_io("sync", &e))?;
+                }
             }
-            Ok(())
+            synced()
         })();
         if let Err(r) = written {
             // The target was not touched: the action never ran, and its id stays free
-            // for a retry once the cause (a full disk, say) is gone.
+            // for a retry once the cause (a full disk, say) is gone. A snapshot left
+            // behind would stand for a write that never happened: a later rollback would
+            // expect its result (`conflict`), and, forced, put back what it found.
             let _ = wf.remove_dir_all(&meta.action_id);
             return Err(r);
-        }
-        if durable {
-            sync_dir(&wf).map_err(|e| snap_io("sync", &e))?;
-            if wf_new {
-                sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
-            }
-            if rb_new {
-                sync_dir(root.dir()).map_err(|e| snap_io("sync", &e))?;
-            }
         }
         Ok(meta.rollback_path())
     }

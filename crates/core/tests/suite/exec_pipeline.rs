@@ -264,6 +264,7 @@ fn on_failure_stop_leaves_earlier_actions_and_allows_later_rollback() {
 #[test]
 fn failure_at_every_pipeline_point_leaves_tree_unchanged() {
     for point in [
+        "snapshot_synced",
         "after_snapshot",
         "before_mutate",
         "after_mutate",
@@ -287,6 +288,40 @@ fn failure_at_every_pipeline_point_leaves_tree_unchanged() {
             if point == "before_audit" { 1 } else { 0 },
             "{point}"
         );
+    }
+}
+
+/// A snapshot whose syncs fail (an I/O error from the disk) is removed with the
+/// action's failure: left behind, it stood for a write that never happened, so a later
+/// rollback of the workflow expected that write's result (`conflict`) and, forced, put
+/// back a file the original tree never had.
+#[test]
+fn a_snapshot_that_could_not_be_synced_is_not_left_behind() {
+    for force in [false, true] {
+        let w = World::new();
+        let before = w.tree();
+        let sb = w.sandbox();
+        sb.failpoints().arm("snapshot_synced", 2);
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_s", "on_failure": "rollback", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "new.txt", "content": "new file\n"},
+                {"action_id": "a2", "intent": "sandbox_transform", "path": "new.txt",
+                 "edits": [{"old": "new", "new": "NEW"}]}]}),
+        );
+        assert_eq!(status(&r), "rolled_back", "{r:?}");
+        assert_eq!(w.tree(), before);
+        assert!(!w.path(".rollback/wf_s/a2").exists());
+        let rb = sb.rollback_workflow(
+            "wf_s",
+            &ailab_sandbox_core::sandbox::RollbackOptions {
+                force,
+                ..Default::default()
+            },
+        );
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+        assert_eq!(w.tree(), before, "force {force}");
+        assert!(sb.audit_verify().unwrap().ok);
     }
 }
 
