@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 11] = [
+pub const POINTS: [&str; 12] = [
     "before_commit",
     "snapshot_synced",
     "after_snapshot",
@@ -18,6 +18,7 @@ pub const POINTS: [&str; 11] = [
     "restore_verify",
     "after_restore",
     "after_mark",
+    "replay_staged",
 ];
 
 /// What an armed point does when it fires.

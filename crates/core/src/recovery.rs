@@ -417,6 +417,22 @@ impl Sandbox {
                 ..Recovered::default()
             };
         }
+        let claimed = self.claim(rec);
+        let report = if rec.state == ROLLING_BACK {
+            self.recover_rollback(&claimed)
+        } else {
+            self.recover_run(&claimed)
+        };
+        if report.retry {
+            self.unclaim(rec);
+        }
+        report
+    }
+
+    /// Names this process in a dead run's record before it writes anything for it: a
+    /// recovery that dies too leaves temporary files known only by its process, which the
+    /// next recovery then removes with the run's own. Returns the record as written.
+    fn claim(&self, rec: &InflightRecord) -> InflightRecord {
         let mut claimed = rec.clone();
         if !rec.recovered_by.iter().any(|id| crate::ids::made_here(id)) {
             // The record is one small block: the oldest names give way.
@@ -428,15 +444,7 @@ impl Sandbox {
                 tracing::warn!(error = %e, "could not name this process in a run record it recovers");
             }
         }
-        let report = if rec.state == ROLLING_BACK {
-            self.recover_rollback(&claimed)
-        } else {
-            self.recover_run(&claimed)
-        };
-        if report.retry {
-            self.unclaim(rec);
-        }
-        report
+        claimed
     }
 
     /// The sync point that makes what a recovery did durable, before the run's record
@@ -526,6 +534,26 @@ impl Sandbox {
                     continue;
                 }
             };
+            // The replay writes targets through temporary files. What earlier replays or
+            // recoveries of this log that died left beside them goes first (the run's
+            // own, staged bytes among them, are its recovery's to judge), and this
+            // process is named before it writes, for the next start should it die too.
+            let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            if let Some(r) = &before {
+                let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
+                let dirs = entries
+                    .iter()
+                    .filter_map(|e| {
+                        let i = self
+                            .roots
+                            .iter()
+                            .position(|r| r.is_named_by(&e.meta.root))?;
+                        Some((i, e.meta.target().parent_components().to_vec()))
+                    })
+                    .collect();
+                self.remove_dead_temp_files(&earlier, dirs);
+                self.claim(r);
+            }
             let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
@@ -585,6 +613,13 @@ impl Sandbox {
                 } else {
                     self.unclaim(r);
                 }
+            }
+            // No dead run's record: this process was named for the replay only, and
+            // lives on.
+            if dead.is_none()
+                && let Some(r) = &rec
+            {
+                self.unclaim(r);
             }
             if !complete
                 || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))
@@ -739,6 +774,7 @@ impl Sandbox {
                     None,
                 )
                 .and_then(|st| {
+                    self.fail_at("replay_staged")?;
                     st.commit(crate::confine::root::Put::Any, false)
                         .map_err(|err| self.roots[i].map_open_error(&rel, err))
                 })
@@ -808,7 +844,7 @@ impl Sandbox {
             .iter()
             .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
             .collect();
-        report.temp_files_removed += self.remove_dead_temp_files(rec, dirs);
+        report.temp_files_removed += self.remove_dead_temp_files(&dead_makers(rec), dirs);
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -1042,7 +1078,7 @@ impl Sandbox {
         }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
-        report.temp_files_removed += self.remove_dead_temp_files(rec, dirs);
+        report.temp_files_removed += self.remove_dead_temp_files(&dead_makers(rec), dirs);
         let n = in_doubt.len();
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
@@ -1059,14 +1095,13 @@ impl Sandbox {
         report
     }
 
-    /// Removes the temporary files the dead run's process left in `dirs` (root index,
-    /// components). Returns how many.
+    /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
+    /// in `dirs` (root index, components). Returns how many.
     fn remove_dead_temp_files(
         &self,
-        rec: &InflightRecord,
+        makers: &[&str],
         dirs: HashSet<(usize, Vec<String>)>,
     ) -> usize {
-        let makers = dead_makers(rec);
         let mut removed = 0;
         for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
@@ -1079,7 +1114,7 @@ impl Sandbox {
                     .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
-                for by in &makers {
+                for by in makers {
                     removed += remove_temp_files(&d, 0, Some(by)).unwrap_or(0);
                 }
             }

@@ -145,6 +145,16 @@ impl Sandbox {
     /// directory (falling back from an uncreatable default to the user's state
     /// directory), the registry and the audit log, and removes leftover temporary files.
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
+        Self::open_armed(config, clock, Arc::default())
+    }
+
+    /// [`Sandbox::open_with_clock`] with failure points armed before the start-up
+    /// recovery runs, for crash tests of recovery itself.
+    pub fn open_armed(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        failpoints: Arc<crate::failpoint::FailPoints>,
+    ) -> Result<Self, Error> {
         config.validate()?;
         let mut notices = Vec::new();
         // Before any root is made: one that would lie inside the state directory would be
@@ -251,7 +261,6 @@ impl Sandbox {
         .map_err(Error::io("open the audit log"))?;
         let left_dirs = crate::left_dirs::LeftDirs::open(&state, durable)
             .map_err(Error::io("open the ledger of directories rollbacks left"))?;
-        let failpoints = Arc::new(crate::failpoint::FailPoints::default());
         audit.share_failpoints(failpoints.clone());
         let seal = crate::seal::SealKey::new(
             state

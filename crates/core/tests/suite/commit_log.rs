@@ -130,6 +130,60 @@ fn logged_writes_survive_a_power_cut() {
     }
 }
 
+/// A start that dies while it replays a commit log, between writing a target's bytes
+/// under a temporary name and renaming them into place, leaves that file; the next
+/// start removes it with the dead run's own (it stayed in the root for good: the run's
+/// record did not name the replaying process).
+#[test]
+fn a_replay_that_dies_leaves_no_temporary_file_behind() {
+    let (w, original, _) = three_writes_then_a_power_cut();
+    let temps = |w: &World| -> Vec<String> {
+        w.tree()
+            .into_keys()
+            .filter(|k| k.rsplit('/').next().unwrap().starts_with(".ailab-tmp"))
+            .collect()
+    };
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm_crash("replay_staged", 1);
+    let c = batched(&w);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ailab_sandbox_core::Sandbox::open_armed(
+            c,
+            std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+            armed,
+        )
+    }));
+    assert!(died.is_err(), "the replay died");
+    let left = temps(&w);
+    assert_eq!(left.len(), 1, "{:?}", w.tree().keys());
+    // The run's record names the process that made it: the next start, in another
+    // process, removes it. That process is this one, which no recovery treats as dead:
+    // both names are moved to a process of another seed.
+    let seed = ailab_sandbox_core::ids::process_seed(&left[0]).to_owned();
+    let record = w.state.join("inflight/wf_log.json");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(text.trim_end_matches('\0')).unwrap();
+    let named = rec["recovered_by"].as_array().unwrap();
+    assert!(
+        named.iter().any(|id| id.as_str().unwrap().ends_with(&seed)),
+        "{rec}"
+    );
+    std::fs::write(&record, text.replace(&seed, "0badcafe")).unwrap();
+    std::fs::rename(
+        w.path(&left[0]),
+        w.path(&left[0].replace(&seed, "0badcafe")),
+    )
+    .unwrap();
+    let sb = w.open(batched(&w));
+    assert_eq!(temps(&w), Vec::<String>::new());
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
 /// A run marked finished in an earlier boot of the machine may have lost its writes to
 /// the crash that ended that boot: its log is replayed as any other.
 #[test]
