@@ -1182,7 +1182,10 @@ impl Sandbox {
             .trusted_workflow_snapshots(workflow_id)
             .map(|(s, _)| s)
             .unwrap_or_default();
-        for (i, s) in snaps {
+        // In the order the restores were made: rollbacks (and runs undoing themselves)
+        // one after another, as their time-ordered ids say, each newest first. Read in
+        // order, the trail then leaves each target as the restores did.
+        for (i, s) in snaps.into_iter().rev() {
             if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
                 continue;
             }
@@ -1208,6 +1211,7 @@ impl Sandbox {
                 mark.restored_checksum,
             ));
         }
+        records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
         let n = records.len();
         if n > 0 {
             self.audit.append(records)?;

@@ -1138,6 +1138,56 @@ fn a_rollback_the_trail_could_not_record_is_recorded_later() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Restores the trail could not record then are recorded later in the order they were
+/// made (newest action first), so that the trail, read in order, leaves each file as the
+/// restores did: recorded oldest first, it said a file created and then changed by the
+/// workflow was left holding the created bytes, while it was gone.
+#[test]
+fn restores_recorded_later_keep_the_order_they_were_made_in() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "n.txt", "content": "one"},
+        {"action_id": "a2", "intent": "replace_file", "path": "n.txt", "content": "two"},
+        {"action_id": "a3", "intent": "create_file", "path": "m.txt", "content": "m"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    let rb = rollback(&sb, "wf_o", false);
+    log.unlock().unwrap();
+    assert_eq!(rb.steps_rolled_back, 3, "{rb:?}");
+    assert!(w.tree().is_empty(), "restored all the same");
+    assert_eq!(audit_statuses(&sb, "wf_o"), ["success"; 3]);
+    // The next use of the workflow records them.
+    let again = rollback(&sb, "wf_o", false);
+    assert_eq!(
+        again.reason_code,
+        Some(ReasonCode::NoRollbackData),
+        "{again:?}"
+    );
+    // In the trail's order (the list is newest first).
+    let undone: Vec<(String, Option<String>)> = sb
+        .audit_entries(100, Some("wf_o"))
+        .unwrap()
+        .into_iter()
+        .rev()
+        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .map(|e| (e.action_id, e.after_checksum))
+        .collect();
+    let ids: Vec<&str> = undone.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(ids, ["a3", "a2", "a1"]);
+    assert_eq!(undone[2].1, None, "n.txt's last line: removed");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A world where workflow `wf` created f.txt ("A", action a1), then g.txt ("G", a2): its
 /// rollback restores g.txt first.
 fn f_then_g(wf: &str) -> (World, ailab_sandbox_core::Sandbox) {
