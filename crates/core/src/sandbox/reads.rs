@@ -80,13 +80,25 @@ impl Sandbox {
         })
     }
 
-    /// Lists a directory inside a root (`""` or `/` for the first root's top).
+    /// Lists a directory inside a root (`""` or `/` for the first root's top; a root's
+    /// own absolute path for that root's).
     pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
-        if path.is_empty() || path == "/" || path == "." {
-            let i = match root {
+        let hinted = || -> Verdict<usize> {
+            Ok(match root {
                 Some(_) => resolve_sandbox_path("x", &self.root_paths, root, 8)?.root_index,
                 None => 0,
-            };
+            })
+        };
+        if path.is_empty() || path == "/" || path == "." {
+            return self.roots[hinted()?].list_dir(None);
+        }
+        // Compared by path only, as the other paths an agent gives are.
+        if let Some(i) = self
+            .root_paths
+            .iter()
+            .position(|r| r.as_path() == std::path::Path::new(path))
+            && (root.is_none() || hinted()? == i)
+        {
             return self.roots[i].list_dir(None);
         }
         let (i, rel) = self.resolve_read(path, root)?;

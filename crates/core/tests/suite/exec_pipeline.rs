@@ -1451,6 +1451,37 @@ fn get_file_info_describes_a_file_of_any_size_and_hashes_up_to_a_limit() {
 /// What list_directory lists, get_file_info describes: a symlink and a FIFO are named for
 /// what they are, never followed or opened (opening a FIFO would block). A symlink among
 /// the parents and a file with other hard links stay refused, as for read_file.
+/// A root named by its own absolute path lists that root, like `""` lists the first (it
+/// was refused as `outside_sandbox`, "the sandbox root itself").
+#[test]
+fn a_root_is_listed_by_its_own_path() {
+    let w = World::new();
+    let (root2, both) = with_second_root(&w, &w.config());
+    std::fs::write(root2.join("two.txt"), b"2").unwrap();
+    w.write("one.txt", b"1");
+    let sb = w.open(both);
+    let names = |path: &str, root: Option<&str>| -> Vec<String> {
+        sb.list_directory(path, root)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    let second = root2.display().to_string();
+    assert_eq!(names(&second, None), ["two.txt"]);
+    assert_eq!(names(&format!("{second}/"), Some(&second)), ["two.txt"]);
+    assert_eq!(names(&w.root.display().to_string(), None), ["one.txt"]);
+    let err = sb
+        .list_directory(&second, Some(&w.root.display().to_string()))
+        .unwrap_err();
+    assert_eq!(
+        err.reason_code,
+        ReasonCode::OutsideSandbox,
+        "{}",
+        err.reason
+    );
+}
+
 #[test]
 fn get_file_info_names_links_and_special_files_without_following_them() {
     let w = World::new();
