@@ -164,6 +164,21 @@ impl Sandbox {
                 return Err(root_inside_state_dir(&inside, &config.state_dir));
             }
         }
+        // Nor one inside another once symbolic links are followed (also through parts
+        // not made yet): it would be made through the link only to be refused below.
+        for (i, a) in config.roots.iter().enumerate() {
+            for b in config.roots.iter().skip(i + 1) {
+                if let Some((outer, inner)) = [(a, b), (b, a)]
+                    .into_iter()
+                    .find(|(o, inner)| lies_inside(inner, o).is_some())
+                {
+                    return Err(Error::RootsOverlap {
+                        outer: outer.clone(),
+                        inner: inner.clone(),
+                    });
+                }
+            }
+        }
         let mut roots = Vec::new();
         let mut skipped = Vec::new();
         for r in &config.roots {

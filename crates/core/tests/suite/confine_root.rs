@@ -365,6 +365,9 @@ fn roots_nested_through_a_symlink_are_refused_at_start_up() {
         }
     }
     assert!(!a.join(".rollback").exists(), "no root was used");
+    // Refused before any is made: `lnk/B` and `alias/A/inner/C` were made through the
+    // links, in the outer root.
+    assert!(!a.join("inner/B").exists() && !a.join("inner/C").exists());
     // Siblings reached through a symlink do not overlap.
     mkdir_755(&tmp.path().join("other"));
     symlink(tmp.path().join("other"), tmp.path().join("lnk2")).unwrap();
