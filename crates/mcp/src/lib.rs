@@ -190,6 +190,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         refused: Option<Refusal>,
     ) -> CallToolResult {
         let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
+            if ailab_sandbox_core::catalog::FORBIDDEN_INTENTS.contains(&name) {
+                self.audit_forbidden(name, arguments.as_ref()).await;
+            }
             return unknown_tool(name, &self.tools);
         };
         // A write would store other values, and a read or rollback would act on another
@@ -237,6 +240,35 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 tracing::error!(error = %e, "a sandbox call panicked or was cancelled");
                 internal_error("the runtime failed while handling this call")
             })
+    }
+
+    /// Puts a forbidden intent asked for as a tool on the audit trail as a blocked
+    /// action, as a plan holding it is (SPEC §8): an agent probing for a shell or a
+    /// delete leaves a trace. Its workflow is the one it names, if valid, else the
+    /// session's; nothing else of its arguments is trusted.
+    async fn audit_forbidden(&self, intent: &str, arguments: Option<&JsonObject>) {
+        let text = |k: &str| {
+            arguments
+                .and_then(|a| a.get(k))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let workflow_id = text("workflow_id")
+            .filter(|w| plan::is_valid_id(w))
+            .unwrap_or_else(|| self.workflow_id.to_string());
+        let plan = Plan {
+            workflow_id: Some(workflow_id),
+            actions: vec![plan::Action {
+                intent: intent.to_owned(),
+                path: text("path").unwrap_or_default(),
+                tool: Some("mcp".to_owned()),
+                ..plan::Action::default()
+            }],
+            ..Plan::default()
+        };
+        if let Ok(Err(r)) = self.blocking(move |sb| sb.run_plan(plan)).await {
+            tracing::warn!(reason = %r, "could not audit a forbidden tool call");
+        }
     }
 
     async fn write(&self, op: &'static Operation, mut args: Args) -> CallToolResult {

@@ -232,17 +232,27 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         assert!(t.contains("invalid_plan"), "{tool}: {t}");
         assert!(t.contains(needle), "{tool}: expected {needle:?} in {t}");
     }
+    let audited =
+        || async { structured(&s.ok("get_state", json!({})).await)["audit_entries"].clone() };
+    let before = audited().await.as_u64().unwrap();
     let r = s.err("delete_file", json!({"path": "x.md"})).await;
     assert!(
         text(&r).contains("(forbidden_intent)") && text(&r).contains("create_file"),
         "{}",
         text(&r)
     );
+    // On the trail as a blocked action, as in a plan: an agent probing leaves a trace.
+    assert_eq!(audited().await, before + 1);
     let r = s.err("make_coffee", json!({})).await;
     assert!(
         text(&r).contains("(unknown_operation)") && text(&r).contains("create_file"),
         "{}",
         text(&r)
+    );
+    assert_eq!(
+        audited().await,
+        before + 1,
+        "a name that is no intent is not"
     );
     let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
     assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
