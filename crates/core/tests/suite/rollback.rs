@@ -1268,70 +1268,60 @@ fn a_conflict_met_during_a_rollback_is_named() {
     assert_eq!(w.read("f.txt"), b"theirs");
 }
 
-/// A directory put where the workflow wrote a file is not removed by a forced rollback:
-/// it is refused up front (`not_regular_file`), nothing is restored, and the directory
-/// keeps its contents.
+/// What someone put where the workflow wrote is not removed by a rollback, forced or not:
+/// a directory where it wrote a file (`not_regular_file`), a file where a
+/// `create_directory` made its directory (`conflict`: it was removed, reported as "the
+/// action made it"). Refused up front, saying what to do, nothing restored, and `GET`
+/// says so.
 #[test]
-fn a_forced_rollback_never_removes_a_directory_put_where_a_file_was() {
-    let w = World::new();
-    w.write("y.md", b"orig");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_dir", "actions": [
-        {"action_id": "a1", "intent": "create_file", "path": "k.md", "content": "k"},
-        {"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}]}),
-    );
-    std::fs::remove_file(w.path("y.md")).unwrap();
-    std::fs::create_dir(w.path("y.md")).unwrap();
-    w.write("y.md/keep.txt", b"someone's");
-    // Refused alike unforced: advising force would not help.
-    for force in [false, true] {
-        let rb = rollback(&sb, "wf_dir", force);
-        assert_eq!(rb.status, "refused", "{rb:?}");
-        assert_eq!(rb.reason_code, Some(ReasonCode::NotRegularFile), "{rb:?}");
-        assert_eq!(rb.steps_rolled_back, 0);
-    }
-    let info = sb.rollback_info("wf_dir").unwrap();
-    assert!(!info.rollback_available, "{info:?}");
-    assert_eq!(
-        info.reason_code,
-        Some(ReasonCode::NotRegularFile),
-        "{info:?}"
-    );
-    assert_eq!(w.read("y.md/keep.txt"), b"someone's");
-    assert_eq!(w.read("k.md"), b"k", "nothing restored");
-    assert!(sb.audit_verify().unwrap().ok);
-}
-
-/// Nor a file put where a `create_directory` made its directory: a file the workflow
-/// never wrote is not its to remove, even with force (it was removed, reported as "the
-/// action made it").
-#[test]
-fn a_forced_rollback_never_removes_a_file_put_where_a_directory_was_made() {
-    let w = World::new();
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_cd", "actions": [
-        {"action_id": "a1", "intent": "create_file", "path": "k.md", "content": "k"},
-        {"action_id": "a2", "intent": "create_directory", "path": "cd1"}]}),
-    );
-    std::fs::remove_dir(w.path("cd1")).unwrap();
-    w.write("cd1", b"someone's");
-    for force in [false, true] {
-        let rb = rollback(&sb, "wf_cd", force);
-        assert_eq!(rb.status, "refused", "{rb:?}");
-        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-        assert_eq!(rb.steps_rolled_back, 0);
-        if force {
-            let why = rb.reason.as_deref().unwrap();
-            assert!(why.contains("cd1") && why.contains("move it away"), "{why}");
+fn a_rollback_never_removes_what_someone_put_where_the_workflow_wrote() {
+    type Put = fn(&World);
+    let cases: [(&str, serde_json::Value, Put, ReasonCode); 2] = [
+        (
+            "y.md",
+            json!({"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}),
+            |w| {
+                std::fs::remove_file(w.path("y.md")).unwrap();
+                w.write("y.md/keep.txt", b"someone's");
+            },
+            ReasonCode::NotRegularFile,
+        ),
+        (
+            "cd1",
+            json!({"action_id": "a2", "intent": "create_directory", "path": "cd1"}),
+            |w| {
+                std::fs::remove_dir(w.path("cd1")).unwrap();
+                w.write("cd1", b"someone's");
+            },
+            ReasonCode::Conflict,
+        ),
+    ];
+    for (path, action, put, code) in cases {
+        let w = World::new();
+        w.write("y.md", b"orig");
+        let sb = w.sandbox();
+        run(
+            &sb,
+            json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "k.md", "content": "k"},
+            action]}),
+        );
+        put(&w);
+        let theirs = w.tree();
+        for force in [false, true] {
+            let rb = rollback(&sb, "wf_p", force);
+            assert_eq!(rb.status, "refused", "{path}: {rb:?}");
+            assert_eq!(rb.reason_code, Some(code), "{path}: {rb:?}");
+            assert_eq!(rb.steps_rolled_back, 0);
+            let why = rb.reason.unwrap();
+            assert!(why.contains(path) && why.contains("move it away"), "{why}");
         }
+        let info = sb.rollback_info("wf_p").unwrap();
+        assert!(!info.rollback_available, "{info:?}");
+        assert_eq!(info.reason_code, Some(code), "{info:?}");
+        assert_eq!(w.tree(), theirs, "{path}: nothing restored");
+        assert!(sb.audit_verify().unwrap().ok);
     }
-    assert_eq!(w.read("cd1"), b"someone's");
-    assert_eq!(w.read("k.md"), b"k", "nothing restored");
-    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// The same file put there while a forced rollback runs, after its check, stays too.
