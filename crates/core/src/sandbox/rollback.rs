@@ -304,18 +304,20 @@ impl Sandbox {
                     ReasonCode::NotRegularFile,
                     format!("{path} is now a directory where the workflow wrote a file"),
                 )),
-                Ok((EntryKind::File { .. }, _))
-                    if dir_action && s.meta.kind == SnapshotKind::Missing =>
-                {
-                    Some((
-                        ReasonCode::Conflict,
-                        format!("{path} is now a file where the workflow made a directory"),
-                    ))
-                }
+                Ok((EntryKind::File { .. }, _)) if dir_action => Some((
+                    ReasonCode::Conflict,
+                    format!("{path} is now a file where the workflow made or found a directory"),
+                )),
                 Ok((EntryKind::File { links, .. }, _)) if links > 1 => {
                     root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
                 }
                 Ok((EntryKind::Special, _)) => {
+                    root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
+                }
+                // A link where the workflow's file was is replaced like any changed file;
+                // one where it made or found a directory, or made a file, is not its to
+                // remove.
+                Ok((EntryKind::Symlink, _)) if s.meta.kind != SnapshotKind::File => {
                     root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
                 }
                 Err(r)
@@ -327,6 +329,11 @@ impl Sandbox {
                     ) =>
                 {
                     Some((r.reason_code, r.reason))
+                }
+                // A folder on the way is now a file or a FIFO: nothing beneath it can be
+                // restored, and it is not the workflow's to remove.
+                Err(r) if r.reason_code == ReasonCode::NotFound => {
+                    Some((ReasonCode::Conflict, r.reason))
                 }
                 _ => None,
             };

@@ -1448,6 +1448,77 @@ fn a_target_force_cannot_overwrite_refuses_the_rollback_up_front() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// More of what force cannot override, each refused up front, forced or not, with
+/// nothing restored (each was `conflict` advising force, and force then stopped half
+/// way): a symbolic link where the workflow created a file or a directory, and a file or
+/// FIFO where a folder on the way was.
+#[test]
+fn links_and_files_put_on_the_way_refuse_the_rollback_up_front() {
+    type Sabotage = fn(&World);
+    let cases: [(serde_json::Value, Sabotage, ReasonCode); 4] = [
+        (
+            json!({"action_id": "a1", "intent": "create_file", "path": "d/x.txt", "content": "x"}),
+            |w| {
+                std::fs::remove_file(w.path("d/x.txt")).unwrap();
+                std::os::unix::fs::symlink(&w.outside, w.path("d/x.txt")).unwrap();
+            },
+            ReasonCode::SymlinkEscape,
+        ),
+        (
+            json!({"action_id": "a1", "intent": "create_directory", "path": "newdir"}),
+            |w| {
+                std::fs::remove_dir(w.path("newdir")).unwrap();
+                std::os::unix::fs::symlink("d", w.path("newdir")).unwrap();
+            },
+            ReasonCode::SymlinkRefused,
+        ),
+        (
+            json!({"action_id": "a1", "intent": "create_directory", "path": "a/b/c"}),
+            |w| {
+                std::fs::remove_dir_all(w.path("a/b")).unwrap();
+                w.write("a/b", b"precious");
+            },
+            ReasonCode::Conflict,
+        ),
+        (
+            json!({"action_id": "a1", "intent": "replace_file", "path": "d/keep.txt", "content": "new"}),
+            |w| {
+                std::fs::remove_dir_all(w.path("d")).unwrap();
+                rustix::fs::mkfifoat(
+                    rustix::fs::CWD,
+                    w.path("d"),
+                    rustix::fs::Mode::from_raw_mode(0o644),
+                )
+                .unwrap();
+            },
+            ReasonCode::Conflict,
+        ),
+    ];
+    for (action, sabotage, code) in cases {
+        let w = World::new();
+        w.write("d/keep.txt", b"keep");
+        let sb = w.sandbox();
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_w", "actions": [
+            {"action_id": "a0", "intent": "create_file", "path": "z.txt", "content": "z"},
+            action.clone()]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+        sabotage(&w);
+        for force in [false, true] {
+            let rb = rollback(&sb, "wf_w", force);
+            assert_eq!(rb.status, "refused", "{action}: {rb:?}");
+            assert_eq!(rb.reason_code, Some(code), "{action}: {rb:?}");
+            assert!(rb.reason.unwrap().contains("even with force"));
+        }
+        assert_eq!(w.read("z.txt"), b"z", "{action}: nothing restored");
+        let info = sb.rollback_info("wf_w").unwrap();
+        assert!(!info.rollback_available, "{action}: {info:?}");
+        assert_eq!(info.reason_code, Some(code), "{action}");
+    }
+}
+
 /// A file another program creates where a write found none, between the write's
 /// snapshot and its rename, is never replaced: the write fails (`already_exists` for a
 /// creation, `conflict` for the others), its undo leaves the file alone, and a later
