@@ -148,6 +148,11 @@ pub struct SandboxWriteExecutor<'a> {
     /// run's record then says so, and the next run or start audits the restore from its
     /// mark, as after a crash.
     unrecorded: std::rc::Rc<std::cell::Cell<bool>>,
+    /// Set when a failed action's change could not be undone: the run's record then
+    /// stays `active`, so that the next run of the workflow or the next start judges
+    /// its actions against the disk, as after a crash (a write whose audit line and
+    /// undo both failed, on a full disk, stood on no line of the trail).
+    unsettled: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl Sandbox {
@@ -181,6 +186,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             undo_failed: None,
             undone: None,
             unrecorded: std::rc::Rc::default(),
+            unsettled: std::rc::Rc::default(),
         }
     }
 
@@ -646,10 +652,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         self.record = Some(record.clone());
         let file = self.record_file.take();
         let unrecorded = std::rc::Rc::clone(&self.unrecorded);
+        let unsettled = std::rc::Rc::clone(&self.unsettled);
         let result = self.execute_actions();
         // After a failed sync the record stays active instead (`run_finished`): the next
         // start checks the whole run against the disk.
-        if unrecorded.get() && sb.sync_failure().is_none() {
+        if unsettled.get() {
+            tracing::warn!(workflow = %record.workflow_id, "a failed action of this run could not be undone; its record stays active, for the next run or start to check it against the disk");
+        } else if unrecorded.get() && sb.sync_failure().is_none() {
             tracing::warn!(workflow = %record.workflow_id, "a restore of this run is not on the audit trail; its record says so, for the next run or start to audit it");
             let rec = crate::recovery::InflightRecord {
                 state: crate::recovery::RESTORES_UNAUDITED.to_owned(),
@@ -1242,6 +1251,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         if restored {
             self.undone = Some(snap.1.meta.action_id.clone());
         } else {
+            self.unsettled.set(true);
             self.undo_failed = Some(
                 steps
                     .iter()

@@ -1389,6 +1389,49 @@ fn a_failed_undo_is_reported_and_the_workflow_stays_reversible() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A write whose audit line fails and whose undo fails too (a full disk) is left for
+/// recovery: its run's record stays active, and the next start judges it against the
+/// disk, so that the trail records what is in place (it stood on no line of the trail,
+/// `audit verify` failing for good, while the file held the new bytes).
+#[test]
+fn a_write_neither_audited_nor_undone_is_settled_by_the_next_start() {
+    let w = World::new();
+    w.write("t.txt", b"orig\n");
+    let mut c = w.writable_config();
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c);
+    // Every append to the trail fails while it is held, as on a full disk.
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(w.state.join("sandbox_audit.jsonl"))
+        .unwrap();
+    log.lock().unwrap();
+    sb.failpoints().arm("during_restore", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_v", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "t.txt", "content": "new\n"}]}),
+    );
+    log.unlock().unwrap();
+    assert_eq!(status(&r), "failed", "{r:?}");
+    assert_eq!(w.read("t.txt"), b"new\n", "the change is still there");
+    assert_eq!(run_record(&w, "wf_v")["state"], "active");
+    assert!(sb.audit_entries(10, Some("wf_v")).unwrap().is_empty());
+    drop(sb);
+    let sb = w.sandbox();
+    assert!(sb.audit_verify().unwrap().ok, "{:?}", sb.notices());
+    let lines = sb.audit_entries(10, Some("wf_v")).unwrap();
+    assert_eq!(
+        lines[0].after_checksum.as_deref(),
+        Some(sha(b"new\n").as_str()),
+        "{lines:?}"
+    );
+    let rb = sb.rollback_workflow("wf_v", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("t.txt"), b"orig\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// An agent can read back the largest file an operation writes; one byte more is refused.
 #[test]
 fn read_file_takes_the_largest_file_an_operation_writes() {
