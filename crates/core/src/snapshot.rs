@@ -343,6 +343,14 @@ fn not_a_folder(
     ))
 }
 
+/// Why a root's snapshot store could not be opened to be read (`e`): something else in
+/// its place is named, as taking a snapshot names it.
+fn store_refusal(root: &SandboxRoot, e: &io::Error) -> Refusal {
+    let scope = "in this root, and no workflow is rolled back or pruned,";
+    not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, scope)
+        .unwrap_or_else(|| snap_io("open", e))
+}
+
 /// Refuses a folder of the snapshot store (`rel` in `root`) that another user owns or
 /// could write in.
 fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
@@ -616,21 +624,16 @@ impl Snapshotter {
         let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Default::default()),
-            Err(e) => {
-                let scope = "in this root, and no workflow is rolled back,";
-                return Err(
-                    not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, scope)
-                        .unwrap_or_else(|| snap_io("open", &e)),
-                );
-            }
+            Err(e) => return Err(store_refusal(root, &e)),
         };
         let wf = match open_existing(&rb, workflow_id) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
                 let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
-                let scope =
-                    format!("for workflow {workflow_id} in this root, nor is it rolled back,");
+                let scope = format!(
+                    "for workflow {workflow_id} in this root, nor is it rolled back or pruned,"
+                );
                 return Err(not_a_folder(root, &rb, workflow_id, &rel, &scope)
                     .unwrap_or_else(|| snap_io("open", &e)));
             }
@@ -724,7 +727,7 @@ impl Snapshotter {
         let rb = match rollback_dir(root) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Vec::new()),
-            Err(e) => return Err(snap_io("open", &e)),
+            Err(e) => return Err(store_refusal(root, &e)),
         };
         let mut out = Vec::new();
         for entry in rb.entries().map_err(|e| snap_io("list", &e))? {

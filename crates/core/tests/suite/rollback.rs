@@ -1387,6 +1387,14 @@ fn a_stray_entry_in_a_store_refuses_the_rollback_naming_it() {
     assert_eq!(rb.reason_code, Some(ReasonCode::ReservedPath), "{rb:?}");
     assert!(rb.reason.unwrap().contains("symbolic link"));
     assert_eq!(std::fs::read(root2.join("t.md")).unwrap(), b"t");
+    // A prune says so too (it was `io_error` naming nothing), and removes nothing.
+    let err = sb.prune(std::time::Duration::ZERO).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::ReservedPath, "{err:?}");
+    assert!(
+        err.reason.contains(".rollback") && err.reason.contains("pruned"),
+        "{err:?}"
+    );
+    assert!(w.path(".rollback/wf_s").exists());
     std::fs::remove_file(root2.join(".rollback")).unwrap();
     std::fs::rename(w.tmp.path().join("moved"), root2.join(".rollback")).unwrap();
     assert!(rollback(&sb, "wf_o", false).is_success());
