@@ -539,6 +539,7 @@ impl Sandbox {
             // own, staged bytes among them, are its recovery's to judge), and this
             // process is named before it writes, for the next start should it die too.
             let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            let mut swept = 0;
             if let Some(r) = &before {
                 let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
                 let dirs = entries
@@ -551,7 +552,7 @@ impl Sandbox {
                         Some((i, e.meta.target().parent_components().to_vec()))
                     })
                     .collect();
-                self.remove_dead_temp_files(&earlier, dirs);
+                swept = self.remove_dead_temp_files(&earlier, dirs);
                 self.claim(r);
             }
             let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
@@ -590,6 +591,7 @@ impl Sandbox {
                 },
             };
             report.completed += replayed;
+            report.temp_files_removed += swept;
             // Entries for a root not configured now stay, alone, for a start that has it:
             // their writes were acknowledged, and the others must not be replayed again.
             let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();

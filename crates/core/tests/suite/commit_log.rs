@@ -176,6 +176,7 @@ fn a_replay_that_dies_leaves_no_temporary_file_behind() {
     .unwrap();
     let sb = w.open(batched(&w));
     assert_eq!(temps(&w), Vec::<String>::new());
+    assert_noticed(&sb, "1 temporary files removed");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert!(sb.audit_verify().unwrap().ok);
