@@ -92,11 +92,13 @@ impl Sandbox {
         if path.is_empty() || path == "/" || path == "." {
             return self.roots[hinted()?].list_dir(None);
         }
-        // Compared by path only, as the other paths an agent gives are.
+        // Compared as text, as the other paths an agent gives are taken literally (no
+        // `.` or empty component), one trailing `/` aside.
+        let bare = path.strip_suffix('/').unwrap_or(path);
         if let Some(i) = self
             .root_paths
             .iter()
-            .position(|r| r.as_path() == std::path::Path::new(path))
+            .position(|r| r.to_str() == Some(bare))
             && (root.is_none() || hinted()? == i)
         {
             return self.roots[i].list_dir(None);

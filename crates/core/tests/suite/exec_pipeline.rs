@@ -1523,6 +1523,20 @@ fn a_root_is_listed_by_its_own_path() {
         "{}",
         err.reason
     );
+    // Taken literally, as every other path: no `.` or empty component.
+    for odd in [
+        format!("{second}/."),
+        format!("{second}//"),
+        format!("{second}/./"),
+    ] {
+        let err = sb.list_directory(&odd, None).unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::PathTraversal,
+            "{odd}: {}",
+            err.reason
+        );
+    }
 }
 
 #[test]
