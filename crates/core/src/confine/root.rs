@@ -380,13 +380,13 @@ impl SandboxRoot {
     /// [`SandboxRoot::read_file`], with the file's [`FileStamp`] as it was read.
     pub fn read_file_stamped(&self, rel: &RelPath, limit: u64) -> Verdict<(Vec<u8>, FileStamp)> {
         let (dir, _) = self.open_parent(rel, false, false)?;
-        read_file_in(&dir, rel.file_name(), limit, true).map_err(|e| self.map_open_error(rel, e))
+        read_file_in(&dir, rel.file_name(), limit, true).map_err(|e| self.map_read_error(rel, e))
     }
 
     /// The size and SHA-256 of a regular file, however large, read in chunks.
     pub fn hash_file(&self, rel: &RelPath, limit: u64) -> Verdict<(u64, Option<String>)> {
         let (dir, _) = self.open_parent(rel, false, false)?;
-        hash_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_open_error(rel, e))
+        hash_regular(&dir, rel.file_name(), limit).map_err(|e| self.map_read_error(rel, e))
     }
 
     /// Writes `bytes` to `rel` atomically: a temporary file in the same directory,
@@ -625,7 +625,8 @@ impl SandboxRoot {
             }
         };
         let mut out = Vec::new();
-        let entries = dir.entries().map_err(|e| io_refusal("list", &[], &e))?;
+        let listed = rel.map_or(&[][..], RelPath::components);
+        let entries = dir.entries().map_err(|e| io_refusal("list", listed, &e))?;
         for entry in entries {
             let entry = entry.map_err(|e| io_refusal("list", &[], &e))?;
             let raw = entry.file_name();
@@ -702,6 +703,15 @@ impl SandboxRoot {
     }
 
     pub(crate) fn map_open_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
+        self.map_error("write", rel, e)
+    }
+
+    /// [`SandboxRoot::map_open_error`] for a read: what failed is named as a read.
+    fn map_read_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
+        self.map_error("read", rel, e)
+    }
+
+    fn map_error(&self, what: &str, rel: &RelPath, e: io::Error) -> Refusal {
         match e.kind() {
             io::ErrorKind::AlreadyExists => Refusal::new(
                 ReasonCode::AlreadyExists,
@@ -720,7 +730,7 @@ impl SandboxRoot {
                 .and_then(|inner| inner.downcast_ref::<Refusal>())
             {
                 Some(r) => r.clone(),
-                None => io_refusal("write", rel.components(), &e),
+                None => io_refusal(what, rel.components(), &e),
             },
         }
     }
@@ -1727,6 +1737,22 @@ mod tests {
         let path = tmp.path().join("root");
         let root = SandboxRoot::open(&path, true).unwrap();
         (tmp, root)
+    }
+
+    /// A read that fails says it could not read (it said "write"), naming the file.
+    #[test]
+    fn a_failed_read_is_named_as_a_read() {
+        let (_tmp, root) = root();
+        let rel = RelPath::from_components(comps("locked/f.txt"));
+        let eacces = || io::Error::from_raw_os_error(13);
+        let r = root.map_read_error(&rel, eacces());
+        assert_eq!(r.reason_code, ReasonCode::IoError);
+        assert_eq!(r.reason, "could not read 'locked/f.txt': permission denied");
+        let w = root.map_open_error(&rel, eacces());
+        assert_eq!(
+            w.reason,
+            "could not write 'locked/f.txt': permission denied"
+        );
     }
 
     fn comps(p: &str) -> Vec<String> {
