@@ -88,10 +88,9 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
                     "partially_enforced",
                     Some("the kernel's Landlock ABI lacks some access rights".to_owned()),
                 ),
-                RulesetStatus::NotEnforced => (
-                    "not_enforced",
-                    Some(format!("Landlock is not available: {:?}", status.landlock)),
-                ),
+                RulesetStatus::NotEnforced => {
+                    ("not_enforced", Some(not_enforced(&status.landlock)))
+                }
             };
             KernelConfinement {
                 mechanism: "landlock",
@@ -120,5 +119,34 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
         abi: None,
         writable: writable.iter().map(|p| p.display().to_string()).collect(),
         detail: Some("Landlock exists only on Linux".to_owned()),
+    }
+}
+
+/// Why Landlock did not confine this process, for operators and agents.
+#[cfg(target_os = "linux")]
+fn not_enforced(landlock: &landlock::LandlockStatus) -> String {
+    use landlock::LandlockStatus;
+    let why = match landlock {
+        LandlockStatus::NotImplemented => {
+            "the kernel has no Landlock (Linux 5.13 or later built with it is needed)"
+        }
+        LandlockStatus::NotEnabled => {
+            "the kernel has Landlock but it is not enabled (add landlock to the lsm= boot parameter)"
+        }
+        _ => "the kernel refused the ruleset",
+    };
+    format!("{why}; writes are still confined by the roots' directory handles")
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    /// Said in words, not as a Rust value (it was "NotImplemented").
+    #[test]
+    fn why_landlock_is_not_enforced_is_said_in_words() {
+        let why = super::not_enforced(&landlock::LandlockStatus::NotImplemented);
+        assert!(why.starts_with("the kernel has no Landlock"), "{why}");
+        assert!(!why.contains("NotImplemented"));
+        let why = super::not_enforced(&landlock::LandlockStatus::NotEnabled);
+        assert!(why.contains("lsm="), "{why}");
     }
 }
