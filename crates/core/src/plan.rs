@@ -491,6 +491,12 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     }
     let counting = reading::Counting::start();
     let plan: Plan = serde_json::from_slice(json).map_err(|e| {
+        // A number beyond a double's range: named, as one that would lose digits is.
+        if e.to_string().starts_with("number out of range")
+            && let Err(r) = check_numbers_kept(json)
+        {
+            return r;
+        }
         // The parser's own words say what it hit, not what to change.
         let hint = if e.to_string().starts_with("recursion limit exceeded") {
             " (arrays and objects nest at most 128 levels deep: flatten the data)"
@@ -1193,6 +1199,24 @@ mod tests {
             "1e-400",
         ] {
             assert!(!number_is_kept(changed), "{changed}");
+        }
+    }
+
+    /// A number beyond a double's range is named too (it was "number out of range at
+    /// line 1 column 68").
+    #[test]
+    fn a_number_out_of_range_is_named() {
+        for n in ["1e999", "-1e400"] {
+            let plan = format!(
+                r#"{{"actions":[{{"intent":"write_json","path":"a.json","data":{{"a":{n}}}}}]}}"#
+            );
+            let err = parse_plan(plan.as_bytes()).unwrap_err();
+            assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+            assert!(
+                err.reason.contains(&format!("the number {n} ")),
+                "{}",
+                err.reason
+            );
         }
     }
 
