@@ -51,7 +51,14 @@ fn list_params(
     let allowed = format!(
         "this route takes limit (a whole number from 1 to {MAX_LIST_LIMIT}, default {DEFAULT_LIST_LIMIT}) and workflow_id, each at most once"
     );
-    let Query(q) = q.map_err(|e| ApiError::bad_request(format!("{}; {allowed}", e.body_text())))?;
+    let Query(q) = q.map_err(|e| {
+        // The framework's preamble names itself, not the problem.
+        let text = e.body_text();
+        let what = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text);
+        ApiError::bad_request(format!("the query is not valid: {what}; {allowed}"))
+    })?;
     let limit = match q.limit.as_deref() {
         None => DEFAULT_LIST_LIMIT,
         Some(text) => text
