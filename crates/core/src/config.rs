@@ -121,7 +121,7 @@ impl RawConfig {
     /// which may be the token).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let (mut at, mut secret) = (String::new(), false);
+            let (mut at, mut secret, mut key) = (String::new(), false, String::new());
             if let Some(span) = e.span() {
                 let start = span.start.min(text.len());
                 let line_no = text[..start].matches('\n').count() + 1;
@@ -132,6 +132,7 @@ impl RawConfig {
                 {
                     let k = k.trim().trim_matches('"');
                     at.push_str(&format!(", key '{}'", k.escape_debug()));
+                    key = k.to_owned();
                 }
                 at.push(')');
                 // However the token is written (`token`, `server.token`, an inline
@@ -141,10 +142,30 @@ impl RawConfig {
             let why = if secret {
                 "the value on this line is not valid here (not shown: the line holds the token; the token must be a string)".to_owned()
             } else {
-                e.message().trim().to_owned()
+                plain_words(e.message().trim(), &key)
             };
             ConfigError(format!("invalid config{at}: {why}"))
         })
+    }
+}
+
+/// The TOML reader's message in an operator's words: Rust's type names (`usize`,
+/// `struct RawLimits`) say what the code holds, not what to write.
+fn plain_words(message: &str, key: &str) -> String {
+    if message == "wanted string or table" && key == "durability" {
+        return "expected a string: \"strict\", \"batched\" or \"relaxed\"".to_owned();
+    }
+    let mut m = message.replace(" as i128", "");
+    if m.contains("expected u") && m.starts_with("invalid type: integer") {
+        // Read as a 128-bit integer: larger than any limit takes.
+        m = m.replacen("invalid type: integer", "integer too large:", 1);
+    }
+    for t in ["usize", "u64", "u32", "u16", "u8"] {
+        m = m.replace(&format!("expected {t}"), "expected a whole number from 0");
+    }
+    match m.find("expected struct ") {
+        Some(i) => format!("{}expected a table (a [section] of keys)", &m[..i]),
+        None => m,
     }
 }
 

@@ -92,6 +92,34 @@ fn wrong_value_type_is_an_error() {
     assert!(RawConfig::from_toml("durability = \"lazy\"\n").is_err());
 }
 
+/// A wrong type is said in an operator's words: what to write, not the Rust type that
+/// holds it (`usize`, `struct RawLimits`, `as i128`, "wanted string or table").
+#[test]
+fn wrong_value_types_are_said_in_plain_words() {
+    for (toml, want) in [
+        ("limits = 5\n", "expected a table"),
+        (
+            "[limits]\nmax_path_depth = \"8\"\n",
+            "expected a whole number",
+        ),
+        (
+            "[limits]\nwrites_per_minute = -1\n",
+            "expected a whole number",
+        ),
+        (
+            "[limits]\nmax_artifacts_per_workflow = 99999999999999999999\n",
+            "integer too large",
+        ),
+        ("durability = 1\n", "\"strict\", \"batched\" or \"relaxed\""),
+    ] {
+        let err = RawConfig::from_toml(toml).unwrap_err().0;
+        assert!(err.contains(want), "{toml:?}: {err}");
+        for rust in ["usize", "u32", "u64", "struct", "i128", "wanted"] {
+            assert!(!err.contains(rust), "{toml:?}: {err}");
+        }
+    }
+}
+
 #[test]
 fn full_spec_example_file_parses() {
     let text = r#"
