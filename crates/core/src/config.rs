@@ -506,6 +506,12 @@ impl Config {
                 .iter()
                 .find(|b| a.starts_with(b) || b.starts_with(a))
             {
+                if a == b {
+                    return Err(ConfigError(format!(
+                        "root {} is given twice; give each root once",
+                        a.display()
+                    )));
+                }
                 return Err(ConfigError(format!(
                     "roots {} and {} overlap (one lies inside the other, so its '.rollback/' would be writable through the other); give separate directories",
                     a.display(),
@@ -527,6 +533,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "state_dir {} contains '..'; give the plain path",
                 self.state_dir.display()
+            )));
+        }
+        if let Some(r) = self.roots.iter().find(|r| **r == self.state_dir) {
+            return Err(ConfigError(format!(
+                "root {} is also the state_dir; the runtime's own files are never writable, so give them separate directories",
+                r.display()
             )));
         }
         if let Some(r) = self.roots.iter().find(|r| r.starts_with(&self.state_dir)) {
