@@ -73,7 +73,7 @@ enum Command {
         #[arg(long)]
         description: Option<String>,
         /// Bytes the action would leave on disk.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = byte_count, allow_hyphen_values = true)]
         size: u64,
         /// The root, by its configured path.
         #[arg(long = "in-root", value_name = "ROOT")]
@@ -116,7 +116,7 @@ enum Command {
     /// Remove snapshots of finished workflows older than a duration (e.g. 7d, 12h, 30m).
     Prune {
         /// Age, e.g. 7d.
-        #[arg(long = "older-than", value_parser = parse_duration)]
+        #[arg(long = "older-than", value_parser = parse_duration, allow_hyphen_values = true)]
         older_than: std::time::Duration,
     },
 }
@@ -129,7 +129,7 @@ struct AuditArgs {
     #[command(subcommand)]
     sub: Option<AuditSub>,
     /// How many entries, newest first (at least 1).
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = at_least_one, allow_hyphen_values = true)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]
@@ -152,7 +152,7 @@ struct ArtifactArgs {
     #[command(subcommand)]
     sub: Option<ArtifactSub>,
     /// How many entries, newest first (at least 1).
-    #[arg(long, default_value_t = 50, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 50, value_parser = at_least_one, allow_hyphen_values = true)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]
@@ -169,13 +169,30 @@ enum ArtifactSub {
 }
 
 /// A list's `--limit`: 0 would answer an empty list for any query (HTTP refuses it too).
+/// One too large to count is "all of them".
 fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
+    match whole_number(s) {
+        Some(n) if n >= 1 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
         _ => Err(format!(
-            "'{s}' is not a count of entries; give a whole number from 1"
+            "'{s}' is not a count of entries; give a whole number from 1 (no sign)"
         )),
     }
+}
+
+/// `check --size`: bytes, however many (one too large to count is refused by the size
+/// limit all the same).
+fn byte_count(s: &str) -> Result<u64, String> {
+    whole_number(s).ok_or_else(|| {
+        format!("'{s}' is not a size in bytes; give a whole number from 0 (no sign or unit)")
+    })
+}
+
+/// Digits only, saturating: a count too large for the machine is the largest it holds.
+fn whole_number(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.parse().unwrap_or(u64::MAX))
 }
 
 /// Exit codes (SPEC §10).
@@ -184,11 +201,15 @@ const EXIT_REFUSED: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let err =
-        || format!("'{s}' is not a duration; use a number and a unit: 30s, 15m, 12h, 7d or 2w");
+    let err = || {
+        format!(
+            "'{s}' is not a duration; use a whole number (no sign) and a unit: 30s, 15m, 12h, 7d or 2w"
+        )
+    };
     let unit_at = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(err)?;
     let (n, unit) = s.split_at(unit_at);
-    let n: u64 = n.parse().map_err(|_| err())?;
+    // An age too large to count prunes nothing, as any beyond the calendar does.
+    let n = whole_number(n).ok_or_else(err)?;
     let secs = match unit {
         "s" => 1,
         "m" => 60,

@@ -693,6 +693,60 @@ fn prune_parses_durations() {
     assert_eq!(out.status.code(), Some(2));
 }
 
+/// Numbers too large to count are taken as the largest (an age that prunes nothing, a
+/// list of everything, a size refused by the limit); negative ones are refused saying
+/// so (they were "not a duration" for a number and a unit, and clap's "unexpected
+/// argument '-5'").
+#[test]
+fn huge_and_negative_numbers_on_the_command_line() {
+    let e = env();
+    for args in [
+        &["prune", "--older-than", "99999999999999999999999d"][..],
+        &["audit", "--limit", "99999999999999999999"][..],
+    ] {
+        let out = e.cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    }
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "check",
+            "--intent",
+            "create_file",
+            "--path",
+            "a.txt",
+        ])
+        .args(["--size", "99999999999999999999999"])
+        .output()
+        .unwrap();
+    assert_eq!(json_out(&out)["reason_code"], "size_exceeded", "{out:?}");
+    for (args, says) in [
+        (&["prune", "--older-than", "-1d"][..], "(no sign)"),
+        (&["audit", "--limit", "-5"][..], "(no sign)"),
+        (
+            &[
+                "check",
+                "--intent",
+                "create_file",
+                "--path",
+                "a.txt",
+                "--size",
+                "-5",
+            ][..],
+            "(no sign or unit)",
+        ),
+    ] {
+        let out = e.cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(says) && !err.contains("unexpected argument"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn malformed_ids_are_input_errors_exit_2() {
     let e = env();
