@@ -434,13 +434,44 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         text.push('\n');
         text.push_str(&lines.join("\n"));
     }
-    text.push_str(&format!("\nWhat to do instead: {}", what_to_do(code, None)));
+    let advice = match code {
+        // A rollback names no path: the workflow wrote into a root this server lacks.
+        ReasonCode::OutsideSandbox => {
+            "roll back single actions in this server's roots with rollback_action, or ask the operator to start the server with every root the workflow wrote into.".to_owned()
+        }
+        _ => what_to_do(code, None),
+    };
+    text.push_str(&format!("\nWhat to do instead: {advice}"));
     error(text, structured)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rollback refused for a root this server lacks gets rollback advice, not the
+    /// path advice of a write ("use a path relative to the sandbox root").
+    #[test]
+    fn a_rollback_outside_the_roots_is_advised_as_a_rollback() {
+        let rep = RollbackReport {
+            workflow_id: "wf_two".to_owned(),
+            status: "refused",
+            steps_rolled_back: 0,
+            reason_code: Some(ReasonCode::OutsideSandbox),
+            reason: Some(
+                "the workflow wrote into /srv/r2, which this process does not serve".to_owned(),
+            ),
+            conflicts: Vec::new(),
+            steps: Vec::new(),
+        };
+        let r = rollback_result(&rep, "workflow wf_two");
+        let text = r.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(text.contains("rollback_action"), "{text}");
+        assert!(!text.contains("relative to the sandbox root"), "{text}");
+    }
 
     #[test]
     fn every_reason_code_has_advice() {
