@@ -1142,6 +1142,40 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
     assert!(sub.join("sandbox_audit.jsonl").exists());
 }
 
+/// A root out of inodes: the snapshot folder that could not be made is named as such, with
+/// the system's reason (it said "No such file or directory", the open that followed).
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_root_out_of_inodes_says_no_space() {
+    let e = env();
+    let tiny = e.dir.join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_i", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    // Filled with files until no inode is left, then one freed: `.rollback` takes it.
+    let mut c = with_private_mount(
+        "mount -t tmpfs -o size=1m,nr_inodes=16 tmpfs \"$1\" && i=0 && while touch \"$1/f$i\" 2>/dev/null; do i=$((i+1)); done && rm \"$1/f0\"",
+        &[tiny.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&tiny)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let run = json_out(&out);
+    let a = &run["actions"][0];
+    assert_eq!(a["reason_code"], "io_error", "{run}");
+    let why = a["reason"].as_str().unwrap();
+    assert!(why.contains("No space left on device"), "{why}");
+}
+
 /// A command that finds the audit trail held by another process past the wait is refused
 /// like a busy peer (exit 1, `conflict`, with what to do), not as one that cannot run.
 #[test]

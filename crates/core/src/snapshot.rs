@@ -247,11 +247,14 @@ fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
     }
     let mut b = DirBuilder::new();
     b.mode(SNAPSHOT_DIR_MODE);
-    let made = dir.create_dir_with(name, &b).is_ok();
-    let d = dir
-        .open_dir_nofollow(name)
-        .map_err(|e| snap_io("create", &e))?;
-    Ok((d, made))
+    let made = dir.create_dir_with(name, &b);
+    let d = dir.open_dir_nofollow(name).map_err(|e| match &made {
+        // Not there because it could not be made (no space, no inodes): that is the
+        // cause to name, not "No such file or directory".
+        Err(cause) if e.kind() == io::ErrorKind::NotFound => snap_io("create", cause),
+        _ => snap_io("create", &e),
+    })?;
+    Ok((d, made.is_ok()))
 }
 
 /// Opens a root's snapshot store (`.rollback`), creating it (private) when missing,
