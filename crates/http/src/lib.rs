@@ -16,7 +16,8 @@
 //! | `GET /healthz` | `{"status": "ok"}` |
 //!
 //! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
-//! 422 for `blocked` (nothing was written), 409 for `failed` and `rolled_back` (a
+//! 422 for `blocked` (nothing was written; 429 when only the rate limit refused it, 500
+//! when only the server's storage did, `io_error`), 409 for `failed` and `rolled_back` (a
 //! mutation failed); the body is always the run result, with a top-level `reason_code`
 //! and `reason` added when the run did not succeed. A plan that cannot be parsed or has
 //! invalid ids is 400. `POST /agentic/rollback/{id}` answers 200 when rolled back (or

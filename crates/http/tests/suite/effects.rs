@@ -116,6 +116,22 @@ async fn blocked_plan_is_422_with_the_run_result_and_writes_nothing() {
     assert!(!e.tmp.path().join("escape.md").exists());
 }
 
+/// A plan refused only because the server's storage failed (here its run record cannot
+/// be written) is 500, not 422: the plan is fine, and the client may try again once the
+/// operator fixes the server.
+#[tokio::test]
+async fn a_plan_refused_by_the_servers_storage_is_500() {
+    let e = writable();
+    std::fs::create_dir_all(e.state_dir.join("inflight/wf_io.json")).unwrap();
+    let plan = json!({"workflow_id": "wf_io", "actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "a"}]});
+    let v = post_json(&e.app, "/agentic/plans", &plan)
+        .await
+        .assert_error(StatusCode::INTERNAL_SERVER_ERROR, "io_error");
+    assert_eq!(v["status"], "blocked");
+    assert!(!e.root.join("a.txt").exists());
+}
+
 #[tokio::test]
 async fn blocked_extension_and_forbidden_intent_are_422() {
     let e = writable();
