@@ -364,12 +364,25 @@ fn init_tracing(server: bool) {
     let level = level
         .parse::<tracing::Level>()
         .unwrap_or(tracing::Level::WARN);
-    let _ = tracing_subscriber::fmt()
+    // The MCP SDK's own INFO lines print its Rust values (`peer_info=Some(...)`): kept
+    // for debugging, not for an operator's log.
+    let sdk = if level >= tracing::Level::DEBUG {
+        level
+    } else {
+        level.min(tracing::Level::WARN)
+    };
+    let targets = tracing_subscriber::filter::Targets::new()
+        .with_default(level)
+        .with_target("rmcp", sdk);
+    let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(level)
         .with_target(false)
-        .try_init();
+        .finish();
+    let _ = tracing::subscriber::set_global_default(
+        tracing_subscriber::layer::SubscriberExt::with(subscriber, targets),
+    );
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {

@@ -175,3 +175,43 @@ fn mcp_over_stdio_writes_and_rolls_back() {
 
     s.finish();
 }
+
+/// The operator's log (standard error, at the default level) says what the server does,
+/// not the MCP SDK's Rust values (`peer_info=Some(InitializeRequestParams { ... })`).
+#[test]
+#[allow(clippy::disallowed_methods)]
+fn the_default_log_holds_no_sdk_values() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
+        .env_remove("AILAB_SANDBOX_LOG")
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(tmp.path().join("root"))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-03-26", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{hello}").unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("MCP server listening"), "{log}");
+    assert!(
+        !log.contains("peer_info") && !log.contains("Some("),
+        "{log}"
+    );
+}
