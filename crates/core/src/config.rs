@@ -482,7 +482,7 @@ impl Config {
         for r in &self.roots {
             if !r.is_absolute() {
                 return Err(ConfigError(format!(
-                    "root {} is not an absolute path; roots must be absolute",
+                    "root '{}' is not an absolute path; give each root as an absolute path, such as /srv/sandbox",
                     r.display()
                 )));
             }
@@ -521,7 +521,7 @@ impl Config {
         }
         if !self.state_dir.is_absolute() {
             return Err(ConfigError(format!(
-                "state_dir {} is not an absolute path",
+                "state_dir '{}' is not an absolute path; give an absolute path, such as /var/lib/ailab-sandbox",
                 self.state_dir.display()
             )));
         }

@@ -275,6 +275,13 @@ fn relative_root_is_refused() {
     )
     .unwrap_err();
     assert!(err.0.contains("rel/dir"), "{err}");
+    // An empty one is shown as empty, quoted (it read "root  is not ..."), with an example.
+    let err = resolve(Some("roots = [\"\"]\n"), &[], &Overrides::default()).unwrap_err();
+    assert!(
+        err.0.starts_with("root '' is not an absolute path"),
+        "{err}"
+    );
+    assert!(err.0.contains("such as /srv/sandbox"), "{err}");
 }
 
 #[test]
