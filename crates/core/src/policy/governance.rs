@@ -137,7 +137,20 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
     };
     ctx.extensions.check_directories(dirs)?;
     let ext = normalize_extension(resolved.rel.file_name());
-    is_allowed_operation(op, &ext, 0, ctx.extensions)?;
+    is_allowed_operation(op, &ext, 0, ctx.extensions).map_err(|r| {
+        // The policy judges an extension; the person fixes a file name.
+        if matches!(
+            r.reason_code,
+            ReasonCode::BlockedExtension | ReasonCode::ExtensionNotAllowed
+        ) {
+            Refusal::new(
+                r.reason_code,
+                format!("{}: {}", shown_path(&resolved.rel.as_string()), r.reason),
+            )
+        } else {
+            r
+        }
+    })?;
     let risk = assess_sandbox_risk(req.intent, &resolved.rel.as_string());
     Ok(Approval {
         op,

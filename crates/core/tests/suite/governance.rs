@@ -369,6 +369,24 @@ fn operation_extension_lists_are_enforced() {
     );
 }
 
+/// An extension refusal names the file, so that a plan of many files says which one to
+/// rename ("a name without extension is not on the allow-list" named none).
+#[test]
+fn extension_refusals_name_the_file() {
+    for (intent, path) in [
+        ("create_file", "notes/noext"),
+        ("create_file", "x.service"),
+        ("write_json", "data/x.yaml"),
+    ] {
+        let err = lexical(&req(intent, path), 1).unwrap_err();
+        assert!(
+            err.reason.starts_with(&format!("'{path}': ")),
+            "{}",
+            err.reason
+        );
+    }
+}
+
 #[test]
 fn size_is_the_last_check() {
     let err = lexical(&req("write_json", "x.json"), 2 * 1024 * 1024 + 1).unwrap_err();
