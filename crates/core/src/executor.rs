@@ -839,7 +839,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             if let Some(why) = &this.undo_failed {
                 r.reason = format!(
                     "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
-                    r.reason
+                    r.reason.strip_suffix(UNDONE_LATER).unwrap_or(&r.reason)
                 );
             }
             fail_or_block(this, res, r, target, false)
@@ -1262,6 +1262,10 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 }
 
+/// How a refusal for a held log goes on when the change was undone (see [`log_failure`]);
+/// dropped when the undo failed, which is said instead.
+const UNDONE_LATER: &str = "; the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start";
+
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
@@ -1269,7 +1273,7 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind); the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start"
+                "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind){UNDONE_LATER}"
             ),
         );
     }

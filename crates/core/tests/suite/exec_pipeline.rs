@@ -1414,6 +1414,10 @@ fn a_write_neither_audited_nor_undone_is_settled_by_the_next_start() {
     );
     log.unlock().unwrap();
     assert_eq!(status(&r), "failed", "{r:?}");
+    // Said once, as it is: it also said "the change was undone".
+    let why = r.actions[0].reason.as_deref().unwrap();
+    assert!(why.contains("undoing its change failed"), "{why}");
+    assert!(!why.contains("the change was undone"), "{why}");
     assert_eq!(w.read("t.txt"), b"new\n", "the change is still there");
     assert_eq!(run_record(&w, "wf_v")["state"], "active");
     assert!(sb.audit_entries(10, Some("wf_v")).unwrap().is_empty());
