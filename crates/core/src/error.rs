@@ -120,3 +120,15 @@ mod tests {
         assert!(!full.is_unwritable(), "a full disk is not a read-only one");
     }
 }
+
+/// An I/O error in a few words for a sentence: its kind ("permission denied", "no storage
+/// space"), or, where the kind says nothing (an `EIO` is "uncategorized error"), the
+/// system's own words ("Input/output error (os error 5)").
+pub(crate) fn io_words(e: &std::io::Error) -> String {
+    let kind = e.kind().to_string();
+    if matches!(kind.as_str(), "uncategorized error" | "other error") {
+        e.to_string()
+    } else {
+        kind
+    }
+}

@@ -294,7 +294,7 @@ impl Sandbox {
                 ReasonCode::IoError,
                 format!(
                     "could not read the run record of workflow {workflow_id}: {}",
-                    e.kind()
+                    crate::error::io_words(&e)
                 ),
             )
         };

@@ -687,7 +687,7 @@ impl Snapshotter {
                 format!(
                     "the backup of {} cannot be read: {}",
                     shown_path(&meta.original_path),
-                    e.kind()
+                    crate::error::io_words(&e)
                 ),
             )
         })

@@ -1723,7 +1723,7 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
     };
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what} {target}: {}", e.kind()),
+        format!("could not {what} {target}: {}", crate::error::io_words(&e)),
     )
 }
 
@@ -1752,6 +1752,13 @@ mod tests {
         assert_eq!(
             w.reason,
             "could not write 'locked/f.txt': permission denied"
+        );
+        // An error whose kind says nothing is said in the system's words (an EIO was
+        // "uncategorized error").
+        let eio = root.map_open_error(&rel, io::Error::from_raw_os_error(5));
+        assert_eq!(
+            eio.reason,
+            "could not write 'locked/f.txt': Input/output error (os error 5)"
         );
     }
 

@@ -68,7 +68,7 @@ impl Sandbox {
                     ReasonCode::IoError,
                     format!(
                         "could not open the target's filesystem for syncing: {}",
-                        e.kind()
+                        crate::error::io_words(&e)
                     ),
                 )
             }),
@@ -122,7 +122,10 @@ impl Sandbox {
             }
             return Err(crate::reason::Refusal::new(
                 ReasonCode::IoError,
-                format!("could not sync to stable storage: {}", e.kind()),
+                format!(
+                    "could not sync to stable storage: {}",
+                    crate::error::io_words(&e)
+                ),
             ));
         }
         self.empty_commit_logs(logs);
@@ -177,7 +180,10 @@ impl Sandbox {
         let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
-                format!("could not write the commit log: {}", e.kind()),
+                format!(
+                    "could not write the commit log: {}",
+                    crate::error::io_words(&e)
+                ),
             )
         };
         let Some(e) = entry else {
@@ -234,7 +240,10 @@ impl Sandbox {
         let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
-                format!("could not empty the commit log: {}", e.kind()),
+                format!(
+                    "could not empty the commit log: {}",
+                    crate::error::io_words(&e)
+                ),
             )
         };
         let Some((f, at)) = self.log_with_entries(workflow_id).map_err(io)? else {
@@ -257,7 +266,10 @@ impl Sandbox {
         let entries = self.log_with_entries(workflow_id).map_err(|e| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
-                format!("could not read the commit log: {}", e.kind()),
+                format!(
+                    "could not read the commit log: {}",
+                    crate::error::io_words(&e)
+                ),
             )
         })?;
         match entries {
@@ -284,7 +296,10 @@ impl Sandbox {
             .map_err(|e| {
                 crate::reason::Refusal::new(
                     ReasonCode::IoError,
-                    format!("could not read the commit log: {}", e.kind()),
+                    format!(
+                        "could not read the commit log: {}",
+                        crate::error::io_words(&e)
+                    ),
                 )
             })?
             .into_iter()
@@ -455,7 +470,7 @@ impl Sandbox {
                         } else {
                             "run"
                         },
-                        e.kind()
+                        crate::error::io_words(&e)
                     ),
                 )
             })

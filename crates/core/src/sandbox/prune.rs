@@ -123,7 +123,10 @@ impl Sandbox {
         let trail = self.audit.by_workflow(wf).map_err(|e| {
             crate::Refusal::new(
                 ReasonCode::IoError,
-                format!("could not read the audit trail: {}", e.kind()),
+                format!(
+                    "could not read the audit trail: {}",
+                    crate::error::io_words(&e)
+                ),
             )
         })?;
         let newest = snaps
@@ -163,7 +166,7 @@ impl Sandbox {
             .map_err(|e| {
                 crate::Refusal::new(
                     ReasonCode::IoError,
-                    format!("could not record the prune: {}", e.kind()),
+                    format!("could not record the prune: {}", crate::error::io_words(&e)),
                 )
             })?;
         for root in &self.roots {

@@ -435,7 +435,10 @@ impl Sandbox {
             Err(e) => {
                 return Err((
                     ReasonCode::IoError,
-                    format!("could not read the audit trail: {}", e.kind()),
+                    format!(
+                        "could not read the audit trail: {}",
+                        crate::error::io_words(&e)
+                    ),
                     Vec::new(),
                 ));
             }
@@ -445,7 +448,10 @@ impl Sandbox {
             Err(e) => {
                 return Err((
                     ReasonCode::IoError,
-                    format!("could not read the workflow's prune record: {}", e.kind()),
+                    format!(
+                        "could not read the workflow's prune record: {}",
+                        crate::error::io_words(&e)
+                    ),
                     Vec::new(),
                 ));
             }
@@ -783,7 +789,10 @@ impl Sandbox {
             if let Err(e) = self.audit.append(records) {
                 return refused(
                     ReasonCode::IoError,
-                    format!("could not audit the simulated rollback: {}", e.kind()),
+                    format!(
+                        "could not audit the simulated rollback: {}",
+                        crate::error::io_words(&e)
+                    ),
                     Vec::new(),
                 );
             }
