@@ -1279,7 +1279,7 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     }
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what}: {}", crate::error::io_words(&e)),
+        format!("could not {what}: {}", crate::error::io_words(e)),
     )
 }
 

@@ -1723,7 +1723,7 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
     };
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what} {target}: {}", crate::error::io_words(&e)),
+        format!("could not {what} {target}: {}", crate::error::io_words(e)),
     )
 }
 

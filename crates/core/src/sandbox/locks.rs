@@ -27,7 +27,7 @@ pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Re
         format!(
             "could not lock workflow {}: {}",
             shown_path(workflow_id),
-            crate::error::io_words(&e)
+            crate::error::io_words(e)
         ),
     )
 }
@@ -47,7 +47,7 @@ fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
         format!(
             "could not lock {}: {}",
             shown_path(&rel.as_string()),
-            crate::error::io_words(&e)
+            crate::error::io_words(e)
         ),
     )
 }
