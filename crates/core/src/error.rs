@@ -95,6 +95,18 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
     }
 }
 
+/// An I/O error in a few words for a sentence: its kind ("permission denied", "no storage
+/// space"), or, where the kind says nothing (an `EIO` is "uncategorized error"), the
+/// system's own words ("Input/output error (os error 5)").
+pub(crate) fn io_words(e: &std::io::Error) -> String {
+    let kind = e.kind().to_string();
+    if matches!(kind.as_str(), "uncategorized error" | "other error") {
+        e.to_string()
+    } else {
+        kind
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Error;
@@ -118,17 +130,5 @@ mod tests {
         }
         let full = Error::io("append")(std::io::Error::from_raw_os_error(28));
         assert!(!full.is_unwritable(), "a full disk is not a read-only one");
-    }
-}
-
-/// An I/O error in a few words for a sentence: its kind ("permission denied", "no storage
-/// space"), or, where the kind says nothing (an `EIO` is "uncategorized error"), the
-/// system's own words ("Input/output error (os error 5)").
-pub(crate) fn io_words(e: &std::io::Error) -> String {
-    let kind = e.kind().to_string();
-    if matches!(kind.as_str(), "uncategorized error" | "other error") {
-        e.to_string()
-    } else {
-        kind
     }
 }
