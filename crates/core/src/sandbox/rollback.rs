@@ -262,6 +262,7 @@ impl Sandbox {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => (
                 self.beyond_force(&pending)
+                    .or_else(|| self.damaged_backups(&pending))
                     .map(|r| (r.reason_code, r.reason)),
                 self.find_conflicts(workflow_id, &pending),
             ),
@@ -349,6 +350,38 @@ impl Sandbox {
             code,
             format!(
                 "{}; a rollback never removes what the workflow did not make, nor writes to a file with other links, a special file or through a link, even with force: move it away (or remove the extra link), then roll back",
+                reasons.join("; ")
+            ),
+        ))
+    }
+
+    /// A backup of `chosen` that cannot give its file back (gone, unreadable, or not the
+    /// bytes its seal names), as one refusal: met at its restore, the rollback stopped
+    /// half way, after restoring the newer actions.
+    fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
+        let bad: Vec<Refusal> = chosen
+            .iter()
+            .filter(|(_, s)| s.meta.kind == SnapshotKind::File)
+            .filter_map(|(i, s)| {
+                match Snapshotter::read_backup(&self.roots[*i], &s.meta) {
+                    Err(r) => Some(r),
+                    Ok(bytes) if Some(crate::hash::sha256_hex(&bytes)) != s.meta.sha256 => Some(Refusal::new(
+                        ReasonCode::ChecksumMismatch,
+                        format!(
+                            "the backup of {} does not match its recorded SHA-256; it was damaged",
+                            shown_path(&s.meta.original_path)
+                        ),
+                    )),
+                    Ok(_) => None,
+                }
+            })
+            .collect();
+        let code = bad.first()?.reason_code;
+        let reasons: Vec<&str> = bad.iter().map(|r| r.reason.as_str()).collect();
+        Some(Refusal::new(
+            code,
+            format!(
+                "{}; nothing was restored: a damaged snapshot cannot give its file back, even with force (roll back single newer actions, or restore that file by other means)",
                 reasons.join("; ")
             ),
         ))
@@ -717,7 +750,10 @@ impl Sandbox {
         // What force cannot overwrite is refused before anything is restored, with its
         // own code, forced or not: advising force would not help, and met at its restore
         // it left the workflow half rolled back.
-        if let Some(r) = self.beyond_force(&chosen) {
+        if let Some(r) = self
+            .beyond_force(&chosen)
+            .or_else(|| self.damaged_backups(&chosen))
+        {
             return refused(r.reason_code, r.reason, conflicts);
         }
         if !conflicts.is_empty() && !opts.force {

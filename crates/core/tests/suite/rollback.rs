@@ -236,18 +236,35 @@ fn damaged_backup_is_checksum_mismatch() {
     let sb = w.sandbox();
     run(
         &sb,
-        json!({"workflow_id": "wf_dmg", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "new"}]}),
+        json!({"workflow_id": "wf_dmg", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "new"},
+            {"action_id": "a2", "intent": "create_file", "path": "top.txt", "content": "t"}]}),
     );
-    std::fs::write(w.root.join(".rollback/wf_dmg/a1/backup"), b"tampered").unwrap();
-    let rb = sb.rollback_workflow("wf_dmg", &RollbackOptions::default());
-    assert_eq!(rb.status, "failed");
-    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch));
+    let backup = w.root.join(".rollback/wf_dmg/a1/backup");
+    std::fs::write(&backup, b"tampered").unwrap();
+    // Refused before anything is restored, forced or not: it restored the newer action,
+    // then stopped at the damaged one, half way.
+    for force in [false, true] {
+        let rb = rollback(&sb, "wf_dmg", force);
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch));
+        assert_eq!(rb.steps_rolled_back, 0);
+    }
     assert_eq!(w.read("f.txt"), b"new", "a damaged backup is never written");
+    assert_eq!(w.read("top.txt"), b"t", "nothing restored");
     assert!(
         sb.metrics()
             .encode()
-            .contains("ailab_sandbox_checksum_mismatch_total 1")
+            .contains("ailab_sandbox_checksum_mismatch_total 2")
     );
+    let info = sb.rollback_info("wf_dmg").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    // A backup gone is said so too.
+    std::fs::remove_file(&backup).unwrap();
+    let rb = rollback(&sb, "wf_dmg", true);
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 0);
+    assert_eq!(w.read("top.txt"), b"t", "nothing restored");
 }
 
 #[test]
