@@ -203,7 +203,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "there is nothing left to roll back; check the workflow_id or action_id with list_artifacts."
         }
         C::ChecksumMismatch => {
-            "a restored file did not match its snapshot; do not retry blindly. Tell the user; the operator should inspect the audit trail (`ailab-sandbox audit verify`)."
+            "a snapshot or a restored file did not match its recorded checksum; do not retry blindly. Tell the user; the operator should inspect the snapshot named and the audit trail (`ailab-sandbox audit verify`)."
         }
         C::IoError => {
             "the runtime could not read or write its files; tell the user. The operator should check the state directory and the sandbox roots (get_state)."
