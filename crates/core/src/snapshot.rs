@@ -943,7 +943,8 @@ impl RollbackEngine {
                 })
             }
             SnapshotKind::Missing => {
-                match root.inspect(&rel)?.kind {
+                let found = root.inspect(&rel)?.kind;
+                match found {
                     // A directory action made no file: one there now is someone else's.
                     TargetKind::File { .. } if meta.is_directory_action() => {
                         return Err(Refusal::new(
@@ -1003,7 +1004,13 @@ impl RollbackEngine {
                         checksum_validated: gone,
                         restored_checksum: None,
                         detail: gone.then(|| {
-                            let mut d = Self::absent_detail(meta);
+                            let mut d = if found == TargetKind::Missing {
+                                // Someone removed it before the rollback: nothing was.
+                                "already gone before this restore, as before the action"
+                                    .to_owned()
+                            } else {
+                                Self::absent_detail(meta)
+                            };
                             if !left_dirs.is_empty() {
                                 let names: Vec<String> =
                                     left_dirs.iter().map(|l| shown_path(&l.path)).collect();

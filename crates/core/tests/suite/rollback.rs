@@ -1725,6 +1725,19 @@ fn a_step_says_what_became_of_a_target_without_checksum() {
     );
     assert!(!w.path("made").exists());
     assert_eq!(w.read("kept/old.txt"), b"old\n");
+    // What someone removed before a forced rollback was not removed by it, and is not
+    // said to be (it read "removed: it did not exist before the action").
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_g", "actions": [
+            {"action_id": "gone", "intent": "create_file", "path": "gone.txt", "content": "g\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    std::fs::remove_file(w.path("gone.txt")).unwrap();
+    let rb = rollback(&sb, "wf_g", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let d = rb.steps[0].detail.clone().unwrap_or_default();
+    assert!(d.starts_with("already gone"), "{d}");
 }
 
 /// A world with `own.txt` (`data\n`, mode 0600) owned by uid and gid 65534; `None` when
