@@ -161,7 +161,10 @@ fn plain_words(message: &str, key: &str) -> String {
         m = m.replacen("invalid type: integer", "integer too large:", 1);
     }
     for t in ["usize", "u64", "u32", "u16", "u8"] {
-        m = m.replace(&format!("expected {t}"), "expected a whole number (no sign)");
+        m = m.replace(
+            &format!("expected {t}"),
+            "expected a whole number (no sign)",
+        );
     }
     match m.find("expected struct ") {
         Some(i) => format!("{}expected a table (a [section] of keys)", &m[..i]),

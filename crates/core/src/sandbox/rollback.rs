@@ -248,6 +248,15 @@ impl Sandbox {
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
     pub fn rollback_info(&self, workflow_id: &str) -> Verdict<RollbackInfo> {
         crate::plan::check_id("workflow_id", workflow_id)?;
+        // A run of the workflow that died is recovered first, as a rollback would do
+        // (it may undo some of what is listed below): otherwise the answer would list
+        // its unfinished actions as a rollback's, which the rollback then finds undone.
+        // Not waited for: a run or rollback under way holds the lock, and is no dead run.
+        if self.execution_context().0.is_executable()
+            && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
+        {
+            self.recover_dead_run(workflow_id)?;
+        }
         let found = self.workflow_snapshots(workflow_id)?;
         let (snaps, refusal) = match self.rollback_selection(
             workflow_id,
@@ -687,7 +696,7 @@ impl Sandbox {
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "{} was already rolled back (by an earlier rollback, or at once when its action failed); nothing is left to roll back",
+                    "{} was already rolled back (by an earlier rollback, at once when its action failed, or by the recovery of an interrupted run); nothing is left to roll back",
                     what()
                 ),
                 Vec::new(),

@@ -1054,6 +1054,30 @@ fn a_run_that_dies_in_a_live_process_is_recovered_by_the_next_run_of_its_workflo
     }
 }
 
+/// What a rollback would do, asked of a process that lives on after a run of the
+/// workflow died in it (a server), recovers that run first, as the rollback would: it
+/// listed the run's unfinished action among the rollback's steps, which the rollback then
+/// found undone by that recovery.
+#[test]
+fn what_a_rollback_would_do_counts_the_recovery_of_a_dead_run() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c);
+    kill_before_the_second_record(&sb);
+    let info = sb.rollback_info("wf_crash").unwrap();
+    let pending: Vec<&str> = info
+        .actions
+        .iter()
+        .filter(|a| !a.restored)
+        .map(|a| a.action_id.as_str())
+        .collect();
+    assert_eq!(pending.len(), 1, "only the audited first action: {info:?}");
+    let rb = sb.rollback_workflow("wf_crash", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let done: Vec<&str> = rb.steps.iter().map(|s| s.action_id.as_str()).collect();
+    assert_eq!(done, pending);
+    assert_eq!(w.tree(), original);
+}
+
 /// A recovery names its process in the run record so that, should it die, the next
 /// recovery removes its temporary files. When it cannot make its result durable, the
 /// record stays for a later recovery in another process, and must no longer name this
