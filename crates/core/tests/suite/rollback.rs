@@ -581,7 +581,7 @@ fn an_action_rolled_back_twice_is_named() {
     assert_eq!(
         again.reason.as_deref(),
         Some(
-            "action 'a2' of workflow 'wf1' was already rolled back (by an earlier rollback, or at once when its action failed); nothing is left to roll back"
+            "action 'a2' of workflow 'wf1' was already rolled back (by an earlier rollback, at once when its action failed, or by the recovery of an interrupted run); nothing is left to roll back"
         )
     );
     assert_eq!(rollback(&sb, "wf1", false).status, "rolled_back");
