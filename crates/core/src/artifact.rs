@@ -359,12 +359,22 @@ impl ArtifactRegistry {
     /// file holding those bytes is, when later writes to the path were rolled back. It is
     /// looked for among the newest artifact's nearest ancestors only.
     pub fn version_holding(&self, path: &str, checksum: &str) -> io::Result<Option<ArtifactEntry>> {
+        self.version_holding_where(path, checksum, |_| true)
+    }
+
+    /// [`ArtifactRegistry::version_holding`], among the artifacts `keep` accepts.
+    pub fn version_holding_where(
+        &self,
+        path: &str,
+        checksum: &str,
+        keep: impl Fn(&ArtifactEntry) -> bool,
+    ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
             let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path);
             // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
             for _ in 0..64 {
                 let e = ix.at(cur?);
-                if e.path == path && e.checksum_sha256 == checksum {
+                if e.path == path && e.checksum_sha256 == checksum && keep(e) {
                     return Some(e.clone());
                 }
                 cur = ix.by_id(e.parent_artifact_id.as_deref()?);

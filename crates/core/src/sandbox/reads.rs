@@ -127,7 +127,11 @@ impl Sandbox {
             EntryKind::Special => ("special", None, None),
         };
         let artifact_id = match (&sha256, size_bytes) {
-            (Some(sum), _) => self.registry.version_holding(&abs, sum),
+            // A version whose write was rolled back is not what the file holds, even
+            // when someone put the same bytes back by hand.
+            (Some(sum), _) => self
+                .registry
+                .version_holding_where(&abs, sum, |a| !self.rolled_back(a)),
             // Too large to hash here: the newest artifact, if the size agrees.
             (None, Some(size)) => self
                 .registry
@@ -145,6 +149,18 @@ impl Sandbox {
             sha256,
             artifact_id,
         })
+    }
+
+    /// Whether the trail records the write of `artifact` as rolled back.
+    fn rolled_back(&self, artifact: &ArtifactEntry) -> bool {
+        self.audit
+            .by_workflow(&artifact.workflow_id)
+            .is_ok_and(|entries| {
+                entries.iter().any(|e| {
+                    e.action_id == artifact.action_id
+                        && e.status == crate::audit::AuditStatus::RolledBack
+                })
+            })
     }
 
     /// Newest audit entries.

@@ -1630,6 +1630,10 @@ fn get_file_info_names_the_artifact_the_file_holds() {
     assert!(sb.rollback_workflow("wf_i", &one("l1")).is_success());
     assert_eq!(info().kind, "missing");
     assert_eq!(info().artifact_id, None);
+    // The same bytes put back by hand are no registered version either: every write of
+    // them was rolled back (the rolled-back l2 was named).
+    w.write("n.txt", b"2");
+    assert_eq!(info().artifact_id, None, "written by hand");
 }
 
 /// A plan naming a configured root that was skipped at start (it could not be opened) is
