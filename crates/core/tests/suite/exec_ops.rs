@@ -366,6 +366,32 @@ fn write_json_serializes_data_pretty() {
     );
 }
 
+/// `data: null` is no data, whether the plan came as JSON text or was built in Rust (a
+/// library caller's `Some(Value::Null)` was written as `null`).
+#[test]
+fn null_data_is_no_data_on_every_route() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let built = ailab_sandbox_core::Plan {
+        actions: vec![ailab_sandbox_core::plan::Action {
+            intent: "write_json".to_owned(),
+            path: "n.json".to_owned(),
+            data: Some(serde_json::Value::Null),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let from_text = br#"{"actions":[{"intent":"write_json","path":"n.json","data":null}]}"#;
+    for r in [
+        sb.run_plan(built).unwrap(),
+        sb.run_plan_json(from_text).unwrap(),
+    ] {
+        assert_eq!(status(&r), "blocked", "{r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+    }
+    assert!(!w.path("n.json").exists());
+}
+
 #[test]
 fn numbers_are_written_as_sent_or_refused() {
     let w = World::new();
