@@ -99,9 +99,13 @@ impl Sandbox {
             .root_paths
             .iter()
             .position(|r| r.to_str() == Some(bare))
-            && (root.is_none() || hinted()? == i)
         {
-            return self.roots[i].list_dir(None);
+            if root.is_none() || hinted()? == i {
+                return self.roots[i].list_dir(None);
+            }
+            // Another root named alongside: refused as any path of another root is (the
+            // trailing `/` is not the fault).
+            self.resolve_read(bare, root)?;
         }
         let (i, rel) = self.resolve_read(path, root)?;
         self.roots[i].list_dir(Some(&rel))

@@ -1518,15 +1518,17 @@ fn a_root_is_listed_by_its_own_path() {
     assert_eq!(names(&second, None), ["two.txt"]);
     assert_eq!(names(&format!("{second}/"), Some(&second)), ["two.txt"]);
     assert_eq!(names(&w.root.display().to_string(), None), ["one.txt"]);
-    let err = sb
-        .list_directory(&second, Some(&w.root.display().to_string()))
-        .unwrap_err();
-    assert_eq!(
-        err.reason_code,
-        ReasonCode::OutsideSandbox,
-        "{}",
-        err.reason
-    );
+    for named in [second.clone(), format!("{second}/")] {
+        let err = sb
+            .list_directory(&named, Some(&w.root.display().to_string()))
+            .unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::OutsideSandbox,
+            "{named}: {}",
+            err.reason
+        );
+    }
     // Taken literally, as every other path: no `.` or empty component.
     for odd in [
         format!("{second}/."),
