@@ -683,10 +683,20 @@ impl Sandbox {
             None => format!("workflow {}", shown_path(workflow_id)),
         };
         if chosen.is_empty() {
+            // Say why, when the trail knows: a prune removed them by design.
+            let why = if pruned.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} write(s) were pruned, prune --older-than, and cannot be rolled back; those files stay as they are: {})",
+                    pruned.len(),
+                    pruned.join(", ")
+                )
+            };
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "there are no snapshots for {}; nothing can be rolled back",
+                    "there are no snapshots for {}{why}; nothing can be rolled back",
                     what()
                 ),
                 Vec::new(),

@@ -340,11 +340,11 @@ fn prune_removes_old_finished_workflows_only() {
     assert_eq!(report.workflows_kept, 1);
     assert!(!w.root.join(".rollback/wf_old").exists());
     assert!(w.root.join(".rollback/wf_new").exists());
-    assert_eq!(
-        sb.rollback_workflow("wf_old", &RollbackOptions::default())
-            .reason_code,
-        Some(ReasonCode::NoRollbackData)
-    );
+    let rb = sb.rollback_workflow("wf_old", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    // Why there is nothing: the prune, named (it said only "there are no snapshots").
+    let why = rb.reason.unwrap();
+    assert!(why.contains("were pruned"), "{why}");
 }
 
 #[test]
