@@ -343,8 +343,9 @@ impl Sandbox {
         self.settle_commit_log(workflow_id)?;
         let report = self.recover_record(&rec);
         if !report.unjudged.is_empty() {
+            // Something someone put in the way, not a failure of the disk (HTTP 500).
             return Err(Refusal::new(
-                ReasonCode::IoError,
+                ReasonCode::Conflict,
                 format!(
                     "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; remove that second hard link, symbolic link or special file, then retry",
                     rec.execution_id,

@@ -837,7 +837,7 @@ fn a_run_whose_target_cannot_be_looked_at_waits_until_it_can() {
         assert_eq!(run_record(&w, "wf_crash")["state"], "active", "{how}");
         let r = run(&sb, plan_json());
         assert_eq!(status(&r), "blocked", "{how}: {r:?}");
-        assert_eq!(code(&r, 0).as_deref(), Some("io_error"), "{how}");
+        assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{how}");
         assert!(
             r.actions[0]
                 .reason
