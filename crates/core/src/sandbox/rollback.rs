@@ -252,10 +252,16 @@ impl Sandbox {
         // (it may undo some of what is listed below): otherwise the answer would list
         // its unfinished actions as a rollback's, which the rollback then finds undone.
         // Not waited for: a run or rollback under way holds the lock, and is no dead run.
+        // Not tried by a process that writes nothing more (a sync failed), as a rollback
+        // would not; a recovery that cannot be done is the answer's refusal, as it would
+        // be the rollback's.
+        let mut recovery = None;
         if self.execution_context().0.is_executable()
+            && self.check_syncs().is_ok()
             && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
+            && let Err(r) = self.recover_dead_run(workflow_id)
         {
-            self.recover_dead_run(workflow_id)?;
+            recovery = Some((r.reason_code, r.reason));
         }
         let found = self.workflow_snapshots(workflow_id)?;
         let (snaps, refusal) = match self.rollback_selection(
@@ -276,6 +282,7 @@ impl Sandbox {
                 self.find_conflicts(workflow_id, &pending),
             ),
         };
+        let refusal = recovery.or(refusal);
         let actions = snaps
             .iter()
             .rev()

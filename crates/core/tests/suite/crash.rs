@@ -1078,6 +1078,32 @@ fn what_a_rollback_would_do_counts_the_recovery_of_a_dead_run() {
     assert_eq!(w.tree(), original);
 }
 
+/// A dead run the preview cannot recover (a target it cannot judge yet) makes the preview
+/// say so, as the rollback would refuse: it was an error (HTTP 500), not the description.
+#[test]
+fn a_preview_whose_recovery_must_wait_says_why() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let put_back = interfere_at(&w, "d/b.txt", "hard link");
+    let sb = w.open(c);
+    let info = sb.rollback_info("wf_crash").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{info:?}"
+    );
+    assert!(info.reason.unwrap().contains("cannot be judged yet"));
+    let rb = sb.rollback_workflow("wf_crash", &Default::default());
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{rb:?}"
+    );
+    drop(sb);
+    put_back();
+}
+
 /// A recovery names its process in the run record so that, should it die, the next
 /// recovery removes its temporary files. When it cannot make its result durable, the
 /// record stays for a later recovery in another process, and must no longer name this
