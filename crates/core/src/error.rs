@@ -100,10 +100,11 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
 /// system's own words ("Input/output error (os error 5)").
 pub(crate) fn io_words(e: &std::io::Error) -> String {
     let kind = e.kind().to_string();
-    if matches!(kind.as_str(), "uncategorized error" | "other error") {
-        e.to_string()
-    } else {
-        kind
+    match kind.as_str() {
+        "uncategorized error" | "other error" => e.to_string(),
+        // Rust's words for ENOENT.
+        "entity not found" => "no such file or directory".to_owned(),
+        _ => kind,
     }
 }
 
