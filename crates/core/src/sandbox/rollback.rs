@@ -371,12 +371,17 @@ impl Sandbox {
         ))
     }
 
-    /// A backup of `chosen` that cannot give its file back (gone, unreadable, or not the
-    /// bytes its seal names), as one refusal: met at its restore, the rollback stopped
-    /// half way, after restoring the newer actions.
+    /// A backup of `chosen` (oldest first) that cannot give its file back (gone,
+    /// unreadable, or not the bytes its seal names), as one refusal: met at its restore,
+    /// the rollback stopped half way, after restoring the newer actions. Only the restore
+    /// that leaves each file as it ends (its oldest chosen action's) is looked at: a newer
+    /// one's bytes are overwritten by it anyway, so its damage must not block the
+    /// rollback that gives the file back.
     fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
+        let mut seen = HashSet::new();
         let bad: Vec<Refusal> = chosen
             .iter()
+            .filter(|(i, s)| seen.insert((*i, s.meta.original_path.as_str())))
             .filter(|(_, s)| s.meta.kind == SnapshotKind::File)
             .filter_map(|(i, s)| {
                 match Snapshotter::read_backup(&self.roots[*i], &s.meta) {
@@ -397,7 +402,7 @@ impl Sandbox {
         Some(Refusal::new(
             code,
             format!(
-                "{}; nothing was restored: a damaged snapshot cannot give its file back, even with force (roll back single newer actions, or restore that file by other means)",
+                "{}; nothing was restored: a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)",
                 reasons.join("; ")
             ),
         ))

@@ -264,7 +264,22 @@ fn damaged_backup_is_checksum_mismatch() {
     let rb = rollback(&sb, "wf_dmg", true);
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
     assert_eq!(rb.steps_rolled_back, 0);
+    // In the system's words, not Rust's ("entity not found").
+    assert!(rb.reason.unwrap().contains("no such file or directory"));
     assert_eq!(w.read("top.txt"), b"t", "nothing restored");
+    // The damaged backup of a newer write on a file an older write of the workflow
+    // restores anyway does not block that restore: the file gets its original bytes back
+    // (refused up front, the older write could never be rolled back).
+    w.write("g.txt", b"ORIGINAL");
+    run(
+        &sb,
+        json!({"workflow_id": "wf_two", "actions": [
+            {"action_id": "b1", "intent": "replace_file", "path": "g.txt", "content": "v1"},
+            {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "v2"}]}),
+    );
+    std::fs::write(w.root.join(".rollback/wf_two/b2/backup"), b"garbage").unwrap();
+    let rb = rollback(&sb, "wf_two", true);
+    assert_eq!(w.read("g.txt"), b"ORIGINAL", "{rb:?}");
 }
 
 #[test]
