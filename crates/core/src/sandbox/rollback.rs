@@ -484,32 +484,22 @@ impl Sandbox {
         // write inside a root: it says which writes happened and which were undone, so a
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
         // rollback that reports success with a file left as it was.
-        let trail = match self.audit.by_workflow(workflow_id) {
-            Ok(t) => t,
-            Err(e) => {
-                return Err((
-                    ReasonCode::IoError,
-                    format!(
-                        "could not read the audit trail: {}",
-                        crate::error::io_words(&e)
-                    ),
-                    Vec::new(),
-                ));
-            }
+        let unread = |what: &str, e: std::io::Error| -> RollbackRefusal {
+            (
+                ReasonCode::IoError,
+                format!("could not read {what}: {}", crate::error::io_words(&e)),
+                Vec::new(),
+            )
         };
-        let (pruned_up_to, pruned_roots) = match self.state.prune_mark(workflow_id) {
-            Ok(m) => m.unwrap_or_default(),
-            Err(e) => {
-                return Err((
-                    ReasonCode::IoError,
-                    format!(
-                        "could not read the workflow's prune record: {}",
-                        crate::error::io_words(&e)
-                    ),
-                    Vec::new(),
-                ));
-            }
-        };
+        let trail = self
+            .audit
+            .by_workflow(workflow_id)
+            .map_err(|e| unread("the audit trail", e))?;
+        let (pruned_up_to, pruned_roots) = self
+            .state
+            .prune_mark(workflow_id)
+            .map_err(|e| unread("the workflow's prune record", e))?
+            .unwrap_or_default();
         // Which of this process's roots the last prune went through.
         let pruned_root = |i: usize| pruned_roots.iter().any(|r| self.roots[i].is_named_by(r));
         // Writes that must have a snapshot here, and writes into a root this process is not
