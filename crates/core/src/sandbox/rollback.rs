@@ -277,7 +277,7 @@ impl Sandbox {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => (
                 self.beyond_force(&pending)
-                    .or_else(|| self.damaged_backups(&pending))
+                    .or_else(|| self.damaged_backups(&pending, false))
                     .map(|r| (r.reason_code, r.reason)),
                 self.find_conflicts(workflow_id, &pending),
             ),
@@ -373,15 +373,17 @@ impl Sandbox {
 
     /// A backup of `chosen` (oldest first) that cannot give its file back (gone,
     /// unreadable, or not the bytes its seal names), as one refusal: met at its restore,
-    /// the rollback stopped half way, after restoring the newer actions. Only the restore
-    /// that leaves each file as it ends (its oldest chosen action's) is looked at: a newer
-    /// one's bytes are overwritten by it anyway, so its damage must not block the
-    /// rollback that gives the file back.
-    fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
+    /// the rollback stopped half way, after restoring the newer actions. An unforced
+    /// rollback needs every restore of a file in turn (each goes ahead only over what its
+    /// action left), so every backup is looked at. A forced one overwrites, so only the
+    /// restore that leaves each file as it ends (its oldest chosen action's) matters
+    /// (`forced`): a newer one's damage must not block the rollback that gives the file
+    /// back.
+    fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)], forced: bool) -> Option<Refusal> {
         let mut seen = HashSet::new();
         let bad: Vec<Refusal> = chosen
             .iter()
-            .filter(|(i, s)| seen.insert((*i, s.meta.original_path.as_str())))
+            .filter(|(i, s)| !forced || seen.insert((*i, s.meta.original_path.as_str())))
             .filter(|(_, s)| s.meta.kind == SnapshotKind::File)
             .filter_map(|(i, s)| {
                 match Snapshotter::read_backup(&self.roots[*i], &s.meta) {
@@ -773,7 +775,7 @@ impl Sandbox {
         // it left the workflow half rolled back.
         if let Some(r) = self
             .beyond_force(&chosen)
-            .or_else(|| self.damaged_backups(&chosen))
+            .or_else(|| self.damaged_backups(&chosen, opts.force))
         {
             return refused(r.reason_code, r.reason, conflicts);
         }

@@ -278,6 +278,13 @@ fn damaged_backup_is_checksum_mismatch() {
             {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "v2"}]}),
     );
     std::fs::write(w.root.join(".rollback/wf_two/b2/backup"), b"garbage").unwrap();
+    // Unforced, each restore needs the one before it: refused before anything is restored
+    // (checking only the oldest let it restore the newest, stop, and leave a middle version).
+    let rb = rollback(&sb, "wf_two", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    assert_eq!(w.read("g.txt"), b"v2");
+    assert!(!sb.rollback_info("wf_two").unwrap().rollback_available);
     let rb = rollback(&sb, "wf_two", true);
     assert_eq!(w.read("g.txt"), b"ORIGINAL", "{rb:?}");
 }
