@@ -317,8 +317,10 @@ impl Sandbox {
         };
         let missing = self.missing_roots(&rec);
         if !missing.is_empty() {
+            // A setting to change, not a failure of the disk: as a rollback of a workflow
+            // that wrote into another root is refused.
             return Err(Refusal::new(
-                ReasonCode::IoError,
+                ReasonCode::OutsideSandbox,
                 format!(
                     "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
                     rec.execution_id,

@@ -1418,6 +1418,14 @@ fn after_a_failed_log_sync_the_process_writes_nothing_more() {
         Some(ailab_sandbox_core::ReasonCode::IoError),
         "{rb:?}"
     );
+    // The preview says the same (it offered the rollback the POST then refused).
+    let info = sb.rollback_info("wf_crash").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{info:?}"
+    );
     drop(sb);
     let sb = w.open(c);
     assert!(sb.audit_verify().unwrap().ok);
@@ -1933,11 +1941,19 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     assert_noticed(&one, "which this start is not configured with");
     assert_eq!(run_record(&w, "wf_r2")["state"], "active");
     assert_run_blocked_naming(&one, "wf_r2", &root2);
+    // A setting to change, not a failing disk (it was `io_error`, HTTP 500).
+    let rb = one.rollback_workflow("wf_r2", &RollbackOptions::default());
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::OutsideSandbox),
+        "{rb:?}"
+    );
     drop(one);
     let sb = w.open(both);
     assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());
     let trail = statuses_of(&sb, "wf_r2");
-    assert_eq!(trail.len(), 2, "{trail:?}");
+    // The blocked run and the refused rollback are on the trail too.
+    assert_eq!(trail.len(), 3, "{trail:?}");
     assert_eq!(
         trail[0], "a1:RolledBack",
         "the new run was blocked: {trail:?}"
