@@ -256,12 +256,14 @@ impl Sandbox {
         // would not; a recovery that cannot be done is the answer's refusal, as it would
         // be the rollback's.
         let mut recovery = None;
-        if self.execution_context().0.is_executable()
-            && self.check_syncs().is_ok()
-            && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
-            && let Err(r) = self.recover_dead_run(workflow_id)
-        {
-            recovery = Some((r.reason_code, r.reason));
+        if self.execution_context().0.is_executable() {
+            if let Err(r) = self.check_syncs() {
+                recovery = Some((r.reason_code, r.reason));
+            } else if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
+                && let Err(r) = self.recover_dead_run(workflow_id)
+            {
+                recovery = Some((r.reason_code, r.reason));
+            }
         }
         let found = self.workflow_snapshots(workflow_id)?;
         let (snaps, refusal) = match self.rollback_selection(
