@@ -256,14 +256,14 @@ impl Sandbox {
         // would not; a recovery that cannot be done is the answer's refusal, as it would
         // be the rollback's.
         let mut recovery = None;
-        if self.execution_context().0.is_executable() {
-            if let Err(r) = self.check_syncs() {
-                recovery = Some((r.reason_code, r.reason));
-            } else if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
-                && let Err(r) = self.recover_dead_run(workflow_id)
-            {
-                recovery = Some((r.reason_code, r.reason));
-            }
+        if let Err(r) = self.check_syncs() {
+            // Refused in every mode, as the rollback is (a simulated one writes its lines).
+            recovery = Some((r.reason_code, r.reason));
+        } else if self.execution_context().0.is_executable()
+            && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
+            && let Err(r) = self.recover_dead_run(workflow_id)
+        {
+            recovery = Some((r.reason_code, r.reason));
         }
         let found = self.workflow_snapshots(workflow_id)?;
         let (snaps, refusal) = match self.rollback_selection(
@@ -382,33 +382,40 @@ impl Sandbox {
     /// (`forced`): a newer one's damage must not block the rollback that gives the file
     /// back.
     fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)], forced: bool) -> Option<Refusal> {
+        // Whether each is the restore that leaves its file as it ends.
         let mut seen = HashSet::new();
-        let bad: Vec<Refusal> = chosen
+        let bad: Vec<(Refusal, bool)> = chosen
             .iter()
-            .filter(|(i, s)| !forced || seen.insert((*i, s.meta.original_path.as_str())))
-            .filter(|(_, s)| s.meta.kind == SnapshotKind::File)
-            .filter_map(|(i, s)| {
+            .map(|(i, s)| (i, s, seen.insert((*i, s.meta.original_path.as_str()))))
+            .filter(|(_, s, last)| (!forced || *last) && s.meta.kind == SnapshotKind::File)
+            .filter_map(|(i, s, last)| {
                 match Snapshotter::read_backup(&self.roots[*i], &s.meta) {
-                    Err(r) => Some(r),
-                    Ok(bytes) if Some(crate::hash::sha256_hex(&bytes)) != s.meta.sha256 => Some(Refusal::new(
-                        ReasonCode::ChecksumMismatch,
-                        format!(
-                            "the backup of {} does not match its recorded SHA-256; it was damaged",
-                            shown_path(&s.meta.original_path)
+                    Err(r) => Some((r, last)),
+                    Ok(bytes) if Some(crate::hash::sha256_hex(&bytes)) != s.meta.sha256 => Some((
+                        Refusal::new(
+                            ReasonCode::ChecksumMismatch,
+                            format!(
+                                "the backup of {} does not match its recorded SHA-256; it was damaged",
+                                shown_path(&s.meta.original_path)
+                            ),
                         ),
+                        last,
                     )),
                     Ok(_) => None,
                 }
             })
             .collect();
-        let code = bad.first()?.reason_code;
-        let reasons: Vec<&str> = bad.iter().map(|r| r.reason.as_str()).collect();
+        let code = bad.first()?.0.reason_code;
+        let reasons: Vec<&str> = bad.iter().map(|(r, _)| r.reason.as_str()).collect();
+        let what_then = if bad.iter().any(|(_, last)| *last) {
+            "a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)"
+        } else {
+            // Only newer writes' backups: an older write's restore gives the file back.
+            "roll back with force: each such file is given back by its oldest write's restore (the damaged step is then reported failed)"
+        };
         Some(Refusal::new(
             code,
-            format!(
-                "{}; nothing was restored: a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)",
-                reasons.join("; ")
-            ),
+            format!("{}; nothing was restored: {what_then}", reasons.join("; ")),
         ))
     }
 

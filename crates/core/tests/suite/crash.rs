@@ -1078,6 +1078,38 @@ fn what_a_rollback_would_do_counts_the_recovery_of_a_dead_run() {
     assert_eq!(w.tree(), original);
 }
 
+/// With writing off too, a process that writes nothing more after a failed sync says so
+/// in the rollback preview, as the (simulated) rollback refuses: it offered a rollback
+/// the POST then refused.
+#[test]
+fn a_simulating_process_after_a_failed_sync_previews_the_refusal() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let r = run(&w.open(c.clone()), plan_json());
+    assert_eq!(status(&r), "success", "{r:?}");
+    let mut simulating = c;
+    simulating.enable_write = false;
+    let sb = w.open(simulating);
+    sb.failpoints().arm("audit_sync", 1);
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "s.txt", "content": "s"}]}),
+    );
+    assert_eq!(status(&r), "simulated_success", "{r:?}");
+    let rb = sb.rollback_workflow("wf_crash", &Default::default());
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{rb:?}"
+    );
+    let info = sb.rollback_info("wf_crash").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{info:?}"
+    );
+}
+
 /// A dead run the preview cannot recover (a target it cannot judge yet) makes the preview
 /// say so, as the rollback would refuse: it was an error (HTTP 500), not the description.
 #[test]

@@ -249,6 +249,7 @@ fn damaged_backup_is_checksum_mismatch() {
         assert_eq!(rb.status, "refused", "{rb:?}");
         assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch));
         assert_eq!(rb.steps_rolled_back, 0);
+        assert!(rb.reason.unwrap().contains("even with force"));
     }
     assert_eq!(w.read("f.txt"), b"new", "a damaged backup is never written");
     assert_eq!(w.read("top.txt"), b"t", "nothing restored");
@@ -283,6 +284,9 @@ fn damaged_backup_is_checksum_mismatch() {
     let rb = rollback(&sb, "wf_two", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    // And it says force gives the file back (it said "even with force").
+    let why = rb.reason.unwrap();
+    assert!(why.contains("roll back with force"), "{why}");
     assert_eq!(w.read("g.txt"), b"v2");
     assert!(!sb.rollback_info("wf_two").unwrap().rollback_available);
     let rb = rollback(&sb, "wf_two", true);
