@@ -1095,19 +1095,7 @@ fn a_simulating_process_after_a_failed_sync_previews_the_refusal() {
         json!({"actions": [{"intent": "create_file", "path": "s.txt", "content": "s"}]}),
     );
     assert_eq!(status(&r), "simulated_success", "{r:?}");
-    let rb = sb.rollback_workflow("wf_crash", &Default::default());
-    assert_eq!(
-        rb.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::IoError),
-        "{rb:?}"
-    );
-    let info = sb.rollback_info("wf_crash").unwrap();
-    assert!(!info.rollback_available, "{info:?}");
-    assert_eq!(
-        info.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::IoError),
-        "{info:?}"
-    );
+    assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::IoError);
 }
 
 /// A dead run the preview cannot recover (a target it cannot judge yet) makes the preview
@@ -1118,20 +1106,9 @@ fn a_preview_whose_recovery_must_wait_says_why() {
     die_before_the_second_record(&w, &c);
     let put_back = interfere_at(&w, "d/b.txt", "hard link");
     let sb = w.open(c);
-    let info = sb.rollback_info("wf_crash").unwrap();
-    assert!(!info.rollback_available, "{info:?}");
-    assert_eq!(
-        info.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::Conflict),
-        "{info:?}"
-    );
-    assert!(info.reason.unwrap().contains("cannot be judged yet"));
-    let rb = sb.rollback_workflow("wf_crash", &Default::default());
-    assert_eq!(
-        rb.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::Conflict),
-        "{rb:?}"
-    );
+    let why =
+        assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::Conflict);
+    assert!(why.contains("cannot be judged yet"), "{why}");
     drop(sb);
     put_back();
 }
@@ -1444,20 +1421,8 @@ fn after_a_failed_log_sync_the_process_writes_nothing_more() {
     let reason = r["actions"][0]["reason"].as_str().unwrap();
     assert!(reason.contains("an earlier sync failed"), "{reason}");
     assert!(!w.path("z.txt").exists());
-    let rb = sb.rollback_workflow("wf_crash", &Default::default());
-    assert_eq!(
-        rb.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::IoError),
-        "{rb:?}"
-    );
-    // The preview says the same (it offered the rollback the POST then refused).
-    let info = sb.rollback_info("wf_crash").unwrap();
-    assert!(!info.rollback_available, "{info:?}");
-    assert_eq!(
-        info.reason_code,
-        Some(ailab_sandbox_core::ReasonCode::IoError),
-        "{info:?}"
-    );
+    // Refused, and the preview says the same (it offered the rollback the POST refused).
+    assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::IoError);
     drop(sb);
     let sb = w.open(c);
     assert!(sb.audit_verify().unwrap().ok);

@@ -287,3 +287,21 @@ pub fn another_program_appends(
         std::io::Write::write_all(&mut f, line).unwrap();
     })
 }
+
+/// Asserts that the preview of a rollback of `wf` (what `GET /agentic/rollback` answers)
+/// offers none and gives `code`, and that the rollback then is refused with `code` too;
+/// returns the preview's reason.
+#[track_caller]
+pub fn assert_refused_as_previewed(
+    sb: &Sandbox,
+    wf: &str,
+    code: ailab_sandbox_core::ReasonCode,
+) -> String {
+    let info = sb.rollback_info(wf).unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(info.reason_code, Some(code), "{info:?}");
+    let rb = sb.rollback_workflow(wf, &Default::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(code), "{rb:?}");
+    info.reason.unwrap_or_default()
+}
