@@ -156,15 +156,30 @@ fn plain_words(message: &str, key: &str) -> String {
         return "expected a string: \"strict\", \"batched\" or \"relaxed\"".to_owned();
     }
     let mut m = message.replace(" as i128", "");
-    if m.contains("expected u") && m.starts_with("invalid type: integer") {
-        // Read as a 128-bit integer: larger than any limit takes.
-        m = m.replacen("invalid type: integer", "integer too large:", 1);
-    }
-    for t in ["usize", "u64", "u32", "u16", "u8"] {
-        m = m.replace(
-            &format!("expected {t}"),
-            "expected a whole number (no sign)",
+    // Beyond 64 bits the value arrives as a 128-bit integer ("invalid type"); beyond the
+    // key's own type as "invalid value": either way too large, unless it has a sign.
+    let too_large = m.contains("expected u")
+        && (m.starts_with("invalid type: integer")
+            || (m.starts_with("invalid value: integer") && !m.contains("integer `-")));
+    if too_large {
+        m = format!(
+            "integer too large:{}",
+            m.split_once("integer").map_or("", |x| x.1)
         );
+    }
+    for (t, max) in [
+        ("usize", usize::MAX as u64),
+        ("u64", u64::MAX),
+        ("u32", u32::MAX.into()),
+        ("u16", u16::MAX.into()),
+        ("u8", u8::MAX.into()),
+    ] {
+        let words = if too_large {
+            format!("expected a whole number of at most {max}")
+        } else {
+            "expected a whole number (no sign)".to_owned()
+        };
+        m = m.replace(&format!("expected {t}"), &words);
     }
     match m.find("expected struct ") {
         Some(i) => format!("{}expected a table (a [section] of keys)", &m[..i]),

@@ -110,6 +110,10 @@ fn wrong_value_types_are_said_in_plain_words() {
             "[limits]\nmax_artifacts_per_workflow = 99999999999999999999\n",
             "integer too large",
         ),
+        (
+            "[limits]\nwrites_per_minute = 4294967296\n",
+            "integer too large: `4294967296`, expected a whole number of at most 4294967295",
+        ),
         ("durability = 1\n", "\"strict\", \"batched\" or \"relaxed\""),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;
