@@ -261,6 +261,27 @@ fn chmod_as_the_intent_is_chmod_forbidden() {
     assert_eq!(code_of("chmod", "x.sh"), Some(ReasonCode::ChmodForbidden));
 }
 
+/// An intent is an identifier, so a pattern's words come joined by underscores or hyphens.
+#[test]
+fn a_chmod_pattern_spelled_as_an_intent_is_chmod_forbidden() {
+    for intent in [
+        "make_executable",
+        "mark-as-executable",
+        "set_executable_bit",
+        "add_execute_permission",
+    ] {
+        assert_eq!(
+            code_of(intent, "x.sh"),
+            Some(ReasonCode::ChmodForbidden),
+            "{intent}"
+        );
+    }
+    assert_eq!(
+        code_of("make_file", "x.sh"),
+        Some(ReasonCode::NotSandboxWrite)
+    );
+}
+
 #[test]
 fn chmod_is_reported_before_a_traversal_path() {
     let r = GovernanceRequest {
