@@ -921,6 +921,7 @@ fn serve_announces_the_bound_address_only_after_binding() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cannot listen on {busy}")), "{err}");
+    assert!(err.contains("another program holds this port"), "{err}");
     assert!(!err.contains("listening on"), "{err}");
 
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))

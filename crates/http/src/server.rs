@@ -221,13 +221,25 @@ pub enum ServeError {
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     /// Binding failed.
-    #[error("cannot listen on {addr}: {error}")]
+    #[error("cannot listen on {addr}: {error}{}", bind_advice(error))]
     Bind {
         /// The address given.
         addr: String,
         /// Why.
         error: std::io::Error,
     },
+}
+
+fn bind_advice(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "; another program holds this port: stop it or give another address (--addr)"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "; no interface of this machine has that address: give one of its own (--addr)"
+        }
+        _ => "",
+    }
 }
 
 /// The shortest token `serve` accepts.
