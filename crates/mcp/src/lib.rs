@@ -51,6 +51,7 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
 use tools::{Args, DEFAULT_LIST_LIMIT, ToolKind, ToolSpec};
 
 /// The name the server gives in `serverInfo`.
@@ -82,6 +83,12 @@ pub struct SandboxMcp {
     tools: Arc<[ToolSpec]>,
     /// Shared by the clones of one session: see [`MAX_CONCURRENT_CALLS`].
     calls: Arc<tokio::sync::Semaphore>,
+}
+
+tokio::task_local! {
+    /// The token rmcp cancels when the client sends `notifications/cancelled` for the call
+    /// being served; absent for calls made through [`SandboxMcp::call`].
+    static CANCELLED: CancellationToken;
 }
 
 /// How many tool calls run in the sandbox at once; later ones wait their turn. rmcp
@@ -226,14 +233,44 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 
     /// Runs `f` with the sandbox on the blocking pool (the runtime is synchronous and
     /// fsyncs); a panic there becomes an `isError` result, not a dead server.
+    ///
+    /// A call the client cancels while it waits for a slot never starts: the client was
+    /// told nothing, so nothing may happen. Once started it runs to its end, as a plan
+    /// must (a write stopped half way would be undone by recovery anyway).
     async fn blocking<T, F>(&self, f: F) -> Result<T, CallToolResult>
     where
         T: Send + 'static,
         F: FnOnce(&Sandbox) -> T + Send + 'static,
     {
+        self.on_pool(f, CANCELLED.try_with(CancellationToken::clone).ok())
+            .await
+    }
+
+    async fn on_pool<T, F>(
+        &self,
+        f: F,
+        cancel: Option<CancellationToken>,
+    ) -> Result<T, CallToolResult>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Sandbox) -> T + Send + 'static,
+    {
         let sb = Arc::clone(&self.sandbox);
+        let cancel = cancel.unwrap_or_default();
         // The semaphore is never closed, so acquiring only waits.
-        let _permit = self.calls.acquire().await;
+        let _permit = tokio::select! {
+            biased;
+            () = cancel.cancelled() => None,
+            p = self.calls.acquire() => Some(p),
+        };
+        if cancel.is_cancelled() {
+            tracing::info!("a call cancelled by the client before it started was not run");
+            return Err(error(
+                "the call was cancelled by the client before it started; nothing was done"
+                    .to_owned(),
+                None,
+            ));
+        }
         tokio::task::spawn_blocking(move || f(&sb))
             .await
             .map_err(|e| {
@@ -266,7 +303,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             }],
             ..Plan::default()
         };
-        if let Ok(Err(r)) = self.blocking(move |sb| sb.run_plan(plan)).await {
+        // Cancelling the call must not wipe its trace.
+        if let Ok(Err(r)) = self.on_pool(move |sb| sb.run_plan(plan), None).await {
             tracing::warn!(reason = %r, "could not audit a forbidden tool call");
         }
     }
@@ -650,10 +688,8 @@ impl ServerHandler for SandboxMcp {
             .as_ref()
             .and_then(|m| screen::refusal_in(&m.0.0))
             .or_else(|| screen::refusal_in(&context.meta.0.0));
-        Ok(self
-            .call_noted(&request.name, request.arguments, refused)
-            .await
-            .into())
+        let call = self.call_noted(&request.name, request.arguments, refused);
+        Ok(CANCELLED.scope(context.ct.clone(), call).await.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -746,5 +782,76 @@ mod tests {
         assert!(!waiting.is_finished(), "a call ran with every slot taken");
         drop(held);
         assert_eq!(waiting.await.unwrap(), Some(7));
+    }
+
+    /// A call cancelled while it waits for a slot is never run: no file, no audit line,
+    /// no artifact, no answer; the session goes on.
+    #[tokio::test]
+    async fn a_call_cancelled_before_it_starts_does_nothing() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        config.enable_write = true;
+        config.dry_run = false;
+        let sandbox = Arc::new(Sandbox::open(config).unwrap());
+        let server = SandboxMcp::new(Arc::clone(&sandbox));
+        let held = Arc::clone(&server.calls)
+            .acquire_many_owned(u32::try_from(MAX_CONCURRENT_CALLS).unwrap())
+            .await
+            .unwrap();
+        let (client, served) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(served);
+        let session = tokio::spawn(serve_io(server, r, w));
+        let (answers, mut input) = tokio::io::split(client);
+        let mut answers = tokio::io::BufReader::new(answers).lines();
+        let call = |id: u32, path: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
+            )
+        };
+        for line in [
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned(),
+            call(1, "cancelled.txt"),
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"gave up"}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#.to_owned(),
+        ] {
+            input.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        }
+        let mut next = async || {
+            let line = tokio::time::timeout(Duration::from_secs(30), answers.next_line());
+            serde_json::from_str::<serde_json::Value>(&line.await.unwrap().unwrap().unwrap())
+                .unwrap()
+        };
+        assert_eq!(next().await["id"], 0);
+        // Messages are handled in order: the ping's answer means the cancel was seen.
+        assert_eq!(next().await["id"], 2);
+        drop(held);
+        input
+            .write_all(format!("{}\n", call(3, "after.txt")).as_bytes())
+            .await
+            .unwrap();
+        let answer = next().await;
+        assert_eq!(answer["id"], 3, "{answer}");
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        let root = dir.path().join("root");
+        assert!(root.join("after.txt").exists());
+        assert!(
+            !root.join("cancelled.txt").exists(),
+            "a cancelled call wrote"
+        );
+        let audited = sandbox.audit_log().list(100, None).unwrap();
+        assert!(
+            audited
+                .iter()
+                .all(|e| !e.target_path.ends_with("cancelled.txt")),
+            "{audited:?}"
+        );
+        assert_eq!(sandbox.registry().len().unwrap(), 1);
+        drop((input, answers));
+        session.await.unwrap().unwrap();
     }
 }
