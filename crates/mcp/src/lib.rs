@@ -197,10 +197,16 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         refused: Option<Refusal>,
     ) -> CallToolResult {
         let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
-            if ailab_sandbox_core::catalog::FORBIDDEN_INTENTS.contains(&name) {
+            // Refused as the same intent in a plan would be, and audited when forbidden.
+            let r = ailab_sandbox_core::policy::intent_refusal(name, None);
+            let forbidden = matches!(
+                r.reason_code,
+                ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
+            );
+            if forbidden {
                 self.audit_forbidden(name, arguments.as_ref()).await;
             }
-            return unknown_tool(name, &self.tools);
+            return unknown_tool(name, forbidden.then_some(r), &self.tools);
         };
         // A write would store other values, and a read or rollback would act on another
         // target than the caller named.
@@ -634,18 +640,16 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 /// The refusal for a tool this server does not have. A forbidden intent asked for as a
 /// tool (`delete_file`, `run_command`, …) is refused as `forbidden_intent`, the code the
 /// CLI and HTTP give the same intent in a plan.
-fn unknown_tool(name: &str, tools: &[ToolSpec]) -> CallToolResult {
+/// The answer to a tool name the server lacks: `forbidden`, the refusal a plan asking
+/// for it as an intent gets, else `unknown_operation`.
+fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
-    let (code, what) = if ailab_sandbox_core::catalog::FORBIDDEN_INTENTS.contains(&name) {
-        (
-            ReasonCode::ForbiddenIntent,
-            format!("{name:?} is a forbidden intent, never executed, and no tool offers it"),
-        )
-    } else {
-        (
+    let (code, what) = match forbidden {
+        Some(r) => (r.reason_code, format!("{}; no tool offers it", r.reason)),
+        None => (
             ReasonCode::UnknownOperation,
             format!("there is no tool named {name:?}"),
-        )
+        ),
     };
     let r = Refusal::new(code, format!("{what}; the tools are: {}", names.join(", ")));
     refusal(&r, None, ". Nothing was done.")

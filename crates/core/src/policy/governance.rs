@@ -196,7 +196,11 @@ fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {
     }
 }
 
-fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
+/// Why `intent` is refused when it names no operation (or asks for one through a shell):
+/// `chmod_forbidden`, `forbidden_intent`, `not_sandbox_write` or `unknown_operation`.
+/// Faces that offer operations by name (MCP tools) use it to refuse names they lack as a
+/// plan would.
+pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
     let allowed = crate::catalog::OPERATIONS
         .iter()
         .map(|o| o.name)

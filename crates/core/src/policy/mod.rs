@@ -8,7 +8,7 @@ mod permission;
 pub use chmod::{CHMOD_PATTERN_COUNT, detect_chmod_intent};
 pub use governance::{
     Approval, GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_intent,
-    check_sandbox_governance, check_size, check_target, resolve_target,
+    check_sandbox_governance, check_size, check_target, intent_refusal, resolve_target,
 };
 pub use permission::{
     DEFAULT_PHASE, PermissionScope, allowed_scopes, classify_permission_scope, is_scope_allowed,

@@ -243,6 +243,13 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     );
     // On the trail as a blocked action, as in a plan: an agent probing leaves a trace.
     assert_eq!(audited().await, before + 1);
+    // A chmod asked for as a tool: refused and audited as in a plan.
+    for (tool, n) in [("chmod", 2), ("make_executable", 3)] {
+        let r = s.err(tool, json!({"path": "x.sh"})).await;
+        assert!(text(&r).contains("(chmod_forbidden)"), "{}", text(&r));
+        assert_eq!(audited().await, before + n, "{tool}");
+    }
+    let before = before + 2;
     let r = s.err("make_coffee", json!({})).await;
     assert!(
         text(&r).contains("(unknown_operation)") && text(&r).contains("create_file"),
