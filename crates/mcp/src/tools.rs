@@ -329,6 +329,26 @@ fn title_of(name: &str) -> String {
 }
 
 /// The extensions `op` may write under the operator's extension policy.
+/// The reason codes a call of `op` gets when the policy rules out all its files: its own
+/// extensions refused as the policy refuses them, or, with none of its own, every allowed
+/// extension blocked.
+fn ruled_out_because(op: &Operation, sandbox: &Sandbox) -> String {
+    let policy = &sandbox.config().extensions;
+    let mut codes: Vec<String> = op
+        .extensions
+        .iter()
+        .filter_map(|e| policy.check(e).err())
+        .map(|r| r.reason_code.to_string())
+        .collect();
+    codes.sort();
+    codes.dedup();
+    if codes.is_empty() {
+        "blocked_extension".to_owned()
+    } else {
+        codes.join(" or ")
+    }
+}
+
 pub(crate) fn extensions_for(op: &Operation, sandbox: &Sandbox) -> Vec<String> {
     let policy = &sandbox.config().extensions;
     if op.extensions.is_empty() {
@@ -377,7 +397,10 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
     let ext_text = if op.is_directory() {
         "Creates directories only (mode 0755).".to_owned()
     } else if exts.is_empty() {
-        "This server's extension policy allows none of the files this operation writes, so every call is refused (extension_not_allowed).".to_owned()
+        format!(
+            "This server's extension policy allows none of the files this operation writes, so every call is refused ({}).",
+            ruled_out_because(op, sandbox)
+        )
     } else if op.extensions.is_empty() {
         format!("Allowed extensions: {}.", exts.join(" "))
     } else {
@@ -616,9 +639,34 @@ mod tests {
         };
         let json = describe("write_json");
         assert!(json.contains("allows none of the files"), "{json}");
+        assert!(json.contains("(extension_not_allowed)"), "{json}");
         assert!(!json.contains("Only  files"), "{json}");
         let md = describe("write_markdown");
         assert!(md.contains("Only .md files."), "{md}");
+
+        // Ruled out by the block-list: the code a call gets says so.
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root2")],
+            dir.path().join("state2"),
+        );
+        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
+            Some(&[".txt".to_owned(), ".md".to_owned()]),
+            &[".md".to_owned(), ".txt".to_owned()],
+        );
+        let Ok(sb) = Sandbox::open(config) else {
+            panic!("open")
+        };
+        for name in ["write_markdown", "create_file"] {
+            let Some(op) = ailab_sandbox_core::catalog::op_for_intent(name) else {
+                panic!("{name}")
+            };
+            let text = write_tool(op, &sb)
+                .tool
+                .description
+                .map(|d| d.to_string())
+                .unwrap_or_default();
+            assert!(text.contains("(blocked_extension)"), "{name}: {text}");
+        }
     }
 
     /// Every tool's path field states the depth this server allows, not a default.
