@@ -172,6 +172,9 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         C::SizeExceeded => {
             "the result would be over the tool's size limit (see its description); split the content into several smaller files, or append in parts."
         }
+        C::AlreadyExists if op.is_some_and(|w| w.op.is_directory()) => {
+            "a file stands where the directory would be made; choose another path for the directory (get_file_info shows what a path holds)."
+        }
         C::AlreadyExists => {
             "the file exists and create_file never overwrites; use replace_file to replace it, sandbox_transform to edit it, or choose a new path."
         }
@@ -186,6 +189,9 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         }
         C::InvalidId => {
             "ids are 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit; or omit workflow_id to use this session's workflow."
+        }
+        C::InvalidPlan if op.is_some_and(|w| w.op.name == "sandbox_transform") => {
+            "sandbox_transform edits UTF-8 text with at least one edit; to change a file that is not text, write its new content whole with replace_file."
         }
         C::InvalidPlan => {
             "check the arguments against the tool's input schema (tools/list) and call it again."
@@ -478,6 +484,28 @@ mod tests {
         for code in ReasonCode::ALL {
             assert!(!what_to_do(code, None).is_empty(), "{code}");
         }
+    }
+
+    /// Advice fits the tool refused: a directory or an edit has its own.
+    #[test]
+    fn advice_follows_the_tool() {
+        let policy = ExtensionPolicy::default();
+        let writer = |name| Writer {
+            op: op_for_intent(name).unwrap(),
+            policy: &policy,
+        };
+        let dir = what_to_do(ReasonCode::AlreadyExists, Some(writer("create_directory")));
+        assert!(
+            dir.contains("directory") && !dir.contains("create_file"),
+            "{dir}"
+        );
+        let file = what_to_do(ReasonCode::AlreadyExists, Some(writer("create_file")));
+        assert!(file.contains("replace_file"), "{file}");
+        let edit = what_to_do(ReasonCode::InvalidPlan, Some(writer("sandbox_transform")));
+        assert!(
+            edit.contains("UTF-8") && edit.contains("replace_file"),
+            "{edit}"
+        );
     }
 
     #[test]
