@@ -105,6 +105,12 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
             format!("the path {shown} contains a backslash; use '/' as the only separator"),
         ));
     }
+    if path == "/" {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            "the path '/' names no file, only the top of the filesystem; give a path relative to a sandbox root, such as \"notes/todo.md\"",
+        ));
+    }
     let body = path.strip_prefix('/').unwrap_or(path);
     for comp in body.split('/') {
         match comp {

@@ -132,6 +132,13 @@ fn double_slash_trailing_slash_and_dot_components_are_traversal() {
 }
 
 #[test]
+fn the_top_of_the_filesystem_is_said_to_name_no_file() {
+    let r = detect_path_traversal("/").unwrap_err();
+    assert!(r.reason.contains("names no file"), "{}", r.reason);
+    assert!(!r.reason.contains("empty component"), "{}", r.reason);
+}
+
+#[test]
 fn empty_path_is_refused() {
     assert_eq!(traversal_code(""), Some(ReasonCode::PathTraversal));
 }
