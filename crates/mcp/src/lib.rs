@@ -435,7 +435,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     Some(serde_json::json!({
                         "path": path,
                         "total": total,
-                        "offset": from,
+                        "offset": offset,
                         "next_offset": next_offset,
                         "entries": entries,
                     })),

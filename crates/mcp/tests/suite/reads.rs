@@ -304,5 +304,6 @@ async fn a_large_directory_is_listed_in_pages() {
         .ok("list_directory", json!({"path": "many", "offset": 5000}))
         .await;
     assert_eq!(structured(&r)["entries"], json!([]));
+    assert_eq!(structured(&r)["offset"], 5000, "the offset asked for");
     assert!(text(&r).contains("none from offset 5000"), "{}", text(&r));
 }
