@@ -490,9 +490,14 @@ mod tests {
     #[test]
     fn advice_follows_the_tool() {
         let policy = ExtensionPolicy::default();
-        let writer = |name| Writer {
-            op: op_for_intent(name).unwrap(),
-            policy: &policy,
+        let writer = |name| {
+            let Some(op) = op_for_intent(name) else {
+                panic!("{name} is an operation")
+            };
+            Writer {
+                op,
+                policy: &policy,
+            }
         };
         let dir = what_to_do(ReasonCode::AlreadyExists, Some(writer("create_directory")));
         assert!(
