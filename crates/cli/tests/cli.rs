@@ -1143,6 +1143,42 @@ fn a_state_directory_mounted_inside_a_root_is_never_written() {
     assert!(sub.join("sandbox_audit.jsonl").exists());
 }
 
+/// A root inside the state directory, reached through a bind mount of it (so apart from it
+/// by every path), is refused at start as the plain spelling is: agents would write among
+/// the runtime's files. A root that is one of its folders is said to be that.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_root_inside_the_state_directory_through_a_mount_is_refused() {
+    let e = env();
+    let mnt = e.dir.join("mnt");
+    std::fs::create_dir_all(e.state.join("agent")).unwrap();
+    std::fs::create_dir_all(e.state.join("locks")).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    for (root, said) in [
+        ("agent", "lies inside the state directory"),
+        ("locks", "is a folder of the state directory"),
+    ] {
+        let mut c = with_private_mount(
+            "mount --bind \"$1\" \"$2\"",
+            &[e.state.as_os_str(), mnt.as_os_str()],
+        );
+        c.arg("--root")
+            .arg(mnt.join(root))
+            .arg("--state-dir")
+            .arg(&e.state)
+            .args(["--json", "state"]);
+        let Some(out) = output_unless_unshared(c) else {
+            return;
+        };
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let refusal = json_out(&out);
+        assert_eq!(refusal["reason_code"], "invalid_config", "{refusal}");
+        let why = refusal["reason"].as_str().unwrap();
+        assert!(why.contains(said), "{root}: {why}");
+    }
+    assert!(!e.state.join("agent/.rollback").exists());
+}
+
 /// A root out of inodes: the snapshot folder that could not be made is named as such, with
 /// the system's reason (it said "No such file or directory", the open that followed).
 /// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.

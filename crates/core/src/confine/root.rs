@@ -226,7 +226,13 @@ impl SandboxRoot {
     /// Whether `other` lies inside this root (or is the same directory), judged by the
     /// directories both were really reached through, not by their configured paths.
     pub fn contains(&self, other: &SandboxRoot) -> bool {
-        self.id == other.id || other.ancestry.contains(&self.id)
+        self.id == other.id || other.reached_through(self.id)
+    }
+
+    /// Whether the directory `id` (`(st_dev, st_ino)`) is one this root was reached
+    /// through when it was opened: the root lies inside it, whatever its path says.
+    pub fn reached_through(&self, id: (u64, u64)) -> bool {
+        self.ancestry.contains(&id)
     }
 
     /// The root directory's `(st_dev, st_ino)`: the same for every spelling of its path.

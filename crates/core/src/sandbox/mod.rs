@@ -226,9 +226,18 @@ impl Sandbox {
             .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
             .collect();
         for (i, root) in roots.iter_mut().enumerate() {
-            if state_ids.contains(&root.id()) {
+            // By the directories themselves, which a bind mount shows under another path.
+            let what = match state_ids.iter().position(|id| *id == root.id()) {
+                Some(0) => Some("is the state directory"),
+                Some(_) => Some("is a folder of the state directory"),
+                None if root.reached_through(state_ids[0]) => {
+                    Some("lies inside the state directory")
+                }
+                None => None,
+            };
+            if let Some(what) = what {
                 return Err(Error::Config(crate::config::ConfigError(format!(
-                    "root {} is the state directory {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
+                    "root {} {what} {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
                     root.path().display(),
                     state.path().display()
                 ))));
