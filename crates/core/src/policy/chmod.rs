@@ -50,21 +50,7 @@ const PATTERNS: [Pattern; 12] = [
     },
     Pattern {
         name: "make executable",
-        matches: |t, _| {
-            [
-                "make executable",
-                "make it executable",
-                "make the file executable",
-                "make the script executable",
-                "make this executable",
-                "mark executable",
-                "mark as executable",
-                "mark it executable",
-                "make runnable",
-            ]
-            .iter()
-            .any(|p| t.contains(p))
-        },
+        matches: |_, w| make_executable(w),
     },
     Pattern {
         name: "set the executable bit",
@@ -126,6 +112,26 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
         .iter()
         .find(|p| (p.matches)(&lower, &words))
         .map(|p| p.name)
+}
+
+/// "make / mark … executable" with at most three words between ("mark the script as
+/// executable", "make it exec"), and "be / become executable" ("it needs to be
+/// executable"); after an article it is a noun ("make the executable's path"), which asks
+/// for no permission.
+fn make_executable(words: &[&str]) -> bool {
+    const VERBS: [&str; 11] = [
+        "make", "makes", "making", "made", "mark", "marks", "marking", "marked", "render", "be",
+        "become",
+    ];
+    const WANTED: [&str; 4] = ["executable", "exec", "runnable", "executible"];
+    words.iter().enumerate().any(|(i, w)| {
+        WANTED.contains(w)
+            && i > 0
+            && !matches!(words[i - 1], "the" | "a" | "an")
+            && words[i.saturating_sub(4)..i]
+                .iter()
+                .any(|v| VERBS.contains(v))
+    })
 }
 
 fn after_word(words: &[&str], word: &str, test: fn(&str) -> bool) -> bool {

@@ -83,6 +83,12 @@ fn make_executable_phrases_are_detected() {
         "Make it executable.",
         "please make the script executable",
         "mark as executable",
+        "mark it as executable",
+        "mark the script as executable",
+        "it needs to be executable",
+        "make it exec",
+        "make runnable",
+        "make this file executable please",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -148,6 +154,10 @@ fn ordinary_text_is_not_detected() {
         "maximum",
         "exec summary of chmodless",
         "the executable name is printed in the log",
+        "list the executables this project builds",
+        "make a note of the exec summary",
+        "set up the executable's search path in the readme",
+        "make the executable's output quieter",
         "version 0.755 release notes",
         "mode 644 files only",
         "",
