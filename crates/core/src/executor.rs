@@ -558,7 +558,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                     res.reason_code = Some(r.reason_code);
                     res.reason = Some(r.reason.clone());
                     res.retry_after_seconds = r.retry_after_seconds;
-                    self.sb.metrics.denied(&a.intent, r.reason_code);
+                    self.sb
+                        .metrics
+                        .denied(&a.intent, r.reason_code, r.is_escape_attempt());
                     self.sb.metrics.mutation(&a.intent, "blocked");
                     self.event(
                         "action_blocked",
@@ -720,7 +722,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                     // A check made again at write time refused it; a write that failed
                     // (an I/O error) was not denied by any policy.
                     if let Some(code) = res.reason_code.filter(|_| blocked) {
-                        self.sb.metrics.denied(&a.intent, code);
+                        // Checks made again at write time look at the disk, not at spelling.
+                        self.sb
+                            .metrics
+                            .denied(&a.intent, code, code.is_escape_attempt());
                     }
                     self.event(
                         event,

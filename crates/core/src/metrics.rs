@@ -165,15 +165,16 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Counts a governance denial, and an escape attempt when the code is one.
-    pub fn denied(&self, intent: &str, code: ReasonCode) {
+    /// Counts a governance denial, and an escape attempt when `escape` (see
+    /// [`crate::reason::Refusal::is_escape_attempt`]).
+    pub fn denied(&self, intent: &str, code: ReasonCode, escape: bool) {
         self.policy_denied
             .get_or_create(&IntentReason {
                 intent: intent_label(intent),
                 reason: code.as_str().to_owned(),
             })
             .inc();
-        if code.is_escape_attempt() {
+        if escape {
             self.escape_attempts
                 .get_or_create(&Detection {
                     detection_method: code.as_str().to_owned(),

@@ -140,6 +140,10 @@ pub struct Refusal {
     /// For `rate_limited`: whole seconds until the writes asked for are allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_seconds: Option<u64>,
+    /// The target was refused for how it was written (an empty path, `//`, a root named
+    /// as the target), not for where it leads: not counted as an escape attempt.
+    #[serde(skip)]
+    pub malformed: bool,
 }
 
 impl Refusal {
@@ -149,7 +153,22 @@ impl Refusal {
             reason_code,
             reason: reason.into(),
             retry_after_seconds: None,
+            malformed: false,
         }
+    }
+
+    /// The same refusal, for a target written wrongly rather than aimed outside a root.
+    #[must_use]
+    pub fn malformed(mut self) -> Self {
+        self.malformed = true;
+        self
+    }
+
+    /// Whether it reports an attempt to reach outside a root (counted in
+    /// `ailab_sandbox_escape_attempts_total`): its code is one, and the target was not
+    /// merely written wrongly.
+    pub fn is_escape_attempt(&self) -> bool {
+        self.reason_code.is_escape_attempt() && !self.malformed
     }
 
     /// The same refusal, saying when to try again.

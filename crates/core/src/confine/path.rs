@@ -71,11 +71,15 @@ impl std::fmt::Display for RelPath {
 /// trimmed.
 pub fn detect_path_traversal(path: &str) -> Verdict {
     let shown = shown_path(path);
+    // Refused for how it is written; an escape attempt only if it also aims out.
+    let aims_out = path.starts_with(['/', '~']) || path.split(['/', '\\']).any(|c| c == "..");
+    let slip = |r: Refusal| if aims_out { r } else { r.malformed() };
     if path.is_empty() {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
             "the path is empty; give a file path relative to a sandbox root, e.g. notes/hello.md",
-        ));
+        )
+        .malformed());
     }
     if path.contains('\0') {
         return Err(Refusal::new(
@@ -86,10 +90,10 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
         ));
     }
     if path.chars().any(|c| c.is_control()) {
-        return Err(Refusal::new(
+        return Err(slip(Refusal::new(
             ReasonCode::PathTraversal,
             format!("the path {shown} contains a control character; paths may not contain them"),
-        ));
+        )));
     }
     if path.starts_with('~') {
         return Err(Refusal::new(
@@ -100,16 +104,17 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
         ));
     }
     if path.contains('\\') {
-        return Err(Refusal::new(
+        return Err(slip(Refusal::new(
             ReasonCode::PathTraversal,
             format!("the path {shown} contains a backslash; use '/' as the only separator"),
-        ));
+        )));
     }
     if path == "/" {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
             "the path '/' names no file, only the top of the filesystem; give a path relative to a sandbox root, such as \"notes/todo.md\"",
-        ));
+        )
+        .malformed());
     }
     let body = path.strip_prefix('/').unwrap_or(path);
     for comp in body.split('/') {
@@ -123,18 +128,18 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
                 ));
             }
             "." => {
-                return Err(Refusal::new(
+                return Err(slip(Refusal::new(
                     ReasonCode::PathTraversal,
                     format!("the path {shown} contains a '.' component; write the path without it"),
-                ));
+                )));
             }
             "" => {
-                return Err(Refusal::new(
+                return Err(slip(Refusal::new(
                     ReasonCode::PathTraversal,
                     format!(
                         "the path {shown} has an empty component ('//' or a trailing '/'); write each directory once"
                     ),
-                ));
+                )));
             }
             _ => {}
         }
@@ -169,7 +174,8 @@ pub(crate) fn split_relative(path: &str) -> Verdict<RelPath> {
                     shown_path(comp),
                     comp.len()
                 ),
-            ));
+            )
+            .malformed());
         }
         components.push(comp.to_owned());
     }
@@ -218,12 +224,19 @@ pub fn resolve_sandbox_path(
         };
         let Some(i) = found else {
             let reason = match (hinted, first_inside) {
-                (Some(h), Some(other)) => format!(
-                    "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
-                    shown_path(path),
-                    shown_path(&roots[other].display().to_string()),
-                    shown_path(&roots[h].display().to_string())
-                ),
+                (Some(h), Some(other)) => {
+                    // Inside a root, only not the one named: a mistake, not an escape.
+                    return Err(Refusal::new(
+                        ReasonCode::OutsideSandbox,
+                        format!(
+                            "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
+                            shown_path(path),
+                            shown_path(&roots[other].display().to_string()),
+                            shown_path(&roots[h].display().to_string())
+                        ),
+                    )
+                    .malformed());
+                }
                 _ => format!(
                     "the absolute path {} is not inside a sandbox root; allowed roots: {}",
                     shown_path(path),
@@ -243,7 +256,8 @@ pub fn resolve_sandbox_path(
                     "the path {} is the sandbox root itself; name a file or directory inside it",
                     shown_path(path)
                 ),
-            ));
+            )
+            .malformed());
         }
         (i, rest)
     } else {
@@ -251,7 +265,8 @@ pub fn resolve_sandbox_path(
             return Err(Refusal::new(
                 ReasonCode::OutsideSandbox,
                 "no sandbox root is configured; set roots in the config, AI_LAB_SANDBOX_ROOTS or --root",
-            ));
+            )
+            .malformed());
         }
         (hinted.unwrap_or(0), path.to_owned())
     };
@@ -266,14 +281,20 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
         .iter()
         .position(|r| r.as_path() == wanted)
         .ok_or_else(|| {
-            Refusal::new(
+            let r = Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
                     "the root {} is not a sandbox root in use (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
                     shown_path(hint),
                     list_roots(roots)
                 ),
-            )
+            );
+            // A folder of a root given as the root is a mistake; any other, an attempt.
+            if roots.iter().any(|r| is_within_sandbox(wanted, r)) {
+                r.malformed()
+            } else {
+                r
+            }
         })
 }
 

@@ -543,7 +543,8 @@ impl Sandbox {
                 operation,
             },
             Err(r) => {
-                self.metrics.denied(intent, r.reason_code);
+                self.metrics
+                    .denied(intent, r.reason_code, r.is_escape_attempt());
                 CheckVerdict {
                     allowed: false,
                     reason_code: Some(r.reason_code),

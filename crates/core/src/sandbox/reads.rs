@@ -59,7 +59,10 @@ impl Sandbox {
             root,
             self.config.limits.max_path_depth,
         )
-        .inspect_err(|r| self.metrics.denied("read_file", r.reason_code))?;
+        .inspect_err(|r| {
+            self.metrics
+                .denied("read_file", r.reason_code, r.is_escape_attempt());
+        })?;
         check_reserved(&r.rel)?;
         Ok((r.root_index, r.rel))
     }

@@ -764,6 +764,59 @@ fn metrics_expose_the_seven_names() {
     }
 }
 
+/// A target written wrongly (an empty path, `//`, `./`, a control character, the root
+/// itself, a folder of a root named as the root) is a denial, not an escape attempt: the
+/// alert on escapes must not fire on typos. What aims out still counts.
+#[test]
+fn a_mistyped_path_is_no_escape_attempt() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let root = sb.roots()[0].path().display().to_string();
+    let escapes = |sb: &ailab_sandbox_core::Sandbox| -> u64 {
+        sb.metrics()
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("ailab_sandbox_escape_attempts_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let mistakes = [
+        json!({"intent": "create_file", "path": "", "content": "x"}),
+        json!({"intent": "create_file", "path": "notes//a.md", "content": "x"}),
+        json!({"intent": "create_file", "path": "b.txt/", "content": "x"}),
+        json!({"intent": "create_file", "path": "./b.txt", "content": "x"}),
+        json!({"intent": "create_file", "path": "x\u{1}.txt", "content": "x"}),
+        json!({"intent": "create_file", "path": "a\\b.txt", "content": "x"}),
+        json!({"intent": "create_file", "path": "/", "content": "x"}),
+        json!({"intent": "create_directory", "path": root}),
+        json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": format!("{root}/sub")}),
+    ];
+    for action in mistakes {
+        let r = run(&sb, json!({"actions": [action]}));
+        assert_eq!(status(&r), "blocked", "{action}: {r:?}");
+        assert_eq!(escapes(&sb), 0, "{action}");
+    }
+    for (i, (path, root_hint)) in [
+        ("../b.txt", None),
+        ("a//../../b.txt", None),
+        ("~/b.txt", None),
+        ("/etc/passwd", None),
+        ("//etc/passwd", None),
+        ("x\u{0}.txt", None),
+        ("passwd", Some("/etc")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut action = json!({"intent": "create_file", "path": path, "content": "x"});
+        if let Some(h) = root_hint {
+            action["root"] = json!(h);
+        }
+        run(&sb, json!({"actions": [action]}));
+        assert_eq!(escapes(&sb), i as u64 + 1, "{path}");
+    }
+}
+
 #[test]
 fn a_plan_must_be_a_json_object() {
     let w = World::new();
