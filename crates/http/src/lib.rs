@@ -164,10 +164,14 @@ async fn body_room(
 ) -> Response {
     let held = HeldRoom::default();
     req.extensions_mut().insert(held.clone());
-    if req.method() == axum::http::Method::GET
-        || req.method() == axum::http::Method::HEAD
-        || axum::body::HttpBody::is_end_stream(req.body())
-    {
+    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
+        // No read route reads a body: one sent is dropped unread, whatever its size or
+        // framing (the limit would otherwise refuse a declared length only).
+        req.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+        *req.body_mut() = axum::body::Body::empty();
+        return next.run(req).await;
+    }
+    if axum::body::HttpBody::is_end_stream(req.body()) {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
