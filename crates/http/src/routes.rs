@@ -45,8 +45,17 @@ where
     })
 }
 
+/// The value of `key` in `uri`'s query as sent (still percent-encoded): what a refusal
+/// quotes, since the decoded text may hold replacement characters or spaces for `+`.
+fn sent<'a>(uri: &'a Uri, key: &str) -> Option<&'a str> {
+    uri.query()?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
 fn list_params(
     q: Result<Query<ListQuery>, QueryRejection>,
+    uri: &Uri,
 ) -> Result<(usize, Option<String>), ApiError> {
     let allowed = format!(
         "this route takes limit (a whole number from 1 to {MAX_LIST_LIMIT}, default {DEFAULT_LIST_LIMIT}) and workflow_id, each at most once"
@@ -68,13 +77,22 @@ fn list_params(
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "limit must be a whole number from 1 to {MAX_LIST_LIMIT}, got {:?}",
-                    text.chars().take(40).collect::<String>()
+                    sent(uri, "limit")
+                        .unwrap_or(text)
+                        .chars()
+                        .take(40)
+                        .collect::<String>()
                 ))
             })?,
     };
     let workflow = q.workflow_id.filter(|w| !w.is_empty());
     if let Some(w) = &workflow {
-        check_id("workflow_id", w).map_err(ApiError::from_refusal)?;
+        check_id("workflow_id", w).map_err(|r| {
+            // Named as sent: an id the decoded text fails, the encoded text fails too.
+            let as_sent =
+                sent(uri, "workflow_id").and_then(|raw| check_id("workflow_id", raw).err());
+            ApiError::from_refusal(as_sent.unwrap_or(r))
+        })?;
     }
     Ok((limit as usize, workflow))
 }
@@ -143,9 +161,10 @@ pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiErro
 /// `GET /agentic/executions?limit=&workflow_id=`.
 pub(crate) async fn executions(
     State(s): State<AppState>,
+    uri: Uri,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let (limit, wf) = list_params(q)?;
+    let (limit, wf) = list_params(q, &uri)?;
     let sb = s.sandbox;
     let entries = blocking(move || sb.audit_entries(limit, wf.as_deref()))
         .await?
@@ -165,9 +184,10 @@ pub(crate) async fn execution_stats(State(s): State<AppState>) -> Result<Respons
 /// `GET /agentic/artifacts?limit=&workflow_id=`.
 pub(crate) async fn artifacts(
     State(s): State<AppState>,
+    uri: Uri,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let (limit, wf) = list_params(q)?;
+    let (limit, wf) = list_params(q, &uri)?;
     let sb = s.sandbox;
     let entries = blocking(move || sb.artifacts(limit, wf.as_deref()))
         .await?

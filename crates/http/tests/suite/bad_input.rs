@@ -267,6 +267,18 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
     post(&e.app, "/agentic/rollback/%FF", Body::empty())
         .await
         .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    // In a query too, and a bad limit as well: quoted as sent, not as decoded.
+    for route in ["/agentic/executions", "/agentic/artifacts"] {
+        let v = get(&e.app, &format!("{route}?workflow_id=%FF"))
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+        let reason = v["reason"].as_str().unwrap();
+        assert!(reason.contains("'%FF'") && !reason.contains('\u{fffd}'), "{v}");
+        let v = get(&e.app, &format!("{route}?limit=+5"))
+            .await
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(v["reason"].as_str().unwrap().contains("\"+5\""), "{v}");
+    }
 }
 
 #[tokio::test]
