@@ -368,9 +368,26 @@ impl Sandbox {
                     r.execution_id, r.workflow_id, r.restores_recorded
                 )
             } else {
+                // Only what happened: a run killed before its first write leaves all zeros.
+                let done: Vec<String> = [
+                    (r.rolled_back, "unfinished actions rolled back"),
+                    (r.completed, "finished"),
+                    (r.superseded, "left undone under another run's later write"),
+                    (r.temp_files_removed, "temporary files removed"),
+                    (r.restores_recorded, "restores recorded"),
+                ]
+                .into_iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, what)| format!("{n} {what}"))
+                .collect();
+                let done = if done.is_empty() {
+                    "it had changed nothing, so there was nothing to undo".to_owned()
+                } else {
+                    done.join(", ")
+                };
                 format!(
-                    "recovered interrupted run {} of workflow {}: {} unfinished actions rolled back, {} finished, {} left undone under another run's later write, {} temporary files removed, {} restores recorded",
-                    r.execution_id, r.workflow_id, r.rolled_back, r.completed, r.superseded, r.temp_files_removed, r.restores_recorded
+                    "recovered interrupted run {} of workflow {}: {done}",
+                    r.execution_id, r.workflow_id
                 )
             });
             if r.untrusted > 0 {
