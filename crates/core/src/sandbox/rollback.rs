@@ -549,6 +549,10 @@ impl Sandbox {
             opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
                 && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
         };
+        // Undone before a prune took their snapshots: rolled back, not lost.
+        let undone_then_pruned = pruned_writes
+            .iter()
+            .any(|e| opts.action_id.as_deref().is_none_or(|a| a == e.action_id) && !in_place(e));
         let pruned: Vec<String> = pruned_writes
             .into_iter()
             .filter(|e| in_place(e))
@@ -695,6 +699,16 @@ impl Sandbox {
             ),
             None => format!("workflow {}", shown_path(workflow_id)),
         };
+        if chosen.is_empty() && pruned.is_empty() && undone_then_pruned {
+            return Err((
+                ReasonCode::NoRollbackData,
+                format!(
+                    "{} was already rolled back, and its snapshots have since been pruned; nothing is left to roll back",
+                    what()
+                ),
+                Vec::new(),
+            ));
+        }
         if chosen.is_empty() {
             // Say why, when the trail knows: a prune removed them by design.
             let why = if pruned.is_empty() {

@@ -195,9 +195,7 @@ fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
         }
         let sb = w.open(batched(&w));
         assert!(
-            sb.notices()
-                .iter()
-                .any(|n| n.contains(": 1 finished")),
+            sb.notices().iter().any(|n| n.contains(": 1 finished")),
             "{point}: {:?}",
             sb.notices()
         );

@@ -373,6 +373,32 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("were pruned"), "{why}");
 }
 
+/// Rolled back, then pruned: a second rollback says it was already rolled back, not
+/// that there were never snapshots.
+#[test]
+fn a_rolled_back_workflow_pruned_since_says_it_was_rolled_back() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_done", "actions": [{"intent": "create_file", "path": "d.txt", "content": "d"}]}),
+    );
+    assert_eq!(
+        sb.rollback_workflow("wf_done", &RollbackOptions::default())
+            .status,
+        "rolled_back"
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_done"]);
+    let rb = sb.rollback_workflow("wf_done", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let why = rb.reason.unwrap();
+    assert!(why.contains("already rolled back"), "{why}");
+}
+
 #[test]
 fn snapshot_metadata_is_the_original_path_marker() {
     let w = World::new();

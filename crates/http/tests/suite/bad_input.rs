@@ -273,7 +273,10 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
         let reason = v["reason"].as_str().unwrap();
-        assert!(reason.contains("'%FF'") && !reason.contains('\u{fffd}'), "{v}");
+        assert!(
+            reason.contains("'%FF'") && !reason.contains('\u{fffd}'),
+            "{v}"
+        );
         let v = get(&e.app, &format!("{route}?limit=+5"))
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
