@@ -98,7 +98,7 @@ fn logged_writes_survive_a_power_cut() {
         c.durability = reopen;
         let sb = w.open(c);
         assert!(
-            sb.notices().iter().any(|n| n.contains("3 finished,")),
+            sb.notices().iter().any(|n| n.contains(": 3 finished")),
             "{reopen:?}: {:?}",
             sb.notices()
         );
@@ -202,7 +202,7 @@ fn a_run_finished_in_an_earlier_boot_is_replayed() {
     rec["boot"] = json!("an-earlier-boot");
     std::fs::write(&record, rec.to_string()).unwrap();
     let sb = w.open(batched(&w));
-    assert_noticed(&sb, "3 finished,");
+    assert_noticed(&sb, ": 3 finished");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
@@ -432,7 +432,7 @@ fn a_root_spelled_differently_still_gets_its_logged_writes() {
     let mut c = batched(&w);
     c.roots = vec![std::path::PathBuf::from(format!("{}/", w.root.display()))];
     let sb = w.open(c);
-    assert_noticed(&sb, "3 finished,");
+    assert_noticed(&sb, ": 3 finished");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
