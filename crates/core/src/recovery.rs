@@ -180,6 +180,7 @@ impl Sandbox {
     /// Recovers every run that died while changing files. Runs still alive in another
     /// process (their workflow lock is held) are left alone.
     pub fn recover(&self) -> Vec<Recovered> {
+        self.remove_dead_record_temp_files();
         let mut out = self.recover_commit_logs();
         let records = match self.state.inflight_list() {
             Ok(r) => r,
@@ -1125,6 +1126,27 @@ impl Sandbox {
             }
         }
         removed
+    }
+
+    /// Removes the temporary files of run records whose writers died: a record is made
+    /// under its workflow's lock, so one whose lock is free has no writer left.
+    fn remove_dead_record_temp_files(&self) {
+        let Ok(temps) = self.state.inflight_record_temp_files() else {
+            return;
+        };
+        for (name, id) in temps {
+            if !crate::plan::is_valid_id(&id) {
+                continue;
+            }
+            if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{id}")) {
+                match self.state.inflight_remove_file(&name) {
+                    Ok(()) => tracing::info!(file = %name, "removed a dead run's temporary record"),
+                    Err(e) => {
+                        tracing::warn!(file = %name, error = %e, "cannot remove a dead run's temporary record")
+                    }
+                }
+            }
+        }
     }
 
     /// The workflow's trusted snapshots, once the dead run's temporary files among them

@@ -355,6 +355,33 @@ impl StateDir {
         Ok(out)
     }
 
+    /// The temporary files of run records being created (`.{id}.json.ailab-tmp-…`, see
+    /// `create_whole`): `(file name, workflow id)`. One outlives its writer only when the
+    /// process died between making it and removing it.
+    pub fn inflight_record_temp_files(&self) -> io::Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for e in self.dirs.inflight.entries()? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name
+                .strip_prefix('.')
+                .and_then(|n| n.split_once(super::path::TEMP_MARKER))
+                .and_then(|(record, _)| record.strip_suffix(".json"));
+            if let Some(id) = id
+                && e.file_type()?.is_file()
+            {
+                out.push((name.clone(), id.to_owned()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes a file of `inflight/` by its name.
+    pub fn inflight_remove_file(&self, name: &str) -> io::Result<()> {
+        self.remove(&format!("{INFLIGHT_DIR}/{name}"))
+    }
+
     /// Every run record: `(id, contents)`.
     pub fn inflight_list(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();

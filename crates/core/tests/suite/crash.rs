@@ -310,6 +310,37 @@ fn a_live_run_in_another_process_is_not_recovered() {
     assert!(sb.recover().is_empty(), "the record is gone once recovered");
 }
 
+/// A process killed while creating a run record leaves the record's temporary file:
+/// recovery removes it once the workflow's lock is free, and never while a live run
+/// holds it (it may be that run's own record being made).
+#[test]
+fn a_dead_runs_temporary_record_is_removed() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
+    let inflight = w.state.join("inflight");
+    let temp = |wf: &str| {
+        inflight.join(format!(
+            ".{wf}.json.ailab-tmp-0123456789abcdef0123456789abcdef"
+        ))
+    };
+    std::fs::write(temp("wf_dead"), b"{").unwrap();
+    std::fs::write(temp("wf_live"), b"{").unwrap();
+    let held = state.lock("wf-wf_live").unwrap();
+    sb.recover();
+    assert!(
+        !temp("wf_dead").exists(),
+        "a dead writer's temporary record stays"
+    );
+    assert!(
+        temp("wf_live").exists(),
+        "a live run's record was taken from under it"
+    );
+    drop(held);
+    sb.recover();
+    assert!(!temp("wf_live").exists());
+}
+
 /// With batched syncs the audit line may reach the disk while the target's new bytes do
 /// not. Recovery must then treat the audited action as unfinished and restore it.
 #[test]
