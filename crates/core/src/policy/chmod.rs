@@ -50,7 +50,7 @@ const PATTERNS: [Pattern; 12] = [
     },
     Pattern {
         name: "make executable",
-        matches: |_, w| make_executable(w),
+        matches: |t, _| make_executable(t),
     },
     Pattern {
         name: "set the executable bit",
@@ -115,22 +115,41 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
 }
 
 /// "make / mark … executable" with at most three words between ("mark the script as
-/// executable", "make it exec"), and "be / become executable" ("it needs to be
-/// executable"); after an article it is a noun ("make the executable's path"), which asks
-/// for no permission.
-fn make_executable(words: &[&str]) -> bool {
-    const VERBS: [&str; 11] = [
-        "make", "makes", "making", "made", "mark", "marks", "marking", "marked", "render", "be",
-        "become",
+/// executable", "make it exec"), and "be / become executable" at the end of a clause ("it
+/// needs to be executable."). Words are runs of letters and digits, so "executable—then"
+/// and "executable/runnable" are seen too. After a determiner the word is a noun ("make
+/// sure your executable is signed", "notes on each executable"), and "be executable
+/// documentation" describes a document: neither asks for a permission.
+fn make_executable(text: &str) -> bool {
+    const VERBS: [&str; 9] = [
+        "make", "makes", "making", "made", "mark", "marks", "marking", "marked", "render",
     ];
     const WANTED: [&str; 4] = ["executable", "exec", "runnable", "executible"];
+    const DETERMINERS: [&str; 16] = [
+        "the", "a", "an", "your", "our", "my", "their", "his", "her", "its", "each", "every",
+        "any", "some", "all", "no",
+    ];
+    // Words that may follow "be executable" and still end what it says of the file.
+    const CLAUSE_ENDS: [&str; 14] = [
+        "and", "or", "so", "then", "please", "now", "too", "by", "for", "to", "again", "when",
+        "after", "before",
+    ];
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
     words.iter().enumerate().any(|(i, w)| {
-        WANTED.contains(w)
-            && i > 0
-            && !matches!(words[i - 1], "the" | "a" | "an")
-            && words[i.saturating_sub(4)..i]
-                .iter()
-                .any(|v| VERBS.contains(v))
+        if !WANTED.contains(w) || i == 0 || DETERMINERS.contains(&words[i - 1]) {
+            return false;
+        }
+        let made = words[i.saturating_sub(4)..i]
+            .iter()
+            .any(|v| VERBS.contains(v));
+        let is_said = matches!(words[i - 1], "be" | "become" | "becomes")
+            && words
+                .get(i + 1)
+                .is_none_or(|next| CLAUSE_ENDS.contains(next));
+        made || is_said
     })
 }
 

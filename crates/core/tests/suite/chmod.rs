@@ -89,6 +89,9 @@ fn make_executable_phrases_are_detected() {
         "make it exec",
         "make runnable",
         "make this file executable please",
+        "make it executable—then commit",
+        "make run.sh executable/runnable",
+        "the script should be executable.",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -158,6 +161,11 @@ fn ordinary_text_is_not_detected() {
         "make a note of the exec summary",
         "set up the executable's search path in the readme",
         "make the executable's output quieter",
+        "Quarterly report to be sent to exec staff",
+        "Make sure your executable is signed before release",
+        "Make notes on each executable we ship",
+        "Notes for when the job must be exec'd by cron",
+        "This file will be executable documentation for the API",
         "version 0.755 release notes",
         "mode 644 files only",
         "",
