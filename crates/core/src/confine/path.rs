@@ -210,7 +210,23 @@ pub fn resolve_sandbox_path(
     root_hint: Option<&str>,
     max_depth: usize,
 ) -> Verdict<Resolved> {
-    detect_path_traversal(path)?;
+    detect_path_traversal(path).map_err(|r| {
+        // An absolute path refused for its spelling alone (`//`, a trailing `/`, `./`)
+        // that still names a place in a root, or `/` itself, is a slip, not an attempt.
+        if r.malformed || !path.starts_with('/') {
+            return r;
+        }
+        let mut comps = path.split('/').filter(|c| !c.is_empty() && *c != ".");
+        if comps.clone().any(|c| c == ".." || c.contains('\0')) {
+            return r;
+        }
+        let cleaned: PathBuf = std::iter::once("/").chain(&mut comps).collect();
+        if cleaned == Path::new("/") || roots.iter().any(|root| is_within_sandbox(&cleaned, root)) {
+            r.malformed()
+        } else {
+            r
+        }
+    })?;
     let hinted = match root_hint {
         None => None,
         Some(hint) => Some(find_root(hint, roots)?),

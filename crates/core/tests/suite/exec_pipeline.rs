@@ -788,6 +788,11 @@ fn a_mistyped_path_is_no_escape_attempt() {
         json!({"intent": "create_file", "path": "x\u{1}.txt", "content": "x"}),
         json!({"intent": "create_file", "path": "a\\b.txt", "content": "x"}),
         json!({"intent": "create_file", "path": "/", "content": "x"}),
+        json!({"intent": "create_file", "path": "//", "content": "x"}),
+        json!({"intent": "create_file", "path": format!("{root}/notes/"), "content": "x"}),
+        json!({"intent": "create_file", "path": format!("{root}//a.txt"), "content": "x"}),
+        json!({"intent": "create_file", "path": format!("{root}/./b.txt"), "content": "x"}),
+        json!({"intent": "create_directory", "path": format!("{root}/")}),
         json!({"intent": "create_directory", "path": root}),
         json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": format!("{root}/sub")}),
     ];
@@ -802,6 +807,8 @@ fn a_mistyped_path_is_no_escape_attempt() {
         ("~/b.txt", None),
         ("/etc/passwd", None),
         ("//etc/passwd", None),
+        ("/etc//passwd", None),
+        (&format!("{root}/../x.txt"), None),
         ("x\u{0}.txt", None),
         ("passwd", Some("/etc")),
     ]
