@@ -159,8 +159,8 @@ fn plain_words(message: &str, key: &str) -> String {
     // Beyond 64 bits the value arrives as a 128-bit integer ("invalid type"); beyond the
     // key's own type as "invalid value": either way too large, unless it has a sign.
     let too_large = m.contains("expected u")
-        && (m.starts_with("invalid type: integer")
-            || (m.starts_with("invalid value: integer") && !m.contains("integer `-")));
+        && (m.starts_with("invalid type: integer") || m.starts_with("invalid value: integer"))
+        && !m.contains("integer `-");
     if too_large {
         m = format!(
             "integer too large:{}",

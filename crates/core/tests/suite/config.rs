@@ -111,6 +111,10 @@ fn wrong_value_types_are_said_in_plain_words() {
             "integer too large",
         ),
         (
+            "[limits]\nwrites_per_minute = -99999999999999999999999\n",
+            "expected a whole number (no sign)",
+        ),
+        (
             "[limits]\nwrites_per_minute = 4294967296\n",
             "integer too large: `4294967296`, expected a whole number of at most 4294967295",
         ),
