@@ -368,7 +368,7 @@ impl Sandbox {
                     r.execution_id, r.workflow_id, r.restores_recorded
                 )
             } else {
-                // Only what happened: a run killed before its first write leaves all zeros.
+                // Only what recovery did: a run killed between actions leaves all zeros.
                 let done: Vec<String> = [
                     (r.rolled_back, "unfinished actions rolled back"),
                     (r.completed, "finished"),
@@ -381,7 +381,8 @@ impl Sandbox {
                 .map(|(n, what)| format!("{n} {what}"))
                 .collect();
                 let done = if done.is_empty() {
-                    "it had changed nothing, so there was nothing to undo".to_owned()
+                    // Its finished writes stand as audited; none was left half done.
+                    "no unfinished action was left to undo or finish".to_owned()
                 } else {
                     done.join(", ")
                 };
