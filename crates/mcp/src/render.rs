@@ -191,7 +191,10 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "ids are 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit; or omit workflow_id to use this session's workflow."
         }
         C::InvalidPlan if op.is_some_and(|w| w.op.name == "sandbox_transform") => {
-            "sandbox_transform edits UTF-8 text with at least one edit; to change a file that is not text, write its new content whole with replace_file."
+            return format!(
+                "fix what the reason above names and call again: sandbox_transform takes 1 to {} edits, each with a non-empty 'old' found in the file, and edits UTF-8 text only (to change a file that is not text, write its new content whole with replace_file).",
+                ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN
+            );
         }
         C::InvalidPlan => {
             "check the arguments against the tool's input schema (tools/list) and call it again."
@@ -507,6 +510,10 @@ mod tests {
         let file = what_to_do(ReasonCode::AlreadyExists, Some(writer("create_file")));
         assert!(file.contains("replace_file"), "{file}");
         let edit = what_to_do(ReasonCode::InvalidPlan, Some(writer("sandbox_transform")));
+        assert!(
+            edit.contains("reason above") && edit.contains("non-empty 'old'"),
+            "{edit}"
+        );
         assert!(
             edit.contains("UTF-8") && edit.contains("replace_file"),
             "{edit}"
