@@ -1152,15 +1152,20 @@ fn a_root_inside_the_state_directory_through_a_mount_is_refused() {
     let e = env();
     let mnt = e.dir.join("mnt");
     std::fs::create_dir_all(e.state.join("agent")).unwrap();
+    std::fs::create_dir_all(e.state.join("notes/inner")).unwrap();
     std::fs::create_dir_all(e.state.join("locks")).unwrap();
     std::fs::create_dir(&mnt).unwrap();
-    for (root, said) in [
-        ("agent", "lies inside the state directory"),
-        ("locks", "is a folder of the state directory"),
+    // The state directory mounted, or only a folder of it.
+    for (mounted, root, said) in [
+        ("", "agent", "lies inside the state directory"),
+        ("", "locks", "is a folder of the state directory"),
+        ("notes", "inner", "lies inside the state directory"),
+        ("notes", "", "lies inside the state directory"),
     ] {
+        let source = e.state.join(mounted);
         let mut c = with_private_mount(
             "mount --bind \"$1\" \"$2\"",
-            &[e.state.as_os_str(), mnt.as_os_str()],
+            &[source.as_os_str(), mnt.as_os_str()],
         );
         c.arg("--root")
             .arg(mnt.join(root))
@@ -1177,6 +1182,7 @@ fn a_root_inside_the_state_directory_through_a_mount_is_refused() {
         assert!(why.contains(said), "{root}: {why}");
     }
     assert!(!e.state.join("agent/.rollback").exists());
+    assert!(!e.state.join("notes/inner/.rollback").exists());
 }
 
 /// A root out of inodes: the snapshot folder that could not be made is named as such, with

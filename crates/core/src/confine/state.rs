@@ -129,6 +129,31 @@ impl StateDir {
             .collect()
     }
 
+    /// The `(st_dev, st_ino)` of the state directory and of every folder beneath it
+    /// (symbolic links not followed; at most 4096 folders, which a state directory of
+    /// three never approaches).
+    pub fn tree_dir_ids(&self) -> io::Result<std::collections::HashSet<(u64, u64)>> {
+        use cap_std::fs::MetadataExt as _;
+        const MAX_DIRS: usize = 4096;
+        let mut ids = std::collections::HashSet::new();
+        let mut pending = vec![self.dirs.top.try_clone()?];
+        while let Some(dir) = pending.pop() {
+            let m = dir.dir_metadata()?;
+            if !ids.insert((m.dev(), m.ino())) || ids.len() >= MAX_DIRS {
+                continue;
+            }
+            for e in dir.entries()? {
+                let e = e?;
+                if e.file_type()?.is_dir()
+                    && let Ok(sub) = dir.open_dir_nofollow(e.file_name())
+                {
+                    pending.push(sub);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
     /// Its path.
     pub fn path(&self) -> &Path {
         &self.path

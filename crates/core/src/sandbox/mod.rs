@@ -221,6 +221,10 @@ impl Sandbox {
         let state_ids = state
             .dir_ids()
             .map_err(Error::io("look at the state directory"))?;
+        // Every folder of the state directory: a root mounted from any of them lies in it.
+        let state_tree = state
+            .tree_dir_ids()
+            .map_err(Error::io("look at the state directory"))?;
         let root_ids: Vec<((u64, u64), String)> = roots
             .iter()
             .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
@@ -230,7 +234,9 @@ impl Sandbox {
             let what = match state_ids.iter().position(|id| *id == root.id()) {
                 Some(0) => Some("is the state directory"),
                 Some(_) => Some("is a folder of the state directory"),
-                None if root.reached_through(state_ids[0]) => {
+                None if state_tree.contains(&root.id())
+                    || state_tree.iter().any(|id| root.reached_through(*id)) =>
+                {
                     Some("lies inside the state directory")
                 }
                 None => None,
