@@ -108,6 +108,25 @@ pub(crate) fn io_words(e: &std::io::Error) -> String {
     }
 }
 
+/// Why a log or record of the state directory (`what`: "the audit trail") could not be
+/// read: another process of the runtime held it past `limits.lock_wait_seconds`
+/// (`conflict`, to try again), or an I/O failure (`io_error`).
+pub(crate) fn read_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
+    use crate::reason::{ReasonCode, Refusal};
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "could not read {what}: another process of the runtime held it ({e}: a stopped or hung process, or one far behind); nothing was done: try again later, or raise limits.lock_wait_seconds"
+            ),
+        );
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("could not read {what}: {}", io_words(e)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::Error;

@@ -72,6 +72,20 @@ impl ApiError {
     /// A storage failure in the core (registry or audit log): logged with detail, answered
     /// without it (the detail could name the state directory, which lies outside every root).
     pub fn storage(what: &'static str, err: &ailab_sandbox_core::Error) -> Self {
+        if let ailab_sandbox_core::Error::Io { cause, .. } = err
+            && cause.kind() == std::io::ErrorKind::TimedOut
+        {
+            // Held by another process of the runtime (a long write, or a stopped one):
+            // busy, not broken, as the command line says.
+            tracing::warn!(error = %err, "{what}");
+            return Self::new(
+                StatusCode::CONFLICT,
+                ReasonCode::Conflict.as_str(),
+                format!(
+                    "{what}: another process of the runtime held it past limits.lock_wait_seconds (a long write, or a stopped or hung process); try again later"
+                ),
+            );
+        }
         tracing::error!(error = %err, "{what}");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

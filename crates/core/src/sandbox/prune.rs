@@ -120,15 +120,10 @@ impl Sandbox {
         simulated: bool,
     ) -> Verdict<bool> {
         let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
-        let trail = self.audit.by_workflow(wf).map_err(|e| {
-            crate::Refusal::new(
-                ReasonCode::IoError,
-                format!(
-                    "could not read the audit trail: {}",
-                    crate::error::io_words(&e)
-                ),
-            )
-        })?;
+        let trail = self
+            .audit
+            .by_workflow(wf)
+            .map_err(|e| crate::error::read_refusal("the audit trail", &e))?;
         let newest = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())

@@ -496,11 +496,8 @@ impl Sandbox {
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
         // rollback that reports success with a file left as it was.
         let unread = |what: &str, e: std::io::Error| -> RollbackRefusal {
-            (
-                ReasonCode::IoError,
-                format!("could not read {what}: {}", crate::error::io_words(&e)),
-                Vec::new(),
-            )
+            let r = crate::error::read_refusal(what, &e);
+            (r.reason_code, r.reason, Vec::new())
         };
         let trail = self
             .audit

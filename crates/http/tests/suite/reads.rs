@@ -236,3 +236,35 @@ async fn the_artifacts_gauge_counts_other_processes_writes() {
         "{text}"
     );
 }
+
+/// Another process of the runtime holding the audit trail past `lock_wait_seconds` (a
+/// stopped or hung writer) makes the reads of it busy: 409 `conflict`, as on the command
+/// line, never a 500; the rollback preview says it could not look (`conflict`).
+#[tokio::test]
+async fn a_held_audit_trail_is_busy_not_broken() {
+    use rustix::fs::{FlockOperation, flock};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = 1;
+    let server = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config.clone()).unwrap());
+    let app = ailab_sandbox_http::router(server, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    // Another writer: the server has lines to read.
+    let other = ailab_sandbox_core::Sandbox::open(config).unwrap();
+    let plan = serde_json::from_value(create_plan("wf_held", "h.txt", "h")).unwrap();
+    assert!(other.run_plan(plan).unwrap().is_success());
+    let log = std::fs::File::open(tmp.path().join("state/sandbox_audit.jsonl")).unwrap();
+    flock(&log, FlockOperation::LockExclusive).unwrap();
+    for route in ["/agentic/executions", "/agentic/executions/stats"] {
+        let v = get(&app, route)
+            .await
+            .assert_error(StatusCode::CONFLICT, "conflict");
+        assert!(v["reason"].as_str().unwrap().contains("try again"), "{v}");
+    }
+    let r = get(&app, "/agentic/rollback/wf_held").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["reason_code"], "conflict", "{v}");
+    drop(log);
+    let r = get(&app, "/agentic/executions").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+}
