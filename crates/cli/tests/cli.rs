@@ -907,6 +907,7 @@ fn a_short_token_stops_the_server_only() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("shorter than 16 characters"), "{err}");
+    assert!(err.contains("AI_LAB_SANDBOX_TOKEN"), "names where tokens come from: {err}");
 }
 
 /// `serve` announces the address it listens on only once bound, with the real port for

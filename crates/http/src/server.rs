@@ -199,19 +199,20 @@ pub enum ServeError {
         resolved: SocketAddr,
     },
     /// The token is empty.
-    #[error("the token is empty; set a long random token or none")]
+    #[error("the token is empty{TOKEN_SOURCES}; set a long random token or none")]
     EmptyToken,
     /// The token is too short to resist guessing.
     #[error(
-        "the token is shorter than {MIN_TOKEN_LEN} characters; use a long random token \
-         (for example 32 hexadecimal digits)"
+        "the token is shorter than {MIN_TOKEN_LEN} characters{TOKEN_SOURCES}; use a long \
+         random token (for example 32 hexadecimal digits)"
     )]
     ShortToken,
     /// The token could never match: HTTP drops white space at the ends of a header
     /// value, and a header cannot carry a control character.
     #[error(
         "the token begins or ends with white space, or holds a control character, which an \
-         Authorization header cannot carry; no request could ever match it: give it without them"
+         Authorization header cannot carry{TOKEN_SOURCES}; no request could ever match it: \
+         give it without them"
     )]
     UnsendableToken,
     /// The body limit is zero.
@@ -241,6 +242,10 @@ fn bind_advice(error: &std::io::Error) -> &'static str {
         _ => "",
     }
 }
+
+/// Where a token comes from, for the refusals of a bad one: an empty
+/// `AI_LAB_SANDBOX_TOKEN` left in the environment is the usual surprise.
+const TOKEN_SOURCES: &str = " (it is taken from --token, else AI_LAB_SANDBOX_TOKEN, else [server] token in the config file: check each)";
 
 /// The shortest token `serve` accepts.
 pub const MIN_TOKEN_LEN: usize = 16;
