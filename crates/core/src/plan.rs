@@ -468,9 +468,19 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
     reading::scan(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the arguments are not valid: {e}"),
+            format!("the arguments are not valid: {e}{}", nesting_hint(&e)),
         )
     })
+}
+
+/// What to change when the parser stopped at its nesting limit (its own words say only
+/// what it hit). The limit counts every level of the text, the envelope's included.
+fn nesting_hint(e: &serde_json::Error) -> &'static str {
+    if e.to_string().starts_with("recursion limit exceeded") {
+        " (arrays and objects nest fewer than 128 levels deep, counting those that hold the data: flatten the data)"
+    } else {
+        ""
+    }
 }
 
 /// Parses plan JSON; unknown fields and wrong types are `invalid_plan`.
@@ -497,15 +507,9 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
         {
             return r;
         }
-        // The parser's own words say what it hit, not what to change.
-        let hint = if e.to_string().starts_with("recursion limit exceeded") {
-            " (arrays and objects nest at most 128 levels deep: flatten the data)"
-        } else {
-            ""
-        };
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the plan is not valid: {e}{hint}"),
+            format!("the plan is not valid: {e}{}", nesting_hint(&e)),
         )
     })?;
     drop(counting);
@@ -1154,7 +1158,19 @@ mod tests {
         let why = parse_plan(deep.as_bytes()).unwrap_err();
         assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
         assert!(
-            why.reason.contains("at most 128 levels deep"),
+            why.reason.contains("fewer than 128 levels deep"),
+            "{}",
+            why.reason
+        );
+    }
+
+    /// Arguments checked by a face (MCP) get the same hint as a plan.
+    #[test]
+    fn arguments_nested_too_deep_say_how_deep_they_may_go() {
+        let deep = format!("{{\"data\": {}{}}}", "[".repeat(200), "]".repeat(200));
+        let why = check_unique_keys(deep.as_bytes()).unwrap_err();
+        assert!(
+            why.reason.contains("fewer than 128 levels deep"),
             "{}",
             why.reason
         );
