@@ -866,10 +866,29 @@ impl AuditLog {
 }
 
 /// `report` (of a sound chain), failed when the registry holds artifacts, `missing`,
-/// whose writes the trail does not record.
-pub(crate) fn with_unlogged(report: VerifyReport, missing: &[ArtifactEntry]) -> VerifyReport {
+/// whose writes the trail does not record; `pending` are such artifacts of workflows
+/// whose run records still await recovery, said as such rather than as tampering.
+pub(crate) fn with_unlogged(
+    report: VerifyReport,
+    missing: &[ArtifactEntry],
+    pending: &[ArtifactEntry],
+) -> VerifyReport {
     let Some(first) = missing.first() else {
-        return report;
+        let Some(first) = pending.first() else {
+            return report;
+        };
+        return VerifyReport {
+            ok: false,
+            first_bad_seq: None,
+            reason: Some(format!(
+                "the audit trail does not record yet the writes of {} registered artifact(s) (the first: {}, action {} of workflow {}): their run could not write its lines (a full disk?) and left its record for recovery, which records them at the workflow's next use or the next start once the state directory can be written; verify again then",
+                pending.len(),
+                first.artifact_id,
+                shown_path(&first.action_id),
+                shown_path(&first.workflow_id)
+            )),
+            ..report
+        };
     };
     VerifyReport {
         ok: false,
@@ -942,7 +961,7 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
         .filter(|a| !records(&logged, a))
         .collect();
-    Ok(with_unlogged(report, &missing))
+    Ok(with_unlogged(report, &missing, &[]))
 }
 
 /// Checks a log's bytes against the bytes of its head file (`None`: there is none).

@@ -37,6 +37,20 @@ fn needs_recovery(rec: &InflightRecord) -> bool {
         && !rec.finished_this_boot()
 }
 
+impl Sandbox {
+    /// Whether `workflow_id`'s run record still awaits recovery (a run or rollback that
+    /// died, or one that could not write its last lines): what it did is not all on the
+    /// trail yet.
+    pub(crate) fn awaits_recovery(&self, workflow_id: &str) -> bool {
+        self.state
+            .inflight_read(workflow_id)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
+            .is_some_and(|r| needs_recovery(&r))
+    }
+}
+
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to
 /// `idle` when the run ends. One file per workflow, rewritten in place.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +150,9 @@ pub struct Recovered {
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
+    /// Why nothing was judged for any other cause ([`Self::retry`] is set): a log or the
+    /// snapshots that could not be read (a full or failing disk), in a few words.
+    pub why: Option<String>,
     /// Why targets of the run could not be judged (each a sentence naming one): what
     /// stands there is something the runtime never reads — a file with a second hard
     /// link, a symbolic link, FIFO or device on its path, a file where a folder was. Only
@@ -151,6 +168,10 @@ impl Recovered {
     fn read<T>(&mut self, read: std::io::Result<T>) -> Option<T> {
         read.inspect_err(|e| {
             self.busy = busy_log(e);
+            self.why = Some(format!(
+                "a log of the state directory could not be read ({})",
+                crate::error::io_words(e)
+            ));
             self.retry = true;
         })
         .ok()
@@ -1157,9 +1178,13 @@ impl Sandbox {
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
-        let Ok((snaps, untrusted)) = self.trusted_workflow_snapshots(&rec.workflow_id) else {
-            report.retry = true;
-            return None;
+        let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
+            Ok(s) => s,
+            Err(r) => {
+                report.why = Some(format!("its snapshots could not be read ({})", r.reason));
+                report.retry = true;
+                return None;
+            }
         };
         report.untrusted += untrusted;
         Some(snaps)

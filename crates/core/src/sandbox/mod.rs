@@ -363,8 +363,11 @@ impl Sandbox {
             }
             if r.retry {
                 sb.notices.push(format!(
-                    "the snapshots of workflow {} could not be read (see the log), so its interrupted run {} was neither finished nor undone; it is recovered at the next start",
-                    r.workflow_id, r.execution_id
+                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; it is recovered at the next start or the workflow's next run",
+                    r.what(),
+                    r.execution_id,
+                    r.workflow_id,
+                    r.why.as_deref().unwrap_or("see the log")
                 ));
                 continue;
             }

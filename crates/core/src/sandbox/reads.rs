@@ -231,7 +231,12 @@ impl Sandbox {
             return Ok(report);
         }
         missing.retain(|a| !crate::audit::records(&logged, a));
-        Ok(crate::audit::with_unlogged(report, &missing))
+        // A run that could not write its lines (a full disk) left its record for
+        // recovery: its writes are unrecorded yet, not cut from the trail.
+        let (pending, missing): (Vec<_>, Vec<_>) = missing
+            .into_iter()
+            .partition(|a| self.awaits_recovery(&a.workflow_id));
+        Ok(crate::audit::with_unlogged(report, &missing, &pending))
     }
 
     /// Newest artifacts.

@@ -310,6 +310,26 @@ fn a_live_run_in_another_process_is_not_recovered() {
     assert!(sb.recover().is_empty(), "the record is gone once recovered");
 }
 
+/// A run that registered an artifact and died before its audit line (as one whose disk
+/// filled up) leaves its record for recovery: until then `audit verify` says the trail
+/// does not record the write yet, not that lines were cut from it; recovery records it.
+#[test]
+fn verify_tells_a_write_awaiting_recovery_from_a_cut_trail() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_audit", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+    assert!(outcome.is_err(), "the run should die");
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+    let why = v.reason.unwrap();
+    assert!(why.contains("does not record yet"), "{why}");
+    assert!(!why.contains("lines were removed"), "{why}");
+    drop(sb);
+    let sb = w.open(c);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).
@@ -827,6 +847,8 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
     assert_noticed(&sb, "recovered at the next start");
+    // Why, in the notice itself.
+    assert_noticed(&sb, "neither finished nor undone: its snapshots could not be read (");
     assert_eq!(record()["state"], "active");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not judged yet");
     drop(sb);
