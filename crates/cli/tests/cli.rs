@@ -907,7 +907,10 @@ fn a_short_token_stops_the_server_only() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("shorter than 16 characters"), "{err}");
-    assert!(err.contains("AI_LAB_SANDBOX_TOKEN"), "names where tokens come from: {err}");
+    assert!(
+        err.contains("AI_LAB_SANDBOX_TOKEN"),
+        "names where tokens come from: {err}"
+    );
 }
 
 /// `serve` announces the address it listens on only once bound, with the real port for
@@ -1184,6 +1187,48 @@ fn a_root_inside_the_state_directory_through_a_mount_is_refused() {
     }
     assert!(!e.state.join("agent/.rollback").exists());
     assert!(!e.state.join("notes/inner/.rollback").exists());
+}
+
+/// Any folder of the state directory mounted into a root, not only the runtime's own, is
+/// refused to actions: nothing is written beside the runtime's files.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_folder_of_the_state_directory_mounted_into_a_root_is_never_written() {
+    let e = env();
+    let notes = e.state.join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    let m = e.root.join("m");
+    std::fs::create_dir_all(&m).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_fold", "actions": [
+            {"intent": "create_file", "path": "m/w.md", "content": "x"}]}),
+    );
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$2\"",
+        &[notes.as_os_str(), m.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let run = json_out(&out);
+    assert_eq!(run["status"], "blocked", "{run}");
+    let a = &run["actions"][0];
+    assert_eq!(a["reason_code"], "reserved_path", "{a}");
+    assert!(
+        a["reason"]
+            .as_str()
+            .unwrap()
+            .contains("a folder of the runtime's state directory"),
+        "{a}"
+    );
+    assert!(!notes.join("w.md").exists());
 }
 
 /// A root out of inodes: the snapshot folder that could not be made is named as such, with

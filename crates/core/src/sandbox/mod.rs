@@ -248,9 +248,18 @@ impl Sandbox {
                     state.path().display()
                 ))));
             }
-            let mut reserved: Vec<((u64, u64), String)> = state_ids
+            // Every folder of the state directory, not only the runtime's own: one mounted
+            // into a root would let actions write beside the runtime's files.
+            let mut reserved: Vec<((u64, u64), String)> = state_tree
                 .iter()
-                .map(|id| (*id, "the runtime's state directory".to_owned()))
+                .map(|id| {
+                    let what = if *id == state_ids[0] {
+                        "the runtime's state directory"
+                    } else {
+                        "a folder of the runtime's state directory"
+                    };
+                    (*id, what.to_owned())
+                })
                 .collect();
             reserved.extend(
                 root_ids

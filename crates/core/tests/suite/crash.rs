@@ -848,7 +848,10 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let sb = w.open(c.clone());
     assert_noticed(&sb, "recovered at the next start");
     // Why, in the notice itself.
-    assert_noticed(&sb, "neither finished nor undone: its snapshots could not be read (");
+    assert_noticed(
+        &sb,
+        "neither finished nor undone: its snapshots could not be read (",
+    );
     assert_eq!(record()["state"], "active");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not judged yet");
     drop(sb);
