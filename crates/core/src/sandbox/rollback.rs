@@ -333,10 +333,10 @@ impl Sandbox {
                 Ok((EntryKind::Special, _)) => {
                     root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
                 }
-                // A link where the workflow's file was is replaced like any changed file;
-                // one where it made or found a directory, or made a file, is not its to
-                // remove.
-                Ok((EntryKind::Symlink, _)) if s.meta.kind != SnapshotKind::File => {
+                // A link is not the workflow's to remove, wherever it stands: in place of
+                // a file it replaced as much as of one it made (force overwrites bytes
+                // someone changed, not a different kind of thing someone put there).
+                Ok((EntryKind::Symlink, _)) => {
                     root.inspect(&rel).err().map(|r| (r.reason_code, r.reason))
                 }
                 Err(r)

@@ -1340,12 +1340,13 @@ fn a_conflict_met_during_a_rollback_is_named() {
 /// What someone put where the workflow wrote is not removed by a rollback, forced or not:
 /// a directory where it wrote a file (`not_regular_file`), a file where a
 /// `create_directory` made its directory (`conflict`: it was removed, reported as "the
-/// action made it"). Refused up front, saying what to do, nothing restored, and `GET`
+/// action made it"), a symbolic link where it replaced a file (it was replaced by the
+/// file, force or not). Refused up front, saying what to do, nothing restored, and `GET`
 /// says so.
 #[test]
 fn a_rollback_never_removes_what_someone_put_where_the_workflow_wrote() {
     type Put = fn(&World);
-    let cases: [(&str, serde_json::Value, Put, ReasonCode); 2] = [
+    let cases: [(&str, serde_json::Value, Put, ReasonCode); 4] = [
         (
             "y.md",
             json!({"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}),
@@ -1363,6 +1364,25 @@ fn a_rollback_never_removes_what_someone_put_where_the_workflow_wrote() {
                 w.write("cd1", b"someone's");
             },
             ReasonCode::Conflict,
+        ),
+        // A link in place of a file the workflow replaced: not replaced by force.
+        (
+            "y.md",
+            json!({"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}),
+            |w| {
+                std::fs::remove_file(w.path("y.md")).unwrap();
+                std::os::unix::fs::symlink(&w.outside, w.path("y.md")).unwrap();
+            },
+            ReasonCode::SymlinkEscape,
+        ),
+        (
+            "y.md",
+            json!({"action_id": "a2", "intent": "replace_file", "path": "y.md", "content": "new"}),
+            |w| {
+                std::fs::remove_file(w.path("y.md")).unwrap();
+                std::os::unix::fs::symlink("k.md", w.path("y.md")).unwrap();
+            },
+            ReasonCode::SymlinkRefused,
         ),
     ];
     for (path, action, put, code) in cases {
