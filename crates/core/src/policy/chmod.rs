@@ -40,8 +40,9 @@ const PATTERNS: [Pattern; 12] = [
         name: "set_permissions / setPosixFilePermissions",
         matches: |t, _| {
             t.contains("set_permissions")
+                || t.contains("setpermissions")
                 || t.contains("setposixfilepermissions")
-                || t.contains("setexecutable(")
+                || t.contains("setexecutable")
         },
     },
     Pattern {
@@ -114,43 +115,95 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
         .map(|p| p.name)
 }
 
-/// "make / mark … executable" with at most three words between ("mark the script as
-/// executable", "make it exec"), and "be / become executable" at the end of a clause ("it
-/// needs to be executable."). Words are runs of letters and digits, so "executable—then"
-/// and "executable/runnable" are seen too. After a determiner the word is a noun ("make
-/// sure your executable is signed", "notes on each executable"), and "be executable
-/// documentation" describes a document: neither asks for a permission.
+/// "make / mark X executable" with X at most three words ("mark the script as
+/// executable", "make scripts/deploy.sh executable", "make them all exec"), and "be /
+/// become executable" ending a clause ("it must be executable, or cron fails"). Read
+/// clause by clause (a full stop, comma, semicolon, colon, dash or line ends one), word by
+/// word (a path is one word; "executable/runnable" holds the word). Prose that names an
+/// executable is not a request: after an article or possessive it is a noun ("make sure
+/// your executable is signed"), as after a quantifier unless it ends the clause ("make
+/// every executable smaller", but "make them all executable"); a preposition between the verb and it ("a list of
+/// executable targets", "made by exec committee") or "make sure" rules the verb out.
 fn make_executable(text: &str) -> bool {
     const VERBS: [&str; 9] = [
         "make", "makes", "making", "made", "mark", "marks", "marking", "marked", "render",
     ];
     const WANTED: [&str; 4] = ["executable", "exec", "runnable", "executible"];
-    const DETERMINERS: [&str; 16] = [
-        "the", "a", "an", "your", "our", "my", "their", "his", "her", "its", "each", "every",
-        "any", "some", "all", "no",
+    const NOUN_MARKERS: [&str; 10] = [
+        "the", "a", "an", "your", "our", "my", "their", "his", "her", "its",
+    ];
+    const QUANTIFIERS: [&str; 10] = [
+        "each", "every", "all", "any", "some", "both", "this", "that", "these", "those",
+    ];
+    const PREPOSITIONS: [&str; 12] = [
+        "of", "for", "on", "in", "with", "about", "from", "by", "to", "at", "into", "than",
     ];
     // Words that may follow "be executable" and still end what it says of the file.
     const CLAUSE_ENDS: [&str; 14] = [
         "and", "or", "so", "then", "please", "now", "too", "by", "for", "to", "again", "when",
         "after", "before",
     ];
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    words.iter().enumerate().any(|(i, w)| {
-        if !WANTED.contains(w) || i == 0 || DETERMINERS.contains(&words[i - 1]) {
-            return false;
-        }
-        let made = words[i.saturating_sub(4)..i]
-            .iter()
-            .any(|v| VERBS.contains(v));
-        let is_said = matches!(words[i - 1], "be" | "become" | "becomes")
-            && words
+    let wanted = |w: &str| w.split('/').any(|part| WANTED.contains(&part));
+    clauses(text).any(|clause| {
+        let words: Vec<&str> = clause
+            .split_whitespace()
+            .map(|w| {
+                w.trim_matches(|c: char| {
+                    !c.is_alphanumeric() && !matches!(c, '/' | '.' | '_' | '-')
+                })
+            })
+            .filter(|w| !w.is_empty())
+            .collect();
+        words.iter().enumerate().any(|(i, w)| {
+            if !wanted(w) || i == 0 {
+                return false;
+            }
+            let prev = words[i - 1];
+            let ends_clause = words
                 .get(i + 1)
                 .is_none_or(|next| CLAUSE_ENDS.contains(next));
-        made || is_said
+            let is_said = matches!(prev, "be" | "become" | "becomes")
+                && matches!(*w, "executable" | "executible")
+                && ends_clause;
+            let made = (i.saturating_sub(4)..i)
+                .rev()
+                .find(|&v| VERBS.contains(&words[v]))
+                .is_some_and(|v| {
+                    let between = &words[v + 1..i];
+                    !NOUN_MARKERS.contains(&prev)
+                        && (!QUANTIFIERS.contains(&prev) || ends_clause)
+                        && between.first() != Some(&"sure")
+                        && !between.iter().any(|b| PREPOSITIONS.contains(b))
+                });
+            made || is_said
+        })
     })
+}
+
+/// The clauses of `text`: cut at a full stop followed by white space or the end (not the
+/// dot of "deploy.sh"), and at commas, semicolons, colons, question and exclamation
+/// marks, dashes and line ends.
+fn clauses(text: &str) -> impl Iterator<Item = &str> {
+    let mut cuts = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let next_is_space = chars.peek().is_none_or(|(_, n)| n.is_whitespace());
+        if matches!(
+            c,
+            ',' | ';' | ':' | '!' | '?' | '\n' | '\u{2014}' | '\u{2013}'
+        ) || (c == '.' && next_is_space)
+        {
+            cuts.push((i, c.len_utf8()));
+        }
+    }
+    let mut start = 0;
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    for (at, len) in cuts {
+        pieces.push(&text[start..at]);
+        start = at + len;
+    }
+    pieces.push(&text[start..]);
+    pieces.into_iter()
 }
 
 fn after_word(words: &[&str], word: &str, test: fn(&str) -> bool) -> bool {

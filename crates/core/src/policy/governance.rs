@@ -208,7 +208,9 @@ pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
         .join(", ");
     // An intent joins words with `_` or `-`: "make_executable" is "make executable".
     let spelled_out = intent.replace(['_', '-'], " ");
-    if detect_chmod_intent(&spelled_out).is_some() || intent.to_ascii_lowercase().contains("chmod")
+    if detect_chmod_intent(intent).is_some()
+        || detect_chmod_intent(&spelled_out).is_some()
+        || intent.to_ascii_lowercase().contains("chmod")
     {
         return Refusal::new(
             ReasonCode::ChmodForbidden,

@@ -92,6 +92,11 @@ fn make_executable_phrases_are_detected() {
         "make it executable—then commit",
         "make run.sh executable/runnable",
         "the script should be executable.",
+        "make scripts/deploy/run-all.sh executable",
+        "make them all executable",
+        "make each executable",
+        "deploy.sh must be executable, otherwise cron fails",
+        "The script must be executable. Cron runs it hourly.",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -164,8 +169,14 @@ fn ordinary_text_is_not_detected() {
         "Quarterly report to be sent to exec staff",
         "Make sure your executable is signed before release",
         "Make notes on each executable we ship",
+        "make every executable smaller",
         "Notes for when the job must be exec'd by cron",
         "This file will be executable documentation for the API",
+        "Make a list of executable targets in the README",
+        "Make sure exec staff get the quarterly report",
+        "Summary made by exec committee",
+        "Make the build faster. Executable size matters",
+        "Every snippet in this README should be runnable.",
         "version 0.755 release notes",
         "mode 644 files only",
         "",

@@ -269,6 +269,10 @@ fn a_chmod_pattern_spelled_as_an_intent_is_chmod_forbidden() {
         "mark-as-executable",
         "set_executable_bit",
         "add_execute_permission",
+        "mark_as_exec",
+        "set_permissions",
+        "setPermissions",
+        "setExecutable",
     ] {
         assert_eq!(
             code_of(intent, "x.sh"),
