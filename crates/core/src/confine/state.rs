@@ -390,7 +390,8 @@ impl StateDir {
             let name = e.file_name().to_string_lossy().into_owned();
             let id = name
                 .strip_prefix('.')
-                .and_then(|n| n.split_once(super::path::TEMP_MARKER))
+                // The last marker: a workflow id may hold the marker's text itself.
+                .and_then(|n| n.rsplit_once(super::path::TEMP_MARKER))
                 .and_then(|(record, _)| record.strip_suffix(".json"));
             if let Some(id) = id
                 && e.file_type()?.is_file()

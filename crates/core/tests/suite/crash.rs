@@ -346,12 +346,18 @@ fn a_dead_runs_temporary_record_is_removed() {
     };
     std::fs::write(temp("wf_dead"), b"{").unwrap();
     std::fs::write(temp("wf_live"), b"{").unwrap();
+    // An id may hold the marker's text: the lock checked is that workflow's.
+    let odd = "a.json.ailab-tmp-b";
+    std::fs::write(temp(odd), b"{").unwrap();
     let held = state.lock("wf-wf_live").unwrap();
+    let held_odd = state.lock(&format!("wf-{odd}")).unwrap();
     sb.recover();
     assert!(
         !temp("wf_dead").exists(),
         "a dead writer's temporary record stays"
     );
+    assert!(temp(odd).exists(), "another workflow's lock was checked");
+    drop(held_odd);
     assert!(
         temp("wf_live").exists(),
         "a live run's record was taken from under it"
