@@ -632,7 +632,7 @@ fn run(cli: Cli) -> Result<u8> {
             }
         },
         Command::State => {
-            let doc = sandbox.state_doc();
+            let doc = sandbox.state_doc()?;
             if json {
                 print_json(&doc)?
             } else {

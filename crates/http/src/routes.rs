@@ -154,7 +154,9 @@ pub(crate) async fn healthz() -> Json<Health> {
 /// `GET /agentic/state`.
 pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiError> {
     let sb = s.sandbox;
-    let doc = blocking(move || sb.state_doc()).await?;
+    let doc = blocking(move || sb.state_doc())
+        .await?
+        .map_err(|e| ApiError::storage("the state could not be read", &e))?;
     Ok(Json(doc).into_response())
 }
 

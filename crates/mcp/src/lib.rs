@@ -150,20 +150,21 @@ impl SandboxMcp {
     }
 
     fn instructions(&self) -> String {
-        let doc = self.sandbox.state_doc();
-        let mode = match doc.dry_run_reason {
+        let (_, dry_run_reason) = self.sandbox.execution_context();
+        let phase = &self.sandbox.config().phase;
+        let mode = match dry_run_reason {
             None => {
                 "Writing is ENABLED on this server: write tools change files for real.".to_owned()
             }
             // Refused, not simulated: the flags are not what stops it.
             reason @ Some(DryRunReason::PhaseNotSupported) => format!(
                 "Writing is NOT allowed on this server. Why: {}. Every write tool is refused (phase_not_supported); nothing is written. {}",
-                render::dry_run_words(reason, &doc.phase),
+                render::dry_run_words(reason, phase),
                 render::PHASE_HINT
             ),
             reason => format!(
                 "Writing is NOT enabled on this server. Why: {}. Every write tool only simulates and reports what it would do; nothing is written. {}",
-                render::dry_run_words(reason, &doc.phase),
+                render::dry_run_words(reason, phase),
                 render::ENABLE_HINT
             ),
         };
@@ -177,7 +178,13 @@ Every write can be undone with rollback_action (one write) or rollback_workflow 
 All writes of this session belong to workflow {wf} unless a call passes workflow_id. \
 A refused or failed call returns isError with a reason_code, the reason and what to do instead; read it and adapt rather than retrying unchanged. \
 Use read_file, list_directory and get_file_info to look before you write, sandbox_transform for small exact edits, and get_state to see the mode, roots and limits. {mode}",
-            roots = doc.sandbox_roots.join(", "),
+            roots = self
+                .sandbox
+                .roots()
+                .iter()
+                .map(|r| r.path().display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             rate = self.sandbox.config().limits.writes_per_minute,
             wf = self.workflow_id,
         )
@@ -533,7 +540,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 ok(text, Some(serde_json::json!({"artifacts": list})))
             }
-            Ok(Err(e)) => internal_error(&e.to_string()),
+            Ok(Err(e)) => storage_failure(&e),
             Err(e) => e,
         }
     }
@@ -586,14 +593,15 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 ".",
                 FIND_IT,
             ),
-            Ok(Err(e)) => internal_error(&e.to_string()),
+            Ok(Err(e)) => storage_failure(&e),
             Err(e) => e,
         }
     }
 
     async fn get_state(&self) -> CallToolResult {
         let doc = match self.blocking(|sb| sb.state_doc()).await {
-            Ok(d) => d,
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => return storage_failure(&e),
             Err(e) => return e,
         };
         let mode = match doc.dry_run_reason {
@@ -653,6 +661,23 @@ fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> C
     };
     let r = Refusal::new(code, format!("{what}; the tools are: {}", names.join(", ")));
     refusal(&r, None, ". Nothing was done.")
+}
+
+/// A log of the state directory that could not be read: held by another process of the
+/// runtime past `limits.lock_wait_seconds` (`conflict`, to retry), else a failure.
+fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
+    if let ailab_sandbox_core::Error::Io { cause, .. } = e
+        && cause.kind() == std::io::ErrorKind::TimedOut
+    {
+        let r = Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{e}: another process of the runtime held it (a long write, or a stopped or hung process)"
+            ),
+        );
+        return refusal(&r, None, ". Nothing was done.");
+    }
+    internal_error(&e.to_string())
 }
 
 fn internal_error(what: &str) -> CallToolResult {

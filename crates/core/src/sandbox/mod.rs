@@ -520,10 +520,21 @@ impl Sandbox {
         }
     }
 
-    /// The `state` document.
-    pub fn state_doc(&self) -> StateDoc {
+    /// The `state` document. Fails when the registry or the audit trail cannot be read
+    /// to count them (another process held one past `limits.lock_wait_seconds`: an
+    /// [`Error::Io`] of kind `TimedOut`), rather than counting none.
+    pub fn state_doc(&self) -> Result<StateDoc, Error> {
         let (ctx, reason) = self.execution_context();
-        StateDoc {
+        let artifacts_total = self
+            .registry
+            .len()
+            .map_err(Error::io("read the artifact registry"))?;
+        let audit_entries = self
+            .audit
+            .stats()
+            .map_err(Error::io("read the audit log"))?
+            .total;
+        Ok(StateDoc {
             execution_mode: ctx.mode,
             dry_run_reason: reason,
             phase: self.config.phase.clone(),
@@ -538,12 +549,12 @@ impl Sandbox {
             state_dir: self.state.path().display().to_string(),
             durability: self.config.durability,
             limits: self.config.limits,
-            artifacts_total: self.registry.len().unwrap_or(0),
-            audit_entries: self.audit.stats().map(|s| s.total).unwrap_or(0),
+            artifacts_total,
+            audit_entries,
             notices: self.notices.clone(),
             kernel_confinement: self.kernel_confinement.clone(),
             version: env!("CARGO_PKG_VERSION"),
-        }
+        })
     }
 
     /// Governance verdict only (`check`): no write, no audit.

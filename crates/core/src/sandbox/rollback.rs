@@ -248,6 +248,13 @@ impl Sandbox {
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
     pub fn rollback_info(&self, workflow_id: &str) -> Verdict<RollbackInfo> {
         crate::plan::check_id("workflow_id", workflow_id)?;
+        // A trail another process holds says nothing of the rollback: the answer is that
+        // it is busy (`conflict`, to ask again), not a document saying none is available.
+        if let Err(e) = self.audit.by_workflow(workflow_id)
+            && e.kind() == std::io::ErrorKind::TimedOut
+        {
+            return Err(crate::error::read_refusal("the audit trail", &e));
+        }
         // A run of the workflow that died is recovered first, as a rollback would do
         // (it may undo some of what is listed below): otherwise the answer would list
         // its unfinished actions as a rollback's, which the rollback then finds undone.

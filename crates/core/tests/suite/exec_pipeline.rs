@@ -1708,7 +1708,7 @@ fn a_skipped_root_is_named_as_skipped() {
     let mut c = w.writable_config();
     c.roots.push(unusable.clone());
     let sb = w.open(c);
-    assert_eq!(sb.state_doc().skipped_roots.len(), 1);
+    assert_eq!(sb.state_doc().unwrap().skipped_roots.len(), 1);
     let r = run(
         &sb,
         json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "x",

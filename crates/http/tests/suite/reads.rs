@@ -260,11 +260,17 @@ async fn a_held_audit_trail_is_busy_not_broken() {
             .assert_error(StatusCode::CONFLICT, "conflict");
         assert!(v["reason"].as_str().unwrap().contains("try again"), "{v}");
     }
-    let r = get(&app, "/agentic/rollback/wf_held").await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let v = r.json();
-    assert_eq!(v["reason_code"], "conflict", "{v}");
+    // Busy, not "no rollback available"; nor a state of zero artifacts.
+    get(&app, "/agentic/rollback/wf_held")
+        .await
+        .assert_error(StatusCode::CONFLICT, "conflict");
+    get(&app, "/agentic/state")
+        .await
+        .assert_error(StatusCode::CONFLICT, "conflict");
     drop(log);
+    let r = get(&app, "/agentic/state").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["audit_entries"], 1);
     let r = get(&app, "/agentic/executions").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
 }
