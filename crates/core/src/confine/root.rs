@@ -783,16 +783,19 @@ impl SandboxRoot {
                 Err(e) if is_escape_error(&e) => return escape,
                 Err(_) => return inside,
             };
-            let next = if target.is_absolute() {
-                match target.strip_prefix(&self.path) {
-                    Ok(rest) => lexical_normalize(path_strings(rest)),
-                    Err(_) => None,
-                }
-            } else {
-                let mut parts = current[..current.len().saturating_sub(1)].to_vec();
-                parts.extend(path_strings(&target));
-                lexical_normalize(parts)
-            };
+            // Where it leads, spelled from `/` (a relative target from the link's folder
+            // under the root's path), then taken back under the root if it lies there: a
+            // link that climbs out by `..` and names the root again stays inside.
+            let root = path_strings(&self.path);
+            let mut parts = Vec::new();
+            if !target.is_absolute() {
+                parts.extend(root.iter().cloned());
+                parts.extend(current[..current.len().saturating_sub(1)].iter().cloned());
+            }
+            parts.extend(path_strings(&target));
+            let next = lexical_normalize(parts)
+                .filter(|abs| abs.starts_with(&root))
+                .map(|abs| abs[root.len()..].to_vec());
             let Some(next) = next else { return escape };
             if next.is_empty() {
                 return inside;

@@ -469,6 +469,13 @@ fn symlinked_target_pointing_inside_is_symlink_refused() {
     assert_eq!(inspect_code(&fx, "link.txt"), ReasonCode::SymlinkRefused);
     symlink(fx.root_path.join("real.txt"), fx.root_path.join("abs.txt")).unwrap();
     assert_eq!(inspect_code(&fx, "abs.txt"), ReasonCode::SymlinkRefused);
+    // Out by `..` and back in by the root's own name: inside all the same.
+    let name = fx.root_path.file_name().unwrap().to_str().unwrap();
+    symlink(format!("../{name}/real.txt"), fx.root_path.join("back.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "back.txt"), ReasonCode::SymlinkRefused);
+    // Out and into a sibling whose name begins like the root's: outside.
+    symlink(format!("../{name}x/real.txt"), fx.root_path.join("out.txt")).unwrap();
+    assert_eq!(inspect_code(&fx, "out.txt"), ReasonCode::SymlinkEscape);
 }
 
 #[test]
