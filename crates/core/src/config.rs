@@ -175,7 +175,11 @@ fn plain_words(message: &str, key: &str) -> String {
         ("u8", u8::MAX.into()),
     ] {
         let words = if too_large {
-            format!("expected a whole number of at most {max}")
+            // The key's own range where it has a narrower one than its type.
+            match key_range(key) {
+                Some((low, high)) => format!("{key} takes {low} to {high}"),
+                None => format!("expected a whole number of at most {max}"),
+            }
         } else {
             "expected a whole number (no sign)".to_owned()
         };
@@ -186,6 +190,19 @@ fn plain_words(message: &str, key: &str) -> String {
         None => m,
     }
 }
+
+/// The range a numeric key takes when narrower than its type's (see `validate`).
+fn key_range(key: &str) -> Option<(u64, u64)> {
+    match key.rsplit('.').next().unwrap_or(key) {
+        "max_path_depth" => Some((1, MAX_PATH_DEPTH as u64)),
+        "lock_wait_seconds" => Some((1, MAX_LOCK_WAIT_SECONDS)),
+        "max_body_bytes" => Some((1024, MAX_BODY_BYTES_LIMIT as u64)),
+        _ => None,
+    }
+}
+
+/// The largest request body `serve` takes (`[server] max_body_bytes`).
+const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
 
 /// Refuses extension entries the policy could never match: it compares a file's last
 /// extension (`.gz` for `a.tar.gz`), lower-cased, so an entry is one extension such as
@@ -607,7 +624,7 @@ impl Config {
                 )));
             }
         }
-        if !(1024..=256 * 1024 * 1024).contains(&self.max_body_bytes) {
+        if !(1024..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
             return Err(ConfigError(format!(
                 "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed 1024 to 268435456",
                 self.max_body_bytes

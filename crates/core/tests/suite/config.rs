@@ -115,6 +115,14 @@ fn wrong_value_types_are_said_in_plain_words() {
             "expected a whole number (no sign)",
         ),
         (
+            "[limits]\nmax_path_depth = 99999999999999999999\n",
+            "max_path_depth takes 1 to 8",
+        ),
+        (
+            "[server]\nmax_body_bytes = 99999999999999999999\n",
+            "max_body_bytes takes 1024 to 268435456",
+        ),
+        (
             "[limits]\nwrites_per_minute = 4294967296\n",
             "integer too large: `4294967296`, expected a whole number of at most 4294967295",
         ),
