@@ -217,7 +217,7 @@ pub fn resolve_sandbox_path(
             return r;
         }
         let mut comps = path.split('/').filter(|c| !c.is_empty() && *c != ".");
-        if comps.clone().any(|c| c == ".." || c.contains('\0')) {
+        if path.split(['/', '\\']).any(|c| c == "..") || path.contains('\0') {
             return r;
         }
         let cleaned: PathBuf = std::iter::once("/").chain(&mut comps).collect();
@@ -305,8 +305,9 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
                     list_roots(roots)
                 ),
             );
-            // A folder of a root given as the root is a mistake; any other, an attempt.
-            if roots.iter().any(|r| is_within_sandbox(wanted, r)) {
+            // A folder of a root given as the root (or none at all) is a mistake; any
+            // other, an attempt.
+            if hint.is_empty() || roots.iter().any(|r| is_within_sandbox(wanted, r)) {
                 r.malformed()
             } else {
                 r

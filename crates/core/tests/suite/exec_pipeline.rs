@@ -795,6 +795,7 @@ fn a_mistyped_path_is_no_escape_attempt() {
         json!({"intent": "create_directory", "path": format!("{root}/")}),
         json!({"intent": "create_directory", "path": root}),
         json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": format!("{root}/sub")}),
+        json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": ""}),
     ];
     for action in mistakes {
         let r = run(&sb, json!({"actions": [action]}));
@@ -809,6 +810,7 @@ fn a_mistyped_path_is_no_escape_attempt() {
         ("//etc/passwd", None),
         ("/etc//passwd", None),
         (&format!("{root}/../x.txt"), None),
+        (&format!("{root}/..\\..\\etc.md"), None),
         ("x\u{0}.txt", None),
         ("passwd", Some("/etc")),
     ]
