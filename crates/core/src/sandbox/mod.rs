@@ -382,21 +382,27 @@ impl Sandbox {
             }
             sb.notices.push(if r.rollback {
                 format!(
-                    "recovered interrupted rollback {} of workflow {}: {} restored files recorded",
-                    r.execution_id, r.workflow_id, r.restores_recorded
+                    "recovered interrupted rollback {} of workflow {}: {} recorded",
+                    r.execution_id,
+                    r.workflow_id,
+                    counted(r.restores_recorded, "restored file")
                 )
             } else {
                 // Only what recovery did: a run killed between actions leaves all zeros.
                 let done: Vec<String> = [
-                    (r.rolled_back, "unfinished actions rolled back"),
-                    (r.completed, "finished"),
-                    (r.superseded, "left undone under another run's later write"),
-                    (r.temp_files_removed, "temporary files removed"),
-                    (r.restores_recorded, "restores recorded"),
+                    (r.rolled_back, "unfinished action", " rolled back"),
+                    (r.completed, "action", " finished"),
+                    (
+                        r.superseded,
+                        "action",
+                        " left undone under another run's later write",
+                    ),
+                    (r.temp_files_removed, "temporary file", " removed"),
+                    (r.restores_recorded, "restore", " recorded"),
                 ]
                 .into_iter()
-                .filter(|(n, _)| *n > 0)
-                .map(|(n, what)| format!("{n} {what}"))
+                .filter(|(n, _, _)| *n > 0)
+                .map(|(n, what, done)| format!("{}{done}", counted(n, what)))
                 .collect();
                 let done = if done.is_empty() {
                     // Its finished writes stand as audited; none was left half done.
@@ -666,6 +672,15 @@ fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
     let s = crate::confine::state::canonical_to_be(inner)?;
     let r = crate::confine::state::canonical_to_be(outer)?;
     s.starts_with(&r).then_some(s)
+}
+
+/// "1 file", "2 files".
+fn counted(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
 
 fn root_inside_state_dir(inside: &Path, state_dir: &Path) -> Error {

@@ -98,7 +98,9 @@ fn logged_writes_survive_a_power_cut() {
         c.durability = reopen;
         let sb = w.open(c);
         assert!(
-            sb.notices().iter().any(|n| n.contains(": 3 finished")),
+            sb.notices()
+                .iter()
+                .any(|n| n.contains(": 3 actions finished")),
             "{reopen:?}: {:?}",
             sb.notices()
         );
@@ -176,7 +178,7 @@ fn a_replay_that_dies_leaves_no_temporary_file_behind() {
     .unwrap();
     let sb = w.open(batched(&w));
     assert_eq!(temps(&w), Vec::<String>::new());
-    assert_noticed(&sb, "1 temporary files removed");
+    assert_noticed(&sb, "1 temporary file removed");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert!(sb.audit_verify().unwrap().ok);
@@ -202,7 +204,7 @@ fn a_run_finished_in_an_earlier_boot_is_replayed() {
     rec["boot"] = json!("an-earlier-boot");
     std::fs::write(&record, rec.to_string()).unwrap();
     let sb = w.open(batched(&w));
-    assert_noticed(&sb, ": 3 finished");
+    assert_noticed(&sb, ": 3 actions finished");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
@@ -432,7 +434,7 @@ fn a_root_spelled_differently_still_gets_its_logged_writes() {
     let mut c = batched(&w);
     c.roots = vec![std::path::PathBuf::from(format!("{}/", w.root.display()))];
     let sb = w.open(c);
-    assert_noticed(&sb, ": 3 finished");
+    assert_noticed(&sb, ": 3 actions finished");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);

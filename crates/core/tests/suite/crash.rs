@@ -195,7 +195,9 @@ fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
         }
         let sb = w.open(batched(&w));
         assert!(
-            sb.notices().iter().any(|n| n.contains(": 1 finished")),
+            sb.notices()
+                .iter()
+                .any(|n| n.contains(": 1 action finished")),
             "{point}: {:?}",
             sb.notices()
         );
@@ -242,7 +244,7 @@ fn batched_crash_before_the_commit_point_is_rolled_back() {
     // been logged, the entry would be gone too.
     std::fs::write(w.state.join("inflight/wf_commit.log"), b"").unwrap();
     let sb = w.open(batched(&w));
-    assert_noticed(&sb, ": 1 unfinished actions rolled back");
+    assert_noticed(&sb, ": 1 unfinished action rolled back");
     assert!(!sb.notices().iter().any(|n| n.contains("0 finished")));
     assert_eq!(w.tree(), original);
     assert!(
@@ -390,7 +392,7 @@ fn audited_action_whose_target_did_not_persist_is_rolled_back() {
         .inflight_write("wf_lost", rec.to_string().as_bytes(), false)
         .unwrap();
     let sb = w.sandbox();
-    assert_noticed(&sb, "1 unfinished actions rolled back");
+    assert_noticed(&sb, "1 unfinished action rolled back");
     assert_eq!(w.read("a.txt"), b"old\n");
     assert_eq!(w.read("b.txt"), b"b\n", "the action that did persist stays");
     let stats = sb.audit_stats().unwrap();
@@ -669,7 +671,7 @@ fn assert_recorded_one_restore(sb: &ailab_sandbox_core::Sandbox, case: &str) {
     assert!(
         sb.notices()
             .iter()
-            .any(|n| n.contains("interrupted rollback") && n.contains("1 restored files recorded")),
+            .any(|n| n.contains("interrupted rollback") && n.contains("1 restored file recorded")),
         "{case}: {:?}",
         sb.notices()
     );
@@ -814,7 +816,7 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     std::fs::write(&stray, b"not a snapshot").unwrap();
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
-    assert_noticed(&sb, "1 unfinished actions rolled back");
+    assert_noticed(&sb, "1 unfinished action rolled back");
     assert_noticed(&sb, "left 1 snapshot folder(s) alone");
     assert_eq!(
         w.read("d/b.txt"),
@@ -863,7 +865,7 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     drop(sb);
     put_back();
     let sb = w.open(c);
-    assert_noticed(&sb, "1 unfinished actions rolled back");
+    assert_noticed(&sb, "1 unfinished action rolled back");
     assert_eq!(w.read("d/b.txt"), b"beta\n");
     assert_eq!(record()["state"], "idle");
 }
@@ -918,7 +920,7 @@ fn a_run_whose_target_cannot_be_looked_at_waits_until_it_can() {
         put_back();
         assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{how}: untouched");
         let sb = w.open(c);
-        assert_noticed(&sb, "1 unfinished actions rolled back");
+        assert_noticed(&sb, "1 unfinished action rolled back");
         assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{how}");
         assert_eq!(w.read("d/b.txt"), b"beta\n", "{how}");
         let rb = sb.rollback_workflow("wf_crash", &forced());
@@ -999,7 +1001,7 @@ fn recovery_waits_only_for_what_it_cannot_judge() {
                     sb.notices()
                 );
                 if case == "own temporary link" {
-                    assert_noticed(&sb, "1 temporary files removed");
+                    assert_noticed(&sb, "1 temporary file removed");
                 }
             }
         }
