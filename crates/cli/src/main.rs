@@ -6,8 +6,20 @@
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            $crate::output_failed(e);
+        }
     }};
+}
+
+/// The first failure to write to standard output, other than a reader that went away
+/// (`| head`): a result lost on a full disk must not leave exit code 0.
+static OUTPUT_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn output_failed(e: std::io::Error) {
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        let _ = OUTPUT_FAILURE.set(e.to_string());
+    }
 }
 
 mod human;
@@ -231,7 +243,18 @@ fn main() -> ExitCode {
     catch_file_size_signal();
     // Standard output is the JSON-RPC channel of `mcp`: nothing else goes there.
     let json = cli.json && !matches!(cli.command, Command::Mcp);
-    match run(cli) {
+    let outcome = run(cli);
+    if let Err(e) = std::io::Write::flush(&mut std::io::stdout()) {
+        output_failed(e);
+    }
+    if let Some(why) = OUTPUT_FAILURE.get() {
+        // Whatever the command did (the audit trail says), its result is lost.
+        eprintln!(
+            "error: the result could not be written to standard output ({why}); what the command did is on the audit trail (ailab-sandbox audit)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             let code = failure_code(&e);

@@ -1402,3 +1402,32 @@ fn output_unless_unshared(mut c: std::process::Command) -> Option<std::process::
         }
     }
 }
+
+/// A result that cannot be written to standard output (a full disk) is an error, exit 2,
+/// saying where to look, never a silent exit 0; a reader that went away (`| head`) is not.
+#[test]
+fn a_result_lost_on_a_full_disk_is_not_a_success() {
+    let e = env();
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("no /dev/full here: skipped");
+        return;
+    };
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "ops"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("could not be written to standard output"),
+        "{err}"
+    );
+    let ok = e.cmd().args(["--json", "ops"]).output().unwrap();
+    assert_eq!(ok.status.code(), Some(0));
+}
