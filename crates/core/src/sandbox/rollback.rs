@@ -1104,12 +1104,27 @@ impl Sandbox {
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
         let mut steps = Vec::new();
+        // Targets whose newer restore failed, and the action it was: an older one would
+        // find the file as the newer action left it and call that someone's change.
+        let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
         for (i, s) in snaps {
             let root = &self.roots[i];
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
             let before = self.target_checksum(i, &meta.target());
+            let newer_failed = failed_on.get(&(i, meta.original_path.clone())).cloned();
             let outcome = match &mode {
+                RestoreMode::Unchanged if let Some((newer, code)) = &newer_failed => {
+                    Err(crate::reason::Refusal::new(
+                        *code,
+                        format!(
+                            "{} was not restored to what it was before action {}: the restore of the newer action {} on it did not go through first (see that step); roll back again once that is put right",
+                            shown_path(&meta.original_path),
+                            shown_path(&meta.action_id),
+                            shown_path(newer)
+                        ),
+                    ))
+                }
                 RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
                 RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
                 RestoreMode::Force => Ok((true, Put::Any)),
@@ -1184,6 +1199,9 @@ impl Sandbox {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
                         self.metrics.checksum_mismatch();
                     }
+                    failed_on
+                        .entry((i, meta.original_path.clone()))
+                        .or_insert_with(|| (meta.action_id.clone(), r.reason_code));
                     RollbackStep::failed(&meta, abs.clone(), r)
                 }
             };

@@ -1923,3 +1923,33 @@ fn a_directory_made_on_the_way_and_left_is_named() {
     assert!(!w.path("x1/x2").exists());
     assert_eq!(w.read("x1/other.txt"), b"theirs\n");
 }
+
+/// A restore that fails leaves its file as the newer action wrote it: the older actions
+/// of that file are not called conflicts (someone else's change, to force over) but are
+/// said to wait for the newer one's restore, with its code.
+#[test]
+fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
+    let w = World::new();
+    w.write("f.txt", b"orig");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_f", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+            {"action_id": "a2", "intent": "replace_file", "path": "f.txt", "content": "two"}]}),
+    );
+    sb.failpoints().arm("during_restore", 1);
+    let rb = rollback(&sb, "wf_f", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    let a1 = rb.steps.iter().find(|s| s.action_id == "a1").unwrap();
+    assert!(!a1.restored);
+    assert_eq!(a1.reason_code, Some(ReasonCode::IoError), "{a1:?}");
+    let why = a1.reason.as_deref().unwrap();
+    assert!(why.contains("newer action 'a2'") && !why.contains("force"), "{why}");
+    assert!(rb.conflicts.is_empty(), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"two");
+    // Once the failure is gone, a plain rollback finishes.
+    let rb = rollback(&sb, "wf_f", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+}
