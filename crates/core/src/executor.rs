@@ -786,10 +786,18 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         let all_ok = steps.iter().all(|s| s.restored);
         for s in &steps {
-            if s.restored
-                && let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id)
-            {
+            let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) else {
+                continue;
+            };
+            if s.restored {
                 r.status = ActionStatus::RolledBack;
+            } else {
+                // Still `success`: its write stands. Say why, and what to do.
+                r.reason_code = s.reason_code;
+                r.reason = Some(format!(
+                    "written, and not undone by the plan's rollback: {}; roll the workflow back once that is put right",
+                    s.reason.as_deref().unwrap_or("its restore failed")
+                ));
             }
         }
         self.event(

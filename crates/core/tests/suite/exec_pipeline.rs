@@ -1723,3 +1723,32 @@ fn a_skipped_root_is_named_as_skipped() {
         "{reason}"
     );
 }
+
+/// A plan's rollback that cannot undo an earlier write says so on that write: it stays
+/// `success` (its bytes stand), with the restore's code and what to do.
+#[test]
+fn a_write_the_plans_rollback_could_not_undo_says_why() {
+    let w = World::new();
+    w.write("f.txt", b"orig");
+    let sb = w.sandbox();
+    sb.failpoints().arm("after_mutate", 2);
+    // The first restore undoes a2's own change; the second is the plan's rollback of a1.
+    sb.failpoints().arm("during_restore", 2);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_u", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "g.txt", "content": "g"}]}),
+    );
+    assert_eq!(status(&r), "failed", "{r:?}");
+    let a1 = &r.actions[0];
+    assert_eq!(
+        a1.status,
+        ailab_sandbox_core::executor::ActionStatus::Success,
+        "{a1:?}"
+    );
+    assert_eq!(a1.reason_code, Some(ReasonCode::IoError), "{a1:?}");
+    let why = a1.reason.as_deref().unwrap();
+    assert!(why.contains("not undone") && why.contains("roll the workflow back"), "{why}");
+    assert_eq!(w.read("f.txt"), b"one");
+}
