@@ -1431,3 +1431,68 @@ fn a_result_lost_on_a_full_disk_is_not_a_success() {
     let ok = e.cmd().args(["--json", "ops"]).output().unwrap();
     assert_eq!(ok.status.code(), Some(0));
 }
+
+/// A folder of a target the rollback cannot change (read-only here; a permission taken
+/// away alike) refuses the rollback before anything is restored, and the preview says
+/// so: met at its restore, it stopped half way, the other files restored.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_folder_the_rollback_cannot_change_refuses_it_up_front() {
+    let e = env();
+    std::fs::create_dir_all(e.root.join("pa")).unwrap();
+    std::fs::create_dir_all(e.root.join("pb")).unwrap();
+    std::fs::write(e.root.join("pa/a.txt"), "A0").unwrap();
+    std::fs::write(e.root.join("pb/b.txt"), "B0").unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_ro", "actions": [
+            {"intent": "replace_file", "path": "pa/a.txt", "content": "A1"},
+            {"intent": "replace_file", "path": "pb/b.txt", "content": "B1"}]}),
+    );
+    let ran = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let pa = e.root.join("pa");
+    for preview in [true, false] {
+        let mut c = with_private_mount(
+            "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\"",
+            &[pa.as_os_str()],
+        );
+        c.arg("--root")
+            .arg(&e.root)
+            .arg("--state-dir")
+            .arg(&e.state);
+        if !preview {
+            c.args(["--enable-write", "--no-dry-run"]);
+        }
+        c.args(["--json", "rollback", "wf_ro"]);
+        let Some(out) = output_unless_unshared(c) else {
+            return;
+        };
+        let rb = json_out(&out);
+        assert_eq!(rb["reason_code"], "io_error", "preview {preview}: {rb}");
+        let why = rb["reason"].as_str().unwrap();
+        assert!(
+            why.contains("pa/a.txt") && why.contains("nothing was restored"),
+            "{why}"
+        );
+        assert_eq!(std::fs::read(e.root.join("pb/b.txt")).unwrap(), b"B1");
+    }
+    let rb = e
+        .cmd()
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_ro",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(json_out(&rb)["status"], "rolled_back", "{rb:?}");
+    assert_eq!(std::fs::read(e.root.join("pa/a.txt")).unwrap(), b"A0");
+}

@@ -286,6 +286,7 @@ impl Sandbox {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => (
                 self.beyond_force(&pending)
+                    .or_else(|| self.unwritable_folders(&pending))
                     .or_else(|| self.damaged_backups(&pending, false))
                     .map(|r| (r.reason_code, r.reason)),
                 self.find_conflicts(workflow_id, &pending),
@@ -376,6 +377,44 @@ impl Sandbox {
             format!(
                 "{}; a rollback never removes what the workflow did not make, nor writes to a file with other links, a special file or through a link, even with force: move it away (or remove the extra link), then roll back",
                 reasons.join("; ")
+            ),
+        ))
+    }
+
+    /// Folders holding targets of `chosen` that this process may not change (someone
+    /// took its write permission, or the filesystem is read-only), as one refusal: met
+    /// at its restore, the rollback stopped half way.
+    fn unwritable_folders(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
+        use rustix::fs::{Access, AtFlags, accessat};
+        let mut found: Vec<String> = Vec::new();
+        for (i, s) in chosen {
+            let Ok((parent, _)) = self.roots[*i].open_parent(&s.meta.target(), false, false) else {
+                continue;
+            };
+            if let Err(e) = accessat(
+                &*parent,
+                ".",
+                Access::WRITE_OK | Access::EXEC_OK,
+                AtFlags::EACCESS,
+            ) {
+                let why = format!(
+                    "the folder holding {} cannot be changed by this process ({})",
+                    shown_path(&s.meta.original_path),
+                    crate::error::io_words(&e.into())
+                );
+                if !found.contains(&why) {
+                    found.push(why);
+                }
+            }
+        }
+        if found.is_empty() {
+            return None;
+        }
+        Some(Refusal::new(
+            ReasonCode::IoError,
+            format!(
+                "{}; nothing was restored: give the folder back its write permission (or mount it writable), then roll back",
+                found.join("; ")
             ),
         ))
     }
@@ -802,6 +841,7 @@ impl Sandbox {
         // it left the workflow half rolled back.
         if let Some(r) = self
             .beyond_force(&chosen)
+            .or_else(|| self.unwritable_folders(&chosen))
             .or_else(|| self.damaged_backups(&chosen, opts.force))
         {
             return refused(r.reason_code, r.reason, conflicts);

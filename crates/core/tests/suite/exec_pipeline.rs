@@ -1749,6 +1749,9 @@ fn a_write_the_plans_rollback_could_not_undo_says_why() {
     );
     assert_eq!(a1.reason_code, Some(ReasonCode::IoError), "{a1:?}");
     let why = a1.reason.as_deref().unwrap();
-    assert!(why.contains("not undone") && why.contains("roll the workflow back"), "{why}");
+    assert!(
+        why.contains("not undone") && why.contains("roll the workflow back"),
+        "{why}"
+    );
     assert_eq!(w.read("f.txt"), b"one");
 }

@@ -1945,7 +1945,10 @@ fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
     assert!(!a1.restored);
     assert_eq!(a1.reason_code, Some(ReasonCode::IoError), "{a1:?}");
     let why = a1.reason.as_deref().unwrap();
-    assert!(why.contains("newer action 'a2'") && !why.contains("force"), "{why}");
+    assert!(
+        why.contains("newer action 'a2'") && !why.contains("force"),
+        "{why}"
+    );
     assert!(rb.conflicts.is_empty(), "{rb:?}");
     assert_eq!(w.read("f.txt"), b"two");
     // Once the failure is gone, a plain rollback finishes.
