@@ -170,8 +170,16 @@ pub struct Snapshotter;
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
     Refusal::new(
         ReasonCode::IoError,
-        // The OS's own words ("Too many open files"), which name no path.
-        format!("could not {what} the snapshot: {e}"),
+        // The OS's own words ("Too many open files"), which name no path; a link where
+        // a file of the snapshot was, said as such.
+        format!(
+            "could not {what} the snapshot: {}",
+            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+                crate::error::io_words(e)
+            } else {
+                e.to_string()
+            }
+        ),
     )
 }
 

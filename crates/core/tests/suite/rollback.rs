@@ -229,6 +229,30 @@ fn a_later_action_on_the_same_file_is_rolled_back_first_even_with_force() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A snapshot file swapped for a symbolic link is said to be one (it read "filesystem
+/// loop or indirection limit"), never followed.
+#[test]
+fn a_backup_swapped_for_a_link_is_said_to_be_one() {
+    let w = World::new();
+    w.write("f.txt", b"original");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_bl", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "new"}]}),
+    );
+    let backup = w.root.join(".rollback/wf_bl/a1/backup");
+    let copy = w.outside.join("backup-copy");
+    std::fs::copy(&backup, &copy).unwrap();
+    std::fs::remove_file(&backup).unwrap();
+    std::os::unix::fs::symlink(&copy, &backup).unwrap();
+    let rb = rollback(&sb, "wf_bl", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    let why = rb.reason.unwrap();
+    assert!(why.contains("symbolic link") && !why.contains("loop"), "{why}");
+    assert_eq!(w.read("f.txt"), b"new");
+}
+
 #[test]
 fn damaged_backup_is_checksum_mismatch() {
     let w = World::new();
