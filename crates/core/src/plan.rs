@@ -963,6 +963,10 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
         "has a control character, which readers stop at or mangle"
     } else if text.trim() != text {
         "starts or ends with white space, which readers drop"
+    } else if text.starts_with('\u{feff}') {
+        "starts with U+FEFF, which readers take for a byte order mark and drop"
+    } else if what == "section name" && text == "DEFAULT" {
+        "is DEFAULT, which readers (Python's configparser) take for defaults copied into every other section"
     } else if (value || what == "key") && text.starts_with([';', '#']) {
         "starts with ';' or '#', which readers take for a comment"
     } else if value {

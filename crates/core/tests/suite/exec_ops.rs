@@ -544,6 +544,12 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             "the section name '' is empty",
         ),
         ("c.ini", json!({"s": {" k": "v"}}), "the key ' k'"),
+        (
+            "c.ini",
+            json!({"DEFAULT": {"t": "5"}, "db": {"h": "h"}}),
+            "is DEFAULT",
+        ),
+        ("c.ini", json!({"\u{feff}name": "x"}), "starts with U+FEFF"),
         ("c.ini", json!({"s": {"k": " v "}}), "the value ' v '"),
         (
             "c.ini",
