@@ -476,8 +476,13 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
 /// What to change when the parser stopped at its nesting limit (its own words say only
 /// what it hit). The limit counts every level of the text, the envelope's included.
 fn nesting_hint(e: &serde_json::Error) -> &'static str {
-    if e.to_string().starts_with("recursion limit exceeded") {
+    let said = e.to_string();
+    if said.starts_with("recursion limit exceeded") {
         " (arrays and objects nest fewer than 128 levels deep, counting those that hold the data: flatten the data)"
+    } else if said.contains("surrogate") || said.contains("hex escape") {
+        // The parser's words name its state ("leading", "end of hex escape"), not the
+        // escape it met.
+        " (an escape from \\uD800 to \\uDFFF must be one of a pair: a high one, D800 to DBFF, then a low one, DC00 to DFFF; alone it names no character: send the character itself, or its pair)"
     } else {
         ""
     }
@@ -1166,6 +1171,18 @@ mod tests {
             "{}",
             why.reason
         );
+    }
+
+    /// A lone surrogate escape is explained, whatever the parser called it.
+    #[test]
+    fn a_lone_surrogate_escape_is_explained() {
+        for text in [
+            r#"{"actions": [{"intent": "create_file", "path": "s.txt", "content": "a\ud800b"}]}"#,
+            r#"{"actions": [{"intent": "create_file", "path": "s.txt", "content": "a\udc00b"}]}"#,
+        ] {
+            let why = parse_plan(text.as_bytes()).unwrap_err();
+            assert!(why.reason.contains("must be one of a pair"), "{}", why.reason);
+        }
     }
 
     /// Arguments checked by a face (MCP) get the same hint as a plan.
