@@ -131,6 +131,24 @@ pub(crate) fn read_refusal(what: &str, e: &std::io::Error) -> crate::reason::Ref
     )
 }
 
+/// Why an append to a log (`what`: "audit the simulated rollback") failed: `conflict`
+/// when another process of the runtime held the log too long, else `io_error`.
+pub(crate) fn append_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
+    use crate::reason::{ReasonCode, Refusal};
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "could not {what}: another process of the runtime held the log ({e}: a stopped or hung process, or one far behind); try again later, or raise limits.lock_wait_seconds"
+            ),
+        );
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!("could not {what}: {}", io_words(e)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::Error;

@@ -371,8 +371,10 @@ impl Sandbox {
                 continue;
             }
             if r.retry {
+                // What stopped it may have come after some of the run was settled (its
+                // files undone, their lines unwritten): say only that it is not done.
                 sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; it is recovered at the next start or the workflow's next run",
+                    "the interrupted {} {} of workflow {} could not be settled now ({}); its record is kept, and its recovery runs again at the next start or the workflow's next run",
                     r.what(),
                     r.execution_id,
                     r.workflow_id,

@@ -913,14 +913,8 @@ impl Sandbox {
                 })
                 .collect();
             if let Err(e) = self.audit.append(records) {
-                return refused(
-                    ReasonCode::IoError,
-                    format!(
-                        "could not audit the simulated rollback: {}",
-                        crate::error::io_words(&e)
-                    ),
-                    Vec::new(),
-                );
+                let r = crate::error::append_refusal("audit the simulated rollback", &e);
+                return refused(r.reason_code, r.reason, Vec::new());
             }
             return RollbackReport {
                 workflow_id: workflow_id.to_owned(),

@@ -854,11 +854,11 @@ fn a_run_whose_snapshots_cannot_be_read_is_recovered_later() {
     let put_back = hide_snapshots(&w);
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
-    assert_noticed(&sb, "recovered at the next start");
+    assert_noticed(&sb, "runs again at the next start");
     // Why, in the notice itself.
     assert_noticed(
         &sb,
-        "neither finished nor undone: its snapshots could not be read (",
+        "could not be settled now (its snapshots could not be read (",
     );
     assert_eq!(record()["state"], "active");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not judged yet");

@@ -1980,3 +1980,27 @@ fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.read("f.txt"), b"orig");
 }
+
+/// A simulated rollback that cannot audit itself because another process holds the trail
+/// is busy (`conflict`), not a failure of the disk.
+#[test]
+fn a_simulated_rollback_meeting_a_held_trail_is_a_conflict() {
+    use rustix::fs::{FlockOperation, flock};
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_h", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "h.txt", "content": "h"}]}),
+    );
+    let mut c = w.config();
+    c.limits.lock_wait_seconds = 1;
+    let simulating = w.open(c);
+    let log = std::fs::File::open(w.state.join("sandbox_audit.jsonl")).unwrap();
+    flock(&log, FlockOperation::LockExclusive).unwrap();
+    let rb = rollback(&simulating, "wf_h", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert!(rb.reason.unwrap().contains("held the log"));
+    drop(log);
+    assert_eq!(rollback(&simulating, "wf_h", false).status, "simulated");
+}
