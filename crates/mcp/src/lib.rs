@@ -669,13 +669,17 @@ fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
     if let ailab_sandbox_core::Error::Io { cause, .. } = e
         && cause.kind() == std::io::ErrorKind::TimedOut
     {
-        let r = Refusal::new(
-            ReasonCode::Conflict,
-            format!(
-                "{e}: another process of the runtime held it (a long write, or a stopped or hung process)"
-            ),
+        let reason = format!(
+            "{e}: another process of the runtime held it (a long write, or a stopped or hung process)"
         );
-        return refusal(&r, None, ". Nothing was done.");
+        return error(
+            format!(
+                "FAILED ({}): {}. Nothing was done.\nWhat to do instead: the runtime is busy, nothing is wrong: call this tool again in a moment.",
+                ReasonCode::Conflict,
+                render::clause(&reason)
+            ),
+            Some(serde_json::json!({"reason_code": ReasonCode::Conflict, "reason": reason})),
+        );
     }
     internal_error(&e.to_string())
 }
