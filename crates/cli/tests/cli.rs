@@ -1496,3 +1496,31 @@ fn a_folder_the_rollback_cannot_change_refuses_it_up_front() {
     assert_eq!(json_out(&rb)["status"], "rolled_back", "{rb:?}");
     assert_eq!(std::fs::read(e.root.join("pa/a.txt")).unwrap(), b"A0");
 }
+
+/// A state directory inside a root reached through a mount of the root (apart from it by
+/// every path) is refused before anything is made in it, as the plain spelling is: its
+/// key and logs would lie where other programs of the root can reach them.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_state_directory_inside_a_root_through_a_mount_is_refused() {
+    let e = env();
+    std::fs::create_dir_all(e.root.join("inner")).unwrap();
+    let mnt = e.dir.join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$2\"",
+        &[e.root.as_os_str(), mnt.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(mnt.join("inner/st"))
+        .args(["--json", "state"]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let refusal = json_out(&out);
+    assert_eq!(refusal["reason_code"], "invalid_config", "{refusal}");
+    assert!(!e.root.join("inner/st").exists(), "made inside the root");
+}

@@ -947,6 +947,17 @@ fn read_if_present(dir: &Dir, name: &str, limit: u64) -> io::Result<Option<Vec<u
     }
 }
 
+/// The `(st_dev, st_ino)` of `path` and of each of its ancestors that exists, links
+/// followed: what a path leads through, whatever mount shows it under another name.
+#[allow(clippy::disallowed_methods)] // looked at, never opened or written
+pub(crate) fn ids_along(path: &Path) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    path.ancestors()
+        .filter_map(|a| std::fs::metadata(a).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
 /// Where `path` would be once made: its nearest existing ancestor with symbolic links
 /// resolved, then the components that do not exist yet. A symbolic link that leads
 /// nowhere yet is followed to where it leads (making `path` makes its target). `None`

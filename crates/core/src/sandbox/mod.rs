@@ -653,9 +653,18 @@ pub(super) fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGua
 /// Refuses a state directory inside one of `roots` (lexically, or once symbolic links
 /// are followed, also for parts of it not made yet).
 fn state_dir_outside(state_dir: &Path, roots: &[SandboxRoot]) -> Result<(), Error> {
+    // By the directories themselves too: through a mount of a root the path says nothing.
+    let through_mount = || {
+        let ids = crate::confine::state::ids_along(state_dir);
+        roots
+            .iter()
+            .find(|r| ids.contains(&r.id()))
+            .map(|r| (state_dir.to_path_buf(), r))
+    };
     match roots
         .iter()
         .find_map(|r| lies_inside(state_dir, r.path()).map(|inside| (inside, r)))
+        .or_else(through_mount)
     {
         Some((inside, root)) => Err(Error::StateDirInsideRoot {
             state_dir: inside,
