@@ -1524,3 +1524,53 @@ fn a_state_directory_inside_a_root_through_a_mount_is_refused() {
     assert_eq!(refusal["reason_code"], "invalid_config", "{refusal}");
     assert!(!e.root.join("inner/st").exists(), "made inside the root");
 }
+
+/// A directory an action made, in a folder the rollback cannot change, refuses the
+/// rollback up front too: it removed the file, then could not remove the directory, and
+/// said the rollback was done.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
+    let e = env();
+    std::fs::create_dir_all(e.root.join("pc")).unwrap();
+    std::fs::create_dir_all(e.root.join("pb")).unwrap();
+    std::fs::write(e.root.join("pb/b.txt"), "B0").unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_md", "actions": [
+            {"intent": "create_file", "path": "pc/sub/c.txt", "content": "C"},
+            {"intent": "replace_file", "path": "pb/b.txt", "content": "B1"}]}),
+    );
+    let ran = e
+        .cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let (pc, sub) = (e.root.join("pc"), e.root.join("pc/sub"));
+    // `pc` read-only, the directory the action made in it writable.
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
+        &[pc.as_os_str(), sub.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_md",
+        ]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let rb = json_out(&out);
+    assert_eq!(rb["reason_code"], "io_error", "{rb}");
+    assert!(rb["reason"].as_str().unwrap().contains("'pc/sub'"), "{rb}");
+    assert!(e.root.join("pc/sub/c.txt").exists(), "nothing restored");
+    assert_eq!(std::fs::read(e.root.join("pb/b.txt")).unwrap(), b"B1");
+}

@@ -1181,7 +1181,11 @@ mod tests {
             r#"{"actions": [{"intent": "create_file", "path": "s.txt", "content": "a\udc00b"}]}"#,
         ] {
             let why = parse_plan(text.as_bytes()).unwrap_err();
-            assert!(why.reason.contains("must be one of a pair"), "{}", why.reason);
+            assert!(
+                why.reason.contains("must be one of a pair"),
+                "{}",
+                why.reason
+            );
         }
     }
 

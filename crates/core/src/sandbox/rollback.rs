@@ -381,29 +381,60 @@ impl Sandbox {
         ))
     }
 
-    /// Folders holding targets of `chosen` that this process may not change (someone
-    /// took its write permission, or the filesystem is read-only), as one refusal: met
-    /// at its restore, the rollback stopped half way.
+    /// What in `chosen` this process may not change, as one refusal: a folder holding a
+    /// target, or holding a directory an action made, without write permission for it
+    /// (or read-only), and a target or such folder marked immutable or append-only
+    /// (`chattr +i`, `+a`). Met at its restore, the rollback stopped half way.
     fn unwritable_folders(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
-        use rustix::fs::{Access, AtFlags, accessat};
+        use rustix::fs::{Access, AtFlags, StatxAttributes, StatxFlags, accessat, statx};
         let mut found: Vec<String> = Vec::new();
+        let mut note = |why: String| {
+            if !found.contains(&why) {
+                found.push(why);
+            }
+        };
+        let pinned = |dir: &cap_std::fs::Dir, name: &str| {
+            statx(
+                dir,
+                name,
+                AtFlags::SYMLINK_NOFOLLOW,
+                StatxFlags::BASIC_STATS,
+            )
+            .is_ok_and(|x| {
+                x.stx_attributes
+                    .intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND)
+            })
+        };
         for (i, s) in chosen {
-            let Ok((parent, _)) = self.roots[*i].open_parent(&s.meta.target(), false, false) else {
-                continue;
-            };
-            if let Err(e) = accessat(
-                &*parent,
-                ".",
-                Access::WRITE_OK | Access::EXEC_OK,
-                AtFlags::EACCESS,
-            ) {
-                let why = format!(
-                    "the folder holding {} cannot be changed by this process ({})",
-                    shown_path(&s.meta.original_path),
-                    crate::error::io_words(&e.into())
-                );
-                if !found.contains(&why) {
-                    found.push(why);
+            let root = &self.roots[*i];
+            // The target's folder, and the folders holding each directory it made.
+            let made = s
+                .meta
+                .created_dirs
+                .iter()
+                .filter(|d| **d != s.meta.original_path)
+                .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()));
+            for rel in std::iter::once(s.meta.target()).chain(made) {
+                let Ok((parent, _)) = root.open_parent(&rel, false, false) else {
+                    continue;
+                };
+                let shown = shown_path(&rel.as_string());
+                if let Err(e) = accessat(
+                    &*parent,
+                    ".",
+                    Access::WRITE_OK | Access::EXEC_OK,
+                    AtFlags::EACCESS,
+                ) {
+                    note(format!(
+                        "the folder holding {shown} cannot be changed by this process ({})",
+                        crate::error::io_words(&e.into())
+                    ));
+                } else if pinned(&parent, ".") {
+                    note(format!(
+                        "the folder holding {shown} is marked immutable or append-only"
+                    ));
+                } else if pinned(&parent, rel.file_name()) {
+                    note(format!("{shown} is marked immutable or append-only"));
                 }
             }
         }
@@ -413,7 +444,7 @@ impl Sandbox {
         Some(Refusal::new(
             ReasonCode::IoError,
             format!(
-                "{}; nothing was restored: give the folder back its write permission (or mount it writable), then roll back",
+                "{}; nothing was restored: give it back its write permission (or mount it writable, or clear the mark with chattr), then roll back",
                 found.join("; ")
             ),
         ))

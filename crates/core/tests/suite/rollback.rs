@@ -249,7 +249,10 @@ fn a_backup_swapped_for_a_link_is_said_to_be_one() {
     let rb = rollback(&sb, "wf_bl", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     let why = rb.reason.unwrap();
-    assert!(why.contains("symbolic link") && !why.contains("loop"), "{why}");
+    assert!(
+        why.contains("symbolic link") && !why.contains("loop"),
+        "{why}"
+    );
     assert_eq!(w.read("f.txt"), b"new");
 }
 
@@ -2003,4 +2006,40 @@ fn a_simulated_rollback_meeting_a_held_trail_is_a_conflict() {
     assert!(rb.reason.unwrap().contains("held the log"));
     drop(log);
     assert_eq!(rollback(&simulating, "wf_h", false).status, "simulated");
+}
+
+/// A target marked immutable (`chattr +i`) refuses the rollback up front: met at its
+/// restore, the rollback stopped half way. Skipped where `chattr` cannot mark files.
+#[test]
+fn an_immutable_target_refuses_the_rollback_up_front() {
+    let w = World::new();
+    w.write("a.txt", b"A0");
+    w.write("b.txt", b"B0");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_i", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "A1"},
+            {"action_id": "a2", "intent": "replace_file", "path": "b.txt", "content": "B1"}]}),
+    );
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(w.path("a.txt"))
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !chattr("+i") {
+        eprintln!("chattr +i is not available here: skipped");
+        return;
+    }
+    let rb = rollback(&sb, "wf_i", true);
+    let info = sb.rollback_info("wf_i").unwrap();
+    assert!(chattr("-i"));
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert!(rb.reason.unwrap().contains("immutable"));
+    assert_eq!(w.read("b.txt"), b"B1", "nothing restored");
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(rollback(&sb, "wf_i", false).status, "rolled_back");
 }
