@@ -170,7 +170,8 @@ fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
                     edited,
                     "wt{t}: a refused rollback leaves its edit: {text} {r:?}"
                 );
-                assert_eq!(code(r, 0).as_deref(), None, "{r:?}");
+                // Its write stands, and says why: another workflow wrote the file since.
+                assert_eq!(code(r, 0).as_deref(), Some("conflict"), "{r:?}");
             }
             other => panic!("wt{t}: {other}: {r:?}"),
         }
