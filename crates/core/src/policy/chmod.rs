@@ -11,7 +11,7 @@ const SYMBOLIC_EXEC_MODES: [&str; 9] = [
     "+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx",
 ];
 
-const PATTERNS: [Pattern; 12] = [
+const PATTERNS: [Pattern; 13] = [
     Pattern {
         name: "chmod +x (symbolic mode)",
         matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
@@ -22,7 +22,14 @@ const PATTERNS: [Pattern; 12] = [
     },
     Pattern {
         name: "a chmod command",
-        matches: |_, w| w.contains(&"chmod"),
+        // "chmod", and "chmod+x", "chmod0755", "chmod=x" written without a space; not a
+        // word that merely begins with the letters ("chmodless").
+        matches: |_, w| {
+            w.iter().any(|x| {
+                x.strip_prefix("chmod")
+                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphabetic()))
+            })
+        },
     },
     Pattern {
         name: "a chmod call (os.chmod, fs.chmodSync, Path.chmod…)",
@@ -68,6 +75,17 @@ const PATTERNS: [Pattern; 12] = [
             .iter()
             .any(|p| t.contains(p))
                 || has_x_bit(w)
+        },
+    },
+    Pattern {
+        name: "permissions or a mode set to an executable octal mode (permissions 0755)",
+        matches: |_, w| {
+            w.iter().enumerate().any(|(i, x)| {
+                matches!(*x, "permissions" | "permission" | "mode" | "perms")
+                    && w[i + 1..].iter().take(3).any(|m| {
+                        is_octal_mode(m) && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
+                    })
+            })
         },
     },
     Pattern {
@@ -144,7 +162,13 @@ fn make_executable(text: &str) -> bool {
         "after", "before",
     ];
     let wanted = |w: &str| w.split('/').any(|part| WANTED.contains(&part));
-    clauses(text).any(|clause| {
+    // "make_executable", "make-executable": identifiers spell the words joined.
+    let text = text.replace(['_', '-'], " ");
+    clauses(&text).any(|clause| {
+        // "Ensure the script is executable": a request, where "is" alone describes.
+        let asked = clause
+            .split_whitespace()
+            .any(|w| matches!(w, "ensure" | "sure"));
         let words: Vec<&str> = clause
             .split_whitespace()
             .map(|w| {
@@ -162,7 +186,8 @@ fn make_executable(text: &str) -> bool {
             let ends_clause = words
                 .get(i + 1)
                 .is_none_or(|next| CLAUSE_ENDS.contains(next));
-            let is_said = matches!(prev, "be" | "become" | "becomes")
+            let is_said = (matches!(prev, "be" | "become" | "becomes")
+                || (asked && matches!(prev, "is" | "are")))
                 && matches!(*w, "executable" | "executible")
                 && ends_clause;
             let made = (i.saturating_sub(4)..i)

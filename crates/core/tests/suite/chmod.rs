@@ -21,6 +21,7 @@ fn at_least_ten_distinct_pattern_families_fire() {
         "mode 0o755",
         "install -m 644 a b",
         "setfacl -m u:x:rwx a",
+        "permissions 0755",
     ];
     let mut names: Vec<&str> = samples
         .iter()
@@ -97,6 +98,13 @@ fn make_executable_phrases_are_detected() {
         "make each executable",
         "deploy.sh must be executable, otherwise cron fails",
         "The script must be executable. Cron runs it hourly.",
+        "chmod+x s.sh",
+        "run chmod0755 on s.sh",
+        "chmod=x s.sh",
+        "make_executable",
+        "make-executable s.sh",
+        "set permissions to 0755",
+        "Ensure the script is executable.",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -177,6 +185,8 @@ fn ordinary_text_is_not_detected() {
         "Summary made by exec committee",
         "Make the build faster. Executable size matters",
         "Every snippet in this README should be runnable.",
+        "The tool is executable documentation.",
+        "set permissions to 0644 for the config",
         "version 0.755 release notes",
         "mode 644 files only",
         "",
