@@ -974,6 +974,8 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
         "is DEFAULT, which readers (Python's configparser) take for defaults copied into every other section"
     } else if (value || what == "key") && text.starts_with([';', '#']) {
         "starts with ';' or '#', which readers take for a comment"
+    } else if value && text.contains('%') {
+        "holds '%', which Python's configparser reads as interpolation ('%(name)s') or refuses; write the file as TOML, or double it ('%%') if that is the reader"
     } else if value {
         return None;
     } else if text.is_empty() {

@@ -550,6 +550,7 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             "is DEFAULT",
         ),
         ("c.ini", json!({"\u{feff}name": "x"}), "starts with U+FEFF"),
+        ("c.ini", json!({"s": {"rate": "100%"}}), "holds '%'"),
         ("c.ini", json!({"s": {"k": " v "}}), "the value ' v '"),
         (
             "c.ini",
