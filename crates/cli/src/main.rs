@@ -349,7 +349,17 @@ fn usage_error(e: clap::Error) -> ExitCode {
         .take_while(|a| a != "--")
         .any(|a| a == "--json" || a.to_string_lossy().starts_with("--json="))
     {
-        e.exit();
+        // As `e.exit()` does, but a help text lost on a full disk is no success either.
+        let printed = e
+            .print()
+            .and_then(|()| std::io::Write::flush(&mut std::io::stdout()));
+        if let Err(why) = printed
+            && why.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            eprintln!("error: the text could not be written to standard output ({why})");
+            return ExitCode::from(EXIT_USAGE);
+        }
+        return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(EXIT_USAGE));
     }
     let text = e.render().to_string();
     // The message without clap's usage and help lines, on one line: "the following

@@ -1430,6 +1430,20 @@ fn a_result_lost_on_a_full_disk_is_not_a_success() {
     );
     let ok = e.cmd().args(["--json", "ops"]).output().unwrap();
     assert_eq!(ok.status.code(), Some(0));
+    for args in [["--help"], ["--version"]] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+            .args(args)
+            .stdout(full)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let ok = e.cmd().args(args).output().unwrap();
+        assert_eq!(ok.status.code(), Some(0), "{args:?}");
+    }
 }
 
 /// A folder of a target the rollback cannot change (read-only here; a permission taken
