@@ -208,13 +208,26 @@ const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
 /// extension (`.gz` for `a.tar.gz`), lower-cased, so an entry is one extension such as
 /// `.md` (the dot optional). An empty allow-list would refuse every file.
 fn check_extension_lists(x: &RawExtensions) -> Result<(), ConfigError> {
-    if x.allowed.as_ref().is_some_and(Vec::is_empty) {
+    check_extension_entries(
+        x.allowed.as_deref(),
+        x.blocked.as_deref().unwrap_or_default(),
+    )
+}
+
+/// [`check_extension_lists`] on the entries themselves: for a file's lists before they
+/// are taken, and for a policy built in code (`Config::validate`), which would otherwise
+/// hold an entry that never matches.
+fn check_extension_entries(
+    allowed: Option<&[String]>,
+    blocked: &[String],
+) -> Result<(), ConfigError> {
+    if allowed.is_some_and(<[String]>::is_empty) {
         return Err(ConfigError(
             "extensions.allowed is empty, so no file could be written; leave it out for the default allow-list".into(),
         ));
     }
-    for (list, entries) in [("allowed", &x.allowed), ("blocked", &x.blocked)] {
-        for e in entries.iter().flatten() {
+    for (list, entries) in [("allowed", allowed.unwrap_or_default()), ("blocked", blocked)] {
+        for e in entries {
             let bare = e.strip_prefix('.').unwrap_or(e);
             let ok = !bare.is_empty()
                 && bare
@@ -596,6 +609,10 @@ impl Config {
                 self.phase.escape_debug()
             )));
         }
+        check_extension_entries(
+            Some(self.extensions.allowed()),
+            self.extensions.blocked(),
+        )?;
         let l = &self.limits;
         if l.max_path_depth == 0 || l.max_path_depth > MAX_PATH_DEPTH {
             return Err(ConfigError(format!(

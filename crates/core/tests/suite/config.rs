@@ -622,3 +622,23 @@ fn a_root_inside_the_state_directory_is_refused() {
     let err = resolve(None, &[], &flags).unwrap_err();
     assert!(err.0.contains("inside the state_dir"), "{err}");
 }
+
+/// Extension lists set in code are checked as a config file's are: an entry that can
+/// never match (`*.md`, `.tar.gz`) or an empty allow-list is refused, naming it.
+#[test]
+fn extension_lists_set_in_code_are_validated() {
+    use ailab_sandbox_core::confine::ExtensionPolicy;
+    for (allowed, blocked, want) in [
+        (None, vec!["*.md".to_owned()], "*.md'"),
+        (None, vec![".tar.gz".to_owned()], "'.tar.gz'"),
+        (Some(vec![]), vec![], "extensions.allowed is empty"),
+    ] {
+        let mut c = Config::with_roots(vec!["/srv/r".into()], "/srv/s".into());
+        c.extensions = ExtensionPolicy::new(allowed.as_deref(), &blocked);
+        let err = c.validate().unwrap_err().0;
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    let mut c = Config::with_roots(vec!["/srv/r".into()], "/srv/s".into());
+    c.extensions = ExtensionPolicy::new(None, &[".md".to_owned()]);
+    assert!(c.validate().is_ok());
+}
