@@ -226,7 +226,10 @@ fn check_extension_entries(
             "extensions.allowed is empty, so no file could be written; leave it out for the default allow-list".into(),
         ));
     }
-    for (list, entries) in [("allowed", allowed.unwrap_or_default()), ("blocked", blocked)] {
+    for (list, entries) in [
+        ("allowed", allowed.unwrap_or_default()),
+        ("blocked", blocked),
+    ] {
         for e in entries {
             let bare = e.strip_prefix('.').unwrap_or(e);
             let ok = !bare.is_empty()
@@ -609,10 +612,7 @@ impl Config {
                 self.phase.escape_debug()
             )));
         }
-        check_extension_entries(
-            Some(self.extensions.allowed()),
-            self.extensions.blocked(),
-        )?;
+        check_extension_entries(Some(self.extensions.allowed()), self.extensions.blocked())?;
         let l = &self.limits;
         if l.max_path_depth == 0 || l.max_path_depth > MAX_PATH_DEPTH {
             return Err(ConfigError(format!(

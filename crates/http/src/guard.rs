@@ -152,6 +152,23 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
         ))
         .into_response();
     }
+    // RFC 9112 §6.1: a transfer coding the server does not apply is answered 501; read
+    // as plain, the body would differ from what a proxy that applies it passed on.
+    let codings: Vec<&[u8]> = req
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .collect();
+    if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+        return ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            codes::INVALID_REQUEST,
+            "the request's Transfer-Encoding names a coding this server does not apply; send the body as is, or chunked",
+        )
+        .into_response();
+    }
     if let Some(refusal) = browser_refusal(&req, g.token_digest.is_some()) {
         return refusal.into_response();
     }

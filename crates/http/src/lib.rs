@@ -164,9 +164,13 @@ async fn body_room(
 ) -> Response {
     let held = HeldRoom::default();
     req.extensions_mut().insert(held.clone());
-    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
-        // No read route reads a body: one sent is dropped unread, whatever its size or
-        // framing (the limit would otherwise refuse a declared length only).
+    let reads_body = req.method() == axum::http::Method::POST
+        && (req.uri().path() == "/agentic/plans"
+            || req.uri().path().starts_with("/agentic/rollback/"));
+    if !reads_body {
+        // Only the two POST routes read a body: one sent elsewhere is dropped unread,
+        // whatever its size or framing, so the answer is the route's own (404, 405) and
+        // the limit would otherwise refuse a declared length only.
         req.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
         *req.body_mut() = axum::body::Body::empty();
         return next.run(req).await;

@@ -409,3 +409,40 @@ async fn error_answers_do_not_reveal_the_state_directory() {
         assert!(!echoed.contains(&tmp), "{text}");
     }
 }
+
+/// A transfer coding the server does not apply is 501, never a body read as plain; a
+/// body sent where no route reads one leaves the route's own answer (404, 405), not 413.
+#[tokio::test]
+async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 1024,
+        ..Opts::default()
+    });
+    let plan = serde_json::to_vec(&create_plan("wf_te", "te.md", "x")).unwrap();
+    for coding in ["gzip, chunked", "foo, chunked", "identity"] {
+        let req = request(Method::POST, "/agentic/plans")
+            .header(header::TRANSFER_ENCODING, coding)
+            .body(Body::from(plan.clone()))
+            .unwrap();
+        send(&e.app, req)
+            .await
+            .assert_error(StatusCode::NOT_IMPLEMENTED, "invalid_request");
+    }
+    assert!(!e.root.join("te.md").exists());
+    for (method, path, status, code) in [
+        (
+            Method::POST,
+            "/healthz",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (Method::POST, "/nope", StatusCode::NOT_FOUND, "not_found"),
+    ] {
+        let req = request(method, path)
+            .header(header::CONTENT_LENGTH, 4096)
+            .body(Body::from("x".repeat(4096)))
+            .unwrap();
+        send(&e.app, req).await.assert_error(status, code);
+    }
+}
