@@ -50,6 +50,24 @@ impl Env {
         std::fs::write(&p, serde_json::to_vec(plan).unwrap()).unwrap();
         p
     }
+
+    /// Writes `files` (root-relative) into the root, then runs `plan` for real; it must
+    /// succeed.
+    fn seed_and_run(&self, files: &[(&str, &str)], plan: &Value) {
+        for (path, bytes) in files {
+            let p = self.root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, bytes).unwrap();
+        }
+        let plan = self.write_plan("seeded.json", plan);
+        let ran = self
+            .cmd()
+            .args(["--json", "--enable-write", "--no-dry-run", "run"])
+            .arg(&plan)
+            .output()
+            .unwrap();
+        assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    }
 }
 
 fn json_out(out: &std::process::Output) -> Value {
@@ -1453,23 +1471,12 @@ fn a_result_lost_on_a_full_disk_is_not_a_success() {
 #[test]
 fn a_folder_the_rollback_cannot_change_refuses_it_up_front() {
     let e = env();
-    std::fs::create_dir_all(e.root.join("pa")).unwrap();
-    std::fs::create_dir_all(e.root.join("pb")).unwrap();
-    std::fs::write(e.root.join("pa/a.txt"), "A0").unwrap();
-    std::fs::write(e.root.join("pb/b.txt"), "B0").unwrap();
-    let plan = e.write_plan(
-        "p.json",
+    e.seed_and_run(
+        &[("pa/a.txt", "A0"), ("pb/b.txt", "B0")],
         &json!({"workflow_id": "wf_ro", "actions": [
             {"intent": "replace_file", "path": "pa/a.txt", "content": "A1"},
             {"intent": "replace_file", "path": "pb/b.txt", "content": "B1"}]}),
     );
-    let ran = e
-        .cmd()
-        .args(["--json", "--enable-write", "--no-dry-run", "run"])
-        .arg(&plan)
-        .output()
-        .unwrap();
-    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
     let pa = e.root.join("pa");
     for preview in [true, false] {
         let mut c = with_private_mount(
@@ -1547,21 +1554,12 @@ fn a_state_directory_inside_a_root_through_a_mount_is_refused() {
 fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
     let e = env();
     std::fs::create_dir_all(e.root.join("pc")).unwrap();
-    std::fs::create_dir_all(e.root.join("pb")).unwrap();
-    std::fs::write(e.root.join("pb/b.txt"), "B0").unwrap();
-    let plan = e.write_plan(
-        "p.json",
+    e.seed_and_run(
+        &[("pb/b.txt", "B0")],
         &json!({"workflow_id": "wf_md", "actions": [
             {"intent": "create_file", "path": "pc/sub/c.txt", "content": "C"},
             {"intent": "replace_file", "path": "pb/b.txt", "content": "B1"}]}),
     );
-    let ran = e
-        .cmd()
-        .args(["--json", "--enable-write", "--no-dry-run", "run"])
-        .arg(&plan)
-        .output()
-        .unwrap();
-    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
     let (pc, sub) = (e.root.join("pc"), e.root.join("pc/sub"));
     // `pc` read-only, the directory the action made in it writable.
     let mut c = with_private_mount(

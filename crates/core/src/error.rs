@@ -112,34 +112,17 @@ pub(crate) fn io_words(e: &std::io::Error) -> String {
     }
 }
 
-/// Why a log or record of the state directory (`what`: "the audit trail") could not be
-/// read: another process of the runtime held it past `limits.lock_wait_seconds`
-/// (`conflict`, to try again), or an I/O failure (`io_error`).
-pub(crate) fn read_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
+/// Why a log or record of the state directory could not be read or written (`what`:
+/// "read the audit trail", "audit the simulated rollback"): another process of the
+/// runtime held it past `limits.lock_wait_seconds` (`conflict`, to try again), or an I/O
+/// failure (`io_error`).
+pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
     use crate::reason::{ReasonCode, Refusal};
     if e.kind() == std::io::ErrorKind::TimedOut {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "could not read {what}: another process of the runtime held it ({e}: a stopped or hung process, or one far behind); nothing was done: try again later, or raise limits.lock_wait_seconds"
-            ),
-        );
-    }
-    Refusal::new(
-        ReasonCode::IoError,
-        format!("could not read {what}: {}", io_words(e)),
-    )
-}
-
-/// Why an append to a log (`what`: "audit the simulated rollback") failed: `conflict`
-/// when another process of the runtime held the log too long, else `io_error`.
-pub(crate) fn append_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
-    use crate::reason::{ReasonCode, Refusal};
-    if e.kind() == std::io::ErrorKind::TimedOut {
-        return Refusal::new(
-            ReasonCode::Conflict,
-            format!(
-                "could not {what}: another process of the runtime held the log ({e}: a stopped or hung process, or one far behind); try again later, or raise limits.lock_wait_seconds"
+                "could not {what}: another process of the runtime held it ({e}: a stopped or hung process, or one far behind); nothing was done: try again later, or raise limits.lock_wait_seconds"
             ),
         );
     }

@@ -123,7 +123,7 @@ impl Sandbox {
         let trail = self
             .audit
             .by_workflow(wf)
-            .map_err(|e| crate::error::read_refusal("the audit trail", &e))?;
+            .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
         let newest = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())

@@ -253,7 +253,7 @@ impl Sandbox {
         if let Err(e) = self.audit.by_workflow(workflow_id)
             && e.kind() == std::io::ErrorKind::TimedOut
         {
-            return Err(crate::error::read_refusal("the audit trail", &e));
+            return Err(crate::error::log_refusal("read the audit trail", &e));
         }
         // A run of the workflow that died is recovered first, as a rollback would do
         // (it may undo some of what is listed below): otherwise the answer would list
@@ -573,7 +573,7 @@ impl Sandbox {
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
         // rollback that reports success with a file left as it was.
         let unread = |what: &str, e: std::io::Error| -> RollbackRefusal {
-            let r = crate::error::read_refusal(what, &e);
+            let r = crate::error::log_refusal(&format!("read {what}"), &e);
             (r.reason_code, r.reason, Vec::new())
         };
         let trail = self
@@ -944,7 +944,7 @@ impl Sandbox {
                 })
                 .collect();
             if let Err(e) = self.audit.append(records) {
-                let r = crate::error::append_refusal("audit the simulated rollback", &e);
+                let r = crate::error::log_refusal("audit the simulated rollback", &e);
                 return refused(r.reason_code, r.reason, Vec::new());
             }
             return RollbackReport {
