@@ -148,7 +148,7 @@ pub struct AuditStats {
 struct Index {
     entries: Vec<SandboxAuditEntry>,
     /// Rate-limiter state (GCRA TAT) per workflow, kept current as entries arrive.
-    tat: std::collections::HashMap<String, f64>,
+    tat: std::collections::HashMap<String, (f64, f64)>,
     per_minute: u32,
     by_workflow: BTreeMap<String, Vec<usize>>,
     /// The actions of each workflow that the trail records a write by (not a rollback):
@@ -231,12 +231,19 @@ impl Index {
             }
         }
         if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
-            let tat = self
+            let (tat, latest) = self
                 .tat
                 .entry(e.workflow_id.clone())
-                .or_insert(f64::NEG_INFINITY);
-            *tat =
-                crate::budget::advance_tat(*tat, crate::budget::epoch_seconds(t), self.per_minute);
+                .or_insert((f64::NEG_INFINITY, f64::NEG_INFINITY));
+            let at = crate::budget::epoch_seconds(t);
+            // Dated before the workflow's latest write: the clock went back. The earlier
+            // writes are taken as made just before this one (the bucket as they left it),
+            // not as still to come.
+            if at < *latest {
+                *tat -= *latest - at;
+            }
+            *tat = crate::budget::advance_tat(*tat, at, self.per_minute);
+            *latest = at;
         }
         self.last_seq = e.seq;
         self.last_hash = e.entry_hash.clone();
@@ -823,14 +830,18 @@ impl AuditLog {
         })
     }
 
-    /// The rate limiter's state for a workflow: the GCRA theoretical arrival time of its
-    /// executed writes (successful, not rollbacks), replayed from the durable log.
-    pub fn rate_tat(&self, workflow_id: &str) -> io::Result<f64> {
+    /// The rate limiter's state for a workflow at `now` (epoch seconds): the GCRA
+    /// theoretical arrival time of its executed writes (successful, not rollbacks),
+    /// replayed from the durable log. Writes dated after `now` (the clock was set back
+    /// since) are taken as made just before `now`: the bucket is as full as they left
+    /// it, and no wait lasts as long as the clock went back.
+    pub fn rate_tat(&self, workflow_id: &str, now: f64) -> io::Result<f64> {
         self.with(|ix| {
             ix.tat
                 .get(workflow_id)
-                .copied()
-                .unwrap_or(f64::NEG_INFINITY)
+                .map_or(f64::NEG_INFINITY, |(tat, latest)| {
+                    tat - (latest - now).max(0.0)
+                })
         })
     }
 

@@ -439,9 +439,10 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// The rate limiter's state from the audit trail.
     fn rate_tat(&self) -> Verdict<f64> {
         let wf = &self.plan.workflow_id;
+        let now = crate::budget::epoch_seconds(self.sb.clock.now());
         self.sb
             .audit
-            .rate_tat(wf)
+            .rate_tat(wf, now)
             .map_err(|e| uncountable("audit log", "recent writes for the rate limit", wf, &e))
     }
 

@@ -498,6 +498,28 @@ fn a_plan_over_the_rate_limit_and_the_budget_is_told_of_both() {
     assert!(!w.path("f0.txt").exists(), "a blocked plan writes nothing");
 }
 
+/// The clock set back after writes: they count as made now, so the bucket holds what
+/// they left (a write after one is allowed), and a refusal's wait is honest: waiting it
+/// out lets the write through, however far the clock went back.
+#[test]
+fn rate_limit_after_the_clock_is_set_back() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let plan = |i: usize| json!({"workflow_id": "wf_back", "actions": [{"intent": "create_file", "path": format!("b{i}.txt"), "content": "x"}]});
+    assert_eq!(status(&run(&sb, plan(0))), "success");
+    w.clock.advance(chrono::Duration::hours(-1));
+    for i in 1..10 {
+        assert_eq!(status(&run(&sb, plan(i))), "success", "write {i}");
+    }
+    let r = run(&sb, plan(10));
+    assert_eq!(code(&r, 0).as_deref(), Some("rate_limited"), "{r:?}");
+    let wait = r.actions[0].retry_after_seconds.unwrap();
+    assert!(wait <= 6, "{wait}");
+    w.clock
+        .advance(chrono::Duration::seconds(i64::try_from(wait).unwrap()));
+    assert_eq!(status(&run(&sb, plan(10))), "success");
+}
+
 #[test]
 fn rate_limit_holds_across_a_restart() {
     let w = World::new();
