@@ -161,7 +161,8 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
         .collect();
-    if codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+    // `chunked` once, alone: anything else is a coding not applied (or applied twice).
+    if codings.len() > 1 || codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
         return ApiError::new(
             StatusCode::NOT_IMPLEMENTED,
             codes::INVALID_REQUEST,

@@ -164,9 +164,12 @@ async fn body_room(
 ) -> Response {
     let held = HeldRoom::default();
     req.extensions_mut().insert(held.clone());
+    let path = req.uri().path();
     let reads_body = req.method() == axum::http::Method::POST
-        && (req.uri().path() == "/agentic/plans"
-            || req.uri().path().starts_with("/agentic/rollback/"));
+        && (path == "/agentic/plans"
+            || path
+                .strip_prefix("/agentic/rollback/")
+                .is_some_and(|id| !id.is_empty() && !id.contains('/')));
     if !reads_body {
         // Only the two POST routes read a body: one sent elsewhere is dropped unread,
         // whatever its size or framing, so the answer is the route's own (404, 405) and

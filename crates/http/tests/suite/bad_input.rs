@@ -420,7 +420,12 @@ async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
         ..Opts::default()
     });
     let plan = serde_json::to_vec(&create_plan("wf_te", "te.md", "x")).unwrap();
-    for coding in ["gzip, chunked", "foo, chunked", "identity"] {
+    for coding in [
+        "gzip, chunked",
+        "foo, chunked",
+        "identity",
+        "chunked, chunked",
+    ] {
         let req = request(Method::POST, "/agentic/plans")
             .header(header::TRANSFER_ENCODING, coding)
             .body(Body::from(plan.clone()))
@@ -438,6 +443,12 @@ async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
             "method_not_allowed",
         ),
         (Method::POST, "/nope", StatusCode::NOT_FOUND, "not_found"),
+        (
+            Method::POST,
+            "/agentic/rollback/a/b",
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
     ] {
         let req = request(method, path)
             .header(header::CONTENT_LENGTH, 4096)
