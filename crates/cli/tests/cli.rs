@@ -1585,4 +1585,27 @@ fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
     assert!(rb["reason"].as_str().unwrap().contains("'pc/sub'"), "{rb}");
     assert!(e.root.join("pc/sub/c.txt").exists(), "nothing restored");
     assert_eq!(std::fs::read(e.root.join("pb/b.txt")).unwrap(), b"B1");
+    // Once the directory holds someone else's file, the rollback leaves it in place and
+    // needs nothing of the read-only folder: it goes ahead.
+    std::fs::write(e.root.join("pc/sub/other.txt"), "theirs").unwrap();
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
+        &[pc.as_os_str(), sub.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_md",
+        ]);
+    let out = output_unless_unshared(c).unwrap();
+    let rb = json_out(&out);
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
+    assert!(!e.root.join("pc/sub/c.txt").exists());
+    assert!(e.root.join("pc/sub/other.txt").exists());
 }

@@ -405,21 +405,41 @@ impl Sandbox {
                     .intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND)
             })
         };
+        let me = rustix::process::geteuid();
         for (i, s) in chosen {
             let root = &self.roots[*i];
-            // The target's folder, and the folders holding each directory it made.
+            // The target's folder, and the folders holding each directory it made that
+            // the rollback removes: one holding more than the way to the target is left.
             let made = s
                 .meta
                 .created_dirs
                 .iter()
                 .filter(|d| **d != s.meta.original_path)
-                .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()));
+                .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()))
+                .filter(|d| root.list_dir(Some(d)).is_ok_and(|e| e.len() <= 1));
             for rel in std::iter::once(s.meta.target()).chain(made) {
                 let Ok((parent, _)) = root.open_parent(&rel, false, false) else {
                     continue;
                 };
                 let shown = shown_path(&rel.as_string());
-                if let Err(e) = accessat(
+                // In a sticky folder only the owner of an entry (or of the folder) may
+                // remove or replace it.
+                let sticky_held = !me.is_root()
+                    && statx(&*parent, ".", AtFlags::empty(), StatxFlags::BASIC_STATS).is_ok_and(
+                        |f| u32::from(f.stx_mode) & 0o1000 != 0 && f.stx_uid != me.as_raw(),
+                    )
+                    && statx(
+                        &*parent,
+                        rel.file_name(),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                        StatxFlags::BASIC_STATS,
+                    )
+                    .is_ok_and(|x| x.stx_uid != me.as_raw());
+                if sticky_held {
+                    note(format!(
+                        "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
+                    ));
+                } else if let Err(e) = accessat(
                     &*parent,
                     ".",
                     Access::WRITE_OK | Access::EXEC_OK,
