@@ -17,8 +17,9 @@
 //! parameters, anything else is dropped. Lines are read past a byte order mark, as rmcp
 //! reads them, and a line too long for rmcp is dropped here, never passed on unscreened.
 //!
-//! rmcp also ends a session whose first message is not a request; notifications and
-//! responses are never answered, so the pump drops those sent before the first request.
+//! rmcp also ends a session at a notification or response that comes before
+//! `initialize` (other requests it answers); notifications and responses are never
+//! answered, so the pump drops those sent before `initialize`.
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
@@ -168,8 +169,8 @@ enum Pass {
 pub(crate) const MAX_GROWTH: usize = 64 << 10;
 
 /// Screens one whole line (one JSON-RPC message, without a byte order mark). `started`:
-/// a request has been passed on (rmcp ends a session whose first message is not one),
-/// and is set when this line is one.
+/// `initialize` has been passed on (rmcp ends a session at a notification or response
+/// that comes before it), and is set when this line is it.
 fn screen(line: &[u8], started: &mut bool) -> Pass {
     // Read before the first request, and again only when the check fails.
     let mut first = None;
@@ -180,10 +181,14 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             return Pass::Drop;
         };
         if !head.is_request() {
-            tracing::debug!("a notification or response before any request, dropped");
+            tracing::debug!("a notification or response before `initialize`, dropped");
             return Pass::Drop;
         }
-        *started = true;
+        // rmcp answers other requests before `initialize`, but ends the session at a
+        // notification or response that comes before it: those wait for `initialize`.
+        if head.method().as_deref() == Some("initialize") {
+            *started = true;
+        }
         first = Some(head);
     }
     // The whole message, so that neither an escaped method name (`tools\/call`) nor a

@@ -120,6 +120,13 @@ async fn notifications_before_initialize_do_not_end_the_session() {
         .await;
     s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
         .await;
+    // A request before `initialize` is answered; the notifications after it still wait
+    // for `initialize` (rmcp ended the session at one, exit 2).
+    s.send(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#).await;
+    assert_eq!(s.answer().await["id"], 5);
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    s.send(r#"{"jsonrpc":"2.0","id":78,"result":{}}"#).await;
     s.send(INITIALIZE).await;
     let answer = s.answer().await;
     assert_eq!(answer["id"], 0, "{answer}");
