@@ -1495,7 +1495,7 @@ fn a_folder_the_rollback_cannot_change_refuses_it_up_front() {
             return;
         };
         let rb = json_out(&out);
-        assert_eq!(rb["reason_code"], "io_error", "preview {preview}: {rb}");
+        assert_eq!(rb["reason_code"], "conflict", "preview {preview}: {rb}");
         let why = rb["reason"].as_str().unwrap();
         assert!(
             why.contains("pa/a.txt") && why.contains("nothing was restored"),
@@ -1581,7 +1581,7 @@ fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
         return;
     };
     let rb = json_out(&out);
-    assert_eq!(rb["reason_code"], "io_error", "{rb}");
+    assert_eq!(rb["reason_code"], "conflict", "{rb}");
     assert!(rb["reason"].as_str().unwrap().contains("'pc/sub'"), "{rb}");
     assert!(e.root.join("pc/sub/c.txt").exists(), "nothing restored");
     assert_eq!(std::fs::read(e.root.join("pb/b.txt")).unwrap(), b"B1");

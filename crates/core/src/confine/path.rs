@@ -305,9 +305,9 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
                     list_roots(roots)
                 ),
             );
-            // A folder of a root given as the root (or none at all) is a mistake; any
-            // other, an attempt.
-            if hint.is_empty() || roots.iter().any(|r| is_within_sandbox(wanted, r)) {
+            // A folder of a root given as the root (or a relative name, or none) is a
+            // mistake; any other absolute path, an attempt.
+            if !wanted.is_absolute() || roots.iter().any(|r| is_within_sandbox(wanted, r)) {
                 r.malformed()
             } else {
                 r

@@ -435,7 +435,14 @@ impl Sandbox {
                         StatxFlags::BASIC_STATS,
                     )
                     .is_ok_and(|x| x.stx_uid != me.as_raw());
-                if sticky_held {
+                // The marks first: the access check reports them as "permission denied".
+                if pinned(&parent, ".") {
+                    note(format!(
+                        "the folder holding {shown} is marked immutable or append-only"
+                    ));
+                } else if pinned(&parent, rel.file_name()) {
+                    note(format!("{shown} is marked immutable or append-only"));
+                } else if sticky_held {
                     note(format!(
                         "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
                     ));
@@ -449,22 +456,18 @@ impl Sandbox {
                         "the folder holding {shown} cannot be changed by this process ({})",
                         crate::error::io_words(&e.into())
                     ));
-                } else if pinned(&parent, ".") {
-                    note(format!(
-                        "the folder holding {shown} is marked immutable or append-only"
-                    ));
-                } else if pinned(&parent, rel.file_name()) {
-                    note(format!("{shown} is marked immutable or append-only"));
                 }
             }
         }
         if found.is_empty() {
             return None;
         }
+        // Something someone changed about the tree since the workflow wrote (a permission,
+        // a mark, a mount): a conflict to put right, not a failure of the disk.
         Some(Refusal::new(
-            ReasonCode::IoError,
+            ReasonCode::Conflict,
             format!(
-                "{}; nothing was restored: give it back its write permission (or mount it writable, or clear the mark with chattr), then roll back",
+                "{}; nothing was restored, and force would not help: give it back its write permission (or mount it writable, or clear the mark with chattr), then roll back",
                 found.join("; ")
             ),
         ))

@@ -818,6 +818,7 @@ fn a_mistyped_path_is_no_escape_attempt() {
         json!({"intent": "create_directory", "path": root}),
         json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": format!("{root}/sub")}),
         json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": ""}),
+        json!({"intent": "create_file", "path": "a.txt", "content": "x", "root": "sub"}),
     ];
     for action in mistakes {
         let r = run(&sb, json!({"actions": [action]}));

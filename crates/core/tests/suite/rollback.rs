@@ -2041,7 +2041,7 @@ fn an_immutable_target_refuses_the_rollback_up_front() {
     let info = sb.rollback_info("wf_i").unwrap();
     assert!(chattr("-i"));
     assert_eq!(rb.status, "refused", "{rb:?}");
-    assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
     assert!(rb.reason.unwrap().contains("immutable"));
     assert_eq!(w.read("b.txt"), b"B1", "nothing restored");
     assert!(!info.rollback_available, "{info:?}");
