@@ -1609,3 +1609,41 @@ fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
     assert!(!e.root.join("pc/sub/c.txt").exists());
     assert!(e.root.join("pc/sub/other.txt").exists());
 }
+
+/// What a rollback leaves in place needs nothing of its folder: a `create_directory` that
+/// found its folder, in a read-only folder, rolls back (the files written in it removed).
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_folder_the_rollback_leaves_needs_nothing_of_its_parent() {
+    let e = env();
+    std::fs::create_dir_all(e.root.join("docs/existing")).unwrap();
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_ex", "actions": [
+            {"intent": "create_directory", "path": "docs/existing"},
+            {"intent": "create_file", "path": "docs/existing/n.md", "content": "n"}]}),
+    );
+    let (docs, existing) = (e.root.join("docs"), e.root.join("docs/existing"));
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
+        &[docs.as_os_str(), existing.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_ex",
+        ]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let rb = json_out(&out);
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
+    assert!(!e.root.join("docs/existing/n.md").exists());
+    assert!(e.root.join("docs/existing").is_dir());
+}

@@ -417,7 +417,15 @@ impl Sandbox {
                 .filter(|d| **d != s.meta.original_path)
                 .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()))
                 .filter(|d| root.list_dir(Some(d)).is_ok_and(|e| e.len() <= 1));
-            for rel in std::iter::once(s.meta.target()).chain(made) {
+            // A directory action's target changes only when it made it and the folder
+            // is empty again (one it found, or holding others' files, is left in place).
+            let target_changes = !s.meta.is_directory_action()
+                || (!s.meta.existed
+                    && root
+                        .list_dir(Some(&s.meta.target()))
+                        .is_ok_and(|e| e.is_empty()));
+            let target = target_changes.then(|| s.meta.target());
+            for rel in target.into_iter().chain(made) {
                 let Ok((parent, _)) = root.open_parent(&rel, false, false) else {
                     continue;
                 };
@@ -467,7 +475,7 @@ impl Sandbox {
         Some(Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "{}; nothing was restored, and force would not help: give it back its write permission (or mount it writable, or clear the mark with chattr), then roll back",
+                "{}; nothing was restored, and force would not help: put that right (the permission, the mount, the mark — chattr — or the owner), then roll back",
                 found.join("; ")
             ),
         ))
