@@ -1621,8 +1621,12 @@ fn a_folder_the_rollback_leaves_needs_nothing_of_its_parent() {
         &[],
         &json!({"workflow_id": "wf_ex", "actions": [
             {"intent": "create_directory", "path": "docs/existing"},
-            {"intent": "create_file", "path": "docs/existing/n.md", "content": "n"}]}),
+            {"intent": "create_file", "path": "docs/existing/n.md", "content": "n"},
+            {"intent": "create_file", "path": "docs/gone.md", "content": "g"}]}),
     );
+    // A file it made that someone removed since (a change: forced, it is "already gone"):
+    // nothing left to remove there either.
+    std::fs::remove_file(e.root.join("docs/gone.md")).unwrap();
     let (docs, existing) = (e.root.join("docs"), e.root.join("docs/existing"));
     let mut c = with_private_mount(
         "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
@@ -1638,6 +1642,7 @@ fn a_folder_the_rollback_leaves_needs_nothing_of_its_parent() {
             "--no-dry-run",
             "rollback",
             "wf_ex",
+            "--force",
         ]);
     let Some(out) = output_unless_unshared(c) else {
         return;

@@ -429,6 +429,16 @@ impl Sandbox {
                 let Ok((parent, _)) = root.open_parent(&rel, false, false) else {
                     continue;
                 };
+                // A file the action made that is gone already: nothing to remove.
+                if s.meta.kind == SnapshotKind::Missing
+                    && !s.meta.is_directory_action()
+                    && rel == s.meta.target()
+                    && parent
+                        .symlink_metadata(rel.file_name())
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+                {
+                    continue;
+                }
                 let shown = shown_path(&rel.as_string());
                 // In a sticky folder only the owner of an entry (or of the folder) may
                 // remove or replace it.
