@@ -51,6 +51,24 @@ impl Env {
         p
     }
 
+    /// `rollback ARGS` for real, with the root's folder `ro` mounted read-only and its
+    /// folder `rw` inside it writable, in a private mount namespace; its JSON document, or
+    /// `None` (the test is skipped) where no such namespace can be made.
+    fn rollback_with_read_only(&self, ro: &str, rw: &str, args: &[&str]) -> Option<Value> {
+        let (ro, rw) = (self.root.join(ro), self.root.join(rw));
+        let mut c = with_private_mount(
+            "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
+            &[ro.as_os_str(), rw.as_os_str()],
+        );
+        c.arg("--root")
+            .arg(&self.root)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--json", "--enable-write", "--no-dry-run", "rollback"])
+            .args(args);
+        output_unless_unshared(c).map(|out| json_out(&out))
+    }
+
     /// Writes `files` (root-relative) into the root, then runs `plan` for real; it must
     /// succeed.
     fn seed_and_run(&self, files: &[(&str, &str)], plan: &Value) {
@@ -1560,27 +1578,10 @@ fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
             {"intent": "create_file", "path": "pc/sub/c.txt", "content": "C"},
             {"intent": "replace_file", "path": "pb/b.txt", "content": "B1"}]}),
     );
-    let (pc, sub) = (e.root.join("pc"), e.root.join("pc/sub"));
     // `pc` read-only, the directory the action made in it writable.
-    let mut c = with_private_mount(
-        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
-        &[pc.as_os_str(), sub.as_os_str()],
-    );
-    c.arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&e.state)
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_md",
-        ]);
-    let Some(out) = output_unless_unshared(c) else {
+    let Some(rb) = e.rollback_with_read_only("pc", "pc/sub", &["wf_md"]) else {
         return;
     };
-    let rb = json_out(&out);
     assert_eq!(rb["reason_code"], "conflict", "{rb}");
     assert!(rb["reason"].as_str().unwrap().contains("'pc/sub'"), "{rb}");
     assert!(e.root.join("pc/sub/c.txt").exists(), "nothing restored");
@@ -1588,23 +1589,9 @@ fn a_made_directory_the_rollback_cannot_remove_refuses_it_up_front() {
     // Once the directory holds someone else's file, the rollback leaves it in place and
     // needs nothing of the read-only folder: it goes ahead.
     std::fs::write(e.root.join("pc/sub/other.txt"), "theirs").unwrap();
-    let mut c = with_private_mount(
-        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
-        &[pc.as_os_str(), sub.as_os_str()],
-    );
-    c.arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&e.state)
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_md",
-        ]);
-    let out = output_unless_unshared(c).unwrap();
-    let rb = json_out(&out);
+    let rb = e
+        .rollback_with_read_only("pc", "pc/sub", &["wf_md"])
+        .unwrap();
     assert_eq!(rb["status"], "rolled_back", "{rb}");
     assert!(!e.root.join("pc/sub/c.txt").exists());
     assert!(e.root.join("pc/sub/other.txt").exists());
@@ -1627,27 +1614,9 @@ fn a_folder_the_rollback_leaves_needs_nothing_of_its_parent() {
     // A file it made that someone removed since (a change: forced, it is "already gone"):
     // nothing left to remove there either.
     std::fs::remove_file(e.root.join("docs/gone.md")).unwrap();
-    let (docs, existing) = (e.root.join("docs"), e.root.join("docs/existing"));
-    let mut c = with_private_mount(
-        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\" && mount --bind \"$2\" \"$2\" && mount -o remount,bind,rw \"$2\"",
-        &[docs.as_os_str(), existing.as_os_str()],
-    );
-    c.arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&e.state)
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_ex",
-            "--force",
-        ]);
-    let Some(out) = output_unless_unshared(c) else {
+    let Some(rb) = e.rollback_with_read_only("docs", "docs/existing", &["wf_ex", "--force"]) else {
         return;
     };
-    let rb = json_out(&out);
     assert_eq!(rb["status"], "rolled_back", "{rb}");
     assert!(!e.root.join("docs/existing/n.md").exists());
     assert!(e.root.join("docs/existing").is_dir());
