@@ -1621,3 +1621,56 @@ fn a_folder_the_rollback_leaves_needs_nothing_of_its_parent() {
     assert!(!e.root.join("docs/existing/n.md").exists());
     assert!(e.root.join("docs/existing").is_dir());
 }
+
+/// A directory an action made that cannot be removed when the rollback runs (busy: a
+/// mount point here) is left on the ledger, and a later rollback removes it; it stayed
+/// for good, the rollback saying it was done.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_made_directory_that_cannot_be_removed_now_is_removed_by_a_later_rollback() {
+    let e = env();
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_busy", "actions": [
+            {"intent": "create_file", "path": "made/c.txt", "content": "C"}]}),
+    );
+    let made = e.root.join("made");
+    let mut c = with_private_mount("mount --bind \"$1\" \"$1\"", &[made.as_os_str()]);
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_busy",
+        ]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let rb = json_out(&out);
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
+    assert!(!made.join("c.txt").exists());
+    assert!(made.is_dir(), "busy while the rollback ran");
+    // The next rollback, with no mount in the way, removes it.
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_next", "actions": [
+            {"intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_next",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(json_out(&out)["status"], "rolled_back", "{out:?}");
+    assert!(!made.exists(), "left for good");
+}

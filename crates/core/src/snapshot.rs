@@ -860,9 +860,18 @@ impl RollbackEngine {
             // Whether someone relies on it is only asked of an empty one (it may read the
             // whole trail).
             let empty = root.list_dir(Some(&dir)).is_ok_and(|e| e.is_empty());
-            if (!empty || keep(d) || !root.remove_empty_dir(&dir, None, durable)?)
-                && let Some(id) = root.dir_id(&dir)?
-            {
+            // One that cannot be removed now (busy as a mount point, a failing disk) is
+            // left on the ledger like one that holds others' files: a later rollback
+            // removes it once it can, rather than it staying for good.
+            let removed = empty
+                && !keep(d)
+                && root
+                    .remove_empty_dir(&dir, None, durable)
+                    .unwrap_or_else(|r| {
+                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now; left for a later rollback");
+                        false
+                    });
+            if !removed && let Some(id) = root.dir_id(&dir)? {
                 left_dirs.push(LeftDir {
                     path: d.clone(),
                     id,
@@ -1023,7 +1032,7 @@ impl RollbackEngine {
                                 let names: Vec<String> =
                                     left_dirs.iter().map(|l| shown_path(&l.path)).collect();
                                 d.push_str(&format!(
-                                    "; {} it made on the way left in place: other files are in it, or it is another action's result (removed once empty and no one's)",
+                                    "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback once empty and no one's)",
                                     names.join(", ")
                                 ));
                             }
