@@ -164,20 +164,6 @@ async fn body_room(
 ) -> Response {
     let held = HeldRoom::default();
     req.extensions_mut().insert(held.clone());
-    let path = req.uri().path();
-    let reads_body = req.method() == axum::http::Method::POST
-        && (path == "/agentic/plans"
-            || path
-                .strip_prefix("/agentic/rollback/")
-                .is_some_and(|id| !id.is_empty() && !id.contains('/')));
-    if !reads_body {
-        // Only the two POST routes read a body: one sent elsewhere is dropped unread,
-        // whatever its size or framing, so the answer is the route's own (404, 405) and
-        // the limit would otherwise refuse a declared length only.
-        req.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
-        *req.body_mut() = axum::body::Body::empty();
-        return next.run(req).await;
-    }
     if axum::body::HttpBody::is_end_stream(req.body()) {
         return next.run(req).await;
     }
@@ -242,6 +228,14 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
     };
     // On each method's handler, not the route: a method the route lacks stays 405.
     let no_query = || middleware::from_fn(routes::no_query);
+    // Only the two POST handlers read a body, so only they meter, time and limit one: a
+    // body sent anywhere else is dropped unread, whatever its size or framing, and the
+    // answer is the route's own (404, 405, or the read).
+    let body_layers = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn_with_state(room, body_room))
+        .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
+        .layer(RequestBodyLimitLayer::new(body_limit_bytes))
+        .layer(DefaultBodyLimit::disable());
     let routes = Router::new()
         .route("/healthz", get(routes::healthz).route_layer(no_query()))
         .route("/metrics", get(routes::metrics).route_layer(no_query()))
@@ -258,20 +252,20 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         )
         .route(
             "/agentic/plans",
-            post(routes::run_plan).route_layer(no_query()),
+            post(routes::run_plan)
+                .route_layer(body_layers.clone())
+                .route_layer(no_query()),
         )
         .route(
             "/agentic/rollback/{workflow_id}",
-            get(routes::rollback_info)
-                .post(routes::rollback)
-                .route_layer(no_query()),
+            get(routes::rollback_info).route_layer(no_query()).merge(
+                post(routes::rollback)
+                    .route_layer(body_layers)
+                    .route_layer(no_query()),
+            ),
         )
         .fallback(routes::not_found)
         .with_state(state)
-        .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(body_limit_bytes))
-        .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
-        .layer(middleware::from_fn_with_state(room, body_room))
         .layer(middleware::from_fn_with_state(guard, guard::guard))
         .layer(middleware::from_fn(log_request));
     // Around the whole router, not each route (as `Router::layer` puts it): a 405 gets its
