@@ -340,46 +340,43 @@ impl Sandbox {
             sb.remove_left_dirs();
         }
         for r in recovered {
-            if !r.missing_roots.is_empty() {
-                sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
-                    r.what(),
-                    r.execution_id,
-                    r.workflow_id,
+            let run = format!(
+                "the interrupted {} {} of workflow {}",
+                r.what(),
+                r.execution_id,
+                r.workflow_id
+            );
+            let left = if !r.missing_roots.is_empty() {
+                Some(format!(
+                    "{run} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
                     r.missing_roots.join(", "),
-                    if r.missing_roots.len() == 1 { "that root" } else { "those roots" }
-                ));
-                continue;
-            }
-            if !r.unjudged.is_empty() {
-                sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
-                    r.what(),
-                    r.execution_id,
-                    r.workflow_id,
+                    if r.missing_roots.len() == 1 {
+                        "that root"
+                    } else {
+                        "those roots"
+                    }
+                ))
+            } else if !r.unjudged.is_empty() {
+                Some(format!(
+                    "{run} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
                     r.unjudged.join("; ")
-                ));
-                continue;
-            }
-            if let Some(busy) = &r.busy {
-                sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run",
-                    r.what(),
-                    r.execution_id,
-                    r.workflow_id
-                ));
-                continue;
-            }
-            if r.retry {
+                ))
+            } else if let Some(busy) = &r.busy {
+                Some(format!(
+                    "{run} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run"
+                ))
+            } else if r.retry {
                 // What stopped it may have come after some of the run was settled (its
                 // files undone, their lines unwritten): say only that it is not done.
-                sb.notices.push(format!(
-                    "the interrupted {} {} of workflow {} could not be settled now ({}); its record is kept, and its recovery runs again at the next start or the workflow's next run",
-                    r.what(),
-                    r.execution_id,
-                    r.workflow_id,
+                Some(format!(
+                    "{run} could not be settled now ({}); its record is kept, and its recovery runs again at the next start or the workflow's next run",
                     r.why.as_deref().unwrap_or("see the log")
-                ));
+                ))
+            } else {
+                None
+            };
+            if let Some(left) = left {
+                sb.notices.push(left);
                 continue;
             }
             sb.notices.push(if r.rollback {
