@@ -669,16 +669,16 @@ fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
     if let ailab_sandbox_core::Error::Io { cause, .. } = e
         && cause.kind() == std::io::ErrorKind::TimedOut
     {
-        let reason = format!(
-            "{e}: another process of the runtime held it (a long write, or a stopped or hung process)"
-        );
-        return error(
+        let r = Refusal::new(
+            ReasonCode::Conflict,
             format!(
-                "FAILED ({}): {}. Nothing was done.\nWhat to do instead: the runtime is busy, nothing is wrong: call this tool again in a moment.",
-                ReasonCode::Conflict,
-                render::clause(&reason)
+                "{e}: another process of the runtime held it (a long write, or a stopped or hung process)"
             ),
-            Some(serde_json::json!({"reason_code": ReasonCode::Conflict, "reason": reason})),
+        );
+        return failed(
+            &r,
+            ". Nothing was done",
+            "the runtime is busy, nothing is wrong: call this tool again in a moment.",
         );
     }
     internal_error(&e.to_string())
@@ -686,12 +686,17 @@ fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
 
 fn internal_error(what: &str) -> CallToolResult {
     let r = Refusal::new(ReasonCode::IoError, what.to_owned());
+    failed(&r, "", &render::what_to_do(r.reason_code, None))
+}
+
+/// `FAILED (<code>): <reason><tail>.` and what to do, for a call the runtime could not
+/// carry out (rather than one it refused).
+fn failed(r: &Refusal, tail: &str, advice: &str) -> CallToolResult {
     error(
         format!(
-            "FAILED ({}): {}.\nWhat to do instead: {}",
+            "FAILED ({}): {}{tail}.\nWhat to do instead: {advice}",
             r.reason_code,
             render::clause(&r.reason),
-            render::what_to_do(r.reason_code, None)
         ),
         Some(serde_json::json!({"reason_code": r.reason_code, "reason": r.reason})),
     )
