@@ -1,6 +1,7 @@
 //! Failure injection for crash-consistency tests. A [`FailPoints`] set belongs to one
-//! [`crate::Sandbox`]; production code only asks it whether a named point should fire,
-//! which is one uncontended lock when nothing is armed.
+//! [`crate::Sandbox`]; production code only asks it whether a named point should fire.
+//! Points can be armed only in a build with the `failpoints` feature (the tests'); in any
+//! other build nothing can arm them and asking costs nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,6 +35,7 @@ pub enum FailMode {
 /// Something another writer does at a point of the pipeline, to put a race in a test.
 pub type Interleave = Arc<dyn Fn() + Send + Sync>;
 
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 enum Armed {
     Fail(u32, FailMode),
     Call(Interleave),
@@ -58,21 +60,25 @@ impl std::fmt::Debug for FailPoints {
 
 impl FailPoints {
     /// Arms `point` to return an error on its `nth` hit from now (1 = the next one).
+    #[cfg(feature = "failpoints")]
     pub fn arm(&self, point: &str, nth: u32) {
         self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Error));
     }
 
     /// Arms `point` to crash on its `nth` hit from now.
+    #[cfg(feature = "failpoints")]
     pub fn arm_crash(&self, point: &str, nth: u32) {
         self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Crash));
     }
 
     /// Runs `f` at the next hit of `point`, then goes on as if nothing was armed: what
     /// another writer could do at that moment.
+    #[cfg(feature = "failpoints")]
     pub fn interleave(&self, point: &str, f: Interleave) {
         self.arm_with(point, Armed::Call(f));
     }
 
+    #[cfg(feature = "failpoints")]
     fn arm_with(&self, point: &str, armed: Armed) {
         if let Ok(mut m) = self.armed.lock() {
             m.insert(point.to_owned(), armed);
@@ -93,6 +99,9 @@ impl FailPoints {
 
     /// What `point` does now, if it fires (it then disarms).
     pub fn hit(&self, point: &str) -> Option<FailMode> {
+        if !cfg!(feature = "failpoints") {
+            return None;
+        }
         let call = {
             let mut m = self.armed.lock().ok()?;
             match m.get_mut(point)? {

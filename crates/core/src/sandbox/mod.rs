@@ -443,7 +443,9 @@ impl Sandbox {
         self.kernel_confinement.insert(report)
     }
 
-    /// Failure injection, for crash-consistency tests.
+    /// Failure injection, for crash-consistency tests (builds with the `failpoints`
+    /// feature only).
+    #[cfg(feature = "failpoints")]
     pub fn failpoints(&self) -> &crate::failpoint::FailPoints {
         &self.failpoints
     }
