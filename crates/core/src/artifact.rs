@@ -260,8 +260,7 @@ impl ArtifactRegistry {
         }
         let mut bytes = Vec::new();
         for e in entries {
-            serde_json::to_writer(&mut bytes, e).map_err(io::Error::other)?;
-            bytes.push(b'\n');
+            crate::journal::write_line(&mut bytes, e)?;
         }
         let mut g = self
             .inner

@@ -100,12 +100,50 @@ pub struct AuditRecord {
 }
 
 impl SandboxAuditEntry {
-    /// SHA-256 over the entry serialised without `entry_hash`.
+    /// SHA-256 over the entry's line as [`crate::journal::write_line`] writes it, without
+    /// `entry_hash` and the newline.
     pub fn compute_hash(&self) -> String {
+        self.hash_of(Form::Line)
+    }
+
+    fn hash_of(&self, form: Form) -> String {
         let mut copy = self.clone();
         copy.entry_hash = String::new();
-        let bytes = serde_json::to_vec(&copy).unwrap_or_default();
-        to_hex(&Sha256::digest(&bytes))
+        to_hex(&Sha256::digest(form.bytes(&copy)))
+    }
+
+    /// Whether `line` (without its newline) is exactly what the runtime writes for this
+    /// entry, and the entry's hash is right: in the current form, or in the form of
+    /// trails written before C1 controls and U+2028/U+2029 were escaped.
+    fn is_as_written(&self, line: &[u8]) -> bool {
+        [Form::Line, Form::Plain]
+            .into_iter()
+            .any(|form| form.bytes(self) == line && self.hash_of(form) == self.entry_hash)
+    }
+}
+
+/// How an entry is turned into the bytes of its line (newline left out).
+#[derive(Clone, Copy)]
+enum Form {
+    /// [`crate::journal::write_line`].
+    Line,
+    /// Plain compact `serde_json` (earlier trails).
+    Plain,
+}
+
+impl Form {
+    fn bytes(self, e: &SandboxAuditEntry) -> Vec<u8> {
+        let mut out = Vec::new();
+        let written = match self {
+            Form::Line => crate::journal::write_line(&mut out, e).map(|()| {
+                out.pop();
+            }),
+            Form::Plain => serde_json::to_writer(&mut out, e).map_err(io::Error::other),
+        };
+        if written.is_err() {
+            out.clear();
+        }
+        out
     }
 }
 
@@ -548,8 +586,7 @@ impl AuditLog {
                 };
                 e.entry_hash = e.compute_hash();
                 prev = e.entry_hash.clone();
-                serde_json::to_writer(&mut bytes, &e).map_err(io::Error::other)?;
-                bytes.push(b'\n');
+                crate::journal::write_line(&mut bytes, &e)?;
                 out.push(e);
             }
             let copy = moves_after_sync.then(|| bytes.clone());
@@ -1079,9 +1116,7 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
         }
         // The hash covers the entry's meaning; the line must also be the very bytes the
         // runtime wrote for it, so that no edit at all (spaces, key order, escapes) passes.
-        if e.compute_hash() != e.entry_hash
-            || serde_json::to_vec(&e).is_ok_and(|canonical| canonical != line)
-        {
+        if !e.is_as_written(line) {
             return bad(
                 n,
                 e.seq,

@@ -262,3 +262,65 @@ impl Cursor {
 pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
     buf.split(|&b| b == b'\n').filter(|l| !l.is_empty())
 }
+
+/// Appends `value` to `out` as one JSON line. Besides what JSON itself escapes, the C1
+/// control characters (U+0080–U+009F) and the Unicode line and paragraph separators
+/// (U+2028, U+2029) are written as `\uXXXX`: readers that split lines the Unicode way
+/// (`str.splitlines()` and the like) would otherwise see a payload holding one as two lines.
+pub fn write_line<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> io::Result<()> {
+    let mut ser = serde_json::Serializer::with_formatter(&mut *out, LineFormatter);
+    value.serialize(&mut ser).map_err(io::Error::other)?;
+    out.push(b'\n');
+    Ok(())
+}
+
+/// Compact JSON that escapes the characters [`write_line`] names.
+struct LineFormatter;
+
+fn breaks_lines(c: char) -> bool {
+    matches!(c, '\u{80}'..='\u{9f}' | '\u{2028}' | '\u{2029}')
+}
+
+impl serde_json::ser::Formatter for LineFormatter {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut rest = fragment;
+        while let Some((at, c)) = rest.char_indices().find(|&(_, c)| breaks_lines(c)) {
+            writer.write_all(&rest.as_bytes()[..at])?;
+            write!(writer, "\\u{:04x}", u32::from(c))?;
+            rest = &rest[at + c.len_utf8()..];
+        }
+        writer.write_all(rest.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::write_line;
+
+    fn line(s: &str) -> String {
+        let mut out = Vec::new();
+        assert!(write_line(&mut out, &serde_json::json!({ "s": s })).is_ok());
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    #[test]
+    fn unicode_line_breaks_and_c1_controls_are_escaped() {
+        let l = line("a\u{2028}b\u{85}c\u{2029}d\u{9f}\u{a0}é\n\"");
+        assert_eq!(
+            l,
+            "{\"s\":\"a\\u2028b\\u0085c\\u2029d\\u009f\u{a0}é\\n\\\"\"}\n"
+        );
+        assert_eq!(l.lines().count(), 1);
+        let back: serde_json::Value = serde_json::from_str(&l).unwrap_or_default();
+        assert_eq!(back["s"], "a\u{2028}b\u{85}c\u{2029}d\u{9f}\u{a0}é\n\"");
+    }
+
+    #[test]
+    fn ordinary_text_is_written_as_compact_json() {
+        assert_eq!(line("plain ü 日本"), "{\"s\":\"plain ü 日本\"}\n");
+    }
+}

@@ -89,8 +89,7 @@ impl Ledger {
     fn append(&mut self, lines: &[Line]) -> io::Result<()> {
         let mut bytes = Vec::new();
         for l in lines {
-            serde_json::to_writer(&mut bytes, l).map_err(io::Error::other)?;
-            bytes.push(b'\n');
+            crate::journal::write_line(&mut bytes, l)?;
         }
         let left = &mut self.left;
         let ((), pending) = self.journal.append_with(|new, _| {

@@ -870,3 +870,92 @@ fn after_a_failed_sync_a_log_writes_nothing_more() {
     assert_eq!(b.append(vec![rec(3)]).unwrap()[0].seq, 3);
     assert!(b.verify().unwrap().ok);
 }
+
+/// The characters that break a line for readers splitting lines the Unicode way.
+const UNICODE_BREAKS: [char; 4] = ['\u{85}', '\u{2028}', '\u{2029}', '\u{9b}'];
+
+fn unicode_break_world() -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    let sb = w.open(strict(&w));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_u", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "a\u{2028}b\u{2029}.txt", "content": "x"},
+        ]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_v", "actions": [
+            {"action_id": "a1", "intent": "x\u{85}y\u{9b}", "path": "c.txt", "content": "x"},
+        ]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    (w, sb)
+}
+
+/// SPEC §8: a payload can never forge a line, also for readers such as Python's
+/// `str.splitlines()`, which break lines at C1 controls and U+2028/U+2029 too.
+#[test]
+fn unicode_line_breaks_in_payloads_are_escaped_in_both_logs() {
+    let (w, sb) = unicode_break_world();
+    for name in ["sandbox_audit.jsonl", "artifacts.jsonl"] {
+        let text = std::fs::read_to_string(w.state.join(name)).unwrap();
+        assert!(
+            !text.contains(UNICODE_BREAKS),
+            "{name} holds a raw line break: {text:?}"
+        );
+        assert!(text.contains("a\\u2028b\\u2029.txt"), "{name}: {text}");
+    }
+    let audit = std::fs::read_to_string(audit_path(&w)).unwrap();
+    assert!(audit.contains("x\\u0085y\\u009b"), "{audit}");
+    let entries = sb.audit_log().list(100, Some("wf_u")).unwrap();
+    assert!(entries[0].target_path.ends_with("a\u{2028}b\u{2029}.txt"));
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+}
+
+/// A trail written before those characters were escaped (raw in its lines, hashed so)
+/// still verifies, and an edit to such a line is still caught.
+#[test]
+fn a_trail_holding_raw_unicode_line_breaks_still_verifies() {
+    use sha2::{Digest, Sha256};
+    let (w, sb) = unicode_break_world();
+    let hex = |b: &[u8]| -> String { b.iter().map(|x| format!("{x:02x}")).collect() };
+    let field = |line: &str, key: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        v[key].as_str().unwrap().to_owned()
+    };
+    let mut prev = "0".repeat(64);
+    let mut raw = Vec::new();
+    for line in lines(&w) {
+        let mut l = line
+            .replace(&field(&line, "prev_hash"), &prev)
+            .replace("\\u2028", "\u{2028}")
+            .replace("\\u2029", "\u{2029}")
+            .replace("\\u0085", "\u{85}")
+            .replace("\\u009b", "\u{9b}");
+        let hash_field = format!(",\"entry_hash\":\"{}\"", field(&l, "entry_hash"));
+        let unhashed = l.replace(&hash_field, "");
+        prev = hex(&Sha256::digest(unhashed.as_bytes()));
+        l = l.replace(&hash_field, &format!(",\"entry_hash\":\"{prev}\""));
+        raw.push(l);
+    }
+    assert!(raw.iter().any(|l| l.contains(UNICODE_BREAKS)));
+    write_lines(&w, &raw);
+    let seq = raw.len();
+    std::fs::write(
+        w.state.join("sandbox_audit.head.json"),
+        json!({"seq": seq, "entry_hash": prev}).to_string(),
+    )
+    .unwrap();
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    let edited: Vec<String> = raw
+        .iter()
+        .map(|l| l.replace("a\u{2028}b", "a\u{2029}b"))
+        .collect();
+    write_lines(&w, &edited);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok, "{v:?}");
+}
