@@ -258,8 +258,18 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
             "the plan was refused and nothing was written: action {}: {why}{more}",
             first.action_id
         ),
+        RunStatus::RolledBack
+            if r.actions
+                .iter()
+                .any(|a| a.status == ActionStatus::RolledBack) =>
+        {
+            format!(
+                "action {} failed: {why}; the run's earlier changes were rolled back",
+                first.action_id
+            )
+        }
         RunStatus::RolledBack => format!(
-            "action {} failed: {why}; the run's earlier changes were rolled back",
+            "action {} failed: {why}; the run had changed nothing else, so nothing of it remains",
             first.action_id
         ),
         _ => format!(

@@ -273,9 +273,9 @@ pub(crate) async fn run_plan(
     let retry_after = rate_limited_for(&result);
     if retry_after.is_some() {
         status = axum::http::StatusCode::TOO_MANY_REQUESTS;
-    } else if blocked_only_by(&result, ailab_sandbox_core::ReasonCode::IoError) {
-        // The server's storage failed (a full disk, say), not the plan: 422 would tell
-        // the client to change a plan that is fine.
+    } else if stopped_only_by(&result, ailab_sandbox_core::ReasonCode::IoError) {
+        // The server's storage failed (a full disk, say), not the plan: 422 or 409 would
+        // tell the client to change a plan that is fine, or that someone else got in the way.
         status = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
     }
     let (reason_code, reason) = match run_summary(&result) {
@@ -297,20 +297,23 @@ pub(crate) async fn run_plan(
     Ok(resp)
 }
 
-/// Whether a plan was refused, and every refusal has `code`.
-fn blocked_only_by(
+/// Whether a plan was refused or failed, and every refused or failed action has `code`.
+fn stopped_only_by(
     r: &ailab_sandbox_core::executor::RunResult,
     code: ailab_sandbox_core::ReasonCode,
 ) -> bool {
     use ailab_sandbox_core::executor::{ActionStatus, RunStatus};
-    let mut refused = r
+    let mut stopped = r
         .actions
         .iter()
-        .filter(|a| a.status == ActionStatus::Blocked && a.reason_code.is_some())
+        .filter(|a| {
+            matches!(a.status, ActionStatus::Blocked | ActionStatus::Failed)
+                && a.reason_code.is_some()
+        })
         .peekable();
-    r.status == RunStatus::Blocked
-        && refused.peek().is_some()
-        && refused.all(|a| a.reason_code == Some(code))
+    !matches!(r.status, RunStatus::Success | RunStatus::SimulatedSuccess)
+        && stopped.peek().is_some()
+        && stopped.all(|a| a.reason_code == Some(code))
 }
 
 /// When a plan was refused only by the rate limit: the seconds until all its refused

@@ -132,6 +132,70 @@ async fn a_plan_refused_by_the_servers_storage_is_500() {
     assert!(!e.root.join("a.txt").exists());
 }
 
+/// A write that fails on the server's storage (a full disk, say) is 500 too, whether it
+/// was the run's first change or earlier ones had to be rolled back: the plan is fine and
+/// nobody else got in the way, which 409 would say.
+#[tokio::test]
+async fn a_write_failing_on_the_servers_storage_is_500() {
+    let e = writable();
+    std::fs::write(e.root.join("keep.txt"), "original").unwrap();
+    e.sandbox.failpoints().arm("before_mutate", 1);
+    let plan = json!({"workflow_id": "wf_io1", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "a"}]});
+    let v = post_json(&e.app, "/agentic/plans", &plan)
+        .await
+        .assert_error(StatusCode::INTERNAL_SERVER_ERROR, "io_error");
+    assert_eq!(v["actions"][0]["status"], "failed");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("changed nothing else") && !reason.contains("earlier changes"),
+        "{reason}"
+    );
+    assert!(!e.root.join("a.txt").exists());
+
+    e.sandbox.failpoints().arm("before_mutate", 2);
+    let plan = json!({"workflow_id": "wf_io2", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "keep.txt", "content": "changed"},
+        {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "b"}]});
+    let v = post_json(&e.app, "/agentic/plans", &plan)
+        .await
+        .assert_error(StatusCode::INTERNAL_SERVER_ERROR, "io_error");
+    assert_eq!(v["status"], "rolled_back");
+    assert_eq!(v["actions"][0]["status"], "rolled_back");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("earlier changes were rolled back"),
+        "{reason}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(e.root.join("keep.txt")).unwrap(),
+        "original"
+    );
+    assert!(!e.root.join("b.txt").exists());
+}
+
+/// A write that fails because someone else got in the way is 409.
+#[tokio::test]
+async fn a_write_beaten_by_another_writer_is_409() {
+    let e = writable();
+    let racer = e.root.join("race.txt");
+    e.sandbox.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || std::fs::write(&racer, "theirs").unwrap()),
+    );
+    let plan = json!({"workflow_id": "wf_race", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "race.txt", "content": "ours"}]});
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["actions"][0]["status"], "failed");
+    assert_ne!(v["reason_code"], "io_error");
+    assert_eq!(
+        std::fs::read_to_string(e.root.join("race.txt")).unwrap(),
+        "theirs"
+    );
+}
+
 #[tokio::test]
 async fn blocked_extension_and_forbidden_intent_are_422() {
     let e = writable();
