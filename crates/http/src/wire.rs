@@ -42,9 +42,15 @@ pub struct RollbackRequest {
     /// Restore even over files changed since the workflow wrote them.
     #[serde(default)]
     pub force: bool,
-    /// Roll back only this action.
-    #[serde(default)]
+    /// Roll back only this action. Left out, the whole workflow; `null` is refused (like
+    /// a `null` force), since a client meaning one action and sending an unset variable
+    /// would otherwise undo them all.
+    #[serde(default, deserialize_with = "some_string")]
     pub action_id: Option<String>,
+}
+
+fn some_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
 }
 
 /// `GET /agentic/artifacts/{id}`.

@@ -176,6 +176,9 @@ async fn bad_rollback_bodies_are_400() {
         "[]",
         "true",
         "{\"action_id\": 5}",
+        // An unset variable must not widen a one-action rollback to the whole workflow.
+        "{\"action_id\": null}",
+        "{\"force\": null}",
     ] {
         post(&e.app, "/agentic/rollback/wf_x", body)
             .await
