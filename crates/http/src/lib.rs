@@ -103,13 +103,17 @@ pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 /// holding room could wait for each other until their deadline.
 pub const BODIES_IN_FLIGHT: usize = 4;
 
-/// The unit in which room for bodies is counted.
-const ROOM_UNIT: usize = 1024;
+/// Room for bodies is counted in units of this fraction of the body limit (at least a
+/// byte): a request is charged at most one unit more than it has sent, so however small
+/// the limit, clients that have sent a byte each cannot fill the room for everyone.
+const ROOM_UNITS_PER_BODY: usize = 1024;
 
 /// Room for request bodies (see [`BODIES_IN_FLIGHT`]).
 #[derive(Clone)]
 struct BodyRoom {
     units: Arc<tokio::sync::Semaphore>,
+    /// Bytes per unit.
+    unit: usize,
     /// The body limit: no request is charged more (beyond it the limit layer answers
     /// 413).
     limit: usize,
@@ -183,7 +187,7 @@ async fn body_room(
                     Err(e) => return Some((Err(e), (stream, charged, true))),
                 };
                 let now = (charged + chunk.len()).min(room.limit);
-                let more = now.div_ceil(ROOM_UNIT) - charged.div_ceil(ROOM_UNIT);
+                let more = now.div_ceil(room.unit) - charged.div_ceil(room.unit);
                 if more == 0 {
                     return Some((Ok(chunk), (stream, now, false)));
                 }
@@ -218,13 +222,16 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         body_limit: body_limit_bytes,
     };
     let guard = guard::Guard::new(token.as_deref());
+    let limit = body_limit_bytes.max(1);
+    let unit = (limit / ROOM_UNITS_PER_BODY).max(1);
     let room = BodyRoom {
         units: Arc::new(tokio::sync::Semaphore::new(
-            (BODIES_IN_FLIGHT * body_limit_bytes.max(1))
-                .div_ceil(ROOM_UNIT)
+            (BODIES_IN_FLIGHT * limit)
+                .div_ceil(unit)
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
         )),
-        limit: body_limit_bytes.max(1),
+        unit,
+        limit,
     };
     // On each method's handler, not the route: a method the route lacks stays 405.
     let no_query = || middleware::from_fn(routes::no_query);

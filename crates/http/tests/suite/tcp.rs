@@ -583,7 +583,7 @@ async fn request_bodies_in_flight_are_bounded() {
         drop(trickle);
 
         // A body that holds room and finds no more is answered at once, not held. The
-        // room is 4 × 4 KiB, in 1 KiB units: 2 for this body, 3 × 4 + 2 for the others.
+        // room is 4 × 4 KiB: 2 KiB for this body, 3 × 4 KiB + 2 KiB for the others.
         let mut filling = TcpStream::connect(addr).unwrap();
         filling.write_all(post(4096, &" ".repeat(2048)).as_bytes()).unwrap();
         std::thread::sleep(Duration::from_millis(100));
@@ -627,6 +627,46 @@ async fn request_bodies_in_flight_are_bounded() {
         assert_eq!(status, 200, "{body}");
         assert!(root.join("b.md").exists());
         drop(full);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+/// However small the body limit, clients that have sent a byte of their bodies each do
+/// not fill the room for bodies: room is counted in fractions of the limit, not in
+/// kilobytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_clients_do_not_fill_the_room_under_a_tiny_body_limit() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 1024,
+        ..Opts::default()
+    });
+    let server = Server::start(e.app.clone()).await;
+    let (addr, root) = (server.addr, e.root.clone());
+    tokio::task::spawn_blocking(move || {
+        let post = |len: usize, body: &str| {
+            format!(
+                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+            )
+        };
+        let trickle: Vec<TcpStream> = (0..4 * ailab_sandbox_http::BODIES_IN_FLIGHT)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(post(1000, " ").as_bytes()).unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let plan = r#"{"actions":[{"intent":"create_file","path":"t.md","content":"x"}]}"#;
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(post(plan.len(), plan).as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, body) = read_one(&mut BufReader::new(s));
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("t.md").exists());
+        drop(trickle);
     })
     .await
     .unwrap();
