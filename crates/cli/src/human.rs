@@ -100,7 +100,7 @@ pub fn run_result(r: &RunResult) {
         "workflow {}  execution {}  status {}  state {}{}",
         r.workflow_id,
         r.execution_id,
-        paint(&status, r.is_success()),
+        paint(&status, r.is_success() || r.is_simulated()),
         r.state,
         match r.dry_run_reason {
             Some(d) if r.simulation_only => format!(

@@ -550,7 +550,7 @@ fn run(cli: Cli) -> Result<u8> {
                     } else {
                         human::run_result(&result);
                     }
-                    Ok(if result.is_success() {
+                    Ok(if result.is_success() || result.is_simulated() {
                         EXIT_OK
                     } else {
                         EXIT_REFUSED

@@ -99,12 +99,17 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    /// Whether the run succeeded (really or in simulation).
+    /// Whether the run wrote everything it was asked to (not a simulation: see
+    /// [`RunResult::is_simulated`]), as [`crate::sandbox::RollbackReport::is_success`]
+    /// means a rollback that restored.
     pub fn is_success(&self) -> bool {
-        matches!(
-            self.status,
-            RunStatus::Success | RunStatus::SimulatedSuccess
-        )
+        self.status == RunStatus::Success
+    }
+
+    /// Whether the run only said what it would write, and would have succeeded (writes
+    /// off or dry-run on).
+    pub fn is_simulated(&self) -> bool {
+        self.status == RunStatus::SimulatedSuccess
     }
 }
 

@@ -19,6 +19,8 @@ fn default_config_only_simulates() {
     let r = run(&sb, three_actions());
     assert_eq!(status(&r), "simulated_success");
     assert!(r.simulation_only);
+    // A library caller asking whether it wrote is told no (as for a simulated rollback).
+    assert!(!r.is_success() && r.is_simulated());
     assert_eq!(
         serde_json::to_value(r.dry_run_reason).unwrap(),
         json!("sandbox_disabled")
