@@ -259,6 +259,8 @@ impl Sandbox {
                 }),
             Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
             Ok(TargetKind::Missing) => (TargetState::Missing, Put::New),
+            // A folder on the way is not a folder (a file, a FIFO): nothing can be there.
+            Err(r) if r.reason_code == ReasonCode::NotFound => (TargetState::Missing, Put::New),
             Err(_) => (TargetState::Unreadable, Put::Any),
         }
     }

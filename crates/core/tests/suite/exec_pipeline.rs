@@ -980,6 +980,47 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
     );
 }
 
+/// A folder swapped for something that is not a folder while a create runs: the create
+/// fails having written nothing, and its undo sees nothing there (nothing can be beneath a
+/// non-folder), so the run is rolled back, not left `failed` with "the change may still
+/// be in place". (`batched` has opened the folder when it stages the write, before this
+/// point, and writes into it wherever it was moved.)
+#[test]
+fn a_create_whose_folder_became_a_file_meanwhile_is_rolled_back_cleanly() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict] {
+        let w = World::new();
+        w.write("p/keep.txt", b"k");
+        let mut config = w.writable_config();
+        config.durability = durability;
+        let sb = w.open(config);
+        let (p, kept) = (w.path("p"), w.path("p.keep"));
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || {
+                std::fs::rename(&p, &kept).unwrap();
+                std::fs::write(&p, b"not a folder").unwrap();
+            }),
+        );
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_swap", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "rolled_back", "{durability:?} {r:?}");
+        assert_eq!(action_status(&r, 0), "failed", "{durability:?}");
+        let reason = r.actions[0].reason.clone().unwrap_or_default();
+        assert!(
+            !reason.contains("may still be in place"),
+            "{durability:?}: {reason}"
+        );
+        assert_eq!(w.read("p"), b"not a folder");
+        assert_eq!(w.read("p.keep/keep.txt"), b"k");
+        assert!(!w.path("p.keep/c.md").exists());
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
 /// Another program that changes a file while an action rewrites it (a line appended to
 /// a log between the action's read and its rename) keeps its change: the action fails
 /// with `conflict` and leaves the file as that program made it, in every durability
