@@ -22,6 +22,11 @@ pub const MAX_EDITS_PER_PLAN: usize = 256;
 /// file (2 MiB), and a plan holds two such actions.
 pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
 
+/// Deepest nesting of arrays and objects in an action's `data`. A JSON plan never gets
+/// near it (the parser stops at 128 levels counting the plan's own); a `Plan` built in
+/// Rust is held to it so that rendering, which recurses, cannot run out of stack.
+pub const MAX_DATA_DEPTH: usize = 128;
+
 /// What to do when an action fails mid-run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -529,6 +534,29 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     Ok(plan)
 }
 
+/// How many values `v` holds (itself included) and how deep its arrays and objects nest,
+/// walked without recursion (the data may be deeper than the stack allows).
+fn data_shape(v: &serde_json::Value) -> (usize, usize) {
+    use serde_json::Value;
+    let (mut values, mut deepest) = (0, 0);
+    let mut todo = vec![(v, 0usize)];
+    while let Some((v, depth)) = todo.pop() {
+        values += 1;
+        match v {
+            Value::Array(items) => {
+                deepest = deepest.max(depth + 1);
+                todo.extend(items.iter().map(|i| (i, depth + 1)));
+            }
+            Value::Object(map) => {
+                deepest = deepest.max(depth + 1);
+                todo.extend(map.values().map(|i| (i, depth + 1)));
+            }
+            _ => {}
+        }
+    }
+    (values, deepest)
+}
+
 fn has_float(v: &serde_json::Value) -> bool {
     use serde_json::Value;
     match v {
@@ -677,6 +705,28 @@ impl Plan {
                 ReasonCode::InvalidPlan,
                 format!(
                     "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans"
+                ),
+            ));
+        }
+        // Counted while parsing JSON; a `Plan` built in Rust is counted here.
+        let mut values = 0;
+        for d in self.actions.iter().filter_map(|a| a.data.as_ref()) {
+            let (n, depth) = data_shape(d);
+            values += n;
+            if depth > MAX_DATA_DEPTH {
+                return Err(Refusal::new(
+                    ReasonCode::InvalidPlan,
+                    format!(
+                        "an action's data nests arrays and objects {depth} levels deep; at most {MAX_DATA_DEPTH} are allowed: flatten the data"
+                    ),
+                ));
+            }
+        }
+        if values > MAX_DATA_VALUES_PER_PLAN {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "the plan's data holds {values} values in all; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
                 ),
             ));
         }
@@ -1173,6 +1223,50 @@ mod tests {
             "{}",
             why.reason
         );
+    }
+
+    fn nested(depth: usize) -> serde_json::Value {
+        let mut v = serde_json::json!(1);
+        for _ in 0..depth {
+            v = serde_json::json!([v]);
+        }
+        v
+    }
+
+    /// A `Plan` built in Rust is held to the nesting and size limits a JSON plan meets
+    /// while it is parsed, and the deepest data a JSON plan can carry passes both.
+    #[test]
+    fn data_built_in_rust_is_held_to_the_limits_of_json_plans() {
+        let plan = |data: serde_json::Value| Plan {
+            actions: vec![Action {
+                intent: "write_json".to_owned(),
+                path: "d.json".to_owned(),
+                data: Some(data),
+                ..Action::default()
+            }],
+            ..Plan::default()
+        };
+        let deepest_json = (1..200)
+            .take_while(|&d| {
+                let text = format!(
+                    r#"{{"actions": [{{"intent": "write_json", "path": "d.json", "data": {}1{}}}]}}"#,
+                    "[".repeat(d),
+                    "]".repeat(d)
+                );
+                parse_plan(text.as_bytes()).is_ok()
+            })
+            .last()
+            .unwrap_or(0);
+        assert!(deepest_json > 100, "{deepest_json}");
+        assert!(plan(nested(deepest_json)).validate().is_ok());
+        assert!(plan(nested(MAX_DATA_DEPTH)).validate().is_ok());
+        let why = plan(nested(MAX_DATA_DEPTH + 1)).validate().unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(why.reason.contains("129 levels deep"), "{}", why.reason);
+        let wide = serde_json::Value::Array(vec![serde_json::json!(0); MAX_DATA_VALUES_PER_PLAN]);
+        let why = plan(wide).validate().unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(why.reason.contains("2097153 values"), "{}", why.reason);
     }
 
     /// A lone surrogate escape is explained, whatever the parser called it.
