@@ -253,27 +253,22 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
         1 => String::new(),
         n => format!(" (and {} more refused)", n - 1),
     };
+    let any = |s: ActionStatus| r.actions.iter().any(|a| a.status == s);
     let reason = match r.status {
         RunStatus::Blocked => format!(
             "the plan was refused and nothing was written: action {}: {why}{more}",
             first.action_id
         ),
-        RunStatus::RolledBack
-            if r.actions
-                .iter()
-                .any(|a| a.status == ActionStatus::RolledBack) =>
-        {
-            format!(
-                "action {} failed: {why}; the run's earlier changes were rolled back",
-                first.action_id
-            )
-        }
-        RunStatus::RolledBack => format!(
-            "action {} failed: {why}; the run had changed nothing else, so nothing of it remains",
+        _ if any(ActionStatus::Success) => format!(
+            "action {} failed: {why}; the run's earlier writes remain (see each action): roll the workflow back to undo them",
+            first.action_id
+        ),
+        _ if any(ActionStatus::RolledBack) => format!(
+            "action {} failed: {why}; the run's earlier changes were rolled back",
             first.action_id
         ),
         _ => format!(
-            "action {} failed: {why}; the workflow ended failed and can be rolled back",
+            "action {} failed: {why}; the run had changed nothing else, so nothing of it remains",
             first.action_id
         ),
     };
@@ -413,6 +408,23 @@ mod tests {
             run_summary(&failed).unwrap_or((ReasonCode::PathTraversal, String::new()));
         assert_eq!(code, ReasonCode::IoError);
         assert!(reason.contains("rolled back"), "{reason}");
+        // on_failure "stop": what the run wrote before stays, or there is nothing.
+        for (earlier, says) in [
+            (vec![action("a1", ActionStatus::Success, None)], "remain"),
+            (Vec::new(), "nothing of it remains"),
+        ] {
+            let mut actions = earlier;
+            actions.push(action(
+                "a2",
+                ActionStatus::Failed,
+                Some(ReasonCode::IoError),
+            ));
+            actions.push(action("a3", ActionStatus::Skipped, None));
+            let (_, reason) = run_summary(&run(RunStatus::Failed, actions))
+                .unwrap_or((ReasonCode::PathTraversal, String::new()));
+            assert!(reason.contains(says), "{reason}");
+            assert!(!reason.contains("can be rolled back"), "{reason}");
+        }
     }
 
     #[test]

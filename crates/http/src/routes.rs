@@ -297,23 +297,17 @@ pub(crate) async fn run_plan(
     Ok(resp)
 }
 
-/// Whether a plan was refused or failed, and every refused or failed action has `code`.
+/// Whether a plan was refused or failed, and every action with a reason (refused,
+/// failed, or a write its rollback could not undo) has `code`.
 fn stopped_only_by(
     r: &ailab_sandbox_core::executor::RunResult,
     code: ailab_sandbox_core::ReasonCode,
 ) -> bool {
-    use ailab_sandbox_core::executor::{ActionStatus, RunStatus};
-    let mut stopped = r
-        .actions
-        .iter()
-        .filter(|a| {
-            matches!(a.status, ActionStatus::Blocked | ActionStatus::Failed)
-                && a.reason_code.is_some()
-        })
-        .peekable();
+    use ailab_sandbox_core::executor::RunStatus;
+    let mut reasons = r.actions.iter().filter_map(|a| a.reason_code).peekable();
     !matches!(r.status, RunStatus::Success | RunStatus::SimulatedSuccess)
-        && stopped.peek().is_some()
-        && stopped.all(|a| a.reason_code == Some(code))
+        && reasons.peek().is_some()
+        && reasons.all(|c| c == code)
 }
 
 /// When a plan was refused only by the rate limit: the seconds until all its refused

@@ -174,6 +174,30 @@ async fn a_write_failing_on_the_servers_storage_is_500() {
     assert!(!e.root.join("b.txt").exists());
 }
 
+/// A storage failure whose plan rollback then meets another writer's change (an
+/// earlier write left in place, `conflict`) is 409: someone else got in the way.
+#[tokio::test]
+async fn a_storage_failure_that_leaves_a_conflict_is_409() {
+    let e = writable();
+    let x = e.root.join("x.txt");
+    std::fs::write(&x, "original").unwrap();
+    let racer = x.clone();
+    e.sandbox.failpoints().interleave(
+        "before_audit",
+        std::sync::Arc::new(move || std::fs::write(&racer, "theirs").unwrap()),
+    );
+    e.sandbox.failpoints().arm("before_mutate", 2);
+    let plan = json!({"workflow_id": "wf_mixed", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "x.txt", "content": "ours"},
+        {"action_id": "a2", "intent": "create_file", "path": "y.txt", "content": "y"}]});
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["actions"][0]["reason_code"], "conflict", "{v}");
+    assert_eq!(v["actions"][1]["reason_code"], "io_error", "{v}");
+    assert_eq!(std::fs::read_to_string(&x).unwrap(), "theirs");
+}
+
 /// A write that fails because someone else got in the way is 409.
 #[tokio::test]
 async fn a_write_beaten_by_another_writer_is_409() {
