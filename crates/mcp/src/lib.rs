@@ -83,6 +83,8 @@ pub struct SandboxMcp {
     tools: Arc<[ToolSpec]>,
     /// Shared by the clones of one session: see [`MAX_CONCURRENT_CALLS`].
     calls: Arc<tokio::sync::Semaphore>,
+    /// The calls the session's input pump passed on, and how far they got.
+    flow: Arc<screen::Flow>,
 }
 
 tokio::task_local! {
@@ -118,6 +120,7 @@ impl SandboxMcp {
             workflow_id: workflow_id.into().into(),
             tools,
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
+            flow: Arc::default(),
         }
     }
 
@@ -726,6 +729,7 @@ impl ServerHandler for SandboxMcp {
             .as_ref()
             .and_then(|m| screen::refusal_in(&m.0.0))
             .or_else(|| screen::refusal_in(&context.meta.0.0));
+        let _serving = self.flow.serve();
         let call = self.call_noted(&request.name, request.arguments, refused);
         Ok(CANCELLED.scope(context.ct.clone(), call).await.into())
     }
@@ -751,7 +755,8 @@ where
     // The messages' text passes through `screen::pump` on its way to rmcp, which sees
     // only parsed values (see `screen`).
     let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES));
+    let flow = Arc::clone(&server.flow);
+    tokio::spawn(async move { screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES, &flow).await });
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
     // 16 MiB would drop such calls without an answer. It counts the newline, and must

@@ -20,6 +20,12 @@
 //! rmcp also ends a session at a notification or response that comes before
 //! `initialize` (other requests it answers); notifications and responses are never
 //! answered, so the pump drops those sent before `initialize`.
+//!
+//! rmcp reads every message as soon as it can and holds each call, arguments and all,
+//! until the handler has served it; at the end of its input it gives the calls still
+//! running 5 s, then cancels them. So the pump paces itself by [`Flow`]: it reads no
+//! further while [`MAX_QUEUED_CALLS`] calls it passed on are unanswered, and at the end of
+//! the client's input closes rmcp's only once every call it passed on has been answered.
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
@@ -27,7 +33,108 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Most tool calls passed on to rmcp and not yet answered: twice those that run at once
+/// ([`crate::MAX_CONCURRENT_CALLS`]), so that the next ones are ready when a call ends
+/// while a burst of calls holds at most this many arguments in memory.
+pub(crate) const MAX_QUEUED_CALLS: u64 = 2 * crate::MAX_CONCURRENT_CALLS as u64;
+
+/// How long a call passed on may go unseen by the handler, while none runs, before the
+/// pump takes it that rmcp answered it itself (a call it cannot read, such as one whose
+/// `name` is not a string, never reaches the handler).
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Tool calls the pump passed on to rmcp, and those the handler began and finished.
+#[derive(Debug)]
+pub(crate) struct Flow {
+    count: Mutex<Count>,
+    changed: tokio::sync::Notify,
+    settle: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Count {
+    passed: u64,
+    entered: u64,
+    finished: u64,
+    /// When any of them last moved.
+    moved: Option<Instant>,
+}
+
+impl Default for Flow {
+    fn default() -> Self {
+        Self::settling_in(SETTLE)
+    }
+}
+
+/// A call the handler is serving; finished when dropped (also when rmcp drops the call).
+pub(crate) struct Serving(Arc<Flow>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.0.note(|c| c.finished += 1);
+    }
+}
+
+impl Flow {
+    fn settling_in(settle: Duration) -> Self {
+        Self {
+            count: Mutex::new(Count::default()),
+            changed: tokio::sync::Notify::new(),
+            settle,
+        }
+    }
+
+    fn note(&self, change: impl FnOnce(&mut Count)) {
+        {
+            let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+            change(&mut c);
+            c.moved = Some(Instant::now());
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The handler begins a call.
+    pub(crate) fn serve(self: &Arc<Self>) -> Serving {
+        self.note(|c| c.entered += 1);
+        Serving(Arc::clone(self))
+    }
+
+    /// Returns once fewer than `most` calls passed on are unanswered.
+    async fn below(&self, most: u64) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+                // The handler may also serve calls that did not come through the pump.
+                if c.passed.saturating_sub(c.finished) < most {
+                    return;
+                }
+                if c.entered <= c.finished && c.moved.is_none_or(|t| t.elapsed() >= self.settle) {
+                    // Nothing runs and nothing moved: the calls not begun never will be.
+                    c.passed = c.entered;
+                    continue;
+                }
+            }
+            let _ = tokio::time::timeout(self.settle, changed).await;
+        }
+    }
+}
+
+/// Whether `message` is a call the handler will be asked to serve (or rmcp answers).
+fn is_call(message: &[u8]) -> bool {
+    pick(message, ["method", "id"]).is_some_and(|[method, id]| {
+        id.is_some()
+            && method.is_some_and(|m| {
+                serde_json::from_str::<String>(m.get()).is_ok_and(|m| m == "tools/call")
+            })
+    })
+}
 
 /// The `params._meta` key carrying the refusal of a call whose text failed the screen.
 pub(crate) const REFUSED_META_KEY: &str = "ailab-sandbox/refused";
@@ -272,7 +379,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// newline is passed on with one, so that rmcp reads it. rmcp must take lines of
 /// `max_line` + [`MAX_GROWTH`] bytes and a newline. Ends at the end of `reader`, a read
 /// error, or when `out` is closed.
-pub(crate) async fn pump<R, W>(mut reader: R, mut out: W, max_line: usize)
+pub(crate) async fn pump<R, W>(mut reader: R, mut out: W, max_line: usize, flow: &Flow)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -302,7 +409,8 @@ where
             if newline.is_none() {
                 break;
             }
-            if !pass(&mut out, &line, too_long, max_line, &mut started).await {
+            flow.below(MAX_QUEUED_CALLS).await;
+            if !pass(&mut out, &line, too_long, max_line, &mut started, flow).await {
                 return;
             }
             line.clear();
@@ -311,10 +419,12 @@ where
         }
     }
     if (too_long || !line.is_empty())
-        && !pass(&mut out, &line, too_long, max_line, &mut started).await
+        && !pass(&mut out, &line, too_long, max_line, &mut started, flow).await
     {
         return;
     }
+    // Every call answered before rmcp hears that the input ended.
+    flow.below(1).await;
     let _ = out.shutdown().await;
 }
 
@@ -325,6 +435,7 @@ async fn pass<W: AsyncWrite + Unpin>(
     too_long: bool,
     max_line: usize,
     started: &mut bool,
+    flow: &Flow,
 ) -> bool {
     let line = line.strip_prefix(BOM).unwrap_or(line);
     let message = line.strip_suffix(b"\r").unwrap_or(line);
@@ -332,12 +443,21 @@ async fn pass<W: AsyncWrite + Unpin>(
         tracing::warn!(max_line, "a message longer than the limit, dropped");
         return true;
     }
-    let written = match screen(line, started) {
+    let (message, call) = match screen(line, started) {
         Pass::Drop => return true,
-        Pass::Line => out.write_all(line).await,
-        Pass::Instead(message) => out.write_all(&message).await,
+        Pass::Line => (std::borrow::Cow::Borrowed(line), *started && is_call(line)),
+        Pass::Instead(m) => {
+            let call = *started && is_call(&m);
+            (std::borrow::Cow::Owned(m), call)
+        }
     };
-    written.is_ok() && out.write_all(b"\n").await.is_ok()
+    if out.write_all(&message).await.is_err() || out.write_all(b"\n").await.is_err() {
+        return false;
+    }
+    if call {
+        flow.note(|c| c.passed += 1);
+    }
+    true
 }
 
 #[cfg(test)]
@@ -357,7 +477,13 @@ mod tests {
 
     async fn pumped(input: &str, max_line: usize) -> Vec<String> {
         let mut out = Vec::new();
-        pump(input.as_bytes(), &mut out, max_line).await;
+        pump(
+            input.as_bytes(),
+            &mut out,
+            max_line,
+            &Flow::settling_in(Duration::ZERO),
+        )
+        .await;
         String::from_utf8(out)
             .unwrap()
             .split('\n')

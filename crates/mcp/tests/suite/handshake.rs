@@ -146,3 +146,118 @@ async fn notifications_before_initialize_do_not_end_the_session() {
     );
     s.finish().await;
 }
+
+/// Holds the workflow lock of `wf` as another process of the runtime would, until the
+/// returned file is dropped.
+fn hold_workflow_lock(s: &RawSession, wf: &str) -> std::fs::File {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(s.state.join(format!("locks/wf-{wf}.lock")))
+        .unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    lock
+}
+
+fn slow_call(id: usize, bytes: usize) -> String {
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": "create_file",
+        "arguments": {"path": format!("f{id}.txt"), "content": "x".repeat(bytes), "workflow_id": "wf_slow"}}})
+    .to_string()
+}
+
+/// A client that sends its calls and closes its end gets every answer, however long the
+/// calls wait (here on a workflow lock another process holds past the 5 s rmcp gives
+/// calls still running when its input ends): more calls than run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_before_the_input_closes_are_all_answered() {
+    use tokio::io::AsyncWriteExt;
+    let mut s = RawSession::start(Mode::Write).await;
+    let lock = hold_workflow_lock(&s, "wf_slow");
+    let calls = ailab_sandbox_mcp::MAX_CONCURRENT_CALLS + 2;
+    for id in 1..=calls {
+        s.send(&slow_call(id, 10)).await;
+    }
+    s.input.shutdown().await.unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(6500));
+        drop(lock);
+    });
+    let mut ids = Vec::new();
+    for _ in 0..calls {
+        let a = s.answer().await;
+        assert_eq!(a["result"]["isError"], false, "{a}");
+        ids.push(a["id"].as_u64().unwrap());
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=calls as u64).collect::<Vec<_>>());
+    for id in 1..=calls {
+        assert!(s.root.join(format!("f{id}.txt")).exists());
+    }
+    release.join().unwrap();
+    s.finish().await;
+}
+
+/// While calls wait, the session reads no further than a bounded queue of calls: their
+/// arguments are not all held in memory at once, and the client's writes wait instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_waiting_calls_is_not_read_all_at_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let mut s = RawSession::start(Mode::Write).await;
+    let lock = hold_workflow_lock(&s, "wf_slow");
+    // 90 calls of 32 KiB (within the workflow's budget of 100 artifacts): far more than
+    // the pipes between the client and rmcp and the queue of calls hold.
+    let calls = 90;
+    let burst: String = (1..=calls)
+        .map(|id| slow_call(id, 32 << 10) + "\n")
+        .collect();
+    let all_sent = AtomicBool::new(false);
+    let RawSession { input, answers, .. } = &mut s;
+    let send = async {
+        input.write_all(burst.as_bytes()).await.unwrap();
+        all_sent.store(true, Ordering::SeqCst);
+    };
+    let serve = async {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert!(
+            !all_sent.load(Ordering::SeqCst),
+            "the whole burst was read while its calls waited"
+        );
+        drop(lock);
+        for _ in 0..calls {
+            let line =
+                tokio::time::timeout(std::time::Duration::from_secs(30), answers.next_line())
+                    .await
+                    .expect("the server answers")
+                    .unwrap()
+                    .expect("the session is open");
+            let a: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(a["result"]["isError"], false, "{a}");
+        }
+    };
+    tokio::join!(send, serve);
+    assert!(all_sent.load(Ordering::SeqCst));
+    s.finish().await;
+}
+
+/// A call rmcp answers itself (its `name` is not a string) never reaches the handler: the
+/// session does not wait for it for good, neither for more input nor at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_the_handler_never_sees_do_not_hold_the_session() {
+    use tokio::io::AsyncWriteExt;
+    let mut s = RawSession::start(Mode::Write).await;
+    for id in 1..=ailab_sandbox_mcp::MAX_CONCURRENT_CALLS * 3 {
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":5}}}}"#
+        ))
+        .await;
+        assert!(s.answer().await.get("error").is_some());
+    }
+    s.send(&slow_call(100, 1)).await;
+    let a = s.answer().await;
+    assert_eq!(a["id"], 100, "{a}");
+    s.input.shutdown().await.unwrap();
+    s.finish().await;
+}

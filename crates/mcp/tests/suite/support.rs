@@ -160,6 +160,7 @@ pub struct RawSession {
     pub answers:
         tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
     pub root: PathBuf,
+    pub state: PathBuf,
     served: JoinHandle<Result<(), McpError>>,
     _dirs: [tempfile::TempDir; 2],
 }
@@ -172,6 +173,7 @@ impl RawSession {
     pub fn connect(mode: Mode) -> Self {
         use tokio::io::AsyncBufReadExt;
         let (sandbox, root, dirs) = open_sandbox(mode);
+        let state = sandbox.state_dir().to_path_buf();
         let (client_io, server_io) = tokio::io::duplex(1 << 16);
         let (r, w) = tokio::io::split(server_io);
         let served = tokio::spawn(serve_io(SandboxMcp::new(sandbox), r, w));
@@ -180,6 +182,7 @@ impl RawSession {
             input,
             answers: tokio::io::BufReader::new(cr).lines(),
             root,
+            state,
             served,
             _dirs: dirs,
         }
