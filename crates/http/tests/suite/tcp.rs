@@ -522,6 +522,13 @@ fn run_reports_a_busy_port() {
 }
 
 /// A writing server whose body limit is 4 KiB, with its environment.
+/// A `POST /agentic/plans` declaring a body of `len` bytes and sending `body`.
+fn plan_post(addr: std::net::SocketAddr, len: usize, body: &str) -> String {
+    format!(
+        "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+    )
+}
+
 async fn small_bodies() -> (Env, Server) {
     let e = env_with(Opts {
         write: true,
@@ -541,11 +548,7 @@ async fn request_bodies_in_flight_are_bounded() {
     let (e, server) = small_bodies().await;
     let (addr, root) = (server.addr, e.root.clone());
     tokio::task::spawn_blocking(move || {
-        let post = |len: usize, body: &str| {
-            format!(
-                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
-            )
-        };
+        let post = |len: usize, body: &str| plan_post(addr, len, body);
         let stall = |n: usize, sent: &str| -> Vec<TcpStream> {
             (0..n)
                 .map(|_| {
@@ -646,11 +649,7 @@ async fn trickling_clients_do_not_fill_the_room_under_a_tiny_body_limit() {
     let server = Server::start(e.app.clone()).await;
     let (addr, root) = (server.addr, e.root.clone());
     tokio::task::spawn_blocking(move || {
-        let post = |len: usize, body: &str| {
-            format!(
-                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
-            )
-        };
+        let post = |len: usize, body: &str| plan_post(addr, len, body);
         let trickle: Vec<TcpStream> = (0..4 * ailab_sandbox_http::BODIES_IN_FLIGHT)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
@@ -693,11 +692,7 @@ async fn a_client_that_hangs_up_holds_its_room_until_its_plan_has_run() {
         }),
     );
     tokio::task::spawn_blocking(move || {
-        let post = |len: usize, body: &str| {
-            format!(
-                "POST /agentic/plans HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{body}"
-            )
-        };
+        let post = |len: usize, body: &str| plan_post(addr, len, body);
         // A whole body of the largest size (4 of the room's 16 units), then gone.
         let plan = r#"{"actions":[{"intent":"create_file","path":"h.md","content":"x"}]}"#;
         let padded = format!("{plan:<4096}");
@@ -710,7 +705,8 @@ async fn a_client_that_hangs_up_holds_its_room_until_its_plan_has_run() {
         let stalled: Vec<TcpStream> = (0..3)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
-                s.write_all(post(4096, &" ".repeat(4095)).as_bytes()).unwrap();
+                s.write_all(post(4096, &" ".repeat(4095)).as_bytes())
+                    .unwrap();
                 s
             })
             .collect();
@@ -719,14 +715,16 @@ async fn a_client_that_hangs_up_holds_its_room_until_its_plan_has_run() {
         let body = r#"{"actions": 1}"#;
         let mut next = TcpStream::connect(addr).unwrap();
         next.write_all(post(body.len(), body).as_bytes()).unwrap();
-        next.set_read_timeout(Some(Duration::from_millis(700))).unwrap();
+        next.set_read_timeout(Some(Duration::from_millis(700)))
+            .unwrap();
         let mut first = [0u8; 1];
         assert!(
             next.read(&mut first).is_err(),
             "the hung-up client's plan still holds its room"
         );
         release.send(()).unwrap();
-        next.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let (status, answer) = read_one(&mut BufReader::new(next));
         assert_eq!(status, 400, "{answer}");
         drop(stalled);
