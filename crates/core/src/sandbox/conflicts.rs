@@ -277,6 +277,21 @@ impl Sandbox {
         let Some(left) = self.left_by(workflow_id, meta) else {
             return Ok((true, Put::Any));
         };
+        // A folder on the way is not a folder any more: what the action replaced cannot
+        // be put back beneath it, forced or not (a file it made is as good as gone).
+        if meta.kind != SnapshotKind::Missing
+            && let Err(r) = self.roots[root].entry(&meta.target())
+            && r.reason_code == ReasonCode::NotFound
+        {
+            return Err(crate::reason::Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{} cannot be given back: {}; it was left as it is (force would not help: move that away, then roll back)",
+                    shown_path(&meta.original_path),
+                    r.reason
+                ),
+            ));
+        }
         let (now, put) = self.target_state_judged(root, &meta.target());
         if left.holds(&now, meta) {
             return Ok((true, put));

@@ -2065,3 +2065,41 @@ fn a_rollback_killed_after_removing_a_made_directory_is_recorded_at_the_next_sta
         assert_eq!(w.tree(), original, "{durability:?}");
     }
 }
+
+/// A run dies after a create was audited; meanwhile the created file's folder became
+/// someone else's file. Nothing can be beneath a file, so recovery finds the create
+/// undone as good as done and records it so: no `failed` undo, no advice to force.
+#[test]
+fn recovery_of_a_create_whose_folder_became_a_file_records_it_gone() {
+    let w = World::new();
+    let c = w.writable_config();
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_mutate", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_swap", "actions": [
+            {"action_id": "n0", "intent": "create_file", "path": "d2/sub/new.txt", "content": "n"},
+            {"action_id": "a1", "intent": "create_file", "path": "c2.txt", "content": "c"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+    std::fs::rename(w.path("d2"), w.path("d2.moved")).unwrap();
+    w.write("d2", b"theirs");
+    let sb = w.open(c);
+    let undo: Vec<_> = sb
+        .audit_entries(20, Some("wf_swap"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e.action_id == "n0"
+                && e.mutation_class == Some(ailab_sandbox_core::catalog::MutationClass::Rollback)
+        })
+        .collect();
+    assert!(
+        undo.iter()
+            .all(|e| e.status != ailab_sandbox_core::audit::AuditStatus::Failed),
+        "{undo:?}"
+    );
+    assert_eq!(w.read("d2"), b"theirs");
+    assert_eq!(w.read("d2.moved/sub/new.txt"), b"n");
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -1821,3 +1821,33 @@ fn a_write_the_plans_rollback_could_not_undo_says_why() {
     );
     assert_eq!(w.read("f.txt"), b"one");
 }
+
+/// A plan's own rollback meets a replaced file whose folder someone swapped for a file:
+/// the write is left, and its reason says force would not help (force is refused there).
+#[test]
+fn a_plan_rollback_blocked_by_a_folder_now_a_file_does_not_advise_force() {
+    let w = World::new();
+    w.write("d/c0.txt", b"before");
+    let sb = w.sandbox();
+    let (d, moved) = (w.path("d"), w.path("d.moved"));
+    sb.failpoints().interleave(
+        "before_audit",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&d, &moved).unwrap();
+            std::fs::write(&d, b"theirs").unwrap();
+        }),
+    );
+    sb.failpoints().arm("before_mutate", 2);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_pf", "actions": [
+            {"action_id": "a0", "intent": "replace_file", "path": "d/c0.txt", "content": "ours"},
+            {"action_id": "a1", "intent": "create_file", "path": "c2.txt", "content": "c"}]}),
+    );
+    assert_eq!(action_status(&r, 0), "success", "{r:?}");
+    let reason = r.actions[0].reason.clone().unwrap_or_default();
+    assert!(reason.contains("force would not help"), "{reason}");
+    assert!(!reason.contains("roll back with force"), "{reason}");
+    assert_eq!(w.read("d"), b"theirs");
+    assert_eq!(w.read("d.moved/c0.txt"), b"ours");
+}
