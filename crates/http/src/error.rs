@@ -259,6 +259,18 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
             "the plan was refused and nothing was written: action {}: {why}{more}",
             first.action_id
         ),
+        // A write its plan's rollback could not undo (another program changed the file
+        // meanwhile) keeps the restore's reason.
+        _ if r
+            .actions
+            .iter()
+            .any(|a| a.status == ActionStatus::Success && a.reason_code.is_some()) =>
+        {
+            format!(
+                "action {} failed: {why}; some of the run's earlier writes could not be undone (see each action's reason)",
+                first.action_id
+            )
+        }
         _ if any(ActionStatus::Success) => format!(
             "action {} failed: {why}; the run's earlier writes remain (see each action): roll the workflow back to undo them",
             first.action_id
@@ -408,10 +420,19 @@ mod tests {
             run_summary(&failed).unwrap_or((ReasonCode::PathTraversal, String::new()));
         assert_eq!(code, ReasonCode::IoError);
         assert!(reason.contains("rolled back"), "{reason}");
-        // on_failure "stop": what the run wrote before stays, or there is nothing.
+        // on_failure "stop": what the run wrote before stays, or there is nothing; a
+        // write the plan's rollback could not undo is no longer simply the run's.
         for (earlier, says) in [
             (vec![action("a1", ActionStatus::Success, None)], "remain"),
             (Vec::new(), "nothing of it remains"),
+            (
+                vec![action(
+                    "a1",
+                    ActionStatus::Success,
+                    Some(ReasonCode::Conflict),
+                )],
+                "could not be undone",
+            ),
         ] {
             let mut actions = earlier;
             actions.push(action(
