@@ -288,14 +288,24 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
 }
 
 /// The status of a rollback report: 200 when rolled back or simulated, the refusal's status when
-/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id, 422 outside_sandbox), 409
+/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id, 422 outside_sandbox), 500
+/// when only the server's storage failed its steps (`io_error`, as for a plan), else 409
 /// when a restore step failed.
 pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
     if r.is_success() || r.is_simulated() {
         return StatusCode::OK;
     }
+    let mut failed = r
+        .steps
+        .iter()
+        .filter(|s| !s.restored)
+        .map(|s| s.reason_code)
+        .peekable();
     match (r.status, r.reason_code) {
         ("refused", Some(code)) => refusal_status(code),
+        _ if failed.peek().is_some() && failed.all(|c| c == Some(ReasonCode::IoError)) => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
         _ => StatusCode::CONFLICT,
     }
 }

@@ -198,6 +198,30 @@ async fn a_storage_failure_that_leaves_a_conflict_is_409() {
     assert_eq!(std::fs::read_to_string(&x).unwrap(), "theirs");
 }
 
+/// A rollback whose steps fail only on the server's storage is 500, like a plan; the
+/// steps that went through stay done, and a later rollback finishes the rest.
+#[tokio::test]
+async fn a_rollback_failing_on_the_servers_storage_is_500() {
+    let e = writable();
+    let plan = json!({"workflow_id": "wf_rbio", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+        {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]});
+    assert_eq!(
+        post_json(&e.app, "/agentic/plans", &plan).await.status,
+        StatusCode::OK
+    );
+    e.sandbox.failpoints().arm("during_restore", 2);
+    let r = post(&e.app, "/agentic/rollback/wf_rbio", "").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["steps"][1]["reason_code"], "io_error", "{v}");
+    assert!(!e.root.join("two.txt").exists());
+    assert!(e.root.join("one.txt").exists());
+    let r = post(&e.app, "/agentic/rollback/wf_rbio", "").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(!e.root.join("one.txt").exists());
+}
+
 /// A write that fails because someone else got in the way is 409.
 #[tokio::test]
 async fn a_write_beaten_by_another_writer_is_409() {
