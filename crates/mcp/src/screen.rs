@@ -23,9 +23,14 @@
 //!
 //! rmcp reads every message as soon as it can and holds each call, arguments and all,
 //! until the handler has served it; at the end of its input it gives the calls still
-//! running 5 s, then cancels them. So the pump paces itself by [`Flow`]: it reads no
-//! further while [`MAX_QUEUED_CALLS`] calls it passed on are unanswered, and at the end of
-//! the client's input closes rmcp's only once every call it passed on has been answered.
+//! running 5 s, then cancels them. So the pump paces the calls by [`Flow`]: it passes on
+//! no more while [`MAX_QUEUED_CALLS`] it passed on are unanswered, and holds the next ones
+//! as sent (their text, a fraction of what rmcp builds of them), reading on up to
+//! [`MAX_HELD_BYTES`] of them, so that other messages, cancellations above all, still go
+//! through at once. A call cancelled while held is passed on with its cancellation right
+//! behind it, so that the handler sees it cancelled before it starts (and still audits a
+//! forbidden tool). At the end of the client's input the pump closes rmcp's only once
+//! every call has been passed on and answered.
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
@@ -42,10 +47,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// while a burst of calls holds at most this many arguments in memory.
 pub(crate) const MAX_QUEUED_CALLS: u64 = 2 * crate::MAX_CONCURRENT_CALLS as u64;
 
-/// How long a call passed on may go unseen by the handler, while none runs, before the
-/// pump takes it that rmcp answered it itself (a call it cannot read, such as one whose
-/// `name` is not a string, never reaches the handler).
+/// How long a call passed on may go unseen by the handler before the pump takes it that
+/// rmcp answered it itself (a call it cannot read, such as one whose `name` is not a
+/// string, never reaches the handler).
 const SETTLE: Duration = Duration::from_secs(5);
+
+/// Most bytes of calls the pump holds before it stops reading (it always reads at least
+/// the line it is on, up to the message limit).
+pub(crate) const MAX_HELD_BYTES: usize = 16 << 20;
 
 /// Tool calls the pump passed on to rmcp, and those the handler began and finished.
 #[derive(Debug)]
@@ -58,10 +67,10 @@ pub(crate) struct Flow {
 #[derive(Debug, Default)]
 struct Count {
     passed: u64,
-    entered: u64,
     finished: u64,
-    /// When any of them last moved.
-    moved: Option<Instant>,
+    /// When each call passed on and not yet begun by the handler was passed on, oldest
+    /// first (rmcp starts calls in the order it reads them).
+    unbegun: std::collections::VecDeque<Instant>,
 }
 
 impl Default for Flow {
@@ -89,17 +98,23 @@ impl Flow {
     }
 
     fn note(&self, change: impl FnOnce(&mut Count)) {
-        {
-            let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-            change(&mut c);
-            c.moved = Some(Instant::now());
-        }
+        change(&mut self.count.lock().unwrap_or_else(PoisonError::into_inner));
         self.changed.notify_waiters();
+    }
+
+    /// The pump passed a call on.
+    fn passed(&self) {
+        self.note(|c| {
+            c.passed += 1;
+            c.unbegun.push_back(Instant::now());
+        });
     }
 
     /// The handler begins a call.
     pub(crate) fn serve(self: &Arc<Self>) -> Serving {
-        self.note(|c| c.entered += 1);
+        self.note(|c| {
+            c.unbegun.pop_front();
+        });
         Serving(Arc::clone(self))
     }
 
@@ -111,14 +126,19 @@ impl Flow {
             changed.as_mut().enable();
             {
                 let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+                // A call passed on that the handler has not begun for `settle` never will
+                // be: rmcp answered it itself.
+                while c
+                    .unbegun
+                    .front()
+                    .is_some_and(|t| t.elapsed() >= self.settle)
+                {
+                    c.unbegun.pop_front();
+                    c.passed -= 1;
+                }
                 // The handler may also serve calls that did not come through the pump.
                 if c.passed.saturating_sub(c.finished) < most {
                     return;
-                }
-                if c.entered <= c.finished && c.moved.is_none_or(|t| t.elapsed() >= self.settle) {
-                    // Nothing runs and nothing moved: the calls not begun never will be.
-                    c.passed = c.entered;
-                    continue;
                 }
             }
             let _ = tokio::time::timeout(self.settle, changed).await;
@@ -126,14 +146,30 @@ impl Flow {
     }
 }
 
-/// Whether `message` is a call the handler will be asked to serve (or rmcp answers).
-fn is_call(message: &[u8]) -> bool {
-    pick(message, ["method", "id"]).is_some_and(|[method, id]| {
-        id.is_some()
-            && method.is_some_and(|m| {
-                serde_json::from_str::<String>(m.get()).is_ok_and(|m| m == "tools/call")
-            })
-    })
+/// What the pump needs to know of a message it passes on.
+enum Kind {
+    /// A tool call, with its id.
+    Call(Value),
+    /// `notifications/cancelled`, with the id of the request it cancels.
+    Cancel(Value),
+    Other,
+}
+
+fn kind_of(message: &[u8]) -> Kind {
+    let Some([method, id, params]) = pick(message, ["method", "id", "params"]) else {
+        return Kind::Other;
+    };
+    let method = method.and_then(|m| serde_json::from_str::<String>(m.get()).ok());
+    match (method.as_deref(), id) {
+        (Some("tools/call"), Some(id)) => {
+            serde_json::from_str(id.get()).map_or(Kind::Other, Kind::Call)
+        }
+        (Some("notifications/cancelled"), None) => params
+            .and_then(|p| pick(p.get().as_bytes(), ["requestId"]))
+            .and_then(|[r]| serde_json::from_str(r?.get()).ok())
+            .map_or(Kind::Other, Kind::Cancel),
+        _ => Kind::Other,
+    }
 }
 
 /// The `params._meta` key carrying the refusal of a call whose text failed the screen.
@@ -373,91 +409,181 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
 /// A byte order mark, which rmcp reads past.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
+/// The lines of the client's input. Its state lives here, so that a read cancelled by
+/// the pump's `select!` loses nothing.
+struct Lines<R> {
+    reader: R,
+    buf: Vec<u8>,
+    /// Read, not yet split into lines: `pending[at..]`.
+    pending: Vec<u8>,
+    at: usize,
+    line: Vec<u8>,
+    /// The current line is longer than `most`: dropped as it comes.
+    too_long: bool,
+    most: usize,
+    ended: bool,
+}
+
+impl<R: AsyncRead + Unpin> Lines<R> {
+    fn new(reader: R, most: usize) -> Self {
+        Self {
+            reader,
+            buf: vec![0u8; 64 * 1024],
+            pending: Vec::new(),
+            at: 0,
+            line: Vec::new(),
+            too_long: false,
+            most,
+            ended: false,
+        }
+    }
+
+    fn take(&mut self, head_len: usize) {
+        let head = &self.pending[self.at..self.at + head_len];
+        if !self.too_long && self.line.len() + head.len() > self.most {
+            self.too_long = true;
+            self.line = Vec::new();
+        } else if !self.too_long {
+            self.line.extend_from_slice(head);
+        }
+    }
+
+    /// The next line without its newline, and whether it was too long; `None` at the end
+    /// of the input (a last line without a newline is a line).
+    async fn next(&mut self) -> Option<(Vec<u8>, bool)> {
+        loop {
+            let rest = &self.pending[self.at..];
+            if let Some(n) = rest.iter().position(|&b| b == b'\n') {
+                self.take(n);
+                self.at += n + 1;
+                return Some((
+                    std::mem::take(&mut self.line),
+                    std::mem::take(&mut self.too_long),
+                ));
+            }
+            self.take(rest.len());
+            self.pending.clear();
+            self.at = 0;
+            if self.ended {
+                return (self.too_long || !self.line.is_empty()).then(|| {
+                    (
+                        std::mem::take(&mut self.line),
+                        std::mem::take(&mut self.too_long),
+                    )
+                });
+            }
+            match self.reader.read(&mut self.buf).await {
+                Ok(0) | Err(_) => self.ended = true,
+                Ok(n) => self.pending.extend_from_slice(&self.buf[..n]),
+            }
+        }
+    }
+}
+
+/// A call read and not yet passed on.
+struct Held {
+    id: Value,
+    text: Vec<u8>,
+}
+
 /// Copies `reader` to `out` a line at a time, screening each line (see the module). A
 /// message longer than `max_line` bytes (a leading byte order mark and a `\r` before the
 /// newline aside) is dropped, as rmcp drops an over-long line, and a last line without a
 /// newline is passed on with one, so that rmcp reads it. rmcp must take lines of
-/// `max_line` + [`MAX_GROWTH`] bytes and a newline. Ends at the end of `reader`, a read
-/// error, or when `out` is closed.
-pub(crate) async fn pump<R, W>(mut reader: R, mut out: W, max_line: usize, flow: &Flow)
+/// `max_line` + [`MAX_GROWTH`] bytes and a newline. Calls are paced by `flow` (see the
+/// module). Ends at the end of `reader` (once every call is answered), a read error, or
+/// when `out` is closed.
+pub(crate) async fn pump<R, W>(reader: R, mut out: W, max_line: usize, flow: &Flow)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     // What a line may hold while it is read: the message, a mark and a `\r`.
-    let most = max_line + BOM.len() + 1;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut line = Vec::new();
-    // The current line is longer than `most`: dropped as it comes.
-    let mut too_long = false;
+    let mut lines = Lines::new(reader, max_line + BOM.len() + 1);
     let mut started = false;
+    let mut held = std::collections::VecDeque::<Held>::new();
+    let mut held_bytes = 0usize;
+    let mut ended = false;
     loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let mut chunk = &buf[..n];
-        loop {
-            let newline = chunk.iter().position(|&b| b == b'\n');
-            let (head, rest) = chunk.split_at(newline.unwrap_or(chunk.len()));
-            if !too_long && line.len() + head.len() > most {
-                too_long = true;
-                line = Vec::new();
-            } else if !too_long {
-                line.extend_from_slice(head);
+        let may_read = !ended && held_bytes < MAX_HELD_BYTES;
+        tokio::select! {
+            biased;
+            () = flow.below(MAX_QUEUED_CALLS), if !held.is_empty() => {
+                if let Some(h) = held.pop_front() {
+                    held_bytes -= h.text.len();
+                    if !forward(&mut out, &h.text).await {
+                        return;
+                    }
+                    flow.passed();
+                }
             }
-            if newline.is_none() {
-                break;
+            next = lines.next(), if may_read => {
+                let Some((line, too_long)) = next else {
+                    ended = true;
+                    continue;
+                };
+                let Some(message) = screened(&line, too_long, max_line, &mut started) else {
+                    continue;
+                };
+                match (started, kind_of(&message)) {
+                    (true, Kind::Call(id)) => {
+                        held_bytes += message.len();
+                        held.push_back(Held { id, text: message.into_owned() });
+                    }
+                    (_, Kind::Cancel(id)) => {
+                        // Passed on now with its cancellation behind it, the call is seen
+                        // cancelled before it starts.
+                        if let Some(at) = held.iter().position(|h| h.id == id)
+                            && let Some(h) = held.remove(at)
+                        {
+                            held_bytes -= h.text.len();
+                            if !forward(&mut out, &h.text).await {
+                                return;
+                            }
+                            flow.passed();
+                        }
+                        if !forward(&mut out, &message).await {
+                            return;
+                        }
+                    }
+                    (_, Kind::Call(_) | Kind::Other) => {
+                        if !forward(&mut out, &message).await {
+                            return;
+                        }
+                    }
+                }
             }
-            flow.below(MAX_QUEUED_CALLS).await;
-            if !pass(&mut out, &line, too_long, max_line, &mut started, flow).await {
-                return;
-            }
-            line.clear();
-            too_long = false;
-            chunk = &rest[1..];
+            else => break,
         }
-    }
-    if (too_long || !line.is_empty())
-        && !pass(&mut out, &line, too_long, max_line, &mut started, flow).await
-    {
-        return;
     }
     // Every call answered before rmcp hears that the input ended.
     flow.below(1).await;
     let _ = out.shutdown().await;
 }
 
-/// Passes on what [`screen`] makes of `line` and a newline; false when `out` is closed.
-async fn pass<W: AsyncWrite + Unpin>(
-    out: &mut W,
-    line: &[u8],
+/// What [`screen`] makes of `line`, to be passed on; `None` when it is dropped.
+fn screened<'l>(
+    line: &'l [u8],
     too_long: bool,
     max_line: usize,
     started: &mut bool,
-    flow: &Flow,
-) -> bool {
+) -> Option<std::borrow::Cow<'l, [u8]>> {
     let line = line.strip_prefix(BOM).unwrap_or(line);
     let message = line.strip_suffix(b"\r").unwrap_or(line);
     if too_long || message.len() > max_line {
         tracing::warn!(max_line, "a message longer than the limit, dropped");
-        return true;
+        return None;
     }
-    let (message, call) = match screen(line, started) {
-        Pass::Drop => return true,
-        Pass::Line => (std::borrow::Cow::Borrowed(line), *started && is_call(line)),
-        Pass::Instead(m) => {
-            let call = *started && is_call(&m);
-            (std::borrow::Cow::Owned(m), call)
-        }
-    };
-    if out.write_all(&message).await.is_err() || out.write_all(b"\n").await.is_err() {
-        return false;
+    match screen(line, started) {
+        Pass::Drop => None,
+        Pass::Line => Some(std::borrow::Cow::Borrowed(line)),
+        Pass::Instead(m) => Some(std::borrow::Cow::Owned(m)),
     }
-    if call {
-        flow.note(|c| c.passed += 1);
-    }
-    true
+}
+
+/// Writes `message` and a newline to `out`; false when `out` is closed.
+async fn forward<W: AsyncWrite + Unpin>(out: &mut W, message: &[u8]) -> bool {
+    out.write_all(message).await.is_ok() && out.write_all(b"\n").await.is_ok()
 }
 
 #[cfg(test)]
