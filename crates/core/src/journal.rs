@@ -287,6 +287,11 @@ impl serde_json::ser::Formatter for LineFormatter {
         writer: &mut W,
         fragment: &str,
     ) -> io::Result<()> {
+        // None of the characters escaped here is ASCII; most text is (checked a word at
+        // a time).
+        if fragment.is_ascii() {
+            return writer.write_all(fragment.as_bytes());
+        }
         let mut rest = fragment;
         while let Some((at, c)) = rest.char_indices().find(|&(_, c)| breaks_lines(c)) {
             writer.write_all(&rest.as_bytes()[..at])?;
