@@ -155,7 +155,7 @@ pub struct Recovered {
     pub why: Option<String>,
     /// Why targets of the run could not be judged (each a sentence naming one): what
     /// stands there is something the runtime never reads — a file with a second hard
-    /// link, a symbolic link, FIFO or device on its path, a file where a folder was. Only
+    /// link, a symbolic link on its path, a FIFO or device at it. Only
     /// whoever put it there can put it right; until then nothing of the run is judged
     /// ([`Self::retry`]), since any verdict (done, undone, overwritten) would be a guess.
     pub unjudged: Vec<String>,

@@ -960,12 +960,7 @@ impl RollbackEngine {
                 })
             }
             SnapshotKind::Missing => {
-                let found = match root.inspect(&rel) {
-                    // A folder on the way is not a folder (someone else's file): nothing
-                    // the action made can be at the path, as if it had been removed.
-                    Err(r) if r.reason_code == ReasonCode::NotFound => TargetKind::Missing,
-                    found => found?.kind,
-                };
+                let found = root.inspect(&rel)?.kind;
                 match found {
                     // A directory action made no file: one there now is someone else's.
                     TargetKind::File { .. } if meta.is_directory_action() => {

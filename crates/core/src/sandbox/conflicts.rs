@@ -39,13 +39,15 @@ pub(crate) enum TargetState {
     Directory,
     Missing,
     Unreadable,
+    /// A folder on the way is not a folder; why.
+    Unreachable(String),
 }
 
 impl TargetState {
     pub(crate) fn checksum(&self) -> Option<String> {
         match self {
             Self::File(sum) => Some(sum.clone()),
-            Self::Unreadable => Some("unreadable".to_owned()),
+            Self::Unreadable | Self::Unreachable(_) => Some("unreadable".to_owned()),
             _ => None,
         }
     }
@@ -65,6 +67,7 @@ impl TargetState {
             Self::Directory => "a directory".to_owned(),
             Self::Missing => "nothing".to_owned(),
             Self::Unreadable => "something unreadable".to_owned(),
+            Self::Unreachable(why) => format!("nothing that can be reached ({why})"),
         }
     }
 }
@@ -259,8 +262,11 @@ impl Sandbox {
                 }),
             Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
             Ok(TargetKind::Missing) => (TargetState::Missing, Put::New),
-            // A folder on the way is not a folder (a file, a FIFO): nothing can be there.
-            Err(r) if r.reason_code == ReasonCode::NotFound => (TargetState::Missing, Put::New),
+            // A folder on the way is not a folder (a file, a FIFO): what is beneath its
+            // place cannot be reached (the folder may have been moved, files and all).
+            Err(r) if r.reason_code == ReasonCode::NotFound => {
+                (TargetState::Unreachable(r.reason), Put::Any)
+            }
             Err(_) => (TargetState::Unreadable, Put::Any),
         }
     }
@@ -277,29 +283,18 @@ impl Sandbox {
         let Some(left) = self.left_by(workflow_id, meta) else {
             return Ok((true, Put::Any));
         };
-        // A folder on the way is not a folder any more: what the action replaced cannot
-        // be put back beneath it, forced or not (a file it made is as good as gone).
-        if meta.kind != SnapshotKind::Missing
-            && let Err(r) = self.roots[root].entry(&meta.target())
-            && r.reason_code == ReasonCode::NotFound
-        {
-            return Err(crate::reason::Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "{} cannot be given back: {}; it was left as it is (force would not help: move that away, then roll back)",
-                    shown_path(&meta.original_path),
-                    r.reason
-                ),
-            ));
-        }
         let (now, put) = self.target_state_judged(root, &meta.target());
         if left.holds(&now, meta) {
             return Ok((true, put));
         }
+        let advice = match now {
+            TargetState::Unreachable(_) => "force would not help: move that away, then roll back",
+            _ => "roll back with force to overwrite it",
+        };
         Err(crate::reason::Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "{} changed after action {} wrote it: it holds {} instead of {}; it was left as it is (roll back with force to overwrite it)",
+                "{} changed after action {} wrote it: it holds {} instead of {}; it was left as it is ({advice})",
                 shown_path(&meta.original_path),
                 shown_path(&meta.action_id),
                 now.describe(),

@@ -359,12 +359,8 @@ impl Sandbox {
                     Some((r.reason_code, r.reason))
                 }
                 // A folder on the way is now a file or a FIFO: nothing beneath it can be
-                // restored, and it is not the workflow's to remove. What an action made
-                // cannot be beneath it either: as good as removed.
-                Err(r)
-                    if r.reason_code == ReasonCode::NotFound
-                        && s.meta.kind != SnapshotKind::Missing =>
-                {
+                // restored, and it is not the workflow's to remove.
+                Err(r) if r.reason_code == ReasonCode::NotFound => {
                     Some((ReasonCode::Conflict, r.reason))
                 }
                 _ => None,

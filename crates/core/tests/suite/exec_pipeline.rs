@@ -981,12 +981,12 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
 }
 
 /// A folder swapped for something that is not a folder while a create runs: the create
-/// fails having written nothing, and its undo sees nothing there (nothing can be beneath a
-/// non-folder), so the run is rolled back, not left `failed` with "the change may still
-/// be in place". (`batched` has opened the folder when it stages the write, before this
-/// point, and writes into it wherever it was moved.)
+/// fails, and its undo cannot see beneath that place (the folder may have moved with the
+/// file in it), so the run ends `failed`, its reason naming what stands in the way rather
+/// than "something unreadable" at the target. (`batched` has opened the folder when it
+/// stages the write, before this point, and writes into it wherever it was moved.)
 #[test]
-fn a_create_whose_folder_became_a_file_meanwhile_is_rolled_back_cleanly() {
+fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict] {
         let w = World::new();
@@ -1007,11 +1007,11 @@ fn a_create_whose_folder_became_a_file_meanwhile_is_rolled_back_cleanly() {
             json!({"workflow_id": "wf_swap", "actions": [
                 {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
         );
-        assert_eq!(status(&r), "rolled_back", "{durability:?} {r:?}");
-        assert_eq!(action_status(&r, 0), "failed", "{durability:?}");
+        assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
         let reason = r.actions[0].reason.clone().unwrap_or_default();
         assert!(
-            !reason.contains("may still be in place"),
+            reason.contains("nothing that can be reached ('p' is not a directory")
+                && !reason.contains("something unreadable"),
             "{durability:?}: {reason}"
         );
         assert_eq!(w.read("p"), b"not a folder");

@@ -1579,7 +1579,7 @@ fn a_target_force_cannot_overwrite_refuses_the_rollback_up_front() {
 #[test]
 fn links_and_files_put_on_the_way_refuse_the_rollback_up_front() {
     type Sabotage = fn(&World);
-    let cases: [(serde_json::Value, Sabotage, ReasonCode); 3] = [
+    let cases: [(serde_json::Value, Sabotage, ReasonCode); 4] = [
         (
             json!({"action_id": "a1", "intent": "create_file", "path": "d/x.txt", "content": "x"}),
             |w| {
@@ -1595,6 +1595,14 @@ fn links_and_files_put_on_the_way_refuse_the_rollback_up_front() {
                 std::os::unix::fs::symlink("d", w.path("newdir")).unwrap();
             },
             ReasonCode::SymlinkRefused,
+        ),
+        (
+            json!({"action_id": "a1", "intent": "create_directory", "path": "a/b/c"}),
+            |w| {
+                std::fs::remove_dir_all(w.path("a/b")).unwrap();
+                w.write("a/b", b"precious");
+            },
+            ReasonCode::Conflict,
         ),
         (
             json!({"action_id": "a1", "intent": "replace_file", "path": "d/keep.txt", "content": "new"}),
@@ -1633,38 +1641,6 @@ fn links_and_files_put_on_the_way_refuse_the_rollback_up_front() {
         assert!(!info.rollback_available, "{action}: {info:?}");
         assert_eq!(info.reason_code, Some(code), "{action}");
     }
-}
-
-/// What an action made beneath a folder that is now someone else's file cannot be there
-/// any more: its rollback treats it as removed by someone (a directory: `conflict`
-/// advising force, as for one deleted), and a forced one finishes, leaving that file and
-/// the folder holding it alone.
-#[test]
-fn what_was_made_beneath_a_folder_now_a_file_is_as_good_as_gone() {
-    let w = World::new();
-    let sb = w.sandbox();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_w", "actions": [
-            {"action_id": "a0", "intent": "create_file", "path": "z.txt", "content": "z"},
-            {"action_id": "a1", "intent": "create_directory", "path": "a/b/c"},
-            {"action_id": "a2", "intent": "create_file", "path": "m/n/o.txt", "content": "o"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    std::fs::remove_dir_all(w.path("a/b")).unwrap();
-    w.write("a/b", b"precious");
-    std::fs::rename(w.path("m/n"), w.path("m/n.moved")).unwrap();
-    w.write("m/n", b"theirs");
-    let rb = rollback(&sb, "wf_w", false);
-    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-    assert!(rb.reason.unwrap_or_default().contains("a/b/c"));
-    let rb = rollback(&sb, "wf_w", true);
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.read("a/b"), b"precious");
-    assert_eq!(w.read("m/n"), b"theirs");
-    assert_eq!(w.read("m/n.moved/o.txt"), b"o");
-    assert!(!w.path("z.txt").exists());
-    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// A replaced file whose folder is now someone else's file cannot be given back, forced
