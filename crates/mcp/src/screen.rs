@@ -27,10 +27,10 @@
 //! no more while [`MAX_QUEUED_CALLS`] it passed on are unanswered, and holds the next ones
 //! as sent (their text, a fraction of what rmcp builds of them), reading on up to
 //! [`MAX_HELD_BYTES`] of them, so that other messages, cancellations above all, still go
-//! through at once. A call cancelled while held is passed on with its cancellation right
-//! behind it, so that the handler sees it cancelled before it starts (and still audits a
-//! forbidden tool). At the end of the client's input the pump closes rmcp's only once
-//! every call has been passed on and answered.
+//! through at once. A call cancelled while held is passed on in its turn with a
+//! cancellation of the pump's own right behind it, so that the handler sees it cancelled
+//! before it starts (and still audits a forbidden tool). At the end of the client's input
+//! the pump closes rmcp's only once every call has been passed on and answered.
 
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
@@ -286,6 +286,22 @@ impl Head {
         (name, meta)
     }
 
+    /// Whether `params._meta` names the protocol version and the client's capabilities,
+    /// which lets a request open a session without `initialize`.
+    fn names_inline_version(&self) -> bool {
+        let (_, meta) = self.name_and_meta();
+        meta.and_then(|m| {
+            pick(
+                m.get().as_bytes(),
+                [
+                    "io.modelcontextprotocol/protocolVersion",
+                    "io.modelcontextprotocol/clientCapabilities",
+                ],
+            )
+        })
+        .is_some_and(|[version, capabilities]| version.is_some() && capabilities.is_some())
+    }
+
     /// Whether the id and version are plain values (a string or a number), which are
     /// copied as sent into a message passed on in this one's place.
     fn scalar_envelope(&self) -> bool {
@@ -328,8 +344,10 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             return Pass::Drop;
         }
         // rmcp answers other requests before `initialize`, but ends the session at a
-        // notification or response that comes before it: those wait for `initialize`.
-        if head.method().as_deref() == Some("initialize") {
+        // notification or response that comes before it: those wait for `initialize`,
+        // or for a request that opens the session without one (its `_meta` names the
+        // protocol version, as clients of the 2026-07-28 protocol send it).
+        if head.method().as_deref() == Some("initialize") || head.names_inline_version() {
             *started = true;
         }
         first = Some(head);
@@ -484,6 +502,10 @@ impl<R: AsyncRead + Unpin> Lines<R> {
 struct Held {
     id: Value,
     text: Vec<u8>,
+    /// The client cancelled it: passed on in its turn with a cancellation right behind
+    /// it, so that the handler sees it cancelled before it starts (and still audits a
+    /// forbidden tool), whatever the client's own cancellation looked like.
+    cancelled: bool,
 }
 
 /// Copies `reader` to `out` a line at a time, screening each line (see the module). A
@@ -515,6 +537,9 @@ where
                         return;
                     }
                     flow.passed();
+                    if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
+                        return;
+                    }
                 }
             }
             next = lines.next(), if may_read => {
@@ -528,19 +553,11 @@ where
                 match (started, kind_of(&message)) {
                     (true, Kind::Call(id)) => {
                         held_bytes += message.len();
-                        held.push_back(Held { id, text: message.into_owned() });
+                        held.push_back(Held { id, text: message.into_owned(), cancelled: false });
                     }
                     (_, Kind::Cancel(id)) => {
-                        // Passed on now with its cancellation behind it, the call is seen
-                        // cancelled before it starts.
-                        if let Some(at) = held.iter().position(|h| h.id == id)
-                            && let Some(h) = held.remove(at)
-                        {
-                            held_bytes -= h.text.len();
-                            if !forward(&mut out, &h.text).await {
-                                return;
-                            }
-                            flow.passed();
+                        if let Some(h) = held.iter_mut().find(|h| h.id == id) {
+                            h.cancelled = true;
                         }
                         if !forward(&mut out, &message).await {
                             return;
@@ -579,6 +596,17 @@ fn screened<'l>(
         Pass::Line => Some(std::borrow::Cow::Borrowed(line)),
         Pass::Instead(m) => Some(std::borrow::Cow::Owned(m)),
     }
+}
+
+/// The cancellation of the call `id`, as the SDK takes it.
+fn cancellation(id: &Value) -> Vec<u8> {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id},
+    })
+    .to_string()
+    .into_bytes()
 }
 
 /// Writes `message` and a newline to `out`; false when `out` is closed.
