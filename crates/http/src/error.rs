@@ -295,17 +295,22 @@ pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
     if r.is_success() || r.is_simulated() {
         return StatusCode::OK;
     }
+    let io = Some(ReasonCode::IoError);
     let mut failed = r
         .steps
         .iter()
         .filter(|s| !s.restored)
         .map(|s| s.reason_code)
         .peekable();
+    let any_failed = failed.peek().is_some();
+    // Storage only: steps failed on it, or every step went through and only the trail
+    // could not record it.
+    let storage_only = failed.all(|c| c == io)
+        && (any_failed || r.reason_code == io)
+        && r.reason_code.is_none_or(|c| Some(c) == io);
     match (r.status, r.reason_code) {
         ("refused", Some(code)) => refusal_status(code),
-        _ if failed.peek().is_some() && failed.all(|c| c == Some(ReasonCode::IoError)) => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        _ if storage_only => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
 }

@@ -222,6 +222,30 @@ async fn a_rollback_failing_on_the_servers_storage_is_500() {
     assert!(!e.root.join("one.txt").exists());
 }
 
+/// A rollback that restored every file but whose audit line could not be synced (the
+/// state directory's disk failing) is 500 too: only the server's storage failed.
+#[tokio::test]
+async fn a_rollback_the_trail_could_not_record_is_500() {
+    let e = env_with(Opts {
+        write: true,
+        strict: true,
+        ..Opts::default()
+    });
+    let plan = json!({"workflow_id": "wf_rbtrail", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"}]});
+    assert_eq!(
+        post_json(&e.app, "/agentic/plans", &plan).await.status,
+        StatusCode::OK
+    );
+    e.sandbox.failpoints().arm("audit_sync", 1);
+    let r = post(&e.app, "/agentic/rollback/wf_rbtrail", "").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["reason_code"], "io_error", "{v}");
+    assert_eq!(v["steps"][0]["restored"], true, "{v}");
+    assert!(!e.root.join("one.txt").exists());
+}
+
 /// A write that fails because someone else got in the way is 409.
 #[tokio::test]
 async fn a_write_beaten_by_another_writer_is_409() {

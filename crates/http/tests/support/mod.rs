@@ -29,6 +29,8 @@ pub struct Opts {
     pub write: bool,
     pub token: Option<&'static str>,
     pub body_limit: usize,
+    /// `strict` durability (else `relaxed`).
+    pub strict: bool,
 }
 
 impl Default for Opts {
@@ -37,6 +39,7 @@ impl Default for Opts {
             write: false,
             token: None,
             body_limit: ailab_sandbox_http::DEFAULT_BODY_LIMIT,
+            strict: false,
         }
     }
 }
@@ -53,7 +56,11 @@ pub fn config(tmp: &TempDir, write: bool) -> Config {
 
 pub fn env_with(o: Opts) -> Env {
     let tmp = tempfile::tempdir().unwrap();
-    let sandbox = Arc::new(Sandbox::open(config(&tmp, o.write)).unwrap());
+    let mut config = config(&tmp, o.write);
+    if o.strict {
+        config.durability = Durability::Strict;
+    }
+    let sandbox = Arc::new(Sandbox::open(config).unwrap());
     let app = ailab_sandbox_http::router(sandbox.clone(), o.token.map(str::to_owned), o.body_limit);
     Env {
         root: tmp.path().join("root"),
