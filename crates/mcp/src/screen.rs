@@ -288,18 +288,25 @@ impl Head {
 
     /// Whether `params._meta` names the protocol version and the client's capabilities,
     /// which lets a request open a session without `initialize`.
+    /// (Whatever the size of `_meta`: the SDK reads it all.) A version the SDK does not
+    /// serve still counts.
     fn names_inline_version(&self) -> bool {
-        let (_, meta) = self.name_and_meta();
-        meta.and_then(|m| {
-            pick(
-                m.get().as_bytes(),
-                [
-                    "io.modelcontextprotocol/protocolVersion",
-                    "io.modelcontextprotocol/clientCapabilities",
-                ],
-            )
-        })
-        .is_some_and(|[version, capabilities]| version.is_some() && capabilities.is_some())
+        self.params
+            .as_ref()
+            .and_then(|p| pick(p.get().as_bytes(), ["_meta"]))
+            .and_then(|[meta]| {
+                pick(
+                    meta?.get().as_bytes(),
+                    [
+                        "io.modelcontextprotocol/protocolVersion",
+                        "io.modelcontextprotocol/clientCapabilities",
+                    ],
+                )
+            })
+            .is_some_and(|[version, capabilities]| {
+                version.is_some_and(|v| serde_json::from_str::<String>(v.get()).is_ok())
+                    && capabilities.is_some_and(|c| c.get().starts_with('{'))
+            })
     }
 
     /// Whether the id and version are plain values (a string or a number), which are
@@ -547,6 +554,15 @@ where
                     ended = true;
                     continue;
                 };
+                // A held call the client cancels never runs, even when the cancellation
+                // itself does not pass the screen (a lossy number in its `_meta`, say).
+                if !held.is_empty()
+                    && !too_long
+                    && let Kind::Cancel(id) = kind_of(line.strip_prefix(BOM).unwrap_or(&line))
+                    && let Some(h) = held.iter_mut().find(|h| h.id == id)
+                {
+                    h.cancelled = true;
+                }
                 let Some(message) = screened(&line, too_long, max_line, &mut started) else {
                     continue;
                 };
@@ -555,15 +571,7 @@ where
                         held_bytes += message.len();
                         held.push_back(Held { id, text: message.into_owned(), cancelled: false });
                     }
-                    (_, Kind::Cancel(id)) => {
-                        if let Some(h) = held.iter_mut().find(|h| h.id == id) {
-                            h.cancelled = true;
-                        }
-                        if !forward(&mut out, &message).await {
-                            return;
-                        }
-                    }
-                    (_, Kind::Call(_) | Kind::Other) => {
+                    (_, Kind::Call(_) | Kind::Cancel(_) | Kind::Other) => {
                         if !forward(&mut out, &message).await {
                             return;
                         }
