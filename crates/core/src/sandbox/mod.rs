@@ -394,7 +394,7 @@ impl Sandbox {
                     (
                         r.superseded,
                         "action",
-                        " left undone under another run's later write",
+                        " left undone, its target changed since by another run or program",
                     ),
                     (r.temp_files_removed, "temporary file", " removed"),
                     (r.restores_recorded, "restore", " recorded"),
