@@ -156,7 +156,8 @@ enum Kind {
 }
 
 fn kind_of(message: &[u8]) -> Kind {
-    let Some([method, id, params]) = pick(message, ["method", "id", "params"]) else {
+    // `params` is picked (copied) only for a cancellation: a call's may be megabytes.
+    let Some([method, id]) = pick(message, ["method", "id"]) else {
         return Kind::Other;
     };
     let method = method.and_then(|m| serde_json::from_str::<String>(m.get()).ok());
@@ -164,8 +165,8 @@ fn kind_of(message: &[u8]) -> Kind {
         (Some("tools/call"), Some(id)) => {
             serde_json::from_str(id.get()).map_or(Kind::Other, Kind::Call)
         }
-        (Some("notifications/cancelled"), None) => params
-            .and_then(|p| pick(p.get().as_bytes(), ["requestId"]))
+        (Some("notifications/cancelled"), None) => pick(message, ["params"])
+            .and_then(|[p]| pick(p?.get().as_bytes(), ["requestId"]))
             .and_then(|[r]| serde_json::from_str(r?.get()).ok())
             .map_or(Kind::Other, Kind::Cancel),
         _ => Kind::Other,
