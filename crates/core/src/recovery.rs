@@ -387,10 +387,14 @@ impl Sandbox {
             ));
         }
         if report.retry {
+            let why = report.why.as_deref().map_or_else(
+                || "none of its snapshots could be read (see the log); make its sandbox roots readable again".to_owned(),
+                |why| format!("{why} (see the log); put that right"),
+            );
             return Err(Refusal::new(
                 ReasonCode::IoError,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: none of its snapshots could be read (see the log); make its sandbox roots readable again, then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: {why}, then retry",
                     rec.execution_id
                 ),
             ));
@@ -433,12 +437,19 @@ impl Sandbox {
             let recorded = self
                 .try_record_marked_restores(&rec.workflow_id)
                 .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"));
+            let why = recorded.as_ref().err().map(|e| {
+                format!(
+                    "its files were restored, but the audit trail could not record it ({}): the state directory must take the lines",
+                    crate::error::io_words(e)
+                )
+            });
             return Recovered {
                 execution_id: rec.execution_id.clone(),
                 workflow_id: rec.workflow_id.clone(),
                 restores_recorded: *recorded.as_ref().unwrap_or(&0),
                 retry: recorded.is_err(),
                 busy: recorded.err().and_then(|e| busy_log(&e)),
+                why,
                 ..Recovered::default()
             };
         }
