@@ -155,6 +155,21 @@ enum Kind {
     Other,
 }
 
+/// A request id as the SDK reads it: a string, or a whole number (`100`, `100.0` and
+/// `1e2` name one request).
+fn request_id(text: &str) -> Option<Value> {
+    match serde_json::from_str::<Value>(text).ok()? {
+        Value::String(s) => Some(Value::String(s)),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(Value::Number(n)),
+        Value::Number(n) => {
+            let f = n.as_f64()?;
+            // Whole, and exact as an integer (below 2^53).
+            (f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0).then(|| Value::from(f as i64))
+        }
+        _ => None,
+    }
+}
+
 fn kind_of(message: &[u8]) -> Kind {
     // `params` is picked (copied) only for a cancellation: a call's may be megabytes.
     let Some([method, id]) = pick(message, ["method", "id"]) else {
@@ -162,12 +177,10 @@ fn kind_of(message: &[u8]) -> Kind {
     };
     let method = method.and_then(|m| serde_json::from_str::<String>(m.get()).ok());
     match (method.as_deref(), id) {
-        (Some("tools/call"), Some(id)) => {
-            serde_json::from_str(id.get()).map_or(Kind::Other, Kind::Call)
-        }
+        (Some("tools/call"), Some(id)) => request_id(id.get()).map_or(Kind::Other, Kind::Call),
         (Some("notifications/cancelled"), None) => pick(message, ["params"])
             .and_then(|[p]| pick(p?.get().as_bytes(), ["requestId"]))
-            .and_then(|[r]| serde_json::from_str(r?.get()).ok())
+            .and_then(|[r]| request_id(r?.get()))
             .map_or(Kind::Other, Kind::Cancel),
         _ => Kind::Other,
     }
@@ -264,9 +277,7 @@ impl Head {
     fn is_request(&self) -> bool {
         let id_fits = self.id.as_ref().is_some_and(|id| {
             let t = id.get();
-            serde_json::from_str::<String>(t).is_ok()
-                || serde_json::from_str::<i64>(t).is_ok()
-                || serde_json::from_str::<u64>(t).is_ok()
+            serde_json::from_str::<String>(t).is_ok() || request_id(t).is_some()
         });
         self.method().is_some() && id_fits && !self.answer
     }
@@ -292,22 +303,22 @@ impl Head {
     /// (Whatever the size of `_meta`: the SDK reads it all.) A version the SDK does not
     /// serve still counts.
     fn names_inline_version(&self) -> bool {
-        self.params
-            .as_ref()
-            .and_then(|p| pick(p.get().as_bytes(), ["_meta"]))
-            .and_then(|[meta]| {
-                pick(
-                    meta?.get().as_bytes(),
-                    [
-                        "io.modelcontextprotocol/protocolVersion",
-                        "io.modelcontextprotocol/clientCapabilities",
-                    ],
-                )
-            })
-            .is_some_and(|[version, capabilities]| {
-                version.is_some_and(|v| serde_json::from_str::<String>(v.get()).is_ok())
-                    && capabilities.is_some_and(|c| c.get().starts_with('{'))
-            })
+        self.inline_version().is_some()
+    }
+
+    /// The two `_meta` members that open a session without `initialize`, as sent (a
+    /// string version, object capabilities).
+    fn inline_version(&self) -> Option<(Raw, Raw)> {
+        const KEYS: [&str; 2] = [
+            "io.modelcontextprotocol/protocolVersion",
+            "io.modelcontextprotocol/clientCapabilities",
+        ];
+        let [meta] = pick(self.params.as_ref()?.get().as_bytes(), ["_meta"])?;
+        let [version, capabilities] = pick(meta?.get().as_bytes(), KEYS)?;
+        let (version, capabilities) = (version?, capabilities?);
+        (serde_json::from_str::<String>(version.get()).is_ok()
+            && capabilities.get().starts_with('{'))
+        .then_some((version, capabilities))
     }
 
     /// Whether the id and version are plain values (a string or a number), which are
@@ -402,16 +413,33 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             serde_json::to_string(&refusal).unwrap_or_else(|_| "{}".to_owned())
         )
     });
-    let inner = meta.as_ref().map(|m| {
-        let t = m.get().trim();
-        t[1..t.len() - 1].trim()
-    });
+    // A `_meta` too large to copy still gives the two members that open a session
+    // without `initialize`, so that the SDK answers the refusal rather than ask for them.
+    let opening = meta
+        .is_none()
+        .then(|| head.inline_version())
+        .flatten()
+        .filter(|(v, c)| v.get().len() + c.get().len() <= MAX_META_BYTES)
+        .map(|(v, c)| {
+            format!(
+                "\"io.modelcontextprotocol/protocolVersion\":{},\"io.modelcontextprotocol/clientCapabilities\":{}",
+                v.get(),
+                c.get()
+            )
+        });
+    let inner = meta
+        .as_ref()
+        .map(|m| {
+            let t = m.get().trim();
+            t[1..t.len() - 1].trim()
+        })
+        .or(opening.as_deref());
     let fields: Vec<&str> = inner
         .into_iter()
         .filter(|i| !i.is_empty())
         .chain(refused.as_deref())
         .collect();
-    if meta.is_some() || refused.is_some() {
+    if inner.is_some() || refused.is_some() {
         params.push(format!("\"_meta\":{{{}}}", fields.join(",")));
     }
     // Any other request goes on without its parameters: rmcp answers it as such. The id

@@ -345,3 +345,70 @@ async fn held_calls_of_a_session_without_initialize_are_cancelled_too() {
         assert!(!s.root.join(format!("f{id}.txt")).exists(), "f{id}");
     }
 }
+
+/// Ids are compared as the SDK reads them: a held call `100` is cancelled by a
+/// cancellation naming `100.0`, and an `initialize` whose id is `1.0` is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_number_ids_written_as_floats_name_the_same_request() {
+    use tokio::io::AsyncWriteExt;
+    let mut s = RawSession::connect(Mode::Write);
+    s.send(&INITIALIZE.replace(r#""id":0"#, r#""id":1.0"#))
+        .await;
+    assert_eq!(s.answer().await["id"], 1);
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    let lock = hold_workflow_lock(&s, "wf_slow");
+    for id in 1..=16 {
+        s.send(&slow_call(id, 10)).await;
+    }
+    s.send(&slow_call(100, 10)).await;
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":100.0}}"#)
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    drop(lock);
+    s.input.shutdown().await.unwrap();
+    let mut ids = Vec::new();
+    while let Ok(Some(line)) = s.answers.next_line().await {
+        let a: serde_json::Value = serde_json::from_str(&line).unwrap();
+        ids.push(a["id"].as_u64().unwrap());
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=16).collect::<Vec<u64>>());
+    assert!(!s.root.join("f100.txt").exists());
+}
+
+/// A session opened without `initialize` by a call whose `_meta` is too large to copy,
+/// and whose arguments the screen refuses, gets that refusal (the version goes along),
+/// and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_opening_call_with_a_large_meta_keeps_the_session() {
+    let mut s = RawSession::connect(Mode::Write);
+    let meta = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "pad": "p".repeat(70_000)
+    });
+    let refused = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"write_json","arguments":{{"path":"a.json","data":12345678901234567890123}},"_meta":{meta}}}}}"#
+    );
+    s.send(&refused).await;
+    let a = s.answer().await;
+    assert_eq!(a["id"], 1, "{a}");
+    assert_eq!(a["result"]["isError"], true, "{a}");
+    assert!(
+        a["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("invalid_plan"),
+        "{a}"
+    );
+    s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":77}}"#)
+        .await;
+    let mut call: serde_json::Value = serde_json::from_str(&slow_call(2, 1)).unwrap();
+    call["params"]["_meta"] = meta;
+    s.send(&call.to_string()).await;
+    let a = s.answer().await;
+    assert_eq!(a["id"], 2, "{a}");
+    assert_eq!(a["result"]["isError"], false, "{a}");
+    s.finish().await;
+}
