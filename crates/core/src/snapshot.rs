@@ -170,15 +170,11 @@ pub struct Snapshotter;
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
     Refusal::new(
         ReasonCode::IoError,
-        // The OS's own words ("Too many open files"), which name no path; a link where
-        // a file of the snapshot was, said as such.
+        // In the words every other write failure uses ("no storage space"), the OS's
+        // own where the kind says nothing ("Too many open files"); none names a path.
         format!(
             "could not {what} the snapshot: {}",
-            if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-                crate::error::io_words(e)
-            } else {
-                e.to_string()
-            }
+            crate::error::io_words(e)
         ),
     )
 }
