@@ -1060,14 +1060,15 @@ fn refusals_escape_control_characters() {
 }
 
 /// A text-direction mark in a path (allowed in a file name) is shown escaped, so
-/// `report\u{202e}dm.txt` cannot pass for another name in a listing.
+/// `report\u{202e}dm.txt` cannot pass for another name in a listing; so are a paragraph
+/// separator (a line break to some terminals) and a zero-width space.
 #[test]
 fn human_output_escapes_text_direction_marks() {
     let e = env();
     let p = e.write_plan(
         "rtl.json",
         &json!({"workflow_id": "wf_rtl", "actions": [
-            {"intent": "create_file", "path": "report\u{202e}dm.txt", "content": "x"}]}),
+            {"intent": "create_file", "path": "report\u{202e}dm\u{2029}\u{200b}.txt", "content": "x"}]}),
     );
     for args in [
         vec!["--enable-write", "--no-dry-run", "run"],
@@ -1075,8 +1076,13 @@ fn human_output_escapes_text_direction_marks() {
     ] {
         let (code, text) = human_output(&e, &args, &p);
         assert_eq!(code, Some(0), "{args:?}");
-        assert!(!text.contains('\u{202e}'), "{args:?}: {text}");
-        assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
+        for c in ['\u{202e}', '\u{2029}', '\u{200b}'] {
+            assert!(!text.contains(c), "{args:?}: {text}");
+            assert!(
+                text.contains(&c.escape_default().to_string()),
+                "{args:?}: {text}"
+            );
+        }
     }
 }
 
