@@ -160,7 +160,9 @@ enum Kind {
 fn request_id(text: &str) -> Option<Value> {
     match serde_json::from_str::<Value>(text).ok()? {
         Value::String(s) => Some(Value::String(s)),
-        Value::Number(n) if n.is_i64() || n.is_u64() => Some(Value::Number(n)),
+        // The SDK holds ids as i64.
+        Value::Number(n) if n.is_i64() => Some(Value::Number(n)),
+        Value::Number(n) if n.is_u64() => None,
         Value::Number(n) => {
             let f = n.as_f64()?;
             // Whole, and exact as an integer (below 2^53).
@@ -350,6 +352,7 @@ pub(crate) const MAX_GROWTH: usize = 64 << 10;
 /// `initialize` has been passed on (rmcp ends a session at a notification or response
 /// that comes before it), and is set when this line is it.
 fn screen(line: &[u8], started: &mut bool) -> Pass {
+    let was_started = *started;
     // Read before the first request, and again only when the check fails.
     let mut first = None;
     if !*started {
@@ -434,6 +437,15 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             t[1..t.len() - 1].trim()
         })
         .or(opening.as_deref());
+    // What goes on in this one's place opens a session only when it keeps the `_meta`
+    // members that do (an `initialize` without its parameters opens none): else the
+    // session waits as before.
+    let opens = method != "initialize"
+        && head.names_inline_version()
+        && (meta.is_some() || opening.is_some());
+    if !opens {
+        *started = was_started;
+    }
     let fields: Vec<&str> = inner
         .into_iter()
         .filter(|i| !i.is_empty())

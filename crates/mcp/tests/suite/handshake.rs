@@ -412,3 +412,41 @@ async fn a_refused_opening_call_with_a_large_meta_keeps_the_session() {
     assert_eq!(a["result"]["isError"], false, "{a}");
     s.finish().await;
 }
+
+/// What the SDK will not take does not open the session for the screen either: an
+/// `initialize` with an id past i64, an opening call refused with capabilities too large
+/// to copy, an `initialize` refused by the screen; a notification after them is dropped
+/// and the session opens as usual afterwards.
+#[tokio::test]
+async fn what_the_sdk_will_not_open_a_session_with_leaves_it_waiting() {
+    let refused_initialize = INITIALIZE
+        .replace(
+            r#""capabilities":{}"#,
+            r#""capabilities":{"experimental":{"x":{"n":0.1000000000000000000001}}}"#,
+        )
+        .replace(r#""id":0"#, r#""id":9"#);
+    let big_caps = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{"experimental":{{"x":{{"pad":"{}"}}}}}}}},"name":"read_file","arguments":{{"path":"a.md","path":"b.md"}}}}}}"#,
+        "A".repeat(70_000)
+    );
+    for first in [
+        INITIALIZE.replace(r#""id":0"#, r#""id":9223372036854775808"#),
+        big_caps,
+        refused_initialize,
+    ] {
+        let mut s = RawSession::connect(Mode::Default);
+        s.send(&first).await;
+        s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+            .await;
+        s.send(INITIALIZE).await;
+        // Whatever the SDK answered the first one, the session opens now.
+        loop {
+            let a = s.answer().await;
+            if a["id"] == 0 {
+                assert!(a.get("result").is_some(), "{a}");
+                break;
+            }
+        }
+        s.finish().await;
+    }
+}
