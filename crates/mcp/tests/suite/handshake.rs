@@ -160,6 +160,28 @@ fn hold_workflow_lock(s: &RawSession, wf: &str) -> std::fs::File {
     lock
 }
 
+/// Lets the held calls go, closes the client's input, and checks that the calls 1 to
+/// `last` but `cancelled` were each answered once, none with an error, and that the
+/// cancelled ones wrote nothing.
+async fn release_and_check(s: &mut RawSession, lock: std::fs::File, last: u64, cancelled: &[u64]) {
+    use tokio::io::AsyncWriteExt;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    drop(lock);
+    s.input.shutdown().await.unwrap();
+    let mut ids = Vec::new();
+    while let Ok(Some(line)) = s.answers.next_line().await {
+        let a: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(a["result"]["isError"], false, "{a}");
+        ids.push(a["id"].as_u64().unwrap());
+    }
+    ids.sort_unstable();
+    let expected: Vec<u64> = (1..=last).filter(|id| !cancelled.contains(id)).collect();
+    assert_eq!(ids, expected);
+    for id in cancelled {
+        assert!(!s.root.join(format!("f{id}.txt")).exists(), "f{id}");
+    }
+}
+
 fn slow_call(id: usize, bytes: usize) -> String {
     serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
         "name": "create_file",
@@ -268,7 +290,6 @@ async fn calls_the_handler_never_sees_do_not_hold_the_session() {
 /// written, no answer; the others run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_calls_are_cancelled_before_they_run() {
-    use tokio::io::AsyncWriteExt;
     let mut s = RawSession::start(Mode::Write).await;
     let lock = hold_workflow_lock(&s, "wf_slow");
     for id in 1..=20 {
@@ -285,21 +306,7 @@ async fn held_calls_are_cancelled_before_they_run() {
         ))
         .await;
     }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    drop(lock);
-    s.input.shutdown().await.unwrap();
-    let mut ids = Vec::new();
-    while let Ok(Some(line)) = s.answers.next_line().await {
-        let a: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(a["result"]["isError"], false, "{a}");
-        ids.push(a["id"].as_u64().unwrap());
-    }
-    ids.sort_unstable();
-    let expected: Vec<u64> = (1..=20).filter(|id| ![18, 19].contains(id)).collect();
-    assert_eq!(ids, expected);
-    for id in [18, 19] {
-        assert!(!s.root.join(format!("f{id}.txt")).exists(), "f{id}");
-    }
+    release_and_check(&mut s, lock, 20, &[18, 19]).await;
     assert!(s.root.join("f20.txt").exists());
 }
 
@@ -310,7 +317,6 @@ async fn held_calls_are_cancelled_before_they_run() {
 /// from running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_calls_of_a_session_without_initialize_are_cancelled_too() {
-    use tokio::io::AsyncWriteExt;
     let mut s = RawSession::connect(Mode::Write);
     let lock = hold_workflow_lock(&s, "wf_slow");
     let meta = serde_json::json!({
@@ -329,28 +335,13 @@ async fn held_calls_of_a_session_without_initialize_are_cancelled_too() {
         .await;
     s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":19,"reason":5}}"#)
         .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    drop(lock);
-    s.input.shutdown().await.unwrap();
-    let mut ids = Vec::new();
-    while let Ok(Some(line)) = s.answers.next_line().await {
-        let a: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(a["result"]["isError"], false, "{a}");
-        ids.push(a["id"].as_u64().unwrap());
-    }
-    ids.sort_unstable();
-    let expected: Vec<u64> = (1..=20).filter(|id| ![17, 18, 19].contains(id)).collect();
-    assert_eq!(ids, expected);
-    for id in [17, 18, 19] {
-        assert!(!s.root.join(format!("f{id}.txt")).exists(), "f{id}");
-    }
+    release_and_check(&mut s, lock, 20, &[17, 18, 19]).await;
 }
 
 /// Ids are compared as the SDK reads them: a held call `100` is cancelled by a
 /// cancellation naming `100.0`, and an `initialize` whose id is `1.0` is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_number_ids_written_as_floats_name_the_same_request() {
-    use tokio::io::AsyncWriteExt;
     let mut s = RawSession::connect(Mode::Write);
     s.send(&INITIALIZE.replace(r#""id":0"#, r#""id":1.0"#))
         .await;
@@ -364,16 +355,7 @@ async fn whole_number_ids_written_as_floats_name_the_same_request() {
     s.send(&slow_call(100, 10)).await;
     s.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":100.0}}"#)
         .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    drop(lock);
-    s.input.shutdown().await.unwrap();
-    let mut ids = Vec::new();
-    while let Ok(Some(line)) = s.answers.next_line().await {
-        let a: serde_json::Value = serde_json::from_str(&line).unwrap();
-        ids.push(a["id"].as_u64().unwrap());
-    }
-    ids.sort_unstable();
-    assert_eq!(ids, (1..=16).collect::<Vec<u64>>());
+    release_and_check(&mut s, lock, 16, &[]).await;
     assert!(!s.root.join("f100.txt").exists());
 }
 
