@@ -295,24 +295,35 @@ pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
     if r.is_success() || r.is_simulated() {
         return StatusCode::OK;
     }
-    let io = Some(ReasonCode::IoError);
-    let mut failed = r
+    // The reasons: the failed steps', and the report's own (every step went through and
+    // only the trail could not record it).
+    let reasons = r
         .steps
         .iter()
         .filter(|s| !s.restored)
         .map(|s| s.reason_code)
-        .peekable();
-    let any_failed = failed.peek().is_some();
-    // Storage only: steps failed on it, or every step went through and only the trail
-    // could not record it.
-    let storage_only = failed.all(|c| c == io)
-        && (any_failed || r.reason_code == io)
-        && r.reason_code.is_none_or(|c| Some(c) == io);
+        .chain(r.reason_code.map(Some));
     match (r.status, r.reason_code) {
         ("refused", Some(code)) => refusal_status(code),
-        _ if storage_only => StatusCode::INTERNAL_SERVER_ERROR,
+        _ if storage_only(reasons) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
+}
+
+/// Whether a plan was refused or failed by the server's storage alone (see
+/// [`storage_only`]), its reasons being those of its refused and failed actions and of
+/// writes its rollback could not undo.
+pub(crate) fn run_stopped_by_storage(r: &RunResult) -> bool {
+    !matches!(r.status, RunStatus::Success | RunStatus::SimulatedSuccess)
+        && storage_only(r.actions.iter().filter_map(|a| a.reason_code).map(Some))
+}
+
+/// Whether the server's own storage (a full disk, say) is all that stopped a plan or a
+/// rollback: there is a reason, and each is `io_error`. That is 500: 422 would tell the
+/// client to change a request that is fine, 409 that someone else got in the way.
+fn storage_only(reasons: impl IntoIterator<Item = Option<ReasonCode>>) -> bool {
+    let mut reasons = reasons.into_iter().peekable();
+    reasons.peek().is_some() && reasons.all(|c| c == Some(ReasonCode::IoError))
 }
 
 #[cfg(test)]

@@ -273,9 +273,7 @@ pub(crate) async fn run_plan(
     let retry_after = rate_limited_for(&result);
     if retry_after.is_some() {
         status = axum::http::StatusCode::TOO_MANY_REQUESTS;
-    } else if stopped_only_by(&result, ailab_sandbox_core::ReasonCode::IoError) {
-        // The server's storage failed (a full disk, say), not the plan: 422 or 409 would
-        // tell the client to change a plan that is fine, or that someone else got in the way.
+    } else if crate::error::run_stopped_by_storage(&result) {
         status = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
     }
     let (reason_code, reason) = match run_summary(&result) {
@@ -295,19 +293,6 @@ pub(crate) async fn run_plan(
         );
     }
     Ok(resp)
-}
-
-/// Whether a plan was refused or failed, and every action with a reason (refused,
-/// failed, or a write its rollback could not undo) has `code`.
-fn stopped_only_by(
-    r: &ailab_sandbox_core::executor::RunResult,
-    code: ailab_sandbox_core::ReasonCode,
-) -> bool {
-    use ailab_sandbox_core::executor::RunStatus;
-    let mut reasons = r.actions.iter().filter_map(|a| a.reason_code).peekable();
-    !matches!(r.status, RunStatus::Success | RunStatus::SimulatedSuccess)
-        && reasons.peek().is_some()
-        && reasons.all(|c| c == code)
 }
 
 /// When a plan was refused only by the rate limit: the seconds until all its refused
