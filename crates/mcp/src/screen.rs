@@ -418,11 +418,10 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     });
     // A `_meta` too large to copy still gives the two members that open a session
     // without `initialize`, so that the SDK answers the refusal rather than ask for them.
-    let opening = meta
-        .is_none()
-        .then(|| head.inline_version())
-        .flatten()
-        .filter(|(v, c)| v.get().len() + c.get().len() <= MAX_META_BYTES)
+    let inline = head.inline_version();
+    let opening = inline
+        .as_ref()
+        .filter(|(v, c)| meta.is_none() && v.get().len() + c.get().len() <= MAX_META_BYTES)
         .map(|(v, c)| {
             format!(
                 "\"io.modelcontextprotocol/protocolVersion\":{},\"io.modelcontextprotocol/clientCapabilities\":{}",
@@ -440,9 +439,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // What goes on in this one's place opens a session only when it keeps the `_meta`
     // members that do (an `initialize` without its parameters opens none): else the
     // session waits as before.
-    let opens = method != "initialize"
-        && head.names_inline_version()
-        && (meta.is_some() || opening.is_some());
+    let opens = method != "initialize" && inline.is_some() && (meta.is_some() || opening.is_some());
     if !opens {
         *started = was_started;
     }
