@@ -368,12 +368,22 @@ impl ArtifactRegistry {
         checksum: &str,
         keep: impl Fn(&ArtifactEntry) -> bool,
     ) -> io::Result<Option<ArtifactEntry>> {
+        self.newest_at_where(path, |e| e.checksum_sha256 == checksum && keep(e))
+    }
+
+    /// Of the newest artifact at an absolute path and its nearest ancestors (those at the
+    /// same path), the newest that `keep` accepts.
+    pub fn newest_at_where(
+        &self,
+        path: &str,
+        keep: impl Fn(&ArtifactEntry) -> bool,
+    ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
             let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path);
             // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
             for _ in 0..64 {
                 let e = ix.at(cur?);
-                if e.path == path && e.checksum_sha256 == checksum && keep(e) {
+                if e.path == path && keep(e) {
                     return Some(e.clone());
                 }
                 cur = ix.by_id(e.parent_artifact_id.as_deref()?);

@@ -815,6 +815,18 @@ impl AuditLog {
         })
     }
 
+    /// Whether the trail records an action of a workflow as rolled back.
+    pub fn is_rolled_back(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
+        self.with(|ix| {
+            ix.by_workflow.get(workflow_id).is_some_and(|ids| {
+                ids.iter().any(|&i| {
+                    let e = &ix.entries[i];
+                    e.action_id == action_id && e.status == AuditStatus::RolledBack
+                })
+            })
+        })
+    }
+
     /// The changes another run made to a target after `since` (writes and restores;
     /// each `before_checksum` is what it found there), as the trail records them:
     /// earliest first by timestamp, since recovery appends lines after the fact.

@@ -1183,9 +1183,11 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     /// The registry entry of a file the action is about to write. Its parent defaults to
     /// the artifact whose bytes it replaces: of the latest artifact at the same path and
-    /// its ancestors, the newest with the checksum the file holds now (an artifact rolled
-    /// back since is skipped), else the latest one (SPEC §8: a file changed by hand, or
-    /// made again).
+    /// its ancestors, the newest with the checksum the file holds now, else the newest
+    /// whose write was not rolled back (SPEC §8: a file changed by hand, or made again
+    /// after it was deleted). A rolled-back write is no version the path still has: a
+    /// file back to bytes no artifact holds (as before a workflow that was rolled back)
+    /// has no parent but an older artifact standing there.
     fn new_artifact(
         &self,
         a: &Action,
@@ -1208,7 +1210,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                 Some(p) => Some(p.clone()),
                 None => before
                     .and_then(|sum| sb.registry.version_holding(target, sum).ok().flatten())
-                    .or_else(|| sb.registry.latest_for_path(target).ok().flatten())
+                    .or_else(|| {
+                        let standing = |e: &ArtifactEntry| !sb.rolled_back(e);
+                        sb.registry.newest_at_where(target, standing).ok().flatten()
+                    })
                     .map(|e| e.artifact_id),
             },
             generated_by_action: format!("{}/{}", self.execution_id, a.id()),

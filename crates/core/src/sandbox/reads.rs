@@ -159,15 +159,10 @@ impl Sandbox {
     }
 
     /// Whether the trail records the write of `artifact` as rolled back.
-    fn rolled_back(&self, artifact: &ArtifactEntry) -> bool {
+    pub(crate) fn rolled_back(&self, artifact: &ArtifactEntry) -> bool {
         self.audit
-            .by_workflow(&artifact.workflow_id)
-            .is_ok_and(|entries| {
-                entries.iter().any(|e| {
-                    e.action_id == artifact.action_id
-                        && e.status == crate::audit::AuditStatus::RolledBack
-                })
-            })
+            .is_rolled_back(&artifact.workflow_id, &artifact.action_id)
+            .unwrap_or(false)
     }
 
     /// Newest audit entries.

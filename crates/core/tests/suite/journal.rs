@@ -634,8 +634,8 @@ fn successive_writes_of_one_path_form_a_lineage_by_default() {
     assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
 }
 
-/// A write's parent is the artifact whose bytes it replaced (one rolled back since is
-/// skipped), or else the latest artifact at its path.
+/// A write's parent is the artifact whose bytes it replaced, or else the latest artifact
+/// at its path whose write was not rolled back.
 #[test]
 fn lineage_follows_the_bytes_a_write_replaced() {
     let w = World::new();
@@ -679,8 +679,8 @@ fn lineage_follows_the_bytes_a_write_replaced() {
     );
     assert_eq!(
         parent(&art(&r3, 0)),
-        Some(art(&r2, 0)),
-        "made again: the path's latest"
+        None,
+        "made again after every earlier write was rolled back: no version stands"
     );
     w.write("x.txt", b"edited by hand\n");
     let r4 = run(
@@ -688,6 +688,25 @@ fn lineage_follows_the_bytes_a_write_replaced() {
         json!({"workflow_id": "w4", "actions": [{"action_id": "d1", "intent": "replace_file", "path": "x.txt", "content": "v4\n"}]}),
     );
     assert_eq!(parent(&art(&r4, 0)), Some(art(&r3, 0)), "the path's latest");
+    // Back to bytes no artifact holds (the hand edit r4 replaced): the rolled-back r4 is
+    // skipped for the artifact that still stands beneath it.
+    assert_eq!(
+        sb.rollback_workflow("w4", &Default::default()).status,
+        "rolled_back"
+    );
+    let r5 = run(
+        &sb,
+        json!({"workflow_id": "w5", "actions": [{"action_id": "e1", "intent": "replace_file", "path": "x.txt", "content": "v5\n"}]}),
+    );
+    assert_eq!(
+        r5.actions[0].before_checksum.as_deref(),
+        Some(sha(b"edited by hand\n").as_str())
+    );
+    assert_eq!(
+        parent(&art(&r5, 0)),
+        Some(art(&r3, 0)),
+        "not the rolled-back r4"
+    );
 }
 
 #[test]
