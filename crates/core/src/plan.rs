@@ -473,23 +473,33 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
     reading::scan(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the arguments are not valid: {e}{}", nesting_hint(&e)),
+            format!("the arguments are not valid: {e}{}", parse_hint(&e, json)),
         )
     })
 }
 
-/// What to change when the parser stopped at its nesting limit (its own words say only
-/// what it hit). The limit counts every level of the text, the envelope's included.
-fn nesting_hint(e: &serde_json::Error) -> &'static str {
+/// What to change when the parser stopped where its own words say only what it hit: its
+/// nesting limit (which counts every level of the text, the envelope's included), a lone
+/// surrogate escape, or a byte of `json` that is not UTF-8.
+fn parse_hint(e: &serde_json::Error, json: &[u8]) -> String {
     let said = e.to_string();
     if said.starts_with("recursion limit exceeded") {
-        " (arrays and objects nest fewer than 128 levels deep, counting those that hold the data: flatten the data)"
+        " (arrays and objects nest fewer than 128 levels deep, counting those that hold the data: flatten the data)".to_owned()
     } else if said.contains("surrogate") || said.contains("hex escape") {
         // The parser's words name its state ("leading", "end of hex escape"), not the
         // escape it met.
-        " (an escape from \\uD800 to \\uDFFF must be one of a pair: a high one, D800 to DBFF, then a low one, DC00 to DFFF; alone it names no character: send the character itself, or its pair)"
+        " (an escape from \\uD800 to \\uDFFF must be one of a pair: a high one, D800 to DBFF, then a low one, DC00 to DFFF; alone it names no character: send the character itself, or its pair)".to_owned()
+    } else if said.starts_with("invalid unicode code point")
+        && let Err(bad) = std::str::from_utf8(json)
+    {
+        // The parser names a code point; what is wrong is a byte of the text.
+        let at = bad.valid_up_to();
+        format!(
+            " (byte 0x{:02X} at offset {at} is not UTF-8: JSON text is UTF-8, so save the text as UTF-8, or write the character as a \\u escape)",
+            json[at]
+        )
     } else {
-        ""
+        String::new()
     }
 }
 
@@ -519,7 +529,7 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
         }
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the plan is not valid: {e}{}", nesting_hint(&e)),
+            format!("the plan is not valid: {e}{}", parse_hint(&e, json)),
         )
     })?;
     drop(counting);
@@ -1295,6 +1305,23 @@ mod tests {
             "{}",
             why.reason
         );
+    }
+
+    /// A byte that is not UTF-8 inside a string is named as a byte, not as the code
+    /// point the parser calls it.
+    #[test]
+    fn a_byte_that_is_not_utf8_is_named() {
+        let plan = b"{\"actions\": [{\"intent\": \"create_file\", \"path\": \"a.txt\", \"content\": \"x\xFF\"}]}";
+        let why = parse_plan(plan).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+        assert!(
+            why.reason.contains("byte 0xFF at offset 69 is not UTF-8"),
+            "{}",
+            why.reason
+        );
+        let args = b"{\"content\": \"\xC3\"}";
+        let why = check_unique_keys(args).unwrap_err().reason;
+        assert!(why.contains("byte 0xC3 at offset 13 is not UTF-8"), "{why}");
     }
 
     #[test]
