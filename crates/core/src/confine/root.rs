@@ -1402,6 +1402,22 @@ pub(crate) struct CheckedDir {
     pub ancestry: Vec<(u64, u64)>,
 }
 
+/// Begins the reason of every refusal of a directory for what lies above it (another
+/// user's directory or symbolic link): a setting to correct, which callers tell apart
+/// from a failure of the disk by it.
+pub(crate) const REFUSED_ABOVE: &str = "is refused: ";
+
+/// What a walk to a directory does about the parts that do not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// They are refused.
+    Open,
+    /// They are made.
+    Create,
+    /// The walk stops there, judging only what exists: nothing is made.
+    Probe,
+}
+
 /// Opens the directory `path` (`what` names it in messages: "root", "state directory")
 /// by walking from `/` one handle at a time; with `create`, missing directories are made
 /// (the last one with `mode`). Each directory above it must be owned by root or by this
@@ -1409,18 +1425,14 @@ pub(crate) struct CheckedDir {
 /// on the way is followed only when it is owned by root or by this user; the directory
 /// itself must not be a symlink. Its own owner and mode are for the caller to judge, on
 /// the handle returned, so nothing can be swapped in between.
-/// Begins the reason of every refusal of a directory for what lies above it (another
-/// user's directory or symbolic link): a setting to correct, which callers tell apart
-/// from a failure of the disk by it.
-pub(crate) const REFUSED_ABOVE: &str = "is refused: ";
-
 pub(crate) fn open_checked_dir(
     path: &Path,
     create: bool,
     what: &str,
     mode: u32,
 ) -> Result<CheckedDir, String> {
-    open_dir_checked(path, create, what, mode, false)
+    open_dir_checked(path, Walk::made_if(create), what, mode, false)?
+        .ok_or_else(|| format!("{what} {} cannot be reached", path.display()))
 }
 
 /// [`open_checked_dir`], except that the directory itself may be a symlink, followed
@@ -1434,16 +1446,36 @@ pub(crate) fn open_checked_dir_through_link(
     what: &str,
     mode: u32,
 ) -> Result<CheckedDir, String> {
-    open_dir_checked(path, create, what, mode, true)
+    open_dir_checked(path, Walk::made_if(create), what, mode, true)?
+        .ok_or_else(|| format!("{what} {} cannot be reached", path.display()))
 }
 
+/// What [`open_checked_dir_through_link`] would refuse in what exists of `path` now,
+/// found without making anything: the metadata of the directory when it exists, `None`
+/// when some part of it is still to be made. For a start that must not leave folders
+/// behind when it is refused.
+pub(crate) fn probe_checked_dir_through_link(
+    path: &Path,
+    what: &str,
+) -> Result<Option<cap_std::fs::Metadata>, String> {
+    open_dir_checked(path, Walk::Probe, what, 0, true).map(|c| c.map(|c| c.meta))
+}
+
+impl Walk {
+    fn made_if(create: bool) -> Self {
+        if create { Walk::Create } else { Walk::Open }
+    }
+}
+
+/// The chain of a walk that made or found every part; `None` after a probe that met a
+/// part not made yet.
 fn open_dir_checked(
     path: &Path,
-    create: bool,
+    walk: Walk,
     what: &str,
     mode: u32,
     follow_last: bool,
-) -> Result<CheckedDir, String> {
+) -> Result<Option<CheckedDir>, String> {
     let shown = path.display();
     if !path.is_absolute() {
         return Err(format!("{what} {shown} is not an absolute path"));
@@ -1458,13 +1490,16 @@ fn open_dir_checked(
         ));
     };
     let euid = euid();
-    let chain = open_ancestors(path, above, create, euid, what)?;
+    let Some(chain) = open_ancestors(path, above, walk, euid, what)? else {
+        return Ok(None);
+    };
     let parent = chain
         .last()
         .ok_or_else(|| format!("{what} {shown} has no parent directory"))?;
     let meta = match parent.dir.symlink_metadata(name) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
             make_dir(&parent.dir, name, mode)
                 .map_err(|e| format!("{what} {shown} cannot be created: {e}"))?;
             parent
@@ -1480,7 +1515,14 @@ fn open_dir_checked(
                 "{what} {shown} is a symbolic link; a {what} must be a real directory"
             ));
         }
-        let mut chain = open_ancestors(path, &names, false, euid, what)?;
+        let through = if walk == Walk::Probe {
+            Walk::Probe
+        } else {
+            Walk::Open
+        };
+        let Some(mut chain) = open_ancestors(path, &names, through, euid, what)? else {
+            return Ok(None);
+        };
         let last = chain
             .pop()
             .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
@@ -1488,11 +1530,11 @@ fn open_dir_checked(
             .dir
             .dir_metadata()
             .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
-        return Ok(CheckedDir {
+        return Ok(Some(CheckedDir {
             dir: last.dir,
             meta,
             ancestry: chain.iter().map(|a| a.id).collect(),
-        });
+        }));
     }
     if !meta.is_dir() {
         return Err(format!("{what} {shown} is not a directory"));
@@ -1510,23 +1552,24 @@ fn open_dir_checked(
             "{what} {shown} changed while it was being opened; refusing it"
         ));
     }
-    Ok(CheckedDir {
+    Ok(Some(CheckedDir {
         dir,
         meta: opened,
         ancestry: chain.iter().map(|a| a.id).collect(),
-    })
+    }))
 }
 
 /// Walks from `/` to the directory that holds `root` (whose components above it are
 /// `names`), checking each directory on the way (see [`SandboxRoot::open`]) and, with
-/// `create`, making the missing ones. Returns the chain of real directories, `/` first.
+/// `walk`, making the missing ones or stopping at the first. Returns the chain of real
+/// directories, `/` first; `None` when a probe stopped.
 fn open_ancestors(
     root: &Path,
     names: &[String],
-    create: bool,
+    walk: Walk,
     euid: u32,
     what: &str,
-) -> Result<Vec<Ancestor>, String> {
+) -> Result<Option<Vec<Ancestor>>, String> {
     let shown = root.display();
     let top = PathBuf::from("/");
     let dir = Dir::open_ambient_dir(&top, ambient_authority())
@@ -1548,7 +1591,10 @@ fn open_ancestors(
         let here = parent.path.join(&name);
         let meta = match parent.dir.symlink_metadata(&name) {
             Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => {
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
                 make_dir(&parent.dir, &name, DIR_MODE).map_err(|e| {
                     format!(
                         "{what} {shown} cannot be created: its parent {} cannot be created: {e}",
@@ -1611,7 +1657,7 @@ fn open_ancestors(
         })?;
         chain.push(checked_ancestor(root, here, dir, euid, what)?);
     }
-    Ok(chain)
+    Ok(Some(chain))
 }
 
 /// Checks a directory above `root` on its open handle: owned by root or by `euid`, and

@@ -46,16 +46,9 @@ impl StateDir {
     /// the audit trail, the registry and the seal key that decides which snapshots are
     /// trusted.
     pub fn open(path: &Path) -> io::Result<Self> {
-        const WHAT: &str = "state directory";
-        let checked = super::root::open_checked_dir_through_link(path, true, WHAT, STATE_DIR_MODE)
-            .map_err(|why| {
-                // Others could swap it for theirs: as unsafe as one they could write in.
-                if why.contains(super::root::REFUSED_ABOVE) {
-                    io::Error::new(io::ErrorKind::PermissionDenied, NotPrivate(why))
-                } else {
-                    io::Error::other(why)
-                }
-            })?;
+        let checked =
+            super::root::open_checked_dir_through_link(path, true, STATE_DIR, STATE_DIR_MODE)
+                .map_err(walk_refusal)?;
         check_private(&checked.meta, &path.display().to_string())?;
         let sub = |name: &str| -> io::Result<Dir> {
             let mut b = DirBuilder::new();
@@ -68,7 +61,7 @@ impl StateDir {
             let d = checked.dir.open_dir_nofollow(name).map_err(|e| {
                 io::Error::new(
                     e.kind(),
-                    format!("{WHAT} folder {shown} cannot be opened: {e}"),
+                    format!("{STATE_DIR} folder {shown} cannot be opened: {e}"),
                 )
             })?;
             check_private(&d.dir_metadata()?, &shown)?;
@@ -84,6 +77,16 @@ impl StateDir {
             }),
             lock_wait: std::time::Duration::from_secs(crate::config::LOCK_WAIT_SECONDS),
         })
+    }
+
+    /// What [`StateDir::open`] would refuse in what exists of `path` now (a file in its
+    /// place or above it, another user's directory or link on the way, a directory
+    /// others may write in), found without making anything.
+    pub fn probe(path: &Path) -> io::Result<()> {
+        match super::root::probe_checked_dir_through_link(path, STATE_DIR).map_err(walk_refusal)? {
+            Some(meta) => check_private(&meta, &path.display().to_string()),
+            None => Ok(()),
+        }
     }
 
     /// The same directory, whose locks (and those of the logs it opens from now on) are
@@ -907,6 +910,19 @@ impl LogFile {
             self.file.sync_data()?;
         }
         Ok(())
+    }
+}
+
+/// How the state directory is named in messages.
+const STATE_DIR: &str = "state directory";
+
+/// A refusal of the walk to the state directory. One refused for what lies above it is
+/// [`NotPrivate`]: others could swap it for theirs, as unsafe as one they could write in.
+fn walk_refusal(why: String) -> io::Error {
+    if why.contains(super::root::REFUSED_ABOVE) {
+        io::Error::new(io::ErrorKind::PermissionDenied, NotPrivate(why))
+    } else {
+        io::Error::other(why)
     }
 }
 

@@ -179,6 +179,23 @@ impl Sandbox {
                 }
             }
         }
+        // Nor when the state directory will be refused below: a refused start leaves
+        // nothing behind. Judged on what exists now; the checks on the opened directories
+        // stand.
+        for r in &config.roots {
+            if let Some(inside) = lies_inside(&config.state_dir, r) {
+                return Err(Error::StateDirInsideRoot {
+                    state_dir: inside,
+                    root: r.clone(),
+                });
+            }
+        }
+        if !may_fall_back(&config) {
+            StateDir::probe(&config.state_dir).map_err(|cause| Error::StateDir {
+                path: config.state_dir.clone(),
+                cause,
+            })?;
+        }
         let mut roots = Vec::new();
         let mut skipped = Vec::new();
         for r in &config.roots {
@@ -701,16 +718,19 @@ fn root_inside_state_dir(inside: &Path, state_dir: &Path) -> Error {
     )))
 }
 
+/// Whether a state directory that cannot be made gives way to the user's own: only the
+/// default, and only when nothing is there. One that exists and is refused is reported,
+/// or another run would quietly use another audit trail.
+fn may_fall_back(config: &Config) -> bool {
+    !config.state_dir_explicit
+        && config.state_dir == Path::new(DEFAULT_STATE_DIR)
+        && !crate::confine::state::exists(&config.state_dir)
+}
+
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
     match StateDir::open(&config.state_dir) {
         Ok(s) => Ok((s, None)),
-        // Only a default that could not be made: one that exists and was refused is
-        // reported, or another run would quietly use another audit trail.
-        Err(e)
-            if !config.state_dir_explicit
-                && config.state_dir == Path::new(DEFAULT_STATE_DIR)
-                && !crate::confine::state::exists(&config.state_dir) =>
-        {
+        Err(e) if may_fall_back(config) => {
             let fallback =
                 Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
                     path: config.state_dir.clone(),

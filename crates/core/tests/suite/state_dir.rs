@@ -241,3 +241,33 @@ fn a_root_inside_the_state_directory_is_refused_before_anything_is_made() {
         );
     }
 }
+
+/// A start refused for its state directory makes nothing: no root (nor the folders on
+/// the way to one) is left behind, whatever the state directory's fault.
+#[test]
+fn a_refused_state_directory_leaves_no_root_behind() {
+    let w = World::new();
+    let tmp = w.tmp.path();
+    fs::write(tmp.join("afile"), b"x").unwrap();
+    symlink(tmp, tmp.join("lnk")).unwrap();
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(tmp.join("open"))
+        .unwrap();
+    fs::set_permissions(tmp.join("open"), fs::Permissions::from_mode(0o777)).unwrap();
+    for (state, says) in [
+        ("afile", "is not a directory"),
+        ("afile/below", "above it is not a directory"),
+        ("lnk/new-root/deep/st", "must be outside every root"),
+        ("open", "writable by other users"),
+        ("open/below/st", "writable by other users"),
+    ] {
+        let mut c = w.writable_config();
+        c.roots = vec![tmp.join("new-root/deep")];
+        c.state_dir = tmp.join(state);
+        let err = open_err(c);
+        assert!(err.contains(says), "{state}: {err}");
+        assert!(!tmp.join("new-root").exists(), "{state}: a root was made");
+        assert!(!tmp.join("open/below").exists(), "{state}");
+    }
+}
