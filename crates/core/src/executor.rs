@@ -8,9 +8,9 @@ use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
-use crate::confine::TargetKind;
 use crate::confine::path::{resolve_sandbox_path, shown_path};
 use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
+use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
@@ -287,6 +287,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut out = Vec::new();
         let mut stores_checked = std::collections::HashSet::new();
         for a in &self.plan.actions {
+            // An action refused by a limit alone (budget, rate) is otherwise sound: the
+            // actions after it are judged on the tree as it would leave it, so that what
+            // they are told is true of the plan, not of the plan without it (a 429 must
+            // mean the plan runs once the wait is over).
+            let mut only_limited: Option<(usize, RelPath, Option<Vec<u8>>)> = None;
             let r = (|| {
                 let approval = check_target(&self.request(a), &gctx)?;
                 check_payload(approval.op, a)?;
@@ -390,12 +395,17 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
+                let (ri, rel) = (ri, &approval.resolved.rel);
                 if bytes.is_some() {
                     let asked = Usage {
                         artifacts: planned.artifacts + held_back.artifacts,
                         bytes: planned.bytes + held_back.bytes,
                     };
-                    check_budget(wf, &sb.config.limits, registered.clone()?, asked, size)?;
+                    let registered = registered.clone()?;
+                    if let Err(r) = check_budget(wf, &sb.config.limits, registered, asked, size) {
+                        only_limited = Some((ri, rel.clone(), bytes));
+                        return Err(r);
+                    }
                 }
                 // Every write of the plan that gets this far counts, refused or not: the
                 // wait a refusal names is for all of them, so trying the plan again after
@@ -408,32 +418,37 @@ impl<'a> SandboxWriteExecutor<'a> {
                     now,
                     writes,
                 );
-                if limited.is_err() && bytes.is_some() {
-                    held_back.artifacts += 1;
-                    held_back.bytes += size;
+                if let Err(r) = limited {
+                    if bytes.is_some() {
+                        held_back.artifacts += 1;
+                        held_back.bytes += size;
+                    }
+                    only_limited = Some((ri, rel.clone(), bytes));
+                    return Err(r);
                 }
-                limited?;
                 Ok(Prepared {
                     approval,
                     bytes,
                     before_checksum,
                 })
             })();
-            if let Ok(p) = &r {
-                let ri = p.approval.resolved.root_index;
-                let rel = &p.approval.resolved.rel;
+            let left = match (&r, only_limited) {
+                (Ok(p), _) => {
+                    if let Some(b) = &p.bytes {
+                        planned.artifacts += 1;
+                        planned.bytes += b.len() as u64;
+                    }
+                    let (ri, rel) = (p.approval.resolved.root_index, &p.approval.resolved.rel);
+                    Some((ri, rel.clone(), p.bytes.clone()))
+                }
+                (Err(_), left) => left,
+            };
+            if let Some((ri, rel, bytes)) = left {
                 let comps = rel.components();
                 for d in 1..comps.len() {
                     tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
                 }
-                let v = match &p.bytes {
-                    Some(b) => {
-                        planned.artifacts += 1;
-                        planned.bytes += b.len() as u64;
-                        Virtual::File(Some(b.clone()))
-                    }
-                    None => Virtual::Dir,
-                };
+                let v = bytes.map_or(Virtual::Dir, |b| Virtual::File(Some(b)));
                 tree.insert((ri, rel.as_string()), v);
             }
             out.push(r);

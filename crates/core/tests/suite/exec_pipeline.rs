@@ -475,6 +475,71 @@ fn a_rate_limited_plans_wait_covers_all_its_writes() {
     );
 }
 
+/// An action a limit alone refuses is still judged to leave its file: the actions after it
+/// are told what is true of the plan, so a plan that is only throttled is told of the wait
+/// alone (and runs once it is over), and one that cannot run is told why now.
+#[test]
+fn actions_after_a_limited_one_are_judged_on_the_tree_it_would_leave() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let burst: Vec<_> = (0..10)
+        .map(|i| json!({"intent": "create_file", "path": format!("a{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"workflow_id": "wf_tree", "actions": burst}));
+    assert_eq!(status(&r), "success");
+    let codes = |r: &ailab_sandbox_core::RunResult| -> Vec<Option<String>> {
+        (0..r.actions.len()).map(|i| code(r, i)).collect()
+    };
+    let throttled = json!({"workflow_id": "wf_tree", "actions": [
+        {"intent": "create_file", "path": "new/y.txt", "content": "x"},
+        {"intent": "replace_file", "path": "new/y.txt", "content": "yy"},
+        {"intent": "sandbox_transform", "path": "new/y.txt", "edits": [{"old": "yy", "new": "zz"}]}]});
+    let r = run(&sb, throttled.clone());
+    assert_eq!(
+        codes(&r),
+        vec![Some("rate_limited".to_owned()); 3],
+        "{:?}",
+        r.actions
+    );
+    let broken = json!({"workflow_id": "wf_tree", "actions": [
+        {"intent": "create_file", "path": "q.txt", "content": "x"},
+        {"intent": "create_file", "path": "q.txt", "content": "y"}]});
+    let r = run(&sb, broken);
+    assert_eq!(
+        codes(&r),
+        vec![
+            Some("rate_limited".to_owned()),
+            Some("already_exists".to_owned())
+        ],
+        "{:?}",
+        r.actions
+    );
+    w.clock.advance(chrono::Duration::seconds(18));
+    assert_eq!(status(&run(&sb, throttled)), "success");
+    assert_eq!(w.read("new/y.txt"), b"zz");
+
+    // The same for the budget.
+    let mut c = w.writable_config();
+    c.limits.max_artifacts_per_workflow = 1;
+    drop(sb);
+    let sb = w.open(c);
+    let over = json!({"workflow_id": "wf_full", "actions": [
+        {"intent": "create_file", "path": "b/one.txt", "content": "1"},
+        {"intent": "create_file", "path": "b/two.txt", "content": "2"},
+        {"intent": "append_file", "path": "b/two.txt", "content": "3"}]});
+    let r = run(&sb, over);
+    assert_eq!(
+        codes(&r),
+        [
+            None,
+            Some("budget_artifacts_exceeded".to_owned()),
+            Some("budget_artifacts_exceeded".to_owned())
+        ],
+        "{:?}",
+        r.actions
+    );
+}
+
 /// A plan over both the rate limit and the artifact budget is told of the budget too: the
 /// writes the rate limit holds back would take the budget's room once sent again.
 #[test]
