@@ -206,26 +206,41 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         arguments: Option<JsonObject>,
         refused: Option<Refusal>,
     ) -> CallToolResult {
-        let Some(spec) = self.tools.iter().find(|t| t.name() == name) else {
-            // Refused as the same intent in a plan would be, and audited when forbidden.
-            let r = ailab_sandbox_core::policy::intent_refusal(name, None);
-            let forbidden = matches!(
-                r.reason_code,
-                ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
-            );
-            if forbidden {
-                self.audit_forbidden(name, arguments.as_ref()).await;
-            }
-            return unknown_tool(name, forbidden.then_some(r), &self.tools);
+        let spec = self.tools.iter().find(|t| t.name() == name);
+        let forbidden = spec
+            .is_none()
+            .then(|| ailab_sandbox_core::policy::intent_refusal(name, None))
+            .filter(|r| {
+                matches!(
+                    r.reason_code,
+                    ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
+                )
+            });
+        // A forbidden intent asked for as a tool is on the trail whatever else is wrong
+        // with the call: an agent probing for a shell or a delete leaves a trace.
+        // Answered with what the trail records (a phase that allows no writes is named
+        // before the intent, as in a plan).
+        let forbidden = match forbidden {
+            Some(r) => Some(
+                self.audit_forbidden(name, arguments.as_ref())
+                    .await
+                    .unwrap_or(r),
+            ),
+            None => None,
         };
-        // A write would store other values, and a read or rollback would act on another
-        // target than the caller named.
+        // A write would store other values, a read or rollback would act on another target
+        // than the caller named, and a name given twice may not be the one it meant.
         if let Some(r) = refused {
-            return match spec.kind {
-                ToolKind::Write(op) => refusal(&r, Some(self.writer(op)), ". Nothing was written."),
+            return match spec.map(|s| s.kind) {
+                Some(ToolKind::Write(op)) => {
+                    refusal(&r, Some(self.writer(op)), ". Nothing was written.")
+                }
                 _ => refusal(&r, None, ". Nothing was done."),
             };
         }
+        let Some(spec) = spec else {
+            return unknown_tool(name, forbidden, &self.tools);
+        };
         let args = match spec.parse(arguments.unwrap_or_default()) {
             Ok(a) => a,
             Err(problem) => return render::bad_arguments(name, &problem),
@@ -298,8 +313,13 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     /// Puts a forbidden intent asked for as a tool on the audit trail as a blocked
     /// action, as a plan holding it is (SPEC §8): an agent probing for a shell or a
     /// delete leaves a trace. Its workflow is the one it names, if valid, else the
-    /// session's; nothing else of its arguments is trusted.
-    async fn audit_forbidden(&self, intent: &str, arguments: Option<&JsonObject>) {
+    /// session's; nothing else of its arguments is trusted. Returns the refusal the trail
+    /// records.
+    async fn audit_forbidden(
+        &self,
+        intent: &str,
+        arguments: Option<&JsonObject>,
+    ) -> Option<Refusal> {
         let text = |k: &str| {
             arguments
                 .and_then(|a| a.get(k))
@@ -320,8 +340,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             ..Plan::default()
         };
         // Cancelling the call must not wipe its trace.
-        if let Ok(Err(r)) = self.on_pool(move |sb| sb.run_plan(plan), None).await {
-            tracing::warn!(reason = %r, "could not audit a forbidden tool call");
+        match self.on_pool(move |sb| sb.run_plan(plan), None).await {
+            Ok(Ok(res)) => res
+                .actions
+                .into_iter()
+                .next()
+                .and_then(|a| Some(Refusal::new(a.reason_code?, a.reason.unwrap_or_default()))),
+            Ok(Err(r)) => {
+                tracing::warn!(reason = %r, "could not audit a forbidden tool call");
+                None
+            }
+            Err(_) => None,
         }
     }
 
@@ -648,11 +677,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     }
 }
 
-/// The refusal for a tool this server does not have. A forbidden intent asked for as a
-/// tool (`delete_file`, `run_command`, …) is refused as `forbidden_intent`, the code the
-/// CLI and HTTP give the same intent in a plan.
-/// The answer to a tool name the server lacks: `forbidden`, the refusal a plan asking
-/// for it as an intent gets, else `unknown_operation`.
+/// The answer to a tool name the server lacks: `forbidden`, the refusal a plan asking for
+/// it as an intent gets (a forbidden intent, `delete_file`, `run_command`, …, is
+/// `forbidden_intent` as on the CLI and HTTP), else `unknown_operation`.
 fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
     let (code, what) = match forbidden {

@@ -311,6 +311,21 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
     );
     let t = text(&s.ok("get_state", json!({})).await);
     assert!(t.contains("writes are refused (phase_not_supported"), "{t}");
+    // A forbidden intent asked for as a tool is answered with what the trail records of
+    // it, as a plan holding it is: here the phase, named first.
+    for tool in ["delete_file", "chmod"] {
+        let t = text(&s.err(tool, json!({"path": "p.md"})).await);
+        assert!(t.contains("(phase_not_supported)"), "{tool}: {t}");
+    }
+    let trail =
+        std::fs::read_to_string(s.state_dir.path().join("state/sandbox_audit.jsonl")).unwrap();
+    let codes: Vec<String> = trail
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| matches!(e["mutation_type"].as_str(), Some("delete_file" | "chmod")))
+        .map(|e| e["reason_code"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(codes, ["phase_not_supported"; 2], "{trail}");
     s.finish().await;
 
     let s = Session::start(Mode::Default).await;

@@ -18,7 +18,7 @@ pub struct Session {
     pub root: PathBuf,
     server: JoinHandle<Result<(), McpError>>,
     _root_dir: tempfile::TempDir,
-    _state_dir: tempfile::TempDir,
+    pub state_dir: tempfile::TempDir,
 }
 
 /// Whether writes are real.
@@ -77,7 +77,7 @@ impl Session {
             root,
             server,
             _root_dir: root_dir,
-            _state_dir: state_dir,
+            state_dir,
         }
     }
 

@@ -323,6 +323,38 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             "{answer}"
         );
     }
+    // A name given twice is refused whichever comes last; a forbidden one the SDK reads
+    // (the last) is still on the trail, as a probe.
+    let trail = |s: &RawSession| {
+        std::fs::read_to_string(s.state.join("sandbox_audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"delete_file\""))
+            .count()
+    };
+    for (id, names, traced) in [
+        ("9", r#""name":"get_state","name":"delete_file""#, 1),
+        ("10", r#""name":"delete_file","name":"get_state""#, 1),
+    ] {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{names},"arguments":{{"path":"keep.md"}}}}}}"#
+        );
+        s.send(&call).await;
+        let answer = s.answer().await;
+        assert_eq!(answer["id"].to_string(), id, "{answer}");
+        assert_eq!(
+            answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+            "{answer}"
+        );
+        assert!(
+            answer["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("'name' appears twice"),
+            "{answer}"
+        );
+        assert_eq!(trail(&s), traced, "{names}");
+    }
     // A second `arguments` is refused by the SDK itself.
     let call = r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"write_json","arguments":{"path":"esc.json","data":1},"arguments":{"path":"esc.json","data":{"k":1,"k":2}}}}"#;
     s.send(call).await;
