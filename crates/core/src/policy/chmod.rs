@@ -50,6 +50,8 @@ const PATTERNS: [Pattern; 13] = [
                 || t.contains("setpermissions")
                 || t.contains("setposixfilepermissions")
                 || t.contains("setexecutable")
+                || t.contains("set_executable")
+                || t.contains("set-executable")
         },
     },
     Pattern {
@@ -80,11 +82,18 @@ const PATTERNS: [Pattern; 13] = [
     Pattern {
         name: "permissions or a mode set to an executable octal mode (permissions 0755)",
         matches: |_, w| {
+            // "mode=0755", a keyword argument, as "mode = 0755".
+            let w: Vec<&str> = w.iter().flat_map(|x| x.split('=')).collect();
             w.iter().enumerate().any(|(i, x)| {
                 matches!(*x, "permissions" | "permission" | "mode" | "perms")
-                    && w[i + 1..].iter().take(3).any(|m| {
-                        is_octal_mode(m) && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
-                    })
+                    && w[i + 1..]
+                        .iter()
+                        .filter(|m| !m.is_empty())
+                        .take(3)
+                        .any(|m| {
+                            is_octal_mode(m)
+                                && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
+                        })
             })
         },
     },
@@ -98,7 +107,10 @@ const PATTERNS: [Pattern; 13] = [
     },
     Pattern {
         name: "an octal literal with execute bits (0o755, 0o777…)",
-        matches: |_, w| w.iter().any(|x| is_octal_literal_with_exec(x)),
+        matches: |_, w| {
+            w.iter()
+                .any(|x| x.split('=').any(is_octal_literal_with_exec))
+        },
     },
     Pattern {
         name: "install -m MODE",

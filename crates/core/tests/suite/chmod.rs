@@ -141,6 +141,12 @@ fn chmod_calls_in_code_are_detected() {
         "call os.chmod on it",
         "then Path.chmod it",
         "then os.chmod it to 0755",
+        // Keyword arguments written without spaces.
+        "os.open(p, flags, mode=0o755)",
+        "mkdir(mode=0755)",
+        "permissions=0775",
+        "set_executable",
+        "call set-executable on it",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -189,6 +195,8 @@ fn ordinary_text_is_not_detected() {
         "set permissions to 0644 for the config",
         "version 0.755 release notes",
         "mode 644 files only",
+        "open(p, mode=0o644)",
+        "mode=0644",
         "",
     ] {
         assert_eq!(detect_chmod_intent(text), None, "{text:?}");
