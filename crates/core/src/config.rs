@@ -244,6 +244,21 @@ fn check_extension_entries(
             }
         }
     }
+    if allowed.is_some() {
+        // The block-list always wins: an allow-list it empties allows nothing either.
+        let policy = ExtensionPolicy::new(allowed, blocked);
+        if !policy
+            .allowed()
+            .iter()
+            .any(|e| policy.is_extension_allowed(e))
+        {
+            return Err(ConfigError(format!(
+                "every entry of extensions.allowed ({}) is on the block-list, which always wins, so no file could be written; allow an extension that is not blocked (blocked: {})",
+                policy.allowed().join(" "),
+                policy.blocked().join(" ")
+            )));
+        }
+    }
     Ok(())
 }
 

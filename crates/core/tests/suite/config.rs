@@ -632,6 +632,16 @@ fn extension_lists_set_in_code_are_validated() {
         (None, vec!["*.md".to_owned()], "*.md'"),
         (None, vec![".tar.gz".to_owned()], "'.tar.gz'"),
         (Some(vec![]), vec![], "extensions.allowed is empty"),
+        (
+            Some(vec![".service".to_owned(), "SO".to_owned()]),
+            vec![],
+            "every entry of extensions.allowed (.service .so) is on the block-list",
+        ),
+        (
+            Some(vec![".md".to_owned()]),
+            vec!["md".to_owned()],
+            "every entry of extensions.allowed (.md) is on the block-list",
+        ),
     ] {
         let mut c = Config::with_roots(vec!["/srv/r".into()], "/srv/s".into());
         c.extensions = ExtensionPolicy::new(allowed.as_deref(), &blocked);
@@ -640,5 +650,9 @@ fn extension_lists_set_in_code_are_validated() {
     }
     let mut c = Config::with_roots(vec!["/srv/r".into()], "/srv/s".into());
     c.extensions = ExtensionPolicy::new(None, &[".md".to_owned()]);
+    assert!(c.validate().is_ok());
+    // One entry left unblocked is enough.
+    let allowed = [".md".to_owned(), ".service".to_owned()];
+    c.extensions = ExtensionPolicy::new(Some(&allowed), &[]);
     assert!(c.validate().is_ok());
 }
