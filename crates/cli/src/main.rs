@@ -191,12 +191,19 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `check --size`: bytes, however many (one too large to count is refused by the size
-/// limit all the same).
+/// `check --size`: bytes. One too large to count is refused here, not judged as the
+/// largest count, which the verdict would then quote as if it had been given.
 fn byte_count(s: &str) -> Result<u64, String> {
-    whole_number(s).ok_or_else(|| {
-        format!("'{s}' is not a size in bytes; give a whole number from 0 (no sign or unit)")
-    })
+    match whole_number(s) {
+        Some(u64::MAX) if s.trim_start_matches('0') != u64::MAX.to_string() => Err(format!(
+            "'{s}' is more bytes than can be counted; give a whole number from 0 to {}",
+            u64::MAX
+        )),
+        Some(n) => Ok(n),
+        None => Err(format!(
+            "'{s}' is not a size in bytes; give a whole number from 0 (no sign or unit)"
+        )),
+    }
 }
 
 /// Digits only, saturating: a count too large for the machine is the largest it holds.
@@ -237,7 +244,7 @@ fn main() -> ExitCode {
     ailab_sandbox_core::confine::root::use_spec_creation_modes();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(with_arguments_escaped(e)),
     };
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
@@ -338,6 +345,24 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
 
 /// Help and version print as clap prints them; any other parse error is a usage error, in
 /// JSON when `--json` is among the arguments (it could not be parsed with the rest).
+/// The parser's refusal of the command line `e`, with the arguments it quotes shown as
+/// `human::safe` shows any text: a terminal control sequence given as an argument is
+/// named, neither run by the terminal nor stripped from the message. The arguments are
+/// parsed again escaped, which fails the same way; the parse's own error stands if not.
+fn with_arguments_escaped(e: clap::Error) -> clap::Error {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let escaped: Vec<String> = args.iter().map(|a| human::safe(a)).collect();
+    if escaped == args {
+        return e;
+    }
+    match Cli::try_parse_from(escaped) {
+        Err(again) if again.kind() == e.kind() => again,
+        _ => e,
+    }
+}
+
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(

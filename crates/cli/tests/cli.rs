@@ -756,7 +756,17 @@ fn huge_and_negative_numbers_on_the_command_line() {
         .args(["--size", "99999999999999999999999"])
         .output()
         .unwrap();
-    assert_eq!(json_out(&out)["reason_code"], "size_exceeded", "{out:?}");
+    // Refused as given, not judged (and quoted) as the largest count.
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let doc = json_out(&out);
+    assert_eq!(doc["reason_code"], "invalid_usage", "{out:?}");
+    assert!(
+        doc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("'99999999999999999999999' is more bytes than can be counted"),
+        "{doc}"
+    );
     for (args, says) in [
         (&["prune", "--older-than", "-1d"][..], "(no sign)"),
         (&["audit", "--limit", "-5"][..], "(no sign)"),
@@ -1045,7 +1055,13 @@ fn refusals_escape_control_characters() {
     run.args(["--enable-write", "--no-dry-run", "run"]).arg(&p);
     let mut rollback = e.cmd();
     rollback.args(["rollback", "\u{1b}[31mRED\u{1b}[0m"]);
-    for mut c in [run, rollback] {
+    // Refused by the command-line parser: a value of its own parsers, an argument it
+    // does not take, with and without --json.
+    let mut duration = e.cmd();
+    duration.args(["prune", "--older-than", "\u{1b}]0;title\u{7}\u{1b}[2J"]);
+    let mut extra = e.cmd();
+    extra.args(["--json", "run", "p.json", "\u{1b}]0;title\u{7}\u{1b}[2J"]);
+    for mut c in [run, rollback, duration, extra] {
         let out = c.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         let said = format!(
