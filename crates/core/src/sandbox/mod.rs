@@ -650,6 +650,33 @@ impl Sandbox {
 
     /// The root (index) a recorded absolute target path lies in, whatever spelling of
     /// the root it was recorded with; `None` when it is in none of this process's roots.
+    /// Why writes into `target`, which no root of this process holds, cannot be dealt with
+    /// here, and what to do, for a `verb` ("rollback", "prune"): a root that was given but
+    /// skipped at start is named with why, not called one this process lacks.
+    pub(crate) fn absent_root(&self, target: &str, verb: &str) -> (String, String) {
+        let path = Path::new(target);
+        match self.config.roots.iter().find(|r| path.starts_with(r)) {
+            Some(r) => {
+                let shown = r.display().to_string();
+                let why = self
+                    .skipped_roots
+                    .iter()
+                    .find(|w| w.contains(&shown))
+                    .map_or_else(String::new, |w| format!(": {w}"));
+                (
+                    format!("the root {shown}, which this process skipped at start{why}"),
+                    format!("make that root usable, then run the {verb} again"),
+                )
+            }
+            None => (
+                "a root this process is not configured with".to_owned(),
+                format!(
+                    "run the {verb} with every root the workflow wrote into (--root, once per root)"
+                ),
+            ),
+        }
+    }
+
     fn root_of(&self, target: &str) -> Option<usize> {
         let path = std::path::Path::new(target);
         if let Some(i) = self.root_paths.iter().position(|r| path.starts_with(r)) {

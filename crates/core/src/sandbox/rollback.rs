@@ -682,19 +682,20 @@ impl Sandbox {
             .collect();
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
-        let mut elsewhere: Vec<&str> = elsewhere_writes
+        let elsewhere: Vec<&SandboxAuditEntry> = elsewhere_writes
             .into_iter()
             .filter(|e| in_place(e))
-            .map(|e| e.action_id.as_str())
             .collect();
-        elsewhere.sort_unstable();
-        elsewhere.dedup();
-        if !elsewhere.is_empty() {
-            let names: Vec<String> = elsewhere.iter().map(|a| shown_path(a)).collect();
+        if let Some(first) = elsewhere.first() {
+            let mut names: Vec<String> =
+                elsewhere.iter().map(|e| shown_path(&e.action_id)).collect();
+            names.sort_unstable();
+            names.dedup();
+            let (root, advice) = self.absent_root(&first.target_path, "rollback");
             return Err((
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "{} of workflow {} wrote into a root this process is not configured with, so nothing was rolled back; run the rollback with every root the workflow wrote into (--root, once per root), or roll back the other actions one at a time",
+                    "{} of workflow {} wrote into {root}, so nothing was rolled back; {advice}, or roll back the other actions one at a time",
                     names.join(", "),
                     shown_path(workflow_id)
                 ),

@@ -469,6 +469,29 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
     assert!(!w.path("here.txt").exists());
     assert!(root2.join("there.txt").exists(), "not this process's root");
     drop(sb);
+    // Given but skipped at start (others may write in it): named as such, with why.
+    let (_, both) = two_roots(&w);
+    let mode = |m: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&root2, std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(0o777);
+    let rb = w
+        .open(both)
+        .rollback_workflow("wf_two", &RollbackOptions::default());
+    mode(0o755);
+    let reason = rb.reason.unwrap_or_default();
+    assert_eq!(rb.reason_code, Some(ReasonCode::OutsideSandbox), "{reason}");
+    assert!(
+        reason.contains(&format!(
+            "the root {}, which this process skipped at start: root {} ",
+            root2.display(),
+            root2.display()
+        )) && reason.contains("writable by other users")
+            && reason.contains("make that root usable")
+            && !reason.contains("not configured"),
+        "{reason}"
+    );
     let (_, both) = two_roots(&w);
     let info = w.open(both).rollback_info("wf_two").unwrap();
     assert!(info.rollback_available, "{info:?}");
