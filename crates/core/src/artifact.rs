@@ -72,16 +72,23 @@ impl FieldIndex {
             .map(|&(_, i)| i)
     }
 
-    /// Points `key` at entry `i` (the newest entry with that key wins).
-    fn set(&mut self, entries: &[ArtifactEntry], field: fn(&ArtifactEntry) -> &str, i: u32) {
+    /// Points `key` at entry `i` (the newest entry with that key wins); returns the entry
+    /// it pointed at before.
+    fn set(
+        &mut self,
+        entries: &[ArtifactEntry],
+        field: fn(&ArtifactEntry) -> &str,
+        i: u32,
+    ) -> Option<u32> {
         let key = field(&entries[i as usize]);
         let hash = fx(key);
         match self.table.find_mut(hash, |&(h, j)| {
             h == hash && field(&entries[j as usize]) == key
         }) {
-            Some(slot) => slot.1 = i,
+            Some(slot) => Some(std::mem::replace(&mut slot.1, i)),
             None => {
                 self.table.insert_unique(hash, (hash, i), |&(h, _)| h);
+                None
             }
         }
     }
@@ -100,6 +107,9 @@ fn path_of(e: &ArtifactEntry) -> &str {
 }
 
 type Parsed = Vec<Result<ArtifactEntry, serde_json::Error>>;
+
+/// No entry, in [`Index`]'s `earlier_at_path`.
+const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8]) -> Parsed {
@@ -168,6 +178,9 @@ struct Index {
     entries: Vec<ArtifactEntry>,
     by_id: FieldIndex,
     latest_by_path: FieldIndex,
+    /// For each entry, the one before it at the same path ([`NO_ENTRY`] for the first):
+    /// a path's artifacts, newest first, whatever their parents.
+    earlier_at_path: Vec<u32>,
     by_workflow: FastMap<Box<str>, (Vec<u32>, u64)>,
     corrupt_lines: u64,
 }
@@ -182,6 +195,7 @@ impl Index {
         self.entries.reserve(n);
         self.by_id.reserve(n);
         self.latest_by_path.reserve(n);
+        self.earlier_at_path.reserve(n);
         for parsed in parsed {
             match parsed {
                 Ok(e) => self.insert(e),
@@ -207,7 +221,8 @@ impl Index {
         }
         self.entries.push(e);
         self.by_id.set(&self.entries, id_of, i);
-        self.latest_by_path.set(&self.entries, path_of, i);
+        let earlier = self.latest_by_path.set(&self.entries, path_of, i);
+        self.earlier_at_path.push(earlier.unwrap_or(NO_ENTRY));
     }
 
     fn at(&self, i: u32) -> &ArtifactEntry {
@@ -237,6 +252,7 @@ impl ArtifactRegistry {
         index.entries.reserve(expected);
         index.by_id.reserve(expected);
         index.latest_by_path.reserve(expected);
+        index.earlier_at_path.reserve(expected);
         load(&mut journal, &mut index)?;
         Ok(Self {
             inner: Mutex::new((journal, index)),
@@ -355,8 +371,7 @@ impl ArtifactRegistry {
     }
 
     /// The newest artifact at an absolute path whose bytes hash to `checksum`: the one a
-    /// file holding those bytes is, when later writes to the path were rolled back. It is
-    /// looked for among the newest artifact's nearest ancestors only.
+    /// file holding those bytes is, when later writes to the path were rolled back.
     pub fn version_holding(&self, path: &str, checksum: &str) -> io::Result<Option<ArtifactEntry>> {
         self.version_holding_where(path, checksum, |_| true)
     }
@@ -371,24 +386,26 @@ impl ArtifactRegistry {
         self.newest_at_where(path, |e| e.checksum_sha256 == checksum && keep(e))
     }
 
-    /// Of the newest artifact at an absolute path and its nearest ancestors (those at the
-    /// same path), the newest that `keep` accepts.
+    /// Of the artifacts at an absolute path, the newest that `keep` accepts: looked for
+    /// among all of them, newest first, whatever parents they name.
     pub fn newest_at_where(
         &self,
         path: &str,
         keep: impl Fn(&ArtifactEntry) -> bool,
     ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
-            let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path);
-            // Lineage is cycle-safe elsewhere; here a bounded walk is enough.
-            for _ in 0..64 {
-                let e = ix.at(cur?);
-                if e.path == path && keep(e) {
+            let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path)?;
+            loop {
+                let e = ix.at(cur);
+                if keep(e) {
                     return Some(e.clone());
                 }
-                cur = ix.by_id(e.parent_artifact_id.as_deref()?);
+                // Each step goes to an older entry, so the walk ends.
+                cur = ix.earlier_at_path[cur as usize];
+                if cur == NO_ENTRY {
+                    return None;
+                }
             }
-            None
         })
     }
 

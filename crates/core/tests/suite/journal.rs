@@ -709,6 +709,70 @@ fn lineage_follows_the_bytes_a_write_replaced() {
     );
 }
 
+/// The version a write replaces is found among all of its path's artifacts: neither an
+/// explicit parent on another path nor a long run of later writes hides it.
+#[test]
+fn lineage_finds_a_paths_version_however_far_back() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.writes_per_minute = 1000;
+    let sb = w.open(c);
+    let art = |r: &ailab_sandbox_core::RunResult| r.actions[0].artifact_id.clone().unwrap();
+    let parent = |id: &str| {
+        sb.artifact_with_lineage(id)
+            .unwrap()
+            .unwrap()
+            .0
+            .parent_artifact_id
+    };
+    let q = run(
+        &sb,
+        json!({"workflow_id": "wq", "actions": [{"intent": "create_file", "path": "q.txt", "content": "Q"}]}),
+    );
+    let p1 = run(
+        &sb,
+        json!({"workflow_id": "wp1", "actions": [{"intent": "create_file", "path": "p.txt", "content": "A"}]}),
+    );
+    run(
+        &sb,
+        json!({"workflow_id": "wp2", "actions": [{"intent": "replace_file", "path": "p.txt", "content": "B", "parent_artifact_id": art(&q)}]}),
+    );
+    assert_eq!(
+        sb.rollback_workflow("wp2", &Default::default()).status,
+        "rolled_back"
+    );
+    let p3 = run(
+        &sb,
+        json!({"workflow_id": "wp3", "actions": [{"intent": "replace_file", "path": "p.txt", "content": "C"}]}),
+    );
+    assert_eq!(
+        parent(&art(&p3)),
+        Some(art(&p1)),
+        "past a parent on another path"
+    );
+
+    let x1 = run(
+        &sb,
+        json!({"workflow_id": "wx1", "actions": [{"intent": "create_file", "path": "x.txt", "content": "A"}]}),
+    );
+    let many: Vec<_> = (0..70)
+        .map(|i| json!({"intent": "replace_file", "path": "x.txt", "content": format!("B{i}")}))
+        .collect();
+    assert_eq!(
+        status(&run(&sb, json!({"workflow_id": "wx2", "actions": many}))),
+        "success"
+    );
+    assert_eq!(
+        sb.rollback_workflow("wx2", &Default::default()).status,
+        "rolled_back"
+    );
+    let x3 = run(
+        &sb,
+        json!({"workflow_id": "wx3", "actions": [{"intent": "replace_file", "path": "x.txt", "content": "C"}]}),
+    );
+    assert_eq!(parent(&art(&x3)), Some(art(&x1)), "past 70 later writes");
+}
+
 #[test]
 fn stats_count_by_status_class_and_intent() {
     let w = World::new();
