@@ -11,7 +11,7 @@ const SYMBOLIC_EXEC_MODES: [&str; 9] = [
     "+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx",
 ];
 
-const PATTERNS: [Pattern; 13] = [
+const PATTERNS: [Pattern; 15] = [
     Pattern {
         name: "chmod +x (symbolic mode)",
         matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
@@ -83,17 +83,40 @@ const PATTERNS: [Pattern; 13] = [
         name: "permissions or a mode set to an executable octal mode (permissions 0755)",
         matches: |_, w| {
             // "mode=0755", a keyword argument, as "mode = 0755".
-            let w: Vec<&str> = w.iter().flat_map(|x| x.split('=')).collect();
+            let w: Vec<&str> = w
+                .iter()
+                .flat_map(|x| x.split('='))
+                .filter(|m| !m.is_empty())
+                .collect();
+            let exec_mode = |m: &&str| {
+                is_octal_mode(m) && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
+            };
+            // The mode after the word ("permissions 0755") or just before it ("755
+            // permissions").
             w.iter().enumerate().any(|(i, x)| {
                 matches!(*x, "permissions" | "permission" | "mode" | "perms")
-                    && w[i + 1..]
-                        .iter()
-                        .filter(|m| !m.is_empty())
-                        .take(3)
-                        .any(|m| {
-                            is_octal_mode(m)
-                                && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
-                        })
+                    && (w[i + 1..].iter().take(3).any(exec_mode)
+                        || w[i.saturating_sub(1)..i].iter().any(exec_mode))
+            })
+        },
+    },
+    Pattern {
+        name: "a symbolic mode string with an execute bit (rwxr-xr-x)",
+        matches: |_, w| w.iter().any(|x| is_symbolic_mode_with_exec(x)),
+    },
+    Pattern {
+        name: "an executable flag set (executable: true)",
+        matches: |_, w| {
+            let w: Vec<&str> = w
+                .iter()
+                .flat_map(|x| x.split('='))
+                .filter(|m| !m.is_empty())
+                .collect();
+            w.windows(2).any(|p| {
+                matches!(
+                    p[0],
+                    "executable" | "is_executable" | "executable_bit" | "exec_bit"
+                ) && matches!(p[1], "true" | "yes" | "on" | "1")
             })
         },
     },
@@ -264,6 +287,20 @@ fn has_x_bit(words: &[&str]) -> bool {
 
 fn is_octal_mode(m: &str) -> bool {
     (3..=4).contains(&m.len()) && m.chars().all(|c| ('0'..='7').contains(&c))
+}
+
+/// `rwxr-xr-x`, `-rwxr-xr-x`, `rwsr-x---`: nine permission letters (a file type letter
+/// may lead), one of them an execute bit.
+fn is_symbolic_mode_with_exec(w: &str) -> bool {
+    let b = w.as_bytes();
+    let b = if b.len() == 10 { &b[1..] } else { b };
+    b.len() == 9
+        && b.chunks(3).all(|t| {
+            matches!(t[0], b'r' | b'-')
+                && matches!(t[1], b'w' | b'-')
+                && matches!(t[2], b'x' | b's' | b't' | b'-' | b'S' | b'T')
+        })
+        && b.chunks(3).any(|t| matches!(t[2], b'x' | b's' | b't'))
 }
 
 fn is_octal_literal_with_exec(w: &str) -> bool {

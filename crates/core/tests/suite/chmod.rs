@@ -22,6 +22,8 @@ fn at_least_ten_distinct_pattern_families_fire() {
         "install -m 644 a b",
         "setfacl -m u:x:rwx a",
         "permissions 0755",
+        "mode -rwxr-xr-x",
+        "executable: true",
     ];
     let mut names: Vec<&str> = samples
         .iter()
@@ -147,6 +149,13 @@ fn chmod_calls_in_code_are_detected() {
         "permissions=0775",
         "set_executable",
         "call set-executable on it",
+        "set permissions to rwxr-xr-x",
+        "permissions: -rwxr-xr-x",
+        "file mode rwxrwxrwx",
+        "give it 755 permissions",
+        "executable: true",
+        "executable=true",
+        "is_executable = yes",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -197,6 +206,11 @@ fn ordinary_text_is_not_detected() {
         "mode 644 files only",
         "open(p, mode=0o644)",
         "mode=0644",
+        "permissions: -rw-r--r--",
+        "644 permissions",
+        "executable: false",
+        "the executable is true to its name",
+        "rwx",
         "",
     ] {
         assert_eq!(detect_chmod_intent(text), None, "{text:?}");
