@@ -395,7 +395,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
                 let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
-                let (ri, rel) = (ri, &approval.resolved.rel);
+                let rel = &approval.resolved.rel;
                 if bytes.is_some() {
                     let asked = Usage {
                         artifacts: planned.artifacts + held_back.artifacts,
@@ -1197,12 +1197,12 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     /// The registry entry of a file the action is about to write. Its parent defaults to
-    /// the artifact whose bytes it replaces: of the latest artifact at the same path and
-    /// its ancestors, the newest with the checksum the file holds now, else the newest
-    /// whose write was not rolled back (SPEC §8: a file changed by hand, or made again
-    /// after it was deleted). A rolled-back write is no version the path still has: a
-    /// file back to bytes no artifact holds (as before a workflow that was rolled back)
-    /// has no parent but an older artifact standing there.
+    /// the artifact whose bytes it replaces: of the path's artifacts, the newest with the
+    /// checksum the file holds now, else the newest whose write was not rolled back (SPEC
+    /// §8: a file changed by hand, or made again after it was deleted). A rolled-back
+    /// write is no version the path still has: a file back to bytes no artifact holds (as
+    /// before a workflow that was rolled back) has no parent but an older artifact
+    /// standing there.
     fn new_artifact(
         &self,
         a: &Action,
