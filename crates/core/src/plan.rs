@@ -473,9 +473,27 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
     reading::scan(json).map_err(|e| {
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the arguments are not valid: {e}{}", parse_hint(&e, json)),
+            format!(
+                "the arguments are not valid: {}{}",
+                placed(&e),
+                parse_hint(&e, json)
+            ),
         )
     })
+}
+
+/// The parser's words with the place it stopped set apart: serde appends "at line 1
+/// column 94" to whatever was said, which after advice reads as part of it ("give each
+/// key once at line 1 column 94").
+fn placed(e: &serde_json::Error) -> String {
+    let said = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    match said.strip_suffix(&at) {
+        Some(words) if e.line() > 0 => {
+            format!("{words} (line {}, column {})", e.line(), e.column())
+        }
+        _ => said,
+    }
 }
 
 /// What to change when the parser stopped where its own words say only what it hit: its
@@ -529,7 +547,11 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
         }
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!("the plan is not valid: {e}{}", parse_hint(&e, json)),
+            format!(
+                "the plan is not valid: {}{}",
+                placed(&e),
+                parse_hint(&e, json)
+            ),
         )
     })?;
     drop(counting);
@@ -1322,6 +1344,21 @@ mod tests {
         let args = b"{\"content\": \"\xC3\"}";
         let why = check_unique_keys(args).unwrap_err().reason;
         assert!(why.contains("byte 0xC3 at offset 13 is not UTF-8"), "{why}");
+    }
+
+    /// Where the parser stopped is set apart from what the refusal advises.
+    #[test]
+    fn the_place_a_plan_is_refused_is_set_apart() {
+        let plan = br#"{"actions": [{"intent": "write_json", "path": "z.json", "data": {"a": 1, "a": 1}}]}"#;
+        let why = parse_plan(plan).unwrap_err().reason;
+        assert!(
+            why.contains("give each key once (line 1, column ") && !why.contains(" at line "),
+            "{why}"
+        );
+        let why = check_unique_keys(br#"{"a": 1, "a": 2}"#)
+            .unwrap_err()
+            .reason;
+        assert!(why.contains("give each key once (line 1, column "), "{why}");
     }
 
     #[test]

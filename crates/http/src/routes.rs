@@ -376,7 +376,7 @@ pub(crate) async fn no_query(
     let shown: String = query.chars().take(200).collect();
     let hint = if req.method() == Method::POST && req.uri().path().starts_with("/agentic/rollback/")
     {
-        ROLLBACK_BODY_HINT
+        r#"drop the query: a rollback takes its options in the body ({"force": true|false, "action_id": "..."}, or no body)"#
     } else if req.method() == Method::POST {
         "send the plan as the JSON body; whether it writes is the server's configuration (enable_write, dry_run)"
     } else {

@@ -210,7 +210,9 @@ async fn a_query_on_a_route_that_reads_none_is_refused_not_ignored() {
         .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
     let reason = v["reason"].as_str().unwrap();
     assert!(
-        reason.contains("action_id=a2") && reason.contains("\"action_id\""),
+        reason.contains("action_id=a2")
+            && reason.contains("drop the query")
+            && reason.contains("\"action_id\""),
         "{v}"
     );
     assert!(e.root.join("one.txt").exists() && e.root.join("two.txt").exists());
