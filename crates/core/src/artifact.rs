@@ -370,13 +370,9 @@ impl ArtifactRegistry {
         })
     }
 
-    /// The newest artifact at an absolute path whose bytes hash to `checksum`: the one a
-    /// file holding those bytes is, when later writes to the path were rolled back.
-    pub fn version_holding(&self, path: &str, checksum: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.version_holding_where(path, checksum, |_| true)
-    }
-
-    /// [`ArtifactRegistry::version_holding`], among the artifacts `keep` accepts.
+    /// Of the artifacts at an absolute path that `keep` accepts, the newest whose bytes
+    /// hash to `checksum`: the one a file holding those bytes is, when later writes to
+    /// the path were rolled back.
     pub fn version_holding_where(
         &self,
         path: &str,

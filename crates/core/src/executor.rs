@@ -1197,12 +1197,12 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     /// The registry entry of a file the action is about to write. Its parent defaults to
-    /// the artifact whose bytes it replaces: of the path's artifacts, the newest with the
-    /// checksum the file holds now, else the newest whose write was not rolled back (SPEC
-    /// §8: a file changed by hand, or made again after it was deleted). A rolled-back
-    /// write is no version the path still has: a file back to bytes no artifact holds (as
-    /// before a workflow that was rolled back) has no parent but an older artifact
-    /// standing there.
+    /// the artifact whose bytes it replaces: of the path's artifacts whose write was not
+    /// rolled back, the newest with the checksum the file holds now, else the newest
+    /// (SPEC §8: a file changed by hand, or made again after it was deleted). A
+    /// rolled-back write is no version the path still has: a file back to bytes no
+    /// standing artifact holds (as before a workflow that was rolled back) has no parent
+    /// but an older artifact standing there.
     fn new_artifact(
         &self,
         a: &Action,
@@ -1223,13 +1223,18 @@ impl<'a> SandboxWriteExecutor<'a> {
             parent_workflow_id: self.plan.parent_workflow_id.clone(),
             parent_artifact_id: match &a.parent_artifact_id {
                 Some(p) => Some(p.clone()),
-                None => before
-                    .and_then(|sum| sb.registry.version_holding(target, sum).ok().flatten())
-                    .or_else(|| {
-                        let standing = |e: &ArtifactEntry| !sb.rolled_back(e);
-                        sb.registry.newest_at_where(target, standing).ok().flatten()
-                    })
-                    .map(|e| e.artifact_id),
+                None => {
+                    // A rolled-back write is no version the path has, even when a standing
+                    // one holds the same bytes (a write undone that had put them back).
+                    let standing = |e: &ArtifactEntry| !sb.rolled_back(e);
+                    before
+                        .and_then(|sum| {
+                            let holding = sb.registry.version_holding_where(target, sum, standing);
+                            holding.ok().flatten()
+                        })
+                        .or_else(|| sb.registry.newest_at_where(target, standing).ok().flatten())
+                        .map(|e| e.artifact_id)
+                }
             },
             generated_by_action: format!("{}/{}", self.execution_id, a.id()),
             created_at: sb.now(),

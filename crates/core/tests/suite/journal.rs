@@ -771,6 +771,29 @@ fn lineage_finds_a_paths_version_however_far_back() {
         json!({"workflow_id": "wx3", "actions": [{"intent": "replace_file", "path": "x.txt", "content": "C"}]}),
     );
     assert_eq!(parent(&art(&x3)), Some(art(&x1)), "past 70 later writes");
+
+    // A write undone that had put back the bytes of a standing one is no version.
+    let m1 = run(
+        &sb,
+        json!({"workflow_id": "wm1", "actions": [{"intent": "create_file", "path": "m.txt", "content": "one"}]}),
+    );
+    let wm2 = json!({"workflow_id": "wm2", "actions": [
+        {"intent": "replace_file", "path": "m.txt", "content": "two"},
+        {"intent": "replace_file", "path": "m.txt", "content": "one"}]});
+    assert_eq!(status(&run(&sb, wm2)), "success");
+    assert_eq!(
+        sb.rollback_workflow("wm2", &Default::default()).status,
+        "rolled_back"
+    );
+    let m3 = run(
+        &sb,
+        json!({"workflow_id": "wm3", "actions": [{"intent": "replace_file", "path": "m.txt", "content": "three"}]}),
+    );
+    assert_eq!(
+        parent(&art(&m3)),
+        Some(art(&m1)),
+        "not the undone write of the same bytes"
+    );
 }
 
 #[test]
