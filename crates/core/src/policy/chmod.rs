@@ -11,7 +11,7 @@ const SYMBOLIC_EXEC_MODES: [&str; 9] = [
     "+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx",
 ];
 
-const PATTERNS: [Pattern; 15] = [
+const PATTERNS: [Pattern; 16] = [
     Pattern {
         name: "chmod +x (symbolic mode)",
         matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
@@ -73,6 +73,11 @@ const PATTERNS: [Pattern; 15] = [
                 "execute permission",
                 "executable permission",
                 "exec permission",
+                "execution permission",
+                "x permission",
+                "execute right",
+                "exec right",
+                "execute access",
             ]
             .iter()
             .any(|p| t.contains(p))
@@ -95,7 +100,7 @@ const PATTERNS: [Pattern; 15] = [
             // permissions").
             w.iter().enumerate().any(|(i, x)| {
                 matches!(*x, "permissions" | "permission" | "mode" | "perms")
-                    && (w[i + 1..].iter().take(3).any(exec_mode)
+                    && (w[i + 1..].iter().take(5).any(exec_mode)
                         || w[i.saturating_sub(1)..i].iter().any(exec_mode))
             })
         },
@@ -133,6 +138,20 @@ const PATTERNS: [Pattern; 15] = [
         matches: |_, w| {
             w.iter()
                 .any(|x| x.split('=').any(is_octal_literal_with_exec))
+        },
+    },
+    Pattern {
+        name: "a mode argument with execute bits for its owner (0755, 0700…)",
+        // Four digits with a leading zero, as C, Go and shells write modes; the owner may
+        // read and run (5 or 7), which a count or a year does not spell.
+        matches: |_, w| {
+            w.iter().any(|x| {
+                let b = x.as_bytes();
+                b.len() == 4
+                    && b[0] == b'0'
+                    && matches!(b[1], b'5' | b'7')
+                    && b[2..].iter().all(|c| (b'0'..=b'7').contains(c))
+            })
         },
     },
     Pattern {
@@ -222,7 +241,7 @@ fn make_executable(text: &str) -> bool {
                 .get(i + 1)
                 .is_none_or(|next| CLAUSE_ENDS.contains(next));
             let is_said = (matches!(prev, "be" | "become" | "becomes")
-                || (asked && matches!(prev, "is" | "are")))
+                || (asked && matches!(prev, "is" | "are" | "it's" | "they're" | "it’s")))
                 && matches!(*w, "executable" | "executible")
                 && ends_clause;
             let made = (i.saturating_sub(4)..i)

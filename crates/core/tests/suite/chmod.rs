@@ -24,6 +24,7 @@ fn at_least_ten_distinct_pattern_families_fire() {
         "permissions 0755",
         "mode -rwxr-xr-x",
         "executable: true",
+        "os.WriteFile(p, data, 0755)",
     ];
     let mut names: Vec<&str> = samples
         .iter()
@@ -156,6 +157,13 @@ fn chmod_calls_in_code_are_detected() {
         "executable: true",
         "executable=true",
         "is_executable = yes",
+        "Change the permissions of a.sh to 777.",
+        "set the file mode of a.sh to 755",
+        "Set the file permission bits of a.sh to 0755.",
+        "Please add the x permission to a.sh for the owner.",
+        "Give a.sh execute rights for the owner.",
+        "Create a.sh; ensure it's executable for cron.",
+        "Write a.sh with os.WriteFile(\"a.sh\", data, 0755) in Go.",
     ] {
         assert!(flagged(text), "{text:?}");
     }
@@ -211,6 +219,9 @@ fn ordinary_text_is_not_detected() {
         "executable: false",
         "the executable is true to its name",
         "rwx",
+        "os.WriteFile(p, data, 0644)",
+        "the 2024 report, 0123 ticket",
+        "it's executable documentation, ensure the links work",
         "",
     ] {
         assert_eq!(detect_chmod_intent(text), None, "{text:?}");
