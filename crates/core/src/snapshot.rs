@@ -221,13 +221,59 @@ fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
                 .to_owned()
         }
     };
+    untrusted_said(&format!("{folder}/{file}"), &detail)
+}
+
+/// A snapshot folder or record (`at`, in its root) that is not trusted, and why (`detail`):
+/// as a forged one, `checksum_mismatch` (a conflict with what the runtime recorded), not
+/// a failure of the disk.
+fn untrusted_said(at: &str, detail: &str) -> Refusal {
     Refusal::new(
         ReasonCode::ChecksumMismatch,
         format!(
             "the snapshot record {} {detail}; it is not trusted for rollback or recovery (inspect the folder, then remove it)",
-            shown_path(&format!("{folder}/{file}"))
+            shown_path(at)
         ),
     )
+}
+
+/// Whether `e` says a path was not opened for what stands there: a symbolic link (never
+/// followed) or a file where a folder was expected.
+fn stands_in_place(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::LOOP, Errno::NOTDIR, Errno::MLINK]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
+}
+
+/// Why a snapshot's folder could not be opened (`e`): something in the place of the store
+/// or of the workflow's folder (`reserved_path`, as taking a snapshot names it), or of
+/// the snapshot's own folder (not the runtime's record), else a failure of the disk.
+fn open_refusal(root: &SandboxRoot, workflow_id: &str, action_id: &str, e: &io::Error) -> Refusal {
+    if is_passing(e) {
+        return snap_io("open", e);
+    }
+    let scope = "in this root, and no workflow is rolled back or pruned,";
+    if let Some(r) = not_a_folder(root, root.dir(), ROLLBACK_DIR, ROLLBACK_DIR, scope) {
+        return r;
+    }
+    if let Ok(Some(rb)) = rollback_dir(root) {
+        let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
+        let scope =
+            format!("for workflow {workflow_id} in this root, nor is it rolled back or pruned,");
+        if let Some(r) = not_a_folder(root, &rb, workflow_id, &rel, &scope) {
+            return r;
+        }
+        if let Ok(Some(wf)) = open_existing(&rb, workflow_id)
+            && wf.symlink_metadata(action_id).is_ok_and(|m| !m.is_dir())
+        {
+            return untrusted_said(
+                &format!("{rel}/{action_id}"),
+                "is not a folder (a symbolic link, a file or a special file stands there)",
+            );
+        }
+    }
+    snap_io("open", e)
 }
 
 fn rollback_dir(root: &SandboxRoot) -> io::Result<Option<Dir>> {
@@ -584,19 +630,40 @@ impl Snapshotter {
         workflow_id: &str,
         action_id: &str,
     ) -> Result<Option<StoredSnapshot>, (Refusal, bool)> {
-        let io = |what: &str, e: &io::Error| (snap_io(what, e), is_passing(e));
         let trust = |r: Refusal| (r, false);
-        let Some(dir) = snapshot_dir(root, workflow_id, action_id).map_err(|e| io("open", &e))?
+        let Some(dir) = snapshot_dir(root, workflow_id, action_id).map_err(|e| {
+            (
+                open_refusal(root, workflow_id, action_id, &e),
+                is_passing(&e),
+            )
+        })?
         else {
             return Ok(None);
         };
         let folder = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
+        // A link, a special file or a file with other links in a record's place (the
+        // reading refused it) is no record of the runtime's; anything else, the disk's.
+        let unread = |file: &str, e: &io::Error| {
+            let refused = e.get_ref().and_then(|r| r.downcast_ref::<Refusal>());
+            let what = match refused {
+                Some(r) => Some(r.reason.clone()),
+                None if stands_in_place(e) => Some(crate::error::io_words(e)),
+                None => None,
+            };
+            match what {
+                Some(what) if !is_passing(e) => trust(untrusted_said(
+                    &format!("{folder}/{file}"),
+                    &format!("is not a record the runtime wrote ({what})"),
+                )),
+                _ => (snap_io("read", e), is_passing(e)),
+            }
+        };
         let meta: SnapshotMeta = match read_regular(&dir, META_FILE, 1 << 20) {
             Ok(b) => key
                 .open(&b)
                 .map_err(|e| trust(untrusted(&folder, META_FILE, &e)))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io("read", &e)),
+            Err(e) => return Err(unread(META_FILE, &e)),
         };
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id
@@ -611,7 +678,7 @@ impl Snapshotter {
                     .map_err(|e| trust(untrusted(&folder, RESTORED_FILE, &e)))?,
             ),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io("read", &e)),
+            Err(e) => return Err(unread(RESTORED_FILE, &e)),
         };
         Ok(Some(StoredSnapshot {
             meta,
@@ -678,7 +745,7 @@ impl Snapshotter {
     /// The backup bytes of a file snapshot.
     pub fn read_backup(root: &SandboxRoot, meta: &SnapshotMeta) -> Verdict<Vec<u8>> {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
-            .map_err(|e| snap_io("open", &e))?
+            .map_err(|e| open_refusal(root, &meta.workflow_id, &meta.action_id, &e))?
             .ok_or_else(|| {
                 Refusal::new(
                     ReasonCode::NoRollbackData,
@@ -706,7 +773,7 @@ impl Snapshotter {
         durable: bool,
     ) -> Verdict {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
-            .map_err(|e| snap_io("open", &e))?
+            .map_err(|e| open_refusal(root, &meta.workflow_id, &meta.action_id, &e))?
             .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
         // The mark names its snapshot, so a genuine mark copied elsewhere proves nothing.
         let mut record = record.clone();

@@ -101,6 +101,60 @@ fn planted_snapshots_are_never_restored() {
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
+/// A symbolic link, a FIFO or a file with another link in the place of a snapshot's folder
+/// or record (even one leading to a faithful copy) is no record of the runtime's: the
+/// rollback is refused as for a forged one (`checksum_mismatch`), not failed as if the
+/// disk had (`io_error`, a 500 over HTTP); put back, it rolls back.
+#[test]
+fn a_link_or_special_file_in_a_snapshots_place_is_not_trusted() {
+    use std::os::unix::fs::symlink;
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_l", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    let folder = w.path(".rollback/wf_l/a1");
+    let aside = w.tmp.path().join("a1-aside");
+    let copy = w.tmp.path().join("a1-copy");
+    std::fs::rename(&folder, &aside).unwrap();
+    std::fs::create_dir(&copy).unwrap();
+    for f in std::fs::read_dir(&aside).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+    }
+    symlink(&copy, &folder).unwrap();
+    refused_as_untrusted(&sb, "wf_l", ".rollback/wf_l/a1");
+    std::fs::remove_file(&folder).unwrap();
+    std::fs::rename(&aside, &folder).unwrap();
+
+    let meta = folder.join("meta.json");
+    let genuine = std::fs::read(&meta).unwrap();
+    let outside = w.tmp.path().join("meta-copy.json");
+    std::fs::write(&outside, &genuine).unwrap();
+    std::fs::remove_file(&meta).unwrap();
+    symlink(&outside, &meta).unwrap();
+    refused_as_untrusted(&sb, "wf_l", ".rollback/wf_l/a1/meta.json");
+    std::fs::remove_file(&meta).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &meta,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    refused_as_untrusted(&sb, "wf_l", ".rollback/wf_l/a1/meta.json");
+    std::fs::remove_file(&meta).unwrap();
+    std::fs::write(&meta, &genuine).unwrap();
+    std::fs::hard_link(&meta, w.tmp.path().join("meta-link.json")).unwrap();
+    refused_as_untrusted(&sb, "wf_l", ".rollback/wf_l/a1/meta.json");
+    std::fs::remove_file(w.tmp.path().join("meta-link.json")).unwrap();
+    rolls_back(&sb, "wf_l");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
 /// A genuine snapshot edited in place (its target renamed) no longer rolls back; put
 /// back as it was, it does.
 #[test]
