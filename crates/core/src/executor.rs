@@ -815,9 +815,15 @@ impl<'a> SandboxWriteExecutor<'a> {
             } else {
                 // Still `success`: its write stands. Say why, and what to do.
                 r.reason_code = s.reason_code;
+                let why = s.reason.as_deref().unwrap_or("its restore failed");
+                // A step's reason may say what to do already.
+                let advice = if why.contains("roll back again") {
+                    ""
+                } else {
+                    "; roll the workflow back once that is put right"
+                };
                 r.reason = Some(format!(
-                    "written, and not undone by the plan's rollback: {}; roll the workflow back once that is put right",
-                    s.reason.as_deref().unwrap_or("its restore failed")
+                    "written, and not undone by the plan's rollback: {why}{advice}"
                 ));
             }
         }
