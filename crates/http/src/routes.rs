@@ -335,8 +335,13 @@ pub(crate) async fn rollback(
             ))
         })?,
         Some(_) => {
+            let bom = if bytes.starts_with(b"\xEF\xBB\xBF") {
+                " (it starts with a byte order mark, which JSON does not allow: send it as UTF-8 without one)"
+            } else {
+                ""
+            };
             return Err(ApiError::bad_request(format!(
-                "the rollback options must be a JSON object; {ROLLBACK_BODY_HINT}"
+                "the rollback options must be a JSON object{bom}; {ROLLBACK_BODY_HINT}"
             )));
         }
     };

@@ -184,6 +184,18 @@ async fn bad_rollback_bodies_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
     }
+    // A byte order mark is named, not taken for a body that is no object.
+    let v = post(
+        &e.app,
+        "/agentic/rollback/wf_x",
+        "\u{feff}{\"force\": false}",
+    )
+    .await
+    .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(
+        v["reason"].as_str().unwrap().contains("byte order mark"),
+        "{v}"
+    );
     post_json(
         &e.app,
         "/agentic/rollback/wf_x",
