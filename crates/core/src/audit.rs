@@ -192,6 +192,9 @@ struct Index {
     /// The actions of each workflow that the trail records a write by (not a rollback):
     /// asked before every action, so not a scan of the workflow's entries.
     wrote: std::collections::HashMap<String, std::collections::HashSet<String>>,
+    /// The actions of each workflow the trail records as rolled back: asked for a
+    /// write's default parent, so not a scan either.
+    undone: std::collections::HashMap<String, std::collections::HashSet<String>>,
     /// The `create_directory` actions that stand (not rolled back) for each directory
     /// they named, as recorded, with when they did: its existence is their result (see
     /// [`AuditLog::directory_claims`]). A rollback's line may spell the root otherwise,
@@ -240,6 +243,12 @@ impl Index {
             e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
         if wrote {
             self.wrote
+                .entry(e.workflow_id.clone())
+                .or_default()
+                .insert(e.action_id.clone());
+        }
+        if e.status == AuditStatus::RolledBack {
+            self.undone
                 .entry(e.workflow_id.clone())
                 .or_default()
                 .insert(e.action_id.clone());
@@ -818,12 +827,9 @@ impl AuditLog {
     /// Whether the trail records an action of a workflow as rolled back.
     pub fn is_rolled_back(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
-            ix.by_workflow.get(workflow_id).is_some_and(|ids| {
-                ids.iter().any(|&i| {
-                    let e = &ix.entries[i];
-                    e.action_id == action_id && e.status == AuditStatus::RolledBack
-                })
-            })
+            ix.undone
+                .get(workflow_id)
+                .is_some_and(|a| a.contains(action_id))
         })
     }
 
