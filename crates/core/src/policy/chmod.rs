@@ -87,12 +87,7 @@ const PATTERNS: [Pattern; 16] = [
     Pattern {
         name: "permissions or a mode set to an executable octal mode (permissions 0755)",
         matches: |_, w| {
-            // "mode=0755", a keyword argument, as "mode = 0755".
-            let w: Vec<&str> = w
-                .iter()
-                .flat_map(|x| x.split('='))
-                .filter(|m| !m.is_empty())
-                .collect();
+            let w = keyword_split(w);
             let exec_mode = |m: &&str| {
                 is_octal_mode(m) && m.chars().any(|c| matches!(c, '1' | '3' | '5' | '7'))
             };
@@ -112,12 +107,7 @@ const PATTERNS: [Pattern; 16] = [
     Pattern {
         name: "an executable flag set (executable: true)",
         matches: |_, w| {
-            let w: Vec<&str> = w
-                .iter()
-                .flat_map(|x| x.split('='))
-                .filter(|m| !m.is_empty())
-                .collect();
-            w.windows(2).any(|p| {
+            keyword_split(w).windows(2).any(|p| {
                 matches!(
                     p[0],
                     "executable" | "is_executable" | "executable_bit" | "exec_bit"
@@ -136,8 +126,9 @@ const PATTERNS: [Pattern; 16] = [
     Pattern {
         name: "an octal literal with execute bits (0o755, 0o777…)",
         matches: |_, w| {
-            w.iter()
-                .any(|x| x.split('=').any(is_octal_literal_with_exec))
+            keyword_split(w)
+                .iter()
+                .any(|x| is_octal_literal_with_exec(x))
         },
     },
     Pattern {
@@ -302,6 +293,15 @@ fn has_x_bit(words: &[&str]) -> bool {
         || words
             .windows(2)
             .any(|p| p[0] == "x" && matches!(p[1], "bit" | "bits"))
+}
+
+/// The words with keyword arguments taken apart: "mode=0755" as "mode 0755".
+fn keyword_split<'a>(words: &[&'a str]) -> Vec<&'a str> {
+    words
+        .iter()
+        .flat_map(|x| x.split('='))
+        .filter(|m| !m.is_empty())
+        .collect()
 }
 
 fn is_octal_mode(m: &str) -> bool {
