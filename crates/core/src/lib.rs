@@ -70,6 +70,7 @@ pub mod reason;
 pub mod recovery;
 pub mod sandbox;
 pub mod seal;
+pub mod shape_words;
 pub mod snapshot;
 pub mod workflow;
 pub mod yaml;

@@ -475,25 +475,11 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
             ReasonCode::InvalidPlan,
             format!(
                 "the arguments are not valid: {}{}",
-                placed(&e),
+                crate::shape_words::placed(&e),
                 parse_hint(&e, json)
             ),
         )
     })
-}
-
-/// The parser's words with the place it stopped set apart: serde appends "at line 1
-/// column 94" to whatever was said, which after advice reads as part of it ("give each
-/// key once at line 1 column 94").
-fn placed(e: &serde_json::Error) -> String {
-    let said = e.to_string();
-    let at = format!(" at line {} column {}", e.line(), e.column());
-    match said.strip_suffix(&at) {
-        Some(words) if e.line() > 0 => {
-            format!("{words} (line {}, column {})", e.line(), e.column())
-        }
-        _ => said,
-    }
 }
 
 /// What to change when the parser stopped where its own words say only what it hit: its
@@ -545,13 +531,12 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
         {
             return r;
         }
+        // A value in the wrong place is named by its place, read again (within the same
+        // allowance) to find it.
+        let said = crate::shape_words::worded::<Plan>(json, &e, "the plan");
         Refusal::new(
             ReasonCode::InvalidPlan,
-            format!(
-                "the plan is not valid: {}{}",
-                placed(&e),
-                parse_hint(&e, json)
-            ),
+            format!("the plan is not valid: {said}{}", parse_hint(&e, json)),
         )
     })?;
     drop(counting);
@@ -1359,6 +1344,15 @@ mod tests {
             .unwrap_err()
             .reason;
         assert!(why.contains("give each key once (line 1, column "), "{why}");
+        // A value of the wrong type is named by its place, in words.
+        let plan = br#"{"actions": [{"intent": "create_file", "path": "a.md", "content": 5}]}"#;
+        let why = parse_plan(plan).unwrap_err().reason;
+        assert!(
+            why.contains(
+                "'content' of action 1 must be a string, not a number (5) (line 1, column "
+            ) && !why.contains("invalid type"),
+            "{why}"
+        );
     }
 
     #[test]

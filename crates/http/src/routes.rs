@@ -330,8 +330,13 @@ pub(crate) async fn rollback(
         None => RollbackRequest::default(),
         // Only an object: serde would also accept a struct written as an array.
         Some(b'{') => serde_json::from_slice::<RollbackRequest>(&bytes).map_err(|e| {
+            let said = ailab_sandbox_core::shape_words::worded::<RollbackRequest>(
+                &bytes,
+                &e,
+                "the rollback options",
+            );
             ApiError::bad_request(format!(
-                "the rollback options are not valid: {e}; {ROLLBACK_BODY_HINT}"
+                "the rollback options are not valid: {said}; {ROLLBACK_BODY_HINT}"
             ))
         })?,
         Some(_) => {

@@ -184,6 +184,16 @@ async fn bad_rollback_bodies_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
     }
+    // A value of the wrong type is named by its field, in words.
+    let v = post(&e.app, "/agentic/rollback/wf_x", "{\"force\": \"yes\"}")
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("'force' must be true or false, not a string (\"yes\") (line 1, column ")
+            && !reason.contains("invalid type"),
+        "{v}"
+    );
     // A byte order mark is named, not taken for a body that is no object.
     let v = post(
         &e.app,

@@ -1,0 +1,303 @@
+//! How a JSON document that does not fit its shape (a plan, a rollback's options) is
+//! told: where, in the reader's terms ("'content' of action 1"), and what, without the
+//! parser's type names ("invalid type: integer `5`, expected a string").
+
+use serde::de::DeserializeOwned;
+use serde_path_to_error::Segment;
+
+/// The longest piece of a refused value quoted back.
+const MAX_QUOTED: usize = 60;
+
+/// The words for the error `e` the parser met reading `json` as a `T` (`what` names the
+/// whole document: "the plan"), when it is about a value's place in the document: `json`
+/// is read again, tracking where. `None` when the error is not about one (the text is
+/// not JSON, or a limit of the reading): the parser's own words stand.
+pub fn located<T: DeserializeOwned>(
+    json: &[u8],
+    e: &serde_json::Error,
+    what: &str,
+) -> Option<String> {
+    if e.classify() != serde_json::error::Category::Data {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let Err(found) = serde_path_to_error::deserialize::<_, T>(&mut de) else {
+        return None;
+    };
+    let inner = found.inner();
+    // The same error, met at the same place: anything else is not this one.
+    if (inner.line(), inner.column()) != (e.line(), e.column()) {
+        return None;
+    }
+    let message = unplaced(inner);
+    let segments: Vec<&Segment> = found.path().iter().collect();
+    said(&segments, &message, what)
+}
+
+/// [`located`]'s words, else the parser's own, with the place in the text set apart:
+/// "… (line 1, column 94)" (serde appends "at line 1 column 94" to whatever was said,
+/// which after advice reads as part of it).
+pub fn worded<T: DeserializeOwned>(json: &[u8], e: &serde_json::Error, what: &str) -> String {
+    let words = located::<T>(json, e, what).unwrap_or_else(|| unplaced(e));
+    at_place(words, e)
+}
+
+/// The parser's own words with the place in the text set apart (see [`worded`]).
+pub fn placed(e: &serde_json::Error) -> String {
+    at_place(unplaced(e), e)
+}
+
+fn at_place(words: String, e: &serde_json::Error) -> String {
+    if e.line() == 0 {
+        return words;
+    }
+    format!("{words} (line {}, column {})", e.line(), e.column())
+}
+
+/// The parser's message without the position it appends.
+fn unplaced(e: &serde_json::Error) -> String {
+    let said = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    said.strip_suffix(&at).map_or(said.clone(), str::to_owned)
+}
+
+/// `message` about the value at `path`, in words; `None` when it is not one of the
+/// parser's own shapes (then it is the document's own refusal, already in words).
+fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
+    let place = || place_of(path, what);
+    if let Some(rest) = message.strip_prefix("invalid type: ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{} must be {}, not {}",
+            place(),
+            wanted(want),
+            found(got)
+        ));
+    }
+    if let Some(rest) = message.strip_prefix("invalid value: ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{} is {}; it must be {}",
+            place(),
+            found(got),
+            wanted(want)
+        ));
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{} is {}; it must be {}",
+            place(),
+            quoted(got),
+            wanted(want)
+        ));
+    }
+    if let Some(rest) = message.strip_prefix("missing field ") {
+        return Some(format!("{} needs {}", place(), field(rest)));
+    }
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let (got, known) = rest.split_once(", ").unwrap_or((rest, ""));
+        let known = match known.strip_prefix("expected ") {
+            Some(list) => format!("; it takes {}", fields(list)),
+            None => "; it takes no other field".to_owned(),
+        };
+        // The path ends at the unknown key itself: the place is what holds it.
+        let holder = match path.split_last() {
+            Some((Segment::Map { .. }, rest)) => rest,
+            _ => path,
+        };
+        return Some(format!(
+            "{} has no field {}{known}",
+            place_of(holder, what),
+            field(got)
+        ));
+    }
+    None
+}
+
+/// Where `path` leads, innermost first: "'old' of edit 2 of action 1"; `what` for the
+/// whole document.
+fn place_of(path: &[&Segment], what: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < path.len() {
+        match (path[i], path.get(i + 1)) {
+            (Segment::Map { key }, Some(Segment::Seq { index })) => {
+                let item = match key.as_str() {
+                    "actions" => format!("action {}", index + 1),
+                    "edits" => format!("edit {}", index + 1),
+                    other => format!("item {} of '{}'", index + 1, other.escape_debug()),
+                };
+                parts.push(item);
+                i += 2;
+            }
+            (Segment::Map { key }, _) => {
+                parts.push(format!("'{}'", key.escape_debug()));
+                i += 1;
+            }
+            (Segment::Seq { index }, _) => {
+                parts.push(format!("item {}", index + 1));
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    if parts.is_empty() {
+        return what.to_owned();
+    }
+    parts.reverse();
+    parts.join(" of ")
+}
+
+/// A value as the parser names it ("integer `5`", "string \"x\"", "map"), in words.
+fn found(got: &str) -> String {
+    // The parser quotes a string escaped already.
+    let value = |v: &str| {
+        let v = v.trim_matches('`');
+        let short: String = v.chars().take(MAX_QUOTED).collect();
+        let more = if short.len() < v.len() { "…" } else { "" };
+        format!("{short}{more}")
+    };
+    if let Some(v) = got
+        .strip_prefix("integer ")
+        .or(got.strip_prefix("floating point "))
+    {
+        return format!("a number ({})", value(v));
+    }
+    if let Some(v) = got.strip_prefix("string ") {
+        return format!("a string ({})", value(v));
+    }
+    if let Some(v) = got.strip_prefix("boolean ") {
+        return format!("a boolean ({})", value(v));
+    }
+    match got {
+        "map" => "an object".to_owned(),
+        "sequence" => "an array".to_owned(),
+        "null" | "unit value" => "null".to_owned(),
+        other => other.replace('`', "'"),
+    }
+}
+
+/// What the parser expected ("a boolean", "struct Edit", "`rollback` or `stop`"), in words.
+fn wanted(want: &str) -> String {
+    match want {
+        "a boolean" => "true or false".to_owned(),
+        "a sequence" => "an array".to_owned(),
+        "a map" => "an object".to_owned(),
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number (no sign)".to_owned(),
+        w if w.starts_with("struct ") => "an object".to_owned(),
+        w => w.replace('`', "\""),
+    }
+}
+
+/// A name the parser quotes in backticks, quoted as a field.
+fn field(name: &str) -> String {
+    format!("'{}'", name.trim_matches('`').escape_debug())
+}
+
+/// A value the parser quotes in backticks, quoted as a string.
+fn quoted(v: &str) -> String {
+    let v = v.trim_matches('`');
+    let short: String = v.chars().take(MAX_QUOTED).collect();
+    let more = if short.len() < v.len() { "…" } else { "" };
+    format!("\"{}{more}\"", short.escape_debug())
+}
+
+/// The parser's list of fields ("`a`, `b` or `c`", "one of `a`, `b`"), quoted as fields.
+fn fields(list: &str) -> String {
+    list.trim_start_matches("one of ").replace('`', "'")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Doc {
+        actions: Vec<Item>,
+        #[serde(default)]
+        mode: Option<Mode>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        path: String,
+        #[serde(default)]
+        edits: Vec<Edit>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Edit {
+        old: String,
+        new: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Mode {
+        Rollback,
+        Stop,
+    }
+
+    fn words(json: &str) -> Option<String> {
+        let e = serde_json::from_str::<Doc>(json).unwrap_err();
+        located::<Doc>(json.as_bytes(), &e, "the plan")
+    }
+
+    #[test]
+    fn each_shape_the_parser_refuses_is_told_by_its_place() {
+        for (json, said) in [
+            (
+                r#"{"actions": [{"path": 5}]}"#,
+                "'path' of action 1 must be a string, not a number (5)",
+            ),
+            (
+                r#"{"actions": [{"path": "a", "edits": [{"old": "x", "new": true}]}]}"#,
+                "'new' of edit 1 of action 1 must be a string, not a boolean (true)",
+            ),
+            (
+                r#"{"actions": [{"path": "a", "edits": [{"old": "x"}]}]}"#,
+                "edit 1 of action 1 needs 'new'",
+            ),
+            (r#"{}"#, "the plan needs 'actions'"),
+            (
+                r#"{"actions": "x"}"#,
+                "'actions' must be an array, not a string (\"x\")",
+            ),
+            (
+                r#"{"actions": [], "mode": "maybe"}"#,
+                "'mode' is \"maybe\"; it must be \"rollback\" or \"stop\"",
+            ),
+            (
+                r#"{"actions": [{"path": "a", "pth": 1}]}"#,
+                "action 1 has no field 'pth'; it takes 'path' or 'edits'",
+            ),
+        ] {
+            assert_eq!(words(json).as_deref(), Some(said), "{json}");
+        }
+        // Not about a place: the parser's words stand.
+        let e = serde_json::from_str::<Doc>("{").unwrap_err();
+        assert_eq!(located::<Doc>(b"{", &e, "the plan"), None);
+    }
+
+    #[test]
+    fn a_long_value_is_quoted_short() {
+        let long = "x".repeat(500);
+        let said = words(&format!(
+            r#"{{"actions": [{{"path": "a", "edits": [{{"old": 1, "new": "{long}"}}]}}]}}"#
+        ));
+        assert_eq!(
+            said.as_deref(),
+            Some("'old' of edit 1 of action 1 must be a string, not a number (1)")
+        );
+        let said = words(&format!(r#"{{"actions": [], "mode": "{long}"}}"#)).unwrap();
+        assert!(said.len() < 200 && said.contains('…'), "{said}");
+    }
+}
