@@ -153,6 +153,10 @@ pub struct Recovered {
     /// Why nothing was judged for any other cause ([`Self::retry`] is set): a log or the
     /// snapshots that could not be read (a full or failing disk), in a few words.
     pub why: Option<String>,
+    /// The code of the refusal behind [`Self::why`] when it is not the disk's failure: a
+    /// link, a file or a FIFO in the place of a snapshot folder (`reserved_path`), a
+    /// record that is not the runtime's (`checksum_mismatch`).
+    pub why_code: Option<ReasonCode>,
     /// Why targets of the run could not be judged (each a sentence naming one): what
     /// stands there is something the runtime never reads — a file with a second hard
     /// link, a symbolic link on its path, a FIFO or device at it. Only
@@ -392,7 +396,7 @@ impl Sandbox {
                 |why| format!("{why} (see the log); put that right"),
             );
             return Err(Refusal::new(
-                ReasonCode::IoError,
+                report.why_code.unwrap_or(ReasonCode::IoError),
                 format!(
                     "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: {why}, then retry",
                     rec.execution_id
@@ -1193,6 +1197,7 @@ impl Sandbox {
             Ok(s) => s,
             Err(r) => {
                 report.why = Some(format!("its snapshots could not be read ({})", r.reason));
+                report.why_code = Some(r.reason_code);
                 report.retry = true;
                 return None;
             }

@@ -332,6 +332,47 @@ fn verify_tells_a_write_awaiting_recovery_from_a_cut_trail() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A dead run whose snapshot folder someone replaced by a link is not recovered, and the
+/// rollback that meets it says what stands in the way (`reserved_path`), not that the
+/// disk failed (`io_error`, a 500 over HTTP); once the link is gone it recovers.
+#[test]
+fn a_dead_run_behind_a_planted_link_is_refused_for_what_stands_there() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let sb = w.sandbox();
+    sb.failpoints().arm_crash("before_audit", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+    let folder = w.path(".rollback/wf_commit");
+    let aside = w.tmp.path().join("wf-aside");
+    std::fs::rename(&folder, &aside).unwrap();
+    std::os::unix::fs::symlink(&aside, &folder).unwrap();
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_commit", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::ReservedPath),
+        "{rb:?}"
+    );
+    assert!(rb.reason.unwrap().contains("symbolic link"));
+    drop(sb);
+    std::fs::remove_file(&folder).unwrap();
+    std::fs::rename(&aside, &folder).unwrap();
+    let sb = w.sandbox();
+    assert_noticed(&sb, "recovered interrupted run");
+    assert_eq!(
+        w.read("a.txt"),
+        b"ALPHA\n",
+        "registered before it died: finished"
+    );
+    let rb = sb.rollback_workflow("wf_commit", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).
@@ -1264,7 +1305,8 @@ fn a_new_run_waits_for_a_dead_run_that_cannot_be_recovered_yet() {
         {"intent": "create_file", "path": "z.txt", "content": "z\n"}]});
     let r = run(&sb, next.clone());
     assert_eq!(status(&r), "blocked", "{r:?}");
-    assert_eq!(code(&r, 0).as_deref(), Some("io_error"));
+    // A file stands where the snapshot store was: named as such, not as a disk failure.
+    assert_eq!(code(&r, 0).as_deref(), Some("reserved_path"));
     let reason = r.actions[0].reason.clone().unwrap_or_default();
     assert!(
         reason.contains("interrupted run") && reason.contains(dead.as_str().unwrap()),
