@@ -411,6 +411,22 @@ fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
     check_private_meta(root, &m, rel)
 }
 
+/// [`check_private`] for a folder whose snapshots are about to be read (restored,
+/// judged, pruned): one others could change is not used either, and is kept as it is.
+fn check_private_to_read(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
+    check_private(root, dir, rel).map_err(|r| {
+        let Some((problem, _)) = r.reason.split_once(", so others could remove") else {
+            return r;
+        };
+        Refusal::new(
+            r.reason_code,
+            format!(
+                "{problem}, so others could have changed the snapshots kept there; nothing is rolled back, judged or pruned from it until the operator makes it private to the runtime's user again (owned by it, writable by no one else); its snapshots are kept"
+            ),
+        )
+    })
+}
+
 /// [`check_private`] on a folder's metadata.
 fn check_private_meta(root: &SandboxRoot, m: &cap_std::fs::Metadata, rel: &str) -> Verdict {
     use crate::confine::root::NotOurs as Why;
@@ -641,6 +657,7 @@ impl Snapshotter {
             return Ok(None);
         };
         let folder = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
+        check_private_to_read(root, &dir, &folder).map_err(trust)?;
         // A link, a special file or a file with other links in a record's place (the
         // reading refused it) is no record of the runtime's; anything else, the disk's.
         let unread = |file: &str, e: &io::Error| {
@@ -700,11 +717,11 @@ impl Snapshotter {
             Ok(None) => return Ok(Default::default()),
             Err(e) => return Err(store_refusal(root, &e)),
         };
+        let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
         let wf = match open_existing(&rb, workflow_id) {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Default::default()),
             Err(e) => {
-                let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
                 let scope = format!(
                     "for workflow {workflow_id} in this root, nor is it rolled back or pruned,"
                 );
@@ -712,6 +729,9 @@ impl Snapshotter {
                     .unwrap_or_else(|| snap_io("open", &e)));
             }
         };
+        // As writing refuses a store others could change, so does reading one.
+        check_private_to_read(root, &rb, ROLLBACK_DIR)?;
+        check_private_to_read(root, &wf, &rel)?;
         let mut out = Vec::new();
         let mut untrusted = Vec::new();
         for entry in wf.entries().map_err(|e| snap_io("list", &e))? {

@@ -155,6 +155,47 @@ fn a_link_or_special_file_in_a_snapshots_place_is_not_trusted() {
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
+/// A snapshot folder others could change (writable by them here; owned by them
+/// likewise) is not used for a rollback or a prune, as it is not for a write: refused
+/// with `reserved_path`, its snapshots kept; made private again, it rolls back.
+#[test]
+fn a_snapshot_folder_others_could_change_is_not_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    let mode = |rel: &str, m: u32| {
+        std::fs::set_permissions(w.path(rel), std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    w.clock.advance(chrono::Duration::days(10));
+    for rel in [".rollback", ".rollback/wf_p", ".rollback/wf_p/a1"] {
+        mode(rel, 0o777);
+        let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
+        assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
+        assert_eq!(
+            rb.reason_code,
+            Some(ReasonCode::ReservedPath),
+            "{rel}: {rb:?}"
+        );
+        let reason = rb.reason.unwrap();
+        assert!(
+            reason.contains("writable by other users") && reason.contains("its snapshots are kept"),
+            "{rel}: {reason}"
+        );
+        let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+        assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
+        assert!(w.path(".rollback/wf_p/a1/meta.json").exists(), "{rel}");
+        assert_eq!(w.read("m.txt"), b"x", "{rel}");
+        mode(rel, 0o700);
+    }
+    rolls_back(&sb, "wf_p");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
 /// A genuine snapshot edited in place (its target renamed) no longer rolls back; put
 /// back as it was, it does.
 #[test]
