@@ -682,14 +682,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 /// `forbidden_intent` as on the CLI and HTTP), else `unknown_operation`.
 fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
-    let (code, what) = match forbidden {
-        Some(r) => (r.reason_code, format!("{}; no tool offers it", r.reason)),
-        None => (
+    // A forbidden intent's reason and what to do name the write tools already.
+    let r = match forbidden {
+        Some(r) => Refusal::new(r.reason_code, format!("{}; no tool offers it", r.reason)),
+        None => Refusal::new(
             ReasonCode::UnknownOperation,
-            format!("there is no tool named {name:?}"),
+            format!(
+                "there is no tool named {name:?}; the tools are: {}",
+                names.join(", ")
+            ),
         ),
     };
-    let r = Refusal::new(code, format!("{what}; the tools are: {}", names.join(", ")));
     refusal(&r, None, ". Nothing was done.")
 }
 

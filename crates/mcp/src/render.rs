@@ -188,7 +188,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "include more surrounding text in 'old' so that it occurs exactly once in the file."
         }
         C::InvalidId => {
-            "ids are 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit; or omit workflow_id to use this session's workflow."
+            "fix the id the reason names, or omit workflow_id to use this session's workflow."
         }
         C::InvalidPlan if op.is_some_and(|w| w.op.name == "sandbox_transform") => {
             return format!(

@@ -268,17 +268,32 @@ fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
                 ));
             }
             for (i, e) in list.iter().enumerate() {
-                serde_json::from_value::<Edit>(e.clone()).map_err(|err| {
-                    format!(
-                        "'{}' item {} must be an object with exactly the strings 'old' and 'new': {err}",
+                if let Some(problem) = edit_problem(e) {
+                    return Err(format!(
+                        "'{}' item {} must be an object with exactly the strings 'old' and 'new'; {problem}",
                         f.name,
                         i + 1
-                    )
-                })?;
+                    ));
+                }
             }
             Ok(())
         }
     }
+}
+
+/// What keeps `e` from being an edit, in words; `None` when it is one.
+fn edit_problem(e: &Value) -> Option<String> {
+    let Value::Object(m) = e else {
+        return Some(format!("it is {}", json_type(e)));
+    };
+    if let Some(k) = m.keys().find(|k| !matches!(k.as_str(), "old" | "new")) {
+        return Some(format!("it also has '{}'", k.escape_debug()));
+    }
+    ["old", "new"].into_iter().find_map(|k| match m.get(k) {
+        None => Some(format!("'{k}' is missing")),
+        Some(Value::String(_)) => None,
+        Some(v) => Some(format!("'{k}' is {}", json_type(v))),
+    })
 }
 
 /// Arguments that passed [`ToolSpec::parse`]; the getters cannot meet a wrong type.

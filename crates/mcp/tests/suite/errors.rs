@@ -194,7 +194,7 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         (
             "sandbox_transform",
             json!({"path": "x.md", "edits": [{"old": "a"}]}),
-            "'edits' item 1",
+            "'edits' item 1 must be an object with exactly the strings 'old' and 'new'; 'new' is missing.",
         ),
         (
             "sandbox_transform",
@@ -225,6 +225,11 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
             "'force' must be true or false",
         ),
         ("get_state", json!({"x": 1}), "no arguments"),
+        (
+            "sandbox_transform",
+            json!({"path": "x.md", "edits": [{"old": 1, "new": "b"}]}),
+            "'edits' item 1 must be an object with exactly the strings 'old' and 'new'; 'old' is a number.",
+        ),
     ];
     for (tool, args, needle) in cases {
         let r = s.err(tool, args).await;
