@@ -185,10 +185,14 @@ fn plain_words(message: &str, key: &str) -> String {
         };
         m = m.replace(&format!("expected {t}"), &words);
     }
-    match m.find("expected struct ") {
+    let m = match m.find("expected struct ") {
         Some(i) => format!("{}expected a table (a [section] of keys)", &m[..i]),
         None => m,
+    };
+    if key.is_empty() {
+        return m;
     }
+    crate::shape_words::value_said(&format!("'{}'", key.escape_debug()), &m).unwrap_or(m)
 }
 
 /// The range a numeric key takes when narrower than its type's (see `validate`).

@@ -65,32 +65,8 @@ fn unplaced(e: &serde_json::Error) -> String {
 /// parser's own shapes (then it is the document's own refusal, already in words).
 fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
     let place = || place_of(path, what);
-    if let Some(rest) = message.strip_prefix("invalid type: ") {
-        let (got, want) = rest.split_once(", expected ")?;
-        return Some(format!(
-            "{} must be {}, not {}",
-            place(),
-            wanted(want),
-            found(got)
-        ));
-    }
-    if let Some(rest) = message.strip_prefix("invalid value: ") {
-        let (got, want) = rest.split_once(", expected ")?;
-        return Some(format!(
-            "{} is {}; it must be {}",
-            place(),
-            found(got),
-            wanted(want)
-        ));
-    }
-    if let Some(rest) = message.strip_prefix("unknown variant ") {
-        let (got, want) = rest.split_once(", expected ")?;
-        return Some(format!(
-            "{} is {}; it must be {}",
-            place(),
-            quoted(got),
-            wanted(want)
-        ));
+    if let Some(words) = value_said(&place(), message) {
+        return Some(words);
     }
     if let Some(rest) = message.strip_prefix("missing field ") {
         return Some(format!("{} needs {}", place(), field(rest)));
@@ -110,6 +86,36 @@ fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
             "{} has no field {}{known}",
             place_of(holder, what),
             field(got)
+        ));
+    }
+    None
+}
+
+/// `message`, the parser's about the value at `place` (already in words: "'phase'"),
+/// in words when it is about the value's type or among what is allowed; `None` else.
+pub fn value_said(place: &str, message: &str) -> Option<String> {
+    if let Some(rest) = message.strip_prefix("invalid type: ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{place} must be {}, not {}",
+            wanted(want),
+            found(got)
+        ));
+    }
+    if let Some(rest) = message.strip_prefix("invalid value: ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{place} is {}; it must be {}",
+            found(got),
+            wanted(want)
+        ));
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let (got, want) = rest.split_once(", expected ")?;
+        return Some(format!(
+            "{place} is {}; it must be {}",
+            quoted(got),
+            wanted(want)
         ));
     }
     None

@@ -97,14 +97,17 @@ fn wrong_value_type_is_an_error() {
 #[test]
 fn wrong_value_types_are_said_in_plain_words() {
     for (toml, want) in [
-        ("limits = 5\n", "expected a table"),
+        (
+            "limits = 5\n",
+            "'limits' must be a table (a [section] of keys), not a number (5)",
+        ),
         (
             "[limits]\nmax_path_depth = \"8\"\n",
-            "expected a whole number",
+            "'max_path_depth' must be a whole number (no sign), not a string (\"8\")",
         ),
         (
             "[limits]\nwrites_per_minute = -1\n",
-            "expected a whole number",
+            "'writes_per_minute' is a number (-1); it must be a whole number (no sign)",
         ),
         (
             "[limits]\nmax_artifacts_per_workflow = 99999999999999999999\n",
@@ -112,7 +115,7 @@ fn wrong_value_types_are_said_in_plain_words() {
         ),
         (
             "[limits]\nwrites_per_minute = -99999999999999999999999\n",
-            "expected a whole number (no sign)",
+            "must be a whole number (no sign)",
         ),
         (
             "[limits]\nmax_path_depth = 99999999999999999999\n",
@@ -575,7 +578,11 @@ fn default_body_limit_carries_every_plan_the_catalog_allows() {
 fn a_wrongly_typed_value_is_named_by_line_and_key_but_a_token_is_not_echoed() {
     let err = RawConfig::from_toml("enable_write = true\ndry_run = \"false\"\n").unwrap_err();
     assert!(
-        err.0.contains("line 2") && err.0.contains("key 'dry_run'") && err.0.contains("boolean"),
+        err.0.contains("line 2")
+            && err.0.contains("key 'dry_run'")
+            && err
+                .0
+                .contains("'dry_run' must be true or false, not a string"),
         "{err}"
     );
     for toml in [
