@@ -38,8 +38,34 @@ pub fn located<T: DeserializeOwned>(
 /// "… (line 1, column 94)" (serde appends "at line 1 column 94" to whatever was said,
 /// which after advice reads as part of it).
 pub fn worded<T: DeserializeOwned>(json: &[u8], e: &serde_json::Error, what: &str) -> String {
-    let words = located::<T>(json, e, what).unwrap_or_else(|| unplaced(e));
+    let words = located::<T>(json, e, what).unwrap_or_else(|| syntax(&unplaced(e)));
     at_place(words, e)
+}
+
+/// A message about the whole of `what` (a query string: no path to follow), in words
+/// when it is one of the parser's shapes; `None` else.
+pub fn message_words(message: &str, what: &str) -> Option<String> {
+    said(&[], message, what)
+}
+
+/// The parser's words for text that is not JSON, in the reader's.
+fn syntax(said: &str) -> String {
+    let words = match said {
+        "EOF while parsing an object" => {
+            "the text ends before an object is closed (a '}' is missing)"
+        }
+        "EOF while parsing a list" => "the text ends before a list is closed (a ']' is missing)",
+        "EOF while parsing a string" => "the text ends inside a string (a '\"' is missing)",
+        "EOF while parsing a value" => "the text ends where a value was expected",
+        "trailing characters" => "more text follows the end of the JSON document",
+        "trailing comma" => "a comma is followed by no value",
+        "key must be a string" => "an object's key is not a string in double quotes",
+        "expected value" => {
+            "a value was expected here (a string, number, object, list, true, false or null)"
+        }
+        _ => return said.to_owned(),
+    };
+    words.to_owned()
 }
 
 /// The parser's own words with the place in the text set apart (see [`worded`]).
@@ -71,20 +97,22 @@ fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
     if let Some(rest) = message.strip_prefix("missing field ") {
         return Some(format!("{} needs {}", place(), field(rest)));
     }
+    if let Some(rest) = message.strip_prefix("duplicate field ") {
+        return Some(format!(
+            "{} gives {} twice",
+            place_of(holder(path), what),
+            field(rest)
+        ));
+    }
     if let Some(rest) = message.strip_prefix("unknown field ") {
         let (got, known) = rest.split_once(", ").unwrap_or((rest, ""));
         let known = match known.strip_prefix("expected ") {
             Some(list) => format!("; it takes {}", fields(list)),
             None => "; it takes no other field".to_owned(),
         };
-        // The path ends at the unknown key itself: the place is what holds it.
-        let holder = match path.split_last() {
-            Some((Segment::Map { .. }, rest)) => rest,
-            _ => path,
-        };
         return Some(format!(
             "{} has no field {}{known}",
-            place_of(holder, what),
+            place_of(holder(path), what),
             field(got)
         ));
     }
@@ -119,6 +147,14 @@ pub fn value_said(place: &str, message: &str) -> Option<String> {
         ));
     }
     None
+}
+
+/// The place holding a key the path ends at (a field given twice, or unknown).
+fn holder<'p, 's>(path: &'p [&'s Segment]) -> &'p [&'s Segment] {
+    match path.split_last() {
+        Some((Segment::Map { .. }, rest)) => rest,
+        _ => path,
+    }
 }
 
 /// Where `path` leads, innermost first: "'old' of edit 2 of action 1"; `what` for the
@@ -191,14 +227,18 @@ fn wanted(want: &str) -> String {
         "a sequence" => "an array".to_owned(),
         "a map" => "an object".to_owned(),
         "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number (no sign)".to_owned(),
+        "path string" => "a path (a string)".to_owned(),
         w if w.starts_with("struct ") => "an object".to_owned(),
         w => w.replace('`', "\""),
     }
 }
 
-/// A name the parser quotes in backticks, quoted as a field.
+/// A name the parser quotes in backticks, quoted as a field (a long one short).
 fn field(name: &str) -> String {
-    format!("'{}'", name.trim_matches('`').escape_debug())
+    let name = name.trim_matches('`');
+    let short: String = name.chars().take(MAX_QUOTED).collect();
+    let more = if short.len() < name.len() { "…" } else { "" };
+    format!("'{}{more}'", short.escape_debug())
 }
 
 /// A value the parser quotes in backticks, quoted as a string.
@@ -282,6 +322,10 @@ mod tests {
                 "'mode' is \"maybe\"; it must be \"rollback\" or \"stop\"",
             ),
             (
+                r#"{"actions": [{"path": "a"}, {"path": "b", "path": "c"}]}"#,
+                "action 2 gives 'path' twice",
+            ),
+            (
                 r#"{"actions": [{"path": "a", "pth": 1}]}"#,
                 "action 1 has no field 'pth'; it takes 'path' or 'edits'",
             ),
@@ -305,5 +349,27 @@ mod tests {
         );
         let said = words(&format!(r#"{{"actions": [], "mode": "{long}"}}"#)).unwrap();
         assert!(said.len() < 200 && said.contains('…'), "{said}");
+        let said = words(&format!(r#"{{"actions": [], "{long}": 1}}"#)).unwrap();
+        assert!(
+            said.len() < 200 && said.contains("has no field 'xxx"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_told_in_words() {
+        for (json, said) in [
+            (
+                "{",
+                "the text ends before an object is closed (a '}' is missing) (line 1, column 1)",
+            ),
+            (
+                r#"{"actions": []} x"#,
+                "more text follows the end of the JSON document (line 1, column 17)",
+            ),
+        ] {
+            let e = serde_json::from_str::<Doc>(json).unwrap_err();
+            assert_eq!(worded::<Doc>(json.as_bytes(), &e, "the plan"), said);
+        }
     }
 }

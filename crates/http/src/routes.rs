@@ -66,6 +66,10 @@ fn list_params(
         let what = text
             .strip_prefix("Failed to deserialize query string: ")
             .unwrap_or(&text);
+        // "foo: unknown field `foo`, …": the key is said again in the words.
+        let bare = what.split_once(": ").map_or(what, |(_, m)| m);
+        let what = ailab_sandbox_core::shape_words::message_words(bare, "the query")
+            .unwrap_or_else(|| what.to_owned());
         ApiError::bad_request(format!("the query is not valid: {what}; {allowed}"))
     })?;
     let limit = match q.limit.as_deref() {
@@ -333,7 +337,7 @@ pub(crate) async fn rollback(
             let said = ailab_sandbox_core::shape_words::worded::<RollbackRequest>(
                 &bytes,
                 &e,
-                "the rollback options",
+                "the rollback body",
             );
             ApiError::bad_request(format!(
                 "the rollback options are not valid: {said}; {ROLLBACK_BODY_HINT}"
