@@ -297,7 +297,7 @@ mod codes {
 
 /// A plan file or standard input that could not be read.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read {what}: {cause}")]
+#[error("cannot read {what}: {}", ailab_sandbox_core::io_words(cause))]
 struct UnreadablePlan {
     what: String,
     cause: std::io::Error,
@@ -464,8 +464,13 @@ fn load_config(cli: &Cli) -> Result<Config> {
         Some(p) => {
             // The operator's own input file, read before confinement starts.
             #[allow(clippy::disallowed_methods)]
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read config file {}", p.display()))?;
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read config file {}: {}",
+                    p.display(),
+                    ailab_sandbox_core::io_words(&e)
+                )
+            })?;
             Some(
                 RawConfig::from_toml(&text)
                     .with_context(|| format!("config file {}", p.display()))?,

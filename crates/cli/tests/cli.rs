@@ -595,6 +595,17 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
         e.cmd().args(["--json", "run", "missing.json"]),
         "invalid_plan",
     );
+    // In words, not the system's error format.
+    let out = e
+        .cmd()
+        .args(["--json", "run", "missing.json"])
+        .output()
+        .unwrap();
+    let reason = json_out(&out)["reason"].as_str().unwrap().to_owned();
+    assert_eq!(
+        reason,
+        "cannot read plan file missing.json: no such file or directory"
+    );
     assert!(
         !e.root.exists() && !e.state.exists(),
         "an unreadable plan leaves nothing behind"

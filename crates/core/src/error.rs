@@ -98,7 +98,7 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
 /// An I/O error in a few words for a sentence: its kind ("permission denied", "no storage
 /// space"), or, where the kind says nothing (an `EIO` is "uncategorized error"), the
 /// system's own words ("Input/output error (os error 5)").
-pub(crate) fn io_words(e: &std::io::Error) -> String {
+pub fn io_words(e: &std::io::Error) -> String {
     // Every open refuses to follow a link (`O_NOFOLLOW`): the loop it reports is the link.
     if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
         return "it is a symbolic link, which is never followed".to_owned();

@@ -512,9 +512,17 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     // serde would also read a struct from a JSON array; a plan is an object.
     if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         let bom = if json.starts_with(b"\xEF\xBB\xBF") {
-            " (it starts with a byte order mark, which JSON does not allow: save it as UTF-8 without one)"
+            " (it starts with a byte order mark, which JSON does not allow: save it as UTF-8 without one)".to_owned()
+        } else if json.starts_with(b"\xFF\xFE") || json.starts_with(b"\xFE\xFF") {
+            " (it starts with a UTF-16 byte order mark: save it as UTF-8)".to_owned()
+        } else if let Err(bad) = std::str::from_utf8(json) {
+            let at = bad.valid_up_to();
+            format!(
+                " (it is not UTF-8 text: byte 0x{:02X} at offset {at} is not part of a UTF-8 character)",
+                json[at]
+            )
         } else {
-            ""
+            String::new()
         };
         return Err(Refusal::new(
             ReasonCode::InvalidPlan,
@@ -1363,6 +1371,10 @@ mod tests {
         assert!(why.reason.contains("byte order mark"), "{}", why.reason);
         let why = parse_plan(b"[]").unwrap_err().reason;
         assert!(!why.contains("byte order mark"), "{why}");
+        let why = parse_plan(b"\xFF\xFE{\x00").unwrap_err().reason;
+        assert!(why.contains("UTF-16 byte order mark"), "{why}");
+        let why = parse_plan(b"\x80{}").unwrap_err().reason;
+        assert!(why.contains("byte 0x80 at offset 0"), "{why}");
     }
 
     #[test]
