@@ -168,13 +168,13 @@ fn place_of(path: &[&Segment], what: &str) -> String {
                 let item = match key.as_str() {
                     "actions" => format!("action {}", index + 1),
                     "edits" => format!("edit {}", index + 1),
-                    other => format!("item {} of '{}'", index + 1, other.escape_debug()),
+                    other => format!("item {} of {}", index + 1, field(other)),
                 };
                 parts.push(item);
                 i += 2;
             }
             (Segment::Map { key }, _) => {
-                parts.push(format!("'{}'", key.escape_debug()));
+                parts.push(field(key));
                 i += 1;
             }
             (Segment::Seq { index }, _) => {
@@ -194,12 +194,7 @@ fn place_of(path: &[&Segment], what: &str) -> String {
 /// A value as the parser names it ("integer `5`", "string \"x\"", "map"), in words.
 fn found(got: &str) -> String {
     // The parser quotes a string escaped already.
-    let value = |v: &str| {
-        let v = v.trim_matches('`');
-        let short: String = v.chars().take(MAX_QUOTED).collect();
-        let more = if short.len() < v.len() { "…" } else { "" };
-        format!("{short}{more}")
-    };
+    let value = |v: &str| short(v.trim_matches('`'));
     if let Some(v) = got
         .strip_prefix("integer ")
         .or(got.strip_prefix("floating point "))
@@ -235,18 +230,29 @@ fn wanted(want: &str) -> String {
 
 /// A name the parser quotes in backticks, quoted as a field (a long one short).
 fn field(name: &str) -> String {
-    let name = name.trim_matches('`');
-    let short: String = name.chars().take(MAX_QUOTED).collect();
-    let more = if short.len() < name.len() { "…" } else { "" };
-    format!("'{}{more}'", short.escape_debug())
+    format!(
+        "'{}'",
+        short(&name.trim_matches('`').escape_debug().to_string())
+    )
 }
 
 /// A value the parser quotes in backticks, quoted as a string.
 fn quoted(v: &str) -> String {
-    let v = v.trim_matches('`');
-    let short: String = v.chars().take(MAX_QUOTED).collect();
-    let more = if short.len() < v.len() { "…" } else { "" };
-    format!("\"{}{more}\"", short.escape_debug())
+    format!(
+        "\"{}\"",
+        short(&v.trim_matches('`').escape_debug().to_string())
+    )
+}
+
+/// `v`, cut to [`MAX_QUOTED`] characters with "…" when longer.
+fn short(v: &str) -> String {
+    let mut chars = v.chars();
+    let kept: String = chars.by_ref().take(MAX_QUOTED).collect();
+    if chars.next().is_some() {
+        format!("{kept}…")
+    } else {
+        kept
+    }
 }
 
 /// The parser's list of fields ("`a`, `b` or `c`", "one of `a`, `b`"), quoted as fields.
