@@ -273,7 +273,24 @@ impl Sandbox {
         {
             recovery = Some((r.reason_code, r.reason));
         }
-        let found = self.workflow_snapshots(workflow_id)?;
+        let found = match self.workflow_snapshots(workflow_id) {
+            Ok(found) => found,
+            // What stands in the way of reading them (a planted link, a folder others
+            // could change) is described like any other refusal; a failing disk or a
+            // busy peer is the answer's own error, as it would be the rollback's.
+            Err(r) if !matches!(r.reason_code, ReasonCode::IoError | ReasonCode::Conflict) => {
+                let (code, reason) = recovery.unwrap_or((r.reason_code, r.reason));
+                return Ok(RollbackInfo {
+                    workflow_id: workflow_id.to_owned(),
+                    rollback_available: false,
+                    reason_code: Some(code),
+                    reason: Some(reason),
+                    actions: Vec::new(),
+                    conflicts: Vec::new(),
+                });
+            }
+            Err(r) => return Err(r),
+        };
         let (snaps, refusal) = match self.rollback_selection(
             workflow_id,
             found.clone(),

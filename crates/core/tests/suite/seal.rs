@@ -30,6 +30,15 @@ fn plant(w: &World, wf: &str, action: &str, meta: &Value, backup: Option<&[u8]>)
 }
 
 fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) {
+    // What GET /agentic/rollback/{id} says: a description, the refusal inside it.
+    let info = sb.rollback_info(wf).unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ReasonCode::ChecksumMismatch),
+        "{info:?}"
+    );
+    assert!(info.reason.as_deref().unwrap().contains(file), "{info:?}");
     let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
@@ -174,6 +183,12 @@ fn a_snapshot_folder_others_could_change_is_not_read() {
     w.clock.advance(chrono::Duration::days(10));
     for rel in [".rollback", ".rollback/wf_p", ".rollback/wf_p/a1"] {
         mode(rel, 0o777);
+        let info = sb.rollback_info("wf_p").unwrap();
+        assert_eq!(
+            (info.rollback_available, info.reason_code),
+            (false, Some(ReasonCode::ReservedPath)),
+            "{rel}: {info:?}"
+        );
         let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
         assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
         assert_eq!(
