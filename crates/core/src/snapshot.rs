@@ -414,21 +414,33 @@ fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
 /// [`check_private`] for a folder whose snapshots are about to be read (restored,
 /// judged, pruned): one others could change is not used either, and is kept as it is.
 fn check_private_to_read(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
-    check_private(root, dir, rel).map_err(|r| {
-        let Some((problem, _)) = r.reason.split_once(", so others could remove") else {
-            return r;
-        };
-        Refusal::new(
-            r.reason_code,
-            format!(
-                "{problem}, so others could have changed the snapshots kept there; nothing is rolled back, judged or pruned from it until the operator makes it private to the runtime's user again (owned by it, writable by no one else); its snapshots are kept"
-            ),
-        )
-    })
+    let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
+    refuse_unless_private(
+        root,
+        &m,
+        rel,
+        "others could have changed the snapshots kept there; nothing is rolled back, judged or pruned from it until the operator makes it private to the runtime's user again (owned by it, writable by no one else); its snapshots are kept",
+    )
 }
 
 /// [`check_private`] on a folder's metadata.
 fn check_private_meta(root: &SandboxRoot, m: &cap_std::fs::Metadata, rel: &str) -> Verdict {
+    refuse_unless_private(
+        root,
+        m,
+        rel,
+        "others could remove the snapshots kept there; nothing is written there until the operator removes that folder (the runtime then makes its own, private one)",
+    )
+}
+
+/// Refuses (`reserved_path`) a snapshot folder another user owns or could write in,
+/// saying what that means here (`then`).
+fn refuse_unless_private(
+    root: &SandboxRoot,
+    m: &cap_std::fs::Metadata,
+    rel: &str,
+    then: &str,
+) -> Verdict {
     use crate::confine::root::NotOurs as Why;
     let problem = match crate::confine::root::not_ours(m) {
         None => return Ok(()),
@@ -443,7 +455,7 @@ fn check_private_meta(root: &SandboxRoot, m: &cap_std::fs::Metadata, rel: &str) 
     Err(Refusal::new(
         ReasonCode::ReservedPath,
         format!(
-            "the snapshot folder {} {problem}, so others could remove the snapshots kept there; nothing is written there until the operator removes that folder (the runtime then makes its own, private one)",
+            "the snapshot folder {} {problem}, so {then}",
             shown_path(&root.path().join(rel).display().to_string())
         ),
     ))
