@@ -55,7 +55,7 @@ pub struct ExecutionContext {
 
 impl ExecutionContext {
     /// Derives the context from the flags: sandbox writes need the write flag on, dry-run
-    /// off and a phase that allows writes; anything else simulates, and says why.
+    /// off and a phase that allows writes; anything else simulates writes, and says why.
     pub fn from_flags(
         enable_write: bool,
         dry_run: bool,
@@ -70,12 +70,22 @@ impl ExecutionContext {
         } else {
             None
         };
-        let mode = if reason.is_none() {
-            ExecutionMode::SandboxWrite
-        } else {
-            ExecutionMode::Simulation
+        let mode = match reason {
+            None => ExecutionMode::SandboxWrite,
+            // Execution is turned on but the phase allows only reads (28.2's read-only
+            // executor): reads are real, writes are simulated.
+            Some(DryRunReason::PhaseNotSupported) if enable_write && !dry_run => {
+                ExecutionMode::Readonly
+            }
+            Some(_) => ExecutionMode::Simulation,
         };
         (Self { mode, dry_run }, reason)
+    }
+
+    /// Whether writes (actions, rollbacks, prunes, a dead run's recovery) are real: only
+    /// in `sandbox_write` with dry-run off. `readonly` executes reads alone.
+    pub fn writes(&self) -> bool {
+        self.mode == ExecutionMode::SandboxWrite && !self.dry_run
     }
 
     /// True only for `readonly` and `sandbox_write` with dry-run off.

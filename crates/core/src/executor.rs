@@ -239,24 +239,24 @@ impl<'a> SandboxWriteExecutor<'a> {
         let lock = self.sb.state.lock(&format!("wf-{wf}"));
         if let Err(e) = &lock {
             let r = crate::sandbox::workflow_lock_refusal(&wf, e);
-            return self.blocked(vec![Err(r)], !ctx.is_executable());
+            return self.blocked(vec![Err(r)], !ctx.writes());
         }
         // Before validation, which must see the tree as the dead run's recovery leaves it.
-        if ctx.is_executable() {
+        if ctx.writes() {
             match self.sb.recover_dead_run(&wf) {
                 Ok(file) => self.record_file = file,
                 Err(r) => return self.blocked(vec![Err(r)], false),
             }
         }
-        let checks = self.validate(ctx.is_executable());
+        let checks = self.validate(ctx.writes());
         if let Err(r) = self.sb.fail_at("after_validate") {
-            return self.blocked(vec![Err(r)], !ctx.is_executable());
+            return self.blocked(vec![Err(r)], !ctx.writes());
         }
         if checks.iter().any(Result::is_err) {
-            return self.blocked(checks, !ctx.is_executable());
+            return self.blocked(checks, !ctx.writes());
         }
         let prepared: Vec<Prepared> = checks.into_iter().flatten().collect();
-        if !ctx.is_executable() {
+        if !ctx.writes() {
             return self.simulate(prepared, sim_reason);
         }
         let roots = self

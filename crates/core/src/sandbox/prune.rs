@@ -42,7 +42,7 @@ impl Sandbox {
     /// is on and dry-run off.
     pub fn prune(&self, older_than: std::time::Duration) -> Verdict<PruneReport> {
         let (ctx, why) = self.execution_context();
-        let simulated = !ctx.is_executable();
+        let simulated = !ctx.writes();
         // An age beyond the calendar's range prunes nothing.
         let cutoff = chrono::Duration::from_std(older_than)
             .ok()

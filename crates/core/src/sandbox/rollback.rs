@@ -267,7 +267,7 @@ impl Sandbox {
         if let Err(r) = self.check_syncs() {
             // Refused in every mode, as the rollback is (a simulated one writes its lines).
             recovery = Some((r.reason_code, r.reason));
-        } else if self.execution_context().0.is_executable()
+        } else if self.execution_context().0.writes()
             && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
             && let Err(r) = self.recover_dead_run(workflow_id)
         {
@@ -906,7 +906,7 @@ impl Sandbox {
             }
         };
         // Before the snapshots are read: the dead run's recovery may restore some.
-        if self.execution_context().0.is_executable()
+        if self.execution_context().0.writes()
             && let Err(r) = self.recover_dead_run(workflow_id)
         {
             return refused(r.reason_code, r.reason, Vec::new());
@@ -966,7 +966,7 @@ impl Sandbox {
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.
         if let (ctx, Some(why)) = self.execution_context()
-            && !ctx.is_executable()
+            && !ctx.writes()
         {
             let would: Vec<String> = chosen
                 .iter()

@@ -65,6 +65,11 @@ fn phase_without_writes_simulates_with_reason() {
     let mut c = w.writable_config();
     c.phase = "28.2".into();
     let sb = w.open(c);
+    // Execution is on, in a phase whose executor is read-only.
+    assert_eq!(
+        sb.state_doc().unwrap().execution_mode,
+        ailab_sandbox_core::context::ExecutionMode::Readonly
+    );
     let r = run(&sb, three_actions());
     assert_eq!(status(&r), "blocked");
     assert_eq!(code(&r, 0).as_deref(), Some("phase_not_supported"));

@@ -206,6 +206,7 @@ fn from_flags_writes_only_with_write_on_dry_run_off_and_a_write_phase() {
     let (ctx, reason) = ExecutionContext::from_flags(true, false, true);
     assert_eq!(ctx.mode, ExecutionMode::SandboxWrite);
     assert!(ctx.is_executable());
+    assert!(ctx.writes());
     assert_eq!(reason, None);
 }
 
@@ -215,8 +216,9 @@ fn from_flags_secure_defaults_simulate_with_a_reason() {
         ((false, true, true), DryRunReason::SandboxDisabled),
         ((false, false, true), DryRunReason::SandboxDisabled),
         ((true, true, true), DryRunReason::DryRun),
-        ((true, false, false), DryRunReason::PhaseNotSupported),
         ((false, true, false), DryRunReason::PhaseNotSupported),
+        ((false, false, false), DryRunReason::PhaseNotSupported),
+        ((true, true, false), DryRunReason::PhaseNotSupported),
     ];
     for ((enable, dry, phase_ok), expected) in cases {
         let (ctx, reason) = ExecutionContext::from_flags(enable, dry, phase_ok);
@@ -226,8 +228,18 @@ fn from_flags_secure_defaults_simulate_with_a_reason() {
             "{enable} {dry} {phase_ok}"
         );
         assert!(!ctx.is_executable(), "{enable} {dry} {phase_ok}");
+        assert!(!ctx.writes(), "{enable} {dry} {phase_ok}");
         assert_eq!(reason, Some(expected), "{enable} {dry} {phase_ok}");
     }
+}
+
+#[test]
+fn from_flags_execution_on_in_a_read_only_phase_is_readonly_and_writes_nothing() {
+    let (ctx, reason) = ExecutionContext::from_flags(true, false, false);
+    assert_eq!(ctx.mode, ExecutionMode::Readonly);
+    assert!(ctx.is_executable());
+    assert!(!ctx.writes());
+    assert_eq!(reason, Some(DryRunReason::PhaseNotSupported));
 }
 
 #[test]

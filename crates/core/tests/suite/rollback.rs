@@ -464,7 +464,14 @@ fn rollback_with_writing_off_or_dry_run_only_simulates() {
     let after = w.tree();
     let mut dry = w.writable_config();
     dry.dry_run = true;
-    for (config, flag) in [(w.config(), "writing is disabled"), (dry, "dry-run is on")] {
+    // Execution on in a phase that allows reads only (`readonly`): still no write.
+    let mut read_only = w.writable_config();
+    read_only.phase = "28.4".into();
+    for (config, flag) in [
+        (w.config(), "writing is disabled"),
+        (dry, "dry-run is on"),
+        (read_only, "the phase does not allow sandbox writes"),
+    ] {
         let sb = w.open(config);
         let rb = sb.rollback_workflow("wf_five", &RollbackOptions::default());
         assert_eq!(rb.status, "simulated", "{rb:?}");
