@@ -6,7 +6,7 @@
 #![allow(clippy::disallowed_types)]
 
 use crate::group_commit::GroupCommit;
-use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt};
 use std::fs::File;
 use std::io::{self, Write};
@@ -180,11 +180,39 @@ impl StateDir {
         Ok((dir, name))
     }
 
-    /// Opens `rel` with `opts`, never following a symlink.
+    /// Opens `rel` with `opts`, never following a symlink, and only as a regular file:
+    /// a FIFO read as an empty log would lose the record without a word, and one opened
+    /// for writing alone would wait for a reader for ever.
     fn open_file(&self, rel: &str, opts: &mut OpenOptions) -> io::Result<File> {
         let (dir, name) = self.locate(rel)?;
-        opts.follow(FollowSymlinks::No);
-        Ok(dir.open_with(name, opts)?.into_std())
+        opts.follow(FollowSymlinks::No).nonblock(true);
+        let not_regular = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is {what}, not a regular file; the state directory's files are never opened through anything else: move it away (or put the file it stands for back in its place)",
+                    self.path.join(rel).display()
+                ),
+            )
+        };
+        let file = dir.open_with(name, opts).map_err(|e| {
+            match rustix::io::Errno::from_io_error(&e) {
+                Some(rustix::io::Errno::LOOP) => not_regular("a symbolic link"),
+                Some(rustix::io::Errno::ISDIR) => not_regular("a folder"),
+                // A socket, or a FIFO opened for writing with no reader.
+                Some(rustix::io::Errno::NXIO) => not_regular("a socket or FIFO"),
+                _ => e,
+            }
+        })?;
+        let ft = file.metadata()?.file_type();
+        if !ft.is_file() {
+            return Err(not_regular(if ft.is_dir() {
+                "a folder"
+            } else {
+                "a FIFO or device"
+            }));
+        }
+        Ok(file.into_std())
     }
 
     /// Opens (creating) an append-only log file.

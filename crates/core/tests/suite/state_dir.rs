@@ -131,6 +131,45 @@ fn a_symlink_planted_in_the_state_directory_is_not_followed() {
     }
 }
 
+/// A state file replaced by something that is not a file stops the start and says
+/// which file and what stands there: a FIFO in the registry's place was read as an empty
+/// registry (every artifact, budget and lineage gone without a word), and a link or
+/// folder in the head's place was "open the audit log: Too many levels of symbolic links".
+#[test]
+fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
+    for name in [
+        "sandbox_audit.jsonl",
+        "artifacts.jsonl",
+        "sandbox_audit.head.json",
+        "left_dirs.jsonl",
+    ] {
+        for (kind, said) in [
+            ("link", "a symbolic link"),
+            ("fifo", "FIFO"),
+            ("folder", "a folder"),
+        ] {
+            let w = World::new();
+            write_one(&w.sandbox());
+            let planted = w.state.join(name);
+            let kept = w.outside.join("kept");
+            fs::rename(&planted, &kept).unwrap();
+            match kind {
+                "link" => symlink(&kept, &planted).unwrap(),
+                "fifo" => rustix::fs::mkfifoat(rustix::fs::CWD, &planted, 0o600.into()).unwrap(),
+                _ => fs::create_dir(&planted).unwrap(),
+            }
+            let err = open_err(w.writable_config());
+            assert!(
+                err.contains(&*planted.display().to_string())
+                    && err.contains(said)
+                    && err.contains("not a regular file")
+                    && err.contains("move it away"),
+                "{name} {kind}: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn state_files_are_opened_by_name_only() {
     let w = World::new();
