@@ -378,9 +378,13 @@ where
         tokio::spawn(async move {
             let _permit = permit;
             let mut builder = hyper::server::conn::http1::Builder::new();
+            // A client may shut its sending side once the request is out (`nc -N`,
+            // scripts): it is still answered, rather than dropped unanswered with its
+            // plan never run.
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout);
+                .header_read_timeout(limits.header_read_timeout)
+                .half_close(true);
             let io = StallGuard::new(stream, limits.write_stall_timeout);
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);

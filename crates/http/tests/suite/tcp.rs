@@ -214,6 +214,33 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
     server.stop().await;
 }
 
+/// A client that shuts its sending side after a whole request is answered, and its plan
+/// runs: it was dropped without a word and the plan never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_half_closes_after_its_request_is_answered() {
+    let (e, server) = small_bodies().await;
+    let addr = server.addr;
+    let root = e.root.clone();
+    tokio::task::spawn_blocking(move || {
+        let ask = |request: String| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            read_answer(&mut BufReader::new(s))
+        };
+        let (status, _, body) = ask(get_req(addr, "/healthz", ""));
+        assert_eq!(status, 200, "{body}");
+        let plan = r#"{"actions":[{"intent":"create_file","path":"hc.md","content":"sent"}]}"#;
+        let (status, _, body) = ask(plan_post(addr, plan.len(), plan));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(std::fs::read(root.join("hc.md")).unwrap(), b"sent");
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_the_wire_does_not_hurt_the_server() {
     let e = simulating();
