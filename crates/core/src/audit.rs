@@ -1108,7 +1108,14 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
                 return bad(
                     n,
                     expected_seq,
-                    format!("line {n} is not a valid audit entry: {err}"),
+                    format!(
+                        "line {n} is not a valid audit entry: {}",
+                        crate::shape_words::worded_in_line::<SandboxAuditEntry>(
+                            line,
+                            &err,
+                            "the entry"
+                        )
+                    ),
                 );
             }
         };

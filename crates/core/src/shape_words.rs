@@ -42,6 +42,20 @@ pub fn worded<T: DeserializeOwned>(json: &[u8], e: &serde_json::Error, what: &st
     at_place(words, e)
 }
 
+/// [`worded`] for a document that is one line of a log: the place is its column alone
+/// (the parser's "line 1" would read as the log's first line).
+pub fn worded_in_line<T: DeserializeOwned>(
+    line: &[u8],
+    e: &serde_json::Error,
+    what: &str,
+) -> String {
+    let words = located::<T>(line, e, what).unwrap_or_else(|| syntax(&unplaced(e)));
+    if e.column() == 0 {
+        return words;
+    }
+    format!("{words} (column {})", e.column())
+}
+
 /// A message about the whole of `what` (a query string: no path to follow), in words
 /// when it is one of the parser's shapes; `None` else.
 pub fn message_words(message: &str, what: &str) -> Option<String> {

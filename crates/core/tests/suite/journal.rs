@@ -92,6 +92,16 @@ fn added_field_is_detected() {
     let v = sb.audit_verify().unwrap();
     assert!(!v.ok, "{v:?}");
     assert_eq!(v.first_bad_seq, Some(2), "{v:?}");
+    // In words, the place being the line's column (the parser's "line 1" is not the
+    // log's line 1).
+    let reason = v.reason.unwrap();
+    assert!(
+        reason
+            .starts_with("line 2 is not a valid audit entry: the entry has no field 'approved_by'")
+            && reason.ends_with("(column 14)")
+            && !reason.contains("line 1"),
+        "{reason}"
+    );
 }
 
 /// The hash covers what a line means; the bytes must be as written too, so that no
