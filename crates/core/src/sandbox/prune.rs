@@ -124,7 +124,7 @@ impl Sandbox {
             .audit
             .by_workflow(wf)
             .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
-        let newest = snaps
+        let recent = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())
             // A simulated rollback or plan is no activity on the workflow's snapshots.
@@ -134,9 +134,9 @@ impl Sandbox {
                     .filter(|e| e.status != AuditStatus::Simulated)
                     .map(|e| e.timestamp.as_str()),
             )
-            .filter_map(crate::clock::parse_timestamp)
-            .max();
-        if untrusted > 0 || newest.is_some_and(|t| t >= cutoff) {
+            // A date that cannot be read proves no age.
+            .any(|t| crate::clock::parse_timestamp(t).is_none_or(|t| t >= cutoff));
+        if untrusted > 0 || recent {
             return Ok(false);
         }
         if simulated {

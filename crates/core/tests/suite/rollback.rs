@@ -400,6 +400,28 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("were pruned"), "{why}");
 }
 
+/// A workflow written a moment ago is kept whatever the year: past 9999 (or at the end
+/// of the calendar) its dates were unreadable, and it was pruned as if old.
+#[test]
+fn a_prune_keeps_new_workflows_at_any_date() {
+    for start in ["+10000-01-01T00:00:00Z", "+262142-12-24T00:00:00Z"] {
+        let w = World::new();
+        w.clock.set(start.parse().unwrap());
+        let sb = w.sandbox();
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_far", "actions": [{"intent": "create_file", "path": "f.txt", "content": "f"}]}),
+        );
+        assert_eq!(status(&r), "success", "{start}");
+        let report = sb
+            .prune(std::time::Duration::from_secs(7 * 86_400))
+            .unwrap();
+        assert!(report.workflows_pruned.is_empty(), "{start}: {report:?}");
+        let rb = sb.rollback_workflow("wf_far", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{start}: {rb:?}");
+    }
+}
+
 /// Rolled back, then pruned: a second rollback says it was already rolled back, not
 /// that there were never snapshots.
 #[test]
