@@ -416,6 +416,12 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from)
                 .collect();
+            if c.roots.is_empty() {
+                return Err(ConfigError(format!(
+                    "{} is {v:?}: separators and no path; unset it to use the configured or default roots, or give absolute directories separated by ':'",
+                    env::ROOTS
+                )));
+            }
             c.roots_explicit = true;
         }
         if !flags.roots.is_empty() {

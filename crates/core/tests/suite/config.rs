@@ -261,6 +261,25 @@ fn empty_variables_are_refused_not_defaulted() {
     }
     let c = resolve(None, &[(env::TOKEN, "")], &Overrides::default()).unwrap();
     assert_eq!(c.token.as_deref(), Some(""));
+    // Separators alone name no root: said so, not "no sandbox root is configured: give
+    // at least one in roots, AI_LAB_SANDBOX_ROOTS or --root" to one who set it.
+    for value in [":", ":::"] {
+        let err = resolve(Some(FILE), &[(env::ROOTS, value)], &Overrides::default()).unwrap_err();
+        assert!(
+            err.0.starts_with(&format!(
+                "{} is {value:?}: separators and no path",
+                env::ROOTS
+            )),
+            "{value}: {err}"
+        );
+    }
+    let c = resolve(
+        None,
+        &[(env::ROOTS, "/srv/a::/srv/b:")],
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(c.roots, paths(&["/srv/a", "/srv/b"]));
 }
 
 #[test]
