@@ -671,7 +671,7 @@ impl Sandbox {
             None => (
                 "a root this process is not configured with".to_owned(),
                 format!(
-                    "run the {verb} with every root the workflow wrote into (--root, once per root)"
+                    "run the {verb} in a runtime configured with every root the workflow wrote into (roots in the config file, AI_LAB_SANDBOX_ROOTS, or --root once per root)"
                 ),
             ),
         }

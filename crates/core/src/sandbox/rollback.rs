@@ -849,7 +849,7 @@ impl Sandbox {
                 String::new()
             } else {
                 format!(
-                    " ({} write(s) were pruned, prune --older-than, and cannot be rolled back; those files stay as they are: {})",
+                    " ({} write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {})",
                     pruned.len(),
                     pruned.join(", ")
                 )
@@ -1110,7 +1110,7 @@ impl Sandbox {
             (None, None) if !pruned.is_empty() => (
                 None,
                 Some(format!(
-                    "{} earlier write(s) were pruned (prune --older-than) and cannot be rolled back; those files stay as they are: {}",
+                    "{} earlier write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {}",
                     pruned.len(),
                     pruned.join(", ")
                 )),

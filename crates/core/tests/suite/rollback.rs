@@ -397,7 +397,7 @@ fn prune_removes_old_finished_workflows_only() {
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
     // Why there is nothing: the prune, named (it said only "there are no snapshots").
     let why = rb.reason.unwrap();
-    assert!(why.contains("were pruned"), "{why}");
+    assert!(why.contains("had their snapshots pruned"), "{why}");
 }
 
 /// A workflow written a moment ago is kept whatever the year: past 9999 (or at the end

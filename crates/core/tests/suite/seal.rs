@@ -650,7 +650,7 @@ fn a_rollback_names_the_writes_a_prune_made_irreversible() {
     assert_eq!((rb.steps_rolled_back, rb.reason_code), (2, None));
     let reason = rb.reason.unwrap();
     assert!(
-        reason.contains("1 earlier write(s) were pruned"),
+        reason.contains("1 earlier write(s) had their snapshots pruned"),
         "{reason}"
     );
     assert!(
