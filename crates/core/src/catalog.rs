@@ -334,7 +334,9 @@ pub(crate) fn shown_ext(ext: &str) -> String {
     if ext.is_empty() {
         "a name without extension".to_owned()
     } else {
-        format!("'{ext}'")
+        // Escaped as the path it comes from is: a control or invisible character is
+        // shown, not sent raw to a terminal or lost in a sentence.
+        crate::confine::path::shown_path(ext)
     }
 }
 

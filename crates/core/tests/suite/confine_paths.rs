@@ -442,6 +442,21 @@ fn default_extension_policy_allows_text_and_refuses_unknown() {
     }
 }
 
+/// An extension is quoted escaped, as the path it comes from is: a no-break space or a
+/// control character in it was sent raw in the refusal.
+#[test]
+fn an_extension_is_quoted_escaped() {
+    let policy = ExtensionPolicy::default();
+    for (name, shown) in [
+        ("x.service\u{a0}", "'.service\\u{a0}'"),
+        ("x.t\u{1b}[2Jxt", "'.t\\u{1b}[2jxt'"),
+    ] {
+        let reason = policy.check(&normalize_extension(name)).unwrap_err().reason;
+        assert!(reason.starts_with(shown), "{name:?}: {reason}");
+        assert!(!reason.contains(['\u{a0}', '\u{1b}']), "{name:?}: {reason}");
+    }
+}
+
 #[test]
 fn block_list_wins_over_a_configured_allow_list() {
     let allowed = vec!["SERVICE".to_owned(), ".txt".to_owned()];
