@@ -1411,6 +1411,46 @@ mod tests {
         }
     }
 
+    /// Text that is not JSON is said in words, with what to write instead, whichever
+    /// reader met it (the plan's, or the one for arguments parsed elsewhere).
+    #[test]
+    fn syntax_errors_are_said_in_words() {
+        let content = |raw: &str| {
+            format!(
+                r#"{{"actions":[{{"intent":"create_file","path":"a.txt","content":"{raw}"}}]}}"#
+            )
+        };
+        for (text, words) in [
+            (
+                content("a\tb"),
+                "a string holds a raw control character (a tab",
+            ),
+            (
+                content(r"a\qb"),
+                "a backslash in a string starts no JSON escape",
+            ),
+            (
+                r#"{"actions":[{"intent":"create_file" "path":"a.txt"}]}"#.to_owned(),
+                "separated by ',' and the object is closed by '}': one of them is missing",
+            ),
+            (
+                r#"{"actions":[{"intent":"create_file","path":"a.txt","content":+1}]}"#.to_owned(),
+                "a value was expected here",
+            ),
+            (
+                r#"{"actions":[{"intent":"create_file","path":"a.txt","content":nope}]}"#
+                    .to_owned(),
+                "a word is not JSON here",
+            ),
+        ] {
+            let said = parse_plan(text.as_bytes()).unwrap_err().reason;
+            assert!(said.contains(words), "{text}: {said}");
+            assert!(said.contains("(line 1, column "), "{text}: {said}");
+            let said = check_unique_keys(text.as_bytes()).unwrap_err().reason;
+            assert!(said.contains(words), "{text}: {said}");
+        }
+    }
+
     /// A number beyond a double's range is named too (it was "number out of range at
     /// line 1 column 68").
     #[test]

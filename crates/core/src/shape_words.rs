@@ -77,6 +77,25 @@ fn syntax(said: &str) -> String {
         "expected value" => {
             "a value was expected here (a string, number, object, list, true, false or null)"
         }
+        "expected `:`" => "an object's key is not followed by ':'",
+        "expected `,` or `]`" => {
+            "a list's items are separated by ',' and the list is closed by ']': one of them is missing"
+        }
+        "expected `,` or `}`" => {
+            "an object's members are separated by ',' and the object is closed by '}': one of them is missing"
+        }
+        "expected `\"`" => "a '\"' was expected here",
+        "expected ident" => "a word is not JSON here (the only words are true, false and null)",
+        "invalid escape" => {
+            "a backslash in a string starts no JSON escape (\\\", \\\\, \\/, \\b, \\f, \\n, \\r, \\t or \\uXXXX): write a backslash itself as \\\\"
+        }
+        "invalid number" => {
+            "a number is not written as JSON writes one (an optional '-', digits without a leading zero, then a fraction and an exponent if any; no '+', NaN or Infinity)"
+        }
+        "number out of range" => "a number is too large to be read (beyond about 1.8e308)",
+        "control character (\\u0000-\\u001F) found while parsing a string" => {
+            "a string holds a raw control character (a tab, a line break, or another below U+0020): write it escaped, as \\t, \\n, \\r or \\u00XX"
+        }
         _ => return said.to_owned(),
     };
     words.to_owned()
@@ -84,7 +103,7 @@ fn syntax(said: &str) -> String {
 
 /// The parser's own words with the place in the text set apart (see [`worded`]).
 pub fn placed(e: &serde_json::Error) -> String {
-    at_place(unplaced(e), e)
+    at_place(syntax(&unplaced(e)), e)
 }
 
 fn at_place(words: String, e: &serde_json::Error) -> String {
