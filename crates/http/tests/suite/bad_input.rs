@@ -464,6 +464,29 @@ async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
             .assert_error(StatusCode::NOT_IMPLEMENTED, "invalid_request");
     }
     assert!(!e.root.join("te.md").exists());
+    // A content coding is not decoded: 415 saying so, not a plan "not UTF-8".
+    for coding in ["gzip", "br", "identity, gzip"] {
+        let req = request(Method::POST, "/agentic/plans")
+            .header(header::CONTENT_ENCODING, coding)
+            .body(Body::from(plan.clone()))
+            .unwrap();
+        let v = send(&e.app, req)
+            .await
+            .assert_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request");
+        let reason = v["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("Content-Encoding") && reason.contains("uncompressed"),
+            "{coding}: {reason}"
+        );
+    }
+    assert!(!e.root.join("te.md").exists());
+    let req = request(Method::POST, "/agentic/plans")
+        .header(header::CONTENT_ENCODING, "identity")
+        .body(Body::from(plan.clone()))
+        .unwrap();
+    let resp = send(&e.app, req).await;
+    assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
+    assert!(e.root.join("te.md").exists());
     for (method, path, status, code) in [
         (
             Method::POST,
