@@ -682,8 +682,13 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 /// `forbidden_intent` as on the CLI and HTTP), else `unknown_operation`.
 fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
-    // A forbidden intent's reason and what to do name the write tools already.
     let r = match forbidden {
+        // Said here, not in governance's words: those list the write intents, which
+        // what to do lists again as this server's tools.
+        Some(r) if r.reason_code == ReasonCode::ForbiddenIntent => Refusal::new(
+            r.reason_code,
+            format!("{name:?} is a forbidden intent, never executed; no tool offers it"),
+        ),
         Some(r) => Refusal::new(r.reason_code, format!("{}; no tool offers it", r.reason)),
         None => Refusal::new(
             ReasonCode::UnknownOperation,

@@ -242,10 +242,13 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     let before = audited().await.as_u64().unwrap();
     let r = s.err("delete_file", json!({"path": "x.md"})).await;
     assert!(
-        text(&r).contains("(forbidden_intent)") && text(&r).contains("create_file"),
+        text(&r).contains("(forbidden_intent)")
+            && text(&r).contains("\"delete_file\" is a forbidden intent"),
         "{}",
         text(&r)
     );
+    // The write tools are offered once, in what to do.
+    assert_eq!(text(&r).matches("create_file").count(), 1, "{}", text(&r));
     // On the trail as a blocked action, as in a plan: an agent probing leaves a trace.
     assert_eq!(audited().await, before + 1);
     // A chmod asked for as a tool: refused and audited as in a plan.
