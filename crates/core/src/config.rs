@@ -140,7 +140,22 @@ impl RawConfig {
                 secret = line.contains("token");
             }
             let why = if secret {
-                "the value on this line is not valid here (not shown: the line holds the token; the token must be a string)".to_owned()
+                // Classified, never quoted: the reader's message may hold the value.
+                let m = e.message();
+                let what = if m.starts_with("invalid type") {
+                    "the token must be a string, in double quotes"
+                } else if m.starts_with("duplicate key") {
+                    "a key on this line is given twice"
+                } else if m.starts_with("invalid basic string")
+                    || m.starts_with("invalid literal string")
+                {
+                    "a string on this line is not closed (its ending quote is missing)"
+                } else if m.starts_with("string values must be quoted") {
+                    "the token must be a string, in double quotes"
+                } else {
+                    "the token must be a string, in double quotes, alone on its line"
+                };
+                format!("{what} (the line is not shown: it holds the token)")
             } else {
                 plain_words(e.message().trim(), &key)
             };

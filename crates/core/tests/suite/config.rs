@@ -139,6 +139,31 @@ fn wrong_value_types_are_said_in_plain_words() {
     }
 }
 
+/// A line holding the token is never quoted, but what is wrong with it is said: that it
+/// must be a string, that it is given twice, that its string is not closed.
+#[test]
+fn a_bad_token_line_says_what_is_wrong_without_the_token() {
+    for (toml, want) in [
+        (
+            "[server]\ntoken = 123456789012345678\n",
+            "the token must be a string",
+        ),
+        (
+            "[server]\ntoken = \"s3cret-s3cret-s3cret\"\ntoken = \"s3cret-s3cret-s3cret\"\n",
+            "given twice",
+        ),
+        ("[server]\ntoken = \"s3cret-s3cret-s3cret\n", "not closed"),
+        ("[server]\ntoken = s3cret-s3cret-s3cret\n", "double quotes"),
+    ] {
+        let err = RawConfig::from_toml(toml).unwrap_err().0;
+        assert!(err.contains(want), "{toml:?}: {err}");
+        assert!(
+            !err.contains("s3cret") && !err.contains("123456789012345678"),
+            "{toml:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn full_spec_example_file_parses() {
     let text = r#"
