@@ -805,6 +805,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                 })
                 .collect(),
         };
+        // As for a failed action's own undo: a restore whose line could not be appended
+        // (a full disk) leaves the run's record saying so, for recovery to audit it.
+        if steps.iter().any(|s| s.unrecorded.is_some()) {
+            self.unrecorded.set(true);
+        }
         let all_ok = steps.iter().all(|s| s.restored);
         for s in &steps {
             let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) else {

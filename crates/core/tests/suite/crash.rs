@@ -1621,8 +1621,14 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
 /// Runs `wf_m` (two creations) so that its second action fails and the audit line of
 /// one of the restores that undo it cannot be appended.
 fn lose_a_restore_line(sb: &ailab_sandbox_core::Sandbox) {
+    lose_restore_line(sb, 1);
+}
+
+/// [`lose_a_restore_line`], losing the line of the `nth` restore: 1 the failed action's
+/// own undo, 2 the plan's rollback of the action before it.
+fn lose_restore_line(sb: &ailab_sandbox_core::Sandbox, nth: u32) {
     sb.failpoints().arm("after_mutate", 2);
-    sb.failpoints().arm("after_mark", 1);
+    sb.failpoints().arm("after_mark", nth);
     let r = run(
         sb,
         json!({"workflow_id": "wf_m", "actions": [
@@ -1638,10 +1644,18 @@ fn lose_a_restore_line(sb: &ailab_sandbox_core::Sandbox) {
 /// record of each file says what it holds.
 #[test]
 fn a_restore_whose_audit_line_was_lost_is_audited_by_the_next_run() {
+    // The plan's rollback of an earlier action too: its record was marked idle, and the
+    // trail said for good that the action's file stood.
+    for nth in [1, 2] {
+        a_restore_line_lost_then_audited(nth);
+    }
+}
+
+fn a_restore_line_lost_then_audited(nth: u32) {
     use ailab_sandbox_core::audit::AuditStatus;
     let w = World::new();
     let sb = w.sandbox();
-    lose_a_restore_line(&sb);
+    lose_restore_line(&sb, nth);
     assert!(!w.path("one.txt").exists() && !w.path("two.txt").exists());
     let undone = |sb: &ailab_sandbox_core::Sandbox| {
         let mut ids: Vec<_> = sb
@@ -1655,13 +1669,18 @@ fn a_restore_whose_audit_line_was_lost_is_audited_by_the_next_run() {
         ids
     };
     assert_eq!(undone(&sb).len(), 1, "one restore's line was lost");
+    assert_eq!(
+        run_record(&w, "wf_m")["state"],
+        "restores_unaudited",
+        "{nth}"
+    );
     let r = run(
         &sb,
         json!({"workflow_id": "wf_m", "actions": [
             {"action_id": "a3", "intent": "create_file", "path": "three.txt", "content": "3"}]}),
     );
-    assert_eq!(status(&r), "success", "{r:?}");
-    assert_eq!(undone(&sb), ["a1", "a2"]);
+    assert_eq!(status(&r), "success", "{nth}: {r:?}");
+    assert_eq!(undone(&sb), ["a1", "a2"], "{nth}");
     assert!(sb.audit_verify().unwrap().ok);
 }
 
