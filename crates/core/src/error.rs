@@ -42,7 +42,7 @@ pub enum Error {
         root: PathBuf,
     },
     /// Reading or writing the registry or audit log failed.
-    #[error("{what}: {cause}")]
+    #[error("{}", io_message(.what, .cause))]
     Io {
         /// What was being done.
         what: &'static str,
@@ -82,6 +82,23 @@ impl Error {
             std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
         )
     }
+}
+
+/// What failed and why, with what to do when the state directory cannot be written or
+/// is full: the system's words alone ("Read-only file system (os error 30)") say neither
+/// where nor what follows from it.
+fn io_message(what: &str, cause: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    let advice = match cause.kind() {
+        K::ReadOnlyFilesystem | K::PermissionDenied => {
+            "; the runtime records every write in its state directory, so this process must be able to write there (only `audit verify` reads it as it is)"
+        }
+        K::StorageFull | K::QuotaExceeded => {
+            "; the state directory's filesystem is full: free space there, then try again"
+        }
+        _ => "",
+    };
+    format!("{what}: {cause}{advice}")
 }
 
 /// Names the state directory once: the reasons its checks give name it already.
@@ -155,5 +172,11 @@ mod tests {
         }
         let full = Error::io("append")(std::io::Error::from_raw_os_error(28));
         assert!(!full.is_unwritable(), "a full disk is not a read-only one");
+        assert!(full.to_string().contains("free space there"), "{full}");
+        let read_only = Error::io("open the artifact registry")(io()).to_string();
+        assert!(
+            read_only.contains("must be able to write there"),
+            "{read_only}"
+        );
     }
 }
