@@ -181,26 +181,6 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
         )
         .into_response();
     }
-    // RFC 9110 §15.5.16: a content coding the server does not decode is answered 415;
-    // read as sent, a compressed plan was refused as text that is not UTF-8.
-    if let Some(coding) = req
-        .headers()
-        .get_all(header::CONTENT_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
-    {
-        return ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            codes::INVALID_REQUEST,
-            format!(
-                "the request's Content-Encoding is {:?}; this server reads bodies only as sent: send the JSON uncompressed, without Content-Encoding",
-                String::from_utf8_lossy(coding).chars().take(40).collect::<String>()
-            ),
-        )
-        .into_response();
-    }
     next.run(req).await
 }
 

@@ -239,6 +239,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
     // body sent anywhere else is dropped unread, whatever its size or framing, and the
     // answer is the route's own (404, 405, or the read).
     let body_layers = tower::ServiceBuilder::new()
+        .layer(middleware::from_fn(routes::plain_body))
         .layer(middleware::from_fn_with_state(room, body_room))
         .layer(RequestBodyDeadlineLayer::new(BODY_DEADLINE))
         .layer(RequestBodyLimitLayer::new(body_limit_bytes))

@@ -379,6 +379,39 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiEr
 
 /// Refuses a query on a route that reads none: ignored, `?action_id=a2` on a rollback would
 /// undo the whole workflow, and `?dry_run=true` on a plan would write.
+/// Refuses a body in a content coding (RFC 9110 §15.5.16: 415): bodies are read as
+/// sent, and a compressed plan read so was refused as text that is not UTF-8. On the
+/// routes that read a body only: elsewhere the route's own answer stands.
+pub(crate) async fn plain_body(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    const SHOWN: usize = 40;
+    let Some(coding) = req
+        .headers()
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+    else {
+        return next.run(req).await;
+    };
+    let coding = String::from_utf8_lossy(coding);
+    let mut shown: String = coding.chars().take(SHOWN).collect();
+    if coding.chars().count() > SHOWN {
+        shown.push('…');
+    }
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        codes::INVALID_REQUEST,
+        format!(
+            "the request's Content-Encoding is {shown:?}; this server reads bodies only as sent: send the JSON uncompressed, without Content-Encoding"
+        ),
+    )
+    .into_response()
+}
+
 pub(crate) async fn no_query(
     req: axum::extract::Request,
     next: axum::middleware::Next,

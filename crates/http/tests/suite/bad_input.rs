@@ -480,6 +480,39 @@ async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
         );
     }
     assert!(!e.root.join("te.md").exists());
+    // Only where a body is read: elsewhere the route's own answer stands.
+    for (method, path, status) in [
+        (Method::GET, "/healthz", StatusCode::OK),
+        (Method::GET, "/agentic/state", StatusCode::OK),
+        (Method::POST, "/nope", StatusCode::NOT_FOUND),
+        (
+            Method::DELETE,
+            "/agentic/plans",
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+    ] {
+        let req = request(method.clone(), path)
+            .header(header::CONTENT_ENCODING, "gzip")
+            .body(Body::empty())
+            .unwrap();
+        let resp = send(&e.app, req).await;
+        assert_eq!(resp.status, status, "{method} {path}: {}", resp.text());
+    }
+    // A long coding is cut, and says so.
+    let req = request(Method::POST, "/agentic/plans")
+        .header(header::CONTENT_ENCODING, "x".repeat(100))
+        .body(Body::from(plan.clone()))
+        .unwrap();
+    let v = send(&e.app, req)
+        .await
+        .assert_error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{}…", "x".repeat(40))),
+        "{v}"
+    );
     let req = request(Method::POST, "/agentic/plans")
         .header(header::CONTENT_ENCODING, "identity")
         .body(Body::from(plan.clone()))
