@@ -120,6 +120,10 @@ pub fn io_words(e: &std::io::Error) -> String {
     if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
         return "it is a symbolic link, which is never followed".to_owned();
     }
+    // The runtime's own words for a state file of the wrong kind, not "invalid data".
+    if e.kind() == std::io::ErrorKind::InvalidData && e.get_ref().is_some() {
+        return e.to_string();
+    }
     let kind = e.kind().to_string();
     match kind.as_str() {
         "uncategorized error" | "other error" => e.to_string(),

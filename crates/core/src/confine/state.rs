@@ -119,7 +119,7 @@ impl StateDir {
         .map_err(io::Error::other)?;
         names
             .iter()
-            .map(|name| read_if_present(&checked.dir, name, limit))
+            .map(|name| read_if_present(&checked.dir, name, &path.join(name), limit))
             .collect()
     }
 
@@ -186,31 +186,18 @@ impl StateDir {
     fn open_file(&self, rel: &str, opts: &mut OpenOptions) -> io::Result<File> {
         let (dir, name) = self.locate(rel)?;
         opts.follow(FollowSymlinks::No).nonblock(true);
-        let not_regular = |what: &str| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{} is {what}, not a regular file; the state directory's files are never opened through anything else: move it away (or put the file it stands for back in its place)",
-                    self.path.join(rel).display()
-                ),
-            )
-        };
+        let shown = self.path.join(rel);
         let file = dir.open_with(name, opts).map_err(|e| {
             match rustix::io::Errno::from_io_error(&e) {
-                Some(rustix::io::Errno::LOOP) => not_regular("a symbolic link"),
-                Some(rustix::io::Errno::ISDIR) => not_regular("a folder"),
-                // A socket, or a FIFO opened for writing with no reader.
-                Some(rustix::io::Errno::NXIO) => not_regular("a socket or FIFO"),
+                // A link, a folder, a socket or a FIFO opened for writing with no reader.
+                Some(
+                    rustix::io::Errno::LOOP | rustix::io::Errno::ISDIR | rustix::io::Errno::NXIO,
+                ) => not_regular(dir, name, &shown),
                 _ => e,
             }
         })?;
-        let ft = file.metadata()?.file_type();
-        if !ft.is_file() {
-            return Err(not_regular(if ft.is_dir() {
-                "a folder"
-            } else {
-                "a FIFO or device"
-            }));
+        if !file.metadata()?.is_file() {
+            return Err(not_regular(dir, name, &shown));
         }
         Ok(file.into_std())
     }
@@ -499,7 +486,7 @@ impl StateDir {
     /// exist.
     pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
         let (dir, name) = self.locate(rel)?;
-        read_if_present(dir, name, MAX_STATE_FILE)
+        read_if_present(dir, name, &self.path.join(rel), MAX_STATE_FILE)
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
@@ -983,12 +970,46 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
 
 /// A state file's bytes, `None` when it does not exist; never through a symlink, and a
 /// second link is accepted (see [`StateDir::read_optional`]).
-fn read_if_present(dir: &Dir, name: &str, limit: u64) -> io::Result<Option<Vec<u8>>> {
+/// Reads `name` of `dir` (`shown`: its path, for a refusal); `None` when it is missing.
+fn read_if_present(dir: &Dir, name: &str, shown: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
     match super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e)
+            if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::LOOP)
+                || e.get_ref()
+                    .and_then(|r| r.downcast_ref::<crate::reason::Refusal>())
+                    .is_some_and(|r| {
+                        r.reason_code == crate::reason::ReasonCode::NotRegularFile
+                    }) =>
+        {
+            Err(not_regular(dir, name, shown))
+        }
         Err(e) => Err(e),
     }
+}
+
+/// Refuses `name` of `dir`, shown as `shown`, as a state file that is not a regular file,
+/// saying what stands in its place: a FIFO read as an empty log would lose the record
+/// without a word, one opened for writing alone would wait for a reader for ever, and a
+/// link would send the runtime's records elsewhere.
+fn not_regular(dir: &Dir, name: &str, shown: &Path) -> io::Error {
+    use cap_std::fs::FileTypeExt as _;
+    let what = match dir.symlink_metadata(name).map(|m| m.file_type()) {
+        Ok(t) if t.is_symlink() => "a symbolic link",
+        Ok(t) if t.is_dir() => "a folder",
+        Ok(t) if t.is_fifo() => "a FIFO",
+        Ok(t) if t.is_socket() => "a socket",
+        Ok(t) if t.is_block_device() || t.is_char_device() => "a device",
+        _ => "something else",
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{} is {what}, not a regular file; the state directory's files are never opened through anything else: move it away (or put the file it stands for back in its place)",
+            shown.display()
+        ),
+    )
 }
 
 /// The `(st_dev, st_ino)` of `path` and of each of its ancestors that exists, links

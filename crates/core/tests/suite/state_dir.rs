@@ -142,6 +142,7 @@ fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
         "artifacts.jsonl",
         "sandbox_audit.head.json",
         "left_dirs.jsonl",
+        "seal.key",
     ] {
         for (kind, said) in [
             ("link", "a symbolic link"),
@@ -168,6 +169,40 @@ fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
             );
         }
     }
+}
+
+/// A workflow's run record of the wrong kind is named in the refusal of a run of that
+/// workflow, and a log of the wrong kind in a read-only verification: both said only
+/// "invalid data" or the system's "Too many levels of symbolic links".
+#[test]
+fn a_run_record_or_log_of_the_wrong_kind_is_named_where_it_is_met() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let wf = |id: &str| json!({"workflow_id": id, "actions": [{"intent": "create_file", "path": format!("{id}.txt"), "content": "x"}]});
+    assert_eq!(status(&run(&sb, wf("wf_k"))), "success");
+    let record = w.state.join("inflight/wf_k.json");
+    fs::remove_file(&record).unwrap();
+    fs::create_dir(&record).unwrap();
+    let r = run(&sb, wf("wf_k"));
+    let said = r.actions[0].reason.clone().unwrap_or_default();
+    assert!(
+        said.contains(&*record.display().to_string())
+            && said.contains("is a folder, not a regular file"),
+        "{said}"
+    );
+    drop(sb);
+    fs::remove_dir(&record).unwrap();
+    let log = w.state.join("sandbox_audit.jsonl");
+    let kept = w.outside.join("kept");
+    fs::rename(&log, &kept).unwrap();
+    symlink(&kept, &log).unwrap();
+    let err = ailab_sandbox_core::audit::verify_read_only(&w.state, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&*log.display().to_string()) && err.contains("is a symbolic link"),
+        "{err}"
+    );
 }
 
 #[test]
