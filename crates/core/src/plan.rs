@@ -483,16 +483,12 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
 }
 
 /// What to change when the parser stopped where its own words say only what it hit: its
-/// nesting limit (which counts every level of the text, the envelope's included), a lone
-/// surrogate escape, or a byte of `json` that is not UTF-8.
+/// nesting limit (which counts every level of the text, the envelope's included), or a
+/// byte of `json` that is not UTF-8.
 fn parse_hint(e: &serde_json::Error, json: &[u8]) -> String {
     let said = e.to_string();
     if said.starts_with("recursion limit exceeded") {
         " (arrays and objects nest fewer than 128 levels deep, counting those that hold the data: flatten the data)".to_owned()
-    } else if said.contains("surrogate") || said.contains("hex escape") {
-        // The parser's words name its state ("leading", "end of hex escape"), not the
-        // escape it met.
-        " (an escape from \\uD800 to \\uDFFF must be one of a pair: a high one, D800 to DBFF, then a low one, DC00 to DFFF; alone it names no character: send the character itself, or its pair)".to_owned()
     } else if said.starts_with("invalid unicode code point")
         && let Err(bad) = std::str::from_utf8(json)
     {
@@ -1303,11 +1299,33 @@ mod tests {
         ] {
             let why = parse_plan(text.as_bytes()).unwrap_err();
             assert!(
+                why.reason.contains("must be one of a pair")
+                    && !why.reason.contains("leading")
+                    && why.reason.matches("one of a pair").count() == 1,
+                "{}",
+                why.reason
+            );
+            // Whichever reader met it (arguments parsed elsewhere, a rollback's body).
+            let why = check_unique_keys(text.as_bytes()).unwrap_err();
+            assert!(
                 why.reason.contains("must be one of a pair"),
                 "{}",
                 why.reason
             );
+            let e = serde_json::from_slice::<serde_json::Value>(text.as_bytes()).unwrap_err();
+            let said =
+                crate::shape_words::worded::<serde_json::Value>(text.as_bytes(), &e, "the body");
+            assert!(said.contains("must be one of a pair"), "{said}");
         }
+        // A \u with too few digits is named as such, not as no escape at all.
+        let short =
+            r#"{"actions": [{"intent": "create_file", "path": "s.txt", "content": "a\u12"}]}"#;
+        let why = parse_plan(short.as_bytes()).unwrap_err();
+        assert!(
+            why.reason.contains("\\u and four hexadecimal digits"),
+            "{}",
+            why.reason
+        );
     }
 
     /// Arguments checked by a face (MCP) get the same hint as a plan.

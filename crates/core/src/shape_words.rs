@@ -87,7 +87,12 @@ fn syntax(said: &str) -> String {
         "expected `\"`" => "a '\"' was expected here",
         "expected ident" => "a word is not JSON here (the only words are true, false and null)",
         "invalid escape" => {
-            "a backslash in a string starts no JSON escape (\\\", \\\\, \\/, \\b, \\f, \\n, \\r, \\t or \\uXXXX): write a backslash itself as \\\\"
+            "a backslash in a string starts no JSON escape (\\\", \\\\, \\/, \\b, \\f, \\n, \\r, \\t, or \\u and four hexadecimal digits): write a backslash itself as \\\\"
+        }
+        // The parser's words name its own state ("leading", "end of hex escape"), not
+        // the escape it met.
+        "lone leading surrogate in hex escape" | "unexpected end of hex escape" => {
+            "an escape from \\uD800 to \\uDFFF must be one of a pair: a high one, D800 to DBFF, then a low one, DC00 to DFFF; alone it names no character: send the character itself, or its pair"
         }
         "invalid number" => {
             "a number is not written as JSON writes one (an optional '-', digits without a leading zero, then a fraction and an exponent if any; no '+', NaN or Infinity)"
