@@ -555,7 +555,7 @@ fn run(cli: Cli) -> Result<u8> {
     };
     let mut sandbox = match Sandbox::open(config) {
         Ok(s) => s,
-        Err(e) if verify_only && e.is_unwritable() => {
+        Err(e) if verify_only && e.allows_read_only_verify() => {
             return verify_read_only(&state_dir, durable, &e, cli.json);
         }
         Err(e) => return Err(e.into()),
@@ -749,7 +749,8 @@ fn run(cli: Cli) -> Result<u8> {
 }
 
 /// `audit verify` where the runtime cannot start because it may not write (a read-only
-/// copy of the state directory, a read-only mount): the trail is checked as it is on disk.
+/// copy of the state directory, a read-only mount) or a state file it does not read here
+/// is of the wrong kind (the seal key): the trail is checked as it is on disk.
 fn verify_read_only(
     state_dir: &std::path::Path,
     durable: bool,

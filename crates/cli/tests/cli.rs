@@ -1407,6 +1407,51 @@ fn a_read_only_trail_is_verified_and_said_to_be() {
     );
 }
 
+/// A seal key of the wrong kind stops the runtime, not the verification of the trail,
+/// which does not read it: verified read-only, saying why; a log of the wrong kind is
+/// named by the verification too.
+#[test]
+fn a_damaged_seal_key_leaves_the_trail_verifiable() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"actions": [{"intent": "create_file", "path": "x.txt", "content": "x"}]}),
+    );
+    let out = e
+        .cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let key = e.state.join("seal.key");
+    std::fs::remove_file(&key).unwrap();
+    std::fs::create_dir(&key).unwrap();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(json_out(&out)["ok"], json!(true));
+    assert!(
+        err.contains("seal.key is a folder, not a regular file")
+            && err.contains("verified read-only, without recovery"),
+        "{err}"
+    );
+    // Anything else refuses as before, naming the key.
+    let out = e.cmd().args(["--json", "state"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let log = e.state.join("sandbox_audit.jsonl");
+    std::fs::rename(&log, e.dir.join("kept.jsonl")).unwrap();
+    std::fs::create_dir(&log).unwrap();
+    let out = e.cmd().args(["audit", "verify"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("sandbox_audit.jsonl is a folder"), "{err}");
+}
+
 /// When the default state directory cannot be created, the runtime uses the user's
 /// (`$XDG_STATE_HOME/ailab-sandbox`) and says so. The default's parent is hidden under a
 /// read-only tmpfs in a private mount namespace, so the real one is never touched.

@@ -101,6 +101,18 @@ fn io_message(what: &str, cause: &std::io::Error) -> String {
     format!("{what}: {cause}{advice}")
 }
 
+impl Error {
+    /// Whether the runtime could not start for a reason that leaves its trail readable
+    /// as it is on disk: it may not write ([`Self::is_unwritable`]), or a state file is of
+    /// the wrong kind (a link, folder or FIFO where the seal key or a log should be),
+    /// which a read-only verification names again if it is one it reads.
+    pub fn allows_read_only_verify(&self) -> bool {
+        self.is_unwritable()
+            || matches!(self, Self::Io { cause, .. }
+                if cause.kind() == std::io::ErrorKind::InvalidData && cause.get_ref().is_some())
+    }
+}
+
 /// Names the state directory once: the reasons its checks give name it already.
 fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
     let shown = path.display().to_string();
