@@ -672,10 +672,13 @@ impl Sandbox {
                 _ => {}
             }
         }
-        let is_undone = |action: &str| {
-            written
-                .get(action)
-                .is_some_and(|(w, _)| undone.get(action).is_some_and(|u| u > w))
+        // Undone after its write; or, never recorded as written (an action that failed,
+        // its own change undone), undone at all: its restore's mark may be missing (the
+        // root was full), and a later rollback would otherwise "restore" it over whatever
+        // stands there now.
+        let is_undone = |action: &str| match written.get(action) {
+            Some((w, _)) => undone.get(action).is_some_and(|u| u > w),
+            None => undone.contains_key(action),
         };
         // Of the writes kept apart above, those asked for and not undone since.
         let in_place = |e: &SandboxAuditEntry| {

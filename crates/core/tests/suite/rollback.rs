@@ -400,6 +400,49 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("had their snapshots pruned"), "{why}");
 }
 
+/// A failed action undoes its own change and audits the undo; when the undo's mark could
+/// not be written beside the snapshot (a full root), the trail still says it is undone:
+/// a later rollback of the workflow neither calls another workflow's write to that file
+/// a conflict nor, forced, removes it.
+#[test]
+fn a_failed_actions_undo_stands_without_its_mark() {
+    let w = World::new();
+    let sb = w.sandbox();
+    sb.failpoints().arm("after_mutate", 2);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_f", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    std::fs::remove_file(w.root.join(".rollback/wf_f/a2/restored.json")).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+            {"intent": "create_file", "path": "two.txt", "content": "other"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    for force in [false, true] {
+        let rb = sb.rollback_workflow(
+            "wf_f",
+            &RollbackOptions {
+                force,
+                ..RollbackOptions::default()
+            },
+        );
+        assert_eq!(
+            rb.reason_code,
+            Some(ReasonCode::NoRollbackData),
+            "{force}: {rb:?}"
+        );
+        assert!(rb.conflicts.is_empty(), "{force}: {rb:?}");
+    }
+    assert_eq!(std::fs::read(w.root.join("two.txt")).unwrap(), b"other");
+    let info = sb.rollback_info("wf_f").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+}
+
 /// A workflow written a moment ago is kept whatever the year: past 9999 (or at the end
 /// of the calendar) its dates were unreadable, and it was pruned as if old.
 #[test]
