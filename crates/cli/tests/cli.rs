@@ -1436,6 +1436,16 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
     // Anything else refuses as before, naming the key.
     let out = e.cmd().args(["--json", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // A key of the wrong length is damaged too, not a failure of the disk.
+    std::fs::remove_dir(&key).unwrap();
+    std::fs::write(&key, b"abc").unwrap();
+    let out = e.cmd().args(["audit", "verify"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("holds 3 bytes, not the 32 of a key") && err.contains("verified read-only"),
+        "{err}"
+    );
     let log = e.state.join("sandbox_audit.jsonl");
     std::fs::rename(&log, e.dir.join("kept.jsonl")).unwrap();
     std::fs::create_dir(&log).unwrap();

@@ -430,8 +430,14 @@ impl StateDir {
     pub fn inflight_list(&self) -> io::Result<Vec<(String, Vec<u8>)>> {
         let mut out = Vec::new();
         for id in self.inflight_ids(".json")? {
-            if let Some(bytes) = self.inflight_read(&id)? {
-                out.push((id, bytes));
+            match self.inflight_read(&id) {
+                Ok(Some(bytes)) => out.push((id, bytes)),
+                Ok(None) => {}
+                // One record that cannot be read (of the wrong kind, say) keeps only its
+                // own run from recovery, not every other.
+                Err(e) => {
+                    tracing::warn!(error = %e, record = %id, "cannot read an in-flight record")
+                }
             }
         }
         Ok(out)
@@ -514,11 +520,14 @@ impl StateDir {
             return Ok(None);
         };
         bytes.as_slice().try_into().map(Some).map_err(|_| {
-            io::Error::other(format!(
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
                 "{} holds {} bytes, not the 32 of a key; it was damaged (removing it makes every existing snapshot untrusted)",
                 self.path.join(name).display(),
                 bytes.len()
-            ))
+            ),
+            )
         })
     }
 

@@ -48,6 +48,35 @@ fn die_before_the_second_record(w: &World, c: &ailab_sandbox_core::Config) {
     kill_before_the_second_record(&w.open(c.clone()));
 }
 
+/// A run record that cannot be read (a FIFO or folder in another workflow's record's
+/// place) keeps only that one from recovery: the dead run beside it is recovered at the
+/// next start, as ever (one such entry stopped the listing, and every dead run with it).
+#[test]
+fn an_unreadable_run_record_does_not_stop_the_others_recovery() {
+    for kind in ["fifo", "folder"] {
+        let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        die_before_the_second_record(&w, &c);
+        assert_eq!(run_record(&w, "wf_crash")["state"], "active");
+        let planted = w.state.join("inflight/aaa.json");
+        if kind == "fifo" {
+            rustix::fs::mkfifoat(rustix::fs::CWD, &planted, 0o600.into()).unwrap();
+        } else {
+            std::fs::create_dir(&planted).unwrap();
+        }
+        let sb = w.open(c);
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("recovered interrupted run") && n.contains("wf_crash")),
+            "{kind}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{kind}");
+        // Its unfinished action is undone; the finished one stays.
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{kind}");
+    }
+}
+
 /// The same, in a sandbox that lives on (as another process would).
 fn kill_before_the_second_record(sb: &ailab_sandbox_core::Sandbox) {
     sb.failpoints().arm_crash("before_registry", 2);
