@@ -1335,6 +1335,48 @@ fn a_root_out_of_inodes_says_no_space() {
     assert!(why.contains("snapshot: no storage space"), "{why}");
 }
 
+/// A full state directory: the run is refused saying where space is missing and what to
+/// do (it said "could not record the run in the state directory: no storage space").
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_full_state_directory_says_where_to_free_space() {
+    let e = env();
+    e.seed_and_run(
+        &[],
+        &json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    let tiny = e.dir.join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_full", "actions": [
+            {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    // The state directory copied onto a small filesystem, then that filesystem filled.
+    let mut c = with_private_mount(
+        "mount -t tmpfs -o size=256k tmpfs \"$1\" && cp -a \"$2\" \"$1/s\" && (dd if=/dev/zero of=\"$1/fill\" bs=4k 2>/dev/null; true)",
+        &[tiny.as_os_str(), e.state.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(tiny.join("s"))
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let run = json_out(&out);
+    let a = &run["actions"][0];
+    assert_eq!(a["reason_code"], "io_error", "{run}");
+    let why = a["reason"].as_str().unwrap();
+    assert!(
+        why.contains("no storage space (the state directory's filesystem is full: free space there, then try again)"),
+        "{why}"
+    );
+    assert!(!e.root.join("b.txt").exists());
+}
+
 /// A command that finds the audit trail held by another process past the wait is refused
 /// like a busy peer (exit 1, `conflict`, with what to do), not as one that cannot run.
 #[test]

@@ -145,6 +145,23 @@ pub fn io_words(e: &std::io::Error) -> String {
     }
 }
 
+/// [`io_words`] for a file of the state directory, with what to do when its filesystem is
+/// full or cannot be written: the refusal is often the one place an agent or operator
+/// sees, and "no storage space" alone does not say where.
+pub(crate) fn state_io_words(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    let advice = match e.kind() {
+        K::StorageFull | K::QuotaExceeded => {
+            " (the state directory's filesystem is full: free space there, then try again)"
+        }
+        K::ReadOnlyFilesystem | K::PermissionDenied => {
+            " (this process must be able to write in its state directory)"
+        }
+        _ => "",
+    };
+    format!("{}{advice}", io_words(e))
+}
+
 /// Why a log or record of the state directory could not be read or written (`what`:
 /// "read the audit trail", "audit the simulated rollback"): another process of the
 /// runtime held it past `limits.lock_wait_seconds` (`conflict`, to try again), or an I/O
@@ -161,7 +178,7 @@ pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refu
     }
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what}: {}", io_words(e)),
+        format!("could not {what}: {}", state_io_words(e)),
     )
 }
 

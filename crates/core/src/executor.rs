@@ -1334,7 +1334,7 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     }
     Refusal::new(
         ReasonCode::IoError,
-        format!("could not {what}: {}", crate::error::io_words(e)),
+        format!("could not {what}: {}", crate::error::state_io_words(e)),
     )
 }
 

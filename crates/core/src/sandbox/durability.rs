@@ -182,7 +182,7 @@ impl Sandbox {
                 ReasonCode::IoError,
                 format!(
                     "could not write the commit log: {}",
-                    crate::error::io_words(&e)
+                    crate::error::state_io_words(&e)
                 ),
             )
         };
@@ -470,7 +470,7 @@ impl Sandbox {
                         } else {
                             "run"
                         },
-                        crate::error::io_words(&e)
+                        crate::error::state_io_words(&e)
                     ),
                 )
             })

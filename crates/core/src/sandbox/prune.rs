@@ -161,7 +161,10 @@ impl Sandbox {
             .map_err(|e| {
                 crate::Refusal::new(
                     ReasonCode::IoError,
-                    format!("could not record the prune: {}", crate::error::io_words(&e)),
+                    format!(
+                        "could not record the prune: {}",
+                        crate::error::state_io_words(&e)
+                    ),
                 )
             })?;
         for root in &self.roots {
