@@ -713,7 +713,7 @@ fn run(cli: Cli) -> Result<u8> {
                         .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
                         .explained();
                     out!(
-                        "would prune {} workflows{}, keep {}; nothing was removed: {why} ({fix} to prune)",
+                        "would prune {} workflows{}, keep {}; nothing was removed: {why}; {fix} to prune",
                         report.workflows_pruned.len(),
                         named(&report.workflows_pruned),
                         report.workflows_kept

@@ -28,17 +28,21 @@ pub enum DryRunReason {
 
 impl DryRunReason {
     /// In words, for an operator: what stops writing, and what would let it (to be
-    /// followed by what it would let, as in "… to roll back").
+    /// followed by what it would let, as in "… to roll back"), in the terms of the flags
+    /// and of the configuration file, whichever face asked.
     pub fn explained(self) -> (&'static str, &'static str) {
         match self {
-            Self::DryRun => ("dry-run is on", "turn dry-run off (--no-dry-run)"),
+            Self::DryRun => (
+                "dry-run is on",
+                "turn dry-run off (--no-dry-run, or dry_run = false in the configuration)",
+            ),
             Self::PhaseNotSupported => (
                 "the phase does not allow sandbox writes",
-                "use a phase that allows them (28.3, 28.5 to 28.8)",
+                "switch to phase 28.3 (or 28.5 to 28.8)",
             ),
             Self::SandboxDisabled | Self::GovernanceBlocked => (
                 "writing is disabled",
-                "turn writing on (--enable-write --no-dry-run)",
+                "turn writing on (--enable-write --no-dry-run, or enable_write = true and dry_run = false in the configuration)",
             ),
         }
     }
