@@ -146,8 +146,11 @@ impl RawConfig {
                     "the token must be a string, in double quotes"
                 } else if m.starts_with("duplicate key") {
                     "a key on this line is given twice"
+                } else if toml_bad_escape(m) {
+                    "a backslash in the token's string starts no escape: write a backslash itself as \\\\, or put the token in single quotes"
                 } else if m.starts_with("invalid basic string")
                     || m.starts_with("invalid literal string")
+                    || m.starts_with("invalid multi-line")
                 {
                     "a string on this line is not closed (its ending quote is missing)"
                 } else if m.starts_with("string values must be quoted") {
@@ -164,11 +167,28 @@ impl RawConfig {
     }
 }
 
+/// Whether the TOML reader's `message` is about a backslash that starts no escape.
+fn toml_bad_escape(message: &str) -> bool {
+    message.starts_with("missing escaped value") || message.starts_with("invalid escape")
+}
+
 /// The TOML reader's message in an operator's words: Rust's type names (`usize`,
-/// `struct RawLimits`) say what the code holds, not what to write.
+/// `struct RawLimits`) say what the code holds, not what to write, and its syntax
+/// messages quote its grammar.
 fn plain_words(message: &str, key: &str) -> String {
     if message == "wanted string or table" && key == "durability" {
         return "expected a string: \"strict\", \"batched\" or \"relaxed\"".to_owned();
+    }
+    if toml_bad_escape(message) {
+        return "a backslash in a string starts no TOML escape (\\b, \\t, \\n, \\f, \\r, \\\", \\\\, \\uXXXX or \\UXXXXXXXX): write a backslash itself as \\\\, or use a string in single quotes, which takes backslashes as they are".to_owned();
+    }
+    if message.starts_with("invalid multi-line") {
+        return "a multi-line string is not closed (its ending three quotes are missing)"
+            .to_owned();
+    }
+    if message.starts_with("invalid basic string") || message.starts_with("invalid literal string")
+    {
+        return "a string is not closed (its ending quote is missing)".to_owned();
     }
     let mut m = message.replace(" as i128", "");
     // Beyond 64 bits the value arrives as a 128-bit integer ("invalid type"); beyond the

@@ -130,6 +130,12 @@ fn wrong_value_types_are_said_in_plain_words() {
             "integer too large: `4294967296`, expected a whole number of at most 4294967295",
         ),
         ("durability = 1\n", "\"strict\", \"batched\" or \"relaxed\""),
+        (
+            "phase = \"28\\q3\"\n",
+            "a backslash in a string starts no TOML escape",
+        ),
+        ("phase = \"\"\"28.3\n", "a multi-line string is not closed"),
+        ("phase = \"28.3\n", "a string is not closed"),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;
         assert!(err.contains(want), "{toml:?}: {err}");
@@ -154,6 +160,14 @@ fn a_bad_token_line_says_what_is_wrong_without_the_token() {
         ),
         ("[server]\ntoken = \"s3cret-s3cret-s3cret\n", "not closed"),
         ("[server]\ntoken = s3cret-s3cret-s3cret\n", "double quotes"),
+        (
+            "[server]\ntoken = \"s3cret-s3cret-s3cret\\q\"\n",
+            "a backslash in the token's string starts no escape",
+        ),
+        (
+            "[server]\ntoken = \"\"\"s3cret-s3cret-s3cret\n",
+            "not closed",
+        ),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;
         assert!(err.contains(want), "{toml:?}: {err}");
