@@ -88,17 +88,24 @@ impl Error {
 /// is full: the system's words alone ("Read-only file system (os error 30)") say neither
 /// where nor what follows from it.
 fn io_message(what: &str, cause: &std::io::Error) -> String {
+    match state_advice(cause) {
+        Some(advice) => format!("{what}: {cause}; {advice}"),
+        None => format!("{what}: {cause}"),
+    }
+}
+
+/// What to do about a state directory whose filesystem is full or cannot be written.
+fn state_advice(e: &std::io::Error) -> Option<&'static str> {
     use std::io::ErrorKind as K;
-    let advice = match cause.kind() {
-        K::ReadOnlyFilesystem | K::PermissionDenied => {
-            "; the runtime records every write in its state directory, so this process must be able to write there (only `audit verify` reads it as it is)"
-        }
+    match e.kind() {
         K::StorageFull | K::QuotaExceeded => {
-            "; the state directory's filesystem is full: free space there, then try again"
+            Some("the state directory's filesystem is full: free space there, then try again")
         }
-        _ => "",
-    };
-    format!("{what}: {cause}{advice}")
+        K::ReadOnlyFilesystem | K::PermissionDenied => Some(
+            "the runtime records every write in its state directory, so this process must be able to write there; only `audit verify` reads it as it is",
+        ),
+        _ => None,
+    }
 }
 
 impl Error {
@@ -149,17 +156,10 @@ pub fn io_words(e: &std::io::Error) -> String {
 /// full or cannot be written: the refusal is often the one place an agent or operator
 /// sees, and "no storage space" alone does not say where.
 pub(crate) fn state_io_words(e: &std::io::Error) -> String {
-    use std::io::ErrorKind as K;
-    let advice = match e.kind() {
-        K::StorageFull | K::QuotaExceeded => {
-            " (the state directory's filesystem is full: free space there, then try again)"
-        }
-        K::ReadOnlyFilesystem | K::PermissionDenied => {
-            " (this process must be able to write in its state directory)"
-        }
-        _ => "",
-    };
-    format!("{}{advice}", io_words(e))
+    match state_advice(e) {
+        Some(advice) => format!("{} ({advice})", io_words(e)),
+        None => io_words(e),
+    }
 }
 
 /// Why a log or record of the state directory could not be read or written (`what`:
