@@ -1377,6 +1377,39 @@ fn a_full_state_directory_says_where_to_free_space() {
     assert!(!e.root.join("b.txt").exists());
 }
 
+/// Under a tight limit on open files, a plan touching many files still runs: the lock
+/// files of its targets are closed as they are released, not kept open (64 of them
+/// filled a limit of 64, and every write after failed with "Too many open files").
+#[test]
+fn a_plan_of_many_files_runs_under_a_tight_open_file_limit() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_fd", "actions": (0..80).map(|i| json!(
+            {"intent": "create_file", "path": format!("d{i}/f{i}.txt"), "content": format!("{i}\n")}
+        )).collect::<Vec<_>>()}),
+    );
+    let cfg = e.dir.join("c.toml");
+    std::fs::write(&cfg, "[limits]\nwrites_per_minute = 1000\n").unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 32 && exec \"$0\" \"$@\""])
+        .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let run = json_out(&out);
+    assert_eq!(run["status"], "success", "{run}");
+    assert_eq!(std::fs::read(e.root.join("d79/f79.txt")).unwrap(), b"79\n");
+}
+
 /// A command that finds the audit trail held by another process past the wait is refused
 /// like a busy peer (exit 1, `conflict`, with what to do), not as one that cannot run.
 #[test]

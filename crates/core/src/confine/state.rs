@@ -684,18 +684,30 @@ pub struct LockSet {
     names: Vec<String>,
     slots: Vec<std::sync::Mutex<Option<File>>>,
     wait: std::time::Duration,
+    keep_open: bool,
 }
+
+/// The least soft limit on open files under which a [`LockSet`] keeps its lock files
+/// open between uses.
+const KEEP_OPEN_FROM: u64 = 1024;
 
 impl LockSet {
     /// `names`, opened on first use; a lock another process holds is waited for at most
-    /// `wait`.
+    /// `wait`. The files stay open between uses where descriptors are plentiful (a soft
+    /// limit of at least 1024 open files); under a tight one (`ulimit -n 64`) a set of
+    /// 64 kept open would crowd out every other file and stop writes for good, so each is
+    /// closed when its lock is released.
     pub fn new(state: &StateDir, names: Vec<String>, wait: std::time::Duration) -> Self {
         let slots = names.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let keep_open = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .is_none_or(|n| n >= KEEP_OPEN_FROM);
         Self {
             state: state.clone(),
             names,
             slots,
             wait,
+            keep_open,
         }
     }
 
@@ -728,10 +740,14 @@ impl LockSet {
             None => self.state.lock_file(name)?,
         };
         let taken = flock_until(&file, false, deadline, self.wait);
-        // The file goes back to its slot either way: the next taker reuses it.
+        // The file goes back to its slot either way: the next taker reuses it (or, not
+        // kept open, the release closes it).
         *slot = Some(file);
         taken?;
-        Ok(HeldLock { slot })
+        Ok(HeldLock {
+            slot,
+            keep_open: self.keep_open,
+        })
     }
 }
 
@@ -792,12 +808,18 @@ fn poll_until<T>(
 #[derive(Debug)]
 pub struct HeldLock<'a> {
     slot: std::sync::MutexGuard<'a, Option<File>>,
+    keep_open: bool,
 }
 
 impl Drop for HeldLock<'_> {
     fn drop(&mut self) {
-        if let Some(f) = self.slot.as_ref() {
-            let _ = f.unlock();
+        if self.keep_open {
+            if let Some(f) = self.slot.as_ref() {
+                let _ = f.unlock();
+            }
+        } else {
+            // Closing the one descriptor of its open file releases the lock.
+            *self.slot = None;
         }
     }
 }
