@@ -1410,6 +1410,38 @@ fn a_plan_of_many_files_runs_under_a_tight_open_file_limit() {
     assert_eq!(std::fs::read(e.root.join("d79/f79.txt")).unwrap(), b"79\n");
 }
 
+/// Short of open files, `serve` and `mcp` refuse to start with a sentence, at any limit,
+/// never panicking (tokio's signal set-up panicked at a limit of 15 or 16). The server's
+/// port is taken, so one that starts fails to listen and ends.
+#[test]
+fn servers_short_of_open_files_refuse_without_panicking() {
+    let e = env();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    for face in [&["serve", "--addr", addr.as_str()][..], &["mcp"][..]] {
+        for limit in 8..=40 {
+            let out = std::process::Command::new("sh")
+                .args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
+                .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+                .env_remove("AI_LAB_SANDBOX_CONFIG")
+                .env_remove("AI_LAB_SANDBOX_TOKEN")
+                .arg("--root")
+                .arg(&e.root)
+                .arg("--state-dir")
+                .arg(&e.state)
+                .args(face)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.code().is_some_and(|c| c != 101) && !err.contains("panicked"),
+                "{face:?} at {limit}: {out:?}"
+            );
+        }
+    }
+}
+
 /// A command that finds the audit trail held by another process past the wait is refused
 /// like a busy peer (exit 1, `conflict`, with what to do), not as one that cannot run.
 #[test]

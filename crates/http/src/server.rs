@@ -314,6 +314,7 @@ pub fn run_announcing(
     }
     let addrs = resolve_addr(&opts.addr)?;
     check_exposure(&opts.addr, &addrs, opts.token.as_deref())?;
+    ailab_sandbox_core::confine::kernel::room_for_a_runtime().map_err(ServeError::Runtime)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ailab-http")

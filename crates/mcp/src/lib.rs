@@ -818,6 +818,7 @@ where
 /// Serves MCP over standard input/output until the client closes standard input (EOF),
 /// then returns. Builds its own tokio runtime; call it from synchronous code.
 pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
+    ailab_sandbox_core::confine::kernel::room_for_a_runtime().map_err(McpError::Runtime)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ailab-sandbox-mcp")

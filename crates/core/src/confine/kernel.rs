@@ -11,6 +11,18 @@
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// Whether a tokio runtime can get the descriptors it opens as it is built (its poller,
+/// waker and signal sockets, and their copies: fewer than eight), made and closed here:
+/// short of them (a tight `ulimit -n`) its signal set-up panics instead of returning an
+/// error. Asked on the thread that then builds the runtime, before any other runs, so
+/// what was free here is free for it a moment later.
+pub fn room_for_a_runtime() -> std::io::Result<()> {
+    let _pairs = (0..4)
+        .map(|_| std::os::unix::net::UnixStream::pair())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(())
+}
+
 /// What the kernel enforces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KernelConfinement {
