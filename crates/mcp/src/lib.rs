@@ -426,12 +426,17 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 let entries = entries.split_off(from);
                 let to = from + entries.len();
                 let next_offset = (to < total).then_some(to);
+                let counted = if total == 1 {
+                    "1 entry".to_owned()
+                } else {
+                    format!("{total} entries")
+                };
                 let mut text = if total == 0 {
                     format!("Directory {shown} is empty.")
                 } else if from == 0 && next_offset.is_none() {
-                    format!("Directory {shown}: {total} entries")
+                    format!("Directory {shown}: {counted}")
                 } else if entries.is_empty() {
-                    format!("Directory {shown}: {total} entries, none from offset {offset}")
+                    format!("Directory {shown}: {counted}, none from offset {offset}")
                 } else {
                     format!(
                         "Directory {shown}: entries {} to {to} of {total} in name order",
@@ -689,7 +694,18 @@ fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> C
             r.reason_code,
             format!("{name:?} is a forbidden intent, never executed; no tool offers it"),
         ),
-        Some(r) => Refusal::new(r.reason_code, format!("{}; no tool offers it", r.reason)),
+        // A permission change: no tool offers one either.
+        Some(r) if r.reason_code == ReasonCode::ChmodForbidden => {
+            Refusal::new(r.reason_code, format!("{}; no tool offers it", r.reason))
+        }
+        // Refused first for what the phase allows, as a plan asking for it would be.
+        Some(r) => Refusal::new(
+            r.reason_code,
+            format!(
+                "{}; besides, this server has no tool named {name:?}",
+                r.reason
+            ),
+        ),
         None => Refusal::new(
             ReasonCode::UnknownOperation,
             format!(

@@ -324,6 +324,13 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
     for tool in ["delete_file", "chmod"] {
         let t = text(&s.err(tool, json!({"path": "p.md"})).await);
         assert!(t.contains("(phase_not_supported)"), "{tool}: {t}");
+        // Two refusals in one sentence each, not "…phases 28.3 …; no tool offers it".
+        assert!(
+            t.contains(&format!(
+                "besides, this server has no tool named \"{tool}\""
+            )) && !t.contains("no tool offers it"),
+            "{tool}: {t}"
+        );
     }
     let trail =
         std::fs::read_to_string(s.state_dir.path().join("state/sandbox_audit.jsonl")).unwrap();

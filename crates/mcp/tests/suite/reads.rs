@@ -29,7 +29,20 @@ async fn read_tools_are_confined_and_exact() {
         .collect();
     assert_eq!(names, ["r.md", "sub"]);
     assert!(
-        text(&r).contains("r.md") && text(&r).contains("sub/"),
+        text(&r).contains("r.md") && text(&r).contains("sub/") && text(&r).contains(": 2 entries"),
+        "{}",
+        text(&r)
+    );
+    let r = s.ok("list_directory", json!({"path": "notes/sub"})).await;
+    assert!(text(&r).contains("is empty"), "{}", text(&r));
+    s.ok(
+        "create_file",
+        json!({"path": "notes/sub/one.md", "content": "1"}),
+    )
+    .await;
+    let r = s.ok("list_directory", json!({"path": "notes/sub"})).await;
+    assert!(
+        text(&r).contains(": 1 entry\n") || text(&r).ends_with(": 1 entry"),
         "{}",
         text(&r)
     );
