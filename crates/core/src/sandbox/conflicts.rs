@@ -41,13 +41,18 @@ pub(crate) enum TargetState {
     Unreadable,
     /// A folder on the way is not a folder; why.
     Unreachable(String),
+    /// Reading it failed for a reason not its own (out of descriptors or memory, a disk
+    /// error): nothing is known of it, so nothing may be judged from it; why.
+    Failed(String),
 }
 
 impl TargetState {
     pub(crate) fn checksum(&self) -> Option<String> {
         match self {
             Self::File(sum) => Some(sum.clone()),
-            Self::Unreadable | Self::Unreachable(_) => Some("unreadable".to_owned()),
+            Self::Unreadable | Self::Unreachable(_) | Self::Failed(_) => {
+                Some("unreadable".to_owned())
+            }
             _ => None,
         }
     }
@@ -68,7 +73,23 @@ impl TargetState {
             Self::Missing => "nothing".to_owned(),
             Self::Unreadable => "something unreadable".to_owned(),
             Self::Unreachable(why) => format!("nothing that can be reached ({why})"),
+            Self::Failed(why) => format!("something that could not be read ({why})"),
         }
+    }
+
+    /// The refusal for a target that could not be read for a reason not its own (see
+    /// [`TargetState::Failed`]): `io_error`, to try again, never a conflict to force.
+    fn failure(&self, path: &str) -> Option<crate::reason::Refusal> {
+        let Self::Failed(why) = self else {
+            return None;
+        };
+        Some(crate::reason::Refusal::new(
+            ReasonCode::IoError,
+            format!(
+                "could not read {} to compare it with what the workflow left there ({why}); nothing was judged from it, and it was left as it is: try again once that is put right",
+                shown_path(path)
+            ),
+        ))
     }
 }
 
@@ -90,11 +111,13 @@ impl Left {
 impl Sandbox {
     /// Files a rollback would overwrite although they changed since the action.
     /// `snaps` is oldest first.
+    /// A target that could not be read for a reason not its own (out of descriptors, a
+    /// disk error) refuses the lot with `io_error`: it is no change someone made.
     pub(crate) fn find_conflicts(
         &self,
         workflow_id: &str,
         snaps: &[(usize, StoredSnapshot)],
-    ) -> Vec<Conflict> {
+    ) -> Verdict<Vec<Conflict>> {
         let mut out = Vec::new();
         let undoing: HashSet<&str> = snaps
             .iter()
@@ -130,6 +153,9 @@ impl Sandbox {
             let current = will_hold
                 .insert(abs.clone(), TargetState::found_by(&s.meta))
                 .unwrap_or_else(|| self.target_state(*i, &rel));
+            if let Some(r) = current.failure(&s.meta.original_path) {
+                return Err(r);
+            }
             let Some(left) = self.left_by(workflow_id, &s.meta) else {
                 continue;
             };
@@ -177,7 +203,7 @@ impl Sandbox {
                 });
             }
         }
-        out
+        Ok(out)
     }
 
     /// What an action left at its target, as the records say: a file's checksum (its
@@ -254,18 +280,26 @@ impl Sandbox {
     /// file it read, nothing where it found nothing.
     fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
         let r = &self.roots[root];
+        if let Err(e) = self.fail_at("read_target") {
+            return (TargetState::Failed(e.reason), Put::Any);
+        }
         match r.inspect(rel).map(|t| t.kind) {
-            Ok(TargetKind::File { .. }) => r
-                .read_file_stamped(rel, MAX_SNAPSHOT_BYTES)
-                .map_or((TargetState::Unreadable, Put::Any), |(b, stamp)| {
-                    (TargetState::File(sha256_hex(&b)), Put::Unchanged(stamp))
-                }),
+            Ok(TargetKind::File { .. }) => match r.read_file_stamped(rel, MAX_SNAPSHOT_BYTES) {
+                Ok((b, stamp)) => (TargetState::File(sha256_hex(&b)), Put::Unchanged(stamp)),
+                Err(e) if e.reason_code == ReasonCode::IoError => {
+                    (TargetState::Failed(e.reason), Put::Any)
+                }
+                Err(_) => (TargetState::Unreadable, Put::Any),
+            },
             Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
             Ok(TargetKind::Missing) => (TargetState::Missing, Put::New),
             // A folder on the way is not a folder (a file, a FIFO): what is beneath its
             // place cannot be reached (the folder may have been moved, files and all).
             Err(r) if r.reason_code == ReasonCode::NotFound => {
                 (TargetState::Unreachable(r.reason), Put::Any)
+            }
+            Err(r) if r.reason_code == ReasonCode::IoError => {
+                (TargetState::Failed(r.reason), Put::Any)
             }
             Err(_) => (TargetState::Unreadable, Put::Any),
         }
@@ -284,6 +318,9 @@ impl Sandbox {
             return Ok((true, Put::Any));
         };
         let (now, put) = self.target_state_judged(root, &meta.target());
+        if let Some(r) = now.failure(&meta.original_path) {
+            return Err(r);
+        }
         if left.holds(&now, meta) {
             return Ok((true, put));
         }
@@ -312,6 +349,9 @@ impl Sandbox {
         left: &TargetState,
     ) -> Verdict<Judged> {
         let (now, put) = self.target_state_judged(root, &meta.target());
+        if let Some(r) = now.failure(&meta.original_path) {
+            return Err(r);
+        }
         if now == TargetState::found_by(meta) {
             return Ok((false, Put::Any));
         }

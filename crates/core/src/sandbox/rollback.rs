@@ -302,13 +302,16 @@ impl Sandbox {
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
         let (refusal, conflicts) = match refusal {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
-            None => (
-                self.beyond_force(&pending)
-                    .or_else(|| self.unwritable_folders(&pending))
-                    .or_else(|| self.damaged_backups(&pending, false))
-                    .map(|r| (r.reason_code, r.reason)),
-                self.find_conflicts(workflow_id, &pending),
-            ),
+            None => match self.find_conflicts(workflow_id, &pending) {
+                Ok(conflicts) => (
+                    self.beyond_force(&pending)
+                        .or_else(|| self.unwritable_folders(&pending))
+                        .or_else(|| self.damaged_backups(&pending, false))
+                        .map(|r| (r.reason_code, r.reason)),
+                    conflicts,
+                ),
+                Err(r) => (Some((r.reason_code, r.reason)), Vec::new()),
+            },
         };
         let refusal = recovery.or(refusal);
         let actions = snaps
@@ -929,7 +932,10 @@ impl Sandbox {
             Ok(h) => h,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
-        let mut conflicts = self.find_conflicts(workflow_id, &chosen);
+        let mut conflicts = match self.find_conflicts(workflow_id, &chosen) {
+            Ok(c) => c,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
         // What force cannot overwrite is refused before anything is restored, with its
         // own code, forced or not: advising force would not help, and met at its restore
         // it left the workflow half rolled back.

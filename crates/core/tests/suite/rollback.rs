@@ -400,6 +400,57 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("had their snapshots pruned"), "{why}");
 }
 
+/// A target that cannot be read for a reason not its own (out of descriptors, a disk
+/// error) is no change someone made: the rollback is refused with `io_error`, to try
+/// again, not called a conflict to force (which a plan's own rollback also advised), and
+/// the next try restores.
+#[test]
+fn a_target_that_cannot_be_read_now_is_no_conflict() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"intent": "create_file", "path": "r.txt", "content": "r"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("read_target", 1);
+    let info = sb.rollback_info("wf_r").unwrap();
+    assert_eq!(info.reason_code, Some(ReasonCode::IoError), "{info:?}");
+    assert!(info.conflicts.is_empty(), "{info:?}");
+    sb.failpoints().arm("read_target", 1);
+    let rb = sb.rollback_workflow("wf_r", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert!(rb.conflicts.is_empty(), "{rb:?}");
+    let why = rb.reason.unwrap();
+    assert!(
+        why.contains("could not read 'r.txt'") && !why.contains("force"),
+        "{why}"
+    );
+    assert!(w.root.join("r.txt").exists());
+    let rb = sb.rollback_workflow("wf_r", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.root.join("r.txt").exists());
+    // A failed action undoing its own change meets such a target: said so too, not
+    // called a file it did not write (its undo makes the run's second read of a target).
+    sb.failpoints().arm("after_mutate", 2);
+    sb.failpoints().arm("read_target", 2);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "p1.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "p2.txt", "content": "2"}]}),
+    );
+    let why = r.actions[1].reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("could not read 'p2.txt'") && !why.contains("did not write"),
+        "{why}"
+    );
+    let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.root.join("p1.txt").exists());
+}
+
 /// A failed action undoes its own change and audits the undo; when the undo's mark could
 /// not be written beside the snapshot (a full root), the trail still says it is undone:
 /// a later rollback of the workflow neither calls another workflow's write to that file
