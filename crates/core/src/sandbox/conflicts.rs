@@ -83,11 +83,17 @@ impl TargetState {
         let Self::Failed(why) = self else {
             return None;
         };
+        let shown = shown_path(path);
+        // The reader's own words name the file already, as a rule.
+        let what = if why.contains(&shown) {
+            why.clone()
+        } else {
+            format!("could not read {shown} ({why})")
+        };
         Some(crate::reason::Refusal::new(
             ReasonCode::IoError,
             format!(
-                "could not read {} to compare it with what the workflow left there ({why}); nothing was judged from it, and it was left as it is: try again once that is put right",
-                shown_path(path)
+                "{what}, so it was not compared with what the workflow left there; it was left as it is: try again once that is put right"
             ),
         ))
     }
