@@ -248,6 +248,8 @@ fn main() -> ExitCode {
     };
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
+    // Before any thread: a connection, a lock, a folder on a write's way each hold one.
+    ailab_sandbox_core::confine::kernel::raise_open_file_limit();
     // Standard output is the JSON-RPC channel of `mcp`: nothing else goes there.
     let json = cli.json && !matches!(cli.command, Command::Mcp);
     let outcome = run(cli);

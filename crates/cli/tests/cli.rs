@@ -1017,6 +1017,94 @@ fn serve_announces_the_bound_address_only_after_binding() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
+/// A server allowed few open files fits the connections and writes it serves at once to
+/// them: eight clients writing and rolling back plans of ten files each all succeed
+/// (under a limit of 64, most of their writes and rollbacks failed with "Too many open
+/// files").
+#[test]
+fn a_server_allowed_few_open_files_serves_a_burst_of_clients() {
+    use std::io::{BufRead, Read, Write};
+    let e = env();
+    let cfg = e.dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[limits]\nwrites_per_minute = 100000\nmax_artifacts_per_workflow = 1000\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])
+        .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_TOKEN")
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--enable-write",
+            "--no-dry-run",
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let announced = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned));
+    let Some(addr) = announced else {
+        let _ = child.kill();
+        panic!("no announcement: {:?}", child.wait_with_output());
+    };
+    // Drained, so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    let status = |request: String| {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        conn.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer.split(' ').nth(1).unwrap_or_default().to_owned()
+    };
+    let post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let answers: Vec<String> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..8)
+            .map(|k| {
+                let (status, post) = (&status, &post);
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    for n in 0..2 {
+                        let wf = format!("wf_{k}_{n}");
+                        let plan = json!({"workflow_id": wf, "actions": (0..10).map(|i| json!(
+                            {"intent": "create_file", "path": format!("{wf}/f{i}.md"), "content": "x"}
+                        )).collect::<Vec<_>>()});
+                        seen.push(status(post("/agentic/plans", &plan.to_string())));
+                        seen.push(status(post(&format!("/agentic/rollback/{wf}"), "")));
+                    }
+                    seen
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(answers.iter().all(|s| s == "200"), "{answers:?}");
+    assert_eq!(answers.len(), 32);
+}
+
 /// Runs a command without `--json` (`run` gets `plan`): its exit code and standard output.
 fn human_output(e: &Env, args: &[&str], plan: &std::path::Path) -> (Option<i32>, String) {
     let mut c = e.cmd();

@@ -315,10 +315,14 @@ pub fn run_announcing(
     let addrs = resolve_addr(&opts.addr)?;
     check_exposure(&opts.addr, &addrs, opts.token.as_deref())?;
     ailab_sandbox_core::confine::kernel::room_for_a_runtime().map_err(ServeError::Runtime)?;
+    let (limits, calls) = within_open_files(
+        opts.limits,
+        ailab_sandbox_core::confine::kernel::open_file_limit(),
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ailab-http")
-        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .max_blocking_threads(calls)
         .build()
         .map_err(ServeError::Runtime)?;
     rt.block_on(async move {
@@ -335,7 +339,7 @@ pub fn run_announcing(
         tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
         listening(local);
         let app = crate::router(sandbox, opts.token, opts.body_limit_bytes);
-        serve_with(listener, app, opts.limits, shutdown_signal()).await
+        serve_with(listener, app, limits, shutdown_signal()).await
     })
     // Dropping the runtime waits for sandbox calls still running on the blocking pool,
     // so a plan that was executing finishes its writes and audit records.
@@ -442,6 +446,41 @@ async fn accept(
     }
 }
 
+/// Descriptors the runtime keeps whatever it serves: its logs, roots, state folders,
+/// runtime and listener.
+const FILES_KEPT: u64 = 32;
+
+/// Descriptors one sandbox call may hold at once: a plan's locks, the folders on its
+/// way, the files it writes and its snapshot's.
+const FILES_PER_CALL: u64 = 16;
+
+/// `limits` and the most sandbox calls run at once, fitted to `files` open files: a
+/// quarter of what the runtime does not keep for connections, the rest for calls (a
+/// rollback holds a lock per file it restores). With too few, a burst of clients made
+/// writes and rollbacks fail with "Too many open files"; fitted, further clients wait in
+/// the listen backlog and further calls for a thread.
+fn within_open_files(limits: ConnLimits, files: u64) -> (ConnLimits, usize) {
+    let spare = files.saturating_sub(FILES_KEPT);
+    let fit = |n: u64, most: usize| usize::try_from(n).unwrap_or(most).clamp(1, most);
+    let connections = fit(spare / 4, limits.max_connections.max(1));
+    let calls = fit((spare - spare / 4) / FILES_PER_CALL, MAX_BLOCKING_THREADS);
+    if connections < limits.max_connections || calls < MAX_BLOCKING_THREADS {
+        tracing::warn!(
+            open_files = files,
+            connections,
+            calls,
+            "few open files allowed (ulimit -n): connections and sandbox calls served at once are fewer"
+        );
+    }
+    (
+        ConnLimits {
+            max_connections: connections,
+            ..limits
+        },
+        calls,
+    )
+}
+
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -463,5 +502,24 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections and calls fit the open files allowed; plenty leaves the defaults.
+    #[test]
+    fn connections_and_calls_fit_the_open_files_allowed() {
+        let fitted = |files| {
+            let (limits, calls) = within_open_files(ConnLimits::default(), files);
+            (limits.max_connections, calls)
+        };
+        assert_eq!(fitted(u64::MAX), (MAX_CONNECTIONS, MAX_BLOCKING_THREADS));
+        assert_eq!(fitted(65_536), (MAX_CONNECTIONS, MAX_BLOCKING_THREADS));
+        assert_eq!(fitted(1024), (248, 46));
+        assert_eq!(fitted(64), (8, 1));
+        assert_eq!(fitted(16), (1, 1));
     }
 }

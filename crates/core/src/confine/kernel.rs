@@ -11,6 +11,34 @@
 use serde::Serialize;
 use std::path::PathBuf;
 
+/// The soft limit on this process's open files (`u64::MAX`: none).
+pub fn open_file_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+}
+
+/// Raises the soft limit on open files to the hard one (at most 65,536), as servers
+/// do: the runtime holds a descriptor per connection and several per write, and many
+/// systems start processes at 1,024 with far more allowed. Never lowers it; returns the
+/// limit then in force.
+pub fn raise_open_file_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    const MOST: u64 = 65_536;
+    let now = getrlimit(Resource::Nofile);
+    let want = now.maximum.unwrap_or(MOST).min(MOST);
+    if now.current.is_some_and(|c| c < want) {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(want),
+                maximum: now.maximum,
+            },
+        );
+    }
+    open_file_limit()
+}
+
 /// Whether a tokio runtime can get the descriptors it opens as it is built (its poller,
 /// waker and signal sockets, and their copies: fewer than eight), made and closed here:
 /// short of them (a tight `ulimit -n`) its signal set-up panics instead of returning an

@@ -699,9 +699,7 @@ impl LockSet {
     /// closed when its lock is released.
     pub fn new(state: &StateDir, names: Vec<String>, wait: std::time::Duration) -> Self {
         let slots = names.iter().map(|_| std::sync::Mutex::new(None)).collect();
-        let keep_open = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-            .current
-            .is_none_or(|n| n >= KEEP_OPEN_FROM);
+        let keep_open = super::kernel::open_file_limit() >= KEEP_OPEN_FROM;
         Self {
             state: state.clone(),
             names,
