@@ -1528,6 +1528,43 @@ fn servers_short_of_open_files_refuse_without_panicking() {
             );
         }
     }
+    // One that starts can write: below what a write needs it refuses to start instead of
+    // refusing every write.
+    let session = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"n/a.md","content":"x"}}}"#,
+    ]
+    .join("\n")
+        + "\n";
+    let input = e.dir.join("session.jsonl");
+    std::fs::write(&input, session).unwrap();
+    let mut started = 0;
+    for limit in 8..=60 {
+        let _ = std::fs::remove_dir_all(e.root.join("n"));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
+            .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+            .env_remove("AI_LAB_SANDBOX_CONFIG")
+            .arg("--root")
+            .arg(&e.root)
+            .arg("--state-dir")
+            .arg(&e.state)
+            .args(["--enable-write", "--no-dry-run", "mcp"])
+            .stdin(std::fs::File::open(&input).unwrap())
+            .output()
+            .unwrap();
+        if out.status.code() == Some(2) {
+            continue;
+        }
+        started += 1;
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.contains("create_file wrote n/a.md"),
+            "at {limit}: {out:?}"
+        );
+    }
+    assert!(started > 0, "mcp never started under 61 open files");
 }
 
 /// A command that finds the audit trail held by another process past the wait is refused

@@ -39,16 +39,28 @@ pub fn raise_open_file_limit() -> u64 {
     open_file_limit()
 }
 
-/// Whether a tokio runtime can get the descriptors it opens as it is built (its poller,
-/// waker and signal sockets, and their copies: fewer than eight), made and closed here:
-/// short of them (a tight `ulimit -n`) its signal set-up panics instead of returning an
-/// error. Asked on the thread that then builds the runtime, before any other runs, so
-/// what was free here is free for it a moment later.
+/// Whether a server can get the descriptors it needs before it serves anything: those a
+/// tokio runtime opens as it is built (its poller, waker and signal sockets, and their
+/// copies: fewer than eight), and the dozen and more one write holds at once (locks,
+/// folders on its way, the file, its snapshot's): twenty-four in all. Made and closed here; short of them (a tight
+/// `ulimit -n`), tokio's signal set-up panics instead of returning an error, and a
+/// server that started would refuse every write. Asked on the thread that then builds
+/// the runtime, before any other runs, so what was free here is free for it a moment
+/// later.
 pub fn room_for_a_runtime() -> std::io::Result<()> {
-    let _pairs = (0..4)
+    (0..12)
         .map(|_| std::os::unix::net::UnixStream::pair())
-        .collect::<std::io::Result<Vec<_>>>()?;
-    Ok(())
+        .collect::<std::io::Result<Vec<_>>>()
+        .map(drop)
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: too few open files are allowed for the runtime and one write (the limit is {}); raise it (ulimit -n)",
+                    open_file_limit()
+                ),
+            )
+        })
 }
 
 /// What the kernel enforces.
