@@ -45,6 +45,21 @@ impl Env {
         c
     }
 
+    /// The binary on this root and state directory under a limit of `limit` open files
+    /// (soft and hard, as `ulimit -n` sets them).
+    fn limited(&self, limit: u32) -> std::process::Command {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
+            .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+            .env_remove("AI_LAB_SANDBOX_TOKEN")
+            .env_remove("AI_LAB_SANDBOX_CONFIG")
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--state-dir")
+            .arg(&self.state);
+        c
+    }
+
     fn write_plan(&self, name: &str, plan: &Value) -> PathBuf {
         let p = self.dir.join(name);
         std::fs::write(&p, serde_json::to_vec(plan).unwrap()).unwrap();
@@ -86,6 +101,23 @@ impl Env {
             .unwrap();
         assert_eq!(ran.status.code(), Some(0), "{ran:?}");
     }
+}
+
+/// The address a `serve` child (its standard error piped) announces once it listens;
+/// its standard error is then drained, so it never blocks on a full pipe.
+fn announced(child: &mut std::process::Child) -> String {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned));
+    let Some(addr) = addr else {
+        let _ = child.kill();
+        panic!("no announcement: {:?}", child.wait());
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    addr
 }
 
 fn json_out(out: &std::process::Output) -> Value {
@@ -974,7 +1006,7 @@ fn a_short_token_stops_the_server_only() {
 /// port 0, so a supervisor waiting for the line is never told of a server that failed.
 #[test]
 fn serve_announces_the_bound_address_only_after_binding() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
     let e = env();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap().to_string();
@@ -997,15 +1029,7 @@ fn serve_announces_the_bound_address_only_after_binding() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let announced = lines
-        .by_ref()
-        .map(Result::unwrap)
-        .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned));
-    let Some(addr) = announced else {
-        let _ = child.kill();
-        panic!("no announcement: {:?}", child.wait_with_output());
-    };
+    let addr = announced(&mut child);
     let mut conn = std::net::TcpStream::connect(&addr).unwrap();
     conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
@@ -1023,7 +1047,7 @@ fn serve_announces_the_bound_address_only_after_binding() {
 /// files").
 #[test]
 fn a_server_allowed_few_open_files_serves_a_burst_of_clients() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
     let e = env();
     let cfg = e.dir.join("c.toml");
     std::fs::write(
@@ -1031,17 +1055,10 @@ fn a_server_allowed_few_open_files_serves_a_burst_of_clients() {
         "[limits]\nwrites_per_minute = 100000\nmax_artifacts_per_workflow = 1000\n",
     )
     .unwrap();
-    let mut child = std::process::Command::new("sh")
-        .args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\""])
-        .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
-        .env_remove("AI_LAB_SANDBOX_TOKEN")
-        .env_remove("AI_LAB_SANDBOX_CONFIG")
+    let mut child = e
+        .limited(64)
         .arg("--config")
         .arg(&cfg)
-        .arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&e.state)
         .args([
             "--enable-write",
             "--no-dry-run",
@@ -1052,17 +1069,7 @@ fn a_server_allowed_few_open_files_serves_a_burst_of_clients() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let announced = lines
-        .by_ref()
-        .map(Result::unwrap)
-        .find_map(|l| l.strip_prefix("listening on http://").map(str::to_owned));
-    let Some(addr) = announced else {
-        let _ = child.kill();
-        panic!("no announcement: {:?}", child.wait_with_output());
-    };
-    // Drained, so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
+    let addr = announced(&mut child);
     let status = |request: String| {
         let mut conn = std::net::TcpStream::connect(&addr).unwrap();
         conn.write_all(request.as_bytes()).unwrap();
@@ -1479,16 +1486,10 @@ fn a_plan_of_many_files_runs_under_a_tight_open_file_limit() {
     );
     let cfg = e.dir.join("c.toml");
     std::fs::write(&cfg, "[limits]\nwrites_per_minute = 1000\n").unwrap();
-    let out = std::process::Command::new("sh")
-        .args(["-c", "ulimit -n 32 && exec \"$0\" \"$@\""])
-        .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
-        .env_remove("AI_LAB_SANDBOX_CONFIG")
+    let out = e
+        .limited(32)
         .arg("--config")
         .arg(&cfg)
-        .arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(&e.state)
         .args(["--json", "--enable-write", "--no-dry-run", "run"])
         .arg(&plan)
         .output()
@@ -1508,15 +1509,8 @@ fn servers_short_of_open_files_refuse_without_panicking() {
     let addr = taken.local_addr().unwrap().to_string();
     for face in [&["serve", "--addr", addr.as_str()][..], &["mcp"][..]] {
         for limit in 8..=40 {
-            let out = std::process::Command::new("sh")
-                .args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
-                .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
-                .env_remove("AI_LAB_SANDBOX_CONFIG")
-                .env_remove("AI_LAB_SANDBOX_TOKEN")
-                .arg("--root")
-                .arg(&e.root)
-                .arg("--state-dir")
-                .arg(&e.state)
+            let out = e
+                .limited(limit)
                 .args(face)
                 .stdin(std::process::Stdio::null())
                 .output()
@@ -1542,14 +1536,8 @@ fn servers_short_of_open_files_refuse_without_panicking() {
     let mut started = 0;
     for limit in 8..=60 {
         let _ = std::fs::remove_dir_all(e.root.join("n"));
-        let out = std::process::Command::new("sh")
-            .args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
-            .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
-            .env_remove("AI_LAB_SANDBOX_CONFIG")
-            .arg("--root")
-            .arg(&e.root)
-            .arg("--state-dir")
-            .arg(&e.state)
+        let out = e
+            .limited(limit)
             .args(["--enable-write", "--no-dry-run", "mcp"])
             .stdin(std::fs::File::open(&input).unwrap())
             .output()
