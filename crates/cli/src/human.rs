@@ -59,7 +59,11 @@ pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
         } else {
             match ailab_sandbox_core::catalog::writable_extensions(o, policy) {
                 list if list.is_empty() => "(none under this policy)".to_owned(),
-                _ if o.extensions.is_empty() => "(all allowed)".to_owned(),
+                // Named when they fit the column: "(all allowed)" beside a short
+                // configured list read as "any extension".
+                list if o.extensions.is_empty() && list.join(" ").len() > 28 => {
+                    format!("(all {} allowed)", list.len())
+                }
                 list => list.join(" "),
             }
         };

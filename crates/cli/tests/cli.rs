@@ -206,7 +206,15 @@ fn ops_lists_the_eleven_operations() {
         "{text}"
     );
     assert!(line("write_json").contains(".json"), "{text}");
-    assert!(line("create_file").contains("(all allowed)"), "{text}");
+    // A short allow-list is named, not called "all allowed" (read as "any extension").
+    assert!(line("create_file").contains(".md .json"), "{text}");
+    let out = e.cmd().arg("ops").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("create_file ") && l.contains(" allowed)")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -189,7 +189,7 @@ pub enum ServeError {
     /// A non-loopback address without a token.
     #[error(
         "refusing to listen on {addr}: {} is not a loopback address and no token is set; \
-         set a token (--token or AI_LAB_SANDBOX_TOKEN) or listen on 127.0.0.1",
+         set a token (AI_LAB_SANDBOX_TOKEN, [server] token in the config file, or --token) or listen on 127.0.0.1",
         .resolved.ip()
     )]
     PublicWithoutToken {
