@@ -82,6 +82,16 @@ impl Error {
             std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
         )
     }
+
+    /// Whether the runtime could not start for a reason that leaves its trail readable
+    /// as it is on disk: it may not write ([`Self::is_unwritable`]), or a state file is of
+    /// the wrong kind (a link, folder or FIFO where the seal key or a log should be),
+    /// which a read-only verification names again if it is one it reads.
+    pub fn allows_read_only_verify(&self) -> bool {
+        self.is_unwritable()
+            || matches!(self, Self::Io { cause, .. }
+                if cause.kind() == std::io::ErrorKind::InvalidData && cause.get_ref().is_some())
+    }
 }
 
 /// What failed and why, with what to do when the state directory cannot be written or
@@ -105,18 +115,6 @@ fn state_advice(e: &std::io::Error) -> Option<&'static str> {
             "the runtime records every write in its state directory, so this process must be able to write there; only `audit verify` reads it as it is",
         ),
         _ => None,
-    }
-}
-
-impl Error {
-    /// Whether the runtime could not start for a reason that leaves its trail readable
-    /// as it is on disk: it may not write ([`Self::is_unwritable`]), or a state file is of
-    /// the wrong kind (a link, folder or FIFO where the seal key or a log should be),
-    /// which a read-only verification names again if it is one it reads.
-    pub fn allows_read_only_verify(&self) -> bool {
-        self.is_unwritable()
-            || matches!(self, Self::Io { cause, .. }
-                if cause.kind() == std::io::ErrorKind::InvalidData && cause.get_ref().is_some())
     }
 }
 

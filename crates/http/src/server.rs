@@ -450,10 +450,6 @@ async fn accept(
 /// runtime and listener.
 const FILES_KEPT: u64 = 32;
 
-/// Descriptors one sandbox call may hold at once: a plan's locks, the folders on its
-/// way, the files it writes and its snapshot's.
-const FILES_PER_CALL: u64 = 16;
-
 /// `limits` and the most sandbox calls run at once, fitted to `files` open files: a
 /// quarter of what the runtime does not keep for connections, the rest for calls (a
 /// rollback holds a lock per file it restores). With too few, a burst of clients made
@@ -463,7 +459,8 @@ fn within_open_files(limits: ConnLimits, files: u64) -> (ConnLimits, usize) {
     let spare = files.saturating_sub(FILES_KEPT);
     let fit = |n: u64, most: usize| usize::try_from(n).unwrap_or(most).clamp(1, most);
     let connections = fit(spare / 4, limits.max_connections.max(1));
-    let calls = fit((spare - spare / 4) / FILES_PER_CALL, MAX_BLOCKING_THREADS);
+    let per_call = ailab_sandbox_core::confine::kernel::FILES_PER_WRITE as u64;
+    let calls = fit((spare - spare / 4) / per_call, MAX_BLOCKING_THREADS);
     if connections < limits.max_connections || calls < MAX_BLOCKING_THREADS {
         tracing::warn!(
             open_files = files,

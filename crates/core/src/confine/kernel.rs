@@ -20,9 +20,8 @@ pub fn open_file_limit() -> u64 {
 
 /// Raises the soft limit on open files to the hard one (at most 65,536), as servers
 /// do: the runtime holds a descriptor per connection and several per write, and many
-/// systems start processes at 1,024 with far more allowed. Never lowers it; returns the
-/// limit then in force.
-pub fn raise_open_file_limit() -> u64 {
+/// systems start processes at 1,024 with far more allowed. Never lowers it.
+pub fn raise_open_file_limit() {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     const MOST: u64 = 65_536;
     let now = getrlimit(Resource::Nofile);
@@ -36,19 +35,23 @@ pub fn raise_open_file_limit() -> u64 {
             },
         );
     }
-    open_file_limit()
 }
 
-/// Whether a server can get the descriptors it needs before it serves anything: those a
-/// tokio runtime opens as it is built (its poller, waker and signal sockets, and their
-/// copies: fewer than eight), and the dozen and more one write holds at once (locks,
-/// folders on its way, the file, its snapshot's): twenty-four in all. Made and closed here; short of them (a tight
-/// `ulimit -n`), tokio's signal set-up panics instead of returning an error, and a
-/// server that started would refuse every write. Asked on the thread that then builds
-/// the runtime, before any other runs, so what was free here is free for it a moment
-/// later.
+/// Descriptors one write (a plan's action, a rollback's step) may hold at once: its
+/// locks, the folders on its way, the file, its snapshot's.
+pub const FILES_PER_WRITE: usize = 16;
+
+/// Descriptors a tokio runtime opens as it is built: its poller, waker and signal
+/// sockets, and their copies, fewer than this.
+const FILES_PER_RUNTIME: usize = 8;
+
+/// Whether a server can get the descriptors it needs before it serves anything: its
+/// runtime's and one write's. Made and closed here; short of them (a tight `ulimit -n`),
+/// tokio's signal set-up panics instead of returning an error, and a server that started
+/// would refuse every write. Asked on the thread that then builds the runtime, before any
+/// other runs, so what was free here is free for it a moment later.
 pub fn room_for_a_runtime() -> std::io::Result<()> {
-    (0..12)
+    (0..(FILES_PER_RUNTIME + FILES_PER_WRITE).div_ceil(2))
         .map(|_| std::os::unix::net::UnixStream::pair())
         .collect::<std::io::Result<Vec<_>>>()
         .map(drop)
