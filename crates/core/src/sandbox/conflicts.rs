@@ -117,6 +117,7 @@ impl Left {
 impl Sandbox {
     /// Files a rollback would overwrite although they changed since the action.
     /// `snaps` is oldest first.
+    ///
     /// A target that could not be read for a reason not its own (out of descriptors, a
     /// disk error) refuses the lot with `io_error`: it is no change someone made.
     pub(crate) fn find_conflicts(
@@ -311,6 +312,16 @@ impl Sandbox {
         }
     }
 
+    /// What `meta`'s target holds now, to judge a restore by; refused (`io_error`) when
+    /// it could not be read for a reason not its own (see [`TargetState::Failed`]).
+    fn state_to_judge(&self, root: usize, meta: &SnapshotMeta) -> Verdict<(TargetState, Put)> {
+        let (now, put) = self.target_state_judged(root, &meta.target());
+        match now.failure(&meta.original_path) {
+            Some(r) => Err(r),
+            None => Ok((now, put)),
+        }
+    }
+
     /// Refuses (`conflict`) to restore a target that no longer holds what its action
     /// left, naming both; else says to restore it, over the file it judged (see
     /// [`Judged`]).
@@ -323,10 +334,7 @@ impl Sandbox {
         let Some(left) = self.left_by(workflow_id, meta) else {
             return Ok((true, Put::Any));
         };
-        let (now, put) = self.target_state_judged(root, &meta.target());
-        if let Some(r) = now.failure(&meta.original_path) {
-            return Err(r);
-        }
+        let (now, put) = self.state_to_judge(root, meta)?;
         if left.holds(&now, meta) {
             return Ok((true, put));
         }
@@ -354,10 +362,7 @@ impl Sandbox {
         meta: &SnapshotMeta,
         left: &TargetState,
     ) -> Verdict<Judged> {
-        let (now, put) = self.target_state_judged(root, &meta.target());
-        if let Some(r) = now.failure(&meta.original_path) {
-            return Err(r);
-        }
+        let (now, put) = self.state_to_judge(root, meta)?;
         if now == TargetState::found_by(meta) {
             return Ok((false, Put::Any));
         }
