@@ -142,19 +142,16 @@ impl RawConfig {
             let why = if secret {
                 // Classified, never quoted: the reader's message may hold the value.
                 let m = e.message();
-                let what = if m.starts_with("invalid type") {
+                let what = if m.starts_with("invalid type")
+                    || m.starts_with("string values must be quoted")
+                {
                     "the token must be a string, in double quotes"
                 } else if m.starts_with("duplicate key") {
                     "a key on this line is given twice"
                 } else if toml_bad_escape(m) {
                     "a backslash in the token's string starts no escape: write a backslash itself as \\\\, or put the token in single quotes"
-                } else if m.starts_with("invalid basic string")
-                    || m.starts_with("invalid literal string")
-                    || m.starts_with("invalid multi-line")
-                {
+                } else if toml_unclosed(m) {
                     "a string on this line is not closed (its ending quote is missing)"
-                } else if m.starts_with("string values must be quoted") {
-                    "the token must be a string, in double quotes"
                 } else {
                     "the token must be a string, in double quotes, alone on its line"
                 };
@@ -172,6 +169,18 @@ fn toml_bad_escape(message: &str) -> bool {
     message.starts_with("missing escaped value") || message.starts_with("invalid escape")
 }
 
+/// Whether the TOML reader's `message` is about a string that is not closed (one-line or
+/// multi-line, basic or literal).
+fn toml_unclosed(message: &str) -> bool {
+    [
+        "invalid basic string",
+        "invalid literal string",
+        "invalid multi-line",
+    ]
+    .iter()
+    .any(|p| message.starts_with(p))
+}
+
 /// The TOML reader's message in an operator's words: Rust's type names (`usize`,
 /// `struct RawLimits`) say what the code holds, not what to write, and its syntax
 /// messages quote its grammar.
@@ -182,13 +191,13 @@ fn plain_words(message: &str, key: &str) -> String {
     if toml_bad_escape(message) {
         return "a backslash in a string starts no TOML escape (\\b, \\t, \\n, \\f, \\r, \\\", \\\\, \\uXXXX or \\UXXXXXXXX): write a backslash itself as \\\\, or use a string in single quotes, which takes backslashes as they are".to_owned();
     }
-    if message.starts_with("invalid multi-line") {
-        return "a multi-line string is not closed (its ending three quotes are missing)"
-            .to_owned();
-    }
-    if message.starts_with("invalid basic string") || message.starts_with("invalid literal string")
-    {
-        return "a string is not closed (its ending quote is missing)".to_owned();
+    if toml_unclosed(message) {
+        return if message.starts_with("invalid multi-line") {
+            "a multi-line string is not closed (its ending three quotes are missing)"
+        } else {
+            "a string is not closed (its ending quote is missing)"
+        }
+        .to_owned();
     }
     let mut m = message.replace(" as i128", "");
     // Beyond 64 bits the value arrives as a 128-bit integer ("invalid type"); beyond the
