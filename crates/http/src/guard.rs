@@ -139,6 +139,19 @@ pub(crate) fn is_loopback_host(host: &[u8]) -> bool {
         .is_ok_and(|ip| ip.to_canonical().is_loopback())
 }
 
+/// The comma-separated entries of every `name` header, trimmed: `gzip, chunked` is
+/// `gzip` then `chunked`, in one header or two.
+pub(crate) fn header_list(
+    headers: &HeaderMap,
+    name: header::HeaderName,
+) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(name)
+        .into_iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
 /// Middleware: refuses browser requests (403) and requests without the token (401) on
 /// every route, `/healthz` included (SPEC §10), so that nothing answers a caller who does
 /// not hold the token.
@@ -154,13 +167,7 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
     }
     // RFC 9112 §6.1: a transfer coding the server does not apply is answered 501; read
     // as plain, the body would differ from what a proxy that applies it passed on.
-    let codings: Vec<&[u8]> = req
-        .headers()
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
-        .collect();
+    let codings: Vec<&[u8]> = header_list(req.headers(), header::TRANSFER_ENCODING).collect();
     // `chunked` once, alone: anything else is a coding not applied (or applied twice).
     if codings.len() > 1 || codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
         return ApiError::new(

@@ -387,12 +387,7 @@ pub(crate) async fn plain_body(
     next: axum::middleware::Next,
 ) -> Response {
     const SHOWN: usize = 40;
-    let Some(coding) = req
-        .headers()
-        .get_all(axum::http::header::CONTENT_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
+    let Some(coding) = crate::guard::header_list(req.headers(), header::CONTENT_ENCODING)
         .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
     else {
         return next.run(req).await;
