@@ -43,9 +43,12 @@ fn short(sum: Option<&str>) -> String {
     sum.map_or("-".to_owned(), |s| s.chars().take(12).collect())
 }
 
+/// The width of `ops`' extensions column.
+const EXTENSIONS_WIDTH: usize = 28;
+
 pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
     out!(
-        "{:<18} {:<10} {:<28} {:>9} {:<7} governed",
+        "{:<18} {:<10} {:<EXTENSIONS_WIDTH$} {:>9} {:<7} governed",
         "OPERATION",
         "CLASS",
         "EXTENSIONS",
@@ -61,14 +64,14 @@ pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
                 list if list.is_empty() => "(none under this policy)".to_owned(),
                 // Named when they fit the column: "(all allowed)" beside a short
                 // configured list read as "any extension".
-                list if o.extensions.is_empty() && list.join(" ").len() > 28 => {
+                list if o.extensions.is_empty() && list.join(" ").len() > EXTENSIONS_WIDTH => {
                     format!("(all {} allowed)", list.len())
                 }
                 list => list.join(" "),
             }
         };
         out!(
-            "{:<18} {:<10} {:<28} {:>9} {:<7} {}",
+            "{:<18} {:<10} {:<EXTENSIONS_WIDTH$} {:>9} {:<7} {}",
             o.name,
             o.mutation_class.as_str(),
             ext,

@@ -997,9 +997,9 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
 }
 
-/// A state file's bytes, `None` when it does not exist; never through a symlink, and a
-/// second link is accepted (see [`StateDir::read_optional`]).
-/// Reads `name` of `dir` (`shown`: its path, for a refusal); `None` when it is missing.
+/// The bytes of the state file `name` of `dir` (`shown`: its path, for a refusal),
+/// `None` when it does not exist; never through a symlink, and a second link is accepted
+/// (see [`StateDir::read_optional`]).
 fn read_if_present(dir: &Dir, name: &str, shown: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
     match super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes) {
         Ok(b) => Ok(Some(b)),
