@@ -292,7 +292,14 @@ impl SandboxRoot {
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
-            dir = ParentDir::Owned(self.descend(&dir, &comps[..=i])?);
+            dir = match self.descend(&dir, &comps[..=i]) {
+                Ok(d) => ParentDir::Owned(d),
+                // Moved or removed since it was looked at: missing now, as if not found.
+                Err(r) if r.reason_code == ReasonCode::NotFound => {
+                    return Ok((EntryKind::Missing, i));
+                }
+                Err(r) => return Err(r),
+            };
         }
         let kind = match dir.symlink_metadata(rel.file_name()) {
             Ok(m) if m.file_type().is_symlink() => EntryKind::Symlink,
@@ -372,7 +379,13 @@ impl SandboxRoot {
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
-            dir = ParentDir::Owned(self.descend(&dir, &comps[..=i])?);
+            dir = match self.descend(&dir, &comps[..=i]) {
+                Ok(d) => ParentDir::Owned(d),
+                Err(r) if r.reason_code == ReasonCode::NotFound && make != Make::Nothing => {
+                    return Err(removed_meanwhile(&comps[..=i]));
+                }
+                Err(r) => return Err(r),
+            };
         }
         Ok((dir, created))
     }
@@ -660,6 +673,9 @@ impl SandboxRoot {
         Ok(out)
     }
 
+    /// Opens the directory `comps` names in `dir`, which was one a moment ago. One gone
+    /// meanwhile (moved or removed by another program) is `not_found`, for the caller to
+    /// judge as it judges one never there.
     fn descend(&self, dir: &Dir, comps: &[String]) -> Verdict<Dir> {
         let name = comps.last().map_or("", String::as_str);
         let opened = dir.open_dir_nofollow(name).map_err(|e| {
@@ -667,6 +683,14 @@ impl SandboxRoot {
             // without following links means it was swapped, most likely for a symlink.
             if e.kind() == io::ErrorKind::NotADirectory || is_escape_error(&e) {
                 self.symlink_refusal(comps)
+            } else if e.kind() == io::ErrorKind::NotFound {
+                Refusal::new(
+                    ReasonCode::NotFound,
+                    format!(
+                        "the directory {} does not exist",
+                        shown_path(&comps.join("/"))
+                    ),
+                )
             } else {
                 io_refusal("open directory", comps, &e)
             }
@@ -1819,6 +1843,17 @@ mod tests {
 
     fn comps(p: &str) -> Vec<String> {
         p.split('/').map(str::to_owned).collect()
+    }
+
+    /// A folder seen a moment ago and moved away by another program before it is
+    /// opened is not found (a write's caller then says it was removed meanwhile, a
+    /// look says missing), never a failure of the disk (it was `io_error`, HTTP 500).
+    #[test]
+    fn a_folder_gone_before_it_is_opened_is_not_found() {
+        let (_tmp, root) = root();
+        let r = root.descend(&root.dir, &comps("moved")).err().unwrap();
+        assert_eq!(r.reason_code, ReasonCode::NotFound, "{}", r.reason);
+        assert_eq!(r.reason, "the directory 'moved' does not exist");
     }
 
     /// The kernel refused a name as a symlink, and by the time the link is read to tell
