@@ -989,10 +989,14 @@ impl RollbackEngine {
     /// what the action created, then verifies by hashing.
     ///
     /// `changed` runs once the target is changed, before it is verified. From then on a
-    /// verification that cannot be made (`changed` fails, or the target cannot be read
-    /// back: say a directory was swapped for a symlink at that instant) leaves the
-    /// restore done but unverified (`checksum_validated: false`), not failed: it must be
-    /// recorded as what happened.
+    /// verification that cannot be made for the runtime's own reasons (`changed` fails,
+    /// or reading back fails on a full table of open files or a disk error) leaves the
+    /// restore done but unverified (`checksum_validated: false`, the detail saying why),
+    /// not failed: it must be recorded as what happened. A restored file that is no
+    /// longer there to read back (another program moved it away, or put a link or a
+    /// folder in its place at that instant) is a mismatch like different bytes: the
+    /// snapshot's bytes are not what stands there, and the step is left for a rollback
+    /// to do again.
     ///
     /// `put` says what the caller judged the target to be: a file ([`Put::Unchanged`]),
     /// which alone is then replaced or removed, nothing ([`Put::New`]), or anything
@@ -1014,7 +1018,10 @@ impl RollbackEngine {
                 checksum_validated: false,
                 restored_checksum: None,
                 left_dirs: Vec::new(),
-                detail: None,
+                detail: Some(format!(
+                    "restored, but it could not be checked afterwards: {}",
+                    r.reason
+                )),
             }
         };
         let rel = meta.target();
@@ -1035,7 +1042,17 @@ impl RollbackEngine {
                 root.write_atomic_put(&rel, &bytes, mode, put, Make::From(0), durable)?;
                 let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
                     Ok(b) => b,
-                    Err(r) => return Ok(unverified(r)),
+                    Err(r) if r.reason_code == ReasonCode::IoError => return Ok(unverified(r)),
+                    Err(r) => {
+                        return Err(Refusal::new(
+                            ReasonCode::ChecksumMismatch,
+                            format!(
+                                "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; roll back again, with force if it is then a conflict",
+                                shown_path(&meta.original_path),
+                                r.reason
+                            ),
+                        ));
+                    }
                 };
                 let restored = sha256_hex(&back);
                 if restored != expected {
@@ -1115,11 +1132,12 @@ impl RollbackEngine {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
                         checksum_validated: gone,
                         restored_checksum: None,
-                        detail: gone.then(|| {
-                            let mut d = if found == TargetKind::Missing {
+                        detail: Some({
+                            let mut d = if !gone {
+                                "removed, but something stands there again: another program put it there after the removal".to_owned()
+                            } else if found == TargetKind::Missing {
                                 // Someone removed it before the rollback: nothing was.
-                                "already gone before this restore, as before the action"
-                                    .to_owned()
+                                "already gone before this restore, as before the action".to_owned()
                             } else {
                                 Self::absent_detail(meta)
                             };

@@ -1875,9 +1875,10 @@ fn a_failed_action_is_rolled_back_only_over_what_it_wrote() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// A restore whose change is made but cannot be verified afterwards (the read-back
-/// fails) is recorded as done, unverified: the trail, the mark and the disk agree, and
-/// the workflow is not rolled back twice.
+/// A restore whose change is made but cannot be verified afterwards (the runtime's own
+/// read-back fails: a disk error, no descriptor left) is recorded as done, unverified,
+/// saying why: the trail, the mark and the disk agree, and the workflow is not rolled
+/// back twice.
 #[test]
 fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
     let w = World::new();
@@ -1899,6 +1900,12 @@ fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
             rb.steps[0].restored && !rb.steps[0].checksum_validated,
             "{rb:?}"
         );
+        // The step says why (it said nothing).
+        let detail = rb.steps[0].detail.clone().unwrap_or_default();
+        assert!(
+            detail.starts_with("restored, but it could not be checked afterwards: "),
+            "{rb:?}"
+        );
     }
     assert_eq!(w.read("r.md"), b"orig");
     assert!(!w.path("n.md").exists());
@@ -1915,6 +1922,74 @@ fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
         "{again:?}"
     );
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A restored file that another program moves away before it is read back is not
+/// reported restored and verified-less with no reason (a silent success while its bytes
+/// were nowhere in the tree): it is a `checksum_mismatch`, and the step is left for a
+/// rollback to do again, which gives the file back.
+#[test]
+fn a_restored_file_gone_before_it_is_read_back_is_a_mismatch() {
+    let w = World::new();
+    w.write("d/r.md", b"orig");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_g", "actions": [
+        {"action_id": "a1", "intent": "replace_file", "path": "d/r.md", "content": "new"}]}),
+    );
+    let (file, away) = (w.path("d/r.md"), w.path("away.md"));
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || std::fs::rename(&file, &away).unwrap()),
+    );
+    let rb = rollback(&sb, "wf_g", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    assert!(!rb.steps[0].restored, "{rb:?}");
+    let reason = rb.steps[0].reason.clone().unwrap();
+    assert!(
+        reason.contains("'d/r.md' was restored, but what stands there now cannot be read back"),
+        "{reason}"
+    );
+    assert_eq!(w.read("away.md"), b"orig");
+    // Done again (the file is missing now: someone else's change, so forced).
+    let again = rollback(&sb, "wf_g", false);
+    assert_eq!(again.reason_code, Some(ReasonCode::Conflict), "{again:?}");
+    let again = rollback(&sb, "wf_g", true);
+    assert_eq!(again.status, "rolled_back", "{again:?}");
+    assert!(again.steps[0].checksum_validated, "{again:?}");
+    assert_eq!(w.read("d/r.md"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A file another program puts back the instant after a rollback removed it: the
+/// removal is done, and its step says what stands there.
+#[test]
+fn a_removal_undone_by_another_program_says_so() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_n", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "n.md", "content": "n"}]}),
+    );
+    let file = w.path("n.md");
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || std::fs::write(&file, b"theirs").unwrap()),
+    );
+    let rb = rollback(&sb, "wf_n", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps[0].restored && !rb.steps[0].checksum_validated);
+    assert_eq!(
+        rb.steps[0].detail.as_deref(),
+        Some(
+            "removed, but something stands there again: another program put it there after the removal"
+        ),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("n.md"), b"theirs");
 }
 
 /// Interleaved appends by two workflows: each of the rolled back workflow's actions is a
