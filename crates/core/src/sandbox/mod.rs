@@ -397,11 +397,19 @@ impl Sandbox {
                 continue;
             }
             sb.notices.push(if r.rollback {
+                // The stopped rollback recorded its own restores up to a moment; only
+                // those after it are left to recovery, often none.
+                let recorded = if r.restores_recorded == 0 {
+                    "every restore it made was already on the audit trail".to_owned()
+                } else {
+                    format!(
+                        "{} it made recorded on the audit trail",
+                        counted(r.restores_recorded, "restore")
+                    )
+                };
                 format!(
-                    "recovered interrupted rollback {} of workflow {}: {} recorded",
-                    r.execution_id,
-                    r.workflow_id,
-                    counted(r.restores_recorded, "restored file")
+                    "recovered interrupted rollback {} of workflow {}: {recorded}; rolling the workflow back again restores whatever it had not reached",
+                    r.execution_id, r.workflow_id,
                 )
             } else {
                 // Only what recovery did: a run killed between actions leaves all zeros.

@@ -741,7 +741,8 @@ fn assert_recorded_one_restore(sb: &ailab_sandbox_core::Sandbox, case: &str) {
     assert!(
         sb.notices()
             .iter()
-            .any(|n| n.contains("interrupted rollback") && n.contains("1 restored file recorded")),
+            .any(|n| n.contains("interrupted rollback")
+                && n.contains(": 1 restore it made recorded on the audit trail;")),
         "{case}: {:?}",
         sb.notices()
     );
