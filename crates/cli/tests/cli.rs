@@ -1984,3 +1984,128 @@ fn a_made_directory_that_cannot_be_removed_now_is_removed_by_a_later_rollback() 
     assert_eq!(json_out(&out)["status"], "rolled_back", "{out:?}");
     assert!(!made.exists(), "left for good");
 }
+
+/// The binary on `e`'s root and state directory as user nobody (uid and gid 65534), with
+/// both handed to that user; `None` (the test is skipped) unless this test runs as root
+/// and nobody can run the binary there (a checkout in a private home, no `setpriv`).
+fn as_nobody(e: &Env) -> Option<impl Fn(&[&str]) -> std::process::Output> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let probe = e.dir.join("probe");
+    std::fs::write(&probe, b"").unwrap();
+    if std::fs::metadata(&probe).unwrap().uid() != 0 {
+        eprintln!("not root: skipped");
+        return None;
+    }
+    // The test's own folder, opened to others so that nobody can reach into it.
+    std::fs::set_permissions(&e.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (d, mode) in [(&e.root, 0o755), (&e.state, 0o700)] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+    }
+    let (root, state) = (e.root.clone(), e.state.clone());
+    let run = move |args: &[&str]| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+            .env_remove("AI_LAB_SANDBOX_CONFIG")
+            .env_remove("AI_LAB_SANDBOX_TOKEN")
+            .arg("--root")
+            .arg(&root)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--json", "--enable-write", "--no-dry-run"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    match run(&["ops"]) {
+        out if out.status.success() => Some(run),
+        out => {
+            eprintln!(
+                "nobody cannot run the binary here: skipped ({})",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            None
+        }
+    }
+}
+
+/// Run as an unprivileged user: a write another user's folder forbids is a `conflict`
+/// saying whose it is to put right (it was `io_error`, which HTTP answers 500 as a
+/// failing disk), and a snapshot backup another user took is `reserved_path`, to give
+/// back, then roll back (it was called damaged or missing, to restore by other means).
+#[test]
+fn as_another_user_permissions_are_theirs_to_put_right() {
+    let e = env();
+    let Some(nobody) = as_nobody(&e) else {
+        return;
+    };
+    std::fs::create_dir(e.root.join("roots")).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_perm", "actions": [
+            {"intent": "create_file", "path": "roots/x.txt", "content": "x"}]}),
+    );
+    let out = nobody(&["run", plan.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let action = &json_out(&out)["actions"][0];
+    assert_eq!(action["reason_code"], "conflict", "{action}");
+    assert!(
+        action["reason"]
+            .as_str()
+            .unwrap()
+            .contains("could not write 'roots/x.txt': permission denied; it, or a folder on its way, is another user's"),
+        "{action}"
+    );
+    for (wf, intent, content) in [
+        ("wf_a", "create_file", "v1"),
+        ("wf_b", "replace_file", "v2"),
+    ] {
+        let plan = e.write_plan(
+            &format!("{wf}.json"),
+            &json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": intent, "path": "f.txt", "content": content}]}),
+        );
+        let out = nobody(&["run", plan.to_str().unwrap()]);
+        assert_eq!(json_out(&out)["status"], "success");
+    }
+    let backup = e.root.join(".rollback/wf_b/a1/backup");
+    std::os::unix::fs::chown(&backup, Some(0), Some(0)).unwrap();
+    let out = nobody(&["rollback", "wf_b"]);
+    assert_eq!(out.status.code(), Some(1));
+    let rb = json_out(&out);
+    assert_eq!(rb["reason_code"], "reserved_path", "{rb}");
+    let reason = rb["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("cannot be read by this process (permission denied"),
+        "{rb}"
+    );
+    assert!(
+        reason.ends_with("roll back again once the operator has given it back"),
+        "{rb}"
+    );
+    assert_eq!(std::fs::read(e.root.join("f.txt")).unwrap(), b"v2");
+    std::os::unix::fs::chown(&backup, Some(65534), Some(65534)).unwrap();
+    let out = nobody(&["rollback", "wf_b"]);
+    assert_eq!(json_out(&out)["status"], "rolled_back");
+    assert_eq!(std::fs::read(e.root.join("f.txt")).unwrap(), b"v1");
+    let verify = json_out(&nobody(&["audit", "verify"]));
+    assert_eq!(verify["ok"], true, "{verify}");
+    // A state file another user took is named (the audit log was blamed for the head
+    // and the registry alike).
+    for (file, cmd) in [
+        ("sandbox_audit.head.json", "state"),
+        ("artifacts.jsonl", "artifacts"),
+    ] {
+        std::os::unix::fs::chown(e.state.join(file), Some(0), Some(0)).unwrap();
+        let out = nobody(&[cmd]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{file}: permission denied: another user owns it")),
+            "{err}"
+        );
+        std::os::unix::fs::chown(e.state.join(file), Some(65534), Some(65534)).unwrap();
+    }
+}

@@ -461,6 +461,21 @@ fn refuse_unless_private(
     ))
 }
 
+/// A file of a snapshot folder (`rel`) this process may not read (EACCES: another user
+/// took it, or closed its mode): the operator's to give back, not damage and not a
+/// failing disk. Its snapshot is kept, as one in a folder that is not private.
+fn unreadable_record(root: &SandboxRoot, rel: &str, e: &io::Error) -> Option<Refusal> {
+    (e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error())).then(|| {
+        Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the snapshot file {} cannot be read by this process (permission denied: another user owns it or its mode forbids reading), so nothing is rolled back, judged or pruned from its folder until the operator gives it back to the runtime's user (owned by it, readable by it); its snapshot is kept",
+                shown_path(&root.path().join(rel).display().to_string())
+            ),
+        )
+    })
+}
+
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
     let Some(rb) = rollback_dir(root)? else {
         return Ok(None);
@@ -679,6 +694,9 @@ impl Snapshotter {
                 None if stands_in_place(e) => Some(crate::error::io_words(e)),
                 None => None,
             };
+            if let Some(r) = unreadable_record(root, &format!("{folder}/{file}"), e) {
+                return trust(r);
+            }
             match what {
                 Some(what) if !is_passing(e) => trust(untrusted_said(
                     &format!("{folder}/{file}"),
@@ -785,6 +803,13 @@ impl Snapshotter {
                 )
             })?;
         read_regular(&dir, BACKUP_FILE, MAX_SNAPSHOT_BYTES).map_err(|e| {
+            let rel = format!(
+                "{ROLLBACK_DIR}/{}/{}/{BACKUP_FILE}",
+                meta.workflow_id, meta.action_id
+            );
+            if let Some(r) = unreadable_record(root, &rel, &e) {
+                return r;
+            }
             Refusal::new(
                 ReasonCode::NoRollbackData,
                 format!(

@@ -1800,10 +1800,28 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
     } else {
         shown_path(&comps.join("/"))
     };
-    Refusal::new(
-        ReasonCode::IoError,
-        format!("could not {what} {target}: {}", crate::error::io_words(e)),
-    )
+    let said = format!("could not {what} {target}: {}", crate::error::io_words(e));
+    if is_denied(e) {
+        // A permission someone set in the tree (another user's file or folder, a mode,
+        // a sticky folder, an immutable mark): theirs to put right, not a failing disk,
+        // as a rollback meeting one says.
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{said}; it, or a folder on its way, is another user's or closed to this process (its mode, a sticky folder, an immutable mark): give the runtime's user access there, or use another path"
+            ),
+        );
+    }
+    Refusal::new(ReasonCode::IoError, said)
+}
+
+/// Whether the system refused `e`'s operation on a path for its permissions (EACCES,
+/// EPERM), as opposed to cap-std refusing an escape (no OS error number).
+fn is_denied(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::ACCESS, Errno::PERM]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }
 
 #[cfg(test)]
@@ -1825,13 +1843,37 @@ mod tests {
         let rel = RelPath::from_components(comps("locked/f.txt"));
         let eacces = || io::Error::from_raw_os_error(13);
         let r = root.map_read_error(&rel, eacces());
-        assert_eq!(r.reason_code, ReasonCode::IoError);
-        assert_eq!(r.reason, "could not read 'locked/f.txt': permission denied");
-        let w = root.map_open_error(&rel, eacces());
-        assert_eq!(
-            w.reason,
-            "could not write 'locked/f.txt': permission denied"
+        assert!(
+            r.reason
+                .starts_with("could not read 'locked/f.txt': permission denied; "),
+            "{}",
+            r.reason
         );
+        let w = root.map_open_error(&rel, eacces());
+        assert!(
+            w.reason
+                .starts_with("could not write 'locked/f.txt': permission denied; "),
+            "{}",
+            w.reason
+        );
+        // Another user's permission is theirs to put right, not a failing disk (it was
+        // io_error, HTTP 500), as for a rollback.
+        for r in [
+            r,
+            w,
+            root.map_open_error(&rel, io::Error::from_raw_os_error(1)),
+        ] {
+            assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+            assert!(
+                r.reason
+                    .ends_with("give the runtime's user access there, or use another path"),
+                "{}",
+                r.reason
+            );
+        }
+        // cap-std's refusal of an escape is not a permission.
+        let escape = root.map_open_error(&rel, io::Error::from(io::ErrorKind::PermissionDenied));
+        assert_ne!(escape.reason_code, ReasonCode::Conflict);
         // An error whose kind says nothing is said in the system's words (an EIO was
         // "uncategorized error").
         let eio = root.map_open_error(&rel, io::Error::from_raw_os_error(5));

@@ -193,7 +193,7 @@ impl StateDir {
                 Some(
                     rustix::io::Errno::LOOP | rustix::io::Errno::ISDIR | rustix::io::Errno::NXIO,
                 ) => not_regular(dir, name, &shown),
-                _ => e,
+                _ => shut_out(e, &shown),
             }
         })?;
         if !file.metadata()?.is_file() {
@@ -1014,8 +1014,24 @@ fn read_if_present(dir: &Dir, name: &str, shown: &Path, limit: u64) -> io::Resul
         {
             Err(not_regular(dir, name, shown))
         }
-        Err(e) => Err(e),
+        Err(e) => Err(shut_out(e, shown)),
     }
+}
+
+/// `e`, naming the state file `shown` when the system refused this process access to
+/// it (another user took it, or its mode shuts this process out): what failed is said
+/// by the caller ("open the audit log"), the file by this.
+fn shut_out(e: io::Error, shown: &Path) -> io::Error {
+    if rustix::io::Errno::from_io_error(&e) != Some(rustix::io::Errno::ACCESS) {
+        return e;
+    }
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{}: permission denied: another user owns it or its mode shuts this process out; the state directory's files must be the runtime user's own",
+            shown.display()
+        ),
+    )
 }
 
 /// Refuses `name` of `dir`, shown as `shown`, as a state file that is not a regular file,

@@ -544,9 +544,22 @@ impl Sandbox {
                 }
             })
             .collect();
-        let code = bad.first()?.0.reason_code;
+        // A backup another user took is whole: given back, it restores (its refusal says
+        // so); only one damaged or gone calls for other means.
+        let damaged: Vec<&(Refusal, bool)> = bad
+            .iter()
+            .filter(|(r, _)| r.reason_code != ReasonCode::ReservedPath)
+            .collect();
+        let code = damaged
+            .first()
+            .copied()
+            .unwrap_or(bad.first()?)
+            .0
+            .reason_code;
         let reasons: Vec<&str> = bad.iter().map(|(r, _)| r.reason.as_str()).collect();
-        let what_then = if bad.iter().any(|(_, last)| *last) {
+        let what_then = if damaged.is_empty() {
+            "roll back again once the operator has given it back"
+        } else if damaged.iter().any(|(_, last)| *last) {
             "a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)"
         } else {
             // Only newer writes' backups: an older write's restore gives the file back.
