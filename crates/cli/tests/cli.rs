@@ -2032,32 +2032,90 @@ fn as_nobody(e: &Env) -> Option<impl Fn(&[&str]) -> std::process::Output> {
 }
 
 /// Run as an unprivileged user: a write another user's folder forbids is a `conflict`
-/// saying whose it is to put right (it was `io_error`, which HTTP answers 500 as a
-/// failing disk), and a snapshot backup another user took is `reserved_path`, to give
+/// saying whose it is to put right, foreseen by the checks (it was `io_error` at the
+/// write, which HTTP answers 500 as a failing disk), and a snapshot backup another user took is `reserved_path`, to give
 /// back, then roll back (it was called damaged or missing, to restore by other means).
 #[test]
 fn as_another_user_permissions_are_theirs_to_put_right() {
+    use std::os::unix::fs::PermissionsExt;
     let e = env();
     let Some(nobody) = as_nobody(&e) else {
         return;
     };
     std::fs::create_dir(e.root.join("roots")).unwrap();
-    let plan = e.write_plan(
-        "p.json",
-        &json!({"workflow_id": "wf_perm", "actions": [
-            {"intent": "create_file", "path": "roots/x.txt", "content": "x"}]}),
-    );
-    let out = nobody(&["run", plan.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1));
-    let action = &json_out(&out)["actions"][0];
-    assert_eq!(action["reason_code"], "conflict", "{action}");
+    // Foreseen by the checks (a simulation, `check`), before anything is written, for a
+    // file and for a folder to be made on the way.
+    for (path, changed) in [
+        ("roots/x.txt", "roots/x.txt"),
+        ("roots/new/x.txt", "roots/new"),
+    ] {
+        let plan = e.write_plan(
+            "p.json",
+            &json!({"workflow_id": "wf_perm", "actions": [
+                {"intent": "create_file", "path": path, "content": "x"}]}),
+        );
+        let out = nobody(&["run", plan.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1));
+        let run = json_out(&out);
+        assert_eq!(run["status"], "blocked", "{run}");
+        let action = &run["actions"][0];
+        assert_eq!(action["reason_code"], "conflict", "{action}");
+        assert_eq!(
+            action["reason"],
+            format!(
+                "the folder holding '{changed}' cannot be changed by this process (permission denied): give the runtime's user access there, or use another path"
+            ),
+        );
+        let out = nobody(&["check", "--intent", "create_file", "--path", path]);
+        assert_eq!(json_out(&out)["reason_code"], "conflict");
+    }
+    assert!(!e.root.join("roots/x.txt").exists() && !e.root.join("roots/new").exists());
+    // In a sticky folder another user owns, only an entry's owner may replace it: a
+    // write and a rollback alike are refused before anything changes.
+    let sticky = e.root.join("st");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(sticky.join("theirs.txt"), b"theirs").unwrap();
+    std::fs::set_permissions(
+        sticky.join("theirs.txt"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let out = nobody(&[
+        "check",
+        "--intent",
+        "append_file",
+        "--path",
+        "st/theirs.txt",
+    ]);
+    let check = json_out(&out);
+    assert_eq!(check["reason_code"], "conflict", "{check}");
     assert!(
-        action["reason"]
+        check["reason"].as_str().unwrap().starts_with(
+            "'st/theirs.txt' belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
+        ),
+        "{check}"
+    );
+    let plan = e.write_plan(
+        "st.json",
+        &json!({"workflow_id": "wf_st", "actions": [
+            {"intent": "create_file", "path": "st/mine.txt", "content": "m"}]}),
+    );
+    assert_eq!(
+        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        "success"
+    );
+    std::os::unix::fs::chown(sticky.join("mine.txt"), Some(0), Some(0)).unwrap();
+    let rb = json_out(&nobody(&["rollback", "--force", "wf_st"]));
+    assert_eq!(rb["reason_code"], "conflict", "{rb}");
+    assert!(
+        rb["reason"]
             .as_str()
             .unwrap()
-            .contains("could not write 'roots/x.txt': permission denied; it, or a folder on its way, is another user's"),
-        "{action}"
+            .contains("'st/mine.txt' belongs to another user"),
+        "{rb}"
     );
+    assert!(sticky.join("mine.txt").exists());
     for (wf, intent, content) in [
         ("wf_a", "create_file", "v1"),
         ("wf_b", "replace_file", "v2"),

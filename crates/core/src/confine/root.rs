@@ -124,6 +124,61 @@ pub(crate) fn euid() -> u32 {
     *EUID.get_or_init(|| rustix::process::geteuid().as_raw())
 }
 
+/// Why this process may not change the entry `name` of `dir` (shown as `shown`, a
+/// quoted root-relative path), whether it exists or is to be made: the folder or the
+/// entry marked immutable or append-only (`chattr +i`, `+a`), the entry another
+/// user's in a sticky folder another user owns, or the folder closed to this process
+/// (its mode, a read-only mount). `None` when it may.
+pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<String> {
+    use rustix::fs::{Access, AtFlags, StatxAttributes, StatxFlags, accessat, statx};
+    let stat = |name: &str| {
+        statx(
+            dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::BASIC_STATS,
+        )
+    };
+    let pinned = |name: &str| {
+        stat(name).is_ok_and(|x| {
+            x.stx_attributes
+                .intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND)
+        })
+    };
+    let me = euid();
+    // In a sticky folder only the owner of an entry (or of the folder) may remove or
+    // replace it.
+    let sticky_held = me != 0
+        && stat(".").is_ok_and(|f| u32::from(f.stx_mode) & 0o1000 != 0 && f.stx_uid != me)
+        && stat(name).is_ok_and(|x| x.stx_uid != me);
+    // The marks first: the access check reports them as "permission denied".
+    if pinned(".") {
+        Some(format!(
+            "the folder holding {shown} is marked immutable or append-only"
+        ))
+    } else if pinned(name) {
+        Some(format!("{shown} is marked immutable or append-only"))
+    } else if sticky_held {
+        Some(format!(
+            "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
+        ))
+    } else {
+        accessat(
+            dir,
+            ".",
+            Access::WRITE_OK | Access::EXEC_OK,
+            AtFlags::EACCESS,
+        )
+        .err()
+        .map(|e| {
+            format!(
+                "the folder holding {shown} cannot be changed by this process ({})",
+                crate::error::io_words(&e.into())
+            )
+        })
+    }
+}
+
 /// This process's effective gid, asked once (see [`euid`]).
 pub(crate) fn egid() -> u32 {
     static EGID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
@@ -271,6 +326,30 @@ impl SandboxRoot {
             kind,
             existing_parents,
         })
+    }
+
+    /// Refuses (`conflict`) a change at `rel`, found as `info`, that a permission in the
+    /// tree forbids this process ([`change_refused`] on the folder it would change: the
+    /// target's, or the deepest existing one a missing folder would be made in), so a
+    /// simulation or a check foresees what the write would meet. A runtime running as
+    /// root is stopped only by marks and read-only mounts, met at the write (a
+    /// `conflict` or an `io_error` there), and is not asked.
+    pub fn may_change(&self, rel: &RelPath, info: &TargetInfo) -> Verdict {
+        if euid() == 0 || info.kind == TargetKind::Directory {
+            return Ok(());
+        }
+        let comps = rel.components();
+        let changed = &comps[..=info.existing_parents.min(comps.len() - 1)];
+        let (dir, _) =
+            self.open_parent(&RelPath::from_components(changed.to_vec()), false, false)?;
+        let shown = shown_path(&changed.join("/"));
+        match change_refused(&dir, changed.last().map_or("", String::as_str), &shown) {
+            None => Ok(()),
+            Some(why) => Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!("{why}: give the runtime's user access there, or use another path"),
+            )),
+        }
     }
 
     /// What is at `rel`, whatever it is, and how many of its parents exist. The parents

@@ -124,8 +124,10 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
     }
     let target = match ctx.roots {
         Some(roots) => {
-            let info = roots[resolved.root_index].inspect(&resolved.rel)?;
+            let root = &roots[resolved.root_index];
+            let info = root.inspect(&resolved.rel)?;
             check_kind(op, &resolved.rel, info.kind)?;
+            root.may_change(&resolved.rel, &info)?;
             Some(info)
         }
         None => None,

@@ -407,26 +407,12 @@ impl Sandbox {
     /// (or read-only), and a target or such folder marked immutable or append-only
     /// (`chattr +i`, `+a`). Met at its restore, the rollback stopped half way.
     fn unwritable_folders(&self, chosen: &[(usize, StoredSnapshot)]) -> Option<Refusal> {
-        use rustix::fs::{Access, AtFlags, StatxAttributes, StatxFlags, accessat, statx};
         let mut found: Vec<String> = Vec::new();
         let mut note = |why: String| {
             if !found.contains(&why) {
                 found.push(why);
             }
         };
-        let pinned = |dir: &cap_std::fs::Dir, name: &str| {
-            statx(
-                dir,
-                name,
-                AtFlags::SYMLINK_NOFOLLOW,
-                StatxFlags::BASIC_STATS,
-            )
-            .is_ok_and(|x| {
-                x.stx_attributes
-                    .intersects(StatxAttributes::IMMUTABLE | StatxAttributes::APPEND)
-            })
-        };
-        let me = rustix::process::geteuid();
         for (i, s) in chosen {
             let root = &self.roots[*i];
             // The target's folder, and the folders holding each directory it made that
@@ -460,41 +446,12 @@ impl Sandbox {
                 {
                     continue;
                 }
-                let shown = shown_path(&rel.as_string());
-                // In a sticky folder only the owner of an entry (or of the folder) may
-                // remove or replace it.
-                let sticky_held = !me.is_root()
-                    && statx(&*parent, ".", AtFlags::empty(), StatxFlags::BASIC_STATS).is_ok_and(
-                        |f| u32::from(f.stx_mode) & 0o1000 != 0 && f.stx_uid != me.as_raw(),
-                    )
-                    && statx(
-                        &*parent,
-                        rel.file_name(),
-                        AtFlags::SYMLINK_NOFOLLOW,
-                        StatxFlags::BASIC_STATS,
-                    )
-                    .is_ok_and(|x| x.stx_uid != me.as_raw());
-                // The marks first: the access check reports them as "permission denied".
-                if pinned(&parent, ".") {
-                    note(format!(
-                        "the folder holding {shown} is marked immutable or append-only"
-                    ));
-                } else if pinned(&parent, rel.file_name()) {
-                    note(format!("{shown} is marked immutable or append-only"));
-                } else if sticky_held {
-                    note(format!(
-                        "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
-                    ));
-                } else if let Err(e) = accessat(
-                    &*parent,
-                    ".",
-                    Access::WRITE_OK | Access::EXEC_OK,
-                    AtFlags::EACCESS,
+                if let Some(why) = crate::confine::root::change_refused(
+                    &parent,
+                    rel.file_name(),
+                    &shown_path(&rel.as_string()),
                 ) {
-                    note(format!(
-                        "the folder holding {shown} cannot be changed by this process ({})",
-                        crate::error::io_words(&e.into())
-                    ));
+                    note(why);
                 }
             }
         }
