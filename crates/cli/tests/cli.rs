@@ -2128,6 +2128,46 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         let out = nobody(&["run", plan.to_str().unwrap()]);
         assert_eq!(json_out(&out)["status"], "success");
     }
+    // A file another user took and closed is neither replaced nor rolled back, forced
+    // or not: what it holds cannot be told (it was called changed, to force).
+    let plan = e.write_plan(
+        "u.json",
+        &json!({"workflow_id": "wf_u", "actions": [
+            {"intent": "create_file", "path": "u.txt", "content": "u"}]}),
+    );
+    assert_eq!(
+        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        "success"
+    );
+    std::os::unix::fs::chown(e.root.join("u.txt"), Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(e.root.join("u.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    for args in [
+        &["rollback", "wf_u"][..],
+        &["rollback", "--force", "wf_u"],
+        &["check", "--intent", "replace_file", "--path", "u.txt"],
+    ] {
+        let out = json_out(&nobody(args));
+        assert_eq!(out["reason_code"], "conflict", "{args:?} {out}");
+        assert!(
+            out["reason"]
+                .as_str()
+                .unwrap()
+                .contains("'u.txt' cannot be read by this process (permission denied"),
+            "{out}"
+        );
+    }
+    assert!(e.root.join("u.txt").exists());
+    // A lock file another user took is named by its place (it blamed the target).
+    let lock = e.state.join("locks/wf-wf_b.lock");
+    std::os::unix::fs::chown(&lock, Some(0), Some(0)).unwrap();
+    let rb = json_out(&nobody(&["rollback", "wf_b"]));
+    assert!(
+        rb["reason"].as_str().unwrap().contains(
+            "could not lock workflow 'wf_b': the state directory's locks/wf-wf_b.lock: permission denied: another user owns it"
+        ),
+        "{rb}"
+    );
+    std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).unwrap();
     let backup = e.root.join(".rollback/wf_b/a1/backup");
     std::os::unix::fs::chown(&backup, Some(0), Some(0)).unwrap();
     let out = nobody(&["rollback", "wf_b"]);

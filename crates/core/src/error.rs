@@ -107,6 +107,12 @@ fn io_message(what: &str, cause: &std::io::Error) -> String {
 /// What to do about a state directory whose filesystem is full or cannot be written.
 fn state_advice(e: &std::io::Error) -> Option<&'static str> {
     use std::io::ErrorKind as K;
+    // A file another user took says what to do in its own words.
+    if e.get_ref()
+        .is_some_and(|r| r.is::<crate::confine::state::TakenFile>())
+    {
+        return None;
+    }
     match e.kind() {
         K::StorageFull | K::QuotaExceeded => {
             Some("the state directory's filesystem is full: free space there, then try again")
@@ -137,8 +143,12 @@ pub fn io_words(e: &std::io::Error) -> String {
     if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
         return "it is a symbolic link, which is never followed".to_owned();
     }
-    // The runtime's own words for a state file of the wrong kind, not "invalid data".
-    if e.kind() == std::io::ErrorKind::InvalidData && e.get_ref().is_some() {
+    // The runtime's own words for a state file of the wrong kind, not "invalid data", or
+    // one another user took, not "permission denied".
+    if (e.kind() == std::io::ErrorKind::InvalidData && e.get_ref().is_some())
+        || e.get_ref()
+            .is_some_and(|r| r.is::<crate::confine::state::TakenFile>())
+    {
         return e.to_string();
     }
     let kind = e.kind().to_string();

@@ -131,6 +131,9 @@ pub struct Recovered {
     pub superseded: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
+    /// Folders (root-relative, quoted) where the dead process's temporary files could
+    /// not be removed, each with why: left for the operator, who is told.
+    pub temp_files_left: Vec<String>,
     /// Restores the dead process made without auditing them, now audited: for a dead
     /// rollback, files found restored but unmarked; for either, marked snapshots the
     /// audit trail does not mention.
@@ -197,6 +200,7 @@ impl Recovered {
                 + self.temp_files_removed
                 + self.restores_recorded
                 + self.untrusted
+                + self.temp_files_left.len()
                 > 0
     }
 }
@@ -579,7 +583,7 @@ impl Sandbox {
             // own, staged bytes among them, are its recovery's to judge), and this
             // process is named before it writes, for the next start should it die too.
             let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
-            let mut swept = 0;
+            let mut swept = Recovered::default();
             if let Some(r) = &before {
                 let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
                 let dirs = entries
@@ -592,7 +596,7 @@ impl Sandbox {
                         Some((i, e.meta.target().parent_components().to_vec()))
                     })
                     .collect();
-                swept = self.remove_dead_temp_files(&earlier, dirs);
+                self.remove_dead_temp_files(&earlier, dirs, &mut swept);
                 self.claim(r);
             }
             let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
@@ -631,7 +635,8 @@ impl Sandbox {
                 },
             };
             report.completed += replayed;
-            report.temp_files_removed += swept;
+            report.temp_files_removed += swept.temp_files_removed;
+            report.temp_files_left.append(&mut swept.temp_files_left);
             // Entries for a root not configured now stay, alone, for a start that has it:
             // their writes were acknowledged, and the others must not be replayed again.
             let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
@@ -886,7 +891,7 @@ impl Sandbox {
             .iter()
             .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
             .collect();
-        report.temp_files_removed += self.remove_dead_temp_files(&dead_makers(rec), dirs);
+        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -1120,7 +1125,7 @@ impl Sandbox {
         }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
-        report.temp_files_removed += self.remove_dead_temp_files(&dead_makers(rec), dirs);
+        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
         let n = in_doubt.len();
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
@@ -1138,13 +1143,14 @@ impl Sandbox {
     }
 
     /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
-    /// in `dirs` (root index, components). Returns how many.
+    /// in `dirs` (root index, components), counting them in `report`, and the folders
+    /// where they could not be.
     fn remove_dead_temp_files(
         &self,
         makers: &[&str],
         dirs: HashSet<(usize, Vec<String>)>,
-    ) -> usize {
-        let mut removed = 0;
+        report: &mut Recovered,
+    ) {
         for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
             let dir = if comps.is_empty() {
@@ -1157,11 +1163,18 @@ impl Sandbox {
             };
             if let Some(d) = dir {
                 for by in makers {
-                    removed += remove_temp_files(&d, 0, Some(by)).unwrap_or(0);
+                    match remove_temp_files(&d, 0, Some(by)) {
+                        Ok(n) => report.temp_files_removed += n,
+                        // Say where (a folder another user took, say), not only log it.
+                        Err(e) => report.temp_files_left.push(format!(
+                            "{} ({})",
+                            crate::confine::path::shown_path(&comps.join("/")),
+                            crate::error::io_words(&e)
+                        )),
+                    }
                 }
             }
         }
-        removed
     }
 
     /// Removes the temporary files of run records whose writers died: a record is made

@@ -206,10 +206,10 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
         }
         C::Conflict if op.is_none() => {
-            "when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
+            "when the reason says a file or folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), neither waiting nor force helps: tell the user, so that the operator puts that right; when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
         }
         C::Conflict => {
-            "another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."
+            "when the reason says the file or its folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), calling again will not help: write to another path, or tell the user, so that the operator gives the runtime's user access there; otherwise another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."
         }
         C::NoRollbackData => {
             "there is nothing left to roll back; check the workflow_id or action_id with list_artifacts."

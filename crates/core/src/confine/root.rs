@@ -127,8 +127,9 @@ pub(crate) fn euid() -> u32 {
 /// Why this process may not change the entry `name` of `dir` (shown as `shown`, a
 /// quoted root-relative path), whether it exists or is to be made: the folder or the
 /// entry marked immutable or append-only (`chattr +i`, `+a`), the entry another
-/// user's in a sticky folder another user owns, or the folder closed to this process
-/// (its mode, a read-only mount). `None` when it may.
+/// user's in a sticky folder another user owns, the entry closed to this process's
+/// reading, or the folder closed to its changes (its mode, a read-only mount). `None`
+/// when it may.
 pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<String> {
     use rustix::fs::{Access, AtFlags, StatxAttributes, StatxFlags, accessat, statx};
     let stat = |name: &str| {
@@ -161,6 +162,20 @@ pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<Strin
     } else if sticky_held {
         Some(format!(
             "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
+        ))
+    } else if me != 0
+        && accessat(
+            dir,
+            name,
+            Access::READ_OK,
+            AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_err_and(|e| e == rustix::io::Errno::ACCESS)
+    {
+        // Its snapshot, or the comparison a rollback makes, needs its bytes: another
+        // user's file, unseen, is never overwritten.
+        Some(format!(
+            "{shown} cannot be read by this process (permission denied: another user owns it or its mode shuts this process out), so what it holds cannot be told"
         ))
     } else {
         accessat(

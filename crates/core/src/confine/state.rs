@@ -119,7 +119,7 @@ impl StateDir {
         .map_err(io::Error::other)?;
         names
             .iter()
-            .map(|name| read_if_present(&checked.dir, name, &path.join(name), limit))
+            .map(|name| read_if_present(&checked.dir, name, path, name, limit))
             .collect()
     }
 
@@ -193,7 +193,7 @@ impl StateDir {
                 Some(
                     rustix::io::Errno::LOOP | rustix::io::Errno::ISDIR | rustix::io::Errno::NXIO,
                 ) => not_regular(dir, name, &shown),
-                _ => shut_out(e, &shown),
+                _ => shut_out(e, rel),
             }
         })?;
         if !file.metadata()?.is_file() {
@@ -492,7 +492,7 @@ impl StateDir {
     /// exist.
     pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
         let (dir, name) = self.locate(rel)?;
-        read_if_present(dir, name, &self.path.join(rel), MAX_STATE_FILE)
+        read_if_present(dir, name, &self.path, rel, MAX_STATE_FILE)
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
@@ -579,6 +579,20 @@ impl std::fmt::Display for NotPrivate {
 }
 
 impl std::error::Error for NotPrivate {}
+
+/// A state file this process may not open (another user took it, or its mode shuts
+/// this process out), named by its place in the state directory: said in these words
+/// wherever it is met (see [`crate::error::io_words`]), never only "permission denied".
+#[derive(Debug)]
+pub struct TakenFile(String);
+
+impl std::fmt::Display for TakenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TakenFile {}
 
 /// Refuses a state directory (or one of its folders) that another user could change:
 /// owned by someone else, writable by others (sticky bit or not: they could plant a
@@ -1000,7 +1014,15 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
 /// The bytes of the state file `name` of `dir` (`shown`: its path, for a refusal),
 /// `None` when it does not exist; never through a symlink, and a second link is accepted
 /// (see [`StateDir::read_optional`]).
-fn read_if_present(dir: &Dir, name: &str, shown: &Path, limit: u64) -> io::Result<Option<Vec<u8>>> {
+/// `name` of `dir` is `rel` in the state directory at `state`.
+fn read_if_present(
+    dir: &Dir,
+    name: &str,
+    state: &Path,
+    rel: &str,
+    limit: u64,
+) -> io::Result<Option<Vec<u8>>> {
+    let shown = &state.join(rel);
     match super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -1014,23 +1036,23 @@ fn read_if_present(dir: &Dir, name: &str, shown: &Path, limit: u64) -> io::Resul
         {
             Err(not_regular(dir, name, shown))
         }
-        Err(e) => Err(shut_out(e, shown)),
+        Err(e) => Err(shut_out(e, rel)),
     }
 }
 
-/// `e`, naming the state file `shown` when the system refused this process access to
-/// it (another user took it, or its mode shuts this process out): what failed is said
-/// by the caller ("open the audit log"), the file by this.
-fn shut_out(e: io::Error, shown: &Path) -> io::Error {
+/// `e`, naming the state file `rel` when the system refused this process access to it
+/// ([`TakenFile`]): what failed is said by the caller ("open the audit log"), the file
+/// by this, by its place in the state directory (a refusal may be sent to a client,
+/// which is not told paths outside the sandbox).
+fn shut_out(e: io::Error, rel: &str) -> io::Error {
     if rustix::io::Errno::from_io_error(&e) != Some(rustix::io::Errno::ACCESS) {
         return e;
     }
     io::Error::new(
         io::ErrorKind::PermissionDenied,
-        format!(
-            "{}: permission denied: another user owns it or its mode shuts this process out; the state directory's files must be the runtime user's own",
-            shown.display()
-        ),
+        TakenFile(format!(
+            "the state directory's {rel}: permission denied: another user owns it or its mode shuts this process out; the state directory's files must be the runtime user's own"
+        )),
     )
 }
 

@@ -439,6 +439,14 @@ impl Sandbox {
                     r.execution_id, r.workflow_id
                 )
             });
+            if !r.temp_files_left.is_empty() {
+                sb.notices.push(format!(
+                    "recovery of {} (workflow {}) could not remove the dead process's temporary files (named .ailab-tmp-…) in {}; remove them by hand once that is put right",
+                    r.execution_id,
+                    r.workflow_id,
+                    r.temp_files_left.join(", ")
+                ));
+            }
             if r.untrusted > 0 {
                 sb.notices.push(format!(
                     "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
