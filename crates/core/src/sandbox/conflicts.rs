@@ -108,9 +108,14 @@ pub(super) struct Left {
 }
 
 impl Left {
-    /// Whether `now` is what the action left, for the snapshot `meta` it took.
+    /// Whether `now` is what the action left, for the snapshot `meta` it took, or the
+    /// very bytes its restore writes back: a restore made whose end could not be
+    /// verified (another program moved the file at that instant, then put it back), or
+    /// someone's change back to those bytes. Restoring loses nothing there.
     fn holds(&self, now: &TargetState, meta: &SnapshotMeta) -> bool {
-        *now == self.state || (self.maybe_unwritten && *now == TargetState::found_by(meta))
+        *now == self.state
+            || ((self.maybe_unwritten || meta.kind == crate::snapshot::SnapshotKind::File)
+                && *now == TargetState::found_by(meta))
     }
 }
 

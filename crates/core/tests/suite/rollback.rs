@@ -1953,10 +1953,13 @@ fn a_restored_file_gone_before_it_is_read_back_is_a_mismatch() {
         "{reason}"
     );
     assert_eq!(w.read("away.md"), b"orig");
-    // Done again (the file is missing now: someone else's change, so forced).
+    // Missing now: someone else's change, not rolled back over unforced.
     let again = rollback(&sb, "wf_g", false);
     assert_eq!(again.reason_code, Some(ReasonCode::Conflict), "{again:?}");
-    let again = rollback(&sb, "wf_g", true);
+    // Put back, it holds the bytes the restore wrote: done again without force (it
+    // was called a change of someone else's, to force).
+    std::fs::rename(w.path("away.md"), w.path("d/r.md")).unwrap();
+    let again = rollback(&sb, "wf_g", false);
     assert_eq!(again.status, "rolled_back", "{again:?}");
     assert!(again.steps[0].checksum_validated, "{again:?}");
     assert_eq!(w.read("d/r.md"), b"orig");
