@@ -168,6 +168,16 @@ pub struct StoredSnapshot {
 pub struct Snapshotter;
 
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
+    // Found a moment ago, then gone or a link: another program moved a folder of the
+    // store while it was in use, which is no failing disk (HTTP 500).
+    if e.kind() == io::ErrorKind::NotFound || crate::confine::root::is_escape_error(e) {
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "could not {what} the snapshot: a folder of the snapshot store ({ROLLBACK_DIR}) was moved, removed or swapped by another program while it was in use; try again once it is back in place"
+            ),
+        );
+    }
     Refusal::new(
         ReasonCode::IoError,
         // In the words every other write failure uses ("no storage space"), the OS's
@@ -1208,5 +1218,31 @@ impl RollbackEngine {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A store folder another program moved, removed or swapped for a link while a
+    /// snapshot was taken or read is a conflict to try again (it was `io_error`, which
+    /// HTTP answers 500 as a failing disk); a failing disk stays one.
+    #[test]
+    fn a_store_folder_moved_meanwhile_is_a_conflict() {
+        for e in [
+            io::Error::from(io::ErrorKind::NotFound),
+            io::Error::new(io::ErrorKind::PermissionDenied, "a path led outside"),
+        ] {
+            let r = snap_io("create", &e);
+            assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+            assert!(
+                r.reason
+                    .contains("moved, removed or swapped by another program")
+            );
+        }
+        let eio = snap_io("create", &io::Error::from_raw_os_error(5));
+        assert_eq!(eio.reason_code, ReasonCode::IoError);
     }
 }

@@ -288,7 +288,8 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
 }
 
 /// The status of a rollback report: 200 when rolled back or simulated, the refusal's status when
-/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id, 422 outside_sandbox), 500
+/// refused (409 conflict, 404 no_rollback_data, 400 invalid_id, 422 for what no force
+/// overrides: outside_sandbox, reserved_path, links and special files in the way), 500
 /// when only the server's storage failed its steps (`io_error`, as for a plan), else 409
 /// when a restore step failed.
 pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {

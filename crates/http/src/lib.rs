@@ -24,8 +24,9 @@
 //! simulated, with writing off or dry-run on), 409
 //! on `conflict`, `checksum_mismatch` (a snapshot record or backup that fails its seal or
 //! checksum) or a failed restore step, 404 on `no_rollback_data`, 400 on
-//! `invalid_id`, 422 on `outside_sandbox` (the workflow also wrote into a root this server
-//! is not configured with), with the rollback report as body. Every other error is a JSON
+//! `invalid_id`, 422 on what no force overrides (`outside_sandbox`: the workflow also
+//! wrote into a root this server is not configured with; `reserved_path`; a link or
+//! special file in a target's place or on its way), with the rollback report as body. Every other error is a JSON
 //! `{"reason_code", "reason"}`: 400 `invalid_request` (bad query, body or parameter, or a query on a route that reads none),
 //! 400 `invalid_id` (a malformed workflow id), 401 `unauthorized`, 403
 //! `forbidden_origin` / `forbidden_host`, 404 `not_found`, 405 `method_not_allowed`, 408
