@@ -344,8 +344,9 @@ impl SandboxRoot {
     }
 
     /// Refuses (`conflict`) a change at `rel`, found as `info`, that a permission in the
-    /// tree forbids this process ([`change_refused`] on the folder it would change: the
-    /// target's, or the deepest existing one a missing folder would be made in), so a
+    /// tree forbids this process (a mark, a sticky folder, a mode, a read-only mount, on
+    /// the folder it would change: the target's, or the deepest existing one a missing
+    /// folder would be made in), so a
     /// simulation or a check foresees what the write would meet. A runtime running as
     /// root is stopped only by marks and read-only mounts, met at the write (a
     /// `conflict` or an `io_error` there), and is not asked.
