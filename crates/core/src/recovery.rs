@@ -1215,7 +1215,7 @@ impl Sandbox {
                 return None;
             }
         };
-        report.untrusted += untrusted;
+        report.untrusted += untrusted.len();
         Some(snaps)
     }
 

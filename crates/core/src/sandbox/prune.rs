@@ -14,8 +14,9 @@ pub struct PruneReport {
     pub workflows_pruned: Vec<String>,
     /// Workflows kept (newer, or running).
     pub workflows_kept: u64,
-    /// Workflows whose prune could not be done or finished (an I/O error): each is tried
-    /// again by the next prune.
+    /// Workflows whose prune could not be done or finished (an I/O error, or snapshot
+    /// folders nothing vouches for, kept until the operator removes or mends them): each
+    /// is tried again by the next prune.
     pub workflows_failed: Vec<PruneFailure>,
     /// Writing is off or dry-run is on: nothing was removed.
     pub simulated: bool,
@@ -136,7 +137,20 @@ impl Sandbox {
             )
             // A date that cannot be read proves no age.
             .any(|t| crate::clock::parse_timestamp(t).is_none_or(|t| t >= cutoff));
-        if untrusted > 0 || recent {
+        // Kept, and said: a count among the young ones would hide what only the
+        // operator can put right.
+        if let Some(first) = untrusted.first() {
+            let reasons: Vec<&str> = untrusted.iter().map(|r| r.reason.as_str()).collect();
+            return Err(crate::Refusal::new(
+                first.reason_code,
+                format!(
+                    "kept: nothing proves the age of {} of its snapshot folders: {}",
+                    untrusted.len(),
+                    reasons.join("; ")
+                ),
+            ));
+        }
+        if recent {
             return Ok(false);
         }
         if simulated {

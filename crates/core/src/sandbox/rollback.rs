@@ -218,7 +218,7 @@ impl Sandbox {
     pub(crate) fn trusted_workflow_snapshots(
         &self,
         workflow_id: &str,
-    ) -> Verdict<(RootedSnapshots, usize)> {
+    ) -> Verdict<(RootedSnapshots, Vec<crate::Refusal>)> {
         let (all, untrusted) = self
             .workflow_snapshots_and_untrusted(workflow_id)
             .inspect_err(|r| {
@@ -227,7 +227,7 @@ impl Sandbox {
         for r in &untrusted {
             tracing::error!(workflow = %workflow_id, reason = %r, "an untrusted snapshot folder was left alone");
         }
-        Ok((all, untrusted.len()))
+        Ok((all, untrusted))
     }
 
     fn workflow_snapshots_and_untrusted(

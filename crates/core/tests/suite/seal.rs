@@ -480,7 +480,9 @@ fn a_link_planted_in_the_rollback_folder_is_not_followed() {
 }
 
 /// A folder nothing vouches for — unsealed, planted, or another state directory's — does
-/// not stop a prune, and is kept: nothing proves its age.
+/// not stop a prune, and is kept: nothing proves its age. Its workflow is listed among
+/// those the prune could not do, saying why (it was counted among the young ones, said
+/// only in the log).
 #[test]
 fn prune_is_not_stopped_by_untrusted_folders() {
     let w = World::new();
@@ -503,7 +505,16 @@ fn prune_is_not_stopped_by_untrusted_folders() {
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();
     assert_eq!(report.workflows_pruned, ["wf_old"]);
-    assert_eq!(report.workflows_kept, 2);
+    assert_eq!(report.workflows_kept, 1);
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    let kept = &report.workflows_failed[0];
+    assert_eq!(kept.workflow_id, "wf_junk");
+    assert_eq!(kept.reason_code, ReasonCode::ChecksumMismatch, "{kept:?}");
+    assert!(
+        kept.reason
+            .starts_with("kept: nothing proves the age of 1 of its snapshot folders: "),
+        "{kept:?}"
+    );
     assert!(w.root.join(".rollback/wf_new").exists());
     assert!(w.root.join(".rollback/wf_junk/a1/meta.json").exists());
 }
