@@ -992,9 +992,19 @@ impl Sandbox {
                 steps_rolled_back: 0,
                 reason_code: None,
                 reason: Some(format!(
-                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}; {fix}",
+                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}{}; {fix}",
                     would.len(),
-                    would.join(", ")
+                    would.join(", "),
+                    // As the real rollback would say: not all of the workflow comes back.
+                    if pruned.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({} earlier write(s) had their snapshots pruned and could not be: {})",
+                            pruned.len(),
+                            pruned.join(", ")
+                        )
+                    }
                 )),
                 conflicts,
                 steps: Vec::new(),

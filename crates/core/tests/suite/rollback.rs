@@ -542,6 +542,38 @@ fn a_rolled_back_workflow_pruned_since_says_it_was_rolled_back() {
     assert!(why.contains("already rolled back"), "{why}");
 }
 
+/// A simulated rollback of a workflow whose earlier writes were pruned says so, as the
+/// real one does (it listed only what it would restore, as if all came back).
+#[test]
+fn a_simulated_rollback_names_the_pruned_writes() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let write = |a: &str| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_p", "actions": [{"action_id": a, "intent": "create_file", "path": format!("{a}.txt"), "content": a}]}),
+        )
+    };
+    assert_eq!(status(&write("a1")), "success");
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_p"]);
+    assert_eq!(status(&write("a2")), "success");
+    drop(sb);
+    let simulating = w.open(w.config());
+    let rb = simulating.rollback_workflow("wf_p", &RollbackOptions::default());
+    assert_eq!(rb.status, "simulated", "{rb:?}");
+    let why = rb.reason.unwrap_or_default();
+    assert!(
+        why.contains("1 action(s) would be rolled back, newest first: a2")
+            && why
+                .contains("(1 earlier write(s) had their snapshots pruned and could not be: 'a1'"),
+        "{why}"
+    );
+}
+
 #[test]
 fn snapshot_metadata_is_the_original_path_marker() {
     let w = World::new();
