@@ -2179,11 +2179,22 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         reason.contains("cannot be read by this process (permission denied"),
         "{rb}"
     );
-    assert!(
-        reason.ends_with("roll back again once the operator has given it back"),
-        "{rb}"
-    );
+    assert!(reason.contains("its snapshot is kept"), "{rb}");
     assert_eq!(std::fs::read(e.root.join("f.txt")).unwrap(), b"v2");
+    // Nor pruned: kept and listed, saying why (a prune removed it, the only copy of
+    // the file's earlier bytes).
+    let out = nobody(&["prune", "--older-than", "0s"]);
+    assert_eq!(out.status.code(), Some(1));
+    let pruned = json_out(&out);
+    assert_eq!(
+        pruned["workflows_failed"][0]["workflow_id"], "wf_b",
+        "{pruned}"
+    );
+    assert_eq!(
+        pruned["workflows_failed"][0]["reason_code"],
+        "reserved_path"
+    );
+    assert!(backup.exists());
     std::os::unix::fs::chown(&backup, Some(65534), Some(65534)).unwrap();
     let out = nobody(&["rollback", "wf_b"]);
     assert_eq!(json_out(&out)["status"], "rolled_back");

@@ -722,6 +722,20 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(unread(META_FILE, &e)),
         };
+        // A backup this process may not read cannot give its file back: its snapshot is
+        // neither rolled back nor judged nor pruned, as for its record (root reads all).
+        if meta.kind == SnapshotKind::File
+            && crate::confine::root::euid() != 0
+            && let Err(e) = rustix::fs::accessat(
+                &dir,
+                BACKUP_FILE,
+                rustix::fs::Access::READ_OK,
+                rustix::fs::AtFlags::EACCESS | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            && let Some(r) = unreadable_record(root, &format!("{folder}/{BACKUP_FILE}"), &e.into())
+        {
+            return Err(trust(r));
+        }
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id
             || meta.action_id != action_id
