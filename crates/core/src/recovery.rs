@@ -12,7 +12,7 @@ use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use crate::sandbox::{Sandbox, TargetState};
+use crate::sandbox::{Restorer, Sandbox, TargetState};
 use cap_fs_ext::DirExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -750,9 +750,14 @@ impl Sandbox {
                     .is_some_and(|first| !found_its_result(meta, &first))
             {
                 let current = self.target_checksum(i, &meta.target());
-                if let Err(r) =
-                    self.mark_restored(i, meta, &e.record.execution_id, &current, &[], true)
-                {
+                if let Err(r) = self.mark_restored(
+                    i,
+                    meta,
+                    &e.record.execution_id,
+                    &current,
+                    &[],
+                    Restorer::Recovery,
+                ) {
                     tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
                     complete = false;
                 }
@@ -928,8 +933,14 @@ impl Sandbox {
                 _ => Vec::new(),
             };
             self.record_left_dirs(i, &s.meta, &left);
-            if let Err(r) = self.mark_restored(i, &s.meta, &rec.execution_id, &current, &left, true)
-            {
+            if let Err(r) = self.mark_restored(
+                i,
+                &s.meta,
+                &rec.execution_id,
+                &current,
+                &left,
+                Restorer::Recovery,
+            ) {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }
@@ -1276,13 +1287,15 @@ impl Sandbox {
                 tracing::warn!(action = %s.meta.action_id, "unreadable restored mark left unaudited");
                 continue;
             };
-            // What the target held before the restore: the action's result, when it was
-            // audited as done.
-            let before = entries
-                .iter()
-                .rev()
-                .find(|e| e.action_id == s.meta.action_id && e.status == AuditStatus::Success)
-                .and_then(|e| e.after_checksum.clone());
+            // What the target held before the restore: as its mark says, else (a mark
+            // from before marks said it) the action's result, when it was audited as done.
+            let before = mark.before_checksum.clone().unwrap_or_else(|| {
+                entries
+                    .iter()
+                    .rev()
+                    .find(|e| e.action_id == s.meta.action_id && e.status == AuditStatus::Success)
+                    .and_then(|e| e.after_checksum.clone())
+            });
             records.push(self.rollback_record(
                 &mark.execution_id,
                 workflow_id,
@@ -1343,9 +1356,14 @@ impl Sandbox {
         if let Some((staged, _)) = staged {
             staged.discard();
         }
-        if let Err(r) =
-            self.mark_restored(root, meta, &rec.execution_id, &current.cloned(), &[], true)
-        {
+        if let Err(r) = self.mark_restored(
+            root,
+            meta,
+            &rec.execution_id,
+            &current.cloned(),
+            &[],
+            Restorer::Recovery,
+        ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
         }
         None

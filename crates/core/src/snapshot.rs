@@ -138,6 +138,15 @@ pub struct RestoredMark {
     /// Directories the action created that the restore had to leave.
     #[serde(default)]
     pub left_dirs: Vec<LeftDir>,
+    /// What the target held before a rollback's restore (`Some(None)`: nothing); `None`
+    /// when the mark does not say (recovery's, or one written before marks said it).
+    #[serde(default, deserialize_with = "present")]
+    pub before_checksum: Option<Option<String>>,
+}
+
+/// A field that is there, null or not, as `Some` (absent: the default, `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 /// A directory an action created that its restore had to leave because it was not empty

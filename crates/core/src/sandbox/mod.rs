@@ -37,7 +37,7 @@ use locks::TARGET_LOCK_STRIPES;
 pub(crate) use locks::workflow_lock_refusal;
 pub use prune::{PruneFailure, PruneReport};
 pub use reads::{FileInfo, FileRead, MAX_INFO_HASH_BYTES, READ_LIMIT};
-pub(crate) use rollback::RestoreMode;
+pub(crate) use rollback::{RestoreMode, Restorer};
 pub use rollback::{
     RollbackInfo, RollbackInfoAction, RollbackOptions, RollbackReport, RollbackStep,
 };

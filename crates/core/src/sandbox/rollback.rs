@@ -1291,7 +1291,7 @@ impl Sandbox {
                         execution_id,
                         &o.restored_checksum,
                         &o.left_dirs,
-                        false,
+                        Restorer::Rollback { found: &before },
                     ) {
                         tracing::warn!(reason = %r, "could not mark a snapshot restored");
                     }
@@ -1360,8 +1360,7 @@ impl Sandbox {
     }
 
     /// Marks a snapshot restored, with the restore's checksum and the directories it
-    /// had to leave; `recovered` when start-up recovery records a restore a dead
-    /// rollback made.
+    /// had to leave, and who restored it ([`Restorer`]).
     pub(crate) fn mark_restored(
         &self,
         root: usize,
@@ -1369,7 +1368,7 @@ impl Sandbox {
         execution_id: &str,
         restored_checksum: &Option<String>,
         left_dirs: &[LeftDir],
-        recovered: bool,
+        by: Restorer<'_>,
     ) -> Verdict {
         let mut record = serde_json::json!({
             "restored_at": self.now(),
@@ -1379,8 +1378,13 @@ impl Sandbox {
         if !left_dirs.is_empty() {
             record["left_dirs"] = serde_json::json!(left_dirs);
         }
-        if recovered {
-            record["recorded_by"] = serde_json::json!("recovery");
+        match by {
+            // What the restore replaced, for the audit line recovery writes should this
+            // process die before its own: the trail then says what the file held.
+            Restorer::Rollback { found } => {
+                record["before_checksum"] = serde_json::json!(found);
+            }
+            Restorer::Recovery => record["recorded_by"] = serde_json::json!("recovery"),
         }
         Snapshotter::mark_restored(
             &self.roots[root],
@@ -1432,4 +1436,13 @@ impl Sandbox {
             ..self.done_record(root, meta)
         }
     }
+}
+
+/// Who made a restore a mark records: a rollback, with what the target held before it
+/// (`None`: nothing), or start-up recovery recording a restore a dead process made
+/// (whose audit line it writes itself).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Restorer<'a> {
+    Rollback { found: &'a Option<String> },
+    Recovery,
 }

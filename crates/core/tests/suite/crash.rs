@@ -787,6 +787,47 @@ fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() 
     }
 }
 
+/// A forced rollback over another workflow's change, killed between a restore's mark and
+/// its audit line: the line the next start writes says what the file held before the
+/// restore (it said the action's own result, which another rollback had undone, so the
+/// trail claimed content the file never held then).
+#[test]
+fn a_recorded_restore_says_what_the_file_held_before_it() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("f.txt", b"v0");
+    let sb = w.sandbox();
+    for (wf, v) in [("wf_a", "v1"), ("wf_b", "v2")] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "f.txt", "content": v}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    // wf_a's forced rollback puts v0 back over wf_b's v2.
+    assert_eq!(
+        sb.rollback_workflow("wf_a", &forced()).status,
+        "rolled_back"
+    );
+    assert_eq!(w.read("f.txt"), b"v0");
+    sb.failpoints().arm_crash("after_mark", 1);
+    let outcome =
+        std::panic::catch_unwind(AssertUnwindSafe(|| sb.rollback_workflow("wf_b", &forced())));
+    assert!(outcome.is_err(), "the rollback dies after its mark");
+    drop(sb);
+    assert_eq!(w.read("f.txt"), b"v1");
+    let sb = w.sandbox();
+    let line = sb
+        .audit_entries(100, Some("wf_b"))
+        .unwrap()
+        .into_iter()
+        .find(|e| e.status == AuditStatus::RolledBack)
+        .unwrap();
+    assert_eq!(line.before_checksum, Some(sha(b"v0")), "{line:?}");
+    assert_eq!(line.after_checksum, Some(sha(b"v1")), "{line:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run that fails and rolls itself back, killed between a restore's mark and its audit
 /// line: the next start records that restore too, so the audit trail's newest record of
 /// every file says what the file holds.
