@@ -2157,6 +2157,36 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         );
     }
     assert!(e.root.join("u.txt").exists());
+    // A file of another user's whose mode shuts its owner out (0044) is written as the
+    // runtime's own, readable and writable by it, so its write can be rolled back (it shut the
+    // runtime out of its own write for good).
+    std::fs::write(e.root.join("shut.txt"), b"hello").unwrap();
+    std::fs::set_permissions(
+        e.root.join("shut.txt"),
+        std::fs::Permissions::from_mode(0o044),
+    )
+    .unwrap();
+    let plan = e.write_plan(
+        "shut.json",
+        &json!({"workflow_id": "wf_shut", "actions": [{"intent": "sandbox_transform", "path": "shut.txt",
+            "edits": [{"old": "hello", "new": "bye"}]}]}),
+    );
+    assert_eq!(
+        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        "success"
+    );
+    let mode = |p: &str| {
+        std::fs::metadata(e.root.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("shut.txt"), 0o644);
+    let rb = json_out(&nobody(&["rollback", "wf_shut"]));
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
+    assert_eq!(rb["steps"][0]["checksum_validated"], true, "{rb}");
+    assert_eq!(std::fs::read(e.root.join("shut.txt")).unwrap(), b"hello");
     // A lock file another user took is named by its place (it blamed the target).
     let lock = e.state.join("locks/wf-wf_b.lock");
     std::os::unix::fs::chown(&lock, Some(0), Some(0)).unwrap();

@@ -131,8 +131,8 @@ pub struct Recovered {
     pub superseded: usize,
     /// Temporary files removed.
     pub temp_files_removed: usize,
-    /// Folders (root-relative, quoted) where the dead process's temporary files could
-    /// not be removed, each with why: left for the operator, who is told.
+    /// Folders (absolute, quoted) where the dead process's temporary files could not be
+    /// removed, each with why: left for the operator, who is told.
     pub temp_files_left: Vec<String>,
     /// Restores the dead process made without auditing them, now audited: for a dead
     /// rollback, files found restored but unmarked; for either, marked snapshots the
@@ -1179,7 +1179,7 @@ impl Sandbox {
                         // Say where (a folder another user took, say), not only log it.
                         Err(e) => report.temp_files_left.push(format!(
                             "{} ({})",
-                            crate::confine::path::shown_path(&comps.join("/")),
+                            crate::confine::path::shown_path(&self.abs_path(i, &rel)),
                             crate::error::io_words(&e)
                         )),
                     }

@@ -1048,7 +1048,8 @@ impl RollbackEngine {
     ///
     /// `changed` runs once the target is changed, before it is verified. From then on a
     /// verification that cannot be made for the runtime's own reasons (`changed` fails,
-    /// or reading back fails on a full table of open files or a disk error) leaves the
+    /// or reading back fails on a full table of open files, a disk error or a
+    /// permission) leaves the
     /// restore done but unverified (`checksum_validated: false`, the detail saying why),
     /// not failed: it must be recorded as what happened. A restored file that is no
     /// longer there to read back (another program moved it away, or put a link or a
@@ -1100,8 +1101,17 @@ impl RollbackEngine {
                 root.write_atomic_put(&rel, &bytes, mode, put, Make::From(0), durable)?;
                 let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
                     Ok(b) => b,
-                    Err(r) if r.reason_code == ReasonCode::IoError => return Ok(unverified(r)),
-                    Err(r) => {
+                    // Gone, or something else in its place: not what the restore wrote.
+                    Err(r)
+                        if matches!(
+                            r.reason_code,
+                            ReasonCode::NotFound
+                                | ReasonCode::SymlinkEscape
+                                | ReasonCode::SymlinkRefused
+                                | ReasonCode::HardlinkRefused
+                                | ReasonCode::NotRegularFile
+                        ) =>
+                    {
                         return Err(Refusal::new(
                             ReasonCode::ChecksumMismatch,
                             format!(
@@ -1111,6 +1121,9 @@ impl RollbackEngine {
                             ),
                         ));
                     }
+                    // The runtime's own reading failed (a disk error, no descriptor, a
+                    // permission): the restore is done, unverified.
+                    Err(r) => return Ok(unverified(r)),
                 };
                 let restored = sha256_hex(&back);
                 if restored != expected {

@@ -63,6 +63,11 @@ pub(crate) fn read_refusal(r: &Refusal, tail: &str) -> CallToolResult {
         ReasonCode::HardlinkRefused => {
             "that file has other hard links, so it may be a file elsewhere, and it is never read here; ask the user for its contents if you need them.".to_owned()
         }
+        // The one conflict a read meets: a permission someone set (what_to_do speaks of
+        // rollbacks).
+        ReasonCode::Conflict => {
+            "the file or folder is another user's or closed to this process; calling again will not help: read another path, or tell the user, so that the operator gives the runtime's user access there.".to_owned()
+        }
         code => what_to_do(code, None),
     };
     refusal_advising(r, tail, &hint)

@@ -355,7 +355,10 @@ impl SandboxRoot {
             return Ok(());
         }
         let comps = rel.components();
-        let changed = &comps[..=info.existing_parents.min(comps.len() - 1)];
+        let Some(last) = comps.len().checked_sub(1) else {
+            return Ok(());
+        };
+        let changed = &comps[..=info.existing_parents.min(last)];
         let (dir, _) =
             self.open_parent(&RelPath::from_components(changed.to_vec()), false, false)?;
         let shown = shown_path(&changed.join("/"));
@@ -946,7 +949,8 @@ pub struct DirEntryInfo {
 
 /// Makes the modes the runtime asks for the modes it gets, whatever umask the process
 /// inherited: new files 0644 and directories 0755 (SPEC §2), a replaced or restored file
-/// its own earlier mode (without an execute bit), the state directory's files 0600. The
+/// its own earlier mode (without an execute bit; with read and write for its owner when
+/// the runtime is not root, whose file it then is), the state directory's files 0600. The
 /// runtime never chmods, so the mask is what would decide otherwise. Programs call it once
 /// at start-up, before any thread; a library caller keeps its own mask.
 pub fn use_spec_creation_modes() {
@@ -1257,11 +1261,19 @@ fn write_new_file(
     owner: Option<(u32, u32)>,
     sync: bool,
 ) -> io::Result<()> {
+    // A runtime that is not root keeps every file it writes (it cannot give one away):
+    // its owner bits let it read and write it, or a kept mode such as 0044 would shut it
+    // out of its own write, never to be rolled back.
+    let mode = if euid() == 0 {
+        mode & 0o666
+    } else {
+        mode & 0o666 | 0o600
+    };
     let mut opts = OpenOptions::new();
     opts.write(true)
         .create_new(true)
         .follow(FollowSymlinks::No)
-        .mode(mode & 0o666);
+        .mode(mode);
     let mut file = dir.open_with(name, &opts)?;
     if let Some((uid, gid)) = owner.filter(|&o| o != (euid(), egid())) {
         use rustix::fs::{Gid, Uid, fchown};

@@ -144,7 +144,7 @@ impl Sandbox {
             return Err(crate::Refusal::new(
                 first.reason_code,
                 format!(
-                    "kept: nothing proves the age of {} of its snapshot folders: {}",
+                    "kept: {} of its snapshot folders cannot be used as they stand, so they are neither judged nor removed: {}",
                     untrusted.len(),
                     reasons.join("; ")
                 ),

@@ -512,7 +512,7 @@ fn prune_is_not_stopped_by_untrusted_folders() {
     assert_eq!(kept.reason_code, ReasonCode::ChecksumMismatch, "{kept:?}");
     assert!(
         kept.reason
-            .starts_with("kept: nothing proves the age of 1 of its snapshot folders: "),
+            .starts_with("kept: 1 of its snapshot folders cannot be used as they stand, so they are neither judged nor removed: "),
         "{kept:?}"
     );
     assert!(w.root.join(".rollback/wf_new").exists());
