@@ -944,12 +944,22 @@ impl Sandbox {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }
+            // What the restore replaced is on no mark: the trail's last word on the
+            // target says what it held (another workflow's change, under a forced
+            // rollback), else the action's own result.
+            let rel = s.meta.target();
+            let before = self
+                .audit
+                .changes_since(|t| self.names_target(t, i, &rel), "", "")
+                .ok()
+                .and_then(|lines| lines.last().map(|l| l.after_checksum.clone()))
+                .unwrap_or_else(|| after.clone());
             records.push(self.rollback_record(
                 &rec.execution_id,
                 &rec.workflow_id,
                 i,
                 &s.meta,
-                after.clone(),
+                before,
                 current,
             ));
             report.restores_recorded += 1;

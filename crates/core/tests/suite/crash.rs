@@ -787,10 +787,10 @@ fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() 
     }
 }
 
-/// A forced rollback over another workflow's change, killed between a restore's mark and
+/// A forced rollback over another workflow's change, killed after a restore and before
 /// its audit line: the line the next start writes says what the file held before the
-/// restore (it said the action's own result, which another rollback had undone, so the
-/// trail claimed content the file never held then).
+/// restore (it said the action's own result, which another rollback or write had
+/// replaced, so the trail claimed content the file never held then).
 #[test]
 fn a_recorded_restore_says_what_the_file_held_before_it() {
     use ailab_sandbox_core::audit::AuditStatus;
@@ -826,6 +826,34 @@ fn a_recorded_restore_says_what_the_file_held_before_it() {
     assert_eq!(line.before_checksum, Some(sha(b"v0")), "{line:?}");
     assert_eq!(line.after_checksum, Some(sha(b"v1")), "{line:?}");
     assert!(sb.audit_verify().unwrap().ok);
+    drop(sb);
+    // Killed before the mark: the trail's last word on the file says what it held
+    // (wf_b's v2, which the forced restore overwrote; it said wf_a's own v1).
+    let w = World::new();
+    w.write("f.txt", b"v0");
+    let sb = w.sandbox();
+    for (wf, v) in [("wf_a", "v1"), ("wf_b", "v2")] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "f.txt", "content": v}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    sb.failpoints().arm_crash("after_restore", 1);
+    let outcome =
+        std::panic::catch_unwind(AssertUnwindSafe(|| sb.rollback_workflow("wf_a", &forced())));
+    assert!(outcome.is_err(), "the rollback dies before its mark");
+    drop(sb);
+    assert_eq!(w.read("f.txt"), b"v0");
+    let sb = w.sandbox();
+    let line = sb
+        .audit_entries(100, Some("wf_a"))
+        .unwrap()
+        .into_iter()
+        .find(|e| e.status == AuditStatus::RolledBack)
+        .unwrap();
+    assert_eq!(line.before_checksum, Some(sha(b"v2")), "{line:?}");
+    assert_eq!(line.after_checksum, Some(sha(b"v0")), "{line:?}");
 }
 
 /// A run that fails and rolls itself back, killed between a restore's mark and its audit
