@@ -2187,6 +2187,52 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     assert_eq!(rb["status"], "rolled_back", "{rb}");
     assert_eq!(rb["steps"][0]["checksum_validated"], true, "{rb}");
     assert_eq!(std::fs::read(e.root.join("shut.txt")).unwrap(), b"hello");
+    // A folder the runtime may write in but not read (0300) is refused by the checks:
+    // its sync would fail after the write (which was then reported undone while it
+    // stood).
+    let wx = e.root.join("wx");
+    std::fs::create_dir(&wx).unwrap();
+    std::fs::write(wx.join("x.txt"), b"orig").unwrap();
+    for p in [&wx, &wx.join("x.txt")] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o300)).unwrap();
+    let plan = e.write_plan(
+        "wx.json",
+        &json!({"workflow_id": "wf_wx", "actions": [{"intent": "replace_file", "path": "wx/x.txt", "content": "new"}]}),
+    );
+    let run = json_out(&nobody(&["run", plan.to_str().unwrap()]));
+    assert_eq!(run["status"], "blocked", "{run}");
+    assert_eq!(
+        run["actions"][0]["reason"],
+        "the folder holding 'wx/x.txt' cannot be changed by this process (permission denied): give the runtime's user access there, or use another path"
+    );
+    std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
+    // In a setgid folder a replaced file keeps its group (it took the folder's), and so
+    // does its restore.
+    use std::os::unix::fs::MetadataExt;
+    let sg = e.root.join("sg");
+    std::fs::create_dir(&sg).unwrap();
+    std::os::unix::fs::chown(&sg, Some(65534), Some(100)).unwrap();
+    std::fs::set_permissions(&sg, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    std::fs::write(sg.join("k.txt"), b"k").unwrap();
+    std::os::unix::fs::chown(sg.join("k.txt"), Some(65534), Some(65534)).unwrap();
+    let plan = e.write_plan(
+        "sg.json",
+        &json!({"workflow_id": "wf_sg", "actions": [{"intent": "replace_file", "path": "sg/k.txt", "content": "new"}]}),
+    );
+    assert_eq!(
+        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        "success"
+    );
+    let gid = || std::fs::metadata(sg.join("k.txt")).unwrap().gid();
+    assert_eq!(gid(), 65534);
+    assert_eq!(
+        json_out(&nobody(&["rollback", "wf_sg"]))["status"],
+        "rolled_back"
+    );
+    assert_eq!(gid(), 65534);
     // A lock file another user took is named by its place (it blamed the target).
     let lock = e.state.join("locks/wf-wf_b.lock");
     std::os::unix::fs::chown(&lock, Some(0), Some(0)).unwrap();

@@ -178,10 +178,13 @@ pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<Strin
             "{shown} cannot be read by this process (permission denied: another user owns it or its mode shuts this process out), so what it holds cannot be told"
         ))
     } else {
+        // Read too: a durable change syncs the folder, which opens it for reading (a
+        // folder of mode 0300 took the write, then failed its sync, and the write was
+        // reported undone while it stood).
         accessat(
             dir,
             ".",
-            Access::WRITE_OK | Access::EXEC_OK,
+            Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK,
             AtFlags::EACCESS,
         )
         .err()
@@ -1275,10 +1278,13 @@ fn write_new_file(
         .follow(FollowSymlinks::No)
         .mode(mode);
     let mut file = dir.open_with(name, &opts)?;
-    if let Some((uid, gid)) = owner.filter(|&o| o != (euid(), egid())) {
+    // Asked even when the owner is the runtime's own: in a setgid folder a new file
+    // takes the folder's group, which the replaced file may not have had.
+    if let Some((uid, gid)) = owner {
         use rustix::fs::{Gid, Uid, fchown};
-        if let Err(e) = fchown(&file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))) {
-            tracing::debug!(error = %e, uid, gid, "the replacement keeps the runtime's owner");
+        let uid = (uid != euid()).then(|| Uid::from_raw(uid));
+        if let Err(e) = fchown(&file, uid, Some(Gid::from_raw(gid))) {
+            tracing::debug!(error = %e, ?uid, gid, "the replacement keeps the runtime's owner");
         }
     }
     let filled = file
