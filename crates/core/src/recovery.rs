@@ -947,12 +947,8 @@ impl Sandbox {
             // What the restore replaced is on no mark: the trail's last word on the
             // target says what it held (another workflow's change, under a forced
             // rollback), else the action's own result.
-            let rel = s.meta.target();
             let before = self
-                .audit
-                .changes_since(|t| self.names_target(t, i, &rel), "", "")
-                .ok()
-                .and_then(|lines| lines.last().map(|l| l.after_checksum.clone()))
+                .last_recorded(i, &s.meta.target())
                 .unwrap_or_else(|| after.clone());
             records.push(self.rollback_record(
                 &rec.execution_id,
@@ -1325,6 +1321,16 @@ impl Sandbox {
 }
 
 impl Sandbox {
+    /// What the trail's last change to a target (a write or a restore, any workflow's)
+    /// left there; `None` when the trail records none or cannot be read. For a restore a
+    /// dead process made and never recorded: what it replaced.
+    pub(crate) fn last_recorded(&self, root: usize, rel: &RelPath) -> Option<Option<String>> {
+        self.audit
+            .changes_since(|t| self.names_target(t, root, rel), "", "")
+            .ok()
+            .and_then(|lines| lines.last().map(|l| l.after_checksum.clone()))
+    }
+
     /// A dead run's unaudited action whose target another run has written since
     /// (`first_change`: the first such change the trail records). When its write had
     /// landed (its artifact is registered, or that first change found its result), it is

@@ -1225,7 +1225,18 @@ impl Sandbox {
             let root = &self.roots[i];
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
-            let before = self.target_checksum(i, &meta.target());
+            let mut before = self.target_checksum(i, &meta.target());
+            // Recovery finishing a dead run's own undo: a target already back to what
+            // the action found was put back by that run, whose line never came. What
+            // that restore replaced is the trail's last word on the target, not the
+            // bytes it left (a line from them to themselves would break the chain).
+            if why == "recovery"
+                && meta.kind != SnapshotKind::Directory
+                && before == meta.sha256
+                && let Some(last) = self.last_recorded(i, &meta.target())
+            {
+                before = last;
+            }
             let newer_failed = failed_on.get(&(i, meta.original_path.clone())).cloned();
             let outcome = match &mode {
                 RestoreMode::Unchanged if let Some((newer, code)) = &newer_failed => {

@@ -901,6 +901,46 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
     }
 }
 
+/// A run killed while rolling back its failure, after a restore and before its mark:
+/// the next start records that restore as replacing what the action left (its line said
+/// the file went from the restored bytes to themselves, a gap in the file's record).
+#[test]
+fn a_failure_rollback_killed_before_its_mark_is_recorded_with_what_it_replaced() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
+        let (w, c, _) = seeded(durability);
+        let sb = w.open(c.clone());
+        sb.failpoints().arm("before_audit", 3);
+        sb.failpoints().arm_crash("after_restore", 2);
+        let mut p = plan_json();
+        p["on_failure"] = json!("rollback");
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+        assert!(outcome.is_err(), "{durability:?}");
+        drop(sb);
+        let sb = w.open(c);
+        assert!(sb.audit_verify().unwrap().ok);
+        assert_eq!(
+            w.read("d/b.txt"),
+            b"beta
+",
+            "{durability:?}"
+        );
+        let undo = sb
+            .audit_entries(100, Some("wf_crash"))
+            .unwrap()
+            .into_iter()
+            .find(|e| e.target_path.ends_with("d/b.txt") && e.status == AuditStatus::RolledBack)
+            .unwrap();
+        assert_eq!(
+            undo.before_checksum,
+            Some(sha(b"beta\nmore\n")),
+            "{durability:?}: {undo:?}"
+        );
+        assert_eq!(undo.after_checksum, Some(sha(b"beta\n")), "{durability:?}");
+    }
+}
+
 /// The same for directories: a run killed while rolling back its failure, after it
 /// removed a `create_directory`'s directory and before recording it, is recorded at the
 /// next start (the trail said the directory stood, and a plain rollback was then refused
