@@ -715,17 +715,19 @@ fn run(cli: Cli) -> Result<u8> {
                         .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
                         .explained();
                     out!(
-                        "would prune {} workflows{}, keep {}; nothing was removed: {why}; {fix} to prune",
+                        "would prune {} workflows{}, keep {}{}; nothing was removed: {why}; {fix} to prune",
                         report.workflows_pruned.len(),
                         named(&report.workflows_pruned),
-                        report.workflows_kept
+                        report.workflows_kept,
+                        not_prunable(&report)
                     );
                 } else {
                     out!(
-                        "pruned {} workflows{}, kept {}",
+                        "pruned {} workflows{}, kept {}{}",
                         report.workflows_pruned.len(),
                         named(&report.workflows_pruned),
-                        report.workflows_kept
+                        report.workflows_kept,
+                        not_prunable(&report)
                     );
                 }
                 if report.workflows_failed.is_empty() {
@@ -777,6 +779,15 @@ fn show_verified(v: &ailab_sandbox_core::audit::VerifyReport, json: bool) -> Res
         human::verify(v)
     }
     Ok(if v.ok { EXIT_OK } else { EXIT_REFUSED })
+}
+
+/// The workflows a prune could not prune, counted beside those it kept for their age
+/// (each is said on its own line, with why).
+fn not_prunable(report: &ailab_sandbox_core::sandbox::PruneReport) -> String {
+    match report.workflows_failed.len() {
+        0 => String::new(),
+        n => format!(" and {n} it could not prune (below)"),
+    }
 }
 
 /// ` (a, b, c)` after a count, or nothing for none.
