@@ -856,6 +856,29 @@ fn a_recorded_restore_says_what_the_file_held_before_it() {
     assert_eq!(line.after_checksum, Some(sha(b"v0")), "{line:?}");
 }
 
+/// The seeded plan run with `on_failure: rollback`, its third action failing at its
+/// audit line (and undoing itself: the first restore), the run's rollback killed at
+/// `point`'s second hit; the world, and a sandbox started on it since (which recovered
+/// it), whose trail verifies and whose d/b.txt is given back.
+fn failure_rollback_killed_at(
+    point: &str,
+    durability: ailab_sandbox_core::config::Durability,
+) -> (World, ailab_sandbox_core::Sandbox) {
+    let (w, c, _) = seeded(durability);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm("before_audit", 3);
+    sb.failpoints().arm_crash(point, 2);
+    let mut p = plan_json();
+    p["on_failure"] = json!("rollback");
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+    assert!(outcome.is_err(), "{point} {durability:?}");
+    drop(sb);
+    let sb = w.open(c);
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(w.read("d/b.txt"), b"beta\n", "{point} {durability:?}");
+    (w, sb)
+}
+
 /// A run that fails and rolls itself back, killed between a restore's mark and its audit
 /// line: the next start records that restore too, so the audit trail's newest record of
 /// every file says what the file holds.
@@ -864,20 +887,8 @@ fn a_run_killed_while_rolling_back_its_failure_is_recorded_at_the_next_start() {
     use ailab_sandbox_core::audit::AuditStatus;
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
-        let (w, c, _) = seeded(durability);
-        let sb = w.open(c.clone());
-        // The third action fails at its audit line and undoes itself (the first mark);
-        // the run's rollback then dies after marking its first step, d/b.txt.
-        sb.failpoints().arm("before_audit", 3);
-        sb.failpoints().arm_crash("after_mark", 2);
-        let mut p = plan_json();
-        p["on_failure"] = json!("rollback");
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-        assert!(outcome.is_err(), "{durability:?}");
-        drop(sb);
-        let sb = w.open(c);
-        assert!(sb.audit_verify().unwrap().ok);
-        assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
+        // The run's rollback dies after marking its first step, d/b.txt.
+        let (w, sb) = failure_rollback_killed_at("after_mark", durability);
         assert!(!w.path("new/c.txt").exists(), "{durability:?}");
         let entries = sb.audit_entries(100, Some("wf_crash")).unwrap();
         for (file, holds) in [("a.txt", &b"ALPHA\n"[..]), ("d/b.txt", &b"beta\n"[..])] {
@@ -909,23 +920,7 @@ fn a_failure_rollback_killed_before_its_mark_is_recorded_with_what_it_replaced()
     use ailab_sandbox_core::audit::AuditStatus;
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict, Durability::Batched] {
-        let (w, c, _) = seeded(durability);
-        let sb = w.open(c.clone());
-        sb.failpoints().arm("before_audit", 3);
-        sb.failpoints().arm_crash("after_restore", 2);
-        let mut p = plan_json();
-        p["on_failure"] = json!("rollback");
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-        assert!(outcome.is_err(), "{durability:?}");
-        drop(sb);
-        let sb = w.open(c);
-        assert!(sb.audit_verify().unwrap().ok);
-        assert_eq!(
-            w.read("d/b.txt"),
-            b"beta
-",
-            "{durability:?}"
-        );
+        let (_w, sb) = failure_rollback_killed_at("after_restore", durability);
         let undo = sb
             .audit_entries(100, Some("wf_crash"))
             .unwrap()
