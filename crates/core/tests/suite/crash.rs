@@ -793,42 +793,28 @@ fn a_rollback_killed_before_recording_a_restore_is_recorded_at_the_next_start() 
 /// replaced, so the trail claimed content the file never held then).
 #[test]
 fn a_recorded_restore_says_what_the_file_held_before_it() {
-    use ailab_sandbox_core::audit::AuditStatus;
-    let w = World::new();
-    w.write("f.txt", b"v0");
-    let sb = w.sandbox();
-    for (wf, v) in [("wf_a", "v1"), ("wf_b", "v2")] {
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "f.txt", "content": v}]}),
-        );
-        assert_eq!(status(&r), "success");
-    }
-    // wf_a's forced rollback puts v0 back over wf_b's v2.
+    // Killed after the mark: wf_a's forced rollback put v0 back over wf_b's v2 first,
+    // so wf_b's restore replaced v0 (it said wf_b's own v2).
+    let (w, sb) = two_writes_to_one_file();
     assert_eq!(
         sb.rollback_workflow("wf_a", &forced()).status,
         "rolled_back"
     );
-    assert_eq!(w.read("f.txt"), b"v0");
-    sb.failpoints().arm_crash("after_mark", 1);
-    let outcome =
-        std::panic::catch_unwind(AssertUnwindSafe(|| sb.rollback_workflow("wf_b", &forced())));
-    assert!(outcome.is_err(), "the rollback dies after its mark");
-    drop(sb);
+    let line = forced_rollback_killed_at(&w, sb, "wf_b", "after_mark");
     assert_eq!(w.read("f.txt"), b"v1");
-    let sb = w.sandbox();
-    let line = sb
-        .audit_entries(100, Some("wf_b"))
-        .unwrap()
-        .into_iter()
-        .find(|e| e.status == AuditStatus::RolledBack)
-        .unwrap();
     assert_eq!(line.before_checksum, Some(sha(b"v0")), "{line:?}");
     assert_eq!(line.after_checksum, Some(sha(b"v1")), "{line:?}");
-    assert!(sb.audit_verify().unwrap().ok);
-    drop(sb);
     // Killed before the mark: the trail's last word on the file says what it held
     // (wf_b's v2, which the forced restore overwrote; it said wf_a's own v1).
+    let (w, sb) = two_writes_to_one_file();
+    let line = forced_rollback_killed_at(&w, sb, "wf_a", "after_restore");
+    assert_eq!(w.read("f.txt"), b"v0");
+    assert_eq!(line.before_checksum, Some(sha(b"v2")), "{line:?}");
+    assert_eq!(line.after_checksum, Some(sha(b"v0")), "{line:?}");
+}
+
+/// f.txt holding v0, replaced by wf_a (v1), then wf_b (v2).
+fn two_writes_to_one_file() -> (World, ailab_sandbox_core::Sandbox) {
     let w = World::new();
     w.write("f.txt", b"v0");
     let sb = w.sandbox();
@@ -839,21 +825,29 @@ fn a_recorded_restore_says_what_the_file_held_before_it() {
         );
         assert_eq!(status(&r), "success");
     }
-    sb.failpoints().arm_crash("after_restore", 1);
+    (w, sb)
+}
+
+/// `wf`'s forced rollback killed at `point`'s first hit; the restore line the next start
+/// records, its trail verified.
+fn forced_rollback_killed_at(
+    w: &World,
+    sb: ailab_sandbox_core::Sandbox,
+    wf: &str,
+    point: &str,
+) -> ailab_sandbox_core::audit::SandboxAuditEntry {
+    sb.failpoints().arm_crash(point, 1);
     let outcome =
-        std::panic::catch_unwind(AssertUnwindSafe(|| sb.rollback_workflow("wf_a", &forced())));
-    assert!(outcome.is_err(), "the rollback dies before its mark");
+        std::panic::catch_unwind(AssertUnwindSafe(|| sb.rollback_workflow(wf, &forced())));
+    assert!(outcome.is_err(), "the rollback dies at {point}");
     drop(sb);
-    assert_eq!(w.read("f.txt"), b"v0");
     let sb = w.sandbox();
-    let line = sb
-        .audit_entries(100, Some("wf_a"))
+    assert!(sb.audit_verify().unwrap().ok);
+    sb.audit_entries(100, Some(wf))
         .unwrap()
         .into_iter()
-        .find(|e| e.status == AuditStatus::RolledBack)
-        .unwrap();
-    assert_eq!(line.before_checksum, Some(sha(b"v2")), "{line:?}");
-    assert_eq!(line.after_checksum, Some(sha(b"v0")), "{line:?}");
+        .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .unwrap()
 }
 
 /// The seeded plan run with `on_failure: rollback`, its third action failing at its
