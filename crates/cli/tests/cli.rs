@@ -2233,6 +2233,18 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         "rolled_back"
     );
     assert_eq!(gid(), 65534);
+    // The snapshot store closed to the runtime (0500) is the operator's to give back
+    // (it was io_error, HTTP 500, "could not create the snapshot").
+    let store = e.root.join(".rollback");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o500)).unwrap();
+    let plan = e.write_plan(
+        "store.json",
+        &json!({"workflow_id": "wf_store", "actions": [{"intent": "create_file", "path": "store.txt", "content": "s"}]}),
+    );
+    let run = json_out(&nobody(&["run", plan.to_str().unwrap()]));
+    assert_eq!(run["actions"][0]["reason_code"], "reserved_path", "{run}");
+    assert!(!e.root.join("store.txt").exists());
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
     // A lock file another user took is named by its place (it blamed the target).
     let lock = e.state.join("locks/wf-wf_b.lock");
     std::os::unix::fs::chown(&lock, Some(0), Some(0)).unwrap();

@@ -177,6 +177,19 @@ pub struct StoredSnapshot {
 pub struct Snapshotter;
 
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
+    // Closed to this process (its mode, an immutable mark): the operator's to give
+    // back, as for a store folder others could change, not a failing disk (HTTP 500).
+    if [rustix::io::Errno::ACCESS, rustix::io::Errno::PERM]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
+    {
+        return Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "could not {what} the snapshot: permission denied: the snapshot store ({ROLLBACK_DIR}) or a folder or file in it is closed to this process (its mode or an immutable mark), so nothing is written, rolled back or pruned there until the operator gives it back to the runtime's user (owned by it, mode 0700 for folders, 0600 for files)"
+            ),
+        );
+    }
     // Found a moment ago, then gone or a link: another program moved a folder of the
     // store while it was in use, which is no failing disk (HTTP 500).
     if e.kind() == io::ErrorKind::NotFound || crate::confine::root::is_escape_error(e) {
@@ -948,7 +961,14 @@ impl Snapshotter {
         names
             .iter()
             .filter(|n| n.starts_with(PRUNED_MARKER))
-            .filter(|n| Self::remove_aside(root, n).is_ok())
+            .filter(|n| match Self::remove_aside(root, n) {
+                Ok(()) => true,
+                // Said every time, or a folder that never goes holds its space unseen.
+                Err(r) => {
+                    tracing::warn!(folder = %n, reason = %r, "what an earlier prune set aside cannot be removed yet; each prune tries again");
+                    false
+                }
+            })
             .count()
     }
 }
@@ -1280,5 +1300,13 @@ mod tests {
         }
         let eio = snap_io("create", &io::Error::from_raw_os_error(5));
         assert_eq!(eio.reason_code, ReasonCode::IoError);
+        // One closed to this process is the operator's to give back (it was io_error).
+        let closed = snap_io("create", &io::Error::from_raw_os_error(13));
+        assert_eq!(
+            closed.reason_code,
+            ReasonCode::ReservedPath,
+            "{}",
+            closed.reason
+        );
     }
 }
