@@ -179,10 +179,7 @@ pub struct Snapshotter;
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
     // Closed to this process (its mode, an immutable mark): the operator's to give
     // back, as for a store folder others could change, not a failing disk (HTTP 500).
-    if [rustix::io::Errno::ACCESS, rustix::io::Errno::PERM]
-        .iter()
-        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
-    {
+    if crate::confine::root::is_denied(e) {
         return Refusal::new(
             ReasonCode::ReservedPath,
             format!(

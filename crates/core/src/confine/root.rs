@@ -349,10 +349,9 @@ impl SandboxRoot {
     /// Refuses (`conflict`) a change at `rel`, found as `info`, that a permission in the
     /// tree forbids this process (a mark, a sticky folder, a mode, a read-only mount, on
     /// the folder it would change: the target's, or the deepest existing one a missing
-    /// folder would be made in), so a
-    /// simulation or a check foresees what the write would meet. A runtime running as
-    /// root is stopped only by marks and read-only mounts, met at the write (a
-    /// `conflict` or an `io_error` there), and is not asked.
+    /// folder would be made in), so that a simulation or a check foresees what the write
+    /// would meet. A runtime running as root is stopped only by marks and read-only
+    /// mounts, met at the write (a `conflict` or an `io_error` there), and is not asked.
     pub fn may_change(&self, rel: &RelPath, info: &TargetInfo) -> Verdict {
         if euid() == 0 || info.kind == TargetKind::Directory {
             return Ok(());
@@ -1930,7 +1929,7 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
 
 /// Whether the system refused `e`'s operation on a path for its permissions (EACCES,
 /// EPERM), as opposed to cap-std refusing an escape (no OS error number).
-fn is_denied(e: &io::Error) -> bool {
+pub(crate) fn is_denied(e: &io::Error) -> bool {
     use rustix::io::Errno;
     [Errno::ACCESS, Errno::PERM]
         .iter()
