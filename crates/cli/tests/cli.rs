@@ -2233,8 +2233,9 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         "rolled_back"
     );
     assert_eq!(gid(), 65534);
-    // The snapshot store closed to the runtime (0500) is the operator's to give back
-    // (it was io_error, HTTP 500, "could not create the snapshot").
+    // The snapshot store closed to the runtime (0500) is the operator's to give back,
+    // foreseen by the checks (it was io_error at the write, HTTP 500, "could not create
+    // the snapshot").
     let store = e.root.join(".rollback");
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o500)).unwrap();
     let plan = e.write_plan(
@@ -2243,6 +2244,8 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     );
     let run = json_out(&nobody(&["run", plan.to_str().unwrap()]));
     assert_eq!(run["actions"][0]["reason_code"], "reserved_path", "{run}");
+    // Foreseen by the checks, before anything is written.
+    assert_eq!(run["status"], "blocked", "{run}");
     assert!(!e.root.join("store.txt").exists());
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
     // A lock file another user took is named by its place (it blamed the target).

@@ -356,6 +356,27 @@ impl SandboxRoot {
         if euid() == 0 || info.kind == TargetKind::Directory {
             return Ok(());
         }
+        // The snapshot store the write's snapshot goes in, closed by its mode: as the
+        // snapshot would be refused (a store of the wrong kind or owner is refused by
+        // its own check).
+        if rustix::fs::accessat(
+            &self.dir,
+            super::path::ROLLBACK_DIR,
+            rustix::fs::Access::READ_OK
+                | rustix::fs::Access::WRITE_OK
+                | rustix::fs::Access::EXEC_OK,
+            rustix::fs::AtFlags::EACCESS | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_err_and(|e| e == rustix::io::Errno::ACCESS)
+        {
+            return Err(Refusal::new(
+                ReasonCode::ReservedPath,
+                format!(
+                    "the snapshot store {} is closed to this process (its mode), so no write's snapshot can be taken there: the operator gives it back to the runtime's user (owned by it, mode 0700)",
+                    shown_path(super::path::ROLLBACK_DIR)
+                ),
+            ));
+        }
         let comps = rel.components();
         let Some(last) = comps.len().checked_sub(1) else {
             return Ok(());
