@@ -2207,6 +2207,21 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         run["actions"][0]["reason"],
         "the folder holding 'wx/x.txt' cannot be changed by this process (permission denied): give the runtime's user access there, or use another path"
     );
+    assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
+    // Without per-folder syncs (`relaxed`) such a folder takes the write, and its
+    // rollback.
+    let relaxed = e.dir.join("relaxed.toml");
+    std::fs::write(&relaxed, "durability = \"relaxed\"\n").unwrap();
+    let relaxed = relaxed.to_str().unwrap();
+    let run = json_out(&nobody(&[
+        "--config",
+        relaxed,
+        "run",
+        plan.to_str().unwrap(),
+    ]));
+    assert_eq!(run["status"], "success", "{run}");
+    let rb = json_out(&nobody(&["--config", relaxed, "rollback", "wf_wx"]));
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
     std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
     // In a setgid folder a replaced file keeps its group (it took the folder's), and so
@@ -2247,6 +2262,17 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     // Foreseen by the checks, before anything is written.
     assert_eq!(run["status"], "blocked", "{run}");
     assert!(!e.root.join("store.txt").exists());
+    // Nor pruned: refused before its mark, which called the intact snapshots pruned half
+    // way and kept them from every rollback.
+    let out = nobody(&["prune", "--older-than", "0s"]);
+    assert_eq!(out.status.code(), Some(1));
+    let pruned = json_out(&out);
+    assert_eq!(pruned["workflows_pruned"], json!([]), "{pruned}");
+    assert_eq!(
+        pruned["workflows_failed"][0]["reason_code"],
+        "reserved_path"
+    );
+    assert!(!e.state.join("inflight/wf_b.pruned").exists());
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
     // A lock file another user took is named by its place (it blamed the target).
     let lock = e.state.join("locks/wf-wf_b.lock");

@@ -756,7 +756,7 @@ impl Sandbox {
                     &e.record.execution_id,
                     &current,
                     &[],
-                    Restorer::Recovery,
+                    Restorer::Recovery { found: None },
                 ) {
                     tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
                     complete = false;
@@ -933,23 +933,26 @@ impl Sandbox {
                 _ => Vec::new(),
             };
             self.record_left_dirs(i, &s.meta, &left);
+            // What the restore replaced is on no mark: the trail's last word on the
+            // target says what it held (another workflow's change, under a forced
+            // rollback), else the action's own result. Kept on the mark, for a start
+            // that audits it should this one's line not be written.
+            let before = self
+                .last_recorded(i, &s.meta.target())
+                .map_or_else(|| after.clone(), |l| l.after_checksum);
             if let Err(r) = self.mark_restored(
                 i,
                 &s.meta,
                 &rec.execution_id,
                 &current,
                 &left,
-                Restorer::Recovery,
+                Restorer::Recovery {
+                    found: Some(&before),
+                },
             ) {
                 tracing::warn!(reason = %r, "could not mark a snapshot restored");
                 continue;
             }
-            // What the restore replaced is on no mark: the trail's last word on the
-            // target says what it held (another workflow's change, under a forced
-            // rollback), else the action's own result.
-            let before = self
-                .last_recorded(i, &s.meta.target())
-                .unwrap_or_else(|| after.clone());
             records.push(self.rollback_record(
                 &rec.execution_id,
                 &rec.workflow_id,
@@ -1321,14 +1324,18 @@ impl Sandbox {
 }
 
 impl Sandbox {
-    /// What the trail's last change to a target (a write or a restore, any workflow's)
-    /// left there; `None` when the trail records none or cannot be read. For a restore a
-    /// dead process made and never recorded: what it replaced.
-    pub(crate) fn last_recorded(&self, root: usize, rel: &RelPath) -> Option<Option<String>> {
+    /// The trail's last change to a target (a write or a restore, any workflow's);
+    /// `None` when the trail records none or cannot be read. For a restore a dead
+    /// process made and never recorded, its `after_checksum` is what it replaced.
+    pub(crate) fn last_recorded(
+        &self,
+        root: usize,
+        rel: &RelPath,
+    ) -> Option<crate::audit::SandboxAuditEntry> {
         self.audit
             .changes_since(|t| self.names_target(t, root, rel), "", "")
             .ok()
-            .and_then(|lines| lines.last().map(|l| l.after_checksum.clone()))
+            .and_then(|mut lines| lines.pop())
     }
 
     /// A dead run's unaudited action whose target another run has written since
@@ -1378,7 +1385,7 @@ impl Sandbox {
             &rec.execution_id,
             &current.cloned(),
             &[],
-            Restorer::Recovery,
+            Restorer::Recovery { found: None },
         ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
         }

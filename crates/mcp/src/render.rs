@@ -133,7 +133,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no absolute path outside the roots, no more components than get_state's limits.max_path_depth. Call get_state to see the roots and the limit."
         }
         C::ReservedPath => {
-            "'.rollback/' and the state directory are reserved for the runtime; choose another path."
+            "when the reason names a path you gave that is reserved ('.rollback/' or the state directory), choose another path; when it says the operator must give a folder or file of the runtime's back (the snapshot store, a snapshot), no path, wait or force helps: tell the user."
         }
         C::SymlinkEscape | C::SymlinkRefused => {
             "symlinks are never followed; use a real file or directory path instead (list_directory shows which entries are symlinks)."

@@ -128,9 +128,14 @@ pub(crate) fn euid() -> u32 {
 /// quoted root-relative path), whether it exists or is to be made: the folder or the
 /// entry marked immutable or append-only (`chattr +i`, `+a`), the entry another
 /// user's in a sticky folder another user owns, the entry closed to this process's
-/// reading, or the folder closed to its changes (its mode, a read-only mount). `None`
-/// when it may.
-pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<String> {
+/// reading, or the folder closed to its changes (its mode, a read-only mount; its
+/// reading too when the change syncs it, `syncs_folder`). `None` when it may.
+pub(crate) fn change_refused(
+    dir: &Dir,
+    name: &str,
+    shown: &str,
+    syncs_folder: bool,
+) -> Option<String> {
     use rustix::fs::{Access, AtFlags, StatxAttributes, StatxFlags, accessat, statx};
     let stat = |name: &str| {
         statx(
@@ -178,13 +183,18 @@ pub(crate) fn change_refused(dir: &Dir, name: &str, shown: &str) -> Option<Strin
             "{shown} cannot be read by this process (permission denied: another user owns it or its mode shuts this process out), so what it holds cannot be told"
         ))
     } else {
-        // Read too: a durable change syncs the folder, which opens it for reading (a
-        // folder of mode 0300 took the write, then failed its sync, and the write was
-        // reported undone while it stood).
+        // Read too when the change syncs the folder (`strict`), which opens it for
+        // reading: a folder of mode 0300 took the write, then failed its sync, and the
+        // write was reported undone while it stood.
+        let read = if syncs_folder {
+            Access::READ_OK
+        } else {
+            Access::empty()
+        };
         accessat(
             dir,
             ".",
-            Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK,
+            read | Access::WRITE_OK | Access::EXEC_OK,
             AtFlags::EACCESS,
         )
         .err()
@@ -352,31 +362,15 @@ impl SandboxRoot {
     /// folder would be made in), so that a simulation or a check foresees what the write
     /// would meet. A runtime running as root is stopped only by marks and read-only
     /// mounts, met at the write (a `conflict` or an `io_error` there), and is not asked.
-    pub fn may_change(&self, rel: &RelPath, info: &TargetInfo) -> Verdict {
+    /// `syncs_folder`: the write syncs the folder it changes (`strict`).
+    pub fn may_change(&self, rel: &RelPath, info: &TargetInfo, syncs_folder: bool) -> Verdict {
         if euid() == 0 || info.kind == TargetKind::Directory {
             return Ok(());
         }
         // The snapshot store the write's snapshot goes in, closed by its mode: as the
         // snapshot would be refused (a store of the wrong kind or owner is refused by
         // its own check).
-        if rustix::fs::accessat(
-            &self.dir,
-            super::path::ROLLBACK_DIR,
-            rustix::fs::Access::READ_OK
-                | rustix::fs::Access::WRITE_OK
-                | rustix::fs::Access::EXEC_OK,
-            rustix::fs::AtFlags::EACCESS | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .is_err_and(|e| e == rustix::io::Errno::ACCESS)
-        {
-            return Err(Refusal::new(
-                ReasonCode::ReservedPath,
-                format!(
-                    "the snapshot store {} is closed to this process (its mode), so no write's snapshot can be taken there: the operator gives it back to the runtime's user (owned by it, mode 0700)",
-                    shown_path(super::path::ROLLBACK_DIR)
-                ),
-            ));
-        }
+        self.store_open()?;
         let comps = rel.components();
         let Some(last) = comps.len().checked_sub(1) else {
             return Ok(());
@@ -385,13 +379,43 @@ impl SandboxRoot {
         let (dir, _) =
             self.open_parent(&RelPath::from_components(changed.to_vec()), false, false)?;
         let shown = shown_path(&changed.join("/"));
-        match change_refused(&dir, changed.last().map_or("", String::as_str), &shown) {
+        match change_refused(
+            &dir,
+            changed.last().map_or("", String::as_str),
+            &shown,
+            syncs_folder,
+        ) {
             None => Ok(()),
             Some(why) => Err(Refusal::new(
                 ReasonCode::Conflict,
                 format!("{why}: give the runtime's user access there, or use another path"),
             )),
         }
+    }
+
+    /// Refuses (`reserved_path`) a snapshot store (`.rollback`) this process may not
+    /// read, write and search (its mode): no snapshot can be taken, restored or removed
+    /// there until the operator gives it back. A store not made yet is open.
+    pub fn store_open(&self) -> Verdict {
+        use rustix::fs::{Access, AtFlags, accessat};
+        let closed = accessat(
+            &self.dir,
+            super::path::ROLLBACK_DIR,
+            Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK,
+            AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_err_and(|e| e == rustix::io::Errno::ACCESS);
+        if !closed {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the snapshot store {} of root {} is closed to this process (its mode), so no snapshot can be taken, restored or removed there: the operator gives it back to the runtime's user (owned by it, mode 0700)",
+                shown_path(super::path::ROLLBACK_DIR),
+                shown_path(&self.path().display().to_string())
+            ),
+        ))
     }
 
     /// What is at `rel`, whatever it is, and how many of its parents exist. The parents

@@ -44,6 +44,9 @@ pub struct GovernanceContext<'a> {
     pub extensions: &'a ExtensionPolicy,
     /// Largest number of path components.
     pub max_depth: usize,
+    /// Whether a write syncs the folder it changes (`strict` durability), which needs
+    /// that folder readable as well as writable.
+    pub syncs_folders: bool,
 }
 
 /// A request that passed every check but size.
@@ -127,7 +130,7 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
             let root = &roots[resolved.root_index];
             let info = root.inspect(&resolved.rel)?;
             check_kind(op, &resolved.rel, info.kind)?;
-            root.may_change(&resolved.rel, &info)?;
+            root.may_change(&resolved.rel, &info, ctx.syncs_folders)?;
             Some(info)
         }
         None => None,

@@ -557,6 +557,7 @@ impl Sandbox {
             state_dir: Some(self.state.path()),
             extensions: &self.config.extensions,
             max_depth: self.config.limits.max_path_depth,
+            syncs_folders: self.fsync_each(),
         }
     }
 

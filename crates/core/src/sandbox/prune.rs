@@ -156,6 +156,11 @@ impl Sandbox {
         if simulated {
             return Ok(true);
         }
+        // A store closed to this process could not be emptied: refused before the mark,
+        // which would otherwise call the intact snapshots pruned half way.
+        for root in &self.roots {
+            root.store_open()?;
+        }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;
         // Recorded first: rollback checks snapshots against the audit trail, and writes

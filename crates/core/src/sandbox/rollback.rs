@@ -450,6 +450,7 @@ impl Sandbox {
                     &parent,
                     rel.file_name(),
                     &shown_path(&rel.as_string()),
+                    self.fsync_each(),
                 ) {
                     note(why);
                 }
@@ -1226,16 +1227,21 @@ impl Sandbox {
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
             let mut before = self.target_checksum(i, &meta.target());
-            // Recovery finishing a dead run's own undo: a target already back to what
-            // the action found was put back by that run, whose line never came. What
-            // that restore replaced is the trail's last word on the target, not the
-            // bytes it left (a line from them to themselves would break the chain).
+            // Recovery finishing a dead run's own undo: a target back to what the action
+            // found, whose last recorded change is that action's own write, was put back
+            // by the dead run, whose line never came: that restore replaced the write's
+            // result, not the bytes it left (a line from them to themselves would break
+            // the file's record). A target never written since its last line (the run
+            // died before its write) keeps what it holds.
             if why == "recovery"
                 && meta.kind != SnapshotKind::Directory
                 && before == meta.sha256
                 && let Some(last) = self.last_recorded(i, &meta.target())
+                && last.status == AuditStatus::Success
+                && last.workflow_id == workflow_id
+                && last.action_id == meta.action_id
             {
-                before = last;
+                before = last.after_checksum;
             }
             let newer_failed = failed_on.get(&(i, meta.original_path.clone())).cloned();
             let outcome = match &mode {
@@ -1395,7 +1401,12 @@ impl Sandbox {
             Restorer::Rollback { found } => {
                 record["before_checksum"] = serde_json::json!(found);
             }
-            Restorer::Recovery => record["recorded_by"] = serde_json::json!("recovery"),
+            Restorer::Recovery { found } => {
+                record["recorded_by"] = serde_json::json!("recovery");
+                if let Some(found) = found {
+                    record["before_checksum"] = serde_json::json!(found);
+                }
+            }
         }
         Snapshotter::mark_restored(
             &self.roots[root],
@@ -1451,9 +1462,14 @@ impl Sandbox {
 
 /// Who made a restore a mark records: a rollback, with what the target held before it
 /// (`None`: nothing), or start-up recovery recording a restore a dead process made
-/// (whose audit line it writes itself).
+/// (whose audit line it writes itself), with what it replaced when that is known.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Restorer<'a> {
-    Rollback { found: &'a Option<String> },
-    Recovery,
+    Rollback {
+        found: &'a Option<String>,
+    },
+    /// `found`: what the restore replaced, when recovery knows it.
+    Recovery {
+        found: Option<&'a Option<String>>,
+    },
 }

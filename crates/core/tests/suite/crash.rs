@@ -930,6 +930,39 @@ fn a_failure_rollback_killed_before_its_mark_is_recorded_with_what_it_replaced()
     }
 }
 
+/// A run killed before its write landed, on a file edited by hand since its last
+/// audited line: recovery's line says the file held what it holds (the hand edit), not
+/// the trail's older word on it (which blamed the runtime for the edit).
+#[test]
+fn a_run_killed_before_its_write_keeps_what_the_file_held() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_old", "actions": [{"intent": "create_file", "path": "f.txt", "content": "v0"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    w.write("f.txt", b"vU");
+    sb.failpoints().arm_crash("before_mutate", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_x", "actions": [
+            {"intent": "replace_file", "path": "f.txt", "content": "new"}]})))
+    }));
+    assert!(outcome.is_err());
+    drop(sb);
+    let sb = w.sandbox();
+    assert_eq!(w.read("f.txt"), b"vU");
+    let undo = sb
+        .audit_entries(100, Some("wf_x"))
+        .unwrap()
+        .into_iter()
+        .find(|e| e.status == AuditStatus::RolledBack)
+        .unwrap();
+    assert_eq!(undo.before_checksum, Some(sha(b"vU")), "{undo:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// The same for directories: a run killed while rolling back its failure, after it
 /// removed a `create_directory`'s directory and before recording it, is recorded at the
 /// next start (the trail said the directory stood, and a plain rollback was then refused

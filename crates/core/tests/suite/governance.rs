@@ -36,6 +36,7 @@ fn lexical(r: &GovernanceRequest<'_>, size: u64) -> Verdict<Approval> {
         state_dir: None,
         extensions: &ext,
         max_depth: MAX_PATH_DEPTH,
+        syncs_folders: false,
     };
     check_sandbox_governance(r, &ctx, size)
 }
@@ -85,6 +86,7 @@ fn on_disk(
         state_dir,
         extensions: &ext,
         max_depth: MAX_PATH_DEPTH,
+        syncs_folders: false,
     };
     check_sandbox_governance(r, &ctx, size)
 }
