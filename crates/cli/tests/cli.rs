@@ -2205,7 +2205,7 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     assert_eq!(run["status"], "blocked", "{run}");
     assert_eq!(
         run["actions"][0]["reason"],
-        "the folder holding 'wx/x.txt' cannot be changed by this process (permission denied): give the runtime's user access there, or use another path"
+        "the folder holding 'wx/x.txt' cannot be read by this process (permission denied), which strict durability needs to sync it (relaxed and batched durability write there): give the runtime's user access there, or use another path"
     );
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
     // Without per-folder syncs (`relaxed`) such a folder takes the write, and its

@@ -183,24 +183,19 @@ pub(crate) fn change_refused(
             "{shown} cannot be read by this process (permission denied: another user owns it or its mode shuts this process out), so what it holds cannot be told"
         ))
     } else {
+        let folder = |access| accessat(dir, ".", access, AtFlags::EACCESS).err();
+        if let Some(e) = folder(Access::WRITE_OK | Access::EXEC_OK) {
+            return Some(format!(
+                "the folder holding {shown} cannot be changed by this process ({})",
+                crate::error::io_words(&e.into())
+            ));
+        }
         // Read too when the change syncs the folder (`strict`), which opens it for
         // reading: a folder of mode 0300 took the write, then failed its sync, and the
         // write was reported undone while it stood.
-        let read = if syncs_folder {
-            Access::READ_OK
-        } else {
-            Access::empty()
-        };
-        accessat(
-            dir,
-            ".",
-            read | Access::WRITE_OK | Access::EXEC_OK,
-            AtFlags::EACCESS,
-        )
-        .err()
-        .map(|e| {
+        folder(Access::READ_OK).filter(|_| syncs_folder).map(|e| {
             format!(
-                "the folder holding {shown} cannot be changed by this process ({})",
+                "the folder holding {shown} cannot be read by this process ({}), which strict durability needs to sync it (relaxed and batched durability write there)",
                 crate::error::io_words(&e.into())
             )
         })
@@ -394,8 +389,9 @@ impl SandboxRoot {
     }
 
     /// Refuses (`reserved_path`) a snapshot store (`.rollback`) this process may not
-    /// read, write and search (its mode): no snapshot can be taken, restored or removed
-    /// there until the operator gives it back. A store not made yet is open.
+    /// read, write and search (its mode): no snapshot can be taken or removed there until
+    /// the operator gives it back (a rollback, which reads it, may still). A store not
+    /// made yet is open.
     pub fn store_open(&self) -> Verdict {
         use rustix::fs::{Access, AtFlags, accessat};
         let closed = accessat(
@@ -411,7 +407,7 @@ impl SandboxRoot {
         Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
-                "the snapshot store {} of root {} is closed to this process (its mode), so no snapshot can be taken, restored or removed there: the operator gives it back to the runtime's user (owned by it, mode 0700)",
+                "the snapshot store {} of root {} is closed to this process (its mode), so no snapshot can be taken or removed there: the operator gives it back to the runtime's user (owned by it, mode 0700)",
                 shown_path(super::path::ROLLBACK_DIR),
                 shown_path(&self.path().display().to_string())
             ),

@@ -153,13 +153,22 @@ impl Sandbox {
         if recent {
             return Ok(false);
         }
+        // A store closed to this process could not be emptied: refused before the mark,
+        // which would otherwise call the intact snapshots pruned half way (and so is a
+        // simulated prune, which says what the real one would do).
+        // Only the stores that hold the workflow's folder (or cannot say): one closed in
+        // a root the workflow never wrote in holds nothing of it.
+        for root in &self.roots {
+            let here = root
+                .dir()
+                .symlink_metadata(format!("{}/{wf}", crate::confine::path::ROLLBACK_DIR));
+            if here.is_ok() || here.is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
+            {
+                root.store_open()?;
+            }
+        }
         if simulated {
             return Ok(true);
-        }
-        // A store closed to this process could not be emptied: refused before the mark,
-        // which would otherwise call the intact snapshots pruned half way.
-        for root in &self.roots {
-            root.store_open()?;
         }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;
