@@ -494,15 +494,20 @@ fn refuse_unless_private(
 /// took it, or closed its mode): the operator's to give back, not damage and not a
 /// failing disk. Its snapshot is kept, as one in a folder that is not private.
 fn unreadable_record(root: &SandboxRoot, rel: &str, e: &io::Error) -> Option<Refusal> {
-    (e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error())).then(|| {
-        Refusal::new(
-            ReasonCode::ReservedPath,
-            format!(
-                "the snapshot file {} cannot be read by this process (permission denied: another user owns it or its mode forbids reading), so nothing is rolled back, judged or pruned from its folder until the operator gives it back to the runtime's user (owned by it, readable by it); its snapshot is kept",
-                shown_path(&root.path().join(rel).display().to_string())
-            ),
-        )
-    })
+    (e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error()))
+        .then(|| shut_out_of(root, rel))
+}
+
+/// The refusal for the snapshot file `rel` this process may not read (see
+/// [`unreadable_record`]).
+fn shut_out_of(root: &SandboxRoot, rel: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::ReservedPath,
+        format!(
+            "the snapshot file {} cannot be read by this process (permission denied: another user owns it or its mode forbids reading), so nothing is rolled back, judged or pruned from its folder until the operator gives it back to the runtime's user (owned by it, readable by it); its snapshot is kept",
+            shown_path(&root.path().join(rel).display().to_string())
+        ),
+    )
 }
 
 fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::Result<Option<Dir>> {
@@ -744,16 +749,9 @@ impl Snapshotter {
         // A backup this process may not read cannot give its file back: its snapshot is
         // neither rolled back nor judged nor pruned, as for its record (root reads all).
         if meta.kind == SnapshotKind::File
-            && crate::confine::root::euid() != 0
-            && let Err(e) = rustix::fs::accessat(
-                &dir,
-                BACKUP_FILE,
-                rustix::fs::Access::READ_OK,
-                rustix::fs::AtFlags::EACCESS | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )
-            && let Some(r) = unreadable_record(root, &format!("{folder}/{BACKUP_FILE}"), &e.into())
+            && crate::confine::root::shut_to_reading(&dir, BACKUP_FILE)
         {
-            return Err(trust(r));
+            return Err(trust(shut_out_of(root, &format!("{folder}/{BACKUP_FILE}"))));
         }
         // A genuine record copied into another folder or root is still not this one.
         if meta.workflow_id != workflow_id

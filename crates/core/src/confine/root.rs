@@ -168,15 +168,7 @@ pub(crate) fn change_refused(
         Some(format!(
             "{shown} belongs to another user in a folder where only an entry's owner may remove or replace it (the sticky bit)"
         ))
-    } else if me != 0
-        && accessat(
-            dir,
-            name,
-            Access::READ_OK,
-            AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .is_err_and(|e| e == rustix::io::Errno::ACCESS)
-    {
+    } else if shut_to_reading(dir, name) {
         // Its snapshot, or the comparison a rollback makes, needs its bytes: another
         // user's file, unseen, is never overwritten.
         Some(format!(
@@ -200,6 +192,20 @@ pub(crate) fn change_refused(
             )
         })
     }
+}
+
+/// Whether this process may not read the entry `name` of `dir` for its permissions
+/// (another user's, or its mode shuts this process out); never for root, who reads all.
+pub(crate) fn shut_to_reading(dir: &Dir, name: &str) -> bool {
+    use rustix::fs::{Access, AtFlags, accessat};
+    euid() != 0
+        && accessat(
+            dir,
+            name,
+            Access::READ_OK,
+            AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .is_err_and(|e| e == rustix::io::Errno::ACCESS)
 }
 
 /// This process's effective gid, asked once (see [`euid`]).
