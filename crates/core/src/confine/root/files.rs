@@ -1,0 +1,525 @@
+//! Files beneath a root: reading one regular file without following links, writing
+//! one atomically (a temporary file, then a rename), staging a write for a later commit,
+//! and the runtime's temporary names.
+
+use super::*;
+
+/// fsyncs a directory. `Dir` handles are `O_PATH`, so `"."` is opened for reading first.
+pub fn sync_dir(dir: &Dir) -> io::Result<()> {
+    dir.open(".")?.sync_all()
+}
+
+/// Reads a regular file by name in `dir`: `O_NOFOLLOW`, non-blocking (a FIFO never
+/// stalls), checked on the open handle to be a regular file with a single link.
+pub fn read_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<Vec<u8>> {
+    read_file_in(dir, name, limit, true).map(|(bytes, _)| bytes)
+}
+
+/// What a regular file was when it was read, to tell whether anyone changed it since:
+/// which file (device, inode), its size, and its modification and change times. A rename
+/// over it, an append or a truncation always changes one of them; a rewrite in place
+/// that keeps the size changes the times only when the filesystem's clock has moved on
+/// (timestamps are taken from a coarse kernel clock, a few milliseconds a tick).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    id: (u64, u64),
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    /// Owner and group: the file written in its place gets them (see [`write_new_file`]).
+    owner: (u32, u32),
+}
+
+impl FileStamp {
+    pub(super) fn of(m: &cap_std::fs::Metadata) -> Self {
+        Self {
+            id: (m.dev(), m.ino()),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            owner: (m.uid(), m.gid()),
+        }
+    }
+}
+
+/// Which missing directories on the way to a path, and the path itself for a directory,
+/// may be made: an action makes none its snapshot does not record. (Two actions may
+/// each record one that only the faster made; either removes it only once it is empty.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Make {
+    /// None: a missing one is `not_found`.
+    Nothing,
+    /// Those from the component at this index on (0: all of them). One before it that
+    /// is missing was there when the action was checked and has gone since: `conflict`,
+    /// and nothing is made.
+    From(usize),
+}
+
+impl Make {
+    pub(super) fn may_make(self, index: usize) -> bool {
+        matches!(self, Make::From(from) if index >= from)
+    }
+}
+
+/// What the rename that puts a write in place may replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// Nothing: the name must be free (`already_exists` otherwise).
+    New,
+    /// Whatever is there.
+    Any,
+    /// Only the file as it was read (`conflict` otherwise), looked at just before the
+    /// rename: a change another program made since is kept, unless it lands between
+    /// that look and the rename.
+    Unchanged(FileStamp),
+}
+
+impl Put {
+    /// [`Put::New`] when `no_replace`, else [`Put::Any`].
+    pub fn new_or_any(no_replace: bool) -> Self {
+        if no_replace { Put::New } else { Put::Any }
+    }
+}
+
+/// [`read_regular`], with `single_link` deciding whether a file with other hard links is
+/// refused (it is in a root, where a link may alias a file outside; the state directory,
+/// private to the runtime's user, makes its files by linking them into place).
+pub(crate) fn read_file_in(
+    dir: &Dir,
+    name: &str,
+    limit: u64,
+    single_link: bool,
+) -> io::Result<(Vec<u8>, FileStamp)> {
+    let (file, meta) = open_regular(dir, name, single_link)?;
+    // Taken before the bytes are read: a change made while they are read then shows as
+    // a different stamp, never as the same stamp over other bytes.
+    let stamp = FileStamp::of(&meta);
+    if meta.len() > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} is {} bytes; at most {limit} bytes are read",
+                shown_path(name),
+                meta.len()
+            ),
+        )));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
+    // The file may have grown since the size check: one byte past the limit is enough to know.
+    if buf.len() as u64 > limit {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "{} grew past {limit} bytes while being read",
+                shown_path(name)
+            ),
+        )));
+    }
+    Ok((buf, stamp))
+}
+
+/// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
+/// size is described in constant memory. Both describe the same bytes, those read.
+pub fn hash_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<String>)> {
+    use sha2::Digest as _;
+    let (mut file, meta) = open_regular(dir, name, true)?;
+    if meta.len() > limit {
+        return Ok((meta.len(), None));
+    }
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut size = 0u64;
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                size += n as u64;
+                // A file that grows while it is read is not followed for ever.
+                if size > limit {
+                    return Ok((size, None));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((size, Some(crate::hash::to_hex(&hasher.finalize()))))
+}
+
+/// Opens `name` for reading without following a symlink or blocking on a FIFO, and
+/// refuses what is not a regular file (and, with `single_link`, a file with other links).
+fn open_regular(
+    dir: &Dir,
+    name: &str,
+    single_link: bool,
+) -> io::Result<(cap_std::fs::File, cap_std::fs::Metadata)> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).follow(FollowSymlinks::No).nonblock(true);
+    let file = match dir.open_with(name, &opts) {
+        Ok(f) => f,
+        // open(2) on a Unix socket fails with ENXIO: it is a special file, not an I/O fault.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+            return Err(io::Error::other(Refusal::new(
+                ReasonCode::NotRegularFile,
+                format!(
+                    "{} is a socket or device, not a regular file",
+                    shown_path(name)
+                ),
+            )));
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other(Refusal::new(
+            ReasonCode::NotRegularFile,
+            format!("{} is not a regular file", shown_path(name)),
+        )));
+    }
+    if single_link && meta.nlink() > 1 {
+        return Err(io::Error::other(hardlink_refusal(name, meta.nlink())));
+    }
+    Ok((file, meta))
+}
+
+/// How far a write is made durable before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Not at all (relaxed durability).
+    Nothing,
+    /// The file's data; the caller syncs the directory once for several files.
+    FileOnly,
+    /// The file's data and the directory entry.
+    FileAndDir,
+}
+
+/// The atomic write behind [`SandboxRoot::write_atomic`], on an already opened directory.
+pub fn write_atomic_in(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    no_replace: bool,
+    durable: bool,
+) -> io::Result<()> {
+    write_atomic_flush(
+        dir,
+        name,
+        bytes,
+        mode,
+        Put::new_or_any(no_replace),
+        flush_for(durable),
+    )
+}
+
+pub(super) fn flush_for(durable: bool) -> Flush {
+    if durable {
+        Flush::FileAndDir
+    } else {
+        Flush::Nothing
+    }
+}
+
+/// [`write_atomic_in`] with an explicit [`Flush`] and what it may replace.
+pub fn write_atomic_flush(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    put: Put,
+    flush: Flush,
+) -> io::Result<()> {
+    let tmp = temp_name();
+    let owner = match put {
+        Put::Unchanged(was) => Some(was.owner),
+        Put::Any => owner_now(dir, name),
+        Put::New => None,
+    };
+    let result = write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing)
+        .and_then(|()| put_in_place(dir, &tmp, name, put));
+    if let Err(e) = result {
+        let _ = dir.remove_file(&tmp);
+        return Err(e);
+    }
+    if flush == Flush::FileAndDir {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// The owner and group of the regular file `name` in `dir`, if there is one.
+fn owner_now(dir: &Dir, name: &str) -> Option<(u32, u32)> {
+    dir.symlink_metadata(name)
+        .ok()
+        .filter(cap_std::fs::Metadata::is_file)
+        .map(|m| (m.uid(), m.gid()))
+}
+
+/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`. A
+/// file it created but could not fill (the disk is full) is removed again.
+///
+/// `owner`: the owner and group of the file it is to replace, given to it where this
+/// process may (as root, or for a group it is in), so that a replacement, and a
+/// restore, leave the file its owner's rather than the runtime's: a file of mode 0600
+/// would otherwise be lost to its owner. Where it may not, the file is the runtime's.
+fn write_new_file(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    sync: bool,
+) -> io::Result<()> {
+    // A runtime that is not root keeps every file it writes (it cannot give one away):
+    // its owner bits let it read and write it, or a kept mode such as 0044 would shut it
+    // out of its own write, never to be rolled back.
+    let mode = if euid() == 0 {
+        mode & 0o666
+    } else {
+        mode & 0o666 | 0o600
+    };
+    let mut opts = OpenOptions::new();
+    opts.write(true)
+        .create_new(true)
+        .follow(FollowSymlinks::No)
+        .mode(mode);
+    let mut file = dir.open_with(name, &opts)?;
+    // Asked even when the owner is the runtime's own: in a setgid folder a new file
+    // takes the folder's group, which the replaced file may not have had.
+    if let Some((uid, gid)) = owner {
+        use rustix::fs::{Gid, Uid, fchown};
+        let uid = (uid != euid()).then(|| Uid::from_raw(uid));
+        if let Err(e) = fchown(&file, uid, Some(Gid::from_raw(gid))) {
+            tracing::debug!(error = %e, ?uid, gid, "the replacement keeps the runtime's owner");
+        }
+    }
+    let filled = file
+        .write_all(bytes)
+        .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+    if filled.is_err() {
+        drop(file);
+        let _ = dir.remove_file(name);
+    }
+    filled
+}
+
+/// Moves the temporary file `tmp` to `name` in one step. With [`Put::New`] an existing
+/// `name` is never replaced: `renameat2(RENAME_NOREPLACE)` where the filesystem has it,
+/// else `linkat` (which fails where `renameat` would overwrite) and then `unlinkat`.
+/// With [`Put::Unchanged`] the file there is looked at just before the rename: one
+/// changed since it was read (another program appended to it, say) is left as it is.
+fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
+    match put {
+        Put::New => {}
+        Put::Any => return dir.rename(tmp, dir, name),
+        Put::Unchanged(was) => {
+            let now = match dir.symlink_metadata(name) {
+                Ok(m) => Some(FileStamp::of(&m)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            if now != Some(was) {
+                return Err(io::Error::other(changed_meanwhile(name)));
+            }
+            return dir.rename(tmp, dir, name);
+        }
+    }
+    // Both names are single components of `dir`, so the raw call resolves nothing beyond
+    // the handle; anything else goes through cap-std.
+    #[cfg(target_os = "linux")]
+    if is_single_component(tmp) && is_single_component(name) {
+        use rustix::fs::{RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        match renameat_with(dir, tmp, dir, name, RenameFlags::NOREPLACE) {
+            Ok(()) => return Ok(()),
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dir.hard_link(tmp, dir, name)?;
+    dir.remove_file(tmp)
+}
+
+/// A name that stays in its directory: not empty, no `/`, not `.` or `..`.
+fn is_single_component(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// New bytes for a target, written to a temporary file beside it but not yet in place:
+/// the first half of an atomic write, for callers that make the staged file durable
+/// together with other records before the target changes.
+#[derive(Debug)]
+pub struct StagedWrite {
+    dir: Dir,
+    staged: String,
+    name: String,
+}
+
+impl StagedWrite {
+    /// The temporary file's name (in the target's directory).
+    pub fn staged_name(&self) -> &str {
+        &self.staged
+    }
+
+    /// The target's directory.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
+    /// the directory when `sync`.
+    pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
+        put_in_place(&self.dir, &self.staged, &self.name, put)?;
+        if sync {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the staged file; the target is left as it is.
+    pub fn discard(&self) {
+        let _ = self.dir.remove_file(&self.staged);
+    }
+}
+
+impl SandboxRoot {
+    /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced), owned
+    /// like the file it is `replacing` (or, not given, the one there now), where this
+    /// process may. The target's parents must exist: directories are only created by
+    /// [`SandboxRoot::write_atomic`].
+    pub fn stage_write(
+        &self,
+        rel: &RelPath,
+        staged: &str,
+        bytes: &[u8],
+        mode: u32,
+        replacing: Option<FileStamp>,
+    ) -> Verdict<StagedWrite> {
+        if !is_temp_name(staged) {
+            return Err(Refusal::new(
+                ReasonCode::InvalidId,
+                format!("{} is not a temporary name", shown_path(staged)),
+            ));
+        }
+        let (dir, _) = self.open_parent(rel, false, false)?;
+        let staged = staged.to_owned();
+        write_new_file(
+            &dir,
+            &staged,
+            bytes,
+            mode,
+            replacing.map_or_else(|| owner_now(&dir, rel.file_name()), |r| Some(r.owner)),
+            false,
+        )
+        .map_err(|e| self.map_open_error(rel, e))?;
+        Ok(StagedWrite {
+            dir: dir.into_owned().map_err(|e| self.map_open_error(rel, e))?,
+            staged,
+            name: rel.file_name().to_owned(),
+        })
+    }
+
+    /// A file staged earlier under `staged` beside `rel`, when it is still there and is a
+    /// regular file holding `limit` bytes at most: returned with its bytes.
+    pub fn find_staged(
+        &self,
+        rel: &RelPath,
+        staged: &str,
+        limit: u64,
+    ) -> Option<(StagedWrite, Vec<u8>)> {
+        if !is_temp_name(staged) {
+            return None;
+        }
+        let (dir, _) = self.open_parent(rel, false, false).ok()?;
+        let bytes = read_regular(&dir, staged, limit).ok()?;
+        Some((
+            StagedWrite {
+                dir: dir.into_owned().ok()?,
+                staged: staged.to_owned(),
+                name: rel.file_name().to_owned(),
+            },
+            bytes,
+        ))
+    }
+}
+
+/// Whether `name` is one file name made by [`temp_name`] (a staged file recorded in a
+/// snapshot is only trusted as that).
+fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_MARKER) && !name.contains('/')
+}
+
+/// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.
+pub fn temp_name() -> String {
+    format!("{TEMP_MARKER}{}", crate::ids::unique())
+}
+
+impl SandboxRoot {
+    /// Removes the temporary files of the processes that made `made_by` (run ids, see
+    /// [`crate::ids`]) beside `rel` that are hard links to it: what a writer killed
+    /// between linking its temporary file into place and unlinking the temporary name
+    /// (where the filesystem lacks `RENAME_NOREPLACE`) left. Returns how many.
+    pub fn remove_temp_links_of(&self, rel: &RelPath, made_by: &[&str]) -> usize {
+        let Ok((dir, _)) = self.open_parent(rel, false, false) else {
+            return 0;
+        };
+        let Ok(target) = dir.symlink_metadata(rel.file_name()) else {
+            return 0;
+        };
+        let Ok(entries) = dir.entries() else {
+            return 0;
+        };
+        let seeds: Vec<&str> = made_by
+            .iter()
+            .map(|m| crate::ids::process_seed(m))
+            .collect();
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !name.starts_with(TEMP_MARKER) || !seeds.contains(&crate::ids::process_seed(name)) {
+                continue;
+            }
+            if dir
+                .symlink_metadata(name)
+                .is_ok_and(|m| m.is_file() && m.dev() == target.dev() && m.ino() == target.ino())
+                && dir.remove_file(name).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// Removes the runtime's leftover temporary files below `dir` (a crash between creating
+/// and renaming one), descending at most `depth` levels and never through symlinks.
+/// With `made_by` (the id of a run, see [`crate::ids`]), only those made by the process
+/// that made that id: another process's may belong to a write under way. Returns how
+/// many were removed.
+pub fn remove_temp_files(dir: &Dir, depth: usize, made_by: Option<&str>) -> io::Result<usize> {
+    let seed = made_by.map(crate::ids::process_seed);
+    let mut removed = 0;
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ft = entry.file_type()?;
+        if ft.is_file()
+            && name.starts_with(TEMP_MARKER)
+            && seed.is_none_or(|s| crate::ids::process_seed(name) == s)
+        {
+            dir.remove_file(name)?;
+            removed += 1;
+        } else if ft.is_dir()
+            && !ft.is_symlink()
+            && depth > 0
+            && let Ok(sub) = dir.open_dir_nofollow(name)
+        {
+            removed += remove_temp_files(&sub, depth - 1, made_by)?;
+        }
+    }
+    Ok(removed)
+}

@@ -1,0 +1,94 @@
+//! The refusals a file operation beneath a root ends in, and how an I/O error maps to
+//! one.
+
+use super::*;
+
+/// The refusal for a file `name` that changed after it was read, just before it would
+/// have been replaced or removed.
+pub(super) fn changed_meanwhile(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was changed by another program after it was read; it was left as it is, with that change: read it again, then retry",
+            shown_path(name)
+        ),
+    )
+}
+
+/// The refusal for a directory `comps` that was there when the action was checked and
+/// is not now: something removed it meanwhile (a rollback taking away a directory it had
+/// left empty, another program).
+pub(super) fn removed_meanwhile(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} was removed while the action ran; nothing was written: try again",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
+/// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
+/// validation gives the same answer for a parent an earlier action makes a file.
+pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::NotFound,
+        format!(
+            "{} is not a directory, so nothing can be placed beneath it",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
+/// `path` is the path as the caller should see it (root-relative, or a file name).
+pub(super) fn hardlink_refusal(path: &str, nlink: u64) -> Refusal {
+    Refusal::new(
+        ReasonCode::HardlinkRefused,
+        format!(
+            "{} has {nlink} hard links; a file with more than one link may alias a file outside the sandbox, so it is never read or written",
+            shown_path(path)
+        ),
+    )
+}
+
+pub(super) fn special_refusal(rel: &RelPath) -> Refusal {
+    Refusal::new(
+        ReasonCode::NotRegularFile,
+        format!(
+            "{} is a FIFO, socket or device; only regular files and directories are handled",
+            shown_path(&rel.as_string())
+        ),
+    )
+}
+
+/// An I/O failure as a refusal. The message names only the root-relative path, never
+/// anything outside the sandbox.
+pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal {
+    let target = if comps.is_empty() {
+        "the sandbox root".to_owned()
+    } else {
+        shown_path(&comps.join("/"))
+    };
+    let said = format!("could not {what} {target}: {}", crate::error::io_words(e));
+    if is_denied(e) {
+        // A permission someone set in the tree (another user's file or folder, a mode,
+        // a sticky folder, an immutable mark): theirs to put right, not a failing disk,
+        // as a rollback meeting one says.
+        return Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{said}; it, or a folder on its way, is another user's or closed to this process (its mode, a sticky folder, an immutable mark): give the runtime's user access there, or use another path"
+            ),
+        );
+    }
+    Refusal::new(ReasonCode::IoError, said)
+}
+
+/// Whether the system refused `e`'s operation on a path for its permissions (EACCES,
+/// EPERM), as opposed to cap-std refusing an escape (no OS error number).
+pub(crate) fn is_denied(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::ACCESS, Errno::PERM]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
+}

@@ -1,0 +1,322 @@
+//! Reaching a directory one component at a time, never through a link another user
+//! could have placed: how roots and the state directory are opened, and folders made.
+
+use super::*;
+
+/// A directory opened by [`open_checked_dir`].
+pub(crate) struct CheckedDir {
+    /// Its handle.
+    pub dir: Dir,
+    /// Its metadata, read from the handle.
+    pub meta: cap_std::fs::Metadata,
+    /// The `(st_dev, st_ino)` of every directory it was reached through, `/` first.
+    pub ancestry: Vec<(u64, u64)>,
+}
+
+/// Begins the reason of every refusal of a directory for what lies above it (another
+/// user's directory or symbolic link): a setting to correct, which callers tell apart
+/// from a failure of the disk by it.
+pub(crate) const REFUSED_ABOVE: &str = "is refused: ";
+
+/// What a walk to a directory does about the parts that do not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// They are refused.
+    Open,
+    /// They are made.
+    Create,
+    /// The walk stops there, judging only what exists: nothing is made.
+    Probe,
+}
+
+/// Opens the directory `path` (`what` names it in messages: "root", "state directory")
+/// by walking from `/` one handle at a time; with `create`, missing directories are made
+/// (the last one with `mode`). Each directory above it must be owned by root or by this
+/// process's user and writable only by its owner unless it has the sticky bit; a symlink
+/// on the way is followed only when it is owned by root or by this user; the directory
+/// itself must not be a symlink. Its own owner and mode are for the caller to judge, on
+/// the handle returned, so nothing can be swapped in between.
+pub(crate) fn open_checked_dir(
+    path: &Path,
+    create: bool,
+    what: &str,
+    mode: u32,
+) -> Result<CheckedDir, String> {
+    open_dir_checked(path, Walk::made_if(create), what, mode, false)?
+        .ok_or_else(|| format!("{what} {} cannot be reached", path.display()))
+}
+
+/// [`open_checked_dir`], except that the directory itself may be a symlink, followed
+/// under the rules for the directories above it (the link owned by root or this user;
+/// what it leads to owned by root or this user and writable only by its owner unless it
+/// has the sticky bit): for the state directory, which the runtime only reaches, never
+/// hands out.
+pub(crate) fn open_checked_dir_through_link(
+    path: &Path,
+    create: bool,
+    what: &str,
+    mode: u32,
+) -> Result<CheckedDir, String> {
+    open_dir_checked(path, Walk::made_if(create), what, mode, true)?
+        .ok_or_else(|| format!("{what} {} cannot be reached", path.display()))
+}
+
+/// What [`open_checked_dir_through_link`] would refuse in what exists of `path` now,
+/// found without making anything: the metadata of the directory when it exists, `None`
+/// when some part of it is still to be made. For a start that must not leave folders
+/// behind when it is refused.
+pub(crate) fn probe_checked_dir_through_link(
+    path: &Path,
+    what: &str,
+) -> Result<Option<cap_std::fs::Metadata>, String> {
+    open_dir_checked(path, Walk::Probe, what, 0, true).map(|c| c.map(|c| c.meta))
+}
+
+impl Walk {
+    fn made_if(create: bool) -> Self {
+        if create { Walk::Create } else { Walk::Open }
+    }
+}
+
+/// The chain of a walk that made or found every part; `None` after a probe that met a
+/// part not made yet.
+fn open_dir_checked(
+    path: &Path,
+    walk: Walk,
+    what: &str,
+    mode: u32,
+    follow_last: bool,
+) -> Result<Option<CheckedDir>, String> {
+    let shown = path.display();
+    if !path.is_absolute() {
+        return Err(format!("{what} {shown} is not an absolute path"));
+    }
+    let names = path_strings(path);
+    if names.iter().any(|c| c == "..") {
+        return Err(format!("{what} {shown} contains '..'"));
+    }
+    let Some((name, above)) = names.split_last() else {
+        return Err(format!(
+            "{what} {shown} is the filesystem root; a {what} must be a dedicated directory"
+        ));
+    };
+    let euid = euid();
+    let Some(chain) = open_ancestors(path, above, walk, euid, what)? else {
+        return Ok(None);
+    };
+    let parent = chain
+        .last()
+        .ok_or_else(|| format!("{what} {shown} has no parent directory"))?;
+    let meta = match parent.dir.symlink_metadata(name) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
+            make_dir(&parent.dir, name, mode)
+                .map_err(|e| format!("{what} {shown} cannot be created: {e}"))?;
+            parent
+                .dir
+                .symlink_metadata(name)
+                .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?
+        }
+        Err(e) => return Err(format!("{what} {shown} cannot be inspected: {e}")),
+    };
+    if meta.file_type().is_symlink() {
+        if !follow_last {
+            return Err(format!(
+                "{what} {shown} is a symbolic link; a {what} must be a real directory"
+            ));
+        }
+        let through = if walk == Walk::Probe {
+            Walk::Probe
+        } else {
+            Walk::Open
+        };
+        let Some(mut chain) = open_ancestors(path, &names, through, euid, what)? else {
+            return Ok(None);
+        };
+        let last = chain
+            .pop()
+            .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
+        let meta = last
+            .dir
+            .dir_metadata()
+            .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+        return Ok(Some(CheckedDir {
+            dir: last.dir,
+            meta,
+            ancestry: chain.iter().map(|a| a.id).collect(),
+        }));
+    }
+    if !meta.is_dir() {
+        return Err(format!("{what} {shown} is not a directory"));
+    }
+    let dir = parent
+        .dir
+        .open_dir_nofollow(name)
+        .map_err(|e| format!("{what} {shown} cannot be opened: {e}"))?;
+    // From here on only the open handle counts: the checks are made on it.
+    let opened = dir
+        .dir_metadata()
+        .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+    if opened.dev() != meta.dev() || opened.ino() != meta.ino() {
+        return Err(format!(
+            "{what} {shown} changed while it was being opened; refusing it"
+        ));
+    }
+    Ok(Some(CheckedDir {
+        dir,
+        meta: opened,
+        ancestry: chain.iter().map(|a| a.id).collect(),
+    }))
+}
+
+/// Walks from `/` to the directory that holds `root` (whose components above it are
+/// `names`), checking each directory on the way (see [`SandboxRoot::open`]) and, with
+/// `walk`, making the missing ones or stopping at the first. Returns the chain of real
+/// directories, `/` first; `None` when a probe stopped.
+fn open_ancestors(
+    root: &Path,
+    names: &[String],
+    walk: Walk,
+    euid: u32,
+    what: &str,
+) -> Result<Option<Vec<Ancestor>>, String> {
+    let shown = root.display();
+    let top = PathBuf::from("/");
+    let dir = Dir::open_ambient_dir(&top, ambient_authority())
+        .map_err(|e| format!("{what} {shown} cannot be reached: / cannot be opened: {e}"))?;
+    let mut chain = vec![checked_ancestor(root, top, dir, euid, what)?];
+    let mut pending: std::collections::VecDeque<String> = names.iter().cloned().collect();
+    let mut hops = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            // The chain holds real directories only, so its previous entry is the parent.
+            if chain.len() > 1 {
+                chain.pop();
+            }
+            continue;
+        }
+        let parent = chain
+            .last()
+            .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
+        let here = parent.path.join(&name);
+        let meta = match parent.dir.symlink_metadata(&name) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => {
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
+                make_dir(&parent.dir, &name, DIR_MODE).map_err(|e| {
+                    format!(
+                        "{what} {shown} cannot be created: its parent {} cannot be created: {e}",
+                        here.display()
+                    )
+                })?;
+                parent.dir.symlink_metadata(&name).map_err(|e| {
+                    format!(
+                        "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                        here.display()
+                    )
+                })?
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+                    here.display()
+                ));
+            }
+        };
+        if meta.file_type().is_symlink() {
+            if meta.uid() != 0 && meta.uid() != euid {
+                return Err(format!(
+                    "{what} {shown} {REFUSED_ABOVE}{} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
+                    here.display(),
+                    meta.uid()
+                ));
+            }
+            hops += 1;
+            if hops > ANCESTOR_HOPS {
+                return Err(format!(
+                    "{what} {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
+                ));
+            }
+            let target = parent.dir.read_link_contents(&name).map_err(|e| {
+                format!(
+                    "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {e}",
+                    here.display()
+                )
+            })?;
+            if target.is_absolute() {
+                chain.truncate(1);
+            }
+            for comp in path_strings(&target).into_iter().rev() {
+                pending.push_front(comp);
+            }
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(format!(
+                "{what} {shown} cannot be used: {} above it is not a directory",
+                here.display()
+            ));
+        }
+        let dir = parent.dir.open_dir_nofollow(&name).map_err(|e| {
+            format!(
+                "{what} {shown} cannot be opened: its parent {} cannot be opened: {e}",
+                here.display()
+            )
+        })?;
+        chain.push(checked_ancestor(root, here, dir, euid, what)?);
+    }
+    Ok(Some(chain))
+}
+
+/// Checks a directory above `root` on its open handle: owned by root or by `euid`, and
+/// writable only by its owner unless it has the sticky bit.
+fn checked_ancestor(
+    root: &Path,
+    path: PathBuf,
+    dir: Dir,
+    euid: u32,
+    what: &str,
+) -> Result<Ancestor, String> {
+    let shown = root.display();
+    let m = dir.dir_metadata().map_err(|e| {
+        format!(
+            "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
+            path.display()
+        )
+    })?;
+    let (uid, mode) = (m.uid(), m.mode() & 0o7777);
+    if uid != 0 && uid != euid {
+        return Err(format!(
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for a directory of theirs",
+            path.display()
+        ));
+    }
+    // Another group's members could swap the root like any other user.
+    let egid = egid();
+    if writable_by_others(&m) && mode & 0o1000 == 0 {
+        return Err(format!(
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
+            path.display(),
+            m.gid()
+        ));
+    }
+    Ok(Ancestor {
+        path,
+        dir,
+        id: (m.dev(), m.ino()),
+    })
+}
+
+/// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
+/// to inspect like any existing one.
+fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
+    let mut builder = DirBuilder::new();
+    builder.mode(mode);
+    match parent.create_dir_with(name, &builder) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
