@@ -1,0 +1,409 @@
+//! Start-up recovery of `batched` commit logs: what a log holds is written again where
+//! a power cut lost it, and each target gets its newest logged bytes.
+
+use super::*;
+
+impl Sandbox {
+    /// Replays the commit logs of workflows no process is running (see
+    /// [`crate::commit_log`]), then recovers their runs as usual, makes it all durable
+    /// and empties the logs.
+    pub(super) fn recover_commit_logs(&self) -> Vec<Recovered> {
+        let workflows = match self.state.commit_logs() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list commit logs");
+                return Vec::new();
+            }
+        };
+        let read_log = |wf: &str| {
+            self.state.commit_log_file(wf).and_then(|f| match f {
+                Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+                None => Ok(None),
+            })
+        };
+        // Most logs are empty: they are told apart without taking the lock (which may
+        // mean creating its file), and read again under it. The others are replayed in
+        // the order their first writes were made: two workflows may have rewritten one
+        // file, and each replay builds on what the earlier ones put back.
+        let mut pending: Vec<(String, String)> = workflows
+            .into_iter()
+            .filter(|wf| crate::plan::is_valid_id(wf))
+            .filter_map(|wf| match read_log(&wf) {
+                Ok(Some((_, e))) if e.is_empty() => None,
+                Ok(Some((_, e))) => Some((e[0].meta.taken_at.clone(), wf)),
+                _ => Some((String::new(), wf)),
+            })
+            .collect();
+        pending.sort();
+        let mut out = Vec::new();
+        for (_, wf) in pending {
+            let read_log = || read_log(&wf);
+            let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
+                continue;
+            };
+            let record = || {
+                self.state
+                    .inflight_read(&wf)
+                    .ok()
+                    .flatten()
+                    .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
+            };
+            // Its run finished in this boot: nothing the log covers was lost, so it is
+            // not replayed, only made durable and emptied (as that process's next sync
+            // point would); settling refuses a log that covers a root this start lacks.
+            if record().is_some_and(|r| r.finished_this_boot()) {
+                if let Err(r) = self.settle_commit_log(&wf) {
+                    tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
+                }
+                continue;
+            }
+            let read = read_log();
+            let (file, entries) = match read {
+                Ok(Some((f, e))) if !e.is_empty() => (f, e),
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
+                    continue;
+                }
+            };
+            // The replay writes targets through temporary files. What earlier replays or
+            // recoveries of this log that died left beside them goes first (the run's
+            // own, staged bytes among them, are its recovery's to judge), and this
+            // process is named before it writes, for the next start should it die too.
+            let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            let mut swept = Recovered::default();
+            if let Some(r) = &before {
+                let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
+                let dirs = entries
+                    .iter()
+                    .filter_map(|e| {
+                        let i = self
+                            .roots
+                            .iter()
+                            .position(|r| r.is_named_by(&e.meta.root))?;
+                        Some((i, e.meta.target().parent_components().to_vec()))
+                    })
+                    .collect();
+                self.remove_dead_temp_files(&earlier, dirs, &mut swept);
+                self.claim(r);
+            }
+            let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
+            // The record was not synced with the log: if it is gone, the log's last run
+            // stands in for it.
+            let mut rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
+            // Entries kept for a root not configured now hold acknowledged writes: the
+            // record names that root, so that until a start that has it replays them,
+            // no run, rollback or prune of the workflow here empties the log.
+            if !kept.is_empty()
+                && let Some(r) = rec.as_mut()
+            {
+                r.finished = false;
+                if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
+                    r.state = "active".to_owned();
+                }
+                for &i in &kept {
+                    if !r.roots.contains(&entries[i].meta.root) {
+                        r.roots.push(entries[i].meta.root.clone());
+                    }
+                }
+                if let Err(e) = self.write_record(r, self.durable()) {
+                    tracing::warn!(error = %e, workflow = %wf, "could not name a missing root in a run record");
+                }
+            }
+            let dead = rec.as_ref().filter(|r| needs_recovery(r));
+            let mut report = match dead {
+                Some(r) => self.recover_record(r),
+                None => Recovered {
+                    execution_id: rec
+                        .as_ref()
+                        .map(|r| r.execution_id.clone())
+                        .unwrap_or_default(),
+                    workflow_id: wf.clone(),
+                    ..Recovered::default()
+                },
+            };
+            report.completed += replayed;
+            report.temp_files_removed += swept.temp_files_removed;
+            report.temp_files_left.append(&mut swept.temp_files_left);
+            // Entries for a root not configured now stay, alone, for a start that has it:
+            // their writes were acknowledged, and the others must not be replayed again.
+            let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
+            let concluded = if !complete {
+                tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
+                false
+            } else if let Err(r) = self.sync_logged_writes() {
+                tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
+                false
+            } else if let Err(e) = crate::commit_log::retain(&file, &keep) {
+                tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
+                false
+            } else {
+                true
+            };
+            if let Some(r) = dead
+                && !report.retry
+            {
+                if concluded {
+                    self.write_idle_record(r, self.durable());
+                } else {
+                    self.unclaim(r);
+                }
+            }
+            // No dead run's record: this process was named for the replay only, and
+            // lives on.
+            if dead.is_none()
+                && let Some(r) = &rec
+            {
+                self.unclaim(r);
+            }
+            if !complete
+                || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))
+            {
+                out.push(report);
+            }
+        }
+        out
+    }
+
+    /// Redoes what a commit log's entries committed and the disk lost: each entry's
+    /// snapshot, registry entry and audit record, and per target the newest entry's new
+    /// bytes. An entry whose snapshot is marked restored was undone (durably) and is
+    /// skipped. A target that holds none of the contents the entries knew for it was
+    /// changed by someone else since, and is left as it is; each target is judged and
+    /// written under its lock. Returns how many entries
+    /// needed anything, and whether every write it tried succeeded.
+    fn replay_commits(
+        &self,
+        wf: &str,
+        entries: &[crate::commit_log::CommitEntry],
+    ) -> (usize, bool, Vec<usize>) {
+        use crate::snapshot::Snapshotter;
+        let audited: HashSet<(String, String)> = self
+            .audit
+            .by_workflow(wf)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.status == AuditStatus::Success)
+            .map(|e| (e.execution_id, e.action_id))
+            .collect();
+        let mut live = Vec::new();
+        let mut changed: HashSet<String> = HashSet::new();
+        let mut complete = true;
+        let mut superseded = false;
+        let mut kept = Vec::new();
+        for (at, e) in entries.iter().enumerate() {
+            let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
+                continue;
+            };
+            let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
+                // Its write was acknowledged: the entry is kept for a start that has the
+                // root.
+                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; it is kept");
+                kept.push(at);
+                continue;
+            };
+            if meta.workflow_id != wf {
+                continue;
+            }
+            let root = &self.roots[i];
+            match Snapshotter::load(root, &self.seal, wf, &meta.action_id) {
+                Ok(Some(s)) if s.restored => continue,
+                Ok(Some(s)) if s.meta != *meta => {
+                    tracing::warn!(action = %meta.action_id, "another snapshot holds a logged action's folder; entry skipped");
+                    continue;
+                }
+                _ => {}
+            }
+            // The backup and metadata may be missing or torn even when the folder loads.
+            let before = e.backup.as_deref().map(crate::hash::sha256_hex);
+            let backup_ok = e.backup.is_none() || before == meta.sha256;
+            if !backup_ok {
+                continue;
+            }
+            if let Err(r) = Snapshotter::repair(root, &self.seal, meta, e.backup.as_deref()) {
+                tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
+                complete = false;
+                continue;
+            }
+            let was_audited =
+                audited.contains(&(meta.execution_id.clone(), meta.action_id.clone()));
+            // Never audited, and another run changed the target after this entry was
+            // logged without finding its result there (its process died before the
+            // rename): that change stands, and this action is recorded undone, never
+            // redone over it. An audited action landed: whatever came after is not
+            // evidence against it.
+            if !was_audited
+                && self
+                    .first_change_by_another(i, meta)
+                    .is_some_and(|first| !found_its_result(meta, &first))
+            {
+                let current = self.target_checksum(i, &meta.target());
+                if let Err(r) = self.mark_restored(
+                    i,
+                    meta,
+                    &e.record.execution_id,
+                    &current,
+                    &[],
+                    Restorer::Recovery { found: None },
+                ) {
+                    tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
+                    complete = false;
+                }
+                superseded = true;
+                continue;
+            }
+            match self.complete_logs(commit, was_audited) {
+                Ok(true) => {
+                    changed.insert(meta.snapshot_id.clone());
+                }
+                Ok(false) => {}
+                Err(()) => complete = false,
+            }
+            live.push((i, e));
+        }
+        let mut seen: HashSet<(usize, &str)> = HashSet::new();
+        for &(i, e) in live.iter().rev() {
+            let meta = &e.meta;
+            if !seen.insert((i, meta.original_path.as_str())) {
+                continue;
+            }
+            let rel = meta.target();
+            // A live process may be writing the target: judge and replace it under the
+            // target's lock, as every writer does.
+            let _held = match self.lock_target(i, &rel) {
+                Ok(h) => h,
+                Err(r) => {
+                    tracing::error!(reason = %r, "recovery could not lock a logged action's target");
+                    complete = false;
+                    continue;
+                }
+            };
+            let current = self.target_checksum(i, &rel);
+            let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
+            if current == after {
+                // In place, perhaps only in memory, maybe beneath a mount inside the
+                // root: the sync that concludes the replay must cover it.
+                if let Err(r) = self.cover_target(i, &rel) {
+                    tracing::error!(reason = %r, "recovery could not cover a logged target for its sync");
+                    complete = false;
+                }
+                continue;
+            }
+            let known = live
+                .iter()
+                .filter(|(j, o)| *j == i && o.meta.original_path == meta.original_path)
+                .any(|(_, o)| {
+                    current == o.meta.sha256
+                        || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
+                });
+            // What the target holds may be older bytes of this log's that a later run
+            // of another workflow wrote back.
+            if !known || self.put_back_by_another(i, meta, &current) {
+                tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
+                continue;
+            }
+            let mode = meta
+                .mode
+                .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
+            let put = self.roots[i]
+                .stage_write(
+                    &rel,
+                    &crate::confine::root::temp_name(),
+                    &e.bytes,
+                    mode,
+                    None,
+                )
+                .and_then(|st| {
+                    self.fail_at("replay_staged")?;
+                    st.commit(crate::confine::root::Put::Any, false)
+                        .map_err(|err| self.roots[i].map_open_error(&rel, err))
+                })
+                .and_then(|()| self.cover_target(i, &rel));
+            match put {
+                Ok(()) => {
+                    changed.insert(meta.snapshot_id.clone());
+                }
+                Err(r) => {
+                    tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
+                    complete = false;
+                }
+            }
+        }
+        if superseded {
+            self.record_marked_restores(wf);
+        }
+        (changed.len(), complete, kept)
+    }
+
+    /// Finishes an action from its commit record: puts the staged bytes in place unless
+    /// the target already holds them (`current`: its checksum once newer in-doubt actions
+    /// on it are undone), then appends what the registry and the audit log
+    /// lack; `Some(true)` when that changed anything. `None` when the new bytes are
+    /// neither in place nor staged intact: the action is then rolled back like any
+    /// unfinished one.
+    pub(super) fn finish_commit(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        c: &crate::snapshot::SnapshotCommit,
+        audited: bool,
+        current: Option<&str>,
+    ) -> Option<bool> {
+        let rel = meta.target();
+        let mut changed = false;
+        if current != Some(c.after_sha256.as_str()) {
+            let (staged, bytes) = self.roots[root].find_staged(
+                &rel,
+                &c.staged_name,
+                crate::snapshot::MAX_SNAPSHOT_BYTES,
+            )?;
+            if crate::hash::sha256_hex(&bytes) != c.after_sha256
+                || staged
+                    .commit(
+                        crate::confine::root::Put::new_or_any(c.no_replace),
+                        self.durable(),
+                    )
+                    .is_err()
+            {
+                return None;
+            }
+            changed = true;
+        }
+        changed |= self.complete_logs(c, audited).unwrap_or(true);
+        Some(changed)
+    }
+
+    /// Appends a committed action's registry entry unless the registry has it, and its
+    /// audit record unless `audited`; whether anything was appended (`Err` when an append
+    /// failed, which is logged).
+    pub(super) fn complete_logs(
+        &self,
+        c: &crate::snapshot::SnapshotCommit,
+        audited: bool,
+    ) -> Result<bool, ()> {
+        let mut changed = false;
+        let mut failed = false;
+        if let Some(entry) = &c.artifact
+            && self
+                .registry
+                .get(&entry.artifact_id)
+                .ok()
+                .flatten()
+                .is_none()
+        {
+            changed = true;
+            if let Err(e) = self.registry.register(entry) {
+                tracing::error!(error = %e, artifact = %entry.artifact_id, "recovery could not register an artifact");
+                failed = true;
+            }
+        }
+        if !audited {
+            changed = true;
+            if let Err(e) = self.audit.append(vec![c.audit.clone()]) {
+                tracing::error!(error = %e, "recovery could not audit a finished action");
+                failed = true;
+            }
+        }
+        if failed { Err(()) } else { Ok(changed) }
+    }
+}

@@ -1,0 +1,187 @@
+//! What the trail and the disk say about a target a dead run touched: the last recorded
+//! change, changes other runs made since, and whether it holds what an action left.
+
+use super::*;
+
+impl Sandbox {
+    /// The trail's last change to a target (a write or a restore, any workflow's);
+    /// `None` when the trail records none or cannot be read. For a restore a dead
+    /// process made and never recorded, its `after_checksum` is what it replaced.
+    pub(crate) fn last_recorded(
+        &self,
+        root: usize,
+        rel: &RelPath,
+    ) -> Option<crate::audit::SandboxAuditEntry> {
+        self.audit
+            .changes_since(|t| self.names_target(t, root, rel), "", "")
+            .ok()
+            .and_then(|mut lines| lines.pop())
+    }
+
+    /// A dead run's unaudited action whose target another run has written since
+    /// (`first_change`: the first such change the trail records). When its write had
+    /// landed (its artifact is registered, or that first change found its result), it is
+    /// finished without touching the target: `Some` with the audit record to append
+    /// (`None` inside when the commit record's own were appended). Otherwise it never
+    /// landed: its staged bytes are discarded and its snapshot marked restored, to be
+    /// audited as rolled back; `None`.
+    pub(super) fn settle_overwritten(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        rec: &InflightRecord,
+        current: Option<&String>,
+        registered: &[crate::artifact::ArtifactEntry],
+        first_change: Option<&crate::audit::SandboxAuditEntry>,
+    ) -> Option<Option<AuditRecord>> {
+        let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
+        let staged = meta.commit.as_ref().and_then(|c| {
+            self.roots[root].find_staged(
+                &meta.target(),
+                &c.staged_name,
+                crate::snapshot::MAX_SNAPSHOT_BYTES,
+            )
+        });
+        // A commit record's staged file is made after the record: its absence proves
+        // nothing, its presence that the rename never happened.
+        let landed = staged.is_none()
+            && (registered.iter().any(|e| e.generated_by_action == made_by)
+                || first_change.is_some_and(|first| found_its_result(meta, first)));
+        if landed {
+            return Some(match &meta.commit {
+                Some(c) => {
+                    let _ = self.complete_logs(c, false);
+                    None
+                }
+                None => Some(self.done_record(root, meta)),
+            });
+        }
+        if let Some((staged, _)) = staged {
+            staged.discard();
+        }
+        if let Err(r) = self.mark_restored(
+            root,
+            meta,
+            &rec.execution_id,
+            &current.cloned(),
+            &[],
+            Restorer::Recovery { found: None },
+        ) {
+            tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
+        }
+        None
+    }
+
+    /// The changes other runs made to an action's target after its snapshot, earliest
+    /// first, as the trail records them.
+    fn changes_by_others(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+    ) -> Vec<crate::audit::SandboxAuditEntry> {
+        let rel = meta.target();
+        self.audit
+            .changes_since(
+                |recorded| self.names_target(recorded, root, &rel),
+                &meta.taken_at,
+                &meta.execution_id,
+            )
+            .unwrap_or_default()
+    }
+
+    /// Whether another run, after this action's snapshot, changed its target to what it
+    /// holds now (`current`): old bytes found there were written back, not left by an
+    /// undo of this action. Lines that changed nothing (a recovery recording an action
+    /// undone) show no such thing.
+    pub(super) fn put_back_by_another(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: &Option<String>,
+    ) -> bool {
+        self.changes_by_others(root, meta)
+            .iter()
+            .any(|c| c.after_checksum == *current && c.before_checksum != c.after_checksum)
+    }
+
+    /// The first change another run made to an action's target after its snapshot.
+    pub(super) fn first_change_by_another(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+    ) -> Option<crate::audit::SandboxAuditEntry> {
+        self.changes_by_others(root, meta).into_iter().next()
+    }
+
+    /// Why some of these snapshots' targets cannot be judged now, one sentence each (see
+    /// [`Recovered::unjudged`]). A missing target, a file where a folder was, a file too
+    /// large for a snapshot is judged (someone else's change); only what the runtime
+    /// refuses to look at is not. A second link that is the dead run's own temporary file
+    /// (see [`crate::confine::root::SandboxRoot::remove_temp_links_of`]) is removed first.
+    /// Also returns how many temporary names it removed.
+    pub(super) fn unjudged<'a>(
+        &self,
+        rec: &InflightRecord,
+        snaps: impl Iterator<Item = &'a (usize, crate::snapshot::StoredSnapshot)>,
+    ) -> (Vec<String>, usize) {
+        let refusal = |i: usize, rel: &RelPath| {
+            self.roots[i].inspect(rel).err().filter(|r| {
+                matches!(
+                    r.reason_code,
+                    ReasonCode::SymlinkEscape
+                        | ReasonCode::SymlinkRefused
+                        | ReasonCode::HardlinkRefused
+                        | ReasonCode::NotRegularFile
+                )
+            })
+        };
+        let makers = dead_makers(rec);
+        let mut seen = HashSet::new();
+        let mut removed = 0;
+        let reasons = snaps
+            .filter(|(i, s)| seen.insert((*i, s.meta.original_path.clone())))
+            .filter_map(|(i, s)| {
+                let rel = s.meta.target();
+                let r = refusal(*i, &rel)?;
+                if r.reason_code == ReasonCode::HardlinkRefused {
+                    let gone = self.roots[*i].remove_temp_links_of(&rel, &makers);
+                    if gone > 0 {
+                        removed += gone;
+                        return refusal(*i, &rel);
+                    }
+                }
+                Some(r)
+            })
+            .map(|r| r.reason)
+            .collect();
+        (reasons, removed)
+    }
+
+    /// Whether a target (`current`: its checksum, `None` when it is no file) holds what
+    /// it held before the snapshot's action: the same bytes, or still nothing, or still a
+    /// directory.
+    pub(super) fn back_to_before(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: Option<&str>,
+    ) -> bool {
+        match meta.kind {
+            crate::snapshot::SnapshotKind::File => {
+                current.is_some() && current == meta.sha256.as_deref()
+            }
+            _ => {
+                current.is_none()
+                    && self.target_state(root, &meta.target()) == TargetState::found_by(meta)
+            }
+        }
+    }
+
+    /// SHA-256 of a regular file's bytes; `None` for anything else.
+    pub(crate) fn target_checksum(&self, root: usize, rel: &RelPath) -> Option<String> {
+        match self.target_state(root, rel) {
+            TargetState::File(sum) => Some(sum),
+            _ => None,
+        }
+    }
+}

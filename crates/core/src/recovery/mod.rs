@@ -1,0 +1,563 @@
+//! Start-up recovery. A run marks its workflow's record in the state directory's
+//! `inflight/` active before it touches a file and idle when it ends. An active record
+//! whose workflow lock is free at start-up belongs to a run that died (crash, `kill -9`, power cut): its actions
+//! that were snapshotted but never audited as done are rolled back from their snapshots,
+//! except those whose snapshot is also a commit record (batched durability) and whose new
+//! bytes are durable, and those whose result is in place and registered (the run died
+//! before its audit line): those are finished. The temporary files the run left are
+//! removed.
+
+use crate::audit::{AuditRecord, AuditStatus};
+use crate::confine::RelPath;
+use crate::confine::path::ROLLBACK_DIR;
+use crate::confine::root::remove_temp_files;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::{Restorer, Sandbox, TargetState};
+use cap_fs_ext::DirExt;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+
+/// The record state of a workflow whose rollback is under way.
+pub const ROLLING_BACK: &str = "rolling_back";
+
+/// The record state of a run that ended, in a process that may live on, with a restore
+/// whose audit line could not be appended (its mark is on disk): recovery only audits
+/// the restores its marks record, touching no file of the run.
+pub const RESTORES_UNAUDITED: &str = "restores_unaudited";
+
+/// At most this many recovering processes are named in a run record.
+const MAX_RECOVERED_BY: usize = 4;
+
+mod commit_logs;
+mod judge;
+mod rollback;
+mod run;
+
+/// Whether a record's run needs recovery. One that finished in this boot does not: its
+/// process may live on until its next sync point, and if it died, nothing it wrote was
+/// lost (a kill leaves the page cache whole). Judging its actions against the disk
+/// would take another run's later write-back of old bytes for an undo.
+fn needs_recovery(rec: &InflightRecord) -> bool {
+    (rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED)
+        && !rec.finished_this_boot()
+}
+
+impl Sandbox {
+    /// Whether `workflow_id`'s run record still awaits recovery (a run or rollback that
+    /// died, or one that could not write its last lines): what it did is not all on the
+    /// trail yet.
+    pub(crate) fn awaits_recovery(&self, workflow_id: &str) -> bool {
+        self.state
+            .inflight_read(workflow_id)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
+            .is_some_and(|r| needs_recovery(&r))
+    }
+}
+
+/// The record a workflow's run keeps while it changes files (`state: active`), set back to
+/// `idle` when the run ends. One file per workflow, rewritten in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InflightRecord {
+    /// `active` while a run changes files, `idle` after.
+    pub state: String,
+    /// The run.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// When it started.
+    pub started_at: String,
+    /// Set when the run has ended but, with batched syncs, its last writes may still be
+    /// in memory: a start after a crash recovers it as if it were under way, a new run of
+    /// the workflow in a live process does not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub finished: bool,
+    /// The boot of the machine in which the run began and, once `finished`, ended (see
+    /// [`crate::confine::state::boot_id`]): only a later boot, after a crash of the
+    /// machine, may have lost its writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<String>,
+    /// An id made by each process that began recovering this run: recovery writes
+    /// temporary files too, and one that died leaves them for the next to remove.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovered_by: Vec<String>,
+    /// The sandbox roots the run writes into, as configured: a start without one of
+    /// them cannot judge the run's writes there, and leaves the run to a start that has
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<String>,
+}
+
+impl InflightRecord {
+    /// The same run's record once it is over and needs no recovery.
+    pub fn idle(&self) -> Self {
+        Self {
+            state: "idle".to_owned(),
+            finished: false,
+            ..self.clone()
+        }
+    }
+
+    /// The same run's record once it has ended, its writes perhaps not yet durable.
+    pub fn finished(&self) -> Self {
+        Self {
+            finished: true,
+            boot: crate::confine::state::boot_id().map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    /// Whether the run finished in this boot of the machine.
+    fn finished_this_boot(&self) -> bool {
+        self.finished && self.this_boot()
+    }
+
+    /// Whether the record was written in this boot of the machine.
+    fn this_boot(&self) -> bool {
+        self.boot.is_some() && self.boot.as_deref() == crate::confine::state::boot_id()
+    }
+}
+
+/// What recovery did for one dead run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The dead run.
+    pub execution_id: String,
+    /// Its workflow.
+    pub workflow_id: String,
+    /// In-doubt actions rolled back.
+    pub rolled_back: usize,
+    /// Actions finished: written but not yet registered or audited, or (batched
+    /// durability) committed, whose new bytes recovery put in place.
+    pub completed: usize,
+    /// Unaudited actions whose target another run wrote before recovery, and that never
+    /// reached it: marked undone (audited as rolled back), the other run's write kept.
+    pub superseded: usize,
+    /// Temporary files removed.
+    pub temp_files_removed: usize,
+    /// Folders (absolute, quoted) where the dead process's temporary files could not be
+    /// removed, each with why: left for the operator, who is told.
+    pub temp_files_left: Vec<String>,
+    /// Restores the dead process made without auditing them, now audited: for a dead
+    /// rollback, files found restored but unmarked; for either, marked snapshots the
+    /// audit trail does not mention.
+    pub restores_recorded: usize,
+    /// Whether the dead process was rolling the workflow back (not running a plan).
+    pub rollback: bool,
+    /// Snapshot folders of the workflow left alone because they could not be read or
+    /// trusted. The run is recorded as recovered all the same: judging it again at every
+    /// start would undo later changes to its targets.
+    pub untrusted: usize,
+    /// Nothing of the workflow's snapshots could be read, or some lie in roots this
+    /// start is not configured with ([`Self::missing_roots`]), so nothing was judged: the
+    /// run stays recorded as unfinished and the next start tries again.
+    pub retry: bool,
+    /// Roots the run writes into that this start is not configured with.
+    pub missing_roots: Vec<String>,
+    /// Why nothing was judged when the cause was another process holding a log or a
+    /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
+    pub busy: Option<String>,
+    /// Why nothing was judged for any other cause ([`Self::retry`] is set): a log or the
+    /// snapshots that could not be read (a full or failing disk), in a few words.
+    pub why: Option<String>,
+    /// The code of the refusal behind [`Self::why`] when it is not the disk's failure: a
+    /// link, a file or a FIFO in the place of a snapshot folder (`reserved_path`), a
+    /// record that is not the runtime's (`checksum_mismatch`).
+    pub why_code: Option<ReasonCode>,
+    /// Why targets of the run could not be judged (each a sentence naming one): what
+    /// stands there is something the runtime never reads — a file with a second hard
+    /// link, a symbolic link on its path, a FIFO or device at it. Only
+    /// whoever put it there can put it right; until then nothing of the run is judged
+    /// ([`Self::retry`]), since any verdict (done, undone, overwritten) would be a guess.
+    pub unjudged: Vec<String>,
+}
+
+impl Recovered {
+    /// What a log read gave, or `None` with the recovery left for a later try (and why,
+    /// when another process held the log): judging on an empty view would take audited
+    /// actions for unaudited and undo them.
+    fn read<T>(&mut self, read: std::io::Result<T>) -> Option<T> {
+        read.inspect_err(|e| {
+            self.busy = busy_log(e);
+            self.why = Some(format!(
+                "a log of the state directory could not be read ({})",
+                crate::error::io_words(e)
+            ));
+            self.retry = true;
+        })
+        .ok()
+    }
+
+    /// What died: `rollback` or `run`.
+    pub fn what(&self) -> &'static str {
+        if self.rollback { "rollback" } else { "run" }
+    }
+
+    /// Whether this recovery of `rec` is worth telling: a run that had finished (its
+    /// process may live on, waiting for its next sync point) and needed nothing is not.
+    fn worth_telling(&self, rec: &InflightRecord) -> bool {
+        !rec.finished
+            || self.retry
+            || self.rolled_back
+                + self.completed
+                + self.superseded
+                + self.temp_files_removed
+                + self.restores_recorded
+                + self.untrusted
+                + self.temp_files_left.len()
+                > 0
+    }
+}
+
+impl Sandbox {
+    /// Recovers every run that died while changing files. Runs still alive in another
+    /// process (their workflow lock is held) are left alone.
+    pub fn recover(&self) -> Vec<Recovered> {
+        self.remove_dead_record_temp_files();
+        let mut out = self.recover_commit_logs();
+        let records = match self.state.inflight_list() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list in-flight runs");
+                return Vec::new();
+            }
+        };
+        // Runs that finished in this boot, whose processes left no sync point behind
+        // them: made durable and marked idle, so that a later boot, which cannot tell
+        // what a crash lost, never judges them.
+        let mut finished = Vec::new();
+        for (id, bytes) in records {
+            let parsed = serde_json::from_slice::<InflightRecord>(&bytes).ok();
+            if parsed
+                .as_ref()
+                .is_some_and(|r| !needs_recovery(r) && !r.finished_this_boot())
+            {
+                continue;
+            }
+            // Already left for another start by the replay of its commit log.
+            if out.iter().any(|r| r.retry && r.workflow_id == id) {
+                continue;
+            }
+            if !crate::plan::is_valid_id(&id) {
+                // No run can hold a workflow of that name.
+                tracing::warn!(record = %id, "in-flight record of no workflow removed");
+                let _ = self.state.inflight_remove(&id);
+                continue;
+            }
+            let lock = match self.state.try_lock(&format!("wf-{id}")) {
+                Ok(Some(l)) => l,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot lock a workflow for recovery");
+                    continue;
+                }
+            };
+            // Read again under the lock: what was listed may have been a record its run
+            // was writing, or one a run has taken over since.
+            let rec = match self.state.inflight_read(&id) {
+                Ok(Some(b)) => serde_json::from_slice::<InflightRecord>(&b).ok(),
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, record = %id, "cannot read an in-flight record");
+                    continue;
+                }
+            };
+            let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
+                tracing::warn!(record = %id, "unreadable in-flight record removed");
+                let _ = self.state.inflight_remove(&id);
+                continue;
+            };
+            if rec.finished_this_boot() {
+                // A log that could not be emptied (it holds entries for a root this start
+                // lacks) keeps the run finished, for a start that can empty it.
+                if self.commit_log_holds_entries(&id).is_ok_and(|held| !held) {
+                    finished.push((lock, rec));
+                }
+                continue;
+            }
+            if !needs_recovery(&rec) {
+                continue;
+            }
+            let report = self.recover_record(&rec);
+            let retry = report.retry;
+            if report.worth_telling(&rec) {
+                out.push(report);
+            }
+            // What recovery appended must be durable before the record says the run
+            // needs no more recovery.
+            if let Err(r) = self.conclude_sync() {
+                tracing::warn!(reason = %r.reason, "cannot sync after recovery");
+                if !retry {
+                    self.unclaim(&rec);
+                }
+                continue;
+            }
+            if !retry {
+                self.write_idle_record(&rec, self.durable());
+            }
+            drop(lock);
+        }
+        if !finished.is_empty() {
+            match self.sync_logged_writes() {
+                Ok(()) => {
+                    for (_lock, rec) in &finished {
+                        self.write_idle_record(rec, self.durable());
+                    }
+                }
+                Err(r) => {
+                    tracing::warn!(reason = %r.reason, "cannot sync the writes of finished runs")
+                }
+            }
+        }
+        out
+    }
+
+    /// Recovers a run or rollback of `workflow_id` that died while this process was
+    /// running, before a new one takes its record over (after which nothing could find
+    /// it): its record is still under way, yet the workflow's lock, which the owner holds
+    /// until it marks the record finished or idle, is free. Call with that lock held,
+    /// and only when about to write. Refused (`io_error`) when the dead run's snapshots
+    /// cannot be read, so that its record is kept for a later try.
+    /// Returns the record's file, still open, for the new run to write through.
+    pub(crate) fn recover_dead_run(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Option<crate::confine::state::BlockFile>> {
+        let io = |e: std::io::Error| {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not read the run record of workflow {workflow_id}: {}",
+                    crate::error::io_words(&e)
+                ),
+            )
+        };
+        let Some(file) = self.state.inflight_open(workflow_id).map_err(io)? else {
+            return Ok(None);
+        };
+        // Whatever the record says: entries another process logged for a root this one
+        // lacks would be emptied with the log at this run's first sync point.
+        self.refuse_foreign_log_entries(workflow_id)?;
+        let Ok(rec) = serde_json::from_slice::<InflightRecord>(&file.read().map_err(io)?) else {
+            return Ok(Some(file));
+        };
+        if !needs_recovery(&rec) {
+            return Ok(Some(file));
+        }
+        let what = if rec.state == ROLLING_BACK {
+            "rollback"
+        } else {
+            "run"
+        };
+        let missing = self.missing_roots(&rec);
+        if !missing.is_empty() {
+            // A setting to change, not a failure of the disk: as a rollback of a workflow
+            // that wrote into another root is refused.
+            return Err(Refusal::new(
+                ReasonCode::OutsideSandbox,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
+                    rec.execution_id,
+                    missing.join(", ")
+                ),
+            ));
+        }
+        // Logged before the machine last stopped: only a replay brings back what its
+        // crash lost, and the start that should have made it did not (see its log).
+        if !rec.this_boot() && self.commit_log_holds_entries(workflow_id).map_err(io)? {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) whose commit log, written before the machine restarted, was not replayed (see the log of the last start); restart the runtime to replay it, then retry",
+                    rec.execution_id
+                ),
+            ));
+        }
+        // Whatever the dead process logged in this boot is in memory or on disk already:
+        // made durable and dropped from its log, so that no later replay redoes what
+        // this undoes.
+        self.settle_commit_log(workflow_id)?;
+        let report = self.recover_record(&rec);
+        if !report.unjudged.is_empty() {
+            // Something someone put in the way, not a failure of the disk (HTTP 500).
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; remove that second hard link, symbolic link or special file, then retry",
+                    rec.execution_id,
+                    report.unjudged.join("; ")
+                ),
+            ));
+        }
+        if let Some(busy) = &report.busy {
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be recovered now: {busy}; nothing was done: try again later, or raise limits.lock_wait_seconds",
+                    rec.execution_id
+                ),
+            ));
+        }
+        if report.retry {
+            let why = report.why.as_deref().map_or_else(
+                || "none of its snapshots could be read (see the log); make its sandbox roots readable again".to_owned(),
+                |why| format!("{why} (see the log); put that right"),
+            );
+            return Err(Refusal::new(
+                report.why_code.unwrap_or(ReasonCode::IoError),
+                format!(
+                    "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: {why}, then retry",
+                    rec.execution_id
+                ),
+            ));
+        }
+        self.conclude_sync().inspect_err(|_| self.unclaim(&rec))?;
+        tracing::warn!(
+            workflow = %workflow_id,
+            execution = %rec.execution_id,
+            rolled_back = report.rolled_back,
+            completed = report.completed,
+            restores_recorded = report.restores_recorded,
+            "recovered an interrupted run of the workflow before touching its snapshots"
+        );
+        self.write_idle_record(&rec, self.durable());
+        Ok(Some(file))
+    }
+
+    /// The roots a run record names that this sandbox is not configured with.
+    fn missing_roots(&self, rec: &InflightRecord) -> Vec<String> {
+        rec.roots
+            .iter()
+            .filter(|r| !self.roots.iter().any(|c| c.is_named_by(r)))
+            .cloned()
+            .collect()
+    }
+
+    fn recover_record(&self, rec: &InflightRecord) -> Recovered {
+        let missing_roots = self.missing_roots(rec);
+        if !missing_roots.is_empty() {
+            return Recovered {
+                execution_id: rec.execution_id.clone(),
+                workflow_id: rec.workflow_id.clone(),
+                rollback: rec.state == ROLLING_BACK,
+                retry: true,
+                missing_roots,
+                ..Recovered::default()
+            };
+        }
+        if rec.state == RESTORES_UNAUDITED {
+            let recorded = self
+                .try_record_marked_restores(&rec.workflow_id)
+                .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"));
+            let why = recorded.as_ref().err().map(|e| {
+                format!(
+                    "its files were restored, but the audit trail could not record it ({}): the state directory must take the lines",
+                    crate::error::io_words(e)
+                )
+            });
+            return Recovered {
+                execution_id: rec.execution_id.clone(),
+                workflow_id: rec.workflow_id.clone(),
+                restores_recorded: *recorded.as_ref().unwrap_or(&0),
+                retry: recorded.is_err(),
+                busy: recorded.err().and_then(|e| busy_log(&e)),
+                why,
+                ..Recovered::default()
+            };
+        }
+        let claimed = self.claim(rec);
+        let report = if rec.state == ROLLING_BACK {
+            self.recover_rollback(&claimed)
+        } else {
+            self.recover_run(&claimed)
+        };
+        if report.retry {
+            self.unclaim(rec);
+        }
+        report
+    }
+
+    /// Names this process in a dead run's record before it writes anything for it: a
+    /// recovery that dies too leaves temporary files known only by its process, which the
+    /// next recovery then removes with the run's own. Returns the record as written.
+    fn claim(&self, rec: &InflightRecord) -> InflightRecord {
+        let mut claimed = rec.clone();
+        if !rec.recovered_by.iter().any(|id| crate::ids::made_here(id)) {
+            // The record is one small block: the oldest names give way.
+            if claimed.recovered_by.len() >= MAX_RECOVERED_BY {
+                claimed.recovered_by.remove(0);
+            }
+            claimed.recovered_by.push(crate::ids::unique());
+            if let Err(e) = self.write_record(&claimed, self.durable()) {
+                tracing::warn!(error = %e, "could not name this process in a run record it recovers");
+            }
+        }
+        claimed
+    }
+
+    /// The sync point that makes what a recovery did durable, before the run's record
+    /// says it needs no more recovery.
+    fn conclude_sync(&self) -> Verdict {
+        self.failpoints.check("recovery_sync").map_err(|e| {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!("could not sync to stable storage: {e}"),
+            )
+        })?;
+        self.sync_point()
+    }
+
+    /// Puts back a dead run's record, without this process's name, after a recovery of
+    /// it that did not conclude (its result could not be audited or made durable): the
+    /// next recovery, in another process, removes the temporary files of the processes
+    /// the record names, and this one lives on and may have writes under way in the
+    /// same folders.
+    fn unclaim(&self, rec: &InflightRecord) {
+        let mut back = rec.clone();
+        back.recovered_by.retain(|id| !crate::ids::made_here(id));
+        if let Err(e) = self.write_record(&back, self.durable()) {
+            tracing::warn!(error = %e, "could not restore a run record after an unfinished recovery");
+        }
+    }
+}
+
+/// The sentence for a log another process held past `limits.lock_wait_seconds`, if that
+/// is why it could not be read or written.
+fn busy_log(e: &std::io::Error) -> Option<String> {
+    (e.kind() == std::io::ErrorKind::TimedOut).then(|| {
+        format!("another process held the audit trail or the registry ({e}: a stopped or hung process, or one far behind)")
+    })
+}
+
+/// The ids of the processes whose temporary files a dead run left: its own, and those of
+/// earlier recoveries of it that died; never this process's, whose other writes may be
+/// under way in the same folders.
+fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
+    std::iter::once(rec.execution_id.as_str())
+        .chain(
+            rec.recovered_by
+                .iter()
+                .map(String::as_str)
+                .filter(|id| !crate::ids::made_here(id)),
+        )
+        .collect()
+}
+
+/// A path one level below `dir`, so that `open_parent` opens `dir` itself.
+fn child(dir: &RelPath) -> RelPath {
+    let mut c = dir.components().to_vec();
+    c.push("x".to_owned());
+    RelPath::from_components(c)
+}
+
+/// Whether `first`, the first change another run made to an action's target after its
+/// snapshot, found the action's result there: proof that the action's write landed.
+fn found_its_result(
+    meta: &crate::snapshot::SnapshotMeta,
+    first: &crate::audit::SandboxAuditEntry,
+) -> bool {
+    meta.after_sha256.as_deref().is_some_and(|after| {
+        meta.sha256.as_deref() != Some(after) && first.before_checksum.as_deref() == Some(after)
+    })
+}

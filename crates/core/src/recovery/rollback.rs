@@ -1,0 +1,193 @@
+//! Start-up recovery of an interrupted rollback: the restores its marks record are
+//! audited, and the rollback is left for the operator to run again.
+
+use super::*;
+
+impl Sandbox {
+    /// A rollback died. It restored targets newest first and recorded each step after
+    /// its restore, so at most the step in progress is unrecorded: per target, newest
+    /// first, an unmarked snapshot of an action audited as done whose target holds the
+    /// action's `before` checksum was restored by it and is recorded now; one whose target
+    /// still holds the action's result, or anything else, ends the walk for that target.
+    pub(super) fn recover_rollback(&self, rec: &InflightRecord) -> Recovered {
+        let mut report = Recovered {
+            execution_id: rec.execution_id.clone(),
+            workflow_id: rec.workflow_id.clone(),
+            rollback: true,
+            ..Recovered::default()
+        };
+        let mut done: HashMap<String, Option<String>> = HashMap::new();
+        // Read, or nothing is judged: an empty view would take every step for undone.
+        let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
+            return report;
+        };
+        for e in entries {
+            match e.status {
+                AuditStatus::Success => {
+                    done.insert(e.action_id, e.after_checksum);
+                }
+                AuditStatus::RolledBack => {
+                    done.remove(&e.action_id);
+                }
+                _ => {}
+            }
+        }
+        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
+            return report;
+        };
+        let removed;
+        (report.unjudged, removed) = self.unjudged(
+            rec,
+            snaps
+                .iter()
+                .filter(|(_, s)| !s.restored && done.contains_key(&s.meta.action_id)),
+        );
+        report.temp_files_removed += removed;
+        if !report.unjudged.is_empty() {
+            report.retry = true;
+            return report;
+        }
+        // A restore writes its bytes aside first (and its mark): the dead rollback's
+        // temporary files may lie beside any of the workflow's targets.
+        let dirs = snaps
+            .iter()
+            .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
+            .collect();
+        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
+        let mut settled: HashSet<(usize, String)> = HashSet::new();
+        let mut records = Vec::new();
+        for (i, s) in snaps.into_iter().rev() {
+            let key = (i, s.meta.original_path.clone());
+            if s.restored || settled.contains(&key) {
+                continue;
+            }
+            let Some(after) = done.get(&s.meta.action_id) else {
+                continue;
+            };
+            // Restored: the target is as the action found it and not as it left it.
+            // Compared as states, not checksums: a directory has none, and a removed
+            // `create_directory` is told from a standing one only by what is there.
+            let now = self.target_state(i, &s.meta.target());
+            let as_left = if s.meta.is_directory_action() {
+                TargetState::Directory
+            } else {
+                after
+                    .clone()
+                    .map_or(TargetState::Missing, TargetState::File)
+            };
+            if now != TargetState::found_by(&s.meta) || now == as_left {
+                settled.insert(key);
+                continue;
+            }
+            let current = now.checksum();
+            // The dead rollback put the target back; the directories its action made on
+            // the way are finished here as the restore would have (removed, or left on
+            // the ledger).
+            let left = match s.meta.kind {
+                crate::snapshot::SnapshotKind::Missing => {
+                    self.remove_created_dirs_of(i, &s.meta).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            self.record_left_dirs(i, &s.meta, &left);
+            // What the restore replaced is on no mark: the trail's last word on the
+            // target says what it held (another workflow's change, under a forced
+            // rollback), else the action's own result. Kept on the mark, for a start
+            // that audits it should this one's line not be written.
+            let before = self
+                .last_recorded(i, &s.meta.target())
+                .map_or_else(|| after.clone(), |l| l.after_checksum);
+            if let Err(r) = self.mark_restored(
+                i,
+                &s.meta,
+                &rec.execution_id,
+                &current,
+                &left,
+                Restorer::Recovery {
+                    found: Some(&before),
+                },
+            ) {
+                tracing::warn!(reason = %r, "could not mark a snapshot restored");
+                continue;
+            }
+            records.push(self.rollback_record(
+                &rec.execution_id,
+                &rec.workflow_id,
+                i,
+                &s.meta,
+                before,
+                current,
+            ));
+            report.restores_recorded += 1;
+        }
+        if let Err(e) = self.audit.append(records) {
+            tracing::error!(error = %e, "recovery could not audit a dead rollback's restores");
+        }
+        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
+        report
+    }
+
+    /// A restore is marked in its snapshot folder, then audited; a process that died
+    /// between the two left a marked snapshot the audit trail does not mention. Each is
+    /// audited now, from its mark, so that the trail's newest record of a file says what
+    /// it holds. Returns how many.
+    pub(super) fn record_marked_restores(&self, workflow_id: &str) -> usize {
+        self.try_record_marked_restores(workflow_id)
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "recovery could not audit marked restores");
+                0
+            })
+    }
+
+    /// [`Sandbox::record_marked_restores`], saying when the audit append failed.
+    pub(super) fn try_record_marked_restores(&self, workflow_id: &str) -> std::io::Result<usize> {
+        let entries = self.audit.by_workflow(workflow_id)?;
+        let recorded: HashSet<&str> = entries
+            .iter()
+            .filter(|e| e.status == AuditStatus::RolledBack)
+            .map(|e| e.action_id.as_str())
+            .collect();
+        let mut records = Vec::new();
+        let snaps = self
+            .trusted_workflow_snapshots(workflow_id)
+            .map(|(s, _)| s)
+            .unwrap_or_default();
+        // In the order the restores were made: rollbacks (and runs undoing themselves)
+        // one after another, as their time-ordered ids say, each newest first. Read in
+        // order, the trail then leaves each target as the restores did.
+        for (i, s) in snaps.into_iter().rev() {
+            if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
+                continue;
+            }
+            let Some(mark) =
+                crate::snapshot::Snapshotter::restored_mark(&self.roots[i], &self.seal, &s.meta)
+            else {
+                tracing::warn!(action = %s.meta.action_id, "unreadable restored mark left unaudited");
+                continue;
+            };
+            // What the target held before the restore: as its mark says, else (a mark
+            // from before marks said it) the action's result, when it was audited as done.
+            let before = mark.before_checksum.clone().unwrap_or_else(|| {
+                entries
+                    .iter()
+                    .rev()
+                    .find(|e| e.action_id == s.meta.action_id && e.status == AuditStatus::Success)
+                    .and_then(|e| e.after_checksum.clone())
+            });
+            records.push(self.rollback_record(
+                &mark.execution_id,
+                workflow_id,
+                i,
+                &s.meta,
+                before,
+                mark.restored_checksum,
+            ));
+        }
+        records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        let n = records.len();
+        if n > 0 {
+            self.audit.append(records)?;
+        }
+        Ok(n)
+    }
+}

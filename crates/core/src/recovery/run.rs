@@ -1,0 +1,294 @@
+//! Start-up recovery of a dead run: each action snapshotted but never audited as done
+//! is finished or undone, and the temporary files the run left are removed.
+
+use super::*;
+
+impl Sandbox {
+    pub(super) fn recover_run(&self, rec: &InflightRecord) -> Recovered {
+        let mut report = Recovered {
+            execution_id: rec.execution_id.clone(),
+            workflow_id: rec.workflow_id.clone(),
+            ..Recovered::default()
+        };
+        // What the dead run audited: every outcome, and for successes the checksum the
+        // target should now have.
+        let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
+        // Read, or nothing is judged: an empty view would take every action for
+        // unaudited, and undo finished ones.
+        let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
+            return report;
+        };
+        for e in entries {
+            if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
+                continue;
+            }
+            let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
+            audited.insert(e.action_id, after);
+        }
+        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
+            return report;
+        };
+        let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
+        let mut in_doubt = Vec::new();
+        // Newest first, one target at a time: an action is judged against what its
+        // target holds once the newer in-doubt actions on it are undone, and once one is
+        // finished the older ones on the same target are too (their result was its
+        // starting point, so the target cannot hold it any more).
+        let mut settled: HashSet<(usize, String)> = HashSet::new();
+        let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
+        let Some(registered) = report.read(self.registry.get_by_workflow(&rec.workflow_id)) else {
+            return report;
+        };
+        let mut finish_audits = Vec::new();
+        let mine: Vec<_> = snaps
+            .into_iter()
+            .filter(|(_, s)| s.meta.execution_id == rec.execution_id)
+            .collect();
+        // Every target of the run stays as judged until it is finished or restored:
+        // other workflows may be writing (recovery also runs in a live process, at the
+        // next run of the dead one's workflow).
+        let _held = match self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) {
+            Ok(h) => h,
+            Err(r) => {
+                report.busy = (r.reason_code == ReasonCode::Conflict).then_some(r.reason);
+                report.retry = true;
+                return report;
+            }
+        };
+        // Only never-audited actions await a verdict that depends on what their targets
+        // hold; an audited one whose target cannot be looked at is judged finished below.
+        let removed;
+        (report.unjudged, removed) = self.unjudged(
+            rec,
+            mine.iter()
+                .filter(|(_, s)| !s.restored && !audited.contains_key(&s.meta.action_id)),
+        );
+        report.temp_files_removed += removed;
+        if !report.unjudged.is_empty() {
+            report.retry = true;
+            return report;
+        }
+        for (i, s) in mine.into_iter().rev() {
+            dirs.insert((i, s.meta.target().parent_components().to_vec()));
+            let key = (i, s.meta.original_path.clone());
+            if s.restored || settled.contains(&key) {
+                continue;
+            }
+            let current = expected
+                .entry(key.clone())
+                .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
+                .clone();
+            let outcome = audited.get(&s.meta.action_id);
+            // Never audited, and another run changed the target since (the dead run's
+            // locks went with it): the trail says so, or the target holds neither what it
+            // held before nor what the action writes. That change is theirs to keep;
+            // this action is recorded as what it was, done or not, and never redone or
+            // restored over it.
+            let first_change = outcome
+                .is_none()
+                .then(|| self.first_change_by_another(i, &s.meta))
+                .flatten();
+            if outcome.is_none()
+                && ((current != s.meta.after_sha256
+                    && !self.back_to_before(i, &s.meta, current.as_deref()))
+                    || first_change.is_some())
+            {
+                let landed = self.settle_overwritten(
+                    i,
+                    &s.meta,
+                    rec,
+                    current.as_ref(),
+                    &registered,
+                    first_change.as_ref(),
+                );
+                match landed {
+                    Some(record) => {
+                        finish_audits.extend(record);
+                        report.completed += 1;
+                    }
+                    None => report.superseded += 1,
+                }
+                settled.insert(key);
+                continue;
+            }
+            if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
+                && let Some(changed) =
+                    self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
+            {
+                report.completed += usize::from(changed);
+                settled.insert(key);
+                continue;
+            }
+            // Written and registered, not yet audited (the run died between the two
+            // appends): finished by auditing it, so the registry never lists an
+            // artifact the trail does not.
+            let made_by = format!("{}/{}", s.meta.execution_id, s.meta.action_id);
+            if outcome.is_none()
+                && current.is_some()
+                && current == s.meta.after_sha256
+                && registered.iter().any(|e| {
+                    e.generated_by_action == made_by && Some(&e.checksum_sha256) == current.as_ref()
+                })
+            {
+                finish_audits.push(self.done_record(i, &s.meta));
+                report.completed += 1;
+                settled.insert(key);
+                continue;
+            }
+            let finished = match outcome {
+                // Never audited: undone, unless the target holds neither what it held
+                // before nor what the action wrote, which is someone else's later write
+                // (the action's lock was released when its run died), theirs to keep.
+                None => s.meta.after_sha256.as_ref().is_some_and(|after| {
+                    current.as_ref() != Some(after)
+                        && !self.back_to_before(i, &s.meta, current.as_deref())
+                }),
+                // Audited as done: undone only if the target is back to what it held
+                // before (with batched syncs the audit line can reach the disk before the
+                // target). Anything else is the result, or a later change by someone
+                // else, which is theirs to keep.
+                // A directory made has no checksum to compare: it is done while it
+                // stands, and undone once gone again as the action found it (the dead run
+                // was rolling back its failure; the restore finishes and records that).
+                Some(Some(_)) if s.meta.is_directory_action() => {
+                    !self.back_to_before(i, &s.meta, current.as_deref())
+                }
+                Some(Some(after)) => {
+                    current == *after
+                        || !self.back_to_before(i, &s.meta, current.as_deref())
+                        || self.put_back_by_another(i, &s.meta, &current)
+                }
+                Some(None) => true,
+            };
+            if finished {
+                settled.insert(key);
+            } else {
+                // Undone below: the target will hold what it held before this action.
+                expected.insert(key, s.meta.sha256.clone());
+                in_doubt.push((i, s));
+            }
+        }
+        // Judged newest first; audited in the order they ran.
+        finish_audits.reverse();
+        if !finish_audits.is_empty()
+            && let Err(e) = self.audit.append(finish_audits)
+        {
+            tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
+            report.busy = busy_log(&e);
+            report.retry = true;
+        }
+        // Temporary files first: a directory the run created is only empty, and so
+        // removable by the restore, once they are gone.
+        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
+        let n = in_doubt.len();
+        let steps = self.restore_all(
+            &crate::plan::new_execution_id(),
+            &rec.workflow_id,
+            in_doubt,
+            "recovery",
+            crate::sandbox::RestoreMode::Force,
+        );
+        report.rolled_back = steps.iter().filter(|s| s.restored).count();
+        if report.rolled_back < n {
+            tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
+        }
+        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
+        report
+    }
+
+    /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
+    /// in `dirs` (root index, components), counting them in `report`, and the folders
+    /// where they could not be.
+    pub(super) fn remove_dead_temp_files(
+        &self,
+        makers: &[&str],
+        dirs: HashSet<(usize, Vec<String>)>,
+        report: &mut Recovered,
+    ) {
+        for (i, comps) in dirs {
+            let rel = RelPath::from_components(comps.clone());
+            let dir = if comps.is_empty() {
+                self.roots[i].dir().try_clone().ok()
+            } else {
+                self.roots[i]
+                    .open_parent(&child(&rel), false, false)
+                    .ok()
+                    .and_then(|(d, _)| d.into_owned().ok())
+            };
+            if let Some(d) = dir {
+                for by in makers {
+                    match remove_temp_files(&d, 0, Some(by)) {
+                        Ok(n) => report.temp_files_removed += n,
+                        // Say where (a folder another user took, say), not only log it.
+                        Err(e) => report.temp_files_left.push(format!(
+                            "{} ({})",
+                            crate::confine::path::shown_path(&self.abs_path(i, &rel)),
+                            crate::error::io_words(&e)
+                        )),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes the temporary files of run records whose writers died: a record is made
+    /// under its workflow's lock, so one whose lock is free has no writer left.
+    pub(super) fn remove_dead_record_temp_files(&self) {
+        let Ok(temps) = self.state.inflight_record_temp_files() else {
+            return;
+        };
+        for (name, id) in temps {
+            if !crate::plan::is_valid_id(&id) {
+                continue;
+            }
+            if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{id}")) {
+                match self.state.inflight_remove_file(&name) {
+                    Ok(()) => tracing::info!(file = %name, "removed a dead run's temporary record"),
+                    Err(e) => {
+                        tracing::warn!(file = %name, error = %e, "cannot remove a dead run's temporary record")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The workflow's trusted snapshots, once the dead run's temporary files among them
+    /// are gone; `None` (the recovery left for a later try) when they cannot be read.
+    pub(super) fn dead_run_snapshots(
+        &self,
+        rec: &InflightRecord,
+        report: &mut Recovered,
+    ) -> Option<crate::sandbox::RootedSnapshots> {
+        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
+        let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
+            Ok(s) => s,
+            Err(r) => {
+                report.why = Some(format!("its snapshots could not be read ({})", r.reason));
+                report.why_code = Some(r.reason_code);
+                report.retry = true;
+                return None;
+            }
+        };
+        report.untrusted += untrusted.len();
+        Some(snaps)
+    }
+
+    /// Removes the temporary files the dead run's process left in the workflow's snapshot
+    /// folders. Before the snapshots are read: one killed between linking its `meta.json`
+    /// into place and unlinking the temporary name left the file with a second link, which
+    /// would make the snapshot untrusted. Returns how many.
+    fn remove_dead_snapshot_temp_files(&self, rec: &InflightRecord) -> usize {
+        let makers = dead_makers(rec);
+        let mut removed = 0;
+        for root in &self.roots {
+            if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
+                && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
+            {
+                for by in &makers {
+                    removed += remove_temp_files(&wf, 1, Some(by)).unwrap_or(0);
+                }
+            }
+        }
+        removed
+    }
+}
