@@ -617,14 +617,14 @@ pub fn check_numbers_kept(json: &[u8]) -> Verdict {
                     // An integer minus zero has no integer to be kept as: it would come
                     // back as a double, -0.0.
                     let why = if token.trim_start_matches('-').bytes().all(|b| b == b'0') {
-                        "an integer minus zero would be written back as -0.0; send 0, or -0.0 if a negative zero is meant"
+                        "an integer minus zero would be read as the double -0.0; send 0, or -0.0 if a negative zero is meant"
                     } else {
-                        "numbers are kept as 64-bit integers or doubles, about 15 significant digits; send it as a string to keep it exactly"
+                        "numbers are held as 64-bit integers or doubles, about 15 significant digits and fewer below 1e-307; send it as a string to keep it exactly"
                     };
                     return Err(Refusal::new(
                         ReasonCode::InvalidPlan,
                         format!(
-                            "the number {} would not be written back as the same value ({why})",
+                            "the number {} cannot be kept as sent ({why})",
                             shown_number(token)
                         ),
                     ));
@@ -919,6 +919,14 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
     }
     let mut text = text.to_owned();
     for (i, e) in edits.iter().enumerate() {
+        // Edits apply to what the ones before them left, which a caller may not have in
+        // mind when a later edit's text was in the file as read.
+        let shown = match i {
+            0 => shown.clone(),
+            1 => format!("{shown} once edit 1 is applied"),
+            2 => format!("{shown} once edits 1 and 2 are applied"),
+            _ => format!("{shown} once edits 1 to {i} are applied"),
+        };
         if e.old.is_empty() {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
@@ -1142,6 +1150,42 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_edit_refused_after_earlier_edits_says_so() {
+        let edit = |old: &str, new: &str| Edit {
+            old: old.to_owned(),
+            new: new.to_owned(),
+        };
+        // "bc" is in the file as read, but not once "ab" is replaced.
+        let why = apply_edits(b"abc", &[edit("ab", "X"), edit("bc", "Y")], "t.txt").unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::EditNotFound);
+        assert!(
+            why.reason
+                .ends_with("does not occur in 't.txt' once edit 1 is applied"),
+            "{}",
+            why.reason
+        );
+        let why = apply_edits(
+            b"a-b",
+            &[edit("-", "+"), edit("b", "a"), edit("a", "c")],
+            "t.txt",
+        )
+        .unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::EditAmbiguous);
+        assert!(
+            why.reason
+                .contains("occurs 2 times in 't.txt' once edits 1 and 2 are applied;"),
+            "{}",
+            why.reason
+        );
+        let why = apply_edits(b"abc", &[edit("zz", "Y")], "t.txt").unwrap_err();
+        assert!(
+            why.reason.ends_with("does not occur in 't.txt'"),
+            "{}",
+            why.reason
+        );
+    }
 
     #[test]
     fn a_key_given_twice_in_data_is_refused() {
