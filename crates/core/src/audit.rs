@@ -911,11 +911,16 @@ impl AuditLog {
         Ok(verify_with_head(&bytes, head.as_deref()))
     }
 
-    /// [`verify`](Self::verify), and the actions the same bytes record as having
-    /// written (see [`writes_in`]).
-    pub fn verify_and_writes(&self) -> io::Result<(VerifyReport, Writes)> {
+    /// [`verify`](Self::verify), the actions the same bytes record as having written
+    /// (see [`writes_in`]) and their successful writes that registered an artifact (see
+    /// [`registering_writes_in`]).
+    pub fn verify_and_writes(&self) -> io::Result<(VerifyReport, Writes, Vec<RecordedWrite>)> {
         let (bytes, head) = self.log_and_head()?;
-        Ok((verify_with_head(&bytes, head.as_deref()), writes_in(&bytes)))
+        Ok((
+            verify_with_head(&bytes, head.as_deref()),
+            writes_in(&bytes),
+            registering_writes_in(&bytes),
+        ))
     }
 
     /// The log's bytes and the head file's. The head is read under the log's lock, like
@@ -968,6 +973,102 @@ pub(crate) fn with_unlogged(
         )),
         ..report
     }
+}
+
+/// A file write the trail records as done, as the artifact registry must hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedWrite {
+    /// Its line's sequence number.
+    pub seq: u64,
+    /// The workflow.
+    pub workflow_id: String,
+    /// The action.
+    pub action_id: String,
+    /// The file written.
+    pub target_path: String,
+    /// The SHA-256 of the bytes written.
+    pub after_checksum: String,
+}
+
+/// `report` (of a sound chain), failed when writes the trail records as done,
+/// `unregistered` (see [`registering_writes_in`]), are missing from the artifact registry
+/// or registered there with other bytes than their lines name.
+pub(crate) fn with_unregistered(
+    report: VerifyReport,
+    unregistered: &[&RecordedWrite],
+) -> VerifyReport {
+    let Some(first) = unregistered.first() else {
+        return report;
+    };
+    VerifyReport {
+        ok: false,
+        first_bad_seq: None,
+        reason: Some(format!(
+            "the audit trail records {} write(s) the artifact registry does not hold with the bytes recorded (the first: line {}, action {} of workflow {}, {}): lines were removed from or changed in the registry",
+            unregistered.len(),
+            first.seq,
+            shown_path(&first.action_id),
+            shown_path(&first.workflow_id),
+            shown_path(&first.target_path)
+        )),
+        ..report
+    }
+}
+
+/// The `error` of the success line recovery appends for a dead run's write that landed
+/// and was overwritten by a later one before it was registered: no artifact is listed
+/// for it (its size went with the later write).
+pub const UNREGISTERED_DONE: &str = "written, as the later write's starting point shows, by a run that died before registering it: no artifact is listed for it";
+
+/// The successful writes the complete lines of `bytes` record that registered an
+/// artifact: every operation's but `create_directory`'s (a folder is no artifact), and
+/// but those recovery found done and could not register ([`UNREGISTERED_DONE`]). The
+/// registry line is appended before the audit line, so each of them is registered.
+pub fn registering_writes_in(bytes: &[u8]) -> Vec<RecordedWrite> {
+    crate::journal::lines(bytes)
+        .filter_map(|line| serde_json::from_slice::<SandboxAuditEntry>(line).ok())
+        .filter(|e| {
+            e.status == AuditStatus::Success
+                && e.error.as_deref() != Some(UNREGISTERED_DONE)
+                && crate::catalog::op_for_intent(&e.mutation_type)
+                    .is_some_and(|op| !op.is_directory())
+        })
+        .map(|e| RecordedWrite {
+            seq: e.seq,
+            workflow_id: e.workflow_id,
+            action_id: e.action_id,
+            target_path: e.target_path,
+            after_checksum: e.after_checksum.unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The writes of `recorded` that none of `registered` (the registry's entries for
+/// their actions, or more) holds with the checksum their lines name.
+pub fn unregistered<'a>(
+    recorded: &'a [RecordedWrite],
+    registered: &[ArtifactEntry],
+) -> Vec<&'a RecordedWrite> {
+    let held: std::collections::HashSet<(&str, &str, &str)> = registered
+        .iter()
+        .map(|a| {
+            (
+                a.workflow_id.as_str(),
+                a.action_id.as_str(),
+                a.checksum_sha256.as_str(),
+            )
+        })
+        .collect();
+    recorded
+        .iter()
+        .filter(|e| {
+            !held.contains(&(
+                e.workflow_id.as_str(),
+                e.action_id.as_str(),
+                e.after_checksum.as_str(),
+            ))
+        })
+        .collect()
 }
 
 /// The actions, by workflow, that an audit log records as having written.
@@ -1023,11 +1124,23 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         return Ok(report);
     }
     let logged = writes_in(&log);
-    let missing: Vec<ArtifactEntry> = crate::journal::lines(&registered)
+    let entries: Vec<ArtifactEntry> = crate::journal::lines(&registered)
         .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
-        .filter(|a| !records(&logged, a))
         .collect();
-    Ok(with_unlogged(report, &missing, &[]))
+    let missing: Vec<ArtifactEntry> = entries
+        .iter()
+        .filter(|a| !records(&logged, a))
+        .cloned()
+        .collect();
+    let report = with_unlogged(report, &missing, &[]);
+    if !report.ok {
+        return Ok(report);
+    }
+    let recorded = registering_writes_in(&log);
+    Ok(with_unregistered(
+        report,
+        &unregistered(&recorded, &entries),
+    ))
 }
 
 /// Checks a log's bytes against the bytes of its head file (`None`: there is none).

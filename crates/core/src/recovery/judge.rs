@@ -44,16 +44,22 @@ impl Sandbox {
         });
         // A commit record's staged file is made after the record: its absence proves
         // nothing, its presence that the rename never happened.
+        let is_registered = registered.iter().any(|e| e.generated_by_action == made_by);
         let landed = staged.is_none()
-            && (registered.iter().any(|e| e.generated_by_action == made_by)
-                || first_change.is_some_and(|first| found_its_result(meta, first)));
+            && (is_registered || first_change.is_some_and(|first| found_its_result(meta, first)));
         if landed {
             return Some(match &meta.commit {
                 Some(c) => {
                     let _ = self.complete_logs(c, false);
                     None
                 }
-                None => Some(self.done_record(root, meta)),
+                None if is_registered => Some(self.done_record(root, meta)),
+                // Its size went with the later write, so no artifact can be registered
+                // for it now; the line says so, and `audit verify` then expects none.
+                None => Some(AuditRecord {
+                    error: Some(crate::audit::UNREGISTERED_DONE.to_owned()),
+                    ..self.done_record(root, meta)
+                }),
             });
         }
         if let Some((staged, _)) = staged {

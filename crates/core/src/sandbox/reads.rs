@@ -181,23 +181,52 @@ impl Sandbox {
         self.audit.stats().map_err(Error::io("read the audit log"))
     }
 
-    /// Verifies the audit chain, and that the trail records every write the artifact
-    /// registry holds an artifact of. The head kept outside the log catches a cut tail,
-    /// but not one cut together with the head rewritten to match, nor a trail removed
-    /// with its head: the registry, a separate file, still names those writes. Under
-    /// `relaxed` durability the registry is not compared: a power cut may lose trail
-    /// lines the registry keeps.
+    /// Verifies the audit chain, that the trail records every write the artifact
+    /// registry holds an artifact of, and that the registry holds every file write the
+    /// trail records as done, with the bytes it names. The head kept outside the log
+    /// catches a cut tail, but not one cut together with the head rewritten to match,
+    /// nor a trail removed with its head: the registry, a separate file, still names
+    /// those writes; the trail, chained, names what a registry edited by hand lost or
+    /// changed. Not under `relaxed` durability, where a power cut may lose lines of
+    /// either file that the other keeps.
     pub fn audit_verify(&self) -> Result<VerifyReport, Error> {
-        let (report, logged) = self
+        let (report, logged, recorded) = self
             .audit
             .verify_and_writes()
             .map_err(Error::io("read the audit log"))?;
         if !report.ok || !self.durable() {
             return Ok(report);
         }
+        let report = self.with_registry_on_trail(report, &logged)?;
+        if !report.ok {
+            return Ok(report);
+        }
+        // The registry is read after the trail, and a write is registered before its
+        // line is appended: every write the trail read records is in it.
+        let wanted: std::collections::HashSet<(&str, &str)> = recorded
+            .iter()
+            .map(|e| (e.workflow_id.as_str(), e.action_id.as_str()))
+            .collect();
+        let registered = self
+            .registry
+            .find(|a| wanted.contains(&(a.workflow_id.as_str(), a.action_id.as_str())))
+            .map_err(Error::io("read the artifact registry"))?;
+        Ok(crate::audit::with_unregistered(
+            report,
+            &crate::audit::unregistered(&recorded, &registered),
+        ))
+    }
+
+    /// `report`, failed when the registry holds artifacts whose writes the trail
+    /// (`logged`, read before the registry) does not record.
+    fn with_registry_on_trail(
+        &self,
+        report: VerifyReport,
+        logged: &crate::audit::Writes,
+    ) -> Result<VerifyReport, Error> {
         let mut missing = self
             .registry
-            .find(|a| !crate::audit::records(&logged, a))
+            .find(|a| !crate::audit::records(logged, a))
             .map_err(Error::io("read the artifact registry"))?;
         if missing.is_empty() {
             return Ok(report);
@@ -218,7 +247,7 @@ impl Sandbox {
                     .map_err(Error::io("lock a workflow"))?,
             );
         }
-        let (report, logged) = self
+        let (report, logged, _) = self
             .audit
             .verify_and_writes()
             .map_err(Error::io("read the audit log"))?;

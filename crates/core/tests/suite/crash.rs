@@ -1757,6 +1757,23 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
             let statuses: Vec<_> = trail.iter().map(|e| format!("{:?}", e.status)).collect();
             let want = if landed { "Success" } else { "RolledBack" };
             assert_eq!(statuses, [want], "{case}: {trail:?}");
+            // A write that landed and died before its registry line has no artifact, and
+            // its line says so (`audit verify` then expects none); a commit record's
+            // (batched) is registered by recovery, and one that reached the registry is.
+            let registered = sb.artifacts(10, Some("wf_dead")).unwrap();
+            let unregistered = landed
+                && durability == Durability::Strict
+                && matches!(point, "after_mutate" | "before_registry");
+            assert_eq!(
+                registered.len(),
+                usize::from(landed && !unregistered),
+                "{case}"
+            );
+            assert_eq!(
+                trail[0].error.as_deref(),
+                unregistered.then_some(ailab_sandbox_core::audit::UNREGISTERED_DONE),
+                "{case}"
+            );
             assert!(temp_files(&w.root).is_empty(), "{case}");
             let force = forced();
             let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());

@@ -212,6 +212,63 @@ fn writes_the_registry_holds_must_be_on_the_trail() {
     }
 }
 
+/// The trail, chained, names every file write it records as done: a registry line
+/// removed, or its checksum changed, is found by `audit verify` (a folder, which is no
+/// artifact, is not looked for).
+#[test]
+fn writes_the_trail_records_must_be_in_the_registry() {
+    use ailab_sandbox_core::audit::verify_read_only;
+    let (w, sb) = audited_world(4);
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_d", "actions": [{"intent": "create_directory", "path": "d"}]})
+        )),
+        "success"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    drop(sb);
+    let registry = w.state.join("artifacts.jsonl");
+    let original = std::fs::read_to_string(&registry).unwrap();
+    assert_eq!(original.lines().count(), 4);
+    let removed: String = original
+        .lines()
+        .filter(|l| !l.contains("f1.txt"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let first: serde_json::Value = serde_json::from_str(original.lines().next().unwrap()).unwrap();
+    let changed = original.replacen(
+        first["checksum_sha256"].as_str().unwrap(),
+        &"0".repeat(64),
+        1,
+    );
+    for (case, tampered, line) in [
+        ("removed", removed, "f1.txt"),
+        ("changed", changed, "f0.txt"),
+    ] {
+        std::fs::write(&registry, &tampered).unwrap();
+        for v in [
+            verify_read_only(&w.state, true).unwrap(),
+            w.open(strict(&w)).audit_verify().unwrap(),
+        ] {
+            assert!(!v.ok, "{case}: {v:?}");
+            let reason = v.reason.unwrap();
+            assert!(
+                reason.contains("records 1 write(s) the artifact registry does not hold"),
+                "{case}: {reason}"
+            );
+            assert!(reason.contains(line), "{case}: {reason}");
+        }
+        // Under `relaxed` a power cut may lose either file's lines: not compared.
+        let mut relaxed = w.writable_config();
+        relaxed.durability = ailab_sandbox_core::config::Durability::Relaxed;
+        assert!(w.open(relaxed).audit_verify().unwrap().ok, "{case}");
+    }
+    std::fs::write(&registry, &original).unwrap();
+    assert!(w.open(strict(&w)).audit_verify().unwrap().ok);
+    assert!(verify_read_only(&w.state, true).unwrap().ok);
+}
+
 /// Writes under way while the trail is verified are not taken for lines removed.
 #[test]
 fn writes_under_way_do_not_fail_verification() {
