@@ -357,11 +357,17 @@ impl Sandbox {
                 &c.staged_name,
                 crate::snapshot::MAX_SNAPSHOT_BYTES,
             )?;
+            // Under `batched` the sync point that concludes recovery makes the rename
+            // durable (covering the target's filesystem), as for any batched write: a
+            // sync of the folder itself must open it for reading, which a folder this
+            // process may only write in (mode 0300) refuses, and the write would be
+            // undone.
             if crate::hash::sha256_hex(&bytes) != c.after_sha256
+                || self.cover_target(root, &rel).is_err()
                 || staged
                     .commit(
                         crate::confine::root::Put::new_or_any(c.no_replace),
-                        self.durable(),
+                        self.fsync_each(),
                     )
                     .is_err()
             {

@@ -192,6 +192,57 @@ fn batched(w: &World) -> ailab_sandbox_core::Config {
     c
 }
 
+/// Runs `f` on this thread without the capabilities that let root read and search any
+/// folder (capabilities are per thread): as a user other than root is, whatever its
+/// modes say. A process without them runs `f` as it is.
+fn without_dac_override<T>(f: impl FnOnce() -> T) -> T {
+    use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+    let held = capabilities(None).unwrap();
+    let mut fewer = held;
+    fewer.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+    set_capabilities(None, fewer).unwrap();
+    let out = std::panic::catch_unwind(AssertUnwindSafe(f));
+    set_capabilities(None, held).unwrap();
+    out.unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// Under `batched`, a large write is committed by a sync point, not the commit log. A run
+/// that dies after that point, before its rename, in a folder this process may write in
+/// but not read (mode 0300), is finished by recovery: the sync point that concludes
+/// recovery covers the rename, where a sync of the folder itself, which must open it for
+/// reading, would fail and have the write undone.
+#[test]
+fn batched_recovery_finishes_a_write_in_a_folder_it_may_not_read() {
+    use std::os::unix::fs::DirBuilderExt;
+    let w = World::new();
+    std::fs::create_dir_all(&w.root).unwrap();
+    std::fs::DirBuilder::new()
+        .mode(0o300)
+        .create(w.root.join("d"))
+        .unwrap();
+    w.write("d/a.txt", b"alpha\n");
+    let big = "B".repeat(200 * 1024);
+    let sb = w.open(batched(&w));
+    sb.failpoints().arm_crash("before_mutate", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_big", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "d/a.txt", "content": big}]})))
+    }));
+    assert!(outcome.is_err(), "the run should crash");
+    drop(sb);
+    let notices = without_dac_override(|| w.open(batched(&w)).notices().to_vec());
+    assert!(
+        notices.iter().any(|n| n.contains(": 1 action finished")),
+        "{notices:?}"
+    );
+    assert_eq!(w.read("d/a.txt"), big.as_bytes());
+    let sb = w.open(batched(&w));
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_big", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("d/a.txt"), b"alpha\n");
+}
+
 fn one_replace() -> serde_json::Value {
     json!({"workflow_id": "wf_commit", "actions": [
         {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})
