@@ -455,17 +455,22 @@ impl Config {
             "the configured or default roots",
             "absolute directories separated by ':'",
         )? {
-            c.roots = v
-                .split(':')
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-                .collect();
-            if c.roots.is_empty() {
+            if v.split(':').all(str::is_empty) {
                 return Err(ConfigError(format!(
                     "{} is {v:?}: separators and no path; unset it to use the configured or default roots, or give absolute directories separated by ':'",
                     env::ROOTS
                 )));
             }
+            // An empty entry is refused like an empty variable: `$A:$B` with `$B` unset
+            // would otherwise drop a root without a word.
+            if let Some(n) = v.split(':').position(str::is_empty) {
+                return Err(ConfigError(format!(
+                    "{} is {v:?}: entry {} is empty (an unset variable between the separators?); give absolute directories separated by ':', none empty",
+                    env::ROOTS,
+                    n + 1
+                )));
+            }
+            c.roots = v.split(':').map(PathBuf::from).collect();
             c.roots_explicit = true;
         }
         if !flags.roots.is_empty() {

@@ -312,9 +312,20 @@ fn empty_variables_are_refused_not_defaulted() {
             "{value}: {err}"
         );
     }
+    // So does an empty entry among paths: a root would be dropped without a word.
+    for (value, entry) in [("/srv/a::/srv/b", 2), ("/srv/a:", 2), (":/srv/a", 1)] {
+        let err = resolve(None, &[(env::ROOTS, value)], &Overrides::default()).unwrap_err();
+        assert!(
+            err.0.starts_with(&format!(
+                "{} is {value:?}: entry {entry} is empty",
+                env::ROOTS
+            )),
+            "{value}: {err}"
+        );
+    }
     let c = resolve(
         None,
-        &[(env::ROOTS, "/srv/a::/srv/b:")],
+        &[(env::ROOTS, "/srv/a:/srv/b")],
         &Overrides::default(),
     )
     .unwrap();
