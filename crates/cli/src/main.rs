@@ -277,8 +277,9 @@ fn main() -> ExitCode {
                 );
             }
             if json {
+                // Pretty, as every other document `--json` prints.
                 out!(
-                    "{}",
+                    "{:#}",
                     serde_json::json!({"reason_code": code, "reason": reason})
                 );
             }
@@ -400,7 +401,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         .join(" ");
     let reason = reason.trim_start_matches("error: ");
     out!(
-        "{}",
+        "{:#}",
         serde_json::json!({"reason_code": codes::INVALID_USAGE, "reason": human::safe(reason)})
     );
     eprintln!("{}", text.trim_end());

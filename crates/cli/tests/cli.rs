@@ -502,7 +502,26 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
         let doc = json_out(&out);
         assert_eq!(doc["reason_code"], json!("invalid_usage"), "{args:?}");
         assert!(doc["reason"].as_str().unwrap().contains(args[1]), "{doc}");
+        // Printed like every other document `--json` prints.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{}\n", serde_json::to_string_pretty(&doc).unwrap()),
+            "{args:?}"
+        );
     }
+    // So is a configuration that cannot be used.
+    let out = e
+        .cmd()
+        .args(["--json", "--phase", "x", "state"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let doc = json_out(&out);
+    assert_eq!(doc["reason_code"], json!("invalid_config"), "{doc}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}\n", serde_json::to_string_pretty(&doc).unwrap())
+    );
 }
 
 #[test]
@@ -737,6 +756,34 @@ fn prune_parses_durations() {
     assert_eq!(json_out(&out)["workflows_pruned"], json!([]));
     assert_eq!(json_out(&out)["simulated"], json!(true), "writing is off");
     assert_eq!(json_out(&out)["dry_run_reason"], json!("sandbox_disabled"));
+    // A real prune's document has the same fields, the reason null as in a run result.
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "prune",
+            "--older-than",
+            "7d",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let doc = json_out(&out);
+    let fields: Vec<&String> = doc.as_object().unwrap().keys().collect();
+    assert_eq!(
+        fields,
+        [
+            "dry_run_reason",
+            "simulated",
+            "workflows_failed",
+            "workflows_kept",
+            "workflows_pruned"
+        ],
+        "{doc}"
+    );
+    assert_eq!(doc["dry_run_reason"], json!(null));
     for (args, says) in [
         (
             &["prune", "--older-than", "0s"][..],

@@ -21,7 +21,6 @@ pub struct PruneReport {
     /// Writing is off or dry-run is on: nothing was removed.
     pub simulated: bool,
     /// Why, when `simulated`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run_reason: Option<DryRunReason>,
 }
 
