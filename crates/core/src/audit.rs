@@ -952,7 +952,7 @@ pub(crate) fn with_unlogged(
             ok: false,
             first_bad_seq: None,
             reason: Some(format!(
-                "the audit trail does not record yet the writes of {} registered artifact(s) (the first: {}, action {} of workflow {}): their run could not write its lines (a full disk?) and left its record for recovery, which records them at the workflow's next use or the next start once the state directory can be written; verify again then",
+                "the audit trail does not record yet the writes of {} registered artifact(s) (the first: {}, action {} of workflow {}): their run stopped before writing its lines (killed, or a full disk) and left its record for recovery, which records them at the workflow's next use or the next start once the state directory can be written; verify again then",
                 pending.len(),
                 first.artifact_id,
                 shown_path(&first.action_id),
@@ -1004,7 +1004,7 @@ pub(crate) fn with_unregistered(
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the audit trail records {} write(s) the artifact registry does not hold with the bytes recorded (the first: line {}, action {} of workflow {}, {}): lines were removed from or changed in the registry",
+            "the audit trail records {} write(s) the artifact registry does not hold as recorded, one artifact with the bytes its line names (the first: line {}, action {} of workflow {}, {}): lines were removed from, changed in or added to the registry",
             unregistered.len(),
             first.seq,
             shown_path(&first.action_id),
@@ -1043,30 +1043,31 @@ pub fn registering_writes_in(bytes: &[u8]) -> Vec<RecordedWrite> {
         .collect()
 }
 
-/// The writes of `recorded` that none of `registered` (the registry's entries for
-/// their actions, or more) holds with the checksum their lines name.
+/// The writes of `recorded` the registry (`registered`: its entries for their actions,
+/// or more) does not hold as their lines name them: one artifact per action, with the
+/// checksum its line names. An action with no entry, with an entry of other bytes, or
+/// with a second artifact beside its own (a line added) is listed.
 pub fn unregistered<'a>(
     recorded: &'a [RecordedWrite],
     registered: &[ArtifactEntry],
 ) -> Vec<&'a RecordedWrite> {
-    let held: std::collections::HashSet<(&str, &str, &str)> = registered
-        .iter()
-        .map(|a| {
-            (
-                a.workflow_id.as_str(),
-                a.action_id.as_str(),
-                a.checksum_sha256.as_str(),
-            )
-        })
-        .collect();
+    let mut held: std::collections::HashMap<(&str, &str), Vec<&ArtifactEntry>> =
+        std::collections::HashMap::new();
+    for a in registered {
+        held.entry((a.workflow_id.as_str(), a.action_id.as_str()))
+            .or_default()
+            .push(a);
+    }
     recorded
         .iter()
         .filter(|e| {
-            !held.contains(&(
-                e.workflow_id.as_str(),
-                e.action_id.as_str(),
-                e.after_checksum.as_str(),
-            ))
+            let entries = held
+                .get(&(e.workflow_id.as_str(), e.action_id.as_str()))
+                .map_or(&[][..], Vec::as_slice);
+            entries.is_empty()
+                || entries.iter().any(|a| {
+                    a.checksum_sha256 != e.after_checksum || a.artifact_id != entries[0].artifact_id
+                })
         })
         .collect()
 }
@@ -1132,7 +1133,35 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         .filter(|a| !records(&logged, a))
         .cloned()
         .collect();
-    let report = with_unlogged(report, &missing, &[]);
+    // A run that died between its registry line and its audit line is no tampering:
+    // its record awaits the recovery a runtime opening this directory would make.
+    let mut workflows: Vec<String> = missing.iter().map(|a| a.workflow_id.clone()).collect();
+    workflows.sort_unstable();
+    workflows.dedup();
+    workflows.retain(|w| crate::plan::is_valid_id(w));
+    let records: Vec<String> = workflows.iter().map(|w| format!("{w}.json")).collect();
+    let names: Vec<&str> = records.iter().map(String::as_str).collect();
+    let awaiting: std::collections::HashSet<String> = StateDir::read_without_opening(
+        &state_dir.join(crate::confine::state::INFLIGHT_DIR),
+        &names,
+        4096,
+    )
+    .map(|read| {
+        workflows
+            .iter()
+            .zip(read)
+            .filter(|(_, rec)| {
+                rec.as_deref()
+                    .is_some_and(crate::recovery::record_awaits_recovery)
+            })
+            .map(|(w, _)| w.clone())
+            .collect()
+    })
+    .unwrap_or_default();
+    let (pending, missing): (Vec<_>, Vec<_>) = missing
+        .into_iter()
+        .partition(|a| awaiting.contains(&a.workflow_id));
+    let report = with_unlogged(report, &missing, &pending);
     if !report.ok {
         return Ok(report);
     }

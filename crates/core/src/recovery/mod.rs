@@ -51,9 +51,13 @@ impl Sandbox {
             .inflight_read(workflow_id)
             .ok()
             .flatten()
-            .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
-            .is_some_and(|r| needs_recovery(&r))
+            .is_some_and(|b| record_awaits_recovery(&b))
     }
+}
+
+/// Whether the run record `bytes` (a workflow's `inflight/ID.json`) awaits recovery.
+pub(crate) fn record_awaits_recovery(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<InflightRecord>(bytes).is_ok_and(|r| needs_recovery(&r))
 }
 
 /// The record a workflow's run keeps while it changes files (`state: active`), set back to

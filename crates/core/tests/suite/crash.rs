@@ -407,9 +407,20 @@ fn verify_tells_a_write_awaiting_recovery_from_a_cut_trail() {
     let why = v.reason.unwrap();
     assert!(why.contains("does not record yet"), "{why}");
     assert!(!why.contains("lines were removed"), "{why}");
+    // Verified without opening the runtime (a read-only copy), alike.
+    let v = ailab_sandbox_core::audit::verify_read_only(&w.state, true).unwrap();
+    assert!(!v.ok, "{v:?}");
+    let why = v.reason.unwrap();
+    assert!(why.contains("does not record yet"), "{why}");
+    assert!(!why.contains("lines were removed"), "{why}");
     drop(sb);
     let sb = w.open(c);
     assert!(sb.audit_verify().unwrap().ok);
+    assert!(
+        ailab_sandbox_core::audit::verify_read_only(&w.state, true)
+            .unwrap()
+            .ok
+    );
 }
 
 /// A dead run whose snapshot folder someone replaced by a link is not recovered, and the

@@ -242,9 +242,21 @@ fn writes_the_trail_records_must_be_in_the_registry() {
         &"0".repeat(64),
         1,
     );
+    // A line added beside an action's own, with other bytes or the same.
+    let beside = |checksum: &str| {
+        let mut extra = first.clone();
+        let id = first["artifact_id"].as_str().unwrap();
+        extra["artifact_id"] = json!(format!("{}beef", &id[..id.len() - 4]));
+        extra["checksum_sha256"] = json!(checksum);
+        format!("{original}{extra}\n")
+    };
+    let added = beside(&"f".repeat(64));
+    let doubled = beside(first["checksum_sha256"].as_str().unwrap());
     for (case, tampered, line) in [
         ("removed", removed, "f1.txt"),
         ("changed", changed, "f0.txt"),
+        ("added", added, "f0.txt"),
+        ("doubled", doubled, "f0.txt"),
     ] {
         std::fs::write(&registry, &tampered).unwrap();
         for v in [
@@ -254,7 +266,8 @@ fn writes_the_trail_records_must_be_in_the_registry() {
             assert!(!v.ok, "{case}: {v:?}");
             let reason = v.reason.unwrap();
             assert!(
-                reason.contains("records 1 write(s) the artifact registry does not hold"),
+                reason
+                    .contains("records 1 write(s) the artifact registry does not hold as recorded"),
                 "{case}: {reason}"
             );
             assert!(reason.contains(line), "{case}: {reason}");
