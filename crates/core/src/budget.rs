@@ -48,15 +48,26 @@ pub fn check_budget(
         ));
     }
     let bytes = registered.bytes + planned.bytes;
+    let limit_words = match human_bytes(limits.max_workflow_bytes) {
+        h if h == format!("{} bytes", limits.max_workflow_bytes) => h,
+        h => format!("{} ({h})", limits.max_workflow_bytes),
+    };
+    // No workflow could take it: a new one would be refused alike.
+    if size > limits.max_workflow_bytes {
+        return Err(Refusal::new(
+            ReasonCode::BudgetBytesExceeded,
+            format!(
+                "a file of {size} bytes is larger than a workflow's whole budget of {limit_words}, so no workflow can take it: write less, or have the operator raise limits.max_workflow_bytes"
+            ),
+        ));
+    }
     if bytes + size > limits.max_workflow_bytes {
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {} ({}) (every file the workflow writes counts at its full size)",
+                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size)",
                 registered.bytes,
                 plan_part(planned.bytes, "bytes"),
-                limits.max_workflow_bytes,
-                human_bytes(limits.max_workflow_bytes)
             ),
         ));
     }
@@ -191,6 +202,24 @@ mod tests {
                 "workflow 'w' has artifacts of {} bytes in all; a file of 11 bytes would pass its limit of {max} (25 MiB) (every file the workflow writes counts at its full size)",
                 max - 10
             )
+        );
+        // A file no workflow could take says so, whatever is used; a limit that reads
+        // the same in words is given once.
+        let small = Limits {
+            max_workflow_bytes: 10,
+            ..Limits::default()
+        };
+        let r = check_budget("w", &small, none, none, 11).unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::BudgetBytesExceeded);
+        assert_eq!(
+            r.reason,
+            "a file of 11 bytes is larger than a workflow's whole budget of 10 bytes, so no workflow can take it: write less, or have the operator raise limits.max_workflow_bytes"
+        );
+        let r = check_budget("w", &small, used(1, 5), none, 6).unwrap_err();
+        assert!(
+            r.reason.ends_with("would pass its limit of 10 bytes (every file the workflow writes counts at its full size)"),
+            "{}",
+            r.reason
         );
     }
 }
