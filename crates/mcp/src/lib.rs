@@ -173,10 +173,10 @@ impl SandboxMcp {
         };
         format!(
             "ailab-sandbox is a governed filesystem write runtime. Use its tools to create and edit text files, but only inside the sandbox roots: {roots}. \
-Give paths relative to the first root (e.g. \"notes/todo.md\"); '..', '~' and absolute paths outside the roots are refused. \
+Give paths relative to the first root (e.g. \"notes/todo.md\"), or relative to another root named in the call's 'root' (read and write tools alike); '..', '~' and absolute paths outside the roots are refused. \
 There is no shell and no delete, move or chmod: files are never made executable. \
 Each write tool checks the extension and size limit named in its description, the workflow's budget and a rate limit of {rate} writes per minute; \
-then it snapshots the target, writes atomically, records an artifact (sha256) and an audit entry. \
+then it snapshots the target, writes atomically, records an artifact (sha256; a folder create_directory makes is none) and an audit entry. \
 Every write can be undone with rollback_action (one write) or rollback_workflow (all writes of a workflow). \
 All writes of this session belong to workflow {wf} unless a call passes workflow_id. \
 A refused or failed call returns isError with a reason_code, the reason and what to do instead; read it and adapt rather than retrying unchanged. \
@@ -358,6 +358,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let workflow_id = args
             .str("workflow_id")
             .unwrap_or_else(|| self.workflow_id.to_string());
+        let root = args.str("root");
         let action = plan::Action {
             intent: op.name.to_owned(),
             path: args.str("path").unwrap_or_default(),
@@ -365,7 +366,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             data: args.take_value("data"),
             edits: args.take_edits("edits"),
             description: args.str("description"),
-            root: args.str("root"),
+            root: root.clone(),
             tool: Some("mcp".to_owned()),
             ..plan::Action::default()
         };
@@ -376,7 +377,13 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         };
         let phase = self.sandbox.config().phase.clone();
         match self.blocking(move |sb| sb.run_plan(plan)).await {
-            Ok(Ok(res)) => render::write_result(&res, self.writer(op), &self.workflow_id, &phase),
+            Ok(Ok(res)) => render::write_result(
+                &res,
+                self.writer(op),
+                &self.workflow_id,
+                &phase,
+                root.as_deref(),
+            ),
             Ok(Err(r)) => refusal(&r, Some(self.writer(op)), ". Nothing was written."),
             Err(e) => e,
         }

@@ -127,7 +127,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "use one of the write tools of this server (create_file, append_file, replace_file, create_directory, write_json, write_yaml, write_markdown, generate_report, generate_config, generate_script, sandbox_transform); deleting, moving, running commands or installing packages is never possible here."
         }
         C::ChmodForbidden => {
-            "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description and content, and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
+            "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description (the content is not screened), and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
         }
         C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
             "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no absolute path outside the roots, no more components than get_state's limits.max_path_depth. Call get_state to see the roots and the limit."
@@ -205,7 +205,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "check the arguments against the tool's input schema (tools/list) and call it again."
         }
         C::BudgetArtifactsExceeded | C::BudgetBytesExceeded => {
-            "this workflow has used its budget of artifacts or bytes; ask the user whether to continue in a new workflow (pass a new workflow_id) or to have the operator raise the limits."
+            "this workflow has used its budget of artifacts or bytes; ask the user whether to continue in a new workflow (pass a new workflow_id) or to have the operator raise the limits. When the reason says the file alone is larger than a workflow's whole budget, no new workflow helps: write less, or ask for the limit to be raised."
         }
         C::RateLimited => {
             "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
@@ -246,12 +246,14 @@ pub(crate) fn dry_run_words(reason: Option<DryRunReason>, phase: &str) -> String
     }
 }
 
-/// The result of a one-action write run.
+/// The result of a one-action write run; `root`, the root the call named, is repeated
+/// beside the path, which is relative to it (read tools take the first root unless told).
 pub(crate) fn write_result(
     res: &RunResult,
     w: Writer<'_>,
     session_wf: &str,
     phase: &str,
+    root: Option<&str>,
 ) -> CallToolResult {
     let op = w.op;
     let mut structured = to_value(res);
@@ -296,8 +298,11 @@ pub(crate) fn write_result(
                 )
             };
             let text = format!(
-                "{what}\npath: {path}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
+                "{what}\npath: {path}{in_root}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
                 path = a.path,
+                in_root = root.map_or_else(String::new, |r| format!(
+                    "\nroot: {r} (the path is in this root: pass it as 'root' to read or change the file)"
+                )),
                 sha = sum(&a.after_checksum),
                 size_n = a
                     .size_bytes

@@ -384,12 +384,18 @@ pub(crate) fn extensions_for(op: &Operation, sandbox: &Sandbox) -> Vec<String> {
 
 /// `depth`: the configured `limits.max_path_depth`.
 fn path_field(what: &str, required: bool, depth: usize) -> Field {
+    // A folder's example is a folder's.
+    let example = if what.starts_with("Directory") {
+        "notes/drafts"
+    } else {
+        "notes/todo.md"
+    };
     Field::new(
         "path",
         Kind::Str,
         required,
         format!(
-            "{what}, relative to the sandbox root (e.g. \"notes/todo.md\"). Absolute paths are accepted only inside a root. No '..', no '~', at most {depth} components; '.rollback/' is reserved."
+            "{what}, relative to the sandbox root (e.g. \"{example}\"). Absolute paths are accepted only inside a root. No '..', no '~', at most {depth} components; '.rollback/' is reserved."
         ),
     )
 }
@@ -483,8 +489,13 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
         "What the write is for, read by governance only (it is not stored): asking here for chmod or an executable file gets the call refused.",
     ));
     fields.push(root_field());
+    let registered = if op.is_directory() {
+        "Each call is checked and snapshotted first (a folder is not registered as an artifact)"
+    } else {
+        "Each write is checked, snapshotted first and registered as an artifact"
+    };
     let description = format!(
-        "{} {ext_text}{size_text} Writes only inside the sandbox roots, never through a shell, and never sets execute bits (files 0644). Each write is checked, snapshotted first and registered as an artifact; undo it with rollback_action or rollback_workflow. When the operator has not enabled writing, the call is only simulated: the result says so and nothing is written.",
+        "{} {ext_text}{size_text} Writes only inside the sandbox roots, never through a shell, and never sets execute bits (files 0644). {registered}; undo it with rollback_action or rollback_workflow. When the operator has not enabled writing, the call is only simulated: the result says so and nothing is written.",
         op.summary
     );
     let destructive = !matches!(

@@ -510,3 +510,40 @@ async fn a_last_message_without_a_newline_is_answered() {
     assert_eq!(std::fs::read(s.root.join("last.txt")).unwrap(), b"x");
     s.finish().await;
 }
+
+/// A write into another root than the first says which root its path is in: a read or
+/// an edit of the same path without it would reach the first root's file.
+#[tokio::test]
+async fn a_write_into_another_root_names_the_root() {
+    let other = tempfile::tempdir().unwrap();
+    let second = other.path().join("second");
+    let s = Session::start_with(Mode::Write, |c| c.roots.push(second.clone())).await;
+    let named = second.display().to_string();
+    let r = s
+        .ok(
+            "write_markdown",
+            json!({"path": "v.md", "content": "two\n", "root": named}),
+        )
+        .await;
+    let t = text(&r);
+    assert!(
+        t.contains(&format!(
+            "\nroot: {named} (the path is in this root: pass it as 'root'"
+        )),
+        "{t}"
+    );
+    assert_eq!(std::fs::read(second.join("v.md")).unwrap(), b"two\n");
+    let r = s
+        .ok("read_file", json!({"path": "v.md", "root": named}))
+        .await;
+    assert!(text(&r).contains("two"), "{}", text(&r));
+    // A write into the first root names none.
+    let r = s
+        .ok(
+            "write_markdown",
+            json!({"path": "w.md", "content": "one\n"}),
+        )
+        .await;
+    assert!(!text(&r).contains("\nroot: "), "{}", text(&r));
+    s.finish().await;
+}
