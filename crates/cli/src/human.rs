@@ -143,10 +143,15 @@ pub fn run_result(r: &RunResult) {
     }
 }
 
-pub fn rollback(r: &RollbackReport) {
+/// A rollback's report; `action`, when only that action was asked for, heads it, so that
+/// its status is not read as the whole workflow's.
+pub fn rollback(r: &RollbackReport, action: Option<&str>) {
+    let what = match action {
+        Some(a) => format!("action {} of workflow {}", safe(a), safe(&r.workflow_id)),
+        None => format!("workflow {}", safe(&r.workflow_id)),
+    };
     out!(
-        "workflow {}  {}  steps rolled back: {}",
-        safe(&r.workflow_id),
+        "{what}  {}  steps rolled back: {}",
         paint(r.status, r.is_success() || r.is_simulated()),
         r.steps_rolled_back
     );
@@ -219,6 +224,9 @@ pub fn audit_stats(s: &AuditStats) {
     for (k, v) in &s.by_intent {
         out!("  intent {:<18} {v}", k.escape_debug().to_string());
     }
+    for (k, v) in &s.by_reason_code {
+        out!("  reason {k:<18} {v}");
+    }
 }
 
 pub fn verify(v: &VerifyReport) {
@@ -240,7 +248,7 @@ pub fn verify(v: &VerifyReport) {
 
 pub fn artifacts(list: &[ArtifactEntry]) {
     out!(
-        "{:<36} {:<16} {:<12} {:>9} PATH",
+        "{:<36} {:<18} {:<12} {:>9} PATH",
         "ARTIFACT",
         "INTENT",
         "SHA256",
@@ -248,7 +256,7 @@ pub fn artifacts(list: &[ArtifactEntry]) {
     );
     for a in list {
         out!(
-            "{:<36} {:<16} {:<12} {:>9} {}",
+            "{:<36} {:<18} {:<12} {:>9} {}",
             a.artifact_id,
             safe(&a.mutation_type),
             short(Some(&a.checksum_sha256)),

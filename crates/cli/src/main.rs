@@ -618,8 +618,13 @@ fn run(cli: Cli) -> Result<u8> {
             action_id,
             force,
         } => {
-            let report =
-                sandbox.rollback_workflow(&workflow_id, &RollbackOptions { action_id, force });
+            let report = sandbox.rollback_workflow(
+                &workflow_id,
+                &RollbackOptions {
+                    action_id: action_id.clone(),
+                    force,
+                },
+            );
             if json {
                 print_json(&report)?;
                 // As for any refusal: the reason on standard error too.
@@ -627,7 +632,7 @@ fn run(cli: Cli) -> Result<u8> {
                     eprintln!("refused ({code}): {}", human::safe(why));
                 }
             } else {
-                human::rollback(&report);
+                human::rollback(&report, action_id.as_deref());
             }
             Ok(if report.is_success() || report.is_simulated() {
                 EXIT_OK

@@ -2382,3 +2382,66 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         std::os::unix::fs::chown(e.state.join(file), Some(65534), Some(65534)).unwrap();
     }
 }
+
+/// The human forms say what the JSON says: a rollback of one action is headed by that
+/// action, not read as the whole workflow's; audit statistics count reason codes; a
+/// long intent keeps the artifact table's columns.
+#[test]
+fn human_output_says_what_the_json_says() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_h", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "t.txt", "content": "one\n"},
+            {"action_id": "a2", "intent": "sandbox_transform", "path": "t.txt",
+             "edits": [{"old": "one", "new": "two"}]}]}),
+    );
+    let out = e
+        .cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let refused = e.write_plan(
+        "r.json",
+        &json!({"workflow_id": "wf_r", "actions": [
+            {"intent": "create_file", "path": "../x.txt", "content": "x"}]}),
+    );
+    let out = e.cmd().arg("run").arg(&refused).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = e.cmd().args(["artifacts"]).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rows: Vec<&str> = table.lines().collect();
+    assert_eq!(rows.len(), 3, "{table}");
+    assert!(rows[1].contains(" sandbox_transform "), "{table}");
+    // Every row's checksum starts under the header's SHA256.
+    for row in &rows[1..] {
+        let sha = row.split_whitespace().nth(2).unwrap();
+        assert_eq!(row.find(sha), rows[0].find("SHA256"), "{table}");
+    }
+    let out = e.cmd().args(["audit", "stats"]).output().unwrap();
+    let stats = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stats
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["reason", "path_traversal", "1"]),
+        "{stats}"
+    );
+    let out = e
+        .cmd()
+        .args([
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_h",
+            "--action",
+            "a2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.starts_with("action a2 of workflow wf_h  "), "{said}");
+    assert_eq!(std::fs::read(e.root.join("t.txt")).unwrap(), b"one\n");
+}
