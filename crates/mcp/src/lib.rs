@@ -558,11 +558,14 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             return refusal(&r, None, "");
         }
         let wf = workflow_id.clone();
-        match self
-            .blocking(move |sb| sb.artifacts(limit, wf.as_deref()))
-            .await
-        {
-            Ok(Ok(list)) => {
+        // Whose write was rolled back, so that no listed file is taken for what it holds.
+        let listed = move |sb: &Sandbox| {
+            let list = sb.artifacts(limit, wf.as_deref())?;
+            let undone = rolled_back_ids(sb, &list);
+            Ok::<_, ailab_sandbox_core::Error>((list, undone))
+        };
+        match self.blocking(listed).await {
+            Ok(Ok((list, undone))) => {
                 let scope = workflow_id.map_or_else(String::new, |w| format!(" of workflow {w}"));
                 let mut text = if list.is_empty() {
                     format!("No artifacts{scope}.")
@@ -571,7 +574,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 };
                 for a in &list {
                     text.push_str(&format!(
-                        "\n{} {} {} ({} bytes, sha256 {}) workflow {} action {} at {}",
+                        "\n{} {} {} ({} bytes, sha256 {}) workflow {} action {} at {}{}",
                         a.artifact_id,
                         a.mutation_type,
                         a.path,
@@ -579,10 +582,18 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         a.checksum_sha256,
                         a.workflow_id,
                         a.action_id,
-                        a.created_at
+                        a.created_at,
+                        if undone.contains(&a.artifact_id) {
+                            " (rolled back: this write was undone)"
+                        } else {
+                            ""
+                        }
                     ));
                 }
-                ok(text, Some(serde_json::json!({"artifacts": list})))
+                ok(
+                    text,
+                    Some(serde_json::json!({"artifacts": list, "rolled_back": undone})),
+                )
             }
             Ok(Err(e)) => storage_failure(&e),
             Err(e) => e,
@@ -596,18 +607,27 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             return render::refusal_advising(&r, ".", FIND_IT);
         }
         let lookup = id.clone();
-        match self
-            .blocking(move |sb| sb.artifact_with_lineage(&lookup))
-            .await
-        {
-            Ok(Ok(Some((a, lineage)))) => {
+        let found = move |sb: &Sandbox| {
+            let found = sb.artifact_with_lineage(&lookup)?;
+            let undone = found
+                .as_ref()
+                .is_some_and(|(a, _)| !rolled_back_ids(sb, std::slice::from_ref(a)).is_empty());
+            Ok::<_, ailab_sandbox_core::Error>(found.map(|f| (f, undone)))
+        };
+        match self.blocking(found).await {
+            Ok(Ok(Some(((a, lineage), undone)))) => {
                 let mut text = format!(
-                    "{} {} {} ({} bytes, sha256 {})\nworkflow {} action {} at {}\nparent artifact: {}",
+                    "{} {} {} ({} bytes, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
                     a.artifact_id,
                     a.mutation_type,
                     a.path,
                     a.size_bytes,
                     a.checksum_sha256,
+                    if undone {
+                        " (rolled back: this write was undone)"
+                    } else {
+                        ""
+                    },
                     a.workflow_id,
                     a.action_id,
                     a.created_at,
@@ -626,7 +646,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 ok(
                     text,
-                    Some(serde_json::json!({"artifact": a, "lineage": lineage})),
+                    Some(
+                        serde_json::json!({"artifact": a, "lineage": lineage, "rolled_back": undone}),
+                    ),
                 )
             }
             Ok(Ok(None)) => render::refusal_advising(
@@ -856,6 +878,21 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     // A blocking stdin read may still be pending if the session ended for another reason.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// The ids of the artifacts in `list` whose write the trail records as rolled back.
+fn rolled_back_ids(
+    sb: &Sandbox,
+    list: &[ailab_sandbox_core::artifact::ArtifactEntry],
+) -> Vec<String> {
+    list.iter()
+        .filter(|a| {
+            sb.audit_log()
+                .is_rolled_back(&a.workflow_id, &a.action_id)
+                .unwrap_or(false)
+        })
+        .map(|a| a.artifact_id.clone())
+        .collect()
 }
 
 #[cfg(test)]

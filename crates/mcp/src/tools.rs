@@ -594,7 +594,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "list_artifacts",
         ToolKind::ListArtifacts,
         "List artifacts".into(),
-        "List registered artifacts (files written), newest first, with path, checksum, size, intent, workflow and action.".into(),
+        "List registered artifacts (files written), newest first, with path, checksum, size, intent, workflow and action; those whose write was rolled back are marked so.".into(),
         vec![
             Field::new(
                 "limit",

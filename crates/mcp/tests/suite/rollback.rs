@@ -134,3 +134,49 @@ async fn a_directory_rollback_says_what_became_of_it() {
     assert!(!s.path("fresh").exists());
     s.finish().await;
 }
+
+/// An artifact whose write was rolled back says so where it is listed or shown: an agent
+/// must not take the file for holding its bytes.
+#[tokio::test]
+async fn artifacts_of_rolled_back_writes_say_so() {
+    let s = Session::start(Mode::Write).await;
+    let kept = s
+        .ok("create_file", json!({"path": "k.txt", "content": "k\n"}))
+        .await;
+    let undone = s
+        .ok("create_file", json!({"path": "u.txt", "content": "u\n"}))
+        .await;
+    let id = |r: &rmcp::model::CallToolResult, field: &str| {
+        structured(r)["actions"][0][field]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    s.ok(
+        "rollback_action",
+        json!({"action_id": id(&undone, "action_id")}),
+    )
+    .await;
+    let (kept_art, undone_art) = (id(&kept, "artifact_id"), id(&undone, "artifact_id"));
+    let r = s.ok("list_artifacts", json!({})).await;
+    let t = text(&r);
+    let line = |art: &str| t.lines().find(|l| l.starts_with(art)).unwrap().to_owned();
+    assert!(
+        line(&undone_art).ends_with("(rolled back: this write was undone)"),
+        "{t}"
+    );
+    assert!(!line(&kept_art).contains("rolled back"), "{t}");
+    assert_eq!(structured(&r)["rolled_back"], json!([undone_art]));
+    let r = s
+        .ok("get_artifact", json!({"artifact_id": undone_art}))
+        .await;
+    assert!(
+        text(&r).contains("(rolled back: this write was undone)"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(structured(&r)["rolled_back"], json!(true));
+    let r = s.ok("get_artifact", json!({"artifact_id": kept_art})).await;
+    assert_eq!(structured(&r)["rolled_back"], json!(false));
+    s.finish().await;
+}
