@@ -283,7 +283,7 @@ mod reading {
                         |a| &mut a.edits,
                         || {
                             format!(
-                                "the plan has more than {0} edits in all; at most {0} are allowed in one plan, so split the changes over several plans",
+                                "the plan has more than {0} edits in all; at most {0} are allowed in one plan, so split the changes over several plans or calls",
                                 super::MAX_EDITS_PER_PLAN
                             )
                         },

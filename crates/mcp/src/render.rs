@@ -193,7 +193,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "include more surrounding text in 'old' so that it occurs exactly once in the file."
         }
         C::InvalidId => {
-            "fix the id the reason names, or omit workflow_id to use this session's workflow."
+            "fix the id the reason names (1-64 letters, digits, '.', '_' or '-'; an action id runs once in its workflow); a workflow_id may also be left out, to use this session's workflow."
         }
         C::InvalidPlan if op.is_some_and(|w| w.op.name == "sandbox_transform") => {
             return format!(
@@ -279,9 +279,9 @@ pub(crate) fn write_result(
         format!(", \"workflow_id\": \"{}\"", res.workflow_id)
     };
     let sum = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
-    let size = a
-        .size_bytes
-        .map_or_else(String::new, |n| format!("{n} bytes"));
+    let size = a.size_bytes.map_or_else(String::new, |n| {
+        format!("{n} byte{}", if n == 1 { "" } else { "s" })
+    });
     match res.status {
         RunStatus::Success => {
             let what = if op.is_directory() {
