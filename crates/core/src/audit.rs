@@ -975,6 +975,23 @@ pub(crate) fn with_unlogged(
     }
 }
 
+/// `report`, failed when the registry holds `unreadable` whole lines that are no
+/// artifact: no write of the runtime leaves one (a line a crash cut short is removed when
+/// the registry is opened), so they were added there or damaged.
+pub(crate) fn with_unreadable_registry(report: VerifyReport, unreadable: u64) -> VerifyReport {
+    if unreadable == 0 || !report.ok {
+        return report;
+    }
+    VerifyReport {
+        ok: false,
+        first_bad_seq: None,
+        reason: Some(format!(
+            "the artifact registry holds {unreadable} line(s) that cannot be read as artifacts: lines were added to or damaged in the registry"
+        )),
+        ..report
+    }
+}
+
 /// A file write the trail records as done, as the artifact registry must hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedWrite {
@@ -1046,7 +1063,7 @@ pub fn registering_writes_in(bytes: &[u8]) -> Vec<RecordedWrite> {
 /// The writes of `recorded` the registry (`registered`: its entries for their actions,
 /// or more) does not hold as their lines name them: one artifact per action, with the
 /// checksum its line names. An action with no entry, with an entry of other bytes, or
-/// with a second artifact beside its own (a line added) is listed.
+/// with a second line beside its own (added, or a copy of it) is listed.
 pub fn unregistered<'a>(
     recorded: &'a [RecordedWrite],
     registered: &[ArtifactEntry],
@@ -1064,10 +1081,9 @@ pub fn unregistered<'a>(
             let entries = held
                 .get(&(e.workflow_id.as_str(), e.action_id.as_str()))
                 .map_or(&[][..], Vec::as_slice);
-            entries.is_empty()
-                || entries.iter().any(|a| {
-                    a.checksum_sha256 != e.after_checksum || a.artifact_id != entries[0].artifact_id
-                })
+            // Exactly one: a copy of the action's own line, however exact, counts its
+            // write twice in the lists and budgets.
+            !matches!(entries, [a] if a.checksum_sha256 == e.after_checksum)
         })
         .collect()
 }
@@ -1125,6 +1141,19 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         return Ok(report);
     }
     let logged = writes_in(&log);
+    // A last line without its newline is one a crash cut short, which opening the
+    // registry removes: not counted as unreadable.
+    let whole = registered
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(&[][..], |end| &registered[..=end]);
+    let unreadable = crate::journal::lines(whole)
+        .filter(|line| serde_json::from_slice::<ArtifactEntry>(line).is_err())
+        .count() as u64;
+    let report = with_unreadable_registry(report, unreadable);
+    if !report.ok {
+        return Ok(report);
+    }
     let entries: Vec<ArtifactEntry> = crate::journal::lines(&registered)
         .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
         .collect();
@@ -1139,25 +1168,29 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     workflows.sort_unstable();
     workflows.dedup();
     workflows.retain(|w| crate::plan::is_valid_id(w));
-    let records: Vec<String> = workflows.iter().map(|w| format!("{w}.json")).collect();
-    let names: Vec<&str> = records.iter().map(String::as_str).collect();
-    let awaiting: std::collections::HashSet<String> = StateDir::read_without_opening(
-        &state_dir.join(crate::confine::state::INFLIGHT_DIR),
-        &names,
-        4096,
-    )
-    .map(|read| {
-        workflows
-            .iter()
-            .zip(read)
-            .filter(|(_, rec)| {
-                rec.as_deref()
-                    .is_some_and(crate::recovery::record_awaits_recovery)
+    // One record at a time: one that cannot be read proves no tampering either, and is
+    // taken as pending rather than as the whole directory's verdict.
+    let inflight = state_dir.join(crate::confine::state::INFLIGHT_DIR);
+    // No folder of run records at all: no run awaits anything.
+    let records_kept = !matches!(
+        crate::confine::root::probe_checked_dir_through_link(&inflight, "run records"),
+        Ok(None)
+    );
+    let awaiting: std::collections::HashSet<String> = workflows
+        .into_iter()
+        .filter(|w| {
+            StateDir::read_without_opening(
+                &inflight,
+                &[&format!("{w}.json")],
+                crate::confine::state::BLOCK as u64,
+            )
+            .map_or(records_kept, |read| {
+                read.into_iter()
+                    .flatten()
+                    .any(|rec| crate::recovery::record_awaits_recovery(&rec))
             })
-            .map(|(w, _)| w.clone())
-            .collect()
-    })
-    .unwrap_or_default();
+        })
+        .collect();
     let (pending, missing): (Vec<_>, Vec<_>) = missing
         .into_iter()
         .partition(|a| awaiting.contains(&a.workflow_id));

@@ -650,7 +650,8 @@ impl CommitLogFile {
     }
 }
 
-const BLOCK: usize = 512;
+/// The size of a block file (a run record, the audit head): one sector, written whole.
+pub const BLOCK: usize = 512;
 
 fn padded_block(bytes: &[u8]) -> io::Result<Vec<u8>> {
     if bytes.len() >= BLOCK {

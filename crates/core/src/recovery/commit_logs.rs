@@ -338,9 +338,10 @@ impl Sandbox {
     /// Finishes an action from its commit record: puts the staged bytes in place unless
     /// the target already holds them (`current`: its checksum once newer in-doubt actions
     /// on it are undone), then appends what the registry and the audit log
-    /// lack; `Some(true)` when that changed anything. `None` when the new bytes are
-    /// neither in place nor staged intact: the action is then rolled back like any
-    /// unfinished one.
+    /// lack; `Some(Ok(true))` when that changed anything, `Some(Err(()))` when an append
+    /// failed (the run's record must stay for a later recovery to finish them). `None`
+    /// when the new bytes are neither in place nor staged intact: the action is then
+    /// rolled back like any unfinished one.
     pub(super) fn finish_commit(
         &self,
         root: usize,
@@ -348,7 +349,7 @@ impl Sandbox {
         c: &crate::snapshot::SnapshotCommit,
         audited: bool,
         current: Option<&str>,
-    ) -> Option<bool> {
+    ) -> Option<Result<bool, ()>> {
         let rel = meta.target();
         let mut changed = false;
         if current != Some(c.after_sha256.as_str()) {
@@ -375,13 +376,17 @@ impl Sandbox {
             }
             changed = true;
         }
-        changed |= self.complete_logs(c, audited).unwrap_or(true);
-        Some(changed)
+        Some(
+            self.complete_logs(c, audited)
+                .map(|logged| changed || logged),
+        )
     }
 
     /// Appends a committed action's registry entry unless the registry has it, and its
     /// audit record unless `audited`; whether anything was appended (`Err` when an append
-    /// failed, which is logged).
+    /// failed, which is logged). No audit record follows a failed registration: the trail
+    /// would record a write the registry lacks, which `audit verify` takes for a
+    /// registry tampered with; both are appended by the recovery that retries.
     pub(super) fn complete_logs(
         &self,
         c: &crate::snapshot::SnapshotCommit,
@@ -398,9 +403,13 @@ impl Sandbox {
                 .is_none()
         {
             changed = true;
-            if let Err(e) = self.registry.register(entry) {
+            if let Err(e) = self
+                .failpoints
+                .check("recovery_register")
+                .and_then(|()| self.registry.register(entry))
+            {
                 tracing::error!(error = %e, artifact = %entry.artifact_id, "recovery could not register an artifact");
-                failed = true;
+                return Err(());
             }
         }
         if !audited {

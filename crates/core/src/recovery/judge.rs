@@ -22,7 +22,8 @@ impl Sandbox {
     /// (`first_change`: the first such change the trail records). When its write had
     /// landed (its artifact is registered, or that first change found its result), it is
     /// finished without touching the target: `Some` with the audit record to append
-    /// (`None` inside when the commit record's own were appended). Otherwise it never
+    /// (`Ok(None)` inside when the commit record's own were appended, `Err` when they
+    /// could not be, for a later recovery to finish). Otherwise it never
     /// landed: its staged bytes are discarded and its snapshot marked restored, to be
     /// audited as rolled back; `None`.
     pub(super) fn settle_overwritten(
@@ -33,7 +34,7 @@ impl Sandbox {
         current: Option<&String>,
         registered: &[crate::artifact::ArtifactEntry],
         first_change: Option<&crate::audit::SandboxAuditEntry>,
-    ) -> Option<Option<AuditRecord>> {
+    ) -> Option<Result<Option<AuditRecord>, ()>> {
         let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
         let staged = meta.commit.as_ref().and_then(|c| {
             self.roots[root].find_staged(
@@ -49,17 +50,14 @@ impl Sandbox {
             && (is_registered || first_change.is_some_and(|first| found_its_result(meta, first)));
         if landed {
             return Some(match &meta.commit {
-                Some(c) => {
-                    let _ = self.complete_logs(c, false);
-                    None
-                }
-                None if is_registered => Some(self.done_record(root, meta)),
+                Some(c) => self.complete_logs(c, false).map(|_| None),
+                None if is_registered => Ok(Some(self.done_record(root, meta))),
                 // Its size went with the later write, so no artifact can be registered
                 // for it now; the line says so, and `audit verify` then expects none.
-                None => Some(AuditRecord {
+                None => Ok(Some(AuditRecord {
                     error: Some(crate::audit::UNREGISTERED_DONE.to_owned()),
                     ..self.done_record(root, meta)
-                }),
+                })),
             });
         }
         if let Some((staged, _)) = staged {

@@ -102,9 +102,14 @@ impl Sandbox {
                     first_change.as_ref(),
                 );
                 match landed {
-                    Some(record) => {
+                    Some(Ok(record)) => {
                         finish_audits.extend(record);
                         report.completed += 1;
+                    }
+                    // Logs left incomplete are completed by the recovery that retries.
+                    Some(Err(())) => {
+                        report.completed += 1;
+                        report.retry = true;
                     }
                     None => report.superseded += 1,
                 }
@@ -112,10 +117,12 @@ impl Sandbox {
                 continue;
             }
             if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
-                && let Some(changed) =
+                && let Some(finished) =
                     self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
             {
-                report.completed += usize::from(changed);
+                // Logs left incomplete are completed by the recovery that retries.
+                report.completed += usize::from(finished.unwrap_or(true));
+                report.retry |= finished.is_err();
                 settled.insert(key);
                 continue;
             }

@@ -197,6 +197,14 @@ impl Sandbox {
         if !report.ok || !self.durable() {
             return Ok(report);
         }
+        let unreadable = self
+            .registry
+            .corrupt_lines()
+            .map_err(Error::io("read the artifact registry"))?;
+        let report = crate::audit::with_unreadable_registry(report, unreadable);
+        if !report.ok {
+            return Ok(report);
+        }
         let report = self.with_registry_on_trail(report, &logged)?;
         if !report.ok {
             return Ok(report);

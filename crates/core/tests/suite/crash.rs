@@ -423,6 +423,35 @@ fn verify_tells_a_write_awaiting_recovery_from_a_cut_trail() {
     );
 }
 
+/// Recovery finishing a batched write from its commit record that cannot register the
+/// artifact appends no audit line for it either (the trail would record a write the
+/// registry lacks, which `audit verify` takes for tampering) and keeps the run's record:
+/// the next recovery appends both.
+#[test]
+fn recovery_that_cannot_register_leaves_both_logs_for_the_next() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.open(batched(&w));
+    sb.failpoints().arm_crash("before_registry", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
+    assert!(outcome.is_err(), "the run should crash");
+    sb.failpoints().arm("recovery_register", 1);
+    sb.recover();
+    assert_eq!(sb.registry().get_by_workflow("wf_commit").unwrap().len(), 0);
+    assert_eq!(sb.audit_stats().unwrap().success, 0);
+    let v = sb.audit_verify().unwrap();
+    assert!(v.ok, "{v:?}");
+    let again = sb.recover();
+    assert_eq!(again.len(), 1, "the record was kept: {again:?}");
+    let arts = sb.registry().get_by_workflow("wf_commit").unwrap();
+    assert_eq!(arts.len(), 1);
+    assert_eq!(arts[0].checksum_sha256, sha(b"ALPHA\n"));
+    assert_eq!(sb.audit_stats().unwrap().success, 1);
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert!(sb.recover().is_empty(), "recovered once");
+}
+
 /// A dead run whose snapshot folder someone replaced by a link is not recovered, and the
 /// rollback that meets it says what stands in the way (`reserved_path`), not that the
 /// disk failed (`io_error`, a 500 over HTTP); once the link is gone it recovers.

@@ -252,11 +252,13 @@ fn writes_the_trail_records_must_be_in_the_registry() {
     };
     let added = beside(&"f".repeat(64));
     let doubled = beside(first["checksum_sha256"].as_str().unwrap());
+    let copied = format!("{original}{}\n", original.lines().next().unwrap());
     for (case, tampered, line) in [
         ("removed", removed, "f1.txt"),
         ("changed", changed, "f0.txt"),
         ("added", added, "f0.txt"),
         ("doubled", doubled, "f0.txt"),
+        ("copied", copied, "f0.txt"),
     ] {
         std::fs::write(&registry, &tampered).unwrap();
         for v in [
@@ -277,6 +279,24 @@ fn writes_the_trail_records_must_be_in_the_registry() {
         relaxed.durability = ailab_sandbox_core::config::Durability::Relaxed;
         assert!(w.open(relaxed).audit_verify().unwrap().ok, "{case}");
     }
+    // A whole line that is no artifact was put there; a last line a crash cut short
+    // (no newline) was not.
+    std::fs::write(&registry, format!("{original}not an artifact\n")).unwrap();
+    for v in [
+        verify_read_only(&w.state, true).unwrap(),
+        w.open(strict(&w)).audit_verify().unwrap(),
+    ] {
+        assert!(!v.ok, "{v:?}");
+        assert!(
+            v.reason
+                .unwrap()
+                .contains("1 line(s) that cannot be read as artifacts"),
+            "garbage"
+        );
+    }
+    std::fs::write(&registry, format!("{original}{{\"artifact_id\": \"art_")).unwrap();
+    assert!(verify_read_only(&w.state, true).unwrap().ok, "torn tail");
+    assert!(w.open(strict(&w)).audit_verify().unwrap().ok, "torn tail");
     std::fs::write(&registry, &original).unwrap();
     assert!(w.open(strict(&w)).audit_verify().unwrap().ok);
     assert!(verify_read_only(&w.state, true).unwrap().ok);
