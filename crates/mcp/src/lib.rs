@@ -561,7 +561,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         // Whose write was rolled back, so that no listed file is taken for what it holds.
         let listed = move |sb: &Sandbox| {
             let list = sb.artifacts(limit, wf.as_deref())?;
-            let undone = rolled_back_ids(sb, &list);
+            let undone = rolled_back_ids(sb, &list)?;
             Ok::<_, ailab_sandbox_core::Error>((list, undone))
         };
         match self.blocking(listed).await {
@@ -609,9 +609,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let lookup = id.clone();
         let found = move |sb: &Sandbox| {
             let found = sb.artifact_with_lineage(&lookup)?;
-            let undone = found
-                .as_ref()
-                .is_some_and(|(a, _)| !rolled_back_ids(sb, std::slice::from_ref(a)).is_empty());
+            let undone = match &found {
+                Some((a, _)) => !rolled_back_ids(sb, std::slice::from_ref(a))?.is_empty(),
+                None => false,
+            };
             Ok::<_, ailab_sandbox_core::Error>(found.map(|f| (f, undone)))
         };
         match self.blocking(found).await {
@@ -880,19 +881,27 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     result
 }
 
-/// The ids of the artifacts in `list` whose write the trail records as rolled back.
+/// The ids of the artifacts in `list` whose write the trail records as rolled back. A
+/// trail that cannot be read fails the call: listed unmarked, an undone write would be
+/// taken for standing.
 fn rolled_back_ids(
     sb: &Sandbox,
     list: &[ailab_sandbox_core::artifact::ArtifactEntry],
-) -> Vec<String> {
-    list.iter()
-        .filter(|a| {
-            sb.audit_log()
-                .is_rolled_back(&a.workflow_id, &a.action_id)
-                .unwrap_or(false)
-        })
-        .map(|a| a.artifact_id.clone())
-        .collect()
+) -> Result<Vec<String>, ailab_sandbox_core::Error> {
+    let mut undone = Vec::new();
+    for a in list {
+        let rolled_back = sb
+            .audit_log()
+            .is_rolled_back(&a.workflow_id, &a.action_id)
+            .map_err(|cause| ailab_sandbox_core::Error::Io {
+                what: "read the audit trail",
+                cause,
+            })?;
+        if rolled_back {
+            undone.push(a.artifact_id.clone());
+        }
+    }
+    Ok(undone)
 }
 
 #[cfg(test)]
