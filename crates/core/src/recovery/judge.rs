@@ -18,64 +18,6 @@ impl Sandbox {
             .and_then(|mut lines| lines.pop())
     }
 
-    /// A dead run's unaudited action whose target another run has written since
-    /// (`first_change`: the first such change the trail records). When its write had
-    /// landed (its artifact is registered, or that first change found its result), it is
-    /// finished without touching the target: `Some` with the audit record to append
-    /// (`Ok(None)` inside when the commit record's own were appended, `Err` when they
-    /// could not be, for a later recovery to finish). Otherwise it never
-    /// landed: its staged bytes are discarded and its snapshot marked restored, to be
-    /// audited as rolled back; `None`.
-    pub(super) fn settle_overwritten(
-        &self,
-        root: usize,
-        meta: &crate::snapshot::SnapshotMeta,
-        rec: &InflightRecord,
-        current: Option<&String>,
-        registered: &[crate::artifact::ArtifactEntry],
-        first_change: Option<&crate::audit::SandboxAuditEntry>,
-    ) -> Option<Result<Option<AuditRecord>, ()>> {
-        let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
-        let staged = meta.commit.as_ref().and_then(|c| {
-            self.roots[root].find_staged(
-                &meta.target(),
-                &c.staged_name,
-                crate::snapshot::MAX_SNAPSHOT_BYTES,
-            )
-        });
-        // A commit record's staged file is made after the record: its absence proves
-        // nothing, its presence that the rename never happened.
-        let is_registered = registered.iter().any(|e| e.generated_by_action == made_by);
-        let landed = staged.is_none()
-            && (is_registered || first_change.is_some_and(|first| found_its_result(meta, first)));
-        if landed {
-            return Some(match &meta.commit {
-                Some(c) => self.complete_logs(c, false).map(|_| None),
-                None if is_registered => Ok(Some(self.done_record(root, meta))),
-                // Its size went with the later write, so no artifact can be registered
-                // for it now; the line says so, and `audit verify` then expects none.
-                None => Ok(Some(AuditRecord {
-                    error: Some(crate::audit::UNREGISTERED_DONE.to_owned()),
-                    ..self.done_record(root, meta)
-                })),
-            });
-        }
-        if let Some((staged, _)) = staged {
-            staged.discard();
-        }
-        if let Err(r) = self.mark_restored(
-            root,
-            meta,
-            &rec.execution_id,
-            &current.cloned(),
-            &[],
-            Restorer::Recovery { found: None },
-        ) {
-            tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
-        }
-        None
-    }
-
     /// The changes other runs made to an action's target after its snapshot, earliest
     /// first, as the trail records them.
     fn changes_by_others(

@@ -122,10 +122,20 @@ mod files;
 mod refusal;
 mod walk;
 
-pub(crate) use access::*;
-pub use files::*;
-pub(crate) use refusal::*;
-pub(crate) use walk::*;
+pub(crate) use access::{
+    NotOurs, change_refused, egid, euid, not_ours, shut_to_reading, writable_by_others,
+};
+use files::flush_for;
+pub(crate) use files::read_file_in;
+pub use files::{
+    FileStamp, Flush, Make, Put, StagedWrite, hash_regular, read_regular, remove_temp_files,
+    sync_dir, temp_name, write_atomic_flush, write_atomic_in,
+};
+use refusal::{changed_meanwhile, hardlink_refusal, removed_meanwhile, special_refusal};
+pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
+pub(crate) use walk::{
+    REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, probe_checked_dir_through_link,
+};
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
 const ANCESTOR_HOPS: usize = 40;

@@ -1,5 +1,6 @@
-//! The refusals a file operation beneath a root ends in, and how an I/O error maps to
-//! one.
+//! The refusals a file operation beneath a root ends in, and how an I/O error met on
+//! the way maps to one (`SandboxRoot::map_error` and its kin, which know the root's own
+//! paths, build on these).
 
 use super::*;
 
