@@ -236,6 +236,12 @@ pub fn verify(v: &VerifyReport) {
             paint("ok", true),
             v.entries
         );
+    } else if v.awaits_recovery() {
+        out!(
+            "{}: {}",
+            paint("NOT YET RECORDED", false),
+            safe(dash(v.reason.as_deref()))
+        );
     } else {
         out!(
             "{}: first bad seq {}: {}",

@@ -167,6 +167,21 @@ pub struct VerifyReport {
     pub reason: Option<String>,
 }
 
+/// How the reason of a verdict begins when the only fault is writes a dead run's
+/// recovery has yet to record: no tampering, to verify again once recovered.
+const NOT_YET_RECORDED: &str = "the audit trail does not record yet";
+
+impl VerifyReport {
+    /// Whether the trail only lacks the lines of writes awaiting recovery (no tampering).
+    pub fn awaits_recovery(&self) -> bool {
+        !self.ok
+            && self
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(NOT_YET_RECORDED))
+    }
+}
+
 /// Audit statistics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[allow(missing_docs)]
@@ -952,7 +967,7 @@ pub(crate) fn with_unlogged(
             ok: false,
             first_bad_seq: None,
             reason: Some(format!(
-                "the audit trail does not record yet the writes of {} registered artifact(s) (the first: {}, action {} of workflow {}): their run stopped before writing its lines (killed, or a full disk) and left its record for recovery, which records them at the workflow's next use or the next start once the state directory can be written; verify again then",
+                "{NOT_YET_RECORDED} the writes of {} registered artifact(s) (the first: {}, action {} of workflow {}): their run stopped before writing its lines (killed, or a full disk) and left its record for recovery, which records them at the workflow's next use or the next start once the state directory can be written; verify again then",
                 pending.len(),
                 first.artifact_id,
                 shown_path(&first.action_id),

@@ -364,7 +364,10 @@ impl Sandbox {
             // process may only write in (mode 0300) refuses, and the write would be
             // undone.
             if crate::hash::sha256_hex(&bytes) != c.after_sha256
-                || self.cover_target(root, &rel).is_err()
+                || self
+                    .cover_target(root, &rel)
+                    .inspect_err(|r| tracing::warn!(reason = %r, "recovery cannot cover a committed write's folder for its sync; the write is undone"))
+                    .is_err()
                 || staged
                     .commit(
                         crate::confine::root::Put::new_or_any(c.no_replace),
