@@ -120,7 +120,7 @@ enum Command {
         #[arg(long)]
         token: Option<String>,
         /// Largest request body in bytes (default 64 MiB).
-        #[arg(long, value_name = "BYTES")]
+        #[arg(long, value_name = "BYTES", value_parser = body_bytes, allow_hyphen_values = true)]
         max_body_bytes: Option<usize>,
     },
     /// MCP server on standard input/output.
@@ -189,6 +189,19 @@ fn at_least_one(s: &str) -> Result<usize, String> {
             "'{s}' is not a count of entries; give a whole number from 1 (no sign)"
         )),
     }
+}
+
+/// `serve --max-body-bytes`: a count of bytes, said so when it is not one (its range is
+/// the configuration's to check, as for `[server] max_body_bytes`).
+fn body_bytes(s: &str) -> Result<usize, String> {
+    whole_number(s)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+        .ok_or_else(|| {
+            format!(
+                "'{s}' is not a number of bytes; give a whole number from 1024 to {} (no sign)",
+                ailab_sandbox_core::config::MAX_BODY_BYTES_LIMIT
+            )
+        })
 }
 
 /// `check --size`: bytes. One too large to count is refused here, not judged as the

@@ -869,6 +869,10 @@ fn huge_and_negative_numbers_on_the_command_line() {
         (&["prune", "--older-than", "-1d"][..], "(no sign)"),
         (&["audit", "--limit", "-5"][..], "(no sign)"),
         (
+            &["serve", "--max-body-bytes", "abc"][..],
+            "'abc' is not a number of bytes; give a whole number from 1024 to 268435456",
+        ),
+        (
             &[
                 "check",
                 "--intent",

@@ -250,7 +250,7 @@ fn key_range(key: &str) -> Option<(u64, u64)> {
 }
 
 /// The largest request body `serve` takes (`[server] max_body_bytes`).
-const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
+pub const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
 
 /// Refuses extension entries the policy could never match: it compares a file's last
 /// extension (`.gz` for `a.tar.gz`), lower-cased, so an entry is one extension such as
