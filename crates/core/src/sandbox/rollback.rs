@@ -737,7 +737,7 @@ impl Sandbox {
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, or lost with unsynced data): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
+                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
                     missing.join(", "),
                     workflow_id
                 ),
