@@ -1156,56 +1156,17 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         return Ok(report);
     }
     let logged = writes_in(&log);
-    // A last line without its newline is one a crash cut short, which opening the
-    // registry removes: not counted as unreadable.
-    let whole = registered
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(&[][..], |end| &registered[..=end]);
-    let unreadable = crate::journal::lines(whole)
-        .filter(|line| serde_json::from_slice::<ArtifactEntry>(line).is_err())
-        .count() as u64;
+    let (entries, unreadable) = registry_entries(&registered);
     let report = with_unreadable_registry(report, unreadable);
     if !report.ok {
         return Ok(report);
     }
-    let entries: Vec<ArtifactEntry> = crate::journal::lines(&registered)
-        .filter_map(|line| serde_json::from_slice::<ArtifactEntry>(line).ok())
-        .collect();
     let missing: Vec<ArtifactEntry> = entries
         .iter()
         .filter(|a| !records(&logged, a))
         .cloned()
         .collect();
-    // A run that died between its registry line and its audit line is no tampering:
-    // its record awaits the recovery a runtime opening this directory would make.
-    let mut workflows: Vec<String> = missing.iter().map(|a| a.workflow_id.clone()).collect();
-    workflows.sort_unstable();
-    workflows.dedup();
-    workflows.retain(|w| crate::plan::is_valid_id(w));
-    // One record at a time: one that cannot be read proves no tampering either, and is
-    // taken as pending rather than as the whole directory's verdict.
-    let inflight = state_dir.join(crate::confine::state::INFLIGHT_DIR);
-    // No folder of run records at all: no run awaits anything.
-    let records_kept = !matches!(
-        crate::confine::root::probe_checked_dir_through_link(&inflight, "run records"),
-        Ok(None)
-    );
-    let awaiting: std::collections::HashSet<String> = workflows
-        .into_iter()
-        .filter(|w| {
-            StateDir::read_without_opening(
-                &inflight,
-                &[&format!("{w}.json")],
-                crate::confine::state::BLOCK as u64,
-            )
-            .map_or(records_kept, |read| {
-                read.into_iter()
-                    .flatten()
-                    .any(|rec| crate::recovery::record_awaits_recovery(&rec))
-            })
-        })
-        .collect();
+    let awaiting = awaiting_recovery(state_dir, &missing);
     let (pending, missing): (Vec<_>, Vec<_>) = missing
         .into_iter()
         .partition(|a| awaiting.contains(&a.workflow_id));
@@ -1218,6 +1179,61 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         report,
         &unregistered(&recorded, &entries),
     ))
+}
+
+/// The artifacts a registry file's bytes hold, and how many of its whole lines are none.
+/// A last line without its newline is one a crash cut short, which opening the registry
+/// removes: not counted.
+fn registry_entries(bytes: &[u8]) -> (Vec<ArtifactEntry>, u64) {
+    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let (whole, cut) = bytes.split_at(end);
+    let mut entries = Vec::new();
+    let mut unreadable = 0;
+    for line in crate::journal::lines(whole) {
+        match serde_json::from_slice::<ArtifactEntry>(line) {
+            Ok(a) => entries.push(a),
+            Err(_) => unreadable += 1,
+        }
+    }
+    // A cut line that still reads whole is an entry, as the runtime's reader takes it.
+    entries.extend(serde_json::from_slice::<ArtifactEntry>(cut).ok());
+    (entries, unreadable)
+}
+
+/// The workflows of `missing` (artifacts whose writes the trail lacks) whose run record
+/// in the state directory at `state_dir` awaits recovery: a run that died between its
+/// registry line and its audit line, no tampering. One record at a time, and one that
+/// cannot be read is taken as awaiting (it proves no tampering either); with no folder
+/// of run records at all, none awaits anything.
+fn awaiting_recovery(
+    state_dir: &std::path::Path,
+    missing: &[ArtifactEntry],
+) -> std::collections::HashSet<String> {
+    let mut workflows: Vec<&str> = missing.iter().map(|a| a.workflow_id.as_str()).collect();
+    workflows.sort_unstable();
+    workflows.dedup();
+    let inflight = state_dir.join(crate::confine::state::INFLIGHT_DIR);
+    let records_kept = !matches!(
+        crate::confine::root::probe_checked_dir_through_link(&inflight, "run records"),
+        Ok(None)
+    );
+    workflows
+        .into_iter()
+        .filter(|w| crate::plan::is_valid_id(w))
+        .filter(|w| {
+            StateDir::read_without_opening(
+                &inflight,
+                &[&format!("{w}.json")],
+                crate::confine::state::BLOCK as u64,
+            )
+            .map_or(records_kept, |read| {
+                read.into_iter()
+                    .flatten()
+                    .any(|rec| crate::recovery::record_awaits_recovery(&rec))
+            })
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Checks a log's bytes against the bytes of its head file (`None`: there is none).
