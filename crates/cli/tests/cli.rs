@@ -2093,6 +2093,11 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     let Some(nobody) = as_nobody(&e) else {
         return;
     };
+    // A plan written under `name`, run as nobody: its result document.
+    let run_nobody = |name: &str, plan: &serde_json::Value| {
+        let plan = e.write_plan(name, plan);
+        json_out(&nobody(&["run", plan.to_str().unwrap()]))
+    };
     std::fs::create_dir(e.root.join("roots")).unwrap();
     // Foreseen by the checks (a simulation, `check`), before anything is written, for a
     // file and for a folder to be made on the way.
@@ -2147,13 +2152,12 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         ),
         "{check}"
     );
-    let plan = e.write_plan(
-        "st.json",
-        &json!({"workflow_id": "wf_st", "actions": [
-            {"intent": "create_file", "path": "st/mine.txt", "content": "m"}]}),
-    );
     assert_eq!(
-        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        run_nobody(
+            "st.json",
+            &json!({"workflow_id": "wf_st", "actions": [
+            {"intent": "create_file", "path": "st/mine.txt", "content": "m"}]})
+        )["status"],
         "success"
     );
     std::os::unix::fs::chown(sticky.join("mine.txt"), Some(0), Some(0)).unwrap();
@@ -2181,13 +2185,12 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     }
     // A file another user took and closed is neither replaced nor rolled back, forced
     // or not: what it holds cannot be told (it was called changed, to force).
-    let plan = e.write_plan(
-        "u.json",
-        &json!({"workflow_id": "wf_u", "actions": [
-            {"intent": "create_file", "path": "u.txt", "content": "u"}]}),
-    );
     assert_eq!(
-        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        run_nobody(
+            "u.json",
+            &json!({"workflow_id": "wf_u", "actions": [
+            {"intent": "create_file", "path": "u.txt", "content": "u"}]})
+        )["status"],
         "success"
     );
     std::os::unix::fs::chown(e.root.join("u.txt"), Some(0), Some(0)).unwrap();
@@ -2217,13 +2220,12 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         std::fs::Permissions::from_mode(0o044),
     )
     .unwrap();
-    let plan = e.write_plan(
-        "shut.json",
-        &json!({"workflow_id": "wf_shut", "actions": [{"intent": "sandbox_transform", "path": "shut.txt",
-            "edits": [{"old": "hello", "new": "bye"}]}]}),
-    );
     assert_eq!(
-        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        run_nobody(
+            "shut.json",
+            &json!({"workflow_id": "wf_shut", "actions": [{"intent": "sandbox_transform", "path": "shut.txt",
+            "edits": [{"old": "hello", "new": "bye"}]}]})
+        )["status"],
         "success"
     );
     let mode = |p: &str| {
@@ -2284,12 +2286,11 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     std::fs::set_permissions(&sg, std::fs::Permissions::from_mode(0o2775)).unwrap();
     std::fs::write(sg.join("k.txt"), b"k").unwrap();
     std::os::unix::fs::chown(sg.join("k.txt"), Some(65534), Some(65534)).unwrap();
-    let plan = e.write_plan(
-        "sg.json",
-        &json!({"workflow_id": "wf_sg", "actions": [{"intent": "replace_file", "path": "sg/k.txt", "content": "new"}]}),
-    );
     assert_eq!(
-        json_out(&nobody(&["run", plan.to_str().unwrap()]))["status"],
+        run_nobody(
+            "sg.json",
+            &json!({"workflow_id": "wf_sg", "actions": [{"intent": "replace_file", "path": "sg/k.txt", "content": "new"}]})
+        )["status"],
         "success"
     );
     let gid = || std::fs::metadata(sg.join("k.txt")).unwrap().gid();
@@ -2304,11 +2305,10 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     // the snapshot").
     let store = e.root.join(".rollback");
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o500)).unwrap();
-    let plan = e.write_plan(
+    let run = run_nobody(
         "store.json",
         &json!({"workflow_id": "wf_store", "actions": [{"intent": "create_file", "path": "store.txt", "content": "s"}]}),
     );
-    let run = json_out(&nobody(&["run", plan.to_str().unwrap()]));
     assert_eq!(run["actions"][0]["reason_code"], "reserved_path", "{run}");
     // Foreseen by the checks, before anything is written.
     assert_eq!(run["status"], "blocked", "{run}");
