@@ -24,8 +24,14 @@ pub struct Conflict {
     pub path: String,
     /// What the action left.
     pub expected_checksum: Option<String>,
-    /// What is there now (`None`: missing).
+    /// What is there now (`None`: missing); with `found_by_action`, what that action
+    /// found there, which a rollback puts back before it reaches this one.
     pub current_checksum: Option<String>,
+    /// When the change was made between two writes of the workflow to the same target:
+    /// the later action, which found `current_checksum` where this one had left
+    /// `expected_checksum`. The target may hold just what the workflow last wrote.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub found_by_action: Option<String>,
     /// For a directory the action made: the `create_directory` actions
     /// (`workflow/action`) that found it since and stand, whose result it is now.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -158,13 +164,17 @@ impl Sandbox {
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
-        let mut will_hold: HashMap<String, TargetState> = HashMap::new();
+        let mut will_hold: HashMap<String, (TargetState, &str)> = HashMap::new();
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
             let abs = self.abs_path(*i, &rel);
-            let current = will_hold
-                .insert(abs.clone(), TargetState::found_by(&s.meta))
-                .unwrap_or_else(|| self.target_state(*i, &rel));
+            let (current, found_by_action) = match will_hold.insert(
+                abs.clone(),
+                (TargetState::found_by(&s.meta), s.meta.action_id.as_str()),
+            ) {
+                Some((state, newer)) => (state, Some(newer.to_owned())),
+                None => (self.target_state(*i, &rel), None),
+            };
             if let Some(r) = current.failure(&s.meta.original_path) {
                 return Err(r);
             }
@@ -211,6 +221,7 @@ impl Sandbox {
                     path: abs,
                     expected_checksum: left.state.checksum(),
                     current_checksum: current.checksum(),
+                    found_by_action,
                     claimed_by,
                 });
             }

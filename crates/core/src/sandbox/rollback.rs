@@ -773,6 +773,7 @@ impl Sandbox {
                                 .left_by(workflow_id, &s.meta)
                                 .and_then(|l| l.state.checksum()),
                             current_checksum: self.target_state(*i, &rel).checksum(),
+                            found_by_action: None,
                             claimed_by: Vec::new(),
                         }
                     })
@@ -922,16 +923,39 @@ impl Sandbox {
                 conflicts.iter().partition(|c| !c.claimed_by.is_empty());
             let mut why = Vec::new();
             if !changed.is_empty() {
-                // One entry per action in `conflicts`; each file once for people.
-                let mut files: Vec<&str> = Vec::new();
+                // One entry per action in `conflicts`; each file once for people, and a
+                // change between two of the workflow's own writes said as such: the file
+                // may hold just what the workflow last wrote.
+                let mut since: Vec<&str> = Vec::new();
+                let mut between: Vec<String> = Vec::new();
                 for c in &changed {
-                    if !files.contains(&c.path.as_str()) {
-                        files.push(&c.path);
+                    match &c.found_by_action {
+                        Some(newer) => between.push(format!(
+                            "{} (after action {}, before action {})",
+                            c.path,
+                            shown_path(&c.action_id),
+                            shown_path(newer)
+                        )),
+                        None if !since.contains(&c.path.as_str()) => since.push(&c.path),
+                        None => {}
                     }
                 }
+                let mut lists = Vec::new();
+                if !since.is_empty() {
+                    lists.push(format!(
+                        "these files or directories changed after the workflow wrote them: {}",
+                        since.join(", ")
+                    ));
+                }
+                if !between.is_empty() {
+                    lists.push(format!(
+                        "someone else changed these between two of the workflow's writes, the later write finding other contents than the earlier one left: {}",
+                        between.join(", ")
+                    ));
+                }
                 why.push(format!(
-                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
-                    files.join(", ")
+                    "{}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
+                    lists.join("; ")
                 ));
             }
             for c in claimed {
@@ -1068,6 +1092,7 @@ impl Sandbox {
                     path: s.path.clone(),
                     expected_checksum: after.clone(),
                     current_checksum: self.target_checksum(*i, rel),
+                    found_by_action: None,
                     claimed_by: Vec::new(),
                 });
             }

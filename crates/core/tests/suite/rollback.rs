@@ -714,16 +714,16 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     let w = World::new();
     w.write("t.txt", b"original\n");
     let sb = w.sandbox();
-    let put = |wf: &str, text: &str| {
+    let put = |wf: &str, id: &str, text: &str| {
         let r = run(
             &sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "t.txt", "content": text}]}),
+            json!({"workflow_id": wf, "actions": [{"action_id": id, "intent": "replace_file", "path": "t.txt", "content": text}]}),
         );
         assert_eq!(status(&r), "success");
     };
-    put("wf_x", "A\n");
-    put("wf_y", "OTHER\n");
-    put("wf_x", "B\n");
+    put("wf_x", "x1", "A\n");
+    put("wf_y", "y1", "OTHER\n");
+    put("wf_x", "x2", "B\n");
     let rb = rollback(&sb, "wf_x", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict));
@@ -735,6 +735,16 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     assert_eq!(
         rb.conflicts[0].current_checksum.as_deref(),
         Some(sha(b"OTHER\n").as_str())
+    );
+    // What the file holds is the workflow's own last write: the answer says where the
+    // change was made, not that the file changed since.
+    assert_eq!(rb.conflicts[0].action_id, "x1");
+    assert_eq!(rb.conflicts[0].found_by_action.as_deref(), Some("x2"));
+    let reason = rb.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("t.txt (after action 'x1', before action 'x2')")
+            && !reason.contains("changed after the workflow wrote them"),
+        "{reason}"
     );
     assert_eq!(w.read("t.txt"), b"B\n", "nothing restored");
     let rb = rollback(&sb, "wf_x", true);
