@@ -98,10 +98,11 @@ pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 /// whatever their number. A request is charged for its body as the bytes arrive (never
 /// more than the largest body allowed), until its response is ready or, for a plan,
 /// until the plan has run, even if the client hung up meanwhile: a client holds only as
-/// much room as it has sent. A request that holds no room waits
-/// for room for its first bytes; one that holds some and finds no more is answered 503
-/// `server_busy` with `Retry-After` instead of waiting, since uploads that wait while
-/// holding room could wait for each other until their deadline.
+/// much room as it has sent. A request that holds no room waits, in turn,
+/// for room for its first bytes, taking none until all of it is free; one that holds
+/// some and finds too little free for its next bytes is answered 503 `server_busy` with
+/// `Retry-After` instead of waiting, since uploads that wait while holding room could
+/// wait for each other until their deadline.
 pub const BODIES_IN_FLIGHT: usize = 4;
 
 /// Room for bodies is counted in units of this fraction of the body limit (at least a
@@ -118,6 +119,26 @@ struct BodyRoom {
     /// The body limit: no request is charged more (beyond it the limit layer answers
     /// 413).
     limit: usize,
+    /// Uploads waiting for room for their first bytes, in turn: only the first waits
+    /// for room to be given back.
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// Told whenever room is given back.
+    freed: Arc<tokio::sync::Notify>,
+}
+
+/// Room a request holds; dropping it gives the room back and tells the upload waiting
+/// for room.
+pub(crate) struct Charge {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    freed: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        // Released before the waiter is told, so that it finds the room free.
+        drop(self.permit.take());
+        self.freed.notify_one();
+    }
 }
 
 /// The room one request holds, given back when its response is ready. Its handler finds
@@ -125,26 +146,31 @@ struct BodyRoom {
 /// pool takes the room along, so that a client that hangs up does not free it while
 /// that work goes on.
 #[derive(Clone, Default)]
-pub(crate) struct HeldRoom(Arc<std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>);
+pub(crate) struct HeldRoom(Arc<std::sync::Mutex<Option<Charge>>>);
 
 impl HeldRoom {
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Charge>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Adds room for more of the body.
-    fn add(&self, permit: tokio::sync::OwnedSemaphorePermit) {
+    fn add(&self, permit: tokio::sync::OwnedSemaphorePermit, room: &BodyRoom) {
         let mut slot = self.slot();
-        match slot.as_mut() {
+        match slot.as_mut().and_then(|c| c.permit.as_mut()) {
             Some(p) => p.merge(permit),
-            None => *slot = Some(permit),
+            None => {
+                *slot = Some(Charge {
+                    permit: Some(permit),
+                    freed: room.freed.clone(),
+                });
+            }
         }
     }
 
     /// The room held so far, to be dropped when the work on the body ends.
-    pub(crate) fn take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) fn take(&self) -> Option<Charge> {
         self.slot().take()
     }
 }
@@ -194,15 +220,24 @@ async fn body_room(
                 }
                 let more = u32::try_from(more).unwrap_or(u32::MAX);
                 let permit = if charged == 0 {
-                    // Holding nothing, it may wait. The semaphore is never closed.
-                    room.units.clone().acquire_many_owned(more).await.ok()
+                    // Holding nothing, it may wait, in turn, and takes nothing until all
+                    // it needs is free: room taken bit by bit while waiting would be
+                    // missed by the uploads under way, which cannot wait.
+                    let _turn = room.turn.lock().await;
+                    loop {
+                        let freed = room.freed.notified();
+                        if let Ok(p) = room.units.clone().try_acquire_many_owned(more) {
+                            break Some(p);
+                        }
+                        freed.await;
+                    }
                 } else {
                     room.units.clone().try_acquire_many_owned(more).ok()
                 };
                 let Some(permit) = permit else {
                     return Some((Err(axum::Error::new(RoomFull)), (stream, now, true)));
                 };
-                held.add(permit);
+                held.add(permit, &room);
                 Some((Ok(chunk), (stream, now, false)))
             }
         }
@@ -233,6 +268,8 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         )),
         unit,
         limit,
+        turn: Arc::default(),
+        freed: Arc::default(),
     };
     // On each method's handler, not the route: a method the route lacks stays 405.
     let no_query = || middleware::from_fn(routes::no_query);

@@ -548,7 +548,6 @@ fn run_reports_a_busy_port() {
     drop(taken);
 }
 
-/// A writing server whose body limit is 4 KiB, with its environment.
 /// A `POST /agentic/plans` declaring a body of `len` bytes and sending `body`.
 fn plan_post(addr: std::net::SocketAddr, len: usize, body: &str) -> String {
     format!(
@@ -556,6 +555,7 @@ fn plan_post(addr: std::net::SocketAddr, len: usize, body: &str) -> String {
     )
 }
 
+/// A writing server whose body limit is 4 KiB, with its environment.
 async fn small_bodies() -> (Env, Server) {
     let e = env_with(Opts {
         write: true,
@@ -657,6 +657,67 @@ async fn request_bodies_in_flight_are_bounded() {
         assert_eq!(status, 200, "{body}");
         assert!(root.join("b.md").exists());
         drop(full);
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
+/// An upload waiting for room for its first bytes takes none until all it needs is
+/// free: the uploads under way, which are answered `server_busy` rather than wait, keep
+/// the free room for their last bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_under_way_is_not_starved_by_one_waiting() {
+    let (e, server) = small_bodies().await;
+    let (addr, root) = (server.addr, e.root.clone());
+    tokio::task::spawn_blocking(move || {
+        // Whole plans of exactly the body limit, padded with spaces.
+        let plan = |name: &str| {
+            let p = format!(
+                r#"{{"actions":[{{"intent":"create_file","path":"{name}","content":"x"}}]}}"#
+            );
+            format!("{p}{}", " ".repeat(4096 - p.len()))
+        };
+        // Four uploads hold 4,000 bytes each of the 16 KiB room: 384 bytes stay free.
+        let mut under_way: Vec<(TcpStream, String)> = (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
+            .map(|i| {
+                let body = plan(&format!("held{i}.md"));
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(plan_post(addr, 4096, &body[..4000]).as_bytes())
+                    .unwrap();
+                (s, body[4000..].to_owned())
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        // A whole body sent at once waits for room it cannot have yet.
+        let mut waiting = TcpStream::connect(addr).unwrap();
+        waiting
+            .write_all(plan_post(addr, 4096, &plan("waited.md")).as_bytes())
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // The first upload's last 96 bytes fit in the free room.
+        let (mut first, rest) = under_way.remove(0);
+        first.write_all(rest.as_bytes()).unwrap();
+        first
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let (status, body) = read_one(&mut BufReader::new(first));
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("held0.md").exists());
+        // Its room given back, the waiting upload goes through, then the others.
+        waiting
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let (status, body) = read_one(&mut BufReader::new(waiting));
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("waited.md").exists());
+        for (i, (mut s, rest)) in under_way.into_iter().enumerate() {
+            s.write_all(rest.as_bytes()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let (status, body) = read_one(&mut BufReader::new(s));
+            assert_eq!(status, 200, "{body}");
+            assert!(root.join(format!("held{}.md", i + 1)).exists());
+        }
     })
     .await
     .unwrap();
