@@ -326,15 +326,31 @@ fn list_roots(roots: &[PathBuf]) -> String {
         .join(", ")
 }
 
+/// A name as a filesystem that folds case could take it: lower case by Unicode's rules
+/// (the Kelvin sign is a `k`) without the code points such filesystems ignore
+/// (zero-width characters, variation selectors, bidirectional marks, soft hyphen). On
+/// such a root `.rollbac\u{212a}` or `.roll\u{200b}back` would open the snapshot
+/// store.
+fn folded(name: &str) -> String {
+    fn ignorable(c: char) -> bool {
+        matches!(u32::from(c),
+            0xAD | 0x34F | 0x61C | 0x115F..=0x1160 | 0x17B4..=0x17B5 | 0x180B..=0x180F
+            | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164
+            | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+    }
+    name.chars()
+        .filter(|&c| !ignorable(c))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
 /// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary
-/// names. Only the top one of a root holds its snapshots, but a deeper one may be another
-/// root's seen through a bind mount, so the name is refused wherever it appears.
+/// names, as a filesystem that folds case would read them (see [`folded`]). Only the top
+/// one of a root holds its snapshots, but a deeper one may be another root's seen
+/// through a bind mount, so the name is refused wherever it appears.
 pub fn check_reserved(rel: &RelPath) -> Verdict {
-    if rel
-        .components()
-        .iter()
-        .any(|c| c.eq_ignore_ascii_case(ROLLBACK_DIR))
-    {
+    if rel.components().iter().any(|c| folded(c) == ROLLBACK_DIR) {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
@@ -343,7 +359,11 @@ pub fn check_reserved(rel: &RelPath) -> Verdict {
             ),
         ));
     }
-    if rel.components().iter().any(|c| c.contains(TEMP_MARKER)) {
+    if rel
+        .components()
+        .iter()
+        .any(|c| folded(c).contains(TEMP_MARKER))
+    {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
@@ -588,6 +608,33 @@ mod tests {
         assert_eq!(normalize_extension(".bashrc"), "");
         assert_eq!(normalize_extension("Makefile"), "");
         assert_eq!(normalize_extension("a.tar.gz"), ".gz");
+    }
+
+    #[test]
+    fn reserved_names_are_refused_as_a_case_folding_filesystem_reads_them() {
+        let refused = |p: &str| {
+            let rel = RelPath::from_components(p.split('/').map(str::to_owned).collect());
+            check_reserved(&rel).map_err(|r| r.reason_code)
+        };
+        for p in [
+            ".rollback/x.txt",
+            "a/.ROLLBACK",
+            ".rollbac\u{212a}/x.txt",
+            ".roll\u{200b}back/x.txt",
+            "d/\u{feff}.Rollback\u{fe0f}/x.txt",
+            "x.ailab\u{ad}-tmp-1",
+            "x.AILAB-TMP-1",
+        ] {
+            assert_eq!(refused(p), Err(ReasonCode::ReservedPath), "{p:?}");
+        }
+        for p in [
+            ".rollbacks/x.txt",
+            ".roll-back/x.txt",
+            "rollback/x.txt",
+            "x.ailab-tmp",
+        ] {
+            assert_eq!(refused(p), Ok(()), "{p:?}");
+        }
     }
 
     #[test]
