@@ -73,6 +73,29 @@ pub struct DirClaim {
     pub at: String,
 }
 
+/// The longest target path a line records: longer than any a write can have (a root
+/// the kernel can open, up to 4,096 bytes, and eight components of 255), so only a
+/// refused action's path text is ever cut. Refusals are not budgeted: what they put on
+/// the trail, which is kept for good, must be bounded by the runtime, not the sender.
+pub const MAX_RECORDED_PATH: usize = 8 * 1024;
+
+/// The longest intent a line records (the catalog's are under 32 bytes).
+pub const MAX_RECORDED_INTENT: usize = 256;
+
+/// `text`, cut at a character boundary to at most `max` bytes, ending `…` and its
+/// length in bytes when cut.
+fn bounded(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mark = format!("… ({} bytes)", text.len());
+    let mut end = max.saturating_sub(mark.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{mark}", &text[..end])
+}
+
 /// What a caller records; the log assigns `seq`, `prev_hash` and `entry_hash`.
 ///
 /// Its fields repeat the entry's rather than being `#[serde(flatten)]`ed into it: serde
@@ -596,8 +619,8 @@ impl AuditLog {
                     workflow_id: r.workflow_id,
                     action_id: r.action_id,
                     mutation_class: r.mutation_class,
-                    mutation_type: r.mutation_type,
-                    target_path: r.target_path,
+                    mutation_type: bounded(r.mutation_type, MAX_RECORDED_INTENT),
+                    target_path: bounded(r.target_path, MAX_RECORDED_PATH),
                     before_checksum: r.before_checksum,
                     after_checksum: r.after_checksum,
                     rollback_available: r.rollback_available,

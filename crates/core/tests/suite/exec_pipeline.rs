@@ -1921,3 +1921,41 @@ fn a_plan_rollback_blocked_by_a_folder_now_a_file_does_not_advise_force() {
     assert_eq!(w.read("d"), b"theirs");
     assert_eq!(w.read("d.moved/c0.txt"), b"ours");
 }
+
+/// Refusals are neither budgeted nor rate limited, so what their lines keep of the
+/// sender's text is bounded: a 1 MiB path or intent does not put 1 MiB on the trail,
+/// which is kept for good.
+#[test]
+fn a_refused_actions_huge_path_and_intent_are_recorded_cut() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let long_name = "b".repeat(1 << 20);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_big", "actions": [
+            {"intent": "create_file", "path": format!("{long_name}.md"), "content": "x"},
+            {"intent": format!("delete_{long_name}"), "path": "a.md"},
+            {"intent": "delete_file", "path": format!("a/{}x.md", "a/".repeat(1 << 19))}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    let trail = std::fs::read_to_string(w.state.join("sandbox_audit.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = trail
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &serde_json::Value| e["workflow_id"] == "wf_big")
+        .collect();
+    assert_eq!(lines.len(), 3, "{trail:.2000}");
+    assert!(trail.len() < 64 * 1024, "{} bytes", trail.len());
+    let path = lines[0]["target_path"].as_str().unwrap();
+    assert!(
+        path.starts_with("bbbb") && path.ends_with(&format!("… ({} bytes)", (1 << 20) + 3)),
+        "{path:.100}"
+    );
+    let intent = lines[1]["mutation_type"].as_str().unwrap();
+    assert!(
+        intent.starts_with("delete_bbb") && intent.len() <= 256,
+        "{intent:.100}"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    assert!(!w.root.join("a.md").exists());
+}
