@@ -923,39 +923,44 @@ impl Sandbox {
                 conflicts.iter().partition(|c| !c.claimed_by.is_empty());
             let mut why = Vec::new();
             if !changed.is_empty() {
-                // One entry per action in `conflicts`; each file once for people, and a
-                // change between two of the workflow's own writes said as such: the file
-                // may hold just what the workflow last wrote.
-                let mut since: Vec<&str> = Vec::new();
-                let mut between: Vec<String> = Vec::new();
+                // One entry per action in `conflicts`; each file once for people, saying
+                // where the change was made: a change between two of the workflow's own
+                // writes leaves the file holding just what the workflow last wrote.
+                let mut files: Vec<(&str, bool, Vec<String>)> = Vec::new();
                 for c in &changed {
+                    let i = match files.iter().position(|(p, ..)| *p == c.path) {
+                        Some(i) => i,
+                        None => {
+                            files.push((&c.path, false, Vec::new()));
+                            files.len() - 1
+                        }
+                    };
                     match &c.found_by_action {
-                        Some(newer) => between.push(format!(
-                            "{} (after action {}, before action {})",
-                            c.path,
+                        Some(newer) => files[i].2.push(format!(
+                            "between actions {} and {}",
                             shown_path(&c.action_id),
                             shown_path(newer)
                         )),
-                        None if !since.contains(&c.path.as_str()) => since.push(&c.path),
-                        None => {}
+                        None => files[i].1 = true,
                     }
                 }
-                let mut lists = Vec::new();
-                if !since.is_empty() {
-                    lists.push(format!(
-                        "these files or directories changed after the workflow wrote them: {}",
-                        since.join(", ")
-                    ));
-                }
-                if !between.is_empty() {
-                    lists.push(format!(
-                        "someone else changed these between two of the workflow's writes, the later write finding other contents than the earlier one left: {}",
-                        between.join(", ")
-                    ));
-                }
+                let entries: Vec<String> = files
+                    .iter()
+                    .map(|(path, since, between)| match (since, between.is_empty()) {
+                        (_, true) => (*path).to_owned(),
+                        (false, false) => format!(
+                            "{path} ({}; it holds what the workflow last wrote there)",
+                            between.join("; ")
+                        ),
+                        (true, false) => format!(
+                            "{path} (since the workflow's last write, and {})",
+                            between.join("; ")
+                        ),
+                    })
+                    .collect();
                 why.push(format!(
-                    "{}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
-                    lists.join("; ")
+                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
+                    entries.join(", ")
                 ));
             }
             for c in claimed {

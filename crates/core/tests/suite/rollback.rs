@@ -742,8 +742,9 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     assert_eq!(rb.conflicts[0].found_by_action.as_deref(), Some("x2"));
     let reason = rb.reason.as_deref().unwrap();
     assert!(
-        reason.contains("t.txt (after action 'x1', before action 'x2')")
-            && !reason.contains("changed after the workflow wrote them"),
+        reason.contains(
+            "t.txt (between actions 'x1' and 'x2'; it holds what the workflow last wrote there)"
+        ),
         "{reason}"
     );
     assert_eq!(w.read("t.txt"), b"B\n", "nothing restored");
@@ -2062,6 +2063,10 @@ fn a_conflict_names_each_file_once() {
     assert_eq!(rb.conflicts.len(), 2, "{rb:?}");
     let reason = rb.reason.unwrap();
     assert_eq!(reason.matches("log.md").count(), 1, "{reason}");
+    assert!(
+        reason.contains("log.md (since the workflow's last write, and between actions"),
+        "{reason}"
+    );
 }
 
 /// Each step says what became of a target no checksum describes.
