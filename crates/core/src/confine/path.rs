@@ -328,8 +328,9 @@ fn list_roots(roots: &[PathBuf]) -> String {
 
 /// A name as a filesystem that folds case could take it: lower case by Unicode's rules
 /// (the Kelvin sign is a `k`) without the code points such filesystems ignore
-/// (zero-width characters, variation selectors, bidirectional marks, soft hyphen). On
-/// such a root `.rollbac\u{212a}` or `.roll\u{200b}back` would open the snapshot
+/// (zero-width characters, variation selectors, bidirectional marks, soft hyphen), and
+/// without the trailing dots and spaces FAT filesystems drop. On such a root
+/// `.rollbac\u{212a}`, `.roll\u{200b}back` or `.rollback.` would open the snapshot
 /// store.
 fn folded(name: &str) -> String {
     fn ignorable(c: char) -> bool {
@@ -339,10 +340,12 @@ fn folded(name: &str) -> String {
             | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3
             | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
     }
-    name.chars()
+    let kept: String = name
+        .chars()
         .filter(|&c| !ignorable(c))
         .flat_map(char::to_lowercase)
-        .collect()
+        .collect();
+    kept.trim_end_matches(['.', ' ']).to_owned()
 }
 
 /// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary
@@ -622,6 +625,7 @@ mod tests {
             ".rollbac\u{212a}/x.txt",
             ".roll\u{200b}back/x.txt",
             "d/\u{feff}.Rollback\u{fe0f}/x.txt",
+            ".rollback. ./x.txt",
             "x.ailab\u{ad}-tmp-1",
             "x.AILAB-TMP-1",
         ] {
