@@ -425,7 +425,7 @@ fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
         HeadFile::Missing => None,
         HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
         HeadFile::At(h) if h.seq > ix.last_seq => Some(format!(
-            "the log ends at seq {} but its head records seq {}: lines were removed from the end",
+            "the log's last line has seq {} but its head records seq {}: lines were removed from the end, or an older line was copied after the last",
             ix.last_seq, h.seq
         )),
         HeadFile::At(h) if h.seq > 0 && ix.hash_of(h.seq) != Some(h.entry_hash.as_str()) => {
@@ -1003,7 +1003,7 @@ pub(crate) fn with_unlogged(
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced",
+            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced, or a dead run's write was left unrecorded because recovery could not trust its snapshot folder (a start-up note named the folder)",
             missing.len(),
             first.artifact_id,
             shown_path(&first.action_id),
