@@ -695,28 +695,22 @@ async fn an_upload_under_way_is_not_starved_by_one_waiting() {
             .write_all(plan_post(addr, 4096, &plan("waited.md")).as_bytes())
             .unwrap();
         std::thread::sleep(Duration::from_millis(300));
+        // A plan answered 200 within `secs`, its file written.
+        let succeeds = |s: TcpStream, secs: u64, file: &str| {
+            s.set_read_timeout(Some(Duration::from_secs(secs))).unwrap();
+            let (status, body) = read_one(&mut BufReader::new(s));
+            assert_eq!(status, 200, "{file}: {body}");
+            assert!(root.join(file).exists(), "{file}");
+        };
         // The first upload's last 96 bytes fit in the free room.
         let (mut first, rest) = under_way.remove(0);
         first.write_all(rest.as_bytes()).unwrap();
-        first
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let (status, body) = read_one(&mut BufReader::new(first));
-        assert_eq!(status, 200, "{body}");
-        assert!(root.join("held0.md").exists());
+        succeeds(first, 10, "held0.md");
         // Its room given back, the waiting upload goes through, then the others.
-        waiting
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let (status, body) = read_one(&mut BufReader::new(waiting));
-        assert_eq!(status, 200, "{body}");
-        assert!(root.join("waited.md").exists());
+        succeeds(waiting, 20, "waited.md");
         for (i, (mut s, rest)) in under_way.into_iter().enumerate() {
             s.write_all(rest.as_bytes()).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let (status, body) = read_one(&mut BufReader::new(s));
-            assert_eq!(status, 200, "{body}");
-            assert!(root.join(format!("held{}.md", i + 1)).exists());
+            succeeds(s, 10, &format!("held{}.md", i + 1));
         }
     })
     .await
