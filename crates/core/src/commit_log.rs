@@ -268,7 +268,30 @@ fn read_span(file: &File) -> io::Result<(Option<Position>, Vec<CommitEntry>, u64
     let mut buf = vec![0u8; size.saturating_sub(at.start) as usize];
     file.read_exact_at(&mut buf, at.start)?;
     let (entries, used) = decode_all(at.generation, &buf);
+    // Appends are synced one at a time, so a crash can only tear the last entry: one
+    // that does not check out with an entry that does after it was damaged or changed
+    // since. Read as the log's end, the acknowledged writes after it would be dropped
+    // without a word.
+    if checked_entry_after(at.generation, &buf[used..]) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "its entry at byte {} does not check out while a later one does, so it was damaged or changed by something other than the runtime (a crash only ever tears the last entry); nothing of it is replayed or emptied: put back the runtime's own log, or move it away to go on without the writes it holds",
+                at.start + used as u64
+            ),
+        ));
+    }
     Ok((Some(at), entries, at.start + used as u64))
+}
+
+/// Whether an entry of `generation` that checks out starts anywhere in `rest` after its
+/// first byte.
+fn checked_entry_after(generation: u64, rest: &[u8]) -> bool {
+    let mut tag = [0u8; 12];
+    tag[..4].copy_from_slice(FRAME_MAGIC);
+    tag[4..].copy_from_slice(&generation.to_le_bytes());
+    (1..rest.len().saturating_sub(PREFIX - 1))
+        .any(|i| rest[i..].starts_with(&tag) && decode_one(generation, &rest[i..]).is_some())
 }
 
 /// The log entry of a commit.
@@ -475,6 +498,38 @@ mod tests {
         assert!(f.read_exact_at(&mut byte, at + 10).is_ok());
         assert!(f.write_all_at(&[byte[0] ^ 1], at + 10).is_ok());
         assert_eq!(entries(&f), vec![a]);
+    }
+
+    /// Only the last entry can be torn by a crash: a damaged one before entries that
+    /// check out is refused, not read as the end of the log.
+    #[test]
+    fn a_damaged_entry_before_sound_ones_is_refused_and_a_torn_last_one_ends_the_log() {
+        let flip = |f: &File, at: u64| {
+            let mut b = [0u8; 1];
+            assert!(f.read_exact_at(&mut b, at).is_ok());
+            assert!(f.write_all_at(&[b[0] ^ 1], at).is_ok());
+        };
+        let (_dir, f) = log_file();
+        let p1 = append_entry(&f, &entry(Some(b"old"), b"one"));
+        let p2 = append_entry(&f, &entry(Some(b"one"), b"two"));
+        let p3 = append_entry(&f, &entry(Some(b"two"), b"three"));
+        // The last entry's last byte: the log ends before it.
+        flip(&f, p3.end - 1);
+        assert_eq!(entries(&f).len(), 2);
+        flip(&f, p3.end - 1);
+        assert_eq!(entries(&f).len(), 3);
+        // The middle one's last byte: two entries would be dropped.
+        flip(&f, p2.end - 1);
+        match read(&f) {
+            Err(e) => {
+                assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+                assert!(
+                    e.to_string().contains(&format!("entry at byte {}", p1.end)),
+                    "{e}"
+                );
+            }
+            Ok(got) => panic!("read {} entries", got.len()),
+        }
     }
 
     #[test]

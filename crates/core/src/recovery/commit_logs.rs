@@ -61,8 +61,21 @@ impl Sandbox {
             let (file, entries) = match read {
                 Ok(Some((f, e))) if !e.is_empty() => (f, e),
                 Ok(_) => continue,
+                // Its run is not judged without what the log holds (the acknowledged
+                // writes a power cut may have taken from the files): it stays recorded
+                // as unfinished, and the workflow refused, until the log can be read.
                 Err(e) => {
                     tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
+                    out.push(Recovered {
+                        execution_id: record().map(|r| r.execution_id).unwrap_or_default(),
+                        workflow_id: wf.clone(),
+                        why: Some(format!(
+                            "its commit log inflight/{wf}.log could not be read ({})",
+                            crate::error::io_words(&e)
+                        )),
+                        retry: true,
+                        ..Recovered::default()
+                    });
                     continue;
                 }
             };

@@ -234,6 +234,59 @@ fn a_torn_last_entry_is_not_redone() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// The same cut, with the log's first entry damaged and two sound ones after it: not
+/// a tear (a crash only tears the last entry), so nothing is replayed, nothing is
+/// judged, the log is kept and the workflow refused, naming it. Moved away, the log
+/// lets the next start recover the run from what the files hold.
+#[test]
+fn a_damaged_entry_before_sound_ones_stops_the_replay_and_is_named() {
+    let (w, _, primed) = three_writes_then_a_power_cut();
+    let log = log_file(&w, "wf_log").unwrap();
+    let start = ailab_sandbox_core::commit_log::position(&log)
+        .unwrap()
+        .unwrap()
+        .start;
+    let mut b = [0u8; 1];
+    log.read_exact_at(&mut b, start + 100).unwrap();
+    log.write_all_at(&[b[0] ^ 1], start + 100).unwrap();
+    drop(log);
+
+    let sb = w.open(batched(&w));
+    assert_eq!(w.tree(), primed, "nothing replayed: {:?}", sb.notices());
+    assert_noticed(&sb, "inflight/wf_log.log could not be read");
+    assert_noticed(&sb, "does not check out while a later one does");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "create_file", "path": "n.txt", "content": "n\n"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert!(
+        format!("{r:?}").contains("move it away to go on without the writes it holds"),
+        "{r:?}"
+    );
+    assert!(!w.path("n.txt").exists());
+    drop(sb);
+    assert!(
+        w.state.join("inflight/wf_log.log").exists(),
+        "the log is kept"
+    );
+
+    std::fs::rename(
+        w.state.join("inflight/wf_log.log"),
+        w.outside.join("wf_log.log"),
+    )
+    .unwrap();
+    let sb = w.open(batched(&w));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "create_file", "path": "n.txt", "content": "n\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?} {:?}", sb.notices());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Two finished runs rewrote one file, then a third run died before its commit point;
 /// the cut lost all three. The file must end as the second run left it, with both runs
 /// audited and registered, and a rollback gives back the first bytes.
