@@ -8,7 +8,7 @@
 //! back (or removes what the action created) atomically and re-hashes the result.
 
 use crate::catalog::MutationClass;
-use crate::confine::path::{ROLLBACK_DIR, shown_path};
+use crate::confine::path::{ROLLBACK_DIR, TEMP_MARKER, shown_path};
 use crate::confine::root::{
     FILE_MODE, Flush, Make, Put, read_regular, sync_dir, write_atomic_flush, write_atomic_in,
 };
@@ -743,7 +743,33 @@ impl Snapshotter {
             Ok(b) => key
                 .open(&b)
                 .map_err(|e| trust(untrusted(&folder, META_FILE, &e)))?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            // A snapshot stopped before its record: the folder holds at most its backup
+            // and temporary files. Anything else was put there by someone else, and a
+            // prune that took the folder for an unfinished snapshot would remove it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let foreign: Vec<String> = dir
+                    .entries()
+                    .map_err(|e| (snap_io("list", &e), is_passing(&e)))?
+                    .filter_map(|entry| {
+                        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
+                        (name != BACKUP_FILE && !name.starts_with(TEMP_MARKER)).then_some(name)
+                    })
+                    .collect();
+                if foreign.is_empty() {
+                    return Ok(None);
+                }
+                return Err(trust(untrusted_said(
+                    &folder,
+                    &format!(
+                        "has no {META_FILE} but holds what the runtime did not make there ({})",
+                        foreign
+                            .iter()
+                            .map(|n| shown_path(n))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )));
+            }
             Err(e) => return Err(unread(META_FILE, &e)),
         };
         // A backup this process may not read cannot give its file back: its snapshot is

@@ -519,6 +519,37 @@ fn prune_is_not_stopped_by_untrusted_folders() {
     assert!(w.root.join(".rollback/wf_junk/a1/meta.json").exists());
 }
 
+/// A folder without a record holds at most a snapshot the runtime stopped making (its
+/// backup, temporary files): one that holds anything else was filled by someone else,
+/// and is kept and named like any folder nothing vouches for, not pruned as unfinished.
+#[test]
+fn a_folder_without_a_record_holding_foreign_files_is_not_pruned() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let folder = w.root.join(".rollback/wf_q/a1");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("notes.txt"), b"precious\n").unwrap();
+    std::fs::create_dir_all(w.root.join(".rollback/wf_e/a1")).unwrap();
+    std::fs::write(w.root.join(".rollback/wf_e/a1/backup"), b"half made\n").unwrap();
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_e"], "{report:?}");
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    let kept = &report.workflows_failed[0];
+    assert_eq!(kept.workflow_id, "wf_q");
+    assert_eq!(kept.reason_code, ReasonCode::ChecksumMismatch, "{kept:?}");
+    assert!(
+        kept.reason.contains(
+            "has no meta.json but holds what the runtime did not make there ('notes.txt')"
+        ),
+        "{kept:?}"
+    );
+    assert_eq!(
+        std::fs::read(folder.join("notes.txt")).unwrap(),
+        b"precious\n"
+    );
+}
+
 /// Pruned writes are not missing snapshots: after a prune the workflow id can be used
 /// again and its new run rolls back. A run that also wrote into a root this process is
 /// not configured with is not "rolled back" by it: the whole-workflow rollback is refused
