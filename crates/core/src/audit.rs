@@ -182,7 +182,8 @@ struct Head {
 pub struct VerifyReport {
     /// Whether the whole chain and head check out.
     pub ok: bool,
-    /// Lines read.
+    /// Lines read: the whole trail when it checks out, else up to and including the
+    /// first bad one.
     pub entries: u64,
     /// The first sequence number where the chain breaks.
     pub first_bad_seq: Option<u64>,
