@@ -734,16 +734,16 @@ fn run(cli: Cli) -> Result<u8> {
                         .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
                         .explained();
                     out!(
-                        "would prune {} workflows{}, keep {}{}; nothing was removed: {why}; {fix} to prune",
-                        report.workflows_pruned.len(),
+                        "would prune {}{}, keep {}{}; nothing was removed: {why}; {fix} to prune",
+                        workflows(report.workflows_pruned.len()),
                         named(&report.workflows_pruned),
                         report.workflows_kept,
                         not_prunable(&report)
                     );
                 } else {
                     out!(
-                        "pruned {} workflows{}, kept {}{}",
-                        report.workflows_pruned.len(),
+                        "pruned {}{}, kept {}{}",
+                        workflows(report.workflows_pruned.len()),
                         named(&report.workflows_pruned),
                         report.workflows_kept,
                         not_prunable(&report)
@@ -806,6 +806,15 @@ fn not_prunable(report: &ailab_sandbox_core::sandbox::PruneReport) -> String {
     match report.workflows_failed.len() {
         0 => String::new(),
         n => format!(" and {n} it could not prune (below)"),
+    }
+}
+
+/// `n` workflow(s), in words.
+fn workflows(n: usize) -> String {
+    if n == 1 {
+        "1 workflow".to_owned()
+    } else {
+        format!("{n} workflows")
     }
 }
 

@@ -744,6 +744,45 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
     assert!(out.stdout.is_empty(), "without --json nothing on stdout");
 }
 
+/// The prune's sentence counts workflows in words: one workflow, two workflows.
+#[test]
+fn prune_counts_workflows_in_words() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_one", "actions": [{"intent": "create_file", "path": "a.md", "content": "a"}]}),
+    );
+    let out = e
+        .cmd()
+        .args(["--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for (args, says) in [
+        (
+            &["prune", "--older-than", "0s"][..],
+            "would prune 1 workflow (wf_one), keep 0",
+        ),
+        (
+            &[
+                "--enable-write",
+                "--no-dry-run",
+                "prune",
+                "--older-than",
+                "0s",
+            ][..],
+            "pruned 1 workflow (wf_one), kept 0",
+        ),
+    ] {
+        let out = e.cmd().args(args).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(says),
+            "{out:?}"
+        );
+    }
+}
+
 #[test]
 fn prune_parses_durations() {
     let e = env();
