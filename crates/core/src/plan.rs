@@ -517,6 +517,11 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
                 " (it is not UTF-8 text: byte 0x{:02X} at offset {at} is not part of a UTF-8 character)",
                 json[at]
             )
+        } else if json.iter().all(u8::is_ascii_whitespace) {
+            format!(
+                " (it is empty{}: nothing was read)",
+                if json.is_empty() { "" } else { " but for white space" }
+            )
         } else {
             String::new()
         };
@@ -1437,6 +1442,10 @@ mod tests {
         assert!(why.contains("UTF-16 byte order mark"), "{why}");
         let why = parse_plan(b"\x80{}").unwrap_err().reason;
         assert!(why.contains("byte 0x80 at offset 0"), "{why}");
+        let why = parse_plan(b"").unwrap_err().reason;
+        assert!(why.ends_with("array (it is empty: nothing was read)"), "{why}");
+        let why = parse_plan(b" \n").unwrap_err().reason;
+        assert!(why.contains("(it is empty but for white space"), "{why}");
     }
 
     #[test]
