@@ -520,7 +520,11 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
         } else if json.iter().all(u8::is_ascii_whitespace) {
             format!(
                 " (it is empty{}: nothing was read)",
-                if json.is_empty() { "" } else { " but for white space" }
+                if json.is_empty() {
+                    ""
+                } else {
+                    " but for white space"
+                }
             )
         } else {
             String::new()
@@ -1443,7 +1447,10 @@ mod tests {
         let why = parse_plan(b"\x80{}").unwrap_err().reason;
         assert!(why.contains("byte 0x80 at offset 0"), "{why}");
         let why = parse_plan(b"").unwrap_err().reason;
-        assert!(why.ends_with("array (it is empty: nothing was read)"), "{why}");
+        assert!(
+            why.ends_with("array (it is empty: nothing was read)"),
+            "{why}"
+        );
         let why = parse_plan(b" \n").unwrap_err().reason;
         assert!(why.contains("(it is empty but for white space"), "{why}");
     }
