@@ -1004,7 +1004,7 @@ pub(crate) fn with_unlogged(
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced, or a dead run's write was left unrecorded because recovery could not trust its snapshot folder (a start-up note named the folder)",
+            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced",
             missing.len(),
             first.artifact_id,
             shown_path(&first.action_id),
@@ -1075,6 +1075,11 @@ pub(crate) fn with_unregistered(
 /// and was overwritten by a later one before it was registered: no artifact is listed
 /// for it (its size went with the later write).
 pub const UNREGISTERED_DONE: &str = "written, as the later write's starting point shows, by a run that died before registering it: no artifact is listed for it";
+
+/// The `error` of the success line recovery appends for a dead run's registered write
+/// whose snapshot folder was removed or cannot be trusted: it landed (it was registered
+/// after), and cannot be rolled back.
+pub const DONE_WITHOUT_SNAPSHOT: &str = "written by a run that died before recording it, whose snapshot is missing or not trusted: it cannot be rolled back";
 
 /// The successful writes the complete lines of `bytes` record that registered an
 /// artifact: every operation's but `create_directory`'s (a folder is no artifact), and

@@ -68,6 +68,24 @@ impl Sandbox {
             report.retry = true;
             return report;
         }
+        // Registered writes of the run that no trusted snapshot stands for (its folder was
+        // removed, or left alone above as untrusted): registered after it landed, so done.
+        // Recorded as such, with nothing to roll back, rather than left off the trail for
+        // good while the registry lists them.
+        let snapshotted: HashSet<&str> = mine
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
+        let orphans: Vec<AuditRecord> = registered
+            .iter()
+            .filter(|e| {
+                e.generated_by_action == format!("{}/{}", rec.execution_id, e.action_id)
+                    && !audited.contains_key(&e.action_id)
+                    && !snapshotted.contains(e.action_id.as_str())
+            })
+            .map(|e| self.done_without_snapshot(rec, e))
+            .collect();
+        drop(snapshotted);
         for (i, s) in mine.into_iter().rev() {
             dirs.insert((i, s.meta.target().parent_components().to_vec()));
             let key = (i, s.meta.original_path.clone());
@@ -177,6 +195,8 @@ impl Sandbox {
         }
         // Judged newest first; audited in the order they ran.
         finish_audits.reverse();
+        report.completed += orphans.len();
+        finish_audits.extend(orphans);
         if !finish_audits.is_empty()
             && let Err(e) = self.audit.append(finish_audits)
         {
@@ -297,6 +317,32 @@ impl Sandbox {
             }
         }
         removed
+    }
+
+    /// The success line of a dead run's registered write whose snapshot is gone or not
+    /// trusted (see [`crate::audit::DONE_WITHOUT_SNAPSHOT`]).
+    fn done_without_snapshot(
+        &self,
+        rec: &InflightRecord,
+        e: &crate::artifact::ArtifactEntry,
+    ) -> AuditRecord {
+        AuditRecord {
+            timestamp: self.now(),
+            execution_id: rec.execution_id.clone(),
+            workflow_id: e.workflow_id.clone(),
+            action_id: e.action_id.clone(),
+            mutation_class: crate::catalog::op_for_intent(&e.mutation_type)
+                .map(|op| op.mutation_class),
+            mutation_type: e.mutation_type.clone(),
+            target_path: e.path.clone(),
+            before_checksum: None,
+            after_checksum: Some(e.checksum_sha256.clone()),
+            rollback_available: false,
+            rollback_path: None,
+            status: AuditStatus::Success,
+            reason_code: None,
+            error: Some(crate::audit::DONE_WITHOUT_SNAPSHOT.to_owned()),
+        }
     }
 
     /// A dead run's unaudited action whose target another run has written since

@@ -746,6 +746,82 @@ fn a_registered_write_whose_run_died_before_its_audit_line_is_finished() {
     }
 }
 
+/// The same death, with the registered write's snapshot record then replaced by another
+/// action's (sealed, so read as not this folder's) or its folder removed: recovery
+/// cannot judge from it, yet the write landed (it was registered after). It is recorded
+/// as done with nothing to roll back, so the trail and the registry agree; the untrusted
+/// folder is left and named, and refuses the workflow's rollback until it is moved away.
+#[test]
+fn a_registered_write_whose_snapshot_went_or_was_replaced_is_recorded_done() {
+    for removed in [false, true] {
+        let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("before_audit", 2);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(plan_json()))));
+        assert!(outcome.is_err());
+        drop(sb);
+        let entries = std::fs::read_to_string(w.state.join("artifacts.jsonl")).unwrap();
+        let second: serde_json::Value =
+            serde_json::from_str(entries.lines().nth(1).unwrap()).unwrap();
+        let (first_id, second_id) = {
+            let first: serde_json::Value =
+                serde_json::from_str(entries.lines().next().unwrap()).unwrap();
+            (
+                first["action_id"].as_str().unwrap().to_owned(),
+                second["action_id"].as_str().unwrap().to_owned(),
+            )
+        };
+        let folder = w.root.join(format!(".rollback/wf_crash/{second_id}"));
+        if removed {
+            std::fs::remove_dir_all(&folder).unwrap();
+        } else {
+            std::fs::copy(
+                w.root
+                    .join(format!(".rollback/wf_crash/{first_id}/meta.json")),
+                folder.join("meta.json"),
+            )
+            .unwrap();
+        }
+        let sb = w.open(c);
+        let at = format!("removed={removed}: {:?}", sb.notices());
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{at}");
+        let line = sb
+            .audit_entries(1000, Some("wf_crash"))
+            .unwrap()
+            .into_iter()
+            .find(|e| e.action_id == second_id)
+            .unwrap_or_else(|| panic!("{at}: no line for the registered write"));
+        assert_eq!(
+            line.status,
+            ailab_sandbox_core::audit::AuditStatus::Success,
+            "{at}"
+        );
+        assert_eq!(
+            line.after_checksum,
+            second["checksum_sha256"].as_str().map(str::to_owned)
+        );
+        assert!(!line.rollback_available, "{at}");
+        assert_eq!(
+            line.error.as_deref(),
+            Some(ailab_sandbox_core::audit::DONE_WITHOUT_SNAPSHOT)
+        );
+        assert!(sb.audit_verify().unwrap().ok, "{at}");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        if removed {
+            assert_eq!(rb.status, "rolled_back", "{at}: {rb:?}");
+            assert_eq!(w.read("a.txt"), b"alpha\n", "{at}");
+            assert_eq!(
+                w.read("d/b.txt"),
+                b"beta\nmore\n",
+                "{at}: nothing to roll it back with"
+            );
+        } else {
+            assert_eq!(rb.status, "refused", "{at}: {rb:?}");
+            assert!(folder.join("meta.json").exists());
+        }
+    }
+}
+
 /// A rollback that dies while a restore's bytes or mark are written aside leaves
 /// temporary files beside a target and in a snapshot folder: the next start removes
 /// them, so the tree can be restored exactly.
