@@ -744,6 +744,64 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
     assert!(out.stdout.is_empty(), "without --json nothing on stdout");
 }
 
+/// A prune of a root mounted read-only is refused before it marks anything pruned: the
+/// snapshots stay usable and the workflow rolls back once the root is writable again.
+#[test]
+fn a_prune_of_a_read_only_root_marks_nothing_pruned() {
+    let e = env();
+    e.seed_and_run(
+        &[("k.txt", "original\n")],
+        &json!({"workflow_id": "wf_ro", "actions": [{"intent": "replace_file", "path": "k.txt", "content": "new\n"}]}),
+    );
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\"",
+        &[e.root.as_os_str()],
+    );
+    c.arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state)
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "prune",
+            "--older-than",
+            "0s",
+        ]);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doc = json_out(&out);
+    assert_eq!(doc["workflows_pruned"], json!([]), "{doc}");
+    assert_eq!(
+        doc["workflows_failed"][0]["reason_code"], "io_error",
+        "{doc}"
+    );
+    assert!(
+        doc["workflows_failed"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is on a read-only filesystem, so no snapshot can be taken or removed there: mount it writable"),
+        "{doc}"
+    );
+    assert!(!e.state.join("inflight/wf_ro.pruned").exists());
+    let out = e
+        .cmd()
+        .args([
+            "--json",
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_ro",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(json_out(&out)["status"], "rolled_back", "{out:?}");
+    assert_eq!(std::fs::read(e.root.join("k.txt")).unwrap(), b"original\n");
+}
+
 /// The prune's sentence counts workflows in words: one workflow, two workflows.
 #[test]
 fn prune_counts_workflows_in_words() {

@@ -285,18 +285,29 @@ impl SandboxRoot {
 
     /// Refuses (`reserved_path`) a snapshot store (`.rollback`) this process may not
     /// read, write and search (its mode): no snapshot can be taken or removed there until
-    /// the operator gives it back (a rollback, which reads it, may still). A store not
-    /// made yet is open.
+    /// the operator gives it back (a rollback, which reads it, may still); and
+    /// (`io_error`) one on a read-only filesystem. A store not made yet is open.
     pub fn store_open(&self) -> Verdict {
         use rustix::fs::{Access, AtFlags, accessat};
-        let closed = accessat(
+        let asked = accessat(
             &self.dir,
             super::path::ROLLBACK_DIR,
             Access::READ_OK | Access::WRITE_OK | Access::EXEC_OK,
             AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .is_err_and(|e| e == rustix::io::Errno::ACCESS);
-        if !closed {
+        );
+        // A read-only mount: foreseen, as a mode is, rather than met half way (a prune
+        // would have marked the workflow pruned and removed nothing).
+        if asked == Err(rustix::io::Errno::ROFS) {
+            return Err(Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "the snapshot store {} of root {} is on a read-only filesystem, so no snapshot can be taken or removed there: mount it writable, then try again",
+                    shown_path(super::path::ROLLBACK_DIR),
+                    shown_path(&self.path().display().to_string())
+                ),
+            ));
+        }
+        if asked != Err(rustix::io::Errno::ACCESS) {
             return Ok(());
         }
         Err(Refusal::new(
