@@ -12,6 +12,16 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` that tolerates a standard error that cannot be written (a full disk, a
+/// reader gone): the command's work and its result matter more than its remarks, and
+/// `eprintln!` would panic.
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// The first failure to write to standard output, other than a reader that went away
 /// (`| head`): a result lost on a full disk must not leave exit code 0.
 static OUTPUT_FAILURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -271,7 +281,7 @@ fn main() -> ExitCode {
     }
     if let Some(why) = OUTPUT_FAILURE.get() {
         // Whatever the command did (the audit trail says), its result is lost.
-        eprintln!(
+        err!(
             "error: the result could not be written to standard output ({why}); what the command did is on the audit trail (ailab-sandbox audit)"
         );
         return ExitCode::from(EXIT_USAGE);
@@ -296,7 +306,7 @@ fn main() -> ExitCode {
                     serde_json::json!({"reason_code": code, "reason": reason})
                 );
             }
-            eprintln!("error: {reason}");
+            err!("error: {reason}");
             ExitCode::from(if busy { EXIT_REFUSED } else { EXIT_USAGE })
         }
     }
@@ -397,7 +407,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         if let Err(why) = printed
             && why.kind() != std::io::ErrorKind::BrokenPipe
         {
-            eprintln!("error: the text could not be written to standard output ({why})");
+            err!("error: the text could not be written to standard output ({why})");
             return ExitCode::from(EXIT_USAGE);
         }
         return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(EXIT_USAGE));
@@ -417,7 +427,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         "{:#}",
         serde_json::json!({"reason_code": codes::INVALID_USAGE, "reason": human::safe(reason)})
     );
-    eprintln!("{}", text.trim_end());
+    err!("{}", text.trim_end());
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -503,7 +513,7 @@ fn load_config(cli: &Cli) -> Result<Config> {
         _ => (None, None, None),
     };
     if token.is_some() {
-        eprintln!(
+        err!(
             "warning: --token is visible to every local user in the process list; pass it in AI_LAB_SANDBOX_TOKEN or the config file instead"
         );
     }
@@ -531,7 +541,7 @@ fn refusal_exit(json: bool, r: &Refusal, code: u8) -> Result<u8> {
     if json {
         print_json(&serde_json::json!({"reason_code": r.reason_code, "reason": r.reason}))?;
     }
-    eprintln!("refused ({}): {}", r.reason_code, human::safe(&r.reason));
+    err!("refused ({}): {}", r.reason_code, human::safe(&r.reason));
     Ok(code)
 }
 
@@ -579,7 +589,7 @@ fn run(cli: Cli) -> Result<u8> {
     // With --json too: standard output is the document, standard error is for people
     // (a recovery that could not judge a run must be seen).
     for n in sandbox.notices() {
-        eprintln!("note: {}", human::safe(n));
+        err!("note: {}", human::safe(n));
     }
     report_confinement(
         sandbox.confine_process(),
@@ -642,7 +652,7 @@ fn run(cli: Cli) -> Result<u8> {
                 print_json(&report)?;
                 // As for any refusal: the reason on standard error too.
                 if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
-                    eprintln!("refused ({code}): {}", human::safe(why));
+                    err!("refused ({code}): {}", human::safe(why));
                 }
             } else {
                 human::rollback(&report, action_id.as_deref());
@@ -754,7 +764,7 @@ fn run(cli: Cli) -> Result<u8> {
                 }
                 if !json {
                     for f in &report.workflows_failed {
-                        eprintln!(
+                        err!(
                             "could not prune workflow {} ({}): {}; the next prune tries again",
                             human::safe(&f.workflow_id),
                             f.reason_code,
@@ -783,7 +793,7 @@ fn verify_read_only(
     let v = ailab_sandbox_core::audit::verify_read_only(state_dir, durable)
         .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
     // With --json too, as every notice: standard output holds only the report.
-    eprintln!(
+    err!(
         "note: the runtime cannot start here ({}); the trail was verified read-only, without recovery",
         human::safe(&why.to_string())
     );
@@ -907,15 +917,13 @@ fn serve(config: Config) -> Result<u8> {
     ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref())?;
     let mut sandbox = Sandbox::open(config)?;
     for n in sandbox.notices() {
-        eprintln!("note: {}", human::safe(n));
+        err!("note: {}", human::safe(n));
     }
     // Before the runtime starts its threads: Landlock binds only threads created later.
     report_confinement(sandbox.confine_process(), false);
     ailab_sandbox_http::run_announcing(std::sync::Arc::new(sandbox), opts, |local| {
-        // Not `eprintln!`: a supervisor that closed its end of stderr would stop the
-        // server with a panic.
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "listening on http://{local}");
+        // A supervisor that closed its end of stderr must not stop the server.
+        err!("listening on http://{local}");
     })?;
     Ok(EXIT_OK)
 }
@@ -924,7 +932,7 @@ fn serve(config: Config) -> Result<u8> {
 /// confine every write).
 fn report_confinement(k: &ailab_sandbox_core::confine::kernel::KernelConfinement, quiet: bool) {
     if !k.is_enforced() && !quiet {
-        eprintln!(
+        err!(
             "warning: kernel confinement (Landlock) is not in force: {}",
             k.detail.as_deref().unwrap_or("unknown reason")
         );

@@ -31,7 +31,13 @@ fn env() -> Env {
 
 impl Env {
     fn cmd(&self) -> Command {
-        let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+        Command::from_std(self.std_cmd())
+    }
+
+    /// [`Self::cmd`] as the standard library's, for what `assert_cmd` does not set (where
+    /// standard error goes).
+    fn std_cmd(&self) -> std::process::Command {
+        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"));
         c.env_remove("AI_LAB_SANDBOX_ROOTS")
             .env_remove("AI_LAB_STATE_DIR")
             .env_remove("AI_LAB_ENABLE_SANDBOX_WRITE")
@@ -742,6 +748,40 @@ fn with_json_a_command_that_cannot_run_says_why_in_json() {
     let out = e.cmd().args(["--bogus", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty(), "without --json nothing on stdout");
+}
+
+/// A standard error that cannot be written (a log on a full disk) does not stop a
+/// command: its result and exit code are as ever (a panic's 101 left them unsaid).
+#[test]
+fn an_unwritable_standard_error_does_not_stop_a_command() {
+    let e = env();
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let out = e
+        .std_cmd()
+        .args(["--json", "rollback", "wf_nope"])
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(json_out(&out)["reason_code"], "no_rollback_data", "{out:?}");
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_err", "actions": [{"intent": "create_file", "path": "a.md", "content": "a"}]}),
+    );
+    let out = e
+        .std_cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(std::fs::read(e.root.join("a.md")).unwrap(), b"a");
 }
 
 /// A prune of a root mounted read-only is refused before it marks anything pruned: the
