@@ -169,6 +169,14 @@ impl Sandbox {
             {
                 self.unclaim(r);
             }
+            // The run is judged with its log, by the start that can replay it all, not
+            // now by the usual recovery, which would call it recovered.
+            if !complete {
+                report.retry = true;
+                report.why.get_or_insert_with(|| {
+                    format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept")
+                });
+            }
             if !complete
                 || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))
             {
@@ -327,9 +335,13 @@ impl Sandbox {
                     None,
                 )
                 .and_then(|st| {
-                    self.fail_at("replay_staged")?;
-                    st.commit(crate::confine::root::Put::Any, false)
-                        .map_err(|err| self.roots[i].map_open_error(&rel, err))
+                    // Staged bytes that are not put in place are not left beside it.
+                    self.fail_at("replay_staged")
+                        .and_then(|()| {
+                            st.commit(crate::confine::root::Put::Any, false)
+                                .map_err(|err| self.roots[i].map_open_error(&rel, err))
+                        })
+                        .inspect_err(|_| st.discard())
                 })
                 .and_then(|()| self.cover_target(i, &rel));
             match put {
@@ -338,6 +350,9 @@ impl Sandbox {
                 }
                 Err(r) => {
                     tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
+                    // Its lines may be in the logs already; its bytes are not: not
+                    // finished until a later replay puts them there.
+                    changed.remove(&meta.snapshot_id);
                     complete = false;
                 }
             }

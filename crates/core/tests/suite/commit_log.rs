@@ -234,6 +234,42 @@ fn a_torn_last_entry_is_not_redone() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// The same cut, and a replay that cannot put a target's bytes in place (a read-only
+/// root, say): the log is kept and the run left for the start that can replay it all,
+/// said once and not as finished; that start puts everything back.
+#[test]
+fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
+    let (w, original, _) = three_writes_then_a_power_cut();
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm("replay_staged", 1);
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        batched(&w),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap();
+    let notices = sb.notices().to_vec();
+    let about: Vec<&String> = notices.iter().filter(|n| n.contains("wf_log")).collect();
+    assert_eq!(about.len(), 1, "{notices:?}");
+    assert!(
+        about[0].contains("inflight/wf_log.log could not be replayed in full")
+            && !about[0].contains("finished"),
+        "{notices:?}"
+    );
+    assert!(log_len(&w, "wf_log") > 0, "the log is kept");
+    drop(sb);
+
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n", "{:?}", sb.notices());
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert_eq!(log_len(&w, "wf_log"), 0);
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
 /// The same cut, with the log's first entry damaged and two sound ones after it: not
 /// a tear (a crash only tears the last entry), so nothing is replayed, nothing is
 /// judged, the log is kept and the workflow refused, naming it. Moved away, the log
