@@ -1623,7 +1623,10 @@ fn a_root_out_of_inodes_says_no_space() {
     let a = &run["actions"][0];
     assert_eq!(a["reason_code"], "io_error", "{run}");
     let why = a["reason"].as_str().unwrap();
-    assert!(why.contains("snapshot: no storage space"), "{why}");
+    assert!(
+        why.contains("snapshot: no storage space (the root's filesystem is full: free space there, then try again)"),
+        "{why}"
+    );
 }
 
 /// A full state directory: the run is refused saying where space is missing and what to

@@ -139,6 +139,39 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
 /// space"), or, where the kind says nothing (an `EIO` is "uncategorized error"), the
 /// system's own words ("Input/output error (os error 5)").
 pub fn io_words(e: &std::io::Error) -> String {
+    let words = plain_io_words(e);
+    // Limits of the process, the same wherever they are met: said with what to do.
+    use rustix::io::Errno;
+    let errno = e.raw_os_error();
+    if errno == Some(Errno::MFILE.raw_os_error()) || errno == Some(Errno::NFILE.raw_os_error()) {
+        format!(
+            "{words} (the process ran out of open files: raise its limit, ulimit -n, or wait for other work to end, then try again)"
+        )
+    } else if errno == Some(Errno::FBIG.raw_os_error()) {
+        format!(
+            "{words} (a file reached the largest size allowed: the process's file size limit, ulimit -f, or the filesystem's)"
+        )
+    } else {
+        words
+    }
+}
+
+/// What to do when a root's filesystem is full or read-only, for refusals of writes in
+/// the sandbox (a state file's say where they are: [`state_io_words`]).
+pub(crate) fn root_advice(e: &std::io::Error) -> Option<&'static str> {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::StorageFull | K::QuotaExceeded => {
+            Some("the root's filesystem is full: free space there, then try again")
+        }
+        K::ReadOnlyFilesystem => {
+            Some("the root's filesystem is mounted read-only: mount it writable, then try again")
+        }
+        _ => None,
+    }
+}
+
+fn plain_io_words(e: &std::io::Error) -> String {
     // Every open refuses to follow a link (`O_NOFOLLOW`): the loop it reports is the link.
     if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
         return "it is a symbolic link, which is never followed".to_owned();
@@ -193,6 +226,23 @@ pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refu
 #[cfg(test)]
 mod tests {
     use super::Error;
+
+    /// The process's own limits are said with what to do, wherever they are met.
+    #[test]
+    fn the_process_limits_are_said_with_what_to_do() {
+        let said = |errno: rustix::io::Errno| {
+            super::io_words(&std::io::Error::from_raw_os_error(errno.raw_os_error()))
+        };
+        assert!(
+            said(rustix::io::Errno::MFILE).ends_with("(the process ran out of open files: raise its limit, ulimit -n, or wait for other work to end, then try again)"),
+            "{}",
+            said(rustix::io::Errno::MFILE)
+        );
+        assert!(said(rustix::io::Errno::FBIG).contains("ulimit -f"));
+        assert_eq!(said(rustix::io::Errno::NOSPC), "no storage space");
+        let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
+        assert!(super::root_advice(&full).is_some_and(|a| a.contains("root's filesystem is full")));
+    }
 
     /// A cause is said once, by the message: error chains printed whole (`{:#}`) would
     /// say it twice if it were also the `source`.

@@ -201,10 +201,16 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
         ReasonCode::IoError,
         // In the words every other write failure uses ("no storage space"), the OS's
         // own where the kind says nothing ("Too many open files"); none names a path.
-        format!(
-            "could not {what} the snapshot: {}",
-            crate::error::io_words(e)
-        ),
+        match crate::error::root_advice(e) {
+            Some(advice) => format!(
+                "could not {what} the snapshot: {} ({advice})",
+                crate::error::io_words(e)
+            ),
+            None => format!(
+                "could not {what} the snapshot: {}",
+                crate::error::io_words(e)
+            ),
+        },
     )
 }
 

@@ -70,7 +70,10 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
     } else {
         shown_path(&comps.join("/"))
     };
-    let said = format!("could not {what} {target}: {}", crate::error::io_words(e));
+    let mut said = format!("could not {what} {target}: {}", crate::error::io_words(e));
+    if let Some(advice) = crate::error::root_advice(e) {
+        said = format!("{said} ({advice})");
+    }
     if is_denied(e) {
         // A permission someone set in the tree (another user's file or folder, a mode,
         // a sticky folder, an immutable mark): theirs to put right, not a failing disk,
