@@ -124,9 +124,12 @@ impl Sandbox {
                 }
             }
             let dead = rec.as_ref().filter(|r| needs_recovery(r));
+            // A replay that could not put every target's bytes in place leaves the run
+            // unjudged: judged now, an audited write whose bytes are not back would be
+            // taken for undone, and its log entry skipped ever after.
             let mut report = match dead {
-                Some(r) => self.recover_record(r),
-                None => Recovered {
+                Some(r) if complete => self.recover_record(r),
+                _ => Recovered {
                     execution_id: rec
                         .as_ref()
                         .map(|r| r.execution_id.clone())

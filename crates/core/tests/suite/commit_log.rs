@@ -257,6 +257,14 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
         "{notices:?}"
     );
     assert!(log_len(&w, "wf_log") > 0, "the log is kept");
+    // Nothing judged: no write the replay could not put back is taken for undone.
+    let statuses: Vec<_> = sb
+        .audit_entries(100, Some("wf_log"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.status)
+        .collect();
+    assert!(!statuses.contains(&AuditStatus::RolledBack), "{statuses:?}");
     drop(sb);
 
     let sb = w.open(batched(&w));
@@ -268,6 +276,45 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
+}
+
+/// A run killed (no power cut) after two audited writes, the first of which a crash
+/// took back from its file, and a replay that cannot put it in place: the audited write
+/// is not judged undone (its log entry would then be skipped for good) but put back by
+/// the next start that can.
+#[test]
+fn an_audited_write_the_replay_cannot_put_back_is_not_taken_for_undone() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    w.write("d/b.txt", b"beta\n");
+    prime(&w);
+    let sb = w.open(batched(&w));
+    run_killed(&sb, three_writes(), "before_audit", 3);
+    std::mem::forget(sb);
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    // The rename the crash lost.
+    std::fs::write(w.path("a.txt"), b"alpha\n").unwrap();
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm("replay_staged", 1);
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        batched(&w),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap();
+    let undone: Vec<_> = sb
+        .audit_entries(100, Some("wf_log"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.status == AuditStatus::RolledBack)
+        .collect();
+    assert!(undone.is_empty(), "{undone:?} {:?}", sb.notices());
+    drop(sb);
+
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n", "{:?}", sb.notices());
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n");
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// The same cut, with the log's first entry damaged and two sound ones after it: not
