@@ -127,11 +127,12 @@ impl Sandbox {
         let recent = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())
-            // A simulated rollback or plan is no activity on the workflow's snapshots.
+            // A simulated or refused rollback or plan is no activity on the workflow's
+            // snapshots: nothing changed.
             .chain(
                 trail
                     .iter()
-                    .filter(|e| e.status != AuditStatus::Simulated)
+                    .filter(|e| !matches!(e.status, AuditStatus::Simulated | AuditStatus::Blocked))
                     .map(|e| e.timestamp.as_str()),
             )
             // A date that cannot be read proves no age.

@@ -516,6 +516,27 @@ fn a_prune_keeps_new_workflows_at_any_date() {
     }
 }
 
+/// A refusal changed nothing: a rollback refused (here for a conflict) does not make an
+/// old workflow young again for prune, as a simulated one does not.
+#[test]
+fn a_refused_rollback_does_not_make_a_workflow_young() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_old", "actions": [{"intent": "create_file", "path": "f.txt", "content": "f"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    w.clock.advance(chrono::Duration::days(10));
+    w.write("f.txt", b"changed by hand");
+    let rb = sb.rollback_workflow("wf_old", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_old"], "{report:?}");
+}
+
 /// Rolled back, then pruned: a second rollback says it was already rolled back, not
 /// that there were never snapshots.
 #[test]
