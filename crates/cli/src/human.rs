@@ -48,11 +48,11 @@ const EXTENSIONS_WIDTH: usize = 28;
 
 pub fn ops(policy: &ailab_sandbox_core::confine::path::ExtensionPolicy) {
     out!(
-        "{:<18} {:<10} {:<EXTENSIONS_WIDTH$} {:>9} {:<7} governed",
+        "{:<18} {:<10} {:<EXTENSIONS_WIDTH$} {:>9} {:<7} GOVERNED",
         "OPERATION",
         "CLASS",
         "EXTENSIONS",
-        "MAX",
+        "MAX SIZE",
         "RISK"
     );
     for o in &OPERATIONS {

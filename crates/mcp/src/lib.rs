@@ -574,11 +574,11 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 };
                 for a in &list {
                     text.push_str(&format!(
-                        "\n{} {} {} ({} bytes, sha256 {}) workflow {} action {} at {}{}",
+                        "\n{} {} {} ({}, sha256 {}) workflow {} action {} at {}{}",
                         a.artifact_id,
                         a.mutation_type,
                         a.path,
-                        a.size_bytes,
+                        render::bytes(a.size_bytes),
                         a.checksum_sha256,
                         a.workflow_id,
                         a.action_id,
@@ -618,11 +618,11 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         match self.blocking(found).await {
             Ok(Ok(Some(((a, lineage), undone)))) => {
                 let mut text = format!(
-                    "{} {} {} ({} bytes, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
+                    "{} {} {} ({}, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
                     a.artifact_id,
                     a.mutation_type,
                     a.path,
-                    a.size_bytes,
+                    render::bytes(a.size_bytes),
                     a.checksum_sha256,
                     if undone {
                         " (rolled back: this write was undone)"

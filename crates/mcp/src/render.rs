@@ -279,9 +279,7 @@ pub(crate) fn write_result(
         format!(", \"workflow_id\": \"{}\"", res.workflow_id)
     };
     let sum = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
-    let size = a.size_bytes.map_or_else(String::new, |n| {
-        format!("{n} byte{}", if n == 1 { "" } else { "s" })
-    });
+    let size = a.size_bytes.map_or_else(String::new, bytes);
     match res.status {
         RunStatus::Success => {
             let what = if op.is_directory() {
@@ -465,6 +463,11 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
     };
     text.push_str(&format!("\nWhat to do instead: {advice}"));
     error(text, structured)
+}
+
+/// `n` byte(s), in words.
+pub(crate) fn bytes(n: u64) -> String {
+    format!("{n} byte{}", if n == 1 { "" } else { "s" })
 }
 
 #[cfg(test)]
