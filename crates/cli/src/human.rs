@@ -155,11 +155,17 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
         paint(r.status, r.is_success() || r.is_simulated()),
         r.steps_rolled_back
     );
-    if let Some(reason) = &r.reason {
+    // A simulated rollback's reason has no code: it says why nothing was written.
+    match (&r.reason, r.reason_code) {
+        (Some(reason), Some(code)) => out!("  {code}: {}", safe(reason)),
+        (Some(reason), None) => out!("  {}", safe(reason)),
+        (None, _) => {}
+    }
+    let overwritten = r.conflict_paths();
+    if r.is_success() && !overwritten.is_empty() {
         out!(
-            "  {}: {}",
-            r.reason_code.map_or("-", |c| c.as_str()),
-            safe(reason)
+            "  forced: it overwrote what had changed since the workflow wrote it: {}",
+            safe(&overwritten.join(", "))
         );
     }
     for s in &r.steps {

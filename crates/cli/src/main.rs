@@ -830,10 +830,16 @@ fn workflows(n: usize) -> String {
 
 /// ` (a, b, c)` after a count, or nothing for none.
 fn named(ids: &[String]) -> String {
-    if ids.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", ids.join(", "))
+    // A line a person can read: `--json` lists them all.
+    const SHOWN: usize = 20;
+    match ids.len() {
+        0 => String::new(),
+        n if n <= SHOWN => format!(" ({})", ids.join(", ")),
+        n => format!(
+            " ({}, and {} more: --json lists them all)",
+            ids[..SHOWN].join(", "),
+            n - SHOWN
+        ),
     }
 }
 

@@ -842,6 +842,40 @@ fn a_prune_of_a_read_only_root_marks_nothing_pruned() {
     assert_eq!(std::fs::read(e.root.join("k.txt")).unwrap(), b"original\n");
 }
 
+/// In words, a simulated rollback says why nothing was written (no code placeholder),
+/// and a forced one what it overwrote.
+#[test]
+fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
+    let e = env();
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_f", "actions": [{"intent": "create_file", "path": "f.txt", "content": "mine\n"}]}),
+    );
+    let out = e.cmd().args(["rollback", "wf_f"]).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains("\n  writing is disabled"), "{said}");
+    assert!(!said.contains("-:"), "{said}");
+    std::fs::write(e.root.join("f.txt"), b"theirs\n").unwrap();
+    let out = e
+        .cmd()
+        .args([
+            "--enable-write",
+            "--no-dry-run",
+            "rollback",
+            "wf_f",
+            "--force",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let overwrote = format!(
+        "forced: it overwrote what had changed since the workflow wrote it: {}",
+        e.root.join("f.txt").display()
+    );
+    assert!(said.contains(&overwrote), "{said}");
+}
+
 /// The prune's sentence counts workflows in words: one workflow, two workflows.
 #[test]
 fn prune_counts_workflows_in_words() {

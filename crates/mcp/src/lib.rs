@@ -609,14 +609,18 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let lookup = id.clone();
         let found = move |sb: &Sandbox| {
             let found = sb.artifact_with_lineage(&lookup)?;
-            let undone = match &found {
-                Some((a, _)) => !rolled_back_ids(sb, std::slice::from_ref(a))?.is_empty(),
-                None => false,
+            // The artifact's own mark, and its lineage's (listed as list_artifacts does).
+            let (undone, lineage_undone) = match &found {
+                Some((a, lineage)) => (
+                    !rolled_back_ids(sb, std::slice::from_ref(a))?.is_empty(),
+                    rolled_back_ids(sb, lineage)?,
+                ),
+                None => (false, Vec::new()),
             };
-            Ok::<_, ailab_sandbox_core::Error>(found.map(|f| (f, undone)))
+            Ok::<_, ailab_sandbox_core::Error>(found.map(|f| (f, undone, lineage_undone)))
         };
         match self.blocking(found).await {
-            Ok(Ok(Some(((a, lineage), undone)))) => {
+            Ok(Ok(Some(((a, lineage), undone, lineage_undone)))) => {
                 let mut text = format!(
                     "{} {} {} ({}, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
                     a.artifact_id,
@@ -640,16 +644,27 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     text.push_str("\nlineage, nearest first:");
                     for l in &lineage {
                         text.push_str(&format!(
-                            "\n- {} {} {} sha256 {}",
-                            l.artifact_id, l.mutation_type, l.path, l.checksum_sha256
+                            "\n- {} {} {} sha256 {}{}",
+                            l.artifact_id,
+                            l.mutation_type,
+                            l.path,
+                            l.checksum_sha256,
+                            if lineage_undone.contains(&l.artifact_id) {
+                                " (rolled back: this write was undone)"
+                            } else {
+                                ""
+                            }
                         ));
                     }
                 }
                 ok(
                     text,
-                    Some(
-                        serde_json::json!({"artifact": a, "lineage": lineage, "rolled_back": undone}),
-                    ),
+                    Some(serde_json::json!({
+                        "artifact": a,
+                        "lineage": lineage,
+                        "rolled_back": undone,
+                        "lineage_rolled_back": lineage_undone,
+                    })),
                 )
             }
             Ok(Ok(None)) => render::refusal_advising(

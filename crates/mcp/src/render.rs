@@ -432,11 +432,18 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
             0 => String::new(),
             k => format!(" ({k} of them left a directory in place, as its line says)"),
         };
-        let text = format!(
+        let mut text = format!(
             "Rolled back {what}: {} step(s) done{kept}.\n{}",
             rep.steps_rolled_back,
             lines.join("\n")
         );
+        let overwritten = rep.conflict_paths();
+        if !overwritten.is_empty() {
+            text.push_str(&format!(
+                "\nForced: it overwrote what had changed since the workflow wrote it: {}.",
+                overwritten.join(", ")
+            ));
+        }
         return ok(text, structured);
     }
     let code = rep.reason_code.unwrap_or(ReasonCode::IoError);

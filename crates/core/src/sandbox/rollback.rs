@@ -48,6 +48,18 @@ impl RollbackReport {
     pub fn is_simulated(&self) -> bool {
         self.status == "simulated"
     }
+
+    /// The files and directories its conflicts name, each once, in order: what a forced
+    /// rollback overwrote, or what refused one that was not forced.
+    pub fn conflict_paths(&self) -> Vec<&str> {
+        let mut paths: Vec<&str> = Vec::new();
+        for c in &self.conflicts {
+            if !paths.contains(&c.path.as_str()) {
+                paths.push(&c.path);
+            }
+        }
+        paths
+    }
 }
 
 /// How a rollback step's record says the audit trail was held by another process past

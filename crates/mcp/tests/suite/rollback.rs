@@ -100,8 +100,14 @@ async fn a_conflicting_rollback_needs_force() {
     assert!(t.contains("conflict") && t.contains("force"), "{t}");
     assert_eq!(s.read("c.md"), b"edited by someone else\n");
 
-    s.ok("rollback_workflow", json!({"force": true})).await;
+    let r = s.ok("rollback_workflow", json!({"force": true})).await;
     assert!(!s.path("c.md").exists());
+    // What force overwrote is said, not only carried in the conflicts.
+    let said = format!(
+        "Forced: it overwrote what had changed since the workflow wrote it: {}.",
+        s.path("c.md").display()
+    );
+    assert!(text(&r).contains(&said), "{}", text(&r));
     s.finish().await;
 }
 
@@ -178,5 +184,39 @@ async fn artifacts_of_rolled_back_writes_say_so() {
     assert_eq!(structured(&r)["rolled_back"], json!(true));
     let r = s.ok("get_artifact", json!({"artifact_id": kept_art})).await;
     assert_eq!(structured(&r)["rolled_back"], json!(false));
+    assert_eq!(structured(&r)["lineage_rolled_back"], json!([]));
+    // The lineage of an artifact marks its rolled-back ancestors as the list does.
+    let first = s
+        .ok("create_file", json!({"path": "l.txt", "content": "1\n"}))
+        .await;
+    let second = s
+        .ok("replace_file", json!({"path": "l.txt", "content": "2\n"}))
+        .await;
+    for undo in [&second, &first] {
+        s.ok(
+            "rollback_action",
+            json!({"action_id": id(undo, "action_id")}),
+        )
+        .await;
+    }
+    let (first_art, second_art) = (id(&first, "artifact_id"), id(&second, "artifact_id"));
+    let r = s
+        .ok("get_artifact", json!({"artifact_id": second_art}))
+        .await;
+    assert_eq!(
+        structured(&r)["lineage_rolled_back"],
+        json!([first_art]),
+        "{}",
+        text(&r)
+    );
+    let t = text(&r);
+    let ancestor = t
+        .lines()
+        .find(|l| l.starts_with(&format!("- {first_art}")))
+        .unwrap();
+    assert!(
+        ancestor.ends_with("(rolled back: this write was undone)"),
+        "{t}"
+    );
     s.finish().await;
 }
