@@ -913,6 +913,34 @@ fn prune_counts_workflows_in_words() {
             "{out:?}"
         );
     }
+    // Past twenty, the sentence names the first twenty and counts the others.
+    let actions: Vec<Value> = (0..22)
+        .map(|i| json!({"intent": "create_file", "path": format!("m{i}.md"), "content": "m"}))
+        .collect();
+    for (i, a) in actions.into_iter().enumerate() {
+        let plan = e.write_plan(
+            "m.json",
+            &json!({"workflow_id": format!("wf_m{i:02}"), "actions": [a]}),
+        );
+        let out = e
+            .cmd()
+            .args(["--enable-write", "--no-dry-run", "run"])
+            .arg(&plan)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let out = e
+        .cmd()
+        .args(["prune", "--older-than", "0s"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.starts_with("would prune 22 workflows (wf_m00, ")
+            && said.contains("wf_m19, and 2 more: --json lists them all)"),
+        "{said}"
+    );
 }
 
 #[test]
