@@ -349,7 +349,7 @@ fn folded(name: &str) -> String {
 }
 
 /// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary
-/// names, as a filesystem that folds case would read them (see [`folded`]). Only the top
+/// names, as a filesystem that folds case would read them (see `folded`). Only the top
 /// one of a root holds its snapshots, but a deeper one may be another root's seen
 /// through a bind mount, so the name is refused wherever it appears.
 pub fn check_reserved(rel: &RelPath) -> Verdict {
