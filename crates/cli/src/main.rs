@@ -458,8 +458,11 @@ fn init_tracing(server: bool) {
     let targets = tracing_subscriber::filter::Targets::new()
         .with_default(level)
         .with_target("rmcp", sdk);
+    // A log line lost on a stderr that cannot be written is lost: reporting that on
+    // the same stderr would panic and stop the command, or the server.
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(level)
         .with_target(false)

@@ -782,6 +782,28 @@ fn an_unwritable_standard_error_does_not_stop_a_command() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(std::fs::read(e.root.join("a.md")).unwrap(), b"a");
+    // Log lines too: `mcp` logs as it starts, and answers all the same.
+    let mut child = e
+        .std_cmd()
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(full())
+        .spawn()
+        .unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, format!("{init}\n").as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let first = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(str::to_owned);
+    let answer: Value =
+        serde_json::from_str(&first.unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
 /// A prune of a root mounted read-only is refused before it marks anything pruned: the
