@@ -361,7 +361,7 @@ impl Sandbox {
             return Err(Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with; run any command with that root configured to recover it, then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with or found missing as it started (it made an empty one); run any command with that root configured, as the run left it, to recover it, then retry",
                     rec.execution_id,
                     missing.join(", ")
                 ),
@@ -430,10 +430,20 @@ impl Sandbox {
     }
 
     /// The roots a run record names that this sandbox is not configured with.
+    /// The roots `rec`'s run wrote into that this sandbox cannot judge it from: not
+    /// configured, or missing when it started (it made them empty) while the run was
+    /// recorded before: what the run left there went with the folder, perhaps moved
+    /// away for a moment, and an empty root would have it judged as undone or never made.
     fn missing_roots(&self, rec: &InflightRecord) -> Vec<String> {
+        let earlier = self.runs_before_start.contains(&rec.execution_id);
         rec.roots
             .iter()
-            .filter(|r| !self.roots.iter().any(|c| c.is_named_by(r)))
+            .filter(|r| {
+                !self
+                    .roots
+                    .iter()
+                    .any(|c| c.is_named_by(r) && !(earlier && c.made_at_start()))
+            })
             .cloned()
             .collect()
     }

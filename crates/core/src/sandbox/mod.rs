@@ -74,6 +74,10 @@ pub struct Sandbox {
     logged_since_sync: std::sync::atomic::AtomicUsize,
     /// The target locks (see [`Sandbox::lock_target`]).
     target_locks: crate::confine::state::LockSet,
+    /// When this sandbox made a root missing at its start: the runs recorded before
+    /// then (execution ids), which are never judged from that root (see
+    /// `Sandbox::missing_roots`).
+    pub(crate) runs_before_start: std::collections::HashSet<String>,
 }
 
 // The crate documentation promises it: embedders share one instance across threads.
@@ -326,6 +330,19 @@ impl Sandbox {
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
+        let runs_before_start = if roots.iter().any(SandboxRoot::made_at_start) {
+            state
+                .inflight_list()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(_, b)| {
+                    serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok()
+                })
+                .map(|r| r.execution_id)
+                .collect()
+        } else {
+            std::collections::HashSet::new()
+        };
         let mut sb = Self {
             config,
             roots,
@@ -346,6 +363,7 @@ impl Sandbox {
             logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
+            runs_before_start,
         };
         let recovered = sb.recover();
         // A rollback that died after its restores, before it removed the directories
@@ -365,7 +383,7 @@ impl Sandbox {
             );
             let left = if !r.missing_roots.is_empty() {
                 Some(format!(
-                    "{run} wrote into {}, which this start is not configured with, so it was neither finished nor undone; it is recovered by a start that has {}",
+                    "{run} wrote into {}, which this start is not configured with or found missing (it made an empty one), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
                     r.missing_roots.join(", "),
                     if r.missing_roots.len() == 1 {
                         "that root"

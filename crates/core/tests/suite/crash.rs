@@ -2436,6 +2436,39 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// The same death, then a start that finds that root missing (moved away for a moment)
+/// and makes it empty: nothing of the run is judged from the empty folder (it would be
+/// taken for never written, the write left unrecorded where the folder comes back), and
+/// once the folder is back the next start rolls the unfinished action back.
+#[test]
+fn a_start_that_makes_a_dead_runs_root_anew_leaves_the_run_to_one_with_it() {
+    let w = World::new();
+    let (root2, both) = with_second_root(&w, &w.writable_config());
+    die_with(
+        &w,
+        &both,
+        "before_registry",
+        json!({"workflow_id": "wf_r2", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "x",
+             "root": root2.display().to_string()}]}),
+    );
+    let away = w.outside.join("root2-away");
+    std::fs::rename(&root2, &away).unwrap();
+    let fresh = w.open(both.clone());
+    assert!(root2.is_dir(), "made anew at start");
+    assert_noticed(&fresh, "found missing (it made an empty one)");
+    assert_eq!(run_record(&w, "wf_r2")["state"], "active");
+    assert_run_blocked_naming(&fresh, "wf_r2", &root2);
+    drop(fresh);
+    std::fs::remove_dir(&root2).unwrap();
+    std::fs::rename(&away, &root2).unwrap();
+    let sb = w.open(both);
+    assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());
+    assert_eq!(statuses_of(&sb, "wf_r2")[0], "a1:RolledBack");
+    assert_eq!(run_record(&w, "wf_r2")["state"], "idle");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A rollback killed just after removing a directory a `create_directory` made, before
 /// recording that step: the next start finds the directory gone (as the action found
 /// it) and records the step, so the rollback run again finishes without `force`.

@@ -115,6 +115,8 @@ pub struct SandboxRoot {
     ancestry: Vec<(u64, u64)>,
     /// Directories never reached through this root (see [`SandboxRoot::reserve`]).
     reserved: Vec<((u64, u64), String)>,
+    /// Whether this process made the root (it did not exist when it started).
+    made: bool,
 }
 
 mod access;
@@ -157,8 +159,10 @@ impl SandboxRoot {
     /// this user, and what it leads to is checked the same way. Each check is made on
     /// the open handle that the walk then descends from, so nothing can be swapped in
     /// between.
+    #[allow(clippy::disallowed_methods)] // a look only: the root is opened by the walk
     pub fn open(path: &Path, create: bool) -> Result<Self, String> {
         let shown = path.display();
+        let made = create && std::fs::symlink_metadata(path).is_err();
         let checked = open_checked_dir(path, create, "root", DIR_MODE)?;
         let (dir, opened) = (checked.dir, checked.meta);
         let euid = euid();
@@ -183,7 +187,14 @@ impl SandboxRoot {
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,
             reserved: Vec::new(),
+            made,
         })
+    }
+
+    /// Whether this process made the root as it started (it did not exist): it holds
+    /// nothing an earlier process wrote, so no dead run is judged from it.
+    pub fn made_at_start(&self) -> bool {
+        self.made
     }
 
     /// Whether `configured` (a root path as some earlier run configured it) names this
