@@ -161,7 +161,7 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
         (Some(reason), None) => out!("  {}", safe(reason)),
         (None, _) => {}
     }
-    let overwritten = r.conflict_paths();
+    let overwritten = r.overwritten_paths();
     if r.is_success() && !overwritten.is_empty() {
         out!(
             "  forced: it overwrote what had changed since the workflow wrote it: {}",

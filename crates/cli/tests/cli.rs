@@ -871,13 +871,17 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
     let e = env();
     e.seed_and_run(
         &[],
-        &json!({"workflow_id": "wf_f", "actions": [{"intent": "create_file", "path": "f.txt", "content": "mine\n"}]}),
+        &json!({"workflow_id": "wf_f", "actions": [
+            {"intent": "create_file", "path": "f.txt", "content": "mine\n"},
+            {"intent": "create_directory", "path": "gd"}]}),
     );
     let out = e.cmd().args(["rollback", "wf_f"]).output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(said.contains("\n  writing is disabled"), "{said}");
     assert!(!said.contains("-:"), "{said}");
     std::fs::write(e.root.join("f.txt"), b"theirs\n").unwrap();
+    // A directory holding what is not the workflow's is left in place: not overwritten.
+    std::fs::write(e.root.join("gd/theirs.txt"), b"theirs\n").unwrap();
     let out = e
         .cmd()
         .args([
@@ -892,10 +896,11 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     let overwrote = format!(
-        "forced: it overwrote what had changed since the workflow wrote it: {}",
+        "forced: it overwrote what had changed since the workflow wrote it: {}\n",
         e.root.join("f.txt").display()
     );
     assert!(said.contains(&overwrote), "{said}");
+    assert!(e.root.join("gd/theirs.txt").exists());
 }
 
 /// The prune's sentence counts workflows in words: one workflow, two workflows.

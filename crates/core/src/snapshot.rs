@@ -30,6 +30,13 @@ pub const BACKUP_FILE: &str = "backup";
 pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
+
+/// How a rollback step's `detail` begins when it left a directory in place.
+pub const LEFT_IN_PLACE: &str = "left in place: ";
+/// A directory left in place that holds what is not the workflow's.
+const LEFT_IN_PLACE_SHARED: &str = "left in place: other files are in it, or it is another action's result; it is removed once empty and no one's";
+/// A directory left in place that the action found there.
+const LEFT_IN_PLACE_FOUND: &str = "left in place: it existed before the action";
 /// Largest file the runtime snapshots (and so mutates).
 pub const MAX_SNAPSHOT_BYTES: u64 = 64 * 1024 * 1024;
 const SNAPSHOT_DIR_MODE: u32 = 0o700;
@@ -1233,10 +1240,7 @@ impl RollbackEngine {
                                 checksum_validated: true,
                                 restored_checksum: None,
                                 left_dirs,
-                                detail: Some(
-                                    "left in place: other files are in it, or it is another action's result; it is removed once empty and no one's"
-                                        .to_owned(),
-                                ),
+                                detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
                             });
                         }
                     }
@@ -1277,7 +1281,7 @@ impl RollbackEngine {
             SnapshotKind::Directory => {
                 // The action found the directory there; if it is gone, it is made again.
                 let detail = match root.inspect(&rel)?.kind {
-                    TargetKind::Directory => "left in place: it existed before the action",
+                    TargetKind::Directory => LEFT_IN_PLACE_FOUND,
                     TargetKind::Missing => {
                         root.create_dir_all(&rel, durable)?;
                         "made again: it existed before the action"

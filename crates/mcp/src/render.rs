@@ -425,7 +425,7 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
                 s.restored
                     && s.detail
                         .as_deref()
-                        .is_some_and(|d| d.contains("left in place"))
+                        .is_some_and(|d| d.starts_with(ailab_sandbox_core::snapshot::LEFT_IN_PLACE))
             })
             .count();
         let kept = match kept {
@@ -437,7 +437,7 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
             rep.steps_rolled_back,
             lines.join("\n")
         );
-        let overwritten = rep.conflict_paths();
+        let overwritten = rep.overwritten_paths();
         if !overwritten.is_empty() {
             text.push_str(&format!(
                 "\nForced: it overwrote what had changed since the workflow wrote it: {}.",

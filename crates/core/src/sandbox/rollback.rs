@@ -49,12 +49,19 @@ impl RollbackReport {
         self.status == "simulated"
     }
 
-    /// The files and directories its conflicts name, each once, in order: what a forced
-    /// rollback overwrote, or what refused one that was not forced.
-    pub fn conflict_paths(&self) -> Vec<&str> {
+    /// What a forced rollback overwrote: the files and directories its conflicts name,
+    /// each once, in order, but for a directory its step left in place (it holds what
+    /// is not the workflow's, which force never removes).
+    pub fn overwritten_paths(&self) -> Vec<&str> {
         let mut paths: Vec<&str> = Vec::new();
         for c in &self.conflicts {
-            if !paths.contains(&c.path.as_str()) {
+            let left = self.steps.iter().any(|s| {
+                s.path == c.path
+                    && s.detail
+                        .as_deref()
+                        .is_some_and(|d| d.starts_with(crate::snapshot::LEFT_IN_PLACE))
+            });
+            if !left && !paths.contains(&c.path.as_str()) {
                 paths.push(&c.path);
             }
         }
