@@ -1713,7 +1713,7 @@ fn a_root_out_of_inodes_says_no_space() {
     assert_eq!(a["reason_code"], "io_error", "{run}");
     let why = a["reason"].as_str().unwrap();
     assert!(
-        why.contains("snapshot: no storage space (the root's filesystem is full: free space there, then try again)"),
+        why.contains("snapshot: no storage space (the snapshot store .rollback's filesystem is full: free space there, then try again)"),
         "{why}"
     );
 }

@@ -156,17 +156,18 @@ pub fn io_words(e: &std::io::Error) -> String {
     }
 }
 
-/// What to do when a root's filesystem is full or read-only, for refusals of writes in
-/// the sandbox (a state file's say where they are: [`state_io_words`]).
-pub(crate) fn root_advice(e: &std::io::Error) -> Option<&'static str> {
+/// What to do when the filesystem of `whose` ("the root", "the snapshot store") is full
+/// or read-only, for refusals of writes in the sandbox (a state file's say where they
+/// are: [`state_io_words`]).
+pub(crate) fn fs_advice(e: &std::io::Error, whose: &str) -> Option<String> {
     use std::io::ErrorKind as K;
     match e.kind() {
-        K::StorageFull | K::QuotaExceeded => {
-            Some("the root's filesystem is full: free space there, then try again")
-        }
-        K::ReadOnlyFilesystem => {
-            Some("the root's filesystem is mounted read-only: mount it writable, then try again")
-        }
+        K::StorageFull | K::QuotaExceeded => Some(format!(
+            "{whose}'s filesystem is full: free space there, then try again"
+        )),
+        K::ReadOnlyFilesystem => Some(format!(
+            "{whose}'s filesystem is mounted read-only: mount it writable, then try again"
+        )),
         _ => None,
     }
 }
@@ -241,7 +242,9 @@ mod tests {
         assert!(said(rustix::io::Errno::FBIG).contains("ulimit -f"));
         assert_eq!(said(rustix::io::Errno::NOSPC), "no storage space");
         let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
-        assert!(super::root_advice(&full).is_some_and(|a| a.contains("root's filesystem is full")));
+        assert!(super::fs_advice(&full, "the root").is_some_and(
+            |a| a == "the root's filesystem is full: free space there, then try again"
+        ));
     }
 
     /// A cause is said once, by the message: error chains printed whole (`{:#}`) would

@@ -208,7 +208,7 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
         ReasonCode::IoError,
         // In the words every other write failure uses ("no storage space"), the OS's
         // own where the kind says nothing ("Too many open files"); none names a path.
-        match crate::error::root_advice(e) {
+        match crate::error::fs_advice(e, &format!("the snapshot store {ROLLBACK_DIR}")) {
             Some(advice) => format!(
                 "could not {what} the snapshot: {} ({advice})",
                 crate::error::io_words(e)

@@ -71,7 +71,7 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
         shown_path(&comps.join("/"))
     };
     let mut said = format!("could not {what} {target}: {}", crate::error::io_words(e));
-    if let Some(advice) = crate::error::root_advice(e) {
+    if let Some(advice) = crate::error::fs_advice(e, "the root") {
         said = format!("{said} ({advice})");
     }
     if is_denied(e) {
