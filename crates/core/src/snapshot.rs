@@ -890,6 +890,20 @@ impl Snapshotter {
             if let Some(r) = unreadable_record(root, &rel, &e) {
                 return r;
             }
+            // A link, a special file or a file with other links in its place is no
+            // backup of the runtime's, as for a record: not lost (the runtime's own may
+            // have been moved aside), but not used as it stands.
+            let refused = e
+                .get_ref()
+                .and_then(|r| r.downcast_ref::<Refusal>())
+                .map(|r| r.reason.clone())
+                .or_else(|| stands_in_place(&e).then(|| crate::error::io_words(&e)));
+            if let Some(what) = refused.filter(|_| !is_passing(&e)) {
+                return untrusted_said(
+                    &rel,
+                    &format!("is not a backup the runtime wrote ({what})"),
+                );
+            }
             Refusal::new(
                 ReasonCode::NoRollbackData,
                 format!(

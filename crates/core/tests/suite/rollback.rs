@@ -248,12 +248,22 @@ fn a_backup_swapped_for_a_link_is_said_to_be_one() {
     std::os::unix::fs::symlink(&copy, &backup).unwrap();
     let rb = rollback(&sb, "wf_bl", false);
     assert_eq!(rb.status, "refused", "{rb:?}");
+    // Not lost (`no_rollback_data`, HTTP 404): what stands in its place is not used.
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
     let why = rb.reason.unwrap();
     assert!(
-        why.contains("symbolic link") && !why.contains("loop"),
+        why.contains("symbolic link")
+            && !why.contains("loop")
+            && why.contains("is not a backup the runtime wrote"),
         "{why}"
     );
     assert_eq!(w.read("f.txt"), b"new");
+    // The runtime's own backup put back, the rollback goes through.
+    std::fs::remove_file(&backup).unwrap();
+    std::fs::copy(&copy, &backup).unwrap();
+    let rb = rollback(&sb, "wf_bl", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"original");
 }
 
 #[test]
