@@ -98,7 +98,7 @@ impl Error {
 /// is full: the system's words alone ("Read-only file system (os error 30)") say neither
 /// where nor what follows from it.
 fn io_message(what: &str, cause: &std::io::Error) -> String {
-    match state_advice(cause) {
+    match state_advice(cause).or_else(|| limit_advice(cause)) {
         Some(advice) => format!("{what}: {cause}; {advice}"),
         None => format!("{what}: {cause}"),
     }
@@ -140,19 +140,26 @@ fn state_dir_message(path: &std::path::Path, cause: &std::io::Error) -> String {
 /// system's own words ("Input/output error (os error 5)").
 pub fn io_words(e: &std::io::Error) -> String {
     let words = plain_io_words(e);
-    // Limits of the process, the same wherever they are met: said with what to do.
+    match limit_advice(e) {
+        Some(advice) => format!("{words} ({advice})"),
+        None => words,
+    }
+}
+
+/// What to do about a limit of the process, the same wherever it is met.
+fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
     use rustix::io::Errno;
     let errno = e.raw_os_error();
     if errno == Some(Errno::MFILE.raw_os_error()) || errno == Some(Errno::NFILE.raw_os_error()) {
-        format!(
-            "{words} (the process ran out of open files: raise its limit, ulimit -n, or wait for other work to end, then try again)"
+        Some(
+            "the process ran out of open files: raise its limit, ulimit -n, or wait for other work to end, then try again",
         )
     } else if errno == Some(Errno::FBIG.raw_os_error()) {
-        format!(
-            "{words} (a file reached the largest size allowed: the process's file size limit, ulimit -f, or the filesystem's)"
+        Some(
+            "a file reached the largest size allowed: the process's file size limit, ulimit -f, or the filesystem's",
         )
     } else {
-        words
+        None
     }
 }
 
@@ -241,6 +248,16 @@ mod tests {
         );
         assert!(said(rustix::io::Errno::FBIG).contains("ulimit -f"));
         assert_eq!(said(rustix::io::Errno::NOSPC), "no storage space");
+        let start = super::Error::Io {
+            what: "open the audit log",
+            cause: std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error()),
+        };
+        assert!(
+            start
+                .to_string()
+                .contains("; the process ran out of open files"),
+            "{start}"
+        );
         let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
         assert!(super::fs_advice(&full, "the root").is_some_and(
             |a| a == "the root's filesystem is full: free space there, then try again"
