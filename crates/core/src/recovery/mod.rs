@@ -37,6 +37,18 @@ mod run;
 /// process may live on until its next sync point, and if it died, nothing it wrote was
 /// lost (a kill leaves the page cache whole). Judging its actions against the disk
 /// would take another run's later write-back of old bytes for an undo.
+/// The roots the runs awaiting recovery in `state` wrote into (as they named them).
+pub(crate) fn roots_awaiting_recovery(state: &crate::confine::state::StateDir) -> Vec<String> {
+    state
+        .inflight_list()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(_, b)| serde_json::from_slice::<InflightRecord>(&b).ok())
+        .filter(needs_recovery)
+        .flat_map(|r| r.roots)
+        .collect()
+}
+
 fn needs_recovery(rec: &InflightRecord) -> bool {
     (rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED)
         && !rec.finished_this_boot()
@@ -361,7 +373,7 @@ impl Sandbox {
             return Err(Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with or found missing as it started (it made an empty one); run any command with that root configured, as the run left it, to recover it, then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {}, which this process is not configured with or skipped at start (missing, say); run any command with that root configured and in place as the run left it, to recover it, then retry",
                     rec.execution_id,
                     missing.join(", ")
                 ),
@@ -430,20 +442,12 @@ impl Sandbox {
     }
 
     /// The roots a run record names that this sandbox is not configured with.
-    /// The roots `rec`'s run wrote into that this sandbox cannot judge it from: not
-    /// configured, or missing when it started (it made them empty) while the run was
-    /// recorded before: what the run left there went with the folder, perhaps moved
-    /// away for a moment, and an empty root would have it judged as undone or never made.
+    /// The roots `rec`'s run wrote into that this sandbox lacks (not configured, or
+    /// skipped at start, missing among them).
     fn missing_roots(&self, rec: &InflightRecord) -> Vec<String> {
-        let earlier = self.runs_before_start.contains(&rec.execution_id);
         rec.roots
             .iter()
-            .filter(|r| {
-                !self
-                    .roots
-                    .iter()
-                    .any(|c| c.is_named_by(r) && !(earlier && c.made_at_start()))
-            })
+            .filter(|r| !self.roots.iter().any(|c| c.is_named_by(r)))
             .cloned()
             .collect()
     }

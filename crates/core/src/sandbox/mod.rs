@@ -74,10 +74,6 @@ pub struct Sandbox {
     logged_since_sync: std::sync::atomic::AtomicUsize,
     /// The target locks (see [`Sandbox::lock_target`]).
     target_locks: crate::confine::state::LockSet,
-    /// When this sandbox made a root missing at its start: the runs recorded before
-    /// then (execution ids), which are never judged from that root (see
-    /// `Sandbox::missing_roots`).
-    pub(crate) runs_before_start: std::collections::HashSet<String>,
 }
 
 // The crate documentation promises it: embedders share one instance across threads.
@@ -224,6 +220,29 @@ impl Sandbox {
         // it: through a symlink into a root they would be made inside the sandbox.
         state_dir_outside(&config.state_dir, &roots)?;
         let (state, note) = open_state_dir(&config)?;
+        // A root missing at start that an interrupted run wrote into is not made: made
+        // empty, it would be taken for what the run left there (perhaps only moved away
+        // for a moment), every write of the run for never made. It is skipped, and the
+        // run left, until it is back (or the operator makes it, accepting the loss).
+        let wrote_into = crate::recovery::roots_awaiting_recovery(&state);
+        let mut kept = Vec::new();
+        for root in roots {
+            if root.made_at_start() && wrote_into.iter().any(|w| root.is_named_by(w)) {
+                let why = format!(
+                    "root {} was missing at start while an interrupted run had written into it, so it was not made: put it back as the run left it (or make it, to give up what the run left there)",
+                    root.path().display()
+                );
+                tracing::warn!(%why, "skipping sandbox root");
+                root.unmake();
+                skipped.push(why);
+            } else {
+                kept.push(root);
+            }
+        }
+        let mut roots = kept;
+        if roots.is_empty() {
+            return Err(Error::NoUsableRoot { problems: skipped });
+        }
         let state = state.with_lock_wait(std::time::Duration::from_secs(
             config.limits.lock_wait_seconds,
         ));
@@ -330,19 +349,6 @@ impl Sandbox {
         let metrics = Metrics::new();
         metrics.set_artifacts(registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
-        let runs_before_start = if roots.iter().any(SandboxRoot::made_at_start) {
-            state
-                .inflight_list()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|(_, b)| {
-                    serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok()
-                })
-                .map(|r| r.execution_id)
-                .collect()
-        } else {
-            std::collections::HashSet::new()
-        };
         let mut sb = Self {
             config,
             roots,
@@ -363,7 +369,6 @@ impl Sandbox {
             logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
-            runs_before_start,
         };
         let recovered = sb.recover();
         // A rollback that died after its restores, before it removed the directories
@@ -383,7 +388,7 @@ impl Sandbox {
             );
             let left = if !r.missing_roots.is_empty() {
                 Some(format!(
-                    "{run} wrote into {}, which this start is not configured with or found missing (it made an empty one), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
+                    "{run} wrote into {}, which this start is not configured with or skipped (missing, say), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
                     r.missing_roots.join(", "),
                     if r.missing_roots.len() == 1 {
                         "that root"

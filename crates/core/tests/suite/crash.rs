@@ -2436,12 +2436,12 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// The same death, then a start that finds that root missing (moved away for a moment)
-/// and makes it empty: nothing of the run is judged from the empty folder (it would be
-/// taken for never written, the write left unrecorded where the folder comes back), and
-/// once the folder is back the next start rolls the unfinished action back.
+/// The same death, then starts that find that root missing (moved away for a moment):
+/// none makes it (made empty, it would be taken for what the run left there, the write
+/// for never made and left unrecorded when the folder comes back); each leaves the run,
+/// and once the folder is back the next start rolls the unfinished action back.
 #[test]
-fn a_start_that_makes_a_dead_runs_root_anew_leaves_the_run_to_one_with_it() {
+fn a_dead_runs_missing_root_is_not_made_and_the_run_waits_for_it() {
     let w = World::new();
     let (root2, both) = with_second_root(&w, &w.writable_config());
     die_with(
@@ -2454,13 +2454,13 @@ fn a_start_that_makes_a_dead_runs_root_anew_leaves_the_run_to_one_with_it() {
     );
     let away = w.outside.join("root2-away");
     std::fs::rename(&root2, &away).unwrap();
-    let fresh = w.open(both.clone());
-    assert!(root2.is_dir(), "made anew at start");
-    assert_noticed(&fresh, "found missing (it made an empty one)");
-    assert_eq!(run_record(&w, "wf_r2")["state"], "active");
-    assert_run_blocked_naming(&fresh, "wf_r2", &root2);
-    drop(fresh);
-    std::fs::remove_dir(&root2).unwrap();
+    for _ in 0..2 {
+        let sb = w.open(both.clone());
+        assert!(!root2.exists(), "not made: {:?}", sb.notices());
+        assert_noticed(&sb, "skipped (missing, say)");
+        assert_eq!(run_record(&w, "wf_r2")["state"], "active");
+        assert_run_blocked_naming(&sb, "wf_r2", &root2);
+    }
     std::fs::rename(&away, &root2).unwrap();
     let sb = w.open(both);
     assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());

@@ -191,10 +191,21 @@ impl SandboxRoot {
         })
     }
 
-    /// Whether this process made the root as it started (it did not exist): it holds
-    /// nothing an earlier process wrote, so no dead run is judged from it.
+    /// Whether this process made the root as it opened it (it did not exist).
     pub fn made_at_start(&self) -> bool {
         self.made
+    }
+
+    /// Removes a root this process made as it opened it, when it is still empty: a start
+    /// that will not use it leaves nothing behind.
+    #[allow(clippy::disallowed_methods)] // the root's own path, made by this process
+    pub fn unmake(self) {
+        if self.made {
+            drop(self.dir);
+            if let Err(e) = std::fs::remove_dir(&self.path) {
+                tracing::warn!(root = %self.path.display(), error = %e, "could not remove a root made at start");
+            }
+        }
     }
 
     /// Whether `configured` (a root path as some earlier run configured it) names this
