@@ -95,13 +95,16 @@ pub fn replay_tat(history: &[DateTime<Utc>], per_minute: u32) -> f64 {
 
 /// A token bucket of `per_minute` tokens a minute with a burst of `per_minute`, whose
 /// state `tat` comes from the durable write history. Refuses when `need` tokens are not
-/// free at `now`, saying how many seconds until they are.
+/// free at `now`, saying how many seconds until they are; past the burst, the refusal
+/// names the plan's `plan_writes` (what it has to be split by; `need` counts up to the
+/// action judged).
 pub fn check_rate(
     workflow_id: &str,
     per_minute: u32,
     tat: f64,
     now: DateTime<Utc>,
     need: u32,
+    plan_writes: u32,
 ) -> Verdict {
     if need == 0 {
         return Ok(());
@@ -111,7 +114,8 @@ pub fn check_rate(
         return Err(Refusal::new(
             ReasonCode::RateLimited,
             format!(
-                "the plan needs {need} writes but workflow '{workflow_id}' may make at most {burst} in a burst ({per_minute} a minute); split it into smaller plans"
+                "the plan needs {} writes but workflow '{workflow_id}' may make at most {burst} in a burst ({per_minute} a minute); split it into smaller plans",
+                plan_writes.max(need)
             ),
         ));
     }
@@ -158,26 +162,26 @@ mod tests {
     fn burst_of_ten_then_one_every_six_seconds() {
         let mut hist = Vec::new();
         for _ in 0..10 {
-            assert!(check_rate("w", 10, replay_tat(&hist, 10), t(0), 1).is_ok());
+            assert!(check_rate("w", 10, replay_tat(&hist, 10), t(0), 1, 1).is_ok());
             hist.push(t(0));
         }
         let tat = replay_tat(&hist, 10);
-        let refused = check_rate("w", 10, tat, t(0), 1)
+        let refused = check_rate("w", 10, tat, t(0), 1, 1)
             .err()
             .map(|r| r.reason_code);
         assert_eq!(refused, Some(ReasonCode::RateLimited));
         assert!((seconds_until_free(10, tat, t(0), 1) - 6.0).abs() < 1e-6);
-        assert!(check_rate("w", 10, tat, t(6), 1).is_ok());
+        assert!(check_rate("w", 10, tat, t(6), 1, 1).is_ok());
         // The wait is shown rounded up: 0.04 s is "0.1", never "0.0".
         let almost = Utc
             .timestamp_micros(1_800_000_000_000_000 + 5_960_000)
             .single()
             .unwrap_or_default();
-        let r = check_rate("w", 10, tat, almost, 1).unwrap_err();
+        let r = check_rate("w", 10, tat, almost, 1, 1).unwrap_err();
         assert!(r.reason.ends_with("allowed in 0.1 seconds"), "{}", r.reason);
         assert_eq!(r.retry_after_seconds, Some(1));
-        assert!(check_rate("w", 10, tat, t(59), 10).is_err());
-        assert!(check_rate("w", 10, tat, t(60), 10).is_ok());
+        assert!(check_rate("w", 10, tat, t(59), 10, 10).is_err());
+        assert!(check_rate("w", 10, tat, t(60), 10, 10).is_ok());
     }
 
     #[test]

@@ -282,6 +282,14 @@ impl<'a> SandboxWriteExecutor<'a> {
         // than once its rate-limited part was sent again and written.
         let mut held_back = Usage::default();
         let mut writes = 0u32;
+        let plan_writes = u32::try_from(
+            self.plan
+                .actions
+                .iter()
+                .filter(|a| crate::catalog::is_sandbox_write_intent(&a.intent))
+                .count(),
+        )
+        .unwrap_or(u32::MAX);
         let tat = self.rate_tat();
         let now = sb.clock.now();
         let mut out = Vec::new();
@@ -417,6 +425,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     tat.clone()?,
                     now,
                     writes,
+                    plan_writes,
                 );
                 if let Err(r) = limited {
                     if bytes.is_some() {
@@ -944,6 +953,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 sb.config.limits.writes_per_minute,
                 self.rate_tat()?,
                 sb.clock.now(),
+                1,
                 1,
             )?;
             Ok::<_, Refusal>((kind, before, stamp, bytes))
