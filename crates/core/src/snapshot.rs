@@ -31,6 +31,10 @@ pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
 
+/// What a refusal says of something standing in a backup's place (a link, a FIFO, a
+/// file with other links): the runtime's own may only have been moved aside.
+pub const NOT_ITS_BACKUP: &str = "is not one the runtime wrote";
+
 /// How a rollback step's `detail` begins when it left a directory in place.
 pub const LEFT_IN_PLACE: &str = "left in place: ";
 /// A directory left in place that holds what is not the workflow's.
@@ -899,9 +903,12 @@ impl Snapshotter {
                 .map(|r| r.reason.clone())
                 .or_else(|| stands_in_place(&e).then(|| crate::error::io_words(&e)));
             if let Some(what) = refused.filter(|_| !is_passing(&e)) {
-                return untrusted_said(
-                    &rel,
-                    &format!("is not a backup the runtime wrote ({what})"),
+                return Refusal::new(
+                    ReasonCode::ChecksumMismatch,
+                    format!(
+                        "the backup {} {NOT_ITS_BACKUP} ({what}), so it is not used",
+                        shown_path(&rel)
+                    ),
                 );
             }
             Refusal::new(

@@ -521,12 +521,14 @@ impl Sandbox {
                 }
             })
             .collect();
-        // A backup another user took is whole: given back, it restores (its refusal says
-        // so); only one damaged or gone calls for other means.
-        let damaged: Vec<&(Refusal, bool)> = bad
-            .iter()
-            .filter(|(r, _)| r.reason_code != ReasonCode::ReservedPath)
-            .collect();
+        // A backup another user took is whole, and one something else stands in place
+        // of may only be moved aside: given back, they restore (their refusals say so);
+        // only one damaged or gone calls for other means.
+        let put_back = |r: &Refusal| {
+            r.reason_code == ReasonCode::ReservedPath
+                || r.reason.contains(crate::snapshot::NOT_ITS_BACKUP)
+        };
+        let damaged: Vec<&(Refusal, bool)> = bad.iter().filter(|(r, _)| !put_back(r)).collect();
         let code = damaged
             .first()
             .copied()
@@ -535,7 +537,7 @@ impl Sandbox {
             .reason_code;
         let reasons: Vec<&str> = bad.iter().map(|(r, _)| r.reason.as_str()).collect();
         let what_then = if damaged.is_empty() {
-            "roll back again once the operator has given it back"
+            "roll back again once the runtime's own backup is back in its place (the operator gives back one another user took; one moved aside is put back)"
         } else if damaged.iter().any(|(_, last)| *last) {
             "a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)"
         } else {

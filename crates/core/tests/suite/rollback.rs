@@ -254,7 +254,10 @@ fn a_backup_swapped_for_a_link_is_said_to_be_one() {
     assert!(
         why.contains("symbolic link")
             && !why.contains("loop")
-            && why.contains("is not a backup the runtime wrote"),
+            && why.contains("backup '.rollback/wf_bl/a1/backup' is not one the runtime wrote")
+            && why.contains("once the runtime's own backup is back in its place")
+            && !why.contains("other means")
+            && !why.contains("remove it"),
         "{why}"
     );
     assert_eq!(w.read("f.txt"), b"new");
