@@ -275,15 +275,20 @@ fn main() -> ExitCode {
     ailab_sandbox_core::confine::kernel::raise_open_file_limit();
     // Standard output is the JSON-RPC channel of `mcp`: nothing else goes there.
     let json = cli.json && !matches!(cli.command, Command::Mcp);
+    // Only runs and rollbacks leave lines that say what they did.
+    let audited = matches!(cli.command, Command::Run { .. } | Command::Rollback { .. });
     let outcome = run(cli);
     if let Err(e) = std::io::Write::flush(&mut std::io::stdout()) {
         output_failed(e);
     }
     if let Some(why) = OUTPUT_FAILURE.get() {
-        // Whatever the command did (the audit trail says), its result is lost.
-        err!(
-            "error: the result could not be written to standard output ({why}); what the command did is on the audit trail (ailab-sandbox audit)"
-        );
+        // Whatever the command did, its result is lost.
+        let see = if audited {
+            "; what the command did is on the audit trail (ailab-sandbox audit)"
+        } else {
+            ""
+        };
+        err!("error: the result could not be written to standard output ({why}){see}");
         return ExitCode::from(EXIT_USAGE);
     }
     match outcome {

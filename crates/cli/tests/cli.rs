@@ -2050,8 +2050,31 @@ fn a_result_lost_on_a_full_disk_is_not_a_success() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
+    // `ops` writes no line: no pointer to the trail.
     assert!(
-        err.contains("could not be written to standard output"),
+        err.contains("could not be written to standard output") && !err.contains("audit trail"),
+        "{err}"
+    );
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_full", "actions": [{"intent": "create_file", "path": "a.md", "content": "a"}]}),
+    );
+    let out = e
+        .std_cmd()
+        .args(["--json", "--enable-write", "--no-dry-run", "run"])
+        .arg(&plan)
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("what the command did is on the audit trail"),
         "{err}"
     );
     let ok = e.cmd().args(["--json", "ops"]).output().unwrap();
