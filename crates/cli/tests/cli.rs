@@ -66,6 +66,24 @@ impl Env {
         c
     }
 
+    /// Runs `ARGS`; its standard output must contain `says`.
+    fn stdout_says(&self, args: &[&str], says: &str) {
+        let out = self.cmd().args(args).output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(says),
+            "{args:?}: {out:?}"
+        );
+    }
+
+    /// `--json` `ARGS` with writing on and dry-run off; its output.
+    fn live(&self, args: &[&str]) -> std::process::Output {
+        self.cmd()
+            .args(["--json", "--enable-write", "--no-dry-run"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn write_plan(&self, name: &str, plan: &Value) -> PathBuf {
         let p = self.dir.join(name);
         std::fs::write(&p, serde_json::to_vec(plan).unwrap()).unwrap();
@@ -334,17 +352,7 @@ fn run_simulates_by_default_and_writes_when_enabled() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["status"], "simulated");
     assert!(e.root.join("n1.txt").exists());
-    let out = e
-        .cmd()
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_cli",
-        ])
-        .output()
-        .unwrap();
+    let out = e.live(&["rollback", "wf_cli"]);
     assert_eq!(out.status.code(), Some(0));
     let v = json_out(&out);
     assert_eq!(v["status"], "rolled_back");
@@ -849,17 +857,7 @@ fn a_prune_of_a_read_only_root_marks_nothing_pruned() {
         "{doc}"
     );
     assert!(!e.state.join("inflight/wf_ro.pruned").exists());
-    let out = e
-        .cmd()
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_ro",
-        ])
-        .output()
-        .unwrap();
+    let out = e.live(&["rollback", "wf_ro"]);
     assert_eq!(json_out(&out)["status"], "rolled_back", "{out:?}");
     assert_eq!(std::fs::read(e.root.join("k.txt")).unwrap(), b"original\n");
 }
@@ -934,11 +932,7 @@ fn prune_counts_workflows_in_words() {
             "pruned 1 workflow (wf_one), kept 0",
         ),
     ] {
-        let out = e.cmd().args(args).output().unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains(says),
-            "{out:?}"
-        );
+        e.stdout_says(args, says);
     }
     // Past twenty, the sentence names the first twenty and counts the others.
     let actions: Vec<Value> = (0..22)
@@ -983,18 +977,7 @@ fn prune_parses_durations() {
     assert_eq!(json_out(&out)["simulated"], json!(true), "writing is off");
     assert_eq!(json_out(&out)["dry_run_reason"], json!("sandbox_disabled"));
     // A real prune's document has the same fields, the reason null as in a run result.
-    let out = e
-        .cmd()
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "prune",
-            "--older-than",
-            "7d",
-        ])
-        .output()
-        .unwrap();
+    let out = e.live(&["prune", "--older-than", "7d"]);
     assert_eq!(out.status.code(), Some(0));
     let doc = json_out(&out);
     let fields: Vec<&String> = doc.as_object().unwrap().keys().collect();
@@ -1039,11 +1022,7 @@ fn prune_parses_durations() {
             "nothing was removed: the phase does not allow sandbox writes",
         ),
     ] {
-        let out = e.cmd().args(args).output().unwrap();
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains(says),
-            "{out:?}"
-        );
+        e.stdout_says(args, says);
     }
     let out = e
         .cmd()
@@ -2134,17 +2113,7 @@ fn a_folder_the_rollback_cannot_change_refuses_it_up_front() {
         );
         assert_eq!(std::fs::read(e.root.join("pb/b.txt")).unwrap(), b"B1");
     }
-    let rb = e
-        .cmd()
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_ro",
-        ])
-        .output()
-        .unwrap();
+    let rb = e.live(&["rollback", "wf_ro"]);
     assert_eq!(json_out(&rb)["status"], "rolled_back", "{rb:?}");
     assert_eq!(std::fs::read(e.root.join("pa/a.txt")).unwrap(), b"A0");
 }
@@ -2273,17 +2242,7 @@ fn a_made_directory_that_cannot_be_removed_now_is_removed_by_a_later_rollback() 
         &json!({"workflow_id": "wf_next", "actions": [
             {"intent": "create_file", "path": "n.txt", "content": "n"}]}),
     );
-    let out = e
-        .cmd()
-        .args([
-            "--json",
-            "--enable-write",
-            "--no-dry-run",
-            "rollback",
-            "wf_next",
-        ])
-        .output()
-        .unwrap();
+    let out = e.live(&["rollback", "wf_next"]);
     assert_eq!(json_out(&out)["status"], "rolled_back", "{out:?}");
     assert!(!made.exists(), "left for good");
 }

@@ -34,6 +34,19 @@ fn log_file(w: &World, wf: &str) -> Option<ailab_sandbox_core::confine::state::C
         .unwrap()
 }
 
+/// Opens `w` batched with the replay's first write of a target's bytes failing (as on a
+/// full or read-only root).
+fn open_failing_a_replayed_write(w: &World) -> ailab_sandbox_core::Sandbox {
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm("replay_staged", 1);
+    ailab_sandbox_core::Sandbox::open_armed(
+        batched(w),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap()
+}
+
 /// Runs `plan` and makes it die at the `nth` hit of `point`.
 fn run_killed(sb: &ailab_sandbox_core::Sandbox, p: serde_json::Value, point: &str, nth: u32) {
     sb.failpoints().arm_crash(point, nth);
@@ -240,14 +253,7 @@ fn a_torn_last_entry_is_not_redone() {
 #[test]
 fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
     let (w, original, _) = three_writes_then_a_power_cut();
-    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-    armed.arm("replay_staged", 1);
-    let sb = ailab_sandbox_core::Sandbox::open_armed(
-        batched(&w),
-        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
-        armed,
-    )
-    .unwrap();
+    let sb = open_failing_a_replayed_write(&w);
     let notices = sb.notices().to_vec();
     let about: Vec<&String> = notices.iter().filter(|n| n.contains("wf_log")).collect();
     assert_eq!(about.len(), 1, "{notices:?}");
@@ -294,14 +300,7 @@ fn an_audited_write_the_replay_cannot_put_back_is_not_taken_for_undone() {
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     // The rename the crash lost.
     std::fs::write(w.path("a.txt"), b"alpha\n").unwrap();
-    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-    armed.arm("replay_staged", 1);
-    let sb = ailab_sandbox_core::Sandbox::open_armed(
-        batched(&w),
-        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
-        armed,
-    )
-    .unwrap();
+    let sb = open_failing_a_replayed_write(&w);
     let undone: Vec<_> = sb
         .audit_entries(100, Some("wf_log"))
         .unwrap()
