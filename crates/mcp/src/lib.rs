@@ -583,11 +583,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         a.workflow_id,
                         a.action_id,
                         a.created_at,
-                        if undone.contains(&a.artifact_id) {
-                            " (rolled back: this write was undone)"
-                        } else {
-                            ""
-                        }
+                        undone_mark(undone.contains(&a.artifact_id))
                     ));
                 }
                 ok(
@@ -628,11 +624,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     a.path,
                     render::bytes(a.size_bytes),
                     a.checksum_sha256,
-                    if undone {
-                        " (rolled back: this write was undone)"
-                    } else {
-                        ""
-                    },
+                    undone_mark(undone),
                     a.workflow_id,
                     a.action_id,
                     a.created_at,
@@ -649,11 +641,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                             l.mutation_type,
                             l.path,
                             l.checksum_sha256,
-                            if lineage_undone.contains(&l.artifact_id) {
-                                " (rolled back: this write was undone)"
-                            } else {
-                                ""
-                            }
+                            undone_mark(lineage_undone.contains(&l.artifact_id))
                         ));
                     }
                 }
@@ -894,6 +882,15 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     // A blocking stdin read may still be pending if the session ended for another reason.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// What an artifact's line says after it when its write was rolled back.
+fn undone_mark(undone: bool) -> &'static str {
+    if undone {
+        " (rolled back: this write was undone)"
+    } else {
+        ""
+    }
 }
 
 /// The ids of the artifacts in `list` whose write the trail records as rolled back. A
