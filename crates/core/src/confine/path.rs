@@ -254,7 +254,7 @@ pub fn resolve_sandbox_path(
                     .malformed());
                 }
                 _ => format!(
-                    "the absolute path {} is not inside a sandbox root; allowed roots: {}",
+                    "the absolute path {} is not inside a sandbox root in use (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
                     shown_path(path),
                     list_roots(roots)
                 ),

@@ -196,53 +196,72 @@ impl Sandbox {
                 cause,
             })?;
         }
-        let mut roots = Vec::new();
+        // Roots that exist are opened now; those missing are made once the state
+        // directory says whether an interrupted run wrote into them (below).
+        let mut opened: Vec<(usize, SandboxRoot)> = Vec::new();
+        let mut missing = Vec::new();
         let mut skipped = Vec::new();
-        for r in &config.roots {
+        for (i, r) in config.roots.iter().enumerate() {
+            if !SandboxRoot::exists(r) {
+                missing.push(i);
+                continue;
+            }
             match SandboxRoot::open(r, true) {
-                Ok(root) => roots.push(root),
+                Ok(root) => opened.push((i, root)),
                 Err(why) => {
                     tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
                     skipped.push(why);
                 }
             }
         }
-        if roots.is_empty() {
+        if opened.is_empty() && missing.is_empty() {
             return Err(Error::NoUsableRoot { problems: skipped });
         }
-        if let Some((outer, inner)) = crate::confine::root::nested_roots(&roots) {
-            return Err(Error::RootsOverlap {
-                outer: roots[outer].path().to_path_buf(),
-                inner: roots[inner].path().to_path_buf(),
-            });
-        }
+        let (order, roots): (Vec<usize>, Vec<SandboxRoot>) = opened.into_iter().unzip();
+        check_apart(&roots)?;
         // Checked before the state directory is opened, since opening makes folders in
         // it: through a symlink into a root they would be made inside the sandbox.
         state_dir_outside(&config.state_dir, &roots)?;
         let (state, note) = open_state_dir(&config)?;
-        // A root missing at start that an interrupted run wrote into is not made: made
-        // empty, it would be taken for what the run left there (perhaps only moved away
-        // for a moment), every write of the run for never made. It is skipped, and the
-        // run left, until it is back (or the operator makes it, accepting the loss).
+        // A missing root an interrupted run wrote into (or one inside it, or holding it)
+        // is not made: made empty, it would be taken for what the run left there
+        // (perhaps only moved away for a moment), every write of the run for never made.
+        // It is skipped, and the run left, until it is back (or the operator makes it,
+        // giving up what the run left there).
         let wrote_into = crate::recovery::roots_awaiting_recovery(&state);
-        let mut kept = Vec::new();
-        for root in roots {
-            if root.made_at_start() && wrote_into.iter().any(|w| root.is_named_by(w)) {
+        let mut opened: Vec<(usize, SandboxRoot)> = order.into_iter().zip(roots).collect();
+        for i in missing {
+            let r = &config.roots[i];
+            let awaited = wrote_into
+                .iter()
+                .map(Path::new)
+                .any(|w| w.starts_with(r) || r.starts_with(w));
+            if awaited {
                 let why = format!(
                     "root {} was missing at start while an interrupted run had written into it, so it was not made: put it back as the run left it (or make it, to give up what the run left there)",
-                    root.path().display()
+                    r.display()
                 );
                 tracing::warn!(%why, "skipping sandbox root");
-                root.unmake();
                 skipped.push(why);
-            } else {
-                kept.push(root);
+                continue;
+            }
+            match SandboxRoot::open(r, true) {
+                Ok(root) => opened.push((i, root)),
+                Err(why) => {
+                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
+                    skipped.push(why);
+                }
             }
         }
-        let mut roots = kept;
+        // In the order configured: a path without a root goes to the first.
+        opened.sort_by_key(|(i, _)| *i);
+        let mut roots: Vec<SandboxRoot> = opened.into_iter().map(|(_, r)| r).collect();
         if roots.is_empty() {
             return Err(Error::NoUsableRoot { problems: skipped });
         }
+        // Again, with the roots made just now.
+        check_apart(&roots)?;
+        state_dir_outside(state.path(), &roots)?;
         let state = state.with_lock_wait(std::time::Duration::from_secs(
             config.limits.lock_wait_seconds,
         ));
@@ -731,6 +750,17 @@ impl Sandbox {
 
 pub(super) fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Refuses roots that are one directory, or one inside another.
+fn check_apart(roots: &[SandboxRoot]) -> Result<(), Error> {
+    match crate::confine::root::nested_roots(roots) {
+        Some((outer, inner)) => Err(Error::RootsOverlap {
+            outer: roots[outer].path().to_path_buf(),
+            inner: roots[inner].path().to_path_buf(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Refuses a state directory inside one of `roots` (lexically, or once symbolic links

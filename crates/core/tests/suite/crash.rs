@@ -2461,6 +2461,11 @@ fn a_dead_runs_missing_root_is_not_made_and_the_run_waits_for_it() {
         assert_eq!(run_record(&w, "wf_r2")["state"], "active");
         assert_run_blocked_naming(&sb, "wf_r2", &root2);
     }
+    // Nor is it made on the way to a root configured inside it.
+    let mut nested = both.clone();
+    nested.roots = vec![w.root.clone(), root2.join("sub")];
+    drop(w.open(nested));
+    assert!(!root2.exists(), "not made as a parent");
     std::fs::rename(&away, &root2).unwrap();
     let sb = w.open(both);
     assert!(!root2.join("x.txt").exists(), "{:?}", sb.notices());

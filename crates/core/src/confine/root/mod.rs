@@ -115,8 +115,6 @@ pub struct SandboxRoot {
     ancestry: Vec<(u64, u64)>,
     /// Directories never reached through this root (see [`SandboxRoot::reserve`]).
     reserved: Vec<((u64, u64), String)>,
-    /// Whether this process made the root (it did not exist when it started).
-    made: bool,
 }
 
 mod access;
@@ -151,6 +149,13 @@ struct Ancestor {
 }
 
 impl SandboxRoot {
+    /// Whether anything stands at `path` (a link included): a root not there yet is made
+    /// when opened.
+    #[allow(clippy::disallowed_methods)] // a look only: the root is opened by the walk
+    pub fn exists(path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
+    }
+
     /// Opens (and, with `create`, first creates) a root through `open_checked_dir`,
     /// refusing one owned by another user or writable by others without the sticky bit.
     ///
@@ -159,10 +164,8 @@ impl SandboxRoot {
     /// this user, and what it leads to is checked the same way. Each check is made on
     /// the open handle that the walk then descends from, so nothing can be swapped in
     /// between.
-    #[allow(clippy::disallowed_methods)] // a look only: the root is opened by the walk
     pub fn open(path: &Path, create: bool) -> Result<Self, String> {
         let shown = path.display();
-        let made = create && std::fs::symlink_metadata(path).is_err();
         let checked = open_checked_dir(path, create, "root", DIR_MODE)?;
         let (dir, opened) = (checked.dir, checked.meta);
         let euid = euid();
@@ -187,25 +190,7 @@ impl SandboxRoot {
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,
             reserved: Vec::new(),
-            made,
         })
-    }
-
-    /// Whether this process made the root as it opened it (it did not exist).
-    pub fn made_at_start(&self) -> bool {
-        self.made
-    }
-
-    /// Removes a root this process made as it opened it, when it is still empty: a start
-    /// that will not use it leaves nothing behind.
-    #[allow(clippy::disallowed_methods)] // the root's own path, made by this process
-    pub fn unmake(self) {
-        if self.made {
-            drop(self.dir);
-            if let Err(e) = std::fs::remove_dir(&self.path) {
-                tracing::warn!(root = %self.path.display(), error = %e, "could not remove a root made at start");
-            }
-        }
     }
 
     /// Whether `configured` (a root path as some earlier run configured it) names this
