@@ -537,7 +537,7 @@ impl Sandbox {
             .reason_code;
         let reasons: Vec<&str> = bad.iter().map(|(r, _)| r.reason.as_str()).collect();
         let what_then = if damaged.is_empty() {
-            "roll back again once the runtime's own backup is back in its place (the operator gives back one another user took; one moved aside is put back)"
+            "roll back again once the runtime's own backup is back in its place, its only link (the operator gives back one another user took; one moved aside is put back; a second link to it is removed)"
         } else if damaged.iter().any(|(_, last)| *last) {
             "a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)"
         } else {
