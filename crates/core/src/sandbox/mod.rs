@@ -206,13 +206,7 @@ impl Sandbox {
                 missing.push(i);
                 continue;
             }
-            match SandboxRoot::open(r, true) {
-                Ok(root) => opened.push((i, root)),
-                Err(why) => {
-                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
-                    skipped.push(why);
-                }
-            }
+            open_root(i, r, &mut opened, &mut skipped);
         }
         if opened.is_empty() && missing.is_empty() {
             return Err(Error::NoUsableRoot { problems: skipped });
@@ -228,7 +222,12 @@ impl Sandbox {
         // (perhaps only moved away for a moment), every write of the run for never made.
         // It is skipped, and the run left, until it is back (or the operator makes it,
         // giving up what the run left there).
-        let wrote_into = crate::recovery::roots_awaiting_recovery(&state);
+        // Every run record is read for it: only when a root is missing.
+        let wrote_into = if missing.is_empty() {
+            Vec::new()
+        } else {
+            crate::recovery::roots_awaiting_recovery(&state)
+        };
         let mut opened: Vec<(usize, SandboxRoot)> = order.into_iter().zip(roots).collect();
         for i in missing {
             let r = &config.roots[i];
@@ -245,13 +244,7 @@ impl Sandbox {
                 skipped.push(why);
                 continue;
             }
-            match SandboxRoot::open(r, true) {
-                Ok(root) => opened.push((i, root)),
-                Err(why) => {
-                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
-                    skipped.push(why);
-                }
-            }
+            open_root(i, r, &mut opened, &mut skipped);
         }
         // In the order configured: a path without a root goes to the first.
         opened.sort_by_key(|(i, _)| *i);
@@ -750,6 +743,23 @@ impl Sandbox {
 
 pub(super) fn lock_or_recover<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Opens (making it) the configured root `i` at `r` into `opened`; one that cannot be
+/// used is skipped, its reason in `skipped`.
+fn open_root(
+    i: usize,
+    r: &Path,
+    opened: &mut Vec<(usize, SandboxRoot)>,
+    skipped: &mut Vec<String>,
+) {
+    match SandboxRoot::open(r, true) {
+        Ok(root) => opened.push((i, root)),
+        Err(why) => {
+            tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
+            skipped.push(why);
+        }
+    }
 }
 
 /// Refuses roots that are one directory, or one inside another.

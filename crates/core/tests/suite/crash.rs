@@ -2395,11 +2395,9 @@ fn a_failed_action_undone_at_once_offers_no_rollback() {
     assert_eq!(failed.rollback_path, None);
 }
 
-/// A run that died while writing into a second root is left for a start that has that
-/// root: one without it can judge none of the run's writes there, so it neither marks
-/// the run recovered nor lets a new run of the workflow take its record over.
-#[test]
-fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
+/// A world of two roots where workflow `wf_r2` died writing `x.txt` into the second
+/// (its file written, not yet registered); the second root and the two-root config.
+fn died_writing_into_a_second_root() -> (World, std::path::PathBuf, ailab_sandbox_core::Config) {
     let w = World::new();
     let (root2, both) = with_second_root(&w, &w.writable_config());
     die_with(
@@ -2410,6 +2408,15 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
             {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "x",
              "root": root2.display().to_string()}]}),
     );
+    (w, root2, both)
+}
+
+/// A run that died while writing into a second root is left for a start that has that
+/// root: one without it can judge none of the run's writes there, so it neither marks
+/// the run recovered nor lets a new run of the workflow take its record over.
+#[test]
+fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
+    let (w, root2, both) = died_writing_into_a_second_root();
     assert!(root2.join("x.txt").exists());
     let one = w.open(w.writable_config());
     assert_noticed(&one, "which this start is not configured with");
@@ -2442,16 +2449,7 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
 /// and once the folder is back the next start rolls the unfinished action back.
 #[test]
 fn a_dead_runs_missing_root_is_not_made_and_the_run_waits_for_it() {
-    let w = World::new();
-    let (root2, both) = with_second_root(&w, &w.writable_config());
-    die_with(
-        &w,
-        &both,
-        "before_registry",
-        json!({"workflow_id": "wf_r2", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "x.txt", "content": "x",
-             "root": root2.display().to_string()}]}),
-    );
+    let (w, root2, both) = died_writing_into_a_second_root();
     let away = w.outside.join("root2-away");
     std::fs::rename(&root2, &away).unwrap();
     for _ in 0..2 {
