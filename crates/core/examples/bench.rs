@@ -10,6 +10,8 @@
 )]
 
 use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
+use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus};
+use ailab_sandbox_core::catalog::MutationClass;
 use ailab_sandbox_core::config::Durability;
 use ailab_sandbox_core::confine::root::{FILE_MODE, write_atomic_in};
 use ailab_sandbox_core::confine::state::StateDir;
@@ -62,7 +64,7 @@ fn row(name: String, samples: &[Duration], floor: Option<&[Duration]>) -> Row {
     }
 }
 
-const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|concurrent|readers|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
+const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|audit|concurrent|readers|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
 Temporary directories are made under $TMPDIR (default /tmp).";
 
 fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
@@ -329,6 +331,129 @@ fn registry(entries: usize, chain: usize) -> (Duration, f64, Duration, Duration,
     (load, mem, lin, cnt, count)
 }
 
+/// An audit trail of `entries` lines (a million-artifact state's: 1,000 workflows, a
+/// tenth of their writes rolled back), written in bulk, then opened by a fresh process
+/// (this program again, `--audit-open DIR`) so the memory it adds is its own.
+fn audit_trail(entries: usize) -> AuditOpen {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = StateDir::open(tmp.path()).unwrap();
+    {
+        let log = AuditLog::open(&state, false, 1_000_000).unwrap();
+        let mut batch = Vec::with_capacity(10_000);
+        for i in 0..entries {
+            let undo = i % 10 == 9;
+            batch.push(AuditRecord {
+                timestamp: "2026-11-30T00:00:00.000000Z".into(),
+                execution_id: format!("ex_{:08}", i / 10),
+                workflow_id: format!("wf_{}", i % 1000),
+                action_id: format!("a{}", if undo { i - 1 } else { i }),
+                mutation_class: Some(if undo {
+                    MutationClass::Rollback
+                } else {
+                    MutationClass::Create
+                }),
+                mutation_type: if undo { "rollback" } else { "create_file" }.into(),
+                target_path: format!("/tmp/opencode/sandbox/w{}/f{i}.txt", i % 1000),
+                before_checksum: None,
+                after_checksum: Some(format!("{i:064x}")),
+                rollback_available: !undo,
+                rollback_path: (!undo)
+                    .then(|| format!("/tmp/opencode/sandbox/.rollback/wf_{}/a{i}", i % 1000)),
+                status: if undo {
+                    AuditStatus::RolledBack
+                } else {
+                    AuditStatus::Success
+                },
+                reason_code: None,
+                error: None,
+            });
+            if batch.len() == 10_000 {
+                log.append(std::mem::take(&mut batch)).unwrap();
+            }
+        }
+        log.append(batch).unwrap();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--audit-open")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What opening an audit trail costs (see [`audit_trail`]).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AuditOpen {
+    lines: u64,
+    open_ms: f64,
+    rss_mib: f64,
+    newest_50_us: f64,
+    workflow_lines: usize,
+    workflow_us: f64,
+    first_by_name_ms: f64,
+    next_by_name_us: f64,
+}
+
+fn audit_open(dir: &std::path::Path) -> AuditOpen {
+    let state = StateDir::open(dir).unwrap();
+    let rss_before = rss_mib();
+    let t = Instant::now();
+    let log = AuditLog::open(&state, false, 1_000_000).unwrap();
+    let open = t.elapsed();
+    let rss = rss_mib() - rss_before;
+    let t = Instant::now();
+    assert_eq!(log.list(50, None).unwrap().len(), 50);
+    let newest = t.elapsed();
+    let t = Instant::now();
+    let workflow_lines = log.by_workflow("wf_7").unwrap().len();
+    let workflow = t.elapsed();
+    // Recovery's look-up of the changes to one file: the first builds the index by name.
+    let t = Instant::now();
+    assert_eq!(
+        log.changes_since("f7.txt", |p| p.ends_with("/w7/f7.txt"), "", "")
+            .unwrap()
+            .len(),
+        1
+    );
+    let first = t.elapsed();
+    let t = Instant::now();
+    assert_eq!(
+        log.changes_since("f8.txt", |p| p.ends_with("/w8/f8.txt"), "", "")
+            .unwrap()
+            .len(),
+        1
+    );
+    let next = t.elapsed();
+    AuditOpen {
+        lines: log.last_seq().unwrap(),
+        open_ms: open.as_secs_f64() * 1e3,
+        rss_mib: rss,
+        newest_50_us: newest.as_secs_f64() * 1e6,
+        workflow_lines,
+        workflow_us: workflow.as_secs_f64() * 1e6,
+        first_by_name_ms: first.as_secs_f64() * 1e3,
+        next_by_name_us: next.as_secs_f64() * 1e6,
+    }
+}
+
+impl std::fmt::Display for AuditOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "audit trail {} lines: open {:.0} ms, +{:.0} MiB RSS, newest 50 {:.0} µs, one workflow's {} lines {:.0} µs, changes to a file: first {:.0} ms, next {:.0} µs",
+            self.lines,
+            self.open_ms,
+            self.rss_mib,
+            self.newest_50_us,
+            self.workflow_lines,
+            self.workflow_us,
+            self.first_by_name_ms,
+            self.next_by_name_us
+        )
+    }
+}
+
 fn main() {
     run();
     KEPT.lock().unwrap().clear();
@@ -340,7 +465,7 @@ fn run() {
     while let Some(a) = rest.next() {
         match a.as_str() {
             "--json" | "--quick" => {}
-            "--only" | "--n" | "--size" if rest.next().is_some() => {}
+            "--only" | "--n" | "--size" | "--audit-open" if rest.next().is_some() => {}
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return;
@@ -374,6 +499,21 @@ fn run() {
             lin.as_secs_f64() * 1e6,
             cnt.as_secs_f64() * 1e6
         );
+        return;
+    }
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--audit-open")
+        .and_then(|i| args.get(i + 1))
+    {
+        println!(
+            "{}",
+            serde_json::to_string(&audit_open(std::path::Path::new(dir))).unwrap()
+        );
+        return;
+    }
+    if only.as_deref() == Some("audit") {
+        println!("{}", audit_trail(flag("--n", 1_000_000)));
         return;
     }
     if only.as_deref() == Some("concurrent") {
@@ -506,6 +646,7 @@ fn run() {
     let (sha_hex, sha_raw) = sha_throughput();
     let entries = if quick { 20_000 } else { 1_000_000 };
     let (load, mem, lin, cnt, count) = registry(entries, 1000);
+    let audit = audit_trail(entries);
     if json_out {
         let doc = json!({
             "actions_per_case": n,
@@ -517,6 +658,7 @@ fn run() {
             "sha256_mib_s": {"runtime_helper": sha_hex, "sha2_direct": sha_raw, "ratio": sha_hex / sha_raw},
             "registry": {"entries": entries, "load_ms": load.as_secs_f64() * 1e3, "rss_mib": mem,
                           "lineage_1000_deep_us": lin.as_secs_f64() * 1e6, "count_by_workflow_us": cnt.as_secs_f64() * 1e6, "count": count},
+            "audit_trail": audit,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap());
         return;
@@ -540,4 +682,5 @@ fn run() {
         lin.as_secs_f64() * 1e6,
         cnt.as_secs_f64() * 1e6
     );
+    println!("{audit}");
 }

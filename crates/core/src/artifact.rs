@@ -149,7 +149,7 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
             }
             *inserted += 1;
         };
-        let result = journal.read_new(&mut |chunk| {
+        let result = journal.read_new(&mut |_, chunk| {
             // A parser has at most one chunk queued: before handing it a third, insert
             // the oldest result, which keeps memory bounded and the file order intact.
             if sent >= inserted + 2 {
@@ -265,7 +265,7 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.read_new(&mut |b| index.ingest(b))?;
+        journal.read_new(&mut |_, b| index.ingest(b))?;
         Ok(f(index))
     }
 
@@ -283,7 +283,7 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let ((), pending) = journal.append_with(|new, _| {
+        let ((), pending) = journal.append_with(|_, new, _| {
             index.ingest(new);
             Ok((bytes, ()))
         })?;

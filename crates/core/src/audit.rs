@@ -14,7 +14,9 @@ use crate::journal::Journal;
 use crate::reason::ReasonCode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::sync::{Arc, Mutex};
 
@@ -221,43 +223,255 @@ pub struct AuditStats {
     pub by_reason_code: BTreeMap<String, u64>,
 }
 
-#[derive(Debug, Default)]
+/// Where a line lies in the log. Lines are read back from the file when asked for (a
+/// line, once written, never changes), so an index costs a few dozen bytes per line
+/// rather than the line's text.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    at: u64,
+    /// Without its newline.
+    len: u32,
+    /// The slot before it of a change (a write or a restore) to a file of the same name
+    /// ([`NO_SLOT`] for none), for [`AuditLog::changes_since`].
+    same_name: u32,
+    seq: u64,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+/// The fields of a line the index keeps facts from, borrowed from the line; the others
+/// only checked to be there with their types. The same fields and types as
+/// [`SandboxAuditEntry`], so a line is indexed exactly when it reads as an entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineView<'a> {
+    seq: u64,
+    #[serde(borrow)]
+    timestamp: Cow<'a, str>,
+    #[serde(rename = "execution_id")]
+    _execution_id: Text,
+    #[serde(borrow)]
+    workflow_id: Cow<'a, str>,
+    #[serde(borrow)]
+    action_id: Cow<'a, str>,
+    mutation_class: Option<MutationClass>,
+    #[serde(borrow)]
+    mutation_type: Cow<'a, str>,
+    #[serde(borrow)]
+    target_path: Cow<'a, str>,
+    #[serde(rename = "before_checksum")]
+    _before_checksum: Option<Text>,
+    #[serde(rename = "after_checksum")]
+    _after_checksum: Option<Text>,
+    #[serde(rename = "rollback_available")]
+    _rollback_available: bool,
+    #[serde(rename = "rollback_path")]
+    _rollback_path: Option<Text>,
+    status: AuditStatus,
+    reason_code: Option<ReasonCode>,
+    #[serde(rename = "error")]
+    _error: Option<Text>,
+    #[serde(rename = "prev_hash")]
+    _prev_hash: Text,
+    #[serde(borrow, default)]
+    entry_hash: Cow<'a, str>,
+}
+
+/// What linking a line by name reads of it (an indexed line, so known to be an entry).
+#[derive(Deserialize)]
+struct Change<'a> {
+    seq: u64,
+    status: AuditStatus,
+    #[serde(borrow)]
+    target_path: Cow<'a, str>,
+}
+
+/// A JSON string, read and let go (no allocation).
+struct Text;
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Text, E> {
+                Ok(Text)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'a> LineView<'a> {
+    fn of(e: &'a SandboxAuditEntry) -> Self {
+        let b = |s: &'a String| Cow::Borrowed(s.as_str());
+        let t = |s: &Option<String>| s.as_ref().map(|_| Text);
+        Self {
+            seq: e.seq,
+            timestamp: b(&e.timestamp),
+            _execution_id: Text,
+            workflow_id: b(&e.workflow_id),
+            action_id: b(&e.action_id),
+            mutation_class: e.mutation_class,
+            mutation_type: b(&e.mutation_type),
+            target_path: b(&e.target_path),
+            _before_checksum: t(&e.before_checksum),
+            _after_checksum: t(&e.after_checksum),
+            _rollback_available: e.rollback_available,
+            _rollback_path: t(&e.rollback_path),
+            status: e.status,
+            reason_code: e.reason_code,
+            _error: t(&e.error),
+            _prev_hash: Text,
+            entry_hash: b(&e.entry_hash),
+        }
+    }
+}
+
+/// Counts one more under `key`, allocating the key only the first time it is seen.
+fn count(map: &mut BTreeMap<String, u64>, key: &str) {
+    match map.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            map.insert(key.to_owned(), 1);
+        }
+    }
+}
+
+/// What the index knows of one workflow.
+#[derive(Debug)]
+struct Workflow {
+    /// Its lines (indexes into [`Index::slots`]).
+    lines: Vec<usize>,
+    /// The actions the trail records a write by (not a rollback): asked before every
+    /// action, so not a scan of the workflow's lines.
+    wrote: HashSet<Box<str>>,
+    /// The actions the trail records as rolled back: asked for a write's default
+    /// parent, so not a scan either.
+    undone: HashSet<Box<str>>,
+    /// Rate-limiter state (GCRA TAT) and the latest write's time, kept current as lines
+    /// arrive.
+    tat: (f64, f64),
+}
+
+/// Hashes a `u64` that is already a keyed hash ([`Index::names`]) as itself.
+#[derive(Debug, Default, Clone, Copy)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Debug)]
 struct Index {
-    entries: Vec<SandboxAuditEntry>,
-    /// Rate-limiter state (GCRA TAT) per workflow, kept current as entries arrive.
-    tat: std::collections::HashMap<String, (f64, f64)>,
+    slots: Vec<Slot>,
+    /// Where the lines read so far end in the file.
+    end: u64,
+    /// The newest slot of a change to a file of each name (by a keyed hash of the
+    /// name): the head of the chain [`Slot::same_name`] links. Built the first time it
+    /// is asked for (recovery's doubtful cases only), kept current after.
+    by_name: Option<HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>>,
+    names: RandomState,
     per_minute: u32,
-    by_workflow: BTreeMap<String, Vec<usize>>,
-    /// The actions of each workflow that the trail records a write by (not a rollback):
-    /// asked before every action, so not a scan of the workflow's entries.
-    wrote: std::collections::HashMap<String, std::collections::HashSet<String>>,
-    /// The actions of each workflow the trail records as rolled back: asked for a
-    /// write's default parent, so not a scan either.
-    undone: std::collections::HashMap<String, std::collections::HashSet<String>>,
+    workflows: HashMap<String, Workflow>,
     /// The `create_directory` actions that stand (not rolled back) for each directory
     /// they named, as recorded, with when they did: its existence is their result (see
     /// [`AuditLog::directory_claims`]). A rollback's line may spell the root otherwise,
     /// so a claim is withdrawn by its action, wherever it is filed.
-    dir_claims: std::collections::HashMap<String, Vec<DirClaim>>,
-    claim_paths: std::collections::HashMap<(String, String), String>,
+    dir_claims: HashMap<String, Vec<DirClaim>>,
+    claim_paths: HashMap<(String, String), String>,
     last_seq: u64,
     last_hash: String,
     stats: AuditStats,
 }
 
 impl Index {
-    fn ingest(&mut self, buf: &[u8]) {
-        for line in crate::journal::lines(buf) {
-            match serde_json::from_slice::<SandboxAuditEntry>(line) {
-                Ok(e) => self.insert(e),
-                Err(err) => {
-                    tracing::warn!(%err, "unreadable audit line (audit verify will report it)")
+    fn new(per_minute: u32) -> Self {
+        Self {
+            slots: Vec::new(),
+            end: 0,
+            by_name: None,
+            names: RandomState::new(),
+            per_minute: per_minute.max(1),
+            workflows: HashMap::new(),
+            dir_claims: HashMap::new(),
+            claim_paths: HashMap::new(),
+            last_seq: 0,
+            last_hash: GENESIS_HASH.to_owned(),
+            stats: AuditStats::default(),
+        }
+    }
+
+    fn workflow(&self, id: &str) -> Option<&Workflow> {
+        self.workflows.get(id)
+    }
+
+    /// Indexes whole lines read from the log at offset `at`.
+    fn ingest(&mut self, at: u64, buf: &[u8]) {
+        if at != self.end {
+            // The log was cut and is read again from the start: what this process read
+            // before is not in it any more.
+            tracing::warn!(
+                read_before = self.end,
+                "the audit log is shorter than this process read it: it was cut (audit verify will report it); its index is built again"
+            );
+            *self = Self::new(self.per_minute);
+        }
+        // A large read (the first, of a long trail) is parsed on two threads, the
+        // second half while the first is parsed and indexed; lines go in in file order.
+        const PARALLEL_FROM: usize = 1 << 20;
+        let half = buf.len() / 2;
+        let split = match buf[half..].iter().position(|&b| b == b'\n') {
+            Some(i) if buf.len() >= PARALLEL_FROM => half + i + 1,
+            _ => buf.len(),
+        };
+        let (first, second) = buf.split_at(split);
+        std::thread::scope(|scope| {
+            let later = (!second.is_empty()).then(|| scope.spawn(|| parse_lines(second)));
+            for (line, view) in parse_lines(first) {
+                self.index_line(at, buf, line, view);
+            }
+            let parsed = later.map(|t| t.join().unwrap_or_default());
+            for (line, view) in parsed.into_iter().flatten() {
+                self.index_line(at, buf, line, view);
+            }
+        });
+        self.end = at + buf.len() as u64;
+    }
+
+    /// Indexes `line`, a slice of `buf` (read at offset `at`).
+    fn index_line(&mut self, at: u64, buf: &[u8], line: &[u8], view: Option<LineView<'_>>) {
+        let offset = at + (line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
+        match view {
+            Some(v) => self.insert(&v, offset, line.len()),
+            None => {
+                if let Err(err) = serde_json::from_slice::<SandboxAuditEntry>(line) {
+                    tracing::warn!(%err, "unreadable audit line (audit verify will report it)");
                 }
             }
         }
     }
 
-    fn insert(&mut self, e: SandboxAuditEntry) {
+    fn name_key(&self, target: &str) -> Option<u64> {
+        std::path::Path::new(target)
+            .file_name()
+            .map(|n| self.names.hash_one(n.as_encoded_bytes()))
+    }
+
+    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize) {
         let s = &mut self.stats;
         s.total += 1;
         match e.status {
@@ -268,43 +482,30 @@ impl Index {
             AuditStatus::RolledBack => s.rolled_back += 1,
         }
         if let Some(c) = e.mutation_class {
-            *s.by_mutation_class
-                .entry(c.as_str().to_owned())
-                .or_default() += 1;
+            count(&mut s.by_mutation_class, c.as_str());
         }
-        *s.by_intent
-            .entry(crate::catalog::intent_label(&e.mutation_type).to_owned())
-            .or_default() += 1;
+        count(
+            &mut s.by_intent,
+            crate::catalog::intent_label(&e.mutation_type),
+        );
         if let Some(r) = e.reason_code {
-            *s.by_reason_code.entry(r.as_str().to_owned()).or_default() += 1;
+            count(&mut s.by_reason_code, r.as_str());
         }
         let wrote =
             e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
-        if wrote {
-            self.wrote
-                .entry(e.workflow_id.clone())
-                .or_default()
-                .insert(e.action_id.clone());
-        }
-        if e.status == AuditStatus::RolledBack {
-            self.undone
-                .entry(e.workflow_id.clone())
-                .or_default()
-                .insert(e.action_id.clone());
-        }
         if e.mutation_type == "create_directory" {
-            let key = (e.workflow_id.clone(), e.action_id.clone());
+            let key = (e.workflow_id.to_string(), e.action_id.to_string());
             match e.status {
                 AuditStatus::Success => {
                     self.dir_claims
-                        .entry(e.target_path.clone())
+                        .entry(e.target_path.to_string())
                         .or_default()
                         .push(DirClaim {
-                            workflow_id: e.workflow_id.clone(),
-                            action_id: e.action_id.clone(),
-                            at: e.timestamp.clone(),
+                            workflow_id: key.0.clone(),
+                            action_id: key.1.clone(),
+                            at: e.timestamp.to_string(),
                         });
-                    self.claim_paths.insert(key, e.target_path.clone());
+                    self.claim_paths.insert(key, e.target_path.to_string());
                 }
                 AuditStatus::RolledBack => {
                     if let Some(path) = self.claim_paths.remove(&key)
@@ -316,42 +517,199 @@ impl Index {
                 _ => {}
             }
         }
-        if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
-            let (tat, latest) = self
-                .tat
-                .entry(e.workflow_id.clone())
-                .or_insert((f64::NEG_INFINITY, f64::NEG_INFINITY));
-            let at = crate::budget::epoch_seconds(t);
-            // Dated before the workflow's latest write: the clock went back. The earlier
-            // writes are taken as made just before this one (the bucket as they left it),
-            // not as still to come.
-            if at < *latest {
-                *tat -= *latest - at;
-            }
-            *tat = crate::budget::advance_tat(*tat, at, self.per_minute);
-            *latest = at;
-        }
         self.last_seq = e.seq;
-        self.last_hash = e.entry_hash.clone();
-        self.by_workflow
-            .entry(e.workflow_id.clone())
-            .or_default()
-            .push(self.entries.len());
-        self.entries.push(e);
+        self.last_hash.clear();
+        self.last_hash.push_str(&e.entry_hash);
+        let here = self.slots.len();
+        if !self.workflows.contains_key(e.workflow_id.as_ref()) {
+            self.workflows.insert(
+                e.workflow_id.to_string(),
+                Workflow {
+                    lines: Vec::new(),
+                    wrote: HashSet::new(),
+                    undone: HashSet::new(),
+                    tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
+                },
+            );
+        }
+        let per_minute = self.per_minute;
+        if let Some(w) = self.workflows.get_mut(e.workflow_id.as_ref()) {
+            w.lines.push(here);
+            if wrote {
+                w.wrote.insert(e.action_id.as_ref().into());
+            }
+            if e.status == AuditStatus::RolledBack {
+                w.undone.insert(e.action_id.as_ref().into());
+            }
+            if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
+                let (tat, latest) = &mut w.tat;
+                let at = crate::budget::epoch_seconds(t);
+                // Dated before the workflow's latest write: the clock went back. The
+                // earlier writes are taken as made just before this one (the bucket as
+                // they left it), not as still to come.
+                if at < *latest {
+                    *tat -= *latest - at;
+                }
+                *tat = crate::budget::advance_tat(*tat, at, per_minute);
+                *latest = at;
+            }
+        }
+        self.slots.push(Slot {
+            at,
+            // A line is at most a few KiB (paths and intents are cut): never near 4 GiB.
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+            same_name: NO_SLOT,
+            seq: e.seq,
+        });
+        if self.by_name.is_some() {
+            self.link(here, e.status, &e.target_path);
+        }
     }
 
-    fn hash_of(&self, seq: u64) -> Option<&str> {
-        let at = usize::try_from(seq).ok()?.checked_sub(1)?;
-        match self.entries.get(at) {
-            Some(e) if e.seq == seq => Some(&e.entry_hash),
-            _ => self
-                .entries
-                .iter()
-                .rev()
-                .find(|e| e.seq == seq)
-                .map(|e| e.entry_hash.as_str()),
+    /// Links slot `i` into the chain of its file name, when it is a change.
+    fn link(&mut self, i: usize, status: AuditStatus, target_path: &str) {
+        if !matches!(status, AuditStatus::Success | AuditStatus::RolledBack) {
+            return;
+        }
+        let key = self.name_key(target_path);
+        if let (Some(key), Some(by_name), Ok(here)) = (key, &mut self.by_name, u32::try_from(i))
+            && here != NO_SLOT
+        {
+            self.slots[i].same_name = by_name.insert(key, here).unwrap_or(NO_SLOT);
         }
     }
+
+    /// Whether every slot can be linked by name (the log holds fewer than 2³² lines).
+    fn names_complete(&self) -> bool {
+        self.slots.len() < NO_SLOT as usize
+    }
+
+    /// The slots of changes to files named `name`, in file order, linking every slot
+    /// by name the first time.
+    fn changes_to(&mut self, file: &LogFile, name: &str) -> io::Result<Vec<Slot>> {
+        if !self.names_complete() {
+            return Ok(self.slots.clone());
+        }
+        if self.by_name.is_none() {
+            self.by_name = Some(HashMap::default());
+            let mut i = 0;
+            while i < self.slots.len() {
+                let first = self.slots[i];
+                let mut n = 1;
+                while let Some(s) = self.slots.get(i + n)
+                    && s.at + u64::from(s.len) - first.at <= READ_SPAN
+                {
+                    n += 1;
+                }
+                let last = self.slots[i + n - 1];
+                let buf = read_span(file, first.at, last.at + u64::from(last.len), first.seq)?;
+                for j in i..i + n {
+                    let s = self.slots[j];
+                    let from = (s.at - first.at) as usize;
+                    match serde_json::from_slice::<Change>(&buf[from..from + s.len as usize]) {
+                        Ok(c) if c.seq == s.seq => self.link(j, c.status, &c.target_path),
+                        _ => {
+                            self.by_name = None;
+                            return Err(changed_under(s.seq));
+                        }
+                    }
+                }
+                i += n;
+            }
+        }
+        let mut chain = Vec::new();
+        let mut at = self
+            .by_name
+            .as_ref()
+            .and_then(|m| m.get(&self.names.hash_one(name.as_bytes())))
+            .copied()
+            .unwrap_or(NO_SLOT);
+        while let Some(s) = self.slots.get(at as usize) {
+            chain.push(*s);
+            at = s.same_name;
+        }
+        chain.reverse();
+        Ok(chain)
+    }
+
+    /// Whether the line `seq` is in the log with this `entry_hash`. A line that no longer
+    /// reads as it did counts as not; a failed read, as yes (nothing was found wrong).
+    fn holds(&self, file: &LogFile, seq: u64, entry_hash: &str) -> bool {
+        let at = usize::try_from(seq)
+            .ok()
+            .and_then(|s| s.checked_sub(1))
+            .filter(|&i| self.slots.get(i).is_some_and(|s| s.seq == seq))
+            .or_else(|| self.slots.iter().rposition(|s| s.seq == seq));
+        let Some(i) = at else { return false };
+        match read_back(file, &self.slots[i..=i]) {
+            Ok(lines) => lines.first().is_some_and(|e| e.entry_hash == entry_hash),
+            Err(e) => e.kind() != io::ErrorKind::InvalidData,
+        }
+    }
+}
+
+/// The non-empty lines of `buf` (without newlines), each with its parsed view, or
+/// `None` when it does not read as an entry.
+fn parse_lines(buf: &[u8]) -> Vec<(&[u8], Option<LineView<'_>>)> {
+    crate::journal::lines(buf)
+        .map(|line| (line, serde_json::from_slice::<LineView>(line).ok()))
+        .collect()
+}
+
+/// Reads the lines at `slots` (in file order) back from the log, a run of nearby
+/// lines in one read.
+fn read_back(file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
+    /// Bytes between two lines that are read rather than skipped with a new read.
+    const GAP: u64 = 16 << 10;
+    let mut out = Vec::with_capacity(slots.len());
+    let mut rest = slots;
+    while let Some(first) = rest.first() {
+        let mut end = first.at + u64::from(first.len);
+        let mut n = 1;
+        while let Some(s) = rest.get(n)
+            && s.at >= end
+            && s.at - end <= GAP
+            && s.at + u64::from(s.len) - first.at <= READ_SPAN
+        {
+            end = s.at + u64::from(s.len);
+            n += 1;
+        }
+        let buf = read_span(file, first.at, end, first.seq)?;
+        for s in &rest[..n] {
+            let from = (s.at - first.at) as usize;
+            let line = &buf[from..from + s.len as usize];
+            match serde_json::from_slice::<SandboxAuditEntry>(line) {
+                Ok(e) if e.seq == s.seq => out.push(e),
+                _ => return Err(changed_under(s.seq)),
+            }
+        }
+        rest = &rest[n..];
+    }
+    Ok(out)
+}
+
+/// The most one read of lines back from the log takes (a longer line is read whole).
+const READ_SPAN: u64 = 8 << 20;
+
+/// The bytes from `from` to `to` of the log, which held the line `seq` there.
+fn read_span(file: &LogFile, from: u64, to: u64, seq: u64) -> io::Result<Vec<u8>> {
+    file.read_range(from, to - from).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            changed_under(seq)
+        } else {
+            e
+        }
+    })
+}
+
+/// A line read before that no longer reads as it did: lines are only ever appended.
+fn changed_under(seq: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "audit line {seq} of {AUDIT_FILE} no longer reads as it did when this process read it: the trail was changed in place; run `audit verify`"
+        ),
+    )
 }
 
 /// The audit log.
@@ -417,7 +775,7 @@ fn head_bytes(seq: u64, entry_hash: &str) -> io::Result<Vec<u8>> {
 /// How the log fails to match its head, if it does. Called with the log's lock held and
 /// the index caught up. Every writer makes the head before its first line, so a head
 /// missing beside lines was removed.
-fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
+fn head_mismatch(ix: &Index, file: &LogFile, head: &HeadFile) -> Option<String> {
     match head {
         HeadFile::Missing if ix.last_seq > 0 => Some(format!(
             "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed",
@@ -429,12 +787,10 @@ fn head_mismatch(ix: &Index, head: &HeadFile) -> Option<String> {
             "the log's last line has seq {} but its head records seq {}: lines were removed from the end, or an older line was copied after the last",
             ix.last_seq, h.seq
         )),
-        HeadFile::At(h) if h.seq > 0 && ix.hash_of(h.seq) != Some(h.entry_hash.as_str()) => {
-            Some(format!(
-                "entry {} differs from the hash recorded in the head: the log was rewritten",
-                h.seq
-            ))
-        }
+        HeadFile::At(h) if h.seq > 0 && !ix.holds(file, h.seq, &h.entry_hash) => Some(format!(
+            "entry {} differs from the hash recorded in the head: the log was rewritten",
+            h.seq
+        )),
         HeadFile::At(_) => None,
     }
 }
@@ -463,12 +819,8 @@ impl AuditLog {
         defer_head: bool,
     ) -> io::Result<Self> {
         let mut journal = Journal::open(state, AUDIT_FILE, durable)?;
-        let mut index = Index {
-            per_minute: writes_per_minute.max(1),
-            last_hash: GENESIS_HASH.to_owned(),
-            ..Index::default()
-        };
-        journal.read_new(&mut |b| index.ingest(b))?;
+        let mut index = Index::new(writes_per_minute);
+        journal.read_new(&mut |at, b| index.ingest(at, b))?;
         let log = Self {
             state: state.clone(),
             inner: Mutex::new((journal, index)),
@@ -482,9 +834,9 @@ impl AuditLog {
         };
         // Judged under the log's lock, like every head write: no other process appends or
         // moves the head meanwhile, so the log and the head are seen at one moment.
-        let behind = log.under_log_lock(|ix, _| {
+        let behind = log.under_log_lock(|ix, file| {
             let on_disk = log.head_on_disk()?;
-            if let Some(why) = head_mismatch(ix, &on_disk) {
+            if let Some(why) = head_mismatch(ix, file, &on_disk) {
                 log.freeze(why);
                 return Ok(None);
             }
@@ -522,8 +874,8 @@ impl AuditLog {
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
         // Nothing is appended, so nothing waits for a sync.
-        let (out, _nothing_written) = journal.append_with(|new, file| {
-            index.ingest(new);
+        let (out, _nothing_written) = journal.append_with(|at, new, file| {
+            index.ingest(at, new);
             Ok((Vec::new(), f(index, file)?))
         })?;
         Ok(out)
@@ -580,13 +932,26 @@ impl AuditLog {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
+        self.reading(|ix, _| Ok(f(ix)))
+    }
+
+    /// [`with`](Self::with), for answers that read lines back from the log.
+    fn reading<T>(&self, f: impl FnOnce(&Index, &LogFile) -> io::Result<T>) -> io::Result<T> {
+        self.reading_mut(|ix, file| f(ix, file))
+    }
+
+    /// [`reading`](Self::reading), for answers that add to the index.
+    fn reading_mut<T>(
+        &self,
+        f: impl FnOnce(&mut Index, &LogFile) -> io::Result<T>,
+    ) -> io::Result<T> {
         let mut g = self
             .inner
             .lock()
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.read_new(&mut |b| index.ingest(b))?;
-        Ok(f(index))
+        journal.read_new(&mut |at, b| index.ingest(at, b))?;
+        f(index, journal.file())
     }
 
     /// Appends records as one write, chaining each to the previous entry, then moves
@@ -603,15 +968,16 @@ impl AuditLog {
         // Under strict durability the head moves after the sync, once the lines are
         // checked to be still in the log as written.
         let moves_after_sync = self.deferred_head.is_none() && self.relaxed_head.is_none();
-        let ((written, copy), pending) = journal.append_with(|new, _| {
-            index.ingest(new);
+        let ((written, copy, lens), pending) = journal.append_with(|at, new, file| {
+            index.ingest(at, new);
             // Checked under the lock, before this append could hide a cut tail.
-            if let Some(why) = head_mismatch(index, &self.head_on_disk()?) {
+            if let Some(why) = head_mismatch(index, file, &self.head_on_disk()?) {
                 self.freeze(why);
             }
             let mut prev = index.last_hash.clone();
             let mut bytes = Vec::new();
             let mut out = Vec::new();
+            let mut lens = Vec::new();
             for (seq, r) in (index.last_seq + 1..).zip(records) {
                 let mut e = SandboxAuditEntry {
                     seq,
@@ -634,15 +1000,20 @@ impl AuditLog {
                 };
                 e.entry_hash = e.compute_hash();
                 prev = e.entry_hash.clone();
+                let before = bytes.len();
                 crate::journal::write_line(&mut bytes, &e)?;
+                lens.push(bytes.len() - before);
                 out.push(e);
             }
             let copy = moves_after_sync.then(|| bytes.clone());
-            Ok((bytes, (out, copy)))
+            Ok((bytes, (out, copy, lens)))
         })?;
-        for e in &written {
-            index.insert(e.clone());
+        let mut at = pending.range().0;
+        for (e, len) in written.iter().zip(&lens) {
+            index.insert(&LineView::of(e), at, len - 1);
+            at += *len as u64;
         }
+        index.end = at;
         // A head kept for a sync point is handed over in append order, under the lock.
         if self.deferred_head.is_some()
             && let Some(last) = written.last()
@@ -837,67 +1208,65 @@ impl AuditLog {
         limit: usize,
         workflow_id: Option<&str>,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.with(|ix| match workflow_id {
-            Some(w) => ix
-                .by_workflow
-                .get(w)
-                .map(|ids| {
-                    ids.iter()
-                        .rev()
-                        .take(limit)
-                        .map(|&i| ix.entries[i].clone())
-                        .collect()
-                })
-                .unwrap_or_default(),
-            None => ix.entries.iter().rev().take(limit).cloned().collect(),
+        self.reading(|ix, file| {
+            let slots: Vec<Slot> = match workflow_id {
+                Some(w) => ix.workflow(w).map_or_else(Vec::new, |w| {
+                    let from = w.lines.len().saturating_sub(limit);
+                    w.lines[from..].iter().map(|&i| ix.slots[i]).collect()
+                }),
+                None => ix.slots[ix.slots.len().saturating_sub(limit)..].to_vec(),
+            };
+            let mut out = read_back(file, &slots)?;
+            out.reverse();
+            Ok(out)
         })
     }
 
     /// Every entry of a workflow, oldest first.
     pub fn by_workflow(&self, workflow_id: &str) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.with(|ix| {
-            ix.by_workflow
-                .get(workflow_id)
-                .map(|ids| ids.iter().map(|&i| ix.entries[i].clone()).collect())
-                .unwrap_or_default()
+        self.reading(|ix, file| {
+            let slots: Vec<Slot> = ix
+                .workflow(workflow_id)
+                .map_or_else(Vec::new, |w| w.lines.iter().map(|&i| ix.slots[i]).collect());
+            read_back(file, &slots)
         })
     }
 
     /// Whether the trail records an action of a workflow as rolled back.
     pub fn is_rolled_back(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
-            ix.undone
-                .get(workflow_id)
-                .is_some_and(|a| a.contains(action_id))
+            ix.workflow(workflow_id)
+                .is_some_and(|w| w.undone.contains(action_id))
         })
     }
 
     /// The changes another run made to a target after `since` (writes and restores;
     /// each `before_checksum` is what it found there), as the trail records them:
     /// earliest first by timestamp, since recovery appends lines after the fact.
-    /// `is_target` tells whether a recorded `target_path` names the target: another
-    /// process may have spelled its root differently (through a symlink), so the text
-    /// alone does not say. A scan of the whole trail, for recovery's rare doubtful cases.
+    /// `is_target` tells whether a recorded `target_path` names the target, whose file
+    /// name is `name`: another process may have spelled its root differently (through a
+    /// symlink), so the text alone does not say. Only the lines of changes to files of
+    /// that name are read.
     pub fn changes_since(
         &self,
+        name: &str,
         is_target: impl Fn(&str) -> bool,
         since: &str,
         not_execution: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.with(|ix| {
-            let mut found: Vec<SandboxAuditEntry> = ix
-                .entries
-                .iter()
+        self.reading_mut(|ix, file| {
+            let slots = ix.changes_to(file, name)?;
+            let mut found: Vec<SandboxAuditEntry> = read_back(file, &slots)?
+                .into_iter()
                 .filter(|e| {
                     e.timestamp.as_str() > since
                         && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
                         && e.execution_id != not_execution
                         && is_target(&e.target_path)
                 })
-                .cloned()
                 .collect();
             found.sort_by(|a, b| a.timestamp.cmp(&b.timestamp));
-            found
+            Ok(found)
         })
     }
 
@@ -918,9 +1287,8 @@ impl AuditLog {
     /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
     pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
-            ix.wrote
-                .get(workflow_id)
-                .is_some_and(|a| a.contains(action_id))
+            ix.workflow(workflow_id)
+                .is_some_and(|w| w.wrote.contains(action_id))
         })
     }
 
@@ -931,11 +1299,8 @@ impl AuditLog {
     /// it, and no wait lasts as long as the clock went back.
     pub fn rate_tat(&self, workflow_id: &str, now: f64) -> io::Result<f64> {
         self.with(|ix| {
-            ix.tat
-                .get(workflow_id)
-                .map_or(f64::NEG_INFINITY, |(tat, latest)| {
-                    tat - (latest - now).max(0.0)
-                })
+            ix.workflow(workflow_id)
+                .map_or(f64::NEG_INFINITY, |w| w.tat.0 - (w.tat.1 - now).max(0.0))
         })
     }
 

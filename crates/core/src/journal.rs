@@ -105,9 +105,11 @@ impl Journal {
     }
 
     /// Reads the complete lines appended since the last call (by anyone), under a shared
-    /// lock, handing them to `sink` in buffers of whole lines (iterate with [`lines`]).
+    /// lock, handing them to `sink` in buffers of whole lines (iterate with [`lines`]),
+    /// each with its offset in the file. Offsets follow on from one buffer to the next,
+    /// except after the file was cut: it is then read again from offset 0.
     /// A partial last line is left for the next repair.
-    pub fn read_new(&mut self, sink: &mut dyn FnMut(&[u8])) -> io::Result<()> {
+    pub fn read_new(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<()> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
         // that lands just after this check is simply read by the next call.
         if self.file.len()? == self.cursor.offset {
@@ -119,7 +121,8 @@ impl Journal {
     }
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
-    /// other writers appended since this process last read and returns the bytes to
+    /// other writers appended since this process last read (and their offset, as
+    /// [`Journal::read_new`] gives it) and returns the bytes to
     /// append, built from that up-to-date view. All of it under the exclusive lock; the
     /// lines are durable once the returned [`Pending`] has been waited for, which the
     /// caller does after letting go of whatever serialises its appends, so that the
@@ -127,7 +130,7 @@ impl Journal {
     /// `make` also gets the file, to read back what it needs under the same lock.
     pub fn append_with<T>(
         &mut self,
-        make: impl FnOnce(&[u8], &LogFile) -> io::Result<(Vec<u8>, T)>,
+        make: impl FnOnce(u64, &[u8], &LogFile) -> io::Result<(Vec<u8>, T)>,
     ) -> io::Result<(T, Pending)> {
         let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
@@ -136,9 +139,13 @@ impl Journal {
         let len = self.file.len()?;
         let len = self.cursor.repair_tail(&self.file, len, durable)?;
         let mut new = Vec::new();
-        self.cursor
-            .read_new_locked(&self.file, len, &mut |b| new.extend_from_slice(b))?;
-        let (bytes, out) = make(&new, &self.file)?;
+        let mut new_at = None;
+        self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
+            new_at.get_or_insert(at);
+            new.extend_from_slice(b);
+        })?;
+        let new_at = new_at.unwrap_or(self.cursor.offset);
+        let (bytes, out) = make(new_at, &new, &self.file)?;
         // The repaired file ends where the cursor is: at a line boundary.
         let mut pending = Pending {
             sync: None,
@@ -168,6 +175,11 @@ impl Journal {
         self.group.as_ref().and_then(|g| g.failed())
     }
 
+    /// The file, for reading back lines already read (they never change).
+    pub fn file(&self) -> &LogFile {
+        &self.file
+    }
+
     /// Reads everything from the start (for verification) and runs `also` under the same
     /// shared lock, so that no append lands between the two.
     pub fn read_all_with<T>(
@@ -186,13 +198,15 @@ impl Cursor {
         &mut self,
         file: &LogFile,
         len: u64,
-        sink: &mut dyn FnMut(&[u8]),
+        sink: &mut dyn FnMut(u64, &[u8]),
     ) -> io::Result<()> {
         // Bounded chunks keep a large first load from holding the whole file in memory.
         const CHUNK: u64 = 8 << 20;
         if len < self.offset {
-            // Someone cut the file: read it again from the start.
+            // Someone cut the file: read it again from the start, said to the sink even
+            // when nothing is left to read.
             self.offset = 0;
+            sink(0, &[]);
         }
         let mut pos = self.offset;
         let mut carry: Vec<u8> = Vec::new();
@@ -204,7 +218,7 @@ impl Cursor {
             buf.extend_from_slice(&chunk);
             match buf.iter().rposition(|&b| b == b'\n') {
                 Some(i) => {
-                    sink(&buf[..=i]);
+                    sink(self.offset, &buf[..=i]);
                     self.offset += i as u64 + 1;
                     carry = buf[i + 1..].to_vec();
                 }

@@ -83,7 +83,7 @@ impl Ledger {
     fn catch_up(&mut self) -> io::Result<()> {
         let left = &mut self.left;
         self.journal
-            .read_new(&mut |buf| journal::lines(buf).for_each(|l| fold(left, l)))
+            .read_new(&mut |_, buf| journal::lines(buf).for_each(|l| fold(left, l)))
     }
 
     fn append(&mut self, lines: &[Line]) -> io::Result<()> {
@@ -92,7 +92,7 @@ impl Ledger {
             crate::journal::write_line(&mut bytes, l)?;
         }
         let left = &mut self.left;
-        let ((), pending) = self.journal.append_with(|new, _| {
+        let ((), pending) = self.journal.append_with(|_, new, _| {
             journal::lines(new).for_each(|l| fold(left, l));
             Ok((bytes, ()))
         })?;

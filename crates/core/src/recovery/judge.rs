@@ -13,7 +13,7 @@ impl Sandbox {
         rel: &RelPath,
     ) -> Option<crate::audit::SandboxAuditEntry> {
         self.audit
-            .changes_since(|t| self.names_target(t, root, rel), "", "")
+            .changes_since(rel.file_name(), |t| self.names_target(t, root, rel), "", "")
             .ok()
             .and_then(|mut lines| lines.pop())
     }
@@ -28,6 +28,7 @@ impl Sandbox {
         let rel = meta.target();
         self.audit
             .changes_since(
+                rel.file_name(),
                 |recorded| self.names_target(recorded, root, &rel),
                 &meta.taken_at,
                 &meta.execution_id,

@@ -626,6 +626,94 @@ fn two_logs_on_one_file_keep_one_chain() {
     assert_eq!(b.stats().unwrap().total, 10);
 }
 
+/// A successful write of `path` by action `a{i}` of workflow `wf`.
+fn change(i: usize, path: &str) -> ailab_sandbox_core::audit::AuditRecord {
+    ailab_sandbox_core::audit::AuditRecord {
+        target_path: path.into(),
+        status: ailab_sandbox_core::audit::AuditStatus::Success,
+        after_checksum: Some(format!("{i:064x}")),
+        ..rec(i)
+    }
+}
+
+#[test]
+fn a_trail_cut_under_an_open_log_is_indexed_as_it_now_is() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    a.append((0..3).map(rec).collect()).unwrap();
+    assert_eq!(a.stats().unwrap().total, 3);
+    let first = lines(&w).remove(0);
+    std::fs::write(audit_path(&w), format!("{first}\n")).unwrap();
+    let b = AuditLog::open(&state, false, 10).unwrap();
+    assert_eq!(b.append(vec![rec(7)]).unwrap()[0].seq, 2);
+    // Not the three lines read before the cut plus the two there now.
+    assert_eq!(a.stats().unwrap().total, 2);
+    let listed: Vec<String> = a
+        .list(10, None)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action_id)
+        .collect();
+    assert_eq!(listed, ["a7", "a0"]);
+}
+
+#[test]
+fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let log = AuditLog::open(&state, false, 10).unwrap();
+    log.append((0..3).map(rec).collect()).unwrap();
+    assert_eq!(log.by_workflow("wf").unwrap().len(), 3);
+    // Same length, so the log does not look cut: line 2 now says seq 9.
+    let mut text = lines(&w);
+    text[1] = text[1].replacen("\"seq\":2,", "\"seq\":9,", 1);
+    write_lines(&w, &text);
+    let err = log.by_workflow("wf").unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert!(
+        err.to_string().contains("audit line 2") && err.to_string().contains("audit verify"),
+        "{err}"
+    );
+    assert_eq!(
+        log.list(10, None).unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+    assert!(!log.verify().unwrap().ok);
+}
+
+#[test]
+fn changes_to_a_file_are_found_by_name_before_and_after_the_first_look() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let log = AuditLog::open(&state, false, 10).unwrap();
+    log.append(vec![
+        change(0, "/r/d/f.txt"),
+        change(1, "/r/g.txt"),
+        change(2, "/r/f.txt"),
+        rec(3),
+    ])
+    .unwrap();
+    let found = |name: &str| -> Vec<String> {
+        log.changes_since(name, |t| t.ends_with(name), "", "")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect()
+    };
+    assert_eq!(found("f.txt"), ["a0", "a2"]);
+    // Lines appended after the first look, by this log and by another.
+    log.append(vec![change(4, "/r/f.txt")]).unwrap();
+    AuditLog::open(&state, false, 10)
+        .unwrap()
+        .append(vec![change(5, "/s/f.txt"), change(6, "/s/h.txt")])
+        .unwrap();
+    assert_eq!(found("f.txt"), ["a0", "a2", "a4", "a5"]);
+    assert_eq!(found("h.txt"), ["a6"]);
+    assert_eq!(found("g.txt"), ["a1"]);
+    assert!(found("p").is_empty(), "refusals are not changes");
+}
+
 fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
     ArtifactEntry {
         artifact_id: id.into(),
