@@ -440,12 +440,22 @@ impl Index {
         };
         let (first, second) = buf.split_at(split);
         std::thread::scope(|scope| {
-            let later = (!second.is_empty()).then(|| scope.spawn(|| parse_lines(second)));
+            // Without a second thread (a process limit) this one parses both halves.
+            let later = (!second.is_empty())
+                .then(|| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, || parse_lines(second))
+                        .ok()
+                })
+                .flatten();
             for (line, view) in parse_lines(first) {
                 self.index_line(at, buf, line, view);
             }
-            let parsed = later.map(|t| t.join().unwrap_or_default());
-            for (line, view) in parsed.into_iter().flatten() {
+            let parsed = match later.map(|t| t.join()) {
+                Some(Ok(parsed)) => parsed,
+                _ => parse_lines(second),
+            };
+            for (line, view) in parsed {
                 self.index_line(at, buf, line, view);
             }
         });

@@ -714,6 +714,41 @@ fn changes_to_a_file_are_found_by_name_before_and_after_the_first_look() {
     assert!(found("p").is_empty(), "refusals are not changes");
 }
 
+#[test]
+fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let n = 3000;
+    {
+        let log = AuditLog::open(&state, false, 10).unwrap();
+        let long = "d/".repeat(300);
+        log.append(
+            (0..n)
+                .map(|i| ailab_sandbox_core::audit::AuditRecord {
+                    workflow_id: format!("wf{}", i % 7),
+                    ..change(i, &format!("/r/{long}f{}.txt", i % 11))
+                })
+                .collect(),
+        )
+        .unwrap();
+    }
+    assert!(std::fs::metadata(audit_path(&w)).unwrap().len() > 2 << 20);
+    // A fresh process reads the whole trail at once (parsed on two threads).
+    let log = AuditLog::open(&state, false, 10).unwrap();
+    assert_eq!(log.stats().unwrap().total, n as u64);
+    let seqs = |v: Vec<ailab_sandbox_core::audit::SandboxAuditEntry>| -> Vec<u64> {
+        v.into_iter().map(|e| e.seq).collect()
+    };
+    assert_eq!(seqs(log.list(3, None).unwrap()), [3000, 2999, 2998]);
+    let wf3 = seqs(log.by_workflow("wf3").unwrap());
+    let expected: Vec<u64> = (1..=n as u64).filter(|s| (s - 1) % 7 == 3).collect();
+    assert_eq!(wf3, expected);
+    let f5: Vec<u64> = seqs(log.changes_since("f5.txt", |_| true, "", "").unwrap());
+    assert_eq!(f5.len(), (0..n).filter(|i| i % 11 == 5).count());
+    assert!(log.wrote_action("wf3", "a2999").unwrap());
+    assert!(log.verify().unwrap().ok);
+}
+
 fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
     ArtifactEntry {
         artifact_id: id.into(),
