@@ -669,6 +669,15 @@ fn parse_lines(buf: &[u8]) -> Vec<(&[u8], Option<LineView<'_>>)> {
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby
 /// lines in one read.
 fn read_back(file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
+    read_back_of(file, slots, None)
+}
+
+/// [`read_back`], of lines the index files under `workflow` when given.
+fn read_back_of(
+    file: &LogFile,
+    slots: &[Slot],
+    workflow: Option<&str>,
+) -> io::Result<Vec<SandboxAuditEntry>> {
     /// Bytes between two lines that are read rather than skipped with a new read.
     const GAP: u64 = 16 << 10;
     let mut out = Vec::with_capacity(slots.len());
@@ -689,7 +698,9 @@ fn read_back(file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry
             let from = (s.at - first.at) as usize;
             let line = &buf[from..from + s.len as usize];
             match serde_json::from_slice::<SandboxAuditEntry>(line) {
-                Ok(e) if e.seq == s.seq => out.push(e),
+                Ok(e) if e.seq == s.seq && workflow.is_none_or(|w| e.workflow_id == w) => {
+                    out.push(e)
+                }
                 _ => return Err(changed_under(s.seq)),
             }
         }
@@ -1226,7 +1237,7 @@ impl AuditLog {
                 }),
                 None => ix.slots[ix.slots.len().saturating_sub(limit)..].to_vec(),
             };
-            let mut out = read_back(file, &slots)?;
+            let mut out = read_back_of(file, &slots, workflow_id)?;
             out.reverse();
             Ok(out)
         })
@@ -1238,7 +1249,7 @@ impl AuditLog {
             let slots: Vec<Slot> = ix
                 .workflow(workflow_id)
                 .map_or_else(Vec::new, |w| w.lines.iter().map(|&i| ix.slots[i]).collect());
-            read_back(file, &slots)
+            read_back_of(file, &slots, Some(workflow_id))
         })
     }
 

@@ -140,10 +140,15 @@ impl Journal {
         let len = self.cursor.repair_tail(&self.file, len, durable)?;
         let mut new = Vec::new();
         let mut new_at = None;
-        self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
+        let before = self.cursor.offset;
+        if let Err(e) = self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
             new_at.get_or_insert(at);
             new.extend_from_slice(b);
-        })?;
+        }) {
+            // Nothing read reached `make`: the next call reads it again.
+            self.cursor.offset = before;
+            return Err(e);
+        }
         let new_at = new_at.unwrap_or(self.cursor.offset);
         let (bytes, out) = make(new_at, &new, &self.file)?;
         // The repaired file ends where the cursor is: at a line boundary.

@@ -680,6 +680,14 @@ fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
         std::io::ErrorKind::InvalidData
     );
     assert!(!log.verify().unwrap().ok);
+    // Line 3 put under another workflow, seq and length kept: not given as the first's.
+    let mut text = lines(&w);
+    text[1] = text[1].replacen("\"seq\":9,", "\"seq\":2,", 1);
+    text[2] = text[2].replacen("\"workflow_id\":\"wf\"", "\"workflow_id\":\"wg\"", 1);
+    write_lines(&w, &text);
+    let err = log.list(10, Some("wf")).unwrap_err();
+    assert!(err.to_string().contains("audit line 3"), "{err}");
+    assert_eq!(log.list(1, None).unwrap()[0].workflow_id, "wg");
 }
 
 #[test]
