@@ -235,6 +235,9 @@ struct Slot {
     /// ([`NO_SLOT`] for none), for [`AuditLog::changes_since`].
     same_name: u32,
     seq: u64,
+    /// A keyed hash of the line's bytes ([`Index::keys`]): a line read back is the line
+    /// indexed, byte for byte.
+    print: u64,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -280,7 +283,6 @@ struct LineView<'a> {
 /// What linking a line by name reads of it (an indexed line, so known to be an entry).
 #[derive(Deserialize)]
 struct Change<'a> {
-    seq: u64,
     status: AuditStatus,
     #[serde(borrow)]
     target_path: Cow<'a, str>,
@@ -384,7 +386,8 @@ struct Index {
     /// name): the head of the chain [`Slot::same_name`] links. Built the first time it
     /// is asked for (recovery's doubtful cases only), kept current after.
     by_name: Option<HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>>,
-    names: RandomState,
+    /// This process's key for hashing names and lines: another cannot make two collide.
+    keys: RandomState,
     per_minute: u32,
     workflows: HashMap<String, Workflow>,
     /// The `create_directory` actions that stand (not rolled back) for each directory
@@ -404,7 +407,7 @@ impl Index {
             slots: Vec::new(),
             end: 0,
             by_name: None,
-            names: RandomState::new(),
+            keys: RandomState::new(),
             per_minute: per_minute.max(1),
             workflows: HashMap::new(),
             dir_claims: HashMap::new(),
@@ -439,34 +442,36 @@ impl Index {
             _ => buf.len(),
         };
         let (first, second) = buf.split_at(split);
+        let keys = self.keys.clone();
         std::thread::scope(|scope| {
             // Without a second thread (a process limit) this one parses both halves.
             let later = (!second.is_empty())
                 .then(|| {
                     std::thread::Builder::new()
-                        .spawn_scoped(scope, || parse_lines(second))
+                        .spawn_scoped(scope, || parse_lines(second, &keys))
                         .ok()
                 })
                 .flatten();
-            for (line, view) in parse_lines(first) {
-                self.index_line(at, buf, line, view);
+            for parsed in parse_lines(first, &keys) {
+                self.index_line(at, buf, parsed);
             }
             let parsed = match later.map(|t| t.join()) {
                 Some(Ok(parsed)) => parsed,
-                _ => parse_lines(second),
+                _ => parse_lines(second, &keys),
             };
-            for (line, view) in parsed {
-                self.index_line(at, buf, line, view);
+            for parsed in parsed {
+                self.index_line(at, buf, parsed);
             }
         });
         self.end = at + buf.len() as u64;
     }
 
-    /// Indexes `line`, a slice of `buf` (read at offset `at`).
-    fn index_line(&mut self, at: u64, buf: &[u8], line: &[u8], view: Option<LineView<'_>>) {
+    /// Indexes a parsed line, a slice of `buf` (read at offset `at`).
+    fn index_line(&mut self, at: u64, buf: &[u8], parsed: Parsed<'_>) {
+        let Parsed { line, print, view } = parsed;
         let offset = at + (line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
         match view {
-            Some(v) => self.insert(&v, offset, line.len()),
+            Some(v) => self.insert(&v, offset, line.len(), print),
             None => {
                 if let Err(err) = serde_json::from_slice::<SandboxAuditEntry>(line) {
                     tracing::warn!(%err, "unreadable audit line (audit verify will report it)");
@@ -478,10 +483,10 @@ impl Index {
     fn name_key(&self, target: &str) -> Option<u64> {
         std::path::Path::new(target)
             .file_name()
-            .map(|n| self.names.hash_one(n.as_encoded_bytes()))
+            .map(|n| self.keys.hash_one(n.as_encoded_bytes()))
     }
 
-    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize) {
+    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize, print: u64) {
         let s = &mut self.stats;
         s.total += 1;
         match e.status {
@@ -570,6 +575,7 @@ impl Index {
             len: u32::try_from(len).unwrap_or(u32::MAX),
             same_name: NO_SLOT,
             seq: e.seq,
+            print,
         });
         if self.by_name.is_some() {
             self.link(here, e.status, &e.target_path);
@@ -616,8 +622,11 @@ impl Index {
                 for j in i..i + n {
                     let s = self.slots[j];
                     let from = (s.at - first.at) as usize;
-                    match serde_json::from_slice::<Change>(&buf[from..from + s.len as usize]) {
-                        Ok(c) if c.seq == s.seq => self.link(j, c.status, &c.target_path),
+                    let line = &buf[from..from + s.len as usize];
+                    match serde_json::from_slice::<Change>(line) {
+                        Ok(c) if self.keys.hash_one(line) == s.print => {
+                            self.link(j, c.status, &c.target_path)
+                        }
                         _ => {
                             self.by_name = None;
                             return Err(changed_under(s.seq));
@@ -631,7 +640,7 @@ impl Index {
         let mut at = self
             .by_name
             .as_ref()
-            .and_then(|m| m.get(&self.names.hash_one(name.as_bytes())))
+            .and_then(|m| m.get(&self.keys.hash_one(name.as_bytes())))
             .copied()
             .unwrap_or(NO_SLOT);
         while let Some(s) = self.slots.get(at as usize) {
@@ -651,33 +660,35 @@ impl Index {
             .filter(|&i| self.slots.get(i).is_some_and(|s| s.seq == seq))
             .or_else(|| self.slots.iter().rposition(|s| s.seq == seq));
         let Some(i) = at else { return false };
-        match read_back(file, &self.slots[i..=i]) {
+        match read_back(self, file, &self.slots[i..=i]) {
             Ok(lines) => lines.first().is_some_and(|e| e.entry_hash == entry_hash),
             Err(e) => e.kind() != io::ErrorKind::InvalidData,
         }
     }
 }
 
-/// The non-empty lines of `buf` (without newlines), each with its parsed view, or
-/// `None` when it does not read as an entry.
-fn parse_lines(buf: &[u8]) -> Vec<(&[u8], Option<LineView<'_>>)> {
+/// A line of the log (without its newline), its keyed hash, and its view, `None` when
+/// it does not read as an entry.
+struct Parsed<'a> {
+    line: &'a [u8],
+    print: u64,
+    view: Option<LineView<'a>>,
+}
+
+/// The non-empty lines of `buf`, parsed.
+fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> Vec<Parsed<'a>> {
     crate::journal::lines(buf)
-        .map(|line| (line, serde_json::from_slice::<LineView>(line).ok()))
+        .map(|line| Parsed {
+            line,
+            print: keys.hash_one(line),
+            view: serde_json::from_slice::<LineView>(line).ok(),
+        })
         .collect()
 }
 
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby
-/// lines in one read.
-fn read_back(file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
-    read_back_of(file, slots, None)
-}
-
-/// [`read_back`], of lines the index files under `workflow` when given.
-fn read_back_of(
-    file: &LogFile,
-    slots: &[Slot],
-    workflow: Option<&str>,
-) -> io::Result<Vec<SandboxAuditEntry>> {
+/// lines in one read; each must be, byte for byte, the line indexed there.
+fn read_back(ix: &Index, file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
     /// Bytes between two lines that are read rather than skipped with a new read.
     const GAP: u64 = 16 << 10;
     let mut out = Vec::with_capacity(slots.len());
@@ -697,12 +708,13 @@ fn read_back_of(
         for s in &rest[..n] {
             let from = (s.at - first.at) as usize;
             let line = &buf[from..from + s.len as usize];
-            match serde_json::from_slice::<SandboxAuditEntry>(line) {
-                Ok(e) if e.seq == s.seq && workflow.is_none_or(|w| e.workflow_id == w) => {
-                    out.push(e)
-                }
-                _ => return Err(changed_under(s.seq)),
+            if ix.keys.hash_one(line) != s.print {
+                return Err(changed_under(s.seq));
             }
+            out.push(
+                serde_json::from_slice::<SandboxAuditEntry>(line)
+                    .map_err(|_| changed_under(s.seq))?,
+            );
         }
         rest = &rest[n..];
     }
@@ -723,12 +735,12 @@ fn read_span(file: &LogFile, from: u64, to: u64, seq: u64) -> io::Result<Vec<u8>
     })
 }
 
-/// A line read before that no longer reads as it did: lines are only ever appended.
+/// A line read before that is no longer there as it was: lines are only ever appended.
 fn changed_under(seq: u64) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!(
-            "audit line {seq} of {AUDIT_FILE} no longer reads as it did when this process read it: the trail was changed in place; run `audit verify`"
+            "audit line {seq} of {AUDIT_FILE} is not the line this process read there: the trail was changed in place; run `audit verify`"
         ),
     )
 }
@@ -1023,16 +1035,19 @@ impl AuditLog {
                 prev = e.entry_hash.clone();
                 let before = bytes.len();
                 crate::journal::write_line(&mut bytes, &e)?;
-                lens.push(bytes.len() - before);
+                lens.push((
+                    bytes.len() - before,
+                    index.keys.hash_one(&bytes[before..bytes.len() - 1]),
+                ));
                 out.push(e);
             }
             let copy = moves_after_sync.then(|| bytes.clone());
             Ok((bytes, (out, copy, lens)))
         })?;
         let mut at = pending.range().0;
-        for (e, len) in written.iter().zip(&lens) {
-            index.insert(&LineView::of(e), at, len - 1);
-            at += *len as u64;
+        for (e, &(len, print)) in written.iter().zip(&lens) {
+            index.insert(&LineView::of(e), at, len - 1, print);
+            at += len as u64;
         }
         index.end = at;
         // A head kept for a sync point is handed over in append order, under the lock.
@@ -1237,7 +1252,7 @@ impl AuditLog {
                 }),
                 None => ix.slots[ix.slots.len().saturating_sub(limit)..].to_vec(),
             };
-            let mut out = read_back_of(file, &slots, workflow_id)?;
+            let mut out = read_back(ix, file, &slots)?;
             out.reverse();
             Ok(out)
         })
@@ -1249,7 +1264,7 @@ impl AuditLog {
             let slots: Vec<Slot> = ix
                 .workflow(workflow_id)
                 .map_or_else(Vec::new, |w| w.lines.iter().map(|&i| ix.slots[i]).collect());
-            read_back_of(file, &slots, Some(workflow_id))
+            read_back(ix, file, &slots)
         })
     }
 
@@ -1277,7 +1292,7 @@ impl AuditLog {
     ) -> io::Result<Vec<SandboxAuditEntry>> {
         self.reading_mut(|ix, file| {
             let slots = ix.changes_to(file, name)?;
-            let mut found: Vec<SandboxAuditEntry> = read_back(file, &slots)?
+            let mut found: Vec<SandboxAuditEntry> = read_back(ix, file, &slots)?
                 .into_iter()
                 .filter(|e| {
                     e.timestamp.as_str() > since

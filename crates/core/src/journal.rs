@@ -61,6 +61,22 @@ struct Cursor {
     /// Always at a line boundary.
     offset: u64,
     repaired: u64,
+    /// The last bytes before `offset` as this process read or wrote them (at most
+    /// [`TAIL`]): found otherwise, the file was cut and written again since.
+    tail: Vec<u8>,
+}
+
+/// How many of the last bytes read a cursor keeps (the end of a line: its hash or time).
+const TAIL: usize = 128;
+
+impl Cursor {
+    fn passed(&mut self, bytes: &[u8]) {
+        self.offset += bytes.len() as u64;
+        let keep = bytes.len().min(TAIL);
+        self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
+        let over = self.tail.len().saturating_sub(TAIL);
+        self.tail.drain(..over);
+    }
 }
 
 impl Journal {
@@ -140,13 +156,13 @@ impl Journal {
         let len = self.cursor.repair_tail(&self.file, len, durable)?;
         let mut new = Vec::new();
         let mut new_at = None;
-        let before = self.cursor.offset;
+        let before = (self.cursor.offset, self.cursor.tail.clone());
         if let Err(e) = self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
             new_at.get_or_insert(at);
             new.extend_from_slice(b);
         }) {
             // Nothing read reached `make`: the next call reads it again.
-            self.cursor.offset = before;
+            (self.cursor.offset, self.cursor.tail) = before;
             return Err(e);
         }
         let new_at = new_at.unwrap_or(self.cursor.offset);
@@ -167,7 +183,7 @@ impl Journal {
                 let _ = self.file.truncate(self.cursor.offset, durable);
                 return Err(e);
             }
-            self.cursor.offset += bytes.len() as u64;
+            self.cursor.passed(&bytes);
             if let Some(g) = &self.group {
                 pending.sync = Some((self.file.clone(), g.clone(), g.ticket()));
             }
@@ -207,10 +223,17 @@ impl Cursor {
     ) -> io::Result<()> {
         // Bounded chunks keep a large first load from holding the whole file in memory.
         const CHUNK: u64 = 8 << 20;
-        if len < self.offset {
-            // Someone cut the file: read it again from the start, said to the sink even
-            // when nothing is left to read.
+        let moved = len < self.offset
+            || (len > self.offset
+                && self.offset > 0
+                && file
+                    .read_range(self.offset - self.tail.len() as u64, self.tail.len() as u64)?
+                    != self.tail);
+        if moved {
+            // Someone cut the file (and maybe wrote it again): read it again from the
+            // start, said to the sink even when nothing is left to read.
             self.offset = 0;
+            self.tail.clear();
             sink(0, &[]);
         }
         let mut pos = self.offset;
@@ -224,7 +247,7 @@ impl Cursor {
             match buf.iter().rposition(|&b| b == b'\n') {
                 Some(i) => {
                     sink(self.offset, &buf[..=i]);
-                    self.offset += i as u64 + 1;
+                    self.passed(&buf[..=i]);
                     carry = buf[i + 1..].to_vec();
                 }
                 None => carry = buf,

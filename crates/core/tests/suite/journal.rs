@@ -687,7 +687,38 @@ fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
     write_lines(&w, &text);
     let err = log.list(10, Some("wf")).unwrap_err();
     assert!(err.to_string().contains("audit line 3"), "{err}");
-    assert_eq!(log.list(1, None).unwrap()[0].workflow_id, "wg");
+    // Any edit, even one that keeps the line's length, seq and workflow.
+    text[2] = text[2].replacen("\"workflow_id\":\"wg\"", "\"workflow_id\":\"wf\"", 1);
+    text[0] = text[0].replacen("\"status\":\"blocked\"", "\"status\":\"success\"", 1);
+    write_lines(&w, &text);
+    assert_eq!(log.list(2, None).unwrap().len(), 2);
+    let err = log.list(3, None).unwrap_err();
+    assert!(err.to_string().contains("audit line 1"), "{err}");
+}
+
+#[test]
+fn a_trail_cut_and_written_again_under_an_open_log_is_indexed_as_it_now_is() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    a.append((0..3).map(rec).collect()).unwrap();
+    assert_eq!(a.stats().unwrap().total, 3);
+    std::fs::write(audit_path(&w), "").unwrap();
+    let b = AuditLog::open(&state, false, 10).unwrap();
+    b.append(
+        (0..5)
+            .map(|i| ailab_sandbox_core::audit::AuditRecord {
+                workflow_id: "other".into(),
+                ..rec(10 + i)
+            })
+            .collect(),
+    )
+    .unwrap();
+    // Longer than before the cut: only what was read before says it is not the same.
+    assert_eq!(a.stats().unwrap().total, 5);
+    assert!(a.by_workflow("wf").unwrap().is_empty());
+    assert_eq!(a.by_workflow("other").unwrap().len(), 5);
+    assert_eq!(a.append(vec![rec(20)]).unwrap()[0].seq, 6);
 }
 
 #[test]
