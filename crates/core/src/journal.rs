@@ -13,6 +13,9 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub struct Journal {
     file: Arc<LogFile>,
+    /// Where the file was opened, to check it is still there before each append.
+    state: StateDir,
+    name: String,
     cursor: Cursor,
     /// `None` when appends are not synced.
     group: Option<Arc<GroupCommit>>,
@@ -91,6 +94,8 @@ impl Journal {
         }
         Ok(Self {
             file,
+            state: state.clone(),
+            name: name.to_owned(),
             cursor,
             group: durable.then(Arc::default),
         })
@@ -177,6 +182,12 @@ impl Journal {
             // After a failed sync nothing more is written: it could not be made durable.
             if let Some(e) = self.sync_failure() {
                 return Err(e);
+            }
+            if !self.state.still_names(&self.name, &self.file)? {
+                return Err(io::Error::other(format!(
+                    "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so nothing more is written to it; start the process again",
+                    self.state.path().join(&self.name).display()
+                )));
             }
             if let Err(e) = self.file.append(&bytes, false) {
                 // Leave no torn line behind for the next reader.

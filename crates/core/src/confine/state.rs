@@ -219,6 +219,20 @@ impl StateDir {
         })
     }
 
+    /// Whether `rel` still names the file `log` was opened as: one moved away, or
+    /// replaced by another, would take appends out of the state directory unseen.
+    pub fn still_names(&self, rel: &str, log: &LogFile) -> io::Result<bool> {
+        use cap_std::fs::MetadataExt as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let (dir, name) = self.locate(rel)?;
+        let open = log.file.metadata()?;
+        match dir.symlink_metadata(name) {
+            Ok(m) => Ok(m.dev() == open.dev() && m.ino() == open.ino()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Takes an exclusive lock named `name` (a file under `locks/`), held until the guard
     /// drops. It excludes other threads and other processes alike: each call opens its
     /// own file description.

@@ -788,6 +788,38 @@ fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     assert!(log.verify().unwrap().ok);
 }
 
+#[test]
+fn a_log_moved_away_or_replaced_under_an_open_log_takes_no_more_lines() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    a.append(vec![rec(0)]).unwrap();
+    let moved = w.state.join("moved.jsonl");
+    std::fs::rename(audit_path(&w), &moved).unwrap();
+    let err = a.append(vec![rec(1)]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sandbox_audit.jsonl is no longer the file this process opened"),
+        "{err}"
+    );
+    // Another process starts a trail in its place: still not the file this one opened.
+    AuditLog::open(&state, false, 10)
+        .unwrap()
+        .append(vec![rec(2)])
+        .unwrap();
+    assert!(a.append(vec![rec(3)]).is_err());
+    assert_eq!(std::fs::read_to_string(&moved).unwrap().lines().count(), 1);
+    assert_eq!(lines(&w).len(), 1);
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    reg.register(&entry("art_1", None, "wf")).unwrap();
+    std::fs::rename(
+        w.state.join("artifacts.jsonl"),
+        w.state.join("moved-reg.jsonl"),
+    )
+    .unwrap();
+    assert!(reg.register(&entry("art_2", None, "wf")).is_err());
+}
+
 fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
     ArtifactEntry {
         artifact_id: id.into(),
