@@ -186,7 +186,15 @@ struct Index {
 }
 
 impl Index {
-    fn ingest(&mut self, buf: &[u8]) {
+    /// Indexes whole lines read at offset `at`. Read again from the start, the file was
+    /// cut (and maybe written again): what was read before is not in it any more.
+    fn ingest(&mut self, at: u64, buf: &[u8]) {
+        if at == 0 && !self.entries.is_empty() {
+            tracing::warn!(
+                "the artifact registry is not what this process read: it was cut, or cut and written again; its index is built again"
+            );
+            *self = Self::default();
+        }
         self.insert_parsed(parse_lines(buf));
     }
 
@@ -265,7 +273,7 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        journal.read_new(&mut |_, b| index.ingest(b))?;
+        journal.read_new(&mut |at, b| index.ingest(at, b))?;
         Ok(f(index))
     }
 
@@ -283,8 +291,8 @@ impl ArtifactRegistry {
             .lock()
             .map_err(|_| io::Error::other("registry lock poisoned"))?;
         let (journal, index) = &mut *g;
-        let ((), pending) = journal.append_with(|_, new, _| {
-            index.ingest(new);
+        let ((), pending) = journal.append_with(|at, new, _| {
+            index.ingest(at, new);
             Ok((bytes, ()))
         })?;
         for e in entries {

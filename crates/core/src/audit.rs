@@ -429,7 +429,7 @@ impl Index {
             // before is not in it any more.
             tracing::warn!(
                 read_before = self.end,
-                "the audit log is shorter than this process read it: it was cut (audit verify will report it); its index is built again"
+                "the audit log is not what this process read: it was cut, or cut and written again (audit verify will report it); its index is built again"
             );
             *self = Self::new(self.per_minute);
         }

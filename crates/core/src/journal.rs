@@ -158,14 +158,26 @@ impl Journal {
         // One length serves the repair and the catch-up: with the lock held, nobody else
         // changes the file in between.
         let len = self.file.len()?;
-        let len = self.cursor.repair_tail(&self.file, len, durable)?;
+        let before = (self.cursor.offset, self.cursor.tail.clone());
         let mut new = Vec::new();
         let mut new_at = None;
-        let before = (self.cursor.offset, self.cursor.tail.clone());
-        if let Err(e) = self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
-            new_at.get_or_insert(at);
-            new.extend_from_slice(b);
-        }) {
+        // A log cut and written again is read from the start, and only then repaired:
+        // its torn part is looked for after what is read, not after where this process
+        // had read to.
+        let caught_up = self
+            .cursor
+            .restart_if_moved(&self.file, len)
+            .and_then(|restarted| {
+                if restarted {
+                    new_at = Some(0);
+                }
+                let len = self.cursor.repair_tail(&self.file, len, durable)?;
+                self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
+                    new_at.get_or_insert(at);
+                    new.extend_from_slice(b);
+                })
+            });
+        if let Err(e) = caught_up {
             // Nothing read reached `make`: the next call reads it again.
             (self.cursor.offset, self.cursor.tail) = before;
             return Err(e);
@@ -226,6 +238,23 @@ impl Journal {
 impl Cursor {
     /// Reads the complete lines between the cursor and `len` (the file's length, taken
     /// under a lock).
+    /// When the file is no longer what this process read up to the cursor (someone cut
+    /// it, and maybe wrote it again), moves the cursor back to its start and says so.
+    /// `len` is the file's length, taken under a lock.
+    fn restart_if_moved(&mut self, file: &LogFile, len: u64) -> io::Result<bool> {
+        let moved = len < self.offset
+            || (len > self.offset
+                && self.offset > 0
+                && file
+                    .read_range(self.offset - self.tail.len() as u64, self.tail.len() as u64)?
+                    != self.tail);
+        if moved {
+            self.offset = 0;
+            self.tail.clear();
+        }
+        Ok(moved)
+    }
+
     fn read_new_locked(
         &mut self,
         file: &LogFile,
@@ -234,17 +263,8 @@ impl Cursor {
     ) -> io::Result<()> {
         // Bounded chunks keep a large first load from holding the whole file in memory.
         const CHUNK: u64 = 8 << 20;
-        let moved = len < self.offset
-            || (len > self.offset
-                && self.offset > 0
-                && file
-                    .read_range(self.offset - self.tail.len() as u64, self.tail.len() as u64)?
-                    != self.tail);
-        if moved {
-            // Someone cut the file (and maybe wrote it again): read it again from the
-            // start, said to the sink even when nothing is left to read.
-            self.offset = 0;
-            self.tail.clear();
+        if self.restart_if_moved(file, len)? {
+            // Said to the sink even when nothing is left to read.
             sink(0, &[]);
         }
         let mut pos = self.offset;

@@ -83,7 +83,7 @@ impl Ledger {
     fn catch_up(&mut self) -> io::Result<()> {
         let left = &mut self.left;
         self.journal
-            .read_new(&mut |_, buf| journal::lines(buf).for_each(|l| fold(left, l)))
+            .read_new(&mut |at, buf| fold_all(left, at, buf))
     }
 
     fn append(&mut self, lines: &[Line]) -> io::Result<()> {
@@ -92,14 +92,23 @@ impl Ledger {
             crate::journal::write_line(&mut bytes, l)?;
         }
         let left = &mut self.left;
-        let ((), pending) = self.journal.append_with(|_, new, _| {
-            journal::lines(new).for_each(|l| fold(left, l));
+        let ((), pending) = self.journal.append_with(|at, new, _| {
+            fold_all(left, at, new);
             Ok((bytes, ()))
         })?;
         pending.wait()?;
         lines.iter().for_each(|l| fold_line(left, l.clone()));
         Ok(())
     }
+}
+
+/// Applies the lines read at offset `at`. Read again from the start, the file was cut
+/// (and maybe written again): what it said before is forgotten.
+fn fold_all(left: &mut HashSet<Line>, at: u64, buf: &[u8]) {
+    if at == 0 {
+        left.clear();
+    }
+    journal::lines(buf).for_each(|l| fold(left, l));
 }
 
 /// Applies one line of the file; one that does not parse is skipped (a hint only).

@@ -820,6 +820,45 @@ fn a_log_moved_away_or_replaced_under_an_open_log_takes_no_more_lines() {
     assert!(reg.register(&entry("art_2", None, "wf")).is_err());
 }
 
+#[test]
+fn a_registry_cut_and_written_again_under_an_open_registry_is_indexed_as_it_now_is() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    reg.register(&entry("art_1", None, "wf")).unwrap();
+    reg.register(&entry("art_2", None, "wf")).unwrap();
+    let path = w.state.join("artifacts.jsonl");
+    let first = std::fs::read_to_string(&path).unwrap();
+    let first = first.lines().next().unwrap();
+    // Longer than before, other bytes where this process had read to.
+    std::fs::write(&path, format!("{{ {}\n", &first[1..])).unwrap();
+    assert_eq!(ids(&reg.list(100, None).unwrap()), ["art_1"]);
+    assert_eq!(reg.count_by_workflow("wf").unwrap(), 1);
+    std::fs::write(&path, "").unwrap();
+    assert!(reg.list(100, None).unwrap().is_empty());
+}
+
+#[test]
+fn a_log_cut_and_written_again_is_repaired_where_its_new_text_is_torn() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let a = AuditLog::open(&state, false, 10).unwrap();
+    a.append((0..3).map(rec).collect()).unwrap();
+    let old = lines(&w);
+    // One whole line, then a torn one reaching past where this process had read to.
+    let torn = format!("{{\"seq\":2,{}", "x".repeat(old.concat().len()));
+    std::fs::write(audit_path(&w), format!("{}\n{torn}", old[0])).unwrap();
+    assert_eq!(a.append(vec![rec(7)]).unwrap()[0].seq, 2);
+    let now = lines(&w);
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert_eq!(now[0], old[0]);
+    assert!(
+        now[1].starts_with("{\"seq\":2,") && now[1].ends_with('}'),
+        "{}",
+        now[1]
+    );
+}
+
 fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
     ArtifactEntry {
         artifact_id: id.into(),
