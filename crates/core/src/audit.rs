@@ -964,11 +964,24 @@ impl AuditLog {
         self.keeper().ok()?.frozen.clone()
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
-        self.reading(|ix, _| Ok(f(ix)))
+    /// The log's lock, the index caught up with the file.
+    fn caught_up(&self) -> io::Result<std::sync::MutexGuard<'_, (Journal, Index)>> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let (journal, index) = &mut *g;
+        journal.read_new(&mut |at, b| index.ingest(at, b))?;
+        Ok(g)
     }
 
-    /// [`with`](Self::with), for answers that read lines back from the log.
+    /// Runs `f` on the caught-up index (the facts asked before every action).
+    fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
+        Ok(f(&self.caught_up()?.1))
+    }
+
+    /// [`with`](Self::with), for answers that read lines back from the log: only from
+    /// the file the state directory names.
     fn reading<T>(&self, f: impl FnOnce(&Index, &LogFile) -> io::Result<T>) -> io::Result<T> {
         self.reading_mut(|ix, file| f(ix, file))
     }
@@ -978,12 +991,9 @@ impl AuditLog {
         &self,
         f: impl FnOnce(&mut Index, &LogFile) -> io::Result<T>,
     ) -> io::Result<T> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let mut g = self.caught_up()?;
         let (journal, index) = &mut *g;
-        journal.read_new(&mut |at, b| index.ingest(at, b))?;
+        journal.check_in_place()?;
         f(index, journal.file())
     }
 

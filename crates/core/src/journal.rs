@@ -195,12 +195,7 @@ impl Journal {
             if let Some(e) = self.sync_failure() {
                 return Err(e);
             }
-            if !self.state.still_names(&self.name, &self.file)? {
-                return Err(io::Error::other(format!(
-                    "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so nothing more is written to it; start the process again",
-                    self.state.path().join(&self.name).display()
-                )));
-            }
+            self.check_in_place()?;
             if let Err(e) = self.file.append(&bytes, false) {
                 // Leave no torn line behind for the next reader.
                 let _ = self.file.truncate(self.cursor.offset, durable);
@@ -212,6 +207,19 @@ impl Journal {
             }
         }
         Ok((out, pending))
+    }
+
+    /// Refuses a file that its name in the state directory no longer names: one moved
+    /// away, or replaced by another, would take this process's lines, and give it
+    /// answers, out of sight of every other process.
+    pub fn check_in_place(&self) -> io::Result<()> {
+        if self.state.still_names(&self.name, &self.file)? {
+            return Ok(());
+        }
+        Err(io::Error::other(format!(
+            "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so this process neither reads it nor writes to it any more; start the process again",
+            self.state.path().join(&self.name).display()
+        )))
     }
 
     /// Why appends are refused: an earlier sync failed.

@@ -802,6 +802,7 @@ fn a_log_moved_away_or_replaced_under_an_open_log_takes_no_more_lines() {
             .contains("sandbox_audit.jsonl is no longer the file this process opened"),
         "{err}"
     );
+    assert!(a.list(10, None).is_err(), "its lines are not read either");
     // Another process starts a trail in its place: still not the file this one opened.
     AuditLog::open(&state, false, 10)
         .unwrap()
