@@ -592,6 +592,14 @@ fn a_last_line_missing_only_its_newline_is_kept() {
     }
 }
 
+/// A world and an audit log on its state directory, appends not synced.
+fn relaxed_log() -> (World, StateDir, AuditLog) {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let log = AuditLog::open(&state, false, 10).unwrap();
+    (w, state, log)
+}
+
 fn rec(i: usize) -> ailab_sandbox_core::audit::AuditRecord {
     ailab_sandbox_core::audit::AuditRecord {
         timestamp: format!("2026-01-01T00:00:{i:02}Z"),
@@ -613,9 +621,7 @@ fn rec(i: usize) -> ailab_sandbox_core::audit::AuditRecord {
 
 #[test]
 fn two_logs_on_one_file_keep_one_chain() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
+    let (_w, state, a) = relaxed_log();
     let b = AuditLog::open(&state, false, 10).unwrap();
     for i in 0..10 {
         let log = if i % 2 == 0 { &a } else { &b };
@@ -638,9 +644,7 @@ fn change(i: usize, path: &str) -> ailab_sandbox_core::audit::AuditRecord {
 
 #[test]
 fn a_trail_cut_under_an_open_log_is_indexed_as_it_now_is() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
+    let (w, state, a) = relaxed_log();
     a.append((0..3).map(rec).collect()).unwrap();
     assert_eq!(a.stats().unwrap().total, 3);
     let first = lines(&w).remove(0);
@@ -660,9 +664,7 @@ fn a_trail_cut_under_an_open_log_is_indexed_as_it_now_is() {
 
 #[test]
 fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let log = AuditLog::open(&state, false, 10).unwrap();
+    let (w, _state, log) = relaxed_log();
     log.append((0..3).map(rec).collect()).unwrap();
     assert_eq!(log.by_workflow("wf").unwrap().len(), 3);
     // Same length, so the log does not look cut: line 2 now says seq 9.
@@ -698,9 +700,7 @@ fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
 
 #[test]
 fn a_trail_cut_and_written_again_under_an_open_log_is_indexed_as_it_now_is() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
+    let (w, state, a) = relaxed_log();
     a.append((0..3).map(rec).collect()).unwrap();
     assert_eq!(a.stats().unwrap().total, 3);
     std::fs::write(audit_path(&w), "").unwrap();
@@ -723,9 +723,7 @@ fn a_trail_cut_and_written_again_under_an_open_log_is_indexed_as_it_now_is() {
 
 #[test]
 fn changes_to_a_file_are_found_by_name_before_and_after_the_first_look() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let log = AuditLog::open(&state, false, 10).unwrap();
+    let (_w, state, log) = relaxed_log();
     log.append(vec![
         change(0, "/r/d/f.txt"),
         change(1, "/r/g.txt"),
@@ -790,9 +788,7 @@ fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
 
 #[test]
 fn a_log_moved_away_or_replaced_under_an_open_log_takes_no_more_lines() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
+    let (w, state, a) = relaxed_log();
     a.append(vec![rec(0)]).unwrap();
     let moved = w.state.join("moved.jsonl");
     std::fs::rename(audit_path(&w), &moved).unwrap();
@@ -841,9 +837,7 @@ fn a_registry_cut_and_written_again_under_an_open_registry_is_indexed_as_it_now_
 
 #[test]
 fn a_log_cut_and_written_again_is_repaired_where_its_new_text_is_torn() {
-    let w = World::new();
-    let state = StateDir::open(&w.state).unwrap();
-    let a = AuditLog::open(&state, false, 10).unwrap();
+    let (w, _state, a) = relaxed_log();
     a.append((0..3).map(rec).collect()).unwrap();
     let old = lines(&w);
     // One whole line, then a torn one reaching past where this process had read to.
