@@ -217,7 +217,7 @@ impl Journal {
             return Ok(());
         }
         Err(io::Error::other(format!(
-            "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so this process neither reads it nor writes to it any more; start the process again",
+            "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so this process refuses it from now on; start the process again",
             self.state.path().join(&self.name).display()
         )))
     }
