@@ -81,6 +81,10 @@ pub struct DirClaim {
 /// the trail, which is kept for good, must be bounded by the runtime, not the sender.
 pub const MAX_RECORDED_PATH: usize = 8 * 1024;
 
+/// The longest error a line records: the runtime's sentences are far shorter, but one
+/// naming files of the sender's (a refusal listing a workflow's writes) is not.
+pub const MAX_RECORDED_ERROR: usize = 8 * 1024;
+
 /// The longest intent a line records (the catalog's are under 32 bytes).
 pub const MAX_RECORDED_INTENT: usize = 256;
 
@@ -359,7 +363,7 @@ struct Workflow {
     tat: (f64, f64),
 }
 
-/// Hashes a `u64` that is already a keyed hash ([`Index::names`]) as itself.
+/// Hashes a `u64` that is already a keyed hash ([`Index::keys`]) as itself.
 #[derive(Debug, Default, Clone, Copy)]
 struct Prehashed(u64);
 
@@ -1037,7 +1041,7 @@ impl AuditLog {
                     rollback_path: r.rollback_path,
                     status: r.status,
                     reason_code: r.reason_code,
-                    error: r.error,
+                    error: r.error.map(|e| bounded(e, MAX_RECORDED_ERROR)),
                     prev_hash: prev.clone(),
                     entry_hash: String::new(),
                 };

@@ -149,7 +149,8 @@ pub struct RollbackInfo {
     pub rollback_available: bool,
     /// Why a rollback would be refused before it starts (the code `POST` answers with).
     pub reason_code: Option<ReasonCode>,
-    /// The same, for a person.
+    /// The same, for a person; without a code, what a rollback would leave as it is
+    /// (writes whose snapshots were pruned).
     pub reason: Option<String>,
     /// Snapshots, newest first.
     pub actions: Vec<RollbackInfoAction>,
@@ -310,13 +311,13 @@ impl Sandbox {
             }
             Err(r) => return Err(r),
         };
-        let (snaps, refusal) = match self.rollback_selection(
+        let (snaps, refusal, pruned) = match self.rollback_selection(
             workflow_id,
             found.clone(),
             &RollbackOptions::default(),
         ) {
-            Ok((snaps, _)) => (snaps, None),
-            Err(refused) => (found, Some(refused)),
+            Ok((snaps, pruned)) => (snaps, None, pruned),
+            Err(refused) => (found, Some(refused), Vec::new()),
         };
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
         let (refusal, conflicts) = match refusal {
@@ -350,7 +351,11 @@ impl Sandbox {
             workflow_id: workflow_id.to_owned(),
             rollback_available: refusal.is_none() && !pending.is_empty(),
             reason_code: refusal.as_ref().map(|(code, _)| *code),
-            reason: refusal.map(|(_, reason)| reason),
+            // Not refused, yet not all of the workflow would come back: said as the
+            // rollback would say it.
+            reason: refusal
+                .map(|(_, reason)| reason)
+                .or_else(|| (!pruned.is_empty()).then(|| pruned_left(&pruned))),
             actions,
             conflicts,
         })
@@ -850,7 +855,7 @@ impl Sandbox {
                 format!(
                     " ({} write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {})",
                     pruned.len(),
-                    pruned.join(", ")
+                    named(&pruned)
                 )
             };
             return Err((
@@ -1045,7 +1050,7 @@ impl Sandbox {
                 reason: Some(format!(
                     "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}{}; {fix}",
                     would.len(),
-                    would.join(", "),
+                    named(&would),
                     // As the real rollback would say: not all of the workflow comes back.
                     if pruned.is_empty() {
                         String::new()
@@ -1053,7 +1058,7 @@ impl Sandbox {
                         format!(
                             " ({} earlier write(s) had their snapshots pruned and could not be: {})",
                             pruned.len(),
-                            pruned.join(", ")
+                            named(&pruned)
                         )
                     }
                 )),
@@ -1148,14 +1153,7 @@ impl Sandbox {
                 )),
             ),
             // Done, yet not everything the workflow wrote is back as it was: say so.
-            (None, None) if !pruned.is_empty() => (
-                None,
-                Some(format!(
-                    "{} earlier write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {}",
-                    pruned.len(),
-                    pruned.join(", ")
-                )),
-            ),
+            (None, None) if !pruned.is_empty() => (None, Some(pruned_left(&pruned))),
             (None, None) => (None, None),
         };
         RollbackReport {
@@ -1523,4 +1521,30 @@ pub(crate) enum Restorer<'a> {
     Recovery {
         found: Option<&'a Option<String>>,
     },
+}
+
+/// What a rollback leaves as it is of a workflow whose earlier writes were pruned.
+fn pruned_left(pruned: &[String]) -> String {
+    format!(
+        "{} earlier write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {}",
+        pruned.len(),
+        named(pruned)
+    )
+}
+
+/// At most twenty of `items`, joined, then how many more there are: a refusal or report
+/// about a workflow of thousands of writes does not name each in one sentence (the
+/// audit trail keeps such sentences for good).
+fn named(items: &[String]) -> String {
+    const NAMED: usize = 20;
+    let shown = items
+        .iter()
+        .take(NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match items.len().saturating_sub(NAMED) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
 }

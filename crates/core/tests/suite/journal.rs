@@ -854,6 +854,27 @@ fn a_log_cut_and_written_again_is_repaired_where_its_new_text_is_torn() {
     );
 }
 
+#[test]
+fn a_long_error_is_recorded_cut() {
+    let (w, _state, log) = relaxed_log();
+    let error = format!("refused: {}", "'a1' ('/r/f.txt'), ".repeat(5000));
+    let written = log
+        .append(vec![ailab_sandbox_core::audit::AuditRecord {
+            error: Some(error.clone()),
+            ..rec(0)
+        }])
+        .unwrap();
+    let kept = written[0].error.clone().unwrap();
+    assert!(kept.len() <= 8 * 1024, "{}", kept.len());
+    assert!(kept.starts_with("refused: 'a1'"), "{kept:.40}");
+    assert!(
+        kept.ends_with(&format!("… ({} bytes)", error.len())),
+        "{kept}"
+    );
+    assert!(lines(&w)[0].len() < 9 * 1024);
+    assert!(log.verify().unwrap().ok);
+}
+
 fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
     ArtifactEntry {
         artifact_id: id.into(),

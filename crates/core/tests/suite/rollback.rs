@@ -413,6 +413,60 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("had their snapshots pruned"), "{why}");
 }
 
+/// A refusal about a workflow of many pruned writes names twenty and counts the rest:
+/// it is answered, and kept on the trail, as one sentence.
+#[test]
+fn a_rollback_of_many_pruned_writes_names_twenty_of_them() {
+    let w = World::new();
+    let mut config = w.writable_config();
+    config.limits.writes_per_minute = 1000;
+    let sb = w.open(config);
+    let actions: Vec<_> = (0..25)
+        .map(|i| json!({"action_id": format!("p{i}"), "intent": "create_file", "path": format!("p{i}.txt"), "content": "x"}))
+        .collect();
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_many", "actions": actions})
+        )),
+        "success"
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_many"]);
+    let rb = sb.rollback_workflow("wf_many", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let why = rb.reason.unwrap();
+    assert!(
+        why.contains("25 write(s) had their snapshots pruned"),
+        "{why}"
+    );
+    assert!(why.contains("'p19' (") && !why.contains("'p20' ("), "{why}");
+    assert!(why.contains(" and 5 more)"), "{why}");
+    // A new write: the preview says what the rollback will leave, as the rollback does.
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_many", "actions": [{"action_id": "n1", "intent": "create_file", "path": "n.txt", "content": "n"}]})
+        )),
+        "success"
+    );
+    let info = sb.rollback_info("wf_many").unwrap();
+    assert!(
+        info.rollback_available && info.reason_code.is_none(),
+        "{info:?}"
+    );
+    let said = info.reason.unwrap_or_default();
+    assert!(
+        said.contains("25 earlier write(s) had their snapshots pruned")
+            && said.ends_with(" and 5 more"),
+        "{said}"
+    );
+    let rb = sb.rollback_workflow("wf_many", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.reason.as_deref(), Some(said.as_str()));
+}
+
 /// A target that cannot be read for a reason not its own (out of descriptors, a disk
 /// error) is no change someone made: the rollback is refused with `io_error`, to try
 /// again, not called a conflict to force (which a plan's own rollback also advised), and
