@@ -444,6 +444,10 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
                 overwritten.join(", ")
             ));
         }
+        // Done, yet not all of the workflow is back (writes whose snapshots were pruned).
+        if let Some(left) = &rep.reason {
+            text.push_str(&format!("\nNot everything is back: {}.", clause(left)));
+        }
         return ok(text, structured);
     }
     let code = rep.reason_code.unwrap_or(ReasonCode::IoError);

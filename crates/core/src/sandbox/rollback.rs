@@ -716,7 +716,7 @@ impl Sandbox {
                 ReasonCode::OutsideSandbox,
                 format!(
                     "{} of workflow {} wrote into {root}, so nothing was rolled back; {advice}, or roll back the other actions one at a time",
-                    names.join(", "),
+                    named(&names),
                     shown_path(workflow_id)
                 ),
                 Vec::new(),
@@ -764,7 +764,7 @@ impl Sandbox {
                 ReasonCode::NoRollbackData,
                 format!(
                     "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
-                    missing.join(", "),
+                    named(&missing),
                     workflow_id
                 ),
                 Vec::new(),
@@ -810,7 +810,7 @@ impl Sandbox {
                         "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
                         shown_path(workflow_id),
                         shown_path(a),
-                        names.join(", ")
+                        named(&names)
                     ),
                     conflicts,
                 ));
@@ -986,7 +986,7 @@ impl Sandbox {
                     .collect();
                 why.push(format!(
                     "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
-                    entries.join(", ")
+                    named(&entries)
                 ));
             }
             for c in claimed {

@@ -467,6 +467,31 @@ fn a_rollback_of_many_pruned_writes_names_twenty_of_them() {
     assert_eq!(rb.reason.as_deref(), Some(said.as_str()));
 }
 
+#[test]
+fn a_rollback_missing_many_snapshots_names_twenty_of_them() {
+    let w = World::new();
+    let mut config = w.writable_config();
+    config.limits.writes_per_minute = 1000;
+    let sb = w.open(config);
+    let actions: Vec<_> = (0..25)
+        .map(|i| json!({"action_id": format!("m{i}"), "intent": "create_file", "path": format!("m{i}.txt"), "content": "x"}))
+        .collect();
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_gone", "actions": actions})
+        )),
+        "success"
+    );
+    for i in 0..25 {
+        std::fs::remove_dir_all(w.root.join(format!(".rollback/wf_gone/m{i}"))).unwrap();
+    }
+    let rb = sb.rollback_workflow("wf_gone", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let why = rb.reason.unwrap();
+    assert!(why.contains(" and 5 more are missing"), "{why}");
+}
+
 /// A target that cannot be read for a reason not its own (out of descriptors, a disk
 /// error) is no change someone made: the rollback is refused with `io_error`, to try
 /// again, not called a conflict to force (which a plan's own rollback also advised), and

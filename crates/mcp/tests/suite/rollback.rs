@@ -220,3 +220,39 @@ async fn artifacts_of_rolled_back_writes_say_so() {
     );
     s.finish().await;
 }
+
+/// A rollback that leaves writes whose snapshots were pruned says so in its text, not
+/// only in its structured content: an agent reads the text.
+#[tokio::test]
+async fn a_rollback_says_in_words_what_it_leaves_of_pruned_writes() {
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_file", json!({"path": "a.md", "content": "a\n"}))
+        .await;
+    // Another process on the same state prunes the session's finished writes.
+    let mut config = ailab_sandbox_core::Config::with_roots(
+        vec![s.root.clone()],
+        s.state_dir.path().join("state"),
+    );
+    config.enable_write = true;
+    config.dry_run = false;
+    let other = ailab_sandbox_core::Sandbox::open(config).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let pruned = other.prune(std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        pruned.workflows_pruned,
+        std::slice::from_ref(&s.workflow_id)
+    );
+    s.ok("create_file", json!({"path": "b.md", "content": "b\n"}))
+        .await;
+    let r = s.ok("rollback_workflow", json!({})).await;
+    assert_eq!(structured(&r)["steps_rolled_back"], 1, "{}", text(&r));
+    assert!(
+        text(&r).contains(
+            "Not everything is back: 1 earlier write(s) had their snapshots pruned and cannot be rolled back"
+        ),
+        "{}",
+        text(&r)
+    );
+    assert!(s.path("a.md").exists() && !s.path("b.md").exists());
+    s.finish().await;
+}
