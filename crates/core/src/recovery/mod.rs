@@ -43,6 +43,10 @@ pub(crate) fn roots_awaiting_recovery(state: &crate::confine::state::StateDir) -
         .inflight_list()
         .unwrap_or_default()
         .into_iter()
+        // A record whose workflow's lock is held is a run under way in another process
+        // (started at the same moment, making its roots), not one that died. One whose
+        // lock cannot be looked at is taken for dead: its roots are not made.
+        .filter(|(id, _)| !matches!(state.try_lock(&format!("wf-{id}")), Ok(None)))
         .filter_map(|(_, b)| serde_json::from_slice::<InflightRecord>(&b).ok())
         .filter(needs_recovery)
         .flat_map(|r| r.roots)

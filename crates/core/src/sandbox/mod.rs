@@ -231,10 +231,13 @@ impl Sandbox {
         let mut opened: Vec<(usize, SandboxRoot)> = order.into_iter().zip(roots).collect();
         for i in missing {
             let r = &config.roots[i];
+            // Looked at again: a process starting at the same moment may have made it
+            // since, and its run ended, leaving a record read as it ran.
             let awaited = wrote_into
                 .iter()
                 .map(Path::new)
-                .any(|w| w.starts_with(r) || r.starts_with(w));
+                .any(|w| w.starts_with(r) || r.starts_with(w))
+                && !SandboxRoot::exists(r);
             if awaited {
                 let why = format!(
                     "root {} was missing at start while an interrupted run had written into it, so it was not made: put it back as the run left it (or make it, to give up what the run left there)",

@@ -2472,6 +2472,27 @@ fn a_dead_runs_missing_root_is_not_made_and_the_run_waits_for_it() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A run record naming a missing root whose run is alive (its workflow's lock held: a
+/// process started at the same moment, making that root as it runs) is no dead run's:
+/// the root is made, as any missing root.
+#[test]
+fn a_live_runs_record_does_not_keep_a_missing_root_from_being_made() {
+    let (w, root2, both) = died_writing_into_a_second_root();
+    std::fs::rename(&root2, w.outside.join("root2-away")).unwrap();
+    let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
+    let live = state.lock("wf-wf_r2").unwrap();
+    let sb = w.open(both);
+    assert!(root2.is_dir(), "made: {:?}", sb.notices());
+    assert!(
+        !sb.notices()
+            .iter()
+            .any(|n| n.contains("was missing at start")),
+        "{:?}",
+        sb.notices()
+    );
+    drop(live);
+}
+
 /// A rollback killed just after removing a directory a `create_directory` made, before
 /// recording that step: the next start finds the directory gone (as the action found
 /// it) and records the step, so the rollback run again finishes without `force`.
