@@ -408,23 +408,23 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
     let t = Instant::now();
     let workflow_lines = log.by_workflow("wf_7").unwrap().len();
     let workflow = t.elapsed();
-    // Recovery's look-up of the changes to one file: the first builds the index by name.
-    let t = Instant::now();
-    assert_eq!(
-        log.changes_since("f7.txt", |p| p.ends_with("/w7/f7.txt"), "", "")
-            .unwrap()
-            .len(),
-        1
-    );
-    let first = t.elapsed();
-    let t = Instant::now();
-    assert_eq!(
-        log.changes_since("f8.txt", |p| p.ends_with("/w8/f8.txt"), "", "")
-            .unwrap()
-            .len(),
-        1
-    );
-    let next = t.elapsed();
+    // Recovery's look-up of the changes to one file (file `fN.txt` of folder `wN`, written
+    // once): the first builds the index by name.
+    let changes_to = |n: usize| {
+        let t = Instant::now();
+        let found = log
+            .changes_since(
+                &format!("f{n}.txt"),
+                |p| p.ends_with(&format!("/w{n}/f{n}.txt")),
+                "",
+                "",
+            )
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        t.elapsed()
+    };
+    let first = changes_to(7);
+    let next = changes_to(8);
     AuditOpen {
         lines: log.last_seq().unwrap(),
         open_ms: open.as_secs_f64() * 1e3,

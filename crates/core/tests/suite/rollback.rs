@@ -413,24 +413,28 @@ fn prune_removes_old_finished_workflows_only() {
     assert!(why.contains("had their snapshots pruned"), "{why}");
 }
 
-/// A refusal about a workflow of many pruned writes names twenty and counts the rest:
-/// it is answered, and kept on the trail, as one sentence.
-#[test]
-fn a_rollback_of_many_pruned_writes_names_twenty_of_them() {
+/// A world whose workflow `wf` made 25 files, `{prefix}0.txt` to `{prefix}24.txt`, by
+/// actions of the same names.
+fn twenty_five_writes(wf: &str, prefix: &str) -> (World, ailab_sandbox_core::Sandbox) {
     let w = World::new();
     let mut config = w.writable_config();
     config.limits.writes_per_minute = 1000;
     let sb = w.open(config);
     let actions: Vec<_> = (0..25)
-        .map(|i| json!({"action_id": format!("p{i}"), "intent": "create_file", "path": format!("p{i}.txt"), "content": "x"}))
+        .map(|i| json!({"action_id": format!("{prefix}{i}"), "intent": "create_file", "path": format!("{prefix}{i}.txt"), "content": "x"}))
         .collect();
     assert_eq!(
-        status(&run(
-            &sb,
-            json!({"workflow_id": "wf_many", "actions": actions})
-        )),
+        status(&run(&sb, json!({"workflow_id": wf, "actions": actions}))),
         "success"
     );
+    (w, sb)
+}
+
+/// A refusal about a workflow of many pruned writes names twenty and counts the rest:
+/// it is answered, and kept on the trail, as one sentence.
+#[test]
+fn a_rollback_of_many_pruned_writes_names_twenty_of_them() {
+    let (w, sb) = twenty_five_writes("wf_many", "p");
     w.clock.advance(chrono::Duration::days(10));
     let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
     assert_eq!(report.workflows_pruned, ["wf_many"]);
@@ -469,20 +473,7 @@ fn a_rollback_of_many_pruned_writes_names_twenty_of_them() {
 
 #[test]
 fn a_rollback_missing_many_snapshots_names_twenty_of_them() {
-    let w = World::new();
-    let mut config = w.writable_config();
-    config.limits.writes_per_minute = 1000;
-    let sb = w.open(config);
-    let actions: Vec<_> = (0..25)
-        .map(|i| json!({"action_id": format!("m{i}"), "intent": "create_file", "path": format!("m{i}.txt"), "content": "x"}))
-        .collect();
-    assert_eq!(
-        status(&run(
-            &sb,
-            json!({"workflow_id": "wf_gone", "actions": actions})
-        )),
-        "success"
-    );
+    let (w, sb) = twenty_five_writes("wf_gone", "m");
     for i in 0..25 {
         std::fs::remove_dir_all(w.root.join(format!(".rollback/wf_gone/m{i}"))).unwrap();
     }
