@@ -43,6 +43,17 @@ fn short(sum: Option<&str>) -> String {
     sum.map_or("-".to_owned(), |s| s.chars().take(12).collect())
 }
 
+/// The width of a table's column: its widest cell, at least `min` (the header's room), at
+/// most `COLUMN_MAX`, so that one very long value slips only its own row.
+fn column<S: AsRef<str>>(min: usize, cells: impl IntoIterator<Item = S>) -> usize {
+    const COLUMN_MAX: usize = 48;
+    cells
+        .into_iter()
+        .map(|c| c.as_ref().chars().count())
+        .fold(min, usize::max)
+        .min(min.max(COLUMN_MAX))
+}
+
 /// The width of `ops`' extensions column.
 const EXTENSIONS_WIDTH: usize = 28;
 
@@ -122,13 +133,15 @@ pub fn run_result(r: &RunResult) {
             _ => String::new(),
         }
     );
+    let id_w = column(14, r.actions.iter().map(|a| safe(&a.action_id)));
+    let intent_w = column(18, r.actions.iter().map(|a| safe(&a.intent)));
     for a in &r.actions {
         let st = serde_json::to_value(a.status)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         out!(
-            "  {:<14} {:<18} {:<11} {:<12} {}{}",
+            "  {:<id_w$} {:<intent_w$} {:<11} {:<12} {}{}",
             safe(&a.action_id),
             safe(&a.intent),
             st,
@@ -168,9 +181,11 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
             safe(&overwritten.join(", "))
         );
     }
+    let id_w = column(14, r.steps.iter().map(|s| safe(&s.action_id)));
+    let intent_w = column(18, r.steps.iter().map(|s| safe(&s.intent)));
     for s in &r.steps {
         out!(
-            "  {:<14} {:<18} {} checksum_validated={} {}",
+            "  {:<id_w$} {:<intent_w$} {:<12} checksum_validated={} {}",
             safe(&s.action_id),
             safe(&s.intent),
             if s.restored {
@@ -189,8 +204,15 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
 }
 
 pub fn audit(entries: &[SandboxAuditEntry]) {
+    let intent_w = column(18, entries.iter().map(|e| safe(&e.mutation_type)));
+    let reason_w = column(
+        6,
+        entries
+            .iter()
+            .map(|e| e.reason_code.map_or("-", |c| c.as_str())),
+    );
     out!(
-        "{:>6} {:<27} {:<11} {:<18} {:<22} TARGET",
+        "{:>6} {:<27} {:<11} {:<intent_w$} {:<reason_w$} TARGET",
         "SEQ",
         "TIME",
         "STATUS",
@@ -203,7 +225,7 @@ pub fn audit(entries: &[SandboxAuditEntry]) {
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         out!(
-            "{:>6} {:<27} {:<11} {:<18} {:<22} {}",
+            "{:>6} {:<27} {:<11} {:<intent_w$} {:<reason_w$} {}",
             e.seq,
             e.timestamp,
             st,
@@ -259,8 +281,10 @@ pub fn verify(v: &VerifyReport) {
 }
 
 pub fn artifacts(list: &[ArtifactEntry]) {
+    let id_w = column(8, list.iter().map(|a| a.artifact_id.as_str()));
+    let intent_w = column(18, list.iter().map(|a| safe(&a.mutation_type)));
     out!(
-        "{:<36} {:<18} {:<12} {:>9} PATH",
+        "{:<id_w$} {:<intent_w$} {:<12} {:>9} PATH",
         "ARTIFACT",
         "INTENT",
         "SHA256",
@@ -268,7 +292,7 @@ pub fn artifacts(list: &[ArtifactEntry]) {
     );
     for a in list {
         out!(
-            "{:<36} {:<18} {:<12} {:>9} {}",
+            "{:<id_w$} {:<intent_w$} {:<12} {:>9} {}",
             a.artifact_id,
             safe(&a.mutation_type),
             short(Some(&a.checksum_sha256)),

@@ -2660,3 +2660,68 @@ fn human_output_says_what_the_json_says() {
     assert!(said.starts_with("action a2 of workflow wf_h  "), "{said}");
     assert_eq!(std::fs::read(e.root.join("t.txt")).unwrap(), b"one\n");
 }
+
+/// Tables keep their columns when a value is longer than the usual: an action id of 36
+/// characters in a run and its rollback, an intent no operation has on the trail.
+#[test]
+fn human_tables_make_room_for_long_ids_and_intents() {
+    let e = env();
+    let long_id = "step-0123456789abcdef0123456789abcdef";
+    let long_intent = "summarise_everything_into_a_file";
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_cols", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": long_id, "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    // The column of a row's `word` starts where the same column of the other rows does.
+    let aligned = |text: &str, rows: &[String], word: &str| {
+        let at: Vec<usize> = rows
+            .iter()
+            .map(|r| {
+                r.find(word)
+                    .unwrap_or_else(|| panic!("{word} in {r:?}: {text}"))
+            })
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] == w[1]),
+            "{word} at {at:?}:\n{text}"
+        );
+    };
+    // The rows of a command's table that name `create_file`, one for each action.
+    let rows_of = |args: &[&str]| {
+        let (code, text) = human_output(&e, args, &plan);
+        assert_eq!(code, Some(0), "{text}");
+        let rows: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains(" create_file "))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        (text, rows)
+    };
+    let (text, rows) = rows_of(&["--enable-write", "--no-dry-run", "run"]);
+    aligned(&text, &rows, " create_file ");
+    aligned(&text, &rows, " success ");
+    let (text, rows) = rows_of(&["--enable-write", "--no-dry-run", "rollback", "wf_cols"]);
+    aligned(&text, &rows, " restored ");
+    aligned(&text, &rows, "checksum_validated=");
+
+    let blocked = e.write_plan(
+        "b.json",
+        &json!({"workflow_id": "wf_blk", "actions": [
+            {"intent": long_intent, "path": "three.txt", "content": "3"}]}),
+    );
+    let (code, _) = human_output(&e, &["run"], &blocked);
+    assert_eq!(code, Some(1));
+    let (code, text) = human_output(&e, &["audit"], &plan);
+    assert_eq!(code, Some(0), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].ends_with(" TARGET"), "{text}");
+    let target_at = lines[0].find(" TARGET").unwrap();
+    for row in &lines[1..] {
+        let path = row.split_whitespace().last().unwrap();
+        assert_eq!(row.rfind(path), Some(target_at + 1), "{text}");
+    }
+    assert!(lines.iter().any(|l| l.contains(long_intent)), "{text}");
+}

@@ -551,15 +551,19 @@ impl ExtensionPolicy {
 }
 
 /// Quotes a user-supplied path for a sentence, escaping control characters and cutting
-/// very long values so a message stays one readable line.
+/// very long values so a message stays one readable line. A long path keeps its start
+/// (which root, which folder) and its end (the file name, which tells paths in a list
+/// apart); the middle gives way.
 pub fn shown_path(path: &str) -> String {
-    const MAX: usize = 120;
-    let escaped: String = path.escape_debug().collect();
-    if escaped.chars().count() > MAX {
-        let cut: String = escaped.chars().take(MAX).collect();
-        format!("'{cut}…'")
+    const HEAD: usize = 48;
+    const TAIL: usize = 71;
+    let escaped: Vec<char> = path.escape_debug().collect();
+    if escaped.len() > HEAD + 1 + TAIL {
+        let head: String = escaped[..HEAD].iter().collect();
+        let tail: String = escaped[escaped.len() - TAIL..].iter().collect();
+        format!("'{head}…{tail}'")
     } else {
-        format!("'{escaped}'")
+        format!("'{}'", escaped.iter().collect::<String>())
     }
 }
 
@@ -602,6 +606,23 @@ pub(crate) fn path_strings(p: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_path_is_shown_with_its_start_and_its_file_name() {
+        let deep = format!(
+            "/srv/sandbox/{}/report-2026-final.md",
+            "nested-folder/".repeat(20)
+        );
+        let shown = shown_path(&deep);
+        assert!(shown.starts_with("'/srv/sandbox/nested-folder/"), "{shown}");
+        assert!(shown.ends_with("/report-2026-final.md'"), "{shown}");
+        assert!(shown.contains('…'), "{shown}");
+        assert_eq!(shown.chars().count(), 122, "{shown}");
+        // Short enough: whole, with control characters escaped.
+        assert_eq!(shown_path("a/b\nc.txt"), "'a/b\\nc.txt'");
+        let exact = "x".repeat(120);
+        assert_eq!(shown_path(&exact), format!("'{exact}'"));
+    }
 
     #[test]
     fn extension_normalisation_ignores_case_and_trailing_junk() {
