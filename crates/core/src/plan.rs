@@ -1078,7 +1078,7 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
     Some(format!("the {what} '{shown}' {why}"))
 }
 
-/// INI: top-level scalars as `key = value`, objects of scalars as `[section]`s.
+/// INI: an object of sections, each an object of plain values written as `key = value`.
 fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
     use serde_json::Value;
     let Value::Object(top) = v else {
@@ -1126,14 +1126,19 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             ),
         )
     };
-    let mut out = String::new();
-    let mut seen = std::collections::HashSet::new();
-    for (k, v) in top.iter().filter(|(_, v)| !v.is_object()) {
-        if !seen.insert(k.to_lowercase()) {
-            return Err(case_clash("the top level", k));
-        }
-        out.push_str(&scalar(k, v)?);
+    // A key before the first section header is a dialect: Python's configparser, git and
+    // Windows read no such key (configparser refuses the whole file).
+    if let Some((k, _)) = top.iter().find(|(_, v)| !v.is_object()) {
+        return Err(serialize_error(
+            "INI",
+            format!(
+                "'{}' is a plain value at the top level, outside any section, and INI readers such as Python's configparser read no key before the first [section] header; put it in a section ({{\"main\": {{\"{}\": …}}}}) or write the file as TOML",
+                k.escape_debug(),
+                k.escape_debug()
+            ),
+        ));
     }
+    let mut out = String::new();
     for (k, v) in top.iter() {
         if let Value::Object(section) = v {
             if let Some(why) = ini_problem("section name", k) {

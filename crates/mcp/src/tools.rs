@@ -454,7 +454,7 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
                 "write_json" => "Any JSON value except null; it is written as pretty-printed JSON.",
                 "write_yaml" => "Any JSON value except null; it is written as YAML.",
                 _ => {
-                    "The config as a JSON value (an object for .toml and .ini); it is serialized by the target's extension: .json, .yaml/.yml, .toml or .ini (INI: top-level scalars and one level of sections)."
+                    "The config as a JSON value (an object for .toml and .ini); it is serialized by the target's extension: .json, .yaml/.yml, .toml or .ini (INI: an object of sections, each an object of plain values)."
                 }
             },
         )),
