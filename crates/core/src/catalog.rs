@@ -269,7 +269,7 @@ pub fn is_sandbox_write_intent(intent: &str) -> bool {
 /// `ext` is the extension with its dot (`.json`, or empty), judged as
 /// [`crate::confine::path::normalize_extension`] gives it: case and trailing dots or
 /// spaces are ignored. The extension policy's block-list always wins; then the
-/// allow-list; then the operation's own list.
+/// operation's own list, if it has one; then the allow-list.
 pub fn is_allowed_operation(
     op: &Operation,
     ext: &str,
@@ -285,18 +285,28 @@ pub fn is_allowed_operation(
             normal = trimmed.to_ascii_lowercase();
             normal.as_str()
         };
-        extensions.check(ext)?;
-        if !op.extensions.is_empty() && !op.extensions.contains(&ext) {
+        // An operation bound to its formats names them: the allow-list would name
+        // extensions it cannot write. A blocked extension is told as blocked first.
+        if !op.extensions.is_empty()
+            && !op.extensions.contains(&ext)
+            && !extensions.is_extension_blocked(ext)
+        {
             return Err(Refusal::new(
                 ReasonCode::ExtensionNotAllowed,
                 format!(
-                    "{} writes only {} files; {} is not one of them",
+                    "{} writes only {} files; {} is not one of them{}",
                     op.name,
                     op.extensions.join(" "),
-                    shown_ext(ext)
+                    shown_ext(ext),
+                    if ext.is_empty() {
+                        " (a name that starts with a dot, such as '.json', is a hidden name without extension)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
+        extensions.check(ext)?;
     }
     if let Some(max) = op.max_size_bytes
         && size > max

@@ -346,3 +346,49 @@ fn extension_check_comes_before_size_check() {
         Some(ReasonCode::BlockedExtension)
     );
 }
+
+/// An operation bound to its formats names them when refusing a name without extension
+/// or off the allow-list, not the allow-list's extensions it could never write; a blocked
+/// extension is still told as blocked.
+#[test]
+fn a_format_bound_operation_names_its_own_extensions() {
+    let policy = ExtensionPolicy::default();
+    for (name, ext, names) in [
+        (
+            "write_json",
+            "",
+            "write_json writes only .json files; a name without extension",
+        ),
+        (
+            "generate_config",
+            "",
+            "generate_config writes only .json .yaml .yml .toml .ini files",
+        ),
+        (
+            "write_yaml",
+            ".xyz",
+            "write_yaml writes only .yaml .yml files",
+        ),
+    ] {
+        let err = is_allowed_operation(op(name), ext, 1, &policy).unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::ExtensionNotAllowed,
+            "{name} {ext}"
+        );
+        assert!(err.reason.contains(names), "{name} {ext}: {}", err.reason);
+        assert!(!err.reason.contains(".txt"), "{name} {ext}: {}", err.reason);
+    }
+    let err = is_allowed_operation(op("write_json"), ".service", 1, &policy).unwrap_err();
+    assert_eq!(
+        err.reason_code,
+        ReasonCode::BlockedExtension,
+        "{}",
+        err.reason
+    );
+    // An allow-list without .json still stops write_json, naming the allow-list.
+    let narrow = ExtensionPolicy::new(Some(&[".txt".to_owned()]), &[]);
+    let err = is_allowed_operation(op("write_json"), ".json", 1, &narrow).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::ExtensionNotAllowed);
+    assert!(err.reason.contains("allowed: .txt"), "{}", err.reason);
+}
