@@ -147,11 +147,13 @@ pub fn run_result(r: &RunResult) {
             st,
             short(a.after_checksum.as_deref()),
             safe(&a.path),
-            a.reason.as_ref().map_or(String::new(), |r| format!(
-                "\n      {}: {}",
-                a.reason_code.map_or("-", |c| c.as_str()),
-                safe(r)
-            ))
+            a.reason
+                .as_ref()
+                .map_or(String::new(), |r| match a.reason_code {
+                    Some(c) => format!("\n      {}: {}", c.as_str(), safe(r)),
+                    // An action not run for another's refusal has a reason and no code.
+                    None => format!("\n      {}", safe(r)),
+                })
         );
     }
 }
@@ -271,10 +273,12 @@ pub fn verify(v: &VerifyReport) {
             safe(dash(v.reason.as_deref()))
         );
     } else {
+        let at = v
+            .first_bad_seq
+            .map_or(String::new(), |s| format!(" at seq {s}"));
         out!(
-            "{}: first bad seq {}: {}",
+            "{}{at}: {}",
             paint("BROKEN", false),
-            v.first_bad_seq.map_or("-".to_owned(), |s| s.to_string()),
             safe(dash(v.reason.as_deref()))
         );
     }

@@ -499,11 +499,18 @@ fn load_config(cli: &Cli) -> Result<Config> {
             // The operator's own input file, read before confinement starts.
             #[allow(clippy::disallowed_methods)]
             let text = std::fs::read_to_string(p).map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot read config file {}: {}",
-                    p.display(),
-                    ailab_sandbox_core::io_words(&e)
-                )
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    anyhow::anyhow!(
+                        "cannot read config file {}: it is not UTF-8 text, which a TOML file must be",
+                        p.display()
+                    )
+                } else {
+                    anyhow::anyhow!(
+                        "cannot read config file {}: {}",
+                        p.display(),
+                        ailab_sandbox_core::io_words(&e)
+                    )
+                }
             })?;
             Some(
                 RawConfig::from_toml(&text)

@@ -456,6 +456,11 @@ fn audit_verify_exits_1_on_tampering() {
     let v = json_out(&out);
     assert_eq!(v["ok"], false);
     assert_eq!(v["first_bad_seq"], 2);
+    // In words: where, without a placeholder.
+    let out = e.cmd().args(["audit", "verify"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.starts_with("BROKEN at seq 2: "), "{said}");
 }
 
 #[test]
@@ -552,6 +557,25 @@ fn config_file_unknown_key_names_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("mystery"));
+    // A file that is not text, a phase that is no number: said as such.
+    std::fs::write(&cfg, b"\xff\xfe = 1\n").unwrap();
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&cfg)
+        .arg("state")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(said.contains("is not UTF-8 text"), "{said}");
+    let out = e.cmd().args(["--phase", "28", "state"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        said.contains("sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -2710,10 +2734,17 @@ fn human_tables_make_room_for_long_ids_and_intents() {
     let blocked = e.write_plan(
         "b.json",
         &json!({"workflow_id": "wf_blk", "actions": [
-            {"intent": long_intent, "path": "three.txt", "content": "3"}]}),
+            {"intent": long_intent, "path": "three.txt", "content": "3"},
+            {"intent": "create_file", "path": "four.txt", "content": "4"}]}),
     );
-    let (code, _) = human_output(&e, &["run"], &blocked);
+    let (code, text) = human_output(&e, &["run"], &blocked);
     assert_eq!(code, Some(1));
+    // The action not run has a reason and no code: no placeholder stands for one.
+    assert!(
+        text.lines()
+            .any(|l| l == "      not run: another action of the plan was refused"),
+        "{text}"
+    );
     let (code, text) = human_output(&e, &["audit"], &plan);
     assert_eq!(code, Some(0), "{text}");
     let lines: Vec<&str> = text.lines().collect();

@@ -121,18 +121,20 @@ impl RawConfig {
     /// which may be the token).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let (mut at, mut secret, mut key) = (String::new(), false, String::new());
+            let (mut at, mut secret, mut key, mut value) =
+                (String::new(), false, String::new(), String::new());
             if let Some(span) = e.span() {
                 let start = span.start.min(text.len());
                 let line_no = text[..start].matches('\n').count() + 1;
                 let line = text.lines().nth(line_no - 1).unwrap_or("");
                 at = format!(" (line {line_no}");
-                if let Some((k, _)) = line.split_once('=')
+                if let Some((k, v)) = line.split_once('=')
                     && !line.trim_start().starts_with('[')
                 {
                     let k = k.trim().trim_matches('"');
                     at.push_str(&format!(", key '{}'", k.escape_debug()));
                     key = k.to_owned();
+                    value = v.trim().to_owned();
                 }
                 at.push(')');
                 // However the token is written (`token`, `server.token`, an inline
@@ -156,6 +158,16 @@ impl RawConfig {
                     "the token must be a string, in double quotes, alone on its line"
                 };
                 format!("{what} (the line is not shown: it holds the token)")
+            } else if e.message().starts_with("invalid boolean")
+                || (matches!(key.as_str(), "enable_write" | "dry_run")
+                    && e.message().starts_with("string values must be quoted"))
+            {
+                // The reader says only that it wanted `true` (`TRUE`), or a quoted
+                // string (`yes`): on a boolean key either was meant for one.
+                format!(
+                    "'{}' is not a boolean; write true or false, in lower case and without quotes",
+                    value.chars().take(40).collect::<String>().escape_debug()
+                )
             } else {
                 plain_words(e.message().trim(), &key)
             };
@@ -682,7 +694,7 @@ impl Config {
         }
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(
-                "phase '{}' is not a phase number such as 28.3",
+                "phase '{}' is not a phase number such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other number allows reads only)",
                 self.phase.escape_debug()
             )));
         }

@@ -136,6 +136,14 @@ fn wrong_value_types_are_said_in_plain_words() {
         ),
         ("phase = \"\"\"28.3\n", "a multi-line string is not closed"),
         ("phase = \"28.3\n", "a string is not closed"),
+        (
+            "enable_write = TRUE\n",
+            "'TRUE' is not a boolean; write true or false",
+        ),
+        (
+            "dry_run = yes\n",
+            "'yes' is not a boolean; write true or false",
+        ),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;
         assert!(err.contains(want), "{toml:?}: {err}");
