@@ -547,31 +547,24 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
 fn config_file_unknown_key_names_it() {
     let e = env();
     let cfg = e.dir.join("c.toml");
-    std::fs::write(&cfg, "enable_write = true\nmystery = 1\n").unwrap();
-    let out = e
-        .cmd()
-        .arg("--config")
-        .arg(&cfg)
-        .arg("state")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("mystery"));
+    // Exit 2 and what is said on standard error, for a config file holding `text`.
+    let refused = |text: &[u8], args: &[&str]| {
+        std::fs::write(&cfg, text).unwrap();
+        let out = e
+            .cmd()
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(refused(b"enable_write = true\nmystery = 1\n", &["state"]).contains("mystery"));
     // A file that is not text, a phase that is no number: said as such.
-    std::fs::write(&cfg, b"\xff\xfe = 1\n").unwrap();
-    let out = e
-        .cmd()
-        .arg("--config")
-        .arg(&cfg)
-        .arg("state")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let said = refused(b"\xff\xfe = 1\n", &["state"]);
     assert!(said.contains("is not UTF-8 text"), "{said}");
-    let out = e.cmd().args(["--phase", "28", "state"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let said = refused(b"", &["--phase", "28", "state"]);
     assert!(
         said.contains("sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8"),
         "{said}"
