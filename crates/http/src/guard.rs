@@ -165,18 +165,6 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
         ))
         .into_response();
     }
-    // RFC 9112 §6.1: a transfer coding the server does not apply is answered 501; read
-    // as plain, the body would differ from what a proxy that applies it passed on.
-    let codings: Vec<&[u8]> = header_list(req.headers(), header::TRANSFER_ENCODING).collect();
-    // `chunked` once, alone: anything else is a coding not applied (or applied twice).
-    if codings.len() > 1 || codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
-        return ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            codes::INVALID_REQUEST,
-            "the request's Transfer-Encoding names a coding this server does not apply; send the body as is, or chunked",
-        )
-        .into_response();
-    }
     if let Some(refusal) = browser_refusal(&req, g.token_digest.is_some()) {
         return refusal.into_response();
     }
@@ -185,6 +173,17 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
             StatusCode::UNAUTHORIZED,
             codes::UNAUTHORIZED,
             "this server needs 'Authorization: Bearer <token>' with the configured token",
+        )
+        .into_response();
+    }
+    // A transfer coding the server does not apply: read as plain, the body would differ
+    // from what a proxy that applies it passed on. RFC 9112 §6.1 suggests 501; SPEC §10
+    // answers bad input with a 4xx, never a 5xx: 400.
+    let codings: Vec<&[u8]> = header_list(req.headers(), header::TRANSFER_ENCODING).collect();
+    // `chunked` once, alone: anything else is a coding not applied (or applied twice).
+    if codings.len() > 1 || codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
+        return ApiError::bad_request(
+            "the request's Transfer-Encoding names a coding this server does not apply; send the body as is, or chunked",
         )
         .into_response();
     }

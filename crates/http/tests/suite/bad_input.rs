@@ -439,8 +439,9 @@ async fn error_answers_do_not_reveal_the_state_directory() {
     }
 }
 
-/// A transfer coding the server does not apply is 501, never a body read as plain; a
-/// body sent where no route reads one leaves the route's own answer (404, 405), not 413.
+/// A transfer coding the server does not apply is bad input (400, never a 5xx, SPEC §10),
+/// never a body read as plain, and a caller without the token hears only 401; a body
+/// sent where no route reads one leaves the route's own answer (404, 405), not 413.
 #[tokio::test]
 async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
     let e = env_with(Opts {
@@ -459,11 +460,33 @@ async fn unknown_codings_and_bodies_nowhere_read_get_the_right_answer() {
             .header(header::TRANSFER_ENCODING, coding)
             .body(Body::from(plan.clone()))
             .unwrap();
-        send(&e.app, req)
+        let v = send(&e.app, req)
             .await
-            .assert_error(StatusCode::NOT_IMPLEMENTED, "invalid_request");
+            .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(
+            v["reason"].as_str().unwrap().contains("Transfer-Encoding"),
+            "{v}"
+        );
     }
     assert!(!e.root.join("te.md").exists());
+    let locked = env_with(Opts {
+        write: true,
+        token: Some(TOKEN),
+        ..Opts::default()
+    });
+    for (auth, status) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some(format!("Bearer {TOKEN}")), StatusCode::BAD_REQUEST),
+    ] {
+        let mut req = request(Method::POST, "/agentic/plans")
+            .header(header::TRANSFER_ENCODING, "gzip, chunked");
+        if let Some(a) = auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        let resp = send(&locked.app, req.body(Body::from(plan.clone())).unwrap()).await;
+        assert_eq!(resp.status, status, "{}", resp.text());
+    }
+    assert!(!locked.root.join("te.md").exists());
     // A content coding is not decoded: 415 saying so, not a plan "not UTF-8".
     for coding in ["gzip", "br", "identity, gzip"] {
         let req = request(Method::POST, "/agentic/plans")
