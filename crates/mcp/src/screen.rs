@@ -32,6 +32,7 @@
 //! before it starts (and still audits a forbidden tool). At the end of the client's input
 //! the pump closes rmcp's only once every call has been passed on and answered.
 
+use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
 use serde::Deserialize;
@@ -48,8 +49,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub(crate) const MAX_QUEUED_CALLS: u64 = 2 * crate::MAX_CONCURRENT_CALLS as u64;
 
 /// How long a call passed on may go unseen by the handler before the pump takes it that
-/// rmcp answered it itself (a call it cannot read, such as one whose `name` is not a
-/// string, never reaches the handler).
+/// rmcp answered it itself (a call it cannot read never reaches the handler; the screen
+/// refuses those it can tell, see [`check_call_shape`]).
 const SETTLE: Duration = Duration::from_secs(5);
 
 /// Most bytes of calls the pump holds before it stops reading (it always reads at least
@@ -331,6 +332,94 @@ impl Head {
     }
 }
 
+/// The longest tool name copied from a message that is not UTF-8 (no tool's is near it).
+const MAX_COPIED_NAME_BYTES: usize = 1024;
+
+/// Refuses (`invalid_plan`) a `tools/call` whose parameters rmcp cannot read as a call:
+/// `params` missing or not an object, `name` missing or not a string, `arguments`
+/// neither an object nor null. rmcp answers such a call "method not found", naming
+/// nothing, and it never reaches the handler. Read as sent; nothing is built.
+fn check_call_shape(line: &[u8]) -> Result<(), Refusal> {
+    use serde_json::value::RawValue;
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        method: Option<&'a RawValue>,
+        #[serde(borrow)]
+        params: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow)]
+        arguments: Option<&'a RawValue>,
+    }
+    // What a value is, for a sentence: its kind and, when short, itself.
+    let shown = |raw: &RawValue| {
+        let t = raw.get();
+        let kind = match t.as_bytes().first() {
+            Some(b'"') => "a string",
+            Some(b'{') => "an object",
+            Some(b'[') => "an array",
+            Some(b't' | b'f') => "a boolean",
+            Some(b'n') => "null",
+            _ => "a number",
+        };
+        if t.len() <= 40 {
+            format!("{kind} ({t})")
+        } else {
+            kind.to_owned()
+        }
+    };
+    let refuse = |why: String| Err(Refusal::new(ReasonCode::InvalidPlan, why));
+    // Not an object, or not a call: other rules (and rmcp) answer it.
+    let Ok(envelope) = serde_json::from_slice::<Envelope>(line) else {
+        return Ok(());
+    };
+    let method = envelope
+        .method
+        .and_then(|m| serde_json::from_str::<String>(m.get()).ok());
+    if method.as_deref() != Some("tools/call") {
+        return Ok(());
+    }
+    const WANTED: &str =
+        "an object with the tool's 'name' (a string) and its 'arguments' (an object)";
+    let Some(params) = envelope.params else {
+        return refuse(format!("a tools/call needs 'params', {WANTED}"));
+    };
+    if !params.get().starts_with('{') {
+        return refuse(format!(
+            "'params' of a tools/call must be {WANTED}, not {}",
+            shown(params)
+        ));
+    }
+    let Ok(p) = serde_json::from_str::<Params>(params.get()) else {
+        return Ok(());
+    };
+    match p.name {
+        None => {
+            return refuse(format!(
+                "'params' of a tools/call has no 'name'; it must be {WANTED}"
+            ));
+        }
+        Some(n) if !n.get().starts_with('"') => {
+            return refuse(format!(
+                "'name' of a tools/call must be a string, the tool's name, not {}",
+                shown(n)
+            ));
+        }
+        Some(_) => {}
+    }
+    match p.arguments {
+        Some(a) if !a.get().starts_with('{') && a.get() != "null" => refuse(format!(
+            "'arguments' of a tools/call must be an object of the tool's arguments, not {}",
+            shown(a)
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The most of a client's `params._meta` copied onto a message passed on in another's
 /// place (rmcp needs it from clients that skip `initialize`); a larger one is left out.
 const MAX_META_BYTES: usize = 64 << 10;
@@ -352,6 +441,16 @@ pub(crate) const MAX_GROWTH: usize = 64 << 10;
 /// `initialize` has been passed on (rmcp ends a session at a notification or response
 /// that comes before it), and is set when this line is it.
 fn screen(line: &[u8], started: &mut bool) -> Pass {
+    // rmcp drops a line that is not UTF-8 unanswered: its request is read from the text
+    // with each bad byte replaced, and answered with the refusal.
+    let lossy;
+    let (line, not_text) = match std::str::from_utf8(line) {
+        Ok(_) => (line, None),
+        Err(e) => {
+            lossy = String::from_utf8_lossy(line).into_owned();
+            (lossy.as_bytes(), Some(e.valid_up_to()))
+        }
+    };
     let was_started = *started;
     // Read before the first request, and again only when the check fails.
     let mut first = None;
@@ -376,7 +475,18 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     }
     // The whole message, so that neither an escaped method name (`tools\/call`) nor a
     // second `arguments` hides the call from the check.
-    let Err(refusal) = check_numbers_kept(line).and_then(|()| check_unique_keys(line)) else {
+    let checked = match not_text {
+        Some(at) => Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the message is not UTF-8 text (byte {at} starts no UTF-8 character); JSON-RPC messages are UTF-8: send text, and binary content as base64 in a string"
+            ),
+        )),
+        None => check_numbers_kept(line)
+            .and_then(|()| check_unique_keys(line))
+            .and_then(|()| check_call_shape(line)),
+    };
+    let Err(refusal) = checked else {
         return Pass::Line;
     };
     // From here on the message never reaches rmcp as sent: rmcp would build all its
@@ -400,6 +510,9 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // Built from the line's own text: a re-serialised value could come out longer
     // (`1e15` as `1000000000000000.0`) than rmcp takes.
     let (name, meta) = head.name_and_meta();
+    // A name read from text that is not UTF-8 is copied only when short: each bad byte
+    // became three.
+    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_NAME_BYTES);
     let mut params = Vec::new();
     if method == "tools/call" {
         params.push(format!(

@@ -265,15 +265,88 @@ async fn a_burst_of_waiting_calls_is_not_read_all_at_once() {
     s.finish().await;
 }
 
-/// A call rmcp answers itself (its `name` is not a string) never reaches the handler: the
-/// session does not wait for it for good, neither for more input nor at its end.
+/// A call rmcp cannot read — not UTF-8, its `params`, `name` or `arguments` of another
+/// type — is answered as a refusal (a tool result, `invalid_plan`, naming what is wrong),
+/// not dropped unanswered nor answered "method not found"; nothing is written. A request
+/// that is not UTF-8 is answered as one without parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let mut not_text =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"u.txt","content":""#
+            .to_vec();
+    not_text.extend_from_slice(b"\xff\"}}}");
+    s.send_bytes(&not_text).await;
+    let cases = [
+        (
+            2,
+            r#"{"name":"create_file","arguments":"x"}"#,
+            "'arguments' of a tools/call must be an object of the tool's arguments, not a string (\"x\")",
+        ),
+        (
+            3,
+            r#"{"name":5}"#,
+            "'name' of a tools/call must be a string, the tool's name, not a number (5)",
+        ),
+        (
+            4,
+            r#"[1,2]"#,
+            "'params' of a tools/call must be an object with the tool's 'name'",
+        ),
+        (
+            5,
+            r#"{"arguments":{"path":"v.txt","content":"v"}}"#,
+            "has no 'name'",
+        ),
+    ];
+    for (id, params, _) in &cases {
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#
+        ))
+        .await;
+    }
+    s.send(r#"{"jsonrpc":"2.0","id":6,"method":"tools/call"}"#)
+        .await;
+    s.send_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\",\"params\":{\"x\":\"\xfe\"}}")
+        .await;
+    let mut answers = std::collections::BTreeMap::new();
+    for _ in 0..7 {
+        let a = s.answer().await;
+        answers.insert(a["id"].as_u64().unwrap(), a);
+    }
+    let refused = |a: &serde_json::Value, says: &str| {
+        assert!(a.get("error").is_none(), "{a}");
+        assert_eq!(a["result"]["isError"], true, "{a}");
+        let text = a["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.contains("invalid_plan") && text.contains(says),
+            "{says}: {text}"
+        );
+    };
+    refused(&answers[&1], "the message is not UTF-8 text (byte ");
+    for (id, _, says) in &cases {
+        refused(&answers[id], says);
+    }
+    refused(&answers[&6], "a tools/call needs 'params'");
+    assert_eq!(
+        answers[&7]["result"],
+        serde_json::json!({}),
+        "{}",
+        answers[&7]
+    );
+    assert!(!s.root.join("u.txt").exists() && !s.root.join("v.txt").exists());
+    s.finish().await;
+}
+
+/// A call rmcp answers itself (its `_meta` is not an object) never reaches the handler:
+/// the session does not wait for it for good, neither for more input nor at its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_the_handler_never_sees_do_not_hold_the_session() {
     use tokio::io::AsyncWriteExt;
     let mut s = RawSession::start(Mode::Write).await;
     for id in 1..=ailab_sandbox_mcp::MAX_CONCURRENT_CALLS * 3 {
         s.send(&format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":5}}}}"#
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"get_state","_meta":5}}}}"#
         ))
         .await;
         assert!(s.answer().await.get("error").is_some());

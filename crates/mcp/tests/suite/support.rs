@@ -200,11 +200,14 @@ impl RawSession {
 
     /// Sends one message (a newline is added).
     pub async fn send(&mut self, line: &str) {
+        self.send_bytes(line.as_bytes()).await;
+    }
+
+    /// Sends one message as bytes, UTF-8 or not (a newline is added).
+    pub async fn send_bytes(&mut self, line: &[u8]) {
         use tokio::io::AsyncWriteExt;
-        self.input
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .unwrap();
+        self.input.write_all(line).await.unwrap();
+        self.input.write_all(b"\n").await.unwrap();
     }
 
     /// The next message the server sends (30 s at most).
