@@ -588,6 +588,24 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
     let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
+    // Verifying a state directory that is not there (a mistyped path) must neither make
+    // one nor call its empty trail intact.
+    // The operator's own path, looked at before the runtime opens anything.
+    #[allow(clippy::disallowed_methods)]
+    let missing = config.state_dir_explicit
+        && matches!(std::fs::symlink_metadata(&state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    if verify_only && missing {
+        let v = ailab_sandbox_core::audit::VerifyReport {
+            ok: false,
+            entries: 0,
+            first_bad_seq: None,
+            reason: Some(format!(
+                "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
+                human::safe(&state_dir.display().to_string())
+            )),
+        };
+        return show_verified(&v, cli.json);
+    }
     // Read before the runtime opens: a plan that cannot be read leaves nothing behind
     // (no root or state directory created).
     let plan_bytes = match &cli.command {

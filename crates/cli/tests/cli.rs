@@ -2749,3 +2749,33 @@ fn human_tables_make_room_for_long_ids_and_intents() {
     }
     assert!(lines.iter().any(|l| l.contains(long_intent)), "{text}");
 }
+
+/// `audit verify` of a state directory that does not exist (a mistyped path) neither makes
+/// it nor calls its trail intact: exit 1, saying so.
+#[test]
+fn verifying_a_state_directory_that_is_not_there_says_so() {
+    let e = env();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v = json_out(&out);
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["entries"], 0, "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("does not exist"),
+        "{v}"
+    );
+    assert!(!e.state.exists() && !e.root.exists());
+    // Once the runtime has used it, an empty trail is intact.
+    e.cmd().arg("state").assert().success();
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json_out(&out)["ok"], true);
+}
