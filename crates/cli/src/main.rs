@@ -478,14 +478,39 @@ fn init_tracing(server: bool) {
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {
+    let (addr, token, max_body_bytes) = match &cli.command {
+        Command::Serve {
+            addr,
+            token,
+            max_body_bytes,
+        } => (addr.clone(), token.clone(), *max_body_bytes),
+        _ => (None, None, None),
+    };
+    if token.is_some() {
+        err!(
+            "warning: --token is visible to every local user in the process list; pass it in AI_LAB_SANDBOX_TOKEN or the config file instead"
+        );
+    }
+    let flags = Overrides {
+        roots: cli.roots.clone(),
+        state_dir: cli.state_dir.clone(),
+        phase: cli.phase.clone(),
+        enable_write: cli.enable_write,
+        no_dry_run: cli.no_dry_run,
+        addr,
+        token,
+        max_body_bytes,
+    };
+    // A variable a flag overrides is not read (`--config` too), so neither judged.
+    let read = |k: &str| !(flags.overrides(k) || (k == envvars::CONFIG && cli.config.is_some()));
     // A value that is not UTF-8 must not read as unset.
     if let Some(name) = envvars::ALL
         .into_iter()
-        .find(|k| matches!(std::env::var(k), Err(std::env::VarError::NotUnicode(_))))
+        .find(|k| read(k) && matches!(std::env::var(k), Err(std::env::VarError::NotUnicode(_))))
     {
         bail!("{name} is not valid UTF-8; unset it, or give a value in UTF-8");
     }
-    let env = |k: &str| std::env::var(k).ok();
+    let env = |k: &str| std::env::var(k).ok().filter(|_| read(k));
     let path = match (&cli.config, env(envvars::CONFIG)) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(p)) if p.is_empty() => bail!(
@@ -518,29 +543,6 @@ fn load_config(cli: &Cli) -> Result<Config> {
             )
         }
         None => None,
-    };
-    let (addr, token, max_body_bytes) = match &cli.command {
-        Command::Serve {
-            addr,
-            token,
-            max_body_bytes,
-        } => (addr.clone(), token.clone(), *max_body_bytes),
-        _ => (None, None, None),
-    };
-    if token.is_some() {
-        err!(
-            "warning: --token is visible to every local user in the process list; pass it in AI_LAB_SANDBOX_TOKEN or the config file instead"
-        );
-    }
-    let flags = Overrides {
-        roots: cli.roots.clone(),
-        state_dir: cli.state_dir.clone(),
-        phase: cli.phase.clone(),
-        enable_write: cli.enable_write,
-        no_dry_run: cli.no_dry_run,
-        addr,
-        token,
-        max_body_bytes,
     };
     Ok(Config::resolve(file, &env, &flags)?)
 }

@@ -655,6 +655,30 @@ fn unusable_settings_are_named_not_ignored() {
         .map(|d| d.unwrap().file_name())
         .collect();
     assert!(made.is_empty(), "nothing created: {made:?}");
+    // A variable a flag overrides is not read, whatever it holds: as the config file's
+    // under `--config`, the state directory's and the roots' under theirs.
+    let cfg = e.dir.join("c.toml");
+    std::fs::write(&cfg, "").unwrap();
+    for (name, value) in [
+        ("AI_LAB_SANDBOX_CONFIG", bad),
+        ("AI_LAB_STATE_DIR", bad),
+        ("AI_LAB_SANDBOX_ROOTS", std::ffi::OsStr::new("")),
+        ("AI_LAB_SANDBOX_DRY_RUN", std::ffi::OsStr::new("perhaps")),
+    ] {
+        let out = e
+            .cmd()
+            .env(name, value)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["--no-dry-run", "state"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+    }
+    refused(
+        e.cmd().env("AI_LAB_SANDBOX_DRY_RUN", "perhaps"),
+        "AI_LAB_SANDBOX_DRY_RUN",
+    );
 }
 
 #[test]

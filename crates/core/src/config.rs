@@ -336,6 +336,20 @@ pub struct Overrides {
     pub max_body_bytes: Option<usize>,
 }
 
+impl Overrides {
+    /// Whether a flag given overrides the environment variable `var` (one of [`env`]).
+    pub fn overrides(&self, var: &str) -> bool {
+        match var {
+            env::ROOTS => !self.roots.is_empty(),
+            env::STATE_DIR => self.state_dir.is_some(),
+            env::ENABLE_WRITE => self.enable_write,
+            env::DRY_RUN => self.no_dry_run,
+            env::TOKEN => self.token.is_some(),
+            _ => false,
+        }
+    }
+}
+
 /// Default largest HTTP request body (64 MiB).
 ///
 /// A plan travels as JSON, where a quote, backslash or newline of content takes two bytes
@@ -441,12 +455,15 @@ impl Config {
         }
     }
 
-    /// Merges file, environment (read through `env`) and flags, then validates.
+    /// Merges file, environment (read through `env`) and flags, then validates. A
+    /// variable a flag overrides is not read, so neither is its value judged (as a file's
+    /// value under a variable or a flag is not).
     pub fn resolve(
         file: Option<RawConfig>,
         env: &dyn Fn(&str) -> Option<String>,
         flags: &Overrides,
     ) -> Result<Self, ConfigError> {
+        let env = |name: &str| env(name).filter(|_| !flags.overrides(name));
         let file = file.unwrap_or_default();
         let mut c = Config::default();
 

@@ -740,3 +740,38 @@ fn extension_lists_set_in_code_are_validated() {
     c.extensions = ExtensionPolicy::new(Some(&allowed), &[]);
     assert!(c.validate().is_ok());
 }
+
+/// A variable a flag overrides is not read: its value, however wrong, stops nothing, as
+/// `AI_LAB_SANDBOX_CONFIG` under `--config`. Without the flag it is judged and named.
+#[test]
+fn a_variable_a_flag_overrides_is_not_judged() {
+    let vars = [
+        (env::ROOTS, ""),
+        (env::STATE_DIR, ""),
+        (env::ENABLE_WRITE, "maybe"),
+        (env::DRY_RUN, "perhaps"),
+        (env::TOKEN, "short"),
+    ];
+    let flags = Overrides {
+        roots: paths(&["/srv/flag-root"]),
+        state_dir: Some(PathBuf::from("/srv/flag-state")),
+        enable_write: true,
+        no_dry_run: true,
+        token: Some("flag-token-0123456789abcdef".to_owned()),
+        ..Overrides::default()
+    };
+    let c = resolve(None, &vars, &flags).unwrap();
+    assert_eq!(c.roots, paths(&["/srv/flag-root"]));
+    assert_eq!(c.state_dir, PathBuf::from("/srv/flag-state"));
+    assert!(c.enable_write && !c.dry_run);
+    assert_eq!(c.token.as_deref(), Some("flag-token-0123456789abcdef"));
+    for (name, _) in vars.iter().take(4) {
+        let one = vars
+            .iter()
+            .filter(|(n, _)| n == name)
+            .copied()
+            .collect::<Vec<_>>();
+        let err = resolve(None, &one, &Overrides::default()).unwrap_err().0;
+        assert!(err.contains(name), "{name}: {err}");
+    }
+}
