@@ -617,11 +617,18 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     fn take(&mut self, head_len: usize) {
         let head = &self.pending[self.at..self.at + head_len];
         if !self.too_long && self.line.len() + head.len() > self.most {
+            // Its start is kept, where a request's id and method are written (see
+            // [`oversized_call`]); the rest is dropped as it comes.
             self.too_long = true;
-            self.line = Vec::new();
-        } else if !self.too_long {
-            self.line.extend_from_slice(head);
+            self.line.truncate(KEPT_OF_TOO_LONG);
+            self.line.shrink_to_fit();
         }
+        let room = if self.too_long {
+            KEPT_OF_TOO_LONG.saturating_sub(self.line.len())
+        } else {
+            head.len()
+        };
+        self.line.extend_from_slice(&head[..room.min(head.len())]);
     }
 
     /// The next line without its newline, and whether it was too long; `None` at the end
@@ -737,6 +744,131 @@ where
     let _ = out.shutdown().await;
 }
 
+/// How much of the start of a line too long to read is kept, to answer its call.
+const KEPT_OF_TOO_LONG: usize = 4 << 10;
+
+/// A call too long to read, refused: its id and method, when its start (`text`) holds
+/// them before any other large member, give it a refusal the handler answers (as any
+/// screened call, `size_exceeded`), so that the client does not wait for good. `None`
+/// for anything else (a notification, a response, another request, a start that does not
+/// name them), dropped unanswered as rmcp drops it: nothing says what to answer.
+fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
+    let (id, method) = members_before_cut(text)?;
+    let id = id?;
+    request_id(id)?;
+    if serde_json::from_str::<String>(method?).ok()? != "tools/call" {
+        return None;
+    }
+    let refusal = Refusal::new(
+        ReasonCode::SizeExceeded,
+        format!(
+            "the message is longer than the {max_line} bytes a message may be, so none of it was read; send less (a file's content over several calls: create_file, then append_file)"
+        ),
+    );
+    Some(
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"\",\"_meta\":{{\"{REFUSED_META_KEY}\":{}}}}}}}",
+            serde_json::to_string(&refusal).ok()?
+        )
+        .into_bytes(),
+    )
+}
+
+/// The `id` and `method` members of the JSON object that `text` starts (and may be cut
+/// short of ending), as sent, when they come whole before the cut; a member given twice
+/// keeps its last value. `None` when `text` does not start an object.
+fn members_before_cut(text: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
+    let ws = |i: &mut usize| {
+        while text.get(*i).is_some_and(u8::is_ascii_whitespace) {
+            *i += 1;
+        }
+    };
+    let (mut id, mut method) = (None, None);
+    let mut i = 0;
+    ws(&mut i);
+    if text.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        ws(&mut i);
+        if text.get(i) != Some(&b'"') {
+            break;
+        }
+        let Some(key_end) = value_end(text, i) else {
+            break;
+        };
+        let key = serde_json::from_slice::<String>(&text[i..key_end]).ok();
+        i = key_end;
+        ws(&mut i);
+        if text.get(i) != Some(&b':') {
+            break;
+        }
+        i += 1;
+        ws(&mut i);
+        let start = i;
+        let Some(end) = value_end(text, start) else {
+            break;
+        };
+        let value = std::str::from_utf8(&text[start..end]).ok();
+        match key.as_deref() {
+            Some("id") => id = value,
+            Some("method") => method = value,
+            _ => {}
+        }
+        i = end;
+        ws(&mut i);
+        if text.get(i) != Some(&b',') {
+            break;
+        }
+        i += 1;
+    }
+    Some((id, method))
+}
+
+/// Where the JSON value starting at `text[start]` ends (one past it); `None` when `text`
+/// ends first. Not a validation: what it spans is read again by a parser.
+fn value_end(text: &[u8], start: usize) -> Option<usize> {
+    let (mut depth, mut i) = (0usize, start);
+    loop {
+        match *text.get(i)? {
+            b'"' => {
+                i += 1;
+                loop {
+                    match *text.get(i)? {
+                        b'\\' => i += 2,
+                        b'"' => break,
+                        _ => i += 1,
+                    }
+                }
+                i += 1;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                i += 1;
+            }
+            _ if depth == 0 => {
+                // A scalar: it ends where a delimiter or white space begins.
+                while !matches!(
+                    *text.get(i)?,
+                    b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n'
+                ) {
+                    i += 1;
+                }
+                return Some(i);
+            }
+            _ => i += 1,
+        }
+        if depth == 0 {
+            return Some(i);
+        }
+    }
+}
+
 /// What [`screen`] makes of `line`, to be passed on; `None` when it is dropped.
 fn screened<'l>(
     line: &'l [u8],
@@ -747,8 +879,12 @@ fn screened<'l>(
     let line = line.strip_prefix(BOM).unwrap_or(line);
     let message = line.strip_suffix(b"\r").unwrap_or(line);
     if too_long || message.len() > max_line {
-        tracing::warn!(max_line, "a message longer than the limit, dropped");
-        return None;
+        // Before `initialize` nothing is answered (see `screen`).
+        let refused = started.then(|| oversized_call(message, max_line)).flatten();
+        if refused.is_none() {
+            tracing::warn!(max_line, "a message longer than the limit, dropped");
+        }
+        return refused.map(std::borrow::Cow::Owned);
     }
     match screen(line, started) {
         Pass::Drop => None,
@@ -1010,13 +1146,90 @@ mod tests {
         assert_eq!(out, [fits.as_str(), cr.as_str(), fits.as_str(), ""]);
     }
 
+    /// A call over the limit is answered with its refusal when its start names its id
+    /// and method, whether the line was read whole or only its start was kept; anything
+    /// else over the limit is dropped, as rmcp drops it.
     #[tokio::test]
-    async fn lines_over_the_limit_are_dropped() {
+    async fn lines_over_the_limit_are_refused_or_dropped() {
         let line = call("7", "12345678901234567890123");
         let fits = call("8", "[1]");
         let input = format!("{INITIALIZE}\n{line}\n{fits}\n{line}");
         let out = pumped(&input, line.len() - 1).await;
-        assert_eq!(out, [INITIALIZE, fits.as_str(), ""]);
+        assert_eq!(out.len(), 5, "{out:?}");
+        assert_eq!(
+            (out[0].as_str(), out[2].as_str(), out[4].as_str()),
+            (INITIALIZE, fits.as_str(), "")
+        );
+        for refused in [&out[1], &out[3]] {
+            let (msg, r) = refusal_of(refused);
+            assert_eq!(msg["id"], 7, "{msg}");
+            assert_eq!(r.reason_code, ReasonCode::SizeExceeded);
+            assert!(
+                r.reason.contains(&format!("{} bytes", line.len() - 1)),
+                "{}",
+                r.reason
+            );
+        }
+        // Lines far past the limit: only their start is kept.
+        let big = format!("\"{}\"", "x".repeat(3 * KEPT_OF_TOO_LONG));
+        let params =
+            format!(r#"{{"name":"write_json","arguments":{{"path":"a.json","data":{big}}}}}"#);
+        let lines = [
+            format!(r#"{{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{params}}}"#),
+            format!(
+                r#"{{ "\u0069d" : 13 , "method":"tools\/call","params":{params},"jsonrpc":"2.0"}}"#
+            ),
+            format!(r#"{{"jsonrpc":"2.0","method":"tools/call","params":{params},"id":12}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":14,"method":"ping","params":{{"x":{big}}}}}"#),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"x":{big}}}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{{"n":1}},"method":"tools/call","params":{params}}}"#
+            ),
+        ];
+        let input = format!("{INITIALIZE}\n{}\n{fits}\n", lines.join("\n"));
+        let out = pumped(&input, 2 * KEPT_OF_TOO_LONG).await;
+        assert_eq!(out.len(), 5, "{out:?}");
+        let ids: Vec<Value> = out[1..3]
+            .iter()
+            .map(|l| refusal_of(l).0["id"].clone())
+            .collect();
+        assert_eq!(ids, [json!("a"), json!(13)]);
+        assert_eq!((out[3].as_str(), out[4].as_str()), (fits.as_str(), ""));
+    }
+
+    #[test]
+    fn members_are_found_before_a_cut() {
+        let found = |t: &str| {
+            members_before_cut(t.as_bytes())
+                .map(|(i, m)| (i.map(str::to_owned), m.map(str::to_owned)))
+        };
+        let some = |i: &str, m: &str| Some((Some(i.to_owned()), Some(m.to_owned())));
+        assert_eq!(
+            found(r#"{"id":1,"method":"x","params":{"a":[1,{"b":"}"}]}}"#),
+            some("1", r#""x""#)
+        );
+        assert_eq!(
+            found(r#"{"params":{"a":"\"}"},"id":"q\"","method":"m"}"#),
+            some(r#""q\"""#, r#""m""#)
+        );
+        assert_eq!(
+            found(r#"{"id":1,"id":2,"method":"m","params":{"cut"#),
+            some("2", r#""m""#)
+        );
+        assert_eq!(
+            found(r#"{"method":"m","params":{"cut"#),
+            Some((None, Some(r#""m""#.to_owned())))
+        );
+        // A scalar the cut may have shortened is not taken.
+        assert_eq!(
+            found(r#"{"method":"m","id":12"#),
+            Some((None, Some(r#""m""#.to_owned())))
+        );
+        assert_eq!(found(r#"{"method":"m"#), Some((None, None)));
+        assert_eq!(found(r#"[{"id":1}]"#), None);
+        assert_eq!(found(""), None);
     }
 
     #[test]

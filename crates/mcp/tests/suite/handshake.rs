@@ -265,6 +265,29 @@ async fn a_burst_of_waiting_calls_is_not_read_all_at_once() {
     s.finish().await;
 }
 
+/// A call longer than a message may be is answered with its refusal (`size_exceeded`),
+/// read no further than its start; the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_too_long_to_read_is_answered() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let content = "a".repeat(ailab_sandbox_mcp::MAX_MESSAGE_BYTES + 1);
+    s.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":900,"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"big.txt","content":"{content}"}}}}}}"#
+    ))
+    .await;
+    drop(content);
+    let a = s.answer().await;
+    assert_eq!(a["id"], 900, "{a}");
+    assert_eq!(a["result"]["isError"], true, "{a}");
+    let text = a["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("size_exceeded"), "{text}");
+    s.send(r#"{"jsonrpc":"2.0","id":901,"method":"ping"}"#)
+        .await;
+    assert_eq!(s.answer().await["id"], 901);
+    assert!(!s.root.join("big.txt").exists());
+    s.finish().await;
+}
+
 /// A call rmcp cannot read — not UTF-8, its `params`, `name` or `arguments` of another
 /// type — is answered as a refusal (a tool result, `invalid_plan`, naming what is wrong),
 /// not dropped unanswered nor answered "method not found"; nothing is written. A request
