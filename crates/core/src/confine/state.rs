@@ -212,8 +212,14 @@ impl StateDir {
                 .create(true)
                 .mode(0o600),
         )?;
+        let identity = {
+            use std::os::unix::fs::MetadataExt as _;
+            let m = file.metadata()?;
+            (m.dev(), m.ino())
+        };
         Ok(LogFile {
             file,
+            identity,
             wait: self.lock_wait,
             stalled: std::sync::Mutex::new(None),
         })
@@ -223,11 +229,9 @@ impl StateDir {
     /// replaced by another, would take appends out of the state directory unseen.
     pub fn still_names(&self, rel: &str, log: &LogFile) -> io::Result<bool> {
         use cap_std::fs::MetadataExt as _;
-        use std::os::unix::fs::MetadataExt as _;
         let (dir, name) = self.locate(rel)?;
-        let open = log.file.metadata()?;
         match dir.symlink_metadata(name) {
-            Ok(m) => Ok(m.dev() == open.dev() && m.ino() == open.ino()),
+            Ok(m) => Ok((m.dev(), m.ino()) == log.identity),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }
@@ -881,6 +885,8 @@ impl Drop for LogLock<'_> {
 #[derive(Debug)]
 pub struct LogFile {
     file: File,
+    /// Device and inode of `file`, which an open file keeps for good.
+    identity: (u64, u64),
     wait: std::time::Duration,
     /// When a wait for the lock last ran out: this process's threads queue for the file
     /// behind their owner's mutex, and each would otherwise wait its whole time in turn
