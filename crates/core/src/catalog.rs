@@ -299,7 +299,7 @@ pub fn is_allowed_operation(
                     op.extensions.join(" "),
                     shown_ext(ext),
                     if ext.is_empty() {
-                        " (a name that starts with a dot, such as '.json', is a hidden name without extension)"
+                        " (a name that starts with a dot, such as '.json', has no extension either)"
                     } else {
                         ""
                     }

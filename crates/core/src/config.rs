@@ -159,15 +159,28 @@ impl RawConfig {
                 };
                 format!("{what} (the line is not shown: it holds the token)")
             } else if e.message().starts_with("invalid boolean")
-                || (matches!(key.as_str(), "enable_write" | "dry_run")
-                    && e.message().starts_with("string values must be quoted"))
+                || e.message().starts_with("string values must be quoted")
             {
                 // The reader says only that it wanted `true` (`TRUE`), or a quoted
-                // string (`yes`): on a boolean key either was meant for one.
-                format!(
-                    "'{}' is not a boolean; write true or false, in lower case and without quotes",
-                    value.chars().take(40).collect::<String>().escape_debug()
-                )
+                // string (`yes`): what the key takes says which was meant.
+                let shown: String = value
+                    .split('#')
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .chars()
+                    .take(40)
+                    .collect();
+                let shown = shown.escape_debug();
+                if matches!(key.as_str(), "enable_write" | "dry_run") {
+                    format!(
+                        "'{shown}' is not a boolean; write true or false, in lower case and without quotes"
+                    )
+                } else {
+                    format!(
+                        "'{shown}' is a bare word; a string goes in double quotes, a boolean is true or false in lower case"
+                    )
+                }
             } else {
                 plain_words(e.message().trim(), &key)
             };

@@ -50,7 +50,7 @@ pub(crate) const MAX_QUEUED_CALLS: u64 = 2 * crate::MAX_CONCURRENT_CALLS as u64;
 
 /// How long a call passed on may go unseen by the handler before the pump takes it that
 /// rmcp answered it itself (a call it cannot read never reaches the handler; the screen
-/// refuses those it can tell, see [`check_call_shape`]).
+/// refuses those it can tell, see [`check_request_shape`]).
 const SETTLE: Duration = Duration::from_secs(5);
 
 /// Most bytes of calls the pump holds before it stops reading (it always reads at least
@@ -332,28 +332,42 @@ impl Head {
     }
 }
 
-/// The longest tool name copied from a message that is not UTF-8 (no tool's is near it).
-const MAX_COPIED_NAME_BYTES: usize = 1024;
+/// The longest id, method, version or tool name copied from a message that is not UTF-8,
+/// where each bad byte became three (no real one is near it).
+const MAX_COPIED_FROM_LOSSY: usize = 1024;
 
-/// Refuses (`invalid_plan`) a `tools/call` whose parameters rmcp cannot read as a call:
-/// `params` missing or not an object, `name` missing or not a string, `arguments`
-/// neither an object nor null. rmcp answers such a call "method not found", naming
-/// nothing, and it never reaches the handler. Read as sent; nothing is built.
-fn check_call_shape(line: &[u8]) -> Result<(), Refusal> {
+/// Refuses (`invalid_plan`) a request whose parameters rmcp cannot read: `params._meta`
+/// that is not an object (any request: rmcp answers it `-32600` without the request's
+/// id, which no client can match), and for a `tools/call` `params` missing or not an
+/// object, `name` missing or not a string, `arguments` or `inputResponses` neither an
+/// object nor null, `requestState` neither a string nor null (rmcp answers such a call
+/// "method not found", naming nothing). None of them would reach the handler. Read as
+/// sent; nothing is built.
+fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
     use serde_json::value::RawValue;
+    // A member given, null included (`Option` alone would read null as absent).
+    fn given<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+        <&RawValue>::deserialize(d).map(Some)
+    }
     #[derive(Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow)]
         method: Option<&'a RawValue>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "given")]
         params: Option<&'a RawValue>,
     }
     #[derive(Deserialize)]
     struct Params<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "given")]
         name: Option<&'a RawValue>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "given")]
         arguments: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "given", rename = "_meta")]
+        meta: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "given", rename = "inputResponses")]
+        input_responses: Option<&'a RawValue>,
+        #[serde(borrow, default, deserialize_with = "given", rename = "requestState")]
+        request_state: Option<&'a RawValue>,
     }
     // What a value is, for a sentence: its kind and, when short, itself.
     let shown = |raw: &RawValue| {
@@ -363,7 +377,7 @@ fn check_call_shape(line: &[u8]) -> Result<(), Refusal> {
             Some(b'{') => "an object",
             Some(b'[') => "an array",
             Some(b't' | b'f') => "a boolean",
-            Some(b'n') => "null",
+            Some(b'n') => return "null".to_owned(),
             _ => "a number",
         };
         if t.len() <= 40 {
@@ -372,31 +386,44 @@ fn check_call_shape(line: &[u8]) -> Result<(), Refusal> {
             kind.to_owned()
         }
     };
+    let is = |raw: Option<&RawValue>, first: char| {
+        raw.is_none_or(|r| r.get().starts_with(first) || r.get() == "null")
+    };
     let refuse = |why: String| Err(Refusal::new(ReasonCode::InvalidPlan, why));
-    // Not an object, or not a call: other rules (and rmcp) answer it.
+    // Not an object: other rules (and rmcp) answer it.
     let Ok(envelope) = serde_json::from_slice::<Envelope>(line) else {
         return Ok(());
     };
-    let method = envelope
+    let call = envelope
         .method
-        .and_then(|m| serde_json::from_str::<String>(m.get()).ok());
-    if method.as_deref() != Some("tools/call") {
-        return Ok(());
-    }
+        .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
+        .is_some_and(|m| m == "tools/call");
     const WANTED: &str =
         "an object with the tool's 'name' (a string) and its 'arguments' (an object)";
-    let Some(params) = envelope.params else {
-        return refuse(format!("a tools/call needs 'params', {WANTED}"));
+    let params = match envelope.params {
+        Some(p) if p.get().starts_with('{') => p,
+        None if call => return refuse(format!("a tools/call needs 'params', {WANTED}")),
+        Some(p) if call => {
+            return refuse(format!(
+                "'params' of a tools/call must be {WANTED}, not {}",
+                shown(p)
+            ));
+        }
+        // Another request's parameters that are not an object are its handler's to judge.
+        _ => return Ok(()),
     };
-    if !params.get().starts_with('{') {
-        return refuse(format!(
-            "'params' of a tools/call must be {WANTED}, not {}",
-            shown(params)
-        ));
-    }
     let Ok(p) = serde_json::from_str::<Params>(params.get()) else {
         return Ok(());
     };
+    if !is(p.meta, '{') {
+        return refuse(format!(
+            "'_meta' of a request must be an object, not {}",
+            p.meta.map_or(String::new(), shown)
+        ));
+    }
+    if !call {
+        return Ok(());
+    }
     match p.name {
         None => {
             return refuse(format!(
@@ -411,13 +438,24 @@ fn check_call_shape(line: &[u8]) -> Result<(), Refusal> {
         }
         Some(_) => {}
     }
-    match p.arguments {
-        Some(a) if !a.get().starts_with('{') && a.get() != "null" => refuse(format!(
-            "'arguments' of a tools/call must be an object of the tool's arguments, not {}",
-            shown(a)
-        )),
-        _ => Ok(()),
+    for (key, raw, first, what) in [
+        (
+            "arguments",
+            p.arguments,
+            '{',
+            "an object of the tool's arguments",
+        ),
+        ("inputResponses", p.input_responses, '{', "an object"),
+        ("requestState", p.request_state, '"', "a string"),
+    ] {
+        if !is(raw, first) {
+            return refuse(format!(
+                "'{key}' of a tools/call must be {what}, not {}",
+                raw.map_or(String::new(), shown)
+            ));
+        }
     }
+    Ok(())
 }
 
 /// The most of a client's `params._meta` copied onto a message passed on in another's
@@ -484,7 +522,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         )),
         None => check_numbers_kept(line)
             .and_then(|()| check_unique_keys(line))
-            .and_then(|()| check_call_shape(line)),
+            .and_then(|()| check_request_shape(line)),
     };
     let Err(refusal) = checked else {
         return Pass::Line;
@@ -507,12 +545,24 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         tracing::debug!("a request with an id or version that is not a plain value, dropped");
         return Pass::Drop;
     }
+    // From text that is not UTF-8 only short parts are copied (the message passed on
+    // must stay within what rmcp takes), and no id with a replaced byte: its answer
+    // would name another id than was sent, the same for every bad byte.
+    let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_FROM_LOSSY);
+    if not_text.is_some()
+        && !(copyable(head.jsonrpc.as_ref())
+            && copyable(head.method.as_ref())
+            && copyable(Some(id))
+            && !id.get().contains('\u{fffd}'))
+    {
+        tracing::debug!("a request that is not UTF-8 whose id cannot be answered as sent, dropped");
+        return Pass::Drop;
+    }
     // Built from the line's own text: a re-serialised value could come out longer
     // (`1e15` as `1000000000000000.0`) than rmcp takes.
     let (name, meta) = head.name_and_meta();
-    // A name read from text that is not UTF-8 is copied only when short: each bad byte
-    // became three.
-    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_NAME_BYTES);
+    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_FROM_LOSSY);
+    let meta = meta.filter(|_| not_text.is_none());
     let mut params = Vec::new();
     if method == "tools/call" {
         params.push(format!(
@@ -1197,6 +1247,45 @@ mod tests {
             .collect();
         assert_eq!(ids, [json!("a"), json!(13)]);
         assert_eq!((out[3].as_str(), out[4].as_str()), (fits.as_str(), ""));
+    }
+
+    /// From a line that is not UTF-8 only short parts are copied, and a call whose id
+    /// held a bad byte is dropped: its answer could not name the id sent.
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_gives_only_short_plain_parts() {
+        let mut input = format!("{INITIALIZE}\n").into_bytes();
+        let long_id = format!("\"{}\"", "i".repeat(MAX_COPIED_FROM_LOSSY));
+        for (id, meta) in [
+            ("1", r#"{"k":"m"}"#),
+            ("\"a\u{ff}\"", "{}"),
+            (long_id.as_str(), "{}"),
+        ] {
+            let id = id.replace("\u{ff}", "\u{1}");
+            input.extend_from_slice(
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"_meta":{meta},"name":"read_file","arguments":{{"path":"x"#)
+                    .as_bytes(),
+            );
+            input.extend_from_slice(b"\xff\"}}}\n");
+        }
+        // The id with a bad byte of its own.
+        let at = input.iter().position(|&b| b == 1).unwrap();
+        input[at] = 0xfe;
+        let mut out = Vec::new();
+        pump(
+            &input[..],
+            &mut out,
+            1 << 20,
+            &Flow::settling_in(Duration::ZERO),
+        )
+        .await;
+        let out = String::from_utf8(out).unwrap();
+        let out: Vec<&str> = out.split('\n').collect();
+        assert_eq!(out.len(), 3, "{out:?}");
+        let (msg, r) = refusal_of(out[1]);
+        assert_eq!(msg["id"], 1);
+        assert_eq!(msg["params"]["name"], "read_file");
+        assert!(msg["params"]["_meta"].get("k").is_none(), "{msg}");
+        assert!(r.reason.contains("not UTF-8"), "{}", r.reason);
     }
 
     #[test]

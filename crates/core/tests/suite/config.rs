@@ -141,8 +141,16 @@ fn wrong_value_types_are_said_in_plain_words() {
             "'TRUE' is not a boolean; write true or false",
         ),
         (
-            "dry_run = yes\n",
+            "dry_run = yes # on\n",
             "'yes' is not a boolean; write true or false",
+        ),
+        (
+            "phase = TRUE # x\n",
+            "'TRUE' is a bare word; a string goes in double quotes",
+        ),
+        (
+            "state_dir = falsey\n",
+            "'falsey' is a bare word; a string goes in double quotes",
         ),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;

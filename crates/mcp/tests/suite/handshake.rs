@@ -321,6 +321,31 @@ async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
             r#"{"arguments":{"path":"v.txt","content":"v"}}"#,
             "has no 'name'",
         ),
+        (
+            8,
+            "null",
+            "'params' of a tools/call must be an object with the tool's 'name' (a string) and its 'arguments' (an object), not null",
+        ),
+        (
+            9,
+            r#"{"name":null}"#,
+            "'name' of a tools/call must be a string, the tool's name, not null",
+        ),
+        (
+            10,
+            r#"{"name":"get_state","_meta":5}"#,
+            "'_meta' of a request must be an object, not a number (5)",
+        ),
+        (
+            11,
+            r#"{"name":"get_state","requestState":5}"#,
+            "'requestState' of a tools/call must be a string, not a number (5)",
+        ),
+        (
+            12,
+            r#"{"name":"get_state","inputResponses":[1]}"#,
+            "'inputResponses' of a tools/call must be an object, not an array ([1])",
+        ),
     ];
     for (id, params, _) in &cases {
         s.send(&format!(
@@ -332,8 +357,11 @@ async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
         .await;
     s.send_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\",\"params\":{\"x\":\"\xfe\"}}")
         .await;
+    // Any request's `_meta` that is not an object: the request goes on without it.
+    s.send(r#"{"jsonrpc":"2.0","id":13,"method":"ping","params":{"_meta":5}}"#)
+        .await;
     let mut answers = std::collections::BTreeMap::new();
-    for _ in 0..7 {
+    for _ in 0..cases.len() + 4 {
         let a = s.answer().await;
         answers.insert(a["id"].as_u64().unwrap(), a);
     }
@@ -351,25 +379,27 @@ async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
         refused(&answers[id], says);
     }
     refused(&answers[&6], "a tools/call needs 'params'");
-    assert_eq!(
-        answers[&7]["result"],
-        serde_json::json!({}),
-        "{}",
-        answers[&7]
-    );
+    for id in [7, 13] {
+        assert_eq!(
+            answers[&id]["result"],
+            serde_json::json!({}),
+            "{}",
+            answers[&id]
+        );
+    }
     assert!(!s.root.join("u.txt").exists() && !s.root.join("v.txt").exists());
     s.finish().await;
 }
 
-/// A call rmcp answers itself (its `_meta` is not an object) never reaches the handler:
-/// the session does not wait for it for good, neither for more input nor at its end.
+/// A call rmcp answers itself (its `jsonrpc` is not "2.0") never reaches the handler: the
+/// session does not wait for it for good, neither for more input nor at its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_the_handler_never_sees_do_not_hold_the_session() {
     use tokio::io::AsyncWriteExt;
     let mut s = RawSession::start(Mode::Write).await;
     for id in 1..=ailab_sandbox_mcp::MAX_CONCURRENT_CALLS * 3 {
         s.send(&format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"get_state","_meta":5}}}}"#
+            r#"{{"jsonrpc":"1.0","id":{id},"method":"tools/call","params":{{"name":"get_state"}}}}"#
         ))
         .await;
         assert!(s.answer().await.get("error").is_some());
