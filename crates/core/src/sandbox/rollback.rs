@@ -1359,7 +1359,12 @@ impl Sandbox {
                         &o.left_dirs,
                         Restorer::Rollback { found: &before },
                     ) {
-                        tracing::warn!(reason = %r, "could not mark a snapshot restored");
+                        // The restore itself stands: its audit line, which a later
+                        // rollback reads first, is written all the same.
+                        tracing::warn!(
+                            reason = %r,
+                            "the target was restored and the audit trail records it; only the snapshot's restored mark could not be written"
+                        );
                     }
                     self.metrics.mutation(&meta.intent, "rolled_back");
                     RollbackStep {
