@@ -350,7 +350,7 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// Whether a flag given overrides the environment variable `var` (one of [`env`]).
+    /// Whether a flag given overrides the environment variable `var` (one of [`mod@env`]).
     pub fn overrides(&self, var: &str) -> bool {
         match var {
             env::ROOTS => !self.roots.is_empty(),
