@@ -530,9 +530,18 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let workflow_id = args
             .str("workflow_id")
             .unwrap_or_else(|| self.workflow_id.to_string());
+        // An id the refusal will call invalid is quoted, so that an empty or odd one is
+        // seen as sent.
+        let shown = |id: &str| {
+            if ailab_sandbox_core::plan::is_valid_id(id) {
+                id.to_owned()
+            } else {
+                format!("'{}'", id.escape_debug())
+            }
+        };
         let what = match &action_id {
-            Some(a) => format!("action {a} of workflow {workflow_id}"),
-            None => format!("workflow {workflow_id}"),
+            Some(a) => format!("action {} of workflow {}", shown(a), shown(&workflow_id)),
+            None => format!("workflow {}", shown(&workflow_id)),
         };
         let opts = RollbackOptions {
             action_id,

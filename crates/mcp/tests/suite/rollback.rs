@@ -256,3 +256,28 @@ async fn a_rollback_says_in_words_what_it_leaves_of_pruned_writes() {
     assert!(s.path("a.md").exists() && !s.path("b.md").exists());
     s.finish().await;
 }
+
+/// A rollback refused for its ids names them as sent: an empty one is seen, a control
+/// character escaped.
+#[tokio::test]
+async fn a_rollback_of_bad_ids_quotes_them() {
+    let s = Session::start(Mode::Write).await;
+    let r = s.err("rollback_workflow", json!({"workflow_id": ""})).await;
+    let t = text(&r);
+    assert!(
+        t.contains("invalid_id") && t.contains("rollback of workflow '': "),
+        "{t}"
+    );
+    let r = s
+        .err(
+            "rollback_action",
+            json!({"workflow_id": "wf\nx", "action_id": "a1"}),
+        )
+        .await;
+    let t = text(&r);
+    assert!(
+        t.contains("rollback of action a1 of workflow 'wf\\nx': "),
+        "{t}"
+    );
+    s.finish().await;
+}
