@@ -158,35 +158,41 @@ impl RawConfig {
                     "the token must be a string, in double quotes, alone on its line"
                 };
                 format!("{what} (the line is not shown: it holds the token)")
-            } else if e.message().starts_with("invalid boolean")
-                || e.message().starts_with("string values must be quoted")
-            {
-                // The reader says only that it wanted `true` (`TRUE`), or a quoted
-                // string (`yes`): what the key takes says which was meant.
-                let shown: String = value
-                    .split('#')
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .chars()
-                    .take(40)
-                    .collect();
-                let shown = shown.escape_debug();
-                if matches!(key.as_str(), "enable_write" | "dry_run") {
-                    format!(
-                        "'{shown}' is not a boolean; write true or false, in lower case and without quotes"
-                    )
-                } else {
-                    format!(
-                        "'{shown}' is a bare word; a string goes in double quotes, a boolean is true or false in lower case"
-                    )
-                }
+            } else if let Some(words) = bare_word_words(e.message(), &key, &value) {
+                words
             } else {
                 plain_words(e.message().trim(), &key)
             };
             ConfigError(format!("invalid config{at}: {why}"))
         })
     }
+}
+
+/// What to say of a bare word the TOML reader refused (`TRUE`, `yes`, `no`, `ten`), which
+/// it words as the value it took the word to begin (`invalid boolean, expected \`true\``,
+/// `invalid float, expected \`nan\``) or as a string left unquoted; `None` when the
+/// message is another, or the value (`value`, the line after `=`) is no single word.
+fn bare_word_words(message: &str, key: &str, value: &str) -> Option<String> {
+    let word = value.split('#').next().unwrap_or_default().trim();
+    let single = !word.is_empty()
+        && word.len() <= 40
+        && word
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    let begins_number = word.starts_with(|c: char| c.is_ascii_digit() || c == '.');
+    let about_a_word = message.starts_with("invalid boolean")
+        || message.starts_with("string values must be quoted")
+        || (message.starts_with("invalid float") && !begins_number);
+    if !(about_a_word && single) {
+        return None;
+    }
+    Some(if matches!(key, "enable_write" | "dry_run") {
+        format!("'{word}' is not a boolean; write true or false, in lower case and without quotes")
+    } else {
+        format!(
+            "'{word}' is a bare word; TOML takes a string in double quotes, a number in digits, a boolean as true or false in lower case"
+        )
+    })
 }
 
 /// Whether the TOML reader's `message` is about a backslash that starts no escape.

@@ -548,12 +548,15 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // From text that is not UTF-8 only short parts are copied (the message passed on
     // must stay within what rmcp takes), and no id with a replaced byte: its answer
     // would name another id than was sent, the same for every bad byte.
+    // Nor a version with one: the SDK would answer it without an id.
     let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_FROM_LOSSY);
+    let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains('\u{fffd}'));
     if not_text.is_some()
         && !(copyable(head.jsonrpc.as_ref())
             && copyable(head.method.as_ref())
             && copyable(Some(id))
-            && !id.get().contains('\u{fffd}'))
+            && !replaced(Some(id))
+            && !replaced(head.jsonrpc.as_ref()))
     {
         tracing::debug!("a request that is not UTF-8 whose id cannot be answered as sent, dropped");
         return Pass::Drop;
@@ -1270,6 +1273,10 @@ mod tests {
         // The id with a bad byte of its own.
         let at = input.iter().position(|&b| b == 1).unwrap();
         input[at] = 0xfe;
+        // A version with one.
+        input.extend_from_slice(
+            b"{\"jsonrpc\":\"2.0\xff\",\"id\":5,\"method\":\"tools/call\",\"params\":{\"name\":\"x\"}}\n",
+        );
         let mut out = Vec::new();
         pump(
             &input[..],

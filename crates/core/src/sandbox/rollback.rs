@@ -1363,7 +1363,7 @@ impl Sandbox {
                         // rollback reads first, is written all the same.
                         tracing::warn!(
                             reason = %r,
-                            "the target was restored and the audit trail records it; only the snapshot's restored mark could not be written"
+                            "the target was restored (its audit line follows); only the snapshot's restored mark could not be written"
                         );
                     }
                     self.metrics.mutation(&meta.intent, "rolled_back");

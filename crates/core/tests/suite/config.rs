@@ -146,11 +146,28 @@ fn wrong_value_types_are_said_in_plain_words() {
         ),
         (
             "phase = TRUE # x\n",
-            "'TRUE' is a bare word; a string goes in double quotes",
+            "'TRUE' is a bare word; TOML takes a string in double quotes",
         ),
         (
             "state_dir = falsey\n",
-            "'falsey' is a bare word; a string goes in double quotes",
+            "'falsey' is a bare word; TOML takes a string in double quotes, a number in digits",
+        ),
+        (
+            "dry_run = no\n",
+            "'no' is not a boolean; write true or false",
+        ),
+        (
+            "[limits]\nwrites_per_minute = ten\n",
+            "'ten' is a bare word; TOML takes a string in double quotes, a number in digits",
+        ),
+        // No single word to quote: the reader's own words.
+        (
+            "[extensions]\nallowed = [\n  md,\n]\n",
+            "string values must be quoted",
+        ),
+        (
+            "[extensions]\nallowed = [\"c#\", md]\n",
+            "string values must be quoted",
         ),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;

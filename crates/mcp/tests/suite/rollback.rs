@@ -279,5 +279,17 @@ async fn a_rollback_of_bad_ids_quotes_them() {
         t.contains("rollback of action a1 of workflow 'wf\\nx': "),
         "{t}"
     );
+    // A long one is cut, as the refusal's own words cut it.
+    let r = s
+        .err(
+            "rollback_workflow",
+            json!({"workflow_id": "x".repeat(100_000)}),
+        )
+        .await;
+    let t = text(&r);
+    assert!(
+        t.len() < 2_000 && t.contains("rollback of workflow 'xxx"),
+        "{t}"
+    );
     s.finish().await;
 }
