@@ -299,9 +299,12 @@ pub fn is_allowed_operation(
                     op.extensions.join(" "),
                     shown_ext(ext),
                     if ext.is_empty() {
-                        " (a name that starts with a dot, such as '.json', has no extension either)"
+                        format!(
+                            " (a name that starts with a dot, such as '{}', has no extension either)",
+                            op.extensions[0]
+                        )
                     } else {
-                        ""
+                        String::new()
                     }
                 ),
             ));

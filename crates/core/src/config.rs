@@ -171,7 +171,8 @@ impl RawConfig {
 /// What to say of a bare word the TOML reader refused (`TRUE`, `yes`, `no`, `ten`), which
 /// it words as the value it took the word to begin (`invalid boolean, expected \`true\``,
 /// `invalid float, expected \`nan\``) or as a string left unquoted; `None` when the
-/// message is another, or the value (`value`, the line after `=`) is no single word.
+/// message is another. `value` is the line after `=`: a single word is quoted, a word
+/// inside an array or table is only said to be there.
 fn bare_word_words(message: &str, key: &str, value: &str) -> Option<String> {
     let word = value.split('#').next().unwrap_or_default().trim();
     let single = !word.is_empty()
@@ -183,15 +184,17 @@ fn bare_word_words(message: &str, key: &str, value: &str) -> Option<String> {
     let about_a_word = message.starts_with("invalid boolean")
         || message.starts_with("string values must be quoted")
         || (message.starts_with("invalid float") && !begins_number);
-    if !(about_a_word && single) {
+    if !about_a_word {
         return None;
+    }
+    const TOML_TAKES: &str = "TOML takes a string in double quotes, a number in digits, a boolean as true or false in lower case";
+    if !single {
+        return Some(format!("a bare word on this line; {TOML_TAKES}"));
     }
     Some(if matches!(key, "enable_write" | "dry_run") {
         format!("'{word}' is not a boolean; write true or false, in lower case and without quotes")
     } else {
-        format!(
-            "'{word}' is a bare word; TOML takes a string in double quotes, a number in digits, a boolean as true or false in lower case"
-        )
+        format!("'{word}' is a bare word; {TOML_TAKES}")
     })
 }
 

@@ -230,7 +230,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         };
         // A write would store other values, a read or rollback would act on another target
         // than the caller named, and a name given twice may not be the one it meant.
-        if let Some(r) = refused {
+        // What the trail records is what the caller hears: a forbidden intent first.
+        if let Some(r) = refused.filter(|_| forbidden.is_none()) {
             return match spec.map(|s| s.kind) {
                 Some(ToolKind::Write(op)) => {
                     refusal(&r, Some(self.writer(op)), ". Nothing was written.")

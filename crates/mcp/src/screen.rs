@@ -332,6 +332,22 @@ impl Head {
     }
 }
 
+/// What stands for each bad sequence of a line that is not UTF-8: a noncharacter, not
+/// U+FFFD, so that a U+FFFD the client sent (in an id, say) is told from a bad byte.
+const REPLACED: char = '\u{fdd0}';
+
+/// `line` as text, each sequence that is not UTF-8 replaced by [`REPLACED`].
+fn replaced_text(line: &[u8]) -> String {
+    let mut text = String::with_capacity(line.len());
+    for chunk in line.utf8_chunks() {
+        text.push_str(chunk.valid());
+        if !chunk.invalid().is_empty() {
+            text.push(REPLACED);
+        }
+    }
+    text
+}
+
 /// The longest id, method, version or tool name copied from a message that is not UTF-8,
 /// where each bad byte became three (no real one is near it).
 const MAX_COPIED_FROM_LOSSY: usize = 1024;
@@ -480,12 +496,12 @@ pub(crate) const MAX_GROWTH: usize = 64 << 10;
 /// that comes before it), and is set when this line is it.
 fn screen(line: &[u8], started: &mut bool) -> Pass {
     // rmcp drops a line that is not UTF-8 unanswered: its request is read from the text
-    // with each bad byte replaced, and answered with the refusal.
+    // with each bad sequence replaced, and answered with the refusal.
     let lossy;
     let (line, not_text) = match std::str::from_utf8(line) {
         Ok(_) => (line, None),
         Err(e) => {
-            lossy = String::from_utf8_lossy(line).into_owned();
+            lossy = replaced_text(line);
             (lossy.as_bytes(), Some(e.valid_up_to()))
         }
     };
@@ -550,7 +566,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // would name another id than was sent, the same for every bad byte.
     // Nor a version with one: the SDK would answer it without an id.
     let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_FROM_LOSSY);
-    let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains('\u{fffd}'));
+    let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains(REPLACED));
     if not_text.is_some()
         && !(copyable(head.jsonrpc.as_ref())
             && copyable(head.method.as_ref())
@@ -1260,6 +1276,8 @@ mod tests {
         let long_id = format!("\"{}\"", "i".repeat(MAX_COPIED_FROM_LOSSY));
         for (id, meta) in [
             ("1", r#"{"k":"m"}"#),
+            // A U+FFFD the client sent is no bad byte: answered.
+            ("\"r\u{fffd}\"", "{}"),
             ("\"a\u{ff}\"", "{}"),
             (long_id.as_str(), "{}"),
         ] {
@@ -1287,7 +1305,8 @@ mod tests {
         .await;
         let out = String::from_utf8(out).unwrap();
         let out: Vec<&str> = out.split('\n').collect();
-        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out.len(), 4, "{out:?}");
+        assert_eq!(refusal_of(out[2]).0["id"], "r\u{fffd}", "{}", out[2]);
         let (msg, r) = refusal_of(out[1]);
         assert_eq!(msg["id"], 1);
         assert_eq!(msg["params"]["name"], "read_file");

@@ -362,12 +362,17 @@ fn a_format_bound_operation_names_its_own_extensions() {
         (
             "generate_config",
             "",
-            "generate_config writes only .json .yaml .yml .toml .ini files",
+            "generate_config writes only .json .yaml .yml .toml .ini files; a name without extension is not one of them (a name that starts with a dot, such as '.json',",
         ),
         (
             "write_yaml",
             ".xyz",
             "write_yaml writes only .yaml .yml files",
+        ),
+        (
+            "generate_script",
+            "",
+            "(a name that starts with a dot, such as '.py', has no extension either)",
         ),
     ] {
         let err = is_allowed_operation(op(name), ext, 1, &policy).unwrap_err();

@@ -160,15 +160,20 @@ fn wrong_value_types_are_said_in_plain_words() {
             "[limits]\nwrites_per_minute = ten\n",
             "'ten' is a bare word; TOML takes a string in double quotes, a number in digits",
         ),
-        // No single word to quote: the reader's own words.
+        // No single word to quote: said to be there.
         (
             "[extensions]\nallowed = [\n  md,\n]\n",
-            "string values must be quoted",
+            "a bare word on this line; TOML takes a string in double quotes",
         ),
         (
             "[extensions]\nallowed = [\"c#\", md]\n",
-            "string values must be quoted",
+            "(line 2, key 'allowed'): a bare word on this line; TOML takes",
         ),
+        (
+            "limits = { writes_per_minute = ten }\n",
+            "a bare word on this line; TOML takes",
+        ),
+        ("phase = 28.3.1\n", "invalid float"),
     ] {
         let err = RawConfig::from_toml(toml).unwrap_err().0;
         assert!(err.contains(want), "{toml:?}: {err}");

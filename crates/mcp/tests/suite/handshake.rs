@@ -391,6 +391,36 @@ async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
     s.finish().await;
 }
 
+/// A forbidden intent asked for as a tool in a call the screen refuses (arguments of the
+/// wrong type, a key given twice) is answered with the code its audit line records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forbidden_tool_in_a_refused_call_is_answered_as_audited() {
+    let mut s = RawSession::start(Mode::Write).await;
+    for (id, params) in [
+        (1, r#"{"name":"delete_file","arguments":[1]}"#),
+        (
+            2,
+            r#"{"name":"delete_file","arguments":{"path":"a","path":"b"}}"#,
+        ),
+    ] {
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#
+        ))
+        .await;
+        let a = s.answer().await;
+        assert_eq!(a["id"], id, "{a}");
+        let text = a["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("forbidden_intent"), "{text}");
+    }
+    let trail = std::fs::read_to_string(s.state.join("sandbox_audit.jsonl")).unwrap();
+    let forbidden = trail
+        .lines()
+        .filter(|l| l.contains("\"delete_file\"") && l.contains("forbidden_intent"))
+        .count();
+    assert_eq!(forbidden, 2, "{trail}");
+    s.finish().await;
+}
+
 /// A call rmcp answers itself (its `jsonrpc` is not "2.0") never reaches the handler: the
 /// session does not wait for it for good, neither for more input nor at its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

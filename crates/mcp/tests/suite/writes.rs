@@ -324,7 +324,7 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
         );
     }
     // A name given twice is refused whichever comes last; a forbidden one the SDK reads
-    // (the last) is still on the trail, as a probe.
+    // (the last) is still on the trail, as a probe, and answered as the trail records it.
     let trail = |s: &RawSession| {
         std::fs::read_to_string(s.state.join("sandbox_audit.jsonl"))
             .unwrap_or_default()
@@ -332,9 +332,21 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             .filter(|l| l.contains("\"delete_file\""))
             .count()
     };
-    for (id, names, traced) in [
-        ("9", r#""name":"get_state","name":"delete_file""#, 1),
-        ("10", r#""name":"delete_file","name":"get_state""#, 1),
+    for (id, names, traced, code, says) in [
+        (
+            "9",
+            r#""name":"get_state","name":"delete_file""#,
+            1,
+            "forbidden_intent",
+            "\"delete_file\" is a forbidden intent",
+        ),
+        (
+            "10",
+            r#""name":"delete_file","name":"get_state""#,
+            1,
+            "invalid_plan",
+            "'name' appears twice",
+        ),
     ] {
         let call = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{{names},"arguments":{{"path":"keep.md"}}}}}}"#
@@ -343,14 +355,14 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
         let answer = s.answer().await;
         assert_eq!(answer["id"].to_string(), id, "{answer}");
         assert_eq!(
-            answer["result"]["structuredContent"]["reason_code"], "invalid_plan",
+            answer["result"]["structuredContent"]["reason_code"], code,
             "{answer}"
         );
         assert!(
             answer["result"]["content"][0]["text"]
                 .as_str()
                 .unwrap()
-                .contains("'name' appears twice"),
+                .contains(says),
             "{answer}"
         );
         assert_eq!(trail(&s), traced, "{names}");
