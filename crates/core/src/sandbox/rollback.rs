@@ -1402,6 +1402,13 @@ impl Sandbox {
                 record.status = AuditStatus::Failed;
                 record.reason_code = step.reason_code;
                 record.error = step.reason.clone();
+            } else if let Some(d) = step
+                .detail
+                .as_ref()
+                .filter(|d| d.starts_with(crate::snapshot::LEFT_IN_PLACE))
+            {
+                // What the trail keeps for good says too that the undo left a folder.
+                record.error = Some(d.clone());
             }
             // A death between the mark and this line is recorded by the next start's
             // recovery (`record_marked_restores`).

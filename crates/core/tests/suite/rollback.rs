@@ -1219,10 +1219,24 @@ fn a_file_put_into_a_made_directory_while_a_rollback_runs_is_a_conflict() {
     assert_eq!(rb.status, "failed", "{rb:?}");
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
     assert_eq!(w.read("q/x.txt"), b"theirs");
-    // Forced, the directory is left in place with the file, on the ledger.
+    // Forced, the directory is left in place with the file, on the ledger, and the
+    // trail's line says so.
     let rb = rollback(&sb, "wf_q", true);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.read("q/x.txt"), b"theirs");
+    let last = &sb.audit_entries(1, Some("wf_q")).unwrap()[0];
+    assert_eq!(
+        last.status,
+        ailab_sandbox_core::audit::AuditStatus::RolledBack,
+        "{last:?}"
+    );
+    assert!(
+        last.error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("left in place: ")),
+        "{last:?}"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// Directories left by a process that names the root another way are found by one that
