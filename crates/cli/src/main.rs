@@ -591,8 +591,8 @@ fn run(cli: Cli) -> Result<u8> {
     );
     let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
     // Verifying a state directory that is not there (a mistyped path) must neither make
-    // one nor call its empty trail intact.
-    // The operator's own path, looked at before the runtime opens anything.
+    // one nor call its empty trail intact: the operator's own path, looked at before the
+    // runtime opens anything.
     #[allow(clippy::disallowed_methods)]
     let missing = config.state_dir_explicit
         && matches!(std::fs::symlink_metadata(&state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
