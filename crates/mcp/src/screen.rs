@@ -822,12 +822,22 @@ const KEPT_OF_TOO_LONG: usize = 4 << 10;
 /// for anything else (a notification, a response, another request, a start that does not
 /// name them), dropped unanswered as rmcp drops it: nothing says what to answer.
 fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
-    let (id, method) = members_before_cut(text)?;
-    let id = id?;
+    let [id, method, params] = members_before_cut(text, ["id", "method", "params"])?;
+    let id = whole(text, id)?;
     request_id(id)?;
-    if serde_json::from_str::<String>(method?).ok()? != "tools/call" {
+    if serde_json::from_str::<String>(whole(text, method)?).ok()? != "tools/call" {
         return None;
     }
+    // The tool's name, when it comes before the cut too: a forbidden one is then audited
+    // as such, and the refusal speaks of the tool.
+    let name = params
+        .and_then(|(at, _)| {
+            let inner = &text[at..];
+            let [name] = members_before_cut(inner, ["name"])?;
+            whole(inner, name)
+        })
+        .filter(|n| n.len() <= MAX_COPIED_FROM_LOSSY && serde_json::from_str::<String>(n).is_ok())
+        .unwrap_or("\"\"");
     let refusal = Refusal::new(
         ReasonCode::SizeExceeded,
         format!(
@@ -836,23 +846,34 @@ fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
     );
     Some(
         format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"\",\"_meta\":{{\"{REFUSED_META_KEY}\":{}}}}}}}",
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":{name},\"_meta\":{{\"{REFUSED_META_KEY}\":{}}}}}}}",
             serde_json::to_string(&refusal).ok()?
         )
         .into_bytes(),
     )
 }
 
-/// The `id` and `method` members of the JSON object that `text` starts (and may be cut
-/// short of ending), as sent, when they come whole before the cut; a member given twice
-/// keeps its last value. `None` when `text` does not start an object.
-fn members_before_cut(text: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
+/// Where a member lies in a text: its value's start, and its end when it ends before the
+/// text does.
+type Place = Option<(usize, Option<usize>)>;
+
+/// The text of a member found whole (see [`members_before_cut`]).
+fn whole(text: &[u8], place: Place) -> Option<&str> {
+    let (start, end) = place?;
+    std::str::from_utf8(&text[start..end?]).ok()
+}
+
+/// Where the members `keys` of the JSON object that `text` starts (and may be cut short
+/// of ending) lie, as sent: a member cut short has a start and no end, one after the
+/// cut is not found; a member given twice keeps its last place. `None` when `text` does
+/// not start an object.
+fn members_before_cut<const N: usize>(text: &[u8], keys: [&str; N]) -> Option<[Place; N]> {
     let ws = |i: &mut usize| {
         while text.get(*i).is_some_and(u8::is_ascii_whitespace) {
             *i += 1;
         }
     };
-    let (mut id, mut method) = (None, None);
+    let mut found = [None; N];
     let mut i = 0;
     ws(&mut i);
     if text.get(i) != Some(&b'{') {
@@ -876,15 +897,13 @@ fn members_before_cut(text: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
         i += 1;
         ws(&mut i);
         let start = i;
-        let Some(end) = value_end(text, start) else {
+        let end = value_end(text, start);
+        if let Some(k) = key.and_then(|k| keys.iter().position(|w| *w == k)) {
+            found[k] = Some((start, end));
+        }
+        let Some(end) = end else {
             break;
         };
-        let value = std::str::from_utf8(&text[start..end]).ok();
-        match key.as_deref() {
-            Some("id") => id = value,
-            Some("method") => method = value,
-            _ => {}
-        }
         i = end;
         ws(&mut i);
         if text.get(i) != Some(&b',') {
@@ -892,7 +911,7 @@ fn members_before_cut(text: &[u8]) -> Option<(Option<&str>, Option<&str>)> {
         }
         i += 1;
     }
-    Some((id, method))
+    Some(found)
 }
 
 /// Where the JSON value starting at `text[start]` ends (one past it); `None` when `text`
@@ -1265,6 +1284,10 @@ mod tests {
             .map(|l| refusal_of(l).0["id"].clone())
             .collect();
         assert_eq!(ids, [json!("a"), json!(13)]);
+        // The tool's name, read before the cut, goes on with the refusal.
+        for line in &out[1..3] {
+            assert_eq!(refusal_of(line).0["params"]["name"], "write_json", "{line}");
+        }
         assert_eq!((out[3].as_str(), out[4].as_str()), (fits.as_str(), ""));
     }
 
@@ -1317,8 +1340,13 @@ mod tests {
     #[test]
     fn members_are_found_before_a_cut() {
         let found = |t: &str| {
-            members_before_cut(t.as_bytes())
-                .map(|(i, m)| (i.map(str::to_owned), m.map(str::to_owned)))
+            members_before_cut(t.as_bytes(), ["id", "method"]).map(|[i, m]| {
+                let text = t.as_bytes();
+                (
+                    whole(text, i).map(str::to_owned),
+                    whole(text, m).map(str::to_owned),
+                )
+            })
         };
         let some = |i: &str, m: &str| Some((Some(i.to_owned()), Some(m.to_owned())));
         assert_eq!(
@@ -1333,18 +1361,20 @@ mod tests {
             found(r#"{"id":1,"id":2,"method":"m","params":{"cut"#),
             some("2", r#""m""#)
         );
-        assert_eq!(
-            found(r#"{"method":"m","params":{"cut"#),
-            Some((None, Some(r#""m""#.to_owned())))
-        );
+        let only_method = Some((None, Some(r#""m""#.to_owned())));
+        assert_eq!(found(r#"{"method":"m","params":{"cut"#), only_method);
         // A scalar the cut may have shortened is not taken.
-        assert_eq!(
-            found(r#"{"method":"m","id":12"#),
-            Some((None, Some(r#""m""#.to_owned())))
-        );
+        assert_eq!(found(r#"{"method":"m","id":12"#), only_method);
         assert_eq!(found(r#"{"method":"m"#), Some((None, None)));
         assert_eq!(found(r#"[{"id":1}]"#), None);
         assert_eq!(found(""), None);
+        // A member cut short has its start: what it holds before the cut can be read.
+        let t = br#"{"id":1,"params":{"name":"write_json","arguments":{"data":"xx"#;
+        let [params] = members_before_cut(t, ["params"]).unwrap();
+        let (at, end) = params.unwrap();
+        assert_eq!(end, None);
+        let [name] = members_before_cut(&t[at..], ["name"]).unwrap();
+        assert_eq!(whole(&t[at..], name), Some(r#""write_json""#));
     }
 
     #[test]

@@ -285,6 +285,24 @@ async fn a_call_too_long_to_read_is_answered() {
         .await;
     assert_eq!(s.answer().await["id"], 901);
     assert!(!s.root.join("big.txt").exists());
+    // A forbidden tool named before the cut is on the trail, and answered so.
+    let path = "x".repeat(ailab_sandbox_mcp::MAX_MESSAGE_BYTES);
+    s.send(&format!(
+        r#"{{"jsonrpc":"2.0","id":902,"method":"tools/call","params":{{"name":"delete_file","arguments":{{"path":"{path}"}}}}}}"#
+    ))
+    .await;
+    drop(path);
+    let a = s.answer().await;
+    assert_eq!(a["id"], 902, "{a}");
+    let text = a["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("forbidden_intent"), "{text}");
+    let trail = std::fs::read_to_string(s.state.join("sandbox_audit.jsonl")).unwrap();
+    assert!(
+        trail
+            .lines()
+            .any(|l| l.contains("\"delete_file\"") && l.contains("forbidden_intent")),
+        "{trail}"
+    );
     s.finish().await;
 }
 
