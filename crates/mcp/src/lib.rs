@@ -537,7 +537,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             if ailab_sandbox_core::plan::is_valid_id(id) {
                 id.to_owned()
             } else {
-                ailab_sandbox_core::confine::path::shown_path(id)
+                shown_path(id)
             }
         };
         let what = match &action_id {

@@ -348,9 +348,10 @@ fn replaced_text(line: &[u8]) -> String {
     text
 }
 
-/// The longest id, method, version or tool name copied from a message that is not UTF-8,
-/// where each bad byte became three (no real one is near it).
-const MAX_COPIED_FROM_LOSSY: usize = 1024;
+/// The longest id, method, version or tool name copied onto a message passed on in the
+/// place of one that is not UTF-8 (where each bad byte became three) or too long to read
+/// (no real one is near it).
+const MAX_COPIED_PART: usize = 1024;
 
 /// Refuses (`invalid_plan`) a request whose parameters rmcp cannot read: `params._meta`
 /// that is not an object (any request: rmcp answers it `-32600` without the request's
@@ -387,19 +388,11 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
     }
     // What a value is, for a sentence: its kind and, when short, itself.
     let shown = |raw: &RawValue| {
-        let t = raw.get();
-        let kind = match t.as_bytes().first() {
-            Some(b'"') => "a string",
-            Some(b'{') => "an object",
-            Some(b'[') => "an array",
-            Some(b't' | b'f') => "a boolean",
-            Some(b'n') => return "null".to_owned(),
-            _ => "a number",
-        };
-        if t.len() <= 40 {
-            format!("{kind} ({t})")
-        } else {
+        let (t, kind) = (raw.get(), crate::tools::json_type_of_text(raw.get()));
+        if t == "null" || t.len() > 40 {
             kind.to_owned()
+        } else {
+            format!("{kind} ({t})")
         }
     };
     let is = |raw: Option<&RawValue>, first: char| {
@@ -565,7 +558,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // must stay within what rmcp takes), and no id with a replaced byte: its answer
     // would name another id than was sent, the same for every bad byte.
     // Nor a version with one: the SDK would answer it without an id.
-    let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_FROM_LOSSY);
+    let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_PART);
     let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains(REPLACED));
     if not_text.is_some()
         && !(copyable(head.jsonrpc.as_ref())
@@ -580,7 +573,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // Built from the line's own text: a re-serialised value could come out longer
     // (`1e15` as `1000000000000000.0`) than rmcp takes.
     let (name, meta) = head.name_and_meta();
-    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_FROM_LOSSY);
+    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_PART);
     let meta = meta.filter(|_| not_text.is_none());
     let mut params = Vec::new();
     if method == "tools/call" {
@@ -836,7 +829,7 @@ fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
             let [name] = members_before_cut(inner, ["name"])?;
             whole(inner, name)
         })
-        .filter(|n| n.len() <= MAX_COPIED_FROM_LOSSY && serde_json::from_str::<String>(n).is_ok())
+        .filter(|n| n.len() <= MAX_COPIED_PART && serde_json::from_str::<String>(n).is_ok())
         .unwrap_or("\"\"");
     let refusal = Refusal::new(
         ReasonCode::SizeExceeded,
@@ -1296,7 +1289,7 @@ mod tests {
     #[tokio::test]
     async fn a_line_that_is_not_utf8_gives_only_short_plain_parts() {
         let mut input = format!("{INITIALIZE}\n").into_bytes();
-        let long_id = format!("\"{}\"", "i".repeat(MAX_COPIED_FROM_LOSSY));
+        let long_id = format!("\"{}\"", "i".repeat(MAX_COPIED_PART));
         for (id, meta) in [
             ("1", r#"{"k":"m"}"#),
             // A U+FFFD the client sent is no bad byte: answered.

@@ -222,6 +222,19 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
+/// [`json_type`]'s words for a value still in its text (`text` starts a JSON value),
+/// for the screen, which never builds what it judges.
+pub(crate) fn json_type_of_text(text: &str) -> &'static str {
+    match text.as_bytes().first() {
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'"') => "a string",
+        Some(b'[') => "an array",
+        Some(b'{') => "an object",
+        _ => "a number",
+    }
+}
+
 /// A non-negative whole number, also written with a fraction of zero (`5.0`, an integer
 /// to JSON Schema).
 fn whole_number(v: &Value) -> Option<u64> {
