@@ -54,10 +54,10 @@ struct Cli {
     /// TOML config file (else AI_LAB_SANDBOX_CONFIG).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Sandbox root; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, defaults).
+    /// Sandbox root, an absolute path; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, defaults).
     #[arg(long = "root", global = true, value_name = "DIR")]
     roots: Vec<PathBuf>,
-    /// State directory for the audit log and artifact registry (else AI_LAB_STATE_DIR).
+    /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR).
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Phase in force (default 28.3).
@@ -129,7 +129,7 @@ enum Command {
         /// prefer AI_LAB_SANDBOX_TOKEN or the config file.
         #[arg(long)]
         token: Option<String>,
-        /// Largest request body in bytes (default 64 MiB).
+        /// Largest request body in bytes, 1024 to 268435456 (default 64 MiB).
         #[arg(long, value_name = "BYTES", value_parser = body_bytes, allow_hyphen_values = true)]
         max_body_bytes: Option<usize>,
     },
@@ -418,6 +418,12 @@ fn usage_error(e: clap::Error) -> ExitCode {
         return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(EXIT_USAGE));
     }
     let text = e.render().to_string();
+    if named_command().as_deref() == Some("mcp") {
+        // Standard output of `mcp` is the JSON-RPC channel: a client reads any line
+        // there as a protocol message.
+        err!("{}", text.trim_end());
+        return ExitCode::from(EXIT_USAGE);
+    }
     // The message without clap's usage and help lines, on one line: "the following
     // required arguments were not provided: <PLAN>".
     let reason = text
@@ -434,6 +440,33 @@ fn usage_error(e: clap::Error) -> ExitCode {
     );
     err!("{}", text.trim_end());
     ExitCode::from(EXIT_USAGE)
+}
+
+/// The subcommand the arguments name, read as clap would read them had they parsed: the
+/// first word that is neither an option nor the value of one (an unknown option is taken
+/// to have none).
+fn named_command() -> Option<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        let arg = arg.to_string_lossy();
+        if arg == "--" {
+            return None;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let takes_value = !long.contains('=')
+                && cli
+                    .get_arguments()
+                    .any(|a| a.get_long() == Some(long) && a.get_action().takes_values());
+            if takes_value {
+                args.next();
+            }
+        } else if !arg.starts_with('-') || arg == "-" {
+            return Some(arg.into_owned());
+        }
+    }
+    None
 }
 
 /// A write past the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action

@@ -543,6 +543,38 @@ fn audit_and_artifacts_print_arrays_and_lineage() {
     );
 }
 
+/// `mcp`'s standard output carries protocol messages only: a usage error there is said on
+/// standard error, `--json` or not, wherever the bad argument stands; other commands
+/// still print their JSON refusal.
+#[test]
+fn a_usage_error_of_mcp_keeps_off_its_protocol_channel() {
+    let e = env();
+    for args in [
+        &["--json", "mcp", "--bogus"][..],
+        &["--json", "--bogus", "mcp"],
+        &["--phase", "28.3", "--json", "mcp", "extra"],
+        &["--json", "--phase=28.3", "mcp", "--bogus"],
+    ] {
+        let out = e.std_cmd().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let bad = args
+            .iter()
+            .find(|a| ["--bogus", "extra"].contains(a))
+            .unwrap();
+        assert!(err.contains(bad), "{args:?}: {err}");
+    }
+    // A plan file named `mcp` is not the subcommand.
+    let out = e
+        .std_cmd()
+        .args(["--json", "run", "mcp", "--bogus"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(json_out(&out)["reason_code"], "invalid_usage", "{out:?}");
+}
+
 #[test]
 fn config_file_unknown_key_names_it() {
     let e = env();
@@ -567,6 +599,12 @@ fn config_file_unknown_key_names_it() {
     let said = refused(b"", &["--phase", "28", "state"]);
     assert!(
         said.contains("sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8"),
+        "{said}"
+    );
+    // The form is what is wrong, so it is what the sentence says, and it does not call
+    // the refused value a number that would allow reads.
+    assert!(
+        said.contains("two numbers joined by a dot") && !said.contains("any other number"),
         "{said}"
     );
 }

@@ -733,7 +733,7 @@ impl Config {
         }
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(
-                "phase '{}' is not a phase number such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other number allows reads only)",
+                "phase '{}' is not written as a phase is, two numbers joined by a dot such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
                 self.phase.escape_debug()
             )));
         }

@@ -98,7 +98,7 @@ tokio::task_local! {
 /// would hold as many file contents in memory and as many blocking threads.
 pub const MAX_CONCURRENT_CALLS: usize = 8;
 
-/// A fresh session workflow id: `wf_mcp_` and a time-ordered UUID.
+/// A fresh session workflow id: `wf_mcp_` and 32 hex digits ordered by time.
 fn session_workflow_id() -> String {
     let id = plan::new_workflow_id();
     let tail = id.strip_prefix("wf_").unwrap_or(&id);
