@@ -426,6 +426,7 @@ mod tests {
                 boot: None,
                 recovered_by: Vec::new(),
                 roots: Vec::new(),
+                rollback_recovered_at: None,
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

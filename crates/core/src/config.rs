@@ -731,6 +731,14 @@ impl Config {
                 r.display()
             )));
         }
+        // A run records the roots it writes into in its run record, one small block.
+        let names: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+        let (taken, room) = crate::recovery::InflightRecord::room_for_roots(&names);
+        if taken > room {
+            return Err(ConfigError(format!(
+                "the roots' paths are too long together: a run's record names the roots it writes into, and these take {taken} bytes there, more than the {room} it has room for; give shorter paths or fewer roots"
+            )));
+        }
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(
                 "phase '{}' is not written as a phase is, two numbers joined by a dot such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",

@@ -675,6 +675,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             boot: crate::confine::state::boot_id().map(str::to_owned),
             recovered_by: Vec::new(),
             roots,
+            rollback_recovered_at: None,
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

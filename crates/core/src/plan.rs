@@ -133,11 +133,14 @@ impl ValidPlan {
     }
 }
 
+/// The most characters an id may have.
+pub const MAX_ID_LEN: usize = 64;
+
 /// Whether `id` matches `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
 pub fn is_valid_id(id: &str) -> bool {
     let b = id.as_bytes();
     !b.is_empty()
-        && b.len() <= 64
+        && b.len() <= MAX_ID_LEN
         && b[0].is_ascii_alphanumeric()
         && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))

@@ -318,8 +318,8 @@ impl StateDir {
         }
     }
 
-    /// Writes a small record in place: `bytes` padded to one 512-byte block, so an
-    /// overwrite is a single sector write and allocates nothing. The first write creates
+    /// Writes a small record in place: `bytes` padded to one block, so an
+    /// overwrite allocates nothing and changes only the sectors the record covers. The first write creates
     /// the file and syncs its directory; later ones cost one `fdatasync` when `durable`.
     pub fn write_block(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let block = padded_block(bytes)?;
@@ -668,8 +668,11 @@ impl CommitLogFile {
     }
 }
 
-/// The size of a block file (a run record, the audit head): one sector, written whole.
-pub const BLOCK: usize = 512;
+/// The size of a block file (a run record, the audit head), written whole: one page, so
+/// that a run record naming long roots fits. What such a file holds is nearly always
+/// shorter than a sector, and the padding after it is the same in every version, so a
+/// rewrite changes one sector only.
+pub const BLOCK: usize = 4096;
 
 fn padded_block(bytes: &[u8]) -> io::Result<Vec<u8>> {
     if bytes.len() >= BLOCK {

@@ -107,6 +107,13 @@ pub struct InflightRecord {
     /// them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roots: Vec<String>,
+    /// When recovery settled the interrupted rollback this record was kept for. The
+    /// rollback is left half done for the operator to run again, so prune counts this
+    /// as activity on the workflow: the snapshots that run needs stay for at least the
+    /// prune's age from the moment the operator was told (a prune that recovers it
+    /// itself, right after the kill, would otherwise remove them as old).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_recovered_at: Option<String>,
 }
 
 impl InflightRecord {
@@ -116,6 +123,44 @@ impl InflightRecord {
             state: "idle".to_owned(),
             finished: false,
             ..self.clone()
+        }
+    }
+
+    /// How many bytes the roots `names` (as a record names them) take in the longest
+    /// record a run writing into all of them can have, and how many that record has
+    /// room for: every optional field set, each id of the most characters allowed, its
+    /// longest state. A configuration whose roots do not fit is refused at start, not
+    /// at every run.
+    pub fn room_for_roots(names: &[String]) -> (usize, usize) {
+        let id = crate::ids::unique();
+        let stamp = crate::clock::timestamp(chrono::Utc::now());
+        let longest = Self {
+            state: RESTORES_UNAUDITED.to_owned(),
+            execution_id: crate::plan::new_execution_id(),
+            workflow_id: "w".repeat(crate::plan::MAX_ID_LEN),
+            started_at: stamp.clone(),
+            finished: true,
+            boot: Some(
+                crate::confine::state::boot_id()
+                    .map_or_else(|| "0".repeat(36), |b| format!("{b:0<36}")),
+            ),
+            recovered_by: vec![id; MAX_RECOVERED_BY],
+            roots: vec![String::new()],
+            rollback_recovered_at: Some(stamp),
+        };
+        let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
+        // `[""]` stands in the record for the names' own JSON array.
+        let room = (crate::confine::state::BLOCK - 1).saturating_sub(without - "[\"\"]".len());
+        let taken = serde_json::to_vec(names).map_or(usize::MAX, |v| v.len());
+        (taken, room)
+    }
+
+    /// The record once recovery has settled its run at `now`: idle, and for a rollback,
+    /// when it was settled.
+    fn recovered(&self, now: String) -> Self {
+        Self {
+            rollback_recovered_at: (self.state == ROLLING_BACK).then_some(now),
+            ..self.idle()
         }
     }
 
@@ -314,7 +359,7 @@ impl Sandbox {
                 continue;
             }
             if !retry {
-                self.write_idle_record(&rec, self.durable());
+                self.write_recovered_record(&rec);
             }
             drop(lock);
         }
@@ -441,8 +486,15 @@ impl Sandbox {
             restores_recorded = report.restores_recorded,
             "recovered an interrupted run of the workflow before touching its snapshots"
         );
-        self.write_idle_record(&rec, self.durable());
+        self.write_recovered_record(&rec);
         Ok(Some(file))
+    }
+
+    /// Marks `rec`'s run settled by recovery (see [`InflightRecord::recovered`]).
+    fn write_recovered_record(&self, rec: &InflightRecord) {
+        if let Err(e) = self.write_record(&rec.recovered(self.now()), self.durable()) {
+            tracing::warn!(error = %e, "could not mark a recovered workflow's record idle");
+        }
     }
 
     /// The roots a run record names that this sandbox is not configured with.

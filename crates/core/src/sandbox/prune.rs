@@ -124,9 +124,19 @@ impl Sandbox {
             .audit
             .by_workflow(wf)
             .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
+        // An interrupted rollback recovery settled is activity as of then: the operator
+        // was told to run it again, which needs these snapshots.
+        let recovered_at = self
+            .state
+            .inflight_read(wf)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok())
+            .and_then(|r| r.rollback_recovered_at);
         let recent = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())
+            .chain(recovered_at.as_deref())
             // A simulated or refused rollback or plan is no activity on the workflow's
             // snapshots: nothing changed.
             .chain(

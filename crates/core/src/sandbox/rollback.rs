@@ -1082,6 +1082,7 @@ impl Sandbox {
             boot: crate::confine::state::boot_id().map(str::to_owned),
             recovered_by: Vec::new(),
             roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
+            rollback_recovered_at: None,
         };
         let marked = self
             .settle_commit_log(workflow_id)

@@ -692,6 +692,104 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
     }
 }
 
+/// A prune right after a killed rollback (the start that recovers it is the prune's
+/// own) keeps the workflow: the notice tells the operator to run the rollback again,
+/// which needs its snapshots. The age counts from that recovery, so the workflow is
+/// pruned later like any other if the rollback is never run again.
+#[test]
+fn a_prune_keeps_a_workflow_whose_interrupted_rollback_it_just_recovered() {
+    use ailab_sandbox_core::config::Durability;
+    let hour = chrono::Duration::hours(1);
+    let an_hour = std::time::Duration::from_secs(3600);
+    for durability in [Durability::Relaxed, Durability::Strict] {
+        for run_again in [true, false] {
+            let case = format!("{durability:?}, run again: {run_again}");
+            let (w, c, original) = rollback_killed_at("during_restore", durability);
+            w.clock.advance(hour * 2);
+            let sb = w.open(c);
+            assert!(
+                sb.notices()
+                    .iter()
+                    .any(|n| n.contains("recovered interrupted rollback")),
+                "{case}: {:?}",
+                sb.notices()
+            );
+            let kept = sb.prune(an_hour).unwrap();
+            assert!(kept.workflows_pruned.is_empty(), "{case}: {kept:?}");
+            assert!(w.path(".rollback/wf_crash").is_dir(), "{case}");
+            if run_again {
+                let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+                assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+                assert_eq!(w.tree(), original, "{case}");
+            }
+            w.clock.advance(hour * 2);
+            let later = sb.prune(an_hour).unwrap();
+            assert_eq!(later.workflows_pruned, ["wf_crash"], "{case}: {later:?}");
+            assert!(sb.audit_verify().unwrap().ok, "{case}");
+        }
+    }
+}
+
+/// A root whose path is long (past a disk sector, with the longest workflow id) is
+/// named in every run record: runs and rollbacks write there, and those that die are
+/// recovered by the next start (every run was refused "record longer than one block").
+/// Roots too long together for a record are refused at start, saying so.
+#[test]
+fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start() {
+    let w = World::new();
+    let long = (0..6).fold(w.tmp.path().to_path_buf(), |p, i| {
+        p.join(format!("{i}{}", "d".repeat(239)))
+    });
+    assert!(long.as_os_str().len() > 1440);
+    let mut c = w.writable_config();
+    c.roots = vec![long.clone()];
+    let wf = "w".repeat(64);
+    let plan = json!({"workflow_id": wf, "actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "alpha\n"},
+        {"intent": "create_file", "path": "b.txt", "content": "beta\n"}]});
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("after_snapshot", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| run(&sb, plan.clone())));
+    assert!(died.is_err(), "the run dies at its second snapshot");
+    drop(sb);
+    let sb = w.open(c.clone());
+    assert_noticed(&sb, "recovered interrupted run");
+    // The first action was audited and stands; the second, in doubt, was undone.
+    assert_eq!(std::fs::read(long.join("a.txt")).unwrap(), b"alpha\n");
+    assert!(!long.join("b.txt").exists());
+    let r = run(
+        &sb,
+        json!({"workflow_id": wf, "actions": [
+            {"intent": "create_file", "path": "b.txt", "content": "beta\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(std::fs::read(long.join("b.txt")).unwrap(), b"beta\n");
+    sb.failpoints().arm_crash("during_restore", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow(&wf, &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback dies at its second restore");
+    drop(sb);
+    let sb = w.open(c.clone());
+    assert_noticed(&sb, "recovered interrupted rollback");
+    let rb = sb.rollback_workflow(&wf, &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!long.join("a.txt").exists() && !long.join("b.txt").exists());
+    assert!(sb.audit_verify().unwrap().ok);
+    drop(sb);
+    // Three such roots do not fit one record: refused before anything is made.
+    let mut c = w.writable_config();
+    c.roots = (0..3).map(|i| long.join(format!("r{i}"))).collect();
+    let err = ailab_sandbox_core::Sandbox::open(c)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the roots' paths are too long together"),
+        "{err}"
+    );
+    assert!(!long.join("r0").exists(), "nothing made");
+}
+
 /// A run that dies between an action's registry line and its audit line left the
 /// action's result in place and registered: recovery finishes it by auditing it, so the
 /// registry never lists an artifact the trail does not (and a later rollback undoes it).
