@@ -44,6 +44,20 @@ const INITIAL: u64 = 8 * 1024;
 /// sync instead: appending them would write large files twice.
 pub const MAX_LOGGED_BYTES: usize = 64 * 1024;
 
+/// A log never holds entries past this offset: a commit that would take it further
+/// syncs instead (as a workflow's first commit does). A file much longer is not a log the
+/// runtime wrote, and is not read.
+pub const MAX_LOG_BYTES: u64 = 64 << 20;
+
+/// The most bytes an entry's JSON header (its run record and snapshot metadata) takes: an
+/// entry whose header would be longer is not logged, and a frame claiming more is no
+/// entry (it is not hashed to find out).
+const MAX_HEADER: usize = 256 << 10;
+
+/// How many bytes [`checked_entry_after`] hashes at most: bytes that only look like
+/// frames, as many as a hostile file may hold, do not keep a start busy for minutes.
+const MAX_SCANNED: usize = 64 << 20;
+
 /// Where a log's entries end, and their generation. Emptying a log starts a new
 /// generation: entries of an older one left past the end are never read again, and a
 /// position taken before the log was emptied never matches one taken after.
@@ -157,13 +171,15 @@ pub fn position(file: &File) -> io::Result<Option<Position>> {
 /// Appends one entry and syncs the log; returns the new position. Call with the
 /// workflow's lock held. On failure the header is put back and the frame spoiled, so
 /// the entry is not in the log.
+/// `None`, with nothing written, when the entry would take the log past
+/// [`MAX_LOG_BYTES`] or its header past [`MAX_HEADER`]: the commit syncs instead.
 pub fn append(
     file: &File,
     record: &InflightRecord,
     meta: &SnapshotMeta,
     backup: Option<&[u8]>,
     bytes: &[u8],
-) -> io::Result<Position> {
+) -> io::Result<Option<Position>> {
     let at = match position(file)? {
         Some(p) => p,
         None => initialize(file)?,
@@ -173,6 +189,9 @@ pub fn append(
         end: at.end + frame.len() as u64,
         ..at
     };
+    if next.end > MAX_LOG_BYTES || frame_header_len(&frame) > MAX_HEADER {
+        return Ok(None);
+    }
     let size = file.len()?;
     if next.end > size {
         grow(file, next.end.div_ceil(GROWTH) * GROWTH)?;
@@ -187,7 +206,15 @@ pub fn append(
         let _ = file.write_all_at(&encode_head(at), 0);
         return Err(e);
     }
-    Ok(next)
+    Ok(Some(next))
+}
+
+/// The header length a frame made by [`encode`] declares.
+fn frame_header_len(frame: &[u8]) -> usize {
+    frame
+        .get(12..16)
+        .and_then(|w| w.try_into().ok())
+        .map_or(usize::MAX, |w| u32::from_le_bytes(w) as usize)
 }
 
 /// Empties the log, durably (a new generation): what it held must be durable elsewhere
@@ -265,6 +292,17 @@ fn read_span(file: &File) -> io::Result<(Option<Position>, Vec<CommitEntry>, u64
         }
     }
     let size = file.len()?;
+    // Appends stop at MAX_LOG_BYTES; a retained generation is written after the last
+    // one, so it may end twice as far, plus the zeros written ahead.
+    let longest = 2 * MAX_LOG_BYTES + 2 * GROWTH;
+    if size > longest {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "it is {size} bytes long, more than a log of the runtime ever takes ({longest}), so it is not the runtime's own; nothing of it is read, replayed or emptied: put back the runtime's own log, or move it away to go on without the writes it holds"
+            ),
+        ));
+    }
     let mut buf = vec![0u8; size.saturating_sub(at.start) as usize];
     file.read_exact_at(&mut buf, at.start)?;
     let (entries, used) = decode_all(at.generation, &buf);
@@ -290,8 +328,48 @@ fn checked_entry_after(generation: u64, rest: &[u8]) -> bool {
     let mut tag = [0u8; 12];
     tag[..4].copy_from_slice(FRAME_MAGIC);
     tag[4..].copy_from_slice(&generation.to_le_bytes());
-    (1..rest.len().saturating_sub(PREFIX - 1))
-        .any(|i| rest[i..].starts_with(&tag) && decode_one(generation, &rest[i..]).is_some())
+    let mut scanned = 0usize;
+    for i in 1..rest.len().saturating_sub(PREFIX - 1) {
+        if !rest[i..].starts_with(&tag) {
+            continue;
+        }
+        if scanned > MAX_SCANNED {
+            // Only a hand-made file holds that many look-alikes: a crash tears one entry,
+            // and bytes of other generations carry other tags.
+            tracing::warn!(
+                "a commit log holds more bytes that look like entries after a damaged one than are checked; the entries before it are read as the log"
+            );
+            return false;
+        }
+        scanned += claimed_frame_len(&rest[i..]);
+        if decode_one(generation, &rest[i..]).is_some() {
+            return true;
+        }
+    }
+    false
+}
+
+/// The length a frame's prefix claims, as far as [`decode_one`] would hash it (nothing
+/// when the frame could not be an entry).
+fn claimed_frame_len(log: &[u8]) -> usize {
+    frame_lens(log).map_or(0, |(header, body)| PREFIX + header + body)
+}
+
+/// A frame's header length and the length of its backup and new bytes together, when
+/// its prefix is whole and within the bounds an entry keeps.
+fn frame_lens(log: &[u8]) -> Option<(usize, usize)> {
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(log.get(at..at + 8)?.try_into().ok()?))
+    };
+    let header_len = u32::from_le_bytes(log.get(12..16)?.try_into().ok()?) as usize;
+    let backup_len = word(16)?;
+    let backup_size = if backup_len == NO_BACKUP {
+        0
+    } else {
+        usize::try_from(backup_len).ok()?
+    };
+    let data = backup_size.checked_add(usize::try_from(word(24)?).ok()?)?;
+    (header_len <= MAX_HEADER && data <= MAX_LOGGED_BYTES).then_some((header_len, data))
 }
 
 /// The log entry of a commit.
@@ -355,18 +433,15 @@ fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
     if word(4)? != generation {
         return None;
     }
-    let header_len = u32::from_le_bytes(log[12..16].try_into().ok()?) as usize;
+    // Checked before anything is hashed: no entry is longer.
+    let (header_len, data_len) = frame_lens(log)?;
     let backup_len = word(16)?;
-    let bytes_len = usize::try_from(word(24)?).ok()?;
     let backup_size = if backup_len == NO_BACKUP {
         0
     } else {
         usize::try_from(backup_len).ok()?
     };
-    let body_len = header_len
-        .checked_add(backup_size)?
-        .checked_add(bytes_len)?;
-    let frame = log.get(..PREFIX.checked_add(body_len)?)?;
+    let frame = log.get(..PREFIX + header_len + data_len)?;
     if checksum(frame)[..] != frame[PREFIX - 32..PREFIX] {
         return None;
     }
@@ -436,7 +511,8 @@ mod tests {
 
     fn append_entry(f: &File, e: &CommitEntry) -> Position {
         match append(f, &e.record, &e.meta, e.backup.as_deref(), &e.bytes) {
-            Ok(p) => p,
+            Ok(Some(p)) => p,
+            Ok(None) => panic!("append: no room"),
             Err(err) => panic!("append: {err}"),
         }
     }
@@ -531,6 +607,71 @@ mod tests {
             }
             Ok(got) => panic!("read {} entries", got.len()),
         }
+    }
+
+    /// Appends stop where a log must end, so that a reader may refuse a longer file
+    /// without allocating its length: one claiming terabytes (sparse, nothing on disk)
+    /// is refused at once, its entries not read.
+    #[test]
+    fn a_log_stays_within_its_bound_and_a_longer_file_is_not_read() {
+        let (_dir, f) = log_file();
+        let e = entry(None, &[b'x'; MAX_LOGGED_BYTES]);
+        let mut appended = 0;
+        while append(&f, &e.record, &e.meta, None, &e.bytes)
+            .unwrap_or_else(|err| panic!("append: {err}"))
+            .is_some()
+        {
+            appended += 1;
+            assert!(appended < 2000, "the log never filled");
+        }
+        let Ok(Some(at)) = position(&f) else {
+            panic!("no position")
+        };
+        assert!(at.end <= MAX_LOG_BYTES && at.end + 2 * (MAX_LOGGED_BYTES as u64) > MAX_LOG_BYTES);
+        assert_eq!(entries(&f).len(), appended);
+        assert!(f.write_all_at(&[0], (1 << 42) - 1).is_ok());
+        match read(&f) {
+            Err(e) => {
+                assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+                assert!(e.to_string().contains("4398046511104 bytes long"), "{e}");
+            }
+            Ok(got) => panic!("read {} entries", got.len()),
+        }
+    }
+
+    /// Bytes that look like frames of the generation after a damaged entry, each claiming
+    /// a long body, are hashed up to a bound: a sound entry past that bound is not looked
+    /// for (a hand-made file; a crash leaves nothing of the kind).
+    #[test]
+    fn the_search_for_an_entry_after_a_damaged_one_is_bounded() {
+        let generation = 7u64;
+        let mut tag = Vec::from(&FRAME_MAGIC[..]);
+        tag.extend_from_slice(&generation.to_le_bytes());
+        let look_alike = |claimed: usize| {
+            let mut f = tag.clone();
+            f.extend_from_slice(&0u32.to_le_bytes());
+            f.extend_from_slice(&NO_BACKUP.to_le_bytes());
+            f.extend_from_slice(&(claimed as u64).to_le_bytes());
+            f.resize(64, 0);
+            f
+        };
+        let e = entry(None, b"sound");
+        let sound = encode(generation, &e.record, &e.meta, None, &e.bytes);
+        let with = |look_alikes: usize| {
+            let mut rest = vec![0u8];
+            for _ in 0..look_alikes {
+                rest.extend(look_alike(MAX_LOGGED_BYTES));
+            }
+            rest.extend(&sound);
+            // Room for the last look-alike's claimed body, so that it is hashed.
+            rest.resize(rest.len() + MAX_LOGGED_BYTES + PREFIX, 0);
+            rest
+        };
+        assert!(checked_entry_after(generation, &with(16)));
+        let past_bound = MAX_SCANNED / MAX_LOGGED_BYTES + 2;
+        assert!(!checked_entry_after(generation, &with(past_bound)));
+        // A claim longer than any entry is not hashed at all, so it costs nothing.
+        assert_eq!(claimed_frame_len(&look_alike(MAX_LOGGED_BYTES + 1)), 0);
     }
 
     #[test]

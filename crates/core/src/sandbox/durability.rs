@@ -205,8 +205,12 @@ impl Sandbox {
             }
             return synced.map(|()| None);
         };
-        let at =
-            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?;
+        let Some(at) =
+            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?
+        else {
+            // The log is full (many commits since the last sync point): this one syncs.
+            return self.sync_point().map(|()| None);
+        };
         self.logged_since_sync
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(Some(at))

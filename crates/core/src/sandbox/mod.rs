@@ -395,9 +395,11 @@ impl Sandbox {
             sb.remove_left_dirs();
         }
         for r in recovered {
+            // A commit log without a readable record names no run.
             let run = format!(
-                "the interrupted {} {} of workflow {}",
+                "the interrupted {}{}{} of workflow {}",
                 r.what(),
+                if r.execution_id.is_empty() { "" } else { " " },
                 r.execution_id,
                 r.workflow_id
             );
