@@ -215,3 +215,84 @@ fn the_default_log_holds_no_sdk_values() {
         "{log}"
     );
 }
+
+/// A client killed while its calls wait (here on its workflow's lock, which another
+/// process holds) is written for no more: the calls not started when its end of the
+/// output closed are not run, and the server ends once those under way give up. They
+/// were run in turn, each turn waiting out the lock, and wrote once it was free.
+#[test]
+#[allow(clippy::disallowed_methods)]
+fn calls_not_started_when_the_client_is_gone_are_not_run() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, state) = (tmp.path().join("root"), tmp.path().join("state"));
+    let config = tmp.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[limits]\nlock_wait_seconds = 2\nwrites_per_minute = 1000\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--config")
+        .arg(&config)
+        .arg("--root")
+        .arg(&root)
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--enable-write", "--no-dry-run", "mcp"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    for msg in [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "get_state", "arguments": {}}}),
+    ] {
+        writeln!(stdin, "{msg}").unwrap();
+    }
+    let workflow = loop {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "no answer");
+        if let Some(at) = line.find("wf_mcp_") {
+            break line[at..at + 39].to_owned();
+        }
+    };
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(state.join(format!("locks/wf-{workflow}.lock")))
+        .unwrap();
+    lock.lock().unwrap();
+    for id in 10..34 {
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "create_file", "arguments": {"path": format!("k/f{id}.txt"), "content": "x"}}});
+        writeln!(stdin, "{call}").unwrap();
+    }
+    stdin.flush().unwrap();
+    // The server has read the calls; then the client is gone, while the lock is held
+    // past the wait of the calls under way.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(stdout);
+    drop(stdin);
+    std::thread::sleep(Duration::from_secs(3));
+    lock.unlock().unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "mcp did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!root.join("k").exists(), "a call was run for a client gone");
+    let trail = std::fs::read_to_string(state.join("sandbox_audit.jsonl")).unwrap();
+    assert!(!trail.contains(r#""status":"success""#), "{trail}");
+}

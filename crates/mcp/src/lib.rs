@@ -85,6 +85,9 @@ pub struct SandboxMcp {
     calls: Arc<tokio::sync::Semaphore>,
     /// The calls the session's input pump passed on, and how far they got.
     flow: Arc<screen::Flow>,
+    /// Cancelled once no answer can reach the client (its end of the output is closed):
+    /// calls not started by then are not run, since nobody would learn what they did.
+    gone: CancellationToken,
 }
 
 tokio::task_local! {
@@ -121,6 +124,7 @@ impl SandboxMcp {
             tools,
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
             flow: Arc::default(),
+            gone: CancellationToken::new(),
         }
     }
 
@@ -293,8 +297,16 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let _permit = tokio::select! {
             biased;
             () = cancel.cancelled() => None,
+            () = self.gone.cancelled() => None,
             p = self.calls.acquire() => Some(p),
         };
+        if self.gone.is_cancelled() {
+            tracing::info!("a call the client can no longer be answered for was not run");
+            return Err(error(
+                "the client is gone (its end of the output is closed); nothing was done".to_owned(),
+                None,
+            ));
+        }
         if cancel.is_cancelled() {
             tracing::info!("a call cancelled by the client before it started was not run");
             return Err(error(
@@ -855,6 +867,10 @@ where
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
     // 16 MiB would drop such calls without an answer. It counts the newline, and must
     // take every line the screen passes on (which enforces the limit itself).
+    let writer = Watched {
+        inner: writer,
+        gone: server.gone.clone(),
+    };
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
         .with_max_line_length(MAX_MESSAGE_BYTES + screen::MAX_GROWTH + 2);
     let running = match server.serve(transport).await {
@@ -888,10 +904,87 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
         workflow_id = server.workflow_id(),
         "MCP server listening on stdin/stdout"
     );
-    let result = runtime.block_on(serve_io(server, tokio::io::stdin(), tokio::io::stdout()));
+    let gone = server.gone.clone();
+    let result = runtime.block_on(async move {
+        // Learnt at once, not at the next answer, which a call waiting on a lock may
+        // give only after a while.
+        tokio::spawn(async move {
+            stdout_closed().await;
+            tracing::info!("the client closed its end of standard output");
+            gone.cancel();
+        });
+        serve_io(server, tokio::io::stdin(), tokio::io::stdout()).await
+    });
     // A blocking stdin read may still be pending if the session ended for another reason.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// Resolves once nobody reads standard output any more: a pipe or socket whose reading
+/// end is closed (the client killed, say) polls as an error or hang-up. Looked at a few
+/// times a second; never resolves for a terminal or a file.
+async fn stdout_closed() {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let out = std::io::stdout();
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        let mut fds = [PollFd::new(&out, PollFlags::OUT)];
+        match poll(&mut fds, Some(&now)) {
+            Ok(_) if fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP) => return,
+            Ok(_) => {}
+            Err(_) => return std::future::pending().await,
+        }
+    }
+}
+
+/// The session's output, which marks the client gone when a write to it fails.
+struct Watched<W> {
+    inner: W,
+    gone: CancellationToken,
+}
+
+impl<W: AsyncWrite + Unpin> Watched<W> {
+    fn watch<T>(
+        &self,
+        polled: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        if let std::task::Poll::Ready(Err(_)) = &polled {
+            self.gone.cancel();
+        }
+        polled
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(polled)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.watch(polled)
+    }
 }
 
 /// What an artifact's line says after it when its write was rolled back.
