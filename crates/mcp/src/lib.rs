@@ -818,9 +818,19 @@ impl ServerHandler for SandboxMcp {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        // Every tool comes in one page, with no cursor: any cursor sent was never given.
+        if let Some(cursor) = request.and_then(|r| r.cursor) {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "cursor {} was not given by this server: it lists every tool in one page, with no nextCursor; send tools/list without a cursor",
+                    shown_path(&cursor)
+                ),
+                None,
+            ));
+        }
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 

@@ -144,6 +144,19 @@ async fn notifications_before_initialize_do_not_end_the_session() {
         answer["result"]["tools"].as_array().unwrap().len() > 10,
         "{answer}"
     );
+    // One page holds every tool and no cursor is ever given: a cursor sent is invalid.
+    s.send(r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"nonsense"}}"#)
+        .await;
+    let answer = s.answer().await;
+    assert_eq!(answer["id"], 3, "{answer}");
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'nonsense' was not given by this server"),
+        "{answer}"
+    );
     s.finish().await;
 }
 
