@@ -416,8 +416,9 @@ impl StateDir {
         Ok(out)
     }
 
-    /// The temporary files of run records being created (`.{id}.json.ailab-tmp-…`, see
-    /// `create_whole`): `(file name, workflow id)`. One outlives its writer only when the
+    /// The temporary files of run records and prune marks being created
+    /// (`.{id}.json.ailab-tmp-…`, `.{id}.pruned.ailab-tmp-…`, see `create_whole`):
+    /// `(file name, workflow id)`. One outlives its writer only when the
     /// process died between making it and removing it.
     pub fn inflight_record_temp_files(&self) -> io::Result<Vec<(String, String)>> {
         let mut out = Vec::new();
@@ -428,7 +429,12 @@ impl StateDir {
                 .strip_prefix('.')
                 // The last marker: a workflow id may hold the marker's text itself.
                 .and_then(|n| n.rsplit_once(super::path::TEMP_MARKER))
-                .and_then(|(record, _)| record.strip_suffix(".json"));
+                // A run record's, or a prune mark's (also written under the lock).
+                .and_then(|(record, _)| {
+                    record
+                        .strip_suffix(".json")
+                        .or_else(|| record.strip_suffix(".pruned"))
+                });
             if let Some(id) = id
                 && e.file_type()?.is_file()
             {

@@ -790,6 +790,27 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
     assert!(!long.join("r0").exists(), "nothing made");
 }
 
+/// A run record's or a prune mark's temporary file left by a process killed while it
+/// made one is removed by the next start (a prune mark's stayed for good); a file of
+/// another kind there is left alone.
+#[test]
+fn temporary_records_and_prune_marks_of_dead_processes_are_removed() {
+    let w = World::new();
+    drop(w.sandbox());
+    let inflight = w.state.join("inflight");
+    let names = [
+        ".wf_a.pruned.ailab-tmp-18ed5fb9e589a5e10000000a21bb3041",
+        ".wf_a.json.ailab-tmp-18ed5fb9e589a5e10000000b21bb3041",
+        ".wf_a.other.ailab-tmp-18ed5fb9e589a5e10000000c21bb3041",
+    ];
+    for n in names {
+        std::fs::write(inflight.join(n), b"1\n").unwrap();
+    }
+    drop(w.sandbox());
+    let left: Vec<bool> = names.iter().map(|n| inflight.join(n).exists()).collect();
+    assert_eq!(left, [false, false, true]);
+}
+
 /// A run that dies between an action's registry line and its audit line left the
 /// action's result in place and registered: recovery finishes it by auditing it, so the
 /// registry never lists an artifact the trail does not (and a later rollback undoes it).
