@@ -15,6 +15,27 @@ use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `mcp` writing in `root`, its state in `state`, spoken to through pipes; no setting
+/// from the environment. (The test launches the binary under test; nothing in the
+/// runtime spawns processes.)
+fn mcp_command(root: &std::path::Path, state: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"));
+    c.env_remove("AI_LAB_SANDBOX_ROOTS")
+        .env_remove("AI_LAB_STATE_DIR")
+        .env_remove("AI_LAB_ENABLE_SANDBOX_WRITE")
+        .env_remove("AI_LAB_SANDBOX_DRY_RUN")
+        .env_remove("AI_LAB_SANDBOX_CONFIG")
+        .arg("--root")
+        .arg(root)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--enable-write", "--no-dry-run"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    c
+}
+
 struct Server {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -22,25 +43,8 @@ struct Server {
 }
 
 impl Server {
-    // The test launches the binary under test; nothing in the runtime spawns processes.
-    #[allow(clippy::disallowed_methods)]
     fn start(root: &std::path::Path, state: &std::path::Path) -> Self {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
-            .env_remove("AI_LAB_SANDBOX_ROOTS")
-            .env_remove("AI_LAB_STATE_DIR")
-            .env_remove("AI_LAB_ENABLE_SANDBOX_WRITE")
-            .env_remove("AI_LAB_SANDBOX_DRY_RUN")
-            .env_remove("AI_LAB_SANDBOX_CONFIG")
-            .arg("--root")
-            .arg(root)
-            .arg("--state-dir")
-            .arg(state)
-            .args(["--enable-write", "--no-dry-run", "mcp"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = mcp_command(root, state).arg("mcp").spawn().unwrap();
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = channel();
@@ -179,18 +183,11 @@ fn mcp_over_stdio_writes_and_rolls_back() {
 /// The operator's log (standard error, at the default level) says what the server does,
 /// not the MCP SDK's Rust values (`peer_info=Some(InitializeRequestParams { ... })`).
 #[test]
-#[allow(clippy::disallowed_methods)]
 fn the_default_log_holds_no_sdk_values() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
+    let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
         .env_remove("AILAB_SANDBOX_LOG")
-        .env_remove("AI_LAB_SANDBOX_CONFIG")
-        .arg("--root")
-        .arg(tmp.path().join("root"))
-        .arg("--state-dir")
-        .arg(tmp.path().join("state"))
         .arg("mcp")
-        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -221,7 +218,6 @@ fn the_default_log_holds_no_sdk_values() {
 /// output closed are not run, and the server ends once those under way give up. They
 /// were run in turn, each turn waiting out the lock, and wrote once it was free.
 #[test]
-#[allow(clippy::disallowed_methods)]
 fn calls_not_started_when_the_client_is_gone_are_not_run() {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = tempfile::tempdir().unwrap();
@@ -232,18 +228,10 @@ fn calls_not_started_when_the_client_is_gone_are_not_run() {
         "[limits]\nlock_wait_seconds = 2\nwrites_per_minute = 1000\n",
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ailab-sandbox"))
-        .env_remove("AI_LAB_SANDBOX_CONFIG")
+    let mut child = mcp_command(&root, &state)
         .arg("--config")
         .arg(&config)
-        .arg("--root")
-        .arg(&root)
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["--enable-write", "--no-dry-run", "mcp"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .arg("mcp")
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
