@@ -403,6 +403,11 @@ impl StateDir {
         self.remove(&format!("{INFLIGHT_DIR}/{name}.json"))
     }
 
+    /// The workflows a prune has marked pruned (`inflight/{id}.pruned`), sorted.
+    pub fn pruned_ids(&self) -> io::Result<Vec<String>> {
+        self.inflight_ids(".pruned")
+    }
+
     /// The ids of the files in `inflight/` named `{id}{suffix}`, sorted.
     fn inflight_ids(&self, suffix: &str) -> io::Result<Vec<String>> {
         let mut out = Vec::new();

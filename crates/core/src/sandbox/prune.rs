@@ -66,6 +66,9 @@ impl Sandbox {
         }
         ids.sort();
         ids.dedup();
+        if !simulated {
+            self.sweep_pruned_records(&ids);
+        }
         for wf in ids {
             if !crate::plan::is_valid_id(&wf) {
                 continue;
@@ -107,6 +110,43 @@ impl Sandbox {
             }
         }
         Ok(report)
+    }
+
+    /// Removes what a prune killed after its mark left beside it: the run record and the
+    /// commit log of a marked workflow that has no snapshot folder (`with_snapshots`
+    /// lists those that do), when no run holds them and they hold nothing to recover.
+    /// No later prune visits such a workflow otherwise.
+    fn sweep_pruned_records(&self, with_snapshots: &[String]) {
+        let Ok(marked) = self.state.pruned_ids() else {
+            return;
+        };
+        for wf in marked {
+            if with_snapshots.binary_search(&wf).is_ok() || !crate::plan::is_valid_id(&wf) {
+                continue;
+            }
+            let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
+                continue;
+            };
+            let settled = !self.awaits_recovery(&wf)
+                && self.commit_log_holds_entries(&wf).is_ok_and(|held| !held);
+            let left = self.state.inflight_read(&wf).is_ok_and(|r| r.is_some())
+                || self.state.commit_log_file(&wf).is_ok_and(|l| l.is_some());
+            if !settled || !left {
+                continue;
+            }
+            match self
+                .state
+                .inflight_remove(&wf)
+                .and_then(|()| self.state.commit_log_remove(&wf))
+            {
+                Ok(()) => {
+                    tracing::info!(workflow = %wf, "removed the run record an earlier prune left")
+                }
+                Err(e) => {
+                    tracing::warn!(workflow = %wf, error = %e, "could not remove the run record an earlier prune left")
+                }
+            }
+        }
     }
 
     /// Prunes one workflow (its lock held) when what can be trusted — sealed snapshots

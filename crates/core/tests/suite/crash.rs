@@ -811,6 +811,52 @@ fn temporary_records_and_prune_marks_of_dead_processes_are_removed() {
     assert_eq!(left, [false, false, true]);
 }
 
+/// A prune killed between its mark and the removal of the workflow's run record and
+/// commit log left them beside the mark; the next prune, which finds no snapshots of the
+/// workflow to visit, removes them all the same (they stayed for good).
+#[test]
+fn a_later_prune_removes_the_run_record_a_killed_prune_left() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Batched] {
+        let w = World::new();
+        let mut c = w.writable_config();
+        c.durability = durability;
+        let sb = w.open(c.clone());
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_cut", "actions": [
+                {"intent": "create_file", "path": "one.txt", "content": "1"},
+                {"intent": "create_file", "path": "two.txt", "content": "2"}]}),
+        );
+        assert_eq!(status(&r), "success");
+        w.clock.advance(chrono::Duration::days(10));
+        let week = std::time::Duration::from_secs(7 * 86_400);
+        sb.failpoints().arm_crash("during_prune", 1);
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| sb.prune(week)));
+        assert!(died.is_err(), "the prune dies");
+        drop(sb);
+        let inflight = w.state.join("inflight");
+        let has = |name: &str| inflight.join(name).exists();
+        assert!(has("wf_cut.pruned") && has("wf_cut.json"), "{durability:?}");
+        let sb = w.open(c);
+        let report = sb.prune(week).unwrap();
+        assert!(report.workflows_failed.is_empty(), "{report:?}");
+        assert!(has("wf_cut.pruned"), "{durability:?}: the mark stays");
+        assert!(
+            !has("wf_cut.json") && !has("wf_cut.log"),
+            "{durability:?}: {:?}",
+            std::fs::read_dir(&inflight).unwrap().collect::<Vec<_>>()
+        );
+        let rb = sb.rollback_workflow("wf_cut", &RollbackOptions::default());
+        assert_eq!(
+            rb.reason_code,
+            Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
+            "{rb:?}"
+        );
+        assert!(w.path("one.txt").exists() && w.path("two.txt").exists());
+    }
+}
+
 /// A run that dies between an action's registry line and its audit line left the
 /// action's result in place and registered: recovery finishes it by auditing it, so the
 /// registry never lists an artifact the trail does not (and a later rollback undoes it).
