@@ -45,14 +45,17 @@ const INITIAL: u64 = 8 * 1024;
 pub const MAX_LOGGED_BYTES: usize = 64 * 1024;
 
 /// A log never holds entries past this offset: a commit that would take it further
-/// syncs instead (as a workflow's first commit does). A file much longer is not a log the
-/// runtime wrote, and is not read.
+/// syncs instead (as a workflow's first commit does). A header counting more entries
+/// than that is not one the runtime wrote, and its entries are not read.
 pub const MAX_LOG_BYTES: u64 = 64 << 20;
 
 /// The most bytes an entry's JSON header (its run record and snapshot metadata) takes: an
 /// entry whose header would be longer is not logged, and a frame claiming more is no
 /// entry (it is not hashed to find out).
 const MAX_HEADER: usize = 256 << 10;
+
+/// The longest frame an entry makes.
+const MAX_FRAME: u64 = (PREFIX + MAX_HEADER + MAX_LOGGED_BYTES) as u64;
 
 /// How many bytes [`checked_entry_after`] hashes at most: bytes that only look like
 /// frames, as many as a hostile file may hold, do not keep a start busy for minutes.
@@ -251,9 +254,15 @@ fn write_retained(file: &File, keep: &[CommitEntry]) -> io::Result<Position> {
             &e.bytes,
         ));
     }
-    // Past the entries the header counts and past any it lost count of, which a crash
-    // before the switch must still find.
-    let start = at.map_or(HEAD_LEN, |p| p.end).max(read_end);
+    // Clear of the entries the header counts and of any it lost count of, which a crash
+    // before the switch must still find: before them when there is room (the space the
+    // generation before them took), else after them. So a log kept again and again,
+    // at every start that lacks one of its roots, takes twice its entries at most.
+    let start = match at {
+        None => HEAD_LEN,
+        Some(p) if frames.len() as u64 <= p.start - HEAD_LEN => HEAD_LEN,
+        Some(p) => p.end.max(read_end),
+    };
     let next = Position {
         generation,
         start,
@@ -291,19 +300,22 @@ fn read_span(file: &File) -> io::Result<(Option<Position>, Vec<CommitEntry>, u64
             return none;
         }
     }
-    let size = file.len()?;
-    // Appends stop at MAX_LOG_BYTES; a retained generation is written after the last
-    // one, so it may end twice as far, plus the zeros written ahead.
-    let longest = 2 * MAX_LOG_BYTES + 2 * GROWTH;
-    if size > longest {
+    // The generation's entries: those its header counts (appends stop at MAX_LOG_BYTES,
+    // and a retained generation holds what one held), and one more at most, appended
+    // when a power cut lost the header write that counted it. What lies further is
+    // zeros written ahead or other generations' entries, never read.
+    let counted = at.end.saturating_sub(at.start);
+    if counted > MAX_LOG_BYTES + MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "it is {size} bytes long, more than a log of the runtime ever takes ({longest}), so it is not the runtime's own; nothing of it is read, replayed or emptied: put back the runtime's own log, or move it away to go on without the writes it holds"
+                "its header counts {counted} bytes of entries, more than a log of the runtime ever holds ({}), so it is not the runtime's own; nothing of it is read, replayed or emptied: put back the runtime's own log, or move it away to go on without the writes it holds",
+                MAX_LOG_BYTES + MAX_FRAME
             ),
         ));
     }
-    let mut buf = vec![0u8; size.saturating_sub(at.start) as usize];
+    let end = file.len()?.min(at.end.saturating_add(MAX_FRAME));
+    let mut buf = vec![0u8; end.saturating_sub(at.start) as usize];
     file.read_exact_at(&mut buf, at.start)?;
     let (entries, used) = decode_all(at.generation, &buf);
     // Appends are synced one at a time, so a crash can only tear the last entry: one
@@ -609,11 +621,11 @@ mod tests {
         }
     }
 
-    /// Appends stop where a log must end, so that a reader may refuse a longer file
-    /// without allocating its length: one claiming terabytes (sparse, nothing on disk)
-    /// is refused at once, its entries not read.
+    /// Appends stop where a log must end, so that a reader may refuse a header counting
+    /// more without allocating what it claims (terabytes, say); what lies past the
+    /// entries (a sparse file of terabytes) is never read.
     #[test]
-    fn a_log_stays_within_its_bound_and_a_longer_file_is_not_read() {
+    fn a_log_stays_within_its_bound_and_a_header_counting_more_is_refused() {
         let (_dir, f) = log_file();
         let e = entry(None, &[b'x'; MAX_LOGGED_BYTES]);
         let mut appended = 0;
@@ -630,12 +642,39 @@ mod tests {
         assert!(at.end <= MAX_LOG_BYTES && at.end + 2 * (MAX_LOGGED_BYTES as u64) > MAX_LOG_BYTES);
         assert_eq!(entries(&f).len(), appended);
         assert!(f.write_all_at(&[0], (1 << 42) - 1).is_ok());
+        assert_eq!(entries(&f).len(), appended);
+        let forged = Position { end: 1 << 42, ..at };
+        assert!(f.write_all_at(&encode_head(forged), 0).is_ok());
         match read(&f) {
             Err(e) => {
                 assert_eq!(e.kind(), io::ErrorKind::InvalidData);
-                assert!(e.to_string().contains("4398046511104 bytes long"), "{e}");
+                assert!(e.to_string().contains("counts 4398046511040 bytes"), "{e}");
             }
             Ok(got) => panic!("read {} entries", got.len()),
+        }
+    }
+
+    /// A log kept again and again (each start that lacks one of its roots keeps the
+    /// entries for it) reuses the space its generation before last took: it grew by a
+    /// copy each time, without bound.
+    #[test]
+    fn a_log_retained_again_and_again_stays_within_twice_its_entries() {
+        let (_dir, f) = log_file();
+        let kept = [entry(None, &[b'a'; 4000]), entry(None, &[b'b'; 4000])];
+        for e in &kept {
+            append_entry(&f, e);
+        }
+        let last = append_entry(&f, &entry(None, &[b'c'; 4000]));
+        for round in 0..12 {
+            assert!(retain(&f, &kept).is_ok(), "round {round}");
+            assert_eq!(entries(&f), kept, "round {round}");
+            let Ok(Some(at)) = position(&f) else {
+                panic!("no position")
+            };
+            assert!(
+                at.end <= 2 * last.end,
+                "round {round}: {at:?} against {last:?}"
+            );
         }
     }
 
