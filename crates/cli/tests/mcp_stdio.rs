@@ -284,3 +284,36 @@ fn calls_not_started_when_the_client_is_gone_are_not_run() {
     let trail = std::fs::read_to_string(state.join("sandbox_audit.jsonl")).unwrap();
     assert!(!trail.contains(r#""status":"success""#), "{trail}");
 }
+
+/// A client that stops reading standard output but keeps its input open is gone all the
+/// same: the session ends by itself (it waited for input that would never come).
+#[test]
+fn a_client_that_stops_reading_ends_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
+        .arg("mcp")
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    writeln!(stdin, "{hello}").unwrap();
+    let mut line = String::new();
+    assert!(stdout.read_line(&mut line).unwrap() > 0, "no answer");
+    drop(stdout);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "mcp still runs for a client that reads nothing"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    drop(stdin);
+}

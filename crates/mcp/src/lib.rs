@@ -883,6 +883,7 @@ where
     };
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
         .with_max_line_length(MAX_MESSAGE_BYTES + screen::MAX_GROWTH + 2);
+    let (calls, gone) = (Arc::clone(&server.calls), server.gone.clone());
     let running = match server.serve(transport).await {
         Ok(r) => r,
         Err(ServerInitializeError::ConnectionClosed(why)) => {
@@ -891,6 +892,15 @@ where
         }
         Err(e) => return Err(McpError::Initialize(Box::new(e))),
     };
+    // A client gone for good (it may keep its input open) ends the session once the
+    // calls under way are done: none is cut short, and no answer could reach it.
+    let stop = running.cancellation_token();
+    tokio::spawn(async move {
+        gone.cancelled().await;
+        let _all = calls.acquire_many_owned(MAX_CONCURRENT_CALLS as u32).await;
+        tracing::info!("the client is gone and no call is under way: the session ends");
+        stop.cancel();
+    });
     match running.waiting().await {
         Ok(rmcp::service::QuitReason::JoinError(e)) | Err(e) => Err(McpError::Session(e)),
         Ok(reason) => {
