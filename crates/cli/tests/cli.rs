@@ -604,7 +604,8 @@ fn config_file_unknown_key_names_it() {
     // The form is what is wrong, so it is what the sentence says, and it does not call
     // the refused value a number that would allow reads.
     assert!(
-        said.contains("two numbers joined by a dot") && !said.contains("any other number"),
+        said.contains("two numbers of at most four digits without leading zeros joined by a dot")
+            && !said.contains("any other number"),
         "{said}"
     );
 }

@@ -741,7 +741,7 @@ impl Config {
         }
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(
-                "phase '{}' is not written as a phase is, two numbers joined by a dot such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
+                "phase '{}' is not written as a phase is, two numbers of at most four digits without leading zeros joined by a dot, such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
                 self.phase.escape_debug()
             )));
         }
@@ -810,8 +810,14 @@ fn parse_bool(var: &str, v: &str) -> Result<bool, ConfigError> {
 /// Whether `phase` looks like `28.3`.
 pub fn is_phase_syntax(phase: &str) -> bool {
     let mut parts = phase.split('.');
+    // No leading zero: `28.03` would name no phase the runtime knows while meaning 28.3.
     let ok = |p: Option<&str>| {
-        p.is_some_and(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+        p.is_some_and(|p| {
+            !p.is_empty()
+                && p.len() <= 4
+                && p.bytes().all(|b| b.is_ascii_digit())
+                && (p == "0" || !p.starts_with('0'))
+        })
     };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }

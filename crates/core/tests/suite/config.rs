@@ -545,7 +545,9 @@ fn zero_limits_are_refused() {
 
 #[test]
 fn malformed_phase_is_refused() {
-    for phase in ["latest", "28", "28.3.1", "28.x", ""] {
+    for phase in [
+        "latest", "28", "28.3.1", "28.x", "", "28.03", "0028.3", "12345.1",
+    ] {
         let flags = Overrides {
             phase: Some(phase.to_owned()),
             ..Overrides::default()
@@ -557,6 +559,13 @@ fn malformed_phase_is_refused() {
         ..Overrides::default()
     };
     assert_eq!(resolve(None, &[], &flags).unwrap().phase, "28.2");
+    for phase in ["0.5", "28.10", "1000.0"] {
+        let flags = Overrides {
+            phase: Some(phase.to_owned()),
+            ..Overrides::default()
+        };
+        assert_eq!(resolve(None, &[], &flags).unwrap().phase, phase);
+    }
 }
 
 #[test]
