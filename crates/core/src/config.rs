@@ -731,13 +731,18 @@ impl Config {
                 r.display()
             )));
         }
-        // A run records the roots it writes into in its run record, one small block.
-        let names: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-        let (taken, room) = crate::recovery::InflightRecord::room_for_roots(&names);
-        if taken > room {
-            return Err(ConfigError(format!(
-                "the roots' paths are too long together: a run's record names the roots it writes into, and these take {taken} bytes there, more than the {room} it has room for; give shorter paths or fewer roots"
-            )));
+        // A run names the roots it writes into in its run record, one small block: a root
+        // that does not fit there alone could never be written. (Roots that only fit
+        // apart refuse the plans that write into them all; see `begin_record`.)
+        for r in &self.roots {
+            let (taken, room) =
+                crate::recovery::InflightRecord::room_for_roots(&[r.display().to_string()]);
+            if taken > room {
+                return Err(ConfigError(format!(
+                    "root {} is too long a path: a run's record names the roots it writes into, and this one takes {taken} bytes there, more than the {room} it has room for; give a shorter path",
+                    crate::confine::path::shown_path(&r.display().to_string())
+                )));
+            }
         }
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(

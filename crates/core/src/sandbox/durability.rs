@@ -463,6 +463,27 @@ impl Sandbox {
         rec: &crate::recovery::InflightRecord,
         file: Option<&crate::confine::state::BlockFile>,
     ) -> Verdict {
+        let what = if rec.state == crate::recovery::ROLLING_BACK {
+            "rollback"
+        } else {
+            "plan"
+        };
+        // Room for what recovery may add later (the processes that recover it, when).
+        let (taken, room) = crate::recovery::InflightRecord::room_for_roots(&rec.roots);
+        if taken > room {
+            return Err(crate::reason::Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "this {what} writes into {} roots whose paths together take {taken} bytes of the run record, which has room for {room}; nothing was written: {}",
+                    rec.roots.len(),
+                    if what == "plan" {
+                        "split it into plans that each write into fewer roots"
+                    } else {
+                        "roll its actions back one at a time"
+                    }
+                ),
+            ));
+        }
         self.write_record_to(rec, self.fsync_each(), file)
             .map_err(|e| {
                 crate::reason::Refusal::new(

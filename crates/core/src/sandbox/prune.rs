@@ -208,10 +208,14 @@ impl Sandbox {
         // simulated prune, which says what the real one would do).
         // Only the stores that hold the workflow's folder (or cannot say): one closed in
         // a root the workflow never wrote in holds nothing of it.
-        for root in &self.roots {
+        let mut holding = Vec::new();
+        for (root, path) in self.roots.iter().zip(&self.root_paths) {
             let here = root
                 .dir()
                 .symlink_metadata(format!("{}/{wf}", crate::confine::path::ROLLBACK_DIR));
+            if here.is_ok() {
+                holding.push(path.display().to_string());
+            }
             if here.is_ok() || here.is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
             {
                 root.store_open()?;
@@ -226,14 +230,20 @@ impl Sandbox {
         // audited up to here are about to lose theirs by design. A mark without the
         // removal only spares writes that still have snapshots; the other way round,
         // every later rollback of the workflow would be refused.
-        self.audit
-            .last_seq()
-            .and_then(|seq| {
-                let roots: Vec<String> = self
-                    .root_paths
-                    .iter()
-                    .map(|r| r.display().to_string())
-                    .collect();
+        // The roots whose snapshots of the workflow this prune removes, and those an
+        // earlier prune removed (its mark is replaced): a write audited up to here in
+        // another root still has its snapshot. Only those, so that the mark fits its
+        // block however many roots the process has.
+        self.state
+            .prune_mark(wf)
+            .and_then(|earlier| {
+                let mut roots = earlier.map(|(_, r)| r).unwrap_or_default();
+                for r in holding {
+                    if !roots.contains(&r) {
+                        roots.push(r);
+                    }
+                }
+                let seq = self.audit.last_seq()?;
                 self.state.write_prune_mark(wf, seq, &roots)
             })
             .map_err(|e| {

@@ -733,7 +733,8 @@ fn a_prune_keeps_a_workflow_whose_interrupted_rollback_it_just_recovered() {
 /// A root whose path is long (past a disk sector, with the longest workflow id) is
 /// named in every run record: runs and rollbacks write there, and those that die are
 /// recovered by the next start (every run was refused "record longer than one block").
-/// Roots too long together for a record are refused at start, saying so.
+/// A plan writing into roots too long together for a record is refused, saying so, and
+/// a root too long alone is refused at start.
 #[test]
 fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start() {
     let w = World::new();
@@ -777,17 +778,48 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
     assert!(!long.join("a.txt").exists() && !long.join("b.txt").exists());
     assert!(sb.audit_verify().unwrap().ok);
     drop(sb);
-    // Three such roots do not fit one record: refused before anything is made.
+    // Three such roots fit one record apart, not together: a plan writing into all
+    // three is refused as such, nothing written; one writing into one of them runs.
     let mut c = w.writable_config();
     c.roots = (0..3).map(|i| long.join(format!("r{i}"))).collect();
+    let sb = w.open(c.clone());
+    let into = |i: usize| json!({"intent": "create_file", "root": c.roots[i], "path": format!("f{i}.txt"), "content": "x"});
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_three", "actions": [into(0), into(1), into(2)]}),
+    );
+    assert_eq!(status(&r), "blocked", "{:?}", r.actions[0].reason);
+    let why = r.actions[0].reason.clone().unwrap_or_default();
+    assert!(why.contains("split it into plans"), "{why}");
+    assert!((0..3).all(|i| !c.roots[i].join(format!("f{i}.txt")).exists()));
+    let r = run(&sb, json!({"workflow_id": "wf_one", "actions": [into(1)]}));
+    assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+    // Its prune records the roots it prunes in, not every root the process has.
+    w.clock.advance(chrono::Duration::days(2));
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(report.workflows_failed.is_empty(), "{report:?}");
+    assert!(
+        report.workflows_pruned.contains(&"wf_one".to_owned()),
+        "{report:?}"
+    );
+    let rb = sb.rollback_workflow("wf_one", &RollbackOptions::default());
+    assert!(rb.reason.unwrap_or_default().contains("pruned"));
+    drop(sb);
+    // A root that does not fit alone is refused at start, nothing made.
+    let mut c = w.writable_config();
+    let longest = (0..16).fold(w.tmp.path().join("l"), |p, i| {
+        p.join(format!("{i}{}", "e".repeat(239)))
+    });
+    c.roots = vec![longest];
     let err = ailab_sandbox_core::Sandbox::open(c)
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("the roots' paths are too long together"),
-        "{err}"
+        err.contains("is too long a path"),
+        "{}",
+        &err[..200.min(err.len())]
     );
-    assert!(!long.join("r0").exists(), "nothing made");
+    assert!(!w.tmp.path().join("l").exists(), "nothing made");
 }
 
 /// A run record's or a prune mark's temporary file left by a process killed while it
