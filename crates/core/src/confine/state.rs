@@ -308,6 +308,26 @@ impl StateDir {
         Ok(made)
     }
 
+    /// Replaces `rel` with `bytes` whole and durably: a temporary file beside it, synced,
+    /// renamed over it, the directory synced. A crash leaves the old file or the new.
+    fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+        let (dir, name) = self.locate(rel)?;
+        let tmp = format!(".{name}{}", super::root::temp_name());
+        let mut f = self.open_file(
+            &beside(rel, &tmp),
+            OpenOptions::new().write(true).create_new(true).mode(0o600),
+        )?;
+        let placed = f
+            .write_all(bytes)
+            .and_then(|()| f.sync_data())
+            .and_then(|()| dir.rename(&tmp, dir, name));
+        if placed.is_err() {
+            let _ = dir.remove_file(&tmp);
+        }
+        placed?;
+        super::root::sync_dir(dir)
+    }
+
     /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
     /// it without looking it up again; `None` when it does not exist.
     pub fn open_block(&self, rel: &str) -> io::Result<Option<BlockFile>> {
@@ -345,38 +365,48 @@ impl StateDir {
         }
     }
 
-    /// Records that `workflow`'s snapshots in `roots` (as configured) were pruned when the
-    /// audit trail ended at `audit_seq` (durable): writes audited before it into those
-    /// roots have no snapshot any more, by design.
-    pub fn write_prune_mark(
-        &self,
-        workflow: &str,
-        audit_seq: u64,
-        roots: &[String],
-    ) -> io::Result<()> {
-        let mut text = audit_seq.to_string();
-        for r in roots {
-            text.push('\n');
-            text.push_str(r);
-        }
-        self.write_block(
-            &format!("{INFLIGHT_DIR}/{workflow}.pruned"),
-            text.as_bytes(),
-            true,
-        )
+    /// Records, durably, which of `workflow`'s snapshots prunes removed: for each root (as
+    /// configured), the audit seq the last prune there reached; writes audited up to it
+    /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
+    /// file, however many roots it names).
+    pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
+        let roots: Vec<serde_json::Value> = pruned
+            .iter()
+            .map(|(root, seq)| serde_json::json!({"root": root, "up_to_seq": seq}))
+            .collect();
+        let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
+            .map_err(io::Error::other)?;
+        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
     }
 
-    /// The audit seq and the roots recorded by the last prune of `workflow`, if any.
-    pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<(u64, Vec<String>)>> {
+    /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq
+    /// the last prune there reached, if any prune did. A mark of the first format (one
+    /// seq, then the roots, one per line) gives its seq to each of its roots.
+    pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<Vec<(String, u64)>>> {
         let Some(bytes) = self.read_optional(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))? else {
             return Ok(None);
         };
+        if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes)
+            && let Some(roots) = doc.get("pruned").and_then(serde_json::Value::as_array)
+        {
+            return Ok(Some(
+                roots
+                    .iter()
+                    .filter_map(|r| {
+                        Some((
+                            r.get("root")?.as_str()?.to_owned(),
+                            r.get("up_to_seq")?.as_u64()?,
+                        ))
+                    })
+                    .collect(),
+            ));
+        }
         let text = String::from_utf8_lossy(&bytes);
         let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
         let Some(seq) = lines.next().and_then(|l| l.parse().ok()) else {
             return Ok(None);
         };
-        Ok(Some((seq, lines.map(str::to_owned).collect())))
+        Ok(Some(lines.map(|r| (r.to_owned(), seq)).collect()))
     }
 
     /// `name`'s run record file, held open to read it; `None` when it does not exist.

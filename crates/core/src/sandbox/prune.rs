@@ -230,21 +230,18 @@ impl Sandbox {
         // audited up to here are about to lose theirs by design. A mark without the
         // removal only spares writes that still have snapshots; the other way round,
         // every later rollback of the workflow would be refused.
-        // The roots whose snapshots of the workflow this prune removes, and those an
-        // earlier prune removed (its mark is replaced): a write audited up to here in
-        // another root still has its snapshot. Only those, so that the mark fits its
-        // block however many roots the process has.
+        // Per root: the roots this prune removes snapshots in are pruned up to the trail's
+        // end now; those an earlier prune went through keep the seq it reached (a write
+        // audited since in such a root still has its snapshot), as do roots this
+        // process is not configured with.
         self.state
             .prune_mark(wf)
             .and_then(|earlier| {
-                let mut roots = earlier.map(|(_, r)| r).unwrap_or_default();
-                for r in holding {
-                    if !roots.contains(&r) {
-                        roots.push(r);
-                    }
-                }
                 let seq = self.audit.last_seq()?;
-                self.state.write_prune_mark(wf, seq, &roots)
+                let mut pruned = earlier.unwrap_or_default();
+                pruned.retain(|(r, _)| !holding.contains(r));
+                pruned.extend(holding.into_iter().map(|r| (r, seq)));
+                self.state.write_prune_mark(wf, &pruned)
             })
             .map_err(|e| {
                 crate::Refusal::new(

@@ -639,13 +639,19 @@ impl Sandbox {
             .audit
             .by_workflow(workflow_id)
             .map_err(|e| unread("the audit trail", e))?;
-        let (pruned_up_to, pruned_roots) = self
+        let pruned_marks = self
             .state
             .prune_mark(workflow_id)
             .map_err(|e| unread("the workflow's prune record", e))?
             .unwrap_or_default();
-        // Which of this process's roots the last prune went through.
-        let pruned_root = |i: usize| pruned_roots.iter().any(|r| self.roots[i].is_named_by(r));
+        // How far in the trail prunes went through this process's root `i`, if any did.
+        let pruned_up_to = |i: usize| {
+            pruned_marks
+                .iter()
+                .filter(|(r, _)| self.roots[i].is_named_by(r))
+                .map(|(_, seq)| *seq)
+                .max()
+        };
         // Writes that must have a snapshot here, and writes into a root this process is not
         // configured with; those a prune removed need neither.
         let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
@@ -660,7 +666,7 @@ impl Sandbox {
                 {
                     match self.root_of(&e.target_path) {
                         None => elsewhere_writes.push(e),
-                        Some(i) if e.seq > pruned_up_to || !pruned_root(i) => {
+                        Some(i) if pruned_up_to(i).is_none_or(|up_to| e.seq > up_to) => {
                             written.insert(&e.action_id, (e.seq, &e.target_path));
                         }
                         Some(_) => pruned_writes.push(e),
@@ -737,14 +743,15 @@ impl Sandbox {
         // write it covered means it stopped half way, and its mark must not excuse the
         // folders it did remove.
         let pruned_but_present = snaps.iter().any(|(i, s)| {
-            pruned_root(*i)
+            let up_to = pruned_up_to(*i).unwrap_or(0);
+            up_to > 0
                 && opts
                     .action_id
                     .as_deref()
                     .is_none_or(|a| a == s.meta.action_id)
                 && trail.iter().any(|e| {
                     e.status == AuditStatus::Success
-                        && e.seq <= pruned_up_to
+                        && e.seq <= up_to
                         && e.action_id == s.meta.action_id
                         && e.execution_id == s.meta.execution_id
                 })

@@ -2444,3 +2444,102 @@ fn an_immutable_target_refuses_the_rollback_up_front() {
     assert!(!info.rollback_available, "{info:?}");
     assert_eq!(rollback(&sb, "wf_i", false).status, "rolled_back");
 }
+
+/// Prunes record how far they went in each root: a prune by a process with only some of
+/// the roots leaves what an earlier prune reached in the others as it was, so a write made
+/// there since keeps its snapshot and rolls back (it was called a prune stopped half way,
+/// the advice to prune again removing that snapshot). A root whose name ends in a space is
+/// matched as it is.
+#[test]
+fn a_prune_through_some_roots_leaves_the_others_as_earlier_prunes_left_them() {
+    let w = World::new();
+    let (a, b) = (w.tmp.path().join("sp "), w.tmp.path().join("ok"));
+    let mut both = w.writable_config();
+    both.roots = vec![a.clone(), b.clone()];
+    let mut only_b = w.writable_config();
+    only_b.roots = vec![b.clone()];
+    let day = chrono::Duration::days(1);
+    let hour = std::time::Duration::from_secs(3600);
+    let write = |sb: &ailab_sandbox_core::Sandbox, action: &str, root: &std::path::Path| {
+        let r = run(
+            sb,
+            json!({"workflow_id": "wf_q", "actions": [{"action_id": action,
+                "intent": "create_file", "root": root, "path": format!("{action}.txt"), "content": action}]}),
+        );
+        assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+    };
+    let sb = w.open(both.clone());
+    write(&sb, "q1", &a);
+    w.clock.advance(day);
+    assert_eq!(sb.prune(hour).unwrap().workflows_pruned, ["wf_q"]);
+    write(&sb, "q2", &a);
+    write(&sb, "q3", &b);
+    drop(sb);
+    w.clock.advance(day);
+    let sb = w.open(only_b);
+    assert_eq!(sb.prune(hour).unwrap().workflows_pruned, ["wf_q"]);
+    drop(sb);
+    assert!(a.join(".rollback/wf_q/q2").is_dir(), "untouched");
+    let sb = w.open(both);
+    let rb = sb.rollback_workflow("wf_q", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{:?}", rb.reason);
+    assert_eq!(rb.steps_rolled_back, 1, "{rb:?}");
+    assert!(!a.join("q2.txt").exists(), "q2 undone");
+    assert!(
+        a.join("q1.txt").exists() && b.join("q3.txt").exists(),
+        "pruned: left"
+    );
+    let said = rb.reason.unwrap_or_default();
+    assert!(said.contains("q1.txt") && said.contains("q3.txt"), "{said}");
+}
+
+/// A workflow that wrote into many roots with long paths, one plan each, is pruned: the
+/// mark naming them all is not held to a block's size (every prune of it failed "record
+/// longer than one block"). A mark of the first format is read, its seq for each root.
+#[test]
+fn a_prune_mark_names_any_number_of_long_roots_and_the_first_format_is_read() {
+    let w = World::new();
+    let roots: Vec<std::path::PathBuf> = (0..4)
+        .map(|i| {
+            w.tmp
+                .path()
+                .join(format!("{i}{}", "r".repeat(230)))
+                .join("x".repeat(230))
+        })
+        .collect();
+    let mut c = w.writable_config();
+    c.roots = roots.clone();
+    let sb = w.open(c);
+    for (i, root) in roots.iter().enumerate() {
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_many", "actions": [{"intent": "create_file", "root": root,
+                "path": format!("f{i}.txt"), "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+    }
+    w.clock.advance(chrono::Duration::days(1));
+    let report = sb.prune(std::time::Duration::from_secs(3600)).unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_many"], "{report:?}");
+    let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
+    let mark = state.prune_mark("wf_many").unwrap().unwrap();
+    assert_eq!(mark.len(), 4, "{mark:?}");
+    std::fs::write(
+        w.state.join("inflight/wf_old.pruned"),
+        format!(
+            "7\n{}\n{}{}\n",
+            roots[0].display(),
+            roots[1].display(),
+            " ".repeat(40)
+        ),
+    )
+    .unwrap();
+    let old = state.prune_mark("wf_old").unwrap().unwrap();
+    assert_eq!(
+        old,
+        [
+            (roots[0].display().to_string(), 7),
+            (roots[1].display().to_string(), 7)
+        ]
+    );
+}
