@@ -956,7 +956,7 @@ async fn stdout_closed() {
         let mut fds = [PollFd::new(&out, PollFlags::OUT)];
         match poll(&mut fds, Some(&now)) {
             Ok(_) if fds[0].revents().intersects(PollFlags::ERR | PollFlags::HUP) => return,
-            Ok(_) => {}
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(_) => return std::future::pending().await,
         }
     }

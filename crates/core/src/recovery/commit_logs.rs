@@ -160,7 +160,7 @@ impl Sandbox {
                 && !report.retry
             {
                 if concluded {
-                    self.write_idle_record(r, self.durable());
+                    self.write_recovered_record(r);
                 } else {
                     self.unclaim(r);
                 }

@@ -491,7 +491,7 @@ impl Sandbox {
     }
 
     /// Marks `rec`'s run settled by recovery (see [`InflightRecord::recovered`]).
-    fn write_recovered_record(&self, rec: &InflightRecord) {
+    pub(super) fn write_recovered_record(&self, rec: &InflightRecord) {
         if let Err(e) = self.write_record(&rec.recovered(self.now()), self.durable()) {
             tracing::warn!(error = %e, "could not mark a recovered workflow's record idle");
         }
