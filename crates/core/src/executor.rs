@@ -256,12 +256,16 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.blocked(checks, !ctx.writes());
         }
         let prepared: Vec<Prepared> = checks.into_iter().flatten().collect();
-        if !ctx.writes() {
-            return self.simulate(prepared, sim_reason);
-        }
         let roots = self
             .sb
             .root_names(prepared.iter().map(|p| p.approval.resolved.root_index));
+        if let Err(r) = self.sb.record_room(&roots, false) {
+            let checks = prepared.iter().map(|_| Err(r.clone())).collect();
+            return self.blocked(checks, !ctx.writes());
+        }
+        if !ctx.writes() {
+            return self.simulate(prepared, sim_reason);
+        }
         self.execute(roots)
     }
 

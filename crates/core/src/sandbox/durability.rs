@@ -455,6 +455,32 @@ impl Sandbox {
         }
     }
 
+    /// Refuses a plan (or, `rollback`, a rollback) writing into roots whose paths together
+    /// do not fit its run record, with room for what recovery may add later (the
+    /// processes that recover it, when). Judged before anything is written, simulated
+    /// runs too.
+    pub(crate) fn record_room(&self, roots: &[String], rollback: bool) -> Verdict {
+        let (taken, room) = crate::recovery::InflightRecord::room_for_roots(roots);
+        if taken <= room {
+            return Ok(());
+        }
+        let (what, instead) = if rollback {
+            ("rollback", "roll its actions back one at a time")
+        } else {
+            (
+                "plan",
+                "split it into plans that each write into fewer roots",
+            )
+        };
+        Err(crate::reason::Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "this {what} writes into {} roots whose paths together take {taken} bytes of the run record, which has room for {room}; {instead}",
+                roots.len()
+            ),
+        ))
+    }
+
     /// Records that `rec`'s run or rollback is under way, before it changes any file
     /// (synced under `strict`; under `batched` the next sync point covers it). `file`:
     /// the record's file, when the caller holds it open.
@@ -463,27 +489,7 @@ impl Sandbox {
         rec: &crate::recovery::InflightRecord,
         file: Option<&crate::confine::state::BlockFile>,
     ) -> Verdict {
-        let what = if rec.state == crate::recovery::ROLLING_BACK {
-            "rollback"
-        } else {
-            "plan"
-        };
-        // Room for what recovery may add later (the processes that recover it, when).
-        let (taken, room) = crate::recovery::InflightRecord::room_for_roots(&rec.roots);
-        if taken > room {
-            return Err(crate::reason::Refusal::new(
-                ReasonCode::InvalidPlan,
-                format!(
-                    "this {what} writes into {} roots whose paths together take {taken} bytes of the run record, which has room for {room}; nothing was written: {}",
-                    rec.roots.len(),
-                    if what == "plan" {
-                        "split it into plans that each write into fewer roots"
-                    } else {
-                        "roll its actions back one at a time"
-                    }
-                ),
-            ));
-        }
+        self.record_room(&rec.roots, rec.state == crate::recovery::ROLLING_BACK)?;
         self.write_record_to(rec, self.fsync_each(), file)
             .map_err(|e| {
                 crate::reason::Refusal::new(

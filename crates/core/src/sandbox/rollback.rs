@@ -1005,6 +1005,10 @@ impl Sandbox {
             }
             return refused(ReasonCode::Conflict, why.join("; "), conflicts);
         }
+        // Refused alike whether it would be simulated or done.
+        if let Err(r) = self.record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true) {
+            return refused(r.reason_code, r.reason, Vec::new());
+        }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.
         if let (ctx, Some(why)) = self.execution_context()

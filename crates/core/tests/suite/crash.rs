@@ -794,6 +794,45 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
     assert!((0..3).all(|i| !c.roots[i].join(format!("f{i}.txt")).exists()));
     let r = run(&sb, json!({"workflow_id": "wf_one", "actions": [into(1)]}));
     assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+    // A workflow that wrote into all three, a plan each, rolls back one action at a time;
+    // a simulation (dry-run) says the same as the real thing.
+    let mut ids = Vec::new();
+    let spread = |i: usize| {
+        json!({"workflow_id": "wf_spread", "actions": [{"intent": "create_file",
+            "root": c.roots[i], "path": format!("s{i}.txt"), "content": "s"}]})
+    };
+    for i in 0..3 {
+        let r = run(&sb, spread(i));
+        assert_eq!(status(&r), "success", "{:?}", r.actions[0].reason);
+        ids.push(r.actions[0].action_id.clone());
+    }
+    let mut dry = c.clone();
+    dry.dry_run = true;
+    let sim = w.open(dry);
+    let fresh = (0..3)
+        .map(|i| json!({"intent": "create_file", "root": c.roots[i], "path": format!("t{i}.txt"), "content": "t"}))
+        .collect::<Vec<_>>();
+    let r = run(&sim, json!({"workflow_id": "wf_sim", "actions": fresh}));
+    assert_eq!(status(&r), "blocked", "{:?}", r.actions[0].reason);
+    let why = r.actions[0].reason.clone().unwrap_or_default();
+    assert!(why.contains("split it into plans"), "{why}");
+    for sandbox in [&sim, &sb] {
+        let rb = sandbox.rollback_workflow("wf_spread", &RollbackOptions::default());
+        let why = rb.reason.unwrap_or_default();
+        assert!(why.contains("roll its actions back one at a time"), "{why}");
+    }
+    drop(sim);
+    for id in ids.iter().rev() {
+        let one = RollbackOptions {
+            action_id: Some(id.clone()),
+            ..RollbackOptions::default()
+        };
+        assert_eq!(
+            sb.rollback_workflow("wf_spread", &one).status,
+            "rolled_back"
+        );
+    }
+    assert!((0..3).all(|i| !c.roots[i].join(format!("s{i}.txt")).exists()));
     // Its prune records the roots it prunes in, not every root the process has.
     w.clock.advance(chrono::Duration::days(2));
     let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
