@@ -324,7 +324,9 @@ impl Sandbox {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => match self.find_conflicts(workflow_id, &pending) {
                 Ok(conflicts) => (
-                    self.beyond_force(&pending)
+                    self.record_room(&self.root_names(pending.iter().map(|(i, _)| *i)), true)
+                        .err()
+                        .or_else(|| self.beyond_force(&pending))
                         .or_else(|| self.unwritable_folders(&pending))
                         .or_else(|| self.damaged_backups(&pending, false))
                         .map(|r| (r.reason_code, r.reason)),

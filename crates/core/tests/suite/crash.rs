@@ -820,6 +820,8 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
         let rb = sandbox.rollback_workflow("wf_spread", &RollbackOptions::default());
         let why = rb.reason.unwrap_or_default();
         assert!(why.contains("roll its actions back one at a time"), "{why}");
+        let info = sandbox.rollback_info("wf_spread").unwrap();
+        assert!(!info.rollback_available, "{info:?}");
     }
     drop(sim);
     for id in ids.iter().rev() {
