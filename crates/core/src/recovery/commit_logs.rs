@@ -221,8 +221,7 @@ impl Sandbox {
             };
             let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
                 // Its write was acknowledged: the entry is kept for a start that has the
-                // root.
-                tracing::warn!(root = %meta.root, "a commit log entry names a root not configured now; it is kept");
+                // root (said once per log, below).
                 kept.push(at);
                 continue;
             };
@@ -362,6 +361,14 @@ impl Sandbox {
         }
         if superseded {
             self.record_marked_restores(wf);
+        }
+        if let Some(&first) = kept.first() {
+            tracing::warn!(
+                workflow = %wf,
+                entries = kept.len(),
+                root = %entries[first].meta.root,
+                "commit log entries name a root not configured now; they are kept for a start that has it"
+            );
         }
         (changed.len(), complete, kept)
     }
