@@ -287,16 +287,11 @@ impl StateDir {
     /// moment ago. Returns whether this call made it.
     fn create_whole(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<bool> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = format!(".{name}{}", super::root::temp_name());
-        let mut f = self.open_file(
-            &beside(rel, &tmp),
-            OpenOptions::new().write(true).create_new(true).mode(0o600),
-        )?;
-        let linked = f
-            .write_all(bytes)
-            .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
-            .and_then(|()| dir.hard_link(&tmp, dir, name));
-        let _ = dir.remove_file(&tmp);
+        let linked = self.write_aside(rel, bytes, durable).and_then(|tmp| {
+            let linked = dir.hard_link(&tmp, dir, name);
+            let _ = dir.remove_file(&tmp);
+            linked
+        });
         let made = match linked {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
@@ -312,20 +307,34 @@ impl StateDir {
     /// renamed over it, the directory synced. A crash leaves the old file or the new.
     fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
+        let tmp = self.write_aside(rel, bytes, true)?;
+        if let Err(e) = dir.rename(&tmp, dir, name) {
+            let _ = dir.remove_file(&tmp);
+            return Err(e);
+        }
+        super::root::sync_dir(dir)
+    }
+
+    /// A new temporary file beside `rel` (`.{name}.ailab-tmp-…`, which start-up removes
+    /// when its maker died) holding `bytes`, synced when `durable`: its name. Removed
+    /// again if it cannot be written.
+    fn write_aside(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<String> {
+        let (dir, name) = self.locate(rel)?;
         let tmp = format!(".{name}{}", super::root::temp_name());
         let mut f = self.open_file(
             &beside(rel, &tmp),
             OpenOptions::new().write(true).create_new(true).mode(0o600),
         )?;
-        let placed = f
+        match f
             .write_all(bytes)
-            .and_then(|()| f.sync_data())
-            .and_then(|()| dir.rename(&tmp, dir, name));
-        if placed.is_err() {
-            let _ = dir.remove_file(&tmp);
+            .and_then(|()| if durable { f.sync_data() } else { Ok(()) })
+        {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = dir.remove_file(&tmp);
+                Err(e)
+            }
         }
-        placed?;
-        super::root::sync_dir(dir)
     }
 
     /// Opens a one-block record written by [`StateDir::write_block`], to read and rewrite
