@@ -175,7 +175,7 @@ pub fn position(file: &File) -> io::Result<Option<Position>> {
 /// workflow's lock held. On failure the header is put back and the frame spoiled, so
 /// the entry is not in the log.
 /// `None`, with nothing written, when the entry would take the log past
-/// [`MAX_LOG_BYTES`] or its header past [`MAX_HEADER`]: the commit syncs instead.
+/// [`MAX_LOG_BYTES`] or its header past 256 KiB: the commit syncs instead.
 pub fn append(
     file: &File,
     record: &InflightRecord,
