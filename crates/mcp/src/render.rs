@@ -470,6 +470,11 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         ReasonCode::OutsideSandbox => {
             "roll back single actions in this server's roots with rollback_action, or ask the operator to start the server with every root the workflow wrote into.".to_owned()
         }
+        // The one shape a rollback's arguments cannot fix: roots too long together for
+        // its record.
+        ReasonCode::InvalidPlan => {
+            "roll the workflow's actions back one at a time with rollback_action, newest first (list_artifacts names them).".to_owned()
+        }
         _ => what_to_do(code, None),
     };
     text.push_str(&format!("\nWhat to do instead: {advice}"));
@@ -507,6 +512,28 @@ mod tests {
             .unwrap_or_default();
         assert!(text.contains("rollback_action"), "{text}");
         assert!(!text.contains("relative to the sandbox root"), "{text}");
+    }
+
+    /// A rollback into roots too long together for its record is advised to go action by
+    /// action, not to check the tool's arguments (which are fine).
+    #[test]
+    fn a_rollback_too_wide_for_its_record_is_advised_action_by_action() {
+        let rep = RollbackReport {
+            workflow_id: "wf_wide".to_owned(),
+            status: "refused",
+            steps_rolled_back: 0,
+            reason_code: Some(ReasonCode::InvalidPlan),
+            reason: Some("this rollback writes into 20 roots whose paths together take 3921 bytes of the run record, which has room for 3606; roll its actions back one at a time".to_owned()),
+            conflicts: Vec::new(),
+            steps: Vec::new(),
+        };
+        let r = rollback_result(&rep, "workflow wf_wide");
+        let text = r.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
+        assert!(text.contains("with rollback_action"), "{text}");
+        assert!(!text.contains("input schema"), "{text}");
     }
 
     #[test]

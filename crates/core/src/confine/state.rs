@@ -410,9 +410,11 @@ impl StateDir {
                     .collect(),
             ));
         }
+        // That format was a block padded with spaces: only its end is padding, so a root
+        // whose name ends in a space is read whole unless it is the last.
         let text = String::from_utf8_lossy(&bytes);
-        let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-        let Some(seq) = lines.next().and_then(|l| l.parse().ok()) else {
+        let mut lines = text.trim_end().split('\n').filter(|l| !l.is_empty());
+        let Some(seq) = lines.next().and_then(|l| l.trim().parse().ok()) else {
             return Ok(None);
         };
         Ok(Some(lines.map(|r| (r.to_owned(), seq)).collect()))

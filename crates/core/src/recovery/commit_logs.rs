@@ -362,12 +362,18 @@ impl Sandbox {
         if superseded {
             self.record_marked_restores(wf);
         }
-        if let Some(&first) = kept.first() {
+        if !kept.is_empty() {
+            let mut roots: Vec<&str> = kept
+                .iter()
+                .map(|&at| entries[at].meta.root.as_str())
+                .collect();
+            roots.sort_unstable();
+            roots.dedup();
             tracing::warn!(
                 workflow = %wf,
                 entries = kept.len(),
-                root = %entries[first].meta.root,
-                "commit log entries name a root not configured now; they are kept for a start that has it"
+                roots = %roots.join(", "),
+                "commit log entries name roots not configured now; they are kept for a start that has them"
             );
         }
         (changed.len(), complete, kept)
