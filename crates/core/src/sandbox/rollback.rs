@@ -945,9 +945,12 @@ impl Sandbox {
         };
         // What force cannot overwrite is refused before anything is restored, with its
         // own code, forced or not: advising force would not help, and met at its restore
-        // it left the workflow half rolled back.
+        // it left the workflow half rolled back. First, as the preview says it, a
+        // rollback into roots too long together for its record (simulated or done).
         if let Some(r) = self
-            .beyond_force(&chosen)
+            .record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true)
+            .err()
+            .or_else(|| self.beyond_force(&chosen))
             .or_else(|| self.unwritable_folders(&chosen))
             .or_else(|| self.damaged_backups(&chosen, opts.force))
         {
@@ -1006,10 +1009,6 @@ impl Sandbox {
                 ));
             }
             return refused(ReasonCode::Conflict, why.join("; "), conflicts);
-        }
-        // Refused alike whether it would be simulated or done.
-        if let Err(r) = self.record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true) {
-            return refused(r.reason_code, r.reason, Vec::new());
         }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.

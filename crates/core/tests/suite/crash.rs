@@ -816,6 +816,9 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
     assert_eq!(status(&r), "blocked", "{:?}", r.actions[0].reason);
     let why = r.actions[0].reason.clone().unwrap_or_default();
     assert!(why.contains("split it into plans"), "{why}");
+    // Said first, as the preview says it, even where a file changed since (a conflict,
+    // whose advice to force would then be refused all the same).
+    std::fs::write(c.roots[0].join("s0.txt"), "changed").unwrap();
     for sandbox in [&sim, &sb] {
         let rb = sandbox.rollback_workflow("wf_spread", &RollbackOptions::default());
         let why = rb.reason.unwrap_or_default();
@@ -824,6 +827,7 @@ fn a_long_root_path_fits_the_run_record_and_too_long_ones_are_refused_at_start()
         assert!(!info.rollback_available, "{info:?}");
     }
     drop(sim);
+    std::fs::write(c.roots[0].join("s0.txt"), "s").unwrap();
     for id in ids.iter().rev() {
         let one = RollbackOptions {
             action_id: Some(id.clone()),

@@ -2500,7 +2500,8 @@ fn a_prune_through_some_roots_leaves_the_others_as_earlier_prunes_left_them() {
 #[test]
 fn a_prune_mark_names_any_number_of_long_roots_and_the_first_format_is_read() {
     let w = World::new();
-    let roots: Vec<std::path::PathBuf> = (0..4)
+    // Nine roots of some 480 bytes: a mark naming them all is over 4 KiB.
+    let roots: Vec<std::path::PathBuf> = (0..9)
         .map(|i| {
             w.tmp
                 .path()
@@ -2524,7 +2525,11 @@ fn a_prune_mark_names_any_number_of_long_roots_and_the_first_format_is_read() {
     assert_eq!(report.workflows_pruned, ["wf_many"], "{report:?}");
     let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
     let mark = state.prune_mark("wf_many").unwrap().unwrap();
-    assert_eq!(mark.len(), 4, "{mark:?}");
+    assert_eq!(mark.len(), 9, "{mark:?}");
+    let size = std::fs::metadata(w.state.join("inflight/wf_many.pruned"))
+        .unwrap()
+        .len();
+    assert!(size > 4096, "{size}");
     std::fs::write(
         w.state.join("inflight/wf_old.pruned"),
         format!(
