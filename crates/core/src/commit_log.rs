@@ -192,7 +192,8 @@ pub fn append(
         end: at.end + frame.len() as u64,
         ..at
     };
-    if next.end > MAX_LOG_BYTES || frame_header_len(&frame) > MAX_HEADER {
+    // Nor a frame a reader would not take.
+    if next.end > MAX_LOG_BYTES || frame_lens(&frame).is_none() {
         return Ok(None);
     }
     let size = file.len()?;
@@ -210,14 +211,6 @@ pub fn append(
         return Err(e);
     }
     Ok(Some(next))
-}
-
-/// The header length a frame made by [`encode`] declares.
-fn frame_header_len(frame: &[u8]) -> usize {
-    frame
-        .get(12..16)
-        .and_then(|w| w.try_into().ok())
-        .map_or(usize::MAX, |w| u32::from_le_bytes(w) as usize)
 }
 
 /// Empties the log, durably (a new generation): what it held must be durable elsewhere
@@ -364,24 +357,25 @@ fn checked_entry_after(generation: u64, rest: &[u8]) -> bool {
 /// The length a frame's prefix claims, as far as [`decode_one`] would hash it (nothing
 /// when the frame could not be an entry).
 fn claimed_frame_len(log: &[u8]) -> usize {
-    frame_lens(log).map_or(0, |(header, body)| PREFIX + header + body)
+    frame_lens(log).map_or(0, |(header, backup, bytes)| {
+        PREFIX + header + backup.unwrap_or(0) + bytes
+    })
 }
 
-/// A frame's header length and the length of its backup and new bytes together, when
-/// its prefix is whole and within the bounds an entry keeps.
-fn frame_lens(log: &[u8]) -> Option<(usize, usize)> {
+/// A frame's header length, backup length (`None`: no backup) and new bytes' length,
+/// when its prefix is whole and within the bounds an entry keeps.
+fn frame_lens(log: &[u8]) -> Option<(usize, Option<usize>, usize)> {
     let word = |at: usize| -> Option<u64> {
         Some(u64::from_le_bytes(log.get(at..at + 8)?.try_into().ok()?))
     };
     let header_len = u32::from_le_bytes(log.get(12..16)?.try_into().ok()?) as usize;
-    let backup_len = word(16)?;
-    let backup_size = if backup_len == NO_BACKUP {
-        0
-    } else {
-        usize::try_from(backup_len).ok()?
+    let backup = match word(16)? {
+        NO_BACKUP => None,
+        len => Some(usize::try_from(len).ok()?),
     };
-    let data = backup_size.checked_add(usize::try_from(word(24)?).ok()?)?;
-    (header_len <= MAX_HEADER && data <= MAX_LOGGED_BYTES).then_some((header_len, data))
+    let bytes = usize::try_from(word(24)?).ok()?;
+    let data = backup.unwrap_or(0).checked_add(bytes)?;
+    (header_len <= MAX_HEADER && data <= MAX_LOGGED_BYTES).then_some((header_len, backup, bytes))
 }
 
 /// The log entry of a commit.
@@ -446,14 +440,9 @@ fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
         return None;
     }
     // Checked before anything is hashed: no entry is longer.
-    let (header_len, data_len) = frame_lens(log)?;
-    let backup_len = word(16)?;
-    let backup_size = if backup_len == NO_BACKUP {
-        0
-    } else {
-        usize::try_from(backup_len).ok()?
-    };
-    let frame = log.get(..PREFIX + header_len + data_len)?;
+    let (header_len, backup, bytes_len) = frame_lens(log)?;
+    let backup_size = backup.unwrap_or(0);
+    let frame = log.get(..PREFIX + header_len + backup_size + bytes_len)?;
     if checksum(frame)[..] != frame[PREFIX - 32..PREFIX] {
         return None;
     }
@@ -462,8 +451,7 @@ fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
     let entry = CommitEntry {
         record: header.record,
         meta: header.meta,
-        backup: (backup_len != NO_BACKUP)
-            .then(|| body[header_len..header_len + backup_size].to_vec()),
+        backup: backup.map(|_| body[header_len..header_len + backup_size].to_vec()),
         bytes: body[header_len + backup_size..].to_vec(),
     };
     // An entry must describe a finishable write: a commit record whose checksum the

@@ -733,7 +733,7 @@ impl Config {
         }
         // A run names the roots it writes into in its run record, one small block: a root
         // that does not fit there alone could never be written. (Roots that only fit
-        // apart refuse the plans that write into them all; see `begin_record`.)
+        // apart refuse the plans that write into them all: `Sandbox::record_room`.)
         for r in &self.roots {
             let (taken, room) =
                 crate::recovery::InflightRecord::room_for_roots(&[r.display().to_string()]);

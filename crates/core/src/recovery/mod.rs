@@ -132,25 +132,29 @@ impl InflightRecord {
     /// longest state. A configuration whose roots do not fit is refused at start, not
     /// at every run.
     pub fn room_for_roots(names: &[String]) -> (usize, usize) {
-        let id = crate::ids::unique();
-        let stamp = crate::clock::timestamp(chrono::Utc::now());
-        let longest = Self {
-            state: RESTORES_UNAUDITED.to_owned(),
-            execution_id: crate::plan::new_execution_id(),
-            workflow_id: "w".repeat(crate::plan::MAX_ID_LEN),
-            started_at: stamp.clone(),
-            finished: true,
-            boot: Some(
-                crate::confine::state::boot_id()
-                    .map_or_else(|| "0".repeat(36), |b| format!("{b:0<36}")),
-            ),
-            recovered_by: vec![id; MAX_RECOVERED_BY],
-            roots: vec![String::new()],
-            rollback_recovered_at: Some(stamp),
-        };
-        let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
-        // `[""]` stands in the record for the names' own JSON array.
-        let room = (crate::confine::state::BLOCK - 1).saturating_sub(without - "[\"\"]".len());
+        // The same for every record of this process: ids and times are of fixed width.
+        static ROOM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let room = *ROOM.get_or_init(|| {
+            let id = crate::ids::unique();
+            let stamp = crate::clock::timestamp(chrono::Utc::now());
+            let longest = Self {
+                state: RESTORES_UNAUDITED.to_owned(),
+                execution_id: crate::plan::new_execution_id(),
+                workflow_id: "w".repeat(crate::plan::MAX_ID_LEN),
+                started_at: stamp.clone(),
+                finished: true,
+                boot: Some(
+                    crate::confine::state::boot_id()
+                        .map_or_else(|| "0".repeat(36), |b| format!("{b:0<36}")),
+                ),
+                recovered_by: vec![id; MAX_RECOVERED_BY],
+                roots: vec![String::new()],
+                rollback_recovered_at: Some(stamp),
+            };
+            let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
+            // `[""]` stands in the record for the names' own JSON array.
+            (crate::confine::state::BLOCK - 1).saturating_sub(without - "[\"\"]".len())
+        });
         let taken = serde_json::to_vec(names).map_or(usize::MAX, |v| v.len());
         (taken, room)
     }

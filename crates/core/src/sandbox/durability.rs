@@ -457,8 +457,8 @@ impl Sandbox {
 
     /// Refuses a plan (or, `rollback`, a rollback) writing into roots whose paths together
     /// do not fit its run record, with room for what recovery may add later (the
-    /// processes that recover it, when). Judged before anything is written, simulated
-    /// runs too.
+    /// processes that recover it, when). Judged by each before it writes its record (or
+    /// simulates), so that [`Sandbox::begin_record`] need not.
     pub(crate) fn record_room(&self, roots: &[String], rollback: bool) -> Verdict {
         let (taken, room) = crate::recovery::InflightRecord::room_for_roots(roots);
         if taken <= room {
@@ -489,7 +489,6 @@ impl Sandbox {
         rec: &crate::recovery::InflightRecord,
         file: Option<&crate::confine::state::BlockFile>,
     ) -> Verdict {
-        self.record_room(&rec.roots, rec.state == crate::recovery::ROLLING_BACK)?;
         self.write_record_to(rec, self.fsync_each(), file)
             .map_err(|e| {
                 crate::reason::Refusal::new(
