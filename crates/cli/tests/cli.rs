@@ -2049,10 +2049,42 @@ fn an_uncreatable_default_state_directory_falls_back_to_the_users() {
     assert_eq!(doc["state_dir"], json!(used.to_str().unwrap()), "{doc}");
     let notices = doc["notices"].to_string();
     assert!(
-        notices.contains("/opt/ai-lab/runtime/state cannot be created"),
+        notices.contains("/opt/ai-lab/runtime/state cannot be used (state directory /opt/ai-lab/runtime/state cannot be created"),
         "{notices}"
     );
+    assert!(notices.contains("Read-only file system"), "{notices}");
     assert!(used.join("sandbox_audit.jsonl").exists());
+}
+
+/// The default state directory named explicitly (as a config file or a client's
+/// `AI_LAB_STATE_DIR` may) does not fall back, and its refusal says so and what to do.
+#[test]
+fn the_default_state_directory_set_explicitly_does_not_fall_back_and_says_so() {
+    let e = env();
+    let xdg = e.dir.join("xdg");
+    let mut c = with_private_mount("mount -t tmpfs -o ro,size=64k tmpfs /opt", &[]);
+    c.arg("--root")
+        .arg(&e.root)
+        .args(["--json", "state"])
+        .env("AI_LAB_STATE_DIR", "/opt/ai-lab/runtime/state")
+        .env("XDG_STATE_HOME", &xdg);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/opt/ai-lab/runtime/state cannot be created"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "it was set explicitly, which leaves no fallback: leave the state directory unset"
+        ),
+        "{err}"
+    );
+    assert_eq!(json_out(&out)["reason_code"], "io_error");
+    assert!(!xdg.exists());
 }
 
 /// The binary, run in a private mount namespace once `mount` (a shell command, given

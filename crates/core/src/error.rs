@@ -61,7 +61,7 @@ impl Error {
     /// setting to correct (`invalid_config`), not a failure of the disk.
     pub fn is_unsafe_state_dir(&self) -> bool {
         matches!(self, Self::StateDir { cause, .. }
-            if cause.get_ref().is_some_and(|e| e.is::<crate::confine::state::NotPrivate>()))
+            if crate::confine::state::NotPrivate::is_cause_of(cause))
     }
 
     /// Whether the runtime could not start because it may not write where it must (a

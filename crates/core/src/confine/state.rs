@@ -650,6 +650,13 @@ impl std::fmt::Display for NotPrivate {
 
 impl std::error::Error for NotPrivate {}
 
+impl NotPrivate {
+    /// Whether `e` is such a refusal.
+    pub fn is_cause_of(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|e| e.is::<Self>())
+    }
+}
+
 /// A state file this process may not open (another user took it, or its mode shuts
 /// this process out), named by its place in the state directory: said in these words
 /// wherever it is met (see [`crate::error::io_words`]), never only "permission denied".
@@ -673,7 +680,7 @@ fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
     let why = match super::root::not_ours(m) {
         None => return Ok(()),
         Some(Why::Owner(uid)) => format!(
-            "state directory {shown} is owned by uid {uid}, not by this process's uid {}; someone else may control the audit trail and the seal key there",
+            "state directory {shown} is owned by uid {uid}, not by this process's uid {}; someone else may control the audit trail and the seal key there: give a state directory of this user's own, or run as uid {uid}",
             super::root::euid()
         ),
         Some(Why::Writable { gid, mode }) => format!(

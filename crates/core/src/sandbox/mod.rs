@@ -8,7 +8,7 @@ use crate::clock::{Clock, SystemClock, timestamp};
 use crate::commit_log::Position;
 use crate::config::{Config, DEFAULT_STATE_DIR};
 use crate::confine::path::join_display;
-use crate::confine::state::StateDir;
+use crate::confine::state::{NotPrivate, StateDir};
 use crate::confine::{RelPath, SandboxRoot};
 use crate::context::{DryRunReason, ExecutionContext, ExecutionMode};
 use crate::error::Error;
@@ -20,6 +20,7 @@ use crate::policy::{
 use crate::reason::{ReasonCode, Verdict};
 use crate::snapshot::StoredSnapshot;
 use serde::Serialize;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -191,10 +192,8 @@ impl Sandbox {
             }
         }
         if !may_fall_back(&config) {
-            StateDir::probe(&config.state_dir).map_err(|cause| Error::StateDir {
-                path: config.state_dir.clone(),
-                cause,
-            })?;
+            StateDir::probe(&config.state_dir)
+                .map_err(|cause| state_dir_refused(&config, cause))?;
         }
         // Roots that exist are opened now; those missing are made once the state
         // directory says whether an interrupted run wrote into them (below).
@@ -834,35 +833,55 @@ fn root_inside_state_dir(inside: &Path, state_dir: &Path) -> Error {
 /// default, and only when nothing is there. One that exists and is refused is reported,
 /// or another run would quietly use another audit trail.
 fn may_fall_back(config: &Config) -> bool {
-    !config.state_dir_explicit
-        && config.state_dir == Path::new(DEFAULT_STATE_DIR)
+    !config.state_dir_explicit && default_missing(config)
+}
+
+fn default_missing(config: &Config) -> bool {
+    config.state_dir == Path::new(DEFAULT_STATE_DIR)
         && !crate::confine::state::exists(&config.state_dir)
+}
+
+/// The configured state directory refused for `cause`. The default named explicitly (a
+/// config file, `AI_LAB_STATE_DIR`) does not fall back, which its refusal says: the
+/// same path left unset would have.
+fn state_dir_refused(config: &Config, cause: io::Error) -> Error {
+    let refused = |cause| Error::StateDir {
+        path: config.state_dir.clone(),
+        cause,
+    };
+    if !config.state_dir_explicit || !default_missing(config) || NotPrivate::is_cause_of(&cause) {
+        return refused(cause);
+    }
+    let kind = cause.kind();
+    let words = format!(
+        "{}; it was set explicitly, which leaves no fallback: leave the state directory unset to fall back to one of this user's own, or give one this user may create",
+        refused(cause)
+    );
+    refused(io::Error::new(kind, words))
 }
 
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
     match StateDir::open(&config.state_dir) {
         Ok(s) => Ok((s, None)),
         Err(e) if may_fall_back(config) => {
-            let fallback =
-                Config::fallback_state_dir(&|k| std::env::var(k).ok()).ok_or(Error::StateDir {
-                    path: config.state_dir.clone(),
-                    cause: e,
-                })?;
+            let Some(fallback) = Config::fallback_state_dir(&|k| std::env::var(k).ok()) else {
+                return Err(state_dir_refused(config, e));
+            };
             let s = StateDir::open(&fallback).map_err(|cause| Error::StateDir {
                 path: fallback.clone(),
                 cause,
             })?;
+            // The cause goes with the notice: a default refused because someone else
+            // could change it is a matter for the operator, not only a missing folder.
             let note = format!(
-                "the default state directory {DEFAULT_STATE_DIR} cannot be created; using {} instead",
+                "the default state directory {DEFAULT_STATE_DIR} cannot be used ({}); using {} instead",
+                state_dir_refused(config, e),
                 fallback.display()
             );
             tracing::warn!("{note}");
             Ok((s, Some(note)))
         }
-        Err(cause) => Err(Error::StateDir {
-            path: config.state_dir.clone(),
-            cause,
-        }),
+        Err(cause) => Err(state_dir_refused(config, cause)),
     }
 }
 

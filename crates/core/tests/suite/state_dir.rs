@@ -99,6 +99,10 @@ fn a_state_directory_owned_by_another_user_is_refused() {
     }
     let err = open_err(w.writable_config());
     assert!(err.contains("owned by uid 65534"), "{err}");
+    assert!(
+        err.contains("give a state directory of this user's own, or run as uid 65534"),
+        "{err}"
+    );
 }
 
 /// A symlink planted under a name the runtime uses is never followed: the file it
