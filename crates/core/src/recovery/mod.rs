@@ -258,6 +258,18 @@ impl Recovered {
         .ok()
     }
 
+    /// Restores made (and marked) whose audit lines could not be written: left for a
+    /// later try, which writes them from the marks.
+    fn restores_unaudited(&mut self, e: &std::io::Error) {
+        tracing::error!(error = %e, "could not audit restores; the next start tries again");
+        self.busy = busy_log(e);
+        self.why = Some(format!(
+            "its files were restored, but the audit trail could not record it ({}): the state directory must take the lines",
+            crate::error::state_io_words(e)
+        ));
+        self.retry = true;
+    }
+
     /// What died: `rollback` or `run`.
     pub fn what(&self) -> &'static str {
         if self.rollback { "rollback" } else { "run" }
@@ -525,24 +537,16 @@ impl Sandbox {
             };
         }
         if rec.state == RESTORES_UNAUDITED {
-            let recorded = self
-                .try_record_marked_restores(&rec.workflow_id)
-                .inspect_err(|e| tracing::error!(error = %e, "could not audit a run's marked restores; the next start tries again"));
-            let why = recorded.as_ref().err().map(|e| {
-                format!(
-                    "its files were restored, but the audit trail could not record it ({}): the state directory must take the lines",
-                    crate::error::io_words(e)
-                )
-            });
-            return Recovered {
+            let mut report = Recovered {
                 execution_id: rec.execution_id.clone(),
                 workflow_id: rec.workflow_id.clone(),
-                restores_recorded: *recorded.as_ref().unwrap_or(&0),
-                retry: recorded.is_err(),
-                busy: recorded.err().and_then(|e| busy_log(&e)),
-                why,
                 ..Recovered::default()
             };
+            match self.try_record_marked_restores(&rec.workflow_id) {
+                Ok(n) => report.restores_recorded = n,
+                Err(e) => report.restores_unaudited(&e),
+            }
+            return report;
         }
         let claimed = self.claim(rec);
         let report = if rec.state == ROLLING_BACK {

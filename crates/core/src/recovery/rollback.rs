@@ -120,10 +120,21 @@ impl Sandbox {
             ));
             report.restores_recorded += 1;
         }
-        if let Err(e) = self.audit.append(records) {
-            tracing::error!(error = %e, "recovery could not audit a dead rollback's restores");
+        // Each restore is marked before its line is written: lines that cannot be written
+        // now are written from the marks by a later try, for which the record is kept
+        // (closed, nothing would ever write them, and the trail would go on naming the
+        // workflow's writes as what the files hold).
+        match self
+            .audit
+            .append(records)
+            .and_then(|_| self.try_record_marked_restores(&rec.workflow_id))
+        {
+            Ok(n) => report.restores_recorded += n,
+            Err(e) => {
+                report.restores_recorded = 0;
+                report.restores_unaudited(&e);
+            }
         }
-        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
         report
     }
 

@@ -216,10 +216,25 @@ impl Sandbox {
             crate::sandbox::RestoreMode::Force,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();
-        if report.rolled_back < n {
+        if let Some(stopped) = steps
+            .iter()
+            .find(|s| !s.restored && s.reason_code == Some(ReasonCode::IoError))
+        {
+            // The disk stopped the undo (full, read-only, failing): the record is kept
+            // for a later try. Closed, the dead run's write would stand for good, its
+            // only line saying that its undo failed.
+            report.why = Some(format!(
+                "an unfinished action could not be undone: {}",
+                stopped.reason.as_deref().unwrap_or("the disk refused it")
+            ));
+            report.retry = true;
+        } else if report.rolled_back < n {
             tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
         }
-        report.restores_recorded += self.record_marked_restores(&rec.workflow_id);
+        match self.try_record_marked_restores(&rec.workflow_id) {
+            Ok(n) => report.restores_recorded += n,
+            Err(e) => report.restores_unaudited(&e),
+        }
         report
     }
 

@@ -2822,3 +2822,85 @@ fn an_audited_write_beneath_a_folder_now_a_file_stands_at_recovery() {
     assert!(!w.path("d2/sub/new.txt").exists());
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback that died after a restore and its mark, whose recovery cannot write the
+/// restore's audit line (another process holds the trail past the wait; a full state
+/// directory alike), keeps its record: once the trail takes lines, the restore is
+/// recorded. Closed, the trail would name the workflow's write for good as what the file
+/// holds.
+#[test]
+fn a_dead_rollback_whose_restore_lines_cannot_be_written_is_recovered_later() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    use rustix::fs::{FlockOperation, flock};
+    let (w, mut c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c.clone());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let dying = w.open(c.clone());
+    dying.failpoints().arm_crash("after_mark", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        dying.rollback_workflow("wf_r", &RollbackOptions::default())
+    }));
+    assert!(outcome.is_err(), "the rollback should die");
+    drop(dying);
+    assert_eq!(w.tree(), original, "restored, not recorded");
+    assert_eq!(run_record(&w, "wf_r")["state"], "rolling_back");
+    let rolled_back = |sb: &ailab_sandbox_core::Sandbox| {
+        sb.audit_entries(50, Some("wf_r"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.status == AuditStatus::RolledBack)
+            .count()
+    };
+    assert_eq!(rolled_back(&sb), 0);
+    let log = std::fs::File::open(w.state.join("sandbox_audit.jsonl")).unwrap();
+    flock(&log, FlockOperation::LockExclusive).unwrap();
+    let rb = sb.rollback_workflow("wf_r", &RollbackOptions::default());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(
+        run_record(&w, "wf_r")["state"],
+        "rolling_back",
+        "kept for a later try: {rb:?}"
+    );
+    drop(log);
+    let rb = sb.rollback_workflow("wf_r", &RollbackOptions::default());
+    assert_eq!(rolled_back(&sb), 1, "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A dead run whose unfinished action recovery cannot undo because the disk refuses it
+/// (full, read-only: an injected I/O error here) keeps its record, and a later recovery
+/// undoes it. Closed, the dead run's write would stand for good, its only line saying
+/// that its undo failed.
+#[test]
+fn a_dead_run_whose_undo_the_disk_refuses_is_undone_by_a_later_recovery() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c);
+    kill_before_the_second_record(&sb);
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "in doubt");
+    sb.failpoints().arm("during_restore", 1);
+    let next = json!({"workflow_id": "wf_crash", "actions": [
+        {"intent": "create_file", "path": "z.txt", "content": "z\n"}]});
+    let r = run(&sb, next.clone());
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    let why = r.actions[0].reason.as_deref().unwrap();
+    assert!(
+        why.contains("an unfinished action could not be undone"),
+        "{why}"
+    );
+    assert_eq!(run_record(&w, "wf_crash")["state"], "active", "kept");
+    assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not undone yet");
+    let r = run(&sb, next);
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("d/b.txt"), b"beta\n", "undone by the later recovery");
+    let rb = sb.rollback_workflow("wf_crash", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
