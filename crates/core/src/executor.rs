@@ -586,7 +586,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         let actions = std::mem::take(&mut self.plan.actions);
         for (i, a) in actions.iter().enumerate() {
             let op = op_for_intent(&a.intent);
-            match checks.get(i) {
+            // One refusal for the whole plan (its workflow busy, say) refuses each action,
+            // counted and audited as each is.
+            let check = match checks.as_slice() {
+                [whole @ Err(_)] => Some(whole),
+                _ => checks.get(i),
+            };
+            match check {
                 Some(Err(r)) => {
                     let mut res = self.base_result(a, op, ActionStatus::Blocked);
                     res.reason_code = Some(r.reason_code);
@@ -609,21 +615,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     res.reason = Some("not run: another action of the plan was refused".to_owned());
                     results.push(res);
                 }
-                None => {
-                    let mut res = self.base_result(a, op, ActionStatus::Skipped);
-                    if let Some(Err(r)) = checks.first() {
-                        res.status = ActionStatus::Blocked;
-                        res.reason_code = Some(r.reason_code);
-                        res.reason = Some(r.reason.clone());
-                        records.push(self.record(
-                            a,
-                            &res,
-                            AuditStatus::Blocked,
-                            self.target_path(a),
-                        ));
-                    }
-                    results.push(res);
-                }
+                None => results.push(self.base_result(a, op, ActionStatus::Skipped)),
             }
         }
         if let Err(e) = self.sb.audit.append(records) {

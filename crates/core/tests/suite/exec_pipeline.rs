@@ -1961,3 +1961,40 @@ fn a_refused_actions_huge_path_and_intent_are_recorded_cut() {
     assert!(sb.audit_verify().unwrap().ok);
     assert!(!w.root.join("a.md").exists());
 }
+
+/// A plan refused as a whole (its workflow busy past the wait) refuses each action: each
+/// is counted in the metrics as it is audited, so `/metrics` and the trail's
+/// statistics agree.
+#[test]
+fn a_plan_refused_as_a_whole_counts_each_action_in_the_metrics() {
+    use rustix::fs::{FlockOperation, flock};
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c);
+    // Another process's run of the workflow holds its lock.
+    let lock = std::fs::File::create(w.state.join("locks/wf-wf_busy.lock")).unwrap();
+    flock(&lock, FlockOperation::LockExclusive).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_busy", "actions": [
+            {"intent": "create_file", "path": "a.txt", "content": "a"},
+            {"intent": "create_file", "path": "b.txt", "content": "b"},
+            {"intent": "write_json", "path": "c.json", "data": {}}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    for i in 0..3 {
+        assert_eq!(code(&r, i).as_deref(), Some("conflict"), "{r:?}");
+    }
+    assert_eq!(sb.audit_stats().unwrap().blocked, 3);
+    let metrics = sb.metrics().encode();
+    for (intent, n) in [("create_file", 2), ("write_json", 1)] {
+        assert!(
+            metrics.contains(&format!(
+                "ailab_sandbox_mutations_total{{type=\"{intent}\",result=\"blocked\"}} {n}"
+            )),
+            "{metrics}"
+        );
+    }
+    assert!(w.tree().is_empty());
+}
