@@ -161,7 +161,9 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             codes::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than the limit of {limit} bytes"),
+            format!(
+                "the request body is larger than the limit of {limit} bytes (the server's max_body_bytes, or --max-body-bytes): split the plan into smaller ones, or raise that limit"
+            ),
         )
     }
 }
@@ -233,6 +235,26 @@ pub(crate) fn run_status(status: RunStatus) -> StatusCode {
     }
 }
 
+/// When a plan was refused only by the rate limit: the seconds until all its refused
+/// writes are allowed (the run is answered 429 with `Retry-After`).
+pub(crate) fn rate_limited_for(r: &RunResult) -> Option<u64> {
+    if r.status != RunStatus::Blocked {
+        return None;
+    }
+    let mut wait = None;
+    for a in r
+        .actions
+        .iter()
+        .filter(|a| a.status == ActionStatus::Blocked && a.reason_code.is_some())
+    {
+        if a.reason_code != Some(ReasonCode::RateLimited) {
+            return None;
+        }
+        wait = Some(wait.unwrap_or(0).max(a.retry_after_seconds?));
+    }
+    wait
+}
+
 /// For an unsuccessful run: the first refused or failed action's code and a sentence
 /// summing up the run, so that every error answer has `reason_code` and `reason`.
 pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
@@ -255,6 +277,16 @@ pub(crate) fn run_summary(r: &RunResult) -> Option<(ReasonCode, String)> {
     };
     let any = |s: ActionStatus| r.actions.iter().any(|a| a.status == s);
     let reason = match r.status {
+        // The first action's wait is its own; the plan passes once every write of it may.
+        RunStatus::Blocked
+            if bad.len() > 1
+                && let Some(secs) = rate_limited_for(r) =>
+        {
+            format!(
+                "the plan was refused and nothing was written: action {}: {why}{more}; the whole plan can be sent again in {secs} seconds",
+                first.action_id
+            )
+        }
         RunStatus::Blocked => format!(
             "the plan was refused and nothing was written: action {}: {why}{more}",
             first.action_id

@@ -13,7 +13,7 @@ use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-use crate::error::{ApiError, codes, rollback_status, run_status, run_summary};
+use crate::error::{ApiError, codes, rate_limited_for, rollback_status, run_status, run_summary};
 use crate::wire::{
     ArtifactDoc, DEFAULT_LIST_LIMIT, Health, ListQuery, MAX_LIST_LIMIT, PlanResponse,
     RollbackRequest,
@@ -297,27 +297,6 @@ pub(crate) async fn run_plan(
         );
     }
     Ok(resp)
-}
-
-/// When a plan was refused only by the rate limit: the seconds until all its refused
-/// writes are allowed (the run is answered 429 with `Retry-After`).
-fn rate_limited_for(r: &ailab_sandbox_core::executor::RunResult) -> Option<u64> {
-    use ailab_sandbox_core::executor::{ActionStatus, RunStatus};
-    if r.status != RunStatus::Blocked {
-        return None;
-    }
-    let mut wait = None;
-    for a in r
-        .actions
-        .iter()
-        .filter(|a| a.status == ActionStatus::Blocked && a.reason_code.is_some())
-    {
-        if a.reason_code != Some(ailab_sandbox_core::ReasonCode::RateLimited) {
-            return None;
-        }
-        wait = Some(wait.unwrap_or(0).max(a.retry_after_seconds?));
-    }
-    wait
 }
 
 /// `POST /agentic/rollback/{workflow_id}` with an optional body

@@ -80,6 +80,13 @@ async fn oversized_bodies_are_413_json() {
         .await
         .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
     assert!(v["reason"].as_str().unwrap().contains("1024"), "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("max_body_bytes, or --max-body-bytes): split the plan"),
+        "{v}"
+    );
     // No declared length: refused while reading.
     let req = request(Method::POST, "/agentic/plans")
         .body(Body::from(bytes.clone()))

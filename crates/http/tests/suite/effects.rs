@@ -425,6 +425,30 @@ async fn a_plan_that_must_wait_for_the_rate_limit_is_429_with_retry_after() {
     assert!((1..=60).contains(&secs), "{secs}");
     assert_eq!(v["actions"][0]["retry_after_seconds"], secs);
     assert!(!e.root.join("w10.txt").exists());
+    // A plan of two writes waits for both: the sentence gives the wait `Retry-After`
+    // gives, not only its first action's.
+    let two = json!({"workflow_id": "wf_wait", "actions": [
+        {"action_id": "b0", "intent": "create_file", "path": "b0.txt", "content": "x"},
+        {"action_id": "b1", "intent": "create_file", "path": "b1.txt", "content": "x"}]});
+    let r = post_json(&e.app, "/agentic/plans", &two).await;
+    let v = r.assert_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    let secs: u64 = r.headers[axum::http::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(v["actions"][1]["retry_after_seconds"], secs, "{v}");
+    assert!(
+        v["actions"][0]["retry_after_seconds"].as_u64().unwrap() < secs,
+        "{v}"
+    );
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.ends_with(&format!(
+            "the whole plan can be sent again in {secs} seconds"
+        )),
+        "{reason}"
+    );
 }
 
 #[tokio::test]
