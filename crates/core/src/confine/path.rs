@@ -227,11 +227,29 @@ pub fn resolve_sandbox_path(
             r
         }
     })?;
+    // A relative path's depth is known before its root: judged first, as SPEC §5
+    // orders depth before the root (an absolute path's depth is counted from its root).
+    let relative = if path.starts_with('/') {
+        None
+    } else {
+        let rel = split_relative(path)?;
+        check_path_depth(&rel, max_depth)?;
+        Some(rel)
+    };
     let hinted = match root_hint {
         None => None,
         Some(hint) => Some(find_root(hint, roots)?),
     };
-    let (root_index, rel_str) = if path.starts_with('/') {
+    let (root_index, rel) = if let Some(rel) = relative {
+        if roots.is_empty() {
+            return Err(Refusal::new(
+                ReasonCode::OutsideSandbox,
+                "no sandbox root is configured; set roots in the config, AI_LAB_SANDBOX_ROOTS or --root",
+            )
+            .malformed());
+        }
+        (hinted.unwrap_or(0), rel)
+    } else {
         let abs = Path::new(path);
         let first_inside = (0..roots.len()).find(|&i| is_within_sandbox(abs, &roots[i]));
         let found = match hinted {
@@ -275,19 +293,10 @@ pub fn resolve_sandbox_path(
             )
             .malformed());
         }
-        (i, rest)
-    } else {
-        if roots.is_empty() {
-            return Err(Refusal::new(
-                ReasonCode::OutsideSandbox,
-                "no sandbox root is configured; set roots in the config, AI_LAB_SANDBOX_ROOTS or --root",
-            )
-            .malformed());
-        }
-        (hinted.unwrap_or(0), path.to_owned())
+        let rel = split_relative(&rest)?;
+        check_path_depth(&rel, max_depth)?;
+        (i, rel)
     };
-    let rel = split_relative(&rel_str)?;
-    check_path_depth(&rel, max_depth)?;
     Ok(Resolved { root_index, rel })
 }
 

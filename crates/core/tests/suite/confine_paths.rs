@@ -305,6 +305,23 @@ fn depth_eight_is_allowed_and_nine_refused() {
     );
 }
 
+/// SPEC §5 judges depth before the root: a relative path too deep is `depth_exceeded`
+/// whatever root the action names, one not in use included.
+#[test]
+fn a_relative_path_too_deep_is_refused_for_depth_before_its_root() {
+    for hint in [ROOT_B, "/srv/not-a-root"] {
+        let err = resolve_sandbox_path(&deep(9), &roots(), Some(hint), MAX_PATH_DEPTH).unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::DepthExceeded,
+            "{hint}: {err:?}"
+        );
+    }
+    let err = resolve_sandbox_path(&deep(8), &roots(), Some("/srv/not-a-root"), MAX_PATH_DEPTH)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+}
+
 #[test]
 fn depth_is_counted_from_the_root_for_absolute_paths() {
     let abs8 = format!("{ROOT_A}/{}", deep(8));
