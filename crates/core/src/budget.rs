@@ -39,7 +39,7 @@ pub fn check_budget(
         return Err(Refusal::new(
             ReasonCode::BudgetArtifactsExceeded,
             format!(
-                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {}",
+                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {} (artifacts rolled back count too): write under a new workflow id, or have the operator raise limits.max_artifacts_per_workflow",
                 registered.artifacts,
                 plan_part(planned.artifacts, "more"),
                 artifacts + 1,
@@ -65,7 +65,7 @@ pub fn check_budget(
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size)",
+                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size, rolled back or not): write under a new workflow id, or have the operator raise limits.max_workflow_bytes",
                 registered.bytes,
                 plan_part(planned.bytes, "bytes"),
             ),
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(r.reason_code, ReasonCode::BudgetArtifactsExceeded);
         assert_eq!(
             r.reason,
-            "workflow 'w' has 97 artifacts, and earlier actions of this plan add 3 more; this would make 101, over its limit of 100"
+            "workflow 'w' has 97 artifacts, and earlier actions of this plan add 3 more; this would make 101, over its limit of 100 (artifacts rolled back count too): write under a new workflow id, or have the operator raise limits.max_artifacts_per_workflow"
         );
         let max = l.max_workflow_bytes;
         assert!(check_budget("w", &l, used(0, max - 10), none, 10).is_ok());
@@ -203,7 +203,7 @@ mod tests {
         assert_eq!(
             r.reason,
             format!(
-                "workflow 'w' has artifacts of {} bytes in all; a file of 11 bytes would pass its limit of {max} (25 MiB) (every file the workflow writes counts at its full size)",
+                "workflow 'w' has artifacts of {} bytes in all; a file of 11 bytes would pass its limit of {max} (25 MiB) (every file the workflow writes counts at its full size, rolled back or not): write under a new workflow id, or have the operator raise limits.max_workflow_bytes",
                 max - 10
             )
         );
@@ -221,7 +221,7 @@ mod tests {
         );
         let r = check_budget("w", &small, used(1, 5), none, 6).unwrap_err();
         assert!(
-            r.reason.ends_with("would pass its limit of 10 bytes (every file the workflow writes counts at its full size)"),
+            r.reason.contains("would pass its limit of 10 bytes (every file the workflow writes counts at its full size, rolled back or not): write under a new workflow id"),
             "{}",
             r.reason
         );

@@ -114,9 +114,9 @@ fn state_advice(e: &std::io::Error) -> Option<&'static str> {
         return None;
     }
     match e.kind() {
-        K::StorageFull | K::QuotaExceeded => {
-            Some("the state directory's filesystem is full: free space there, then try again")
-        }
+        K::StorageFull | K::QuotaExceeded => Some(
+            "the state directory's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again",
+        ),
         K::ReadOnlyFilesystem | K::PermissionDenied => Some(
             "the runtime records every write in its state directory, so this process must be able to write there; only `audit verify` reads it as it is",
         ),
@@ -170,7 +170,7 @@ pub(crate) fn fs_advice(e: &std::io::Error, whose: &str) -> Option<String> {
     use std::io::ErrorKind as K;
     match e.kind() {
         K::StorageFull | K::QuotaExceeded => Some(format!(
-            "{whose}'s filesystem is full: free space there, then try again"
+            "{whose}'s filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again"
         )),
         K::ReadOnlyFilesystem => Some(format!(
             "{whose}'s filesystem is mounted read-only: mount it writable, then try again"
@@ -260,7 +260,7 @@ mod tests {
         );
         let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
         assert!(super::fs_advice(&full, "the root").is_some_and(
-            |a| a == "the root's filesystem is full: free space there, then try again"
+            |a| a == "the root's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again"
         ));
     }
 
@@ -283,7 +283,7 @@ mod tests {
         }
         let full = Error::io("append")(std::io::Error::from_raw_os_error(28));
         assert!(!full.is_unwritable(), "a full disk is not a read-only one");
-        assert!(full.to_string().contains("free space there"), "{full}");
+        assert!(full.to_string().contains("free some there"), "{full}");
         let read_only = Error::io("open the artifact registry")(io()).to_string();
         assert!(
             read_only.contains("must be able to write there"),

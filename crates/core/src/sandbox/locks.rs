@@ -27,7 +27,7 @@ pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Re
         format!(
             "could not lock workflow {}: {}",
             shown_path(workflow_id),
-            crate::error::io_words(e)
+            crate::error::state_io_words(e)
         ),
     )
 }

@@ -1162,7 +1162,7 @@ impl Sandbox {
             (None, Some(e)) => (
                 Some(ReasonCode::IoError),
                 Some(format!(
-                    "the files were restored, but the audit trail could not record it ({e}); it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
+                    "the files were restored, but the audit trail could not record it: {e}; it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
                 )),
             ),
             // Done, yet not everything the workflow wrote is back as it was: say so.
@@ -1434,7 +1434,7 @@ impl Sandbox {
                 step.unrecorded = Some(if e.kind() == std::io::ErrorKind::TimedOut {
                     format!("{HELD_TRAIL} ({e})")
                 } else {
-                    e.to_string()
+                    crate::error::state_io_words(&e)
                 });
             }
             steps.push(step);
