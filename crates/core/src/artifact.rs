@@ -307,6 +307,12 @@ impl ArtifactRegistry {
         self.inner.lock().ok()?.0.sync_failure()
     }
 
+    /// Refuses the registry once its name in the state directory no longer names the
+    /// file this process holds (moved away or replaced while it ran).
+    pub fn check_in_place(&self) -> io::Result<()> {
+        crate::journal::check_held_in_place(&self.inner, "the artifact registry")
+    }
+
     /// Appends one entry.
     pub fn register(&self, entry: &ArtifactEntry) -> io::Result<()> {
         self.register_many(std::slice::from_ref(entry))

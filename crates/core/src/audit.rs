@@ -1139,6 +1139,12 @@ impl AuditLog {
         self.inner.lock().ok()?.0.sync_failure()
     }
 
+    /// Refuses the log once its name in the state directory no longer names the file
+    /// this process holds (moved away or replaced while it ran).
+    pub fn check_in_place(&self) -> io::Result<()> {
+        crate::journal::check_held_in_place(&self.inner, "the audit log")
+    }
+
     /// Under relaxed durability, counts appends and moves the head, after syncing the
     /// log, every [`RELAXED_HEAD_EVERY`] of them.
     fn relaxed_progress(&self, written: &[SandboxAuditEntry]) -> io::Result<()> {

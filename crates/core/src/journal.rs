@@ -7,7 +7,7 @@
 use crate::confine::state::{LogFile, StateDir};
 use crate::group_commit::GroupCommit;
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A JSONL file and how far this process has read it.
 #[derive(Debug)]
@@ -380,6 +380,19 @@ impl serde_json::ser::Formatter for LineFormatter {
             rest = &rest[at + c.len_utf8()..];
         }
         writer.write_all(rest.as_bytes())
+    }
+}
+
+/// [`Journal::check_in_place`] for a journal shared behind its owner's lock (`what` names
+/// it). Not waited for: an append under way (which checks it too) may wait on another
+/// process for long, and a health check must answer at once.
+pub(crate) fn check_held_in_place<T>(held: &Mutex<(Journal, T)>, what: &str) -> io::Result<()> {
+    match held.try_lock() {
+        Ok(g) => g.0.check_in_place(),
+        Err(std::sync::TryLockError::WouldBlock) => Ok(()),
+        Err(std::sync::TryLockError::Poisoned(_)) => {
+            Err(io::Error::other(format!("{what}'s lock was poisoned")))
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `POST /agentic/plans` | runs the plan in the body |
 //! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
 //! | `GET /metrics` | OpenMetrics text |
-//! | `GET /healthz` | `{"status": "ok"}` |
+//! | `GET /healthz` | `{"status": "ok"}`; 503 `io_error` once the process can write nothing more until restarted |
 //!
 //! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
 //! 422 for `blocked` (nothing was written; 429 when only the rate limit refused it, 500

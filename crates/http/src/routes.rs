@@ -1,9 +1,9 @@
 //! The route handlers. Each one validates its input, then calls the synchronous
 //! [`Sandbox`] on the blocking pool, then maps the outcome through [`crate::error`].
 
-use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::plan::check_id;
 use ailab_sandbox_core::sandbox::RollbackOptions;
+use ailab_sandbox_core::{ReasonCode, Sandbox};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
@@ -150,9 +150,19 @@ fn body_bytes(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, A
     })
 }
 
-/// `GET /healthz`.
-pub(crate) async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok" })
+/// `GET /healthz`: 200 while the process can write; 503 `io_error` once it can write
+/// nothing more until it is started again (a sync failed, or its registry or audit
+/// trail was moved away or replaced), so that a supervisor restarts it.
+pub(crate) async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let sb = s.sandbox;
+    match blocking(move || sb.write_failure()).await? {
+        None => Ok(Json(Health { status: "ok" })),
+        Some(why) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ReasonCode::IoError.as_str(),
+            why,
+        )),
+    }
 }
 
 /// `GET /agentic/state`.

@@ -81,6 +81,6 @@ pub struct PlanResponse {
 /// `GET /healthz`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Health {
-    /// Always `ok`.
+    /// `ok` (a process that can no longer write answers 503 instead).
     pub status: &'static str,
 }

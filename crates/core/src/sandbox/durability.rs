@@ -42,6 +42,24 @@ impl Sandbox {
             .or_else(|| self.batch_sync.as_ref().and_then(|s| s.failed()))
     }
 
+    /// Why this process can write nothing more until it is started again: a sync
+    /// failed ([`Sandbox::sync_failure`]), or its registry or audit trail was moved away
+    /// or replaced while it ran. `None` while it can write. For health checks: every
+    /// write of such a process fails, and a restart is the remedy.
+    pub fn write_failure(&self) -> Option<String> {
+        if let Some(e) = self.sync_failure() {
+            return Some(format!(
+                "a sync of the state failed ({}), so this process writes nothing more; start it again",
+                crate::error::io_words(&e)
+            ));
+        }
+        self.registry
+            .check_in_place()
+            .and_then(|()| self.audit.check_in_place())
+            .err()
+            .map(|e| e.to_string())
+    }
+
     /// [`Sandbox::sync_failure`] as the refusal of a write or a restore.
     pub(crate) fn check_syncs(&self) -> Verdict {
         match self.sync_failure() {

@@ -528,3 +528,31 @@ async fn a_plan_filling_the_workflow_budget_fits_the_default_body_limit() {
     );
     assert_eq!(r.json()["status"], "simulated_success");
 }
+
+/// `/healthz` answers 200 while the process can write, and 503 `io_error` once its audit
+/// trail was replaced under it (every write then fails until a restart), so that a
+/// supervisor restarts it.
+#[tokio::test]
+async fn healthz_fails_once_the_process_can_write_nothing_more() {
+    let e = writable();
+    let r = get(&e.app, "/healthz").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["status"], "ok");
+    let log = e.state_dir.join("sandbox_audit.jsonl");
+    let aside = e.state_dir.join("moved.jsonl");
+    std::fs::rename(&log, &aside).unwrap();
+    std::fs::copy(&aside, &log).unwrap();
+    let r = get(&e.app, "/healthz").await;
+    let v = r.assert_error(StatusCode::SERVICE_UNAVAILABLE, "io_error");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is no longer the file this process opened"),
+        "{v}"
+    );
+    let plan = create_plan("wf_h", "h.txt", "h");
+    let r = post_json(&e.app, "/agentic/plans", &plan).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
+    assert!(!e.root.join("h.txt").exists());
+}
