@@ -107,13 +107,28 @@ pub struct RawExtensions {
 }
 
 /// `[server]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[allow(missing_docs)]
 pub struct RawServer {
     pub addr: Option<String>,
     pub token: Option<String>,
     pub max_body_bytes: Option<usize>,
+}
+
+impl std::fmt::Debug for RawServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            addr,
+            token,
+            max_body_bytes,
+        } = self;
+        f.debug_struct("RawServer")
+            .field("addr", addr)
+            .field("token", &token.as_ref().map(|_| Redacted))
+            .field("max_body_bytes", max_body_bytes)
+            .finish()
+    }
 }
 
 impl RawConfig {
@@ -407,23 +422,27 @@ impl Default for Limits {
     }
 }
 
-/// The resolved configuration, passed explicitly as `&Config`.
-#[derive(Debug, Clone)]
+/// The resolved configuration, passed explicitly as `&Config`. Its `Debug` never shows
+/// the token.
+#[derive(Clone)]
 pub struct Config {
     /// Sandbox roots, absolute, in order.
     pub roots: Vec<PathBuf>,
     /// Whether the roots were configured (rather than the defaults).
     pub roots_explicit: bool,
-    /// State directory.
+    /// State directory: the audit trail, the artifact registry, run records, locks and
+    /// the seal key. The runtime's own (it takes over names such as `inflight/ID.json`);
+    /// every instance given the same one shares its trail, budgets and rate limits.
     pub state_dir: PathBuf,
     /// Whether the state directory was configured; if not, an uncreatable default falls
     /// back to the user's state directory.
     pub state_dir_explicit: bool,
     /// Phase in force.
     pub phase: String,
-    /// `AI_LAB_ENABLE_SANDBOX_WRITE`.
+    /// Whether the write executor is on (`AI_LAB_ENABLE_SANDBOX_WRITE`). Plans write
+    /// only with this on and [`Config::dry_run`] off; otherwise they are simulated.
     pub enable_write: bool,
-    /// `AI_LAB_SANDBOX_DRY_RUN`.
+    /// Whether plans are only simulated (`AI_LAB_SANDBOX_DRY_RUN`), on by default.
     pub dry_run: bool,
     /// fsync policy.
     pub durability: Durability,
@@ -439,6 +458,55 @@ pub struct Config {
     pub max_body_bytes: usize,
 }
 
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured, so that a field added is a field shown (or hidden) on purpose.
+        let Self {
+            roots,
+            roots_explicit,
+            state_dir,
+            state_dir_explicit,
+            phase,
+            enable_write,
+            dry_run,
+            durability,
+            limits,
+            extensions,
+            addr,
+            token,
+            max_body_bytes,
+        } = self;
+        f.debug_struct("Config")
+            .field("roots", roots)
+            .field("roots_explicit", roots_explicit)
+            .field("state_dir", state_dir)
+            .field("state_dir_explicit", state_dir_explicit)
+            .field("phase", phase)
+            .field("enable_write", enable_write)
+            .field("dry_run", dry_run)
+            .field("durability", durability)
+            .field("limits", limits)
+            .field("extensions", extensions)
+            .field("addr", addr)
+            .field("token", &token.as_ref().map(|_| Redacted))
+            .field("max_body_bytes", max_body_bytes)
+            .finish()
+    }
+}
+
+/// A secret in `Debug` output.
+struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The defaults SPEC §11 names: roots `/tmp/opencode/sandbox` and `/opt/ai-lab/sandbox`,
+/// the host's shared state directory `/opt/ai-lab/runtime/state` (falling back to the
+/// user's when it cannot be made), writing off and dry-run on. An embedder usually wants
+/// [`Config::with_roots`], its own roots and state directory.
 impl Default for Config {
     fn default() -> Self {
         Self {

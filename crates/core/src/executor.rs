@@ -35,12 +35,21 @@ pub const UNDO_FAILED: &str = "undoing its change failed";
 /// Overall outcome of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
 pub enum RunStatus {
+    /// Every action was written.
     Success,
+    /// Nothing was written (writing off, dry-run on, or a phase that allows reads only),
+    /// and every action would have been.
     SimulatedSuccess,
+    /// The plan was refused before anything was written: each refused action says why,
+    /// the others are skipped. Whatever refused it (a path, a budget, the rate limit),
+    /// nothing changed.
     Blocked,
+    /// An action failed while writing (its own change undone); under `on_failure:
+    /// "stop"` the earlier writes remain.
     Failed,
+    /// An action failed and, under `on_failure: "rollback"` (the default), the plan's
+    /// earlier writes were undone too.
     RolledBack,
 }
 
@@ -64,20 +73,34 @@ pub enum ActionStatus {
 
 /// One action's result.
 #[derive(Debug, Clone, Serialize)]
-#[allow(missing_docs)]
 pub struct ActionResult {
+    /// The action's id, as given or made (`act_…`).
     pub action_id: String,
+    /// Its intent, as given.
     pub intent: String,
+    /// The intent's class (`create`, `modify`, …); `None` for an intent the catalog does
+    /// not know.
     pub mutation_class: Option<MutationClass>,
+    /// The path, as given.
     pub path: String,
+    /// What became of it.
     pub status: ActionStatus,
+    /// Why it was refused or failed (`None` when it was not).
     pub reason_code: Option<ReasonCode>,
+    /// The same, in a sentence saying what to do.
     pub reason: Option<String>,
+    /// The operation's risk.
     pub risk: RiskLevel,
+    /// SHA-256 (hex) of the target before the action; `None` when there was no file.
     pub before_checksum: Option<String>,
+    /// SHA-256 (hex) of the target as written (or as it would be, when simulated); `None`
+    /// for a directory or an action not run.
     pub after_checksum: Option<String>,
+    /// Size of the target as written, in bytes.
     pub size_bytes: Option<u64>,
+    /// The artifact registered for the write.
     pub artifact_id: Option<String>,
+    /// Where its snapshot is, relative to the action's root (`.rollback/{workflow}/{action}`).
     pub rollback_path: Option<String>,
     /// For a `rate_limited` action: whole seconds until its writes are allowed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,15 +109,23 @@ pub struct ActionResult {
 
 /// The run result (SPEC §6).
 #[derive(Debug, Clone, Serialize)]
-#[allow(missing_docs)]
 pub struct RunResult {
+    /// The workflow, as given or made (`wf_…`).
     pub workflow_id: String,
+    /// This run's id (`ex_…`), on each of its audit lines.
     pub execution_id: String,
+    /// The outcome.
     pub status: RunStatus,
+    /// Whether nothing could have been written (writing off, dry-run on, a read-only
+    /// phase): then [`RunResult::dry_run_reason`] says why.
     pub simulation_only: bool,
+    /// Why the run only simulated, or why it was refused (`governance_blocked`).
     pub dry_run_reason: Option<DryRunReason>,
+    /// Where the run's state machine ended (`done`, `failed`, `rolled_back`).
     pub state: WorkflowState,
+    /// One result per action, in the plan's order.
     pub actions: Vec<ActionResult>,
+    /// What happened, in order, with times.
     pub timeline: Vec<TimelineEvent>,
 }
 

@@ -44,7 +44,6 @@ pub use rollback::{
 };
 
 /// The runtime.
-#[derive(Debug)]
 pub struct Sandbox {
     pub(crate) config: Config,
     pub(crate) roots: Vec<SandboxRoot>,
@@ -75,6 +74,20 @@ pub struct Sandbox {
     logged_since_sync: std::sync::atomic::AtomicUsize,
     /// The target locks (see [`Sandbox::lock_target`]).
     target_locks: crate::confine::state::LockSet,
+}
+
+/// Where it writes and how: not its registry or trail, which may hold millions of
+/// entries (their queries are the methods).
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("roots", &self.root_paths)
+            .field("skipped_roots", &self.skipped_roots)
+            .field("state_dir", &self.state.path())
+            .field("durability", &self.config.durability)
+            .field("execution_mode", &self.execution_context().0.mode)
+            .finish_non_exhaustive()
+    }
 }
 
 // The crate documentation promises it: embedders share one instance across threads.
@@ -137,7 +150,12 @@ pub struct StateDoc {
 }
 
 impl Sandbox {
-    /// Opens the runtime with the system clock.
+    /// Opens the runtime with the system clock: the state directory (made if missing;
+    /// it must be the runtime's own, not a folder other programs keep files in), then the
+    /// roots (made if missing), then recovery of runs that died. A root that cannot be
+    /// used (other users may write in it, say) is skipped, with why in
+    /// [`Sandbox::skipped_roots`], and actions into it are refused; none usable is an
+    /// error.
     pub fn open(config: Config) -> Result<Self, Error> {
         Self::open_with_clock(config, Arc::new(SystemClock))
     }
@@ -565,6 +583,11 @@ impl Sandbox {
     /// The state directory in use.
     pub fn state_dir(&self) -> &Path {
         self.state.path()
+    }
+
+    /// Configured roots skipped at start, each with why (see [`Sandbox::open`]).
+    pub fn skipped_roots(&self) -> &[String] {
+        &self.skipped_roots
     }
 
     /// Start-up notices (fallbacks taken, leftovers removed).

@@ -814,3 +814,17 @@ fn a_variable_a_flag_overrides_is_not_judged() {
         assert!(err.contains(name), "{name}: {err}");
     }
 }
+
+/// The token never shows in a configuration's `Debug`, read from a file or resolved.
+#[test]
+fn debug_output_never_shows_the_token() {
+    let raw = RawConfig::from_toml("[server]\ntoken = \"file-token-0123456789\"\n").unwrap();
+    let shown = format!("{raw:?}");
+    assert!(!shown.contains("file-token"), "{shown}");
+    assert!(shown.contains("<redacted>"), "{shown}");
+    let mut c = Config::default();
+    c.token = Some("set-token-0123456789".to_owned());
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("set-token"), "{shown}");
+    assert!(shown.contains("token: Some(<redacted>)"), "{shown}");
+}

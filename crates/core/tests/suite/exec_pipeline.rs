@@ -1849,6 +1849,7 @@ fn a_skipped_root_is_named_as_skipped() {
     c.roots.push(unusable.clone());
     let sb = w.open(c);
     assert_eq!(sb.state_doc().unwrap().skipped_roots.len(), 1);
+    assert_eq!(sb.skipped_roots(), sb.state_doc().unwrap().skipped_roots);
     let r = run(
         &sb,
         json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "x",
@@ -1997,4 +1998,30 @@ fn a_plan_refused_as_a_whole_counts_each_action_in_the_metrics() {
         );
     }
     assert!(w.tree().is_empty());
+}
+
+/// A sandbox's `Debug` says where it writes and how, never its registry (an embedder's
+/// `dbg!` or a derived `Debug` must not print, or lock, millions of entries) nor the
+/// token.
+#[test]
+fn a_sandboxs_debug_is_small_and_hides_the_token() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.token = Some("a-secret-token-of-many-chars".to_owned());
+    let sb = w.open(c);
+    let empty = format!("{sb:?}");
+    for i in 0..20 {
+        let r = run(
+            &sb,
+            json!({"actions": [{"intent": "create_file", "path": format!("d{i}.txt"), "content": "x"}]}),
+        );
+        assert_eq!(status(&r), "success");
+    }
+    let shown = format!("{sb:?}");
+    assert_eq!(shown.len(), empty.len(), "{shown}");
+    assert!(shown.contains(w.root.to_str().unwrap()), "{shown}");
+    assert!(!shown.contains("art_"), "{shown}");
+    let config = format!("{:?}", sb.config());
+    assert!(!config.contains("a-secret-token"), "{config}");
+    assert!(config.contains("token: Some(<redacted>)"), "{config}");
 }
