@@ -203,6 +203,10 @@ pub struct Recovered {
     /// Unaudited actions whose target another run wrote before recovery, and that never
     /// reached it: marked undone (audited as rolled back), the other run's write kept.
     pub superseded: usize,
+    /// Unfinished actions recovery could not undo for a cause that does not pass by
+    /// itself (a damaged backup), each with why: the run is recorded as recovered all
+    /// the same, and the operator told to roll back with force once that is put right.
+    pub not_undone: Vec<String>,
     /// Temporary files removed.
     pub temp_files_removed: usize,
     /// Folders (absolute, quoted) where the dead process's temporary files could not be
@@ -287,6 +291,7 @@ impl Recovered {
                 + self.restores_recorded
                 + self.untrusted
                 + self.temp_files_left.len()
+                + self.not_undone.len()
                 > 0
     }
 }
@@ -502,6 +507,13 @@ impl Sandbox {
             restores_recorded = report.restores_recorded,
             "recovered an interrupted run of the workflow before touching its snapshots"
         );
+        if !report.not_undone.is_empty() {
+            tracing::error!(
+                workflow = %workflow_id,
+                not_undone = %report.not_undone.join("; "),
+                "recovery could not undo some unfinished actions; roll the workflow back with force once that is put right"
+            );
+        }
         self.write_recovered_record(&rec);
         Ok(Some(file))
     }

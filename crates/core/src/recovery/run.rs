@@ -207,7 +207,6 @@ impl Sandbox {
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
         self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
-        let n = in_doubt.len();
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
             &rec.workflow_id,
@@ -228,8 +227,18 @@ impl Sandbox {
                 stopped.reason.as_deref().unwrap_or("the disk refused it")
             ));
             report.retry = true;
-        } else if report.rolled_back < n {
-            tracing::error!(workflow = %rec.workflow_id, "recovery could not restore every in-doubt action; run rollback --force");
+        } else {
+            report.not_undone = steps
+                .iter()
+                .filter(|s| !s.restored)
+                .map(|s| {
+                    format!(
+                        "{}: {}",
+                        s.action_id,
+                        s.reason.as_deref().unwrap_or("not restored")
+                    )
+                })
+                .collect();
         }
         match self.try_record_marked_restores(&rec.workflow_id) {
             Ok(n) => report.restores_recorded += n,

@@ -496,6 +496,15 @@ impl Sandbox {
                     r.execution_id, r.workflow_id
                 )
             });
+            if !r.not_undone.is_empty() {
+                sb.notices.push(format!(
+                    "recovery of {} (workflow {}) could not undo {} of its unfinished actions, which stay as the dead run left them: {}; roll the workflow back with force once that is put right",
+                    r.execution_id,
+                    r.workflow_id,
+                    r.not_undone.len(),
+                    r.not_undone.join("; ")
+                ));
+            }
             if !r.temp_files_left.is_empty() {
                 sb.notices.push(format!(
                     "recovery of {} (workflow {}) could not remove the dead process's temporary files (named .ailab-tmp-…) in {}; remove them by hand once that is put right",

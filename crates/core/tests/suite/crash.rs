@@ -2904,3 +2904,35 @@ fn a_dead_run_whose_undo_the_disk_refuses_is_undone_by_a_later_recovery() {
     assert_eq!(w.tree(), original);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A dead run whose unfinished action cannot be undone for a cause that does not pass
+/// by itself (its backup damaged) is recorded as recovered, not kept for retries that
+/// could never succeed, and the start says which action stays as the dead run left it
+/// and what to do.
+#[test]
+fn a_dead_run_whose_backup_is_damaged_is_told_not_kept() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let store = w.root.join(".rollback/wf_crash");
+    let backup = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("backup"))
+        .find(|b| std::fs::read(b).is_ok_and(|bytes| bytes == b"beta\n"))
+        .expect("the in-doubt append's backup");
+    std::fs::write(&backup, b"BETA\n").unwrap();
+    let sb = w.open(c);
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("could not undo 1 of its unfinished actions")
+                && n.contains("roll the workflow back with force once that is put right")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    assert_eq!(
+        w.read("d/b.txt"),
+        b"beta\nmore\n",
+        "left as the dead run left it"
+    );
+}
