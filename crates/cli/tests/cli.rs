@@ -1782,6 +1782,37 @@ fn a_root_out_of_inodes_says_no_space() {
 /// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
 #[test]
 fn a_full_state_directory_says_where_to_free_space() {
+    let Some(why) = refusal_on_a_filled_state_dir(
+        "mount -t tmpfs -o size=256k tmpfs \"$1\" && cp -a \"$2\" \"$1/s\" && (dd if=/dev/zero of=\"$1/fill\" bs=4k 2>/dev/null; true)",
+    ) else {
+        return;
+    };
+    assert!(
+        why.contains("no storage space (the state directory's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again)"),
+        "{why}"
+    );
+}
+
+/// A state directory out of inodes (space to spare) refuses a new workflow's lock in
+/// the state directory's words, saying where and that inodes count too.
+#[test]
+fn a_state_directory_out_of_inodes_says_so_at_the_workflow_lock() {
+    let Some(why) = refusal_on_a_filled_state_dir(
+        "mount -t tmpfs -o size=4m,nr_inodes=64 tmpfs \"$1\" && cp -a \"$2\" \"$1/s\" && i=0 && while [ $i -lt 64 ] && touch \"$1/f$i\" 2>/dev/null; do i=$((i+1)); done",
+    ) else {
+        return;
+    };
+    assert!(
+        why.starts_with("could not lock workflow 'wf_full': no storage space (the state directory's filesystem is full, of space or of inodes"),
+        "{why}"
+    );
+}
+
+/// The reason of a one-action plan (new workflow `wf_full`) refused `io_error` by a state
+/// directory copied onto a small filesystem that `fill` (a shell command: `$1` the
+/// mount point, the copy to go in `$1/s`, `$2` the state directory) mounts and fills;
+/// `None` where no private mount namespace can be made.
+fn refusal_on_a_filled_state_dir(fill: &str) -> Option<String> {
     let e = env();
     e.seed_and_run(
         &[],
@@ -1794,69 +1825,19 @@ fn a_full_state_directory_says_where_to_free_space() {
         &json!({"workflow_id": "wf_full", "actions": [
             {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
     );
-    // The state directory copied onto a small filesystem, then that filesystem filled.
-    let mut c = with_private_mount(
-        "mount -t tmpfs -o size=256k tmpfs \"$1\" && cp -a \"$2\" \"$1/s\" && (dd if=/dev/zero of=\"$1/fill\" bs=4k 2>/dev/null; true)",
-        &[tiny.as_os_str(), e.state.as_os_str()],
-    );
+    let mut c = with_private_mount(fill, &[tiny.as_os_str(), e.state.as_os_str()]);
     c.arg("--root")
         .arg(&e.root)
         .arg("--state-dir")
         .arg(tiny.join("s"))
         .args(["--json", "--enable-write", "--no-dry-run", "run"])
         .arg(&plan);
-    let Some(out) = output_unless_unshared(c) else {
-        return;
-    };
+    let out = output_unless_unshared(c)?;
     let run = json_out(&out);
     let a = &run["actions"][0];
     assert_eq!(a["reason_code"], "io_error", "{run}");
-    let why = a["reason"].as_str().unwrap();
-    assert!(
-        why.contains("no storage space (the state directory's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again)"),
-        "{why}"
-    );
     assert!(!e.root.join("b.txt").exists());
-}
-
-/// A state directory out of inodes (space to spare) refuses a new workflow's lock in
-/// the state directory's words, saying where and that inodes count too.
-#[test]
-fn a_state_directory_out_of_inodes_says_so_at_the_workflow_lock() {
-    let e = env();
-    e.seed_and_run(
-        &[],
-        &json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
-    );
-    let tiny = e.dir.join("tiny");
-    std::fs::create_dir_all(&tiny).unwrap();
-    let plan = e.write_plan(
-        "p.json",
-        &json!({"workflow_id": "wf_inodes", "actions": [
-            {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
-    );
-    let mut c = with_private_mount(
-        "mount -t tmpfs -o size=4m,nr_inodes=64 tmpfs \"$1\" && cp -a \"$2\" \"$1/s\" && i=0 && while [ $i -lt 64 ] && touch \"$1/f$i\" 2>/dev/null; do i=$((i+1)); done",
-        &[tiny.as_os_str(), e.state.as_os_str()],
-    );
-    c.arg("--root")
-        .arg(&e.root)
-        .arg("--state-dir")
-        .arg(tiny.join("s"))
-        .args(["--json", "--enable-write", "--no-dry-run", "run"])
-        .arg(&plan);
-    let Some(out) = output_unless_unshared(c) else {
-        return;
-    };
-    let run = json_out(&out);
-    let a = &run["actions"][0];
-    assert_eq!(a["reason_code"], "io_error", "{run}");
-    let why = a["reason"].as_str().unwrap();
-    assert!(
-        why.starts_with("could not lock workflow 'wf_inodes': no storage space (the state directory's filesystem is full, of space or of inodes"),
-        "{why}"
-    );
-    assert!(!e.root.join("b.txt").exists());
+    Some(a["reason"].as_str().unwrap().to_owned())
 }
 
 /// Under a tight limit on open files, a plan touching many files still runs: the lock

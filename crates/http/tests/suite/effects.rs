@@ -417,11 +417,7 @@ async fn a_plan_that_must_wait_for_the_rate_limit_is_429_with_retry_after() {
     }
     let r = post_json(&e.app, "/agentic/plans", &plan(10)).await;
     let v = r.assert_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
-    let secs: u64 = r.headers[axum::http::header::RETRY_AFTER]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let secs = retry_after(&r);
     assert!((1..=60).contains(&secs), "{secs}");
     assert_eq!(v["actions"][0]["retry_after_seconds"], secs);
     assert!(!e.root.join("w10.txt").exists());
@@ -432,11 +428,7 @@ async fn a_plan_that_must_wait_for_the_rate_limit_is_429_with_retry_after() {
         {"action_id": "b1", "intent": "create_file", "path": "b1.txt", "content": "x"}]});
     let r = post_json(&e.app, "/agentic/plans", &two).await;
     let v = r.assert_error(StatusCode::TOO_MANY_REQUESTS, "rate_limited");
-    let secs: u64 = r.headers[axum::http::header::RETRY_AFTER]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let secs = retry_after(&r);
     assert_eq!(v["actions"][1]["retry_after_seconds"], secs, "{v}");
     assert!(
         v["actions"][0]["retry_after_seconds"].as_u64().unwrap() < secs,
@@ -449,6 +441,15 @@ async fn a_plan_that_must_wait_for_the_rate_limit_is_429_with_retry_after() {
         )),
         "{reason}"
     );
+}
+
+/// The seconds of an answer's `Retry-After`.
+fn retry_after(r: &Resp) -> u64 {
+    r.headers[axum::http::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[tokio::test]
