@@ -205,7 +205,7 @@ pub struct Recovered {
     pub superseded: usize,
     /// Unfinished actions recovery could not undo for a cause that does not pass by
     /// itself (a damaged backup), each with why: the run is recorded as recovered all
-    /// the same, and the operator told to roll back with force once that is put right.
+    /// the same (trying again could not do better), and the start says so.
     pub not_undone: Vec<String>,
     /// Temporary files removed.
     pub temp_files_removed: usize,
@@ -231,12 +231,14 @@ pub struct Recovered {
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
-    /// Why nothing was judged for any other cause ([`Self::retry`] is set): a log or the
-    /// snapshots that could not be read (a full or failing disk), in a few words.
+    /// Why the recovery is not done for any other cause ([`Self::retry`] is set): a log
+    /// or the snapshots that could not be read (a full or failing disk), an undo the
+    /// disk refused, restores the trail would not take; in a few words.
     pub why: Option<String>,
     /// The code of the refusal behind [`Self::why`] when it is not the disk's failure: a
     /// link, a file or a FIFO in the place of a snapshot folder (`reserved_path`), a
-    /// record that is not the runtime's (`checksum_mismatch`).
+    /// record that is not the runtime's (`checksum_mismatch`), the trail held by another
+    /// process (`conflict`).
     pub why_code: Option<ReasonCode>,
     /// Why targets of the run could not be judged (each a sentence naming one): what
     /// stands there is something the runtime never reads — a file with a second hard
@@ -266,10 +268,12 @@ impl Recovered {
     /// later try, which writes them from the marks.
     fn restores_unaudited(&mut self, e: &std::io::Error) {
         tracing::error!(error = %e, "could not audit restores; the next start tries again");
-        self.busy = busy_log(e);
+        // Not `busy`, which says nothing was done: the files are back.
+        let busy = busy_log(e);
+        self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
         self.why = Some(format!(
-            "its files were restored, but the audit trail could not record it ({}): the state directory must take the lines",
-            crate::error::state_io_words(e)
+            "its files were restored, but the audit trail could not record it ({})",
+            busy.unwrap_or_else(|| crate::error::state_io_words(e))
         ));
         self.retry = true;
     }
@@ -511,7 +515,7 @@ impl Sandbox {
             tracing::error!(
                 workflow = %workflow_id,
                 not_undone = %report.not_undone.join("; "),
-                "recovery could not undo some unfinished actions; roll the workflow back with force once that is put right"
+                "recovery could not undo some unfinished actions; they stay as the dead run left them"
             );
         }
         self.write_recovered_record(&rec);

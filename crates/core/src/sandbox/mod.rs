@@ -485,26 +485,26 @@ impl Sandbox {
                 .filter(|(n, _, _)| *n > 0)
                 .map(|(n, what, done)| format!("{}{done}", counted(n, what)))
                 .collect();
-                let done = if done.is_empty() {
+                let not_undone = (!r.not_undone.is_empty()).then(|| {
+                    format!(
+                        "{} not undone, left as the dead run wrote {} ({})",
+                        counted(r.not_undone.len(), "unfinished action"),
+                        if r.not_undone.len() == 1 { "it" } else { "them" },
+                        r.not_undone.join("; ")
+                    )
+                });
+                let done = match (done.is_empty(), not_undone) {
                     // Its finished writes stand as audited; none was left half done.
-                    "no unfinished action was left to undo or finish".to_owned()
-                } else {
-                    done.join(", ")
+                    (true, None) => "no unfinished action was left to undo or finish".to_owned(),
+                    (true, Some(n)) => n,
+                    (false, None) => done.join(", "),
+                    (false, Some(n)) => format!("{}; {n}", done.join(", ")),
                 };
                 format!(
                     "recovered interrupted run {} of workflow {}: {done}",
                     r.execution_id, r.workflow_id
                 )
             });
-            if !r.not_undone.is_empty() {
-                sb.notices.push(format!(
-                    "recovery of {} (workflow {}) could not undo {} of its unfinished actions, which stay as the dead run left them: {}; roll the workflow back with force once that is put right",
-                    r.execution_id,
-                    r.workflow_id,
-                    r.not_undone.len(),
-                    r.not_undone.join("; ")
-                ));
-            }
             if !r.temp_files_left.is_empty() {
                 sb.notices.push(format!(
                     "recovery of {} (workflow {}) could not remove the dead process's temporary files (named .ailab-tmp-…) in {}; remove them by hand once that is put right",

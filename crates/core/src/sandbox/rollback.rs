@@ -1423,6 +1423,14 @@ impl Sandbox {
                 // What the trail keeps for good says too that the undo left a folder.
                 record.error = Some(d.clone());
             }
+            // Recovery stopped by the disk keeps its record and tries again at each start
+            // until the undo goes through: a line per try would fill the trail with one
+            // failure (the start says it; the undo that goes through is recorded).
+            if why == "recovery" && !step.restored && step.reason_code == Some(ReasonCode::IoError)
+            {
+                steps.push(step);
+                continue;
+            }
             // A death between the mark and this line is recorded by the next start's
             // recovery (`record_marked_restores`).
             let appended = self

@@ -2861,7 +2861,17 @@ fn a_dead_rollback_whose_restore_lines_cannot_be_written_is_recovered_later() {
     let log = std::fs::File::open(w.state.join("sandbox_audit.jsonl")).unwrap();
     flock(&log, FlockOperation::LockExclusive).unwrap();
     let rb = sb.rollback_workflow("wf_r", &RollbackOptions::default());
-    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{rb:?}"
+    );
+    assert!(
+        rb.reason.as_deref().unwrap().contains(
+            "its files were restored, but the audit trail could not record it (another process"
+        ),
+        "{rb:?}"
+    );
     assert_eq!(
         run_record(&w, "wf_r")["state"],
         "rolling_back",
@@ -2896,6 +2906,9 @@ fn a_dead_run_whose_undo_the_disk_refuses_is_undone_by_a_later_recovery() {
     );
     assert_eq!(run_record(&w, "wf_crash")["state"], "active", "kept");
     assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "not undone yet");
+    // Each try would otherwise leave a line: one failure, told at each start, is not
+    // written again and again.
+    assert_eq!(sb.audit_stats().unwrap().failed, 0);
     let r = run(&sb, next);
     assert_eq!(status(&r), "success", "{r:?}");
     assert_eq!(w.read("d/b.txt"), b"beta\n", "undone by the later recovery");
@@ -2924,8 +2937,9 @@ fn a_dead_run_whose_backup_is_damaged_is_told_not_kept() {
     assert!(
         sb.notices()
             .iter()
-            .any(|n| n.contains("could not undo 1 of its unfinished actions")
-                && n.contains("roll the workflow back with force once that is put right")),
+            .any(|n| n.contains("recovered interrupted run")
+                && n.contains(": 1 unfinished action not undone, left as the dead run wrote it (")
+                && !n.contains("no unfinished action was left")),
         "{:?}",
         sb.notices()
     );
