@@ -307,10 +307,10 @@ impl ArtifactRegistry {
         self.inner.lock().ok()?.0.sync_failure()
     }
 
-    /// Refuses the registry once its name in the state directory no longer names the
-    /// file this process holds (moved away or replaced while it ran).
-    pub fn check_in_place(&self) -> io::Result<()> {
-        crate::journal::check_held_in_place(&self.inner, "the artifact registry")
+    /// Why the registry takes no more lines from this process, without waiting (see
+    /// [`crate::journal::held_failure`]).
+    pub fn write_failure(&self) -> Option<String> {
+        crate::journal::held_failure(&self.inner, "the artifact registry")
     }
 
     /// Appends one entry.

@@ -146,6 +146,15 @@ pub fn io_words(e: &std::io::Error) -> String {
     }
 }
 
+/// Why a process writes nothing more once a sync of `what` failed: the kernel may have
+/// dropped what it could not write, so no later write could be promised durable.
+pub(crate) fn sync_failed_words(what: &str, e: &std::io::Error) -> String {
+    format!(
+        "a sync of {what} failed ({}), so this process writes nothing more; start it again",
+        io_words(e)
+    )
+}
+
 /// What to do about a limit of the process, the same wherever it is met.
 fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
     use rustix::io::Errno;

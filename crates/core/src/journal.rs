@@ -383,16 +383,21 @@ impl serde_json::ser::Formatter for LineFormatter {
     }
 }
 
-/// [`Journal::check_in_place`] for a journal shared behind its owner's lock (`what` names
-/// it). Not waited for: an append under way (which checks it too) may wait on another
-/// process for long, and a health check must answer at once.
-pub(crate) fn check_held_in_place<T>(held: &Mutex<(Journal, T)>, what: &str) -> io::Result<()> {
+/// Why a journal shared behind its owner's lock (`what` names it) takes no more lines
+/// for good: a failed sync ([`Journal::sync_failure`]) or its file moved away or
+/// replaced ([`Journal::check_in_place`]). Not waited for: an append under way (which
+/// checks both) may wait on another process for long, and a health check must answer
+/// at once; a journal busy appending is taken as taking lines.
+pub(crate) fn held_failure<T>(held: &Mutex<(Journal, T)>, what: &str) -> Option<String> {
     match held.try_lock() {
-        Ok(g) => g.0.check_in_place(),
-        Err(std::sync::TryLockError::WouldBlock) => Ok(()),
-        Err(std::sync::TryLockError::Poisoned(_)) => {
-            Err(io::Error::other(format!("{what}'s lock was poisoned")))
-        }
+        Ok(g) => match g.0.sync_failure() {
+            Some(e) => Some(crate::error::sync_failed_words(what, &e)),
+            None => g.0.check_in_place().err().map(|e| e.to_string()),
+        },
+        Err(std::sync::TryLockError::WouldBlock) => None,
+        Err(std::sync::TryLockError::Poisoned(_)) => Some(format!(
+            "{what}'s lock was poisoned by a panic; start the process again"
+        )),
     }
 }
 

@@ -47,17 +47,14 @@ impl Sandbox {
     /// or replaced while it ran. `None` while it can write. For health checks: every
     /// write of such a process fails, and a restart is the remedy.
     pub fn write_failure(&self) -> Option<String> {
-        if let Some(e) = self.sync_failure() {
-            return Some(format!(
-                "a sync of the state failed ({}), so this process writes nothing more; start it again",
-                crate::error::io_words(&e)
-            ));
-        }
+        // Never waits: see `journal::held_failure`.
         self.registry
-            .check_in_place()
-            .and_then(|()| self.audit.check_in_place())
-            .err()
-            .map(|e| e.to_string())
+            .write_failure()
+            .or_else(|| self.audit.write_failure())
+            .or_else(|| {
+                let failed = self.batch_sync.as_ref()?.failed()?;
+                Some(crate::error::sync_failed_words("the filesystems", &failed))
+            })
     }
 
     /// [`Sandbox::sync_failure`] as the refusal of a write or a restore.

@@ -557,3 +557,36 @@ async fn healthz_fails_once_the_process_can_write_nothing_more() {
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
     assert!(!e.root.join("h.txt").exists());
 }
+
+/// `/healthz` answers at once while a plan waits for the audit trail another process
+/// holds: a supervisor's probe with a short timeout must not restart a server that is
+/// only busy.
+#[tokio::test]
+async fn healthz_answers_at_once_while_a_plan_waits_for_the_trail() {
+    use rustix::fs::{FlockOperation, flock};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = 5;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    let log = std::fs::File::open(tmp.path().join("state/sandbox_audit.jsonl")).unwrap();
+    flock(&log, FlockOperation::LockExclusive).unwrap();
+    let busy = app.clone();
+    let plan = tokio::spawn(async move {
+        post_json(
+            &busy,
+            "/agentic/plans",
+            &create_plan("wf_busy", "b.txt", "b"),
+        )
+        .await
+    });
+    // Well inside the plan's wait for the trail.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let health =
+        tokio::time::timeout(std::time::Duration::from_secs(2), get(&app, "/healthz")).await;
+    drop(log);
+    let plan = plan.await.unwrap();
+    let health = health.expect("no answer within 2 s while a plan waited for the trail");
+    assert_eq!(health.status, StatusCode::OK, "{}", health.text());
+    assert_eq!(plan.status, StatusCode::OK, "{}", plan.text());
+}
