@@ -57,7 +57,7 @@ struct Cli {
     /// Sandbox root, an absolute path; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, defaults).
     #[arg(long = "root", global = true, value_name = "DIR")]
     roots: Vec<PathBuf>,
-    /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made, ~/.local/state/ailab-sandbox).
+    /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made, $XDG_STATE_HOME/ailab-sandbox, else ~/.local/state/ailab-sandbox).
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Phase in force (default 28.3).

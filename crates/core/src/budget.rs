@@ -34,16 +34,29 @@ pub fn check_budget(
             String::new()
         }
     };
+    // What the caller can do: a plan over the limit by itself fits under no workflow id.
+    let way_out = |plan_alone_over: bool, limit: &str| {
+        let instead = if plan_alone_over {
+            "split the plan into plans under different workflow ids"
+        } else {
+            "write under a new workflow id"
+        };
+        format!("{instead}, or have the operator raise limits.{limit}")
+    };
     let artifacts = registered.artifacts + planned.artifacts;
     if artifacts + 1 > limits.max_artifacts_per_workflow {
         return Err(Refusal::new(
             ReasonCode::BudgetArtifactsExceeded,
             format!(
-                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {} (artifacts rolled back count too): write under a new workflow id, or have the operator raise limits.max_artifacts_per_workflow",
+                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {} (artifacts rolled back count too): {}",
                 registered.artifacts,
                 plan_part(planned.artifacts, "more"),
                 artifacts + 1,
-                limits.max_artifacts_per_workflow
+                limits.max_artifacts_per_workflow,
+                way_out(
+                    planned.artifacts + 1 > limits.max_artifacts_per_workflow,
+                    "max_artifacts_per_workflow"
+                )
             ),
         ));
     }
@@ -65,9 +78,13 @@ pub fn check_budget(
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size, rolled back or not): write under a new workflow id, or have the operator raise limits.max_workflow_bytes",
+                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size, rolled back or not): {}",
                 registered.bytes,
                 plan_part(planned.bytes, "bytes"),
+                way_out(
+                    planned.bytes + size > limits.max_workflow_bytes,
+                    "max_workflow_bytes"
+                ),
             ),
         ));
     }
@@ -196,7 +213,20 @@ mod tests {
             r.reason,
             "workflow 'w' has 97 artifacts, and earlier actions of this plan add 3 more; this would make 101, over its limit of 100 (artifacts rolled back count too): write under a new workflow id, or have the operator raise limits.max_artifacts_per_workflow"
         );
+        // Over the limit by itself: no workflow id takes the plan whole.
+        let r = check_budget("w", &l, none, used(100, 0), 0).unwrap_err();
+        assert!(
+            r.reason.ends_with("(artifacts rolled back count too): split the plan into plans under different workflow ids, or have the operator raise limits.max_artifacts_per_workflow"),
+            "{}",
+            r.reason
+        );
         let max = l.max_workflow_bytes;
+        let r = check_budget("w", &l, none, used(1, max - 10), 11).unwrap_err();
+        assert!(
+            r.reason.ends_with("rolled back or not): split the plan into plans under different workflow ids, or have the operator raise limits.max_workflow_bytes"),
+            "{}",
+            r.reason
+        );
         assert!(check_budget("w", &l, used(0, max - 10), none, 10).is_ok());
         let r = check_budget("w", &l, used(1, max - 10), none, 11).unwrap_err();
         assert_eq!(r.reason_code, ReasonCode::BudgetBytesExceeded);

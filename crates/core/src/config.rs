@@ -125,7 +125,7 @@ impl std::fmt::Debug for RawServer {
         } = self;
         f.debug_struct("RawServer")
             .field("addr", addr)
-            .field("token", &token.as_ref().map(|_| Redacted))
+            .field("token", &redacted(token))
             .field("max_body_bytes", max_body_bytes)
             .finish()
     }
@@ -359,8 +359,9 @@ fn check_extension_entries(
     Ok(())
 }
 
-/// Values given on the command line; `None`/empty means "not given".
-#[derive(Debug, Clone, Default)]
+/// Values given on the command line; `None`/empty means "not given". Its `Debug` never
+/// shows the token.
+#[derive(Clone, Default)]
 #[allow(missing_docs)]
 pub struct Overrides {
     pub roots: Vec<PathBuf>,
@@ -371,6 +372,31 @@ pub struct Overrides {
     pub addr: Option<String>,
     pub token: Option<String>,
     pub max_body_bytes: Option<usize>,
+}
+
+impl std::fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            roots,
+            state_dir,
+            phase,
+            enable_write,
+            no_dry_run,
+            addr,
+            token,
+            max_body_bytes,
+        } = self;
+        f.debug_struct("Overrides")
+            .field("roots", roots)
+            .field("state_dir", state_dir)
+            .field("phase", phase)
+            .field("enable_write", enable_write)
+            .field("no_dry_run", no_dry_run)
+            .field("addr", addr)
+            .field("token", &redacted(token))
+            .field("max_body_bytes", max_body_bytes)
+            .finish()
+    }
 }
 
 impl Overrides {
@@ -488,10 +514,15 @@ impl std::fmt::Debug for Config {
             .field("limits", limits)
             .field("extensions", extensions)
             .field("addr", addr)
-            .field("token", &token.as_ref().map(|_| Redacted))
+            .field("token", &redacted(token))
             .field("max_body_bytes", max_body_bytes)
             .finish()
     }
+}
+
+/// A token as `Debug` shows it: whether there is one, never what it is.
+fn redacted(token: &Option<String>) -> Option<Redacted> {
+    token.as_ref().map(|_| Redacted)
 }
 
 /// A secret in `Debug` output.

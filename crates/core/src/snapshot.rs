@@ -911,8 +911,15 @@ impl Snapshotter {
                     ),
                 );
             }
+            // A failure that passes (a failing disk, a limit of the process) is the
+            // disk's, and trying again may do: as for the restore's own writes.
+            let code = if is_passing(&e) {
+                ReasonCode::IoError
+            } else {
+                ReasonCode::NoRollbackData
+            };
             Refusal::new(
-                ReasonCode::NoRollbackData,
+                code,
                 format!(
                     "the backup of {} cannot be read: {}",
                     shown_path(&meta.original_path),

@@ -222,9 +222,11 @@ pub struct Recovered {
     /// trusted. The run is recorded as recovered all the same: judging it again at every
     /// start would undo later changes to its targets.
     pub untrusted: usize,
-    /// Nothing of the workflow's snapshots could be read, or some lie in roots this
-    /// start is not configured with ([`Self::missing_roots`]), so nothing was judged: the
-    /// run stays recorded as unfinished and the next start tries again.
+    /// The recovery is not done: nothing of the workflow's snapshots could be read, some
+    /// lie in roots this start is not configured with ([`Self::missing_roots`]), an undo
+    /// the disk refused, lines the trail would not take ([`Self::why`] says which). The
+    /// run stays recorded as unfinished and the next start (or the workflow's next run)
+    /// tries again.
     pub retry: bool,
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
@@ -268,6 +270,11 @@ impl Recovered {
     /// later try, which writes them from the marks.
     fn restores_unaudited(&mut self, e: &std::io::Error) {
         tracing::error!(error = %e, "could not audit restores; the next start tries again");
+        self.retry = true;
+        // An undo the disk refused, said first, stands: then not every file is back.
+        if self.why.is_some() {
+            return;
+        }
         // Not `busy`, which says nothing was done: the files are back.
         let busy = busy_log(e);
         self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
@@ -275,7 +282,6 @@ impl Recovered {
             "its files were restored, but the audit trail could not record it ({})",
             busy.unwrap_or_else(|| crate::error::state_io_words(e))
         ));
-        self.retry = true;
     }
 
     /// What died: `rollback` or `run`.

@@ -827,4 +827,11 @@ fn debug_output_never_shows_the_token() {
     let shown = format!("{c:?}");
     assert!(!shown.contains("set-token"), "{shown}");
     assert!(shown.contains("token: Some(<redacted>)"), "{shown}");
+    let flags = Overrides {
+        token: Some("flag-token-0123456789".to_owned()),
+        ..Overrides::default()
+    };
+    let shown = format!("{flags:?}");
+    assert!(!shown.contains("flag-token"), "{shown}");
+    assert!(shown.contains("token: Some(<redacted>)"), "{shown}");
 }
