@@ -822,8 +822,10 @@ fn debug_output_never_shows_the_token() {
     let shown = format!("{raw:?}");
     assert!(!shown.contains("file-token"), "{shown}");
     assert!(shown.contains("<redacted>"), "{shown}");
-    let mut c = Config::default();
-    c.token = Some("set-token-0123456789".to_owned());
+    let c = Config {
+        token: Some("set-token-0123456789".to_owned()),
+        ..Config::default()
+    };
     let shown = format!("{c:?}");
     assert!(!shown.contains("set-token"), "{shown}");
     assert!(shown.contains("token: Some(<redacted>)"), "{shown}");
