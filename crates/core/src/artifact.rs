@@ -307,8 +307,8 @@ impl ArtifactRegistry {
         self.inner.lock().ok()?.0.sync_failure()
     }
 
-    /// Why the registry takes no more lines from this process, without waiting (see
-    /// [`crate::journal::held_failure`]).
+    /// Why the registry takes no more lines from this process (a sync failed, or its file
+    /// was moved away or replaced), without waiting: `None` while an append holds it.
     pub fn write_failure(&self) -> Option<String> {
         crate::journal::held_failure(&self.inner, "the artifact registry")
     }

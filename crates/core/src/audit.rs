@@ -1139,8 +1139,8 @@ impl AuditLog {
         self.inner.lock().ok()?.0.sync_failure()
     }
 
-    /// Why the log takes no more lines from this process, without waiting (see
-    /// [`crate::journal::held_failure`]).
+    /// Why the log takes no more lines from this process (a sync failed, or its file
+    /// was moved away or replaced), without waiting: `None` while an append holds it.
     pub fn write_failure(&self) -> Option<String> {
         crate::journal::held_failure(&self.inner, "the audit log")
     }
