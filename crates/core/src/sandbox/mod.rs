@@ -409,7 +409,7 @@ impl Sandbox {
             .iter()
             .any(|r| r.rollback && r.missing_roots.is_empty() && !r.retry)
         {
-            sb.remove_left_dirs();
+            sb.remove_left_dirs(None);
         }
         for r in recovered {
             // A commit log without a readable record names no run.

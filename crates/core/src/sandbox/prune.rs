@@ -109,6 +109,11 @@ impl Sandbox {
                 }
             }
         }
+        // Rollbacks look only near what they restored: folders on the ledger emptied
+        // some other way (by hand, say) are removed here, in the housekeeping.
+        if !simulated {
+            self.remove_left_dirs(None);
+        }
         Ok(report)
     }
 

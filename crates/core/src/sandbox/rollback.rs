@@ -1223,8 +1223,16 @@ impl Sandbox {
     /// Removes the directories restores had to leave (of any workflow, see
     /// [`crate::left_dirs`]) that are empty now, deepest first, and settles those
     /// removed or no longer the directory that was left; one that still holds something
-    /// stays on the ledger.
-    pub(super) fn remove_left_dirs(&self) {
+    /// stays on the ledger. With `near`, only those on the way to, or beneath, these
+    /// places (root index, components): what a rollback restored can empty no other, and
+    /// a ledger that grows with every partial rollback is not walked whole each time.
+    pub(super) fn remove_left_dirs(&self, near: Option<&[(usize, Vec<String>)]>) {
+        let wanted = |i: usize, path: &str| {
+            let Some(near) = near else { return true };
+            let dir: Vec<&str> = path.split('/').collect();
+            near.iter()
+                .any(|(r, at)| *r == i && dir.iter().zip(at).all(|(d, a)| *d == a.as_str()))
+        };
         for (i, root) in self.roots.iter().enumerate() {
             let name = self.root_names(std::iter::once(i)).concat();
             let left = match self.left_dirs.in_root(|r| r == name || root.is_named_by(r)) {
@@ -1237,6 +1245,9 @@ impl Sandbox {
             let mut settled: HashMap<String, Vec<crate::left_dirs::Left>> = HashMap::new();
             for (spelled, l) in left {
                 let d = &l.dir;
+                if !wanted(i, &d.path) {
+                    continue;
+                }
                 let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
                 // One someone has made the result of a create_directory stays on the
                 // ledger until that one is rolled back. (Asked of empty ones only.)
@@ -1281,6 +1292,7 @@ impl Sandbox {
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
         let mut steps = Vec::new();
+        let mut touched = Vec::new();
         // Targets whose newer restore failed, and the action it was: an older one would
         // find the file as the newer action left it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
@@ -1445,6 +1457,9 @@ impl Sandbox {
                     crate::error::state_io_words(&e)
                 });
             }
+            if step.restored {
+                touched.push((i, meta.target().components().to_vec()));
+            }
             steps.push(step);
         }
         if let Err(r) = self.sync_point() {
@@ -1452,7 +1467,7 @@ impl Sandbox {
         }
         // One rollback, however many steps it restored (those count as mutations).
         if steps.iter().any(|s| s.restored) {
-            self.remove_left_dirs();
+            self.remove_left_dirs(Some(&touched));
             self.metrics.rollback(why);
         }
         steps

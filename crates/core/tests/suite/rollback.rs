@@ -2549,3 +2549,46 @@ fn a_prune_mark_names_any_number_of_long_roots_and_the_first_format_is_read() {
         ]
     );
 }
+
+/// A folder a partial rollback had to leave (it held another file) is removed once it
+/// is empty: by a rollback that restores something beneath it, or, emptied some other
+/// way (by hand), by the next prune. A rollback elsewhere does not walk the whole ledger
+/// (it grows with every partial rollback), so it leaves that one alone.
+#[test]
+fn a_left_folder_emptied_by_hand_is_removed_by_the_next_prune() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/e/a.txt", "content": "a"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/e/b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    // a1 made d/e; its rollback leaves them, holding a2's file.
+    let one = RollbackOptions {
+        action_id: Some("a1".to_owned()),
+        force: false,
+    };
+    let rb = sb.rollback_workflow("wf_a", &one);
+    assert!(rb.is_success(), "{rb:?}");
+    assert!(w.path("d/e/b.txt").exists(), "the folder holds a2's file");
+    std::fs::remove_file(w.path("d/e/b.txt")).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_z", "actions": [
+            {"action_id": "z1", "intent": "create_file", "path": "z/z.txt", "content": "z"}]}),
+    );
+    assert_eq!(status(&r), "success");
+    assert!(
+        sb.rollback_workflow("wf_z", &RollbackOptions::default())
+            .is_success()
+    );
+    assert!(
+        w.path("d/e").is_dir(),
+        "not near what that rollback restored"
+    );
+    let report = sb.prune(std::time::Duration::from_secs(3600)).unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    assert!(!w.path("d").exists(), "removed by the prune's housekeeping");
+}
