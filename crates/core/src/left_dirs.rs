@@ -1,7 +1,9 @@
 //! Directories a restore had to leave because they held files it did not write (another
-//! workflow's, someone else's). Each is removed by a later restore, of any workflow,
-//! once it is empty: rolling back every workflow that wrote beneath a directory one of
-//! them created leaves the tree as it was, in whatever order they are rolled back.
+//! workflow's, someone else's). Each is removed by a later restore beneath it, of any
+//! workflow, once it is empty: rolling back every workflow that wrote beneath a directory
+//! one of them created leaves the tree as it was, in whatever order they are rolled back.
+//! One emptied otherwise (by hand), or that could not be removed when it was (busy), is
+//! removed by the next prune, which looks at the whole ledger.
 //!
 //! The ledger (`left_dirs.jsonl` in the state directory) is only a hint: a directory is
 //! removed while it is empty and still the very directory that was left (device, inode,

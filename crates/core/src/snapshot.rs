@@ -1103,7 +1103,7 @@ impl RollbackEngine {
                 && root
                     .remove_empty_dir(&dir, None, durable)
                     .unwrap_or_else(|r| {
-                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now; left for a later rollback");
+                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now; left for a later rollback beneath it or the next prune");
                         false
                     });
             if !removed && let Some(id) = root.dir_id(&dir)? {
@@ -1295,7 +1295,7 @@ impl RollbackEngine {
                                 let names: Vec<String> =
                                     left_dirs.iter().map(|l| shown_path(&l.path)).collect();
                                 d.push_str(&format!(
-                                    "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback once empty and no one's)",
+                                    "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
                                     names.join(", ")
                                 ));
                             }
