@@ -1332,6 +1332,18 @@ impl Sandbox {
                 }
                 RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
                 RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
+                // Recovery undoing a dead action that never reached its file: the file
+                // holds what the action found, and nothing (the backup least of all, which
+                // may be damaged) is needed to leave it so.
+                // (One the dead run itself put back after its write has `before` set to
+                // that write's result above, and is finished by a restore as ever.)
+                RestoreMode::Force
+                    if why == "recovery"
+                        && meta.kind != SnapshotKind::Directory
+                        && before == meta.sha256 =>
+                {
+                    Ok((false, Put::Any))
+                }
                 RestoreMode::Force => Ok((true, Put::Any)),
                 RestoreMode::Untouched => Ok((false, Put::Any)),
             }

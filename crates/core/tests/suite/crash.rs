@@ -2950,3 +2950,39 @@ fn a_dead_run_whose_backup_is_damaged_is_told_not_kept() {
         "left as the dead run left it"
     );
 }
+
+/// A dead action that never reached its file (killed after its snapshot) is undone
+/// without its backup: the file holds what the action found. A backup damaged since
+/// does not make it a failed undo that leaves the file "as the dead run wrote it" and
+/// refuses the workflow's rollbacks for good.
+#[test]
+fn a_dead_action_that_never_reached_its_file_needs_no_backup_to_undo() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_with(
+        &w,
+        &c,
+        "before_mutate",
+        json!({"workflow_id": "wf_nr", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "NEW\n"}]}),
+    );
+    assert_eq!(w.read("a.txt"), b"alpha\n", "never reached");
+    std::fs::write(w.root.join(".rollback/wf_nr/a1/backup"), b"damaged").unwrap();
+    let sb = w.open(c);
+    assert!(
+        sb.notices()
+            .iter()
+            .any(|n| n.contains("recovered interrupted run")
+                && n.contains("1 unfinished action rolled back")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(
+        !sb.notices().iter().any(|n| n.contains("not undone")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(sb.audit_stats().unwrap().failed, 0);
+    assert_eq!(sb.audit_stats().unwrap().rolled_back, 1);
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
