@@ -1291,6 +1291,8 @@ impl Sandbox {
         mode: RestoreMode,
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
+        // Recovery finishing a dead run's undo, which differs from a rollback below.
+        let recovering = why == "recovery";
         let mut steps = Vec::new();
         let mut touched = Vec::new();
         // Targets whose newer restore failed, and the action it was: an older one would
@@ -1307,7 +1309,7 @@ impl Sandbox {
             // result, not the bytes it left (a line from them to themselves would break
             // the file's record). A target never written since its last line (the run
             // died before its write) keeps what it holds.
-            if why == "recovery"
+            if recovering
                 && meta.kind != SnapshotKind::Directory
                 && before == meta.sha256
                 && let Some(last) = self.last_recorded(i, &meta.target())
@@ -1338,7 +1340,7 @@ impl Sandbox {
                 // (One the dead run itself put back after its write has `before` set to
                 // that write's result above, and is finished by a restore as ever.)
                 RestoreMode::Force
-                    if why == "recovery"
+                    if recovering
                         && meta.kind != SnapshotKind::Directory
                         && before == meta.sha256 =>
                 {
@@ -1450,8 +1452,7 @@ impl Sandbox {
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
             // failure (the start says it; the undo that goes through is recorded).
-            if why == "recovery" && !step.restored && step.reason_code == Some(ReasonCode::IoError)
-            {
+            if recovering && !step.restored && step.reason_code == Some(ReasonCode::IoError) {
                 steps.push(step);
                 continue;
             }
