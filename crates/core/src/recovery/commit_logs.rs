@@ -190,8 +190,8 @@ impl Sandbox {
     }
 
     /// Redoes what a commit log's entries committed and the disk lost: each entry's
-    /// snapshot, registry entry and audit record, and per target the newest entry's new
-    /// bytes. An entry whose snapshot is marked restored was undone (durably) and is
+    /// snapshot, per target the newest entry's new bytes, then — once every target holds
+    /// them — each entry's registry entry and audit record. An entry whose snapshot is marked restored was undone (durably) and is
     /// skipped. A target that holds none of the contents the entries knew for it was
     /// changed by someone else since, and is left as it is; each target is judged and
     /// written under its lock. Returns how many entries
@@ -216,7 +216,7 @@ impl Sandbox {
         let mut superseded = false;
         let mut kept = Vec::new();
         for (at, e) in entries.iter().enumerate() {
-            let (meta, Some(commit)) = (&e.meta, &e.meta.commit) else {
+            let (meta, Some(_)) = (&e.meta, &e.meta.commit) else {
                 continue;
             };
             let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
@@ -275,17 +275,10 @@ impl Sandbox {
                 superseded = true;
                 continue;
             }
-            match self.complete_logs(commit, was_audited) {
-                Ok(true) => {
-                    changed.insert(meta.snapshot_id.clone());
-                }
-                Ok(false) => {}
-                Err(()) => complete = false,
-            }
-            live.push((i, e));
+            live.push((i, e, was_audited));
         }
         let mut seen: HashSet<(usize, &str)> = HashSet::new();
-        for &(i, e) in live.iter().rev() {
+        for &(i, e, _) in live.iter().rev() {
             let meta = &e.meta;
             if !seen.insert((i, meta.original_path.as_str())) {
                 continue;
@@ -314,8 +307,8 @@ impl Sandbox {
             }
             let known = live
                 .iter()
-                .filter(|(j, o)| *j == i && o.meta.original_path == meta.original_path)
-                .any(|(_, o)| {
+                .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
+                .any(|(_, o, _)| {
                     current == o.meta.sha256
                         || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
                 });
@@ -352,10 +345,24 @@ impl Sandbox {
                 }
                 Err(r) => {
                     tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
-                    // Its lines may be in the logs already; its bytes are not: not
-                    // finished until a later replay puts them there.
-                    changed.remove(&meta.snapshot_id);
                     complete = false;
+                }
+            }
+        }
+        // The registry and the trail are told only once every target holds its bytes: a
+        // line appended first would name bytes a file does not hold until the start that
+        // can write them (the log, kept meanwhile, has every line for that start).
+        if complete {
+            for &(_, e, was_audited) in &live {
+                let Some(commit) = &e.meta.commit else {
+                    continue;
+                };
+                match self.complete_logs(commit, was_audited) {
+                    Ok(true) => {
+                        changed.insert(e.meta.snapshot_id.clone());
+                    }
+                    Ok(false) => {}
+                    Err(()) => complete = false,
                 }
             }
         }

@@ -271,6 +271,16 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
         .map(|e| e.status)
         .collect();
     assert!(!statuses.contains(&AuditStatus::RolledBack), "{statuses:?}");
+    // Nor recorded as written while a file lacks its bytes: the seed's line alone.
+    let written = |s: &[AuditStatus]| s.iter().filter(|s| **s == AuditStatus::Success).count();
+    assert_eq!(written(&statuses), 1, "{statuses:?}");
+    let holds = |f: &str, b: &[u8]| std::fs::read(w.path(f)).is_ok_and(|x| x == b);
+    assert!(
+        !(holds("a.txt", b"ALPHA\n")
+            && holds("d/b.txt", b"beta\nmore\n")
+            && holds("c.txt", b"gamma\n")),
+        "one target is without its bytes"
+    );
     drop(sb);
 
     let sb = w.open(batched(&w));
@@ -279,6 +289,8 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
     assert_eq!(w.read("c.txt"), b"gamma\n");
     assert_eq!(log_len(&w, "wf_log"), 0);
     assert!(sb.audit_verify().unwrap().ok);
+    let stats = sb.audit_stats().unwrap();
+    assert_eq!((stats.success, stats.failed), (4, 0), "{stats:?}");
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
