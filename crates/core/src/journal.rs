@@ -158,31 +158,7 @@ impl Journal {
         // One length serves the repair and the catch-up: with the lock held, nobody else
         // changes the file in between.
         let len = self.file.len()?;
-        let before = (self.cursor.offset, self.cursor.tail.clone());
-        let mut new = Vec::new();
-        let mut new_at = None;
-        // A log cut and written again is read from the start, and only then repaired:
-        // its torn part is looked for after what is read, not after where this process
-        // had read to.
-        let caught_up = self
-            .cursor
-            .restart_if_moved(&self.file, len)
-            .and_then(|restarted| {
-                if restarted {
-                    new_at = Some(0);
-                }
-                let len = self.cursor.repair_tail(&self.file, len, durable)?;
-                self.cursor.read_new_locked(&self.file, len, &mut |at, b| {
-                    new_at.get_or_insert(at);
-                    new.extend_from_slice(b);
-                })
-            });
-        if let Err(e) = caught_up {
-            // Nothing read reached `make`: the next call reads it again.
-            (self.cursor.offset, self.cursor.tail) = before;
-            return Err(e);
-        }
-        let new_at = new_at.unwrap_or(self.cursor.offset);
+        let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
         let (bytes, out) = make(new_at, &new, &self.file)?;
         // The repaired file ends where the cursor is: at a line boundary.
         let mut pending = Pending {
@@ -207,6 +183,37 @@ impl Journal {
             }
         }
         Ok((out, pending))
+    }
+
+    /// Rewrites the file in place (for a log whose lines cancel out, such as a ledger):
+    /// after catching up as [`Journal::append_with`] does, `make` receives the lines
+    /// other writers appended since and returns the file's new contents, or `None` to
+    /// leave it as it is. Other processes see a file cut and written again, and read it
+    /// from the start. Not atomic: a crash between the cut and the write leaves the file
+    /// empty or torn, so only a log whose lines are hints may be rewritten.
+    pub fn rewrite_with(
+        &mut self,
+        make: impl FnOnce(u64, &[u8]) -> Option<Vec<u8>>,
+    ) -> io::Result<bool> {
+        let durable = self.durable();
+        let _lock = self.file.lock_exclusive()?;
+        let len = self.file.len()?;
+        let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
+        let Some(bytes) = make(new_at, &new) else {
+            return Ok(false);
+        };
+        if let Some(e) = self.sync_failure() {
+            return Err(e);
+        }
+        self.check_in_place()?;
+        // From here on the file is not what this process read: whatever happens, the
+        // next read starts again from the beginning.
+        self.cursor.offset = 0;
+        self.cursor.tail.clear();
+        self.file.truncate(0, false)?;
+        self.file.append(&bytes, durable)?;
+        self.cursor.passed(&bytes);
+        Ok(true)
     }
 
     /// Refuses a file that its name in the state directory no longer names: one moved
@@ -244,6 +251,34 @@ impl Journal {
 }
 
 impl Cursor {
+    /// With the exclusive lock held and the file `len` bytes long: repairs a torn tail
+    /// and reads what other writers appended since, returning it and its offset (0 when
+    /// the file was cut and written again).
+    fn catch_up(&mut self, file: &LogFile, len: u64, durable: bool) -> io::Result<(u64, Vec<u8>)> {
+        let before = (self.offset, self.tail.clone());
+        let mut new = Vec::new();
+        let mut new_at = None;
+        // A log cut and written again is read from the start, and only then repaired:
+        // its torn part is looked for after what is read, not after where this process
+        // had read to.
+        let caught_up = self.restart_if_moved(file, len).and_then(|restarted| {
+            if restarted {
+                new_at = Some(0);
+            }
+            let len = self.repair_tail(file, len, durable)?;
+            self.read_new_locked(file, len, &mut |at, b| {
+                new_at.get_or_insert(at);
+                new.extend_from_slice(b);
+            })
+        });
+        if let Err(e) = caught_up {
+            // Nothing read reached the caller: the next call reads it again.
+            (self.offset, self.tail) = before;
+            return Err(e);
+        }
+        Ok((new_at.unwrap_or(self.offset), new))
+    }
+
     /// Reads the complete lines between the cursor and `len` (the file's length, taken
     /// under a lock).
     /// When the file is no longer what this process read up to the cursor (someone cut

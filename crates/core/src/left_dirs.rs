@@ -11,6 +11,10 @@
 //! otherwise, so a lost, stale or planted line can at worst leave an empty directory in
 //! place. Nor while a later `create_directory` that found it, and so made its existence
 //! its result, stands: it goes once that one is rolled back too.
+//!
+//! Each folder left and later settled adds two lines; once settled lines make up most
+//! of the file (past 64 KiB) it is rewritten in place with only the folders still left,
+//! and other processes read it again from the start.
 
 use crate::confine::state::StateDir;
 use crate::journal::{self, Journal};
@@ -102,7 +106,34 @@ impl Ledger {
         lines.iter().for_each(|l| fold_line(left, l.clone()));
         Ok(())
     }
+
+    /// Rewrites the file with only the directories still left once settled lines make
+    /// up most of it: every directory left and settled adds two lines for good
+    /// otherwise. A crash during the rewrite can lose lines, which leaves at worst an
+    /// empty directory in place (the ledger is a hint); a file that ends up holding
+    /// nothing is cut without that risk.
+    fn compact(&mut self) -> io::Result<()> {
+        let len = self.journal.len()?;
+        if len < COMPACT_AT {
+            return Ok(());
+        }
+        let left = &mut self.left;
+        self.journal.rewrite_with(|at, new| {
+            fold_all(left, at, new);
+            let mut live: Vec<&Line> = left.iter().collect();
+            live.sort_by(|a, b| (&a.root, &a.left.dir.path).cmp(&(&b.root, &b.left.dir.path)));
+            let mut bytes = Vec::new();
+            for l in live {
+                crate::journal::write_line(&mut bytes, l).ok()?;
+            }
+            (bytes.len() as u64 * 4 <= len).then_some(bytes)
+        })?;
+        Ok(())
+    }
 }
+
+/// The ledger's size from which it is rewritten when settled lines make up most of it.
+const COMPACT_AT: u64 = 64 << 10;
 
 /// Applies the lines read at offset `at`. Read again from the start, the file was cut
 /// (and maybe written again): what it said before is forgotten.
@@ -182,7 +213,9 @@ impl LeftDirs {
         if left.is_empty() {
             return Ok(());
         }
-        self.ledger().append(&lines(root, left, true))
+        let mut ledger = self.ledger();
+        ledger.append(&lines(root, left, true))?;
+        ledger.compact()
     }
 }
 

@@ -1414,3 +1414,78 @@ fn a_trail_holding_raw_unicode_line_breaks_still_verifies() {
     let v = sb.audit_verify().unwrap();
     assert!(!v.ok, "{v:?}");
 }
+
+/// The left-folder ledger gains two lines for every folder left and later settled; it
+/// is rewritten with only what is still left once settled lines make up most of it, so
+/// it stays bounded, and a process that read it before the rewrite reads it again from
+/// the start (it neither keeps settled folders nor misses new ones).
+#[test]
+fn the_left_folder_ledger_is_compacted_and_other_processes_follow() {
+    use ailab_sandbox_core::confine::DirId;
+    use ailab_sandbox_core::left_dirs::{LEFT_DIRS_FILE, Left, LeftDirs, Maker};
+    use ailab_sandbox_core::snapshot::LeftDir;
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let (a, b) = (
+        LeftDirs::open(&state, true).unwrap(),
+        LeftDirs::open(&state, true).unwrap(),
+    );
+    let maker = Maker {
+        workflow_id: "wf_a".into(),
+        action_id: "a1".into(),
+        at: "2026-12-02T00:00:00Z".into(),
+    };
+    let left = |i: u64| Left {
+        dir: LeftDir {
+            path: format!("deep/folder/number/{i}"),
+            id: DirId {
+                dev: 1,
+                ino: i,
+                born_ns: Some(i),
+            },
+        },
+        made_by: maker.clone(),
+    };
+    let paths = |l: &LeftDirs| -> Vec<String> {
+        let mut p: Vec<String> = l
+            .in_root(|r| r == "/r")
+            .unwrap()
+            .into_iter()
+            .map(|(_, l)| l.dir.path)
+            .collect();
+        p.sort();
+        p
+    };
+    let size = || {
+        std::fs::metadata(w.state.join(LEFT_DIRS_FILE))
+            .unwrap()
+            .len()
+    };
+    a.record("/r", &[left(0).dir], &maker).unwrap();
+    let mut largest = 0;
+    for i in 1..=1000 {
+        a.record("/r", &[left(i).dir], &maker).unwrap();
+        if i == 500 {
+            // Read by the other process half-way, with a folder still left.
+            assert_eq!(
+                paths(&b),
+                ["deep/folder/number/0", "deep/folder/number/500"]
+            );
+        }
+        a.settle("/r", &[left(i)]).unwrap();
+        largest = largest.max(size());
+    }
+    assert!(largest < 70 << 10, "the ledger grew to {largest} bytes");
+    assert_eq!(paths(&a), ["deep/folder/number/0"]);
+    assert_eq!(paths(&b), ["deep/folder/number/0"], "settled since b read");
+    // The other process's line, appended after the rewrite, is the first one reads.
+    b.record("/r", &[left(2000).dir], &maker).unwrap();
+    assert_eq!(
+        paths(&a),
+        ["deep/folder/number/0", "deep/folder/number/2000"]
+    );
+    b.settle("/r", &[left(0), left(2000)]).unwrap();
+    assert!(paths(&a).is_empty() && paths(&b).is_empty());
+    // Reopened (another process's start), the file says the same.
+    assert!(paths(&LeftDirs::open(&state, true).unwrap()).is_empty());
+}
