@@ -25,7 +25,9 @@ use crate::snapshot::{
 use crate::workflow::{TimelineEvent, WorkflowState};
 use serde::Serialize;
 use serde_json::json;
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The words a failed action's reason carries when undoing its own change failed too
@@ -149,7 +151,7 @@ impl RunResult {
 struct Prepared {
     approval: Approval,
     /// Bytes that would be on disk (`None` for a directory).
-    bytes: Option<Vec<u8>>,
+    bytes: Option<Bytes>,
     /// The checksum of what the target holds, when validation read it.
     before_checksum: Option<String>,
 }
@@ -158,8 +160,27 @@ struct Prepared {
 #[derive(Debug, Clone)]
 enum Virtual {
     /// A file, and its bytes when they were read (only where they matter).
-    File(Option<Vec<u8>>),
+    File(Option<Bytes>),
     Dir,
+}
+
+/// Bytes validation found or made, shared rather than copied (an action's content may be
+/// megabytes, and later actions of the plan, or a simulation, look at them again).
+#[derive(Debug, Clone)]
+enum Bytes {
+    /// The content of the plan's action of that index, as given.
+    Content(usize),
+    /// Read from the disk, or made by the operation.
+    Made(Arc<Vec<u8>>),
+}
+
+impl Bytes {
+    fn of<'a>(&'a self, actions: &'a [Action]) -> &'a [u8] {
+        match self {
+            Bytes::Content(i) => actions[*i].content.as_deref().unwrap_or("").as_bytes(),
+            Bytes::Made(b) => b,
+        }
+    }
 }
 
 /// Runs one plan.
@@ -329,12 +350,12 @@ impl<'a> SandboxWriteExecutor<'a> {
         let now = sb.clock.now();
         let mut out = Vec::new();
         let mut stores_checked = std::collections::HashSet::new();
-        for a in &self.plan.actions {
+        for (k, a) in self.plan.actions.iter().enumerate() {
             // An action refused by a limit alone (budget, rate) is otherwise sound: the
             // actions after it are judged on the tree as it would leave it, so that what
             // they are told is true of the plan, not of the plan without it (a 429 must
             // mean the plan runs once the wait is over).
-            let mut only_limited: Option<(usize, RelPath, Option<Vec<u8>>)> = None;
+            let mut only_limited: Option<(usize, RelPath, Option<Bytes>)> = None;
             let r = (|| {
                 let approval = check_target(&self.request(a), &gctx)?;
                 check_payload(approval.op, a)?;
@@ -395,10 +416,10 @@ impl<'a> SandboxWriteExecutor<'a> {
                                     || (!executable
                                         && size <= approval.op.max_size_bytes.unwrap_or(0));
                             Some(Virtual::File(if needed {
-                                Some(
+                                Some(Bytes::Made(Arc::new(
                                     sb.roots[ri]
                                         .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
-                                )
+                                )))
                             } else {
                                 None
                             }))
@@ -428,15 +449,22 @@ impl<'a> SandboxWriteExecutor<'a> {
                     }
                     // Unread bytes do not change the result (render needs to know only
                     // that the file exists).
-                    Some(Virtual::File(b)) => Some(b.clone().unwrap_or_default()),
+                    Some(Virtual::File(b)) => {
+                        Some(b.as_ref().map_or(&[][..], |b| b.of(&self.plan.actions)))
+                    }
                     _ => None,
                 };
                 let before_checksum = match &current {
-                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b)),
+                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b.of(&self.plan.actions))),
                     _ => None,
                 };
-                let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
-                let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
+                let bytes = render(approval.op, a, &approval.ext, before)?.map(|b| match b {
+                    Cow::Borrowed(_) => Bytes::Content(k),
+                    Cow::Owned(b) => Bytes::Made(Arc::new(b)),
+                });
+                let size = bytes
+                    .as_ref()
+                    .map_or(0, |b| b.of(&self.plan.actions).len() as u64);
                 check_size(&approval, size, &sb.config.extensions)?;
                 let rel = &approval.resolved.rel;
                 if bytes.is_some() {
@@ -480,7 +508,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 (Ok(p), _) => {
                     if let Some(b) = &p.bytes {
                         planned.artifacts += 1;
-                        planned.bytes += b.len() as u64;
+                        planned.bytes += b.of(&self.plan.actions).len() as u64;
                     }
                     let (ri, rel) = (p.approval.resolved.root_index, &p.approval.resolved.rel);
                     Some((ri, rel.clone(), p.bytes.clone()))
@@ -673,8 +701,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             let mut res = self.base_result(a, Some(p.approval.op), ActionStatus::Simulated);
             res.risk = p.approval.risk;
             res.before_checksum = p.before_checksum.clone();
-            res.after_checksum = p.bytes.as_deref().map(sha256_hex);
-            res.size_bytes = p.bytes.as_ref().map(|b| b.len() as u64);
+            let bytes = p.bytes.as_ref().map(|b| b.of(&actions));
+            res.after_checksum = bytes.map(sha256_hex);
+            res.size_bytes = bytes.map(|b| b.len() as u64);
             let target = self
                 .sb
                 .abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);

@@ -5,6 +5,7 @@ use crate::catalog::{Operation, Payload};
 use crate::confine::path::shown_path;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 /// Most actions a single plan may hold.
@@ -848,14 +849,15 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
 /// The bytes an operation leaves at its target, given what is there now (`current`,
 /// `None` when missing). Checks the operation's preconditions (`already_exists`,
 /// `not_found`, `edit_not_found`, `edit_ambiguous`). `None` for `create_directory`.
-pub fn render(
+pub fn render<'a>(
     op: &Operation,
-    a: &Action,
+    a: &'a Action,
     ext: &str,
     current: Option<&[u8]>,
-) -> Verdict<Option<Vec<u8>>> {
+) -> Verdict<Option<Cow<'a, [u8]>>> {
     let shown = shown_path(&a.path);
-    let content = || a.content.clone().unwrap_or_default().into_bytes();
+    // The action's own text, not a copy: it may be megabytes, and most writes are that.
+    let content = || Cow::Borrowed(a.content.as_deref().unwrap_or("").as_bytes());
     static NULL: serde_json::Value = serde_json::Value::Null;
     let data = || a.data.as_ref().unwrap_or(&NULL);
     Ok(Some(match op.name {
@@ -885,7 +887,7 @@ pub fn render(
         "append_file" => {
             let mut out = current.map(<[u8]>::to_vec).unwrap_or_default();
             out.extend_from_slice(a.content.as_deref().unwrap_or("").as_bytes());
-            out
+            Cow::Owned(out)
         }
         "sandbox_transform" => {
             let Some(cur) = current else {
@@ -894,11 +896,15 @@ pub fn render(
                     format!("{shown} does not exist; sandbox_transform edits an existing file"),
                 ));
             };
-            apply_edits(cur, a.edits.as_deref().unwrap_or(&[]), &a.path)?
+            Cow::Owned(apply_edits(
+                cur,
+                a.edits.as_deref().unwrap_or(&[]),
+                &a.path,
+            )?)
         }
-        "write_json" => to_json(data())?,
-        "write_yaml" => to_yaml(data())?,
-        "generate_config" => match ext {
+        "write_json" => Cow::Owned(to_json(data())?),
+        "write_yaml" => Cow::Owned(to_yaml(data())?),
+        "generate_config" => Cow::Owned(match ext {
             ".json" => to_json(data())?,
             ".yaml" | ".yml" => to_yaml(data())?,
             ".toml" => to_toml(data())?,
@@ -909,7 +915,7 @@ pub fn render(
                     format!("generate_config cannot write {ext} files"),
                 ));
             }
-        },
+        }),
         _ => content(),
     }))
 }

@@ -44,6 +44,43 @@ fn default_config_only_simulates() {
     assert_eq!(sb.registry().count_by_workflow("wf_demo").unwrap(), 0);
 }
 
+/// A simulation judges each action on what the earlier ones of the plan would leave:
+/// an append and an edit after a create report the checksums, sizes and budget a real
+/// run of the same plan then reports.
+#[test]
+fn a_simulation_builds_on_the_earlier_actions_as_a_run_does() {
+    let w = World::new();
+    let p = json!({"workflow_id": "wf_sim", "actions": [
+        {"intent": "create_file", "path": "n.txt", "content": "one\n"},
+        {"intent": "append_file", "path": "n.txt", "content": "two\n"},
+        {"intent": "sandbox_transform", "path": "n.txt", "edits": [{"old": "one", "new": "uno"}]},
+        {"intent": "replace_file", "path": "n.txt", "content": "three\n"},
+        {"intent": "append_file", "path": "n.txt", "content": "four\n"}]});
+    let sums = |r: &ailab_sandbox_core::executor::RunResult| -> Vec<(Option<String>, Option<u64>)> {
+        r.actions
+            .iter()
+            .map(|a| (a.after_checksum.clone(), a.size_bytes))
+            .collect()
+    };
+    let simulated = run(&w.open(w.config()), p.clone());
+    assert_eq!(status(&simulated), "simulated_success");
+    let expected: Vec<(Option<String>, Option<u64>)> = [
+        &b"one\n"[..],
+        b"one\ntwo\n",
+        b"uno\ntwo\n",
+        b"three\n",
+        b"three\nfour\n",
+    ]
+    .iter()
+    .map(|b| (Some(sha(b)), Some(b.len() as u64)))
+    .collect();
+    assert_eq!(sums(&simulated), expected);
+    let real = run(&w.open(w.writable_config()), p);
+    assert_eq!(status(&real), "success");
+    assert_eq!(sums(&real), expected);
+    assert_eq!(w.read("n.txt"), b"three\nfour\n");
+}
+
 #[test]
 fn write_flag_without_dry_run_off_still_simulates() {
     let w = World::new();
