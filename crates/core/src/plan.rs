@@ -849,6 +849,7 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
 /// The bytes an operation leaves at its target, given what is there now (`current`,
 /// `None` when missing). Checks the operation's preconditions (`already_exists`,
 /// `not_found`, `edit_not_found`, `edit_ambiguous`). `None` for `create_directory`.
+/// Borrowed from the action when the bytes are its `content` as given.
 pub fn render<'a>(
     op: &Operation,
     a: &'a Action,
