@@ -439,6 +439,31 @@ impl StateDir {
         }
     }
 
+    /// Removes the temporary files that making the state directory's own files (the seal
+    /// key, the trail's head: `.{name}.ailab-tmp-…`) left at its top, older than
+    /// `older_than`: made and linked into place within milliseconds, one that old was
+    /// left by a process that died in between. Returns how many.
+    pub fn remove_stale_temp_files(&self, older_than: std::time::Duration) -> io::Result<usize> {
+        let mut removed = 0;
+        for e in self.dirs.top.entries()? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with('.') && name.contains(super::path::TEMP_MARKER)) {
+                continue;
+            }
+            let meta = e.metadata()?;
+            let age = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.into_std().elapsed().ok());
+            if meta.is_file() && age.is_some_and(|a| a > older_than) {
+                self.remove(&name)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes `name`'s run record.
     pub fn inflight_remove(&self, name: &str) -> io::Result<()> {
         self.remove(&format!("{INFLIGHT_DIR}/{name}.json"))

@@ -283,8 +283,24 @@ impl Sandbox {
     }
 
     /// Removes the temporary files of run records whose writers died: a record is made
-    /// under its workflow's lock, so one whose lock is free has no writer left.
+    /// under its workflow's lock, so one whose lock is free has no writer left. Likewise
+    /// those a start killed while it made the state directory's key or the trail's head
+    /// left at its top, once they are ten minutes old (no lock covers those: another
+    /// process may be making them now).
     pub(super) fn remove_dead_record_temp_files(&self) {
+        match self
+            .state
+            .remove_stale_temp_files(std::time::Duration::from_secs(600))
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                files = n,
+                "removed temporary files a dead start left in the state directory"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove the temporary files a dead start left in the state directory")
+            }
+        }
         let Ok(temps) = self.state.inflight_record_temp_files() else {
             return;
         };

@@ -349,3 +349,41 @@ fn a_refused_state_directory_leaves_no_root_behind() {
         assert!(!tmp.join("open/below").exists(), "{state}");
     }
 }
+
+/// A start killed while it made the state directory's key or the trail's head leaves a
+/// temporary file beside it; a later start removes it once it is old enough that no
+/// living process can still be making it, and leaves a fresh one, and every other file,
+/// alone.
+#[test]
+fn temporary_files_a_killed_start_left_in_the_state_directory_are_removed_later() {
+    let w = World::new();
+    write_one(&w.sandbox());
+    let marker = ailab_sandbox_core::confine::path::TEMP_MARKER;
+    let old = [
+        w.state
+            .join(format!(".seal.key{marker}0123456789abcdef0000000100000001")),
+        w.state.join(format!(
+            ".sandbox_audit.head.json{marker}0123456789abcdef0000000200000001"
+        )),
+    ];
+    let fresh = w.state.join(format!(".seal.key{marker}fresh"));
+    let other = w.state.join(".kept-by-the-operator");
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for p in old.iter().chain([&fresh, &other]) {
+        fs::write(p, b"x").unwrap();
+    }
+    for p in old.iter().chain([&other]) {
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+    }
+    let sb = w.sandbox();
+    for p in &old {
+        assert!(!p.exists(), "{} stayed", p.display());
+    }
+    assert!(fresh.exists() && other.exists());
+    assert!(sb.audit_verify().unwrap().ok);
+}
