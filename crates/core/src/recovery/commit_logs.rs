@@ -190,8 +190,8 @@ impl Sandbox {
     }
 
     /// Redoes what a commit log's entries committed and the disk lost: each entry's
-    /// snapshot, per target the newest entry's new bytes, then — once every target holds
-    /// them — each entry's registry entry and audit record. An entry whose snapshot is marked restored was undone (durably) and is
+    /// snapshot, per target the newest entry's new bytes, then each entry's registry
+    /// entry and audit record, but those of a target not put in place. An entry whose snapshot is marked restored was undone (durably) and is
     /// skipped. A target that holds none of the contents the entries knew for it was
     /// changed by someone else since, and is left as it is; each target is judged and
     /// written under its lock. Returns how many entries
@@ -278,6 +278,8 @@ impl Sandbox {
             live.push((i, e, was_audited));
         }
         let mut seen: HashSet<(usize, &str)> = HashSet::new();
+        // Targets this replay could not put (or confirm) in place.
+        let mut unplaced: HashSet<(usize, &str)> = HashSet::new();
         for &(i, e, _) in live.iter().rev() {
             let meta = &e.meta;
             if !seen.insert((i, meta.original_path.as_str())) {
@@ -291,6 +293,7 @@ impl Sandbox {
                 Err(r) => {
                     tracing::error!(reason = %r, "recovery could not lock a logged action's target");
                     complete = false;
+                    unplaced.insert((i, meta.original_path.as_str()));
                     continue;
                 }
             };
@@ -302,6 +305,7 @@ impl Sandbox {
                 if let Err(r) = self.cover_target(i, &rel) {
                     tracing::error!(reason = %r, "recovery could not cover a logged target for its sync");
                     complete = false;
+                    unplaced.insert((i, meta.original_path.as_str()));
                 }
                 continue;
             }
@@ -346,24 +350,28 @@ impl Sandbox {
                 Err(r) => {
                     tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
                     complete = false;
+                    unplaced.insert((i, meta.original_path.as_str()));
                 }
             }
         }
-        // The registry and the trail are told only once every target holds its bytes: a
-        // line appended first would name bytes a file does not hold until the start that
-        // can write them (the log, kept meanwhile, has every line for that start).
-        if complete {
-            for &(_, e, was_audited) in &live {
-                let Some(commit) = &e.meta.commit else {
-                    continue;
-                };
-                match self.complete_logs(commit, was_audited) {
-                    Ok(true) => {
-                        changed.insert(e.meta.snapshot_id.clone());
-                    }
-                    Ok(false) => {}
-                    Err(()) => complete = false,
+        // The registry and the trail are told of a write once its target holds its bytes:
+        // a line appended before would name bytes the file does not hold until the start
+        // that can write them (the log, kept meanwhile, has every line for that start).
+        // The writes to targets that are in place are told now, before any later writer
+        // of those files is: the trail keeps each file's changes in the order they came.
+        for &(i, e, was_audited) in &live {
+            let Some(commit) = &e.meta.commit else {
+                continue;
+            };
+            if unplaced.contains(&(i, e.meta.original_path.as_str())) {
+                continue;
+            }
+            match self.complete_logs(commit, was_audited) {
+                Ok(true) => {
+                    changed.insert(e.meta.snapshot_id.clone());
                 }
+                Ok(false) => {}
+                Err(()) => complete = false,
             }
         }
         if superseded {

@@ -271,9 +271,23 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
         .map(|e| e.status)
         .collect();
     assert!(!statuses.contains(&AuditStatus::RolledBack), "{statuses:?}");
-    // Nor recorded as written while a file lacks its bytes: the seed's line alone.
-    let written = |s: &[AuditStatus]| s.iter().filter(|s| **s == AuditStatus::Success).count();
-    assert_eq!(written(&statuses), 1, "{statuses:?}");
+    // Nor recorded as written while a file lacks its bytes; the writes the replay did
+    // put in place are (the seed's line and two of the three).
+    let written: Vec<_> = sb
+        .audit_entries(100, Some("wf_log"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.status == AuditStatus::Success)
+        .collect();
+    assert_eq!(written.len(), 3, "{written:?}");
+    for e in &written {
+        let held = std::fs::read(&e.target_path).ok().map(|b| sha(&b));
+        assert_eq!(
+            held, e.after_checksum,
+            "{} holds what its line says",
+            e.target_path
+        );
+    }
     let holds = |f: &str, b: &[u8]| std::fs::read(w.path(f)).is_ok_and(|x| x == b);
     assert!(
         !(holds("a.txt", b"ALPHA\n")
@@ -294,6 +308,44 @@ fn a_replay_that_cannot_write_a_target_keeps_the_log_for_the_next_start() {
     let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
+}
+
+/// The same partial replay, then another workflow's write to a file the replay did put
+/// back, in the same process: the replayed write is on the trail before it, so each
+/// file's newest line names what the file holds.
+#[test]
+fn a_partial_replay_records_the_writes_it_put_back_before_later_writers() {
+    let (w, _, _) = three_writes_then_a_power_cut();
+    let sb = open_failing_a_replayed_write(&w);
+    assert_eq!(w.read("a.txt"), b"ALPHA\n", "{:?}", sb.notices());
+    w.clock.advance(chrono::Duration::seconds(5));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_other", "actions": [
+            {"action_id": "o1", "intent": "replace_file", "path": "a.txt", "content": "OTHER\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(sb);
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("a.txt"), b"OTHER\n");
+    assert!(sb.audit_verify().unwrap().ok);
+    let mut on_a: Vec<_> = sb
+        .audit_entries(1000, None)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.target_path.ends_with("/a.txt") && e.status == AuditStatus::Success)
+        .collect();
+    on_a.sort_by_key(|e| e.seq);
+    let chain: Vec<_> = on_a
+        .iter()
+        .map(|e| (e.seq, e.workflow_id.clone(), e.after_checksum.clone()))
+        .collect();
+    assert_eq!(
+        on_a.last().and_then(|e| e.after_checksum.clone()),
+        Some(sha(b"OTHER\n")),
+        "{chain:?}"
+    );
+    assert_eq!(on_a.len(), 2, "{chain:?}");
 }
 
 /// A run killed (no power cut) after two audited writes, the first of which a crash
