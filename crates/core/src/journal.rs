@@ -67,6 +67,13 @@ struct Cursor {
     /// The last bytes before `offset` as this process read or wrote them (at most
     /// [`TAIL`]): found otherwise, the file was cut and written again since.
     tail: Vec<u8>,
+    /// Whether the file may be rewritten in place ([`Journal::rewrite_with`]): its first
+    /// line is then compared at every read, since a rewrite may leave the file as long
+    /// as, and ending like, what this process read.
+    rewritable: bool,
+    /// The file's first line as this process read or wrote it (at most [`TAIL`] bytes;
+    /// kept for a rewritable file only). Every rewrite begins with a line of its own.
+    head: Vec<u8>,
 }
 
 /// How many of the last bytes read a cursor keeps (the end of a line: its hash or time).
@@ -74,6 +81,13 @@ const TAIL: usize = 128;
 
 impl Cursor {
     fn passed(&mut self, bytes: &[u8]) {
+        if self.rewritable && self.offset == 0 {
+            let first = bytes
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |i| i + 1);
+            self.head = bytes[..first.min(TAIL)].to_vec();
+        }
         self.offset += bytes.len() as u64;
         let keep = bytes.len().min(TAIL);
         self.tail.extend_from_slice(&bytes[bytes.len() - keep..]);
@@ -85,8 +99,20 @@ impl Cursor {
 impl Journal {
     /// Opens `name` in the state directory and repairs a torn tail.
     pub fn open(state: &StateDir, name: &str, durable: bool) -> io::Result<Self> {
+        Self::open_as(state, name, durable, false)
+    }
+
+    /// [`Journal::open`] for a log that [`Journal::rewrite_with`] may rewrite in place.
+    pub fn open_rewritable(state: &StateDir, name: &str, durable: bool) -> io::Result<Self> {
+        Self::open_as(state, name, durable, true)
+    }
+
+    fn open_as(state: &StateDir, name: &str, durable: bool, rewritable: bool) -> io::Result<Self> {
         let file = Arc::new(state.open_log(name)?);
-        let mut cursor = Cursor::default();
+        let mut cursor = Cursor {
+            rewritable,
+            ..Cursor::default()
+        };
         {
             let _lock = file.lock_exclusive()?;
             let len = file.len()?;
@@ -132,8 +158,9 @@ impl Journal {
     /// A partial last line is left for the next repair.
     pub fn read_new(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<()> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
-        // that lands just after this check is simply read by the next call.
-        if self.file.len()? == self.cursor.offset {
+        // that lands just after this check is simply read by the next call. (A file
+        // rewritten in place may be as long as before: it is always looked at.)
+        if !self.cursor.rewritable && self.file.len()? == self.cursor.offset {
             return Ok(());
         }
         let _lock = self.file.lock_shared()?;
@@ -185,31 +212,44 @@ impl Journal {
         Ok((out, pending))
     }
 
-    /// Rewrites the file in place (for a log whose lines cancel out, such as a ledger):
-    /// after catching up as [`Journal::append_with`] does, `make` receives the lines
-    /// other writers appended since and returns the file's new contents, or `None` to
-    /// leave it as it is. Other processes see a file cut and written again, and read it
-    /// from the start. Not atomic: a crash between the cut and the write leaves the file
-    /// empty or torn, so only a log whose lines are hints may be rewritten.
+    /// Rewrites the file in place (for a log whose lines cancel out, such as a ledger;
+    /// opened with [`Journal::open_rewritable`]): after catching up as
+    /// [`Journal::append_with`] does, `make` receives the lines other writers appended
+    /// since and returns the file's new lines, or `None` to leave it as it is. They are
+    /// written after a first line of the rewrite's own (`{"rewrite":"<unique id>"}`,
+    /// which readers skip as a line of no kind of theirs), so that every other process
+    /// sees a file it has not read, and reads it from the start. Not atomic: a crash
+    /// between the cut and the write leaves the file empty or torn, so only a log whose
+    /// lines are hints may be rewritten.
     pub fn rewrite_with(
         &mut self,
         make: impl FnOnce(u64, &[u8]) -> Option<Vec<u8>>,
     ) -> io::Result<bool> {
+        if !self.cursor.rewritable {
+            return Err(io::Error::other(
+                "a journal not opened as rewritable was to be rewritten",
+            ));
+        }
         let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
         let len = self.file.len()?;
         let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
-        let Some(bytes) = make(new_at, &new) else {
+        let Some(lines) = make(new_at, &new) else {
             return Ok(false);
         };
+        let mut bytes = Vec::with_capacity(lines.len() + 64);
+        write_line(
+            &mut bytes,
+            &serde_json::json!({ "rewrite": crate::ids::unique() }),
+        )?;
+        bytes.extend_from_slice(&lines);
         if let Some(e) = self.sync_failure() {
             return Err(e);
         }
         self.check_in_place()?;
         // From here on the file is not what this process read: whatever happens, the
         // next read starts again from the beginning.
-        self.cursor.offset = 0;
-        self.cursor.tail.clear();
+        self.cursor.restart();
         self.file.truncate(0, false)?;
         self.file.append(&bytes, durable)?;
         self.cursor.passed(&bytes);
@@ -255,7 +295,7 @@ impl Cursor {
     /// and reads what other writers appended since, returning it and its offset (0 when
     /// the file was cut and written again).
     fn catch_up(&mut self, file: &LogFile, len: u64, durable: bool) -> io::Result<(u64, Vec<u8>)> {
-        let before = (self.offset, self.tail.clone());
+        let before = (self.offset, self.tail.clone(), self.head.clone());
         let mut new = Vec::new();
         let mut new_at = None;
         // A log cut and written again is read from the start, and only then repaired:
@@ -273,7 +313,7 @@ impl Cursor {
         });
         if let Err(e) = caught_up {
             // Nothing read reached the caller: the next call reads it again.
-            (self.offset, self.tail) = before;
+            (self.offset, self.tail, self.head) = before;
             return Err(e);
         }
         Ok((new_at.unwrap_or(self.offset), new))
@@ -285,17 +325,27 @@ impl Cursor {
     /// it, and maybe wrote it again), moves the cursor back to its start and says so.
     /// `len` is the file's length, taken under a lock.
     fn restart_if_moved(&mut self, file: &LogFile, len: u64) -> io::Result<bool> {
+        // With `len >= offset`, the head and the tail lie within the file.
         let moved = len < self.offset
+            || (self.rewritable
+                && self.offset > 0
+                && file.read_range(0, self.head.len() as u64)? != self.head)
             || (len > self.offset
                 && self.offset > 0
                 && file
                     .read_range(self.offset - self.tail.len() as u64, self.tail.len() as u64)?
                     != self.tail);
         if moved {
-            self.offset = 0;
-            self.tail.clear();
+            self.restart();
         }
         Ok(moved)
+    }
+
+    /// Forgets what was read: the next read starts from the beginning.
+    fn restart(&mut self) {
+        self.offset = 0;
+        self.tail.clear();
+        self.head.clear();
     }
 
     fn read_new_locked(

@@ -109,9 +109,8 @@ impl Ledger {
 
     /// Rewrites the file with only the directories still left once settled lines make
     /// up most of it: every directory left and settled adds two lines for good
-    /// otherwise. A crash during the rewrite can lose lines, which leaves at worst an
-    /// empty directory in place (the ledger is a hint); a file that ends up holding
-    /// nothing is cut without that risk.
+    /// otherwise. A crash or a failed write during the rewrite can lose lines, which
+    /// leaves at worst an empty directory in place (the ledger is a hint).
     fn compact(&mut self) -> io::Result<()> {
         let len = self.journal.len()?;
         if len < COMPACT_AT {
@@ -165,7 +164,7 @@ impl LeftDirs {
     pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
         Ok(Self {
             inner: Mutex::new(Ledger {
-                journal: Journal::open(state, LEFT_DIRS_FILE, durable)?,
+                journal: Journal::open_rewritable(state, LEFT_DIRS_FILE, durable)?,
                 left: HashSet::new(),
             }),
         })

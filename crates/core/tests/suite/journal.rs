@@ -1489,3 +1489,68 @@ fn the_left_folder_ledger_is_compacted_and_other_processes_follow() {
     // Reopened (another process's start), the file says the same.
     assert!(paths(&LeftDirs::open(&state, true).unwrap()).is_empty());
 }
+
+/// A journal rewritten in place to exactly the length another process had read (two
+/// rewrites of one line each), or so that it ends, where that process read to, as it
+/// did then, is read again from the start by that process, not taken for a file with
+/// nothing new or with only appends; one not opened as rewritable cannot be rewritten.
+#[test]
+fn a_journal_rewritten_to_the_length_another_process_read_is_read_again() {
+    use ailab_sandbox_core::journal::Journal;
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let mut a = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
+    let mut b = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
+    let read = |j: &mut Journal| {
+        let mut got = Vec::new();
+        j.read_new(&mut |at, buf| got.push((at, String::from_utf8_lossy(buf).into_owned())))
+            .unwrap();
+        got
+    };
+    let ((), pending) = a
+        .append_with(|_, _, _| Ok((b"{\"n\":1}\n".to_vec(), ())))
+        .unwrap();
+    pending.wait().unwrap();
+    assert!(
+        a.rewrite_with(|_, _| Some(b"{\"n\":3}\n".to_vec()))
+            .unwrap()
+    );
+    let first = read(&mut b);
+    assert!(
+        first.len() == 1 && first[0].1.ends_with("{\"n\":3}\n"),
+        "{first:?}"
+    );
+    let len = a.len().unwrap();
+    assert!(
+        a.rewrite_with(|_, _| Some(b"{\"n\":4}\n".to_vec()))
+            .unwrap()
+    );
+    assert_eq!(a.len().unwrap(), len, "as long as b read it");
+    let again = read(&mut b);
+    assert!(
+        again.iter().any(|(at, _)| *at == 0)
+            && again.iter().any(|(_, l)| l.ends_with("{\"n\":4}\n")),
+        "{again:?}"
+    );
+    // Rewritten so that the bytes before where b read to are the ones b read there (a
+    // long line both files share), with more after: still read again from the start.
+    let pad = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(150));
+    assert!(
+        a.rewrite_with(|_, _| Some(format!("{{\"n\":5}}\n{pad}").into_bytes()))
+            .unwrap()
+    );
+    assert!(read(&mut b).iter().any(|(_, l)| l.contains("\"n\":5")));
+    assert!(
+        a.rewrite_with(|_, _| Some(format!("{{\"n\":6}}\n{pad}{{\"n\":7}}\n").into_bytes()))
+            .unwrap()
+    );
+    let again = read(&mut b);
+    assert!(
+        again
+            .iter()
+            .any(|(at, l)| *at == 0 && l.contains("\"n\":6")),
+        "{again:?}"
+    );
+    let mut plain = Journal::open(&state, "hints.jsonl", true).unwrap();
+    assert!(plain.rewrite_with(|_, _| Some(Vec::new())).is_err());
+}
