@@ -215,6 +215,10 @@ impl Sandbox {
         let mut complete = true;
         let mut superseded = false;
         let mut kept = Vec::new();
+        // Targets with an entry this replay could not settle (its snapshot not rewritten,
+        // or its undo not marked): neither written nor told of now, the next start
+        // judging them with every entry in place.
+        let mut unsettled: HashSet<(usize, &str)> = HashSet::new();
         for (at, e) in entries.iter().enumerate() {
             let (meta, Some(_)) = (&e.meta, &e.meta.commit) else {
                 continue;
@@ -246,6 +250,7 @@ impl Sandbox {
             if let Err(r) = Snapshotter::repair(root, &self.seal, meta, e.backup.as_deref()) {
                 tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
                 complete = false;
+                unsettled.insert((i, meta.original_path.as_str()));
                 continue;
             }
             let was_audited =
@@ -271,6 +276,7 @@ impl Sandbox {
                 ) {
                     tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
                     complete = false;
+                    unsettled.insert((i, meta.original_path.as_str()));
                 }
                 superseded = true;
                 continue;
@@ -278,11 +284,13 @@ impl Sandbox {
             live.push((i, e, was_audited));
         }
         let mut seen: HashSet<(usize, &str)> = HashSet::new();
-        // Targets this replay could not put (or confirm) in place.
-        let mut unplaced: HashSet<(usize, &str)> = HashSet::new();
+        // Targets this replay could not put (or confirm) in place, or settle.
+        let mut unplaced = unsettled;
         for &(i, e, _) in live.iter().rev() {
             let meta = &e.meta;
-            if !seen.insert((i, meta.original_path.as_str())) {
+            if !seen.insert((i, meta.original_path.as_str()))
+                || unplaced.contains(&(i, meta.original_path.as_str()))
+            {
                 continue;
             }
             let rel = meta.target();
