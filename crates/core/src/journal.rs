@@ -186,7 +186,15 @@ impl Journal {
         // changes the file in between.
         let len = self.file.len()?;
         let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
-        let (bytes, out) = make(new_at, &new, &self.file)?;
+        let (mut bytes, out) = make(new_at, &new, &self.file)?;
+        // A rewritable file always begins with a line of a rewrite's own, even one a
+        // rewrite cut and died before writing, or a new one: its first line then tells
+        // every reader which file it read.
+        if self.cursor.rewritable && self.cursor.offset == 0 && !bytes.is_empty() {
+            let mut first = rewrite_line()?;
+            first.append(&mut bytes);
+            bytes = first;
+        }
         // The repaired file ends where the cursor is: at a line boundary.
         let mut pending = Pending {
             sync: None,
@@ -217,8 +225,9 @@ impl Journal {
     /// [`Journal::append_with`] does, `make` receives the lines other writers appended
     /// since and returns the file's new lines, or `None` to leave it as it is. They are
     /// written after a first line of the rewrite's own (`{"rewrite":"<unique id>"}`,
-    /// which readers skip as a line of no kind of theirs), so that every other process
-    /// sees a file it has not read, and reads it from the start. Not atomic: a crash
+    /// which readers skip as a line of no kind of theirs; the first append to an empty
+    /// rewritable file writes one too), so that every other process sees a file it has
+    /// not read, and reads it from the start. Not atomic: a crash
     /// between the cut and the write leaves the file empty or torn, so only a log whose
     /// lines are hints may be rewritten.
     pub fn rewrite_with(
@@ -237,11 +246,7 @@ impl Journal {
         let Some(lines) = make(new_at, &new) else {
             return Ok(false);
         };
-        let mut bytes = Vec::with_capacity(lines.len() + 64);
-        write_line(
-            &mut bytes,
-            &serde_json::json!({ "rewrite": crate::ids::unique() }),
-        )?;
+        let mut bytes = rewrite_line()?;
         bytes.extend_from_slice(&lines);
         if let Some(e) = self.sync_failure() {
             return Err(e);
@@ -422,6 +427,16 @@ impl Cursor {
         file.truncate(keep, durable)?;
         Ok(keep)
     }
+}
+
+/// The first line of a rewritable journal's file, unique to each rewrite.
+fn rewrite_line() -> io::Result<Vec<u8>> {
+    let mut line = Vec::with_capacity(64);
+    write_line(
+        &mut line,
+        &serde_json::json!({ "rewrite": crate::ids::unique() }),
+    )?;
+    Ok(line)
 }
 
 /// The non-empty lines of a buffer handed out by [`Journal::read_new`].

@@ -1554,3 +1554,49 @@ fn a_journal_rewritten_to_the_length_another_process_read_is_read_again() {
     let mut plain = Journal::open(&state, "hints.jsonl", true).unwrap();
     assert!(plain.rewrite_with(|_, _| Some(Vec::new())).is_err());
 }
+
+/// A rewrite that died right after cutting the file, then appends by another process
+/// that bring it back to the length a reader had read, with lines that begin as the
+/// reader's first line did (long, shared beginnings): the reader still reads it again,
+/// since the first append to an empty rewritable file begins with a line of its own.
+#[test]
+fn a_rewritable_journal_cut_and_appended_to_the_same_length_is_read_again() {
+    use ailab_sandbox_core::journal::Journal;
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let prefix = format!("{{\"root\":\"/{}\",\"path\":\"", "r".repeat(130));
+    let line = |tag: &str| format!("{prefix}{tag}\"}}\n").into_bytes();
+    let read = |j: &mut Journal| {
+        let mut got = Vec::new();
+        j.read_new(&mut |at, buf| got.push((at, String::from_utf8_lossy(buf).into_owned())))
+            .unwrap();
+        got
+    };
+    let mut a = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
+    let mut b = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
+    let ((), p) = a
+        .append_with(|_, _, _| Ok(([line("one"), line("two")].concat(), ())))
+        .unwrap();
+    p.wait().unwrap();
+    assert!(read(&mut b).iter().any(|(_, l)| l.contains("two")));
+    let len = a.len().unwrap();
+    // The rewrite died right after cutting the file.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(w.state.join("hints.jsonl"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    drop(a);
+    let mut c = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
+    let ((), p) = c
+        .append_with(|_, _, _| Ok(([line("ONE"), line("TWO")].concat(), ())))
+        .unwrap();
+    p.wait().unwrap();
+    assert_eq!(c.len().unwrap(), len, "as long as b read it");
+    let again = read(&mut b);
+    assert!(
+        again.iter().any(|(at, l)| *at == 0 && l.contains("ONE")),
+        "{again:?}"
+    );
+}
