@@ -149,13 +149,13 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
             }
             *inserted += 1;
         };
-        let result = journal.read_new(&mut |_, chunk| {
+        let result = journal.read_new_owned(&mut |_, chunk| {
             // A parser has at most one chunk queued: before handing it a third, insert
             // the oldest result, which keeps memory bounded and the file order intact.
             if sent >= inserted + 2 {
                 insert_next(index, &mut inserted, &mut lost);
             }
-            if to_parser[sent % 2].send(chunk.to_vec()).is_err() {
+            if to_parser[sent % 2].send(chunk).is_err() {
                 lost = true;
             }
             sent += 1;

@@ -157,6 +157,11 @@ impl Journal {
     /// except after the file was cut: it is then read again from offset 0.
     /// A partial last line is left for the next repair.
     pub fn read_new(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<()> {
+        self.read_new_owned(&mut |at, buf| sink(at, &buf))
+    }
+
+    /// [`Journal::read_new`], handing over each buffer (for a reader that sends it on).
+    pub fn read_new_owned(&mut self, sink: &mut dyn FnMut(u64, Vec<u8>)) -> io::Result<()> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
         // that lands just after this check is simply read by the next call. (A file
         // rewritten in place may be as long as before: it is always looked at.)
@@ -313,7 +318,11 @@ impl Cursor {
             let len = self.repair_tail(file, len, durable)?;
             self.read_new_locked(file, len, &mut |at, b| {
                 new_at.get_or_insert(at);
-                new.extend_from_slice(b);
+                if new.is_empty() {
+                    new = b;
+                } else {
+                    new.extend_from_slice(&b);
+                }
             })
         });
         if let Err(e) = caught_up {
@@ -357,27 +366,30 @@ impl Cursor {
         &mut self,
         file: &LogFile,
         len: u64,
-        sink: &mut dyn FnMut(u64, &[u8]),
+        sink: &mut dyn FnMut(u64, Vec<u8>),
     ) -> io::Result<()> {
         // Bounded chunks keep a large first load from holding the whole file in memory.
         const CHUNK: u64 = 8 << 20;
         if self.restart_if_moved(file, len)? {
             // Said to the sink even when nothing is left to read.
-            sink(0, &[]);
+            sink(0, Vec::new());
         }
         let mut pos = self.offset;
         let mut carry: Vec<u8> = Vec::new();
         while pos < len {
             let n = (len - pos).min(CHUNK);
-            let chunk = file.read_range(pos, n)?;
-            pos += n;
+            // Read straight after the carried part: each chunk is read into the buffer
+            // handed out, not copied there.
             let mut buf = std::mem::take(&mut carry);
-            buf.extend_from_slice(&chunk);
+            let kept = buf.len();
+            buf.resize(kept + n as usize, 0);
+            file.read_exact_at(&mut buf[kept..], pos)?;
+            pos += n;
             match buf.iter().rposition(|&b| b == b'\n') {
                 Some(i) => {
-                    sink(self.offset, &buf[..=i]);
-                    self.passed(&buf[..=i]);
-                    carry = buf[i + 1..].to_vec();
+                    carry = buf.split_off(i + 1);
+                    self.passed(&buf);
+                    sink(self.offset - buf.len() as u64, buf);
                 }
                 None => carry = buf,
             }

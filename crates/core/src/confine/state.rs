@@ -1050,8 +1050,13 @@ impl LogFile {
     /// Reads up to `n` bytes at `from`.
     pub fn read_range(&self, from: u64, n: u64) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; n as usize];
-        self.file.read_exact_at(&mut buf, from)?;
+        self.read_exact_at(&mut buf, from)?;
         Ok(buf)
+    }
+
+    /// Fills `buf` with the bytes at `from`.
+    pub fn read_exact_at(&self, buf: &mut [u8], from: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, from)
     }
 
     /// `fdatasync`.
