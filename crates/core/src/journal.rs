@@ -232,9 +232,9 @@ impl Journal {
     /// written after a first line of the rewrite's own (`{"rewrite":"<unique id>"}`,
     /// which readers skip as a line of no kind of theirs; the first append to an empty
     /// rewritable file writes one too), so that every other process sees a file it has
-    /// not read, and reads it from the start. Not atomic: a crash
-    /// between the cut and the write leaves the file empty or torn, so only a log whose
-    /// lines are hints may be rewritten.
+    /// not read, and reads it from the start. Not atomic: a crash between the cut and the
+    /// write leaves the file empty or torn, so only a log whose lines are hints may be
+    /// rewritten.
     pub fn rewrite_with(
         &mut self,
         make: impl FnOnce(u64, &[u8]) -> Option<Vec<u8>>,

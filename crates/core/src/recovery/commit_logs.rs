@@ -191,11 +191,12 @@ impl Sandbox {
 
     /// Redoes what a commit log's entries committed and the disk lost: each entry's
     /// snapshot, per target the newest entry's new bytes, then each entry's registry
-    /// entry and audit record, but those of a target not put in place. An entry whose snapshot is marked restored was undone (durably) and is
-    /// skipped. A target that holds none of the contents the entries knew for it was
-    /// changed by someone else since, and is left as it is; each target is judged and
-    /// written under its lock. Returns how many entries
-    /// needed anything, and whether every write it tried succeeded.
+    /// entry and audit record, but those of a target not put in place. An entry whose
+    /// snapshot is marked restored was undone (durably) and is skipped. A target that
+    /// holds none of the contents the entries knew for it was changed by someone else
+    /// since, and is left as it is; each target is judged and written under its lock.
+    /// Returns how many entries needed anything, and whether every write it tried
+    /// succeeded.
     fn replay_commits(
         &self,
         wf: &str,
