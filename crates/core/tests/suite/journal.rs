@@ -1600,3 +1600,71 @@ fn a_rewritable_journal_cut_and_appended_to_the_same_length_is_read_again() {
         "{again:?}"
     );
 }
+
+/// Two processes recording and settling folders at once while the ledger is rewritten
+/// again and again under them: neither loses a folder still left nor keeps one settled,
+/// and the file says the same.
+#[test]
+fn the_left_folder_ledger_stays_right_under_concurrent_rewrites() {
+    use ailab_sandbox_core::confine::DirId;
+    use ailab_sandbox_core::left_dirs::{LEFT_DIRS_FILE, Left, LeftDirs, Maker};
+    use ailab_sandbox_core::snapshot::LeftDir;
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let left = |t: u64, i: u64| Left {
+        dir: LeftDir {
+            path: format!("worker{t}/a/rather/deep/folder/number/{i}"),
+            id: DirId {
+                dev: 1,
+                ino: t * 100_000 + i,
+                born_ns: Some(i),
+            },
+        },
+        made_by: Maker {
+            workflow_id: format!("wf_{t}"),
+            action_id: format!("a{i}"),
+            at: "2026-12-02T00:00:00Z".into(),
+        },
+    };
+    let paths = |l: &LeftDirs| -> Vec<String> {
+        let mut p: Vec<String> = l
+            .in_root(|r| r == "/r")
+            .unwrap()
+            .into_iter()
+            .map(|(_, l)| l.dir.path)
+            .collect();
+        p.sort();
+        p
+    };
+    let ledgers: Vec<LeftDirs> = (0..2)
+        .map(|_| LeftDirs::open(&state, false).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for (t, l) in ledgers.iter().enumerate() {
+            let t = t as u64;
+            s.spawn(move || {
+                for i in 0..600 {
+                    let this = left(t, i);
+                    l.record("/r", std::slice::from_ref(&this.dir), &this.made_by)
+                        .unwrap();
+                    // Every hundredth stays left.
+                    if i % 100 != 0 {
+                        l.settle("/r", &[this]).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut want: Vec<String> = (0..2)
+        .flat_map(|t| (0..600).step_by(100).map(move |i| left(t, i).dir.path))
+        .collect();
+    want.sort();
+    for l in &ledgers {
+        assert_eq!(paths(l), want);
+    }
+    assert_eq!(paths(&LeftDirs::open(&state, false).unwrap()), want);
+    let size = std::fs::metadata(w.state.join(LEFT_DIRS_FILE))
+        .unwrap()
+        .len();
+    assert!(size < 80 << 10, "rewritten on the way: {size} bytes");
+}
