@@ -172,17 +172,17 @@ fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
     }
 }
 
-/// What to do when the filesystem of `whose` ("the root", "the snapshot store") is full
-/// or read-only, for refusals of writes in the sandbox (a state file's say where they
-/// are: [`state_io_words`]).
-pub(crate) fn fs_advice(e: &std::io::Error, whose: &str) -> Option<String> {
+/// What to do when the filesystem `fs` names ("the filesystem holding 'a/b.txt'", "the
+/// snapshot store .rollback's filesystem") is full or read-only, for refusals of writes
+/// in the sandbox (a state file's say where they are: [`state_io_words`]).
+pub(crate) fn fs_advice(e: &std::io::Error, fs: &str) -> Option<String> {
     use std::io::ErrorKind as K;
     match e.kind() {
         K::StorageFull | K::QuotaExceeded => Some(format!(
-            "{whose}'s filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again"
+            "{fs} is full, of space or of inodes (df -h, df -i): free some there, then try again"
         )),
         K::ReadOnlyFilesystem => Some(format!(
-            "{whose}'s filesystem is mounted read-only: mount it writable, then try again"
+            "{fs} is mounted read-only: mount it writable, then try again"
         )),
         _ => None,
     }
@@ -268,9 +268,25 @@ mod tests {
             "{start}"
         );
         let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
-        assert!(super::fs_advice(&full, "the root").is_some_and(
-            |a| a == "the root's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again"
+        assert!(super::fs_advice(&full, "the filesystem holding 'a.txt'").is_some_and(
+            |a| a == "the filesystem holding 'a.txt' is full, of space or of inodes (df -h, df -i): free some there, then try again"
         ));
+    }
+
+    /// A write refused by a full or read-only filesystem names the filesystem of the path
+    /// written, not the root's: a folder mounted inside the root may be the read-only one.
+    #[test]
+    fn a_refused_write_names_the_filesystem_of_its_path() {
+        let ro = std::io::Error::from_raw_os_error(rustix::io::Errno::ROFS.raw_os_error());
+        let r =
+            crate::confine::root::io_refusal("write", &["mnt".to_owned(), "a.txt".to_owned()], &ro);
+        assert!(
+            r.reason.contains(
+                "(the filesystem holding 'mnt/a.txt' is mounted read-only: mount it writable, then try again)"
+            ),
+            "{}",
+            r.reason
+        );
     }
 
     /// A cause is said once, by the message: error chains printed whole (`{:#}`) would

@@ -212,7 +212,10 @@ fn snap_io(what: &str, e: &io::Error) -> Refusal {
         ReasonCode::IoError,
         // In the words every other write failure uses ("no storage space"), the OS's
         // own where the kind says nothing ("Too many open files"); none names a path.
-        match crate::error::fs_advice(e, &format!("the snapshot store {ROLLBACK_DIR}")) {
+        match crate::error::fs_advice(
+            e,
+            &format!("the snapshot store {ROLLBACK_DIR}'s filesystem"),
+        ) {
             Some(advice) => format!(
                 "could not {what} the snapshot: {} ({advice})",
                 crate::error::io_words(e)

@@ -71,7 +71,9 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
         shown_path(&comps.join("/"))
     };
     let mut said = format!("could not {what} {target}: {}", crate::error::io_words(e));
-    if let Some(advice) = crate::error::fs_advice(e, "the root") {
+    // The filesystem of the path itself: one mounted inside the root may be read-only
+    // or full while the root's is not.
+    if let Some(advice) = crate::error::fs_advice(e, &format!("the filesystem holding {target}")) {
         said = format!("{said} ({advice})");
     }
     if is_denied(e) {
