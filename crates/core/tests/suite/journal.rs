@@ -1415,6 +1415,18 @@ fn a_trail_holding_raw_unicode_line_breaks_still_verifies() {
     assert!(!v.ok, "{v:?}");
 }
 
+/// The folders a ledger holds as left in root `/r`, sorted.
+fn ledger_paths(l: &ailab_sandbox_core::left_dirs::LeftDirs) -> Vec<String> {
+    let mut p: Vec<String> = l
+        .in_root(|r| r == "/r")
+        .unwrap()
+        .into_iter()
+        .map(|(_, l)| l.dir.path)
+        .collect();
+    p.sort();
+    p
+}
+
 /// The left-folder ledger gains two lines for every folder left and later settled; it
 /// is rewritten with only what is still left once settled lines make up most of it, so
 /// it stays bounded, and a process that read it before the rewrite reads it again from
@@ -1446,16 +1458,7 @@ fn the_left_folder_ledger_is_compacted_and_other_processes_follow() {
         },
         made_by: maker.clone(),
     };
-    let paths = |l: &LeftDirs| -> Vec<String> {
-        let mut p: Vec<String> = l
-            .in_root(|r| r == "/r")
-            .unwrap()
-            .into_iter()
-            .map(|(_, l)| l.dir.path)
-            .collect();
-        p.sort();
-        p
-    };
+    let paths = ledger_paths;
     let size = || {
         std::fs::metadata(w.state.join(LEFT_DIRS_FILE))
             .unwrap()
@@ -1626,16 +1629,7 @@ fn the_left_folder_ledger_stays_right_under_concurrent_rewrites() {
             at: "2026-12-02T00:00:00Z".into(),
         },
     };
-    let paths = |l: &LeftDirs| -> Vec<String> {
-        let mut p: Vec<String> = l
-            .in_root(|r| r == "/r")
-            .unwrap()
-            .into_iter()
-            .map(|(_, l)| l.dir.path)
-            .collect();
-        p.sort();
-        p
-    };
+    let paths = ledger_paths;
     let ledgers: Vec<LeftDirs> = (0..2)
         .map(|_| LeftDirs::open(&state, false).unwrap())
         .collect();
