@@ -5,6 +5,7 @@
 use crate::confine::state::StateDir;
 use crate::journal::Journal;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::Mutex;
@@ -40,33 +41,218 @@ pub struct ArtifactEntry {
     pub created_at: String,
 }
 
+/// The string fields of an [`ArtifactEntry`], in the order [`Stored`] keeps them.
+const ARTIFACT_ID: usize = 0;
+const PATH: usize = 1;
+const CHECKSUM: usize = 2;
+const MUTATION_TYPE: usize = 3;
+const WORKFLOW_ID: usize = 4;
+const ACTION_ID: usize = 5;
+const PARENT_WORKFLOW_ID: usize = 6;
+const PARENT_ARTIFACT_ID: usize = 7;
+const GENERATED_BY_ACTION: usize = 8;
+const CREATED_AT: usize = 9;
+const FIELDS: usize = 10;
+
+/// An entry as the index holds it: its ten strings in one allocation. A million entries
+/// then cost a million allocations, not eleven million, and under half the memory; a
+/// query hands out [`ArtifactEntry`] copies made from it.
+#[derive(Debug)]
+struct Stored {
+    /// The string fields one after another, in the order of the constants above.
+    text: Box<str>,
+    /// Where each field ends in `text` (a field absent is empty).
+    ends: [u32; FIELDS],
+    size_bytes: u64,
+    /// Bit 0: `parent_workflow_id` present; bit 1: `parent_artifact_id` present.
+    present: u8,
+}
+
+/// An artifact line as read, borrowing its strings from the line where it can (a
+/// string holding an escape is decoded into one of its own): the registry packs them
+/// into a [`Stored`] without an allocation per field. Same fields, same rules as
+/// [`ArtifactEntry`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line<'a> {
+    #[serde(borrow)]
+    artifact_id: Cow<'a, str>,
+    #[serde(borrow)]
+    path: Cow<'a, str>,
+    #[serde(borrow)]
+    checksum_sha256: Cow<'a, str>,
+    size_bytes: u64,
+    #[serde(borrow)]
+    mutation_type: Cow<'a, str>,
+    #[serde(borrow)]
+    workflow_id: Cow<'a, str>,
+    #[serde(borrow)]
+    action_id: Cow<'a, str>,
+    #[serde(borrow)]
+    parent_workflow_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    parent_artifact_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    generated_by_action: Cow<'a, str>,
+    #[serde(borrow)]
+    created_at: Cow<'a, str>,
+}
+
+impl<'a> Line<'a> {
+    fn of(e: &'a ArtifactEntry) -> Self {
+        let b = |s: &'a String| Cow::Borrowed(s.as_str());
+        Self {
+            artifact_id: b(&e.artifact_id),
+            path: b(&e.path),
+            checksum_sha256: b(&e.checksum_sha256),
+            size_bytes: e.size_bytes,
+            mutation_type: b(&e.mutation_type),
+            workflow_id: b(&e.workflow_id),
+            action_id: b(&e.action_id),
+            parent_workflow_id: e.parent_workflow_id.as_ref().map(b),
+            parent_artifact_id: e.parent_artifact_id.as_ref().map(b),
+            generated_by_action: b(&e.generated_by_action),
+            created_at: b(&e.created_at),
+        }
+    }
+}
+
+impl Stored {
+    /// Packs the fields; `None` when they hold more than 4 GiB in all (no entry the
+    /// runtime writes comes near; a line that long is taken for a corrupt one).
+    fn pack(fields: [Option<&str>; FIELDS], size_bytes: u64) -> Option<Self> {
+        let mut text = String::with_capacity(fields.iter().flatten().map(|f| f.len()).sum());
+        let mut ends = [0u32; FIELDS];
+        for (end, field) in ends.iter_mut().zip(fields) {
+            text.push_str(field.unwrap_or(""));
+            *end = u32::try_from(text.len()).ok()?;
+        }
+        let present = u8::from(fields[PARENT_WORKFLOW_ID].is_some())
+            | (u8::from(fields[PARENT_ARTIFACT_ID].is_some()) << 1);
+        Some(Self {
+            text: text.into_boxed_str(),
+            ends,
+            size_bytes,
+            present,
+        })
+    }
+
+    fn of_entry(e: &ArtifactEntry) -> Option<Self> {
+        Self::of_line(&Line::of(e))
+    }
+
+    fn of_line(l: &Line<'_>) -> Option<Self> {
+        Self::pack(
+            [
+                Some(&l.artifact_id),
+                Some(&l.path),
+                Some(&l.checksum_sha256),
+                Some(&l.mutation_type),
+                Some(&l.workflow_id),
+                Some(&l.action_id),
+                l.parent_workflow_id.as_ref(),
+                l.parent_artifact_id.as_ref(),
+                Some(&l.generated_by_action),
+                Some(&l.created_at),
+            ]
+            .map(|f| f.map(|c| &**c)),
+            l.size_bytes,
+        )
+    }
+
+    fn field(&self, k: usize) -> &str {
+        let start = if k == 0 { 0 } else { self.ends[k - 1] as usize };
+        &self.text[start..self.ends[k] as usize]
+    }
+
+    fn optional(&self, k: usize, bit: u8) -> Option<&str> {
+        (self.present & bit != 0).then(|| self.field(k))
+    }
+
+    fn entry(&self) -> ArtifactEntry {
+        let s = |k| self.field(k).to_owned();
+        ArtifactEntry {
+            artifact_id: s(ARTIFACT_ID),
+            path: s(PATH),
+            checksum_sha256: s(CHECKSUM),
+            size_bytes: self.size_bytes,
+            mutation_type: s(MUTATION_TYPE),
+            workflow_id: s(WORKFLOW_ID),
+            action_id: s(ACTION_ID),
+            parent_workflow_id: self.optional(PARENT_WORKFLOW_ID, 1).map(str::to_owned),
+            parent_artifact_id: self.optional(PARENT_ARTIFACT_ID, 2).map(str::to_owned),
+            generated_by_action: s(GENERATED_BY_ACTION),
+            created_at: s(CREATED_AT),
+        }
+    }
+}
+
+/// A registered artifact as a query's filter sees it, without a copy of its strings.
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactRef<'a>(&'a Stored);
+
+impl<'a> ArtifactRef<'a> {
+    /// `art_…`, unique.
+    pub fn artifact_id(self) -> &'a str {
+        self.0.field(ARTIFACT_ID)
+    }
+
+    /// Absolute path inside a sandbox root.
+    pub fn path(self) -> &'a str {
+        self.0.field(PATH)
+    }
+
+    /// SHA-256 of the bytes written.
+    pub fn checksum_sha256(self) -> &'a str {
+        self.0.field(CHECKSUM)
+    }
+
+    /// The workflow.
+    pub fn workflow_id(self) -> &'a str {
+        self.0.field(WORKFLOW_ID)
+    }
+
+    /// The action.
+    pub fn action_id(self) -> &'a str {
+        self.0.field(ACTION_ID)
+    }
+
+    /// The whole entry, copied.
+    pub fn to_entry(self) -> ArtifactEntry {
+        self.0.entry()
+    }
+}
+
 /// Maps keyed by workflow: Fx hashing, since the keys are the runtime's own strings.
 type FastMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
-fn fx(s: &str) -> u64 {
+/// A key's hash: 32 bits of Fx, kept in each slot beside the entry's index, and spread
+/// over 64 by an odd multiplier so that both the slot (low bits) and the tag byte (top
+/// bits) the table takes from it vary.
+fn fx(s: &str) -> u32 {
     use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(s)
+    (BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(s) >> 32) as u32
+}
+
+fn spread(h: u32) -> u64 {
+    u64::from(h).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Indices into `entries`, hashed by one of the entry's own fields: a million entries
 /// cost no key copies. Each slot keeps its hash beside the index, so growing the table
 /// and probing past other keys never touch the entries themselves (which, scattered over
-/// hundreds of megabytes, would each cost a cache miss).
+/// hundreds of megabytes, would each cost a cache miss); a slot is 8 bytes, so a million
+/// keys take 16 MiB, and each insert's write to its random slot misses the cache less.
 #[derive(Debug, Default)]
 struct FieldIndex {
-    table: hashbrown::HashTable<(u64, u32)>,
+    table: hashbrown::HashTable<(u32, u32)>,
 }
 
 impl FieldIndex {
-    fn get(
-        &self,
-        entries: &[ArtifactEntry],
-        field: fn(&ArtifactEntry) -> &str,
-        key: &str,
-    ) -> Option<u32> {
+    fn get(&self, entries: &[Stored], field: fn(&Stored) -> &str, key: &str) -> Option<u32> {
         let hash = fx(key);
         self.table
-            .find(hash, |&(h, i)| {
+            .find(spread(hash), |&(h, i)| {
                 h == hash && field(&entries[i as usize]) == key
             })
             .map(|&(_, i)| i)
@@ -74,48 +260,61 @@ impl FieldIndex {
 
     /// Points `key` at entry `i` (the newest entry with that key wins); returns the entry
     /// it pointed at before.
-    fn set(
-        &mut self,
-        entries: &[ArtifactEntry],
-        field: fn(&ArtifactEntry) -> &str,
-        i: u32,
-    ) -> Option<u32> {
+    fn set(&mut self, entries: &[Stored], field: fn(&Stored) -> &str, i: u32) -> Option<u32> {
         let key = field(&entries[i as usize]);
         let hash = fx(key);
-        match self.table.find_mut(hash, |&(h, j)| {
-            h == hash && field(&entries[j as usize]) == key
-        }) {
-            Some(slot) => Some(std::mem::replace(&mut slot.1, i)),
-            None => {
-                self.table.insert_unique(hash, (hash, i), |&(h, _)| h);
+        // One probe for both the look-up and the insert.
+        match self.table.entry(
+            spread(hash),
+            |&(h, j)| h == hash && field(&entries[j as usize]) == key,
+            |&(h, _)| spread(h),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut slot) => {
+                Some(std::mem::replace(&mut slot.get_mut().1, i))
+            }
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert((hash, i));
                 None
             }
         }
     }
 
     fn reserve(&mut self, n: usize) {
-        self.table.reserve(n, |&(h, _)| h);
+        self.table.reserve(n, |&(h, _)| spread(h));
     }
 }
 
-fn id_of(e: &ArtifactEntry) -> &str {
-    &e.artifact_id
+fn id_of(e: &Stored) -> &str {
+    e.field(ARTIFACT_ID)
 }
 
-fn path_of(e: &ArtifactEntry) -> &str {
-    &e.path
+fn path_of(e: &Stored) -> &str {
+    e.field(PATH)
 }
 
-type Parsed = Vec<Result<ArtifactEntry, serde_json::Error>>;
+type Parsed = Vec<Result<Stored, serde_json::Error>>;
 
 /// No entry, in [`Index`]'s `earlier_at_path`.
 const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8]) -> Parsed {
-    crate::journal::lines(buf)
-        .map(serde_json::from_slice::<ArtifactEntry>)
-        .collect()
+    // One UTF-8 check of the whole buffer instead of one per string of every entry; a
+    // buffer with a bad byte somewhere is read line by line, the bad line refused alone.
+    match std::str::from_utf8(buf) {
+        Ok(text) => crate::journal::str_lines(text)
+            .map(|line| packed(serde_json::from_str(line)))
+            .collect(),
+        Err(_) => crate::journal::lines(buf)
+            .map(|line| packed(serde_json::from_slice(line)))
+            .collect(),
+    }
+}
+
+fn packed(line: Result<Line<'_>, serde_json::Error>) -> Result<Stored, serde_json::Error> {
+    Stored::of_line(&line?).ok_or_else(|| {
+        serde::de::Error::custom("an artifact line whose strings hold over 4 GiB in all")
+    })
 }
 
 /// Loads a whole registry file: the journal's chunks go, in turn, to two parser threads
@@ -123,15 +322,16 @@ fn parse_lines(buf: &[u8]) -> Parsed {
 /// this keeps both cores busy and overlaps the index inserts with it.
 fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
     use std::sync::mpsc::{Receiver, sync_channel};
+    let total = journal.len()?;
     std::thread::scope(|scope| {
         let mut to_parser = Vec::new();
-        let mut from_parser: Vec<Receiver<Parsed>> = Vec::new();
+        let mut from_parser: Vec<Receiver<(usize, Parsed)>> = Vec::new();
         for _ in 0..2 {
             let (tx, rx) = sync_channel::<Vec<u8>>(1);
-            let (ptx, prx) = sync_channel::<Parsed>(1);
+            let (ptx, prx) = sync_channel::<(usize, Parsed)>(1);
             scope.spawn(move || {
                 for chunk in rx {
-                    if ptx.send(parse_lines(&chunk)).is_err() {
+                    if ptx.send((chunk.len(), parse_lines(&chunk))).is_err() {
                         break;
                     }
                 }
@@ -144,7 +344,17 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
         let mut lost = false;
         let insert_next = |index: &mut Index, inserted: &mut usize, lost: &mut bool| {
             match from_parser[*inserted % 2].recv() {
-                Ok(parsed) => index.insert_parsed(parsed),
+                Ok((bytes, parsed)) => {
+                    if *inserted == 0 {
+                        // The first chunk's lines per byte tell how many the file holds:
+                        // room for them all at once, and no more (a table sized on a
+                        // guess is either grown, every slot moved, or too big for the
+                        // caches its random writes go through).
+                        let per_line = bytes / parsed.len().max(1);
+                        index.reserve(usize::try_from(total).unwrap_or(0) / per_line.max(1));
+                    }
+                    index.insert_parsed(parsed)
+                }
                 Err(_) => *lost = true,
             }
             *inserted += 1;
@@ -175,7 +385,7 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
 
 #[derive(Debug, Default)]
 struct Index {
-    entries: Vec<ArtifactEntry>,
+    entries: Vec<Stored>,
     by_id: FieldIndex,
     latest_by_path: FieldIndex,
     /// For each entry, the one before it at the same path ([`NO_ENTRY`] for the first):
@@ -199,11 +409,7 @@ impl Index {
     }
 
     fn insert_parsed(&mut self, parsed: Parsed) {
-        let n = parsed.len();
-        self.entries.reserve(n);
-        self.by_id.reserve(n);
-        self.latest_by_path.reserve(n);
-        self.earlier_at_path.reserve(n);
+        self.reserve(parsed.len());
         for parsed in parsed {
             match parsed {
                 Ok(e) => self.insert(e),
@@ -215,16 +421,25 @@ impl Index {
         }
     }
 
-    fn insert(&mut self, e: ArtifactEntry) {
+    fn reserve(&mut self, n: usize) {
+        self.entries.reserve(n);
+        self.by_id.reserve(n);
+        self.latest_by_path.reserve(n);
+        self.earlier_at_path.reserve(n);
+    }
+
+    fn insert(&mut self, e: Stored) {
         let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
-        match self.by_workflow.get_mut(e.workflow_id.as_str()) {
+        match self.by_workflow.get_mut(e.field(WORKFLOW_ID)) {
             Some(w) => {
                 w.0.push(i);
-                w.1 += e.size_bytes;
+                // A hand-edited line may claim any size: the sum stays at the most a
+                // budget can count rather than wrapping round to a small one.
+                w.1 = w.1.saturating_add(e.size_bytes);
             }
             None => {
                 self.by_workflow
-                    .insert(e.workflow_id.as_str().into(), (vec![i], e.size_bytes));
+                    .insert(e.field(WORKFLOW_ID).into(), (vec![i], e.size_bytes));
             }
         }
         self.entries.push(e);
@@ -233,7 +448,7 @@ impl Index {
         self.earlier_at_path.push(earlier.unwrap_or(NO_ENTRY));
     }
 
-    fn at(&self, i: u32) -> &ArtifactEntry {
+    fn at(&self, i: u32) -> &Stored {
         &self.entries[i as usize]
     }
 
@@ -253,14 +468,6 @@ impl ArtifactRegistry {
     pub fn open(state: &StateDir, durable: bool) -> io::Result<Self> {
         let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
         let mut index = Index::default();
-        // Room for every line at once (an entry's line is well over 200 bytes): growing a
-        // vector of a million entries step by step copies it several times over. Pages
-        // not yet used cost address space only.
-        let expected = usize::try_from(journal.len()? / 200).unwrap_or(0);
-        index.entries.reserve(expected);
-        index.by_id.reserve(expected);
-        index.latest_by_path.reserve(expected);
-        index.earlier_at_path.reserve(expected);
         load(&mut journal, &mut index)?;
         Ok(Self {
             inner: Mutex::new((journal, index)),
@@ -283,8 +490,18 @@ impl ArtifactRegistry {
             return Ok(());
         }
         let mut bytes = Vec::new();
+        let mut stored = Vec::with_capacity(entries.len());
         for e in entries {
             crate::journal::write_line(&mut bytes, e)?;
+            stored.push(Stored::of_entry(e).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "artifact {}: its fields hold over 4 GiB in all; nothing was registered",
+                        e.artifact_id
+                    ),
+                )
+            })?);
         }
         let mut g = self
             .inner
@@ -295,8 +512,8 @@ impl ArtifactRegistry {
             index.ingest(at, new);
             Ok((bytes, ()))
         })?;
-        for e in entries {
-            index.insert(e.clone());
+        for e in stored {
+            index.insert(e);
         }
         drop(g);
         pending.wait()
@@ -328,22 +545,34 @@ impl ArtifactRegistry {
                     ids.iter()
                         .rev()
                         .take(limit)
-                        .map(|&i| ix.at(i).clone())
+                        .map(|&i| ix.at(i).entry())
                         .collect()
                 })
                 .unwrap_or_default(),
-            None => ix.entries.iter().rev().take(limit).cloned().collect(),
+            None => ix
+                .entries
+                .iter()
+                .rev()
+                .take(limit)
+                .map(Stored::entry)
+                .collect(),
         })
     }
 
     /// Every entry `pred` picks, oldest first.
-    pub fn find(&self, pred: impl Fn(&ArtifactEntry) -> bool) -> io::Result<Vec<ArtifactEntry>> {
-        self.with(|ix| ix.entries.iter().filter(|e| pred(e)).cloned().collect())
+    pub fn find(&self, pred: impl Fn(ArtifactRef<'_>) -> bool) -> io::Result<Vec<ArtifactEntry>> {
+        self.with(|ix| {
+            ix.entries
+                .iter()
+                .filter(|&e| pred(ArtifactRef(e)))
+                .map(Stored::entry)
+                .collect()
+        })
     }
 
     /// One entry by id.
     pub fn get(&self, artifact_id: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| ix.by_id(artifact_id).map(|i| ix.at(i).clone()))
+        self.with(|ix| ix.by_id(artifact_id).map(|i| ix.at(i).entry()))
     }
 
     /// Every entry of a workflow, oldest first.
@@ -351,7 +580,7 @@ impl ArtifactRegistry {
         self.with(|ix| {
             ix.by_workflow
                 .get(workflow_id)
-                .map(|(ids, _)| ids.iter().map(|&i| ix.at(i).clone()).collect())
+                .map(|(ids, _)| ids.iter().map(|&i| ix.at(i).entry()).collect())
                 .unwrap_or_default()
         })
     }
@@ -369,8 +598,8 @@ impl ArtifactRegistry {
                 ids.iter()
                     .rev()
                     .map(|&i| ix.at(i))
-                    .find(|e| e.action_id == action_id)
-                    .cloned()
+                    .find(|e| e.field(ACTION_ID) == action_id)
+                    .map(Stored::entry)
             })
         })
     }
@@ -380,7 +609,7 @@ impl ArtifactRegistry {
         self.with(|ix| {
             ix.latest_by_path
                 .get(&ix.entries, path_of, path)
-                .map(|i| ix.at(i).clone())
+                .map(|i| ix.at(i).entry())
         })
     }
 
@@ -391,9 +620,9 @@ impl ArtifactRegistry {
         &self,
         path: &str,
         checksum: &str,
-        keep: impl Fn(&ArtifactEntry) -> bool,
+        keep: impl Fn(ArtifactRef<'_>) -> bool,
     ) -> io::Result<Option<ArtifactEntry>> {
-        self.newest_at_where(path, |e| e.checksum_sha256 == checksum && keep(e))
+        self.newest_at_where(path, |e| e.checksum_sha256() == checksum && keep(e))
     }
 
     /// Of the artifacts at an absolute path, the newest that `keep` accepts: looked for
@@ -401,14 +630,14 @@ impl ArtifactRegistry {
     pub fn newest_at_where(
         &self,
         path: &str,
-        keep: impl Fn(&ArtifactEntry) -> bool,
+        keep: impl Fn(ArtifactRef<'_>) -> bool,
     ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
             let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path)?;
             loop {
                 let e = ix.at(cur);
-                if keep(e) {
-                    return Some(e.clone());
+                if keep(ArtifactRef(e)) {
+                    return Some(e.entry());
                 }
                 // Each step goes to an older entry, so the walk ends.
                 cur = ix.earlier_at_path[cur as usize];
@@ -427,12 +656,12 @@ impl ArtifactRegistry {
             let mut cur = ix.by_id(artifact_id);
             let mut seen: HashSet<u32> = cur.into_iter().collect();
             while let Some(i) = cur {
-                let Some(parent) = ix.at(i).parent_artifact_id.as_deref() else {
+                let Some(parent) = ix.at(i).optional(PARENT_ARTIFACT_ID, 2) else {
                     break;
                 };
                 cur = ix.by_id(parent);
                 match cur {
-                    Some(p) if seen.insert(p) => out.push(ix.at(p).clone()),
+                    Some(p) if seen.insert(p) => out.push(ix.at(p).entry()),
                     _ => break,
                 }
             }

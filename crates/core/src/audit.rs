@@ -1557,10 +1557,10 @@ pub fn unregistered<'a>(
 pub type Writes = std::collections::HashMap<String, std::collections::HashSet<String>>;
 
 /// Whether `logged` records the write that registered `artifact`.
-pub fn records(logged: &Writes, artifact: &ArtifactEntry) -> bool {
+pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
     logged
-        .get(&artifact.workflow_id)
-        .is_some_and(|actions| actions.contains(&artifact.action_id))
+        .get(workflow_id)
+        .is_some_and(|actions| actions.contains(action_id))
 }
 
 /// The actions the complete lines of `bytes` record as having changed a file, or tried
@@ -1613,7 +1613,7 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     }
     let missing: Vec<ArtifactEntry> = entries
         .iter()
-        .filter(|a| !records(&logged, a))
+        .filter(|a| !records(&logged, &a.workflow_id, &a.action_id))
         .cloned()
         .collect();
     let awaiting = awaiting_recovery(state_dir, &missing);

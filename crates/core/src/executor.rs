@@ -1304,7 +1304,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 None => {
                     // A rolled-back write is no version the path has, even when a standing
                     // one holds the same bytes (a write undone that had put them back).
-                    let standing = |e: &ArtifactEntry| !sb.rolled_back(e);
+                    let standing = |e: crate::artifact::ArtifactRef<'_>| !sb.rolled_back(e);
                     before
                         .and_then(|sum| {
                             let holding = sb.registry.version_holding_where(target, sum, standing);

@@ -159,9 +159,9 @@ impl Sandbox {
     }
 
     /// Whether the trail records the write of `artifact` as rolled back.
-    pub(crate) fn rolled_back(&self, artifact: &ArtifactEntry) -> bool {
+    pub(crate) fn rolled_back(&self, artifact: crate::artifact::ArtifactRef<'_>) -> bool {
         self.audit
-            .is_rolled_back(&artifact.workflow_id, &artifact.action_id)
+            .is_rolled_back(artifact.workflow_id(), artifact.action_id())
             .unwrap_or(false)
     }
 
@@ -217,7 +217,7 @@ impl Sandbox {
             .collect();
         let registered = self
             .registry
-            .find(|a| wanted.contains(&(a.workflow_id.as_str(), a.action_id.as_str())))
+            .find(|a| wanted.contains(&(a.workflow_id(), a.action_id())))
             .map_err(Error::io("read the artifact registry"))?;
         Ok(crate::audit::with_unregistered(
             report,
@@ -234,7 +234,7 @@ impl Sandbox {
     ) -> Result<VerifyReport, Error> {
         let mut missing = self
             .registry
-            .find(|a| !crate::audit::records(logged, a))
+            .find(|a| !crate::audit::records(logged, a.workflow_id(), a.action_id()))
             .map_err(Error::io("read the artifact registry"))?;
         if missing.is_empty() {
             return Ok(report);
@@ -262,7 +262,7 @@ impl Sandbox {
         if !report.ok {
             return Ok(report);
         }
-        missing.retain(|a| !crate::audit::records(&logged, a));
+        missing.retain(|a| !crate::audit::records(&logged, &a.workflow_id, &a.action_id));
         // A run that could not write its lines (a full disk) left its record for
         // recovery: its writes are unrecorded yet, not cut from the trail.
         let (pending, missing): (Vec<_>, Vec<_>) = missing

@@ -1230,6 +1230,95 @@ fn multi_chunk_registry_loads_in_order() {
     );
 }
 
+/// What the registry hands back is what was registered, field for field, whether read
+/// from the file by a fresh open or caught up with by another handle: strings with
+/// escapes and characters beyond ASCII, optional fields present and absent.
+#[test]
+fn registered_entries_read_back_field_for_field() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let mut odd = entry("art_odd", Some("art_plain"), "wf_x");
+    odd.path = "/r/quote\"back\\slash\nnew line\u{2028}é✓.txt".into();
+    odd.parent_workflow_id = Some("wf_parent".into());
+    odd.size_bytes = u64::MAX;
+    odd.created_at = String::new();
+    let mut only_workflow = entry("art_wf", None, "wf_x");
+    only_workflow.parent_workflow_id = Some("wf_parent".into());
+    let written = [entry("art_plain", None, "wf_x"), odd, only_workflow];
+    let first = ArtifactRegistry::open(&state, false).unwrap();
+    let other = ArtifactRegistry::open(&state, false).unwrap();
+    first.register_many(&written).unwrap();
+    let reopened = ArtifactRegistry::open(&state, false).unwrap();
+    for reg in [&first, &other, &reopened] {
+        assert_eq!(reg.get_by_workflow("wf_x").unwrap(), written);
+        for e in &written {
+            assert_eq!(reg.get(&e.artifact_id).unwrap().as_ref(), Some(e));
+            assert_eq!(reg.latest_for_path(&e.path).unwrap().as_ref(), Some(e));
+        }
+        assert_eq!(reg.get_lineage("art_odd").unwrap(), written[..1]);
+        // The sizes' sum stays at the most there is, not wrapped round to a small one.
+        assert_eq!(reg.total_bytes_by_workflow("wf_x").unwrap(), u64::MAX);
+        assert_eq!(
+            reg.find(|a| a.path().ends_with("é✓.txt")).unwrap(),
+            written[1..2]
+        );
+    }
+}
+
+/// Lines the registry cannot take are counted and skipped one by one; the lines around
+/// them, in the same read, are all indexed (a byte that is not UTF-8 included).
+#[test]
+fn unreadable_registry_lines_are_skipped_alone() {
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let good = |id: &str| serde_json::to_string(&entry(id, None, "wf_y")).unwrap();
+    let mut unknown: serde_json::Value = serde_json::from_str(&good("art_u")).unwrap();
+    unknown["extra"] = json!(1);
+    let mut missing: serde_json::Value = serde_json::from_str(&good("art_m")).unwrap();
+    missing.as_object_mut().unwrap().remove("path");
+    let mut wrong: serde_json::Value = serde_json::from_str(&good("art_t")).unwrap();
+    wrong["size_bytes"] = json!("ten");
+    let mut no_options: serde_json::Value = serde_json::from_str(&good("art_n")).unwrap();
+    no_options
+        .as_object_mut()
+        .unwrap()
+        .remove("parent_workflow_id");
+    no_options
+        .as_object_mut()
+        .unwrap()
+        .remove("parent_artifact_id");
+    let mut bytes = Vec::new();
+    for line in [
+        good("art_1"),
+        unknown.to_string(),
+        missing.to_string(),
+        wrong.to_string(),
+        no_options.to_string(),
+    ] {
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+    }
+    bytes.extend_from_slice(
+        &good("art_bad")
+            .replace("/r/art_bad", "/r/\u{1}")
+            .into_bytes(),
+    );
+    let at = bytes.len() - 3;
+    bytes[at] = 0xff;
+    bytes.push(b'\n');
+    bytes.extend_from_slice(good("art_2").as_bytes());
+    bytes.push(b'\n');
+    std::fs::write(w.state.join("artifacts.jsonl"), &bytes).unwrap();
+    let reg = ArtifactRegistry::open(&state, false).unwrap();
+    assert_eq!(reg.corrupt_lines().unwrap(), 4);
+    assert_eq!(
+        ids(&reg.get_by_workflow("wf_y").unwrap()),
+        ["art_1", "art_n", "art_2"]
+    );
+    let n = reg.get("art_n").unwrap().unwrap();
+    assert_eq!((n.parent_workflow_id, n.parent_artifact_id), (None, None));
+}
+
 /// Several processes (here threads, each with its own handles) starting at once on a new
 /// state directory agree on one head and one seal key: none takes the others' first
 /// lines for tampering.
