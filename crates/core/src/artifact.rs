@@ -299,16 +299,13 @@ const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8]) -> Parsed {
-    // One UTF-8 check of the whole buffer instead of one per string of every entry; a
-    // buffer with a bad byte somewhere is read line by line, the bad line refused alone.
-    match std::str::from_utf8(buf) {
-        Ok(text) => crate::journal::str_lines(text)
-            .map(|line| packed(serde_json::from_str(line)))
-            .collect(),
-        Err(_) => crate::journal::lines(buf)
-            .map(|line| packed(serde_json::from_slice(line)))
-            .collect(),
-    }
+    crate::journal::text_lines(buf)
+        .map(|line| match line {
+            Ok(text) => packed(serde_json::from_str(text)),
+            // Not UTF-8: the JSON reader says where.
+            Err(bytes) => packed(serde_json::from_slice(bytes)),
+        })
+        .collect()
 }
 
 fn packed(line: Result<Line<'_>, serde_json::Error>) -> Result<Stored, serde_json::Error> {

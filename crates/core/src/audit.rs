@@ -681,11 +681,17 @@ struct Parsed<'a> {
 
 /// The non-empty lines of `buf`, parsed.
 fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> Vec<Parsed<'a>> {
-    crate::journal::lines(buf)
-        .map(|line| Parsed {
-            line,
-            print: keys.hash_one(line),
-            view: serde_json::from_slice::<LineView>(line).ok(),
+    crate::journal::text_lines(buf)
+        .map(|line| {
+            let (line, view) = match line {
+                Ok(text) => (text.as_bytes(), serde_json::from_str::<LineView>(text).ok()),
+                Err(bytes) => (bytes, serde_json::from_slice::<LineView>(bytes).ok()),
+            };
+            Parsed {
+                line,
+                print: keys.hash_one(line),
+                view,
+            }
         })
         .collect()
 }

@@ -466,9 +466,21 @@ pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|l| !l.is_empty())
 }
 
-/// [`lines`] of a buffer known to be UTF-8.
-pub fn str_lines(text: &str) -> impl Iterator<Item = &str> {
-    text.split('\n').filter(|l| !l.is_empty())
+/// [`lines`], each as text when it is UTF-8 (`Err` with its bytes when not). The whole
+/// buffer is checked at once, which is much faster than the JSON reader checking every
+/// string of every line (`serde_json::from_str` checks nothing again); only a buffer
+/// that fails is checked line by line.
+pub fn text_lines(buf: &[u8]) -> impl Iterator<Item = Result<&str, &[u8]>> {
+    let text = std::str::from_utf8(buf).ok();
+    let whole = text
+        .into_iter()
+        .flat_map(|t| t.split('\n').filter(|l| !l.is_empty()).map(Ok));
+    let by_line = text
+        .is_none()
+        .then_some(buf)
+        .into_iter()
+        .flat_map(|b| lines(b).map(|l| std::str::from_utf8(l).map_err(|_| l)));
+    whole.chain(by_line)
 }
 
 /// Appends `value` to `out` as one JSON line. Besides what JSON itself escapes, the C1

@@ -642,6 +642,41 @@ fn change(i: usize, path: &str) -> ailab_sandbox_core::audit::AuditRecord {
     }
 }
 
+/// A trail line with a byte that is not UTF-8 is not indexed and is what `verify`
+/// reports; the lines around it, read in the same chunk, are indexed as ever.
+#[test]
+fn a_trail_line_that_is_not_utf8_is_skipped_alone() {
+    let (w, state, a) = relaxed_log();
+    a.append(vec![
+        change(0, "a.txt"),
+        change(1, "bé.txt"),
+        change(2, "c✓.txt"),
+    ])
+    .unwrap();
+    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
+    let at = bytes.windows(2).position(|p| p == "é".as_bytes()).unwrap();
+    bytes[at] = 0xff;
+    std::fs::write(audit_path(&w), &bytes).unwrap();
+    let b = AuditLog::open(&state, false, 10).unwrap();
+    assert_eq!(b.stats().unwrap().total, 2);
+    let listed: Vec<(String, String)> = b
+        .list(10, None)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.action_id, e.target_path))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("a2".into(), "c✓.txt".into()),
+            ("a0".into(), "a.txt".into())
+        ]
+    );
+    let report = b.verify().unwrap();
+    assert!(!report.ok);
+    assert_eq!(report.first_bad_seq, Some(2));
+}
+
 #[test]
 fn a_trail_cut_under_an_open_log_is_indexed_as_it_now_is() {
     let (w, state, a) = relaxed_log();
