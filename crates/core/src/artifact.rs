@@ -7,6 +7,7 @@ use crate::journal::Journal;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::sync::Mutex;
 
@@ -223,17 +224,8 @@ impl<'a> ArtifactRef<'a> {
     }
 }
 
-/// Maps keyed by workflow: Fx hashing, since the keys are the runtime's own strings.
-type FastMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
-
-/// A key's hash: 32 bits of Fx, kept in each slot beside the entry's index, and spread
-/// over 64 by an odd multiplier so that both the slot (low bits) and the tag byte (top
-/// bits) the table takes from it vary.
-fn fx(s: &str) -> u32 {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-    (BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(s) >> 32) as u32
-}
-
+/// A hash over 64 bits from the 32 a slot keeps, spread by an odd multiplier so that
+/// both the slot (low bits) and the tag byte (top bits) the table takes from it vary.
 fn spread(h: u32) -> u64 {
     u64::from(h).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
@@ -243,14 +235,45 @@ fn spread(h: u32) -> u64 {
 /// and probing past other keys never touch the entries themselves (which, scattered over
 /// hundreds of megabytes, would each cost a cache miss); a slot is 8 bytes, so a million
 /// keys take 16 MiB, and each insert's write to its random slot misses the cache less.
+/// The hash is [`hash32`]'s, which the caller gives.
 #[derive(Debug, Default)]
 struct FieldIndex {
     table: hashbrown::HashTable<(u32, u32)>,
 }
 
+/// A key's hash as a slot keeps it. The keys are a client's (paths, workflow ids): they
+/// are hashed with this process's own key, so that no client can choose many that fall
+/// on one slot and make every insert walk them all.
+fn hash32(keys: &RandomState, key: &str) -> u32 {
+    (keys.hash_one(key) >> 32) as u32
+}
+
+/// An entry with the hashes of the two fields the index finds it by: worked out where
+/// the line is parsed, on the parser threads during a load.
+struct Hashed {
+    entry: Stored,
+    id: u32,
+    path: u32,
+}
+
+impl Hashed {
+    fn new(keys: &RandomState, entry: Stored) -> Self {
+        Self {
+            id: hash32(keys, id_of(&entry)),
+            path: hash32(keys, path_of(&entry)),
+            entry,
+        }
+    }
+}
+
 impl FieldIndex {
-    fn get(&self, entries: &[Stored], field: fn(&Stored) -> &str, key: &str) -> Option<u32> {
-        let hash = fx(key);
+    fn get(
+        &self,
+        entries: &[Stored],
+        field: fn(&Stored) -> &str,
+        key: &str,
+        hash: u32,
+    ) -> Option<u32> {
         self.table
             .find(spread(hash), |&(h, i)| {
                 h == hash && field(&entries[i as usize]) == key
@@ -260,9 +283,14 @@ impl FieldIndex {
 
     /// Points `key` at entry `i` (the newest entry with that key wins); returns the entry
     /// it pointed at before.
-    fn set(&mut self, entries: &[Stored], field: fn(&Stored) -> &str, i: u32) -> Option<u32> {
+    fn set(
+        &mut self,
+        entries: &[Stored],
+        field: fn(&Stored) -> &str,
+        i: u32,
+        hash: u32,
+    ) -> Option<u32> {
         let key = field(&entries[i as usize]);
-        let hash = fx(key);
         // One probe for both the look-up and the insert.
         match self.table.entry(
             spread(hash),
@@ -292,18 +320,24 @@ fn path_of(e: &Stored) -> &str {
     e.field(PATH)
 }
 
-type Parsed = Vec<Result<Stored, serde_json::Error>>;
+type Parsed = Vec<Result<Hashed, serde_json::Error>>;
+
+/// Fewer bytes than any line the runtime writes (ids, a checksum, a time: well over 200).
+const MIN_LINE: usize = 200;
 
 /// No entry, in [`Index`]'s `earlier_at_path`.
 const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
-fn parse_lines(buf: &[u8]) -> Parsed {
+fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
     crate::journal::text_lines(buf)
-        .map(|line| match line {
-            Ok(text) => packed(serde_json::from_str(text)),
-            // Not UTF-8: the JSON reader says where.
-            Err(bytes) => packed(serde_json::from_slice(bytes)),
+        .map(|line| {
+            match line {
+                Ok(text) => packed(serde_json::from_str(text)),
+                // Not UTF-8: the JSON reader says where.
+                Err(bytes) => packed(serde_json::from_slice(bytes)),
+            }
+            .map(|e| Hashed::new(keys, e))
         })
         .collect()
 }
@@ -326,9 +360,10 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
         for _ in 0..2 {
             let (tx, rx) = sync_channel::<Vec<u8>>(1);
             let (ptx, prx) = sync_channel::<(usize, Parsed)>(1);
+            let keys = index.keys.clone();
             scope.spawn(move || {
                 for chunk in rx {
-                    if ptx.send((chunk.len(), parse_lines(&chunk))).is_err() {
+                    if ptx.send((chunk.len(), parse_lines(&chunk, &keys))).is_err() {
                         break;
                     }
                 }
@@ -346,9 +381,11 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
                         // The first chunk's lines per byte tell how many the file holds:
                         // room for them all at once, and no more (a table sized on a
                         // guess is either grown, every slot moved, or too big for the
-                        // caches its random writes go through).
-                        let per_line = bytes / parsed.len().max(1);
-                        index.reserve(usize::try_from(total).unwrap_or(0) / per_line.max(1));
+                        // caches its random writes go through). No entry the runtime
+                        // writes is under 200 bytes: a chunk of short junk lines must not
+                        // make room for more entries than the file could hold.
+                        let per_line = (bytes / parsed.len().max(1)).max(MIN_LINE);
+                        index.reserve(usize::try_from(total).unwrap_or(0) / per_line);
                     }
                     index.insert_parsed(parsed)
                 }
@@ -388,7 +425,9 @@ struct Index {
     /// For each entry, the one before it at the same path ([`NO_ENTRY`] for the first):
     /// a path's artifacts, newest first, whatever their parents.
     earlier_at_path: Vec<u32>,
-    by_workflow: FastMap<Box<str>, (Vec<u32>, u64)>,
+    by_workflow: HashMap<Box<str>, (Vec<u32>, u64)>,
+    /// This process's key for [`hash32`].
+    keys: RandomState,
     corrupt_lines: u64,
 }
 
@@ -402,7 +441,7 @@ impl Index {
             );
             *self = Self::default();
         }
-        self.insert_parsed(parse_lines(buf));
+        self.insert_parsed(parse_lines(buf, &self.keys));
     }
 
     fn insert_parsed(&mut self, parsed: Parsed) {
@@ -425,7 +464,7 @@ impl Index {
         self.earlier_at_path.reserve(n);
     }
 
-    fn insert(&mut self, e: Stored) {
+    fn insert(&mut self, Hashed { entry: e, id, path }: Hashed) {
         let i = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
         match self.by_workflow.get_mut(e.field(WORKFLOW_ID)) {
             Some(w) => {
@@ -440,8 +479,8 @@ impl Index {
             }
         }
         self.entries.push(e);
-        self.by_id.set(&self.entries, id_of, i);
-        let earlier = self.latest_by_path.set(&self.entries, path_of, i);
+        self.by_id.set(&self.entries, id_of, i, id);
+        let earlier = self.latest_by_path.set(&self.entries, path_of, i, path);
         self.earlier_at_path.push(earlier.unwrap_or(NO_ENTRY));
     }
 
@@ -450,7 +489,13 @@ impl Index {
     }
 
     fn by_id(&self, id: &str) -> Option<u32> {
-        self.by_id.get(&self.entries, id_of, id)
+        self.by_id
+            .get(&self.entries, id_of, id, hash32(&self.keys, id))
+    }
+
+    fn latest_at(&self, path: &str) -> Option<u32> {
+        self.latest_by_path
+            .get(&self.entries, path_of, path, hash32(&self.keys, path))
     }
 }
 
@@ -510,6 +555,7 @@ impl ArtifactRegistry {
             Ok((bytes, ()))
         })?;
         for e in stored {
+            let e = Hashed::new(&index.keys, e);
             index.insert(e);
         }
         drop(g);
@@ -603,11 +649,7 @@ impl ArtifactRegistry {
 
     /// The newest artifact at an absolute path.
     pub fn latest_for_path(&self, path: &str) -> io::Result<Option<ArtifactEntry>> {
-        self.with(|ix| {
-            ix.latest_by_path
-                .get(&ix.entries, path_of, path)
-                .map(|i| ix.at(i).entry())
-        })
+        self.with(|ix| ix.latest_at(path).map(|i| ix.at(i).entry()))
     }
 
     /// Of the artifacts at an absolute path that `keep` accepts, the newest whose bytes
@@ -630,7 +672,7 @@ impl ArtifactRegistry {
         keep: impl Fn(ArtifactRef<'_>) -> bool,
     ) -> io::Result<Option<ArtifactEntry>> {
         self.with(|ix| {
-            let mut cur = ix.latest_by_path.get(&ix.entries, path_of, path)?;
+            let mut cur = ix.latest_at(path)?;
             loop {
                 let e = ix.at(cur);
                 if keep(ArtifactRef(e)) {
