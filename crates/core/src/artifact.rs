@@ -320,7 +320,15 @@ fn path_of(e: &Stored) -> &str {
     e.field(PATH)
 }
 
-type Parsed = Vec<Result<Hashed, serde_json::Error>>;
+/// A buffer's lines as parsed: its entries in order, and how many lines were not one
+/// (the first one's error kept for the log). A registry of junk lines costs a count,
+/// not an error value and a warning per line.
+#[derive(Default)]
+struct Parsed {
+    entries: Vec<Hashed>,
+    unreadable: u64,
+    first_error: Option<serde_json::Error>,
+}
 
 /// Fewer bytes than any line the runtime writes (ids, a checksum, a time: well over 200).
 const MIN_LINE: usize = 200;
@@ -330,16 +338,22 @@ const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
-    crate::journal::text_lines(buf)
-        .map(|line| {
-            match line {
-                Ok(text) => packed(serde_json::from_str(text)),
-                // Not UTF-8: the JSON reader says where.
-                Err(bytes) => packed(serde_json::from_slice(bytes)),
-            }
-            .map(|e| Hashed::new(keys, e))
-        })
-        .collect()
+    let mut out = Parsed::default();
+    for line in crate::journal::text_lines(buf) {
+        match line {
+            Ok(text) => packed(serde_json::from_str(text)),
+            // Not UTF-8: the JSON reader says where.
+            Err(bytes) => packed(serde_json::from_slice(bytes)),
+        }
+        .map_or_else(
+            |err| {
+                out.unreadable += 1;
+                out.first_error.get_or_insert(err);
+            },
+            |e| out.entries.push(Hashed::new(keys, e)),
+        );
+    }
+    out
 }
 
 fn packed(line: Result<Line<'_>, serde_json::Error>) -> Result<Stored, serde_json::Error> {
@@ -384,7 +398,8 @@ fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
                         // caches its random writes go through). No entry the runtime
                         // writes is under 200 bytes: a chunk of short junk lines must not
                         // make room for more entries than the file could hold.
-                        let per_line = (bytes / parsed.len().max(1)).max(MIN_LINE);
+                        let lines = parsed.entries.len() + parsed.unreadable as usize;
+                        let per_line = (bytes / lines.max(1)).max(MIN_LINE);
                         index.reserve(usize::try_from(total).unwrap_or(0) / per_line);
                     }
                     index.insert_parsed(parsed)
@@ -445,15 +460,17 @@ impl Index {
     }
 
     fn insert_parsed(&mut self, parsed: Parsed) {
-        self.reserve(parsed.len());
-        for parsed in parsed {
-            match parsed {
-                Ok(e) => self.insert(e),
-                Err(err) => {
-                    self.corrupt_lines += 1;
-                    tracing::warn!(%err, "skipping an unreadable line in the artifact registry");
-                }
-            }
+        self.reserve(parsed.entries.len());
+        for e in parsed.entries {
+            self.insert(e);
+        }
+        self.corrupt_lines += parsed.unreadable;
+        if let Some(err) = parsed.first_error {
+            tracing::warn!(
+                lines = parsed.unreadable,
+                first = %err,
+                "skipping unreadable lines in the artifact registry"
+            );
         }
     }
 
