@@ -339,13 +339,8 @@ const NO_ENTRY: u32 = u32::MAX;
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
     let mut out = Parsed::default();
-    for line in crate::journal::text_lines(buf) {
-        match line {
-            Ok(text) => packed(serde_json::from_str(text)),
-            // Not UTF-8: the JSON reader says where.
-            Err(bytes) => packed(serde_json::from_slice(bytes)),
-        }
-        .map_or_else(
+    for (_, line) in crate::journal::json_lines::<Line>(buf) {
+        packed(line).map_or_else(
             |err| {
                 out.unreadable += 1;
                 out.first_error.get_or_insert(err);

@@ -681,17 +681,11 @@ struct Parsed<'a> {
 
 /// The non-empty lines of `buf`, parsed.
 fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> Vec<Parsed<'a>> {
-    crate::journal::text_lines(buf)
-        .map(|line| {
-            let (line, view) = match line {
-                Ok(text) => (text.as_bytes(), serde_json::from_str::<LineView>(text).ok()),
-                Err(bytes) => (bytes, serde_json::from_slice::<LineView>(bytes).ok()),
-            };
-            Parsed {
-                line,
-                print: keys.hash_one(line),
-                view,
-            }
+    crate::journal::json_lines::<LineView>(buf)
+        .map(|(line, view)| Parsed {
+            line,
+            print: keys.hash_one(line),
+            view: view.ok(),
         })
         .collect()
 }
@@ -1513,8 +1507,8 @@ pub const DONE_WITHOUT_SNAPSHOT: &str = "written by a run that died before recor
 /// but those recovery found done and could not register ([`UNREGISTERED_DONE`]). The
 /// registry line is appended before the audit line, so each of them is registered.
 pub fn registering_writes_in(bytes: &[u8]) -> Vec<RecordedWrite> {
-    crate::journal::lines(bytes)
-        .filter_map(|line| serde_json::from_slice::<SandboxAuditEntry>(line).ok())
+    crate::journal::json_lines::<SandboxAuditEntry>(bytes)
+        .filter_map(|(_, e)| e.ok())
         .filter(|e| {
             e.status == AuditStatus::Success
                 && e.error.as_deref() != Some(UNREGISTERED_DONE)
@@ -1575,8 +1569,8 @@ pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
 /// nothing.
 pub fn writes_in(bytes: &[u8]) -> Writes {
     let mut out = Writes::new();
-    for e in crate::journal::lines(bytes)
-        .filter_map(|line| serde_json::from_slice::<SandboxAuditEntry>(line).ok())
+    for e in crate::journal::json_lines::<SandboxAuditEntry>(bytes)
+        .filter_map(|(_, e)| e.ok())
         .filter(|e| {
             matches!(
                 e.status,
@@ -1645,8 +1639,8 @@ fn registry_entries(bytes: &[u8]) -> (Vec<ArtifactEntry>, u64) {
     let (whole, cut) = bytes.split_at(end);
     let mut entries = Vec::new();
     let mut unreadable = 0;
-    for line in crate::journal::lines(whole) {
-        match serde_json::from_slice::<ArtifactEntry>(line) {
+    for (_, line) in crate::journal::json_lines::<ArtifactEntry>(whole) {
+        match line {
             Ok(a) => entries.push(a),
             Err(_) => unreadable += 1,
         }

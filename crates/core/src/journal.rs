@@ -466,11 +466,22 @@ pub fn lines(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|l| !l.is_empty())
 }
 
-/// [`lines`], each as text when it is UTF-8 (`Err` with its bytes when not). The whole
-/// buffer is checked at once, which is much faster than the JSON reader checking every
-/// string of every line (`serde_json::from_str` checks nothing again); only a buffer
-/// that fails is checked line by line.
-pub fn text_lines(buf: &[u8]) -> impl Iterator<Item = Result<&str, &[u8]>> {
+/// [`lines`], each with what it reads as in JSON. The whole buffer is checked for UTF-8
+/// at once, which is much faster than the JSON reader checking every string of every
+/// line (`serde_json::from_str` checks nothing again); only a buffer that fails is
+/// checked line by line, a line that is not UTF-8 read from its bytes (the reader then
+/// says where it fails).
+pub fn json_lines<'a, T: serde::Deserialize<'a>>(
+    buf: &'a [u8],
+) -> impl Iterator<Item = (&'a [u8], serde_json::Result<T>)> {
+    text_lines(buf).map(|line| match line {
+        Ok(text) => (text.as_bytes(), serde_json::from_str(text)),
+        Err(bytes) => (bytes, serde_json::from_slice(bytes)),
+    })
+}
+
+/// [`lines`], each as text when it is UTF-8 (`Err` with its bytes when not).
+fn text_lines(buf: &[u8]) -> impl Iterator<Item = Result<&str, &[u8]>> {
     let text = std::str::from_utf8(buf).ok();
     let whole = text
         .into_iter()
