@@ -427,7 +427,7 @@ impl Index {
     }
 
     /// Indexes whole lines read from the log at offset `at`.
-    fn ingest(&mut self, at: u64, buf: &[u8]) {
+    fn ingest<'a>(&mut self, at: u64, buf: &'a [u8]) {
         if at != self.end {
             // The log was cut and is read again from the start: what this process read
             // before is not in it any more.
@@ -447,6 +447,19 @@ impl Index {
         };
         let (first, second) = buf.split_at(split);
         let keys = self.keys.clone();
+        // Lines that are not entries: counted, and the first one's error logged once (a
+        // trail of junk lines costs no warning per line).
+        let mut unreadable: (u64, Option<&[u8]>) = (0, None);
+        let mut index = |this: &mut Self, parsed: ParsedLines<'a>| {
+            for p in parsed.entries {
+                let offset = at + (p.line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
+                this.insert(&p.view, offset, p.line.len(), p.print);
+            }
+            unreadable.0 += parsed.unreadable;
+            if unreadable.1.is_none() {
+                unreadable.1 = parsed.first_unreadable;
+            }
+        };
         std::thread::scope(|scope| {
             // Without a second thread (a process limit) this one parses both halves.
             let later = (!second.is_empty())
@@ -456,32 +469,23 @@ impl Index {
                         .ok()
                 })
                 .flatten();
-            for parsed in parse_lines(first, &keys) {
-                self.index_line(at, buf, parsed);
-            }
+            index(self, parse_lines(first, &keys));
             let parsed = match later.map(|t| t.join()) {
                 Some(Ok(parsed)) => parsed,
                 _ => parse_lines(second, &keys),
             };
-            for parsed in parsed {
-                self.index_line(at, buf, parsed);
-            }
+            index(self, parsed);
         });
-        self.end = at + buf.len() as u64;
-    }
-
-    /// Indexes a parsed line, a slice of `buf` (read at offset `at`).
-    fn index_line(&mut self, at: u64, buf: &[u8], parsed: Parsed<'_>) {
-        let Parsed { line, print, view } = parsed;
-        let offset = at + (line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
-        match view {
-            Some(v) => self.insert(&v, offset, line.len(), print),
-            None => {
-                if let Err(err) = serde_json::from_slice::<SandboxAuditEntry>(line) {
-                    tracing::warn!(%err, "unreadable audit line (audit verify will report it)");
-                }
-            }
+        if let (lines, Some(line)) = unreadable
+            && let Err(err) = serde_json::from_slice::<SandboxAuditEntry>(line)
+        {
+            tracing::warn!(
+                lines,
+                first = %err,
+                "unreadable audit lines (audit verify will report them)"
+            );
         }
+        self.end = at + buf.len() as u64;
     }
 
     fn name_key(&self, target: &str) -> Option<u64> {
@@ -671,23 +675,40 @@ impl Index {
     }
 }
 
-/// A line of the log (without its newline), its keyed hash, and its view, `None` when
-/// it does not read as an entry.
+/// A line of the log that reads as an entry (without its newline), its keyed hash, and
+/// its view.
 struct Parsed<'a> {
     line: &'a [u8],
     print: u64,
-    view: Option<LineView<'a>>,
+    view: LineView<'a>,
+}
+
+/// A buffer's lines as parsed: the entries, in order, and how many lines are not one
+/// (with the first of them, for the log). A trail of junk lines costs a count.
+#[derive(Default)]
+struct ParsedLines<'a> {
+    entries: Vec<Parsed<'a>>,
+    unreadable: u64,
+    first_unreadable: Option<&'a [u8]>,
 }
 
 /// The non-empty lines of `buf`, parsed.
-fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> Vec<Parsed<'a>> {
-    crate::journal::json_lines::<LineView>(buf)
-        .map(|(line, view)| Parsed {
-            line,
-            print: keys.hash_one(line),
-            view: view.ok(),
-        })
-        .collect()
+fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
+    let mut out = ParsedLines::default();
+    for (line, view) in crate::journal::json_lines::<LineView>(buf) {
+        match view {
+            Ok(view) => out.entries.push(Parsed {
+                line,
+                print: keys.hash_one(line),
+                view,
+            }),
+            Err(_) => {
+                out.unreadable += 1;
+                out.first_unreadable.get_or_insert(line);
+            }
+        }
+    }
+    out
 }
 
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby
