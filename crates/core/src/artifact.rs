@@ -166,8 +166,9 @@ impl Stored {
         &self.text[start..self.ends[k] as usize]
     }
 
-    fn optional(&self, k: usize, bit: u8) -> Option<&str> {
-        (self.present & bit != 0).then(|| self.field(k))
+    /// An optional field (`PARENT_WORKFLOW_ID` or `PARENT_ARTIFACT_ID`).
+    fn optional(&self, k: usize) -> Option<&str> {
+        (self.present & (1 << (k - PARENT_WORKFLOW_ID)) != 0).then(|| self.field(k))
     }
 
     fn entry(&self) -> ArtifactEntry {
@@ -180,8 +181,8 @@ impl Stored {
             mutation_type: s(MUTATION_TYPE),
             workflow_id: s(WORKFLOW_ID),
             action_id: s(ACTION_ID),
-            parent_workflow_id: self.optional(PARENT_WORKFLOW_ID, 1).map(str::to_owned),
-            parent_artifact_id: self.optional(PARENT_ARTIFACT_ID, 2).map(str::to_owned),
+            parent_workflow_id: self.optional(PARENT_WORKFLOW_ID).map(str::to_owned),
+            parent_artifact_id: self.optional(PARENT_ARTIFACT_ID).map(str::to_owned),
             generated_by_action: s(GENERATED_BY_ACTION),
             created_at: s(CREATED_AT),
         }
@@ -320,15 +321,7 @@ fn path_of(e: &Stored) -> &str {
     e.field(PATH)
 }
 
-/// A buffer's lines as parsed: its entries in order, and how many lines were not one
-/// (the first one's error kept for the log). A registry of junk lines costs a count,
-/// not an error value and a warning per line.
-#[derive(Default)]
-struct Parsed {
-    entries: Vec<Hashed>,
-    unreadable: u64,
-    first_error: Option<serde_json::Error>,
-}
+type Parsed = crate::journal::ParsedLines<Hashed>;
 
 /// Fewer bytes than any line the runtime writes (ids, a checksum, a time: well over 200).
 const MIN_LINE: usize = 200;
@@ -338,22 +331,12 @@ const NO_ENTRY: u32 = u32::MAX;
 
 /// Parses a buffer of whole lines, in order.
 fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
-    let mut out = Parsed::default();
-    for (_, line) in crate::journal::json_lines::<Line>(buf) {
-        packed(line).map_or_else(
-            |err| {
-                out.unreadable += 1;
-                out.first_error.get_or_insert(err);
-            },
-            |e| out.entries.push(Hashed::new(keys, e)),
-        );
-    }
-    out
-}
-
-fn packed(line: Result<Line<'_>, serde_json::Error>) -> Result<Stored, serde_json::Error> {
-    Stored::of_line(&line?).ok_or_else(|| {
-        serde::de::Error::custom("an artifact line whose strings hold over 4 GiB in all")
+    Parsed::of(buf, |_, line: Line<'_>| {
+        Stored::of_line(&line)
+            .map(|e| Hashed::new(keys, e))
+            .ok_or_else(|| {
+                serde::de::Error::custom("an artifact line whose strings hold over 4 GiB in all")
+            })
     })
 }
 
@@ -707,7 +690,7 @@ impl ArtifactRegistry {
             let mut cur = ix.by_id(artifact_id);
             let mut seen: HashSet<u32> = cur.into_iter().collect();
             while let Some(i) = cur {
-                let Some(parent) = ix.at(i).optional(PARENT_ARTIFACT_ID, 2) else {
+                let Some(parent) = ix.at(i).optional(PARENT_ARTIFACT_ID) else {
                     break;
                 };
                 cur = ix.by_id(parent);

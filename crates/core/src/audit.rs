@@ -447,9 +447,8 @@ impl Index {
         };
         let (first, second) = buf.split_at(split);
         let keys = self.keys.clone();
-        // Lines that are not entries: counted, and the first one's error logged once (a
-        // trail of junk lines costs no warning per line).
-        let mut unreadable: (u64, Option<&[u8]>) = (0, None);
+        // Lines that are not entries: counted, and the first one's error logged once.
+        let mut unreadable: (u64, Option<serde_json::Error>) = (0, None);
         let mut index = |this: &mut Self, parsed: ParsedLines<'a>| {
             for p in parsed.entries {
                 let offset = at + (p.line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
@@ -457,7 +456,7 @@ impl Index {
             }
             unreadable.0 += parsed.unreadable;
             if unreadable.1.is_none() {
-                unreadable.1 = parsed.first_unreadable;
+                unreadable.1 = parsed.first_error;
             }
         };
         std::thread::scope(|scope| {
@@ -476,9 +475,7 @@ impl Index {
             };
             index(self, parsed);
         });
-        if let (lines, Some(line)) = unreadable
-            && let Err(err) = serde_json::from_slice::<SandboxAuditEntry>(line)
-        {
+        if let (lines, Some(err)) = unreadable {
             tracing::warn!(
                 lines,
                 first = %err,
@@ -683,32 +680,17 @@ struct Parsed<'a> {
     view: LineView<'a>,
 }
 
-/// A buffer's lines as parsed: the entries, in order, and how many lines are not one
-/// (with the first of them, for the log). A trail of junk lines costs a count.
-#[derive(Default)]
-struct ParsedLines<'a> {
-    entries: Vec<Parsed<'a>>,
-    unreadable: u64,
-    first_unreadable: Option<&'a [u8]>,
-}
+type ParsedLines<'a> = crate::journal::ParsedLines<Parsed<'a>>;
 
 /// The non-empty lines of `buf`, parsed.
 fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
-    let mut out = ParsedLines::default();
-    for (line, view) in crate::journal::json_lines::<LineView>(buf) {
-        match view {
-            Ok(view) => out.entries.push(Parsed {
-                line,
-                print: keys.hash_one(line),
-                view,
-            }),
-            Err(_) => {
-                out.unreadable += 1;
-                out.first_unreadable.get_or_insert(line);
-            }
-        }
-    }
-    out
+    ParsedLines::of(buf, |line, view: LineView<'a>| {
+        Ok(Parsed {
+            line,
+            print: keys.hash_one(line),
+            view,
+        })
+    })
 }
 
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby

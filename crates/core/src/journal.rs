@@ -480,6 +480,44 @@ pub fn json_lines<'a, T: serde::Deserialize<'a>>(
     })
 }
 
+/// A buffer's whole lines as read: what each line that reads became, in order, and how
+/// many did not (the first one's error kept for one warning, not one a line: a log of
+/// junk lines costs a count).
+#[derive(Debug)]
+pub struct ParsedLines<U> {
+    /// What the lines that read became.
+    pub entries: Vec<U>,
+    /// Lines that did not read.
+    pub unreadable: u64,
+    /// The first of those lines' error.
+    pub first_error: Option<serde_json::Error>,
+}
+
+impl<U> ParsedLines<U> {
+    /// `buf`'s lines through [`json_lines`], each that reads as a `T` made into a `U` by
+    /// `make` (given the line's bytes too), which may refuse it as well.
+    pub fn of<'a, T: serde::Deserialize<'a>>(
+        buf: &'a [u8],
+        mut make: impl FnMut(&'a [u8], T) -> serde_json::Result<U>,
+    ) -> Self {
+        let mut out = Self {
+            entries: Vec::new(),
+            unreadable: 0,
+            first_error: None,
+        };
+        for (line, read) in json_lines::<T>(buf) {
+            match read.and_then(|t| make(line, t)) {
+                Ok(u) => out.entries.push(u),
+                Err(err) => {
+                    out.unreadable += 1;
+                    out.first_error.get_or_insert(err);
+                }
+            }
+        }
+        out
+    }
+}
+
 /// [`lines`], each as text when it is UTF-8 (`Err` with its bytes when not).
 fn text_lines(buf: &[u8]) -> impl Iterator<Item = Result<&str, &[u8]>> {
     let text = std::str::from_utf8(buf).ok();
