@@ -238,6 +238,9 @@ struct Slot {
     /// The slot before it of a change (a write or a restore) to a file of the same name
     /// ([`NO_SLOT`] for none), for [`AuditLog::changes_since`].
     same_name: u32,
+    /// A keyed hash of the file name of a change ([`NOT_A_CHANGE`] for other lines): the
+    /// chains of [`Slot::same_name`] are built from it without reading the log again.
+    name: u32,
     seq: u64,
     /// A keyed hash of the line's bytes ([`Index::keys`]): a line read back is the line
     /// indexed, byte for byte.
@@ -245,6 +248,25 @@ struct Slot {
 }
 
 const NO_SLOT: u32 = u32::MAX;
+
+/// [`Slot::name`] of a line that is not a change to a file.
+const NOT_A_CHANGE: u32 = u32::MAX;
+
+/// [`Slot::name`] of a line: a keyed hash of its file name, for a change (a write or a
+/// restore) to a file. Names that share it share a chain, which
+/// [`AuditLog::changes_since`] then sorts out by reading the lines.
+fn name_of(keys: &RandomState, status: AuditStatus, target_path: &str) -> u32 {
+    if !matches!(status, AuditStatus::Success | AuditStatus::RolledBack) {
+        return NOT_A_CHANGE;
+    }
+    std::path::Path::new(target_path)
+        .file_name()
+        .map_or(NOT_A_CHANGE, |n| name_hash(keys, n.as_encoded_bytes()))
+}
+
+fn name_hash(keys: &RandomState, name: &[u8]) -> u32 {
+    (keys.hash_one(name) as u32).min(NOT_A_CHANGE - 1)
+}
 
 /// The fields of a line the index keeps facts from, borrowed from the line; the others
 /// only checked to be there with their types. The same fields and types as
@@ -282,14 +304,6 @@ struct LineView<'a> {
     _prev_hash: Text,
     #[serde(borrow, default)]
     entry_hash: Cow<'a, str>,
-}
-
-/// What linking a line by name reads of it (an indexed line, so known to be an entry).
-#[derive(Deserialize)]
-struct Change<'a> {
-    status: AuditStatus,
-    #[serde(borrow)]
-    target_path: Cow<'a, str>,
 }
 
 /// A JSON string, read and let go (no allocation).
@@ -363,7 +377,8 @@ struct Workflow {
     tat: (f64, f64),
 }
 
-/// Hashes a `u64` that is already a keyed hash ([`Index::keys`]) as itself.
+/// Hashes a `u32` that is already a keyed hash ([`Index::keys`]), spread over 64 bits
+/// (the table reads the top bits as well as the bottom ones).
 #[derive(Debug, Default, Clone, Copy)]
 struct Prehashed(u64);
 
@@ -376,8 +391,8 @@ impl std::hash::Hasher for Prehashed {
             self.0 = self.0.rotate_left(8) ^ u64::from(b);
         }
     }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -386,10 +401,10 @@ struct Index {
     slots: Vec<Slot>,
     /// Where the lines read so far end in the file.
     end: u64,
-    /// The newest slot of a change to a file of each name (by a keyed hash of the
-    /// name): the head of the chain [`Slot::same_name`] links. Built the first time it
-    /// is asked for (recovery's doubtful cases only), kept current after.
-    by_name: Option<HashMap<u64, u32, std::hash::BuildHasherDefault<Prehashed>>>,
+    /// The newest slot of a change to a file of each name (by [`Slot::name`]): the head
+    /// of the chain [`Slot::same_name`] links. Built the first time it is asked for
+    /// (recovery's doubtful cases only), kept current after.
+    by_name: Option<HashMap<u32, u32, std::hash::BuildHasherDefault<Prehashed>>>,
     /// This process's key for hashing names and lines: another cannot make two collide.
     keys: RandomState,
     per_minute: u32,
@@ -452,7 +467,7 @@ impl Index {
         let mut index = |this: &mut Self, parsed: ParsedLines<'a>| {
             for p in parsed.entries {
                 let offset = at + (p.line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
-                this.insert(&p.view, offset, p.line.len(), p.print);
+                this.insert(&p.view, offset, p.line.len(), (p.print, p.name));
             }
             unreadable.0 += parsed.unreadable;
             if unreadable.1.is_none() {
@@ -485,13 +500,9 @@ impl Index {
         self.end = at + buf.len() as u64;
     }
 
-    fn name_key(&self, target: &str) -> Option<u64> {
-        std::path::Path::new(target)
-            .file_name()
-            .map(|n| self.keys.hash_one(n.as_encoded_bytes()))
-    }
-
-    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize, print: u64) {
+    /// Indexes the line `e`, found at `at`, `len` bytes long, with its keyed hash and
+    /// its [`Slot::name`].
+    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize, (print, name): (u64, u32)) {
         let s = &mut self.stats;
         s.total += 1;
         match e.status {
@@ -579,24 +590,22 @@ impl Index {
             // A line is at most a few KiB (paths and intents are cut): never near 4 GiB.
             len: u32::try_from(len).unwrap_or(u32::MAX),
             same_name: NO_SLOT,
+            name,
             seq: e.seq,
             print,
         });
-        if self.by_name.is_some() {
-            self.link(here, e.status, &e.target_path);
-        }
+        self.link(here);
     }
 
-    /// Links slot `i` into the chain of its file name, when it is a change.
-    fn link(&mut self, i: usize, status: AuditStatus, target_path: &str) {
-        if !matches!(status, AuditStatus::Success | AuditStatus::RolledBack) {
-            return;
-        }
-        let key = self.name_key(target_path);
-        if let (Some(key), Some(by_name), Ok(here)) = (key, &mut self.by_name, u32::try_from(i))
+    /// Links slot `i` into the chain of its file name, when it is a change and the
+    /// chains are kept.
+    fn link(&mut self, i: usize) {
+        let name = self.slots[i].name;
+        if let (Some(by_name), Ok(here)) = (&mut self.by_name, u32::try_from(i))
+            && name != NOT_A_CHANGE
             && here != NO_SLOT
         {
-            self.slots[i].same_name = by_name.insert(key, here).unwrap_or(NO_SLOT);
+            self.slots[i].same_name = by_name.insert(name, here).unwrap_or(NO_SLOT);
         }
     }
 
@@ -605,47 +614,21 @@ impl Index {
         self.slots.len() < NO_SLOT as usize
     }
 
-    /// The slots of changes to files named `name`, in file order, linking every slot
-    /// by name the first time.
-    fn changes_to(&mut self, file: &LogFile, name: &str) -> io::Result<Vec<Slot>> {
+    /// The slots of changes to files named `name` (and any whose names share its
+    /// hash), in file order, linking every slot by name the first time.
+    fn changes_to(&mut self, name: &str) -> Vec<Slot> {
         if !self.names_complete() {
-            return Ok(self.slots.clone());
+            return self.slots.clone();
         }
         if self.by_name.is_none() {
             self.by_name = Some(HashMap::default());
-            let mut i = 0;
-            while i < self.slots.len() {
-                let first = self.slots[i];
-                let mut n = 1;
-                while let Some(s) = self.slots.get(i + n)
-                    && s.at + u64::from(s.len) - first.at <= READ_SPAN
-                {
-                    n += 1;
-                }
-                let last = self.slots[i + n - 1];
-                let buf = read_span(file, first.at, last.at + u64::from(last.len), first.seq)?;
-                for j in i..i + n {
-                    let s = self.slots[j];
-                    let from = (s.at - first.at) as usize;
-                    let line = &buf[from..from + s.len as usize];
-                    match serde_json::from_slice::<Change>(line) {
-                        Ok(c) if self.keys.hash_one(line) == s.print => {
-                            self.link(j, c.status, &c.target_path)
-                        }
-                        _ => {
-                            self.by_name = None;
-                            return Err(changed_under(s.seq));
-                        }
-                    }
-                }
-                i += n;
-            }
+            (0..self.slots.len()).for_each(|i| self.link(i));
         }
         let mut chain = Vec::new();
         let mut at = self
             .by_name
             .as_ref()
-            .and_then(|m| m.get(&self.keys.hash_one(name.as_bytes())))
+            .and_then(|m| m.get(&name_hash(&self.keys, name.as_bytes())))
             .copied()
             .unwrap_or(NO_SLOT);
         while let Some(s) = self.slots.get(at as usize) {
@@ -653,7 +636,7 @@ impl Index {
             at = s.same_name;
         }
         chain.reverse();
-        Ok(chain)
+        chain
     }
 
     /// Whether the line `seq` is in the log with this `entry_hash`. A line that no longer
@@ -677,6 +660,8 @@ impl Index {
 struct Parsed<'a> {
     line: &'a [u8],
     print: u64,
+    /// Its [`Slot::name`].
+    name: u32,
     view: LineView<'a>,
 }
 
@@ -688,6 +673,7 @@ fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
         Ok(Parsed {
             line,
             print: keys.hash_one(line),
+            name: name_of(keys, view.status, &view.target_path),
             view,
         })
     })
@@ -1055,6 +1041,7 @@ impl AuditLog {
                 lens.push((
                     bytes.len() - before,
                     index.keys.hash_one(&bytes[before..bytes.len() - 1]),
+                    name_of(&index.keys, e.status, &e.target_path),
                 ));
                 out.push(e);
             }
@@ -1062,8 +1049,8 @@ impl AuditLog {
             Ok((bytes, (out, copy, lens)))
         })?;
         let mut at = pending.range().0;
-        for (e, &(len, print)) in written.iter().zip(&lens) {
-            index.insert(&LineView::of(e), at, len - 1, print);
+        for (e, &(len, print, name)) in written.iter().zip(&lens) {
+            index.insert(&LineView::of(e), at, len - 1, (print, name));
             at += len as u64;
         }
         index.end = at;
@@ -1314,7 +1301,7 @@ impl AuditLog {
         not_execution: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
         self.reading_mut(|ix, file| {
-            let slots = ix.changes_to(file, name)?;
+            let slots = ix.changes_to(name);
             let mut found: Vec<SandboxAuditEntry> = read_back(ix, file, &slots)?
                 .into_iter()
                 .filter(|e| {
