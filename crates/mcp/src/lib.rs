@@ -469,7 +469,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     ));
                 }
                 for e in &entries {
-                    let size = if e.kind == "file" {
+                    let size = if e.kind == "file" && !e.other_links {
                         format!("  ({} bytes)", e.size_bytes)
                     } else {
                         String::new()
@@ -489,6 +489,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         "  (control characters in the name: no tool can address it)"
                     } else if e.not_utf8 {
                         "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
+                    } else if e.other_links {
+                        "  (has other hard links, so it may be a file outside the sandbox: never read or written)"
                     } else {
                         ""
                     };

@@ -114,6 +114,37 @@ async fn a_huge_file_is_described_without_being_read() {
     s.finish().await;
 }
 
+/// A file with other hard links may be one outside the root: a listing does not tell
+/// its size, which the reading tools refuse to tell too.
+#[tokio::test]
+async fn a_hard_linked_file_is_listed_without_its_size() {
+    let s = Session::start(Mode::Write).await;
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret.md");
+    std::fs::write(&secret, b"twenty-three bytes long").unwrap();
+    std::fs::hard_link(&secret, s.path("linked.md")).unwrap();
+    std::fs::write(s.path("own.md"), b"own").unwrap();
+    let r = s.ok("list_directory", json!({})).await;
+    let t = text(&r);
+    assert!(!t.contains("23 bytes"), "{t}");
+    let linked = t.lines().find(|l| l.contains("linked.md")).unwrap();
+    assert!(linked.contains("other hard links"), "{t}");
+    assert!(t.contains("own.md  (3 bytes)"), "{t}");
+    let entries = structured(&r)["entries"].as_array().unwrap().clone();
+    let entry = |name: &str| entries.iter().find(|e| e["name"] == name).unwrap().clone();
+    assert_eq!(entry("linked.md")["size_bytes"], 0, "{entries:?}");
+    assert_eq!(entry("linked.md")["other_links"], true, "{entries:?}");
+    assert_eq!(entry("own.md")["size_bytes"], 3, "{entries:?}");
+    assert!(entry("own.md").get("other_links").is_none(), "{entries:?}");
+    let refused = s.err("get_file_info", json!({"path": "linked.md"})).await;
+    assert!(
+        text(&refused).contains("hardlink_refused"),
+        "{}",
+        text(&refused)
+    );
+    s.finish().await;
+}
+
 /// A name placed in the root by something else cannot forge lines of the listing.
 #[tokio::test]
 async fn a_listed_name_is_one_line() {

@@ -90,6 +90,15 @@ pub(crate) fn read_file_in(
     limit: u64,
     single_link: bool,
 ) -> io::Result<(Vec<u8>, FileStamp)> {
+    retrying_swaps(name, || read_once(dir, name, limit, single_link))
+}
+
+fn read_once(
+    dir: &Dir,
+    name: &str,
+    limit: u64,
+    single_link: bool,
+) -> io::Result<(Vec<u8>, FileStamp)> {
     let (file, meta) = open_regular(dir, name, single_link)?;
     // Taken before the bytes are read: a change made while they are read then shows as
     // a different stamp, never as the same stamp over other bytes.
@@ -116,12 +125,19 @@ pub(crate) fn read_file_in(
             ),
         )));
     }
+    if single_link {
+        named_alone(dir, name, &meta)?;
+    }
     Ok((buf, stamp))
 }
 
 /// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
 /// size is described in constant memory. Both describe the same bytes, those read.
 pub fn hash_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<String>)> {
+    retrying_swaps(name, || hash_once(dir, name, limit))
+}
+
+fn hash_once(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<String>)> {
     use sha2::Digest as _;
     let (mut file, meta) = open_regular(dir, name, true)?;
     if meta.len() > limit {
@@ -145,6 +161,7 @@ pub fn hash_regular(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Optio
             Err(e) => return Err(e),
         }
     }
+    named_alone(dir, name, &meta)?;
     Ok((size, Some(crate::hash::to_hex(&hasher.finalize()))))
 }
 
@@ -178,10 +195,88 @@ fn open_regular(
             format!("{} is not a regular file", shown_path(name)),
         )));
     }
-    if single_link && meta.nlink() > 1 {
-        return Err(io::Error::other(hardlink_refusal(name, meta.nlink())));
+    if single_link {
+        named_alone(dir, name, &meta)?;
     }
     Ok((file, meta))
+}
+
+/// Refuses the file opened as `name` (its status `opened`) unless `name` still names it
+/// and it has no other link. The open file's link count says how many names it has, not
+/// where they are: a link to a file outside the root, planted at `name` and removed
+/// between the open and that look, would leave an outside file with one link open. The
+/// name's own status says in one call which file it names and how many names that file
+/// has; one, and the file opened, means that the file was wholly in the root then.
+/// Called once the file is opened and again once it is read, so a reader of an outside
+/// file would have to win the moment inside one system call twice.
+pub(super) fn named_alone(dir: &Dir, name: &str, opened: &cap_std::fs::Metadata) -> io::Result<()> {
+    // A link being removed is still found by its name, its count already lowered, until
+    // the removal ends; reading the directory waits for changes to it under way to end.
+    settle(dir)?;
+    let named = match dir.symlink_metadata(name) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    match named {
+        Some(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {
+            let links = m.nlink().max(opened.nlink());
+            if links > 1 {
+                return Err(io::Error::other(hardlink_refusal(name, links)));
+            }
+            Ok(())
+        }
+        _ => Err(io::Error::other(Swapped)),
+    }
+}
+
+/// The name a file was opened by names another file, or none, since: replaced by a
+/// rename (as every write of the runtime's own does), moved or removed.
+#[derive(Debug, thiserror::Error)]
+#[error("the file was replaced while it was read")]
+pub(super) struct Swapped;
+
+/// Runs a read of `name` again while the file is replaced under it (a writer's rename
+/// lands between the open and the look at the name), a few times: the new file is the
+/// one to read. One replaced every time is refused (`conflict`).
+fn retrying_swaps<T>(name: &str, mut read: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    const TRIES: usize = 8;
+    let swapped = |e: &io::Error| e.get_ref().is_some_and(|e| e.is::<Swapped>());
+    for _ in 1..TRIES {
+        match read() {
+            Err(e) if swapped(&e) => continue,
+            done => return done,
+        }
+    }
+    read().map_err(|e| {
+        if swapped(&e) {
+            io::Error::other(swapped_while_read(name))
+        } else {
+            e
+        }
+    })
+}
+
+/// Waits for changes under way to the names in `dir` to end: reading a directory takes
+/// the lock that removing, linking or renaming in it holds throughout. A directory this
+/// process may pass through but not list is not waited for (the name's status is still
+/// looked at).
+fn settle(dir: &Dir) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = match rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::ACCESS) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(entry) = rustix::fs::Dir::new(fd)?.read() {
+        entry?;
+    }
+    Ok(())
 }
 
 /// How far a write is made durable before it returns.

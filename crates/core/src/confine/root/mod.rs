@@ -131,7 +131,9 @@ pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, hash_regular, read_regular, remove_temp_files,
     sync_dir, temp_name, write_atomic_flush, write_atomic_in,
 };
-use refusal::{changed_meanwhile, hardlink_refusal, removed_meanwhile, special_refusal};
+use refusal::{
+    changed_meanwhile, hardlink_refusal, removed_meanwhile, special_refusal, swapped_while_read,
+};
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub(crate) use walk::{
     REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, probe_checked_dir_through_link,
@@ -716,11 +718,19 @@ impl SandboxRoot {
             } else {
                 "special"
             };
+            // A file with other links may be one outside the root: its size is not told,
+            // as its bytes are never read.
+            let other_links = ft.is_file() && meta.nlink() > 1;
             out.push(DirEntryInfo {
                 name,
                 not_utf8,
                 kind,
-                size_bytes: if ft.is_file() { meta.len() } else { 0 },
+                size_bytes: if ft.is_file() && !other_links {
+                    meta.len()
+                } else {
+                    0
+                },
+                other_links,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -899,8 +909,12 @@ pub struct DirEntryInfo {
     pub not_utf8: bool,
     /// `file`, `directory`, `symlink` or `special`.
     pub kind: &'static str,
-    /// Size of a regular file; 0 otherwise.
+    /// Size of a regular file with one link; 0 otherwise.
     pub size_bytes: u64,
+    /// Set for a regular file with other hard links: it may alias a file outside the
+    /// root, so it is never read or written, and its size is not given.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub other_links: bool,
 }
 
 /// Makes the modes the runtime asks for the modes it gets, whatever umask the process
@@ -972,6 +986,52 @@ mod tests {
         let path = tmp.path().join("root");
         let root = SandboxRoot::open(&path, true).unwrap();
         (tmp, root)
+    }
+
+    /// The link count of an open file says how many names it has, not where: an outside
+    /// file linked into the root, opened there, and its link in the root removed has one
+    /// link left, outside. Only the name's own status tells.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, linking by path
+    fn a_file_opened_through_a_link_removed_since_is_never_taken_as_the_roots() {
+        let (tmp, root) = root();
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, b"outside").unwrap();
+        let inside = tmp.path().join("root/t.txt");
+        // What the check says: the name names another file, or none (`Swapped`: read
+        // again, then `conflict`), or a refusal.
+        let code = |r: io::Result<()>| {
+            let e = r.unwrap_err();
+            let inner = e.get_ref();
+            if inner.is_some_and(|e| e.is::<files::Swapped>()) {
+                return Some(ReasonCode::Conflict);
+            }
+            inner
+                .and_then(|e| e.downcast_ref::<Refusal>())
+                .map(|r| r.reason_code)
+        };
+        std::fs::hard_link(&outside, &inside).unwrap();
+        let file = root.dir.open("t.txt").unwrap();
+        std::fs::remove_file(&inside).unwrap();
+        let opened = file.metadata().unwrap();
+        assert_eq!(opened.nlink(), 1, "one link left, outside the root");
+        let alone = |m: &cap_std::fs::Metadata| files::named_alone(&root.dir, "t.txt", m);
+        assert_eq!(code(alone(&opened)), Some(ReasonCode::Conflict));
+        // Linked in again: the name names the file, which has another link.
+        std::fs::hard_link(&outside, &inside).unwrap();
+        assert_eq!(code(alone(&opened)), Some(ReasonCode::HardlinkRefused));
+        // Another file at the name.
+        std::fs::remove_file(&inside).unwrap();
+        std::fs::write(&inside, b"inside").unwrap();
+        assert_eq!(code(alone(&opened)), Some(ReasonCode::Conflict));
+        // The root's own file, alone at its name.
+        let own = root.dir.open("t.txt").unwrap().metadata().unwrap();
+        alone(&own).unwrap();
+        // And read whole through the root: an outside file's bytes never are.
+        assert_eq!(
+            files::read_regular(&root.dir, "t.txt", 1 << 10).unwrap(),
+            b"inside"
+        );
     }
 
     /// A read that fails says it could not read (it said "write"), naming the file.

@@ -16,6 +16,18 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a file `name` that its name stopped naming while it was opened or
+/// read.
+pub(super) fn swapped_while_read(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was moved, removed or replaced while it was being read (another program is changing it); nothing read from it is used: try again once it is left alone",
+            shown_path(name)
+        ),
+    )
+}
+
 /// The refusal for a directory `comps` that was there when the action was checked and
 /// is not now: something removed it meanwhile (a rollback taking away a directory it had
 /// left empty, another program).
