@@ -1038,6 +1038,19 @@ impl Snapshotter {
     }
 }
 
+/// How far a restore takes what it finds as it is ([`RollbackEngine::restore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forced {
+    /// Not at all.
+    No,
+    /// A forced rollback: a directory the action made that holds what is not the
+    /// workflow's is left in place rather than refused.
+    Yes,
+    /// Recovery of a dead run: as forced, and a file beneath a missing directory is
+    /// taken as gone with it.
+    Recovering,
+}
+
 /// What a restore found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RestoreOutcome {
@@ -1119,6 +1132,20 @@ impl RollbackEngine {
         Ok(left_dirs)
     }
 
+    /// The refusal for a file the action made whose directory on the way, `dir`, is
+    /// missing at the restore (`after`: just after it).
+    fn way_missing_refusal(path: &str, dir: &str, after: bool) -> Refusal {
+        Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "the directory {} on the way to {} is missing{}: the file may live on where the directory was moved, so it is not called removed; put the directory back (or, if it was removed for good, make it again, empty) and roll back again",
+                shown_path(dir),
+                shown_path(path),
+                if after { " just after the restore" } else { "" }
+            ),
+        )
+    }
+
     /// The detail of a restore that left the target absent, as its action found it.
     pub(crate) fn absent_detail(meta: &SnapshotMeta) -> String {
         if meta.is_directory_action() {
@@ -1147,12 +1174,18 @@ impl RollbackEngine {
     /// (forced), so that a change another program makes after the judgement is not
     /// undone unseen (`conflict`). `forced`: a directory the action made that holds what
     /// is not the workflow's is left in place rather than refused.
+    ///
+    /// A file the action made, beneath a directory that is missing when it is to be
+    /// removed, is not called removed (nor gone): the directory may have been moved
+    /// away, the file with it, and come back. Such a step is a `conflict`, forced or not,
+    /// except for `recovering`: a dead run's undo must come to an end, and takes what is
+    /// not there as gone.
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         durable: bool,
         put: Put,
-        forced: bool,
+        forced: Forced,
         keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
@@ -1228,7 +1261,18 @@ impl RollbackEngine {
                 })
             }
             SnapshotKind::Missing => {
-                let found = root.inspect(&rel)?.kind;
+                let recovering = forced == Forced::Recovering;
+                // The directories on the way to the target, missing ones named.
+                let way_missing = |existing: usize| {
+                    let parents = rel.parent_components();
+                    (existing < parents.len() && !recovering)
+                        .then(|| parents[..=existing].join("/"))
+                };
+                let info = root.inspect(&rel)?;
+                let found = info.kind;
+                if let Some(dir) = way_missing(info.existing_parents) {
+                    return Err(Self::way_missing_refusal(&meta.original_path, &dir, false));
+                }
                 match found {
                     // A directory action made no file: one there now is someone else's.
                     TargetKind::File { .. } if meta.is_directory_action() => {
@@ -1240,7 +1284,16 @@ impl RollbackEngine {
                             ),
                         ));
                     }
-                    TargetKind::File { .. } => root.remove_file_put(&rel, put, durable)?,
+                    TargetKind::File { .. } => {
+                        if !root.remove_file_put(&rel, put, durable)? && !recovering {
+                            let dir = rel.parent_components().join("/");
+                            return Err(Self::way_missing_refusal(
+                                &meta.original_path,
+                                &dir,
+                                false,
+                            ));
+                        }
+                    }
                     TargetKind::Directory => {
                         // Another action's result now, or holding what is not the
                         // workflow's in a forced rollback: left in place, as a directory
@@ -1249,7 +1302,7 @@ impl RollbackEngine {
                         // rollback's check is a change it never saw: a conflict.
                         let claimed = keep(&meta.original_path);
                         let removed = !claimed && root.remove_empty_dir(&rel, None, durable)?;
-                        if !removed && !claimed && !forced {
+                        if !removed && !claimed && forced == Forced::No {
                             return Err(Refusal::new(
                                 ReasonCode::Conflict,
                                 format!(
@@ -1279,7 +1332,15 @@ impl RollbackEngine {
                 }
                 let after = changed().and_then(|()| {
                     let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
-                    Ok((left_dirs, root.inspect(&rel)?.kind == TargetKind::Missing))
+                    let now = root.inspect(&rel)?;
+                    // A directory of the action's own is missing because it was just
+                    // removed; any other, because someone moved it meanwhile.
+                    if let Some(dir) = way_missing(now.existing_parents)
+                        && !meta.created_dirs.contains(&dir)
+                    {
+                        return Err(Self::way_missing_refusal(&meta.original_path, &dir, true));
+                    }
+                    Ok((left_dirs, now.kind == TargetKind::Missing))
                 });
                 match after {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
@@ -1306,6 +1367,19 @@ impl RollbackEngine {
                         }),
                         left_dirs,
                     }),
+                    // Something else on the way now: what the restore left cannot be
+                    // seen, so it is not called done.
+                    Err(r)
+                        if matches!(
+                            r.reason_code,
+                            ReasonCode::Conflict
+                                | ReasonCode::SymlinkEscape
+                                | ReasonCode::SymlinkRefused
+                                | ReasonCode::NotFound
+                        ) && !recovering =>
+                    {
+                        Err(r)
+                    }
                     Err(r) => Ok(unverified(r)),
                 }
             }

@@ -10,7 +10,7 @@ use crate::confine::root::Put;
 use crate::confine::{EntryKind, RelPath};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
-    LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+    Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -1354,7 +1354,11 @@ impl Sandbox {
                 if change {
                     let maker = crate::left_dirs::Maker::of(&meta);
                     let keep = |d: &str| self.claimed(i, d, &maker);
-                    let forced = mode == RestoreMode::Force;
+                    let forced = match mode {
+                        RestoreMode::Force if recovering => Forced::Recovering,
+                        RestoreMode::Force => Forced::Yes,
+                        _ => Forced::No,
+                    };
                     RollbackEngine::restore(root, &meta, durable, put, forced, &keep, || {
                         self.fail_at("restore_verify")
                     })

@@ -2592,3 +2592,82 @@ fn a_left_folder_emptied_by_hand_is_removed_by_the_next_prune() {
     assert!(report.workflows_pruned.is_empty(), "{report:?}");
     assert!(!w.path("d").exists(), "removed by the prune's housekeeping");
 }
+
+/// A file the workflow made beneath a folder that is missing when the rollback comes to
+/// it is not called removed, forced or not: the folder may have been moved away with the
+/// file in it, for an instant (another program renaming it and back) or for good. The
+/// step fails `conflict`, so that a later rollback, once the folder is back (or made
+/// again, empty, if it was removed), finishes the work.
+#[test]
+fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_removed() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_moved", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    // Moved away while the rollback runs (just before its restores), and back after.
+    let (d, away) = (w.path("d"), w.path("d.away"));
+    let (d2, away2) = (d.clone(), away.clone());
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            let _ = std::fs::rename(&d2, &away2);
+        }),
+    );
+    let rb = sb.rollback_workflow("wf_moved", &forced());
+    std::fs::rename(&away, &d).unwrap();
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!rb.steps.is_empty(), "{rb:?}");
+    for step in &rb.steps {
+        assert!(!step.restored, "{step:?}");
+        assert_eq!(step.reason_code, Some(ReasonCode::Conflict), "{step:?}");
+        assert!(
+            step.reason
+                .as_deref()
+                .unwrap()
+                .contains("the directory 'd' on the way"),
+            "{step:?}"
+        );
+    }
+    assert_eq!(w.read("d/f1.md"), b"one");
+    assert_eq!(w.read("d/f2.md"), b"two");
+    assert!(sb.audit_verify().unwrap().ok);
+    // With the folder back, the rollback finishes: the tree is as it was.
+    let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+}
+
+/// A folder the workflow made, removed for good by someone else: a forced rollback
+/// says so and what to do; made again, empty, the rollback finishes and removes it.
+#[test]
+fn a_folder_removed_for_good_is_made_again_and_the_rollback_finishes() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_gone", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/e/f.md", "content": "one"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::remove_dir_all(w.path("d/e")).unwrap();
+    let rb = sb.rollback_workflow("wf_gone", &forced());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    let reason = rb.steps[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("the directory 'd/e' on the way") && reason.contains("make it again"),
+        "{rb:?}"
+    );
+    std::fs::create_dir(w.path("d/e")).unwrap();
+    let rb = sb.rollback_workflow("wf_gone", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -565,16 +565,17 @@ impl SandboxRoot {
     /// Removes a regular file (never following a symlink; a symlink found there is left
     /// alone and refused). A missing file is success.
     pub fn remove_file(&self, rel: &RelPath, durable: bool) -> Verdict {
-        self.remove_file_put(rel, Put::Any, durable)
+        self.remove_file_put(rel, Put::Any, durable).map(|_| ())
     }
 
     /// [`SandboxRoot::remove_file`], removing only the file as it was read when `put` is
     /// [`Put::Unchanged`], and none when it is [`Put::New`] (`conflict` otherwise, and
-    /// the file stays).
-    pub fn remove_file_put(&self, rel: &RelPath, put: Put, durable: bool) -> Verdict {
+    /// the file stays). Whether its directory was there: `false` when a directory on
+    /// the way is missing (the file may live on where it was moved).
+    pub fn remove_file_put(&self, rel: &RelPath, put: Put, durable: bool) -> Verdict<bool> {
         let (dir, _) = match self.open_parent(rel, false, false) {
             Ok(d) => d,
-            Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(()),
+            Err(r) if r.reason_code == ReasonCode::NotFound => return Ok(false),
             Err(r) => return Err(r),
         };
         match dir.symlink_metadata(rel.file_name()) {
@@ -601,7 +602,7 @@ impl SandboxRoot {
                     return Err(changed_meanwhile(rel.file_name()));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
             Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
         }
         dir.remove_file(rel.file_name())
@@ -609,7 +610,7 @@ impl SandboxRoot {
         if durable {
             sync_dir(&dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Removes a directory if it is empty and, with `only`, is that directory. Returns
