@@ -1338,10 +1338,13 @@ impl Sandbox {
                 // holds what the action found, and nothing (the backup least of all, which
                 // may be damaged) is needed to leave it so.
                 // (One the dead run itself put back after its write has `before` set to
-                // that write's result above, and is finished by a restore as ever.)
+                // that write's result above, and is finished by a restore as ever.) A
+                // folder has no checksum, made or not: a `create_directory` is undone
+                // by its restore, which removes what it finds.
                 RestoreMode::Force
                     if recovering
                         && meta.kind != SnapshotKind::Directory
+                        && !meta.is_directory_action()
                         && before == meta.sha256 =>
                 {
                     Ok((false, Put::Any))

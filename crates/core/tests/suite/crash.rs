@@ -2986,3 +2986,34 @@ fn a_dead_action_that_never_reached_its_file_needs_no_backup_to_undo() {
     assert_eq!(w.tree(), original);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A `create_directory` that dies once its folder is made (before its record) is undone
+/// by the next start: the folder, and those made on the way, are removed, and the trail
+/// says `rolled_back` only of what was done. (A folder has no checksum, as no file had
+/// been there: recovery took the action for one that never reached its target.)
+#[test]
+fn a_folder_made_by_a_dead_create_directory_is_removed_by_recovery() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Strict, Durability::Relaxed, Durability::Batched] {
+        let (w, c, original) = seeded(durability);
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("after_mutate", 1);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.run_plan(plan(json!({"workflow_id": "wf_dir", "actions": [
+                {"action_id": "a1", "intent": "create_directory", "path": "dd/w/x"}]})))
+        }));
+        assert!(outcome.is_err(), "{durability:?}: the run should die");
+        drop(sb);
+        assert!(w.path("dd/w/x").is_dir(), "{durability:?}");
+        let sb = w.open(c);
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("recovered interrupted run") && n.contains("wf_dir")),
+            "{durability:?}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(w.tree(), original, "{durability:?}: the folders are gone");
+        assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
+    }
+}
