@@ -1046,8 +1046,8 @@ pub enum Forced {
     /// A forced rollback: a directory the action made that holds what is not the
     /// workflow's is left in place rather than refused.
     Yes,
-    /// Recovery of a dead run: as forced, and a file beneath a missing directory is
-    /// taken as gone with it.
+    /// Recovery of a dead run: as forced, and a file whose directory goes just as it is
+    /// to be removed is taken as gone with it (the undo must come to an end).
     Recovering,
 }
 
@@ -1132,20 +1132,6 @@ impl RollbackEngine {
         Ok(left_dirs)
     }
 
-    /// The refusal for a file the action made whose directory on the way, `dir`, is
-    /// missing at the restore (`after`: just after it).
-    fn way_missing_refusal(path: &str, dir: &str, after: bool) -> Refusal {
-        Refusal::new(
-            ReasonCode::Conflict,
-            format!(
-                "the directory {} on the way to {} is missing{}: the file may live on where the directory was moved, so it is not called removed; put the directory back (or, if it was removed for good, make it again, empty) and roll back again",
-                shown_path(dir),
-                shown_path(path),
-                if after { " just after the restore" } else { "" }
-            ),
-        )
-    }
-
     /// The detail of a restore that left the target absent, as its action found it.
     pub(crate) fn absent_detail(meta: &SnapshotMeta) -> String {
         if meta.is_directory_action() {
@@ -1175,11 +1161,10 @@ impl RollbackEngine {
     /// undone unseen (`conflict`). `forced`: a directory the action made that holds what
     /// is not the workflow's is left in place rather than refused.
     ///
-    /// A file the action made, beneath a directory that is missing when it is to be
-    /// removed, is not called removed (nor gone): the directory may have been moved
-    /// away, the file with it, and come back. Such a step is a `conflict`, forced or not,
-    /// except for `recovering`: a dead run's undo must come to an end, and takes what is
-    /// not there as gone.
+    /// A file the action made whose directory is missing is not called verified gone:
+    /// the directory may have been moved away with it (and come back). One whose
+    /// directory goes between the look and the removal is a `conflict` (nothing was
+    /// removed), except when `recovering`: a dead run's undo must come to an end.
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
@@ -1261,18 +1246,13 @@ impl RollbackEngine {
                 })
             }
             SnapshotKind::Missing => {
-                let recovering = forced == Forced::Recovering;
-                // The directories on the way to the target, missing ones named.
-                let way_missing = |existing: usize| {
-                    let parents = rel.parent_components();
-                    (existing < parents.len() && !recovering)
-                        .then(|| parents[..=existing].join("/"))
-                };
                 let info = root.inspect(&rel)?;
                 let found = info.kind;
-                if let Some(dir) = way_missing(info.existing_parents) {
-                    return Err(Self::way_missing_refusal(&meta.original_path, &dir, false));
-                }
+                // The outermost directory missing on the way to the target, if any: the
+                // target may live on where it was moved.
+                let parents = rel.parent_components();
+                let away = (info.existing_parents < parents.len())
+                    .then(|| parents[..=info.existing_parents].join("/"));
                 match found {
                     // A directory action made no file: one there now is someone else's.
                     TargetKind::File { .. } if meta.is_directory_action() => {
@@ -1285,12 +1265,18 @@ impl RollbackEngine {
                         ));
                     }
                     TargetKind::File { .. } => {
-                        if !root.remove_file_put(&rel, put, durable)? && !recovering {
-                            let dir = rel.parent_components().join("/");
-                            return Err(Self::way_missing_refusal(
-                                &meta.original_path,
-                                &dir,
-                                false,
+                        // Its directory gone between the look and the removal: the file
+                        // was seen, and not removed. A later rollback finds it again, or
+                        // finds the directory gone.
+                        if !root.remove_file_put(&rel, put, durable)?
+                            && forced != Forced::Recovering
+                        {
+                            return Err(Refusal::new(
+                                ReasonCode::Conflict,
+                                format!(
+                                    "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: roll back again",
+                                    shown_path(&meta.original_path)
+                                ),
                             ));
                         }
                     }
@@ -1332,23 +1318,24 @@ impl RollbackEngine {
                 }
                 let after = changed().and_then(|()| {
                     let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
-                    let now = root.inspect(&rel)?;
-                    // A directory of the action's own is missing because it was just
-                    // removed; any other, because someone moved it meanwhile.
-                    if let Some(dir) = way_missing(now.existing_parents)
-                        && !meta.created_dirs.contains(&dir)
-                    {
-                        return Err(Self::way_missing_refusal(&meta.original_path, &dir, true));
-                    }
-                    Ok((left_dirs, now.kind == TargetKind::Missing))
+                    Ok((left_dirs, root.inspect(&rel)?.kind == TargetKind::Missing))
                 });
+                // Found missing beneath a missing directory: removed with it, or moved
+                // away with it (and maybe back since); nothing says which, so the step
+                // is not called verified.
+                let unseen = found == TargetKind::Missing && away.is_some();
                 match after {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
-                        checksum_validated: gone,
+                        checksum_validated: gone && !unseen,
                         restored_checksum: None,
                         detail: Some({
                             let mut d = if !gone {
                                 "removed, but something stands there again: another program put it there after the removal".to_owned()
+                            } else if let (true, Some(dir)) = (unseen, &away) {
+                                format!(
+                                    "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
+                                    shown_path(dir)
+                                )
                             } else if found == TargetKind::Missing {
                                 // Someone removed it before the rollback: nothing was.
                                 "already gone before this restore, as before the action".to_owned()
@@ -1367,19 +1354,6 @@ impl RollbackEngine {
                         }),
                         left_dirs,
                     }),
-                    // Something else on the way now: what the restore left cannot be
-                    // seen, so it is not called done.
-                    Err(r)
-                        if matches!(
-                            r.reason_code,
-                            ReasonCode::Conflict
-                                | ReasonCode::SymlinkEscape
-                                | ReasonCode::SymlinkRefused
-                                | ReasonCode::NotFound
-                        ) && !recovering =>
-                    {
-                        Err(r)
-                    }
                     Err(r) => Ok(unverified(r)),
                 }
             }

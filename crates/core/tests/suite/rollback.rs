@@ -2594,16 +2594,14 @@ fn a_left_folder_emptied_by_hand_is_removed_by_the_next_prune() {
 }
 
 /// A file the workflow made beneath a folder that is missing when the rollback comes to
-/// it is not called removed, forced or not: the folder may have been moved away with the
-/// file in it, for an instant (another program renaming it and back) or for good. The
-/// step fails `conflict`, so that a later rollback, once the folder is back (or made
-/// again, empty, if it was removed), finishes the work.
+/// it is not called verified gone: the folder may have been moved away with the file in
+/// it, for an instant (another program renaming it and back) or for good. The step says
+/// so (`checksum_validated: false`, naming the folder) rather than "already gone".
 #[test]
-fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_removed() {
+fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_verified_gone() {
     let w = World::new();
     w.write("keep.txt", b"k");
     let sb = w.open(w.writable_config());
-    let before = w.tree();
     let r = run(
         &sb,
         json!({"workflow_id": "wf_moved", "actions": [
@@ -2622,32 +2620,25 @@ fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_removed() {
     );
     let rb = sb.rollback_workflow("wf_moved", &forced());
     std::fs::rename(&away, &d).unwrap();
-    assert_ne!(rb.status, "rolled_back", "{rb:?}");
-    assert!(!rb.steps.is_empty(), "{rb:?}");
+    assert_eq!(rb.steps.len(), 2, "{rb:?}");
     for step in &rb.steps {
-        assert!(!step.restored, "{step:?}");
-        assert_eq!(step.reason_code, Some(ReasonCode::Conflict), "{step:?}");
+        assert!(!step.checksum_validated, "{step:?}");
+        let detail = step.detail.as_deref().unwrap_or_default();
         assert!(
-            step.reason
-                .as_deref()
-                .unwrap()
-                .contains("the directory 'd' on the way"),
+            detail.contains("nor the directory 'd' on the way") && detail.contains("moved away"),
             "{step:?}"
         );
     }
+    // What the report does not call checked stands there.
     assert_eq!(w.read("d/f1.md"), b"one");
-    assert_eq!(w.read("d/f2.md"), b"two");
     assert!(sb.audit_verify().unwrap().ok);
-    // With the folder back, the rollback finishes: the tree is as it was.
-    let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), before);
 }
 
-/// A folder the workflow made, removed for good by someone else: a forced rollback
-/// says so and what to do; made again, empty, the rollback finishes and removes it.
+/// A folder the workflow made, removed for good by someone else with the workflow's files
+/// in it: a forced rollback finishes, removes the folders the workflow made, and says it
+/// could not check the files.
 #[test]
-fn a_folder_removed_for_good_is_made_again_and_the_rollback_finishes() {
+fn a_folder_removed_for_good_is_said_unchecked_and_the_rollback_finishes() {
     let w = World::new();
     let sb = w.open(w.writable_config());
     let before = w.tree();
@@ -2659,15 +2650,16 @@ fn a_folder_removed_for_good_is_made_again_and_the_rollback_finishes() {
     assert_eq!(status(&r), "success", "{r:?}");
     std::fs::remove_dir_all(w.path("d/e")).unwrap();
     let rb = sb.rollback_workflow("wf_gone", &forced());
-    assert_ne!(rb.status, "rolled_back", "{rb:?}");
-    let reason = rb.steps[0].reason.clone().unwrap_or_default();
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!rb.steps[0].checksum_validated, "{rb:?}");
     assert!(
-        reason.contains("the directory 'd/e' on the way") && reason.contains("make it again"),
+        rb.steps[0]
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("nor the directory 'd/e' on the way"),
         "{rb:?}"
     );
-    std::fs::create_dir(w.path("d/e")).unwrap();
-    let rb = sb.rollback_workflow("wf_gone", &forced());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), before);
     assert!(sb.audit_verify().unwrap().ok);
 }
