@@ -1323,15 +1323,15 @@ impl RollbackEngine {
                 // Found missing beneath a missing directory: removed with it, or moved
                 // away with it (and maybe back since); nothing says which, so the step
                 // is not called verified.
-                let unseen = found == TargetKind::Missing && away.is_some();
+                let unseen = away.filter(|_| found == TargetKind::Missing);
                 match after {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
-                        checksum_validated: gone && !unseen,
+                        checksum_validated: gone && unseen.is_none(),
                         restored_checksum: None,
                         detail: Some({
                             let mut d = if !gone {
                                 "removed, but something stands there again: another program put it there after the removal".to_owned()
-                            } else if let (true, Some(dir)) = (unseen, &away) {
+                            } else if let Some(dir) = &unseen {
                                 format!(
                                     "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
                                     shown_path(dir)

@@ -207,8 +207,9 @@ fn open_regular(
 /// between the open and that look, would leave an outside file with one link open. The
 /// name's own status says in one call which file it names and how many names that file
 /// has; one, and the file opened, means that the file was wholly in the root then.
-/// Called once the file is opened and again once it is read, so a reader of an outside
-/// file would have to win the moment inside one system call twice.
+/// Called once the file is opened and again once it is read, each time after the
+/// directory is read ([`settle`]): a reader of an outside file would have to land an
+/// unlink between that read and the look, twice.
 pub(super) fn named_alone(dir: &Dir, name: &str, opened: &cap_std::fs::Metadata) -> io::Result<()> {
     // A link being removed is still found by its name, its count already lowered, until
     // the removal ends; reading the directory waits for changes to it under way to end.
