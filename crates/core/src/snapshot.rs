@@ -1324,6 +1324,17 @@ impl RollbackEngine {
                 // away with it (and maybe back since); nothing says which, so the step
                 // is not called verified.
                 let unseen = away.filter(|_| found == TargetKind::Missing);
+                if let (Ok((_, false)), Some(dir)) = (&after, &unseen) {
+                    // The directory came back, the file in it: nothing was removed.
+                    return Err(Refusal::new(
+                        ReasonCode::Conflict,
+                        format!(
+                            "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: roll back again",
+                            shown_path(dir),
+                            shown_path(&meta.original_path)
+                        ),
+                    ));
+                }
                 match after {
                     Ok((left_dirs, gone)) => Ok(RestoreOutcome {
                         checksum_validated: gone && unseen.is_none(),

@@ -1448,12 +1448,11 @@ impl Sandbox {
                 record.status = AuditStatus::Failed;
                 record.reason_code = step.reason_code;
                 record.error = step.reason.clone();
-            } else if let Some(d) = step
-                .detail
-                .as_ref()
-                .filter(|d| d.starts_with(crate::snapshot::LEFT_IN_PLACE))
-            {
-                // What the trail keeps for good says too that the undo left a folder.
+            } else if let Some(d) = step.detail.as_ref().filter(|d| {
+                d.starts_with(crate::snapshot::LEFT_IN_PLACE) || !step.checksum_validated
+            }) {
+                // What the trail keeps for good says too that the undo left a folder, or
+                // could not check what it left.
                 record.error = Some(d.clone());
             }
             // Recovery stopped by the disk keeps its record and tries again at each start

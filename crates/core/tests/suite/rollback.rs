@@ -2660,6 +2660,60 @@ fn a_folder_removed_for_good_is_said_unchecked_and_the_rollback_finishes() {
             .contains("nor the directory 'd/e' on the way"),
         "{rb:?}"
     );
+    // The trail, kept for good, says so too.
+    let line = &sb.audit_entries(1, Some("wf_gone")).unwrap()[0];
+    assert!(
+        line.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("nor the directory 'd/e' on the way"),
+        "{line:?}"
+    );
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A folder missing when the rollback looks, and back (the file in it) before the step
+/// ends: nothing was removed, so the step fails `conflict` and a later rollback removes
+/// the file.
+#[test]
+fn a_folder_back_before_the_step_ends_leaves_the_step_to_a_later_rollback() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_back", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let (d, away) = (w.path("d"), w.path("d.away"));
+    let (d1, away1, d2, away2) = (d.clone(), away.clone(), d, away);
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || std::fs::rename(&d1, &away1).unwrap()),
+    );
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || std::fs::rename(&away2, &d2).unwrap()),
+    );
+    let rb = sb.rollback_workflow("wf_back", &forced());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!rb.steps[0].restored, "{rb:?}");
+    assert_eq!(
+        rb.steps[0].reason_code,
+        Some(ReasonCode::Conflict),
+        "{rb:?}"
+    );
+    assert!(
+        rb.steps[0].reason.as_deref().unwrap().contains("is back"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("d/f1.md"), b"one");
+    let rb = sb.rollback_workflow("wf_back", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps[0].checksum_validated, "{rb:?}");
     assert_eq!(w.tree(), before);
     assert!(sb.audit_verify().unwrap().ok);
 }
