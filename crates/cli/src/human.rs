@@ -183,6 +183,13 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
             safe(&overwritten.join(", "))
         );
     }
+    let removed = r.found_removed_paths();
+    if r.is_success() && !removed.is_empty() {
+        out!(
+            "  forced: it found removed since the workflow wrote it (nothing there to overwrite): {}",
+            safe(&removed.join(", "))
+        );
+    }
     let id_w = column(14, r.steps.iter().map(|s| safe(&s.action_id)));
     let intent_w = column(18, r.steps.iter().map(|s| safe(&s.intent)));
     for s in &r.steps {

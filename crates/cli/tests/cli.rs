@@ -951,6 +951,7 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
         &[],
         &json!({"workflow_id": "wf_f", "actions": [
             {"intent": "create_file", "path": "f.txt", "content": "mine\n"},
+            {"intent": "create_file", "path": "g.txt", "content": "mine too\n"},
             {"intent": "create_directory", "path": "gd"}]}),
     );
     let out = e.cmd().args(["rollback", "wf_f"]).output().unwrap();
@@ -958,6 +959,8 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
     assert!(said.contains("\n  writing is disabled"), "{said}");
     assert!(!said.contains("-:"), "{said}");
     std::fs::write(e.root.join("f.txt"), b"theirs\n").unwrap();
+    // Removed by hand: nothing there to overwrite, and said so apart.
+    std::fs::remove_file(e.root.join("g.txt")).unwrap();
     // A directory holding what is not the workflow's is left in place: not overwritten.
     std::fs::write(e.root.join("gd/theirs.txt"), b"theirs\n").unwrap();
     let out = e
@@ -978,6 +981,12 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
         e.root.join("f.txt").display()
     );
     assert!(said.contains(&overwrote), "{said}");
+    let removed = format!(
+        "forced: it found removed since the workflow wrote it (nothing there to overwrite): {}\n",
+        e.root.join("g.txt").display()
+    );
+    assert!(said.contains(&removed), "{said}");
+    assert!(!e.root.join("g.txt").exists());
     assert!(e.root.join("gd/theirs.txt").exists());
 }
 

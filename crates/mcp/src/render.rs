@@ -444,6 +444,13 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
                 overwritten.join(", ")
             ));
         }
+        let removed = rep.found_removed_paths();
+        if !removed.is_empty() {
+            text.push_str(&format!(
+                "\nForced: it found removed since the workflow wrote it (nothing there to overwrite): {}.",
+                removed.join(", ")
+            ));
+        }
         // Done, yet not all of the workflow is back (writes whose snapshots were pruned).
         if let Some(left) = &rep.reason {
             text.push_str(&format!("\nNot everything is back: {}.", clause(left)));

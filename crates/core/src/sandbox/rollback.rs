@@ -49,10 +49,20 @@ impl RollbackReport {
         self.status == "simulated"
     }
 
-    /// What a forced rollback overwrote: the files and directories its conflicts name,
-    /// each once, in order, but for a directory its step left in place (it holds what
-    /// is not the workflow's, which force never removes).
+    /// What a forced rollback overwrote: the files and directories its conflicts name
+    /// that held something else, each once, in order, but for a directory its step left
+    /// in place (it holds what is not the workflow's, which force never removes).
     pub fn overwritten_paths(&self) -> Vec<&str> {
+        self.forced_paths(false)
+    }
+
+    /// What a forced rollback found removed since the workflow wrote it (nothing there
+    /// to overwrite: a file the workflow made stays gone, one it replaced is put back).
+    pub fn found_removed_paths(&self) -> Vec<&str> {
+        self.forced_paths(true)
+    }
+
+    fn forced_paths(&self, removed: bool) -> Vec<&str> {
         let mut paths: Vec<&str> = Vec::new();
         for c in &self.conflicts {
             let left = self.steps.iter().any(|s| {
@@ -61,7 +71,10 @@ impl RollbackReport {
                         .as_deref()
                         .is_some_and(|d| d.starts_with(crate::snapshot::LEFT_IN_PLACE))
             });
-            if !left && !paths.contains(&c.path.as_str()) {
+            // With `found_by_action`, the checksum is what a later action of the
+            // workflow found, not what stands there now.
+            let gone = c.current_checksum.is_none() && c.found_by_action.is_none();
+            if !left && gone == removed && !paths.contains(&c.path.as_str()) {
                 paths.push(&c.path);
             }
         }

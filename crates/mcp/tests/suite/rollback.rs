@@ -93,7 +93,13 @@ async fn a_conflicting_rollback_needs_force() {
     let s = Session::start(Mode::Write).await;
     s.ok("create_file", json!({"path": "c.md", "content": "mine\n"}))
         .await;
+    s.ok(
+        "create_file",
+        json!({"path": "d.md", "content": "mine too\n"}),
+    )
+    .await;
     std::fs::write(s.path("c.md"), b"edited by someone else\n").unwrap();
+    std::fs::remove_file(s.path("d.md")).unwrap();
 
     let r = s.err("rollback_workflow", json!({})).await;
     let t = text(&r);
@@ -108,6 +114,12 @@ async fn a_conflicting_rollback_needs_force() {
         s.path("c.md").display()
     );
     assert!(text(&r).contains(&said), "{}", text(&r));
+    // One removed by hand was not overwritten: said apart.
+    let removed = format!(
+        "Forced: it found removed since the workflow wrote it (nothing there to overwrite): {}.",
+        s.path("d.md").display()
+    );
+    assert!(text(&r).contains(&removed), "{}", text(&r));
     s.finish().await;
 }
 
