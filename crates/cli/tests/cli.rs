@@ -2052,6 +2052,60 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
     assert!(err.contains("sandbox_audit.jsonl is a folder"), "{err}");
 }
 
+/// A seal key removed beside a trail with entries is not made again (that would leave
+/// every snapshot sealed so far untrusted, unsaid): the runtime stops, naming the key and
+/// the ways on; the trail is still verified, read-only.
+#[test]
+fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
+    let e = env();
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_k", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "x"}]}),
+    );
+    let key = e.state.join("seal.key");
+    std::fs::remove_file(&key).unwrap();
+    let out = e.cmd().args(["--json", "state"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} is missing beside an audit trail of 1 entry",
+            key.display()
+        )) && err.contains("put it back from a backup")
+            && err.contains("head -c 32 /dev/urandom"),
+        "{err}"
+    );
+    assert!(!key.exists(), "no new key is made");
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(json_out(&out)["ok"], json!(true));
+    assert!(
+        err.contains("is missing beside an audit trail")
+            && err.contains("verified read-only, without recovery"),
+        "{err}"
+    );
+    assert!(!key.exists());
+    // A key the operator makes is taken: the snapshots sealed with the lost one are not.
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let out = e.cmd().args(["--json", "state"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = e.live(&["rollback", "wf_k"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        json_out(&out)["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("seal key was replaced")),
+        "{out:?}"
+    );
+    assert_eq!(std::fs::read(e.root.join("x.txt")).unwrap(), b"x");
+}
+
 /// When the default state directory cannot be created, the runtime uses the user's
 /// (`$XDG_STATE_HOME/ailab-sandbox`) and says so. The default's parent is hidden under a
 /// read-only tmpfs in a private mount namespace, so the real one is never touched.

@@ -1415,7 +1415,7 @@ pub(crate) fn with_unlogged(
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, or the trail was replaced",
+            "the artifact registry holds {} artifact(s) whose writes the audit trail does not record (the first: {}, action {} of workflow {}): lines were removed from the trail with its head made to match, the trail was replaced, or lines were added to the registry",
             missing.len(),
             first.artifact_id,
             shown_path(&first.action_id),
@@ -1543,6 +1543,34 @@ pub fn unregistered<'a>(
         .collect()
 }
 
+/// `report` (of a sound chain), failed when the registry (`registered`: its entries for
+/// the actions the trail records, or more) holds more than one artifact for one action:
+/// an action registers one at most, whatever became of it (a success's copies are
+/// [`unregistered`]'s; this finds those of actions that failed or were rolled back).
+pub(crate) fn with_doubled(report: VerifyReport, registered: &[ArtifactEntry]) -> VerifyReport {
+    let mut seen = std::collections::HashMap::new();
+    for a in registered {
+        let n = seen
+            .entry((a.workflow_id.as_str(), a.action_id.as_str()))
+            .or_insert(0usize);
+        *n += 1;
+        if *n == 2 {
+            return VerifyReport {
+                ok: false,
+                first_bad_seq: None,
+                reason: Some(format!(
+                    "the artifact registry holds more than one artifact for action {} of workflow {} (the second: {}), which registers one at most: lines were added to the registry",
+                    shown_path(&a.action_id),
+                    shown_path(&a.workflow_id),
+                    a.artifact_id
+                )),
+                ..report
+            };
+        }
+    }
+    report
+}
+
 /// The actions, by workflow, that an audit log records as having written.
 pub type Writes = std::collections::HashMap<String, std::collections::HashSet<String>>;
 
@@ -1556,7 +1584,7 @@ pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
 /// The actions the complete lines of `bytes` record as having changed a file, or tried
 /// to: succeeded, failed (a failure after the registry line leaves its artifact behind,
 /// see `Sandbox::audit_verify`) or rolled back. Blocked and simulated actions register
-/// nothing.
+/// nothing, nor does a `create_directory` (a folder is no artifact).
 pub fn writes_in(bytes: &[u8]) -> Writes {
     let mut out = Writes::new();
     for e in crate::journal::json_lines::<SandboxAuditEntry>(bytes)
@@ -1565,7 +1593,8 @@ pub fn writes_in(bytes: &[u8]) -> Writes {
             matches!(
                 e.status,
                 AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
-            )
+            ) && !crate::catalog::op_for_intent(&e.mutation_type)
+                .is_some_and(|op| op.is_directory())
         })
     {
         out.entry(e.workflow_id).or_default().insert(e.action_id);
@@ -1615,10 +1644,11 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         return Ok(report);
     }
     let recorded = registering_writes_in(&log);
-    Ok(with_unregistered(
-        report,
-        &unregistered(&recorded, &entries),
-    ))
+    let report = with_unregistered(report, &unregistered(&recorded, &entries));
+    if !report.ok {
+        return Ok(report);
+    }
+    Ok(with_doubled(report, &entries))
 }
 
 /// The artifacts a registry file's bytes hold, and how many of its whole lines are none.

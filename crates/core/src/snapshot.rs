@@ -266,7 +266,7 @@ fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
     let detail = match why {
         Unsealed::Malformed(e) => format!("is damaged ({e})"),
         Unsealed::Forged => {
-            "does not carry this runtime's seal: it was changed or written by something else"
+            "does not carry this runtime's seal: it was changed or written by something else, or the state directory's seal key was replaced since it was sealed"
                 .to_owned()
         }
     };

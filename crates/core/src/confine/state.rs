@@ -592,10 +592,24 @@ impl StateDir {
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
     /// source. It appears whole or not at all, durable before use, and if another process
-    /// made it first, theirs is used.
-    pub fn secret(&self, name: &str) -> io::Result<[u8; 32]> {
+    /// made it first, theirs is used. `made_for`, when given, names what was made with
+    /// the secret already (say, an audit trail's entries): a missing secret was then
+    /// removed, and is not made anew, since what it vouched for would silently stop
+    /// being trusted.
+    pub fn secret(&self, name: &str, made_for: Option<&str>) -> io::Result<[u8; 32]> {
         if let Some(key) = self.read_secret(name)? {
             return Ok(key);
+        }
+        if let Some(what) = made_for {
+            let path = self.path.join(name);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is missing beside {what}: it was removed or lost (it is made before anything it vouches for), and a new one would leave every snapshot sealed so far untrusted, so nothing written so far could be rolled back; put it back from a backup of the state directory, or, to give up those rollbacks, make a new one yourself: (umask 077; head -c 32 /dev/urandom > {})",
+                    path.display(),
+                    path.display()
+                ),
+            ));
         }
         let mut key = [0u8; 32];
         let mut filled = 0;

@@ -373,9 +373,17 @@ impl Sandbox {
         let left_dirs = crate::left_dirs::LeftDirs::open(&state, durable)
             .map_err(Error::io("open the ledger of directories rollbacks left"))?;
         audit.share_failpoints(failpoints.clone());
+        // Every start makes the key before its first trail line: a trail with lines and
+        // no key lost its key.
+        let entries = audit.last_seq().map_err(Error::io("read the audit log"))?;
+        let made_for = match entries {
+            0 => None,
+            1 => Some("an audit trail of 1 entry".to_owned()),
+            n => Some(format!("an audit trail of {n} entries")),
+        };
         let seal = crate::seal::SealKey::new(
             state
-                .secret(crate::seal::KEY_FILE)
+                .secret(crate::seal::KEY_FILE, made_for.as_deref())
                 .map_err(Error::io("read or create the snapshot seal key"))?,
         );
         let metrics = Metrics::new();

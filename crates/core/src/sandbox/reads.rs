@@ -211,18 +211,18 @@ impl Sandbox {
         }
         // The registry is read after the trail, and a write is registered before its
         // line is appended: every write the trail read records is in it.
-        let wanted: std::collections::HashSet<(&str, &str)> = recorded
-            .iter()
-            .map(|e| (e.workflow_id.as_str(), e.action_id.as_str()))
-            .collect();
         let registered = self
             .registry
-            .find(|a| wanted.contains(&(a.workflow_id(), a.action_id())))
+            .find(|a| crate::audit::records(&logged, a.workflow_id(), a.action_id()))
             .map_err(Error::io("read the artifact registry"))?;
-        Ok(crate::audit::with_unregistered(
+        let report = crate::audit::with_unregistered(
             report,
             &crate::audit::unregistered(&recorded, &registered),
-        ))
+        );
+        if !report.ok {
+            return Ok(report);
+        }
+        Ok(crate::audit::with_doubled(report, &registered))
     }
 
     /// `report`, failed when the registry holds artifacts whose writes the trail

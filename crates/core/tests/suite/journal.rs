@@ -302,6 +302,73 @@ fn writes_the_trail_records_must_be_in_the_registry() {
     assert!(verify_read_only(&w.state, true).unwrap().ok);
 }
 
+/// An artifact credited to an action that registers none (a `create_directory`), or a
+/// second one beside the artifact a failed action left, is found: the registry's lines
+/// are checked against what each action could have registered, not only against the
+/// trail's successful writes.
+#[test]
+fn artifacts_no_action_could_have_registered_are_found() {
+    use ailab_sandbox_core::audit::verify_read_only;
+    let (w, sb) = audited_world(1);
+    assert_eq!(
+        status(&run(
+            &sb,
+            json!({"workflow_id": "wf_d", "actions": [
+                {"action_id": "mkdir", "intent": "create_directory", "path": "d"}]})
+        )),
+        "success"
+    );
+    sb.failpoints().arm("before_audit", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_f", "actions": [
+            {"action_id": "late", "intent": "create_file", "path": "late.txt", "content": "y"}]}),
+    );
+    assert_eq!(status(&r), "rolled_back", "{r:?}");
+    drop(sb);
+    let registry = w.state.join("artifacts.jsonl");
+    let original = std::fs::read_to_string(&registry).unwrap();
+    let left: serde_json::Value = serde_json::from_str(
+        original
+            .lines()
+            .find(|l| l.contains("\"wf_f\""))
+            .expect("the failed action's artifact stays"),
+    )
+    .unwrap();
+    assert!(w.open(strict(&w)).audit_verify().unwrap().ok);
+    assert!(verify_read_only(&w.state, true).unwrap().ok);
+    let forged = |workflow: &str, action: &str| {
+        let mut extra = left.clone();
+        let id = left["artifact_id"].as_str().unwrap();
+        extra["artifact_id"] = json!(format!("{}beef", &id[..id.len() - 4]));
+        extra["workflow_id"] = json!(workflow);
+        extra["action_id"] = json!(action);
+        format!("{original}{extra}\n")
+    };
+    for (case, tampered, said) in [
+        (
+            "a folder's",
+            forged("wf_d", "mkdir"),
+            "1 artifact(s) whose writes the audit trail does not record",
+        ),
+        (
+            "a failed action's second",
+            forged("wf_f", "late"),
+            "more than one artifact for action 'late' of workflow 'wf_f'",
+        ),
+    ] {
+        std::fs::write(&registry, &tampered).unwrap();
+        for v in [
+            verify_read_only(&w.state, true).unwrap(),
+            w.open(strict(&w)).audit_verify().unwrap(),
+        ] {
+            assert!(!v.ok, "{case}: {v:?}");
+            let reason = v.reason.unwrap();
+            assert!(reason.contains(said), "{case}: {reason}");
+        }
+    }
+}
+
 /// Writes under way while the trail is verified are not taken for lines removed.
 #[test]
 fn writes_under_way_do_not_fail_verification() {
