@@ -144,7 +144,11 @@ pub fn check_rate(
         return Err(Refusal::new(
             ReasonCode::RateLimited,
             format!(
-                "workflow '{workflow_id}' may make {per_minute} writes a minute; {need} more will be allowed in {shown:.1} seconds"
+                "workflow '{workflow_id}' may make {} a minute; {need} more will be allowed in {shown:.1} seconds",
+                match per_minute {
+                    1 => "1 write".to_owned(),
+                    n => format!("{n} writes"),
+                }
             ),
         )
         // Whole seconds, rounded up: trying again after them never comes too early.
@@ -199,6 +203,18 @@ mod tests {
         assert_eq!(r.retry_after_seconds, Some(1));
         assert!(check_rate("w", 10, tat, t(59), 10, 10).is_err());
         assert!(check_rate("w", 10, tat, t(60), 10, 10).is_ok());
+        assert!(
+            r.reason
+                .starts_with("workflow 'w' may make 10 writes a minute;")
+        );
+        let one = replay_tat(&[t(0)], 1);
+        let r = check_rate("w", 1, one, t(1), 1, 1).unwrap_err();
+        assert!(
+            r.reason
+                .starts_with("workflow 'w' may make 1 write a minute;"),
+            "{}",
+            r.reason
+        );
     }
 
     #[test]

@@ -405,6 +405,10 @@ pub struct ExtensionPolicy {
     blocked: Vec<String>,
 }
 
+/// The suffixes of the folders systemd reads a unit's drop-ins (`.d`) and dependencies
+/// from, normalised as extensions.
+const UNIT_FOLDER_SUFFIXES: [&str; 4] = [".d", ".wants", ".requires", ".upholds"];
+
 /// Default allow-list.
 pub const DEFAULT_ALLOWED_EXTENSIONS: [&str; 25] = [
     ".txt",
@@ -508,7 +512,10 @@ impl ExtensionPolicy {
 
     /// Refuses the first of `dirs` (directory names) whose extension is blocked: the
     /// block-list always wins, so a name such as `x.service` is never made a directory
-    /// either, nor written beneath. Directories have no allow-list.
+    /// either, nor written beneath. Nor is a folder named after one with a suffix systemd
+    /// reads units' drop-ins and dependencies from (`x.service.d`, `x.timer.wants`): a
+    /// file there changes the unit as surely as the unit file. Directories have no
+    /// allow-list.
     pub fn check_directories(&self, dirs: &[String]) -> Verdict {
         for name in dirs {
             let ext = normalize_extension(name);
@@ -519,6 +526,23 @@ impl ExtensionPolicy {
                         "the directory name {} has the blocked extension {}; a name with a blocked extension is never written, as a file or as a directory, nor beneath one (blocked: {})",
                         shown_path(name),
                         shown_ext(&ext),
+                        self.blocked.join(" ")
+                    ),
+                ));
+            }
+            let Some(suffix) = UNIT_FOLDER_SUFFIXES.iter().find(|s| **s == ext) else {
+                continue;
+            };
+            let trimmed = name.trim_end_matches(['.', ' ']);
+            let unit = normalize_extension(&trimmed[..trimmed.len() - suffix.len()]);
+            if self.is_extension_blocked(&unit) {
+                return Err(Refusal::new(
+                    ReasonCode::BlockedExtension,
+                    format!(
+                        "the directory name {} is a {} folder of a name with the blocked extension {} (systemd reads drop-ins and dependencies of units from such folders); it is never made, nor written beneath (blocked: {})",
+                        shown_path(name),
+                        shown_ext(suffix),
+                        shown_ext(&unit),
                         self.blocked.join(" ")
                     ),
                 ));

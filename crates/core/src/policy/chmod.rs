@@ -13,7 +13,7 @@ const SYMBOLIC_EXEC_MODES: [&str; 9] = [
 
 const PATTERNS: [Pattern; 16] = [
     Pattern {
-        name: "chmod +x (symbolic mode)",
+        name: "chmod with a symbolic mode (+x, u+w, g+s…)",
         matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
     },
     Pattern {

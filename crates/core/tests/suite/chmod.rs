@@ -36,6 +36,19 @@ fn at_least_ten_distinct_pattern_families_fire() {
     assert_eq!(names.len(), CHMOD_PATTERN_COUNT, "{names:?}");
 }
 
+/// The pattern a refusal names is what was asked: a symbolic mode that adds no execute
+/// bit is not called "+x".
+#[test]
+fn a_symbolic_mode_is_named_for_what_it_is() {
+    for text in ["chmod o+w f", "chmod g+s dir", "chmod u=rw f", "chmod +x f"] {
+        let name = detect_chmod_intent(text).unwrap_or_default();
+        assert!(
+            name.starts_with("chmod with a symbolic mode") && !name.contains("+x ("),
+            "{text}: {name}"
+        );
+    }
+}
+
 #[test]
 fn chmod_plus_x_is_detected() {
     assert!(flagged("chmod +x run.sh"));

@@ -131,6 +131,11 @@ fn a_blocked_extension_is_never_a_directory_name() {
         json!({"intent": "create_directory", "path": "units/x.Timer./drop"}),
         json!({"intent": "create_file", "path": "lib.so/readme.md", "content": "x"}),
         json!({"intent": "write_json", "path": "a/b.socket/c.json", "data": {}}),
+        // Drop-in and dependency folders of units, which systemd reads as the unit.
+        json!({"intent": "create_file", "path": "sshd.service.d/override.conf", "content": "x"}),
+        json!({"intent": "create_directory", "path": "user/backup.TIMER.d."}),
+        json!({"intent": "create_file", "path": "m.target.wants/x.conf", "content": "x"}),
+        json!({"intent": "create_file", "path": "m.socket.requires/x.conf", "content": "x"}),
     ] {
         let (intent, path) = (&action["intent"], &action["path"]);
         let r = run(&sb, json!({ "actions": [action] }));
@@ -144,12 +149,17 @@ fn a_blocked_extension_is_never_a_directory_name() {
         assert!(reason.contains("directory name"), "{reason}");
     }
     assert_eq!(w.tree(), before, "nothing was created");
-    // A dot inside a directory name that is not a blocked extension is fine.
+    // A dot inside a directory name that is not a blocked extension is fine, and so is a
+    // `.d` folder of any other name.
     let r = run(
         &sb,
-        json!({"actions": [{"intent": "create_file", "path": "v1.2/notes.md", "content": "x"}]}),
+        json!({"actions": [
+            {"intent": "create_file", "path": "v1.2/notes.md", "content": "x"},
+            {"intent": "create_file", "path": "conf.d/app.conf", "content": "x"},
+            {"intent": "create_file", "path": "nginx.conf.d/site.conf", "content": "x"},
+            {"intent": "create_directory", "path": ".d"}]}),
     );
-    assert_eq!(status(&r), "success");
+    assert_eq!(status(&r), "success", "{r:?}");
 }
 
 /// Something other than a folder where `.rollback` belongs (a file, a symbolic link, a
