@@ -74,9 +74,10 @@ fn list_params(
     })?;
     let limit = match q.limit.as_deref() {
         None => DEFAULT_LIST_LIMIT,
-        Some(text) => text
-            .parse::<u32>()
-            .ok()
+        // Digits only, as the CLI takes it: Rust's parser would also take a sign.
+        Some(text) => Some(text)
+            .filter(|t| t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse::<u32>().ok())
             .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
@@ -109,8 +110,7 @@ fn workflow_param(p: Result<Path<String>, PathRejection>, uri: &Uri) -> Result<S
         Err(PathRejection::FailedToDeserializePathParams(e))
             if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
         {
-            // Still percent-encoded, the segment is printable and names the bytes sent.
-            let sent = uri.path().rsplit('/').next().unwrap_or_default();
+            let sent = sent_segment(uri);
             Err(match check_id("workflow_id", sent) {
                 Err(r) => ApiError::from_refusal(r),
                 Ok(()) => ApiError::bad_request(e.body_text()),
@@ -118,6 +118,12 @@ fn workflow_param(p: Result<Path<String>, PathRejection>, uri: &Uri) -> Result<S
         }
         Err(e) => Err(ApiError::bad_request(e.body_text())),
     }
+}
+
+/// The path's last segment as sent: still percent-encoded, it is printable and names the
+/// bytes sent.
+fn sent_segment(uri: &Uri) -> &str {
+    uri.path().rsplit('/').next().unwrap_or_default()
 }
 
 /// Whether `e` or one of its sources is a `T`.
@@ -318,7 +324,16 @@ pub(crate) async fn rollback(
     wf: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let wf = workflow_param(wf, &uri)?;
+    let wf = match wf {
+        // Not UTF-8 once decoded: passed on as sent, which the rollback refuses
+        // (`invalid_id`) in its report's form, as every other malformed id.
+        Err(PathRejection::FailedToDeserializePathParams(e))
+            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+        {
+            sent_segment(&uri).to_owned()
+        }
+        wf => workflow_param(wf, &uri)?,
+    };
     let bytes = body_bytes(body, s.body_limit)?;
     let req = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None => RollbackRequest::default(),

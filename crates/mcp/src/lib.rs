@@ -469,11 +469,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     ));
                 }
                 for e in &entries {
-                    let size = if e.kind == "file" && !e.other_links {
-                        format!("  ({} bytes)", e.size_bytes)
-                    } else {
-                        String::new()
-                    };
+                    let size = e
+                        .size_bytes
+                        .map_or_else(String::new, |n| format!("  ({})", render::bytes(n)));
                     let slash = if e.kind == "directory" { "/" } else { "" };
                     // A name is one line of the list: control characters are escaped (no
                     // tool accepts such a path anyway).
@@ -522,7 +520,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             Ok(Ok(info)) => {
                 let mut text = format!("{}: {}", info.path, info.kind);
                 if let Some(n) = info.size_bytes {
-                    text.push_str(&format!(", {n} bytes"));
+                    text.push_str(&format!(", {}", render::bytes(n)));
                 }
                 match (&info.sha256, info.kind) {
                     (Some(s), _) => text.push_str(&format!(", sha256 {s}")),

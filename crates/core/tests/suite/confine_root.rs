@@ -894,16 +894,16 @@ fn list_dir_reports_kinds_without_following_links() {
     mkdir_755(&fx.root_path.join("d"));
     symlink(&fx.outside, fx.root_path.join("l")).unwrap();
     let list = fx.root.list_dir(None).unwrap();
-    let kinds: Vec<(&str, &str, u64)> = list
+    let kinds: Vec<(&str, &str, Option<u64>)> = list
         .iter()
         .map(|e| (e.name.as_str(), e.kind, e.size_bytes))
         .collect();
     assert_eq!(
         kinds,
         [
-            ("d", "directory", 0),
-            ("f.txt", "file", 3),
-            ("l", "symlink", 0)
+            ("d", "directory", None),
+            ("f.txt", "file", Some(3)),
+            ("l", "symlink", None)
         ]
     );
     assert_eq!(

@@ -300,9 +300,13 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
         .await
         .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
     assert!(v["reason"].as_str().unwrap().contains("%FF"), "{v}");
-    post(&e.app, "/agentic/rollback/%FF", Body::empty())
+    // The rollback answers with its report, as for every other malformed id.
+    let v = post(&e.app, "/agentic/rollback/%FF", Body::empty())
         .await
         .assert_error(StatusCode::BAD_REQUEST, "invalid_id");
+    assert_eq!(v["status"], "refused", "{v}");
+    assert_eq!(v["steps"], json!([]), "{v}");
+    assert!(v["reason"].as_str().unwrap().contains("%FF"), "{v}");
     // In a query too, and a bad limit as well: quoted as sent, not as decoded.
     for route in ["/agentic/executions", "/agentic/artifacts"] {
         let v = get(&e.app, &format!("{route}?workflow_id=%FF"))
@@ -317,6 +321,12 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
         assert!(v["reason"].as_str().unwrap().contains("\"+5\""), "{v}");
+        // A sign sent encoded is refused too, as the CLI refuses `--limit +5`.
+        for limit in ["%2B5", "-5"] {
+            get(&e.app, &format!("{route}?limit={limit}"))
+                .await
+                .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+        }
     }
 }
 

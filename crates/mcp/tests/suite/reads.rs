@@ -124,15 +124,20 @@ async fn a_hard_linked_file_is_listed_without_its_size() {
     std::fs::write(&secret, b"twenty-three bytes long").unwrap();
     std::fs::hard_link(&secret, s.path("linked.md")).unwrap();
     std::fs::write(s.path("own.md"), b"own").unwrap();
+    std::fs::write(s.path("one.md"), b"1").unwrap();
+    std::fs::create_dir(s.path("sub")).unwrap();
     let r = s.ok("list_directory", json!({})).await;
     let t = text(&r);
     assert!(!t.contains("23 bytes"), "{t}");
     let linked = t.lines().find(|l| l.contains("linked.md")).unwrap();
     assert!(linked.contains("other hard links"), "{t}");
     assert!(t.contains("own.md  (3 bytes)"), "{t}");
+    assert!(t.contains("one.md  (1 byte)\n"), "{t}");
     let entries = structured(&r)["entries"].as_array().unwrap().clone();
     let entry = |name: &str| entries.iter().find(|e| e["name"] == name).unwrap().clone();
-    assert_eq!(entry("linked.md")["size_bytes"], 0, "{entries:?}");
+    // Not given is null, as `get_file_info` says it: a 0 would read as an empty file.
+    assert_eq!(entry("linked.md")["size_bytes"], json!(null), "{entries:?}");
+    assert_eq!(entry("sub")["size_bytes"], json!(null), "{entries:?}");
     assert_eq!(entry("linked.md")["other_links"], true, "{entries:?}");
     assert_eq!(entry("own.md")["size_bytes"], 3, "{entries:?}");
     assert!(entry("own.md").get("other_links").is_none(), "{entries:?}");
@@ -177,7 +182,7 @@ async fn a_name_that_is_not_utf8_is_said_to_be_unaddressable() {
     let flagged: Vec<&str> = t.lines().filter(|l| l.contains("not UTF-8")).collect();
     assert_eq!(flagged.len(), 2, "{t}");
     assert!(
-        flagged.iter().any(|l| l.contains(".txt  (1 bytes)")),
+        flagged.iter().any(|l| l.contains(".txt  (1 byte)")),
         "the stray file: {t}"
     );
     // The slash marks the directory's name, before the note.

@@ -726,11 +726,7 @@ impl SandboxRoot {
                 name,
                 not_utf8,
                 kind,
-                size_bytes: if ft.is_file() && !other_links {
-                    meta.len()
-                } else {
-                    0
-                },
+                size_bytes: (ft.is_file() && !other_links).then(|| meta.len()),
                 other_links,
             });
         }
@@ -910,8 +906,9 @@ pub struct DirEntryInfo {
     pub not_utf8: bool,
     /// `file`, `directory`, `symlink` or `special`.
     pub kind: &'static str,
-    /// Size of a regular file with one link; 0 otherwise.
-    pub size_bytes: u64,
+    /// Size of a regular file with one link; none otherwise (null in JSON, as for
+    /// `get_file_info`: a folder has no size, and a 0 would read as an empty file).
+    pub size_bytes: Option<u64>,
     /// Set for a regular file with other hard links: it may alias a file outside the
     /// root, so it is never read or written, and its size is not given.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
