@@ -858,8 +858,12 @@ fn verify_read_only(
     why: &ailab_sandbox_core::Error,
     json: bool,
 ) -> Result<u8> {
-    let v = ailab_sandbox_core::audit::verify_read_only(state_dir, durable)
-        .with_context(|| format!("read the audit log in {}", state_dir.display()))?;
+    let v = ailab_sandbox_core::audit::verify_read_only(state_dir, durable).with_context(|| {
+        format!(
+            "read the audit trail and registry in {}",
+            state_dir.display()
+        )
+    })?;
     // With --json too, as every notice: standard output holds only the report.
     err!(
         "note: the runtime cannot start here ({}); the trail was verified read-only, without recovery",

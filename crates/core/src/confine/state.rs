@@ -59,9 +59,18 @@ impl StateDir {
             }
             let shown = path.join(name).display().to_string();
             let d = checked.dir.open_dir_nofollow(name).map_err(|e| {
+                let what = kind_at(&checked.dir, name);
+                if what == "a folder" {
+                    return io::Error::new(
+                        e.kind(),
+                        format!("{STATE_DIR} folder {shown} cannot be opened: {e}"),
+                    );
+                }
                 io::Error::new(
-                    e.kind(),
-                    format!("{STATE_DIR} folder {shown} cannot be opened: {e}"),
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{STATE_DIR} folder {shown} is {what}, not a folder; the state directory's folders are never opened through anything else: move it away (the runtime makes the folder again)"
+                    ),
                 )
             })?;
             check_private(&d.dir_metadata()?, &shown)?;
@@ -1188,15 +1197,7 @@ fn shut_out(e: io::Error, rel: &str) -> io::Error {
 /// without a word, one opened for writing alone would wait for a reader for ever, and a
 /// link would send the runtime's records elsewhere.
 fn not_regular(dir: &Dir, name: &str, shown: &Path) -> io::Error {
-    use cap_std::fs::FileTypeExt as _;
-    let what = match dir.symlink_metadata(name).map(|m| m.file_type()) {
-        Ok(t) if t.is_symlink() => "a symbolic link",
-        Ok(t) if t.is_dir() => "a folder",
-        Ok(t) if t.is_fifo() => "a FIFO",
-        Ok(t) if t.is_socket() => "a socket",
-        Ok(t) if t.is_block_device() || t.is_char_device() => "a device",
-        _ => "something else",
-    };
+    let what = kind_at(dir, name);
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!(
@@ -1204,6 +1205,20 @@ fn not_regular(dir: &Dir, name: &str, shown: &Path) -> io::Error {
             shown.display()
         ),
     )
+}
+
+/// What stands at `name` of `dir`, in words, looked at without following a link.
+fn kind_at(dir: &Dir, name: &str) -> &'static str {
+    use cap_std::fs::FileTypeExt as _;
+    match dir.symlink_metadata(name).map(|m| m.file_type()) {
+        Ok(t) if t.is_symlink() => "a symbolic link",
+        Ok(t) if t.is_dir() => "a folder",
+        Ok(t) if t.is_file() => "a file",
+        Ok(t) if t.is_fifo() => "a FIFO",
+        Ok(t) if t.is_socket() => "a socket",
+        Ok(t) if t.is_block_device() || t.is_char_device() => "a device",
+        _ => "something else",
+    }
 }
 
 /// The `(st_dev, st_ino)` of `path` and of each of its ancestors that exists, links

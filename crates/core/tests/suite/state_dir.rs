@@ -175,6 +175,31 @@ fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
     }
 }
 
+/// A state directory folder (`locks`, `inflight`) with something else in its place is
+/// named with what stands there, not with the system's "Not a directory".
+#[test]
+fn a_state_folder_that_is_not_a_folder_is_named_at_start() {
+    for name in ["locks", "inflight"] {
+        for (kind, said) in [("link", "a symbolic link"), ("file", "a file")] {
+            let w = World::new();
+            write_one(&w.sandbox());
+            let planted = w.state.join(name);
+            let kept = w.outside.join("kept");
+            fs::rename(&planted, &kept).unwrap();
+            match kind {
+                "link" => symlink(&kept, &planted).unwrap(),
+                _ => fs::write(&planted, b"x").unwrap(),
+            }
+            let err = open_err(w.writable_config());
+            assert!(
+                err.contains(&format!("{} is {said}, not a folder", planted.display()))
+                    && err.contains("move it away"),
+                "{name} {kind}: {err}"
+            );
+        }
+    }
+}
+
 /// A workflow's run record of the wrong kind is named in the refusal of a run of that
 /// workflow, and a log of the wrong kind in a read-only verification: both said only
 /// "invalid data" or the system's "Too many levels of symbolic links".
