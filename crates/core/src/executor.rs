@@ -372,42 +372,22 @@ impl<'a> SandboxWriteExecutor<'a> {
                     )
                 })?;
                 let ri = approval.resolved.root_index;
-                let mut used_in = None;
+                let mut used = false;
                 for (i, root) in sb.roots.iter().enumerate() {
                     match Snapshotter::place(root, wf, a.id()) {
-                        Ok(true) => used_in = used_in.or(Some(root)),
-                        Ok(false) => {}
+                        Ok(u) => used |= u,
                         // Something other than a folder in its place, where its snapshot
                         // is to be taken: nothing of the plan is written.
                         Err(r) if i == ri => return Err(r),
                         Err(_) => {}
                     }
                 }
-                if wrote {
+                if wrote || used {
                     return Err(Refusal::new(
                         ReasonCode::InvalidId,
                         format!(
                             "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
                             a.id()
-                        ),
-                    ));
-                }
-                if let Some(root) = used_in {
-                    // No run of it on the trail: the person must look at the folder, not
-                    // for a run `audit --workflow` would not show.
-                    return Err(Refusal::new(
-                        ReasonCode::InvalidId,
-                        format!(
-                            "action_id '{}' of workflow '{wf}' already has a snapshot folder, {}, though the audit trail records no run of it (put there by hand, copied, or left by a run whose trail line was lost); give the action a new id, or inspect that folder and remove it if it is not the runtime's",
-                            a.id(),
-                            shown_path(
-                                &root
-                                    .path()
-                                    .join(crate::confine::path::ROLLBACK_DIR)
-                                    .join(wf)
-                                    .join(a.id())
-                                    .to_string_lossy()
-                            )
                         ),
                     ));
                 }

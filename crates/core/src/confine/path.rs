@@ -534,7 +534,12 @@ impl ExtensionPolicy {
                 continue;
             };
             let trimmed = name.trim_end_matches(['.', ' ']);
-            let unit = normalize_extension(&trimmed[..trimmed.len() - suffix.len()]);
+            let stem = &trimmed[..trimmed.len() - suffix.len()];
+            // `service.d` holds drop-ins for every unit of the type, `x.service.d` for one.
+            let unit = match normalize_extension(stem) {
+                e if e.is_empty() => format!(".{}", stem.to_ascii_lowercase()),
+                e => e,
+            };
             if self.is_extension_blocked(&unit) {
                 return Err(Refusal::new(
                     ReasonCode::BlockedExtension,

@@ -69,7 +69,7 @@ impl StateDir {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{STATE_DIR} folder {shown} is {what}, not a folder; the state directory's folders are never opened through anything else: move it away (the runtime makes the folder again)"
+                        "{STATE_DIR} folder {shown} is {what}, not a folder; the state directory's folders are never opened through anything else: put the folder it stands for back in its place (`inflight` holds the records of runs a start must recover; `locks` may be made again once the thing is moved away)"
                     ),
                 )
             })?;
@@ -641,7 +641,7 @@ impl StateDir {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                "{} holds {} bytes, not the 32 of a key; it was damaged (removing it makes every existing snapshot untrusted)",
+                "{} holds {} bytes, not the 32 of a key; it was damaged (put it back from a backup; a new one, made by hand, leaves every existing snapshot untrusted)",
                 self.path.join(name).display(),
                 bytes.len()
             ),

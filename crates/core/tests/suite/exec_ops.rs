@@ -136,6 +136,9 @@ fn a_blocked_extension_is_never_a_directory_name() {
         json!({"intent": "create_directory", "path": "user/backup.TIMER.d."}),
         json!({"intent": "create_file", "path": "m.target.wants/x.conf", "content": "x"}),
         json!({"intent": "create_file", "path": "m.socket.requires/x.conf", "content": "x"}),
+        // A type's own drop-in folder, read for every unit of that type.
+        json!({"intent": "create_file", "path": "service.d/override.conf", "content": "x"}),
+        json!({"intent": "create_directory", "path": "u/Timer.d"}),
     ] {
         let (intent, path) = (&action["intent"], &action["path"]);
         let r = run(&sb, json!({ "actions": [action] }));

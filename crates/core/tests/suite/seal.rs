@@ -479,33 +479,6 @@ fn a_link_planted_in_the_rollback_folder_is_not_followed() {
     assert!(w.path("elsewhere/a1").read_dir().unwrap().next().is_none());
 }
 
-/// A folder planted where an action's snapshot would go, for an action the trail never
-/// ran, is named as such: the id is refused, but not as one "already used", which would
-/// send the person to look for a run `audit --workflow` does not show.
-#[test]
-fn a_planted_action_folder_is_named_not_called_a_used_id() {
-    let w = World::new();
-    std::fs::create_dir_all(w.root.join(".rollback/wf_pl/a1")).unwrap();
-    std::fs::write(w.root.join(".rollback/wf_pl/a1/meta.json"), b"{}").unwrap();
-    let sb = w.sandbox();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_pl", "actions": [{"action_id": "a1", "intent": "create_file", "path": "n.txt", "content": "x"}]}),
-    );
-    assert_eq!(code(&r, 0).as_deref(), Some("invalid_id"), "{r:?}");
-    let reason = r.actions[0].reason.as_deref().unwrap_or_default();
-    let folder = w.root.join(".rollback/wf_pl/a1");
-    assert!(
-        reason.contains(&format!(
-            "already has a snapshot folder, '{}'",
-            folder.display()
-        )) && reason.contains("records no run of it")
-            && !reason.contains("already used"),
-        "{reason}"
-    );
-    assert!(!w.path("n.txt").exists());
-}
-
 /// A folder nothing vouches for — unsealed, planted, or another state directory's — does
 /// not stop a prune, and is kept: nothing proves its age. Its workflow is listed among
 /// those the prune could not do, saying why (it was counted among the young ones, said

@@ -193,7 +193,7 @@ fn a_state_folder_that_is_not_a_folder_is_named_at_start() {
             let err = open_err(w.writable_config());
             assert!(
                 err.contains(&format!("{} is {said}, not a folder", planted.display()))
-                    && err.contains("move it away"),
+                    && err.contains("put the folder it stands for back in its place"),
                 "{name} {kind}: {err}"
             );
         }
