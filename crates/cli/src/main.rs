@@ -269,6 +269,16 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(with_arguments_escaped(e)),
     };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(opt) = given_on_both_sides(&args) {
+        use clap::CommandFactory as _;
+        return usage_error(Cli::command().error(
+            clap::error::ErrorKind::ArgumentConflict,
+            format!(
+                "{opt} is given both before and after the command; give it on one side only (only the values after the command would count: with --root, a plan meant for one root could land in another)"
+            ),
+        ));
+    }
     init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
     // Before any thread: a connection, a lock, a folder on a write's way each hold one.
@@ -315,6 +325,38 @@ fn main() -> ExitCode {
             ExitCode::from(if busy { EXIT_REFUSED } else { EXIT_USAGE })
         }
     }
+}
+
+/// The global option with a value given both before and after the subcommand, if any:
+/// the parser keeps only the values after it, without a word.
+fn given_on_both_sides(args: &[std::ffi::OsString]) -> Option<&'static str> {
+    const VALUED: [&str; 4] = ["--config", "--root", "--state-dir", "--phase"];
+    let words: Vec<std::borrow::Cow<'_, str>> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy())
+        .take_while(|a| a != "--")
+        .collect();
+    // The subcommand: the first word that is neither an option nor an option's value.
+    let mut i = 0;
+    while i < words.len() {
+        let w = &words[i];
+        if VALUED.contains(&w.as_ref()) {
+            i += 2;
+        } else if w.starts_with('-') {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    let (before, after) = words.split_at(i.min(words.len()));
+    let uses = |part: &[std::borrow::Cow<'_, str>], opt: &str| {
+        part.iter()
+            .any(|w| w == opt || w.starts_with(&format!("{opt}=")))
+    };
+    VALUED
+        .into_iter()
+        .find(|opt| uses(before, opt) && uses(after, opt))
 }
 
 /// Codes of the CLI itself for a command that could not run at all (exit 2), printed with

@@ -2004,6 +2004,23 @@ fn a_read_only_trail_is_verified_and_said_to_be() {
     );
 }
 
+/// `audit verify --json` on a state the runtime cannot start on: the trail is intact,
+/// verified read-only, with a note saying why (`said`).
+fn verified_read_only(e: &Env, said: &str) {
+    let out = e
+        .cmd()
+        .args(["--json", "audit", "verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(json_out(&out)["ok"], json!(true));
+    assert!(
+        err.contains(said) && err.contains("verified read-only, without recovery"),
+        "{err}"
+    );
+}
+
 /// A seal key of the wrong kind stops the runtime, not the verification of the trail,
 /// which does not read it: verified read-only, saying why; a log of the wrong kind is
 /// named by the verification too.
@@ -2017,19 +2034,7 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
     let key = e.state.join("seal.key");
     std::fs::remove_file(&key).unwrap();
     std::fs::create_dir(&key).unwrap();
-    let out = e
-        .cmd()
-        .args(["--json", "audit", "verify"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(json_out(&out)["ok"], json!(true));
-    assert!(
-        err.contains("seal.key is a folder, not a regular file")
-            && err.contains("verified read-only, without recovery"),
-        "{err}"
-    );
+    verified_read_only(&e, "seal.key is a folder, not a regular file");
     // Anything else refuses as before, naming the key.
     let out = e.cmd().args(["--json", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
@@ -2050,6 +2055,33 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("sandbox_audit.jsonl is a folder"), "{err}");
+}
+
+/// A global option given both before and after the command is refused: the parser
+/// would keep only the values after it, and a plan meant for one root land in another.
+#[test]
+fn a_global_option_on_both_sides_of_the_command_is_refused() {
+    let e = env();
+    let other = e.dir.join("other-root");
+    let out = e
+        .cmd()
+        .args(["--json", "state", "--root"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let v = json_out(&out);
+    assert_eq!(v["reason_code"], "invalid_usage", "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("--root is given both before and after the command")),
+        "{v}"
+    );
+    assert!(!other.exists(), "nothing is made");
+    // On one side only, as before.
+    let out = e.cmd().args(["--json", "state"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
 /// A seal key removed beside a trail with entries is not made again (that would leave
@@ -2077,19 +2109,7 @@ fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
         "{err}"
     );
     assert!(!key.exists(), "no new key is made");
-    let out = e
-        .cmd()
-        .args(["--json", "audit", "verify"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(json_out(&out)["ok"], json!(true));
-    assert!(
-        err.contains("is missing beside an audit trail")
-            && err.contains("verified read-only, without recovery"),
-        "{err}"
-    );
+    verified_read_only(&e, "is missing beside an audit trail");
     assert!(!key.exists());
     // A key the operator makes is taken: the snapshots sealed with the lost one are not.
     std::fs::write(&key, [7u8; 32]).unwrap();
