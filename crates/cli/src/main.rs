@@ -270,7 +270,7 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(with_arguments_escaped(e)),
     };
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let Some(opt) = given_on_both_sides(&args) {
+    if let Some(opt) = given_on_both_sides(&args, &valued_globals()) {
         use clap::CommandFactory as _;
         return usage_error(Cli::command().error(
             clap::error::ErrorKind::ArgumentConflict,
@@ -327,10 +327,20 @@ fn main() -> ExitCode {
     }
 }
 
-/// The global option with a value given both before and after the subcommand, if any:
+/// The global options that take a value (`--root`, `--state-dir`…), as the parser knows
+/// them.
+fn valued_globals() -> Vec<String> {
+    use clap::CommandFactory as _;
+    Cli::command()
+        .get_arguments()
+        .filter(|a| a.is_global_set() && a.get_action().takes_values())
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect()
+}
+
+/// The global option of `valued` given both before and after the subcommand, if any:
 /// the parser keeps only the values after it, without a word.
-fn given_on_both_sides(args: &[std::ffi::OsString]) -> Option<&'static str> {
-    const VALUED: [&str; 4] = ["--config", "--root", "--state-dir", "--phase"];
+fn given_on_both_sides<'a>(args: &[std::ffi::OsString], valued: &'a [String]) -> Option<&'a str> {
     let words: Vec<std::borrow::Cow<'_, str>> = args
         .iter()
         .skip(1)
@@ -341,7 +351,7 @@ fn given_on_both_sides(args: &[std::ffi::OsString]) -> Option<&'static str> {
     let mut i = 0;
     while i < words.len() {
         let w = &words[i];
-        if VALUED.contains(&w.as_ref()) {
+        if valued.iter().any(|v| v == w) {
             i += 2;
         } else if w.starts_with('-') {
             i += 1;
@@ -354,8 +364,9 @@ fn given_on_both_sides(args: &[std::ffi::OsString]) -> Option<&'static str> {
         part.iter()
             .any(|w| w == opt || w.starts_with(&format!("{opt}=")))
     };
-    VALUED
-        .into_iter()
+    valued
+        .iter()
+        .map(String::as_str)
         .find(|opt| uses(before, opt) && uses(after, opt))
 }
 

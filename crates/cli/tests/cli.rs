@@ -2102,7 +2102,7 @@ fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains(&format!(
-            "{} is missing beside an audit trail of 1 entry",
+            "{} is missing beside an audit trail of 1 line",
             key.display()
         )) && err.contains("put it back from a backup")
             && err.contains("head -c 32 /dev/urandom"),

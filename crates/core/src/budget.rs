@@ -145,10 +145,7 @@ pub fn check_rate(
             ReasonCode::RateLimited,
             format!(
                 "workflow '{workflow_id}' may make {} a minute; {need} more will be allowed in {shown:.1} seconds",
-                match per_minute {
-                    1 => "1 write".to_owned(),
-                    n => format!("{n} writes"),
-                }
+                crate::sandbox::counted(usize::try_from(per_minute).unwrap_or(usize::MAX), "write")
             ),
         )
         // Whole seconds, rounded up: trying again after them never comes too early.

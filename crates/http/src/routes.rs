@@ -107,9 +107,7 @@ fn list_params(
 fn workflow_param(p: Result<Path<String>, PathRejection>, uri: &Uri) -> Result<String, ApiError> {
     match p {
         Ok(Path(s)) => Ok(s),
-        Err(PathRejection::FailedToDeserializePathParams(e))
-            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
-        {
+        Err(e) if not_utf8(&e) => {
             let sent = sent_segment(uri);
             Err(match check_id("workflow_id", sent) {
                 Err(r) => ApiError::from_refusal(r),
@@ -118,6 +116,12 @@ fn workflow_param(p: Result<Path<String>, PathRejection>, uri: &Uri) -> Result<S
         }
         Err(e) => Err(ApiError::bad_request(e.body_text())),
     }
+}
+
+/// Whether the path's parameter is not UTF-8 once decoded.
+fn not_utf8(e: &PathRejection) -> bool {
+    matches!(e, PathRejection::FailedToDeserializePathParams(e)
+        if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }))
 }
 
 /// The path's last segment as sent: still percent-encoded, it is printable and names the
@@ -327,11 +331,7 @@ pub(crate) async fn rollback(
     let wf = match wf {
         // Not UTF-8 once decoded: passed on as sent, which the rollback refuses
         // (`invalid_id`) in its report's form, as every other malformed id.
-        Err(PathRejection::FailedToDeserializePathParams(e))
-            if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
-        {
-            sent_segment(&uri).to_owned()
-        }
+        Err(e) if not_utf8(&e) => sent_segment(&uri).to_owned(),
         wf => workflow_param(wf, &uri)?,
     };
     let bytes = body_bytes(body, s.body_limit)?;

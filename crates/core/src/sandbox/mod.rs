@@ -376,11 +376,12 @@ impl Sandbox {
         // Every start makes the key before its first trail line: a trail with lines and
         // no key lost its key.
         let entries = audit.last_seq().map_err(Error::io("read the audit log"))?;
-        let made_for = match entries {
-            0 => None,
-            1 => Some("an audit trail of 1 entry".to_owned()),
-            n => Some(format!("an audit trail of {n} entries")),
-        };
+        let made_for = (entries > 0).then(|| {
+            format!(
+                "an audit trail of {}",
+                counted(usize::try_from(entries).unwrap_or(usize::MAX), "line")
+            )
+        });
         let seal = crate::seal::SealKey::new(
             state
                 .secret(crate::seal::KEY_FILE, made_for.as_deref())
@@ -853,7 +854,7 @@ fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
 }
 
 /// "1 file", "2 files".
-fn counted(n: usize, what: &str) -> String {
+pub(crate) fn counted(n: usize, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
     } else {

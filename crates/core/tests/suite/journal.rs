@@ -31,6 +31,15 @@ fn strict(w: &World) -> ailab_sandbox_core::Config {
     c
 }
 
+/// `audit verify` of the state as it is now, read-only and by a strict runtime opened on
+/// it: the two must agree.
+fn verified_both_ways(w: &World) -> [ailab_sandbox_core::audit::VerifyReport; 2] {
+    [
+        ailab_sandbox_core::audit::verify_read_only(&w.state, true).unwrap(),
+        w.open(strict(w)).audit_verify().unwrap(),
+    ]
+}
+
 fn audit_path(w: &World) -> std::path::PathBuf {
     w.state.join("sandbox_audit.jsonl")
 }
@@ -203,10 +212,7 @@ fn writes_the_registry_holds_must_be_on_the_trail() {
     std::fs::remove_file(audit_path(&w)).unwrap();
     std::fs::remove_file(&head).unwrap();
     drop(sb);
-    for v in [
-        verify_read_only(&w.state, true).unwrap(),
-        w.open(strict(&w)).audit_verify().unwrap(),
-    ] {
+    for v in verified_both_ways(&w) {
         assert!(!v.ok, "{v:?}");
         assert!(v.reason.unwrap().contains("4 artifact(s)"));
     }
@@ -261,10 +267,7 @@ fn writes_the_trail_records_must_be_in_the_registry() {
         ("copied", copied, "f0.txt"),
     ] {
         std::fs::write(&registry, &tampered).unwrap();
-        for v in [
-            verify_read_only(&w.state, true).unwrap(),
-            w.open(strict(&w)).audit_verify().unwrap(),
-        ] {
+        for v in verified_both_ways(&w) {
             assert!(!v.ok, "{case}: {v:?}");
             let reason = v.reason.unwrap();
             assert!(
@@ -282,10 +285,7 @@ fn writes_the_trail_records_must_be_in_the_registry() {
     // A whole line that is no artifact was put there; a last line a crash cut short
     // (no newline) was not.
     std::fs::write(&registry, format!("{original}not an artifact\n")).unwrap();
-    for v in [
-        verify_read_only(&w.state, true).unwrap(),
-        w.open(strict(&w)).audit_verify().unwrap(),
-    ] {
+    for v in verified_both_ways(&w) {
         assert!(!v.ok, "{v:?}");
         assert!(
             v.reason
@@ -358,10 +358,7 @@ fn artifacts_no_action_could_have_registered_are_found() {
         ),
     ] {
         std::fs::write(&registry, &tampered).unwrap();
-        for v in [
-            verify_read_only(&w.state, true).unwrap(),
-            w.open(strict(&w)).audit_verify().unwrap(),
-        ] {
+        for v in verified_both_ways(&w) {
             assert!(!v.ok, "{case}: {v:?}");
             let reason = v.reason.unwrap();
             assert!(reason.contains(said), "{case}: {reason}");

@@ -20,6 +20,23 @@ fn open_err(config: ailab_sandbox_core::Config) -> String {
     }
 }
 
+/// A state after one write, with `name` of its state directory moved outside and `kind`
+/// (a link to it, a FIFO, a folder or a file) put in its place.
+fn planted(name: &str, kind: &str) -> (World, std::path::PathBuf) {
+    let w = World::new();
+    write_one(&w.sandbox());
+    let planted = w.state.join(name);
+    let kept = w.outside.join("kept");
+    fs::rename(&planted, &kept).unwrap();
+    match kind {
+        "link" => symlink(&kept, &planted).unwrap(),
+        "fifo" => rustix::fs::mkfifoat(rustix::fs::CWD, &planted, 0o600.into()).unwrap(),
+        "folder" => fs::create_dir(&planted).unwrap(),
+        _ => fs::write(&planted, b"x").unwrap(),
+    }
+    (w, planted)
+}
+
 /// One successful write, so that the logs, the head and the key exist.
 fn write_one(sb: &Sandbox) {
     let r = run(
@@ -153,16 +170,7 @@ fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
             ("fifo", "FIFO"),
             ("folder", "a folder"),
         ] {
-            let w = World::new();
-            write_one(&w.sandbox());
-            let planted = w.state.join(name);
-            let kept = w.outside.join("kept");
-            fs::rename(&planted, &kept).unwrap();
-            match kind {
-                "link" => symlink(&kept, &planted).unwrap(),
-                "fifo" => rustix::fs::mkfifoat(rustix::fs::CWD, &planted, 0o600.into()).unwrap(),
-                _ => fs::create_dir(&planted).unwrap(),
-            }
+            let (w, planted) = planted(name, kind);
             let err = open_err(w.writable_config());
             assert!(
                 err.contains(&*planted.display().to_string())
@@ -181,15 +189,7 @@ fn a_state_file_that_is_not_a_regular_file_is_named_at_start() {
 fn a_state_folder_that_is_not_a_folder_is_named_at_start() {
     for name in ["locks", "inflight"] {
         for (kind, said) in [("link", "a symbolic link"), ("file", "a file")] {
-            let w = World::new();
-            write_one(&w.sandbox());
-            let planted = w.state.join(name);
-            let kept = w.outside.join("kept");
-            fs::rename(&planted, &kept).unwrap();
-            match kind {
-                "link" => symlink(&kept, &planted).unwrap(),
-                _ => fs::write(&planted, b"x").unwrap(),
-            }
+            let (w, planted) = planted(name, kind);
             let err = open_err(w.writable_config());
             assert!(
                 err.contains(&format!("{} is {said}, not a folder", planted.display()))
