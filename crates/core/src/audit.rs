@@ -366,9 +366,9 @@ fn count(map: &mut BTreeMap<String, u64>, key: &str) {
 struct Workflow {
     /// Its lines (indexes into [`Index::slots`]).
     lines: Vec<usize>,
-    /// The actions the trail records a write by (not a rollback): asked before every
-    /// action, so not a scan of the workflow's lines.
-    wrote: HashSet<Box<str>>,
+    /// The actions the trail records as having run a write (not a rollback), done or
+    /// failed: asked before every action, so not a scan of the workflow's lines.
+    ran: HashSet<Box<str>>,
     /// The actions the trail records as rolled back: asked for a write's default
     /// parent, so not a scan either.
     undone: HashSet<Box<str>>,
@@ -524,6 +524,11 @@ impl Index {
         }
         let wrote =
             e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
+        // A failure may come after the action's artifact was registered (the registry's
+        // line is written before the trail's): its id is spent as surely as a success's.
+        let ran = wrote
+            || (e.status == AuditStatus::Failed
+                && e.mutation_class != Some(MutationClass::Rollback));
         if e.mutation_type == "create_directory" {
             let key = (e.workflow_id.to_string(), e.action_id.to_string());
             match e.status {
@@ -557,7 +562,7 @@ impl Index {
                 e.workflow_id.to_string(),
                 Workflow {
                     lines: Vec::new(),
-                    wrote: HashSet::new(),
+                    ran: HashSet::new(),
                     undone: HashSet::new(),
                     tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
                 },
@@ -566,8 +571,8 @@ impl Index {
         let per_minute = self.per_minute;
         if let Some(w) = self.workflows.get_mut(e.workflow_id.as_ref()) {
             w.lines.push(here);
-            if wrote {
-                w.wrote.insert(e.action_id.as_ref().into());
+            if ran {
+                w.ran.insert(e.action_id.as_ref().into());
             }
             if e.status == AuditStatus::RolledBack {
                 w.undone.insert(e.action_id.as_ref().into());
@@ -1329,12 +1334,13 @@ impl AuditLog {
         })
     }
 
-    /// Whether the trail records a write (not a rollback) by this action of the workflow.
-    /// Its snapshot may be gone since (pruned, removed): the id stays used all the same.
-    pub fn wrote_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
+    /// Whether the trail records a write (not a rollback) by this action of the
+    /// workflow, done or failed. Its snapshot may be gone since (pruned, removed): the id
+    /// stays used all the same.
+    pub fn ran_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
             ix.workflow(workflow_id)
-                .is_some_and(|w| w.wrote.contains(action_id))
+                .is_some_and(|w| w.ran.contains(action_id))
         })
     }
 

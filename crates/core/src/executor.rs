@@ -362,7 +362,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 check_parent_artifact(sb, a)?;
                 // The trail too: an id whose snapshot was pruned or removed would let a
                 // rollback take the new write's snapshot for the old one's.
-                let wrote = sb.audit.wrote_action(wf, a.id()).map_err(|e| {
+                let ran = sb.audit.ran_action(wf, a.id()).map_err(|e| {
                     Refusal::new(
                         busy_or_io(&e),
                         format!(
@@ -382,7 +382,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                         Err(_) => {}
                     }
                 }
-                if wrote || used {
+                if ran || used {
                     return Err(Refusal::new(
                         ReasonCode::InvalidId,
                         format!(

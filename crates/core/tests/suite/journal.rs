@@ -366,6 +366,46 @@ fn artifacts_no_action_could_have_registered_are_found() {
     }
 }
 
+/// An action whose run failed after registering its artifact spent its id, as a
+/// success does: once its snapshot is pruned, the same id is still refused, and the
+/// registry never gets a second artifact for it that `audit verify` would take for
+/// an added line.
+#[test]
+fn a_failed_actions_id_stays_spent_after_its_snapshot_is_pruned() {
+    let (w, sb) = audited_world(1);
+    let late = || {
+        json!({"workflow_id": "wf_f", "actions": [
+            {"action_id": "late", "intent": "create_file", "path": "late.txt", "content": "y"}]})
+    };
+    sb.failpoints().arm("before_audit", 1);
+    assert_eq!(status(&run(&sb, late())), "rolled_back");
+    w.clock.advance(chrono::Duration::days(2));
+    let pruned = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(
+        pruned.workflows_pruned.contains(&"wf_f".to_owned()),
+        "{pruned:?}"
+    );
+    let again = run(&sb, late());
+    assert_eq!(status(&again), "blocked", "{again:?}");
+    assert_eq!(
+        again.actions[0].reason_code,
+        Some(ailab_sandbox_core::ReasonCode::InvalidId)
+    );
+    assert!(
+        again.actions[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("action_id 'late' was already used in workflow 'wf_f'"),
+        "{again:?}"
+    );
+    assert!(!w.root.join("late.txt").exists());
+    drop(sb);
+    for v in verified_both_ways(&w) {
+        assert!(v.ok, "{v:?}");
+    }
+}
+
 /// Writes under way while the trail is verified are not taken for lines removed.
 #[test]
 fn writes_under_way_do_not_fail_verification() {
@@ -881,7 +921,7 @@ fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     assert_eq!(wf3, expected);
     let f5: Vec<u64> = seqs(log.changes_since("f5.txt", |_| true, "", "").unwrap());
     assert_eq!(f5.len(), (0..n).filter(|i| i % 11 == 5).count());
-    assert!(log.wrote_action("wf3", "a2999").unwrap());
+    assert!(log.ran_action("wf3", "a2999").unwrap());
     assert!(log.verify().unwrap().ok);
 }
 
