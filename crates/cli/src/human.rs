@@ -374,11 +374,12 @@ pub fn state(d: &StateDoc) {
         .unwrap_or_default();
     out!("durability      {durability}");
     out!(
-        "limits          {} artifacts and {} bytes per workflow, {} writes a minute, path depth {}",
+        "limits          {} artifacts and {} bytes per workflow, {} writes a minute, path depth {}, lock wait {} s",
         d.limits.max_artifacts_per_workflow,
         d.limits.max_workflow_bytes,
         d.limits.writes_per_minute,
-        d.limits.max_path_depth
+        d.limits.max_path_depth,
+        d.limits.lock_wait_seconds
     );
     if let Some(k) = &d.kernel_confinement {
         let abi = k.abi.map(|a| format!(", ABI {a}")).unwrap_or_default();

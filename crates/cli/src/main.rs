@@ -43,7 +43,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Governed filesystem write runtime: plans of write actions, confined to sandbox roots,
@@ -381,7 +381,7 @@ mod codes {
 
 /// A plan file or standard input that could not be read.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read {what}: {}", ailab_sandbox_core::io_words(cause))]
+#[error("cannot read {what}: {}", input_io_words(cause))]
 struct UnreadablePlan {
     what: String,
     cause: std::io::Error,
@@ -607,26 +607,26 @@ fn load_config(cli: &Cli) -> Result<Config> {
     };
     let file = match &path {
         Some(p) => {
-            // The operator's own input file, read before confinement starts.
-            #[allow(clippy::disallowed_methods)]
-            let text = std::fs::read_to_string(p).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::InvalidData {
+            // Named by the variable, the message says so: the operator may not know it
+            // is set.
+            let named = if cli.config.is_some() {
+                format!("config file {}", p.display())
+            } else {
+                format!("config file {} (named by {})", p.display(), envvars::CONFIG)
+            };
+            let bytes = read_bounded(p, MAX_CONFIG_BYTES)
+                .map_err(|e| anyhow::anyhow!("cannot read {named}: {}", input_io_words(&e)))?
+                .ok_or_else(|| {
                     anyhow::anyhow!(
-                        "cannot read config file {}: it is not UTF-8 text, which a TOML file must be",
-                        p.display()
+                        "cannot read {named}: it is larger than {MAX_CONFIG_BYTES} bytes, the most a config file may be"
                     )
-                } else {
-                    anyhow::anyhow!(
-                        "cannot read config file {}: {}",
-                        p.display(),
-                        ailab_sandbox_core::io_words(&e)
-                    )
-                }
+                })?;
+            let text = String::from_utf8(bytes).map_err(|_| {
+                anyhow::anyhow!(
+                    "cannot read {named}: it is not UTF-8 text, which a TOML file must be"
+                )
             })?;
-            Some(
-                RawConfig::from_toml(&text)
-                    .with_context(|| format!("config file {}", p.display()))?,
-            )
+            Some(RawConfig::from_toml(&text).with_context(|| named.clone())?)
         }
         None => None,
     };
@@ -980,29 +980,51 @@ fn read_plan(plan: &str, limit: usize) -> Result<Vec<u8>> {
         what: what.clone(),
         cause,
     };
-    let source: Box<dyn Read> = if plan == "-" {
-        Box::new(std::io::stdin())
+    let bytes = if plan == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .take(limit as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        Some(bytes).filter(|b| b.len() <= limit)
     } else {
-        // The operator's own input, opened for reading only (like the config file).
-        #[allow(clippy::disallowed_types)]
-        let file = std::fs::File::open(plan).map_err(unreadable)?;
-        Box::new(file)
+        read_bounded(Path::new(plan), limit as u64).map_err(unreadable)?
     };
-    let mut bytes = Vec::new();
-    source
-        .take(limit as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() > limit {
-        return Err(UnreadablePlan {
+    bytes.ok_or_else(|| {
+        UnreadablePlan {
             what,
             cause: std::io::Error::other(format!(
                 "it is larger than {limit} bytes, the limit max_body_bytes sets"
             )),
         }
-        .into());
+        .into()
+    })
+}
+
+/// The most a config file may hold: far more than any set of roots and lists needs.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The operator's own input file (a plan, the config), read before confinement starts
+/// and never written: at most `limit` bytes, `None` if it holds more, so that a file
+/// that never ends (`/dev/zero`) is refused at the limit rather than read until memory
+/// runs out. A link is followed, as the operator's shell would.
+fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    #[allow(clippy::disallowed_types)]
+    let file = std::fs::File::open(path)?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    Ok(Some(bytes).filter(|b| b.len() as u64 <= limit))
+}
+
+/// [`ailab_sandbox_core::io_words`] for an input file the operator names, opened
+/// following links: a loop there is a loop, not a link refused (as the runtime's own
+/// opens refuse every link).
+fn input_io_words(e: &std::io::Error) -> String {
+    if ailab_sandbox_core::is_link_loop(e) {
+        "its path goes through symbolic links that lead back to themselves (a loop) or through too many of them".to_owned()
+    } else {
+        ailab_sandbox_core::io_words(e)
     }
-    Ok(bytes)
 }
 
 #[derive(Serialize)]

@@ -608,6 +608,38 @@ fn config_file_unknown_key_names_it() {
             && !said.contains("any other number"),
         "{said}"
     );
+    // A file that never ends is refused at a bound, not read until memory runs out; a
+    // link loop is named as a loop (a config file's links are followed); a file named by
+    // the variable says so, as the operator may not know it is set.
+    let refused_at = |c: &mut Command| {
+        let out = c.arg("state").output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = refused_at(e.cmd().args(["--config", "/dev/zero"]));
+    assert!(
+        said.contains("config file /dev/zero: it is larger than 1048576 bytes"),
+        "{said}"
+    );
+    let looped = e.dir.join("loop.toml");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    let said = refused_at(e.cmd().arg("--config").arg(&looped));
+    assert!(said.contains("lead back to themselves (a loop)"), "{said}");
+    std::fs::write(&cfg, "mystery = 1\n").unwrap();
+    let mut c = Command::cargo_bin("ailab-sandbox").unwrap();
+    c.env("AI_LAB_SANDBOX_CONFIG", &cfg)
+        .arg("--root")
+        .arg(&e.root)
+        .arg("--state-dir")
+        .arg(&e.state);
+    let said = refused_at(&mut c);
+    assert!(
+        said.contains(&format!(
+            "config file {} (named by AI_LAB_SANDBOX_CONFIG)",
+            cfg.display()
+        )) && said.contains("mystery"),
+        "{said}"
+    );
 }
 
 #[test]
@@ -1941,6 +1973,16 @@ fn a_trail_held_by_another_process_is_a_conflict() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let config = e.dir.join("quick.toml");
     std::fs::write(&config, "[limits]\nlock_wait_seconds = 1\n").unwrap();
+    // The wait the refusal below names is one `state` shows.
+    let out = e
+        .cmd()
+        .arg("--config")
+        .arg(&config)
+        .arg("state")
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains(", lock wait 1 s\n"), "{shown}");
     let log = std::fs::OpenOptions::new()
         .append(true)
         .open(e.state.join("sandbox_audit.jsonl"))

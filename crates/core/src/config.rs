@@ -135,20 +135,22 @@ impl RawConfig {
     /// Parses TOML; an error names the line and the key it is about (never the value,
     /// which may be the token).
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        check_sections(text)?;
         toml::from_str(text).map_err(|e| {
             let (mut at, mut secret, mut key, mut value) =
                 (String::new(), false, String::new(), String::new());
+            let mut header = None;
             if let Some(span) = e.span() {
-                let start = span.start.min(text.len());
+                let start = floor_char_boundary(text, span.start.min(text.len()));
                 let line_no = text[..start].matches('\n').count() + 1;
                 let line = text.lines().nth(line_no - 1).unwrap_or("");
+                let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
                 at = format!(" (line {line_no}");
-                if let Some((k, v)) = line.split_once('=')
-                    && !line.trim_start().starts_with('[')
-                {
-                    let k = k.trim().trim_matches('"');
+                if line.trim_start().starts_with('[') {
+                    header = Some(line.split('#').next().unwrap_or_default().trim());
+                } else if let Some((k, v)) = key_before(line, start - line_start) {
                     at.push_str(&format!(", key '{}'", k.escape_debug()));
-                    key = k.to_owned();
+                    key = k;
                     value = v.trim().to_owned();
                 }
                 at.push(')');
@@ -175,12 +177,94 @@ impl RawConfig {
                 format!("{what} (the line is not shown: it holds the token)")
             } else if let Some(words) = bare_word_words(e.message(), &key, &value) {
                 words
+            } else if e.message().trim() == "duplicate key" {
+                match header {
+                    Some(h) => format!(
+                        "the section {h} is given twice: put its keys under one {h}"
+                    ),
+                    None if !key.is_empty() => format!(
+                        "'{}' is given twice: keep one",
+                        key.escape_debug()
+                    ),
+                    None => "a key is given twice: keep one".to_owned(),
+                }
             } else {
                 plain_words(e.message().trim(), &key)
             };
             ConfigError(format!("invalid config{at}: {why}"))
         })
     }
+}
+
+/// The sections of a config file, each a table of keys.
+const SECTIONS: [&str; 3] = ["limits", "extensions", "server"];
+
+/// Refuses a section written as an array (`limits = [7, 1000]`, `[[limits]]`), which the
+/// reader would otherwise take field by field in order, silently. A text that is not
+/// TOML is left to the reader, whose message names the line.
+fn check_sections(text: &str) -> Result<(), ConfigError> {
+    let Ok(table) = toml::from_str::<toml::Table>(text) else {
+        return Ok(());
+    };
+    match SECTIONS
+        .into_iter()
+        .find(|s| table.get(*s).is_some_and(|v| !v.is_table()))
+    {
+        Some(s) => Err(ConfigError(format!(
+            "invalid config: '{s}' must be a section: a [{s}] line with its keys beneath it, one per line, or an inline table ({s} = {{ key = value }}), not {}",
+            match &table[s] {
+                toml::Value::Array(a) if a.iter().all(toml::Value::is_table) => {
+                    format!("[[{s}]] (an array of tables)")
+                }
+                // The server's section may hold the token: its value is never shown.
+                v if s == "server" => toml_type(v).to_owned(),
+                v => format!("{} ({v})", toml_type(v)),
+            }
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// A TOML value's kind, in the words of the messages about it.
+fn toml_type(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "a number",
+        toml::Value::Float(_) => "a number",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+/// The key at byte `col` of `line`, or whose value stands there, and the text after its
+/// `=`: in an inline table (`limits = { max_path_depth = "9" }`) the inner key is
+/// blamed, not the section. `None` on a line without `=`.
+fn key_before(line: &str, col: usize) -> Option<(String, &str)> {
+    let col = floor_char_boundary(line, col.min(line.len()));
+    let at_key = line[col..].find('=').map(|i| col + i).filter(|&eq| {
+        let k = line[col..eq].trim();
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' '))
+    });
+    let eq = at_key.or_else(|| line[..col].rfind('='))?;
+    let k = line[..eq]
+        .rsplit(['{', ','])
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_matches('"');
+    Some((k.to_owned(), &line[eq + 1..]))
+}
+
+/// `i`, or the nearest char boundary of `text` below it.
+fn floor_char_boundary(text: &str, mut i: usize) -> usize {
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 /// What to say of a bare word the TOML reader refused (`TRUE`, `yes`, `no`, `ten`), which
@@ -203,6 +287,13 @@ fn bare_word_words(message: &str, key: &str, value: &str) -> Option<String> {
         return None;
     }
     const TOML_TAKES: &str = "TOML takes a string in double quotes, a number in digits, a boolean as true or false in lower case";
+    // A key on this line with nothing after its `=` (a line inside a multi-line array
+    // has no key of its own).
+    if word.is_empty() && !key.is_empty() {
+        return Some(format!(
+            "no value follows the '='; give one or leave the key out ({TOML_TAKES})"
+        ));
+    }
     if !single {
         return Some(format!("a bare word on this line; {TOML_TAKES}"));
     }

@@ -188,9 +188,15 @@ pub(crate) fn fs_advice(e: &std::io::Error, fs: &str) -> Option<String> {
     }
 }
 
+/// Whether `e` is `ELOOP`: an open that follows links met a loop (or too many), or one
+/// that follows none (`O_NOFOLLOW`, as every open of the runtime's) met a link.
+pub fn is_link_loop(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
+}
+
 fn plain_io_words(e: &std::io::Error) -> String {
     // Every open refuses to follow a link (`O_NOFOLLOW`): the loop it reports is the link.
-    if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+    if is_link_loop(e) {
         return "it is a symbolic link, which is never followed".to_owned();
     }
     // The runtime's own words for a state file of the wrong kind, not "invalid data", or

@@ -282,7 +282,7 @@ mod reading {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(e) = seq.next_element::<super::Edit>()? {
+                while let Some(Object(e)) = seq.next_element::<Object<super::Edit>>()? {
                     charge(
                         |a| &mut a.edits,
                         || {
@@ -300,6 +300,55 @@ mod reading {
         d.deserialize_option(Edits)
     }
 
+    /// A struct read from an object only. serde's derived struct takes an array too,
+    /// field by field in the order the source declares them: `["a1", "create_file",
+    /// "a.txt"]` would run as an action whose meaning hangs on that order, which no
+    /// caller sees.
+    struct Object<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            T::deserialize(ObjectOnly(d)).map(Object)
+        }
+    }
+
+    /// A deserializer handing its visitor objects only (see [`Object`]).
+    struct ObjectOnly<D>(D);
+
+    impl<'de, D: Deserializer<'de>> Deserializer<'de> for ObjectOnly<D> {
+        type Error = D::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
+            self.0.deserialize_any(NoArray(v))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            name: &'static str,
+            fields: &'static [&'static str],
+            v: V,
+        ) -> Result<V::Value, D::Error> {
+            self.0.deserialize_struct(name, fields, NoArray(v))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    /// A visitor taking what `V` takes from an object, and nothing else: the rest is
+    /// refused as a value of the wrong type, in `V`'s words of what was expected.
+    struct NoArray<V>(V);
+
+    impl<'de, V: Visitor<'de>> Visitor<'de> for NoArray<V> {
+        type Value = V::Value;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            self.0.expecting(f)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+            self.0.visit_map(map)
+        }
+    }
+
     /// A plan's `actions`, refused past [`super::MAX_ACTIONS_PER_PLAN`] before more
     /// are built.
     pub(super) fn actions<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::Action>, D::Error> {
@@ -311,7 +360,7 @@ mod reading {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(a) = seq.next_element::<super::Action>()? {
+                while let Some(Object(a)) = seq.next_element::<Object<super::Action>>()? {
                     if out.len() == super::MAX_ACTIONS_PER_PLAN {
                         return Err(A::Error::custom(format!(
                             "the plan has more than {0} actions; at most {0} are allowed in one plan, so split it over several plans",
@@ -1446,6 +1495,39 @@ mod tests {
                 "'content' of action 1 must be a string, not a number (5) (line 1, column "
             ) && !why.contains("invalid type"),
             "{why}"
+        );
+    }
+
+    /// An action or an edit written as an array is refused, not read field by field in
+    /// the order the source declares them.
+    #[test]
+    fn actions_and_edits_are_objects_not_arrays() {
+        for (plan, said) in [
+            (
+                &br#"{"actions": [["a1", "create_file", "a.md", "x"]]}"#[..],
+                "action 1 must be an object, not an array (line 1, column ",
+            ),
+            (
+                br#"{"actions": [{"intent": "sandbox_transform", "path": "a.md", "edits": [["a", "b"]]}]}"#,
+                "edit 1 of action 1 must be an object, not an array (line 1, column ",
+            ),
+            (
+                br#"{"actions": [{"intent": "sandbox_transform", "path": "a.md", "edits": [{"old": "a", "new": "b"}, ["a", "b", 1]]}]}"#,
+                "edit 2 of action 1 must be an object, not an array (line 1, column ",
+            ),
+        ] {
+            let why = parse_plan(plan).unwrap_err();
+            assert_eq!(why.reason_code, ReasonCode::InvalidPlan);
+            assert!(why.reason.contains(said), "{}", why.reason);
+        }
+        let plan = br#"{"actions": [{"intent": "sandbox_transform", "path": "a.md", "edits": [{"old": "a", "new": "b"}]}]}"#;
+        assert_eq!(
+            parse_plan(plan).unwrap().actions[0]
+                .edits
+                .as_ref()
+                .unwrap()
+                .len(),
+            1
         );
     }
 

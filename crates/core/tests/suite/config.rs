@@ -86,6 +86,52 @@ fn unknown_key_inside_server_and_extensions_is_an_error() {
     assert!(err.0.contains("denied"), "{err}");
 }
 
+/// A section written as an array is refused, not read field by field in order; a key
+/// inside an inline table is the one blamed; a section or key given twice is named;
+/// a key with no value is said to have none.
+#[test]
+fn section_shapes_and_repeats_are_named() {
+    for (text, want) in [
+        (
+            "limits = [7, 1000, 3, 2, 5]\n",
+            "'limits' must be a section: a [limits] line with its keys beneath it",
+        ),
+        (
+            "[[limits]]\nmax_path_depth = 3\n",
+            "not [[limits]] (an array of tables)",
+        ),
+        ("extensions = 5\n", "'extensions' must be a section"),
+        (
+            "limits = { max_path_depth = \"9\" }\n",
+            "(line 1, key 'max_path_depth'): 'max_path_depth' must be a whole number",
+        ),
+        (
+            "[limits]\nmax_path_depth = 3\n[limits]\nwrites_per_minute = 4\n",
+            "(line 3): the section [limits] is given twice: put its keys under one [limits]",
+        ),
+        (
+            "[limits]\nmax_path_depth = 3\nmax_path_depth = 4\n",
+            "(line 3, key 'max_path_depth'): 'max_path_depth' is given twice",
+        ),
+        (
+            "phase =\n",
+            "(line 1, key 'phase'): no value follows the '='",
+        ),
+    ] {
+        let err = RawConfig::from_toml(text).unwrap_err();
+        assert!(err.0.contains(want), "{text:?}: {err}");
+    }
+    // The server's section may hold the token: its value is never shown.
+    let err = RawConfig::from_toml("server = \"s3cret-token\"\n").unwrap_err();
+    assert!(
+        err.0.contains("'server' must be a section") && !err.0.contains("s3cret"),
+        "{err}"
+    );
+    // An inline table of the right keys is a section like any other.
+    let raw = RawConfig::from_toml("limits = { max_path_depth = 3 }\n").unwrap();
+    assert_eq!(raw.limits.unwrap().max_path_depth, Some(3));
+}
+
 #[test]
 fn wrong_value_type_is_an_error() {
     assert!(RawConfig::from_toml("enable_write = \"yes\"\n").is_err());
@@ -99,7 +145,7 @@ fn wrong_value_types_are_said_in_plain_words() {
     for (toml, want) in [
         (
             "limits = 5\n",
-            "'limits' must be a table (a [section] of keys), not a number (5)",
+            "'limits' must be a section: a [limits] line with its keys beneath it, one per line, or an inline table (limits = { key = value }), not a number (5)",
         ),
         (
             "[limits]\nmax_path_depth = \"8\"\n",

@@ -179,6 +179,12 @@ async fn a_dry_run_is_not_an_error_and_writes_nothing() {
         t.contains("--enable-write") && t.contains("--no-dry-run"),
         "{t}"
     );
+    // All three ways the operator can turn writing on, the config file's too.
+    assert!(
+        t.contains("enable_write = true in its config file")
+            && t.contains("dry_run = false in its config file"),
+        "{t}"
+    );
     let st = structured(&r);
     assert_eq!(st["status"], "simulated_success");
     assert_eq!(st["simulation_only"], true);
