@@ -17,11 +17,37 @@ pub const MAX_ACTIONS_PER_PLAN: usize = 1000;
 pub const MAX_EDITS_PER_PLAN: usize = 256;
 
 /// Most values (scalars, arrays, objects, at any depth) the `data` of a single plan may
-/// hold, all actions together. Parsed, each value takes tens of bytes, many times its
-/// text: this bounds the memory one request can ask for. Each value renders to at least
-/// two bytes, so one action's data never needs more than half its operation's largest
-/// file (2 MiB), and a plan holds two such actions.
+/// hold, all actions together, an object counted as [`OBJECT_WEIGHT`]. Parsed, each value
+/// takes tens of bytes, many times its text: this bounds the memory one request can ask
+/// for (some 130 MiB, strings' text aside). Each value renders to at least two bytes, so
+/// one action's data never needs more than half its operation's largest file (2 MiB),
+/// and a plan holds two such actions.
 pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
+
+/// How many values an object counts as toward [`MAX_DATA_VALUES_PER_PLAN`]: parsed, even
+/// `{"a": 0}` takes a tree node of eleven entries, some 640 bytes, where a number takes
+/// 32. Counted as one, a plan of a million such objects (8 MB of text) would take
+/// 700 MB.
+pub const OBJECT_WEIGHT: usize = 16;
+
+/// An upper bound on what the `data` of the plan whose text is `json` can count toward
+/// [`MAX_DATA_VALUES_PER_PLAN`], capped there (a plan counting more is refused as it is
+/// read, before it is all built), from the text alone: every value but the first follows
+/// a `[`, `,` or `:`, and every object opens with a `{`. For a server that bounds the
+/// memory of the plans it parses at once before parsing them.
+pub fn data_values_bound(json: &[u8]) -> usize {
+    let (mut values, mut objects) = (1usize, 0usize);
+    for &b in json {
+        match b {
+            b'[' | b',' | b':' => values += 1,
+            b'{' => objects += 1,
+            _ => {}
+        }
+    }
+    values
+        .saturating_add(objects.saturating_mul(OBJECT_WEIGHT))
+        .min(MAX_DATA_VALUES_PER_PLAN)
+}
 
 /// Deepest nesting of arrays and objects in an action's `data`. A JSON plan never gets
 /// near it (the parser stops at 128 levels counting the plan's own); a `Plan` built in
@@ -229,33 +255,45 @@ mod reading {
         }
     }
 
-    /// Charges one thing `take` picks out of the allowance; `refuse` says why when none
-    /// is left.
+    /// Charges `n` of what `take` picks out of the allowance; `refuse` says why when
+    /// fewer are left.
     fn charge<E: Error>(
         take: impl FnOnce(&mut Allowance) -> &mut usize,
+        n: usize,
         refuse: impl FnOnce() -> String,
     ) -> Result<(), E> {
         LEFT.with(|c| {
             let Some(mut left) = c.get() else {
                 return Ok(());
             };
-            let n = take(&mut left);
-            if *n == 0 {
+            let have = take(&mut left);
+            if *have < n {
                 return Err(E::custom(refuse()));
             }
-            *n -= 1;
+            *have -= n;
             c.set(Some(left));
             Ok(())
         })
     }
 
     fn one<E: Error>() -> Result<(), E> {
+        values(1)
+    }
+
+    /// An object: [`super::OBJECT_WEIGHT`] values.
+    fn object<E: Error>() -> Result<(), E> {
+        values(super::OBJECT_WEIGHT)
+    }
+
+    fn values<E: Error>(n: usize) -> Result<(), E> {
         charge(
             |a| &mut a.values,
+            n,
             || {
                 format!(
-                    "the data holds more than {} values (numbers, strings, arrays, objects) in all; split it over several plans or calls",
-                    super::MAX_DATA_VALUES_PER_PLAN
+                    "the data holds more than {} values (numbers, strings, arrays, objects, each object counted as {}) in all; split it over several plans or calls",
+                    super::MAX_DATA_VALUES_PER_PLAN,
+                    super::OBJECT_WEIGHT
                 )
             },
         )
@@ -285,6 +323,7 @@ mod reading {
                 while let Some(Object(e)) = seq.next_element::<Object<super::Edit>>()? {
                     charge(
                         |a| &mut a.edits,
+                        1,
                         || {
                             format!(
                                 "the plan has more than {0} edits in all; at most {0} are allowed in one plan, so split the changes over several plans or calls",
@@ -422,7 +461,7 @@ mod reading {
             Ok(Scan)
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scan, A::Error> {
-            one()?;
+            object()?;
             let mut keys = std::collections::HashSet::new();
             while let Some(key) = map.next_key::<String>()? {
                 map.next_value::<Scan>()?;
@@ -499,7 +538,7 @@ mod reading {
             Ok(Unique(Value::Array(items)))
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
-            one()?;
+            object()?;
             let mut out = Map::new();
             while let Some(key) = map.next_key::<String>()? {
                 let Unique(v) = map.next_value()?;
@@ -617,14 +656,15 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     Ok(plan)
 }
 
-/// How many values `v` holds (itself included) and how deep its arrays and objects nest,
-/// walked without recursion (the data may be deeper than the stack allows).
+/// How many values `v` holds (itself included, each object counted as
+/// [`OBJECT_WEIGHT`]) and how deep its arrays and objects nest, walked without recursion
+/// (the data may be deeper than the stack allows).
 fn data_shape(v: &serde_json::Value) -> (usize, usize) {
     use serde_json::Value;
-    let (mut values, mut deepest) = (0, 0);
+    let (mut values, mut deepest) = (0usize, 0);
     let mut todo = vec![(v, 0usize)];
     while let Some((v, depth)) = todo.pop() {
-        values += 1;
+        values = values.saturating_add(if v.is_object() { OBJECT_WEIGHT } else { 1 });
         match v {
             Value::Array(items) => {
                 deepest = deepest.max(depth + 1);
@@ -809,7 +849,7 @@ impl Plan {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
                 format!(
-                    "the plan's data holds {values} values in all; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
+                    "the plan's data holds {values} values in all, each object counted as {OBJECT_WEIGHT}; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
                 ),
             ));
         }
@@ -1326,6 +1366,41 @@ mod tests {
         );
         assert!(check_unique_keys(action(1000).as_bytes()).is_ok());
         assert!(parse_plan(fits.as_bytes()).is_ok());
+        // An object counts as OBJECT_WEIGHT values: it takes that much more memory.
+        let objects = |n: usize| {
+            let objects = vec![r#"{"a":0}"#; n].join(",");
+            format!(
+                r#"{{"actions": [{{"intent": "write_json", "path": "c.json", "data": [{objects}]}}]}}"#
+            )
+        };
+        // The array, and each object with its one value.
+        let most = (MAX_DATA_VALUES_PER_PLAN - 1) / (OBJECT_WEIGHT + 1);
+        let fits = objects(most);
+        assert!(parse_plan(fits.as_bytes()).is_ok());
+        assert!(data_values_bound(fits.as_bytes()) > most * (OBJECT_WEIGHT + 1));
+        let over = objects(most + 1);
+        let why = parse_plan(over.as_bytes()).unwrap_err().reason;
+        assert!(why.contains("each object counted as 16"), "{why}");
+        assert_eq!(data_values_bound(over.as_bytes()), MAX_DATA_VALUES_PER_PLAN);
+        assert!(check_unique_keys(over.as_bytes()).is_err());
+        // A plan built in Rust is counted alike.
+        let mut plan = parse_plan(fits.as_bytes()).unwrap();
+        plan.actions[0]
+            .data
+            .as_mut()
+            .and_then(|d| d.as_array_mut())
+            .unwrap()
+            .push(serde_json::json!({"a": 0}));
+        let why = plan.validate().unwrap_err().reason;
+        assert!(why.contains("each object counted as 16"), "{why}");
+        // The bound from the text holds for ordinary plans, and is small for them.
+        let small = br#"{"workflow_id": "wf_a", "actions": [{"intent": "write_json", "path": "c.json", "data": {"k": [1, 2, {"x": "y"}]}}]}"#;
+        assert!(parse_plan(small).is_ok());
+        assert!(
+            (40..100).contains(&data_values_bound(small)),
+            "{}",
+            data_values_bound(small)
+        );
     }
 
     /// Actions past the plan's limit are refused while the plan is read, before they

@@ -92,10 +92,20 @@ pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BO
 /// How long a client may take to send a request body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Request bodies the server holds at once, in multiples of the largest one allowed. A
-/// plan parses into a few times its body at most (its actions, edits and data values are
-/// capped, each refused as it is read), so this bounds what concurrent uploads can hold
-/// whatever their number. A request is charged for its body as the bytes arrive (never
+/// Plans whose `data` the server parses and holds at once, in multiples of the most one
+/// plan may hold ([`ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN`], some 130 MiB
+/// parsed). Parsed, a value takes tens of times its text (`0,` is two bytes, 32 parsed;
+/// `{"a":0}` eight, some 700), so room for bodies alone would let a few MiB of text each
+/// take gigabytes in all. Before a plan is parsed it takes room for as many values as its
+/// text can hold ([`ailab_sandbox_core::plan::data_values_bound`]: a plan of plain text
+/// takes next to none), waiting in turn while other plans hold it, and gives it back
+/// once it has run.
+pub const PLAN_DATA_IN_FLIGHT: usize = 2;
+
+/// Request bodies the server holds at once, in multiples of the largest one allowed.
+/// Apart from their `data` (see [`PLAN_DATA_IN_FLIGHT`]) plans parse into a few times
+/// their body at most (actions and edits are capped, and refused as they are read), so
+/// this bounds what concurrent uploads can hold whatever their number. A request is charged for its body as the bytes arrive (never
 /// more than the largest body allowed), until its response is ready or, for a plan,
 /// until the plan has run, even if the client hung up meanwhile: a client holds only as
 /// much room as it has sent. A request that holds no room waits, in turn,
@@ -256,6 +266,9 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
     let state = routes::AppState {
         sandbox,
         body_limit: body_limit_bytes,
+        data_room: Arc::new(tokio::sync::Semaphore::new(
+            PLAN_DATA_IN_FLIGHT * ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN,
+        )),
     };
     let guard = guard::Guard::new(token.as_deref());
     let limit = body_limit_bytes.max(1);

@@ -30,6 +30,9 @@ const ROLLBACK_BODY_HINT: &str = r#"send no body, or {"force": true|false, "acti
 pub(crate) struct AppState {
     pub sandbox: Arc<Sandbox>,
     pub body_limit: usize,
+    /// Room for the data of the plans parsed and run at once (see
+    /// [`crate::PLAN_DATA_IN_FLIGHT`]), in values as the core counts them.
+    pub data_room: Arc<tokio::sync::Semaphore>,
 }
 
 /// Runs a synchronous sandbox call on the blocking pool. A panic there becomes a bare
@@ -287,9 +290,16 @@ pub(crate) async fn run_plan(
     let sb = s.sandbox;
     // Held until the plan is parsed and run, even if the client hangs up meanwhile.
     let held = room.and_then(|r| r.take());
+    // Its data's room, taken before it is parsed: as the text alone bounds it, so
+    // that plain text plans take next to none.
+    let values = ailab_sandbox_core::plan::data_values_bound(&bytes);
+    let data = Arc::clone(&s.data_room)
+        .acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX))
+        .await
+        .map_err(|_| ApiError::internal())?;
     let result = blocking(move || {
         let result = sb.run_plan_json(&bytes);
-        drop((bytes, held));
+        drop((bytes, held, data));
         result
     })
     .await?
