@@ -275,7 +275,12 @@ fn main() -> ExitCode {
         return usage_error(Cli::command().error(
             clap::error::ErrorKind::ArgumentConflict,
             format!(
-                "{opt} is given both before and after the command; give it on one side only (only the values after the command would count: with --root, a plan meant for one root could land in another)"
+                "{opt} is given both before and after the command; give it on one side only (only the values after the command would count, without a word: {})",
+                match opt {
+                    "--root" => "a plan meant for one root could land in another",
+                    "--state-dir" => "the audit trail and registry written would not be the ones meant",
+                    _ => "the value before it would be ignored",
+                }
             ),
         ));
     }

@@ -2121,6 +2121,20 @@ fn a_global_option_on_both_sides_of_the_command_is_refused() {
         "{v}"
     );
     assert!(!other.exists(), "nothing is made");
+    // Each option is told what it would lose, not the root's risk.
+    let out = e
+        .cmd()
+        .args(["--phase", "28.3", "--json", "state", "--phase", "28.3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let reason = json_out(&out)["reason"].as_str().unwrap().to_owned();
+    assert!(
+        reason.contains("--phase is given both before and after the command")
+            && reason.contains("the value before it would be ignored")
+            && !reason.contains("root"),
+        "{reason}"
+    );
     // On one side only, as before.
     let out = e.cmd().args(["--json", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");

@@ -483,12 +483,33 @@ fn run() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    const CASES: [&str; 9] = [
+        "registry",
+        "audit",
+        "concurrent",
+        "readers",
+        "governed-strict",
+        "governed-batched",
+        "governed-relaxed",
+        "bare-durable",
+        "bare-fast",
+    ];
+    if let Some(o) = only.as_deref().filter(|o| !CASES.contains(o)) {
+        eprintln!("bench: --only {o:?} names no case\n{USAGE}");
+        std::process::exit(2);
+    }
     let flag = |name: &str, default: usize| {
-        args.iter()
+        let Some(v) = args
+            .iter()
             .position(|a| a == name)
             .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
+        else {
+            return default;
+        };
+        v.parse().unwrap_or_else(|_| {
+            eprintln!("bench: {name} {v:?} is not a whole number\n{USAGE}");
+            std::process::exit(2);
+        })
     };
     let size = flag("--size", 1024);
     if only.as_deref() == Some("registry") {

@@ -110,7 +110,7 @@ impl Metrics {
         );
         registry.register(
             "ailab_sandbox_checksum_mismatch",
-            "Restores whose checksum did not match",
+            "Checksums that did not match: a restore that hashed wrong, or a snapshot found damaged by a rollback asked for (each time)",
             checksum_mismatch.clone(),
         );
         registry.register(

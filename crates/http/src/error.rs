@@ -82,7 +82,7 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 ReasonCode::Conflict.as_str(),
                 format!(
-                    "{what}: another process of the runtime held it past limits.lock_wait_seconds (a long write, or a stopped or hung process); try again later"
+                    "{what}: another process of the runtime held it ({cause}, limits.lock_wait_seconds: a long write, or a stopped or hung process); try again later"
                 ),
             );
         }

@@ -1040,8 +1040,19 @@ impl LogFile {
                 }
                 Ok(LogLock { file: &self.file })
             }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < self.wait => {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "waited {} s only, since a whole wait of {} s for it ran out less than {} s ago",
+                        wait.as_secs(),
+                        self.wait.as_secs(),
+                        self.wait.as_secs()
+                    ),
+                ))
+            }
             Err(e) => {
-                if e.kind() == io::ErrorKind::TimedOut && !stuck {
+                if e.kind() == io::ErrorKind::TimedOut {
                     *stalled() = Some(std::time::Instant::now());
                 }
                 Err(e)

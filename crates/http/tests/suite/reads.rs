@@ -245,7 +245,7 @@ async fn a_held_audit_trail_is_busy_not_broken() {
     use rustix::fs::{FlockOperation, flock};
     let tmp = tempfile::tempdir().unwrap();
     let mut config = config(&tmp, true);
-    config.limits.lock_wait_seconds = 1;
+    config.limits.lock_wait_seconds = 2;
     let server = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config.clone()).unwrap());
     let app = ailab_sandbox_http::router(server, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
     // Another writer: the server has lines to read.
@@ -254,11 +254,26 @@ async fn a_held_audit_trail_is_busy_not_broken() {
     assert!(other.run_plan(plan).unwrap().is_success());
     let log = std::fs::File::open(tmp.path().join("state/sandbox_audit.jsonl")).unwrap();
     flock(&log, FlockOperation::LockExclusive).unwrap();
-    for route in ["/agentic/executions", "/agentic/executions/stats"] {
+    // The wait each request had is the one it says: the whole wait, then a shorter one
+    // while the holder is taken as stuck.
+    for (route, waited) in [
+        (
+            "/agentic/executions",
+            "(waited 2 s, limits.lock_wait_seconds",
+        ),
+        (
+            "/agentic/executions/stats",
+            "(waited 1 s only, since a whole wait of 2 s for it ran out less than 2 s ago, limits.lock_wait_seconds",
+        ),
+    ] {
         let v = get(&app, route)
             .await
             .assert_error(StatusCode::CONFLICT, "conflict");
-        assert!(v["reason"].as_str().unwrap().contains("try again"), "{v}");
+        let reason = v["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("try again") && reason.contains(waited),
+            "{v}"
+        );
     }
     // Busy, not "no rollback available"; nor a state of zero artifacts.
     get(&app, "/agentic/rollback/wf_held")

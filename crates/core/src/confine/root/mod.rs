@@ -246,7 +246,7 @@ impl SandboxRoot {
                 return Err(hardlink_refusal(&rel.as_string(), links));
             }
             EntryKind::File { size, mode, .. } => TargetKind::File { size, mode },
-            EntryKind::Symlink => return Err(self.symlink_refusal(rel.components())),
+            EntryKind::Symlink => return Err(self.detect_symlink_escape(rel.components())),
             EntryKind::Special => return Err(special_refusal(rel)),
         };
         Ok(TargetInfo {
@@ -339,7 +339,7 @@ impl SandboxRoot {
         for (i, comp) in parents.iter().enumerate() {
             match dir.symlink_metadata(comp) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    return Err(self.symlink_refusal(&comps[..=i]));
+                    return Err(self.detect_symlink_escape(&comps[..=i]));
                 }
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
@@ -402,7 +402,7 @@ impl SandboxRoot {
         for (i, comp) in rel.parent_components().iter().enumerate() {
             match dir.symlink_metadata(comp) {
                 Ok(m) if m.file_type().is_symlink() => {
-                    return Err(self.symlink_refusal(&comps[..=i]));
+                    return Err(self.detect_symlink_escape(&comps[..=i]));
                 }
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
@@ -543,7 +543,7 @@ impl SandboxRoot {
                     found => found.map_err(|e| io_refusal("inspect", rel.components(), &e))?,
                 };
                 if m.file_type().is_symlink() {
-                    return Err(self.symlink_refusal(rel.components()));
+                    return Err(self.detect_symlink_escape(rel.components()));
                 }
                 if m.is_dir() {
                     self.refuse_reserved(&m, rel.components())?;
@@ -580,7 +580,7 @@ impl SandboxRoot {
         };
         match dir.symlink_metadata(rel.file_name()) {
             Ok(m) if m.file_type().is_symlink() => {
-                return Err(self.symlink_refusal(rel.components()));
+                return Err(self.detect_symlink_escape(rel.components()));
             }
             Ok(m) if m.is_dir() => {
                 return Err(Refusal::new(
@@ -669,7 +669,9 @@ impl SandboxRoot {
                 let (parent, _) = self.open_parent(rel, false, false)?;
                 let full = rel.components();
                 match parent.symlink_metadata(rel.file_name()) {
-                    Ok(m) if m.file_type().is_symlink() => return Err(self.symlink_refusal(full)),
+                    Ok(m) if m.file_type().is_symlink() => {
+                        return Err(self.detect_symlink_escape(full));
+                    }
                     Ok(m) if m.is_dir() => {}
                     Ok(m) => {
                         return Err(Refusal::new(
@@ -743,7 +745,7 @@ impl SandboxRoot {
             // The component was a real directory a moment ago: a failure to open it
             // without following links means it was swapped, most likely for a symlink.
             if e.kind() == io::ErrorKind::NotADirectory || is_escape_error(&e) {
-                self.symlink_refusal(comps)
+                self.detect_symlink_escape(comps)
             } else if e.kind() == io::ErrorKind::NotFound {
                 Refusal::new(
                     ReasonCode::NotFound,
@@ -813,9 +815,9 @@ impl SandboxRoot {
                 format!("{} does not exist", shown_path(&rel.as_string())),
             ),
             _ if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-                self.symlink_refusal(rel.components())
+                self.detect_symlink_escape(rel.components())
             }
-            _ if is_escape_error(&e) => self.symlink_refusal(rel.components()),
+            _ if is_escape_error(&e) => self.detect_symlink_escape(rel.components()),
             _ => match e
                 .get_ref()
                 .and_then(|inner| inner.downcast_ref::<Refusal>())
@@ -826,9 +828,12 @@ impl SandboxRoot {
         }
     }
 
-    /// Classifies the symlink at `comps` (root-relative): `symlink_escape` when it, or
-    /// the chain it starts, leads outside the root; `symlink_refused` otherwise.
-    fn symlink_refusal(&self, comps: &[String]) -> Refusal {
+    /// SPEC's `detect_symlink_escape`: classifies the symlink at `comps` (root-relative,
+    /// met by a walk that follows none): `symlink_escape` when it, or the chain it
+    /// starts, leads outside the root by the text of its targets, read through the root
+    /// handle; `symlink_refused` otherwise. It words and counts the refusal; the walk
+    /// that never follows a link is what confines.
+    pub fn detect_symlink_escape(&self, comps: &[String]) -> Refusal {
         let shown = shown_path(&comps.join("/"));
         let escape = Refusal::new(
             ReasonCode::SymlinkEscape,
@@ -1100,10 +1105,10 @@ mod tests {
     fn a_link_swapped_back_before_it_is_read_is_an_escape_attempt() {
         let (_tmp, root) = root();
         std::fs::create_dir(root.path().join("d")).unwrap();
-        let r = root.symlink_refusal(&comps("d"));
+        let r = root.detect_symlink_escape(&comps("d"));
         assert_eq!(r.reason_code, ReasonCode::SymlinkEscape, "{}", r.reason);
         assert!(r.reason.contains("swapped"), "{}", r.reason);
-        let r = root.symlink_refusal(&comps("gone"));
+        let r = root.detect_symlink_escape(&comps("gone"));
         assert_eq!(r.reason_code, ReasonCode::SymlinkEscape, "{}", r.reason);
     }
 
@@ -1114,11 +1119,11 @@ mod tests {
         std::os::unix::fs::symlink("d", root.path().join("in")).unwrap();
         std::os::unix::fs::symlink(tmp.path(), root.path().join("out")).unwrap();
         assert_eq!(
-            root.symlink_refusal(&comps("in")).reason_code,
+            root.detect_symlink_escape(&comps("in")).reason_code,
             ReasonCode::SymlinkRefused
         );
         assert_eq!(
-            root.symlink_refusal(&comps("out")).reason_code,
+            root.detect_symlink_escape(&comps("out")).reason_code,
             ReasonCode::SymlinkEscape
         );
     }
