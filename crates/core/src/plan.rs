@@ -55,7 +55,7 @@ pub fn data_values_bound(json: &[u8]) -> usize {
 pub const MAX_DATA_DEPTH: usize = 128;
 
 /// What to do when an action fails mid-run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnFailure {
     /// Roll back every earlier action of the run (default).
@@ -63,6 +63,28 @@ pub enum OnFailure {
     Rollback,
     /// Stop; the workflow ends `failed` and can be rolled back later.
     Stop,
+}
+
+/// Read from a string only: serde's derived enum meets any other value with a syntax
+/// error ("a value was expected here"), which names neither the field nor what it takes.
+impl<'de> Deserialize<'de> for OnFailure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Named;
+        impl serde::de::Visitor<'_> for Named {
+            type Value = OnFailure;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"rollback\" or \"stop\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<OnFailure, E> {
+                match s {
+                    "rollback" => Ok(OnFailure::Rollback),
+                    "stop" => Ok(OnFailure::Stop),
+                    other => Err(E::unknown_variant(other, &["rollback", "stop"])),
+                }
+            }
+        }
+        d.deserialize_str(Named)
+    }
 }
 
 /// One exact-text replacement.
@@ -1571,6 +1593,28 @@ mod tests {
             ) && !why.contains("invalid type"),
             "{why}"
         );
+    }
+
+    /// `on_failure` of another type than a string is named with what it takes, not
+    /// taken for a syntax error.
+    #[test]
+    fn on_failure_of_the_wrong_type_names_what_it_takes() {
+        for (v, said) in [
+            ("5", "not a number (5)"),
+            ("true", "not a boolean (true)"),
+            ("[]", "not an array"),
+        ] {
+            let plan = format!(r#"{{"on_failure": {v}, "actions": []}}"#);
+            let why = parse_plan(plan.as_bytes()).unwrap_err().reason;
+            assert!(
+                why.contains(&format!(
+                    "'on_failure' must be \"rollback\" or \"stop\", {said}"
+                )),
+                "{why}"
+            );
+        }
+        let plan = br#"{"on_failure": "stop", "actions": []}"#;
+        assert_eq!(parse_plan(plan).unwrap().on_failure, Some(OnFailure::Stop));
     }
 
     /// An action or an edit written as an array is refused, not read field by field in

@@ -353,9 +353,9 @@ fn replaced_text(line: &[u8]) -> String {
 /// (no real one is near it).
 const MAX_COPIED_PART: usize = 1024;
 
-/// Refuses (`invalid_plan`) a request whose parameters rmcp cannot read: `params._meta`
-/// that is not an object (any request: rmcp answers it `-32600` without the request's
-/// id, which no client can match), and for a `tools/call` `params` missing or not an
+/// Refuses (`invalid_plan`) a request whose parameters rmcp cannot read: `params`, or
+/// `params._meta`, that is not an object (any request: rmcp answers it `-32600` without
+/// the request's id, which no client can match), and for a `tools/call` `params` missing or not an
 /// object, `name` missing or not a string, `arguments` or `inputResponses` neither an
 /// object nor null, `requestState` neither a string nor null (rmcp answers such a call
 /// "method not found", naming nothing). None of them would reach the handler. Read as
@@ -418,7 +418,15 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
                 shown(p)
             ));
         }
-        // Another request's parameters that are not an object are its handler's to judge.
+        // rmcp answers another request whose parameters are neither an object nor null
+        // `-32600` without its id, which no client can match: such a request goes on
+        // without them, as any other that fails.
+        Some(p) if p.get() != "null" => {
+            return refuse(format!(
+                "'params' of a request must be an object, not {}",
+                shown(p)
+            ));
+        }
         _ => return Ok(()),
     };
     let Ok(p) = serde_json::from_str::<Params>(params.get()) else {
@@ -1160,10 +1168,13 @@ mod tests {
     #[tokio::test]
     async fn a_failing_request_keeps_its_id_as_sent() {
         let input = format!(
-            "{INITIALIZE}\n{}\n{}\n{}\n",
+            "{INITIALIZE}\n{}\n{}\n{}\n{}\n{}\n",
             r#"{"jsonrpc":"2.0","id":1.0000000000000000001,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"a","content":"x"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":[1e400]}"#,
             r#"{"jsonrpc":"2.0","id":"s","method":"tools/list","params":null,"x":{"a":1,"a":2}}"#,
+            // Parameters rmcp would answer without the id: the request goes on without.
+            r#"{"jsonrpc":"2.0","id":7,"method":"ping","params":[]}"#,
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":null}"#,
         );
         let out = pumped(&input, 1 << 20).await;
         // Not a number a parser keeps: rmcp answers it as the invalid id it is.
@@ -1179,6 +1190,11 @@ mod tests {
         assert_eq!(
             out[3],
             r#"{"jsonrpc":"2.0","id":"s","method":"tools/list"}"#
+        );
+        assert_eq!(out[4], r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+        assert_eq!(
+            out[5],
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":null}"#
         );
     }
 
