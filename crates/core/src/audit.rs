@@ -294,8 +294,7 @@ struct LineView<'a> {
     _after_checksum: Option<Text>,
     #[serde(rename = "rollback_available")]
     _rollback_available: bool,
-    #[serde(rename = "rollback_path")]
-    _rollback_path: Option<Text>,
+    rollback_path: Option<Text>,
     status: AuditStatus,
     reason_code: Option<ReasonCode>,
     #[serde(rename = "error")]
@@ -341,7 +340,7 @@ impl<'a> LineView<'a> {
             _before_checksum: t(&e.before_checksum),
             _after_checksum: t(&e.after_checksum),
             _rollback_available: e.rollback_available,
-            _rollback_path: t(&e.rollback_path),
+            rollback_path: t(&e.rollback_path),
             status: e.status,
             reason_code: e.reason_code,
             _error: t(&e.error),
@@ -366,8 +365,9 @@ fn count(map: &mut BTreeMap<String, u64>, key: &str) {
 struct Workflow {
     /// Its lines (indexes into [`Index::slots`]).
     lines: Vec<usize>,
-    /// The actions the trail records as having run a write (not a rollback), done or
-    /// failed: asked before every action, so not a scan of the workflow's lines.
+    /// The actions the trail records as having run a write (not a rollback): done, undone,
+    /// or failed after their snapshot; asked before every action, so not a scan of the
+    /// workflow's lines.
     ran: HashSet<Box<str>>,
     /// The actions the trail records as rolled back: asked for a write's default
     /// parent, so not a scan either.
@@ -526,9 +526,14 @@ impl Index {
             e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
         // A failure may come after the action's artifact was registered (the registry's
         // line is written before the trail's): its id is spent as surely as a success's.
+        // Such an action was undone (its undo line stands even when its failure line
+        // could not be written: the trail held) or kept its snapshot (the undo failed);
+        // one refused before its snapshot wrote nothing, and its id stays free.
         let ran = wrote
+            || e.status == AuditStatus::RolledBack
             || (e.status == AuditStatus::Failed
-                && e.mutation_class != Some(MutationClass::Rollback));
+                && e.mutation_class != Some(MutationClass::Rollback)
+                && e.rollback_path.is_some());
         if e.mutation_type == "create_directory" {
             let key = (e.workflow_id.to_string(), e.action_id.to_string());
             match e.status {
@@ -1335,8 +1340,9 @@ impl AuditLog {
     }
 
     /// Whether the trail records a write (not a rollback) by this action of the
-    /// workflow, done or failed. Its snapshot may be gone since (pruned, removed): the id
-    /// stays used all the same.
+    /// workflow: done, undone, or failed after its snapshot was taken. Its snapshot may
+    /// be gone since (pruned, removed): the id stays used all the same. An action refused
+    /// before its snapshot wrote nothing: its id is free.
     pub fn ran_action(&self, workflow_id: &str, action_id: &str) -> io::Result<bool> {
         self.with(|ix| {
             ix.workflow(workflow_id)

@@ -406,6 +406,103 @@ fn a_failed_actions_id_stays_spent_after_its_snapshot_is_pruned() {
     }
 }
 
+/// An action whose failure line could not be written (another process held the trail)
+/// leaves only its undo line, written later: its id is spent all the same. One refused
+/// before its snapshot wrote nothing, and its id stays free (README: a plan sent again
+/// needs new ids for the actions that ran).
+#[test]
+fn an_undone_actions_id_stays_spent_and_a_refused_ones_stays_free() {
+    let w = World::new();
+    let mut c = strict(&w);
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c.clone());
+    let held: std::sync::Arc<std::sync::Mutex<Option<std::fs::File>>> = Default::default();
+    sb.failpoints().interleave("before_audit", {
+        let (held, trail) = (std::sync::Arc::clone(&held), audit_path(&w));
+        std::sync::Arc::new(move || {
+            let mut held = held.lock().unwrap();
+            if held.is_none() {
+                let f = std::fs::File::open(&trail).unwrap();
+                f.lock().unwrap();
+                *held = Some(f);
+            }
+        })
+    });
+    let late = |id: &str| {
+        json!({"workflow_id": "wf_h", "actions": [
+            {"action_id": id, "intent": "create_file", "path": "late.txt", "content": "y"}]})
+    };
+    assert_eq!(status(&run(&sb, late("late"))), "rolled_back");
+    drop(held.lock().unwrap().take());
+    drop(sb);
+    // The next start records the undo; the failure line was never written.
+    let sb = w.open(c.clone());
+    let spent = sb.audit_entries(10, Some("wf_h")).unwrap();
+    assert!(
+        spent
+            .iter()
+            .all(|e| e.status != ailab_sandbox_core::audit::AuditStatus::Failed)
+            && spent
+                .iter()
+                .any(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack),
+        "{spent:?}"
+    );
+    w.clock.advance(chrono::Duration::days(2));
+    let pruned = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(
+        pruned.workflows_pruned.contains(&"wf_h".to_owned()),
+        "{pruned:?}"
+    );
+    let again = run(&sb, late("late"));
+    assert_eq!(
+        again.actions[0].reason_code,
+        Some(ailab_sandbox_core::ReasonCode::InvalidId),
+        "{again:?}"
+    );
+    // Refused before its snapshot (a file put in its way meanwhile): nothing written,
+    // id free.
+    let first = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&first), "success", "{first:?}");
+    sb.failpoints().interleave("after_mutate", {
+        let free = w.path("free2.txt");
+        std::sync::Arc::new(move || {
+            if !free.exists() {
+                std::fs::write(&free, b"in the way").unwrap();
+            }
+        })
+    });
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "b1", "intent": "create_file", "path": "b1.txt", "content": "1"},
+            {"action_id": "b2", "intent": "create_file", "path": "free2.txt", "content": "2"}]}),
+    );
+    assert_eq!(action_status(&r, 1), "failed", "{r:?}");
+    assert_eq!(
+        r.actions[1].reason_code,
+        Some(ailab_sandbox_core::ReasonCode::AlreadyExists),
+        "{r:?}"
+    );
+    assert!(!w.path(".rollback/wf_r/b2").exists());
+    std::fs::remove_file(w.path("free2.txt")).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "b3", "intent": "create_file", "path": "b1.txt", "content": "1"},
+            {"action_id": "b2", "intent": "create_file", "path": "free2.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(sb);
+    for v in verified_both_ways(&w) {
+        assert!(v.ok, "{v:?}");
+    }
+}
+
 /// Writes under way while the trail is verified are not taken for lines removed.
 #[test]
 fn writes_under_way_do_not_fail_verification() {
