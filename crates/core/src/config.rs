@@ -137,26 +137,35 @@ impl RawConfig {
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         check_sections(text)?;
         toml::from_str(text).map_err(|e| {
-            let (mut at, mut secret, mut key, mut value) =
-                (String::new(), false, String::new(), String::new());
+            let (mut at, mut secret, mut token_line, mut key, mut value) =
+                (String::new(), false, false, String::new(), String::new());
             let mut header = None;
             if let Some(span) = e.span() {
                 let start = floor_char_boundary(text, span.start.min(text.len()));
                 let line_no = text[..start].matches('\n').count() + 1;
                 let line = text.lines().nth(line_no - 1).unwrap_or("");
                 let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+                // However the token is written (`token`, `server.token`, an inline
+                // table, `"tok\u0065n"`, a multi-line string), a message about its line
+                // may quote it: a line naming it, one with an escape, and one inside a
+                // multi-line string are never quoted, nor their keys.
+                token_line = line.contains("token");
+                let in_multiline = ["\"\"\"", "'''"]
+                    .iter()
+                    .any(|d| text[..line_start].matches(d).count() % 2 == 1);
+                let escaped_key = line.split('=').next().is_some_and(|k| k.contains('\\'));
+                secret = token_line || escaped_key || in_multiline;
                 at = format!(" (line {line_no}");
                 if line.trim_start().starts_with('[') {
                     header = Some(line.split('#').next().unwrap_or_default().trim());
-                } else if let Some((k, v)) = key_before(line, start - line_start) {
+                } else if let Some((k, v)) = key_before(line, start - line_start)
+                    && !secret
+                {
                     at.push_str(&format!(", key '{}'", k.escape_debug()));
                     key = k;
                     value = v.trim().to_owned();
                 }
                 at.push(')');
-                // However the token is written (`token`, `server.token`, an inline
-                // table), a message about its line may quote it.
-                secret = line.contains("token");
             }
             let why = if secret {
                 // Classified, never quoted: the reader's message may hold the value.
@@ -164,17 +173,32 @@ impl RawConfig {
                 let what = if m.starts_with("invalid type")
                     || m.starts_with("string values must be quoted")
                 {
-                    "the token must be a string, in double quotes"
+                    if token_line {
+                        "the token must be a string, in double quotes"
+                    } else {
+                        "a value on this line is of the wrong type, or a string without quotes"
+                    }
                 } else if m.starts_with("duplicate key") {
                     "a key on this line is given twice"
-                } else if toml_bad_escape(m) {
+                } else if toml_bad_escape(m) && token_line {
                     "a backslash in the token's string starts no escape: write a backslash itself as \\\\, or put the token in single quotes"
+                } else if toml_bad_escape(m) {
+                    "a backslash in a string on this line starts no escape: write a backslash itself as \\\\, or put the string in single quotes"
+                } else if toml_unclosed(m) && m.starts_with("invalid multi-line") {
+                    "a multi-line string is not closed (its ending three quotes are missing)"
                 } else if toml_unclosed(m) {
                     "a string on this line is not closed (its ending quote is missing)"
-                } else {
+                } else if token_line {
                     "the token must be a string, in double quotes, alone on its line"
+                } else {
+                    "this line is not valid TOML"
                 };
-                format!("{what} (the line is not shown: it holds the token)")
+                let why = if token_line {
+                    "it holds the token"
+                } else {
+                    "it may hold the token"
+                };
+                format!("{what} (the line is not shown: {why})")
             } else if let Some(words) = bare_word_words(e.message(), &key, &value) {
                 words
             } else if e.message().trim() == "duplicate key" {
@@ -240,22 +264,47 @@ fn toml_type(v: &toml::Value) -> &'static str {
 
 /// The key at byte `col` of `line`, or whose value stands there, and the text after its
 /// `=`: in an inline table (`limits = { max_path_depth = "9" }`) the inner key is
-/// blamed, not the section. `None` on a line without `=`.
+/// blamed, not the section; an `=` inside a string is no key's. `None` on a line
+/// without `=`.
 fn key_before(line: &str, col: usize) -> Option<(String, &str)> {
     let col = floor_char_boundary(line, col.min(line.len()));
-    let at_key = line[col..].find('=').map(|i| col + i).filter(|&eq| {
-        let k = line[col..eq].trim();
-        !k.is_empty()
-            && k.chars()
-                .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' '))
-    });
-    let eq = at_key.or_else(|| line[..col].rfind('='))?;
-    let k = line[..eq]
-        .rsplit(['{', ','])
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .trim_matches('"');
+    // Where `=`, `{` and `,` stand outside strings (and before a comment).
+    let mut marks: Vec<(usize, u8)> = Vec::new();
+    let (bytes, mut quote, mut i) = (line.as_bytes(), None, 0);
+    while i < bytes.len() {
+        let c = bytes[i];
+        match quote {
+            Some(b'"') if c == b'\\' => i += 1,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None => match c {
+                b'"' | b'\'' => quote = Some(c),
+                b'#' => break,
+                b'=' | b'{' | b',' => marks.push((i, c)),
+                _ => {}
+            },
+        }
+        i += 1;
+    }
+    // A key at `col`: the first mark after it is its `=`.
+    let at_key = marks
+        .iter()
+        .find(|&&(p, _)| p >= col)
+        .filter(|&&(p, c)| c == b'=' && !line[col..p].trim().is_empty())
+        .map(|&(p, _)| p);
+    let eq = at_key.or_else(|| {
+        marks
+            .iter()
+            .rev()
+            .find(|&&(p, c)| c == b'=' && p < col)
+            .map(|&(p, _)| p)
+    })?;
+    let from = marks
+        .iter()
+        .rev()
+        .find(|&&(p, c)| c != b'=' && p < eq)
+        .map_or(0, |&(p, _)| p + 1);
+    let k = line[from..eq].trim().trim_matches('"');
     Some((k.to_owned(), &line[eq + 1..]))
 }
 

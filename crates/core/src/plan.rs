@@ -17,36 +17,60 @@ pub const MAX_ACTIONS_PER_PLAN: usize = 1000;
 pub const MAX_EDITS_PER_PLAN: usize = 256;
 
 /// Most values (scalars, arrays, objects, at any depth) the `data` of a single plan may
-/// hold, all actions together, an object counted as [`OBJECT_WEIGHT`]. Parsed, each value
-/// takes tens of bytes, many times its text: this bounds the memory one request can ask
-/// for (some 130 MiB, strings' text aside). Each value renders to at least two bytes, so
-/// one action's data never needs more than half its operation's largest file (2 MiB),
-/// and a plan holds two such actions.
+/// hold, all actions together, an object with members counted as [`OBJECT_WEIGHT`] and
+/// each of its keys as one more. Parsed, each value takes tens of bytes, many times its
+/// text: this bounds the memory one request can ask for (some 150 MiB, strings' text
+/// aside). A scalar, an array or an empty object renders to at least two bytes, so data
+/// of those never needs more than half its operation's largest file (2 MiB) and a plan
+/// holds two such actions; data of very many small objects (`{"a":0}` counts 18 and
+/// renders in 7 bytes) is refused before its file would be, at some 110,000 of them.
 pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
 
-/// How many values an object counts as toward [`MAX_DATA_VALUES_PER_PLAN`]: parsed, even
-/// `{"a": 0}` takes a tree node of eleven entries, some 640 bytes, where a number takes
-/// 32. Counted as one, a plan of a million such objects (8 MB of text) would take
-/// 700 MB.
+/// How many values an object with members counts as toward
+/// [`MAX_DATA_VALUES_PER_PLAN`], its keys aside: parsed, even `{"a": 0}` takes a tree node
+/// of eleven entries, some 640 bytes, where a number takes 32 (an empty object takes no
+/// node, and counts as one). Counted as one, a plan of a million such objects (8 MB of
+/// text) would take 700 MB.
 pub const OBJECT_WEIGHT: usize = 16;
 
 /// An upper bound on what the `data` of the plan whose text is `json` can count toward
 /// [`MAX_DATA_VALUES_PER_PLAN`], capped there (a plan counting more is refused as it is
-/// read, before it is all built), from the text alone: every value but the first follows
-/// a `[`, `,` or `:`, and every object opens with a `{`. For a server that bounds the
-/// memory of the plans it parses at once before parsing them.
+/// read, before it is all built), from the text alone, strings skipped: every value but
+/// the first follows a `[`, `,` or `:` (a `:` also follows a key), and every object
+/// opens with a `{`. For a server that bounds the memory of the plans it parses at once
+/// before parsing them: a plan whose data is small takes next to nothing, whatever its
+/// strings hold.
 pub fn data_values_bound(json: &[u8]) -> usize {
-    let (mut values, mut objects) = (1usize, 0usize);
-    for &b in json {
-        match b {
-            b'[' | b',' | b':' => values += 1,
-            b'{' => objects += 1,
-            _ => {}
+    let mut n = 1usize;
+    let mut bytes = json.iter().enumerate();
+    while let Some((i, &b)) = bytes.next() {
+        n = n.saturating_add(match b {
+            b'[' | b',' => 1,
+            b':' => 2,
+            b'{' => match json[i + 1..].iter().find(|c| !c.is_ascii_whitespace()) {
+                Some(b'}') => 1,
+                _ => OBJECT_WEIGHT,
+            },
+            b'"' => {
+                // To the string's closing quote: what it holds is text, not values.
+                while let Some((_, &c)) = bytes.next() {
+                    match c {
+                        b'\\' => {
+                            bytes.next();
+                        }
+                        b'"' => break,
+                        _ => {}
+                    }
+                }
+                0
+            }
+            _ => 0,
+        });
+        if n >= MAX_DATA_VALUES_PER_PLAN {
+            return MAX_DATA_VALUES_PER_PLAN;
         }
     }
-    values
-        .saturating_add(objects.saturating_mul(OBJECT_WEIGHT))
-        .min(MAX_DATA_VALUES_PER_PLAN)
+    n
 }
 
 /// Deepest nesting of arrays and objects in an action's `data`. A JSON plan never gets
@@ -302,9 +326,10 @@ mod reading {
         values(1)
     }
 
-    /// An object: [`super::OBJECT_WEIGHT`] values.
-    fn object<E: Error>() -> Result<(), E> {
-        values(super::OBJECT_WEIGHT)
+    /// A key of an object: one value, and for its first the rest of the object's
+    /// [`super::OBJECT_WEIGHT`] (its tree node), the object itself counted as one.
+    fn key<E: Error>(first: bool) -> Result<(), E> {
+        values(if first { super::OBJECT_WEIGHT } else { 1 })
     }
 
     fn values<E: Error>(n: usize) -> Result<(), E> {
@@ -313,7 +338,7 @@ mod reading {
             n,
             || {
                 format!(
-                    "the data holds more than {} values (numbers, strings, arrays, objects, each object counted as {}) in all; split it over several plans or calls",
+                    "the data holds more than {} values (numbers, strings, arrays, objects, an object with members counted as {} and each key as one more, for the memory they take) in all; split it over several plans or calls, or over several files (a file of many small objects counts the most)",
                     super::MAX_DATA_VALUES_PER_PLAN,
                     super::OBJECT_WEIGHT
                 )
@@ -483,9 +508,10 @@ mod reading {
             Ok(Scan)
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scan, A::Error> {
-            object()?;
+            one()?;
             let mut keys = std::collections::HashSet::new();
             while let Some(key) = map.next_key::<String>()? {
+                self::key(keys.is_empty())?;
                 map.next_value::<Scan>()?;
                 if let Some(key) = keys.replace(key) {
                     return Err(A::Error::custom(format!(
@@ -560,9 +586,10 @@ mod reading {
             Ok(Unique(Value::Array(items)))
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
-            object()?;
+            one()?;
             let mut out = Map::new();
             while let Some(key) = map.next_key::<String>()? {
+                self::key(out.is_empty())?;
                 let Unique(v) = map.next_value()?;
                 if out.contains_key(&key) {
                     return Err(A::Error::custom(format!(
@@ -678,15 +705,18 @@ pub fn parse_plan(json: &[u8]) -> Verdict<Plan> {
     Ok(plan)
 }
 
-/// How many values `v` holds (itself included, each object counted as
-/// [`OBJECT_WEIGHT`]) and how deep its arrays and objects nest, walked without recursion
+/// How many values `v` holds (itself included, an object with members counted as
+/// [`OBJECT_WEIGHT`] and each key as one more) and how deep its arrays and objects nest, walked without recursion
 /// (the data may be deeper than the stack allows).
 fn data_shape(v: &serde_json::Value) -> (usize, usize) {
     use serde_json::Value;
     let (mut values, mut deepest) = (0usize, 0);
     let mut todo = vec![(v, 0usize)];
     while let Some((v, depth)) = todo.pop() {
-        values = values.saturating_add(if v.is_object() { OBJECT_WEIGHT } else { 1 });
+        values = values.saturating_add(match v {
+            Value::Object(map) if !map.is_empty() => OBJECT_WEIGHT + map.len(),
+            _ => 1,
+        });
         match v {
             Value::Array(items) => {
                 deepest = deepest.max(depth + 1);
@@ -871,7 +901,7 @@ impl Plan {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
                 format!(
-                    "the plan's data holds {values} values in all, each object counted as {OBJECT_WEIGHT}; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
+                    "the plan's data holds {values} values in all, an object with members counted as {OBJECT_WEIGHT} and each key as one more; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
                 ),
             ));
         }
@@ -1388,23 +1418,28 @@ mod tests {
         );
         assert!(check_unique_keys(action(1000).as_bytes()).is_ok());
         assert!(parse_plan(fits.as_bytes()).is_ok());
-        // An object counts as OBJECT_WEIGHT values: it takes that much more memory.
-        let objects = |n: usize| {
-            let objects = vec![r#"{"a":0}"#; n].join(",");
+        // An object with members counts as OBJECT_WEIGHT values, each key one more: it
+        // takes that much more memory. An empty one takes none, and counts as one.
+        let objects = |n: usize, one: &str| {
+            let objects = vec![one; n].join(",");
             format!(
                 r#"{{"actions": [{{"intent": "write_json", "path": "c.json", "data": [{objects}]}}]}}"#
             )
         };
-        // The array, and each object with its one value.
-        let most = (MAX_DATA_VALUES_PER_PLAN - 1) / (OBJECT_WEIGHT + 1);
-        let fits = objects(most);
+        // The array; each object, its key and its value.
+        let most = (MAX_DATA_VALUES_PER_PLAN - 1) / (OBJECT_WEIGHT + 2);
+        let fits = objects(most, r#"{"a":0}"#);
         assert!(parse_plan(fits.as_bytes()).is_ok());
-        assert!(data_values_bound(fits.as_bytes()) > most * (OBJECT_WEIGHT + 1));
-        let over = objects(most + 1);
+        assert!(data_values_bound(fits.as_bytes()) > most * (OBJECT_WEIGHT + 2));
+        let over = objects(most + 1, r#"{"a":0}"#);
         let why = parse_plan(over.as_bytes()).unwrap_err().reason;
-        assert!(why.contains("each object counted as 16"), "{why}");
+        assert!(
+            why.contains("an object with members counted as 16 and each key as one more"),
+            "{why}"
+        );
         assert_eq!(data_values_bound(over.as_bytes()), MAX_DATA_VALUES_PER_PLAN);
         assert!(check_unique_keys(over.as_bytes()).is_err());
+        assert!(parse_plan(objects(half, "{}").as_bytes()).is_ok());
         // A plan built in Rust is counted alike.
         let mut plan = parse_plan(fits.as_bytes()).unwrap();
         plan.actions[0]
@@ -1414,8 +1449,12 @@ mod tests {
             .unwrap()
             .push(serde_json::json!({"a": 0}));
         let why = plan.validate().unwrap_err().reason;
-        assert!(why.contains("each object counted as 16"), "{why}");
-        // The bound from the text holds for ordinary plans, and is small for them.
+        assert!(
+            why.contains("an object with members counted as 16"),
+            "{why}"
+        );
+        // The bound from the text holds for ordinary plans, and is small for them,
+        // whatever their strings hold.
         let small = br#"{"workflow_id": "wf_a", "actions": [{"intent": "write_json", "path": "c.json", "data": {"k": [1, 2, {"x": "y"}]}}]}"#;
         assert!(parse_plan(small).is_ok());
         assert!(
@@ -1423,6 +1462,13 @@ mod tests {
             "{}",
             data_values_bound(small)
         );
+        let text = format!(
+            r#"{{"actions": [{{"intent": "create_file", "path": "c.json", "content": "{}"}}]}}"#,
+            r#"{\"a\": [1, {\"b\": 2}], \"c\\\\\": 3}, "#.repeat(10_000)
+        );
+        assert!(parse_plan(text.as_bytes()).is_ok());
+        let bound = data_values_bound(text.as_bytes());
+        assert!(bound < 50, "{bound}");
     }
 
     /// Actions past the plan's limit are refused while the plan is read, before they

@@ -93,12 +93,12 @@ pub const DEFAULT_BODY_LIMIT: usize = ailab_sandbox_core::config::DEFAULT_MAX_BO
 pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Plans whose `data` the server parses and holds at once, in multiples of the most one
-/// plan may hold ([`ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN`], some 130 MiB
+/// plan may hold ([`ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN`], some 150 MiB
 /// parsed). Parsed, a value takes tens of times its text (`0,` is two bytes, 32 parsed;
 /// `{"a":0}` eight, some 700), so room for bodies alone would let a few MiB of text each
 /// take gigabytes in all. Before a plan is parsed it takes room for as many values as its
-/// text can hold ([`ailab_sandbox_core::plan::data_values_bound`]: a plan of plain text
-/// takes next to none), waiting in turn while other plans hold it, and gives it back
+/// text can hold outside its strings ([`ailab_sandbox_core::plan::data_values_bound`]: a
+/// plan whose data is small takes next to none), waiting in turn while other plans hold it, and gives it back
 /// once it has run.
 pub const PLAN_DATA_IN_FLIGHT: usize = 2;
 

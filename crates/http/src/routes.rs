@@ -291,8 +291,13 @@ pub(crate) async fn run_plan(
     // Held until the plan is parsed and run, even if the client hangs up meanwhile.
     let held = room.and_then(|r| r.take());
     // Its data's room, taken before it is parsed: as the text alone bounds it, so
-    // that plain text plans take next to none.
-    let values = ailab_sandbox_core::plan::data_values_bound(&bytes);
+    // that a plan whose data is small takes next to none. Reading the text through is
+    // work for the blocking pool, not the event loop.
+    let (bytes, values) = blocking(move || {
+        let values = ailab_sandbox_core::plan::data_values_bound(&bytes);
+        (bytes, values)
+    })
+    .await?;
     let data = Arc::clone(&s.data_room)
         .acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX))
         .await

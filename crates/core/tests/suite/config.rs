@@ -117,6 +117,11 @@ fn section_shapes_and_repeats_are_named() {
             "phase =\n",
             "(line 1, key 'phase'): no value follows the '='",
         ),
+        // An `=` inside a string is no key's.
+        (
+            "[limits]\nmax_path_depth = \"a=b\"\n",
+            "(line 2, key 'max_path_depth'): 'max_path_depth' must be a whole number",
+        ),
     ] {
         let err = RawConfig::from_toml(text).unwrap_err();
         assert!(err.0.contains(want), "{text:?}: {err}");
@@ -127,6 +132,18 @@ fn section_shapes_and_repeats_are_named() {
         err.0.contains("'server' must be a section") && !err.0.contains("s3cret"),
         "{err}"
     );
+    // Nor is a line inside a multi-line string, or one whose key is written with an
+    // escape (which could spell `token`): their text never appears.
+    for text in [
+        "[server]\ntoken = \"\"\"\nQUJDREVGR0hJSktM=\\x\n\"\"\"\n",
+        "[server]\n\"tok\\u0065n\" = QUJDREVGR0hJSktM\n",
+    ] {
+        let err = RawConfig::from_toml(text).unwrap_err();
+        assert!(
+            !err.0.contains("QUJDREVGR0hJSktM") && err.0.contains("the line is not shown"),
+            "{text:?}: {err}"
+        );
+    }
     // An inline table of the right keys is a section like any other.
     let raw = RawConfig::from_toml("limits = { max_path_depth = 3 }\n").unwrap();
     assert_eq!(raw.limits.unwrap().max_path_depth, Some(3));
