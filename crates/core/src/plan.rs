@@ -1044,11 +1044,11 @@ pub fn render<'a>(
                 &a.path,
             )?)
         }
-        "write_json" => Cow::Owned(to_json(data())?),
-        "write_yaml" => Cow::Owned(to_yaml(data())?),
+        "write_json" => Cow::Owned(to_json(indented_fits(op, data())?)?),
+        "write_yaml" => Cow::Owned(to_yaml(indented_fits(op, data())?)?),
         "generate_config" => Cow::Owned(match ext {
-            ".json" => to_json(data())?,
-            ".yaml" | ".yml" => to_yaml(data())?,
+            ".json" => to_json(indented_fits(op, data())?)?,
+            ".yaml" | ".yml" => to_yaml(indented_fits(op, data())?)?,
             ".toml" => to_toml(data())?,
             ".ini" => to_ini(data())?,
             _ => {
@@ -1060,6 +1060,49 @@ pub fn render<'a>(
         }),
         _ => content(),
     }))
+}
+
+/// `data`, refused (`size_exceeded`) when its rendering in an indented format (JSON
+/// pretty-printed, YAML) could not fit `op`'s largest file, before it is rendered: each
+/// scalar or empty array or object nested `d` levels deep takes a line of its own of at
+/// least `2 d` bytes there, so deep data of a few MiB of text would otherwise be
+/// rendered to hundreds of MiB only to be refused.
+fn indented_fits<'v>(
+    op: &Operation,
+    data: &'v serde_json::Value,
+) -> Verdict<&'v serde_json::Value> {
+    use serde_json::Value;
+    let Some(max) = op.max_size_bytes else {
+        return Ok(data);
+    };
+    let mut least = 0u64;
+    let mut todo = vec![(data, 0u64)];
+    while let Some((v, depth)) = todo.pop() {
+        let leaf = match v {
+            Value::Array(items) => items.is_empty(),
+            Value::Object(map) => map.is_empty(),
+            _ => true,
+        };
+        if leaf {
+            least = least.saturating_add(2 * depth);
+        }
+        if least > max {
+            return Err(Refusal::new(
+                ReasonCode::SizeExceeded,
+                format!(
+                    "{} would leave more than {max} bytes on disk, its limit ({}): its data nests values deep enough that their indentation alone takes more; flatten the data or split it over several files",
+                    op.name,
+                    crate::catalog::human_bytes(max)
+                ),
+            ));
+        }
+        match v {
+            Value::Array(items) => todo.extend(items.iter().map(|i| (i, depth + 1))),
+            Value::Object(map) => todo.extend(map.values().map(|i| (i, depth + 1))),
+            _ => {}
+        }
+    }
+    Ok(data)
 }
 
 /// Applies exact-text edits in order, all or nothing.
@@ -1661,6 +1704,37 @@ mod tests {
         }
         let plan = br#"{"on_failure": "stop", "actions": []}"#;
         assert_eq!(parse_plan(plan).unwrap().on_failure, Some(OnFailure::Stop));
+    }
+
+    /// Data nested deep enough that its indentation alone would pass the file's limit is
+    /// refused before it is rendered; a deep chain of few values is rendered as before.
+    #[test]
+    fn deep_data_is_refused_before_it_is_rendered() {
+        let deep = |zeros: usize| {
+            let inner = vec!["0"; zeros].join(",");
+            format!("{}{inner}{}", "[".repeat(100), "]".repeat(100))
+        };
+        for (intent, ext) in [("write_json", "json"), ("write_yaml", "yaml")] {
+            let op = crate::catalog::op_for_intent(intent).unwrap();
+            let plan = |data: String| {
+                parse_plan(
+                    format!(
+                        r#"{{"actions": [{{"intent": "{intent}", "path": "d.{ext}", "data": {data}}}]}}"#
+                    )
+                    .as_bytes(),
+                )
+                .unwrap()
+            };
+            let big = plan(deep(200_000));
+            let why = render(op, &big.actions[0], &format!(".{ext}"), None).unwrap_err();
+            assert_eq!(why.reason_code, ReasonCode::SizeExceeded, "{intent}");
+            assert!(why.reason.contains("indentation alone"), "{}", why.reason);
+            let small = plan(deep(3));
+            let bytes = render(op, &small.actions[0], &format!(".{ext}"), None)
+                .unwrap()
+                .unwrap();
+            assert!(bytes.len() < 64 * 1024, "{intent}: {}", bytes.len());
+        }
     }
 
     /// An action or an edit written as an array is refused, not read field by field in
