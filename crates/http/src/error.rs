@@ -82,7 +82,7 @@ impl ApiError {
                 StatusCode::CONFLICT,
                 ReasonCode::Conflict.as_str(),
                 format!(
-                    "{what}: another process of the runtime held it ({cause}, limits.lock_wait_seconds: a long write, or a stopped or hung process); try again later"
+                    "{what}: another process of the runtime held it past the wait ({cause}; limits.lock_wait_seconds sets it), a long write or a stopped or hung process; try again later"
                 ),
             );
         }
@@ -152,6 +152,19 @@ impl ApiError {
             codes::SERVER_BUSY,
             format!(
                 "other requests' bodies fill the room the server keeps for bodies in flight; send the request again in {BUSY_RETRY_SECONDS} second(s)"
+            ),
+        )
+    }
+
+    /// `503`: other plans' data filled the room for plans parsed at once (see
+    /// [`crate::PLAN_DATA_IN_FLIGHT`]) for as long as a plan may wait for it.
+    pub fn data_busy(waited: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::SERVER_BUSY,
+            format!(
+                "other plans with large data filled the room the server keeps for the plans it parses at once for {} s; nothing was done: send the plan again in {BUSY_RETRY_SECONDS} second(s)",
+                waited.as_secs()
             ),
         )
     }

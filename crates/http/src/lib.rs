@@ -98,9 +98,17 @@ pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 /// `{"a":0}` eight, some 700), so room for bodies alone would let a few MiB of text each
 /// take gigabytes in all. Before a plan is parsed it takes room for as many values as its
 /// text can hold outside its strings ([`ailab_sandbox_core::plan::data_values_bound`]: a
-/// plan whose data is small takes next to none), waiting in turn while other plans hold it, and gives it back
-/// once it has run.
+/// plan whose data is small takes none, see [`SMALL_PLAN_DATA`]), waiting in turn while
+/// other plans hold it (at most [`PLAN_DATA_WAIT`], then answered 503 `server_busy`), and
+/// gives it back once it has run.
 pub const PLAN_DATA_IN_FLIGHT: usize = 2;
+
+/// Plans whose data counts fewer values than this (a few MiB parsed) take no room for it:
+/// they never wait behind large ones.
+pub const SMALL_PLAN_DATA: usize = 64 * 1024;
+
+/// How long a plan waits for room for its data before it is answered 503 `server_busy`.
+pub const PLAN_DATA_WAIT: Duration = Duration::from_secs(30);
 
 /// Request bodies the server holds at once, in multiples of the largest one allowed.
 /// Apart from their `data` (see [`PLAN_DATA_IN_FLIGHT`]) plans parse into a few times

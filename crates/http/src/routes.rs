@@ -298,10 +298,19 @@ pub(crate) async fn run_plan(
         (bytes, values)
     })
     .await?;
-    let data = Arc::clone(&s.data_room)
-        .acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX))
-        .await
-        .map_err(|_| ApiError::internal())?;
+    // A plan whose data is small takes none, so that it never waits behind large ones;
+    // one that waits too long is told to come back.
+    let data = if values < crate::SMALL_PLAN_DATA {
+        None
+    } else {
+        let room =
+            Arc::clone(&s.data_room).acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX));
+        match tokio::time::timeout(crate::PLAN_DATA_WAIT, room).await {
+            Ok(Ok(permit)) => Some(permit),
+            Ok(Err(_)) => return Err(ApiError::internal()),
+            Err(_) => return Err(ApiError::data_busy(crate::PLAN_DATA_WAIT)),
+        }
+    };
     let result = blocking(move || {
         let result = sb.run_plan_json(&bytes);
         drop((bytes, held, data));

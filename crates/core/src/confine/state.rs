@@ -1174,7 +1174,7 @@ fn read_if_present(
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e)
-            if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::LOOP)
+            if crate::error::is_link_loop(&e)
                 || e.get_ref()
                     .and_then(|r| r.downcast_ref::<crate::reason::Refusal>())
                     .is_some_and(|r| {

@@ -259,11 +259,11 @@ async fn a_held_audit_trail_is_busy_not_broken() {
     for (route, waited) in [
         (
             "/agentic/executions",
-            "(waited 2 s, limits.lock_wait_seconds",
+            "held it past the wait (waited 2 s; limits.lock_wait_seconds sets it)",
         ),
         (
             "/agentic/executions/stats",
-            "(waited 1 s only, since a whole wait of 2 s for it ran out less than 2 s ago, limits.lock_wait_seconds",
+            "(waited 1 s only, since a whole wait of 2 s for it ran out less than 2 s ago; limits.lock_wait_seconds sets it)",
         ),
     ] {
         let v = get(&app, route)

@@ -814,9 +814,7 @@ impl SandboxRoot {
                 ReasonCode::NotFound,
                 format!("{} does not exist", shown_path(&rel.as_string())),
             ),
-            _ if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-                self.detect_symlink_escape(rel.components())
-            }
+            _ if crate::error::is_link_loop(&e) => self.detect_symlink_escape(rel.components()),
             _ if is_escape_error(&e) => self.detect_symlink_escape(rel.components()),
             _ => match e
                 .get_ref()
