@@ -337,6 +337,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         // actions after them, so a plan over both limits is told of the budget now rather
         // than once its rate-limited part was sent again and written.
         let mut held_back = Usage::default();
+        // Bytes made for actions refused by a limit alone, kept for the actions after
+        // them; past the workflow's byte budget they are not kept (the plan is refused
+        // already), so that a plan of a thousand appends to large files never holds a
+        // thousand renderings.
+        let mut kept_refused = 0u64;
         let mut writes = 0u32;
         let plan_writes = u32::try_from(
             self.plan
@@ -520,7 +525,19 @@ impl<'a> SandboxWriteExecutor<'a> {
                 for d in 1..comps.len() {
                     tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
                 }
-                let v = bytes.map_or(Virtual::Dir, |b| Virtual::File(Some(b)));
+                let v = match bytes {
+                    None => Virtual::Dir,
+                    Some(b @ Bytes::Made(_)) if r.is_err() => {
+                        kept_refused += b.of(&self.plan.actions).len() as u64;
+                        // Past the budget: the file is known to be there, its bytes not
+                        // kept (an action after it on the same file is judged as on an
+                        // empty one).
+                        Virtual::File(
+                            Some(b).filter(|_| kept_refused <= sb.config.limits.max_workflow_bytes),
+                        )
+                    }
+                    Some(b) => Virtual::File(Some(b)),
+                };
                 tree.insert((ri, rel.as_string()), v);
             }
             out.push(r);
