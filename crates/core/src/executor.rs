@@ -80,7 +80,7 @@ pub struct ActionResult {
     pub action_id: String,
     /// Its intent, as given.
     pub intent: String,
-    /// The intent's class (`create`, `modify`, …); `None` for an intent the catalog does
+    /// The intent's class (`create`, `append`, `replace`, …); `None` for an intent the catalog does
     /// not know.
     pub mutation_class: Option<MutationClass>,
     /// The path, as given.

@@ -37,7 +37,19 @@
 //!   limit, the audit chain and rollbacks hold across them (file locks).
 //! - Files are created with the process's umask applied. Call
 //!   [`confine::root::use_spec_creation_modes`] once at start-up, before any thread, to
-//!   get the modes SPEC §2 names (0644, 0755) whatever the inherited umask.
+//!   get the modes SPEC §2 names (0644, 0755) whatever the inherited umask. It sets the
+//!   whole process's umask to 0: every file the host program itself makes afterwards
+//!   gets the mode it asks for (`std::fs` asks 0666 and 0777), so a host that writes
+//!   files of its own should leave it uncalled (and set a umask of 022 itself) or create
+//!   them with explicit modes.
+//! - Read plans with [`plan::parse_plan`] (or [`Sandbox::run_plan_json`]): deserializing
+//!   a [`plan::Plan`] with serde directly skips the checks of the text itself (numbers a
+//!   double would change, keys given twice), so such data reaches the file changed.
+//! - The structured writers rely on `serde_json`'s default map, which keeps keys sorted,
+//!   and on its default numbers: a host build that turns on `serde_json`'s
+//!   `preserve_order` feature writes keys in the order sent (other bytes and checksums
+//!   than the other faces), and one with `arbitrary_precision` writes TOML numbers as
+//!   tables. Leave both off.
 //! - A write past the file-size limit (`ulimit -f`) raises `SIGXFSZ`, whose default action
 //!   ends the process. Ignore or catch it (the binary catches it) and the write fails with
 //!   `EFBIG` instead, which the runtime reports and undoes like any I/O error.

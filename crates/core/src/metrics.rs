@@ -183,7 +183,8 @@ impl Metrics {
         }
     }
 
-    /// Counts a rollback, for one of [`ROLLBACK_REASONS`].
+    /// Counts a rollback, for one of [`ROLLBACK_REASONS`] (another reason is a bug of the
+    /// caller: a debug build panics, a release build counts it under that label).
     pub fn rollback(&self, reason: &str) {
         debug_assert!(ROLLBACK_REASONS.contains(&reason), "{reason}");
         self.rollbacks

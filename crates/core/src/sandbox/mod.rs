@@ -117,7 +117,8 @@ pub struct CheckVerdict {
 /// The `state` document (also `GET /agentic/state`).
 #[derive(Debug, Clone, Serialize)]
 pub struct StateDoc {
-    /// `sandbox_write` when writes really happen, else `simulation`.
+    /// `sandbox_write` when writes really happen; `readonly` when writing is on and dry-run
+    /// off but the phase allows reads only; else `simulation`.
     pub execution_mode: ExecutionMode,
     /// Why runs are simulated, if they are.
     pub dry_run_reason: Option<DryRunReason>,

@@ -923,7 +923,9 @@ pub struct DirEntryInfo {
 /// its own earlier mode (without an execute bit; with read and write for its owner when
 /// the runtime is not root, whose file it then is), the state directory's files 0600. The
 /// runtime never chmods, so the mask is what would decide otherwise. Programs call it once
-/// at start-up, before any thread; a library caller keeps its own mask.
+/// at start-up, before any thread; a library caller keeps its own mask. The mask is the
+/// whole process's: afterwards every file anything in the process makes gets the mode it
+/// asks for (0666 and 0777 through `std::fs`).
 pub fn use_spec_creation_modes() {
     rustix::process::umask(rustix::fs::Mode::empty());
 }
