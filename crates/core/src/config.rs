@@ -150,9 +150,7 @@ impl RawConfig {
                 // may quote it: a line naming it, one with an escape, and one inside a
                 // multi-line string are never quoted, nor their keys.
                 token_line = line.contains("token");
-                let in_multiline = ["\"\"\"", "'''"]
-                    .iter()
-                    .any(|d| text[..line_start].matches(d).count() % 2 == 1);
+                let in_multiline = in_multiline_string(&text[..line_start]);
                 let escaped_key = line.split('=').next().is_some_and(|k| k.contains('\\'));
                 secret = token_line || escaped_key || in_multiline;
                 at = format!(" (line {line_no}");
@@ -306,6 +304,42 @@ fn key_before(line: &str, col: usize) -> Option<(String, &str)> {
         .map_or(0, |&(p, _)| p + 1);
     let k = line[from..eq].trim().trim_matches('"');
     Some((k.to_owned(), &line[eq + 1..]))
+}
+
+/// Whether `text` (a config file up to the start of a line) ends inside a multi-line
+/// string: read as TOML reads its quotes, comments and escapes, so that a `"""` in a
+/// comment or in another string is not taken for one.
+fn in_multiline_string(text: &str) -> bool {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Comment,
+        Basic,
+        Literal,
+        MultiBasic,
+        MultiLiteral,
+    }
+    let (b, mut at, mut i) = (text.as_bytes(), In::Code, 0);
+    let starts = |i: usize, d: &[u8]| b[i..].starts_with(d);
+    while i < b.len() {
+        let c = b[i];
+        match at {
+            In::Code if starts(i, b"\"\"\"") => (at, i) = (In::MultiBasic, i + 2),
+            In::Code if starts(i, b"'''") => (at, i) = (In::MultiLiteral, i + 2),
+            In::Code if c == b'"' => at = In::Basic,
+            In::Code if c == b'\'' => at = In::Literal,
+            In::Code if c == b'#' => at = In::Comment,
+            In::Comment | In::Basic | In::Literal if c == b'\n' => at = In::Code,
+            In::Basic | In::MultiBasic if c == b'\\' => i += 1,
+            In::Basic if c == b'"' => at = In::Code,
+            In::Literal if c == b'\'' => at = In::Code,
+            In::MultiBasic if starts(i, b"\"\"\"") => (at, i) = (In::Code, i + 2),
+            In::MultiLiteral if starts(i, b"'''") => (at, i) = (In::Code, i + 2),
+            _ => {}
+        }
+        i += 1;
+    }
+    matches!(at, In::MultiBasic | In::MultiLiteral)
 }
 
 /// `i`, or the nearest char boundary of `text` below it.

@@ -137,6 +137,8 @@ fn section_shapes_and_repeats_are_named() {
     for text in [
         "[server]\ntoken = \"\"\"\nQUJDREVGR0hJSktM=\\x\n\"\"\"\n",
         "[server]\n\"tok\\u0065n\" = QUJDREVGR0hJSktM\n",
+        // A `"""` in a comment opens no string.
+        "# strings use \"\"\" quotes\n[server]\ntoken = \"\"\"\nQUJDREVGR0hJSktM=\"\"\" x\n",
     ] {
         let err = RawConfig::from_toml(text).unwrap_err();
         assert!(
