@@ -342,6 +342,9 @@ impl<'a> SandboxWriteExecutor<'a> {
         // already), so that a plan of a thousand appends to large files never holds a
         // thousand renderings.
         let mut kept_refused = 0u64;
+        // The files whose bytes were not kept, and the code that refused the action that
+        // made them.
+        let mut unkept: HashMap<(usize, String), ReasonCode> = HashMap::new();
         let mut writes = 0u32;
         let plan_writes = u32::try_from(
             self.plan
@@ -408,6 +411,19 @@ impl<'a> SandboxWriteExecutor<'a> {
                     }
                 }
                 let key = (ri, approval.resolved.rel.as_string());
+                // What an append or a transform leaves depends on bytes not kept: it is
+                // not judged on a guess, but refused with the earlier action's code.
+                if let Some(code) = unkept.get(&key)
+                    && matches!(approval.op.name, "append_file" | "sandbox_transform")
+                {
+                    return Err(Refusal::new(
+                        *code,
+                        format!(
+                            "not judged: an earlier action of the plan on '{}' was refused ({code}), and what it would have written there is not kept",
+                            a.path
+                        ),
+                    ));
+                }
                 let current: Option<Virtual> = match tree.get(&key) {
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
@@ -530,14 +546,21 @@ impl<'a> SandboxWriteExecutor<'a> {
                     Some(b @ Bytes::Made(_)) if r.is_err() => {
                         kept_refused += b.of(&self.plan.actions).len() as u64;
                         // Past the budget: the file is known to be there, its bytes not
-                        // kept (an action after it on the same file is judged as on an
-                        // empty one).
-                        Virtual::File(
-                            Some(b).filter(|_| kept_refused <= sb.config.limits.max_workflow_bytes),
-                        )
+                        // kept (see `unkept`).
+                        if kept_refused <= sb.config.limits.max_workflow_bytes {
+                            Virtual::File(Some(b))
+                        } else {
+                            if let Err(refused) = &r {
+                                unkept.insert((ri, rel.as_string()), refused.reason_code);
+                            }
+                            Virtual::File(None)
+                        }
                     }
                     Some(b) => Virtual::File(Some(b)),
                 };
+                if let Virtual::File(Some(_)) = v {
+                    unkept.remove(&(ri, rel.as_string()));
+                }
                 tree.insert((ri, rel.as_string()), v);
             }
             out.push(r);
@@ -725,12 +748,18 @@ impl<'a> SandboxWriteExecutor<'a> {
                 .sb
                 .abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);
             records.push(self.record(a, &res, AuditStatus::Simulated, target));
-            self.sb.metrics.mutation(&a.intent, "simulated");
-            self.event("action_simulated", json!({"action_id": a.id()}));
             results.push(res);
         }
+        // Simulations are audited (SPEC §4): one the trail cannot take (another process
+        // held it past the wait, a failed disk) is refused, not answered as done.
         if let Err(e) = self.sb.audit.append(records) {
-            tracing::error!(error = %e, "could not audit simulated actions");
+            let r = crate::error::log_refusal("audit the simulated run", &e);
+            self.plan.actions = actions;
+            return self.blocked(vec![Err(r)], true);
+        }
+        for a in &actions {
+            self.sb.metrics.mutation(&a.intent, "simulated");
+            self.event("action_simulated", json!({"action_id": a.id()}));
         }
         self.go(WorkflowState::Done);
         self.finish(RunStatus::SimulatedSuccess, true, reason, results)

@@ -1776,7 +1776,14 @@ fn a_simulating_process_after_a_failed_sync_previews_the_refusal() {
         &sb,
         json!({"actions": [{"intent": "create_file", "path": "s.txt", "content": "s"}]}),
     );
-    assert_eq!(status(&r), "simulated_success", "{r:?}");
+    // The simulation's lines could not be made durable: refused, as a simulation the
+    // trail cannot take is (SPEC §4: simulations are audited).
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(
+        r.actions[0].reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{r:?}"
+    );
     assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::IoError);
 }
 

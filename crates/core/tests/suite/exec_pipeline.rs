@@ -2062,3 +2062,40 @@ fn a_sandboxs_debug_is_small_and_hides_the_token() {
     assert!(!config.contains("a-secret-token"), "{config}");
     assert!(config.contains("token: Some(<redacted>)"), "{config}");
 }
+
+/// Past the workflow's byte budget, the bytes an action refused by a limit would have
+/// written are not kept; an append or a transform after it on the same file is then
+/// refused with that action's code, not judged on a guess (`edit_not_found`).
+#[test]
+fn an_action_after_a_refused_one_whose_bytes_are_not_kept_is_not_judged_on_a_guess() {
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.max_workflow_bytes = 1000;
+    let sb = w.open(c);
+    let plan = |keys: usize| {
+        let data: serde_json::Map<String, serde_json::Value> =
+            (0..keys).map(|i| (format!("k{i:03}"), json!(i))).collect();
+        json!({"workflow_id": format!("wf_{keys}"), "actions": [
+            {"action_id": "a1", "intent": "write_json", "path": format!("big{keys}.json"), "data": data},
+            {"action_id": "a2", "intent": "sandbox_transform", "path": format!("big{keys}.json"),
+             "edits": [{"old": "\"k000\"", "new": "\"kzzz\""}]}]})
+    };
+    // a1's 1,100 bytes pass the budget alone: a2 is refused as it was.
+    let r = run(&sb, plan(80));
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    for i in 0..2 {
+        assert_eq!(
+            r.actions[i].reason_code,
+            Some(ReasonCode::BudgetBytesExceeded),
+            "action {i}: {r:?}"
+        );
+    }
+    assert!(
+        r.actions[1]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("not judged: an earlier action of the plan on 'big80.json' was refused"),
+        "{r:?}"
+    );
+}

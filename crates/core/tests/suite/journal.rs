@@ -503,6 +503,46 @@ fn an_undone_actions_id_stays_spent_and_a_refused_ones_stays_free() {
     }
 }
 
+/// A simulation is audited (SPEC §4): with the trail held past the wait it is refused
+/// (`conflict`), not answered as a simulated success that left no line.
+#[test]
+fn a_simulation_the_trail_cannot_take_is_refused() {
+    let w = World::new();
+    let mut c = strict(&w);
+    c.dry_run = true;
+    c.limits.lock_wait_seconds = 1;
+    let sb = w.open(c);
+    let plan = || {
+        json!({"workflow_id": "wf_sim", "actions": [
+            {"intent": "create_file", "path": "s.txt", "content": "s"}]})
+    };
+    let trail = std::fs::File::open(audit_path(&w)).unwrap();
+    trail.lock().unwrap();
+    let r = run(&sb, plan());
+    trail.unlock().unwrap();
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(
+        r.actions[0].reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{r:?}"
+    );
+    assert!(
+        r.actions[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("could not audit the simulated run"),
+        "{r:?}"
+    );
+    let r = run(&sb, plan());
+    assert_eq!(status(&r), "simulated_success", "{r:?}");
+    let lines = sb.audit_entries(10, Some("wf_sim")).unwrap();
+    assert!(
+        lines.iter().any(|e| e.execution_id == r.execution_id),
+        "{lines:?}"
+    );
+}
+
 /// Writes under way while the trail is verified are not taken for lines removed.
 #[test]
 fn writes_under_way_do_not_fail_verification() {
