@@ -619,7 +619,8 @@ fn load_config(cli: &Cli) -> Result<Config> {
             } else {
                 format!("config file {} (named by {})", p.display(), envvars::CONFIG)
             };
-            let bytes = read_bounded(p, MAX_CONFIG_BYTES)
+            let bytes = open_input(p)
+                .and_then(|f| read_bounded(f, MAX_CONFIG_BYTES))
                 .map_err(|e| anyhow::anyhow!("cannot read {named}: {}", input_io_words(&e)))?
                 .ok_or_else(|| {
                     anyhow::anyhow!(
@@ -986,15 +987,11 @@ fn read_plan(plan: &str, limit: usize) -> Result<Vec<u8>> {
         cause,
     };
     let bytes = if plan == "-" {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .take(limit as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(unreadable)?;
-        Some(bytes).filter(|b| b.len() <= limit)
+        read_bounded(std::io::stdin(), limit as u64)
     } else {
-        read_bounded(Path::new(plan), limit as u64).map_err(unreadable)?
-    };
+        open_input(Path::new(plan)).and_then(|f| read_bounded(f, limit as u64))
+    }
+    .map_err(unreadable)?;
     bytes.ok_or_else(|| {
         UnreadablePlan {
             what,
@@ -1009,15 +1006,20 @@ fn read_plan(plan: &str, limit: usize) -> Result<Vec<u8>> {
 /// The most a config file may hold: far more than any set of roots and lists needs.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// The operator's own input file (a plan, the config), read before confinement starts
-/// and never written: at most `limit` bytes, `None` if it holds more, so that a file
-/// that never ends (`/dev/zero`) is refused at the limit rather than read until memory
-/// runs out. A link is followed, as the operator's shell would.
-fn read_bounded(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+/// The operator's own input file (a plan, the config), opened for reading before
+/// confinement starts and never written. A link is followed, as the operator's shell
+/// would.
+fn open_input(path: &Path) -> std::io::Result<impl Read> {
     #[allow(clippy::disallowed_types)]
-    let file = std::fs::File::open(path)?;
+    std::fs::File::open(path)
+}
+
+/// At most `limit` bytes of the operator's input, `None` if it holds more, so that an
+/// input that never ends (`/dev/zero`) is refused at the limit rather than read until
+/// memory runs out.
+fn read_bounded(source: impl Read, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
     let mut bytes = Vec::new();
-    file.take(limit + 1).read_to_end(&mut bytes)?;
+    source.take(limit + 1).read_to_end(&mut bytes)?;
     Ok(Some(bytes).filter(|b| b.len() as u64 <= limit))
 }
 

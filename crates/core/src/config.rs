@@ -268,22 +268,11 @@ fn key_before(line: &str, col: usize) -> Option<(String, &str)> {
     let col = floor_char_boundary(line, col.min(line.len()));
     // Where `=`, `{` and `,` stand outside strings (and before a comment).
     let mut marks: Vec<(usize, u8)> = Vec::new();
-    let (bytes, mut quote, mut i) = (line.as_bytes(), None, 0);
-    while i < bytes.len() {
-        let c = bytes[i];
-        match quote {
-            Some(b'"') if c == b'\\' => i += 1,
-            Some(q) if c == q => quote = None,
-            Some(_) => {}
-            None => match c {
-                b'"' | b'\'' => quote = Some(c),
-                b'#' => break,
-                b'=' | b'{' | b',' => marks.push((i, c)),
-                _ => {}
-            },
+    toml_code(line, |i, c| {
+        if matches!(c, b'=' | b'{' | b',') {
+            marks.push((i, c));
         }
-        i += 1;
-    }
+    });
     // A key at `col`: the first mark after it is its `=`.
     let at_key = marks
         .iter()
@@ -307,9 +296,15 @@ fn key_before(line: &str, col: usize) -> Option<(String, &str)> {
 }
 
 /// Whether `text` (a config file up to the start of a line) ends inside a multi-line
-/// string: read as TOML reads its quotes, comments and escapes, so that a `"""` in a
-/// comment or in another string is not taken for one.
+/// string, so that a `"""` in a comment or in another string is not taken for one.
 fn in_multiline_string(text: &str) -> bool {
+    toml_code(text, |_, _| {})
+}
+
+/// Reads `text` as TOML reads its quotes, comments and escapes, handing `code` each byte
+/// (and its offset) that stands outside every string and comment; whether the text ends
+/// inside a multi-line string.
+fn toml_code(text: &str, mut code: impl FnMut(usize, u8)) -> bool {
     #[derive(PartialEq)]
     enum In {
         Code,
@@ -329,6 +324,7 @@ fn in_multiline_string(text: &str) -> bool {
             In::Code if c == b'"' => at = In::Basic,
             In::Code if c == b'\'' => at = In::Literal,
             In::Code if c == b'#' => at = In::Comment,
+            In::Code => code(i, c),
             In::Comment | In::Basic | In::Literal if c == b'\n' => at = In::Code,
             In::Basic | In::MultiBasic if c == b'\\' => i += 1,
             In::Basic if c == b'"' => at = In::Code,

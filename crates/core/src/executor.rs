@@ -541,27 +541,26 @@ impl<'a> SandboxWriteExecutor<'a> {
                 for d in 1..comps.len() {
                     tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
                 }
-                let v = match bytes {
-                    None => Virtual::Dir,
-                    Some(b @ Bytes::Made(_)) if r.is_err() => {
+                let key = (ri, rel.as_string());
+                let v = match (bytes, &r) {
+                    (None, _) => Virtual::Dir,
+                    (Some(b @ Bytes::Made(_)), Err(refused)) => {
                         kept_refused += b.of(&self.plan.actions).len() as u64;
                         // Past the budget: the file is known to be there, its bytes not
                         // kept (see `unkept`).
                         if kept_refused <= sb.config.limits.max_workflow_bytes {
                             Virtual::File(Some(b))
                         } else {
-                            if let Err(refused) = &r {
-                                unkept.insert((ri, rel.as_string()), refused.reason_code);
-                            }
+                            unkept.insert(key.clone(), refused.reason_code);
                             Virtual::File(None)
                         }
                     }
-                    Some(b) => Virtual::File(Some(b)),
+                    (Some(b), _) => Virtual::File(Some(b)),
                 };
                 if let Virtual::File(Some(_)) = v {
-                    unkept.remove(&(ri, rel.as_string()));
+                    unkept.remove(&key);
                 }
-                tree.insert((ri, rel.as_string()), v);
+                tree.insert(key, v);
             }
             out.push(r);
         }

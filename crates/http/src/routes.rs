@@ -290,9 +290,8 @@ pub(crate) async fn run_plan(
     let sb = s.sandbox;
     // Held until the plan is parsed and run, even if the client hangs up meanwhile.
     let held = room.and_then(|r| r.take());
-    // Its data's room, taken before it is parsed: as the text alone bounds it, so
-    // that a plan whose data is small takes next to none. Reading the text through is
-    // work for the blocking pool, not the event loop.
+    // Its data's room, taken before it is parsed, as the text alone bounds it. Reading
+    // the text through is work for the blocking pool, not the event loop.
     let (bytes, values) = blocking(move || {
         let values = ailab_sandbox_core::plan::data_values_bound(&bytes);
         (bytes, values)
