@@ -24,7 +24,8 @@
 //! rmcp reads every message as soon as it can and holds each call, arguments and all,
 //! until the handler has served it; at the end of its input it gives the calls still
 //! running 5 s, then cancels them. So the pump paces the calls by [`Flow`]: it passes on
-//! no more while [`MAX_QUEUED_CALLS`] it passed on are unanswered, and holds the next ones
+//! no more while [`MAX_QUEUED_CALLS`] it passed on are unanswered, nor a call whose text
+//! could hold more data than those leave room for ([`DATA_ROOM`]), and holds the next ones
 //! as sent (their text, a fraction of what rmcp builds of them), reading on up to
 //! [`MAX_HELD_BYTES`] of them, so that other messages, cancellations above all, still go
 //! through at once. A call cancelled while held is passed on in its turn with a
@@ -57,6 +58,25 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// the line it is on, up to the message limit).
 pub(crate) const MAX_HELD_BYTES: usize = 16 << 20;
 
+/// Room for the data of the calls passed on and not yet answered, in values as the core
+/// counts them: twice the most one plan may hold
+/// ([`ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN`], some 150 MiB parsed, and rmcp's
+/// own copy beside it). Calls are paced by their number alone until then, and that number
+/// of calls at the value limit each would hold gigabytes. A call whose text could hold
+/// more values than are free waits, held as sent, until calls before it are answered;
+/// with none passed on it always goes.
+pub(crate) const DATA_ROOM: usize = 2 * ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN;
+
+/// Calls whose text could hold fewer values than this (a few MiB parsed, in rmcp and in
+/// the handler) take no room: they never wait behind large ones.
+pub(crate) const SMALL_CALL_DATA: usize = 64 * 1024;
+
+/// The room a call of text `message` takes (see [`DATA_ROOM`]).
+fn data_room_of(message: &[u8]) -> usize {
+    let values = ailab_sandbox_core::plan::data_values_bound(message);
+    if values < SMALL_CALL_DATA { 0 } else { values }
+}
+
 /// Tool calls the pump passed on to rmcp, and those the handler began and finished.
 #[derive(Debug)]
 pub(crate) struct Flow {
@@ -69,9 +89,11 @@ pub(crate) struct Flow {
 struct Count {
     passed: u64,
     finished: u64,
-    /// When each call passed on and not yet begun by the handler was passed on, oldest
-    /// first (rmcp starts calls in the order it reads them).
-    unbegun: std::collections::VecDeque<Instant>,
+    /// When each call passed on and not yet begun by the handler was passed on, and the
+    /// room it takes, oldest first (rmcp starts calls in the order it reads them).
+    unbegun: std::collections::VecDeque<(Instant, usize)>,
+    /// The room taken by the calls passed on and not finished (see [`DATA_ROOM`]).
+    room_taken: usize,
 }
 
 impl Default for Flow {
@@ -80,12 +102,17 @@ impl Default for Flow {
     }
 }
 
-/// A call the handler is serving; finished when dropped (also when rmcp drops the call).
-pub(crate) struct Serving(Arc<Flow>);
+/// A call the handler is serving, and the room it took; finished when dropped (also
+/// when rmcp drops the call).
+pub(crate) struct Serving(Arc<Flow>, usize);
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        self.0.note(|c| c.finished += 1);
+        let room = self.1;
+        self.0.note(|c| {
+            c.finished += 1;
+            c.room_taken -= room;
+        });
     }
 }
 
@@ -103,24 +130,27 @@ impl Flow {
         self.changed.notify_waiters();
     }
 
-    /// The pump passed a call on.
-    fn passed(&self) {
+    /// The pump passed a call on that takes `room` (see [`DATA_ROOM`]).
+    fn passed(&self, room: usize) {
         self.note(|c| {
             c.passed += 1;
-            c.unbegun.push_back(Instant::now());
+            c.room_taken += room;
+            c.unbegun.push_back((Instant::now(), room));
         });
     }
 
-    /// The handler begins a call.
+    /// The handler begins a call (the oldest passed on: rmcp starts them in order).
     pub(crate) fn serve(self: &Arc<Self>) -> Serving {
+        let mut room = 0;
         self.note(|c| {
-            c.unbegun.pop_front();
+            room = c.unbegun.pop_front().map_or(0, |(_, r)| r);
         });
-        Serving(Arc::clone(self))
+        Serving(Arc::clone(self), room)
     }
 
-    /// Returns once fewer than `most` calls passed on are unanswered.
-    async fn below(&self, most: u64) {
+    /// Returns once fewer than `most` calls passed on are unanswered and a call taking
+    /// `room` fits beside them (see [`DATA_ROOM`]).
+    async fn below(&self, most: u64, room: usize) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -129,16 +159,16 @@ impl Flow {
                 let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
                 // A call passed on that the handler has not begun for `settle` never will
                 // be: rmcp answered it itself.
-                while c
-                    .unbegun
-                    .front()
-                    .is_some_and(|t| t.elapsed() >= self.settle)
+                while let Some(&(at, taken)) = c.unbegun.front()
+                    && at.elapsed() >= self.settle
                 {
                     c.unbegun.pop_front();
                     c.passed -= 1;
+                    c.room_taken -= taken;
                 }
                 // The handler may also serve calls that did not come through the pump.
-                if c.passed.saturating_sub(c.finished) < most {
+                let fits = c.room_taken == 0 || c.room_taken + room <= DATA_ROOM;
+                if c.passed.saturating_sub(c.finished) < most && fits {
                     return;
                 }
             }
@@ -737,6 +767,8 @@ impl<R: AsyncRead + Unpin> Lines<R> {
 struct Held {
     id: Value,
     text: Vec<u8>,
+    /// What it takes of [`DATA_ROOM`].
+    room: usize,
     /// The client cancelled it: passed on in its turn with a cancellation right behind
     /// it, so that the handler sees it cancelled before it starts (and still audits a
     /// forbidden tool), whatever the client's own cancellation looked like.
@@ -765,13 +797,13 @@ where
         let may_read = !ended && held_bytes < MAX_HELD_BYTES;
         tokio::select! {
             biased;
-            () = flow.below(MAX_QUEUED_CALLS), if !held.is_empty() => {
+            () = flow.below(MAX_QUEUED_CALLS, held.front().map_or(0, |h| h.room)), if !held.is_empty() => {
                 if let Some(h) = held.pop_front() {
                     held_bytes -= h.text.len();
                     if !forward(&mut out, &h.text).await {
                         return;
                     }
-                    flow.passed();
+                    flow.passed(h.room);
                     if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
                         return;
                     }
@@ -797,7 +829,8 @@ where
                 match (started, kind_of(&message)) {
                     (true, Kind::Call(id)) => {
                         held_bytes += message.len();
-                        held.push_back(Held { id, text: message.into_owned(), cancelled: false });
+                        let room = data_room_of(&message);
+                        held.push_back(Held { id, text: message.into_owned(), room, cancelled: false });
                     }
                     (_, Kind::Call(_) | Kind::Cancel(_) | Kind::Other) => {
                         if !forward(&mut out, &message).await {
@@ -810,7 +843,7 @@ where
         }
     }
     // Every call answered before rmcp hears that the input ended.
-    flow.below(1).await;
+    flow.below(1, 0).await;
     let _ = out.shutdown().await;
 }
 
@@ -1384,6 +1417,45 @@ mod tests {
         assert_eq!(end, None);
         let [name] = members_before_cut(&t[at..], ["name"]).unwrap();
         assert_eq!(whole(&t[at..], name), Some(r#""write_json""#));
+    }
+
+    /// Whether `f` is done at its first poll.
+    fn ready_at_once(f: impl std::future::Future<Output = ()>) -> bool {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        f.as_mut().poll(&mut cx).is_ready()
+    }
+
+    /// Calls whose data could fill the room wait for the ones passed on before them to
+    /// be answered; small calls pass beside them, and a large call with none before it
+    /// always goes.
+    #[tokio::test]
+    async fn large_calls_wait_for_room_for_their_data() {
+        let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
+        let zeros = vec!["0"; 1_500_000].join(",");
+        let big = data_room_of(call("1", &format!("[{zeros}]")).as_bytes());
+        assert!(big > DATA_ROOM / 3 && big < DATA_ROOM / 2, "{big}");
+        assert_eq!(data_room_of(call("2", "[1, 2, 3]").as_bytes()), 0);
+        assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
+        flow.passed(big);
+        // Two fit, not three.
+        assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
+        flow.passed(big);
+        assert!(!ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
+        assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, 0)));
+        flow.passed(0);
+        // The handler begins the calls in the order they were passed on.
+        let first = flow.serve();
+        let _second = flow.serve();
+        let small = flow.serve();
+        drop(small);
+        assert!(!ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
+        drop(first);
+        assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
+        // One the handler never begins gives its room back once taken as settled.
+        let settled = Flow::settling_in(Duration::ZERO);
+        settled.passed(big);
+        assert!(ready_at_once(settled.below(MAX_QUEUED_CALLS, big)));
     }
 
     #[test]
