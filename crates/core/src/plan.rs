@@ -1050,7 +1050,7 @@ pub fn render<'a>(
         "generate_config" => Cow::Owned(match ext {
             ".json" => to_json(indented_fits(op, data())?)?,
             ".yaml" | ".yml" => to_yaml(indented_fits(op, data())?)?,
-            ".toml" => to_toml(data())?,
+            ".toml" => to_toml(toml_headers_fit(op, data())?)?,
             ".ini" => to_ini(data())?,
             _ => {
                 return Err(Refusal::new(
@@ -1088,13 +1088,10 @@ fn indented_fits<'v>(
             least = least.saturating_add(2 * depth);
         }
         if least > max {
-            return Err(Refusal::new(
-                ReasonCode::SizeExceeded,
-                format!(
-                    "{} would leave more than {max} bytes on disk, its limit ({}): its data nests values deep enough that their indentation alone takes more; flatten the data or split it over several files",
-                    op.name,
-                    crate::catalog::human_bytes(max)
-                ),
+            return Err(too_large_rendered(
+                op,
+                max,
+                "its data nests values deep enough that their indentation alone takes more; flatten the data or split it over several files",
             ));
         }
         match v {
@@ -1104,6 +1101,69 @@ fn indented_fits<'v>(
         }
     }
     Ok(data)
+}
+
+/// `data`, refused (`size_exceeded`) when its TOML rendering could not fit `op`'s
+/// largest file, before it is rendered: a table's header repeats the keys of its path
+/// (`[server.tls.extra]`), and so does each element of an array of tables (`[[a.b]]`), so
+/// long keys over many tables, a few MiB of text, would be rendered to gigabytes only to
+/// be refused. A table other than the top one has a header when it is an element of an
+/// array of tables, is empty, or holds anything but tables.
+fn toml_headers_fit<'v>(
+    op: &Operation,
+    data: &'v serde_json::Value,
+) -> Verdict<&'v serde_json::Value> {
+    use serde_json::Value;
+    let Some(max) = op.max_size_bytes else {
+        return Ok(data);
+    };
+    let tables = |v: &Value| match v {
+        Value::Array(items) => !items.is_empty() && items.iter().all(Value::is_object),
+        _ => false,
+    };
+    let mut least = 0u64;
+    // Each table, the length of its path's keys, and whether it is an array's element.
+    let mut todo = vec![(data, 0u64, false)];
+    while let Some((v, path, element)) = todo.pop() {
+        let Value::Object(map) = v else {
+            continue;
+        };
+        let headed = element
+            || (path > 0 && (map.is_empty() || !map.values().all(|m| m.is_object() || tables(m))));
+        if headed {
+            least = least.saturating_add(path);
+            if least > max {
+                return Err(too_large_rendered(
+                    op,
+                    max,
+                    "its tables' headers alone take more, as each repeats the keys of the path to its table ([a.b.c]); shorten the keys, nest fewer tables, or split the data over several files",
+                ));
+            }
+        }
+        for (key, item) in map {
+            let path = path.saturating_add(key.len() as u64);
+            match item {
+                Value::Object(_) => todo.push((item, path, false)),
+                Value::Array(items) if tables(item) => {
+                    todo.extend(items.iter().map(|i| (i, path, true)));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(data)
+}
+
+/// The refusal of data whose rendering could not fit `op`'s largest file, `max` bytes.
+fn too_large_rendered(op: &Operation, max: u64, why: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::SizeExceeded,
+        format!(
+            "{} would leave more than {max} bytes on disk, its limit ({}): {why}",
+            op.name,
+            crate::catalog::human_bytes(max)
+        ),
+    )
 }
 
 /// Applies exact-text edits in order, all or nothing.
@@ -1735,6 +1795,44 @@ mod tests {
                 .unwrap()
                 .unwrap();
             assert!(bytes.len() < 64 * 1024, "{intent}: {}", bytes.len());
+        }
+    }
+
+    /// TOML data whose tables' headers, each repeating the keys of its path, would pass
+    /// the file's limit is refused before it is rendered; what the check counts never
+    /// passes what is rendered, so data that fits is written as before.
+    #[test]
+    fn toml_headers_are_counted_before_rendering() {
+        use serde_json::json;
+        let op = *crate::catalog::op_for_intent("generate_config").unwrap();
+        let long = "k".repeat(100 << 10);
+        let tables: serde_json::Map<_, _> = (0..100)
+            .map(|i| (format!("t{i}"), json!({"a": 0})))
+            .collect();
+        let elements = vec![json!({"a": 0}); 100];
+        for data in [json!({ long.clone(): tables }), json!({ long: elements })] {
+            let rendered = to_toml(&data).unwrap().len() as u64;
+            assert!(rendered > 100 * (100 << 10), "{rendered}");
+            let why = toml_headers_fit(&op, &data).unwrap_err();
+            assert_eq!(why.reason_code, ReasonCode::SizeExceeded);
+            assert!(why.reason.contains("headers alone"), "{}", why.reason);
+        }
+        for data in [
+            json!({"a": {"b": {"c": {"d": 1}, "e": {}}, "f": [{"g": {"h": 2}}, {}]}}),
+            json!({"x": [1, {"y": 2}], "z": [[{"w": 3}]], "tables": [{"u": {"v": {}}}]}),
+            json!({"top": 1, "s": {"t": {"u": {"v": {"w": [{"q": [{"r": 0}]}]}}}}}),
+        ] {
+            let rendered = to_toml(&data).unwrap();
+            let exact = Operation {
+                max_size_bytes: Some(rendered.len() as u64),
+                ..op
+            };
+            assert!(toml_headers_fit(&exact, &data).is_ok(), "{data}");
+            let smaller = Operation {
+                max_size_bytes: Some(8),
+                ..op
+            };
+            assert!(toml_headers_fit(&smaller, &data).is_err(), "{data}");
         }
     }
 
