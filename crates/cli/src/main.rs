@@ -204,28 +204,38 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 /// `serve --max-body-bytes`: a count of bytes, said so when it is not one (its range is
 /// the configuration's to check, as for `[server] max_body_bytes`).
 fn body_bytes(s: &str) -> Result<usize, String> {
-    whole_number(s)
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-        .ok_or_else(|| {
-            format!(
-                "'{s}' is not a number of bytes; give a whole number from 1024 to {} (no sign)",
-                ailab_sandbox_core::config::MAX_BODY_BYTES_LIMIT
-            )
-        })
+    let allowed = format!(
+        "give a whole number from 1024 to {}",
+        ailab_sandbox_core::config::MAX_BODY_BYTES_LIMIT
+    );
+    match counted(s) {
+        Some(Some(n)) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some(None) => Err(format!("'{s}' is more bytes than can be counted; {allowed}")),
+        None => Err(format!("'{s}' is not a number of bytes; {allowed} (no sign)")),
+    }
 }
 
 /// `check --size`: bytes. One too large to count is refused here, not judged as the
 /// largest count, which the verdict would then quote as if it had been given.
 fn byte_count(s: &str) -> Result<u64, String> {
-    match whole_number(s) {
-        Some(u64::MAX) if s.trim_start_matches('0') != u64::MAX.to_string() => Err(format!(
+    match counted(s) {
+        Some(Some(n)) => Ok(n),
+        Some(None) => Err(format!(
             "'{s}' is more bytes than can be counted; give a whole number from 0 to {}",
             u64::MAX
         )),
-        Some(n) => Ok(n),
         None => Err(format!(
             "'{s}' is not a size in bytes; give a whole number from 0 (no sign or unit)"
         )),
+    }
+}
+
+/// Digits only: `Some(None)` for a count too large for 64 bits, which a message is not
+/// to quote as the largest count, as if it had been given.
+fn counted(s: &str) -> Option<Option<u64>> {
+    match whole_number(s)? {
+        u64::MAX if s.trim_start_matches('0') != u64::MAX.to_string() => Some(None),
+        n => Some(Some(n)),
     }
 }
 

@@ -1199,6 +1199,10 @@ fn huge_and_negative_numbers_on_the_command_line() {
             "'abc' is not a number of bytes; give a whole number from 1024 to 268435456",
         ),
         (
+            &["serve", "--max-body-bytes", "99999999999999999999999"][..],
+            "'99999999999999999999999' is more bytes than can be counted; give a whole number from 1024 to 268435456",
+        ),
+        (
             &[
                 "check",
                 "--intent",
