@@ -680,6 +680,14 @@ impl Sandbox {
     }
 
     /// Governance verdict only (`check`): no write, no audit.
+    ///
+    /// `intent` is an operation's name as a plan writes it; `path` the target as a plan
+    /// action gives it (relative to a root, or absolute inside one); `description` the
+    /// text looked at for permission changes, as an action's; `size` the bytes the file
+    /// would hold once written (for `append_file`, the whole file after the append); `root`
+    /// the root a relative path is meant for, as an action's `root`. The verdict is
+    /// governance's (SPEC §5), not the plan's: whether the file is already there, an edit,
+    /// a budget or the rate limit are not judged.
     pub fn check(
         &self,
         intent: &str,
