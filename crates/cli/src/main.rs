@@ -210,8 +210,12 @@ fn body_bytes(s: &str) -> Result<usize, String> {
     );
     match counted(s) {
         Some(Some(n)) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
-        Some(None) => Err(format!("'{s}' is more bytes than can be counted; {allowed}")),
-        None => Err(format!("'{s}' is not a number of bytes; {allowed} (no sign)")),
+        Some(None) => Err(format!(
+            "'{s}' is more bytes than can be counted; {allowed}"
+        )),
+        None => Err(format!(
+            "'{s}' is not a number of bytes; {allowed} (no sign)"
+        )),
     }
 }
 

@@ -278,6 +278,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
         data_room: Arc::new(tokio::sync::Semaphore::new(
             PLAN_DATA_IN_FLIGHT * ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN,
         )),
+        data_wait: PLAN_DATA_WAIT,
     };
     let guard = guard::Guard::new(token.as_deref());
     let limit = body_limit_bytes.max(1);

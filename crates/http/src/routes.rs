@@ -33,6 +33,8 @@ pub(crate) struct AppState {
     /// Room for the data of the plans parsed and run at once (see
     /// [`crate::PLAN_DATA_IN_FLIGHT`]), in values as the core counts them.
     pub data_room: Arc<tokio::sync::Semaphore>,
+    /// How long a plan waits for room for its data ([`crate::PLAN_DATA_WAIT`]).
+    pub data_wait: std::time::Duration,
 }
 
 /// Runs a synchronous sandbox call on the blocking pool. A panic there becomes a bare
@@ -304,10 +306,10 @@ pub(crate) async fn run_plan(
     } else {
         let room =
             Arc::clone(&s.data_room).acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX));
-        match tokio::time::timeout(crate::PLAN_DATA_WAIT, room).await {
+        match tokio::time::timeout(s.data_wait, room).await {
             Ok(Ok(permit)) => Some(permit),
             Ok(Err(_)) => return Err(ApiError::internal()),
-            Err(_) => return Err(ApiError::data_busy(crate::PLAN_DATA_WAIT)),
+            Err(_) => return Err(ApiError::data_busy(s.data_wait)),
         }
     };
     let result = blocking(move || {
@@ -482,4 +484,76 @@ pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
             path.escape_debug()
         ),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN;
+
+    fn state(tmp: &tempfile::TempDir) -> AppState {
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![tmp.path().join("root")],
+            tmp.path().join("state"),
+        );
+        config.enable_write = true;
+        config.dry_run = false;
+        config.durability = ailab_sandbox_core::config::Durability::Relaxed;
+        AppState {
+            sandbox: Arc::new(Sandbox::open(config).unwrap()),
+            body_limit: crate::DEFAULT_BODY_LIMIT,
+            data_room: Arc::new(tokio::sync::Semaphore::new(
+                crate::PLAN_DATA_IN_FLIGHT * MAX_DATA_VALUES_PER_PLAN,
+            )),
+            data_wait: std::time::Duration::from_millis(200),
+        }
+    }
+
+    fn plan(name: &str, zeros: usize) -> Bytes {
+        let data = vec!["0"; zeros].join(",");
+        Bytes::from(format!(
+            r#"{{"actions": [{{"intent": "write_json", "path": "{name}.json", "data": [{data}]}}]}}"#
+        ))
+    }
+
+    async fn status(s: &AppState, body: Bytes) -> (StatusCode, serde_json::Value) {
+        let resp = match run_plan(State(s.clone()), None, Ok(body)).await {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        };
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    /// While other plans hold the room for data, a plan that could hold many values waits
+    /// and is then answered 503 `server_busy`, having written nothing; a small plan never
+    /// waits; once the room is free the large plan runs.
+    #[tokio::test]
+    async fn large_plans_wait_for_room_for_their_data_and_small_ones_do_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = state(&tmp);
+        let held = Arc::clone(&s.data_room)
+            .acquire_many_owned(
+                u32::try_from(crate::PLAN_DATA_IN_FLIGHT * MAX_DATA_VALUES_PER_PLAN - 1000)
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let large = || plan("large", 100_000);
+        let (code, doc) = status(&s, large()).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{doc}");
+        assert_eq!(doc["reason_code"], "server_busy", "{doc}");
+        assert!(!tmp.path().join("root/large.json").exists());
+        let (code, doc) = status(&s, plan("small", 1000)).await;
+        assert_eq!(code, StatusCode::OK, "{doc}");
+        assert!(tmp.path().join("root/small.json").exists());
+        drop(held);
+        let (code, doc) = status(&s, large()).await;
+        assert_eq!(code, StatusCode::OK, "{doc}");
+        assert!(tmp.path().join("root/large.json").exists());
+    }
 }
