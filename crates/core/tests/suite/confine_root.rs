@@ -887,6 +887,42 @@ fn remove_file_and_remove_empty_dir() {
     );
 }
 
+/// Entries removed while a directory is listed are left out of the listing, not taken
+/// for a failure to list it.
+#[test]
+fn list_dir_leaves_out_entries_removed_while_it_lists() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let fx = fx();
+    let dir = fx.root_path.join("d");
+    mkdir_755(&dir);
+    for i in 0..200 {
+        fs::write(dir.join(format!("keep{i}")), b"k").unwrap();
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..200_000 {
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let f = dir.join(format!("churn{}", i % 64));
+                let _ = fs::write(&f, b"c");
+                let _ = fs::remove_file(&f);
+            }
+        });
+        for _ in 0..300 {
+            let listed = fx.root.list_dir(Some(&rel("d")));
+            let listed = listed.unwrap_or_else(|r| {
+                done.store(true, Ordering::Relaxed);
+                panic!("{}: {}", r.reason_code, r.reason)
+            });
+            let kept = listed.iter().filter(|e| e.name.starts_with("keep")).count();
+            assert_eq!(kept, 200);
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+}
+
 #[test]
 fn list_dir_reports_kinds_without_following_links() {
     let fx = fx();

@@ -132,7 +132,8 @@ pub use files::{
     sync_dir, temp_name, write_atomic_flush, write_atomic_in,
 };
 use refusal::{
-    changed_meanwhile, hardlink_refusal, removed_meanwhile, special_refusal, swapped_while_read,
+    changed_meanwhile, hardlink_refusal, named_in_full, removed_meanwhile, special_refusal,
+    swapped_while_read,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub(crate) use walk::{
@@ -599,7 +600,7 @@ impl SandboxRoot {
                     Put::Any => false,
                 };
                 if changed {
-                    return Err(changed_meanwhile(rel.file_name()));
+                    return Err(changed_meanwhile(&rel.as_string()));
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
@@ -706,11 +707,17 @@ impl SandboxRoot {
         let listed = rel.map_or(&[][..], RelPath::components);
         let entries = dir.entries().map_err(|e| io_refusal("list", listed, &e))?;
         for entry in entries {
-            let entry = entry.map_err(|e| io_refusal("list", &[], &e))?;
+            let entry = entry.map_err(|e| io_refusal("list", listed, &e))?;
             let raw = entry.file_name();
             let not_utf8 = raw.to_str().is_none();
             let name = raw.to_string_lossy().into_owned();
-            let meta = entry.metadata().map_err(|e| io_refusal("list", &[], &e))?;
+            let meta = match entry.metadata() {
+                Ok(meta) => meta,
+                // Removed or renamed since the directory was read (another program, or
+                // a write's temporary file put in place): a listing tells what is there.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_refusal("list", listed, &e)),
+            };
             let ft = meta.file_type();
             let kind = if ft.is_symlink() {
                 "symlink"
@@ -820,7 +827,7 @@ impl SandboxRoot {
                 .get_ref()
                 .and_then(|inner| inner.downcast_ref::<Refusal>())
             {
-                Some(r) => r.clone(),
+                Some(r) => named_in_full(r.clone(), rel),
                 None => io_refusal(what, rel.components(), &e),
             },
         }
@@ -989,6 +996,23 @@ mod tests {
         let path = tmp.path().join("root");
         let root = SandboxRoot::open(&path, true).unwrap();
         (tmp, root)
+    }
+
+    /// A refusal worded below, where only the file's name in its folder is known, names
+    /// the file by its path in the root.
+    #[test]
+    fn refusals_met_in_a_folder_name_the_whole_path() {
+        let (_tmp, root) = root();
+        let rel = RelPath::from_components(comps("a/b/x.json"));
+        for r in [changed_meanwhile("x.json"), swapped_while_read("x.json")] {
+            let said = root.map_error("write", &rel, io::Error::other(r)).reason;
+            assert!(said.starts_with("'a/b/x.json' was "), "{said}");
+        }
+        let top = RelPath::from_components(comps("x.json"));
+        let said = root
+            .map_error("write", &top, io::Error::other(changed_meanwhile("x.json")))
+            .reason;
+        assert!(said.starts_with("'x.json' was "), "{said}");
     }
 
     /// The link count of an open file says how many names it has, not where: an outside

@@ -28,6 +28,18 @@ pub(super) fn swapped_while_read(name: &str) -> Refusal {
     )
 }
 
+/// `r`, a refusal worded by a file operation that knew only the file's name in its
+/// folder, naming the file by its root-relative path `rel` instead, as every other
+/// refusal does: two files of one name in different folders are told apart.
+pub(super) fn named_in_full(mut r: Refusal, rel: &RelPath) -> Refusal {
+    if rel.components().len() > 1
+        && let Some(rest) = r.reason.strip_prefix(&shown_path(rel.file_name()))
+    {
+        r.reason = format!("{}{rest}", shown_path(&rel.as_string()));
+    }
+    r
+}
+
 /// The refusal for a directory `comps` that was there when the action was checked and
 /// is not now: something removed it meanwhile (a rollback taking away a directory it had
 /// left empty, another program).
