@@ -1308,6 +1308,8 @@ impl Sandbox {
         let recovering = why == "recovery";
         let mut steps = Vec::new();
         let mut touched = Vec::new();
+        // Why the trail refused a restore's line, once it did.
+        let mut held_back: Option<String> = None;
         // Targets whose newer restore failed, and the action it was: an older one would
         // find the file as the newer action left it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
@@ -1476,18 +1478,32 @@ impl Sandbox {
                 continue;
             }
             // A death between the mark and this line is recorded by the next start's
-            // recovery (`record_marked_restores`).
+            // recovery (`record_marked_restores`). Once the trail refused a restore's
+            // line, the later restores' lines are held back for it too, to be written
+            // after that one in order: a shorter line that fitted where the refused one
+            // did not would come first, and the trail's newest line of a file restored
+            // twice would name the version the restores went past.
+            if let (Some(words), true) = (&held_back, step.restored) {
+                step.unrecorded = Some(words.clone());
+                touched.push((i, meta.target().components().to_vec()));
+                steps.push(step);
+                continue;
+            }
             let appended = self
                 .fail_at("after_mark")
                 .map_err(|r| std::io::Error::other(r.reason))
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                step.unrecorded = Some(if e.kind() == std::io::ErrorKind::TimedOut {
+                let words = if e.kind() == std::io::ErrorKind::TimedOut {
                     format!("{HELD_TRAIL} ({e})")
                 } else {
                     crate::error::state_io_words(&e)
-                });
+                };
+                if step.restored {
+                    held_back = Some(words.clone());
+                }
+                step.unrecorded = Some(words);
             }
             if step.restored {
                 touched.push((i, meta.target().components().to_vec()));

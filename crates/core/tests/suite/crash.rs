@@ -2278,6 +2278,50 @@ fn a_restore_line_lost_then_audited(nth: u32) {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A rollback whose trail refuses a restore's line (a full disk) holds back the lines of
+/// the restores after it, and the next start writes them all in the order the restores
+/// were made: the trail's newest line of a file restored twice says what the file holds.
+#[test]
+fn a_rollback_holds_back_the_lines_after_one_the_trail_refused() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+            {"action_id": "r1", "intent": "replace_file", "path": "a.txt", "content": "replaced"},
+            {"action_id": "t1", "intent": "sandbox_transform", "path": "a.txt",
+             "edits": [{"old": "replaced", "new": "transformed"}]}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("after_mark", 1);
+    let rb = sb.rollback_workflow("wf_o", &RollbackOptions::default());
+    assert!(!rb.is_success(), "{rb:?}");
+    assert!(
+        rb.steps
+            .iter()
+            .all(|s| s.restored && s.unrecorded.is_some()),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("a.txt"), b"original");
+    drop(sb);
+    let sb = w.sandbox();
+    let newest = sb
+        .audit_entries(50, Some("wf_o"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.status == AuditStatus::RolledBack)
+        .max_by_key(|e| e.seq)
+        .unwrap();
+    assert_eq!(newest.action_id, "r1");
+    assert_eq!(
+        newest.after_checksum.as_deref(),
+        Some(sha(b"original").as_str())
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A recovery writes temporary files too (a restore's bytes go aside first). One that
 /// died names its process in the run record before it starts, so the next recovery of
 /// the run removes what it left; another process's temporary files stay.
