@@ -114,8 +114,11 @@ fn state_advice(e: &std::io::Error) -> Option<&'static str> {
         return None;
     }
     match e.kind() {
-        K::StorageFull | K::QuotaExceeded => Some(
+        K::StorageFull => Some(
             "the state directory's filesystem is full, of space or of inodes (df -h, df -i): free some there, then try again",
+        ),
+        K::QuotaExceeded => Some(
+            "the runtime's user has used up its disk quota on the state directory's filesystem, of space or of inodes (quota -s): free some of its files there, or have its quota raised, then try again",
         ),
         K::ReadOnlyFilesystem | K::PermissionDenied => Some(
             "the runtime records every write in its state directory, so this process must be able to write there; only `audit verify` reads it as it is",
@@ -178,8 +181,12 @@ fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
 pub(crate) fn fs_advice(e: &std::io::Error, fs: &str) -> Option<String> {
     use std::io::ErrorKind as K;
     match e.kind() {
-        K::StorageFull | K::QuotaExceeded => Some(format!(
+        K::StorageFull => Some(format!(
             "{fs} is full, of space or of inodes (df -h, df -i): free some there, then try again"
+        )),
+        // `df` shows free space where a quota refuses: the user's share is what is used up.
+        K::QuotaExceeded => Some(format!(
+            "the runtime's user has used up its disk quota on {fs}, of space or of inodes (quota -s): free some of its files there, or have its quota raised, then try again"
         )),
         K::ReadOnlyFilesystem => Some(format!(
             "{fs} is mounted read-only: mount it writable, then try again"
@@ -277,6 +284,19 @@ mod tests {
         assert!(super::fs_advice(&full, "the filesystem holding 'a.txt'").is_some_and(
             |a| a == "the filesystem holding 'a.txt' is full, of space or of inodes (df -h, df -i): free some there, then try again"
         ));
+        // A quota leaves `df` showing room: the user's share is named instead.
+        let quota = std::io::Error::from_raw_os_error(rustix::io::Errno::DQUOT.raw_os_error());
+        let said = super::fs_advice(&quota, "the filesystem holding 'a.txt'").unwrap_or_default();
+        assert!(
+            said.contains("disk quota on the filesystem holding 'a.txt'")
+                && !said.contains("df -h"),
+            "{said}"
+        );
+        let state = super::state_advice(&quota).unwrap_or_default();
+        assert!(
+            state.contains("quota") && !state.contains("df -h"),
+            "{state}"
+        );
     }
 
     /// A write refused by a full or read-only filesystem names the filesystem of the path

@@ -360,8 +360,11 @@ pub(crate) fn write_result(
                 .unwrap_or_else(|| "the action failed".to_owned());
             let undone = if reason.contains(ailab_sandbox_core::executor::UNDO_FAILED) {
                 " Undoing the action's own change failed too, so the change may still be in place."
+            } else if a.rollback_path.is_none() {
+                // It failed before its snapshot was taken, so before it touched anything.
+                " It failed before it changed anything: nothing of it remains."
             } else if a.status == ActionStatus::Failed || res.status == RunStatus::RolledBack {
-                " The action's own change was undone from its snapshot, so the file is as it was before."
+                " The action's own change was undone from its snapshot, so its target is as it was before."
             } else {
                 ""
             };
@@ -548,6 +551,61 @@ mod tests {
         for code in ReasonCode::ALL {
             assert!(!what_to_do(code, None).is_empty(), "{code}");
         }
+    }
+
+    /// A failed write says its change was undone from its snapshot only when it had
+    /// one: one that failed before its snapshot was taken changed nothing.
+    #[test]
+    fn a_failure_before_the_snapshot_is_not_said_undone() {
+        use ailab_sandbox_core::catalog::RiskLevel;
+        use ailab_sandbox_core::executor::ActionResult;
+        use ailab_sandbox_core::workflow::WorkflowState;
+        let policy = ExtensionPolicy::default();
+        let text_of = |rollback_path: Option<&str>| {
+            let action = ActionResult {
+                action_id: "act_1".to_owned(),
+                intent: "create_directory".to_owned(),
+                mutation_class: None,
+                path: "d".to_owned(),
+                status: ActionStatus::Failed,
+                reason_code: Some(ReasonCode::IoError),
+                reason: Some("could not write the snapshot: no storage space".to_owned()),
+                risk: RiskLevel::Low,
+                before_checksum: None,
+                after_checksum: None,
+                size_bytes: None,
+                artifact_id: None,
+                rollback_path: rollback_path.map(str::to_owned),
+                retry_after_seconds: None,
+            };
+            let res = RunResult {
+                workflow_id: "wf_f".to_owned(),
+                execution_id: "ex_1".to_owned(),
+                status: RunStatus::Failed,
+                simulation_only: false,
+                dry_run_reason: None,
+                state: WorkflowState::Failed,
+                actions: vec![action],
+                timeline: Vec::new(),
+            };
+            let Some(op) = op_for_intent("create_directory") else {
+                panic!("create_directory is an operation")
+            };
+            let w = Writer {
+                op,
+                policy: &policy,
+            };
+            let r = write_result(&res, w, "wf_f", "28.3", None);
+            r.content[0]
+                .as_text()
+                .map(|t| t.text.clone())
+                .unwrap_or_default()
+        };
+        let early = text_of(None);
+        assert!(early.contains("before it changed anything"), "{early}");
+        assert!(!early.contains("snapshot, so"), "{early}");
+        let late = text_of(Some(".rollback/wf_f/act_1"));
+        assert!(late.contains("undone from its snapshot"), "{late}");
     }
 
     /// Advice fits the tool refused: a directory or an edit has its own.

@@ -284,6 +284,22 @@ impl Recovered {
         ));
     }
 
+    /// Writes of the dead run judged done whose lines the trail (or, with `e` unknown,
+    /// the registry or the trail) would not take: left for a later try.
+    fn writes_unaudited(&mut self, e: Option<&std::io::Error>) {
+        self.retry = true;
+        if self.why.is_some() || self.busy.is_some() {
+            return;
+        }
+        self.why = Some(match e {
+            Some(e) => format!(
+                "its writes were judged done, but the audit trail could not record them ({})",
+                crate::error::state_io_words(e)
+            ),
+            None => "its writes were judged done, but the artifact registry or the audit trail could not record them (a full or failing state directory)".to_owned(),
+        });
+    }
+
     /// What died: `rollback` or `run`.
     pub fn what(&self) -> &'static str {
         if self.rollback { "rollback" } else { "run" }

@@ -127,7 +127,7 @@ impl Sandbox {
                     // Logs left incomplete are completed by the recovery that retries.
                     Some(Err(())) => {
                         report.completed += 1;
-                        report.retry = true;
+                        report.writes_unaudited(None);
                     }
                     None => report.superseded += 1,
                 }
@@ -202,7 +202,7 @@ impl Sandbox {
         {
             tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
             report.busy = busy_log(&e);
-            report.retry = true;
+            report.writes_unaudited(Some(&e));
         }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
