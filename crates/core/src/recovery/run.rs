@@ -270,6 +270,19 @@ impl Sandbox {
                 for by in makers {
                     match remove_temp_files(&d, 0, Some(by)) {
                         Ok(n) => report.temp_files_removed += n,
+                        // The disk refused (mounted read-only, failing): kept for the
+                        // start that finds it taking writes again, as an undo it refused
+                        // is, rather than left in the user's tree for good.
+                        Err(e) if disk_refused(&e) => {
+                            report.retry = true;
+                            if report.why.is_none() {
+                                report.why = Some(format!(
+                                    "its temporary files in {} could not be removed ({})",
+                                    crate::confine::path::shown_path(&self.abs_path(i, &rel)),
+                                    crate::error::io_words(&e)
+                                ));
+                            }
+                        }
                         // Say where (a folder another user took, say), not only log it.
                         Err(e) => report.temp_files_left.push(format!(
                             "{} ({})",
@@ -442,4 +455,11 @@ impl Sandbox {
         }
         None
     }
+}
+
+/// Whether the disk refused `e`'s operation (mounted read-only, failing), which a later
+/// start may find put right, as opposed to a refusal that stays (another user's folder).
+fn disk_refused(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::ReadOnlyFilesystem
+        || e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
 }
