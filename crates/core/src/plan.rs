@@ -1066,8 +1066,9 @@ pub fn render<'a>(
 /// `data`, refused (`size_exceeded`) when its rendering in an indented format (JSON
 /// pretty-printed, YAML) could not fit `op`'s largest file, before it is rendered: each
 /// scalar or empty array or object nested `d` levels deep takes a line of its own of at
-/// least `2 d` bytes there, so deep data of a few MiB of text would otherwise be
-/// rendered to hundreds of MiB only to be refused.
+/// least `2 d` bytes there besides its own text, and each key its text, so deep data of a
+/// few MiB, or one long string, would otherwise be rendered to hundreds of MiB only to be
+/// refused.
 fn indented_fits<'v>(
     op: &Operation,
     data: &'v serde_json::Value,
@@ -1079,19 +1080,16 @@ fn indented_fits<'v>(
     let mut least = 0u64;
     let mut todo = vec![(data, 0u64)];
     while let Some((v, depth)) = todo.pop() {
-        let leaf = match v {
-            Value::Array(items) => items.is_empty(),
-            Value::Object(map) => map.is_empty(),
-            _ => true,
-        };
-        if leaf {
-            least = least.saturating_add(2 * depth);
-        }
+        least = least.saturating_add(match v {
+            Value::Array(items) if !items.is_empty() => 0,
+            Value::Object(map) if !map.is_empty() => map.keys().map(|k| k.len() as u64).sum(),
+            leaf => (2 * depth).saturating_add(scalar_len(leaf, false)),
+        });
         if least > max {
             return Err(too_large_rendered(
                 op,
                 max,
-                "its data nests values deep enough that their indentation alone takes more; flatten the data or split it over several files",
+                "its values and keys, and the indentation their nesting takes, come to more than that; split the data over several files, or flatten it",
             ));
         }
         match v {
@@ -1107,8 +1105,10 @@ fn indented_fits<'v>(
 /// largest file, before it is rendered: a table's header repeats the keys of its path
 /// (`[server.tls.extra]`), and so does each element of an array of tables (`[[a.b]]`), so
 /// long keys over many tables, a few MiB of text, would be rendered to gigabytes only to
-/// be refused. A table other than the top one has a header when it is an element of an
-/// array of tables, is empty, or holds anything but tables.
+/// be refused; and a float is written out in full (`5e-324` takes 326 bytes). A table
+/// other than the top one has a header when it is an element of an array of tables, is
+/// empty, or holds anything but tables. Scalars and the keys of the members that are not
+/// tables count their text too.
 fn toml_headers_fit<'v>(
     op: &Operation,
     data: &'v serde_json::Value,
@@ -1122,36 +1122,89 @@ fn toml_headers_fit<'v>(
         _ => false,
     };
     let mut least = 0u64;
-    // Each table, the length of its path's keys, and whether it is an array's element.
-    let mut todo = vec![(data, 0u64, false)];
+    // Each value, the length of its path's keys while it is a table reached by tables
+    // (`None` inside an inline array or table), and whether it is an array's element.
+    let mut todo = vec![(data, Some(0u64), false)];
     while let Some((v, path, element)) = todo.pop() {
         let Value::Object(map) = v else {
+            least = least.saturating_add(scalar_len(v, true));
+            if let Value::Array(items) = v {
+                todo.extend(items.iter().map(|i| (i, None, false)));
+            }
+            if least > max {
+                return Err(too_large_toml(op, max));
+            }
             continue;
         };
         let headed = element
-            || (path > 0 && (map.is_empty() || !map.values().all(|m| m.is_object() || tables(m))));
-        if headed {
-            least = least.saturating_add(path);
-            if least > max {
-                return Err(too_large_rendered(
-                    op,
-                    max,
-                    "its tables' headers alone take more, as each repeats the keys of the path to its table ([a.b.c]); shorten the keys, nest fewer tables, or split the data over several files",
-                ));
-            }
+            || path.is_some_and(|p| {
+                p > 0 && (map.is_empty() || !map.values().all(|m| m.is_object() || tables(m)))
+            });
+        if let (true, Some(p)) = (headed, path) {
+            least = least.saturating_add(p);
         }
         for (key, item) in map {
-            let path = path.saturating_add(key.len() as u64);
-            match item {
-                Value::Object(_) => todo.push((item, path, false)),
-                Value::Array(items) if tables(item) => {
-                    todo.extend(items.iter().map(|i| (i, path, true)));
-                }
-                _ => {}
+            let table = path.is_some() && (item.is_object() || tables(item));
+            if !table {
+                least = least.saturating_add(key.len() as u64);
             }
+            let inner = path
+                .filter(|_| table)
+                .map(|p| p.saturating_add(key.len() as u64));
+            match item {
+                Value::Array(items) if inner.is_some() => {
+                    todo.extend(items.iter().map(|i| (i, inner, true)));
+                }
+                _ => todo.push((item, inner, false)),
+            }
+        }
+        if least > max {
+            return Err(too_large_toml(op, max));
         }
     }
     Ok(data)
+}
+
+fn too_large_toml(op: &Operation, max: u64) -> Refusal {
+    too_large_rendered(
+        op,
+        max,
+        "its values and keys (TOML writes a float out in full: 1e-300 takes 302 bytes) and its tables' headers (each repeats the keys of the path to its table: [a.b.c]) come to more than that; write the data as JSON or YAML, shorten the keys, nest fewer tables, or split it over several files",
+    )
+}
+
+/// The fewest bytes the scalar `v` (or an empty array or object) takes once rendered:
+/// its text, or what it is written as (`true`, `null`, `[]`). In TOML a float is
+/// written out in full, as Rust prints it; elsewhere in its shortest form. Escapes only
+/// add.
+fn scalar_len(v: &serde_json::Value, toml: bool) -> u64 {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => s.len() as u64,
+        Value::Number(n) => match n.as_f64().filter(|_| toml && n.is_f64()) {
+            Some(f) => display_len(&f),
+            None => display_len(n),
+        },
+        Value::Bool(b) => display_len(b),
+        Value::Null => 4,
+        Value::Array(items) if items.is_empty() => 2,
+        Value::Object(map) if map.is_empty() => 2,
+        Value::Array(_) | Value::Object(_) => 0,
+    }
+}
+
+/// How many bytes `v` prints as, without keeping them.
+fn display_len(v: &impl std::fmt::Display) -> u64 {
+    struct Count(u64);
+    impl std::fmt::Write for Count {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0 += s.len() as u64;
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = std::fmt::write(&mut count, format_args!("{v}"));
+    count.0
 }
 
 /// The refusal of data whose rendering could not fit `op`'s largest file, `max` bytes.
@@ -1789,12 +1842,31 @@ mod tests {
             let big = plan(deep(200_000));
             let why = render(op, &big.actions[0], &format!(".{ext}"), None).unwrap_err();
             assert_eq!(why.reason_code, ReasonCode::SizeExceeded, "{intent}");
-            assert!(why.reason.contains("indentation alone"), "{}", why.reason);
+            assert!(why.reason.contains("indentation"), "{}", why.reason);
             let small = plan(deep(3));
             let bytes = render(op, &small.actions[0], &format!(".{ext}"), None)
                 .unwrap()
                 .unwrap();
             assert!(bytes.len() < 64 * 1024, "{intent}: {}", bytes.len());
+            // One string longer than the file may be is refused unrendered as well.
+            let long = plan(format!("[\"{}\"]", "\\u007f".repeat(3 << 20)));
+            let why = render(op, &long.actions[0], &format!(".{ext}"), None).unwrap_err();
+            assert!(why.reason.contains("values and keys"), "{}", why.reason);
+        }
+        // What the check counts never passes what is rendered.
+        let op = *crate::catalog::op_for_intent("write_json").unwrap();
+        for data in [
+            serde_json::json!({"a": [1, 2.5, 5e-324, true, null, "s\u{7f}\"", [], {}], "b": {"c": {"d": "e"}}}),
+            serde_json::json!([[["deep", {"k": [0]}]], "x"]),
+            serde_json::json!("plain"),
+        ] {
+            for rendered in [to_json(&data).unwrap(), to_yaml(&data).unwrap()] {
+                let exact = Operation {
+                    max_size_bytes: Some(rendered.len() as u64),
+                    ..op
+                };
+                assert!(indented_fits(&exact, &data).is_ok(), "{data}");
+            }
         }
     }
 
@@ -1815,12 +1887,19 @@ mod tests {
             assert!(rendered > 100 * (100 << 10), "{rendered}");
             let why = toml_headers_fit(&op, &data).unwrap_err();
             assert_eq!(why.reason_code, ReasonCode::SizeExceeded);
-            assert!(why.reason.contains("headers alone"), "{}", why.reason);
+            assert!(why.reason.contains("headers"), "{}", why.reason);
         }
+        // Floats are written out in full: 2000 of 5e-324 take 650 KiB.
+        let tiny = json!({ "f": vec![5e-324; 2000] });
+        assert!(to_toml(&tiny).unwrap().len() > 600 << 10);
+        let why = toml_headers_fit(&op, &tiny).unwrap_err();
+        assert_eq!(why.reason_code, ReasonCode::SizeExceeded);
         for data in [
             json!({"a": {"b": {"c": {"d": 1}, "e": {}}, "f": [{"g": {"h": 2}}, {}]}}),
             json!({"x": [1, {"y": 2}], "z": [[{"w": 3}]], "tables": [{"u": {"v": {}}}]}),
             json!({"top": 1, "s": {"t": {"u": {"v": {"w": [{"q": [{"r": 0}]}]}}}}}),
+            json!({"f": [5e-324, 1e300, 0.1, -2.5, 7], "t": true, "e": [], "s": "a\u{7f}\"b",
+                   "k y": {"m": [{"n": {"o": "p"}}, {"q": {}}], "in": [{"a": 1}, 2]}}),
         ] {
             let rendered = to_toml(&data).unwrap();
             let exact = Operation {

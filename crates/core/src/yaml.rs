@@ -73,12 +73,13 @@ fn mapping(m: &serde_json::Map<String, Value>, indent: usize, out: &mut String) 
 fn sequence(a: &[Value], indent: usize, out: &mut String) {
     for v in a {
         if is_block(v) {
-            // The item's first line goes after the dash: "- key: value" / "- - x".
-            let mut item = String::new();
-            block(v, indent + 2, &mut item);
-            out.push_str(&" ".repeat(indent));
-            out.push_str("- ");
-            out.push_str(&item[indent + 2..]);
+            // The item's first line goes after the dash: "- key: value" / "- - x". The
+            // dash takes the place of that line's last two spaces of indentation, in
+            // place: an item rendered apart and copied would be copied again at each
+            // level of nesting.
+            let at = out.len();
+            block(v, indent + 2, out);
+            out.replace_range(at + indent..at + indent + 2, "- ");
         } else {
             out.push_str(&" ".repeat(indent));
             out.push_str("- ");
