@@ -1322,13 +1322,13 @@ fn to_toml(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 /// What TOML cannot hold, and where: `at` is the path to `v` (`server.ports[2]`).
 fn toml_problem(v: &serde_json::Value, at: &mut String) -> Option<String> {
     use serde_json::Value;
-    let shown = |at: &str| at.escape_debug().to_string();
+    // `at` is written as TOML writes a key path: its parts are escaped as they go in.
     match v {
-        Value::Null => Some(format!("'{}' is null, and TOML has no null", shown(at))),
+        Value::Null => Some(format!("'{}' is null, and TOML has no null", at)),
         // The writer would print it; every TOML reader refuses it.
         Value::Number(n) if n.is_u64() && n.as_i64().is_none() => Some(format!(
             "'{}' is {n}, and a TOML integer is at most {}",
-            shown(at),
+            at,
             i64::MAX
         )),
         Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
@@ -1343,7 +1343,15 @@ fn toml_problem(v: &serde_json::Value, at: &mut String) -> Option<String> {
             if len > 0 {
                 at.push('.');
             }
-            at.push_str(k);
+            // A key that is not bare is quoted, or `a.b` and `a` then `b` would read alike.
+            let bare = !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if bare {
+                at.push_str(k);
+            } else {
+                at.push_str(&format!("\"{}\"", k.escape_debug()));
+            }
             let found = toml_problem(item, at);
             at.truncate(len);
             found
@@ -1364,7 +1372,8 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
         "has a control character, which readers stop at or mangle"
     } else if text.trim() != text {
         "starts or ends with white space, which readers drop"
-    } else if text.starts_with('\u{feff}') {
+    } else if !value && text.starts_with('\u{feff}') {
+        // A value follows `key = `: only a name can open a line.
         "starts with U+FEFF, which readers take for a byte order mark and drop"
     } else if what == "section name" && text == "DEFAULT" {
         "is DEFAULT, which readers (Python's configparser) take for defaults copied into every other section"
@@ -1395,7 +1404,15 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
             "an INI document must be an object at the top",
         ));
     };
-    let scalar = |key: &str, v: &Value| -> Verdict<String> {
+    // Where a refusal is: readers take the same key in several sections.
+    let place = |section: &str, key: &str| {
+        format!(
+            "key '{}' of section '{}'",
+            key.escape_debug(),
+            section.escape_debug()
+        )
+    };
+    let scalar = |section: &str, key: &str, v: &Value| -> Verdict<String> {
         let s = match v {
             Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
@@ -1404,8 +1421,8 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
                 return Err(serialize_error(
                     "INI",
                     format!(
-                        "'{}' is null, and INI has no null (an empty value reads back as \"\"); leave the key out or send \"\"",
-                        key.escape_debug()
+                        "{} is null, and INI has no null (an empty value reads back as \"\"); leave the key out or send \"\"",
+                        place(section, key)
                     ),
                 ));
             }
@@ -1413,14 +1430,17 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
                 return Err(serialize_error(
                     "INI",
                     format!(
-                        "'{}' is nested too deep; INI holds sections of plain values",
-                        key.escape_debug()
+                        "{} is nested too deep; INI holds sections of plain values",
+                        place(section, key)
                     ),
                 ));
             }
         };
         if let Some(why) = ini_problem("key", key).or_else(|| ini_problem("value", &s)) {
-            return Err(serialize_error("INI", why));
+            return Err(serialize_error(
+                "INI",
+                format!("{why} ({})", place(section, key)),
+            ));
         }
         Ok(format!("{key} = {s}\n"))
     };
@@ -1461,7 +1481,7 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
                 if !seen.insert(sk.to_lowercase()) {
                     return Err(case_clash(&format!("section '{}'", k.escape_debug()), sk));
                 }
-                out.push_str(&scalar(sk, sv)?);
+                out.push_str(&scalar(k, sk, sv)?);
             }
         }
     }

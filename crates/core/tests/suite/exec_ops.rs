@@ -544,7 +544,12 @@ fn generate_config_refuses_data_that_would_not_read_back() {
         (
             "c.ini",
             json!({"s": {"a": null}}),
-            "'a' is null, and INI has no null",
+            "key 'a' of section 's' is null, and INI has no null",
+        ),
+        (
+            "c.toml",
+            json!({"a.b": {"c": [1, null]}, "a": {"b.c": [1]}}),
+            "'\"a.b\".c[1]' is null",
         ),
         (
             "c.ini",
@@ -571,7 +576,16 @@ fn generate_config_refuses_data_that_would_not_read_back() {
             json!({"s": {"\u{feff}name": "x"}}),
             "starts with U+FEFF",
         ),
-        ("c.ini", json!({"s": {"rate": "100%"}}), "holds '%'"),
+        (
+            "c.ini",
+            json!({"db": {"rate": "1"}, "web": {"rate": "100%"}}),
+            "holds '%'",
+        ),
+        (
+            "c.ini",
+            json!({"db": {"rate": "1"}, "web": {"rate": "100%"}}),
+            "(key 'rate' of section 'web')",
+        ),
         ("c.ini", json!({"s": {"k": " v "}}), "the value ' v '"),
         (
             "c.ini",
@@ -635,6 +649,14 @@ fn generate_config_refuses_data_that_would_not_read_back() {
     );
     assert_eq!(status(&r), "success", "{:?}", r.actions);
     assert_eq!(w.read("c.ini"), b"[;s]\na.b = x;y # z\nempty = \n");
+    // A value never opens a line: one that starts with U+FEFF reads back whole.
+    let r = one(
+        &w,
+        json!({"intent": "generate_config", "path": "bom.ini",
+               "data": {"s": {"k": "\u{feff}x"}}}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    assert_eq!(w.read("bom.ini"), "[s]\nk = \u{feff}x\n".as_bytes());
 }
 
 #[test]
