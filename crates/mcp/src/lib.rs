@@ -211,31 +211,33 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         refused: Option<Refusal>,
     ) -> CallToolResult {
         let spec = self.tools.iter().find(|t| t.name() == name);
-        let forbidden = spec
-            .is_none()
-            .then(|| ailab_sandbox_core::policy::intent_refusal(name, None))
-            .filter(|r| {
-                matches!(
-                    r.reason_code,
-                    ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
-                )
-            });
-        // A forbidden intent asked for as a tool is on the trail whatever else is wrong
-        // with the call: an agent probing for a shell or a delete leaves a trace.
-        // Answered with what the trail records (a phase that allows no writes is named
-        // before the intent, as in a plan).
-        let forbidden = match forbidden {
-            Some(r) => Some(
-                self.audit_forbidden(name, arguments.as_ref())
+        // A tool the server lacks is asked for as an intent a plan would hold, and is on
+        // the trail as a plan's would be, whatever else is wrong with the call: an agent
+        // probing for a shell or a delete leaves a trace. Every write operation is a
+        // tool, so such a name is never one the core would run. Answered with what the
+        // trail records (a phase that allows no writes is named before the intent, as
+        // in a plan). Of a call the screen refused (its name may not be the one sent),
+        // only a forbidden intent is taken as a probe; any other is answered with the
+        // screen's refusal.
+        let forbidden = |name: &str| {
+            matches!(
+                ailab_sandbox_core::policy::intent_refusal(name, None).reason_code,
+                ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
+            )
+        };
+        let probed = match spec {
+            Some(_) => None,
+            None if refused.is_some() && !forbidden(name) => None,
+            None => Some(
+                self.audit_probe(name, arguments.as_ref())
                     .await
-                    .unwrap_or(r),
+                    .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None)),
             ),
-            None => None,
         };
         // A write would store other values, a read or rollback would act on another target
         // than the caller named, and a name given twice may not be the one it meant.
-        // What the trail records is what the caller hears: a forbidden intent first.
-        if let Some(r) = refused.filter(|_| forbidden.is_none()) {
+        // What the trail records is what the caller hears: a probe first.
+        if let Some(r) = refused.filter(|_| probed.is_none()) {
             return match spec.map(|s| s.kind) {
                 Some(ToolKind::Write(op)) => {
                     refusal(&r, Some(self.writer(op)), ". Nothing was written.")
@@ -243,8 +245,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 _ => refusal(&r, None, ". Nothing was done."),
             };
         }
-        let Some(spec) = spec else {
-            return unknown_tool(name, forbidden, &self.tools);
+        let (Some(spec), None) = (spec, &probed) else {
+            let recorded =
+                probed.unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
+            return unknown_tool(name, recorded, &self.tools);
         };
         let args = match spec.parse(arguments.unwrap_or_default()) {
             Ok(a) => a,
@@ -323,16 +327,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             })
     }
 
-    /// Puts a forbidden intent asked for as a tool on the audit trail as a blocked
-    /// action, as a plan holding it is (SPEC §8): an agent probing for a shell or a
-    /// delete leaves a trace. Its workflow is the one it names, if valid, else the
-    /// session's; nothing else of its arguments is trusted. Returns the refusal the trail
-    /// records.
-    async fn audit_forbidden(
-        &self,
-        intent: &str,
-        arguments: Option<&JsonObject>,
-    ) -> Option<Refusal> {
+    /// Puts a tool the server lacks, asked for, on the audit trail as a blocked action
+    /// with that name as its intent, as a plan holding it is (SPEC §8): an agent probing
+    /// for a shell or a delete leaves a trace. Its workflow is the one it names, if
+    /// valid, else the session's; nothing else of its arguments is trusted. Returns the
+    /// refusal the trail records.
+    async fn audit_probe(&self, intent: &str, arguments: Option<&JsonObject>) -> Option<Refusal> {
         let text = |k: &str| {
             arguments
                 .and_then(|a| a.get(k))
@@ -360,7 +360,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 .next()
                 .and_then(|a| Some(Refusal::new(a.reason_code?, a.reason.unwrap_or_default()))),
             Ok(Err(r)) => {
-                tracing::warn!(reason = %r, "could not audit a forbidden tool call");
+                tracing::warn!(reason = %r, "could not audit a call of a tool the server lacks");
                 None
             }
             Err(_) => None,
@@ -737,32 +737,34 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     }
 }
 
-/// The answer to a tool name the server lacks: `forbidden`, the refusal a plan asking for
-/// it as an intent gets (a forbidden intent, `delete_file`, `run_command`, …, is
-/// `forbidden_intent` as on the CLI and HTTP), else `unknown_operation`.
-fn unknown_tool(name: &str, forbidden: Option<Refusal>, tools: &[ToolSpec]) -> CallToolResult {
+/// The answer to a tool name the server lacks, with `recorded`, the refusal a plan asking
+/// for it as an intent gets (a forbidden intent, `delete_file`, `run_command`, …, is
+/// `forbidden_intent` as on the CLI and HTTP; a name that is no operation
+/// `unknown_operation` or `not_sandbox_write`).
+fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
-    let r = match forbidden {
+    let code = recorded.reason_code;
+    let r = match code {
         // Said here, not in governance's words: those list the write intents, which
         // what to do lists again as this server's tools.
-        Some(r) if r.reason_code == ReasonCode::ForbiddenIntent => Refusal::new(
-            r.reason_code,
+        ReasonCode::ForbiddenIntent => Refusal::new(
+            code,
             format!("{name:?} is a forbidden intent, never executed; no tool offers it"),
         ),
         // A permission change: no tool offers one either.
-        Some(r) if r.reason_code == ReasonCode::ChmodForbidden => {
-            Refusal::new(r.reason_code, format!("{}; no tool offers it", r.reason))
+        ReasonCode::ChmodForbidden => {
+            Refusal::new(code, format!("{}; no tool offers it", recorded.reason))
         }
         // Refused first for what the phase allows, as a plan asking for it would be.
-        Some(r) => Refusal::new(
-            r.reason_code,
+        ReasonCode::PhaseNotSupported => Refusal::new(
+            code,
             format!(
                 "{}; besides, this server has no tool named {name:?}",
-                r.reason
+                recorded.reason
             ),
         ),
-        None => Refusal::new(
-            ReasonCode::UnknownOperation,
+        _ => Refusal::new(
+            code,
             format!(
                 "there is no tool named {name:?}; the tools are: {}",
                 names.join(", ")

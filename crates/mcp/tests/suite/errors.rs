@@ -257,18 +257,19 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         assert!(text(&r).contains("(chmod_forbidden)"), "{}", text(&r));
         assert_eq!(audited().await, before + n, "{tool}");
     }
-    let before = before + 2;
-    let r = s.err("make_coffee", json!({})).await;
-    assert!(
-        text(&r).contains("(unknown_operation)") && text(&r).contains("create_file"),
-        "{}",
-        text(&r)
-    );
-    assert_eq!(
-        audited().await,
-        before + 1,
-        "a name that is no intent is not"
-    );
+    // Any other tool the server lacks too, with the code a plan's intent gets.
+    for (tool, code, n) in [
+        ("make_coffee", "(not_sandbox_write)", 4),
+        ("DELETE_FILE", "(unknown_operation)", 5),
+    ] {
+        let r = s.err(tool, json!({"path": "x.md"})).await;
+        assert!(
+            text(&r).contains(code) && text(&r).contains("create_file"),
+            "{}",
+            text(&r)
+        );
+        assert_eq!(audited().await, before + n, "{tool}");
+    }
     let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
     assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
     // What to do names what the tool takes: it has no workflow_id to omit.
