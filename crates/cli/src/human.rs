@@ -167,7 +167,7 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
     };
     out!(
         "{what}  {}  steps rolled back: {}",
-        paint(r.status, r.is_success() || r.is_simulated()),
+        paint(r.status.as_str(), r.is_success() || r.is_simulated()),
         r.steps_rolled_back
     );
     // A simulated rollback's reason has no code: it says why nothing was written.

@@ -350,7 +350,7 @@ pub(crate) fn rollback_status(r: &RollbackReport) -> StatusCode {
         .map(|s| s.reason_code)
         .chain(r.reason_code.map(Some));
     match (r.status, r.reason_code) {
-        ("refused", Some(code)) => refusal_status(code),
+        (ailab_sandbox_core::sandbox::RollbackStatus::Refused, Some(code)) => refusal_status(code),
         _ if storage_only(reasons) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }

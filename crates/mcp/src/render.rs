@@ -465,7 +465,7 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         .reason
         .clone()
         .unwrap_or_else(|| "the rollback did not complete".to_owned());
-    let head = if rep.status == "refused" {
+    let head = if rep.status == ailab_sandbox_core::sandbox::RollbackStatus::Refused {
         "REFUSED"
     } else {
         "FAILED"
@@ -506,7 +506,7 @@ mod tests {
     fn a_rollback_outside_the_roots_is_advised_as_a_rollback() {
         let rep = RollbackReport {
             workflow_id: "wf_two".to_owned(),
-            status: "refused",
+            status: ailab_sandbox_core::sandbox::RollbackStatus::Refused,
             steps_rolled_back: 0,
             reason_code: Some(ReasonCode::OutsideSandbox),
             reason: Some(
@@ -530,7 +530,7 @@ mod tests {
     fn a_rollback_too_wide_for_its_record_is_advised_action_by_action() {
         let rep = RollbackReport {
             workflow_id: "wf_wide".to_owned(),
-            status: "refused",
+            status: ailab_sandbox_core::sandbox::RollbackStatus::Refused,
             steps_rolled_back: 0,
             reason_code: Some(ReasonCode::InvalidPlan),
             reason: Some("this rollback writes into 20 roots whose paths together take 3921 bytes of the run record, which has room for 3606; roll its actions back one at a time".to_owned()),

@@ -40,7 +40,7 @@ pub use prune::{PruneFailure, PruneReport};
 pub use reads::{FileInfo, FileRead, MAX_INFO_HASH_BYTES, READ_LIMIT};
 pub(crate) use rollback::{RestoreMode, Restorer};
 pub use rollback::{
-    RollbackInfo, RollbackInfoAction, RollbackOptions, RollbackReport, RollbackStep,
+    RollbackInfo, RollbackInfoAction, RollbackOptions, RollbackReport, RollbackStatus, RollbackStep,
 };
 
 /// The runtime.

@@ -18,14 +18,52 @@ use std::collections::{HashMap, HashSet};
 /// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
 type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
 
+/// What became of a rollback, as its report's `status` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RollbackStatus {
+    /// Every step asked for was restored (and recorded).
+    RolledBack,
+    /// Writing off or dry-run on: it said what it would restore, and restored nothing.
+    Simulated,
+    /// Refused before it started: nothing was restored.
+    Refused,
+    /// It started, and a step failed, or the trail could not record the steps.
+    Failed,
+}
+
+impl RollbackStatus {
+    /// The name the report and the faces give it (`rolled_back`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RolledBack => "rolled_back",
+            Self::Simulated => "simulated",
+            Self::Refused => "refused",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for RollbackStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compared with its name, as the faces print it.
+impl PartialEq<&str> for RollbackStatus {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// What a rollback did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RollbackReport {
     /// The workflow.
     pub workflow_id: String,
-    /// `rolled_back`, `simulated` (writing off or dry-run on: nothing was restored),
-    /// `refused` or `failed`.
-    pub status: &'static str,
+    /// What became of it.
+    pub status: RollbackStatus,
     /// How many actions were restored.
     pub steps_rolled_back: u64,
     /// Why it was refused or failed.
@@ -41,12 +79,12 @@ pub struct RollbackReport {
 impl RollbackReport {
     /// Whether everything asked for was restored.
     pub fn is_success(&self) -> bool {
-        self.status == "rolled_back"
+        self.status == RollbackStatus::RolledBack
     }
 
     /// Whether it only said what it would restore (writes off or dry-run on).
     pub fn is_simulated(&self) -> bool {
-        self.status == "simulated"
+        self.status == RollbackStatus::Simulated
     }
 
     /// What a forced rollback overwrote: the files and directories its conflicts name
@@ -576,7 +614,7 @@ impl Sandbox {
     /// too), so that a snapshot found tampered with, or a conflict, is on the trail.
     pub fn rollback_workflow(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
         let report = self.rollback_unaudited(workflow_id, opts);
-        if report.status == "refused" {
+        if report.status == RollbackStatus::Refused {
             self.audit_refused_rollback(workflow_id, opts, &report);
         }
         report
@@ -905,7 +943,7 @@ impl Sandbox {
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
         let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
             workflow_id: workflow_id.to_owned(),
-            status: "refused",
+            status: RollbackStatus::Refused,
             steps_rolled_back: 0,
             reason_code: Some(code),
             reason: Some(reason),
@@ -1069,7 +1107,7 @@ impl Sandbox {
             }
             return RollbackReport {
                 workflow_id: workflow_id.to_owned(),
-                status: "simulated",
+                status: RollbackStatus::Simulated,
                 steps_rolled_back: 0,
                 reason_code: None,
                 reason: Some(format!(
@@ -1185,9 +1223,9 @@ impl Sandbox {
         RollbackReport {
             workflow_id: workflow_id.to_owned(),
             status: if reason_code.is_some() {
-                "failed"
+                RollbackStatus::Failed
             } else {
-                "rolled_back"
+                RollbackStatus::RolledBack
             },
             steps_rolled_back: n,
             reason_code,

@@ -709,7 +709,7 @@ fn a_rollback_names_the_writes_a_prune_made_irreversible() {
         json!({"workflow_id": "wf_n", "actions": [{"intent": "create_file", "path": "n.txt", "content": "n"}]}),
     );
     let rb = sb.rollback_workflow("wf_n", &RollbackOptions::default());
-    assert_eq!((rb.status, rb.reason), ("rolled_back", None));
+    assert_eq!((rb.status.as_str(), rb.reason), ("rolled_back", None));
 }
 
 fn first_action(w: &World, wf: &str) -> String {
