@@ -13,6 +13,7 @@ use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
 use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
+use crate::metrics::{MutationResult, RollbackReason};
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
 use crate::policy::{
     Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target, resolve_target,
@@ -699,7 +700,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     self.sb
                         .metrics
                         .denied(&a.intent, r.reason_code, r.is_escape_attempt());
-                    self.sb.metrics.mutation(&a.intent, "blocked");
+                    self.sb.metrics.mutation(&a.intent, MutationResult::Blocked);
                     self.event(
                         "action_blocked",
                         json!({"action_id": a.id(), "reason_code": r.reason_code}),
@@ -757,7 +758,9 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.blocked(vec![Err(r)], true);
         }
         for a in &actions {
-            self.sb.metrics.mutation(&a.intent, "simulated");
+            self.sb
+                .metrics
+                .mutation(&a.intent, MutationResult::Simulated);
             self.event("action_simulated", json!({"action_id": a.id()}));
         }
         self.go(WorkflowState::Done);
@@ -832,7 +835,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             let started = Instant::now();
             match self.execute_action(a, i == 0) {
                 Ok((res, snap)) => {
-                    self.sb.metrics.mutation(&a.intent, "success");
+                    self.sb.metrics.mutation(&a.intent, MutationResult::Success);
                     self.sb
                         .metrics
                         .mutation_duration(&a.intent, started.elapsed().as_secs_f64());
@@ -846,9 +849,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                 Err(res) => {
                     blocked = res.status == ActionStatus::Blocked;
                     let (result, event) = if blocked {
-                        ("blocked", "action_blocked")
+                        (MutationResult::Blocked, "action_blocked")
                     } else {
-                        ("failed", "action_failed")
+                        (MutationResult::Failed, "action_failed")
                     };
                     self.sb.metrics.mutation(&a.intent, result);
                     // A check made again at write time refused it; a write that failed
@@ -904,7 +907,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 &self.execution_id,
                 &wf,
                 done.into_iter().rev().collect(),
-                "workflow_failed",
+                RollbackReason::WorkflowFailed,
                 crate::sandbox::RestoreMode::Unchanged,
             ),
             Err(r) => done
@@ -1404,7 +1407,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             &self.execution_id,
             &wf,
             vec![snap.clone()],
-            "action_failed",
+            RollbackReason::ActionFailed,
             mode,
         );
         let restored = steps.iter().all(|s| s.restored);

@@ -9,9 +9,66 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// The `reason` labels of `ailab_sandbox_rollbacks_total`: asked for by hand, run
-/// because an action or the workflow failed, or run at start-up for a run that died.
-pub const ROLLBACK_REASONS: [&str; 4] = ["manual", "action_failed", "workflow_failed", "recovery"];
+/// Why a rollback ran, the `reason` label of `ailab_sandbox_rollbacks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackReason {
+    /// Asked for by hand (CLI, HTTP, MCP, library).
+    Manual,
+    /// An action failed and its own change was undone.
+    ActionFailed,
+    /// An action failed and the plan's earlier actions were undone.
+    WorkflowFailed,
+    /// Run at start-up for a run that died.
+    Recovery,
+}
+
+impl RollbackReason {
+    /// Every reason, each a series from the start.
+    pub const ALL: [Self; 4] = [
+        Self::Manual,
+        Self::ActionFailed,
+        Self::WorkflowFailed,
+        Self::Recovery,
+    ];
+
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manual => "manual",
+            Self::ActionFailed => "action_failed",
+            Self::WorkflowFailed => "workflow_failed",
+            Self::Recovery => "recovery",
+        }
+    }
+}
+
+/// A mutation's outcome, the `result` label of `ailab_sandbox_mutations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MutationResult {
+    /// Written.
+    Success,
+    /// Tried and failed.
+    Failed,
+    /// Refused; nothing written.
+    Blocked,
+    /// Would have been written (dry run).
+    Simulated,
+    /// Undone by a rollback.
+    RolledBack,
+}
+
+impl MutationResult {
+    /// The label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failed => "failed",
+            Self::Blocked => "blocked",
+            Self::Simulated => "simulated",
+            Self::RolledBack => "rolled_back",
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeResult {
@@ -121,9 +178,9 @@ impl Metrics {
         // The series an alert watches exist from the start, at 0: `increase()` over a
         // series that first appears at 1 sees no increase, so the first escape attempt
         // or rollback would go unnoticed.
-        for reason in ROLLBACK_REASONS {
+        for reason in RollbackReason::ALL {
             drop(rollbacks.get_or_create(&Reason {
-                reason: reason.to_owned(),
+                reason: reason.as_str().to_owned(),
             }));
         }
         for code in ReasonCode::ALL
@@ -146,12 +203,12 @@ impl Metrics {
         }
     }
 
-    /// Counts a mutation outcome (`success`, `failed`, `blocked`, `simulated`, `rolled_back`).
-    pub fn mutation(&self, intent: &str, result: &str) {
+    /// Counts a mutation outcome.
+    pub fn mutation(&self, intent: &str, result: MutationResult) {
         self.mutations
             .get_or_create(&TypeResult {
                 r#type: intent_label(intent),
-                result: result.to_owned(),
+                result: result.as_str().to_owned(),
             })
             .inc();
     }
@@ -183,13 +240,11 @@ impl Metrics {
         }
     }
 
-    /// Counts a rollback, for one of [`ROLLBACK_REASONS`] (another reason is a bug of the
-    /// caller: a debug build panics, a release build counts it under that label).
-    pub fn rollback(&self, reason: &str) {
-        debug_assert!(ROLLBACK_REASONS.contains(&reason), "{reason}");
+    /// Counts a rollback.
+    pub fn rollback(&self, reason: RollbackReason) {
         self.rollbacks
             .get_or_create(&Reason {
-                reason: reason.to_owned(),
+                reason: reason.as_str().to_owned(),
             })
             .inc();
     }

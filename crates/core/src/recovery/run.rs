@@ -211,7 +211,7 @@ impl Sandbox {
             &crate::plan::new_execution_id(),
             &rec.workflow_id,
             in_doubt,
-            "recovery",
+            crate::metrics::RollbackReason::Recovery,
             crate::sandbox::RestoreMode::Force,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();

@@ -1168,7 +1168,7 @@ impl Sandbox {
             &execution_id,
             workflow_id,
             chosen.into_iter().rev().collect(),
-            "manual",
+            crate::metrics::RollbackReason::Manual,
             if opts.force {
                 RestoreMode::Force
             } else {
@@ -1338,12 +1338,12 @@ impl Sandbox {
         execution_id: &str,
         workflow_id: &str,
         snaps: Vec<(usize, StoredSnapshot)>,
-        why: &str,
+        why: crate::metrics::RollbackReason,
         mode: RestoreMode,
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
         // Recovery finishing a dead run's undo, which differs from a rollback below.
-        let recovering = why == "recovery";
+        let recovering = why == crate::metrics::RollbackReason::Recovery;
         let mut steps = Vec::new();
         let mut touched = Vec::new();
         // Why the trail refused a restore's line, once it did.
@@ -1465,7 +1465,8 @@ impl Sandbox {
                             "the target was restored (its audit line follows); only the snapshot's restored mark could not be written"
                         );
                     }
-                    self.metrics.mutation(&meta.intent, "rolled_back");
+                    self.metrics
+                        .mutation(&meta.intent, crate::metrics::MutationResult::RolledBack);
                     RollbackStep {
                         action_id: meta.action_id.clone(),
                         intent: meta.intent.clone(),
