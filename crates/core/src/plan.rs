@@ -1436,11 +1436,13 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
                 ));
             }
         };
-        if let Some(why) = ini_problem("key", key).or_else(|| ini_problem("value", &s)) {
-            return Err(serialize_error(
-                "INI",
-                format!("{why} ({})", place(section, key)),
-            ));
+        // The key's problem names the key; the value's, neither.
+        let problem = match ini_problem("key", key) {
+            Some(why) => Some(format!("{why} (in section '{}')", section.escape_debug())),
+            None => ini_problem("value", &s).map(|why| format!("{why} ({})", place(section, key))),
+        };
+        if let Some(why) = problem {
+            return Err(serialize_error("INI", why));
         }
         Ok(format!("{key} = {s}\n"))
     };

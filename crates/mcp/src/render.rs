@@ -360,11 +360,11 @@ pub(crate) fn write_result(
                 .unwrap_or_else(|| "the action failed".to_owned());
             let undone = if reason.contains(ailab_sandbox_core::executor::UNDO_FAILED) {
                 " Undoing the action's own change failed too, so the change may still be in place."
-            } else if a.rollback_path.is_none() {
-                // It failed before its snapshot was taken, so before it touched anything.
-                " It failed before it changed anything: nothing of it remains."
-            } else if a.status == ActionStatus::Failed || res.status == RunStatus::RolledBack {
+            } else if restored_own(res, &a.action_id) || res.status == RunStatus::RolledBack {
                 " The action's own change was undone from its snapshot, so its target is as it was before."
+            } else if a.status == ActionStatus::Failed {
+                // Nothing to undo: it failed before it touched anything.
+                " It failed before it changed anything: nothing of it remains."
             } else {
                 ""
             };
@@ -376,6 +376,13 @@ pub(crate) fn write_result(
             error(text, structured)
         }
     }
+}
+
+/// Whether the run undid `action`'s own change from its snapshot (its timeline says so).
+fn restored_own(res: &RunResult, action: &str) -> bool {
+    res.timeline
+        .iter()
+        .any(|e| e.event == "action_restored" && e.detail["action_id"] == action)
 }
 
 /// A rollback report as a tool result.
@@ -553,15 +560,15 @@ mod tests {
         }
     }
 
-    /// A failed write says its change was undone from its snapshot only when it had
-    /// one: one that failed before its snapshot was taken changed nothing.
+    /// A failed write says its change was undone from its snapshot only when the run
+    /// undid it: one that failed before it touched anything changed nothing.
     #[test]
     fn a_failure_before_the_snapshot_is_not_said_undone() {
         use ailab_sandbox_core::catalog::RiskLevel;
         use ailab_sandbox_core::executor::ActionResult;
         use ailab_sandbox_core::workflow::WorkflowState;
         let policy = ExtensionPolicy::default();
-        let text_of = |rollback_path: Option<&str>| {
+        let text_of = |restored: bool| {
             let action = ActionResult {
                 action_id: "act_1".to_owned(),
                 intent: "create_directory".to_owned(),
@@ -575,7 +582,7 @@ mod tests {
                 after_checksum: None,
                 size_bytes: None,
                 artifact_id: None,
-                rollback_path: rollback_path.map(str::to_owned),
+                rollback_path: None,
                 retry_after_seconds: None,
             };
             let res = RunResult {
@@ -586,7 +593,17 @@ mod tests {
                 dry_run_reason: None,
                 state: WorkflowState::Failed,
                 actions: vec![action],
-                timeline: Vec::new(),
+                // The executor says so when it undid the action's change (and then
+                // gives no rollback_path: the snapshot was spent).
+                timeline: if restored {
+                    vec![ailab_sandbox_core::workflow::TimelineEvent {
+                        at: String::new(),
+                        event: "action_restored".to_owned(),
+                        detail: serde_json::json!({"action_id": "act_1", "restored": true}),
+                    }]
+                } else {
+                    Vec::new()
+                },
             };
             let Some(op) = op_for_intent("create_directory") else {
                 panic!("create_directory is an operation")
@@ -601,10 +618,10 @@ mod tests {
                 .map(|t| t.text.clone())
                 .unwrap_or_default()
         };
-        let early = text_of(None);
+        let early = text_of(false);
         assert!(early.contains("before it changed anything"), "{early}");
         assert!(!early.contains("snapshot, so"), "{early}");
-        let late = text_of(Some(".rollback/wf_f/act_1"));
+        let late = text_of(true);
         assert!(late.contains("undone from its snapshot"), "{late}");
     }
 

@@ -25,7 +25,8 @@
 //! until the handler has served it; at the end of its input it gives the calls still
 //! running 5 s, then cancels them. So the pump paces the calls by [`Flow`]: it passes on
 //! no more while [`MAX_QUEUED_CALLS`] it passed on are unanswered, nor a call whose text
-//! could hold more data than those leave room for ([`DATA_ROOM`]), and holds the next ones
+//! could hold more data than those leave room for ([`DATA_ROOM`]; calls taking none pass
+//! it), and holds the next ones
 //! as sent (their text, a fraction of what rmcp builds of them), reading on up to
 //! [`MAX_HELD_BYTES`] of them, so that other messages, cancellations above all, still go
 //! through at once. A call cancelled while held is passed on in its turn with a
@@ -90,10 +91,18 @@ struct Count {
     passed: u64,
     finished: u64,
     /// When each call passed on and not yet begun by the handler was passed on, and the
-    /// room it takes, oldest first (rmcp starts calls in the order it reads them).
+    /// room it takes, oldest first. rmcp starts calls in the order it reads them, as a
+    /// rule: each in a task of its own, so a later one may begin first, which only lends
+    /// one call's room to another until both are answered.
     unbegun: std::collections::VecDeque<(Instant, usize)>,
     /// The room taken by the calls passed on and not finished (see [`DATA_ROOM`]).
     room_taken: usize,
+}
+
+impl Count {
+    fn fits(&self, room: usize) -> bool {
+        self.room_taken == 0 || self.room_taken + room <= DATA_ROOM
+    }
 }
 
 impl Default for Flow {
@@ -148,6 +157,14 @@ impl Flow {
         Serving(Arc::clone(self), room)
     }
 
+    /// Whether a call taking `room` fits beside those passed on (see [`DATA_ROOM`]).
+    fn fits(&self, room: usize) -> bool {
+        self.count
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .fits(room)
+    }
+
     /// Returns once fewer than `most` calls passed on are unanswered and a call taking
     /// `room` fits beside them (see [`DATA_ROOM`]).
     async fn below(&self, most: u64, room: usize) {
@@ -167,8 +184,7 @@ impl Flow {
                     c.room_taken -= taken;
                 }
                 // The handler may also serve calls that did not come through the pump.
-                let fits = c.room_taken == 0 || c.room_taken + room <= DATA_ROOM;
-                if c.passed.saturating_sub(c.finished) < most && fits {
+                if c.passed.saturating_sub(c.finished) < most && c.fits(room) {
                     return;
                 }
             }
@@ -763,6 +779,16 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     }
 }
 
+/// The room the next call passed on needs: none when a held call takes none (it may
+/// pass a large one waiting for room), else the oldest's.
+fn next_room(held: &std::collections::VecDeque<Held>) -> usize {
+    if held.iter().any(|h| h.room == 0) {
+        0
+    } else {
+        held.front().map_or(0, |h| h.room)
+    }
+}
+
 /// A call read and not yet passed on.
 struct Held {
     id: Value,
@@ -797,8 +823,15 @@ where
         let may_read = !ended && held_bytes < MAX_HELD_BYTES;
         tokio::select! {
             biased;
-            () = flow.below(MAX_QUEUED_CALLS, held.front().map_or(0, |h| h.room)), if !held.is_empty() => {
-                if let Some(h) = held.pop_front() {
+            () = flow.below(MAX_QUEUED_CALLS, next_room(&held)), if !held.is_empty() => {
+                // The oldest call, unless it waits for room: then the oldest that takes
+                // none, so that small calls never wait behind large ones.
+                let at = if flow.fits(held.front().map_or(0, |h| h.room)) {
+                    Some(0)
+                } else {
+                    held.iter().position(|h| h.room == 0)
+                };
+                if let Some(h) = at.and_then(|at| held.remove(at)) {
                     held_bytes -= h.text.len();
                     if !forward(&mut out, &h.text).await {
                         return;
@@ -1032,7 +1065,7 @@ async fn forward<W: AsyncWrite + Unpin>(out: &mut W, message: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use ailab_sandbox_core::ReasonCode;
@@ -1456,6 +1489,39 @@ mod tests {
         let settled = Flow::settling_in(Duration::ZERO);
         settled.passed(big);
         assert!(ready_at_once(settled.below(MAX_QUEUED_CALLS, big)));
+    }
+
+    /// A call that waits for room for its data does not hold up the small calls behind
+    /// it: they are passed on first.
+    #[tokio::test]
+    async fn small_calls_pass_a_large_one_waiting_for_room() {
+        use tokio::io::AsyncBufReadExt;
+        let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
+        // A large call in flight holds the room.
+        flow.passed(DATA_ROOM);
+        let zeros = vec!["0"; 100_000].join(",");
+        let input = format!(
+            "{INITIALIZE}\n{}\n{}\n",
+            call("1", &format!("[{zeros}]")),
+            call("2", "[1]")
+        );
+        let input: &'static [u8] = Box::leak(input.into_bytes().into_boxed_slice());
+        let (to_rmcp, from_pump) = tokio::io::duplex(1 << 20);
+        let pumping = {
+            let flow = Arc::clone(&flow);
+            tokio::spawn(async move { pump(input, to_rmcp, 1 << 20, &flow).await })
+        };
+        let mut lines = tokio::io::BufReader::new(from_pump).lines();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("the pump passes a line on")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(next().await, INITIALIZE);
+        assert_eq!(next().await, call("2", "[1]"));
+        pumping.abort();
     }
 
     #[test]

@@ -380,7 +380,7 @@ impl Sandbox {
                     changed.insert(e.meta.snapshot_id.clone());
                 }
                 Ok(false) => {}
-                Err(()) => complete = false,
+                Err(_) => complete = false,
             }
         }
         if superseded {
@@ -406,7 +406,7 @@ impl Sandbox {
     /// Finishes an action from its commit record: puts the staged bytes in place unless
     /// the target already holds them (`current`: its checksum once newer in-doubt actions
     /// on it are undone), then appends what the registry and the audit log
-    /// lack; `Some(Ok(true))` when that changed anything, `Some(Err(()))` when an append
+    /// lack; `Some(Ok(true))` when that changed anything, `Some(Err(_))` when an append
     /// failed (the run's record must stay for a later recovery to finish them). `None`
     /// when the new bytes are neither in place nor staged intact: the action is then
     /// rolled back like any unfinished one.
@@ -417,7 +417,7 @@ impl Sandbox {
         c: &crate::snapshot::SnapshotCommit,
         audited: bool,
         current: Option<&str>,
-    ) -> Option<Result<bool, ()>> {
+    ) -> Option<std::io::Result<bool>> {
         let rel = meta.target();
         let mut changed = false;
         if current != Some(c.after_sha256.as_str()) {
@@ -462,9 +462,8 @@ impl Sandbox {
         &self,
         c: &crate::snapshot::SnapshotCommit,
         audited: bool,
-    ) -> Result<bool, ()> {
+    ) -> std::io::Result<bool> {
         let mut changed = false;
-        let mut failed = false;
         if let Some(entry) = &c.artifact
             && self
                 .registry
@@ -480,16 +479,16 @@ impl Sandbox {
                 .and_then(|()| self.registry.register(entry))
             {
                 tracing::error!(error = %e, artifact = %entry.artifact_id, "recovery could not register an artifact");
-                return Err(());
+                return Err(e);
             }
         }
         if !audited {
             changed = true;
             if let Err(e) = self.audit.append(vec![c.audit.clone()]) {
                 tracing::error!(error = %e, "recovery could not audit a finished action");
-                failed = true;
+                return Err(e);
             }
         }
-        if failed { Err(()) } else { Ok(changed) }
+        Ok(changed)
     }
 }

@@ -284,20 +284,20 @@ impl Recovered {
         ));
     }
 
-    /// Writes of the dead run judged done whose lines the trail (or, with `e` unknown,
-    /// the registry or the trail) would not take: left for a later try.
-    fn writes_unaudited(&mut self, e: Option<&std::io::Error>) {
+    /// Writes of the dead run judged done whose entries the registry or the trail would
+    /// not take (`e`): left for a later try.
+    fn writes_unaudited(&mut self, e: &std::io::Error) {
         self.retry = true;
         if self.why.is_some() || self.busy.is_some() {
             return;
         }
-        self.why = Some(match e {
-            Some(e) => format!(
-                "its writes were judged done, but the audit trail could not record them ({})",
-                crate::error::state_io_words(e)
-            ),
-            None => "its writes were judged done, but the artifact registry or the audit trail could not record them (a full or failing state directory)".to_owned(),
-        });
+        // Not `busy`, which says nothing was done.
+        let busy = busy_log(e);
+        self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
+        self.why = Some(format!(
+            "its writes were judged done, but the artifact registry or the audit trail could not record them ({})",
+            busy.unwrap_or_else(|| crate::error::state_io_words(e))
+        ));
     }
 
     /// What died: `rollback` or `run`.

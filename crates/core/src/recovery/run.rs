@@ -125,9 +125,9 @@ impl Sandbox {
                         report.completed += 1;
                     }
                     // Logs left incomplete are completed by the recovery that retries.
-                    Some(Err(())) => {
+                    Some(Err(e)) => {
                         report.completed += 1;
-                        report.writes_unaudited(None);
+                        report.writes_unaudited(&e);
                     }
                     None => report.superseded += 1,
                 }
@@ -139,8 +139,13 @@ impl Sandbox {
                     self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
             {
                 // Logs left incomplete are completed by the recovery that retries.
-                report.completed += usize::from(finished.unwrap_or(true));
-                report.retry |= finished.is_err();
+                match finished {
+                    Ok(changed) => report.completed += usize::from(changed),
+                    Err(e) => {
+                        report.completed += 1;
+                        report.writes_unaudited(&e);
+                    }
+                }
                 settled.insert(key);
                 continue;
             }
@@ -202,7 +207,7 @@ impl Sandbox {
         {
             tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
             report.busy = busy_log(&e);
-            report.writes_unaudited(Some(&e));
+            report.writes_unaudited(&e);
         }
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
@@ -414,7 +419,7 @@ impl Sandbox {
         current: Option<&String>,
         registered: &[crate::artifact::ArtifactEntry],
         first_change: Option<&crate::audit::SandboxAuditEntry>,
-    ) -> Option<Result<Option<AuditRecord>, ()>> {
+    ) -> Option<std::io::Result<Option<AuditRecord>>> {
         let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
         let staged = meta.commit.as_ref().and_then(|c| {
             self.roots[root].find_staged(

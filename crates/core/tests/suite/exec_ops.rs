@@ -568,6 +568,11 @@ fn generate_config_refuses_data_that_would_not_read_back() {
         ("c.ini", json!({"s": {" k": "v"}}), "the key ' k'"),
         (
             "c.ini",
+            json!({"s": {";k": "v"}}),
+            "take for a comment (in section 's')",
+        ),
+        (
+            "c.ini",
             json!({"DEFAULT": {"t": "5"}, "db": {"h": "h"}}),
             "is DEFAULT",
         ),
