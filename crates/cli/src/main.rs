@@ -419,7 +419,8 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
                 E::Config(_)
                 | E::NoUsableRoot { .. }
                 | E::RootsOverlap { .. }
-                | E::StateDirInsideRoot { .. } => codes::INVALID_CONFIG,
+                | E::StateDirInsideRoot { .. }
+                | E::SerdeJsonFeature(_) => codes::INVALID_CONFIG,
             };
         }
         if cause.is::<ConfigError>() {

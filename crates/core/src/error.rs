@@ -41,6 +41,11 @@ pub enum Error {
         /// The root.
         root: PathBuf,
     },
+    /// This build's `serde_json` has a feature on that changes the bytes the structured
+    /// writers produce (a host crate's dependency can turn one on: features are shared
+    /// across a build).
+    #[error("this build's serde_json has its `{0}` feature on, which changes what write_json, write_yaml and generate_config write (keys in the order sent, or numbers kept as text): build the host program without it")]
+    SerdeJsonFeature(&'static str),
     /// Reading or writing the registry or audit log failed.
     #[error("{}", io_message(.what, .cause))]
     Io {
@@ -50,6 +55,23 @@ pub enum Error {
         /// once).
         cause: std::io::Error,
     },
+}
+
+/// The `serde_json` feature on in this build that would change written bytes, if any:
+/// `preserve_order` keeps a map's keys in the order sent (the writers rely on them
+/// sorted), `arbitrary_precision` keeps numbers as their text.
+pub(crate) fn serde_json_feature_on() -> Option<&'static str> {
+    let mut map = serde_json::Map::new();
+    map.insert("b".to_owned(), serde_json::Value::Null);
+    map.insert("a".to_owned(), serde_json::Value::Null);
+    if map.keys().next().map(String::as_str) == Some("b") {
+        return Some("preserve_order");
+    }
+    let kept = serde_json::from_str::<serde_json::Value>("1.00").map(|v| v.to_string());
+    if kept.as_deref().is_ok_and(|t| t == "1.00") {
+        return Some("arbitrary_precision");
+    }
+    None
 }
 
 impl Error {
@@ -256,6 +278,12 @@ pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refu
 #[cfg(test)]
 mod tests {
     use super::Error;
+
+    /// This build writes sorted keys and numbers as doubles: the runtime opens.
+    #[test]
+    fn this_build_has_no_serde_json_feature_that_changes_bytes() {
+        assert_eq!(super::serde_json_feature_on(), None);
+    }
 
     /// The process's own limits are said with what to do, wherever they are met.
     #[test]

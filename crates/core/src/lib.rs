@@ -49,7 +49,8 @@
 //!   and on its default numbers: a host build that turns on `serde_json`'s
 //!   `preserve_order` feature writes keys in the order sent (other bytes and checksums
 //!   than the other faces), and one with `arbitrary_precision` writes TOML numbers as
-//!   tables. Leave both off.
+//!   tables. Leave both off: [`Sandbox::open`] refuses to start with either on
+//!   ([`Error::SerdeJsonFeature`]).
 //! - A write past the file-size limit (`ulimit -f`) raises `SIGXFSZ`, whose default action
 //!   ends the process. Ignore or catch it (the binary catches it) and the write fails with
 //!   `EFBIG` instead, which the runtime reports and undoes like any I/O error.

@@ -175,6 +175,9 @@ impl Sandbox {
         clock: Arc<dyn Clock>,
         failpoints: Arc<crate::failpoint::FailPoints>,
     ) -> Result<Self, Error> {
+        if let Some(feature) = crate::error::serde_json_feature_on() {
+            return Err(Error::SerdeJsonFeature(feature));
+        }
         config.validate()?;
         let mut notices = Vec::new();
         // Before any root is made: one that would lie inside the state directory would be
