@@ -44,7 +44,9 @@ pub enum Error {
     /// This build's `serde_json` has a feature on that changes the bytes the structured
     /// writers produce (a host crate's dependency can turn one on: features are shared
     /// across a build).
-    #[error("this build's serde_json has its `{0}` feature on, which changes what write_json, write_yaml and generate_config write (keys in the order sent, or numbers kept as text): build the host program without it")]
+    #[error(
+        "this build's serde_json has its `{0}` feature on, which changes what write_json, write_yaml and generate_config write (keys in the order sent, or numbers kept as text): build the host program without it"
+    )]
     SerdeJsonFeature(&'static str),
     /// Reading or writing the registry or audit log failed.
     #[error("{}", io_message(.what, .cause))]

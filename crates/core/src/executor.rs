@@ -1403,6 +1403,9 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// [`Self::undo`], as `mode` says.
     fn undo_with(&mut self, snap: &(usize, StoredSnapshot), mode: crate::sandbox::RestoreMode) {
         let wf = self.plan.workflow_id.clone();
+        // Said on the timeline: the action never touched its target (a face tells the
+        // caller so rather than that its change was undone).
+        let untouched = matches!(mode, crate::sandbox::RestoreMode::Untouched);
         let steps = self.sb.restore_all(
             &self.execution_id,
             &wf,
@@ -1416,7 +1419,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         self.event(
             "action_restored",
-            json!({"action_id": snap.1.meta.action_id, "restored": restored}),
+            json!({"action_id": snap.1.meta.action_id, "restored": restored, "untouched": untouched}),
         );
         if restored {
             self.undone = Some(snap.1.meta.action_id.clone());

@@ -360,11 +360,12 @@ pub(crate) fn write_result(
                 .unwrap_or_else(|| "the action failed".to_owned());
             let undone = if reason.contains(ailab_sandbox_core::executor::UNDO_FAILED) {
                 " Undoing the action's own change failed too, so the change may still be in place."
-            } else if restored_own(res, &a.action_id) || res.status == RunStatus::RolledBack {
+            } else if restored_own(res, &a.action_id) {
                 " The action's own change was undone from its snapshot, so its target is as it was before."
             } else if a.status == ActionStatus::Failed {
-                // Nothing to undo: it failed before it touched anything.
-                " It failed before it changed anything: nothing of it remains."
+                // Nothing to undo: it failed before it touched its target (a snapshot
+                // it could not take, a target changed meanwhile, which stays changed).
+                " It failed before it changed its target: nothing of it remains."
             } else {
                 ""
             };
@@ -378,11 +379,15 @@ pub(crate) fn write_result(
     }
 }
 
-/// Whether the run undid `action`'s own change from its snapshot (its timeline says so).
+/// Whether the run undid a change `action` made to its target, from its snapshot (its
+/// timeline says so; one that never touched its target is said `untouched` there).
 fn restored_own(res: &RunResult, action: &str) -> bool {
-    res.timeline
-        .iter()
-        .any(|e| e.event == "action_restored" && e.detail["action_id"] == action)
+    res.timeline.iter().any(|e| {
+        e.event == "action_restored"
+            && e.detail["action_id"] == action
+            && e.detail["restored"] == true
+            && e.detail["untouched"] != true
+    })
 }
 
 /// A rollback report as a tool result.
@@ -561,14 +566,15 @@ mod tests {
     }
 
     /// A failed write says its change was undone from its snapshot only when the run
-    /// undid it: one that failed before it touched anything changed nothing.
+    /// undid a change it made: one that failed before it touched its target (no
+    /// snapshot, or the target changed meanwhile) changed nothing.
     #[test]
     fn a_failure_before_the_snapshot_is_not_said_undone() {
         use ailab_sandbox_core::catalog::RiskLevel;
         use ailab_sandbox_core::executor::ActionResult;
         use ailab_sandbox_core::workflow::WorkflowState;
         let policy = ExtensionPolicy::default();
-        let text_of = |restored: bool| {
+        let text_of = |restored: Option<bool>| {
             let action = ActionResult {
                 action_id: "act_1".to_owned(),
                 intent: "create_directory".to_owned(),
@@ -588,22 +594,23 @@ mod tests {
             let res = RunResult {
                 workflow_id: "wf_f".to_owned(),
                 execution_id: "ex_1".to_owned(),
-                status: RunStatus::Failed,
+                // A one-action plan that fails ends rolled back (on_failure: rollback).
+                status: RunStatus::RolledBack,
                 simulation_only: false,
                 dry_run_reason: None,
                 state: WorkflowState::Failed,
                 actions: vec![action],
                 // The executor says so when it undid the action's change (and then
                 // gives no rollback_path: the snapshot was spent).
-                timeline: if restored {
-                    vec![ailab_sandbox_core::workflow::TimelineEvent {
+                // `Some(untouched)`: the executor undid the action.
+                timeline: restored
+                    .map(|untouched| ailab_sandbox_core::workflow::TimelineEvent {
                         at: String::new(),
                         event: "action_restored".to_owned(),
-                        detail: serde_json::json!({"action_id": "act_1", "restored": true}),
-                    }]
-                } else {
-                    Vec::new()
-                },
+                        detail: serde_json::json!({"action_id": "act_1", "restored": true, "untouched": untouched}),
+                    })
+                    .into_iter()
+                    .collect(),
             };
             let Some(op) = op_for_intent("create_directory") else {
                 panic!("create_directory is an operation")
@@ -618,10 +625,15 @@ mod tests {
                 .map(|t| t.text.clone())
                 .unwrap_or_default()
         };
-        let early = text_of(false);
-        assert!(early.contains("before it changed anything"), "{early}");
-        assert!(!early.contains("snapshot, so"), "{early}");
-        let late = text_of(true);
+        for (case, restored) in [("no snapshot", None), ("target untouched", Some(true))] {
+            let said = text_of(restored);
+            assert!(
+                said.contains("before it changed its target"),
+                "{case}: {said}"
+            );
+            assert!(!said.contains("snapshot, so"), "{case}: {said}");
+        }
+        let late = text_of(Some(false));
         assert!(late.contains("undone from its snapshot"), "{late}");
     }
 

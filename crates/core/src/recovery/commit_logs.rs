@@ -100,7 +100,12 @@ impl Sandbox {
                 self.remove_dead_temp_files(&earlier, dirs, &mut swept);
                 self.claim(r);
             }
-            let (replayed, complete, kept) = self.replay_commits(&wf, &entries);
+            let Replayed {
+                changed: replayed,
+                complete,
+                kept,
+                log_failure,
+            } = self.replay_commits(&wf, &entries);
             // The record was not synced with the log: if it is gone, the log's last run
             // stands in for it.
             let mut rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
@@ -176,6 +181,10 @@ impl Sandbox {
             // now by the usual recovery, which would call it recovered.
             if !complete {
                 report.retry = true;
+                // A log that would not take an entry is said as such (a held trail too).
+                if let Some(e) = &log_failure {
+                    report.writes_unaudited(e);
+                }
                 report.why.get_or_insert_with(|| {
                     format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept")
                 });
@@ -195,13 +204,8 @@ impl Sandbox {
     /// snapshot is marked restored was undone (durably) and is skipped. A target that
     /// holds none of the contents the entries knew for it was changed by someone else
     /// since, and is left as it is; each target is judged and written under its lock.
-    /// Returns how many entries needed anything, and whether every write it tried
-    /// succeeded.
-    fn replay_commits(
-        &self,
-        wf: &str,
-        entries: &[crate::commit_log::CommitEntry],
-    ) -> (usize, bool, Vec<usize>) {
+    /// Returns what it did ([`Replayed`]).
+    fn replay_commits(&self, wf: &str, entries: &[crate::commit_log::CommitEntry]) -> Replayed {
         use crate::snapshot::Snapshotter;
         let audited: HashSet<(String, String)> = self
             .audit
@@ -214,6 +218,7 @@ impl Sandbox {
         let mut live = Vec::new();
         let mut changed: HashSet<String> = HashSet::new();
         let mut complete = true;
+        let mut log_failure = None;
         let mut superseded = false;
         let mut kept = Vec::new();
         // Targets with an entry this replay could not settle (its snapshot not rewritten,
@@ -380,7 +385,10 @@ impl Sandbox {
                     changed.insert(e.meta.snapshot_id.clone());
                 }
                 Ok(false) => {}
-                Err(_) => complete = false,
+                Err(e) => {
+                    complete = false;
+                    log_failure.get_or_insert(e);
+                }
             }
         }
         if superseded {
@@ -400,7 +408,12 @@ impl Sandbox {
                 "commit log entries name roots not configured now; they are kept for a start that has them"
             );
         }
-        (changed.len(), complete, kept)
+        Replayed {
+            changed: changed.len(),
+            complete,
+            kept,
+            log_failure,
+        }
     }
 
     /// Finishes an action from its commit record: puts the staged bytes in place unless
@@ -491,4 +504,16 @@ impl Sandbox {
         }
         Ok(changed)
     }
+}
+
+/// What a commit log's replay did (see `replay_commits`).
+struct Replayed {
+    /// How many entries needed anything.
+    changed: usize,
+    /// Whether every write it tried succeeded.
+    complete: bool,
+    /// The entries kept for a root not configured now.
+    kept: Vec<usize>,
+    /// Why the registry or the trail would not take an entry, when one would not.
+    log_failure: Option<std::io::Error>,
 }

@@ -286,7 +286,7 @@ impl Recovered {
 
     /// Writes of the dead run judged done whose entries the registry or the trail would
     /// not take (`e`): left for a later try.
-    fn writes_unaudited(&mut self, e: &std::io::Error) {
+    pub(super) fn writes_unaudited(&mut self, e: &std::io::Error) {
         self.retry = true;
         if self.why.is_some() || self.busy.is_some() {
             return;

@@ -206,7 +206,6 @@ impl Sandbox {
             && let Err(e) = self.audit.append(finish_audits)
         {
             tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
-            report.busy = busy_log(&e);
             report.writes_unaudited(&e);
         }
         // Temporary files first: a directory the run created is only empty, and so

@@ -1156,6 +1156,14 @@ fn a_change_made_while_an_action_runs_is_never_overwritten() {
         assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{durability:?}");
         assert_eq!(w.read("log.md"), b"one\ntheirs\n", "{durability:?}");
         assert!(sb.artifacts(10, Some("wf_app")).unwrap().is_empty());
+        // The timeline says the action never touched its file (a face then does not
+        // say its change was undone).
+        let restored = r
+            .timeline
+            .iter()
+            .find(|e| e.event == "action_restored")
+            .expect("the undo is on the timeline");
+        assert_eq!(restored.detail["untouched"], true, "{durability:?}");
         // The trail says the undo left the file as the other program made it.
         let undo = sb
             .audit_entries(10, Some("wf_app"))
