@@ -270,32 +270,34 @@ impl Recovered {
     /// later try, which writes them from the marks.
     fn restores_unaudited(&mut self, e: &std::io::Error) {
         tracing::error!(error = %e, "could not audit restores; the next start tries again");
-        self.retry = true;
-        // An undo the disk refused, said first, stands: then not every file is back.
-        if self.why.is_some() {
-            return;
-        }
-        // Not `busy`, which says nothing was done: the files are back.
-        let busy = busy_log(e);
-        self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
-        self.why = Some(format!(
-            "its files were restored, but the audit trail could not record it ({})",
-            busy.unwrap_or_else(|| crate::error::state_io_words(e))
-        ));
+        self.unrecorded(
+            e,
+            "its files were restored, but the audit trail could not record it",
+        );
     }
 
     /// Writes of the dead run judged done whose entries the registry or the trail would
     /// not take (`e`): left for a later try.
     pub(super) fn writes_unaudited(&mut self, e: &std::io::Error) {
+        self.unrecorded(
+            e,
+            "its writes were judged done, but the artifact registry or the audit trail could not record them",
+        );
+    }
+
+    /// What was done (`said`) that a log would not record (`e`): left for a later try.
+    fn unrecorded(&mut self, e: &std::io::Error, said: &str) {
         self.retry = true;
-        if self.why.is_some() || self.busy.is_some() {
+        // What was said first stands (an undo the disk refused: then not every file is
+        // back).
+        if self.why.is_some() {
             return;
         }
         // Not `busy`, which says nothing was done.
         let busy = busy_log(e);
         self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
         self.why = Some(format!(
-            "its writes were judged done, but the artifact registry or the audit trail could not record them ({})",
+            "{said} ({})",
             busy.unwrap_or_else(|| crate::error::state_io_words(e))
         ));
     }
