@@ -1131,9 +1131,6 @@ fn toml_headers_fit<'v>(
             if let Value::Array(items) = v {
                 todo.extend(items.iter().map(|i| (i, None, false)));
             }
-            if least > max {
-                return Err(too_large_toml(op, max));
-            }
             continue;
         };
         let headed = element
@@ -1158,19 +1155,15 @@ fn toml_headers_fit<'v>(
                 _ => todo.push((item, inner, false)),
             }
         }
-        if least > max {
-            return Err(too_large_toml(op, max));
-        }
+    }
+    if least > max {
+        return Err(too_large_rendered(
+            op,
+            max,
+            "its values and keys (TOML writes a float out in full: 1e-300 takes 302 bytes) and its tables' headers (each repeats the keys of the path to its table: [a.b.c]) come to more than that; write the data as JSON or YAML, shorten the keys, nest fewer tables, or split it over several files",
+        ));
     }
     Ok(data)
-}
-
-fn too_large_toml(op: &Operation, max: u64) -> Refusal {
-    too_large_rendered(
-        op,
-        max,
-        "its values and keys (TOML writes a float out in full: 1e-300 takes 302 bytes) and its tables' headers (each repeats the keys of the path to its table: [a.b.c]) come to more than that; write the data as JSON or YAML, shorten the keys, nest fewer tables, or split it over several files",
-    )
 }
 
 /// The fewest bytes the scalar `v` (or an empty array or object) takes once rendered:
