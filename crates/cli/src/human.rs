@@ -136,10 +136,7 @@ pub fn run_result(r: &RunResult) {
     let id_w = column(14, r.actions.iter().map(|a| safe(&a.action_id)));
     let intent_w = column(18, r.actions.iter().map(|a| safe(&a.intent)));
     for a in &r.actions {
-        let st = serde_json::to_value(a.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let st = a.status.as_str();
         out!(
             "  {:<id_w$} {:<intent_w$} {:<11} {:<12} {}{}",
             safe(&a.action_id),

@@ -13,7 +13,7 @@ use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
 use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
-use crate::metrics::{MutationResult, RollbackReason};
+use crate::metrics::RollbackReason;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
 use crate::policy::{
     Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target, resolve_target,
@@ -72,6 +72,20 @@ pub enum ActionStatus {
     Failed,
     /// Written, then undone because a later action failed.
     RolledBack,
+}
+
+impl ActionStatus {
+    /// Its name, as the run result and the metrics say it (`rolled_back`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Simulated => "simulated",
+            Self::Blocked => "blocked",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+            Self::RolledBack => "rolled_back",
+        }
+    }
 }
 
 /// One action's result.
@@ -700,7 +714,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     self.sb
                         .metrics
                         .denied(&a.intent, r.reason_code, r.is_escape_attempt());
-                    self.sb.metrics.mutation(&a.intent, MutationResult::Blocked);
+                    self.sb.metrics.mutation(&a.intent, ActionStatus::Blocked);
                     self.event(
                         "action_blocked",
                         json!({"action_id": a.id(), "reason_code": r.reason_code}),
@@ -758,9 +772,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             return self.blocked(vec![Err(r)], true);
         }
         for a in &actions {
-            self.sb
-                .metrics
-                .mutation(&a.intent, MutationResult::Simulated);
+            self.sb.metrics.mutation(&a.intent, ActionStatus::Simulated);
             self.event("action_simulated", json!({"action_id": a.id()}));
         }
         self.go(WorkflowState::Done);
@@ -835,7 +847,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             let started = Instant::now();
             match self.execute_action(a, i == 0) {
                 Ok((res, snap)) => {
-                    self.sb.metrics.mutation(&a.intent, MutationResult::Success);
+                    self.sb.metrics.mutation(&a.intent, ActionStatus::Success);
                     self.sb
                         .metrics
                         .mutation_duration(&a.intent, started.elapsed().as_secs_f64());
@@ -849,9 +861,9 @@ impl<'a> SandboxWriteExecutor<'a> {
                 Err(res) => {
                     blocked = res.status == ActionStatus::Blocked;
                     let (result, event) = if blocked {
-                        (MutationResult::Blocked, "action_blocked")
+                        (ActionStatus::Blocked, "action_blocked")
                     } else {
-                        (MutationResult::Failed, "action_failed")
+                        (ActionStatus::Failed, "action_failed")
                     };
                     self.sb.metrics.mutation(&a.intent, result);
                     // A check made again at write time refused it; a write that failed

@@ -42,34 +42,6 @@ impl RollbackReason {
     }
 }
 
-/// A mutation's outcome, the `result` label of `ailab_sandbox_mutations_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MutationResult {
-    /// Written.
-    Success,
-    /// Tried and failed.
-    Failed,
-    /// Refused; nothing written.
-    Blocked,
-    /// Would have been written (dry run).
-    Simulated,
-    /// Undone by a rollback.
-    RolledBack,
-}
-
-impl MutationResult {
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Success => "success",
-            Self::Failed => "failed",
-            Self::Blocked => "blocked",
-            Self::Simulated => "simulated",
-            Self::RolledBack => "rolled_back",
-        }
-    }
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeResult {
     r#type: String,
@@ -203,8 +175,9 @@ impl Metrics {
         }
     }
 
-    /// Counts a mutation outcome.
-    pub fn mutation(&self, intent: &str, result: MutationResult) {
+    /// Counts a mutation outcome (`success`, `failed`, `blocked`, `simulated`,
+    /// `rolled_back`: what became of an action).
+    pub fn mutation(&self, intent: &str, result: crate::executor::ActionStatus) {
         self.mutations
             .get_or_create(&TypeResult {
                 r#type: intent_label(intent),

@@ -1466,7 +1466,7 @@ impl Sandbox {
                         );
                     }
                     self.metrics
-                        .mutation(&meta.intent, crate::metrics::MutationResult::RolledBack);
+                        .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
                     RollbackStep {
                         action_id: meta.action_id.clone(),
                         intent: meta.intent.clone(),

@@ -833,6 +833,22 @@ fn concurrent_plans_on_one_workflow_never_overshoot_the_budget() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// An action's status is named alike in the run result and the metrics' `result`.
+#[test]
+fn action_statuses_are_named_as_the_run_result_names_them() {
+    use ailab_sandbox_core::executor::ActionStatus as S;
+    for s in [
+        S::Success,
+        S::Simulated,
+        S::Blocked,
+        S::Skipped,
+        S::Failed,
+        S::RolledBack,
+    ] {
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+}
+
 #[test]
 fn metrics_expose_the_seven_names() {
     let w = World::new();
