@@ -180,14 +180,13 @@ impl Sandbox {
             // The run is judged with its log, by the start that can replay it all, not
             // now by the usual recovery, which would call it recovered.
             if !complete {
-                report.retry = true;
                 // A log that would not take an entry is said as such (a held trail too).
-                if let Some(e) = &log_failure {
-                    report.writes_unaudited(e);
+                match &log_failure {
+                    Some(e) => report.writes_unaudited(e),
+                    None => {
+                        report.retry_for(format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept"));
+                    }
                 }
-                report.why.get_or_insert_with(|| {
-                    format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept")
-                });
             }
             if !complete
                 || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))

@@ -287,19 +287,27 @@ impl Recovered {
 
     /// What was done (`said`) that a log would not record (`e`): left for a later try.
     fn unrecorded(&mut self, e: &std::io::Error, said: &str) {
-        self.retry = true;
-        // What was said first stands (an undo the disk refused: then not every file is
-        // back).
-        if self.why.is_some() {
-            return;
-        }
         // Not `busy`, which says nothing was done.
         let busy = busy_log(e);
-        self.why_code = busy.is_some().then_some(ReasonCode::Conflict);
-        self.why = Some(format!(
+        let code = busy.is_some().then_some(ReasonCode::Conflict);
+        let why = format!(
             "{said} ({})",
             busy.unwrap_or_else(|| crate::error::state_io_words(e))
-        ));
+        );
+        if self.retry_for(why) {
+            self.why_code = code;
+        }
+    }
+
+    /// Left for a later try, for `why` unless a cause was said first, which stands (an
+    /// undo the disk refused: then not every file is back); whether `why` is said.
+    pub(super) fn retry_for(&mut self, why: String) -> bool {
+        self.retry = true;
+        if self.why.is_some() {
+            return false;
+        }
+        self.why = Some(why);
+        true
     }
 
     /// What died: `rollback` or `run`.

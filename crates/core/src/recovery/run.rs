@@ -278,14 +278,11 @@ impl Sandbox {
                         // start that finds it taking writes again, as an undo it refused
                         // is, rather than left in the user's tree for good.
                         Err(e) if disk_refused(&e) => {
-                            report.retry = true;
-                            if report.why.is_none() {
-                                report.why = Some(format!(
-                                    "its temporary files in {} could not be removed ({})",
-                                    crate::confine::path::shown_path(&self.abs_path(i, &rel)),
-                                    crate::error::io_words(&e)
-                                ));
-                            }
+                            report.retry_for(format!(
+                                "its temporary files in {} could not be removed ({})",
+                                crate::confine::path::shown_path(&self.abs_path(i, &rel)),
+                                crate::error::io_words(&e)
+                            ));
                         }
                         // Say where (a folder another user took, say), not only log it.
                         Err(e) => report.temp_files_left.push(format!(
