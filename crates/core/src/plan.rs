@@ -1133,16 +1133,12 @@ fn toml_headers_fit<'v>(
             }
             continue;
         };
-        let headed = element
-            || path.is_some_and(|p| {
-                p > 0 && (map.is_empty() || !map.values().all(|m| m.is_object() || tables(m)))
-            });
-        if let (true, Some(p)) = (headed, path) {
-            least = least.saturating_add(p);
-        }
+        // Whether it holds anything but tables (an empty one counts as such).
+        let mut plain = map.is_empty();
         for (key, item) in map {
             let table = path.is_some() && (item.is_object() || tables(item));
             if !table {
+                plain = true;
                 least = least.saturating_add(key.len() as u64);
             }
             let inner = path
@@ -1154,6 +1150,11 @@ fn toml_headers_fit<'v>(
                 }
                 _ => todo.push((item, inner, false)),
             }
+        }
+        if let Some(p) = path
+            && (element || (p > 0 && plain))
+        {
+            least = least.saturating_add(p);
         }
     }
     if least > max {
