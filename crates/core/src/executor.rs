@@ -911,9 +911,10 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         self.event("rollback_started", json!({"steps": done.len()}));
         let wf = self.plan.workflow_id.clone();
-        let held = self
-            .sb
-            .lock_targets(done.iter().map(|(i, s)| (*i, s.meta.target())));
+        let held = self.sb.lock_targets_after_restores(
+            &wf,
+            done.iter().map(|(i, s)| (*i, s.meta.target())).collect(),
+        );
         let steps = match held {
             Ok(_held) => self.sb.restore_all(
                 &self.execution_id,
@@ -1023,7 +1024,9 @@ impl<'a> SandboxWriteExecutor<'a> {
         // there, the bytes read, the snapshot and the write then all belong to one moment
         // of the target. (A path that does not resolve is refused just below.)
         let _target_lock = match resolve_target(&req, &gctx) {
-            Ok(r) => match sb.lock_target(r.root_index, &r.rel) {
+            Ok(r) => match sb
+                .lock_targets_after_restores(&self.plan.workflow_id, vec![(r.root_index, r.rel)])
+            {
                 Ok(l) => Some(l),
                 Err(r) => return Err(fail_or_block(self, res, r, self.target_path(a), true)),
             },

@@ -435,6 +435,39 @@ impl Sandbox {
         out
     }
 
+    /// Records the restores of workflows other than `workflow_id` that this process made
+    /// but the audit trail would not record then (it was full, or held past the wait),
+    /// as each workflow's next use would ([`Sandbox::recover_dead_run`]). A workflow
+    /// whose lock is held is left: its holder is its next use, which records them first,
+    /// or the run or rollback that made them, finishing.
+    pub(crate) fn record_held_restores(&self, workflow_id: &str) {
+        let held: Vec<String> = self
+            .held_restores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|w| *w != workflow_id)
+            .cloned()
+            .collect();
+        for wf in held {
+            if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}"))
+                && let Err(r) = self.recover_dead_run(&wf)
+            {
+                tracing::warn!(workflow = %wf, reason = %r.reason, "could not record the restores of a rollback the audit trail refused; they are recorded before the next change");
+            }
+        }
+    }
+
+    /// Whether this process holds restores of a workflow other than `workflow_id` that
+    /// the trail has not recorded (see [`Sandbox::record_held_restores`]).
+    pub(crate) fn holds_restores_besides(&self, workflow_id: &str) -> bool {
+        self.held_restores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .any(|w| w != workflow_id)
+    }
+
     /// Recovers a run or rollback of `workflow_id` that died while this process was
     /// running, before a new one takes its record over (after which nothing could find
     /// it): its record is still under way, yet the workflow's lock, which the owner holds
@@ -443,6 +476,23 @@ impl Sandbox {
     /// cannot be read, so that its record is kept for a later try.
     /// Returns the record's file, still open, for the new run to write through.
     pub(crate) fn recover_dead_run(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Option<crate::confine::state::BlockFile>> {
+        let recovered = self.recover_record_of(workflow_id);
+        // Whatever restores of it the trail refused are on it now.
+        if recovered.is_ok() {
+            self.held_restores
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(workflow_id);
+        }
+        recovered
+    }
+
+    /// What [`Sandbox::recover_dead_run`] does, but for forgetting the workflow's held
+    /// restores.
+    fn recover_record_of(
         &self,
         workflow_id: &str,
     ) -> Verdict<Option<crate::confine::state::BlockFile>> {

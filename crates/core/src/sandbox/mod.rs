@@ -74,6 +74,9 @@ pub struct Sandbox {
     logged_since_sync: std::sync::atomic::AtomicUsize,
     /// The target locks (see [`Sandbox::lock_target`]).
     target_locks: crate::confine::state::LockSet,
+    /// Workflows whose restores this process made but the audit trail would not record
+    /// (see [`Sandbox::record_held_restores`]).
+    pub(crate) held_restores: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of
@@ -414,6 +417,7 @@ impl Sandbox {
             logs_after_sync: std::sync::Mutex::new(std::collections::HashMap::new()),
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
+            held_restores: std::sync::Mutex::default(),
         };
         let recovered = sb.recover();
         // A rollback that died after its restores, before it removed the directories

@@ -962,7 +962,7 @@ impl Sandbox {
         if let Err(r) = self.check_syncs() {
             return refused(r.reason_code, r.reason, Vec::new());
         }
-        let _lock = match self.state.lock(&format!("wf-{workflow_id}")) {
+        let wf_lock = match self.state.lock(&format!("wf-{workflow_id}")) {
             Ok(l) => l,
             Err(e) => {
                 let r = workflow_lock_refusal(workflow_id, &e);
@@ -986,7 +986,11 @@ impl Sandbox {
         chosen.retain(|(_, s)| !s.restored);
         // Every target's lock, from the conflict check to the last restore: a writer
         // landing in between would meet the rollback half done.
-        let _held = match self.lock_targets(chosen.iter().map(|(i, s)| (*i, s.meta.target()))) {
+        let held = self.lock_targets_after_restores(
+            workflow_id,
+            chosen.iter().map(|(i, s)| (*i, s.meta.target())).collect(),
+        );
+        let _held = match held {
             Ok(h) => h,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
@@ -1199,7 +1203,10 @@ impl Sandbox {
         }
         // Else the record stays "rolling back": the next start, or the next run or
         // rollback of this workflow in any process, finds it and audits the restores
-        // its marks record, as after a crash.
+        // its marks record, as after a crash; in this process, so does the next change
+        // of another workflow. Its writer waits for one of the targets' locks, and must
+        // then find the workflow's free: it is let go first.
+        drop(wf_lock);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         let (reason_code, reason) = match (failed, unrecorded) {
             (Some(s), _) => (s.reason_code, s.reason.clone()),
@@ -1551,6 +1558,13 @@ impl Sandbox {
         }
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
+        }
+        // Recorded before another workflow's next change (`record_held_restores`).
+        if steps.iter().any(|s| s.restored && s.unrecorded.is_some()) {
+            self.held_restores
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(workflow_id.to_owned());
         }
         // One rollback, however many steps it restored (those count as mutations).
         if steps.iter().any(|s| s.restored) {

@@ -2322,6 +2322,152 @@ fn a_rollback_holds_back_the_lines_after_one_the_trail_refused() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Restores whose lines the trail refused are recorded before another workflow's next
+/// change in the same process: recorded at their own workflow's next use, they followed
+/// that change's line, and the trail's newest line of the file named what the rollback
+/// had replaced.
+#[test]
+fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+            {"action_id": "r1", "intent": "replace_file", "path": "a.txt", "content": "replaced"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("after_mark", 1);
+    let rb = sb.rollback_workflow("wf_o", &RollbackOptions::default());
+    assert!(
+        rb.steps
+            .iter()
+            .all(|s| s.restored && s.unrecorded.is_some()),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("a.txt"), b"original");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "p1", "intent": "replace_file", "path": "a.txt", "content": "other"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let lines_of_a = |sb: &ailab_sandbox_core::Sandbox| {
+        let mut lines: Vec<_> = sb
+            .audit_entries(50, None)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.target_path.ends_with("/a.txt"))
+            .collect();
+        lines.sort_by_key(|e| e.seq);
+        lines
+            .into_iter()
+            .map(|e| (e.workflow_id, e.status, e.after_checksum))
+            .collect::<Vec<_>>()
+    };
+    let expected = vec![
+        (
+            "wf_o".to_owned(),
+            AuditStatus::Success,
+            Some(sha(b"replaced")),
+        ),
+        (
+            "wf_o".to_owned(),
+            AuditStatus::RolledBack,
+            Some(sha(b"original")),
+        ),
+        ("wf_p".to_owned(), AuditStatus::Success, Some(sha(b"other"))),
+    ];
+    assert_eq!(lines_of_a(&sb), expected);
+    // The workflow's own next use finds nothing left to record.
+    let again = sb.rollback_workflow("wf_o", &RollbackOptions::default());
+    assert_eq!(
+        again.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
+        "{again:?}"
+    );
+    assert_eq!(lines_of_a(&sb), expected);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// The same for a change that waited for the file's lock while the rollback held it:
+/// the rollback lets its workflow go before the files, and the change, once it holds its
+/// file, records the restores the trail refused meanwhile before its own line.
+#[test]
+fn restores_the_trail_refused_are_recorded_before_a_change_that_waited_for_them() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+            {"action_id": "r1", "intent": "replace_file", "path": "a.txt", "content": "replaced"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("after_mark", 1);
+    let (restoring, wait) = std::sync::mpsc::channel::<()>();
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            restoring.send(()).unwrap();
+            // Time for the other writer to reach the file's lock; reached later, it finds
+            // the restores held by then, and the test passes all the same.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }),
+    );
+    std::thread::scope(|s| {
+        let sb = &sb;
+        let writer = s.spawn(move || {
+            wait.recv().unwrap();
+            run(
+                sb,
+                json!({"workflow_id": "wf_p", "actions": [
+                    {"action_id": "p1", "intent": "replace_file", "path": "a.txt", "content": "other"}]}),
+            )
+        });
+        let rb = sb.rollback_workflow("wf_o", &RollbackOptions::default());
+        assert!(
+            rb.steps
+                .iter()
+                .all(|s| s.restored && s.unrecorded.is_some()),
+            "{rb:?}"
+        );
+        let r = writer.join().unwrap();
+        assert_eq!(status(&r), "success", "{r:?}");
+    });
+    assert_eq!(w.read("a.txt"), b"other");
+    let mut lines: Vec<_> = sb
+        .audit_entries(50, None)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.target_path.ends_with("/a.txt"))
+        .collect();
+    lines.sort_by_key(|e| e.seq);
+    let lines: Vec<_> = lines
+        .into_iter()
+        .map(|e| (e.workflow_id, e.status, e.after_checksum))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            (
+                "wf_o".to_owned(),
+                AuditStatus::Success,
+                Some(sha(b"replaced"))
+            ),
+            (
+                "wf_o".to_owned(),
+                AuditStatus::RolledBack,
+                Some(sha(b"original"))
+            ),
+            ("wf_p".to_owned(), AuditStatus::Success, Some(sha(b"other"))),
+        ]
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A recovery writes temporary files too (a restore's bytes go aside first). One that
 /// died names its process in the run record before it starts, so the next recovery of
 /// the run removes what it left; another process's temporary files stay.
