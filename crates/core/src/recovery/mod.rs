@@ -33,10 +33,6 @@ mod judge;
 mod rollback;
 mod run;
 
-/// Whether a record's run needs recovery. One that finished in this boot does not: its
-/// process may live on until its next sync point, and if it died, nothing it wrote was
-/// lost (a kill leaves the page cache whole). Judging its actions against the disk
-/// would take another run's later write-back of old bytes for an undo.
 /// The roots the runs awaiting recovery in `state` wrote into (as they named them).
 pub(crate) fn roots_awaiting_recovery(state: &crate::confine::state::StateDir) -> Vec<String> {
     state
@@ -53,6 +49,10 @@ pub(crate) fn roots_awaiting_recovery(state: &crate::confine::state::StateDir) -
         .collect()
 }
 
+/// Whether a record's run needs recovery. One that finished in this boot does not: its
+/// process may live on until its next sync point, and if it died, nothing it wrote was
+/// lost (a kill leaves the page cache whole). Judging its actions against the disk
+/// would take another run's later write-back of old bytes for an undo.
 fn needs_recovery(rec: &InflightRecord) -> bool {
     (rec.state == "active" || rec.state == ROLLING_BACK || rec.state == RESTORES_UNAUDITED)
         && !rec.finished_this_boot()
@@ -218,6 +218,9 @@ pub struct Recovered {
     pub restores_recorded: usize,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
+    /// For a dead rollback: the workflow's actions audited as done that are still not
+    /// restored (the rollback had not reached them, or it was of another action).
+    pub not_rolled_back: usize,
     /// Snapshot folders of the workflow left alone because they could not be read or
     /// trusted. The run is recorded as recovered all the same: judging it again at every
     /// start would undo later changes to its targets.

@@ -58,12 +58,16 @@ impl Sandbox {
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
             let key = (i, s.meta.original_path.clone());
-            if s.restored || settled.contains(&key) {
+            if s.restored {
                 continue;
             }
             let Some(after) = done.get(&s.meta.action_id) else {
                 continue;
             };
+            if settled.contains(&key) {
+                report.not_rolled_back += 1;
+                continue;
+            }
             // Restored: the target is as the action found it and not as it left it.
             // Compared as states, not checksums: a directory has none, and a removed
             // `create_directory` is told from a standing one only by what is there.
@@ -77,6 +81,7 @@ impl Sandbox {
             };
             if now != TargetState::found_by(&s.meta) || now == as_left {
                 settled.insert(key);
+                report.not_rolled_back += 1;
                 continue;
             }
             let current = now.checksum();

@@ -481,8 +481,15 @@ impl Sandbox {
                         counted(r.restores_recorded, "restore")
                     )
                 };
+                let left = match r.not_rolled_back {
+                    0 => "none of the workflow's writes is left to roll back".to_owned(),
+                    n => format!(
+                        "{} of the workflow not rolled back, which rolling it back again restores",
+                        counted(n, "action")
+                    ),
+                };
                 format!(
-                    "recovered interrupted rollback {} of workflow {}: {recorded}; rolling the workflow back again restores whatever it had not reached",
+                    "recovered interrupted rollback {} of workflow {}: {recorded}; {left}",
                     r.execution_id, r.workflow_id,
                 )
             } else {
@@ -506,7 +513,11 @@ impl Sandbox {
                     format!(
                         "{} not undone, left as the dead run wrote {} ({})",
                         counted(r.not_undone.len(), "unfinished action"),
-                        if r.not_undone.len() == 1 { "it" } else { "them" },
+                        if r.not_undone.len() == 1 {
+                            "it"
+                        } else {
+                            "them"
+                        },
                         r.not_undone.join("; ")
                     )
                 });

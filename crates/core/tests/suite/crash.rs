@@ -677,6 +677,7 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
             .collect();
         assert_eq!(marks.len(), 1, "{durability:?}: {marks:?}");
         let sb = w.open(c);
+        assert_noticed(&sb, "2 actions of the workflow not rolled back");
         assert_eq!(sb.audit_stats().unwrap().rolled_back, 1, "{durability:?}");
         assert_eq!(
             w.read("d/b.txt"),
@@ -690,6 +691,35 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
         assert!(sb.audit_verify().unwrap().ok);
         assert_eq!(sb.audit_stats().unwrap().rolled_back, 3, "{durability:?}");
     }
+}
+
+/// A rollback that died after its last restore, before that restore's line: recovery
+/// records it, and the notice says nothing is left to roll back (it said that rolling
+/// back again restores what the rollback had not reached, and that rollback is refused).
+#[test]
+fn a_rollback_that_died_after_its_last_restore_leaves_nothing_to_roll_back() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    assert_eq!(status(&run(&sb, plan_json())), "success");
+    sb.failpoints().arm_crash("after_mark", 3);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_crash", &RollbackOptions::default())
+    }));
+    assert!(outcome.is_err(), "the rollback dies before its last line");
+    drop(sb);
+    assert_eq!(w.tree(), original);
+    let sb = w.open(c);
+    assert_noticed(
+        &sb,
+        "1 restore it made recorded on the audit trail; none of the workflow's writes is left to roll back",
+    );
+    let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
+        "{rb:?}"
+    );
+    assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
 }
 
 /// A prune right after a killed rollback (the start that recovers it is the prune's
