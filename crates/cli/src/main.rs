@@ -416,6 +416,7 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
                     ReasonCode::Conflict.as_str()
                 }
                 E::Io { .. } | E::StateDir { .. } => ReasonCode::IoError.as_str(),
+                E::InvalidId(r) => r.reason_code.as_str(),
                 E::Config(_)
                 | E::NoUsableRoot { .. }
                 | E::RootsOverlap { .. }

@@ -48,6 +48,11 @@ pub enum Error {
         "this build's serde_json has its `{0}` feature on, which changes what write_json, write_yaml and generate_config write (keys in the order sent, or numbers kept as text): build the host program without it"
     )]
     SerdeJsonFeature(&'static str),
+    /// An id given to a read of the registry or trail could not be one (`invalid_id`):
+    /// it names nothing they could hold, and is refused rather than taken for unknown,
+    /// as the command line, HTTP and MCP refuse it.
+    #[error("{}", .0.reason)]
+    InvalidId(crate::reason::Refusal),
     /// Reading or writing the registry or audit log failed.
     #[error("{}", io_message(.what, .cause))]
     Io {

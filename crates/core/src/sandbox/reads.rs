@@ -165,12 +165,14 @@ impl Sandbox {
             .unwrap_or(false)
     }
 
-    /// Newest audit entries.
+    /// Newest audit entries (of `workflow_id`'s, when given: [`Error::InvalidId`] if it
+    /// could not be an id).
     pub fn audit_entries(
         &self,
         limit: usize,
         workflow_id: Option<&str>,
     ) -> Result<Vec<SandboxAuditEntry>, Error> {
+        checked_id("workflow_id", workflow_id)?;
         self.audit
             .list(limit, workflow_id)
             .map_err(Error::io("read the audit log"))
@@ -271,22 +273,26 @@ impl Sandbox {
         Ok(crate::audit::with_unlogged(report, &missing, &pending))
     }
 
-    /// Newest artifacts.
+    /// Newest artifacts (of `workflow_id`'s, when given: [`Error::InvalidId`] if it
+    /// could not be an id).
     pub fn artifacts(
         &self,
         limit: usize,
         workflow_id: Option<&str>,
     ) -> Result<Vec<ArtifactEntry>, Error> {
+        checked_id("workflow_id", workflow_id)?;
         self.registry
             .list(limit, workflow_id)
             .map_err(Error::io("read the artifact registry"))
     }
 
-    /// One artifact and its lineage (nearest ancestor first).
+    /// One artifact and its lineage (nearest ancestor first); `None` when no artifact
+    /// has the id, [`Error::InvalidId`] when it could not be one.
     pub fn artifact_with_lineage(
         &self,
         id: &str,
     ) -> Result<Option<(ArtifactEntry, Vec<ArtifactEntry>)>, Error> {
+        checked_id("artifact_id", Some(id))?;
         let Some(a) = self
             .registry
             .get(id)
@@ -300,4 +306,11 @@ impl Sandbox {
             .map_err(Error::io("read the artifact registry"))?;
         Ok(Some((a, lineage)))
     }
+}
+
+/// Refuses an id a read is given that could not be one (see [`crate::plan::check_id`]).
+fn checked_id(kind: &str, id: Option<&str>) -> Result<(), Error> {
+    id.map_or(Ok(()), |id| {
+        crate::plan::check_id(kind, id).map_err(Error::InvalidId)
+    })
 }

@@ -1259,6 +1259,36 @@ fn successive_writes_of_one_path_form_a_lineage_by_default() {
     assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
 }
 
+/// The library's reads refuse an id that could not be one (`invalid_id`), as the faces
+/// do, instead of answering as for an unknown id (nothing, an empty list).
+#[test]
+fn reads_refuse_malformed_ids_instead_of_finding_nothing() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_ok", "actions": [
+            {"intent": "create_file", "path": "a.md", "content": "a"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let invalid = |e: ailab_sandbox_core::Error| match e {
+        ailab_sandbox_core::Error::InvalidId(r) => {
+            assert_eq!(r.reason_code, ailab_sandbox_core::ReasonCode::InvalidId);
+            r.reason
+        }
+        other => panic!("not invalid_id: {other:?}"),
+    };
+    let why = invalid(sb.artifact_with_lineage("../x").unwrap_err());
+    assert!(why.contains("artifact_id"), "{why}");
+    let why = invalid(sb.audit_entries(10, Some("wf/../x")).unwrap_err());
+    assert!(why.contains("workflow_id"), "{why}");
+    invalid(sb.artifacts(10, Some("")).unwrap_err());
+    // Well-formed but unknown ids are nothing found, as before.
+    assert!(sb.artifact_with_lineage("art_unknown").unwrap().is_none());
+    assert!(sb.audit_entries(10, Some("wf_none")).unwrap().is_empty());
+    assert_eq!(sb.artifacts(10, Some("wf_ok")).unwrap().len(), 1);
+}
+
 /// A write's parent is the artifact whose bytes it replaced, or else the latest artifact
 /// at its path whose write was not rolled back.
 #[test]
