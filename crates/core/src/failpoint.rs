@@ -30,6 +30,9 @@ pub enum FailMode {
     /// The thread panics on the spot, skipping every clean-up step: the picture left on
     /// disk is that of a crash (files, logs and in-flight records as they are).
     Crash,
+    /// The step returns the system's error of this number (`EROFS`, `EIO`…): what the
+    /// pipeline does depends on the cause, as for a read-only or failing disk.
+    Errno(i32),
 }
 
 /// Something another writer does at a point of the pipeline, to put a race in a test.
@@ -71,6 +74,12 @@ impl FailPoints {
         self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Crash));
     }
 
+    /// Arms `point` to return the system's error `errno` on its `nth` hit from now.
+    #[cfg(feature = "failpoints")]
+    pub fn arm_errno(&self, point: &str, nth: u32, errno: i32) {
+        self.arm_with(point, Armed::Fail(nth.max(1), FailMode::Errno(errno)));
+    }
+
     /// Runs `f` at the next hit of `point`, then goes on as if nothing was armed: what
     /// another writer could do at that moment.
     #[cfg(feature = "failpoints")]
@@ -93,6 +102,7 @@ impl FailPoints {
             Some(FailMode::Error) => Err(std::io::Error::other(format!(
                 "injected failure at {point}"
             ))),
+            Some(FailMode::Errno(e)) => Err(std::io::Error::from_raw_os_error(e)),
             Some(FailMode::Crash) => std::panic::panic_any(format!("injected crash at {point}")),
         }
     }

@@ -253,14 +253,15 @@ impl Sandbox {
 
     /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
     /// in `dirs` (root index, components), counting them in `report`, and the folders
-    /// where they could not be.
+    /// where they could not be. Once the disk refuses, the rest are left with the record
+    /// for the start that finds it taking writes again.
     pub(super) fn remove_dead_temp_files(
         &self,
         makers: &[&str],
         dirs: HashSet<(usize, Vec<String>)>,
         report: &mut Recovered,
     ) {
-        for (i, comps) in dirs {
+        'dirs: for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
             let dir = if comps.is_empty() {
                 self.roots[i].dir().try_clone().ok()
@@ -272,7 +273,11 @@ impl Sandbox {
             };
             if let Some(d) = dir {
                 for by in makers {
-                    match remove_temp_files(&d, 0, Some(by)) {
+                    let removed = self
+                        .failpoints
+                        .check("remove_dead_temp")
+                        .and_then(|()| remove_temp_files(&d, 0, Some(by)));
+                    match removed {
                         Ok(n) => report.temp_files_removed += n,
                         // The disk refused (mounted read-only, failing): kept for the
                         // start that finds it taking writes again, as an undo it refused
@@ -283,6 +288,7 @@ impl Sandbox {
                                 crate::confine::path::shown_path(&self.abs_path(i, &rel)),
                                 crate::error::io_words(&e)
                             ));
+                            break 'dirs;
                         }
                         // Say where (a folder another user took, say), not only log it.
                         Err(e) => report.temp_files_left.push(format!(

@@ -436,7 +436,15 @@ fn recovery_that_cannot_register_leaves_both_logs_for_the_next() {
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
     assert!(outcome.is_err(), "the run should crash");
     sb.failpoints().arm("recovery_register", 1);
-    sb.recover();
+    let first = sb.recover();
+    // What the start's notice says: the writes stand, only their record is missing.
+    assert!(
+        first.iter().any(|r| r.retry
+            && r.why.as_deref().is_some_and(|w| w.contains(
+                "its writes were judged done, but the artifact registry or the audit trail could not record them (injected failure"
+            ))),
+        "{first:?}"
+    );
     assert_eq!(sb.registry().get_by_workflow("wf_commit").unwrap().len(), 0);
     assert_eq!(sb.audit_stats().unwrap().success, 0);
     let v = sb.audit_verify().unwrap();
@@ -2524,6 +2532,77 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
         "not made by a process that recovered this run"
     );
     std::fs::remove_file(&other).unwrap();
+    let rb = sb.rollback_workflow("wf_crash", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
+/// A dead run's temporary files that the disk will not let go (the root mounted
+/// read-only, failing) keep its record: the start says so, and the first start that finds
+/// the disk taking writes again removes them (closed, the record left them in the user's
+/// tree for good). A folder that refuses for another cause (another user's) is named and
+/// the record closed, as before.
+#[test]
+fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let mut rec = run_record(&w, "wf_crash");
+    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
+    std::fs::write(
+        w.state.join("inflight/wf_crash.json"),
+        serde_json::to_vec(&rec).unwrap(),
+    )
+    .unwrap();
+    let left = w.path(".ailab-tmp-1111111111111111000000010badcafe");
+    std::fs::write(&left, b"restore bytes").unwrap();
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm_errno(
+        "remove_dead_temp",
+        1,
+        rustix::io::Errno::ROFS.raw_os_error(),
+    );
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        c.clone(),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap();
+    assert_noticed(&sb, "could not be settled now (its temporary files in");
+    assert_noticed(&sb, "its record is kept");
+    assert!(left.exists(), "the disk refused its removal");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "active");
+    drop(sb);
+    let sb = w.open(c.clone());
+    assert_noticed(&sb, "recovered interrupted run");
+    assert!(!left.exists(), "removed once the disk takes writes");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    drop(sb);
+    // Another cause names the folder and closes the record.
+    die_before_the_second_record(&w, &c);
+    let mut rec = run_record(&w, "wf_crash");
+    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
+    std::fs::write(
+        w.state.join("inflight/wf_crash.json"),
+        serde_json::to_vec(&rec).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&left, b"restore bytes").unwrap();
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm_errno(
+        "remove_dead_temp",
+        1,
+        rustix::io::Errno::ACCESS.raw_os_error(),
+    );
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        c.clone(),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap();
+    assert_noticed(&sb, "could not remove the dead process's temporary files");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    // Refused in whichever folder came first: this one's may have gone all the same.
+    let _ = std::fs::remove_file(&left);
     let rb = sb.rollback_workflow("wf_crash", &forced());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
