@@ -2360,14 +2360,9 @@ fn a_rollback_holds_back_the_lines_after_one_the_trail_refused() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// Restores whose lines the trail refused are recorded before another workflow's next
-/// change in the same process: recorded at their own workflow's next use, they followed
-/// that change's line, and the trail's newest line of the file named what the rollback
-/// had replaced.
-#[test]
-fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
-    use ailab_sandbox_core::audit::AuditStatus;
-    let w = World::new();
+/// `a.txt` replaced by workflow `wf_o`, whose rollback is to find the trail refusing
+/// its line.
+fn replaced_for_a_refused_rollback(w: &World) -> ailab_sandbox_core::Sandbox {
     w.write("a.txt", b"original");
     let sb = w.sandbox();
     let r = run(
@@ -2377,34 +2372,34 @@ fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
     );
     assert_eq!(status(&r), "success", "{r:?}");
     sb.failpoints().arm("after_mark", 1);
-    let rb = sb.rollback_workflow("wf_o", &RollbackOptions::default());
-    assert!(
-        rb.steps
-            .iter()
-            .all(|s| s.restored && s.unrecorded.is_some()),
-        "{rb:?}"
-    );
-    assert_eq!(w.read("a.txt"), b"original");
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_p", "actions": [
-            {"action_id": "p1", "intent": "replace_file", "path": "a.txt", "content": "other"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    let lines_of_a = |sb: &ailab_sandbox_core::Sandbox| {
-        let mut lines: Vec<_> = sb
-            .audit_entries(50, None)
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.target_path.ends_with("/a.txt"))
-            .collect();
-        lines.sort_by_key(|e| e.seq);
-        lines
-            .into_iter()
-            .map(|e| (e.workflow_id, e.status, e.after_checksum))
-            .collect::<Vec<_>>()
-    };
-    let expected = vec![
+    sb
+}
+
+type Line = (
+    String,
+    ailab_sandbox_core::audit::AuditStatus,
+    Option<String>,
+);
+
+fn lines_of_a(sb: &ailab_sandbox_core::Sandbox) -> Vec<Line> {
+    let mut lines: Vec<_> = sb
+        .audit_entries(50, None)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.target_path.ends_with("/a.txt"))
+        .collect();
+    lines.sort_by_key(|e| e.seq);
+    lines
+        .into_iter()
+        .map(|e| (e.workflow_id, e.status, e.after_checksum))
+        .collect()
+}
+
+/// What the trail says of `a.txt` once `wf_o`'s rollback and then `wf_p`'s write of
+/// "other" are recorded in the order they were made.
+fn replaced_restored_then_other() -> Vec<Line> {
+    use ailab_sandbox_core::audit::AuditStatus;
+    vec![
         (
             "wf_o".to_owned(),
             AuditStatus::Success,
@@ -2416,8 +2411,39 @@ fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
             Some(sha(b"original")),
         ),
         ("wf_p".to_owned(), AuditStatus::Success, Some(sha(b"other"))),
-    ];
-    assert_eq!(lines_of_a(&sb), expected);
+    ]
+}
+
+fn write_other(sb: &ailab_sandbox_core::Sandbox) {
+    let r = run(
+        sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "p1", "intent": "replace_file", "path": "a.txt", "content": "other"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+}
+
+fn assert_held(rb: &ailab_sandbox_core::sandbox::RollbackReport) {
+    assert!(
+        rb.steps
+            .iter()
+            .all(|s| s.restored && s.unrecorded.is_some()),
+        "{rb:?}"
+    );
+}
+
+/// Restores whose lines the trail refused are recorded before another workflow's next
+/// change in the same process: recorded at their own workflow's next use, they followed
+/// that change's line, and the trail's newest line of the file named what the rollback
+/// had replaced.
+#[test]
+fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
+    let w = World::new();
+    let sb = replaced_for_a_refused_rollback(&w);
+    assert_held(&sb.rollback_workflow("wf_o", &RollbackOptions::default()));
+    assert_eq!(w.read("a.txt"), b"original");
+    write_other(&sb);
+    assert_eq!(lines_of_a(&sb), replaced_restored_then_other());
     // The workflow's own next use finds nothing left to record.
     let again = sb.rollback_workflow("wf_o", &RollbackOptions::default());
     assert_eq!(
@@ -2425,7 +2451,7 @@ fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
         Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
         "{again:?}"
     );
-    assert_eq!(lines_of_a(&sb), expected);
+    assert_eq!(lines_of_a(&sb), replaced_restored_then_other());
     assert!(sb.audit_verify().unwrap().ok);
 }
 
@@ -2434,17 +2460,8 @@ fn restores_the_trail_refused_are_recorded_before_another_workflows_change() {
 /// file, records the restores the trail refused meanwhile before its own line.
 #[test]
 fn restores_the_trail_refused_are_recorded_before_a_change_that_waited_for_them() {
-    use ailab_sandbox_core::audit::AuditStatus;
     let w = World::new();
-    w.write("a.txt", b"original");
-    let sb = w.sandbox();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_o", "actions": [
-            {"action_id": "r1", "intent": "replace_file", "path": "a.txt", "content": "replaced"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    sb.failpoints().arm("after_mark", 1);
+    let sb = replaced_for_a_refused_rollback(&w);
     let (restoring, wait) = std::sync::mpsc::channel::<()>();
     sb.failpoints().interleave(
         "during_restore",
@@ -2459,61 +2476,24 @@ fn restores_the_trail_refused_are_recorded_before_a_change_that_waited_for_them(
         let sb = &sb;
         let writer = s.spawn(move || {
             wait.recv().unwrap();
-            run(
-                sb,
-                json!({"workflow_id": "wf_p", "actions": [
-                    {"action_id": "p1", "intent": "replace_file", "path": "a.txt", "content": "other"}]}),
-            )
+            write_other(sb);
         });
-        let rb = sb.rollback_workflow("wf_o", &RollbackOptions::default());
-        assert!(
-            rb.steps
-                .iter()
-                .all(|s| s.restored && s.unrecorded.is_some()),
-            "{rb:?}"
-        );
-        let r = writer.join().unwrap();
-        assert_eq!(status(&r), "success", "{r:?}");
+        assert_held(&sb.rollback_workflow("wf_o", &RollbackOptions::default()));
+        writer.join().unwrap();
     });
     assert_eq!(w.read("a.txt"), b"other");
-    let mut lines: Vec<_> = sb
-        .audit_entries(50, None)
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.target_path.ends_with("/a.txt"))
-        .collect();
-    lines.sort_by_key(|e| e.seq);
-    let lines: Vec<_> = lines
-        .into_iter()
-        .map(|e| (e.workflow_id, e.status, e.after_checksum))
-        .collect();
-    assert_eq!(
-        lines,
-        [
-            (
-                "wf_o".to_owned(),
-                AuditStatus::Success,
-                Some(sha(b"replaced"))
-            ),
-            (
-                "wf_o".to_owned(),
-                AuditStatus::RolledBack,
-                Some(sha(b"original"))
-            ),
-            ("wf_p".to_owned(), AuditStatus::Success, Some(sha(b"other"))),
-        ]
-    );
+    assert_eq!(lines_of_a(&sb), replaced_restored_then_other());
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// A recovery writes temporary files too (a restore's bytes go aside first). One that
-/// died names its process in the run record before it starts, so the next recovery of
-/// the run removes what it left; another process's temporary files stay.
-#[test]
-fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
-    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
-    die_before_the_second_record(&w, &c);
-    let mut rec = run_record(&w, "wf_crash");
+/// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
+/// temporary file in the root (returned).
+fn died_leaving_a_recovery_temp_file(
+    w: &World,
+    c: &ailab_sandbox_core::Config,
+) -> std::path::PathBuf {
+    die_before_the_second_record(w, c);
+    let mut rec = run_record(w, "wf_crash");
     rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
     std::fs::write(
         w.state.join("inflight/wf_crash.json"),
@@ -2522,6 +2502,16 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
     .unwrap();
     let left = w.path(".ailab-tmp-1111111111111111000000010badcafe");
     std::fs::write(&left, b"restore bytes").unwrap();
+    left
+}
+
+/// A recovery writes temporary files too (a restore's bytes go aside first). One that
+/// died names its process in the run record before it starts, so the next recovery of
+/// the run removes what it left; another process's temporary files stay.
+#[test]
+fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let left = died_leaving_a_recovery_temp_file(&w, &c);
     let other = w.path(".ailab-tmp-11111111111111110000000100c0ffee");
     std::fs::write(&other, b"x").unwrap();
     let sb = w.open(c);
@@ -2545,16 +2535,7 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
 #[test]
 fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
-    die_before_the_second_record(&w, &c);
-    let mut rec = run_record(&w, "wf_crash");
-    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
-    std::fs::write(
-        w.state.join("inflight/wf_crash.json"),
-        serde_json::to_vec(&rec).unwrap(),
-    )
-    .unwrap();
-    let left = w.path(".ailab-tmp-1111111111111111000000010badcafe");
-    std::fs::write(&left, b"restore bytes").unwrap();
+    let left = died_leaving_a_recovery_temp_file(&w, &c);
     let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
     armed.arm_errno(
         "remove_dead_temp",
@@ -2578,15 +2559,7 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
     drop(sb);
     // Another cause names the folder and closes the record.
-    die_before_the_second_record(&w, &c);
-    let mut rec = run_record(&w, "wf_crash");
-    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
-    std::fs::write(
-        w.state.join("inflight/wf_crash.json"),
-        serde_json::to_vec(&rec).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(&left, b"restore bytes").unwrap();
+    died_leaving_a_recovery_temp_file(&w, &c);
     let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
     armed.arm_errno(
         "remove_dead_temp",
