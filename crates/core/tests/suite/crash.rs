@@ -2527,6 +2527,22 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
     assert_eq!(w.tree(), original);
 }
 
+/// A sandbox over `c` whose start-up recovery meets `errno` at its first removal of a
+/// dead process's temporary files.
+fn open_refusing_temp_removal(
+    c: &ailab_sandbox_core::Config,
+    errno: rustix::io::Errno,
+) -> ailab_sandbox_core::Sandbox {
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm_errno("remove_dead_temp", 1, errno.raw_os_error());
+    ailab_sandbox_core::Sandbox::open_armed(
+        c.clone(),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap()
+}
+
 /// A dead run's temporary files that the disk will not let go (the root mounted
 /// read-only, failing) keep its record: the start says so, and the first start that finds
 /// the disk taking writes again removes them (closed, the record left them in the user's
@@ -2536,18 +2552,7 @@ fn temporary_files_of_a_recovery_that_died_are_removed_by_the_next() {
 fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
     let left = died_leaving_a_recovery_temp_file(&w, &c);
-    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-    armed.arm_errno(
-        "remove_dead_temp",
-        1,
-        rustix::io::Errno::ROFS.raw_os_error(),
-    );
-    let sb = ailab_sandbox_core::Sandbox::open_armed(
-        c.clone(),
-        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
-        armed,
-    )
-    .unwrap();
+    let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ROFS);
     assert_noticed(&sb, "could not be settled now (its temporary files in");
     assert_noticed(&sb, "its record is kept");
     assert!(left.exists(), "the disk refused its removal");
@@ -2560,18 +2565,7 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     drop(sb);
     // Another cause names the folder and closes the record.
     died_leaving_a_recovery_temp_file(&w, &c);
-    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-    armed.arm_errno(
-        "remove_dead_temp",
-        1,
-        rustix::io::Errno::ACCESS.raw_os_error(),
-    );
-    let sb = ailab_sandbox_core::Sandbox::open_armed(
-        c.clone(),
-        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
-        armed,
-    )
-    .unwrap();
+    let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "could not remove the dead process's temporary files");
     assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
     // Refused in whichever folder came first: this one's may have gone all the same.
