@@ -90,11 +90,10 @@ pub(crate) struct Flow {
 struct Count {
     passed: u64,
     finished: u64,
-    /// When each call passed on and not yet begun by the handler was passed on, and the
-    /// room it takes, oldest first. rmcp starts calls in the order it reads them, as a
-    /// rule: each in a task of its own, so a later one may begin first, which only lends
-    /// one call's room to another until both are answered.
-    unbegun: std::collections::VecDeque<(Instant, usize)>,
+    /// Each call passed on and not yet begun by the handler: when it was passed on, its
+    /// request id and the room it takes, oldest first. rmcp starts each call in a task of
+    /// its own, so a later one may begin first: the handler names the call it begins.
+    unbegun: std::collections::VecDeque<(Instant, Value, usize)>,
     /// The room taken by the calls passed on and not finished (see [`DATA_ROOM`]).
     room_taken: usize,
 }
@@ -139,20 +138,24 @@ impl Flow {
         self.changed.notify_waiters();
     }
 
-    /// The pump passed a call on that takes `room` (see [`DATA_ROOM`]).
-    fn passed(&self, room: usize) {
+    /// The pump passed on call `id`, which takes `room` (see [`DATA_ROOM`]).
+    fn passed(&self, id: Value, room: usize) {
         self.note(|c| {
             c.passed += 1;
             c.room_taken += room;
-            c.unbegun.push_back((Instant::now(), room));
+            c.unbegun.push_back((Instant::now(), id, room));
         });
     }
 
-    /// The handler begins a call (the oldest passed on: rmcp starts them in order).
-    pub(crate) fn serve(self: &Arc<Self>) -> Serving {
+    /// The handler begins call `id` (as rmcp reads ids; `None`, or an id no call passed
+    /// on has, for the oldest: a client may give two calls one id).
+    pub(crate) fn serve(self: &Arc<Self>, id: Option<&Value>) -> Serving {
         let mut room = 0;
         self.note(|c| {
-            room = c.unbegun.pop_front().map_or(0, |(_, r)| r);
+            let at = id
+                .and_then(|id| c.unbegun.iter().position(|(_, i, _)| i == id))
+                .unwrap_or(0);
+            room = c.unbegun.remove(at).map_or(0, |(_, _, r)| r);
         });
         Serving(Arc::clone(self), room)
     }
@@ -176,7 +179,7 @@ impl Flow {
                 let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
                 // A call passed on that the handler has not begun for `settle` never will
                 // be: rmcp answered it itself.
-                while let Some(&(at, taken)) = c.unbegun.front()
+                while let Some(&(at, _, taken)) = c.unbegun.front()
                     && at.elapsed() >= self.settle
                 {
                     c.unbegun.pop_front();
@@ -836,7 +839,7 @@ where
                     if !forward(&mut out, &h.text).await {
                         return;
                     }
-                    flow.passed(h.room);
+                    flow.passed(h.id.clone(), h.room);
                     if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
                         return;
                     }
@@ -1470,24 +1473,24 @@ mod tests {
         assert!(big > DATA_ROOM / 3 && big < DATA_ROOM / 2, "{big}");
         assert_eq!(data_room_of(call("2", "[1, 2, 3]").as_bytes()), 0);
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
-        flow.passed(big);
+        flow.passed(json!("1"), big);
         // Two fit, not three.
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
-        flow.passed(big);
+        flow.passed(json!(2), big);
         assert!(!ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, 0)));
-        flow.passed(0);
-        // The handler begins the calls in the order they were passed on.
-        let first = flow.serve();
-        let _second = flow.serve();
-        let small = flow.serve();
+        flow.passed(json!("3"), 0);
+        // The handler may begin them in another order: each call gives back its own.
+        let small = flow.serve(Some(&json!("3")));
         drop(small);
         assert!(!ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
-        drop(first);
+        let second = flow.serve(Some(&json!(2)));
+        let _first = flow.serve(None);
+        drop(second);
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
         // One the handler never begins gives its room back once taken as settled.
         let settled = Flow::settling_in(Duration::ZERO);
-        settled.passed(big);
+        settled.passed(json!("4"), big);
         assert!(ready_at_once(settled.below(MAX_QUEUED_CALLS, big)));
     }
 
@@ -1498,7 +1501,7 @@ mod tests {
         use tokio::io::AsyncBufReadExt;
         let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
         // A large call in flight holds the room.
-        flow.passed(DATA_ROOM);
+        flow.passed(json!("0"), DATA_ROOM);
         let zeros = vec!["0"; 100_000].join(",");
         let input = format!(
             "{INITIALIZE}\n{}\n{}\n",
