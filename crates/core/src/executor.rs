@@ -866,14 +866,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                         (ActionStatus::Failed, "action_failed")
                     };
                     self.sb.metrics.mutation(&a.intent, result);
-                    // A check made again at write time refused it; a write that failed
-                    // (an I/O error) was not denied by any policy.
-                    if let Some(code) = res.reason_code.filter(|_| blocked) {
-                        // Checks made again at write time look at the disk, not at spelling.
-                        self.sb
-                            .metrics
-                            .denied(&a.intent, code, code.is_escape_attempt());
-                    }
                     self.event(
                         event,
                         json!({"action_id": a.id(), "reason_code": res.reason_code}),
@@ -987,7 +979,16 @@ impl<'a> SandboxWriteExecutor<'a> {
         // `refused`: nothing of the action was written either.
         let fail_or_block =
             |this: &Self, mut res: ActionResult, r: Refusal, target: String, refused: bool| {
-                let blocked = first && refused && r.reason_code != ReasonCode::IoError;
+                let code = r.reason_code;
+                // Refused by a check made again at write time, or by the disk as a way out
+                // (a link met mid-write): denied wherever the action stands in the plan.
+                // A write that failed (an I/O error) was denied by no policy.
+                if (refused && code != ReasonCode::IoError) || code.is_escape_attempt() {
+                    this.sb
+                        .metrics
+                        .denied(&a.intent, code, code.is_escape_attempt());
+                }
+                let blocked = first && refused && code != ReasonCode::IoError;
                 let status = if blocked {
                     res.status = ActionStatus::Blocked;
                     res.retry_after_seconds = r.retry_after_seconds;

@@ -123,7 +123,7 @@ impl Metrics {
         );
         registry.register(
             "ailab_sandbox_policy_denied",
-            "Actions refused, by intent and reason code (governance, budgets, rate limit, checks made again at write time); failed writes are in ailab_sandbox_mutations_total{result=\"failed\"}",
+            "Actions refused, by intent and reason code (governance, budgets, rate limit, checks made again at write time); failed writes are in ailab_sandbox_mutations_total with result failed",
             policy_denied.clone(),
         );
         registry.register(
@@ -222,9 +222,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a restore whose checksum did not match.
-    pub fn checksum_mismatch(&self) {
-        self.checksum_mismatch.inc();
+    /// Counts `n` snapshots a rollback found damaged (a backup whose bytes are not those
+    /// recorded, a record whose seal does not match), or restores whose checksum did not
+    /// match.
+    pub fn checksum_mismatches(&self, n: usize) {
+        self.checksum_mismatch.inc_by(n as u64);
     }
 
     /// Sets the artifact gauge.

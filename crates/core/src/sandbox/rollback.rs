@@ -379,7 +379,7 @@ impl Sandbox {
                         .err()
                         .or_else(|| self.beyond_force(&pending))
                         .or_else(|| self.unwritable_folders(&pending))
-                        .or_else(|| self.damaged_backups(&pending, false))
+                        .or_else(|| self.damaged_backups(&pending, false).map(|(r, _)| r))
                         .map(|r| (r.reason_code, r.reason)),
                     conflicts,
                 ),
@@ -555,7 +555,13 @@ impl Sandbox {
     /// restore that leaves each file as it ends (its oldest chosen action's) matters
     /// (`forced`): a newer one's damage must not block the rollback that gives the file
     /// back.
-    fn damaged_backups(&self, chosen: &[(usize, StoredSnapshot)], forced: bool) -> Option<Refusal> {
+    /// Also returns how many backups it found damaged (`checksum_mismatch`), for the
+    /// metric a rollback asked for counts.
+    fn damaged_backups(
+        &self,
+        chosen: &[(usize, StoredSnapshot)],
+        forced: bool,
+    ) -> Option<(Refusal, usize)> {
         // Whether each is the restore that leaves its file as it ends.
         let mut seen = HashSet::new();
         let bad: Vec<(Refusal, bool)> = chosen
@@ -602,9 +608,16 @@ impl Sandbox {
             // Only newer writes' backups: an older write's restore gives the file back.
             "roll back with force: each such file is given back by its oldest write's restore (the damaged step is then reported failed)"
         };
-        Some(Refusal::new(
-            code,
-            format!("{}; nothing was restored: {what_then}", reasons.join("; ")),
+        let mismatched = bad
+            .iter()
+            .filter(|(r, _)| r.reason_code == ReasonCode::ChecksumMismatch)
+            .count();
+        Some((
+            Refusal::new(
+                code,
+                format!("{}; nothing was restored: {what_then}", reasons.join("; ")),
+            ),
+            mismatched,
         ))
     }
 
@@ -629,9 +642,6 @@ impl Sandbox {
         // An id that is not one names nothing the trail could hold.
         if report.reason_code == Some(ReasonCode::InvalidId) {
             return;
-        }
-        if report.reason_code == Some(ReasonCode::ChecksumMismatch) {
-            self.metrics.checksum_mismatch();
         }
         let folder = self
             .root_paths
@@ -975,8 +985,20 @@ impl Sandbox {
         {
             return refused(r.reason_code, r.reason, Vec::new());
         }
-        let snaps = match self.workflow_snapshots(workflow_id) {
-            Ok(s) => s,
+        // Each snapshot found damaged counts, each time a rollback is asked for.
+        let snaps = match self.workflow_snapshots_and_untrusted(workflow_id) {
+            Ok((snaps, mut untrusted)) => match untrusted.pop() {
+                None => snaps,
+                Some(r) => {
+                    let mismatched = untrusted
+                        .iter()
+                        .chain(std::iter::once(&r))
+                        .filter(|r| r.reason_code == ReasonCode::ChecksumMismatch)
+                        .count();
+                    self.metrics.checksum_mismatches(mismatched);
+                    return refused(r.reason_code, r.reason, Vec::new());
+                }
+            },
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
         let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
@@ -1007,7 +1029,13 @@ impl Sandbox {
             .err()
             .or_else(|| self.beyond_force(&chosen))
             .or_else(|| self.unwritable_folders(&chosen))
-            .or_else(|| self.damaged_backups(&chosen, opts.force))
+            .or_else(|| {
+                self.damaged_backups(&chosen, opts.force)
+                    .map(|(r, mismatched)| {
+                        self.metrics.checksum_mismatches(mismatched);
+                        r
+                    })
+            })
         {
             return refused(r.reason_code, r.reason, conflicts);
         }
@@ -1489,7 +1517,7 @@ impl Sandbox {
                 }
                 Err(r) => {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
-                        self.metrics.checksum_mismatch();
+                        self.metrics.checksum_mismatches(1);
                     }
                     failed_on
                         .entry((i, meta.original_path.clone()))

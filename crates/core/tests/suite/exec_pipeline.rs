@@ -855,6 +855,11 @@ fn metrics_expose_the_seven_names() {
     let sb = w.sandbox();
     // Alerts use increase(): the series they watch exist at 0 before the first event.
     let fresh = sb.metrics().encode();
+    // OpenMetrics HELP text allows a quote or backslash only escaped: strict parsers
+    // refuse the exposition otherwise.
+    for help in fresh.lines().filter(|l| l.starts_with("# HELP")) {
+        assert!(!help.contains(['"', '\\']), "{help}");
+    }
     for name in [
         "ailab_sandbox_escape_attempts_total{detection_method=\"path_traversal\"} 0",
         "ailab_sandbox_escape_attempts_total{detection_method=\"symlink_escape\"} 0",
@@ -1103,6 +1108,43 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
         r.actions[1].before_checksum.as_deref(),
         Some(sha(b"small\n").as_str())
     );
+}
+
+/// A folder swapped for a link out of the root while an earlier action of the plan runs:
+/// the later action writing into it is refused by the check made again at write time
+/// (`failed`, as the plan has written), and counted as an escape attempt and a denial,
+/// as the same refusal of a plan's first action is (only the first was counted).
+#[test]
+fn a_later_action_refused_at_write_time_counts_as_an_escape_attempt() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    std::fs::create_dir_all(w.outside.join("away")).unwrap();
+    let sb = w.sandbox();
+    let (d, aside, away) = (w.path("d"), w.path("d.aside"), w.outside.join("away"));
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&d, &aside).unwrap();
+            std::os::unix::fs::symlink(&away, &d).unwrap();
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_later", "on_failure": "rollback", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "first.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/second.txt", "content": "2"}]}),
+    );
+    assert_eq!(action_status(&r, 1), "failed", "{r:?}");
+    assert_eq!(code(&r, 1).as_deref(), Some("symlink_escape"), "{r:?}");
+    assert!(!w.outside.join("away/second.txt").exists());
+    let metrics = sb.metrics().encode();
+    for line in [
+        "ailab_sandbox_escape_attempts_total{detection_method=\"symlink_escape\"} 1",
+        "ailab_sandbox_policy_denied_total{intent=\"create_file\",reason=\"symlink_escape\"} 1",
+        "ailab_sandbox_mutations_total{type=\"create_file\",result=\"failed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
 }
 
 /// A folder swapped for something that is not a folder while a create runs: the create

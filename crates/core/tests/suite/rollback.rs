@@ -273,15 +273,18 @@ fn a_backup_swapped_for_a_link_is_said_to_be_one() {
 fn damaged_backup_is_checksum_mismatch() {
     let w = World::new();
     w.write("f.txt", b"original");
+    w.write("g.txt", b"original");
     let sb = w.sandbox();
     run(
         &sb,
         json!({"workflow_id": "wf_dmg", "actions": [
             {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "new"},
-            {"action_id": "a2", "intent": "create_file", "path": "top.txt", "content": "t"}]}),
+            {"action_id": "a2", "intent": "create_file", "path": "top.txt", "content": "t"},
+            {"action_id": "a3", "intent": "replace_file", "path": "g.txt", "content": "new"}]}),
     );
     let backup = w.root.join(".rollback/wf_dmg/a1/backup");
     std::fs::write(&backup, b"tampered").unwrap();
+    std::fs::write(w.root.join(".rollback/wf_dmg/a3/backup"), b"tampered").unwrap();
     // Refused before anything is restored, forced or not: it restored the newer action,
     // then stopped at the damaged one, half way.
     for force in [false, true] {
@@ -293,10 +296,11 @@ fn damaged_backup_is_checksum_mismatch() {
     }
     assert_eq!(w.read("f.txt"), b"new", "a damaged backup is never written");
     assert_eq!(w.read("top.txt"), b"t", "nothing restored");
+    // Each damaged backup, each time a rollback is asked for.
     assert!(
         sb.metrics()
             .encode()
-            .contains("ailab_sandbox_checksum_mismatch_total 2")
+            .contains("ailab_sandbox_checksum_mismatch_total 4")
     );
     let info = sb.rollback_info("wf_dmg").unwrap();
     assert!(!info.rollback_available, "{info:?}");
