@@ -308,8 +308,12 @@ impl<'a> SandboxWriteExecutor<'a> {
             let r = crate::sandbox::workflow_lock_refusal(&wf, e);
             return self.blocked(vec![Err(r)], !ctx.writes());
         }
-        // Before validation, which must see the tree as the dead run's recovery leaves it.
+        // Before validation, which must see the tree as the dead run's recovery leaves it;
+        // after the restores held back before it (its own among them) are recorded.
         if ctx.writes() {
+            if let Err(r) = self.sb.record_held_restores(&wf) {
+                return self.blocked(vec![Err(r)], false);
+            }
             match self.sb.recover_dead_run(&wf) {
                 Ok(file) => self.record_file = file,
                 Err(r) => return self.blocked(vec![Err(r)], false),
@@ -807,7 +811,12 @@ impl<'a> SandboxWriteExecutor<'a> {
         // start checks the whole run against the disk.
         if unsettled.get() {
             tracing::warn!(workflow = %record.workflow_id, "a failed action of this run could not be undone; its record stays active, for the next run or start to check it against the disk");
-        } else if unrecorded.get() && sb.sync_failure().is_none() {
+        } else if unrecorded.get()
+            && sb.sync_failure().is_none()
+            // Unless its undo, recording first what its failed action's undo held back,
+            // recorded them all.
+            && sb.held_restores().holds(&record.execution_id)
+        {
             tracing::warn!(workflow = %record.workflow_id, "a restore of this run is not on the audit trail; its record says so, for the next run or start to audit it");
             let rec = crate::recovery::InflightRecord {
                 state: crate::recovery::RESTORES_UNAUDITED.to_owned(),
@@ -1453,7 +1462,7 @@ impl<'a> SandboxWriteExecutor<'a> {
 
 /// How a refusal for a held log goes on when the change was undone (see [`log_failure`]);
 /// dropped when the undo failed, which is said instead.
-const UNDONE_LATER: &str = "; the change was undone, and what the trail still lacks is recorded when this workflow is next used or at the next start";
+const UNDONE_LATER: &str = "; the change was undone, and what the trail still lacks is recorded before this process's next change, when this workflow is next used or at the next start";
 
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.

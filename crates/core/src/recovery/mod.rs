@@ -25,10 +25,13 @@ pub const ROLLING_BACK: &str = "rolling_back";
 /// the restores its marks record, touching no file of the run.
 pub const RESTORES_UNAUDITED: &str = "restores_unaudited";
 
+pub(crate) use held::HeldRestores;
+
 /// At most this many recovering processes are named in a run record.
 const MAX_RECOVERED_BY: usize = 4;
 
 mod commit_logs;
+mod held;
 mod judge;
 mod rollback;
 mod run;
@@ -438,39 +441,6 @@ impl Sandbox {
         out
     }
 
-    /// Records the restores of workflows other than `workflow_id` that this process made
-    /// but the audit trail would not record then (it was full, or held past the wait),
-    /// as each workflow's next use would ([`Sandbox::recover_dead_run`]). A workflow
-    /// whose lock is held is left: its holder is its next use, which records them first,
-    /// or the run or rollback that made them, finishing.
-    pub(crate) fn record_held_restores(&self, workflow_id: &str) {
-        let held: Vec<String> = self
-            .held_restores
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .filter(|w| *w != workflow_id)
-            .cloned()
-            .collect();
-        for wf in held {
-            if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}"))
-                && let Err(r) = self.recover_dead_run(&wf)
-            {
-                tracing::warn!(workflow = %wf, reason = %r.reason, "could not record the restores of a rollback the audit trail refused; they are recorded before the next change");
-            }
-        }
-    }
-
-    /// Whether this process holds restores of a workflow other than `workflow_id` that
-    /// the trail has not recorded (see [`Sandbox::record_held_restores`]).
-    pub(crate) fn holds_restores_besides(&self, workflow_id: &str) -> bool {
-        self.held_restores
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .any(|w| w != workflow_id)
-    }
-
     /// Recovers a run or rollback of `workflow_id` that died while this process was
     /// running, before a new one takes its record over (after which nothing could find
     /// it): its record is still under way, yet the workflow's lock, which the owner holds
@@ -485,10 +455,7 @@ impl Sandbox {
         let recovered = self.recover_record_of(workflow_id);
         // Whatever restores of it the trail refused are on it now.
         if recovered.is_ok() {
-            self.held_restores
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .remove(workflow_id);
+            self.held_restores().forget(workflow_id);
         }
         recovered
     }

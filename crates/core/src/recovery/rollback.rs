@@ -157,6 +157,17 @@ impl Sandbox {
 
     /// [`Sandbox::record_marked_restores`], saying when the audit append failed.
     pub(super) fn try_record_marked_restores(&self, workflow_id: &str) -> std::io::Result<usize> {
+        let records = self.marked_unrecorded(workflow_id)?;
+        let n = records.len();
+        if n > 0 {
+            self.audit.append(records)?;
+        }
+        Ok(n)
+    }
+
+    /// The audit records of the restores of `workflow_id` that are marked but not on the
+    /// trail, in the order they were made.
+    pub(super) fn marked_unrecorded(&self, workflow_id: &str) -> std::io::Result<Vec<AuditRecord>> {
         let entries = self.audit.by_workflow(workflow_id)?;
         let recorded: HashSet<&str> = entries
             .iter()
@@ -200,10 +211,6 @@ impl Sandbox {
             ));
         }
         records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
-        let n = records.len();
-        if n > 0 {
-            self.audit.append(records)?;
-        }
-        Ok(n)
+        Ok(records)
     }
 }

@@ -95,24 +95,25 @@ impl Sandbox {
     }
 
     /// The locks of `targets` ([`Sandbox::lock_targets`]) for a change by
-    /// `workflow_id`, once the restores of other workflows that this process made but the
-    /// trail would not record are on it ([`Sandbox::record_held_restores`]): written
-    /// later, they would follow this change's line, and the trail's newest line of a file
-    /// would name what the file held before it. Looked at again once the locks are held:
-    /// a rollback that held one of them meanwhile may have left such restores.
+    /// `workflow_id` (whose lock the caller holds), once the restores this process made
+    /// but the trail would not record are on it ([`Sandbox::record_held_restores`]):
+    /// written later, they would follow this change's line, and the trail's newest line
+    /// of a file would name what the file held before it. Looked at again once the locks
+    /// are held: a rollback that held one of them meanwhile may have left such restores.
     pub(crate) fn lock_targets_after_restores(
         &self,
         workflow_id: &str,
         targets: Vec<(usize, RelPath)>,
     ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
-        self.record_held_restores(workflow_id);
+        let added = self.held_restores_added();
+        self.record_held_restores(workflow_id)?;
         let held = self.lock_targets(targets.iter().cloned())?;
-        if !self.holds_restores_besides(workflow_id) {
+        if self.held_restores_added() == added {
             return Ok(held);
         }
-        // Recording them may take these targets' locks (a batched commit log settled).
+        // Let go while they are recorded, as the first time.
         drop(held);
-        self.record_held_restores(workflow_id);
+        self.record_held_restores(workflow_id)?;
         self.lock_targets(targets.into_iter())
     }
 

@@ -76,7 +76,7 @@ pub struct Sandbox {
     target_locks: crate::confine::state::LockSet,
     /// Workflows whose restores this process made but the audit trail would not record
     /// (see [`Sandbox::record_held_restores`]).
-    pub(crate) held_restores: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    pub(crate) held_restores: std::sync::Mutex<crate::recovery::HeldRestores>,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of

@@ -340,7 +340,9 @@ impl Sandbox {
             recovery = Some((r.reason_code, r.reason));
         } else if self.execution_context().0.writes()
             && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
-            && let Err(r) = self.recover_dead_run(workflow_id)
+            && let Err(r) = self
+                .record_held_restores(workflow_id)
+                .and_then(|()| self.recover_dead_run(workflow_id))
         {
             recovery = Some((r.reason_code, r.reason));
         }
@@ -979,9 +981,12 @@ impl Sandbox {
                 return refused(r.reason_code, r.reason, Vec::new());
             }
         };
-        // Before the snapshots are read: the dead run's recovery may restore some.
+        // Before the snapshots are read: the dead run's recovery may restore some. After
+        // the restores held back before it (its own among them) are recorded.
         if self.execution_context().0.writes()
-            && let Err(r) = self.recover_dead_run(workflow_id)
+            && let Err(r) = self
+                .record_held_restores(workflow_id)
+                .and_then(|()| self.recover_dead_run(workflow_id))
         {
             return refused(r.reason_code, r.reason, Vec::new());
         }
@@ -1231,9 +1236,9 @@ impl Sandbox {
         }
         // Else the record stays "rolling back": the next start, or the next run or
         // rollback of this workflow in any process, finds it and audits the restores
-        // its marks record, as after a crash; in this process, so does the next change
-        // of another workflow. Its writer waits for one of the targets' locks, and must
-        // then find the workflow's free: it is let go first.
+        // its marks record, as after a crash; this process's next change records them
+        // first (`record_held_restores`). A writer waiting for one of the targets' locks
+        // must then find the workflow's free: it is let go first.
         drop(wf_lock);
         let n = steps.iter().filter(|s| s.restored).count() as u64;
         let (reason_code, reason) = match (failed, unrecorded) {
@@ -1242,13 +1247,13 @@ impl Sandbox {
             (None, Some(e)) if e.starts_with(HELD_TRAIL) => (
                 Some(ReasonCode::Conflict),
                 Some(format!(
-                    "the files were restored, but {e}, so it could not record it; it is recorded when this workflow is next used, or at the next start"
+                    "the files were restored, but {e}, so it could not record it; it is recorded before this process's next change, when this workflow is next used, or at the next start"
                 )),
             ),
             (None, Some(e)) => (
                 Some(ReasonCode::IoError),
                 Some(format!(
-                    "the files were restored, but the audit trail could not record it: {e}; it is recorded when this workflow is next used, or at the next start, once the state directory can be written"
+                    "the files were restored, but the audit trail could not record it: {e}; it is recorded before this process's next change, when this workflow is next used, or at the next start, once the state directory can be written"
                 )),
             ),
             // Done, yet not everything the workflow wrote is back as it was: say so.
@@ -1587,12 +1592,10 @@ impl Sandbox {
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
         }
-        // Recorded before another workflow's next change (`record_held_restores`).
-        if steps.iter().any(|s| s.restored && s.unrecorded.is_some()) {
-            self.held_restores
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(workflow_id.to_owned());
+        // Recorded before this process's next change (`record_held_restores`). Those of
+        // a dead run's undo are left with its record, kept for the next start.
+        if !recovering && steps.iter().any(|s| s.restored && s.unrecorded.is_some()) {
+            self.held_restores().add(workflow_id, execution_id);
         }
         // One rollback, however many steps it restored (those count as mutations).
         if steps.iter().any(|s| s.restored) {

@@ -2251,13 +2251,9 @@ fn recovery_never_puts_a_dead_action_over_a_later_write() {
 }
 
 /// Runs `wf_m` (two creations) so that its second action fails and the audit line of
-/// one of the restores that undo it cannot be appended.
-fn lose_a_restore_line(sb: &ailab_sandbox_core::Sandbox) {
-    lose_restore_line(sb, 1);
-}
-
-/// [`lose_a_restore_line`], losing the line of the `nth` restore: 1 the failed action's
-/// own undo, 2 the plan's rollback of the action before it.
+/// the `nth` restore that undoes it cannot be appended: 1 the failed action's own undo
+/// (which the plan's rollback of the action before it then records first), 2 that
+/// rollback's.
 fn lose_restore_line(sb: &ailab_sandbox_core::Sandbox, nth: u32) {
     sb.failpoints().arm("after_mutate", 2);
     sb.failpoints().arm("after_mark", nth);
@@ -2300,12 +2296,22 @@ fn a_restore_line_lost_then_audited(nth: u32) {
         ids.sort();
         ids
     };
-    assert_eq!(undone(&sb).len(), 1, "one restore's line was lost");
-    assert_eq!(
-        run_record(&w, "wf_m")["state"],
-        "restores_unaudited",
-        "{nth}"
-    );
+    if nth == 1 {
+        // The failed action's own restore line is recorded by the plan's undo, first.
+        assert_eq!(undone(&sb), ["a1", "a2"]);
+        let lines = sb.audit_entries(50, Some("wf_m")).unwrap();
+        let order: Vec<_> = lines
+            .iter()
+            .rev()
+            .filter(|e| e.status == AuditStatus::RolledBack)
+            .map(|e| e.action_id.as_str())
+            .collect();
+        assert_eq!(order, ["a2", "a1"], "{lines:?}");
+        assert_eq!(run_record(&w, "wf_m")["state"], "idle");
+    } else {
+        assert_eq!(undone(&sb).len(), 1, "one restore's line was lost");
+        assert_eq!(run_record(&w, "wf_m")["state"], "restores_unaudited");
+    }
     let r = run(
         &sb,
         json!({"workflow_id": "wf_m", "actions": [
@@ -2484,6 +2490,145 @@ fn restores_the_trail_refused_are_recorded_before_a_change_that_waited_for_them(
     assert_eq!(w.read("a.txt"), b"other");
     assert_eq!(lines_of_a(&sb), replaced_restored_then_other());
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Holds the audit trail's lock as another process of the runtime would (a stopped
+/// one, say) until the guard is dropped.
+struct TrailHeld(std::fs::File);
+
+impl TrailHeld {
+    fn take(w: &World) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(w.state.join("sandbox_audit.jsonl"))
+            .unwrap();
+        log.lock().unwrap();
+        Self(log)
+    }
+}
+
+impl Drop for TrailHeld {
+    fn drop(&mut self) {
+        self.0.unlock().unwrap();
+    }
+}
+
+/// `w`'s sandbox waiting 1 s for a held log.
+fn waiting_a_second(w: &World) -> ailab_sandbox_core::Sandbox {
+    let mut c = w.writable_config();
+    c.limits.lock_wait_seconds = 1;
+    w.open(c)
+}
+
+/// While the trail cannot take the restores a rollback held back, a change of another
+/// workflow is refused (`conflict`, naming whose restores wait) rather than made: even a
+/// second rollback of the same file, whose own lines would then be recorded in the wrong
+/// order (they were recorded by workflow name, the trail's newest line naming a version
+/// the file no longer held). Once the trail is free, the next change records them first.
+#[test]
+fn no_change_passes_restores_the_trail_could_not_take() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = waiting_a_second(&w);
+    for (wf, content) in [("wf_z", "first"), ("wf_a", "second")] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "x", "intent": "replace_file", "path": "a.txt", "content": content}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    let held = TrailHeld::take(&w);
+    assert_held(&sb.rollback_workflow("wf_a", &RollbackOptions::default()));
+    assert_eq!(w.read("a.txt"), b"first");
+    let refused = sb.rollback_workflow("wf_z", &RollbackOptions::default());
+    assert_eq!(refused.status, "refused", "{refused:?}");
+    assert_eq!(
+        refused.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict)
+    );
+    let why = refused.reason.unwrap_or_default();
+    assert!(
+        why.contains("restores made by workflow wf_a could not be recorded on the audit trail first: another process held the trail"),
+        "{why}"
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [
+            {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"));
+    assert_eq!(w.read("a.txt"), b"first", "nothing changed meanwhile");
+    assert!(!w.path("b.txt").exists());
+    drop(held);
+    let rb = sb.rollback_workflow("wf_z", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("a.txt"), b"original");
+    let lines: Vec<_> = lines_of_a(&sb)
+        .into_iter()
+        .filter(|(_, s, _)| *s != AuditStatus::Blocked)
+        .collect();
+    let line = |wf: &str, status, bytes: &[u8]| (wf.to_owned(), status, Some(sha(bytes)));
+    assert_eq!(
+        lines,
+        [
+            line("wf_z", AuditStatus::Success, b"first"),
+            line("wf_a", AuditStatus::Success, b"second"),
+            line("wf_a", AuditStatus::RolledBack, b"first"),
+            line("wf_z", AuditStatus::RolledBack, b"original"),
+        ]
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Recording the restores a rollback held back reads only their marks: a link on
+/// another file of the workflow, which a recovery of a dead run would refuse to judge,
+/// does not keep them off the trail.
+#[test]
+fn held_restores_are_recorded_whatever_the_workflows_other_files_are() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    let sb = waiting_a_second(&w);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f1.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "f2.txt", "content": "2"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let one = RollbackOptions {
+        action_id: Some("a2".to_owned()),
+        ..RollbackOptions::default()
+    };
+    let held = TrailHeld::take(&w);
+    assert_held(&sb.rollback_workflow("wf_a", &one));
+    drop(held);
+    std::fs::hard_link(w.path("f1.txt"), w.path("other.txt")).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [
+            {"intent": "create_file", "path": "f2.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let lines: Vec<_> = sb
+        .audit_entries(50, None)
+        .unwrap()
+        .into_iter()
+        .rev()
+        .filter(|e| e.target_path.ends_with("/f2.txt"))
+        .map(|e| (e.workflow_id, e.status))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            ("wf_a".to_owned(), AuditStatus::Success),
+            ("wf_a".to_owned(), AuditStatus::RolledBack),
+            ("wf_b".to_owned(), AuditStatus::Success),
+        ]
+    );
+    assert_eq!(run_record(&w, "wf_a")["state"], "idle");
 }
 
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
@@ -2801,10 +2946,12 @@ fn recovering_a_run_whose_restores_went_unaudited_spares_writes_under_way() {
     w.write("b.txt", b"beta\n");
     let c = batched(&w);
     let sb = w.open(c.clone());
-    lose_a_restore_line(&sb);
+    // Left by a process that lives on (its own next change would record the restore).
+    let lost = w.open(c.clone());
+    lose_restore_line(&lost, 2);
     assert_eq!(run_record(&w, "wf_m")["state"], "restores_unaudited");
-    // The same process goes on with another workflow in the same folder; while its
-    // staged bytes wait beside b.txt, another process starts (its start-up recovery).
+    // A process goes on with another workflow in the same folder; while its staged
+    // bytes wait beside b.txt, another process starts (its start-up recovery).
     let c2 = c.clone();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen2 = std::sync::Arc::clone(&seen);
@@ -2835,6 +2982,7 @@ fn recovering_a_run_whose_restores_went_unaudited_spares_writes_under_way() {
     let seen = seen.lock().unwrap().clone();
     assert_eq!(status(&r), "success", "{r:?}\n{seen:#?}");
     assert_eq!(w.read("b.txt"), b"BETA\n");
+    drop(lost);
 }
 
 /// A prune that waited for a run's workflow lock may find that run dead: its in-doubt

@@ -1,0 +1,149 @@
+//! Restores this process made whose audit lines the trail refused (the state directory
+//! full, the trail held past the wait). Their workflow's next use, or the next start,
+//! records them from their marks; this process also records them before any other
+//! change it makes, in the order they were made, so that the trail's lines of a file
+//! follow what the file went through.
+
+use super::*;
+
+/// The runs and rollbacks of this process whose restores the trail refused, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct HeldRestores {
+    /// (workflow, execution) of each; execution ids are ordered by time.
+    held: Vec<(String, String)>,
+    /// How many were ever added: a change that took its locks learns whether one came
+    /// meanwhile.
+    added: u64,
+}
+
+impl HeldRestores {
+    /// Execution `execution_id` of `workflow_id` made restores the trail refused.
+    pub(crate) fn add(&mut self, workflow_id: &str, execution_id: &str) {
+        let entry = (workflow_id.to_owned(), execution_id.to_owned());
+        if !self.held.contains(&entry) {
+            self.held.push(entry);
+            self.added += 1;
+        }
+    }
+
+    /// Whether restores of `execution_id` wait to be recorded.
+    pub(crate) fn holds(&self, execution_id: &str) -> bool {
+        self.held.iter().any(|(_, e)| e == execution_id)
+    }
+
+    /// The workflow's restores are on the trail.
+    pub(crate) fn forget(&mut self, workflow_id: &str) {
+        self.held.retain(|(w, _)| w != workflow_id);
+    }
+}
+
+impl Sandbox {
+    pub(crate) fn held_restores(&self) -> std::sync::MutexGuard<'_, HeldRestores> {
+        self.held_restores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many runs or rollbacks of this process have had restores held back so far.
+    pub(crate) fn held_restores_added(&self) -> u64 {
+        self.held_restores().added
+    }
+
+    /// Records the restores this process made and the trail refused, oldest first, before
+    /// a change by `own` (whose lock the caller holds), and marks the records of the runs
+    /// and rollbacks that made them finished, as they would have been. Stops at the first
+    /// held by a workflow whose lock is taken: its holder is its next use, which records
+    /// them first, or the run that made them, finishing; later ones wait for it. Refused
+    /// when the trail will not take them now: the change would be recorded before them.
+    pub(crate) fn record_held_restores(&self, own: &str) -> Verdict {
+        let held = self.held_restores().held.clone();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut locks = Vec::new();
+        let mut workflows: Vec<&str> = Vec::new();
+        let mut reached = 0;
+        for (wf, _) in &held {
+            if !workflows.contains(&wf.as_str()) {
+                if wf != own {
+                    match self.state.try_lock(&format!("wf-{wf}")) {
+                        Ok(Some(lock)) => locks.push(lock),
+                        _ => break,
+                    }
+                }
+                workflows.push(wf);
+            }
+            reached += 1;
+        }
+        let recorded = &held[..reached];
+        let executions: HashSet<&str> = recorded.iter().map(|(_, e)| e.as_str()).collect();
+        let mut records = Vec::new();
+        for wf in &workflows {
+            match self.marked_unrecorded(wf) {
+                Ok(found) => records.extend(
+                    found
+                        .into_iter()
+                        .filter(|r| executions.contains(r.execution_id.as_str())),
+                ),
+                Err(e) => {
+                    // Kept for the next change, or the workflow's next use.
+                    tracing::warn!(workflow = %wf, error = %e, "could not read the restores the audit trail refused");
+                    return Ok(());
+                }
+            }
+        }
+        // Stable: each execution's restores stay in the order they were made.
+        records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        if !records.is_empty()
+            && let Err(e) = self.audit.append(records)
+        {
+            return Err(self.held_restores_refusal(&workflows, &e));
+        }
+        for (wf, execution) in recorded {
+            let record = self
+                .state
+                .inflight_read(wf)
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
+            // As the run or rollback would have left it, had the trail taken its lines;
+            // one a later run took over, or left under way for recovery, stays as it is.
+            if let Some(rec) = record.filter(|r| {
+                r.execution_id == *execution
+                    && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
+            }) {
+                self.run_finished(rec, None);
+            }
+        }
+        self.held_restores().held.retain(|h| !recorded.contains(h));
+        Ok(())
+    }
+
+    fn held_restores_refusal(&self, workflows: &[&str], e: &std::io::Error) -> Refusal {
+        let whose = format!(
+            "restores made by {} {} could not be recorded on the audit trail first",
+            if workflows.len() == 1 {
+                "workflow"
+            } else {
+                "workflows"
+            },
+            workflows.join(", ")
+        );
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{whose}: another process held the trail ({e}); nothing was done: try again later, or raise limits.lock_wait_seconds"
+                ),
+            )
+        } else {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "{whose}: {}; nothing was done: try again once the state directory takes writes",
+                    crate::error::state_io_words(e)
+                ),
+            )
+        }
+    }
+}
