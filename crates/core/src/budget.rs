@@ -27,13 +27,14 @@ pub fn check_budget(
     planned: Usage,
     size: u64,
 ) -> Verdict {
-    let plan_part = |n: u64, unit: &str| {
+    let plan_part = |n: u64, added: String| {
         if n > 0 {
-            format!(", and earlier actions of this plan add {n} {unit}")
+            format!(", and earlier actions of this plan add {added}")
         } else {
             String::new()
         }
     };
+    let counted = crate::sandbox::counted_u64;
     // What the caller can do: a plan over the limit by itself fits under no workflow id.
     let way_out = |plan_alone_over: bool, limit: &str| {
         let instead = if plan_alone_over {
@@ -48,9 +49,9 @@ pub fn check_budget(
         return Err(Refusal::new(
             ReasonCode::BudgetArtifactsExceeded,
             format!(
-                "workflow '{workflow_id}' has {} artifacts{}; this would make {}, over its limit of {} (artifacts rolled back count too): {}",
-                registered.artifacts,
-                plan_part(planned.artifacts, "more"),
+                "workflow '{workflow_id}' has {}{}; this would make {}, over its limit of {} (artifacts rolled back count too): {}",
+                counted(registered.artifacts, "artifact"),
+                plan_part(planned.artifacts, format!("{} more", planned.artifacts)),
                 artifacts + 1,
                 limits.max_artifacts_per_workflow,
                 way_out(
@@ -62,15 +63,16 @@ pub fn check_budget(
     }
     let bytes = registered.bytes + planned.bytes;
     let limit_words = match human_bytes(limits.max_workflow_bytes) {
-        h if h == format!("{} bytes", limits.max_workflow_bytes) => h,
+        h if h == counted(limits.max_workflow_bytes, "byte") => h,
         h => format!("{} ({h})", limits.max_workflow_bytes),
     };
+    let size_words = counted(size, "byte");
     // No workflow could take it: a new one would be refused alike.
     if size > limits.max_workflow_bytes {
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "a file of {size} bytes is larger than a workflow's whole budget of {limit_words}, so no workflow can take it: write less, or have the operator raise limits.max_workflow_bytes"
+                "a file of {size_words} is larger than a workflow's whole budget of {limit_words}, so no workflow can take it: write less, or have the operator raise limits.max_workflow_bytes"
             ),
         ));
     }
@@ -78,9 +80,9 @@ pub fn check_budget(
         return Err(Refusal::new(
             ReasonCode::BudgetBytesExceeded,
             format!(
-                "workflow '{workflow_id}' has artifacts of {} bytes in all{}; a file of {size} bytes would pass its limit of {limit_words} (every file the workflow writes counts at its full size, rolled back or not): {}",
-                registered.bytes,
-                plan_part(planned.bytes, "bytes"),
+                "workflow '{workflow_id}' has artifacts of {} in all{}; a file of {size_words} would pass its limit of {limit_words} (every file the workflow writes counts at its full size, rolled back or not): {}",
+                counted(registered.bytes, "byte"),
+                plan_part(planned.bytes, counted(planned.bytes, "byte")),
                 way_out(
                     planned.bytes + size > limits.max_workflow_bytes,
                     "max_workflow_bytes"
@@ -98,9 +100,13 @@ pub fn epoch_seconds(t: DateTime<Utc>) -> f64 {
 
 /// The token bucket in GCRA form: its whole state is one number, the theoretical arrival
 /// time (TAT), `f64::NEG_INFINITY` for a bucket that never saw a write. This moves it
-/// past one write made at `at` (seconds since the epoch).
+/// past one write made at `at` (seconds since the epoch). A bucket is at most empty: a
+/// write it could not have let through (made under a higher rate, before the limit was
+/// lowered or by a process configured with another) leaves it empty, not in a debt the
+/// new rate would take many minutes to pay off.
 pub fn advance_tat(tat: f64, at: f64, per_minute: u32) -> f64 {
-    tat.max(at) + 60.0 / f64::from(per_minute.max(1))
+    // An empty bucket of `per_minute` tokens is a minute's worth of writes ahead.
+    (tat.max(at) + 60.0 / f64::from(per_minute.max(1))).min(at + 60.0)
 }
 
 /// Replays a history of write times (oldest first) into a TAT.
@@ -127,17 +133,24 @@ pub fn check_rate(
         return Ok(());
     }
     let burst = per_minute.max(1);
-    if need > burst {
-        return Err(Refusal::new(
+    let split = || {
+        Refusal::new(
             ReasonCode::RateLimited,
             format!(
                 "the plan needs {} writes but workflow '{workflow_id}' may make at most {burst} in a burst ({per_minute} a minute); split it into smaller plans",
                 plan_writes.max(need)
             ),
-        ));
+        )
+    };
+    if need > burst {
+        return Err(split());
     }
     let wait = seconds_until_free(per_minute, tat, now, need);
     if wait > 0.0 {
+        // No wait lets a plan larger than the burst through: say what does.
+        if plan_writes > burst {
+            return Err(split());
+        }
         // Tenths rounded up, like the whole seconds below: a caller who waits what it
         // reads is never too early.
         let shown = (wait * 10.0).ceil() / 10.0;
@@ -174,6 +187,21 @@ mod tests {
         Utc.timestamp_opt(1_800_000_000 + s, 0)
             .single()
             .unwrap_or_default()
+    }
+
+    /// Writes made under a higher rate (the limit lowered since, or another process's
+    /// configuration) leave the bucket empty: the next write waits one interval of the
+    /// new rate at most, not one per write made (100 writes at 100 a minute, then 2 a
+    /// minute, asked for 49 minutes).
+    #[test]
+    fn writes_made_under_a_higher_rate_leave_the_bucket_empty_not_in_debt() {
+        let hist = vec![t(0); 100];
+        let tat = replay_tat(&hist, 2);
+        let wait = seconds_until_free(2, tat, t(2), 1);
+        assert!((wait - 28.0).abs() < 1e-6, "{wait}");
+        assert!(check_rate("w", 2, tat, t(30), 1, 1).is_ok());
+        assert!(check_rate("w", 2, tat, t(30), 2, 2).is_err());
+        assert!(check_rate("w", 2, tat, t(60), 2, 2).is_ok());
     }
 
     #[test]
@@ -241,6 +269,35 @@ mod tests {
             r.reason
         );
         assert!(check_budget("w", &l, used(0, max - 10), none, 10).is_ok());
+        // One of a kind is said so.
+        let one = Limits {
+            max_artifacts_per_workflow: 1,
+            max_workflow_bytes: 1,
+            ..Limits::default()
+        };
+        let r = check_budget("w", &one, used(1, 1), none, 1).unwrap_err();
+        assert!(
+            r.reason
+                .starts_with("workflow 'w' has 1 artifact; this would make 2"),
+            "{}",
+            r.reason
+        );
+        let r = check_budget(
+            "w",
+            &Limits {
+                max_artifacts_per_workflow: 9,
+                ..one
+            },
+            used(1, 1),
+            none,
+            1,
+        )
+        .unwrap_err();
+        assert!(
+            r.reason.starts_with("workflow 'w' has artifacts of 1 byte in all; a file of 1 byte would pass its limit of 1 byte ("),
+            "{}",
+            r.reason
+        );
         let r = check_budget("w", &l, used(1, max - 10), none, 11).unwrap_err();
         assert_eq!(r.reason_code, ReasonCode::BudgetBytesExceeded);
         assert_eq!(

@@ -360,7 +360,7 @@ pub fn human_bytes(n: u64) -> String {
     } else if n >= KIB && n.is_multiple_of(KIB) {
         format!("{} KiB", n / KIB)
     } else {
-        format!("{n} bytes")
+        crate::sandbox::counted_u64(n, "byte")
     }
 }
 

@@ -882,6 +882,11 @@ fn lies_inside(inner: &Path, outer: &Path) -> Option<PathBuf> {
 
 /// "1 file", "2 files".
 pub(crate) fn counted(n: usize, what: &str) -> String {
+    counted_u64(u64::try_from(n).unwrap_or(u64::MAX), what)
+}
+
+/// [`counted`] for a count of bytes or artifacts.
+pub(crate) fn counted_u64(n: u64, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
     } else {

@@ -517,6 +517,26 @@ fn a_rate_limited_plans_wait_covers_all_its_writes() {
             past.reason
         );
     }
+    // A bucket partly refilled (5 tokens): the actions it has tokens for pass, and each
+    // one refused says to split the plan, with no wait (it quoted one that never came).
+    w.clock.advance(chrono::Duration::seconds(30));
+    let r = run(&sb, plan("d", 11));
+    assert_eq!(status(&r), "blocked");
+    let refused: Vec<_> = r
+        .actions
+        .iter()
+        .filter(|a| a.reason_code == Some(ReasonCode::RateLimited))
+        .collect();
+    assert_eq!(refused.len(), 6, "{:?}", r.actions);
+    for a in refused {
+        assert_eq!(a.retry_after_seconds, None, "{a:?}");
+        assert!(
+            a.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("the plan needs 11 writes")),
+            "{a:?}"
+        );
+    }
 }
 
 /// An action a limit alone refuses is still judged to leave its file: the actions after it
