@@ -1053,6 +1053,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let target = sb.abs_path(ri, &rel);
         let prepared = (|| {
             sb.check_syncs()?;
+            sb.root_in_place(ri)?;
             check_payload(approval.op, a)?;
             let kind = approval
                 .target

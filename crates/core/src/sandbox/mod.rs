@@ -751,6 +751,20 @@ impl Sandbox {
         }
     }
 
+    /// Refuses (`conflict`) to change anything in root `i` once its configured path no
+    /// longer leads to the directory this process opened (see [`SandboxRoot::in_place`]).
+    pub(crate) fn root_in_place(&self, i: usize) -> Verdict {
+        self.roots[i].in_place().map_err(|now| {
+            crate::reason::Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "the sandbox root {} is no longer the directory this process opened at start (it was moved, removed or replaced; the path now holds: {now}); nothing was written: put the directory back, or restart the runtime to use what is there now",
+                    self.root_paths[i].display()
+                ),
+            )
+        })
+    }
+
     pub(crate) fn abs_path(&self, root_index: usize, rel: &RelPath) -> String {
         join_display(&self.root_paths[root_index], rel)
             .display()

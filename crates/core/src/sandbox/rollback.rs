@@ -1032,6 +1032,11 @@ impl Sandbox {
         if let Some(r) = self
             .record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true)
             .err()
+            .or_else(|| {
+                chosen
+                    .iter()
+                    .find_map(|(i, _)| self.root_in_place(*i).err())
+            })
             .or_else(|| self.beyond_force(&chosen))
             .or_else(|| self.unwritable_folders(&chosen))
             .or_else(|| {

@@ -1130,6 +1130,51 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
     );
 }
 
+/// A root moved away (or removed, or replaced) while the runtime runs: its handle still
+/// leads to the moved folder, where writes would land unseen while every record names
+/// the configured path. Actions and rollbacks there are refused (`conflict`, naming the
+/// root), nothing is written anywhere, and they go on once the folder is back.
+#[test]
+fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let one = |path: &str| {
+        json!({"workflow_id": "wf_moved", "actions": [
+            {"intent": "create_file", "path": path, "content": "x"}]})
+    };
+    assert_eq!(status(&run(&sb, one("a.txt"))), "success");
+    let aside = w.tmp.path().join("root.old");
+    std::fs::rename(&w.root, &aside).unwrap();
+    for replaced in [false, true] {
+        if replaced {
+            std::fs::create_dir(&w.root).unwrap();
+        }
+        let r = run(&sb, one("b.txt"));
+        assert_eq!(status(&r), "blocked", "{r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{r:?}");
+        let why = r.actions[0].reason.clone().unwrap_or_default();
+        assert!(
+            why.contains(&format!(
+                "the sandbox root {} is no longer the directory this process opened at start",
+                w.root.display()
+            )),
+            "{why}"
+        );
+        let rb = sb.rollback_workflow(
+            "wf_moved",
+            &ailab_sandbox_core::sandbox::RollbackOptions::default(),
+        );
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        assert!(!aside.join("b.txt").exists() && !w.path("b.txt").exists());
+        assert!(aside.join("a.txt").exists(), "nothing restored");
+    }
+    std::fs::remove_dir(&w.root).unwrap();
+    std::fs::rename(&aside, &w.root).unwrap();
+    assert_eq!(status(&run(&sb, one("b.txt"))), "success");
+    assert_eq!(w.read("b.txt"), b"x");
+}
+
 /// A folder swapped for a link out of the root while an earlier action of the plan runs:
 /// the later action writing into it is refused by the check made again at write time
 /// (`failed`, as the plan has written), and counted as an escape attempt and a denial,

@@ -206,6 +206,20 @@ impl SandboxRoot {
             || std::fs::metadata(configured).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
     }
 
+    /// Whether the configured path still leads to the directory opened at start: one
+    /// moved away, removed or replaced since (an operator's `mv sandbox sandbox.old &&
+    /// mkdir sandbox`) would take writes through the handle where nobody looks for them,
+    /// while every record names the path. `Err` says what the path is now.
+    #[allow(clippy::disallowed_methods)] // a look only: nothing is opened by the path
+    pub fn in_place(&self) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt as _;
+        match std::fs::metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.id => Ok(()),
+            Ok(_) => Err("another directory, or a link to one".to_owned()),
+            Err(e) => Err(crate::error::io_words(&e)),
+        }
+    }
+
     /// Whether `other` lies inside this root (or is the same directory), judged by the
     /// directories both were really reached through, not by their configured paths.
     pub fn contains(&self, other: &SandboxRoot) -> bool {
