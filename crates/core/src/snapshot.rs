@@ -869,7 +869,16 @@ impl Snapshotter {
                     r.reason_code,
                     format!(
                         "{}: {}",
-                        shown_path(&format!("{ROLLBACK_DIR}/{workflow_id}/{name}")),
+                        // In full: with several roots, each has a store.
+                        shown_path(
+                            &root
+                                .path()
+                                .join(ROLLBACK_DIR)
+                                .join(workflow_id)
+                                .join(&name)
+                                .display()
+                                .to_string()
+                        ),
                         r.reason
                     ),
                 )),

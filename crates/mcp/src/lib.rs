@@ -430,15 +430,24 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let root = args.str("root");
         let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
+        // With several roots, which one was listed.
+        let in_root = match self.sandbox.roots() {
+            [_] | [] => String::new(),
+            [first, ..] => format!(
+                " in root {}",
+                root.clone()
+                    .unwrap_or_else(|| first.path().display().to_string())
+            ),
+        };
         match self
             .blocking(move |sb| sb.list_directory(&p, root.as_deref()))
             .await
         {
             Ok(Ok(mut entries)) => {
                 let shown = if path.is_empty() {
-                    "/ (the root)"
+                    format!("/ (the root){in_root}")
                 } else {
-                    path.as_str()
+                    format!("{path}{in_root}")
                 };
                 let total = entries.len();
                 let from = usize::try_from(offset).unwrap_or(usize::MAX).min(total);

@@ -786,7 +786,7 @@ impl Sandbox {
             return Err((
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "{} of workflow {} wrote into {root}, so nothing was rolled back; {advice}, or roll back the other actions one at a time",
+                    "{} of workflow {} wrote into {root}, so the workflow cannot be rolled back as a whole (nothing is restored); {advice}, or roll back the other actions one at a time",
                     named(&names),
                     shown_path(workflow_id)
                 ),
@@ -835,7 +835,7 @@ impl Sandbox {
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "the snapshots of {} are missing from .rollback/{}/ although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so nothing was rolled back; restore the folders, or roll back the other actions one at a time",
+                    "the snapshots of {} are missing from .rollback/{}/ in their root although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so the workflow cannot be rolled back as a whole (nothing is restored); restore the folders, or roll back the other actions one at a time",
                     named(&missing),
                     workflow_id
                 ),

@@ -356,3 +356,37 @@ async fn a_large_directory_is_listed_in_pages() {
     assert_eq!(structured(&r)["offset"], 5000, "the offset asked for");
     assert!(text(&r).contains("none from offset 5000"), "{}", text(&r));
 }
+
+/// With several roots, a listing says which root it is of (both read "Directory / (the
+/// root)").
+#[tokio::test]
+async fn a_listing_names_its_root_when_there_are_several() {
+    let second = tempfile::tempdir().unwrap();
+    let other = second.path().join("other");
+    let extra = other.clone();
+    let s = Session::start_with(Mode::Write, move |c| c.roots.push(extra)).await;
+    let r = s.ok("list_directory", json!({})).await;
+    assert!(
+        text(&r).starts_with(&format!(
+            "Directory / (the root) in root {}",
+            s.root.display()
+        )),
+        "{}",
+        text(&r)
+    );
+    let r = s
+        .ok(
+            "list_directory",
+            json!({"root": other.display().to_string()}),
+        )
+        .await;
+    assert!(
+        text(&r).starts_with(&format!(
+            "Directory / (the root) in root {}",
+            other.display()
+        )),
+        "{}",
+        text(&r)
+    );
+    s.finish().await;
+}
