@@ -912,17 +912,20 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         self.event("rollback_started", json!({"steps": done.len()}));
         let wf = self.plan.workflow_id.clone();
-        let held = self.sb.lock_targets_after_restores(
+        // An undo goes on while earlier restores wait for the trail: its own lines then
+        // wait after them.
+        let held = self.sb.lock_targets_for_undo(
             &wf,
             done.iter().map(|(i, s)| (*i, s.meta.target())).collect(),
         );
         let steps = match held {
-            Ok(_held) => self.sb.restore_all(
+            Ok((_held, waiting)) => self.sb.restore_all(
                 &self.execution_id,
                 &wf,
                 done.into_iter().rev().collect(),
                 RollbackReason::WorkflowFailed,
                 crate::sandbox::RestoreMode::Unchanged,
+                waiting.map(|r| r.reason),
             ),
             Err(r) => done
                 .into_iter()
@@ -1438,6 +1441,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             vec![snap.clone()],
             RollbackReason::ActionFailed,
             mode,
+            None,
         );
         let restored = steps.iter().all(|s| s.restored);
         if steps.iter().any(|s| s.unrecorded.is_some()) {

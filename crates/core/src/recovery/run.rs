@@ -217,6 +217,7 @@ impl Sandbox {
             in_doubt,
             crate::metrics::RollbackReason::Recovery,
             crate::sandbox::RestoreMode::Force,
+            None,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();
         if let Some(stopped) = steps

@@ -105,16 +105,48 @@ impl Sandbox {
         workflow_id: &str,
         targets: Vec<(usize, RelPath)>,
     ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
+        let (held, waiting) = self.lock_targets_recording(workflow_id, targets, true)?;
+        match waiting {
+            Some(r) => Err(r),
+            None => Ok(held),
+        }
+    }
+
+    /// [`Sandbox::lock_targets_after_restores`] for a run undoing itself, which goes on
+    /// whether or not the trail takes the restores held back before it: also returns why
+    /// they still wait, if they do (its own lines are then held back after them).
+    pub(crate) fn lock_targets_for_undo(
+        &self,
+        workflow_id: &str,
+        targets: Vec<(usize, RelPath)>,
+    ) -> Verdict<(Vec<crate::confine::state::HeldLock<'_>>, Option<Refusal>)> {
+        self.lock_targets_recording(workflow_id, targets, false)
+    }
+
+    /// The locks of `targets` once the held restores are recorded; on a refusal to
+    /// record them, at once when `refuse`, else with the locks.
+    fn lock_targets_recording(
+        &self,
+        workflow_id: &str,
+        targets: Vec<(usize, RelPath)>,
+        refuse: bool,
+    ) -> Verdict<(Vec<crate::confine::state::HeldLock<'_>>, Option<Refusal>)> {
         let added = self.held_restores_added();
-        self.record_held_restores(workflow_id)?;
+        let recorded = self.record_held_restores(workflow_id);
+        if refuse && let Err(r) = recorded {
+            return Err(r);
+        }
         let held = self.lock_targets(targets.iter().cloned())?;
-        if self.held_restores_added() == added {
-            return Ok(held);
+        if recorded.is_err() || self.held_restores_added() == added {
+            return Ok((held, recorded.err()));
         }
         // Let go while they are recorded, as the first time.
         drop(held);
-        self.record_held_restores(workflow_id)?;
-        self.lock_targets(targets.into_iter())
+        let recorded = self.record_held_restores(workflow_id);
+        if refuse && let Err(r) = recorded {
+            return Err(r);
+        }
+        Ok((self.lock_targets(targets.into_iter())?, recorded.err()))
     }
 
     /// Which target lock serves `rel` in root `root`.

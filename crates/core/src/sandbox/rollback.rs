@@ -1216,6 +1216,7 @@ impl Sandbox {
             } else {
                 RestoreMode::Unchanged
             },
+            None,
         );
         for s in steps
             .iter()
@@ -1385,14 +1386,16 @@ impl Sandbox {
         snaps: Vec<(usize, StoredSnapshot)>,
         why: crate::metrics::RollbackReason,
         mode: RestoreMode,
+        hold: Option<String>,
     ) -> Vec<RollbackStep> {
         let durable = self.fsync_each();
         // Recovery finishing a dead run's undo, which differs from a rollback below.
         let recovering = why == crate::metrics::RollbackReason::Recovery;
         let mut steps = Vec::new();
         let mut touched = Vec::new();
-        // Why the trail refused a restore's line, once it did.
-        let mut held_back: Option<String> = None;
+        // Why the trail refused a restore's line, once it did (or, given as `hold`, why
+        // earlier restores wait to be recorded: these must not pass them).
+        let mut held_back: Option<String> = hold;
         // Targets whose newer restore failed, and the action it was: an older one would
         // find the file as the newer action left it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();

@@ -2498,9 +2498,13 @@ struct TrailHeld(std::fs::File);
 
 impl TrailHeld {
     fn take(w: &World) -> Self {
+        Self::at(&w.state)
+    }
+
+    fn at(state: &std::path::Path) -> Self {
         let log = std::fs::OpenOptions::new()
             .append(true)
-            .open(w.state.join("sandbox_audit.jsonl"))
+            .open(state.join("sandbox_audit.jsonl"))
             .unwrap();
         log.lock().unwrap();
         Self(log)
@@ -2580,6 +2584,73 @@ fn no_change_passes_restores_the_trail_could_not_take() {
             line("wf_z", AuditStatus::RolledBack, b"original"),
         ]
     );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A run that fails while the trail is held still undoes itself: its undo waits for no
+/// restore held back before it (it was refused, and left the run's earlier writes in
+/// place), and its own lines are held back after them, recorded in order once the trail
+/// is free.
+#[test]
+fn a_run_undoes_itself_while_the_trail_is_held() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    let mut c = w.writable_config();
+    c.limits.lock_wait_seconds = 1;
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        c,
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        std::sync::Arc::clone(&armed),
+    )
+    .unwrap();
+    // The trail is taken just before the second action's line.
+    let slot: std::sync::Arc<std::sync::Mutex<Option<TrailHeld>>> = std::sync::Arc::default();
+    let (again, taken, state) = (
+        std::sync::Arc::clone(&armed),
+        std::sync::Arc::clone(&slot),
+        w.state.clone(),
+    );
+    armed.interleave(
+        "before_audit",
+        std::sync::Arc::new(move || {
+            let (taken, state) = (std::sync::Arc::clone(&taken), state.clone());
+            again.interleave(
+                "before_audit",
+                std::sync::Arc::new(move || {
+                    *taken.lock().unwrap() = Some(TrailHeld::at(&state));
+                }),
+            );
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [
+            {"action_id": "b1", "intent": "create_file", "path": "x1.txt", "content": "1"},
+            {"action_id": "b2", "intent": "create_file", "path": "x2.txt", "content": "2"}]}),
+    );
+    assert_eq!(action_status(&r, 1), "failed", "{r:?}");
+    assert!(
+        !w.path("x1.txt").exists() && !w.path("x2.txt").exists(),
+        "undone: {r:?}"
+    );
+    drop(slot.lock().unwrap().take());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_c", "actions": [
+            {"intent": "create_file", "path": "c.txt", "content": "c"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let undone: Vec<_> = sb
+        .audit_entries(50, Some("wf_b"))
+        .unwrap()
+        .into_iter()
+        .rev()
+        .filter(|e| e.status == AuditStatus::RolledBack)
+        .map(|e| e.action_id)
+        .collect();
+    assert_eq!(undone, ["b2", "b1"]);
+    assert_eq!(run_record(&w, "wf_b")["state"], "idle");
     assert!(sb.audit_verify().unwrap().ok);
 }
 
