@@ -9,31 +9,48 @@ use super::*;
 /// The runs and rollbacks of this process whose restores the trail refused, oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct HeldRestores {
-    /// (workflow, execution) of each; execution ids are ordered by time.
-    held: Vec<(String, String)>,
+    /// Each, oldest first (execution ids are ordered by time).
+    held: Vec<Held>,
     /// How many were ever added: a change that took its locks learns whether one came
     /// meanwhile.
     added: u64,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    workflow_id: String,
+    execution_id: String,
+    /// How many of its restores wait.
+    restores: usize,
+}
+
 impl HeldRestores {
-    /// Execution `execution_id` of `workflow_id` made restores the trail refused.
-    pub(crate) fn add(&mut self, workflow_id: &str, execution_id: &str) {
-        let entry = (workflow_id.to_owned(), execution_id.to_owned());
-        if !self.held.contains(&entry) {
-            self.held.push(entry);
-            self.added += 1;
+    /// Execution `execution_id` of `workflow_id` made `restores` restores the trail
+    /// refused.
+    pub(crate) fn add(&mut self, workflow_id: &str, execution_id: &str, restores: usize) {
+        match self
+            .held
+            .iter_mut()
+            .find(|h| h.workflow_id == workflow_id && h.execution_id == execution_id)
+        {
+            Some(h) => h.restores += restores,
+            None => self.held.push(Held {
+                workflow_id: workflow_id.to_owned(),
+                execution_id: execution_id.to_owned(),
+                restores,
+            }),
         }
+        self.added += 1;
     }
 
     /// Whether restores of `execution_id` wait to be recorded.
     pub(crate) fn holds(&self, execution_id: &str) -> bool {
-        self.held.iter().any(|(_, e)| e == execution_id)
+        self.held.iter().any(|h| h.execution_id == execution_id)
     }
 
     /// The workflow's restores are on the trail.
     pub(crate) fn forget(&mut self, workflow_id: &str) {
-        self.held.retain(|(w, _)| w != workflow_id);
+        self.held.retain(|h| h.workflow_id != workflow_id);
     }
 }
 
@@ -56,15 +73,22 @@ impl Sandbox {
     /// them first, or the run that made them, finishing; later ones wait for it. Refused
     /// when the trail will not take them now: the change would be recorded before them.
     pub(crate) fn record_held_restores(&self, own: &str) -> Verdict {
-        let held = self.held_restores().held.clone();
-        if held.is_empty() {
+        if self.held_restores().held.is_empty() {
             return Ok(());
         }
+        // One at a time: a change must not pass restores another thread is recording
+        // (their workflows' locks, which that thread holds, would make it skip them).
+        let _one = self
+            .recording_held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = self.held_restores().held.clone();
         let mut locks = Vec::new();
         let mut workflows: Vec<&str> = Vec::new();
         let mut reached = 0;
-        for (wf, _) in &held {
-            if !workflows.contains(&wf.as_str()) {
+        for h in &held {
+            let wf = h.workflow_id.as_str();
+            if !workflows.contains(&wf) {
                 if wf != own {
                     match self.state.try_lock(&format!("wf-{wf}")) {
                         Ok(Some(lock)) => locks.push(lock),
@@ -76,7 +100,7 @@ impl Sandbox {
             reached += 1;
         }
         let recorded = &held[..reached];
-        let executions: HashSet<&str> = recorded.iter().map(|(_, e)| e.as_str()).collect();
+        let executions: HashSet<&str> = recorded.iter().map(|h| h.execution_id.as_str()).collect();
         let mut records = Vec::new();
         for wf in &workflows {
             match self.marked_unrecorded(wf) {
@@ -94,22 +118,39 @@ impl Sandbox {
         }
         // Stable: each execution's restores stay in the order they were made.
         records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        let found = |execution: &str| {
+            records
+                .iter()
+                .filter(|r| r.execution_id == execution)
+                .count()
+        };
+        let complete: Vec<bool> = recorded
+            .iter()
+            .map(|h| found(&h.execution_id) >= h.restores)
+            .collect();
         if !records.is_empty()
             && let Err(e) = self.audit.append(records)
         {
             return Err(self.held_restores_refusal(&workflows, &e));
         }
-        for (wf, execution) in recorded {
+        for (h, complete) in recorded.iter().zip(complete) {
+            if !complete {
+                // A mark that could not be read (its snapshot folder moved away, say):
+                // the record stays for the next start, or the workflow's next use, to
+                // record it once it is back, or say why it cannot.
+                tracing::warn!(workflow = %h.workflow_id, execution = %h.execution_id, "some restores the audit trail refused have no readable mark; the run's record is kept for the next start");
+                continue;
+            }
             let record = self
                 .state
-                .inflight_read(wf)
+                .inflight_read(&h.workflow_id)
                 .ok()
                 .flatten()
                 .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
             // As the run or rollback would have left it, had the trail taken its lines;
             // one a later run took over, or left under way for recovery, stays as it is.
             if let Some(rec) = record.filter(|r| {
-                r.execution_id == *execution
+                r.execution_id == h.execution_id
                     && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
             }) {
                 self.run_finished(rec, None);

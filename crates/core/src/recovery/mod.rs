@@ -344,13 +344,21 @@ impl Sandbox {
     pub fn recover(&self) -> Vec<Recovered> {
         self.remove_dead_record_temp_files();
         let mut out = self.recover_commit_logs();
-        let records = match self.state.inflight_list() {
+        let mut records = match self.state.inflight_list() {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list in-flight runs");
                 return Vec::new();
             }
         };
+        // Oldest run first (execution ids follow time): restores two dead runs or
+        // rollbacks left unrecorded on one file are then recorded in the order made.
+        records.sort_by_cached_key(|(id, b)| {
+            serde_json::from_slice::<InflightRecord>(b)
+                .map(|r| r.execution_id)
+                .unwrap_or_default()
+                + id
+        });
         // Runs that finished in this boot, whose processes left no sync point behind
         // them: made durable and marked idle, so that a later boot, which cannot tell
         // what a crash lost, never judges them.

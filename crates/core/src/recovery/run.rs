@@ -273,7 +273,9 @@ impl Sandbox {
                     .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
-                for by in makers {
+                // A run or rollback of this process whose restores' lines wait is no dead
+                // one: its id names this process's writes under way too.
+                for by in makers.iter().filter(|m| !self.held_restores().holds(m)) {
                     let removed = self
                         .failpoints
                         .check("remove_dead_temp")

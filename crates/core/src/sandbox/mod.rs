@@ -77,6 +77,8 @@ pub struct Sandbox {
     /// Workflows whose restores this process made but the audit trail would not record
     /// (see [`Sandbox::record_held_restores`]).
     pub(crate) held_restores: std::sync::Mutex<crate::recovery::HeldRestores>,
+    /// Taken while they are recorded (see [`Sandbox::record_held_restores`]).
+    pub(crate) recording_held: std::sync::Mutex<()>,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of
@@ -418,6 +420,7 @@ impl Sandbox {
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
             held_restores: std::sync::Mutex::default(),
+            recording_held: std::sync::Mutex::default(),
         };
         let recovered = sb.recover();
         // A rollback that died after its restores, before it removed the directories

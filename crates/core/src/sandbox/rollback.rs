@@ -1602,8 +1602,12 @@ impl Sandbox {
         }
         // Recorded before this process's next change (`record_held_restores`). Those of
         // a dead run's undo are left with its record, kept for the next start.
-        if !recovering && steps.iter().any(|s| s.restored && s.unrecorded.is_some()) {
-            self.held_restores().add(workflow_id, execution_id);
+        let held = steps
+            .iter()
+            .filter(|s| s.restored && s.unrecorded.is_some())
+            .count();
+        if !recovering && held > 0 {
+            self.held_restores().add(workflow_id, execution_id, held);
         }
         // One rollback, however many steps it restored (those count as mutations).
         if steps.iter().any(|s| s.restored) {

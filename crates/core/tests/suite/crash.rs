@@ -2654,6 +2654,35 @@ fn a_run_undoes_itself_while_the_trail_is_held() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A held restore whose mark cannot be read when the process records the held lines
+/// (its snapshot folder moved away for the moment) keeps its rollback's record: the next
+/// start records it once the folder is back (the record was closed, nothing recorded, and
+/// the trail said for good that the file held what the rollback had replaced).
+#[test]
+fn a_held_restore_whose_mark_is_away_is_recorded_once_it_is_back() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    let sb = replaced_for_a_refused_rollback(&w);
+    assert_held(&sb.rollback_workflow("wf_o", &RollbackOptions::default()));
+    let (folder, aside) = (w.path(".rollback/wf_o"), w.tmp.path().join("wf_o.aside"));
+    std::fs::rename(&folder, &aside).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(run_record(&w, "wf_o")["state"], "rolling_back");
+    std::fs::rename(&aside, &folder).unwrap();
+    drop(sb);
+    let sb = w.sandbox();
+    let restored = lines_of_a(&sb).into_iter().any(|(wf, s, after)| {
+        wf == "wf_o" && s == AuditStatus::RolledBack && after == Some(sha(b"original"))
+    });
+    assert!(restored, "{:?}", lines_of_a(&sb));
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Recording the restores a rollback held back reads only their marks: a link on
 /// another file of the workflow, which a recovery of a dead run would refuse to judge,
 /// does not keep them off the trail.
