@@ -430,9 +430,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let root = args.str("root");
         let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
-        // With several roots, which one was listed.
+        // With several roots, which one was listed (an absolute path says it itself).
         let in_root = match self.sandbox.roots() {
             [_] | [] => String::new(),
+            _ if path.starts_with('/') => String::new(),
             [first, ..] => format!(
                 " in root {}",
                 root.clone()

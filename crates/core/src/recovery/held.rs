@@ -22,6 +22,10 @@ struct Held {
     execution_id: String,
     /// How many of its restores wait.
     restores: usize,
+    /// A dead run or rollback whose restores' lines this process's start could not
+    /// write: all the workflow's marked restores are recorded, whatever made them, and
+    /// its record is settled as recovery does.
+    kept: bool,
 }
 
 impl HeldRestores {
@@ -38,14 +42,30 @@ impl HeldRestores {
                 workflow_id: workflow_id.to_owned(),
                 execution_id: execution_id.to_owned(),
                 restores,
+                kept: false,
             }),
         }
         self.added += 1;
     }
 
-    /// Whether restores of `execution_id` wait to be recorded.
+    /// The start kept the record of `execution_id` of `workflow_id`, a dead run or
+    /// rollback, because the trail refused its restores' lines.
+    pub(crate) fn add_kept(&mut self, workflow_id: &str, execution_id: &str) {
+        self.held.push(Held {
+            workflow_id: workflow_id.to_owned(),
+            execution_id: execution_id.to_owned(),
+            restores: 0,
+            kept: true,
+        });
+        self.added += 1;
+    }
+
+    /// Whether restores of `execution_id`, a run or rollback of this process, wait to be
+    /// recorded.
     pub(crate) fn holds(&self, execution_id: &str) -> bool {
-        self.held.iter().any(|h| h.execution_id == execution_id)
+        self.held
+            .iter()
+            .any(|h| !h.kept && h.execution_id == execution_id)
     }
 
     /// The workflow's restores are on the trail.
@@ -101,14 +121,18 @@ impl Sandbox {
         }
         let recorded = &held[..reached];
         let executions: HashSet<&str> = recorded.iter().map(|h| h.execution_id.as_str()).collect();
+        let kept: HashSet<&str> = recorded
+            .iter()
+            .filter(|h| h.kept)
+            .map(|h| h.workflow_id.as_str())
+            .collect();
         let mut records = Vec::new();
         for wf in &workflows {
             match self.marked_unrecorded(wf) {
-                Ok(found) => records.extend(
-                    found
-                        .into_iter()
-                        .filter(|r| executions.contains(r.execution_id.as_str())),
-                ),
+                Ok(found) => records.extend(found.into_iter().filter(|r| {
+                    kept.contains(r.workflow_id.as_str())
+                        || executions.contains(r.execution_id.as_str())
+                })),
                 Err(e) => {
                     // Kept for the next change, or the workflow's next use.
                     tracing::warn!(workflow = %wf, error = %e, "could not read the restores the audit trail refused");
@@ -136,8 +160,8 @@ impl Sandbox {
         for (h, complete) in recorded.iter().zip(complete) {
             if !complete {
                 // A mark that could not be read (its snapshot folder moved away, say):
-                // the record stays for the next start, or the workflow's next use, to
-                // record it once it is back, or say why it cannot.
+                // the record stays for the next start, or the workflow's next use, which
+                // records it if the folder is back by then (one still away is given up).
                 tracing::warn!(workflow = %h.workflow_id, execution = %h.execution_id, "some restores the audit trail refused have no readable mark; the run's record is kept for the next start");
                 continue;
             }
@@ -153,7 +177,11 @@ impl Sandbox {
                 r.execution_id == h.execution_id
                     && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
             }) {
-                self.run_finished(rec, None);
+                if h.kept {
+                    self.write_recovered_record(&rec);
+                } else {
+                    self.run_finished(rec, None);
+                }
             }
         }
         self.held_restores().held.retain(|h| !recorded.contains(h));

@@ -224,6 +224,9 @@ pub struct Recovered {
     /// For a dead rollback: the workflow's actions audited as done that are still not
     /// restored (the rollback had not reached them, or it was of another action).
     pub not_rolled_back: usize,
+    /// Restores made (and marked) whose lines the trail would not take: the record is
+    /// kept, and this process records them before its first change.
+    pub restores_held: bool,
     /// Snapshot folders of the workflow left alone because they could not be read or
     /// trusted. The run is recorded as recovered all the same: judging it again at every
     /// start would undo later changes to its targets.
@@ -276,6 +279,7 @@ impl Recovered {
     /// later try, which writes them from the marks.
     fn restores_unaudited(&mut self, e: &std::io::Error) {
         tracing::error!(error = %e, "could not audit restores; the next start tries again");
+        self.restores_held = true;
         self.unrecorded(
             e,
             "its files were restored, but the audit trail could not record it",

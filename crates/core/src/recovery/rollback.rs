@@ -130,8 +130,9 @@ impl Sandbox {
         // (closed, nothing would ever write them, and the trail would go on naming the
         // workflow's writes as what the files hold).
         match self
-            .audit
-            .append(records)
+            .failpoints
+            .check("recovery_audit")
+            .and_then(|()| self.audit.append(records))
             .and_then(|_| self.try_record_marked_restores(&rec.workflow_id))
         {
             Ok(n) => report.restores_recorded += n,

@@ -423,6 +423,10 @@ impl Sandbox {
             recording_held: std::sync::Mutex::default(),
         };
         let recovered = sb.recover();
+        // Oldest first, before anything this process writes.
+        for r in recovered.iter().filter(|r| r.retry && r.restores_held) {
+            sb.held_restores().add_kept(&r.workflow_id, &r.execution_id);
+        }
         // A rollback that died after its restores, before it removed the directories
         // they emptied, is finished here.
         if recovered

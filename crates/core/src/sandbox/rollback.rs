@@ -379,6 +379,11 @@ impl Sandbox {
                 Ok(conflicts) => (
                     self.record_room(&self.root_names(pending.iter().map(|(i, _)| *i)), true)
                         .err()
+                        .or_else(|| {
+                            pending
+                                .iter()
+                                .find_map(|(i, _)| self.root_in_place(*i).err())
+                        })
                         .or_else(|| self.beyond_force(&pending))
                         .or_else(|| self.unwritable_folders(&pending))
                         .or_else(|| self.damaged_backups(&pending, false).map(|(r, _)| r))

@@ -2683,6 +2683,50 @@ fn a_held_restore_whose_mark_is_away_is_recorded_once_it_is_back() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A start whose recovery of a dead rollback cannot record its restores (the trail
+/// refused them) keeps its record, and records them before the process's first change:
+/// that change's line came first, and the trail named a version the file no longer held
+/// until the next start.
+#[test]
+fn restores_a_start_could_not_record_come_before_its_first_change() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let (w, c, _) =
+        rollback_killed_at("after_mark", ailab_sandbox_core::config::Durability::Strict);
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm("recovery_audit", 1);
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        c,
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap();
+    assert_noticed(&sb, "its record is kept");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "rolling_back");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_next", "actions": [
+            {"intent": "create_file", "path": "next.txt", "content": "n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let trail = sb.audit_entries(100, None).unwrap();
+    let restored = trail
+        .iter()
+        .filter(|e| e.workflow_id == "wf_crash" && e.status == AuditStatus::RolledBack)
+        .map(|e| e.seq)
+        .collect::<Vec<_>>();
+    let next = trail
+        .iter()
+        .find(|e| e.workflow_id == "wf_next")
+        .map(|e| e.seq)
+        .unwrap();
+    assert_eq!(restored.len(), 2, "{trail:?}");
+    assert!(restored.iter().all(|s| *s < next), "{trail:?}");
+    let rec = run_record(&w, "wf_crash");
+    assert_eq!(rec["state"], "idle", "{rec}");
+    assert!(rec["rollback_recovered_at"].is_string(), "{rec}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Recording the restores a rollback held back reads only their marks: a link on
 /// another file of the workflow, which a recovery of a dead run would refuse to judge,
 /// does not keep them off the trail.

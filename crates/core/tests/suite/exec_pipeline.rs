@@ -1166,6 +1166,10 @@ fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
         );
         assert_eq!(rb.status, "refused", "{rb:?}");
         assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        // The preview says the same.
+        let info = sb.rollback_info("wf_moved").unwrap();
+        assert!(!info.rollback_available, "{info:?}");
+        assert_eq!(info.reason_code, Some(ReasonCode::Conflict), "{info:?}");
         assert!(!aside.join("b.txt").exists() && !w.path("b.txt").exists());
         assert!(aside.join("a.txt").exists(), "nothing restored");
     }

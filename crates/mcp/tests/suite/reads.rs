@@ -388,5 +388,14 @@ async fn a_listing_names_its_root_when_there_are_several() {
         "{}",
         text(&r)
     );
+    // An absolute path names its root itself (it was said to be in the first).
+    std::fs::create_dir(other.join("sub")).unwrap();
+    let sub = other.join("sub").display().to_string();
+    let r = s.ok("list_directory", json!({"path": sub})).await;
+    assert!(
+        text(&r).starts_with(&format!("Directory {sub} is empty")),
+        "{}",
+        text(&r)
+    );
     s.finish().await;
 }
