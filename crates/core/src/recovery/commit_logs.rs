@@ -41,13 +41,7 @@ impl Sandbox {
             let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
                 continue;
             };
-            let record = || {
-                self.state
-                    .inflight_read(&wf)
-                    .ok()
-                    .flatten()
-                    .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
-            };
+            let record = || self.run_record(&wf);
             // Its run finished in this boot: nothing the log covers was lost, so it is
             // not replayed, only made durable and emptied (as that process's next sync
             // point would); settling refuses a log that covers a root this start lacks.

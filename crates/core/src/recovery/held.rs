@@ -165,12 +165,7 @@ impl Sandbox {
                 tracing::warn!(workflow = %h.workflow_id, execution = %h.execution_id, "some restores the audit trail refused have no readable mark; the run's record is kept for the next start");
                 continue;
             }
-            let record = self
-                .state
-                .inflight_read(&h.workflow_id)
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok());
+            let record = self.run_record(&h.workflow_id);
             // As the run or rollback would have left it, had the trail taken its lines;
             // one a later run took over, or left under way for recovery, stays as it is.
             if let Some(rec) = record.filter(|r| {

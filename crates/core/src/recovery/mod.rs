@@ -62,6 +62,15 @@ fn needs_recovery(rec: &InflightRecord) -> bool {
 }
 
 impl Sandbox {
+    /// `workflow_id`'s run record, when there is one that can be read.
+    pub(crate) fn run_record(&self, workflow_id: &str) -> Option<InflightRecord> {
+        self.state
+            .inflight_read(workflow_id)
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice::<InflightRecord>(&b).ok())
+    }
+
     /// Whether `workflow_id`'s run record still awaits recovery (a run or rollback that
     /// died, or one that could not write its last lines): what it did is not all on the
     /// trail yet.

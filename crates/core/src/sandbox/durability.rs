@@ -403,12 +403,7 @@ impl Sandbox {
         let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{}", rec.workflow_id)) else {
             return;
         };
-        let current = self
-            .state
-            .inflight_read(&rec.workflow_id)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok());
+        let current = self.run_record(&rec.workflow_id);
         if current.is_none_or(|c| c.execution_id != rec.execution_id) {
             return;
         }

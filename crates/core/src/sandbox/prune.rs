@@ -171,13 +171,7 @@ impl Sandbox {
             .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
         // An interrupted rollback recovery settled is activity as of then: the operator
         // was told to run it again, which needs these snapshots.
-        let recovered_at = self
-            .state
-            .inflight_read(wf)
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice::<crate::recovery::InflightRecord>(&b).ok())
-            .and_then(|r| r.rollback_recovered_at);
+        let recovered_at = self.run_record(wf).and_then(|r| r.rollback_recovered_at);
         let recent = snaps
             .iter()
             .map(|(_, s)| s.meta.taken_at.as_str())
