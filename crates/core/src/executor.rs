@@ -809,6 +809,9 @@ impl<'a> SandboxWriteExecutor<'a> {
         let result = self.execute_actions();
         // After a failed sync the record stays active instead (`run_finished`): the next
         // start checks the whole run against the disk.
+        if unsettled.get() || unrecorded.get() {
+            sb.left_for_later(&record.execution_id);
+        }
         if unsettled.get() {
             tracing::warn!(workflow = %record.workflow_id, "a failed action of this run could not be undone; its record stays active, for the next run or start to check it against the disk");
         } else if unrecorded.get()

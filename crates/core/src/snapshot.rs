@@ -144,6 +144,9 @@ impl SnapshotMeta {
 pub struct RestoredMark {
     /// The rollback (or run undoing itself) that restored it.
     pub execution_id: String,
+    /// When (absent from marks written before marks said it).
+    #[serde(default)]
+    pub restored_at: Option<String>,
     /// SHA-256 of what the restore left, `None` when it removed the target.
     pub restored_checksum: Option<String>,
     /// Directories the action created that the restore had to leave.

@@ -23,8 +23,9 @@ struct Held {
     /// How many of its restores wait.
     restores: usize,
     /// A dead run or rollback whose restores' lines this process's start could not
-    /// write: all the workflow's marked restores are recorded, whatever made them, and
-    /// its record is settled as recovery does.
+    /// write: all the workflow's marked restores are recorded, whatever made them, and a
+    /// dead rollback's record (or one whose restores alone were unaudited) is settled as
+    /// recovery does; a dead run's stays for its recovery to finish.
     kept: bool,
 }
 
@@ -54,7 +55,9 @@ impl HeldRestores {
         self.held.push(Held {
             workflow_id: workflow_id.to_owned(),
             execution_id: execution_id.to_owned(),
-            restores: 0,
+            // At least the one the start could not record: none found means its
+            // snapshot folder is away, and the record stays.
+            restores: 1,
             kept: true,
         });
         self.added += 1;
@@ -129,29 +132,31 @@ impl Sandbox {
         let mut records = Vec::new();
         for wf in &workflows {
             match self.marked_unrecorded(wf) {
-                Ok(found) => records.extend(found.into_iter().filter(|r| {
+                Ok(found) => records.extend(found.into_iter().filter(|(_, r)| {
                     kept.contains(r.workflow_id.as_str())
                         || executions.contains(r.execution_id.as_str())
                 })),
-                Err(e) => {
-                    // Kept for the next change, or the workflow's next use.
-                    tracing::warn!(workflow = %wf, error = %e, "could not read the restores the audit trail refused");
-                    return Ok(());
-                }
+                // The trail could not be read (held, say): this change would pass them.
+                Err(e) => return Err(self.held_restores_refusal(&workflows, &e)),
             }
         }
-        // Stable: each execution's restores stay in the order they were made.
-        records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
-        let found = |execution: &str| {
+        // In the order the restores were made, as their marks' times say (stable: ties
+        // keep each workflow's order).
+        records.sort_by(|a, b| a.0.cmp(&b.0));
+        let found = |h: &Held| {
             records
                 .iter()
-                .filter(|r| r.execution_id == execution)
+                .filter(|(_, r)| {
+                    if h.kept {
+                        r.workflow_id == h.workflow_id
+                    } else {
+                        r.execution_id == h.execution_id
+                    }
+                })
                 .count()
         };
-        let complete: Vec<bool> = recorded
-            .iter()
-            .map(|h| found(&h.execution_id) >= h.restores)
-            .collect();
+        let complete: Vec<bool> = recorded.iter().map(|h| found(h) >= h.restores).collect();
+        let records: Vec<AuditRecord> = records.into_iter().map(|(_, r)| r).collect();
         if !records.is_empty()
             && let Err(e) = self.audit.append(records)
         {
@@ -173,7 +178,14 @@ impl Sandbox {
                     && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
             }) {
                 if h.kept {
-                    self.write_recovered_record(&rec);
+                    // What recovery appended is durable before its record says no more
+                    // recovery is needed, as at start.
+                    match self.conclude_sync() {
+                        Ok(()) => self.write_recovered_record(&rec),
+                        Err(r) => {
+                            tracing::warn!(reason = %r.reason, "could not sync the restores recorded for a dead run; its record is kept for the next start");
+                        }
+                    }
                 } else {
                     self.run_finished(rec, None);
                 }

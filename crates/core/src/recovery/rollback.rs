@@ -158,7 +158,11 @@ impl Sandbox {
 
     /// [`Sandbox::record_marked_restores`], saying when the audit append failed.
     pub(super) fn try_record_marked_restores(&self, workflow_id: &str) -> std::io::Result<usize> {
-        let records = self.marked_unrecorded(workflow_id)?;
+        let records: Vec<AuditRecord> = self
+            .marked_unrecorded(workflow_id)?
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
         let n = records.len();
         if n > 0 {
             self.audit.append(records)?;
@@ -168,7 +172,11 @@ impl Sandbox {
 
     /// The audit records of the restores of `workflow_id` that are marked but not on the
     /// trail, in the order they were made.
-    pub(super) fn marked_unrecorded(&self, workflow_id: &str) -> std::io::Result<Vec<AuditRecord>> {
+    /// Each with when it was made (empty when its mark does not say).
+    pub(super) fn marked_unrecorded(
+        &self,
+        workflow_id: &str,
+    ) -> std::io::Result<Vec<(String, AuditRecord)>> {
         let entries = self.audit.by_workflow(workflow_id)?;
         let recorded: HashSet<&str> = entries
             .iter()
@@ -180,9 +188,11 @@ impl Sandbox {
             .trusted_workflow_snapshots(workflow_id)
             .map(|(s, _)| s)
             .unwrap_or_default();
-        // In the order the restores were made: rollbacks (and runs undoing themselves)
-        // one after another, as their time-ordered ids say, each newest first. Read in
-        // order, the trail then leaves each target as the restores did.
+        // In the order the restores were made, as their marks' times say (a run's undo
+        // carries the id of the run's start, which another workflow's restore of the
+        // same file may follow); marks without a time by their rollbacks' time-ordered
+        // ids, each newest first. Read in order, the trail then leaves each target as
+        // the restores did.
         for (i, s) in snaps.into_iter().rev() {
             if !s.restored || recorded.contains(s.meta.action_id.as_str()) {
                 continue;
@@ -202,16 +212,22 @@ impl Sandbox {
                     .find(|e| e.action_id == s.meta.action_id && e.status == AuditStatus::Success)
                     .and_then(|e| e.after_checksum.clone())
             });
-            records.push(self.rollback_record(
-                &mark.execution_id,
-                workflow_id,
-                i,
-                &s.meta,
-                before,
-                mark.restored_checksum,
+            let at = mark.restored_at.clone().unwrap_or_default();
+            records.push((
+                at,
+                self.rollback_record(
+                    &mark.execution_id,
+                    workflow_id,
+                    i,
+                    &s.meta,
+                    before,
+                    mark.restored_checksum,
+                ),
             ));
         }
-        records.sort_by(|a, b| a.execution_id.cmp(&b.execution_id));
+        // Stable: ties keep the rollbacks' order.
+        records.sort_by(|a, b| a.1.execution_id.cmp(&b.1.execution_id));
+        records.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(records)
     }
 }

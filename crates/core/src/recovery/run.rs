@@ -273,9 +273,9 @@ impl Sandbox {
                     .and_then(|(d, _)| d.into_owned().ok())
             };
             if let Some(d) = dir {
-                // A run or rollback of this process whose restores' lines wait is no dead
-                // one: its id names this process's writes under way too.
-                for by in makers.iter().filter(|m| !self.held_restores().holds(m)) {
+                // A run or rollback of this process that left its record for later is
+                // no dead one: its id names this process's writes under way too.
+                for by in makers.iter().filter(|m| !self.is_left_for_later(m)) {
                     let removed = self
                         .failpoints
                         .check("remove_dead_temp")

@@ -79,6 +79,9 @@ pub struct Sandbox {
     pub(crate) held_restores: std::sync::Mutex<crate::recovery::HeldRestores>,
     /// Taken while they are recorded (see [`Sandbox::record_held_restores`]).
     pub(crate) recording_held: std::sync::Mutex<()>,
+    /// Runs and rollbacks of this instance whose records it left for a later recovery:
+    /// no dead ones, whose temporary files (named by this process) may be removed.
+    left_for_later: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of
@@ -421,6 +424,7 @@ impl Sandbox {
             target_locks,
             held_restores: std::sync::Mutex::default(),
             recording_held: std::sync::Mutex::default(),
+            left_for_later: std::sync::Mutex::default(),
         };
         let recovered = sb.recover();
         // Oldest first, before anything this process writes.
@@ -770,6 +774,22 @@ impl Sandbox {
                 ),
             )
         })
+    }
+
+    /// Execution `execution_id` of this instance left its record for a later recovery.
+    pub(crate) fn left_for_later(&self, execution_id: &str) {
+        self.left_for_later
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(execution_id.to_owned());
+    }
+
+    /// Whether `execution_id` is one of this instance's (see [`Sandbox::left_for_later`]).
+    pub(crate) fn is_left_for_later(&self, execution_id: &str) -> bool {
+        self.left_for_later
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(execution_id)
     }
 
     pub(crate) fn abs_path(&self, root_index: usize, rel: &RelPath) -> String {

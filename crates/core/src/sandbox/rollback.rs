@@ -1244,6 +1244,8 @@ impl Sandbox {
         let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
         if unrecorded.is_none() {
             self.run_finished(record, None);
+        } else {
+            self.left_for_later(&execution_id);
         }
         // Else the record stays "rolling back": the next start, or the next run or
         // rollback of this workflow in any process, finds it and audits the restores
