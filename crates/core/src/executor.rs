@@ -124,6 +124,35 @@ pub struct ActionResult {
     pub retry_after_seconds: Option<u64>,
 }
 
+impl ActionResult {
+    /// An action's result before anything is known of its work: no operation class,
+    /// reason, checksums, size, artifact or snapshot yet.
+    pub fn new(
+        action_id: impl Into<String>,
+        intent: impl Into<String>,
+        path: impl Into<String>,
+        status: ActionStatus,
+        risk: RiskLevel,
+    ) -> Self {
+        Self {
+            action_id: action_id.into(),
+            intent: intent.into(),
+            mutation_class: None,
+            path: path.into(),
+            status,
+            reason_code: None,
+            reason: None,
+            risk,
+            before_checksum: None,
+            after_checksum: None,
+            size_bytes: None,
+            artifact_id: None,
+            rollback_path: None,
+            retry_after_seconds: None,
+        }
+    }
+}
+
 /// The run result (SPEC §6).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
@@ -612,20 +641,14 @@ impl<'a> SandboxWriteExecutor<'a> {
         status: ActionStatus,
     ) -> ActionResult {
         ActionResult {
-            action_id: a.id().to_owned(),
-            intent: a.intent.clone(),
             mutation_class: op.map(|o| o.mutation_class),
-            path: a.path.clone(),
-            status,
-            reason_code: None,
-            reason: None,
-            risk: assess_sandbox_risk(&a.intent, &a.path),
-            before_checksum: None,
-            after_checksum: None,
-            size_bytes: None,
-            artifact_id: None,
-            rollback_path: None,
-            retry_after_seconds: None,
+            ..ActionResult::new(
+                a.id(),
+                a.intent.clone(),
+                a.path.clone(),
+                status,
+                assess_sandbox_risk(&a.intent, &a.path),
+            )
         }
     }
 

@@ -381,20 +381,10 @@ mod tests {
 
     fn action(id: &str, status: ActionStatus, code: Option<ReasonCode>) -> ActionResult {
         ActionResult {
-            action_id: id.to_owned(),
-            intent: "create_file".to_owned(),
             mutation_class: Some(MutationClass::Create),
-            path: "a.md".to_owned(),
-            status,
             reason_code: code,
             reason: code.map(|c| format!("because {c}")),
-            risk: RiskLevel::Medium,
-            before_checksum: None,
-            after_checksum: None,
-            size_bytes: None,
-            artifact_id: None,
-            rollback_path: None,
-            retry_after_seconds: None,
+            ..ActionResult::new(id, "create_file", "a.md", status, RiskLevel::Medium)
         }
     }
 

@@ -576,20 +576,15 @@ mod tests {
         let policy = ExtensionPolicy::default();
         let text_of = |restored: Option<bool>| {
             let action = ActionResult {
-                action_id: "act_1".to_owned(),
-                intent: "create_directory".to_owned(),
-                mutation_class: None,
-                path: "d".to_owned(),
-                status: ActionStatus::Failed,
                 reason_code: Some(ReasonCode::IoError),
                 reason: Some("could not write the snapshot: no storage space".to_owned()),
-                risk: RiskLevel::Low,
-                before_checksum: None,
-                after_checksum: None,
-                size_bytes: None,
-                artifact_id: None,
-                rollback_path: None,
-                retry_after_seconds: None,
+                ..ActionResult::new(
+                    "act_1",
+                    "create_directory",
+                    "d",
+                    ActionStatus::Failed,
+                    RiskLevel::Low,
+                )
             };
             let res = RunResult {
                 workflow_id: "wf_f".to_owned(),
