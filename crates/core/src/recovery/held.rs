@@ -9,7 +9,8 @@ use super::*;
 /// The runs and rollbacks of this process whose restores the trail refused, oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct HeldRestores {
-    /// Each, oldest first (execution ids are ordered by time).
+    /// Each, in the order its restores were first held back (a run's undo may come
+    /// after a later run's: its id, the run's start, says nothing of that).
     held: Vec<Held>,
     /// How many were ever added: a change that took its locks learns whether one came
     /// meanwhile.
