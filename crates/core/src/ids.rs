@@ -26,6 +26,12 @@ pub fn unique() -> String {
     format!("{nanos:016x}{seq:08x}{:08x}", seed())
 }
 
+/// When an id (or a name ending in one) was made, in Unix nanoseconds.
+pub fn nanos(id: &str) -> Option<i64> {
+    let tail = id.get(id.len().checked_sub(32)?..)?;
+    i64::from_str_radix(tail.get(..16)?, 16).ok()
+}
+
 /// The part of an id (or of a name ending in one) that tells which process made it.
 pub fn process_seed(id: &str) -> &str {
     id.get(id.len().saturating_sub(8)..).unwrap_or("")
@@ -37,6 +43,7 @@ pub fn made_here(id: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -51,5 +58,10 @@ mod tests {
             ids.iter()
                 .all(|i| i.len() == 32 && i.bytes().all(|b| b.is_ascii_hexdigit()))
         );
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let made = nanos(&format!("ex_{}", unique())).unwrap();
+        let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert!((before.as_nanos() as i64..=after.as_nanos() as i64).contains(&made));
+        assert_eq!(nanos("short"), None);
     }
 }

@@ -364,14 +364,9 @@ impl Sandbox {
                 return Vec::new();
             }
         };
-        // Oldest run first (execution ids follow time): restores two dead runs or
-        // rollbacks left unrecorded on one file are then recorded in the order made.
-        records.sort_by_cached_key(|(id, b)| {
-            serde_json::from_slice::<InflightRecord>(b)
-                .map(|r| r.execution_id)
-                .unwrap_or_default()
-                + id
-        });
+        // Oldest first: restores two dead runs or rollbacks left unrecorded on one file
+        // are then recorded in the order made.
+        records.sort_by_cached_key(|(id, b)| self.recovery_order(id, b));
         // Runs that finished in this boot, whose processes left no sync point behind
         // them: made durable and marked idle, so that a later boot, which cannot tell
         // what a crash lost, never judges them.
@@ -460,6 +455,28 @@ impl Sandbox {
             }
         }
         out
+    }
+
+    /// When the run or rollback of the record `bytes` of workflow `id` first changed what
+    /// recovery is to record: the time on the earliest mark of its unrecorded restores,
+    /// else its execution id's. Not the id alone: a run's undo carries the id of the
+    /// run's start, which another workflow's restore of the same file may follow.
+    fn recovery_order(&self, id: &str, bytes: &[u8]) -> (Option<i64>, String) {
+        let rec = serde_json::from_slice::<InflightRecord>(bytes).ok();
+        let marked = rec
+            .as_ref()
+            .filter(|r| needs_recovery(r) && r.workflow_id == id && crate::plan::is_valid_id(id))
+            .and_then(|_| self.marked_unrecorded(id).ok())
+            .and_then(|marks| {
+                marks
+                    .iter()
+                    .filter_map(|(at, _)| crate::clock::parse_timestamp(at))
+                    .filter_map(|t| t.timestamp_nanos_opt())
+                    .min()
+            });
+        let execution = rec.map(|r| r.execution_id).unwrap_or_default();
+        let at = marked.or_else(|| crate::ids::nanos(&execution));
+        (at, execution + id)
     }
 
     /// Recovers a run or rollback of `workflow_id` that died while this process was

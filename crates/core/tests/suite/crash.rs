@@ -2775,6 +2775,75 @@ fn held_restores_are_recorded_whatever_the_workflows_other_files_are() {
     assert_eq!(run_record(&w, "wf_a")["state"], "idle");
 }
 
+/// Two processes' rollbacks of one file, each killed after its restore's mark: the next
+/// start records both in the order their marks were made, not by execution id (a
+/// rollback that took its id first may reach the file second, once the other lets it
+/// go): the trail's newest line of the file then says what it holds.
+#[test]
+fn a_start_records_dead_restores_of_one_file_in_the_order_made() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = w.sandbox();
+    for (wf, content) in [("wf_x", "x"), ("wf_y", "y")] {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"intent": "replace_file", "path": "a.txt", "content": content}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    drop(sb);
+    // Both open before either dies, as two processes would be: neither start sees a
+    // dead rollback.
+    let (first, second) = (w.sandbox(), w.sandbox());
+    for (sb, wf, force) in [(first, "wf_y", false), (second, "wf_x", true)] {
+        sb.failpoints().arm_crash("after_mark", 1);
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.rollback_workflow(
+                wf,
+                &RollbackOptions {
+                    force,
+                    ..RollbackOptions::default()
+                },
+            )
+        }));
+        assert!(died.is_err(), "{wf}'s rollback dies after its mark");
+        w.clock.advance(chrono::Duration::seconds(1));
+    }
+    assert_eq!(w.read("a.txt"), b"original");
+    // wf_x's rollback had taken its id before wf_y's.
+    let mut rec = run_record(&w, "wf_x");
+    let y = run_record(&w, "wf_y")["execution_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(rec["state"], "rolling_back", "{rec}");
+    rec["execution_id"] = json!(format!("ex_{}", "0".repeat(32)));
+    assert!(rec["execution_id"].as_str().unwrap() < y.as_str());
+    ailab_sandbox_core::confine::state::StateDir::open(&w.state)
+        .unwrap()
+        .inflight_write("wf_x", rec.to_string().as_bytes(), false)
+        .unwrap();
+    let sb = w.sandbox();
+    let lines = lines_of_a(&sb);
+    assert_eq!(
+        lines,
+        [
+            ("wf_x".to_owned(), AuditStatus::Success, Some(sha(b"x"))),
+            ("wf_y".to_owned(), AuditStatus::Success, Some(sha(b"y"))),
+            ("wf_y".to_owned(), AuditStatus::RolledBack, Some(sha(b"x"))),
+            (
+                "wf_x".to_owned(),
+                AuditStatus::RolledBack,
+                Some(sha(b"original"))
+            ),
+        ],
+        "{lines:?}"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
 /// temporary file in the root (returned).
 fn died_leaving_a_recovery_temp_file(
