@@ -554,8 +554,15 @@ impl Sandbox {
             }
             if r.untrusted > 0 {
                 sb.notices.push(format!(
-                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect .rollback/{}/",
-                    r.execution_id, r.workflow_id, r.untrusted, r.workflow_id
+                    "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
+                    r.execution_id,
+                    r.workflow_id,
+                    r.untrusted,
+                    sb.workflow_folders(&r.workflow_id)
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
         }
@@ -645,6 +652,18 @@ impl Sandbox {
 
     pub(crate) fn now(&self) -> String {
         timestamp(self.clock.now())
+    }
+
+    /// The snapshot folders of `workflow_id` (`.rollback/{workflow}`), in the roots
+    /// that hold one.
+    pub(crate) fn workflow_folders(&self, workflow_id: &str) -> Vec<PathBuf> {
+        let rel = format!("{}/{workflow_id}", crate::confine::path::ROLLBACK_DIR);
+        self.roots
+            .iter()
+            .zip(&self.root_paths)
+            .filter(|(root, _)| root.dir().symlink_metadata(&rel).is_ok())
+            .map(|(_, path)| workflow_folder(path, workflow_id))
+            .collect()
     }
 
     pub(crate) fn durable(&self) -> bool {
@@ -1019,4 +1038,10 @@ impl Drop for Sandbox {
             tracing::warn!(reason = %r.reason, "final sync failed");
         }
     }
+}
+
+/// `.rollback/{workflow}` in the root at `root`.
+pub(crate) fn workflow_folder(root: &Path, workflow_id: &str) -> PathBuf {
+    root.join(crate::confine::path::ROLLBACK_DIR)
+        .join(workflow_id)
 }

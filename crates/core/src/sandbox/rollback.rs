@@ -2,7 +2,7 @@
 
 use super::conflicts::{Conflict, TargetState};
 use super::locks::workflow_lock_refusal;
-use super::{RootedSnapshots, Sandbox};
+use super::{RootedSnapshots, Sandbox, workflow_folder};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::catalog::MutationClass;
 use crate::confine::path::shown_path;
@@ -650,15 +650,18 @@ impl Sandbox {
         if report.reason_code == Some(ReasonCode::InvalidId) {
             return;
         }
+        // The workflow's snapshot folder: in the root that holds it (the first root's
+        // when none does), so that a workflow of another root is not named by the first's.
         let folder = self
-            .root_paths
-            .first()
-            .map(|r| {
-                r.join(crate::confine::path::ROLLBACK_DIR)
-                    .join(workflow_id)
-                    .display()
-                    .to_string()
+            .workflow_folders(workflow_id)
+            .into_iter()
+            .next()
+            .or_else(|| {
+                self.root_paths
+                    .first()
+                    .map(|r| workflow_folder(r, workflow_id))
             })
+            .map(|f| f.display().to_string())
             .unwrap_or_default();
         let record = AuditRecord {
             timestamp: self.now(),

@@ -1064,6 +1064,15 @@ fn a_registered_write_whose_snapshot_went_or_was_replaced_is_recorded_done() {
         }
         let sb = w.open(c);
         let at = format!("removed={removed}: {:?}", sb.notices());
+        if !removed {
+            assert_noticed(
+                &sb,
+                &format!(
+                    "left 1 snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
+                    w.root.join(".rollback/wf_crash").display()
+                ),
+            );
+        }
         assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{at}");
         let line = sb
             .audit_entries(1000, Some("wf_crash"))

@@ -2721,3 +2721,28 @@ fn a_folder_back_before_the_step_ends_leaves_the_step_to_a_later_rollback() {
     assert_eq!(w.tree(), before);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A refused rollback's trail line names the workflow's snapshot folder in the root that
+/// holds it, not in the first root.
+#[test]
+fn a_refused_rollback_names_the_folder_of_the_workflows_root() {
+    let w = World::new();
+    let (root2, both) = with_second_root(&w, &w.writable_config());
+    let sb = w.open(both);
+    let target = root2.join("b.txt");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_two", "actions": [
+            {"intent": "create_file", "path": target.to_str().unwrap(), "content": "b"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::write(&target, b"someone else").unwrap();
+    let rb = sb.rollback_workflow("wf_two", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let last = &sb.audit_entries(1, Some("wf_two")).unwrap()[0];
+    assert_eq!(last.mutation_type, "rollback_workflow");
+    assert_eq!(
+        std::path::Path::new(&last.target_path),
+        root2.join(".rollback/wf_two")
+    );
+}
