@@ -78,6 +78,49 @@ impl HeldRestores {
     }
 }
 
+/// The turn to record held restores: one thread at a time, the others waiting for it
+/// no longer than a lock's wait.
+#[derive(Debug, Default)]
+pub(crate) struct RecordingTurn {
+    busy: std::sync::Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+impl RecordingTurn {
+    /// The turn, once free; `None` when it was not free within `wait`.
+    fn take(&self, wait: std::time::Duration) -> Option<Turn<'_>> {
+        let deadline = std::time::Instant::now() + wait;
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *busy {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            busy = self
+                .free
+                .wait_timeout(busy, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        *busy = true;
+        Some(Turn(self))
+    }
+}
+
+/// A thread's turn to record held restores, given back when dropped (by a panic too).
+struct Turn<'a>(&'a RecordingTurn);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self
+            .0
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+        self.0.free.notify_one();
+    }
+}
+
 impl Sandbox {
     pub(crate) fn held_restores(&self) -> std::sync::MutexGuard<'_, HeldRestores> {
         self.held_restores
@@ -102,10 +145,24 @@ impl Sandbox {
         }
         // One at a time: a change must not pass restores another thread is recording
         // (their workflows' locks, which that thread holds, would make it skip them).
-        let _one = self
-            .recording_held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Waited for as a lock is: threads in line would otherwise each wait out the
+        // trail's refusal in turn, the last many times the wait.
+        let Some(_turn) = self.recording_held.take(self.state.lock_wait()) else {
+            let held = self.held_restores().held.clone();
+            let mut workflows: Vec<&str> = Vec::new();
+            for h in &held {
+                if !workflows.contains(&h.workflow_id.as_str()) {
+                    workflows.push(&h.workflow_id);
+                }
+            }
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{}: another thread of this process was recording them for longer than limits.lock_wait_seconds; nothing was done: try again later",
+                    held_whose(&workflows)
+                ),
+            ));
+        };
         let held = self.held_restores().held.clone();
         let mut locks = Vec::new();
         let mut workflows: Vec<&str> = Vec::new();
@@ -159,7 +216,10 @@ impl Sandbox {
         let complete: Vec<bool> = recorded.iter().map(|h| found(h) >= h.restores).collect();
         let records: Vec<AuditRecord> = records.into_iter().map(|(_, r)| r).collect();
         if !records.is_empty()
-            && let Err(e) = self.audit.append(records)
+            && let Err(e) = self
+                .failpoints
+                .check("record_held")
+                .and_then(|()| self.audit.append(records))
         {
             return Err(self.held_restores_refusal(&workflows, &e));
         }
@@ -197,15 +257,7 @@ impl Sandbox {
     }
 
     fn held_restores_refusal(&self, workflows: &[&str], e: &std::io::Error) -> Refusal {
-        let whose = format!(
-            "restores made by {} {} could not be recorded on the audit trail first",
-            if workflows.len() == 1 {
-                "workflow"
-            } else {
-                "workflows"
-            },
-            workflows.join(", ")
-        );
+        let whose = held_whose(workflows);
         if e.kind() == std::io::ErrorKind::TimedOut {
             Refusal::new(
                 ReasonCode::Conflict,
@@ -223,4 +275,17 @@ impl Sandbox {
             )
         }
     }
+}
+
+/// Whose held restores keep a change back.
+fn held_whose(workflows: &[&str]) -> String {
+    format!(
+        "restores made by {} {} could not be recorded on the audit trail first",
+        if workflows.len() == 1 {
+            "workflow"
+        } else {
+            "workflows"
+        },
+        workflows.join(", ")
+    )
 }

@@ -2596,6 +2596,74 @@ fn no_change_passes_restores_the_trail_could_not_take() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Threads of one process take turns to record held restores, and one waits for its
+/// turn as for a lock: a change that finds another thread recording them past
+/// `limits.lock_wait_seconds` is refused `conflict` (it waited behind each thread in
+/// line, each up to twice the wait, the last many times the wait).
+#[test]
+fn a_change_waits_for_another_threads_recording_no_longer_than_a_lock() {
+    use std::sync::{Arc, Mutex};
+    let w = World::new();
+    w.write("a.txt", b"original");
+    let sb = Arc::new(waiting_a_second(&w));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_o", "actions": [
+            {"intent": "replace_file", "path": "a.txt", "content": "replaced"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("after_mark", 1);
+    assert_held(&sb.rollback_workflow("wf_o", &RollbackOptions::default()));
+    // While this thread records them, another thread's change comes, and is answered
+    // before this thread goes on.
+    let answered = Arc::new(Mutex::new(None));
+    let (other, got) = (sb.clone(), answered.clone());
+    sb.failpoints().interleave(
+        "record_held",
+        Arc::new(move || {
+            let sb = other.clone();
+            let change = std::thread::spawn(move || {
+                run(
+                    &sb,
+                    json!({"workflow_id": "wf_q", "actions": [
+                        {"intent": "create_file", "path": "q.txt", "content": "q"}]}),
+                )
+            });
+            for _ in 0..600 {
+                if change.is_finished() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            if change.is_finished() {
+                *got.lock().unwrap() = Some(change.join().unwrap());
+            }
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"intent": "create_file", "path": "p.txt", "content": "p"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let other = answered
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the other thread's change was answered while this one recorded");
+    assert_eq!(status(&other), "blocked", "{other:?}");
+    assert_eq!(code(&other, 0).as_deref(), Some("conflict"));
+    let why = other.actions[0].reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("restores made by workflow wf_o could not be recorded on the audit trail first: another thread of this process was recording them for longer than limits.lock_wait_seconds"),
+        "{why}"
+    );
+    assert!(!w.path("q.txt").exists());
+    assert_eq!(w.read("p.txt"), b"p");
+    assert_eq!(run_record(&w, "wf_o")["state"], "idle");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run that fails while the trail is held still undoes itself: its undo waits for no
 /// restore held back before it (it was refused, and left the run's earlier writes in
 /// place), and its own lines are held back after them, recorded in order once the trail
