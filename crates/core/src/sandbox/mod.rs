@@ -558,11 +558,14 @@ impl Sandbox {
                     r.execution_id,
                     r.workflow_id,
                     r.untrusted,
-                    sb.workflow_folders(&r.workflow_id)
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    match sb.workflow_folders(&r.workflow_id).as_slice() {
+                        [] => format!(".rollback/{}/", r.workflow_id),
+                        folders => folders
+                            .iter()
+                            .map(|f| f.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }
                 ));
             }
         }
