@@ -313,7 +313,45 @@ impl Sandbox {
             untrusted.extend(bad);
         }
         all.sort_by(|a, b| a.1.meta.snapshot_id.cmp(&b.1.meta.snapshot_id));
+        self.in_trail_order(workflow_id, &mut all);
         Ok((all, untrusted))
+    }
+
+    /// Puts the snapshots of actions the trail records as done in the order of their
+    /// lines, each in a place one of them held: ids follow the clock of the process that
+    /// made them, and a clock set back between two runs would otherwise have the later
+    /// write restored first. The others (undone, or of a run not yet recovered) keep
+    /// their places. Left as they are when the trail cannot be read: what reads it next
+    /// says why.
+    fn in_trail_order(&self, workflow_id: &str, all: &mut RootedSnapshots) {
+        let Ok(entries) = self.audit.by_workflow(workflow_id) else {
+            return;
+        };
+        let mut done: HashMap<(&str, &str), u64> = HashMap::new();
+        for e in &entries {
+            if e.status == AuditStatus::Success {
+                done.entry((e.action_id.as_str(), e.execution_id.as_str()))
+                    .or_insert(e.seq);
+            }
+        }
+        let seq_of = |s: &StoredSnapshot| {
+            done.get(&(s.meta.action_id.as_str(), s.meta.execution_id.as_str()))
+                .copied()
+        };
+        let mut slots: Vec<Option<(usize, StoredSnapshot)>> = all.drain(..).map(Some).collect();
+        let mut places = Vec::new();
+        let mut ordered = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if let Some(seq) = slot.as_ref().and_then(|(_, s)| seq_of(s)) {
+                places.push(i);
+                ordered.extend(slot.take().map(|snap| (seq, snap)));
+            }
+        }
+        ordered.sort_by_key(|(seq, _)| *seq);
+        for (i, (_, snap)) in places.into_iter().zip(ordered) {
+            slots[i] = Some(snap);
+        }
+        all.extend(slots.into_iter().flatten());
     }
 
     /// What a rollback of the workflow would restore, and the conflicts it would meet.

@@ -2746,3 +2746,40 @@ fn a_refused_rollback_names_the_folder_of_the_workflows_root() {
         root2.join(".rollback/wf_two")
     );
 }
+
+/// A workflow's writes are rolled back newest first in the order the trail recorded
+/// them, not by their ids' times: the second run's process had a clock an hour behind
+/// (set back between the runs), and its write is still the later one, restored first.
+#[test]
+fn a_clock_set_back_between_two_runs_does_not_reorder_their_rollback() {
+    let w = World::new();
+    w.write("f.txt", b"v0");
+    let sb = w.sandbox();
+    for (id, content) in [("a1", "v1"), ("a2", "v2")] {
+        if id == "a2" {
+            ailab_sandbox_core::ids::as_if_clock_behind(Some(std::time::Duration::from_secs(3600)));
+        }
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_clock", "actions": [
+                {"action_id": id, "intent": "replace_file", "path": "f.txt", "content": content}]}),
+        );
+        ailab_sandbox_core::ids::as_if_clock_behind(None);
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    let info = sb.rollback_info("wf_clock").unwrap();
+    let order: Vec<_> = info.actions.iter().map(|a| a.action_id.as_str()).collect();
+    assert_eq!(order, ["a2", "a1"], "newest first");
+    assert!(info.conflicts.is_empty(), "{info:?}");
+    let one = RollbackOptions {
+        action_id: Some("a1".to_owned()),
+        force: true,
+    };
+    let rb = sb.rollback_workflow("wf_clock", &one);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"v2", "not rolled back under the later a2");
+    let rb = sb.rollback_workflow("wf_clock", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"v0");
+    assert!(sb.audit_verify().unwrap().ok);
+}
