@@ -453,12 +453,22 @@ impl Sandbox {
         if let Some((staged, _)) = staged {
             staged.discard();
         }
+        // The folders the action made on the way stay with the later write in them: on
+        // the ledger, as a rollback leaves them, for the restore that empties them to
+        // remove (not a folder of the later writer's, which found them there).
+        let left = match meta.kind {
+            crate::snapshot::SnapshotKind::Missing => {
+                self.remove_created_dirs_of(root, meta).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        self.record_left_dirs(root, meta, &left);
         if let Err(r) = self.mark_restored(
             root,
             meta,
             &rec.execution_id,
             &current.cloned(),
-            &[],
+            &left,
             Restorer::Recovery { found: None },
         ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");

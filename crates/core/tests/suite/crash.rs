@@ -2921,6 +2921,42 @@ fn a_start_records_dead_restores_of_one_file_in_the_order_made() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A run's action that made a folder and died before its file went in, another
+/// workflow's file put in that folder since: recovery records the action undone, leaves
+/// the folder with the later file in it, and puts it on the ledger, so that the rollback
+/// of the later write removes it once empty, as after a live rollback.
+#[test]
+fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
+    let w = World::new();
+    // Both open before the one dies, as two processes would be.
+    let (dead, other) = (w.sandbox(), w.sandbox());
+    dead.failpoints().arm_crash("before_mutate", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &dead,
+            json!({"workflow_id": "wf_b", "actions": [
+                {"intent": "create_file", "path": "big/blob.txt", "content": "b"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies before its write");
+    drop(dead);
+    // As the action did on its way to the file, before it died.
+    std::fs::create_dir(w.path("big")).unwrap();
+    let r = run(
+        &other,
+        json!({"workflow_id": "wf_a", "actions": [
+            {"intent": "create_file", "path": "big/blob.txt", "content": "a"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(other);
+    let sb = w.sandbox();
+    assert_eq!(w.read("big/blob.txt"), b"a", "the later write stands");
+    let rb = sb.rollback_workflow("wf_a", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("big").exists(), "{:?}", w.tree());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
 /// temporary file in the root (returned).
 fn died_leaving_a_recovery_temp_file(
