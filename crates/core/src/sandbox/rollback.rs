@@ -317,41 +317,33 @@ impl Sandbox {
         Ok((all, untrusted))
     }
 
-    /// Puts the snapshots of actions the trail records as done in the order of their
-    /// lines, each in a place one of them held: ids follow the clock of the process that
-    /// made them, and a clock set back between two runs would otherwise have the later
-    /// write restored first. The others (undone, or of a run not yet recovered) keep
-    /// their places. Left as they are when the trail cannot be read: what reads it next
-    /// says why.
+    /// Orders the snapshots run by run as the trail recorded the runs (by each run's
+    /// first recorded write), each run's in the order it took them: ids follow the clock
+    /// of the process that made them, and a clock set back between two runs would
+    /// otherwise have the later run's writes restored first. A run's own ids never go
+    /// back (see [`crate::ids`]). Runs with no write on the trail (undone at once, or dead
+    /// and not yet recovered, which no later run of the workflow can follow) come last.
+    /// Left in id order when the trail cannot be read: what reads it next says why.
     fn in_trail_order(&self, workflow_id: &str, all: &mut RootedSnapshots) {
         let Ok(entries) = self.audit.by_workflow(workflow_id) else {
             return;
         };
-        let mut done: HashMap<(&str, &str), u64> = HashMap::new();
+        let mut first: HashMap<&str, u64> = HashMap::new();
         for e in &entries {
             if e.status == AuditStatus::Success {
-                done.entry((e.action_id.as_str(), e.execution_id.as_str()))
-                    .or_insert(e.seq);
+                let seq = first.entry(e.execution_id.as_str()).or_insert(e.seq);
+                *seq = (*seq).min(e.seq);
             }
         }
-        let seq_of = |s: &StoredSnapshot| {
-            done.get(&(s.meta.action_id.as_str(), s.meta.execution_id.as_str()))
-                .copied()
-        };
-        let mut slots: Vec<Option<(usize, StoredSnapshot)>> = all.drain(..).map(Some).collect();
-        let mut places = Vec::new();
-        let mut ordered = Vec::new();
-        for (i, slot) in slots.iter_mut().enumerate() {
-            if let Some(seq) = slot.as_ref().and_then(|(_, s)| seq_of(s)) {
-                places.push(i);
-                ordered.extend(slot.take().map(|snap| (seq, snap)));
-            }
-        }
-        ordered.sort_by_key(|(seq, _)| *seq);
-        for (i, (_, snap)) in places.into_iter().zip(ordered) {
-            slots[i] = Some(snap);
-        }
-        all.extend(slots.into_iter().flatten());
+        all.sort_by_cached_key(|(_, s)| {
+            (
+                first
+                    .get(s.meta.execution_id.as_str())
+                    .copied()
+                    .unwrap_or(u64::MAX),
+                s.meta.snapshot_id.clone(),
+            )
+        });
     }
 
     /// What a rollback of the workflow would restore, and the conflicts it would meet.

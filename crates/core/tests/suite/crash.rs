@@ -2957,6 +2957,53 @@ fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A run made with its process's clock an hour behind the previous run's (a clock set
+/// back between them) dies after its second write, never audited: the next start
+/// judges the dead run's actions newest first in the order the run made them, and
+/// undoes that write, whatever the ids of the earlier run say.
+#[test]
+fn a_run_made_after_the_clock_went_back_is_recovered_in_its_own_order() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f.txt", "content": "a1"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    ailab_sandbox_core::ids::as_if_clock_behind(Some(std::time::Duration::from_secs(3600)));
+    sb.failpoints().arm_crash("after_mutate", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_k", "actions": [
+                {"action_id": "b1", "intent": "create_file", "path": "g.txt", "content": "b1"},
+                {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "b2"}]}),
+        )
+    }));
+    ailab_sandbox_core::ids::as_if_clock_behind(None);
+    assert!(died.is_err(), "the run dies after b2's write");
+    assert_eq!(w.read("g.txt"), b"b2");
+    drop(sb);
+    let sb = w.sandbox();
+    assert_eq!(w.read("g.txt"), b"b1", "b2's write undone");
+    let b2 = sb
+        .audit_entries(50, Some("wf_k"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action_id == "b2")
+        .map(|e| (e.status, e.after_checksum))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        b2,
+        [(
+            ailab_sandbox_core::audit::AuditStatus::RolledBack,
+            Some(sha(b"b1"))
+        )]
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
 /// temporary file in the root (returned).
 fn died_leaving_a_recovery_temp_file(
