@@ -19,21 +19,26 @@ impl Sandbox {
     }
 
     /// The changes other runs made to an action's target after its snapshot, earliest
-    /// first, as the trail records them.
+    /// first, as the trail records them. Never another run of the action's workflow:
+    /// none can follow a dead run before its recovery (each first recovers it), so such
+    /// a line, timed after the snapshot, only says that the clock was set back since.
     fn changes_by_others(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
     ) -> Vec<crate::audit::SandboxAuditEntry> {
         let rel = meta.target();
-        self.audit
+        let mut changes = self
+            .audit
             .changes_since(
                 rel.file_name(),
                 |recorded| self.names_target(recorded, root, &rel),
                 &meta.taken_at,
                 &meta.execution_id,
             )
-            .unwrap_or_default()
+            .unwrap_or_default();
+        changes.retain(|c| c.workflow_id != meta.workflow_id);
+        changes
     }
 
     /// Whether another run, after this action's snapshot, changed its target to what it

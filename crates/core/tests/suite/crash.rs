@@ -3004,6 +3004,50 @@ fn a_run_made_after_the_clock_went_back_is_recovered_in_its_own_order() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// The clock set back an hour between two runs of a workflow, the second dying after
+/// its write, never audited: the first run's line, timed after the dead write's
+/// snapshot, is no later change by another run (none of the workflow can follow a dead
+/// run before its recovery), so the start undoes the write.
+#[test]
+fn an_earlier_run_of_the_workflow_timed_later_is_no_change_since() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_t", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "g.txt", "content": "a1"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    w.clock.advance(chrono::Duration::hours(-1));
+    sb.failpoints().arm_crash("after_mutate", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_t", "actions": [
+                {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "b2"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies after its write");
+    drop(sb);
+    let sb = w.sandbox();
+    assert_eq!(w.read("g.txt"), b"a1", "b2's write undone");
+    let b2 = sb
+        .audit_entries(50, Some("wf_t"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action_id == "b2")
+        .map(|e| (e.status, e.after_checksum))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        b2,
+        [(
+            ailab_sandbox_core::audit::AuditStatus::RolledBack,
+            Some(sha(b"a1"))
+        )]
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
 /// temporary file in the root (returned).
 fn died_leaving_a_recovery_temp_file(
