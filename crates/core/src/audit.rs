@@ -375,6 +375,9 @@ struct Workflow {
     /// Rate-limiter state (GCRA TAT) and the latest write's time, kept current as lines
     /// arrive.
     tat: (f64, f64),
+    /// Once a look at the rate found the latest write dated after its `now` (the clock
+    /// set back since): that write's time and the earliest such `now`.
+    ahead: Option<(f64, f64)>,
 }
 
 /// Hashes a `u32` that is already a keyed hash ([`Index::keys`]), spread over 64 bits
@@ -570,6 +573,7 @@ impl Index {
                     ran: HashSet::new(),
                     undone: HashSet::new(),
                     tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
+                    ahead: None,
                 },
             );
         }
@@ -1353,13 +1357,25 @@ impl AuditLog {
     /// The rate limiter's state for a workflow at `now` (epoch seconds): the GCRA
     /// theoretical arrival time of its executed writes (successful, not rollbacks),
     /// replayed from the durable log. Writes dated after `now` (the clock was set back
-    /// since) are taken as made just before `now`: the bucket is as full as they left
-    /// it, and no wait lasts as long as the clock went back.
+    /// since) are taken as made just before the first look that found them ahead: the
+    /// bucket is as full as they left it then and refills from then on, so no wait
+    /// lasts as long as the clock went back (taken as made just before each `now`, a
+    /// bucket they emptied would stay empty until the clock caught up with them).
     pub fn rate_tat(&self, workflow_id: &str, now: f64) -> io::Result<f64> {
-        self.with(|ix| {
-            ix.workflow(workflow_id)
-                .map_or(f64::NEG_INFINITY, |w| w.tat.0 - (w.tat.1 - now).max(0.0))
-        })
+        let mut g = self.caught_up()?;
+        let Some(w) = g.1.workflows.get_mut(workflow_id) else {
+            return Ok(f64::NEG_INFINITY);
+        };
+        let (tat, latest) = w.tat;
+        if latest <= now {
+            return Ok(tat);
+        }
+        let first = w
+            .ahead
+            .filter(|(seen, _)| *seen == latest)
+            .map_or(now, |(_, first)| first.min(now));
+        w.ahead = Some((latest, first));
+        Ok(tat - (latest - first))
     }
 
     /// `get_sandbox_audit_stats`.

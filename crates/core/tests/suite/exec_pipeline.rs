@@ -651,6 +651,33 @@ fn rate_limit_after_the_clock_is_set_back() {
     assert_eq!(status(&run(&sb, plan(10))), "success");
 }
 
+/// Writes made while the clock was a day ahead, then set right: the bucket they emptied
+/// refills from the first look that found them ahead, so waiting the wait quoted lets a
+/// write through (it stayed refused, with the same wait, until the clock caught up).
+#[test]
+fn rate_limit_after_writes_made_with_the_clock_ahead() {
+    let w = World::new();
+    let sb = w.sandbox();
+    w.clock.advance(chrono::Duration::days(1));
+    let burst: Vec<_> = (0..10)
+        .map(|i| json!({"intent": "create_file", "path": format!("a{i}.txt"), "content": "x"}))
+        .collect();
+    let r = run(&sb, json!({"workflow_id": "wf_ahead", "actions": burst}));
+    assert_eq!(status(&r), "success", "{r:?}");
+    w.clock.advance(chrono::Duration::days(-1));
+    let plan = json!({"workflow_id": "wf_ahead", "actions": [
+        {"intent": "create_file", "path": "b.txt", "content": "x"}]});
+    let r = run(&sb, plan.clone());
+    assert_eq!(code(&r, 0).as_deref(), Some("rate_limited"), "{r:?}");
+    let wait = r.actions[0].retry_after_seconds.unwrap();
+    assert!(wait <= 6, "{wait}");
+    w.clock
+        .advance(chrono::Duration::seconds(i64::try_from(wait).unwrap()));
+    let r = run(&sb, plan);
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("b.txt"), b"x");
+}
+
 #[test]
 fn rate_limit_holds_across_a_restart() {
     let w = World::new();
