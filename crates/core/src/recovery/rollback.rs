@@ -88,13 +88,7 @@ impl Sandbox {
             // The dead rollback put the target back; the directories its action made on
             // the way are finished here as the restore would have (removed, or left on
             // the ledger).
-            let left = match s.meta.kind {
-                crate::snapshot::SnapshotKind::Missing => {
-                    self.remove_created_dirs_of(i, &s.meta).unwrap_or_default()
-                }
-                _ => Vec::new(),
-            };
-            self.record_left_dirs(i, &s.meta, &left);
+            let left = self.settle_created_dirs(i, &s.meta);
             // What the restore replaced is on no mark: the trail's last word on the
             // target says what it held (another workflow's change, under a forced
             // rollback), else the action's own result. Kept on the mark, for a start

@@ -456,13 +456,7 @@ impl Sandbox {
         // The folders the action made on the way stay with the later write in them: on
         // the ledger, as a rollback leaves them, for the restore that empties them to
         // remove (not a folder of the later writer's, which found them there).
-        let left = match meta.kind {
-            crate::snapshot::SnapshotKind::Missing => {
-                self.remove_created_dirs_of(root, meta).unwrap_or_default()
-            }
-            _ => Vec::new(),
-        };
-        self.record_left_dirs(root, meta, &left);
+        let left = self.settle_created_dirs(root, meta);
         if let Err(r) = self.mark_restored(
             root,
             meta,

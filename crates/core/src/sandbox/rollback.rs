@@ -1342,6 +1342,20 @@ impl Sandbox {
         }
     }
 
+    /// What recovery does with the directories a dead action made on its way, once its
+    /// target stands as found or as another left it: removes those a restore would, and
+    /// puts those it had to leave on the ledger. Returns those left.
+    pub(crate) fn settle_created_dirs(&self, root: usize, meta: &SnapshotMeta) -> Vec<LeftDir> {
+        let left = match meta.kind {
+            crate::snapshot::SnapshotKind::Missing => {
+                self.remove_created_dirs_of(root, meta).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        self.record_left_dirs(root, meta, &left);
+        left
+    }
+
     /// The directories a restore of `meta`'s action (which found its target missing)
     /// removes on the way, as [`RollbackEngine::remove_created_dirs`] does for it: those
     /// still there and not claimed by a create_directory that stands, if empty; returns
