@@ -261,7 +261,7 @@ impl Sandbox {
             // evidence against it.
             if !was_audited
                 && self
-                    .first_change_by_another(i, meta)
+                    .first_change_by_another(i, meta, false)
                     .is_some_and(|first| !found_its_result(meta, &first))
             {
                 let current = self.target_checksum(i, &meta.target());
@@ -325,7 +325,7 @@ impl Sandbox {
                 });
             // What the target holds may be older bytes of this log's that a later run
             // of another workflow wrote back.
-            if !known || self.put_back_by_another(i, meta, &current) {
+            if !known || self.put_back_by_another(i, meta, &current, false) {
                 tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
                 continue;
             }

@@ -19,13 +19,16 @@ impl Sandbox {
     }
 
     /// The changes other runs made to an action's target after its snapshot, earliest
-    /// first, as the trail records them. Never another run of the action's workflow:
-    /// none can follow a dead run before its recovery (each first recovers it), so such
-    /// a line, timed after the snapshot, only says that the clock was set back since.
+    /// first, as the trail records them. For an action of the dead run a record still
+    /// holds (`of_dead_run`), never another run of its workflow: none can follow that
+    /// run before its recovery (each first recovers it), so such a line, timed after
+    /// the snapshot, only says that the clock was set back since. A logged write of a
+    /// run that finished may have been followed by any run, its workflow's too.
     fn changes_by_others(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
+        of_dead_run: bool,
     ) -> Vec<crate::audit::SandboxAuditEntry> {
         let rel = meta.target();
         let mut changes = self
@@ -37,7 +40,9 @@ impl Sandbox {
                 &meta.execution_id,
             )
             .unwrap_or_default();
-        changes.retain(|c| c.workflow_id != meta.workflow_id);
+        if of_dead_run {
+            changes.retain(|c| c.workflow_id != meta.workflow_id);
+        }
         changes
     }
 
@@ -50,8 +55,9 @@ impl Sandbox {
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
         current: &Option<String>,
+        of_dead_run: bool,
     ) -> bool {
-        self.changes_by_others(root, meta)
+        self.changes_by_others(root, meta, of_dead_run)
             .iter()
             .any(|c| c.after_checksum == *current && c.before_checksum != c.after_checksum)
     }
@@ -61,8 +67,11 @@ impl Sandbox {
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
+        of_dead_run: bool,
     ) -> Option<crate::audit::SandboxAuditEntry> {
-        self.changes_by_others(root, meta).into_iter().next()
+        self.changes_by_others(root, meta, of_dead_run)
+            .into_iter()
+            .next()
     }
 
     /// Why some of these snapshots' targets cannot be judged now, one sentence each (see

@@ -104,7 +104,7 @@ impl Sandbox {
             // restored over it.
             let first_change = outcome
                 .is_none()
-                .then(|| self.first_change_by_another(i, &s.meta))
+                .then(|| self.first_change_by_another(i, &s.meta, true))
                 .flatten();
             if outcome.is_none()
                 && ((current != s.meta.after_sha256
@@ -186,7 +186,7 @@ impl Sandbox {
                 Some(Some(after)) => {
                     current == *after
                         || !self.back_to_before(i, &s.meta, current.as_deref())
-                        || self.put_back_by_another(i, &s.meta, &current)
+                        || self.put_back_by_another(i, &s.meta, &current, true)
                 }
                 Some(None) => true,
             };

@@ -927,6 +927,40 @@ fn a_start_does_not_redo_a_logged_write_a_later_run_replaced() {
     drop(live);
 }
 
+/// The same when the later write is a run of the same workflow in another process: a
+/// logged write of a finished run is judged against every later line, its own
+/// workflow's too (a run of it may follow a finished one).
+#[test]
+fn a_start_does_not_redo_a_logged_write_the_same_workflow_replaced_since() {
+    let w = World::new();
+    w.write("f.txt", b"original\n");
+    // Started first, as a server would be.
+    let strict = w.sandbox();
+    let live = w.open(batched(&w));
+    run_each(
+        &w,
+        &live,
+        &[
+            ("w1", &[["g0", "create_file", "g.txt", "g\n"]]),
+            ("w1", &[["a", "replace_file", "f.txt", "A\n"]]),
+        ],
+    );
+    assert_eq!(log_len(&w, "w1"), 1);
+    w.clock.advance(chrono::Duration::seconds(1));
+    let r = run(
+        &strict,
+        json!({"workflow_id": "w1", "actions": [
+            {"action_id": "x", "intent": "replace_file", "path": "f.txt", "content": "original\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(strict);
+    assert_eq!(log_len(&w, "w1"), 1, "the live process's entry waits");
+    let other = w.open(batched(&w));
+    assert_eq!(w.read("f.txt"), b"original\n", "{:?}", other.notices());
+    assert!(other.audit_verify().unwrap().ok);
+    drop(live);
+}
+
 /// A sandbox in which `w1` (action `y`) replaced `f.txt`'s `O` with `A`, and then `w2`
 /// (action `b`) wrote `O` back; each workflow's first run created its commit log.
 fn written_back() -> (World, ailab_sandbox_core::Sandbox) {
