@@ -376,7 +376,7 @@ struct Workflow {
     /// arrive.
     tat: (f64, f64),
     /// Once a look at the rate found the latest write dated after its `now` (the clock
-    /// set back since): that write's time and the earliest such `now`.
+    /// set back since): that write's time and when the look took it to be made.
     ahead: Option<(f64, f64)>,
 }
 
@@ -587,13 +587,17 @@ impl Index {
                 w.undone.insert(e.action_id.as_ref().into());
             }
             if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
+                let made = w.ahead.filter(|(seen, _)| *seen == w.tat.1).map(|(_, m)| m);
                 let (tat, latest) = &mut w.tat;
                 let at = crate::budget::epoch_seconds(t);
                 // Dated before the workflow's latest write: the clock went back. The
                 // earlier writes are taken as made just before this one (the bucket as
-                // they left it), not as still to come.
+                // they left it), not as still to come; or when this process's limiter
+                // looked at them ahead, as made when that look took them to be (see
+                // [`AuditLog::rate_tat`]), so that the refill it counted stands.
                 if at < *latest {
-                    *tat -= *latest - at;
+                    *tat -= *latest - made.map_or(at, |m| m.min(at));
+                    w.ahead = None;
                 }
                 *tat = crate::budget::advance_tat(*tat, at, per_minute);
                 *latest = at;
@@ -1357,12 +1361,14 @@ impl AuditLog {
     /// The rate limiter's state for a workflow at `now` (epoch seconds): the GCRA
     /// theoretical arrival time of its executed writes (successful, not rollbacks),
     /// replayed from the durable log. Writes dated after `now` (the clock was set back
-    /// since) are taken as made just before the first look that found them ahead: the
-    /// bucket is as full as they left it then and refills from then on, so no wait
-    /// lasts as long as the clock went back (taken as made just before each `now`, a
-    /// bucket they emptied would stay empty until the clock caught up with them).
+    /// since) are taken as made one write's interval before the first look of this
+    /// process that found them ahead: the bucket holds one token more than they left it
+    /// (a process that cannot know when they were made, a CLI command say, is never
+    /// kept waiting until the clock catches up with them) and refills from then on.
+    /// The first write after lets the index take them so too.
     pub fn rate_tat(&self, workflow_id: &str, now: f64) -> io::Result<f64> {
         let mut g = self.caught_up()?;
+        let interval = 60.0 / f64::from(g.1.per_minute);
         let Some(w) = g.1.workflows.get_mut(workflow_id) else {
             return Ok(f64::NEG_INFINITY);
         };
@@ -1370,12 +1376,12 @@ impl AuditLog {
         if latest <= now {
             return Ok(tat);
         }
-        let first = w
+        let made = w
             .ahead
             .filter(|(seen, _)| *seen == latest)
-            .map_or(now, |(_, first)| first.min(now));
-        w.ahead = Some((latest, first));
-        Ok(tat - (latest - first))
+            .map_or(now - interval, |(_, made)| made.min(now - interval));
+        w.ahead = Some((latest, made));
+        Ok(tat - (latest - made))
     }
 
     /// `get_sandbox_audit_stats`.

@@ -629,9 +629,10 @@ fn a_plan_over_the_rate_limit_and_the_budget_is_told_of_both() {
     assert!(!w.path("f0.txt").exists(), "a blocked plan writes nothing");
 }
 
-/// The clock set back after writes: they count as made now, so the bucket holds what
-/// they left (a write after one is allowed), and a refusal's wait is honest: waiting it
-/// out lets the write through, however far the clock went back.
+/// The clock set back after writes: they count as made one interval before the first
+/// look that found them ahead, so the bucket holds what they left and one token more
+/// (ten writes after one are allowed, not nine), and a refusal's wait is honest:
+/// waiting it out lets the write through, however far the clock went back.
 #[test]
 fn rate_limit_after_the_clock_is_set_back() {
     let w = World::new();
@@ -639,43 +640,55 @@ fn rate_limit_after_the_clock_is_set_back() {
     let plan = |i: usize| json!({"workflow_id": "wf_back", "actions": [{"intent": "create_file", "path": format!("b{i}.txt"), "content": "x"}]});
     assert_eq!(status(&run(&sb, plan(0))), "success");
     w.clock.advance(chrono::Duration::hours(-1));
-    for i in 1..10 {
+    for i in 1..11 {
         assert_eq!(status(&run(&sb, plan(i))), "success", "write {i}");
     }
-    let r = run(&sb, plan(10));
+    let r = run(&sb, plan(11));
     assert_eq!(code(&r, 0).as_deref(), Some("rate_limited"), "{r:?}");
     let wait = r.actions[0].retry_after_seconds.unwrap();
     assert!(wait <= 6, "{wait}");
     w.clock
         .advance(chrono::Duration::seconds(i64::try_from(wait).unwrap()));
-    assert_eq!(status(&run(&sb, plan(10))), "success");
+    assert_eq!(status(&run(&sb, plan(11))), "success");
 }
 
-/// Writes made while the clock was a day ahead, then set right: the bucket they emptied
-/// refills from the first look that found them ahead, so waiting the wait quoted lets a
-/// write through (it stayed refused, with the same wait, until the clock caught up).
+/// Writes made while the clock was a day ahead, then set right. A process that cannot
+/// know when they were made (a new one, as each CLI command is) takes them as made one
+/// interval before its first look: one write goes at once, where it stayed refused,
+/// with the same quoted wait, until the clock caught up. And the refill that look
+/// counts stands once a write is made: a plan of two told to wait runs whole after the
+/// wait (its second write was refused, the first write's line taken as the bucket's
+/// new start).
 #[test]
 fn rate_limit_after_writes_made_with_the_clock_ahead() {
     let w = World::new();
-    let sb = w.sandbox();
-    w.clock.advance(chrono::Duration::days(1));
-    let burst: Vec<_> = (0..10)
-        .map(|i| json!({"intent": "create_file", "path": format!("a{i}.txt"), "content": "x"}))
-        .collect();
-    let r = run(&sb, json!({"workflow_id": "wf_ahead", "actions": burst}));
-    assert_eq!(status(&r), "success", "{r:?}");
+    let writes = |wf: &str, n: usize, at: &str| {
+        let actions: Vec<_> = (0..n)
+            .map(|i| json!({"intent": "create_file", "path": format!("{wf}-{at}{i}.txt"), "content": "x"}))
+            .collect();
+        json!({"workflow_id": wf, "actions": actions})
+    };
+    {
+        let sb = w.sandbox();
+        w.clock.advance(chrono::Duration::days(1));
+        for wf in ["wf_one", "wf_two"] {
+            let r = run(&sb, writes(wf, 10, "ahead"));
+            assert_eq!(status(&r), "success", "{r:?}");
+        }
+    }
     w.clock.advance(chrono::Duration::days(-1));
-    let plan = json!({"workflow_id": "wf_ahead", "actions": [
-        {"intent": "create_file", "path": "b.txt", "content": "x"}]});
-    let r = run(&sb, plan.clone());
-    assert_eq!(code(&r, 0).as_deref(), Some("rate_limited"), "{r:?}");
-    let wait = r.actions[0].retry_after_seconds.unwrap();
+    let sb = w.sandbox();
+    let r = run(&sb, writes("wf_one", 1, "now"));
+    assert_eq!(status(&r), "success", "{r:?}");
+    let r = run(&sb, writes("wf_two", 2, "now"));
+    assert_eq!(code(&r, 1).as_deref(), Some("rate_limited"), "{r:?}");
+    let wait = r.actions[1].retry_after_seconds.unwrap();
     assert!(wait <= 6, "{wait}");
     w.clock
         .advance(chrono::Duration::seconds(i64::try_from(wait).unwrap()));
-    let r = run(&sb, plan);
+    let r = run(&sb, writes("wf_two", 2, "later"));
     assert_eq!(status(&r), "success", "{r:?}");
-    assert_eq!(w.read("b.txt"), b"x");
+    assert_eq!(w.read("wf_two-later1.txt"), b"x");
 }
 
 #[test]
