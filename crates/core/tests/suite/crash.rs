@@ -2987,18 +2987,25 @@ fn a_run_made_after_the_clock_went_back_is_recovered_in_its_own_order() {
     drop(sb);
     let sb = w.sandbox();
     assert_eq!(w.read("g.txt"), b"b1", "b2's write undone");
-    let b2 = sb
-        .audit_entries(50, Some("wf_k"))
+    assert_undone_to(&sb, "wf_k", "b2", b"b1");
+}
+
+/// The trail's only line of `action` in `wf` records it rolled back, the file left
+/// holding `bytes`, and the trail is sound.
+#[track_caller]
+fn assert_undone_to(sb: &ailab_sandbox_core::Sandbox, wf: &str, action: &str, bytes: &[u8]) {
+    let lines = sb
+        .audit_entries(50, Some(wf))
         .unwrap()
         .into_iter()
-        .filter(|e| e.action_id == "b2")
+        .filter(|e| e.action_id == action)
         .map(|e| (e.status, e.after_checksum))
         .collect::<Vec<_>>();
     assert_eq!(
-        b2,
+        lines,
         [(
             ailab_sandbox_core::audit::AuditStatus::RolledBack,
-            Some(sha(b"b1"))
+            Some(sha(bytes))
         )]
     );
     assert!(sb.audit_verify().unwrap().ok);
@@ -3031,21 +3038,7 @@ fn an_earlier_run_of_the_workflow_timed_later_is_no_change_since() {
     drop(sb);
     let sb = w.sandbox();
     assert_eq!(w.read("g.txt"), b"a1", "b2's write undone");
-    let b2 = sb
-        .audit_entries(50, Some("wf_t"))
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.action_id == "b2")
-        .map(|e| (e.status, e.after_checksum))
-        .collect::<Vec<_>>();
-    assert_eq!(
-        b2,
-        [(
-            ailab_sandbox_core::audit::AuditStatus::RolledBack,
-            Some(sha(b"a1"))
-        )]
-    );
-    assert!(sb.audit_verify().unwrap().ok);
+    assert_undone_to(&sb, "wf_t", "b2", b"a1");
 }
 
 /// A run of `wf_crash` that died, and a recovery of it that died too, leaving a
