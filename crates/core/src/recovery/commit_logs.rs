@@ -208,6 +208,13 @@ impl Sandbox {
             .filter(|e| e.status == AuditStatus::Success)
             .map(|e| (e.execution_id, e.action_id))
             .collect();
+        // The run the workflow's record names is its latest: no run of the workflow can
+        // have followed its entries (each would have taken the record over), so a line
+        // of the workflow timed after them only says that the clock was set back.
+        let latest = self.run_record(wf).map(|r| r.execution_id);
+        let of_latest = |meta: &crate::snapshot::SnapshotMeta| {
+            latest.as_deref() == Some(meta.execution_id.as_str())
+        };
         let mut live = Vec::new();
         let mut changed: HashSet<String> = HashSet::new();
         let mut complete = true;
@@ -261,7 +268,7 @@ impl Sandbox {
             // evidence against it.
             if !was_audited
                 && self
-                    .first_change_by_another(i, meta, false)
+                    .first_change_by_another(i, meta, of_latest(meta))
                     .is_some_and(|first| !found_its_result(meta, &first))
             {
                 let current = self.target_checksum(i, &meta.target());
@@ -325,7 +332,7 @@ impl Sandbox {
                 });
             // What the target holds may be older bytes of this log's that a later run
             // of another workflow wrote back.
-            if !known || self.put_back_by_another(i, meta, &current, false) {
+            if !known || self.put_back_by_another(i, meta, &current, of_latest(meta)) {
                 tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
                 continue;
             }

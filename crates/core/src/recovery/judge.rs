@@ -19,11 +19,12 @@ impl Sandbox {
     }
 
     /// The changes other runs made to an action's target after its snapshot, earliest
-    /// first, as the trail records them. For an action of the dead run a record still
-    /// holds (`of_dead_run`), never another run of its workflow: none can follow that
-    /// run before its recovery (each first recovers it), so such a line, timed after
-    /// the snapshot, only says that the clock was set back since. A logged write of a
-    /// run that finished may have been followed by any run, its workflow's too.
+    /// first, as the trail records them. For an action of the run its workflow's record
+    /// names (`of_dead_run`: a dead run, or the latest run of a log's), never another run
+    /// of its workflow: none can follow that run before its recovery (each first
+    /// recovers it, or takes the record over), so such a line, timed after the snapshot,
+    /// only says that the clock was set back since. A logged write of an earlier run may
+    /// have been followed by any run, its workflow's too.
     fn changes_by_others(
         &self,
         root: usize,

@@ -961,6 +961,43 @@ fn a_start_does_not_redo_a_logged_write_the_same_workflow_replaced_since() {
     drop(live);
 }
 
+/// The clock set back a minute between two runs of a workflow, the second killed after
+/// its logged write landed, before its line: the next start's replay takes the first
+/// run's line, timed after the write, for no later change (the dead record's own run
+/// can have no follower of its workflow), and records the write done.
+#[test]
+fn a_replay_after_the_clock_went_back_keeps_the_dead_runs_write() {
+    let w = World::new();
+    w.write("f.txt", b"O\n");
+    prime(&w);
+    let sb = w.open(batched(&w));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"action_id": "r1", "intent": "replace_file", "path": "f.txt", "content": "A\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    w.clock.advance(chrono::Duration::seconds(-60));
+    run_killed(
+        &sb,
+        json!({"workflow_id": "wf_log", "actions": [
+            {"action_id": "r2", "intent": "replace_file", "path": "f.txt", "content": "B\n"}]}),
+        "before_audit",
+        1,
+    );
+    // Killed: no drop, so no last sync point.
+    std::mem::forget(sb);
+    assert_eq!(w.read("f.txt"), b"B\n");
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("f.txt"), b"B\n", "{:?}", sb.notices());
+    let r2: Vec<_> = statuses_of(&sb, "wf_log")
+        .into_iter()
+        .filter(|s| s.starts_with("r2:"))
+        .collect();
+    assert_eq!(r2, ["r2:Success"], "{:?}", sb.notices());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A sandbox in which `w1` (action `y`) replaced `f.txt`'s `O` with `A`, and then `w2`
 /// (action `b`) wrote `O` back; each workflow's first run created its commit log.
 fn written_back() -> (World, ailab_sandbox_core::Sandbox) {
