@@ -340,10 +340,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         // Before validation, which must see the tree as the dead run's recovery leaves it;
         // after the restores held back before it (its own among them) are recorded.
         if ctx.writes() {
-            if let Err(r) = self.sb.record_held_restores(&wf) {
-                return self.blocked(vec![Err(r)], false);
-            }
-            match self.sb.recover_dead_run(&wf) {
+            match self.sb.settle_before_change(&wf) {
                 Ok(file) => self.record_file = file,
                 Err(r) => return self.blocked(vec![Err(r)], false),
             }

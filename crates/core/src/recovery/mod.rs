@@ -479,6 +479,17 @@ impl Sandbox {
         (at, execution + id)
     }
 
+    /// What comes before a change by `workflow_id` (whose lock the caller holds): the
+    /// restores held back before it recorded ([`Sandbox::record_held_restores`]), then
+    /// its dead run, if any, recovered ([`Sandbox::recover_dead_run`]).
+    pub(crate) fn settle_before_change(
+        &self,
+        workflow_id: &str,
+    ) -> Verdict<Option<crate::confine::state::BlockFile>> {
+        self.record_held_restores(workflow_id)?;
+        self.recover_dead_run(workflow_id)
+    }
+
     /// Recovers a run or rollback of `workflow_id` that died while this process was
     /// running, before a new one takes its record over (after which nothing could find
     /// it): its record is still under way, yet the workflow's lock, which the owner holds

@@ -660,11 +660,10 @@ impl Sandbox {
     /// The snapshot folders of `workflow_id` (`.rollback/{workflow}`), in the roots
     /// that hold one.
     pub(crate) fn workflow_folders(&self, workflow_id: &str) -> Vec<PathBuf> {
-        let rel = format!("{}/{workflow_id}", crate::confine::path::ROLLBACK_DIR);
         self.roots
             .iter()
             .zip(&self.root_paths)
-            .filter(|(root, _)| root.dir().symlink_metadata(&rel).is_ok())
+            .filter(|(root, _)| workflow_folder_in(root, workflow_id).is_ok())
             .map(|(_, path)| workflow_folder(path, workflow_id))
             .collect()
     }
@@ -1047,4 +1046,15 @@ impl Drop for Sandbox {
 pub(crate) fn workflow_folder(root: &Path, workflow_id: &str) -> PathBuf {
     root.join(crate::confine::path::ROLLBACK_DIR)
         .join(workflow_id)
+}
+
+/// What stands at `.rollback/{workflow}` in `root`, looked at without following a link.
+pub(crate) fn workflow_folder_in(
+    root: &SandboxRoot,
+    workflow_id: &str,
+) -> io::Result<cap_std::fs::Metadata> {
+    root.dir().symlink_metadata(format!(
+        "{}/{workflow_id}",
+        crate::confine::path::ROLLBACK_DIR
+    ))
 }

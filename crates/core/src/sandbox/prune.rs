@@ -209,9 +209,7 @@ impl Sandbox {
         // a root the workflow never wrote in holds nothing of it.
         let mut holding = Vec::new();
         for (root, path) in self.roots.iter().zip(&self.root_paths) {
-            let here = root
-                .dir()
-                .symlink_metadata(format!("{}/{wf}", crate::confine::path::ROLLBACK_DIR));
+            let here = super::workflow_folder_in(root, wf);
             if here.is_ok() {
                 holding.push(path.display().to_string());
             }

@@ -370,9 +370,7 @@ impl Sandbox {
             recovery = Some((r.reason_code, r.reason));
         } else if self.execution_context().0.writes()
             && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
-            && let Err(r) = self
-                .record_held_restores(workflow_id)
-                .and_then(|()| self.recover_dead_run(workflow_id))
+            && let Err(r) = self.settle_before_change(workflow_id)
         {
             recovery = Some((r.reason_code, r.reason));
         }
@@ -407,17 +405,8 @@ impl Sandbox {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => match self.find_conflicts(workflow_id, &pending) {
                 Ok(conflicts) => (
-                    self.record_room(&self.root_names(pending.iter().map(|(i, _)| *i)), true)
-                        .err()
-                        .or_else(|| {
-                            pending
-                                .iter()
-                                .find_map(|(i, _)| self.root_in_place(*i).err())
-                        })
-                        .or_else(|| self.beyond_force(&pending))
-                        .or_else(|| self.unwritable_folders(&pending))
-                        .or_else(|| self.damaged_backups(&pending, false).map(|(r, _)| r))
-                        .map(|r| (r.reason_code, r.reason)),
+                    self.standing_refusal(&pending, false)
+                        .map(|(r, _)| (r.reason_code, r.reason)),
                     conflicts,
                 ),
                 Err(r) => (Some((r.reason_code, r.reason)), Vec::new()),
@@ -582,6 +571,28 @@ impl Sandbox {
                 found.join("; ")
             ),
         ))
+    }
+
+    /// What refuses the rollback of `chosen` before any restore, whatever the conflicts
+    /// (the first of: no room for its records, a root moved away, a change no force
+    /// overrides, a folder it cannot write, a damaged backup), with how many backups it
+    /// found damaged; the preview and the rollback ask the same.
+    fn standing_refusal(
+        &self,
+        chosen: &[(usize, StoredSnapshot)],
+        forced: bool,
+    ) -> Option<(Refusal, usize)> {
+        self.record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true)
+            .err()
+            .or_else(|| {
+                chosen
+                    .iter()
+                    .find_map(|(i, _)| self.root_in_place(*i).err())
+            })
+            .or_else(|| self.beyond_force(chosen))
+            .or_else(|| self.unwritable_folders(chosen))
+            .map(|r| (r, 0))
+            .or_else(|| self.damaged_backups(chosen, forced))
     }
 
     /// A backup of `chosen` (oldest first) that cannot give its file back (gone,
@@ -1022,9 +1033,7 @@ impl Sandbox {
         // Before the snapshots are read: the dead run's recovery may restore some. After
         // the restores held back before it (its own among them) are recorded.
         if self.execution_context().0.writes()
-            && let Err(r) = self
-                .record_held_restores(workflow_id)
-                .and_then(|()| self.recover_dead_run(workflow_id))
+            && let Err(r) = self.settle_before_change(workflow_id)
         {
             return refused(r.reason_code, r.reason, Vec::new());
         }
@@ -1067,24 +1076,8 @@ impl Sandbox {
         // own code, forced or not: advising force would not help, and met at its restore
         // it left the workflow half rolled back. First, as the preview says it, a
         // rollback into roots too long together for its record (simulated or done).
-        if let Some(r) = self
-            .record_room(&self.root_names(chosen.iter().map(|(i, _)| *i)), true)
-            .err()
-            .or_else(|| {
-                chosen
-                    .iter()
-                    .find_map(|(i, _)| self.root_in_place(*i).err())
-            })
-            .or_else(|| self.beyond_force(&chosen))
-            .or_else(|| self.unwritable_folders(&chosen))
-            .or_else(|| {
-                self.damaged_backups(&chosen, opts.force)
-                    .map(|(r, mismatched)| {
-                        self.metrics.checksum_mismatches(mismatched);
-                        r
-                    })
-            })
-        {
+        if let Some((r, mismatched)) = self.standing_refusal(&chosen, opts.force) {
+            self.metrics.checksum_mismatches(mismatched);
             return refused(r.reason_code, r.reason, conflicts);
         }
         if !conflicts.is_empty() && !opts.force {
