@@ -125,16 +125,29 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
             ));
         }
     }
-    let target = match ctx.roots {
-        Some(roots) => {
-            let root = &roots[resolved.root_index];
-            let info = root.inspect(&resolved.rel)?;
-            check_kind(op, &resolved.rel, info.kind)?;
-            root.may_change(&resolved.rel, &info, ctx.syncs_folders)?;
-            Some(info)
+    // A link or special file on the way is governance's (SPEC §5, before the extension);
+    // a file where the operation needs a folder, or none, and what this process may
+    // change are the operation's own refusals, told once governance has passed the path.
+    let mut found = None;
+    let mut precondition = None;
+    if let Some(roots) = ctx.roots {
+        let root = &roots[resolved.root_index];
+        match root
+            .inspect(&resolved.rel)
+            .and_then(|info| check_kind(op, &resolved.rel, info.kind).map(|()| info))
+        {
+            Ok(info) => found = Some((root, info)),
+            Err(r)
+                if matches!(
+                    r.reason_code,
+                    ReasonCode::AlreadyExists | ReasonCode::NotFound
+                ) =>
+            {
+                precondition = Some(r);
+            }
+            Err(r) => return Err(r),
         }
-        None => None,
-    };
+    }
     let dirs = if op.is_directory() {
         resolved.rel.components()
     } else {
@@ -156,6 +169,16 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
             r
         }
     })?;
+    if let Some(r) = precondition {
+        return Err(r);
+    }
+    let target = match found {
+        Some((root, info)) => {
+            root.may_change(&resolved.rel, &info, ctx.syncs_folders)?;
+            Some(info)
+        }
+        None => None,
+    };
     let risk = assess_sandbox_risk(req.intent, &resolved.rel.as_string());
     Ok(Approval {
         op,

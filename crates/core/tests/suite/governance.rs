@@ -503,6 +503,31 @@ fn target_kind_decides_file_versus_directory_operations() {
     ));
 }
 
+/// What an operation finds on disk (a file where its folder or a parent folder would be)
+/// is its own precondition, told after governance's checks (SPEC §5): a blocked
+/// extension is named first.
+#[test]
+fn a_blocked_extension_is_named_before_what_the_operation_finds_on_disk() {
+    let d = disk();
+    fs::write(d.root_path.join("y.service"), b"unit").unwrap();
+    fs::write(d.root_path.join("plain"), b"file").unwrap();
+    for (intent, path) in [
+        ("create_directory", "y.service"),
+        ("create_directory", "y.service/sub"),
+        ("create_file", "plain/x.exe"),
+    ] {
+        assert_eq!(
+            disk_code(&d, intent, path),
+            Some(ReasonCode::BlockedExtension),
+            "{intent} {path}"
+        );
+    }
+    assert_eq!(
+        disk_code(&d, "create_file", "plain/x.txt"),
+        Some(ReasonCode::NotFound)
+    );
+}
+
 #[test]
 fn state_directory_is_reserved() {
     let d = disk();
