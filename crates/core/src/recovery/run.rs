@@ -111,14 +111,8 @@ impl Sandbox {
                     && !self.back_to_before(i, &s.meta, current.as_deref()))
                     || first_change.is_some())
             {
-                let landed = self.settle_overwritten(
-                    i,
-                    &s.meta,
-                    rec,
-                    current.as_ref(),
-                    &registered,
-                    first_change.as_ref(),
-                );
+                let landed =
+                    self.settle_overwritten(i, &s.meta, &registered, first_change.as_ref());
                 match landed {
                     Some(Ok(record)) => {
                         finish_audits.extend(record);
@@ -129,7 +123,18 @@ impl Sandbox {
                         report.completed += 1;
                         report.writes_unaudited(&e);
                     }
-                    None => report.superseded += 1,
+                    None => {
+                        // Its temporary file first: a folder it made that holds only
+                        // that is empty, and removed rather than put on the ledger.
+                        let dir = (i, s.meta.target().parent_components().to_vec());
+                        self.remove_dead_temp_files(
+                            &dead_makers(rec),
+                            HashSet::from([dir]),
+                            &mut report,
+                        );
+                        self.undo_superseded(i, &s.meta, rec, current.as_ref());
+                        report.superseded += 1;
+                    }
                 }
                 settled.insert(key);
                 continue;
@@ -414,14 +419,12 @@ impl Sandbox {
     /// finished without touching the target: `Some` with the audit record to append
     /// (`Ok(None)` inside when the commit record's own were appended, `Err` when they
     /// could not be, for a later recovery to finish). Otherwise it never
-    /// landed: its staged bytes are discarded and its snapshot marked restored, to be
-    /// audited as rolled back; `None`.
+    /// landed: its staged bytes are discarded, and `None` says to
+    /// [`undo_superseded`](Self::undo_superseded) it.
     fn settle_overwritten(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
-        rec: &InflightRecord,
-        current: Option<&String>,
         registered: &[crate::artifact::ArtifactEntry],
         first_change: Option<&crate::audit::SandboxAuditEntry>,
     ) -> Option<std::io::Result<Option<AuditRecord>>> {
@@ -453,6 +456,19 @@ impl Sandbox {
         if let Some((staged, _)) = staged {
             staged.discard();
         }
+        None
+    }
+
+    /// Records a dead run's action that never landed, its target written since by
+    /// another, as undone: its snapshot marked restored (to be audited as rolled back),
+    /// the target left as the later writer left it.
+    fn undo_superseded(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        rec: &InflightRecord,
+        current: Option<&String>,
+    ) {
         // The folders the action made on the way stay with the later write in them: on
         // the ledger, as a rollback leaves them, for the restore that empties them to
         // remove (not a folder of the later writer's, which found them there).
@@ -467,7 +483,6 @@ impl Sandbox {
         ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
         }
-        None
     }
 }
 

@@ -2957,6 +2957,59 @@ fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A run's action that made a folder and died with its temporary file in it, another
+/// workflow's write of the same file made and rolled back since: recovery removes the
+/// temporary file, then the folder, now empty, rather than leaving it for good on the
+/// ledger.
+#[test]
+fn a_folder_a_superseded_dead_action_made_goes_once_its_temporary_file_is_gone() {
+    let w = World::new();
+    let (dead, other) = (w.sandbox(), w.sandbox());
+    dead.failpoints().arm_crash("before_mutate", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &dead,
+            json!({"workflow_id": "wf_b", "actions": [
+                {"intent": "create_file", "path": "big/blob.txt", "content": "b"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies before its write");
+    drop(dead);
+    // As the action did on its way to the file: its folder, and its temporary file (a
+    // name of this process's, which the dead run's was).
+    std::fs::create_dir(w.path("big")).unwrap();
+    let temp = w.path(&format!(
+        "big/{}",
+        ailab_sandbox_core::confine::root::temp_name()
+    ));
+    std::fs::write(&temp, b"b").unwrap();
+    // The later write's lines timed after the dead action's snapshot, as they would be.
+    w.clock.advance(chrono::Duration::seconds(1));
+    let r = run(
+        &other,
+        json!({"workflow_id": "wf_a", "actions": [
+            {"intent": "create_file", "path": "big/blob.txt", "content": "a"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = other.rollback_workflow("wf_a", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    drop(other);
+    let sb = w.sandbox();
+    assert!(!w.path("big").exists(), "{:?}", w.tree());
+    let lines: Vec<_> = sb
+        .audit_entries(50, Some("wf_b"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.status)
+        .collect();
+    assert_eq!(
+        lines,
+        [ailab_sandbox_core::audit::AuditStatus::RolledBack],
+        "the dead action recorded undone"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run made with its process's clock an hour behind the previous run's (a clock set
 /// back between them) dies after its second write, never audited: the next start
 /// judges the dead run's actions newest first in the order the run made them, and
