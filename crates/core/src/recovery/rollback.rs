@@ -178,10 +178,15 @@ impl Sandbox {
             .map(|e| e.action_id.as_str())
             .collect();
         let mut records = Vec::new();
-        let snaps = self
-            .trusted_workflow_snapshots(workflow_id)
-            .map(|(s, _)| s)
-            .unwrap_or_default();
+        // A trail busy now (another process appending) keeps the restores for a later
+        // try; snapshots that cannot be read at all leave none to record.
+        let snaps = match self.trusted_workflow_snapshots(workflow_id) {
+            Ok((s, _)) => s,
+            Err(r) if r.reason_code == crate::ReasonCode::Conflict => {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, r.reason));
+            }
+            Err(_) => Vec::new(),
+        };
         // In the order the restores were made, as their marks' times say (a run's undo
         // carries the id of the run's start, which another workflow's restore of the
         // same file may follow); marks without a time by their rollbacks' time-ordered

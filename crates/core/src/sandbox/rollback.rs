@@ -313,7 +313,7 @@ impl Sandbox {
             untrusted.extend(bad);
         }
         all.sort_by(|a, b| a.1.meta.snapshot_id.cmp(&b.1.meta.snapshot_id));
-        self.in_trail_order(workflow_id, &mut all);
+        self.in_trail_order(workflow_id, &mut all)?;
         Ok((all, untrusted))
     }
 
@@ -323,11 +323,12 @@ impl Sandbox {
     /// otherwise have the later run's writes restored first. A run's own ids never go
     /// back (see [`crate::ids`]). Runs with no write on the trail (undone at once, or dead
     /// and not yet recovered, which no later run of the workflow can follow) come last.
-    /// Left in id order when the trail cannot be read: what reads it next says why.
-    fn in_trail_order(&self, workflow_id: &str, all: &mut RootedSnapshots) {
-        let Ok(entries) = self.audit.by_workflow(workflow_id) else {
-            return;
-        };
+    /// Refused when the trail cannot be read: in id order they could be restored wrongly.
+    fn in_trail_order(&self, workflow_id: &str, all: &mut RootedSnapshots) -> Verdict<()> {
+        let entries = self
+            .audit
+            .by_workflow(workflow_id)
+            .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
         let mut first: HashMap<&str, u64> = HashMap::new();
         for e in &entries {
             if e.status == AuditStatus::Success {
@@ -344,6 +345,7 @@ impl Sandbox {
                 s.meta.snapshot_id.clone(),
             )
         });
+        Ok(())
     }
 
     /// What a rollback of the workflow would restore, and the conflicts it would meet.
