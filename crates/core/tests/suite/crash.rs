@@ -2921,14 +2921,10 @@ fn a_start_records_dead_restores_of_one_file_in_the_order_made() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// A run's action that made a folder and died before its file went in, another
-/// workflow's file put in that folder since: recovery records the action undone, leaves
-/// the folder with the later file in it, and puts it on the ledger, so that the rollback
-/// of the later write removes it once empty, as after a live rollback.
-#[test]
-fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
-    let w = World::new();
-    // Both open before the one dies, as two processes would be.
+/// Workflow `wf_b`'s `create_file` of `big/blob.txt` killed before its write, its
+/// folder made as the action did on its way; returns a sandbox opened before it died
+/// (as another process would be).
+fn died_making_big_blob(w: &World) -> ailab_sandbox_core::Sandbox {
     let (dead, other) = (w.sandbox(), w.sandbox());
     dead.failpoints().arm_crash("before_mutate", 1);
     let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -2940,8 +2936,18 @@ fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
     }));
     assert!(died.is_err(), "the run dies before its write");
     drop(dead);
-    // As the action did on its way to the file, before it died.
     std::fs::create_dir(w.path("big")).unwrap();
+    other
+}
+
+/// A run's action that made a folder and died before its file went in, another
+/// workflow's file put in that folder since: recovery records the action undone, leaves
+/// the folder with the later file in it, and puts it on the ledger, so that the rollback
+/// of the later write removes it once empty, as after a live rollback.
+#[test]
+fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
+    let w = World::new();
+    let other = died_making_big_blob(&w);
     let r = run(
         &other,
         json!({"workflow_id": "wf_a", "actions": [
@@ -2964,20 +2970,8 @@ fn a_folder_a_dead_action_made_goes_with_the_later_file_put_in_it() {
 #[test]
 fn a_folder_a_superseded_dead_action_made_goes_once_its_temporary_file_is_gone() {
     let w = World::new();
-    let (dead, other) = (w.sandbox(), w.sandbox());
-    dead.failpoints().arm_crash("before_mutate", 1);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run(
-            &dead,
-            json!({"workflow_id": "wf_b", "actions": [
-                {"intent": "create_file", "path": "big/blob.txt", "content": "b"}]}),
-        )
-    }));
-    assert!(died.is_err(), "the run dies before its write");
-    drop(dead);
-    // As the action did on its way to the file: its folder, and its temporary file (a
-    // name of this process's, which the dead run's was).
-    std::fs::create_dir(w.path("big")).unwrap();
+    let other = died_making_big_blob(&w);
+    // And its temporary file there (a name of this process's, which the dead run's was).
     let temp = w.path(&format!(
         "big/{}",
         ailab_sandbox_core::confine::root::temp_name()
