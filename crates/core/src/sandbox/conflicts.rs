@@ -32,10 +32,24 @@ pub struct Conflict {
     /// `expected_checksum`. The target may hold just what the workflow last wrote.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found_by_action: Option<String>,
+    /// When the trail records who left what the target holds now, since the workflow's
+    /// last write there: another workflow's write or rollback (`workflow/action`), to be
+    /// rolled back first rather than overwritten.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed_by: Option<ChangedBy>,
     /// For a directory the action made: the `create_directory` actions
     /// (`workflow/action`) that found it since and stand, whose result it is now.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
+}
+
+/// Another workflow's recorded change that left what a conflicting target holds now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangedBy {
+    /// `workflow/action`.
+    pub action: String,
+    /// Whether the change was that action's rollback (else its write).
+    pub rollback: bool,
 }
 
 /// What a target holds, compared with what an action left there.
@@ -216,17 +230,50 @@ impl Sandbox {
             claimed_by.dedup();
             let changed = !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign;
             if changed {
+                let changed_by = found_by_action
+                    .is_none()
+                    .then(|| self.changed_by(*i, &s.meta, &current))
+                    .flatten();
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
                     path: abs,
                     expected_checksum: left.state.checksum(),
                     current_checksum: current.checksum(),
                     found_by_action,
+                    changed_by,
                     claimed_by,
                 });
             }
         }
         Ok(out)
+    }
+
+    /// Another workflow's change that left `current` at the target of `meta`'s action,
+    /// the latest the trail records since that action's snapshot; none when someone
+    /// changed the target after it (the bytes differ) or the trail cannot be read.
+    fn changed_by(
+        &self,
+        root: usize,
+        meta: &SnapshotMeta,
+        current: &TargetState,
+    ) -> Option<ChangedBy> {
+        let rel = meta.target();
+        let changes = self
+            .audit
+            .changes_since(
+                rel.file_name(),
+                |recorded| self.names_target(recorded, root, &rel),
+                &meta.taken_at,
+                &meta.execution_id,
+            )
+            .ok()?;
+        let last = changes.last()?;
+        (last.workflow_id != meta.workflow_id && last.after_checksum == current.checksum()).then(
+            || ChangedBy {
+                action: format!("{}/{}", last.workflow_id, last.action_id),
+                rollback: last.status == crate::audit::AuditStatus::RolledBack,
+            },
+        )
     }
 
     /// What an action left at its target, as the records say: a file's checksum (its

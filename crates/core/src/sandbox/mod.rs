@@ -31,8 +31,8 @@ mod prune;
 mod reads;
 mod rollback;
 
-pub use conflicts::Conflict;
 pub(crate) use conflicts::TargetState;
+pub use conflicts::{ChangedBy, Conflict};
 pub(crate) use durability::LogEntry;
 use locks::TARGET_LOCK_STRIPES;
 pub(crate) use locks::workflow_lock_refusal;

@@ -923,6 +923,7 @@ impl Sandbox {
                                 .and_then(|l| l.state.checksum()),
                             current_checksum: self.target_state(*i, &rel).checksum(),
                             found_by_action: None,
+                            changed_by: None,
                             claimed_by: Vec::new(),
                         }
                     })
@@ -1090,12 +1091,12 @@ impl Sandbox {
                 // One entry per action in `conflicts`; each file once for people, saying
                 // where the change was made: a change between two of the workflow's own
                 // writes leaves the file holding just what the workflow last wrote.
-                let mut files: Vec<(&str, bool, Vec<String>)> = Vec::new();
+                let mut files: Vec<(&str, bool, Vec<String>, Option<String>)> = Vec::new();
                 for c in &changed {
                     let i = match files.iter().position(|(p, ..)| *p == c.path) {
                         Some(i) => i,
                         None => {
-                            files.push((&c.path, false, Vec::new()));
+                            files.push((&c.path, false, Vec::new(), None));
                             files.len() - 1
                         }
                     };
@@ -1105,25 +1106,46 @@ impl Sandbox {
                             shown_path(&c.action_id),
                             shown_path(newer)
                         )),
-                        None => files[i].1 = true,
+                        None => {
+                            files[i].1 = true;
+                            files[i].3 = c.changed_by.as_ref().map(|by| {
+                                let how = if by.rollback {
+                                    "put back by the rollback of"
+                                } else {
+                                    "written by"
+                                };
+                                format!("{how} {}", shown_path(&by.action))
+                            });
+                        }
                     }
                 }
                 let entries: Vec<String> = files
                     .iter()
-                    .map(|(path, since, between)| match (since, between.is_empty()) {
-                        (_, true) => (*path).to_owned(),
-                        (false, false) => format!(
-                            "{path} ({}; it holds what the workflow last wrote there)",
-                            between.join("; ")
-                        ),
-                        (true, false) => format!(
-                            "{path} (since the workflow's last write, and {})",
-                            between.join("; ")
-                        ),
+                    .map(|(path, since, between, by)| {
+                        let said = match by {
+                            Some(by) => format!("since the workflow's last write, {by}"),
+                            None => "since the workflow's last write".to_owned(),
+                        };
+                        match (since, between.is_empty()) {
+                            (_, true) if by.is_none() => (*path).to_owned(),
+                            (_, true) => format!("{path} ({said})"),
+                            (false, false) => format!(
+                                "{path} ({}; it holds what the workflow last wrote there)",
+                                between.join("; ")
+                            ),
+                            (true, false) => format!("{path} ({said}, and {})", between.join("; ")),
+                        }
                     })
                     .collect();
+                // Another workflow's change named is undone by its own rollback, which
+                // gives this one back what it left; force would throw that change away.
+                let advice = if files.iter().any(|f| f.3.is_some()) {
+                    "roll back the changes named first (an action at a time, newest first, where workflows wrote in turn), or roll back with force to overwrite them"
+                } else {
+                    "roll back with force to overwrite them"
+                };
                 why.push(format!(
-                    "these files or directories changed after the workflow wrote them: {}; roll back with force to overwrite them (a directory that holds what is not the workflow's is left in place even then)",
+                    "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
                     named(&entries)
                 ));
             }
@@ -1264,6 +1286,7 @@ impl Sandbox {
                     expected_checksum: after.clone(),
                     current_checksum: self.target_checksum(*i, rel),
                     found_by_action: None,
+                    changed_by: None,
                     claimed_by: Vec::new(),
                 });
             }

@@ -861,6 +861,84 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     assert_eq!(w.read("t.txt"), b"original\n");
 }
 
+/// The latest of other workflows' writes after this workflow's last one, which the file
+/// holds, is named in the refusal (`changed_by`), with the way out that loses nothing:
+/// roll that one back first. After a forced rollback of the first workflow, a later
+/// one's refusal names that rollback.
+#[test]
+fn a_conflict_names_the_other_workflows_change_the_file_holds() {
+    use ailab_sandbox_core::sandbox::ChangedBy;
+    let w = World::new();
+    w.write("y/f.txt", b"orig\n");
+    let sb = w.sandbox();
+    for (wf, line) in [("wf_v1", "w1\n"), ("wf_v2", "w2\n"), ("wf_v3", "w3\n")] {
+        // Each write's line timed after the one before, as it would be.
+        w.clock.advance(chrono::Duration::seconds(1));
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": "append_file", "path": "y/f.txt", "content": line}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    let rb = rollback(&sb, "wf_v1", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].changed_by,
+        Some(ChangedBy {
+            action: "wf_v3/a1".to_owned(),
+            rollback: false
+        })
+    );
+    let reason = rb.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("f.txt (since the workflow's last write, written by 'wf_v3/a1')")
+            && reason.contains("roll back the changes named first"),
+        "{reason}"
+    );
+    // Forced, the first takes the later lines with it; the second's refusal then names
+    // that rollback, not the third's write before it.
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(rollback(&sb, "wf_v1", true).status, "rolled_back");
+    assert_eq!(w.read("y/f.txt"), b"orig\n");
+    let rb = rollback(&sb, "wf_v2", false);
+    assert_eq!(
+        rb.conflicts[0].changed_by,
+        Some(ChangedBy {
+            action: "wf_v1/a1".to_owned(),
+            rollback: true
+        }),
+        "{rb:?}"
+    );
+    let reason = rb.reason.as_deref().unwrap();
+    assert!(
+        reason.contains("put back by the rollback of 'wf_v1/a1'"),
+        "{reason}"
+    );
+}
+
+/// The way out the refusal gives: the other workflow rolled back first, this one then
+/// goes through and the file is as it was.
+#[test]
+fn the_other_workflows_change_rolled_back_first_lets_the_rollback_through() {
+    let w = World::new();
+    w.write("f.txt", b"orig\n");
+    let sb = w.sandbox();
+    for (wf, line) in [("wf_v1", "w1\n"), ("wf_v2", "w2\n")] {
+        w.clock.advance(chrono::Duration::seconds(1));
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": line}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    assert_eq!(rollback(&sb, "wf_v1", false).status, "refused");
+    assert_eq!(rollback(&sb, "wf_v2", false).status, "rolled_back");
+    assert_eq!(rollback(&sb, "wf_v1", false).status, "rolled_back");
+    assert_eq!(w.read("f.txt"), b"orig\n");
+}
+
 /// A directory an action created is compared like a file: replaced by a file, or
 /// holding something the rollback does not remove, it is a conflict found before
 /// anything is restored; one the action found and that is gone since is made again.
