@@ -169,6 +169,20 @@ impl ApiError {
         )
     }
 
+    /// `503`: other calls on the workflow kept it for as long as a call may wait for its
+    /// turn (`limits.lock_wait_seconds`, see [`crate::turns`]).
+    pub fn workflow_busy(workflow_id: &str, waited: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::SERVER_BUSY,
+            format!(
+                "other calls on workflow {} kept it busy for {} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done: send it again later",
+                ailab_sandbox_core::confine::path::shown_path(workflow_id),
+                waited.as_secs()
+            ),
+        )
+    }
+
     /// `413` naming the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::new(

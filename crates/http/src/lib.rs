@@ -64,6 +64,7 @@ mod error;
 mod guard;
 mod routes;
 mod server;
+mod turns;
 pub mod wire;
 
 use ailab_sandbox_core::Sandbox;
@@ -279,6 +280,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
             PLAN_DATA_IN_FLIGHT * ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN,
         )),
         data_wait: PLAN_DATA_WAIT,
+        turns: Arc::default(),
     };
     let guard = guard::Guard::new(token.as_deref());
     let limit = body_limit_bytes.max(1);

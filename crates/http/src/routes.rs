@@ -35,6 +35,32 @@ pub(crate) struct AppState {
     pub data_room: Arc<tokio::sync::Semaphore>,
     /// How long a plan waits for room for its data ([`crate::PLAN_DATA_WAIT`]).
     pub data_wait: std::time::Duration,
+    /// Each workflow's turn on the blocking pool.
+    pub turns: Arc<crate::turns::Turns>,
+}
+
+impl AppState {
+    /// `workflow_id`'s turn, waited for as long as the runtime waits for a workflow's
+    /// lock.
+    async fn turn(&self, workflow_id: &str) -> Result<crate::turns::Turn, ApiError> {
+        let wait = std::time::Duration::from_secs(self.sandbox.config().limits.lock_wait_seconds);
+        self.turns
+            .take(workflow_id, wait)
+            .await
+            .ok_or_else(|| ApiError::workflow_busy(workflow_id, wait))
+    }
+}
+
+/// The `workflow_id` a plan's text names, when it is a plan; else `None` (the runtime
+/// refuses it without waiting for any workflow).
+fn named_workflow(bytes: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        workflow_id: String,
+    }
+    serde_json::from_slice::<Named>(bytes)
+        .ok()
+        .map(|n| n.workflow_id)
 }
 
 /// Runs a synchronous sandbox call on the blocking pool. A panic there becomes a bare
@@ -289,16 +315,22 @@ pub(crate) async fn run_plan(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = body_bytes(body, s.body_limit)?;
-    let sb = s.sandbox;
+    let sb = Arc::clone(&s.sandbox);
     // Held until the plan is parsed and run, even if the client hangs up meanwhile.
     let held = room.and_then(|r| r.take());
     // Its data's room, taken before it is parsed, as the text alone bounds it. Reading
     // the text through is work for the blocking pool, not the event loop.
-    let (bytes, values) = blocking(move || {
+    let (bytes, values, workflow_id) = blocking(move || {
         let values = ailab_sandbox_core::plan::data_values_bound(&bytes);
-        (bytes, values)
+        let workflow_id = named_workflow(&bytes);
+        (bytes, values, workflow_id)
     })
     .await?;
+    // Before its data's room: a plan waiting for its workflow holds none.
+    let turn = match workflow_id {
+        Some(wf) => Some(s.turn(&wf).await?),
+        None => None,
+    };
     // A plan whose data is small takes none, so that it never waits behind large ones;
     // one that waits too long is told to come back.
     let data = if values < crate::SMALL_PLAN_DATA {
@@ -314,7 +346,7 @@ pub(crate) async fn run_plan(
     };
     let result = blocking(move || {
         let result = sb.run_plan_json(&bytes);
-        drop((bytes, held, data));
+        drop((bytes, held, data, turn));
         result
     })
     .await?
@@ -388,8 +420,14 @@ pub(crate) async fn rollback(
         action_id: req.action_id,
         force: req.force,
     };
+    let turn = s.turn(&wf).await?;
     let sb = s.sandbox;
-    let report = blocking(move || sb.rollback_workflow(&wf, &opts)).await?;
+    let report = blocking(move || {
+        let report = sb.rollback_workflow(&wf, &opts);
+        drop(turn);
+        report
+    })
+    .await?;
     Ok((rollback_status(&report), Json(report)).into_response())
 }
 
@@ -507,6 +545,7 @@ mod tests {
                 crate::PLAN_DATA_IN_FLIGHT * MAX_DATA_VALUES_PER_PLAN,
             )),
             data_wait: std::time::Duration::from_millis(200),
+            turns: Arc::default(),
         }
     }
 

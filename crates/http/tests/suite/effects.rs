@@ -590,3 +590,54 @@ async fn healthz_answers_at_once_while_a_plan_waits_for_the_trail() {
     assert_eq!(health.status, StatusCode::OK, "{}", health.text());
     assert_eq!(plan.status, StatusCode::OK, "{}", plan.text());
 }
+
+/// Plans piling up on a workflow another process holds (a stopped CLI run, say) wait
+/// for its turn without a thread of the blocking pool: reads and other workflows are
+/// answered meanwhile, and once the workflow is free the plans run one after the other.
+#[test]
+fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = config(&tmp, true);
+        config.limits.lock_wait_seconds = 5;
+        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+        let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+        let held = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(tmp.path().join("state/locks/wf-wf_held.lock"))
+            .unwrap();
+        held.lock().unwrap();
+        let plans: Vec<_> = (0..6)
+            .map(|i| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let plan = json!({"workflow_id": "wf_held", "actions": [
+                        {"action_id": format!("a{i}"), "intent": "create_file", "path": format!("f{i}.txt"), "content": "x"}]});
+                    post_json(&app, "/agentic/plans", &plan).await.status
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let state = get(&app, "/agentic/state").await;
+        assert_eq!(state.status, StatusCode::OK);
+        let other = post_json(&app, "/agentic/plans", &create_plan("wf_free", "g.txt", "y")).await;
+        assert_eq!(other.status, StatusCode::OK, "{}", other.text());
+        assert!(
+            plans.iter().all(|p| !p.is_finished()),
+            "answered while the held workflow's plans still wait"
+        );
+        held.unlock().unwrap();
+        for p in plans {
+            assert_eq!(p.await.unwrap(), StatusCode::OK);
+        }
+        assert!(tmp.path().join("root/f5.txt").exists());
+    });
+}
