@@ -346,7 +346,11 @@ pub fn run_announcing(
 }
 
 /// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
-/// in-flight requests finish (for at most 30 s) and returns. The caller is responsible
+/// in-flight requests finish (for at most 30 s) and returns. Requests still waiting
+/// then are dropped; a sandbox call already running on the blocking pool (one per
+/// workflow at most, see `turns.rs`) goes on until it ends, which may include its wait
+/// for a workflow another process holds (`lock_wait_seconds`): [`run`] waits for it
+/// before it returns, so that its writes and records are whole. The caller is responsible
 /// for the exposure check ([`check_exposure`]); [`run`] does it. Connections are bounded
 /// by the default [`ConnLimits`].
 pub async fn serve<F>(listener: TcpListener, app: Router, shutdown: F) -> Result<(), ServeError>
