@@ -64,6 +64,7 @@ impl Sandbox {
                 .denied("read_file", r.reason_code, r.is_escape_attempt());
         })?;
         check_reserved(&r.rel)?;
+        self.root_in_place_to_read(r.root_index)?;
         Ok((r.root_index, r.rel))
     }
 
@@ -92,8 +93,12 @@ impl Sandbox {
                 None => 0,
             })
         };
+        let top = |i: usize| {
+            self.root_in_place_to_read(i)?;
+            self.roots[i].list_dir(None)
+        };
         if path.is_empty() || path == "/" || path == "." {
-            return self.roots[hinted()?].list_dir(None);
+            return top(hinted()?);
         }
         // Compared as text, as the other paths an agent gives are taken literally (no
         // `.` or empty component), one trailing `/` aside.
@@ -104,7 +109,7 @@ impl Sandbox {
             .position(|r| r.to_str() == Some(bare))
         {
             if root.is_none() || hinted()? == i {
-                return self.roots[i].list_dir(None);
+                return top(i);
             }
             // Another root named alongside: refused as any path of another root is (the
             // trailing `/` is not the fault).

@@ -1172,8 +1172,8 @@ fn a_simulation_reports_no_checksum_it_did_not_compute() {
 
 /// A root moved away (or removed, or replaced) while the runtime runs: its handle still
 /// leads to the moved folder, where writes would land unseen while every record names
-/// the configured path. Actions and rollbacks there are refused (`conflict`, naming the
-/// root), nothing is written anywhere, and they go on once the folder is back.
+/// the configured path. Actions, rollbacks and reads there are refused (`conflict`,
+/// naming the root), nothing is written anywhere, and they go on once the folder is back.
 #[test]
 fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
     let w = World::new();
@@ -1212,11 +1212,25 @@ fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
         assert_eq!(info.reason_code, Some(ReasonCode::Conflict), "{info:?}");
         assert!(!aside.join("b.txt").exists() && !w.path("b.txt").exists());
         assert!(aside.join("a.txt").exists(), "nothing restored");
+        // Nor is the moved folder read as the root's path: what it holds is not there.
+        let moved = |r: Result<(), ailab_sandbox_core::Refusal>| {
+            let r = r.unwrap_err();
+            assert_eq!(r.reason_code, ReasonCode::Conflict, "{r:?}");
+            assert!(r.reason.contains("nothing was read"), "{r:?}");
+        };
+        moved(sb.read_file("a.txt", None).map(drop));
+        moved(sb.get_file_info("a.txt", None).map(drop));
+        moved(sb.list_directory("", None).map(drop));
+        moved(
+            sb.list_directory(&w.root.display().to_string(), None)
+                .map(drop),
+        );
     }
     std::fs::remove_dir(&w.root).unwrap();
     std::fs::rename(&aside, &w.root).unwrap();
     assert_eq!(status(&run(&sb, one("b.txt"))), "success");
     assert_eq!(w.read("b.txt"), b"x");
+    assert_eq!(sb.read_file("b.txt", None).unwrap().content, "x");
 }
 
 /// A folder swapped for a link out of the root while an earlier action of the plan runs:
