@@ -754,12 +754,14 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
 fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolResult {
     let names: Vec<&str> = tools.iter().map(ToolSpec::name).collect();
     let code = recorded.reason_code;
+    // Cut as the trail cuts it: a name of megabytes is not said back whole, twice.
+    let name = ailab_sandbox_core::confine::path::shown_path(name);
     let r = match code {
         // Said here, not in governance's words: those list the write intents, which
         // what to do lists again as this server's tools.
         ReasonCode::ForbiddenIntent => Refusal::new(
             code,
-            format!("{name:?} is a forbidden intent, never executed; no tool offers it"),
+            format!("{name} is a forbidden intent, never executed; no tool offers it"),
         ),
         // A permission change: no tool offers one either.
         ReasonCode::ChmodForbidden => {
@@ -769,14 +771,14 @@ fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolRe
         ReasonCode::PhaseNotSupported => Refusal::new(
             code,
             format!(
-                "{}; besides, this server has no tool named {name:?}",
+                "{}; besides, this server has no tool named {name}",
                 recorded.reason
             ),
         ),
         _ => Refusal::new(
             code,
             format!(
-                "there is no tool named {name:?}; the tools are: {}",
+                "there is no tool named {name}; the tools are: {}",
                 names.join(", ")
             ),
         ),

@@ -583,7 +583,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         Some(at) => Err(Refusal::new(
             ReasonCode::InvalidPlan,
             format!(
-                "the message is not UTF-8 text (byte {at} starts no UTF-8 character); JSON-RPC messages are UTF-8: send text, and binary content as base64 in a string"
+                "the message is not UTF-8 text (byte {at} starts no UTF-8 character); JSON-RPC messages are UTF-8: send text (the tools write text, so a file's content must be text too)"
             ),
         )),
         None => check_numbers_kept(line)

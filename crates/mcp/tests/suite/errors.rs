@@ -243,7 +243,7 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
     let r = s.err("delete_file", json!({"path": "x.md"})).await;
     assert!(
         text(&r).contains("(forbidden_intent)")
-            && text(&r).contains("\"delete_file\" is a forbidden intent"),
+            && text(&r).contains("'delete_file' is a forbidden intent"),
         "{}",
         text(&r)
     );
@@ -270,6 +270,19 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         );
         assert_eq!(audited().await, before + n, "{tool}");
     }
+    // A name of megabytes is said back cut, as the trail keeps it.
+    let long = "x".repeat(1 << 20);
+    let r = s.err(&long, json!({"path": "x.md"})).await;
+    assert!(
+        text(&r).contains("(unknown_operation)"),
+        "{}",
+        &text(&r)[..200]
+    );
+    assert!(
+        text(&r).len() < 8192 && text(&r).contains("xxx…xxx"),
+        "{} bytes",
+        text(&r).len()
+    );
     let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
     assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
     // What to do names what the tool takes: it has no workflow_id to omit.
@@ -327,9 +340,8 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
         assert!(t.contains("(phase_not_supported)"), "{tool}: {t}");
         // Two refusals in one sentence each, not "…phases 28.3 …; no tool offers it".
         assert!(
-            t.contains(&format!(
-                "besides, this server has no tool named \"{tool}\""
-            )) && !t.contains("no tool offers it"),
+            t.contains(&format!("besides, this server has no tool named '{tool}'"))
+                && !t.contains("no tool offers it"),
             "{tool}: {t}"
         );
     }

@@ -344,7 +344,7 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             r#""name":"get_state","name":"delete_file""#,
             1,
             "forbidden_intent",
-            "\"delete_file\" is a forbidden intent",
+            "'delete_file' is a forbidden intent",
         ),
         (
             "10",
