@@ -43,8 +43,9 @@
 //!   files of its own should leave it uncalled (and set a umask of 022 itself) or create
 //!   them with explicit modes.
 //! - Read plans with [`plan::parse_plan`] (or [`Sandbox::run_plan_json`]): deserializing
-//!   a [`plan::Plan`] with serde directly skips the checks of the text itself (numbers a
-//!   double would change, keys given twice), so such data reaches the file changed.
+//!   a [`plan::Plan`] with serde directly skips the check of the text's numbers, so a
+//!   number a double would change (`-0`, `123456789012345678901234567890`, a decimal of
+//!   more digits than a double keeps) reaches the file changed.
 //! - The structured writers rely on `serde_json`'s default map, which keeps keys sorted,
 //!   and on its default numbers: a host build that turns on `serde_json`'s
 //!   `preserve_order` feature writes keys in the order sent (other bytes and checksums

@@ -85,8 +85,15 @@ impl Sandbox {
     }
 
     /// Lists a directory inside a root (`""` or `/` for the first root's top; a root's
-    /// own absolute path for that root's).
+    /// own absolute path for that root's). Entries no read or write may name (the
+    /// snapshot store `.rollback`, the runtime's temporary files) are left out.
     pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
+        let mut entries = self.list_any_directory(path, root)?;
+        entries.retain(|e| check_reserved(&RelPath::from_components(vec![e.name.clone()])).is_ok());
+        Ok(entries)
+    }
+
+    fn list_any_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
         let hinted = || -> Verdict<usize> {
             Ok(match root {
                 Some(_) => resolve_sandbox_path("x", &self.root_paths, root, 8)?.root_index,

@@ -1971,6 +1971,33 @@ fn a_root_is_listed_by_its_own_path() {
     }
 }
 
+/// A listing leaves out what no read may name: the snapshot store and the runtime's
+/// temporary files (at any depth, in any case, as reads refuse them).
+#[test]
+fn a_listing_leaves_out_the_runtimes_reserved_names() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_ls", "actions": [
+            {"intent": "create_file", "path": "d/kept.txt", "content": "k"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert!(w.path(".rollback").is_dir());
+    let temp = ailab_sandbox_core::confine::root::temp_name();
+    w.write(&format!("d/{temp}"), b"t");
+    std::fs::create_dir(w.path("d/.ROLLBACK")).unwrap();
+    let names = |path: &str| -> Vec<String> {
+        sb.list_directory(path, None)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    assert_eq!(names(""), ["d"]);
+    assert_eq!(names("d"), ["kept.txt"]);
+}
+
 #[test]
 fn get_file_info_names_links_and_special_files_without_following_them() {
     let w = World::new();
