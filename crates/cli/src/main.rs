@@ -395,7 +395,7 @@ mod codes {
     /// Unknown subcommand or flag, a missing or malformed argument.
     pub const INVALID_USAGE: &str = "invalid_usage";
     /// The configuration (flags, `AI_LAB_*` variables, config file) cannot be used.
-    pub const INVALID_CONFIG: &str = "invalid_config";
+    pub const INVALID_CONFIG: &str = ailab_sandbox_core::INVALID_CONFIG;
 }
 
 /// A plan file or standard input that could not be read.
@@ -410,19 +410,7 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
     use ailab_sandbox_core::Error as E;
     for cause in e.chain() {
         if let Some(e) = cause.downcast_ref::<E>() {
-            return match e {
-                E::StateDir { .. } if e.is_unsafe_state_dir() => codes::INVALID_CONFIG,
-                E::Io { cause, .. } if cause.kind() == std::io::ErrorKind::TimedOut => {
-                    ReasonCode::Conflict.as_str()
-                }
-                E::Io { .. } | E::StateDir { .. } => ReasonCode::IoError.as_str(),
-                E::InvalidId(r) => r.reason_code.as_str(),
-                E::Config(_)
-                | E::NoUsableRoot { .. }
-                | E::RootsOverlap { .. }
-                | E::StateDirInsideRoot { .. }
-                | E::SerdeJsonFeature(_) => codes::INVALID_CONFIG,
-            };
+            return e.reason_code();
         }
         if cause.is::<ConfigError>() {
             return codes::INVALID_CONFIG;

@@ -81,9 +81,39 @@ pub(crate) fn serde_json_feature_on() -> Option<&'static str> {
     None
 }
 
+/// The code of an [`Error`] that is a setting to correct (flags, variables, the config
+/// file, the roots or the state directory given), beside the SPEC's refusal codes.
+pub const INVALID_CONFIG: &str = "invalid_config";
+
 impl Error {
     pub(crate) fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |cause| Self::Io { what, cause }
+    }
+
+    /// The stable code every face gives this error: [`INVALID_CONFIG`] for a setting to
+    /// correct, `conflict` for a log another process of the runtime held past
+    /// `limits.lock_wait_seconds` (busy: try again, see [`Self::is_busy`]), an id's own
+    /// refusal code, else `io_error`.
+    pub fn reason_code(&self) -> &'static str {
+        use crate::reason::ReasonCode;
+        match self {
+            Self::StateDir { .. } if self.is_unsafe_state_dir() => INVALID_CONFIG,
+            _ if self.is_busy() => ReasonCode::Conflict.as_str(),
+            Self::Io { .. } | Self::StateDir { .. } => ReasonCode::IoError.as_str(),
+            Self::InvalidId(r) => r.reason_code.as_str(),
+            Self::Config(_)
+            | Self::NoUsableRoot { .. }
+            | Self::RootsOverlap { .. }
+            | Self::StateDirInsideRoot { .. }
+            | Self::SerdeJsonFeature(_) => INVALID_CONFIG,
+        }
+    }
+
+    /// Whether a log of the state directory was held by another process of the runtime
+    /// past `limits.lock_wait_seconds` (a long write, or a stopped or hung process): busy,
+    /// not broken; the same call may go through later.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Self::Io { cause, .. } if cause.kind() == std::io::ErrorKind::TimedOut)
     }
 
     /// Whether the state directory was refused because other users could change it: a
@@ -285,6 +315,29 @@ pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refu
 #[cfg(test)]
 mod tests {
     use super::Error;
+
+    /// Each face gives an error the same code: busy is `conflict`, a failing disk
+    /// `io_error`, a setting to correct `invalid_config`.
+    #[test]
+    fn an_errors_code_says_whether_to_retry_or_correct() {
+        let io = |kind: std::io::ErrorKind| Error::Io {
+            what: "read the audit log",
+            cause: std::io::Error::new(kind, "x"),
+        };
+        assert_eq!(io(std::io::ErrorKind::TimedOut).reason_code(), "conflict");
+        assert!(io(std::io::ErrorKind::TimedOut).is_busy());
+        assert_eq!(io(std::io::ErrorKind::Other).reason_code(), "io_error");
+        assert!(!io(std::io::ErrorKind::Other).is_busy());
+        let roots = Error::NoUsableRoot {
+            problems: Vec::new(),
+        };
+        assert_eq!(roots.reason_code(), super::INVALID_CONFIG);
+        let id = Error::InvalidId(crate::reason::Refusal::new(
+            crate::reason::ReasonCode::InvalidId,
+            "x",
+        ));
+        assert_eq!(id.reason_code(), "invalid_id");
+    }
 
     /// This build writes sorted keys and numbers as doubles: the runtime opens.
     #[test]

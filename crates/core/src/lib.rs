@@ -90,7 +90,7 @@ pub mod workflow;
 pub mod yaml;
 
 pub use config::Config;
-pub use error::{Error, io_words, is_link_loop};
+pub use error::{Error, INVALID_CONFIG, io_words, is_link_loop};
 pub use executor::{ActionResult, ActionStatus, RunResult, RunStatus};
 pub use plan::Plan;
 pub use reason::{ReasonCode, Refusal, Verdict};

@@ -73,7 +73,7 @@ impl ApiError {
     /// without it (the detail could name the state directory, which lies outside every root).
     pub fn storage(what: &'static str, err: &ailab_sandbox_core::Error) -> Self {
         if let ailab_sandbox_core::Error::Io { cause, .. } = err
-            && cause.kind() == std::io::ErrorKind::TimedOut
+            && err.is_busy()
         {
             // Held by another process of the runtime (a long write, or a stopped one):
             // busy, not broken, as the command line says.

@@ -789,9 +789,7 @@ fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolRe
 /// A log of the state directory that could not be read: held by another process of the
 /// runtime past `limits.lock_wait_seconds` (`conflict`, to retry), else a failure.
 fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
-    if let ailab_sandbox_core::Error::Io { cause, .. } = e
-        && cause.kind() == std::io::ErrorKind::TimedOut
-    {
+    if e.is_busy() {
         let r = Refusal::new(
             ReasonCode::Conflict,
             format!(
