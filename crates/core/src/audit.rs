@@ -1361,26 +1361,39 @@ impl AuditLog {
     /// The rate limiter's state for a workflow at `now` (epoch seconds): the GCRA
     /// theoretical arrival time of its executed writes (successful, not rollbacks),
     /// replayed from the durable log. Writes dated after `now` (the clock was set back
-    /// since) are taken as made one write's interval before the first look of this
-    /// process that found them ahead: the bucket holds one token more than they left it
-    /// (a process that cannot know when they were made, a CLI command say, is never
-    /// kept waiting until the clock catches up with them) and refills from then on.
-    /// The first write after lets the index take them so too.
+    /// since) are taken as made one write's interval before the first look that found
+    /// them ahead: the bucket holds one token more than they left it (a process that
+    /// cannot know when they were made, a CLI command say, is never kept waiting until
+    /// the clock catches up with them) and refills from then on. That look is this
+    /// process's, or, when the trail holds a line of the workflow after those writes and
+    /// dated before them, the earliest such line's (another process's refused plan, say):
+    /// every process then counts the refill from the same moment, and a wait told by one
+    /// is honoured by the next. The first write after lets the index take them so too.
     pub fn rate_tat(&self, workflow_id: &str, now: f64) -> io::Result<f64> {
         let mut g = self.caught_up()?;
-        let interval = 60.0 / f64::from(g.1.per_minute);
-        let Some(w) = g.1.workflows.get_mut(workflow_id) else {
+        let (journal, ix) = &mut *g;
+        let interval = 60.0 / f64::from(ix.per_minute);
+        let Some(w) = ix.workflows.get(workflow_id) else {
             return Ok(f64::NEG_INFINITY);
         };
         let (tat, latest) = w.tat;
         if latest <= now {
             return Ok(tat);
         }
-        let made = w
-            .ahead
-            .filter(|(seen, _)| *seen == latest)
-            .map_or(now - interval, |(_, made)| made.min(now - interval));
-        w.ahead = Some((latest, made));
+        let seen = match w.ahead.filter(|(seen, _)| *seen == latest) {
+            Some((_, made)) => Some(made),
+            // Read once per process and such write: the clock set back is rare.
+            None => {
+                journal.check_in_place()?;
+                let slots: Vec<Slot> = w.lines.iter().map(|&i| ix.slots[i]).collect();
+                first_look_behind(&read_back(ix, journal.file(), &slots)?, latest)
+                    .map(|at| at - interval)
+            }
+        };
+        let made = seen.map_or(now - interval, |made| made.min(now - interval));
+        if let Some(w) = ix.workflows.get_mut(workflow_id) {
+            w.ahead = Some((latest, made));
+        }
         Ok(tat - (latest - made))
     }
 
@@ -1418,6 +1431,21 @@ impl AuditLog {
             .map_err(|_| io::Error::other("audit lock poisoned"))?;
         g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))
     }
+}
+
+/// When the earliest of a workflow's `lines` after its last write, and dated before
+/// that write (`latest`, epoch seconds), was made: the clock was behind the write then.
+fn first_look_behind(lines: &[SandboxAuditEntry], latest: f64) -> Option<f64> {
+    let after = lines
+        .iter()
+        .rposition(|e| {
+            e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback)
+        })
+        .map_or(0, |i| i + 1);
+    lines[after..].iter().find_map(|e| {
+        let at = crate::budget::epoch_seconds(crate::clock::parse_timestamp(&e.timestamp)?);
+        (at < latest).then_some(at)
+    })
 }
 
 /// `report` (of a sound chain), failed when the registry holds artifacts, `missing`,

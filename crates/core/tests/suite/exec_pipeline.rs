@@ -691,6 +691,32 @@ fn rate_limit_after_writes_made_with_the_clock_ahead() {
     assert_eq!(w.read("wf_two-later1.txt"), b"x");
 }
 
+/// After writes dated ahead, a plan refused with a wait by one process (a CLI command)
+/// goes through in the next once that wait is over: the next counts the refill from the
+/// refused plan's lines, not from its own first look, which told it the same wait again.
+#[test]
+fn a_wait_told_after_writes_dated_ahead_is_honoured_by_the_next_process() {
+    let w = World::new();
+    let writes = |n: usize, at: &str| {
+        let actions: Vec<_> = (0..n)
+            .map(|i| json!({"intent": "create_file", "path": format!("{at}{i}.txt"), "content": "x"}))
+            .collect();
+        json!({"workflow_id": "wf_ahead", "actions": actions})
+    };
+    w.clock.advance(chrono::Duration::days(1));
+    let r = run(&w.sandbox(), writes(10, "ahead"));
+    assert_eq!(status(&r), "success", "{r:?}");
+    w.clock.advance(chrono::Duration::days(-1));
+    let r = run(&w.sandbox(), writes(2, "now"));
+    assert_eq!(code(&r, 1).as_deref(), Some("rate_limited"), "{r:?}");
+    let wait = r.actions[1].retry_after_seconds.unwrap();
+    w.clock
+        .advance(chrono::Duration::seconds(i64::try_from(wait).unwrap()));
+    let r = run(&w.sandbox(), writes(2, "later"));
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("later1.txt"), b"x");
+}
+
 #[test]
 fn rate_limit_holds_across_a_restart() {
     let w = World::new();
