@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+/// How many workflows the map holds before those no call holds or awaits are swept.
+const SWEEP_AT: usize = 1024;
+
 /// The turns of the workflows that have calls under way or waiting.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
@@ -27,6 +30,11 @@ impl Turns {
     pub(crate) async fn take(self: &Arc<Self>, workflow_id: &str, wait: Duration) -> Option<Turn> {
         let gate = {
             let mut map = self.by_workflow.lock().unwrap_or_else(|e| e.into_inner());
+            // A wait dropped as its turn came may let go of its `Turn` before its hold
+            // on the semaphore, leaving the workflow behind: such entries are swept.
+            if map.len() >= SWEEP_AT {
+                map.retain(|_, g| Arc::strong_count(g) > 1);
+            }
             Arc::clone(
                 map.entry(workflow_id.to_owned())
                     .or_insert_with(|| Arc::new(Semaphore::new(1))),
@@ -89,6 +97,21 @@ mod tests {
         drop(a);
         let again = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
         drop((again, b));
+        assert_eq!(turns.known(), 0);
+    }
+
+    /// A wait dropped before its end (the client hung up) forgets the workflow too.
+    #[tokio::test]
+    async fn a_wait_dropped_midway_is_forgotten() {
+        let turns = Arc::new(Turns::default());
+        let held = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
+        let waiting = turns.take("wf_a", Duration::from_secs(60));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), waiting)
+                .await
+                .is_err()
+        );
+        drop(held);
         assert_eq!(turns.known(), 0);
     }
 }
