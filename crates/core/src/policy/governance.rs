@@ -125,26 +125,23 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
             ));
         }
     }
-    // A link or special file on the way is governance's (SPEC §5, before the extension);
-    // a file where the operation needs a folder, or none, and what this process may
-    // change are the operation's own refusals, told once governance has passed the path.
+    // A link or special file on the way or in place is governance's (SPEC §5, before the
+    // extension); an entry of the wrong kind (a file where the operation needs a folder,
+    // a folder where it writes a file) and what this process may change are the
+    // operation's own refusals, told once governance has passed the path.
     let mut found = None;
     let mut precondition = None;
     if let Some(roots) = ctx.roots {
         let root = &roots[resolved.root_index];
-        match root
-            .inspect(&resolved.rel)
-            .and_then(|info| check_kind(op, &resolved.rel, info.kind).map(|()| info))
-        {
-            Ok(info) => found = Some((root, info)),
-            Err(r)
-                if matches!(
-                    r.reason_code,
-                    ReasonCode::AlreadyExists | ReasonCode::NotFound
-                ) =>
-            {
-                precondition = Some(r);
-            }
+        match root.inspect(&resolved.rel) {
+            // A folder where a file would be written, or a file where a folder would be
+            // made, is neither a link nor a special file: the operation's own refusal.
+            Ok(info) => match check_kind(op, &resolved.rel, info.kind) {
+                Ok(()) => found = Some((root, info)),
+                Err(r) => precondition = Some(r),
+            },
+            // A file where a parent folder would be.
+            Err(r) if r.reason_code == ReasonCode::NotFound => precondition = Some(r),
             Err(r) => return Err(r),
         }
     }

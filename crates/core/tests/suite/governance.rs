@@ -485,9 +485,10 @@ fn target_kind_decides_file_versus_directory_operations() {
         .mode(0o755)
         .create(d.root_path.join("dir"))
         .unwrap();
+    fs::create_dir(d.root_path.join("dir.md")).unwrap();
     fs::write(d.root_path.join("f.txt"), b"abc").unwrap();
     assert_eq!(
-        disk_code(&d, "create_file", "dir"),
+        disk_code(&d, "create_file", "dir.md"),
         Some(ReasonCode::NotRegularFile)
     );
     assert_eq!(
@@ -503,15 +504,18 @@ fn target_kind_decides_file_versus_directory_operations() {
     ));
 }
 
-/// What an operation finds on disk (a file where its folder or a parent folder would be)
-/// is its own precondition, told after governance's checks (SPEC §5): a blocked
-/// extension is named first.
+/// What an operation finds on disk (a file where its folder or a parent folder would be,
+/// a folder where its file would be) is its own precondition, told after governance's
+/// checks (SPEC §5): a blocked extension is named first.
 #[test]
 fn a_blocked_extension_is_named_before_what_the_operation_finds_on_disk() {
     let d = disk();
     fs::write(d.root_path.join("y.service"), b"unit").unwrap();
     fs::write(d.root_path.join("plain"), b"file").unwrap();
+    fs::create_dir(d.root_path.join("dir.exe")).unwrap();
     for (intent, path) in [
+        ("create_file", "dir.exe"),
+        ("replace_file", "dir.exe"),
         ("create_directory", "y.service"),
         ("create_directory", "y.service/sub"),
         ("create_file", "plain/x.exe"),
