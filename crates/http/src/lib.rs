@@ -33,8 +33,11 @@
 //! `request_timeout`, 413 `payload_too_large`, 500 `io_error` / `internal_error`
 //! whose reason never carries internal detail (that goes to the log), and 503
 //! `server_busy` with `Retry-After` when other requests' bodies fill the room kept for
-//! bodies in flight (see [`BODIES_IN_FLIGHT`]), or other plans' data the room kept for
-//! the plans parsed at once past [`PLAN_DATA_WAIT`] (see [`PLAN_DATA_IN_FLIGHT`]).
+//! bodies in flight (see [`BODIES_IN_FLIGHT`]), other plans' data the room kept for
+//! the plans parsed at once past [`PLAN_DATA_WAIT`] (see [`PLAN_DATA_IN_FLIGHT`]), or
+//! other plans and rollbacks of the workflow its turn past `limits.lock_wait_seconds`
+//! (plans and rollbacks of one workflow take turns before they take a thread; such a
+//! call was not run, and leaves no audit line; a plan that is not valid is still 400).
 //!
 //! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever

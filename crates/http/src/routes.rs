@@ -40,6 +40,25 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
+    /// Room for the data of a plan whose text could hold `values` values: none for a
+    /// plan whose data is small, so that it never waits behind large ones; one that
+    /// waits too long is told to come back.
+    async fn data_room(
+        &self,
+        values: usize,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        if values < crate::SMALL_PLAN_DATA {
+            return Ok(None);
+        }
+        let room = Arc::clone(&self.data_room)
+            .acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX));
+        match tokio::time::timeout(self.data_wait, room).await {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            Ok(Err(_)) => Err(ApiError::internal()),
+            Err(_) => Err(ApiError::data_busy(self.data_wait)),
+        }
+    }
+
     /// `workflow_id`'s turn, waited for as long as the runtime waits for a workflow's
     /// lock.
     async fn turn(&self, workflow_id: &str) -> Result<crate::turns::Turn, ApiError> {
@@ -328,22 +347,25 @@ pub(crate) async fn run_plan(
     .await?;
     // Before its data's room: a plan waiting for its workflow holds none.
     let turn = match workflow_id {
-        Some(wf) => Some(s.turn(&wf).await?),
+        Some(wf) => match s.turn(&wf).await {
+            Ok(turn) => Some(turn),
+            // Bad input is told as such (4xx), whatever the workflow's calls do.
+            Err(busy) => {
+                let data = s.data_room(values).await?;
+                let refused = blocking(move || {
+                    let refused = ailab_sandbox_core::plan::parse_plan(&bytes)
+                        .and_then(|p| p.validate().map(drop))
+                        .err();
+                    drop((bytes, held, data));
+                    refused
+                })
+                .await?;
+                return Err(refused.map_or(busy, ApiError::from_refusal));
+            }
+        },
         None => None,
     };
-    // A plan whose data is small takes none, so that it never waits behind large ones;
-    // one that waits too long is told to come back.
-    let data = if values < crate::SMALL_PLAN_DATA {
-        None
-    } else {
-        let room =
-            Arc::clone(&s.data_room).acquire_many_owned(u32::try_from(values).unwrap_or(u32::MAX));
-        match tokio::time::timeout(s.data_wait, room).await {
-            Ok(Ok(permit)) => Some(permit),
-            Ok(Err(_)) => return Err(ApiError::internal()),
-            Err(_) => return Err(ApiError::data_busy(s.data_wait)),
-        }
-    };
+    let data = s.data_room(values).await?;
     let result = blocking(move || {
         let result = sb.run_plan_json(&bytes);
         drop((bytes, held, data, turn));

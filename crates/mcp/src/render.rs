@@ -63,10 +63,10 @@ pub(crate) fn read_refusal(r: &Refusal, tail: &str) -> CallToolResult {
         ReasonCode::HardlinkRefused => {
             "that file has other hard links, so it may be a file elsewhere, and it is never read here; ask the user for its contents if you need them.".to_owned()
         }
-        // The one conflict a read meets: a permission someone set (what_to_do speaks of
-        // rollbacks).
+        // A read's conflicts (what_to_do speaks of rollbacks): a permission someone set,
+        // a root moved away, a file replaced while it was read.
         ReasonCode::Conflict => {
-            "the file or folder is another user's or closed to this process; calling again will not help: read another path, or tell the user, so that the operator gives the runtime's user access there.".to_owned()
+            "when the reason says the sandbox root is no longer the directory opened at start, calling again will not help: tell the user, so that the operator puts it back or restarts the runtime; when it says the file was moved, removed or replaced while it was being read, call again in a moment; otherwise the file or folder is another user's or closed to this process, and calling again will not help: read another path, or tell the user, so that the operator gives the runtime's user access there.".to_owned()
         }
         code => what_to_do(code, None),
     };
@@ -211,7 +211,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
         }
         C::Conflict if op.is_none() => {
-            "when the reason says a file or folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), or that the sandbox root is no longer the directory opened at start, neither waiting nor force helps: tell the user, so that the operator puts that right; when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; when it names another workflow's change to a file (written by, or put back by the rollback of, workflow/action), roll that back first (an action at a time, newest first, where workflows wrote in turn), then this; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
+            "when the reason says a file or folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), or that the sandbox root is no longer the directory opened at start, neither waiting nor force helps: tell the user, so that the operator puts that right; when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; when it names another workflow's write to a file (written by workflow/action), roll that back first (an action at a time, newest first, where workflows wrote in turn), then this; when it names another workflow's rollback that took this write with it, nothing of this workflow's write is left there: force would bring back what that rollback undid, so ask the user first; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
         }
         C::Conflict => {
             "when the reason says the file or its folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), calling again will not help: write to another path, or tell the user, so that the operator gives the runtime's user access there; when it says the sandbox root is no longer the directory opened at start, calling again will not help either: tell the user, so that the operator puts it back or restarts the runtime; otherwise another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."

@@ -278,7 +278,10 @@ impl Sandbox {
                     &e.record.execution_id,
                     &current,
                     &[],
-                    Restorer::Recovery { found: None },
+                    // Changed nothing (see `undo_superseded`).
+                    Restorer::Recovery {
+                        found: Some(&current),
+                    },
                 ) {
                     tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
                     complete = false;

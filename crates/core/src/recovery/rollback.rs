@@ -178,12 +178,15 @@ impl Sandbox {
             .map(|e| e.action_id.as_str())
             .collect();
         let mut records = Vec::new();
-        // A trail busy now (another process appending) keeps the restores for a later
-        // try; snapshots that cannot be read at all leave none to record.
+        // A trail or store that fails now (busy, a disk error) keeps the restores for a
+        // later try; a store that cannot be used as it stands leaves none to record.
         let snaps = match self.trusted_workflow_snapshots(workflow_id) {
             Ok((s, _)) => s,
             Err(r) if r.reason_code == crate::ReasonCode::Conflict => {
                 return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, r.reason));
+            }
+            Err(r) if r.reason_code == crate::ReasonCode::IoError => {
+                return Err(std::io::Error::other(r.reason));
             }
             Err(_) => Vec::new(),
         };

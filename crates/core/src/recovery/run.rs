@@ -473,13 +473,19 @@ impl Sandbox {
         // the ledger, as a rollback leaves them, for the restore that empties them to
         // remove (not a folder of the later writer's, which found them there).
         let left = self.settle_created_dirs(root, meta);
+        // Its line says the undo changed nothing: the bytes are the later writer's, and
+        // a reader of the trail (a rollback naming who left a file as it is) must not
+        // take this line for their change.
+        let current = current.cloned();
         if let Err(r) = self.mark_restored(
             root,
             meta,
             &rec.execution_id,
-            &current.cloned(),
+            &current,
             &left,
-            Restorer::Recovery { found: None },
+            Restorer::Recovery {
+                found: Some(&current),
+            },
         ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");
         }

@@ -33,8 +33,9 @@ pub struct Conflict {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found_by_action: Option<String>,
     /// When the trail records who left what the target holds now, since the workflow's
-    /// last write there: another workflow's write or rollback (`workflow/action`), to be
-    /// rolled back first rather than overwritten.
+    /// last write there: another workflow's write (`workflow/action`), to be rolled back
+    /// first rather than overwritten, or its rollback, which took this workflow's write
+    /// with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_by: Option<ChangedBy>,
     /// For a directory the action made: the `create_directory` actions
@@ -249,8 +250,8 @@ impl Sandbox {
     }
 
     /// Another workflow's change that left `current` at the target of `meta`'s action,
-    /// the latest the trail records since that action's snapshot; none when someone
-    /// changed the target after it (the bytes differ) or the trail cannot be read.
+    /// the latest change the trail records since that action's snapshot; none when
+    /// someone changed the target after it (the bytes differ) or the trail cannot be read.
     fn changed_by(
         &self,
         root: usize,
@@ -267,7 +268,12 @@ impl Sandbox {
                 &meta.execution_id,
             )
             .ok()?;
-        let last = changes.last()?;
+        // A line that changed nothing (a recovery recording a dead action undone over a
+        // later writer's bytes) left nothing there.
+        let last = changes
+            .iter()
+            .rev()
+            .find(|c| c.before_checksum != c.after_checksum)?;
         (last.workflow_id != meta.workflow_id && last.after_checksum == current.checksum()).then(
             || ChangedBy {
                 action: format!("{}/{}", last.workflow_id, last.action_id),

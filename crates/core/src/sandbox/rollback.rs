@@ -1,6 +1,6 @@
 //! Rollback (SPEC §7): what can be restored, and restoring it.
 
-use super::conflicts::{Conflict, TargetState};
+use super::conflicts::{ChangedBy, Conflict, TargetState};
 use super::locks::workflow_lock_refusal;
 use super::{RootedSnapshots, Sandbox, workflow_folder};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
@@ -1091,7 +1091,7 @@ impl Sandbox {
                 // One entry per action in `conflicts`; each file once for people, saying
                 // where the change was made: a change between two of the workflow's own
                 // writes leaves the file holding just what the workflow last wrote.
-                let mut files: Vec<(&str, bool, Vec<String>, Option<String>)> = Vec::new();
+                let mut files: Vec<(&str, bool, Vec<String>, Option<ChangedBy>)> = Vec::new();
                 for c in &changed {
                     let i = match files.iter().position(|(p, ..)| *p == c.path) {
                         Some(i) => i,
@@ -1108,14 +1108,7 @@ impl Sandbox {
                         )),
                         None => {
                             files[i].1 = true;
-                            files[i].3 = c.changed_by.as_ref().map(|by| {
-                                let how = if by.rollback {
-                                    "put back by the rollback of"
-                                } else {
-                                    "written by"
-                                };
-                                format!("{how} {}", shown_path(&by.action))
-                            });
+                            files[i].3.clone_from(&c.changed_by);
                         }
                     }
                 }
@@ -1123,7 +1116,14 @@ impl Sandbox {
                     .iter()
                     .map(|(path, since, between, by)| {
                         let said = match by {
-                            Some(by) => format!("since the workflow's last write, {by}"),
+                            Some(by) if by.rollback => format!(
+                                "since the workflow's last write, the rollback of {} took it with it",
+                                shown_path(&by.action)
+                            ),
+                            Some(by) => format!(
+                                "since the workflow's last write, written by {}",
+                                shown_path(&by.action)
+                            ),
                             None => "since the workflow's last write".to_owned(),
                         };
                         match (since, between.is_empty()) {
@@ -1137,13 +1137,22 @@ impl Sandbox {
                         }
                     })
                     .collect();
-                // Another workflow's change named is undone by its own rollback, which
-                // gives this one back what it left; force would throw that change away.
-                let advice = if files.iter().any(|f| f.3.is_some()) {
-                    "roll back the changes named first (an action at a time, newest first, where workflows wrote in turn), or roll back with force to overwrite them"
-                } else {
-                    "roll back with force to overwrite them"
+                // Another workflow's write named is undone by its own rollback, which gives
+                // this one back what it left; force would throw that write away. Another
+                // workflow's rollback named has taken this workflow's write with it.
+                let names = |rollback: bool| {
+                    files
+                        .iter()
+                        .any(|f| f.3.as_ref().is_some_and(|b| b.rollback == rollback))
                 };
+                let mut advice = String::new();
+                if names(false) {
+                    advice.push_str("roll back the writes named first (an action at a time, newest first, where workflows wrote in turn), or ");
+                }
+                advice.push_str("roll back with force to overwrite them");
+                if names(true) {
+                    advice.push_str(" (where a rollback is named, nothing of this workflow's write is left there: force would put back what this workflow found, which that rollback had undone)");
+                }
                 why.push(format!(
                     "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
                     named(&entries)

@@ -3004,6 +3004,41 @@ fn a_folder_a_superseded_dead_action_made_goes_once_its_temporary_file_is_gone()
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A dead run's append recovered as undone under a later writer's line (a line that
+/// changed nothing, dated after it) is not taken for the change the file holds: a
+/// rollback's conflict names the later writer.
+#[test]
+fn a_conflict_names_the_write_not_a_recovery_that_changed_nothing() {
+    use ailab_sandbox_core::sandbox::ChangedBy;
+    let w = World::new();
+    w.write("f.txt", b"orig\n");
+    let append = |wf: &str, line: &str| {
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": line}]})
+    };
+    assert_eq!(status(&run(&w.sandbox(), append("wf_c", "c\n"))), "success");
+    let (dead, other) = (w.sandbox(), w.sandbox());
+    dead.failpoints().arm_crash("before_mutate", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| run(&dead, append("wf_d", "d\n"))));
+    assert!(died.is_err(), "the run dies before its write");
+    drop(dead);
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(status(&run(&other, append("wf_e", "e\n"))), "success");
+    drop(other);
+    w.clock.advance(chrono::Duration::seconds(1));
+    let sb = w.sandbox();
+    let rb = sb.rollback_workflow("wf_c", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].changed_by,
+        Some(ChangedBy {
+            action: "wf_e/a1".to_owned(),
+            rollback: false
+        }),
+        "{rb:?}"
+    );
+}
+
 /// A run made with its process's clock an hour behind the previous run's (a clock set
 /// back between them) dies after its second write, never audited: the next start
 /// judges the dead run's actions newest first in the order the run made them, and

@@ -861,26 +861,30 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     assert_eq!(w.read("t.txt"), b"original\n");
 }
 
-/// The latest of other workflows' writes after this workflow's last one, which the file
-/// holds, is named in the refusal (`changed_by`), with the way out that loses nothing:
-/// roll that one back first. After a forced rollback of the first workflow, a later
-/// one's refusal names that rollback.
-#[test]
-fn a_conflict_names_the_other_workflows_change_the_file_holds() {
-    use ailab_sandbox_core::sandbox::ChangedBy;
-    let w = World::new();
-    w.write("y/f.txt", b"orig\n");
-    let sb = w.sandbox();
+/// Workflows `wf_v1`, `wf_v2`, `wf_v3` each append a line to `f.txt` (holding `orig`), in
+/// turn, each line timed after the one before.
+fn three_appends(w: &World, sb: &ailab_sandbox_core::Sandbox) {
+    w.write("f.txt", b"orig\n");
     for (wf, line) in [("wf_v1", "w1\n"), ("wf_v2", "w2\n"), ("wf_v3", "w3\n")] {
-        // Each write's line timed after the one before, as it would be.
         w.clock.advance(chrono::Duration::seconds(1));
         let r = run(
-            &sb,
+            sb,
             json!({"workflow_id": wf, "actions": [
-                {"action_id": "a1", "intent": "append_file", "path": "y/f.txt", "content": line}]}),
+                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": line}]}),
         );
         assert_eq!(status(&r), "success", "{r:?}");
     }
+}
+
+/// The latest of other workflows' writes after this workflow's last one, which the file
+/// holds, is named in the refusal (`changed_by`), with the way out that loses nothing:
+/// roll that one back first, then the next, then this one.
+#[test]
+fn a_conflict_names_the_other_workflows_write_the_file_holds() {
+    use ailab_sandbox_core::sandbox::ChangedBy;
+    let w = World::new();
+    let sb = w.sandbox();
+    three_appends(&w, &sb);
     let rb = rollback(&sb, "wf_v1", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
     assert_eq!(
@@ -893,14 +897,28 @@ fn a_conflict_names_the_other_workflows_change_the_file_holds() {
     let reason = rb.reason.as_deref().unwrap();
     assert!(
         reason.contains("f.txt (since the workflow's last write, written by 'wf_v3/a1')")
-            && reason.contains("roll back the changes named first"),
+            && reason.contains("roll back the writes named first"),
         "{reason}"
     );
-    // Forced, the first takes the later lines with it; the second's refusal then names
-    // that rollback, not the third's write before it.
+    for wf in ["wf_v3", "wf_v2", "wf_v1"] {
+        w.clock.advance(chrono::Duration::seconds(1));
+        assert_eq!(rollback(&sb, wf, false).status, "rolled_back", "{wf}");
+    }
+    assert_eq!(w.read("f.txt"), b"orig\n");
+}
+
+/// After a forced rollback of the first workflow (which took the later lines with it), a
+/// later one's refusal names that rollback, says nothing of the workflow's write is left,
+/// and does not send the caller to roll back what is already rolled back.
+#[test]
+fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
+    use ailab_sandbox_core::sandbox::ChangedBy;
+    let w = World::new();
+    let sb = w.sandbox();
+    three_appends(&w, &sb);
     w.clock.advance(chrono::Duration::seconds(1));
     assert_eq!(rollback(&sb, "wf_v1", true).status, "rolled_back");
-    assert_eq!(w.read("y/f.txt"), b"orig\n");
+    assert_eq!(w.read("f.txt"), b"orig\n");
     let rb = rollback(&sb, "wf_v2", false);
     assert_eq!(
         rb.conflicts[0].changed_by,
@@ -912,31 +930,11 @@ fn a_conflict_names_the_other_workflows_change_the_file_holds() {
     );
     let reason = rb.reason.as_deref().unwrap();
     assert!(
-        reason.contains("put back by the rollback of 'wf_v1/a1'"),
+        reason.contains("the rollback of 'wf_v1/a1' took it with it")
+            && reason.contains("nothing of this workflow's write is left there")
+            && !reason.contains("roll back the writes named first"),
         "{reason}"
     );
-}
-
-/// The way out the refusal gives: the other workflow rolled back first, this one then
-/// goes through and the file is as it was.
-#[test]
-fn the_other_workflows_change_rolled_back_first_lets_the_rollback_through() {
-    let w = World::new();
-    w.write("f.txt", b"orig\n");
-    let sb = w.sandbox();
-    for (wf, line) in [("wf_v1", "w1\n"), ("wf_v2", "w2\n")] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": line}]}),
-        );
-        assert_eq!(status(&r), "success", "{r:?}");
-    }
-    assert_eq!(rollback(&sb, "wf_v1", false).status, "refused");
-    assert_eq!(rollback(&sb, "wf_v2", false).status, "rolled_back");
-    assert_eq!(rollback(&sb, "wf_v1", false).status, "rolled_back");
-    assert_eq!(w.read("f.txt"), b"orig\n");
 }
 
 /// A directory an action created is compared like a file: replaced by a file, or

@@ -641,3 +641,49 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
         assert!(tmp.path().join("root/f5.txt").exists());
     });
 }
+
+/// A plan whose turn on its workflow does not come within `lock_wait_seconds` is answered
+/// 503 `server_busy` without being run, unless it is not a valid plan: bad input is 400
+/// however busy the workflow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_whose_turn_does_not_come_is_busy_unless_it_is_bad_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = 1;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
+        .unwrap();
+    held.lock().unwrap();
+    let send = |plan: serde_json::Value| {
+        let app = app.clone();
+        tokio::spawn(async move { post_json(&app, "/agentic/plans", &plan).await })
+    };
+    let plan = |id: &str| {
+        json!({"workflow_id": "wf_held", "actions": [
+            {"action_id": id, "intent": "create_file", "path": format!("{id}.txt"), "content": "x"}]})
+    };
+    // The first waits for the lock, the second for the first's turn and then the lock:
+    // the workflow's turn is taken for about twice the wait.
+    let first = send(plan("a1"));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let second = send(plan("a2"));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut bad = plan("a3");
+    bad["bogus"] = json!(1);
+    let (bad, busy) = (send(bad), send(plan("a4")));
+    let bad = bad.await.unwrap();
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text());
+    let busy = busy.await.unwrap();
+    busy.assert_error(StatusCode::SERVICE_UNAVAILABLE, "server_busy");
+    assert!(busy.headers.contains_key("retry-after"));
+    for r in [first, second] {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    }
+    assert!(!tmp.path().join("root/a4.txt").exists());
+}
