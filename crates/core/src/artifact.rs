@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::io;
-use std::sync::Mutex;
 
 /// Registry file name in the state directory.
 pub const ARTIFACTS_FILE: &str = "artifacts.jsonl";
@@ -497,7 +496,7 @@ impl Index {
 /// The registry.
 #[derive(Debug)]
 pub struct ArtifactRegistry {
-    inner: Mutex<(Journal, Index)>,
+    inner: crate::timed_lock::TimedMutex<(Journal, Index)>,
 }
 
 impl ArtifactRegistry {
@@ -507,15 +506,16 @@ impl ArtifactRegistry {
         let mut index = Index::default();
         load(&mut journal, &mut index)?;
         Ok(Self {
-            inner: Mutex::new((journal, index)),
+            inner: crate::timed_lock::TimedMutex::new(
+                (journal, index),
+                state.lock_wait(),
+                "the artifact registry",
+            ),
         })
     }
 
     fn with<T>(&self, f: impl FnOnce(&Index) -> T) -> io::Result<T> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         journal.read_new(&mut |at, b| index.ingest(at, b))?;
         Ok(f(index))
@@ -540,10 +540,7 @@ impl ArtifactRegistry {
                 )
             })?);
         }
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("registry lock poisoned"))?;
+        let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         let ((), pending) = journal.append_with(|at, new, _| {
             index.ingest(at, new);

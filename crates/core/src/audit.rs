@@ -760,7 +760,7 @@ fn changed_under(seq: u64) -> io::Error {
 #[derive(Debug)]
 pub struct AuditLog {
     state: StateDir,
-    inner: Mutex<(Journal, Index)>,
+    inner: crate::timed_lock::TimedMutex<(Journal, Index)>,
     /// With batched syncs the head may only name lines that are durable, so it waits
     /// here for the next sync point ([`AuditLog::pending_head`], [`AuditLog::publish_head`]).
     deferred_head: Option<Mutex<DeferredHead>>,
@@ -867,7 +867,11 @@ impl AuditLog {
         journal.read_new(&mut |at, b| index.ingest(at, b))?;
         let log = Self {
             state: state.clone(),
-            inner: Mutex::new((journal, index)),
+            inner: crate::timed_lock::TimedMutex::new(
+                (journal, index),
+                state.lock_wait(),
+                "the audit trail",
+            ),
             deferred_head: defer_head.then(|| Mutex::new(DeferredHead::default())),
             head: Mutex::new(HeadKeeper {
                 file: state.open_block(HEAD_FILE)?,
@@ -912,10 +916,7 @@ impl AuditLog {
         &self,
         f: impl FnOnce(&Index, &LogFile) -> io::Result<T>,
     ) -> io::Result<T> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         // Nothing is appended, so nothing waits for a sync.
         let (out, _nothing_written) = journal.append_with(|at, new, file| {
@@ -928,10 +929,7 @@ impl AuditLog {
     /// Makes the log durable, then moves the head to `seq` (never backwards).
     fn publish_synced(&self, seq: u64, entry_hash: &str) -> io::Result<()> {
         {
-            let g = self
-                .inner
-                .lock()
-                .map_err(|_| io::Error::other("audit lock poisoned"))?;
+            let g = self.inner.lock()?;
             g.0.sync_data()?;
         }
         self.under_log_lock(|_, _| self.write_head(seq, entry_hash))
@@ -976,11 +974,8 @@ impl AuditLog {
     }
 
     /// The log's lock, the index caught up with the file.
-    fn caught_up(&self) -> io::Result<std::sync::MutexGuard<'_, (Journal, Index)>> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+    fn caught_up(&self) -> io::Result<crate::timed_lock::TimedGuard<'_, (Journal, Index)>> {
+        let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         journal.read_new(&mut |at, b| index.ingest(at, b))?;
         Ok(g)
@@ -1014,10 +1009,7 @@ impl AuditLog {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         // Under strict durability the head moves after the sync, once the lines are
         // checked to be still in the log as written.
@@ -1425,10 +1417,7 @@ impl AuditLog {
     /// ahead of the log read before it. The file as it is now, not this process's handle
     /// on it, which outlives a removal.
     fn log_and_head(&self) -> io::Result<(Vec<u8>, Option<Vec<u8>>)> {
-        let g = self
-            .inner
-            .lock()
-            .map_err(|_| io::Error::other("audit lock poisoned"))?;
+        let g = self.inner.lock()?;
         g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))
     }
 }

@@ -7,7 +7,7 @@
 use crate::confine::state::{LogFile, StateDir};
 use crate::group_commit::GroupCommit;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A JSONL file and how far this process has read it.
 #[derive(Debug)]
@@ -576,16 +576,16 @@ impl serde_json::ser::Formatter for LineFormatter {
 /// replaced ([`Journal::check_in_place`]). Not waited for: an append under way (which
 /// checks both) may wait on another process for long, and a health check must answer
 /// at once; a journal busy appending is taken as taking lines.
-pub(crate) fn held_failure<T>(held: &Mutex<(Journal, T)>, what: &str) -> Option<String> {
-    match held.try_lock() {
+pub(crate) fn held_failure<T>(
+    held: &crate::timed_lock::TimedMutex<(Journal, T)>,
+    what: &str,
+) -> Option<String> {
+    match held.try_lock()? {
         Ok(g) => match g.0.sync_failure() {
             Some(e) => Some(crate::error::sync_failed_words(what, &e)),
             None => g.0.check_in_place().err().map(|e| e.to_string()),
         },
-        Err(std::sync::TryLockError::WouldBlock) => None,
-        Err(std::sync::TryLockError::Poisoned(_)) => Some(format!(
-            "{what}'s lock was poisoned by a panic; start the process again"
-        )),
+        Err(e) => Some(e.to_string()),
     }
 }
 

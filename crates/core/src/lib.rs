@@ -86,6 +86,7 @@ pub mod sandbox;
 pub mod seal;
 pub mod shape_words;
 pub mod snapshot;
+mod timed_lock;
 pub mod workflow;
 pub mod yaml;
 
