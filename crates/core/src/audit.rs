@@ -1377,8 +1377,7 @@ impl AuditLog {
             // Read once per process and such write: the clock set back is rare.
             None => {
                 journal.check_in_place()?;
-                let slots: Vec<Slot> = w.lines.iter().map(|&i| ix.slots[i]).collect();
-                first_look_behind(&read_back(ix, journal.file(), &slots)?, latest)
+                first_look_behind(&since_last_write(ix, journal.file(), &w.lines)?, latest)
                     .map(|at| at - interval)
             }
         };
@@ -1422,15 +1421,41 @@ impl AuditLog {
     }
 }
 
+/// Whether `e` records a write (the rate limit's unit).
+fn is_write(e: &SandboxAuditEntry) -> bool {
+    e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback)
+}
+
+/// A workflow's lines (`lines`, indexes of its slots) from its last write on, read back
+/// from the end a few at a time: a workflow refused many plans since holds many lines.
+fn since_last_write(
+    ix: &Index,
+    file: &LogFile,
+    lines: &[usize],
+) -> io::Result<Vec<SandboxAuditEntry>> {
+    const STEP: usize = 64;
+    let mut tail: Vec<SandboxAuditEntry> = Vec::new();
+    let mut end = lines.len();
+    while end > 0 {
+        let start = end.saturating_sub(STEP);
+        let slots: Vec<Slot> = lines[start..end].iter().map(|&i| ix.slots[i]).collect();
+        let mut read = read_back(ix, file, &slots)?;
+        if let Some(w) = read.iter().rposition(is_write) {
+            read.drain(..w);
+            read.append(&mut tail);
+            return Ok(read);
+        }
+        read.append(&mut tail);
+        tail = read;
+        end = start;
+    }
+    Ok(tail)
+}
+
 /// When the earliest of a workflow's `lines` after its last write, and dated before
 /// that write (`latest`, epoch seconds), was made: the clock was behind the write then.
 fn first_look_behind(lines: &[SandboxAuditEntry], latest: f64) -> Option<f64> {
-    let after = lines
-        .iter()
-        .rposition(|e| {
-            e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback)
-        })
-        .map_or(0, |i| i + 1);
+    let after = lines.iter().rposition(is_write).map_or(0, |i| i + 1);
     lines[after..].iter().find_map(|e| {
         let at = crate::budget::epoch_seconds(crate::clock::parse_timestamp(&e.timestamp)?);
         (at < latest).then_some(at)

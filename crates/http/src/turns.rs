@@ -9,9 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How many workflows the map holds before those no call holds or awaits are swept.
-const SWEEP_AT: usize = 1024;
-
 /// The turns of the workflows that have calls under way or waiting.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
@@ -30,17 +27,13 @@ impl Turns {
     pub(crate) async fn take(self: &Arc<Self>, workflow_id: &str, wait: Duration) -> Option<Turn> {
         let gate = {
             let mut map = self.by_workflow.lock().unwrap_or_else(|e| e.into_inner());
-            // A wait dropped as its turn came may let go of its `Turn` before its hold
-            // on the semaphore, leaving the workflow behind: such entries are swept.
-            if map.len() >= SWEEP_AT {
-                map.retain(|_, g| Arc::strong_count(g) > 1);
-            }
             Arc::clone(
                 map.entry(workflow_id.to_owned())
                     .or_insert_with(|| Arc::new(Semaphore::new(1))),
             )
         };
-        // Made before the wait, so that a wait given up still forgets the workflow.
+        // Made before the wait, so that a wait given up still forgets the workflow: its
+        // hold on the semaphore, in the wait's future, goes first (a temporary).
         let mut turn = Turn {
             turns: Arc::clone(self),
             workflow_id: workflow_id.to_owned(),

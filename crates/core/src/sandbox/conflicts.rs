@@ -233,7 +233,7 @@ impl Sandbox {
             if changed {
                 let changed_by = found_by_action
                     .is_none()
-                    .then(|| self.changed_by(*i, &s.meta, &current))
+                    .then(|| self.changed_by(*i, &s.meta, left.state.checksum(), &current))
                     .flatten();
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
@@ -249,13 +249,18 @@ impl Sandbox {
         Ok(out)
     }
 
-    /// Another workflow's change that left `current` at the target of `meta`'s action,
-    /// the latest change the trail records since that action's snapshot; none when
-    /// someone changed the target after it (the bytes differ) or the trail cannot be read.
+    /// Another workflow's change that left `current` at the target of `meta`'s action:
+    /// the latest change the trail records since that action's snapshot, when those
+    /// changes follow on from what the action `left` there, one after the other (each
+    /// finding what the one before left), up to `current`. None when someone changed
+    /// the target without the runtime (the chain breaks), when the latest is a rollback
+    /// of a write made since the action (which left a write of the chain undone, not this
+    /// action's), or when the trail cannot be read.
     fn changed_by(
         &self,
         root: usize,
         meta: &SnapshotMeta,
+        left: Option<String>,
         current: &TargetState,
     ) -> Option<ChangedBy> {
         let rel = meta.target();
@@ -268,18 +273,34 @@ impl Sandbox {
                 &meta.execution_id,
             )
             .ok()?;
-        // A line that changed nothing (a recovery recording a dead action undone over a
+        // Lines that changed nothing (a recovery recording a dead action undone over a
         // later writer's bytes) left nothing there.
-        let last = changes
+        let changes: Vec<_> = changes
             .iter()
-            .rev()
-            .find(|c| c.before_checksum != c.after_checksum)?;
-        (last.workflow_id != meta.workflow_id && last.after_checksum == current.checksum()).then(
-            || ChangedBy {
-                action: format!("{}/{}", last.workflow_id, last.action_id),
-                rollback: last.status == crate::audit::AuditStatus::RolledBack,
-            },
-        )
+            .filter(|c| c.before_checksum != c.after_checksum)
+            .collect();
+        let mut held = left;
+        for c in &changes {
+            if c.before_checksum != held {
+                return None;
+            }
+            held.clone_from(&c.after_checksum);
+        }
+        let last = changes.last()?;
+        let rollback = last.status == crate::audit::AuditStatus::RolledBack;
+        let undid_a_later_write = || {
+            changes.iter().any(|c| {
+                c.status == crate::audit::AuditStatus::Success
+                    && (&c.workflow_id, &c.action_id) == (&last.workflow_id, &last.action_id)
+            })
+        };
+        (held == current.checksum()
+            && last.workflow_id != meta.workflow_id
+            && !(rollback && undid_a_later_write()))
+        .then(|| ChangedBy {
+            action: format!("{}/{}", last.workflow_id, last.action_id),
+            rollback,
+        })
     }
 
     /// What an action left at its target, as the records say: a file's checksum (its

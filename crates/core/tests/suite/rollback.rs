@@ -937,6 +937,42 @@ fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
     );
 }
 
+/// A change made without the runtime breaks the chain from the workflow's write to what
+/// the file holds: no later workflow's write or rollback is named for it, since rolling
+/// that back would not give this workflow back what it left.
+#[test]
+fn a_change_made_without_the_runtime_names_no_workflow() {
+    let w = World::new();
+    w.write("f.txt", b"orig\n");
+    let sb = w.sandbox();
+    let append = |wf: &str| {
+        w.clock.advance(chrono::Duration::seconds(1));
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "x\n"}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    };
+    append("wf_v1");
+    w.write("f.txt", b"EXTERNAL EDIT\n");
+    append("wf_z");
+    for undo_z in [false, true] {
+        if undo_z {
+            w.clock.advance(chrono::Duration::seconds(1));
+            assert_eq!(rollback(&sb, "wf_z", false).status, "rolled_back");
+        }
+        let rb = rollback(&sb, "wf_v1", false);
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        assert_eq!(rb.conflicts[0].changed_by, None, "{rb:?}");
+        assert!(
+            !rb.reason.as_deref().unwrap().contains("wf_z"),
+            "{:?}",
+            rb.reason
+        );
+    }
+}
+
 /// A directory an action created is compared like a file: replaced by a file, or
 /// holding something the rollback does not remove, it is a conflict found before
 /// anything is restored; one the action found and that is gone since is made again.
