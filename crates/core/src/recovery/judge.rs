@@ -31,16 +31,7 @@ impl Sandbox {
         meta: &crate::snapshot::SnapshotMeta,
         of_dead_run: bool,
     ) -> Vec<crate::audit::SandboxAuditEntry> {
-        let rel = meta.target();
-        let mut changes = self
-            .audit
-            .changes_since(
-                rel.file_name(),
-                |recorded| self.names_target(recorded, root, &rel),
-                &meta.taken_at,
-                &meta.execution_id,
-            )
-            .unwrap_or_default();
+        let mut changes = self.changes_since_snapshot(root, meta).unwrap_or_default();
         if of_dead_run {
             changes.retain(|c| c.workflow_id != meta.workflow_id);
         }

@@ -263,16 +263,7 @@ impl Sandbox {
         left: Option<String>,
         current: &TargetState,
     ) -> Option<ChangedBy> {
-        let rel = meta.target();
-        let changes = self
-            .audit
-            .changes_since(
-                rel.file_name(),
-                |recorded| self.names_target(recorded, root, &rel),
-                &meta.taken_at,
-                &meta.execution_id,
-            )
-            .ok()?;
+        let changes = self.changes_since_snapshot(root, meta).ok()?;
         // Lines that changed nothing (a recovery recording a dead action undone over a
         // later writer's bytes) left nothing there.
         let changes: Vec<_> = changes

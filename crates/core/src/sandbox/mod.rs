@@ -829,6 +829,23 @@ impl Sandbox {
             .to_string()
     }
 
+    /// The changes other runs made to the target of `meta`'s action (in root `root`)
+    /// after its snapshot, as the trail records them, earliest first (see
+    /// [`AuditLog::changes_since`]).
+    pub(crate) fn changes_since_snapshot(
+        &self,
+        root: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+    ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
+        let rel = meta.target();
+        self.audit.changes_since(
+            rel.file_name(),
+            |recorded| self.names_target(recorded, root, &rel),
+            &meta.taken_at,
+            &meta.execution_id,
+        )
+    }
+
     /// Whether a recorded absolute target path names `rel` in this root, whatever
     /// spelling of the root (a symlink to it, say) the recording process was given.
     pub(crate) fn names_target(&self, recorded: &str, root_index: usize, rel: &RelPath) -> bool {

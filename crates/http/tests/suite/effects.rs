@@ -591,6 +591,25 @@ async fn healthz_answers_at_once_while_a_plan_waits_for_the_trail() {
     assert_eq!(plan.status, StatusCode::OK, "{}", plan.text());
 }
 
+/// A writable sandbox waiting `lock_wait_seconds` for a lock, its router, and the lock
+/// of workflow `wf_held` taken as another process running it would hold it (until the
+/// file is dropped or unlocked).
+fn workflow_held(lock_wait_seconds: u64) -> (tempfile::TempDir, axum::Router, std::fs::File) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = lock_wait_seconds;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
+        .unwrap();
+    held.lock().unwrap();
+    (tmp, app, held)
+}
+
 /// Plans piling up on a workflow another process holds (a stopped CLI run, say) wait
 /// for its turn without a thread of the blocking pool: reads and other workflows are
 /// answered meanwhile, and once the workflow is free the plans run one after the other.
@@ -603,18 +622,7 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut config = config(&tmp, true);
-        config.limits.lock_wait_seconds = 5;
-        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-        let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
-        let held = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(tmp.path().join("state/locks/wf-wf_held.lock"))
-            .unwrap();
-        held.lock().unwrap();
+        let (tmp, app, held) = workflow_held(5);
         let plans: Vec<_> = (0..6)
             .map(|i| {
                 let app = app.clone();
@@ -647,18 +655,7 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
 /// however busy the workflow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_whose_turn_does_not_come_is_busy_unless_it_is_bad_input() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut config = config(&tmp, true);
-    config.limits.lock_wait_seconds = 1;
-    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
-    let held = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
-        .unwrap();
-    held.lock().unwrap();
+    let (tmp, app, _held) = workflow_held(1);
     let send = |plan: serde_json::Value| {
         let app = app.clone();
         tokio::spawn(async move { post_json(&app, "/agentic/plans", &plan).await })
