@@ -556,7 +556,7 @@ impl ArtifactRegistry {
 
     /// Why this process writes nothing more: an earlier sync of the registry failed.
     pub fn sync_failure(&self) -> Option<io::Error> {
-        self.inner.lock().ok()?.0.sync_failure()
+        self.inner.lock_patiently().ok()?.0.sync_failure()
     }
 
     /// Why the registry takes no more lines from this process (a sync failed, or its file

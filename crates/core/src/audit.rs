@@ -1136,7 +1136,7 @@ impl AuditLog {
 
     /// Why this process writes nothing more: an earlier sync of the log failed.
     pub fn sync_failure(&self) -> Option<io::Error> {
-        self.inner.lock().ok()?.0.sync_failure()
+        self.inner.lock_patiently().ok()?.0.sync_failure()
     }
 
     /// Why the log takes no more lines from this process (a sync failed, or its file

@@ -106,5 +106,16 @@ mod tests {
         );
         drop(held);
         assert_eq!(turns.known(), 0);
+        // The last one left: its turn came while it was not polled, and it is dropped.
+        let held = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
+        let mut waiting = Box::pin(turns.take("wf_a", Duration::from_secs(60)));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), &mut waiting)
+                .await
+                .is_err()
+        );
+        drop(held);
+        drop(waiting);
+        assert_eq!(turns.known(), 0);
     }
 }

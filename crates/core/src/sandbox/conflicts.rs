@@ -252,10 +252,11 @@ impl Sandbox {
     /// Another workflow's change that left `current` at the target of `meta`'s action:
     /// the latest change the trail records since that action's snapshot, when those
     /// changes follow on from what the action `left` there, one after the other (each
-    /// finding what the one before left), up to `current`. None when someone changed
-    /// the target without the runtime (the chain breaks), when the latest is a rollback
-    /// of a write made since the action (which left a write of the chain undone, not this
-    /// action's), or when the trail cannot be read.
+    /// finding what the one before left), up to `current`, a write and its rollback
+    /// taken out together. None when someone changed the target without the runtime (the
+    /// chain breaks), when the latest standing is a rollback of a write made since the
+    /// action (which left a write of the chain undone, not this action's), or when the
+    /// trail cannot be read.
     fn changed_by(
         &self,
         root: usize,
@@ -265,22 +266,37 @@ impl Sandbox {
     ) -> Option<ChangedBy> {
         let changes = self.changes_since_snapshot(root, meta).ok()?;
         // Lines that changed nothing (a recovery recording a dead action undone over a
-        // later writer's bytes) left nothing there.
-        let changes: Vec<_> = changes
+        // later writer's bytes) left nothing there; the undo of a write that failed put
+        // back what the chain held (its write has no line of its own); a rollback of a
+        // write of the chain gives back what that write found, as if neither had been.
+        let mut held = left;
+        let mut standing: Vec<&crate::audit::SandboxAuditEntry> = Vec::new();
+        for c in changes
             .iter()
             .filter(|c| c.before_checksum != c.after_checksum)
-            .collect();
-        let mut held = left;
-        for c in &changes {
+        {
+            let undo = c.status == crate::audit::AuditStatus::RolledBack;
             if c.before_checksum != held {
+                if undo && c.after_checksum == held {
+                    continue;
+                }
                 return None;
             }
             held.clone_from(&c.after_checksum);
+            match standing.last() {
+                Some(w)
+                    if undo && (&w.workflow_id, &w.action_id) == (&c.workflow_id, &c.action_id) =>
+                {
+                    standing.pop();
+                }
+                _ => standing.push(c),
+            }
         }
-        let last = changes.last()?;
+        let last = standing.last()?;
         let rollback = last.status == crate::audit::AuditStatus::RolledBack;
+        // A rollback of a write of the chain left that write's finding, not this action's.
         let undid_a_later_write = || {
-            changes.iter().any(|c| {
+            standing.iter().any(|c| {
                 c.status == crate::audit::AuditStatus::Success
                     && (&c.workflow_id, &c.action_id) == (&last.workflow_id, &last.action_id)
             })

@@ -937,6 +937,54 @@ fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
     );
 }
 
+/// A later workflow's write rolled back since is taken out with its rollback: the write
+/// that stands again is the one named. So is a write made after another workflow's write
+/// failed and was undone (its undo line has no write line before it).
+#[test]
+fn a_conflict_names_the_write_that_stands_after_rollbacks_and_undone_failures() {
+    use ailab_sandbox_core::sandbox::ChangedBy;
+    let named =
+        |rb: &ailab_sandbox_core::sandbox::RollbackReport| rb.conflicts[0].changed_by.clone();
+    let w = World::new();
+    let sb = w.sandbox();
+    three_appends(&w, &sb);
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(rollback(&sb, "wf_v3", false).status, "rolled_back");
+    assert_eq!(
+        named(&rollback(&sb, "wf_v1", false)),
+        Some(ChangedBy {
+            action: "wf_v2/a1".to_owned(),
+            rollback: false
+        })
+    );
+    let w = World::new();
+    w.write("f.txt", b"orig\n");
+    let sb = w.sandbox();
+    for (wf, fails) in [("wf_v1", false), ("wf_z", true), ("wf_y", false)] {
+        w.clock.advance(chrono::Duration::seconds(1));
+        if fails {
+            sb.failpoints().arm("before_registry", 1);
+        }
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "x\n"}]}),
+        );
+        assert_eq!(
+            status(&r),
+            if fails { "rolled_back" } else { "success" },
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        named(&rollback(&sb, "wf_v1", false)),
+        Some(ChangedBy {
+            action: "wf_y/a1".to_owned(),
+            rollback: false
+        })
+    );
+}
+
 /// A change made without the runtime breaks the chain from the workflow's write to what
 /// the file holds: no later workflow's write or rollback is named for it, since rolling
 /// that back would not give this workflow back what it left.
