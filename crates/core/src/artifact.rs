@@ -497,6 +497,8 @@ impl Index {
 #[derive(Debug)]
 pub struct ArtifactRegistry {
     inner: crate::timed_lock::TimedMutex<(Journal, Index)>,
+    /// See [`crate::audit::AuditLog`]'s: a failed sync, asked without `inner`.
+    group: Option<std::sync::Arc<crate::group_commit::GroupCommit>>,
 }
 
 impl ArtifactRegistry {
@@ -506,6 +508,7 @@ impl ArtifactRegistry {
         let mut index = Index::default();
         load(&mut journal, &mut index)?;
         Ok(Self {
+            group: journal.group(),
             inner: crate::timed_lock::TimedMutex::new(
                 (journal, index),
                 state.lock_wait(),
@@ -556,13 +559,14 @@ impl ArtifactRegistry {
 
     /// Why this process writes nothing more: an earlier sync of the registry failed.
     pub fn sync_failure(&self) -> Option<io::Error> {
-        self.inner.lock_patiently().ok()?.0.sync_failure()
+        self.group.as_ref().and_then(|g| g.failed())
     }
 
     /// Why the registry takes no more lines from this process (a sync failed, or its file
-    /// was moved away or replaced), without waiting: `None` while an append holds it.
+    /// was moved away or replaced), without waiting: a file moved is not seen while an
+    /// append holds it.
     pub fn write_failure(&self) -> Option<String> {
-        crate::journal::held_failure(&self.inner, "the artifact registry")
+        crate::journal::held_failure(&self.inner, self.group.as_deref(), "the artifact registry")
     }
 
     /// Appends one entry.

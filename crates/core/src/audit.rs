@@ -772,6 +772,9 @@ pub struct AuditLog {
     relaxed_head: Option<Mutex<RelaxedHead>>,
     /// Failure injection for tests (point `audit_head`).
     failpoints: Arc<FailPoints>,
+    /// The journal's group commit, where a failed sync is kept: asked without `inner`,
+    /// which a thread waiting for another process may hold.
+    group: Option<Arc<crate::group_commit::GroupCommit>>,
 }
 
 /// Appends between two head moves under relaxed durability.
@@ -865,7 +868,9 @@ impl AuditLog {
         let mut journal = Journal::open(state, AUDIT_FILE, durable)?;
         let mut index = Index::new(writes_per_minute);
         journal.read_new(&mut |at, b| index.ingest(at, b))?;
+        let group = journal.group();
         let log = Self {
+            group,
             state: state.clone(),
             inner: crate::timed_lock::TimedMutex::new(
                 (journal, index),
@@ -1136,13 +1141,14 @@ impl AuditLog {
 
     /// Why this process writes nothing more: an earlier sync of the log failed.
     pub fn sync_failure(&self) -> Option<io::Error> {
-        self.inner.lock_patiently().ok()?.0.sync_failure()
+        self.group.as_ref().and_then(|g| g.failed())
     }
 
     /// Why the log takes no more lines from this process (a sync failed, or its file
-    /// was moved away or replaced), without waiting: `None` while an append holds it.
+    /// was moved away or replaced), without waiting: a file moved is not seen while an
+    /// append holds it.
     pub fn write_failure(&self) -> Option<String> {
-        crate::journal::held_failure(&self.inner, "the audit log")
+        crate::journal::held_failure(&self.inner, self.group.as_deref(), "the audit log")
     }
 
     /// Under relaxed durability, counts appends and moves the head, after syncing the

@@ -284,6 +284,12 @@ impl Journal {
         self.group.as_ref().and_then(|g| g.failed())
     }
 
+    /// The group commit its durable appends share (`None` when appends are not synced):
+    /// where a failed sync is kept, to be asked without the journal's owner's lock.
+    pub fn group(&self) -> Option<Arc<GroupCommit>> {
+        self.group.clone()
+    }
+
     /// The file, for reading back lines already read (they never change).
     pub fn file(&self) -> &LogFile {
         &self.file
@@ -578,13 +584,15 @@ impl serde_json::ser::Formatter for LineFormatter {
 /// at once; a journal busy appending is taken as taking lines.
 pub(crate) fn held_failure<T>(
     held: &crate::timed_lock::TimedMutex<(Journal, T)>,
+    group: Option<&GroupCommit>,
     what: &str,
 ) -> Option<String> {
+    // A failed sync is kept apart from the journal: seen even while an append holds it.
+    if let Some(e) = group.and_then(GroupCommit::failed) {
+        return Some(crate::error::sync_failed_words(what, &e));
+    }
     match held.try_lock()? {
-        Ok(g) => match g.0.sync_failure() {
-            Some(e) => Some(crate::error::sync_failed_words(what, &e)),
-            None => g.0.check_in_place().err().map(|e| e.to_string()),
-        },
+        Ok(g) => g.0.check_in_place().err().map(|e| e.to_string()),
         Err(e) => Some(e.to_string()),
     }
 }

@@ -66,21 +66,6 @@ impl<T> TimedMutex<T> {
         self.take()
     }
 
-    /// [`TimedMutex::lock`] waiting as long as it takes: for what must be answered
-    /// (whether an earlier sync failed) and cannot wait for its answer anywhere else.
-    pub(crate) fn lock_patiently(&self) -> io::Result<TimedGuard<'_, T>> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        while *busy {
-            busy = self
-                .freed
-                .wait(busy)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        *busy = true;
-        drop(busy);
-        self.take()
-    }
-
     /// [`TimedMutex::lock`] when no other thread holds it; `None` when one does.
     pub(crate) fn try_lock(&self) -> Option<io::Result<TimedGuard<'_, T>>> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
@@ -151,11 +136,7 @@ mod tests {
             .unwrap();
         assert_eq!(refused, Some(io::ErrorKind::TimedOut));
         assert!(m.try_lock().is_none());
-        let patient = std::sync::Arc::clone(&m);
-        let waited = std::thread::spawn(move || *patient.lock_patiently().unwrap());
-        std::thread::sleep(Duration::from_millis(100));
         drop(held);
-        assert_eq!(waited.join().unwrap(), 1, "waited past the wait");
         assert_eq!(*m.lock().unwrap(), 1);
         assert!(m.try_lock().is_some());
     }

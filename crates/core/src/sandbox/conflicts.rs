@@ -292,8 +292,17 @@ impl Sandbox {
                 _ => standing.push(c),
             }
         }
-        let last = standing.last()?;
+        let (last, below) = standing.split_last()?;
         let rollback = last.status == crate::audit::AuditStatus::RolledBack;
+        // A rollback standing beneath put back what was there before this action's
+        // write, or before a write of the chain: rolling back what stands above it would
+        // not give this action back what it left.
+        if below
+            .iter()
+            .any(|c| c.status == crate::audit::AuditStatus::RolledBack)
+        {
+            return None;
+        }
         // A rollback of a write of the chain left that write's finding, not this action's.
         let undid_a_later_write = || {
             standing.iter().any(|c| {

@@ -1834,6 +1834,33 @@ fn a_simulating_process_after_a_failed_sync_previews_the_refusal() {
     assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::IoError);
 }
 
+/// A failed sync is said (`write_failure`, what `/healthz` asks) even while another
+/// thread holds the trail's in-process lock, waiting for another process's file lock.
+#[test]
+fn a_failed_sync_is_said_while_another_thread_waits_on_the_trail() {
+    let (w, mut c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    c.limits.lock_wait_seconds = 2;
+    let sb = std::sync::Arc::new(w.open(c.clone()));
+    sb.failpoints().arm("audit_sync", 1);
+    let r = run(&sb, plan_json());
+    assert_ne!(status(&r), "success", "{r:?}");
+    assert!(sb.write_failure().is_some());
+    // Another process's lines, which the reader below must take the file's lock to read.
+    let r = run(
+        &w.open(c),
+        json!({"workflow_id": "wf_other", "actions": [
+            {"intent": "create_file", "path": "o.txt", "content": "o"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let held = TrailHeld::take(&w);
+    let reader = std::sync::Arc::clone(&sb);
+    let waiting = std::thread::spawn(move || reader.audit_entries(1, None).is_err());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(sb.write_failure().is_some(), "said while the trail is busy");
+    assert!(waiting.join().unwrap(), "the reader gave up its wait");
+    drop(held);
+}
+
 /// A dead run the preview cannot recover (a target it cannot judge yet) makes the preview
 /// say so, as the rollback would refuse: it was an error (HTTP 500), not the description.
 #[test]

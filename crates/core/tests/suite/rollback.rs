@@ -935,6 +935,18 @@ fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
             && !reason.contains("roll back the writes named first"),
         "{reason}"
     );
+    // A write made over that rollback is not named: rolling it back would give back
+    // what the rollback left, not what this workflow wrote.
+    w.clock.advance(chrono::Duration::seconds(1));
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_e", "actions": [
+            {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "e\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = rollback(&sb, "wf_v2", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts[0].changed_by, None, "{rb:?}");
 }
 
 /// A later workflow's write rolled back since is taken out with its rollback: the write
