@@ -1146,6 +1146,11 @@ impl Sandbox {
                         .any(|f| f.3.as_ref().is_some_and(|b| b.rollback == rollback))
                 };
                 let mut advice = String::new();
+                // The change between two of its writes is named once the later of the
+                // two is rolled back alone: the workflow's refusal then says whose it is.
+                if files.iter().any(|f| !f.2.is_empty()) {
+                    advice.push_str("where a change came between two of the workflow's writes, roll back the later of them alone first (action_id), and this refusal then names that change when the trail records it; ");
+                }
                 if names(false) {
                     advice.push_str("roll back the writes named first (an action at a time, newest first, where workflows wrote in turn), or ");
                 }
