@@ -862,19 +862,47 @@ fn a_change_between_two_of_a_workflows_writes_is_a_conflict() {
     assert_eq!(w.read("t.txt"), b"original\n");
 }
 
+/// Workflow `wf`'s action `id` appending `line` to `f.txt`, its line timed a second
+/// after whatever came before, as it would be.
+fn append_later(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+    wf: &str,
+    id: &str,
+    line: &str,
+) -> ailab_sandbox_core::executor::RunResult {
+    w.clock.advance(chrono::Duration::seconds(1));
+    run(
+        sb,
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": id, "intent": "append_file", "path": "f.txt", "content": line}]}),
+    )
+}
+
 /// Workflows `wf_v1`, `wf_v2`, `wf_v3` each append a line to `f.txt` (holding `orig`), in
-/// turn, each line timed after the one before.
+/// turn.
 fn three_appends(w: &World, sb: &ailab_sandbox_core::Sandbox) {
     w.write("f.txt", b"orig\n");
     for (wf, line) in [("wf_v1", "w1\n"), ("wf_v2", "w2\n"), ("wf_v3", "w3\n")] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        let r = run(
-            sb,
-            json!({"workflow_id": wf, "actions": [
-                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": line}]}),
-        );
+        let r = append_later(w, sb, wf, "a1", line);
         assert_eq!(status(&r), "success", "{r:?}");
     }
+}
+
+/// Rolls the workflows back one after the other, a second apart, each going through.
+fn rolled_back_in_turn(w: &World, sb: &ailab_sandbox_core::Sandbox, workflows: &[&str]) {
+    for wf in workflows {
+        w.clock.advance(chrono::Duration::seconds(1));
+        assert_eq!(rollback(sb, wf, false).status, "rolled_back", "{wf}");
+    }
+}
+
+/// What a conflict's `changed_by` says of the write of `action` (`workflow/action`).
+fn write_by(action: &str) -> Option<ailab_sandbox_core::sandbox::ChangedBy> {
+    Some(ailab_sandbox_core::sandbox::ChangedBy {
+        action: action.to_owned(),
+        rollback: false,
+    })
 }
 
 /// The latest of other workflows' writes after this workflow's last one, which the file
@@ -882,29 +910,19 @@ fn three_appends(w: &World, sb: &ailab_sandbox_core::Sandbox) {
 /// roll that one back first, then the next, then this one.
 #[test]
 fn a_conflict_names_the_other_workflows_write_the_file_holds() {
-    use ailab_sandbox_core::sandbox::ChangedBy;
     let w = World::new();
     let sb = w.sandbox();
     three_appends(&w, &sb);
     let rb = rollback(&sb, "wf_v1", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-    assert_eq!(
-        rb.conflicts[0].changed_by,
-        Some(ChangedBy {
-            action: "wf_v3/a1".to_owned(),
-            rollback: false
-        })
-    );
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_v3/a1"));
     let reason = rb.reason.as_deref().unwrap();
     assert!(
         reason.contains("f.txt (since the workflow's last write, written by 'wf_v3/a1')")
             && reason.contains("roll back the writes named first"),
         "{reason}"
     );
-    for wf in ["wf_v3", "wf_v2", "wf_v1"] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        assert_eq!(rollback(&sb, wf, false).status, "rolled_back", "{wf}");
-    }
+    rolled_back_in_turn(&w, &sb, &["wf_v3", "wf_v2", "wf_v1"]);
     assert_eq!(w.read("f.txt"), b"orig\n");
 }
 
@@ -938,12 +956,7 @@ fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
     );
     // A write made over that rollback is not named: rolling it back would give back
     // what the rollback left, not what this workflow wrote.
-    w.clock.advance(chrono::Duration::seconds(1));
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_e", "actions": [
-            {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "e\n"}]}),
-    );
+    let r = append_later(&w, &sb, "wf_e", "a1", "e\n");
     assert_eq!(status(&r), "success", "{r:?}");
     let rb = rollback(&sb, "wf_v2", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
@@ -955,47 +968,28 @@ fn a_conflict_names_the_other_workflows_rollback_that_took_the_write() {
 /// failed and was undone (its undo line has no write line before it).
 #[test]
 fn a_conflict_names_the_write_that_stands_after_rollbacks_and_undone_failures() {
-    use ailab_sandbox_core::sandbox::ChangedBy;
-    let named =
-        |rb: &ailab_sandbox_core::sandbox::RollbackReport| rb.conflicts[0].changed_by.clone();
     let w = World::new();
     let sb = w.sandbox();
     three_appends(&w, &sb);
-    w.clock.advance(chrono::Duration::seconds(1));
-    assert_eq!(rollback(&sb, "wf_v3", false).status, "rolled_back");
-    assert_eq!(
-        named(&rollback(&sb, "wf_v1", false)),
-        Some(ChangedBy {
-            action: "wf_v2/a1".to_owned(),
-            rollback: false
-        })
-    );
+    rolled_back_in_turn(&w, &sb, &["wf_v3"]);
+    let rb = rollback(&sb, "wf_v1", false);
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_v2/a1"), "{rb:?}");
     let w = World::new();
     w.write("f.txt", b"orig\n");
     let sb = w.sandbox();
     for (wf, fails) in [("wf_v1", false), ("wf_z", true), ("wf_y", false)] {
-        w.clock.advance(chrono::Duration::seconds(1));
         if fails {
             sb.failpoints().arm("before_registry", 1);
         }
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "x\n"}]}),
-        );
+        let r = append_later(&w, &sb, wf, "a1", "x\n");
         assert_eq!(
             status(&r),
             if fails { "rolled_back" } else { "success" },
             "{r:?}"
         );
     }
-    assert_eq!(
-        named(&rollback(&sb, "wf_v1", false)),
-        Some(ChangedBy {
-            action: "wf_y/a1".to_owned(),
-            rollback: false
-        })
-    );
+    let rb = rollback(&sb, "wf_v1", false);
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_y/a1"), "{rb:?}");
 }
 
 /// A change made without the runtime breaks the chain from the workflow's write to what
@@ -1006,22 +1000,16 @@ fn a_change_made_without_the_runtime_names_no_workflow() {
     let w = World::new();
     w.write("f.txt", b"orig\n");
     let sb = w.sandbox();
-    let append = |wf: &str| {
-        w.clock.advance(chrono::Duration::seconds(1));
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"action_id": "a1", "intent": "append_file", "path": "f.txt", "content": "x\n"}]}),
-        );
+    for wf in ["wf_v1", "wf_z"] {
+        if wf == "wf_z" {
+            w.write("f.txt", b"EXTERNAL EDIT\n");
+        }
+        let r = append_later(&w, &sb, wf, "a1", "x\n");
         assert_eq!(status(&r), "success", "{r:?}");
-    };
-    append("wf_v1");
-    w.write("f.txt", b"EXTERNAL EDIT\n");
-    append("wf_z");
+    }
     for undo_z in [false, true] {
         if undo_z {
-            w.clock.advance(chrono::Duration::seconds(1));
-            assert_eq!(rollback(&sb, "wf_z", false).status, "rolled_back");
+            rolled_back_in_turn(&w, &sb, &["wf_z"]);
         }
         let rb = rollback(&sb, "wf_v1", false);
         assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
@@ -1038,17 +1026,11 @@ fn a_change_made_without_the_runtime_names_no_workflow() {
 /// the later write alone, then the change named, then the workflow; nothing is lost.
 #[test]
 fn a_change_between_two_writes_is_undone_as_the_refusal_says() {
-    use ailab_sandbox_core::sandbox::ChangedBy;
     let w = World::new();
     w.write("f.txt", b"orig\n");
     let sb = w.sandbox();
     for (wf, id) in [("wf_a", "a1"), ("wf_b", "b1"), ("wf_a", "a2")] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        let r = run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [
-                {"action_id": id, "intent": "append_file", "path": "f.txt", "content": format!("{id}\n")}]}),
-        );
+        let r = append_later(&w, &sb, wf, id, &format!("{id}\n"));
         assert_eq!(status(&r), "success", "{r:?}");
     }
     let rb = rollback(&sb, "wf_a", false);
@@ -1066,18 +1048,8 @@ fn a_change_between_two_writes_is_undone_as_the_refusal_says() {
     w.clock.advance(chrono::Duration::seconds(1));
     assert_eq!(sb.rollback_workflow("wf_a", &later).status, "rolled_back");
     let rb = rollback(&sb, "wf_a", false);
-    assert_eq!(
-        rb.conflicts[0].changed_by,
-        Some(ChangedBy {
-            action: "wf_b/b1".to_owned(),
-            rollback: false
-        }),
-        "{rb:?}"
-    );
-    for wf in ["wf_b", "wf_a"] {
-        w.clock.advance(chrono::Duration::seconds(1));
-        assert_eq!(rollback(&sb, wf, false).status, "rolled_back", "{wf}");
-    }
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_b/b1"), "{rb:?}");
+    rolled_back_in_turn(&w, &sb, &["wf_b", "wf_a"]);
     assert_eq!(w.read("f.txt"), b"orig\n");
 }
 
