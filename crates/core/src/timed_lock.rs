@@ -2,36 +2,83 @@
 //! The thread that holds it may itself be waiting for the log's file lock, which another
 //! process holds (a stopped or hung one): that wait is bounded by
 //! `limits.lock_wait_seconds`, and the threads queued behind it must be too, or they
-//! would each wait their turn and then their own wait, one after the other.
+//! would each wait their turn and then their own wait, one after the other. Its part
+//! that guards no data, [`Gate`], is also the turn to record held restores.
 
 use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+/// One thread at a time, the others waiting for their turn no longer than they are
+/// told: the part of [`TimedMutex`] that guards no data (a turn to take).
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    /// Whether a pass is out; waiters wait on `freed` for it to come back.
+    busy: Mutex<bool>,
+    freed: Condvar,
+}
+
+/// A thread's way through a [`Gate`], given back when dropped (by a panic too).
+pub(crate) struct Pass<'a>(&'a Gate);
+
+impl Gate {
+    /// The pass, once no other thread holds it; `None` when one held it for `wait`.
+    pub(crate) fn enter(&self, wait: Duration) -> Option<Pass<'_>> {
+        let deadline = Instant::now() + wait;
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        while *busy {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            busy = self
+                .freed
+                .wait_timeout(busy, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        *busy = true;
+        Some(Pass(self))
+    }
+
+    /// The pass when no other thread holds it.
+    fn try_enter(&self) -> Option<Pass<'_>> {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        if *busy {
+            return None;
+        }
+        *busy = true;
+        Some(Pass(self))
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        self.0.freed.notify_one();
+    }
+}
+
 /// A mutex whose [`TimedMutex::lock`] waits at most a set time for other threads.
 #[derive(Debug)]
 pub(crate) struct TimedMutex<T> {
     data: Mutex<T>,
-    /// Whether a guard is out; waiters wait on `freed` for it to come back.
-    busy: Mutex<bool>,
-    freed: Condvar,
+    /// Taken before `data`, which is then never waited for.
+    gate: Gate,
     wait: Duration,
     /// What is locked, for the errors.
     what: &'static str,
 }
 
-/// Access to a [`TimedMutex`]'s data, given back on drop.
+/// Access to a [`TimedMutex`]'s data, given back on drop (the data first, then the
+/// pass: the next holder takes the data at once).
 pub(crate) struct TimedGuard<'a, T> {
-    guard: Option<MutexGuard<'a, T>>,
-    owner: &'a TimedMutex<T>,
+    guard: MutexGuard<'a, T>,
+    _pass: Pass<'a>,
 }
 
 impl<T> TimedMutex<T> {
     pub(crate) fn new(data: T, wait: Duration, what: &'static str) -> Self {
         Self {
             data: Mutex::new(data),
-            busy: Mutex::new(false),
-            freed: Condvar::new(),
+            gate: Gate::default(),
             wait,
             what,
         }
@@ -41,82 +88,45 @@ impl<T> TimedMutex<T> {
     /// held it for longer than the wait. A panic while it was held (the data may be
     /// half changed) is an error for good.
     pub(crate) fn lock(&self) -> io::Result<TimedGuard<'_, T>> {
-        let deadline = Instant::now() + self.wait;
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        while *busy {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "another thread of this process held {} for {} s, waiting for another process, as a rule",
-                        self.what,
-                        self.wait.as_secs()
-                    ),
-                ));
-            }
-            busy = self
-                .freed
-                .wait_timeout(busy, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        *busy = true;
-        drop(busy);
-        self.take()
+        let pass = self.gate.enter(self.wait).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "another thread of this process held {} for {} s, waiting for another process, as a rule",
+                    self.what,
+                    self.wait.as_secs()
+                ),
+            )
+        })?;
+        self.take(pass)
     }
 
     /// [`TimedMutex::lock`] when no other thread holds it; `None` when one does.
     pub(crate) fn try_lock(&self) -> Option<io::Result<TimedGuard<'_, T>>> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        if *busy {
-            return None;
-        }
-        *busy = true;
-        drop(busy);
-        Some(self.take())
+        Some(self.take(self.gate.try_enter()?))
     }
 
-    fn take(&self) -> io::Result<TimedGuard<'_, T>> {
+    fn take<'a>(&'a self, pass: Pass<'a>) -> io::Result<TimedGuard<'a, T>> {
         match self.data.lock() {
-            Ok(guard) => Ok(TimedGuard {
-                guard: Some(guard),
-                owner: self,
-            }),
-            Err(_) => {
-                self.release();
-                Err(io::Error::other(format!(
-                    "{}'s lock was poisoned by a panic; start the process again",
-                    self.what
-                )))
-            }
+            Ok(guard) => Ok(TimedGuard { guard, _pass: pass }),
+            Err(_) => Err(io::Error::other(format!(
+                "{}'s lock was poisoned by a panic; start the process again",
+                self.what
+            ))),
         }
-    }
-
-    fn release(&self) {
-        *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = false;
-        self.freed.notify_one();
     }
 }
 
 impl<T> std::ops::Deref for TimedGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        self.guard.as_deref().unwrap_or_else(|| unreachable!())
+        &self.guard
     }
 }
 
 impl<T> std::ops::DerefMut for TimedGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        self.guard.as_deref_mut().unwrap_or_else(|| unreachable!())
-    }
-}
-
-impl<T> Drop for TimedGuard<'_, T> {
-    fn drop(&mut self) {
-        // The data first: the next holder takes it at once.
-        drop(self.guard.take());
-        self.owner.release();
+        &mut self.guard
     }
 }
 

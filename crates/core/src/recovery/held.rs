@@ -78,49 +78,6 @@ impl HeldRestores {
     }
 }
 
-/// The turn to record held restores: one thread at a time, the others waiting for it
-/// no longer than a lock's wait.
-#[derive(Debug, Default)]
-pub(crate) struct RecordingTurn {
-    busy: std::sync::Mutex<bool>,
-    free: std::sync::Condvar,
-}
-
-impl RecordingTurn {
-    /// The turn, once free; `None` when it was not free within `wait`.
-    fn take(&self, wait: std::time::Duration) -> Option<Turn<'_>> {
-        let deadline = std::time::Instant::now() + wait;
-        let mut busy = self
-            .busy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *busy {
-            let left = deadline.checked_duration_since(std::time::Instant::now())?;
-            busy = self
-                .free
-                .wait_timeout(busy, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
-        *busy = true;
-        Some(Turn(self))
-    }
-}
-
-/// A thread's turn to record held restores, given back when dropped (by a panic too).
-struct Turn<'a>(&'a RecordingTurn);
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        *self
-            .0
-            .busy
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
-        self.0.free.notify_one();
-    }
-}
-
 impl Sandbox {
     pub(crate) fn held_restores(&self) -> std::sync::MutexGuard<'_, HeldRestores> {
         self.held_restores
@@ -147,7 +104,7 @@ impl Sandbox {
         // (their workflows' locks, which that thread holds, would make it skip them).
         // Waited for as a lock is: threads in line would otherwise each wait out the
         // trail's refusal in turn, the last many times the wait.
-        let Some(_turn) = self.recording_held.take(self.state.lock_wait()) else {
+        let Some(_turn) = self.recording_held.enter(self.state.lock_wait()) else {
             let held = self.held_restores().held.clone();
             let mut workflows: Vec<&str> = Vec::new();
             for h in &held {

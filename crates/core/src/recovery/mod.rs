@@ -25,7 +25,7 @@ pub const ROLLING_BACK: &str = "rolling_back";
 /// the restores its marks record, touching no file of the run.
 pub const RESTORES_UNAUDITED: &str = "restores_unaudited";
 
-pub(crate) use held::{HeldRestores, RecordingTurn};
+pub(crate) use held::HeldRestores;
 
 /// At most this many recovering processes are named in a run record.
 const MAX_RECOVERED_BY: usize = 4;

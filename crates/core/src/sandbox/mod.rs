@@ -78,7 +78,7 @@ pub struct Sandbox {
     /// (see [`Sandbox::record_held_restores`]).
     pub(crate) held_restores: std::sync::Mutex<crate::recovery::HeldRestores>,
     /// Taken while they are recorded (see [`Sandbox::record_held_restores`]).
-    pub(crate) recording_held: crate::recovery::RecordingTurn,
+    pub(crate) recording_held: crate::timed_lock::Gate,
     /// Runs and rollbacks of this instance whose records it left for a later recovery:
     /// no dead ones, whose temporary files (named by this process) may be removed.
     left_for_later: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -423,7 +423,7 @@ impl Sandbox {
             logged_since_sync: std::sync::atomic::AtomicUsize::new(0),
             target_locks,
             held_restores: std::sync::Mutex::default(),
-            recording_held: crate::recovery::RecordingTurn::default(),
+            recording_held: crate::timed_lock::Gate::default(),
             left_for_later: std::sync::Mutex::default(),
         };
         let recovered = sb.recover();
