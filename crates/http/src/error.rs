@@ -33,7 +33,9 @@ pub mod codes {
     /// Something went wrong inside the server; details are in its log.
     pub const INTERNAL_ERROR: &str = "internal_error";
     /// The bodies of other requests fill the room the server keeps for bodies in flight
-    /// (see [`crate::BODIES_IN_FLIGHT`]); retry after `Retry-After` seconds.
+    /// (see [`crate::BODIES_IN_FLIGHT`]), or other calls the room for plans' data, their
+    /// workflow's turn or the room for changes running at once; retry after
+    /// `Retry-After` seconds.
     pub const SERVER_BUSY: &str = "server_busy";
 }
 
@@ -178,6 +180,19 @@ impl ApiError {
             format!(
                 "other calls on workflow {} kept it busy for {} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done: send it again later",
                 ailab_sandbox_core::confine::path::shown_path(workflow_id),
+                waited.as_secs()
+            ),
+        )
+    }
+
+    /// `503`: the changes the server runs at once (`at_once`, see [`crate::turns`])
+    /// kept their room for as long as a call may wait for it.
+    pub fn writing_busy(at_once: usize, waited: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::SERVER_BUSY,
+            format!(
+                "the {at_once} plans and rollbacks this server runs at once kept their room for {} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done: send it again later",
                 waited.as_secs()
             ),
         )

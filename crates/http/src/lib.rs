@@ -35,9 +35,11 @@
 //! `server_busy` with `Retry-After` when other requests' bodies fill the room kept for
 //! bodies in flight (see [`BODIES_IN_FLIGHT`]), other plans' data the room kept for
 //! the plans parsed at once past [`PLAN_DATA_WAIT`] (see [`PLAN_DATA_IN_FLIGHT`]), or
-//! other plans and rollbacks of the workflow its turn past `limits.lock_wait_seconds`
-//! (plans and rollbacks of one workflow take turns before they take a thread; such a
-//! call was not run, and leaves no audit line; a plan that is not valid is still 400).
+//! other plans and rollbacks of the workflow its turn, or the changes running at once
+//! their room, past `limits.lock_wait_seconds` (plans and rollbacks of one workflow take
+//! turns before they take a thread, and run on three quarters of the blocking pool at
+//! most, see [`router_for_pool`]; such a call was not run, and leaves no audit line; a
+//! plan that is not valid is still 400).
 //!
 //! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
@@ -86,8 +88,9 @@ pub use error::codes;
 pub use guard::constant_time_eq;
 pub use routes::OPENMETRICS_CONTENT_TYPE;
 pub use server::{
-    ConnLimits, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MIN_TOKEN_LEN, ServeError, ServeOptions,
-    WRITE_STALL_TIMEOUT, check_exposure, resolve_addr, run, run_announcing, serve, serve_with,
+    ConnLimits, HEADER_READ_TIMEOUT, MAX_BLOCKING_THREADS, MAX_CONNECTIONS, MIN_TOKEN_LEN,
+    ServeError, ServeOptions, WRITE_STALL_TIMEOUT, check_exposure, resolve_addr, run,
+    run_announcing, serve, serve_with,
 };
 
 /// Default largest request body: 64 MiB, the configuration's default, so that every plan
@@ -275,7 +278,23 @@ async fn body_room(
 /// bodies, browser refusal and token check, room for bodies in flight, body limit and
 /// deadline). `token: None`
 /// serves everyone who reaches it; `body_limit_bytes` bounds every request body (413).
+/// For a runtime whose blocking pool holds [`MAX_BLOCKING_THREADS`] threads, as
+/// [`run`]'s: see [`router_for_pool`].
 pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: usize) -> Router {
+    router_for_pool(sandbox, token, body_limit_bytes, MAX_BLOCKING_THREADS)
+}
+
+/// [`router`] for a Tokio runtime whose blocking pool holds `blocking_threads` threads
+/// (`max_blocking_threads`): plans and rollbacks run on at most three quarters of them
+/// (one at least), so that reads, `/metrics` and other calls always find a thread while
+/// changes wait for locks; a change that finds no room within
+/// `limits.lock_wait_seconds` is answered 503 `server_busy`.
+pub fn router_for_pool(
+    sandbox: Arc<Sandbox>,
+    token: Option<String>,
+    body_limit_bytes: usize,
+    blocking_threads: usize,
+) -> Router {
     let state = routes::AppState {
         sandbox,
         body_limit: body_limit_bytes,
@@ -283,7 +302,7 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
             PLAN_DATA_IN_FLIGHT * ailab_sandbox_core::plan::MAX_DATA_VALUES_PER_PLAN,
         )),
         data_wait: PLAN_DATA_WAIT,
-        turns: Arc::default(),
+        turns: Arc::new(turns::Turns::for_pool(blocking_threads)),
     };
     let guard = guard::Guard::new(token.as_deref());
     let limit = body_limit_bytes.max(1);

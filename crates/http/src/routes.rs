@@ -35,7 +35,7 @@ pub(crate) struct AppState {
     pub data_room: Arc<tokio::sync::Semaphore>,
     /// How long a plan waits for room for its data ([`crate::PLAN_DATA_WAIT`]).
     pub data_wait: std::time::Duration,
-    /// Each workflow's turn on the blocking pool.
+    /// Each workflow's turn, and the room for changes, on the blocking pool.
     pub turns: Arc<crate::turns::Turns>,
 }
 
@@ -59,14 +59,17 @@ impl AppState {
         }
     }
 
-    /// `workflow_id`'s turn, waited for as long as the runtime waits for a workflow's
-    /// lock.
+    /// `workflow_id`'s turn and room to run, waited for as long as the runtime waits for
+    /// a workflow's lock.
     async fn turn(&self, workflow_id: &str) -> Result<crate::turns::Turn, ApiError> {
         let wait = std::time::Duration::from_secs(self.sandbox.config().limits.lock_wait_seconds);
         self.turns
             .take(workflow_id, wait)
             .await
-            .ok_or_else(|| ApiError::workflow_busy(workflow_id, wait))
+            .map_err(|busy| match busy {
+                crate::turns::Busy::Workflow => ApiError::workflow_busy(workflow_id, wait),
+                crate::turns::Busy::Writing(at_once) => ApiError::writing_busy(at_once, wait),
+            })
     }
 }
 
@@ -567,7 +570,7 @@ mod tests {
                 crate::PLAN_DATA_IN_FLIGHT * MAX_DATA_VALUES_PER_PLAN,
             )),
             data_wait: std::time::Duration::from_millis(200),
-            turns: Arc::default(),
+            turns: Arc::new(crate::turns::Turns::for_pool(64)),
         }
     }
 

@@ -18,8 +18,9 @@ use crate::DEFAULT_BODY_LIMIT;
 /// How long in-flight requests may take to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// Most threads the blocking pool (the synchronous sandbox calls) may use.
-const MAX_BLOCKING_THREADS: usize = 64;
+/// Most threads the blocking pool (the synchronous sandbox calls) may use; plans and
+/// rollbacks run on three quarters of them at most (see [`crate::router_for_pool`]).
+pub const MAX_BLOCKING_THREADS: usize = 64;
 
 /// Most connections served at once; further clients wait in the listen backlog until one
 /// closes. Each holds a descriptor, and the runtime needs its own for its logs and locks.
@@ -338,7 +339,7 @@ pub fn run_announcing(
         })?;
         tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
         listening(local);
-        let app = crate::router(sandbox, opts.token, opts.body_limit_bytes);
+        let app = crate::router_for_pool(sandbox, opts.token, opts.body_limit_bytes, calls);
         serve_with(listener, app, limits, shutdown_signal()).await
     })
     // Dropping the runtime waits for sandbox calls still running on the blocking pool,

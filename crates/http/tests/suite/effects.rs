@@ -650,6 +650,69 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
     });
 }
 
+/// Plans of many workflows all waiting for target locks another process holds run on
+/// three quarters of the blocking pool at most: reads are answered meanwhile, and the
+/// plans that waited for room run once the locks are free.
+#[test]
+fn plans_waiting_for_held_targets_leave_room_for_reads() {
+    use rustix::fs::{FlockOperation, flock};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = config(&tmp, true);
+        config.limits.lock_wait_seconds = 5;
+        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+        let app = ailab_sandbox_http::router_for_pool(
+            sandbox,
+            None,
+            ailab_sandbox_http::DEFAULT_BODY_LIMIT,
+            4,
+        );
+        // Every target lock, as another process writing would hold them.
+        let held: Vec<std::fs::File> = (0..64)
+            .map(|i| {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(tmp.path().join(format!("state/locks/target-{i:02}.lock")))
+                    .unwrap();
+                flock(&f, FlockOperation::LockExclusive).unwrap();
+                f
+            })
+            .collect();
+        let plans: Vec<_> = (0..6)
+            .map(|i| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let plan = create_plan(&format!("wf_{i}"), &format!("f{i}.txt"), "x");
+                    post_json(&app, "/agentic/plans", &plan).await
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        for route in ["/agentic/state", "/agentic/artifacts", "/metrics"] {
+            let read = get(&app, route).await;
+            assert_eq!(read.status, StatusCode::OK, "{route}: {}", read.text());
+        }
+        assert!(
+            plans.iter().all(|p| !p.is_finished()),
+            "answered while the plans still wait"
+        );
+        drop(held);
+        for p in plans {
+            let r = p.await.unwrap();
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        }
+        assert!(tmp.path().join("root/f5.txt").exists());
+    });
+}
+
 /// A plan whose turn on its workflow does not come within `lock_wait_seconds` is answered
 /// 503 `server_busy` without being run, unless it is not a valid plan: bad input is 400
 /// however busy the workflow.
