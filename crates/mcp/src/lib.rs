@@ -43,8 +43,9 @@ use ailab_sandbox_core::reason::{ReasonCode, Refusal};
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use render::{error, ok, refusal, to_value};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer, ServerInitializeError};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
@@ -88,6 +89,9 @@ pub struct SandboxMcp {
     /// Cancelled once no answer can reach the client (its end of the output is closed):
     /// calls not started by then are not run, since nobody would learn what they did.
     gone: CancellationToken,
+    /// The session has been opened (by `initialize`, or by a request that names its
+    /// protocol version inline): a later `initialize` is refused.
+    opened: Arc<std::sync::atomic::AtomicBool>,
 }
 
 tokio::task_local! {
@@ -125,6 +129,7 @@ impl SandboxMcp {
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
             flow: Arc::default(),
             gone: CancellationToken::new(),
+            opened: Arc::default(),
         }
     }
 
@@ -828,11 +833,29 @@ impl ServerHandler for SandboxMcp {
         self.server_config()
     }
 
+    /// Once per session: a second `initialize` would change the protocol version the
+    /// answers are written in, mid-session, and speak of capabilities already agreed.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        if self.opened.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(ErrorData::invalid_request(
+                "this session is already initialized: initialize is sent once, as the first request, and the protocol version agreed then stays; go on with the session, or open a new one to start over",
+                None,
+            ));
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     async fn list_tools(
         &self,
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
         // Every tool comes in one page, with no cursor: any cursor sent was never given.
         if let Some(cursor) = request.and_then(|r| r.cursor) {
             return Err(ErrorData::invalid_params(
@@ -851,6 +874,7 @@ impl ServerHandler for SandboxMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
         // Where rmcp leaves the call's `_meta`: in the request's context.
         let refused = request
             .meta

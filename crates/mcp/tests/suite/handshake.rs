@@ -31,6 +31,34 @@ async fn initialize_names_the_server_and_advertises_tools() {
     s.finish().await;
 }
 
+/// `initialize` opens a session once: sent again mid-session it is refused, and the
+/// session goes on in the version agreed first.
+#[tokio::test]
+async fn a_second_initialize_is_refused_and_the_session_goes_on() {
+    let mut s = RawSession::start(Mode::Default).await;
+    let again = INITIALIZE
+        .replace(r#""id":0"#, r#""id":1"#)
+        .replace("2025-06-18", "2025-03-26");
+    s.send(&again).await;
+    let refused = s.answer().await;
+    assert_eq!(refused["id"], 1, "{refused}");
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    let said = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.contains("already initialized"), "{said}");
+    assert!(refused.get("result").is_none(), "{refused}");
+    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+        .await;
+    let listed = s.answer().await;
+    assert_eq!(listed["id"], 2, "{listed}");
+    assert!(
+        listed["result"]["tools"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{listed}"
+    );
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn tools_list_has_the_catalog_and_the_other_tools() {
     let s = Session::start(Mode::Write).await;
