@@ -3381,6 +3381,52 @@ fn a_logged_dead_write_that_never_landed_is_not_recorded_done_at_the_next_start(
     );
 }
 
+/// The undo that recovery records for a dead action another process's write overtook
+/// says it changed nothing (before = after = what the file holds), in run recovery and
+/// in the commit-log replay alike: a line with no `before` would read as a change, and
+/// a rollback's conflict would name it.
+#[test]
+fn an_overtaken_dead_actions_undo_line_says_it_changed_nothing() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Relaxed, Durability::Batched] {
+        let (w, c) = alpha_world(d);
+        if d == Durability::Batched {
+            // The workflow's commit log made first: the dead commit is a log append,
+            // which the log replay judges.
+            let first = w.open(c.clone());
+            let r = run(
+                &first,
+                json!({"workflow_id": "wf_dead", "actions": [
+                    {"intent": "create_file", "path": "x.txt", "content": "x\n"}]}),
+            );
+            assert_eq!(status(&r), "success");
+        }
+        let sb = overtaken(
+            &w,
+            &c,
+            "before_mutate",
+            ("replace_file", "DEAD\n"),
+            ("append_file", "live\n"),
+        );
+        assert_eq!(w.read("a.txt"), b"alpha\nlive\n", "{d:?}");
+        let undo: Vec<_> = sb
+            .audit_entries(50, Some("wf_dead"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.action_id == "a1" && e.status == AuditStatus::RolledBack)
+            .map(|e| (e.before_checksum, e.after_checksum))
+            .collect();
+        let now = Some(sha(b"alpha\nlive\n"));
+        if undo != [(now.clone(), now)] {
+            wrong.push(format!("{d:?}: a1's undo lines {undo:?}"));
+        }
+        assert!(sb.audit_verify().unwrap().ok, "{d:?}");
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
 /// A world whose `a.txt` holds `alpha`, written with `durability`.
 fn alpha_world(
     durability: ailab_sandbox_core::config::Durability,
