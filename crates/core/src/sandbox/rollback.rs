@@ -326,8 +326,9 @@ impl Sandbox {
     /// Refused when the trail cannot be read: in id order they could be restored wrongly.
     fn in_trail_order(&self, workflow_id: &str, all: &mut RootedSnapshots) -> Verdict<()> {
         let entries = self
-            .audit
-            .by_workflow(workflow_id)
+            .failpoints
+            .check("trail_order")
+            .and_then(|()| self.audit.by_workflow(workflow_id))
             .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
         let mut first: HashMap<&str, u64> = HashMap::new();
         for e in &entries {

@@ -2975,3 +2975,34 @@ fn a_clock_set_back_between_two_runs_does_not_reorder_their_rollback() {
     assert_eq!(w.read("f.txt"), b"v0");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback that cannot read the trail to order the workflow's runs (their ids follow
+/// each process's clock) is refused and restores nothing: in id order a run made under a
+/// clock set back would be undone first. Asked again once it can, it goes through.
+#[test]
+fn a_rollback_that_cannot_order_its_runs_restores_nothing() {
+    let w = World::new();
+    let sb = w.sandbox();
+    w.write("f.txt", b"orig\n");
+    for line in ["one\n", "two\n"] {
+        w.clock.advance(chrono::Duration::seconds(1));
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_two", "actions": [
+                {"intent": "append_file", "path": "f.txt", "content": line}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    sb.failpoints().arm("trail_order", 1);
+    let rb = rollback(&sb, "wf_two", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert!(
+        rb.reason.as_deref().unwrap().contains("audit trail"),
+        "{rb:?}"
+    );
+    assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig\none\ntwo\n");
+    assert_eq!(rollback(&sb, "wf_two", false).status, "rolled_back");
+    assert_eq!(w.read("f.txt"), b"orig\n");
+}
