@@ -112,15 +112,12 @@ pub fn check(v: &CheckVerdict) {
 }
 
 pub fn run_result(r: &RunResult) {
-    let status = serde_json::to_value(r.status)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
+    let status = r.status.as_str();
     out!(
         "workflow {}  execution {}  status {}  state {}{}",
         r.workflow_id,
         r.execution_id,
-        paint(&status, r.is_success() || r.is_simulated()),
+        paint(status, r.is_success() || r.is_simulated()),
         r.state,
         match r.dry_run_reason {
             Some(d) if r.simulation_only => format!(

@@ -24,7 +24,7 @@ use crate::snapshot::{
     MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
 use crate::workflow::{TimelineEvent, WorkflowState};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -36,7 +36,7 @@ use std::time::Instant;
 pub const UNDO_FAILED: &str = "undoing its change failed";
 
 /// Overall outcome of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Every action was written.
@@ -56,8 +56,27 @@ pub enum RunStatus {
     RolledBack,
 }
 
+impl RunStatus {
+    /// Its name, as the run result says it (`simulated_success`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::SimulatedSuccess => "simulated_success",
+            Self::Blocked => "blocked",
+            Self::Failed => "failed",
+            Self::RolledBack => "rolled_back",
+        }
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Outcome of one action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionStatus {
     /// Written.
@@ -88,8 +107,14 @@ impl ActionStatus {
     }
 }
 
+impl std::fmt::Display for ActionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One action's result.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionResult {
     /// The action's id, as given or made (`act_…`).
     pub action_id: String,
@@ -154,7 +179,7 @@ impl ActionResult {
 }
 
 /// The run result (SPEC §6).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     /// The workflow, as given or made (`wf_…`).
     pub workflow_id: String,

@@ -8,7 +8,7 @@ use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Verdict};
 use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnapshot};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
 /// Whether a target is to be restored, and what the restore may replace: what the
@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 type Judged = (bool, Put);
 
 /// A file changed since the action wrote it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Conflict {
     /// The action.
     pub action_id: String,
@@ -40,12 +40,12 @@ pub struct Conflict {
     pub changed_by: Option<ChangedBy>,
     /// For a directory the action made: the `create_directory` actions
     /// (`workflow/action`) that found it since and stand, whose result it is now.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
 }
 
 /// Another workflow's recorded change that left what a conflicting target holds now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChangedBy {
     /// `workflow/action`.
     pub action: String,

@@ -12,14 +12,14 @@ use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
 /// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
 type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
 
 /// What became of a rollback, as its report's `status` says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackStatus {
     /// Every step asked for was restored (and recorded).
@@ -58,7 +58,7 @@ impl PartialEq<&str> for RollbackStatus {
 }
 
 /// What a rollback did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RollbackReport {
     /// The workflow.
     pub workflow_id: String,
@@ -145,7 +145,7 @@ pub(crate) enum RestoreMode {
 }
 
 /// One restore of a rollback.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RollbackStep {
     /// The action undone.
     pub action_id: String,
@@ -191,7 +191,7 @@ impl RollbackStep {
 }
 
 /// What can be rolled back (`GET /agentic/rollback/{id}`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RollbackInfo {
     /// The workflow.
     pub workflow_id: String,
@@ -210,7 +210,7 @@ pub struct RollbackInfo {
 }
 
 /// One snapshot in [`RollbackInfo`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RollbackInfoAction {
     /// The action.
     pub action_id: String,

@@ -3006,3 +3006,54 @@ fn a_rollback_that_cannot_order_its_runs_restores_nothing() {
     assert_eq!(rollback(&sb, "wf_two", false).status, "rolled_back");
     assert_eq!(w.read("f.txt"), b"orig\n");
 }
+
+/// What a host reads back from the JSON a face sent: run results, rollback reports
+/// (with a conflict naming who changed the file) and rollback previews come back equal
+/// to what the runtime returned, and statuses print as they are sent.
+#[test]
+fn results_and_reports_read_back_from_their_json() {
+    use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};
+    use ailab_sandbox_core::sandbox::{RollbackInfo, RollbackReport};
+    fn back<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+        serde_json::from_str(&serde_json::to_string(value).unwrap()).unwrap()
+    }
+    let w = World::new();
+    let sb = w.sandbox();
+    three_appends(&w, &sb);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_v1", "actions": [
+            {"intent": "create_file", "path": "new.md", "content": "x"},
+            {"intent": "create_file", "path": "bad.exe", "content": "x"}]}),
+    );
+    assert_eq!(r.status, RunStatus::Blocked);
+    let r2: RunResult = back(&r);
+    assert_eq!(r2, r);
+    let refused = rollback(&sb, "wf_v1", false);
+    assert!(refused.conflicts[0].changed_by.is_some(), "{refused:?}");
+    assert_eq!(back::<RollbackReport>(&refused), refused);
+    let info = sb.rollback_info("wf_v2").unwrap();
+    assert_eq!(back::<RollbackInfo>(&info), info);
+    let done = rollback(&sb, "wf_v3", false);
+    assert!(!done.steps.is_empty(), "{done:?}");
+    assert_eq!(back::<RollbackReport>(&done), done);
+    for s in [
+        RunStatus::Success,
+        RunStatus::SimulatedSuccess,
+        RunStatus::Blocked,
+        RunStatus::Failed,
+        RunStatus::RolledBack,
+    ] {
+        assert_eq!(json!(s), json!(s.to_string()));
+    }
+    for s in [
+        ActionStatus::Success,
+        ActionStatus::Simulated,
+        ActionStatus::Blocked,
+        ActionStatus::Skipped,
+        ActionStatus::Failed,
+        ActionStatus::RolledBack,
+    ] {
+        assert_eq!(json!(s), json!(s.to_string()));
+    }
+}
