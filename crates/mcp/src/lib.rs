@@ -89,9 +89,8 @@ pub struct SandboxMcp {
     /// Cancelled once no answer can reach the client (its end of the output is closed):
     /// calls not started by then are not run, since nobody would learn what they did.
     gone: CancellationToken,
-    /// The session has been opened (by `initialize`, or by a request that names its
-    /// protocol version inline): a later `initialize` is refused.
-    opened: Arc<std::sync::atomic::AtomicBool>,
+    /// The session's `initialize` has been answered: a later one is refused.
+    initialized: Arc<std::sync::atomic::AtomicBool>,
 }
 
 tokio::task_local! {
@@ -129,7 +128,7 @@ impl SandboxMcp {
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
             flow: Arc::default(),
             gone: CancellationToken::new(),
-            opened: Arc::default(),
+            initialized: Arc::default(),
         }
     }
 
@@ -833,14 +832,22 @@ impl ServerHandler for SandboxMcp {
         self.server_config()
     }
 
-    /// Once per session: a second `initialize` would change the protocol version the
-    /// answers are written in, mid-session, and speak of capabilities already agreed.
+    /// Once per session, as its first request: a second `initialize` would change the
+    /// protocol version the answers are written in, mid-session, and speak of
+    /// capabilities already agreed. rmcp hands the handler the session's opening
+    /// `initialize` before any other request, the client's details already kept; a
+    /// session a request opened by naming its version inline keeps none, whatever order
+    /// rmcp's tasks then run in.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        if self.opened.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if context.peer.peer_info().is_none()
+            || self
+                .initialized
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(ErrorData::invalid_request(
                 "this session is already initialized: initialize is sent once, as the first request, and the protocol version agreed then stays; go on with the session, or open a new one to start over",
                 None,
@@ -855,7 +862,6 @@ impl ServerHandler for SandboxMcp {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
         // Every tool comes in one page, with no cursor: any cursor sent was never given.
         if let Some(cursor) = request.and_then(|r| r.cursor) {
             return Err(ErrorData::invalid_params(
@@ -874,7 +880,6 @@ impl ServerHandler for SandboxMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
         // Where rmcp leaves the call's `_meta`: in the request's context.
         let refused = request
             .meta

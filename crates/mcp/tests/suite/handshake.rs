@@ -59,6 +59,38 @@ async fn a_second_initialize_is_refused_and_the_session_goes_on() {
     s.finish().await;
 }
 
+/// A session opened by a request naming its version inline (any method, even one the
+/// server does not serve) takes no `initialize` after it, even one sent right behind it,
+/// which the SDK may begin first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initialize_after_an_inline_opening_is_refused() {
+    let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+    for (round, method) in ["tools/list", "prompts/list", "tools/list", "tools/list"]
+        .iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+    {
+        let mut s = RawSession::connect(Mode::Default);
+        let opening = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"_meta":{meta}}}}}"#
+        );
+        let again = INITIALIZE.replace(r#""id":0"#, r#""id":2"#);
+        // One write: both lines reach the SDK together.
+        s.send(&format!("{opening}\n{again}")).await;
+        let answers = [s.answer().await, s.answer().await];
+        let init = answers
+            .iter()
+            .find(|a| a["id"] == 2)
+            .unwrap_or_else(|| panic!("round {round}: {answers:?}"));
+        assert_eq!(
+            init["error"]["code"], -32600,
+            "round {round} ({method}): {init}"
+        );
+        s.finish().await;
+    }
+}
+
 #[tokio::test]
 async fn tools_list_has_the_catalog_and_the_other_tools() {
     let s = Session::start(Mode::Write).await;
