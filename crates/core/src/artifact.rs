@@ -736,6 +736,18 @@ impl ArtifactRegistry {
         self.with(|ix| ix.entries.len() as u64)
     }
 
+    /// [`ArtifactRegistry::len`] when it can be told without waiting: `None` while
+    /// another thread of this process holds the registry, or another process appends to
+    /// it (either may take up to `limits.lock_wait_seconds`).
+    pub fn len_at_once(&self) -> Option<u64> {
+        let mut g = self.inner.try_lock()?.ok()?;
+        let (journal, index) = &mut *g;
+        journal
+            .read_new_unless_held(&mut |at, b| index.ingest(at, b))
+            .ok()?
+            .then_some(index.entries.len() as u64)
+    }
+
     /// Whether there are none.
     pub fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)

@@ -160,6 +160,21 @@ impl Journal {
         self.read_new_owned(&mut |at, buf| sink(at, &buf))
     }
 
+    /// [`Journal::read_new`] unless another process holds the file: `false` then, and
+    /// nothing read (never waited for).
+    pub fn read_new_unless_held(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<bool> {
+        if !self.cursor.rewritable && self.file.len()? == self.cursor.offset {
+            return Ok(true);
+        }
+        let Some(_lock) = self.file.try_lock_shared()? else {
+            return Ok(false);
+        };
+        let len = self.file.len()?;
+        self.cursor
+            .read_new_locked(&self.file, len, &mut |at, buf| sink(at, &buf))?;
+        Ok(true)
+    }
+
     /// [`Journal::read_new`], handing over each buffer (for a reader that sends it on).
     pub fn read_new_owned(&mut self, sink: &mut dyn FnMut(u64, Vec<u8>)) -> io::Result<()> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append

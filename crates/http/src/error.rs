@@ -171,30 +171,30 @@ impl ApiError {
         )
     }
 
-    /// `503`: other calls on the workflow kept it for as long as a call may wait for its
-    /// turn (`limits.lock_wait_seconds`, see [`crate::turns`]).
-    pub fn workflow_busy(workflow_id: &str, waited: std::time::Duration) -> Self {
+    /// `503`: what a plan, rollback or read of `workflow_id` waited for in vain (see
+    /// [`crate::turns`]) for as long as a call may wait for it.
+    pub fn waited_in_vain(
+        busy: crate::turns::Busy,
+        workflow_id: &str,
+        waited: std::time::Duration,
+    ) -> Self {
+        let secs = waited.as_secs();
+        let why = match busy {
+            crate::turns::Busy::Workflow => format!(
+                "other calls on workflow {} kept it busy for {secs} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done",
+                ailab_sandbox_core::confine::path::shown_path(workflow_id)
+            ),
+            crate::turns::Busy::Writing(at_once) => format!(
+                "the {at_once} plans and rollbacks this server runs at once kept their room for {secs} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done"
+            ),
+            crate::turns::Busy::Reading(at_once) => format!(
+                "the {at_once} reads this server runs at once kept their room for {secs} s (reads waiting for the audit trail or the registry another process holds, as a rule; limits.lock_wait_seconds)"
+            ),
+        };
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::SERVER_BUSY,
-            format!(
-                "other calls on workflow {} kept it busy for {} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done: send it again later",
-                ailab_sandbox_core::confine::path::shown_path(workflow_id),
-                waited.as_secs()
-            ),
-        )
-    }
-
-    /// `503`: the changes the server runs at once (`at_once`, see [`crate::turns`])
-    /// kept their room for as long as a call may wait for it.
-    pub fn writing_busy(at_once: usize, waited: std::time::Duration) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::SERVER_BUSY,
-            format!(
-                "the {at_once} plans and rollbacks this server runs at once kept their room for {} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done: send it again later",
-                waited.as_secs()
-            ),
+            format!("{why}: send it again later"),
         )
     }
 

@@ -35,11 +35,11 @@
 //! `server_busy` with `Retry-After` when other requests' bodies fill the room kept for
 //! bodies in flight (see [`BODIES_IN_FLIGHT`]), other plans' data the room kept for
 //! the plans parsed at once past [`PLAN_DATA_WAIT`] (see [`PLAN_DATA_IN_FLIGHT`]), or
-//! other plans and rollbacks of the workflow its turn, or the changes running at once
-//! their room, past `limits.lock_wait_seconds` (plans and rollbacks of one workflow take
-//! turns before they take a thread, and run on three quarters of the blocking pool at
-//! most, see [`router_for_pool`]; such a call was not run, and leaves no audit line; a
-//! plan that is not valid is still 400).
+//! other plans and rollbacks of the workflow its turn, or the changes or reads running
+//! at once their room, past `limits.lock_wait_seconds` (plans and rollbacks of one
+//! workflow take turns before they take a thread, and changes and reads have their
+//! shares of the blocking pool, see [`router_for_pool`]; such a call was not run, and
+//! leaves no audit line; a plan that is not valid is still 400).
 //!
 //! Who may call: with a token, every route (`/healthz` and `/metrics` too) needs
 //! `Authorization: Bearer <token>` (compared in constant time). No CORS headers are ever
@@ -285,10 +285,12 @@ pub fn router(sandbox: Arc<Sandbox>, token: Option<String>, body_limit_bytes: us
 }
 
 /// [`router`] for a Tokio runtime whose blocking pool holds `blocking_threads` threads
-/// (`max_blocking_threads`): plans and rollbacks run on at most three quarters of them
-/// (one at least), so that reads, `/metrics` and other calls always find a thread while
-/// changes wait for locks; a change that finds no room within
-/// `limits.lock_wait_seconds` is answered 503 `server_busy`.
+/// (`max_blocking_threads`): plans and rollbacks run on three quarters of them at most
+/// (one at least), reads of the logs on the rest but a sixteenth (one at least), and
+/// the sixteenth is left for `/metrics` (which waits for no lock) and the short work of
+/// reading a plan's text, so that calls waiting for locks another process holds never
+/// stall the rest. With fewer than 8 threads none is left. A call that finds no room
+/// within `limits.lock_wait_seconds` is answered 503 `server_busy`.
 pub fn router_for_pool(
     sandbox: Arc<Sandbox>,
     token: Option<String>,

@@ -59,17 +59,59 @@ impl AppState {
         }
     }
 
-    /// `workflow_id`'s turn and room to run, waited for as long as the runtime waits for
-    /// a workflow's lock.
-    async fn turn(&self, workflow_id: &str) -> Result<crate::turns::Turn, ApiError> {
-        let wait = std::time::Duration::from_secs(self.sandbox.config().limits.lock_wait_seconds);
+    /// How long a call waits for its turn and room: as long as the runtime waits for a
+    /// lock.
+    fn wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.sandbox.config().limits.lock_wait_seconds)
+    }
+
+    /// `workflow_id`'s turn, waited for until `deadline`.
+    async fn turn(
+        &self,
+        workflow_id: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<crate::turns::Turn, ApiError> {
+        let waited = self.wait();
         self.turns
-            .take(workflow_id, wait)
+            .take(workflow_id, deadline)
             .await
-            .map_err(|busy| match busy {
-                crate::turns::Busy::Workflow => ApiError::workflow_busy(workflow_id, wait),
-                crate::turns::Busy::Writing(at_once) => ApiError::writing_busy(at_once, wait),
-            })
+            .map_err(|busy| ApiError::waited_in_vain(busy, workflow_id, waited))
+    }
+
+    /// Room for `turn`'s call among the changes running at once, waited for until
+    /// `deadline`.
+    async fn room(
+        &self,
+        turn: &mut crate::turns::Turn,
+        workflow_id: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), ApiError> {
+        let waited = self.wait();
+        turn.room(deadline)
+            .await
+            .map_err(|busy| ApiError::waited_in_vain(busy, workflow_id, waited))
+    }
+
+    /// Runs a read of the logs on the blocking pool once it has room among the reads
+    /// (see [`crate::turns`]), waited for as long as the runtime waits for a lock.
+    async fn read<T, F>(&self, f: F) -> Result<T, ApiError>
+    where
+        F: FnOnce(&Sandbox) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let waited = self.wait();
+        let room = self
+            .turns
+            .reading(tokio::time::Instant::now() + waited)
+            .await
+            .map_err(|busy| ApiError::waited_in_vain(busy, "", waited))?;
+        let sb = Arc::clone(&self.sandbox);
+        blocking(move || {
+            let read = f(&sb);
+            drop(room);
+            read
+        })
+        .await
     }
 }
 
@@ -231,8 +273,8 @@ pub(crate) async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, A
 
 /// `GET /agentic/state`.
 pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let sb = s.sandbox;
-    let doc = blocking(move || sb.state_doc())
+    let doc = s
+        .read(Sandbox::state_doc)
         .await?
         .map_err(|e| ApiError::storage("the state could not be read", &e))?;
     Ok(Json(doc).into_response())
@@ -245,8 +287,8 @@ pub(crate) async fn executions(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
-    let sb = s.sandbox;
-    let entries = blocking(move || sb.audit_entries(limit, wf.as_deref()))
+    let entries = s
+        .read(move |sb| sb.audit_entries(limit, wf.as_deref()))
         .await?
         .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
     Ok(Json(entries).into_response())
@@ -254,8 +296,8 @@ pub(crate) async fn executions(
 
 /// `GET /agentic/executions/stats`.
 pub(crate) async fn execution_stats(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let sb = s.sandbox;
-    let stats = blocking(move || sb.audit_stats())
+    let stats = s
+        .read(Sandbox::audit_stats)
         .await?
         .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
     Ok(Json(stats).into_response())
@@ -268,8 +310,8 @@ pub(crate) async fn artifacts(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
-    let sb = s.sandbox;
-    let entries = blocking(move || sb.artifacts(limit, wf.as_deref()))
+    let entries = s
+        .read(move |sb| sb.artifacts(limit, wf.as_deref()))
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     Ok(Json(entries).into_response())
@@ -300,9 +342,9 @@ pub(crate) async fn artifact(
             format!("no artifact has that id: {}", r.reason),
         ));
     }
-    let sb = s.sandbox;
     let lookup = id.clone();
-    let found = blocking(move || sb.artifact_with_lineage(&lookup))
+    let found = s
+        .read(move |sb| sb.artifact_with_lineage(&lookup))
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     match found {
@@ -322,8 +364,8 @@ pub(crate) async fn rollback_info(
     wf: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let wf = workflow_param(wf, &uri)?;
-    let sb = s.sandbox;
-    let info = blocking(move || sb.rollback_info(&wf))
+    let info = s
+        .read(move |sb| sb.rollback_info(&wf))
         .await?
         .map_err(ApiError::from_refusal)?;
     Ok(Json(info).into_response())
@@ -348,27 +390,35 @@ pub(crate) async fn run_plan(
         (bytes, values, workflow_id)
     })
     .await?;
-    // Before its data's room: a plan waiting for its workflow holds none.
-    let turn = match workflow_id {
-        Some(wf) => match s.turn(&wf).await {
-            Ok(turn) => Some(turn),
-            // Bad input is told as such (4xx), whatever the workflow's calls do.
-            Err(busy) => {
-                let data = s.data_room(values).await?;
-                let refused = blocking(move || {
-                    let refused = ailab_sandbox_core::plan::parse_plan(&bytes)
-                        .and_then(|p| p.validate().map(drop))
-                        .err();
-                    drop((bytes, held, data));
-                    refused
-                })
-                .await?;
-                return Err(refused.map_or(busy, ApiError::from_refusal));
-            }
-        },
-        None => None,
-    };
+    // Its turn before its data's room, so that a plan waiting for its workflow holds
+    // none; its room among the changes after, so that one waiting for data room holds
+    // none of that either. Both within one wait.
+    let deadline = tokio::time::Instant::now() + s.wait();
+    let (mut turn, mut busy) = (None, None);
+    if let Some(wf) = &workflow_id {
+        match s.turn(wf, deadline).await {
+            Ok(t) => turn = Some(t),
+            Err(e) => busy = Some(e),
+        }
+    }
     let data = s.data_room(values).await?;
+    if let (Some(t), Some(wf)) = (turn.as_mut(), &workflow_id)
+        && let Err(e) = s.room(t, wf, deadline).await
+    {
+        (turn, busy) = (None, Some(e));
+    }
+    if let Some(busy) = busy {
+        // Bad input is told as such (4xx), however busy the server.
+        let refused = blocking(move || {
+            let refused = ailab_sandbox_core::plan::parse_plan(&bytes)
+                .and_then(|p| p.validate().map(drop))
+                .err();
+            drop((bytes, held, data));
+            refused
+        })
+        .await?;
+        return Err(refused.map_or(busy, ApiError::from_refusal));
+    }
     let result = blocking(move || {
         let result = sb.run_plan_json(&bytes);
         drop((bytes, held, data, turn));
@@ -445,7 +495,9 @@ pub(crate) async fn rollback(
         action_id: req.action_id,
         force: req.force,
     };
-    let turn = s.turn(&wf).await?;
+    let deadline = tokio::time::Instant::now() + s.wait();
+    let mut turn = s.turn(&wf, deadline).await?;
+    s.room(&mut turn, &wf, deadline).await?;
     let sb = s.sandbox;
     let report = blocking(move || {
         let report = sb.rollback_workflow(&wf, &opts);
@@ -563,6 +615,7 @@ mod tests {
         config.enable_write = true;
         config.dry_run = false;
         config.durability = ailab_sandbox_core::config::Durability::Relaxed;
+        config.limits.lock_wait_seconds = 2;
         AppState {
             sandbox: Arc::new(Sandbox::open(config).unwrap()),
             body_limit: crate::DEFAULT_BODY_LIMIT,
@@ -578,6 +631,14 @@ mod tests {
         let data = vec!["0"; zeros].join(",");
         Bytes::from(format!(
             r#"{{"actions": [{{"intent": "write_json", "path": "{name}.json", "data": [{data}]}}]}}"#
+        ))
+    }
+
+    /// [`plan`] in workflow `wf_{name}`.
+    fn plan_of_workflow(name: &str, zeros: usize) -> Bytes {
+        let data = vec!["0"; zeros].join(",");
+        Bytes::from(format!(
+            r#"{{"workflow_id": "wf_{name}", "actions": [{{"intent": "write_json", "path": "{name}.json", "data": [{data}]}}]}}"#
         ))
     }
 
@@ -619,5 +680,38 @@ mod tests {
         let (code, doc) = status(&s, large()).await;
         assert_eq!(code, StatusCode::OK, "{doc}");
         assert!(tmp.path().join("root/large.json").exists());
+    }
+
+    /// Large plans waiting for room for their data hold no room among the changes: a
+    /// small plan of another workflow runs meanwhile, whatever their number.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plans_waiting_for_data_room_leave_the_room_to_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = state(&tmp);
+        s.turns = Arc::new(crate::turns::Turns::for_pool(4));
+        s.data_wait = std::time::Duration::from_secs(10);
+        let held = Arc::clone(&s.data_room)
+            .acquire_many_owned(
+                u32::try_from(crate::PLAN_DATA_IN_FLIGHT * MAX_DATA_VALUES_PER_PLAN).unwrap(),
+            )
+            .await
+            .unwrap();
+        let large: Vec<_> = (0..3)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    status(&s, plan_of_workflow(&format!("large{i}"), 100_000)).await
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let (code, doc) = status(&s, plan_of_workflow("small", 10)).await;
+        assert_eq!(code, StatusCode::OK, "{doc}");
+        assert!(large.iter().all(|l| !l.is_finished()));
+        drop(held);
+        for l in large {
+            let (code, doc) = l.await.unwrap();
+            assert_eq!(code, StatusCode::OK, "{doc}");
+        }
     }
 }

@@ -19,7 +19,8 @@ use crate::DEFAULT_BODY_LIMIT;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Most threads the blocking pool (the synchronous sandbox calls) may use; plans and
-/// rollbacks run on three quarters of them at most (see [`crate::router_for_pool`]).
+/// rollbacks run on 48 of them at most, reads of the logs on 12 (see
+/// [`crate::router_for_pool`]).
 pub const MAX_BLOCKING_THREADS: usize = 64;
 
 /// Most connections served at once; further clients wait in the listen backlog until one

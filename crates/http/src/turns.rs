@@ -1,31 +1,50 @@
-//! When a plan or rollback may take a thread of the blocking pool. The runtime serialises
-//! a workflow's runs and rollbacks with a lock that a waiting call polls from its thread,
-//! for up to `limits.lock_wait_seconds`, and a change waits so for the locks of its
-//! targets, the audit trail and the registry when another process holds them. Calls
-//! piling up on one busy workflow (held by a stopped CLI run, say), or many workflows'
-//! calls waiting for a lock another process holds, would fill the pool and stall every
-//! route. So a workflow's calls take turns, and at most [`writing_calls`] of the pool's
-//! threads run changes at once: the others wait without a thread, and reads, `/metrics`
-//! and probes always find one.
+//! When a call may take a thread of the blocking pool. The runtime serialises a
+//! workflow's runs and rollbacks with a lock that a waiting call polls from its thread,
+//! for up to `limits.lock_wait_seconds`; a change waits so for the locks of its targets,
+//! and a change or a read for the audit trail or the registry, when another process
+//! holds them. Calls piling up on one busy workflow (held by a stopped CLI run, say), or
+//! many calls waiting for a lock another process holds, would fill the pool and stall
+//! every route. So a workflow's calls take turns, and the pool is shared out
+//! ([`Shares`]): at most three quarters of its threads run changes, fewer than the rest
+//! run reads, and the few left serve `/metrics` (which waits for no lock) and the short
+//! work of reading a plan's text. Calls beyond their share wait without a thread.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
-/// How many of a blocking pool of `threads` threads may run changes at once: three
-/// quarters, the rest kept for reads (one at least for changes).
-pub(crate) fn writing_calls(threads: usize) -> usize {
-    (threads - threads / 4).max(1)
+/// How a blocking pool's threads are shared out among the calls that may wait for locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shares {
+    /// Plans and rollbacks running at once: three quarters of the threads (one at least).
+    pub writing: usize,
+    /// Reads of the logs running at once: the rest but a sixteenth of the threads (one
+    /// at least), which is kept for the calls that wait for nothing.
+    pub reading: usize,
+}
+
+impl Shares {
+    /// The shares of a pool of `threads` threads; one of 64 keeps 48 for changes, 12 for
+    /// reads and 4 free. A pool of fewer than 8 keeps none free.
+    pub(crate) fn of_pool(threads: usize) -> Self {
+        let writing = (threads * 3 / 4).max(1);
+        let free = (threads / 16).max(1);
+        Self {
+            writing,
+            reading: threads.saturating_sub(writing + free).max(1),
+        }
+    }
 }
 
 /// The turns of the workflows that have calls under way or waiting, and the room for
-/// changes running at once.
+/// changes and reads running at once.
 #[derive(Debug)]
 pub(crate) struct Turns {
     by_workflow: Mutex<HashMap<String, Arc<Semaphore>>>,
+    shares: Shares,
     writing: Arc<Semaphore>,
-    writing_at_once: usize,
+    reading: Arc<Semaphore>,
 }
 
 /// What a call waited for in vain.
@@ -35,10 +54,12 @@ pub(crate) enum Busy {
     Workflow,
     /// Room among the changes running at once (this many).
     Writing(usize),
+    /// Room among the reads running at once (this many).
+    Reading(usize),
 }
 
-/// A workflow's turn and its room to run, held until the call ends; the last one out
-/// forgets the workflow.
+/// A workflow's turn, and once taken ([`Turn::room`]) its room to run, held until the
+/// call ends; the last one out forgets the workflow.
 pub(crate) struct Turn {
     turns: Arc<Turns>,
     workflow_id: String,
@@ -46,24 +67,35 @@ pub(crate) struct Turn {
     room: Option<OwnedSemaphorePermit>,
 }
 
+/// Waits for a permit of `semaphore` until `deadline`; one free is taken even past it.
+/// Takes the semaphore: a workflow's, held by nothing else, is then forgotten when the
+/// wait is dropped (see [`Turns::take`]).
+async fn permit(semaphore: Arc<Semaphore>, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+    // The semaphores are never closed.
+    tokio::time::timeout_at(deadline, semaphore.acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
 impl Turns {
     /// Turns for a blocking pool of `threads` threads.
     pub(crate) fn for_pool(threads: usize) -> Self {
-        let writing_at_once = writing_calls(threads);
+        let shares = Shares::of_pool(threads);
         Self {
             by_workflow: Mutex::default(),
-            writing: Arc::new(Semaphore::new(writing_at_once)),
-            writing_at_once,
+            shares,
+            writing: Arc::new(Semaphore::new(shares.writing)),
+            reading: Arc::new(Semaphore::new(shares.reading)),
         }
     }
 
-    /// Waits for `workflow_id`'s turn, then for room to run, both within `wait`.
+    /// Waits for `workflow_id`'s turn until `deadline`.
     pub(crate) async fn take(
         self: &Arc<Self>,
         workflow_id: &str,
-        wait: Duration,
+        deadline: Instant,
     ) -> Result<Turn, Busy> {
-        let deadline = tokio::time::Instant::now() + wait;
         let gate = {
             let mut map = self.by_workflow.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(
@@ -79,23 +111,31 @@ impl Turns {
             permit: None,
             room: None,
         };
-        // The semaphores are never closed.
-        let permit = tokio::time::timeout_at(deadline, gate.acquire_owned()).await;
-        turn.permit = Some(permit.ok().and_then(Result::ok).ok_or(Busy::Workflow)?);
-        // After the turn: a workflow's waiting calls hold no room.
-        let room =
-            tokio::time::timeout_at(deadline, Arc::clone(&self.writing).acquire_owned()).await;
-        turn.room = Some(
-            room.ok()
-                .and_then(Result::ok)
-                .ok_or(Busy::Writing(self.writing_at_once))?,
-        );
+        turn.permit = Some(permit(gate, deadline).await.ok_or(Busy::Workflow)?);
         Ok(turn)
+    }
+
+    /// Room for a read, waited for until `deadline`.
+    pub(crate) async fn reading(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, Busy> {
+        permit(Arc::clone(&self.reading), deadline)
+            .await
+            .ok_or(Busy::Reading(self.shares.reading))
     }
 
     #[cfg(test)]
     fn known(&self) -> usize {
         self.by_workflow.lock().map_or(0, |m| m.len())
+    }
+}
+
+impl Turn {
+    /// Room among the changes running at once, waited for until `deadline`. Taken once
+    /// the turn is (a workflow's waiting calls hold none), and once the plan's data has
+    /// room: a plan waiting for that holds no thread, so no room either.
+    pub(crate) async fn room(&mut self, deadline: Instant) -> Result<(), Busy> {
+        let room = permit(Arc::clone(&self.turns.writing), deadline).await;
+        self.room = Some(room.ok_or(Busy::Writing(self.turns.shares.writing))?);
+        Ok(())
     }
 }
 
@@ -121,20 +161,25 @@ impl Drop for Turn {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn within(ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms)
+    }
 
     #[tokio::test]
     async fn one_turn_per_workflow_and_none_kept_once_all_end() {
         let turns = Arc::new(Turns::for_pool(64));
-        let a = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
-        let b = turns.take("wf_b", Duration::from_secs(1)).await.unwrap();
+        let a = turns.take("wf_a", within(1000)).await.unwrap();
+        let b = turns.take("wf_b", within(1000)).await.unwrap();
         assert_eq!(
-            turns.take("wf_a", Duration::from_millis(50)).await.err(),
+            turns.take("wf_a", within(50)).await.err(),
             Some(Busy::Workflow),
             "wf_a's turn is taken"
         );
         assert_eq!(turns.known(), 2, "a wait given up forgets nothing in use");
         drop(a);
-        let again = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
+        let again = turns.take("wf_a", within(1000)).await.unwrap();
         drop((again, b));
         assert_eq!(turns.known(), 0);
     }
@@ -143,8 +188,8 @@ mod tests {
     #[tokio::test]
     async fn a_wait_dropped_midway_is_forgotten() {
         let turns = Arc::new(Turns::for_pool(64));
-        let held = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
-        let waiting = turns.take("wf_a", Duration::from_secs(60));
+        let held = turns.take("wf_a", within(1000)).await.unwrap();
+        let waiting = turns.take("wf_a", within(60_000));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), waiting)
                 .await
@@ -153,8 +198,8 @@ mod tests {
         drop(held);
         assert_eq!(turns.known(), 0);
         // The last one left: its turn came while it was not polled, and it is dropped.
-        let held = turns.take("wf_a", Duration::from_secs(1)).await.unwrap();
-        let mut waiting = Box::pin(turns.take("wf_a", Duration::from_secs(60)));
+        let held = turns.take("wf_a", within(1000)).await.unwrap();
+        let mut waiting = Box::pin(turns.take("wf_a", within(60_000)));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), &mut waiting)
                 .await
@@ -165,28 +210,47 @@ mod tests {
         assert_eq!(turns.known(), 0);
     }
 
-    /// Changes of other workflows wait for room once three quarters of the pool run
-    /// changes, within the same wait as for their turn, and the room freed goes to them.
+    #[test]
+    fn the_pool_is_shared_out_with_threads_left_free() {
+        let shares = |t| {
+            let s = Shares::of_pool(t);
+            (s.writing, s.reading)
+        };
+        assert_eq!(shares(64), (48, 12));
+        assert_eq!(shares(16), (12, 3));
+        assert_eq!(shares(8), (6, 1));
+        assert_eq!(shares(4), (3, 1));
+        assert_eq!(shares(1), (1, 1));
+    }
+
+    /// Changes of other workflows wait for room once their share of the pool runs
+    /// changes, and the room freed goes to them; a call that found none keeps no turn.
+    /// Reads have a share of their own.
     #[tokio::test]
-    async fn a_quarter_of_the_pool_is_kept_from_changes() {
-        assert_eq!(
-            [1, 2, 3, 4, 64].map(writing_calls),
-            [1, 2, 3, 3, 48],
-            "changes at once, for pools of 1, 2, 3, 4 and 64 threads"
-        );
-        let turns = Arc::new(Turns::for_pool(4));
+    async fn changes_and_reads_wait_for_their_share() {
+        let turns = Arc::new(Turns::for_pool(8));
         let mut running = Vec::new();
-        for wf in ["wf_a", "wf_b", "wf_c"] {
-            running.push(turns.take(wf, Duration::from_secs(1)).await.unwrap());
+        for i in 0..6 {
+            let mut t = turns.take(&format!("wf_{i}"), within(1000)).await.unwrap();
+            t.room(within(1000)).await.unwrap();
+            running.push(t);
         }
+        let mut late = turns.take("wf_late", within(1000)).await.unwrap();
+        assert_eq!(late.room(within(50)).await.err(), Some(Busy::Writing(6)));
+        drop(late);
+        assert_eq!(turns.known(), 6, "a call that found no room keeps no turn");
+        let read = turns.reading(within(50)).await.unwrap();
         assert_eq!(
-            turns.take("wf_d", Duration::from_millis(50)).await.err(),
-            Some(Busy::Writing(3))
+            turns.reading(within(50)).await.err(),
+            Some(Busy::Reading(1))
         );
-        assert_eq!(turns.known(), 3, "a call that found no room keeps no turn");
+        drop(read);
         let waiting = tokio::spawn({
             let turns = Arc::clone(&turns);
-            async move { turns.take("wf_d", Duration::from_secs(60)).await.is_ok() }
+            async move {
+                let mut t = turns.take("wf_late", within(60_000)).await.unwrap();
+                t.room(within(60_000)).await.is_ok()
+            }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!waiting.is_finished());

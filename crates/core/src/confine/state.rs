@@ -1016,6 +1016,16 @@ impl LogFile {
         self.lock(true)
     }
 
+    /// A shared lock for reading when no other process holds the file; `None` when one
+    /// does (never waited for).
+    pub fn try_lock_shared(&self) -> io::Result<Option<LogLock<'_>>> {
+        match self.file.try_lock_shared() {
+            Ok(()) => Ok(Some(LogLock { file: &self.file })),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+
     /// Waits for the lock as [`lock_within`] does, but for at most a second while the
     /// whole wait of another of this process's threads ran out less than a wait ago: the
     /// holder is most likely stuck, and the threads queued behind that one give up about

@@ -615,9 +615,11 @@ impl Sandbox {
     }
 
     /// The metrics in the Prometheus text format, with the artifacts gauge read from the
-    /// registry at this moment: other processes register artifacts too.
+    /// registry at this moment (other processes register artifacts too), unless a
+    /// thread or process is appending to it: then as last read, since a scrape never
+    /// waits for a lock.
     pub fn metrics_text(&self) -> String {
-        if let Ok(n) = self.registry.len() {
+        if let Some(n) = self.registry.len_at_once() {
             self.metrics.set_artifacts(n);
         }
         self.metrics.encode()

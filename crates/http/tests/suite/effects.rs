@@ -713,6 +713,69 @@ fn plans_waiting_for_held_targets_leave_room_for_reads() {
     });
 }
 
+/// Plans and a read all waiting for the audit trail or the registry another process
+/// holds keep to their shares of the blocking pool: `/metrics` (which waits for no lock)
+/// is answered at once meanwhile, and they all succeed once the log is free.
+#[test]
+fn calls_waiting_for_a_held_log_leave_a_thread_for_metrics() {
+    for held in ["sandbox_audit.jsonl", "artifacts.jsonl"] {
+        calls_wait_for_held_log(held);
+    }
+}
+
+fn calls_wait_for_held_log(held: &str) {
+    use rustix::fs::{FlockOperation, flock};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = config(&tmp, true);
+        config.limits.lock_wait_seconds = 10;
+        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+        // Six threads for changes, one for reads, one free.
+        let app = ailab_sandbox_http::router_for_pool(
+            sandbox,
+            None,
+            ailab_sandbox_http::DEFAULT_BODY_LIMIT,
+            8,
+        );
+        let log = std::fs::File::open(tmp.path().join("state").join(held)).unwrap();
+        flock(&log, FlockOperation::LockExclusive).unwrap();
+        let plans: Vec<_> = (0..8)
+            .map(|i| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let plan = create_plan(&format!("wf_{i}"), &format!("f{i}.txt"), "x");
+                    post_json(&app, "/agentic/plans", &plan).await
+                })
+            })
+            .collect();
+        // Once a plan appending waits for the log, holding it in the process.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let read = tokio::spawn({
+            let app = app.clone();
+            async move { get(&app, "/agentic/state").await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let metrics = get(&app, "/metrics").await;
+        assert_eq!(metrics.status, StatusCode::OK, "{held}");
+        assert!(
+            plans.iter().all(|p| !p.is_finished()) && !read.is_finished(),
+            "{held}: /metrics answered only once the calls waiting for it gave up"
+        );
+        drop(log);
+        for p in plans {
+            let r = p.await.unwrap();
+            assert_eq!(r.status, StatusCode::OK, "{held}: {}", r.text());
+        }
+        assert_eq!(read.await.unwrap().status, StatusCode::OK, "{held}");
+    });
+}
+
 /// A plan whose turn on its workflow does not come within `lock_wait_seconds` is answered
 /// 503 `server_busy` without being run, unless it is not a valid plan: bad input is 400
 /// however busy the workflow.
