@@ -112,9 +112,10 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// The audit trail: list, `stats` or `verify`.
+    /// The audit trail: its latest lines (with no subcommand), `stats` or `verify`.
     Audit(AuditArgs),
-    /// The artifact registry: list, or `show ID` with lineage.
+    /// The artifact registry: its latest artifacts (with no subcommand), or `show ID`
+    /// with lineage.
     Artifacts(ArtifactArgs),
     /// Execution mode, phase, flags, roots and version.
     State,
@@ -298,7 +299,8 @@ fn main() -> ExitCode {
             ),
         ));
     }
-    init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
+    // A bad level is refused once the command's output is known, as any configuration.
+    let logging = init_tracing(matches!(cli.command, Command::Serve { .. } | Command::Mcp));
     catch_file_size_signal();
     // Before any thread: a connection, a lock, a folder on a write's way each hold one.
     ailab_sandbox_core::confine::kernel::raise_open_file_limit();
@@ -306,7 +308,7 @@ fn main() -> ExitCode {
     let json = cli.json && !matches!(cli.command, Command::Mcp);
     // Only runs and rollbacks leave lines that say what they did.
     let audited = matches!(cli.command, Command::Run { .. } | Command::Rollback { .. });
-    let outcome = run(cli);
+    let outcome = logging.map_err(anyhow::Error::from).and_then(|()| run(cli));
     if let Err(e) = std::io::Write::flush(&mut std::io::stdout()) {
         output_failed(e);
     }
@@ -542,12 +544,47 @@ fn catch_file_size_signal() {
     }
 }
 
-fn init_tracing(server: bool) {
+/// The variable that sets how much is logged to standard error.
+const LOG_VAR: &str = "AI_LAB_SANDBOX_LOG";
+
+/// The log level `AI_LAB_SANDBOX_LOG` asks for; unset, `info` for a server (`serve`,
+/// `mcp`: a line per request or session) and `warn` for a command.
+fn log_level(server: bool) -> Result<tracing::Level, ConfigError> {
+    let levels = "error, warn, info, debug or trace";
     let default = if server { "info" } else { "warn" };
-    let level = std::env::var("AILAB_SANDBOX_LOG").unwrap_or_else(|_| default.to_owned());
-    let level = level
-        .parse::<tracing::Level>()
-        .unwrap_or(tracing::Level::WARN);
+    match std::env::var(LOG_VAR) {
+        Err(std::env::VarError::NotPresent) => Ok(if server {
+            tracing::Level::INFO
+        } else {
+            tracing::Level::WARN
+        }),
+        Err(std::env::VarError::NotUnicode(v)) => Err(ConfigError(format!(
+            "{LOG_VAR} is not UTF-8 ({}): give {levels}, or leave it unset ({default} for this command)",
+            v.to_string_lossy().escape_debug()
+        ))),
+        Ok(v) => match v.to_ascii_lowercase().as_str() {
+            "error" => Ok(tracing::Level::ERROR),
+            "warn" => Ok(tracing::Level::WARN),
+            "info" => Ok(tracing::Level::INFO),
+            "debug" => Ok(tracing::Level::DEBUG),
+            "trace" => Ok(tracing::Level::TRACE),
+            _ => Err(ConfigError(format!(
+                "{LOG_VAR} is {:?}: give {levels}, or leave it unset ({default} for this command)",
+                v.chars().take(64).collect::<String>()
+            ))),
+        },
+    }
+}
+
+/// Logs to standard error at the level [`log_level`] gives; at its default when the
+/// variable is refused (the refusal is then the command's answer).
+fn init_tracing(server: bool) -> Result<(), ConfigError> {
+    let asked = log_level(server);
+    let level = match &asked {
+        Ok(level) => *level,
+        Err(_) if server => tracing::Level::INFO,
+        Err(_) => tracing::Level::WARN,
+    };
     // The MCP SDK's own INFO lines print its Rust values (`peer_info=Some(...)`): kept
     // for debugging, not for an operator's log.
     let sdk = if level >= tracing::Level::DEBUG {
@@ -570,6 +607,7 @@ fn init_tracing(server: bool) {
     let _ = tracing::subscriber::set_global_default(
         tracing_subscriber::layer::SubscriberExt::with(subscriber, targets),
     );
+    asked.map(drop)
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {

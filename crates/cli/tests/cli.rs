@@ -44,6 +44,7 @@ impl Env {
             .env_remove("AI_LAB_SANDBOX_DRY_RUN")
             .env_remove("AI_LAB_SANDBOX_CONFIG")
             .env_remove("AI_LAB_SANDBOX_TOKEN")
+            .env_remove("AI_LAB_SANDBOX_LOG")
             .arg("--root")
             .arg(&self.root)
             .arg("--state-dir")
@@ -668,6 +669,27 @@ fn environment_flags_turn_writing_on() {
 /// A variable set but empty, or not UTF-8, is an error that names it, never read as
 /// unset; a root or state directory that is not UTF-8 is refused, not opened under a
 /// lossy copy of its name.
+/// `AI_LAB_SANDBOX_LOG` sets how much is logged, in any case: a server's INFO lines
+/// (`mcp` says it listens) go at `Error`, and are there by default.
+#[test]
+fn the_log_level_variable_sets_what_is_logged() {
+    let e = env();
+    for (level, said) in [(Some("Error"), false), (None, true)] {
+        let mut c = e.std_cmd();
+        if let Some(level) = level {
+            c.env("AI_LAB_SANDBOX_LOG", level);
+        }
+        let out = c
+            .arg("mcp")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{level:?}: {err}");
+        assert_eq!(err.contains("listening"), said, "{level:?}: {err}");
+    }
+}
+
 #[test]
 fn unusable_settings_are_named_not_ignored() {
     use std::os::unix::ffi::OsStrExt;
@@ -691,6 +713,13 @@ fn unusable_settings_are_named_not_ignored() {
         e.cmd().env("AI_LAB_SANDBOX_TOKEN", bad),
         "AI_LAB_SANDBOX_TOKEN",
     );
+    for level in ["", "bogus", "warning"] {
+        refused(
+            e.cmd().env("AI_LAB_SANDBOX_LOG", level),
+            "AI_LAB_SANDBOX_LOG",
+        );
+    }
+    refused(e.cmd().env("AI_LAB_SANDBOX_LOG", bad), "AI_LAB_SANDBOX_LOG");
     let root = e.dir.join(std::ffi::OsStr::from_bytes(b"r\xff"));
     refused(e.cmd().arg("--root").arg(&root), "not valid UTF-8");
     let state = e.dir.join(std::ffi::OsStr::from_bytes(b"s\xff"));
@@ -1407,7 +1436,7 @@ fn serve_announces_the_bound_address_only_after_binding() {
     assert!(!err.contains("listening on"), "{err}");
 
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
-        .env("AILAB_SANDBOX_LOG", "error")
+        .env("AI_LAB_SANDBOX_LOG", "error")
         .env_remove("AI_LAB_SANDBOX_TOKEN")
         .env_remove("AI_LAB_SANDBOX_CONFIG")
         .arg("--root")

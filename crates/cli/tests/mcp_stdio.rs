@@ -186,7 +186,7 @@ fn mcp_over_stdio_writes_and_rolls_back() {
 fn the_default_log_holds_no_sdk_values() {
     let tmp = tempfile::tempdir().unwrap();
     let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
-        .env_remove("AILAB_SANDBOX_LOG")
+        .env_remove("AI_LAB_SANDBOX_LOG")
         .arg("mcp")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
