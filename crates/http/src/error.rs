@@ -171,18 +171,14 @@ impl ApiError {
         )
     }
 
-    /// `503`: what a plan, rollback or read of `workflow_id` waited for in vain (see
-    /// [`crate::turns`]) for as long as a call may wait for it.
-    pub fn waited_in_vain(
-        busy: crate::turns::Busy,
-        workflow_id: &str,
-        waited: std::time::Duration,
-    ) -> Self {
+    /// `503`: what a plan, rollback or read waited for in vain (see [`crate::turns`])
+    /// for as long as a call may wait for it.
+    pub fn waited_in_vain(busy: crate::turns::Busy, waited: std::time::Duration) -> Self {
         let secs = waited.as_secs();
         let why = match busy {
-            crate::turns::Busy::Workflow => format!(
+            crate::turns::Busy::Workflow(workflow_id) => format!(
                 "other calls on workflow {} kept it busy for {secs} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done",
-                ailab_sandbox_core::confine::path::shown_path(workflow_id)
+                ailab_sandbox_core::confine::path::shown_path(&workflow_id)
             ),
             crate::turns::Busy::Writing(at_once) => format!(
                 "the {at_once} plans and rollbacks this server runs at once kept their room for {secs} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done"

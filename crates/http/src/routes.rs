@@ -65,17 +65,17 @@ impl AppState {
         std::time::Duration::from_secs(self.sandbox.config().limits.lock_wait_seconds)
     }
 
-    /// `workflow_id`'s turn, waited for until `deadline`.
+    /// `workflow_id`'s turn, waited for until `deadline` (none to wait for without one).
     async fn turn(
         &self,
-        workflow_id: &str,
+        workflow_id: Option<&str>,
         deadline: tokio::time::Instant,
     ) -> Result<crate::turns::Turn, ApiError> {
         let waited = self.wait();
         self.turns
             .take(workflow_id, deadline)
             .await
-            .map_err(|busy| ApiError::waited_in_vain(busy, workflow_id, waited))
+            .map_err(|busy| ApiError::waited_in_vain(busy, waited))
     }
 
     /// Room for `turn`'s call among the changes running at once, waited for until
@@ -83,13 +83,12 @@ impl AppState {
     async fn room(
         &self,
         turn: &mut crate::turns::Turn,
-        workflow_id: &str,
         deadline: tokio::time::Instant,
     ) -> Result<(), ApiError> {
         let waited = self.wait();
         turn.room(deadline)
             .await
-            .map_err(|busy| ApiError::waited_in_vain(busy, workflow_id, waited))
+            .map_err(|busy| ApiError::waited_in_vain(busy, waited))
     }
 
     /// Runs a read of the logs on the blocking pool once it has room among the reads
@@ -104,7 +103,7 @@ impl AppState {
             .turns
             .reading(tokio::time::Instant::now() + waited)
             .await
-            .map_err(|busy| ApiError::waited_in_vain(busy, "", waited))?;
+            .map_err(|busy| ApiError::waited_in_vain(busy, waited))?;
         let sb = Arc::clone(&self.sandbox);
         blocking(move || {
             let read = f(&sb);
@@ -392,18 +391,16 @@ pub(crate) async fn run_plan(
     .await?;
     // Its turn before its data's room, so that a plan waiting for its workflow holds
     // none; its room among the changes after, so that one waiting for data room holds
-    // none of that either. Both within one wait.
+    // none of that either. Both within one wait. A plan that names no workflow (the
+    // runtime makes one) waits for no turn, but for room as every other.
     let deadline = tokio::time::Instant::now() + s.wait();
-    let (mut turn, mut busy) = (None, None);
-    if let Some(wf) = &workflow_id {
-        match s.turn(wf, deadline).await {
-            Ok(t) => turn = Some(t),
-            Err(e) => busy = Some(e),
-        }
-    }
+    let (mut turn, mut busy) = match s.turn(workflow_id.as_deref(), deadline).await {
+        Ok(t) => (Some(t), None),
+        Err(e) => (None, Some(e)),
+    };
     let data = s.data_room(values).await?;
-    if let (Some(t), Some(wf)) = (turn.as_mut(), &workflow_id)
-        && let Err(e) = s.room(t, wf, deadline).await
+    if let Some(t) = turn.as_mut()
+        && let Err(e) = s.room(t, deadline).await
     {
         (turn, busy) = (None, Some(e));
     }
@@ -496,8 +493,8 @@ pub(crate) async fn rollback(
         force: req.force,
     };
     let deadline = tokio::time::Instant::now() + s.wait();
-    let mut turn = s.turn(&wf, deadline).await?;
-    s.room(&mut turn, &wf, deadline).await?;
+    let mut turn = s.turn(Some(&wf), deadline).await?;
+    s.room(&mut turn, deadline).await?;
     let sb = s.sandbox;
     let report = blocking(move || {
         let report = sb.rollback_workflow(&wf, &opts);

@@ -48,10 +48,10 @@ pub(crate) struct Turns {
 }
 
 /// What a call waited for in vain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Busy {
-    /// Its workflow's turn: the workflow's other calls kept it.
-    Workflow,
+    /// Its workflow's turn (this one): the workflow's other calls kept it.
+    Workflow(String),
     /// Room among the changes running at once (this many).
     Writing(usize),
     /// Room among the reads running at once (this many).
@@ -62,7 +62,9 @@ pub(crate) enum Busy {
 /// call ends; the last one out forgets the workflow.
 pub(crate) struct Turn {
     turns: Arc<Turns>,
-    workflow_id: String,
+    /// `None` for a plan that names no workflow: the runtime makes it a new one, which no
+    /// other call can share.
+    workflow_id: Option<String>,
     permit: Option<OwnedSemaphorePermit>,
     room: Option<OwnedSemaphorePermit>,
 }
@@ -90,12 +92,20 @@ impl Turns {
         }
     }
 
-    /// Waits for `workflow_id`'s turn until `deadline`.
+    /// Waits for `workflow_id`'s turn until `deadline` (none to wait for without one).
     pub(crate) async fn take(
         self: &Arc<Self>,
-        workflow_id: &str,
+        workflow_id: Option<&str>,
         deadline: Instant,
     ) -> Result<Turn, Busy> {
+        let Some(workflow_id) = workflow_id else {
+            return Ok(Turn {
+                turns: Arc::clone(self),
+                workflow_id: None,
+                permit: None,
+                room: None,
+            });
+        };
         let gate = {
             let mut map = self.by_workflow.lock().unwrap_or_else(|e| e.into_inner());
             Arc::clone(
@@ -107,11 +117,15 @@ impl Turns {
         // hold on the semaphore, in the wait's future, goes first (a temporary).
         let mut turn = Turn {
             turns: Arc::clone(self),
-            workflow_id: workflow_id.to_owned(),
+            workflow_id: Some(workflow_id.to_owned()),
             permit: None,
             room: None,
         };
-        turn.permit = Some(permit(gate, deadline).await.ok_or(Busy::Workflow)?);
+        turn.permit = Some(
+            permit(gate, deadline)
+                .await
+                .ok_or_else(|| Busy::Workflow(workflow_id.to_owned()))?,
+        );
         Ok(turn)
     }
 
@@ -142,6 +156,9 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         drop((self.room.take(), self.permit.take()));
+        let Some(workflow_id) = &self.workflow_id else {
+            return;
+        };
         let mut map = self
             .turns
             .by_workflow
@@ -149,10 +166,10 @@ impl Drop for Turn {
             .unwrap_or_else(|e| e.into_inner());
         // Only the map holds it: no call holds or awaits this turn.
         if map
-            .get(&self.workflow_id)
+            .get(workflow_id)
             .is_some_and(|g| Arc::strong_count(g) == 1)
         {
-            map.remove(&self.workflow_id);
+            map.remove(workflow_id);
         }
     }
 }
@@ -170,16 +187,16 @@ mod tests {
     #[tokio::test]
     async fn one_turn_per_workflow_and_none_kept_once_all_end() {
         let turns = Arc::new(Turns::for_pool(64));
-        let a = turns.take("wf_a", within(1000)).await.unwrap();
-        let b = turns.take("wf_b", within(1000)).await.unwrap();
+        let a = turns.take(Some("wf_a"), within(1000)).await.unwrap();
+        let b = turns.take(Some("wf_b"), within(1000)).await.unwrap();
         assert_eq!(
-            turns.take("wf_a", within(50)).await.err(),
-            Some(Busy::Workflow),
+            turns.take(Some("wf_a"), within(50)).await.err(),
+            Some(Busy::Workflow("wf_a".to_owned())),
             "wf_a's turn is taken"
         );
         assert_eq!(turns.known(), 2, "a wait given up forgets nothing in use");
         drop(a);
-        let again = turns.take("wf_a", within(1000)).await.unwrap();
+        let again = turns.take(Some("wf_a"), within(1000)).await.unwrap();
         drop((again, b));
         assert_eq!(turns.known(), 0);
     }
@@ -188,8 +205,8 @@ mod tests {
     #[tokio::test]
     async fn a_wait_dropped_midway_is_forgotten() {
         let turns = Arc::new(Turns::for_pool(64));
-        let held = turns.take("wf_a", within(1000)).await.unwrap();
-        let waiting = turns.take("wf_a", within(60_000));
+        let held = turns.take(Some("wf_a"), within(1000)).await.unwrap();
+        let waiting = turns.take(Some("wf_a"), within(60_000));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), waiting)
                 .await
@@ -198,8 +215,8 @@ mod tests {
         drop(held);
         assert_eq!(turns.known(), 0);
         // The last one left: its turn came while it was not polled, and it is dropped.
-        let held = turns.take("wf_a", within(1000)).await.unwrap();
-        let mut waiting = Box::pin(turns.take("wf_a", within(60_000)));
+        let held = turns.take(Some("wf_a"), within(1000)).await.unwrap();
+        let mut waiting = Box::pin(turns.take(Some("wf_a"), within(60_000)));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), &mut waiting)
                 .await
@@ -231,11 +248,14 @@ mod tests {
         let turns = Arc::new(Turns::for_pool(8));
         let mut running = Vec::new();
         for i in 0..6 {
-            let mut t = turns.take(&format!("wf_{i}"), within(1000)).await.unwrap();
+            let mut t = turns
+                .take(Some(&format!("wf_{i}")), within(1000))
+                .await
+                .unwrap();
             t.room(within(1000)).await.unwrap();
             running.push(t);
         }
-        let mut late = turns.take("wf_late", within(1000)).await.unwrap();
+        let mut late = turns.take(Some("wf_late"), within(1000)).await.unwrap();
         assert_eq!(late.room(within(50)).await.err(), Some(Busy::Writing(6)));
         drop(late);
         assert_eq!(turns.known(), 6, "a call that found no room keeps no turn");
@@ -248,7 +268,7 @@ mod tests {
         let waiting = tokio::spawn({
             let turns = Arc::clone(&turns);
             async move {
-                let mut t = turns.take("wf_late", within(60_000)).await.unwrap();
+                let mut t = turns.take(Some("wf_late"), within(60_000)).await.unwrap();
                 t.room(within(60_000)).await.is_ok()
             }
         });
