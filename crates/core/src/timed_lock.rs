@@ -2,8 +2,11 @@
 //! The thread that holds it may itself be waiting for the log's file lock, which another
 //! process holds (a stopped or hung one): that wait is bounded by
 //! `limits.lock_wait_seconds`, and the threads queued behind it must be too, or they
-//! would each wait their turn and then their own wait, one after the other. Its part
-//! that guards no data, [`Gate`], is also the turn to record held restores.
+//! would each wait their turn and then their own wait, one after the other; and a call
+//! that goes through several steps under the lock would wait a whole time at each. So,
+//! as for the log's file lock, once a whole wait ran out the waits of the next wait's
+//! length last a second at most. Its part that guards no data, [`Gate`], is also the
+//! turn to record held restores.
 
 use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -25,9 +28,15 @@ impl Gate {
     /// The pass, once no other thread holds it; `None` when one held it for `wait`.
     pub(crate) fn enter(&self, wait: Duration) -> Option<Pass<'_>> {
         let deadline = Instant::now() + wait;
+        self.enter_by(|| deadline)
+    }
+
+    /// [`Gate::enter`] until `deadline()`, looked at again whenever the waiter wakes (a
+    /// [`Gate::wake`] too): it may come nearer while the waiter waits.
+    fn enter_by(&self, deadline: impl Fn() -> Instant) -> Option<Pass<'_>> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         while *busy {
-            let left = deadline.checked_duration_since(Instant::now())?;
+            let left = deadline().checked_duration_since(Instant::now())?;
             busy = self
                 .freed
                 .wait_timeout(busy, left)
@@ -36,6 +45,13 @@ impl Gate {
         }
         *busy = true;
         Some(Pass(self))
+    }
+
+    /// Has every waiter look at its deadline again.
+    fn wake(&self) {
+        // Under the lock, so that no waiter between its look and its wait misses it.
+        let _busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        self.freed.notify_all();
     }
 
     /// The pass when no other thread holds it.
@@ -65,6 +81,9 @@ pub(crate) struct TimedMutex<T> {
     wait: Duration,
     /// What is locked, for the errors.
     what: &'static str,
+    /// When a whole wait for it last ran out: the holder is most likely waiting for
+    /// another process, and the threads that come after give up within a second.
+    stalled: Mutex<Option<Instant>>,
 }
 
 /// Access to a [`TimedMutex`]'s data, given back on drop (the data first, then the
@@ -81,23 +100,49 @@ impl<T> TimedMutex<T> {
             gate: Gate::default(),
             wait,
             what,
+            stalled: Mutex::new(None),
         }
     }
 
     /// The data, once no other thread of this process holds it; `TimedOut` when one
-    /// held it for longer than the wait. A panic while it was held (the data may be
-    /// half changed) is an error for good.
+    /// held it for longer than the wait, or for a second while a whole wait for it ran
+    /// out less than a wait ago. A panic while it was held (the data may be half
+    /// changed) is an error for good.
     pub(crate) fn lock(&self) -> io::Result<TimedGuard<'_, T>> {
-        let pass = self.gate.enter(self.wait).ok_or_else(|| {
-            io::Error::new(
+        let stalled = || *self.stalled.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = Instant::now();
+        let whole = start + self.wait;
+        // A whole wait that ran out less than a wait ago, before this one began or while
+        // it goes on, leaves it a second from then.
+        let deadline = || match stalled() {
+            Some(at) if at + self.wait > start => whole.min(at.max(start) + Duration::from_secs(1)),
+            _ => whole,
+        };
+        let Some(pass) = self.gate.enter_by(deadline) else {
+            let ended = deadline();
+            let held_for = if ended < whole {
+                format!(
+                    "for {} ms (a whole wait of {} s for it ran out less than {} s ago, so this one was cut short)",
+                    start.elapsed().as_millis(),
+                    self.wait.as_secs(),
+                    self.wait.as_secs()
+                )
+            } else {
+                *self.stalled.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                // The others waiting now give up within a second.
+                self.gate.wake();
+                format!("for {} s", self.wait.as_secs())
+            };
+            return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "another thread of this process held {} for {} s, waiting for another process, as a rule",
-                    self.what,
-                    self.wait.as_secs()
+                    "another thread of this process held {} {held_for}, waiting for another process, as a rule",
+                    self.what
                 ),
-            )
-        })?;
+            ));
+        };
+        // The mark stays until it expires: a pass had says nothing of the other
+        // process, which the thread that had it may now wait for in turn.
         self.take(pass)
     }
 
@@ -149,6 +194,31 @@ mod tests {
         drop(held);
         assert_eq!(*m.lock().unwrap(), 1);
         assert!(m.try_lock().is_some());
+    }
+
+    /// Once a whole wait ran out, the next waiters give up within a second, and say
+    /// so, until a wait's length has passed: waits are whole again.
+    #[test]
+    fn after_a_whole_wait_ran_out_the_next_waits_are_short() {
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_secs(2), "the log"));
+        let held = m.lock().unwrap();
+        let wait = |m: &std::sync::Arc<TimedMutex<u32>>| {
+            let other = std::sync::Arc::clone(m);
+            std::thread::spawn(move || other.lock().err().map(|e| e.to_string()))
+                .join()
+                .unwrap()
+        };
+        let whole = wait(&m).unwrap();
+        assert!(whole.contains("for 2 s,"), "{whole}");
+        let short = wait(&m).unwrap();
+        assert!(short.contains("cut short"), "{short}");
+        drop(held);
+        drop(m.lock().unwrap());
+        std::thread::sleep(Duration::from_secs(2));
+        let held = m.lock().unwrap();
+        let whole = wait(&m).unwrap();
+        assert!(whole.contains("for 2 s,"), "{whole}");
+        drop(held);
     }
 
     #[test]
