@@ -3332,6 +3332,18 @@ fn overtaken_by(
     w.open(c.clone())
 }
 
+/// A run of `wf_dead` (creating `x.txt`) under `c`, batched: the workflow's commit log
+/// then exists, and a later commit of the workflow is one log append.
+fn dead_workflow_logged(w: &World, c: &ailab_sandbox_core::Config) {
+    let first = w.open(c.clone());
+    let r = run(
+        &first,
+        json!({"workflow_id": "wf_dead", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "x\n"}]}),
+    );
+    assert_eq!(status(&r), "success");
+}
+
 /// Batched, with the workflow's commit log made by an earlier run: the dead action's
 /// commit is one log append. It dies before its rename, and another process then writes
 /// the file. The next start's log replay must neither put the dead bytes over that
@@ -3341,14 +3353,7 @@ fn a_logged_dead_write_that_never_landed_is_not_recorded_done_at_the_next_start(
     let w = World::new();
     w.write("a.txt", b"alpha\n");
     let c = batched(&w);
-    let first = w.open(c.clone());
-    let r = run(
-        &first,
-        json!({"workflow_id": "wf_dead", "actions": [
-            {"intent": "create_file", "path": "x.txt", "content": "x\n"}]}),
-    );
-    assert_eq!(status(&r), "success");
-    drop(first);
+    dead_workflow_logged(&w, &c);
     let sb = overtaken(
         &w,
         &c,
@@ -3393,15 +3398,8 @@ fn an_overtaken_dead_actions_undo_line_says_it_changed_nothing() {
     for d in [Durability::Strict, Durability::Relaxed, Durability::Batched] {
         let (w, c) = alpha_world(d);
         if d == Durability::Batched {
-            // The workflow's commit log made first: the dead commit is a log append,
-            // which the log replay judges.
-            let first = w.open(c.clone());
-            let r = run(
-                &first,
-                json!({"workflow_id": "wf_dead", "actions": [
-                    {"intent": "create_file", "path": "x.txt", "content": "x\n"}]}),
-            );
-            assert_eq!(status(&r), "success");
+            // The dead commit is then a log append, which the log replay judges.
+            dead_workflow_logged(&w, &c);
         }
         let sb = overtaken(
             &w,

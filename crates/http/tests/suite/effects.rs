@@ -650,6 +650,31 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
     });
 }
 
+/// A runtime whose blocking pool holds `threads` threads, and the router, built for that
+/// pool, of a writable sandbox that waits `lock_wait_seconds` for a lock.
+fn on_pool(
+    threads: usize,
+    lock_wait_seconds: u64,
+) -> (tokio::runtime::Runtime, tempfile::TempDir, axum::Router) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = lock_wait_seconds;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router_for_pool(
+        sandbox,
+        None,
+        ailab_sandbox_http::DEFAULT_BODY_LIMIT,
+        threads,
+    );
+    (rt, tmp, app)
+}
+
 /// Plans of many workflows all waiting for target locks another process holds run on
 /// three quarters of the blocking pool at most, whether or not they name their
 /// workflow: reads are answered meanwhile, and the plans that waited for room run once
@@ -657,23 +682,8 @@ fn plans_waiting_on_one_workflow_leave_the_pool_to_other_calls() {
 #[test]
 fn plans_waiting_for_held_targets_leave_room_for_reads() {
     use rustix::fs::{FlockOperation, flock};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, tmp, app) = on_pool(4, 5);
     rt.block_on(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut config = config(&tmp, true);
-        config.limits.lock_wait_seconds = 5;
-        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-        let app = ailab_sandbox_http::router_for_pool(
-            sandbox,
-            None,
-            ailab_sandbox_http::DEFAULT_BODY_LIMIT,
-            4,
-        );
         // Every target lock, as another process writing would hold them.
         let held: Vec<std::fs::File> = (0..64)
             .map(|i| {
@@ -730,24 +740,9 @@ fn calls_waiting_for_a_held_log_leave_a_thread_for_metrics() {
 
 fn calls_wait_for_held_log(held: &str) {
     use rustix::fs::{FlockOperation, flock};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(8)
-        .enable_all()
-        .build()
-        .unwrap();
+    // Six threads for changes, one for reads, one free.
+    let (rt, tmp, app) = on_pool(8, 10);
     rt.block_on(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut config = config(&tmp, true);
-        config.limits.lock_wait_seconds = 10;
-        let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-        // Six threads for changes, one for reads, one free.
-        let app = ailab_sandbox_http::router_for_pool(
-            sandbox,
-            None,
-            ailab_sandbox_http::DEFAULT_BODY_LIMIT,
-            8,
-        );
         let log = std::fs::File::open(tmp.path().join("state").join(held)).unwrap();
         flock(&log, FlockOperation::LockExclusive).unwrap();
         let plans: Vec<_> = (0..8)
