@@ -186,6 +186,13 @@ impl ApiError {
             crate::turns::Busy::Reading(at_once) => format!(
                 "the {at_once} reads this server runs at once kept their room for {secs} s (reads waiting for the audit trail or the registry another process holds, as a rule; limits.lock_wait_seconds)"
             ),
+            crate::turns::Busy::Stopping => {
+                return Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    codes::SERVER_BUSY,
+                    "the server is stopping; nothing was done: send it again once the server is back",
+                );
+            }
         };
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -25,6 +25,8 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 
 const ROLLBACK_BODY_HINT: &str = r#"send no body, or {"force": true|false, "action_id": "..."}"#;
 
+use crate::turns::Stopping;
+
 /// What every handler shares.
 #[derive(Clone)]
 pub(crate) struct AppState {
@@ -70,10 +72,11 @@ impl AppState {
         &self,
         workflow_id: Option<&str>,
         deadline: tokio::time::Instant,
+        stopping: &Stopping,
     ) -> Result<crate::turns::Turn, ApiError> {
         let waited = self.wait();
         self.turns
-            .take(workflow_id, deadline)
+            .take(workflow_id, deadline, stopping)
             .await
             .map_err(|busy| ApiError::waited_in_vain(busy, waited))
     }
@@ -84,16 +87,17 @@ impl AppState {
         &self,
         turn: &mut crate::turns::Turn,
         deadline: tokio::time::Instant,
+        stopping: &Stopping,
     ) -> Result<(), ApiError> {
         let waited = self.wait();
-        turn.room(deadline)
+        turn.room(deadline, stopping)
             .await
             .map_err(|busy| ApiError::waited_in_vain(busy, waited))
     }
 
     /// Runs a read of the logs on the blocking pool once it has room among the reads
     /// (see [`crate::turns`]), waited for as long as the runtime waits for a lock.
-    async fn read<T, F>(&self, f: F) -> Result<T, ApiError>
+    async fn read<T, F>(&self, stopping: &Stopping, f: F) -> Result<T, ApiError>
     where
         F: FnOnce(&Sandbox) -> T + Send + 'static,
         T: Send + 'static,
@@ -101,7 +105,7 @@ impl AppState {
         let waited = self.wait();
         let room = self
             .turns
-            .reading(tokio::time::Instant::now() + waited)
+            .reading(tokio::time::Instant::now() + waited, stopping)
             .await
             .map_err(|busy| ApiError::waited_in_vain(busy, waited))?;
         let sb = Arc::clone(&self.sandbox);
@@ -271,9 +275,12 @@ pub(crate) async fn healthz(State(s): State<AppState>) -> Result<Json<Health>, A
 }
 
 /// `GET /agentic/state`.
-pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn state(
+    State(s): State<AppState>,
+    stopping: Stopping,
+) -> Result<Response, ApiError> {
     let doc = s
-        .read(Sandbox::state_doc)
+        .read(&stopping, Sandbox::state_doc)
         .await?
         .map_err(|e| ApiError::storage("the state could not be read", &e))?;
     Ok(Json(doc).into_response())
@@ -282,21 +289,25 @@ pub(crate) async fn state(State(s): State<AppState>) -> Result<Response, ApiErro
 /// `GET /agentic/executions?limit=&workflow_id=`.
 pub(crate) async fn executions(
     State(s): State<AppState>,
+    stopping: Stopping,
     uri: Uri,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
     let entries = s
-        .read(move |sb| sb.audit_entries(limit, wf.as_deref()))
+        .read(&stopping, move |sb| sb.audit_entries(limit, wf.as_deref()))
         .await?
         .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
     Ok(Json(entries).into_response())
 }
 
 /// `GET /agentic/executions/stats`.
-pub(crate) async fn execution_stats(State(s): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn execution_stats(
+    State(s): State<AppState>,
+    stopping: Stopping,
+) -> Result<Response, ApiError> {
     let stats = s
-        .read(Sandbox::audit_stats)
+        .read(&stopping, Sandbox::audit_stats)
         .await?
         .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
     Ok(Json(stats).into_response())
@@ -305,12 +316,13 @@ pub(crate) async fn execution_stats(State(s): State<AppState>) -> Result<Respons
 /// `GET /agentic/artifacts?limit=&workflow_id=`.
 pub(crate) async fn artifacts(
     State(s): State<AppState>,
+    stopping: Stopping,
     uri: Uri,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
     let entries = s
-        .read(move |sb| sb.artifacts(limit, wf.as_deref()))
+        .read(&stopping, move |sb| sb.artifacts(limit, wf.as_deref()))
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     Ok(Json(entries).into_response())
@@ -321,6 +333,7 @@ pub(crate) async fn artifacts(
 /// answers this route with 404 whatever makes the id name nothing.
 pub(crate) async fn artifact(
     State(s): State<AppState>,
+    stopping: Stopping,
     uri: Uri,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
@@ -343,7 +356,7 @@ pub(crate) async fn artifact(
     }
     let lookup = id.clone();
     let found = s
-        .read(move |sb| sb.artifact_with_lineage(&lookup))
+        .read(&stopping, move |sb| sb.artifact_with_lineage(&lookup))
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     match found {
@@ -359,12 +372,13 @@ pub(crate) async fn artifact(
 /// `GET /agentic/rollback/{workflow_id}`: what a rollback would restore.
 pub(crate) async fn rollback_info(
     State(s): State<AppState>,
+    stopping: Stopping,
     uri: Uri,
     wf: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let wf = workflow_param(wf, &uri)?;
     let info = s
-        .read(move |sb| sb.rollback_info(&wf))
+        .read(&stopping, move |sb| sb.rollback_info(&wf))
         .await?
         .map_err(ApiError::from_refusal)?;
     Ok(Json(info).into_response())
@@ -374,6 +388,7 @@ pub(crate) async fn rollback_info(
 /// parse/id error is the run result; the status tells the outcome.
 pub(crate) async fn run_plan(
     State(s): State<AppState>,
+    stopping: Stopping,
     room: Option<axum::Extension<crate::HeldRoom>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -394,13 +409,13 @@ pub(crate) async fn run_plan(
     // none of that either. Both within one wait. A plan that names no workflow (the
     // runtime makes one) waits for no turn, but for room as every other.
     let deadline = tokio::time::Instant::now() + s.wait();
-    let (mut turn, mut busy) = match s.turn(workflow_id.as_deref(), deadline).await {
+    let (mut turn, mut busy) = match s.turn(workflow_id.as_deref(), deadline, &stopping).await {
         Ok(t) => (Some(t), None),
         Err(e) => (None, Some(e)),
     };
     let data = s.data_room(values).await?;
     if let Some(t) = turn.as_mut()
-        && let Err(e) = s.room(t, deadline).await
+        && let Err(e) = s.room(t, deadline, &stopping).await
     {
         (turn, busy) = (None, Some(e));
     }
@@ -453,6 +468,7 @@ pub(crate) async fn run_plan(
 /// `{"force": bool, "action_id": "..."}`.
 pub(crate) async fn rollback(
     State(s): State<AppState>,
+    stopping: Stopping,
     uri: Uri,
     wf: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
@@ -493,8 +509,8 @@ pub(crate) async fn rollback(
         force: req.force,
     };
     let deadline = tokio::time::Instant::now() + s.wait();
-    let mut turn = s.turn(Some(&wf), deadline).await?;
-    s.room(&mut turn, deadline).await?;
+    let mut turn = s.turn(Some(&wf), deadline, &stopping).await?;
+    s.room(&mut turn, deadline, &stopping).await?;
     let sb = s.sandbox;
     let report = blocking(move || {
         let report = sb.rollback_workflow(&wf, &opts);
@@ -640,7 +656,7 @@ mod tests {
     }
 
     async fn status(s: &AppState, body: Bytes) -> (StatusCode, serde_json::Value) {
-        let resp = match run_plan(State(s.clone()), None, Ok(body)).await {
+        let resp = match run_plan(State(s.clone()), Stopping::default(), None, Ok(body)).await {
             Ok(r) => r,
             Err(e) => e.into_response(),
         };

@@ -347,10 +347,11 @@ pub fn run_announcing(
     // so a plan that was executing finishes its writes and audit records.
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, lets
-/// in-flight requests finish (for at most 30 s) and returns. Requests still waiting
-/// then are dropped; a sandbox call already running on the blocking pool (one per
-/// workflow at most, see `turns.rs`) goes on until it ends, which may include its wait
+/// Serves `app` on `listener` until `shutdown` completes, then stops accepting, answers
+/// the calls still waiting for their turn or room 503 `server_busy` (see `turns.rs`),
+/// lets in-flight requests finish (for at most 30 s) and returns. Requests still waiting
+/// then are dropped; a sandbox call already running on the blocking pool goes on until
+/// it ends, which may include its wait
 /// for a workflow another process holds (`lock_wait_seconds`): [`run`] waits for it
 /// before it returns, so that its writes and records are whole. The caller is responsible
 /// for the exposure check ([`check_exposure`]); [`run`] does it. Connections are bounded
@@ -373,6 +374,10 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let room = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    // Told to every request: calls still waiting for their turn or room once the stop
+    // begins give up at once (see `turns.rs`), those under way run to their end.
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
+    let app = app.layer(axum::Extension(crate::turns::Stopping(Some(stopping_rx))));
     // Each connection holds a receiver: the sender learns of shutdown's end when the
     // last one is dropped, and tells them all to finish when it changes.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -416,6 +421,7 @@ where
         });
     }
     tracing::info!("shutting down: no new connections; in-flight requests finish");
+    let _ = stopping_tx.send(true);
     drop(listener);
     drop(stop_rx);
     let _ = stop_tx.send(true);

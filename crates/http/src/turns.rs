@@ -56,6 +56,39 @@ pub(crate) enum Busy {
     Writing(usize),
     /// Room among the reads running at once (this many).
     Reading(usize),
+    /// Anything, when the server began to stop.
+    Stopping,
+}
+
+/// Whether the server is stopping ([`crate::serve_with`] says so to every request): a
+/// call still waiting for its turn or room then gives up at once, rather than start a
+/// change its client may not hear the end of (one that finds them free goes on, as
+/// every request in flight). Never, for a router served otherwise.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stopping(pub Option<tokio::sync::watch::Receiver<bool>>);
+
+/// Read from the request: what [`crate::serve_with`] put there, or never.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Stopping {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Self>().cloned().unwrap_or_default())
+    }
+}
+
+impl Stopping {
+    async fn begun(&self) {
+        if let Some(rx) = &self.0
+            && rx.clone().wait_for(|s| *s).await.is_ok()
+        {
+            return;
+        }
+        // Never told (the server went without a word): wait on.
+        std::future::pending().await
+    }
 }
 
 /// A workflow's turn, and once taken ([`Turn::room`]) its room to run, held until the
@@ -69,15 +102,26 @@ pub(crate) struct Turn {
     room: Option<OwnedSemaphorePermit>,
 }
 
-/// Waits for a permit of `semaphore` until `deadline`; one free is taken even past it.
-/// Takes the semaphore: a workflow's, held by nothing else, is then forgotten when the
-/// wait is dropped (see [`Turns::take`]).
-async fn permit(semaphore: Arc<Semaphore>, deadline: Instant) -> Option<OwnedSemaphorePermit> {
-    // The semaphores are never closed.
-    tokio::time::timeout_at(deadline, semaphore.acquire_owned())
-        .await
-        .ok()?
-        .ok()
+/// Waits for a permit of `semaphore` until `deadline` (one free is taken even past it),
+/// or until the server stops (`Busy::Stopping`), else `busy`. Takes the semaphore: a
+/// workflow's, held by nothing else, is then forgotten when the wait is dropped (see
+/// [`Turns::take`]).
+async fn permit(
+    semaphore: Arc<Semaphore>,
+    deadline: Instant,
+    stopping: &Stopping,
+    busy: impl FnOnce() -> Busy,
+) -> Result<OwnedSemaphorePermit, Busy> {
+    tokio::select! {
+        // A permit free now is taken even once the stop began: a request still arriving
+        // then is served, as every request in flight; only waits are cut short.
+        biased;
+        // The semaphores are never closed.
+        got = tokio::time::timeout_at(deadline, semaphore.acquire_owned()) => {
+            got.ok().and_then(Result::ok).ok_or_else(busy)
+        }
+        () = stopping.begun() => Err(Busy::Stopping),
+    }
 }
 
 impl Turns {
@@ -97,6 +141,7 @@ impl Turns {
         self: &Arc<Self>,
         workflow_id: Option<&str>,
         deadline: Instant,
+        stopping: &Stopping,
     ) -> Result<Turn, Busy> {
         let Some(workflow_id) = workflow_id else {
             return Ok(Turn {
@@ -122,18 +167,25 @@ impl Turns {
             room: None,
         };
         turn.permit = Some(
-            permit(gate, deadline)
-                .await
-                .ok_or_else(|| Busy::Workflow(workflow_id.to_owned()))?,
+            permit(gate, deadline, stopping, || {
+                Busy::Workflow(workflow_id.to_owned())
+            })
+            .await?,
         );
         Ok(turn)
     }
 
     /// Room for a read, waited for until `deadline`.
-    pub(crate) async fn reading(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, Busy> {
-        permit(Arc::clone(&self.reading), deadline)
-            .await
-            .ok_or(Busy::Reading(self.shares.reading))
+    pub(crate) async fn reading(
+        &self,
+        deadline: Instant,
+        stopping: &Stopping,
+    ) -> Result<OwnedSemaphorePermit, Busy> {
+        let at_once = self.shares.reading;
+        permit(Arc::clone(&self.reading), deadline, stopping, || {
+            Busy::Reading(at_once)
+        })
+        .await
     }
 
     #[cfg(test)]
@@ -146,9 +198,16 @@ impl Turn {
     /// Room among the changes running at once, waited for until `deadline`. Taken once
     /// the turn is (a workflow's waiting calls hold none), and once the plan's data has
     /// room: a plan waiting for that holds no thread, so no room either.
-    pub(crate) async fn room(&mut self, deadline: Instant) -> Result<(), Busy> {
-        let room = permit(Arc::clone(&self.turns.writing), deadline).await;
-        self.room = Some(room.ok_or(Busy::Writing(self.turns.shares.writing))?);
+    pub(crate) async fn room(
+        &mut self,
+        deadline: Instant,
+        stopping: &Stopping,
+    ) -> Result<(), Busy> {
+        let at_once = self.turns.shares.writing;
+        let room = permit(Arc::clone(&self.turns.writing), deadline, stopping, || {
+            Busy::Writing(at_once)
+        });
+        self.room = Some(room.await?);
         Ok(())
     }
 }
@@ -180,6 +239,8 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    static NEVER: Stopping = Stopping(None);
+
     fn within(ms: u64) -> Instant {
         Instant::now() + Duration::from_millis(ms)
     }
@@ -187,16 +248,25 @@ mod tests {
     #[tokio::test]
     async fn one_turn_per_workflow_and_none_kept_once_all_end() {
         let turns = Arc::new(Turns::for_pool(64));
-        let a = turns.take(Some("wf_a"), within(1000)).await.unwrap();
-        let b = turns.take(Some("wf_b"), within(1000)).await.unwrap();
+        let a = turns
+            .take(Some("wf_a"), within(1000), &NEVER)
+            .await
+            .unwrap();
+        let b = turns
+            .take(Some("wf_b"), within(1000), &NEVER)
+            .await
+            .unwrap();
         assert_eq!(
-            turns.take(Some("wf_a"), within(50)).await.err(),
+            turns.take(Some("wf_a"), within(50), &NEVER).await.err(),
             Some(Busy::Workflow("wf_a".to_owned())),
             "wf_a's turn is taken"
         );
         assert_eq!(turns.known(), 2, "a wait given up forgets nothing in use");
         drop(a);
-        let again = turns.take(Some("wf_a"), within(1000)).await.unwrap();
+        let again = turns
+            .take(Some("wf_a"), within(1000), &NEVER)
+            .await
+            .unwrap();
         drop((again, b));
         assert_eq!(turns.known(), 0);
     }
@@ -205,8 +275,11 @@ mod tests {
     #[tokio::test]
     async fn a_wait_dropped_midway_is_forgotten() {
         let turns = Arc::new(Turns::for_pool(64));
-        let held = turns.take(Some("wf_a"), within(1000)).await.unwrap();
-        let waiting = turns.take(Some("wf_a"), within(60_000));
+        let held = turns
+            .take(Some("wf_a"), within(1000), &NEVER)
+            .await
+            .unwrap();
+        let waiting = turns.take(Some("wf_a"), within(60_000), &NEVER);
         assert!(
             tokio::time::timeout(Duration::from_millis(20), waiting)
                 .await
@@ -215,8 +288,11 @@ mod tests {
         drop(held);
         assert_eq!(turns.known(), 0);
         // The last one left: its turn came while it was not polled, and it is dropped.
-        let held = turns.take(Some("wf_a"), within(1000)).await.unwrap();
-        let mut waiting = Box::pin(turns.take(Some("wf_a"), within(60_000)));
+        let held = turns
+            .take(Some("wf_a"), within(1000), &NEVER)
+            .await
+            .unwrap();
+        let mut waiting = Box::pin(turns.take(Some("wf_a"), within(60_000), &NEVER));
         assert!(
             tokio::time::timeout(Duration::from_millis(20), &mut waiting)
                 .await
@@ -249,27 +325,36 @@ mod tests {
         let mut running = Vec::new();
         for i in 0..6 {
             let mut t = turns
-                .take(Some(&format!("wf_{i}")), within(1000))
+                .take(Some(&format!("wf_{i}")), within(1000), &NEVER)
                 .await
                 .unwrap();
-            t.room(within(1000)).await.unwrap();
+            t.room(within(1000), &NEVER).await.unwrap();
             running.push(t);
         }
-        let mut late = turns.take(Some("wf_late"), within(1000)).await.unwrap();
-        assert_eq!(late.room(within(50)).await.err(), Some(Busy::Writing(6)));
+        let mut late = turns
+            .take(Some("wf_late"), within(1000), &NEVER)
+            .await
+            .unwrap();
+        assert_eq!(
+            late.room(within(50), &NEVER).await.err(),
+            Some(Busy::Writing(6))
+        );
         drop(late);
         assert_eq!(turns.known(), 6, "a call that found no room keeps no turn");
-        let read = turns.reading(within(50)).await.unwrap();
+        let read = turns.reading(within(50), &NEVER).await.unwrap();
         assert_eq!(
-            turns.reading(within(50)).await.err(),
+            turns.reading(within(50), &NEVER).await.err(),
             Some(Busy::Reading(1))
         );
         drop(read);
         let waiting = tokio::spawn({
             let turns = Arc::clone(&turns);
             async move {
-                let mut t = turns.take(Some("wf_late"), within(60_000)).await.unwrap();
-                t.room(within(60_000)).await.is_ok()
+                let mut t = turns
+                    .take(Some("wf_late"), within(60_000), &NEVER)
+                    .await
+                    .unwrap();
+                t.room(within(60_000), &NEVER).await.is_ok()
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;

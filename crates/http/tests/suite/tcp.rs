@@ -864,3 +864,45 @@ async fn uploads_in_pieces_never_wait_for_each_other() {
     .unwrap();
     server.stop().await;
 }
+
+/// On a stop, a plan still waiting for its workflow's turn is answered 503 at once and
+/// never runs, while the one under way (waiting for the workflow another process holds)
+/// runs to its end and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_answers_the_calls_still_waiting_for_their_turn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = 3;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
+        .unwrap();
+    held.lock().unwrap();
+    let mut server = Server::start(app).await;
+    let addr = server.addr;
+    let send = |path: &str| {
+        let plan = serde_json::to_string(&create_plan("wf_held", path, "x")).unwrap();
+        let request = plan_post(addr, plan.len(), &plan);
+        tokio::task::spawn_blocking(move || raw_http(addr, &request))
+    };
+    let running = send("a.txt");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiting = send("b.txt");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = server.stop.take().unwrap().send(());
+    let (status, _, body) = waiting.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("stopping"), "{body}");
+    assert!(
+        !running.is_finished(),
+        "answered only once the call under way ended"
+    );
+    let (status, _, body) = running.await.unwrap();
+    assert_eq!(status, 422, "{body}");
+    server.stop().await;
+    assert!(!tmp.path().join("root/b.txt").exists());
+}
