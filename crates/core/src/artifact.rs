@@ -507,11 +507,12 @@ impl ArtifactRegistry {
         let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
         let mut index = Index::default();
         load(&mut journal, &mut index)?;
+        let stall = journal.file().stall();
         Ok(Self {
             group: journal.group(),
             inner: crate::timed_lock::TimedMutex::new(
                 (journal, index),
-                state.lock_wait(),
+                stall,
                 "the artifact registry",
             ),
         })

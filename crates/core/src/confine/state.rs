@@ -229,8 +229,7 @@ impl StateDir {
         Ok(LogFile {
             file,
             identity,
-            wait: self.lock_wait,
-            stalled: std::sync::Mutex::new(None),
+            stall: std::sync::Arc::new(crate::timed_lock::Stall::new(self.lock_wait)),
         })
     }
 
@@ -997,11 +996,10 @@ pub struct LogFile {
     file: File,
     /// Device and inode of `file`, which an open file keeps for good.
     identity: (u64, u64),
-    wait: std::time::Duration,
-    /// When a wait for the lock last ran out: this process's threads queue for the file
-    /// behind their owner's mutex, and each would otherwise wait its whole time in turn
-    /// while one stopped process holds the lock.
-    stalled: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Whether a whole wait for the lock ran out lately: this process's threads queue for
+    /// the file behind their owner's mutex, and each would otherwise wait its whole time
+    /// in turn while one stopped process holds the lock.
+    stall: std::sync::Arc<crate::timed_lock::Stall>,
 }
 
 impl LogFile {
@@ -1026,48 +1024,48 @@ impl LogFile {
         }
     }
 
-    /// Waits for the lock as [`lock_within`] does, but for at most a second while the
-    /// whole wait of another of this process's threads ran out less than a wait ago: the
-    /// holder is most likely stuck, and the threads queued behind that one give up about
-    /// together rather than each after a whole wait. A second is still far more than an
-    /// append holds the lock, and only a whole wait that runs out marks the log stuck.
+    /// Waits for the lock as [`lock_within`] does, but for at most a second while the log
+    /// stalls (a whole wait for it or for its owner's in-process lock ran out less than a
+    /// wait ago, see [`crate::timed_lock::Stall`]): the holder is most likely stuck, and
+    /// the threads queued behind that one give up about together rather than each after
+    /// a whole wait. A second is still far more than an append holds the lock.
     fn lock(&self, shared: bool) -> io::Result<LogLock<'_>> {
-        let stalled = || {
-            self.stalled
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
-        let stuck = stalled().is_some_and(|at| at.elapsed() < self.wait);
-        let wait = if stuck {
-            self.wait.min(std::time::Duration::from_secs(1))
-        } else {
-            self.wait
-        };
-        match flock_until(&self.file, shared, std::time::Instant::now() + wait, wait) {
+        let start = std::time::Instant::now();
+        let deadline = self.stall.deadline(start);
+        let whole = self.stall.wait();
+        let wait = deadline.saturating_duration_since(start);
+        match flock_until(&self.file, shared, deadline, wait) {
             Ok(()) => {
-                if stuck {
-                    *stalled() = None;
+                if wait < whole {
+                    // Cut short, and had: its holder let go.
+                    self.stall.cleared();
                 }
                 Ok(LogLock { file: &self.file })
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < self.wait => {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < whole => {
+                self.stall.ran_out(false);
                 Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
                         "waited {} s only, since a whole wait of {} s for it ran out less than {} s ago",
                         wait.as_secs(),
-                        self.wait.as_secs(),
-                        self.wait.as_secs()
+                        whole.as_secs(),
+                        whole.as_secs()
                     ),
                 ))
             }
             Err(e) => {
                 if e.kind() == io::ErrorKind::TimedOut {
-                    *stalled() = Some(std::time::Instant::now());
+                    self.stall.ran_out(true);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// The log's stall, which its owner's in-process lock shares.
+    pub(crate) fn stall(&self) -> std::sync::Arc<crate::timed_lock::Stall> {
+        std::sync::Arc::clone(&self.stall)
     }
 
     /// Current length in bytes.
