@@ -666,9 +666,6 @@ fn environment_flags_turn_writing_on() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("AI_LAB_ENABLE_SANDBOX_WRITE"));
 }
 
-/// A variable set but empty, or not UTF-8, is an error that names it, never read as
-/// unset; a root or state directory that is not UTF-8 is refused, not opened under a
-/// lossy copy of its name.
 /// `AI_LAB_SANDBOX_LOG` sets how much is logged, in any case: a server's INFO lines
 /// (`mcp` says it listens) go at `Error`, and are there by default.
 #[test]
@@ -690,6 +687,9 @@ fn the_log_level_variable_sets_what_is_logged() {
     }
 }
 
+/// A variable set but empty, or not UTF-8, is an error that names it, never read as
+/// unset; a root or state directory that is not UTF-8 is refused, not opened under a
+/// lossy copy of its name.
 #[test]
 fn unusable_settings_are_named_not_ignored() {
     use std::os::unix::ffi::OsStrExt;
