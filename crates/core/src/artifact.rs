@@ -507,12 +507,11 @@ impl ArtifactRegistry {
         let mut journal = Journal::open(state, ARTIFACTS_FILE, durable)?;
         let mut index = Index::default();
         load(&mut journal, &mut index)?;
-        let stall = journal.file().stall();
         Ok(Self {
             group: journal.group(),
             inner: crate::timed_lock::TimedMutex::new(
                 (journal, index),
-                stall,
+                state.lock_wait(),
                 "the artifact registry",
             ),
         })

@@ -869,11 +869,14 @@ impl AuditLog {
         let mut index = Index::new(writes_per_minute);
         journal.read_new(&mut |at, b| index.ingest(at, b))?;
         let group = journal.group();
-        let stall = journal.file().stall();
         let log = Self {
             group,
             state: state.clone(),
-            inner: crate::timed_lock::TimedMutex::new((journal, index), stall, "the audit trail"),
+            inner: crate::timed_lock::TimedMutex::new(
+                (journal, index),
+                state.lock_wait(),
+                "the audit trail",
+            ),
             deferred_head: defer_head.then(|| Mutex::new(DeferredHead::default())),
             head: Mutex::new(HeadKeeper {
                 file: state.open_block(HEAD_FILE)?,

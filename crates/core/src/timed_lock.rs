@@ -3,85 +3,14 @@
 //! process holds (a stopped or hung one): that wait is bounded by
 //! `limits.lock_wait_seconds`, and the threads queued behind it must be too, or they
 //! would each wait their turn and then their own wait, one after the other; and a call
-//! that goes through several steps under the lock would wait a whole time at each. So a
-//! log's two locks share one [`Stall`]: once a whole wait for either ran out, the waits
-//! for either under way then, and those begun within a wait's length, end a second from
-//! then. Its part that guards no data, [`Gate`], is also the turn to record held
-//! restores.
+//! that goes through several steps under the lock would wait a whole time at each. So,
+//! as for the log's file lock, once a whole wait ran out the waits of the next wait's
+//! length last a second at most. Its part that guards no data, [`Gate`], is also the
+//! turn to record held restores.
 
 use std::io;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-/// How long a wait for a stalled log lasts.
-const CUT: Duration = Duration::from_secs(1);
-
-/// How often a waiter looks again at its deadline, which a stall marked meanwhile by the
-/// log's other lock may bring nearer.
-const LOOK_AGAIN: Duration = Duration::from_millis(200);
-
-/// Whether a log looks stuck: a whole wait for one of its locks ran out, and no wait
-/// since had it, its holder most likely a stopped or hung process. Shared by the log's
-/// file lock and its owner's in-process lock. It lapses a wait after the last wait for
-/// the log that ran out, whole or cut.
-#[derive(Debug)]
-pub(crate) struct Stall {
-    wait: Duration,
-    /// When the whole wait that marked it ran out, and when the last wait did.
-    at: Mutex<Option<(Instant, Instant)>>,
-}
-
-impl Stall {
-    /// No stall yet, for waits of `wait` (`limits.lock_wait_seconds`).
-    pub(crate) fn new(wait: Duration) -> Self {
-        Self {
-            wait,
-            at: Mutex::new(None),
-        }
-    }
-
-    /// A whole wait.
-    pub(crate) fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    fn mark(&self) -> MutexGuard<'_, Option<(Instant, Instant)>> {
-        self.at.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The mark, while it is live at `now`.
-    fn live(&self, now: Instant) -> Option<(Instant, Instant)> {
-        self.mark().filter(|(_, last)| *last + self.wait > now)
-    }
-
-    /// When a wait begun at `start` ends: a whole wait after it, or, while the log
-    /// stalls, a second after the later of its start and the whole wait that marked it
-    /// (so that the waits under way then end together, whatever runs out after).
-    pub(crate) fn deadline(&self, start: Instant) -> Instant {
-        let whole = start + self.wait;
-        match self.live(start) {
-            Some((first, _)) => whole.min(first.max(start) + CUT),
-            None => whole,
-        }
-    }
-
-    /// A wait ran out: a whole one marks the log stalled, and any keeps a mark live.
-    pub(crate) fn ran_out(&self, whole: bool) {
-        let now = Instant::now();
-        let live = self.live(now);
-        let mut at = self.mark();
-        *at = match live {
-            Some((first, _)) => Some((first, now)),
-            None if whole => Some((now, now)),
-            None => None,
-        };
-    }
-
-    /// The log's holder let go (a cut wait had the file lock): waits are whole again.
-    pub(crate) fn cleared(&self) {
-        *self.mark() = None;
-    }
-}
 
 /// One thread at a time, the others waiting for their turn no longer than they are
 /// told: the part of [`TimedMutex`] that guards no data (a turn to take).
@@ -103,14 +32,11 @@ impl Gate {
     }
 
     /// [`Gate::enter`] until `deadline()`, looked at again whenever the waiter wakes (a
-    /// [`Gate::wake`] too, and every [`LOOK_AGAIN`]): it may come nearer while the waiter
-    /// waits.
+    /// [`Gate::wake`] too): it may come nearer while the waiter waits.
     fn enter_by(&self, deadline: impl Fn() -> Instant) -> Option<Pass<'_>> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         while *busy {
-            let left = deadline()
-                .checked_duration_since(Instant::now())?
-                .min(LOOK_AGAIN);
+            let left = deadline().checked_duration_since(Instant::now())?;
             busy = self
                 .freed
                 .wait_timeout(busy, left)
@@ -152,10 +78,12 @@ pub(crate) struct TimedMutex<T> {
     data: Mutex<T>,
     /// Taken before `data`, which is then never waited for.
     gate: Gate,
-    /// The log's, shared with its file lock.
-    stall: Arc<Stall>,
+    wait: Duration,
     /// What is locked, for the errors.
     what: &'static str,
+    /// When a whole wait for it last ran out: the holder is most likely waiting for
+    /// another process, and the threads that come after give up within a second.
+    stalled: Mutex<Option<Instant>>,
 }
 
 /// Access to a [`TimedMutex`]'s data, given back on drop (the data first, then the
@@ -166,36 +94,51 @@ pub(crate) struct TimedGuard<'a, T> {
 }
 
 impl<T> TimedMutex<T> {
-    pub(crate) fn new(data: T, stall: Arc<Stall>, what: &'static str) -> Self {
+    pub(crate) fn new(data: T, wait: Duration, what: &'static str) -> Self {
         Self {
             data: Mutex::new(data),
             gate: Gate::default(),
-            stall,
+            wait,
             what,
+            stalled: Mutex::new(None),
         }
     }
 
     /// The data, once no other thread of this process holds it; `TimedOut` when one
-    /// held it for longer than the wait, or for a second while the log stalls (see
-    /// [`Stall`]). A panic while it was held (the data may be half changed) is an error
-    /// for good.
+    /// held it for longer than the wait, or for a second while a whole wait for it ran
+    /// out less than a wait ago. A panic while it was held (the data may be half
+    /// changed) is an error for good.
     pub(crate) fn lock(&self) -> io::Result<TimedGuard<'_, T>> {
+        let stalled = || *self.stalled.lock().unwrap_or_else(PoisonError::into_inner);
         let start = Instant::now();
-        let whole = start + self.stall.wait();
-        let Some(pass) = self.gate.enter_by(|| self.stall.deadline(start)) else {
-            let cut = self.stall.deadline(start) < whole;
-            self.stall.ran_out(!cut);
-            let held_for = if cut {
+        let whole = start + self.wait;
+        // A whole wait that ran out less than a wait ago, before this one began or while
+        // it goes on, leaves it a second from then.
+        let deadline = || match stalled() {
+            Some(at) if at + self.wait > start => whole.min(at.max(start) + Duration::from_secs(1)),
+            _ => whole,
+        };
+        let Some(pass) = self.gate.enter_by(deadline) else {
+            let ended = deadline();
+            let held_for = if ended < whole {
                 format!(
-                    "for {} ms (a whole wait of {} s for the log ran out less than {} s ago, so this one was cut short)",
+                    "for {} ms (a whole wait of {} s for it ran out less than {} s ago, so this one was cut short)",
                     start.elapsed().as_millis(),
-                    self.stall.wait().as_secs(),
-                    self.stall.wait().as_secs()
+                    self.wait.as_secs(),
+                    self.wait.as_secs()
                 )
             } else {
+                // A live mark stays: the waits it cut end a second from it, not from each
+                // whole wait that runs out after (waiters begun less than a second apart
+                // would otherwise push one another on for good).
+                let mut at = self.stalled.lock().unwrap_or_else(PoisonError::into_inner);
+                if !at.is_some_and(|a| a.elapsed() < self.wait) {
+                    *at = Some(Instant::now());
+                }
+                drop(at);
                 // The others waiting now give up within a second.
                 self.gate.wake();
-                format!("for {} s", self.stall.wait().as_secs())
+                format!("for {} s", self.wait.as_secs())
             };
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -205,8 +148,8 @@ impl<T> TimedMutex<T> {
                 ),
             ));
         };
-        // A pass had says nothing of the other process, which the thread that had it may
-        // now wait for in turn: the mark stays until it lapses or the file lock is had.
+        // The mark stays until it expires: a pass had says nothing of the other
+        // process, which the thread that had it may now wait for in turn.
         self.take(pass)
     }
 
@@ -244,17 +187,9 @@ impl<T> std::ops::DerefMut for TimedGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn stall(wait: Duration) -> Arc<Stall> {
-        Arc::new(Stall::new(wait))
-    }
-
     #[test]
     fn a_waiter_gives_up_after_the_wait_and_gets_it_once_free() {
-        let m = std::sync::Arc::new(TimedMutex::new(
-            0u32,
-            stall(Duration::from_millis(50)),
-            "the log",
-        ));
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_millis(50), "the log"));
         let mut held = m.lock().unwrap();
         *held += 1;
         let other = std::sync::Arc::clone(&m);
@@ -269,15 +204,10 @@ mod tests {
     }
 
     /// Once a whole wait ran out, the next waiters give up within a second, and say
-    /// so, until a wait's length has passed since the last ran out: waits are whole
-    /// again.
+    /// so, until a wait's length has passed: waits are whole again.
     #[test]
     fn after_a_whole_wait_ran_out_the_next_waits_are_short() {
-        let m = std::sync::Arc::new(TimedMutex::new(
-            0u32,
-            stall(Duration::from_secs(2)),
-            "the log",
-        ));
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_secs(2), "the log"));
         let held = m.lock().unwrap();
         let wait = |m: &std::sync::Arc<TimedMutex<u32>>| {
             let other = std::sync::Arc::clone(m);
@@ -291,8 +221,7 @@ mod tests {
         assert!(short.contains("cut short"), "{short}");
         drop(held);
         drop(m.lock().unwrap());
-        // A wait after the last that ran out.
-        std::thread::sleep(Duration::from_millis(2500));
+        std::thread::sleep(Duration::from_secs(2));
         let held = m.lock().unwrap();
         let whole = wait(&m).unwrap();
         assert!(whole.contains("for 2 s,"), "{whole}");
@@ -305,11 +234,7 @@ mod tests {
     /// run out after it).
     #[test]
     fn waits_under_way_end_a_second_after_the_first_whole_wait_ran_out() {
-        let m = std::sync::Arc::new(TimedMutex::new(
-            0u32,
-            stall(Duration::from_secs(2)),
-            "the log",
-        ));
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_secs(2), "the log"));
         let held = m.lock().unwrap();
         let waiters: Vec<_> = (0..8)
             .map(|i| {
@@ -331,11 +256,7 @@ mod tests {
 
     #[test]
     fn a_panic_while_held_is_an_error_for_good() {
-        let m = std::sync::Arc::new(TimedMutex::new(
-            0u32,
-            stall(Duration::from_millis(50)),
-            "the log",
-        ));
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_millis(50), "the log"));
         let other = std::sync::Arc::clone(&m);
         let _ = std::thread::spawn(move || {
             let _g = other.lock().unwrap();

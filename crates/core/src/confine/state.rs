@@ -229,7 +229,8 @@ impl StateDir {
         Ok(LogFile {
             file,
             identity,
-            stall: std::sync::Arc::new(crate::timed_lock::Stall::new(self.lock_wait)),
+            wait: self.lock_wait,
+            stalled: std::sync::Mutex::new(None),
         })
     }
 
@@ -996,10 +997,11 @@ pub struct LogFile {
     file: File,
     /// Device and inode of `file`, which an open file keeps for good.
     identity: (u64, u64),
-    /// Whether a whole wait for the lock ran out lately: this process's threads queue for
-    /// the file behind their owner's mutex, and each would otherwise wait its whole time
-    /// in turn while one stopped process holds the lock.
-    stall: std::sync::Arc<crate::timed_lock::Stall>,
+    wait: std::time::Duration,
+    /// When a wait for the lock last ran out: this process's threads queue for the file
+    /// behind their owner's mutex, and each would otherwise wait its whole time in turn
+    /// while one stopped process holds the lock.
+    stalled: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl LogFile {
@@ -1024,48 +1026,48 @@ impl LogFile {
         }
     }
 
-    /// Waits for the lock as [`lock_within`] does, but for at most a second while the log
-    /// stalls (a whole wait for it or for its owner's in-process lock ran out less than a
-    /// wait ago, see [`crate::timed_lock::Stall`]): the holder is most likely stuck, and
-    /// the threads queued behind that one give up about together rather than each after
-    /// a whole wait. A second is still far more than an append holds the lock.
+    /// Waits for the lock as [`lock_within`] does, but for at most a second while the
+    /// whole wait of another of this process's threads ran out less than a wait ago: the
+    /// holder is most likely stuck, and the threads queued behind that one give up about
+    /// together rather than each after a whole wait. A second is still far more than an
+    /// append holds the lock, and only a whole wait that runs out marks the log stuck.
     fn lock(&self, shared: bool) -> io::Result<LogLock<'_>> {
-        let start = std::time::Instant::now();
-        let deadline = self.stall.deadline(start);
-        let whole = self.stall.wait();
-        let wait = deadline.saturating_duration_since(start);
-        match flock_until(&self.file, shared, deadline, wait) {
+        let stalled = || {
+            self.stalled
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        let stuck = stalled().is_some_and(|at| at.elapsed() < self.wait);
+        let wait = if stuck {
+            self.wait.min(std::time::Duration::from_secs(1))
+        } else {
+            self.wait
+        };
+        match flock_until(&self.file, shared, std::time::Instant::now() + wait, wait) {
             Ok(()) => {
-                if wait < whole {
-                    // Cut short, and had: its holder let go.
-                    self.stall.cleared();
+                if stuck {
+                    *stalled() = None;
                 }
                 Ok(LogLock { file: &self.file })
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < whole => {
-                self.stall.ran_out(false);
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < self.wait => {
                 Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
                         "waited {} s only, since a whole wait of {} s for it ran out less than {} s ago",
                         wait.as_secs(),
-                        whole.as_secs(),
-                        whole.as_secs()
+                        self.wait.as_secs(),
+                        self.wait.as_secs()
                     ),
                 ))
             }
             Err(e) => {
                 if e.kind() == io::ErrorKind::TimedOut {
-                    self.stall.ran_out(true);
+                    *stalled() = Some(std::time::Instant::now());
                 }
                 Err(e)
             }
         }
-    }
-
-    /// The log's stall, which its owner's in-process lock shares.
-    pub(crate) fn stall(&self) -> std::sync::Arc<crate::timed_lock::Stall> {
-        std::sync::Arc::clone(&self.stall)
     }
 
     /// Current length in bytes.
