@@ -591,25 +591,6 @@ async fn healthz_answers_at_once_while_a_plan_waits_for_the_trail() {
     assert_eq!(plan.status, StatusCode::OK, "{}", plan.text());
 }
 
-/// A writable sandbox waiting `lock_wait_seconds` for a lock, its router, and the lock
-/// of workflow `wf_held` taken as another process running it would hold it (until the
-/// file is dropped or unlocked).
-fn workflow_held(lock_wait_seconds: u64) -> (tempfile::TempDir, axum::Router, std::fs::File) {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut config = config(&tmp, true);
-    config.limits.lock_wait_seconds = lock_wait_seconds;
-    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
-    let held = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
-        .unwrap();
-    held.lock().unwrap();
-    (tmp, app, held)
-}
-
 /// Plans piling up on a workflow another process holds (a stopped CLI run, say) wait
 /// for its turn without a thread of the blocking pool: reads and other workflows are
 /// answered meanwhile, and once the workflow is free the plans run one after the other.

@@ -870,18 +870,7 @@ async fn uploads_in_pieces_never_wait_for_each_other() {
 /// runs to its end and is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_answers_the_calls_still_waiting_for_their_turn() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut config = config(&tmp, true);
-    config.limits.lock_wait_seconds = 3;
-    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
-    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
-    let held = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
-        .unwrap();
-    held.lock().unwrap();
+    let (tmp, app, _held) = workflow_held(3);
     let mut server = Server::start(app).await;
     let addr = server.addr;
     let send = |path: &str| {

@@ -200,3 +200,22 @@ pub fn parse_response(out: &[u8]) -> (u16, String, String) {
         .unwrap_or_else(|| panic!("no status line in {text:?}"));
     (status, head.to_owned(), body.to_owned())
 }
+
+/// A writable sandbox waiting `lock_wait_seconds` for a lock, its router, and the lock
+/// of workflow `wf_held` taken as another process running it would hold it (until the
+/// file is dropped or unlocked).
+pub fn workflow_held(lock_wait_seconds: u64) -> (tempfile::TempDir, axum::Router, std::fs::File) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = config(&tmp, true);
+    config.limits.lock_wait_seconds = lock_wait_seconds;
+    let sandbox = std::sync::Arc::new(ailab_sandbox_core::Sandbox::open(config).unwrap());
+    let app = ailab_sandbox_http::router(sandbox, None, ailab_sandbox_http::DEFAULT_BODY_LIMIT);
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(tmp.path().join("state/locks/wf-wf_held.lock"))
+        .unwrap();
+    held.lock().unwrap();
+    (tmp, app, held)
+}
