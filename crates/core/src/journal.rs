@@ -4,7 +4,7 @@
 //! so that appenders waiting at the same time share one `fdatasync` (group commit) and
 //! readers never wait for a disk flush.
 
-use crate::confine::state::{LogFile, StateDir};
+use crate::confine::state::{LogFile, LogLock, StateDir};
 use crate::group_commit::GroupCommit;
 use std::io;
 use std::sync::Arc;
@@ -163,29 +163,33 @@ impl Journal {
     /// [`Journal::read_new`] unless another process holds the file: `false` then, and
     /// nothing read (never waited for).
     pub fn read_new_unless_held(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<bool> {
-        if !self.cursor.rewritable && self.file.len()? == self.cursor.offset {
-            return Ok(true);
-        }
-        let Some(_lock) = self.file.try_lock_shared()? else {
-            return Ok(false);
-        };
-        let len = self.file.len()?;
-        self.cursor
-            .read_new_locked(&self.file, len, &mut |at, buf| sink(at, &buf))?;
-        Ok(true)
+        self.read_new_under(LogFile::try_lock_shared, &mut |at, buf| sink(at, &buf))
     }
 
     /// [`Journal::read_new`], handing over each buffer (for a reader that sends it on).
     pub fn read_new_owned(&mut self, sink: &mut dyn FnMut(u64, Vec<u8>)) -> io::Result<()> {
+        self.read_new_under(|f| f.lock_shared().map(Some), sink)
+            .map(drop)
+    }
+
+    /// The new lines under the shared lock `lock` takes; `false` when it gives none.
+    fn read_new_under(
+        &mut self,
+        lock: impl for<'f> FnOnce(&'f LogFile) -> io::Result<Option<LogLock<'f>>>,
+        sink: &mut dyn FnMut(u64, Vec<u8>),
+    ) -> io::Result<bool> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
         // that lands just after this check is simply read by the next call. (A file
         // rewritten in place may be as long as before: it is always looked at.)
         if !self.cursor.rewritable && self.file.len()? == self.cursor.offset {
-            return Ok(());
+            return Ok(true);
         }
-        let _lock = self.file.lock_shared()?;
+        let Some(_lock) = lock(&self.file)? else {
+            return Ok(false);
+        };
         let len = self.file.len()?;
-        self.cursor.read_new_locked(&self.file, len, sink)
+        self.cursor.read_new_locked(&self.file, len, sink)?;
+        Ok(true)
     }
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
