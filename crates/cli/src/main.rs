@@ -547,19 +547,28 @@ fn catch_file_size_signal() {
 /// The variable that sets how much is logged to standard error.
 const LOG_VAR: &str = "AI_LAB_SANDBOX_LOG";
 
-/// The log level `AI_LAB_SANDBOX_LOG` asks for; unset, `info` for a server (`serve`,
-/// `mcp`: a line per request or session) and `warn` for a command.
+/// The log level when `AI_LAB_SANDBOX_LOG` is unset: `info` for a server (`serve`, `mcp`:
+/// a line per request or session), `warn` for a command.
+fn default_level(server: bool) -> tracing::Level {
+    if server {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::WARN
+    }
+}
+
+/// The log level `AI_LAB_SANDBOX_LOG` asks for ([`default_level`] when unset).
 fn log_level(server: bool) -> Result<tracing::Level, ConfigError> {
-    let levels = "error, warn, info, debug or trace";
-    let default = if server { "info" } else { "warn" };
+    let refused = |what: String| {
+        ConfigError(format!(
+            "{LOG_VAR} is {what}: give error, warn, info, debug or trace, or leave it unset ({} for this command)",
+            default_level(server).as_str().to_ascii_lowercase()
+        ))
+    };
     match std::env::var(LOG_VAR) {
-        Err(std::env::VarError::NotPresent) => Ok(if server {
-            tracing::Level::INFO
-        } else {
-            tracing::Level::WARN
-        }),
-        Err(std::env::VarError::NotUnicode(v)) => Err(ConfigError(format!(
-            "{LOG_VAR} is not UTF-8 ({}): give {levels}, or leave it unset ({default} for this command)",
+        Err(std::env::VarError::NotPresent) => Ok(default_level(server)),
+        Err(std::env::VarError::NotUnicode(v)) => Err(refused(format!(
+            "not UTF-8 ({})",
             v.to_string_lossy().escape_debug()
         ))),
         Ok(v) => match v.to_ascii_lowercase().as_str() {
@@ -568,8 +577,8 @@ fn log_level(server: bool) -> Result<tracing::Level, ConfigError> {
             "info" => Ok(tracing::Level::INFO),
             "debug" => Ok(tracing::Level::DEBUG),
             "trace" => Ok(tracing::Level::TRACE),
-            _ => Err(ConfigError(format!(
-                "{LOG_VAR} is {:?}: give {levels}, or leave it unset ({default} for this command)",
+            _ => Err(refused(format!(
+                "{:?}",
                 v.chars().take(64).collect::<String>()
             ))),
         },
@@ -580,11 +589,7 @@ fn log_level(server: bool) -> Result<tracing::Level, ConfigError> {
 /// variable is refused (the refusal is then the command's answer).
 fn init_tracing(server: bool) -> Result<(), ConfigError> {
     let asked = log_level(server);
-    let level = match &asked {
-        Ok(level) => *level,
-        Err(_) if server => tracing::Level::INFO,
-        Err(_) => tracing::Level::WARN,
-    };
+    let level = asked.clone().unwrap_or(default_level(server));
     // The MCP SDK's own INFO lines print its Rust values (`peer_info=Some(...)`): kept
     // for debugging, not for an operator's log.
     let sdk = if level >= tracing::Level::DEBUG {
