@@ -175,29 +175,35 @@ impl ApiError {
     /// for as long as a call may wait for it.
     pub fn waited_in_vain(busy: crate::turns::Busy, waited: std::time::Duration) -> Self {
         let secs = waited.as_secs();
-        let why = match busy {
-            crate::turns::Busy::Workflow(workflow_id) => format!(
-                "other calls on workflow {} kept it busy for {secs} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done",
-                ailab_sandbox_core::confine::path::shown_path(&workflow_id)
+        let (why, then) = match busy {
+            crate::turns::Busy::Workflow(workflow_id) => (
+                format!(
+                    "other calls on workflow {} kept it busy for {secs} s (a long plan or rollback, or one waiting for a run or rollback of another process; limits.lock_wait_seconds); nothing was done",
+                    ailab_sandbox_core::confine::path::shown_path(&workflow_id)
+                ),
+                "send it again later",
             ),
-            crate::turns::Busy::Writing(at_once) => format!(
-                "the {at_once} plans and rollbacks this server runs at once kept their room for {secs} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done"
+            crate::turns::Busy::Writing(at_once) => (
+                format!(
+                    "the {at_once} plans and rollbacks this server runs at once kept their room for {secs} s (long ones, or ones waiting for locks another process holds; limits.lock_wait_seconds); nothing was done"
+                ),
+                "send it again later",
             ),
-            crate::turns::Busy::Reading(at_once) => format!(
-                "the {at_once} reads this server runs at once kept their room for {secs} s (reads waiting for the audit trail or the registry another process holds, as a rule; limits.lock_wait_seconds)"
+            crate::turns::Busy::Reading(at_once) => (
+                format!(
+                    "the {at_once} reads this server runs at once kept their room for {secs} s (reads waiting for the audit trail or the registry another process holds, as a rule; limits.lock_wait_seconds)"
+                ),
+                "send it again later",
             ),
-            crate::turns::Busy::Stopping => {
-                return Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    codes::SERVER_BUSY,
-                    "the server is stopping; nothing was done: send it again once the server is back",
-                );
-            }
+            crate::turns::Busy::Stopping => (
+                "the server is stopping; nothing was done".to_owned(),
+                "send it again once the server is back",
+            ),
         };
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             codes::SERVER_BUSY,
-            format!("{why}: send it again later"),
+            format!("{why}: {then}"),
         )
     }
 
