@@ -16,9 +16,17 @@ use std::time::{Duration, Instant};
 /// told: the part of [`TimedMutex`] that guards no data (a turn to take).
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
-    /// Whether a pass is out; waiters wait on `freed` for it to come back.
-    busy: Mutex<bool>,
+    /// Whether a pass is out, and how many threads wait on `freed` for it to come back.
+    state: Mutex<GateState>,
     freed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    busy: bool,
+    /// Counted so that a pass given back with nobody waiting wakes nobody: a condition
+    /// variable's notice is a system call even then, several per action otherwise.
+    waiting: usize,
 }
 
 /// A thread's way through a [`Gate`], given back when dropped (by a panic too).
@@ -34,41 +42,48 @@ impl Gate {
     /// [`Gate::enter`] until `deadline()`, looked at again whenever the waiter wakes (a
     /// [`Gate::wake`] too): it may come nearer while the waiter waits.
     fn enter_by(&self, deadline: impl Fn() -> Instant) -> Option<Pass<'_>> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        while *busy {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        while state.busy {
             let left = deadline().checked_duration_since(Instant::now())?;
-            busy = self
+            state.waiting += 1;
+            state = self
                 .freed
-                .wait_timeout(busy, left)
+                .wait_timeout(state, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.waiting -= 1;
         }
-        *busy = true;
+        state.busy = true;
         Some(Pass(self))
     }
 
     /// Has every waiter look at its deadline again.
     fn wake(&self) {
         // Under the lock, so that no waiter between its look and its wait misses it.
-        let _busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        self.freed.notify_all();
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.waiting > 0 {
+            self.freed.notify_all();
+        }
     }
 
     /// The pass when no other thread holds it.
     fn try_enter(&self) -> Option<Pass<'_>> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
-        if *busy {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.busy {
             return None;
         }
-        *busy = true;
+        state.busy = true;
         Some(Pass(self))
     }
 }
 
 impl Drop for Pass<'_> {
     fn drop(&mut self) {
-        *self.0.busy.lock().unwrap_or_else(PoisonError::into_inner) = false;
-        self.0.freed.notify_one();
+        let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.busy = false;
+        if state.waiting > 0 {
+            self.0.freed.notify_one();
+        }
     }
 }
 
@@ -201,6 +216,26 @@ mod tests {
         drop(held);
         assert_eq!(*m.lock().unwrap(), 1);
         assert!(m.try_lock().is_some());
+    }
+
+    /// A waiter is woken as soon as the lock is given back, not at the end of its wait:
+    /// the holder's release must see it waiting.
+    #[test]
+    fn a_waiter_is_woken_when_the_lock_is_given_back() {
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, Duration::from_secs(3600), "the log"));
+        let held = m.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = std::sync::Arc::clone(&m);
+        std::thread::spawn(move || {
+            let got = other.lock().map(|g| *g).map_err(|e| e.kind());
+            let _ = tx.send(got);
+        });
+        while m.gate.state.lock().unwrap().waiting == 0 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        // An hour's wait: a release that woke nobody would leave it asleep far beyond this.
+        assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(Ok(0)));
     }
 
     /// Once a whole wait ran out, the next waiters give up within a second, and say
