@@ -25,7 +25,9 @@ pub struct Conflict {
     /// What the action left.
     pub expected_checksum: Option<String>,
     /// What is there now (`None`: missing); with `found_by_action`, what that action
-    /// found there, which a rollback puts back before it reaches this one.
+    /// found there, which a rollback puts back before it reaches this one. The same as
+    /// `expected_checksum` when other workflows' writes recorded since came back to
+    /// those bytes: `changed_by` names the last of them, which restoring would undo.
     pub current_checksum: Option<String>,
     /// When the change was made between two writes of the workflow to the same target:
     /// the later action, which found `current_checksum` where this one had left
@@ -179,17 +181,16 @@ impl Sandbox {
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
-        let mut will_hold: HashMap<String, (TargetState, &str)> = HashMap::new();
+        let mut will_hold: HashMap<String, (TargetState, &SnapshotMeta)> = HashMap::new();
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
             let abs = self.abs_path(*i, &rel);
-            let (current, found_by_action) = match will_hold.insert(
-                abs.clone(),
-                (TargetState::found_by(&s.meta), s.meta.action_id.as_str()),
-            ) {
-                Some((state, newer)) => (state, Some(newer.to_owned())),
-                None => (self.target_state(*i, &rel), None),
-            };
+            let (current, newer) =
+                match will_hold.insert(abs.clone(), (TargetState::found_by(&s.meta), &s.meta)) {
+                    Some((state, newer)) => (state, Some(newer)),
+                    None => (self.target_state(*i, &rel), None),
+                };
+            let found_by_action = newer.map(|n| n.action_id.clone());
             if let Some(r) = current.failure(&s.meta.original_path) {
                 return Err(r);
             }
@@ -229,12 +230,25 @@ impl Sandbox {
             }
             claimed_by.sort();
             claimed_by.dedup();
-            let changed = !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign;
-            if changed {
-                let changed_by = found_by_action
+            let (changed, changed_by) = if !left.holds(&current, &s.meta)
+                || !claimed_by.is_empty()
+                || foreign
+            {
+                let by = found_by_action
                     .is_none()
-                    .then(|| self.changed_by(*i, &s.meta, left.state.checksum(), &current))
+                    .then(|| self.changed_by(*i, &s.meta, left.state.checksum(), &current, None))
                     .flatten();
+                (true, by)
+            } else {
+                // The bytes are what the action left, yet other workflows may have
+                // written there since and come back to them (X, then Y, then X
+                // again): restoring would throw the last of those writes away unseen.
+                // Up to the newer action of this workflow, for an older one.
+                let until = newer.map(|n| n.taken_at.as_str());
+                let by = self.changed_by(*i, &s.meta, left.state.checksum(), &current, until);
+                (by.is_some(), by)
+            };
+            if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
                     path: abs,
@@ -256,15 +270,21 @@ impl Sandbox {
     /// taken out together. None when someone changed the target without the runtime (the
     /// chain breaks), when the latest standing is a rollback of a write made since the
     /// action (which left a write of the chain undone, not this action's), or when the
-    /// trail cannot be read.
+    /// trail cannot be read. With `until`, only the changes recorded before it count
+    /// (those before a newer action of the workflow took its snapshot), and `current` is
+    /// what that action found.
     fn changed_by(
         &self,
         root: usize,
         meta: &SnapshotMeta,
         left: Option<String>,
         current: &TargetState,
+        until: Option<&str>,
     ) -> Option<ChangedBy> {
-        let changes = self.changes_since_snapshot(root, meta).ok()?;
+        let mut changes = self.changes_since_snapshot(root, meta).ok()?;
+        if let Some(until) = until {
+            changes.retain(|c| c.timestamp.as_str() < until);
+        }
         // Lines that changed nothing (a recovery recording a dead action undone over a
         // later writer's bytes) left nothing there; the undo of a write that failed put
         // back what the chain held (its write has no line of its own); a rollback of a

@@ -1053,6 +1053,85 @@ fn a_change_between_two_writes_is_undone_as_the_refusal_says() {
     assert_eq!(w.read("f.txt"), b"orig\n");
 }
 
+/// Workflow `wf`'s action `id` replacing `f.txt` with `text`, a second after whatever
+/// came before; it must succeed.
+fn replace_later(w: &World, sb: &ailab_sandbox_core::Sandbox, wf: &str, id: &str, text: &str) {
+    w.clock.advance(chrono::Duration::seconds(1));
+    let r = run(
+        sb,
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": id, "intent": "replace_file", "path": "f.txt", "content": text}]}),
+    );
+    assert_eq!(status(&r), "success", "{wf} {r:?}");
+}
+
+/// Other workflows' writes since that came back to the very bytes the workflow left (X,
+/// then Y, then X again) still stand: rolling the workflow back would undo the last of
+/// them unseen. A conflict naming it, as for any other change; once they are rolled back
+/// in turn, the workflow goes back too.
+#[test]
+fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
+    let w = World::new();
+    w.write("f.txt", b"v0\n");
+    let sb = w.sandbox();
+    for (wf, text) in [("wf_1", "X\n"), ("wf_2", "Y\n"), ("wf_3", "X\n")] {
+        replace_later(&w, &sb, wf, "a1", text);
+    }
+    let rb = rollback(&sb, "wf_1", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    let c = &rb.conflicts[0];
+    assert_eq!(c.changed_by, write_by("wf_3/a1"), "{rb:?}");
+    assert_eq!(c.expected_checksum.as_deref(), Some(sha(b"X\n").as_str()));
+    assert_eq!(c.current_checksum, c.expected_checksum);
+    assert!(
+        rb.reason
+            .as_deref()
+            .unwrap()
+            .contains("f.txt (since the workflow's last write, written by 'wf_3/a1')"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("f.txt"), b"X\n", "nothing restored");
+    // The preview says the same.
+    let info = sb.rollback_info("wf_1").unwrap();
+    assert_eq!(info.conflicts, rb.conflicts);
+    rolled_back_in_turn(&w, &sb, &["wf_3", "wf_2", "wf_1"]);
+    assert_eq!(w.read("f.txt"), b"v0\n");
+}
+
+/// The same between two of a workflow's own writes: the older one is a conflict although
+/// the later one found its bytes; once the later one is rolled back alone, the refusal
+/// names the write that came back to them.
+#[test]
+fn writes_between_two_of_a_workflows_that_came_back_to_its_bytes_are_a_conflict() {
+    let w = World::new();
+    w.write("f.txt", b"v0\n");
+    let sb = w.sandbox();
+    for (wf, id, text) in [
+        ("wf_a", "a1", "X\n"),
+        ("wf_b", "b1", "Y\n"),
+        ("wf_c", "c1", "X\n"),
+        ("wf_a", "a2", "Z\n"),
+    ] {
+        replace_later(&w, &sb, wf, id, text);
+    }
+    let rb = rollback(&sb, "wf_a", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(rb.conflicts[0].action_id, "a1");
+    assert_eq!(rb.conflicts[0].found_by_action.as_deref(), Some("a2"));
+    assert_eq!(w.read("f.txt"), b"Z\n", "nothing restored");
+    w.clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(
+        rollback_action(&sb, "wf_a", "a2", false).status,
+        "rolled_back"
+    );
+    let rb = rollback(&sb, "wf_a", false);
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_c/c1"), "{rb:?}");
+    rolled_back_in_turn(&w, &sb, &["wf_c", "wf_b", "wf_a"]);
+    assert_eq!(w.read("f.txt"), b"v0\n");
+}
+
 /// A directory an action created is compared like a file: replaced by a file, or
 /// holding something the rollback does not remove, it is a conflict found before
 /// anything is restored; one the action found and that is gone since is made again.
