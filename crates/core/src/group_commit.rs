@@ -25,6 +25,9 @@ struct State {
     failed: Option<(io::ErrorKind, String)>,
     /// Syncs made (tests and benchmarks).
     made: u64,
+    /// Callers waiting for a running sync: a sync that ends with none wakes nobody (a
+    /// condition variable's notice is a system call even then, two per action otherwise).
+    waiting: usize,
 }
 
 impl GroupCommit {
@@ -57,7 +60,9 @@ impl GroupCommit {
             if !s.running {
                 break;
             }
+            s.waiting += 1;
             s = self.done.wait(s).unwrap_or_else(PoisonError::into_inner);
+            s.waiting -= 1;
         }
         s.running = true;
         let upto = s.taken;
@@ -113,7 +118,9 @@ impl Drop for Ended<'_> {
             Ok(()) => s.covered = s.covered.max(self.upto),
             Err(e) => s.failed = Some((e.kind(), e.to_string())),
         }
-        self.group.done.notify_all();
+        if s.waiting > 0 {
+            self.group.done.notify_all();
+        }
     }
 }
 
