@@ -35,15 +35,115 @@ pub struct Conflict {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found_by_action: Option<String>,
     /// When the trail records who left what the target holds now, since the workflow's
-    /// last write there: another workflow's write (`workflow/action`), to be rolled back
-    /// first rather than overwritten, or its rollback, which took this workflow's write
-    /// with it.
+    /// last write there (before `found_by_action`'s snapshot, with one): another
+    /// workflow's write (`workflow/action`), to be rolled back first rather than
+    /// overwritten, or its rollback, which took this workflow's write with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_by: Option<ChangedBy>,
     /// For a directory the action made: the `create_directory` actions
     /// (`workflow/action`) that found it since and stand, whose result it is now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
+}
+
+impl Conflict {
+    /// Whether the target holds the very bytes the action left: other workflows' writes
+    /// since came back to them.
+    fn came_back(&self) -> bool {
+        self.expected_checksum.is_some() && self.expected_checksum == self.current_checksum
+    }
+}
+
+/// What a rollback's refusal says of one file that changed since the workflow wrote it:
+/// each file once for people, saying where the change was made (a change between two of
+/// the workflow's own writes leaves the file holding just what the workflow last wrote).
+pub(super) struct ChangedFile<'a> {
+    path: &'a str,
+    /// Changed since the workflow's last write there.
+    since: bool,
+    /// The changes between two of the workflow's writes, said.
+    pub(super) between: Vec<String>,
+    /// Who left what it holds, since the workflow's last write.
+    pub(super) by: Option<ChangedBy>,
+    /// It holds what the workflow last wrote, which other workflows' writes came back to.
+    back: bool,
+}
+
+impl<'a> ChangedFile<'a> {
+    /// The files of `changed` (one conflict per action), in their order.
+    pub(super) fn of(changed: &[&'a Conflict]) -> Vec<Self> {
+        let mut files: Vec<Self> = Vec::new();
+        for c in changed {
+            let i = match files.iter().position(|f| f.path == c.path) {
+                Some(i) => i,
+                None => {
+                    files.push(Self {
+                        path: &c.path,
+                        since: false,
+                        between: Vec::new(),
+                        by: None,
+                        back: false,
+                    });
+                    files.len() - 1
+                }
+            };
+            let f = &mut files[i];
+            match &c.found_by_action {
+                Some(newer) => f.between.push(format!(
+                    "between actions {} and {}{}",
+                    shown_path(&c.action_id),
+                    shown_path(newer),
+                    match (&c.changed_by, c.came_back()) {
+                        (Some(by), true) => format!(
+                            ", where other workflows wrote and came back to the bytes it left, the last of them {}",
+                            shown_path(&by.action)
+                        ),
+                        (None, true) => {
+                            ", where other workflows wrote and came back to the bytes it left"
+                                .to_owned()
+                        }
+                        (_, false) => String::new(),
+                    }
+                )),
+                None => {
+                    f.since = true;
+                    f.by.clone_from(&c.changed_by);
+                    f.back = c.came_back();
+                }
+            }
+        }
+        files
+    }
+
+    /// The file, and what happened to it when the trail says.
+    pub(super) fn said(&self) -> String {
+        let path = self.path;
+        let since = match (&self.by, self.back) {
+            (Some(by), _) if by.rollback => format!(
+                "since the workflow's last write, the rollback of {} took it with it",
+                shown_path(&by.action)
+            ),
+            (Some(by), true) => format!(
+                "since the workflow's last write, other workflows wrote there and came back to the bytes it left, the last of them {}",
+                shown_path(&by.action)
+            ),
+            (Some(by), false) => format!(
+                "since the workflow's last write, written by {}",
+                shown_path(&by.action)
+            ),
+            (None, true) => "since the workflow's last write, other workflows wrote there and came back to the bytes it left".to_owned(),
+            (None, false) => "since the workflow's last write".to_owned(),
+        };
+        let between = self.between.join("; ");
+        match (self.since, self.between.is_empty()) {
+            (_, true) if self.by.is_none() && !self.back => path.to_owned(),
+            (_, true) => format!("{path} ({since})"),
+            (false, false) => {
+                format!("{path} ({between}; it holds what the workflow last wrote there)")
+            }
+            (true, false) => format!("{path} ({since}, and {between})"),
+        }
+    }
 }
 
 /// Another workflow's recorded change that left what a conflicting target holds now.
@@ -230,24 +330,24 @@ impl Sandbox {
             }
             claimed_by.sort();
             claimed_by.dedup();
-            let (changed, changed_by) = if !left.holds(&current, &s.meta)
-                || !claimed_by.is_empty()
-                || foreign
-            {
-                let by = found_by_action
-                    .is_none()
-                    .then(|| self.changed_by(*i, &s.meta, left.state.checksum(), &current, None))
-                    .flatten();
-                (true, by)
-            } else {
-                // The bytes are what the action left, yet other workflows may have
-                // written there since and come back to them (X, then Y, then X
-                // again): restoring would throw the last of those writes away unseen.
-                // Up to the newer action of this workflow, for an older one.
-                let until = newer.map(|n| n.taken_at.as_str());
-                let by = self.changed_by(*i, &s.meta, left.state.checksum(), &current, until);
-                (by.is_some(), by)
-            };
+            let (changed, changed_by) =
+                if !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign {
+                    let by = found_by_action
+                        .is_none()
+                        .then(|| {
+                            let changes = self.changes_since_snapshot(*i, &s.meta).ok()?;
+                            Self::changed_by(&changes, &s.meta, left.state.checksum(), &current)
+                        })
+                        .flatten();
+                    (true, by)
+                } else if current == left.state && matches!(current, TargetState::File(_)) {
+                    // The very bytes the action left, yet other workflows may have written
+                    // there since and come back to them (X, then Y, then X again):
+                    // restoring would undo the last of those writes unseen.
+                    self.written_back(*i, &s.meta, &current, newer)?
+                } else {
+                    (false, None)
+                };
             if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
@@ -263,28 +363,65 @@ impl Sandbox {
         Ok(out)
     }
 
-    /// Another workflow's change that left `current` at the target of `meta`'s action:
-    /// the latest change the trail records since that action's snapshot, when those
-    /// changes follow on from what the action `left` there, one after the other (each
-    /// finding what the one before left), up to `current`, a write and its rollback
-    /// taken out together. None when someone changed the target without the runtime (the
-    /// chain breaks), when the latest standing is a rollback of a write made since the
-    /// action (which left a write of the chain undone, not this action's), or when the
-    /// trail cannot be read. With `until`, only the changes recorded before it count
-    /// (those before a newer action of the workflow took its snapshot), and `current` is
-    /// what that action found.
-    fn changed_by(
+    /// Whether a target holding `current`, the very file `meta`'s action left, was
+    /// written since by other workflows whose writes stand (none rolled back since):
+    /// then restoring it would undo the last of them, a conflict, named when the trail
+    /// says who left it (see [`Sandbox::changed_by`]). For an older action of the workflow on the
+    /// same target, only the changes before the `newer` one's snapshot count; `current`
+    /// is then what that one found. A trail that cannot be read refuses: whether
+    /// anything would be lost is not known.
+    fn written_back(
         &self,
         root: usize,
         meta: &SnapshotMeta,
+        current: &TargetState,
+        newer: Option<&SnapshotMeta>,
+    ) -> Verdict<(bool, Option<ChangedBy>)> {
+        use crate::audit::AuditStatus;
+        let changes = self
+            .changes_since_snapshot(root, meta)
+            .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
+        let window: Vec<_> = changes
+            .iter()
+            .filter(|c| newer.is_none_or(|n| c.timestamp < n.taken_at))
+            .cloned()
+            .collect();
+        let undone = |w: &crate::audit::SandboxAuditEntry| {
+            changes.iter().any(|r| {
+                r.status == AuditStatus::RolledBack
+                    && r.seq > w.seq
+                    && (&r.workflow_id, &r.action_id) == (&w.workflow_id, &w.action_id)
+            })
+        };
+        let standing = window.iter().any(|w| {
+            w.status == AuditStatus::Success
+                && w.workflow_id != meta.workflow_id
+                && w.before_checksum != w.after_checksum
+                && !undone(w)
+        });
+        Ok(if standing {
+            (
+                true,
+                Self::changed_by(&window, meta, current.checksum(), current),
+            )
+        } else {
+            (false, None)
+        })
+    }
+
+    /// Another workflow's change that left `current` at the target of `meta`'s action:
+    /// the latest of `changes` (what the trail records since that action's snapshot),
+    /// when they follow on from what the action `left` there, one after the other (each
+    /// finding what the one before left), up to `current`, a write and its rollback
+    /// taken out together. None when someone changed the target without the runtime (the
+    /// chain breaks), or when the latest standing is a rollback of a write made since the
+    /// action (which left a write of the chain undone, not this action's).
+    fn changed_by(
+        changes: &[crate::audit::SandboxAuditEntry],
+        meta: &SnapshotMeta,
         left: Option<String>,
         current: &TargetState,
-        until: Option<&str>,
     ) -> Option<ChangedBy> {
-        let mut changes = self.changes_since_snapshot(root, meta).ok()?;
-        if let Some(until) = until {
-            changes.retain(|c| c.timestamp.as_str() < until);
-        }
         // Lines that changed nothing (a recovery recording a dead action undone over a
         // later writer's bytes) left nothing there; the undo of a write that failed put
         // back what the chain held (its write has no line of its own); a rollback of a

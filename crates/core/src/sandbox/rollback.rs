@@ -1,6 +1,6 @@
 //! Rollback (SPEC §7): what can be restored, and restoring it.
 
-use super::conflicts::{ChangedBy, Conflict, TargetState};
+use super::conflicts::{ChangedFile, Conflict, TargetState};
 use super::locks::workflow_lock_refusal;
 use super::{RootedSnapshots, Sandbox, workflow_folder};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
@@ -1089,67 +1089,20 @@ impl Sandbox {
                 conflicts.iter().partition(|c| !c.claimed_by.is_empty());
             let mut why = Vec::new();
             if !changed.is_empty() {
-                // One entry per action in `conflicts`; each file once for people, saying
-                // where the change was made: a change between two of the workflow's own
-                // writes leaves the file holding just what the workflow last wrote.
-                let mut files: Vec<(&str, bool, Vec<String>, Option<ChangedBy>)> = Vec::new();
-                for c in &changed {
-                    let i = match files.iter().position(|(p, ..)| *p == c.path) {
-                        Some(i) => i,
-                        None => {
-                            files.push((&c.path, false, Vec::new(), None));
-                            files.len() - 1
-                        }
-                    };
-                    match &c.found_by_action {
-                        Some(newer) => files[i].2.push(format!(
-                            "between actions {} and {}",
-                            shown_path(&c.action_id),
-                            shown_path(newer)
-                        )),
-                        None => {
-                            files[i].1 = true;
-                            files[i].3.clone_from(&c.changed_by);
-                        }
-                    }
-                }
-                let entries: Vec<String> = files
-                    .iter()
-                    .map(|(path, since, between, by)| {
-                        let said = match by {
-                            Some(by) if by.rollback => format!(
-                                "since the workflow's last write, the rollback of {} took it with it",
-                                shown_path(&by.action)
-                            ),
-                            Some(by) => format!(
-                                "since the workflow's last write, written by {}",
-                                shown_path(&by.action)
-                            ),
-                            None => "since the workflow's last write".to_owned(),
-                        };
-                        match (since, between.is_empty()) {
-                            (_, true) if by.is_none() => (*path).to_owned(),
-                            (_, true) => format!("{path} ({said})"),
-                            (false, false) => format!(
-                                "{path} ({}; it holds what the workflow last wrote there)",
-                                between.join("; ")
-                            ),
-                            (true, false) => format!("{path} ({said}, and {})", between.join("; ")),
-                        }
-                    })
-                    .collect();
+                let files = ChangedFile::of(&changed);
+                let entries: Vec<String> = files.iter().map(ChangedFile::said).collect();
                 // Another workflow's write named is undone by its own rollback, which gives
                 // this one back what it left; force would throw that write away. Another
                 // workflow's rollback named has taken this workflow's write with it.
                 let names = |rollback: bool| {
                     files
                         .iter()
-                        .any(|f| f.3.as_ref().is_some_and(|b| b.rollback == rollback))
+                        .any(|f| f.by.as_ref().is_some_and(|b| b.rollback == rollback))
                 };
                 let mut advice = String::new();
                 // The change between two of its writes is named once the later of the
                 // two is rolled back alone: the workflow's refusal then says whose it is.
-                if files.iter().any(|f| !f.2.is_empty()) {
+                if files.iter().any(|f| !f.between.is_empty()) {
                     advice.push_str("where a change came between two of the workflow's writes, roll back the later of them alone first (action_id), and this refusal then names that change when the trail records it; ");
                 }
                 if names(false) {

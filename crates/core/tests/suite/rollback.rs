@@ -1085,10 +1085,9 @@ fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
     assert_eq!(c.expected_checksum.as_deref(), Some(sha(b"X\n").as_str()));
     assert_eq!(c.current_checksum, c.expected_checksum);
     assert!(
-        rb.reason
-            .as_deref()
-            .unwrap()
-            .contains("f.txt (since the workflow's last write, written by 'wf_3/a1')"),
+        rb.reason.as_deref().unwrap().contains(
+            "f.txt (since the workflow's last write, other workflows wrote there and came back to the bytes it left, the last of them 'wf_3/a1')"
+        ),
         "{rb:?}"
     );
     assert_eq!(w.read("f.txt"), b"X\n", "nothing restored");
@@ -1097,6 +1096,63 @@ fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
     assert_eq!(info.conflicts, rb.conflicts);
     rolled_back_in_turn(&w, &sb, &["wf_3", "wf_2", "wf_1"]);
     assert_eq!(w.read("f.txt"), b"v0\n");
+}
+
+/// Another workflow's write back to what the action found (v0, X, v0) loses nothing to
+/// the restore, which writes those bytes: no conflict, here or between two of the
+/// workflow's writes.
+#[test]
+fn a_write_back_to_what_the_action_found_is_no_conflict() {
+    for later_run in [false, true] {
+        let w = World::new();
+        w.write("f.txt", b"v0\n");
+        let sb = w.sandbox();
+        replace_later(&w, &sb, "wf_1", "a1", "X\n");
+        replace_later(&w, &sb, "wf_2", "b1", "v0\n");
+        if later_run {
+            replace_later(&w, &sb, "wf_1", "a2", "Z\n");
+        }
+        let rb = rollback(&sb, "wf_1", false);
+        assert_eq!(rb.status, "rolled_back", "{later_run} {rb:?}");
+        assert_eq!(w.read("f.txt"), b"v0\n");
+    }
+}
+
+/// A recorded write that stands is not undone unseen because the trail cannot say who
+/// left the bytes (a change made without the runtime breaks the chain), nor because its
+/// line cannot be read: the first is a conflict naming nobody, the second a refusal
+/// saying why.
+#[test]
+fn a_write_back_is_a_conflict_whoever_left_the_bytes_and_refused_when_unreadable() {
+    let w = World::new();
+    w.write("f.txt", b"v0\n");
+    let sb = w.sandbox();
+    replace_later(&w, &sb, "wf_1", "a1", "X\n");
+    w.write("f.txt", b"Y\n");
+    replace_later(&w, &sb, "wf_3", "c1", "X\n");
+    let rb = rollback(&sb, "wf_1", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts[0].changed_by, None, "{rb:?}");
+    assert!(
+        rb.reason.as_deref().unwrap().contains(
+            "f.txt (since the workflow's last write, other workflows wrote there and came back to the bytes it left)"
+        ),
+        "{rb:?}"
+    );
+    // wf_3's line changed in place, its length kept: it no longer reads as indexed.
+    let trail = w.state.join("sandbox_audit.jsonl");
+    let text = std::fs::read_to_string(&trail).unwrap();
+    let changed = text.replacen("\"workflow_id\":\"wf_3\"", "\"workflow_id\":\"wf_9\"", 1);
+    assert_ne!(changed, text);
+    std::fs::write(&trail, changed).unwrap();
+    let rb = rollback(&sb, "wf_1", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_ne!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert!(
+        rb.reason.as_deref().unwrap().contains("audit verify"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("f.txt"), b"X\n", "nothing restored");
 }
 
 /// The same between two of a workflow's own writes: the older one is a conflict although
