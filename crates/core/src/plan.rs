@@ -450,7 +450,7 @@ mod reading {
                 while let Some(Object(a)) = seq.next_element::<Object<super::Action>>()? {
                     if out.len() == super::MAX_ACTIONS_PER_PLAN {
                         return Err(A::Error::custom(format!(
-                            "the plan has more than {0} actions; at most {0} are allowed in one plan, so split it over several plans",
+                            "the plan has more than {0} actions; at most {0} are allowed in one plan, so split it over several plans or calls",
                             super::MAX_ACTIONS_PER_PLAN
                         )));
                     }
@@ -880,7 +880,7 @@ impl Plan {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
                 format!(
-                    "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans"
+                    "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans or calls"
                 ),
             ));
         }
@@ -902,7 +902,7 @@ impl Plan {
             return Err(Refusal::new(
                 ReasonCode::InvalidPlan,
                 format!(
-                    "the plan's data holds {values} values in all, an object with members counted as {OBJECT_WEIGHT} and each key as one more; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans"
+                    "the plan's data holds {values} values in all, an object with members counted as {OBJECT_WEIGHT} and each key as one more; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans or calls"
                 ),
             ));
         }

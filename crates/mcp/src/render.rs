@@ -174,9 +174,18 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
                 None => "choose an allowed extension (.md, .txt, .json, .yaml, ... as listed in the tool's description); system unit files and binaries are never writable.".to_owned(),
             };
         }
-        C::SizeExceeded => {
-            "the result would be over the tool's size limit (see its description); split the content into several smaller files, or append in parts."
-        }
+        // The limit is on the whole file: appending in parts meets it all the same.
+        C::SizeExceeded => match op.map(|w| w.op.name) {
+            Some("append_file") => {
+                "the file would grow over the tool's size limit (see its description), which counts the whole file; put the rest into a new file with create_file."
+            }
+            Some("write_json" | "write_yaml" | "generate_config") => {
+                "the document would be over the tool's size limit (see its description); split the data over several smaller files."
+            }
+            _ => {
+                "the result would be over the tool's size limit (see its description); split the content over several smaller files."
+            }
+        },
         C::AlreadyExists if op.is_some_and(|w| w.op.is_directory()) => {
             "a file stands where the directory would be made; choose another path for the directory (get_file_info shows what a path holds)."
         }
@@ -652,6 +661,13 @@ mod tests {
         );
         let file = what_to_do(ReasonCode::AlreadyExists, Some(writer("create_file")));
         assert!(file.contains("replace_file"), "{file}");
+        // The size limit counts the whole file: appending in parts meets it all the same.
+        for name in ["append_file", "write_json", "create_file"] {
+            let big = what_to_do(ReasonCode::SizeExceeded, Some(writer(name)));
+            assert!(!big.contains("append in parts"), "{name}: {big}");
+        }
+        let append = what_to_do(ReasonCode::SizeExceeded, Some(writer("append_file")));
+        assert!(append.contains("new file with create_file"), "{append}");
         let edit = what_to_do(ReasonCode::InvalidPlan, Some(writer("sandbox_transform")));
         assert!(
             edit.contains("reason above") && edit.contains("non-empty 'old'"),
