@@ -1325,9 +1325,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             sb.fail_at("after_snapshot")?;
             sb.fail_at("before_mutate")?;
             match (&bytes, &staged) {
-                (Some(_), Some(st)) => st
-                    .commit(put, false)
-                    .map_err(|e| root.map_open_error(&rel, e))?,
+                (Some(_), Some(st)) => st.commit_in(root, &rel, put, false)?,
                 (Some(b), None) => {
                     root.write_atomic_put(&rel, b, mode, put, make, durable)?;
                 }

@@ -354,8 +354,12 @@ impl Sandbox {
                     // Staged bytes that are not put in place are not left beside it.
                     self.fail_at("replay_staged")
                         .and_then(|()| {
-                            st.commit(crate::confine::root::Put::Any, false)
-                                .map_err(|err| self.roots[i].map_open_error(&rel, err))
+                            st.commit_in(
+                                &self.roots[i],
+                                &rel,
+                                crate::confine::root::Put::Any,
+                                false,
+                            )
                         })
                         .inspect_err(|_| st.discard())
                 })

@@ -474,6 +474,13 @@ impl StagedWrite {
         Ok(())
     }
 
+    /// [`StagedWrite::commit`], its failure a refusal naming `rel`, the target, in
+    /// `root` (see [`SandboxRoot::map_write_error_in`]).
+    pub fn commit_in(&self, root: &SandboxRoot, rel: &RelPath, put: Put, sync: bool) -> Verdict {
+        self.commit(put, sync)
+            .map_err(|e| root.map_write_error_in(&self.dir, rel, e))
+    }
+
     /// Removes the staged file; the target is left as it is.
     pub fn discard(&self) {
         let _ = self.dir.remove_file(&self.staged);
@@ -509,7 +516,7 @@ impl SandboxRoot {
             replacing.map_or_else(|| owner_now(&dir, rel.file_name()), |r| Some(r.owner)),
             false,
         )
-        .map_err(|e| self.map_open_error(rel, e))?;
+        .map_err(|e| self.map_write_error_in(&dir, rel, e))?;
         Ok(StagedWrite {
             dir: dir.into_owned().map_err(|e| self.map_open_error(rel, e))?,
             staged,

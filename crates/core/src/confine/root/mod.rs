@@ -132,8 +132,8 @@ pub use files::{
     sync_dir, temp_name, write_atomic_flush, write_atomic_in,
 };
 use refusal::{
-    changed_meanwhile, hardlink_refusal, named_in_full, removed_meanwhile, special_refusal,
-    swapped_while_read,
+    changed_meanwhile, hardlink_refusal, moved_meanwhile, named_in_full, removed_meanwhile,
+    special_refusal, swapped_while_read,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub(crate) use walk::{
@@ -515,7 +515,7 @@ impl SandboxRoot {
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, durable)?;
         write_atomic_flush(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
-            .map_err(|e| self.map_open_error(rel, e))?;
+            .map_err(|e| self.map_write_error_in(&dir, rel, e))?;
         Ok(created)
     }
 
@@ -820,6 +820,43 @@ impl SandboxRoot {
         self.map_error("write", rel, e)
     }
 
+    /// [`SandboxRoot::map_open_error`] for a write through `dir`, opened as `rel`'s
+    /// parent: one refused for its permissions because `dir` was moved out of the root
+    /// meanwhile (Landlock refuses a write outside it) says so, rather than blame a
+    /// permission someone set.
+    pub(crate) fn map_write_error_in(&self, dir: &Dir, rel: &RelPath, e: io::Error) -> Refusal {
+        if !is_denied(&e) {
+            return self.map_open_error(rel, e);
+        }
+        if self.moved_away(dir, rel) {
+            return moved_meanwhile(rel.parent_components());
+        }
+        // Moved out and back before the look, it cannot be told from a permission.
+        let mut r = self.map_open_error(rel, e);
+        r.reason.push_str(
+            "; if a folder on its way was moved out of the root and back meanwhile, the write was refused as one outside the root: try again",
+        );
+        r
+    }
+
+    /// Whether `dir`, opened as `rel`'s parent, is no longer what the root holds at that
+    /// path (moved away or removed, something else there or nothing). The root itself
+    /// moved away is refused before each action, not here.
+    fn moved_away(&self, dir: &Dir, rel: &RelPath) -> bool {
+        if rel.parent_components().is_empty() {
+            return false;
+        }
+        let Ok(was) = dir.dir_metadata() else {
+            return false;
+        };
+        match self.open_parent(rel, false, false) {
+            Ok((now, _)) => now
+                .dir_metadata()
+                .is_ok_and(|m| (m.dev(), m.ino()) != (was.dev(), was.ino())),
+            Err(r) => r.reason_code == ReasonCode::NotFound,
+        }
+    }
+
     /// [`SandboxRoot::map_open_error`] for a read: what failed is named as a read.
     fn map_read_error(&self, rel: &RelPath, e: io::Error) -> Refusal {
         self.map_error("read", rel, e)
@@ -1072,6 +1109,50 @@ mod tests {
         assert_eq!(
             files::read_regular(&root.dir, "t.txt", 1 << 10).unwrap(),
             b"inside"
+        );
+    }
+
+    /// A write refused for its permissions because its folder was moved out of the root
+    /// meanwhile (Landlock's answer to a write outside) says the folder moved; one whose
+    /// folder is still in place blames the permission, as before.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, moving by path
+    fn a_write_denied_in_a_folder_moved_away_says_it_moved() {
+        let (tmp, root) = root();
+        std::fs::create_dir(tmp.path().join("root/r")).unwrap();
+        let rel = RelPath::from_components(comps("r/t.txt"));
+        let (dir, _) = root.open_parent(&rel, false, false).unwrap();
+        let eacces = || io::Error::from_raw_os_error(13);
+        let in_place = root.map_write_error_in(&dir, &rel, eacces());
+        assert!(
+            in_place.reason.contains("give the runtime's user access")
+                && in_place.reason.ends_with(
+                    "moved out of the root and back meanwhile, the write was refused as one outside the root: try again"
+                ),
+            "{}",
+            in_place.reason
+        );
+        std::fs::rename(tmp.path().join("root/r"), tmp.path().join("moved")).unwrap();
+        for (case, made_again) in [("moved away", false), ("another folder in its place", true)] {
+            if made_again {
+                std::fs::create_dir(tmp.path().join("root/r")).unwrap();
+            }
+            let r = root.map_write_error_in(&dir, &rel, eacces());
+            assert_eq!(r.reason_code, ReasonCode::Conflict, "{case}");
+            assert!(
+                r.reason.starts_with(
+                    "the directory 'r' was moved out of the root or removed while the action ran"
+                ),
+                "{case}: {}",
+                r.reason
+            );
+        }
+        // Another error than a permission's is said as it is.
+        let eio = root.map_write_error_in(&dir, &rel, io::Error::from_raw_os_error(5));
+        assert!(
+            eio.reason.starts_with("could not write 'r/t.txt'"),
+            "{}",
+            eio.reason
         );
     }
 

@@ -53,6 +53,21 @@ pub(super) fn removed_meanwhile(comps: &[String]) -> Refusal {
     )
 }
 
+/// The refusal for a write into the directory `comps`, refused for its permissions
+/// because the directory was moved out of the root (or removed) while the action wrote
+/// into it: Landlock refuses a write outside the root, and the permissions are not to
+/// blame. What the write had made there (its temporary file) moved out with it, where
+/// this process may not remove it.
+pub(super) fn moved_meanwhile(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} was moved out of the root or removed while the action ran; nothing was written in the root (a temporary file of the write may be left in the moved directory, which this process may not touch outside the root): try again",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
 /// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
 /// validation gives the same answer for a parent an earlier action makes a file.
 pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
