@@ -697,6 +697,28 @@ fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
     })
 }
 
+/// Of `lines` (changes to files of one name, in the log's order), the changes another
+/// run made to one target after `since`, as [`AuditLog::changes_since`] gives them.
+pub(crate) fn changes_after<'a>(
+    lines: impl IntoIterator<Item = &'a SandboxAuditEntry>,
+    is_target: impl Fn(&str) -> bool,
+    since: &str,
+    not_execution: &str,
+) -> Vec<SandboxAuditEntry> {
+    let mut found: Vec<SandboxAuditEntry> = lines
+        .into_iter()
+        .filter(|e| {
+            e.timestamp.as_str() > since
+                && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
+                && e.execution_id != not_execution
+                && is_target(&e.target_path)
+        })
+        .cloned()
+        .collect();
+    found.sort_by(|a, b| a.timestamp.cmp(&b.timestamp));
+    found
+}
+
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby
 /// lines in one read; each must be, byte for byte, the line indexed there.
 fn read_back(ix: &Index, file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
@@ -1316,67 +1338,21 @@ impl AuditLog {
         since: &str,
         not_execution: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.changes_back_to(name, is_target, since, not_execution, None)
+        Ok(changes_after(
+            &self.changes_named(name)?,
+            is_target,
+            since,
+            not_execution,
+        ))
     }
 
-    /// [`AuditLog::changes_since`] the snapshot (taken at `since`) of `execution`'s
-    /// `action`, read no further back than that write's own line, when there is one: no
-    /// change recorded before it can have come after its snapshot, since the write held
-    /// the target's lock from its snapshot to its line. So the look-up costs the changes
-    /// to files of that name made since, not all the trail ever recorded of that name.
-    pub fn changes_since_write(
-        &self,
-        name: &str,
-        is_target: impl Fn(&str) -> bool,
-        since: &str,
-        execution: &str,
-        action: &str,
-    ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.changes_back_to(name, is_target, since, execution, Some(action))
-    }
-
-    /// The lines of both, read newest first, down to `written_by`'s write of
-    /// `not_execution` when given.
-    fn changes_back_to(
-        &self,
-        name: &str,
-        is_target: impl Fn(&str) -> bool,
-        since: &str,
-        not_execution: &str,
-        written_by: Option<&str>,
-    ) -> io::Result<Vec<SandboxAuditEntry>> {
-        /// Lines read back at a time.
-        const BATCH: usize = 64;
+    /// Every line of a change (a write or a restore, any run's, whatever its status) to
+    /// a file named `name`, in the log's order: for a caller that looks at several
+    /// targets of one name, read once ([`changes_after`] picks each target's).
+    pub(crate) fn changes_named(&self, name: &str) -> io::Result<Vec<SandboxAuditEntry>> {
         self.reading_mut(|ix, file| {
             let slots = ix.changes_to(name);
-            let mut found: Vec<SandboxAuditEntry> = Vec::new();
-            let mut end = slots.len();
-            'lines: while end > 0 {
-                let start = end.saturating_sub(BATCH);
-                for e in read_back(ix, file, &slots[start..end])?.into_iter().rev() {
-                    if !is_target(&e.target_path) {
-                        continue;
-                    }
-                    if e.execution_id == not_execution {
-                        if written_by == Some(e.action_id.as_str())
-                            && matches!(e.status, AuditStatus::Success | AuditStatus::Failed)
-                        {
-                            break 'lines;
-                        }
-                        continue;
-                    }
-                    if e.timestamp.as_str() > since
-                        && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
-                    {
-                        found.push(e);
-                    }
-                }
-                end = start;
-            }
-            // Back in the log's order, which a stable sort keeps for lines timed alike.
-            found.reverse();
-            found.sort_by(|a, b| a.timestamp.cmp(&b.timestamp));
-            Ok(found)
+            read_back(ix, file, &slots)
         })
     }
 

@@ -35,9 +35,9 @@ pub struct Conflict {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found_by_action: Option<String>,
     /// When the trail records who left what the target holds now, since the workflow's
-    /// last write there (before `found_by_action`'s snapshot, with one): another
-    /// workflow's write (`workflow/action`), to be rolled back first rather than
-    /// overwritten, or its rollback, which took this workflow's write with it.
+    /// last write there: another workflow's write (`workflow/action`), to be rolled back
+    /// first rather than overwritten, or its rollback, which took this workflow's write
+    /// with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_by: Option<ChangedBy>,
     /// For a directory the action made: the `create_directory` actions
@@ -93,16 +93,10 @@ impl<'a> ChangedFile<'a> {
                     "between actions {} and {}{}",
                     shown_path(&c.action_id),
                     shown_path(newer),
-                    match (&c.changed_by, c.came_back()) {
-                        (Some(by), true) => format!(
-                            ", where other workflows wrote and came back to the bytes it left, the last of them {}",
-                            shown_path(&by.action)
-                        ),
-                        (None, true) => {
-                            ", where other workflows wrote and came back to the bytes it left"
-                                .to_owned()
-                        }
-                        (_, false) => String::new(),
+                    if c.came_back() {
+                        ", where other workflows wrote and came back to the bytes it left"
+                    } else {
+                        ""
                     }
                 )),
                 None => {
@@ -248,12 +242,18 @@ impl Sandbox {
     ///
     /// A target that could not be read for a reason not its own (out of descriptors, a
     /// disk error) refuses the lot with `io_error`: it is no change someone made.
+    ///
+    /// A `forced` rollback overwrites what it finds: a trail it cannot read then only
+    /// leaves the writes that came back to a workflow's bytes unlisted.
     pub(crate) fn find_conflicts(
         &self,
         workflow_id: &str,
         snaps: &[(usize, StoredSnapshot)],
+        forced: bool,
     ) -> Verdict<Vec<Conflict>> {
         let mut out = Vec::new();
+        // The trail's changes to files of each name, read once for all the targets.
+        let mut named: HashMap<String, Vec<crate::audit::SandboxAuditEntry>> = HashMap::new();
         let undoing: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
@@ -335,7 +335,7 @@ impl Sandbox {
                     let by = found_by_action
                         .is_none()
                         .then(|| {
-                            let changes = self.changes_since_snapshot(*i, &s.meta).ok()?;
+                            let changes = self.changes_since_in(&mut named, *i, &s.meta).ok()?;
                             Self::changed_by(&changes, &s.meta, left.state.checksum(), &current)
                         })
                         .flatten();
@@ -344,7 +344,13 @@ impl Sandbox {
                     // The very bytes the action left, yet other workflows may have written
                     // there since and come back to them (X, then Y, then X again):
                     // restoring would undo the last of those writes unseen.
-                    self.written_back(*i, &s.meta, &current, newer)?
+                    match self.changes_since_in(&mut named, *i, &s.meta) {
+                        Ok(changes) => Self::written_back(&changes, &s.meta, &current, newer),
+                        Err(_) if forced => (false, None),
+                        Err(e) => {
+                            return Err(crate::error::log_refusal("read the audit trail", &e));
+                        }
+                    }
                 } else {
                     (false, None)
                 };
@@ -363,24 +369,44 @@ impl Sandbox {
         Ok(out)
     }
 
-    /// Whether a target holding `current`, the very file `meta`'s action left, was
-    /// written since by other workflows whose writes stand (none rolled back since):
-    /// then restoring it would undo the last of them, a conflict, named when the trail
-    /// says who left it (see [`Sandbox::changed_by`]). For an older action of the workflow on the
-    /// same target, only the changes before the `newer` one's snapshot count; `current`
-    /// is then what that one found. A trail that cannot be read refuses: whether
-    /// anything would be lost is not known.
-    fn written_back(
+    /// [`Sandbox::changes_since_snapshot`], from the lines of the target's name in
+    /// `named`, read from the trail the first time a name is asked for.
+    fn changes_since_in(
         &self,
+        named: &mut HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
         root: usize,
+        meta: &SnapshotMeta,
+    ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
+        let rel = meta.target();
+        let name = rel.file_name();
+        let lines = match named.entry(name.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(self.audit.changes_named(name)?)
+            }
+        };
+        Ok(crate::audit::changes_after(
+            lines.iter(),
+            |recorded| self.names_target(recorded, root, &rel),
+            &meta.taken_at,
+            &meta.execution_id,
+        ))
+    }
+
+    /// Whether a target holding `current`, the very file `meta`'s action left, was
+    /// written back to those bytes by another workflow's write that stands (not rolled
+    /// back since), recorded among `changes` (the trail's since the action's snapshot):
+    /// then restoring it would undo that write unseen, a conflict, named when the trail
+    /// says who left the bytes (see [`Sandbox::changed_by`]). For an older action of the
+    /// workflow on the same target, only the changes before the `newer` one's snapshot
+    /// count, and none is named: the later action alone is rolled back first.
+    fn written_back(
+        changes: &[crate::audit::SandboxAuditEntry],
         meta: &SnapshotMeta,
         current: &TargetState,
         newer: Option<&SnapshotMeta>,
-    ) -> Verdict<(bool, Option<ChangedBy>)> {
+    ) -> (bool, Option<ChangedBy>) {
         use crate::audit::AuditStatus;
-        let changes = self
-            .changes_since_snapshot(root, meta)
-            .map_err(|e| crate::error::log_refusal("read the audit trail", &e))?;
         let window: Vec<_> = changes
             .iter()
             .filter(|c| newer.is_none_or(|n| c.timestamp < n.taken_at))
@@ -393,20 +419,23 @@ impl Sandbox {
                     && (&r.workflow_id, &r.action_id) == (&w.workflow_id, &w.action_id)
             })
         };
+        // A write that left other bytes (a dead run's, recorded after the fact with a
+        // later time) did not bring these back.
         let standing = window.iter().any(|w| {
             w.status == AuditStatus::Success
                 && w.workflow_id != meta.workflow_id
                 && w.before_checksum != w.after_checksum
+                && w.after_checksum == current.checksum()
                 && !undone(w)
         });
-        Ok(if standing {
-            (
-                true,
-                Self::changed_by(&window, meta, current.checksum(), current),
-            )
-        } else {
-            (false, None)
-        })
+        if !standing {
+            return (false, None);
+        }
+        let by = newer
+            .is_none()
+            .then(|| Self::changed_by(&window, meta, current.checksum(), current))
+            .flatten();
+        (true, by)
     }
 
     /// Another workflow's change that left `current` at the target of `meta`'s action:

@@ -833,19 +833,18 @@ impl Sandbox {
 
     /// The changes other runs made to the target of `meta`'s action (in root `root`)
     /// after its snapshot, as the trail records them, earliest first (see
-    /// [`AuditLog::changes_since_write`]).
+    /// [`AuditLog::changes_since`]).
     pub(crate) fn changes_since_snapshot(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
-        self.audit.changes_since_write(
+        self.audit.changes_since(
             rel.file_name(),
             |recorded| self.names_target(recorded, root, &rel),
             &meta.taken_at,
             &meta.execution_id,
-            &meta.action_id,
         )
     }
 

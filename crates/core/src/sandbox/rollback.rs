@@ -406,7 +406,7 @@ impl Sandbox {
         let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
         let (refusal, conflicts) = match refusal {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
-            None => match self.find_conflicts(workflow_id, &pending) {
+            None => match self.find_conflicts(workflow_id, &pending, false) {
                 Ok(conflicts) => (
                     self.standing_refusal(&pending, false)
                         .map(|(r, _)| (r.reason_code, r.reason)),
@@ -1072,7 +1072,7 @@ impl Sandbox {
             Ok(h) => h,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
-        let mut conflicts = match self.find_conflicts(workflow_id, &chosen) {
+        let mut conflicts = match self.find_conflicts(workflow_id, &chosen, opts.force) {
             Ok(c) => c,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };

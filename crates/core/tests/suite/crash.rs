@@ -3977,3 +3977,115 @@ fn a_folder_made_by_a_dead_create_directory_is_removed_by_recovery() {
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
     }
 }
+
+/// `wf_dead`'s `a1` (replace with `dead`) dies at `point` while a process that lives on
+/// then writes `a.txt` in each of `later` (workflow, action, content); the next start,
+/// a second later (as in life), recovers the dead run and records its write after them.
+fn overtaken_by_live_writes(
+    w: &World,
+    c: &ailab_sandbox_core::Config,
+    point: &str,
+    dead: &str,
+    later: &[(&str, &str, &str)],
+) -> ailab_sandbox_core::Sandbox {
+    let running = w.open(c.clone());
+    die_with(
+        w,
+        c,
+        point,
+        json!({"workflow_id": "wf_dead", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": dead}]}),
+    );
+    for (wf, id, text) in later {
+        w.clock.advance(chrono::Duration::seconds(1));
+        let r = run(
+            &running,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": id, "intent": "replace_file", "path": "a.txt", "content": text}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    drop(running);
+    w.clock.advance(chrono::Duration::seconds(1));
+    w.open(c.clone())
+}
+
+/// A dead write recorded after a later writer's line came before that writer's
+/// snapshot: the later writer's own rollback (the file holds just what it left) has
+/// nothing to fear from it, and gives the file back the dead run's bytes.
+#[test]
+fn a_dead_write_recorded_after_a_later_one_is_no_write_back() {
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Batched] {
+        for point in ["after_mutate", "before_registry", "before_audit"] {
+            let w = World::new();
+            w.write("a.txt", b"alpha\n");
+            let mut c = w.writable_config();
+            c.durability = d;
+            let sb = overtaken_by_live_writes(&w, &c, point, "DEAD\n", &[("wf_live", "b1", "X\n")]);
+            assert_eq!(w.read("a.txt"), b"X\n");
+            let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());
+            if rb.status != "rolled_back" || w.read("a.txt") != b"DEAD\n" {
+                wrong.push(format!("{d:?} {point}: {rb:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The dead run's write is recorded after the writes of other workflows that came after
+/// it (X, then Y, then X again). Its rollback would undo wf_3's write unseen: a conflict,
+/// as for any workflow.
+#[test]
+fn writes_back_over_a_recovered_write_are_a_conflict() {
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Batched] {
+        for point in ["after_mutate", "before_registry", "before_audit"] {
+            let w = World::new();
+            w.write("a.txt", b"alpha\n");
+            let mut c = w.writable_config();
+            c.durability = d;
+            let sb = overtaken_by_live_writes(
+                &w,
+                &c,
+                point,
+                "X\n",
+                &[("wf_2", "b1", "Y\n"), ("wf_3", "c1", "X\n")],
+            );
+            assert_eq!(w.read("a.txt"), b"X\n");
+            let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
+            if rb.status != "refused" || w.read("a.txt") != b"X\n" {
+                wrong.push(format!(
+                    "{d:?} {point}: file={:?} {rb:?}",
+                    String::from_utf8_lossy(&w.read("a.txt"))
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The dead run's write recovered after a later write that changed the file: the
+/// conflict names that write (`changed_by`), as the trail says who left the bytes.
+#[test]
+fn a_change_over_a_recovered_write_is_named() {
+    use ailab_sandbox_core::config::Durability;
+    let mut wrong = Vec::new();
+    for d in [Durability::Strict, Durability::Batched] {
+        for point in ["after_mutate", "before_registry", "before_audit"] {
+            let w = World::new();
+            w.write("a.txt", b"alpha\n");
+            let mut c = w.writable_config();
+            c.durability = d;
+            let sb = overtaken_by_live_writes(&w, &c, point, "X\n", &[("wf_2", "b1", "Y\n")]);
+            let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
+            let by = rb.conflicts.first().and_then(|c| c.changed_by.clone());
+            if by.as_ref().map(|b| b.action.as_str()) != Some("wf_2/b1") {
+                wrong.push(format!("{d:?} {point}: {rb:?}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

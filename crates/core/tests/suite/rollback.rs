@@ -3192,3 +3192,23 @@ fn results_and_reports_read_back_from_their_json() {
         assert_eq!(json!(s), json!(s.to_string()));
     }
 }
+
+/// A forced rollback overwrites whatever changed: a trail line of the file that cannot be
+/// read (changed in place under the process) cannot change what force does.
+#[test]
+fn a_forced_rollback_needs_no_readable_trail() {
+    let w = World::new();
+    w.write("f.txt", b"v0\n");
+    let sb = w.sandbox();
+    replace_later(&w, &sb, "wf_1", "a1", "X\n");
+    replace_later(&w, &sb, "wf_2", "b1", "Y\n");
+    replace_later(&w, &sb, "wf_3", "c1", "X\n");
+    let trail = w.state.join("sandbox_audit.jsonl");
+    let text = std::fs::read_to_string(&trail).unwrap();
+    let changed = text.replacen("\"workflow_id\":\"wf_3\"", "\"workflow_id\":\"wf_9\"", 1);
+    assert_ne!(changed, text);
+    std::fs::write(&trail, changed).unwrap();
+    let rb = rollback(&sb, "wf_1", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"v0\n");
+}
