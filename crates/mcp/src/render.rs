@@ -177,7 +177,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         // The limit is on the whole file: appending in parts meets it all the same.
         C::SizeExceeded => match op.map(|w| w.op.name) {
             Some("append_file") => {
-                "the file would grow over the tool's size limit (see its description), which counts the whole file; put the rest into a new file with create_file."
+                "the file would grow over the tool's size limit (see its description), which counts the whole file; put what does not fit into a new file with create_file (over several, when it is over the limit by itself)."
             }
             Some("write_json" | "write_yaml" | "generate_config") => {
                 "the document would be over the tool's size limit (see its description); split the data over several smaller files."

@@ -825,18 +825,12 @@ impl SandboxRoot {
     /// meanwhile (Landlock refuses a write outside it) says so, rather than blame a
     /// permission someone set.
     pub(crate) fn map_write_error_in(&self, dir: &Dir, rel: &RelPath, e: io::Error) -> Refusal {
-        if !is_denied(&e) {
-            return self.map_open_error(rel, e);
-        }
-        if self.moved_away(dir, rel) {
+        // One moved out and back before the look cannot be told from a permission; a
+        // hint that it might have been would send every real one to try again.
+        if is_denied(&e) && self.moved_away(dir, rel) {
             return moved_meanwhile(rel.parent_components());
         }
-        // Moved out and back before the look, it cannot be told from a permission.
-        let mut r = self.map_open_error(rel, e);
-        r.reason.push_str(
-            "; if a folder on its way was moved out of the root and back meanwhile, the write was refused as one outside the root: try again",
-        );
-        r
+        self.map_open_error(rel, e)
     }
 
     /// Whether `dir`, opened as `rel`'s parent, is no longer what the root holds at that
@@ -1125,10 +1119,9 @@ mod tests {
         let eacces = || io::Error::from_raw_os_error(13);
         let in_place = root.map_write_error_in(&dir, &rel, eacces());
         assert!(
-            in_place.reason.contains("give the runtime's user access")
-                && in_place.reason.ends_with(
-                    "moved out of the root and back meanwhile, the write was refused as one outside the root: try again"
-                ),
+            in_place
+                .reason
+                .ends_with("give the runtime's user access there, or use another path"),
             "{}",
             in_place.reason
         );
