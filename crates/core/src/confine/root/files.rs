@@ -475,7 +475,8 @@ impl StagedWrite {
     }
 
     /// [`StagedWrite::commit`], its failure a refusal naming `rel`, the target, in
-    /// `root` (see [`SandboxRoot::map_write_error_in`]).
+    /// `root`, as a write's: one refused because the folder was moved out of the root
+    /// meanwhile says so.
     pub fn commit_in(&self, root: &SandboxRoot, rel: &RelPath, put: Put, sync: bool) -> Verdict {
         self.commit(put, sync)
             .map_err(|e| root.map_write_error_in(&self.dir, rel, e))
