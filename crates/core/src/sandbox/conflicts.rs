@@ -11,6 +11,10 @@ use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnap
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// The trail's lines of changes to files of one name, by the target they name (root,
+/// path beneath it), in the log's order.
+type Recorded = HashMap<(usize, String), Vec<crate::audit::SandboxAuditEntry>>;
+
 /// Whether a target is to be restored, and what the restore may replace: what the
 /// judgement saw (see [`Put`]).
 type Judged = (bool, Put);
@@ -94,7 +98,7 @@ impl<'a> ChangedFile<'a> {
                     shown_path(&c.action_id),
                     shown_path(newer),
                     if c.came_back() {
-                        ", where other workflows wrote and came back to the bytes it left"
+                        ", where it was written over and back to the bytes it left"
                     } else {
                         ""
                     }
@@ -118,14 +122,17 @@ impl<'a> ChangedFile<'a> {
                 shown_path(&by.action)
             ),
             (Some(by), true) => format!(
-                "since the workflow's last write, other workflows wrote there and came back to the bytes it left, the last of them {}",
+                "since the workflow's last write, written over and back to the bytes it left, last by {}",
                 shown_path(&by.action)
             ),
             (Some(by), false) => format!(
                 "since the workflow's last write, written by {}",
                 shown_path(&by.action)
             ),
-            (None, true) => "since the workflow's last write, other workflows wrote there and came back to the bytes it left".to_owned(),
+            (None, true) => {
+                "since the workflow's last write, written over and back to the bytes it left"
+                    .to_owned()
+            }
             (None, false) => "since the workflow's last write".to_owned(),
         };
         let between = self.between.join("; ");
@@ -253,7 +260,7 @@ impl Sandbox {
     ) -> Verdict<Vec<Conflict>> {
         let mut out = Vec::new();
         // The trail's changes to files of each name, read once for all the targets.
-        let mut named: HashMap<String, Vec<crate::audit::SandboxAuditEntry>> = HashMap::new();
+        let mut named: HashMap<String, Recorded> = HashMap::new();
         let undoing: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
@@ -340,7 +347,10 @@ impl Sandbox {
                         })
                         .flatten();
                     (true, by)
-                } else if current == left.state && matches!(current, TargetState::File(_)) {
+                } else if current == left.state
+                    && matches!(current, TargetState::File(_))
+                    && current != TargetState::found_by(&s.meta)
+                {
                     // The very bytes the action left, yet other workflows may have written
                     // there since and come back to them (X, then Y, then X again):
                     // restoring would undo the last of those writes unseen.
@@ -370,24 +380,34 @@ impl Sandbox {
     }
 
     /// [`Sandbox::changes_since_snapshot`], from the lines of the target's name in
-    /// `named`, read from the trail the first time a name is asked for.
+    /// `named`, read from the trail the first time a name is asked for and sorted by
+    /// the target they name (under whatever spelling of its root).
     fn changes_since_in(
         &self,
-        named: &mut HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
+        named: &mut HashMap<String, Recorded>,
         root: usize,
         meta: &SnapshotMeta,
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
         let name = rel.file_name();
-        let lines = match named.entry(name.to_owned()) {
+        let by_target = match named.entry(name.to_owned()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(self.audit.changes_named(name)?)
+                let mut by_target = Recorded::new();
+                for line in self.audit.changes_named(name)? {
+                    if let Some(at) = self.recorded_at(&line.target_path) {
+                        by_target.entry(at).or_default().push(line);
+                    }
+                }
+                v.insert(by_target)
             }
         };
         Ok(crate::audit::changes_after(
-            lines.iter(),
-            |recorded| self.names_target(recorded, root, &rel),
+            by_target
+                .get(&(root, rel.as_string()))
+                .into_iter()
+                .flatten(),
+            |_| true,
             &meta.taken_at,
             &meta.execution_id,
         ))

@@ -1086,7 +1086,7 @@ fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
     assert_eq!(c.current_checksum, c.expected_checksum);
     assert!(
         rb.reason.as_deref().unwrap().contains(
-            "f.txt (since the workflow's last write, other workflows wrote there and came back to the bytes it left, the last of them 'wf_3/a1')"
+            "f.txt (since the workflow's last write, written over and back to the bytes it left, last by 'wf_3/a1')"
         ),
         "{rb:?}"
     );
@@ -1118,6 +1118,31 @@ fn a_write_back_to_what_the_action_found_is_no_conflict() {
     }
 }
 
+/// An action that wrote the very bytes it found (X over X) loses nothing to its restore,
+/// whatever was written over and back since: no conflict, here or between two of the
+/// workflow's writes.
+#[test]
+fn a_write_of_the_bytes_found_is_no_conflict_whatever_came_back() {
+    for later_run in [false, true] {
+        let w = World::new();
+        w.write("f.txt", b"X\n");
+        let sb = w.sandbox();
+        for (wf, id, text) in [
+            ("wf_a", "a1", "X\n"),
+            ("wf_b", "b1", "Y\n"),
+            ("wf_c", "c1", "X\n"),
+        ] {
+            replace_later(&w, &sb, wf, id, text);
+        }
+        if later_run {
+            replace_later(&w, &sb, "wf_a", "a2", "Z\n");
+        }
+        let rb = rollback(&sb, "wf_a", false);
+        assert_eq!(rb.status, "rolled_back", "{later_run} {rb:?}");
+        assert_eq!(w.read("f.txt"), b"X\n");
+    }
+}
+
 /// A recorded write that stands is not undone unseen because the trail cannot say who
 /// left the bytes (a change made without the runtime breaks the chain), nor because its
 /// line cannot be read: the first is a conflict naming nobody, the second a refusal
@@ -1135,7 +1160,7 @@ fn a_write_back_is_a_conflict_whoever_left_the_bytes_and_refused_when_unreadable
     assert_eq!(rb.conflicts[0].changed_by, None, "{rb:?}");
     assert!(
         rb.reason.as_deref().unwrap().contains(
-            "f.txt (since the workflow's last write, other workflows wrote there and came back to the bytes it left)"
+            "f.txt (since the workflow's last write, written over and back to the bytes it left)"
         ),
         "{rb:?}"
     );
