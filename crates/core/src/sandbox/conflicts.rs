@@ -30,8 +30,9 @@ pub struct Conflict {
     pub expected_checksum: Option<String>,
     /// What is there now (`None`: missing); with `found_by_action`, what that action
     /// found there, which a rollback puts back before it reaches this one. The same as
-    /// `expected_checksum` when other workflows' writes recorded since came back to
-    /// those bytes: `changed_by` names the last of them, which restoring would undo.
+    /// `expected_checksum` when the file was written over since and back to those
+    /// bytes by another workflow's write that stands, which restoring would undo
+    /// (`changed_by` names it when the trail says who left the bytes).
     pub current_checksum: Option<String>,
     /// When the change was made between two writes of the workflow to the same target:
     /// the later action, which found `current_checksum` where this one had left
@@ -51,8 +52,8 @@ pub struct Conflict {
 }
 
 impl Conflict {
-    /// Whether the target holds the very bytes the action left: other workflows' writes
-    /// since came back to them.
+    /// Whether the target holds the very bytes the action left, written over and back
+    /// since.
     fn came_back(&self) -> bool {
         self.expected_checksum.is_some() && self.expected_checksum == self.current_checksum
     }
@@ -69,7 +70,7 @@ pub(super) struct ChangedFile<'a> {
     pub(super) between: Vec<String>,
     /// Who left what it holds, since the workflow's last write.
     pub(super) by: Option<ChangedBy>,
-    /// It holds what the workflow last wrote, which other workflows' writes came back to.
+    /// It holds what the workflow last wrote, written over and back since.
     back: bool,
 }
 
