@@ -4010,11 +4010,14 @@ fn overtaken_by_live_writes(
     w.open(c.clone())
 }
 
-/// A dead write recorded after a later writer's line came before that writer's
-/// snapshot: the later writer's own rollback (the file holds just what it left) has
-/// nothing to fear from it, and gives the file back the dead run's bytes.
-#[test]
-fn a_dead_write_recorded_after_a_later_one_is_no_write_back() {
+/// For `strict` and `batched` and each point a write may die at: `wf_dead`'s write of
+/// `dead` overtaken by `later` (see [`overtaken_by_live_writes`]), then `check` on the
+/// world and the next start, which says what is wrong, if anything.
+fn over_each_crash(
+    dead: &str,
+    later: &[(&str, &str, &str)],
+    check: impl Fn(&World, &ailab_sandbox_core::Sandbox) -> Option<String>,
+) {
     use ailab_sandbox_core::config::Durability;
     let mut wrong = Vec::new();
     for d in [Durability::Strict, Durability::Batched] {
@@ -4023,15 +4026,25 @@ fn a_dead_write_recorded_after_a_later_one_is_no_write_back() {
             w.write("a.txt", b"alpha\n");
             let mut c = w.writable_config();
             c.durability = d;
-            let sb = overtaken_by_live_writes(&w, &c, point, "DEAD\n", &[("wf_live", "b1", "X\n")]);
-            assert_eq!(w.read("a.txt"), b"X\n");
-            let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());
-            if rb.status != "rolled_back" || w.read("a.txt") != b"DEAD\n" {
-                wrong.push(format!("{d:?} {point}: {rb:?}"));
+            let sb = overtaken_by_live_writes(&w, &c, point, dead, later);
+            if let Some(why) = check(&w, &sb) {
+                wrong.push(format!("{d:?} {point}: {why}"));
             }
         }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// A dead write recorded after a later writer's line came before that writer's
+/// snapshot: the later writer's own rollback (the file holds just what it left) has
+/// nothing to fear from it, and gives the file back the dead run's bytes.
+#[test]
+fn a_dead_write_recorded_after_a_later_one_is_no_write_back() {
+    over_each_crash("DEAD\n", &[("wf_live", "b1", "X\n")], |w, sb| {
+        assert_eq!(w.read("a.txt"), b"X\n");
+        let rb = sb.rollback_workflow("wf_live", &RollbackOptions::default());
+        (rb.status != "rolled_back" || w.read("a.txt") != b"DEAD\n").then(|| format!("{rb:?}"))
+    });
 }
 
 /// The dead run's write is recorded after the writes of other workflows that came after
@@ -4039,53 +4052,26 @@ fn a_dead_write_recorded_after_a_later_one_is_no_write_back() {
 /// as for any workflow.
 #[test]
 fn writes_back_over_a_recovered_write_are_a_conflict() {
-    use ailab_sandbox_core::config::Durability;
-    let mut wrong = Vec::new();
-    for d in [Durability::Strict, Durability::Batched] {
-        for point in ["after_mutate", "before_registry", "before_audit"] {
-            let w = World::new();
-            w.write("a.txt", b"alpha\n");
-            let mut c = w.writable_config();
-            c.durability = d;
-            let sb = overtaken_by_live_writes(
-                &w,
-                &c,
-                point,
-                "X\n",
-                &[("wf_2", "b1", "Y\n"), ("wf_3", "c1", "X\n")],
-            );
-            assert_eq!(w.read("a.txt"), b"X\n");
-            let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
-            if rb.status != "refused" || w.read("a.txt") != b"X\n" {
-                wrong.push(format!(
-                    "{d:?} {point}: file={:?} {rb:?}",
-                    String::from_utf8_lossy(&w.read("a.txt"))
-                ));
-            }
-        }
-    }
-    assert!(wrong.is_empty(), "{wrong:#?}");
+    let later = [("wf_2", "b1", "Y\n"), ("wf_3", "c1", "X\n")];
+    over_each_crash("X\n", &later, |w, sb| {
+        assert_eq!(w.read("a.txt"), b"X\n");
+        let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
+        (rb.status != "refused" || w.read("a.txt") != b"X\n").then(|| {
+            format!(
+                "file={:?} {rb:?}",
+                String::from_utf8_lossy(&w.read("a.txt"))
+            )
+        })
+    });
 }
 
 /// The dead run's write recovered after a later write that changed the file: the
 /// conflict names that write (`changed_by`), as the trail says who left the bytes.
 #[test]
 fn a_change_over_a_recovered_write_is_named() {
-    use ailab_sandbox_core::config::Durability;
-    let mut wrong = Vec::new();
-    for d in [Durability::Strict, Durability::Batched] {
-        for point in ["after_mutate", "before_registry", "before_audit"] {
-            let w = World::new();
-            w.write("a.txt", b"alpha\n");
-            let mut c = w.writable_config();
-            c.durability = d;
-            let sb = overtaken_by_live_writes(&w, &c, point, "X\n", &[("wf_2", "b1", "Y\n")]);
-            let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
-            let by = rb.conflicts.first().and_then(|c| c.changed_by.clone());
-            if by.as_ref().map(|b| b.action.as_str()) != Some("wf_2/b1") {
-                wrong.push(format!("{d:?} {point}: {rb:?}"));
-            }
-        }
-    }
-    assert!(wrong.is_empty(), "{wrong:#?}");
+    over_each_crash("X\n", &[("wf_2", "b1", "Y\n")], |_, sb| {
+        let rb = sb.rollback_workflow("wf_dead", &RollbackOptions::default());
+        let by = rb.conflicts.first().and_then(|c| c.changed_by.clone());
+        (by.as_ref().map(|b| b.action.as_str()) != Some("wf_2/b1")).then(|| format!("{rb:?}"))
+    });
 }
