@@ -11,9 +11,35 @@ use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnap
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
-/// The trail's lines of changes to files of one name, by the target they name (root,
-/// path beneath it), in the log's order.
-type Recorded = HashMap<(usize, String), Vec<crate::audit::SandboxAuditEntry>>;
+/// The trail's lines of changes to files of one name, by the path they record (in the
+/// log's order), and those paths by each of their endings (`f.txt`, `d/f.txt`, …): a
+/// target's lines are those of the paths ending in its path beneath the root that
+/// [`Sandbox::names_target`] takes for it, under whatever spelling of its root.
+#[derive(Default)]
+struct Recorded {
+    by_path: HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
+    by_ending: HashMap<String, Vec<String>>,
+}
+
+impl Recorded {
+    fn of(lines: Vec<crate::audit::SandboxAuditEntry>) -> Self {
+        let mut r = Self::default();
+        for line in lines {
+            let path = line.target_path.clone();
+            let lines = r.by_path.entry(path.clone()).or_default();
+            if lines.is_empty() {
+                for (at, _) in path.match_indices('/') {
+                    r.by_ending
+                        .entry(path[at + 1..].to_owned())
+                        .or_default()
+                        .push(path.clone());
+                }
+            }
+            lines.push(line);
+        }
+        r
+    }
+}
 
 /// Whether a target is to be restored, and what the restore may replace: what the
 /// judgement saw (see [`Put`]).
@@ -289,6 +315,14 @@ impl Sandbox {
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
+        // What the rollback leaves at each path in the end: what its oldest action there
+        // found (`snaps` is oldest first).
+        let mut left_at_end: HashMap<String, TargetState> = HashMap::new();
+        for (i, s) in snaps {
+            left_at_end
+                .entry(self.abs_path(*i, &s.meta.target()))
+                .or_insert_with(|| TargetState::found_by(&s.meta));
+        }
         let mut will_hold: HashMap<String, (TargetState, &SnapshotMeta)> = HashMap::new();
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
@@ -350,7 +384,7 @@ impl Sandbox {
                     (true, by)
                 } else if current == left.state
                     && matches!(current, TargetState::File(_))
-                    && current != TargetState::found_by(&s.meta)
+                    && left_at_end.get(&abs) != Some(&current)
                 {
                     // The very bytes the action left, yet other workflows may have written
                     // there since and come back to them (X, then Y, then X again):
@@ -381,8 +415,7 @@ impl Sandbox {
     }
 
     /// [`Sandbox::changes_since_snapshot`], from the lines of the target's name in
-    /// `named`, read from the trail the first time a name is asked for and sorted by
-    /// the target they name (under whatever spelling of its root).
+    /// `named`, read from the trail the first time a name is asked for.
     fn changes_since_in(
         &self,
         named: &mut HashMap<String, Recorded>,
@@ -391,23 +424,25 @@ impl Sandbox {
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
         let name = rel.file_name();
-        let by_target = match named.entry(name.to_owned()) {
+        let recorded = match named.entry(name.to_owned()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let mut by_target = Recorded::new();
-                for line in self.audit.changes_named(name)? {
-                    if let Some(at) = self.recorded_at(&line.target_path) {
-                        by_target.entry(at).or_default().push(line);
-                    }
-                }
-                v.insert(by_target)
+                v.insert(Recorded::of(self.audit.changes_named(name)?))
             }
         };
+        // In the log's order, as if read from it, for the stable sort by time after.
+        let mut lines: Vec<&crate::audit::SandboxAuditEntry> = recorded
+            .by_ending
+            .get(&rel.as_string())
+            .into_iter()
+            .flatten()
+            .filter(|path| self.names_target(path, root, &rel))
+            .filter_map(|path| recorded.by_path.get(path))
+            .flatten()
+            .collect();
+        lines.sort_by_key(|l| l.seq);
         Ok(crate::audit::changes_after(
-            by_target
-                .get(&(root, rel.as_string()))
-                .into_iter()
-                .flatten(),
+            lines,
             |_| true,
             &meta.taken_at,
             &meta.execution_id,

@@ -863,8 +863,6 @@ impl Sandbox {
                 .is_some_and(|r| self.roots[root_index].is_named_by(r))
     }
 
-    /// The root (index) a recorded absolute target path lies in, whatever spelling of
-    /// the root it was recorded with; `None` when it is in none of this process's roots.
     /// Why writes into `target`, which no root of this process holds, cannot be dealt with
     /// here, and what to do, for a `verb` ("rollback", "prune"): a root that was given but
     /// skipped at start is named with why, not called one this process lacks.
@@ -892,29 +890,16 @@ impl Sandbox {
         }
     }
 
-    fn root_of(&self, target: &str) -> Option<usize> {
-        self.recorded_at(target).map(|(i, _)| i)
-    }
-
     /// The root (index) a recorded absolute target path lies in, whatever spelling of
-    /// the root it was recorded with, and the path beneath it (components joined by
-    /// `/`, as [`RelPath::as_string`] gives them); `None` when it is in none of this
-    /// process's roots.
-    pub(crate) fn recorded_at(&self, target: &str) -> Option<(usize, String)> {
+    /// the root it was recorded with; `None` when it is in none of this process's roots.
+    fn root_of(&self, target: &str) -> Option<usize> {
         let path = std::path::Path::new(target);
-        let beneath = |i: usize, root: &std::path::Path| {
-            let rel = path.strip_prefix(root).ok()?;
-            let comps: Option<Vec<&str>> =
-                rel.components().map(|c| c.as_os_str().to_str()).collect();
-            Some((i, comps?.join("/")))
-        };
         if let Some(i) = self.root_paths.iter().position(|r| path.starts_with(r)) {
-            return beneath(i, &self.root_paths[i]);
+            return Some(i);
         }
         path.ancestors().skip(1).find_map(|a| {
-            let named = a.to_str()?;
-            let i = self.roots.iter().position(|r| r.is_named_by(named))?;
-            beneath(i, a)
+            let a = a.to_str()?;
+            self.roots.iter().position(|r| r.is_named_by(a))
         })
     }
 }

@@ -1143,6 +1143,62 @@ fn a_write_of_the_bytes_found_is_no_conflict_whatever_came_back() {
     }
 }
 
+/// A newer write of the workflow that wrote the bytes it found (X over X) does not hide
+/// what came back since from the older one's restore, which puts back what was there
+/// before the workflow (v0): the rollback as a whole would undo the standing write.
+#[test]
+fn a_newer_write_of_the_bytes_found_does_not_hide_what_came_back() {
+    let w = World::new();
+    w.write("f.txt", b"v0\n");
+    let sb = w.sandbox();
+    for (wf, id, text) in [
+        ("wf_a", "a1", "X\n"),
+        ("wf_a", "a2", "X\n"),
+        ("wf_b", "b1", "Y\n"),
+        ("wf_c", "c1", "X\n"),
+    ] {
+        replace_later(&w, &sb, wf, id, text);
+    }
+    assert_eq!(sb.rollback_info("wf_a").unwrap().conflicts.len(), 1);
+    let rb = rollback(&sb, "wf_a", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts[0].changed_by, write_by("wf_c/c1"), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"X\n", "nothing restored");
+}
+
+/// Writes recorded by another process whose root is spelt through a link, outside the
+/// root or inside it (`root/up` → the root's parent, the root spelt `root/up/root`), are
+/// the target's writes all the same: one that came back is a conflict, one that changed
+/// the file is named.
+#[test]
+fn writes_under_another_spelling_of_the_root_count_wherever_its_link_is() {
+    for (inside, came_back) in [(false, true), (true, true), (false, false), (true, false)] {
+        let w = World::new();
+        w.write("f.txt", b"v0\n");
+        let sb = w.sandbox();
+        replace_later(&w, &sb, "wf_1", "a1", "X\n");
+        let link = if inside {
+            w.root.join("up")
+        } else {
+            w.tmp.path().join("up")
+        };
+        std::os::unix::fs::symlink(w.root.parent().unwrap(), &link).unwrap();
+        let mut other = w.writable_config();
+        other.roots = vec![link.join(w.root.file_name().unwrap())];
+        let sb2 = w.open(other);
+        replace_later(&w, &sb2, "wf_2", "b1", "Y\n");
+        if came_back {
+            replace_later(&w, &sb2, "wf_3", "c1", "X\n");
+        }
+        drop(sb2);
+        let rb = rollback(&sb, "wf_1", false);
+        let case = format!("inside {inside}, came back {came_back}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
+        let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
+        assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
+    }
+}
+
 /// A recorded write that stands is not undone unseen because the trail cannot say who
 /// left the bytes (a change made without the runtime breaks the chain), nor because its
 /// line cannot be read: the first is a conflict naming nobody, the second a refusal
