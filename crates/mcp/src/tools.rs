@@ -559,7 +559,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "list_directory",
         ToolKind::ListDirectory,
         "List directory".into(),
-        format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' for the top of the root. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
+        format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' (or give '.') for the top of the root; one trailing '/' is taken. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
         vec![
             path_field("Directory to list (default: the root itself)", false, depth),
             root_field(),
@@ -576,7 +576,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "get_file_info",
         ToolKind::GetFileInfo,
         "Get file info".into(),
-        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link; for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
+        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link ('.' is the top of the root); for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
         vec![path_field("Path to describe", true, depth), root_field()],
         read_only("Get file info"),
     ));

@@ -84,8 +84,8 @@ impl Sandbox {
         })
     }
 
-    /// Lists a directory inside a root (`""` or `/` for the first root's top; a root's
-    /// own absolute path for that root's). Entries no read or write may name (the
+    /// Lists a directory inside a root (`""`, `/` or `.` for the first root's top; a
+    /// root's own absolute path for that root's; one trailing `/` taken). Entries no read or write may name (the
     /// snapshot store `.rollback`, the runtime's temporary files) are left out.
     pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
         let mut entries = self.list_any_directory(path, root)?;
@@ -94,42 +94,63 @@ impl Sandbox {
     }
 
     fn list_any_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
+        if let Some(i) = self.root_top_named(path, root)? {
+            return self.roots[i].list_dir(None);
+        }
+        // A directory is often written with a trailing `/`; one is taken, as for a root.
+        let (i, rel) = self.resolve_read(path.strip_suffix('/').unwrap_or(path), root)?;
+        self.roots[i].list_dir(Some(&rel))
+    }
+
+    /// The root whose top `path` names, checked to be in place: `""`, `/` or `.` name the
+    /// first root (or the one `root` names), a root's own absolute path (one trailing `/`
+    /// aside) that root. `None` for any other path, which is then resolved as usual.
+    fn root_top_named(&self, path: &str, root: Option<&str>) -> Verdict<Option<usize>> {
         let hinted = || -> Verdict<usize> {
             Ok(match root {
                 Some(_) => resolve_sandbox_path("x", &self.root_paths, root, 8)?.root_index,
                 None => 0,
             })
         };
-        let top = |i: usize| {
-            self.root_in_place_to_read(i)?;
-            self.roots[i].list_dir(None)
-        };
-        if path.is_empty() || path == "/" || path == "." {
-            return top(hinted()?);
-        }
-        // Compared as text, as the other paths an agent gives are taken literally (no
-        // `.` or empty component), one trailing `/` aside.
-        let bare = path.strip_suffix('/').unwrap_or(path);
-        if let Some(i) = self
-            .root_paths
-            .iter()
-            .position(|r| r.to_str() == Some(bare))
-        {
-            if root.is_none() || hinted()? == i {
-                return top(i);
+        let i = if path.is_empty() || path == "/" || path == "." {
+            hinted()?
+        } else {
+            // Compared as text, as the other paths an agent gives are taken literally (no
+            // `.` or empty component), one trailing `/` aside.
+            let bare = path.strip_suffix('/').unwrap_or(path);
+            let Some(i) = self
+                .root_paths
+                .iter()
+                .position(|r| r.to_str() == Some(bare))
+            else {
+                return Ok(None);
+            };
+            if root.is_some() && hinted()? != i {
+                // Another root named alongside: refused as any path of another root is
+                // (the trailing `/` is not the fault), unless it lies inside the one named.
+                self.resolve_read(bare, root)?;
+                return Ok(None);
             }
-            // Another root named alongside: refused as any path of another root is (the
-            // trailing `/` is not the fault).
-            self.resolve_read(bare, root)?;
-        }
-        let (i, rel) = self.resolve_read(path, root)?;
-        self.roots[i].list_dir(Some(&rel))
+            i
+        };
+        self.root_in_place_to_read(i)?;
+        Ok(Some(i))
     }
 
     /// Describes a path inside a root. A symlink, FIFO, socket or device at the path is
     /// named for what it is, never followed or opened; a file with other hard links is
     /// refused (`hardlink_refused`) as for `read_file`, since it may be a file outside.
+    /// A root's top, named as [`Sandbox::list_directory`] names it, is a `directory`.
     pub fn get_file_info(&self, path: &str, root: Option<&str>) -> Verdict<FileInfo> {
+        if self.root_top_named(path, root)?.is_some() {
+            return Ok(FileInfo {
+                path: path.to_owned(),
+                kind: "directory",
+                size_bytes: None,
+                sha256: None,
+                artifact_id: None,
+            });
+        }
         let (i, rel) = self.resolve_read(path, root)?;
         let (entry, _) = self.roots[i].entry(&rel)?;
         let abs = join_display(&self.root_paths[i], &rel)

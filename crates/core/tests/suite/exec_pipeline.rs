@@ -2006,6 +2006,49 @@ fn a_root_is_listed_by_its_own_path() {
     }
 }
 
+/// A folder is listed with one trailing `/` as without, as a root's own path is; the top
+/// of a root, named as for a listing, is described as a directory (both were refused,
+/// `path_traversal` and a missing path, while the listing took them for the root).
+#[test]
+fn a_folder_is_listed_with_a_trailing_slash_and_a_roots_top_described() {
+    let w = World::new();
+    w.write("d/in.txt", b"i");
+    let sb = w.sandbox();
+    let names = |path: &str| -> Vec<String> {
+        sb.list_directory(path, None)
+            .unwrap_or_else(|e| panic!("{path}: {}", e.reason))
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    };
+    assert_eq!(names("d/"), ["in.txt"]);
+    assert_eq!(names("d"), ["in.txt"]);
+    assert_eq!(names("."), ["d"]);
+    for odd in ["d//", "d/./", "./d"] {
+        let err = sb.list_directory(odd, None).unwrap_err();
+        assert_eq!(
+            err.reason_code,
+            ReasonCode::PathTraversal,
+            "{odd}: {}",
+            err.reason
+        );
+    }
+    let top = w.root.display().to_string();
+    for path in ["", "/", ".", top.as_str(), &format!("{top}/")] {
+        let info = sb
+            .get_file_info(path, None)
+            .unwrap_or_else(|e| panic!("{path}: {}", e.reason));
+        assert_eq!((info.kind, info.path.as_str()), ("directory", path));
+        assert_eq!(
+            (info.size_bytes, info.sha256, info.artifact_id),
+            (None, None, None)
+        );
+    }
+    assert_eq!(sb.get_file_info("d/in.txt", None).unwrap().kind, "file");
+    let err = sb.get_file_info("d/in.txt/", None).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::PathTraversal, "{}", err.reason);
+}
+
 /// A listing leaves out what no read may name: the snapshot store and the runtime's
 /// temporary files (at any depth, in any case, as reads refuse them).
 #[test]
