@@ -5,64 +5,34 @@
 
 use crate::confine::ExtensionPolicy;
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use serde::{Deserialize, Serialize};
-use std::fmt;
+use serde::Serialize;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
 
-/// What kind of change an operation makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum MutationClass {
-    Create,
-    Append,
-    Replace,
-    Transform,
-    Generate,
-    /// Used by the audit trail and metrics of rollbacks; no intent maps to it.
-    Rollback,
-}
-
-impl MutationClass {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Create => "create",
-            Self::Append => "append",
-            Self::Replace => "replace",
-            Self::Transform => "transform",
-            Self::Generate => "generate",
-            Self::Rollback => "rollback",
-        }
+wire_enum! {
+    /// What kind of change an operation makes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[allow(missing_docs)]
+    pub enum MutationClass {
+        Create = "create",
+        Append = "append",
+        Replace = "replace",
+        Transform = "transform",
+        Generate = "generate",
+        /// Used by the audit trail and metrics of rollbacks; no intent maps to it.
+        Rollback = "rollback",
     }
 }
 
-impl fmt::Display for MutationClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Risk of an action, as assessed by governance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum RiskLevel {
-    Low,
-    Medium,
-    High,
-}
-
-impl RiskLevel {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Low => "low",
-            Self::Medium => "medium",
-            Self::High => "high",
-        }
+wire_enum! {
+    /// Risk of an action, as assessed by governance.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    #[allow(missing_docs)]
+    pub enum RiskLevel {
+        Low = "low",
+        Medium = "medium",
+        High = "high",
     }
 }
 

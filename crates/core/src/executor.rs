@@ -35,81 +35,44 @@ use std::time::Instant;
 /// (faces that summarise the outcome must not say the change was undone).
 pub const UNDO_FAILED: &str = "undoing its change failed";
 
-/// Overall outcome of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunStatus {
-    /// Every action was written.
-    Success,
-    /// Nothing was written (writing off, dry-run on, or a phase that allows reads only),
-    /// and every action would have been.
-    SimulatedSuccess,
-    /// The plan was refused before anything was written: each refused action says why,
-    /// the others are skipped. Whatever refused it (a path, a budget, the rate limit),
-    /// nothing changed.
-    Blocked,
-    /// An action failed while writing (its own change undone); under `on_failure:
-    /// "stop"` the earlier writes remain.
-    Failed,
-    /// An action failed and, under `on_failure: "rollback"` (the default), the plan's
-    /// earlier writes were undone too.
-    RolledBack,
-}
-
-impl RunStatus {
-    /// Its name, as the run result says it (`simulated_success`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Success => "success",
-            Self::SimulatedSuccess => "simulated_success",
-            Self::Blocked => "blocked",
-            Self::Failed => "failed",
-            Self::RolledBack => "rolled_back",
-        }
+wire_enum! {
+    /// Overall outcome of a run.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum RunStatus {
+        /// Every action was written.
+        Success = "success",
+        /// Nothing was written (writing off, dry-run on, or a phase that allows reads only),
+        /// and every action would have been.
+        SimulatedSuccess = "simulated_success",
+        /// The plan was refused before anything was written: each refused action says why,
+        /// the others are skipped. Whatever refused it (a path, a budget, the rate limit),
+        /// nothing changed.
+        Blocked = "blocked",
+        /// An action failed while writing (its own change undone); under `on_failure:
+        /// "stop"` the earlier writes remain.
+        Failed = "failed",
+        /// An action failed and, under `on_failure: "rollback"` (the default), the plan's
+        /// earlier writes were undone too.
+        RolledBack = "rolled_back",
     }
 }
 
-impl std::fmt::Display for RunStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Outcome of one action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionStatus {
-    /// Written.
-    Success,
-    /// Would have been written.
-    Simulated,
-    /// Refused by governance, budget or rate limit; nothing written.
-    Blocked,
-    /// Not run because another action was refused or failed.
-    Skipped,
-    /// Tried and failed; its own change was undone.
-    Failed,
-    /// Written, then undone because a later action failed.
-    RolledBack,
-}
-
-impl ActionStatus {
-    /// Its name, as the run result and the metrics say it (`rolled_back`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Success => "success",
-            Self::Simulated => "simulated",
-            Self::Blocked => "blocked",
-            Self::Skipped => "skipped",
-            Self::Failed => "failed",
-            Self::RolledBack => "rolled_back",
-        }
-    }
-}
-
-impl std::fmt::Display for ActionStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// Outcome of one action.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum ActionStatus {
+        /// Written.
+        Success = "success",
+        /// Would have been written.
+        Simulated = "simulated",
+        /// Refused by governance, budget or rate limit; nothing written.
+        Blocked = "blocked",
+        /// Not run because another action was refused or failed.
+        Skipped = "skipped",
+        /// Tried and failed; its own change was undone.
+        Failed = "failed",
+        /// Written, then undone because a later action failed.
+        RolledBack = "rolled_back",
     }
 }
 

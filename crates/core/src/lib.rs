@@ -60,6 +60,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[macro_use]
+mod wire_enum;
+
 pub mod artifact;
 pub mod audit;
 pub mod budget;

@@ -9,36 +9,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Why a rollback ran, the `reason` label of `ailab_sandbox_rollbacks_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RollbackReason {
-    /// Asked for by hand (CLI, HTTP, MCP, library).
-    Manual,
-    /// An action failed and its own change was undone.
-    ActionFailed,
-    /// An action failed and the plan's earlier actions were undone.
-    WorkflowFailed,
-    /// Run at start-up for a run that died.
-    Recovery,
-}
-
-impl RollbackReason {
-    /// Every reason, each a series from the start.
-    pub const ALL: [Self; 4] = [
-        Self::Manual,
-        Self::ActionFailed,
-        Self::WorkflowFailed,
-        Self::Recovery,
-    ];
-
-    /// The label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Manual => "manual",
-            Self::ActionFailed => "action_failed",
-            Self::WorkflowFailed => "workflow_failed",
-            Self::Recovery => "recovery",
-        }
+wire_enum! {
+    /// Why a rollback ran, the `reason` label of `ailab_sandbox_rollbacks_total`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum RollbackReason {
+        /// Asked for by hand (CLI, HTTP, MCP, library).
+        Manual = "manual",
+        /// An action failed and its own change was undone.
+        ActionFailed = "action_failed",
+        /// An action failed and the plan's earlier actions were undone.
+        WorkflowFailed = "workflow_failed",
+        /// Run at start-up for a run that died.
+        Recovery = "recovery",
     }
 }
 

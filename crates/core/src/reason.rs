@@ -3,112 +3,46 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// Why an action was refused or failed. The snake_case names are part of the contract
-/// (SPEC §5): scripts match on them, so a variant is never renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum ReasonCode {
-    PhaseNotSupported,
-    NotSandboxWrite,
-    ForbiddenIntent,
-    UnknownOperation,
-    ChmodForbidden,
-    PathTraversal,
-    DepthExceeded,
-    OutsideSandbox,
-    ReservedPath,
-    SymlinkEscape,
-    SymlinkRefused,
-    HardlinkRefused,
-    NotRegularFile,
-    BlockedExtension,
-    ExtensionNotAllowed,
-    SizeExceeded,
-    AlreadyExists,
-    NotFound,
-    EditNotFound,
-    EditAmbiguous,
-    InvalidId,
-    InvalidPlan,
-    BudgetArtifactsExceeded,
-    BudgetBytesExceeded,
-    RateLimited,
-    Conflict,
-    NoRollbackData,
-    ChecksumMismatch,
-    IoError,
+wire_enum! {
+    /// Why an action was refused or failed. The snake_case names are part of the contract
+    /// (SPEC §5): scripts match on them, so a variant is never renamed. Declared in the
+    /// order SPEC §5 lists them, which `ALL` keeps.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[allow(missing_docs)]
+    pub enum ReasonCode {
+        PhaseNotSupported = "phase_not_supported",
+        NotSandboxWrite = "not_sandbox_write",
+        ForbiddenIntent = "forbidden_intent",
+        UnknownOperation = "unknown_operation",
+        ChmodForbidden = "chmod_forbidden",
+        PathTraversal = "path_traversal",
+        DepthExceeded = "depth_exceeded",
+        OutsideSandbox = "outside_sandbox",
+        ReservedPath = "reserved_path",
+        SymlinkEscape = "symlink_escape",
+        SymlinkRefused = "symlink_refused",
+        HardlinkRefused = "hardlink_refused",
+        NotRegularFile = "not_regular_file",
+        BlockedExtension = "blocked_extension",
+        ExtensionNotAllowed = "extension_not_allowed",
+        SizeExceeded = "size_exceeded",
+        AlreadyExists = "already_exists",
+        NotFound = "not_found",
+        EditNotFound = "edit_not_found",
+        EditAmbiguous = "edit_ambiguous",
+        InvalidId = "invalid_id",
+        InvalidPlan = "invalid_plan",
+        BudgetArtifactsExceeded = "budget_artifacts_exceeded",
+        BudgetBytesExceeded = "budget_bytes_exceeded",
+        RateLimited = "rate_limited",
+        Conflict = "conflict",
+        NoRollbackData = "no_rollback_data",
+        ChecksumMismatch = "checksum_mismatch",
+        IoError = "io_error",
+    }
 }
 
 impl ReasonCode {
-    /// Every code, in the order SPEC §5 lists them.
-    pub const ALL: [ReasonCode; 29] = [
-        Self::PhaseNotSupported,
-        Self::NotSandboxWrite,
-        Self::ForbiddenIntent,
-        Self::UnknownOperation,
-        Self::ChmodForbidden,
-        Self::PathTraversal,
-        Self::DepthExceeded,
-        Self::OutsideSandbox,
-        Self::ReservedPath,
-        Self::SymlinkEscape,
-        Self::SymlinkRefused,
-        Self::HardlinkRefused,
-        Self::NotRegularFile,
-        Self::BlockedExtension,
-        Self::ExtensionNotAllowed,
-        Self::SizeExceeded,
-        Self::AlreadyExists,
-        Self::NotFound,
-        Self::EditNotFound,
-        Self::EditAmbiguous,
-        Self::InvalidId,
-        Self::InvalidPlan,
-        Self::BudgetArtifactsExceeded,
-        Self::BudgetBytesExceeded,
-        Self::RateLimited,
-        Self::Conflict,
-        Self::NoRollbackData,
-        Self::ChecksumMismatch,
-        Self::IoError,
-    ];
-
-    /// The wire name, e.g. `path_traversal`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PhaseNotSupported => "phase_not_supported",
-            Self::NotSandboxWrite => "not_sandbox_write",
-            Self::ForbiddenIntent => "forbidden_intent",
-            Self::UnknownOperation => "unknown_operation",
-            Self::ChmodForbidden => "chmod_forbidden",
-            Self::PathTraversal => "path_traversal",
-            Self::DepthExceeded => "depth_exceeded",
-            Self::OutsideSandbox => "outside_sandbox",
-            Self::ReservedPath => "reserved_path",
-            Self::SymlinkEscape => "symlink_escape",
-            Self::SymlinkRefused => "symlink_refused",
-            Self::HardlinkRefused => "hardlink_refused",
-            Self::NotRegularFile => "not_regular_file",
-            Self::BlockedExtension => "blocked_extension",
-            Self::ExtensionNotAllowed => "extension_not_allowed",
-            Self::SizeExceeded => "size_exceeded",
-            Self::AlreadyExists => "already_exists",
-            Self::NotFound => "not_found",
-            Self::EditNotFound => "edit_not_found",
-            Self::EditAmbiguous => "edit_ambiguous",
-            Self::InvalidId => "invalid_id",
-            Self::InvalidPlan => "invalid_plan",
-            Self::BudgetArtifactsExceeded => "budget_artifacts_exceeded",
-            Self::BudgetBytesExceeded => "budget_bytes_exceeded",
-            Self::RateLimited => "rate_limited",
-            Self::Conflict => "conflict",
-            Self::NoRollbackData => "no_rollback_data",
-            Self::ChecksumMismatch => "checksum_mismatch",
-            Self::IoError => "io_error",
-        }
-    }
-
     /// Whether the code reports an attempt to reach outside a root (counted in
     /// `ailab_sandbox_escape_attempts_total`).
     pub fn is_escape_attempt(self) -> bool {
@@ -120,12 +54,6 @@ impl ReasonCode {
                 | Self::HardlinkRefused
                 | Self::ReservedPath
         )
-    }
-}
-
-impl fmt::Display for ReasonCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

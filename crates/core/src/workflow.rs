@@ -1,44 +1,22 @@
 //! The workflow state machine and timeline (SPEC §6), as pure values.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
-/// A workflow run's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum WorkflowState {
-    Planning,
-    Executing,
-    Mutating,
-    Done,
-    Failed,
-    RolledBack,
+wire_enum! {
+    /// A workflow run's state.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[allow(missing_docs)]
+    pub enum WorkflowState {
+        Planning = "planning",
+        Executing = "executing",
+        Mutating = "mutating",
+        Done = "done",
+        Failed = "failed",
+        RolledBack = "rolled_back",
+    }
 }
 
 impl WorkflowState {
-    /// Every state.
-    pub const ALL: [WorkflowState; 6] = [
-        Self::Planning,
-        Self::Executing,
-        Self::Mutating,
-        Self::Done,
-        Self::Failed,
-        Self::RolledBack,
-    ];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Planning => "planning",
-            Self::Executing => "executing",
-            Self::Mutating => "mutating",
-            Self::Done => "done",
-            Self::Failed => "failed",
-            Self::RolledBack => "rolled_back",
-        }
-    }
-
     /// Whether `self → to` is one of the allowed transitions.
     pub fn can_transition(self, to: WorkflowState) -> bool {
         use WorkflowState::*;
@@ -59,12 +37,6 @@ impl WorkflowState {
     /// Whether no transition leaves this state.
     pub fn is_terminal(self) -> bool {
         Self::ALL.iter().all(|&to| !self.can_transition(to))
-    }
-}
-
-impl fmt::Display for WorkflowState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -18,35 +18,18 @@ use std::collections::{HashMap, HashSet};
 /// Why a rollback is refused before it starts: the code, the sentence, the conflicts.
 type RollbackRefusal = (ReasonCode, String, Vec<Conflict>);
 
-/// What became of a rollback, as its report's `status` says it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RollbackStatus {
-    /// Every step asked for was restored (and recorded).
-    RolledBack,
-    /// Writing off or dry-run on: it said what it would restore, and restored nothing.
-    Simulated,
-    /// Refused before it started: nothing was restored.
-    Refused,
-    /// It started, and a step failed, or the trail could not record the steps.
-    Failed,
-}
-
-impl RollbackStatus {
-    /// The name the report and the faces give it (`rolled_back`, …).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RolledBack => "rolled_back",
-            Self::Simulated => "simulated",
-            Self::Refused => "refused",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-impl std::fmt::Display for RollbackStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// What became of a rollback, as its report's `status` says it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum RollbackStatus {
+        /// Every step asked for was restored (and recorded).
+        RolledBack = "rolled_back",
+        /// Writing off or dry-run on: it said what it would restore, and restored nothing.
+        Simulated = "simulated",
+        /// Refused before it started: nothing was restored.
+        Refused = "refused",
+        /// It started, and a step failed, or the trail could not record the steps.
+        Failed = "failed",
     }
 }
 
