@@ -113,7 +113,7 @@ impl Error {
     /// past `limits.lock_wait_seconds` (a long write, or a stopped or hung process): busy,
     /// not broken; the same call may go through later.
     pub fn is_busy(&self) -> bool {
-        matches!(self, Self::Io { cause, .. } if cause.kind() == std::io::ErrorKind::TimedOut)
+        matches!(self, Self::Io { cause, .. } if crate::confine::state::LockBusy::is_cause_of(cause))
     }
 
     /// Whether the state directory was refused because other users could change it: a
@@ -298,7 +298,7 @@ pub(crate) fn state_io_words(e: &std::io::Error) -> String {
 /// failure (`io_error`).
 pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
     use crate::reason::{ReasonCode, Refusal};
-    if e.kind() == std::io::ErrorKind::TimedOut {
+    if crate::confine::state::LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -324,8 +324,34 @@ mod tests {
             what: "read the audit log",
             cause: std::io::Error::new(kind, "x"),
         };
-        assert_eq!(io(std::io::ErrorKind::TimedOut).reason_code(), "conflict");
-        assert!(io(std::io::ErrorKind::TimedOut).is_busy());
+        let busy = Error::Io {
+            what: "read the audit log",
+            cause: crate::confine::state::LockBusy::error("waited 30 s".to_owned()),
+        };
+        assert_eq!(busy.reason_code(), "conflict");
+        assert!(busy.is_busy());
+        // The system's own time-out (a network filesystem's) is a failure, not a holder.
+        let timed_out = Error::Io {
+            what: "read the audit log",
+            cause: std::io::Error::from_raw_os_error(110),
+        };
+        assert_eq!(timed_out.reason_code(), "io_error");
+        assert!(!timed_out.is_busy());
+        let refusal = super::log_refusal(
+            "read the audit trail",
+            &std::io::Error::from_raw_os_error(110),
+        );
+        assert_eq!(
+            refusal.reason_code,
+            crate::reason::ReasonCode::IoError,
+            "{}",
+            refusal.reason
+        );
+        assert!(
+            !refusal.reason.contains("another process"),
+            "{}",
+            refusal.reason
+        );
         assert_eq!(io(std::io::ErrorKind::Other).reason_code(), "io_error");
         assert!(!io(std::io::ErrorKind::Other).is_busy());
         let roots = Error::NoUsableRoot {

@@ -320,7 +320,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             json!({"workflow_id": wf, "actions": self.plan.actions.len(), "on_failure": self.plan.on_failure}),
         );
         let (ctx, sim_reason) = self.sb.execution_context();
-        let lock = self.sb.state.lock(&format!("wf-{wf}"));
+        let lock = self.sb.state.lock_workflow(&wf);
         if let Err(e) = &lock {
             let r = crate::sandbox::workflow_lock_refusal(&wf, e);
             return self.blocked(vec![Err(r)], !ctx.writes());
@@ -1481,7 +1481,7 @@ const UNDONE_LATER: &str = "; the change was undone, and what the trail still la
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
-    if e.kind() == std::io::ErrorKind::TimedOut {
+    if crate::confine::state::LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -1497,7 +1497,7 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
 
 /// `conflict` for a log another process held too long, else `io_error`.
 fn busy_or_io(e: &std::io::Error) -> ReasonCode {
-    if e.kind() == std::io::ErrorKind::TimedOut {
+    if crate::confine::state::LockBusy::is_cause_of(e) {
         ReasonCode::Conflict
     } else {
         ReasonCode::IoError

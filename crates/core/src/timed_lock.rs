@@ -155,13 +155,10 @@ impl<T> TimedMutex<T> {
                 self.gate.wake();
                 format!("for {} s", self.wait.as_secs())
             };
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "another thread of this process held {} {held_for}, waiting for another process, as a rule",
-                    self.what
-                ),
-            ));
+            return Err(crate::confine::state::LockBusy::error(format!(
+                "another thread of this process held {} {held_for}, waiting for another process, as a rule",
+                self.what
+            )));
         };
         // The mark stays until it expires: a pass had says nothing of the other
         // process, which the thread that had it may now wait for in turn.

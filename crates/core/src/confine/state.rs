@@ -277,6 +277,17 @@ impl StateDir {
         }
     }
 
+    /// Takes workflow `id`'s lock ([`StateDir::lock`]): a run, rollback, recovery or
+    /// prune of one workflow at a time, across threads and processes.
+    pub fn lock_workflow(&self, id: &str) -> io::Result<FileLock> {
+        self.lock(&format!("wf-{id}"))
+    }
+
+    /// Like [`StateDir::lock_workflow`] but does not wait: `None` when another holder has it.
+    pub fn try_lock_workflow(&self, id: &str) -> io::Result<Option<FileLock>> {
+        self.try_lock(&format!("wf-{id}"))
+    }
+
     /// Writes `name`'s run record in place (see [`StateDir::write_block`]).
     pub fn inflight_write(&self, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         self.write_block(&format!("{INFLIGHT_DIR}/{name}.json"), bytes, durable)
@@ -719,6 +730,32 @@ impl std::fmt::Display for TakenFile {
 
 impl std::error::Error for TakenFile {}
 
+/// A lock of the state directory (or a log's in-process lock) that another holder kept
+/// past the wait: busy, to try again, told apart from a `TimedOut` the system itself
+/// gives (a network filesystem's `ETIMEDOUT`), which is a failure of the disk.
+#[derive(Debug)]
+pub struct LockBusy(String);
+
+impl std::fmt::Display for LockBusy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LockBusy {}
+
+impl LockBusy {
+    /// The error (of kind `TimedOut`) for a wait that ran out, in `words`.
+    pub fn error(words: String) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, Self(words))
+    }
+
+    /// Whether `e` is such a wait.
+    pub fn is_cause_of(e: &io::Error) -> bool {
+        e.get_ref().is_some_and(|e| e.is::<Self>())
+    }
+}
+
 /// Refuses a state directory (or one of its folders) that another user could change:
 /// owned by someone else, writable by others (sticky bit or not: they could plant a
 /// file under a name the runtime uses), or group-writable by a group not this
@@ -935,10 +972,7 @@ fn poll_until<T>(
         }
         let now = std::time::Instant::now();
         if now >= deadline {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("waited {} s", wait.as_secs()),
-            ));
+            return Err(LockBusy::error(format!("waited {} s", wait.as_secs())));
         }
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(std::time::Duration::from_millis(2));
@@ -1050,19 +1084,16 @@ impl LogFile {
                 }
                 Ok(LogLock { file: &self.file })
             }
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && wait < self.wait => {
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "waited {} s only, since a whole wait of {} s for it ran out less than {} s ago",
-                        wait.as_secs(),
-                        self.wait.as_secs(),
-                        self.wait.as_secs()
-                    ),
-                ))
+            Err(e) if LockBusy::is_cause_of(&e) && wait < self.wait => {
+                Err(LockBusy::error(format!(
+                    "waited {} s only, since a whole wait of {} s for it ran out less than {} s ago",
+                    wait.as_secs(),
+                    self.wait.as_secs(),
+                    self.wait.as_secs()
+                )))
             }
             Err(e) => {
-                if e.kind() == io::ErrorKind::TimedOut {
+                if LockBusy::is_cause_of(&e) {
                     *stalled() = Some(std::time::Instant::now());
                 }
                 Err(e)

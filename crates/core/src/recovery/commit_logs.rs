@@ -38,7 +38,7 @@ impl Sandbox {
         let mut out = Vec::new();
         for (_, wf) in pending {
             let read_log = || read_log(&wf);
-            let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
+            let Ok(Some(_lock)) = self.state.try_lock_workflow(&wf) else {
                 continue;
             };
             let record = || self.run_record(&wf);

@@ -132,7 +132,7 @@ impl Sandbox {
             let wf = h.workflow_id.as_str();
             if !workflows.contains(&wf) {
                 if wf != own {
-                    match self.state.try_lock(&format!("wf-{wf}")) {
+                    match self.state.try_lock_workflow(wf) {
                         Ok(Some(lock)) => locks.push(lock),
                         _ => break,
                     }
@@ -219,7 +219,7 @@ impl Sandbox {
 
     fn held_restores_refusal(&self, workflows: &[&str], e: &std::io::Error) -> Refusal {
         let whose = held_whose(workflows);
-        if e.kind() == std::io::ErrorKind::TimedOut {
+        if crate::confine::state::LockBusy::is_cause_of(e) {
             Refusal::new(
                 ReasonCode::Conflict,
                 format!(

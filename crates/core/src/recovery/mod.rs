@@ -45,7 +45,7 @@ pub(crate) fn roots_awaiting_recovery(state: &crate::confine::state::StateDir) -
         // A record whose workflow's lock is held is a run under way in another process
         // (started at the same moment, making its roots), not one that died. One whose
         // lock cannot be looked at is taken for dead: its roots are not made.
-        .filter(|(id, _)| !matches!(state.try_lock(&format!("wf-{id}")), Ok(None)))
+        .filter(|(id, _)| !matches!(state.try_lock_workflow(id), Ok(None)))
         .filter_map(|(_, b)| serde_json::from_slice::<InflightRecord>(&b).ok())
         .filter(needs_recovery)
         .flat_map(|r| r.roots)
@@ -389,7 +389,7 @@ impl Sandbox {
                 let _ = self.state.inflight_remove(&id);
                 continue;
             }
-            let lock = match self.state.try_lock(&format!("wf-{id}")) {
+            let lock = match self.state.try_lock_workflow(&id) {
                 Ok(Some(l)) => l,
                 Ok(None) => continue,
                 Err(e) => {
@@ -724,7 +724,7 @@ impl Sandbox {
 /// The sentence for a log another process held past `limits.lock_wait_seconds`, if that
 /// is why it could not be read or written.
 fn busy_log(e: &std::io::Error) -> Option<String> {
-    (e.kind() == std::io::ErrorKind::TimedOut).then(|| {
+    (crate::confine::state::LockBusy::is_cause_of(e)).then(|| {
         format!("another process held the audit trail or the registry ({e}: a stopped or hung process, or one far behind)")
     })
 }

@@ -183,7 +183,7 @@ impl Sandbox {
         let snaps = match self.trusted_workflow_snapshots(workflow_id) {
             Ok((s, _)) => s,
             Err(r) if r.reason_code == crate::ReasonCode::Conflict => {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, r.reason));
+                return Err(crate::confine::state::LockBusy::error(r.reason));
             }
             Err(r) if r.reason_code == crate::ReasonCode::IoError => {
                 return Err(std::io::Error::other(r.reason));

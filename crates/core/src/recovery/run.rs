@@ -336,7 +336,7 @@ impl Sandbox {
             if !crate::plan::is_valid_id(&id) {
                 continue;
             }
-            if let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{id}")) {
+            if let Ok(Some(_lock)) = self.state.try_lock_workflow(&id) {
                 match self.state.inflight_remove_file(&name) {
                     Ok(()) => tracing::info!(file = %name, "removed a dead run's temporary record"),
                     Err(e) => {

@@ -158,7 +158,7 @@ impl Sandbox {
     /// last finished commit left them. The others stay for a later sync point.
     fn empty_commit_logs(&self, logs: std::collections::HashMap<String, Position>) {
         for (wf, at) in logs {
-            let done = match self.state.try_lock(&format!("wf-{wf}")) {
+            let done = match self.state.try_lock_workflow(&wf) {
                 Ok(Some(_lock)) => match self.state.commit_log_file(&wf) {
                     Ok(Some(f)) => match crate::commit_log::position(&f) {
                         Ok(Some(now)) if now == at => crate::commit_log::clear(&f).is_ok(),
@@ -400,7 +400,7 @@ impl Sandbox {
     /// has taken over the record (its lock is held, or the record names another
     /// execution): that run owns the record now.
     fn mark_after_sync(&self, rec: crate::recovery::InflightRecord, synced: bool) {
-        let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{}", rec.workflow_id)) else {
+        let Ok(Some(_lock)) = self.state.try_lock_workflow(&rec.workflow_id) else {
             return;
         };
         let current = self.run_record(&rec.workflow_id);

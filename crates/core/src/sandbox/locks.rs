@@ -13,7 +13,7 @@ pub(super) const TARGET_LOCK_STRIPES: usize = 64;
 /// Why a workflow's lock could not be taken: another run or rollback of it holds it too
 /// long (`conflict`), or an I/O failure.
 pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
-    if e.kind() == std::io::ErrorKind::TimedOut {
+    if crate::confine::state::LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -33,7 +33,7 @@ pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Re
 }
 
 fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
-    if e.kind() == std::io::ErrorKind::TimedOut {
+    if crate::confine::state::LockBusy::is_cause_of(e) {
         return crate::reason::Refusal::new(
             ReasonCode::Conflict,
             format!(

@@ -77,7 +77,7 @@ impl Sandbox {
             // finished, and one stopped process must not hold up the prune of the others.
             let pruned = self
                 .state
-                .try_lock(&format!("wf-{wf}"))
+                .try_lock_workflow(&wf)
                 .map_err(|e| {
                     crate::Refusal::new(
                         ReasonCode::IoError,
@@ -129,7 +129,7 @@ impl Sandbox {
             if with_snapshots.binary_search(&wf).is_ok() || !crate::plan::is_valid_id(&wf) {
                 continue;
             }
-            let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{wf}")) else {
+            let Ok(Some(_lock)) = self.state.try_lock_workflow(&wf) else {
                 continue;
             };
             let settled = !self.awaits_recovery(&wf)

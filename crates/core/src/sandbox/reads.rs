@@ -286,7 +286,7 @@ impl Sandbox {
         {
             drop(
                 self.state
-                    .lock(&format!("wf-{wf}"))
+                    .lock_workflow(wf)
                     .map_err(Error::io("lock a workflow"))?,
             );
         }

@@ -339,7 +339,7 @@ impl Sandbox {
         // it is busy (`conflict`, to ask again), not a document saying none is available.
         // (Catching up with the log is the read that waits; nothing is copied out.)
         if let Err(e) = self.audit.last_seq()
-            && e.kind() == std::io::ErrorKind::TimedOut
+            && crate::confine::state::LockBusy::is_cause_of(&e)
         {
             return Err(crate::error::log_refusal("read the audit trail", &e));
         }
@@ -355,7 +355,7 @@ impl Sandbox {
             // Refused in every mode, as the rollback is (a simulated one writes its lines).
             recovery = Some((r.reason_code, r.reason));
         } else if self.execution_context().0.writes()
-            && let Ok(Some(_lock)) = self.state.try_lock(&format!("wf-{workflow_id}"))
+            && let Ok(Some(_lock)) = self.state.try_lock_workflow(workflow_id)
             && let Err(r) = self.settle_before_change(workflow_id)
         {
             recovery = Some((r.reason_code, r.reason));
@@ -1010,7 +1010,7 @@ impl Sandbox {
         if let Err(r) = self.check_syncs() {
             return refused(r.reason_code, r.reason, Vec::new());
         }
-        let wf_lock = match self.state.lock(&format!("wf-{workflow_id}")) {
+        let wf_lock = match self.state.lock_workflow(workflow_id) {
             Ok(l) => l,
             Err(e) => {
                 let r = workflow_lock_refusal(workflow_id, &e);
@@ -1605,7 +1605,7 @@ impl Sandbox {
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                let words = if e.kind() == std::io::ErrorKind::TimedOut {
+                let words = if crate::confine::state::LockBusy::is_cause_of(&e) {
                     format!("{HELD_TRAIL} ({e})")
                 } else {
                     crate::error::state_io_words(&e)

@@ -380,7 +380,7 @@ fn a_live_run_in_another_process_is_not_recovered() {
     state
         .inflight_write("wf_live", rec.to_string().as_bytes(), false)
         .unwrap();
-    let held = state.lock("wf-wf_live").unwrap();
+    let held = state.lock_workflow("wf_live").unwrap();
     assert!(
         sb.recover().is_empty(),
         "the workflow lock is held: the run is alive"
@@ -520,8 +520,8 @@ fn a_dead_runs_temporary_record_is_removed() {
     // An id may hold the marker's text: the lock checked is that workflow's.
     let odd = "a.json.ailab-tmp-b";
     std::fs::write(temp(odd), b"{").unwrap();
-    let held = state.lock("wf-wf_live").unwrap();
-    let held_odd = state.lock(&format!("wf-{odd}")).unwrap();
+    let held = state.lock_workflow("wf_live").unwrap();
+    let held_odd = state.lock_workflow(odd).unwrap();
     sb.recover();
     assert!(
         !temp("wf_dead").exists(),
@@ -3682,7 +3682,7 @@ fn a_live_runs_record_does_not_keep_a_missing_root_from_being_made() {
     let (w, root2, both) = died_writing_into_a_second_root();
     std::fs::rename(&root2, w.outside.join("root2-away")).unwrap();
     let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
-    let live = state.lock("wf-wf_r2").unwrap();
+    let live = state.lock_workflow("wf_r2").unwrap();
     let sb = w.open(both);
     assert!(root2.is_dir(), "made: {:?}", sb.notices());
     assert!(
