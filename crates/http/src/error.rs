@@ -73,7 +73,11 @@ impl ApiError {
 
     /// A storage failure in the core (registry or audit log): logged with detail, answered
     /// without it (the detail could name the state directory, which lies outside every root).
+    /// An id the core refused is answered as its refusal, as the command line does.
     pub fn storage(what: &'static str, err: &ailab_sandbox_core::Error) -> Self {
+        if let ailab_sandbox_core::Error::InvalidId(r) = err {
+            return Self::from_refusal(r.clone());
+        }
         if let ailab_sandbox_core::Error::Io { cause, .. } = err
             && err.is_busy()
         {
@@ -449,6 +453,40 @@ mod tests {
         );
         assert_eq!(run_status(RunStatus::Failed), StatusCode::CONFLICT);
         assert_eq!(run_status(RunStatus::RolledBack), StatusCode::CONFLICT);
+    }
+
+    /// What the core says of an id is what the client hears, whichever check met it
+    /// first; a lock held past the wait is busy (409), the system's own time-out a failure.
+    #[test]
+    fn a_storage_failure_keeps_the_cores_code() {
+        let refused = Refusal::new(ReasonCode::InvalidId, "workflow id 'a b' has a space");
+        let e = ApiError::storage(
+            "read the trail",
+            &ailab_sandbox_core::Error::InvalidId(refused),
+        );
+        assert_eq!(
+            (e.status, e.reason_code),
+            (StatusCode::BAD_REQUEST, "invalid_id")
+        );
+        assert!(e.reason.contains("a space"), "{}", e.reason);
+        let io = |cause| ailab_sandbox_core::Error::Io {
+            what: "read the audit trail",
+            cause,
+        };
+        let busy = ailab_sandbox_core::confine::state::LockBusy::error("waited 5 s".into());
+        let e = ApiError::storage("read the trail", &io(busy));
+        assert_eq!(
+            (e.status, e.reason_code),
+            (StatusCode::CONFLICT, "conflict")
+        );
+        let e = ApiError::storage(
+            "read the trail",
+            &io(std::io::Error::from_raw_os_error(110)),
+        );
+        assert_eq!(
+            (e.status, e.reason_code),
+            (StatusCode::INTERNAL_SERVER_ERROR, "io_error")
+        );
     }
 
     #[test]

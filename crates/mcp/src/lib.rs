@@ -793,6 +793,9 @@ fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolRe
 /// A log of the state directory that could not be read: held by another process of the
 /// runtime past `limits.lock_wait_seconds` (`conflict`, to retry), else a failure.
 fn storage_failure(e: &ailab_sandbox_core::Error) -> CallToolResult {
+    if let ailab_sandbox_core::Error::InvalidId(r) = e {
+        return refusal(r, None, ". Nothing was done.");
+    }
     if e.is_busy() {
         let r = Refusal::new(
             ReasonCode::Conflict,
@@ -1086,6 +1089,31 @@ fn rolled_back_ids(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// An id the core refused is answered as its refusal, a lock held past the wait as
+    /// busy, the system's own time-out as a failure.
+    #[test]
+    fn a_storage_failure_keeps_the_cores_code() {
+        let code = |e: ailab_sandbox_core::Error| {
+            let r = storage_failure(&e);
+            assert_eq!(r.is_error, Some(true));
+            serde_json::to_string(&r.content).unwrap()
+        };
+        let refused = Refusal::new(ReasonCode::InvalidId, "workflow id 'a b' has a space");
+        let said = code(ailab_sandbox_core::Error::InvalidId(refused));
+        assert!(
+            said.contains("(invalid_id)") && said.contains("a space"),
+            "{said}"
+        );
+        let io = |cause| ailab_sandbox_core::Error::Io {
+            what: "read the audit trail",
+            cause,
+        };
+        let busy = ailab_sandbox_core::confine::state::LockBusy::error("waited 5 s".into());
+        assert!(code(io(busy)).contains("(conflict)"));
+        let said = code(io(std::io::Error::from_raw_os_error(110)));
+        assert!(said.contains("(io_error)"), "{said}");
+    }
 
     /// With every slot taken, a call waits; it runs as soon as one is free.
     #[tokio::test]
