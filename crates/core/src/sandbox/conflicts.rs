@@ -568,11 +568,14 @@ impl Sandbox {
     /// nothing (snapshots older than that field).
     pub(super) fn left_by(&self, workflow_id: &str, meta: &SnapshotMeta) -> Option<Left> {
         // The artifact of this very run: an action id may be used again after a prune.
+        // It says the write was made; what was written, the sealed snapshot says first
+        // (the registry is not chained: a line changed by hand must not make a later
+        // edit look like the action's own).
         if let Ok(Some(art)) = self.registry.get_by_action(workflow_id, &meta.action_id)
             && art.generated_by_action == format!("{}/{}", meta.execution_id, meta.action_id)
         {
             return Some(Left {
-                state: TargetState::File(art.checksum_sha256),
+                state: TargetState::File(meta.after_sha256.clone().unwrap_or(art.checksum_sha256)),
                 maybe_unwritten: false,
             });
         }

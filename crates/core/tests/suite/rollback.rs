@@ -758,6 +758,33 @@ fn rollback_with_writing_off_or_dry_run_only_simulates() {
     assert_eq!(w.tree(), before);
 }
 
+/// What an action left is what its sealed snapshot says it wrote: a registry line
+/// changed by hand to the checksum of a later edit (the registry is not chained) does not
+/// make that edit look like the action's, so the rollback is refused, not the edit lost.
+#[test]
+fn a_registry_line_changed_by_hand_does_not_hide_a_later_edit() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_reg", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "n.txt", "content": "ours\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(sb);
+    let edit = b"the user's edit\n";
+    w.write("n.txt", edit);
+    let registry = w.state.join("artifacts.jsonl");
+    let text = std::fs::read_to_string(&registry).unwrap();
+    let mut line: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    line["checksum_sha256"] = json!(ailab_sandbox_core::hash::sha256_hex(edit));
+    std::fs::write(&registry, format!("{text}{line}\n")).unwrap();
+    let sb = w.sandbox();
+    let rb = rollback(&sb, "wf_reg", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("n.txt"), edit);
+}
+
 fn rollback(
     sb: &ailab_sandbox_core::Sandbox,
     wf: &str,
