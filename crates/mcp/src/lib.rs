@@ -889,9 +889,13 @@ impl ServerHandler for SandboxMcp {
             .as_ref()
             .and_then(|m| screen::refusal_in(&m.0.0))
             .or_else(|| screen::refusal_in(&context.meta.0.0));
-        let _serving = self
+        let serving = self
             .flow
             .serve(serde_json::to_value(&context.id).ok().as_ref());
+        if serving.cancelled_before_start() {
+            // Cancelled while the pump held it: seen as cancelled before it starts.
+            context.ct.cancel();
+        }
         let call = self.call_noted(&request.name, request.arguments, refused);
         Ok(CANCELLED.scope(context.ct.clone(), call).await.into())
     }

@@ -93,9 +93,20 @@ struct Count {
     /// Each call passed on and not yet begun by the handler: when it was passed on, its
     /// request id and the room it takes, oldest first. rmcp starts each call in a task of
     /// its own, so a later one may begin first: the handler names the call it begins.
-    unbegun: std::collections::VecDeque<(Instant, Value, usize)>,
+    unbegun: std::collections::VecDeque<Unbegun>,
     /// The room taken by the calls passed on and not finished (see [`DATA_ROOM`]).
     room_taken: usize,
+}
+
+/// A call passed on that the handler has not begun.
+#[derive(Debug)]
+struct Unbegun {
+    at: Instant,
+    id: Value,
+    room: usize,
+    /// The client cancelled it while the pump held it: it must not start, whatever
+    /// rmcp does before the pump's own cancellation reaches it.
+    cancelled: bool,
 }
 
 impl Count {
@@ -112,7 +123,16 @@ impl Default for Flow {
 
 /// A call the handler is serving, and the room it took; finished when dropped (also
 /// when rmcp drops the call).
-pub(crate) struct Serving(Arc<Flow>, usize);
+pub(crate) struct Serving(Arc<Flow>, usize, bool);
+
+impl Serving {
+    /// Whether the client cancelled the call while the pump held it: the call is then
+    /// not run. The pump's own cancellation follows the call, but rmcp may read a long
+    /// call and begin it before that cancellation is even written.
+    pub(crate) fn cancelled_before_start(&self) -> bool {
+        self.2
+    }
+}
 
 impl Drop for Serving {
     fn drop(&mut self) {
@@ -139,25 +159,32 @@ impl Flow {
     }
 
     /// The pump passed on call `id`, which takes `room` (see [`DATA_ROOM`]).
-    fn passed(&self, id: Value, room: usize) {
+    fn passed(&self, id: Value, room: usize, cancelled: bool) {
         self.note(|c| {
             c.passed += 1;
             c.room_taken += room;
-            c.unbegun.push_back((Instant::now(), id, room));
+            c.unbegun.push_back(Unbegun {
+                at: Instant::now(),
+                id,
+                room,
+                cancelled,
+            });
         });
     }
 
     /// The handler begins call `id` (as rmcp reads ids; `None`, or an id no call passed
     /// on has, for the oldest: a client may give two calls one id).
     pub(crate) fn serve(self: &Arc<Self>, id: Option<&Value>) -> Serving {
-        let mut room = 0;
+        let (mut room, mut cancelled) = (0, false);
         self.note(|c| {
             let at = id
-                .and_then(|id| c.unbegun.iter().position(|(_, i, _)| i == id))
+                .and_then(|id| c.unbegun.iter().position(|u| &u.id == id))
                 .unwrap_or(0);
-            room = c.unbegun.remove(at).map_or(0, |(_, _, r)| r);
+            if let Some(u) = c.unbegun.remove(at) {
+                (room, cancelled) = (u.room, u.cancelled);
+            }
         });
-        Serving(Arc::clone(self), room)
+        Serving(Arc::clone(self), room, cancelled)
     }
 
     /// Whether a call taking `room` fits beside those passed on (see [`DATA_ROOM`]).
@@ -179,12 +206,12 @@ impl Flow {
                 let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
                 // A call passed on that the handler has not begun for `settle` never will
                 // be: rmcp answered it itself.
-                while let Some(&(at, _, taken)) = c.unbegun.front()
-                    && at.elapsed() >= self.settle
+                while let Some(u) = c.unbegun.front()
+                    && u.at.elapsed() >= self.settle
                 {
+                    c.room_taken -= u.room;
                     c.unbegun.pop_front();
                     c.passed -= 1;
-                    c.room_taken -= taken;
                 }
                 // The handler may also serve calls that did not come through the pump.
                 if c.passed.saturating_sub(c.finished) < most && c.fits(room) {
@@ -839,7 +866,7 @@ where
                     if !forward(&mut out, &h.text).await {
                         return;
                     }
-                    flow.passed(h.id.clone(), h.room);
+                    flow.passed(h.id.clone(), h.room, h.cancelled);
                     if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
                         return;
                     }
@@ -1473,13 +1500,13 @@ mod tests {
         assert!(big > DATA_ROOM / 3 && big < DATA_ROOM / 2, "{big}");
         assert_eq!(data_room_of(call("2", "[1, 2, 3]").as_bytes()), 0);
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
-        flow.passed(json!("1"), big);
+        flow.passed(json!("1"), big, false);
         // Two fit, not three.
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
-        flow.passed(json!(2), big);
+        flow.passed(json!(2), big, false);
         assert!(!ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, 0)));
-        flow.passed(json!("3"), 0);
+        flow.passed(json!("3"), 0, false);
         // The handler may begin them in another order: each call gives back its own.
         let small = flow.serve(Some(&json!("3")));
         drop(small);
@@ -1490,7 +1517,7 @@ mod tests {
         assert!(ready_at_once(flow.below(MAX_QUEUED_CALLS, big)));
         // One the handler never begins gives its room back once taken as settled.
         let settled = Flow::settling_in(Duration::ZERO);
-        settled.passed(json!("4"), big);
+        settled.passed(json!("4"), big, false);
         assert!(ready_at_once(settled.below(MAX_QUEUED_CALLS, big)));
     }
 
@@ -1501,7 +1528,7 @@ mod tests {
         use tokio::io::AsyncBufReadExt;
         let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
         // A large call in flight holds the room.
-        flow.passed(json!("0"), DATA_ROOM);
+        flow.passed(json!("0"), DATA_ROOM, false);
         let zeros = vec!["0"; 100_000].join(",");
         let input = format!(
             "{INITIALIZE}\n{}\n{}\n",
@@ -1524,6 +1551,44 @@ mod tests {
         };
         assert_eq!(next().await, INITIALIZE);
         assert_eq!(next().await, call("2", "[1]"));
+        pumping.abort();
+    }
+
+    /// A held call the client cancels is marked so when passed on: the handler does not
+    /// start it even when rmcp begins it before the pump's own cancellation arrives (a
+    /// long call is read and begun while that cancellation is still to be written).
+    #[tokio::test]
+    async fn a_held_call_cancelled_is_passed_on_marked_cancelled() {
+        use tokio::io::AsyncBufReadExt;
+        let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
+        flow.passed(json!("0"), DATA_ROOM, false);
+        let zeros = vec!["0"; 100_000].join(",");
+        let held = call("1", &format!("[{zeros}]"));
+        let cancel =
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#;
+        let input = format!("{INITIALIZE}\n{held}\n{cancel}\n");
+        let input: &'static [u8] = Box::leak(input.into_bytes().into_boxed_slice());
+        let (to_rmcp, from_pump) = tokio::io::duplex(1 << 20);
+        let pumping = {
+            let flow = Arc::clone(&flow);
+            tokio::spawn(async move { pump(input, to_rmcp, 1 << 20, &flow).await })
+        };
+        let mut lines = tokio::io::BufReader::new(from_pump).lines();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("the pump passes a line on")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(next().await, INITIALIZE);
+        assert_eq!(next().await, cancel);
+        // The room comes free once the call in flight is served and done.
+        let in_flight = flow.serve(Some(&json!("0")));
+        assert!(!in_flight.cancelled_before_start());
+        drop(in_flight);
+        assert_eq!(next().await, held);
+        assert!(flow.serve(Some(&json!(1))).cancelled_before_start());
         pumping.abort();
     }
 
