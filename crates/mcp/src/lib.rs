@@ -892,12 +892,24 @@ impl ServerHandler for SandboxMcp {
         let serving = self
             .flow
             .serve(serde_json::to_value(&context.id).ok().as_ref());
-        if serving.cancelled_before_start() {
-            // Cancelled while the pump held it: seen as cancelled before it starts.
-            context.ct.cancel();
-        }
+        // Cancelled while the pump held it: the call sees itself cancelled before it
+        // starts (rmcp may begin it before the pump's own cancellation reaches it).
+        let cancelled = serving.cancelled_before_start();
+        let token = if cancelled {
+            let t = CancellationToken::new();
+            t.cancel();
+            t
+        } else {
+            context.ct.clone()
+        };
         let call = self.call_noted(&request.name, request.arguments, refused);
-        Ok(CANCELLED.scope(context.ct.clone(), call).await.into())
+        let result = CANCELLED.scope(token, call).await;
+        if cancelled {
+            // The pump's cancellation follows the call: once rmcp has it, it answers
+            // nothing, as for any call the client cancelled.
+            let _ = tokio::time::timeout(screen::SETTLE, context.ct.cancelled()).await;
+        }
+        Ok(result.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

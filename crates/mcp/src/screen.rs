@@ -53,7 +53,7 @@ pub(crate) const MAX_QUEUED_CALLS: u64 = 2 * crate::MAX_CONCURRENT_CALLS as u64;
 /// How long a call passed on may go unseen by the handler before the pump takes it that
 /// rmcp answered it itself (a call it cannot read never reaches the handler; the screen
 /// refuses those it can tell, see [`check_request_shape`]).
-const SETTLE: Duration = Duration::from_secs(5);
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
 
 /// Most bytes of calls the pump holds before it stops reading (it always reads at least
 /// the line it is on, up to the message limit).
