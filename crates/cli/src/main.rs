@@ -661,14 +661,15 @@ fn load_config(cli: &Cli) -> Result<Config> {
         Some(p) => {
             // Named by the variable, the message says so: the operator may not know it
             // is set.
-            let named = if cli.config.is_some() {
-                format!("config file {}", p.display())
+            let by = if cli.config.is_some() {
+                String::new()
             } else {
-                format!("config file {} (named by {})", p.display(), envvars::CONFIG)
+                format!(" (named by {})", envvars::CONFIG)
             };
-            let bytes = open_input(p)
-                .and_then(|f| read_bounded(f, MAX_CONFIG_BYTES))
-                .map_err(|e| anyhow::anyhow!("cannot read {named}: {}", input_io_words(&e)))?
+            let named = format!("config file {}{by}", p.display());
+            // Read only if no other user could have changed it: it can turn writing on.
+            let bytes = ailab_sandbox_core::confine::read_operator_file(p, "config file", MAX_CONFIG_BYTES)
+                .map_err(|e| anyhow::anyhow!("{e}{by}"))?
                 .ok_or_else(|| {
                     anyhow::anyhow!(
                         "cannot read {named}: it is larger than {MAX_CONFIG_BYTES} bytes, the most a config file may be"

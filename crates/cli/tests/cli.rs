@@ -617,9 +617,37 @@ fn config_file_unknown_key_names_it() {
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let big = e.dir.join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let said = refused_at(e.cmd().arg("--config").arg(&big));
+    assert!(
+        said.contains(&format!(
+            "config file {}: it is larger than 1048576 bytes",
+            big.display()
+        )),
+        "{said}"
+    );
+    // Nor is anything but a regular file read (a device never ends).
     let said = refused_at(e.cmd().args(["--config", "/dev/zero"]));
     assert!(
-        said.contains("config file /dev/zero: it is larger than 1048576 bytes"),
+        said.contains("config file /dev/zero is not a regular file"),
+        "{said}"
+    );
+    // One other users could change is refused: it can turn writing on.
+    let open = e.dir.join("open.toml");
+    std::fs::write(&open, "enable_write = true\ndry_run = false\n").unwrap();
+    std::fs::set_permissions(
+        &open,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o666),
+    )
+    .unwrap();
+    let said = refused_at(e.cmd().arg("--config").arg(&open));
+    assert!(
+        said.contains(&format!("config file {} is refused: ", open.display()))
+            && said.contains("writable by other users"),
         "{said}"
     );
     let looped = e.dir.join("loop.toml");

@@ -13,4 +13,4 @@ pub use path::{
     ExtensionPolicy, MAX_PATH_DEPTH, RelPath, Resolved, check_path_depth, check_reserved,
     detect_path_traversal, is_within_sandbox, normalize_extension, resolve_sandbox_path,
 };
-pub use root::{DirId, EntryKind, SandboxRoot, TargetInfo, TargetKind};
+pub use root::{DirId, EntryKind, SandboxRoot, TargetInfo, TargetKind, read_operator_file};

@@ -904,3 +904,72 @@ fn debug_output_never_shows_the_token() {
         }
     ));
 }
+
+/// The config file can turn writing on, so it is read only when no other user could have
+/// changed it: not writable by others, in folders others cannot swap it in, reached only
+/// through links of root's or this user's; a larger file than asked is not read whole.
+#[test]
+fn a_config_file_another_user_could_change_is_refused() {
+    use ailab_sandbox_core::confine::read_operator_file;
+    use std::fs;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap()
+    };
+    let read = |p: &std::path::Path| read_operator_file(p, "config file", 64);
+    let good = dir.path().join("good.toml");
+    fs::write(&good, "enable_write = true\n").unwrap();
+    mode(&good, 0o644);
+    assert_eq!(read(&good).unwrap().unwrap(), b"enable_write = true\n");
+    let link = dir.path().join("link.toml");
+    symlink(&good, &link).unwrap();
+    assert_eq!(read(&link).unwrap().unwrap(), b"enable_write = true\n");
+    assert_eq!(read_operator_file(&good, "config file", 4).unwrap(), None);
+
+    let open = dir.path().join("open.toml");
+    fs::write(&open, "enable_write = true\n").unwrap();
+    mode(&open, 0o666);
+    let err = read(&open).unwrap_err();
+    assert!(
+        err.starts_with(&format!("config file {} is refused: ", open.display()))
+            && err.contains("writable by other users"),
+        "{err}"
+    );
+    // Through a link the refusal is the same.
+    let to_open = dir.path().join("to_open.toml");
+    symlink(&open, &to_open).unwrap();
+    assert!(
+        read(&to_open)
+            .unwrap_err()
+            .contains("writable by other users")
+    );
+
+    let shared = dir.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    mode(&shared, 0o777);
+    let inside = shared.join("c.toml");
+    fs::write(&inside, "dry_run = false\n").unwrap();
+    mode(&inside, 0o644);
+    let err = read(&inside).unwrap_err();
+    assert!(err.contains("has no sticky bit"), "{err}");
+    // A sticky folder keeps others from swapping a file of this user's.
+    mode(&shared, 0o1777);
+    assert_eq!(read(&inside).unwrap().unwrap(), b"dry_run = false\n");
+
+    let fifo = dir.path().join("fifo.toml");
+    rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, 0o600.into()).unwrap();
+    assert!(read(&fifo).unwrap_err().contains("not a regular file"));
+    let looped = dir.path().join("loop.toml");
+    symlink(&looped, &looped).unwrap();
+    assert!(read(&looped).unwrap_err().contains("(a loop)"));
+
+    // Another user's file, where this process may give one away.
+    if rustix::process::geteuid().is_root() {
+        let theirs = dir.path().join("theirs.toml");
+        fs::write(&theirs, "enable_write = true\n").unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+        let err = read(&theirs).unwrap_err();
+        assert!(err.contains("owned by uid 65534"), "{err}");
+    }
+}

@@ -136,6 +136,7 @@ use refusal::{
     special_refusal, swapped_while_read,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
+pub use walk::read_operator_file;
 pub(crate) use walk::{
     REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, probe_checked_dir_through_link,
 };

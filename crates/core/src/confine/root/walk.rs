@@ -271,6 +271,94 @@ fn open_ancestors(
     Ok(Some(chain))
 }
 
+/// Reads a file the operator names to configure the runtime (`what`: "config file"), at
+/// most `limit` bytes (`Ok(None)` past it). What it says can turn writing on and widen
+/// what may be written, so it is refused, as a root or the state directory would be,
+/// when another user could change it: each directory on the way must be owned by root or
+/// by this process's user and writable only by its owner unless it has the sticky bit, a
+/// symbolic link on the way (the file's own name included) must be owned by root or by
+/// this user, and the file must be a regular file owned by root or by this user and
+/// writable by no other user. The file is opened by its name under its checked folder's
+/// handle and judged on that open file, so nothing can be swapped in between. A relative
+/// path is taken from the working directory.
+pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<Vec<u8>>, String> {
+    use std::io::Read as _;
+    let euid = euid();
+    let mut path = std::path::absolute(path).map_err(|e| {
+        format!(
+            "{what} {} cannot be read: its absolute path cannot be made: {e}",
+            path.display()
+        )
+    })?;
+    for _ in 0..=ANCESTOR_HOPS {
+        let shown = path.display().to_string();
+        let failed = |e: io::Error| {
+            format!(
+                "{what} {shown} cannot be read: {}",
+                crate::error::io_words(&e)
+            )
+        };
+        let names = path_strings(&path);
+        let Some((name, above)) = names.split_last().filter(|(n, _)| n.as_str() != "..") else {
+            return Err(format!("{what} {shown} names a directory, not a file"));
+        };
+        let Some(chain) = open_ancestors(&path, above, Walk::Open, euid, what)? else {
+            return Err(format!("{what} {shown} cannot be reached"));
+        };
+        let parent = chain
+            .last()
+            .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
+        let meta = parent.dir.symlink_metadata(name).map_err(failed)?;
+        if meta.file_type().is_symlink() {
+            if meta.uid() != 0 && meta.uid() != euid {
+                return Err(format!(
+                    "{what} {shown} {REFUSED_ABOVE}it is a symbolic link owned by uid {}; a link to it must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it at a file of theirs",
+                    meta.uid()
+                ));
+            }
+            let target = parent.dir.read_link_contents(name).map_err(failed)?;
+            path = parent.path.join(target);
+            continue;
+        }
+        let file = parent
+            .dir
+            .open_with(
+                name,
+                cap_std::fs::OpenOptions::new()
+                    .read(true)
+                    .follow(FollowSymlinks::No)
+                    .nonblock(true),
+            )
+            .map_err(failed)?;
+        let m = file.metadata().map_err(failed)?;
+        let (uid, mode) = (m.uid(), m.mode() & 0o7777);
+        if !m.is_file() {
+            return Err(format!("{what} {shown} is not a regular file"));
+        }
+        if uid != 0 && uid != euid {
+            return Err(format!(
+                "{what} {shown} {REFUSED_ABOVE}it is owned by uid {uid}; it can turn writing on, so it must be owned by root (uid 0) or by this process's uid {euid}"
+            ));
+        }
+        if writable_by_others(&m) {
+            return Err(format!(
+                "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say)",
+                m.gid(),
+                egid()
+            ));
+        }
+        let mut bytes = Vec::new();
+        file.take(limit + 1)
+            .read_to_end(&mut bytes)
+            .map_err(failed)?;
+        return Ok(Some(bytes).filter(|b| b.len() as u64 <= limit));
+    }
+    Err(format!(
+        "{what} {} cannot be read: its path goes through symbolic links that lead back to themselves (a loop) or through too many of them",
+        path.display()
+    ))
+}
+
 /// Checks a directory above `root` on its open handle: owned by root or by `euid`, and
 /// writable only by its owner unless it has the sticky bit.
 fn checked_ancestor(
@@ -290,7 +378,7 @@ fn checked_ancestor(
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
     if uid != 0 && uid != euid {
         return Err(format!(
-            "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for a directory of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for one of theirs",
             path.display()
         ));
     }
@@ -298,7 +386,7 @@ fn checked_ancestor(
     let egid = egid();
     if writable_by_others(&m) && mode & 0o1000 == 0 {
         return Err(format!(
-            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for a directory of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
             path.display(),
             m.gid()
         ));
