@@ -449,9 +449,9 @@ impl Cursor {
             end = start;
         }
         // A line that lost only its newline is whole: no proper prefix of a JSON object
-        // is one. It is ended, not dropped.
-        let tail = file.read_range(keep, len - keep)?;
-        if serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&tail).is_ok() {
+        // is one. It is ended, not dropped. Judged as it is read, never held: a tail of
+        // gigabytes (a sparse file's hole costs no disk) must not cost as much memory.
+        if is_one_object(file, keep, len)? {
             tracing::warn!("ended a journal's last line, which had lost its newline");
             file.append(b"\n", durable)?;
             return Ok(len + 1);
@@ -463,6 +463,35 @@ impl Cursor {
         );
         file.truncate(keep, durable)?;
         Ok(keep)
+    }
+}
+
+/// Whether `file`'s bytes from `from` to `to` are one JSON object and nothing else,
+/// read a block at a time and checked without building it (a line's first and last bytes
+/// first: a torn line seldom ends in `}`).
+fn is_one_object(file: &LogFile, from: u64, to: u64) -> io::Result<bool> {
+    use serde::Deserialize as _;
+    if to < from + 2 || file.read_range(from, 1)? != b"{" || file.read_range(to - 1, 1)? != b"}" {
+        return Ok(false);
+    }
+    let reader = std::io::BufReader::with_capacity(64 << 10, Span { file, at: from, to });
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    Ok(serde::de::IgnoredAny::deserialize(&mut de).is_ok() && de.end().is_ok())
+}
+
+/// A span of a log file, read as a stream.
+struct Span<'a> {
+    file: &'a LogFile,
+    at: u64,
+    to: u64,
+}
+
+impl std::io::Read for Span<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (self.to - self.at).min(buf.len() as u64) as usize;
+        self.file.read_exact_at(&mut buf[..n], self.at)?;
+        self.at += n as u64;
+        Ok(n)
     }
 }
 

@@ -833,6 +833,34 @@ fn a_last_line_missing_only_its_newline_is_kept() {
     }
 }
 
+/// A tail of zeros (a sparse file's hole, which costs no disk) is cut like any torn line,
+/// and so is one that looks like a line from its first and last bytes but holds zeros
+/// (judged as it is read: a hole of gigabytes is not held in memory to be judged).
+#[test]
+fn a_tail_of_zeros_is_cut_however_long() {
+    let (w, sb) = audited_world(3);
+    drop(sb);
+    let path = audit_path(&w);
+    let whole = std::fs::read(&path).unwrap();
+    for (head, end) in [(&b""[..], &b""[..]), (b"{\"seq\":4,\"a\":\"", b"\"}")] {
+        std::fs::write(&path, &whole).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, head).unwrap();
+        f.set_len(f.metadata().unwrap().len() + (64 << 20)).unwrap();
+        std::io::Write::write_all(&mut f, end).unwrap();
+        drop(f);
+        let sb = w.sandbox();
+        let v = sb.audit_verify().unwrap();
+        assert!(v.ok, "{v:?}");
+        assert_eq!(v.entries, 3);
+        drop(sb);
+        assert_eq!(std::fs::read(&path).unwrap(), whole);
+    }
+}
+
 /// A world and an audit log on its state directory, appends not synced.
 fn relaxed_log() -> (World, StateDir, AuditLog) {
     let w = World::new();
