@@ -276,6 +276,47 @@ fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
     untrusted_said(&format!("{folder}/{file}"), &detail)
 }
 
+/// What in a sealed record no action could have written, if anything: a target or a
+/// folder made that is not a plain relative path, lies in the snapshot store, goes
+/// deeper than any depth allowed, or has an extension always blocked. A restore goes only
+/// where a write could have gone, even under a record forged with the seal key.
+fn unwritable_path(meta: &SnapshotMeta) -> Option<String> {
+    use crate::confine::path::{
+        ExtensionPolicy, MAX_PATH_DEPTH, check_path_depth, check_reserved, detect_path_traversal,
+        normalize_extension, split_relative,
+    };
+    let blocked = ExtensionPolicy::new(None, &[]);
+    let judge = |path: &str, is_file: bool| -> Verdict {
+        if path.starts_with('/') {
+            return Err(Refusal::new(ReasonCode::PathTraversal, "an absolute path"));
+        }
+        detect_path_traversal(path)?;
+        let rel = split_relative(path)?;
+        check_reserved(&rel)?;
+        check_path_depth(&rel, MAX_PATH_DEPTH)?;
+        let (dirs, file) = match is_file {
+            true => (rel.parent_components(), Some(rel.file_name())),
+            false => (rel.components(), None),
+        };
+        blocked.check_directories(dirs)?;
+        match file.map(normalize_extension) {
+            Some(ext) if blocked.is_extension_blocked(&ext) => Err(Refusal::new(
+                ReasonCode::BlockedExtension,
+                "a blocked extension",
+            )),
+            _ => Ok(()),
+        }
+    };
+    let target = judge(&meta.original_path, !meta.is_directory_action());
+    let made = meta.created_dirs.iter().map(|d| (d, judge(d, false)));
+    std::iter::once((&meta.original_path, target))
+        .chain(made)
+        .find_map(|(path, v)| {
+            v.err()
+                .map(|r| format!("{} ({})", shown_path(path), r.reason))
+        })
+}
+
 /// A snapshot folder or record (`at`, in its root) that is not trusted, and why (`detail`):
 /// as a forged one, `checksum_mismatch` (a conflict with what the runtime recorded), not
 /// a failure of the disk.
@@ -808,6 +849,14 @@ impl Snapshotter {
             || !root.is_named_by(&meta.root)
         {
             return Err(trust(untrusted(&folder, META_FILE, &Unsealed::Forged)));
+        }
+        if let Some(why) = unwritable_path(&meta) {
+            return Err(trust(untrusted_said(
+                &format!("{folder}/{META_FILE}"),
+                &format!(
+                    "names {why}, which no action may write: it was not written by this runtime"
+                ),
+            )));
         }
         let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
             Ok(b) => Some(

@@ -110,6 +110,64 @@ fn planted_snapshots_are_never_restored() {
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
+/// A record sealed with the key itself (someone who read it) still sends a restore only
+/// where an action could have written: not into the snapshot store, not past the depth
+/// limit, not to a blocked name or folder, not to an absolute path.
+#[test]
+fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
+    use ailab_sandbox_core::seal::SealKey;
+    use ailab_sandbox_core::snapshot::SnapshotMeta;
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_ok", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    let key = SealKey::new(
+        std::fs::read(w.state.join("seal.key"))
+            .unwrap()
+            .try_into()
+            .unwrap(),
+    );
+    let genuine = read_meta(&w, "wf_ok", "a1");
+    let genuine_record = std::fs::read(meta_path(&w, "wf_ok", "a1")).unwrap();
+    for (n, path) in [
+        ".rollback/wf_ok/a1/meta.json",
+        "a/b/c/d/e/f/g/h/i/k.md",
+        "evil.service",
+        "x.service.d/o.conf",
+        "/abs.txt",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let wf = format!("wf_f{n}");
+        let mut forged = genuine.clone();
+        forged.as_object_mut().unwrap().remove("seal");
+        forged["workflow_id"] = json!(wf);
+        forged["original_path"] = json!(path);
+        let meta: SnapshotMeta = serde_json::from_value(forged).unwrap();
+        let sealed: Value = serde_json::from_slice(&key.seal(&meta).unwrap()).unwrap();
+        plant(&w, &wf, "a1", &sealed, Some(b"mark"));
+        refused_as_untrusted(&sb, &wf, &format!(".rollback/{wf}/a1/meta.json"));
+        let rb = sb.rollback_workflow(&wf, &forced());
+        assert_eq!(rb.status, "refused", "{path}: {rb:?}");
+        assert!(
+            rb.reason.unwrap().contains("which no action may write"),
+            "{path}"
+        );
+    }
+    assert!(!w.path("a").exists() && !w.path("evil.service").exists());
+    assert!(!w.path("x.service.d").exists() && !w.tmp.path().join("abs.txt").exists());
+    assert_eq!(
+        std::fs::read(meta_path(&w, "wf_ok", "a1")).unwrap(),
+        genuine_record
+    );
+    rolls_back(&sb, "wf_ok");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
 /// A symbolic link, a FIFO or a file with another link in the place of a snapshot's folder
 /// or record (even one leading to a faithful copy) is no record of the runtime's: the
 /// rollback is refused as for a forged one (`checksum_mismatch`), not failed as if the
