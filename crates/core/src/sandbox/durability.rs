@@ -325,12 +325,17 @@ impl Sandbox {
             .map(|e| e.meta.root)
             .find(|root| !self.roots.iter().any(|r| r.is_named_by(root)));
         match foreign {
-            Some(root) => Err(crate::reason::Refusal::new(
-                ReasonCode::IoError,
-                format!(
-                    "workflow {workflow_id}'s commit log holds acknowledged writes into {root}, which this process is not configured with; run any command with that root configured to replay them, then retry"
-                ),
-            )),
+            Some(root) => {
+                // Named in the log only: a refusal reaches clients, who learn no path
+                // outside the roots.
+                tracing::warn!(workflow = workflow_id, %root, "a commit log holds writes into a root this process lacks");
+                Err(crate::reason::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "workflow {workflow_id}'s commit log holds acknowledged writes into a root this process is not configured with (the server log names it); run any command with that root configured to replay them, then retry"
+                    ),
+                ))
+            }
             None => Ok(true),
         }
     }

@@ -1086,7 +1086,7 @@ fn a_logged_write_into_a_root_not_configured_survives_until_it_is_replayed() {
 
     let one = w.open(only);
     assert_noticed(&one, "not configured with");
-    assert_run_blocked_naming(&one, "w1", &root2);
+    assert_run_blocked_for_a_root_it_lacks(&one, "w1", &root2);
     let rb = one.rollback_workflow("w1", &RollbackOptions::default());
     assert_eq!(rb.status, "refused", "{rb:?}");
     let pruned = one.prune(std::time::Duration::ZERO).unwrap();
@@ -1175,7 +1175,7 @@ fn a_process_without_a_root_leaves_a_live_processs_log_for_it_alone() {
     assert_eq!(log_len(&w, "w1"), 1);
 
     let one = w.open(batched(&w));
-    assert_run_blocked_naming(&one, "w1", &root2);
+    assert_run_blocked_for_a_root_it_lacks(&one, "w1", &root2);
     drop(one);
     assert_eq!(
         log_len(&w, "w1"),

@@ -3623,7 +3623,7 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     let one = w.open(w.writable_config());
     assert_noticed(&one, "which this start is not configured with");
     assert_eq!(run_record(&w, "wf_r2")["state"], "active");
-    assert_run_blocked_naming(&one, "wf_r2", &root2);
+    assert_run_blocked_for_a_root_it_lacks(&one, "wf_r2", &root2);
     // A setting to change, not a failing disk (it was `io_error`, HTTP 500).
     let rb = one.rollback_workflow("wf_r2", &RollbackOptions::default());
     assert_eq!(
@@ -3659,7 +3659,7 @@ fn a_dead_runs_missing_root_is_not_made_and_the_run_waits_for_it() {
         assert!(!root2.exists(), "not made: {:?}", sb.notices());
         assert_noticed(&sb, "skipped (missing, say)");
         assert_eq!(run_record(&w, "wf_r2")["state"], "active");
-        assert_run_blocked_naming(&sb, "wf_r2", &root2);
+        assert_run_blocked_for_a_root_it_lacks(&sb, "wf_r2", &root2);
     }
     // Nor is it made on the way to a root configured inside it.
     let mut nested = both.clone();

@@ -254,21 +254,21 @@ pub fn with_second_root(
     (root2, both)
 }
 
-/// Runs a one-file plan of `wf` in `sb` and asserts that it is blocked, the reason
-/// naming `path`.
+/// Runs a one-file plan of `wf` in `sb` and asserts that it is blocked for a root this
+/// process lacks, `root` unnamed: a refusal reaches clients, who learn no path outside
+/// the roots (the log names it).
 #[track_caller]
-pub fn assert_run_blocked_naming(sb: &Sandbox, wf: &str, path: &std::path::Path) {
+pub fn assert_run_blocked_for_a_root_it_lacks(sb: &Sandbox, wf: &str, root: &std::path::Path) {
     let r = run(
         sb,
         serde_json::json!({"workflow_id": wf, "actions": [
             {"intent": "create_file", "path": "blocked.txt", "content": "b\n"}]}),
     );
     assert_eq!(status(&r), "blocked", "{r:?}");
+    let why = r.actions[0].reason.as_deref().unwrap_or_default();
     assert!(
-        r.actions[0]
-            .reason
-            .as_deref()
-            .is_some_and(|why| why.contains(&path.display().to_string())),
+        why.contains("this process is not configured with")
+            && !why.contains(&root.display().to_string()),
         "{r:?}"
     );
 }
