@@ -248,6 +248,9 @@ pub struct Recovered {
     pub retry: bool,
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
+    /// The workflow's run record could not be read (torn by a crash, or changed by hand)
+    /// and was removed: nothing of its run was judged.
+    pub unreadable_record: bool,
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
@@ -410,6 +413,11 @@ impl Sandbox {
             let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
                 tracing::warn!(record = %id, "unreadable in-flight record removed");
                 let _ = self.state.inflight_remove(&id);
+                out.push(Recovered {
+                    workflow_id: id,
+                    unreadable_record: true,
+                    ..Recovered::default()
+                });
                 continue;
             };
             if rec.finished_this_boot() {

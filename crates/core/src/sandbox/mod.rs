@@ -440,6 +440,13 @@ impl Sandbox {
             sb.remove_left_dirs(None);
         }
         for r in recovered {
+            if r.unreadable_record {
+                sb.notices.push(format!(
+                    "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and was removed: a write its run left unrecorded, if any, was neither finished nor undone; `audit verify` and the workflow's files show what it did",
+                    r.workflow_id
+                ));
+                continue;
+            }
             // A commit log without a readable record names no run.
             let run = format!(
                 "the interrupted {}{}{} of workflow {}",

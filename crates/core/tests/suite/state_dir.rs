@@ -412,3 +412,27 @@ fn temporary_files_a_killed_start_left_in_the_state_directory_are_removed_later(
     assert!(fresh.exists() && other.exists());
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A run record that cannot be read is removed, and the start says so: the run it stood
+/// for was not judged, which the operator must know.
+#[test]
+fn an_unreadable_run_record_is_removed_and_said() {
+    let w = World::new();
+    write_one(&w.sandbox());
+    for (n, bytes) in [&b"garbage"[..], br#"{"state":"active"}"#]
+        .into_iter()
+        .enumerate()
+    {
+        let record = w.state.join(format!("inflight/wf_torn{n}.json"));
+        fs::write(&record, bytes).unwrap();
+        let sb = w.sandbox();
+        assert!(!record.exists());
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("could not be read") && n.contains("wf_torn")),
+            "{:?}",
+            sb.notices()
+        );
+    }
+}
