@@ -261,7 +261,7 @@ pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
         return Refusal::new(
             ReasonCode::ForbiddenIntent,
             format!(
-                "the tool {} is a shell; sandbox writes never go through a shell",
+                "the tool {} runs commands or code, or changes permissions (a shell, an interpreter, chmod); sandbox writes are plain file writes and never go through such a tool",
                 shown_path(tool)
             ),
         );

@@ -18,9 +18,9 @@ pub enum PermissionScope {
 /// The default phase: the sandbox write executor.
 pub const DEFAULT_PHASE: &str = "28.3";
 
-/// Tools that are shells, or run a command as another user or system: anything routed to
-/// them is forbidden.
-const SHELL_TOOLS: [&str; 27] = [
+/// Tools that are shells, run a command as another user or system, run code given to
+/// them, or change permissions: anything routed to them is forbidden.
+const SHELL_TOOLS: [&str; 34] = [
     "shell",
     "sh",
     "bash",
@@ -48,18 +48,34 @@ const SHELL_TOOLS: [&str; 27] = [
     "shell_exec",
     "subprocess",
     "spawn",
+    "python",
+    "python3",
+    "node",
+    "perl",
+    "ruby",
+    "chmod",
+    "chown",
 ];
 
+/// Words that name a shell wherever they stand in a tool's name, between `_` or `.`:
+/// agents' shell tools are called `run_shell_command`, `local_shell`,
+/// `run_in_terminal`, `developer__shell`, `functions.shell`.
+const SHELL_PARTS: [&str; 6] = ["shell", "sh", "bash", "zsh", "terminal", "powershell"];
+
 /// Whether a tool names a shell anywhere in it, however it is spelled: `/bin/bash`,
-/// `BASH `, `bash -c`, `/usr/bin/env bash`, `cmd.exe`, `C:\Windows\System32\cmd.exe`,
-/// `run-command`.
+/// `BASH `, `bash -c`, `Bash(ls)`, `bash;`, `/usr/bin/env bash`, `cmd.exe`,
+/// `C:\Windows\System32\cmd.exe`, `run-command`, `run_shell_command`, `mcp__shell__run`.
 fn is_shell_tool(tool: &str) -> bool {
     let t = tool.to_ascii_lowercase().replace('-', "_");
-    t.split_whitespace().any(|word| {
-        let name = word.rsplit(['/', '\\']).next().unwrap_or_default();
-        let name = name.strip_suffix(".exe").unwrap_or(name);
-        SHELL_TOOLS.contains(&name)
-    })
+    t.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '\\')))
+        .any(|word| {
+            let name = word.rsplit(['/', '\\']).next().unwrap_or_default();
+            let name = name.strip_suffix(".exe").unwrap_or(name);
+            SHELL_TOOLS.contains(&name)
+                || name
+                    .split(['_', '.'])
+                    .any(|part| SHELL_PARTS.contains(&part))
+        })
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are

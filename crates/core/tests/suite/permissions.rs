@@ -130,6 +130,20 @@ fn shell_tools_make_any_intent_forbidden() {
         "wsl.exe",
         "run-command",
         "execute_command",
+        // Agents' shell tools, and a shell next to punctuation.
+        "Bash(ls)",
+        "run_shell_command",
+        "local_shell",
+        "run_terminal_cmd",
+        "run_in_terminal",
+        "developer__shell",
+        "builtin_run_terminal_command",
+        "functions.shell",
+        "mcp__shell__run",
+        "bash;",
+        "sh|",
+        "python3 -c",
+        "chmod +x",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -150,6 +164,9 @@ fn shell_tools_make_any_intent_forbidden() {
         "my/system",
         "file_writer",
         "ssh_keys_doc",
+        "refresh_index",
+        "publish.notes",
+        "python_formatter",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
