@@ -335,26 +335,39 @@ fn list_roots(roots: &[PathBuf]) -> String {
         .join(", ")
 }
 
-/// A name as a filesystem that folds case could take it: lower case by Unicode's rules
-/// (the Kelvin sign is a `k`) without the code points such filesystems ignore
-/// (zero-width characters, variation selectors, bidirectional marks, soft hyphen), and
-/// without the trailing dots and spaces FAT filesystems drop. On such a root
-/// `.rollbac\u{212a}`, `.roll\u{200b}back` or `.rollback.` would open the snapshot
-/// store.
-fn folded(name: &str) -> String {
-    fn ignorable(c: char) -> bool {
-        matches!(u32::from(c),
-            0xAD | 0x34F | 0x61C | 0x115F..=0x1160 | 0x17B4..=0x17B5 | 0x180B..=0x180F
-            | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164
-            | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3
-            | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+/// A name as a filesystem that folds case could take it: folded by Unicode's rules
+/// (the Kelvin sign is a `k`, the long s an `s`, `ß` is `ss`, the ligature `ﬆ` is `st`)
+/// without the code points such filesystems ignore (zero-width characters, variation
+/// selectors, bidirectional marks, soft hyphen), and without the trailing dots and
+/// spaces FAT filesystems drop. On such a root `.rollbac\u{212a}`, `.roll\u{200b}back`
+/// or `.rollback.` would open the snapshot store, and `x.\u{17f}ervice.d` hold a unit's
+/// drop-ins.
+pub(crate) fn folded(name: &str) -> String {
+    let mut kept = String::with_capacity(name.len());
+    for c in name.chars().filter(|&c| !is_ignorable(c)) {
+        // Full case folding where it differs from lower case, for the letters that do.
+        match c {
+            '\u{17f}' => kept.push('s'),
+            '\u{df}' | '\u{1e9e}' => kept.push_str("ss"),
+            '\u{fb00}' => kept.push_str("ff"),
+            '\u{fb01}' => kept.push_str("fi"),
+            '\u{fb02}' => kept.push_str("fl"),
+            '\u{fb03}' => kept.push_str("ffi"),
+            '\u{fb04}' => kept.push_str("ffl"),
+            '\u{fb05}' | '\u{fb06}' => kept.push_str("st"),
+            c => kept.extend(c.to_lowercase()),
+        }
     }
-    let kept: String = name
-        .chars()
-        .filter(|&c| !ignorable(c))
-        .flat_map(char::to_lowercase)
-        .collect();
     kept.trim_end_matches(['.', ' ']).to_owned()
+}
+
+/// Code points a filesystem that folds names ignores, and text readers do not show.
+pub(crate) fn is_ignorable(c: char) -> bool {
+    matches!(u32::from(c),
+        0xAD | 0x34F | 0x61C | 0x115F..=0x1160 | 0x17B4..=0x17B5 | 0x180B..=0x180F
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164
+        | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3
+        | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
 /// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary
@@ -387,13 +400,15 @@ pub fn check_reserved(rel: &RelPath) -> Verdict {
     Ok(())
 }
 
-/// The extension of a file name, normalised for checks: lower case, trailing dots and
-/// spaces ignored (`X.SERVICE`, `x.service.` and `x.service ` all give `.service`). A
-/// name without a dot after its first character has no extension (`""`).
+/// The extension of a file name, normalised for checks as a filesystem that folds names
+/// would read it (see `folded`): any case, trailing dots and spaces and invisible code
+/// points ignored (`X.SERVICE`, `x.service.`, `x.service `, `x.ser\u{200b}vice` and
+/// `x.\u{17f}ervice` all give `.service`). A name without a dot after its first
+/// character has no extension (`""`).
 pub fn normalize_extension(file_name: &str) -> String {
-    let trimmed = file_name.trim_end_matches(['.', ' ']);
-    match trimmed.rfind('.') {
-        Some(i) if i > 0 => trimmed[i..].to_ascii_lowercase(),
+    let name = folded(file_name);
+    match name.rfind('.') {
+        Some(i) if i > 0 => name[i..].to_owned(),
         _ => String::new(),
     }
 }
@@ -533,8 +548,8 @@ impl ExtensionPolicy {
             let Some(suffix) = UNIT_FOLDER_SUFFIXES.iter().find(|s| **s == ext) else {
                 continue;
             };
-            let trimmed = name.trim_end_matches(['.', ' ']);
-            let stem = &trimmed[..trimmed.len() - suffix.len()];
+            let name_folded = folded(name);
+            let stem = &name_folded[..name_folded.len() - suffix.len()];
             // `service.d` holds drop-ins for every unit of the type, `x.service.d` for one.
             let unit = match normalize_extension(stem) {
                 e if e.is_empty() => format!(".{}", stem.to_ascii_lowercase()),
@@ -698,6 +713,39 @@ mod tests {
         ] {
             assert_eq!(refused(p), Ok(()), "{p:?}");
         }
+    }
+
+    /// Extensions are read as a filesystem that folds names reads them: a blocked one
+    /// spelt with a long s, the Kelvin sign or an invisible code point is still blocked,
+    /// for files and for the folders systemd reads drop-ins from.
+    #[test]
+    fn blocked_extensions_are_read_as_a_case_folding_filesystem_reads_them() {
+        let policy = ExtensionPolicy::new(None, &[]);
+        for name in [
+            "x.\u{17f}ervice",
+            "x.ser\u{200b}vice",
+            "mod.\u{212a}o",
+            "x.SERVICE. ",
+        ] {
+            let ext = normalize_extension(name);
+            assert!(policy.is_extension_blocked(&ext), "{name:?}: {ext}");
+        }
+        for dir in [
+            "x.\u{17f}ervice.d",
+            "x.ser\u{200b}vice.d",
+            "x.\u{17f}ocket.d",
+            "mod.\u{212a}o",
+        ] {
+            let r = policy.check_directories(&[dir.to_owned()]);
+            assert_eq!(
+                r.map_err(|r| r.reason_code),
+                Err(ReasonCode::BlockedExtension),
+                "{dir:?}"
+            );
+        }
+        assert_eq!(normalize_extension("notes.MD"), ".md");
+        assert_eq!(normalize_extension("stra\u{df}e.txt"), ".txt");
+        assert!(policy.check_directories(&["notes.d".to_owned()]).is_ok());
     }
 
     #[test]
