@@ -164,7 +164,7 @@ pub const CHMOD_PATTERN_COUNT: usize = PATTERNS.len();
 /// Returns the name of the first chmod pattern found in `text`, if any. Matching ignores
 /// case and punctuation around words.
 pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
-    let lower = text.to_lowercase();
+    let lower = plain(text).to_lowercase();
     let words: Vec<&str> = lower
         .split(|c: char| {
             c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\'' | '`' | '(' | ')' | ':')
@@ -176,6 +176,62 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
         .iter()
         .find(|p| (p.matches)(&lower, &words))
         .map(|p| p.name)
+}
+
+/// `text` as a reader sees it, so that a request cannot hide from the patterns behind
+/// look-alike letters: invisible code points dropped (`ch\u{200d}mod`), full-width forms
+/// read as ASCII (`ｃｈｍｏｄ`), and the Cyrillic and Greek letters drawn like Latin ones read
+/// as those (`сhmod` with a Cyrillic `с`).
+fn plain(text: &str) -> String {
+    text.chars()
+        .filter(|&c| !crate::confine::path::is_ignorable(c))
+        .map(|c| match u32::from(c) {
+            0xFF01..=0xFF5E => char::from_u32(u32::from(c) - 0xFEE0).unwrap_or(c),
+            0x3000 => ' ',
+            _ => look_alike(c).unwrap_or(c),
+        })
+        .collect()
+}
+
+/// The Latin letter a Cyrillic or Greek one is drawn like, if any.
+fn look_alike(c: char) -> Option<char> {
+    Some(match c {
+        'а' | 'α' => 'a',
+        'в' => 'b',
+        'с' | 'ϲ' => 'c',
+        'ԁ' => 'd',
+        'е' | 'ε' => 'e',
+        'һ' => 'h',
+        'і' | 'ι' => 'i',
+        'ј' => 'j',
+        'к' | 'κ' => 'k',
+        'м' => 'm',
+        'п' | 'η' => 'n',
+        'о' | 'ο' | 'σ' => 'o',
+        'р' | 'ρ' => 'p',
+        'ѕ' => 's',
+        'т' | 'τ' => 't',
+        'υ' => 'u',
+        'ν' => 'v',
+        'ԝ' => 'w',
+        'х' | 'χ' => 'x',
+        'у' | 'γ' => 'y',
+        'А' | 'Α' => 'A',
+        'В' | 'Β' => 'B',
+        'С' | 'Ϲ' => 'C',
+        'Е' | 'Ε' => 'E',
+        'Н' | 'Η' => 'H',
+        'І' | 'Ι' => 'I',
+        'К' | 'Κ' => 'K',
+        'М' | 'Μ' => 'M',
+        'О' | 'Ο' => 'O',
+        'Р' | 'Ρ' => 'P',
+        'Ѕ' => 'S',
+        'Т' | 'Τ' => 'T',
+        'Х' | 'Χ' => 'X',
+        'У' | 'Υ' => 'Y',
+        _ => return None,
+    })
 }
 
 /// "make / mark X executable" with X at most three words ("mark the script as

@@ -188,6 +188,24 @@ fn a_bare_chmod_word_is_detected() {
     assert!(flagged("`chmod`"));
 }
 
+/// Look-alike letters, full-width forms and invisible code points do not hide a request.
+#[test]
+fn look_alike_spellings_are_detected() {
+    for text in [
+        "\u{441}hmod 755 deploy.sh",
+        "\u{ff43}\u{ff48}\u{ff4d}\u{ff4f}\u{ff44} \u{ff17}\u{ff15}\u{ff15} deploy.sh",
+        "ch\u{200d}mod 755 deploy.sh",
+        "ch\u{ad}mod 755 deploy.sh",
+        "make it exe\u{200b}cutable",
+        "m\u{430}ke it executable",
+    ] {
+        assert!(flagged(text), "{text:?}");
+    }
+    assert!(!flagged(
+        "\u{441}\u{434}\u{435}\u{43b}\u{430}\u{442}\u{44c} \u{43e}\u{442}\u{447}\u{451}\u{442}"
+    ));
+}
+
 #[test]
 fn detection_names_the_pattern() {
     let name = detect_chmod_intent("chmod 755 x").unwrap();
