@@ -83,7 +83,8 @@ enum Command {
         /// PLAN.json or -.
         plan: String,
     },
-    /// Governance verdict only: nothing is written.
+    /// Governance verdict only: nothing is written (as at every start, a run that died
+    /// mid-write is recovered first).
     Check {
         /// The intent, e.g. create_file.
         #[arg(long)]
