@@ -210,7 +210,10 @@ impl ValidPlan {
 /// The most characters an id may have.
 pub const MAX_ID_LEN: usize = 64;
 
-/// Whether `id` matches `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
+/// What [`is_valid_id`] takes, as a regular expression (for schemas).
+pub const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+
+/// Whether `id` matches [`ID_PATTERN`].
 pub fn is_valid_id(id: &str) -> bool {
     let b = id.as_bytes();
     !b.is_empty()
@@ -1488,6 +1491,15 @@ fn to_ini(v: &serde_json::Value) -> Verdict<Vec<u8>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// The pattern schemas carry says what `is_valid_id` takes: its length bound too.
+    #[test]
+    fn the_id_pattern_is_the_id_check() {
+        assert!(ID_PATTERN.ends_with(&format!("{{0,{}}}$", MAX_ID_LEN - 1)));
+        assert!(is_valid_id(&"a".repeat(MAX_ID_LEN)) && !is_valid_id(&"a".repeat(MAX_ID_LEN + 1)));
+        assert!(ID_PATTERN.starts_with("^[A-Za-z0-9][A-Za-z0-9._-]"));
+        assert!(!is_valid_id("-a") && !is_valid_id("a/b") && is_valid_id("a.b_c-d"));
+    }
 
     #[test]
     fn an_edit_refused_after_earlier_edits_says_so() {

@@ -8,13 +8,10 @@
 
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::{MutationClass, OPERATIONS, Operation, Payload, human_bytes};
-use ailab_sandbox_core::plan::Edit;
+use ailab_sandbox_core::plan::{Edit, ID_PATTERN};
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// Pattern every workflow and action id must match (SPEC §6).
-pub(crate) const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
 
 /// Most artifacts `list_artifacts` returns in one call.
 pub(crate) const MAX_LIST_LIMIT: u64 = 1000;
@@ -627,7 +624,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
             .into(),
         vec![Field::new(
             "artifact_id",
-            Kind::Str,
+            Kind::Id,
             true,
             "The artifact (art_...), as returned by a write tool or list_artifacts.",
         )],
