@@ -17,7 +17,7 @@ use serde_json::Value;
 
 /// How the operator turns real writes on; repeated wherever a simulation is reported.
 pub(crate) const PHASE_HINT: &str = "To write, the operator must restart the MCP server with a phase that allows sandbox writes (--phase 28.3, or 28.5 to 28.8). A tool call cannot change this: tell the user if a real write is needed.";
-pub(crate) const ENABLE_HINT: &str = "To write for real, the operator must restart the MCP server with both --enable-write and --no-dry-run (or set AI_LAB_ENABLE_SANDBOX_WRITE=true and AI_LAB_SANDBOX_DRY_RUN=false, or enable_write = true and dry_run = false in its config file). A tool call cannot change this: tell the user if a real write is needed.";
+pub(crate) const ENABLE_HINT: &str = "To write for real, the operator must restart the MCP server with both --enable-write and --no-dry-run (or set AI_LAB_ENABLE_SANDBOX_WRITE=true and AI_LAB_SANDBOX_DRY_RUN=false, or enable_write = true and dry_run = false in its config file, with neither variable set the other way: a flag wins over a variable, a variable over the file). A tool call cannot change this: tell the user if a real write is needed.";
 
 /// A successful result: `text` for people and models, `structured` for programs.
 pub(crate) fn ok(text: String, structured: Option<Value>) -> CallToolResult {
@@ -242,10 +242,10 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
 pub(crate) fn dry_run_words(reason: Option<DryRunReason>, phase: &str) -> String {
     match reason {
         Some(DryRunReason::SandboxDisabled) => {
-            "sandbox_disabled: the operator has not enabled writing; the server was started without --enable-write, AI_LAB_ENABLE_SANDBOX_WRITE=true or enable_write = true in its config file".to_owned()
+            "sandbox_disabled: the operator has not enabled writing; writing is on only with --enable-write, AI_LAB_ENABLE_SANDBOX_WRITE=true or enable_write = true in the config file (a flag wins over the variable, the variable over the file: AI_LAB_ENABLE_SANDBOX_WRITE=false turns off what the file turns on)".to_owned()
         }
         Some(DryRunReason::DryRun) => {
-            "dry_run: dry-run mode is on; the server was started without --no-dry-run, AI_LAB_SANDBOX_DRY_RUN=false or dry_run = false in its config file".to_owned()
+            "dry_run: dry-run mode is on; it is off only with --no-dry-run, AI_LAB_SANDBOX_DRY_RUN=false or dry_run = false in the config file (a flag wins over the variable, the variable over the file: AI_LAB_SANDBOX_DRY_RUN=true keeps it on whatever the file says)".to_owned()
         }
         Some(DryRunReason::PhaseNotSupported) => {
             format!("phase_not_supported: phase {phase} does not allow sandbox writes")

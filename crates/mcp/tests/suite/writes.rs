@@ -179,10 +179,12 @@ async fn a_dry_run_is_not_an_error_and_writes_nothing() {
         t.contains("--enable-write") && t.contains("--no-dry-run"),
         "{t}"
     );
-    // All three ways the operator can turn writing on, the config file's too.
+    // All three ways the operator can turn writing on, the config file's too, and which
+    // wins (a variable set the other way undoes the file's).
     assert!(
-        t.contains("enable_write = true in its config file")
-            && t.contains("dry_run = false in its config file"),
+        t.contains("enable_write = true in the config file")
+            && t.contains("dry_run = false in its config file")
+            && t.contains("a flag wins over the variable, the variable over the file"),
         "{t}"
     );
     let st = structured(&r);
