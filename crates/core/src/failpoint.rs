@@ -6,8 +6,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// The points of the write pipeline where a failure can be injected.
-pub const POINTS: [&str; 12] = [
+/// The points where a failure can be injected: the write pipeline, rollback, recovery,
+/// the logs' syncs and prune. Arming or passing a point not listed is a bug (a test
+/// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
+pub const POINTS: [&str; 24] = [
+    "after_validate",
+    "read_target",
     "before_commit",
     "snapshot_synced",
     "after_snapshot",
@@ -15,11 +19,21 @@ pub const POINTS: [&str; 12] = [
     "after_mutate",
     "before_registry",
     "before_audit",
+    "audit_sync",
+    "audit_head",
+    "batch_sync",
+    "trail_order",
     "during_restore",
     "restore_verify",
     "after_restore",
     "after_mark",
+    "record_held",
     "replay_staged",
+    "remove_dead_temp",
+    "recovery_register",
+    "recovery_audit",
+    "recovery_sync",
+    "during_prune",
 ];
 
 /// What an armed point does when it fires.
@@ -89,6 +103,10 @@ impl FailPoints {
 
     #[cfg(feature = "failpoints")]
     fn arm_with(&self, point: &str, armed: Armed) {
+        debug_assert!(
+            POINTS.contains(&point),
+            "no failure point is named {point:?}"
+        );
         if let Ok(mut m) = self.armed.lock() {
             m.insert(point.to_owned(), armed);
         }
@@ -112,6 +130,10 @@ impl FailPoints {
         if !cfg!(feature = "failpoints") {
             return None;
         }
+        debug_assert!(
+            POINTS.contains(&point),
+            "no failure point is named {point:?}"
+        );
         let call = {
             let mut m = self.armed.lock().ok()?;
             match m.get_mut(point)? {

@@ -4075,3 +4075,44 @@ fn a_change_over_a_recovered_write_is_named() {
         (by.as_ref().map(|b| b.action.as_str()) != Some("wf_2/b1")).then(|| format!("{rb:?}"))
     });
 }
+
+/// A test arming a misspelt point would pass for the wrong reason: arming one not listed
+/// panics, and every point the code passes is listed.
+#[test]
+fn failure_points_are_the_listed_ones() {
+    let armed = std::panic::catch_unwind(|| {
+        let w = World::new();
+        w.sandbox().failpoints().arm("befor_audit", 1);
+    });
+    assert_eq!(armed.is_err(), cfg!(debug_assertions), "a misspelt point was armed");
+    let mut passed = std::collections::BTreeSet::new();
+    let mut todo = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+                continue;
+            }
+            // Calls are split over lines as rustfmt likes: read without white space.
+            let text: String = std::fs::read_to_string(&path)
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            for call in ["failpoints.check(\"", "failpoints.hit(\"", "fail_at(\""] {
+                for (at, _) in text.match_indices(call) {
+                    let rest = &text[at + call.len()..];
+                    passed.insert(rest[..rest.find('"').unwrap()].to_owned());
+                }
+            }
+        }
+    }
+    let listed: std::collections::BTreeSet<String> = ailab_sandbox_core::failpoint::POINTS
+        .iter()
+        .map(|p| (*p).to_owned())
+        .collect();
+    assert_eq!(passed, listed);
+}
