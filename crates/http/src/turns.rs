@@ -26,7 +26,10 @@ pub(crate) struct Shares {
 
 impl Shares {
     /// The shares of a pool of `threads` threads; one of 64 keeps 48 for changes, 12 for
-    /// reads and 4 free. A pool of fewer than 8 keeps none free.
+    /// reads and 4 free, one of 5 to 7 keeps one free. A pool of 4 or fewer (a tight
+    /// open-file limit) keeps none free, the shares of one at least each taking it all
+    /// (a pool of one shares its thread between a change and a read): the calls that wait
+    /// for nothing then queue behind them.
     pub(crate) fn of_pool(threads: usize) -> Self {
         let writing = (threads * 3 / 4).max(1);
         let free = (threads / 16).max(1);
@@ -312,6 +315,7 @@ mod tests {
         assert_eq!(shares(64), (48, 12));
         assert_eq!(shares(16), (12, 3));
         assert_eq!(shares(8), (6, 1));
+        assert_eq!(shares(5), (3, 1));
         assert_eq!(shares(4), (3, 1));
         assert_eq!(shares(1), (1, 1));
     }
