@@ -153,7 +153,7 @@ struct AuditArgs {
     #[command(subcommand)]
     sub: Option<AuditSub>,
     /// How many entries, newest first (at least 1).
-    #[arg(long, default_value_t = 50, value_parser = at_least_one, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = ailab_sandbox_core::sandbox::DEFAULT_LIST_LIMIT, value_parser = at_least_one, allow_hyphen_values = true)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]
@@ -176,7 +176,7 @@ struct ArtifactArgs {
     #[command(subcommand)]
     sub: Option<ArtifactSub>,
     /// How many entries, newest first (at least 1).
-    #[arg(long, default_value_t = 50, value_parser = at_least_one, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = ailab_sandbox_core::sandbox::DEFAULT_LIST_LIMIT, value_parser = at_least_one, allow_hyphen_values = true)]
     limit: usize,
     /// Only this workflow.
     #[arg(long)]

@@ -26,6 +26,11 @@ pub const MAX_EDITS_PER_PLAN: usize = 256;
 /// renders in 7 bytes) is refused before its file would be, at some 110,000 of them.
 pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
 
+/// Data of fewer values than this (a few MiB parsed) is small: the HTTP and MCP faces,
+/// which pace plans and calls by the data they may hold ([`data_values_bound`]), let such
+/// a plan or call pass beside large ones without taking room.
+pub const SMALL_DATA_VALUES: usize = 64 * 1024;
+
 /// How many values an object with members counts as toward
 /// [`MAX_DATA_VALUES_PER_PLAN`], its keys aside: parsed, even `{"a": 0}` takes a tree node
 /// of eleven entries, some 640 bytes, where a number takes 32 (an empty object takes no

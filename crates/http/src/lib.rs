@@ -113,7 +113,7 @@ pub const PLAN_DATA_IN_FLIGHT: usize = 2;
 
 /// Plans whose data counts fewer values than this (a few MiB parsed) take no room for it:
 /// they never wait behind large ones.
-pub const SMALL_PLAN_DATA: usize = 64 * 1024;
+pub const SMALL_PLAN_DATA: usize = ailab_sandbox_core::plan::SMALL_DATA_VALUES;
 
 /// How long a plan waits for room for its data before it is answered 503 `server_busy`.
 pub const PLAN_DATA_WAIT: Duration = Duration::from_secs(30);

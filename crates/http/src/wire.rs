@@ -5,10 +5,10 @@ use ailab_sandbox_core::RunResult;
 use ailab_sandbox_core::artifact::ArtifactEntry;
 use serde::{Deserialize, Serialize};
 
-/// Default `limit` of the list routes.
-pub const DEFAULT_LIST_LIMIT: u32 = 50;
+/// Default `limit` of the list routes (the core's, as every face's).
+pub const DEFAULT_LIST_LIMIT: u32 = ailab_sandbox_core::sandbox::DEFAULT_LIST_LIMIT as u32;
 /// Largest `limit` the list routes accept.
-pub const MAX_LIST_LIMIT: u32 = 1000;
+pub const MAX_LIST_LIMIT: u32 = ailab_sandbox_core::sandbox::MAX_LIST_LIMIT as u32;
 
 /// Every error answer: a stable code and a sentence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,7 +70,7 @@ pub(crate) const DATA_ROOM: usize = 2 * ailab_sandbox_core::plan::MAX_DATA_VALUE
 
 /// Calls whose text could hold fewer values than this (a few MiB parsed, in rmcp and in
 /// the handler) take no room: they never wait behind large ones.
-pub(crate) const SMALL_CALL_DATA: usize = 64 * 1024;
+pub(crate) const SMALL_CALL_DATA: usize = ailab_sandbox_core::plan::SMALL_DATA_VALUES;
 
 /// The room a call of text `message` takes (see [`DATA_ROOM`]).
 fn data_room_of(message: &[u8]) -> usize {

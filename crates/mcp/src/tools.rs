@@ -14,13 +14,13 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// Most artifacts `list_artifacts` returns in one call.
-pub(crate) const MAX_LIST_LIMIT: u64 = 1000;
+pub(crate) const MAX_LIST_LIMIT: u64 = ailab_sandbox_core::sandbox::MAX_LIST_LIMIT as u64;
 
 /// Most entries `list_directory` returns in one call.
 pub(crate) const MAX_DIR_ENTRIES: usize = 500;
 
 /// Default for `list_artifacts`.
-pub(crate) const DEFAULT_LIST_LIMIT: u64 = 50;
+pub(crate) const DEFAULT_LIST_LIMIT: u64 = ailab_sandbox_core::sandbox::DEFAULT_LIST_LIMIT as u64;
 
 /// What a tool does when called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

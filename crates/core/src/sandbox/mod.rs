@@ -37,7 +37,9 @@ pub(crate) use durability::LogEntry;
 use locks::TARGET_LOCK_STRIPES;
 pub(crate) use locks::workflow_lock_refusal;
 pub use prune::{PruneFailure, PruneReport};
-pub use reads::{FileInfo, FileRead, MAX_INFO_HASH_BYTES, READ_LIMIT};
+pub use reads::{
+    DEFAULT_LIST_LIMIT, FileInfo, FileRead, MAX_INFO_HASH_BYTES, MAX_LIST_LIMIT, READ_LIMIT,
+};
 pub(crate) use rollback::{RestoreMode, Restorer};
 pub use rollback::{
     RollbackInfo, RollbackInfoAction, RollbackOptions, RollbackReport, RollbackStatus, RollbackStep,

@@ -48,6 +48,13 @@ pub struct FileInfo {
 /// SHA-256): describing a file must not pin a thread for hours.
 pub const MAX_INFO_HASH_BYTES: u64 = 1 << 30;
 
+/// How many audit entries or artifacts a list gives when the caller says nothing (every
+/// face: `audit`, `artifacts`, the HTTP lists, `list_artifacts`).
+pub const DEFAULT_LIST_LIMIT: usize = 50;
+
+/// The most the HTTP and MCP lists give in one call.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
 /// The most `read_file` returns.
 pub const READ_LIMIT: u64 = crate::catalog::LARGEST_WRITE_BYTES;
 

@@ -4084,7 +4084,11 @@ fn failure_points_are_the_listed_ones() {
         let w = World::new();
         w.sandbox().failpoints().arm("befor_audit", 1);
     });
-    assert_eq!(armed.is_err(), cfg!(debug_assertions), "a misspelt point was armed");
+    assert_eq!(
+        armed.is_err(),
+        cfg!(debug_assertions),
+        "a misspelt point was armed"
+    );
     let mut passed = std::collections::BTreeSet::new();
     let mut todo = vec![std::path::PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
