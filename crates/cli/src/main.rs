@@ -419,18 +419,7 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
             return codes::INVALID_CONFIG;
         }
         if let Some(e) = cause.downcast_ref::<ailab_sandbox_http::ServeError>() {
-            use ailab_sandbox_http::ServeError as S;
-            if matches!(
-                e,
-                S::InvalidAddr { .. }
-                    | S::PublicWithoutToken { .. }
-                    | S::EmptyToken
-                    | S::ShortToken
-                    | S::UnsendableToken
-                    | S::ZeroBodyLimit
-            ) {
-                return codes::INVALID_CONFIG;
-            }
+            return e.reason_code();
         }
         if cause.is::<UnreadablePlan>() {
             return ReasonCode::InvalidPlan.as_str();

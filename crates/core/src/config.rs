@@ -463,13 +463,16 @@ fn key_range(key: &str) -> Option<(u64, u64)> {
     match key.rsplit('.').next().unwrap_or(key) {
         "max_path_depth" => Some((1, MAX_PATH_DEPTH as u64)),
         "lock_wait_seconds" => Some((1, MAX_LOCK_WAIT_SECONDS)),
-        "max_body_bytes" => Some((1024, MAX_BODY_BYTES_LIMIT as u64)),
+        "max_body_bytes" => Some((MIN_BODY_BYTES_LIMIT as u64, MAX_BODY_BYTES_LIMIT as u64)),
         _ => None,
     }
 }
 
 /// The largest request body `serve` takes (`[server] max_body_bytes`).
 pub const MAX_BODY_BYTES_LIMIT: usize = 256 * 1024 * 1024;
+
+/// The smallest `[server] max_body_bytes`: a plan of one small action fits.
+pub const MIN_BODY_BYTES_LIMIT: usize = 1024;
 
 /// Refuses extension entries the policy could never match: it compares a file's last
 /// extension (`.gz` for `a.tar.gz`), lower-cased, so an entry is one extension such as
@@ -1048,9 +1051,9 @@ impl Config {
                 )));
             }
         }
-        if !(1024..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
+        if !(MIN_BODY_BYTES_LIMIT..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
             return Err(ConfigError(format!(
-                "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed 1024 to 268435456",
+                "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed {MIN_BODY_BYTES_LIMIT} to {MAX_BODY_BYTES_LIMIT}",
                 self.max_body_bytes
             )));
         }

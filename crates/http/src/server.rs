@@ -217,9 +217,13 @@ pub enum ServeError {
          give it without them"
     )]
     UnsendableToken,
-    /// The body limit is zero.
-    #[error("the request body limit must be at least 1 byte")]
-    ZeroBodyLimit,
+    /// The body limit is outside what the config allows.
+    #[error(
+        "the request body limit of {0} bytes is out of range; allowed {min} to {max} bytes",
+        min = ailab_sandbox_core::config::MIN_BODY_BYTES_LIMIT,
+        max = ailab_sandbox_core::config::MAX_BODY_BYTES_LIMIT
+    )]
+    BodyLimitOutOfRange(usize),
     /// Tokio could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -231,6 +235,24 @@ pub enum ServeError {
         /// Why.
         error: std::io::Error,
     },
+}
+
+impl ServeError {
+    /// The stable code every face gives it: `invalid_config` for a setting to correct,
+    /// `io_error` for a failure of the machine.
+    pub fn reason_code(&self) -> &'static str {
+        match self {
+            Self::InvalidAddr { .. }
+            | Self::PublicWithoutToken { .. }
+            | Self::EmptyToken
+            | Self::ShortToken
+            | Self::UnsendableToken
+            | Self::BodyLimitOutOfRange(_) => ailab_sandbox_core::INVALID_CONFIG,
+            Self::Runtime(_) | Self::Bind { .. } => {
+                ailab_sandbox_core::ReasonCode::IoError.as_str()
+            }
+        }
+    }
 }
 
 fn bind_advice(error: &std::io::Error) -> &'static str {
@@ -311,8 +333,9 @@ pub fn run_announcing(
     opts: ServeOptions,
     listening: impl FnOnce(SocketAddr) + Send,
 ) -> Result<(), ServeError> {
-    if opts.body_limit_bytes == 0 {
-        return Err(ServeError::ZeroBodyLimit);
+    use ailab_sandbox_core::config::{MAX_BODY_BYTES_LIMIT, MIN_BODY_BYTES_LIMIT};
+    if !(MIN_BODY_BYTES_LIMIT..=MAX_BODY_BYTES_LIMIT).contains(&opts.body_limit_bytes) {
+        return Err(ServeError::BodyLimitOutOfRange(opts.body_limit_bytes));
     }
     let addrs = resolve_addr(&opts.addr)?;
     check_exposure(&opts.addr, &addrs, opts.token.as_deref())?;

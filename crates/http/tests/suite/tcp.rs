@@ -485,15 +485,20 @@ fn run_refuses_a_public_address_without_a_token() {
         ailab_sandbox_http::run(sandbox.clone(), opts),
         Err(ServeError::InvalidAddr { .. })
     ));
-    let opts = ServeOptions {
-        addr: "127.0.0.1:0".to_owned(),
-        body_limit_bytes: 0,
-        ..ServeOptions::default()
-    };
-    assert!(matches!(
-        ailab_sandbox_http::run(sandbox, opts),
-        Err(ServeError::ZeroBodyLimit)
-    ));
+    // The body limit a library caller gives is held to the config's range, as the
+    // command line's is.
+    for limit in [0, 1023, 256 * 1024 * 1024 + 1] {
+        let opts = ServeOptions {
+            addr: "127.0.0.1:0".to_owned(),
+            body_limit_bytes: limit,
+            ..ServeOptions::default()
+        };
+        let refused = ailab_sandbox_http::run(sandbox.clone(), opts);
+        assert!(
+            matches!(&refused, Err(e @ ServeError::BodyLimitOutOfRange(l)) if *l == limit && e.reason_code() == "invalid_config"),
+            "{limit}: {refused:?}"
+        );
+    }
 }
 
 #[test]
