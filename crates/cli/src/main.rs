@@ -428,8 +428,6 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
     ReasonCode::IoError.as_str()
 }
 
-/// Help and version print as clap prints them; any other parse error is a usage error, in
-/// JSON when `--json` is among the arguments (it could not be parsed with the rest).
 /// The parser's refusal of the command line `e`, with the arguments it quotes shown as
 /// `human::safe` shows any text: a terminal control sequence given as an argument is
 /// named, neither run by the terminal nor stripped from the message. The arguments are
@@ -448,6 +446,8 @@ fn with_arguments_escaped(e: clap::Error) -> clap::Error {
     }
 }
 
+/// Help and version print as clap prints them; any other parse error is a usage error, in
+/// JSON when `--json` is among the arguments (it could not be parsed with the rest).
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     if matches!(

@@ -1,5 +1,5 @@
 //! The one mapping from everything that can go wrong to an HTTP status and a JSON body
-//! `{"reason_code", "reason"}` (STYLE rule 6). Internal details (I/O errors, paths of the
+//! `{"reason_code", "reason"}`. Internal details (I/O errors, paths of the
 //! state directory) are logged, never sent.
 
 use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};

@@ -535,8 +535,6 @@ pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiEr
         .into_response())
 }
 
-/// Refuses a query on a route that reads none: ignored, `?action_id=a2` on a rollback would
-/// undo the whole workflow, and `?dry_run=true` on a plan would write.
 /// Refuses a body in a content coding (RFC 9110 §15.5.16: 415): bodies are read as
 /// sent, and a compressed plan read so was refused as text that is not UTF-8. On the
 /// routes that read a body only: elsewhere the route's own answer stands.
@@ -565,6 +563,8 @@ pub(crate) async fn plain_body(
     .into_response()
 }
 
+/// Refuses a query on a route that reads none: ignored, `?action_id=a2` on a rollback would
+/// undo the whole workflow, and `?dry_run=true` on a plan would write.
 pub(crate) async fn no_query(
     req: axum::extract::Request,
     next: axum::middleware::Next,

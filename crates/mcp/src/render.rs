@@ -1,6 +1,6 @@
 //! Turning runtime answers into tool results an LLM can act on.
 //!
-//! The one mapping of this face (STYLE rule 6): a refusal or failure is a tool result
+//! The one mapping of this face: a refusal or failure is a tool result
 //! with `isError: true` whose text gives the reason code, the reason and what to do
 //! instead; a simulation is a normal result that says nothing was written and why; a
 //! success names the path, checksum, size, artifact, workflow and how to roll back.
