@@ -45,7 +45,10 @@
 //! - Read plans with [`plan::parse_plan`] (or [`Sandbox::run_plan_json`]): deserializing
 //!   a [`plan::Plan`] with serde directly skips the check of the text's numbers, so a
 //!   number a double would change (`-0`, `123456789012345678901234567890`, a decimal of
-//!   more digits than a double keeps) reaches the file changed.
+//!   more digits than a double keeps) reaches the file changed, and the limits on a
+//!   plan's `data` values and edits ([`plan::MAX_DATA_VALUES_PER_PLAN`],
+//!   [`plan::MAX_EDITS_PER_PLAN`]) are not counted as it is read, so a huge plan is
+//!   built whole before anything refuses it.
 //! - The structured writers rely on `serde_json`'s default map, which keeps keys sorted,
 //!   and on its default numbers: a host build that turns on `serde_json`'s
 //!   `preserve_order` feature writes keys in the order sent (other bytes and checksums

@@ -290,23 +290,24 @@ mod reading {
     /// [`super::MAX_DATA_VALUES_PER_PLAN`], [`super::MAX_EDITS_PER_PLAN`]): a plan past
     /// either is refused before it is all built, so a refused plan never holds more than
     /// the allowance in memory.
-    pub(super) struct Counting;
+    /// A count started inside another (a refusal's words read the text again) gives the
+    /// outer one back what it had left when it ends.
+    pub(super) struct Counting(Option<Allowance>);
 
     impl Counting {
         pub(super) fn start() -> Self {
-            LEFT.with(|c| {
-                c.set(Some(Allowance {
+            Self(LEFT.with(|c| {
+                c.replace(Some(Allowance {
                     values: super::MAX_DATA_VALUES_PER_PLAN,
                     edits: super::MAX_EDITS_PER_PLAN,
-                }));
-            });
-            Self
+                }))
+            }))
         }
     }
 
     impl Drop for Counting {
         fn drop(&mut self) {
-            LEFT.with(|c| c.set(None));
+            LEFT.with(|c| c.set(self.0));
         }
     }
 
