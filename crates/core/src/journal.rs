@@ -63,7 +63,6 @@ impl Pending {
 struct Cursor {
     /// Always at a line boundary.
     offset: u64,
-    repaired: u64,
     /// The last bytes before `offset` as this process read or wrote them (at most
     /// [`TAIL`]): found otherwise, the file was cut and written again since.
     tail: Vec<u8>,
@@ -144,11 +143,6 @@ impl Journal {
     /// Makes every line appended so far durable (`fdatasync`).
     pub fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
-    }
-
-    /// Bytes dropped by torn-tail repairs since open.
-    pub fn repaired_bytes(&self) -> u64 {
-        self.cursor.repaired
     }
 
     /// Reads the complete lines appended since the last call (by anyone), under a shared
@@ -456,7 +450,6 @@ impl Cursor {
             file.append(b"\n", durable)?;
             return Ok(len + 1);
         }
-        self.repaired += len - keep;
         tracing::warn!(
             dropped_bytes = len - keep,
             "repaired a torn last line in a journal"
