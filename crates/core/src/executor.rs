@@ -294,7 +294,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                 self.state = s;
                 self.event("state_changed", json!({"from": from, "to": to}));
             }
-            Err(e) => tracing::error!(%e, "workflow state machine refused a transition"),
+            Err(e) => {
+                // A bug of the executor's: tests fail on it, a release build logs it and
+                // goes on (the run's outcome is decided by its actions, not its state).
+                debug_assert!(false, "workflow state machine refused a transition: {e}");
+                tracing::error!(%e, "workflow state machine refused a transition");
+            }
         }
     }
 
