@@ -19,8 +19,10 @@ pub enum PermissionScope {
 pub const DEFAULT_PHASE: &str = "28.3";
 
 /// Tools that are shells, run a command as another user or system, run code given to
-/// them, or change permissions: anything routed to them is forbidden.
-const SHELL_TOOLS: [&str; 34] = [
+/// them, or change permissions: anything routed to them is forbidden. Names are compared
+/// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
+/// `perl`, `ruby`).
+const SHELL_TOOLS: [&str; 38] = [
     "shell",
     "sh",
     "bash",
@@ -49,32 +51,44 @@ const SHELL_TOOLS: [&str; 34] = [
     "subprocess",
     "spawn",
     "python",
-    "python3",
     "node",
+    "nodejs",
+    "deno",
     "perl",
     "ruby",
+    "php",
+    "lua",
     "chmod",
     "chown",
+    "chgrp",
 ];
 
 /// Words that name a shell wherever they stand in a tool's name, between `_` or `.`:
 /// agents' shell tools are called `run_shell_command`, `local_shell`,
-/// `run_in_terminal`, `developer__shell`, `functions.shell`.
-const SHELL_PARTS: [&str; 6] = ["shell", "sh", "bash", "zsh", "terminal", "powershell"];
+/// `developer__shell`, `functions.shell`.
+const SHELL_PARTS: [&str; 4] = ["shell", "bash", "zsh", "powershell"];
 
-/// Whether a tool names a shell anywhere in it, however it is spelled: `/bin/bash`,
-/// `BASH `, `bash -c`, `Bash(ls)`, `bash;`, `/usr/bin/env bash`, `cmd.exe`,
-/// `C:\Windows\System32\cmd.exe`, `run-command`, `run_shell_command`, `mcp__shell__run`.
+/// A terminal runs commands when the name says so (`run_in_terminal`,
+/// `run_terminal_cmd`), not when it only writes to one (`write_to_terminal_log`).
+const TERMINAL_RUNS: [&str; 5] = ["run", "exec", "execute", "cmd", "command"];
+
+/// Whether a tool names a shell, however it is spelled: `/bin/bash`, `BASH `, `bash -c`,
+/// `bash;`, `/usr/bin/env bash`, `cmd.exe`, `C:\Windows\System32\cmd.exe`,
+/// `run-command`, `run_shell_command`, `mcp__shell__run`, `Bash(ls)`. What stands in
+/// parentheses is the tool's argument, not its name (`Write(deploy.sh)` writes a file).
 fn is_shell_tool(tool: &str) -> bool {
     let t = tool.to_ascii_lowercase().replace('-', "_");
-    t.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '\\')))
+    let name = t.split('(').next().unwrap_or_default();
+    name.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '\\')))
         .any(|word| {
-            let name = word.rsplit(['/', '\\']).next().unwrap_or_default();
-            let name = name.strip_suffix(".exe").unwrap_or(name);
-            SHELL_TOOLS.contains(&name)
-                || name
-                    .split(['_', '.'])
-                    .any(|part| SHELL_PARTS.contains(&part))
+            let base = word.rsplit(['/', '\\']).next().unwrap_or_default();
+            let base = base.strip_suffix(".exe").unwrap_or(base);
+            let unversioned = base.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+            let parts: Vec<&str> = base.split(['_', '.']).collect();
+            SHELL_TOOLS.contains(&base)
+                || SHELL_TOOLS.contains(&unversioned)
+                || parts.iter().any(|p| SHELL_PARTS.contains(p))
+                || (parts.contains(&"terminal") && parts.iter().any(|p| TERMINAL_RUNS.contains(p)))
         })
 }
 

@@ -144,6 +144,13 @@ fn shell_tools_make_any_intent_forbidden() {
         "sh|",
         "python3 -c",
         "chmod +x",
+        "python3.11 -c",
+        "/usr/bin/python3.12",
+        "perl5",
+        "ruby3.2",
+        "nodejs",
+        "php",
+        "chgrp",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -167,6 +174,12 @@ fn shell_tools_make_any_intent_forbidden() {
         "refresh_index",
         "publish.notes",
         "python_formatter",
+        // A write tool's argument is not its name.
+        "Write(deploy.sh)",
+        "Edit(notes/build.sh)",
+        "Write(bash_notes.md)",
+        "create_sh_file",
+        "write_to_terminal_log",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
