@@ -459,30 +459,57 @@ impl Cursor {
     }
 }
 
-/// Whether `file`'s bytes from `from` to `to` are one JSON object and nothing else,
-/// read a block at a time and checked without building it (a line's first and last bytes
-/// first: a torn line seldom ends in `}`).
+/// Whether `file`'s bytes from `from` to `to` are one JSON object and nothing else (its
+/// first and last bytes looked at first: a torn line seldom ends in `}`). A span of the
+/// size of a line is read and parsed whole, as any line is; a longer one (a hole of
+/// gigabytes costs no disk) is checked as it is read, never held, its strings then
+/// taken for text unchecked. A read that fails is an error, never a verdict.
 fn is_one_object(file: &LogFile, from: u64, to: u64) -> io::Result<bool> {
     use serde::Deserialize as _;
+    const WHOLE: u64 = 8 << 20;
     if to < from + 2 || file.read_range(from, 1)? != b"{" || file.read_range(to - 1, 1)? != b"}" {
         return Ok(false);
     }
-    let reader = std::io::BufReader::with_capacity(64 << 10, Span { file, at: from, to });
-    let mut de = serde_json::Deserializer::from_reader(reader);
-    Ok(serde::de::IgnoredAny::deserialize(&mut de).is_ok() && de.end().is_ok())
+    if to - from <= WHOLE {
+        let text = file.read_range(from, to - from)?;
+        return Ok(
+            serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&text).is_ok(),
+        );
+    }
+    let mut span = Span {
+        file,
+        at: from,
+        to,
+        failed: None,
+    };
+    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
+        64 << 10,
+        &mut span,
+    ));
+    let whole = serde::de::IgnoredAny::deserialize(&mut de).is_ok() && de.end().is_ok();
+    drop(de);
+    match span.failed {
+        Some(e) => Err(e),
+        None => Ok(whole),
+    }
 }
 
-/// A span of a log file, read as a stream.
+/// A span of a log file, read as a stream; the first read that fails is kept.
 struct Span<'a> {
     file: &'a LogFile,
     at: u64,
     to: u64,
+    failed: Option<io::Error>,
 }
 
 impl std::io::Read for Span<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = (self.to - self.at).min(buf.len() as u64) as usize;
-        self.file.read_exact_at(&mut buf[..n], self.at)?;
+        if let Err(e) = self.file.read_exact_at(&mut buf[..n], self.at) {
+            let kept = io::Error::new(e.kind(), e.to_string());
+            self.failed.get_or_insert(e);
+            return Err(kept);
+        }
         self.at += n as u64;
         Ok(n)
     }
