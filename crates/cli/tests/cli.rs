@@ -1841,6 +1841,49 @@ fn a_folder_of_the_state_directory_mounted_into_a_root_is_never_written() {
     assert!(!notes.join("w.md").exists());
 }
 
+/// A config file on a read-only mount (a container's volume of settings, often mode 0777
+/// without the sticky bit) is read whatever its folder's and its own modes say: nobody
+/// can change it there. Writable, the same file is refused.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_config_file_on_a_read_only_mount_is_read() {
+    let e = env();
+    let volume = e.dir.join("volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    let cfg = volume.join("config.toml");
+    std::fs::write(&cfg, "enable_write = true\ndry_run = false\n").unwrap();
+    for (p, m) in [(&volume, 0o777), (&cfg, 0o666)] {
+        std::fs::set_permissions(
+            p,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(m),
+        )
+        .unwrap();
+    }
+    let state = |c: &mut std::process::Command| {
+        c.arg("--root")
+            .arg(&e.root)
+            .arg("--state-dir")
+            .arg(&e.state)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["--json", "state"]);
+    };
+    let mut writable = e.std_cmd();
+    writable.arg("--config").arg(&cfg).args(["--json", "state"]);
+    let out = writable.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let mut c = with_private_mount(
+        "mount --bind \"$1\" \"$1\" && mount -o remount,bind,ro \"$1\"",
+        &[volume.as_os_str()],
+    );
+    state(&mut c);
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json_out(&out)["execution_mode"], "sandbox_write", "{out:?}");
+}
+
 /// A root out of inodes: the snapshot folder that could not be made is named as such, with
 /// the reason in the words of every other write failure (it said "No such file or
 /// directory", the open that followed, then the system's "No space left on device").

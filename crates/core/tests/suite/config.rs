@@ -936,13 +936,14 @@ fn a_config_file_another_user_could_change_is_refused() {
             && err.contains("writable by other users"),
         "{err}"
     );
-    // Through a link the refusal is the same.
+    // Through a link the refusal is the same, naming the path given and the file.
     let to_open = dir.path().join("to_open.toml");
     symlink(&open, &to_open).unwrap();
+    let err = read(&to_open).unwrap_err();
     assert!(
-        read(&to_open)
-            .unwrap_err()
-            .contains("writable by other users")
+        err.contains("writable by other users")
+            && err.contains(&format!("{} (at {})", to_open.display(), open.display())),
+        "{err}"
     );
 
     let shared = dir.path().join("shared");
@@ -957,12 +958,71 @@ fn a_config_file_another_user_could_change_is_refused() {
     mode(&shared, 0o1777);
     assert_eq!(read(&inside).unwrap().unwrap(), b"dry_run = false\n");
 
+    // A pipe (`--config <(…)`) is read as it flows when it is this user's alone.
     let fifo = dir.path().join("fifo.toml");
     rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, 0o600.into()).unwrap();
-    assert!(read(&fifo).unwrap_err().contains("not a regular file"));
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::write(&fifo, "dry_run = false\n").unwrap())
+    };
+    assert_eq!(read(&fifo).unwrap().unwrap(), b"dry_run = false\n");
+    writer.join().unwrap();
+    let open_fifo = dir.path().join("open_fifo.toml");
+    rustix::fs::mkfifoat(rustix::fs::CWD, &open_fifo, 0o600.into()).unwrap();
+    mode(&open_fifo, 0o622);
+    let err = read(&open_fifo).unwrap_err();
+    assert!(err.contains("a pipe other users may write into"), "{err}");
+    let err = read(std::path::Path::new("/dev/null")).unwrap_err();
+    assert!(err.contains("not a regular file"), "{err}");
     let looped = dir.path().join("loop.toml");
     symlink(&looped, &looped).unwrap();
     assert!(read(&looped).unwrap_err().contains("(a loop)"));
+
+    // An access control list giving another user write is as a mode giving it; one
+    // that names only this process's user is not.
+    let acl = |file: &std::path::Path, uid: u32| {
+        let mut v = vec![2, 0, 0, 0];
+        for (tag, perm, id) in [
+            (0x01u16, 6u16, u32::MAX),
+            (0x02, 6, uid),
+            (0x04, 4, u32::MAX),
+            (0x10, 6, u32::MAX),
+            (0x20, 4, u32::MAX),
+        ] {
+            v.extend(tag.to_le_bytes());
+            v.extend(perm.to_le_bytes());
+            v.extend(id.to_le_bytes());
+        }
+        rustix::fs::setxattr(
+            file,
+            "system.posix_acl_access",
+            &v,
+            rustix::fs::XattrFlags::empty(),
+        )
+    };
+    let listed = dir.path().join("listed.toml");
+    fs::write(&listed, "enable_write = true\n").unwrap();
+    mode(&listed, 0o644);
+    let me = rustix::process::geteuid().as_raw();
+    let other = if me == 65534 { 65533 } else { 65534 };
+    if acl(&listed, other).is_ok() {
+        let err = read(&listed).unwrap_err();
+        assert!(err.contains("through its access control list"), "{err}");
+        acl(&listed, me).unwrap();
+        assert_eq!(read(&listed).unwrap().unwrap(), b"enable_write = true\n");
+        // A folder on the way is judged by its list too.
+        let listed_dir = dir.path().join("listed_dir");
+        fs::create_dir(&listed_dir).unwrap();
+        mode(&listed_dir, 0o755);
+        let inside = listed_dir.join("c.toml");
+        fs::write(&inside, "enable_write = true\n").unwrap();
+        mode(&inside, 0o644);
+        acl(&listed_dir, other).unwrap();
+        let err = read(&inside).unwrap_err();
+        assert!(err.contains("writable by other users"), "{err}");
+    } else {
+        eprintln!("no access control lists on this filesystem: that part skipped");
+    }
 
     // Another user's file, where this process may give one away.
     if rustix::process::geteuid().is_root() {

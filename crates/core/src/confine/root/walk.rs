@@ -284,14 +284,20 @@ fn open_ancestors(
 pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<Vec<u8>>, String> {
     use std::io::Read as _;
     let euid = euid();
+    let given = path.display().to_string();
+    if let Some(read) = read_operator_pipe(path, what, limit) {
+        return read;
+    }
     let mut path = std::path::absolute(path).map_err(|e| {
-        format!(
-            "{what} {} cannot be read: its absolute path cannot be made: {e}",
-            path.display()
-        )
+        format!("{what} {given} cannot be read: its absolute path cannot be made: {e}")
     })?;
     for _ in 0..=ANCESTOR_HOPS {
-        let shown = path.display().to_string();
+        // Reached through a link, both are named: the operator gave the first.
+        let shown = if path.as_os_str() == given.as_str() {
+            given.clone()
+        } else {
+            format!("{given} (at {})", path.display())
+        };
         let failed = |e: io::Error| {
             format!(
                 "{what} {shown} cannot be read: {}",
@@ -335,15 +341,23 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
         if !m.is_file() {
             return Err(format!("{what} {shown} is not a regular file"));
         }
-        if uid != 0 && uid != euid {
+        // On a read-only mount (a container's volume of settings) nobody can change it.
+        let frozen = on_read_only_mount(&file);
+        if uid != 0 && uid != euid && !frozen {
             return Err(format!(
                 "{what} {shown} {REFUSED_ABOVE}it is owned by uid {uid}; it can turn writing on, so it must be owned by root (uid 0) or by this process's uid {euid}"
             ));
         }
-        if writable_by_others(&m) {
+        let by_acl = !writable_by_others(&m) && acl_lets_others_write(&file);
+        if (writable_by_others(&m) || by_acl) && !frozen {
             return Err(format!(
-                "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say)",
+                "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users{}; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say, and no access control list giving others write)",
                 m.gid(),
+                if by_acl {
+                    " through its access control list"
+                } else {
+                    ""
+                },
                 egid()
             ));
         }
@@ -354,9 +368,62 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
         return Ok(Some(bytes).filter(|b| b.len() as u64 <= limit));
     }
     Err(format!(
-        "{what} {} cannot be read: its path goes through symbolic links that lead back to themselves (a loop) or through too many of them",
-        path.display()
+        "{what} {given} cannot be read: its path goes through symbolic links that lead back to themselves (a loop) or through too many of them"
     ))
+}
+
+/// [`read_operator_file`] for a path that leads to a pipe (`--config <(…)`, the shell's
+/// process substitution): read as it flows, if the pipe is root's or this user's and no
+/// other user may write into it (a pipe a shell makes is its user's, mode 0600), judged
+/// before it is opened (opening waits for a writer) and again on the pipe opened. `None`
+/// when the path leads to no pipe.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+fn read_operator_pipe(
+    path: &Path,
+    what: &str,
+    limit: u64,
+) -> Option<Result<Option<Vec<u8>>, String>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let shown = path.display();
+    let judge = |m: &std::fs::Metadata| -> Result<(), String> {
+        let (uid, mode) = (m.uid(), m.mode() & 0o7777);
+        if !m.file_type().is_fifo() {
+            return Err(format!("{what} {shown} was replaced while it was opened"));
+        }
+        if uid != 0 && uid != euid() {
+            return Err(format!(
+                "{what} {shown} {REFUSED_ABOVE}it is a pipe owned by uid {uid}; a pipe read for settings must be root's or this process's uid {}",
+                euid()
+            ));
+        }
+        if mode & 0o002 != 0 || (mode & 0o020 != 0 && m.gid() != egid()) {
+            return Err(format!(
+                "{what} {shown} {REFUSED_ABOVE}it is a pipe other users may write into (mode {mode:04o})"
+            ));
+        }
+        Ok(())
+    };
+    let before = std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_fifo())?;
+    let failed = |e: io::Error| {
+        format!(
+            "{what} {shown} cannot be read: {}",
+            crate::error::io_words(&e)
+        )
+    };
+    let read = || -> Result<Option<Vec<u8>>, String> {
+        judge(&before)?;
+        let file = std::fs::File::open(path).map_err(failed)?;
+        judge(&file.metadata().map_err(failed)?)?;
+        let mut bytes = Vec::new();
+        file.take(limit + 1)
+            .read_to_end(&mut bytes)
+            .map_err(failed)?;
+        Ok(Some(bytes).filter(|b| b.len() as u64 <= limit))
+    };
+    Some(read())
 }
 
 /// Checks a directory above `root` on its open handle: owned by root or by `euid`, and
@@ -376,7 +443,10 @@ fn checked_ancestor(
         )
     })?;
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
-    if uid != 0 && uid != euid {
+    // On a read-only mount nobody can swap what the directory holds, whoever owns it and
+    // whatever its mode says (a container's volume of settings, say).
+    let frozen = || on_read_only_mount(&dir);
+    if uid != 0 && uid != euid && !frozen() {
         return Err(format!(
             "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for one of theirs",
             path.display()
@@ -384,7 +454,7 @@ fn checked_ancestor(
     }
     // Another group's members could swap the root like any other user.
     let egid = egid();
-    if writable_by_others(&m) && mode & 0o1000 == 0 {
+    if (writable_by_others(&m) || acl_lets_others_write(&dir)) && mode & 0o1000 == 0 && !frozen() {
         return Err(format!(
             "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
             path.display(),
@@ -396,6 +466,54 @@ fn checked_ancestor(
         dir,
         id: (m.dev(), m.ino()),
     })
+}
+
+/// Whether an access control list on `fd` lets a user or group other than this
+/// process's write (the mode's group bits are then only the list's mask): a named user
+/// other than this one, or a named group other than this process's, with the write
+/// permission, the mask allowing it. No list, or one that cannot be read, says no: the
+/// mode bits are judged as they are.
+fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
+    use std::os::fd::AsRawFd as _;
+    const ACCESS: &str = "system.posix_acl_access";
+    let fd = fd.as_fd();
+    // A directory handle is a path handle, which has no attributes of its own to read:
+    // the directory is read through the process's own link to it.
+    let through = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let read = |buf: &mut [u8]| match rustix::fs::fgetxattr(fd, ACCESS, &mut *buf) {
+        Err(rustix::io::Errno::BADF) => rustix::fs::getxattr(through.as_str(), ACCESS, buf),
+        other => other,
+    };
+    let mut acl = vec![0u8; 64 << 10];
+    let Ok(len) = read(&mut acl) else {
+        return false;
+    };
+    // A version word, then entries of a tag, a permission (both 16 bits) and an id.
+    let entries = acl.get(4..len).unwrap_or_default().chunks_exact(8);
+    let field = |e: &[u8], at: usize, n: usize| {
+        e[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u32, |v, b| v << 8 | u32::from(*b))
+    };
+    let (mut mask_writes, mut others_write) = (true, false);
+    for e in entries {
+        let (tag, perm, id) = (field(e, 0, 2), field(e, 2, 2), field(e, 4, 4));
+        let writes = perm & 0o2 != 0;
+        match tag {
+            0x02 if writes && id != euid() => others_write = true,
+            0x08 if writes && id != egid() => others_write = true,
+            0x10 => mask_writes = writes,
+            _ => {}
+        }
+    }
+    others_write && mask_writes
+}
+
+/// Whether the file or directory `fd` lies on a mount made read-only: nothing in it can
+/// change while it stays so (an error says no).
+fn on_read_only_mount(fd: impl std::os::fd::AsFd) -> bool {
+    rustix::fs::fstatvfs(fd).is_ok_and(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
 /// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
