@@ -550,9 +550,11 @@ impl ExtensionPolicy {
             };
             let name_folded = folded(name);
             let stem = &name_folded[..name_folded.len() - suffix.len()];
-            // `service.d` holds drop-ins for every unit of the type, `x.service.d` for one.
+            // `service.d` holds drop-ins for every unit of the type, `x.service.d` for one
+            // (and `.service.d`, which a name with an invisible first character is on a
+            // filesystem that drops it, is read as the type's).
             let unit = match normalize_extension(stem) {
-                e if e.is_empty() => format!(".{}", stem.to_ascii_lowercase()),
+                e if e.is_empty() => format!(".{}", stem.trim_start_matches('.')),
                 e => e,
             };
             if self.is_extension_blocked(&unit) {
@@ -735,6 +737,8 @@ mod tests {
             "x.ser\u{200b}vice.d",
             "x.\u{17f}ocket.d",
             "mod.\u{212a}o",
+            "\u{200b}.service.d",
+            "service.d",
         ] {
             let r = policy.check_directories(&[dir.to_owned()]);
             assert_eq!(
