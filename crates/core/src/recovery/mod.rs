@@ -553,12 +553,12 @@ impl Sandbox {
         if !missing.is_empty() {
             // A setting to change, not a failure of the disk: as a rollback of a workflow
             // that wrote into another root is refused. The roots are named in the log
-            // only: a refusal reaches clients, who learn no path outside the roots.
+            // only: a refusal reaches clients, who learn no path outside the roots from it.
             tracing::warn!(workflow = workflow_id, roots = %missing.join(", "), "an interrupted {what} wrote into roots this process lacks");
             return Err(Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {} this process is not configured with or skipped at start (missing, say; the run record and the server log name {}); run any command with {} configured and in place as the run left {}, to recover it, then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {} this process is not configured with or skipped at start (missing, say; the run record and the log name {}); run any command with {} configured and in place as the run left {}, to recover it, then retry",
                     rec.execution_id,
                     if missing.len() == 1 {
                         "a root"

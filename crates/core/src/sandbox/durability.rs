@@ -332,7 +332,7 @@ impl Sandbox {
                 Err(crate::reason::Refusal::new(
                     ReasonCode::IoError,
                     format!(
-                        "workflow {workflow_id}'s commit log holds acknowledged writes into a root this process is not configured with (the server log names it); run any command with that root configured to replay them, then retry"
+                        "workflow {workflow_id}'s commit log holds acknowledged writes into a root this process is not configured with (the log names it); run any command with that root configured to replay them, then retry"
                     ),
                 ))
             }

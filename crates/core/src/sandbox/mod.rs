@@ -458,14 +458,15 @@ impl Sandbox {
                 r.workflow_id
             );
             let left = if !r.missing_roots.is_empty() {
+                // Notices reach clients (a server's state): the roots, outside this
+                // process's, are named in the log only.
+                let one = r.missing_roots.len() == 1;
+                tracing::warn!(workflow = %r.workflow_id, roots = %r.missing_roots.join(", "), "an interrupted run wrote into roots this start lacks");
                 Some(format!(
-                    "{run} wrote into {}, which this start is not configured with or skipped (missing, say), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
-                    r.missing_roots.join(", "),
-                    if r.missing_roots.len() == 1 {
-                        "that root"
-                    } else {
-                        "those roots"
-                    }
+                    "{run} wrote into {} this start is not configured with or skipped (missing, say; the log names {}), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
+                    if one { "a root" } else { "roots" },
+                    if one { "it" } else { "them" },
+                    if one { "that root" } else { "those roots" }
                 ))
             } else if !r.unjudged.is_empty() {
                 Some(format!(

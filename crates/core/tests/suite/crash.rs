@@ -3621,7 +3621,15 @@ fn a_start_without_a_dead_runs_root_leaves_the_run_to_one_with_it() {
     let (w, root2, both) = died_writing_into_a_second_root();
     assert!(root2.join("x.txt").exists());
     let one = w.open(w.writable_config());
-    assert_noticed(&one, "which this start is not configured with");
+    assert_noticed(&one, "wrote into a root this start is not configured with");
+    // Notices reach clients: the root outside this process's roots is not named.
+    assert!(
+        one.notices()
+            .iter()
+            .all(|n| !n.contains(&root2.display().to_string())),
+        "{:?}",
+        one.notices()
+    );
     assert_eq!(run_record(&w, "wf_r2")["state"], "active");
     assert_run_blocked_for_a_root_it_lacks(&one, "wf_r2", &root2);
     // A setting to change, not a failing disk (it was `io_error`, HTTP 500).
