@@ -863,10 +863,11 @@ where
                 };
                 if let Some(h) = at.and_then(|at| held.remove(at)) {
                     held_bytes -= h.text.len();
+                    // Noted before rmcp can read it: the handler may begin it at once.
+                    flow.passed(h.id.clone(), h.room, h.cancelled);
                     if !forward(&mut out, &h.text).await {
                         return;
                     }
-                    flow.passed(h.id.clone(), h.room, h.cancelled);
                     if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
                         return;
                     }
