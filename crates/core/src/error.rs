@@ -1,5 +1,6 @@
 //! The library's error type: things that went wrong, as opposed to refusals.
 
+use crate::confine::state::LockBusy;
 use std::path::PathBuf;
 
 /// An error opening or running the runtime.
@@ -113,7 +114,7 @@ impl Error {
     /// past `limits.lock_wait_seconds` (a long write, or a stopped or hung process): busy,
     /// not broken; the same call may go through later.
     pub fn is_busy(&self) -> bool {
-        matches!(self, Self::Io { cause, .. } if crate::confine::state::LockBusy::is_cause_of(cause))
+        matches!(self, Self::Io { cause, .. } if LockBusy::is_cause_of(cause))
     }
 
     /// Whether the state directory was refused because other users could change it: a
@@ -298,7 +299,7 @@ pub(crate) fn state_io_words(e: &std::io::Error) -> String {
 /// failure (`io_error`).
 pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
     use crate::reason::{ReasonCode, Refusal};
-    if crate::confine::state::LockBusy::is_cause_of(e) {
+    if LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(

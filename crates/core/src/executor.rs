@@ -10,6 +10,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
 use crate::confine::path::{resolve_sandbox_path, shown_path};
 use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
+use crate::confine::state::LockBusy;
 use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
@@ -1486,7 +1487,7 @@ const UNDONE_LATER: &str = "; the change was undone, and what the trail still la
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
-    if crate::confine::state::LockBusy::is_cause_of(e) {
+    if LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -1502,7 +1503,7 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
 
 /// `conflict` for a log another process held too long, else `io_error`.
 fn busy_or_io(e: &std::io::Error) -> ReasonCode {
-    if crate::confine::state::LockBusy::is_cause_of(e) {
+    if LockBusy::is_cause_of(e) {
         ReasonCode::Conflict
     } else {
         ReasonCode::IoError

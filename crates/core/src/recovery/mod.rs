@@ -249,7 +249,8 @@ pub struct Recovered {
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
     /// The workflow's run record could not be read (torn by a crash, or changed by hand)
-    /// and was removed: nothing of its run was judged.
+    /// and was removed ([`Self::why`] says why not, when it could not be): nothing of its
+    /// run was judged.
     pub unreadable_record: bool,
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
@@ -411,11 +412,12 @@ impl Sandbox {
                 }
             };
             let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
-                tracing::warn!(record = %id, "unreadable in-flight record removed");
-                let _ = self.state.inflight_remove(&id);
+                let removed = self.state.inflight_remove(&id);
+                tracing::warn!(record = %id, removed = removed.is_ok(), "unreadable in-flight record");
                 out.push(Recovered {
                     workflow_id: id,
                     unreadable_record: true,
+                    why: removed.err().map(|e| crate::error::io_words(&e)),
                     ..Recovered::default()
                 });
                 continue;

@@ -4,6 +4,7 @@
 use super::Sandbox;
 use crate::confine::RelPath;
 use crate::confine::path::shown_path;
+use crate::confine::state::LockBusy;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 
 /// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
@@ -13,7 +14,7 @@ pub(super) const TARGET_LOCK_STRIPES: usize = 64;
 /// Why a workflow's lock could not be taken: another run or rollback of it holds it too
 /// long (`conflict`), or an I/O failure.
 pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
-    if crate::confine::state::LockBusy::is_cause_of(e) {
+    if LockBusy::is_cause_of(e) {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -33,7 +34,7 @@ pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Re
 }
 
 fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
-    if crate::confine::state::LockBusy::is_cause_of(e) {
+    if LockBusy::is_cause_of(e) {
         return crate::reason::Refusal::new(
             ReasonCode::Conflict,
             format!(

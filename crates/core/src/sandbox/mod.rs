@@ -443,8 +443,15 @@ impl Sandbox {
         }
         for r in recovered {
             if r.unreadable_record {
+                let removed = match &r.why {
+                    None => "was removed".to_owned(),
+                    Some(why) => format!(
+                        "could not be removed either ({why}): remove inflight/{}.json from the state directory once that is put right",
+                        r.workflow_id
+                    ),
+                };
                 sb.notices.push(format!(
-                    "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and was removed: a write its run left unrecorded, if any, was neither finished nor undone; `audit verify` and the workflow's files show what it did",
+                    "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and {removed}; a write its run left unrecorded, if any, was neither finished nor undone: `audit verify` and the workflow's files show what it did",
                     r.workflow_id
                 ));
                 continue;
@@ -706,7 +713,7 @@ impl Sandbox {
 
     /// The `state` document. Fails when the registry or the audit trail cannot be read
     /// to count them (another process held one past `limits.lock_wait_seconds`: an
-    /// [`Error::Io`] of kind `TimedOut`), rather than counting none.
+    /// [`Error::Io`] that [`Error::is_busy`] says is busy), rather than counting none.
     pub fn state_doc(&self) -> Result<StateDoc, Error> {
         let (ctx, reason) = self.execution_context();
         let artifacts_total = self

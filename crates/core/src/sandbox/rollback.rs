@@ -7,6 +7,7 @@ use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::catalog::MutationClass;
 use crate::confine::path::shown_path;
 use crate::confine::root::Put;
+use crate::confine::state::LockBusy;
 use crate::confine::{EntryKind, RelPath};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
@@ -339,7 +340,7 @@ impl Sandbox {
         // it is busy (`conflict`, to ask again), not a document saying none is available.
         // (Catching up with the log is the read that waits; nothing is copied out.)
         if let Err(e) = self.audit.last_seq()
-            && crate::confine::state::LockBusy::is_cause_of(&e)
+            && LockBusy::is_cause_of(&e)
         {
             return Err(crate::error::log_refusal("read the audit trail", &e));
         }
@@ -1605,7 +1606,7 @@ impl Sandbox {
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
                 tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                let words = if crate::confine::state::LockBusy::is_cause_of(&e) {
+                let words = if LockBusy::is_cause_of(&e) {
                     format!("{HELD_TRAIL} ({e})")
                 } else {
                     crate::error::state_io_words(&e)
