@@ -182,7 +182,7 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
 /// look-alike letters: invisible code points dropped (`ch\u{200d}mod`), full-width forms
 /// read as ASCII (`ｃｈｍｏｄ`), and the Cyrillic and Greek letters drawn like Latin ones read
 /// as those (`сhmod` with a Cyrillic `с`).
-fn plain(text: &str) -> String {
+pub(crate) fn plain(text: &str) -> String {
     text.chars()
         .filter(|&c| !crate::confine::path::is_ignorable(c))
         .map(|c| match u32::from(c) {

@@ -22,7 +22,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 38] = [
+const SHELL_TOOLS: [&str; 43] = [
     "shell",
     "sh",
     "bash",
@@ -61,23 +61,46 @@ const SHELL_TOOLS: [&str; 38] = [
     "chmod",
     "chown",
     "chgrp",
+    "setfacl",
+    "setcap",
+    "sudoedit",
+    "runuser",
+    "ssh",
 ];
 
-/// Words that name a shell wherever they stand in a tool's name, between `_` or `.`:
-/// agents' shell tools are called `run_shell_command`, `local_shell`,
-/// `developer__shell`, `functions.shell`.
-const SHELL_PARTS: [&str; 4] = ["shell", "bash", "zsh", "powershell"];
+/// Words that name a shell or a runner of code wherever they stand in a tool's name,
+/// between `_` or `.`: agents' shell tools are called `run_shell_command`,
+/// `local_shell`, `developer__shell`, `functions.shell`, `code_interpreter`,
+/// `subprocess.run`.
+const SHELL_PARTS: [&str; 8] = [
+    "shell",
+    "bash",
+    "zsh",
+    "powershell",
+    "subprocess",
+    "interpreter",
+    "ipython",
+    "pkexec",
+];
 
-/// A terminal runs commands when the name says so (`run_in_terminal`,
-/// `run_terminal_cmd`), not when it only writes to one (`write_to_terminal_log`).
-const TERMINAL_RUNS: [&str; 5] = ["run", "exec", "execute", "cmd", "command"];
+/// A part that runs something, and one that says what: together they name a runner of
+/// commands or code (`run_cmd`, `execute_python`, `run_in_terminal`, `os.system`,
+/// `child_process.exec`, `desktop_commander__execute_command`), where either alone does
+/// not (`write_to_terminal_log`, `run_report`).
+const RUN_PARTS: [&str; 6] = ["run", "exec", "execute", "spawn", "system", "eval"];
+const RUN_WHAT: [&str; 9] = [
+    "command", "cmd", "terminal", "code", "python", "script", "process", "os", "shell",
+];
 
 /// Whether a tool names a shell, however it is spelled: `/bin/bash`, `BASH `, `bash -c`,
 /// `bash;`, `/usr/bin/env bash`, `cmd.exe`, `C:\Windows\System32\cmd.exe`,
-/// `run-command`, `run_shell_command`, `mcp__shell__run`, `Bash(ls)`. What stands in
-/// parentheses is the tool's argument, not its name (`Write(deploy.sh)` writes a file).
+/// `run-command`, `run_shell_command`, `mcp__shell__run`, `Bash(ls)`, `ｂａｓｈ` (read as a
+/// person reads it: see [`super::chmod::plain`]). What stands in parentheses is the
+/// tool's argument, not its name (`Write(deploy.sh)` writes a file).
 fn is_shell_tool(tool: &str) -> bool {
-    let t = tool.to_ascii_lowercase().replace('-', "_");
+    let t = super::chmod::plain(tool)
+        .to_ascii_lowercase()
+        .replace('-', "_");
     let name = t.split('(').next().unwrap_or_default();
     name.split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '\\')))
         .any(|word| {
@@ -85,10 +108,11 @@ fn is_shell_tool(tool: &str) -> bool {
             let base = base.strip_suffix(".exe").unwrap_or(base);
             let unversioned = base.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
             let parts: Vec<&str> = base.split(['_', '.']).collect();
+            let has = |set: &[&str]| parts.iter().any(|p| set.contains(p));
             SHELL_TOOLS.contains(&base)
                 || SHELL_TOOLS.contains(&unversioned)
-                || parts.iter().any(|p| SHELL_PARTS.contains(p))
-                || (parts.contains(&"terminal") && parts.iter().any(|p| TERMINAL_RUNS.contains(p)))
+                || has(&SHELL_PARTS)
+                || (has(&RUN_PARTS) && has(&RUN_WHAT))
         })
 }
 

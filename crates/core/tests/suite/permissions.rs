@@ -151,6 +151,23 @@ fn shell_tools_make_any_intent_forbidden() {
         "nodejs",
         "php",
         "chgrp",
+        "ipython",
+        "subprocess.run",
+        "os.system",
+        "child_process.exec",
+        "code_interpreter",
+        "execute_python",
+        "run_cmd",
+        "mcp__desktop-commander__execute_command",
+        "pkexec",
+        "sudoedit",
+        "runuser",
+        "ssh",
+        "setfacl",
+        "setcap",
+        "\u{ff42}\u{ff41}\u{ff53}\u{ff48}",
+        "bas\u{200b}h",
+        "\u{441}hmod",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -180,6 +197,9 @@ fn shell_tools_make_any_intent_forbidden() {
         "Write(bash_notes.md)",
         "create_sh_file",
         "write_to_terminal_log",
+        "run_report",
+        "system_notes",
+        "markdown.render",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
