@@ -1490,6 +1490,32 @@ mod tests {
         f.as_mut().poll(&mut cx).is_ready()
     }
 
+    /// A pump of `input` running with `flow`, and what it passes on, a line at a time.
+    struct Pumping {
+        task: tokio::task::JoinHandle<()>,
+        lines: tokio::io::Lines<tokio::io::BufReader<tokio::io::DuplexStream>>,
+    }
+
+    impl Pumping {
+        fn of(input: String, flow: &Arc<Flow>) -> Self {
+            let input: &'static [u8] = Box::leak(input.into_bytes().into_boxed_slice());
+            let (to_rmcp, from_pump) = tokio::io::duplex(1 << 20);
+            let flow = Arc::clone(flow);
+            Self {
+                task: tokio::spawn(async move { pump(input, to_rmcp, 1 << 20, &flow).await }),
+                lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(from_pump)),
+            }
+        }
+
+        async fn next(&mut self) -> String {
+            tokio::time::timeout(Duration::from_secs(30), self.lines.next_line())
+                .await
+                .expect("the pump passes a line on")
+                .unwrap()
+                .unwrap()
+        }
+    }
+
     /// Calls whose data could fill the room wait for the ones passed on before them to
     /// be answered; small calls pass beside them, and a large call with none before it
     /// always goes.
@@ -1526,7 +1552,6 @@ mod tests {
     /// it: they are passed on first.
     #[tokio::test]
     async fn small_calls_pass_a_large_one_waiting_for_room() {
-        use tokio::io::AsyncBufReadExt;
         let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
         // A large call in flight holds the room.
         flow.passed(json!("0"), DATA_ROOM, false);
@@ -1536,23 +1561,10 @@ mod tests {
             call("1", &format!("[{zeros}]")),
             call("2", "[1]")
         );
-        let input: &'static [u8] = Box::leak(input.into_bytes().into_boxed_slice());
-        let (to_rmcp, from_pump) = tokio::io::duplex(1 << 20);
-        let pumping = {
-            let flow = Arc::clone(&flow);
-            tokio::spawn(async move { pump(input, to_rmcp, 1 << 20, &flow).await })
-        };
-        let mut lines = tokio::io::BufReader::new(from_pump).lines();
-        let mut next = async || {
-            tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .expect("the pump passes a line on")
-                .unwrap()
-                .unwrap()
-        };
-        assert_eq!(next().await, INITIALIZE);
-        assert_eq!(next().await, call("2", "[1]"));
-        pumping.abort();
+        let mut pumped = Pumping::of(input, &flow);
+        assert_eq!(pumped.next().await, INITIALIZE);
+        assert_eq!(pumped.next().await, call("2", "[1]"));
+        pumped.task.abort();
     }
 
     /// A held call the client cancels is marked so when passed on: the handler does not
@@ -1560,7 +1572,6 @@ mod tests {
     /// long call is read and begun while that cancellation is still to be written).
     #[tokio::test]
     async fn a_held_call_cancelled_is_passed_on_marked_cancelled() {
-        use tokio::io::AsyncBufReadExt;
         let flow = Arc::new(Flow::settling_in(Duration::from_secs(3600)));
         flow.passed(json!("0"), DATA_ROOM, false);
         let zeros = vec!["0"; 100_000].join(",");
@@ -1568,29 +1579,16 @@ mod tests {
         let cancel =
             r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#;
         let input = format!("{INITIALIZE}\n{held}\n{cancel}\n");
-        let input: &'static [u8] = Box::leak(input.into_bytes().into_boxed_slice());
-        let (to_rmcp, from_pump) = tokio::io::duplex(1 << 20);
-        let pumping = {
-            let flow = Arc::clone(&flow);
-            tokio::spawn(async move { pump(input, to_rmcp, 1 << 20, &flow).await })
-        };
-        let mut lines = tokio::io::BufReader::new(from_pump).lines();
-        let mut next = async || {
-            tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .expect("the pump passes a line on")
-                .unwrap()
-                .unwrap()
-        };
-        assert_eq!(next().await, INITIALIZE);
-        assert_eq!(next().await, cancel);
+        let mut pumped = Pumping::of(input, &flow);
+        assert_eq!(pumped.next().await, INITIALIZE);
+        assert_eq!(pumped.next().await, cancel);
         // The room comes free once the call in flight is served and done.
         let in_flight = flow.serve(Some(&json!("0")));
         assert!(!in_flight.cancelled_before_start());
         drop(in_flight);
-        assert_eq!(next().await, held);
+        assert_eq!(pumped.next().await, held);
         assert!(flow.serve(Some(&json!(1))).cancelled_before_start());
-        pumping.abort();
+        pumped.task.abort();
     }
 
     #[test]

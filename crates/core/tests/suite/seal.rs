@@ -29,6 +29,18 @@ fn plant(w: &World, wf: &str, action: &str, meta: &Value, backup: Option<&[u8]>)
     }
 }
 
+/// A world whose `m.txt` ("mark") workflow `wf` replaced with "x" in action `a1`.
+fn mark_replaced(wf: &str) -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    w.write("m.txt", b"mark");
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": wf, "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
+    );
+    (w, sb)
+}
+
 fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) {
     // What GET /agentic/rollback/{id} says: a description, the refusal inside it.
     let info = sb.rollback_info(wf).unwrap();
@@ -81,13 +93,7 @@ fn two_roots(w: &World) -> (std::path::PathBuf, ailab_sandbox_core::Config) {
 /// nothing is written.
 #[test]
 fn planted_snapshots_are_never_restored() {
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_ok", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_ok");
     let unit = b"[Service]\nExecStart=/bin/sh -c id\n";
     let mut copied = read_meta(&w, "wf_ok", "a1");
     copied["workflow_id"] = json!("wf_evil");
@@ -117,13 +123,7 @@ fn planted_snapshots_are_never_restored() {
 fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
     use ailab_sandbox_core::seal::SealKey;
     use ailab_sandbox_core::snapshot::SnapshotMeta;
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_ok", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_ok");
     let key = SealKey::new(
         std::fs::read(w.state.join("seal.key"))
             .unwrap()
@@ -175,13 +175,7 @@ fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
 #[test]
 fn a_link_or_special_file_in_a_snapshots_place_is_not_trusted() {
     use std::os::unix::fs::symlink;
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_l", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_l");
     let folder = w.path(".rollback/wf_l/a1");
     let aside = w.tmp.path().join("a1-aside");
     let copy = w.tmp.path().join("a1-copy");
@@ -228,13 +222,7 @@ fn a_link_or_special_file_in_a_snapshots_place_is_not_trusted() {
 #[test]
 fn a_snapshot_folder_others_could_change_is_not_read() {
     use std::os::unix::fs::PermissionsExt;
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_p", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_p");
     let mode = |rel: &str, m: u32| {
         std::fs::set_permissions(w.path(rel), std::fs::Permissions::from_mode(m)).unwrap();
     };
@@ -303,13 +291,7 @@ fn an_edited_snapshot_refuses_its_workflow_rollback() {
 /// it is refused instead.
 #[test]
 fn a_planted_restore_mark_is_not_trusted() {
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_mark", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_mark");
     std::fs::write(
         w.root.join(".rollback/wf_mark/a1/restored.json"),
         br#"{"execution_id":"exec_x","restored_checksum":null}"#,
@@ -390,13 +372,7 @@ fn recovery_acts_on_sealed_snapshots_only() {
 #[test]
 fn the_seal_key_is_private_and_outlives_the_process() {
     use std::os::unix::fs::PermissionsExt;
-    let w = World::new();
-    w.write("m.txt", b"mark");
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_keep", "actions": [{"action_id": "a1", "intent": "replace_file", "path": "m.txt", "content": "x"}]}),
-    );
+    let (w, sb) = mark_replaced("wf_keep");
     drop(sb);
     let key = w.state.join("seal.key");
     let bytes = std::fs::read(&key).unwrap();
