@@ -33,6 +33,7 @@ const MAX_RECOVERED_BY: usize = 4;
 mod commit_logs;
 mod held;
 mod judge;
+mod notices;
 mod rollback;
 mod run;
 
