@@ -50,6 +50,15 @@ impl StateDir {
             super::root::open_checked_dir_through_link(path, true, STATE_DIR, STATE_DIR_MODE)
                 .map_err(walk_refusal)?;
         check_private(&checked.meta, &path.display().to_string())?;
+        if super::root::acl_lets_others_write(&checked.dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                NotPrivate(format!(
+                    "state directory {} gives another user or group write through its access control list; it must be writable only by its owner, or others could plant files in it",
+                    path.display()
+                )),
+            ));
+        }
         let sub = |name: &str| -> io::Result<Dir> {
             let mut b = DirBuilder::new();
             b.mode(STATE_DIR_MODE);

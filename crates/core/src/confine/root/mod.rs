@@ -138,7 +138,8 @@ use refusal::{
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
 pub(crate) use walk::{
-    REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, probe_checked_dir_through_link,
+    REFUSED_ABOVE, acl_lets_others_write, open_checked_dir, open_checked_dir_through_link,
+    probe_checked_dir_through_link,
 };
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
@@ -179,11 +180,17 @@ impl SandboxRoot {
                 opened.uid()
             ));
         }
-        if writable_by_others(&opened) && opened.mode() & 0o1000 == 0 {
+        let by_acl = !writable_by_others(&opened) && acl_lets_others_write(&dir);
+        if (writable_by_others(&opened) || by_acl) && opened.mode() & 0o1000 == 0 {
             return Err(format!(
-                "root {shown} (group {}, mode {:04o}) is writable by other users and has no sticky bit; a root must be writable only by its owner or this process's group, or carry the sticky bit as /tmp does",
+                "root {shown} (group {}, mode {:04o}) is writable by other users{} and has no sticky bit; a root must be writable only by its owner or this process's group (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does",
                 opened.gid(),
-                opened.mode() & 0o7777
+                opened.mode() & 0o7777,
+                if by_acl {
+                    " through its access control list"
+                } else {
+                    ""
+                }
             ));
         }
         Ok(Self {

@@ -341,15 +341,13 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
         if !m.is_file() {
             return Err(format!("{what} {shown} is not a regular file"));
         }
-        // On a read-only mount (a container's volume of settings) nobody can change it.
-        let frozen = on_read_only_mount(&file);
-        if uid != 0 && uid != euid && !frozen {
+        if uid != 0 && uid != euid {
             return Err(format!(
                 "{what} {shown} {REFUSED_ABOVE}it is owned by uid {uid}; it can turn writing on, so it must be owned by root (uid 0) or by this process's uid {euid}"
             ));
         }
         let by_acl = !writable_by_others(&m) && acl_lets_others_write(&file);
-        if (writable_by_others(&m) || by_acl) && !frozen {
+        if writable_by_others(&m) || by_acl {
             return Err(format!(
                 "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users{}; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say, and no access control list giving others write)",
                 m.gid(),
@@ -372,11 +370,11 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
     ))
 }
 
-/// [`read_operator_file`] for a path that leads to a pipe (`--config <(…)`, the shell's
-/// process substitution): read as it flows, if the pipe is root's or this user's and no
-/// other user may write into it (a pipe a shell makes is its user's, mode 0600), judged
-/// before it is opened (opening waits for a writer) and again on the pipe opened. `None`
-/// when the path leads to no pipe.
+/// [`read_operator_file`] for one of this process's descriptors that is a pipe
+/// (`--config <(…)`, the shell's process substitution, gives `/dev/fd/N`; `/dev/stdin`):
+/// read as it flows, if the pipe is root's or this user's and no other user may write
+/// into it (a pipe a shell makes is its user's, mode 0600), judged before it is opened
+/// and again on the pipe opened. `None` for any other path.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 fn read_operator_pipe(
     path: &Path,
@@ -404,6 +402,18 @@ fn read_operator_pipe(
         }
         Ok(())
     };
+    // Only this process's own descriptors: a pipe reached through a path another user
+    // could have placed (a link in their folder) is judged as any other file.
+    let own = path.to_str().is_some_and(|p| {
+        p == "/dev/stdin"
+            || ["/dev/fd/", "/proc/self/fd/"].iter().any(|at| {
+                p.strip_prefix(at)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+    });
+    if !own {
+        return None;
+    }
     let before = std::fs::metadata(path)
         .ok()
         .filter(|m| m.file_type().is_fifo())?;
@@ -443,10 +453,7 @@ fn checked_ancestor(
         )
     })?;
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
-    // On a read-only mount nobody can swap what the directory holds, whoever owns it and
-    // whatever its mode says (a container's volume of settings, say).
-    let frozen = || on_read_only_mount(&dir);
-    if uid != 0 && uid != euid && !frozen() {
+    if uid != 0 && uid != euid {
         return Err(format!(
             "{what} {shown} {REFUSED_ABOVE}the directory {} above it is owned by uid {uid} (mode {mode:04o}); every directory above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could swap the {what} for one of theirs",
             path.display()
@@ -454,11 +461,17 @@ fn checked_ancestor(
     }
     // Another group's members could swap the root like any other user.
     let egid = egid();
-    if (writable_by_others(&m) || acl_lets_others_write(&dir)) && mode & 0o1000 == 0 && !frozen() {
+    let by_acl = !writable_by_others(&m) && acl_lets_others_write(&dir);
+    if (writable_by_others(&m) || by_acl) && mode & 0o1000 == 0 {
         return Err(format!(
-            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid}, or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users{} and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid} (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
             path.display(),
-            m.gid()
+            m.gid(),
+            if by_acl {
+                " through its access control list"
+            } else {
+                ""
+            }
         ));
     }
     Ok(Ancestor {
@@ -471,22 +484,34 @@ fn checked_ancestor(
 /// Whether an access control list on `fd` lets a user or group other than this
 /// process's write (the mode's group bits are then only the list's mask): a named user
 /// other than this one, or a named group other than this process's, with the write
-/// permission, the mask allowing it. No list, or one that cannot be read, says no: the
-/// mode bits are judged as they are.
-fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
-    use std::os::fd::AsRawFd as _;
+/// permission, the mask allowing it. No list (or a filesystem without them, or a folder
+/// this process may not read) says no, the mode bits being judged as they are; a list
+/// that cannot be read for another cause says yes.
+pub(crate) fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
+    use rustix::fs::{Mode, OFlags};
+    use rustix::io::Errno;
     const ACCESS: &str = "system.posix_acl_access";
     let fd = fd.as_fd();
-    // A directory handle is a path handle, which has no attributes of its own to read:
-    // the directory is read through the process's own link to it.
-    let through = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let read = |buf: &mut [u8]| match rustix::fs::fgetxattr(fd, ACCESS, &mut *buf) {
-        Err(rustix::io::Errno::BADF) => rustix::fs::getxattr(through.as_str(), ACCESS, buf),
+    let mut acl = vec![0u8; 64 << 10];
+    let read = match rustix::fs::fgetxattr(fd, ACCESS, &mut acl[..]) {
+        // A directory handle is a path handle, which has no attributes to read: the
+        // directory is opened for reading through it.
+        Err(Errno::BADF) => rustix::fs::openat(
+            fd,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .and_then(|dir| rustix::fs::fgetxattr(&dir, ACCESS, &mut acl[..])),
         other => other,
     };
-    let mut acl = vec![0u8; 64 << 10];
-    let Ok(len) = read(&mut acl) else {
-        return false;
+    let len = match read {
+        Ok(len) => len,
+        // No list, or a filesystem without them: the mode bits say it all. A folder this
+        // process may pass through but not read (mode 0711) cannot be asked either.
+        Err(Errno::NODATA | Errno::NOTSUP | Errno::ACCESS | Errno::PERM) => return false,
+        // A list that cannot be read may give others write: taken as one that does.
+        Err(_) => return true,
     };
     // A version word, then entries of a tag, a permission (both 16 bits) and an id.
     let entries = acl.get(4..len).unwrap_or_default().chunks_exact(8);
@@ -508,12 +533,6 @@ fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
         }
     }
     others_write && mask_writes
-}
-
-/// Whether the file or directory `fd` lies on a mount made read-only: nothing in it can
-/// change while it stays so (an error says no).
-fn on_read_only_mount(fd: impl std::os::fd::AsFd) -> bool {
-    rustix::fs::fstatvfs(fd).is_ok_and(|v| v.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
 }
 
 /// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
