@@ -816,7 +816,10 @@ impl Snapshotter {
                     .map_err(|e| (snap_io("list", &e), is_passing(&e)))?
                     .filter_map(|entry| {
                         let name = entry.ok()?.file_name().to_string_lossy().into_owned();
-                        (name != BACKUP_FILE && !name.starts_with(TEMP_MARKER)).then_some(name)
+                        // A record that appeared since it was looked for is a snapshot
+                        // being made, not something foreign.
+                        (name != BACKUP_FILE && name != META_FILE && !name.starts_with(TEMP_MARKER))
+                            .then_some(name)
                     })
                     .collect();
                 if foreign.is_empty() {

@@ -477,6 +477,9 @@ impl Sandbox {
         let marked = rec
             .as_ref()
             .filter(|r| needs_recovery(r) && r.workflow_id == id && crate::plan::is_valid_id(id))
+            // A run alive in another process (it holds its workflow's lock) is left
+            // alone, its snapshots too: they may be half made.
+            .filter(|_| !matches!(self.state.try_lock_workflow(id), Ok(None)))
             .and_then(|_| self.marked_unrecorded(id).ok())
             .and_then(|marks| {
                 marks
