@@ -71,22 +71,30 @@ const SHELL_TOOLS: [&str; 44] = [
 
 /// Words that name a shell or a runner of code wherever they stand in a tool's name,
 /// between `_` or `.`: agents' shell tools are called `run_shell_command`,
-/// `local_shell`, `developer__shell`, `functions.shell`, `subprocess.run`.
-const SHELL_PARTS: [&str; 6] = [
+/// `local_shell`, `developer__shell`, `functions.shell`, `subprocess.run`,
+/// `code_interpreter`, `python_repl`.
+const SHELL_PARTS: [&str; 8] = [
     "shell",
     "bash",
     "zsh",
     "powershell",
     "subprocess",
     "ipython",
+    "interpreter",
+    "repl",
 ];
 
-/// A part that runs something, and one that says it is a command: together they name a
-/// runner of commands (`run_cmd`, `run_in_terminal`, `execute_command`,
-/// `desktop_commander__execute_command`), where either alone does not
-/// (`write_to_terminal_log`, `run_report`, `run_code_review`).
-const RUN_PARTS: [&str; 5] = ["run", "exec", "execute", "spawn", "eval"];
-const RUN_WHAT: [&str; 5] = ["command", "cmd", "terminal", "bash", "python"];
+/// A part that runs something, and one that says what: together they name a runner of
+/// commands or code (`run_cmd`, `run_in_terminal`, `execute_code`, `run_script`,
+/// `start_process`, `desktop_commander__execute_command`), where either alone does not
+/// (`write_to_terminal_log`, `run_report`).
+const RUN_PARTS: [&str; 7] = [
+    "run", "exec", "execute", "spawn", "eval", "start", "interact",
+];
+const RUN_WHAT: [&str; 11] = [
+    "command", "commands", "cmd", "terminal", "bash", "python", "code", "script", "process",
+    "shell", "js",
+];
 
 /// Whole names of runners that the rules above do not catch.
 const RUNNERS: [&str; 5] = [
@@ -101,59 +109,62 @@ const RUNNERS: [&str; 5] = [
 const SCRIPT_ENDINGS: [&str; 6] = [".sh", ".bash", ".zsh", ".ps1", ".bat", ".cmd"];
 
 /// Whether a tool names a shell, however it is spelled: `/bin/bash`, `BASH `, `bash -c`,
-/// `bash;`, `/usr/bin/env bash`, `cmd.exe`, `C:\Windows\System32\cmd.exe`,
-/// `run-command`, `runShellCommand`, `run_shell_command`, `mcp__shell__run`,
-/// `Bash(ls)`, `./deploy.sh`, `ｂａｓｈ` (read as a person reads it: see
-/// [`super::chmod::plain`]). The command is the name's first word (after `env`, `sudo`
-/// and the like, which run the next one); what stands in parentheses is the tool's
-/// argument, not its name (`Write(deploy.sh)` writes a file), and later words are its
-/// arguments (`Write Python File`).
+/// `bash;`, `/usr/bin/env bash`, `env -i sh`, `docker exec c sh`, `cmd.exe`,
+/// `C:\Windows\System32\cmd.exe`, `run-command`, `runShellCommand`,
+/// `run_shell_command`, `mcp__shell__run`, `Bash(ls)`, `./deploy.sh`, `ｂａｓｈ` (read as a
+/// person reads it: see [`super::chmod::plain`]). Any word of it counts, so a title that
+/// names an interpreter (`Write Python File`) is refused too: a false refusal costs a
+/// renamed tool, a missed runner a shell. What stands in parentheses is the tool's
+/// argument, not its name (`Write(deploy.sh)` writes a file).
 fn is_shell_tool(tool: &str) -> bool {
-    // camelCase names are split as snake_case ones are (`runInTerminal`).
-    let mut t = String::with_capacity(tool.len() + 8);
-    let mut lower_before = false;
-    for c in super::chmod::plain(tool).chars() {
-        if c.is_ascii_uppercase() && lower_before {
-            t.push('_');
-        }
-        lower_before = c.is_ascii_lowercase() || c.is_ascii_digit();
-        t.push(c.to_ascii_lowercase());
-    }
-    let t = t.replace('-', "_");
-    let name = t.split('(').next().unwrap_or_default();
+    let plain = super::chmod::plain(tool);
+    let name = plain.split('(').next().unwrap_or_default();
     // A Windows drive letter is part of the path, not a word of its own.
     let name = match name.as_bytes() {
         [d, b':', b'\\' | b'/', ..] if d.is_ascii_alphabetic() => &name[2..],
         _ => name,
     };
-    let all: Vec<&str> = name
-        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '\\')))
+    let words: Vec<&str> = name
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '\\')))
         .filter(|w| !w.is_empty())
         .collect();
-    let mut words = all.iter().copied();
-    let base = |word: &'_ str| -> String {
+    let base = |word: &str| -> String {
         let b = word.rsplit(['/', '\\']).next().unwrap_or_default();
-        b.strip_suffix(".exe").unwrap_or(b).to_owned()
+        let b = b.to_ascii_lowercase().replace('-', "_");
+        b.strip_suffix(".exe").map(str::to_owned).unwrap_or(b)
     };
-    let mut command = words.next().map(base).unwrap_or_default();
-    // A wrapper runs the word after it.
-    while matches!(command.as_str(), "env" | "nohup" | "time" | "nice") {
-        match words.next() {
-            Some(w) => command = base(w),
-            None => break,
+    let named = words.iter().any(|w| {
+        let b = base(w);
+        let unversioned = b.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        SHELL_TOOLS.contains(&b.as_str())
+            || SHELL_TOOLS.contains(&unversioned)
+            || RUNNERS.contains(&b.as_str())
+            || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
+    });
+    // The parts of every word, a camelCase one split too (`runInTerminal`), and the words
+    // of a title (`Run Command`) taken as the parts of one name.
+    let mut parts: Vec<String> = Vec::new();
+    for w in &words {
+        let mut split = String::with_capacity(w.len() + 4);
+        let mut lower_before = false;
+        for c in w.chars() {
+            if c.is_ascii_uppercase() && lower_before {
+                split.push('_');
+            }
+            lower_before = c.is_ascii_lowercase() || c.is_ascii_digit();
+            split.push(c.to_ascii_lowercase());
+        }
+        let plain = w.to_ascii_lowercase();
+        for s in [split, plain] {
+            parts.extend(
+                s.split(['_', '-', '.', '/', '\\'])
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned),
+            );
         }
     }
-    let unversioned = command.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-    // The words of a title (`Run Command`) are the parts of one name.
-    let joined = all.iter().map(|w| base(w)).collect::<Vec<_>>().join("_");
-    let parts: Vec<&str> = joined.split(['_', '.']).collect();
-    let has = |set: &[&str]| parts.iter().any(|p| set.contains(p));
-    SHELL_TOOLS.contains(&command.as_str())
-        || SHELL_TOOLS.contains(&unversioned)
-        || RUNNERS.contains(&command.as_str())
-        || SCRIPT_ENDINGS.iter().any(|e| command.ends_with(e))
-        || has(&SHELL_PARTS)
-        || (has(&RUN_PARTS) && has(&RUN_WHAT))
+    let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
+    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT))
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
