@@ -50,7 +50,10 @@ impl StateDir {
             super::root::open_checked_dir_through_link(path, true, STATE_DIR, STATE_DIR_MODE)
                 .map_err(walk_refusal)?;
         check_private(&checked.meta, &path.display().to_string())?;
-        if super::root::acl_lets_others_write(&checked.dir) {
+        if super::root::acl_lets_others_write(
+            &checked.dir,
+            cap_std::fs::MetadataExt::mode(&checked.meta),
+        ) {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 NotPrivate(format!(
@@ -82,7 +85,16 @@ impl StateDir {
                     ),
                 )
             })?;
-            check_private(&d.dir_metadata()?, &shown)?;
+            let meta = d.dir_metadata()?;
+            check_private(&meta, &shown)?;
+            if super::root::acl_lets_others_write(&d, cap_std::fs::MetadataExt::mode(&meta)) {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    NotPrivate(format!(
+                        "{STATE_DIR} folder {shown} gives another user or group write through its access control list; it must be writable only by its owner, or others could plant files in it"
+                    )),
+                ));
+            }
             Ok(d)
         };
         let (locks, inflight) = (sub("locks")?, sub(INFLIGHT_DIR)?);

@@ -180,7 +180,7 @@ impl SandboxRoot {
                 opened.uid()
             ));
         }
-        let by_acl = !writable_by_others(&opened) && acl_lets_others_write(&dir);
+        let by_acl = !writable_by_others(&opened) && acl_lets_others_write(&dir, opened.mode());
         if (writable_by_others(&opened) || by_acl) && opened.mode() & 0o1000 == 0 {
             return Err(format!(
                 "root {shown} (group {}, mode {:04o}) is writable by other users{} and has no sticky bit; a root must be writable only by its owner or this process's group (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does",

@@ -346,7 +346,7 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
                 "{what} {shown} {REFUSED_ABOVE}it is owned by uid {uid}; it can turn writing on, so it must be owned by root (uid 0) or by this process's uid {euid}"
             ));
         }
-        let by_acl = !writable_by_others(&m) && acl_lets_others_write(&file);
+        let by_acl = !writable_by_others(&m) && acl_lets_others_write(&file, m.mode());
         if writable_by_others(&m) || by_acl {
             return Err(format!(
                 "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users{}; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say, and no access control list giving others write)",
@@ -425,7 +425,19 @@ fn read_operator_pipe(
     };
     let read = || -> Result<Option<Vec<u8>>, String> {
         judge(&before)?;
-        let file = std::fs::File::open(path).map_err(failed)?;
+        // Opened without waiting for a writer (one that has come and gone left its bytes
+        // in the pipe, and a blocking open would wait for another for ever), then read
+        // blocking, to the writer's end.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                .open(path)
+                .map_err(failed)?
+        };
+        rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::empty())
+            .map_err(|e| failed(e.into()))?;
         judge(&file.metadata().map_err(failed)?)?;
         let mut bytes = Vec::new();
         file.take(limit + 1)
@@ -461,7 +473,7 @@ fn checked_ancestor(
     }
     // Another group's members could swap the root like any other user.
     let egid = egid();
-    let by_acl = !writable_by_others(&m) && acl_lets_others_write(&dir);
+    let by_acl = !writable_by_others(&m) && acl_lets_others_write(&dir, m.mode());
     if (writable_by_others(&m) || by_acl) && mode & 0o1000 == 0 {
         return Err(format!(
             "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users{} and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid} (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
@@ -484,10 +496,11 @@ fn checked_ancestor(
 /// Whether an access control list on `fd` lets a user or group other than this
 /// process's write (the mode's group bits are then only the list's mask): a named user
 /// other than this one, or a named group other than this process's, with the write
-/// permission, the mask allowing it. No list (or a filesystem without them, or a folder
-/// this process may not read) says no, the mode bits being judged as they are; a list
-/// that cannot be read for another cause says yes.
-pub(crate) fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
+/// permission, the mask allowing it. No list (or a filesystem without them) says no, the
+/// mode bits being judged as they are; a folder this process may not read says yes when
+/// its `mode`'s group bits (a list's mask) allow writing; a list that cannot be read for
+/// another cause says yes.
+pub(crate) fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
     use rustix::fs::{Mode, OFlags};
     use rustix::io::Errno;
     const ACCESS: &str = "system.posix_acl_access";
@@ -507,9 +520,12 @@ pub(crate) fn acl_lets_others_write(fd: impl std::os::fd::AsFd) -> bool {
     };
     let len = match read {
         Ok(len) => len,
-        // No list, or a filesystem without them: the mode bits say it all. A folder this
-        // process may pass through but not read (mode 0711) cannot be asked either.
-        Err(Errno::NODATA | Errno::NOTSUP | Errno::ACCESS | Errno::PERM) => return false,
+        // No list, or a filesystem without them: the mode bits say it all.
+        Err(Errno::NODATA | Errno::NOTSUP) => return false,
+        // A folder this process may pass through but not read (mode 0711) cannot be
+        // asked: a list there could give others write only if its mask (the group bits)
+        // allows writing.
+        Err(Errno::ACCESS | Errno::PERM) => return mode & 0o020 != 0,
         // A list that cannot be read may give others write: taken as one that does.
         Err(_) => return true,
     };
