@@ -690,6 +690,33 @@ fn a_config_given_as_a_pipe_is_read() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(json_out(&out)["execution_mode"], "sandbox_write", "{out:?}");
+    // A named pipe whose writer has come and gone: its bytes are read, no writer is
+    // waited for (opening it again would wait for ever).
+    let fifo = e.dir.join("settings.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg("-m")
+        .arg("600")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(0o4000)
+            .open(&fifo)
+            .unwrap()
+    };
+    std::fs::write(&fifo, "enable_write = true\ndry_run = false\n").unwrap();
+    let out = e
+        .std_cmd()
+        .args(["--config", "/dev/stdin", "--json", "state"])
+        .stdin(reader)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(json_out(&out)["execution_mode"], "sandbox_write", "{out:?}");
 }
 
 #[test]
