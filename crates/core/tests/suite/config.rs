@@ -981,26 +981,7 @@ fn a_config_file_another_user_could_change_is_refused() {
 
     // An access control list giving another user write is as a mode giving it; one
     // that names only this process's user is not.
-    let acl = |file: &std::path::Path, uid: u32| {
-        let mut v = vec![2, 0, 0, 0];
-        for (tag, perm, id) in [
-            (0x01u16, 6u16, u32::MAX),
-            (0x02, 6, uid),
-            (0x04, 4, u32::MAX),
-            (0x10, 6, u32::MAX),
-            (0x20, 4, u32::MAX),
-        ] {
-            v.extend(tag.to_le_bytes());
-            v.extend(perm.to_le_bytes());
-            v.extend(id.to_le_bytes());
-        }
-        rustix::fs::setxattr(
-            file,
-            "system.posix_acl_access",
-            &v,
-            rustix::fs::XattrFlags::empty(),
-        )
-    };
+    let acl = |file: &std::path::Path, uid: u32| crate::support::acl_giving_write(file, uid, false);
     let listed = dir.path().join("listed.toml");
     fs::write(&listed, "enable_write = true\n").unwrap();
     mode(&listed, 0o644);

@@ -441,26 +441,7 @@ fn an_unreadable_run_record_is_removed_and_said() {
 /// one others could change, whatever the mode bits say (they show only its mask).
 #[test]
 fn an_access_control_list_giving_others_write_is_refused() {
-    let acl = |dir: &std::path::Path| {
-        let mut v = vec![2, 0, 0, 0];
-        for (tag, perm, id) in [
-            (0x01u16, 7u16, u32::MAX),
-            (0x02, 7, 65534),
-            (0x04, 5, u32::MAX),
-            (0x10, 7, u32::MAX),
-            (0x20, 5, u32::MAX),
-        ] {
-            v.extend(tag.to_le_bytes());
-            v.extend(perm.to_le_bytes());
-            v.extend(id.to_le_bytes());
-        }
-        rustix::fs::setxattr(
-            dir,
-            "system.posix_acl_access",
-            &v,
-            rustix::fs::XattrFlags::empty(),
-        )
-    };
+    let acl = |dir: &std::path::Path| acl_giving_write(dir, 65534, true);
     if rustix::process::geteuid().as_raw() == 65534 {
         return;
     }

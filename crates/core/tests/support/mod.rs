@@ -305,3 +305,28 @@ pub fn assert_refused_as_previewed(
     assert_eq!(rb.reason_code, Some(code), "{rb:?}");
     info.reason.unwrap_or_default()
 }
+
+/// Gives user `uid` read and write on `path` (and, with `search`, the right to pass
+/// through a folder) in an access control list, written as the kernel keeps one: its
+/// mask allows them, the owner's and group's modes stay as a plain mode would set them.
+pub fn acl_giving_write(path: &std::path::Path, uid: u32, search: bool) -> rustix::io::Result<()> {
+    let x = u16::from(search);
+    let mut v = vec![2, 0, 0, 0];
+    for (tag, perm, id) in [
+        (0x01u16, 6 | x, u32::MAX),
+        (0x02, 6 | x, uid),
+        (0x04, 4 | x, u32::MAX),
+        (0x10, 6 | x, u32::MAX),
+        (0x20, 4 | x, u32::MAX),
+    ] {
+        v.extend(tag.to_le_bytes());
+        v.extend(perm.to_le_bytes());
+        v.extend(id.to_le_bytes());
+    }
+    rustix::fs::setxattr(
+        path,
+        "system.posix_acl_access",
+        &v,
+        rustix::fs::XattrFlags::empty(),
+    )
+}
