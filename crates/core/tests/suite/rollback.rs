@@ -233,9 +233,7 @@ fn a_later_action_on_the_same_file_is_rolled_back_first_even_with_force() {
 /// loop or indirection limit"), never followed.
 #[test]
 fn a_backup_swapped_for_a_link_is_said_to_be_one() {
-    let w = World::new();
-    w.write("f.txt", b"original");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"original", &[]);
     run(
         &sb,
         json!({"workflow_id": "wf_bl", "actions": [
@@ -1001,9 +999,7 @@ fn a_conflict_names_the_write_that_stands_after_rollbacks_and_undone_failures() 
     rolled_back_in_turn(&w, &sb, &["wf_v3"]);
     let rb = rollback(&sb, "wf_v1", false);
     assert_eq!(rb.conflicts[0].changed_by, write_by("wf_v2/a1"), "{rb:?}");
-    let w = World::new();
-    w.write("f.txt", b"orig\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"orig\n", &[]);
     for (wf, fails) in [("wf_v1", false), ("wf_z", true), ("wf_y", false)] {
         if fails {
             sb.failpoints().arm("before_registry", 1);
@@ -1024,9 +1020,7 @@ fn a_conflict_names_the_write_that_stands_after_rollbacks_and_undone_failures() 
 /// that back would not give this workflow back what it left.
 #[test]
 fn a_change_made_without_the_runtime_names_no_workflow() {
-    let w = World::new();
-    w.write("f.txt", b"orig\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"orig\n", &[]);
     for wf in ["wf_v1", "wf_z"] {
         if wf == "wf_z" {
             w.write("f.txt", b"EXTERNAL EDIT\n");
@@ -1053,9 +1047,7 @@ fn a_change_made_without_the_runtime_names_no_workflow() {
 /// the later write alone, then the change named, then the workflow; nothing is lost.
 #[test]
 fn a_change_between_two_writes_is_undone_as_the_refusal_says() {
-    let w = World::new();
-    w.write("f.txt", b"orig\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"orig\n", &[]);
     for (wf, id) in [("wf_a", "a1"), ("wf_b", "b1"), ("wf_a", "a2")] {
         let r = append_later(&w, &sb, wf, id, &format!("{id}\n"));
         assert_eq!(status(&r), "success", "{r:?}");
@@ -1092,15 +1084,25 @@ fn replace_later(w: &World, sb: &ailab_sandbox_core::Sandbox, wf: &str, id: &str
     assert_eq!(status(&r), "success", "{wf} {r:?}");
 }
 
+/// A world whose `f.txt` held `start`, then was replaced by each of `writes` (workflow,
+/// action, bytes) in turn, a second apart.
+fn history(start: &[u8], writes: &[(&str, &str, &str)]) -> (World, ailab_sandbox_core::Sandbox) {
+    let w = World::new();
+    w.write("f.txt", start);
+    let sb = w.sandbox();
+    for (wf, id, text) in writes {
+        replace_later(&w, &sb, wf, id, text);
+    }
+    (w, sb)
+}
+
 /// Other workflows' writes since that came back to the very bytes the workflow left (X,
 /// then Y, then X again) still stand: rolling the workflow back would undo the last of
 /// them unseen. A conflict naming it, as for any other change; once they are rolled back
 /// in turn, the workflow goes back too.
 #[test]
 fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
-    let w = World::new();
-    w.write("f.txt", b"v0\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"v0\n", &[]);
     for (wf, text) in [("wf_1", "X\n"), ("wf_2", "Y\n"), ("wf_3", "X\n")] {
         replace_later(&w, &sb, wf, "a1", text);
     }
@@ -1131,11 +1133,7 @@ fn writes_since_that_came_back_to_the_same_bytes_are_a_conflict() {
 #[test]
 fn a_write_back_to_what_the_action_found_is_no_conflict() {
     for later_run in [false, true] {
-        let w = World::new();
-        w.write("f.txt", b"v0\n");
-        let sb = w.sandbox();
-        replace_later(&w, &sb, "wf_1", "a1", "X\n");
-        replace_later(&w, &sb, "wf_2", "b1", "v0\n");
+        let (w, sb) = history(b"v0\n", &[("wf_1", "a1", "X\n"), ("wf_2", "b1", "v0\n")]);
         if later_run {
             replace_later(&w, &sb, "wf_1", "a2", "Z\n");
         }
@@ -1151,16 +1149,14 @@ fn a_write_back_to_what_the_action_found_is_no_conflict() {
 #[test]
 fn a_write_of_the_bytes_found_is_no_conflict_whatever_came_back() {
     for later_run in [false, true] {
-        let w = World::new();
-        w.write("f.txt", b"X\n");
-        let sb = w.sandbox();
-        for (wf, id, text) in [
-            ("wf_a", "a1", "X\n"),
-            ("wf_b", "b1", "Y\n"),
-            ("wf_c", "c1", "X\n"),
-        ] {
-            replace_later(&w, &sb, wf, id, text);
-        }
+        let (w, sb) = history(
+            b"X\n",
+            &[
+                ("wf_a", "a1", "X\n"),
+                ("wf_b", "b1", "Y\n"),
+                ("wf_c", "c1", "X\n"),
+            ],
+        );
         if later_run {
             replace_later(&w, &sb, "wf_a", "a2", "Z\n");
         }
@@ -1175,9 +1171,7 @@ fn a_write_of_the_bytes_found_is_no_conflict_whatever_came_back() {
 /// before the workflow (v0): the rollback as a whole would undo the standing write.
 #[test]
 fn a_newer_write_of_the_bytes_found_does_not_hide_what_came_back() {
-    let w = World::new();
-    w.write("f.txt", b"v0\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"v0\n", &[]);
     for (wf, id, text) in [
         ("wf_a", "a1", "X\n"),
         ("wf_a", "a2", "X\n"),
@@ -1200,10 +1194,7 @@ fn a_newer_write_of_the_bytes_found_does_not_hide_what_came_back() {
 #[test]
 fn writes_under_another_spelling_of_the_root_count_wherever_its_link_is() {
     for (inside, came_back) in [(false, true), (true, true), (false, false), (true, false)] {
-        let w = World::new();
-        w.write("f.txt", b"v0\n");
-        let sb = w.sandbox();
-        replace_later(&w, &sb, "wf_1", "a1", "X\n");
+        let (w, sb) = history(b"v0\n", &[("wf_1", "a1", "X\n")]);
         let link = if inside {
             w.root.join("up")
         } else {
@@ -1232,10 +1223,7 @@ fn writes_under_another_spelling_of_the_root_count_wherever_its_link_is() {
 /// saying why.
 #[test]
 fn a_write_back_is_a_conflict_whoever_left_the_bytes_and_refused_when_unreadable() {
-    let w = World::new();
-    w.write("f.txt", b"v0\n");
-    let sb = w.sandbox();
-    replace_later(&w, &sb, "wf_1", "a1", "X\n");
+    let (w, sb) = history(b"v0\n", &[("wf_1", "a1", "X\n")]);
     w.write("f.txt", b"Y\n");
     replace_later(&w, &sb, "wf_3", "c1", "X\n");
     let rb = rollback(&sb, "wf_1", false);
@@ -1268,9 +1256,7 @@ fn a_write_back_is_a_conflict_whoever_left_the_bytes_and_refused_when_unreadable
 /// names the write that came back to them.
 #[test]
 fn writes_between_two_of_a_workflows_that_came_back_to_its_bytes_are_a_conflict() {
-    let w = World::new();
-    w.write("f.txt", b"v0\n");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"v0\n", &[]);
     for (wf, id, text) in [
         ("wf_a", "a1", "X\n"),
         ("wf_b", "b1", "Y\n"),
@@ -2792,9 +2778,7 @@ fn a_directory_made_on_the_way_and_left_is_named() {
 /// said to wait for the newer one's restore, with its code.
 #[test]
 fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
-    let w = World::new();
-    w.write("f.txt", b"orig");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"orig", &[]);
     run(
         &sb,
         json!({"workflow_id": "wf_f", "actions": [
@@ -3187,9 +3171,7 @@ fn a_refused_rollback_names_the_folder_of_the_workflows_root() {
 /// (set back between the runs), and its write is still the later one, restored first.
 #[test]
 fn a_clock_set_back_between_two_runs_does_not_reorder_their_rollback() {
-    let w = World::new();
-    w.write("f.txt", b"v0");
-    let sb = w.sandbox();
+    let (w, sb) = history(b"v0", &[]);
     for (id, content) in [("a1", "v1"), ("a2", "v2")] {
         if id == "a2" {
             ailab_sandbox_core::ids::as_if_clock_behind(Some(std::time::Duration::from_secs(3600)));
@@ -3305,12 +3287,14 @@ fn results_and_reports_read_back_from_their_json() {
 /// read (changed in place under the process) cannot change what force does.
 #[test]
 fn a_forced_rollback_needs_no_readable_trail() {
-    let w = World::new();
-    w.write("f.txt", b"v0\n");
-    let sb = w.sandbox();
-    replace_later(&w, &sb, "wf_1", "a1", "X\n");
-    replace_later(&w, &sb, "wf_2", "b1", "Y\n");
-    replace_later(&w, &sb, "wf_3", "c1", "X\n");
+    let (w, sb) = history(
+        b"v0\n",
+        &[
+            ("wf_1", "a1", "X\n"),
+            ("wf_2", "b1", "Y\n"),
+            ("wf_3", "c1", "X\n"),
+        ],
+    );
     let trail = w.state.join("sandbox_audit.jsonl");
     let text = std::fs::read_to_string(&trail).unwrap();
     let changed = text.replacen("\"workflow_id\":\"wf_3\"", "\"workflow_id\":\"wf_9\"", 1);
