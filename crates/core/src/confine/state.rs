@@ -49,19 +49,7 @@ impl StateDir {
         let checked =
             super::root::open_checked_dir_through_link(path, true, STATE_DIR, STATE_DIR_MODE)
                 .map_err(walk_refusal)?;
-        check_private(&checked.meta, &path.display().to_string())?;
-        if super::root::acl_lets_others_write(
-            &checked.dir,
-            cap_std::fs::MetadataExt::mode(&checked.meta),
-        ) {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                NotPrivate(format!(
-                    "state directory {} gives another user or group write through its access control list; it must be writable only by its owner, or others could plant files in it",
-                    path.display()
-                )),
-            ));
-        }
+        check_private_dir(&checked.dir, &checked.meta, &path.display().to_string())?;
         let sub = |name: &str| -> io::Result<Dir> {
             let mut b = DirBuilder::new();
             b.mode(STATE_DIR_MODE);
@@ -85,16 +73,7 @@ impl StateDir {
                     ),
                 )
             })?;
-            let meta = d.dir_metadata()?;
-            check_private(&meta, &shown)?;
-            if super::root::acl_lets_others_write(&d, cap_std::fs::MetadataExt::mode(&meta)) {
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    NotPrivate(format!(
-                        "{STATE_DIR} folder {shown} gives another user or group write through its access control list; it must be writable only by its owner, or others could plant files in it"
-                    )),
-                ));
-            }
+            check_private_dir(&d, &d.dir_metadata()?, &shown)?;
             Ok(d)
         };
         let (locks, inflight) = (sub("locks")?, sub(INFLIGHT_DIR)?);
@@ -797,6 +776,22 @@ fn check_private(m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
         io::ErrorKind::PermissionDenied,
         NotPrivate(why),
     ))
+}
+
+/// [`check_private`] for a folder of the state directory open as `dir`, its access
+/// control list judged too: one giving another user or group write makes it as open to
+/// them as a mode would.
+fn check_private_dir(dir: &Dir, m: &cap_std::fs::Metadata, shown: &str) -> io::Result<()> {
+    check_private(m, shown)?;
+    if let Some(how) = super::root::others_may_write(m, dir) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            NotPrivate(format!(
+                "state directory {shown} is writable by other users{how}; it must be writable only by its owner (for example mode 0700, and no access control list giving others write), or others could plant files in it"
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// A commit log file: positioned reads and writes, and syncs (the format is

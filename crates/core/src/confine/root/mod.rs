@@ -138,7 +138,7 @@ use refusal::{
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
 pub(crate) use walk::{
-    REFUSED_ABOVE, acl_lets_others_write, open_checked_dir, open_checked_dir_through_link,
+    REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, others_may_write,
     probe_checked_dir_through_link,
 };
 
@@ -180,17 +180,13 @@ impl SandboxRoot {
                 opened.uid()
             ));
         }
-        let by_acl = !writable_by_others(&opened) && acl_lets_others_write(&dir, opened.mode());
-        if (writable_by_others(&opened) || by_acl) && opened.mode() & 0o1000 == 0 {
+        if opened.mode() & 0o1000 == 0
+            && let Some(how) = others_may_write(&opened, &dir)
+        {
             return Err(format!(
-                "root {shown} (group {}, mode {:04o}) is writable by other users{} and has no sticky bit; a root must be writable only by its owner or this process's group (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does",
+                "root {shown} (group {}, mode {:04o}) is writable by other users{how} and has no sticky bit; a root must be writable only by its owner or this process's group (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does",
                 opened.gid(),
-                opened.mode() & 0o7777,
-                if by_acl {
-                    " through its access control list"
-                } else {
-                    ""
-                }
+                opened.mode() & 0o7777
             ));
         }
         Ok(Self {

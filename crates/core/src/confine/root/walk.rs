@@ -346,16 +346,10 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
                 "{what} {shown} {REFUSED_ABOVE}it is owned by uid {uid}; it can turn writing on, so it must be owned by root (uid 0) or by this process's uid {euid}"
             ));
         }
-        let by_acl = !writable_by_others(&m) && acl_lets_others_write(&file, m.mode());
-        if writable_by_others(&m) || by_acl {
+        if let Some(how) = others_may_write(&m, &file) {
             return Err(format!(
-                "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users{}; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say, and no access control list giving others write)",
+                "{what} {shown} {REFUSED_ABOVE}it (group {}, mode {mode:04o}) is writable by other users{how}; it can turn writing on, so it must be writable only by its owner or this process's group {} (mode 0644 or 0600, say, and no access control list giving others write)",
                 m.gid(),
-                if by_acl {
-                    " through its access control list"
-                } else {
-                    ""
-                },
                 egid()
             ));
         }
@@ -473,17 +467,13 @@ fn checked_ancestor(
     }
     // Another group's members could swap the root like any other user.
     let egid = egid();
-    let by_acl = !writable_by_others(&m) && acl_lets_others_write(&dir, m.mode());
-    if (writable_by_others(&m) || by_acl) && mode & 0o1000 == 0 {
+    if mode & 0o1000 == 0
+        && let Some(how) = others_may_write(&m, &dir)
+    {
         return Err(format!(
-            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users{} and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid} (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
+            "{what} {shown} {REFUSED_ABOVE}the directory {} above it (owner uid {uid}, group {}, mode {mode:04o}) is writable by other users{how} and has no sticky bit; a directory above a {what} must be writable only by its owner or this process's group {egid} (and give no other user or group write in an access control list), or carry the sticky bit as /tmp does, or others could swap the {what} for one of theirs",
             path.display(),
-            m.gid(),
-            if by_acl {
-                " through its access control list"
-            } else {
-                ""
-            }
+            m.gid()
         ));
     }
     Ok(Ancestor {
@@ -493,6 +483,22 @@ fn checked_ancestor(
     })
 }
 
+/// Whether users other than this process's could write in the file or folder `fd`,
+/// whose metadata is `m`: by its mode (`Some("")`) or through an access control list
+/// (`Some(" through its access control list")`, the words a refusal adds); `None` if not.
+pub(crate) fn others_may_write(
+    m: &cap_std::fs::Metadata,
+    fd: impl std::os::fd::AsFd,
+) -> Option<&'static str> {
+    if writable_by_others(m) {
+        Some("")
+    } else if acl_lets_others_write(fd, m.mode()) {
+        Some(" through its access control list")
+    } else {
+        None
+    }
+}
+
 /// Whether an access control list on `fd` lets a user or group other than this
 /// process's write (the mode's group bits are then only the list's mask): a named user
 /// other than this one, or a named group other than this process's, with the write
@@ -500,7 +506,7 @@ fn checked_ancestor(
 /// mode bits being judged as they are; a folder this process may not read says yes when
 /// its `mode`'s group bits (a list's mask) allow writing; a list that cannot be read for
 /// another cause says yes.
-pub(crate) fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
+fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
     use rustix::fs::{Mode, OFlags};
     use rustix::io::Errno;
     const ACCESS: &str = "system.posix_acl_access";
