@@ -545,8 +545,8 @@ impl ArtifactRegistry {
         }
         let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
-        let ((), pending) = journal.append_with(|at, new, _| {
-            index.ingest(at, new);
+        let ((), pending) = journal.append_with(|new, _| {
+            new.iter().for_each(|(at, b)| index.ingest(*at, b));
             Ok((bytes, ()))
         })?;
         for e in stored {

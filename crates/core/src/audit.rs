@@ -7,10 +7,10 @@
 use crate::artifact::{ARTIFACTS_FILE, ArtifactEntry};
 use crate::catalog::MutationClass;
 use crate::confine::path::shown_path;
-use crate::confine::state::{BlockFile, LogFile, StateDir};
+use crate::confine::state::{BlockFile, LogFile, StateDir, StateFile};
 use crate::failpoint::FailPoints;
 use crate::hash::to_hex;
-use crate::journal::Journal;
+use crate::journal::{Journal, Piece, scan};
 use crate::reason::ReasonCode;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::io;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
 /// Audit log file name.
@@ -446,7 +447,8 @@ impl Index {
 
     /// Indexes whole lines read from the log at offset `at`.
     fn ingest<'a>(&mut self, at: u64, buf: &'a [u8]) {
-        if at != self.end {
+        // Past where the last buffer ended is a line too long to read, passed over.
+        if at < self.end {
             // The log was cut and is read again from the start: what this process read
             // before is not in it any more.
             tracing::warn!(
@@ -946,8 +948,8 @@ impl AuditLog {
         let mut g = self.inner.lock()?;
         let (journal, index) = &mut *g;
         // Nothing is appended, so nothing waits for a sync.
-        let (out, _nothing_written) = journal.append_with(|at, new, file| {
-            index.ingest(at, new);
+        let (out, _nothing_written) = journal.append_with(|new, file| {
+            new.iter().for_each(|(at, b)| index.ingest(*at, b));
             Ok((Vec::new(), f(index, file)?))
         })?;
         Ok(out)
@@ -1041,8 +1043,8 @@ impl AuditLog {
         // Under strict durability the head moves after the sync, once the lines are
         // checked to be still in the log as written.
         let moves_after_sync = self.deferred_head.is_none() && self.relaxed_head.is_none();
-        let ((written, copy, lens), pending) = journal.append_with(|at, new, file| {
-            index.ingest(at, new);
+        let ((written, copy, lens), pending) = journal.append_with(|new, file| {
+            new.iter().for_each(|(at, b)| index.ingest(*at, b));
             // Checked under the lock, before this append could hide a cut tail.
             if let Some(why) = head_mismatch(index, file, &self.head_on_disk()?) {
                 self.freeze(why);
@@ -1425,29 +1427,30 @@ impl AuditLog {
 
     /// Reads the whole log and checks every line, the chain and the head.
     pub fn verify(&self) -> io::Result<VerifyReport> {
-        let (bytes, head) = self.log_and_head()?;
-        Ok(verify_with_head(&bytes, head.as_deref()))
+        Ok(self.check_trail(false)?.finish().0)
     }
 
-    /// [`verify`](Self::verify), the actions the same bytes record as having written
-    /// (see [`writes_in`]) and their successful writes that registered an artifact (see
-    /// [`registering_writes_in`]).
+    /// [`verify`](Self::verify), the actions the same lines record as having written
+    /// (see [`Writes`]) and their successful writes that registered an artifact (see
+    /// [`RecordedWrite`]); gathered only while the chain holds (they mean nothing once it
+    /// breaks).
     pub fn verify_and_writes(&self) -> io::Result<(VerifyReport, Writes, Vec<RecordedWrite>)> {
-        let (bytes, head) = self.log_and_head()?;
-        Ok((
-            verify_with_head(&bytes, head.as_deref()),
-            writes_in(&bytes),
-            registering_writes_in(&bytes),
-        ))
+        Ok(self.check_trail(true)?.finish())
     }
 
-    /// The log's bytes and the head file's. The head is read under the log's lock, like
+    /// The log read through a [`TrailCheck`]. The head is read under the log's lock, like
     /// every head write: read apart, an append landing in between would show a head
     /// ahead of the log read before it. The file as it is now, not this process's handle
     /// on it, which outlives a removal.
-    fn log_and_head(&self) -> io::Result<(Vec<u8>, Option<Vec<u8>>)> {
+    fn check_trail(&self, gather: bool) -> io::Result<TrailCheck> {
         let g = self.inner.lock()?;
-        g.0.read_all_with(|| self.state.read_optional(HEAD_FILE))
+        g.0.scan_all_with(
+            || {
+                let head = self.state.read_optional(HEAD_FILE)?;
+                Ok(TrailCheck::new(head.as_deref(), gather))
+            },
+            |check, piece| Ok(check.piece(piece)),
+        )
     }
 }
 
@@ -1564,7 +1567,7 @@ pub struct RecordedWrite {
 }
 
 /// `report` (of a sound chain), failed when writes the trail records as done,
-/// `unregistered` (see [`registering_writes_in`]), are missing from the artifact registry
+/// `unregistered` (see [`RecordedWrite`]), are missing from the artifact registry
 /// or registered there with other bytes than their lines name.
 pub(crate) fn with_unregistered(
     report: VerifyReport,
@@ -1597,29 +1600,6 @@ pub const UNREGISTERED_DONE: &str = "written, as the later write's starting poin
 /// whose snapshot folder was removed or cannot be trusted: it landed (it was registered
 /// after), and cannot be rolled back.
 pub const DONE_WITHOUT_SNAPSHOT: &str = "written by a run that died before recording it, whose snapshot is missing or not trusted: it cannot be rolled back";
-
-/// The successful writes the complete lines of `bytes` record that registered an
-/// artifact: every operation's but `create_directory`'s (a folder is no artifact), and
-/// but those recovery found done and could not register ([`UNREGISTERED_DONE`]). The
-/// registry line is appended before the audit line, so each of them is registered.
-pub fn registering_writes_in(bytes: &[u8]) -> Vec<RecordedWrite> {
-    crate::journal::json_lines::<SandboxAuditEntry>(bytes)
-        .filter_map(|(_, e)| e.ok())
-        .filter(|e| {
-            e.status == AuditStatus::Success
-                && e.error.as_deref() != Some(UNREGISTERED_DONE)
-                && crate::catalog::op_for_intent(&e.mutation_type)
-                    .is_some_and(|op| !op.is_directory())
-        })
-        .map(|e| RecordedWrite {
-            seq: e.seq,
-            workflow_id: e.workflow_id,
-            action_id: e.action_id,
-            target_path: e.target_path,
-            after_checksum: e.after_checksum.unwrap_or_default(),
-        })
-        .collect()
-}
 
 /// The writes of `recorded` the registry (`registered`: its entries for their actions,
 /// or more) does not hold as their lines name them: one artifact per action, with the
@@ -1687,27 +1667,6 @@ pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
         .is_some_and(|actions| actions.contains(action_id))
 }
 
-/// The actions the complete lines of `bytes` record as having changed a file, or tried
-/// to: succeeded, failed (a failure after the registry line leaves its artifact behind,
-/// see `Sandbox::audit_verify`) or rolled back. Blocked and simulated actions register
-/// nothing, nor does a `create_directory` (a folder is no artifact).
-pub fn writes_in(bytes: &[u8]) -> Writes {
-    let mut out = Writes::new();
-    for e in crate::journal::json_lines::<SandboxAuditEntry>(bytes)
-        .filter_map(|(_, e)| e.ok())
-        .filter(|e| {
-            matches!(
-                e.status,
-                AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
-            ) && !crate::catalog::op_for_intent(&e.mutation_type)
-                .is_some_and(|op| op.is_directory())
-        })
-    {
-        out.entry(e.workflow_id).or_default().insert(e.action_id);
-    }
-    out
-}
-
 /// [`AuditLog::verify`] for the state directory at `state_dir`, writing nothing: no
 /// recovery, no lock, and a torn last line left out as a crash leaves it. For a state
 /// directory this process cannot write (a read-only copy, a read-only mount), where
@@ -1715,23 +1674,25 @@ pub fn writes_in(bytes: &[u8]) -> Writes {
 /// With `registry`, the registry is compared too, as [`crate::Sandbox::audit_verify`]
 /// does when the logs were written with durable appends.
 pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Result<VerifyReport> {
-    let mut files = StateDir::read_without_opening(
-        state_dir,
-        &[AUDIT_FILE, HEAD_FILE, ARTIFACTS_FILE],
-        u64::MAX,
-    )?
-    .into_iter();
-    let (log, head, registered) = (
-        files.next().flatten().unwrap_or_default(),
-        files.next().flatten(),
-        files.next().flatten().unwrap_or_default(),
-    );
-    let report = verify_with_head(&log, head.as_deref());
+    let mut files =
+        StateDir::open_without_opening(state_dir, &[AUDIT_FILE, ARTIFACTS_FILE])?.into_iter();
+    let (log, registered) = (files.next().flatten(), files.next().flatten());
+    let head = StateDir::read_without_opening(state_dir, &[HEAD_FILE], u64::MAX)?
+        .pop()
+        .flatten();
+    let mut check = TrailCheck::new(head.as_deref(), registry);
+    if let Some(log) = &log {
+        let read_at = |buf: &mut [u8], at: u64| log.read_exact_at(buf, at);
+        scan(&read_at, 0, log.len()?, &mut |piece| Ok(check.piece(piece)))?;
+    }
+    let (report, logged, recorded) = check.finish();
     if !report.ok || !registry {
         return Ok(report);
     }
-    let logged = writes_in(&log);
-    let (entries, unreadable) = registry_entries(&registered);
+    let (entries, unreadable) = match &registered {
+        Some(file) => registry_entries(file)?,
+        None => (Vec::new(), 0),
+    };
     let report = with_unreadable_registry(report, unreadable);
     if !report.ok {
         return Ok(report);
@@ -1749,7 +1710,6 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     if !report.ok {
         return Ok(report);
     }
-    let recorded = registering_writes_in(&log);
     let report = with_unregistered(report, &unregistered(&recorded, &entries));
     if !report.ok {
         return Ok(report);
@@ -1757,23 +1717,35 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     Ok(with_doubled(report, &entries))
 }
 
-/// The artifacts a registry file's bytes hold, and how many of its whole lines are none.
-/// A last line without its newline is one a crash cut short, which opening the registry
+/// The artifacts a registry file holds, and how many of its whole lines are none. A last
+/// line without its newline is one a crash cut short, which opening the registry
 /// removes: not counted.
-fn registry_entries(bytes: &[u8]) -> (Vec<ArtifactEntry>, u64) {
-    let end = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let (whole, cut) = bytes.split_at(end);
+fn registry_entries(file: &StateFile) -> io::Result<(Vec<ArtifactEntry>, u64)> {
     let mut entries = Vec::new();
     let mut unreadable = 0;
-    for (_, line) in crate::journal::json_lines::<ArtifactEntry>(whole) {
-        match line {
-            Ok(a) => entries.push(a),
-            Err(_) => unreadable += 1,
+    let len = file.len()?;
+    let read_at = |buf: &mut [u8], at: u64| file.read_exact_at(buf, at);
+    let end = scan(&read_at, 0, len, &mut |piece| {
+        match piece {
+            Piece::Lines(_, buf) => {
+                for (_, line) in crate::journal::json_lines::<ArtifactEntry>(&buf) {
+                    match line {
+                        Ok(a) => entries.push(a),
+                        Err(_) => unreadable += 1,
+                    }
+                }
+            }
+            Piece::Overlong(..) => unreadable += 1,
         }
-    }
+        Ok(ControlFlow::Continue(()))
+    })?;
     // A cut line that still reads whole is an entry, as the runtime's reader takes it.
-    entries.extend(serde_json::from_slice::<ArtifactEntry>(cut).ok());
-    (entries, unreadable)
+    if len - end <= crate::journal::MAX_LINE {
+        let mut cut = vec![0; (len - end) as usize];
+        file.read_exact_at(&mut cut, end)?;
+        entries.extend(serde_json::from_slice::<ArtifactEntry>(&cut).ok());
+    }
+    Ok((entries, unreadable))
 }
 
 /// The workflows of `missing` (artifacts whose writes the trail lacks) whose run record
@@ -1812,36 +1784,6 @@ fn awaiting_recovery(
         .collect()
 }
 
-/// Checks a log's bytes against the bytes of its head file (`None`: there is none).
-fn verify_with_head(bytes: &[u8], head: Option<&[u8]>) -> VerifyReport {
-    let head = match head {
-        None => HeadFile::Missing,
-        Some(b) => parse_head(b),
-    };
-    let at = match &head {
-        HeadFile::At(h) => Some((h.seq, h.entry_hash.clone())),
-        _ => None,
-    };
-    let report = verify_bytes(bytes, at);
-    let problem = match head {
-        HeadFile::Missing if report.entries > 0 => Some(format!(
-            "the head file {HEAD_FILE} is missing although the log holds {} entries: it was removed, so lines cut from the end cannot be ruled out",
-            report.entries
-        )),
-        HeadFile::Damaged(e) => Some(format!("the head file {HEAD_FILE} is damaged ({e})")),
-        _ => None,
-    };
-    match problem {
-        Some(reason) if report.ok => VerifyReport {
-            ok: false,
-            entries: report.entries,
-            first_bad_seq: None,
-            reason: Some(reason),
-        },
-        _ => report,
-    }
-}
-
 impl Drop for AuditLog {
     /// Under relaxed durability, the head catches up with the last appends on the way
     /// out (after syncing the log).
@@ -1858,62 +1800,105 @@ impl Drop for AuditLog {
     }
 }
 
-/// Checks a log's bytes against an optional head `(seq, entry_hash)`.
-pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
-    let bad = |entries: u64, seq: u64, reason: String| VerifyReport {
-        ok: false,
-        entries,
-        first_bad_seq: Some(seq),
-        reason: Some(reason),
-    };
-    let mut prev = GENESIS_HASH.to_owned();
-    let mut expected_seq = 1u64;
-    let mut n = 0u64;
-    let mut hash_at_head = None;
-    // The complete lines, without the last newline (a torn last line is left out).
-    let lines = bytes
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map(|i| bytes[..i].split(|&b| b == b'\n'));
-    for line in lines.into_iter().flatten() {
-        n += 1;
+/// One pass over the trail's whole lines, in file order: the chain checked line by line
+/// and against the head file, and, while it holds, the writes the lines record gathered
+/// (when asked to). A few MiB of the trail are held at a time, however long it is.
+struct TrailCheck {
+    head: HeadFile,
+    gather: bool,
+    prev: String,
+    expected_seq: u64,
+    /// Lines read so far.
+    lines: u64,
+    hash_at_head: Option<String>,
+    /// The verdict, once a line broke the chain.
+    failed: Option<VerifyReport>,
+    writes: Writes,
+    recorded: Vec<RecordedWrite>,
+}
+
+impl TrailCheck {
+    /// `head`: the head file's bytes (`None`: there is none). `gather`: whether the
+    /// writes are gathered too.
+    fn new(head: Option<&[u8]>, gather: bool) -> Self {
+        Self {
+            head: head.map_or(HeadFile::Missing, parse_head),
+            gather,
+            prev: GENESIS_HASH.to_owned(),
+            expected_seq: 1,
+            lines: 0,
+            hash_at_head: None,
+            failed: None,
+            writes: Writes::new(),
+            recorded: Vec::new(),
+        }
+    }
+
+    /// Reads the next piece of the trail; breaks off once the chain is broken.
+    fn piece(&mut self, piece: Piece) -> ControlFlow<()> {
+        match piece {
+            // Split on every newline: an empty line is a line too (and a broken chain).
+            Piece::Lines(_, buf) => buf[..buf.len() - 1]
+                .split(|&b| b == b'\n')
+                .try_for_each(|line| self.line(line)),
+            Piece::Overlong(_, len) => {
+                self.lines += 1;
+                let n = self.lines;
+                self.fail(
+                    self.expected_seq,
+                    format!(
+                        "line {n} is {len} bytes long, longer than any line the runtime writes (at most {}), so it was made or changed by hand",
+                        crate::journal::MAX_LINE
+                    ),
+                )
+            }
+        }
+    }
+
+    fn fail(&mut self, seq: u64, reason: String) -> ControlFlow<()> {
+        self.failed = Some(VerifyReport {
+            ok: false,
+            entries: self.lines,
+            first_bad_seq: Some(seq),
+            reason: Some(reason),
+        });
+        ControlFlow::Break(())
+    }
+
+    fn line(&mut self, line: &[u8]) -> ControlFlow<()> {
+        self.lines += 1;
+        let (n, expected) = (self.lines, self.expected_seq);
         if line.is_empty() {
-            return bad(
-                n,
-                expected_seq,
+            return self.fail(
+                expected,
                 format!("line {n} is empty: the runtime never writes one, so it was inserted"),
             );
         }
         let e: SandboxAuditEntry = match serde_json::from_slice(line) {
             Ok(e) => e,
             Err(err) => {
-                return bad(
-                    n,
-                    expected_seq,
-                    format!(
-                        "line {n} is not a valid audit entry: {}",
-                        crate::shape_words::worded_in_line::<SandboxAuditEntry>(
-                            line,
-                            &err,
-                            "the entry"
-                        )
-                    ),
+                let why = crate::shape_words::worded_in_line::<SandboxAuditEntry>(
+                    line,
+                    &err,
+                    "the entry",
+                );
+                return self.fail(
+                    expected,
+                    format!("line {n} is not a valid audit entry: {why}"),
                 );
             }
         };
-        if e.seq != expected_seq {
-            return bad(
-                n,
-                expected_seq,
+        if e.seq != expected {
+            return self.fail(
+                expected,
                 format!(
-                    "line {n} has seq {} where {expected_seq} was expected: a line was removed, inserted or moved",
+                    "line {n} has seq {} where {expected} was expected: a line was removed, inserted or moved",
                     e.seq
                 ),
             );
         }
-        if e.prev_hash != prev {
-            return bad(
-                n,
+        if e.prev_hash != self.prev {
+            return self.fail(
                 e.seq,
                 format!(
                     "entry {} does not chain to the entry before it: a line was removed or reordered",
@@ -1924,8 +1909,7 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
         // The hash covers the entry's meaning; the line must also be the very bytes the
         // runtime wrote for it, so that no edit at all (spaces, key order, escapes) passes.
         if !e.is_as_written(line) {
-            return bad(
-                n,
+            return self.fail(
                 e.seq,
                 format!(
                     "entry {} does not match its hash: the line was edited",
@@ -1933,37 +1917,104 @@ pub fn verify_bytes(bytes: &[u8], head: Option<(u64, String)>) -> VerifyReport {
                 ),
             );
         }
-        if head.as_ref().is_some_and(|(s, _)| *s == e.seq) {
-            hash_at_head = Some(e.entry_hash.clone());
+        if matches!(&self.head, HeadFile::At(h) if h.seq == e.seq) {
+            self.hash_at_head = Some(e.entry_hash.clone());
         }
-        prev = e.entry_hash;
-        expected_seq += 1;
+        self.prev.clone_from(&e.entry_hash);
+        self.expected_seq += 1;
+        if self.gather {
+            self.gather(e);
+        }
+        ControlFlow::Continue(())
     }
-    let last_seq = expected_seq - 1;
-    if let Some((head_seq, head_hash)) = head {
-        if head_seq > last_seq {
-            return bad(
-                n,
+
+    /// Keeps what `e` records of a write: the actions that changed a file, or tried to
+    /// (succeeded, failed — a failure after the registry line leaves its artifact
+    /// behind, see `Sandbox::audit_verify` — or rolled back; blocked and simulated
+    /// actions register nothing, nor does a `create_directory`: a folder is no
+    /// artifact), and the successful writes that registered an artifact (but those
+    /// recovery found done and could not register, [`UNREGISTERED_DONE`]; the registry
+    /// line is appended before the audit line, so each of them is registered).
+    fn gather(&mut self, e: SandboxAuditEntry) {
+        let op = crate::catalog::op_for_intent(&e.mutation_type);
+        let of_a_file = !op.is_some_and(|op| op.is_directory());
+        if e.status == AuditStatus::Success
+            && e.error.as_deref() != Some(UNREGISTERED_DONE)
+            && op.is_some()
+            && of_a_file
+        {
+            self.recorded.push(RecordedWrite {
+                seq: e.seq,
+                workflow_id: e.workflow_id.clone(),
+                action_id: e.action_id.clone(),
+                target_path: e.target_path,
+                after_checksum: e.after_checksum.unwrap_or_default(),
+            });
+        }
+        if matches!(
+            e.status,
+            AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
+        ) && of_a_file
+        {
+            self.writes
+                .entry(e.workflow_id)
+                .or_default()
+                .insert(e.action_id);
+        }
+    }
+
+    /// The verdict (the chain's, then the head's), and the writes gathered.
+    fn finish(self) -> (VerifyReport, Writes, Vec<RecordedWrite>) {
+        let gathered = |report| (report, self.writes, self.recorded);
+        if let Some(failed) = self.failed {
+            return gathered(failed);
+        }
+        let (n, last_seq) = (self.lines, self.expected_seq - 1);
+        let bad = |seq: u64, reason: String| VerifyReport {
+            ok: false,
+            entries: n,
+            first_bad_seq: Some(seq),
+            reason: Some(reason),
+        };
+        let problem = match &self.head {
+            HeadFile::At(h) if h.seq > last_seq => bad(
                 last_seq + 1,
                 format!(
-                    "the log ends at seq {last_seq} but its head records seq {head_seq}: lines were removed from the end"
+                    "the log ends at seq {last_seq} but its head records seq {}: lines were removed from the end",
+                    h.seq
                 ),
-            );
-        }
-        if head_seq > 0 && hash_at_head.as_deref() != Some(head_hash.as_str()) {
-            return bad(
-                n,
-                head_seq,
-                format!(
-                    "entry {head_seq} differs from the hash recorded in the head: the log was rewritten"
-                ),
-            );
-        }
-    }
-    VerifyReport {
-        ok: true,
-        entries: n,
-        first_bad_seq: None,
-        reason: None,
+            ),
+            HeadFile::At(h)
+                if h.seq > 0 && self.hash_at_head.as_deref() != Some(h.entry_hash.as_str()) =>
+            {
+                bad(
+                    h.seq,
+                    format!(
+                        "entry {} differs from the hash recorded in the head: the log was rewritten",
+                        h.seq
+                    ),
+                )
+            }
+            HeadFile::Missing if n > 0 => VerifyReport {
+                first_bad_seq: None,
+                ..bad(
+                    0,
+                    format!(
+                        "the head file {HEAD_FILE} is missing although the log holds {n} entries: it was removed, so lines cut from the end cannot be ruled out"
+                    ),
+                )
+            },
+            HeadFile::Damaged(e) => VerifyReport {
+                first_bad_seq: None,
+                ..bad(0, format!("the head file {HEAD_FILE} is damaged ({e})"))
+            },
+            _ => VerifyReport {
+                ok: true,
+                entries: n,
+                first_bad_seq: None,
+                reason: None,
+            },
+        };
+        gathered(problem)
     }
 }

@@ -7,6 +7,7 @@
 use crate::confine::state::{LogFile, LogLock, StateDir};
 use crate::group_commit::GroupCommit;
 use std::io;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// A JSONL file and how far this process has read it.
@@ -148,7 +149,8 @@ impl Journal {
     /// Reads the complete lines appended since the last call (by anyone), under a shared
     /// lock, handing them to `sink` in buffers of whole lines (iterate with [`lines`]),
     /// each with its offset in the file. Offsets follow on from one buffer to the next,
-    /// except after the file was cut: it is then read again from offset 0.
+    /// except after the file was cut (it is then read again from offset 0) and after a
+    /// line longer than [`MAX_LINE`], which is handed alone as [`OVERLONG`].
     /// A partial last line is left for the next repair.
     pub fn read_new(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<()> {
         self.read_new_owned(&mut |at, buf| sink(at, &buf))
@@ -187,24 +189,24 @@ impl Journal {
     }
 
     /// Appends lines (each ending in `\n`) after catching up: `make` receives the lines
-    /// other writers appended since this process last read (and their offset, as
-    /// [`Journal::read_new`] gives it) and returns the bytes to
-    /// append, built from that up-to-date view. All of it under the exclusive lock; the
+    /// other writers appended since this process last read, in buffers with their
+    /// offsets as [`Journal::read_new`] gives them (buffers that follow on joined), and
+    /// returns the bytes to append, built from that up-to-date view. All of it under the exclusive lock; the
     /// lines are durable once the returned [`Pending`] has been waited for, which the
     /// caller does after letting go of whatever serialises its appends, so that the
     /// appends made meanwhile share the sync.
     /// `make` also gets the file, to read back what it needs under the same lock.
     pub fn append_with<T>(
         &mut self,
-        make: impl FnOnce(u64, &[u8], &LogFile) -> io::Result<(Vec<u8>, T)>,
+        make: impl FnOnce(&[(u64, Vec<u8>)], &LogFile) -> io::Result<(Vec<u8>, T)>,
     ) -> io::Result<(T, Pending)> {
         let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
         // One length serves the repair and the catch-up: with the lock held, nobody else
         // changes the file in between.
         let len = self.file.len()?;
-        let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
-        let (mut bytes, out) = make(new_at, &new, &self.file)?;
+        let new = self.cursor.catch_up(&self.file, len, durable)?;
+        let (mut bytes, out) = make(&new, &self.file)?;
         // A rewritable file always begins with a line of a rewrite's own, even one a
         // rewrite cut and died before writing, or a new one: its first line then tells
         // every reader which file it read.
@@ -250,7 +252,7 @@ impl Journal {
     /// rewritten.
     pub fn rewrite_with(
         &mut self,
-        make: impl FnOnce(u64, &[u8]) -> Option<Vec<u8>>,
+        make: impl FnOnce(&[(u64, Vec<u8>)]) -> Option<Vec<u8>>,
     ) -> io::Result<bool> {
         if !self.cursor.rewritable {
             return Err(io::Error::other(
@@ -260,8 +262,8 @@ impl Journal {
         let durable = self.durable();
         let _lock = self.file.lock_exclusive()?;
         let len = self.file.len()?;
-        let (new_at, new) = self.cursor.catch_up(&self.file, len, durable)?;
-        let Some(lines) = make(new_at, &new) else {
+        let new = self.cursor.catch_up(&self.file, len, durable)?;
+        let Some(lines) = make(&new) else {
             return Ok(false);
         };
         let mut bytes = rewrite_line()?;
@@ -308,14 +310,21 @@ impl Journal {
         &self.file
     }
 
-    /// Reads everything from the start (for verification) and runs `also` under the same
-    /// shared lock, so that no append lands between the two.
-    pub fn read_all_with<T>(
+    /// Runs `also`, then [`scan`]s the whole file into `sink` (given what `also` returned),
+    /// under one shared lock, so that no append lands between the two (for verification:
+    /// however long the file, a few MiB of it are held at a time).
+    pub fn scan_all_with<T>(
         &self,
         also: impl FnOnce() -> io::Result<T>,
-    ) -> io::Result<(Vec<u8>, T)> {
+        mut sink: impl FnMut(&mut T, Piece) -> io::Result<ControlFlow<()>>,
+    ) -> io::Result<T> {
         let _lock = self.file.lock_shared()?;
-        Ok((self.file.read_from(0)?, also()?))
+        let mut out = also()?;
+        let read_at = |buf: &mut [u8], at: u64| self.file.read_exact_at(buf, at);
+        scan(&read_at, 0, self.file.len()?, &mut |piece| {
+            sink(&mut out, piece)
+        })?;
+        Ok(out)
     }
 }
 
@@ -323,25 +332,29 @@ impl Cursor {
     /// With the exclusive lock held and the file `len` bytes long: repairs a torn tail
     /// and reads what other writers appended since, returning it and its offset (0 when
     /// the file was cut and written again).
-    fn catch_up(&mut self, file: &LogFile, len: u64, durable: bool) -> io::Result<(u64, Vec<u8>)> {
+    fn catch_up(
+        &mut self,
+        file: &LogFile,
+        len: u64,
+        durable: bool,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let before = (self.offset, self.tail.clone(), self.head.clone());
-        let mut new = Vec::new();
-        let mut new_at = None;
+        let mut new: Vec<(u64, Vec<u8>)> = Vec::new();
         // A log cut and written again is read from the start, and only then repaired:
         // its torn part is looked for after what is read, not after where this process
         // had read to.
         let caught_up = self.restart_if_moved(file, len).and_then(|restarted| {
             if restarted {
-                new_at = Some(0);
+                new.push((0, Vec::new()));
             }
             let len = self.repair_tail(file, len, durable)?;
-            self.read_new_locked(file, len, &mut |at, b| {
-                new_at.get_or_insert(at);
-                if new.is_empty() {
-                    new = b;
-                } else {
-                    new.extend_from_slice(&b);
+            self.read_new_locked(file, len, &mut |at, b| match new.last_mut() {
+                // Buffers that follow on are joined; the stand-in for a line passed over
+                // starts where the line does, but the next buffer where the line ends.
+                Some((last, lines)) if *last + lines.len() as u64 == at => {
+                    lines.extend_from_slice(&b);
                 }
+                _ => new.push((at, b)),
             })
         });
         if let Err(e) = caught_up {
@@ -349,7 +362,7 @@ impl Cursor {
             (self.offset, self.tail, self.head) = before;
             return Err(e);
         }
-        Ok((new_at.unwrap_or(self.offset), new))
+        Ok(new)
     }
 
     /// Reads the complete lines between the cursor and `len` (the file's length, taken
@@ -387,32 +400,36 @@ impl Cursor {
         len: u64,
         sink: &mut dyn FnMut(u64, Vec<u8>),
     ) -> io::Result<()> {
-        // Bounded chunks keep a large first load from holding the whole file in memory.
-        const CHUNK: u64 = 8 << 20;
         if self.restart_if_moved(file, len)? {
             // Said to the sink even when nothing is left to read.
             sink(0, Vec::new());
         }
-        let mut pos = self.offset;
-        let mut carry: Vec<u8> = Vec::new();
-        while pos < len {
-            let n = (len - pos).min(CHUNK);
-            // Read straight after the carried part: each chunk is read into the buffer
-            // handed out, not copied there.
-            let mut buf = std::mem::take(&mut carry);
-            let kept = buf.len();
-            buf.resize(kept + n as usize, 0);
-            file.read_exact_at(&mut buf[kept..], pos)?;
-            pos += n;
-            match buf.iter().rposition(|&b| b == b'\n') {
-                Some(i) => {
-                    carry = buf.split_off(i + 1);
+        let read_at = |buf: &mut [u8], at: u64| file.read_exact_at(buf, at);
+        scan(&read_at, self.offset, len, &mut |piece| {
+            match piece {
+                Piece::Lines(at, buf) => {
                     self.passed(&buf);
-                    sink(self.offset - buf.len() as u64, buf);
+                    sink(at, buf);
                 }
-                None => carry = buf,
+                Piece::Overlong(at, n) => {
+                    self.skipped(file, at, n)?;
+                    sink(at, OVERLONG.to_vec());
+                }
             }
+            Ok(ControlFlow::Continue(()))
+        })
+        .map(drop)
+    }
+
+    /// Moves the cursor past a line of `n` bytes at `at` that was not read into memory,
+    /// keeping its first and last bytes as [`Cursor::passed`] would.
+    fn skipped(&mut self, file: &LogFile, at: u64, n: u64) -> io::Result<()> {
+        let keep = n.min(TAIL as u64);
+        if self.rewritable && at == 0 {
+            self.head = file.read_range(0, keep)?;
         }
+        self.offset = at + n;
+        self.tail = file.read_range(self.offset - keep, keep)?;
         Ok(())
     }
 
@@ -457,6 +474,82 @@ impl Cursor {
         file.truncate(keep, durable)?;
         Ok(keep)
     }
+}
+
+/// The longest line a reader holds. Every line the runtime writes is far shorter (an
+/// audit line's free text is cut to a few KiB, see [`crate::audit::MAX_RECORDED_PATH`]);
+/// a longer one was made by hand or is a hole ended by a newline (a sparse file's hole
+/// costs no disk), and is passed over without being read into memory.
+pub const MAX_LINE: u64 = 8 << 20;
+
+/// What the readers of [`Journal::read_new`] are handed in place of a line longer than
+/// [`MAX_LINE`] (it is handed alone, at the line's offset; the next buffer starts after
+/// the line). Not JSON: every reader counts it among the lines that do not read.
+pub const OVERLONG: &[u8] = b"\0a line longer than any the runtime writes\n";
+
+/// What [`scan`] hands on, in file order.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Whole lines, each ending in a newline, and the offset of the first.
+    Lines(u64, Vec<u8>),
+    /// A line longer than [`MAX_LINE`] (its offset, and its length with its newline):
+    /// not read into memory.
+    Overlong(u64, u64),
+}
+
+/// Reads the whole lines between `from` (a line boundary) and `to` through `read_at`
+/// (a positional read that fills its buffer), handing them to `sink` in order, a few
+/// MiB at a time, until it breaks off. At most [`MAX_LINE`] plus a chunk is held at
+/// once, however long a line: one longer than that is handed on as
+/// [`Piece::Overlong`], and one up to that long may be. Returns where the last whole line
+/// read ends: bytes after it are a torn line or one being written.
+pub fn scan(
+    read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    from: u64,
+    to: u64,
+    sink: &mut dyn FnMut(Piece) -> io::Result<ControlFlow<()>>,
+) -> io::Result<u64> {
+    const CHUNK: u64 = 8 << 20;
+    let mut pos = from;
+    // The start of a line not yet ended, read before `pos`.
+    let mut carry: Vec<u8> = Vec::new();
+    // Where a line too long to hold began, while its end is looked for.
+    let mut overlong: Option<u64> = None;
+    while pos < to {
+        let n = (to - pos).min(CHUNK);
+        let base = pos - carry.len() as u64;
+        // Read straight after the carried part: each chunk is read into the buffer
+        // handed out, not copied there.
+        let mut buf = std::mem::take(&mut carry);
+        let kept = buf.len();
+        buf.resize(kept + n as usize, 0);
+        read_at(&mut buf[kept..], pos)?;
+        pos += n;
+        let mut begin = 0;
+        if let Some(start) = overlong {
+            let Some(i) = memchr::memchr(b'\n', &buf) else {
+                continue;
+            };
+            overlong = None;
+            begin = i + 1;
+            if sink(Piece::Overlong(start, base + begin as u64 - start))?.is_break() {
+                return Ok(base + begin as u64);
+            }
+        }
+        let end = memchr::memrchr(b'\n', &buf[begin..]).map_or(begin, |i| begin + i + 1);
+        carry = buf.split_off(end);
+        if end > begin {
+            buf.drain(..begin);
+            if sink(Piece::Lines(base + begin as u64, buf))?.is_break() {
+                return Ok(base + end as u64);
+            }
+        }
+        if carry.len() as u64 > MAX_LINE {
+            overlong = Some(base + end as u64);
+            carry = Vec::new();
+        }
+    }
+    Ok(overlong.unwrap_or(pos - carry.len() as u64))
 }
 
 /// Whether `file`'s bytes from `from` to `to` are one JSON object and nothing else (its
@@ -690,5 +783,91 @@ mod line_tests {
     #[test]
     fn ordinary_text_is_written_as_compact_json() {
         assert_eq!(line("plain ü 日本"), "{\"s\":\"plain ü 日本\"}\n");
+    }
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::{MAX_LINE, Piece, scan};
+    use std::ops::ControlFlow;
+
+    /// What `scan` hands on for `bytes`, whole lines joined where they follow on (the
+    /// chunk boundaries are the scanner's own), and where it says the whole lines end.
+    fn scanned(bytes: &[u8]) -> (Vec<Piece>, u64) {
+        let read_at = |buf: &mut [u8], at: u64| {
+            buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+            Ok(())
+        };
+        let mut out: Vec<Piece> = Vec::new();
+        let end = scan(&read_at, 0, bytes.len() as u64, &mut |piece| {
+            if let (Piece::Lines(at, more), Some(Piece::Lines(last, lines))) =
+                (&piece, out.last_mut())
+                && *last + lines.len() as u64 == *at
+            {
+                lines.extend_from_slice(more);
+            } else {
+                out.push(piece);
+            }
+            Ok(ControlFlow::Continue(()))
+        });
+        (out, end.unwrap_or(u64::MAX))
+    }
+
+    #[test]
+    fn long_lines_are_passed_over_wherever_they_fall() {
+        let long = MAX_LINE as usize * 2 + 3;
+        let mut middle = b"{}\n".to_vec();
+        middle.resize(3 + long, b'x');
+        middle.extend_from_slice(b"\n{\"a\":1}\n");
+        let (pieces, end) = scanned(&middle);
+        assert_eq!(
+            pieces,
+            [
+                Piece::Lines(0, b"{}\n".to_vec()),
+                Piece::Overlong(3, long as u64 + 1),
+                Piece::Lines(4 + long as u64, b"{\"a\":1}\n".to_vec()),
+            ]
+        );
+        assert_eq!(end, middle.len() as u64);
+        // At the start, and last without its newline (a torn line: not handed on).
+        let mut first = vec![b'y'; long];
+        first.extend_from_slice(b"\n{}\n");
+        first.resize(first.len() + long, b'z');
+        let (pieces, end) = scanned(&first);
+        assert_eq!(
+            pieces,
+            [
+                Piece::Overlong(0, long as u64 + 1),
+                Piece::Lines(long as u64 + 1, b"{}\n".to_vec()),
+            ]
+        );
+        assert_eq!(end, long as u64 + 4);
+        // Lines of every length up to the limit, across chunk boundaries, are whole.
+        let mut many = Vec::new();
+        let mut n = 1;
+        while many.len() < 3 * MAX_LINE as usize {
+            many.resize(many.len() + n, b'l');
+            many.push(b'\n');
+            n = (n * 3 + 1) % MAX_LINE as usize;
+        }
+        let (pieces, end) = scanned(&many);
+        assert_eq!(pieces, [Piece::Lines(0, many.clone())]);
+        assert_eq!(end, many.len() as u64);
+    }
+
+    #[test]
+    fn a_scan_stops_where_its_reader_breaks_off() {
+        let bytes = vec![b'\n'; 3 * MAX_LINE as usize];
+        let read_at = |buf: &mut [u8], at: u64| {
+            buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+            Ok(())
+        };
+        let mut calls = 0;
+        let end = scan(&read_at, 0, bytes.len() as u64, &mut |_| {
+            calls += 1;
+            Ok(ControlFlow::Break(()))
+        });
+        assert_eq!(calls, 1);
+        assert!(end.is_ok_and(|end| end > 0 && end < bytes.len() as u64));
     }
 }

@@ -98,8 +98,8 @@ impl Ledger {
             crate::journal::write_line(&mut bytes, l)?;
         }
         let left = &mut self.left;
-        let ((), pending) = self.journal.append_with(|at, new, _| {
-            fold_all(left, at, new);
+        let ((), pending) = self.journal.append_with(|new, _| {
+            new.iter().for_each(|(at, b)| fold_all(left, *at, b));
             Ok((bytes, ()))
         })?;
         pending.wait()?;
@@ -117,8 +117,8 @@ impl Ledger {
             return Ok(());
         }
         let left = &mut self.left;
-        self.journal.rewrite_with(|at, new| {
-            fold_all(left, at, new);
+        self.journal.rewrite_with(|new| {
+            new.iter().for_each(|(at, b)| fold_all(left, *at, b));
             let mut live: Vec<&Line> = left.iter().collect();
             live.sort_by(|a, b| (&a.root, &a.left.dir.path).cmp(&(&b.root, &b.left.dir.path)));
             let mut bytes = Vec::new();

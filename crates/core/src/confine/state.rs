@@ -119,17 +119,32 @@ impl StateDir {
         names: &[&str],
         limit: u64,
     ) -> io::Result<Vec<Option<Vec<u8>>>> {
-        let checked = super::root::open_checked_dir_through_link(
-            path,
-            false,
-            "state directory",
-            STATE_DIR_MODE,
-        )
-        .map_err(io::Error::other)?;
+        let dir = Self::dir_without_opening(path)?;
         names
             .iter()
-            .map(|name| read_if_present(&checked.dir, name, path, name, limit))
+            .map(|name| read_if_present(&dir, name, path, name, limit))
             .collect()
+    }
+
+    /// [`StateDir::read_without_opening`] for files to be read a part at a time: each
+    /// is opened, not read.
+    pub fn open_without_opening(path: &Path, names: &[&str]) -> io::Result<Vec<Option<StateFile>>> {
+        let dir = Self::dir_without_opening(path)?;
+        names
+            .iter()
+            .map(|name| {
+                let file = super::root::open_file_in(&dir, name).map(StateFile);
+                if_present(file, &dir, name, path, name)
+            })
+            .collect()
+    }
+
+    /// The state directory at `path`, checked as opening it checks it, but neither made
+    /// nor written.
+    fn dir_without_opening(path: &Path) -> io::Result<Dir> {
+        super::root::open_checked_dir_through_link(path, false, "state directory", STATE_DIR_MODE)
+            .map(|checked| checked.dir)
+            .map_err(io::Error::other)
     }
 
     /// The `(st_dev, st_ino)` of the directory and of its folders.
@@ -794,6 +809,28 @@ fn check_private_dir(dir: &Dir, m: &cap_std::fs::Metadata, shown: &str) -> io::R
     Ok(())
 }
 
+/// A file of a state directory this process does not open
+/// ([`StateDir::open_without_opening`]), read a part at a time.
+#[derive(Debug)]
+pub struct StateFile(std::fs::File);
+
+impl StateFile {
+    /// Current length in bytes.
+    pub fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Fills `buf` with the bytes at `from`.
+    pub fn read_exact_at(&self, buf: &mut [u8], from: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, from)
+    }
+}
+
 /// A commit log file: positioned reads and writes, and syncs (the format is
 /// [`crate::commit_log`]'s).
 #[derive(Debug)]
@@ -1127,17 +1164,6 @@ impl LogFile {
         Ok(self.len()? == 0)
     }
 
-    /// Reads bytes from `from` to the current end.
-    pub fn read_from(&self, from: u64) -> io::Result<Vec<u8>> {
-        let len = self.len()?;
-        if len <= from {
-            return Ok(Vec::new());
-        }
-        let mut buf = vec![0u8; (len - from) as usize];
-        self.file.read_exact_at(&mut buf, from)?;
-        Ok(buf)
-    }
-
     /// Reads up to `n` bytes at `from`.
     pub fn read_range(&self, from: u64, n: u64) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; n as usize];
@@ -1226,8 +1252,21 @@ fn read_if_present(
     rel: &str,
     limit: u64,
 ) -> io::Result<Option<Vec<u8>>> {
+    let read = super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes);
+    if_present(read, dir, name, state, rel)
+}
+
+/// What reaching the state file `rel` (`name` in `dir`) gave, `None` when it is missing;
+/// something else in its place, or a file this process is refused, is said as such.
+fn if_present<T>(
+    got: io::Result<T>,
+    dir: &Dir,
+    name: &str,
+    state: &Path,
+    rel: &str,
+) -> io::Result<Option<T>> {
     let shown = &state.join(rel);
-    match super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes) {
+    match got {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e)

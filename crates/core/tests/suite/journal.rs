@@ -1934,23 +1934,17 @@ fn a_journal_rewritten_to_the_length_another_process_read_is_read_again() {
         got
     };
     let ((), pending) = a
-        .append_with(|_, _, _| Ok((b"{\"n\":1}\n".to_vec(), ())))
+        .append_with(|_, _| Ok((b"{\"n\":1}\n".to_vec(), ())))
         .unwrap();
     pending.wait().unwrap();
-    assert!(
-        a.rewrite_with(|_, _| Some(b"{\"n\":3}\n".to_vec()))
-            .unwrap()
-    );
+    assert!(a.rewrite_with(|_| Some(b"{\"n\":3}\n".to_vec())).unwrap());
     let first = read(&mut b);
     assert!(
         first.len() == 1 && first[0].1.ends_with("{\"n\":3}\n"),
         "{first:?}"
     );
     let len = a.len().unwrap();
-    assert!(
-        a.rewrite_with(|_, _| Some(b"{\"n\":4}\n".to_vec()))
-            .unwrap()
-    );
+    assert!(a.rewrite_with(|_| Some(b"{\"n\":4}\n".to_vec())).unwrap());
     assert_eq!(a.len().unwrap(), len, "as long as b read it");
     let again = read(&mut b);
     assert!(
@@ -1962,12 +1956,12 @@ fn a_journal_rewritten_to_the_length_another_process_read_is_read_again() {
     // long line both files share), with more after: still read again from the start.
     let pad = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(150));
     assert!(
-        a.rewrite_with(|_, _| Some(format!("{{\"n\":5}}\n{pad}").into_bytes()))
+        a.rewrite_with(|_| Some(format!("{{\"n\":5}}\n{pad}").into_bytes()))
             .unwrap()
     );
     assert!(read(&mut b).iter().any(|(_, l)| l.contains("\"n\":5")));
     assert!(
-        a.rewrite_with(|_, _| Some(format!("{{\"n\":6}}\n{pad}{{\"n\":7}}\n").into_bytes()))
+        a.rewrite_with(|_| Some(format!("{{\"n\":6}}\n{pad}{{\"n\":7}}\n").into_bytes()))
             .unwrap()
     );
     let again = read(&mut b);
@@ -1978,7 +1972,7 @@ fn a_journal_rewritten_to_the_length_another_process_read_is_read_again() {
         "{again:?}"
     );
     let mut plain = Journal::open(&state, "hints.jsonl", true).unwrap();
-    assert!(plain.rewrite_with(|_, _| Some(Vec::new())).is_err());
+    assert!(plain.rewrite_with(|_| Some(Vec::new())).is_err());
 }
 
 /// A rewrite that died right after cutting the file, then appends by another process
@@ -2001,7 +1995,7 @@ fn a_rewritable_journal_cut_and_appended_to_the_same_length_is_read_again() {
     let mut a = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
     let mut b = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
     let ((), p) = a
-        .append_with(|_, _, _| Ok(([line("one"), line("two")].concat(), ())))
+        .append_with(|_, _| Ok(([line("one"), line("two")].concat(), ())))
         .unwrap();
     p.wait().unwrap();
     assert!(read(&mut b).iter().any(|(_, l)| l.contains("two")));
@@ -2016,7 +2010,7 @@ fn a_rewritable_journal_cut_and_appended_to_the_same_length_is_read_again() {
     drop(a);
     let mut c = Journal::open_rewritable(&state, "hints.jsonl", true).unwrap();
     let ((), p) = c
-        .append_with(|_, _, _| Ok(([line("ONE"), line("TWO")].concat(), ())))
+        .append_with(|_, _| Ok(([line("ONE"), line("TWO")].concat(), ())))
         .unwrap();
     p.wait().unwrap();
     assert_eq!(c.len().unwrap(), len, "as long as b read it");
@@ -2084,4 +2078,133 @@ fn the_left_folder_ledger_stays_right_under_concurrent_rewrites() {
         .unwrap()
         .len();
     assert!(size < 80 << 10, "rewritten on the way: {size} bytes");
+}
+
+/// `path` with `n` zero bytes (a sparse hole: no disk) and a newline put after its first
+/// `after` lines: a line far longer than any the runtime writes, in the middle.
+fn with_long_line(path: &std::path::Path, after: usize, n: u64) -> u64 {
+    let whole = std::fs::read(path).unwrap();
+    let at = whole
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(after - 1)
+        .map(|(i, _)| i + 1)
+        .unwrap();
+    let mut f = std::fs::File::create(path).unwrap();
+    std::io::Write::write_all(&mut f, &whole[..at]).unwrap();
+    f.set_len(at as u64 + n).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).unwrap();
+    std::io::Write::write_all(&mut f, b"\n").unwrap();
+    std::io::Write::write_all(&mut f, &whole[at..]).unwrap();
+    at as u64
+}
+
+/// A line longer than any the runtime writes (a hole ended by a newline, or a line made
+/// by hand) is handed on in its place, never held: each reader's buffers stay a few MiB,
+/// and the lines after it keep their offsets, for readers that read, catch up before an
+/// append, or read what others appended after it.
+#[test]
+fn a_long_line_in_a_journal_is_passed_over_not_held() {
+    use ailab_sandbox_core::journal::{Journal, MAX_LINE, OVERLONG};
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let path = w.state.join("lines.jsonl");
+    std::fs::write(&path, b"{\"n\":1}\n{\"n\":2}\n").unwrap();
+    let hole = 5 * MAX_LINE;
+    let at = with_long_line(&path, 1, hole);
+    let after = at + hole + 1;
+    let mut reader = Journal::open(&state, "lines.jsonl", false).unwrap();
+    let mut writer = Journal::open(&state, "lines.jsonl", false).unwrap();
+    let small = |buf: &[u8]| {
+        assert!(
+            buf.len() as u64 <= 2 * MAX_LINE,
+            "a buffer of {} bytes",
+            buf.len()
+        );
+        String::from_utf8_lossy(buf).into_owned()
+    };
+    let mut read = Vec::new();
+    reader
+        .read_new(&mut |at, buf| read.push((at, small(buf))))
+        .unwrap();
+    let overlong = String::from_utf8_lossy(OVERLONG).into_owned();
+    let expected = vec![
+        (0, "{\"n\":1}\n".to_owned()),
+        (at, overlong.clone()),
+        (after, "{\"n\":2}\n".to_owned()),
+    ];
+    assert_eq!(read, expected);
+    let ((), pending) = writer
+        .append_with(|new, _| {
+            // Joined where they follow on: the stand-in starts where the line does.
+            let new: Vec<_> = new.iter().map(|(at, b)| (*at, small(b))).collect();
+            let joined = vec![
+                (0, format!("{}{overlong}", expected[0].1)),
+                expected[2].clone(),
+            ];
+            assert_eq!(new, joined);
+            Ok((b"{\"n\":3}\n".to_vec(), ()))
+        })
+        .unwrap();
+    pending.wait().unwrap();
+    let mut more = Vec::new();
+    reader
+        .read_new(&mut |at, buf| more.push((at, small(buf))))
+        .unwrap();
+    assert_eq!(more, vec![(after + 8, "{\"n\":3}\n".to_owned())]);
+}
+
+/// The trail and the registry with a long line in their middle: `audit verify` names it
+/// (both ways), the registry's lines after it are still read at their offsets (listed,
+/// looked up, rolled back), and the registry's is counted among its unreadable lines.
+#[test]
+fn a_long_line_in_the_trail_or_the_registry_is_named_and_passed_over() {
+    use ailab_sandbox_core::journal::MAX_LINE;
+    let (w, sb) = audited_world(3);
+    drop(sb);
+    let trail = std::fs::read(audit_path(&w)).unwrap();
+    with_long_line(&audit_path(&w), 2, 3 * MAX_LINE);
+    for v in verified_both_ways(&w) {
+        assert!(!v.ok);
+        assert_eq!(v.first_bad_seq, Some(3), "{v:?}");
+        let reason = v.reason.unwrap();
+        assert!(
+            reason.starts_with(&format!("line 3 is {} bytes long", 3 * MAX_LINE + 1)),
+            "{reason}"
+        );
+    }
+    let sb = w.open(strict(&w));
+    let listed = sb.audit_entries(10, None).unwrap();
+    assert_eq!(
+        listed.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [3, 2, 1],
+        "the lines after the long one are read back where they are"
+    );
+    drop(sb);
+    std::fs::write(audit_path(&w), &trail).unwrap();
+    let registry = w.state.join("artifacts.jsonl");
+    with_long_line(&registry, 1, 3 * MAX_LINE);
+    for v in verified_both_ways(&w) {
+        assert!(!v.ok);
+        let reason = v.reason.unwrap();
+        assert!(
+            reason.contains("holds 1 line(s) that cannot be read"),
+            "{reason}"
+        );
+    }
+    let sb = w.open(strict(&w));
+    let listed = sb.artifacts(10, Some("wf_a")).unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    let last = listed.iter().find(|a| a.path.ends_with("f2.txt")).unwrap();
+    assert_eq!(
+        sb.artifact_with_lineage(&last.artifact_id)
+            .unwrap()
+            .unwrap()
+            .0,
+        *last
+    );
+    let rb = sb.rollback_workflow("wf_a", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.root.join("f2.txt").exists());
 }

@@ -167,6 +167,12 @@ fn hash_once(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<Strin
 
 /// Opens `name` for reading without following a symlink or blocking on a FIFO, and
 /// refuses what is not a regular file (and, with `single_link`, a file with other links).
+/// `name` in `dir` opened to be read a part at a time: a regular file, reached without
+/// following a link.
+pub(crate) fn open_file_in(dir: &Dir, name: &str) -> io::Result<std::fs::File> {
+    open_regular(dir, name, false).map(|(file, _)| file.into_std())
+}
+
 fn open_regular(
     dir: &Dir,
     name: &str,

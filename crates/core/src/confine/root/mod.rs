@@ -126,11 +126,11 @@ pub(crate) use access::{
     NotOurs, change_refused, egid, euid, not_ours, shut_to_reading, writable_by_others,
 };
 use files::flush_for;
-pub(crate) use files::read_file_in;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, hash_regular, read_regular, remove_temp_files,
     sync_dir, temp_name, write_atomic_flush, write_atomic_in,
 };
+pub(crate) use files::{open_file_in, read_file_in};
 use refusal::{
     changed_meanwhile, hardlink_refusal, moved_meanwhile, named_in_full, removed_meanwhile,
     special_refusal, swapped_while_read,
