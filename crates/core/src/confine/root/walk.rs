@@ -499,17 +499,29 @@ pub(crate) fn others_may_write(
     }
 }
 
+/// Whether an access control list could let anyone but the owner write in a file or
+/// folder of mode `mode`, so that it must be read to know: only when the mode's group
+/// bits allow writing. With a list, those bits are its mask, which caps every named
+/// user's and group's permissions (the owning group's too); without one, they are the
+/// owning group's, which the mode already judges.
+pub(crate) fn list_may_give_write(mode: u32) -> bool {
+    mode & 0o020 != 0
+}
+
 /// Whether an access control list on `fd` lets a user or group other than this
 /// process's write (the mode's group bits are then only the list's mask): a named user
 /// other than this one, or a named group other than this process's, with the write
-/// permission, the mask allowing it. No list (or a filesystem without them) says no, the
-/// mode bits being judged as they are; a folder this process may not read says yes when
-/// its `mode`'s group bits (a list's mask) allow writing; a list that cannot be read for
-/// another cause says yes.
+/// permission, the mask allowing it. Not read when `mode` leaves no room for one
+/// ([`list_may_give_write`]). No list (or a filesystem without them) says no, the mode
+/// bits being judged as they are; a folder this process may not read, or a list that
+/// cannot be read for another cause, says yes.
 fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
     use rustix::fs::{Mode, OFlags};
     use rustix::io::Errno;
     const ACCESS: &str = "system.posix_acl_access";
+    if !list_may_give_write(mode) {
+        return false;
+    }
     let fd = fd.as_fd();
     let mut acl = vec![0u8; 64 << 10];
     let read = match rustix::fs::fgetxattr(fd, ACCESS, &mut acl[..]) {
@@ -528,11 +540,9 @@ fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
         Ok(len) => len,
         // No list, or a filesystem without them: the mode bits say it all.
         Err(Errno::NODATA | Errno::NOTSUP) => return false,
-        // A folder this process may pass through but not read (mode 0711) cannot be
-        // asked: a list there could give others write only if its mask (the group bits)
-        // allows writing.
-        Err(Errno::ACCESS | Errno::PERM) => return mode & 0o020 != 0,
-        // A list that cannot be read may give others write: taken as one that does.
+        // A folder this process may pass through but not read cannot be asked, and its
+        // mask allows writing: a list there may give others write, as may one that
+        // cannot be read for another cause.
         Err(_) => return true,
     };
     // A version word, then entries of a tag, a permission (both 16 bits) and an id.
