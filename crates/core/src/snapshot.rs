@@ -17,7 +17,7 @@ use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::seal::{SealKey, Unsealed};
 use cap_fs_ext::DirExt;
-use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt as _};
 use serde::{Deserialize, Serialize};
 use std::io;
 
@@ -432,9 +432,13 @@ fn workflow_folder(root: &SandboxRoot, rb: &Dir, workflow_id: &str) -> Verdict<(
 /// its earlier actions were written.
 /// Without a workflow (`None`), the store itself only.
 pub fn check_store(root: &SandboxRoot, workflow_id: Option<&str>) -> Verdict {
-    // Looked at, not opened: one `fstatat` each, on the write path of every plan.
+    // Looked at, not opened: one `fstatat` each, on the write path of every plan (a
+    // folder is opened only when its mode leaves room for an access control list that
+    // gives others write).
     let look = |dir: &Dir, name: &str, rel: &str, scope: &str| match dir.symlink_metadata(name) {
-        Ok(m) if m.is_dir() => check_private_meta(root, &m, rel).map(|()| true),
+        Ok(m) if m.is_dir() => {
+            check_looked_at(root, &m, rel, || dir.open_dir_nofollow(name)).map(|()| true)
+        }
         Ok(_) => not_a_folder(root, dir, name, rel, scope).map_or(Ok(false), Err),
         Err(_) => Ok(false),
     };
@@ -446,7 +450,11 @@ pub fn check_store(root: &SandboxRoot, workflow_id: Option<&str>) -> Verdict {
     };
     let rel = format!("{ROLLBACK_DIR}/{workflow_id}");
     match root.dir().symlink_metadata(&rel) {
-        Ok(m) if m.is_dir() => check_private_meta(root, &m, &rel),
+        Ok(m) if m.is_dir() => check_looked_at(root, &m, &rel, || {
+            root.dir()
+                .open_dir_nofollow(ROLLBACK_DIR)?
+                .open_dir_nofollow(workflow_id)
+        }),
         Ok(_) => match root.dir().open_dir_nofollow(ROLLBACK_DIR) {
             Ok(rb) => {
                 let scope = format!("for workflow {workflow_id} in this root");
@@ -455,6 +463,31 @@ pub fn check_store(root: &SandboxRoot, workflow_id: Option<&str>) -> Verdict {
             Err(_) => Ok(()),
         },
         Err(_) => Ok(()),
+    }
+}
+
+/// [`check_private`] for a folder of the snapshot store (`rel` in `root`) looked at
+/// (`m`) but not opened: `open` opens it (following no link) only when its mode leaves
+/// room for an access control list giving others write, which only the folder open can
+/// tell.
+fn check_looked_at(
+    root: &SandboxRoot,
+    m: &cap_std::fs::Metadata,
+    rel: &str,
+    open: impl FnOnce() -> io::Result<Dir>,
+) -> Verdict {
+    if let Some(problem) = not_private(m) {
+        return Err(not_private_refusal(root, rel, &problem, KEPT_FROM_WRITING));
+    }
+    if !crate::confine::root::list_may_give_write(m.mode()) {
+        return Ok(());
+    }
+    match open() {
+        Ok(dir) => check_private(root, &dir, rel),
+        // Gone since it was looked at: nothing there to judge (taking a snapshot judges
+        // whatever stands there then).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(snap_io("inspect", &e)),
     }
 }
 
@@ -497,61 +530,72 @@ fn store_refusal(root: &SandboxRoot, e: &io::Error) -> Refusal {
         .unwrap_or_else(|| snap_io("open", e))
 }
 
-/// Refuses a folder of the snapshot store (`rel` in `root`) that another user owns or
-/// could write in.
+/// What a refusal of a folder others could write in says it means when writing.
+const KEPT_FROM_WRITING: &str = "others could remove the snapshots kept there; nothing is written there until the operator removes that folder (the runtime then makes its own, private one)";
+
+/// Refuses a folder of the snapshot store (`rel` in `root`, open as `dir`) that another
+/// user owns or could write in, by its mode or through its access control list.
 fn check_private(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
-    let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
-    check_private_meta(root, &m, rel)
+    refuse_unless_private(root, dir, rel, KEPT_FROM_WRITING)
 }
 
 /// [`check_private`] for a folder whose snapshots are about to be read (restored,
 /// judged, pruned): one others could change is not used either, and is kept as it is.
 fn check_private_to_read(root: &SandboxRoot, dir: &Dir, rel: &str) -> Verdict {
+    refuse_unless_private(
+        root,
+        dir,
+        rel,
+        "others could have changed the snapshots kept there; nothing is rolled back, judged or pruned from it until the operator makes it private to the runtime's user again (owned by it, writable by no one else, by its mode or an access control list); its snapshots are kept",
+    )
+}
+
+/// Refuses (`reserved_path`) the snapshot folder open as `dir` when another user owns
+/// it or could write in it, saying what that means here (`then`).
+fn refuse_unless_private(root: &SandboxRoot, dir: &Dir, rel: &str, then: &str) -> Verdict {
     let m = dir.dir_metadata().map_err(|e| snap_io("inspect", &e))?;
-    refuse_unless_private(
-        root,
-        &m,
-        rel,
-        "others could have changed the snapshots kept there; nothing is rolled back, judged or pruned from it until the operator makes it private to the runtime's user again (owned by it, writable by no one else); its snapshots are kept",
-    )
+    let problem = not_private(&m).or_else(|| {
+        crate::confine::root::others_may_write(&m, dir).map(|how| writable_words(&m, how))
+    });
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(not_private_refusal(root, rel, &problem, then)),
+    }
 }
 
-/// [`check_private`] on a folder's metadata.
-fn check_private_meta(root: &SandboxRoot, m: &cap_std::fs::Metadata, rel: &str) -> Verdict {
-    refuse_unless_private(
-        root,
-        m,
-        rel,
-        "others could remove the snapshots kept there; nothing is written there until the operator removes that folder (the runtime then makes its own, private one)",
-    )
-}
-
-/// Refuses (`reserved_path`) a snapshot folder another user owns or could write in,
-/// saying what that means here (`then`).
-fn refuse_unless_private(
-    root: &SandboxRoot,
-    m: &cap_std::fs::Metadata,
-    rel: &str,
-    then: &str,
-) -> Verdict {
+/// What makes the snapshot folder `m` describes another user's or open to others by
+/// its owner and mode alone (its access control list is the caller's to judge).
+fn not_private(m: &cap_std::fs::Metadata) -> Option<String> {
     use crate::confine::root::NotOurs as Why;
-    let problem = match crate::confine::root::not_ours(m) {
-        None => return Ok(()),
-        Some(Why::Owner(uid)) => format!(
+    match crate::confine::root::not_ours(m)? {
+        Why::Owner(uid) => Some(format!(
             "is owned by uid {uid}, not by this process's uid {}",
             crate::confine::root::euid()
-        ),
-        Some(Why::Writable { gid, mode }) => {
-            format!("is writable by other users (group {gid}, mode {mode:04o})")
-        }
-    };
-    Err(Refusal::new(
+        )),
+        Why::Writable { .. } => Some(writable_words(m, "")),
+    }
+}
+
+/// How a folder others may write in is described; `how`: the words
+/// `others_may_write` gives (how they may).
+fn writable_words(m: &cap_std::fs::Metadata, how: &str) -> String {
+    format!(
+        "is writable by other users{how} (group {}, mode {:04o})",
+        m.gid(),
+        m.mode() & 0o7777
+    )
+}
+
+/// The refusal (`reserved_path`) of the snapshot folder `rel` in `root`, which
+/// `problem` says is not private, and what that means here (`then`).
+fn not_private_refusal(root: &SandboxRoot, rel: &str, problem: &str, then: &str) -> Refusal {
+    Refusal::new(
         ReasonCode::ReservedPath,
         format!(
             "the snapshot folder {} {problem}, so {then}",
             shown_path(&root.path().join(rel).display().to_string())
         ),
-    ))
+    )
 }
 
 /// A file of a snapshot folder (`rel`) this process may not read (EACCES: another user

@@ -361,6 +361,78 @@ fn a_snapshot_folder_others_can_write_in_stops_every_write() {
     assert_eq!(status(&r), "success", "{r:?}");
 }
 
+/// An access control list giving another user write on `.rollback` or on a workflow's
+/// folder opens it to them as a mode would (the group bits then show only the list's
+/// mask): the plan is blocked before anything is written. A list naming only this
+/// process's user changes nothing.
+#[test]
+fn a_snapshot_folder_an_access_control_list_opens_to_others_stops_the_plan() {
+    let me = rustix::process::geteuid().as_raw();
+    let other = if me == 65534 { 65533 } else { 65534 };
+    let w = World::new();
+    w.write("doc.md", b"original\n");
+    let store = w.path(".rollback");
+    std::fs::create_dir_all(store.join("wf_acl")).unwrap();
+    for d in [store.clone(), store.join("wf_acl")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    if acl_giving_write(&store, other, true).is_err() {
+        eprintln!("no access control lists on this filesystem: skipped");
+        return;
+    }
+    let sb = w.sandbox();
+    let replace = |wf: &str| {
+        run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "doc.md", "content": "new\n"}]}),
+        )
+    };
+    let refused_for = |r: &ailab_sandbox_core::RunResult, folder: &str| {
+        assert_eq!(status(r), "blocked", "{r:?}");
+        assert_eq!(code(r, 0).as_deref(), Some("reserved_path"), "{r:?}");
+        let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains(&format!(
+                "{folder}' is writable by other users through its access control list"
+            )),
+            "{reason}"
+        );
+        assert_eq!(w.read("doc.md"), b"original\n");
+    };
+    let names = || {
+        let mut n: Vec<_> = std::fs::read_dir(&store)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    refused_for(&replace("wf_new"), ".rollback");
+    assert_eq!(names(), ["wf_acl"], "nothing written in the store");
+    let v = sb.check("replace_file", "doc.md", None, 4, None);
+    assert!(!v.allowed, "{v:?}");
+    assert_eq!(
+        v.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::ReservedPath)
+    );
+    // A mode without group write is the list's mask: it caps the other user's entry.
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(sb.check("replace_file", "doc.md", None, 4, None).allowed);
+
+    acl_giving_write(&store, me, true).unwrap();
+    acl_giving_write(&store.join("wf_acl"), other, true).unwrap();
+    refused_for(&replace("wf_acl"), ".rollback/wf_acl");
+    assert_eq!(std::fs::read_dir(store.join("wf_acl")).unwrap().count(), 0);
+    assert!(sb.check("replace_file", "doc.md", None, 4, None).allowed);
+    let r = replace("wf_mine");
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("doc.md"), b"new\n");
+
+    acl_giving_write(&store.join("wf_acl"), me, true).unwrap();
+    let r = replace("wf_acl");
+    assert_eq!(status(&r), "success", "{r:?}");
+}
+
 #[test]
 fn write_json_serializes_data_pretty() {
     let w = World::new();

@@ -257,6 +257,52 @@ fn a_snapshot_folder_others_could_change_is_not_read() {
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
+/// A snapshot folder an access control list opens to another user (the store, the
+/// workflow's or the action's folder) is not read either: its rollback is refused with
+/// `reserved_path` and it is not pruned, its snapshots kept; with a list naming only
+/// this process's user, it rolls back.
+#[test]
+fn a_snapshot_folder_an_access_control_list_opens_to_others_is_not_read() {
+    let me = rustix::process::geteuid().as_raw();
+    let other = if me == 65534 { 65533 } else { 65534 };
+    let (w, sb) = mark_replaced("wf_acl");
+    w.clock.advance(chrono::Duration::days(10));
+    for rel in [".rollback", ".rollback/wf_acl", ".rollback/wf_acl/a1"] {
+        if acl_giving_write(&w.path(rel), other, true).is_err() {
+            eprintln!("no access control lists on this filesystem: skipped");
+            return;
+        }
+        let info = sb.rollback_info("wf_acl").unwrap();
+        assert_eq!(
+            (info.rollback_available, info.reason_code),
+            (false, Some(ReasonCode::ReservedPath)),
+            "{rel}: {info:?}"
+        );
+        let rb = sb.rollback_workflow("wf_acl", &RollbackOptions::default());
+        assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
+        assert_eq!(
+            rb.reason_code,
+            Some(ReasonCode::ReservedPath),
+            "{rel}: {rb:?}"
+        );
+        let reason = rb.reason.unwrap();
+        assert!(
+            reason.contains(&format!(
+                "{rel}' is writable by other users through its access control list"
+            )) && reason.contains("its snapshots are kept"),
+            "{rel}: {reason}"
+        );
+        let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+        assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
+        assert!(w.path(".rollback/wf_acl/a1/meta.json").exists(), "{rel}");
+        assert!(w.path(".rollback/wf_acl/a1/backup").exists(), "{rel}");
+        assert_eq!(w.read("m.txt"), b"x", "{rel}");
+        acl_giving_write(&w.path(rel), me, true).unwrap();
+    }
+    rolls_back(&sb, "wf_acl");
+    assert_eq!(w.read("m.txt"), b"mark");
+}
+
 /// A genuine snapshot edited in place (its target renamed) no longer rolls back; put
 /// back as it was, it does.
 #[test]

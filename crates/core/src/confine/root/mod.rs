@@ -138,8 +138,8 @@ use refusal::{
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
 pub(crate) use walk::{
-    REFUSED_ABOVE, open_checked_dir, open_checked_dir_through_link, others_may_write,
-    probe_checked_dir_through_link,
+    REFUSED_ABOVE, list_may_give_write, open_checked_dir, open_checked_dir_through_link,
+    others_may_write, probe_checked_dir_through_link,
 };
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
