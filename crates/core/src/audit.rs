@@ -1382,6 +1382,22 @@ impl AuditLog {
         })
     }
 
+    /// The workflows whose trail records a write by an action of this id (an action id
+    /// is unique in its workflow only), sorted: for a rollback that named the action
+    /// under another workflow.
+    pub fn workflows_that_ran(&self, action_id: &str) -> io::Result<Vec<String>> {
+        self.with(|ix| {
+            let mut found: Vec<String> = ix
+                .workflows
+                .iter()
+                .filter(|(_, w)| w.ran.contains(action_id))
+                .map(|(id, _)| id.clone())
+                .collect();
+            found.sort_unstable();
+            found
+        })
+    }
+
     /// The rate limiter's state for a workflow at `now` (epoch seconds): the GCRA
     /// theoretical arrival time of its executed writes (successful, not rollbacks),
     /// replayed from the durable log. Writes dated after `now` (the clock was set back

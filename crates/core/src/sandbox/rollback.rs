@@ -970,8 +970,9 @@ impl Sandbox {
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "there are no snapshots for {}{why}; nothing can be rolled back",
-                    what()
+                    "there are no snapshots for {}{why}; nothing can be rolled back{}",
+                    what(),
+                    self.ran_elsewhere(opts.action_id.as_deref(), &trail)
                 ),
                 Vec::new(),
             ));
@@ -987,6 +988,25 @@ impl Sandbox {
             ));
         }
         Ok((chosen, pruned))
+    }
+
+    /// For an action this workflow's `trail` does not know: the workflows whose trail
+    /// records it, as words to add to the refusal (empty when none does).
+    fn ran_elsewhere(&self, action_id: Option<&str>, trail: &[SandboxAuditEntry]) -> String {
+        let Some(a) = action_id.filter(|a| !trail.iter().any(|e| e.action_id == *a)) else {
+            return String::new();
+        };
+        let found = self.audit.workflows_that_ran(a).unwrap_or_default();
+        if found.is_empty() {
+            return String::new();
+        }
+        let shown: Vec<String> = found.iter().map(|w| shown_path(w)).collect();
+        let plural = if found.len() == 1 { "" } else { "s" };
+        format!(
+            "; the audit trail records action {} in workflow{plural} {}: name its workflow to roll it back",
+            shown_path(a),
+            named(&shown)
+        )
     }
 
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {

@@ -160,6 +160,37 @@ fn single_action_rollback() {
     );
     let rb = rollback_action(&sb, "wf_five", "zz", false);
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    assert!(!rb.reason.unwrap().contains("records action"));
+}
+
+/// An action named under a workflow that never ran it is refused, naming the workflow
+/// whose trail records it, so that the caller can name it (nothing is restored).
+#[test]
+fn an_action_named_under_another_workflow_is_told_where_it_ran() {
+    let w = World::new();
+    seed(&w);
+    let sb = w.sandbox();
+    run(&sb, five_actions());
+    let other = json!({"workflow_id": "wf_other", "actions": [
+        {"action_id": "a3", "intent": "create_file", "path": "other.txt", "content": "o\n"}]});
+    assert_eq!(status(&run(&sb, other)), "success");
+    for (wf, action, named) in [
+        ("wf_none", "a2", "in workflow 'wf_five':"),
+        ("wf_other", "a2", "in workflow 'wf_five':"),
+        ("wf_none", "a3", "in workflows 'wf_five', 'wf_other':"),
+    ] {
+        let rb = rollback_action(&sb, wf, action, false);
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+        let reason = rb.reason.unwrap();
+        assert!(
+            reason.contains(&format!(
+                "records action '{action}' {named} name its workflow"
+            )),
+            "{reason}"
+        );
+    }
+    assert_eq!(w.read("log.txt"), b"start\nmore\n");
+    assert_eq!(w.read("other.txt"), b"o\n");
 }
 
 #[test]

@@ -85,6 +85,26 @@ async fn rollback_action_undoes_one_write() {
         .err("rollback_action", json!({"action_id": "act_unknown"}))
         .await;
     assert!(text(&r).contains("no_rollback_data"), "{}", text(&r));
+    // An action of another workflow, named without it: the refusal names its workflow.
+    let r = s
+        .ok(
+            "create_file",
+            json!({"path": "elsewhere.md", "content": "e\n", "workflow_id": "wf_elsewhere"}),
+        )
+        .await;
+    let action = structured(&r)["actions"][0]["action_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = s.err("rollback_action", json!({"action_id": action})).await;
+    assert!(
+        text(&r).contains(&format!(
+            "records action '{action}' in workflow 'wf_elsewhere': name its workflow"
+        )) && text(&r).contains("call rollback_action again with that workflow_id"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(s.read("elsewhere.md"), b"e\n");
     s.finish().await;
 }
 
