@@ -79,7 +79,9 @@ impl Field {
             Kind::Id => json!({"type": "string", "pattern": ID_PATTERN}),
             Kind::Bool => json!({"type": "boolean"}),
             Kind::Uint { min, max } => json!({"type": "integer", "minimum": min, "maximum": max}),
-            Kind::Any => json!({}),
+            // Every JSON type but null, which the runtime refuses (no file is written
+            // for nothing): an empty schema would let a client send it.
+            Kind::Any => json!({"type": ["object", "array", "string", "number", "boolean"]}),
             Kind::Edits => json!({
                 "type": "array",
                 "minItems": 1,

@@ -160,6 +160,14 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
         read.annotations.as_ref().unwrap().read_only_hint,
         Some(true)
     );
+    for name in ["write_json", "write_yaml"] {
+        let tool = tools.iter().find(|t| t.name == name).unwrap();
+        assert_eq!(
+            tool.input_schema["properties"]["data"]["type"],
+            serde_json::json!(["object", "array", "string", "number", "boolean"]),
+            "{name}: null is refused, so the schema does not offer it"
+        );
+    }
     let rb = tools.iter().find(|t| t.name == "rollback_action").unwrap();
     assert_eq!(
         rb.input_schema["required"],
