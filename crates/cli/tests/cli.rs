@@ -1684,7 +1684,7 @@ fn human_output_escapes_text_direction_marks() {
     let p = e.write_plan(
         "rtl.json",
         &json!({"workflow_id": "wf_rtl", "actions": [
-            {"intent": "create_file", "path": "report\u{202e}dm\u{2029}\u{200b}.txt", "content": "x"}]}),
+            {"intent": "create_file", "path": "report\u{2029}dm\u{200b}.txt", "content": "x"}]}),
     );
     for args in [
         vec!["--enable-write", "--no-dry-run", "run"],
@@ -1692,7 +1692,7 @@ fn human_output_escapes_text_direction_marks() {
     ] {
         let (code, text) = human_output(&e, &args, &p);
         assert_eq!(code, Some(0), "{args:?}");
-        for c in ['\u{202e}', '\u{2029}', '\u{200b}'] {
+        for c in ['\u{2029}', '\u{200b}'] {
             assert!(!text.contains(c), "{args:?}: {text}");
             assert!(
                 text.contains(&c.escape_default().to_string()),
@@ -1700,6 +1700,19 @@ fn human_output_escapes_text_direction_marks() {
             );
         }
     }
+    // An override is refused (it would make the name read otherwise), and escaped in
+    // the refusal and on the trail's listing.
+    let p = e.write_plan(
+        "rlo.json",
+        &json!({"workflow_id": "wf_rlo", "actions": [
+            {"intent": "create_file", "path": "report\u{202e}dm.txt", "content": "x"}]}),
+    );
+    for args in [vec!["--enable-write", "--no-dry-run", "run"], vec!["audit"]] {
+        let (_, text) = human_output(&e, &args, &p);
+        assert!(!text.contains('\u{202e}'), "{args:?}: {text}");
+        assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
+    }
+    assert!(!e.root.join("report\u{202e}dm.txt").exists());
 }
 
 /// A write past the file-size limit (`ulimit -f`) fails like any I/O error: the process

@@ -487,9 +487,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         .size_bytes
                         .map_or_else(String::new, |n| format!("  ({})", render::bytes(n)));
                     let slash = if e.kind == "directory" { "/" } else { "" };
-                    // A name is one line of the list: control characters are escaped (no
-                    // tool accepts such a path anyway).
-                    let control = e.name.chars().any(char::is_control);
+                    // A name is one line of the list, read as it is written: control and
+                    // bidirectional formatting characters are escaped (no tool accepts
+                    // such a path anyway).
+                    let control = e.name.chars().any(|c| {
+                        c.is_control() || ailab_sandbox_core::confine::path::is_bidi_control(c)
+                    });
                     let name = if control {
                         shown_path(&e.name)
                     } else {
@@ -498,7 +501,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     let note = if e.name.eq_ignore_ascii_case(".rollback") {
                         "  (reserved: rollback snapshots, never writable)"
                     } else if control {
-                        "  (control characters in the name: no tool can address it)"
+                        "  (control or bidirectional formatting characters in the name: no tool can address it)"
                     } else if e.not_utf8 {
                         "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
                     } else if e.other_links {

@@ -66,7 +66,13 @@ impl std::fmt::Display for RelPath {
     }
 }
 
-/// Refuses NUL and control characters, `~` at the start, `..` and `.` components, empty
+/// Whether `c` is a bidirectional formatting character: an embedding, override or
+/// isolate, or a mark (Unicode's `Bidi_Control`).
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Refuses NUL and control characters, bidirectional formatting characters, `~` at the start, `..` and `.` components, empty
 /// components and backslashes. The string is taken literally: never decoded, expanded or
 /// trimmed.
 pub fn detect_path_traversal(path: &str) -> Verdict {
@@ -93,6 +99,15 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
         return Err(slip(Refusal::new(
             ReasonCode::PathTraversal,
             format!("the path {shown} contains a control character; paths may not contain them"),
+        )));
+    }
+    if let Some(c) = path.chars().find(|c| is_bidi_control(*c)) {
+        return Err(slip(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!(
+                "the path {shown} contains the bidirectional formatting character U+{:04X}, which makes a name read otherwise than it is written (`a\\u{{202E}}txt.sh` shows as `ahs.txt`); paths may not contain them (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069)",
+                c as u32
+            ),
         )));
     }
     if path.starts_with('~') {

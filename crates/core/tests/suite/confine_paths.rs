@@ -91,6 +91,28 @@ fn control_characters_are_refused() {
     }
 }
 
+/// A name that reads otherwise than it is written (`a\u{202E}txt.sh` shows as `ahs.txt`) is
+/// refused, the character named and escaped in the reason.
+#[test]
+fn bidirectional_formatting_characters_are_refused() {
+    for c in [
+        '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}',
+    ] {
+        let p = format!("notes/invoice{c}txt.sh");
+        let refusal = detect_path_traversal(&p).unwrap_err();
+        assert_eq!(refusal.reason_code, ReasonCode::PathTraversal, "{p:?}");
+        assert!(!refusal.reason.contains(c), "{}", refusal.reason);
+        assert!(
+            refusal.reason.contains(&format!("U+{:04X}", c as u32)),
+            "{}",
+            refusal.reason
+        );
+    }
+    // Right-to-left text itself needs none of them.
+    assert!(detect_path_traversal("notes/שלום.md").is_ok());
+    assert!(detect_path_traversal("notes/مرحبا.md").is_ok());
+}
+
 #[test]
 fn control_character_is_escaped_in_the_reason() {
     let refusal = detect_path_traversal("evil\nline.txt").unwrap_err();

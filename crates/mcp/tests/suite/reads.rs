@@ -163,6 +163,35 @@ async fn a_listed_name_is_one_line() {
     s.finish().await;
 }
 
+/// A name that would read otherwise than it is written (a right-to-left override) is
+/// listed escaped and said to be unaddressable; writing one is refused.
+#[tokio::test]
+async fn a_name_with_a_direction_override_is_listed_escaped() {
+    let s = Session::start(Mode::Write).await;
+    s.ok("create_directory", json!({"path": "d"})).await;
+    std::fs::write(s.path("d/invoice\u{202E}txt.sh"), b"x").unwrap();
+    let r = s.ok("list_directory", json!({"path": "d"})).await;
+    let t = text(&r);
+    assert!(!t.contains('\u{202E}'), "{t}");
+    assert!(
+        t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control or bidirectional formatting characters in the name: no tool can address it)"),
+        "{t}"
+    );
+    let r = s
+        .err(
+            "create_file",
+            json!({"path": "d/report\u{202E}dm.sh", "content": "x"}),
+        )
+        .await;
+    assert!(
+        text(&r).contains("path_traversal") && text(&r).contains("U+202E"),
+        "{}",
+        text(&r)
+    );
+    assert!(!s.path("d/report\u{202E}dm.sh").exists());
+    s.finish().await;
+}
+
 /// A name that is not UTF-8 is listed as a likeness (U+FFFD for its stray bytes), and
 /// said to be one: a file really named with U+FFFD would otherwise look the same, and a
 /// read of the likeness reads that other file.
