@@ -426,8 +426,11 @@ impl StateDir {
     /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq
     /// the last prune there reached, if any prune did. A mark of the first format (one
     /// seq, then the roots, one per line) gives its seq to each of its roots.
+    /// A mark that reads as neither format is an `InvalidData` error saying so: taken for
+    /// none, the snapshots its prunes removed would be called missing.
     pub fn prune_mark(&self, workflow: &str) -> io::Result<Option<Vec<(String, u64)>>> {
-        let Some(bytes) = self.read_optional(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))? else {
+        let rel = format!("{INFLIGHT_DIR}/{workflow}.pruned");
+        let Some(bytes) = self.read_optional(&rel)? else {
             return Ok(None);
         };
         if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -450,7 +453,12 @@ impl StateDir {
         let text = String::from_utf8_lossy(&bytes);
         let mut lines = text.trim_end().split('\n').filter(|l| !l.is_empty());
         let Some(seq) = lines.next().and_then(|l| l.trim().parse().ok()) else {
-            return Ok(None);
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the state directory's {rel} is damaged: it reads as no record of prunes, so which of the workflow's snapshots its prunes removed cannot be told; restore it from a backup of the state directory, or remove it (the writes whose snapshots are gone are then said to be missing)"
+                ),
+            ));
         };
         Ok(Some(lines.map(|r| (r.to_owned(), seq)).collect()))
     }

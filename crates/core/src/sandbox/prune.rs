@@ -233,6 +233,15 @@ impl Sandbox {
         // process is not configured with.
         self.state
             .prune_mark(wf)
+            .or_else(|e| match e.kind() {
+                // Replaced by this prune's: what it says of the roots pruned now is
+                // whole again; the roots only a damaged mark named are not.
+                std::io::ErrorKind::InvalidData => {
+                    tracing::warn!(error = %e, "replacing a damaged prune record");
+                    Ok(None)
+                }
+                _ => Err(e),
+            })
             .and_then(|earlier| {
                 let seq = self.audit.last_seq()?;
                 let mut pruned = earlier.unwrap_or_default();

@@ -463,6 +463,40 @@ fn twenty_five_writes(wf: &str, prefix: &str) -> (World, ailab_sandbox_core::San
     (w, sb)
 }
 
+/// A prune record damaged by hand is said to be damaged (it was taken for none, and
+/// the pruned snapshots called missing without a word of it); removed, the snapshots it
+/// recorded are missing.
+#[test]
+fn a_damaged_prune_record_is_named() {
+    let (w, sb) = twenty_five_writes("wf_mark", "m");
+    w.clock.advance(chrono::Duration::days(10));
+    // A prune replaces a damaged record with its own.
+    let mark = w.state.join("inflight/wf_mark.pruned");
+    std::fs::write(&mark, b"junk").unwrap();
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_mark"]);
+    let rb = sb.rollback_workflow("wf_mark", &RollbackOptions::default());
+    let why = rb.reason.unwrap();
+    assert!(
+        why.contains("25 write(s) had their snapshots pruned"),
+        "{why}"
+    );
+    std::fs::write(&mark, b"{\"damaged\": true}").unwrap();
+    let rb = sb.rollback_workflow("wf_mark", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    let why = rb.reason.unwrap();
+    assert!(
+        why.contains("inflight/wf_mark.pruned is damaged") && !why.contains("are missing from"),
+        "{why}"
+    );
+    assert!(w.root.join("m0.txt").exists());
+    std::fs::remove_file(&mark).unwrap();
+    let rb = sb.rollback_workflow("wf_mark", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    let why = rb.reason.unwrap();
+    assert!(why.contains("are missing from"), "{why}");
+}
+
 /// A refusal about a workflow of many pruned writes names twenty and counts the rest:
 /// it is answered, and kept on the trail, as one sentence.
 #[test]
