@@ -7,7 +7,7 @@
 use crate::artifact::{ARTIFACTS_FILE, ArtifactEntry};
 use crate::catalog::MutationClass;
 use crate::confine::path::shown_path;
-use crate::confine::state::{BlockFile, LogFile, StateDir, StateFile};
+use crate::confine::state::{BLOCK, BlockFile, LogFile, StateDir, StateFile};
 use crate::failpoint::FailPoints;
 use crate::hash::to_hex;
 use crate::journal::{Journal, Piece, scan};
@@ -828,6 +828,17 @@ enum HeadFile {
     At(Head),
 }
 
+/// The head file `len` bytes long, whose first block is `first`: the one block the
+/// runtime writes, or damaged.
+fn head_in(len: u64, first: &[u8]) -> HeadFile {
+    if len > BLOCK as u64 {
+        return HeadFile::Damaged(format!(
+            "it is {len} bytes long, where the runtime writes one block of {BLOCK}"
+        ));
+    }
+    parse_head(first)
+}
+
 fn parse_head(bytes: &[u8]) -> HeadFile {
     match serde_json::from_slice::<Head>(bytes) {
         Ok(h) => HeadFile::At(h),
@@ -978,7 +989,7 @@ impl AuditLog {
             k.file = self.state.open_block(HEAD_FILE)?;
         }
         Ok(match &k.file {
-            Some(f) => parse_head(&f.read()?),
+            Some(f) => head_in(f.len()?, &f.read()?),
             None => HeadFile::Missing,
         })
     }
@@ -1462,8 +1473,11 @@ impl AuditLog {
         let g = self.inner.lock()?;
         g.0.scan_all_with(
             || {
-                let head = self.state.read_optional(HEAD_FILE)?;
-                Ok(TrailCheck::new(head.as_deref(), gather))
+                let head = match self.state.open_block(HEAD_FILE)? {
+                    Some(f) => head_in(f.len()?, &f.read()?),
+                    None => HeadFile::Missing,
+                };
+                Ok(TrailCheck::new(head, gather))
             },
             |check, piece| Ok(check.piece(piece)),
         )
@@ -1691,12 +1705,23 @@ pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
 /// does when the logs were written with durable appends.
 pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Result<VerifyReport> {
     let mut files =
-        StateDir::open_without_opening(state_dir, &[AUDIT_FILE, ARTIFACTS_FILE])?.into_iter();
-    let (log, registered) = (files.next().flatten(), files.next().flatten());
-    let head = StateDir::read_without_opening(state_dir, &[HEAD_FILE], u64::MAX)?
-        .pop()
-        .flatten();
-    let mut check = TrailCheck::new(head.as_deref(), registry);
+        StateDir::open_without_opening(state_dir, &[AUDIT_FILE, HEAD_FILE, ARTIFACTS_FILE])?
+            .into_iter();
+    let (log, head, registered) = (
+        files.next().flatten(),
+        files.next().flatten(),
+        files.next().flatten(),
+    );
+    let head = match head {
+        Some(f) => {
+            let len = f.len()?;
+            let mut first = vec![0; len.min(BLOCK as u64) as usize];
+            f.read_exact_at(&mut first, 0)?;
+            head_in(len, &first)
+        }
+        None => HeadFile::Missing,
+    };
+    let mut check = TrailCheck::new(head, registry);
     if let Some(log) = &log {
         let read_at = |buf: &mut [u8], at: u64| log.read_exact_at(buf, at);
         scan(&read_at, 0, log.len()?, &mut |piece| Ok(check.piece(piece)))?;
@@ -1834,11 +1859,10 @@ struct TrailCheck {
 }
 
 impl TrailCheck {
-    /// `head`: the head file's bytes (`None`: there is none). `gather`: whether the
-    /// writes are gathered too.
-    fn new(head: Option<&[u8]>, gather: bool) -> Self {
+    /// `head`: what the head file holds. `gather`: whether the writes are gathered too.
+    fn new(head: HeadFile, gather: bool) -> Self {
         Self {
-            head: head.map_or(HeadFile::Missing, parse_head),
+            head,
             gather,
             prev: GENESIS_HASH.to_owned(),
             expected_seq: 1,

@@ -896,6 +896,16 @@ pub struct BlockFile {
 }
 
 impl BlockFile {
+    /// The file's length in bytes: one block, as the runtime writes it.
+    pub fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
     /// The block's bytes (at most one block).
     pub fn read(&self) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; BLOCK];

@@ -2208,3 +2208,30 @@ fn a_long_line_in_the_trail_or_the_registry_is_named_and_passed_over() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(!w.root.join("f2.txt").exists());
 }
+
+/// A head file longer than the block the runtime writes (its JSON followed by a MiB of
+/// spaces, say) is damaged: `audit verify` says so both ways (it failed to read it, exit
+/// 2), and a process that appends says so too (it read the first block and went on).
+#[test]
+fn an_oversized_head_file_is_damaged() {
+    let (w, sb) = audited_world(2);
+    drop(sb);
+    let head = w.state.join("sandbox_audit.head.json");
+    let mut bytes = std::fs::read(&head).unwrap();
+    bytes.resize(2 << 20, b' ');
+    std::fs::write(&head, &bytes).unwrap();
+    for v in verified_both_ways(&w) {
+        assert!(!v.ok, "{v:?}");
+        let reason = v.reason.unwrap();
+        assert!(
+            reason.contains(
+                "is damaged (it is 2097152 bytes long, where the runtime writes one block of 4096)"
+            ),
+            "{reason}"
+        );
+    }
+    let sb = w.open(strict(&w));
+    one_more_line(&sb, "after.txt");
+    let problem = sb.audit_log().head_problem().unwrap_or_default();
+    assert!(problem.contains("is damaged"), "{problem}");
+}
