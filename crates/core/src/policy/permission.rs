@@ -22,7 +22,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 44] = [
+const SHELL_TOOLS: [&str; 58] = [
     "shell",
     "sh",
     "bash",
@@ -67,6 +67,20 @@ const SHELL_TOOLS: [&str; 44] = [
     "runuser",
     "ssh",
     "pkexec",
+    "npx",
+    "bunx",
+    "bun",
+    "tsx",
+    "ts_node",
+    "rscript",
+    "julia",
+    "osascript",
+    "cscript",
+    "wscript",
+    "awk",
+    "gawk",
+    "tmux",
+    "xterm",
 ];
 
 /// Words that name a shell or a runner of code wherever they stand in a tool's name,
@@ -106,7 +120,9 @@ const RUNNERS: [&str; 5] = [
 ];
 
 /// What a script is called by: a tool that is a script runs commands.
-const SCRIPT_ENDINGS: [&str; 6] = [".sh", ".bash", ".zsh", ".ps1", ".bat", ".cmd"];
+const SCRIPT_ENDINGS: [&str; 10] = [
+    ".sh", ".bash", ".zsh", ".ps1", ".bat", ".cmd", ".py", ".pl", ".rb", ".vbs",
+];
 
 /// Whether a tool names a shell, however it is spelled: `/bin/bash`, `BASH `, `bash -c`,
 /// `bash;`, `/usr/bin/env bash`, `env -i sh`, `docker exec c sh`, `cmd.exe`,
@@ -136,8 +152,11 @@ fn is_shell_tool(tool: &str) -> bool {
     let named = words.iter().any(|w| {
         let b = base(w);
         let unversioned = b.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        // A member of a namespace (`functions.exec`) is a name too.
+        let member = b.rsplit('.').next().unwrap_or_default();
         SHELL_TOOLS.contains(&b.as_str())
             || SHELL_TOOLS.contains(&unversioned)
+            || SHELL_TOOLS.contains(&member)
             || RUNNERS.contains(&b.as_str())
             || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
     });

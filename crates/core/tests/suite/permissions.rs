@@ -187,6 +187,22 @@ fn shell_tools_make_any_intent_forbidden() {
         "\u{ff42}\u{ff41}\u{ff53}\u{ff48}",
         "bas\u{200b}h",
         "\u{441}hmod",
+        "npx",
+        "bunx",
+        "bun",
+        "tsx",
+        "ts-node",
+        "Rscript",
+        "julia",
+        "osascript",
+        "cscript.exe",
+        "awk",
+        "tmux",
+        "xterm",
+        "deploy.py",
+        "tools/run.pl",
+        "functions.exec",
+        "mcp.terminal",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -227,6 +243,10 @@ fn shell_tools_make_any_intent_forbidden() {
         "NotebookEdit",
         "spawn_agent",
         "eval_results",
+        "make_directory",
+        "npm_docs",
+        "bundle_notes",
+        "publish.markdown",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
