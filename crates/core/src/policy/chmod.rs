@@ -179,15 +179,22 @@ pub fn detect_chmod_intent(text: &str) -> Option<&'static str> {
 }
 
 /// `text` as a reader sees it, so that a request cannot hide from the patterns behind
-/// look-alike letters: invisible code points dropped (`ch\u{200d}mod`), full-width forms
-/// read as ASCII (`ｃｈｍｏｄ`), and the Cyrillic and Greek letters drawn like Latin ones read
-/// as those (`сhmod` with a Cyrillic `с`).
+/// look-alike letters: invisible code points dropped (`ch\u{200d}mod`), compatibility
+/// forms read as the letters they are drawn as (full-width `ｃｈｍｏｄ`, mathematical bold,
+/// circled), accents dropped (`chmód`), and the Cyrillic and Greek letters and the small
+/// capitals drawn like Latin ones read as those (`сhmod` with a Cyrillic `с`, `ᴄʜᴍᴏᴅ`).
 pub(crate) fn plain(text: &str) -> String {
-    text.chars()
-        .filter(|&c| !crate::confine::path::is_ignorable(c))
-        .map(|c| match u32::from(c) {
-            0xFF01..=0xFF5E => char::from_u32(u32::from(c) - 0xFEE0).unwrap_or(c),
-            0x3000 => ' ',
+    use unicode_normalization::UnicodeNormalization as _;
+    // Compatibility decomposition reads full-width forms, mathematical and circled
+    // letters, superscripts and ligatures as the letters they are drawn as (`𝐜𝐡𝐦𝐨𝐝`,
+    // `ｃｈｍｏｄ`, `ⓒhmod`); the marks it splits off accented letters are dropped.
+    text.nfkd()
+        .filter(|&c| {
+            !crate::confine::path::is_ignorable(c)
+                && !unicode_normalization::char::is_combining_mark(c)
+        })
+        .map(|c| match c {
+            '\u{3000}' => ' ',
             _ => look_alike(c).unwrap_or(c),
         })
         .collect()
@@ -230,6 +237,31 @@ fn look_alike(c: char) -> Option<char> {
         'Т' | 'Τ' => 'T',
         'Х' | 'Χ' => 'X',
         'У' | 'Υ' => 'Y',
+        // Small capitals, which no decomposition reads as letters.
+        'ᴀ' => 'a',
+        'ʙ' => 'b',
+        'ᴄ' => 'c',
+        'ᴅ' => 'd',
+        'ᴇ' => 'e',
+        'ꜰ' => 'f',
+        'ɢ' => 'g',
+        'ʜ' => 'h',
+        'ɪ' => 'i',
+        'ᴊ' => 'j',
+        'ᴋ' => 'k',
+        'ʟ' => 'l',
+        'ᴍ' => 'm',
+        'ɴ' => 'n',
+        'ᴏ' => 'o',
+        'ᴘ' => 'p',
+        'ʀ' => 'r',
+        'ꜱ' => 's',
+        'ᴛ' => 't',
+        'ᴜ' => 'u',
+        'ᴠ' => 'v',
+        'ᴡ' => 'w',
+        'ʏ' => 'y',
+        'ᴢ' => 'z',
         _ => return None,
     })
 }

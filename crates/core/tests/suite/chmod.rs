@@ -198,6 +198,13 @@ fn look_alike_spellings_are_detected() {
         "ch\u{ad}mod 755 deploy.sh",
         "make it exe\u{200b}cutable",
         "m\u{430}ke it executable",
+        // Mathematical bold, circled letters, small capitals, accents, a ligature.
+        "\u{1d41c}\u{1d421}\u{1d426}\u{1d428}\u{1d41d} +x deploy.sh",
+        "\u{24d2}\u{24d7}\u{24dc}\u{24de}\u{24d3} 755 deploy.sh",
+        "\u{1d04}\u{29c}\u{1d0d}\u{1d0f}\u{1d05} 755 deploy.sh",
+        "chm\u{f3}d +x deploy.sh",
+        "make it exe\u{301}cutable",
+        "set the \u{1d41e}\u{1d431}\u{1d41e}\u{1d41c}\u{1d42e}\u{1d42d}\u{1d41a}\u{1d41b}\u{1d425}\u{1d41e} bit",
     ] {
         assert!(flagged(text), "{text:?}");
     }
