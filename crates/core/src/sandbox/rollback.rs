@@ -972,7 +972,7 @@ impl Sandbox {
                 format!(
                     "there are no snapshots for {}{why}; nothing can be rolled back{}",
                     what(),
-                    self.ran_elsewhere(opts.action_id.as_deref(), &trail)
+                    self.ran_elsewhere(workflow_id, opts.action_id.as_deref())
                 ),
                 Vec::new(),
             ));
@@ -990,10 +990,12 @@ impl Sandbox {
         Ok((chosen, pruned))
     }
 
-    /// For an action this workflow's `trail` does not know: the workflows whose trail
-    /// records it, as words to add to the refusal (empty when none does).
-    fn ran_elsewhere(&self, action_id: Option<&str>, trail: &[SandboxAuditEntry]) -> String {
-        let Some(a) = action_id.filter(|a| !trail.iter().any(|e| e.action_id == *a)) else {
+    /// For an action the trail records no write of in `workflow_id`: the workflows
+    /// whose trail records one, as words to add to the refusal (empty when none does).
+    /// Asked of the writes only: a refused rollback of the action is on the trail too.
+    fn ran_elsewhere(&self, workflow_id: &str, action_id: Option<&str>) -> String {
+        let Some(a) = action_id.filter(|a| !self.audit.ran_action(workflow_id, a).unwrap_or(true))
+        else {
             return String::new();
         };
         let found = self.audit.workflows_that_ran(a).unwrap_or_default();
