@@ -344,7 +344,9 @@ fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
 /// this keeps both cores busy and overlaps the index inserts with it.
 fn load(journal: &mut Journal, index: &mut Index) -> io::Result<()> {
     use std::sync::mpsc::{Receiver, sync_channel};
-    let total = journal.len()?;
+    // What the lines can take: a hole (a sparse file's, which costs no disk) holds no
+    // entry, and must not make room for any.
+    let total = journal.len()?.min(journal.allocated()?);
     std::thread::scope(|scope| {
         let mut to_parser = Vec::new();
         let mut from_parser: Vec<Receiver<(usize, Parsed)>> = Vec::new();

@@ -1781,7 +1781,7 @@ fn registry_entries(file: &StateFile) -> io::Result<(Vec<ArtifactEntry>, u64)> {
         Ok(ControlFlow::Continue(()))
     })?;
     // A cut line that still reads whole is an entry, as the runtime's reader takes it.
-    if len - end <= crate::journal::MAX_LINE {
+    if len - end < crate::journal::MAX_LINE {
         let mut cut = vec![0; (len - end) as usize];
         file.read_exact_at(&mut cut, end)?;
         entries.extend(serde_json::from_slice::<ArtifactEntry>(&cut).ok());

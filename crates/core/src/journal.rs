@@ -136,6 +136,11 @@ impl Journal {
         self.file.len()
     }
 
+    /// The bytes of disk the file takes (see [`LogFile::allocated`]).
+    pub fn allocated(&self) -> io::Result<u64> {
+        self.file.allocated()
+    }
+
     /// Whether the file is empty.
     pub fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
@@ -499,21 +504,23 @@ pub enum Piece {
 
 /// Reads the whole lines between `from` (a line boundary) and `to` through `read_at`
 /// (a positional read that fills its buffer), handing them to `sink` in order, a few
-/// MiB at a time, until it breaks off. At most [`MAX_LINE`] plus a chunk is held at
-/// once, however long a line: one longer than that is handed on as
-/// [`Piece::Overlong`], and one up to that long may be. Returns where the last whole line
-/// read ends: bytes after it are a torn line or one being written.
+/// MiB at a time, until it breaks off. A line longer than [`MAX_LINE`] (its newline
+/// counted) is handed on as [`Piece::Overlong`] wherever it stands, and never held
+/// whole: at most `MAX_LINE` plus a chunk is held at once. Returns where the last whole
+/// line read ends: bytes after it are a torn line or one being written.
 pub fn scan(
     read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
     from: u64,
     to: u64,
     sink: &mut dyn FnMut(Piece) -> io::Result<ControlFlow<()>>,
 ) -> io::Result<u64> {
-    const CHUNK: u64 = 8 << 20;
+    // A line that begins and ends in one chunk is never too long: only the first line of
+    // a read, begun before its chunk, needs measuring.
+    const CHUNK: u64 = MAX_LINE;
     let mut pos = from;
-    // The start of a line not yet ended, read before `pos`.
+    // The start of a line not yet ended, read before `pos` (shorter than `MAX_LINE`).
     let mut carry: Vec<u8> = Vec::new();
-    // Where a line too long to hold began, while its end is looked for.
+    // Where a line known to be too long began, while its end is looked for.
     let mut overlong: Option<u64> = None;
     while pos < to {
         let n = (to - pos).min(CHUNK);
@@ -525,16 +532,26 @@ pub fn scan(
         buf.resize(kept + n as usize, 0);
         read_at(&mut buf[kept..], pos)?;
         pos += n;
+        let start = overlong.unwrap_or(base);
         let mut begin = 0;
-        if let Some(start) = overlong {
-            let Some(i) = memchr::memchr(b'\n', &buf) else {
+        match memchr::memchr(b'\n', &buf) {
+            None if overlong.is_some() || buf.len() as u64 >= MAX_LINE => {
+                overlong = Some(start);
                 continue;
-            };
-            overlong = None;
-            begin = i + 1;
-            if sink(Piece::Overlong(start, base + begin as u64 - start))?.is_break() {
-                return Ok(base + begin as u64);
             }
+            None => {
+                carry = buf;
+                continue;
+            }
+            Some(i) if base + i as u64 + 1 - start > MAX_LINE => {
+                overlong = None;
+                begin = i + 1;
+                let len = base + begin as u64 - start;
+                if sink(Piece::Overlong(start, len))?.is_break() {
+                    return Ok(base + begin as u64);
+                }
+            }
+            Some(_) => {}
         }
         let end = memchr::memrchr(b'\n', &buf[begin..]).map_or(begin, |i| begin + i + 1);
         carry = buf.split_off(end);
@@ -543,10 +560,6 @@ pub fn scan(
             if sink(Piece::Lines(base + begin as u64, buf))?.is_break() {
                 return Ok(base + end as u64);
             }
-        }
-        if carry.len() as u64 > MAX_LINE {
-            overlong = Some(base + end as u64);
-            carry = Vec::new();
         }
     }
     Ok(overlong.unwrap_or(pos - carry.len() as u64))
@@ -853,6 +866,39 @@ mod scan_tests {
         let (pieces, end) = scanned(&many);
         assert_eq!(pieces, [Piece::Lines(0, many.clone())]);
         assert_eq!(end, many.len() as u64);
+    }
+
+    /// The limit is the same wherever a line falls against the chunks: a line of
+    /// `MAX_LINE` bytes, its newline counted, is whole; one byte more is passed over.
+    #[test]
+    fn the_limit_does_not_depend_on_where_a_line_falls() {
+        let m = MAX_LINE as usize;
+        for before in [0, 1, 2, 1000, m / 2, m - 3, m - 2, m - 1] {
+            for (len, whole) in [(m, true), (m + 1, false)] {
+                let mut bytes = Vec::new();
+                if before > 0 {
+                    bytes.resize(before - 1, b'a');
+                    bytes.push(b'\n');
+                }
+                let at = bytes.len() as u64;
+                bytes.resize(bytes.len() + len - 1, b'b');
+                bytes.extend_from_slice(b"\n{}\n");
+                let (pieces, end) = scanned(&bytes);
+                assert_eq!(end, bytes.len() as u64);
+                let long = pieces.iter().find(|p| match p {
+                    Piece::Overlong(start, _) => *start == at,
+                    Piece::Lines(start, lines) => *start <= at && *start + lines.len() as u64 > at,
+                });
+                match long {
+                    Some(Piece::Overlong(_, n)) => {
+                        assert!(!whole, "{before} {len}");
+                        assert_eq!(*n, len as u64);
+                    }
+                    Some(Piece::Lines(..)) => assert!(whole, "{before} {len}"),
+                    None => panic!("{before} {len}: no piece holds the line"),
+                }
+            }
+        }
     }
 
     #[test]

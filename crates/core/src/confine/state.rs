@@ -1177,6 +1177,13 @@ impl LogFile {
         Ok(self.file.metadata()?.len())
     }
 
+    /// The bytes of disk the file takes: less than its length where it has holes,
+    /// which read as zeros and cost nothing.
+    pub fn allocated(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        Ok(self.file.metadata()?.blocks().saturating_mul(512))
+    }
+
     /// Whether the file is empty.
     pub fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
