@@ -190,219 +190,25 @@ impl Sandbox {
         }
         config.validate()?;
         let mut notices = Vec::new();
-        // Before any root is made: one that would lie inside the state directory would be
-        // made there (and the state directory's own folders after it) only to be refused.
-        for r in &config.roots {
-            if let Some(inside) = lies_inside(r, &config.state_dir) {
-                return Err(root_inside_state_dir(&inside, &config.state_dir));
-            }
-        }
-        // Nor one inside another once symbolic links are followed (also through parts
-        // not made yet): it would be made through the link only to be refused below.
-        for (i, a) in config.roots.iter().enumerate() {
-            for b in config.roots.iter().skip(i + 1) {
-                if let Some((outer, inner)) = [(a, b), (b, a)]
-                    .into_iter()
-                    .find(|(o, inner)| lies_inside(inner, o).is_some())
-                {
-                    return Err(Error::RootsOverlap {
-                        outer: outer.clone(),
-                        inner: inner.clone(),
-                    });
-                }
-            }
-        }
-        // Nor when the state directory will be refused below: a refused start leaves
-        // nothing behind. Judged on what exists now; the checks on the opened directories
-        // stand.
-        for r in &config.roots {
-            if let Some(inside) = lies_inside(&config.state_dir, r) {
-                return Err(Error::StateDirInsideRoot {
-                    state_dir: inside,
-                    root: r.clone(),
-                });
-            }
-        }
-        if !may_fall_back(&config) {
-            StateDir::probe(&config.state_dir)
-                .map_err(|cause| state_dir_refused(&config, cause))?;
-        }
-        // Roots that exist are opened now; those missing are made once the state
-        // directory says whether an interrupted run wrote into them (below).
-        let mut opened: Vec<(usize, SandboxRoot)> = Vec::new();
-        let mut missing = Vec::new();
-        let mut skipped = Vec::new();
-        for (i, r) in config.roots.iter().enumerate() {
-            if !SandboxRoot::exists(r) {
-                missing.push(i);
-                continue;
-            }
-            open_root(i, r, &mut opened, &mut skipped);
-        }
-        if opened.is_empty() && missing.is_empty() {
-            return Err(Error::NoUsableRoot { problems: skipped });
-        }
-        let (order, roots): (Vec<usize>, Vec<SandboxRoot>) = opened.into_iter().unzip();
-        check_apart(&roots)?;
-        // Checked before the state directory is opened, since opening makes folders in
-        // it: through a symlink into a root they would be made inside the sandbox.
-        state_dir_outside(&config.state_dir, &roots)?;
+        refuse_layout_before_making(&config)?;
+        let found = open_existing_roots(&config)?;
         let (state, note) = open_state_dir(&config)?;
-        // A missing root an interrupted run wrote into (or one inside it, or holding it)
-        // is not made: made empty, it would be taken for what the run left there
-        // (perhaps only moved away for a moment), every write of the run for never made.
-        // It is skipped, and the run left, until it is back (or the operator makes it,
-        // giving up what the run left there).
-        // Every run record is read for it: only when a root is missing.
-        let wrote_into = if missing.is_empty() {
-            Vec::new()
-        } else {
-            crate::recovery::roots_awaiting_recovery(&state)
-        };
-        let mut opened: Vec<(usize, SandboxRoot)> = order.into_iter().zip(roots).collect();
-        for i in missing {
-            let r = &config.roots[i];
-            // Looked at again: a process starting at the same moment may have made it
-            // since, and its run ended, leaving a record read as it ran.
-            let awaited = wrote_into
-                .iter()
-                .map(Path::new)
-                .any(|w| w.starts_with(r) || r.starts_with(w))
-                && !SandboxRoot::exists(r);
-            if awaited {
-                let why = format!(
-                    "root {} was missing at start while an interrupted run had written into it, so it was not made: put it back as the run left it (or make it, to give up what the run left there)",
-                    r.display()
-                );
-                tracing::warn!(%why, "skipping sandbox root");
-                skipped.push(why);
-                continue;
-            }
-            open_root(i, r, &mut opened, &mut skipped);
-        }
-        // In the order configured: a path without a root goes to the first.
-        opened.sort_by_key(|(i, _)| *i);
-        let mut roots: Vec<SandboxRoot> = opened.into_iter().map(|(_, r)| r).collect();
-        if roots.is_empty() {
-            return Err(Error::NoUsableRoot { problems: skipped });
-        }
-        // Again, with the roots made just now.
-        check_apart(&roots)?;
-        state_dir_outside(state.path(), &roots)?;
+        let (mut roots, skipped) = make_missing_roots(&config, &state, found)?;
         let state = state.with_lock_wait(std::time::Duration::from_secs(
             config.limits.lock_wait_seconds,
         ));
-        let target_locks = crate::confine::state::LockSet::new(
-            &state,
-            (0..TARGET_LOCK_STRIPES)
-                .map(|i| format!("target-{i:02}"))
-                .collect(),
-            state.lock_wait(),
-        );
+        let target_locks = target_lock_set(&state);
         notices.extend(note);
         // A fallback state directory was not checked above.
         if state.path() != config.state_dir {
             state_dir_outside(state.path(), &roots)?;
         }
-        let state_ids = state
-            .dir_ids()
-            .map_err(Error::io("look at the state directory"))?;
-        // Every folder of the state directory: a root mounted from any of them lies in it.
-        let state_tree = state
-            .tree_dir_ids()
-            .map_err(Error::io("look at the state directory"))?;
-        let root_ids: Vec<((u64, u64), String)> = roots
-            .iter()
-            .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
-            .collect();
-        for (i, root) in roots.iter_mut().enumerate() {
-            // By the directories themselves, which a bind mount shows under another path.
-            let what = match state_ids.iter().position(|id| *id == root.id()) {
-                Some(0) => Some("is the state directory"),
-                Some(_) => Some("is a folder of the state directory"),
-                None if state_tree.contains(&root.id())
-                    || state_tree.iter().any(|id| root.reached_through(*id)) =>
-                {
-                    Some("lies inside the state directory")
-                }
-                None => None,
-            };
-            if let Some(what) = what {
-                return Err(Error::Config(crate::config::ConfigError(format!(
-                    "root {} {what} {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
-                    root.path().display(),
-                    state.path().display()
-                ))));
-            }
-            // Every folder of the state directory, not only the runtime's own: one mounted
-            // into a root would let actions write beside the runtime's files.
-            let mut reserved: Vec<((u64, u64), String)> = state_tree
-                .iter()
-                .map(|id| {
-                    let what = if *id == state_ids[0] {
-                        "the runtime's state directory"
-                    } else {
-                        "a folder of the runtime's state directory"
-                    };
-                    (*id, what.to_owned())
-                })
-                .collect();
-            reserved.extend(
-                root_ids
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .map(|(_, r)| r.clone()),
-            );
-            root.reserve(reserved);
-        }
-        for root in &roots {
-            if let Some(inside) = lies_inside(root.path(), state.path()) {
-                return Err(root_inside_state_dir(&inside, state.path()));
-            }
-        }
-        let batch_sync = if config.durability == crate::config::Durability::Batched
-            && cfg!(target_os = "linux")
-        {
-            let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
-            dirs.push(state.path());
-            Some(
-                crate::confine::state::FsSync::open(&dirs)
-                    .map_err(Error::io("open the filesystems for syncing"))?,
-            )
-        } else {
-            None
-        };
-        // With batched syncs the logs are made durable by the executor's sync points.
-        let durable = config.durability.is_strict() && batch_sync.is_none();
-        let registry = ArtifactRegistry::open(&state, durable)
-            .map_err(Error::io("open the artifact registry"))?;
-        let mut audit = AuditLog::open_with(
-            &state,
-            durable,
-            config.limits.writes_per_minute,
-            batch_sync.is_some(),
-        )
-        .map_err(Error::io("open the audit log"))?;
-        let left_dirs = crate::left_dirs::LeftDirs::open(&state, durable)
-            .map_err(Error::io("open the ledger of directories rollbacks left"))?;
-        audit.share_failpoints(failpoints.clone());
-        // Every start makes the key before its first trail line: a trail with lines and
-        // no key lost its key.
-        let entries = audit.last_seq().map_err(Error::io("read the audit log"))?;
-        let made_for = (entries > 0).then(|| {
-            format!(
-                "an audit trail of {}",
-                counted(usize::try_from(entries).unwrap_or(usize::MAX), "line")
-            )
-        });
-        let seal = crate::seal::SealKey::new(
-            state
-                .secret(crate::seal::KEY_FILE, made_for.as_deref())
-                .map_err(Error::io("read or create the snapshot seal key"))?,
-        );
+        reserve_state_dir_in_roots(&state, &mut roots)?;
+        refuse_roots_inside_state_dir(&roots, &state)?;
+        let batch_sync = open_batch_sync(&config, &roots, &state)?;
+        let files = StateFiles::open(&config, &state, batch_sync.is_some(), &failpoints)?;
         let metrics = Metrics::new();
-        metrics.set_artifacts(registry.len().unwrap_or(0));
+        metrics.set_artifacts(files.registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
         let mut sb = Self {
             config,
@@ -411,10 +217,10 @@ impl Sandbox {
             skipped_roots: skipped,
             state,
             notices,
-            registry,
-            audit,
-            left_dirs,
-            seal,
+            registry: files.registry,
+            audit: files.audit,
+            left_dirs: files.left_dirs,
+            seal: files.seal,
             metrics,
             clock,
             failpoints,
@@ -428,10 +234,19 @@ impl Sandbox {
             recording_held: crate::timed_lock::Gate::default(),
             left_for_later: std::sync::Mutex::default(),
         };
-        let recovered = sb.recover();
+        sb.recover_at_start();
+        Ok(sb)
+    }
+
+    /// Recovers the runs that died and says what it did, as the last step of a start:
+    /// the runtime must be whole to replay or roll back what they left, and the
+    /// notices must be in place before the first caller reads them.
+    fn recover_at_start(&mut self) {
+        let recovered = self.recover();
         // Oldest first, before anything this process writes.
         for r in recovered.iter().filter(|r| r.retry && r.restores_held) {
-            sb.held_restores().add_kept(&r.workflow_id, &r.execution_id);
+            self.held_restores()
+                .add_kept(&r.workflow_id, &r.execution_id);
         }
         // A rollback that died after its restores, before it removed the directories
         // they emptied, is finished here.
@@ -439,18 +254,17 @@ impl Sandbox {
             .iter()
             .any(|r| r.rollback && r.missing_roots.is_empty() && !r.retry)
         {
-            sb.remove_left_dirs(None);
+            self.remove_left_dirs(None);
         }
         for r in &recovered {
-            let said = sb.recovery_notices(r);
-            sb.notices.extend(said);
+            let said = self.recovery_notices(r);
+            self.notices.extend(said);
         }
-        if let Some(problem) = sb.audit.head_problem() {
-            sb.notices.push(format!(
+        if let Some(problem) = self.audit.head_problem() {
+            self.notices.push(format!(
                 "the audit trail was tampered with: {problem}; its head is kept as it is so `audit verify` keeps reporting it"
             ));
         }
-        Ok(sb)
     }
 
     /// Applies kernel confinement (Landlock) to the calling thread and the threads it
@@ -922,6 +736,301 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
             Ok((s, Some(note)))
         }
         Err(cause) => Err(state_dir_refused(config, cause)),
+    }
+}
+/// Refuses, from the configured paths alone, roots and a state directory that would be
+/// refused once opened: judged before anything is made, so a refused start leaves
+/// nothing behind.
+fn refuse_layout_before_making(config: &Config) -> Result<(), Error> {
+    // Before any root is made: one that would lie inside the state directory would be
+    // made there (and the state directory's own folders after it) only to be refused.
+    for r in &config.roots {
+        if let Some(inside) = lies_inside(r, &config.state_dir) {
+            return Err(root_inside_state_dir(&inside, &config.state_dir));
+        }
+    }
+    // Nor one inside another once symbolic links are followed (also through parts
+    // not made yet): it would be made through the link only to be refused below.
+    for (i, a) in config.roots.iter().enumerate() {
+        for b in config.roots.iter().skip(i + 1) {
+            if let Some((outer, inner)) = [(a, b), (b, a)]
+                .into_iter()
+                .find(|(o, inner)| lies_inside(inner, o).is_some())
+            {
+                return Err(Error::RootsOverlap {
+                    outer: outer.clone(),
+                    inner: inner.clone(),
+                });
+            }
+        }
+    }
+    // Nor when the state directory will be refused below: a refused start leaves
+    // nothing behind. Judged on what exists now; the checks on the opened directories
+    // stand.
+    for r in &config.roots {
+        if let Some(inside) = lies_inside(&config.state_dir, r) {
+            return Err(Error::StateDirInsideRoot {
+                state_dir: inside,
+                root: r.clone(),
+            });
+        }
+    }
+    if !may_fall_back(config) {
+        StateDir::probe(&config.state_dir).map_err(|cause| state_dir_refused(config, cause))?;
+    }
+    Ok(())
+}
+
+/// The configured roots as found before the state directory is opened.
+struct RootsFound {
+    /// The roots that exist, opened, each with its index in the configuration.
+    opened: Vec<(usize, SandboxRoot)>,
+    /// The indices of those missing, made (or not) once the state directory is open.
+    missing: Vec<usize>,
+    /// Why each root that cannot be used was skipped.
+    skipped: Vec<String>,
+}
+
+/// Opens the roots that exist, leaving the missing ones for [`make_missing_roots`]:
+/// whether one may be made depends on the run records in the state directory, not open
+/// yet. Refuses a start with nothing to write into, roots one inside another, and a
+/// state directory inside a root, before opening it makes folders: through a symlink
+/// into a root they would be made inside the sandbox.
+fn open_existing_roots(config: &Config) -> Result<RootsFound, Error> {
+    // Roots that exist are opened now; those missing are made once the state
+    // directory says whether an interrupted run wrote into them (below).
+    let mut opened: Vec<(usize, SandboxRoot)> = Vec::new();
+    let mut missing = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, r) in config.roots.iter().enumerate() {
+        if !SandboxRoot::exists(r) {
+            missing.push(i);
+            continue;
+        }
+        open_root(i, r, &mut opened, &mut skipped);
+    }
+    if opened.is_empty() && missing.is_empty() {
+        return Err(Error::NoUsableRoot { problems: skipped });
+    }
+    let (order, roots): (Vec<usize>, Vec<SandboxRoot>) = opened.into_iter().unzip();
+    check_apart(&roots)?;
+    // Checked before the state directory is opened, since opening makes folders in
+    // it: through a symlink into a root they would be made inside the sandbox.
+    state_dir_outside(&config.state_dir, &roots)?;
+    Ok(RootsFound {
+        opened: order.into_iter().zip(roots).collect(),
+        missing,
+        skipped,
+    })
+}
+
+/// Makes the missing roots no interrupted run wrote into, and returns the usable
+/// roots in the order configured with why the others were skipped. The roots made just
+/// now are checked as the others were, since making them may have gone through a link.
+fn make_missing_roots(
+    config: &Config,
+    state: &StateDir,
+    found: RootsFound,
+) -> Result<(Vec<SandboxRoot>, Vec<String>), Error> {
+    let RootsFound {
+        mut opened,
+        missing,
+        mut skipped,
+    } = found;
+    // A missing root an interrupted run wrote into (or one inside it, or holding it)
+    // is not made: made empty, it would be taken for what the run left there
+    // (perhaps only moved away for a moment), every write of the run for never made.
+    // It is skipped, and the run left, until it is back (or the operator makes it,
+    // giving up what the run left there).
+    // Every run record is read for it: only when a root is missing.
+    let wrote_into = if missing.is_empty() {
+        Vec::new()
+    } else {
+        crate::recovery::roots_awaiting_recovery(state)
+    };
+    for i in missing {
+        let r = &config.roots[i];
+        // Looked at again: a process starting at the same moment may have made it
+        // since, and its run ended, leaving a record read as it ran.
+        let awaited = wrote_into
+            .iter()
+            .map(Path::new)
+            .any(|w| w.starts_with(r) || r.starts_with(w))
+            && !SandboxRoot::exists(r);
+        if awaited {
+            let why = format!(
+                "root {} was missing at start while an interrupted run had written into it, so it was not made: put it back as the run left it (or make it, to give up what the run left there)",
+                r.display()
+            );
+            tracing::warn!(%why, "skipping sandbox root");
+            skipped.push(why);
+            continue;
+        }
+        open_root(i, r, &mut opened, &mut skipped);
+    }
+    // In the order configured: a path without a root goes to the first.
+    opened.sort_by_key(|(i, _)| *i);
+    let roots: Vec<SandboxRoot> = opened.into_iter().map(|(_, r)| r).collect();
+    if roots.is_empty() {
+        return Err(Error::NoUsableRoot { problems: skipped });
+    }
+    // Again, with the roots made just now.
+    check_apart(&roots)?;
+    state_dir_outside(state.path(), &roots)?;
+    Ok((roots, skipped))
+}
+
+/// The target locks (see [`Sandbox::lock_target`]), made once so that every thread of
+/// this runtime takes the same ones, waited for as long as the state directory's.
+fn target_lock_set(state: &StateDir) -> crate::confine::state::LockSet {
+    crate::confine::state::LockSet::new(
+        state,
+        (0..TARGET_LOCK_STRIPES)
+            .map(|i| format!("target-{i:02}"))
+            .collect(),
+        state.lock_wait(),
+    )
+}
+
+/// Refuses a root that is (or lies inside) a folder of the state directory mounted
+/// there, and has each root refuse writes into the state directory's folders and the
+/// other roots: a bind mount shows them under paths no lexical check sees.
+fn reserve_state_dir_in_roots(state: &StateDir, roots: &mut [SandboxRoot]) -> Result<(), Error> {
+    let state_ids = state
+        .dir_ids()
+        .map_err(Error::io("look at the state directory"))?;
+    // Every folder of the state directory: a root mounted from any of them lies in it.
+    let state_tree = state
+        .tree_dir_ids()
+        .map_err(Error::io("look at the state directory"))?;
+    let root_ids: Vec<((u64, u64), String)> = roots
+        .iter()
+        .map(|r| (r.id(), format!("the sandbox root {}", r.path().display())))
+        .collect();
+    for (i, root) in roots.iter_mut().enumerate() {
+        // By the directories themselves, which a bind mount shows under another path.
+        let what = match state_ids.iter().position(|id| *id == root.id()) {
+            Some(0) => Some("is the state directory"),
+            Some(_) => Some("is a folder of the state directory"),
+            None if state_tree.contains(&root.id())
+                || state_tree.iter().any(|id| root.reached_through(*id)) =>
+            {
+                Some("lies inside the state directory")
+            }
+            None => None,
+        };
+        if let Some(what) = what {
+            return Err(Error::Config(crate::config::ConfigError(format!(
+                "root {} {what} {} (mounted there); the runtime's own files are never writable, so give a root apart from it",
+                root.path().display(),
+                state.path().display()
+            ))));
+        }
+        // Every folder of the state directory, not only the runtime's own: one mounted
+        // into a root would let actions write beside the runtime's files.
+        let mut reserved: Vec<((u64, u64), String)> = state_tree
+            .iter()
+            .map(|id| {
+                let what = if *id == state_ids[0] {
+                    "the runtime's state directory"
+                } else {
+                    "a folder of the runtime's state directory"
+                };
+                (*id, what.to_owned())
+            })
+            .collect();
+        reserved.extend(
+            root_ids
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, r)| r.clone()),
+        );
+        root.reserve(reserved);
+    }
+    Ok(())
+}
+
+/// Refuses a root inside the state directory in use once symbolic links are followed,
+/// judged on the directories as opened: the check before anything was made saw the
+/// configured state directory only, and the roots before they were made.
+fn refuse_roots_inside_state_dir(roots: &[SandboxRoot], state: &StateDir) -> Result<(), Error> {
+    for root in roots {
+        if let Some(inside) = lies_inside(root.path(), state.path()) {
+            return Err(root_inside_state_dir(&inside, state.path()));
+        }
+    }
+    Ok(())
+}
+
+/// With batched durability on Linux, the handles the sync points sync whole
+/// filesystems through (every root's and the state directory's); none otherwise, each
+/// file and directory being synced as written.
+fn open_batch_sync(
+    config: &Config,
+    roots: &[SandboxRoot],
+    state: &StateDir,
+) -> Result<Option<crate::confine::state::FsSync>, Error> {
+    if config.durability == crate::config::Durability::Batched && cfg!(target_os = "linux") {
+        let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
+        dirs.push(state.path());
+        Ok(Some(
+            crate::confine::state::FsSync::open(&dirs)
+                .map_err(Error::io("open the filesystems for syncing"))?,
+        ))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The runtime's own files in the state directory a start opens.
+struct StateFiles {
+    registry: ArtifactRegistry,
+    audit: AuditLog,
+    left_dirs: crate::left_dirs::LeftDirs,
+    seal: crate::seal::SealKey,
+}
+
+impl StateFiles {
+    /// Opens the registry, the audit log and the ledger of directories rollbacks left,
+    /// then the seal key, which is made before the trail's first line: a trail with
+    /// lines and no key lost its key.
+    fn open(
+        config: &Config,
+        state: &StateDir,
+        batched: bool,
+        failpoints: &Arc<crate::failpoint::FailPoints>,
+    ) -> Result<Self, Error> {
+        // With batched syncs the logs are made durable by the executor's sync points.
+        let durable = config.durability.is_strict() && !batched;
+        let registry = ArtifactRegistry::open(state, durable)
+            .map_err(Error::io("open the artifact registry"))?;
+        let mut audit =
+            AuditLog::open_with(state, durable, config.limits.writes_per_minute, batched)
+                .map_err(Error::io("open the audit log"))?;
+        let left_dirs = crate::left_dirs::LeftDirs::open(state, durable)
+            .map_err(Error::io("open the ledger of directories rollbacks left"))?;
+        audit.share_failpoints(failpoints.clone());
+        // Every start makes the key before its first trail line: a trail with lines and
+        // no key lost its key.
+        let entries = audit.last_seq().map_err(Error::io("read the audit log"))?;
+        let made_for = (entries > 0).then(|| {
+            format!(
+                "an audit trail of {}",
+                counted(usize::try_from(entries).unwrap_or(usize::MAX), "line")
+            )
+        });
+        let seal = crate::seal::SealKey::new(
+            state
+                .secret(crate::seal::KEY_FILE, made_for.as_deref())
+                .map_err(Error::io("read or create the snapshot seal key"))?,
+        );
+        Ok(Self {
+            registry,
+            audit,
+            left_dirs,
+            seal,
+        })
     }
 }
 
