@@ -8,8 +8,11 @@ use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
+use crate::commit_log::Position;
 use crate::confine::path::{resolve_sandbox_path, shown_path};
-use crate::confine::root::{FILE_MODE, Make, Put, not_a_directory, temp_name};
+use crate::confine::root::{
+    FILE_MODE, FileStamp, Make, Put, StagedWrite, not_a_directory, temp_name,
+};
 use crate::confine::state::LockBusy;
 use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
@@ -1002,50 +1005,8 @@ impl<'a> SandboxWriteExecutor<'a> {
         first: bool,
     ) -> Result<(ActionResult, (usize, StoredSnapshot)), Box<ActionResult>> {
         let sb = self.sb;
-        let wf = self.plan.workflow_id.clone();
         let op = op_for_intent(&a.intent);
         let mut res = self.base_result(a, op, ActionStatus::Failed);
-        // `refused`: nothing of the action was written either.
-        let fail_or_block =
-            |this: &Self, mut res: ActionResult, r: Refusal, target: String, refused: bool| {
-                let code = r.reason_code;
-                // Refused by a check made again at write time, or by the disk as a way out
-                // (a link met mid-write): denied wherever the action stands in the plan.
-                // A write that failed (an I/O error) was denied by no policy.
-                if (refused && code != ReasonCode::IoError) || code.is_escape_attempt() {
-                    this.sb
-                        .metrics
-                        .denied(&a.intent, code, code.is_escape_attempt());
-                }
-                let blocked = first && refused && code != ReasonCode::IoError;
-                let status = if blocked {
-                    res.status = ActionStatus::Blocked;
-                    res.retry_after_seconds = r.retry_after_seconds;
-                    AuditStatus::Blocked
-                } else {
-                    res.status = ActionStatus::Failed;
-                    AuditStatus::Failed
-                };
-                res.reason_code = Some(r.reason_code);
-                res.reason = Some(r.reason);
-                let rec = this.record(a, &res, status, target);
-                if let Err(e) = this.sb.audit.append(vec![rec]) {
-                    tracing::error!(error = %e, "could not audit a failed action");
-                }
-                Box::new(res)
-            };
-        let fail = |this: &Self, mut res: ActionResult, mut r: Refusal, target: String| {
-            if this.undone.as_deref() == Some(a.id()) {
-                res.rollback_path = None;
-            }
-            if let Some(why) = &this.undo_failed {
-                r.reason = format!(
-                    "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
-                    r.reason.strip_suffix(UNDONE_LATER).unwrap_or(&r.reason)
-                );
-            }
-            fail_or_block(this, res, r, target, false)
-        };
 
         // governance → payload → current bytes → size → budget → rate limit
         let gctx = sb.governance_context();
@@ -1058,64 +1019,204 @@ impl<'a> SandboxWriteExecutor<'a> {
                 .lock_targets_after_restores(&self.plan.workflow_id, vec![(r.root_index, r.rel)])
             {
                 Ok(l) => Some(l),
-                Err(r) => return Err(fail_or_block(self, res, r, self.target_path(a), true)),
+                Err(r) => {
+                    return Err(self.fail_or_block(a, first, res, r, self.target_path(a), true));
+                }
             },
             Err(_) => None,
         };
         let approval = match check_target(&req, &gctx) {
             Ok(ap) => ap,
-            Err(r) => return Err(fail_or_block(self, res, r, self.target_path(a), true)),
+            Err(r) => {
+                return Err(self.fail_or_block(a, first, res, r, self.target_path(a), true));
+            }
         };
         res.risk = approval.risk;
+        let target = sb.abs_path(approval.resolved.root_index, &approval.resolved.rel);
+        let checked = match self.read_and_check(a, &approval) {
+            Ok(c) => c,
+            Err(r) => return Err(self.fail_or_block(a, first, res, r, target, true)),
+        };
+        res.before_checksum = checked.before.as_deref().map(sha256_hex);
+
+        // snapshot
+        let w = self.plan_write(a, &approval, checked, &res, &target);
+        let rollback_path = match self.take_snapshot(&w) {
+            Ok(p) => p,
+            Err(r) => return Err(self.fail(a, res, r, target)),
+        };
+        res.rollback_path = Some(rollback_path);
+        let snap = (
+            w.ri,
+            StoredSnapshot {
+                meta: w.meta.clone(),
+                restored: false,
+            },
+        );
+        let staged = match self.stage(&w, &snap) {
+            Ok(st) => st,
+            Err(r) => return Err(self.fail(a, res, r, target)),
+        };
+        let logged = match self.commit(&w, staged.as_ref(), &snap) {
+            Ok(l) => l,
+            Err(r) => return Err(self.fail(a, res, r, target)),
+        };
+
+        // mutate → checksum → registry → audit; any failure restores the snapshot.
+        // Set once the write is made: a refusal after it (the registry busy, say) found a
+        // changed target, which only a refusal before it does not.
+        let mut written = false;
+        let outcome = match self.mutate_and_register(&w, staged.as_ref(), &mut written) {
+            Ok(()) => self
+                .audit_write(w.done_record, staged.is_some())
+                .inspect_err(|_| self.undo(&snap, &w.left)),
+            Err(r) => Err(self.undo_failed_write(&w, staged.as_ref(), &snap, written, r)),
+        };
+        // Once this action's writes are made (or undone), a sync point may empty the log.
+        if let Some(at) = logged {
+            sb.commit_finished(&self.plan.workflow_id, at);
+        }
+        match outcome {
+            Ok(()) => Ok((w.done, snap)),
+            Err(r) => Err(self.fail(a, res, r, target)),
+        }
+    }
+
+    /// An action's failure or refusal, counted, audited and turned into its result.
+    /// `refused`: nothing of the action was written either; refused so while `first`,
+    /// it blocks the plan as validation would have.
+    fn fail_or_block(
+        &self,
+        a: &Action,
+        first: bool,
+        mut res: ActionResult,
+        r: Refusal,
+        target: String,
+        refused: bool,
+    ) -> Box<ActionResult> {
+        let code = r.reason_code;
+        // Refused by a check made again at write time, or by the disk as a way out
+        // (a link met mid-write): denied wherever the action stands in the plan.
+        // A write that failed (an I/O error) was denied by no policy.
+        if (refused && code != ReasonCode::IoError) || code.is_escape_attempt() {
+            self.sb
+                .metrics
+                .denied(&a.intent, code, code.is_escape_attempt());
+        }
+        let blocked = first && refused && code != ReasonCode::IoError;
+        let status = if blocked {
+            res.status = ActionStatus::Blocked;
+            res.retry_after_seconds = r.retry_after_seconds;
+            AuditStatus::Blocked
+        } else {
+            res.status = ActionStatus::Failed;
+            AuditStatus::Failed
+        };
+        res.reason_code = Some(r.reason_code);
+        res.reason = Some(r.reason);
+        let rec = self.record(a, &res, status, target);
+        if let Err(e) = self.sb.audit.append(vec![rec]) {
+            tracing::error!(error = %e, "could not audit a failed action");
+        }
+        Box::new(res)
+    }
+
+    /// The failure of an action that had begun writing (its snapshot taken), its own
+    /// change undone or not: its result must say which, for the operator to know what
+    /// stands. Such a failure never blocks the plan (`first` counts only for a refusal).
+    fn fail(
+        &self,
+        a: &Action,
+        mut res: ActionResult,
+        mut r: Refusal,
+        target: String,
+    ) -> Box<ActionResult> {
+        if self.undone.as_deref() == Some(a.id()) {
+            res.rollback_path = None;
+        }
+        if let Some(why) = &self.undo_failed {
+            r.reason = format!(
+                "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
+                r.reason.strip_suffix(UNDONE_LATER).unwrap_or(&r.reason)
+            );
+        }
+        self.fail_or_block(a, false, res, r, target, false)
+    }
+
+    /// Reads the approved target (under its lock) and renders what the action leaves
+    /// there, checking every limit again: the tree, the budget and the rate may have
+    /// changed since validation, and nothing is written until all of them pass.
+    fn read_and_check<'b>(&self, a: &'b Action, approval: &Approval) -> Verdict<Checked<'b>> {
+        let sb = self.sb;
+        let wf = &self.plan.workflow_id;
         let ri = approval.resolved.root_index;
         let root = &sb.roots[ri];
         let rel = approval.resolved.rel.clone();
-        let target = sb.abs_path(ri, &rel);
-        let prepared = (|| {
-            sb.check_syncs()?;
-            sb.root_in_place(ri)?;
-            check_payload(approval.op, a)?;
-            let kind = approval
-                .target
-                .as_ref()
-                .map_or(TargetKind::Missing, |t| t.kind);
-            let (before, stamp) = match kind {
-                TargetKind::File { size, .. } => {
-                    check_existing_size(approval.op, a, size)?;
-                    let (bytes, stamp) = root.read_file_stamped(&rel, MAX_SNAPSHOT_BYTES)?;
-                    (Some(bytes), Some(stamp))
-                }
-                _ => (None, None),
-            };
-            let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
-            let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
-            check_size(&approval, size, &sb.config.extensions)?;
-            if bytes.is_some() {
-                check_budget(
-                    &wf,
-                    &sb.config.limits,
-                    self.registered_usage()?,
-                    Usage::default(),
-                    size,
-                )?;
+        sb.check_syncs()?;
+        sb.root_in_place(ri)?;
+        check_payload(approval.op, a)?;
+        let kind = approval
+            .target
+            .as_ref()
+            .map_or(TargetKind::Missing, |t| t.kind);
+        let (before, stamp) = match kind {
+            TargetKind::File { size, .. } => {
+                check_existing_size(approval.op, a, size)?;
+                let (bytes, stamp) = root.read_file_stamped(&rel, MAX_SNAPSHOT_BYTES)?;
+                (Some(bytes), Some(stamp))
             }
-            check_rate(
-                &wf,
-                sb.config.limits.writes_per_minute,
-                self.rate_tat()?,
-                sb.clock.now(),
-                1,
-                1,
-            )?;
-            Ok::<_, Refusal>((kind, before, stamp, bytes))
-        })();
-        let (kind, before, stamp, bytes) = match prepared {
-            Ok(p) => p,
-            Err(r) => return Err(fail_or_block(self, res, r, target, true)),
+            _ => (None, None),
         };
-        res.before_checksum = before.as_deref().map(sha256_hex);
+        let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
+        let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
+        check_size(approval, size, &sb.config.extensions)?;
+        if bytes.is_some() {
+            check_budget(
+                wf,
+                &sb.config.limits,
+                self.registered_usage()?,
+                Usage::default(),
+                size,
+            )?;
+        }
+        check_rate(
+            wf,
+            sb.config.limits.writes_per_minute,
+            self.rate_tat()?,
+            sb.clock.now(),
+            1,
+            1,
+        )?;
+        Ok(Checked {
+            ri,
+            rel,
+            kind,
+            before,
+            stamp,
+            bytes,
+        })
+    }
 
-        // snapshot
+    /// Works out everything the write leaves before anything is written: the snapshot's
+    /// record, the registry entry and the success record, so that a snapshot can carry
+    /// the outcome as its commit record, and how the new bytes go in place.
+    fn plan_write<'b>(
+        &self,
+        a: &Action,
+        approval: &Approval,
+        checked: Checked<'b>,
+        res: &ActionResult,
+        target: &str,
+    ) -> ActionWrite<'b> {
+        let sb = self.sb;
+        let Checked {
+            ri,
+            rel,
+            kind,
+            before,
+            stamp,
+            bytes,
+        } = checked;
         let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
         // The directories the write may make: those its snapshot records, no others
         // (for create_directory, the directory itself counts last).
@@ -1142,7 +1243,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let entry = match (&bytes, &after) {
             (Some(b), Some(sum)) => Some(self.new_artifact(
                 a,
-                &target,
+                target,
                 b.len() as u64,
                 sum,
                 res.before_checksum.as_deref(),
@@ -1152,7 +1253,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         let mut meta = SnapshotMeta {
             format: 1,
             snapshot_id: crate::ids::unique(),
-            workflow_id: wf.clone(),
+            workflow_id: self.plan.workflow_id.clone(),
             action_id: a.id().to_owned(),
             execution_id: self.execution_id.clone(),
             root: sb.root_paths[ri].display().to_string(),
@@ -1182,7 +1283,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         done.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
         done.artifact_id = entry.as_ref().map(|e| e.artifact_id.clone());
         done.rollback_path = Some(meta.rollback_path());
-        let done_record = self.record(a, &done, AuditStatus::Success, target.clone());
+        let done_record = self.record(a, &done, AuditStatus::Success, target.to_owned());
         let mode = match kind {
             TargetKind::File { mode, .. } => mode & 0o666,
             _ => FILE_MODE,
@@ -1217,49 +1318,86 @@ impl<'a> SandboxWriteExecutor<'a> {
                 audit: done_record.clone(),
             });
         }
+        ActionWrite {
+            op: approval.op,
+            ri,
+            rel,
+            before,
+            stamp,
+            bytes,
+            left,
+            entry,
+            meta,
+            done,
+            done_record,
+            mode,
+            no_replace,
+            put,
+            make,
+            staged_name,
+        }
+    }
+
+    /// Takes the action's snapshot before anything is written, so that the write can
+    /// be undone and recovery knows of it, returning where it is kept.
+    fn take_snapshot(&self, w: &ActionWrite<'_>) -> Verdict<String> {
+        let sb = self.sb;
         // The snapshot first, so that recovery knows of the staged file if it survives.
-        let rollback_path = match Snapshotter::take(
-            root,
+        Snapshotter::take(
+            &sb.roots[w.ri],
             &sb.seal,
-            &meta,
-            before.as_deref(),
+            &w.meta,
+            w.before.as_deref(),
             sb.fsync_each(),
             || sb.fail_at("snapshot_synced"),
-        ) {
-            Ok(p) => p,
-            Err(r) => return Err(fail(self, res, r, target)),
-        };
-        res.rollback_path = Some(rollback_path);
-        let snap = (
-            ri,
-            StoredSnapshot {
-                meta: meta.clone(),
-                restored: false,
-            },
-        );
-        let staged = match (&staged_name, &bytes) {
+        )
+    }
+
+    /// With batched syncs, stages the new bytes beside the target, for the commit point
+    /// to make them durable with the snapshot before the target changes; none otherwise.
+    /// A failure undoes the snapshot as a refusal would.
+    fn stage(
+        &mut self,
+        w: &ActionWrite<'_>,
+        snap: &(usize, StoredSnapshot),
+    ) -> Verdict<Option<StagedWrite>> {
+        let sb = self.sb;
+        let root = &sb.roots[w.ri];
+        match (&w.staged_name, &w.bytes) {
             (Some(name), Some(b)) => match root
-                .stage_write(&rel, name, b, mode, stamp.filter(|_| !no_replace))
+                .stage_write(&w.rel, name, b, w.mode, w.stamp.filter(|_| !w.no_replace))
                 .and_then(|st| sb.cover_for_sync(st.dir()).map(|()| st))
             {
-                Ok(st) => Some(st),
+                Ok(st) => Ok(Some(st)),
                 Err(r) => {
-                    self.undo_refused(&snap, &left, &r);
-                    return Err(fail(self, res, r, target));
+                    self.undo_refused(snap, &w.left, &r);
+                    Err(r)
                 }
             },
-            _ => None,
-        };
+            _ => Ok(None),
+        }
+    }
+
+    /// Makes the snapshot (and a staged write) durable before the target changes,
+    /// returning where the workflow's commit log stands when an append to it did; a
+    /// failure discards the staged bytes and undoes the snapshot.
+    fn commit(
+        &mut self,
+        w: &ActionWrite<'_>,
+        staged: Option<&StagedWrite>,
+        snap: &(usize, StoredSnapshot),
+    ) -> Verdict<Option<Position>> {
+        let sb = self.sb;
         // The commit point: one append to the workflow's commit log for a small staged
         // write, else one sync point.
-        let log_entry = match (&staged, &bytes, &self.record) {
+        let log_entry = match (staged, &w.bytes, &self.record) {
             (Some(_), Some(b), Some(record))
-                if sb.logs_commit(before.as_ref().map_or(0, Vec::len) + b.len()) =>
+                if sb.logs_commit(w.before.as_ref().map_or(0, Vec::len) + b.len()) =>
             {
                 Some(crate::sandbox::LogEntry {
                     record,
-                    meta: &meta,
-                    backup: before.as_deref(),
+                    meta: &w.meta,
+                    backup: w.before.as_deref(),
                     bytes: b,
                 })
             }
@@ -1268,102 +1406,109 @@ impl<'a> SandboxWriteExecutor<'a> {
         let committed = sb
             .fail_at("before_commit")
             .and_then(|()| sb.commit_point(log_entry));
-        let logged = match committed {
-            Ok(l) => l,
+        match committed {
+            Ok(l) => Ok(l),
             Err(r) => {
-                if let Some(st) = &staged {
+                if let Some(st) = staged {
                     st.discard();
                 }
-                self.undo(&snap, &left);
-                return Err(fail(self, res, r, target));
-            }
-        };
-        // Once this action's writes are made (or undone), a sync point may empty the log.
-        let finished = |sb: &Sandbox| {
-            if let Some(at) = logged {
-                sb.commit_finished(&wf, at);
-            }
-        };
-
-        // mutate → checksum → registry → audit; any failure restores the snapshot.
-        let durable = sb.fsync_each();
-        // Set once the write is made: a refusal after it (the registry busy, say) found a
-        // changed target, which only a refusal before it does not.
-        let mut written = false;
-        let outcome = (|| {
-            sb.fail_at("after_snapshot")?;
-            sb.fail_at("before_mutate")?;
-            match (&bytes, &staged) {
-                (Some(_), Some(st)) => st.commit_in(root, &rel, put, false)?,
-                (Some(b), None) => {
-                    root.write_atomic_put(&rel, b, mode, put, make, durable)?;
-                }
-                (None, _) => {
-                    root.create_dir_all_making(&rel, make, durable)?;
-                }
-            }
-            written = true;
-            if staged.is_none() {
-                sb.cover_target(ri, &rel)?;
-            }
-            sb.fail_at("after_mutate")?;
-            if let Some(entry) = &entry {
-                sb.fail_at("before_registry")?;
-                sb.registry
-                    .register(entry)
-                    .map_err(|e| log_failure("register the artifact", &e))?;
-            }
-            Ok::<_, Refusal>(())
-        })();
-        match outcome {
-            Ok(()) => {
-                let appended = sb
-                    .fail_at("before_audit")
-                    .map_err(|r| std::io::Error::other(r.reason))
-                    .and_then(|()| sb.audit.append(vec![done_record]))
-                    // The second durability point: the target, the registry and the
-                    // audit line, all at once. Recovery checks audited targets against
-                    // their after_checksum, so their order on disk does not matter. A
-                    // staged write needs none: its commit record is durable already.
-                    .and_then(|_| match staged {
-                        Some(_) => Ok(()),
-                        None => sb.sync_point().map_err(|r| std::io::Error::other(r.reason)),
-                    });
-                if let Err(e) = appended {
-                    let r = log_failure("append to the audit log", &e);
-                    self.undo(&snap, &left);
-                    finished(sb);
-                    return Err(fail(self, res, r, target));
-                }
-                finished(sb);
-                Ok((done, snap))
-            }
-            Err(mut r) => {
-                if let Some(st) = &staged {
-                    st.discard();
-                }
-                // Only the no-replace rename (or a directory's creation) refuses with
-                // `already_exists`, and only the rename over the file that was read with
-                // `conflict`: the target was not touched, and what holds it now is
-                // someone else's.
-                if written {
-                    self.undo(&snap, &left);
-                } else {
-                    self.undo_refused(&snap, &left, &r);
-                }
-                if r.reason_code == ReasonCode::AlreadyExists && approval.op.name != "create_file" {
-                    r = Refusal::new(
-                        ReasonCode::Conflict,
-                        format!(
-                            "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
-                            shown_path(&rel.as_string())
-                        ),
-                    );
-                }
-                finished(sb);
-                Err(fail(self, res, r, target))
+                self.undo(snap, &w.left);
+                Err(r)
             }
         }
+    }
+
+    /// Puts the new bytes (or directory) in place and registers the artifact, setting
+    /// `written` once the target changed: what a failure must undo depends on it.
+    fn mutate_and_register(
+        &self,
+        w: &ActionWrite<'_>,
+        staged: Option<&StagedWrite>,
+        written: &mut bool,
+    ) -> Verdict {
+        let sb = self.sb;
+        let root = &sb.roots[w.ri];
+        let durable = sb.fsync_each();
+        sb.fail_at("after_snapshot")?;
+        sb.fail_at("before_mutate")?;
+        match (&w.bytes, staged) {
+            (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
+            (Some(b), None) => {
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, durable)?;
+            }
+            (None, _) => {
+                root.create_dir_all_making(&w.rel, w.make, durable)?;
+            }
+        }
+        *written = true;
+        if staged.is_none() {
+            sb.cover_target(w.ri, &w.rel)?;
+        }
+        sb.fail_at("after_mutate")?;
+        if let Some(entry) = &w.entry {
+            sb.fail_at("before_registry")?;
+            sb.registry
+                .register(entry)
+                .map_err(|e| log_failure("register the artifact", &e))?;
+        }
+        Ok(())
+    }
+
+    /// Appends the action's success to the audit trail, then (unless `staged`) makes the
+    /// write durable: the action succeeded only once both are done.
+    fn audit_write(&self, done_record: AuditRecord, staged: bool) -> Verdict {
+        let sb = self.sb;
+        let appended = sb
+            .fail_at("before_audit")
+            .map_err(|r| std::io::Error::other(r.reason))
+            .and_then(|()| sb.audit.append(vec![done_record]))
+            // The second durability point: the target, the registry and the
+            // audit line, all at once. Recovery checks audited targets against
+            // their after_checksum, so their order on disk does not matter. A
+            // staged write needs none: its commit record is durable already.
+            .and_then(|_| {
+                if staged {
+                    Ok(())
+                } else {
+                    sb.sync_point().map_err(|r| std::io::Error::other(r.reason))
+                }
+            });
+        appended.map_err(|e| log_failure("append to the audit log", &e))
+    }
+
+    /// Undoes a write that failed with `r` (discarding its staged bytes), returning the
+    /// refusal to report: a rename refused because the target appeared meanwhile is a
+    /// conflict with another program, not this action's fault.
+    fn undo_failed_write(
+        &mut self,
+        w: &ActionWrite<'_>,
+        staged: Option<&StagedWrite>,
+        snap: &(usize, StoredSnapshot),
+        written: bool,
+        mut r: Refusal,
+    ) -> Refusal {
+        if let Some(st) = staged {
+            st.discard();
+        }
+        // Only the no-replace rename (or a directory's creation) refuses with
+        // `already_exists`, and only the rename over the file that was read with
+        // `conflict`: the target was not touched, and what holds it now is
+        // someone else's.
+        if written {
+            self.undo(snap, &w.left);
+        } else {
+            self.undo_refused(snap, &w.left, &r);
+        }
+        if r.reason_code == ReasonCode::AlreadyExists && w.op.name != "create_file" {
+            r = Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{} appeared while the action ran (another program created it); it was left as it is: read it, then try again",
+                    shown_path(&w.rel.as_string())
+                ),
+            );
+        }
+        r
     }
 
     /// The registry entry of a file the action is about to write. Its parent defaults to
@@ -1478,6 +1623,46 @@ impl<'a> SandboxWriteExecutor<'a> {
             );
         }
     }
+}
+/// An approved action's target as read under its lock, with the bytes the action would
+/// leave there, past every check made again at write time.
+struct Checked<'b> {
+    /// The root's index.
+    ri: usize,
+    /// The target in that root.
+    rel: RelPath,
+    /// What stands there.
+    kind: TargetKind,
+    /// The file's bytes, when it is one.
+    before: Option<Vec<u8>>,
+    /// The file as read, for the write to replace only it.
+    stamp: Option<FileStamp>,
+    /// The new bytes; none for a directory.
+    bytes: Option<Cow<'b, [u8]>>,
+}
+
+/// An action's write, worked out before anything is written.
+struct ActionWrite<'b> {
+    op: &'static Operation,
+    ri: usize,
+    rel: RelPath,
+    before: Option<Vec<u8>>,
+    stamp: Option<FileStamp>,
+    bytes: Option<Cow<'b, [u8]>>,
+    /// What the write leaves at the target, for its undo.
+    left: crate::sandbox::TargetState,
+    entry: Option<ArtifactEntry>,
+    meta: SnapshotMeta,
+    /// The action's result once it succeeded.
+    done: ActionResult,
+    /// Its success line in the audit trail.
+    done_record: AuditRecord,
+    mode: u32,
+    no_replace: bool,
+    put: Put,
+    make: Make,
+    /// The temporary file's name when the bytes are staged.
+    staged_name: Option<String>,
 }
 
 /// How a refusal for a held log goes on when the change was undone (see [`log_failure`]);
