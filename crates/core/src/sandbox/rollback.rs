@@ -9,6 +9,7 @@ use crate::confine::path::shown_path;
 use crate::confine::root::Put;
 use crate::confine::state::LockBusy;
 use crate::confine::{EntryKind, RelPath};
+use crate::context::DryRunReason;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
@@ -1012,25 +1013,10 @@ impl Sandbox {
     }
 
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
-        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| RollbackReport {
-            workflow_id: workflow_id.to_owned(),
-            status: RollbackStatus::Refused,
-            steps_rolled_back: 0,
-            reason_code: Some(code),
-            reason: Some(reason),
-            conflicts,
-            steps: Vec::new(),
+        let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| {
+            refused_rollback(workflow_id, code, reason, conflicts)
         };
-        if let Err(r) = crate::plan::check_id("workflow_id", workflow_id) {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        if let Some(a) = &opts.action_id
-            && let Err(r) = crate::plan::check_id("action_id", a)
-        {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        // A restore could not be made durable either, nor recorded.
-        if let Err(r) = self.check_syncs() {
+        if let Err(r) = self.check_rollback_request(workflow_id, opts) {
             return refused(r.reason_code, r.reason, Vec::new());
         }
         let wf_lock = match self.state.lock_workflow(workflow_id) {
@@ -1047,20 +1033,8 @@ impl Sandbox {
         {
             return refused(r.reason_code, r.reason, Vec::new());
         }
-        // Each snapshot found damaged counts, each time a rollback is asked for.
-        let snaps = match self.workflow_snapshots_and_untrusted(workflow_id) {
-            Ok((snaps, mut untrusted)) => match untrusted.pop() {
-                None => snaps,
-                Some(r) => {
-                    let mismatched = untrusted
-                        .iter()
-                        .chain(std::iter::once(&r))
-                        .filter(|r| r.reason_code == ReasonCode::ChecksumMismatch)
-                        .count();
-                    self.metrics.checksum_mismatches(mismatched);
-                    return refused(r.reason_code, r.reason, Vec::new());
-                }
-            },
+        let snaps = match self.snapshots_to_roll_back(workflow_id) {
+            Ok(snaps) => snaps,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
         let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
@@ -1091,116 +1065,156 @@ impl Sandbox {
             return refused(r.reason_code, r.reason, conflicts);
         }
         if !conflicts.is_empty() && !opts.force {
-            let (claimed, changed): (Vec<&Conflict>, Vec<&Conflict>) =
-                conflicts.iter().partition(|c| !c.claimed_by.is_empty());
-            let mut why = Vec::new();
-            if !changed.is_empty() {
-                let files = ChangedFile::of(&changed);
-                let entries: Vec<String> = files.iter().map(ChangedFile::said).collect();
-                // Another workflow's write named is undone by its own rollback, which gives
-                // this one back what it left; force would throw that write away. Another
-                // workflow's rollback named has taken this workflow's write with it.
-                let names = |rollback: bool| {
-                    files
-                        .iter()
-                        .any(|f| f.by.as_ref().is_some_and(|b| b.rollback == rollback))
-                };
-                let mut advice = String::new();
-                // The change between two of its writes is named once the later of the
-                // two is rolled back alone: the workflow's refusal then says whose it is.
-                if files.iter().any(|f| !f.between.is_empty()) {
-                    advice.push_str("where a change came between two of the workflow's writes, roll back the later of them alone first (action_id), and this refusal then names that change when the trail records it; ");
-                }
-                if names(false) {
-                    advice.push_str("roll back the writes named first (an action at a time, newest first, where workflows wrote in turn), or ");
-                }
-                advice.push_str("roll back with force to overwrite them");
-                if names(true) {
-                    advice.push_str(" (where a rollback is named, nothing of this workflow's write is left there: force would put back what this workflow found, which that rollback had undone)");
-                }
-                why.push(format!(
-                    "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
-                    named(&entries)
-                ));
-            }
-            for c in claimed {
-                why.push(format!(
-                    "the directory {}, or one the workflow made in it, is also the result of create_directory {}, which stands: roll that back first (once its workflow is pruned it never can be), or roll back with force to leave the directory in place",
-                    c.path,
-                    c.claimed_by.join(", ")
-                ));
-            }
-            return refused(ReasonCode::Conflict, why.join("; "), conflicts);
+            return refused(ReasonCode::Conflict, conflicts_said(&conflicts), conflicts);
         }
         // A rollback writes files like any action: with writes off or dry-run on it only
         // says what it would restore.
         if let (ctx, Some(why)) = self.execution_context()
             && !ctx.writes()
         {
-            let would: Vec<String> = chosen
-                .iter()
-                .rev()
-                .map(|(_, s)| {
-                    format!(
-                        "{} ({} {})",
-                        s.meta.action_id,
-                        s.meta.intent,
-                        shown_path(&s.meta.original_path)
-                    )
-                })
-                .collect();
-            let (flag, fix) = why.explained();
-            let fix = format!("{fix} to roll back");
-            // Simulated like a plan's actions, and audited like them (SPEC §8): one line
-            // per restore that would happen.
-            let execution_id = crate::plan::new_execution_id();
-            let records: Vec<AuditRecord> = chosen
-                .iter()
-                .rev()
-                .map(|(i, s)| {
-                    let current = self.target_checksum(*i, &s.meta.target());
-                    let mut r = self.rollback_record(
-                        &execution_id,
-                        workflow_id,
-                        *i,
-                        &s.meta,
-                        current,
-                        s.meta.sha256.clone(),
-                    );
-                    r.status = AuditStatus::Simulated;
-                    r.rollback_path = None;
-                    r
-                })
-                .collect();
-            if let Err(e) = self.audit.append(records) {
-                let r = crate::error::log_refusal("audit the simulated rollback", &e);
-                return refused(r.reason_code, r.reason, Vec::new());
-            }
-            return RollbackReport {
-                workflow_id: workflow_id.to_owned(),
-                status: RollbackStatus::Simulated,
-                steps_rolled_back: 0,
-                reason_code: None,
-                reason: Some(format!(
-                    "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}{}; {fix}",
-                    would.len(),
-                    named(&would),
-                    // As the real rollback would say: not all of the workflow comes back.
-                    if pruned.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            " ({} earlier write(s) had their snapshots pruned and could not be: {})",
-                            pruned.len(),
-                            named(&pruned)
-                        )
-                    }
-                )),
-                conflicts,
-                steps: Vec::new(),
-            };
+            return self.simulate_rollback(workflow_id, &chosen, &pruned, why, conflicts);
         }
         let execution_id = crate::plan::new_execution_id();
+        let record = match self.mark_rolling_back(workflow_id, &execution_id, &chosen) {
+            Ok(record) => record,
+            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
+        };
+        let steps = self.restore_chosen(
+            &execution_id,
+            workflow_id,
+            chosen,
+            opts.force,
+            &mut conflicts,
+        );
+        let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
+        if unrecorded.is_none() {
+            self.run_finished(record, None);
+        } else {
+            self.left_for_later(&execution_id);
+        }
+        // Else the record stays "rolling back": the next start, or the next run or
+        // rollback of this workflow in any process, finds it and audits the restores
+        // its marks record, as after a crash; this process's next change records them
+        // first (`record_held_restores`). A writer waiting for one of the targets' locks
+        // must then find the workflow's free: it is let go first.
+        drop(wf_lock);
+        rolled_back_report(workflow_id, steps, unrecorded, &pruned, conflicts)
+    }
+
+    /// The ids must be ones, and a restore must be possible to make durable and record,
+    /// before the workflow's lock is even waited for.
+    fn check_rollback_request(&self, workflow_id: &str, opts: &RollbackOptions) -> Verdict {
+        crate::plan::check_id("workflow_id", workflow_id)?;
+        if let Some(a) = &opts.action_id {
+            crate::plan::check_id("action_id", a)?;
+        }
+        // A restore could not be made durable either, nor recorded.
+        self.check_syncs()
+    }
+
+    /// The workflow's snapshots, refused whole when one is damaged (the refusal names
+    /// the last found): a rollback never restores from a backup it cannot trust, and
+    /// leaving some files out would leave the workflow half rolled back.
+    fn snapshots_to_roll_back(&self, workflow_id: &str) -> Verdict<RootedSnapshots> {
+        // Each snapshot found damaged counts, each time a rollback is asked for.
+        let (snaps, mut untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
+        match untrusted.pop() {
+            None => Ok(snaps),
+            Some(r) => {
+                let mismatched = untrusted
+                    .iter()
+                    .chain(std::iter::once(&r))
+                    .filter(|r| r.reason_code == ReasonCode::ChecksumMismatch)
+                    .count();
+                self.metrics.checksum_mismatches(mismatched);
+                Err(r)
+            }
+        }
+    }
+
+    /// What a rollback with writes off or dry-run on says, audited like a simulated
+    /// plan's actions (SPEC §8): the restores that would happen, and the flag to change
+    /// for them to.
+    fn simulate_rollback(
+        &self,
+        workflow_id: &str,
+        chosen: &[(usize, StoredSnapshot)],
+        pruned: &[String],
+        why: DryRunReason,
+        conflicts: Vec<Conflict>,
+    ) -> RollbackReport {
+        let would: Vec<String> = chosen
+            .iter()
+            .rev()
+            .map(|(_, s)| {
+                format!(
+                    "{} ({} {})",
+                    s.meta.action_id,
+                    s.meta.intent,
+                    shown_path(&s.meta.original_path)
+                )
+            })
+            .collect();
+        let (flag, fix) = why.explained();
+        let fix = format!("{fix} to roll back");
+        // Simulated like a plan's actions, and audited like them (SPEC §8): one line
+        // per restore that would happen.
+        let execution_id = crate::plan::new_execution_id();
+        let records: Vec<AuditRecord> = chosen
+            .iter()
+            .rev()
+            .map(|(i, s)| {
+                let current = self.target_checksum(*i, &s.meta.target());
+                let mut r = self.rollback_record(
+                    &execution_id,
+                    workflow_id,
+                    *i,
+                    &s.meta,
+                    current,
+                    s.meta.sha256.clone(),
+                );
+                r.status = AuditStatus::Simulated;
+                r.rollback_path = None;
+                r
+            })
+            .collect();
+        if let Err(e) = self.audit.append(records) {
+            let r = crate::error::log_refusal("audit the simulated rollback", &e);
+            return refused_rollback(workflow_id, r.reason_code, r.reason, Vec::new());
+        }
+        RollbackReport {
+            workflow_id: workflow_id.to_owned(),
+            status: RollbackStatus::Simulated,
+            steps_rolled_back: 0,
+            reason_code: None,
+            reason: Some(format!(
+                "{flag}, so nothing was restored; {} action(s) would be rolled back, newest first: {}{}; {fix}",
+                would.len(),
+                named(&would),
+                // As the real rollback would say: not all of the workflow comes back.
+                if pruned.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({} earlier write(s) had their snapshots pruned and could not be: {})",
+                        pruned.len(),
+                        named(pruned)
+                    )
+                }
+            )),
+            conflicts,
+            steps: Vec::new(),
+        }
+    }
+
+    /// Writes the workflow's record saying the rollback `execution_id` is under way,
+    /// returning it for the rollback to finish.
+    fn mark_rolling_back(
+        &self,
+        workflow_id: &str,
+        execution_id: &str,
+        chosen: &[(usize, StoredSnapshot)],
+    ) -> Verdict<crate::recovery::InflightRecord> {
         // The workflow's record says a rollback is under way, durably, before any target
         // changes: if the process dies between a restore and its record, the next start
         // finds the restored file and records it. Earlier runs of the workflow are made
@@ -1209,7 +1223,7 @@ impl Sandbox {
         // action this rollback undoes.
         let record = crate::recovery::InflightRecord {
             state: crate::recovery::ROLLING_BACK.to_owned(),
-            execution_id: execution_id.clone(),
+            execution_id: execution_id.to_owned(),
             workflow_id: workflow_id.to_owned(),
             started_at: self.now(),
             finished: false,
@@ -1218,14 +1232,23 @@ impl Sandbox {
             roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
             rollback_recovered_at: None,
         };
-        let marked = self
-            .settle_commit_log(workflow_id)
+        self.settle_commit_log(workflow_id)
             .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })
             .and_then(|()| self.begin_record(&record, None))
-            .and_then(|()| self.sync_point());
-        if let Err(r) = marked {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
+            .and_then(|()| self.sync_point())?;
+        Ok(record)
+    }
+
+    /// Restores the chosen snapshots, newest first, adding to `conflicts` the targets
+    /// whose restore met a change the check before it could not see.
+    fn restore_chosen(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        chosen: RootedSnapshots,
+        force: bool,
+        conflicts: &mut Vec<Conflict>,
+    ) -> Vec<RollbackStep> {
         // A step refused as a conflict (a change made without the runtime's locks after
         // the check above) is named among the conflicts like those found before.
         let targets: HashMap<String, (usize, RelPath, Option<String>)> = chosen
@@ -1236,11 +1259,11 @@ impl Sandbox {
             })
             .collect();
         let steps = self.restore_all(
-            &execution_id,
+            execution_id,
             workflow_id,
             chosen.into_iter().rev().collect(),
             crate::metrics::RollbackReason::Manual,
-            if opts.force {
+            if force {
                 RestoreMode::Force
             } else {
                 RestoreMode::Unchanged
@@ -1265,52 +1288,7 @@ impl Sandbox {
                 });
             }
         }
-        let failed = steps.iter().find(|s| !s.restored);
-        let unrecorded = steps.iter().find_map(|s| s.unrecorded.clone());
-        if unrecorded.is_none() {
-            self.run_finished(record, None);
-        } else {
-            self.left_for_later(&execution_id);
-        }
-        // Else the record stays "rolling back": the next start, or the next run or
-        // rollback of this workflow in any process, finds it and audits the restores
-        // its marks record, as after a crash; this process's next change records them
-        // first (`record_held_restores`). A writer waiting for one of the targets' locks
-        // must then find the workflow's free: it is let go first.
-        drop(wf_lock);
-        let n = steps.iter().filter(|s| s.restored).count() as u64;
-        let (reason_code, reason) = match (failed, unrecorded) {
-            (Some(s), _) => (s.reason_code, s.reason.clone()),
-            // A busy peer, not a broken disk.
-            (None, Some(e)) if e.starts_with(HELD_TRAIL) => (
-                Some(ReasonCode::Conflict),
-                Some(format!(
-                    "the files were restored, but {e}, so it could not record it; it is recorded before this process's next change, when this workflow is next used, or at the next start"
-                )),
-            ),
-            (None, Some(e)) => (
-                Some(ReasonCode::IoError),
-                Some(format!(
-                    "the files were restored, but the audit trail could not record it: {e}; it is recorded before this process's next change, when this workflow is next used, or at the next start, once the state directory can be written"
-                )),
-            ),
-            // Done, yet not everything the workflow wrote is back as it was: say so.
-            (None, None) if !pruned.is_empty() => (None, Some(pruned_left(&pruned))),
-            (None, None) => (None, None),
-        };
-        RollbackReport {
-            workflow_id: workflow_id.to_owned(),
-            status: if reason_code.is_some() {
-                RollbackStatus::Failed
-            } else {
-                RollbackStatus::RolledBack
-            },
-            steps_rolled_back: n,
-            reason_code,
-            reason,
-            conflicts,
-            steps,
-        }
+        steps
     }
 
     /// Puts on the ledger the directories a restore of `meta`'s action (in root `root`)
@@ -1759,6 +1737,114 @@ pub(crate) enum Restorer<'a> {
     Recovery {
         found: Option<&'a Option<String>>,
     },
+}
+/// A rollback refused before anything was restored.
+fn refused_rollback(
+    workflow_id: &str,
+    code: ReasonCode,
+    reason: String,
+    conflicts: Vec<Conflict>,
+) -> RollbackReport {
+    RollbackReport {
+        workflow_id: workflow_id.to_owned(),
+        status: RollbackStatus::Refused,
+        steps_rolled_back: 0,
+        reason_code: Some(code),
+        reason: Some(reason),
+        conflicts,
+        steps: Vec::new(),
+    }
+}
+
+/// Why an unforced rollback is refused for `conflicts`, with what to do: the advice
+/// depends on whose change each is, since force would throw some of them away.
+fn conflicts_said(conflicts: &[Conflict]) -> String {
+    let (claimed, changed): (Vec<&Conflict>, Vec<&Conflict>) =
+        conflicts.iter().partition(|c| !c.claimed_by.is_empty());
+    let mut why = Vec::new();
+    if !changed.is_empty() {
+        let files = ChangedFile::of(&changed);
+        let entries: Vec<String> = files.iter().map(ChangedFile::said).collect();
+        // Another workflow's write named is undone by its own rollback, which gives
+        // this one back what it left; force would throw that write away. Another
+        // workflow's rollback named has taken this workflow's write with it.
+        let names = |rollback: bool| {
+            files
+                .iter()
+                .any(|f| f.by.as_ref().is_some_and(|b| b.rollback == rollback))
+        };
+        let mut advice = String::new();
+        // The change between two of its writes is named once the later of the
+        // two is rolled back alone: the workflow's refusal then says whose it is.
+        if files.iter().any(|f| !f.between.is_empty()) {
+            advice.push_str("where a change came between two of the workflow's writes, roll back the later of them alone first (action_id), and this refusal then names that change when the trail records it; ");
+        }
+        if names(false) {
+            advice.push_str("roll back the writes named first (an action at a time, newest first, where workflows wrote in turn), or ");
+        }
+        advice.push_str("roll back with force to overwrite them");
+        if names(true) {
+            advice.push_str(" (where a rollback is named, nothing of this workflow's write is left there: force would put back what this workflow found, which that rollback had undone)");
+        }
+        why.push(format!(
+            "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
+            named(&entries)
+        ));
+    }
+    for c in claimed {
+        why.push(format!(
+            "the directory {}, or one the workflow made in it, is also the result of create_directory {}, which stands: roll that back first (once its workflow is pruned it never can be), or roll back with force to leave the directory in place",
+            c.path,
+            c.claimed_by.join(", ")
+        ));
+    }
+    why.join("; ")
+}
+
+/// What a rollback that went ahead says: failed when a restore failed or could not be
+/// recorded (a held trail being a busy peer, not a broken disk), and, done, whether
+/// pruned snapshots kept part of the workflow from coming back.
+fn rolled_back_report(
+    workflow_id: &str,
+    steps: Vec<RollbackStep>,
+    unrecorded: Option<String>,
+    pruned: &[String],
+    conflicts: Vec<Conflict>,
+) -> RollbackReport {
+    let failed = steps.iter().find(|s| !s.restored);
+    let n = steps.iter().filter(|s| s.restored).count() as u64;
+    let (reason_code, reason) = match (failed, unrecorded) {
+        (Some(s), _) => (s.reason_code, s.reason.clone()),
+        // A busy peer, not a broken disk.
+        (None, Some(e)) if e.starts_with(HELD_TRAIL) => (
+            Some(ReasonCode::Conflict),
+            Some(format!(
+                "the files were restored, but {e}, so it could not record it; it is recorded before this process's next change, when this workflow is next used, or at the next start"
+            )),
+        ),
+        (None, Some(e)) => (
+            Some(ReasonCode::IoError),
+            Some(format!(
+                "the files were restored, but the audit trail could not record it: {e}; it is recorded before this process's next change, when this workflow is next used, or at the next start, once the state directory can be written"
+            )),
+        ),
+        // Done, yet not everything the workflow wrote is back as it was: say so.
+        (None, None) if !pruned.is_empty() => (None, Some(pruned_left(pruned))),
+        (None, None) => (None, None),
+    };
+    RollbackReport {
+        workflow_id: workflow_id.to_owned(),
+        status: if reason_code.is_some() {
+            RollbackStatus::Failed
+        } else {
+            RollbackStatus::RolledBack
+        },
+        steps_rolled_back: n,
+        reason_code,
+        reason,
+        conflicts,
+        steps,
+    }
 }
 
 /// What a rollback leaves as it is of a workflow whose earlier writes were pruned.
