@@ -298,19 +298,32 @@ pub(crate) fn state_io_words(e: &std::io::Error) -> String {
 /// runtime held it past `limits.lock_wait_seconds` (`conflict`, to try again), or an I/O
 /// failure (`io_error`).
 pub(crate) fn log_refusal(what: &str, e: &std::io::Error) -> crate::reason::Refusal {
-    use crate::reason::{ReasonCode, Refusal};
-    if LockBusy::is_cause_of(e) {
-        return Refusal::new(
-            ReasonCode::Conflict,
+    busy_or_failed(
+        e,
+        || {
             format!(
                 "could not {what}: another process of the runtime held it ({e}: a stopped or hung process, or one far behind); nothing was done: try again later, or raise limits.lock_wait_seconds"
-            ),
-        );
-    }
-    Refusal::new(
-        ReasonCode::IoError,
-        format!("could not {what}: {}", state_io_words(e)),
+            )
+        },
+        || format!("could not {what}: {}", state_io_words(e)),
     )
+}
+
+/// The refusal for `e`, met taking or using something processes share (a lock, a log):
+/// `conflict`, in the words `busy` gives, when another process held it past
+/// `limits.lock_wait_seconds` (to try again); else `io_error`, in the words `failed`
+/// gives.
+pub(crate) fn busy_or_failed(
+    e: &std::io::Error,
+    busy: impl FnOnce() -> String,
+    failed: impl FnOnce() -> String,
+) -> crate::reason::Refusal {
+    use crate::reason::{ReasonCode, Refusal};
+    if LockBusy::is_cause_of(e) {
+        Refusal::new(ReasonCode::Conflict, busy())
+    } else {
+        Refusal::new(ReasonCode::IoError, failed())
+    }
 }
 
 #[cfg(test)]

@@ -1672,17 +1672,14 @@ const UNDONE_LATER: &str = "; the change was undone, and what the trail still la
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
-    if LockBusy::is_cause_of(e) {
-        return Refusal::new(
-            ReasonCode::Conflict,
+    crate::error::busy_or_failed(
+        e,
+        || {
             format!(
                 "could not {what}: another process held the log ({e}: a stopped or hung process, or one far behind){UNDONE_LATER}"
-            ),
-        );
-    }
-    Refusal::new(
-        ReasonCode::IoError,
-        format!("could not {what}: {}", crate::error::state_io_words(e)),
+            )
+        },
+        || format!("could not {what}: {}", crate::error::state_io_words(e)),
     )
 }
 

@@ -4,8 +4,7 @@
 use super::Sandbox;
 use crate::confine::RelPath;
 use crate::confine::path::shown_path;
-use crate::confine::state::LockBusy;
-use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::reason::{Refusal, Verdict};
 
 /// Stripes of the target locks (`locks/target-NN.lock`): enough that unrelated writes
 /// seldom wait for each other, few enough that the lock files stay a handful.
@@ -14,42 +13,42 @@ pub(super) const TARGET_LOCK_STRIPES: usize = 64;
 /// Why a workflow's lock could not be taken: another run or rollback of it holds it too
 /// long (`conflict`), or an I/O failure.
 pub(crate) fn workflow_lock_refusal(workflow_id: &str, e: &std::io::Error) -> Refusal {
-    if LockBusy::is_cause_of(e) {
-        return Refusal::new(
-            ReasonCode::Conflict,
+    crate::error::busy_or_failed(
+        e,
+        || {
             format!(
                 "another run or rollback of workflow {} kept it busy ({e}: a long plan or rollback, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
                 shown_path(workflow_id)
-            ),
-        );
-    }
-    Refusal::new(
-        ReasonCode::IoError,
-        format!(
-            "could not lock workflow {}: {}",
-            shown_path(workflow_id),
-            crate::error::state_io_words(e)
-        ),
+            )
+        },
+        || {
+            format!(
+                "could not lock workflow {}: {}",
+                shown_path(workflow_id),
+                crate::error::state_io_words(e)
+            )
+        },
     )
 }
 
-fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> crate::reason::Refusal {
-    if LockBusy::is_cause_of(e) {
-        return crate::reason::Refusal::new(
-            ReasonCode::Conflict,
+/// Why the lock of `rel` could not be taken: another writer held it too long
+/// (`conflict`), or an I/O failure.
+fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> Refusal {
+    crate::error::busy_or_failed(
+        e,
+        || {
             format!(
                 "another writer kept {} busy ({e}: a long write or rollback, heavy contention, or a stopped or hung process); nothing was done: try again later, or raise limits.lock_wait_seconds",
                 shown_path(&rel.as_string())
-            ),
-        );
-    }
-    crate::reason::Refusal::new(
-        ReasonCode::IoError,
-        format!(
-            "could not lock {}: {}",
-            shown_path(&rel.as_string()),
-            crate::error::io_words(e)
-        ),
+            )
+        },
+        || {
+            format!(
+                "could not lock {}: {}",
+                shown_path(&rel.as_string()),
+                crate::error::io_words(e)
+            )
+        },
     )
 }
 
