@@ -229,32 +229,46 @@ fn a_snapshot_folder_others_could_change_is_not_read() {
     w.clock.advance(chrono::Duration::days(10));
     for rel in [".rollback", ".rollback/wf_p", ".rollback/wf_p/a1"] {
         mode(rel, 0o777);
-        let info = sb.rollback_info("wf_p").unwrap();
-        assert_eq!(
-            (info.rollback_available, info.reason_code),
-            (false, Some(ReasonCode::ReservedPath)),
-            "{rel}: {info:?}"
-        );
-        let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
-        assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
-        assert_eq!(
-            rb.reason_code,
-            Some(ReasonCode::ReservedPath),
-            "{rel}: {rb:?}"
-        );
-        let reason = rb.reason.unwrap();
-        assert!(
-            reason.contains("writable by other users") && reason.contains("its snapshots are kept"),
-            "{rel}: {reason}"
-        );
-        let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
-        assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
-        assert!(w.path(".rollback/wf_p/a1/meta.json").exists(), "{rel}");
-        assert_eq!(w.read("m.txt"), b"x", "{rel}");
+        refused_and_kept(&w, &sb, "wf_p", rel, "writable by other users");
         mode(rel, 0o700);
     }
     rolls_back(&sb, "wf_p");
     assert_eq!(w.read("m.txt"), b"mark");
+}
+
+/// With the snapshot folder `rel` of `wf` (whose action a1 replaced `m.txt` with `x`)
+/// open to others: its rollback is refused, previewed and done, with `reserved_path`
+/// and a reason holding `words`, and a prune passes it by, its snapshot and the file kept.
+fn refused_and_kept(w: &World, sb: &ailab_sandbox_core::Sandbox, wf: &str, rel: &str, words: &str) {
+    let info = sb.rollback_info(wf).unwrap();
+    assert_eq!(
+        (info.rollback_available, info.reason_code),
+        (false, Some(ReasonCode::ReservedPath)),
+        "{rel}: {info:?}"
+    );
+    let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ReasonCode::ReservedPath),
+        "{rel}: {rb:?}"
+    );
+    let reason = rb.reason.unwrap();
+    assert!(
+        reason.contains(words) && reason.contains("its snapshots are kept"),
+        "{rel}: {reason}"
+    );
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
+    assert!(
+        w.path(&format!(".rollback/{wf}/a1/meta.json")).exists(),
+        "{rel}"
+    );
+    assert!(
+        w.path(&format!(".rollback/{wf}/a1/backup")).exists(),
+        "{rel}"
+    );
+    assert_eq!(w.read("m.txt"), b"x", "{rel}");
 }
 
 /// A snapshot folder an access control list opens to another user (the store, the
@@ -272,31 +286,8 @@ fn a_snapshot_folder_an_access_control_list_opens_to_others_is_not_read() {
             eprintln!("no access control lists on this filesystem: skipped");
             return;
         }
-        let info = sb.rollback_info("wf_acl").unwrap();
-        assert_eq!(
-            (info.rollback_available, info.reason_code),
-            (false, Some(ReasonCode::ReservedPath)),
-            "{rel}: {info:?}"
-        );
-        let rb = sb.rollback_workflow("wf_acl", &RollbackOptions::default());
-        assert_eq!(rb.status, "refused", "{rel}: {rb:?}");
-        assert_eq!(
-            rb.reason_code,
-            Some(ReasonCode::ReservedPath),
-            "{rel}: {rb:?}"
-        );
-        let reason = rb.reason.unwrap();
-        assert!(
-            reason.contains(&format!(
-                "{rel}' is writable by other users through its access control list"
-            )) && reason.contains("its snapshots are kept"),
-            "{rel}: {reason}"
-        );
-        let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
-        assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
-        assert!(w.path(".rollback/wf_acl/a1/meta.json").exists(), "{rel}");
-        assert!(w.path(".rollback/wf_acl/a1/backup").exists(), "{rel}");
-        assert_eq!(w.read("m.txt"), b"x", "{rel}");
+        let words = format!("{rel}' is writable by other users through its access control list");
+        refused_and_kept(&w, &sb, "wf_acl", rel, &words);
         acl_giving_write(&w.path(rel), me, true).unwrap();
     }
     rolls_back(&sb, "wf_acl");
