@@ -164,19 +164,23 @@ impl Journal {
     /// [`Journal::read_new`] unless another process holds the file: `false` then, and
     /// nothing read (never waited for).
     pub fn read_new_unless_held(&mut self, sink: &mut dyn FnMut(u64, &[u8])) -> io::Result<bool> {
-        self.read_new_under(LogFile::try_lock_shared, &mut |at, buf| sink(at, &buf))
+        self.read_new_under(LogFile::try_lock_shared, false, &mut |at, buf| {
+            sink(at, &buf)
+        })
     }
 
     /// [`Journal::read_new`], handing over each buffer (for a reader that sends it on).
     pub fn read_new_owned(&mut self, sink: &mut dyn FnMut(u64, Vec<u8>)) -> io::Result<()> {
-        self.read_new_under(|f| f.lock_shared().map(Some), sink)
+        self.read_new_under(|f| f.lock_shared().map(Some), true, sink)
             .map(drop)
     }
 
     /// The new lines under the shared lock `lock` takes; `false` when it gives none.
+    /// `repair`: whether a long torn tail found is cut (never waiting for the lock).
     fn read_new_under(
         &mut self,
         lock: impl for<'f> FnOnce(&'f LogFile) -> io::Result<Option<LogLock<'f>>>,
+        repair: bool,
         sink: &mut dyn FnMut(u64, Vec<u8>),
     ) -> io::Result<bool> {
         // Nothing new is the common case: one fstat instead of a lock round trip. An append
@@ -185,11 +189,25 @@ impl Journal {
         if !self.cursor.rewritable && self.file.len()? == self.cursor.offset {
             return Ok(true);
         }
-        let Some(_lock) = lock(&self.file)? else {
+        let Some(shared) = lock(&self.file)? else {
             return Ok(false);
         };
         let len = self.file.len()?;
         self.cursor.read_new_locked(&self.file, len, sink)?;
+        drop(shared);
+        // Under the shared lock no one appends, so bytes past the last line are a torn
+        // one. One longer than any line (a hole, a line made by hand) would be read again
+        // at every call until a writer cut it: cut here when no one holds the log.
+        if repair
+            && len - self.cursor.offset >= MAX_LINE
+            && let Some(_lock) = self.file.try_lock_exclusive()?
+        {
+            let len = self.file.len()?;
+            let durable = self.durable();
+            for (at, buf) in self.cursor.catch_up(&self.file, len, durable)? {
+                sink(at, buf);
+            }
+        }
         Ok(true)
     }
 

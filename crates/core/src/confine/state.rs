@@ -1124,8 +1124,21 @@ impl LogFile {
     /// A shared lock for reading when no other process holds the file; `None` when one
     /// does (never waited for).
     pub fn try_lock_shared(&self) -> io::Result<Option<LogLock<'_>>> {
-        match self.file.try_lock_shared() {
-            Ok(()) => Ok(Some(LogLock { file: &self.file })),
+        Self::tried(&self.file, self.file.try_lock_shared())
+    }
+
+    /// The exclusive lock when no other process holds the file; `None` when one does
+    /// (never waited for).
+    pub fn try_lock_exclusive(&self) -> io::Result<Option<LogLock<'_>>> {
+        Self::tried(&self.file, self.file.try_lock())
+    }
+
+    fn tried(
+        file: &File,
+        tried: Result<(), std::fs::TryLockError>,
+    ) -> io::Result<Option<LogLock<'_>>> {
+        match tried {
+            Ok(()) => Ok(Some(LogLock { file })),
             Err(std::fs::TryLockError::WouldBlock) => Ok(None),
             Err(std::fs::TryLockError::Error(e)) => Err(e),
         }

@@ -2235,3 +2235,38 @@ fn an_oversized_head_file_is_damaged() {
     let problem = sb.audit_log().head_problem().unwrap_or_default();
     assert!(problem.contains("is damaged"), "{problem}");
 }
+
+/// A torn last line longer than any line, met by a process that only reads (a server
+/// answering reads), is cut by it when no other process holds the log, rather than read
+/// again at every call until a writer comes; the lines before it are read as ever.
+#[test]
+fn a_reader_cuts_a_torn_tail_longer_than_a_line() {
+    use ailab_sandbox_core::journal::{Journal, MAX_LINE};
+    let w = World::new();
+    let state = StateDir::open(&w.state).unwrap();
+    let path = w.state.join("lines.jsonl");
+    std::fs::write(&path, b"{\"n\":1}\n").unwrap();
+    let mut reader = Journal::open(&state, "lines.jsonl", false).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"n\":2}\n{\"torn\":\"").unwrap();
+    f.set_len(16 + 2 * MAX_LINE).unwrap();
+    drop(f);
+    let mut read = Vec::new();
+    reader
+        .read_new(&mut |at, buf| read.push((at, buf.to_vec())))
+        .unwrap();
+    assert_eq!(read, vec![(0, b"{\"n\":1}\n{\"n\":2}\n".to_vec())]);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16);
+    // A short one is left for the next writer to cut, as before: read again, it costs
+    // little.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"{\"n\":3"))
+        .unwrap();
+    reader.read_new(&mut |_, _| {}).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 22);
+}
