@@ -924,7 +924,16 @@ impl Config {
                         text.escape_debug()
                     )));
                 }
-                Some(_) => {}
+                // Nor what makes a name read otherwise (every path given into such a
+                // root would be refused for it).
+                Some(text) => {
+                    if let Err(r) = crate::confine::path::detect_misleading_name(text) {
+                        return Err(ConfigError(format!(
+                            "{what}: {}; give a path without it",
+                            r.reason
+                        )));
+                    }
+                }
             }
         }
         for r in &self.roots {

@@ -487,21 +487,26 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         .size_bytes
                         .map_or_else(String::new, |n| format!("  ({})", render::bytes(n)));
                     let slash = if e.kind == "directory" { "/" } else { "" };
-                    // A name is one line of the list, read as it is written: control and
-                    // bidirectional formatting characters are escaped (no tool accepts
-                    // such a path anyway).
-                    let control = e.name.chars().any(|c| {
-                        c.is_control() || ailab_sandbox_core::confine::path::is_bidi_control(c)
-                    });
-                    let name = if control {
+                    // A name is one line of the list, read as it is written: what would
+                    // break it or hide in it is escaped.
+                    let shown_otherwise = e
+                        .name
+                        .chars()
+                        .any(ailab_sandbox_core::confine::path::shows_otherwise);
+                    let unaddressable = e.name.chars().any(char::is_control)
+                        || ailab_sandbox_core::confine::path::detect_misleading_name(&e.name)
+                            .is_err();
+                    let name = if shown_otherwise {
                         shown_path(&e.name)
                     } else {
                         e.name.clone()
                     };
                     let note = if e.name.eq_ignore_ascii_case(".rollback") {
                         "  (reserved: rollback snapshots, never writable)"
-                    } else if control {
+                    } else if unaddressable {
                         "  (control or bidirectional formatting characters in the name: no tool can address it)"
+                    } else if shown_otherwise {
+                        "  (shown escaped: the name holds characters readers do not show; give them as they are to address it)"
                     } else if e.not_utf8 {
                         "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
                     } else if e.other_links {

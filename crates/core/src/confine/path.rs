@@ -66,13 +66,32 @@ impl std::fmt::Display for RelPath {
     }
 }
 
+/// Refuses a path that reads otherwise than it is written: one holding a bidirectional
+/// formatting character (`a\u{202E}txt.sh` shows as `ahs.txt`). Asked of every path a
+/// caller gives ([`resolve_sandbox_path`]), not of the records of writes already made:
+/// an earlier version wrote such names, and their snapshots still restore.
+pub fn detect_misleading_name(path: &str) -> Verdict {
+    let Some(c) = path.chars().find(|c| is_bidi_control(*c)) else {
+        return Ok(());
+    };
+    Err(Refusal::new(
+        ReasonCode::PathTraversal,
+        format!(
+            "the path {} contains the bidirectional formatting character U+{:04X}, which makes a name read otherwise than it is written (`a\\u{{202E}}txt.sh` shows as `ahs.txt`); paths may not contain them (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): remove it",
+            shown_path(path),
+            c as u32
+        ),
+    )
+    .malformed())
+}
+
 /// Whether `c` is a bidirectional formatting character: an embedding, override or
 /// isolate, or a mark (Unicode's `Bidi_Control`).
 pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
-/// Refuses NUL and control characters, bidirectional formatting characters, `~` at the start, `..` and `.` components, empty
+/// Refuses NUL and control characters, `~` at the start, `..` and `.` components, empty
 /// components and backslashes. The string is taken literally: never decoded, expanded or
 /// trimmed.
 pub fn detect_path_traversal(path: &str) -> Verdict {
@@ -99,15 +118,6 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
         return Err(slip(Refusal::new(
             ReasonCode::PathTraversal,
             format!("the path {shown} contains a control character; paths may not contain them"),
-        )));
-    }
-    if let Some(c) = path.chars().find(|c| is_bidi_control(*c)) {
-        return Err(slip(Refusal::new(
-            ReasonCode::PathTraversal,
-            format!(
-                "the path {shown} contains the bidirectional formatting character U+{:04X}, which makes a name read otherwise than it is written (`a\\u{{202E}}txt.sh` shows as `ahs.txt`); paths may not contain them (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069)",
-                c as u32
-            ),
         )));
     }
     if path.starts_with('~') {
@@ -312,6 +322,8 @@ pub fn resolve_sandbox_path(
         check_path_depth(&rel, max_depth)?;
         (i, rel)
     };
+    // Last: a path that also aims out is refused for that, and counted so.
+    detect_misleading_name(path)?;
     Ok(Resolved { root_index, rel })
 }
 
@@ -374,6 +386,14 @@ pub(crate) fn folded(name: &str) -> String {
         }
     }
     kept.trim_end_matches(['.', ' ']).to_owned()
+}
+
+/// Whether `c`, in a name, makes it read otherwise than it is written where it is shown:
+/// a control character, a bidirectional formatting character, a line or paragraph
+/// separator, or a code point readers do not show ([`is_ignorable`]). A listing escapes
+/// such a name.
+pub fn shows_otherwise(c: char) -> bool {
+    c.is_control() || is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}') || is_ignorable(c)
 }
 
 /// Code points a filesystem that folds names ignores, and text readers do not show.

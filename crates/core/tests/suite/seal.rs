@@ -168,6 +168,31 @@ fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
     assert_eq!(w.read("m.txt"), b"mark");
 }
 
+/// A write an earlier version made to a name this one refuses (a bidirectional
+/// formatting character in it) still rolls back: its sealed record is the runtime's own,
+/// judged for where a write could go, not for how the name reads.
+#[test]
+fn a_write_to_a_name_refused_since_still_rolls_back() {
+    use ailab_sandbox_core::seal::SealKey;
+    use ailab_sandbox_core::snapshot::SnapshotMeta;
+    let (w, sb) = mark_replaced("wf_up");
+    let key = SealKey::new(
+        std::fs::read(w.state.join("seal.key"))
+            .unwrap()
+            .try_into()
+            .unwrap(),
+    );
+    let name = "m\u{202E}.txt";
+    let mut record = read_meta(&w, "wf_up", "a1");
+    record.as_object_mut().unwrap().remove("seal");
+    record["original_path"] = json!(name);
+    let meta: SnapshotMeta = serde_json::from_value(record).unwrap();
+    std::fs::write(meta_path(&w, "wf_up", "a1"), key.seal(&meta).unwrap()).unwrap();
+    std::fs::rename(w.path("m.txt"), w.path(name)).unwrap();
+    rolls_back(&sb, "wf_up");
+    assert_eq!(w.read(name), b"mark");
+}
+
 /// A symbolic link, a FIFO or a file with another link in the place of a snapshot's folder
 /// or record (even one leading to a faithful copy) is no record of the runtime's: the
 /// rollback is refused as for a forged one (`checksum_mismatch`), not failed as if the

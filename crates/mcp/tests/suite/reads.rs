@@ -177,6 +177,16 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
         t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control or bidirectional formatting characters in the name: no tool can address it)"),
         "{t}"
     );
+    // A line separator cannot make two lines of one name, nor a zero-width space hide.
+    std::fs::write(s.path("d/b.md\u{2028}file      secret.md"), b"x").unwrap();
+    std::fs::write(s.path("d/c\u{200B}.md"), b"x").unwrap();
+    let t = text(&s.ok("list_directory", json!({"path": "d"})).await);
+    assert_eq!(t.lines().count(), 4, "{t}");
+    assert!(!t.contains('\u{2028}') && !t.contains('\u{200B}'), "{t}");
+    assert!(
+        t.contains("'c\\u{200b}.md'  (1 byte)  (shown escaped"),
+        "{t}"
+    );
     let r = s
         .err(
             "create_file",
