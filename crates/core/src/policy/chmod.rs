@@ -188,11 +188,25 @@ pub(crate) fn plain(text: &str) -> String {
     // Compatibility decomposition reads full-width forms, mathematical and circled
     // letters, superscripts and ligatures as the letters they are drawn as (`𝐜𝐡𝐦𝐨𝐝`,
     // `ｃｈｍｏｄ`, `ⓒhmod`); the marks it splits off accented letters are dropped.
-    text.nfkd()
-        .filter(|&c| {
-            !crate::confine::path::is_ignorable(c)
-                && !unicode_normalization::char::is_combining_mark(c)
-        })
+    read_as_drawn(
+        text.nfkd()
+            .filter(|&c| !unicode_normalization::char::is_combining_mark(c)),
+    )
+}
+
+/// [`plain`] with accented letters kept as they are: a tool's name is matched word by
+/// word against names of shells and interpreters, and an accented word is another word
+/// (the Vietnamese `sự` and `bún` are not `su` and `bun`).
+pub(crate) fn plain_keeping_accents(text: &str) -> String {
+    use unicode_normalization::UnicodeNormalization as _;
+    read_as_drawn(text.nfkc())
+}
+
+/// The code points of a normalized text read as a person reads them: invisible ones
+/// dropped, the ideographic space a space, look-alike letters as the Latin ones.
+fn read_as_drawn(chars: impl Iterator<Item = char>) -> String {
+    chars
+        .filter(|&c| !crate::confine::path::is_ignorable(c))
         .map(|c| match c {
             '\u{3000}' => ' ',
             _ => look_alike(c).unwrap_or(c),

@@ -22,7 +22,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 58] = [
+const SHELL_TOOLS: [&str; 72] = [
     "shell",
     "sh",
     "bash",
@@ -68,20 +68,43 @@ const SHELL_TOOLS: [&str; 58] = [
     "ssh",
     "pkexec",
     "npx",
+    "pnpx",
     "bunx",
-    "bun",
+    "uvx",
+    "pipx",
     "tsx",
     "ts_node",
+    "tsnode",
     "rscript",
-    "julia",
+    "raku",
+    "tclsh",
+    "irb",
+    "jshell",
+    "ghci",
     "osascript",
     "cscript",
     "wscript",
     "awk",
     "gawk",
+    "nawk",
+    "mawk",
     "tmux",
     "xterm",
+    "xargs",
+    "nohup",
+    "nsenter",
+    "chroot",
+    "systemd_run",
 ];
+
+/// Runners whose names are also common words (`Baking Bun Recipes`, `Julia Plot Saver`):
+/// a tool's name is one of them only when it is that name alone (`bun`,
+/// `/usr/local/bin/julia`, `julia1.10`).
+const RUNNERS_ALONE: [&str; 3] = ["bun", "julia", "npm"];
+
+/// Members that name a runner in a namespace's member (`functions.exec`,
+/// `mcp.terminal`); an extension is no member (`App.tsx`, `config.lua`).
+const MEMBER_RUNNERS: [&str; 2] = ["exec", "terminal"];
 
 /// Words that name a shell or a runner of code wherever they stand in a tool's name,
 /// between `_` or `.`: agents' shell tools are called `run_shell_command`,
@@ -133,7 +156,7 @@ const SCRIPT_ENDINGS: [&str; 10] = [
 /// renamed tool, a missed runner a shell. What stands in parentheses is the tool's
 /// argument, not its name (`Write(deploy.sh)` writes a file).
 fn is_shell_tool(tool: &str) -> bool {
-    let plain = super::chmod::plain(tool);
+    let plain = super::chmod::plain_keeping_accents(tool);
     let name = plain.split('(').next().unwrap_or_default();
     // A Windows drive letter is part of the path, not a word of its own.
     let name = match name.as_bytes() {
@@ -152,11 +175,11 @@ fn is_shell_tool(tool: &str) -> bool {
     let named = words.iter().any(|w| {
         let b = base(w);
         let unversioned = b.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-        // A member of a namespace (`functions.exec`) is a name too.
-        let member = b.rsplit('.').next().unwrap_or_default();
+        let member = b.rsplit_once('.').map(|(_, m)| m).unwrap_or_default();
         SHELL_TOOLS.contains(&b.as_str())
             || SHELL_TOOLS.contains(&unversioned)
-            || SHELL_TOOLS.contains(&member)
+            || MEMBER_RUNNERS.contains(&member)
+            || (words.len() == 1 && RUNNERS_ALONE.contains(&unversioned))
             || RUNNERS.contains(&b.as_str())
             || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
     });

@@ -188,8 +188,14 @@ fn shell_tools_make_any_intent_forbidden() {
         "bas\u{200b}h",
         "\u{441}hmod",
         "npx",
+        "pnpx",
+        "uvx",
         "bunx",
         "bun",
+        "/usr/local/bin/julia",
+        "xargs",
+        "nohup",
+        "systemd-run",
         "tsx",
         "ts-node",
         "Rscript",
@@ -247,6 +253,18 @@ fn shell_tools_make_any_intent_forbidden() {
         "npm_docs",
         "bundle_notes",
         "publish.markdown",
+        // Words that are also runners' names, in a title; extensions after a dot.
+        "Baking Bun Recipes",
+        "Julia Plot Saver",
+        "App.tsx",
+        "config.lua",
+        "page.php",
+        "graph.node",
+        "fs.su",
+        // Accented words are other words (Vietnamese: record event, save history).
+        "Ghi s\u{1ef1} ki\u{1ec7}n",
+        "L\u{1b0}u l\u{1ecb}ch s\u{1eed}",
+        "B\u{fa}n ch\u{1ea3} notes",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
