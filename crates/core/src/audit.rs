@@ -1394,14 +1394,14 @@ impl AuditLog {
     }
 
     /// The workflows whose trail records a write by an action of this id (an action id
-    /// is unique in its workflow only), sorted: for a rollback that named the action
-    /// under another workflow.
+    /// is unique in its workflow only) that is not rolled back, sorted: for a rollback
+    /// that named the action under another workflow.
     pub fn workflows_that_ran(&self, action_id: &str) -> io::Result<Vec<String>> {
         self.with(|ix| {
             let mut found: Vec<String> = ix
                 .workflows
                 .iter()
-                .filter(|(_, w)| w.ran.contains(action_id))
+                .filter(|(_, w)| w.ran.contains(action_id) && !w.undone.contains(action_id))
                 .map(|(id, _)| id.clone())
                 .collect();
             found.sort_unstable();

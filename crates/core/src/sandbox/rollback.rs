@@ -741,11 +741,13 @@ impl Sandbox {
             .audit
             .by_workflow(workflow_id)
             .map_err(|e| unread("the audit trail", e))?;
-        let pruned_marks = self
-            .state
-            .prune_mark(workflow_id)
-            .map_err(|e| unread("the workflow's prune record", e))?
-            .unwrap_or_default();
+        // A damaged record of prunes matters only where snapshots are missing: it may
+        // be what removed them.
+        let (pruned_marks, damaged_marks) = match self.state.prune_mark(workflow_id) {
+            Ok(marks) => (marks.unwrap_or_default(), None),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => (Vec::new(), Some(e)),
+            Err(e) => return Err(unread("the workflow's prune record", e)),
+        };
         // How far in the trail prunes went through this process's root `i`, if any did.
         let pruned_up_to = |i: usize| {
             pruned_marks
@@ -867,6 +869,9 @@ impl Sandbox {
                 ),
                 Vec::new(),
             ));
+        }
+        if let (false, Some(e)) = (missing.is_empty(), damaged_marks) {
+            return Err(unread("the workflow's prune record", e));
         }
         if !missing.is_empty() {
             return Err((
@@ -1003,12 +1008,22 @@ impl Sandbox {
         if found.is_empty() {
             return String::new();
         }
-        let shown: Vec<String> = found.iter().map(|w| shown_path(w)).collect();
+        // A few, and how many more: an id as common as `a1` may be every workflow's,
+        // and which one was meant is the caller's to know.
+        const NAMED: usize = 3;
+        let mut shown = found
+            .iter()
+            .take(NAMED)
+            .map(|w| shown_path(w))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if found.len() > NAMED {
+            shown.push_str(&format!(" and {} more", found.len() - NAMED));
+        }
         let plural = if found.len() == 1 { "" } else { "s" };
         format!(
-            "; the audit trail records action {} in workflow{plural} {}: name its workflow to roll it back",
+            "; the audit trail records a write of action {} not rolled back in workflow{plural} {shown}: name its workflow to roll it back",
             shown_path(a),
-            named(&shown)
         )
     }
 

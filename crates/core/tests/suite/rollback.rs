@@ -186,14 +186,25 @@ fn an_action_named_under_another_workflow_is_told_where_it_ran() {
             let reason = rb.reason.unwrap();
             assert!(
                 reason.contains(&format!(
-                    "records action '{action}' {named} name its workflow"
+                    "records a write of action '{action}' not rolled back {named} name its workflow"
                 )),
                 "{reason}"
             );
         }
     }
+    // Rolled back in one, it is named in the other only.
+    assert_eq!(
+        rollback_action(&sb, "wf_other", "a3", false).status,
+        "rolled_back"
+    );
+    let rb = rollback_action(&sb, "wf_none", "a3", false);
+    let reason = rb.reason.unwrap();
+    assert!(
+        reason.contains("not rolled back in workflow 'wf_five': name"),
+        "{reason}"
+    );
     assert_eq!(w.read("log.txt"), b"start\nmore\n");
-    assert_eq!(w.read("other.txt"), b"o\n");
+    assert!(!w.root.join("other.txt").exists());
 }
 
 #[test]
@@ -485,6 +496,13 @@ fn a_damaged_prune_record_is_named() {
         "{why}"
     );
     std::fs::write(&mark, b"{\"damaged\": true}").unwrap();
+    // An action written since, whose snapshot is whole, rolls back whatever the record.
+    let later = json!({"workflow_id": "wf_mark", "actions": [
+        {"action_id": "later", "intent": "create_file", "path": "later.txt", "content": "l"}]});
+    assert_eq!(status(&run(&sb, later)), "success");
+    let rb = rollback_action(&sb, "wf_mark", "later", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.root.join("later.txt").exists());
     let rb = sb.rollback_workflow("wf_mark", &RollbackOptions::default());
     assert_eq!(rb.reason_code, Some(ReasonCode::IoError), "{rb:?}");
     let why = rb.reason.unwrap();

@@ -99,7 +99,7 @@ async fn rollback_action_undoes_one_write() {
     let r = s.err("rollback_action", json!({"action_id": action})).await;
     assert!(
         text(&r).contains(&format!(
-            "records action '{action}' in workflow 'wf_elsewhere': name its workflow"
+            "records a write of action '{action}' not rolled back in workflow 'wf_elsewhere': name its workflow"
         )) && text(&r).contains("call rollback_action again with that workflow_id"),
         "{}",
         text(&r)
