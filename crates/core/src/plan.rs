@@ -855,91 +855,11 @@ impl Plan {
     /// Checks ids (`invalid_id`), fills in missing ones, and checks the plan's shape
     /// (`invalid_plan`).
     pub fn validate(self) -> Verdict<ValidPlan> {
-        let workflow_id = match self.workflow_id {
-            Some(w) => {
-                check_id("workflow_id", &w)?;
-                w
-            }
-            None => new_workflow_id(),
-        };
-        if let Some(p) = &self.parent_workflow_id {
-            check_id("parent_workflow_id", p)?;
-        }
-        if self.actions.is_empty() {
-            return Err(Refusal::new(
-                ReasonCode::InvalidPlan,
-                "the plan has no actions; give at least one",
-            ));
-        }
-        if self.actions.len() > MAX_ACTIONS_PER_PLAN {
-            return Err(Refusal::new(
-                ReasonCode::InvalidPlan,
-                format!(
-                    "the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed",
-                    self.actions.len()
-                ),
-            ));
-        }
-        let edits: usize = self
-            .actions
-            .iter()
-            .map(|a| a.edits.as_ref().map_or(0, Vec::len))
-            .sum();
-        if edits > MAX_EDITS_PER_PLAN {
-            return Err(Refusal::new(
-                ReasonCode::InvalidPlan,
-                format!(
-                    "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans or calls"
-                ),
-            ));
-        }
-        // Counted while parsing JSON; a `Plan` built in Rust is counted here.
-        let mut values = 0;
-        for d in self.actions.iter().filter_map(|a| a.data.as_ref()) {
-            let (n, depth) = data_shape(d);
-            values += n;
-            if depth > MAX_DATA_DEPTH {
-                return Err(Refusal::new(
-                    ReasonCode::InvalidPlan,
-                    format!(
-                        "an action's data nests arrays and objects {depth} levels deep; at most {MAX_DATA_DEPTH} are allowed: flatten the data"
-                    ),
-                ));
-            }
-        }
-        if values > MAX_DATA_VALUES_PER_PLAN {
-            return Err(Refusal::new(
-                ReasonCode::InvalidPlan,
-                format!(
-                    "the plan's data holds {values} values in all, an object with members counted as {OBJECT_WEIGHT} and each key as one more; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans or calls"
-                ),
-            ));
-        }
-        let mut seen = HashSet::new();
-        let mut actions = Vec::with_capacity(self.actions.len());
-        for mut a in self.actions {
-            let id = match a.action_id.take() {
-                Some(id) => {
-                    check_id("action_id", &id)?;
-                    id
-                }
-                None => new_action_id(),
-            };
-            if let Some(p) = &a.parent_artifact_id {
-                check_id("parent_artifact_id", p)?;
-            }
-            if !seen.insert(id.clone()) {
-                return Err(Refusal::new(
-                    ReasonCode::InvalidPlan,
-                    format!(
-                        "action_id {} appears twice in the plan; each action needs its own id",
-                        shown_path(&id)
-                    ),
-                ));
-            }
-            a.action_id = Some(id);
-            actions.push(a);
-        }
+        let workflow_id =
+            checked_workflow_ids(self.workflow_id, self.parent_workflow_id.as_deref())?;
+        check_action_counts(&self.actions)?;
+        check_data_shape(&self.actions)?;
+        let actions = with_action_ids(self.actions)?;
         Ok(ValidPlan {
             workflow_id,
             parent_workflow_id: self.parent_workflow_id,
@@ -947,6 +867,118 @@ impl Plan {
             actions,
         })
     }
+}
+
+/// The plan's workflow id, checked, or a new one when it gave none, and its parent's,
+/// checked: a workflow's id names its folders, so one that could not be a folder name is
+/// refused before anything else of the plan is looked at.
+fn checked_workflow_ids(workflow_id: Option<String>, parent: Option<&str>) -> Verdict<String> {
+    let workflow_id = match workflow_id {
+        Some(w) => {
+            check_id("workflow_id", &w)?;
+            w
+        }
+        None => new_workflow_id(),
+    };
+    if let Some(p) = parent {
+        check_id("parent_workflow_id", p)?;
+    }
+    Ok(workflow_id)
+}
+
+/// Refuses a plan with no actions, more than a plan may hold, or more edits in all than
+/// one plan may make: each edit scans its whole file, so the count bounds the work one
+/// request can ask for, and it is taken before any action is looked at.
+fn check_action_counts(actions: &[Action]) -> Verdict {
+    if actions.is_empty() {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            "the plan has no actions; give at least one",
+        ));
+    }
+    if actions.len() > MAX_ACTIONS_PER_PLAN {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed",
+                actions.len()
+            ),
+        ));
+    }
+    let edits: usize = actions
+        .iter()
+        .map(|a| a.edits.as_ref().map_or(0, Vec::len))
+        .sum();
+    if edits > MAX_EDITS_PER_PLAN {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the plan has {edits} edits in all; at most {MAX_EDITS_PER_PLAN} are allowed in one plan, so split the changes over several plans or calls"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses data nested deeper than an action's may be, or more values in all than one
+/// plan's may hold: rendering and checking such data would take more time and memory
+/// than any file it could become is worth.
+fn check_data_shape(actions: &[Action]) -> Verdict {
+    // Counted while parsing JSON; a `Plan` built in Rust is counted here.
+    let mut values = 0;
+    for d in actions.iter().filter_map(|a| a.data.as_ref()) {
+        let (n, depth) = data_shape(d);
+        values += n;
+        if depth > MAX_DATA_DEPTH {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "an action's data nests arrays and objects {depth} levels deep; at most {MAX_DATA_DEPTH} are allowed: flatten the data"
+                ),
+            ));
+        }
+    }
+    if values > MAX_DATA_VALUES_PER_PLAN {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the plan's data holds {values} values in all, an object with members counted as {OBJECT_WEIGHT} and each key as one more; at most {MAX_DATA_VALUES_PER_PLAN} are allowed in one plan, so split it over several plans or calls"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The actions, each with its id checked or a new one given, and its parent artifact's
+/// checked: an action is named by its id on the trail and in a rollback, so two with
+/// the same id in one plan are refused.
+fn with_action_ids(actions: Vec<Action>) -> Verdict<Vec<Action>> {
+    let mut seen = HashSet::new();
+    let mut checked = Vec::with_capacity(actions.len());
+    for mut a in actions {
+        let id = match a.action_id.take() {
+            Some(id) => {
+                check_id("action_id", &id)?;
+                id
+            }
+            None => new_action_id(),
+        };
+        if let Some(p) = &a.parent_artifact_id {
+            check_id("parent_artifact_id", p)?;
+        }
+        if !seen.insert(id.clone()) {
+            return Err(Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "action_id {} appears twice in the plan; each action needs its own id",
+                    shown_path(&id)
+                ),
+            ));
+        }
+        a.action_id = Some(id);
+        checked.push(a);
+    }
+    Ok(checked)
 }
 
 impl Action {
