@@ -199,64 +199,68 @@ impl Sandbox {
     /// since, and is left as it is; each target is judged and written under its lock.
     /// Returns what it did ([`Replayed`]).
     fn replay_commits(&self, wf: &str, entries: &[crate::commit_log::CommitEntry]) -> Replayed {
-        use crate::snapshot::Snapshotter;
-        let audited: HashSet<(String, String)> = self
-            .audit
+        let audited = self.audited_actions(wf);
+        // The run the workflow's record names is its latest: no run of the workflow can
+        // have followed its entries (each would have taken the record over), so a line
+        // of the workflow timed after them only says that the clock was set back.
+        let latest = self.run_record(wf).map(|r| r.execution_id);
+        let mut replay = Replay::new(latest);
+        self.rewrite_logged_snapshots(wf, entries, &audited, &mut replay);
+        self.put_newest_bytes(&mut replay);
+        self.tell_logs_of_placed(&mut replay);
+        if replay.superseded {
+            self.record_marked_restores(wf);
+        }
+        warn_of_kept_entries(wf, entries, &replay.kept);
+        Replayed {
+            changed: replay.changed.len(),
+            complete: replay.complete,
+            kept: replay.kept,
+            log_failure: replay.log_failure,
+        }
+    }
+
+    /// The runs and actions of the workflow the trail records as done: an audited
+    /// action landed, and is never taken for one overtaken by another run's write.
+    fn audited_actions(&self, wf: &str) -> HashSet<(String, String)> {
+        self.audit
             .by_workflow(wf)
             .unwrap_or_default()
             .into_iter()
             .filter(|e| e.status == AuditStatus::Success)
             .map(|e| (e.execution_id, e.action_id))
-            .collect();
-        // The run the workflow's record names is its latest: no run of the workflow can
-        // have followed its entries (each would have taken the record over), so a line
-        // of the workflow timed after them only says that the clock was set back.
-        let latest = self.run_record(wf).map(|r| r.execution_id);
-        let of_latest = |meta: &crate::snapshot::SnapshotMeta| {
-            latest.as_deref() == Some(meta.execution_id.as_str())
-        };
-        let mut live = Vec::new();
-        let mut changed: HashSet<String> = HashSet::new();
-        let mut complete = true;
-        let mut log_failure = None;
-        let mut superseded = false;
-        let mut kept = Vec::new();
-        // Targets with an entry this replay could not settle (its snapshot not rewritten,
-        // or its undo not marked): neither written nor told of now, the next start
-        // judging them with every entry in place.
-        let mut unsettled: HashSet<(usize, &str)> = HashSet::new();
+            .collect()
+    }
+
+    /// Sorts the log's entries: kept for a root not configured now, passed over, marked
+    /// undone when overtaken, or live (their snapshots rewritten first): a target's bytes
+    /// are only put back where the snapshot that can undo them is whole again.
+    fn rewrite_logged_snapshots<'e>(
+        &self,
+        wf: &str,
+        entries: &'e [crate::commit_log::CommitEntry],
+        audited: &HashSet<(String, String)>,
+        replay: &mut Replay<'e>,
+    ) {
+        use crate::snapshot::Snapshotter;
         for (at, e) in entries.iter().enumerate() {
             let (meta, Some(_)) = (&e.meta, &e.meta.commit) else {
                 continue;
             };
             let Some(i) = self.roots.iter().position(|r| r.is_named_by(&meta.root)) else {
                 // Its write was acknowledged: the entry is kept for a start that has the
-                // root (said once per log, below).
-                kept.push(at);
+                // root (said once per log, by `warn_of_kept_entries`).
+                replay.kept.push(at);
                 continue;
             };
-            if meta.workflow_id != wf {
+            if meta.workflow_id != wf || !self.snapshot_to_rewrite(i, wf, e) {
                 continue;
             }
-            let root = &self.roots[i];
-            match Snapshotter::load(root, &self.seal, wf, &meta.action_id) {
-                Ok(Some(s)) if s.restored => continue,
-                Ok(Some(s)) if s.meta != *meta => {
-                    tracing::warn!(action = %meta.action_id, "another snapshot holds a logged action's folder; entry skipped");
-                    continue;
-                }
-                _ => {}
-            }
-            // The backup and metadata may be missing or torn even when the folder loads.
-            let before = e.backup.as_deref().map(crate::hash::sha256_hex);
-            let backup_ok = e.backup.is_none() || before == meta.sha256;
-            if !backup_ok {
-                continue;
-            }
-            if let Err(r) = Snapshotter::repair(root, &self.seal, meta, e.backup.as_deref()) {
+            if let Err(r) =
+                Snapshotter::repair(&self.roots[i], &self.seal, meta, e.backup.as_deref())
+            {
                 tracing::error!(reason = %r, "recovery could not rewrite a logged snapshot");
-                complete = false;
-                unsettled.insert((i, meta.original_path.as_str()));
+                replay.not_settled(i, meta);
                 continue;
             }
             let was_audited =
@@ -268,158 +272,193 @@ impl Sandbox {
             // evidence against it.
             if !was_audited
                 && self
-                    .first_change_by_another(i, meta, of_latest(meta))
+                    .first_change_by_another(i, meta, replay.of_latest(meta))
                     .is_some_and(|first| !found_its_result(meta, &first))
             {
-                let current = self.target_checksum(i, &meta.target());
-                if let Err(r) = self.mark_restored(
-                    i,
-                    meta,
-                    &e.record.execution_id,
-                    &current,
-                    &[],
-                    // Changed nothing (see `undo_superseded`).
-                    Restorer::Recovery {
-                        found: Some(&current),
-                    },
-                ) {
+                if let Err(r) = self.mark_overtaken_undone(i, e) {
                     tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
-                    complete = false;
-                    unsettled.insert((i, meta.original_path.as_str()));
+                    replay.not_settled(i, meta);
                 }
-                superseded = true;
+                replay.superseded = true;
                 continue;
             }
-            live.push((i, e, was_audited));
+            replay.live.push((i, e, was_audited));
         }
+    }
+
+    /// Whether the entry's snapshot is one this replay rewrites: not one marked restored
+    /// (undone, durably), nor another's holding the action's folder, and with a backup
+    /// whose bytes are the ones the entry says it took.
+    fn snapshot_to_rewrite(&self, i: usize, wf: &str, e: &crate::commit_log::CommitEntry) -> bool {
+        use crate::snapshot::Snapshotter;
+        let meta = &e.meta;
+        match Snapshotter::load(&self.roots[i], &self.seal, wf, &meta.action_id) {
+            Ok(Some(s)) if s.restored => return false,
+            Ok(Some(s)) if s.meta != *meta => {
+                tracing::warn!(action = %meta.action_id, "another snapshot holds a logged action's folder; entry skipped");
+                return false;
+            }
+            _ => {}
+        }
+        // The backup and metadata may be missing or torn even when the folder loads.
+        let before = e.backup.as_deref().map(crate::hash::sha256_hex);
+        e.backup.is_none() || before == meta.sha256
+    }
+
+    /// Marks a logged action another run overtook as undone, without touching its
+    /// target: that run's change stands.
+    fn mark_overtaken_undone(&self, i: usize, e: &crate::commit_log::CommitEntry) -> Verdict {
+        let meta = &e.meta;
+        let current = self.target_checksum(i, &meta.target());
+        self.mark_restored(
+            i,
+            meta,
+            &e.record.execution_id,
+            &current,
+            &[],
+            // Changed nothing (see `undo_superseded`).
+            Restorer::Recovery {
+                found: Some(&current),
+            },
+        )
+    }
+
+    /// Puts each target's newest live entry's bytes in place, once a target: the older
+    /// entries' bytes were written over by the newer ones when they ran.
+    fn put_newest_bytes(&self, replay: &mut Replay<'_>) {
         let mut seen: HashSet<(usize, &str)> = HashSet::new();
-        // Targets this replay could not put (or confirm) in place, or settle.
-        let mut unplaced = unsettled;
-        for &(i, e, _) in live.iter().rev() {
+        for &(i, e, _) in replay.live.iter().rev() {
             let meta = &e.meta;
             if !seen.insert((i, meta.original_path.as_str()))
-                || unplaced.contains(&(i, meta.original_path.as_str()))
+                || replay.unplaced.contains(&(i, meta.original_path.as_str()))
             {
                 continue;
             }
-            let rel = meta.target();
-            // A live process may be writing the target: judge and replace it under the
-            // target's lock, as every writer does.
-            let _held = match self.lock_target(i, &rel) {
-                Ok(h) => h,
-                Err(r) => {
-                    tracing::error!(reason = %r, "recovery could not lock a logged action's target");
-                    complete = false;
-                    unplaced.insert((i, meta.original_path.as_str()));
-                    continue;
+            match self.put_logged_target(i, e, replay) {
+                Placing::Written => {
+                    replay.changed.insert(meta.snapshot_id.clone());
                 }
-            };
-            let current = self.target_checksum(i, &rel);
-            let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
-            if current == after {
-                // In place, perhaps only in memory, maybe beneath a mount inside the
-                // root: the sync that concludes the replay must cover it.
-                if let Err(r) = self.cover_target(i, &rel) {
-                    tracing::error!(reason = %r, "recovery could not cover a logged target for its sync");
-                    complete = false;
-                    unplaced.insert((i, meta.original_path.as_str()));
-                }
-                continue;
-            }
-            let known = live
-                .iter()
-                .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
-                .any(|(_, o, _)| {
-                    current == o.meta.sha256
-                        || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
-                });
-            // What the target holds may be older bytes of this log's that a later run
-            // of another workflow wrote back.
-            if !known || self.put_back_by_another(i, meta, &current, of_latest(meta)) {
-                tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
-                continue;
-            }
-            let mode = meta
-                .mode
-                .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
-            let put = self.roots[i]
-                .stage_write(
-                    &rel,
-                    &crate::confine::root::temp_name(),
-                    &e.bytes,
-                    mode,
-                    None,
-                )
-                .and_then(|st| {
-                    // Staged bytes that are not put in place are not left beside it.
-                    self.fail_at("replay_staged")
-                        .and_then(|()| {
-                            st.commit_in(
-                                &self.roots[i],
-                                &rel,
-                                crate::confine::root::Put::Any,
-                                false,
-                            )
-                        })
-                        .inspect_err(|_| st.discard())
-                })
-                .and_then(|()| self.cover_target(i, &rel));
-            match put {
-                Ok(()) => {
-                    changed.insert(meta.snapshot_id.clone());
-                }
-                Err(r) => {
-                    tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
-                    complete = false;
-                    unplaced.insert((i, meta.original_path.as_str()));
+                Placing::Untouched => {}
+                Placing::Failed => {
+                    replay.complete = false;
+                    replay.unplaced.insert((i, meta.original_path.as_str()));
                 }
             }
         }
+    }
+
+    /// Judges one target against its newest live entry and puts the entry's bytes in
+    /// place when the target holds other bytes the log knew for it.
+    fn put_logged_target(
+        &self,
+        i: usize,
+        e: &crate::commit_log::CommitEntry,
+        replay: &Replay<'_>,
+    ) -> Placing {
+        let meta = &e.meta;
+        let rel = meta.target();
+        // A live process may be writing the target: judge and replace it under the
+        // target's lock, as every writer does.
+        let _held = match self.lock_target(i, &rel) {
+            Ok(h) => h,
+            Err(r) => {
+                tracing::error!(reason = %r, "recovery could not lock a logged action's target");
+                return Placing::Failed;
+            }
+        };
+        let current = self.target_checksum(i, &rel);
+        let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
+        if current == after {
+            // In place, perhaps only in memory, maybe beneath a mount inside the
+            // root: the sync that concludes the replay must cover it.
+            if let Err(r) = self.cover_target(i, &rel) {
+                tracing::error!(reason = %r, "recovery could not cover a logged target for its sync");
+                return Placing::Failed;
+            }
+            return Placing::Untouched;
+        }
+        let known = replay
+            .live
+            .iter()
+            .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
+            .any(|(_, o, _)| {
+                current == o.meta.sha256
+                    || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
+            });
+        // What the target holds may be older bytes of this log's that a later run
+        // of another workflow wrote back.
+        if !known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)) {
+            tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
+            return Placing::Untouched;
+        }
+        match self.write_logged_bytes(i, &rel, e) {
+            Ok(()) => Placing::Written,
+            Err(r) => {
+                tracing::error!(reason = %r, "recovery could not put a logged action's bytes in place");
+                Placing::Failed
+            }
+        }
+    }
+
+    /// Writes the entry's bytes to its target through a temporary file and covers the
+    /// target for the sync that concludes the replay, as a batched write is.
+    fn write_logged_bytes(
+        &self,
+        i: usize,
+        rel: &RelPath,
+        e: &crate::commit_log::CommitEntry,
+    ) -> Verdict {
+        let mode = e
+            .meta
+            .mode
+            .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
+        self.roots[i]
+            .stage_write(
+                rel,
+                &crate::confine::root::temp_name(),
+                &e.bytes,
+                mode,
+                None,
+            )
+            .and_then(|st| {
+                // Staged bytes that are not put in place are not left beside it.
+                self.fail_at("replay_staged")
+                    .and_then(|()| {
+                        st.commit_in(&self.roots[i], rel, crate::confine::root::Put::Any, false)
+                    })
+                    .inspect_err(|_| st.discard())
+            })
+            .and_then(|()| self.cover_target(i, rel))
+    }
+
+    /// Appends the registry entries and audit records the live entries lack, but those
+    /// of a target not put in place.
+    fn tell_logs_of_placed(&self, replay: &mut Replay<'_>) {
         // The registry and the trail are told of a write once its target holds its bytes:
         // a line appended before would name bytes the file does not hold until the start
         // that can write them (the log, kept meanwhile, has every line for that start).
         // The writes to targets that are in place are told now, before any later writer
         // of those files is: the trail keeps each file's changes in the order they came.
-        for &(i, e, was_audited) in &live {
+        for &(i, e, was_audited) in &replay.live {
             let Some(commit) = &e.meta.commit else {
                 continue;
             };
-            if unplaced.contains(&(i, e.meta.original_path.as_str())) {
+            if replay
+                .unplaced
+                .contains(&(i, e.meta.original_path.as_str()))
+            {
                 continue;
             }
             match self.complete_logs(commit, was_audited) {
                 Ok(true) => {
-                    changed.insert(e.meta.snapshot_id.clone());
+                    replay.changed.insert(e.meta.snapshot_id.clone());
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    complete = false;
-                    log_failure.get_or_insert(e);
+                    replay.complete = false;
+                    replay.log_failure.get_or_insert(e);
                 }
             }
-        }
-        if superseded {
-            self.record_marked_restores(wf);
-        }
-        if !kept.is_empty() {
-            let mut roots: Vec<&str> = kept
-                .iter()
-                .map(|&at| entries[at].meta.root.as_str())
-                .collect();
-            roots.sort_unstable();
-            roots.dedup();
-            tracing::warn!(
-                workflow = %wf,
-                entries = kept.len(),
-                roots = %roots.join(", "),
-                "commit log entries name roots not configured now; they are kept for a start that has them"
-            );
-        }
-        Replayed {
-            changed: changed.len(),
-            complete,
-            kept,
-            log_failure,
         }
     }
 
@@ -523,4 +562,84 @@ struct Replayed {
     kept: Vec<usize>,
     /// Why the registry or the trail would not take an entry, when one would not.
     log_failure: Option<std::io::Error>,
+}
+
+/// What a commit log's replay has found and done so far, handed from step to step of
+/// `replay_commits`.
+struct Replay<'e> {
+    /// The run the workflow's record names (see `replay_commits`).
+    latest: Option<String>,
+    /// The entries whose writes are replayed, in the log's order, each with its root's
+    /// index and whether the trail records it.
+    live: Vec<(usize, &'e crate::commit_log::CommitEntry, bool)>,
+    /// The snapshots of the entries that needed anything.
+    changed: HashSet<String>,
+    /// Whether every write it tried succeeded.
+    complete: bool,
+    /// Why the registry or the trail would not take an entry, when one would not.
+    log_failure: Option<std::io::Error>,
+    /// Whether an entry overtaken by another run was marked undone.
+    superseded: bool,
+    /// The entries kept for a root not configured now.
+    kept: Vec<usize>,
+    /// Targets this replay could not put (or confirm) in place, or settle.
+    unplaced: HashSet<(usize, &'e str)>,
+}
+
+impl<'e> Replay<'e> {
+    fn new(latest: Option<String>) -> Self {
+        Replay {
+            latest,
+            live: Vec::new(),
+            changed: HashSet::new(),
+            complete: true,
+            log_failure: None,
+            superseded: false,
+            kept: Vec::new(),
+            unplaced: HashSet::new(),
+        }
+    }
+
+    /// Whether the entry is of the workflow's latest run: a line of the workflow timed
+    /// after it then only says that the clock was set back.
+    fn of_latest(&self, meta: &crate::snapshot::SnapshotMeta) -> bool {
+        self.latest.as_deref() == Some(meta.execution_id.as_str())
+    }
+
+    /// Notes a target with an entry this replay could not settle (its snapshot not
+    /// rewritten, or its undo not marked): neither written nor told of now, the next
+    /// start judging them with every entry in place.
+    fn not_settled(&mut self, i: usize, meta: &'e crate::snapshot::SnapshotMeta) {
+        self.complete = false;
+        self.unplaced.insert((i, meta.original_path.as_str()));
+    }
+}
+
+/// What became of a target a replay judged.
+enum Placing {
+    /// The entry's bytes were put in place.
+    Written,
+    /// Already in place (and covered for the sync), or changed since and left as it is.
+    Untouched,
+    /// Could not be locked, covered or written: the replay is not complete.
+    Failed,
+}
+
+/// Says, once per log, which roots not configured now its kept entries name: their
+/// writes were acknowledged, and wait for a start that has those roots.
+fn warn_of_kept_entries(wf: &str, entries: &[crate::commit_log::CommitEntry], kept: &[usize]) {
+    if !kept.is_empty() {
+        let mut roots: Vec<&str> = kept
+            .iter()
+            .map(|&at| entries[at].meta.root.as_str())
+            .collect();
+        roots.sort_unstable();
+        roots.dedup();
+        tracing::warn!(
+            workflow = %wf,
+            entries = kept.len(),
+            roots = %roots.join(", "),
+            "commit log entries name roots not configured now; they are kept for a start that has them"
+        );
+    }
 }
