@@ -723,20 +723,9 @@ fn run(cli: Cli) -> Result<u8> {
     // Verifying a state directory that is not there (a mistyped path) must neither make
     // one nor call its empty trail intact: the operator's own path, looked at before the
     // runtime opens anything.
-    #[allow(clippy::disallowed_methods)]
-    let missing = config.state_dir_explicit
-        && matches!(std::fs::symlink_metadata(&state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    let missing = explicit_state_dir_missing(&config);
     if verify_only && missing {
-        let v = ailab_sandbox_core::audit::VerifyReport {
-            ok: false,
-            entries: 0,
-            first_bad_seq: None,
-            reason: Some(format!(
-                "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
-                human::safe(&state_dir.display().to_string())
-            )),
-        };
-        return show_verified(&v, cli.json);
+        return show_verified(&no_state_dir_to_verify(&state_dir), cli.json);
     }
     // Read before the runtime opens: a plan that cannot be read leaves nothing behind
     // (no root or state directory created).
@@ -751,6 +740,73 @@ fn run(cli: Cli) -> Result<u8> {
         }
         Err(e) => return Err(e.into()),
     };
+    tell_of_start(&mut sandbox, &cli);
+    run_command(sandbox, cli.command, plan_bytes, cli.json)
+}
+
+/// Runs the command on the opened runtime, each in a function of its own that prints
+/// its result and says its exit code.
+fn run_command(
+    sandbox: Sandbox,
+    command: Command,
+    plan_bytes: Option<Vec<u8>>,
+    json: bool,
+) -> Result<u8> {
+    match command {
+        Command::Run { .. } => run_plan(&sandbox, &plan_bytes.unwrap_or_default(), json),
+        Command::Check {
+            intent,
+            path,
+            description,
+            size,
+            in_root,
+        } => check(
+            &sandbox,
+            &intent,
+            &path,
+            description.as_deref(),
+            size,
+            in_root.as_deref(),
+            json,
+        ),
+        Command::Rollback {
+            workflow_id,
+            action_id,
+            force,
+        } => rollback(&sandbox, &workflow_id, action_id, force, json),
+        Command::Audit(a) => audit(&sandbox, a, json),
+        Command::Artifacts(a) => artifacts(&sandbox, a, json),
+        Command::State => state(&sandbox, json),
+        Command::Prune { older_than } => prune(&sandbox, older_than, json),
+        Command::Mcp => mcp(sandbox),
+        Command::Ops | Command::Serve { .. } => Ok(EXIT_OK),
+    }
+}
+
+/// Whether the state directory was set explicitly and is not there: asked of the path
+/// as the operator gave it, since the runtime, once it opens, makes a missing one.
+#[allow(clippy::disallowed_methods)]
+fn explicit_state_dir_missing(config: &Config) -> bool {
+    config.state_dir_explicit
+        && matches!(std::fs::symlink_metadata(&config.state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// What `audit verify` says of a state directory that is not there: a failed check that
+/// names the path, never an empty trail called intact.
+fn no_state_dir_to_verify(state_dir: &Path) -> ailab_sandbox_core::audit::VerifyReport {
+    ailab_sandbox_core::audit::VerifyReport {
+        ok: false,
+        entries: 0,
+        first_bad_seq: None,
+        reason: Some(format!(
+            "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
+            human::safe(&state_dir.display().to_string())
+        )),
+    }
+}
+
+/// Says on standard error what the start noticed, and how the process is confined.
+fn tell_of_start(sandbox: &mut Sandbox, cli: &Cli) {
     // With --json too: standard output is the document, standard error is for people
     // (a recovery that could not judge a run must be seen).
     for n in sandbox.notices() {
@@ -760,189 +816,205 @@ fn run(cli: Cli) -> Result<u8> {
         sandbox.confine_process(),
         cli.json || matches!(cli.command, Command::Mcp),
     );
-    let json = cli.json;
-    match cli.command {
-        Command::Run { .. } => {
-            let bytes = plan_bytes.unwrap_or_default();
-            match sandbox.run_plan_json(&bytes) {
-                Ok(result) => {
-                    if json {
-                        print_json(&result)?;
-                    } else {
-                        human::run_result(&result);
-                    }
-                    Ok(if result.is_success() || result.is_simulated() {
-                        EXIT_OK
-                    } else {
-                        EXIT_REFUSED
-                    })
-                }
-                Err(r) => refusal_exit(json, &r, EXIT_USAGE),
-            }
-        }
-        Command::Check {
-            intent,
-            path,
-            description,
-            size,
-            in_root,
-        } => {
-            let v = sandbox.check(
-                &intent,
-                &path,
-                description.as_deref(),
-                size,
-                in_root.as_deref(),
-            );
+}
+
+/// `run`: the plan's result, exit 0 when it ran or was simulated and 1 when it failed;
+/// a plan that cannot be read as one, or whose ids are invalid, is the caller's input
+/// error (2).
+fn run_plan(sandbox: &Sandbox, bytes: &[u8], json: bool) -> Result<u8> {
+    match sandbox.run_plan_json(bytes) {
+        Ok(result) => {
             if json {
-                print_json(&v)?;
+                print_json(&result)?;
             } else {
-                human::check(&v);
+                human::run_result(&result);
             }
-            Ok(if v.allowed { EXIT_OK } else { EXIT_REFUSED })
-        }
-        Command::Rollback {
-            workflow_id,
-            action_id,
-            force,
-        } => {
-            let report = sandbox.rollback_workflow(
-                &workflow_id,
-                &RollbackOptions {
-                    action_id: action_id.clone(),
-                    force,
-                },
-            );
-            if json {
-                print_json(&report)?;
-                // As for any refusal: the reason on standard error too.
-                if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
-                    err!("refused ({code}): {}", human::safe(why));
-                }
-            } else {
-                human::rollback(&report, action_id.as_deref());
-            }
-            Ok(if report.is_success() || report.is_simulated() {
+            Ok(if result.is_success() || result.is_simulated() {
                 EXIT_OK
             } else {
-                report.reason_code.map_or(EXIT_REFUSED, refused_exit_code)
+                EXIT_REFUSED
             })
         }
-        Command::Audit(a) => match a.sub {
-            Some(AuditSub::Stats) => {
-                let s = sandbox.audit_stats()?;
-                if json {
-                    print_json(&s)?
-                } else {
-                    human::audit_stats(&s)
-                }
-                Ok(EXIT_OK)
-            }
-            Some(AuditSub::Verify) => show_verified(&sandbox.audit_verify()?, json),
-            None => {
-                if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
-                    return refusal_exit(json, &r, EXIT_USAGE);
-                }
-                let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
-                if json {
-                    print_json(&entries)?
-                } else {
-                    human::audit(&entries)
-                }
-                Ok(EXIT_OK)
-            }
+        Err(r) => refusal_exit(json, &r, EXIT_USAGE),
+    }
+}
+
+/// `check`: governance's verdict on one action, exit 1 when it would be refused.
+fn check(
+    sandbox: &Sandbox,
+    intent: &str,
+    path: &str,
+    description: Option<&str>,
+    size: u64,
+    in_root: Option<&str>,
+    json: bool,
+) -> Result<u8> {
+    let v = sandbox.check(intent, path, description, size, in_root);
+    if json {
+        print_json(&v)?;
+    } else {
+        human::check(&v);
+    }
+    Ok(if v.allowed { EXIT_OK } else { EXIT_REFUSED })
+}
+
+/// `rollback`: the report, exit 0 when it rolled back or was simulated; a refusal's
+/// exit code says whose input was wrong.
+fn rollback(
+    sandbox: &Sandbox,
+    workflow_id: &str,
+    action_id: Option<String>,
+    force: bool,
+    json: bool,
+) -> Result<u8> {
+    let report = sandbox.rollback_workflow(
+        workflow_id,
+        &RollbackOptions {
+            action_id: action_id.clone(),
+            force,
         },
-        Command::Artifacts(a) => match a.sub {
-            Some(ArtifactSub::Show { id }) => {
-                if let Err(r) = check_id("artifact_id", &id) {
-                    return refusal_exit(json, &r, EXIT_USAGE);
-                }
-                match sandbox.artifact_with_lineage(&id)? {
-                    Some((artifact, lineage)) => {
-                        if json {
-                            print_json(
-                                &serde_json::json!({"artifact": artifact, "lineage": lineage}),
-                            )?;
-                        } else {
-                            human::artifact_show(&artifact, &lineage);
-                        }
-                        Ok(EXIT_OK)
-                    }
-                    None => {
-                        let r = Refusal::new(
-                            ReasonCode::NotFound,
-                            format!("no artifact has the id '{}'", id.escape_debug()),
-                        );
-                        refusal_exit(json, &r, EXIT_REFUSED)
-                    }
-                }
-            }
-            None => {
-                if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
-                    return refusal_exit(json, &r, EXIT_USAGE);
-                }
-                let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
-                if json {
-                    print_json(&list)?
-                } else {
-                    human::artifacts(&list)
-                }
-                Ok(EXIT_OK)
-            }
-        },
-        Command::State => {
-            let doc = sandbox.state_doc()?;
+    );
+    if json {
+        print_json(&report)?;
+        // As for any refusal: the reason on standard error too.
+        if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
+            err!("refused ({code}): {}", human::safe(why));
+        }
+    } else {
+        human::rollback(&report, action_id.as_deref());
+    }
+    Ok(if report.is_success() || report.is_simulated() {
+        EXIT_OK
+    } else {
+        report.reason_code.map_or(EXIT_REFUSED, refused_exit_code)
+    })
+}
+
+/// `audit`: its stats, its verification, or its latest lines (a malformed `--workflow`
+/// refused as an input error rather than listing nothing).
+fn audit(sandbox: &Sandbox, a: AuditArgs, json: bool) -> Result<u8> {
+    match a.sub {
+        Some(AuditSub::Stats) => {
+            let s = sandbox.audit_stats()?;
             if json {
-                print_json(&doc)?
+                print_json(&s)?
             } else {
-                human::state(&doc)
+                human::audit_stats(&s)
             }
             Ok(EXIT_OK)
         }
-        Command::Prune { older_than } => match sandbox.prune(older_than) {
-            Ok(report) => {
-                if json {
-                    print_json(&report)?;
-                } else if report.simulated {
-                    let (why, fix) = report
-                        .dry_run_reason
-                        .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
-                        .explained();
-                    out!(
-                        "would prune {}{}, keep {}{}; nothing was removed: {why}; {fix} to prune",
-                        workflows(report.workflows_pruned.len()),
-                        named(&report.workflows_pruned),
-                        report.workflows_kept,
-                        not_prunable(&report)
-                    );
-                } else {
-                    out!(
-                        "pruned {}{}, kept {}{}",
-                        workflows(report.workflows_pruned.len()),
-                        named(&report.workflows_pruned),
-                        report.workflows_kept,
-                        not_prunable(&report)
-                    );
-                }
-                if report.workflows_failed.is_empty() {
-                    return Ok(EXIT_OK);
-                }
-                if !json {
-                    for f in &report.workflows_failed {
-                        err!(
-                            "could not prune workflow {} ({}): {}; the next prune tries again",
-                            human::safe(&f.workflow_id),
-                            f.reason_code,
-                            human::safe(&f.reason)
-                        );
-                    }
-                }
-                Ok(EXIT_REFUSED)
+        Some(AuditSub::Verify) => show_verified(&sandbox.audit_verify()?, json),
+        None => {
+            if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
+                return refusal_exit(json, &r, EXIT_USAGE);
             }
-            Err(r) => refusal_exit(json, &r, EXIT_REFUSED),
-        },
-        Command::Mcp => mcp(sandbox),
-        Command::Ops | Command::Serve { .. } => Ok(EXIT_OK),
+            let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
+            if json {
+                print_json(&entries)?
+            } else {
+                human::audit(&entries)
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+/// `artifacts`: one artifact with its lineage (`show`), or the latest ones; a
+/// malformed id or `--workflow` refused as an input error, an unknown id as not found.
+fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
+    match a.sub {
+        Some(ArtifactSub::Show { id }) => {
+            if let Err(r) = check_id("artifact_id", &id) {
+                return refusal_exit(json, &r, EXIT_USAGE);
+            }
+            match sandbox.artifact_with_lineage(&id)? {
+                Some((artifact, lineage)) => {
+                    if json {
+                        print_json(&serde_json::json!({"artifact": artifact, "lineage": lineage}))?;
+                    } else {
+                        human::artifact_show(&artifact, &lineage);
+                    }
+                    Ok(EXIT_OK)
+                }
+                None => {
+                    let r = Refusal::new(
+                        ReasonCode::NotFound,
+                        format!("no artifact has the id '{}'", id.escape_debug()),
+                    );
+                    refusal_exit(json, &r, EXIT_REFUSED)
+                }
+            }
+        }
+        None => {
+            if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
+                return refusal_exit(json, &r, EXIT_USAGE);
+            }
+            let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
+            if json {
+                print_json(&list)?
+            } else {
+                human::artifacts(&list)
+            }
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+/// `state`: the runtime's state document.
+fn state(sandbox: &Sandbox, json: bool) -> Result<u8> {
+    let doc = sandbox.state_doc()?;
+    if json {
+        print_json(&doc)?
+    } else {
+        human::state(&doc)
+    }
+    Ok(EXIT_OK)
+}
+
+/// `prune`: what was pruned or would be, and each workflow that could not be, which
+/// makes the exit code 1 for the operator to see that the next prune tries again.
+fn prune(sandbox: &Sandbox, older_than: std::time::Duration, json: bool) -> Result<u8> {
+    match sandbox.prune(older_than) {
+        Ok(report) => {
+            if json {
+                print_json(&report)?;
+            } else if report.simulated {
+                let (why, fix) = report
+                    .dry_run_reason
+                    .unwrap_or(ailab_sandbox_core::context::DryRunReason::SandboxDisabled)
+                    .explained();
+                out!(
+                    "would prune {}{}, keep {}{}; nothing was removed: {why}; {fix} to prune",
+                    workflows(report.workflows_pruned.len()),
+                    named(&report.workflows_pruned),
+                    report.workflows_kept,
+                    not_prunable(&report)
+                );
+            } else {
+                out!(
+                    "pruned {}{}, kept {}{}",
+                    workflows(report.workflows_pruned.len()),
+                    named(&report.workflows_pruned),
+                    report.workflows_kept,
+                    not_prunable(&report)
+                );
+            }
+            if report.workflows_failed.is_empty() {
+                return Ok(EXIT_OK);
+            }
+            if !json {
+                for f in &report.workflows_failed {
+                    err!(
+                        "could not prune workflow {} ({}): {}; the next prune tries again",
+                        human::safe(&f.workflow_id),
+                        f.reason_code,
+                        human::safe(&f.reason)
+                    );
+                }
+            }
+            Ok(EXIT_REFUSED)
+        }
+        Err(r) => refusal_exit(json, &r, EXIT_REFUSED),
     }
 }
 
