@@ -390,7 +390,7 @@ pub(crate) fn folded(name: &str) -> String {
 
 /// Whether `c`, in a name, makes it read otherwise than it is written where it is shown:
 /// a control character, a bidirectional formatting character, a line or paragraph
-/// separator, or a code point readers do not show ([`is_ignorable`]). A listing escapes
+/// separator, or a code point readers do not show (zero-width ones, fillers). A listing escapes
 /// such a name.
 pub fn shows_otherwise(c: char) -> bool {
     c.is_control() || is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}') || is_ignorable(c)
