@@ -41,6 +41,12 @@ fn mark_replaced(wf: &str) -> (World, ailab_sandbox_core::Sandbox) {
     (w, sb)
 }
 
+/// The world's seal key, as whoever may read the state directory has it.
+fn seal_key(w: &World) -> ailab_sandbox_core::seal::SealKey {
+    let bytes = std::fs::read(w.state.join("seal.key")).unwrap();
+    ailab_sandbox_core::seal::SealKey::new(bytes.try_into().unwrap())
+}
+
 fn refused_as_untrusted(sb: &ailab_sandbox_core::Sandbox, wf: &str, file: &str) {
     // What GET /agentic/rollback/{id} says: a description, the refusal inside it.
     let info = sb.rollback_info(wf).unwrap();
@@ -121,15 +127,9 @@ fn planted_snapshots_are_never_restored() {
 /// limit, not to a blocked name or folder, not to an absolute path.
 #[test]
 fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
-    use ailab_sandbox_core::seal::SealKey;
     use ailab_sandbox_core::snapshot::SnapshotMeta;
     let (w, sb) = mark_replaced("wf_ok");
-    let key = SealKey::new(
-        std::fs::read(w.state.join("seal.key"))
-            .unwrap()
-            .try_into()
-            .unwrap(),
-    );
+    let key = seal_key(&w);
     let genuine = read_meta(&w, "wf_ok", "a1");
     let genuine_record = std::fs::read(meta_path(&w, "wf_ok", "a1")).unwrap();
     for (n, path) in [
@@ -173,15 +173,9 @@ fn a_record_sealed_by_hand_restores_only_where_a_write_could_go() {
 /// judged for where a write could go, not for how the name reads.
 #[test]
 fn a_write_to_a_name_refused_since_still_rolls_back() {
-    use ailab_sandbox_core::seal::SealKey;
     use ailab_sandbox_core::snapshot::SnapshotMeta;
     let (w, sb) = mark_replaced("wf_up");
-    let key = SealKey::new(
-        std::fs::read(w.state.join("seal.key"))
-            .unwrap()
-            .try_into()
-            .unwrap(),
-    );
+    let key = seal_key(&w);
     let name = "m\u{202E}.txt";
     let mut record = read_meta(&w, "wf_up", "a1");
     record.as_object_mut().unwrap().remove("seal");
