@@ -98,13 +98,15 @@ const SHELL_TOOLS: [&str; 72] = [
 ];
 
 /// Runners whose names are also common words (`Baking Bun Recipes`, `Julia Plot Saver`):
-/// a tool's name is one of them only when it is that name alone (`bun`,
-/// `/usr/local/bin/julia`, `julia1.10`).
+/// a tool's name is one of them only where a command line names its program, first or
+/// after `env`, and written in lower case (`bun run deploy`, `/usr/bin/env julia`,
+/// `julia1.10`).
 const RUNNERS_ALONE: [&str; 3] = ["bun", "julia", "npm"];
 
-/// Members that name a runner in a namespace's member (`functions.exec`,
-/// `mcp.terminal`); an extension is no member (`App.tsx`, `config.lua`).
-const MEMBER_RUNNERS: [&str; 2] = ["exec", "terminal"];
+/// Names of runners that are also the endings of source files a tool may be named
+/// after (`App.tsx`, `config.lua`): after a dot they are an extension, not a namespace's
+/// member (`functions.python`, `mcp.sudo` are members).
+const SOURCE_ENDINGS: [&str; 5] = ["tsx", "lua", "php", "node", "fish"];
 
 /// Words that name a shell or a runner of code wherever they stand in a tool's name,
 /// between `_` or `.`: agents' shell tools are called `run_shell_command`,
@@ -163,23 +165,28 @@ fn is_shell_tool(tool: &str) -> bool {
         [d, b':', b'\\' | b'/', ..] if d.is_ascii_alphabetic() => &name[2..],
         _ => name,
     };
+    // An accented letter is part of its word (`suất` is not `su`).
     let words: Vec<&str> = name
-        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '\\')))
+        .split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '\\')))
         .filter(|w| !w.is_empty())
         .collect();
+    // Where a command line names its program: first, or after `env`.
+    let program = |i: usize| i == 0 || words[i - 1].rsplit('/').next() == Some("env");
     let base = |word: &str| -> String {
         let b = word.rsplit(['/', '\\']).next().unwrap_or_default();
         let b = b.to_ascii_lowercase().replace('-', "_");
         b.strip_suffix(".exe").map(str::to_owned).unwrap_or(b)
     };
-    let named = words.iter().any(|w| {
+    let named = words.iter().enumerate().any(|(i, w)| {
         let b = base(w);
         let unversioned = b.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
         let member = b.rsplit_once('.').map(|(_, m)| m).unwrap_or_default();
         SHELL_TOOLS.contains(&b.as_str())
             || SHELL_TOOLS.contains(&unversioned)
-            || MEMBER_RUNNERS.contains(&member)
-            || (words.len() == 1 && RUNNERS_ALONE.contains(&unversioned))
+            || (SHELL_TOOLS.contains(&member) && !SOURCE_ENDINGS.contains(&member))
+            || (program(i)
+                && w.starts_with(|c: char| !c.is_uppercase())
+                && RUNNERS_ALONE.contains(&unversioned))
             || RUNNERS.contains(&b.as_str())
             || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
     });

@@ -192,7 +192,13 @@ fn shell_tools_make_any_intent_forbidden() {
         "uvx",
         "bunx",
         "bun",
+        "bun run deploy",
+        "/usr/bin/env julia",
+        "julia -e println",
         "/usr/local/bin/julia",
+        "functions.python",
+        "mcp.sudo",
+        "tools.ssh",
         "xargs",
         "nohup",
         "systemd-run",
@@ -260,11 +266,15 @@ fn shell_tools_make_any_intent_forbidden() {
         "config.lua",
         "page.php",
         "graph.node",
-        "fs.su",
         // Accented words are other words (Vietnamese: record event, save history).
         "Ghi s\u{1ef1} ki\u{1ec7}n",
         "L\u{1b0}u l\u{1ecb}ch s\u{1eed}",
         "B\u{fa}n ch\u{1ea3} notes",
+        // An accented letter is part of its word (interest rate, sweater, to find).
+        "T\u{ed}nh l\u{e3}i su\u{1ea5}t",
+        "Guardar su\u{e9}ter",
+        "Czech sh\u{e1}n\u{11b}t",
+        "perl\u{e9} notes",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
