@@ -433,32 +433,37 @@ impl StateDir {
         let Some(bytes) = self.read_optional(&rel)? else {
             return Ok(None);
         };
+        let damaged = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the state directory's {rel} is damaged: it reads as no record of prunes, so which of the workflow's snapshots its prunes removed cannot be told; restore it from a backup of the state directory, or remove it (the writes whose snapshots are gone are then said to be missing)"
+                ),
+            )
+        };
         if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes)
             && let Some(roots) = doc.get("pruned").and_then(serde_json::Value::as_array)
         {
-            return Ok(Some(
-                roots
-                    .iter()
-                    .filter_map(|r| {
-                        Some((
-                            r.get("root")?.as_str()?.to_owned(),
-                            r.get("up_to_seq")?.as_u64()?,
-                        ))
-                    })
-                    .collect(),
-            ));
+            // One entry that does not read damages the whole: taken for no prune, the
+            // snapshots it names would be called missing.
+            return roots
+                .iter()
+                .map(|r| {
+                    Some((
+                        r.get("root")?.as_str()?.to_owned(),
+                        r.get("up_to_seq")?.as_u64()?,
+                    ))
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(damaged);
         }
         // That format was a block padded with spaces: only its end is padding, so a root
         // whose name ends in a space is read whole unless it is the last.
         let text = String::from_utf8_lossy(&bytes);
         let mut lines = text.trim_end().split('\n').filter(|l| !l.is_empty());
         let Some(seq) = lines.next().and_then(|l| l.trim().parse().ok()) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "the state directory's {rel} is damaged: it reads as no record of prunes, so which of the workflow's snapshots its prunes removed cannot be told; restore it from a backup of the state directory, or remove it (the writes whose snapshots are gone are then said to be missing)"
-                ),
-            ));
+            return Err(damaged());
         };
         Ok(Some(lines.map(|r| (r.to_owned(), seq)).collect()))
     }

@@ -495,6 +495,12 @@ fn a_damaged_prune_record_is_named() {
         why.contains("25 write(s) had their snapshots pruned"),
         "{why}"
     );
+    // An entry that does not read damages the record as a whole.
+    let root = w.root.display().to_string();
+    let entry = json!({"pruned": [{"root": root, "up_to_seq": "25"}]}).to_string();
+    std::fs::write(&mark, entry).unwrap();
+    let why = rollback_action(&sb, "wf_mark", "m0", false).reason.unwrap();
+    assert!(why.contains("inflight/wf_mark.pruned is damaged"), "{why}");
     std::fs::write(&mark, b"{\"damaged\": true}").unwrap();
     // An action written since, whose snapshot is whole, rolls back whatever the record.
     let later = json!({"workflow_id": "wf_mark", "actions": [
