@@ -497,7 +497,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         || ailab_sandbox_core::confine::path::detect_misleading_name(&e.name)
                             .is_err();
                     let name = if shown_otherwise {
-                        shown_path(&e.name)
+                        listed_escaped(&e.name)
                     } else {
                         e.name.clone()
                     };
@@ -757,6 +757,23 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         }
         ok(text, structured)
     }
+}
+
+/// `name` quoted, whole, with each character that breaks or hides in a line of text
+/// escaped (`\u{200b}`), and exactly those: it can be read back character for character.
+fn listed_escaped(name: &str) -> String {
+    let mut out = String::from("'");
+    for c in name.chars() {
+        if c.is_control() || c == '\'' || c == '\\' {
+            out.extend(c.escape_debug());
+        } else if ailab_sandbox_core::confine::path::shows_otherwise(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
 }
 
 /// The answer to a tool name the server lacks, with `recorded`, the refusal a plan asking

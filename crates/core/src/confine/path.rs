@@ -393,7 +393,7 @@ pub(crate) fn folded(name: &str) -> String {
 /// separator, or a code point readers do not show (zero-width ones, fillers). A listing escapes
 /// such a name.
 pub fn shows_otherwise(c: char) -> bool {
-    c.is_control() || is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}') || is_ignorable(c)
+    c.is_control() || is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}') || hides_in_text(c)
 }
 
 /// Code points a filesystem that folds names ignores, and text readers do not show.
@@ -403,6 +403,16 @@ pub(crate) fn is_ignorable(c: char) -> bool {
         | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164
         | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0 | 0xFFF0..=0xFFF8 | 0x1BCA0..=0x1BCA3
         | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+}
+
+/// [`is_ignorable`], and the format characters that hide in a line of text without being
+/// ignored by a filesystem (annotations, number signs, hieroglyph controls, a braille
+/// blank).
+fn hides_in_text(c: char) -> bool {
+    is_ignorable(c)
+        || matches!(u32::from(c),
+            0xFFF9..=0xFFFB | 0x600..=0x605 | 0x6DD | 0x70F | 0x8E2 | 0x110BD | 0x110CD
+            | 0x13430..=0x1343F | 0x2800)
 }
 
 /// Refuses a `.rollback` component (any case) at any depth, and the runtime's temporary

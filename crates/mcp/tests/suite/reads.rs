@@ -187,6 +187,23 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
         t.contains("'c\\u{200b}.md'  (1 byte)  (shown escaped"),
         "{t}"
     );
+    assert!(
+        t.contains("'b.md\\u{2028}file      secret.md'  (1 byte)  (shown escaped"),
+        "{t}"
+    );
+    // What is said to be escaped is, a filler and a variation selector too, and a long
+    // name is shown whole.
+    std::fs::create_dir(s.path("e")).unwrap();
+    let long = format!("{}\u{200B}.md", "z".repeat(150));
+    for name in ["h\u{3164}.md", "vs\u{FE0F}.md", long.as_str()] {
+        std::fs::write(s.path(&format!("e/{name}")), b"x").unwrap();
+    }
+    let t = text(&s.ok("list_directory", json!({"path": "e"})).await);
+    let long_shown = format!("'{}\\u{{200b}}.md'", "z".repeat(150));
+    for shown in ["'h\\u{3164}.md'", "'vs\\u{fe0f}.md'", long_shown.as_str()] {
+        assert!(t.contains(shown), "{shown}: {t}");
+    }
+    assert!(!t.contains('\u{3164}') && !t.contains('\u{FE0F}'), "{t}");
     let r = s
         .err(
             "create_file",
