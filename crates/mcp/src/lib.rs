@@ -497,7 +497,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         || ailab_sandbox_core::confine::path::detect_misleading_name(&e.name)
                             .is_err();
                     let name = if shown_otherwise {
-                        listed_escaped(&e.name)
+                        render::escaped_name(&e.name)
                     } else {
                         e.name.clone()
                     };
@@ -540,7 +540,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .await
         {
             Ok(Ok(info)) => {
-                let mut text = format!("{}: {}", info.path, info.kind);
+                let mut text = format!("{}: {}", render::shown_name(&info.path), info.kind);
                 if let Some(n) = info.size_bytes {
                     text.push_str(&format!(", {}", render::bytes(n)));
                 }
@@ -621,7 +621,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         "\n{} {} {} ({}, sha256 {}) workflow {} action {} at {}{}",
                         a.artifact_id,
                         a.mutation_type,
-                        a.path,
+                        render::shown_name(&a.path),
                         render::bytes(a.size_bytes),
                         a.checksum_sha256,
                         a.workflow_id,
@@ -665,7 +665,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     "{} {} {} ({}, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
                     a.artifact_id,
                     a.mutation_type,
-                    a.path,
+                    render::shown_name(&a.path),
                     render::bytes(a.size_bytes),
                     a.checksum_sha256,
                     undone_mark(undone),
@@ -683,7 +683,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                             "\n- {} {} {} sha256 {}{}",
                             l.artifact_id,
                             l.mutation_type,
-                            l.path,
+                            render::shown_name(&l.path),
                             l.checksum_sha256,
                             undone_mark(lineage_undone.contains(&l.artifact_id))
                         ));
@@ -757,23 +757,6 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         }
         ok(text, structured)
     }
-}
-
-/// `name` quoted, whole, with each character that breaks or hides in a line of text
-/// escaped (`\u{200b}`), and exactly those: it can be read back character for character.
-fn listed_escaped(name: &str) -> String {
-    let mut out = String::from("'");
-    for c in name.chars() {
-        if c.is_control() || c == '\'' || c == '\\' {
-            out.extend(c.escape_debug());
-        } else if ailab_sandbox_core::confine::path::shows_otherwise(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out.push('\'');
-    out
 }
 
 /// The answer to a tool name the server lacks, with `recorded`, the refusal a plan asking

@@ -294,19 +294,20 @@ pub(crate) fn write_result(
             let what = if op.is_directory() {
                 format!(
                     "{} created directory {} (or it already existed).",
-                    op.name, a.path
+                    op.name,
+                    shown_name(&a.path)
                 )
             } else {
                 format!(
                     "{} wrote {}: {size}, sha256 {}.",
                     op.name,
-                    a.path,
+                    shown_name(&a.path),
                     sum(&a.after_checksum)
                 )
             };
             let text = format!(
                 "{what}\npath: {path}{in_root}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
-                path = a.path,
+                path = shown_name(&a.path),
                 in_root = root.map_or_else(String::new, |r| format!(
                     "\nroot: {r} (the path is in this root: pass it as 'root' to read or change the file)"
                 )),
@@ -327,14 +328,14 @@ pub(crate) fn write_result(
         }
         RunStatus::SimulatedSuccess => {
             let would = if op.is_directory() {
-                format!("would create directory {}", a.path)
+                format!("would create directory {}", shown_name(&a.path))
             } else {
                 format!("would leave {size} (sha256 {})", sum(&a.after_checksum))
             };
             let text = format!(
                 "DRY RUN: nothing was written. {} on {} passed every check (governance, budget, rate limit) and {would}.\nWhy it was only simulated: {}.\n{ENABLE_HINT}\nworkflow_id: {}",
                 op.name,
-                a.path,
+                shown_name(&a.path),
                 dry_run_words(res.dry_run_reason, phase),
                 res.workflow_id,
             );
@@ -399,6 +400,36 @@ fn restored_own(res: &RunResult, action: &str) -> bool {
     })
 }
 
+/// `name` quoted, whole, with each character that breaks or hides in a line of text
+/// escaped (`\u{200b}`), and exactly those: it can be read back character for character.
+pub(crate) fn escaped_name(name: &str) -> String {
+    let mut out = String::from("'");
+    for c in name.chars() {
+        if c.is_control() || c == '\'' || c == '\\' {
+            out.extend(c.escape_debug());
+        } else if ailab_sandbox_core::confine::path::shows_otherwise(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// `name` as it is when nothing in it breaks or hides in a line of text, else
+/// [`escaped_name`]: a path shown in a result stays one line, read as it is written.
+pub(crate) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if name
+        .chars()
+        .any(ailab_sandbox_core::confine::path::shows_otherwise)
+    {
+        std::borrow::Cow::Owned(escaped_name(name))
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
 /// A rollback report as a tool result.
 pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResult {
     let structured = to_value(rep);
@@ -431,7 +462,9 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         };
         lines.push(format!(
             "- {} {} {}: {state}",
-            s.action_id, s.intent, s.path
+            s.action_id,
+            s.intent,
+            shown_name(&s.path)
         ));
     }
     if rep.is_simulated() {

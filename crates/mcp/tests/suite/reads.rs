@@ -204,6 +204,18 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
         assert!(t.contains(shown), "{shown}: {t}");
     }
     assert!(!t.contains('\u{3164}') && !t.contains('\u{FE0F}'), "{t}");
+    // A path written with such characters is shown escaped wherever a result names it.
+    let written = s
+        .ok(
+            "create_file",
+            json!({"path": "e/x\u{2028}y\u{200B}.md", "content": "x"}),
+        )
+        .await;
+    let listed = s.ok("list_artifacts", json!({})).await;
+    for t in [text(&written), text(&listed)] {
+        assert!(!t.contains('\u{2028}') && !t.contains('\u{200B}'), "{t}");
+        assert!(t.contains("x\\u{2028}y\\u{200b}.md'"), "{t}");
+    }
     let r = s
         .err(
             "create_file",
