@@ -928,10 +928,7 @@ impl Config {
                 // root would be refused for it).
                 Some(text) => {
                     if let Err(r) = crate::confine::path::detect_misleading_name(text) {
-                        return Err(ConfigError(format!(
-                            "{what}: {}; give a path without it",
-                            r.reason
-                        )));
+                        return Err(ConfigError(format!("{what}: {}", r.reason)));
                     }
                 }
             }
