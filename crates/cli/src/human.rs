@@ -21,16 +21,15 @@ fn dash(v: Option<&str>) -> &str {
 }
 
 /// A value a plan's author chose (an intent, a path, a sentence quoting them), with its
-/// control characters, line and paragraph separators, text-direction marks and
-/// zero-width characters escaped: it can never move the cursor, colour the terminal,
-/// start a line of its own, show its characters in another order
-/// (`report\u{202e}dm.jpg`) or hide some of them.
+/// control characters, line and paragraph separators, text-direction marks and the
+/// characters readers do not show escaped (the core's `shows_otherwise`, which MCP's
+/// results escape too): it can never move the cursor, colour the terminal, start a line
+/// of its own, show its characters in another order (`report\u{202e}dm.jpg`) or hide
+/// some of them.
 pub(crate) fn safe(text: &str) -> String {
     text.chars()
         .map(|c| {
-            let direction = matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-            let unseen = matches!(c, '\u{200b}'..='\u{200d}' | '\u{2028}' | '\u{2029}' | '\u{2060}' | '\u{feff}');
-            if c.is_control() || direction || unseen {
+            if ailab_sandbox_core::confine::path::shows_otherwise(c) {
                 c.escape_default().to_string()
             } else {
                 c.to_string()
