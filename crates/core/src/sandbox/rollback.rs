@@ -1010,16 +1010,7 @@ impl Sandbox {
         }
         // A few, and how many more: an id as common as `a1` may be every workflow's,
         // and which one was meant is the caller's to know.
-        const NAMED: usize = 3;
-        let mut shown = found
-            .iter()
-            .take(NAMED)
-            .map(|w| shown_path(w))
-            .collect::<Vec<_>>()
-            .join(", ");
-        if found.len() > NAMED {
-            shown.push_str(&format!(" and {} more", found.len() - NAMED));
-        }
+        let shown = named_at_most(&found.iter().map(|w| shown_path(w)).collect::<Vec<_>>(), 3);
         let plural = if found.len() == 1 { "" } else { "s" };
         format!(
             "; the audit trail records a write of action {} not rolled back in workflow{plural} {shown}: name its workflow to roll it back",
@@ -1875,14 +1866,18 @@ fn pruned_left(pruned: &[String]) -> String {
 /// about a workflow of thousands of writes does not name each in one sentence (the
 /// audit trail keeps such sentences for good).
 fn named(items: &[String]) -> String {
-    const NAMED: usize = 20;
+    named_at_most(items, 20)
+}
+
+/// At most `n` of `items`, joined, then how many more there are.
+fn named_at_most(items: &[String], n: usize) -> String {
     let shown = items
         .iter()
-        .take(NAMED)
+        .take(n)
         .map(String::as_str)
         .collect::<Vec<_>>()
         .join(", ");
-    match items.len().saturating_sub(NAMED) {
+    match items.len().saturating_sub(n) {
         0 => shown,
         more => format!("{shown} and {more} more"),
     }
