@@ -13,7 +13,6 @@ use crate::confine::path::{resolve_sandbox_path, shown_path};
 use crate::confine::root::{
     FILE_MODE, FileStamp, Make, Put, StagedWrite, not_a_directory, temp_name,
 };
-use crate::confine::state::LockBusy;
 use crate::confine::{RelPath, TargetKind};
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
@@ -413,13 +412,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                 // The trail too: an id whose snapshot was pruned or removed would let a
                 // rollback take the new write's snapshot for the old one's.
                 let ran = sb.audit.ran_action(wf, a.id()).map_err(|e| {
-                    Refusal::new(
-                        busy_or_io(&e),
+                    let words = || {
                         format!(
                             "the audit trail could not be read to check that action_id '{}' is new in workflow '{wf}': {e}",
                             a.id()
-                        ),
-                    )
+                        )
+                    };
+                    crate::error::busy_or_failed(&e, words, words)
                 })?;
                 let ri = approval.resolved.root_index;
                 let mut used = false;
@@ -1683,22 +1682,12 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     )
 }
 
-/// `conflict` for a log another process held too long, else `io_error`.
-fn busy_or_io(e: &std::io::Error) -> ReasonCode {
-    if LockBusy::is_cause_of(e) {
-        ReasonCode::Conflict
-    } else {
-        ReasonCode::IoError
-    }
-}
-
 /// A log that cannot be read to count a limit refuses the write, rather than counting
 /// nothing and letting it through.
 fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> Refusal {
-    Refusal::new(
-        busy_or_io(e),
-        format!("the {log} could not be read to count workflow '{workflow_id}''s {what}: {e}"),
-    )
+    let words =
+        || format!("the {log} could not be read to count workflow '{workflow_id}''s {what}: {e}");
+    crate::error::busy_or_failed(e, words, words)
 }
 
 /// Refuses, from its size alone and before reading it, an existing file the action
