@@ -1675,16 +1675,15 @@ fn refusals_escape_control_characters() {
     }
 }
 
-/// A text-direction mark in a path (allowed in a file name) is shown escaped, so
-/// `report\u{202e}dm.txt` cannot pass for another name in a listing; so are a paragraph
-/// separator (a line break to some terminals) and a zero-width space.
+/// A joiner in a path (allowed where an emoji needs it) is shown escaped, so a name
+/// holding one cannot pass for another in a listing.
 #[test]
-fn human_output_escapes_text_direction_marks() {
+fn human_output_escapes_what_readers_do_not_see() {
     let e = env();
     let p = e.write_plan(
-        "rtl.json",
-        &json!({"workflow_id": "wf_rtl", "actions": [
-            {"intent": "create_file", "path": "report\u{2029}dm\u{200b}.txt", "content": "x"}]}),
+        "zwj.json",
+        &json!({"workflow_id": "wf_zwj", "actions": [
+            {"intent": "create_file", "path": "report\u{1F468}\u{200d}\u{1F469}.txt", "content": "x"}]}),
     );
     for args in [
         vec!["--enable-write", "--no-dry-run", "run"],
@@ -1692,27 +1691,29 @@ fn human_output_escapes_text_direction_marks() {
     ] {
         let (code, text) = human_output(&e, &args, &p);
         assert_eq!(code, Some(0), "{args:?}");
-        for c in ['\u{2029}', '\u{200b}'] {
+        assert!(!text.contains('\u{200d}'), "{args:?}: {text}");
+        assert!(text.contains("\\u{200d}"), "{args:?}: {text}");
+    }
+    // An override (it would make the name read otherwise), a paragraph separator (a
+    // line break to some terminals) and a zero-width space are refused, and escaped in
+    // the refusal and on the trail's listing.
+    for (n, c) in ['\u{202e}', '\u{2029}', '\u{200b}'].into_iter().enumerate() {
+        let path = format!("report{c}dm.txt");
+        let p = e.write_plan(
+            "hidden.json",
+            &json!({"workflow_id": format!("wf_hidden_{n}"), "actions": [
+                {"intent": "create_file", "path": path, "content": "x"}]}),
+        );
+        for args in [vec!["--enable-write", "--no-dry-run", "run"], vec!["audit"]] {
+            let (_, text) = human_output(&e, &args, &p);
             assert!(!text.contains(c), "{args:?}: {text}");
             assert!(
                 text.contains(&c.escape_default().to_string()),
                 "{args:?}: {text}"
             );
         }
+        assert!(!e.root.join(&path).exists());
     }
-    // An override is refused (it would make the name read otherwise), and escaped in
-    // the refusal and on the trail's listing.
-    let p = e.write_plan(
-        "rlo.json",
-        &json!({"workflow_id": "wf_rlo", "actions": [
-            {"intent": "create_file", "path": "report\u{202e}dm.txt", "content": "x"}]}),
-    );
-    for args in [vec!["--enable-write", "--no-dry-run", "run"], vec!["audit"]] {
-        let (_, text) = human_output(&e, &args, &p);
-        assert!(!text.contains('\u{202e}'), "{args:?}: {text}");
-        assert!(text.contains("\\u{202e}"), "{args:?}: {text}");
-    }
-    assert!(!e.root.join("report\u{202e}dm.txt").exists());
 }
 
 /// A write past the file-size limit (`ulimit -f`) fails like any I/O error: the process

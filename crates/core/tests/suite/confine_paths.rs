@@ -116,6 +116,62 @@ fn bidirectional_formatting_characters_are_refused() {
     assert!(detect_misleading_name("notes/مرحبا.md").is_ok());
 }
 
+/// A character readers do not show makes two names look the same (`no\u{200B}tes.md` is
+/// not `notes.md`): refused, named and escaped in the reason, wherever it stands; a
+/// joiner or a selector is kept where a script or an emoji needs it.
+#[test]
+fn invisible_characters_are_refused_where_they_have_no_use() {
+    for p in [
+        "no\u{200B}tes.md",
+        "notes.md\u{200B}",
+        "\u{FEFF}notes.md",
+        "a\u{2028}b.md",
+        "a\u{2029}b.md",
+        "a\u{2060}b.md",
+        "a\u{00AD}b.md",
+        "h\u{3164}.md",
+        "a\u{034F}b.md",
+        "braille\u{2800}.md",
+        "d\u{200B}/notes.md",
+        // Joiners between ASCII letters, or at an end; selectors after ASCII.
+        "no\u{200D}tes.md",
+        "no\u{200C}tes.md",
+        "\u{200D}\u{05D0}.md",
+        "\u{05D0}\u{200D}.md",
+        "\u{05D0}\u{200D}\u{200D}\u{05D1}.md",
+        "vs\u{FE0F}.md",
+        "1\u{FE0F}\u{20E3}.md",
+        "tag\u{E0067}.md",
+        "\u{1F600}\u{200D}.md",
+    ] {
+        let refusal = detect_misleading_name(p).expect_err(p);
+        assert_eq!(refusal.reason_code, ReasonCode::PathTraversal, "{p:?}");
+        let hidden = ailab_sandbox_core::confine::path::shows_otherwise;
+        assert!(!refusal.reason.chars().any(hidden), "{}", refusal.reason);
+        let c = p.chars().find(|c| hidden(*c)).unwrap();
+        assert!(
+            refusal.reason.contains(&format!("U+{:04X}", c as u32)),
+            "{p:?}: {}",
+            refusal.reason
+        );
+    }
+    for p in [
+        // Persian with a non-joiner, Hindi with a joiner after a virama.
+        "notes/\u{0645}\u{06CC}\u{200C}\u{062E}\u{0648}\u{0627}\u{0647}\u{0645}.md",
+        "notes/\u{0915}\u{094D}\u{200D}\u{0937}.md",
+        // An emoji family, a heart, a rainbow flag, Scotland's flag.
+        "\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467}.md",
+        "\u{2764}\u{FE0F}.md",
+        "\u{1F3F3}\u{FE0F}\u{200D}\u{1F308}.md",
+        "\u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}.md",
+        // Mongolian with a free variation selector; CJK with an ideographic one.
+        "\u{182D}\u{180B}\u{1820}.md",
+        "\u{845B}\u{E0100}.md",
+    ] {
+        assert!(detect_misleading_name(p).is_ok(), "{p:?}");
+    }
+}
+
 #[test]
 fn control_character_is_escaped_in_the_reason() {
     let refusal = detect_path_traversal("evil\nline.txt").unwrap_err();

@@ -174,7 +174,7 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
     let t = text(&r);
     assert!(!t.contains('\u{202E}'), "{t}");
     assert!(
-        t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control or bidirectional formatting characters in the name: no tool can address it)"),
+        t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control, bidirectional or invisible characters in the name: no tool can address it)"),
         "{t}"
     );
     // A line separator cannot make two lines of one name, nor a zero-width space hide.
@@ -183,14 +183,12 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
     let t = text(&s.ok("list_directory", json!({"path": "d"})).await);
     assert_eq!(t.lines().count(), 4, "{t}");
     assert!(!t.contains('\u{2028}') && !t.contains('\u{200B}'), "{t}");
-    assert!(
-        t.contains("'c\\u{200b}.md'  (1 byte)  (shown escaped"),
-        "{t}"
-    );
-    assert!(
-        t.contains("'b.md\\u{2028}file      secret.md'  (1 byte)  (shown escaped"),
-        "{t}"
-    );
+    for shown in ["'c\\u{200b}.md'", "'b.md\\u{2028}file      secret.md'"] {
+        assert!(
+            t.contains(&format!("{shown}  (1 byte)  (control, bidirectional or invisible characters in the name: no tool can address it)")),
+            "{t}"
+        );
+    }
     // What is said to be escaped is, a filler and a variation selector too, and a long
     // name is shown whole.
     std::fs::create_dir(s.path("e")).unwrap();
@@ -204,18 +202,38 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
         assert!(t.contains(shown), "{shown}: {t}");
     }
     assert!(!t.contains('\u{3164}') && !t.contains('\u{FE0F}'), "{t}");
-    // A path written with such characters is shown escaped wherever a result names it.
+    // A path written with a joiner where an emoji needs it is shown escaped wherever a
+    // result names it, and said to be addressable as written.
     let written = s
         .ok(
+            "create_file",
+            json!({"path": "e/\u{1F468}\u{200D}\u{1F469}.md", "content": "x"}),
+        )
+        .await;
+    let listed = s.ok("list_artifacts", json!({})).await;
+    let in_dir = s.ok("list_directory", json!({"path": "e"})).await;
+    for t in [text(&written), text(&listed), text(&in_dir)] {
+        assert!(!t.contains('\u{200D}'), "{t}");
+        assert!(t.contains("\u{1F468}\\u{200d}\u{1F469}.md'"), "{t}");
+    }
+    assert!(
+        text(&in_dir).contains("(shown escaped: the name holds characters readers do not show; give them as they are to address it)"),
+        "{}",
+        text(&in_dir)
+    );
+    // One with an invisible character where it has no use is refused, named escaped.
+    let r = s
+        .err(
             "create_file",
             json!({"path": "e/x\u{2028}y\u{200B}.md", "content": "x"}),
         )
         .await;
-    let listed = s.ok("list_artifacts", json!({})).await;
-    for t in [text(&written), text(&listed)] {
-        assert!(!t.contains('\u{2028}') && !t.contains('\u{200B}'), "{t}");
-        assert!(t.contains("x\\u{2028}y\\u{200b}.md'"), "{t}");
-    }
+    assert!(
+        text(&r).contains("path_traversal") && text(&r).contains("U+2028"),
+        "{}",
+        text(&r)
+    );
+    assert!(!text(&r).contains('\u{2028}'), "{}", text(&r));
     let r = s
         .err(
             "create_file",
