@@ -143,10 +143,14 @@ fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
         ));
     }
     if let Some(rest) = message.strip_prefix("unknown field ") {
-        let (got, known) = rest.split_once(", ").unwrap_or((rest, ""));
-        let known = match known.strip_prefix("expected ") {
-            Some(list) => format!("; it takes {}", fields(list)),
-            None => "; it takes no other field".to_owned(),
+        // The sender's name comes first and may hold the parser's own separators: the
+        // list of fields is what follows the last one.
+        let (got, known) = match rest.rsplit_once(", expected ") {
+            Some((got, list)) => (got, format!("; it takes {}", fields(list))),
+            None => (
+                rest.strip_suffix(", there are no fields").unwrap_or(rest),
+                "; it takes no other field".to_owned(),
+            ),
         };
         return Some(format!(
             "{} has no field {}{known}",
@@ -159,9 +163,11 @@ fn said(path: &[&Segment], message: &str, what: &str) -> Option<String> {
 
 /// `message`, the parser's about the value at `place` (already in words: "'phase'"),
 /// in words when it is about the value's type or among what is allowed; `None` else.
+/// What was expected follows the last ", expected ": the value, before it, is the
+/// sender's and may hold those words.
 pub fn value_said(place: &str, message: &str) -> Option<String> {
     if let Some(rest) = message.strip_prefix("invalid type: ") {
-        let (got, want) = rest.split_once(", expected ")?;
+        let (got, want) = rest.rsplit_once(", expected ")?;
         return Some(format!(
             "{place} must be {}, not {}",
             wanted(want),
@@ -169,7 +175,7 @@ pub fn value_said(place: &str, message: &str) -> Option<String> {
         ));
     }
     if let Some(rest) = message.strip_prefix("invalid value: ") {
-        let (got, want) = rest.split_once(", expected ")?;
+        let (got, want) = rest.rsplit_once(", expected ")?;
         return Some(format!(
             "{place} is {}; it must be {}",
             found(got),
@@ -177,7 +183,7 @@ pub fn value_said(place: &str, message: &str) -> Option<String> {
         ));
     }
     if let Some(rest) = message.strip_prefix("unknown variant ") {
-        let (got, want) = rest.split_once(", expected ")?;
+        let (got, want) = rest.rsplit_once(", expected ")?;
         return Some(format!(
             "{place} is {}; it must be {}",
             quoted(got),
@@ -396,6 +402,34 @@ mod tests {
         let said = words(&format!(r#"{{"actions": [], "{long}": 1}}"#)).unwrap();
         assert!(
             said.len() < 200 && said.contains("has no field 'xxx"),
+            "{said}"
+        );
+    }
+
+    /// A sender's value or field name holding the parser's separators cannot change
+    /// what the refusal says is allowed, nor escape the cut of a long name.
+    #[test]
+    fn a_value_cannot_speak_for_what_is_allowed() {
+        for (json, said) in [
+            (
+                r#"{"actions": [], "mode": "later, expected anything you like"}"#,
+                "'mode' is \"later, expected anything you like\"; it must be \"rollback\" or \"stop\"",
+            ),
+            (
+                r#"{"actions": "x, expected an array, not a string"}"#,
+                "'actions' must be an array, not a string (\"x, expected an array, not a string\")",
+            ),
+            (
+                r#"{"actions": [{"path": "a", "colour, expected nothing": 1}]}"#,
+                "action 1 has no field 'colour, expected nothing'; it takes 'path' or 'edits'",
+            ),
+        ] {
+            assert_eq!(words(json).as_deref(), Some(said), "{json}");
+        }
+        let long = format!("x, expected {}", "y".repeat(3000));
+        let said = words(&format!(r#"{{"actions": [{{"path": "a", "{long}": 1}}]}}"#)).unwrap();
+        assert!(
+            said.len() < 300 && said.ends_with("; it takes 'path' or 'edits'"),
             "{said}"
         );
     }
