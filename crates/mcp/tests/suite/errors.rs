@@ -213,6 +213,16 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
             "'limit' is 2.5; it must be a whole number between 1 and 1000",
         ),
         ("list_artifacts", json!({"limit": "ten"}), "whole number"),
+        (
+            "list_artifacts",
+            json!({"limit": 1e20}),
+            "'limit' is 1e+20; it must be between 1 and 1000",
+        ),
+        (
+            "list_directory",
+            json!({"offset": 1e16}),
+            "'offset' is 1e+16; a number this large must be written as digits alone, without a fraction or an exponent",
+        ),
         ("list_artifacts", json!({"limit": 2.5}), "whole number"),
         (
             "write_json",
