@@ -121,26 +121,30 @@ impl Default for Flow {
     }
 }
 
-/// A call the handler is serving, and the room it took; finished when dropped (also
-/// when rmcp drops the call).
-pub(crate) struct Serving(Arc<Flow>, usize, bool);
+/// A call the handler is serving, with the room it took and whether it was cancelled
+/// while held, when it is one the pump passed on and still counts; finished when
+/// dropped (also when rmcp drops the call).
+pub(crate) struct Serving(Arc<Flow>, Option<(usize, bool)>);
 
 impl Serving {
     /// Whether the client cancelled the call while the pump held it: the call is then
     /// not run. The pump's own cancellation follows the call, but rmcp may read a long
     /// call and begin it before that cancellation is even written.
     pub(crate) fn cancelled_before_start(&self) -> bool {
-        self.2
+        self.1.is_some_and(|(_, cancelled)| cancelled)
     }
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        let room = self.1;
-        self.0.note(|c| {
-            c.finished += 1;
-            c.room_taken -= room;
-        });
+        // A call no longer counted (taken as settled, or never passed on) was let go
+        // of already: counting it finished would let one more than the most through.
+        if let Some((room, _)) = self.1 {
+            self.0.note(|c| {
+                c.finished += 1;
+                c.room_taken -= room;
+            });
+        }
     }
 }
 
@@ -172,19 +176,22 @@ impl Flow {
         });
     }
 
-    /// The handler begins call `id` (as rmcp reads ids; `None`, or an id no call passed
-    /// on has, for the oldest: a client may give two calls one id).
+    /// The handler begins call `id` (as rmcp reads ids; `None` for the oldest; of two
+    /// calls a client gave one id, the older). An id no call awaiting its start has is a
+    /// call taken as settled (see [`Flow::below`]) or one the pump did not pass on: it
+    /// takes no other call's entry, whose room and cancellation are that call's.
     pub(crate) fn serve(self: &Arc<Self>, id: Option<&Value>) -> Serving {
-        let (mut room, mut cancelled) = (0, false);
+        let mut taken = None;
         self.note(|c| {
-            let at = id
-                .and_then(|id| c.unbegun.iter().position(|u| &u.id == id))
-                .unwrap_or(0);
-            if let Some(u) = c.unbegun.remove(at) {
-                (room, cancelled) = (u.room, u.cancelled);
-            }
+            let at = match id {
+                Some(id) => c.unbegun.iter().position(|u| &u.id == id),
+                None => (!c.unbegun.is_empty()).then_some(0),
+            };
+            taken = at
+                .and_then(|at| c.unbegun.remove(at))
+                .map(|u| (u.room, u.cancelled));
         });
-        Serving(Arc::clone(self), room, cancelled)
+        Serving(Arc::clone(self), taken)
     }
 
     /// Whether a call taking `room` fits beside those passed on (see [`DATA_ROOM`]).
@@ -1589,6 +1596,27 @@ mod tests {
         assert_eq!(pumped.next().await, held);
         assert!(flow.serve(Some(&json!(1))).cancelled_before_start());
         pumped.task.abort();
+    }
+
+    /// A call the handler begins after it was taken as settled takes neither another
+    /// call's cancellation nor its place in the count.
+    #[tokio::test]
+    async fn a_call_begun_after_it_settled_takes_no_other_calls_entry() {
+        let flow = Arc::new(Flow::settling_in(Duration::from_secs(2)));
+        flow.passed(json!("late"), 0, false);
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        flow.passed(json!("cancelled"), 0, true);
+        // Takes "late" as settled: one call counted, "cancelled".
+        assert!(ready_at_once(flow.below(2, 0)));
+        assert!(!ready_at_once(flow.below(1, 0)));
+        let late = flow.serve(Some(&json!("late")));
+        assert!(!late.cancelled_before_start());
+        drop(late);
+        assert!(!ready_at_once(flow.below(1, 0)));
+        let cancelled = flow.serve(Some(&json!("cancelled")));
+        assert!(cancelled.cancelled_before_start());
+        drop(cancelled);
+        assert!(ready_at_once(flow.below(1, 0)));
     }
 
     #[test]
