@@ -362,101 +362,155 @@ impl Sandbox {
     pub fn recover(&self) -> Vec<Recovered> {
         self.remove_dead_record_temp_files();
         let mut out = self.recover_commit_logs();
-        let mut records = match self.state.inflight_list() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list in-flight runs");
-                return Vec::new();
-            }
+        let Some(records) = self.inflight_oldest_first() else {
+            return Vec::new();
         };
-        // Oldest first: restores two dead runs or rollbacks left unrecorded on one file
-        // are then recorded in the order made.
-        records.sort_by_cached_key(|(id, b)| self.recovery_order(id, b));
         // Runs that finished in this boot, whose processes left no sync point behind
         // them: made durable and marked idle, so that a later boot, which cannot tell
         // what a crash lost, never judges them.
         let mut finished = Vec::new();
         for (id, bytes) in records {
-            let parsed = serde_json::from_slice::<InflightRecord>(&bytes).ok();
-            if parsed
-                .as_ref()
-                .is_some_and(|r| !needs_recovery(r) && !r.finished_this_boot())
-            {
+            if !self.worth_locking(&id, &bytes, &out) {
                 continue;
             }
-            // Already left for another start by the replay of its commit log.
-            if out.iter().any(|r| r.retry && r.workflow_id == id) {
-                continue;
-            }
-            if !crate::plan::is_valid_id(&id) {
-                // No run can hold a workflow of that name.
-                tracing::warn!(record = %id, "in-flight record of no workflow removed");
-                let _ = self.state.inflight_remove(&id);
-                continue;
-            }
-            let lock = match self.state.try_lock_workflow(&id) {
-                Ok(Some(l)) => l,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot lock a workflow for recovery");
-                    continue;
-                }
-            };
-            // Read again under the lock: what was listed may have been a record its run
-            // was writing, or one a run has taken over since.
-            let rec = match self.state.inflight_read(&id) {
-                Ok(Some(b)) => serde_json::from_slice::<InflightRecord>(&b).ok(),
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, record = %id, "cannot read an in-flight record");
-                    continue;
-                }
-            };
-            let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
-                let removed = self.state.inflight_remove(&id);
-                tracing::warn!(record = %id, removed = removed.is_ok(), "unreadable in-flight record");
-                out.push(Recovered {
-                    workflow_id: id,
-                    unreadable_record: true,
-                    why: removed.err().map(|e| crate::error::io_words(&e)),
-                    ..Recovered::default()
-                });
+            let Some((lock, rec)) = self.locked_record(&id, &mut out) else {
                 continue;
             };
-            if rec.finished_this_boot() {
-                // A log that could not be emptied (it holds entries for a root this start
-                // lacks) keeps the run finished, for a start that can empty it.
-                if self.commit_log_holds_entries(&id).is_ok_and(|held| !held) {
-                    finished.push((lock, rec));
-                }
-                continue;
-            }
-            if !needs_recovery(&rec) {
-                continue;
-            }
-            let report = self.recover_record(&rec);
-            let retry = report.retry;
-            if report.worth_telling(&rec) {
-                out.push(report);
-            }
-            // What recovery appended must be durable before the record says the run
-            // needs no more recovery.
-            if let Err(r) = self.conclude_sync() {
-                tracing::warn!(reason = %r.reason, "cannot sync after recovery");
-                if !retry {
-                    self.unclaim(&rec);
-                }
-                continue;
-            }
-            if !retry {
-                self.write_recovered_record(&rec);
-            }
-            drop(lock);
+            self.settle_locked(&id, lock, rec, &mut out, &mut finished);
         }
+        self.make_finished_idle(&finished);
+        out
+    }
+
+    /// The run records of the state directory, in the order recovery takes them; `None`
+    /// when they cannot be listed.
+    fn inflight_oldest_first(&self) -> Option<Vec<(String, Vec<u8>)>> {
+        let mut records = match self.state.inflight_list() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list in-flight runs");
+                return None;
+            }
+        };
+        // Oldest first: restores two dead runs or rollbacks left unrecorded on one file
+        // are then recorded in the order made.
+        records.sort_by_cached_key(|(id, b)| self.recovery_order(id, b));
+        Some(records)
+    }
+
+    /// Whether the listed record `bytes` of workflow `id` is worth taking the workflow's
+    /// lock for (`out`: what recovery said so far). A record of no workflow is removed.
+    fn worth_locking(&self, id: &str, bytes: &[u8], out: &[Recovered]) -> bool {
+        let parsed = serde_json::from_slice::<InflightRecord>(bytes).ok();
+        if parsed
+            .as_ref()
+            .is_some_and(|r| !needs_recovery(r) && !r.finished_this_boot())
+        {
+            return false;
+        }
+        // Already left for another start by the replay of its commit log.
+        if out.iter().any(|r| r.retry && r.workflow_id == id) {
+            return false;
+        }
+        if !crate::plan::is_valid_id(id) {
+            // No run can hold a workflow of that name.
+            tracing::warn!(record = %id, "in-flight record of no workflow removed");
+            let _ = self.state.inflight_remove(id);
+            return false;
+        }
+        true
+    }
+
+    /// Workflow `id`'s lock and its record, read under it; `None` when the lock is held
+    /// (a run alive in another process) or cannot be taken, or there is no record to
+    /// read. A record that cannot be read as `id`'s is removed, and said in `out`.
+    fn locked_record(
+        &self,
+        id: &str,
+        out: &mut Vec<Recovered>,
+    ) -> Option<(crate::confine::state::FileLock, InflightRecord)> {
+        let lock = match self.state.try_lock_workflow(id) {
+            Ok(Some(l)) => l,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot lock a workflow for recovery");
+                return None;
+            }
+        };
+        // Read again under the lock: what was listed may have been a record its run
+        // was writing, or one a run has taken over since.
+        let rec = match self.state.inflight_read(id) {
+            Ok(Some(b)) => serde_json::from_slice::<InflightRecord>(&b).ok(),
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, record = %id, "cannot read an in-flight record");
+                return None;
+            }
+        };
+        let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
+            let removed = self.state.inflight_remove(id);
+            tracing::warn!(record = %id, removed = removed.is_ok(), "unreadable in-flight record");
+            out.push(Recovered {
+                workflow_id: id.to_owned(),
+                unreadable_record: true,
+                why: removed.err().map(|e| crate::error::io_words(&e)),
+                ..Recovered::default()
+            });
+            return None;
+        };
+        Some((lock, rec))
+    }
+
+    /// Settles workflow `id`'s record `rec`, read under its lock (`lock`): a run finished
+    /// in this boot goes to `finished`, its lock with it; a dead one is recovered, what
+    /// recovery did added to `out` when worth telling, and its record marked recovered
+    /// once that is durable. The lock is released on return unless kept in `finished`.
+    fn settle_locked(
+        &self,
+        id: &str,
+        lock: crate::confine::state::FileLock,
+        rec: InflightRecord,
+        out: &mut Vec<Recovered>,
+        finished: &mut Vec<(crate::confine::state::FileLock, InflightRecord)>,
+    ) {
+        if rec.finished_this_boot() {
+            // A log that could not be emptied (it holds entries for a root this start
+            // lacks) keeps the run finished, for a start that can empty it.
+            if self.commit_log_holds_entries(id).is_ok_and(|held| !held) {
+                finished.push((lock, rec));
+            }
+            return;
+        }
+        if !needs_recovery(&rec) {
+            return;
+        }
+        let report = self.recover_record(&rec);
+        let retry = report.retry;
+        if report.worth_telling(&rec) {
+            out.push(report);
+        }
+        // What recovery appended must be durable before the record says the run
+        // needs no more recovery.
+        if let Err(r) = self.conclude_sync() {
+            tracing::warn!(reason = %r.reason, "cannot sync after recovery");
+            if !retry {
+                self.unclaim(&rec);
+            }
+            return;
+        }
+        if !retry {
+            self.write_recovered_record(&rec);
+        }
+        drop(lock);
+    }
+
+    /// Makes the writes of the runs in `finished` (finished in this boot, each with its
+    /// workflow's lock held) durable, then marks their records idle.
+    fn make_finished_idle(&self, finished: &[(crate::confine::state::FileLock, InflightRecord)]) {
         if !finished.is_empty() {
             match self.sync_logged_writes() {
                 Ok(()) => {
-                    for (_lock, rec) in &finished {
+                    for (_lock, rec) in finished {
                         self.write_idle_record(rec, self.durable());
                     }
                 }
@@ -465,7 +519,6 @@ impl Sandbox {
                 }
             }
         }
-        out
     }
 
     /// When the run or rollback of the record `bytes` of workflow `id` first changed what
