@@ -3,6 +3,29 @@
 
 use super::*;
 
+/// What the trail and the registry say of a dead run, read before any of its actions
+/// is judged.
+struct DeadRun<'a> {
+    /// Its record.
+    rec: &'a InflightRecord,
+    /// What the dead run audited: every outcome, and for successes the checksum the
+    /// target should now have.
+    audited: HashMap<String, Option<Option<String>>>,
+    /// What its workflow registered.
+    registered: Vec<crate::artifact::ArtifactEntry>,
+}
+
+/// What judging a dead run's actions left to do.
+struct Judged {
+    /// The folders (root index, components) of the run's targets, where its temporary
+    /// files may be.
+    dirs: HashSet<(usize, Vec<String>)>,
+    /// The actions to undo, newest first.
+    in_doubt: crate::sandbox::RootedSnapshots,
+    /// The success lines of the actions judged finished, newest first.
+    finish_audits: Vec<AuditRecord>,
+}
+
 impl Sandbox {
     pub(super) fn recover_run(&self, rec: &InflightRecord) -> Recovered {
         let mut report = Recovered {
@@ -10,36 +33,20 @@ impl Sandbox {
             workflow_id: rec.workflow_id.clone(),
             ..Recovered::default()
         };
-        // What the dead run audited: every outcome, and for successes the checksum the
-        // target should now have.
-        let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
-        // Read, or nothing is judged: an empty view would take every action for
-        // unaudited, and undo finished ones.
-        let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
+        let Some(audited) = self.audited_outcomes(rec, &mut report) else {
             return report;
         };
-        for e in entries {
-            if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
-                continue;
-            }
-            let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
-            audited.insert(e.action_id, after);
-        }
         let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
-        let mut dirs: HashSet<(usize, Vec<String>)> = HashSet::new();
-        let mut in_doubt = Vec::new();
-        // Newest first, one target at a time: an action is judged against what its
-        // target holds once the newer in-doubt actions on it are undone, and once one is
-        // finished the older ones on the same target are too (their result was its
-        // starting point, so the target cannot hold it any more).
-        let mut settled: HashSet<(usize, String)> = HashSet::new();
-        let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
         let Some(registered) = report.read(self.registry.get_by_workflow(&rec.workflow_id)) else {
             return report;
         };
-        let mut finish_audits = Vec::new();
+        let run = DeadRun {
+            rec,
+            audited,
+            registered,
+        };
         let mine: Vec<_> = snaps
             .into_iter()
             .filter(|(_, s)| s.meta.execution_id == rec.execution_id)
@@ -47,47 +54,139 @@ impl Sandbox {
         // Every target of the run stays as judged until it is finished or restored:
         // other workflows may be writing (recovery also runs in a live process, at the
         // next run of the dead one's workflow).
-        let _held = match self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) {
-            Ok(h) => h,
+        let Some(_held) = self.lock_run_targets(&mine, &mut report) else {
+            return report;
+        };
+        if !self.all_judgeable(&run, &mine, &mut report) {
+            return report;
+        }
+        let orphans = self.registered_without_snapshot(&run, &mine);
+        let judged = self.judge_newest_first(&run, mine, &mut report);
+        self.audit_finished(judged.finish_audits, orphans, &mut report);
+        // Temporary files first: a directory the run created is only empty, and so
+        // removable by the restore, once they are gone.
+        self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
+        self.undo_in_doubt(rec, judged.in_doubt, &mut report);
+        match self.try_record_marked_restores(&rec.workflow_id) {
+            Ok(n) => report.restores_recorded += n,
+            Err(e) => report.restores_unaudited(&e),
+        }
+        report
+    }
+
+    /// What the dead run audited (see [`DeadRun::audited`]); `None` (the recovery left
+    /// for a later try) when the trail cannot be read.
+    fn audited_outcomes(
+        &self,
+        rec: &InflightRecord,
+        report: &mut Recovered,
+    ) -> Option<HashMap<String, Option<Option<String>>>> {
+        let mut audited: HashMap<String, Option<Option<String>>> = HashMap::new();
+        // Read, or nothing is judged: an empty view would take every action for
+        // unaudited, and undo finished ones.
+        let entries = report.read(self.audit.by_workflow(&rec.workflow_id))?;
+        for e in entries {
+            if e.execution_id != rec.execution_id || e.status == AuditStatus::Simulated {
+                continue;
+            }
+            let after = (e.status == AuditStatus::Success).then_some(e.after_checksum);
+            audited.insert(e.action_id, after);
+        }
+        Some(audited)
+    }
+
+    /// The locks of the targets of the dead run's snapshots (`mine`), held by the caller
+    /// until they are finished or restored; `None` (the recovery left for a later try)
+    /// when they cannot be taken.
+    fn lock_run_targets(
+        &self,
+        mine: &[(usize, crate::snapshot::StoredSnapshot)],
+        report: &mut Recovered,
+    ) -> Option<Vec<crate::confine::state::HeldLock<'_>>> {
+        match self.lock_targets(mine.iter().map(|(i, s)| (*i, s.meta.target()))) {
+            Ok(h) => Some(h),
             Err(r) => {
                 report.busy = (r.reason_code == ReasonCode::Conflict).then_some(r.reason);
                 report.retry = true;
-                return report;
+                None
             }
-        };
+        }
+    }
+
+    /// Whether every target of the dead run's snapshots (`mine`) that a verdict depends
+    /// on can be judged; if not, the recovery is left for a later try, and `report` says
+    /// why (see [`Recovered::unjudged`]).
+    fn all_judgeable(
+        &self,
+        run: &DeadRun<'_>,
+        mine: &[(usize, crate::snapshot::StoredSnapshot)],
+        report: &mut Recovered,
+    ) -> bool {
         // Only never-audited actions await a verdict that depends on what their targets
-        // hold; an audited one whose target cannot be looked at is judged finished below.
+        // hold; an audited one whose target cannot be looked at is judged finished later.
         let removed;
         (report.unjudged, removed) = self.unjudged(
-            rec,
+            run.rec,
             mine.iter()
-                .filter(|(_, s)| !s.restored && !audited.contains_key(&s.meta.action_id)),
+                .filter(|(_, s)| !s.restored && !run.audited.contains_key(&s.meta.action_id)),
         );
         report.temp_files_removed += removed;
         if !report.unjudged.is_empty() {
             report.retry = true;
-            return report;
+            return false;
         }
+        true
+    }
+
+    /// The success lines of the dead run's registered writes that none of its trusted
+    /// snapshots (`mine`) stands for.
+    fn registered_without_snapshot(
+        &self,
+        run: &DeadRun<'_>,
+        mine: &[(usize, crate::snapshot::StoredSnapshot)],
+    ) -> Vec<AuditRecord> {
         // Registered writes of the run that no trusted snapshot stands for (its folder was
-        // removed, or left alone above as untrusted): registered after it landed, so done.
-        // Recorded as such, with nothing to roll back, rather than left off the trail for
-        // good while the registry lists them.
+        // removed, or left alone as untrusted when the snapshots were read): registered
+        // after it landed, so done. Recorded as such, with nothing to roll back, rather
+        // than left off the trail for good while the registry lists them.
         let snapshotted: HashSet<&str> = mine
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
-        let orphans: Vec<AuditRecord> = registered
+        run.registered
             .iter()
             .filter(|e| {
-                e.generated_by_action == format!("{}/{}", rec.execution_id, e.action_id)
-                    && !audited.contains_key(&e.action_id)
+                e.generated_by_action == format!("{}/{}", run.rec.execution_id, e.action_id)
+                    && !run.audited.contains_key(&e.action_id)
                     && !snapshotted.contains(e.action_id.as_str())
             })
-            .map(|e| self.done_without_snapshot(rec, e))
-            .collect();
-        drop(snapshotted);
+            .map(|e| self.done_without_snapshot(run.rec, e))
+            .collect()
+    }
+
+    /// Judges the dead run's actions (`mine`, oldest first) newest first: each finished,
+    /// recorded as superseded, or left in doubt, to be undone.
+    fn judge_newest_first(
+        &self,
+        run: &DeadRun<'_>,
+        mine: crate::sandbox::RootedSnapshots,
+        report: &mut Recovered,
+    ) -> Judged {
+        let mut judged = Judged {
+            dirs: HashSet::new(),
+            in_doubt: Vec::new(),
+            finish_audits: Vec::new(),
+        };
+        // Newest first, one target at a time: an action is judged against what its
+        // target holds once the newer in-doubt actions on it are undone, and once one is
+        // finished the older ones on the same target are too (their result was its
+        // starting point, so the target cannot hold it any more).
+        let mut settled: HashSet<(usize, String)> = HashSet::new();
+        let mut expected: HashMap<(usize, String), Option<String>> = HashMap::new();
         for (i, s) in mine.into_iter().rev() {
-            dirs.insert((i, s.meta.target().parent_components().to_vec()));
+            judged
+                .dirs
+                .insert((i, s.meta.target().parent_components().to_vec()));
             let key = (i, s.meta.original_path.clone());
             if s.restored || settled.contains(&key) {
                 continue;
@@ -96,113 +195,183 @@ impl Sandbox {
                 .entry(key.clone())
                 .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
                 .clone();
-            let outcome = audited.get(&s.meta.action_id);
-            // Never audited, and another run changed the target since (the dead run's
-            // locks went with it): the trail says so, or the target holds neither what it
-            // held before nor what the action writes. That change is theirs to keep;
-            // this action is recorded as what it was, done or not, and never redone or
-            // restored over it.
-            let first_change = outcome
-                .is_none()
-                .then(|| self.first_change_by_another(i, &s.meta, true))
-                .flatten();
-            if outcome.is_none()
-                && ((current != s.meta.after_sha256
-                    && !self.back_to_before(i, &s.meta, current.as_deref()))
-                    || first_change.is_some())
-            {
-                let landed =
-                    self.settle_overwritten(i, &s.meta, &registered, first_change.as_ref());
-                match landed {
-                    Some(Ok(record)) => {
-                        finish_audits.extend(record);
-                        report.completed += 1;
-                    }
-                    // Logs left incomplete are completed by the recovery that retries.
-                    Some(Err(e)) => {
-                        report.completed += 1;
-                        report.writes_unaudited(&e);
-                    }
-                    None => {
-                        // Its temporary file first: a folder it made that holds only
-                        // that is empty, and removed rather than put on the ledger.
-                        let dir = (i, s.meta.target().parent_components().to_vec());
-                        self.remove_dead_temp_files(
-                            &dead_makers(rec),
-                            HashSet::from([dir]),
-                            &mut report,
-                        );
-                        self.undo_superseded(i, &s.meta, rec, current.as_ref());
-                        report.superseded += 1;
-                    }
-                }
-                settled.insert(key);
-                continue;
-            }
-            if let (Some(c), None | Some(Some(_))) = (&s.meta.commit, outcome)
-                && let Some(finished) =
-                    self.finish_commit(i, &s.meta, c, outcome.is_some(), current.as_deref())
-            {
-                // Logs left incomplete are completed by the recovery that retries.
-                match finished {
-                    Ok(changed) => report.completed += usize::from(changed),
-                    Err(e) => {
-                        report.completed += 1;
-                        report.writes_unaudited(&e);
-                    }
-                }
-                settled.insert(key);
-                continue;
-            }
-            // Written and registered, not yet audited (the run died between the two
-            // appends): finished by auditing it, so the registry never lists an
-            // artifact the trail does not.
-            let made_by = format!("{}/{}", s.meta.execution_id, s.meta.action_id);
-            if outcome.is_none()
-                && current.is_some()
-                && current == s.meta.after_sha256
-                && registered.iter().any(|e| {
-                    e.generated_by_action == made_by && Some(&e.checksum_sha256) == current.as_ref()
-                })
-            {
-                finish_audits.push(self.done_record(i, &s.meta));
-                report.completed += 1;
-                settled.insert(key);
-                continue;
-            }
-            let finished = match outcome {
-                // Never audited: undone, unless the target holds neither what it held
-                // before nor what the action wrote, which is someone else's later write
-                // (the action's lock was released when its run died), theirs to keep.
-                None => s.meta.after_sha256.as_ref().is_some_and(|after| {
-                    current.as_ref() != Some(after)
-                        && !self.back_to_before(i, &s.meta, current.as_deref())
-                }),
-                // Audited as done: undone only if the target is back to what it held
-                // before (with batched syncs the audit line can reach the disk before the
-                // target). Anything else is the result, or a later change by someone
-                // else, which is theirs to keep.
-                // A directory made has no checksum to compare: it is done while it
-                // stands, and undone once gone again as the action found it (the dead run
-                // was rolling back its failure; the restore finishes and records that).
-                Some(Some(_)) if s.meta.is_directory_action() => {
-                    !self.back_to_before(i, &s.meta, current.as_deref())
-                }
-                Some(Some(after)) => {
-                    current == *after
-                        || !self.back_to_before(i, &s.meta, current.as_deref())
-                        || self.put_back_by_another(i, &s.meta, &current, true)
-                }
-                Some(None) => true,
-            };
-            if finished {
+            if self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report) {
                 settled.insert(key);
             } else {
-                // Undone below: the target will hold what it held before this action.
+                // Undone once all are judged: the target will hold what it held before
+                // this action.
                 expected.insert(key, s.meta.sha256.clone());
-                in_doubt.push((i, s));
+                judged.in_doubt.push((i, s));
             }
         }
+        judged
+    }
+
+    /// Judges one action of the dead run against what its target holds (`current`, once
+    /// the newer in-doubt actions on it are undone): whether it is settled (finished,
+    /// its success line added to `finish_audits` when it needs one, or recorded as
+    /// superseded); if not, it is to be undone.
+    fn judge_action(
+        &self,
+        run: &DeadRun<'_>,
+        i: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: Option<String>,
+        finish_audits: &mut Vec<AuditRecord>,
+        report: &mut Recovered,
+    ) -> bool {
+        let outcome = run.audited.get(&meta.action_id);
+        // Never audited, and another run changed the target since (the dead run's
+        // locks went with it): the trail says so, or the target holds neither what it
+        // held before nor what the action writes. That change is theirs to keep;
+        // this action is recorded as what it was, done or not, and never redone or
+        // restored over it.
+        let first_change = outcome
+            .is_none()
+            .then(|| self.first_change_by_another(i, meta, true))
+            .flatten();
+        if outcome.is_none()
+            && ((current != meta.after_sha256 && !self.back_to_before(i, meta, current.as_deref()))
+                || first_change.is_some())
+        {
+            finish_audits.extend(self.settle_superseded(
+                run,
+                i,
+                meta,
+                current.as_ref(),
+                first_change.as_ref(),
+                report,
+            ));
+            return true;
+        }
+        if self.finish_from_commit(i, meta, outcome, current.as_deref(), report) {
+            return true;
+        }
+        // Written and registered, not yet audited (the run died between the two
+        // appends): finished by auditing it, so the registry never lists an
+        // artifact the trail does not.
+        let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
+        if outcome.is_none()
+            && current.is_some()
+            && current == meta.after_sha256
+            && run.registered.iter().any(|e| {
+                e.generated_by_action == made_by && Some(&e.checksum_sha256) == current.as_ref()
+            })
+        {
+            finish_audits.push(self.done_record(i, meta));
+            report.completed += 1;
+            return true;
+        }
+        self.stands_finished(i, meta, current, outcome)
+    }
+
+    /// Settles a never-audited action of the dead run whose target another run changed
+    /// since (`first_change`: the first such change the trail records): finished when
+    /// its write landed (with the success line to append, if it needs one), else
+    /// recorded as undone, the target left as the later writer left it.
+    fn settle_superseded(
+        &self,
+        run: &DeadRun<'_>,
+        i: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: Option<&String>,
+        first_change: Option<&crate::audit::SandboxAuditEntry>,
+        report: &mut Recovered,
+    ) -> Option<AuditRecord> {
+        let landed = self.settle_overwritten(i, meta, &run.registered, first_change);
+        match landed {
+            Some(Ok(record)) => {
+                report.completed += 1;
+                record
+            }
+            // Logs left incomplete are completed by the recovery that retries.
+            Some(Err(e)) => {
+                report.completed += 1;
+                report.writes_unaudited(&e);
+                None
+            }
+            None => {
+                // Its temporary file first: a folder it made that holds only
+                // that is empty, and removed rather than put on the ledger.
+                let dir = (i, meta.target().parent_components().to_vec());
+                self.remove_dead_temp_files(&dead_makers(run.rec), HashSet::from([dir]), report);
+                self.undo_superseded(i, meta, run.rec, current);
+                report.superseded += 1;
+                None
+            }
+        }
+    }
+
+    /// Finishes an action of the dead run from its commit record (see
+    /// [`Sandbox::finish_commit`]), unless it was audited as failed; whether it did.
+    fn finish_from_commit(
+        &self,
+        i: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        outcome: Option<&Option<Option<String>>>,
+        current: Option<&str>,
+        report: &mut Recovered,
+    ) -> bool {
+        if let (Some(c), None | Some(Some(_))) = (&meta.commit, outcome)
+            && let Some(finished) = self.finish_commit(i, meta, c, outcome.is_some(), current)
+        {
+            // Logs left incomplete are completed by the recovery that retries.
+            match finished {
+                Ok(changed) => report.completed += usize::from(changed),
+                Err(e) => {
+                    report.completed += 1;
+                    report.writes_unaudited(&e);
+                }
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Whether an action of the dead run that was neither superseded nor finished from
+    /// its commit record or registration stands as finished (`outcome`: what the trail
+    /// says of it); if not, it is to be undone.
+    fn stands_finished(
+        &self,
+        i: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        current: Option<String>,
+        outcome: Option<&Option<Option<String>>>,
+    ) -> bool {
+        match outcome {
+            // Never audited: undone, unless the target holds neither what it held
+            // before nor what the action wrote, which is someone else's later write
+            // (the action's lock was released when its run died), theirs to keep.
+            None => meta.after_sha256.as_ref().is_some_and(|after| {
+                current.as_ref() != Some(after) && !self.back_to_before(i, meta, current.as_deref())
+            }),
+            // Audited as done: undone only if the target is back to what it held
+            // before (with batched syncs the audit line can reach the disk before the
+            // target). Anything else is the result, or a later change by someone
+            // else, which is theirs to keep.
+            // A directory made has no checksum to compare: it is done while it
+            // stands, and undone once gone again as the action found it (the dead run
+            // was rolling back its failure; the restore finishes and records that).
+            Some(Some(_)) if meta.is_directory_action() => {
+                !self.back_to_before(i, meta, current.as_deref())
+            }
+            Some(Some(after)) => {
+                current == *after
+                    || !self.back_to_before(i, meta, current.as_deref())
+                    || self.put_back_by_another(i, meta, &current, true)
+            }
+            Some(None) => true,
+        }
+    }
+
+    /// Appends the success lines of the actions judged finished (`finish_audits`, newest
+    /// first) and of the registered writes no snapshot stands for (`orphans`).
+    fn audit_finished(
+        &self,
+        mut finish_audits: Vec<AuditRecord>,
+        orphans: Vec<AuditRecord>,
+        report: &mut Recovered,
+    ) {
         // Judged newest first; audited in the order they ran.
         finish_audits.reverse();
         report.completed += orphans.len();
@@ -213,9 +382,17 @@ impl Sandbox {
             tracing::error!(error = %e, "recovery could not audit a dead run's registered writes");
             report.writes_unaudited(&e);
         }
-        // Temporary files first: a directory the run created is only empty, and so
-        // removable by the restore, once they are gone.
-        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
+    }
+
+    /// Undoes the dead run's actions left in doubt (`in_doubt`), counting them in
+    /// `report`, with those that could not be undone and, when the disk stopped the
+    /// undo, why the recovery is left for a later try.
+    fn undo_in_doubt(
+        &self,
+        rec: &InflightRecord,
+        in_doubt: crate::sandbox::RootedSnapshots,
+        report: &mut Recovered,
+    ) {
         let steps = self.restore_all(
             &crate::plan::new_execution_id(),
             &rec.workflow_id,
@@ -250,11 +427,6 @@ impl Sandbox {
                 })
                 .collect();
         }
-        match self.try_record_marked_restores(&rec.workflow_id) {
-            Ok(n) => report.restores_recorded += n,
-            Err(e) => report.restores_unaudited(&e),
-        }
-        report
     }
 
     /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
