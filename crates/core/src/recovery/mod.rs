@@ -256,6 +256,10 @@ pub struct Recovered {
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
+    /// Earlier starts that began recovering the run and were stopped before they could
+    /// say so: what they finished, undid or recorded is on the audit trail, not counted
+    /// here.
+    pub earlier_tries: usize,
     /// Why the recovery is not done for any other cause ([`Self::retry`] is set): a log
     /// or the snapshots that could not be read (a full or failing disk), an undo the
     /// disk refused, restores the trail would not take; in a few words.
@@ -746,11 +750,16 @@ impl Sandbox {
             return report;
         }
         let claimed = self.claim(rec);
-        let report = if rec.state == ROLLING_BACK {
+        let mut report = if rec.state == ROLLING_BACK {
             self.recover_rollback(&claimed)
         } else {
             self.recover_run(&claimed)
         };
+        report.earlier_tries = rec
+            .recovered_by
+            .iter()
+            .filter(|id| !crate::ids::made_here(id))
+            .count();
         if report.retry {
             self.unclaim(rec);
         }

@@ -115,13 +115,25 @@ impl Sandbox {
                     r.not_undone.join("; ")
                 )
             });
-            let done = match (done.is_empty(), not_undone) {
+            let mut done = match (done.is_empty(), not_undone) {
                 // Its finished writes stand as audited; none was left half done.
                 (true, None) => "no unfinished action was left to undo or finish".to_owned(),
                 (true, Some(n)) => n,
                 (false, None) => done.join(", "),
                 (false, Some(n)) => format!("{}; {n}", done.join(", ")),
             };
+            // What a stopped recovery settled is on the trail, not in these counts: the
+            // run was not found settled by itself.
+            if r.earlier_tries > 0 {
+                done.push_str(&format!(
+                    " (besides what {} stopped while recovering it had settled: see the workflow's lines on the audit trail)",
+                    if r.earlier_tries == 1 {
+                        "an earlier start".to_owned()
+                    } else {
+                        format!("{} earlier starts", r.earlier_tries)
+                    }
+                ));
+            }
             format!(
                 "recovered interrupted run {} of workflow {}: {done}",
                 r.execution_id, r.workflow_id

@@ -3169,6 +3169,31 @@ fn died_leaving_a_recovery_temp_file(
     left
 }
 
+/// A recovery stopped after it settled the run but before it closed the run's record
+/// leaves the next start nothing to do: its notice says an earlier start settled it,
+/// not that the run was found settled.
+#[test]
+fn a_recovery_after_one_that_was_stopped_says_so() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let mut rec = run_record(&w, "wf_crash");
+    let sb = w.open(c.clone());
+    assert_noticed(&sb, "1 unfinished action rolled back");
+    drop(sb);
+    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
+    std::fs::write(
+        w.state.join("inflight/wf_crash.json"),
+        serde_json::to_vec(&rec).unwrap(),
+    )
+    .unwrap();
+    let sb = w.open(c);
+    assert_noticed(
+        &sb,
+        "no unfinished action was left to undo or finish (besides what an earlier start stopped while recovering it had settled: see the workflow's lines on the audit trail)",
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A recovery writes temporary files too (a restore's bytes go aside first). One that
 /// died names its process in the run record before it starts, so the next recovery of
 /// the run removes what it left; another process's temporary files stay.
