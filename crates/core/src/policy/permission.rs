@@ -97,11 +97,15 @@ const SHELL_TOOLS: [&str; 72] = [
     "systemd_run",
 ];
 
-/// Runners whose names are also common words (`Baking Bun Recipes`, `Julia Plot Saver`):
-/// a tool's name is one of them only where a command line names its program, first or
-/// after `env`, and written in lower case (`bun run deploy`, `/usr/bin/env julia`,
-/// `julia1.10`).
-const RUNNERS_ALONE: [&str; 3] = ["bun", "julia", "npm"];
+/// Runners whose names are also common words or parts of them (`Baking Bun Recipes`,
+/// `Julia Plot Saver`, `make_directory`, `docker_docs`): a tool's name is one of them
+/// only where a command line names its program, first or after `env`, and written in
+/// lower case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
+/// `docker run img`, `py -3`). Build tools and container runners run what their files
+/// or images say.
+const RUNNERS_ALONE: [&str; 10] = [
+    "bun", "julia", "npm", "make", "gmake", "docker", "podman", "kubectl", "py", "iex",
+];
 
 /// Names of runners that are also the endings of source files a tool may be named
 /// after (`App.tsx`, `config.lua`): after a dot they are an extension, not a namespace's
