@@ -466,6 +466,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                     ));
                 }
                 let current: Option<Virtual> = match tree.get(&key) {
+                    // As for a file on disk: refused from its size before its bytes are
+                    // hashed or added to (a thousand appends past the limit of a large
+                    // file an earlier action makes would each copy and hash it).
+                    Some(v @ Virtual::File(Some(b))) => {
+                        check_existing_size(approval.op, a, b.of(&self.plan.actions).len() as u64)?;
+                        Some(v.clone())
+                    }
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
                         Some(TargetKind::File { size, .. }) => {
@@ -516,10 +523,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                     }
                     _ => None,
                 };
-                let before_checksum = match &current {
-                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b.of(&self.plan.actions))),
-                    _ => None,
-                };
                 let bytes = render(approval.op, a, &approval.ext, before)?.map(|b| match b {
                     Cow::Borrowed(_) => Bytes::Content(k),
                     Cow::Owned(b) => Bytes::Made(Arc::new(b)),
@@ -560,6 +563,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                     only_limited = Some((ri, rel.clone(), bytes));
                     return Err(r);
                 }
+                // Hashed last: an action refused above never needs it.
+                let before_checksum = match &current {
+                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b.of(&self.plan.actions))),
+                    _ => None,
+                };
                 Ok(Prepared {
                     approval,
                     bytes,

@@ -1165,6 +1165,29 @@ fn oversized_existing_files_are_refused_before_anything_is_written() {
         65 * 1024 * 1024
     );
 
+    // So is a file an earlier action of the plan makes: an append past the limit is
+    // refused from the sizes, the file's bytes neither hashed nor copied again.
+    let report = "r".repeat(5 * 1024 * 1024 - 2);
+    let mut actions = vec![json!({"action_id": "r", "intent": "generate_report",
+        "path": "made.md", "content": report})];
+    for i in 0..3 {
+        actions.push(
+            json!({"action_id": format!("a{i}"), "intent": "append_file",
+            "path": "made.md", "content": "xyz"}),
+        );
+    }
+    let r = run(&sb, json!({"workflow_id": "wf_made", "actions": actions}));
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    for i in 1..4 {
+        assert_eq!(code(&r, i).as_deref(), Some("size_exceeded"), "{i}");
+        let reason = r.actions[i].reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("append_file would leave 5242881 bytes in 'made.md'"),
+            "{i}: {reason}"
+        );
+    }
+    assert!(!w.path("made.md").exists());
+
     // A transform is judged by the size it would leave: a file over the limit that its
     // edits bring under it is edited.
     let limit = 5 * 1024 * 1024;
