@@ -136,6 +136,24 @@ pub const BODIES_IN_FLIGHT: usize = 4;
 /// the limit, clients that have sent a byte each cannot fill the room for everyone.
 const ROOM_UNITS_PER_BODY: usize = 1024;
 
+/// The first bytes of every body, this many, are not charged to the room for bodies
+/// when the body limit is 16 times as large or more (the default's 64 MiB is). Uploads
+/// that stall while holding the room make every body that needs some wait up to the
+/// 60 s a body has; a rollback's body or a small plan needs none, and goes through.
+/// What this lets a request hold is of the order of its connection's own buffers, and
+/// connections are bounded ([`MAX_CONNECTIONS`]: 16 MiB in all).
+pub const FREE_BODY_BYTES: usize = 64 << 10;
+
+/// [`FREE_BODY_BYTES`] under a body limit of `limit`: none under a small limit, where
+/// they would be a large part of every body.
+fn free_body_bytes(limit: usize) -> usize {
+    if limit >= 16 * FREE_BODY_BYTES {
+        FREE_BODY_BYTES
+    } else {
+        0
+    }
+}
+
 /// Room for request bodies (see [`BODIES_IN_FLIGHT`]).
 #[derive(Clone)]
 struct BodyRoom {
@@ -145,6 +163,8 @@ struct BodyRoom {
     /// The body limit: no request is charged more (beyond it the limit layer answers
     /// 413).
     limit: usize,
+    /// Bytes of each body not charged (see [`FREE_BODY_BYTES`]).
+    free: usize,
     /// Uploads waiting for room for their first bytes, in turn: only the first waits
     /// for room to be given back.
     turn: Arc<tokio::sync::Mutex<()>>,
@@ -240,12 +260,13 @@ async fn body_room(
                     Err(e) => return Some((Err(e), (stream, charged, true))),
                 };
                 let now = (charged + chunk.len()).min(room.limit);
-                let more = now.div_ceil(room.unit) - charged.div_ceil(room.unit);
+                let units = |bytes: usize| bytes.saturating_sub(room.free).div_ceil(room.unit);
+                let more = units(now) - units(charged);
                 if more == 0 {
                     return Some((Ok(chunk), (stream, now, false)));
                 }
                 let more = u32::try_from(more).unwrap_or(u32::MAX);
-                let permit = if charged == 0 {
+                let permit = if units(charged) == 0 {
                     // Holding nothing, it may wait, in turn, and takes nothing until all
                     // it needs is free: room taken bit by bit while waiting would be
                     // missed by the uploads under way, which cannot wait.
@@ -317,6 +338,7 @@ pub fn router_for_pool(
         )),
         unit,
         limit,
+        free: free_body_bytes(limit),
         turn: Arc::default(),
         freed: Arc::default(),
     };

@@ -668,6 +668,70 @@ async fn request_bodies_in_flight_are_bounded() {
     server.stop().await;
 }
 
+/// Uploads that stall holding the room for bodies do not hold up a small plan or a
+/// rollback's body: the first 64 KiB of a body are not charged (under a body limit of
+/// 1 MiB or more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_bodies_pass_uploads_that_stall_holding_the_room() {
+    let e = env_with(Opts {
+        write: true,
+        body_limit: 1 << 20,
+        ..Opts::default()
+    });
+    let server = Server::start(e.app.clone()).await;
+    let (addr, root) = (server.addr, e.root.clone());
+    tokio::task::spawn_blocking(move || {
+        let limit = 1 << 20;
+        let stalled: Vec<TcpStream> = (0..ailab_sandbox_http::BODIES_IN_FLIGHT)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(plan_post(addr, limit, &" ".repeat(limit - 1)).as_bytes())
+                    .unwrap();
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let plan = |name: &str| {
+            format!(r#"{{"actions":[{{"intent":"create_file","path":"{name}","content":"x"}}]}}"#)
+        };
+        let mut small = TcpStream::connect(addr).unwrap();
+        small
+            .write_all(plan_post(addr, plan("s.md").len(), &plan("s.md")).as_bytes())
+            .unwrap();
+        small.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, body) = read_one(&mut BufReader::new(small));
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("s.md").exists());
+        let mut undo = TcpStream::connect(addr).unwrap();
+        undo.write_all(
+            format!("POST /agentic/rollback/wf_none HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}")
+                .as_bytes(),
+        )
+        .unwrap();
+        undo.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let (status, body) = read_one(&mut BufReader::new(undo));
+        assert_eq!(status, 404, "{body}");
+        // 512 KiB, more than the stalled uploads leave free: it finds room once they are
+        // gone (while they stall it is answered `server_busy`, as the tests with a
+        // smaller limit show).
+        let large = format!("{}{}", plan("l.md"), " ".repeat(512 << 10));
+        let send_large = || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(plan_post(addr, large.len(), &large).as_bytes());
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            read_one(&mut BufReader::new(s))
+        };
+        drop(stalled);
+        std::thread::sleep(Duration::from_millis(300));
+        let (status, body) = send_large();
+        assert_eq!(status, 200, "{body}");
+        assert!(root.join("l.md").exists());
+    })
+    .await
+    .unwrap();
+    server.stop().await;
+}
+
 /// An upload waiting for room for its first bytes takes none until all it needs is
 /// free: the uploads under way, which are answered `server_busy` rather than wait, keep
 /// the free room for their last bytes.
