@@ -2250,7 +2250,7 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     // A key of the wrong length is damaged too, not a failure of the disk.
     std::fs::remove_dir(&key).unwrap();
-    std::fs::write(&key, b"abc").unwrap();
+    write_private(&key, b"abc");
     let out = e.cmd().args(["audit", "verify"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
@@ -2308,6 +2308,19 @@ fn a_global_option_on_both_sides_of_the_command_is_refused() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
+/// Writes `bytes` to a new file `path` that only its owner may read or change, as a
+/// seal key must be.
+fn write_private(path: &std::path::Path, bytes: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, bytes))
+        .unwrap();
+}
+
 /// A seal key removed beside a trail with entries is not made again (that would leave
 /// every snapshot sealed so far untrusted, unsaid): the runtime stops, naming the key and
 /// the ways on; the trail is still verified, read-only.
@@ -2335,8 +2348,24 @@ fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
     assert!(!key.exists(), "no new key is made");
     verified_read_only(&e, "is missing beside an audit trail");
     assert!(!key.exists());
-    // A key the operator makes is taken: the snapshots sealed with the lost one are not.
+    // A key others may read is refused (whoever reads it can seal records), naming
+    // its mode and what to do.
     std::fs::write(&key, [7u8; 32]).unwrap();
+    let out = e.cmd().args(["--json", "state"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "the seal key {} has mode 0644, which lets other users read or change it",
+            key.display()
+        )) && err.contains("chmod 600"),
+        "{err}"
+    );
+    verified_read_only(&e, "has mode 0644");
+    // A key the operator makes private is taken: the snapshots sealed with the lost one
+    // are not.
+    std::fs::remove_file(&key).unwrap();
+    write_private(&key, &[7u8; 32]);
     let out = e.cmd().args(["--json", "state"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = e.live(&["rollback", "wf_k"]);

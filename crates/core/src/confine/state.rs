@@ -676,6 +676,7 @@ impl StateDir {
         let Some(bytes) = self.read_optional(name)? else {
             return Ok(None);
         };
+        self.check_secret_private(name)?;
         bytes.as_slice().try_into().map(Some).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -686,6 +687,39 @@ impl StateDir {
             ),
             )
         })
+    }
+
+    /// Refuses the secret `name` when another user owns it or its mode lets others read
+    /// or change it: whoever reads it may seal snapshot records the runtime trusts (a
+    /// key put back by hand without `umask 077`, say, under a state directory others may
+    /// enter).
+    fn check_secret_private(&self, name: &str) -> io::Result<()> {
+        use cap_std::fs::MetadataExt as _;
+        let (dir, file_name) = self.locate(name)?;
+        let m = dir.symlink_metadata(file_name)?;
+        let shown = self.path.join(name);
+        let euid = super::root::euid();
+        let why = if m.uid() != euid {
+            format!(
+                "is owned by uid {}, not by this process's uid {euid}",
+                m.uid()
+            )
+        } else if m.mode() & 0o077 != 0 {
+            format!(
+                "has mode {:04o}, which lets other users read or change it",
+                m.mode() & 0o7777
+            )
+        } else {
+            return Ok(());
+        };
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            NotPrivate(format!(
+                "the seal key {} {why}; whoever reads it can seal snapshot records the runtime trusts: make it readable and writable by this user alone (chmod 600 {}), or, if others may have read it, give up the rollbacks sealed with it and make a new one",
+                shown.display(),
+                shown.display()
+            )),
+        ))
     }
 
     /// Replaces a small file atomically (temporary file, rename; fsync'd when `durable`).
