@@ -276,7 +276,7 @@ fn wanted(want: &str) -> String {
 fn field(name: &str) -> String {
     format!(
         "'{}'",
-        short(&name.trim_matches('`').escape_debug().to_string())
+        short(&crate::confine::path::escaped(name.trim_matches('`')))
     )
 }
 
@@ -284,7 +284,7 @@ fn field(name: &str) -> String {
 fn quoted(v: &str) -> String {
     format!(
         "\"{}\"",
-        short(&v.trim_matches('`').escape_debug().to_string())
+        short(&crate::confine::path::escaped(v.trim_matches('`')))
     )
 }
 
@@ -422,6 +422,11 @@ mod tests {
             (
                 r#"{"actions": [{"path": "a", "colour, expected nothing": 1}]}"#,
                 "action 1 has no field 'colour, expected nothing'; it takes 'path' or 'edits'",
+            ),
+            // What a reader does not see is shown escaped.
+            (
+                "{\"actions\": [{\"path\": \"a\", \"q\u{3164}\": 1}]}",
+                "action 1 has no field 'q\\u{3164}'; it takes 'path' or 'edits'",
             ),
         ] {
             assert_eq!(words(json).as_deref(), Some(said), "{json}");

@@ -8,6 +8,7 @@ pub mod kernel;
 pub mod path;
 pub mod root;
 pub mod state;
+mod unseen;
 
 pub use path::{
     ExtensionPolicy, MAX_PATH_DEPTH, RelPath, Resolved, check_path_depth, check_reserved,

@@ -84,51 +84,18 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         )
         .malformed());
     }
-    let Some(c) = first_unseen(path) else {
+    let Some(c) = super::unseen::first_unseen(path) else {
         return Ok(());
     };
     Err(Refusal::new(
         ReasonCode::PathTraversal,
         format!(
-            "the path {} contains U+{:04X}, a character readers do not show, so that two names look the same (`no\\u{{200B}}tes.md` shows as `notes.md`); paths may not contain zero-width characters, fillers, line or paragraph separators or other invisible ones, except a joiner between two letters or symbols of a script that uses it and a variation selector after one (emoji, Persian): remove it",
+            "the path {} contains U+{:04X}, a character readers do not show, so that two names look the same (`no\\u{{200B}}tes.md` shows as `notes.md`); paths may not contain zero-width characters, fillers, line or paragraph separators or other invisible ones, except where a script or an emoji sequence needs one (a joiner after a virama, between letters of a joining script such as Arabic or between emoji; a variation selector after an emoji, a Han character or a Mongolian letter; a flag's tags): remove it",
             shown_path(path),
             c as u32
         ),
     )
     .malformed())
-}
-
-/// The first character of `path` readers do not show (see [`shows_otherwise`]) that is
-/// not where a script or an emoji needs it: a zero-width joiner or non-joiner between
-/// two characters beyond ASCII (a Persian word, an emoji family), a variation
-/// selector or tag after one (`\u{2764}\u{FE0F}`, a subdivision flag). Between ASCII
-/// letters they have no use but to make one name look like another.
-fn first_unseen(path: &str) -> Option<char> {
-    let shown_beyond_ascii = |c: char| !c.is_ascii() && !shows_otherwise(c);
-    let mut chars = path.chars().peekable();
-    // Whether the character before may carry a joiner or a selector.
-    let mut carries = false;
-    while let Some(c) = chars.next() {
-        let fits = if !shows_otherwise(c) {
-            true
-        } else if matches!(c, '\u{200C}' | '\u{200D}') {
-            carries && chars.peek().is_some_and(|&n| shown_beyond_ascii(n))
-        } else {
-            carries && is_selector(c)
-        };
-        if !fits {
-            return Some(c);
-        }
-        carries = shown_beyond_ascii(c) || is_selector(c);
-    }
-    None
-}
-
-/// A variation selector (the emoji and text ones, the ideographic ones, Mongolian's free
-/// ones) or a tag character (which spells a subdivision flag).
-fn is_selector(c: char) -> bool {
-    matches!(u32::from(c),
-        0xFE00..=0xFE0F | 0xE0100..=0xE01EF | 0x180B..=0x180D | 0x180F | 0xE0020..=0xE007F)
 }
 
 /// Whether `c` is a bidirectional formatting character: an embedding, override or
@@ -703,17 +670,7 @@ impl ExtensionPolicy {
 pub fn shown_path(path: &str) -> String {
     const HEAD: usize = 48;
     const TAIL: usize = 71;
-    let mut escaped: Vec<char> = Vec::with_capacity(path.len());
-    for c in path.chars() {
-        let mut e = c.escape_debug();
-        // What Rust deems printable but a reader does not see (a filler, a joiner) is
-        // escaped too.
-        if e.len() == 1 && shows_otherwise(c) {
-            escaped.extend(format!("\\u{{{:x}}}", u32::from(c)).chars());
-        } else {
-            escaped.extend(&mut e);
-        }
-    }
+    let escaped: Vec<char> = escaped(path).chars().collect();
     if escaped.len() > HEAD + 1 + TAIL {
         let head: String = escaped[..HEAD].iter().collect();
         let tail: String = escaped[escaped.len() - TAIL..].iter().collect();
@@ -721,6 +678,27 @@ pub fn shown_path(path: &str) -> String {
     } else {
         format!("'{}'", escaped.iter().collect::<String>())
     }
+}
+
+/// `text` escaped as Rust escapes a string for debugging, and every character readers
+/// do not see ([`shows_otherwise`]: a filler, a joiner, which Rust deems printable) too;
+/// combining marks stay as written (Rust escapes each one met alone), so that Hindi or
+/// Arabic names read as they are.
+pub(crate) fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        let cut = rest.find(shows_otherwise).unwrap_or(rest.len());
+        out.extend(rest[..cut].escape_debug());
+        let mut tail = rest[cut..].chars();
+        match tail.next() {
+            Some(c) if c.is_control() => out.extend(c.escape_debug()),
+            Some(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            None => {}
+        }
+        rest = tail.as_str();
+    }
+    out
 }
 
 /// Joins a root and a relative path for display and lexical checks.

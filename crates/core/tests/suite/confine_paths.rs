@@ -140,17 +140,32 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         "\u{05D0}\u{200D}.md",
         "\u{05D0}\u{200D}\u{200D}\u{05D1}.md",
         "vs\u{FE0F}.md",
-        "1\u{FE0F}\u{20E3}.md",
+        "1\u{FE0F}.md",
         "tag\u{E0067}.md",
         "\u{1F600}\u{200D}.md",
+        // Where a script has no use for them: look-alikes of names beyond ASCII.
+        "caf\u{E9}\u{FE0F}.md",
+        "caf\u{E9}\u{FE0F}\u{FE0E}\u{E0100}.md",
+        "cafe\u{301}\u{FE0F}.md",
+        "\u{43E}\u{442}\u{200D}\u{447}\u{435}\u{442}.md",
+        "\u{3B1}\u{200D}\u{3B2}.md",
+        "\u{5831}\u{200C}\u{544A}.md",
+        "\u{E9}\u{200D}\u{E9}.md",
+        "\u{E9}\u{E0061}\u{E0062}.md",
+        "\u{E9}\u{180B}.md",
+        "\u{2764}\u{FE0F}\u{FE0F}.md",
+        "\u{1F3F4}\u{E007F}.md",
+        "\u{1F3F4}\u{E0067}\u{E0062}.md",
+        "\u{E9}\u{FE00}.md",
     ] {
         let refusal = detect_misleading_name(p).expect_err(p);
         assert_eq!(refusal.reason_code, ReasonCode::PathTraversal, "{p:?}");
         let hidden = ailab_sandbox_core::confine::path::shows_otherwise;
         assert!(!refusal.reason.chars().any(hidden), "{}", refusal.reason);
-        let c = p.chars().find(|c| hidden(*c)).unwrap();
         assert!(
-            refusal.reason.contains(&format!("U+{:04X}", c as u32)),
+            p.chars()
+                .filter(|c| hidden(*c))
+                .any(|c| refusal.reason.contains(&format!("U+{:04X}", c as u32))),
             "{p:?}: {}",
             refusal.reason
         );
@@ -164,12 +179,44 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         "\u{2764}\u{FE0F}.md",
         "\u{1F3F3}\u{FE0F}\u{200D}\u{1F308}.md",
         "\u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}.md",
-        // Mongolian with a free variation selector; CJK with an ideographic one.
+        // Mongolian with a free variation selector and a vowel separator; CJK with an
+        // ideographic variation selector.
         "\u{182D}\u{180B}\u{1820}.md",
+        "\u{182D}\u{180E}\u{1820}.md",
         "\u{845B}\u{E0100}.md",
+        // Keycaps; an eye in a speech bubble; a heart on fire; skin tones joined.
+        "#\u{FE0F}\u{20E3}.md",
+        "room7\u{FE0F}\u{20E3}.md",
+        "\u{1F441}\u{FE0F}\u{200D}\u{1F5E8}\u{FE0F}.md",
+        "\u{2764}\u{FE0F}\u{200D}\u{1F525}.md",
+        "\u{1F9D1}\u{1F3FB}\u{200D}\u{1F91D}\u{200D}\u{1F9D1}\u{1F3FC}.md",
+        // Bengali's ya-phala, Sinhala's touching letters, Malayalam's chillu at a word's
+        // end.
+        "\u{9B0}\u{9CD}\u{200D}\u{9AF}.md",
+        "\u{DC1}\u{DCA}\u{200D}\u{DBB}.md",
+        "\u{D05}\u{D35}\u{D28}\u{D4D}\u{200D}.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
     }
+}
+
+/// A path quoted in a sentence escapes what readers do not see, and keeps the combining
+/// marks of a script as written.
+#[test]
+fn a_quoted_path_keeps_combining_marks_and_escapes_the_unseen() {
+    use ailab_sandbox_core::confine::path::shown_path;
+    assert_eq!(
+        shown_path("notes/\u{928}\u{92E}\u{938}\u{94D}\u{924}\u{947}.exe"),
+        "'notes/\u{928}\u{92E}\u{938}\u{94D}\u{924}\u{947}.exe'"
+    );
+    assert_eq!(
+        shown_path("\u{645}\u{64E}\u{631}/x.md"),
+        "'\u{645}\u{64E}\u{631}/x.md'"
+    );
+    assert_eq!(
+        shown_path("a\u{200B}b\u{3164}\nc.md"),
+        "'a\\u{200b}b\\u{3164}\\nc.md'"
+    );
 }
 
 #[test]
