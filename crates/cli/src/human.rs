@@ -356,11 +356,11 @@ pub fn state(d: &StateDoc) {
     out!("phase           {}", d.phase);
     out!("write enabled   {}", d.executor_enabled);
     out!("dry run         {}", d.dry_run);
-    out!("roots           {}", d.sandbox_roots.join(", "));
+    out!("roots           {}", safe(&d.sandbox_roots.join(", ")));
     for s in &d.skipped_roots {
-        out!("skipped root    {s}");
+        out!("skipped root    {}", safe(s));
     }
-    out!("state dir       {}", d.state_dir);
+    out!("state dir       {}", safe(&d.state_dir));
     let durability = serde_json::to_value(d.durability)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))

@@ -1714,6 +1714,23 @@ fn human_output_escapes_what_readers_do_not_see() {
         }
         assert!(!e.root.join(&path).exists());
     }
+    // A root whose name holds a joiner is shown escaped in the state's table.
+    let joined = e.dir.join("team\u{1F468}\u{200d}\u{1F469}");
+    std::fs::create_dir(&joined).unwrap();
+    let out = e
+        .cmd()
+        .arg("--root")
+        .arg(&joined)
+        .arg("state")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let roots = text.lines().find(|l| l.starts_with("roots")).unwrap();
+    assert!(
+        !roots.contains('\u{200d}') && roots.contains("team\u{1F468}\\u{200d}\u{1F469}"),
+        "{text}"
+    );
 }
 
 /// A write past the file-size limit (`ulimit -f`) fails like any I/O error: the process

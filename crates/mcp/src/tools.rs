@@ -265,7 +265,8 @@ fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
             // A whole double past 2^53 may not be the number written (a fraction or an
             // exponent rounded to it): asked for in digits alone.
             None if v.as_f64().is_some_and(|x| x.fract() == 0.0 && x >= 0.0) => {
-                if v.as_f64().is_some_and(|x| x > max as f64) {
+                // `max as f64` rounds up for `u64::MAX` (to 2^64, itself out of range).
+                if v.as_f64().is_some_and(|x| x >= max as f64 + 1.0) {
                     Err(format!(
                         "'{}' is {v}; it must be between {min} and {max}",
                         f.name

@@ -214,6 +214,11 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         ),
         ("list_artifacts", json!({"limit": "ten"}), "whole number"),
         (
+            "list_directory",
+            json!({"offset": 18446744073709551616.0}),
+            "it must be between 0 and 18446744073709551615",
+        ),
+        (
             "list_artifacts",
             json!({"limit": 1e20}),
             "'limit' is 1e+20; it must be between 1 and 1000",
