@@ -374,7 +374,7 @@ impl Sandbox {
         // what a crash lost, never judges them.
         let mut finished = Vec::new();
         for (id, bytes) in records {
-            if !self.worth_locking(&id, &bytes, &out) {
+            if !self.screen_listed(&id, &bytes, &out) {
                 continue;
             }
             let Some((lock, rec)) = self.locked_record(&id, &mut out) else {
@@ -402,9 +402,10 @@ impl Sandbox {
         Some(records)
     }
 
-    /// Whether the listed record `bytes` of workflow `id` is worth taking the workflow's
-    /// lock for (`out`: what recovery said so far). A record of no workflow is removed.
-    fn worth_locking(&self, id: &str, bytes: &[u8], out: &[Recovered]) -> bool {
+    /// Screens the listed record `bytes` of workflow `id` before its workflow's lock is
+    /// taken (`out`: what recovery said so far): whether it may need recovery. A record
+    /// of no workflow is removed here.
+    fn screen_listed(&self, id: &str, bytes: &[u8], out: &[Recovered]) -> bool {
         let parsed = serde_json::from_slice::<InflightRecord>(bytes).ok();
         if parsed
             .as_ref()

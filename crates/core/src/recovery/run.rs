@@ -265,10 +265,11 @@ impl Sandbox {
         self.stands_finished(i, meta, current, outcome)
     }
 
-    /// Settles a never-audited action of the dead run whose target another run changed
-    /// since (`first_change`: the first such change the trail records): finished when
-    /// its write landed (with the success line to append, if it needs one), else
-    /// recorded as undone, the target left as the later writer left it.
+    /// Settles a never-audited action of the dead run whose target was changed since by
+    /// another run (`first_change`: the first such change the trail records) or, with
+    /// none recorded, by what the target holds: counted finished when its write landed
+    /// (with the success line to append, if it needs one), else superseded, recorded as
+    /// undone, the target left as the later writer left it.
     fn settle_superseded(
         &self,
         run: &DeadRun<'_>,
@@ -303,7 +304,8 @@ impl Sandbox {
     }
 
     /// Finishes an action of the dead run from its commit record (see
-    /// [`Sandbox::finish_commit`]), unless it was audited as failed; whether it did.
+    /// [`Sandbox::finish_commit`]), unless it was audited as failed; whether the commit
+    /// record settled it (also when nothing was left to change).
     fn finish_from_commit(
         &self,
         i: usize,
