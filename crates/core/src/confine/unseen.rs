@@ -7,6 +7,10 @@ use super::path::shows_otherwise;
 /// The first character of `path` readers do not show ([`shows_otherwise`]) that stands
 /// where no script or emoji sequence needs it.
 pub(crate) fn first_unseen(path: &str) -> Option<char> {
+    // Most names hold none: they are not copied.
+    if !path.chars().any(shows_otherwise) {
+        return None;
+    }
     let chars: Vec<char> = path.chars().collect();
     chars.iter().enumerate().find_map(|(i, &c)| {
         let prev = i.checked_sub(1).map(|p| chars[p]);
