@@ -90,7 +90,7 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
     Err(Refusal::new(
         ReasonCode::PathTraversal,
         format!(
-            "the path {} contains U+{:04X}, a character readers do not show, so that two names look the same (`no\\u{{200B}}tes.md` shows as `notes.md`); paths may not contain zero-width characters, fillers, line or paragraph separators or other invisible ones, except where a script or an emoji sequence needs one (a joiner after a virama, between letters of a joining script such as Arabic or between emoji; a variation selector after an emoji, a Han character or a Mongolian letter; a flag's tags): remove it",
+            "the path {} contains U+{:04X}, a character readers do not show, so that two names look the same (`no\\u{{200B}}tes.md` shows as `notes.md`); paths may not contain zero-width characters, fillers, line or paragraph separators or other invisible ones, except where a script or an emoji sequence needs one (a joiner after or before a virama, between letters of a joining script such as Arabic or between emoji; a variation selector after an emoji, a Han character or a Mongolian letter; a flag's tags): remove it",
             shown_path(path),
             c as u32
         ),
@@ -683,7 +683,8 @@ pub fn shown_path(path: &str) -> String {
 /// `text` escaped as Rust escapes a string for debugging, and every character readers
 /// do not see ([`shows_otherwise`]: a filler, a joiner, which Rust deems printable) too;
 /// combining marks stay as written (Rust escapes each one met alone), so that Hindi or
-/// Arabic names read as they are.
+/// Arabic names read as they are, except one right after an escape, where it would sit
+/// on the escape's brace.
 pub(crate) fn escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;

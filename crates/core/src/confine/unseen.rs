@@ -13,32 +13,43 @@ pub(crate) fn first_unseen(path: &str) -> Option<char> {
     }
     let chars: Vec<char> = path.chars().collect();
     chars.iter().enumerate().find_map(|(i, &c)| {
-        let prev = i.checked_sub(1).map(|p| chars[p]);
-        let next = chars.get(i + 1).copied();
-        (shows_otherwise(c) && !needed(c, prev, next)).then_some(c)
+        let at = |j: Option<usize>| j.and_then(|j| chars.get(j)).copied();
+        let around = [at(i.checked_sub(2)), at(i.checked_sub(1)), at(Some(i + 1))];
+        (shows_otherwise(c) && !needed(c, around)).then_some(c)
     })
 }
 
-/// Whether the unseen `c`, between `prev` and `next`, does what it is for.
-fn needed(c: char, prev: Option<char>, next: Option<char>) -> bool {
+/// Whether the unseen `c`, after `before` and `prev` and before `next`, does what it is
+/// for.
+fn needed(c: char, [before, prev, next]: [Option<char>; 3]) -> bool {
     let Some(p) = prev else {
         return false;
     };
     let next_is = |f: fn(char) -> bool| next.is_some_and(f);
     match u32::from(c) {
-        // A joiner: an emoji sequence (a family, a rainbow flag), a half form or
-        // conjunct after a virama (Devanagari, Bengali's ya-phala, Malayalam's chillu
-        // at a word's end, Sinhala), a join a joining script makes or breaks (Arabic,
-        // Persian, Syriac, Mongolian).
-        0x200D => {
-            (ends_emoji(p) && next_is(is_pictographic))
-                || is_virama(p)
+        // A joiner or non-joiner: a half form or conjunct asked for after a virama
+        // (Devanagari, Bengali's ya-phala, Sinhala's fused letters) or before one
+        // (Bengali's ya-phala without a reph, Kannada, Sinhala's touching letters),
+        // Malayalam's chillu at a word's end, a join a joining script makes or breaks
+        // (Arabic, Persian, Syriac, Mongolian), an emoji sequence (a family, a rainbow
+        // flag: joiners only).
+        0x200C | 0x200D => {
+            let virama_on_letter = is_virama(p) && before.is_some_and(is_letter);
+            (virama_on_letter && (next_is(is_letter) || (c == '\u{200D}' && p == '\u{D4D}')))
+                || (is_letter(p) && next_is(is_virama))
                 || (joins(p) && next_is(joins))
+                || (c == '\u{200D}' && ends_emoji(p) && next_is(is_pictographic))
         }
-        0x200C => is_virama(p) || (joins(p) && next_is(joins)),
         // Text or emoji presentation, once, of a pictograph or a keycap's base.
         0xFE0E | 0xFE0F => {
             is_pictographic(p) || (matches!(p, '0'..='9' | '#' | '*') && next == Some('\u{20E3}'))
+        }
+        // Standardized variants: of Han compatibility ideographs, Myanmar letters,
+        // mathematical symbols, Phags-pa.
+        0xFE00..=0xFE0D => {
+            is_han(p)
+                || matches!(u32::from(p),
+                    0x1000..=0x109F | 0x2200..=0x22FF | 0x2A00..=0x2AFF | 0xA840..=0xA877)
         }
         0xE0100..=0xE01EF => is_han(p),
         0x180B..=0x180D | 0x180F => is_mongolian_letter(p),
@@ -66,51 +77,28 @@ fn ends_emoji(c: char) -> bool {
     is_pictographic(c) || matches!(c, '\u{FE0F}' | '\u{20E3}' | '\u{E007F}')
 }
 
-/// The viramas (and like signs) of the scripts that join consonants through them.
+/// A virama, or a sign that acts as one (Unicode's canonical combining class 9), of
+/// every script that joins consonants through one.
 fn is_virama(c: char) -> bool {
-    matches!(
-        u32::from(c),
-        0x94D
-            | 0x9CD
-            | 0xA4D
-            | 0xACD
-            | 0xB4D
-            | 0xBCD
-            | 0xC4D
-            | 0xCCD
-            | 0xD3B
-            | 0xD3C
-            | 0xD4D
-            | 0xDCA
-            | 0xE3A
-            | 0xEBA
-            | 0xF84
-            | 0x1039
-            | 0x103A
-            | 0x1714
-            | 0x1734
-            | 0x17D2
-            | 0x1A60
-            | 0x1B44
-            | 0x1BAA
-            | 0x1BAB
-            | 0xA806
-            | 0xA8C4
-            | 0xA953
-            | 0xA9C0
-            | 0xAAF6
-            | 0xABED
-    )
+    unicode_normalization::char::canonical_combining_class(c) == 9
+}
+
+/// A letter beyond ASCII that a mark may sit on.
+fn is_letter(c: char) -> bool {
+    !c.is_ascii()
+        && c.is_alphabetic()
+        && unicode_normalization::char::canonical_combining_class(c) == 0
 }
 
 /// Letters of the scripts whose letters join each other (a joiner or non-joiner between
-/// two of them changes how they are drawn).
+/// two of them changes how they are drawn): not their digits, marks or punctuation.
 fn joins(c: char) -> bool {
-    matches!(u32::from(c),
-        0x620..=0x6FF | 0x700..=0x74F | 0x750..=0x77F | 0x7C0..=0x7FF | 0x840..=0x85F
-        | 0x8A0..=0x8FF | 0x1820..=0x18AA | 0xA840..=0xA877 | 0xFB50..=0xFDFF
-        | 0xFE70..=0xFEFC | 0x10AC0..=0x10AFF | 0x10B80..=0x10BAF | 0x10D00..=0x10D3F
-        | 0x10F30..=0x10F6F | 0x1E900..=0x1E95F)
+    is_letter(c)
+        && matches!(u32::from(c),
+            0x620..=0x6FF | 0x700..=0x74F | 0x750..=0x77F | 0x7C0..=0x7FF | 0x840..=0x85F
+            | 0x860..=0x89F | 0x8A0..=0x8FF | 0x1820..=0x18AA | 0xA840..=0xA877
+            | 0xFB50..=0xFDFF | 0xFE70..=0xFEFC | 0x10AC0..=0x10AFF | 0x10B80..=0x10BAF
+            | 0x10D00..=0x10D3F | 0x10EC0..=0x10EFF | 0x10F30..=0x10FDF | 0x1E900..=0x1E95F)
 }
 
 fn is_han(c: char) -> bool {

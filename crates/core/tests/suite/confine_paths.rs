@@ -157,6 +157,10 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         "\u{1F3F4}\u{E007F}.md",
         "\u{1F3F4}\u{E0067}\u{E0062}.md",
         "\u{E9}\u{FE00}.md",
+        // Digits of a joining script do not join; a virama on nothing, or before nothing.
+        "\u{6F1}\u{6F4}\u{200D}\u{6F0}\u{6F2}.md",
+        "\u{915}\u{94D}\u{200C}.md",
+        "a\u{94D}\u{200C}b.md",
     ] {
         let refusal = detect_misleading_name(p).expect_err(p);
         assert_eq!(refusal.reason_code, ReasonCode::PathTraversal, "{p:?}");
@@ -190,11 +194,17 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         "\u{1F441}\u{FE0F}\u{200D}\u{1F5E8}\u{FE0F}.md",
         "\u{2764}\u{FE0F}\u{200D}\u{1F525}.md",
         "\u{1F9D1}\u{1F3FB}\u{200D}\u{1F91D}\u{200D}\u{1F9D1}\u{1F3FC}.md",
-        // Bengali's ya-phala, Sinhala's touching letters, Malayalam's chillu at a word's
-        // end.
+        // Bengali's ya-phala, with and without a reph; Kannada's ra before a halant;
+        // Sinhala's fused and touching letters; Malayalam's chillu at a word's end; the
+        // Unicode Standard's Kaithi example; a Han compatibility variant.
         "\u{9B0}\u{9CD}\u{200D}\u{9AF}.md",
+        "\u{9B0}\u{200D}\u{9CD}\u{9AF}\u{9BE}\u{9AC}.md",
+        "\u{CB8}\u{CC2}\u{CB0}\u{200D}\u{CCD}\u{CAF}.md",
         "\u{DC1}\u{DCA}\u{200D}\u{DBB}.md",
+        "\u{D9A}\u{200D}\u{DCA}\u{DC0}.md",
         "\u{D05}\u{D35}\u{D28}\u{D4D}\u{200D}.md",
+        "\u{110A7}\u{110B9}\u{200D}\u{110A5}.md",
+        "\u{8C48}\u{FE00}.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
     }
