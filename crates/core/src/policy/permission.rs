@@ -129,14 +129,30 @@ const SHELL_PARTS: [&str; 8] = [
 
 /// A part that runs something, and one that says what: together they name a runner of
 /// commands or code (`run_cmd`, `run_in_terminal`, `execute_code`, `run_script`,
-/// `start_process`, `desktop_commander__execute_command`), where either alone does not
-/// (`write_to_terminal_log`, `run_report`).
+/// `start_process`, `desktop_commander__execute_command`, `docker_exec`,
+/// `run_container`), where either alone does not (`write_to_terminal_log`,
+/// `run_report`, `docker_docs`).
 const RUN_PARTS: [&str; 7] = [
     "run", "exec", "execute", "spawn", "eval", "start", "interact",
 ];
-const RUN_WHAT: [&str; 11] = [
-    "command", "commands", "cmd", "terminal", "bash", "python", "code", "script", "process",
-    "shell", "js",
+const RUN_WHAT: [&str; 17] = [
+    "command",
+    "commands",
+    "cmd",
+    "terminal",
+    "bash",
+    "python",
+    "code",
+    "script",
+    "process",
+    "shell",
+    "js",
+    "container",
+    "docker",
+    "podman",
+    "kubectl",
+    "pod",
+    "make",
 ];
 
 /// Whole names of runners that the rules above do not catch.

@@ -226,6 +226,10 @@ fn shell_tools_make_any_intent_forbidden() {
         "py",
         "py -3 script",
         "iex",
+        "docker_exec",
+        "run_container",
+        "kubectl-exec",
+        "podman_run",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
