@@ -256,9 +256,9 @@ pub struct Recovered {
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
-    /// Earlier starts that began recovering the run and were stopped before they could
-    /// say so: what they finished, undid or recorded is on the audit trail, not counted
-    /// here.
+    /// Earlier starts that began recovering the run and did not finish (stopped, or
+    /// leaving it for a start with every root): what they finished, undid or recorded,
+    /// if anything, is on the audit trail, not counted here.
     pub earlier_tries: usize,
     /// Why the recovery is not done for any other cause ([`Self::retry`] is set): a log
     /// or the snapshots that could not be read (a full or failing disk), an undo the

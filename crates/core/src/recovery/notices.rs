@@ -122,16 +122,17 @@ impl Sandbox {
                 (false, None) => done.join(", "),
                 (false, Some(n)) => format!("{}; {n}", done.join(", ")),
             };
-            // What a stopped recovery settled is on the trail, not in these counts: the
-            // run was not found settled by itself.
+            // What an earlier recovery settled is on the trail, not in these counts: the
+            // run may not have settled by itself.
             if r.earlier_tries > 0 {
                 done.push_str(&format!(
-                    " (besides what {} stopped while recovering it had settled: see the workflow's lines on the audit trail)",
+                    " ({} began recovering it before and did not finish: what {} settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
                     if r.earlier_tries == 1 {
                         "an earlier start".to_owned()
                     } else {
                         format!("{} earlier starts", r.earlier_tries)
-                    }
+                    },
+                    if r.earlier_tries == 1 { "it" } else { "they" }
                 ));
             }
             format!(

@@ -3189,7 +3189,7 @@ fn a_recovery_after_one_that_was_stopped_says_so() {
     let sb = w.open(c);
     assert_noticed(
         &sb,
-        "no unfinished action was left to undo or finish (besides what an earlier start stopped while recovering it had settled: see the workflow's lines on the audit trail)",
+        "no unfinished action was left to undo or finish (an earlier start began recovering it before and did not finish: what it settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
     );
     assert!(sb.audit_verify().unwrap().ok);
 }
