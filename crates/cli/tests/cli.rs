@@ -2378,6 +2378,9 @@ fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
         )) && err.contains("chmod 600"),
         "{err}"
     );
+    // A setting to correct, not a disk that cannot be written.
+    assert_eq!(json_out(&out)["reason_code"], "invalid_config", "{out:?}");
+    assert!(!err.contains("must be able to write there"), "{err}");
     verified_read_only(&e, "has mode 0644");
     // A key the operator makes private is taken: the snapshots sealed with the lost one
     // are not.

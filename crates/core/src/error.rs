@@ -99,6 +99,10 @@ impl Error {
         use crate::reason::ReasonCode;
         match self {
             Self::StateDir { .. } if self.is_unsafe_state_dir() => INVALID_CONFIG,
+            // A state file others may read or change (the seal key): a setting too.
+            Self::Io { cause, .. } if crate::confine::state::NotPrivate::is_cause_of(cause) => {
+                INVALID_CONFIG
+            }
             _ if self.is_busy() => ReasonCode::Conflict.as_str(),
             Self::Io { .. } | Self::StateDir { .. } => ReasonCode::IoError.as_str(),
             Self::InvalidId(r) => r.reason_code.as_str(),
@@ -167,9 +171,11 @@ fn io_message(what: &str, cause: &std::io::Error) -> String {
 /// What to do about a state directory whose filesystem is full or cannot be written.
 fn state_advice(e: &std::io::Error) -> Option<&'static str> {
     use std::io::ErrorKind as K;
-    // A file another user took says what to do in its own words.
+    // A file another user took, or one others may read or change, says what to do in
+    // its own words.
     if e.get_ref()
         .is_some_and(|r| r.is::<crate::confine::state::TakenFile>())
+        || crate::confine::state::NotPrivate::is_cause_of(e)
     {
         return None;
     }

@@ -499,7 +499,11 @@ impl StateDir {
             if !(name.starts_with('.') && name.contains(super::path::TEMP_MARKER)) {
                 continue;
             }
-            let meta = e.metadata()?;
+            // Another start may be linking its file into place and removing the name.
+            let meta = match e.metadata() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                m => m?,
+            };
             let age = meta
                 .modified()
                 .ok()
@@ -697,16 +701,18 @@ impl StateDir {
         use cap_std::fs::MetadataExt as _;
         let (dir, file_name) = self.locate(name)?;
         let m = dir.symlink_metadata(file_name)?;
-        let shown = self.path.join(name);
+        let path = self.path.join(name);
+        let shown = path.display();
         let euid = super::root::euid();
-        let why = if m.uid() != euid {
+        let fix = if m.uid() != euid {
             format!(
-                "is owned by uid {}, not by this process's uid {euid}",
+                "is owned by uid {}, not by this process's uid {euid}; whoever owns it can read it and seal snapshot records the runtime trusts: give it to this user (as root: chown {euid} {shown}; chmod 600 {shown}), or run as uid {}",
+                m.uid(),
                 m.uid()
             )
-        } else if m.mode() & 0o077 != 0 {
+        } else if m.mode() & 0o066 != 0 {
             format!(
-                "has mode {:04o}, which lets other users read or change it",
+                "has mode {:04o}, which lets other users read or change it; whoever reads it can seal snapshot records the runtime trusts: make it readable and writable by this user alone (chmod 600 {shown})",
                 m.mode() & 0o7777
             )
         } else {
@@ -715,9 +721,7 @@ impl StateDir {
         Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             NotPrivate(format!(
-                "the seal key {} {why}; whoever reads it can seal snapshot records the runtime trusts: make it readable and writable by this user alone (chmod 600 {}), or, if others may have read it, give up the rollbacks sealed with it and make a new one",
-                shown.display(),
-                shown.display()
+                "the seal key {shown} {fix}; if others may have read it, give up the rollbacks sealed with it and make a new one: (umask 077; head -c 32 /dev/urandom > {shown})"
             )),
         ))
     }
