@@ -13,16 +13,14 @@ pub(crate) fn first_unseen(path: &str) -> Option<char> {
     }
     let chars: Vec<char> = path.chars().collect();
     chars.iter().enumerate().find_map(|(i, &c)| {
-        let at = |j: Option<usize>| j.and_then(|j| chars.get(j)).copied();
-        let around = [at(i.checked_sub(2)), at(i.checked_sub(1)), at(Some(i + 1))];
-        (shows_otherwise(c) && !needed(c, around)).then_some(c)
+        let next = chars.get(i + 1).copied();
+        (shows_otherwise(c) && !needed(c, &chars[..i], next)).then_some(c)
     })
 }
 
-/// Whether the unseen `c`, after `before` and `prev` and before `next`, does what it is
-/// for.
-fn needed(c: char, [before, prev, next]: [Option<char>; 3]) -> bool {
-    let Some(p) = prev else {
+/// Whether the unseen `c`, after `before` and before `next`, does what it is for.
+fn needed(c: char, before: &[char], next: Option<char>) -> bool {
+    let Some((&p, earlier)) = before.split_last() else {
         return false;
     };
     let next_is = |f: fn(char) -> bool| next.is_some_and(f);
@@ -31,13 +29,14 @@ fn needed(c: char, [before, prev, next]: [Option<char>; 3]) -> bool {
         // (Devanagari, Bengali's ya-phala, Sinhala's fused letters) or before one
         // (Bengali's ya-phala without a reph, Kannada, Sinhala's touching letters),
         // Malayalam's chillu at a word's end, a join a joining script makes or breaks
-        // (Arabic, Persian, Syriac, Mongolian), an emoji sequence (a family, a rainbow
-        // flag: joiners only).
+        // (Arabic, Persian, Syriac, Mongolian; vowel marks may sit on the letter before),
+        // an emoji sequence (a family, a rainbow flag: joiners only). A virama's letter
+        // may carry a nukta.
         0x200C | 0x200D => {
-            let virama_on_letter = is_virama(p) && before.is_some_and(is_letter);
+            let virama_on_letter = is_virama(p) && base_letter(earlier).is_some();
             (virama_on_letter && (next_is(is_letter) || (c == '\u{200D}' && p == '\u{D4D}')))
                 || (is_letter(p) && next_is(is_virama))
-                || (joins(p) && next_is(joins))
+                || (base_letter(before).is_some_and(joins) && next_is(joins))
                 || (c == '\u{200D}' && ends_emoji(p) && next_is(is_pictographic))
         }
         // Text or emoji presentation, once, of a pictograph or a keycap's base.
@@ -81,6 +80,17 @@ fn ends_emoji(c: char) -> bool {
 /// every script that joins consonants through one.
 fn is_virama(c: char) -> bool {
     unicode_normalization::char::canonical_combining_class(c) == 9
+}
+
+/// The letter the marks at the end of `chars` sit on (a nukta, an Arabic vowel mark),
+/// or the last character if it is a letter.
+fn base_letter(chars: &[char]) -> Option<char> {
+    chars
+        .iter()
+        .rev()
+        .find(|&&c| unicode_normalization::char::canonical_combining_class(c) == 0)
+        .copied()
+        .filter(|&c| is_letter(c))
 }
 
 /// A letter beyond ASCII that a mark may sit on.

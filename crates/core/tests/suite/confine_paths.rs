@@ -205,6 +205,10 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         "\u{D05}\u{D35}\u{D28}\u{D4D}\u{200D}.md",
         "\u{110A7}\u{110B9}\u{200D}\u{110A5}.md",
         "\u{8C48}\u{FE00}.md",
+        // A nukta on the virama's letter; a vowel mark on the letter before a
+        // non-joiner (a lam-alef kept apart in vowelled text).
+        "\u{91C}\u{93C}\u{94D}\u{200D}\u{92F}.md",
+        "\u{644}\u{64E}\u{200C}\u{627}.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
     }
