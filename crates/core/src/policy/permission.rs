@@ -131,11 +131,11 @@ const SHELL_PARTS: [&str; 8] = [
 /// commands or code (`run_cmd`, `run_in_terminal`, `execute_code`, `run_script`,
 /// `start_process`, `desktop_commander__execute_command`, `docker_exec`,
 /// `run_container`), where either alone does not (`write_to_terminal_log`,
-/// `run_report`, `docker_docs`).
+/// `run_report`, `docker_docs`, `make_run_report`).
 const RUN_PARTS: [&str; 7] = [
     "run", "exec", "execute", "spawn", "eval", "start", "interact",
 ];
-const RUN_WHAT: [&str; 17] = [
+const RUN_WHAT: [&str; 25] = [
     "command",
     "commands",
     "cmd",
@@ -147,12 +147,20 @@ const RUN_WHAT: [&str; 17] = [
     "process",
     "shell",
     "js",
+    "javascript",
+    "typescript",
+    "applescript",
+    "bun",
+    "julia",
     "container",
     "docker",
     "podman",
+    "nerdctl",
     "kubectl",
-    "pod",
-    "make",
+    "kube",
+    "k8s",
+    "kubernetes",
+    "apptainer",
 ];
 
 /// Whole names of runners that the rules above do not catch.
@@ -233,7 +241,12 @@ fn is_shell_tool(tool: &str) -> bool {
         }
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
-    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT))
+    // A run part beside any shell or interpreter's name counts too (`run_sh`, `exec_node`);
+    // a run word that is also a runner's name (`spawn`, `exec`) is not its own what.
+    let names_runner = parts
+        .iter()
+        .any(|p| SHELL_TOOLS.contains(&p.as_str()) && !RUN_PARTS.contains(&p.as_str()));
+    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && (has(&RUN_WHAT) || names_runner))
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are

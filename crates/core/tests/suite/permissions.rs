@@ -230,6 +230,14 @@ fn shell_tools_make_any_intent_forbidden() {
         "run_container",
         "kubectl-exec",
         "podman_run",
+        "run_sh",
+        "exec_node",
+        "run_ruby",
+        "run_deno",
+        "execute_applescript",
+        "run_typescript",
+        "nerdctl_exec",
+        "kube_exec",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
@@ -273,6 +281,8 @@ fn shell_tools_make_any_intent_forbidden() {
         "make_directory",
         "Make Report",
         "docker_docs",
+        "make_run_report",
+        "start_pod_notes",
         "Docker Compose Notes",
         "kubectl_docs",
         "py_formatter",
