@@ -706,8 +706,7 @@ impl StateDir {
         let euid = super::root::euid();
         let fix = if m.uid() != euid {
             format!(
-                "is owned by uid {}, not by this process's uid {euid}; whoever owns it can read it and seal snapshot records the runtime trusts: give it to this user (as root: chown {euid} {shown}; chmod 600 {shown}), or run as uid {}",
-                m.uid(),
+                "is owned by uid {}, not by this process's uid {euid}; whoever owns it can read it and seal snapshot records the runtime trusts: give it to this user (as root: chown {euid} {shown}; chmod 600 {shown})",
                 m.uid()
             )
         } else if m.mode() & 0o066 != 0 {
@@ -721,7 +720,7 @@ impl StateDir {
         Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             NotPrivate(format!(
-                "the seal key {shown} {fix}; if others may have read it, give up the rollbacks sealed with it and make a new one: (umask 077; head -c 32 /dev/urandom > {shown})"
+                "the seal key {shown} {fix}; if others may have read it, give up the rollbacks sealed with it and make a new one in its place: rm {shown}; (umask 077; head -c 32 /dev/urandom > {shown})"
             )),
         ))
     }
