@@ -163,6 +163,14 @@ const RUN_WHAT: [&str; 25] = [
     "apptainer",
 ];
 
+/// What a run word right before it runs, besides the shells and interpreters
+/// (`run_make`, `exec_pod`; a runner's name before the run word, `pods_exec`, is not
+/// caught).
+const RUN_NEXT: [&str; 13] = [
+    "make", "pod", "pods", "py", "npm", "ts", "go", "java", "dotnet", "exe", "binary", "program",
+    "notebook",
+];
+
 /// Whole names of runners that the rules above do not catch.
 const RUNNERS: [&str; 5] = [
     "os.system",
@@ -241,12 +249,17 @@ fn is_shell_tool(tool: &str) -> bool {
         }
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
-    // A run part beside any shell or interpreter's name counts too (`run_sh`, `exec_node`);
-    // a run word that is also a runner's name (`spawn`, `exec`) is not its own what.
-    let names_runner = parts
-        .iter()
-        .any(|p| SHELL_TOOLS.contains(&p.as_str()) && !RUN_PARTS.contains(&p.as_str()));
-    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && (has(&RUN_WHAT) || names_runner))
+    // A run word right before a shell's, an interpreter's or a runner's name, versioned
+    // or not, counts too (`run_sh`, `exec_node`, `run_python3`, `run_make`); beside it
+    // elsewhere it does not (`start_node_notes`... `record_node_start`).
+    let runs = |p: &str| {
+        let p = p.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        (SHELL_TOOLS.contains(&p) || RUN_NEXT.contains(&p)) && !RUN_PARTS.contains(&p)
+    };
+    let runs_next = parts
+        .windows(2)
+        .any(|w| RUN_PARTS.contains(&w[0].as_str()) && runs(&w[1]));
+    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT)) || runs_next
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
