@@ -208,6 +208,7 @@ fn invisible_characters_are_refused_where_they_have_no_use() {
         // A nukta on the virama's letter; a vowel mark on the letter before a
         // non-joiner (a lam-alef kept apart in vowelled text).
         "\u{91C}\u{93C}\u{94D}\u{200D}\u{92F}.md",
+        "\u{9A1}\u{9BC}\u{200D}\u{9CD}\u{9AF}.md",
         "\u{644}\u{64E}\u{200C}\u{627}.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
