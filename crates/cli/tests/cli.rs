@@ -2373,9 +2373,9 @@ fn a_removed_seal_key_is_not_made_again_beside_a_trail() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains(&format!(
-            "the seal key {} has mode 0644, which lets other users read or change it",
+            "the seal key '{}' has mode 0644, which lets other users read or change it",
             key.display()
-        )) && err.contains("chmod 600"),
+        )) && err.contains(&format!("chmod 600 '{}'", key.display())),
         "{err}"
     );
     // A setting to correct, not a disk that cannot be written.

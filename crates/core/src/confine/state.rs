@@ -701,8 +701,15 @@ impl StateDir {
         use cap_std::fs::MetadataExt as _;
         let (dir, file_name) = self.locate(name)?;
         let m = dir.symlink_metadata(file_name)?;
-        let path = self.path.join(name);
-        let shown = path.display();
+        // Quoted for a shell: the words give commands to paste.
+        let shown = format!(
+            "'{}'",
+            self.path
+                .join(name)
+                .display()
+                .to_string()
+                .replace('\'', "'\\''")
+        );
         let euid = super::root::euid();
         let fix = if m.uid() != euid {
             format!(
