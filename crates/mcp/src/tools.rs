@@ -262,22 +262,22 @@ fn check_kind(f: &Field, v: &Value) -> Result<(), String> {
                 "'{}' is {n}; it must be between {min} and {max}",
                 f.name
             )),
+            // `max as f64` rounds up for `u64::MAX` (to 2^64, itself out of range).
+            None if v
+                .as_f64()
+                .is_some_and(|x| x.fract() == 0.0 && x >= max as f64 + 1.0) =>
+            {
+                Err(format!(
+                    "'{}' is {v}; it must be between {min} and {max}",
+                    f.name
+                ))
+            }
             // A whole double past 2^53 may not be the number written (a fraction or an
             // exponent rounded to it): asked for in digits alone.
-            None if v.as_f64().is_some_and(|x| x.fract() == 0.0 && x >= 0.0) => {
-                // `max as f64` rounds up for `u64::MAX` (to 2^64, itself out of range).
-                if v.as_f64().is_some_and(|x| x >= max as f64 + 1.0) {
-                    Err(format!(
-                        "'{}' is {v}; it must be between {min} and {max}",
-                        f.name
-                    ))
-                } else {
-                    Err(format!(
-                        "'{}' is {v}; a number this large must be written as digits alone, without a fraction or an exponent, so that it is exact (between {min} and {max})",
-                        f.name
-                    ))
-                }
-            }
+            None if v.as_f64().is_some_and(|x| x.fract() == 0.0 && x >= 0.0) => Err(format!(
+                "'{}' is {v}; a number this large must be written as digits alone, without a fraction or an exponent, so that it is exact (between {min} and {max})",
+                f.name
+            )),
             None if v.is_number() => Err(format!(
                 "'{}' is {v}; it must be a whole number between {min} and {max}",
                 f.name
