@@ -163,12 +163,11 @@ const RUN_WHAT: [&str; 25] = [
     "apptainer",
 ];
 
-/// What a run word right before it runs, besides the shells and interpreters
-/// (`run_make`, `exec_pod`; a runner's name before the run word, `pods_exec`, is not
-/// caught).
-const RUN_NEXT: [&str; 13] = [
-    "make", "pod", "pods", "py", "npm", "ts", "go", "java", "dotnet", "exe", "binary", "program",
-    "notebook",
+/// What a run word right before it runs, besides the shells, interpreters and
+/// runners named above (`run_program`, `exec_pod`; a runner's name before the run
+/// word, `pods_exec`, is not caught).
+const RUN_NEXT: [&str; 10] = [
+    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook",
 ];
 
 /// Whole names of runners that the rules above do not catch.
@@ -254,7 +253,10 @@ fn is_shell_tool(tool: &str) -> bool {
     // elsewhere it does not (`start_node_notes`... `record_node_start`).
     let runs = |p: &str| {
         let p = p.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-        (SHELL_TOOLS.contains(&p) || RUN_NEXT.contains(&p)) && !RUN_PARTS.contains(&p)
+        [&SHELL_TOOLS[..], &RUNNERS_ALONE, &RUN_NEXT]
+            .iter()
+            .any(|set| set.contains(&p))
+            && !RUN_PARTS.contains(&p)
     };
     let runs_next = parts
         .windows(2)
