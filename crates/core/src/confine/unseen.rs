@@ -34,9 +34,10 @@ fn needed(c: char, before: &[char], next: Option<char>) -> bool {
         // may carry a nukta.
         0x200C | 0x200D => {
             let virama_on_letter = is_virama(p) && base_letter(earlier).is_some();
+            let letter = base_letter(before);
             (virama_on_letter && (next_is(is_letter) || (c == '\u{200D}' && p == '\u{D4D}')))
-                || (base_letter(before).is_some() && next_is(is_virama))
-                || (base_letter(before).is_some_and(joins) && next_is(joins))
+                || (letter.is_some() && next_is(is_virama))
+                || (letter.is_some_and(joins) && next_is(joins))
                 || (c == '\u{200D}' && ends_emoji(p) && next_is(is_pictographic))
         }
         // Text or emoji presentation, once, of a pictograph or a keycap's base.
