@@ -99,13 +99,73 @@ const SHELL_TOOLS: [&str; 72] = [
 
 /// Runners whose names are also common words or parts of them (`Baking Bun Recipes`,
 /// `Julia Plot Saver`, `make_directory`, `docker_docs`): a tool's name is one of them
-/// only where a command line names its program, first or after `env`, and written in
-/// lower case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
-/// `docker run img`, `py -3`). Build tools and container runners run what their files
-/// or images say.
-const RUNNERS_ALONE: [&str; 10] = [
-    "bun", "julia", "npm", "make", "gmake", "docker", "podman", "kubectl", "py", "iex",
+/// only where a command line names its program (see [`programs`]), written in lower
+/// case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
+/// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
+/// container runners run what their files or images say.
+const RUNNERS_ALONE: [&str; 14] = [
+    "bun",
+    "julia",
+    "npm",
+    "make",
+    "gmake",
+    "docker",
+    "docker_compose",
+    "podman",
+    "podman_compose",
+    "nerdctl",
+    "ctr",
+    "kubectl",
+    "py",
+    "iex",
 ];
+
+/// Commands that run the command after them (and their options): `env -i make`,
+/// `nice -n 5 make`, `timeout 10 make`, `xargs make`.
+const RUN_BEFORE: [&str; 18] = [
+    "env", "nice", "nohup", "time", "timeout", "command", "builtin", "exec", "stdbuf", "ionice",
+    "setsid", "chrt", "taskset", "xargs", "sudo", "doas", "watch", "unbuffer",
+];
+
+/// Where a command line names its program in `line`: first, after a shell's operator
+/// (`;`, `&&`, `|`, `(`, `$(`, a backquote) and after what [`RUN_BEFORE`] names with its
+/// options, past assignments (`FOO=1 make`).
+fn programs(line: &str) -> impl Iterator<Item = &str> {
+    line.split(|c: char| {
+        matches!(
+            c,
+            ';' | '&' | '|' | '(' | ')' | '`' | '$' | '{' | '}' | '!' | '\n'
+        )
+    })
+    .filter_map(|command| {
+        let mut words = command
+            .split_whitespace()
+            .map(|w| w.trim_matches(|c: char| !(c.is_alphanumeric() || "_-./\\".contains(c))))
+            .filter(|w| !w.is_empty());
+        let mut after_runner = false;
+        words.find(|w| {
+            let option =
+                w.starts_with('-') || w.trim_end_matches(['s', 'm', 'h']).parse::<f64>().is_ok();
+            let skipped = w.contains('=') || (after_runner && option);
+            if !skipped {
+                after_runner = RUN_BEFORE.contains(&base_name(w).as_str());
+            }
+            !skipped && !after_runner
+        })
+    })
+}
+
+/// A word's last path component in lower case, `-` read as `_`, without `.exe`.
+fn base_name(word: &str) -> String {
+    let b = word.rsplit(['/', '\\']).next().unwrap_or_default();
+    let b = b.to_ascii_lowercase().replace('-', "_");
+    b.strip_suffix(".exe").map(str::to_owned).unwrap_or(b)
+}
+
+/// A name without the version at its end (`python3.12`, `julia1.10`).
+fn unversioned(name: &str) -> &str {
+    name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.')
+}
 
 /// Names of runners that are also the endings of source files a tool may be named
 /// after (`App.tsx`, `config.lua`): after a dot they are an extension, not a namespace's
@@ -164,11 +224,18 @@ const RUN_WHAT: [&str; 25] = [
 ];
 
 /// What a run word right before it runs, besides the shells, interpreters and
-/// runners named above (`run_program`, `exec_pod`; a runner's name before the run
-/// word, `pods_exec`, is not caught).
-const RUN_NEXT: [&str; 10] = [
-    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook",
+/// runners named above (`run_program`, `exec_pod`, `exec_in_pod`), or right after it
+/// at a name's end (`pods_exec`, `compose_run`).
+const RUN_NEXT: [&str; 11] = [
+    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook", "compose",
 ];
+
+/// Words that may stand between a run word and what it runs (`exec_in_pod`).
+const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
+
+/// Run words that, last in a name, say the word before them is run (`node_run`,
+/// `ssh_exec`), where `start` does not (`record_node_start`).
+const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
 
 /// Whole names of runners that the rules above do not catch.
 const RUNNERS: [&str; 5] = [
@@ -205,29 +272,31 @@ fn is_shell_tool(tool: &str) -> bool {
         .split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '\\')))
         .filter(|w| !w.is_empty())
         .collect();
-    // Where a command line names its program: first, or after `env`.
-    let program = |i: usize| i == 0 || words[i - 1].rsplit('/').next() == Some("env");
-    let base = |word: &str| -> String {
-        let b = word.rsplit(['/', '\\']).next().unwrap_or_default();
-        let b = b.to_ascii_lowercase().replace('-', "_");
-        b.strip_suffix(".exe").map(str::to_owned).unwrap_or(b)
-    };
-    let named = words.iter().enumerate().any(|(i, w)| {
-        let b = base(w);
-        let unversioned = b.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let named = words.iter().any(|w| {
+        let b = base_name(w);
         let member = b.rsplit_once('.').map(|(_, m)| m).unwrap_or_default();
         SHELL_TOOLS.contains(&b.as_str())
-            || SHELL_TOOLS.contains(&unversioned)
+            || SHELL_TOOLS.contains(&unversioned(&b))
             || (SHELL_TOOLS.contains(&member) && !SOURCE_ENDINGS.contains(&member))
-            || (program(i)
-                && w.starts_with(|c: char| !c.is_uppercase())
-                && RUNNERS_ALONE.contains(&unversioned))
             || RUNNERS.contains(&b.as_str())
             || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
     });
+    // A command substituted or grouped is a command line of its own (`$(make)`), not
+    // a tool's argument.
+    let line = match name.trim_end().strip_suffix('$') {
+        Some(_) => plain.as_str(),
+        None if name.trim().is_empty() => plain.as_str(),
+        None => name,
+    };
+    let runs_alone = programs(line).any(|w| {
+        w.starts_with(|c: char| !c.is_uppercase())
+            && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
+    });
     // The parts of every word, a camelCase one split too (`runInTerminal`), and the words
-    // of a title (`Run Command`) taken as the parts of one name.
+    // of a title (`Run Command`) taken as the parts of one name; `seq` has them in
+    // their order, once.
     let mut parts: Vec<String> = Vec::new();
+    let mut seq: Vec<String> = Vec::new();
     for w in &words {
         let mut split = String::with_capacity(w.len() + 4);
         let mut lower_before = false;
@@ -238,30 +307,48 @@ fn is_shell_tool(tool: &str) -> bool {
             lower_before = c.is_ascii_lowercase() || c.is_ascii_digit();
             split.push(c.to_ascii_lowercase());
         }
-        let plain = w.to_ascii_lowercase();
-        for s in [split, plain] {
-            parts.extend(
-                s.split(['_', '-', '.', '/', '\\'])
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_owned),
-            );
-        }
+        let of = |s: &str| -> Vec<String> {
+            s.split(['_', '-', '.', '/', '\\'])
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        seq.extend(of(&split));
+        parts.extend(of(&split));
+        parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
     // A run word right before a shell's, an interpreter's or a runner's name, versioned
-    // or not, counts too (`run_sh`, `exec_node`, `run_python3`, `run_make`); beside it
-    // elsewhere it does not (`start_node_notes`... `record_node_start`).
+    // or not, or one word apart (`run_sh`, `exec_node`, `run_python3`, `run_make`,
+    // `exec_in_pod`), counts too, and so does a run word ending a name right after one
+    // (`ssh_exec`, `node_run`, `pods_exec`; `make` there is a verb: `make_run`);
+    // beside it elsewhere it does not (`record_node_start`, `write_sh_run_notes`).
     let runs = |p: &str| {
-        let p = p.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        let p = unversioned(p);
         [&SHELL_TOOLS[..], &RUNNERS_ALONE, &RUN_NEXT]
             .iter()
             .any(|set| set.contains(&p))
             && !RUN_PARTS.contains(&p)
     };
-    let runs_next = parts
-        .windows(2)
-        .any(|w| RUN_PARTS.contains(&w[0].as_str()) && runs(&w[1]));
-    named || has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT)) || runs_next
+    let run = |p: &String| RUN_PARTS.contains(&p.as_str());
+    let runs_next = seq.windows(2).any(|w| run(&w[0]) && runs(&w[1]))
+        || seq
+            .windows(3)
+            .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs(&w[2]));
+    let runs_before = match seq.as_slice() {
+        [.., before, last] => {
+            RUN_LAST.contains(&last.as_str())
+                && runs(before)
+                && !["make", "gmake"].contains(&unversioned(before))
+        }
+        _ => false,
+    };
+    named
+        || runs_alone
+        || has(&SHELL_PARTS)
+        || (has(&RUN_PARTS) && has(&RUN_WHAT))
+        || runs_next
+        || runs_before
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
