@@ -11,7 +11,7 @@ const SYMBOLIC_EXEC_MODES: [&str; 9] = [
     "+x", "a+x", "u+x", "g+x", "o+x", "ug+x", "ugo+x", "+rwx", "u+rwx",
 ];
 
-const PATTERNS: [Pattern; 16] = [
+const PATTERNS: [Pattern; 17] = [
     Pattern {
         name: "chmod with a symbolic mode (+x, u+w, g+s…)",
         matches: |_, w| after_word(w, "chmod", |m| m.contains("+") || m.contains("=")),
@@ -134,14 +134,19 @@ const PATTERNS: [Pattern; 16] = [
     Pattern {
         name: "a mode argument with execute bits for its owner (0755, 0700…)",
         // Four digits with a leading zero, as C, Go and shells write modes; the owner may
-        // read and run (5 or 7), which a count or a year does not spell.
+        // read and run (5 or 7), which a count or a year does not spell, nor a time of
+        // day ("at 0700 hours", "0530 UTC").
         matches: |_, w| {
-            w.iter().any(|x| {
+            w.iter().enumerate().any(|(i, x)| {
                 let b = x.as_bytes();
+                let time = w.get(i + 1).is_some_and(|n| TIME_AFTER.contains(n))
+                    || i.checked_sub(1)
+                        .is_some_and(|p| TIME_BEFORE.contains(&w[p]));
                 b.len() == 4
                     && b[0] == b'0'
                     && matches!(b[1], b'5' | b'7')
                     && b[2..].iter().all(|c| (b'0'..=b'7').contains(c))
+                    && !time
             })
         },
     },
@@ -153,9 +158,31 @@ const PATTERNS: [Pattern; 16] = [
         },
     },
     Pattern {
+        name: "setuid / setgid bits or file capabilities (setuid, u+s, setcap)",
+        matches: |t, w| {
+            w.iter().any(|x| {
+                [
+                    "setuid", "setgid", "suid", "sgid", "setcap", "u+s", "g+s", "ug+s", "+s",
+                    "s_isuid", "s_isgid",
+                ]
+                .contains(x)
+            }) || ["set-user-id", "set-group-id"]
+                .iter()
+                .any(|p| t.contains(p))
+        },
+    },
+    Pattern {
         name: "setfacl / chattr",
         matches: |_, w| w.contains(&"setfacl") || w.contains(&"chattr"),
     },
+];
+
+/// Words after a four-digit number that make it a time of day, not a mode.
+const TIME_AFTER: [&str; 7] = ["hours", "hrs", "hr", "h", "utc", "gmt", "z"];
+
+/// Words before a four-digit number that make it a time of day, not a mode.
+const TIME_BEFORE: [&str; 8] = [
+    "at", "by", "until", "till", "before", "after", "since", "from",
 ];
 
 /// Number of recognised pattern families.

@@ -25,6 +25,7 @@ fn at_least_ten_distinct_pattern_families_fire() {
         "mode -rwxr-xr-x",
         "executable: true",
         "os.WriteFile(p, data, 0755)",
+        "make it setuid root",
     ];
     let mut names: Vec<&str> = samples
         .iter()
@@ -259,10 +260,33 @@ fn ordinary_text_is_not_detected() {
         "rwx",
         "os.WriteFile(p, data, 0644)",
         "the 2024 report, 0123 ticket",
+        "the backup runs at 0700 hours",
+        "sync at 0530, then report",
+        "meeting moved to 0745 UTC",
+        "shift starts by 0730",
+        "the user's setup notes",
+        "sets of user ids",
+        "suite results",
         "it's executable documentation, ensure the links work",
         "",
     ] {
         assert_eq!(detect_chmod_intent(text), None, "{text:?}");
+    }
+}
+
+/// Bits that run a file as its owner or group, and capabilities, are permissions too.
+#[test]
+fn setuid_setgid_and_capabilities_are_detected() {
+    for text in [
+        "make the helper setuid root",
+        "mark it SUID",
+        "setgid directory for the team",
+        "setcap cap_net_bind_service=+ep ./server",
+        "the set-user-ID bit on the tool",
+        "give it u+s",
+        "mode with S_ISUID",
+    ] {
+        assert!(flagged(text), "{text:?}");
     }
 }
 
