@@ -162,9 +162,13 @@ fn base_name(word: &str) -> String {
     b.strip_suffix(".exe").map(str::to_owned).unwrap_or(b)
 }
 
-/// A name without the version at its end (`python3.12`, `julia1.10`).
+/// A name without the version at its end (`python3.12`, `julia1.10`, `julia-1.10`).
 fn unversioned(name: &str) -> &str {
-    name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.')
+    let bare = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    match bare.strip_suffix(['_', '-']) {
+        Some(b) if bare.len() < name.len() => b,
+        _ => bare,
+    }
 }
 
 /// Names of runners that are also the endings of source files a tool may be named
@@ -280,6 +284,8 @@ fn is_shell_tool(tool: &str) -> bool {
             || (SHELL_TOOLS.contains(&member) && !SOURCE_ENDINGS.contains(&member))
             || RUNNERS.contains(&b.as_str())
             || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
+            // `find . -exec rm {} ;` runs what follows.
+            || ["-exec", "-execdir"].contains(w)
     });
     // A command substituted or grouped is a command line of its own (`$(make)`), not
     // a tool's argument.

@@ -273,6 +273,10 @@ fn shell_tools_make_any_intent_forbidden() {
         "exec_in_pod",
         "run_on_node",
         "run_inside_docker",
+        "julia-1.10",
+        "python-3",
+        "find . -exec rm {} ;",
+        "find -execdir x",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
