@@ -226,7 +226,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "when the reason says the file or its folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), calling again will not help: write to another path, or tell the user, so that the operator gives the runtime's user access there; when it says the sandbox root is no longer the directory opened at start, calling again will not help either: tell the user, so that the operator puts it back or restarts the runtime; otherwise another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."
         }
         C::NoRollbackData => {
-            "there is nothing left to roll back here; when the reason names the workflow whose trail records the action, call rollback_action again with that workflow_id; otherwise check the workflow_id or action_id with list_artifacts."
+            "there is nothing left to roll back here; when the reason names the workflow whose trail records the action, call rollback_action again with that workflow_id; otherwise check the workflow_id and action_id: each write tool's result names them (list_artifacts lists the files written; a directory made has no artifact)."
         }
         C::ChecksumMismatch => {
             "a snapshot or a restored file did not match its recorded checksum; do not retry blindly. Tell the user; the operator should inspect the snapshot named and the audit trail (`ailab-sandbox audit verify`)."

@@ -973,12 +973,18 @@ impl Sandbox {
                     named(&pruned)
                 )
             };
+            let action = opts.action_id.as_deref();
+            let known = match self.ran_elsewhere(workflow_id, action) {
+                elsewhere if elsewhere.is_empty() && pruned.is_empty() => {
+                    self.never_written(workflow_id, action, &what())
+                }
+                elsewhere => elsewhere,
+            };
             return Err((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "there are no snapshots for {}{why}; nothing can be rolled back{}",
+                    "there are no snapshots for {}{why}; nothing can be rolled back{known}",
                     what(),
-                    self.ran_elsewhere(workflow_id, opts.action_id.as_deref())
                 ),
                 Vec::new(),
             ));
@@ -1015,6 +1021,31 @@ impl Sandbox {
         format!(
             "; the audit trail records a write of action {} not rolled back in workflow{plural} {shown}: name its workflow to roll it back",
             shown_path(a),
+        )
+    }
+
+    /// For a workflow (or action) with no snapshot, nothing pruned and no write in
+    /// another workflow: what the trail says of it, as words to add to the refusal: it
+    /// ran only simulated (dry-run was on), or nothing of it is recorded at all (an id
+    /// mistyped, or a workflow of another state directory).
+    fn never_written(&self, workflow_id: &str, action_id: Option<&str>, what: &str) -> String {
+        let Ok(lines) = self.audit.by_workflow(workflow_id) else {
+            return String::new();
+        };
+        let mut its = lines.iter().filter(|e| {
+            e.mutation_class != Some(MutationClass::Rollback)
+                && action_id.is_none_or(|a| a == e.action_id)
+        });
+        if its.clone().any(|e| e.status == AuditStatus::Success) {
+            return String::new();
+        }
+        if its.any(|e| e.status == AuditStatus::Simulated) {
+            return format!(
+                "; the audit trail records {what} only as simulated (the write executor was off or dry-run on), so nothing was written: run the plan again with writing on and dry-run off"
+            );
+        }
+        format!(
+            "; the audit trail records no write of {what}: check the ids (each write's result, and its line on the trail, name its workflow and action)"
         )
     }
 

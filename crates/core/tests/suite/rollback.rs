@@ -73,6 +73,63 @@ fn unknown_workflow_is_no_rollback_data() {
     assert_eq!(rb.reason_code, Some(ReasonCode::InvalidId));
 }
 
+/// A workflow with nothing to roll back says why when the trail knows: it ran only
+/// simulated, or nothing of it was ever recorded (an id to check).
+#[test]
+fn nothing_to_roll_back_says_whether_it_was_only_simulated_or_never_seen() {
+    let w = World::new();
+    let dry = w.open(w.config());
+    let r = run(&dry, two_fresh_files());
+    assert_eq!(status(&r), "simulated_success", "{:?}", r.actions);
+    let reason = |rb: ailab_sandbox_core::sandbox::RollbackReport| {
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+        rb.reason.unwrap_or_default()
+    };
+    let whole = reason(dry.rollback_workflow("wf_fresh", &RollbackOptions::default()));
+    assert!(whole.contains("only as simulated"), "{whole}");
+    let one = reason(dry.rollback_workflow(
+        "wf_fresh",
+        &RollbackOptions {
+            action_id: Some("a2".into()),
+            ..Default::default()
+        },
+    ));
+    assert!(one.contains("only as simulated"), "{one}");
+    let unknown = reason(dry.rollback_workflow(
+        "wf_fresh",
+        &RollbackOptions {
+            action_id: Some("a9".into()),
+            ..Default::default()
+        },
+    ));
+    assert!(
+        unknown.contains("records no write of action 'a9'"),
+        "{unknown}"
+    );
+    drop(dry);
+    // Once written for real, the same ids roll back; an unknown workflow is named.
+    let sb = w.sandbox();
+    assert_eq!(status(&run(&sb, two_fresh_files())), "success");
+    let never = reason(sb.rollback_workflow("wf_never", &RollbackOptions::default()));
+    assert!(
+        never.contains("records no write of workflow 'wf_never'"),
+        "{never}"
+    );
+    let rb = sb.rollback_workflow("wf_fresh", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let again = reason(sb.rollback_workflow("wf_fresh", &RollbackOptions::default()));
+    assert!(
+        !again.contains("simulated") && !again.contains("records no write"),
+        "{again}"
+    );
+}
+
+fn two_fresh_files() -> serde_json::Value {
+    json!({"workflow_id": "wf_fresh", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "f1.txt", "content": "one\n"},
+        {"action_id": "a2", "intent": "create_file", "path": "f2.txt", "content": "two\n"}]})
+}
+
 #[test]
 fn conflict_is_refused_unless_forced() {
     let w = World::new();
