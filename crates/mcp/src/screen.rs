@@ -664,7 +664,10 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // Built from the line's own text: a re-serialised value could come out longer
     // (`1e15` as `1000000000000000.0`) than rmcp takes.
     let (name, meta) = head.name_and_meta();
-    let name = name.filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_PART);
+    // Nor a name no parser reads as a string (a lone surrogate): rmcp would drop the call.
+    let name = name
+        .filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_PART)
+        .filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
     let meta = meta.filter(|_| not_text.is_none());
     let mut params = Vec::new();
     if method == "tools/call" {
@@ -673,18 +676,45 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
             name.as_ref().map_or("\"\"", |n| n.get())
         ));
     }
-    // The client's `_meta` (rmcp needs it from clients that skip `initialize`), and for
-    // a call the refusal, answered by the handler as a tool result. Last, so that it is
-    // the one read if the client gave the key too.
+    // For a call the refusal, answered by the handler as a tool result.
     let refused = (method == "tools/call").then(|| {
         format!(
             "\"{REFUSED_META_KEY}\":{}",
             serde_json::to_string(&refusal).unwrap_or_else(|_| "{}".to_owned())
         )
     });
+    // rmcp drops unanswered a message it cannot read: a `_meta` that is itself what
+    // failed the screen (a number past the float range, a lone surrogate, nesting past
+    // the parser's limit) goes on left out, and so, if need be, do the members that
+    // open a session.
+    for (meta, may_open) in [(meta, true), (None, true), (None, false)] {
+        let (message, opens) = instead(&head, id, &params, meta, refused.as_deref(), may_open);
+        if serde_json::from_slice::<serde_json::Value>(&message).is_ok() || !may_open {
+            if !opens {
+                *started = was_started;
+            }
+            return Pass::Instead(message);
+        }
+    }
+    unreachable!("the last try is always returned")
+}
+
+/// The message passed on in place of a request that failed the screen: its id and
+/// method as sent, `params` (the call's tool name), the client's `_meta` members (rmcp
+/// needs them from clients that skip `initialize`), and for a call the refusal (answered
+/// by the handler as a tool result). Also whether it opens a session.
+fn instead(
+    head: &Head,
+    id: &Raw,
+    params: &[String],
+    meta: Option<Raw>,
+    refused: Option<&str>,
+    may_open: bool,
+) -> (Vec<u8>, bool) {
+    let mut params = params.to_vec();
     // A `_meta` too large to copy still gives the two members that open a session
     // without `initialize`, so that the SDK answers the refusal rather than ask for them.
-    let inline = head.inline_version();
+    let inline = head.inline_version().filter(|_| may_open);
     let opening = inline
         .as_ref()
         .filter(|(v, c)| meta.is_none() && v.get().len() + c.get().len() <= MAX_META_BYTES)
@@ -705,14 +735,14 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // What goes on in this one's place opens a session only when it keeps the `_meta`
     // members that do (an `initialize` without its parameters opens none): else the
     // session waits as before.
-    let opens = method != "initialize" && inline.is_some() && (meta.is_some() || opening.is_some());
-    if !opens {
-        *started = was_started;
-    }
+    let opens = head.method().as_deref() != Some("initialize")
+        && inline.is_some()
+        && (meta.is_some() || opening.is_some());
+    // Last, so that the refusal is the one read if the client gave the key too.
     let fields: Vec<&str> = inner
         .into_iter()
         .filter(|i| !i.is_empty())
-        .chain(refused.as_deref())
+        .chain(refused)
         .collect();
     if inner.is_some() || refused.is_some() {
         params.push(format!("\"_meta\":{{{}}}", fields.join(",")));
@@ -732,7 +762,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         message.push_str(&format!(",\"params\":{{{}}}", params.join(",")));
     }
     message.push('}');
-    Pass::Instead(message.into_bytes())
+    (message.into_bytes(), opens)
 }
 
 /// A byte order mark, which rmcp reads past.
@@ -1300,6 +1330,49 @@ mod tests {
             out[5],
             r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":null}"#
         );
+    }
+
+    /// A request whose `_meta` is what failed the screen (rmcp could not read it) goes on
+    /// without it, so that it is answered, a call with its refusal.
+    #[tokio::test]
+    async fn a_meta_no_parser_reads_is_left_out() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let metas = [
+            r#"{"a":1e400}"#.to_owned(),
+            r#"{"progressToken":-1E400}"#.to_owned(),
+            r#"{"a":"\ud800"}"#.to_owned(),
+            format!(r#"{{"a":{deep}}}"#),
+            r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"x":1e400}}"#.to_owned(),
+        ];
+        let mut input = format!("{INITIALIZE}\n");
+        for (i, meta) in metas.iter().enumerate() {
+            input.push_str(&format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"_meta":{meta},"name":"delete_file","arguments":{{}}}}}}"#
+            ));
+            input.push('\n');
+            input.push_str(&format!(
+                r#"{{"jsonrpc":"2.0","id":"l{i}","method":"tools/list","params":{{"_meta":{meta}}}}}"#
+            ));
+            input.push('\n');
+        }
+        input.push_str(
+            r#"{"jsonrpc":"2.0","id":"n","method":"tools/call","params":{"name":"\ud800","arguments":{"x":1e400}}}"#,
+        );
+        input.push('\n');
+        let out = pumped(&input, 1 << 20).await;
+        assert_eq!(out.len(), 2 + 2 * metas.len() + 1, "{out:?}");
+        for (i, _) in metas.iter().enumerate() {
+            let (msg, r) = refusal_of(&out[1 + 2 * i]);
+            assert_eq!(msg["id"], i, "{msg}");
+            assert_eq!(msg["params"]["name"], "delete_file", "{msg}");
+            assert_eq!(r.reason_code, ReasonCode::InvalidPlan);
+            assert_eq!(
+                out[2 + 2 * i],
+                format!(r#"{{"jsonrpc":"2.0","id":"l{i}","method":"tools/list"}}"#)
+            );
+        }
+        let (msg, _) = refusal_of(&out[1 + 2 * metas.len()]);
+        assert_eq!(msg["params"]["name"], "", "{msg}");
     }
 
     /// What is copied as sent onto a refused request is bounded: a large `_meta` is left
