@@ -149,19 +149,12 @@ impl Sandbox {
         Ok((self.lock_targets(targets.into_iter())?, recorded.err()))
     }
 
-    /// Which target lock serves `rel` in root `root`.
+    /// Which target lock serves `rel` in root `root`: named by the file's real path,
+    /// folded, so that every process whose roots reach the file takes the same lock for
+    /// it, through whichever root (one may lie inside another's) and in whichever case
+    /// (on a filesystem that ignores it). A bind mount still gives a file two names.
     fn stripe_of(&self, root: usize, rel: &RelPath) -> usize {
-        let (dev, ino) = self.roots[root].id();
-        // FNV-1a, so that every process picks the same stripe.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in dev
-            .to_le_bytes()
-            .iter()
-            .chain(&ino.to_le_bytes())
-            .chain(rel.as_string().as_bytes())
-        {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        let h = crate::confine::root::lock_hash(self.roots[root].lock_seed(), &rel.as_string());
         (h % TARGET_LOCK_STRIPES as u64) as usize
     }
 }

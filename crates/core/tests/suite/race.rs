@@ -178,3 +178,44 @@ fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
     }
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A file reached through the roots of two processes, one root inside the other, takes
+/// one target lock: a write through the inner root waits for one under way through the
+/// outer root, rather than have the outer write's bytes land over its own.
+#[test]
+fn a_file_reached_through_nested_roots_takes_one_lock() {
+    let w = World::new();
+    w.write("sub/log.txt", b"v0\n");
+    let outer = w.sandbox();
+    let mut c = w.writable_config();
+    c.roots = vec![w.root.join("sub")];
+    c.limits.lock_wait_seconds = 1;
+    let inner = Arc::new(w.open(c));
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (inner2, seen2) = (inner.clone(), seen.clone());
+    outer.failpoints().interleave(
+        "before_mutate",
+        Arc::new(move || {
+            let r = run(
+                &inner2,
+                json!({"workflow_id": "wf_in", "actions": [
+                    {"action_id": "a1", "intent": "append_file", "path": "log.txt", "content": "inner\n"}]}),
+            );
+            *seen2.lock().unwrap() = Some(code(&r, 0).unwrap_or_else(|| status(&r)));
+        }),
+    );
+    let r = run(
+        &outer,
+        json!({"workflow_id": "wf_out", "actions": [
+            {"intent": "append_file", "path": "sub/log.txt", "content": "outer\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(seen.lock().unwrap().as_deref(), Some("conflict"));
+    let r = run(
+        &inner,
+        json!({"workflow_id": "wf_in", "actions": [
+            {"action_id": "a2", "intent": "append_file", "path": "log.txt", "content": "inner\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("sub/log.txt"), b"v0\nouter\ninner\n");
+}

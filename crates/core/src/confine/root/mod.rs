@@ -115,6 +115,9 @@ pub struct SandboxRoot {
     ancestry: Vec<(u64, u64)>,
     /// Directories never reached through this root (see [`SandboxRoot::reserve`]).
     reserved: Vec<((u64, u64), String)>,
+    /// Where the names of the target locks of its files begin (see
+    /// [`SandboxRoot::lock_seed`]).
+    lock_seed: u64,
 }
 
 mod access;
@@ -141,6 +144,24 @@ pub(crate) use walk::{
     REFUSED_ABOVE, list_may_give_write, open_checked_dir, open_checked_dir_through_link,
     others_may_write, probe_checked_dir_through_link,
 };
+
+/// Where [`lock_hash`] starts (FNV-1a's offset basis).
+pub(crate) const LOCK_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// `h` carried on over `path` folded as a filesystem that ignores case and
+/// normalization reads it ([`crate::confine::path::folded`], canonical composition
+/// first), each component after a `/`: FNV-1a, so that every process of every build
+/// names a file's lock alike.
+pub(crate) fn lock_hash(mut h: u64, path: &str) -> u64 {
+    use unicode_normalization::UnicodeNormalization as _;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let part: String = part.nfc().collect();
+        for b in std::iter::once(b'/').chain(crate::confine::path::folded(&part).bytes()) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
 
 /// Symlinks followed among a root's ancestors before giving up (the kernel's own limit).
 const ANCESTOR_HOPS: usize = 40;
@@ -197,7 +218,16 @@ impl SandboxRoot {
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,
             reserved: Vec::new(),
+            lock_seed: lock_hash(LOCK_HASH_START, &checked.real.to_string_lossy()),
         })
+    }
+
+    /// The start of the hash that names the target lock of a file of this root: its
+    /// real path (symbolic links resolved) hashed as [`lock_hash`] does, so that a file
+    /// reached through a root nested in another process's root, or in another case on a
+    /// filesystem that ignores case, takes the same lock there as here.
+    pub fn lock_seed(&self) -> u64 {
+        self.lock_seed
     }
 
     /// Whether `configured` (a root path as some earlier run configured it) names this
@@ -1038,6 +1068,22 @@ pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    /// A file's lock is named alike through a root and a root inside it, and in another
+    /// case or normalization of its name.
+    #[test]
+    fn a_files_lock_is_named_by_its_real_path_folded() {
+        use super::{LOCK_HASH_START, lock_hash};
+        let through = |root: &str, rel: &str| lock_hash(lock_hash(LOCK_HASH_START, root), rel);
+        let name = through("/srv/sandbox", "sub/notes/caf\u{e9}.md");
+        assert_eq!(name, through("/srv/sandbox/sub", "notes/caf\u{e9}.md"));
+        assert_eq!(name, through("/srv/sandbox/sub/notes/", "caf\u{e9}.md"));
+        assert_eq!(name, through("/SRV/Sandbox", "Sub/NOTES/CAF\u{c9}.md"));
+        assert_eq!(name, through("/srv/sandbox", "sub/notes/cafe\u{301}.md"));
+        assert_ne!(name, through("/srv/sandbox", "sub/notes/cafe.md"));
+        assert_ne!(name, through("/srv/sandbox", "subnotes/caf\u{e9}.md"));
+    }
+
     use super::*;
 
     fn root() -> (tempfile::TempDir, SandboxRoot) {

@@ -11,6 +11,8 @@ pub(crate) struct CheckedDir {
     pub meta: cap_std::fs::Metadata,
     /// The `(st_dev, st_ino)` of every directory it was reached through, `/` first.
     pub ancestry: Vec<(u64, u64)>,
+    /// The path it was reached by, symbolic links resolved.
+    pub real: PathBuf,
 }
 
 /// Begins the reason of every refusal of a directory for what lies above it (another
@@ -145,6 +147,7 @@ fn open_dir_checked(
             dir: last.dir,
             meta,
             ancestry: chain.iter().map(|a| a.id).collect(),
+            real: last.path,
         }));
     }
     if !meta.is_dir() {
@@ -167,6 +170,7 @@ fn open_dir_checked(
         dir,
         meta: opened,
         ancestry: chain.iter().map(|a| a.id).collect(),
+        real: parent.path.join(name),
     }))
 }
 
