@@ -284,11 +284,19 @@ impl StateDir {
 
     /// Like [`StateDir::lock`] but does not wait: `None` when another holder has it.
     pub fn try_lock(&self, name: &str) -> io::Result<Option<FileLock>> {
-        let file = self.lock_file(name)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(FileLock { file })),
-            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        try_holding(self.lock_file(name)?)
+    }
+
+    /// [`StateDir::try_lock_workflow`] for a look that must leave nothing behind (a
+    /// rollback's preview, which any id may name): `None` as well when no run or
+    /// rollback of the workflow ever took its lock, which then guards nothing to settle.
+    pub fn try_lock_workflow_if_used(&self, id: &str) -> io::Result<Option<FileLock>> {
+        match self.open_file(
+            &format!("locks/wf-{id}.lock"),
+            OpenOptions::new().read(true).write(true),
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            r => try_holding(r?),
         }
     }
 
@@ -754,6 +762,15 @@ impl StateDir {
             super::root::sync_dir(dir)?;
         }
         Ok(())
+    }
+}
+
+/// The lock of `file`, if no other holder has it now.
+fn try_holding(file: File) -> io::Result<Option<FileLock>> {
+    match file.try_lock() {
+        Ok(()) => Ok(Some(FileLock { file })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
 

@@ -357,7 +357,7 @@ impl Sandbox {
             // Refused in every mode, as the rollback is (a simulated one writes its lines).
             recovery = Some((r.reason_code, r.reason));
         } else if self.execution_context().0.writes()
-            && let Ok(Some(_lock)) = self.state.try_lock_workflow(workflow_id)
+            && let Ok(Some(_lock)) = self.state.try_lock_workflow_if_used(workflow_id)
             && let Err(r) = self.settle_before_change(workflow_id)
         {
             recovery = Some((r.reason_code, r.reason));

@@ -62,6 +62,36 @@ fn second_rollback_has_nothing_to_do() {
     assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
 }
 
+/// A preview of a rollback names any id it is given and leaves nothing behind for one
+/// that never ran (a lock file per id would let any client fill the state directory).
+#[test]
+fn a_preview_of_an_unknown_workflow_leaves_no_file() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let locks = || {
+        std::fs::read_dir(w.state.join("locks"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("wf-"))
+            .collect::<Vec<_>>()
+    };
+    let before = locks();
+    for i in 0..5 {
+        let info = sb.rollback_info(&format!("wf_never_{i}")).unwrap();
+        assert!(!info.rollback_available);
+    }
+    assert_eq!(locks(), before);
+    // One that ran is still settled and answered.
+    run(
+        &sb,
+        json!({"workflow_id": "wf_ran", "actions": [
+            {"intent": "create_file", "path": "r.txt", "content": "r"}]}),
+    );
+    let info = sb.rollback_info("wf_ran").unwrap();
+    assert!(info.rollback_available);
+    assert_eq!(info.actions.len(), 1);
+}
+
 #[test]
 fn unknown_workflow_is_no_rollback_data() {
     let w = World::new();
