@@ -251,8 +251,76 @@ impl Sandbox {
     /// Parses, validates and runs (or simulates) a plan given as JSON. A plan that cannot
     /// be parsed, or whose ids are invalid, is refused before anything happens.
     pub fn run_plan_json(&self, json: &[u8]) -> Verdict<RunResult> {
-        let plan = crate::plan::parse_plan(json)?;
-        self.run_plan(plan)
+        let refused = match crate::plan::parse_plan(json) {
+            Ok(plan) => match self.run_plan(plan) {
+                Err(r) => r,
+                done => return done,
+            },
+            Err(r) => r,
+        };
+        self.audit_probes_of_unread_plan(json);
+        Err(refused)
+    }
+
+    /// A plan refused unread (a field unknown or of the wrong type, an id malformed or
+    /// given twice) may still name a forbidden intent or tool, or ask for a permission
+    /// change, readably: those actions go on the trail blocked, as a plan holding them
+    /// alone would, so that an agent probing for a shell or a delete leaves a trace
+    /// however it breaks the rest of its plan. Nothing else of the text is trusted.
+    fn audit_probes_of_unread_plan(&self, json: &[u8]) {
+        use crate::reason::ReasonCode::{ChmodForbidden, ForbiddenIntent};
+        #[derive(serde::Deserialize)]
+        struct Loose {
+            #[serde(default)]
+            workflow_id: Option<String>,
+            #[serde(default)]
+            actions: Vec<LooseAction>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct LooseAction {
+            intent: Option<String>,
+            path: Option<String>,
+            tool: Option<String>,
+            description: Option<String>,
+        }
+        // Read as far as these fields go: any other part may be what was refused.
+        let Ok(loose) = serde_json::from_slice::<Loose>(json) else {
+            return;
+        };
+        let probes: Vec<crate::plan::Action> = loose
+            .actions
+            .into_iter()
+            .take(crate::plan::MAX_ACTIONS_PER_PLAN)
+            .filter(|a| {
+                let intent = a.intent.as_deref().unwrap_or_default();
+                matches!(
+                    crate::policy::intent_refusal(intent, a.tool.as_deref()).reason_code,
+                    ForbiddenIntent | ChmodForbidden
+                ) || a
+                    .description
+                    .as_deref()
+                    .is_some_and(|d| crate::policy::detect_chmod_intent(d).is_some())
+            })
+            .map(|a| crate::plan::Action {
+                intent: a.intent.unwrap_or_default(),
+                path: a.path.unwrap_or_default(),
+                tool: a.tool,
+                description: a.description,
+                ..crate::plan::Action::default()
+            })
+            .collect();
+        if probes.is_empty() {
+            return;
+        }
+        let plan = crate::plan::Plan {
+            workflow_id: loose.workflow_id.filter(|w| crate::plan::is_valid_id(w)),
+            actions: probes,
+            ..crate::plan::Plan::default()
+        };
+        if let Err(r) = self.run_plan(plan) {
+            tracing::warn!(reason = %r, "could not audit the forbidden actions of a plan refused unread");
+        }
     }
 
     /// Validates and runs (or simulates) a plan.

@@ -792,6 +792,53 @@ fn unknown_fields_are_invalid_plan() {
     assert!(w.tree().is_empty());
 }
 
+/// A plan refused unread still leaves on the trail what it readably asked that is
+/// forbidden (an intent, a tool, a permission change): a broken sibling does not hide a
+/// probe for a shell or a delete. A broken plan that asks for nothing forbidden leaves
+/// no line.
+#[test]
+fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let lines = |sb: &ailab_sandbox_core::Sandbox| sb.audit_entries(100, None).unwrap();
+    let err = sb
+        .run_plan_json(br#"{"actions": [{"intent": "create_file", "path": "a.txt", "content": "x", "mode": 493}]}"#)
+        .unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(lines(&sb).is_empty(), "{:?}", lines(&sb));
+    for (plan, code) in [
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "delete_file", "path": "x"}, {"intent": "create_file", "path": "b", "content": "b", "bogus": 1}]}"#,
+            "forbidden_intent",
+        ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "c", "content": "c", "tool": "bash"}, {"action_id": "../x", "intent": "create_file", "path": "d", "content": "d"}]}"#,
+            "forbidden_intent",
+        ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "e", "content": "e", "description": "then chmod +x it"}, {"intent": "create_file", "path": "f", "data": 1e400}]}"#,
+            "chmod_forbidden",
+        ),
+    ] {
+        let before = lines(&sb).len();
+        let err = sb.run_plan_json(plan.as_bytes()).unwrap_err();
+        assert!(
+            matches!(
+                err.reason_code,
+                ReasonCode::InvalidPlan | ReasonCode::InvalidId
+            ),
+            "{err:?}"
+        );
+        let new = lines(&sb);
+        assert_eq!(new.len(), before + 1, "{plan}: {new:?}");
+        let line = new.iter().max_by_key(|e| e.seq).unwrap();
+        assert_eq!(line.workflow_id, "wf_probe");
+        assert_eq!(line.status, ailab_sandbox_core::audit::AuditStatus::Blocked);
+        assert_eq!(line.reason_code.map(|c| c.as_str()), Some(code), "{line:?}");
+    }
+    assert!(w.tree().is_empty());
+}
+
 /// Edits cost a scan of their file each: a plan may hold 256 in all, whether in one
 /// action or spread over several; one more is refused before any file is read.
 #[test]
