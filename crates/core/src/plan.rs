@@ -625,7 +625,7 @@ pub fn check_unique_keys(json: &[u8]) -> Verdict {
         Refusal::new(
             ReasonCode::InvalidPlan,
             format!(
-                "the arguments are not valid: {}{}",
+                "the message is not valid: {}{}",
                 crate::shape_words::placed(&e),
                 parse_hint(&e, json)
             ),
