@@ -199,6 +199,9 @@ impl RawConfig {
                 format!("{what} (the line is not shown: {why})")
             } else if let Some(words) = bare_word_words(e.message(), &key, &value) {
                 words
+            } else if e.message().trim() == "recursion limit" {
+                // Said without a place: a dotted key or a header of hundreds of parts.
+                "a key or a section header has too many dotted parts for the reader; a config has two levels, a [section] and its keys (key = value)".to_owned()
             } else if e.message().trim() == "duplicate key" {
                 match header {
                     Some(h) => format!(

@@ -86,6 +86,19 @@ fn unknown_key_inside_server_and_extensions_is_an_error() {
     assert!(err.0.contains("denied"), "{err}");
 }
 
+/// A key of more dotted parts than the reader goes into is refused in words that say
+/// what a config holds, not the reader's bare "recursion limit".
+#[test]
+fn a_key_of_too_many_parts_is_said_so() {
+    for text in [
+        format!("[limits]\n{} = 1\n", vec!["a"; 5000].join(".")),
+        format!("[{}]\n", vec!["a"; 5000].join(".")),
+    ] {
+        let err = RawConfig::from_toml(&text).unwrap_err();
+        assert!(err.0.contains("too many dotted parts"), "{err}");
+    }
+}
+
 /// A section written as an array is refused, not read field by field in order; a key
 /// inside an inline table is the one blamed; a section or key given twice is named;
 /// a key with no value is said to have none.
