@@ -208,6 +208,9 @@ pub fn append(
         // Entries are read past the header's end, so the frame itself is spoiled too.
         let _ = file.write_all_at(&[0; 4], at.end);
         let _ = file.write_all_at(&encode_head(at), 0);
+        // Tried durably too: the frame may have reached the disk before the sync failed,
+        // and a replay after a power cut would do the write its caller was told failed.
+        let _ = file.sync_data();
         return Err(e);
     }
     Ok(Some(next))
