@@ -254,8 +254,22 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 probed.unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
             return unknown_tool(name, recorded, &self.tools);
         };
-        let args = match spec.parse(arguments.unwrap_or_default()) {
+        let asks_chmod = arguments
+            .as_ref()
+            .and_then(|a| a.get("description"))
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|d| ailab_sandbox_core::policy::detect_chmod_intent(d).is_some());
+        let args = match spec.parse(arguments.clone().unwrap_or_default()) {
             Ok(a) => a,
+            // A permission change asked for readably is a probe, whatever else is wrong
+            // with the call: on the trail, as the same action in a plan refused unread.
+            Err(_) if asks_chmod && matches!(spec.kind, ToolKind::Write(_)) => {
+                let recorded = self
+                    .audit_probe(name, arguments.as_ref())
+                    .await
+                    .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
+                return refusal(&recorded, None, ". Nothing was written.");
+            }
             Err(problem) => return render::bad_arguments(name, &problem),
         };
         tracing::debug!(tool = name, "tools/call");
@@ -334,8 +348,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     /// Puts a tool the server lacks, asked for, on the audit trail as a blocked action
     /// with that name as its intent, as a plan holding it is (SPEC §8): an agent probing
     /// for a shell or a delete leaves a trace. Its workflow is the one it names, if
-    /// valid, else the session's; nothing else of its arguments is trusted. Returns the
-    /// refusal the trail records.
+    /// valid, else the session's; nothing else of its arguments is trusted but its path
+    /// and description, as text. Returns the refusal the trail records.
     async fn audit_probe(&self, intent: &str, arguments: Option<&JsonObject>) -> Option<Refusal> {
         let text = |k: &str| {
             arguments
@@ -351,6 +365,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             actions: vec![plan::Action {
                 intent: intent.to_owned(),
                 path: text("path").unwrap_or_default(),
+                description: text("description"),
                 tool: Some("mcp".to_owned()),
                 ..plan::Action::default()
             }],

@@ -298,6 +298,29 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         "{} bytes",
         text(&r).len()
     );
+    // A write tool whose arguments the schema refuses, asking readably for a chmod, is
+    // a probe too: refused and audited as its action in a plan refused unread.
+    let before = audited().await.as_u64().unwrap();
+    let r = s
+        .err(
+            "create_file",
+            json!({"path": "run.md", "description": "then chmod +x it", "mode": 1}),
+        )
+        .await;
+    assert!(text(&r).contains("(chmod_forbidden)"), "{}", text(&r));
+    assert_eq!(audited().await, before + 1);
+    let r = s
+        .err(
+            "create_file",
+            json!({"path": "run.md", "description": "notes"}),
+        )
+        .await;
+    assert!(text(&r).contains("(invalid_plan)"), "{}", text(&r));
+    assert_eq!(
+        audited().await,
+        before + 1,
+        "a bad call asking nothing forbidden"
+    );
     let r = s.err("get_artifact", json!({"artifact_id": "../x"})).await;
     assert!(text(&r).contains("(invalid_id)"), "{}", text(&r));
     // What to do names what the tool takes: it has no workflow_id to omit.
