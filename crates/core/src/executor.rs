@@ -274,7 +274,37 @@ impl Sandbox {
             #[serde(default)]
             workflow_id: Option<String>,
             #[serde(default)]
-            actions: Vec<LooseAction>,
+            actions: Capped,
+        }
+        /// The first [`crate::plan::MAX_ACTIONS_PER_PLAN`] actions; the rest are read
+        /// past, never built (a plan of millions of `{}` would take gigabytes).
+        #[derive(Default)]
+        struct Capped(Vec<LooseAction>);
+        impl<'de> serde::Deserialize<'de> for Capped {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct Visit;
+                impl<'de> serde::de::Visitor<'de> for Visit {
+                    type Value = Capped;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a list of actions")
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Capped, A::Error> {
+                        let mut kept = Vec::new();
+                        while kept.len() < crate::plan::MAX_ACTIONS_PER_PLAN {
+                            match seq.next_element()? {
+                                Some(a) => kept.push(a),
+                                None => return Ok(Capped(kept)),
+                            }
+                        }
+                        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                        Ok(Capped(kept))
+                    }
+                }
+                d.deserialize_seq(Visit)
+            }
         }
         #[derive(serde::Deserialize, Default)]
         #[serde(default)]
@@ -290,8 +320,8 @@ impl Sandbox {
         };
         let probes: Vec<crate::plan::Action> = loose
             .actions
+            .0
             .into_iter()
-            .take(crate::plan::MAX_ACTIONS_PER_PLAN)
             .filter(|a| {
                 let intent = a.intent.as_deref().unwrap_or_default();
                 matches!(
