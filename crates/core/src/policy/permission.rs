@@ -103,10 +103,16 @@ const SHELL_TOOLS: [&str; 72] = [
 /// case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
 /// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
 /// container runners run what their files or images say.
-const RUNNERS_ALONE: [&str; 14] = [
+const RUNNERS_ALONE: [&str; 20] = [
     "bun",
     "julia",
     "npm",
+    "yarn",
+    "pnpm",
+    "cargo",
+    "poetry",
+    "uv",
+    "pipenv",
     "make",
     "gmake",
     "docker",
@@ -121,38 +127,40 @@ const RUNNERS_ALONE: [&str; 14] = [
 ];
 
 /// Commands that run the command after them (and their options): `env -i make`,
-/// `nice -n 5 make`, `timeout 10 make`, `xargs make`.
-const RUN_BEFORE: [&str; 18] = [
+/// `nice -n 5 make`, `timeout 10 make`, `xargs make`; and the shell's words that do
+/// (`if true; then make; fi`).
+const RUN_BEFORE: [&str; 25] = [
     "env", "nice", "nohup", "time", "timeout", "command", "builtin", "exec", "stdbuf", "ionice",
-    "setsid", "chrt", "taskset", "xargs", "sudo", "doas", "watch", "unbuffer",
+    "setsid", "chrt", "taskset", "xargs", "sudo", "doas", "watch", "unbuffer", "if", "then",
+    "else", "elif", "do", "while", "until",
 ];
 
-/// Where a command line names its program in `line`: first, after a shell's operator
-/// (`;`, `&&`, `|`, `(`, `$(`, a backquote) and after what [`RUN_BEFORE`] names with its
-/// options, past assignments (`FOO=1 make`).
-fn programs(line: &str) -> impl Iterator<Item = &str> {
-    line.split(|c: char| {
-        matches!(
-            c,
-            ';' | '&' | '|' | '(' | ')' | '`' | '$' | '{' | '}' | '!' | '\n'
-        )
-    })
-    .filter_map(|command| {
-        let mut words = command
-            .split_whitespace()
-            .map(|w| w.trim_matches(|c: char| !(c.is_alphanumeric() || "_-./\\".contains(c))))
-            .filter(|w| !w.is_empty());
+/// The words of `line` that may name the program a command line runs: the first of
+/// each command (after `;`, `&&`, `|`, `(`, `$(`, a backquote, a brace or a new line),
+/// past assignments (`FOO=1 make`), and every word after what [`RUN_BEFORE`] names (its
+/// options and their values come first: `timeout -s KILL 10 make`). A word is read up
+/// to its first character no program's name holds (`make:deploy`, `npm@10`).
+fn programs(line: &str) -> Vec<String> {
+    let name_char = |c: char| c.is_alphanumeric() || "_-./\\".contains(c);
+    let line = line.replace("&&", ";").replace("$(", ";");
+    let mut found = Vec::new();
+    for command in line.split([';', '|', '(', ')', '`', '{', '}', '\n']) {
         let mut after_runner = false;
-        words.find(|w| {
-            let option =
-                w.starts_with('-') || w.trim_end_matches(['s', 'm', 'h']).parse::<f64>().is_ok();
-            let skipped = w.contains('=') || (after_runner && option);
-            if !skipped {
-                after_runner = RUN_BEFORE.contains(&base_name(w).as_str());
+        for w in command.split_whitespace() {
+            let w = w.trim_matches(|c: char| !name_char(c));
+            if w.is_empty() || (!after_runner && w.contains('=')) {
+                continue;
             }
-            !skipped && !after_runner
-        })
-    })
+            let name = &w[..w.find(|c: char| !name_char(c)).unwrap_or(w.len())];
+            found.push(name.to_owned());
+            if RUN_BEFORE.contains(&base_name(name).as_str()) {
+                after_runner = true;
+            } else if !after_runner {
+                break;
+            }
+        }
+    }
+    found
 }
 
 /// A word's last path component in lower case, `-` read as `_`, without `.exe`.
@@ -196,8 +204,8 @@ const SHELL_PARTS: [&str; 8] = [
 /// `start_process`, `desktop_commander__execute_command`, `docker_exec`,
 /// `run_container`), where either alone does not (`write_to_terminal_log`,
 /// `run_report`, `docker_docs`, `make_run_report`).
-const RUN_PARTS: [&str; 7] = [
-    "run", "exec", "execute", "spawn", "eval", "start", "interact",
+const RUN_PARTS: [&str; 8] = [
+    "run", "exec", "execute", "spawn", "eval", "start", "interact", "invoke",
 ];
 const RUN_WHAT: [&str; 25] = [
     "command",
@@ -228,18 +236,19 @@ const RUN_WHAT: [&str; 25] = [
 ];
 
 /// What a run word right before it runs, besides the shells, interpreters and
-/// runners named above (`run_program`, `exec_pod`, `exec_in_pod`), or right after it
-/// at a name's end (`pods_exec`, `compose_run`).
-const RUN_NEXT: [&str; 11] = [
-    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook", "compose",
+/// runners named above (`run_program`, `exec_pod`, `exec_in_pod`, `run_on_host`), or
+/// right after it at a name's end (`pods_exec`).
+const RUN_NEXT: [&str; 13] = [
+    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook", "host",
+    "remote", "vm",
 ];
 
 /// Words that may stand between a run word and what it runs (`exec_in_pod`).
 const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
 
 /// Run words that, last in a name, say the word before them is run (`node_run`,
-/// `ssh_exec`), where `start` does not (`record_node_start`).
-const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
+/// `ssh_exec`, `ruby_eval`), where `start` does not (`record_node_start`).
+const RUN_LAST: [&str; 6] = ["run", "exec", "execute", "spawn", "eval", "interact"];
 
 /// Whole names of runners that the rules above do not catch.
 const RUNNERS: [&str; 5] = [
@@ -294,7 +303,7 @@ fn is_shell_tool(tool: &str) -> bool {
         None if name.trim().is_empty() => plain.as_str(),
         None => name,
     };
-    let runs_alone = programs(line).any(|w| {
+    let runs_alone = programs(line).iter().any(|w| {
         w.starts_with(|c: char| !c.is_uppercase())
             && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
     });
@@ -329,23 +338,26 @@ fn is_shell_tool(tool: &str) -> bool {
     // `exec_in_pod`), counts too, and so does a run word ending a name right after one
     // (`ssh_exec`, `node_run`, `pods_exec`; `make` there is a verb: `make_run`);
     // beside it elsewhere it does not (`record_node_start`, `write_sh_run_notes`).
+    // (`ctr` beside a run word is more often a click-through rate: `run_ctr_report`.)
     let runs = |p: &str| {
         let p = unversioned(p);
         [&SHELL_TOOLS[..], &RUNNERS_ALONE, &RUN_NEXT]
             .iter()
             .any(|set| set.contains(&p))
             && !RUN_PARTS.contains(&p)
+            && p != "ctr"
     };
     let run = |p: &String| RUN_PARTS.contains(&p.as_str());
     let runs_next = seq.windows(2).any(|w| run(&w[0]) && runs(&w[1]))
         || seq
             .windows(3)
             .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs(&w[2]));
+    // `exec` ends the names of runners of any kind (`remote_exec`, `sandbox_exec`), and
+    // a run word after `compose` names one (`compose_run`; `start_compose` may write mail).
     let runs_before = match seq.as_slice() {
         [.., before, last] => {
-            RUN_LAST.contains(&last.as_str())
-                && runs(before)
-                && !["make", "gmake"].contains(&unversioned(before))
+            (RUN_LAST.contains(&last.as_str()) && (runs(before) || before == "compose"))
+                || last == "exec"
         }
         _ => false,
     };
