@@ -159,16 +159,25 @@ const PATTERNS: [Pattern; 17] = [
     },
     Pattern {
         name: "setuid / setgid bits or file capabilities (setuid, u+s, setcap)",
-        matches: |t, w| {
+        matches: |_, w| {
             w.iter().any(|x| {
                 [
-                    "setuid", "setgid", "suid", "sgid", "setcap", "u+s", "g+s", "ug+s", "+s",
-                    "s_isuid", "s_isgid",
+                    "setuid",
+                    "setgid",
+                    "setcap",
+                    "u+s",
+                    "g+s",
+                    "ug+s",
+                    "s_isuid",
+                    "s_isgid",
+                    "set-user-id",
+                    "set-group-id",
                 ]
                 .contains(x)
-            }) || ["set-user-id", "set-group-id"]
-                .iter()
-                .any(|p| t.contains(p))
+            }) || w.windows(2).any(|p| {
+                matches!(p[0], "suid" | "sgid" | "set-uid" | "set-gid")
+                    && matches!(p[1], "bit" | "bits" | "root" | "binary" | "flag")
+            })
         },
     },
     Pattern {

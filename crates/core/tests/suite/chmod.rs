@@ -267,6 +267,11 @@ fn ordinary_text_is_not_detected() {
         "the user's setup notes",
         "sets of user ids",
         "suite results",
+        "add a reset-user-id endpoint to the API docs",
+        "document the asset-group-id parameter of the Google Ads API",
+        "store the offset-group-id in the config",
+        "pluralize nouns by appending +s",
+        "a CSV of suid values from the survey",
         "it's executable documentation, ensure the links work",
         "",
     ] {
@@ -279,7 +284,8 @@ fn ordinary_text_is_not_detected() {
 fn setuid_setgid_and_capabilities_are_detected() {
     for text in [
         "make the helper setuid root",
-        "mark it SUID",
+        "mark it SUID root",
+        "set the sgid bit on the folder",
         "setgid directory for the team",
         "setcap cap_net_bind_service=+ep ./server",
         "the set-user-ID bit on the tool",
