@@ -1032,21 +1032,29 @@ impl Sandbox {
         let Ok(lines) = self.audit.by_workflow(workflow_id) else {
             return String::new();
         };
-        let mut its = lines.iter().filter(|e| {
-            e.mutation_class != Some(MutationClass::Rollback)
-                && action_id.is_none_or(|a| a == e.action_id)
-        });
-        if its.clone().any(|e| e.status == AuditStatus::Success) {
-            return String::new();
-        }
-        if its.any(|e| e.status == AuditStatus::Simulated) {
-            return format!(
+        let its: Vec<AuditStatus> = lines
+            .iter()
+            .filter(|e| {
+                e.mutation_class != Some(MutationClass::Rollback)
+                    && action_id.is_none_or(|a| a == e.action_id)
+            })
+            .map(|e| e.status)
+            .collect();
+        if its.contains(&AuditStatus::Success) {
+            String::new()
+        } else if its.is_empty() {
+            format!(
+                "; the audit trail records nothing of {what}: check the ids (each write's result, and its line on the trail, name its workflow and action)"
+            )
+        } else if its.iter().all(|s| *s == AuditStatus::Simulated) {
+            format!(
                 "; the audit trail records {what} only as simulated (the write executor was off or dry-run on), so nothing was written: run the plan again with writing on and dry-run off"
-            );
+            )
+        } else {
+            format!(
+                "; the audit trail records no write of {what}: its actions were refused, failed or only simulated (its lines on the trail say which and why)"
+            )
         }
-        format!(
-            "; the audit trail records no write of {what}: check the ids (each write's result, and its line on the trail, name its workflow and action)"
-        )
     }
 
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {

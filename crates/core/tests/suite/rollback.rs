@@ -133,7 +133,7 @@ fn nothing_to_roll_back_says_whether_it_was_only_simulated_or_never_seen() {
         },
     ));
     assert!(
-        unknown.contains("records no write of action 'a9'"),
+        unknown.contains("records nothing of action 'a9'"),
         "{unknown}"
     );
     drop(dry);
@@ -142,14 +142,29 @@ fn nothing_to_roll_back_says_whether_it_was_only_simulated_or_never_seen() {
     assert_eq!(status(&run(&sb, two_fresh_files())), "success");
     let never = reason(sb.rollback_workflow("wf_never", &RollbackOptions::default()));
     assert!(
-        never.contains("records no write of workflow 'wf_never'"),
+        never.contains("records nothing of workflow 'wf_never'"),
         "{never}"
+    );
+    // Simulated, then refused for real: not said to be only simulated.
+    let dry = w.open(w.config());
+    // f1.txt stands: created again, the action is refused.
+    let blocked = json!({"workflow_id": "wf_mixed", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "f1.txt", "content": "again"}]});
+    let simulated = json!({"workflow_id": "wf_mixed", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "m1.txt", "content": "m"}]});
+    assert_eq!(status(&run(&dry, simulated)), "simulated_success");
+    drop(dry);
+    assert_eq!(status(&run(&sb, blocked)), "blocked");
+    let mixed = reason(sb.rollback_workflow("wf_mixed", &RollbackOptions::default()));
+    assert!(
+        mixed.contains("records no write of workflow 'wf_mixed': its actions were refused"),
+        "{mixed}"
     );
     let rb = sb.rollback_workflow("wf_fresh", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     let again = reason(sb.rollback_workflow("wf_fresh", &RollbackOptions::default()));
     assert!(
-        !again.contains("simulated") && !again.contains("records no write"),
+        !again.contains("simulated") && !again.contains("records no"),
         "{again}"
     );
 }
