@@ -53,21 +53,19 @@ fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> Refusal {
 }
 
 impl Sandbox {
-    /// Takes the lock that serialises every change to `rel` in root `root` across
-    /// workflows, threads and processes, from the read of what it holds to the write of
-    /// what replaces it (or its restore): otherwise two writers working from the same
-    /// bytes would lose one's change, and a restore could undo a change it never saw.
-    /// A holder of one takes no other target's lock (holders of several take them at once,
-    /// [`Sandbox::lock_targets`]), and a workflow's lock only before, so no two holders
-    /// wait for each other.
+    /// Takes the locks that serialise every change to `rel` in root `root` across
+    /// workflows, threads and processes (two stripes, [`Sandbox::stripes_of`]), from the
+    /// read of what it holds to the write of what replaces it (or its restore):
+    /// otherwise two writers working from the same bytes would lose one's change, and a
+    /// restore could undo a change it never saw. Holders take all their targets' locks
+    /// at once, in stripe order ([`Sandbox::lock_targets`]), and a workflow's lock only
+    /// before, so no two holders wait for each other.
     pub(crate) fn lock_target(
         &self,
         root: usize,
         rel: &RelPath,
-    ) -> Verdict<crate::confine::state::HeldLock<'_>> {
-        self.target_locks
-            .lock(self.stripe_of(root, rel))
-            .map_err(|e| lock_refusal(rel, &e))
+    ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
+        self.lock_targets(std::iter::once((root, rel.clone())))
     }
 
     /// The locks of several targets at once, taken in stripe order so that two holders
@@ -77,7 +75,7 @@ impl Sandbox {
         targets: impl Iterator<Item = (usize, RelPath)>,
     ) -> Verdict<Vec<crate::confine::state::HeldLock<'_>>> {
         let mut stripes: Vec<(usize, RelPath)> = targets
-            .map(|(root, rel)| (self.stripe_of(root, &rel), rel))
+            .flat_map(|(root, rel)| self.stripes_of(root, &rel).map(|i| (i, rel.clone())))
             .collect();
         stripes.sort_by_key(|(i, _)| *i);
         stripes.dedup_by_key(|(i, _)| *i);
@@ -149,12 +147,17 @@ impl Sandbox {
         Ok((self.lock_targets(targets.into_iter())?, recorded.err()))
     }
 
-    /// Which target lock serves `rel` in root `root`: named by the file's real path,
-    /// folded, so that every process whose roots reach the file takes the same lock for
-    /// it, through whichever root (one may lie inside another's) and in whichever case
-    /// (on a filesystem that ignores it). A bind mount still gives a file two names.
-    fn stripe_of(&self, root: usize, rel: &RelPath) -> usize {
-        let h = crate::confine::root::lock_hash(self.roots[root].lock_seed(), &rel.as_string());
-        (h % TARGET_LOCK_STRIPES as u64) as usize
+    /// The target locks that serve `rel` in root `root`, both taken: one named by the
+    /// root's identity and the path beneath it, the same through every path to the root
+    /// (a bind mount of it, a folder above it renamed); one by the file's real path,
+    /// folded, the same through whichever root reaches the file (one may lie inside
+    /// another process's) and in whichever case (on a filesystem that ignores it). Two
+    /// processes reaching a file either way take a lock in common.
+    fn stripes_of(&self, root: usize, rel: &RelPath) -> [usize; 2] {
+        use crate::confine::root::{LOCK_HASH_START, lock_hash};
+        let (dev, ino) = self.roots[root].id();
+        let by_root = lock_hash(LOCK_HASH_START, &format!("{dev}:{ino}"));
+        [by_root, self.roots[root].lock_seed()]
+            .map(|seed| (lock_hash(seed, &rel.as_string()) % TARGET_LOCK_STRIPES as u64) as usize)
     }
 }

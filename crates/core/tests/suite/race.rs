@@ -186,36 +186,71 @@ fn a_failed_plan_never_rolls_back_over_another_workflows_write() {
 fn a_file_reached_through_nested_roots_takes_one_lock() {
     let w = World::new();
     w.write("sub/log.txt", b"v0\n");
-    let outer = w.sandbox();
     let mut c = w.writable_config();
     c.roots = vec![w.root.join("sub")];
     c.limits.lock_wait_seconds = 1;
-    let inner = Arc::new(w.open(c));
+    let inner = w.open(c);
+    assert_one_lock(&w.sandbox(), inner, "sub/log.txt", "log.txt");
+    assert_eq!(w.read("sub/log.txt"), b"v0\nouter\ninner\n");
+}
+
+/// So does a file reached through one root whose real path changed between two starts
+/// (a folder above it renamed, the configured path led to it again by a link).
+#[test]
+fn a_file_reached_through_a_root_moved_since_takes_one_lock() {
+    let w = World::new();
+    let top = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(top.path().join("d1/root")).unwrap();
+    std::os::unix::fs::symlink("d1", top.path().join("cur")).unwrap();
+    std::fs::write(top.path().join("d1/root/log.txt"), b"v0\n").unwrap();
+    let mut c = w.writable_config();
+    c.roots = vec![top.path().join("cur/root")];
+    c.limits.lock_wait_seconds = 1;
+    let first = w.open(c.clone());
+    std::fs::rename(top.path().join("d1"), top.path().join("d2")).unwrap();
+    std::fs::remove_file(top.path().join("cur")).unwrap();
+    std::os::unix::fs::symlink("d2", top.path().join("cur")).unwrap();
+    assert_one_lock(&first, w.open(c), "log.txt", "log.txt");
+    assert_eq!(
+        std::fs::read(top.path().join("d2/root/log.txt")).unwrap(),
+        b"v0\nouter\ninner\n"
+    );
+}
+
+/// Appends `outer` to `first_path` through `first` while `second` tries to append
+/// `inner` to its own path of the same file: it waits for the lock, in vain (`conflict`,
+/// its wait being 1 s), and goes through once `first` is done.
+fn assert_one_lock(
+    first: &ailab_sandbox_core::Sandbox,
+    second: ailab_sandbox_core::Sandbox,
+    first_path: &str,
+    second_path: &'static str,
+) {
+    let second = Arc::new(second);
     let seen = Arc::new(std::sync::Mutex::new(None));
-    let (inner2, seen2) = (inner.clone(), seen.clone());
-    outer.failpoints().interleave(
+    let (second2, seen2) = (second.clone(), seen.clone());
+    first.failpoints().interleave(
         "before_mutate",
         Arc::new(move || {
             let r = run(
-                &inner2,
+                &second2,
                 json!({"workflow_id": "wf_in", "actions": [
-                    {"action_id": "a1", "intent": "append_file", "path": "log.txt", "content": "inner\n"}]}),
+                    {"action_id": "a1", "intent": "append_file", "path": second_path, "content": "inner\n"}]}),
             );
             *seen2.lock().unwrap() = Some(code(&r, 0).unwrap_or_else(|| status(&r)));
         }),
     );
     let r = run(
-        &outer,
+        first,
         json!({"workflow_id": "wf_out", "actions": [
-            {"intent": "append_file", "path": "sub/log.txt", "content": "outer\n"}]}),
+            {"intent": "append_file", "path": first_path, "content": "outer\n"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
     assert_eq!(seen.lock().unwrap().as_deref(), Some("conflict"));
     let r = run(
-        &inner,
+        &second,
         json!({"workflow_id": "wf_in", "actions": [
-            {"action_id": "a2", "intent": "append_file", "path": "log.txt", "content": "inner\n"}]}),
+            {"action_id": "a2", "intent": "append_file", "path": second_path, "content": "inner\n"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
-    assert_eq!(w.read("sub/log.txt"), b"v0\nouter\ninner\n");
 }

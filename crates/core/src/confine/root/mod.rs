@@ -226,7 +226,7 @@ impl SandboxRoot {
     /// real path (symbolic links resolved) hashed as [`lock_hash`] does, so that a file
     /// reached through a root nested in another process's root, or in another case on a
     /// filesystem that ignores case, takes the same lock there as here.
-    pub fn lock_seed(&self) -> u64 {
+    pub(crate) fn lock_seed(&self) -> u64 {
         self.lock_seed
     }
 
