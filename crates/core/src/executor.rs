@@ -262,91 +262,11 @@ impl Sandbox {
         Err(refused)
     }
 
-    /// A plan refused unread (a field unknown or of the wrong type, an id malformed or
-    /// given twice) may still name a forbidden intent or tool, or ask for a permission
-    /// change, readably: those actions go on the trail blocked, as a plan holding them
-    /// alone would, so that an agent probing for a shell or a delete leaves a trace
-    /// however it breaks the rest of its plan. Nothing else of the text is trusted.
+    /// Puts on the trail, blocked, what a plan refused unread readably asks for that is
+    /// forbidden ([`crate::probes`]), as a plan holding it alone would be.
     fn audit_probes_of_unread_plan(&self, json: &[u8]) {
-        use crate::reason::ReasonCode::{ChmodForbidden, ForbiddenIntent};
-        #[derive(serde::Deserialize)]
-        struct Loose {
-            #[serde(default)]
-            workflow_id: Option<String>,
-            #[serde(default)]
-            actions: Capped,
-        }
-        /// The first [`crate::plan::MAX_ACTIONS_PER_PLAN`] actions; the rest are read
-        /// past, never built (a plan of millions of `{}` would take gigabytes).
-        #[derive(Default)]
-        struct Capped(Vec<LooseAction>);
-        impl<'de> serde::Deserialize<'de> for Capped {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct Visit;
-                impl<'de> serde::de::Visitor<'de> for Visit {
-                    type Value = Capped;
-                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                        f.write_str("a list of actions")
-                    }
-                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                        self,
-                        mut seq: A,
-                    ) -> Result<Capped, A::Error> {
-                        let mut kept = Vec::new();
-                        while kept.len() < crate::plan::MAX_ACTIONS_PER_PLAN {
-                            match seq.next_element()? {
-                                Some(a) => kept.push(a),
-                                None => return Ok(Capped(kept)),
-                            }
-                        }
-                        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                        Ok(Capped(kept))
-                    }
-                }
-                d.deserialize_seq(Visit)
-            }
-        }
-        #[derive(serde::Deserialize, Default)]
-        #[serde(default)]
-        struct LooseAction {
-            intent: Option<String>,
-            path: Option<String>,
-            tool: Option<String>,
-            description: Option<String>,
-        }
-        // Read as far as these fields go: any other part may be what was refused.
-        let Ok(loose) = serde_json::from_slice::<Loose>(json) else {
+        let Some(plan) = crate::probes::of_unread_plan(json) else {
             return;
-        };
-        let probes: Vec<crate::plan::Action> = loose
-            .actions
-            .0
-            .into_iter()
-            .filter(|a| {
-                let intent = a.intent.as_deref().unwrap_or_default();
-                matches!(
-                    crate::policy::intent_refusal(intent, a.tool.as_deref()).reason_code,
-                    ForbiddenIntent | ChmodForbidden
-                ) || a
-                    .description
-                    .as_deref()
-                    .is_some_and(|d| crate::policy::detect_chmod_intent(d).is_some())
-            })
-            .map(|a| crate::plan::Action {
-                intent: a.intent.unwrap_or_default(),
-                path: a.path.unwrap_or_default(),
-                tool: a.tool,
-                description: a.description,
-                ..crate::plan::Action::default()
-            })
-            .collect();
-        if probes.is_empty() {
-            return;
-        }
-        let plan = crate::plan::Plan {
-            workflow_id: loose.workflow_id.filter(|w| crate::plan::is_valid_id(w)),
-            actions: probes,
-            ..crate::plan::Plan::default()
         };
         if let Err(r) = self.run_plan(plan) {
             tracing::warn!(reason = %r, "could not audit the forbidden actions of a plan refused unread");

@@ -86,6 +86,7 @@ pub mod left_dirs;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
+mod probes;
 pub mod reason;
 pub mod recovery;
 pub mod sandbox;

@@ -819,6 +819,14 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
             r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "e", "content": "e", "description": "then chmod +x it"}, {"intent": "create_file", "path": "f", "data": 1e400}]}"#,
             "chmod_forbidden",
         ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [5, "junk", {"intent": "run_command", "path": 5, "description": [1]}]}"#,
+            "forbidden_intent",
+        ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "g", "content": "g"}], "actions": [{"intent": "delete_file", "path": "h"}, {"deep": [[[[1e400]]]]}]}"#,
+            "forbidden_intent",
+        ),
     ] {
         let before = lines(&sb).len();
         let err = sb.run_plan_json(plan.as_bytes()).unwrap_err();
@@ -836,6 +844,19 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
         assert_eq!(line.status, ailab_sandbox_core::audit::AuditStatus::Blocked);
         assert_eq!(line.reason_code.map(|c| c.as_str()), Some(code), "{line:?}");
     }
+    // A probe among the first thousand elements (as many as a plan holds) is found
+    // however many follow; a workflow id that is not a string leaves the probe in a
+    // workflow of its own.
+    let mut many: Vec<serde_json::Value> = vec![json!({}); 1500];
+    many[999] = json!({"intent": "delete_file", "path": "z"});
+    let text = json!({"workflow_id": 7, "actions": many}).to_string();
+    let before = lines(&sb).len();
+    assert!(sb.run_plan_json(text.as_bytes()).is_err());
+    let new = lines(&sb);
+    assert_eq!(new.len(), before + 1);
+    let line = new.iter().max_by_key(|e| e.seq).unwrap();
+    assert_eq!(line.mutation_type, "delete_file");
+    assert_ne!(line.workflow_id, "wf_probe");
     assert!(w.tree().is_empty());
 }
 
