@@ -172,11 +172,10 @@ const PATTERNS: [Pattern; 17] = [
                     "s_isgid",
                     "set-user-id",
                     "set-group-id",
+                    "suid",
+                    "sgid",
                 ]
                 .contains(x)
-            }) || w.windows(2).any(|p| {
-                matches!(p[0], "suid" | "sgid" | "set-uid" | "set-gid")
-                    && matches!(p[1], "bit" | "bits" | "root" | "binary" | "flag")
             })
         },
     },

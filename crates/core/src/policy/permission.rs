@@ -103,14 +103,13 @@ const SHELL_TOOLS: [&str; 72] = [
 /// case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
 /// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
 /// container runners run what their files or images say.
-const RUNNERS_ALONE: [&str; 20] = [
+const RUNNERS_ALONE: [&str; 19] = [
     "bun",
     "julia",
     "npm",
     "yarn",
     "pnpm",
     "cargo",
-    "poetry",
     "uv",
     "pipenv",
     "make",
@@ -136,26 +135,42 @@ const RUN_BEFORE: [&str; 25] = [
 ];
 
 /// The words of `line` that may name the program a command line runs: the first of
-/// each command (after `;`, `&&`, `|`, `(`, `$(`, a backquote, a brace or a new line),
-/// past assignments (`FOO=1 make`), and every word after what [`RUN_BEFORE`] names (its
-/// options and their values come first: `timeout -s KILL 10 make`). A word is read up
-/// to its first character no program's name holds (`make:deploy`, `npm@10`).
+/// each command (after `;`, `&&`, `|`, `(`, `$(`, a backquote, a brace or a new line,
+/// and after `&` in a line that begins in lower case, not a title's `Read & Write`),
+/// past assignments (`FOO=1 make`), and the first after what [`RUN_BEFORE`] names in
+/// lower case, past its options and numbers (`nice -n 5 make`), the word after an
+/// option being taken too, as it may be the option's value (`env -u HOME make`). A word
+/// is read up to its first character no program's name holds (`make:deploy`, `npm@10`).
 fn programs(line: &str) -> Vec<String> {
     let name_char = |c: char| c.is_alphanumeric() || "_-./\\".contains(c);
-    let line = line.replace("&&", ";").replace("$(", ";");
+    let titled = line.trim_start().starts_with(|c: char| c.is_uppercase());
+    let mut line = line.replace("&&", ";").replace("$(", ";");
+    if !titled {
+        line = line.replace('&', ";");
+    }
     let mut found = Vec::new();
     for command in line.split([';', '|', '(', ')', '`', '{', '}', '\n']) {
-        let mut after_runner = false;
+        // After a word that runs the next command; after an option of it.
+        let (mut runner, mut option) = (false, false);
         for w in command.split_whitespace() {
             let w = w.trim_matches(|c: char| !name_char(c));
-            if w.is_empty() || (!after_runner && w.contains('=')) {
+            let number = w
+                .trim_end_matches(['s', 'm', 'h', 'd'])
+                .parse::<f64>()
+                .is_ok();
+            if w.is_empty() || w.contains('=') || (runner && (number || w.starts_with('-'))) {
+                option |= runner && w.starts_with('-');
                 continue;
             }
             let name = &w[..w.find(|c: char| !name_char(c)).unwrap_or(w.len())];
             found.push(name.to_owned());
-            if RUN_BEFORE.contains(&base_name(name).as_str()) {
-                after_runner = true;
-            } else if !after_runner {
+            if w.starts_with(|c: char| !c.is_uppercase())
+                && RUN_BEFORE.contains(&base_name(name).as_str())
+            {
+                (runner, option) = (true, false);
+            } else if runner && option {
+                option = false;
+            } else {
                 break;
             }
         }
@@ -204,8 +219,8 @@ const SHELL_PARTS: [&str; 8] = [
 /// `start_process`, `desktop_commander__execute_command`, `docker_exec`,
 /// `run_container`), where either alone does not (`write_to_terminal_log`,
 /// `run_report`, `docker_docs`, `make_run_report`).
-const RUN_PARTS: [&str; 8] = [
-    "run", "exec", "execute", "spawn", "eval", "start", "interact", "invoke",
+const RUN_PARTS: [&str; 7] = [
+    "run", "exec", "execute", "spawn", "eval", "start", "interact",
 ];
 const RUN_WHAT: [&str; 25] = [
     "command",
@@ -236,27 +251,36 @@ const RUN_WHAT: [&str; 25] = [
 ];
 
 /// What a run word right before it runs, besides the shells, interpreters and
-/// runners named above (`run_program`, `exec_pod`, `exec_in_pod`, `run_on_host`), or
-/// right after it at a name's end (`pods_exec`).
-const RUN_NEXT: [&str; 13] = [
-    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook", "host",
-    "remote", "vm",
+/// runners named above (`run_program`, `exec_pod`, `exec_in_pod`), or right after it
+/// at a name's end (`pods_exec`).
+const RUN_NEXT: [&str; 10] = [
+    "pod", "pods", "ts", "go", "java", "dotnet", "exe", "binary", "program", "notebook",
 ];
+
+/// Where a run word runs what it is given, said after it with a word between
+/// (`run_on_host`, `run_in_sandbox`) or before it at a name's end (`remote_exec`,
+/// `compose_run`), not right after it (`run_host_inventory_report`, `start_compose`).
+const RUN_WHERE: [&str; 6] = ["host", "remote", "vm", "sandbox", "compose", "container"];
 
 /// Words that may stand between a run word and what it runs (`exec_in_pod`).
 const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
 
 /// Run words that, last in a name, say the word before them is run (`node_run`,
-/// `ssh_exec`, `ruby_eval`), where `start` does not (`record_node_start`).
-const RUN_LAST: [&str; 6] = ["run", "exec", "execute", "spawn", "eval", "interact"];
+/// `ssh_exec`, `pods_exec`), where `start` does not (`record_node_start`); `eval` and
+/// `interact` only after an interpreter's or a runner's name (`ruby_eval`, not
+/// `go_eval`).
+const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
 
 /// Whole names of runners that the rules above do not catch.
-const RUNNERS: [&str; 5] = [
+const RUNNERS: [&str; 8] = [
     "os.system",
     "child_process.exec",
     "child_process.execsync",
     "code_interpreter",
     "execute_python",
+    "invoke_command",
+    "invoke_shell",
+    "invoke_script",
 ];
 
 /// What a script is called by: a tool that is a script runs commands.
@@ -348,17 +372,22 @@ fn is_shell_tool(tool: &str) -> bool {
             && p != "ctr"
     };
     let run = |p: &String| RUN_PARTS.contains(&p.as_str());
+    let runs_where = |p: &str| runs(p) || RUN_WHERE.contains(&p);
     let runs_next = seq.windows(2).any(|w| run(&w[0]) && runs(&w[1]))
         || seq
             .windows(3)
-            .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs(&w[2]));
-    // `exec` ends the names of runners of any kind (`remote_exec`, `sandbox_exec`), and
-    // a run word after `compose` names one (`compose_run`; `start_compose` may write mail).
+            .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs_where(&w[2]));
+    // An interpreter's or a runner's name, not one of what a run word runs otherwise.
+    let interprets = |p: &str| {
+        let p = unversioned(p);
+        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p)) && p != "ctr"
+    };
     let runs_before = match seq.as_slice() {
-        [.., before, last] => {
-            (RUN_LAST.contains(&last.as_str()) && (runs(before) || before == "compose"))
-                || last == "exec"
-        }
+        [.., before, last] => match last.as_str() {
+            l if RUN_LAST.contains(&l) => runs_where(before),
+            "eval" | "interact" => interprets(before),
+            _ => false,
+        },
         _ => false,
     };
     named

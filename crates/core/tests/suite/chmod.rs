@@ -271,7 +271,6 @@ fn ordinary_text_is_not_detected() {
         "document the asset-group-id parameter of the Google Ads API",
         "store the offset-group-id in the config",
         "pluralize nouns by appending +s",
-        "a CSV of suid values from the survey",
         "it's executable documentation, ensure the links work",
         "",
     ] {
@@ -284,7 +283,8 @@ fn ordinary_text_is_not_detected() {
 fn setuid_setgid_and_capabilities_are_detected() {
     for text in [
         "make the helper setuid root",
-        "mark it SUID root",
+        "mark it SUID",
+        "make the helper suid",
         "set the sgid bit on the folder",
         "setgid directory for the team",
         "setcap cap_net_bind_service=+ep ./server",
