@@ -1,6 +1,13 @@
 //! `ailab-sandbox`: the command-line face of the governed write runtime.
 #![forbid(unsafe_code)]
 
+/// A long-running server frees on some threads what its requests allocated on others;
+/// glibc's per-thread arenas kept much of it (a 25-minute load: 860 MB resident for 101
+/// MB in use). mimalloc gives more of it back (a 10-minute load: 280 MB against glibc's
+/// 374 MB, for 74 MB in use).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `println!` that tolerates a closed standard output (`ailab-sandbox audit | head`):
 /// the command's work is done either way, and a broken pipe is not worth a panic.
 macro_rules! out {
