@@ -309,17 +309,6 @@ fn is_shell_tool(tool: &str) -> bool {
         .split(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '\\')))
         .filter(|w| !w.is_empty())
         .collect();
-    let named = words.iter().any(|w| {
-        let b = base_name(w);
-        let member = b.rsplit_once('.').map(|(_, m)| m).unwrap_or_default();
-        SHELL_TOOLS.contains(&b.as_str())
-            || SHELL_TOOLS.contains(&unversioned(&b))
-            || (SHELL_TOOLS.contains(&member) && !SOURCE_ENDINGS.contains(&member))
-            || RUNNERS.contains(&b.as_str())
-            || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
-            // `find . -exec rm {} ;` runs what follows.
-            || ["-exec", "-execdir"].contains(w)
-    });
     // A command substituted or grouped is a command line of its own (`$(make)`), not
     // a tool's argument.
     let line = match name.trim_end().strip_suffix('$') {
@@ -327,16 +316,36 @@ fn is_shell_tool(tool: &str) -> bool {
         None if name.trim().is_empty() => plain.as_str(),
         None => name,
     };
-    let runs_alone = programs(line).iter().any(|w| {
-        w.starts_with(|c: char| !c.is_uppercase())
-            && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
-    });
-    // The parts of every word, a camelCase one split too (`runInTerminal`), and the words
-    // of a title (`Run Command`) taken as the parts of one name; `seq` has them in
-    // their order, once.
+    words.iter().any(|w| names_runner(w))
+        || programs(line).iter().any(|w| {
+            w.starts_with(|c: char| !c.is_uppercase())
+                && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
+        })
+        || parts_name_runner(&words)
+}
+
+/// Whether one word of a tool's name names a shell or runner wherever it stands: its
+/// program's name (versioned or not), a namespace's member, a script.
+fn names_runner(word: &str) -> bool {
+    let b = base_name(word);
+    let member = b.rsplit_once('.').map(|(_, m)| m).unwrap_or_default();
+    SHELL_TOOLS.contains(&b.as_str())
+        || SHELL_TOOLS.contains(&unversioned(&b))
+        || (SHELL_TOOLS.contains(&member) && !SOURCE_ENDINGS.contains(&member))
+        || RUNNERS.contains(&b.as_str())
+        || SCRIPT_ENDINGS.iter().any(|e| b.ends_with(e))
+        // `find . -exec rm {} ;` runs what follows.
+        || ["-exec", "-execdir"].contains(&word)
+}
+
+/// Whether the parts of a tool's words name a runner: the parts of every word, a
+/// camelCase one split too (`runInTerminal`), and the words of a title (`Run Command`)
+/// taken as the parts of one name.
+fn parts_name_runner(words: &[&str]) -> bool {
+    // `seq` has the parts in their order, once; `parts` each word's unsplit too.
     let mut parts: Vec<String> = Vec::new();
     let mut seq: Vec<String> = Vec::new();
-    for w in &words {
+    for w in words {
         let mut split = String::with_capacity(w.len() + 4);
         let mut lower_before = false;
         for c in w.chars() {
@@ -357,45 +366,38 @@ fn is_shell_tool(tool: &str) -> bool {
         parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
-    // A run word right before a shell's, an interpreter's or a runner's name, versioned
-    // or not, or one word apart (`run_sh`, `exec_node`, `run_python3`, `run_make`,
-    // `exec_in_pod`), counts too, and so does a run word ending a name right after one
-    // (`ssh_exec`, `node_run`, `pods_exec`; `make` there is a verb: `make_run`);
-    // beside it elsewhere it does not (`record_node_start`, `write_sh_run_notes`).
-    // (`ctr` beside a run word is more often a click-through rate: `run_ctr_report`.)
-    let runs = |p: &str| {
+    has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT)) || run_word_names_runner(&seq)
+}
+
+/// Whether a run word stands where it runs a shell, an interpreter or a runner, in the
+/// parts `seq` of a name: right before its name, versioned or not, or one word apart
+/// (`run_sh`, `exec_node`, `run_python3`, `run_make`, `exec_in_pod`, `run_on_host`), or
+/// ending the name right after it (`ssh_exec`, `node_run`, `pods_exec`, `ruby_eval`);
+/// beside it elsewhere it does not (`record_node_start`, `write_sh_run_notes`).
+fn run_word_names_runner(seq: &[String]) -> bool {
+    let run = |p: &String| RUN_PARTS.contains(&p.as_str());
+    // An interpreter's or a runner's name (`ctr` beside a run word is more often a
+    // click-through rate: `run_ctr_report`).
+    let interprets = |p: &str| {
         let p = unversioned(p);
-        [&SHELL_TOOLS[..], &RUNNERS_ALONE, &RUN_NEXT]
-            .iter()
-            .any(|set| set.contains(&p))
+        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p))
             && !RUN_PARTS.contains(&p)
             && p != "ctr"
     };
-    let run = |p: &String| RUN_PARTS.contains(&p.as_str());
+    let runs = |p: &str| interprets(p) || RUN_NEXT.contains(&unversioned(p));
     let runs_where = |p: &str| runs(p) || RUN_WHERE.contains(&p);
-    let runs_next = seq.windows(2).any(|w| run(&w[0]) && runs(&w[1]))
+    seq.windows(2).any(|w| run(&w[0]) && runs(&w[1]))
         || seq
             .windows(3)
-            .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs_where(&w[2]));
-    // An interpreter's or a runner's name, not one of what a run word runs otherwise.
-    let interprets = |p: &str| {
-        let p = unversioned(p);
-        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p)) && p != "ctr"
-    };
-    let runs_before = match seq.as_slice() {
-        [.., before, last] => match last.as_str() {
-            l if RUN_LAST.contains(&l) => runs_where(before),
-            "eval" | "interact" => interprets(before),
+            .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs_where(&w[2]))
+        || match seq {
+            [.., before, last] => match last.as_str() {
+                l if RUN_LAST.contains(&l) => runs_where(before),
+                "eval" | "interact" => interprets(before),
+                _ => false,
+            },
             _ => false,
-        },
-        _ => false,
-    };
-    named
-        || runs_alone
-        || has(&SHELL_PARTS)
-        || (has(&RUN_PARTS) && has(&RUN_WHAT))
-        || runs_next
-        || runs_before
+        }
 }
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
