@@ -215,6 +215,10 @@ impl ValidPlan {
 /// The most characters an id may have.
 pub const MAX_ID_LEN: usize = 64;
 
+/// The longest name an action's `tool` may have: governance reads every word of it,
+/// and no tool is named in more.
+pub const MAX_TOOL_BYTES: usize = 1024;
+
 /// What [`is_valid_id`] takes, as a regular expression (for schemas).
 pub const ID_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
 
@@ -902,6 +906,20 @@ fn check_action_counts(actions: &[Action]) -> Verdict {
             format!(
                 "the plan has {} actions; at most {MAX_ACTIONS_PER_PLAN} are allowed",
                 actions.len()
+            ),
+        ));
+    }
+    if let Some((i, tool)) = actions
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| Some((i, a.tool.as_deref()?)).filter(|(_, t)| t.len() > MAX_TOOL_BYTES))
+    {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the tool of action {} is named in {} bytes; a tool's name is at most {MAX_TOOL_BYTES} bytes",
+                i + 1,
+                tool.len()
             ),
         ));
     }

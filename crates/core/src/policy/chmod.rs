@@ -160,7 +160,29 @@ const PATTERNS: [Pattern; 17] = [
     Pattern {
         name: "setuid / setgid bits or file capabilities (setuid, u+s, setcap)",
         matches: |_, w| {
-            w.iter().any(|x| {
+            let bit = |x: &str| matches!(x, "bit" | "bits" | "root" | "flag" | "binary");
+            // `suid` alone is a request (`mark it SUID`); before these, a thing's name
+            // (`the suid column`, `SUID binaries` to list).
+            let named = |x: &str| {
+                matches!(
+                    x,
+                    "value"
+                        | "values"
+                        | "column"
+                        | "columns"
+                        | "field"
+                        | "fields"
+                        | "id"
+                        | "ids"
+                        | "binaries"
+                        | "files"
+                        | "programs"
+                        | "list"
+                        | "audit"
+                        | "report"
+                )
+            };
+            w.iter().enumerate().any(|(i, x)| {
                 [
                     "setuid",
                     "setgid",
@@ -172,11 +194,16 @@ const PATTERNS: [Pattern; 17] = [
                     "s_isgid",
                     "set-user-id",
                     "set-group-id",
-                    "suid",
-                    "sgid",
+                    "suid-root",
+                    "sgid-bit",
+                    "suid-bit",
                 ]
                 .contains(x)
-            })
+                    || (matches!(*x, "suid" | "sgid") && !w.get(i + 1).is_some_and(|n| named(n)))
+                    || (matches!(*x, "set-uid" | "set-gid") && w.get(i + 1).is_some_and(|n| bit(n)))
+            }) || w
+                .windows(3)
+                .any(|p| p[0] == "set" && matches!(p[1], "uid" | "gid") && bit(p[2]))
         },
     },
     Pattern {

@@ -103,13 +103,14 @@ const SHELL_TOOLS: [&str; 72] = [
 /// case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
 /// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
 /// container runners run what their files or images say.
-const RUNNERS_ALONE: [&str; 19] = [
+const RUNNERS_ALONE: [&str; 20] = [
     "bun",
     "julia",
     "npm",
     "yarn",
     "pnpm",
     "cargo",
+    "poetry",
     "uv",
     "pipenv",
     "make",
@@ -139,11 +140,31 @@ const RUN_BEFORE: [&str; 25] = [
 /// and after `&` in a line that begins in lower case, not a title's `Read & Write`),
 /// past assignments (`FOO=1 make`), and the first after what [`RUN_BEFORE`] names in
 /// lower case, past its options and numbers (`nice -n 5 make`), the word after an
-/// option being taken too, as it may be the option's value (`env -u HOME make`). A word
-/// is read up to its first character no program's name holds (`make:deploy`, `npm@10`).
+/// option being taken too, as it may be the option's value (`env -u HOME make`), and a
+/// quoted value being one word. A word is read up to its first character no program's
+/// name holds (`make:deploy`, `npm@10`).
 fn programs(line: &str) -> Vec<String> {
     let name_char = |c: char| c.is_alphanumeric() || "_-./\\".contains(c);
     let titled = line.trim_start().starts_with(|c: char| c.is_uppercase());
+    // A quoted value is one word (`env FOO="a b" make`).
+    let mut quote = None;
+    let line: String = line
+        .chars()
+        .map(|c| match quote {
+            Some(q) if c == q => {
+                quote = None;
+                c
+            }
+            Some(_) if c.is_whitespace() => '_',
+            Some(_) => c,
+            None => {
+                if matches!(c, '"' | '\'') {
+                    quote = Some(c);
+                }
+                c
+            }
+        })
+        .collect();
     let mut line = line.replace("&&", ";").replace("$(", ";");
     if !titled {
         line = line.replace('&', ";");
@@ -164,10 +185,13 @@ fn programs(line: &str) -> Vec<String> {
             }
             let name = &w[..w.find(|c: char| !name_char(c)).unwrap_or(w.len())];
             found.push(name.to_owned());
-            if w.starts_with(|c: char| !c.is_uppercase())
-                && RUN_BEFORE.contains(&base_name(name).as_str())
-            {
-                (runner, option) = (true, false);
+            let base = base_name(name);
+            if w.starts_with(|c: char| !c.is_uppercase()) && RUN_BEFORE.contains(&base.as_str()) {
+                // These take a value before the command (`taskset 0x3 make`).
+                (runner, option) = (
+                    true,
+                    ["timeout", "taskset", "chrt"].contains(&base.as_str()),
+                );
             } else if runner && option {
                 option = false;
             } else {
@@ -272,15 +296,13 @@ const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
 const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
 
 /// Whole names of runners that the rules above do not catch.
-const RUNNERS: [&str; 8] = [
+const RUNNERS: [&str; 6] = [
+    "invoke_expression",
     "os.system",
     "child_process.exec",
     "child_process.execsync",
     "code_interpreter",
     "execute_python",
-    "invoke_command",
-    "invoke_shell",
-    "invoke_script",
 ];
 
 /// What a script is called by: a tool that is a script runs commands.
@@ -371,18 +393,19 @@ fn parts_name_runner(words: &[&str]) -> bool {
 
 /// Whether a run word stands where it runs a shell, an interpreter or a runner, in the
 /// parts `seq` of a name: right before its name, versioned or not, or one word apart
-/// (`run_sh`, `exec_node`, `run_python3`, `run_make`, `exec_in_pod`, `run_on_host`), or
-/// ending the name right after it (`ssh_exec`, `node_run`, `pods_exec`, `ruby_eval`);
-/// beside it elsewhere it does not (`record_node_start`, `write_sh_run_notes`).
+/// (`run_sh`, `exec_node`, `run_python3`, `run_make`, `exec_in_pod`, `run_on_host`);
+/// ending the name right after it (`ssh_exec`, `node_run`, `pods_exec`, `ruby_eval`,
+/// `ts_eval`), or `exec` after any word but a preposition (`lxc_exec`, not
+/// `email_to_exec`); or ending the name with what it runs, or where (`run_remote`,
+/// `invoke_cmd`). Beside it elsewhere it does not (`record_node_start`,
+/// `write_sh_run_notes`, `run_host_inventory_report`, `invoke_code_review`).
 fn run_word_names_runner(seq: &[String]) -> bool {
-    let run = |p: &String| RUN_PARTS.contains(&p.as_str());
+    let run = |p: &str| RUN_PARTS.contains(&p);
     // An interpreter's or a runner's name (`ctr` beside a run word is more often a
     // click-through rate: `run_ctr_report`).
     let interprets = |p: &str| {
         let p = unversioned(p);
-        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p))
-            && !RUN_PARTS.contains(&p)
-            && p != "ctr"
+        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p)) && !run(p) && p != "ctr"
     };
     let runs = |p: &str| interprets(p) || RUN_NEXT.contains(&unversioned(p));
     let runs_where = |p: &str| runs(p) || RUN_WHERE.contains(&p);
@@ -391,14 +414,25 @@ fn run_word_names_runner(seq: &[String]) -> bool {
             .windows(3)
             .any(|w| run(&w[0]) && RUN_IN.contains(&w[1].as_str()) && runs_where(&w[2]))
         || match seq {
-            [.., before, last] => match last.as_str() {
-                l if RUN_LAST.contains(&l) => runs_where(before),
-                "eval" | "interact" => interprets(before),
+            [.., before, last] => match (before.as_str(), last.as_str()) {
+                (b, "exec") => {
+                    !["to", "for", "the", "an", "each", "my", "our", "your"].contains(&b)
+                }
+                (b, l) if RUN_LAST.contains(&l) => runs_where(b),
+                (b, "eval" | "interact") => interprets(b) || EVAL_LANGUAGES.contains(&b),
+                // (`start_compose` may write mail.)
+                (b, what) if run(b) || b == "invoke" => {
+                    RUN_WHAT.contains(&what) || (runs_where(what) && what != "compose")
+                }
                 _ => false,
             },
             _ => false,
         }
 }
+
+/// Languages whose code a name's closing `eval` runs (`ts_eval`, `go_eval`), beside the
+/// interpreters.
+const EVAL_LANGUAGES: [&str; 7] = ["ts", "js", "go", "java", "dotnet", "wasm", "vm"];
 
 /// Classifies an intent (and the tool asked to carry it out, if any). Unknown intents are
 /// forbidden: secure by default.

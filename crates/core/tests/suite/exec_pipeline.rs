@@ -787,6 +787,11 @@ fn unknown_fields_are_invalid_plan() {
     assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
     let err = sb.run_plan_json(b"not json").unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    // A tool's name past 1 KiB (governance reads every word of it).
+    let long = json!({"actions": [{"intent": "create_file", "path": "a.txt", "content": "x", "tool": "w ".repeat(600)}]});
+    let err = sb.run_plan_json(long.to_string().as_bytes()).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
+    assert!(err.reason.contains("at most 1024 bytes"), "{}", err.reason);
     let err = sb.run_plan_json(br#"{"actions": []}"#).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
     assert!(w.tree().is_empty());
@@ -806,9 +811,34 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
         .unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::InvalidPlan);
     assert!(lines(&sb).is_empty(), "{:?}", lines(&sb));
+    let bom = [
+        &b"\xEF\xBB\xBF"[..],
+        br#"{"workflow_id": "wf_probe", "actions": [{"intent": "delete_file", "path": "x"}]}"#,
+    ]
+    .concat();
+    let not_utf8 = [
+        &br#"{"workflow_id": "wf_probe", "x": ""#[..],
+        b"\xFF",
+        br#"", "actions": [{"intent": "delete_file", "path": "x"}]}"#,
+    ]
+    .concat();
     for (plan, code) in [
         (
             r#"{"workflow_id": "wf_probe", "actions": [{"intent": "delete_file", "path": "x"}, {"intent": "create_file", "path": "b", "content": "b", "bogus": 1}]}"#,
+            "forbidden_intent",
+        ),
+        (std::str::from_utf8(&bom).unwrap(), "forbidden_intent"),
+        (&String::from_utf8_lossy(&not_utf8), "forbidden_intent"),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "c", "content": "c", "tool": "bash", "tool": null}]}"#,
+            "forbidden_intent",
+        ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "c", "content": "c", "description": "chmod u+s c", "description": 7}]}"#,
+            "chmod_forbidden",
+        ),
+        (
+            r#"{"workflow_id": "wf_probe", "actions": [{"intent": "delete_file", "intent": "create_file", "path": "c", "content": "c"}]}"#,
             "forbidden_intent",
         ),
         (
@@ -829,7 +859,12 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
         ),
     ] {
         let before = lines(&sb).len();
-        let err = sb.run_plan_json(plan.as_bytes()).unwrap_err();
+        let bytes = if plan.contains('\u{fffd}') {
+            not_utf8.clone()
+        } else {
+            plan.as_bytes().to_vec()
+        };
+        let err = sb.run_plan_json(&bytes).unwrap_err();
         assert!(
             matches!(
                 err.reason_code,
@@ -857,6 +892,21 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
     let line = new.iter().max_by_key(|e| e.seq).unwrap();
     assert_eq!(line.mutation_type, "delete_file");
     assert_ne!(line.workflow_id, "wf_probe");
+    // Lists given under the key again are judged in turn, a thousand elements in all;
+    // a workflow id given twice is no plan's own.
+    let mut padded: Vec<serde_json::Value> = vec![json!({}); 999];
+    padded.push(json!({"intent": "delete_file", "path": "y"}));
+    let list = serde_json::to_string(&padded).unwrap();
+    let text = format!(
+        r#"{{"workflow_id": "wf_probe", "workflow_id": "wf_other", "actions": {list}, "actions": [{{"intent": "delete_file", "path": "w"}}]}}"#
+    );
+    let before = lines(&sb).len();
+    assert!(sb.run_plan_json(text.as_bytes()).is_err());
+    let new = lines(&sb);
+    assert_eq!(new.len(), before + 1, "{new:?}");
+    let line = new.iter().max_by_key(|e| e.seq).unwrap();
+    assert!(line.target_path.ends_with('y'), "{line:?}");
+    assert!(!["wf_probe", "wf_other"].contains(&line.workflow_id.as_str()));
     assert!(w.tree().is_empty());
 }
 
