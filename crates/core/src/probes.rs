@@ -14,8 +14,8 @@ use std::fmt;
 /// The plan of the probes in the text `json` of a plan refused unread (its workflow
 /// the one it names once, if valid), or `None` when it holds none or is not JSON the
 /// reader can go through. Looked for among the first [`MAX_ACTIONS_PER_PLAN`] elements
-/// of its actions (of every list given under that key, in turn), as many as a plan
-/// holds: a readable plan of as many forbidden actions leaves as many lines, and judging
+/// of its actions (of the latest list given under that key, then of the first), as many
+/// as a plan holds: a readable plan of as many forbidden actions leaves as many lines, and judging
 /// more would cost time by the text's size. A byte order mark is passed over, and bytes
 /// that are not UTF-8 read as a replacement character.
 pub(crate) fn of_unread_plan(json: &[u8]) -> Option<Plan> {
@@ -36,50 +36,75 @@ pub(crate) fn of_unread_plan(json: &[u8]) -> Option<Plan> {
     })
 }
 
-/// Values of one key of an action judged at most: a key given more often than this is
-/// judged by its first ones.
-const MAX_VALUES_JUDGED: usize = 8;
-
-/// The action that asks for what is never allowed among those an action given each of
-/// its keys' values would be (a key may be given twice: any of its values may be the
-/// one a reader keeps), if any.
+/// The action that asks for what is never allowed, if any, among those an action
+/// would be given the first or the last value of each of its keys (a key given twice:
+/// readers keep one or the other): a forbidden intent, a shell or interpreter as the
+/// tool of a write, or a permission change in the description. Each value is judged
+/// once, as a readable plan's would be, and a tool's name past what a plan takes by its
+/// first and last words within that length.
 fn probe_of(fields: &Fields) -> Option<Action> {
-    let tools: Vec<Option<&String>> = std::iter::once(None)
-        .chain(
-            fields
-                .tool
-                .iter()
-                .filter(|t| t.len() <= crate::plan::MAX_TOOL_BYTES)
-                .map(Some),
-        )
-        .collect();
-    let intents: Vec<&str> = match fields.intent.as_slice() {
-        [] => vec![""],
-        given => given.iter().map(String::as_str).collect(),
-    };
-    let action = |intent: &str, tool: Option<&String>, description: Option<&String>| Action {
+    let action = |intent: &str, tool: Option<String>, description: Option<&String>| Action {
         intent: intent.to_owned(),
         path: fields.path.last().cloned().unwrap_or_default(),
-        tool: tool.cloned(),
+        tool,
         description: description.cloned(),
         ..Action::default()
     };
+    let forbidden = |intent: &str, tool: Option<&str>| {
+        matches!(
+            crate::policy::intent_refusal(intent, tool).reason_code,
+            ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
+        )
+    };
+    let first_intent = fields.intent.first().map_or("", String::as_str);
     if let Some(d) = fields
         .description
         .iter()
         .find(|d| crate::policy::detect_chmod_intent(d).is_some())
     {
-        return Some(action(intents[0], None, Some(d)));
+        return Some(action(first_intent, None, Some(d)));
     }
-    intents.iter().find_map(|&intent| {
-        tools.iter().find_map(|&tool| {
-            matches!(
-                crate::policy::intent_refusal(intent, tool.map(String::as_str)).reason_code,
-                ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
-            )
-            .then(|| action(intent, tool, None))
-        })
-    })
+    if let Some(intent) = fields.intent.iter().find(|i| forbidden(i, None)) {
+        return Some(action(intent, None, None));
+    }
+    // A tool is judged with a write's intent (another intent is refused for itself).
+    let write = fields
+        .intent
+        .iter()
+        .find(|i| crate::catalog::is_sandbox_write_intent(i))?;
+    fields
+        .tool
+        .iter()
+        .flat_map(|t| within_tool_limit(t))
+        .find(|t| forbidden(write, Some(t)))
+        .map(|t| action(write, Some(t), None))
+}
+
+/// A tool's name as a plan takes it: whole within [`crate::plan::MAX_TOOL_BYTES`], else
+/// its first and its last whole words within that length.
+fn within_tool_limit(tool: &str) -> Vec<String> {
+    let max = crate::plan::MAX_TOOL_BYTES;
+    if tool.len() <= max {
+        return vec![tool.to_owned()];
+    }
+    let mut head = max;
+    while !tool.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = tool.len() - max;
+    while !tool.is_char_boundary(tail) {
+        tail += 1;
+    }
+    let head = &tool[..head];
+    let tail = &tool[tail..];
+    // Whole words: a cut one could read as another name (`…xbash`).
+    let head = head.rsplit_once(char::is_whitespace).map_or("", |(h, _)| h);
+    let tail = tail.split_once(char::is_whitespace).map_or("", |(_, t)| t);
+    [head, tail]
+        .into_iter()
+        .filter(|t| !t.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `raw` when it is a string.
@@ -110,24 +135,26 @@ impl<'de> Visitor<'de> for LooseVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Loose, A::Error> {
         let mut loose = Loose::default();
-        let mut judged = 0;
+        // The first list given and the latest (a reader keeps one or the other).
+        let mut lists: Vec<&'de RawValue> = Vec::new();
         while let Some(key) = map.next_key::<String>()? {
             let raw: &RawValue = map.next_value()?;
             match key.as_str() {
                 "workflow_id" => loose.workflow_ids.push(text(raw)),
-                "actions" if raw.get().starts_with('[') && judged < MAX_ACTIONS_PER_PLAN => {
-                    let mut de = serde_json::Deserializer::from_str(raw.get());
-                    if let Ok(found) = de::DeserializeSeed::deserialize(
-                        List {
-                            room: MAX_ACTIONS_PER_PLAN - judged,
-                        },
-                        &mut de,
-                    ) {
-                        judged += found.judged;
-                        loose.probes.extend(found.probes);
-                    }
+                "actions" if raw.get().starts_with('[') => {
+                    lists.truncate(1);
+                    lists.push(raw);
                 }
                 _ => {}
+            }
+        }
+        // The latest first, a thousand elements judged in all.
+        let mut room = MAX_ACTIONS_PER_PLAN;
+        for raw in lists.into_iter().rev() {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            if let Ok(found) = de::DeserializeSeed::deserialize(List { room }, &mut de) {
+                room -= found.judged;
+                loose.probes.extend(found.probes);
             }
         }
         Ok(loose)
@@ -181,8 +208,8 @@ impl<'de> Visitor<'de> for List {
     }
 }
 
-/// The string values an action gives for the keys a probe is judged by, each key's
-/// first [`MAX_VALUES_JUDGED`].
+/// The string values an action gives for the keys a probe is judged by: each key's
+/// first and last (a reader keeps one or the other of a key given twice).
 #[derive(Default)]
 struct Fields {
     intent: Vec<String>,
@@ -217,9 +244,9 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                     continue;
                 }
             };
-            if let Some(v) = text(map.next_value()?)
-                && values.len() < MAX_VALUES_JUDGED
-            {
+            if let Some(v) = text(map.next_value()?) {
+                // The first and the latest: at most two kept.
+                values.truncate(1);
                 values.push(v);
             }
         }

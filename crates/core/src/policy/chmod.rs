@@ -172,11 +172,7 @@ const PATTERNS: [Pattern; 17] = [
                         | "columns"
                         | "field"
                         | "fields"
-                        | "id"
-                        | "ids"
                         | "binaries"
-                        | "files"
-                        | "programs"
                         | "list"
                         | "audit"
                         | "report"
@@ -197,10 +193,13 @@ const PATTERNS: [Pattern; 17] = [
                     "suid-root",
                     "sgid-bit",
                     "suid-bit",
+                    "setuid-root",
+                    "setgid-root",
+                    "set-uid",
+                    "set-gid",
                 ]
                 .contains(x)
                     || (matches!(*x, "suid" | "sgid") && !w.get(i + 1).is_some_and(|n| named(n)))
-                    || (matches!(*x, "set-uid" | "set-gid") && w.get(i + 1).is_some_and(|n| bit(n)))
             }) || w
                 .windows(3)
                 .any(|p| p[0] == "set" && matches!(p[1], "uid" | "gid") && bit(p[2]))

@@ -291,8 +291,8 @@ const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
 
 /// Run words that, last in a name, say the word before them is run (`node_run`,
 /// `ssh_exec`, `pods_exec`), where `start` does not (`record_node_start`); `eval` and
-/// `interact` only after an interpreter's or a runner's name (`ruby_eval`, not
-/// `go_eval`).
+/// `interact` only after an interpreter's or a runner's name or a language
+/// ([`EVAL_LANGUAGES`]: `ruby_eval`, `go_eval`, not `program_eval`).
 const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
 
 /// Whole names of runners that the rules above do not catch.

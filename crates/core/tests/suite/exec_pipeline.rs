@@ -842,6 +842,20 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
             "forbidden_intent",
         ),
         (
+            &format!(
+                r#"{{"workflow_id": "wf_probe", "actions": [{{"path": "c", {} "intent": "delete_file"}}]}}"#,
+                r#""intent": "create_file","#.repeat(9)
+            ),
+            "forbidden_intent",
+        ),
+        (
+            &format!(
+                r#"{{"workflow_id": "wf_probe", "actions": [{{"intent": "create_file", "path": "c", "content": "c", "tool": "{}bash"}}]}}"#,
+                "notes ".repeat(400)
+            ),
+            "forbidden_intent",
+        ),
+        (
             r#"{"workflow_id": "wf_probe", "actions": [{"intent": "create_file", "path": "c", "content": "c", "tool": "bash"}, {"action_id": "../x", "intent": "create_file", "path": "d", "content": "d"}]}"#,
             "forbidden_intent",
         ),
@@ -892,13 +906,12 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
     let line = new.iter().max_by_key(|e| e.seq).unwrap();
     assert_eq!(line.mutation_type, "delete_file");
     assert_ne!(line.workflow_id, "wf_probe");
-    // Lists given under the key again are judged in turn, a thousand elements in all;
-    // a workflow id given twice is no plan's own.
-    let mut padded: Vec<serde_json::Value> = vec![json!({}); 999];
-    padded.push(json!({"intent": "delete_file", "path": "y"}));
+    // The latest list given under the key is judged first, then the first, a thousand
+    // elements in all; a workflow id given twice is no plan's own.
+    let padded: Vec<serde_json::Value> = vec![json!({"intent": "create_file"}); 1000];
     let list = serde_json::to_string(&padded).unwrap();
     let text = format!(
-        r#"{{"workflow_id": "wf_probe", "workflow_id": "wf_other", "actions": {list}, "actions": [{{"intent": "delete_file", "path": "w"}}]}}"#
+        r#"{{"workflow_id": "wf_probe", "workflow_id": "wf_other", "actions": {list}, "actions": [{{"intent": "delete_file", "path": "y"}}]}}"#
     );
     let before = lines(&sb).len();
     assert!(sb.run_plan_json(text.as_bytes()).is_err());
