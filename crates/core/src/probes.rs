@@ -14,7 +14,7 @@ use std::fmt;
 /// The plan of the probes in the text `json` of a plan refused unread (its workflow
 /// the one it names once, if valid), or `None` when it holds none or is not JSON the
 /// reader can go through. Looked for among the first [`MAX_ACTIONS_PER_PLAN`] elements
-/// of its actions (of the latest list given under that key, then of the first), as many
+/// of its actions (of the latest list given under that key, and of the first), as many
 /// as a plan holds: a readable plan of as many forbidden actions leaves as many lines, and judging
 /// more would cost time by the text's size. A byte order mark is passed over, and bytes
 /// that are not UTF-8 read as a replacement character.
@@ -148,13 +148,13 @@ impl<'de> Visitor<'de> for LooseVisitor {
                 _ => {}
             }
         }
-        // The latest first, a thousand elements judged in all.
-        let mut room = MAX_ACTIONS_PER_PLAN;
+        // The latest first, a thousand elements of each judged; a thousand probes kept.
         for raw in lists.into_iter().rev() {
             let mut de = serde_json::Deserializer::from_str(raw.get());
+            let room = MAX_ACTIONS_PER_PLAN;
             if let Ok(found) = de::DeserializeSeed::deserialize(List { room }, &mut de) {
-                room -= found.judged;
-                loose.probes.extend(found.probes);
+                let keep = MAX_ACTIONS_PER_PLAN - loose.probes.len();
+                loose.probes.extend(found.probes.into_iter().take(keep));
             }
         }
         Ok(loose)

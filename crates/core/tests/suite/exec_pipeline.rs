@@ -920,6 +920,20 @@ fn a_plan_refused_unread_still_audits_its_forbidden_actions() {
     let line = new.iter().max_by_key(|e| e.seq).unwrap();
     assert!(line.target_path.ends_with('y'), "{line:?}");
     assert!(!["wf_probe", "wf_other"].contains(&line.workflow_id.as_str()));
+    // And the first list, judged as well when the latest is full.
+    let text =
+        format!(r#"{{"actions": [{{"intent": "delete_file", "path": "v"}}], "actions": {list}}}"#);
+    let before = lines(&sb).len();
+    assert!(sb.run_plan_json(text.as_bytes()).is_err());
+    let new = lines(&sb);
+    assert_eq!(new.len(), before + 1, "{new:?}");
+    assert!(
+        new.iter()
+            .max_by_key(|e| e.seq)
+            .unwrap()
+            .target_path
+            .ends_with('v')
+    );
     assert!(w.tree().is_empty());
 }
 
