@@ -254,18 +254,29 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 probed.unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
             return unknown_tool(name, recorded, &self.tools);
         };
-        let asks_chmod = arguments
-            .as_ref()
-            .and_then(|a| a.get("description"))
-            .and_then(serde_json::Value::as_str)
-            .is_some_and(|d| ailab_sandbox_core::policy::detect_chmod_intent(d).is_some());
-        let args = match spec.parse(arguments.clone().unwrap_or_default()) {
+        // A write asking readably for a permission change keeps what its probe's record
+        // names (the call's content is not copied for it).
+        let asks_chmod = matches!(spec.kind, ToolKind::Write(_))
+            && arguments
+                .as_ref()
+                .and_then(|a| a.get("description"))
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|d| ailab_sandbox_core::policy::detect_chmod_intent(d).is_some());
+        let probe_arguments: Option<JsonObject> = asks_chmod.then(|| {
+            arguments
+                .iter()
+                .flatten()
+                .filter(|(k, _)| matches!(k.as_str(), "workflow_id" | "path" | "description"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        });
+        let args = match spec.parse(arguments.unwrap_or_default()) {
             Ok(a) => a,
             // A permission change asked for readably is a probe, whatever else is wrong
             // with the call: on the trail, as the same action in a plan refused unread.
-            Err(_) if asks_chmod && matches!(spec.kind, ToolKind::Write(_)) => {
+            Err(_) if probe_arguments.is_some() => {
                 let recorded = self
-                    .audit_probe(name, arguments.as_ref())
+                    .audit_probe(name, probe_arguments.as_ref())
                     .await
                     .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
                 return refusal(&recorded, None, ". Nothing was written.");
