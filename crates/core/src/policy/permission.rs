@@ -383,8 +383,9 @@ fn parts_name_runner(words: &[&str]) -> bool {
                 .map(str::to_owned)
                 .collect()
         };
-        seq.extend(of(&split));
-        parts.extend(of(&split));
+        let split = of(&split);
+        parts.extend(split.iter().cloned());
+        seq.extend(split);
         parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
