@@ -272,7 +272,7 @@ impl StateDir {
 
     fn lock_file(&self, name: &str) -> io::Result<File> {
         self.open_file(
-            &format!("locks/{name}.lock"),
+            &lock_path(name),
             OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -292,7 +292,7 @@ impl StateDir {
     /// rollback of the workflow ever took its lock, which then guards nothing to settle.
     pub fn try_lock_workflow_if_used(&self, id: &str) -> io::Result<Option<FileLock>> {
         match self.open_file(
-            &format!("locks/wf-{id}.lock"),
+            &lock_path(&workflow_lock(id)),
             OpenOptions::new().read(true).write(true),
         ) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -303,12 +303,12 @@ impl StateDir {
     /// Takes workflow `id`'s lock ([`StateDir::lock`]): a run, rollback, recovery or
     /// prune of one workflow at a time, across threads and processes.
     pub fn lock_workflow(&self, id: &str) -> io::Result<FileLock> {
-        self.lock(&format!("wf-{id}"))
+        self.lock(&workflow_lock(id))
     }
 
     /// Like [`StateDir::lock_workflow`] but does not wait: `None` when another holder has it.
     pub fn try_lock_workflow(&self, id: &str) -> io::Result<Option<FileLock>> {
-        self.try_lock(&format!("wf-{id}"))
+        self.try_lock(&workflow_lock(id))
     }
 
     /// Writes `name`'s run record in place (see [`StateDir::write_block`]).
@@ -763,6 +763,16 @@ impl StateDir {
         }
         Ok(())
     }
+}
+
+/// Where the lock `name` lies in the state directory.
+fn lock_path(name: &str) -> String {
+    format!("locks/{name}.lock")
+}
+
+/// The name of workflow `id`'s lock.
+fn workflow_lock(id: &str) -> String {
+    format!("wf-{id}")
 }
 
 /// The lock of `file`, if no other holder has it now.
