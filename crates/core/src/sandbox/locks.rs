@@ -154,10 +154,9 @@ impl Sandbox {
     /// another process's) and in whichever case (on a filesystem that ignores it). Two
     /// processes reaching a file either way take a lock in common.
     fn stripes_of(&self, root: usize, rel: &RelPath) -> [usize; 2] {
-        use crate::confine::root::{LOCK_HASH_START, lock_hash};
-        let (dev, ino) = self.roots[root].id();
-        let by_root = lock_hash(LOCK_HASH_START, &format!("{dev}:{ino}"));
-        [by_root, self.roots[root].lock_seed()]
-            .map(|seed| (lock_hash(seed, &rel.as_string()) % TARGET_LOCK_STRIPES as u64) as usize)
+        let rel = rel.as_string();
+        self.roots[root].lock_seeds().map(|seed| {
+            (crate::confine::root::lock_hash(seed, &rel) % TARGET_LOCK_STRIPES as u64) as usize
+        })
     }
 }

@@ -116,8 +116,8 @@ pub struct SandboxRoot {
     /// Directories never reached through this root (see [`SandboxRoot::reserve`]).
     reserved: Vec<((u64, u64), String)>,
     /// Where the names of the target locks of its files begin (see
-    /// [`SandboxRoot::lock_seed`]).
-    lock_seed: u64,
+    /// [`SandboxRoot::lock_seeds`]).
+    lock_seeds: [u64; 2],
 }
 
 mod access;
@@ -218,16 +218,23 @@ impl SandboxRoot {
             id: (opened.dev(), opened.ino()),
             ancestry: checked.ancestry,
             reserved: Vec::new(),
-            lock_seed: lock_hash(LOCK_HASH_START, &checked.real.to_string_lossy()),
+            lock_seeds: [
+                lock_hash(
+                    LOCK_HASH_START,
+                    &format!("{}:{}", opened.dev(), opened.ino()),
+                ),
+                lock_hash(LOCK_HASH_START, &checked.real.to_string_lossy()),
+            ],
         })
     }
 
-    /// The start of the hash that names the target lock of a file of this root: its
-    /// real path (symbolic links resolved) hashed as [`lock_hash`] does, so that a file
-    /// reached through a root nested in another process's root, or in another case on a
-    /// filesystem that ignores case, takes the same lock there as here.
-    pub(crate) fn lock_seed(&self) -> u64 {
-        self.lock_seed
+    /// The starts of the two hashes that name the target locks of a file of this root
+    /// ([`lock_hash`]): its identity, the same through every path to it (a bind mount,
+    /// a folder above it renamed), and its real path (symbolic links resolved), so that
+    /// a file reached through a root nested in another process's root, or in another
+    /// case on a filesystem that ignores case, takes the same lock there as here.
+    pub(crate) fn lock_seeds(&self) -> [u64; 2] {
+        self.lock_seeds
     }
 
     /// Whether `configured` (a root path as some earlier run configured it) names this
