@@ -1025,9 +1025,10 @@ impl Sandbox {
     }
 
     /// For a workflow (or action) with no snapshot, nothing pruned and no write in
-    /// another workflow: what the trail says of it, as words to add to the refusal: it
-    /// ran only simulated (dry-run was on), or nothing of it is recorded at all (an id
-    /// mistyped, or a workflow of another state directory).
+    /// another workflow: what the trail says of it, as words to add to the refusal:
+    /// nothing at all (an id mistyped, or a workflow of another state directory), only
+    /// simulated runs (writing off or dry-run on), or actions refused or failed; nothing
+    /// when it records a write (its snapshots went otherwise).
     fn never_written(&self, workflow_id: &str, action_id: Option<&str>, what: &str) -> String {
         let Ok(lines) = self.audit.by_workflow(workflow_id) else {
             return String::new();

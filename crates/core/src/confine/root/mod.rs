@@ -1075,12 +1075,12 @@ pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::*;
 
     /// A file's lock is named alike through a root and a root inside it, and in another
     /// case or normalization of its name.
     #[test]
     fn a_files_lock_is_named_by_its_real_path_folded() {
-        use super::{LOCK_HASH_START, lock_hash};
         let through = |root: &str, rel: &str| lock_hash(lock_hash(LOCK_HASH_START, root), rel);
         let name = through("/srv/sandbox", "sub/notes/caf\u{e9}.md");
         assert_eq!(name, through("/srv/sandbox/sub", "notes/caf\u{e9}.md"));
@@ -1090,8 +1090,6 @@ mod tests {
         assert_ne!(name, through("/srv/sandbox", "sub/notes/cafe.md"));
         assert_ne!(name, through("/srv/sandbox", "subnotes/caf\u{e9}.md"));
     }
-
-    use super::*;
 
     fn root() -> (tempfile::TempDir, SandboxRoot) {
         let tmp = tempfile::tempdir().unwrap();
