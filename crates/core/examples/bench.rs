@@ -64,7 +64,7 @@ fn row(name: String, samples: &[Duration], floor: Option<&[Duration]>) -> Row {
     }
 }
 
-const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|audit|concurrent|readers|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
+const USAGE: &str = "usage: bench [--json] [--quick] [--only registry|rollback|audit|concurrent|readers|governed-strict|governed-batched|governed-relaxed|bare-durable|bare-fast] [--n N] [--size BYTES]
 Temporary directories are made under $TMPDIR (default /tmp).";
 
 fn sandbox(dir: &std::path::Path, durability: Durability) -> Sandbox {
@@ -239,9 +239,42 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn rollback_100(durability: Durability) -> Duration {
+/// A rollback of 100 actions, after a trail of `earlier` lines recording changes, weeks
+/// before, to files of the same names in another folder of the root (a long-lived
+/// sandbox where every workflow writes `notes.md`): the conflict check looks at the
+/// trail's changes to each target's name since its snapshot.
+fn rollback_100(durability: Durability, earlier: usize) -> Duration {
     let tmp = keep(tempfile::tempdir().unwrap());
     let sb = sandbox(&tmp, durability);
+    if earlier > 0 {
+        let state = StateDir::open(&tmp.join("state")).unwrap();
+        let log = AuditLog::open(&state, false, 1_000_000).unwrap();
+        let root = tmp.join("root");
+        for chunk in (0..earlier).collect::<Vec<_>>().chunks(10_000) {
+            log.append(
+                chunk
+                    .iter()
+                    .map(|&i| AuditRecord {
+                        timestamp: "2026-01-01T00:00:00.000000Z".into(),
+                        execution_id: format!("ex_old_{}", i / 100),
+                        workflow_id: format!("wf_old_{}", i / 100),
+                        action_id: format!("a{i}"),
+                        mutation_class: Some(MutationClass::Create),
+                        mutation_type: "create_file".into(),
+                        target_path: format!("{}/old/d{}/f{}.txt", root.display(), i % 10, i % 100),
+                        before_checksum: None,
+                        after_checksum: Some(format!("{i:064x}")),
+                        rollback_available: false,
+                        rollback_path: None,
+                        status: AuditStatus::Success,
+                        reason_code: None,
+                        error: None,
+                    })
+                    .collect(),
+            )
+            .unwrap();
+        }
+    }
     for i in 0..100 {
         let plan: Plan = serde_json::from_value(json!({"workflow_id": "wf_rb", "actions": [
             {"intent": "create_file", "path": format!("d{}/f{i}.txt", i % 10), "content": "y".repeat(1024)}]}))
@@ -483,8 +516,9 @@ fn run() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
-    const CASES: [&str; 9] = [
+    const CASES: [&str; 10] = [
         "registry",
+        "rollback",
         "audit",
         "concurrent",
         "readers",
@@ -530,6 +564,18 @@ fn run() {
         println!(
             "{}",
             serde_json::to_string(&audit_open(std::path::Path::new(dir))).unwrap()
+        );
+        return;
+    }
+    if only.as_deref() == Some("rollback") {
+        // A rollback alone, and after `--n` older lines naming its files' names.
+        let earlier = flag("--n", 100_000);
+        let plain = rollback_100(Durability::Relaxed, 0);
+        let long = rollback_100(Durability::Relaxed, earlier);
+        println!(
+            "rollback of 100 actions (relaxed) {:.1} ms, after {earlier} older lines naming its file names {:.1} ms",
+            plain.as_secs_f64() * 1e3,
+            long.as_secs_f64() * 1e3
         );
         return;
     }
@@ -660,10 +706,16 @@ fn run() {
     ] {
         rows.push(row(
             format!("rollback of a 100-action workflow ({label}), total"),
-            &[rollback_100(d)],
+            &[rollback_100(d, 0)],
             None,
         ));
     }
+    let earlier = if quick { 2_000 } else { 100_000 };
+    rows.push(row(
+        format!("same (relaxed), after {earlier} older lines naming its file names"),
+        &[rollback_100(Durability::Relaxed, earlier)],
+        None,
+    ));
     let (sha_hex, sha_raw) = sha_throughput();
     let entries = if quick { 20_000 } else { 1_000_000 };
     let (load, mem, lin, cnt, count) = registry(entries, 1000);

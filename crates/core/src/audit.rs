@@ -246,6 +246,10 @@ struct Slot {
     /// A keyed hash of the line's bytes ([`Index::keys`]): a line read back is the line
     /// indexed, byte for byte.
     print: u64,
+    /// Its timestamp's [`time_key`]: lines that cannot be later than a time are passed
+    /// over without reading them back (a trail may name one file name many thousand
+    /// times). Free: the slot's padding held it.
+    when: u32,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -267,6 +271,55 @@ fn name_of(keys: &RandomState, status: AuditStatus, target_path: &str) -> u32 {
 
 fn name_hash(keys: &RandomState, name: &[u8]) -> u32 {
     (keys.hash_one(name) as u32).min(NOT_A_CHANGE - 1)
+}
+
+/// [`time_key`] of a timestamp it cannot place: such a line is always read.
+const ANY_TIME: u32 = u32::MAX;
+
+/// A number that orders as the text of a timestamp does, to the second, for those
+/// [`crate::clock::timestamp`] writes in the years 2000–2099
+/// (`2026-12-04T06:45:44.123456Z`): of two such texts, the greater never has the smaller
+/// key. Each field is a digit of its own base, so the key needs no calendar and no
+/// field's value is trusted beyond its width. [`ANY_TIME`] for any other text.
+fn time_key(ts: &str) -> u32 {
+    let b = ts.as_bytes();
+    let shape = b.len() == 27
+        && b.iter().enumerate().all(|(i, &c)| match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'.',
+            26 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        });
+    if !shape {
+        return ANY_TIME;
+    }
+    let num = |from: usize, to: usize| {
+        b[from..to]
+            .iter()
+            .fold(0u64, |n, &c| n * 10 + u64::from(c - b'0'))
+    };
+    // (value, base): 100 years × 13 months × 32 days × 24 h × 60 min × 62 s fits 32 bits.
+    let fields = [
+        (num(0, 4).wrapping_sub(2000), 100),
+        (num(5, 7), 13),
+        (num(8, 10), 32),
+        (num(11, 13), 24),
+        (num(14, 16), 60),
+        (num(17, 19), 62),
+    ];
+    let mut key = 0u64;
+    for (value, base) in fields {
+        if value >= base {
+            return ANY_TIME;
+        }
+        key = key * base + value;
+    }
+    u32::try_from(key)
+        .ok()
+        .filter(|&k| k != ANY_TIME)
+        .unwrap_or(ANY_TIME)
 }
 
 /// The fields of a line the index keeps facts from, borrowed from the line; the others
@@ -613,6 +666,7 @@ impl Index {
             name,
             seq: e.seq,
             print,
+            when: time_key(&e.timestamp),
         });
         self.link(here);
     }
@@ -635,10 +689,20 @@ impl Index {
     }
 
     /// The slots of changes to files named `name` (and any whose names share its
-    /// hash), in file order, linking every slot by name the first time.
-    fn changes_to(&mut self, name: &str) -> Vec<Slot> {
+    /// hash) whose timestamps may be later than `after`, in file order, linking every
+    /// slot by name the first time.
+    fn changes_to(&mut self, name: &str, after: &str) -> Vec<Slot> {
+        // A text [`time_key`] cannot place may be later than any line.
+        let after = Some(time_key(after))
+            .filter(|&k| k != ANY_TIME)
+            .unwrap_or(0);
         if !self.names_complete() {
-            return self.slots.clone();
+            return self
+                .slots
+                .iter()
+                .filter(|s| s.when >= after)
+                .copied()
+                .collect();
         }
         if self.by_name.is_none() {
             self.by_name = Some(HashMap::default());
@@ -652,7 +716,9 @@ impl Index {
             .copied()
             .unwrap_or(NO_SLOT);
         while let Some(s) = self.slots.get(at as usize) {
-            chain.push(*s);
+            if s.when >= after {
+                chain.push(*s);
+            }
             at = s.same_name;
         }
         chain.reverse();
@@ -1352,7 +1418,7 @@ impl AuditLog {
         not_execution: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
         Ok(changes_after(
-            &self.changes_named(name)?,
+            &self.changes_named(name, since)?,
             is_target,
             since,
             not_execution,
@@ -1360,11 +1426,17 @@ impl AuditLog {
     }
 
     /// Every line of a change (a write or a restore, any run's, whatever its status) to
-    /// a file named `name`, in the log's order: for a caller that looks at several
-    /// targets of one name, read once ([`changes_after`] picks each target's).
-    pub(crate) fn changes_named(&self, name: &str) -> io::Result<Vec<SandboxAuditEntry>> {
+    /// a file named `name` that may be dated after `after` (a line dated later is never
+    /// left out; some dated no later may be in), in the log's order: for a caller that
+    /// looks at several targets of one name, read once ([`changes_after`] picks each
+    /// target's).
+    pub(crate) fn changes_named(
+        &self,
+        name: &str,
+        after: &str,
+    ) -> io::Result<Vec<SandboxAuditEntry>> {
         self.reading_mut(|ix, file| {
-            let slots = ix.changes_to(name);
+            let slots = ix.changes_to(name, after);
             read_back(ix, file, &slots)
         })
     }
@@ -2056,5 +2128,71 @@ impl TrailCheck {
             },
         };
         gathered(problem)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use chrono::{DateTime, Duration, Utc};
+
+    #[test]
+    fn a_later_timestamp_text_never_has_a_smaller_time_key() {
+        let start = DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let mut t = start;
+        let mut last = (
+            crate::clock::timestamp(t),
+            time_key(&crate::clock::timestamp(t)),
+        );
+        let mut step = 1i64;
+        let mut seen = 0;
+        loop {
+            // Steps from a microsecond to about a year, so that every field turns over.
+            step = (step * 7919 + 13) % 40_000_000_000_000;
+            t += Duration::microseconds(step);
+            let text = crate::clock::timestamp(t);
+            let key = time_key(&text);
+            if text.starts_with("2100") {
+                assert_eq!(key, ANY_TIME, "{text}");
+                break;
+            }
+            assert_ne!(key, ANY_TIME, "{text}");
+            assert!(
+                text > last.0 && key >= last.1,
+                "{} {} / {text} {key}",
+                last.0,
+                last.1
+            );
+            last = (text, key);
+            seen += 1;
+        }
+        assert!(seen > 100, "{seen}");
+        assert!(time_key("2026-01-01T00:00:01.000000Z") < time_key("2026-01-01T00:00:02.000000Z"));
+        assert_eq!(
+            time_key("2026-01-01T00:00:01.000000Z"),
+            time_key("2026-01-01T00:00:01.999999Z")
+        );
+        assert!(time_key("2016-12-31T23:59:60.500000Z") < time_key("2017-01-01T00:00:00.000000Z"));
+        for other in [
+            "",
+            "1999-12-31T23:59:59.999999Z",
+            "+10000-01-01T00:00:00.000000Z",
+            "2026-01-01T00:00:01Z",
+            "2026-01-01T00:00:01.000000+01:00",
+            "2026-13-01T00:00:01.000000Z",
+            "2026-01-01T24:00:01.000000Z",
+            "2026-01-01 00:00:01.000000Z",
+            "2026-01-01T00:00:01.00000٠Z",
+        ] {
+            assert_eq!(time_key(other), ANY_TIME, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_slot_takes_forty_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 40);
     }
 }

@@ -11,6 +11,13 @@ use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnap
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
+/// The trail's changes to files of each name, read once for all of a rollback's targets,
+/// from the lines that may be dated `after` its earliest snapshot.
+struct Named<'a> {
+    after: &'a str,
+    read: HashMap<String, Recorded>,
+}
+
 /// The trail's lines of changes to files of one name, by the path they record (in the
 /// log's order), and those paths by each of their endings (`f.txt`, `d/f.txt`, …): a
 /// target's lines are those of the paths ending in its path beneath the root that
@@ -286,8 +293,15 @@ impl Sandbox {
         forced: bool,
     ) -> Verdict<Vec<Conflict>> {
         let mut out = Vec::new();
-        // The trail's changes to files of each name, read once for all the targets.
-        let mut named: HashMap<String, Recorded> = HashMap::new();
+        let mut named = Named {
+            // Only lines after the earliest snapshot can name a change since one of them.
+            after: snaps
+                .iter()
+                .map(|(_, s)| s.meta.taken_at.as_str())
+                .min()
+                .unwrap_or(""),
+            read: HashMap::new(),
+        };
         let undoing: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
@@ -418,16 +432,16 @@ impl Sandbox {
     /// `named`, read from the trail the first time a name is asked for.
     fn changes_since_in(
         &self,
-        named: &mut HashMap<String, Recorded>,
+        named: &mut Named<'_>,
         root: usize,
         meta: &SnapshotMeta,
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
         let name = rel.file_name();
-        let recorded = match named.entry(name.to_owned()) {
+        let recorded = match named.read.entry(name.to_owned()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Recorded::of(self.audit.changes_named(name)?))
+                v.insert(Recorded::of(self.audit.changes_named(name, named.after)?))
             }
         };
         // In the log's order, as if read from it, for the stable sort by time after.

@@ -1055,6 +1055,56 @@ fn changes_to_a_file_are_found_by_name_before_and_after_the_first_look() {
     assert!(found("p").is_empty(), "refusals are not changes");
 }
 
+/// A target's changes since a snapshot are looked for among the lines that can be
+/// dated after it only: a trail naming one file name many thousand times is not read
+/// back whole for each rollback. Dates in other shapes than the trail's own are read.
+#[test]
+fn changes_since_a_time_read_no_line_dated_before_its_second() {
+    let (w, _state, log) = relaxed_log();
+    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
+        timestamp: ts.into(),
+        ..change(i, "/r/f.txt")
+    };
+    log.append(vec![
+        at(0, "2026-01-01T00:00:01.000000Z"),
+        at(1, "2026-01-01T00:00:03.000000Z"),
+        at(2, "2026-01-01T00:00:03.500000Z"),
+        at(3, "2026-01-01T00:00:05.000000Z"),
+        at(4, "2026-01-01T00:00:09Z"),
+        at(5, "2026-01-01T00:00:02.000000Z"),
+        at(6, "2026-01-01T00:00:04.000000+01:00"),
+        at(7, "2025-12-31T23:59:59.999999Z"),
+    ])
+    .unwrap();
+    let since = |t: &str| -> std::io::Result<Vec<String>> {
+        Ok(log
+            .changes_since("f.txt", |_| true, t, "")?
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect())
+    };
+    let after_3 = ["a2", "a6", "a3", "a4"];
+    assert_eq!(since("2026-01-01T00:00:03.000000Z").unwrap(), after_3);
+    // The first line changed in place: only a look that reads it finds out.
+    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
+    let first = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let digit = bytes[..first]
+        .windows(3)
+        .position(|p| p == b"a0\"")
+        .unwrap();
+    bytes[digit + 1] = b'9';
+    std::fs::write(audit_path(&w), &bytes).unwrap();
+    assert_eq!(since("2026-01-01T00:00:03.000000Z").unwrap(), after_3);
+    assert_eq!(since("2026-01-01T00:00:08.000000Z").unwrap(), ["a4"]);
+    let err = since("2026-01-01T00:00:01.500000Z").unwrap_err();
+    assert!(err.to_string().contains("audit line 1"), "{err}");
+    assert!(since("").is_err());
+    assert!(
+        since("Jan 1").is_err(),
+        "a time in another shape reads every line"
+    );
+}
+
 #[test]
 fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     let w = World::new();
