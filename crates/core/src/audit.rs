@@ -316,10 +316,8 @@ fn time_key(ts: &str) -> u32 {
         }
         key = key * base + value;
     }
-    u32::try_from(key)
-        .ok()
-        .filter(|&k| k != ANY_TIME)
-        .unwrap_or(ANY_TIME)
+    // The greatest key, 3,714,047,999, lies below ANY_TIME.
+    u32::try_from(key).unwrap_or(ANY_TIME)
 }
 
 /// The fields of a line the index keeps facts from, borrowed from the line; the others
@@ -692,10 +690,11 @@ impl Index {
     /// hash) whose timestamps may be later than `after`, in file order, linking every
     /// slot by name the first time.
     fn changes_to(&mut self, name: &str, after: &str) -> Vec<Slot> {
-        // A text [`time_key`] cannot place may be later than any line.
-        let after = Some(time_key(after))
-            .filter(|&k| k != ANY_TIME)
-            .unwrap_or(0);
+        let after = match time_key(after) {
+            // A text it cannot place may be later than any line.
+            ANY_TIME => 0,
+            key => key,
+        };
         if !self.names_complete() {
             return self
                 .slots
@@ -767,6 +766,8 @@ fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
 
 /// Of `lines` (changes to files of one name, in the log's order), the changes another
 /// run made to one target after `since`, as [`AuditLog::changes_since`] gives them.
+/// "After" is by the timestamps' text: the lines were picked by [`time_key`], which
+/// orders as the text does, from a bound no later (by text) than `since`.
 pub(crate) fn changes_after<'a>(
     lines: impl IntoIterator<Item = &'a SandboxAuditEntry>,
     is_target: impl Fn(&str) -> bool,
@@ -2139,23 +2140,21 @@ mod tests {
 
     #[test]
     fn a_later_timestamp_text_never_has_a_smaller_time_key() {
-        let start = DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")
+        let mut t = DateTime::parse_from_rfc3339("2000-01-01T00:00:00Z")
             .unwrap()
             .with_timezone(&Utc);
-        let mut t = start;
-        let mut last = (
-            crate::clock::timestamp(t),
-            time_key(&crate::clock::timestamp(t)),
-        );
-        let mut step = 1i64;
+        let mut last = (crate::clock::timestamp(t), 0);
+        let mut r = 1u64;
         let mut seen = 0;
-        loop {
-            // Steps from a microsecond to about a year, so that every field turns over.
-            step = (step * 7919 + 13) % 40_000_000_000_000;
-            t += Duration::microseconds(step);
+        // Steps of every scale from a microsecond to about 100 days, so that each field
+        // turns over against the others; bounded, and past 2099 whatever the steps.
+        for _ in 0..2_000_000 {
+            r = r.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let scale = 10i64.pow(((r >> 33) % 13) as u32);
+            t += Duration::microseconds(scale * (1 + ((r >> 20) % 9) as i64));
             let text = crate::clock::timestamp(t);
             let key = time_key(&text);
-            if text.starts_with("2100") {
+            if text.as_str() >= "2100" {
                 assert_eq!(key, ANY_TIME, "{text}");
                 break;
             }
@@ -2169,6 +2168,7 @@ mod tests {
             last = (text, key);
             seen += 1;
         }
+        assert!(last.0.starts_with("2099"), "{}", last.0);
         assert!(seen > 100, "{seen}");
         assert!(time_key("2026-01-01T00:00:01.000000Z") < time_key("2026-01-01T00:00:02.000000Z"));
         assert_eq!(
