@@ -919,6 +919,50 @@ impl Snapshotter {
         }))
     }
 
+    /// Removes the workflow's action folders in one root that hold no metadata and
+    /// nothing but a backup: snapshots a killed process never finished ([`Self::take`]
+    /// writes the metadata last), whose actions never touched their targets. Their ids
+    /// are free again, as after a snapshot that failed. Only for recovery, holding the
+    /// workflow's lock (no run of it is taking a snapshot) with the dead run's temporary
+    /// files gone. Returns how many.
+    pub fn remove_unfinished(root: &SandboxRoot, workflow_id: &str) -> io::Result<usize> {
+        let Some(rb) = rollback_dir(root)? else {
+            return Ok(0);
+        };
+        let Some(wf) = open_existing(&rb, workflow_id)? else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for entry in wf.entries()? {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            // Not followed: a link or a file in a folder's place is no snapshot of ours.
+            let Ok(dir) = wf.open_dir_nofollow(&name) else {
+                continue;
+            };
+            let mut backup = false;
+            let mut other = false;
+            for e in dir.entries()? {
+                let e = e?;
+                match e.file_name().to_str() {
+                    Some(BACKUP_FILE) if e.file_type()?.is_file() => backup = true,
+                    _ => other = true,
+                }
+            }
+            if other {
+                continue;
+            }
+            if backup {
+                dir.remove_file(BACKUP_FILE)?;
+            }
+            wf.remove_dir(&name)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
     /// Every snapshot of a workflow in one root, in the order they were taken, and a
     /// refusal for each folder whose records cannot be trusted (see [`Snapshotter::load`]).
     pub fn load_workflow(

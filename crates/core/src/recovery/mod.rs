@@ -222,6 +222,9 @@ pub struct Recovered {
     pub not_undone: Vec<String>,
     /// Temporary files removed.
     pub temp_files_removed: usize,
+    /// Snapshot folders the dead process began and never finished, removed: their
+    /// actions never touched their targets.
+    pub unfinished_snapshots_removed: usize,
     /// Folders (absolute, quoted) where the dead process's temporary files could not be
     /// removed, each with why: left for the operator, who is told.
     pub temp_files_left: Vec<String>,
@@ -352,6 +355,7 @@ impl Recovered {
                 + self.completed
                 + self.superseded
                 + self.temp_files_removed
+                + self.unfinished_snapshots_removed
                 + self.restores_recorded
                 + self.untrusted
                 + self.temp_files_left.len()

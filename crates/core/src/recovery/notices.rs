@@ -97,6 +97,11 @@ impl Sandbox {
                     " left undone, its target changed since by another run or program",
                 ),
                 (r.temp_files_removed, "temporary file", " removed"),
+                (
+                    r.unfinished_snapshots_removed,
+                    "unfinished snapshot folder",
+                    " removed",
+                ),
                 (r.restores_recorded, "restore", " recorded"),
             ]
             .into_iter()

@@ -529,6 +529,7 @@ impl Sandbox {
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
+        report.unfinished_snapshots_removed += self.remove_unfinished_snapshots(rec);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
             Err(r) => {
@@ -559,6 +560,23 @@ impl Sandbox {
             }
         }
         removed
+    }
+
+    /// Removes the workflow's snapshot folders a dead process never finished (see
+    /// [`crate::snapshot::Snapshotter::remove_unfinished`]): left, they would keep their
+    /// actions' ids used although the trail records no write of them. Returns how many;
+    /// a folder that cannot be removed stays, as a failed snapshot's would.
+    fn remove_unfinished_snapshots(&self, rec: &InflightRecord) -> usize {
+        self.roots
+            .iter()
+            .map(|root| {
+                crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id)
+                    .inspect_err(|e| {
+                        tracing::warn!(workflow = %rec.workflow_id, error = %e, "cannot remove an unfinished snapshot folder");
+                    })
+                    .unwrap_or(0)
+            })
+            .sum()
     }
 
     /// The success line of a dead run's registered write whose snapshot is gone or not

@@ -501,6 +501,59 @@ fn a_dead_run_behind_a_planted_link_is_refused_for_what_stands_there() {
     assert_eq!(w.tree(), original);
 }
 
+/// A process killed while it takes a snapshot (the folder made, the backup perhaps
+/// written, the metadata not yet) leaves a folder no trail line names: recovery removes
+/// it, so the action's id is free for the plan sent again, as after a snapshot that
+/// failed. A folder holding anything else is left alone.
+#[test]
+fn a_snapshot_its_process_never_finished_frees_its_action_id() {
+    for case in ["backup only", "empty", "something else beside"] {
+        let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        let two = json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
+            {"action_id": "a2", "intent": "replace_file", "path": "d/b.txt", "content": "BETA\n"}]});
+        let sb = w.open(c.clone());
+        sb.failpoints().arm_crash("after_snapshot", 2);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(two))));
+        assert!(outcome.is_err(), "{case}: the run should die");
+        drop(sb);
+        let folder = w.path(".rollback/wf_crash/a2");
+        std::fs::remove_file(folder.join("meta.json")).unwrap();
+        match case {
+            "empty" => std::fs::remove_file(folder.join("backup")).unwrap(),
+            "something else beside" => std::fs::write(folder.join("notes.txt"), b"x").unwrap(),
+            _ => {}
+        }
+        let sb = w.open(c.clone());
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{case}");
+        assert!(sb.audit_verify().unwrap().ok, "{case}");
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{case}: never touched");
+        let again = sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "a2", "intent": "replace_file", "path": "d/b.txt", "content": "BETA\n"}]})))
+            .unwrap();
+        if case == "something else beside" {
+            assert!(folder.join("notes.txt").exists(), "{case}");
+            assert!(!again.is_success(), "{case}");
+            assert!(
+                again.actions[0]
+                    .reason
+                    .as_deref()
+                    .unwrap()
+                    .contains("action_id 'a2' was already used in workflow 'wf_crash'"),
+                "{case}: {again:?}"
+            );
+            continue;
+        }
+        assert_noticed(&sb, "1 unfinished snapshot folder removed");
+        assert!(again.is_success(), "{case}: {again:?}");
+        assert_eq!(w.read("d/b.txt"), b"BETA\n", "{case}");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+        assert_eq!(w.tree(), original, "{case}");
+        assert!(sb.audit_verify().unwrap().ok, "{case}");
+    }
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).
