@@ -246,9 +246,13 @@ struct Slot {
     /// A keyed hash of the line's bytes ([`Index::keys`]): a line read back is the line
     /// indexed, byte for byte.
     print: u64,
-    /// Its timestamp's [`time_key`]: lines that cannot be later than a time are passed
-    /// over without reading them back (a trail may name one file name many thousand
-    /// times). Free: the slot's padding held it.
+    /// Its timestamp's [`time_key`], raised, once the slot is linked into its chain by
+    /// name, to the greatest of the chain's earlier lines: a chain walked back from its
+    /// newest line ends, for a look-up of the changes since a time, at the first slot
+    /// below it, and the lines that cannot be later are neither read back nor walked (a
+    /// trail may name one file name many thousand times). A line dated out of order (a
+    /// recovery's, after the fact) only has a few more read. Free: the slot's padding
+    /// held it.
     when: u32,
 }
 
@@ -677,7 +681,11 @@ impl Index {
             && name != NOT_A_CHANGE
             && here != NO_SLOT
         {
-            self.slots[i].same_name = by_name.insert(name, here).unwrap_or(NO_SLOT);
+            let before = by_name.insert(name, here).unwrap_or(NO_SLOT);
+            self.slots[i].same_name = before;
+            if let Some(b) = self.slots.get(before as usize).map(|b| b.when) {
+                self.slots[i].when = self.slots[i].when.max(b);
+            }
         }
     }
 
@@ -714,10 +722,10 @@ impl Index {
             .and_then(|m| m.get(&name_hash(&self.keys, name.as_bytes())))
             .copied()
             .unwrap_or(NO_SLOT);
-        while let Some(s) = self.slots.get(at as usize) {
-            if s.when >= after {
-                chain.push(*s);
-            }
+        while let Some(s) = self.slots.get(at as usize)
+            && s.when >= after
+        {
+            chain.push(*s);
             at = s.same_name;
         }
         chain.reverse();

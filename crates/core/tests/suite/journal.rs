@@ -1105,6 +1105,43 @@ fn changes_since_a_time_read_no_line_dated_before_its_second() {
     );
 }
 
+/// Lines dated out of order (a recovery records a dead run's write after the fact) do
+/// not end the look-up of the changes since a time: an earlier-dated line between two
+/// later ones hides neither.
+#[test]
+fn changes_since_a_time_are_found_past_a_line_dated_out_of_order() {
+    let (w, _state, log) = relaxed_log();
+    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
+        timestamp: format!("2026-01-01T00:00:{ts}.000000Z"),
+        ..change(i, "/r/f.txt")
+    };
+    let since = |t: &str| -> std::io::Result<Vec<String>> {
+        Ok(log
+            .changes_since(
+                "f.txt",
+                |_| true,
+                &format!("2026-01-01T00:00:{t}.000000Z"),
+                "",
+            )?
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect())
+    };
+    log.append(vec![at(0, "10"), at(1, "20"), at(2, "11"), at(3, "13")])
+        .unwrap();
+    assert_eq!(since("12").unwrap(), ["a3", "a1"]);
+    // Appended after the first look, linked as they come.
+    log.append(vec![at(4, "05"), at(5, "30")]).unwrap();
+    assert_eq!(since("12").unwrap(), ["a3", "a1", "a5"]);
+    // The first line changed in place is not walked to for a time after it.
+    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
+    let at0 = bytes.windows(4).position(|p| p == b"\"a0\"").unwrap();
+    bytes[at0 + 2] = b'9';
+    std::fs::write(audit_path(&w), &bytes).unwrap();
+    assert_eq!(since("12").unwrap(), ["a3", "a1", "a5"]);
+    assert!(since("09").is_err());
+}
+
 #[test]
 fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     let w = World::new();
