@@ -920,12 +920,18 @@ impl Snapshotter {
     }
 
     /// Removes the workflow's action folders in one root that hold no metadata and
-    /// nothing but a backup: snapshots a killed process never finished ([`Self::take`]
-    /// writes the metadata last), whose actions never touched their targets. Their ids
-    /// are free again, as after a snapshot that failed. Only for recovery, holding the
-    /// workflow's lock (no run of it is taking a snapshot) with the dead run's temporary
-    /// files gone. Returns how many.
-    pub fn remove_unfinished(root: &SandboxRoot, workflow_id: &str) -> io::Result<usize> {
+    /// nothing but a backup, of actions `ran` says the trail records no write of:
+    /// snapshots a killed process never finished ([`Self::take`] writes the metadata
+    /// last), whose actions never touched their targets. Their ids are free again, as
+    /// after a snapshot that failed. (An action that ran keeps its folder: its record
+    /// lost some other way, the backup is the only copy of what it replaced.) Only for
+    /// recovery, holding the workflow's lock (no run of it is taking a snapshot) with the
+    /// dead run's temporary files gone. Returns how many.
+    pub fn remove_unfinished(
+        root: &SandboxRoot,
+        workflow_id: &str,
+        ran: impl Fn(&str) -> bool,
+    ) -> io::Result<usize> {
         let Some(rb) = rollback_dir(root)? else {
             return Ok(0);
         };
@@ -938,6 +944,9 @@ impl Snapshotter {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
+            if ran(&name) {
+                continue;
+            }
             // Not followed: a link or a file in a folder's place is no snapshot of ours.
             let Ok(dir) = wf.open_dir_nofollow(&name) else {
                 continue;

@@ -507,7 +507,12 @@ fn a_dead_run_behind_a_planted_link_is_refused_for_what_stands_there() {
 /// failed. A folder holding anything else is left alone.
 #[test]
 fn a_snapshot_its_process_never_finished_frees_its_action_id() {
-    for case in ["backup only", "empty", "something else beside"] {
+    for case in [
+        "backup only",
+        "empty",
+        "something else beside",
+        "an action that ran lost its record",
+    ] {
         let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
         let two = json!({"workflow_id": "wf_crash", "actions": [
             {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
@@ -522,6 +527,9 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
         match case {
             "empty" => std::fs::remove_file(folder.join("backup")).unwrap(),
             "something else beside" => std::fs::write(folder.join("notes.txt"), b"x").unwrap(),
+            "an action that ran lost its record" => {
+                std::fs::remove_file(w.path(".rollback/wf_crash/a1/meta.json")).unwrap()
+            }
             _ => {}
         }
         let sb = w.open(c.clone());
@@ -546,6 +554,13 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
         }
         assert_noticed(&sb, "1 unfinished snapshot folder removed");
         assert!(again.is_success(), "{case}: {again:?}");
+        if case == "an action that ran lost its record" {
+            // The trail records a1's write: its backup, the only copy of what it
+            // replaced, stays.
+            let kept = std::fs::read(w.path(".rollback/wf_crash/a1/backup")).unwrap();
+            assert_eq!(kept, b"alpha\n", "{case}");
+            continue;
+        }
         assert_eq!(w.read("d/b.txt"), b"BETA\n", "{case}");
         let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
         assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
