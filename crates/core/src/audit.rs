@@ -250,8 +250,10 @@ struct Slot {
     /// name, to the greatest of the chain's earlier lines: a chain walked back from its
     /// newest line ends, for a look-up of the changes since a time, at the first slot
     /// below it, and the lines that cannot be later are neither read back nor walked (a
-    /// trail may name one file name many thousand times). A line dated out of order (a
-    /// recovery's, after the fact) only has a few more read. Free: the slot's padding
+    /// trail may name one file name many thousand times). A line dated before the lines
+    /// around it (a recovery's, after the fact) only has a few more read; one dated
+    /// after the lines that follow it (a clock set forward, then back) has every later
+    /// line of its chain read until their times pass its own. Free: the slot's padding
     /// held it.
     when: u32,
 }
@@ -284,7 +286,9 @@ const ANY_TIME: u32 = u32::MAX;
 /// [`crate::clock::timestamp`] writes in the years 2000–2099
 /// (`2026-12-04T06:45:44.123456Z`): of two such texts, the greater never has the smaller
 /// key. Each field is a digit of its own base, so the key needs no calendar and no
-/// field's value is trusted beyond its width. [`ANY_TIME`] for any other text.
+/// field's value is trusted beyond its width. 0 for one of that shape dated before 2000
+/// (a clock not yet set at boot), whose text orders below all of them; [`ANY_TIME`] for
+/// any other text.
 fn time_key(ts: &str) -> u32 {
     let b = ts.as_bytes();
     let shape = b.len() == 27
@@ -304,9 +308,15 @@ fn time_key(ts: &str) -> u32 {
             .iter()
             .fold(0u64, |n, &c| n * 10 + u64::from(c - b'0'))
     };
+    let year = match num(0, 4) {
+        // Its text orders below that of every year placed.
+        ..2000 => return 0,
+        y @ 2000..2100 => y - 2000,
+        _ => return ANY_TIME,
+    };
     // (value, base): 100 years × 13 months × 32 days × 24 h × 60 min × 62 s fits 32 bits.
     let fields = [
-        (num(0, 4).wrapping_sub(2000), 100),
+        (year, 100),
         (num(5, 7), 13),
         (num(8, 10), 32),
         (num(11, 13), 24),
@@ -2184,9 +2194,13 @@ mod tests {
             time_key("2026-01-01T00:00:01.999999Z")
         );
         assert!(time_key("2016-12-31T23:59:60.500000Z") < time_key("2017-01-01T00:00:00.000000Z"));
+        // Before 2000 (a clock not yet set): below every key, whatever the other fields.
+        for early in ["1970-01-01T00:00:05.000000Z", "1999-13-32T24:60:62.000000Z"] {
+            assert_eq!(time_key(early), 0, "{early}");
+        }
         for other in [
             "",
-            "1999-12-31T23:59:59.999999Z",
+            "2100-01-01T00:00:00.000000Z",
             "+10000-01-01T00:00:00.000000Z",
             "2026-01-01T00:00:01Z",
             "2026-01-01T00:00:01.000000+01:00",

@@ -382,6 +382,28 @@ fn open_existing(dir: &Dir, name: &str) -> io::Result<Option<Dir>> {
     }
 }
 
+/// Removes the action folder `name` in the workflow's folder `wf` when it holds nothing
+/// but a regular backup (see [`Snapshotter::remove_unfinished`]); says whether it did.
+fn remove_if_unfinished(wf: &Dir, name: &str) -> io::Result<bool> {
+    // Not followed: a link or a file in a folder's place is no snapshot of ours.
+    let Ok(dir) = wf.open_dir_nofollow(name) else {
+        return Ok(false);
+    };
+    let mut backup = false;
+    for e in dir.entries()? {
+        let e = e?;
+        match e.file_name().to_str() {
+            Some(BACKUP_FILE) if e.file_type()?.is_file() => backup = true,
+            _ => return Ok(false),
+        }
+    }
+    if backup {
+        dir.remove_file(BACKUP_FILE)?;
+    }
+    wf.remove_dir(name)?;
+    Ok(true)
+}
+
 /// Opens `name` in `dir`, creating it (mode 0700) if missing; says whether it was made.
 /// A concurrent creator may win the creation; opening decides either way.
 fn open_or_create_tracked(dir: &Dir, name: &str) -> Verdict<(Dir, bool)> {
@@ -940,34 +962,26 @@ impl Snapshotter {
         };
         let mut removed = 0;
         for entry in wf.entries()? {
-            let entry = entry?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            let Some(name) = entry
+                .ok()
+                .and_then(|e| e.file_name().to_str().map(str::to_owned))
+            else {
                 continue;
             };
             if ran(&name) {
                 continue;
             }
-            // Not followed: a link or a file in a folder's place is no snapshot of ours.
-            let Ok(dir) = wf.open_dir_nofollow(&name) else {
-                continue;
-            };
-            let mut backup = false;
-            let mut other = false;
-            for e in dir.entries()? {
-                let e = e?;
-                match e.file_name().to_str() {
-                    Some(BACKUP_FILE) if e.file_type()?.is_file() => backup = true,
-                    _ => other = true,
-                }
+            // One folder that cannot be looked at or removed stays; the others go.
+            match remove_if_unfinished(&wf, &name) {
+                Ok(true) => removed += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    workflow = %workflow_id,
+                    action = %name,
+                    error = %e,
+                    "cannot remove an unfinished snapshot folder"
+                ),
             }
-            if other {
-                continue;
-            }
-            if backup {
-                dir.remove_file(BACKUP_FILE)?;
-            }
-            wf.remove_dir(&name)?;
-            removed += 1;
         }
         Ok(removed)
     }

@@ -565,8 +565,8 @@ impl Sandbox {
     /// Removes the workflow's snapshot folders a dead process never finished (see
     /// [`crate::snapshot::Snapshotter::remove_unfinished`]): left, they would keep their
     /// actions' ids used although the trail records no write of them. Returns how many;
-    /// a folder that cannot be removed stays, as a failed snapshot's would, and so does
-    /// one of an action the trail cannot be read about.
+    /// a folder that cannot be removed stays, as a failed snapshot's would (the others
+    /// go), and so does one of an action the trail cannot be read about.
     fn remove_unfinished_snapshots(&self, rec: &InflightRecord) -> usize {
         let ran = |action: &str| {
             self.audit
@@ -578,7 +578,7 @@ impl Sandbox {
             .map(|root| {
                 crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id, ran)
                     .inspect_err(|e| {
-                        tracing::warn!(workflow = %rec.workflow_id, error = %e, "cannot remove an unfinished snapshot folder");
+                        tracing::warn!(workflow = %rec.workflow_id, error = %e, "cannot list the workflow's snapshot folders");
                     })
                     .unwrap_or(0)
             })

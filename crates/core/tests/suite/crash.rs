@@ -569,6 +569,49 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
     }
 }
 
+/// An unfinished snapshot folder recovery cannot remove (its backup may not be unlinked
+/// there) stays alone: the dead run's own is removed all the same, and counted.
+#[test]
+fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
+    use std::os::unix::fs::PermissionsExt;
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("after_snapshot", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+    let folders = w.path(".rollback/wf_crash");
+    std::fs::remove_file(folders.join("a1/meta.json")).unwrap();
+    // Several, so that some are listed before the dead run's own folder.
+    let stuck: Vec<_> = (0..6).map(|i| folders.join(format!("u{i}"))).collect();
+    for f in &stuck {
+        std::fs::create_dir(f).unwrap();
+        std::fs::write(f.join("backup"), b"old").unwrap();
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o500)).unwrap();
+    }
+    let notices = without_dac_override(|| w.open(c.clone()).notices().to_vec());
+    for f in &stuck {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(std::fs::read(f.join("backup")).unwrap(), b"old");
+    }
+    assert!(!folders.join("a1").exists());
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("1 unfinished snapshot folder removed")),
+        "{notices:?}"
+    );
+    let sb = w.open(c);
+    let again = sb
+        .run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+        .unwrap();
+    assert!(again.is_success(), "{again:?}");
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).

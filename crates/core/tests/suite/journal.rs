@@ -1142,6 +1142,41 @@ fn changes_since_a_time_are_found_past_a_line_dated_out_of_order() {
     assert!(since("09").is_err());
 }
 
+/// A line dated before 2000 (a clock not yet set at boot) orders below every other:
+/// the lines after it are not all read for its sake.
+#[test]
+fn a_line_dated_before_2000_does_not_make_later_look_ups_read_it() {
+    let (w, _state, log) = relaxed_log();
+    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
+        timestamp: ts.into(),
+        ..change(i, "/r/f.txt")
+    };
+    log.append(vec![
+        at(0, "1970-01-01T00:00:05.000000Z"),
+        at(1, "2026-01-01T00:00:10.000000Z"),
+        at(2, "2026-01-01T00:00:20.000000Z"),
+    ])
+    .unwrap();
+    let since = |t: &str| -> std::io::Result<Vec<String>> {
+        Ok(log
+            .changes_since("f.txt", |_| true, t, "")?
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect())
+    };
+    assert_eq!(since("2026-01-01T00:00:15.000000Z").unwrap(), ["a2"]);
+    assert_eq!(
+        since("1969-12-31T00:00:00.000000Z").unwrap(),
+        ["a0", "a1", "a2"]
+    );
+    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
+    let at0 = bytes.windows(4).position(|p| p == b"\"a0\"").unwrap();
+    bytes[at0 + 2] = b'9';
+    std::fs::write(audit_path(&w), &bytes).unwrap();
+    assert_eq!(since("2026-01-01T00:00:15.000000Z").unwrap(), ["a2"]);
+    assert!(since("1969-12-31T00:00:00.000000Z").is_err());
+}
+
 #[test]
 fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     let w = World::new();
