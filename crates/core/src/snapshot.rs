@@ -397,10 +397,21 @@ fn remove_if_unfinished(wf: &Dir, name: &str) -> io::Result<bool> {
             _ => return Ok(false),
         }
     }
-    if backup {
-        dir.remove_file(BACKUP_FILE)?;
+    // Moved aside first, so that a workflow folder it cannot be removed from stops it
+    // before its backup is gone; put back if it cannot be emptied. The name is no
+    // action id (ids hold no dot at their start).
+    let aside = format!(".ailab-unfinished-{name}");
+    wf.rename(name, wf, &aside)?;
+    let gone = (|| {
+        if backup {
+            dir.remove_file(BACKUP_FILE)?;
+        }
+        wf.remove_dir(&aside)
+    })();
+    if let Err(e) = gone {
+        let _ = wf.rename(&aside, wf, name);
+        return Err(e);
     }
-    wf.remove_dir(name)?;
     Ok(true)
 }
 

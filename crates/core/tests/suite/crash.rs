@@ -612,6 +612,39 @@ fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
     assert!(again.is_success(), "{again:?}");
 }
 
+/// When nothing can be removed from the workflow's snapshot folder, the unfinished
+/// folders in it stay as they were, backups and all: none is emptied and left behind.
+#[test]
+fn unfinished_snapshot_folders_in_a_folder_that_keeps_them_stay_whole() {
+    use std::os::unix::fs::PermissionsExt;
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("after_snapshot", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+    let folders = w.path(".rollback/wf_crash");
+    std::fs::remove_file(folders.join("a1/meta.json")).unwrap();
+    for i in 0..3 {
+        std::fs::create_dir(folders.join(format!("u{i}"))).unwrap();
+        std::fs::write(folders.join(format!("u{i}/backup")), b"old").unwrap();
+    }
+    std::fs::set_permissions(&folders, std::fs::Permissions::from_mode(0o500)).unwrap();
+    let notices = without_dac_override(|| w.open(c.clone()).notices().to_vec());
+    std::fs::set_permissions(&folders, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(w.read(".rollback/wf_crash/a1/backup"), b"alpha\n");
+    for i in 0..3 {
+        assert_eq!(w.read(&format!(".rollback/wf_crash/u{i}/backup")), b"old");
+    }
+    assert!(
+        notices.iter().all(|n| !n.contains("snapshot folder")),
+        "{notices:?}"
+    );
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).
