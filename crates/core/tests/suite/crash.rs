@@ -501,6 +501,33 @@ fn a_dead_run_behind_a_planted_link_is_refused_for_what_stands_there() {
     assert_eq!(w.tree(), original);
 }
 
+/// A strict run of `actions` in workflow `wf_crash` killed right after its last
+/// snapshot, whose `meta.json` is then taken away: what a kill while that snapshot was
+/// written leaves. Returns the world as seeded, its configuration, the seeded tree and
+/// that snapshot's folder.
+fn killed_mid_snapshot(
+    actions: serde_json::Value,
+) -> (World, ailab_sandbox_core::Config, Tree, std::path::PathBuf) {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let last = actions.as_array().unwrap().len();
+    let id = actions[last - 1]["action_id"].as_str().unwrap().to_owned();
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("after_snapshot", last as u32);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": actions})))
+    }));
+    assert!(outcome.is_err(), "the run should die");
+    drop(sb);
+    let folder = w.path(&format!(".rollback/wf_crash/{id}"));
+    std::fs::remove_file(folder.join("meta.json")).unwrap();
+    (w, c, original, folder)
+}
+
+/// The one action `killed_mid_snapshot` runs in the tests after it.
+fn replace_a() -> serde_json::Value {
+    json!([{"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}])
+}
+
 /// A process killed while it takes a snapshot (the folder made, the backup perhaps
 /// written, the metadata not yet) leaves a folder no trail line names: recovery removes
 /// it, so the action's id is free for the plan sent again, as after a snapshot that
@@ -513,17 +540,9 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
         "something else beside",
         "an action that ran lost its record",
     ] {
-        let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
-        let two = json!({"workflow_id": "wf_crash", "actions": [
+        let (w, c, original, folder) = killed_mid_snapshot(json!([
             {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
-            {"action_id": "a2", "intent": "replace_file", "path": "d/b.txt", "content": "BETA\n"}]});
-        let sb = w.open(c.clone());
-        sb.failpoints().arm_crash("after_snapshot", 2);
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(two))));
-        assert!(outcome.is_err(), "{case}: the run should die");
-        drop(sb);
-        let folder = w.path(".rollback/wf_crash/a2");
-        std::fs::remove_file(folder.join("meta.json")).unwrap();
+            {"action_id": "a2", "intent": "replace_file", "path": "d/b.txt", "content": "BETA\n"}]));
         match case {
             "empty" => std::fs::remove_file(folder.join("backup")).unwrap(),
             "something else beside" => std::fs::write(folder.join("notes.txt"), b"x").unwrap(),
@@ -574,17 +593,8 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
 #[test]
 fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
     use std::os::unix::fs::PermissionsExt;
-    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
-    let sb = w.open(c.clone());
-    sb.failpoints().arm_crash("after_snapshot", 1);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
-    }));
-    assert!(outcome.is_err(), "the run should die");
-    drop(sb);
-    let folders = w.path(".rollback/wf_crash");
-    std::fs::remove_file(folders.join("a1/meta.json")).unwrap();
+    let (w, c, _, a1) = killed_mid_snapshot(replace_a());
+    let folders = a1.parent().unwrap().to_path_buf();
     // Several, so that some are listed before the dead run's own folder.
     let stuck: Vec<_> = (0..6).map(|i| folders.join(format!("u{i}"))).collect();
     for f in &stuck {
@@ -606,8 +616,9 @@ fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
     );
     let sb = w.open(c);
     let again = sb
-        .run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+        .run_plan(plan(
+            json!({"workflow_id": "wf_crash", "actions": replace_a()}),
+        ))
         .unwrap();
     assert!(again.is_success(), "{again:?}");
 }
@@ -617,17 +628,8 @@ fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
 #[test]
 fn unfinished_snapshot_folders_in_a_folder_that_keeps_them_stay_whole() {
     use std::os::unix::fs::PermissionsExt;
-    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
-    let sb = w.open(c.clone());
-    sb.failpoints().arm_crash("after_snapshot", 1);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.run_plan(plan(json!({"workflow_id": "wf_crash", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
-    }));
-    assert!(outcome.is_err(), "the run should die");
-    drop(sb);
-    let folders = w.path(".rollback/wf_crash");
-    std::fs::remove_file(folders.join("a1/meta.json")).unwrap();
+    let (w, c, _, a1) = killed_mid_snapshot(replace_a());
+    let folders = a1.parent().unwrap().to_path_buf();
     for i in 0..3 {
         std::fs::create_dir(folders.join(format!("u{i}"))).unwrap();
         std::fs::write(folders.join(format!("u{i}/backup")), b"old").unwrap();

@@ -1055,45 +1055,57 @@ fn changes_to_a_file_are_found_by_name_before_and_after_the_first_look() {
     assert!(found("p").is_empty(), "refusals are not changes");
 }
 
+/// A change to `/r/f.txt` dated `ts`.
+fn change_at(i: usize, ts: &str) -> ailab_sandbox_core::audit::AuditRecord {
+    ailab_sandbox_core::audit::AuditRecord {
+        timestamp: ts.into(),
+        ..change(i, "/r/f.txt")
+    }
+}
+
+/// The actions of the changes to files named `f.txt` since `t`, as `log` finds them.
+fn f_changes_since(log: &AuditLog, t: &str) -> std::io::Result<Vec<String>> {
+    Ok(log
+        .changes_since("f.txt", |_| true, t, "")?
+        .into_iter()
+        .map(|e| e.action_id)
+        .collect())
+}
+
+/// Changes the action id `a0` of the trail's first line in place, as an edit under a
+/// running process would: a look that reads the line back refuses it.
+fn change_the_first_line_in_place(w: &World) {
+    let mut bytes = std::fs::read(audit_path(w)).unwrap();
+    let first = bytes.iter().position(|&b| b == b'\n').unwrap();
+    let at = bytes[..first]
+        .windows(4)
+        .position(|p| p == b"\"a0\"")
+        .unwrap();
+    bytes[at + 2] = b'9';
+    std::fs::write(audit_path(w), &bytes).unwrap();
+}
+
 /// A target's changes since a snapshot are looked for among the lines that can be
 /// dated after it only: a trail naming one file name many thousand times is not read
 /// back whole for each rollback. Dates in other shapes than the trail's own are read.
 #[test]
 fn changes_since_a_time_read_no_line_dated_before_its_second() {
     let (w, _state, log) = relaxed_log();
-    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
-        timestamp: ts.into(),
-        ..change(i, "/r/f.txt")
-    };
     log.append(vec![
-        at(0, "2026-01-01T00:00:01.000000Z"),
-        at(1, "2026-01-01T00:00:03.000000Z"),
-        at(2, "2026-01-01T00:00:03.500000Z"),
-        at(3, "2026-01-01T00:00:05.000000Z"),
-        at(4, "2026-01-01T00:00:09Z"),
-        at(5, "2026-01-01T00:00:02.000000Z"),
-        at(6, "2026-01-01T00:00:04.000000+01:00"),
-        at(7, "2025-12-31T23:59:59.999999Z"),
+        change_at(0, "2026-01-01T00:00:01.000000Z"),
+        change_at(1, "2026-01-01T00:00:03.000000Z"),
+        change_at(2, "2026-01-01T00:00:03.500000Z"),
+        change_at(3, "2026-01-01T00:00:05.000000Z"),
+        change_at(4, "2026-01-01T00:00:09Z"),
+        change_at(5, "2026-01-01T00:00:02.000000Z"),
+        change_at(6, "2026-01-01T00:00:04.000000+01:00"),
+        change_at(7, "2025-12-31T23:59:59.999999Z"),
     ])
     .unwrap();
-    let since = |t: &str| -> std::io::Result<Vec<String>> {
-        Ok(log
-            .changes_since("f.txt", |_| true, t, "")?
-            .into_iter()
-            .map(|e| e.action_id)
-            .collect())
-    };
+    let since = |t: &str| f_changes_since(&log, t);
     let after_3 = ["a2", "a6", "a3", "a4"];
     assert_eq!(since("2026-01-01T00:00:03.000000Z").unwrap(), after_3);
-    // The first line changed in place: only a look that reads it finds out.
-    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
-    let first = bytes.iter().position(|&b| b == b'\n').unwrap();
-    let digit = bytes[..first]
-        .windows(3)
-        .position(|p| p == b"a0\"")
-        .unwrap();
-    bytes[digit + 1] = b'9';
-    std::fs::write(audit_path(&w), &bytes).unwrap();
+    change_the_first_line_in_place(&w);
     assert_eq!(since("2026-01-01T00:00:03.000000Z").unwrap(), after_3);
     assert_eq!(since("2026-01-01T00:00:08.000000Z").unwrap(), ["a4"]);
     let err = since("2026-01-01T00:00:01.500000Z").unwrap_err();
@@ -1111,33 +1123,16 @@ fn changes_since_a_time_read_no_line_dated_before_its_second() {
 #[test]
 fn changes_since_a_time_are_found_past_a_line_dated_out_of_order() {
     let (w, _state, log) = relaxed_log();
-    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
-        timestamp: format!("2026-01-01T00:00:{ts}.000000Z"),
-        ..change(i, "/r/f.txt")
-    };
-    let since = |t: &str| -> std::io::Result<Vec<String>> {
-        Ok(log
-            .changes_since(
-                "f.txt",
-                |_| true,
-                &format!("2026-01-01T00:00:{t}.000000Z"),
-                "",
-            )?
-            .into_iter()
-            .map(|e| e.action_id)
-            .collect())
-    };
+    let at = |i: usize, s: &str| change_at(i, &format!("2026-01-01T00:00:{s}.000000Z"));
+    let since = |s: &str| f_changes_since(&log, &format!("2026-01-01T00:00:{s}.000000Z"));
     log.append(vec![at(0, "10"), at(1, "20"), at(2, "11"), at(3, "13")])
         .unwrap();
     assert_eq!(since("12").unwrap(), ["a3", "a1"]);
     // Appended after the first look, linked as they come.
     log.append(vec![at(4, "05"), at(5, "30")]).unwrap();
     assert_eq!(since("12").unwrap(), ["a3", "a1", "a5"]);
-    // The first line changed in place is not walked to for a time after it.
-    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
-    let at0 = bytes.windows(4).position(|p| p == b"\"a0\"").unwrap();
-    bytes[at0 + 2] = b'9';
-    std::fs::write(audit_path(&w), &bytes).unwrap();
+    // The first line is not walked to for a time after it.
+    change_the_first_line_in_place(&w);
     assert_eq!(since("12").unwrap(), ["a3", "a1", "a5"]);
     assert!(since("09").is_err());
 }
@@ -1147,32 +1142,19 @@ fn changes_since_a_time_are_found_past_a_line_dated_out_of_order() {
 #[test]
 fn a_line_dated_before_2000_does_not_make_later_look_ups_read_it() {
     let (w, _state, log) = relaxed_log();
-    let at = |i: usize, ts: &str| ailab_sandbox_core::audit::AuditRecord {
-        timestamp: ts.into(),
-        ..change(i, "/r/f.txt")
-    };
     log.append(vec![
-        at(0, "1970-01-01T00:00:05.000000Z"),
-        at(1, "2026-01-01T00:00:10.000000Z"),
-        at(2, "2026-01-01T00:00:20.000000Z"),
+        change_at(0, "1970-01-01T00:00:05.000000Z"),
+        change_at(1, "2026-01-01T00:00:10.000000Z"),
+        change_at(2, "2026-01-01T00:00:20.000000Z"),
     ])
     .unwrap();
-    let since = |t: &str| -> std::io::Result<Vec<String>> {
-        Ok(log
-            .changes_since("f.txt", |_| true, t, "")?
-            .into_iter()
-            .map(|e| e.action_id)
-            .collect())
-    };
+    let since = |t: &str| f_changes_since(&log, t);
     assert_eq!(since("2026-01-01T00:00:15.000000Z").unwrap(), ["a2"]);
     assert_eq!(
         since("1969-12-31T00:00:00.000000Z").unwrap(),
         ["a0", "a1", "a2"]
     );
-    let mut bytes = std::fs::read(audit_path(&w)).unwrap();
-    let at0 = bytes.windows(4).position(|p| p == b"\"a0\"").unwrap();
-    bytes[at0 + 2] = b'9';
-    std::fs::write(audit_path(&w), &bytes).unwrap();
+    change_the_first_line_in_place(&w);
     assert_eq!(since("2026-01-01T00:00:15.000000Z").unwrap(), ["a2"]);
     assert!(since("1969-12-31T00:00:00.000000Z").is_err());
 }
