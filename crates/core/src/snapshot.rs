@@ -959,19 +959,21 @@ impl Snapshotter {
     /// after a snapshot that failed. (An action that ran keeps its folder: its record
     /// lost some other way, the backup is the only copy of what it replaced.) Only for
     /// recovery, holding the workflow's lock (no run of it is taking a snapshot) with the
-    /// dead run's temporary files gone. Returns how many.
+    /// dead run's temporary files gone. Returns how many, and the folders (action ids)
+    /// that could not be removed, each with why: those stay whole.
     pub fn remove_unfinished(
         root: &SandboxRoot,
         workflow_id: &str,
         ran: impl Fn(&str) -> bool,
-    ) -> io::Result<usize> {
+    ) -> io::Result<(usize, Vec<(String, io::Error)>)> {
         let Some(rb) = rollback_dir(root)? else {
-            return Ok(0);
+            return Ok(Default::default());
         };
         let Some(wf) = open_existing(&rb, workflow_id)? else {
-            return Ok(0);
+            return Ok(Default::default());
         };
         let mut removed = 0;
+        let mut left = Vec::new();
         for entry in wf.entries()? {
             let Some(name) = entry
                 .ok()
@@ -986,15 +988,10 @@ impl Snapshotter {
             match remove_if_unfinished(&wf, &name) {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    workflow = %workflow_id,
-                    action = %name,
-                    error = %e,
-                    "cannot remove an unfinished snapshot folder"
-                ),
+                Err(e) => left.push((name, e)),
             }
         }
-        Ok(removed)
+        Ok((removed, left))
     }
 
     /// Every snapshot of a workflow in one root, in the order they were taken, and a

@@ -225,6 +225,9 @@ pub struct Recovered {
     /// Snapshot folders the dead process began and never finished, removed: their
     /// actions never touched their targets.
     pub unfinished_snapshots_removed: usize,
+    /// Such folders (absolute, quoted) that could not be removed, each with why: left
+    /// whole, their action ids still used, for the operator, who is told.
+    pub unfinished_snapshots_left: Vec<String>,
     /// Folders (absolute, quoted) where the dead process's temporary files could not be
     /// removed, each with why: left for the operator, who is told.
     pub temp_files_left: Vec<String>,
@@ -359,6 +362,7 @@ impl Recovered {
                 + self.restores_recorded
                 + self.untrusted
                 + self.temp_files_left.len()
+                + self.unfinished_snapshots_left.len()
                 + self.not_undone.len()
                 > 0
     }

@@ -145,13 +145,27 @@ impl Sandbox {
                 r.execution_id, r.workflow_id
             )
         });
-        if !r.temp_files_left.is_empty() {
-            out.push(format!(
-                "recovery of {} (workflow {}) could not remove the dead process's temporary files (named .ailab-tmp-…) in {}; remove them by hand once that is put right",
-                r.execution_id,
-                r.workflow_id,
-                r.temp_files_left.join(", ")
-            ));
+        // What recovery left for the operator to remove: (where, what it was, what for).
+        for (left, what, then) in [
+            (
+                &r.temp_files_left,
+                "the dead process's temporary files (named .ailab-tmp-…) in",
+                "",
+            ),
+            (
+                &r.unfinished_snapshots_left,
+                "the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
+                ": their action ids stay used until they are gone",
+            ),
+        ] {
+            if !left.is_empty() {
+                out.push(format!(
+                    "recovery of {} (workflow {}) could not remove {what} {}{then}; remove them by hand once that is put right",
+                    r.execution_id,
+                    r.workflow_id,
+                    left.join(", ")
+                ));
+            }
         }
         if r.untrusted > 0 {
             out.push(format!(

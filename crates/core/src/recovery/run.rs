@@ -529,7 +529,7 @@ impl Sandbox {
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
-        report.unfinished_snapshots_removed += self.remove_unfinished_snapshots(rec);
+        self.remove_unfinished_snapshots(rec, report);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
             Err(r) => {
@@ -564,25 +564,40 @@ impl Sandbox {
 
     /// Removes the workflow's snapshot folders a dead process never finished (see
     /// [`crate::snapshot::Snapshotter::remove_unfinished`]): left, they would keep their
-    /// actions' ids used although the trail records no write of them. Returns how many;
-    /// a folder that cannot be removed stays, as a failed snapshot's would (the others
-    /// go), and so does one of an action the trail cannot be read about.
-    fn remove_unfinished_snapshots(&self, rec: &InflightRecord) -> usize {
+    /// actions' ids used although the trail records no write of them. Counted in
+    /// `report`; a folder that cannot be removed stays whole, as a failed snapshot's
+    /// would, and is named there for the operator (the others go); so does one of an
+    /// action the trail cannot be read about, unnamed.
+    fn remove_unfinished_snapshots(&self, rec: &InflightRecord, report: &mut Recovered) {
         let ran = |action: &str| {
             self.audit
                 .ran_action(&rec.workflow_id, action)
                 .unwrap_or(true)
         };
-        self.roots
-            .iter()
-            .map(|root| {
-                crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id, ran)
-                    .inspect_err(|e| {
-                        tracing::warn!(workflow = %rec.workflow_id, error = %e, "cannot list the workflow's snapshot folders");
-                    })
-                    .unwrap_or(0)
-            })
-            .sum()
+        for root in &self.roots {
+            let store = root.path().join(ROLLBACK_DIR).join(&rec.workflow_id);
+            match crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id, ran) {
+                Ok((removed, left)) => {
+                    report.unfinished_snapshots_removed += removed;
+                    report
+                        .unfinished_snapshots_left
+                        .extend(left.iter().map(|(action, e)| {
+                            format!(
+                                "{} ({})",
+                                crate::confine::path::shown_path(
+                                    &store.join(action).display().to_string()
+                                ),
+                                crate::error::io_words(e)
+                            )
+                        }));
+                }
+                Err(e) => tracing::warn!(
+                    workflow = %rec.workflow_id,
+                    error = %e,
+                    "cannot list the workflow's snapshot folders"
+                ),
+            }
+        }
     }
 
     /// The success line of a dead run's registered write whose snapshot is gone or not

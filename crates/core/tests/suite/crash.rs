@@ -614,6 +614,7 @@ fn an_unfinished_snapshot_folder_that_cannot_go_keeps_no_other() {
             .any(|n| n.contains("1 unfinished snapshot folder removed")),
         "{notices:?}"
     );
+    assert_names_stuck_folders(&notices, &stuck);
     let sb = w.open(c);
     let again = sb
         .run_plan(plan(
@@ -642,9 +643,30 @@ fn unfinished_snapshot_folders_in_a_folder_that_keeps_them_stay_whole() {
         assert_eq!(w.read(&format!(".rollback/wf_crash/u{i}/backup")), b"old");
     }
     assert!(
-        notices.iter().all(|n| !n.contains("snapshot folder")),
+        notices.iter().all(|n| !n.contains("folder removed")),
         "{notices:?}"
     );
+    let stuck: Vec<_> = ["a1", "u0", "u1", "u2"]
+        .iter()
+        .map(|a| folders.join(a))
+        .collect();
+    assert_names_stuck_folders(&notices, &stuck);
+}
+
+/// The start's notice names each unfinished snapshot folder recovery could not remove,
+/// why, and what to do.
+fn assert_names_stuck_folders(notices: &[String], stuck: &[std::path::PathBuf]) {
+    let said = notices
+        .iter()
+        .find(|n| n.contains("could not remove the snapshot folders"))
+        .unwrap_or_else(|| panic!("{notices:?}"));
+    for f in stuck {
+        assert!(
+            said.contains(&format!("'{}' (permission denied", f.display())),
+            "{said}"
+        );
+    }
+    assert!(said.contains("remove them by hand"), "{said}");
 }
 
 /// A process killed while creating a run record leaves the record's temporary file:
