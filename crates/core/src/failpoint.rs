@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs and prune. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 24] = [
+pub const POINTS: [&str; 25] = [
     "after_validate",
     "read_target",
     "before_commit",
@@ -30,6 +30,7 @@ pub const POINTS: [&str; 24] = [
     "record_held",
     "replay_staged",
     "remove_dead_temp",
+    "remove_dead_snapshot_temp",
     "recovery_register",
     "recovery_audit",
     "recovery_sync",

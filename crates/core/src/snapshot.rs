@@ -383,36 +383,41 @@ fn open_existing(dir: &Dir, name: &str) -> io::Result<Option<Dir>> {
 }
 
 /// Removes the action folder `name` in the workflow's folder `wf` when it holds nothing
-/// but a regular backup (see [`Snapshotter::remove_unfinished`]); says whether it did.
-fn remove_if_unfinished(wf: &Dir, name: &str) -> io::Result<bool> {
+/// but a regular backup (see [`Snapshotter::remove_unfinished`]); says whether it did,
+/// or, when it could not, under which name the folder stays and why.
+fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String, io::Error)> {
+    let here = |e| (name.to_owned(), e);
     // Not followed: a link or a file in a folder's place is no snapshot of ours.
     let Ok(dir) = wf.open_dir_nofollow(name) else {
         return Ok(false);
     };
     let mut backup = false;
-    for e in dir.entries()? {
-        let e = e?;
+    for e in dir.entries().map_err(here)? {
+        let e = e.map_err(here)?;
         match e.file_name().to_str() {
-            Some(BACKUP_FILE) if e.file_type()?.is_file() => backup = true,
+            Some(BACKUP_FILE) if e.file_type().map_err(here)?.is_file() => backup = true,
             _ => return Ok(false),
         }
     }
     // Moved aside first, so that a workflow folder it cannot be removed from stops it
     // before its backup is gone; put back if it cannot be emptied. The name is no
-    // action id (ids hold no dot at their start).
-    let aside = format!(".ailab-unfinished-{name}");
-    wf.rename(name, wf, &aside)?;
+    // action id (ids hold no dot at their start), and no other folder's.
+    let aside = format!(".ailab-unfinished-{}-{name}", crate::ids::unique());
+    wf.rename(name, wf, &aside).map_err(here)?;
     let gone = (|| {
         if backup {
             dir.remove_file(BACKUP_FILE)?;
         }
         wf.remove_dir(&aside)
     })();
-    if let Err(e) = gone {
-        let _ = wf.rename(&aside, wf, name);
-        return Err(e);
+    match gone {
+        Ok(()) => Ok(true),
+        Err(e) => match wf.rename(&aside, wf, name) {
+            Ok(()) => Err((name.to_owned(), e)),
+            // Its id is free all the same; a prune removes it.
+            Err(_) => Err((aside, e)),
+        },
     }
-    Ok(true)
 }
 
 /// Opens `name` in `dir`, creating it (mode 0700) if missing; says whether it was made.
@@ -959,8 +964,8 @@ impl Snapshotter {
     /// after a snapshot that failed. (An action that ran keeps its folder: its record
     /// lost some other way, the backup is the only copy of what it replaced.) Only for
     /// recovery, holding the workflow's lock (no run of it is taking a snapshot) with the
-    /// dead run's temporary files gone. Returns how many, and the folders (action ids)
-    /// that could not be removed, each with why: those stay whole.
+    /// dead run's temporary files gone. Returns how many, and the folders (names in the
+    /// workflow's folder) that could not be removed, each with why: those stay.
     pub fn remove_unfinished(
         root: &SandboxRoot,
         workflow_id: &str,
@@ -988,7 +993,7 @@ impl Snapshotter {
             match remove_if_unfinished(&wf, &name) {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
-                Err(e) => left.push((name, e)),
+                Err(stays) => left.push(stays),
             }
         }
         Ok((removed, left))

@@ -528,7 +528,7 @@ impl Sandbox {
         rec: &InflightRecord,
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
-        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec);
+        report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec, report);
         self.remove_unfinished_snapshots(rec, report);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
@@ -546,8 +546,13 @@ impl Sandbox {
     /// Removes the temporary files the dead run's process left in the workflow's snapshot
     /// folders. Before the snapshots are read: one killed between linking its `meta.json`
     /// into place and unlinking the temporary name left the file with a second link, which
-    /// would make the snapshot untrusted. Returns how many.
-    fn remove_dead_snapshot_temp_files(&self, rec: &InflightRecord) -> usize {
+    /// would make the snapshot untrusted. Returns how many; where they could not be
+    /// removed is said in `report` (see [`Self::left_in_store`]).
+    fn remove_dead_snapshot_temp_files(
+        &self,
+        rec: &InflightRecord,
+        report: &mut Recovered,
+    ) -> usize {
         let makers = dead_makers(rec);
         let mut removed = 0;
         for root in &self.roots {
@@ -555,11 +560,45 @@ impl Sandbox {
                 && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
             {
                 for by in &makers {
-                    removed += remove_temp_files(&wf, 1, Some(by)).unwrap_or(0);
+                    let gone = self
+                        .failpoints
+                        .check("remove_dead_snapshot_temp")
+                        .and_then(|()| remove_temp_files(&wf, 1, Some(by)));
+                    match gone {
+                        Ok(n) => removed += n,
+                        Err(e) => {
+                            let store = root.path().join(ROLLBACK_DIR).join(&rec.workflow_id);
+                            if let Some(e) =
+                                Self::left_in_store(report, &store, "its temporary files in", e)
+                            {
+                                report.temp_files_left.push(e);
+                            }
+                        }
+                    }
                 }
             }
         }
         removed
+    }
+
+    /// Says what recovery could not remove from a workflow's snapshot folder (`what`
+    /// at `path`): a disk that refuses writes keeps the run for a start that finds it
+    /// taking them again (its next start, or the next use of its workflow), as for the
+    /// dead run's files in the user's tree; any other cause is returned in words for
+    /// the operator, told once.
+    fn left_in_store(
+        report: &mut Recovered,
+        path: &std::path::Path,
+        what: &str,
+        e: std::io::Error,
+    ) -> Option<String> {
+        let path = crate::confine::path::shown_path(&path.display().to_string());
+        let words = crate::error::io_words(&e);
+        if disk_refused(&e) {
+            report.retry_for(format!("{what} {path} could not be removed ({words})"));
+            return None;
+        }
+        Some(format!("{path} ({words})"))
     }
 
     /// Removes the workflow's snapshot folders a dead process never finished (see
@@ -579,17 +618,14 @@ impl Sandbox {
             match crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id, ran) {
                 Ok((removed, left)) => {
                     report.unfinished_snapshots_removed += removed;
-                    report
-                        .unfinished_snapshots_left
-                        .extend(left.iter().map(|(action, e)| {
-                            format!(
-                                "{} ({})",
-                                crate::confine::path::shown_path(
-                                    &store.join(action).display().to_string()
-                                ),
-                                crate::error::io_words(e)
-                            )
-                        }));
+                    for (name, e) in left {
+                        let path = store.join(name);
+                        if let Some(e) =
+                            Self::left_in_store(report, &path, "its unfinished snapshot folder", e)
+                        {
+                            report.unfinished_snapshots_left.push(e);
+                        }
+                    }
                 }
                 Err(e) => tracing::warn!(
                     workflow = %rec.workflow_id,

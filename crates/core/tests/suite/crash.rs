@@ -3390,14 +3390,41 @@ fn open_refusing_temp_removal(
     c: &ailab_sandbox_core::Config,
     errno: rustix::io::Errno,
 ) -> ailab_sandbox_core::Sandbox {
+    open_refusing_at("remove_dead_temp", c, errno)
+}
+
+/// A start whose first step at `point` is refused with `errno`.
+fn open_refusing_at(
+    point: &str,
+    c: &ailab_sandbox_core::Config,
+    errno: rustix::io::Errno,
+) -> ailab_sandbox_core::Sandbox {
     let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-    armed.arm_errno("remove_dead_temp", 1, errno.raw_os_error());
+    armed.arm_errno(point, 1, errno.raw_os_error());
     ailab_sandbox_core::Sandbox::open_armed(
         c.clone(),
         std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
         armed,
     )
     .unwrap()
+}
+
+/// After a start `sb` the disk refused the removal of the dead run's temporary file
+/// `left`: the run's record is kept, and the next start removes the file and closes it.
+fn kept_until_the_disk_lets_go(
+    w: &World,
+    c: &ailab_sandbox_core::Config,
+    sb: ailab_sandbox_core::Sandbox,
+    left: &std::path::Path,
+) {
+    assert_noticed(&sb, "its record is kept");
+    assert!(left.exists(), "the disk refused its removal");
+    assert_eq!(run_record(w, "wf_crash")["state"], "active");
+    drop(sb);
+    let sb = w.open(c.clone());
+    assert_noticed(&sb, "recovered interrupted run");
+    assert!(!left.exists(), "removed once the disk takes writes");
+    assert_eq!(run_record(w, "wf_crash")["state"], "idle");
 }
 
 /// A dead run's temporary files that the disk will not let go (the root mounted
@@ -3411,15 +3438,7 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     let left = died_leaving_a_recovery_temp_file(&w, &c);
     let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ROFS);
     assert_noticed(&sb, "could not be settled now (its temporary files in");
-    assert_noticed(&sb, "its record is kept");
-    assert!(left.exists(), "the disk refused its removal");
-    assert_eq!(run_record(&w, "wf_crash")["state"], "active");
-    drop(sb);
-    let sb = w.open(c.clone());
-    assert_noticed(&sb, "recovered interrupted run");
-    assert!(!left.exists(), "removed once the disk takes writes");
-    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
-    drop(sb);
+    kept_until_the_disk_lets_go(&w, &c, sb, &left);
     // Another cause names the folder and closes the record.
     died_leaving_a_recovery_temp_file(&w, &c);
     let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
@@ -3430,6 +3449,58 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     let rb = sb.rollback_workflow("wf_crash", &forced());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.tree(), original);
+}
+
+/// The same for the dead process's temporary files in the workflow's snapshot folders,
+/// which recovery removes before it reads them: kept for a start the disk lets remove
+/// them when it refuses writes, named when another cause does (they used to be passed
+/// over in silence, and a snapshot folder holding one kept its action's id used).
+#[test]
+fn snapshot_temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let store = w.path(".rollback/wf_crash");
+    let plant = || {
+        died_leaving_a_recovery_temp_file(&w, &c);
+        let folder = std::fs::read_dir(&store)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        // Made by the dead run's own process, the first whose files are removed.
+        let execution = run_record(&w, "wf_crash")["execution_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let seed = &execution[execution.len() - 8..];
+        let left = folder.join(format!(
+            "{}meta{seed}",
+            ailab_sandbox_core::confine::path::TEMP_MARKER
+        ));
+        std::fs::write(&left, b"meta bytes").unwrap();
+        left
+    };
+    let left = plant();
+    let sb = open_refusing_at("remove_dead_snapshot_temp", &c, rustix::io::Errno::ROFS);
+    assert_noticed(
+        &sb,
+        &format!(
+            "its temporary files in '{}' could not be removed",
+            store.display()
+        ),
+    );
+    kept_until_the_disk_lets_go(&w, &c, sb, &left);
+    let left = plant();
+    let sb = open_refusing_at("remove_dead_snapshot_temp", &c, rustix::io::Errno::ACCESS);
+    assert_noticed(
+        &sb,
+        &format!(
+            "could not remove the dead process's temporary files (named .ailab-tmp-…) in '{}' (permission denied)",
+            store.display()
+        ),
+    );
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    assert!(left.exists());
 }
 
 /// The proof that a dead action reached its file is the first change another run made
