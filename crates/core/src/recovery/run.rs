@@ -463,21 +463,16 @@ impl Sandbox {
                         Ok(n) => report.temp_files_removed += n,
                         // The disk refused (mounted read-only, failing): kept for the
                         // start that finds it taking writes again, as an undo it refused
-                        // is, rather than left in the user's tree for good.
-                        Err(e) if disk_refused(&e) => {
-                            report.retry_for(format!(
-                                "its temporary files in {} could not be removed ({})",
-                                crate::confine::path::shown_path(&self.abs_path(i, &rel)),
-                                crate::error::io_words(&e)
-                            ));
-                            break 'dirs;
+                        // is, rather than left in the user's tree for good; the rest
+                        // with it. Any other cause (a folder another user took, say)
+                        // is said where, not only logged.
+                        Err(e) => {
+                            let folder = self.abs_path(i, &rel);
+                            match Self::left_behind(report, &folder, "its temporary files in", e) {
+                                Some(left) => report.temp_files_left.push(left),
+                                None => break 'dirs,
+                            }
                         }
-                        // Say where (a folder another user took, say), not only log it.
-                        Err(e) => report.temp_files_left.push(format!(
-                            "{} ({})",
-                            crate::confine::path::shown_path(&self.abs_path(i, &rel)),
-                            crate::error::io_words(&e)
-                        )),
                     }
                 }
             }
@@ -547,7 +542,7 @@ impl Sandbox {
     /// folders. Before the snapshots are read: one killed between linking its `meta.json`
     /// into place and unlinking the temporary name left the file with a second link, which
     /// would make the snapshot untrusted. Returns how many; where they could not be
-    /// removed is said in `report` (see [`Self::left_in_store`]).
+    /// removed is said in `report` (see [`Self::left_behind`]).
     fn remove_dead_snapshot_temp_files(
         &self,
         rec: &InflightRecord,
@@ -568,10 +563,11 @@ impl Sandbox {
                         Ok(n) => removed += n,
                         Err(e) => {
                             let store = root.path().join(ROLLBACK_DIR).join(&rec.workflow_id);
-                            if let Some(e) =
-                                Self::left_in_store(report, &store, "its temporary files in", e)
+                            let store = store.display().to_string();
+                            if let Some(left) =
+                                Self::left_behind(report, &store, "its temporary files in", e)
                             {
-                                report.temp_files_left.push(e);
+                                report.temp_files_left.push(left);
                             }
                         }
                     }
@@ -581,18 +577,18 @@ impl Sandbox {
         removed
     }
 
-    /// Says what recovery could not remove from a workflow's snapshot folder (`what`
-    /// at `path`): a disk that refuses writes keeps the run for a start that finds it
-    /// taking them again (its next start, or the next use of its workflow), as for the
-    /// dead run's files in the user's tree; any other cause is returned in words for
-    /// the operator, told once.
-    fn left_in_store(
+    /// Says what recovery could not remove of a dead run's (`what` at `path`, in the
+    /// user's tree or a workflow's snapshot folder): a disk that refuses writes keeps
+    /// the run for a start that finds it taking them again (its next start, or the next
+    /// use of its workflow), `None`; any other cause is returned in words for the
+    /// operator, told once.
+    fn left_behind(
         report: &mut Recovered,
-        path: &std::path::Path,
+        path: &str,
         what: &str,
         e: std::io::Error,
     ) -> Option<String> {
-        let path = crate::confine::path::shown_path(&path.display().to_string());
+        let path = crate::confine::path::shown_path(path);
         let words = crate::error::io_words(&e);
         if disk_refused(&e) {
             report.retry_for(format!("{what} {path} could not be removed ({words})"));
@@ -619,11 +615,11 @@ impl Sandbox {
                 Ok((removed, left)) => {
                     report.unfinished_snapshots_removed += removed;
                     for (name, e) in left {
-                        let path = store.join(name);
-                        if let Some(e) =
-                            Self::left_in_store(report, &path, "its unfinished snapshot folder", e)
+                        let path = store.join(name).display().to_string();
+                        if let Some(left) =
+                            Self::left_behind(report, &path, "its unfinished snapshot folder", e)
                         {
-                            report.unfinished_snapshots_left.push(e);
+                            report.unfinished_snapshots_left.push(left);
                         }
                     }
                 }
