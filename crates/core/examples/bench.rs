@@ -415,6 +415,31 @@ fn audit_trail(entries: usize) -> AuditOpen {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The `n`th of the lines of a name a thousand folders share, a millisecond apart.
+fn notes_line(n: usize) -> AuditRecord {
+    let ms = n % 1000;
+    let s = n / 1000;
+    AuditRecord {
+        timestamp: format!("2026-11-30T01:{:02}:{:02}.{ms:03}000Z", s / 60, s % 60),
+        execution_id: format!("ex_notes_{}", n / 10),
+        workflow_id: format!("wf_notes_{}", n % 1000),
+        action_id: format!("a{n}"),
+        mutation_class: Some(MutationClass::Append),
+        mutation_type: "append_file".into(),
+        target_path: format!("/tmp/opencode/sandbox/w{}/notes.md", n % 1000),
+        before_checksum: Some(format!("{:064x}", n + 1)),
+        after_checksum: Some(format!("{n:064x}")),
+        rollback_available: true,
+        rollback_path: Some(format!(
+            "/tmp/opencode/sandbox/.rollback/wf_notes_{}/a{n}",
+            n % 1000
+        )),
+        status: AuditStatus::Success,
+        reason_code: None,
+        error: None,
+    }
+}
+
 /// What opening an audit trail costs (see [`audit_trail`]).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct AuditOpen {
@@ -426,6 +451,11 @@ struct AuditOpen {
     workflow_us: f64,
     first_by_name_ms: f64,
     next_by_name_us: f64,
+    append_alone_us: f64,
+    append_during_read_us: f64,
+    long_read_ms: f64,
+    last_change_us: f64,
+    all_changes_ms: f64,
 }
 
 fn audit_open(dir: &std::path::Path) -> AuditOpen {
@@ -458,8 +488,65 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
     };
     let first = changes_to(7);
     let next = changes_to(8);
+    let lines = log.last_seq().unwrap();
+    // An append while another thread of the process reads 100,000 lines back (a
+    // rollback of an old workflow reading the lines of its targets' names), against
+    // appends alone.
+    let append = || {
+        let t = Instant::now();
+        log.append(vec![AuditRecord {
+            timestamp: "2026-11-30T00:00:01.000000Z".into(),
+            execution_id: "ex_append".into(),
+            workflow_id: "wf_append".into(),
+            action_id: "a0".into(),
+            mutation_class: None,
+            mutation_type: "create_file".into(),
+            target_path: "/tmp/opencode/sandbox/append.txt".into(),
+            before_checksum: None,
+            after_checksum: None,
+            rollback_available: false,
+            rollback_path: None,
+            status: AuditStatus::Blocked,
+            reason_code: None,
+            error: None,
+        }])
+        .unwrap();
+        t.elapsed()
+    };
+    let append_alone = median((0..21).map(|_| append()).collect());
+    let (append_during_read, long_read) = std::thread::scope(|s| {
+        let reading = s.spawn(|| {
+            let t = Instant::now();
+            assert_eq!(log.list(100_000, None).unwrap().len(), 100_000);
+            t.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let during = append();
+        (during, reading.join().unwrap())
+    });
+    // Recovery's look-up of a target's last change, for a name a thousand folders share
+    // (`notes.md`, 100,000 lines of it written after the rest), against reading every
+    // change of the name and keeping the target's latest.
+    for chunk in 0..10 {
+        log.append(
+            (chunk * 10_000..(chunk + 1) * 10_000)
+                .map(notes_line)
+                .collect(),
+        )
+        .unwrap();
+    }
+    let target = "/tmp/opencode/sandbox/w7/notes.md";
+    let t = Instant::now();
+    let last = log.last_change("notes.md", |p| p == target).unwrap();
+    let last_change = t.elapsed();
+    let t = Instant::now();
+    let all = log
+        .changes_since("notes.md", |p| p == target, "", "")
+        .unwrap();
+    let all_changes = t.elapsed();
+    assert_eq!(last.map(|e| e.seq), all.last().map(|e| e.seq));
     AuditOpen {
-        lines: log.last_seq().unwrap(),
+        lines,
         open_ms: open.as_secs_f64() * 1e3,
         rss_mib: rss,
         newest_50_us: newest.as_secs_f64() * 1e6,
@@ -467,6 +554,11 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
         workflow_us: workflow.as_secs_f64() * 1e6,
         first_by_name_ms: first.as_secs_f64() * 1e3,
         next_by_name_us: next.as_secs_f64() * 1e6,
+        append_alone_us: append_alone.as_secs_f64() * 1e6,
+        append_during_read_us: append_during_read.as_secs_f64() * 1e6,
+        long_read_ms: long_read.as_secs_f64() * 1e3,
+        last_change_us: last_change.as_secs_f64() * 1e6,
+        all_changes_ms: all_changes.as_secs_f64() * 1e3,
     }
 }
 
@@ -474,7 +566,7 @@ impl std::fmt::Display for AuditOpen {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         write!(
             f,
-            "audit trail {} lines: open {:.0} ms, +{:.0} MiB RSS, newest 50 {:.0} µs, one workflow's {} lines {:.0} µs, changes to a file: first {:.0} ms, next {:.0} µs",
+            "audit trail {} lines: open {:.0} ms, +{:.0} MiB RSS, newest 50 {:.0} µs, one workflow's {} lines {:.0} µs, changes to a file: first {:.0} ms, next {:.0} µs; an append {:.0} µs alone, {:.0} µs while another thread reads 100,000 lines back ({:.0} ms); the last change to a file of a name written 100,000 times {:.0} µs (all of them read: {:.0} ms)",
             self.lines,
             self.open_ms,
             self.rss_mib,
@@ -482,7 +574,12 @@ impl std::fmt::Display for AuditOpen {
             self.workflow_lines,
             self.workflow_us,
             self.first_by_name_ms,
-            self.next_by_name_us
+            self.next_by_name_us,
+            self.append_alone_us,
+            self.append_during_read_us,
+            self.long_read_ms,
+            self.last_change_us,
+            self.all_changes_ms
         )
     }
 }

@@ -751,7 +751,7 @@ impl Index {
             .filter(|&i| self.slots.get(i).is_some_and(|s| s.seq == seq))
             .or_else(|| self.slots.iter().rposition(|s| s.seq == seq));
         let Some(i) = at else { return false };
-        match read_back(self, file, &self.slots[i..=i]) {
+        match read_back(&self.keys, file, &self.slots[i..=i]) {
             Ok(lines) => lines.first().is_some_and(|e| e.entry_hash == entry_hash),
             Err(e) => e.kind() != io::ErrorKind::InvalidData,
         }
@@ -794,21 +794,46 @@ pub(crate) fn changes_after<'a>(
 ) -> Vec<SandboxAuditEntry> {
     let mut found: Vec<SandboxAuditEntry> = lines
         .into_iter()
-        .filter(|e| {
-            e.timestamp.as_str() > since
-                && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
-                && e.execution_id != not_execution
-                && is_target(&e.target_path)
-        })
+        .filter(|e| is_change_after(e, &is_target, since, not_execution))
         .cloned()
         .collect();
     found.sort_by(|a, b| a.timestamp.cmp(&b.timestamp));
     found
 }
 
+/// Whether `e` is a change (a write or a restore) to the target `is_target` names,
+/// dated after `since`, by a run other than `not_execution`.
+fn is_change_after(
+    e: &SandboxAuditEntry,
+    is_target: impl Fn(&str) -> bool,
+    since: &str,
+    not_execution: &str,
+) -> bool {
+    e.timestamp.as_str() > since
+        && matches!(e.status, AuditStatus::Success | AuditStatus::RolledBack)
+        && e.execution_id != not_execution
+        && is_target(&e.target_path)
+}
+
+/// What reads lines back from the log without its lock (see [`AuditLog::picked`]).
+struct Reader {
+    keys: RandomState,
+    file: std::sync::Arc<LogFile>,
+}
+
+impl Reader {
+    fn read(&self, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
+        read_back(&self.keys, &self.file, slots)
+    }
+}
+
 /// Reads the lines at `slots` (in file order) back from the log, a run of nearby
 /// lines in one read; each must be, byte for byte, the line indexed there.
-fn read_back(ix: &Index, file: &LogFile, slots: &[Slot]) -> io::Result<Vec<SandboxAuditEntry>> {
+fn read_back(
+    keys: &RandomState,
+    file: &LogFile,
+    slots: &[Slot],
+) -> io::Result<Vec<SandboxAuditEntry>> {
     /// Bytes between two lines that are read rather than skipped with a new read.
     const GAP: u64 = 16 << 10;
     let mut out = Vec::with_capacity(slots.len());
@@ -828,7 +853,7 @@ fn read_back(ix: &Index, file: &LogFile, slots: &[Slot]) -> io::Result<Vec<Sandb
         for s in &rest[..n] {
             let from = (s.at - first.at) as usize;
             let line = &buf[from..from + s.len as usize];
-            if ix.keys.hash_one(line) != s.print {
+            if keys.hash_one(line) != s.print {
                 return Err(changed_under(s.seq));
             }
             out.push(
@@ -1111,21 +1136,31 @@ impl AuditLog {
         Ok(f(&self.caught_up()?.1))
     }
 
-    /// [`with`](Self::with), for answers that read lines back from the log: only from
-    /// the file the state directory names.
-    fn reading<T>(&self, f: impl FnOnce(&Index, &LogFile) -> io::Result<T>) -> io::Result<T> {
-        self.reading_mut(|ix, file| f(ix, file))
-    }
-
-    /// [`reading`](Self::reading), for answers that add to the index.
-    fn reading_mut<T>(
-        &self,
-        f: impl FnOnce(&mut Index, &LogFile) -> io::Result<T>,
-    ) -> io::Result<T> {
+    /// The slots `pick` chooses from the caught-up index, with what reads them back
+    /// (only from the file the state directory names). They are read after the log's
+    /// lock is let go: a line never changes once written (each read is checked against
+    /// its keyed hash), and a look-up reading thousands of lines would otherwise hold
+    /// every append of this process behind it.
+    fn picked<T>(&self, pick: impl FnOnce(&mut Index) -> T) -> io::Result<(T, Reader)> {
         let mut g = self.caught_up()?;
         let (journal, index) = &mut *g;
         journal.check_in_place()?;
-        f(index, journal.file())
+        Ok((
+            pick(index),
+            Reader {
+                keys: index.keys.clone(),
+                file: journal.shared_file(),
+            },
+        ))
+    }
+
+    /// The lines at the slots `pick` chooses, read back (see [`picked`](Self::picked)).
+    fn read_picked(
+        &self,
+        pick: impl FnOnce(&mut Index) -> Vec<Slot>,
+    ) -> io::Result<Vec<SandboxAuditEntry>> {
+        let (slots, reader) = self.picked(pick)?;
+        reader.read(&slots)
     }
 
     /// Appends records as one write, chaining each to the previous entry, then moves
@@ -1390,27 +1425,22 @@ impl AuditLog {
         limit: usize,
         workflow_id: Option<&str>,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.reading(|ix, file| {
-            let slots: Vec<Slot> = match workflow_id {
-                Some(w) => ix.workflow(w).map_or_else(Vec::new, |w| {
-                    let from = w.lines.len().saturating_sub(limit);
-                    w.lines[from..].iter().map(|&i| ix.slots[i]).collect()
-                }),
-                None => ix.slots[ix.slots.len().saturating_sub(limit)..].to_vec(),
-            };
-            let mut out = read_back(ix, file, &slots)?;
-            out.reverse();
-            Ok(out)
-        })
+        let mut out = self.read_picked(|ix| match workflow_id {
+            Some(w) => ix.workflow(w).map_or_else(Vec::new, |w| {
+                let from = w.lines.len().saturating_sub(limit);
+                w.lines[from..].iter().map(|&i| ix.slots[i]).collect()
+            }),
+            None => ix.slots[ix.slots.len().saturating_sub(limit)..].to_vec(),
+        })?;
+        out.reverse();
+        Ok(out)
     }
 
     /// Every entry of a workflow, oldest first.
     pub fn by_workflow(&self, workflow_id: &str) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.reading(|ix, file| {
-            let slots: Vec<Slot> = ix
-                .workflow(workflow_id)
-                .map_or_else(Vec::new, |w| w.lines.iter().map(|&i| ix.slots[i]).collect());
-            read_back(ix, file, &slots)
+        self.read_picked(|ix| {
+            ix.workflow(workflow_id)
+                .map_or_else(Vec::new, |w| w.lines.iter().map(|&i| ix.slots[i]).collect())
         })
     }
 
@@ -1454,10 +1484,58 @@ impl AuditLog {
         name: &str,
         after: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.reading_mut(|ix, file| {
-            let slots = ix.changes_to(name, after);
-            read_back(ix, file, &slots)
-        })
+        self.read_picked(|ix| ix.changes_to(name, after))
+    }
+
+    /// The trail's last change to the target `is_target` names, whose file name is
+    /// `name`: the one [`changes_since`](Self::changes_since) with no time and no run
+    /// left out would end with (the latest by timestamp; of two dated alike, the later
+    /// line). The lines of the name are read back from the newest, and only until none
+    /// before can be dated later than the change found: recovery asks this of each
+    /// target it judges, and a common name (`notes.md`) may have been written many
+    /// thousand times before.
+    pub fn last_change(
+        &self,
+        name: &str,
+        is_target: impl Fn(&str) -> bool,
+    ) -> io::Result<Option<SandboxAuditEntry>> {
+        // Each slot's time is the latest of its chain up to it (see [`Slot::when`]), and
+        // only when every slot is linked by name.
+        let ((chain, bounded), reader) =
+            self.picked(|ix| (ix.changes_to(name, ""), ix.names_complete()))?;
+        let mut last: Option<SandboxAuditEntry> = None;
+        let mut end = chain.len();
+        // Lines read back at a time, from the newest: most targets' last change is among
+        // the newest lines of their name, and the lines read past it (the bound is known
+        // only once it is found) are never more than those read before.
+        let mut step = 16;
+        while end > 0 {
+            let below = match &last {
+                Some(l) if bounded => match time_key(&l.timestamp) {
+                    ANY_TIME => 0,
+                    key => key,
+                },
+                _ => 0,
+            };
+            let from = end.saturating_sub(step);
+            let start = chain[from..end]
+                .iter()
+                .rposition(|s| s.when < below)
+                .map_or(from, |i| from + i + 1);
+            if start == end {
+                break;
+            }
+            for e in reader.read(&chain[start..end])?.into_iter().rev() {
+                if is_change_after(&e, &is_target, "", "")
+                    && last.as_ref().is_none_or(|l| e.timestamp > l.timestamp)
+                {
+                    last = Some(e);
+                }
+            }
+            end = start;
+            step = (step * 2).min(4096);
+        }
+        Ok(last)
     }
 
     /// The `create_directory` actions (workflow, action) that stand, not rolled back,
@@ -1593,7 +1671,7 @@ fn since_last_write(
     while end > 0 {
         let start = end.saturating_sub(STEP);
         let slots: Vec<Slot> = lines[start..end].iter().map(|&i| ix.slots[i]).collect();
-        let mut read = read_back(ix, file, &slots)?;
+        let mut read = read_back(&ix.keys, file, &slots)?;
         if let Some(w) = read.iter().rposition(is_write) {
             read.drain(..w);
             read.append(&mut tail);

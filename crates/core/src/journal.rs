@@ -333,6 +333,11 @@ impl Journal {
         &self.file
     }
 
+    /// [`file`](Self::file), to read lines back without the journal's owner's lock.
+    pub fn shared_file(&self) -> Arc<LogFile> {
+        self.file.clone()
+    }
+
     /// Runs `also`, then [`scan`]s the whole file into `sink` (given what `also` returned),
     /// under one shared lock, so that no append lands between the two (for verification:
     /// however long the file, a few MiB of it are held at a time).

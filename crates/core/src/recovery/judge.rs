@@ -13,9 +13,9 @@ impl Sandbox {
         rel: &RelPath,
     ) -> Option<crate::audit::SandboxAuditEntry> {
         self.audit
-            .changes_since(rel.file_name(), |t| self.names_target(t, root, rel), "", "")
+            .last_change(rel.file_name(), |t| self.names_target(t, root, rel))
             .ok()
-            .and_then(|mut lines| lines.pop())
+            .flatten()
     }
 
     /// The changes other runs made to an action's target after its snapshot, earliest

@@ -1159,6 +1159,111 @@ fn a_line_dated_before_2000_does_not_make_later_look_ups_read_it() {
     assert!(since("1969-12-31T00:00:00.000000Z").is_err());
 }
 
+/// Recovery's look-up of a target's last recorded change gives what the look-up of all
+/// its changes ends with (the latest by timestamp, the later line of two dated alike),
+/// over trails dated out of order, in other shapes, before 2000, with refusals and
+/// other targets of the same names between, before and after the index by name is built.
+#[test]
+fn the_last_change_to_a_target_is_the_latest_of_all_its_changes() {
+    use ailab_sandbox_core::audit::{AuditRecord, AuditStatus};
+    let (_w, _state, log) = relaxed_log();
+    let targets = ["/r/a/f.txt", "/r/b/f.txt", "/r/a/g.txt", "/r/c/f.txt"];
+    let mut r = 7u64;
+    let mut next = |n: u64| {
+        r = r
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (r >> 33) % n
+    };
+    let mut i = 0usize;
+    for round in 0..12 {
+        let lines: Vec<AuditRecord> = (0..150)
+            .map(|_| {
+                i += 1;
+                // Mostly later than the line before, often alike, sometimes earlier;
+                // hundreds of lines dated in each second.
+                let second = (i / 100 + next(3) as usize) % 3600;
+                let timestamp = match next(60) {
+                    0 => format!("2026-01-01T00:{:02}:{:02}Z", second / 60, second % 60),
+                    1 => "1970-01-01T00:00:00.000000Z".into(),
+                    2 => "2026-01-01T00:00:00.000000Z".into(),
+                    _ => format!(
+                        "2026-01-01T{:02}:{:02}:{:02}.{:06}Z",
+                        second / 3600,
+                        second / 60 % 60,
+                        second % 60,
+                        next(3) * 100
+                    ),
+                };
+                let status = match next(8) {
+                    0 => AuditStatus::Blocked,
+                    1 => AuditStatus::RolledBack,
+                    2 => AuditStatus::Failed,
+                    _ => AuditStatus::Success,
+                };
+                AuditRecord {
+                    timestamp,
+                    status,
+                    execution_id: if next(30) == 0 {
+                        String::new()
+                    } else {
+                        "ex".into()
+                    },
+                    ..change(i, targets[next(targets.len() as u64) as usize])
+                }
+            })
+            .collect();
+        log.append(lines).unwrap();
+        for target in targets {
+            let name = target.rsplit('/').next().unwrap();
+            let last = log.last_change(name, |t| t == target).unwrap();
+            let all = log.changes_since(name, |t| t == target, "", "").unwrap();
+            assert_eq!(
+                last.as_ref().map(|e| e.seq),
+                all.last().map(|e| e.seq),
+                "round {round}, {target}"
+            );
+        }
+    }
+    assert!(log.last_change("h.txt", |_| true).unwrap().is_none());
+}
+
+/// The look-up of a target's last change reads back only the lines of its name that
+/// may be dated after it, and never past the first that cannot: a common name is not
+/// read back whole for each target a recovery judges.
+#[test]
+fn the_last_change_to_a_target_reads_no_line_dated_before_its_second() {
+    let (w, _state, log) = relaxed_log();
+    let at = |i: usize, path: &str, s: u32, micros: u32| ailab_sandbox_core::audit::AuditRecord {
+        timestamp: format!("2026-01-01T00:{:02}:{:02}.{micros:06}Z", s / 60, s % 60),
+        ..change(i, path)
+    };
+    // Of the target: a0 (the first line), then its last change (a1); 300 changes to
+    // another file of its name dated before it; two more of the target dated in the
+    // same second but earlier, read first (from the newest); then 300 more changes to
+    // the other file, a second apart.
+    let mut lines = vec![at(0, "/r/f.txt", 1, 0), at(1, "/r/f.txt", 5, 700_000)];
+    lines.extend((2..302).map(|i| at(i, "/s/f.txt", 2, 0)));
+    lines.push(at(302, "/r/f.txt", 5, 500_000));
+    lines.push(at(303, "/r/f.txt", 5, 0));
+    lines.extend((304..604).map(|i| at(i, "/s/f.txt", i as u32, 0)));
+    log.append(lines).unwrap();
+    let last = |path: &str| {
+        log.last_change("f.txt", |t| t == path)
+            .map(|l| l.map(|e| e.action_id))
+    };
+    assert_eq!(last("/r/f.txt").unwrap().as_deref(), Some("a1"));
+    assert_eq!(last("/s/f.txt").unwrap().as_deref(), Some("a603"));
+    change_the_first_line_in_place(&w);
+    assert_eq!(last("/r/f.txt").unwrap().as_deref(), Some("a1"));
+    assert!(
+        f_changes_since(&log, "").is_err(),
+        "the look-up of all reads it"
+    );
+    // A target with no change of its own reads every line of the name.
+    assert!(last("/t/f.txt").is_err());
+}
+
 #[test]
 fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     let w = World::new();
