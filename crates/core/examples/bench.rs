@@ -10,7 +10,7 @@
 )]
 
 use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
-use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus};
+use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus, Ending};
 use ailab_sandbox_core::catalog::MutationClass;
 use ailab_sandbox_core::config::Durability;
 use ailab_sandbox_core::confine::root::{FILE_MODE, write_atomic_in};
@@ -243,25 +243,33 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// before, to files of the same names in another folder of the root (a long-lived
 /// sandbox where every workflow writes `notes.md`): the conflict check looks at the
 /// trail's changes to each target's name since its snapshot.
-fn rollback_100(durability: Durability, earlier: usize) -> Duration {
+/// A rollback of a workflow of 100 `create_file` actions (`d{i % 10}/f{i}.txt`), the
+/// trail holding `earlier` lines before its writes and `later` lines after them, each
+/// of a write by another workflow to a file of one of its files' names in another folder.
+fn rollback_100(durability: Durability, earlier: usize, later: usize) -> Duration {
     let tmp = keep(tempfile::tempdir().unwrap());
     let sb = sandbox(&tmp, durability);
-    if earlier > 0 {
+    let others = |n: usize, when: &str, folder: &str| {
         let state = StateDir::open(&tmp.join("state")).unwrap();
         let log = AuditLog::open(&state, false, 1_000_000).unwrap();
         let root = tmp.join("root");
-        for chunk in (0..earlier).collect::<Vec<_>>().chunks(10_000) {
+        for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
             log.append(
                 chunk
                     .iter()
                     .map(|&i| AuditRecord {
-                        timestamp: "2026-01-01T00:00:00.000000Z".into(),
-                        execution_id: format!("ex_old_{}", i / 100),
-                        workflow_id: format!("wf_old_{}", i / 100),
+                        timestamp: when.into(),
+                        execution_id: format!("ex_{folder}_{}", i / 100),
+                        workflow_id: format!("wf_{folder}_{}", i / 100),
                         action_id: format!("a{i}"),
                         mutation_class: Some(MutationClass::Create),
                         mutation_type: "create_file".into(),
-                        target_path: format!("{}/old/d{}/f{}.txt", root.display(), i % 10, i % 100),
+                        target_path: format!(
+                            "{}/{folder}/d{}/f{}.txt",
+                            root.display(),
+                            i % 500,
+                            i % 100
+                        ),
                         before_checksum: None,
                         after_checksum: Some(format!("{i:064x}")),
                         rollback_available: false,
@@ -274,13 +282,18 @@ fn rollback_100(durability: Durability, earlier: usize) -> Duration {
             )
             .unwrap();
         }
-    }
+    };
+    others(earlier, "2026-01-01T00:00:00.000000Z", "old");
     for i in 0..100 {
         let plan: Plan = serde_json::from_value(json!({"workflow_id": "wf_rb", "actions": [
             {"intent": "create_file", "path": format!("d{}/f{i}.txt", i % 10), "content": "y".repeat(1024)}]}))
         .unwrap();
         assert!(sb.run_plan(plan).unwrap().is_success());
     }
+    // Dated after every snapshot whatever the clock says; indexed before the rollback,
+    // as a server indexes its own lines as it writes them.
+    others(later, "2099-01-01T00:00:00.000000Z", "new");
+    sb.audit_stats().unwrap();
     settle();
     let start = Instant::now();
     let r = sb.rollback_workflow("wf_rb", &RollbackOptions::default());
@@ -477,7 +490,7 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
         let t = Instant::now();
         let found = log
             .changes_since(
-                &format!("f{n}.txt"),
+                format!("f{n}.txt").as_str(),
                 |p| p.ends_with(&format!("/w{n}/f{n}.txt")),
                 "",
                 "",
@@ -537,7 +550,11 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
     }
     let target = "/tmp/opencode/sandbox/w7/notes.md";
     let t = Instant::now();
-    let last = log.last_change("notes.md", |p| p == target).unwrap();
+    let ending = Ending {
+        name: "notes.md",
+        folder: Some("w7"),
+    };
+    let last = log.last_change(ending, |p| p == target).unwrap();
     let last_change = t.elapsed();
     let t = Instant::now();
     let all = log
@@ -665,14 +682,17 @@ fn run() {
         return;
     }
     if only.as_deref() == Some("rollback") {
-        // A rollback alone, and after `--n` older lines naming its files' names.
-        let earlier = flag("--n", 100_000);
-        let plain = rollback_100(Durability::Relaxed, 0);
-        let long = rollback_100(Durability::Relaxed, earlier);
+        // A rollback alone, and with `--n` lines naming its files' names in other
+        // folders, older than its writes, then newer.
+        let n = flag("--n", 100_000);
+        let plain = rollback_100(Durability::Relaxed, 0, 0);
+        let older = rollback_100(Durability::Relaxed, n, 0);
+        let newer = rollback_100(Durability::Relaxed, 0, n);
         println!(
-            "rollback of 100 actions (relaxed) {:.1} ms, after {earlier} older lines naming its file names {:.1} ms",
+            "rollback of 100 actions (relaxed) {:.1} ms; with {n} lines naming its file names in other folders: older {:.1} ms, newer {:.1} ms",
             plain.as_secs_f64() * 1e3,
-            long.as_secs_f64() * 1e3
+            older.as_secs_f64() * 1e3,
+            newer.as_secs_f64() * 1e3
         );
         return;
     }
@@ -803,14 +823,19 @@ fn run() {
     ] {
         rows.push(row(
             format!("rollback of a 100-action workflow ({label}), total"),
-            &[rollback_100(d, 0)],
+            &[rollback_100(d, 0, 0)],
             None,
         ));
     }
     let earlier = if quick { 2_000 } else { 100_000 };
     rows.push(row(
         format!("same (relaxed), after {earlier} older lines naming its file names"),
-        &[rollback_100(Durability::Relaxed, earlier)],
+        &[rollback_100(Durability::Relaxed, earlier, 0)],
+        None,
+    ));
+    rows.push(row(
+        format!("same (relaxed), before {earlier} newer lines naming them in other folders"),
+        &[rollback_100(Durability::Relaxed, 0, earlier)],
         None,
     ));
     let (sha_hex, sha_raw) = sha_throughput();

@@ -256,23 +256,70 @@ struct Slot {
     /// line of its chain read until their times pass its own. Free: the slot's padding
     /// held it.
     when: u32,
+    /// A keyed hash of the name of the folder holding the file a change names
+    /// ([`NO_FOLDER`] when the path has none): a look-up for a target in a folder of its
+    /// root reads back only the lines of its name in a folder of that name, whatever
+    /// spelling of the root they were written under (see [`Ending`]).
+    folder: u32,
 }
 
 const NO_SLOT: u32 = u32::MAX;
 
+/// [`Slot::folder`] of a line that is not a change, or whose path names no folder.
+const NO_FOLDER: u32 = u32::MAX;
+
 /// [`Slot::name`] of a line that is not a change to a file.
 const NOT_A_CHANGE: u32 = u32::MAX;
 
-/// [`Slot::name`] of a line: a keyed hash of its file name, for a change (a write or a
-/// restore) to a file. Names that share it share a chain, which
-/// [`AuditLog::changes_since`] then sorts out by reading the lines.
-fn name_of(keys: &RandomState, status: AuditStatus, target_path: &str) -> u32 {
+/// [`Slot::name`] and [`Slot::folder`] of a line: keyed hashes of its file name and of
+/// the name of the folder holding it, for a change (a write or a restore) to a file.
+/// Names that share a hash share a chain, which [`AuditLog::changes_since`] then sorts
+/// out by reading the lines. Paths are taken by their components, as
+/// `Path::ends_with` takes them when a line is matched to a target.
+fn name_of(keys: &RandomState, status: AuditStatus, target_path: &str) -> (u32, u32) {
+    use std::path::Component::Normal;
     if !matches!(status, AuditStatus::Success | AuditStatus::RolledBack) {
-        return NOT_A_CHANGE;
+        return (NOT_A_CHANGE, NO_FOLDER);
     }
-    std::path::Path::new(target_path)
-        .file_name()
-        .map_or(NOT_A_CHANGE, |n| name_hash(keys, n.as_encoded_bytes()))
+    let mut parts = std::path::Path::new(target_path).components().rev();
+    match (parts.next(), parts.next()) {
+        (Some(Normal(name)), folder) => (
+            name_hash(keys, name.as_encoded_bytes()),
+            match folder {
+                Some(Normal(f)) => name_hash(keys, f.as_encoded_bytes()),
+                _ => NO_FOLDER,
+            },
+        ),
+        _ => (NOT_A_CHANGE, NO_FOLDER),
+    }
+}
+
+/// What every path the trail may record for a target ends with, whatever spelling of
+/// its root the writing process was given: the file's name, and the name of the folder
+/// holding it when that folder lies inside the root (`None` for a file at the root's
+/// top, whose folder is the root itself, named otherwise under another spelling). A
+/// look-up by name alone reads every change to a file of that name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ending<'a> {
+    /// The file's name.
+    pub name: &'a str,
+    /// The name of the folder holding it, when that folder is inside the root.
+    pub folder: Option<&'a str>,
+}
+
+impl<'a> From<&'a str> for Ending<'a> {
+    fn from(name: &'a str) -> Self {
+        Self { name, folder: None }
+    }
+}
+
+impl<'a> From<&'a crate::confine::RelPath> for Ending<'a> {
+    fn from(rel: &'a crate::confine::RelPath) -> Self {
+        Self {
+            name: rel.file_name(),
+            folder: rel.parent_components().last().map(String::as_str),
+        }
+    }
 }
 
 fn name_hash(keys: &RandomState, name: &[u8]) -> u32 {
@@ -537,7 +584,7 @@ impl Index {
         let mut index = |this: &mut Self, parsed: ParsedLines<'a>| {
             for p in parsed.entries {
                 let offset = at + (p.line.as_ptr() as usize - buf.as_ptr() as usize) as u64;
-                this.insert(&p.view, offset, p.line.len(), (p.print, p.name));
+                this.insert(&p.view, offset, p.line.len(), (p.print, p.names));
             }
             unreadable.0 += parsed.unreadable;
             if unreadable.1.is_none() {
@@ -572,7 +619,13 @@ impl Index {
 
     /// Indexes the line `e`, found at `at`, `len` bytes long, with its keyed hash and
     /// its [`Slot::name`].
-    fn insert(&mut self, e: &LineView<'_>, at: u64, len: usize, (print, name): (u64, u32)) {
+    fn insert(
+        &mut self,
+        e: &LineView<'_>,
+        at: u64,
+        len: usize,
+        (print, (name, folder)): (u64, (u32, u32)),
+    ) {
         let s = &mut self.stats;
         s.total += 1;
         match e.status {
@@ -679,6 +732,7 @@ impl Index {
             seq: e.seq,
             print,
             when: time_key(&e.timestamp),
+            folder,
         });
         self.link(here);
     }
@@ -704,10 +758,10 @@ impl Index {
         self.slots.len() < NO_SLOT as usize
     }
 
-    /// The slots of changes to files named `name` (and any whose names share its
-    /// hash) whose timestamps may be later than `after`, in file order, linking every
+    /// The slots of changes to files of this `ending` (and any whose names share its
+    /// hashes) whose timestamps may be later than `after`, in file order, linking every
     /// slot by name the first time.
-    fn changes_to(&mut self, name: &str, after: &str) -> Vec<Slot> {
+    fn changes_to(&mut self, ending: Ending<'_>, after: &str) -> Vec<Slot> {
         let after = match time_key(after) {
             // A text it cannot place may be later than any line.
             ANY_TIME => 0,
@@ -729,13 +783,16 @@ impl Index {
         let mut at = self
             .by_name
             .as_ref()
-            .and_then(|m| m.get(&name_hash(&self.keys, name.as_bytes())))
+            .and_then(|m| m.get(&name_hash(&self.keys, ending.name.as_bytes())))
             .copied()
             .unwrap_or(NO_SLOT);
+        let folder = ending.folder.map(|f| name_hash(&self.keys, f.as_bytes()));
         while let Some(s) = self.slots.get(at as usize)
             && s.when >= after
         {
-            chain.push(*s);
+            if folder.is_none_or(|f| s.folder == f) {
+                chain.push(*s);
+            }
             at = s.same_name;
         }
         chain.reverse();
@@ -763,8 +820,8 @@ impl Index {
 struct Parsed<'a> {
     line: &'a [u8],
     print: u64,
-    /// Its [`Slot::name`].
-    name: u32,
+    /// Its [`Slot::name`] and [`Slot::folder`].
+    names: (u32, u32),
     view: LineView<'a>,
 }
 
@@ -776,7 +833,7 @@ fn parse_lines<'a>(buf: &'a [u8], keys: &RandomState) -> ParsedLines<'a> {
         Ok(Parsed {
             line,
             print: keys.hash_one(line),
-            name: name_of(keys, view.status, &view.target_path),
+            names: name_of(keys, view.status, &view.target_path),
             view,
         })
     })
@@ -1219,8 +1276,8 @@ impl AuditLog {
             Ok((bytes, (out, copy, lens)))
         })?;
         let mut at = pending.range().0;
-        for (e, &(len, print, name)) in written.iter().zip(&lens) {
-            index.insert(&LineView::of(e), at, len - 1, (print, name));
+        for (e, &(len, print, names)) in written.iter().zip(&lens) {
+            index.insert(&LineView::of(e), at, len - 1, (print, names));
             at += len as u64;
         }
         index.end = at;
@@ -1455,19 +1512,20 @@ impl AuditLog {
     /// The changes another run made to a target after `since` (writes and restores;
     /// each `before_checksum` is what it found there), as the trail records them:
     /// earliest first by timestamp, since recovery appends lines after the fact.
-    /// `is_target` tells whether a recorded `target_path` names the target, whose file
-    /// name is `name`: another process may have spelled its root differently (through a
-    /// symlink), so the text alone does not say. Only the lines of changes to files of
-    /// that name are read.
-    pub fn changes_since(
+    /// `is_target` tells whether a recorded `target_path` names the target, whose
+    /// paths end as `ending` says (its file name, or a `&RelPath` beneath its root):
+    /// another process may have spelled its root differently (through a symlink), so
+    /// the text alone does not say. Only the lines of changes to files of that ending
+    /// are read.
+    pub fn changes_since<'a>(
         &self,
-        name: &str,
+        ending: impl Into<Ending<'a>>,
         is_target: impl Fn(&str) -> bool,
         since: &str,
         not_execution: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
         Ok(changes_after(
-            &self.changes_named(name, since)?,
+            &self.changes_named(ending.into(), since)?,
             is_target,
             since,
             not_execution,
@@ -1475,34 +1533,36 @@ impl AuditLog {
     }
 
     /// Every line of a change (a write or a restore, any run's, whatever its status) to
-    /// a file named `name` that may be dated after `after` (a line dated later is never
-    /// left out; some dated no later may be in), in the log's order: for a caller that
-    /// looks at several targets of one name, read once ([`changes_after`] picks each
-    /// target's).
+    /// a file of this `ending` that may be dated after `after` (a line dated later is
+    /// never left out; some dated no later may be in), in the log's order: for a caller
+    /// that looks at several targets of one ending, read once ([`changes_after`] picks
+    /// each target's).
     pub(crate) fn changes_named(
         &self,
-        name: &str,
+        ending: Ending<'_>,
         after: &str,
     ) -> io::Result<Vec<SandboxAuditEntry>> {
-        self.read_picked(|ix| ix.changes_to(name, after))
+        self.read_picked(|ix| ix.changes_to(ending, after))
     }
 
-    /// The trail's last change to the target `is_target` names, whose file name is
-    /// `name`: the one [`changes_since`](Self::changes_since) with no time and no run
-    /// left out would end with (the latest by timestamp; of two dated alike, the later
-    /// line). The lines of the name are read back from the newest, and only until none
-    /// before can be dated later than the change found: recovery asks this of each
-    /// target it judges, and a common name (`notes.md`) may have been written many
-    /// thousand times before.
-    pub fn last_change(
+    /// The trail's last change to the target `is_target` names, whose paths end as
+    /// `ending` says: the one [`changes_since`](Self::changes_since) with no time and no
+    /// run left out would end with (the latest by timestamp; of two dated alike, the
+    /// later line). The lines of that ending are read back from the newest, and only
+    /// until none before can be dated later than the change found: recovery asks this
+    /// of each target it judges, and a common name (`notes.md`) may have been written
+    /// many thousand times before.
+    pub fn last_change<'a>(
         &self,
-        name: &str,
+        ending: impl Into<Ending<'a>>,
         is_target: impl Fn(&str) -> bool,
     ) -> io::Result<Option<SandboxAuditEntry>> {
-        // Each slot's time is the latest of its chain up to it (see [`Slot::when`]), and
-        // only when every slot is linked by name.
+        // Each slot's time is the latest of its chain by name up to it (see
+        // [`Slot::when`]), and only when every slot is linked by name; a chain's slots
+        // of one folder keep that order.
+        let ending = ending.into();
         let ((chain, bounded), reader) =
-            self.picked(|ix| (ix.changes_to(name, ""), ix.names_complete()))?;
+            self.picked(|ix| (ix.changes_to(ending, ""), ix.names_complete()))?;
         let mut last: Option<SandboxAuditEntry> = None;
         let mut end = chain.len();
         // Lines read back at a time, from the newest: most targets' last change is among
@@ -2292,7 +2352,7 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_takes_forty_bytes() {
-        assert_eq!(std::mem::size_of::<Slot>(), 40);
+    fn a_slot_takes_forty_eight_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
     }
 }

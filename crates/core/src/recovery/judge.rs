@@ -13,7 +13,7 @@ impl Sandbox {
         rel: &RelPath,
     ) -> Option<crate::audit::SandboxAuditEntry> {
         self.audit
-            .last_change(rel.file_name(), |t| self.names_target(t, root, rel))
+            .last_change(rel, |t| self.names_target(t, root, rel))
             .ok()
             .flatten()
     }

@@ -11,15 +11,16 @@ use crate::snapshot::{MAX_SNAPSHOT_BYTES, SnapshotKind, SnapshotMeta, StoredSnap
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 
-/// The trail's changes to files of each name, read once for all of a rollback's targets,
+/// The trail's changes to files of each name and folder (see
+/// [`crate::audit::Ending`]), read once for all of a rollback's targets that end so,
 /// from the lines that may be dated `after` its earliest snapshot.
 struct Named<'a> {
     after: &'a str,
-    read: HashMap<String, Recorded>,
+    read: HashMap<(String, Option<String>), Recorded>,
 }
 
-/// The trail's lines of changes to files of one name, by the path they record (in the
-/// log's order), and those paths by each of their endings (`f.txt`, `d/f.txt`, …): a
+/// The trail's lines of changes to files of one name and folder, by the path they
+/// record (in the log's order), and those paths by each of their endings (`f.txt`, `d/f.txt`, …): a
 /// target's lines are those of the paths ending in its path beneath the root that
 /// [`Sandbox::names_target`] takes for it, under whatever spelling of its root.
 #[derive(Default)]
@@ -437,11 +438,12 @@ impl Sandbox {
         meta: &SnapshotMeta,
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
-        let name = rel.file_name();
-        let recorded = match named.read.entry(name.to_owned()) {
+        let ending = crate::audit::Ending::from(&rel);
+        let key = (ending.name.to_owned(), ending.folder.map(str::to_owned));
+        let recorded = match named.read.entry(key) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Recorded::of(self.audit.changes_named(name, named.after)?))
+                v.insert(Recorded::of(self.audit.changes_named(ending, named.after)?))
             }
         };
         // In the log's order, as if read from it, for the stable sort by time after.

@@ -531,7 +531,7 @@ impl Sandbox {
     ) -> std::io::Result<Vec<crate::audit::SandboxAuditEntry>> {
         let rel = meta.target();
         self.audit.changes_since(
-            rel.file_name(),
+            &rel,
             |recorded| self.names_target(recorded, root, &rel),
             &meta.taken_at,
             &meta.execution_id,

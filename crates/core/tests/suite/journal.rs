@@ -1165,9 +1165,15 @@ fn a_line_dated_before_2000_does_not_make_later_look_ups_read_it() {
 /// other targets of the same names between, before and after the index by name is built.
 #[test]
 fn the_last_change_to_a_target_is_the_latest_of_all_its_changes() {
-    use ailab_sandbox_core::audit::{AuditRecord, AuditStatus};
+    use ailab_sandbox_core::audit::{AuditRecord, AuditStatus, Ending};
     let (_w, _state, log) = relaxed_log();
-    let targets = ["/r/a/f.txt", "/r/b/f.txt", "/r/a/g.txt", "/r/c/f.txt"];
+    let targets = [
+        "/r/a/f.txt",
+        "/r/b/f.txt",
+        "/r/a/g.txt",
+        "/r/c/f.txt",
+        "/r/b/a/f.txt",
+    ];
     let mut r = 7u64;
     let mut next = |n: u64| {
         r = r
@@ -1215,14 +1221,26 @@ fn the_last_change_to_a_target_is_the_latest_of_all_its_changes() {
             .collect();
         log.append(lines).unwrap();
         for target in targets {
-            let name = target.rsplit('/').next().unwrap();
-            let last = log.last_change(name, |t| t == target).unwrap();
-            let all = log.changes_since(name, |t| t == target, "", "").unwrap();
-            assert_eq!(
-                last.as_ref().map(|e| e.seq),
-                all.last().map(|e| e.seq),
-                "round {round}, {target}"
-            );
+            let mut parts = target.rsplit('/');
+            let name = parts.next().unwrap();
+            let ending = Ending {
+                name,
+                folder: parts.next(),
+            };
+            let seqs = |v: Vec<ailab_sandbox_core::audit::SandboxAuditEntry>| -> Vec<u64> {
+                v.into_iter().map(|e| e.seq).collect()
+            };
+            let all = seqs(log.changes_since(name, |t| t == target, "", "").unwrap());
+            let by_folder = seqs(log.changes_since(ending, |t| t == target, "", "").unwrap());
+            assert_eq!(by_folder, all, "round {round}, {target}");
+            for e in [ending, name.into()] {
+                let last = log.last_change(e, |t| t == target).unwrap();
+                assert_eq!(
+                    last.map(|e| e.seq),
+                    all.last().copied(),
+                    "round {round}, {target}"
+                );
+            }
         }
     }
     assert!(log.last_change("h.txt", |_| true).unwrap().is_none());
@@ -1262,6 +1280,65 @@ fn the_last_change_to_a_target_reads_no_line_dated_before_its_second() {
     );
     // A target with no change of its own reads every line of the name.
     assert!(last("/t/f.txt").is_err());
+}
+
+/// A target in a folder of its root is looked for among the changes to files of its
+/// name in folders of that folder's name only, under any spelling of the root: the
+/// trail's lines of the same name elsewhere are not read back. A file at a root's top
+/// has no such folder (under another spelling the root is named otherwise): every line
+/// of its name is read.
+#[test]
+fn changes_to_a_target_in_a_folder_are_read_from_the_lines_of_that_folder_only() {
+    use ailab_sandbox_core::audit::Ending;
+    let (w, _state, log) = relaxed_log();
+    log.append(vec![
+        change(0, "/elsewhere/f.txt"),
+        change(1, "/r/d/f.txt"),
+        change(2, "/link/d/f.txt"),
+        change(3, "/r/e/f.txt"),
+        change(4, "/r/d//f.txt"),
+        change(5, "/r/d/./f.txt"),
+        change(6, "/r/x/d/f.txt"),
+        change(7, "/r/f.txt"),
+    ])
+    .unwrap();
+    let found = |e: Ending, since: &str| -> std::io::Result<Vec<String>> {
+        Ok(log
+            .changes_since(e, |_| true, since, "")?
+            .into_iter()
+            .map(|e| e.action_id)
+            .collect())
+    };
+    let d = Ending {
+        name: "f.txt",
+        folder: Some("d"),
+    };
+    let in_d = ["a1", "a2", "a4", "a5", "a6"];
+    assert_eq!(found(d, "").unwrap(), in_d);
+    let last = |e: Ending| log.last_change(e, |_| true).unwrap().unwrap().action_id;
+    assert_eq!(last(d), "a6");
+    // The first line, of another folder, changed in place: not read for `d`.
+    change_the_first_line_in_place(&w);
+    assert_eq!(found(d, "").unwrap(), in_d);
+    let top = Ending {
+        name: "f.txt",
+        folder: None,
+    };
+    assert!(
+        found(top, "").is_err(),
+        "a file at a root's top reads them all"
+    );
+    assert!(
+        found(
+            Ending {
+                name: "f.txt",
+                folder: Some("e"),
+            },
+            ""
+        )
+        .unwrap()
+            == ["a3"]
+    );
 }
 
 #[test]

@@ -1269,11 +1269,27 @@ fn a_change_between_two_writes_is_undone_as_the_refusal_says() {
 /// Workflow `wf`'s action `id` replacing `f.txt` with `text`, a second after whatever
 /// came before; it must succeed.
 fn replace_later(w: &World, sb: &ailab_sandbox_core::Sandbox, wf: &str, id: &str, text: &str) {
+    write_later(w, sb, (wf, id), "f.txt", text);
+}
+
+/// [`replace_later`] at `path`, made when missing.
+fn write_later(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+    (wf, id): (&str, &str),
+    path: &str,
+    text: &str,
+) {
     w.clock.advance(chrono::Duration::seconds(1));
+    let intent = if w.root.join(path).exists() {
+        "replace_file"
+    } else {
+        "create_file"
+    };
     let r = run(
         sb,
         json!({"workflow_id": wf, "actions": [
-            {"action_id": id, "intent": "replace_file", "path": "f.txt", "content": text}]}),
+            {"action_id": id, "intent": intent, "path": path, "content": text}]}),
     );
     assert_eq!(status(&r), "success", "{wf} {r:?}");
 }
@@ -1408,6 +1424,40 @@ fn writes_under_another_spelling_of_the_root_count_wherever_its_link_is() {
         assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
         let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
         assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
+    }
+}
+
+/// The same for a file in a folder (its changes are looked for among those to files of
+/// its name in folders of that folder's name): a write that came back, recorded under
+/// another spelling of the root, is a conflict; writes to files of its name in other
+/// folders, or in a folder of the same name elsewhere in the root, are not its changes.
+#[test]
+fn writes_under_another_spelling_of_a_file_in_a_folder_count_and_others_do_not() {
+    for came_back in [true, false] {
+        let w = World::new();
+        let sb = w.sandbox();
+        write_later(&w, &sb, ("wf_1", "a1"), "d/f.txt", "X\n");
+        let link = w.tmp.path().join("up");
+        std::os::unix::fs::symlink(w.root.parent().unwrap(), &link).unwrap();
+        let mut other = w.writable_config();
+        other.roots = vec![link.join(w.root.file_name().unwrap())];
+        let sb2 = w.open(other);
+        write_later(&w, &sb2, ("wf_2", "b1"), "d/f.txt", "Y\n");
+        if came_back {
+            write_later(&w, &sb2, ("wf_3", "c1"), "d/f.txt", "X\n");
+        }
+        // Same name elsewhere, last of all: none of them is the file's change.
+        for (i, path) in ["e/f.txt", "x/d/f.txt", "f.txt"].iter().enumerate() {
+            write_later(&w, &sb2, ("wf_4", &format!("o{i}")), path, "X\n");
+        }
+        drop(sb2);
+        let rb = rollback(&sb, "wf_1", false);
+        let case = format!("came back {came_back}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
+        let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
+        assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
+        let now: &[u8] = if came_back { b"X\n" } else { b"Y\n" };
+        assert_eq!(w.read("d/f.txt"), now, "{case}: nothing restored");
     }
 }
 
