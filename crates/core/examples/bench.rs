@@ -490,7 +490,7 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
         let t = Instant::now();
         let found = log
             .changes_since(
-                format!("f{n}.txt").as_str(),
+                &format!("f{n}.txt"),
                 |p| p.ends_with(&format!("/w{n}/f{n}.txt")),
                 "",
                 "",

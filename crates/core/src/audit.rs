@@ -313,6 +313,12 @@ impl<'a> From<&'a str> for Ending<'a> {
     }
 }
 
+impl<'a> From<&'a String> for Ending<'a> {
+    fn from(name: &'a String) -> Self {
+        name.as_str().into()
+    }
+}
+
 impl<'a> From<&'a crate::confine::RelPath> for Ending<'a> {
     fn from(rel: &'a crate::confine::RelPath) -> Self {
         Self {
