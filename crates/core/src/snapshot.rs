@@ -330,6 +330,22 @@ fn untrusted_said(at: &str, detail: &str) -> Refusal {
     )
 }
 
+/// A genuine record (its seal holds) made for another root than the one it lies in: a
+/// root moved or copied to another path, or a snapshot folder copied from another root.
+/// The seal binds a record to its root, so it is refused all the same; the words say
+/// where it belongs rather than calling it forged.
+fn sealed_for_another_root(folder: &str, sealed_root: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::ChecksumMismatch,
+        format!(
+            "the snapshot record {} was sealed for the root {}, not this one: a root moved or copied to another path keeps its files but not its snapshots, which are not trusted for rollback or recovery here (roll back with the runtime given the root at {} again, or remove the folder if it was copied from there)",
+            shown_path(&format!("{folder}/{META_FILE}")),
+            shown_path(sealed_root),
+            shown_path(sealed_root)
+        ),
+    )
+}
+
 /// Whether `e` says a path was not opened for what stands there: a symbolic link (never
 /// followed) or a file where a folder was expected.
 fn stands_in_place(e: &io::Error) -> bool {
@@ -929,11 +945,11 @@ impl Snapshotter {
             return Err(trust(shut_out_of(root, &format!("{folder}/{BACKUP_FILE}"))));
         }
         // A genuine record copied into another folder or root is still not this one.
-        if meta.workflow_id != workflow_id
-            || meta.action_id != action_id
-            || !root.is_named_by(&meta.root)
-        {
+        if meta.workflow_id != workflow_id || meta.action_id != action_id {
             return Err(trust(untrusted(&folder, META_FILE, &Unsealed::Forged)));
+        }
+        if !root.is_named_by(&meta.root) {
+            return Err(trust(sealed_for_another_root(&folder, &meta.root)));
         }
         if let Some(why) = unwritable_path(&meta) {
             return Err(trust(untrusted_said(

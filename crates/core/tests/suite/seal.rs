@@ -487,6 +487,13 @@ fn genuine_records_copied_elsewhere_are_not_trusted() {
 
     copy_tree(&folder(&w.root, "a1"), &folder(&root2, "a1"));
     refused_as_untrusted(&sb, "wf_copy", ".rollback/wf_copy/a1/meta.json");
+    // Said to be sealed for the root it came from, not forged.
+    let reason = sb.rollback_info("wf_copy").unwrap().reason.unwrap();
+    assert!(
+        reason.contains(&format!("was sealed for the root '{}'", w.root.display()))
+            && !reason.contains("seal:"),
+        "{reason}"
+    );
     assert!(!root2.join("m.txt").exists());
     std::fs::remove_dir_all(root2.join(".rollback")).unwrap();
     rolls_back(&sb, "wf_copy");
