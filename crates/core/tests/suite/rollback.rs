@@ -1410,20 +1410,8 @@ fn writes_under_another_spelling_of_the_root_count_wherever_its_link_is() {
         } else {
             w.tmp.path().join("up")
         };
-        std::os::unix::fs::symlink(w.root.parent().unwrap(), &link).unwrap();
-        let mut other = w.writable_config();
-        other.roots = vec![link.join(w.root.file_name().unwrap())];
-        let sb2 = w.open(other);
-        replace_later(&w, &sb2, "wf_2", "b1", "Y\n");
-        if came_back {
-            replace_later(&w, &sb2, "wf_3", "c1", "X\n");
-        }
-        drop(sb2);
-        let rb = rollback(&sb, "wf_1", false);
         let case = format!("inside {inside}, came back {came_back}");
-        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
-        let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
-        assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
+        conflict_under_another_spelling(&w, &sb, &link, "f.txt", came_back, &[], &case);
     }
 }
 
@@ -1438,27 +1426,44 @@ fn writes_under_another_spelling_of_a_file_in_a_folder_count_and_others_do_not()
         let sb = w.sandbox();
         write_later(&w, &sb, ("wf_1", "a1"), "d/f.txt", "X\n");
         let link = w.tmp.path().join("up");
-        std::os::unix::fs::symlink(w.root.parent().unwrap(), &link).unwrap();
-        let mut other = w.writable_config();
-        other.roots = vec![link.join(w.root.file_name().unwrap())];
-        let sb2 = w.open(other);
-        write_later(&w, &sb2, ("wf_2", "b1"), "d/f.txt", "Y\n");
-        if came_back {
-            write_later(&w, &sb2, ("wf_3", "c1"), "d/f.txt", "X\n");
-        }
-        // Same name elsewhere, last of all: none of them is the file's change.
-        for (i, path) in ["e/f.txt", "x/d/f.txt", "f.txt"].iter().enumerate() {
-            write_later(&w, &sb2, ("wf_4", &format!("o{i}")), path, "X\n");
-        }
-        drop(sb2);
-        let rb = rollback(&sb, "wf_1", false);
+        let decoys = ["e/f.txt", "x/d/f.txt", "f.txt"];
         let case = format!("came back {came_back}");
-        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
-        let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
-        assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
-        let now: &[u8] = if came_back { b"X\n" } else { b"Y\n" };
-        assert_eq!(w.read("d/f.txt"), now, "{case}: nothing restored");
+        conflict_under_another_spelling(&w, &sb, &link, "d/f.txt", came_back, &decoys, &case);
     }
+}
+
+/// After `wf_1` wrote X at `path`: another process, its root spelt through `link` (a
+/// link to the root's parent), writes Y there, then X again when `came_back`, then X at
+/// each of `decoys`; `wf_1`'s rollback is then a conflict naming the last write of
+/// `path`, and restores nothing.
+fn conflict_under_another_spelling(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+    link: &std::path::Path,
+    path: &str,
+    came_back: bool,
+    decoys: &[&str],
+    case: &str,
+) {
+    std::os::unix::fs::symlink(w.root.parent().unwrap(), link).unwrap();
+    let mut other = w.writable_config();
+    other.roots = vec![link.join(w.root.file_name().unwrap())];
+    let sb2 = w.open(other);
+    write_later(w, &sb2, ("wf_2", "b1"), path, "Y\n");
+    if came_back {
+        write_later(w, &sb2, ("wf_3", "c1"), path, "X\n");
+    }
+    // Files of its name elsewhere, last of all: none of them is the file's change.
+    for (i, decoy) in decoys.iter().enumerate() {
+        write_later(w, &sb2, ("wf_4", &format!("o{i}")), decoy, "X\n");
+    }
+    drop(sb2);
+    let rb = rollback(sb, "wf_1", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{case}: {rb:?}");
+    let by = if came_back { "wf_3/c1" } else { "wf_2/b1" };
+    assert_eq!(rb.conflicts[0].changed_by, write_by(by), "{case}: {rb:?}");
+    let now: &[u8] = if came_back { b"X\n" } else { b"Y\n" };
+    assert_eq!(w.read(path), now, "{case}: nothing restored");
 }
 
 /// A recorded write that stands is not undone unseen because the trail cannot say who
