@@ -626,8 +626,8 @@ impl Index {
         self.end = at + buf.len() as u64;
     }
 
-    /// Indexes the line `e`, found at `at`, `len` bytes long, with its keyed hash and
-    /// its [`Slot::name`].
+    /// Indexes the line `e`, found at `at`, `len` bytes long, with its keyed hash, its
+    /// [`Slot::name`] and its [`Slot::folder`].
     fn insert(
         &mut self,
         e: &LineView<'_>,

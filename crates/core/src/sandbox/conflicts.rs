@@ -20,9 +20,10 @@ struct Named<'a> {
 }
 
 /// The trail's lines of changes to files of one name and folder, by the path they
-/// record (in the log's order), and those paths by each of their endings (`f.txt`, `d/f.txt`, …): a
-/// target's lines are those of the paths ending in its path beneath the root that
-/// [`Sandbox::names_target`] takes for it, under whatever spelling of its root.
+/// record (in the log's order), and those paths by each of their endings (`f.txt`,
+/// `d/f.txt`, …): a target's lines are those of the paths ending in its path beneath
+/// the root that [`Sandbox::names_target`] takes for it, under whatever spelling of its
+/// root.
 #[derive(Default)]
 struct Recorded {
     by_path: HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
