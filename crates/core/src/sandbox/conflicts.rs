@@ -20,8 +20,8 @@ struct Named<'a> {
 }
 
 /// The trail's lines of changes to files of one name and folder, by the path they
-/// record (in the log's order), and those paths by each of their endings (`f.txt`,
-/// `d/f.txt`, …): a target's lines are those of the paths ending in its path beneath
+/// record (in the log's order), and those paths by each of their endings in components
+/// (`f.txt`, `d/f.txt`, …): a target's lines are those of the paths ending in its path beneath
 /// the root that [`Sandbox::names_target`] takes for it, under whatever spelling of its
 /// root.
 #[derive(Default)]
@@ -37,9 +37,25 @@ impl Recorded {
             let path = line.target_path.clone();
             let lines = r.by_path.entry(path.clone()).or_default();
             if lines.is_empty() {
-                for (at, _) in path.match_indices('/') {
+                // By components, as `names_target` reads the path: `d//f.txt`,
+                // `d/./f.txt` and `d/f.txt/` all end in `d/f.txt`.
+                let mut ending = String::new();
+                for part in std::path::Path::new(&path)
+                    .components()
+                    .rev()
+                    .map_while(|c| {
+                        let std::path::Component::Normal(part) = c else {
+                            return None;
+                        };
+                        part.to_str()
+                    })
+                {
+                    if !ending.is_empty() {
+                        ending.insert(0, '/');
+                    }
+                    ending.insert_str(0, part);
                     r.by_ending
-                        .entry(path[at + 1..].to_owned())
+                        .entry(ending.clone())
                         .or_default()
                         .push(path.clone());
                 }

@@ -1432,6 +1432,58 @@ fn writes_under_another_spelling_of_a_file_in_a_folder_count_and_others_do_not()
     }
 }
 
+/// A write recorded under a spelling of its path the runtime never writes itself
+/// (`d//f.txt`, `d/./f.txt`, a trailing `/`: a line from another tool, or edited) is the
+/// file's change for a rollback's check as it is for recovery, which reads paths by
+/// their components: here a write that came back, a conflict naming it.
+#[test]
+fn writes_recorded_under_another_spelling_of_the_path_beneath_the_root_count() {
+    use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus};
+    use ailab_sandbox_core::clock::Clock as _;
+    use ailab_sandbox_core::hash::sha256_hex;
+    for spelling in ["d//f.txt", "d/./f.txt", "d/f.txt/"] {
+        let w = World::new();
+        let sb = w.sandbox();
+        write_later(&w, &sb, ("wf_1", "a1"), "d/f.txt", "X\n");
+        let state = ailab_sandbox_core::confine::state::StateDir::open(&w.state).unwrap();
+        let foreign = AuditLog::open(&state, false, 10).unwrap();
+        let write = |(wf, id): (&str, &str), before: &[u8], after: &[u8]| {
+            w.clock.advance(chrono::Duration::seconds(1));
+            let line = AuditRecord {
+                timestamp: ailab_sandbox_core::clock::timestamp(w.clock.now()),
+                execution_id: format!("ex_{wf}"),
+                workflow_id: wf.into(),
+                action_id: id.into(),
+                mutation_class: None,
+                mutation_type: "replace_file".into(),
+                target_path: format!("{}/{spelling}", w.root.display()),
+                before_checksum: Some(sha256_hex(before)),
+                after_checksum: Some(sha256_hex(after)),
+                rollback_available: false,
+                rollback_path: None,
+                status: AuditStatus::Success,
+                reason_code: None,
+                error: None,
+            };
+            foreign.append(vec![line]).unwrap();
+        };
+        write(("wf_2", "b1"), b"X\n", b"Y\n");
+        write(("wf_3", "c1"), b"Y\n", b"X\n");
+        let rb = rollback(&sb, "wf_1", false);
+        assert_eq!(
+            rb.reason_code,
+            Some(ReasonCode::Conflict),
+            "{spelling}: {rb:?}"
+        );
+        assert_eq!(
+            rb.conflicts[0].changed_by,
+            write_by("wf_3/c1"),
+            "{spelling}"
+        );
+        assert_eq!(w.read("d/f.txt"), b"X\n", "{spelling}: nothing restored");
+    }
+}
+
 /// After `wf_1` wrote X at `path`: another process, its root spelt through `link` (a
 /// link to the root's parent), writes Y there, then X again when `came_back`, then X at
 /// each of `decoys`; `wf_1`'s rollback is then a conflict naming the last write of
