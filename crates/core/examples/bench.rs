@@ -10,9 +10,10 @@
 )]
 
 use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
-use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus, Ending};
+use ailab_sandbox_core::audit::{AuditLog, AuditRecord, AuditStatus};
 use ailab_sandbox_core::catalog::MutationClass;
 use ailab_sandbox_core::config::Durability;
+use ailab_sandbox_core::confine::RelPath;
 use ailab_sandbox_core::confine::root::{FILE_MODE, write_atomic_in};
 use ailab_sandbox_core::confine::state::StateDir;
 use ailab_sandbox_core::sandbox::RollbackOptions;
@@ -550,11 +551,8 @@ fn audit_open(dir: &std::path::Path) -> AuditOpen {
     }
     let target = "/tmp/opencode/sandbox/w7/notes.md";
     let t = Instant::now();
-    let ending = Ending {
-        name: "notes.md",
-        folder: Some("w7"),
-    };
-    let last = log.last_change(ending, |p| p == target).unwrap();
+    let rel = RelPath::from_components(vec!["w7".into(), "notes.md".into()]);
+    let last = log.last_change(&rel, |p| p == target).unwrap();
     let last_change = t.elapsed();
     let t = Instant::now();
     let all = log

@@ -298,16 +298,16 @@ fn name_of(keys: &RandomState, status: AuditStatus, target_path: &str) -> (u32, 
 /// its root the writing process was given: the file's name, and the name of the folder
 /// holding it when that folder lies inside the root (`None` for a file at the root's
 /// top, whose folder is the root itself, named otherwise under another spelling). A
-/// look-up by name alone reads every change to a file of that name. Made from the
-/// target's `RelPath` below its root, or from its file name; a folder given by hand
-/// must be that path's component before the name (one taken from an absolute path may
-/// be the root's, and miss the lines written under another spelling of it).
+/// look-up by name alone reads every change to a file of that name. Made only from the
+/// target's `RelPath` below its root, or from its file name: a folder taken from an
+/// absolute path may be the root's, and miss the lines written under another spelling
+/// of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ending<'a> {
     /// The file's name.
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     /// The name of the folder holding it, when that folder is inside the root.
-    pub folder: Option<&'a str>,
+    pub(crate) folder: Option<&'a str>,
 }
 
 impl<'a> From<&'a str> for Ending<'a> {

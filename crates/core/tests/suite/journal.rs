@@ -3,6 +3,7 @@
 use crate::support::*;
 use ailab_sandbox_core::artifact::{ArtifactEntry, ArtifactRegistry};
 use ailab_sandbox_core::audit::AuditLog;
+use ailab_sandbox_core::confine::RelPath;
 use ailab_sandbox_core::confine::state::StateDir;
 use serde_json::json;
 
@@ -1223,17 +1224,21 @@ fn the_last_change_to_a_target_is_the_latest_of_all_its_changes() {
         for target in targets {
             let mut parts = target.rsplit('/');
             let name = parts.next().unwrap();
-            let ending = Ending {
-                name,
-                folder: parts.next(),
-            };
+            let rel = RelPath::from_components(
+                parts
+                    .next()
+                    .into_iter()
+                    .chain([name])
+                    .map(String::from)
+                    .collect(),
+            );
             let seqs = |v: Vec<ailab_sandbox_core::audit::SandboxAuditEntry>| -> Vec<u64> {
                 v.into_iter().map(|e| e.seq).collect()
             };
             let all = seqs(log.changes_since(name, |t| t == target, "", "").unwrap());
-            let by_folder = seqs(log.changes_since(ending, |t| t == target, "", "").unwrap());
+            let by_folder = seqs(log.changes_since(&rel, |t| t == target, "", "").unwrap());
             assert_eq!(by_folder, all, "round {round}, {target}");
-            for e in [ending, name.into()] {
+            for e in [Ending::from(&rel), name.into()] {
                 let last = log.last_change(e, |t| t == target).unwrap();
                 assert_eq!(
                     last.map(|e| e.seq),
@@ -1309,10 +1314,9 @@ fn changes_to_a_target_in_a_folder_are_read_from_the_lines_of_that_folder_only()
             .map(|e| e.action_id)
             .collect())
     };
-    let d = Ending {
-        name: "f.txt",
-        folder: Some("d"),
-    };
+    let rel = |path: &str| RelPath::from_components(path.split('/').map(String::from).collect());
+    let d_f = rel("d/f.txt");
+    let d = Ending::from(&d_f);
     let in_d = ["a1", "a2", "a4", "a5", "a6"];
     assert_eq!(found(d, "").unwrap(), in_d);
     let last = |e: Ending| log.last_change(e, |_| true).unwrap().unwrap().action_id;
@@ -1320,25 +1324,12 @@ fn changes_to_a_target_in_a_folder_are_read_from_the_lines_of_that_folder_only()
     // The first line, of another folder, changed in place: not read for `d`.
     change_the_first_line_in_place(&w);
     assert_eq!(found(d, "").unwrap(), in_d);
-    let top = Ending {
-        name: "f.txt",
-        folder: None,
-    };
+    let top = Ending::from("f.txt");
     assert!(
         found(top, "").is_err(),
         "a file at a root's top reads them all"
     );
-    assert!(
-        found(
-            Ending {
-                name: "f.txt",
-                folder: Some("e"),
-            },
-            ""
-        )
-        .unwrap()
-            == ["a3"]
-    );
+    assert!(found(Ending::from(&rel("e/f.txt")), "").unwrap() == ["a3"]);
 }
 
 #[test]
