@@ -252,6 +252,68 @@ fn later_writers<'a>(
         .collect()
 }
 
+/// What a workflow's trail lines say of its writes, for choosing what to roll back.
+struct TrailWrites<'t> {
+    /// Writes that must have a snapshot here: by action, its latest write's `seq` and
+    /// target.
+    written: HashMap<&'t str, (u64, &'t str)>,
+    /// Writes into a root this process is not configured with.
+    elsewhere: Vec<&'t SandboxAuditEntry>,
+    /// Writes whose snapshots a prune removed: they need none.
+    pruned: Vec<&'t SandboxAuditEntry>,
+    /// By action, the `seq` of its latest rollback line.
+    undone: HashMap<&'t str, u64>,
+}
+
+impl<'t> TrailWrites<'t> {
+    /// From `trail` (a workflow's lines, in order), the root each target lies in
+    /// (`root_of`), and how far in the trail prunes went through each root.
+    fn of(
+        trail: &'t [SandboxAuditEntry],
+        root_of: impl Fn(&SandboxAuditEntry) -> Option<usize>,
+        pruned_up_to: impl Fn(usize) -> Option<u64>,
+    ) -> Self {
+        let mut w = Self {
+            written: HashMap::new(),
+            elsewhere: Vec::new(),
+            pruned: Vec::new(),
+            undone: HashMap::new(),
+        };
+        for e in trail {
+            match e.status {
+                AuditStatus::Success
+                    if e.rollback_available
+                        && e.mutation_class != Some(MutationClass::Rollback) =>
+                {
+                    match root_of(e) {
+                        None => w.elsewhere.push(e),
+                        Some(i) if pruned_up_to(i).is_none_or(|up_to| e.seq > up_to) => {
+                            w.written.insert(&e.action_id, (e.seq, &e.target_path));
+                        }
+                        Some(_) => w.pruned.push(e),
+                    }
+                }
+                AuditStatus::RolledBack => {
+                    w.undone.insert(&e.action_id, e.seq);
+                }
+                _ => {}
+            }
+        }
+        w
+    }
+
+    /// Undone after its write; or, never recorded as written (an action that failed,
+    /// its own change undone), undone at all: its restore's mark may be missing (the
+    /// root was full), and a later rollback would otherwise "restore" it over whatever
+    /// stands there now.
+    fn is_undone(&self, action: &str) -> bool {
+        match self.written.get(action) {
+            Some((w, _)) => self.undone.get(action).is_some_and(|u| u > w),
+            None => self.undone.contains_key(action),
+        }
+    }
+}
+
 impl Sandbox {
     /// Every snapshot of a workflow across roots, oldest first, with its root. A record
     /// that cannot be trusted refuses the whole workflow: a rollback that skipped it would
@@ -756,51 +818,24 @@ impl Sandbox {
                 .map(|(_, seq)| *seq)
                 .max()
         };
-        // Writes that must have a snapshot here, and writes into a root this process is not
-        // configured with; those a prune removed need neither.
-        let mut written: HashMap<&str, (u64, &str)> = HashMap::new();
-        let mut elsewhere_writes: Vec<&SandboxAuditEntry> = Vec::new();
-        let mut pruned_writes: Vec<&SandboxAuditEntry> = Vec::new();
-        let mut undone: HashMap<&str, u64> = HashMap::new();
-        for e in &trail {
-            match e.status {
-                AuditStatus::Success
-                    if e.rollback_available
-                        && e.mutation_class != Some(MutationClass::Rollback) =>
-                {
-                    match self.root_of(&e.target_path) {
-                        None => elsewhere_writes.push(e),
-                        Some(i) if pruned_up_to(i).is_none_or(|up_to| e.seq > up_to) => {
-                            written.insert(&e.action_id, (e.seq, &e.target_path));
-                        }
-                        Some(_) => pruned_writes.push(e),
-                    }
-                }
-                AuditStatus::RolledBack => {
-                    undone.insert(&e.action_id, e.seq);
-                }
-                _ => {}
-            }
-        }
-        // Undone after its write; or, never recorded as written (an action that failed,
-        // its own change undone), undone at all: its restore's mark may be missing (the
-        // root was full), and a later rollback would otherwise "restore" it over whatever
-        // stands there now.
-        let is_undone = |action: &str| match written.get(action) {
-            Some((w, _)) => undone.get(action).is_some_and(|u| u > w),
-            None => undone.contains_key(action),
-        };
-        // Of the writes kept apart above, those asked for and not undone since.
+        let writes = TrailWrites::of(&trail, |e| self.root_of(&e.target_path), pruned_up_to);
+        let is_undone = |action: &str| writes.is_undone(action);
+        // Of the writes kept apart, those asked for and not undone since.
         let in_place = |e: &SandboxAuditEntry| {
             opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
-                && undone.get(e.action_id.as_str()).is_none_or(|u| *u < e.seq)
+                && writes
+                    .undone
+                    .get(e.action_id.as_str())
+                    .is_none_or(|u| *u < e.seq)
         };
         // Undone before a prune took their snapshots: rolled back, not lost.
-        let undone_then_pruned = pruned_writes
+        let undone_then_pruned = writes
+            .pruned
             .iter()
             .any(|e| opts.action_id.as_deref().is_none_or(|a| a == e.action_id) && !in_place(e));
-        let pruned: Vec<String> = pruned_writes
-            .into_iter()
+        let pruned: Vec<String> = writes
+            .pruned
+            .iter()
             .filter(|e| in_place(e))
             .map(|e| {
                 format!(
@@ -812,8 +847,10 @@ impl Sandbox {
             .collect();
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
-        let elsewhere: Vec<&SandboxAuditEntry> = elsewhere_writes
-            .into_iter()
+        let elsewhere: Vec<&SandboxAuditEntry> = writes
+            .elsewhere
+            .iter()
+            .copied()
             .filter(|e| in_place(e))
             .collect();
         if let Some(first) = elsewhere.first() {
@@ -836,7 +873,8 @@ impl Sandbox {
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
-        let mut missing: Vec<String> = written
+        let mut missing: Vec<String> = writes
+            .written
             .iter()
             .filter(|(a, _)| opts.action_id.as_deref().is_none_or(|want| want == **a))
             .filter(|(a, _)| !have.contains(**a) && !is_undone(a))
@@ -891,44 +929,7 @@ impl Sandbox {
         if let Some(a) = opts.action_id.as_deref() {
             let later = later_writers(&snaps, a, |s| s.restored || is_undone(&s.meta.action_id));
             if !later.is_empty() {
-                let names: Vec<String> = later
-                    .iter()
-                    .map(|(_, s)| {
-                        format!(
-                            "{} ({} {})",
-                            shown_path(&s.meta.action_id),
-                            s.meta.intent,
-                            shown_path(&s.meta.original_path)
-                        )
-                    })
-                    .collect();
-                let conflicts = later
-                    .iter()
-                    .map(|(i, s)| {
-                        let rel = s.meta.target();
-                        Conflict {
-                            action_id: s.meta.action_id.clone(),
-                            path: self.abs_path(*i, &rel),
-                            expected_checksum: self
-                                .left_by(workflow_id, &s.meta)
-                                .and_then(|l| l.state.checksum()),
-                            current_checksum: self.target_state(*i, &rel).checksum(),
-                            found_by_action: None,
-                            changed_by: None,
-                            claimed_by: Vec::new(),
-                        }
-                    })
-                    .collect();
-                return Err((
-                    ReasonCode::Conflict,
-                    format!(
-                        "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
-                        shown_path(workflow_id),
-                        shown_path(a),
-                        named(&names)
-                    ),
-                    conflicts,
-                ));
+                return Err(self.later_actions_refusal(workflow_id, a, &later));
             }
         }
         let chosen = snaps
@@ -944,7 +945,30 @@ impl Sandbox {
                 (i, s)
             })
             .collect::<RootedSnapshots>();
-        let what = || match &opts.action_id {
+        if let Some(refusal) = self.nothing_left(
+            workflow_id,
+            opts.action_id.as_deref(),
+            &chosen,
+            &pruned,
+            undone_then_pruned,
+        ) {
+            return Err(refusal);
+        }
+        Ok((chosen, pruned))
+    }
+
+    /// Why a rollback of `action` (or the whole workflow) finds nothing left to roll
+    /// back in `chosen`, with the writes `pruned` and whether some were
+    /// `undone_then_pruned`; `None` when something is left.
+    fn nothing_left(
+        &self,
+        workflow_id: &str,
+        action: Option<&str>,
+        chosen: &RootedSnapshots,
+        pruned: &[String],
+        undone_then_pruned: bool,
+    ) -> Option<RollbackRefusal> {
+        let what = || match action {
             Some(a) => format!(
                 "action {} of workflow {}",
                 shown_path(a),
@@ -953,7 +977,7 @@ impl Sandbox {
             None => format!("workflow {}", shown_path(workflow_id)),
         };
         if chosen.is_empty() && pruned.is_empty() && undone_then_pruned {
-            return Err((
+            return Some((
                 ReasonCode::NoRollbackData,
                 format!(
                     "{} was already rolled back, and its snapshots have since been pruned; nothing is left to roll back",
@@ -970,17 +994,16 @@ impl Sandbox {
                 format!(
                     " ({} write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {})",
                     pruned.len(),
-                    named(&pruned)
+                    named(pruned)
                 )
             };
-            let action = opts.action_id.as_deref();
             let known = match self.ran_elsewhere(workflow_id, action) {
                 elsewhere if elsewhere.is_empty() && pruned.is_empty() => {
                     self.never_written(workflow_id, action, &what())
                 }
                 elsewhere => elsewhere,
             };
-            return Err((
+            return Some((
                 ReasonCode::NoRollbackData,
                 format!(
                     "there are no snapshots for {}{why}; nothing can be rolled back{known}",
@@ -990,7 +1013,7 @@ impl Sandbox {
             ));
         }
         if chosen.iter().all(|(_, s)| s.restored) {
-            return Err((
+            return Some((
                 ReasonCode::NoRollbackData,
                 format!(
                     "{} was already rolled back (by an earlier rollback, at once when its action failed, or by the recovery of an interrupted run); nothing is left to roll back",
@@ -999,7 +1022,55 @@ impl Sandbox {
                 Vec::new(),
             ));
         }
-        Ok((chosen, pruned))
+        None
+    }
+
+    /// The refusal of a rollback of action `a` of `workflow_id` under the `later`
+    /// actions of the workflow that changed what it wrote (see [`later_writers`]).
+    fn later_actions_refusal(
+        &self,
+        workflow_id: &str,
+        a: &str,
+        later: &[&(usize, StoredSnapshot)],
+    ) -> RollbackRefusal {
+        let names: Vec<String> = later
+            .iter()
+            .map(|(_, s)| {
+                format!(
+                    "{} ({} {})",
+                    shown_path(&s.meta.action_id),
+                    s.meta.intent,
+                    shown_path(&s.meta.original_path)
+                )
+            })
+            .collect();
+        let conflicts = later
+            .iter()
+            .map(|(i, s)| {
+                let rel = s.meta.target();
+                Conflict {
+                    action_id: s.meta.action_id.clone(),
+                    path: self.abs_path(*i, &rel),
+                    expected_checksum: self
+                        .left_by(workflow_id, &s.meta)
+                        .and_then(|l| l.state.checksum()),
+                    current_checksum: self.target_state(*i, &rel).checksum(),
+                    found_by_action: None,
+                    changed_by: None,
+                    claimed_by: Vec::new(),
+                }
+            })
+            .collect();
+        (
+            ReasonCode::Conflict,
+            format!(
+                "later actions of workflow {} changed what action {} wrote: {}; roll those back first (newest first), or roll back the whole workflow",
+                shown_path(workflow_id),
+                shown_path(a),
+                named(&names)
+            ),
+            conflicts,
+        )
     }
 
     /// For an action the trail records no write of in `workflow_id`: the workflows
