@@ -1529,7 +1529,6 @@ impl Sandbox {
         mode: RestoreMode,
         hold: Option<String>,
     ) -> Vec<RollbackStep> {
-        let durable = self.fsync_each();
         // Recovery finishing a dead run's undo, which differs from a rollback below.
         let recovering = why == crate::metrics::RollbackReason::Recovery;
         let mut steps = Vec::new();
@@ -1541,7 +1540,6 @@ impl Sandbox {
         // find the file as the newer action left it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
         for (i, s) in snaps {
-            let root = &self.roots[i];
             let meta = s.meta;
             let abs = self.abs_path(i, &meta.target());
             let mut before = self.target_checksum(i, &meta.target());
@@ -1561,78 +1559,15 @@ impl Sandbox {
             {
                 before = last.after_checksum;
             }
-            let newer_failed = failed_on.get(&(i, meta.original_path.clone())).cloned();
-            let outcome = match &mode {
-                RestoreMode::Unchanged if let Some((newer, code)) = &newer_failed => {
-                    Err(crate::reason::Refusal::new(
-                        *code,
-                        format!(
-                            "{} was not restored to what it was before action {}: the restore of the newer action {} on it did not go through first (see that step); roll back again once that is put right",
-                            shown_path(&meta.original_path),
-                            shown_path(&meta.action_id),
-                            shown_path(newer)
-                        ),
-                    ))
-                }
-                RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, &meta),
-                RestoreMode::OwnChange(left) => self.check_own_change(i, &meta, left),
-                // Recovery undoing a dead action that never reached its file: the file
-                // holds what the action found, and nothing (the backup least of all, which
-                // may be damaged) is needed to leave it so.
-                // (One the dead run itself put back after its write has `before` set to
-                // that write's result above, and is finished by a restore as ever.) A
-                // folder has no checksum, made or not: a `create_directory` is undone
-                // by its restore, which removes what it finds.
-                RestoreMode::Force
-                    if recovering
-                        && meta.kind != SnapshotKind::Directory
-                        && !meta.is_directory_action()
-                        && before == meta.sha256 =>
-                {
-                    Ok((false, Put::Any))
-                }
-                RestoreMode::Force => Ok((true, Put::Any)),
-                RestoreMode::Untouched => Ok((false, Put::Any)),
-            }
-            .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
-            .and_then(|(change, put)| {
-                if change {
-                    let maker = crate::left_dirs::Maker::of(&meta);
-                    let keep = |d: &str| self.claimed(i, d, &maker);
-                    let forced = match mode {
-                        RestoreMode::Force if recovering => Forced::Recovering,
-                        RestoreMode::Force => Forced::Yes,
-                        _ => Forced::No,
-                    };
-                    RollbackEngine::restore(root, &meta, durable, put, forced, &keep, || {
-                        self.fail_at("restore_verify")
-                    })
-                } else {
-                    // The target is as the action found it (its write failed before
-                    // the target changed) or as someone else made it meanwhile, and stays
-                    // so, but directories made on the way may be there. What it holds is
-                    // what the record says the undo left.
-                    let left_dirs = match meta.kind {
-                        SnapshotKind::Missing => self.remove_created_dirs_of(i, &meta)?,
-                        _ => Vec::new(),
-                    };
-                    let detail = match meta.kind {
-                        SnapshotKind::Missing if before.is_none() => {
-                            Some("absent, as before the action: it was not written".to_owned())
-                        }
-                        _ => None,
-                    };
-                    Ok(crate::snapshot::RestoreOutcome {
-                        checksum_validated: true,
-                        restored_checksum: before.clone(),
-                        left_dirs,
-                        detail,
-                    })
-                }
-            })
-            .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
-            .and_then(|o| self.sync_point().map(|()| o))
-            .and_then(|o| self.fail_at("after_restore").map(|()| o));
+            let newer_failed = failed_on.get(&(i, meta.original_path.clone()));
+            let outcome = self.restore_one(
+                workflow_id,
+                i,
+                &meta,
+                (&mode, recovering),
+                &before,
+                newer_failed,
+            );
             let mut step = match outcome {
                 Ok(o) => {
                     // The ledger before the mark: a death between them leaves a line
@@ -1756,6 +1691,95 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// One step of [`Sandbox::restore_all`]: `meta`'s target in root `i` judged by the
+    /// restore's mode (and whether `recovering` a dead run's undo), found holding
+    /// `before`, then restored (or left as it is when it holds what the undo leaves),
+    /// and covered by the sync the mode asks for. `newer_failed`: the newer action on
+    /// the same target whose restore failed, and why.
+    fn restore_one(
+        &self,
+        workflow_id: &str,
+        i: usize,
+        meta: &SnapshotMeta,
+        (mode, recovering): (&RestoreMode, bool),
+        before: &Option<String>,
+        newer_failed: Option<&(String, ReasonCode)>,
+    ) -> Result<crate::snapshot::RestoreOutcome, Refusal> {
+        let root = &self.roots[i];
+        let durable = self.fsync_each();
+        match mode {
+            RestoreMode::Unchanged if let Some((newer, code)) = newer_failed => {
+                Err(crate::reason::Refusal::new(
+                    *code,
+                    format!(
+                        "{} was not restored to what it was before action {}: the restore of the newer action {} on it did not go through first (see that step); roll back again once that is put right",
+                        shown_path(&meta.original_path),
+                        shown_path(&meta.action_id),
+                        shown_path(newer)
+                    ),
+                ))
+            }
+            RestoreMode::Unchanged => self.check_unchanged(workflow_id, i, meta),
+            RestoreMode::OwnChange(left) => self.check_own_change(i, meta, left),
+            // Recovery undoing a dead action that never reached its file: the file
+            // holds what the action found, and nothing (the backup least of all, which
+            // may be damaged) is needed to leave it so.
+            // (One the dead run itself put back after its write comes with `before`
+            // set to that write's result, and is finished by a restore as ever.) A
+            // folder has no checksum, made or not: a `create_directory` is undone
+            // by its restore, which removes what it finds.
+            RestoreMode::Force
+                if recovering
+                    && meta.kind != SnapshotKind::Directory
+                    && !meta.is_directory_action()
+                    && *before == meta.sha256 =>
+            {
+                Ok((false, Put::Any))
+            }
+            RestoreMode::Force => Ok((true, Put::Any)),
+            RestoreMode::Untouched => Ok((false, Put::Any)),
+        }
+        .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
+        .and_then(|(change, put)| {
+            if change {
+                let maker = crate::left_dirs::Maker::of(meta);
+                let keep = |d: &str| self.claimed(i, d, &maker);
+                let forced = match mode {
+                    RestoreMode::Force if recovering => Forced::Recovering,
+                    RestoreMode::Force => Forced::Yes,
+                    _ => Forced::No,
+                };
+                RollbackEngine::restore(root, meta, durable, put, forced, &keep, || {
+                    self.fail_at("restore_verify")
+                })
+            } else {
+                // The target is as the action found it (its write failed before
+                // the target changed) or as someone else made it meanwhile, and stays
+                // so, but directories made on the way may be there. What it holds is
+                // what the record says the undo left.
+                let left_dirs = match meta.kind {
+                    SnapshotKind::Missing => self.remove_created_dirs_of(i, meta)?,
+                    _ => Vec::new(),
+                };
+                let detail = match meta.kind {
+                    SnapshotKind::Missing if before.is_none() => {
+                        Some("absent, as before the action: it was not written".to_owned())
+                    }
+                    _ => None,
+                };
+                Ok(crate::snapshot::RestoreOutcome {
+                    checksum_validated: true,
+                    restored_checksum: before.clone(),
+                    left_dirs,
+                    detail,
+                })
+            }
+        })
+        .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
+        .and_then(|o| self.sync_point().map(|()| o))
+        .and_then(|o| self.fail_at("after_restore").map(|()| o))
     }
 
     /// Marks a snapshot restored, with the restore's checksum and the directories it
