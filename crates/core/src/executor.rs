@@ -199,6 +199,92 @@ enum Virtual {
     Dir,
 }
 
+/// What the plan's earlier actions would leave, by root and path below it, as
+/// validation goes through them.
+#[derive(Debug, Default)]
+struct Sketch {
+    tree: HashMap<(usize, String), Virtual>,
+    /// Bytes made for actions refused by a limit alone, kept for the actions after
+    /// them; past the workflow's byte budget they are not kept (the plan is refused
+    /// already), so that a plan of a thousand appends to large files never holds a
+    /// thousand renderings.
+    kept_refused: u64,
+    /// The files whose bytes were not kept, and the code that refused the action that
+    /// made them.
+    unkept: HashMap<(usize, String), ReasonCode>,
+}
+
+impl Sketch {
+    /// Refuses a target in root `ri` beneath a path an earlier action makes a file, as
+    /// the disk would refuse it at run time, before anything of the plan is written; and
+    /// an append or a transform (`op`) of a file whose bytes were not kept: what it
+    /// leaves is not judged on a guess, but refused with the earlier action's code.
+    /// Gives the target's key.
+    fn check(
+        &self,
+        ri: usize,
+        rel: &RelPath,
+        op: &str,
+        path: &str,
+    ) -> Result<(usize, String), Refusal> {
+        let comps = rel.components();
+        for d in 1..comps.len() {
+            if let Some(Virtual::File(_)) = self.tree.get(&(ri, comps[..d].join("/"))) {
+                return Err(not_a_directory(&comps[..d]));
+            }
+        }
+        let key = (ri, rel.as_string());
+        if let Some(code) = self.unkept.get(&key)
+            && matches!(op, "append_file" | "sandbox_transform")
+        {
+            return Err(Refusal::new(
+                *code,
+                format!(
+                    "not judged: an earlier action of the plan on '{path}' was refused ({code}), and what it would have written there is not kept"
+                ),
+            ));
+        }
+        Ok(key)
+    }
+
+    /// What an action leaves at `rel` in root `ri`: a file of `bytes`, or a folder when
+    /// none; with the folders above it. Bytes made for an action `refused` by a limit
+    /// alone are kept within the workflow's byte `budget`.
+    fn leave(
+        &mut self,
+        (ri, rel): (usize, &RelPath),
+        bytes: Option<Bytes>,
+        refused: Option<ReasonCode>,
+        actions: &[Action],
+        budget: u64,
+    ) {
+        let comps = rel.components();
+        for d in 1..comps.len() {
+            self.tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
+        }
+        let key = (ri, rel.as_string());
+        let v = match (bytes, refused) {
+            (None, _) => Virtual::Dir,
+            (Some(b @ Bytes::Made(_)), Some(code)) => {
+                self.kept_refused += b.of(actions).len() as u64;
+                // Past the budget: the file is known to be there, its bytes not kept
+                // (see `unkept`).
+                if self.kept_refused <= budget {
+                    Virtual::File(Some(b))
+                } else {
+                    self.unkept.insert(key.clone(), code);
+                    Virtual::File(None)
+                }
+            }
+            (Some(b), _) => Virtual::File(Some(b)),
+        };
+        if let Virtual::File(Some(_)) = v {
+            self.unkept.remove(&key);
+        }
+        self.tree.insert(key, v);
+    }
+}
+
 /// Bytes validation found or made, shared rather than copied (an action's content may be
 /// megabytes, and later actions of the plan, or a simulation, look at them again).
 #[derive(Debug, Clone)]
@@ -389,21 +475,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         let sb = self.sb;
         let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
-        let mut tree: HashMap<(usize, String), Virtual> = HashMap::new();
+        let mut sketch = Sketch::default();
         let registered = self.registered_usage();
         let mut planned = Usage::default();
         // Writes only the rate limit held back: they count against the budget of the
         // actions after them, so a plan over both limits is told of the budget now rather
         // than once its rate-limited part was sent again and written.
         let mut held_back = Usage::default();
-        // Bytes made for actions refused by a limit alone, kept for the actions after
-        // them; past the workflow's byte budget they are not kept (the plan is refused
-        // already), so that a plan of a thousand appends to large files never holds a
-        // thousand renderings.
-        let mut kept_refused = 0u64;
-        // The files whose bytes were not kept, and the code that refused the action that
-        // made them.
-        let mut unkept: HashMap<(usize, String), ReasonCode> = HashMap::new();
         let mut writes = 0u32;
         let plan_writes = u32::try_from(
             self.plan
@@ -427,63 +505,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                 let approval = check_target(&self.request(a), &gctx)?;
                 check_payload(approval.op, a)?;
                 check_parent_artifact(sb, a)?;
-                // The trail too: an id whose snapshot was pruned or removed would let a
-                // rollback take the new write's snapshot for the old one's.
-                let ran = sb.audit.ran_action(wf, a.id()).map_err(|e| {
-                    let words = || {
-                        format!(
-                            "the audit trail could not be read to check that action_id '{}' is new in workflow '{wf}': {e}",
-                            a.id()
-                        )
-                    };
-                    crate::error::busy_or_failed(&e, words, words)
-                })?;
                 let ri = approval.resolved.root_index;
-                let mut used = false;
-                for (i, root) in sb.roots.iter().enumerate() {
-                    match Snapshotter::place(root, wf, a.id()) {
-                        Ok(u) => used |= u,
-                        // Something other than a folder in its place, where its snapshot
-                        // is to be taken: nothing of the plan is written.
-                        Err(r) if i == ri => return Err(r),
-                        Err(_) => {}
-                    }
-                }
-                if ran || used {
-                    return Err(Refusal::new(
-                        ReasonCode::InvalidId,
-                        format!(
-                            "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
-                            a.id()
-                        ),
-                    ));
-                }
+                self.check_new_id(a, ri)?;
                 if stores_checked.insert(ri) {
                     crate::snapshot::check_store(&sb.roots[ri], Some(wf))?;
                 }
-                // A parent that an earlier action makes a file is refused here as the
-                // disk would refuse it at run time, before anything of the plan is written.
-                let comps = approval.resolved.rel.components();
-                for d in 1..comps.len() {
-                    if let Some(Virtual::File(_)) = tree.get(&(ri, comps[..d].join("/"))) {
-                        return Err(not_a_directory(&comps[..d]));
-                    }
-                }
-                let key = (ri, approval.resolved.rel.as_string());
-                // What an append or a transform leaves depends on bytes not kept: it is
-                // not judged on a guess, but refused with the earlier action's code.
-                if let Some(code) = unkept.get(&key)
-                    && matches!(approval.op.name, "append_file" | "sandbox_transform")
-                {
-                    return Err(Refusal::new(
-                        *code,
-                        format!(
-                            "not judged: an earlier action of the plan on '{}' was refused ({code}), and what it would have written there is not kept",
-                            a.path
-                        ),
-                    ));
-                }
-                let current: Option<Virtual> = match tree.get(&key) {
+                let key = sketch.check(ri, &approval.resolved.rel, approval.op.name, &a.path)?;
+                let current: Option<Virtual> = match sketch.tree.get(&key) {
                     // As for a file on disk: refused from its size before its bytes are
                     // hashed or added to (a thousand appends past the limit of a large
                     // file an earlier action makes would each copy and hash it).
@@ -604,34 +632,48 @@ impl<'a> SandboxWriteExecutor<'a> {
                 (Err(_), left) => left,
             };
             if let Some((ri, rel, bytes)) = left {
-                let comps = rel.components();
-                for d in 1..comps.len() {
-                    tree.insert((ri, comps[..d].join("/")), Virtual::Dir);
-                }
-                let key = (ri, rel.as_string());
-                let v = match (bytes, &r) {
-                    (None, _) => Virtual::Dir,
-                    (Some(b @ Bytes::Made(_)), Err(refused)) => {
-                        kept_refused += b.of(&self.plan.actions).len() as u64;
-                        // Past the budget: the file is known to be there, its bytes not
-                        // kept (see `unkept`).
-                        if kept_refused <= sb.config.limits.max_workflow_bytes {
-                            Virtual::File(Some(b))
-                        } else {
-                            unkept.insert(key.clone(), refused.reason_code);
-                            Virtual::File(None)
-                        }
-                    }
-                    (Some(b), _) => Virtual::File(Some(b)),
-                };
-                if let Virtual::File(Some(_)) = v {
-                    unkept.remove(&key);
-                }
-                tree.insert(key, v);
+                let refused = r.as_ref().err().map(|refused| refused.reason_code);
+                let (actions, budget) = (&self.plan.actions, sb.config.limits.max_workflow_bytes);
+                sketch.leave((ri, &rel), bytes, refused, actions, budget);
             }
             out.push(r);
         }
         out
+    }
+
+    /// Refuses an action id already used in the workflow: recorded on the trail, or with
+    /// a snapshot folder in any root (an id whose snapshot was pruned or removed would
+    /// let a rollback take the new write's snapshot for the old one's), or with
+    /// something other than a folder where its snapshot is to be taken in its root `ri`.
+    fn check_new_id(&self, a: &Action, ri: usize) -> Verdict {
+        let wf = &self.plan.workflow_id;
+        let ran = self.sb.audit.ran_action(wf, a.id()).map_err(|e| {
+            let words = || {
+                format!(
+                    "the audit trail could not be read to check that action_id '{}' is new in workflow '{wf}': {e}",
+                    a.id()
+                )
+            };
+            crate::error::busy_or_failed(&e, words, words)
+        })?;
+        let mut used = false;
+        for (i, root) in self.sb.roots.iter().enumerate() {
+            match Snapshotter::place(root, wf, a.id()) {
+                Ok(u) => used |= u,
+                Err(r) if i == ri => return Err(r),
+                Err(_) => {}
+            }
+        }
+        if ran || used {
+            return Err(Refusal::new(
+                ReasonCode::InvalidId,
+                format!(
+                    "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
+                    a.id()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The rate limiter's state from the audit trail.
