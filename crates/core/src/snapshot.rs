@@ -1378,227 +1378,258 @@ impl RollbackEngine {
         keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
-        let unverified = |r: Refusal| {
-            tracing::warn!(reason = %r, path = %meta.original_path, "a restored target could not be verified");
-            RestoreOutcome {
-                checksum_validated: false,
-                restored_checksum: None,
-                left_dirs: Vec::new(),
-                detail: Some(format!(
-                    "restored, but it could not be checked afterwards: {}",
-                    r.reason
-                )),
-            }
-        };
         let rel = meta.target();
         match meta.kind {
-            SnapshotKind::File => {
-                let bytes = Snapshotter::read_backup(root, meta)?;
-                let expected = meta.sha256.clone().unwrap_or_default();
-                if sha256_hex(&bytes) != expected {
-                    return Err(Refusal::new(
-                        ReasonCode::ChecksumMismatch,
-                        format!(
-                            "the backup of {} does not match its recorded SHA-256; it was damaged",
-                            shown_path(&meta.original_path)
-                        ),
-                    ));
-                }
-                let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
-                root.write_atomic_put(&rel, &bytes, mode, put, Make::From(0), durable)?;
-                let back = match changed().and_then(|()| root.read_file(&rel, MAX_SNAPSHOT_BYTES)) {
-                    Ok(b) => b,
-                    // Gone, or something else in its place: not what the restore wrote.
-                    Err(r)
-                        if matches!(
-                            r.reason_code,
-                            ReasonCode::NotFound
-                                | ReasonCode::SymlinkEscape
-                                | ReasonCode::SymlinkRefused
-                                | ReasonCode::HardlinkRefused
-                                | ReasonCode::NotRegularFile
-                        ) =>
-                    {
-                        return Err(Refusal::new(
-                            ReasonCode::ChecksumMismatch,
-                            format!(
-                                "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; roll back again, with force if it is then a conflict",
-                                shown_path(&meta.original_path),
-                                r.reason
-                            ),
-                        ));
-                    }
-                    // The runtime's own reading failed (a disk error, no descriptor, a
-                    // permission): the restore is done, unverified.
-                    Err(r) => return Ok(unverified(r)),
-                };
-                let restored = sha256_hex(&back);
-                if restored != expected {
-                    return Err(Refusal::new(
-                        ReasonCode::ChecksumMismatch,
-                        format!(
-                            "{} reads back with SHA-256 {restored}, not the snapshot's {expected}",
-                            shown_path(&meta.original_path)
-                        ),
-                    ));
-                }
-                Ok(RestoreOutcome {
-                    checksum_validated: true,
-                    restored_checksum: Some(restored),
-                    left_dirs: Vec::new(),
-                    detail: None,
-                })
-            }
+            SnapshotKind::File => Self::restore_file(root, meta, &rel, durable, put, changed),
             SnapshotKind::Missing => {
-                let info = root.inspect(&rel)?;
-                let found = info.kind;
-                // The outermost directory missing on the way to the target, if any: the
-                // target may live on where it was moved.
-                let parents = rel.parent_components();
-                let away = (info.existing_parents < parents.len())
-                    .then(|| parents[..=info.existing_parents].join("/"));
-                match found {
-                    // A directory action made no file: one there now is someone else's.
-                    TargetKind::File { .. } if meta.is_directory_action() => {
-                        return Err(Refusal::new(
-                            ReasonCode::Conflict,
-                            format!(
-                                "{} is now a file where the action made a directory; it was left in place",
-                                shown_path(&meta.original_path)
-                            ),
-                        ));
-                    }
-                    TargetKind::File { .. } => {
-                        // Its directory gone between the look and the removal: the file
-                        // was seen, and not removed. A later rollback finds it again, or
-                        // finds the directory gone.
-                        if !root.remove_file_put(&rel, put, durable)?
-                            && forced != Forced::Recovering
-                        {
-                            return Err(Refusal::new(
-                                ReasonCode::Conflict,
-                                format!(
-                                    "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: roll back again",
-                                    shown_path(&meta.original_path)
-                                ),
-                            ));
-                        }
-                    }
-                    TargetKind::Directory => {
-                        // Another action's result now, or holding what is not the
-                        // workflow's in a forced rollback: left in place, as a directory
-                        // the restore had to leave, so a later restore removes it once it
-                        // is empty and no one's. Unforced, something put in it since the
-                        // rollback's check is a change it never saw: a conflict.
-                        let claimed = keep(&meta.original_path);
-                        let removed = !claimed && root.remove_empty_dir(&rel, None, durable)?;
-                        if !removed && !claimed && forced == Forced::No {
-                            return Err(Refusal::new(
-                                ReasonCode::Conflict,
-                                format!(
-                                    "{} is a directory that is no longer empty; it was left in place",
-                                    shown_path(&meta.original_path)
-                                ),
-                            ));
-                        }
-                        if !removed {
-                            let mut left_dirs =
-                                Self::remove_created_dirs(root, meta, durable, keep)?;
-                            if let Some(id) = root.dir_id(&rel)? {
-                                left_dirs.push(LeftDir {
-                                    path: meta.original_path.clone(),
-                                    id,
-                                });
-                            }
-                            return Ok(RestoreOutcome {
-                                checksum_validated: true,
-                                restored_checksum: None,
-                                left_dirs,
-                                detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
-                            });
-                        }
-                    }
-                    TargetKind::Missing => {}
-                }
-                let after = changed().and_then(|()| {
-                    let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
-                    Ok((left_dirs, root.inspect(&rel)?.kind == TargetKind::Missing))
-                });
-                // Found missing beneath a missing directory: removed with it, or moved
-                // away with it (and maybe back since); nothing says which, so the step
-                // is not called verified.
-                let unseen = away.filter(|_| found == TargetKind::Missing);
-                if let (Ok((_, false)), Some(dir)) = (&after, &unseen) {
-                    // The directory came back, the file in it: nothing was removed.
+                Self::restore_absent(root, meta, &rel, (durable, put, forced), keep, changed)
+            }
+            SnapshotKind::Directory => Self::restore_directory(root, meta, &rel, durable),
+        }
+    }
+
+    /// [`RollbackEngine::restore`] of a file the action found: rewritten from its backup.
+    fn restore_file(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        durable: bool,
+        put: Put,
+        changed: impl Fn() -> Verdict,
+    ) -> Verdict<RestoreOutcome> {
+        let bytes = Snapshotter::read_backup(root, meta)?;
+        let expected = meta.sha256.clone().unwrap_or_default();
+        if sha256_hex(&bytes) != expected {
+            return Err(Refusal::new(
+                ReasonCode::ChecksumMismatch,
+                format!(
+                    "the backup of {} does not match its recorded SHA-256; it was damaged",
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
+        root.write_atomic_put(rel, &bytes, mode, put, Make::From(0), durable)?;
+        let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
+            Ok(b) => b,
+            // Gone, or something else in its place: not what the restore wrote.
+            Err(r)
+                if matches!(
+                    r.reason_code,
+                    ReasonCode::NotFound
+                        | ReasonCode::SymlinkEscape
+                        | ReasonCode::SymlinkRefused
+                        | ReasonCode::HardlinkRefused
+                        | ReasonCode::NotRegularFile
+                ) =>
+            {
+                return Err(Refusal::new(
+                    ReasonCode::ChecksumMismatch,
+                    format!(
+                        "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; roll back again, with force if it is then a conflict",
+                        shown_path(&meta.original_path),
+                        r.reason
+                    ),
+                ));
+            }
+            // The runtime's own reading failed (a disk error, no descriptor, a
+            // permission): the restore is done, unverified.
+            Err(r) => return Ok(unverified(meta, r)),
+        };
+        let restored = sha256_hex(&back);
+        if restored != expected {
+            return Err(Refusal::new(
+                ReasonCode::ChecksumMismatch,
+                format!(
+                    "{} reads back with SHA-256 {restored}, not the snapshot's {expected}",
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        Ok(RestoreOutcome {
+            checksum_validated: true,
+            restored_checksum: Some(restored),
+            left_dirs: Vec::new(),
+            detail: None,
+        })
+    }
+
+    /// [`RollbackEngine::restore`] of a path the action found absent: what it made
+    /// there removed, with the folders it made on the way that are no one else's.
+    fn restore_absent(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        (durable, put, forced): (bool, Put, Forced),
+        keep: &dyn Fn(&str) -> bool,
+        changed: impl Fn() -> Verdict,
+    ) -> Verdict<RestoreOutcome> {
+        let info = root.inspect(rel)?;
+        let found = info.kind;
+        // The outermost directory missing on the way to the target, if any: the
+        // target may live on where it was moved.
+        let parents = rel.parent_components();
+        let away = (info.existing_parents < parents.len())
+            .then(|| parents[..=info.existing_parents].join("/"));
+        match found {
+            // A directory action made no file: one there now is someone else's.
+            TargetKind::File { .. } if meta.is_directory_action() => {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} is now a file where the action made a directory; it was left in place",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
+            TargetKind::File { .. } => {
+                // Its directory gone between the look and the removal: the file
+                // was seen, and not removed. A later rollback finds it again, or
+                // finds the directory gone.
+                if !root.remove_file_put(rel, put, durable)? && forced != Forced::Recovering {
                     return Err(Refusal::new(
                         ReasonCode::Conflict,
                         format!(
-                            "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: roll back again",
-                            shown_path(dir),
+                            "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: roll back again",
                             shown_path(&meta.original_path)
                         ),
                     ));
                 }
-                match after {
-                    Ok((left_dirs, gone)) => Ok(RestoreOutcome {
-                        checksum_validated: gone && unseen.is_none(),
+            }
+            TargetKind::Directory => {
+                // Another action's result now, or holding what is not the
+                // workflow's in a forced rollback: left in place, as a directory
+                // the restore had to leave, so a later restore removes it once it
+                // is empty and no one's. Unforced, something put in it since the
+                // rollback's check is a change it never saw: a conflict.
+                let claimed = keep(&meta.original_path);
+                let removed = !claimed && root.remove_empty_dir(rel, None, durable)?;
+                if !removed && !claimed && forced == Forced::No {
+                    return Err(Refusal::new(
+                        ReasonCode::Conflict,
+                        format!(
+                            "{} is a directory that is no longer empty; it was left in place",
+                            shown_path(&meta.original_path)
+                        ),
+                    ));
+                }
+                if !removed {
+                    let mut left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+                    if let Some(id) = root.dir_id(rel)? {
+                        left_dirs.push(LeftDir {
+                            path: meta.original_path.clone(),
+                            id,
+                        });
+                    }
+                    return Ok(RestoreOutcome {
+                        checksum_validated: true,
                         restored_checksum: None,
-                        detail: Some({
-                            let mut d = if !gone {
-                                "removed, but something stands there again: another program put it there after the removal".to_owned()
-                            } else if let Some(dir) = &unseen {
-                                format!(
-                                    "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
-                                    shown_path(dir)
-                                )
-                            } else if found == TargetKind::Missing {
-                                // Someone removed it before the rollback: nothing was.
-                                "already gone before this restore, as before the action".to_owned()
-                            } else {
-                                Self::absent_detail(meta)
-                            };
-                            if !left_dirs.is_empty() {
-                                let names: Vec<String> =
-                                    left_dirs.iter().map(|l| shown_path(&l.path)).collect();
-                                d.push_str(&format!(
-                                    "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
-                                    names.join(", ")
-                                ));
-                            }
-                            d
-                        }),
                         left_dirs,
-                    }),
-                    Err(r) => Ok(unverified(r)),
+                        detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
+                    });
                 }
             }
-            SnapshotKind::Directory => {
-                // The action found the directory there; if it is gone, it is made again.
-                let detail = match root.inspect(&rel)?.kind {
-                    TargetKind::Directory => LEFT_IN_PLACE_FOUND,
-                    TargetKind::Missing => {
-                        root.create_dir_all(&rel, durable)?;
-                        "made again: it existed before the action"
-                    }
-                    TargetKind::File { .. } => {
-                        return Err(Refusal::new(
-                            ReasonCode::Conflict,
-                            format!(
-                                "{} was a directory and is now a file; it was left in place",
-                                shown_path(&meta.original_path)
-                            ),
+            TargetKind::Missing => {}
+        }
+        let after = changed().and_then(|()| {
+            let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+            Ok((left_dirs, root.inspect(rel)?.kind == TargetKind::Missing))
+        });
+        // Found missing beneath a missing directory: removed with it, or moved
+        // away with it (and maybe back since); nothing says which, so the step
+        // is not called verified.
+        let unseen = away.filter(|_| found == TargetKind::Missing);
+        if let (Ok((_, false)), Some(dir)) = (&after, &unseen) {
+            // The directory came back, the file in it: nothing was removed.
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: roll back again",
+                    shown_path(dir),
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        match after {
+            Ok((left_dirs, gone)) => Ok(RestoreOutcome {
+                checksum_validated: gone && unseen.is_none(),
+                restored_checksum: None,
+                detail: Some({
+                    let mut d = if !gone {
+                        "removed, but something stands there again: another program put it there after the removal".to_owned()
+                    } else if let Some(dir) = &unseen {
+                        format!(
+                            "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
+                            shown_path(dir)
+                        )
+                    } else if found == TargetKind::Missing {
+                        // Someone removed it before the rollback: nothing was.
+                        "already gone before this restore, as before the action".to_owned()
+                    } else {
+                        Self::absent_detail(meta)
+                    };
+                    if !left_dirs.is_empty() {
+                        let names: Vec<String> =
+                            left_dirs.iter().map(|l| shown_path(&l.path)).collect();
+                        d.push_str(&format!(
+                            "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
+                            names.join(", ")
                         ));
                     }
-                };
-                let still = root.inspect(&rel)?.kind == TargetKind::Directory;
-                Ok(RestoreOutcome {
-                    checksum_validated: still,
-                    restored_checksum: None,
-                    left_dirs: Vec::new(),
-                    detail: still.then(|| detail.to_owned()),
-                })
-            }
+                    d
+                }),
+                left_dirs,
+            }),
+            Err(r) => Ok(unverified(meta, r)),
         }
+    }
+
+    /// [`RollbackEngine::restore`] of a directory the action found: made again if gone.
+    fn restore_directory(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        durable: bool,
+    ) -> Verdict<RestoreOutcome> {
+        // The action found the directory there; if it is gone, it is made again.
+        let detail = match root.inspect(rel)?.kind {
+            TargetKind::Directory => LEFT_IN_PLACE_FOUND,
+            TargetKind::Missing => {
+                root.create_dir_all(rel, durable)?;
+                "made again: it existed before the action"
+            }
+            TargetKind::File { .. } => {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} was a directory and is now a file; it was left in place",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
+        };
+        let still = root.inspect(rel)?.kind == TargetKind::Directory;
+        Ok(RestoreOutcome {
+            checksum_validated: still,
+            restored_checksum: None,
+            left_dirs: Vec::new(),
+            detail: still.then(|| detail.to_owned()),
+        })
+    }
+}
+
+/// What a restore that could not be checked afterwards for the runtime's own reasons
+/// (`r`) did: done, unverified.
+fn unverified(meta: &SnapshotMeta, r: Refusal) -> RestoreOutcome {
+    tracing::warn!(reason = %r, path = %meta.original_path, "a restored target could not be verified");
+    RestoreOutcome {
+        checksum_validated: false,
+        restored_checksum: None,
+        left_dirs: Vec::new(),
+        detail: Some(format!(
+            "restored, but it could not be checked afterwards: {}",
+            r.reason
+        )),
     }
 }
 
