@@ -2,6 +2,8 @@
 //! a power cut lost it, and each target gets its newest logged bytes.
 
 use super::*;
+use crate::commit_log::CommitEntry;
+use crate::confine::state::CommitLogFile;
 
 impl Sandbox {
     /// Replays the commit logs of workflows no process is running (see
@@ -15,12 +17,6 @@ impl Sandbox {
                 return Vec::new();
             }
         };
-        let read_log = |wf: &str| {
-            self.state.commit_log_file(wf).and_then(|f| match f {
-                Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
-                None => Ok(None),
-            })
-        };
         // Most logs are empty: they are told apart without taking the lock (which may
         // mean creating its file), and read again under it. The others are replayed in
         // the order their first writes were made: two workflows may have rewritten one
@@ -28,167 +24,179 @@ impl Sandbox {
         let mut pending: Vec<(String, String)> = workflows
             .into_iter()
             .filter(|wf| crate::plan::is_valid_id(wf))
-            .filter_map(|wf| match read_log(&wf) {
+            .filter_map(|wf| match self.read_commit_log(&wf) {
                 Ok(Some((_, e))) if e.is_empty() => None,
                 Ok(Some((_, e))) => Some((e[0].meta.taken_at.clone(), wf)),
                 _ => Some((String::new(), wf)),
             })
             .collect();
         pending.sort();
-        let mut out = Vec::new();
-        for (_, wf) in pending {
-            let read_log = || read_log(&wf);
-            let Ok(Some(_lock)) = self.state.try_lock_workflow(&wf) else {
-                continue;
-            };
-            let record = || self.run_record(&wf);
-            // Its run finished in this boot: nothing the log covers was lost, so it is
-            // not replayed, only made durable and emptied (as that process's next sync
-            // point would); settling refuses a log that covers a root this start lacks.
-            if record().is_some_and(|r| r.finished_this_boot()) {
-                if let Err(r) = self.settle_commit_log(&wf) {
-                    tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
-                }
-                continue;
+        pending
+            .iter()
+            .filter_map(|(_, wf)| self.recover_commit_log(wf))
+            .collect()
+    }
+
+    /// A workflow's commit log and its entries, `None` when it has none.
+    fn read_commit_log(
+        &self,
+        wf: &str,
+    ) -> std::io::Result<Option<(CommitLogFile, Vec<CommitEntry>)>> {
+        self.state.commit_log_file(wf).and_then(|f| match f {
+            Some(f) => crate::commit_log::read(&f).map(|e| Some((f, e))),
+            None => Ok(None),
+        })
+    }
+
+    /// [`Sandbox::recover_commit_logs`] of one workflow's log: what recovering it did,
+    /// when worth telling.
+    fn recover_commit_log(&self, wf: &str) -> Option<Recovered> {
+        let Ok(Some(_lock)) = self.state.try_lock_workflow(wf) else {
+            return None;
+        };
+        let record = || self.run_record(wf);
+        // Its run finished in this boot: nothing the log covers was lost, so it is
+        // not replayed, only made durable and emptied (as that process's next sync
+        // point would); settling refuses a log that covers a root this start lacks.
+        if record().is_some_and(|r| r.finished_this_boot()) {
+            if let Err(r) = self.settle_commit_log(wf) {
+                tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
             }
-            let read = read_log();
-            let (file, entries) = match read {
-                Ok(Some((f, e))) if !e.is_empty() => (f, e),
-                Ok(_) => continue,
-                // Its run is not judged without what the log holds (the acknowledged
-                // writes a power cut may have taken from the files): it stays recorded
-                // as unfinished, and the workflow refused, until the log can be read.
-                Err(e) => {
-                    tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
-                    out.push(Recovered {
-                        execution_id: record().map(|r| r.execution_id).unwrap_or_default(),
-                        workflow_id: wf.clone(),
-                        why: Some(format!(
-                            "its commit log inflight/{wf}.log could not be read ({})",
-                            crate::error::io_words(&e)
-                        )),
-                        retry: true,
-                        ..Recovered::default()
-                    });
-                    continue;
-                }
-            };
-            // The replay writes targets through temporary files. What earlier replays or
-            // recoveries of this log that died left beside them goes first (the run's
-            // own, staged bytes among them, are its recovery's to judge), and this
-            // process is named before it writes, for the next start should it die too.
-            let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
-            let mut swept = Recovered::default();
-            if let Some(r) = &before {
-                let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
-                let dirs = entries
-                    .iter()
-                    .filter_map(|e| {
-                        let i = self
-                            .roots
-                            .iter()
-                            .position(|r| r.is_named_by(&e.meta.root))?;
-                        Some((i, e.meta.target().parent_components().to_vec()))
-                    })
-                    .collect();
-                self.remove_dead_temp_files(&earlier, dirs, &mut swept);
-                self.claim(r);
-            }
-            let Replayed {
-                changed: replayed,
-                complete,
-                kept,
-                log_failure,
-            } = self.replay_commits(&wf, &entries);
-            // The record was not synced with the log: if it is gone, the log's last run
-            // stands in for it.
-            let mut rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
-            // Entries kept for a root not configured now hold acknowledged writes: the
-            // record names that root, so that until a start that has it replays them,
-            // no run, rollback or prune of the workflow here empties the log.
-            if !kept.is_empty()
-                && let Some(r) = rec.as_mut()
-            {
-                r.finished = false;
-                if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
-                    r.state = "active".to_owned();
-                }
-                for &i in &kept {
-                    if !r.roots.contains(&entries[i].meta.root) {
-                        r.roots.push(entries[i].meta.root.clone());
-                    }
-                }
-                if let Err(e) = self.write_record(r, self.durable()) {
-                    tracing::warn!(error = %e, workflow = %wf, "could not name a missing root in a run record");
-                }
-            }
-            let dead = rec.as_ref().filter(|r| needs_recovery(r));
-            // A replay that could not put every target's bytes in place leaves the run
-            // unjudged: judged now, an audited write whose bytes are not back would be
-            // taken for undone, and its log entry skipped ever after.
-            let mut report = match dead {
-                Some(r) if complete => self.recover_record(r),
-                _ => Recovered {
-                    execution_id: rec
-                        .as_ref()
-                        .map(|r| r.execution_id.clone())
-                        .unwrap_or_default(),
-                    workflow_id: wf.clone(),
+            return None;
+        }
+        let read = self.read_commit_log(wf);
+        let (file, entries) = match read {
+            Ok(Some((f, e))) if !e.is_empty() => (f, e),
+            Ok(_) => return None,
+            // Its run is not judged without what the log holds (the acknowledged
+            // writes a power cut may have taken from the files): it stays recorded
+            // as unfinished, and the workflow refused, until the log can be read.
+            Err(e) => {
+                tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
+                return Some(Recovered {
+                    execution_id: record().map(|r| r.execution_id).unwrap_or_default(),
+                    workflow_id: wf.to_owned(),
+                    why: Some(format!(
+                        "its commit log inflight/{wf}.log could not be read ({})",
+                        crate::error::io_words(&e)
+                    )),
+                    retry: true,
                     ..Recovered::default()
-                },
-            };
-            report.completed += replayed;
-            report.temp_files_removed += swept.temp_files_removed;
-            report.temp_files_left.append(&mut swept.temp_files_left);
-            // Entries for a root not configured now stay, alone, for a start that has it:
-            // their writes were acknowledged, and the others must not be replayed again.
-            let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
-            let concluded = if !complete {
-                tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
-                false
-            } else if let Err(r) = self.sync_logged_writes() {
-                tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
-                false
-            } else if let Err(e) = crate::commit_log::retain(&file, &keep) {
-                tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
-                false
-            } else {
-                true
-            };
-            if let Some(r) = dead
-                && !report.retry
-            {
-                if concluded {
-                    self.write_recovered_record(r);
-                } else {
-                    self.unclaim(r);
+                });
+            }
+        };
+        // The replay writes targets through temporary files. What earlier replays or
+        // recoveries of this log that died left beside them goes first (the run's
+        // own, staged bytes among them, are its recovery's to judge), and this
+        // process is named before it writes, for the next start should it die too.
+        let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
+        let mut swept = Recovered::default();
+        if let Some(r) = &before {
+            let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
+            let dirs = entries
+                .iter()
+                .filter_map(|e| {
+                    let i = self
+                        .roots
+                        .iter()
+                        .position(|r| r.is_named_by(&e.meta.root))?;
+                    Some((i, e.meta.target().parent_components().to_vec()))
+                })
+                .collect();
+            self.remove_dead_temp_files(&earlier, dirs, &mut swept);
+            self.claim(r);
+        }
+        let Replayed {
+            changed: replayed,
+            complete,
+            kept,
+            log_failure,
+        } = self.replay_commits(wf, &entries);
+        // The record was not synced with the log: if it is gone, the log's last run
+        // stands in for it.
+        let mut rec = record().or_else(|| entries.last().map(|e| e.record.clone()));
+        // Entries kept for a root not configured now hold acknowledged writes: the
+        // record names that root, so that until a start that has it replays them,
+        // no run, rollback or prune of the workflow here empties the log.
+        if !kept.is_empty()
+            && let Some(r) = rec.as_mut()
+        {
+            r.finished = false;
+            if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
+                r.state = "active".to_owned();
+            }
+            for &i in &kept {
+                if !r.roots.contains(&entries[i].meta.root) {
+                    r.roots.push(entries[i].meta.root.clone());
                 }
             }
-            // No dead run's record: this process was named for the replay only, and
-            // lives on.
-            if dead.is_none()
-                && let Some(r) = &rec
-            {
-                self.unclaim(r);
-            }
-            // The run is judged with its log, by the start that can replay it all, not
-            // now by the usual recovery, which would call it recovered.
-            if !complete {
-                // A log that would not take an entry is said as such (a held trail too).
-                match &log_failure {
-                    Some(e) => report.writes_unaudited(e),
-                    None => {
-                        report.retry_for(format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept"));
-                    }
-                }
-            }
-            if !complete
-                || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))))
-            {
-                out.push(report);
+            if let Err(e) = self.write_record(r, self.durable()) {
+                tracing::warn!(error = %e, workflow = %wf, "could not name a missing root in a run record");
             }
         }
-        out
+        let dead = rec.as_ref().filter(|r| needs_recovery(r));
+        // A replay that could not put every target's bytes in place leaves the run
+        // unjudged: judged now, an audited write whose bytes are not back would be
+        // taken for undone, and its log entry skipped ever after.
+        let mut report = match dead {
+            Some(r) if complete => self.recover_record(r),
+            _ => Recovered {
+                execution_id: rec
+                    .as_ref()
+                    .map(|r| r.execution_id.clone())
+                    .unwrap_or_default(),
+                workflow_id: wf.to_owned(),
+                ..Recovered::default()
+            },
+        };
+        report.completed += replayed;
+        report.temp_files_removed += swept.temp_files_removed;
+        report.temp_files_left.append(&mut swept.temp_files_left);
+        // Entries for a root not configured now stay, alone, for a start that has it:
+        // their writes were acknowledged, and the others must not be replayed again.
+        let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
+        let concluded = if !complete {
+            tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
+            false
+        } else if let Err(r) = self.sync_logged_writes() {
+            tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
+            false
+        } else if let Err(e) = crate::commit_log::retain(&file, &keep) {
+            tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
+            false
+        } else {
+            true
+        };
+        if let Some(r) = dead
+            && !report.retry
+        {
+            if concluded {
+                self.write_recovered_record(r);
+            } else {
+                self.unclaim(r);
+            }
+        }
+        // No dead run's record: this process was named for the replay only, and
+        // lives on.
+        if dead.is_none()
+            && let Some(r) = &rec
+        {
+            self.unclaim(r);
+        }
+        // The run is judged with its log, by the start that can replay it all, not
+        // now by the usual recovery, which would call it recovered.
+        if !complete {
+            // A log that would not take an entry is said as such (a held trail too).
+            match &log_failure {
+                Some(e) => report.writes_unaudited(e),
+                None => {
+                    report.retry_for(format!("its commit log inflight/{wf}.log could not be replayed in full (see the log); it is kept"));
+                }
+            }
+        }
+        let told = !complete
+            || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))));
+        told.then_some(report)
     }
 
     /// Redoes what a commit log's entries committed and the disk lost: each entry's
