@@ -66,6 +66,46 @@ impl Recorded {
     }
 }
 
+/// What a rollback removes, by root and recorded path: an entry of a directory the
+/// workflow created is no obstacle to removing that directory when it is one of them,
+/// unless a `create_directory` outside the rollback keeps it.
+#[derive(Default)]
+struct Removes {
+    removed: HashSet<(usize, String)>,
+    /// Directories kept, with the actions that claim them.
+    kept: HashMap<(usize, String), Vec<String>>,
+}
+
+impl Removes {
+    /// Whether the directory `meta`'s action created in root `i` holds what the rollback
+    /// does not remove and no claim keeps (another's entry); directories of the
+    /// workflow a claim keeps add their claimers to `claimed_by`. One that cannot be
+    /// listed is taken to hold another's.
+    fn leaves_in(
+        &self,
+        sb: &Sandbox,
+        i: usize,
+        meta: &SnapshotMeta,
+        claimed_by: &mut Vec<String>,
+    ) -> bool {
+        let Ok(entries) = sb.roots[i].list_dir(Some(&meta.target())) else {
+            return true;
+        };
+        let mut foreign = false;
+        for e in entries {
+            let entry = (i, format!("{}/{}", meta.original_path, e.name));
+            if self.removed.contains(&entry) {
+                continue;
+            }
+            match self.kept.get(&entry) {
+                Some(claims) => claimed_by.extend(claims.iter().cloned()),
+                None => foreign = true,
+            }
+        }
+        foreign
+    }
+}
+
 /// Whether a target is to be restored, and what the restore may replace: what the
 /// judgement saw (see [`Put`]).
 type Judged = (bool, Put);
@@ -324,26 +364,7 @@ impl Sandbox {
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
-        // What the rollback removes: an entry of a directory the workflow created is
-        // no obstacle to removing that directory when it is one of them, unless a
-        // create_directory outside the rollback keeps it (`kept`, with its claimers).
-        let mut removed: HashSet<(usize, String)> = HashSet::new();
-        let mut kept: HashMap<(usize, String), Vec<String>> = HashMap::new();
-        for (i, s) in snaps
-            .iter()
-            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
-        {
-            removed.insert((*i, s.meta.original_path.clone()));
-            let maker = crate::left_dirs::Maker::of(&s.meta);
-            for d in &s.meta.created_dirs {
-                let claims = self.claimers(*i, d, &maker, &undoing);
-                if claims.is_empty() {
-                    removed.insert((*i, d.clone()));
-                } else {
-                    kept.insert((*i, d.clone()), claims);
-                }
-            }
-        }
+        let removes = self.removes(snaps, &undoing);
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
@@ -382,26 +403,7 @@ impl Sandbox {
             } else {
                 Vec::new()
             };
-            // What it holds that the rollback does not remove: another's entry, or a
-            // directory the workflow made that a claim keeps (naming its claimers).
-            let mut foreign = false;
-            if created_dir {
-                match self.roots[*i].list_dir(Some(&rel)) {
-                    Ok(entries) => {
-                        for e in entries {
-                            let entry = (*i, format!("{}/{}", s.meta.original_path, e.name));
-                            if removed.contains(&entry) {
-                                continue;
-                            }
-                            match kept.get(&entry) {
-                                Some(claims) => claimed_by.extend(claims.iter().cloned()),
-                                None => foreign = true,
-                            }
-                        }
-                    }
-                    Err(_) => foreign = true,
-                }
-            }
+            let foreign = created_dir && removes.leaves_in(self, *i, &s.meta, &mut claimed_by);
             claimed_by.sort();
             claimed_by.dedup();
             let (changed, changed_by) =
@@ -444,6 +446,29 @@ impl Sandbox {
             }
         }
         Ok(out)
+    }
+
+    /// What a rollback of `snaps` (their actions `undoing`) removes: the paths its
+    /// actions made, and the directories they made on the way that no
+    /// `create_directory` outside the rollback keeps (those kept, with their claimers).
+    fn removes(&self, snaps: &[(usize, StoredSnapshot)], undoing: &HashSet<&str>) -> Removes {
+        let mut r = Removes::default();
+        for (i, s) in snaps
+            .iter()
+            .filter(|(_, s)| s.meta.kind == crate::snapshot::SnapshotKind::Missing)
+        {
+            r.removed.insert((*i, s.meta.original_path.clone()));
+            let maker = crate::left_dirs::Maker::of(&s.meta);
+            for d in &s.meta.created_dirs {
+                let claims = self.claimers(*i, d, &maker, undoing);
+                if claims.is_empty() {
+                    r.removed.insert((*i, d.clone()));
+                } else {
+                    r.kept.insert((*i, d.clone()), claims);
+                }
+            }
+        }
+        r
     }
 
     /// [`Sandbox::changes_since_snapshot`], from the lines of the target's name in
