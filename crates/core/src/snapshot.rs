@@ -980,8 +980,9 @@ impl Snapshotter {
     /// after a snapshot that failed. (An action that ran keeps its folder: its record
     /// lost some other way, the backup is the only copy of what it replaced.) Only for
     /// recovery, holding the workflow's lock (no run of it is taking a snapshot) with the
-    /// dead run's temporary files gone. Returns how many, and the folders (names in the
-    /// workflow's folder) that could not be removed, each with why: those stay.
+    /// dead run's temporary files gone; the workflow's folder too when that leaves it
+    /// empty. Returns how many, and the folders (names in the workflow's folder) that
+    /// could not be removed, each with why: those stay.
     pub fn remove_unfinished(
         root: &SandboxRoot,
         workflow_id: &str,
@@ -1012,6 +1013,11 @@ impl Snapshotter {
                 Err(stays) => left.push(stays),
             }
         }
+        // The workflow's folder goes too once nothing is in it (its first snapshot was
+        // the one never finished, or never begun): it says nothing, and a prune would
+        // be the only thing ever to remove it. Not emptied, it stays (`ENOTEMPTY`).
+        drop(wf);
+        let _ = rb.remove_dir(workflow_id);
         Ok((removed, left))
     }
 

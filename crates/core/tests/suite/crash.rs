@@ -588,6 +588,34 @@ fn a_snapshot_its_process_never_finished_frees_its_action_id() {
     }
 }
 
+/// A workflow whose only snapshot its process never finished leaves no folder behind:
+/// recovery removes the workflow's folder it emptied, as it does one left empty by a
+/// process killed before its first action's folder; the plan sent again runs and rolls
+/// back as if the first had never been.
+#[test]
+fn a_workflow_folder_recovery_empties_goes_with_its_last_unfinished_snapshot() {
+    for case in ["unfinished snapshot", "no snapshot yet"] {
+        let (w, c, original, a1) = killed_mid_snapshot(replace_a());
+        let store = a1.parent().unwrap().to_path_buf();
+        if case == "no snapshot yet" {
+            std::fs::remove_dir_all(&a1).unwrap();
+        }
+        let sb = w.open(c.clone());
+        assert!(!store.exists(), "{case}: {:?}", sb.notices());
+        assert!(w.path(".rollback").exists(), "{case}");
+        assert!(sb.audit_verify().unwrap().ok, "{case}");
+        let again = sb
+            .run_plan(plan(
+                json!({"workflow_id": "wf_crash", "actions": replace_a()}),
+            ))
+            .unwrap();
+        assert!(again.is_success(), "{case}: {again:?}");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{case}: {rb:?}");
+        assert_eq!(w.tree(), original, "{case}");
+    }
+}
+
 /// An unfinished snapshot folder recovery cannot remove (its backup may not be unlinked
 /// there) stays alone: the dead run's own is removed all the same, and counted.
 #[test]
