@@ -311,9 +311,11 @@ impl Journal {
         if self.state.still_names(&self.name, &self.file)? {
             return Ok(());
         }
+        // Named within the state directory: the words may reach a client, to whom no
+        // path outside the roots is shown.
         Err(io::Error::other(format!(
-            "{} is no longer the file this process opened: it was moved away or replaced while the process ran, so this process refuses it from now on; start the process again",
-            self.state.path().join(&self.name).display()
+            "{} in the state directory is no longer the file this process opened: it was moved away or replaced while the process ran, so this process refuses it from now on; start the process again",
+            self.name
         )))
     }
 

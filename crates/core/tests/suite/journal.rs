@@ -1375,8 +1375,9 @@ fn a_log_moved_away_or_replaced_under_an_open_log_takes_no_more_lines() {
     std::fs::rename(audit_path(&w), &moved).unwrap();
     let err = a.append(vec![rec(1)]).unwrap_err();
     assert!(
-        err.to_string()
-            .contains("sandbox_audit.jsonl is no longer the file this process opened"),
+        err.to_string().contains(
+            "sandbox_audit.jsonl in the state directory is no longer the file this process opened"
+        ),
         "{err}"
     );
     assert!(a.list(10, None).is_err(), "its lines are not read either");

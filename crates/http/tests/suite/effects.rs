@@ -546,12 +546,14 @@ async fn healthz_fails_once_the_process_can_write_nothing_more() {
     let r = get(&e.app, "/healthz").await;
     let v = r.assert_error(StatusCode::SERVICE_UNAVAILABLE, "io_error");
     assert!(
-        v["reason"]
-            .as_str()
-            .unwrap()
-            .contains("is no longer the file this process opened"),
+        v["reason"].as_str().unwrap().contains(
+            "sandbox_audit.jsonl in the state directory is no longer the file this process opened"
+        ),
         "{v}"
     );
+    // A path outside the roots is named to no client (SPEC §10).
+    let state = e.state_dir.display().to_string();
+    assert!(!r.text().contains(&state), "{v}");
     let plan = create_plan("wf_h", "h.txt", "h");
     let r = post_json(&e.app, "/agentic/plans", &plan).await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.text());
