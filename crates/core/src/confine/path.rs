@@ -349,8 +349,13 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
             let r = Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "the root {} is not a sandbox root in use (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
+                    "the root {} is not a sandbox root in use{} (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
                     shown_path(hint),
+                    if wanted.is_absolute() {
+                        ""
+                    } else {
+                        ": a root is named by its absolute path, as listed"
+                    },
                     list_roots(roots)
                 ),
             );

@@ -323,6 +323,18 @@ fn unknown_root_hint_is_outside_sandbox() {
     let err = resolve_sandbox_path("x.txt", &roots(), Some("/etc"), MAX_PATH_DEPTH).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
     assert!(err.reason.contains(ROOT_A), "{}", err.reason);
+    assert!(!err.reason.contains("absolute path"), "{}", err.reason);
+    // A root given by a relative name is told how roots are named.
+    let err =
+        resolve_sandbox_path("x.txt", &roots(), Some("sandbox-b"), MAX_PATH_DEPTH).unwrap_err();
+    assert_eq!(err.reason_code, ReasonCode::OutsideSandbox);
+    assert!(
+        err.reason.contains(
+            "is not a sandbox root in use: a root is named by its absolute path, as listed"
+        ),
+        "{}",
+        err.reason
+    );
 }
 
 /// An absolute path in another root than the one the action names is refused, and the
