@@ -168,6 +168,10 @@ fn list_params(
         let bare = what.split_once(": ").map_or(what, |(_, m)| m);
         let what = ailab_sandbox_core::shape_words::message_words(bare, "the query")
             .unwrap_or_else(|| what.to_owned());
+        // Words that name the fields taken already say what the route takes.
+        if what.contains("; it takes ") {
+            return ApiError::bad_request(format!("the query is not valid: {what}"));
+        }
         ApiError::bad_request(format!("the query is not valid: {what}; {allowed}"))
     })?;
     let limit = match q.limit.as_deref() {
