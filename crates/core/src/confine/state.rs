@@ -122,7 +122,7 @@ impl StateDir {
         let dir = Self::dir_without_opening(path)?;
         names
             .iter()
-            .map(|name| read_if_present(&dir, name, path, name, limit))
+            .map(|name| read_if_present(&dir, name, name, limit))
             .collect()
     }
 
@@ -134,7 +134,7 @@ impl StateDir {
             .iter()
             .map(|name| {
                 let file = super::root::open_file_in(&dir, name).map(StateFile);
-                if_present(file, &dir, name, path, name)
+                if_present(file, &dir, name, name)
             })
             .collect()
     }
@@ -210,18 +210,17 @@ impl StateDir {
     fn open_file(&self, rel: &str, opts: &mut OpenOptions) -> io::Result<File> {
         let (dir, name) = self.locate(rel)?;
         opts.follow(FollowSymlinks::No).nonblock(true);
-        let shown = self.path.join(rel);
         let file = dir.open_with(name, opts).map_err(|e| {
             match rustix::io::Errno::from_io_error(&e) {
                 // A link, a folder, a socket or a FIFO opened for writing with no reader.
                 Some(
                     rustix::io::Errno::LOOP | rustix::io::Errno::ISDIR | rustix::io::Errno::NXIO,
-                ) => not_regular(dir, name, &shown),
+                ) => not_regular(dir, name, rel),
                 _ => shut_out(e, rel),
             }
         })?;
         if !file.metadata()?.is_file() {
-            return Err(not_regular(dir, name, &shown));
+            return Err(not_regular(dir, name, rel));
         }
         Ok(file.into_std())
     }
@@ -647,7 +646,7 @@ impl StateDir {
     /// exist.
     pub fn read_optional(&self, rel: &str) -> io::Result<Option<Vec<u8>>> {
         let (dir, name) = self.locate(rel)?;
-        read_if_present(dir, name, &self.path, rel, MAX_STATE_FILE)
+        read_if_present(dir, name, rel, MAX_STATE_FILE)
     }
 
     /// The 32-byte secret kept in `name`, made on first use from the kernel's random
@@ -1355,31 +1354,17 @@ pub fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
 }
 
-/// The bytes of the state file `name` of `dir` (`shown`: its path, for a refusal),
-/// `None` when it does not exist; never through a symlink, and a second link is accepted
-/// (see [`StateDir::read_optional`]).
-/// `name` of `dir` is `rel` in the state directory at `state`.
-fn read_if_present(
-    dir: &Dir,
-    name: &str,
-    state: &Path,
-    rel: &str,
-    limit: u64,
-) -> io::Result<Option<Vec<u8>>> {
+/// The bytes of the state file `name` of `dir` (`rel` in the state directory), `None`
+/// when it does not exist; never through a symlink, and a second link is accepted (see
+/// [`StateDir::read_optional`]).
+fn read_if_present(dir: &Dir, name: &str, rel: &str, limit: u64) -> io::Result<Option<Vec<u8>>> {
     let read = super::root::read_file_in(dir, name, limit, false).map(|(bytes, _)| bytes);
-    if_present(read, dir, name, state, rel)
+    if_present(read, dir, name, rel)
 }
 
 /// What reaching the state file `rel` (`name` in `dir`) gave, `None` when it is missing;
 /// something else in its place, or a file this process is refused, is said as such.
-fn if_present<T>(
-    got: io::Result<T>,
-    dir: &Dir,
-    name: &str,
-    state: &Path,
-    rel: &str,
-) -> io::Result<Option<T>> {
-    let shown = &state.join(rel);
+fn if_present<T>(got: io::Result<T>, dir: &Dir, name: &str, rel: &str) -> io::Result<Option<T>> {
     match got {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -1391,7 +1376,7 @@ fn if_present<T>(
                         r.reason_code == crate::reason::ReasonCode::NotRegularFile
                     }) =>
         {
-            Err(not_regular(dir, name, shown))
+            Err(not_regular(dir, name, rel))
         }
         Err(e) => Err(shut_out(e, rel)),
     }
@@ -1413,17 +1398,17 @@ fn shut_out(e: io::Error, rel: &str) -> io::Error {
     )
 }
 
-/// Refuses `name` of `dir`, shown as `shown`, as a state file that is not a regular file,
-/// saying what stands in its place: a FIFO read as an empty log would lose the record
-/// without a word, one opened for writing alone would wait for a reader for ever, and a
-/// link would send the runtime's records elsewhere.
-fn not_regular(dir: &Dir, name: &str, shown: &Path) -> io::Error {
+/// Refuses `name` of `dir` (`rel` in the state directory) as a state file that is not a
+/// regular file, saying what stands in its place: a FIFO read as an empty log would lose
+/// the record without a word, one opened for writing alone would wait for a reader for
+/// ever, and a link would send the runtime's records elsewhere. Named within the state
+/// directory: the words may reach a client, to whom no path outside the roots is shown.
+fn not_regular(dir: &Dir, name: &str, rel: &str) -> io::Error {
     let what = kind_at(dir, name);
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!(
-            "{} is {what}, not a regular file; the state directory's files are never opened through anything else: move it away (or put the file it stands for back in its place)",
-            shown.display()
+            "the state directory's {rel} is {what}, not a regular file; the state directory's files are never opened through anything else: move it away (or put the file it stands for back in its place)"
         ),
     )
 }
