@@ -21,9 +21,9 @@ struct Named<'a> {
 
 /// The trail's lines of changes to files of one name and folder, by the path they
 /// record (in the log's order), and those paths by each of their endings in components
-/// (`f.txt`, `d/f.txt`, …): a target's lines are those of the paths ending in its path beneath
-/// the root that [`Sandbox::names_target`] takes for it, under whatever spelling of its
-/// root.
+/// (`f.txt`, `d/f.txt`, …): a target's lines are those of the paths ending in its path
+/// beneath the root that [`Sandbox::names_target`] takes for it, under whatever spelling
+/// of its root.
 #[derive(Default)]
 struct Recorded {
     by_path: HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
@@ -77,18 +77,18 @@ struct Removes {
 }
 
 impl Removes {
-    /// Whether the directory `meta`'s action created in root `i` holds what the rollback
-    /// does not remove and no claim keeps (another's entry); directories of the
+    /// Whether the directory `meta`'s action created at `rel` in root `i` holds what the
+    /// rollback does not remove and no claim keeps (another's entry); directories of the
     /// workflow a claim keeps add their claimers to `claimed_by`. One that cannot be
     /// listed is taken to hold another's.
     fn leaves_in(
         &self,
         sb: &Sandbox,
-        i: usize,
+        (i, rel): (usize, &RelPath),
         meta: &SnapshotMeta,
         claimed_by: &mut Vec<String>,
     ) -> bool {
-        let Ok(entries) = sb.roots[i].list_dir(Some(&meta.target())) else {
+        let Ok(entries) = sb.roots[i].list_dir(Some(rel)) else {
             return true;
         };
         let mut foreign = false;
@@ -403,7 +403,8 @@ impl Sandbox {
             } else {
                 Vec::new()
             };
-            let foreign = created_dir && removes.leaves_in(self, *i, &s.meta, &mut claimed_by);
+            let foreign =
+                created_dir && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
             claimed_by.sort();
             claimed_by.dedup();
             let (changed, changed_by) =

@@ -819,7 +819,6 @@ impl Sandbox {
                 .max()
         };
         let writes = TrailWrites::of(&trail, |e| self.root_of(&e.target_path), pruned_up_to);
-        let is_undone = |action: &str| writes.is_undone(action);
         // Of the writes kept apart, those asked for and not undone since.
         let in_place = |e: &SandboxAuditEntry| {
             opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
@@ -877,7 +876,7 @@ impl Sandbox {
             .written
             .iter()
             .filter(|(a, _)| opts.action_id.as_deref().is_none_or(|want| want == **a))
-            .filter(|(a, _)| !have.contains(**a) && !is_undone(a))
+            .filter(|(a, _)| !have.contains(**a) && !writes.is_undone(a))
             .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
             .collect();
         missing.sort();
@@ -927,7 +926,9 @@ impl Sandbox {
         // while its change is gone, and its own rollback would then bring back this
         // one's bytes: the later ones go first, force or not.
         if let Some(a) = opts.action_id.as_deref() {
-            let later = later_writers(&snaps, a, |s| s.restored || is_undone(&s.meta.action_id));
+            let later = later_writers(&snaps, a, |s| {
+                s.restored || writes.is_undone(&s.meta.action_id)
+            });
             if !later.is_empty() {
                 return Err(self.later_actions_refusal(workflow_id, a, &later));
             }
@@ -941,7 +942,7 @@ impl Sandbox {
             })
             .map(|(i, mut s)| {
                 // Undone according to the trail even if its mark was removed.
-                s.restored |= is_undone(&s.meta.action_id);
+                s.restored |= writes.is_undone(&s.meta.action_id);
                 (i, s)
             })
             .collect::<RootedSnapshots>();
