@@ -7,182 +7,206 @@ impl Sandbox {
     /// The notices of one recovery: what was done, or why it is not done and what comes
     /// next. They reach clients (a server's state), so no path outside the roots is named.
     pub(crate) fn recovery_notices(&self, r: &Recovered) -> Vec<String> {
-        let mut out = Vec::new();
         if r.unreadable_record {
-            let removed = match &r.why {
-                None => "was removed".to_owned(),
-                Some(why) => format!(
-                    "could not be removed either ({why}): remove inflight/{}.json from the state directory once that is put right",
-                    r.workflow_id
-                ),
-            };
-            out.push(format!(
-                "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and {removed}; a write its run left unrecorded, if any, was neither finished nor undone: `audit verify` and the workflow's files show what it did",
-                r.workflow_id
-            ));
-            return out;
+            return vec![unreadable_record(r)];
         }
-        // A commit log without a readable record names no run.
-        let run = format!(
-            "the interrupted {}{}{} of workflow {}",
-            r.what(),
-            if r.execution_id.is_empty() { "" } else { " " },
-            r.execution_id,
-            r.workflow_id
-        );
-        let left = if !r.missing_roots.is_empty() {
-            // Notices reach clients (a server's state): the roots, outside this
-            // process's, are named in the log only.
-            let one = r.missing_roots.len() == 1;
-            tracing::warn!(workflow = %r.workflow_id, roots = %r.missing_roots.join(", "), "an interrupted run wrote into roots this start lacks");
-            Some(format!(
-                "{run} wrote into {} this start is not configured with or skipped (missing, say; the log names {}), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
-                if one { "a root" } else { "roots" },
-                if one { "it" } else { "them" },
-                if one { "that root" } else { "those roots" }
-            ))
-        } else if !r.unjudged.is_empty() {
-            Some(format!(
-                "{run} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
-                r.unjudged.join("; ")
-            ))
-        } else if let Some(busy) = &r.busy {
-            Some(format!(
-                "{run} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run"
-            ))
-        } else if r.retry {
-            // What stopped it may have come after some of the run was settled (its
-            // files undone, their lines unwritten): say only that it is not done.
-            Some(format!(
-                "{run} could not be settled now ({}); its record is kept, and its recovery runs again at the next start or the workflow's next run",
-                r.why.as_deref().unwrap_or("see the log")
-            ))
+        if let Some(left) = not_settled(r) {
+            return vec![left];
+        }
+        let mut out = vec![if r.rollback {
+            rollback_settled(r)
         } else {
-            None
-        };
-        if let Some(left) = left {
-            out.push(left);
-            return out;
-        }
-        out.push(if r.rollback {
-            // The stopped rollback recorded its own restores up to a moment; only
-            // those after it are left to recovery, often none.
-            let recorded = if r.restores_recorded == 0 {
-                "every restore it made was already on the audit trail".to_owned()
-            } else {
-                format!(
-                    "{} it made recorded on the audit trail",
-                    counted(r.restores_recorded, "restore")
-                )
-            };
-            let left = match r.not_rolled_back {
-                0 => "none of the workflow's writes is left to roll back".to_owned(),
-                n => format!(
-                    "{} of the workflow not rolled back, which rolling it back again restores",
-                    counted(n, "action")
-                ),
-            };
-            format!(
-                "recovered interrupted rollback {} of workflow {}: {recorded}; {left}",
-                r.execution_id, r.workflow_id,
-            )
-        } else {
-            // Only what recovery did: a run killed between actions leaves all zeros.
-            let done: Vec<String> = [
-                (r.rolled_back, "unfinished action", " rolled back"),
-                (r.completed, "action", " finished"),
-                (
-                    r.superseded,
-                    "action",
-                    " left undone, its target changed since by another run or program",
-                ),
-                (r.temp_files_removed, "temporary file", " removed"),
-                (
-                    r.unfinished_snapshots_removed,
-                    "unfinished snapshot folder",
-                    " removed",
-                ),
-                (r.restores_recorded, "restore", " recorded"),
-            ]
-            .into_iter()
-            .filter(|(n, _, _)| *n > 0)
-            .map(|(n, what, done)| format!("{}{done}", counted(n, what)))
-            .collect();
-            let not_undone = (!r.not_undone.is_empty()).then(|| {
-                format!(
-                    "{} not undone, left as the dead run wrote {} ({})",
-                    counted(r.not_undone.len(), "unfinished action"),
-                    if r.not_undone.len() == 1 {
-                        "it"
-                    } else {
-                        "them"
-                    },
-                    r.not_undone.join("; ")
-                )
-            });
-            let mut done = match (done.is_empty(), not_undone) {
-                // Its finished writes stand as audited; none was left half done.
-                (true, None) => "no unfinished action was left to undo or finish".to_owned(),
-                (true, Some(n)) => n,
-                (false, None) => done.join(", "),
-                (false, Some(n)) => format!("{}; {n}", done.join(", ")),
-            };
-            // What an earlier recovery settled is on the trail, not in these counts: the
-            // run may not have settled by itself.
-            if r.earlier_tries > 0 {
-                done.push_str(&format!(
-                    " ({} began recovering it before and did not finish: what {} settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
-                    if r.earlier_tries == 1 {
-                        "an earlier start".to_owned()
-                    } else {
-                        format!("{} earlier starts", r.earlier_tries)
-                    },
-                    if r.earlier_tries == 1 { "it" } else { "they" }
-                ));
-            }
-            format!(
-                "recovered interrupted run {} of workflow {}: {done}",
-                r.execution_id, r.workflow_id
-            )
-        });
-        // What recovery left for the operator to remove: (where, what it was, what for).
-        for (left, what, then) in [
-            (
-                &r.temp_files_left,
-                "the dead process's temporary files (named .ailab-tmp-…) in",
-                "",
-            ),
-            (
-                &r.unfinished_snapshots_left,
-                "the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
-                ": their action ids stay used until they are gone",
-            ),
-        ] {
-            if !left.is_empty() {
-                out.push(format!(
-                    "recovery of {} (workflow {}) could not remove {what} {}{then}; remove them by hand once that is put right",
-                    r.execution_id,
-                    r.workflow_id,
-                    left.join(", ")
-                ));
-            }
-        }
+            run_settled(r)
+        }];
+        out.extend(left_for_the_operator(r));
         if r.untrusted > 0 {
-            out.push(format!(
-                "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
-                r.execution_id,
-                r.workflow_id,
-                r.untrusted,
-                match self.workflow_folders(&r.workflow_id).as_slice() {
-                    [] => format!(".rollback/{}/", r.workflow_id),
-                    folders => folders
-                        .iter()
-                        .map(|f| f.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                }
-            ));
+            out.push(self.untrusted(r));
         }
         out
     }
+
+    /// Snapshot folders left alone, named where they lie (inside the roots).
+    fn untrusted(&self, r: &Recovered) -> String {
+        format!(
+            "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
+            r.execution_id,
+            r.workflow_id,
+            r.untrusted,
+            match self.workflow_folders(&r.workflow_id).as_slice() {
+                [] => format!(".rollback/{}/", r.workflow_id),
+                folders => folders
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        )
+    }
+}
+
+fn unreadable_record(r: &Recovered) -> String {
+    let removed = match &r.why {
+        None => "was removed".to_owned(),
+        Some(why) => format!(
+            "could not be removed either ({why}): remove inflight/{}.json from the state directory once that is put right",
+            r.workflow_id
+        ),
+    };
+    format!(
+        "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and {removed}; a write its run left unrecorded, if any, was neither finished nor undone: `audit verify` and the workflow's files show what it did",
+        r.workflow_id
+    )
+}
+
+/// Why the run is not settled and when it will be, if it is not.
+fn not_settled(r: &Recovered) -> Option<String> {
+    // A commit log without a readable record names no run.
+    let run = format!(
+        "the interrupted {}{}{} of workflow {}",
+        r.what(),
+        if r.execution_id.is_empty() { "" } else { " " },
+        r.execution_id,
+        r.workflow_id
+    );
+    if !r.missing_roots.is_empty() {
+        // Notices reach clients (a server's state): the roots, outside this
+        // process's, are named in the log only.
+        let one = r.missing_roots.len() == 1;
+        tracing::warn!(workflow = %r.workflow_id, roots = %r.missing_roots.join(", "), "an interrupted run wrote into roots this start lacks");
+        Some(format!(
+            "{run} wrote into {} this start is not configured with or skipped (missing, say; the log names {}), so it was neither finished nor undone; it is recovered by a start that has {} as the run left it",
+            if one { "a root" } else { "roots" },
+            if one { "it" } else { "them" },
+            if one { "that root" } else { "those roots" }
+        ))
+    } else if !r.unjudged.is_empty() {
+        Some(format!(
+            "{run} was neither finished nor undone: {}; it is recovered at the first start after that second hard link, symbolic link or special file is gone",
+            r.unjudged.join("; ")
+        ))
+    } else if let Some(busy) = &r.busy {
+        Some(format!(
+            "{run} was neither finished nor undone: {busy}; it is recovered at the next start or the workflow's next run"
+        ))
+    } else if r.retry {
+        // What stopped it may have come after some of the run was settled (its
+        // files undone, their lines unwritten): say only that it is not done.
+        Some(format!(
+            "{run} could not be settled now ({}); its record is kept, and its recovery runs again at the next start or the workflow's next run",
+            r.why.as_deref().unwrap_or("see the log")
+        ))
+    } else {
+        None
+    }
+}
+
+fn rollback_settled(r: &Recovered) -> String {
+    // The stopped rollback recorded its own restores up to a moment; only
+    // those after it are left to recovery, often none.
+    let recorded = if r.restores_recorded == 0 {
+        "every restore it made was already on the audit trail".to_owned()
+    } else {
+        format!(
+            "{} it made recorded on the audit trail",
+            counted(r.restores_recorded, "restore")
+        )
+    };
+    let left = match r.not_rolled_back {
+        0 => "none of the workflow's writes is left to roll back".to_owned(),
+        n => format!(
+            "{} of the workflow not rolled back, which rolling it back again restores",
+            counted(n, "action")
+        ),
+    };
+    format!(
+        "recovered interrupted rollback {} of workflow {}: {recorded}; {left}",
+        r.execution_id, r.workflow_id,
+    )
+}
+
+fn run_settled(r: &Recovered) -> String {
+    // Only what recovery did: a run killed between actions leaves all zeros.
+    let done: Vec<String> = [
+        (r.rolled_back, "unfinished action", " rolled back"),
+        (r.completed, "action", " finished"),
+        (
+            r.superseded,
+            "action",
+            " left undone, its target changed since by another run or program",
+        ),
+        (r.temp_files_removed, "temporary file", " removed"),
+        (
+            r.unfinished_snapshots_removed,
+            "unfinished snapshot folder",
+            " removed",
+        ),
+        (r.restores_recorded, "restore", " recorded"),
+    ]
+    .into_iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, what, done)| format!("{}{done}", counted(n, what)))
+    .collect();
+    let not_undone = (!r.not_undone.is_empty()).then(|| {
+        format!(
+            "{} not undone, left as the dead run wrote {} ({})",
+            counted(r.not_undone.len(), "unfinished action"),
+            if r.not_undone.len() == 1 {
+                "it"
+            } else {
+                "them"
+            },
+            r.not_undone.join("; ")
+        )
+    });
+    let mut done = match (done.is_empty(), not_undone) {
+        // Its finished writes stand as audited; none was left half done.
+        (true, None) => "no unfinished action was left to undo or finish".to_owned(),
+        (true, Some(n)) => n,
+        (false, None) => done.join(", "),
+        (false, Some(n)) => format!("{}; {n}", done.join(", ")),
+    };
+    // What an earlier recovery settled is on the trail, not in these counts: the
+    // run may not have settled by itself.
+    if r.earlier_tries > 0 {
+        done.push_str(&format!(
+            " ({} began recovering it before and did not finish: what {} settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
+            if r.earlier_tries == 1 {
+                "an earlier start".to_owned()
+            } else {
+                format!("{} earlier starts", r.earlier_tries)
+            },
+            if r.earlier_tries == 1 { "it" } else { "they" }
+        ));
+    }
+    format!(
+        "recovered interrupted run {} of workflow {}: {done}",
+        r.execution_id, r.workflow_id
+    )
+}
+
+/// What recovery left for the operator to remove.
+fn left_for_the_operator(r: &Recovered) -> impl Iterator<Item = String> + '_ {
+    // (where, what it was, what for)
+    [
+        (
+            &r.temp_files_left,
+            "the dead process's temporary files (named .ailab-tmp-…) in",
+            "",
+        ),
+        (
+            &r.unfinished_snapshots_left,
+            "the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
+            ": their action ids stay used until they are gone",
+        ),
+    ]
+    .into_iter()
+    .filter(|(left, _, _)| !left.is_empty())
+    .map(|(left, what, then)| {
+        format!(
+            "recovery of {} (workflow {}) could not remove {what} {}{then}; remove them by hand once that is put right",
+            r.execution_id,
+            r.workflow_id,
+            left.join(", ")
+        )
+    })
 }
