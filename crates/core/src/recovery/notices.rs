@@ -28,10 +28,15 @@ impl Sandbox {
     /// Snapshot folders left alone, named where they lie (inside the roots).
     fn untrusted(&self, r: &Recovered) -> String {
         format!(
-            "recovery of {} (workflow {}) left {} snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
+            "recovery of {} (workflow {}) left {} alone that could not be read or trusted (see the log); {} neither finished nor undone: inspect {}",
             r.execution_id,
             r.workflow_id,
-            r.untrusted,
+            counted(r.untrusted, "snapshot folder"),
+            if r.untrusted == 1 {
+                "the action it belongs to was"
+            } else {
+                "the actions they belong to were"
+            },
             match self.workflow_folders(&r.workflow_id).as_slice() {
                 [] => format!(".rollback/{}/", r.workflow_id),
                 folders => folders
@@ -186,24 +191,36 @@ fn run_settled(r: &Recovered) -> String {
 
 /// What recovery left for the operator to remove.
 fn left_for_the_operator(r: &Recovered) -> impl Iterator<Item = String> + '_ {
-    // (where, what it was, what for)
+    let one = r.unfinished_snapshots_left.len() == 1;
+    // (where, what it was, what for, what to remove)
     [
         (
             &r.temp_files_left,
             "the dead process's temporary files (named .ailab-tmp-…) in",
             "",
+            "them",
         ),
-        (
-            &r.unfinished_snapshots_left,
-            "the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
-            ": their action ids stay used until they are gone",
-        ),
+        if one {
+            (
+                &r.unfinished_snapshots_left,
+                "the snapshot folder its process began and never finished (no meta.json; its action never ran)",
+                ": its action id stays used until it is gone",
+                "it",
+            )
+        } else {
+            (
+                &r.unfinished_snapshots_left,
+                "the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
+                ": their action ids stay used until they are gone",
+                "them",
+            )
+        },
     ]
     .into_iter()
-    .filter(|(left, _, _)| !left.is_empty())
-    .map(|(left, what, then)| {
+    .filter(|(left, ..)| !left.is_empty())
+    .map(|(left, what, then, them)| {
         format!(
-            "recovery of {} (workflow {}) could not remove {what} {}{then}; remove them by hand once that is put right",
+            "recovery of {} (workflow {}) could not remove {what} {}{then}; remove {them} by hand once that is put right",
             r.execution_id,
             r.workflow_id,
             left.join(", ")

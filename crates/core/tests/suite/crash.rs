@@ -684,9 +684,20 @@ fn unfinished_snapshot_folders_in_a_folder_that_keeps_them_stay_whole() {
 /// The start's notice names each unfinished snapshot folder recovery could not remove,
 /// why, and what to do.
 fn assert_names_stuck_folders(notices: &[String], stuck: &[std::path::PathBuf]) {
+    let (folders, them) = if stuck.len() == 1 {
+        (
+            "could not remove the snapshot folder its process began and never finished (no meta.json; its action never ran)",
+            "its action id stays used until it is gone; remove it by hand",
+        )
+    } else {
+        (
+            "could not remove the snapshot folders its process began and never finished (no meta.json; their actions never ran)",
+            "their action ids stay used until they are gone; remove them by hand",
+        )
+    };
     let said = notices
         .iter()
-        .find(|n| n.contains("could not remove the snapshot folders"))
+        .find(|n| n.contains(folders))
         .unwrap_or_else(|| panic!("{notices:?}"));
     for f in stuck {
         assert!(
@@ -694,7 +705,19 @@ fn assert_names_stuck_folders(notices: &[String], stuck: &[std::path::PathBuf]) 
             "{said}"
         );
     }
-    assert!(said.contains("remove them by hand"), "{said}");
+    assert!(said.contains(them), "{said}");
+}
+
+/// One unfinished snapshot folder left is spoken of as one.
+#[test]
+fn one_unfinished_snapshot_folder_left_is_named_as_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let (w, c, _, a1) = killed_mid_snapshot(replace_a());
+    std::fs::set_permissions(&a1, std::fs::Permissions::from_mode(0o500)).unwrap();
+    let notices = without_dac_override(|| w.open(c.clone()).notices().to_vec());
+    std::fs::set_permissions(&a1, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(w.read(".rollback/wf_crash/a1/backup"), b"alpha\n");
+    assert_names_stuck_folders(&notices, &[a1]);
 }
 
 /// A process killed while creating a run record leaves the record's temporary file:
@@ -1264,7 +1287,7 @@ fn a_registered_write_whose_snapshot_went_or_was_replaced_is_recorded_done() {
             assert_noticed(
                 &sb,
                 &format!(
-                    "left 1 snapshot folder(s) alone that could not be read or trusted (see the log); the actions they belong to were neither finished nor undone: inspect {}",
+                    "left 1 snapshot folder alone that could not be read or trusted (see the log); the action it belongs to was neither finished nor undone: inspect {}",
                     w.root.join(".rollback/wf_crash").display()
                 ),
             );
@@ -1671,7 +1694,7 @@ fn a_stray_entry_beside_the_snapshots_does_not_blind_recovery() {
     let record = || run_record(&w, "wf_crash");
     let sb = w.open(c.clone());
     assert_noticed(&sb, "1 unfinished action rolled back");
-    assert_noticed(&sb, "left 1 snapshot folder(s) alone");
+    assert_noticed(&sb, "left 1 snapshot folder alone");
     assert_eq!(
         w.read("d/b.txt"),
         b"beta\n",
