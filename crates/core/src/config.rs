@@ -612,6 +612,43 @@ pub struct Limits {
     pub lock_wait_seconds: u64,
 }
 
+impl Limits {
+    /// Each limit within its range.
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.max_path_depth == 0 || self.max_path_depth > MAX_PATH_DEPTH {
+            return Err(ConfigError(format!(
+                "limits.max_path_depth = {} is out of range; allowed 1 to {MAX_PATH_DEPTH}",
+                self.max_path_depth
+            )));
+        }
+        if !(1..=MAX_LOCK_WAIT_SECONDS).contains(&self.lock_wait_seconds) {
+            return Err(ConfigError(format!(
+                "limits.lock_wait_seconds = {} is out of range; allowed 1 to {MAX_LOCK_WAIT_SECONDS}",
+                self.lock_wait_seconds
+            )));
+        }
+        if self.writes_per_minute == 0 {
+            return Err(ConfigError(
+                "limits.writes_per_minute = 0 would forbid every write; give at least 1".into(),
+            ));
+        }
+        for (key, value) in [
+            (
+                "max_artifacts_per_workflow",
+                self.max_artifacts_per_workflow,
+            ),
+            ("max_workflow_bytes", self.max_workflow_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigError(format!(
+                    "limits.{key} = 0 would forbid every write; give at least 1"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -904,6 +941,31 @@ impl Config {
         if self.roots.is_empty() {
             return Err(ConfigError("no sandbox root is configured: give at least one in roots, AI_LAB_SANDBOX_ROOTS or --root".into()));
         }
+        self.check_path_names()?;
+        self.check_roots()?;
+        self.check_state_dir()?;
+        self.check_roots_fit_a_run_record()?;
+        if !is_phase_syntax(&self.phase) {
+            return Err(ConfigError(format!(
+                "phase '{}' is not written as a phase is, two numbers of at most four digits without leading zeros joined by a dot, such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
+                self.phase.escape_debug()
+            )));
+        }
+        check_extension_entries(Some(self.extensions.allowed()), self.extensions.blocked())?;
+        self.limits.check()?;
+        if !(MIN_BODY_BYTES_LIMIT..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
+            return Err(ConfigError(format!(
+                "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed {MIN_BODY_BYTES_LIMIT} to {MAX_BODY_BYTES_LIMIT}",
+                self.max_body_bytes
+            )));
+        }
+        // The token's length is the server's concern (`serve` refuses a short one): the
+        // other commands never use it, so a short one does not stop them.
+        Ok(())
+    }
+
+    /// The roots' and the state directory's paths as text.
+    fn check_path_names(&self) -> Result<(), ConfigError> {
         // A path that is not UTF-8 would be shown, matched and recorded under another
         // name than the directory it opens (SPEC §2 refuses invalid UTF-8 in paths).
         for (what, p) in self
@@ -936,6 +998,11 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Each root on its own, then against the others.
+    fn check_roots(&self) -> Result<(), ConfigError> {
         for r in &self.roots {
             if !r.is_absolute() {
                 return Err(ConfigError(format!(
@@ -976,6 +1043,29 @@ impl Config {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Each root's path fits a run record alone.
+    fn check_roots_fit_a_run_record(&self) -> Result<(), ConfigError> {
+        // A run names the roots it writes into in its run record, one small block: a root
+        // that does not fit there alone could never be written. (Roots that only fit
+        // apart refuse the plans that write into them all: `Sandbox::record_room`.)
+        for r in &self.roots {
+            let (taken, room) =
+                crate::recovery::InflightRecord::room_for_roots(&[r.display().to_string()]);
+            if taken > room {
+                return Err(ConfigError(format!(
+                    "root {} is too long a path: a run's record names the roots it writes into, and this one takes {taken} bytes there, more than the {room} it has room for; give a shorter path",
+                    crate::confine::path::shown_path(&r.display().to_string())
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The state directory, and where it lies against the roots.
+    fn check_state_dir(&self) -> Result<(), ConfigError> {
         if !self.state_dir.is_absolute() {
             return Err(ConfigError(format!(
                 "state_dir '{}' is not an absolute path; give an absolute path, such as /var/lib/ailab-sandbox",
@@ -1012,62 +1102,6 @@ impl Config {
                 r.display()
             )));
         }
-        // A run names the roots it writes into in its run record, one small block: a root
-        // that does not fit there alone could never be written. (Roots that only fit
-        // apart refuse the plans that write into them all: `Sandbox::record_room`.)
-        for r in &self.roots {
-            let (taken, room) =
-                crate::recovery::InflightRecord::room_for_roots(&[r.display().to_string()]);
-            if taken > room {
-                return Err(ConfigError(format!(
-                    "root {} is too long a path: a run's record names the roots it writes into, and this one takes {taken} bytes there, more than the {room} it has room for; give a shorter path",
-                    crate::confine::path::shown_path(&r.display().to_string())
-                )));
-            }
-        }
-        if !is_phase_syntax(&self.phase) {
-            return Err(ConfigError(format!(
-                "phase '{}' is not written as a phase is, two numbers of at most four digits without leading zeros joined by a dot, such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
-                self.phase.escape_debug()
-            )));
-        }
-        check_extension_entries(Some(self.extensions.allowed()), self.extensions.blocked())?;
-        let l = &self.limits;
-        if l.max_path_depth == 0 || l.max_path_depth > MAX_PATH_DEPTH {
-            return Err(ConfigError(format!(
-                "limits.max_path_depth = {} is out of range; allowed 1 to {MAX_PATH_DEPTH}",
-                l.max_path_depth
-            )));
-        }
-        if !(1..=MAX_LOCK_WAIT_SECONDS).contains(&l.lock_wait_seconds) {
-            return Err(ConfigError(format!(
-                "limits.lock_wait_seconds = {} is out of range; allowed 1 to {MAX_LOCK_WAIT_SECONDS}",
-                l.lock_wait_seconds
-            )));
-        }
-        if l.writes_per_minute == 0 {
-            return Err(ConfigError(
-                "limits.writes_per_minute = 0 would forbid every write; give at least 1".into(),
-            ));
-        }
-        for (key, value) in [
-            ("max_artifacts_per_workflow", l.max_artifacts_per_workflow),
-            ("max_workflow_bytes", l.max_workflow_bytes),
-        ] {
-            if value == 0 {
-                return Err(ConfigError(format!(
-                    "limits.{key} = 0 would forbid every write; give at least 1"
-                )));
-            }
-        }
-        if !(MIN_BODY_BYTES_LIMIT..=MAX_BODY_BYTES_LIMIT).contains(&self.max_body_bytes) {
-            return Err(ConfigError(format!(
-                "server.max_body_bytes = {} (set in the config file or by serve --max-body-bytes) is out of range; allowed {MIN_BODY_BYTES_LIMIT} to {MAX_BODY_BYTES_LIMIT}",
-                self.max_body_bytes
-            )));
-        }
-        // The token's length is the server's concern (`serve` refuses a short one): the
-        // other commands never use it, so a short one does not stop them.
         Ok(())
     }
 
