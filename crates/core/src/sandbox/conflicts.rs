@@ -20,47 +20,21 @@ struct Named<'a> {
 }
 
 /// The trail's lines of changes to files of one name and folder, by the path they
-/// record (in the log's order), and those paths by each of their endings in components
-/// (`f.txt`, `d/f.txt`, …): a target's lines are those of the paths ending in its path
-/// beneath the root that [`Sandbox::names_target`] takes for it, under whatever spelling
-/// of its root.
+/// record (in the log's order): a target's lines are those of the paths that
+/// [`Sandbox::names_target`] takes for it, under whatever spelling of its root.
 #[derive(Default)]
 struct Recorded {
     by_path: HashMap<String, Vec<crate::audit::SandboxAuditEntry>>,
-    by_ending: HashMap<String, Vec<String>>,
 }
 
 impl Recorded {
     fn of(lines: Vec<crate::audit::SandboxAuditEntry>) -> Self {
         let mut r = Self::default();
         for line in lines {
-            let path = line.target_path.clone();
-            let lines = r.by_path.entry(path.clone()).or_default();
-            if lines.is_empty() {
-                // By components, as `names_target` reads the path: `d//f.txt`,
-                // `d/./f.txt` and `d/f.txt/` all end in `d/f.txt`.
-                let mut ending = String::new();
-                for part in std::path::Path::new(&path)
-                    .components()
-                    .rev()
-                    .map_while(|c| {
-                        let std::path::Component::Normal(part) = c else {
-                            return None;
-                        };
-                        part.to_str()
-                    })
-                {
-                    if !ending.is_empty() {
-                        ending.insert(0, '/');
-                    }
-                    ending.insert_str(0, part);
-                    r.by_ending
-                        .entry(ending.clone())
-                        .or_default()
-                        .push(path.clone());
-                }
-            }
-            lines.push(line);
+            r.by_path
+                .entry(line.target_path.clone())
+                .or_default()
+                .push(line);
         }
         r
     }
@@ -491,13 +465,10 @@ impl Sandbox {
         };
         // In the log's order, as if read from it, for the stable sort by time after.
         let mut lines: Vec<&crate::audit::SandboxAuditEntry> = recorded
-            .by_ending
-            .get(&rel.as_string())
-            .into_iter()
-            .flatten()
-            .filter(|path| self.names_target(path, root, &rel))
-            .filter_map(|path| recorded.by_path.get(path))
-            .flatten()
+            .by_path
+            .iter()
+            .filter(|(path, _)| self.names_target(path, root, &rel))
+            .flat_map(|(_, lines)| lines)
             .collect();
         lines.sort_by_key(|l| l.seq);
         Ok(crate::audit::changes_after(
