@@ -2093,6 +2093,34 @@ fn a_plan_of_many_files_runs_under_a_tight_open_file_limit() {
     assert_eq!(std::fs::read(e.root.join("d79/f79.txt")).unwrap(), b"79\n");
 }
 
+/// Short of open files at any point of its start, a command says so: it is never shut
+/// out of its own state directory by a kernel confinement that granted nothing (one
+/// limit left Landlock no descriptor to name the roots and state directory with, and
+/// every read was refused as another user's file while `state` said "fully_enforced").
+#[test]
+fn a_command_short_of_open_files_says_so_at_every_limit() {
+    let e = env();
+    let out = e.cmd().arg("state").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mut verified = 0;
+    for limit in 6..=24 {
+        let out = e.limited(limit).args(["audit", "verify"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("permission denied"), "at {limit}: {out:?}");
+        if out.status.code() == Some(0) {
+            verified += 1;
+            continue;
+        }
+        assert!(err.contains("ran out of open files"), "at {limit}: {out:?}");
+        let out = e.limited(limit).args(["--json", "state"]).output().unwrap();
+        if out.status.code() == Some(0) {
+            let k = &json_out(&out)["kernel_confinement"];
+            assert_ne!(k["status"], "fully_enforced", "at {limit}: {k}");
+        }
+    }
+    assert!(verified > 0, "audit verify never ran under 25 open files");
+}
+
 /// Short of open files, `serve` and `mcp` refuse to start with a sentence, at any limit,
 /// never panicking (tokio's signal set-up panicked at a limit of 15 or 16). The server's
 /// port is taken, so one that starts fails to listen and ends.

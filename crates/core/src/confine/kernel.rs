@@ -94,8 +94,8 @@ impl KernelConfinement {
 #[cfg(target_os = "linux")]
 pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
     use landlock::{
-        ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, path_beneath_rules,
+        ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, PathBeneath,
+        PathFd, PathFdError, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus,
     };
     // Ask for exactly what the running kernel offers, so that "fully enforced" means
     // every right this kernel knows about: probe from the newest ABI down.
@@ -124,12 +124,39 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
     let all = AccessFs::from_all(abi);
     let no_exec: BitFlags<AccessFs> = all & !AccessFs::Execute;
     let read_only: BitFlags<AccessFs> = AccessFs::from_read(abi) & !AccessFs::Execute;
+    // Opened here rather than by `path_beneath_rules`, which passes over a path it cannot
+    // open: short of descriptors, the ruleset would grant nothing, shutting the process
+    // out of its own files while it called itself confined. Nothing is restricted then,
+    // as when the ruleset itself cannot be made, and the report says why.
+    let rules = std::iter::once((std::path::Path::new("/"), read_only))
+        .chain(writable.iter().map(|p| (p.as_path(), no_exec)))
+        .map(|(p, access)| PathFd::new(p).map(|fd| PathBeneath::new(fd, access)))
+        .collect::<Result<Vec<_>, _>>();
+    let rules = match rules {
+        Ok(rules) => rules,
+        Err(e) => {
+            let why = match e {
+                PathFdError::OpenCall { source, path, .. } => format!(
+                    "{} could not be opened to grant access beneath it: {}",
+                    path.display(),
+                    crate::error::io_words(&source)
+                ),
+                e => e.to_string(),
+            };
+            return KernelConfinement {
+                mechanism: "landlock",
+                status: "unavailable",
+                abi: None,
+                writable: shown,
+                detail: Some(format!("{why}; nothing was restricted")),
+            };
+        }
+    };
     let result = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
         .and_then(|r| r.create())
-        .and_then(|r| r.add_rules(path_beneath_rules(["/"], read_only)))
-        .and_then(|r| r.add_rules(path_beneath_rules(writable, no_exec)))
+        .and_then(|r| r.add_rules(rules.into_iter().map(Ok::<_, RulesetError>)))
         .and_then(|r| r.restrict_self());
     match result {
         Ok(status) => {

@@ -63,7 +63,10 @@ impl StateDir {
                 if what == "a folder" {
                     return io::Error::new(
                         e.kind(),
-                        format!("{STATE_DIR} folder {shown} cannot be opened: {e}"),
+                        format!(
+                            "{STATE_DIR} folder {shown} cannot be opened: {}",
+                            crate::error::io_words(&e)
+                        ),
                     );
                 }
                 io::Error::new(

@@ -2,6 +2,7 @@
 //! could have placed: how roots and the state directory are opened, and folders made.
 
 use super::*;
+use crate::error::io_words;
 
 /// A directory opened by [`open_checked_dir`].
 pub(crate) struct CheckedDir {
@@ -114,13 +115,18 @@ fn open_dir_checked(
         Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => return Ok(None),
         Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
             make_dir(&parent.dir, name, mode)
-                .map_err(|e| format!("{what} {shown} cannot be created: {e}"))?;
+                .map_err(|e| format!("{what} {shown} cannot be created: {}", io_words(&e)))?;
             parent
                 .dir
                 .symlink_metadata(name)
-                .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?
+                .map_err(|e| format!("{what} {shown} cannot be inspected: {}", io_words(&e)))?
         }
-        Err(e) => return Err(format!("{what} {shown} cannot be inspected: {e}")),
+        Err(e) => {
+            return Err(format!(
+                "{what} {shown} cannot be inspected: {}",
+                io_words(&e)
+            ));
+        }
     };
     if meta.file_type().is_symlink() {
         if !follow_last {
@@ -142,7 +148,7 @@ fn open_dir_checked(
         let meta = last
             .dir
             .dir_metadata()
-            .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+            .map_err(|e| format!("{what} {shown} cannot be inspected: {}", io_words(&e)))?;
         return Ok(Some(CheckedDir {
             dir: last.dir,
             meta,
@@ -156,11 +162,11 @@ fn open_dir_checked(
     let dir = parent
         .dir
         .open_dir_nofollow(name)
-        .map_err(|e| format!("{what} {shown} cannot be opened: {e}"))?;
+        .map_err(|e| format!("{what} {shown} cannot be opened: {}", io_words(&e)))?;
     // From here on only the open handle counts: the checks are made on it.
     let opened = dir
         .dir_metadata()
-        .map_err(|e| format!("{what} {shown} cannot be inspected: {e}"))?;
+        .map_err(|e| format!("{what} {shown} cannot be inspected: {}", io_words(&e)))?;
     if opened.dev() != meta.dev() || opened.ino() != meta.ino() {
         return Err(format!(
             "{what} {shown} changed while it was being opened; refusing it"
@@ -187,8 +193,12 @@ fn open_ancestors(
 ) -> Result<Option<Vec<Ancestor>>, String> {
     let shown = root.display();
     let top = PathBuf::from("/");
-    let dir = Dir::open_ambient_dir(&top, ambient_authority())
-        .map_err(|e| format!("{what} {shown} cannot be reached: / cannot be opened: {e}"))?;
+    let dir = Dir::open_ambient_dir(&top, ambient_authority()).map_err(|e| {
+        format!(
+            "{what} {shown} cannot be reached: / cannot be opened: {}",
+            io_words(&e)
+        )
+    })?;
     let mut chain = vec![checked_ancestor(root, top, dir, euid, what)?];
     let mut pending: std::collections::VecDeque<String> = names.iter().cloned().collect();
     let mut hops = 0;
@@ -212,21 +222,24 @@ fn open_ancestors(
             Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
                 make_dir(&parent.dir, &name, DIR_MODE).map_err(|e| {
                     format!(
-                        "{what} {shown} cannot be created: its parent {} cannot be created: {e}",
-                        here.display()
+                        "{what} {shown} cannot be created: its parent {} cannot be created: {}",
+                        here.display(),
+                        io_words(&e)
                     )
                 })?;
                 parent.dir.symlink_metadata(&name).map_err(|e| {
                     format!(
-                        "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
-                        here.display()
+                        "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
+                        here.display(),
+                        io_words(&e)
                     )
                 })?
             }
             Err(e) => {
                 return Err(format!(
-                    "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
-                    here.display()
+                    "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
+                    here.display(),
+                    io_words(&e)
                 ));
             }
         };
@@ -246,8 +259,9 @@ fn open_ancestors(
             }
             let target = parent.dir.read_link_contents(&name).map_err(|e| {
                 format!(
-                    "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {e}",
-                    here.display()
+                    "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {}",
+                    here.display(),
+                    io_words(&e)
                 )
             })?;
             if target.is_absolute() {
@@ -266,8 +280,9 @@ fn open_ancestors(
         }
         let dir = parent.dir.open_dir_nofollow(&name).map_err(|e| {
             format!(
-                "{what} {shown} cannot be opened: its parent {} cannot be opened: {e}",
-                here.display()
+                "{what} {shown} cannot be opened: its parent {} cannot be opened: {}",
+                here.display(),
+                io_words(&e)
             )
         })?;
         chain.push(checked_ancestor(root, here, dir, euid, what)?);
@@ -293,7 +308,10 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
         return read;
     }
     let mut path = std::path::absolute(path).map_err(|e| {
-        format!("{what} {given} cannot be read: its absolute path cannot be made: {e}")
+        format!(
+            "{what} {given} cannot be read: its absolute path cannot be made: {}",
+            io_words(&e)
+        )
     })?;
     for _ in 0..=ANCESTOR_HOPS {
         // Reached through a link, both are named: the operator gave the first.
@@ -458,8 +476,9 @@ fn checked_ancestor(
     let shown = root.display();
     let m = dir.dir_metadata().map_err(|e| {
         format!(
-            "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {e}",
-            path.display()
+            "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
+            path.display(),
+            io_words(&e)
         )
     })?;
     let (uid, mode) = (m.uid(), m.mode() & 0o7777);
