@@ -377,12 +377,18 @@ impl Sandbox {
             } else {
                 Vec::new()
             };
-            let foreign =
-                created_dir && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
+            // One that is gone holds nothing of anyone's, and was removed since the
+            // action only if the trail records that the action made it.
+            let foreign = created_dir
+                && current == TargetState::Directory
+                && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
+            let removed = created_dir
+                && current == TargetState::Missing
+                && self.records_written(workflow_id, &s.meta);
             claimed_by.sort();
             claimed_by.dedup();
             let (changed, changed_by) =
-                if !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign {
+                if !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign || removed {
                     let by = found_by_action
                         .is_none()
                         .then(|| {
@@ -617,6 +623,21 @@ impl Sandbox {
         Some(Left {
             state,
             maybe_unwritten: true,
+        })
+    }
+
+    /// Whether the trail records `meta`'s write as made (its run's success line), or
+    /// cannot say. No artifact records a directory: an action that failed, its own undo's
+    /// mark and lines lost to a full disk, leaves nothing else to tell that its directory
+    /// never stood.
+    fn records_written(&self, workflow_id: &str, meta: &SnapshotMeta) -> bool {
+        self.audit.by_workflow(workflow_id).map_or(true, |lines| {
+            lines.iter().any(|e| {
+                e.status == crate::audit::AuditStatus::Success
+                    && e.action_id == meta.action_id
+                    && e.execution_id == meta.execution_id
+                    && e.mutation_class != Some(crate::catalog::MutationClass::Rollback)
+            })
         })
     }
 

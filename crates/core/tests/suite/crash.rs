@@ -4443,3 +4443,54 @@ fn failure_points_are_the_listed_ones() {
         .collect();
     assert_eq!(passed, listed);
 }
+
+/// A `create_directory` that failed and undid itself with its restore's mark and lines
+/// lost (a full state directory and root) leaves a snapshot the trail says nothing of:
+/// the workflow rolls back, its directory being gone as before the action, as a file
+/// would (it was refused as a directory "changed after the workflow wrote it", for good
+/// unless forced). One the trail records as made, then removed by another program, is
+/// still a change.
+#[test]
+fn a_made_directory_the_trail_never_recorded_and_that_is_gone_rolls_back() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    sb.failpoints().arm("before_audit", 1);
+    sb.failpoints().arm("after_mark", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_d", "on_failure": "rollback", "actions": [
+            {"action_id": "x6", "intent": "create_directory", "path": "nd"}]}),
+    );
+    assert_ne!(status(&r), "success", "{r:?}");
+    assert!(!w.path("nd").exists());
+    drop(sb);
+    std::fs::remove_file(w.path(".rollback/wf_d/x6/restored.json")).unwrap();
+    let sb = w.sandbox();
+    assert!(
+        sb.audit_entries(50, Some("wf_d"))
+            .unwrap()
+            .iter()
+            .all(|e| e.status != ailab_sandbox_core::audit::AuditStatus::Success),
+        "no success line"
+    );
+    let rb = sb.rollback_workflow("wf_d", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+    // Made and recorded, then removed by hand: a change, to force.
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_e", "actions": [
+            {"action_id": "y1", "intent": "create_directory", "path": "ne"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::remove_dir(w.path("ne")).unwrap();
+    let rb = sb.rollback_workflow("wf_e", &RollbackOptions::default());
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::Conflict),
+        "{rb:?}"
+    );
+}
