@@ -324,7 +324,7 @@ fn untrusted_said(at: &str, detail: &str) -> Refusal {
     Refusal::new(
         ReasonCode::ChecksumMismatch,
         format!(
-            "the snapshot record {} {detail}; it is not trusted for rollback or recovery (inspect the folder: put the runtime's own record back if it was moved aside, remove the folder only if it is not the runtime's)",
+            "the snapshot record {} {detail}; it is not trusted for rollback or recovery (inspect the folder: put the runtime's own record back if it was moved aside, remove what stands there only if it is not the runtime's)",
             shown_path(at)
         ),
     )

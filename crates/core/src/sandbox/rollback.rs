@@ -252,6 +252,27 @@ fn later_writers<'a>(
         .collect()
 }
 
+/// The refusal of a workflow whose snapshot folders hold `untrusted` entries: the
+/// first, and how many more, which would otherwise be met one refusal at a time.
+fn untrusted_refusal(workflow_id: &str, untrusted: &[crate::Refusal]) -> Option<crate::Refusal> {
+    match untrusted {
+        [] => None,
+        [one] => Some(one.clone()),
+        [first, more @ ..] => Some(crate::Refusal::new(
+            first.reason_code,
+            format!(
+                "{}; {} more of the workflow's snapshot entries are not trusted either: inspect {} in each root",
+                first.reason,
+                more.len(),
+                shown_path(&format!(
+                    "{}/{workflow_id}/",
+                    crate::confine::path::ROLLBACK_DIR
+                ))
+            ),
+        )),
+    }
+}
+
 /// What a workflow's trail lines say of its writes, for choosing what to roll back.
 struct TrailWrites<'t> {
     /// Writes that must have a snapshot here: by action, its latest write's `seq` and
@@ -322,10 +343,10 @@ impl Sandbox {
         &self,
         workflow_id: &str,
     ) -> Verdict<Vec<(usize, StoredSnapshot)>> {
-        let (all, mut untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
-        match untrusted.pop() {
-            Some(r) => Err(r),
+        let (all, untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
+        match untrusted_refusal(workflow_id, &untrusted) {
             None => Ok(all),
+            Some(r) => Err(r),
         }
     }
 
@@ -1235,13 +1256,12 @@ impl Sandbox {
     /// leaving some files out would leave the workflow half rolled back.
     fn snapshots_to_roll_back(&self, workflow_id: &str) -> Verdict<RootedSnapshots> {
         // Each snapshot found damaged counts, each time a rollback is asked for.
-        let (snaps, mut untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
-        match untrusted.pop() {
+        let (snaps, untrusted) = self.workflow_snapshots_and_untrusted(workflow_id)?;
+        match untrusted_refusal(workflow_id, &untrusted) {
             None => Ok(snaps),
             Some(r) => {
                 let mismatched = untrusted
                     .iter()
-                    .chain(std::iter::once(&r))
                     .filter(|r| r.reason_code == ReasonCode::ChecksumMismatch)
                     .count();
                 self.metrics.checksum_mismatches(mismatched);

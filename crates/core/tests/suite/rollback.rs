@@ -3605,3 +3605,40 @@ fn a_forced_rollback_needs_no_readable_trail() {
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert_eq!(w.read("f.txt"), b"v0\n");
 }
+
+/// Entries the runtime did not make in a workflow's snapshot folder refuse its rollback
+/// (they may stand for snapshots moved away), all of them counted at once rather than
+/// met one refusal at a time, with words that fit a file as well as a folder; once they
+/// are gone, the rollback runs.
+#[test]
+fn stray_entries_in_a_workflows_snapshot_folder_are_counted_in_one_refusal() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    act(
+        &sb,
+        "wf_s",
+        json!({"action_id": "a1", "intent": "create_file", "path": "k.txt", "content": "k"}),
+    );
+    let strays: Vec<_> = (0..3)
+        .map(|i| w.path(&format!(".rollback/wf_s/notes{i}.txt")))
+        .collect();
+    for s in &strays {
+        std::fs::write(s, b"mine").unwrap();
+    }
+    let rb = rollback_action(&sb, "wf_s", "a1", false);
+    assert_eq!(rb.status, "refused", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    let why = rb.reason.as_deref().unwrap();
+    assert!(
+        why.contains("2 more of the workflow's snapshot entries are not trusted either: inspect '.rollback/wf_s/' in each root"),
+        "{why}"
+    );
+    assert!(why.contains("remove what stands there only if"), "{why}");
+    assert_eq!(w.read("k.txt"), b"k");
+    for s in &strays {
+        std::fs::remove_file(s).unwrap();
+    }
+    assert_eq!(rollback(&sb, "wf_s", false).status, "rolled_back");
+    assert_eq!(w.tree(), before);
+}
