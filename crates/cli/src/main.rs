@@ -883,9 +883,10 @@ fn rollback(
     );
     if json {
         print_json(&report)?;
-        // As for any refusal: the reason on standard error too.
+        // As for any refusal: the reason on standard error too, under the status (a
+        // rollback that failed midway restored some of its steps).
         if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
-            err!("refused ({code}): {}", human::safe(why));
+            err!("{} ({code}): {}", report.status.as_str(), human::safe(why));
         }
     } else {
         human::rollback(&report, action_id.as_deref());

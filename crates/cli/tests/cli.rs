@@ -1965,6 +1965,42 @@ fn a_config_file_on_a_read_only_mount_is_judged_as_any_other() {
     );
 }
 
+/// A rollback that fails midway (its root full) says so on standard error under its
+/// status, `failed`, not as a refusal: some of its steps may have been restored.
+/// Needs a private mount namespace (`unshare -m`, as root); skipped where there is none.
+#[test]
+fn a_rollback_failed_midway_is_not_called_refused() {
+    let e = env();
+    let tiny = e.dir.join("tiny");
+    std::fs::create_dir_all(&tiny).unwrap();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_full", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "1"}]}),
+    );
+    // The file replaced by one byte, then the root filled: its bytes cannot come back.
+    let script = r#"mount -t tmpfs -o size=2m tmpfs "$D" || exit 97
+mkdir "$D/root" && head -c 300000 /dev/urandom > "$D/root/a.txt" || exit 98
+"$B" --root "$D/root" --state-dir "$S" --enable-write --no-dry-run --json run "$P" > /dev/null || exit 99
+head -c 10000000 /dev/zero > "$D/fill" 2> /dev/null
+exec "$B" --root "$D/root" --state-dir "$S" --enable-write --no-dry-run --json rollback wf_full"#;
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c", script])
+        .env("D", &tiny)
+        .env("S", &e.state)
+        .env("P", &plan)
+        .env("B", assert_cmd::cargo::cargo_bin("ailab-sandbox"))
+        .env_remove("AI_LAB_SANDBOX_CONFIG");
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let rb = json_out(&out);
+    assert_eq!(rb["status"], "failed", "{rb}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("failed (io_error): "), "{err}");
+    assert!(!err.contains("refused ("), "{err}");
+}
+
 /// A root out of inodes: the snapshot folder that could not be made is named as such, with
 /// the reason in the words of every other write failure (it said "No such file or
 /// directory", the open that followed, then the system's "No space left on device").
