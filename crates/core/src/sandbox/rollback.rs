@@ -1607,7 +1607,7 @@ impl Sandbox {
                         // rollback reads first, is written all the same.
                         tracing::warn!(
                             reason = %r,
-                            "the target was restored (its audit line follows); only the snapshot's restored mark could not be written"
+                            "the target was restored (its audit line is appended next); only the snapshot's restored mark could not be written"
                         );
                     }
                     self.metrics
