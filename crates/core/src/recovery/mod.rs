@@ -306,7 +306,7 @@ impl Recovered {
         self.restores_held = true;
         self.unrecorded(
             e,
-            "its files were restored, but the audit trail could not record it",
+            "its files were restored, but their restores could not be recorded on the audit trail",
         );
     }
 

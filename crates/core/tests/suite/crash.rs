@@ -4151,7 +4151,7 @@ fn a_dead_rollback_whose_restore_lines_cannot_be_written_is_recovered_later() {
     );
     assert!(
         rb.reason.as_deref().unwrap().contains(
-            "its files were restored, but the audit trail could not record it (another process"
+            "its files were restored, but their restores could not be recorded on the audit trail (another process"
         ),
         "{rb:?}"
     );
