@@ -222,6 +222,13 @@ pub struct RollbackOptions {
     pub force: bool,
 }
 
+impl RollbackOptions {
+    /// Whether the rollback asked for takes in `action`'s writes.
+    fn takes(&self, action: &str) -> bool {
+        self.action_id.as_deref().is_none_or(|a| a == action)
+    }
+}
+
 /// The snapshots of `snaps` (oldest first) taken after one of `action`'s, in the same
 /// root, on its target or a path beneath or above it, by other actions not yet undone
 /// (`undone`).
@@ -842,7 +849,7 @@ impl Sandbox {
         let writes = TrailWrites::of(&trail, |e| self.root_of(&e.target_path), pruned_up_to);
         // Of the writes kept apart, those asked for and not undone since.
         let in_place = |e: &SandboxAuditEntry| {
-            opts.action_id.as_deref().is_none_or(|a| a == e.action_id)
+            opts.takes(&e.action_id)
                 && writes
                     .undone
                     .get(e.action_id.as_str())
@@ -852,7 +859,7 @@ impl Sandbox {
         let undone_then_pruned = writes
             .pruned
             .iter()
-            .any(|e| opts.action_id.as_deref().is_none_or(|a| a == e.action_id) && !in_place(e));
+            .any(|e| opts.takes(&e.action_id) && !in_place(e));
         let pruned: Vec<String> = writes
             .pruned
             .iter()
@@ -896,7 +903,7 @@ impl Sandbox {
         let mut missing: Vec<String> = writes
             .written
             .iter()
-            .filter(|(a, _)| opts.action_id.as_deref().is_none_or(|want| want == **a))
+            .filter(|(a, _)| opts.takes(a))
             .filter(|(a, _)| !have.contains(**a) && !writes.is_undone(a))
             .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
             .collect();
@@ -907,10 +914,7 @@ impl Sandbox {
         let pruned_but_present = snaps.iter().any(|(i, s)| {
             let up_to = pruned_up_to(*i).unwrap_or(0);
             up_to > 0
-                && opts
-                    .action_id
-                    .as_deref()
-                    .is_none_or(|a| a == s.meta.action_id)
+                && opts.takes(&s.meta.action_id)
                 && trail.iter().any(|e| {
                     e.status == AuditStatus::Success
                         && e.seq <= up_to
@@ -956,11 +960,7 @@ impl Sandbox {
         }
         let chosen = snaps
             .into_iter()
-            .filter(|(_, s)| {
-                opts.action_id
-                    .as_deref()
-                    .is_none_or(|a| a == s.meta.action_id)
-            })
+            .filter(|(_, s)| opts.takes(&s.meta.action_id))
             .map(|(i, mut s)| {
                 // Undone according to the trail even if its mark was removed.
                 s.restored |= writes.is_undone(&s.meta.action_id);
