@@ -573,12 +573,18 @@ impl Sandbox {
             }
         }
         let code = found.first()?.0;
+        let linked = found.iter().any(|(c, _)| *c == ReasonCode::HardlinkRefused);
         let reasons: Vec<String> = found.into_iter().map(|(_, r)| r).collect();
         Some(Refusal::new(
             code,
             format!(
-                "{}; a rollback never removes what the workflow did not make, nor writes to a file with other links, a special file or through a link, even with force: move it away (or remove the extra link), then roll back",
-                reasons.join("; ")
+                "{}; a rollback never removes what the workflow did not make, nor writes to a file with other links, a special file or through a link, even with force: move it away{}, then roll back",
+                reasons.join("; "),
+                if linked {
+                    " (or remove the extra link)"
+                } else {
+                    ""
+                }
             ),
         ))
     }
