@@ -9,7 +9,8 @@
 //! runtime or thread pool.
 
 use serde::Serialize;
-use std::path::PathBuf;
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 
 /// The soft limit on this process's open files (`u64::MAX`: none).
 pub fn open_file_limit() -> u64 {
@@ -90,12 +91,43 @@ impl KernelConfinement {
 
 /// Restricts the calling thread and its future threads: read anywhere, write beneath
 /// `writable` only, execute nothing. Never fails: a kernel without Landlock yields a
-/// report saying so.
-#[cfg(target_os = "linux")]
+/// report saying so. The paths are opened here (a process holding the directories
+/// already gives their handles to [`restrict_to_dirs`]).
 pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
+    let shown: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
+    let opened = writable
+        .iter()
+        .map(|p| open_path(p))
+        .collect::<Result<Vec<_>, _>>();
+    match opened {
+        Ok(fds) => restrict_to_dirs(
+            &shown
+                .iter()
+                .zip(&fds)
+                .map(|(p, fd)| (p.as_str(), fd.as_fd()))
+                .collect::<Vec<_>>(),
+        ),
+        Err(why) => unrestricted(shown, why),
+    }
+}
+
+/// [`restrict_to`] for directories this process holds open, each with the path it is
+/// shown by: the rules name those very directories, so a path renamed or swapped for a
+/// link since they were opened (while the start recovered, say) cannot move the grant.
+#[cfg(target_os = "linux")]
+pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinement {
     use landlock::{
         ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, LandlockStatus, PathBeneath,
-        PathFd, PathFdError, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus,
+        Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus,
+    };
+    let shown: Vec<String> = writable.iter().map(|(p, _)| (*p).to_owned()).collect();
+    // Opened here rather than by `path_beneath_rules`, which passes over a path it cannot
+    // open: short of descriptors, the ruleset would grant nothing, shutting the process
+    // out of its own files while it called itself confined. Nothing is restricted then,
+    // as when the ruleset itself cannot be made, and the report says why.
+    let top = match open_path(Path::new("/")) {
+        Ok(fd) => fd,
+        Err(why) => return unrestricted(shown, why),
     };
     // Ask for exactly what the running kernel offers, so that "fully enforced" means
     // every right this kernel knows about: probe from the newest ABI down.
@@ -120,43 +152,21 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
             .is_ok()
     })
     .unwrap_or(ABI::V1);
-    let shown: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
     let all = AccessFs::from_all(abi);
     let no_exec: BitFlags<AccessFs> = all & !AccessFs::Execute;
     let read_only: BitFlags<AccessFs> = AccessFs::from_read(abi) & !AccessFs::Execute;
-    // Opened here rather than by `path_beneath_rules`, which passes over a path it cannot
-    // open: short of descriptors, the ruleset would grant nothing, shutting the process
-    // out of its own files while it called itself confined. Nothing is restricted then,
-    // as when the ruleset itself cannot be made, and the report says why.
-    let rules = std::iter::once((std::path::Path::new("/"), read_only))
-        .chain(writable.iter().map(|p| (p.as_path(), no_exec)))
-        .map(|(p, access)| PathFd::new(p).map(|fd| PathBeneath::new(fd, access)))
-        .collect::<Result<Vec<_>, _>>();
-    let rules = match rules {
-        Ok(rules) => rules,
-        Err(e) => {
-            let why = match e {
-                PathFdError::OpenCall { source, path, .. } => format!(
-                    "{} could not be opened to grant access beneath it: {}",
-                    path.display(),
-                    crate::error::io_words(&source)
-                ),
-                e => e.to_string(),
-            };
-            return KernelConfinement {
-                mechanism: "landlock",
-                status: "unavailable",
-                abi: None,
-                writable: shown,
-                detail: Some(format!("{why}; nothing was restricted")),
-            };
-        }
-    };
+    let rules = std::iter::once(PathBeneath::new(top.as_fd(), read_only))
+        .chain(
+            writable
+                .iter()
+                .map(|(_, fd)| PathBeneath::new(*fd, no_exec)),
+        )
+        .map(Ok::<_, RulesetError>);
     let result = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
         .and_then(|r| r.create())
-        .and_then(|r| r.add_rules(rules.into_iter().map(Ok::<_, RulesetError>)))
+        .and_then(|r| r.add_rules(rules))
         .and_then(|r| r.restrict_self());
     match result {
         Ok(status) => {
@@ -194,13 +204,40 @@ pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
 
 /// Restricts nothing where Landlock does not exist.
 #[cfg(not(target_os = "linux"))]
-pub fn restrict_to(writable: &[PathBuf]) -> KernelConfinement {
+pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinement {
     KernelConfinement {
         mechanism: "landlock",
         status: "unavailable",
         abi: None,
-        writable: writable.iter().map(|p| p.display().to_string()).collect(),
+        writable: writable.iter().map(|(p, _)| (*p).to_owned()).collect(),
         detail: Some("Landlock exists only on Linux".to_owned()),
+    }
+}
+
+/// `path` opened to name it to the kernel (`O_PATH`), or why it could not be.
+fn open_path(path: &Path) -> Result<OwnedFd, String> {
+    rustix::fs::open(
+        path,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| {
+        format!(
+            "{} could not be opened to grant access beneath it: {}",
+            path.display(),
+            crate::error::io_words(&e.into())
+        )
+    })
+}
+
+/// The report of a process left unrestricted because `why`.
+fn unrestricted(writable: Vec<String>, why: String) -> KernelConfinement {
+    KernelConfinement {
+        mechanism: "landlock",
+        status: "unavailable",
+        abi: None,
+        writable,
+        detail: Some(format!("{why}; nothing was restricted")),
     }
 }
 

@@ -39,6 +39,11 @@ struct Handles {
 const STATE_DIR_MODE: u32 = 0o700;
 
 impl StateDir {
+    /// The state directory's own handle, opened at start.
+    pub(crate) fn top(&self) -> &Dir {
+        &self.dirs.top
+    }
+
     /// Creates (mode 0700) and opens the state directory. It is refused when it or a
     /// directory above it could be controlled by another user (see
     /// `root::open_checked_dir`; a symlink as the directory itself is followed under the

@@ -272,9 +272,26 @@ impl Sandbox {
     /// execution. Call it before starting any runtime or thread pool. The result is
     /// reported in [`Sandbox::state_doc`].
     pub fn confine_process(&mut self) -> &crate::confine::kernel::KernelConfinement {
-        let mut writable = self.root_paths.clone();
-        writable.push(self.state.path().to_path_buf());
-        let report = crate::confine::kernel::restrict_to(&writable);
+        use std::os::fd::AsFd as _;
+        let shown: Vec<String> = self
+            .root_paths
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([self.state.path()])
+            .map(|p| p.display().to_string())
+            .collect();
+        let dirs = self
+            .roots
+            .iter()
+            .map(|r| r.dir().as_fd())
+            .chain([self.state.top().as_fd()]);
+        let report = crate::confine::kernel::restrict_to_dirs(
+            &shown
+                .iter()
+                .map(String::as_str)
+                .zip(dirs)
+                .collect::<Vec<_>>(),
+        );
         if !report.is_enforced() {
             tracing::warn!(detail = ?report.detail, "kernel confinement (Landlock) is not in force; the root handles still confine every write");
         }
