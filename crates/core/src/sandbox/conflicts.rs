@@ -339,6 +339,8 @@ impl Sandbox {
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
         let removes = self.removes(snaps, &undoing);
+        // Read once, when a made directory is found gone.
+        let mut written: Option<Option<HashSet<(String, String)>>> = None;
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
@@ -384,7 +386,12 @@ impl Sandbox {
                 && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
             let removed = created_dir
                 && current == TargetState::Missing
-                && self.records_written(workflow_id, &s.meta);
+                && written
+                    .get_or_insert_with(|| self.writes_recorded(workflow_id))
+                    .as_ref()
+                    .is_none_or(|w| {
+                        w.contains(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
+                    });
             claimed_by.sort();
             claimed_by.dedup();
             let (changed, changed_by) =
@@ -626,19 +633,22 @@ impl Sandbox {
         })
     }
 
-    /// Whether the trail records `meta`'s write as made (its run's success line), or
-    /// cannot say. No artifact records a directory: an action that failed, its own undo's
-    /// mark and lines lost to a full disk, leaves nothing else to tell that its directory
-    /// never stood.
-    fn records_written(&self, workflow_id: &str, meta: &SnapshotMeta) -> bool {
-        self.audit.by_workflow(workflow_id).map_or(true, |lines| {
-            lines.iter().any(|e| {
-                e.status == crate::audit::AuditStatus::Success
-                    && e.action_id == meta.action_id
-                    && e.execution_id == meta.execution_id
-                    && e.mutation_class != Some(crate::catalog::MutationClass::Rollback)
-            })
-        })
+    /// The writes the trail records as made in the workflow (by run and action: their
+    /// success lines), or `None` when it cannot say. No artifact records a directory: an
+    /// action that failed, its own undo's mark and lines lost to a full disk, leaves
+    /// nothing else to tell that its directory never stood.
+    fn writes_recorded(&self, workflow_id: &str) -> Option<HashSet<(String, String)>> {
+        let lines = self.audit.by_workflow(workflow_id).ok()?;
+        Some(
+            lines
+                .into_iter()
+                .filter(|e| {
+                    e.status == crate::audit::AuditStatus::Success
+                        && e.mutation_class != Some(crate::catalog::MutationClass::Rollback)
+                })
+                .map(|e| (e.execution_id, e.action_id))
+                .collect(),
+        )
     }
 
     /// The `create_directory` actions (`workflow/action`) that stand for the directory
