@@ -268,9 +268,13 @@ fn untrusted_refusal(workflow_id: &str, untrusted: &[crate::Refusal]) -> Option<
         [first, more @ ..] => Some(crate::Refusal::new(
             first.reason_code,
             format!(
-                "{}; {} more of the workflow's snapshot entries are not trusted either: inspect {} in each root",
+                "{}; {} not trusted either: inspect {} in each root",
                 first.reason,
-                more.len(),
+                if more.len() == 1 {
+                    "1 more of the workflow's snapshot entries is".to_owned()
+                } else {
+                    format!("{} more of the workflow's snapshot entries are", more.len())
+                },
                 shown_path(&format!(
                     "{}/{workflow_id}/",
                     crate::confine::path::ROLLBACK_DIR

@@ -3640,7 +3640,14 @@ fn stray_entries_in_a_workflows_snapshot_folder_are_counted_in_one_refusal() {
     );
     assert!(why.contains("remove what stands there only if"), "{why}");
     assert_eq!(w.read("k.txt"), b"k");
-    for s in &strays {
+    std::fs::remove_file(&strays[2]).unwrap();
+    let rb = rollback_action(&sb, "wf_s", "a1", false);
+    let why = rb.reason.as_deref().unwrap();
+    assert!(
+        why.contains("; 1 more of the workflow's snapshot entries is not trusted either"),
+        "{why}"
+    );
+    for s in &strays[..2] {
         std::fs::remove_file(s).unwrap();
     }
     assert_eq!(rollback(&sb, "wf_s", false).status, "rolled_back");
