@@ -630,7 +630,11 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // From here on the message never reaches rmcp as sent: rmcp would build all its
     // values (however many), or read other ones than were sent.
     let Some(head) = first.or_else(|| Head::of(line)) else {
-        // Not a JSON object: rmcp would not answer it either.
+        // Not JSON a parser reads whole: rmcp would not answer it, and the client would
+        // wait for good. A call whose id and method come before the fault is refused.
+        if let Some(m) = unreadable_call(line, &refusal).filter(|_| was_started) {
+            return Pass::Instead(m);
+        }
         tracing::debug!("a message that is not a JSON object, dropped");
         return Pass::Drop;
     };
@@ -957,6 +961,36 @@ const KEPT_OF_TOO_LONG: usize = 4 << 10;
 /// for anything else (a notification, a response, another request, a start that does not
 /// name them), dropped unanswered as rmcp drops it: nothing says what to answer.
 fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
+    refused_call(
+        text,
+        &Refusal::new(
+            ReasonCode::SizeExceeded,
+            format!(
+                "the message is longer than the {max_line} bytes a message may be, so none of it was read; send less (a file's content over several calls: create_file, then append_file)"
+            ),
+        ),
+    )
+}
+
+/// A call no parser reads whole (`NaN`, a trailing comma, a raw control character in a
+/// string, a line cut short), refused as [`oversized_call`] refuses one too long to
+/// read: `invalid_plan`, with the parser's words (`said`) and how strict JSON differs.
+fn unreadable_call(text: &[u8], said: &Refusal) -> Option<Vec<u8>> {
+    refused_call(
+        text,
+        &Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "{}; the message must be strict JSON (RFC 8259): no NaN or Infinity (send null, or the number as a string), no comma before a closing bracket, control characters in strings escaped (\\n, \\t)",
+                said.reason
+            ),
+        ),
+    )
+}
+
+/// A call its `refusal` answers, built from its start (`text`) when that names its id
+/// and method before any other large member; `None` otherwise.
+fn refused_call(text: &[u8], refusal: &Refusal) -> Option<Vec<u8>> {
     let [id, method, params] = members_before_cut(text, ["id", "method", "params"])?;
     let id = whole(text, id)?;
     request_id(id)?;
@@ -973,12 +1007,6 @@ fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
         })
         .filter(|n| n.len() <= MAX_COPIED_PART && serde_json::from_str::<String>(n).is_ok())
         .unwrap_or("\"\"");
-    let refusal = Refusal::new(
-        ReasonCode::SizeExceeded,
-        format!(
-            "the message is longer than the {max_line} bytes a message may be, so none of it was read; send less (a file's content over several calls: create_file, then append_file)"
-        ),
-    );
     Some(
         format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":{name},\"_meta\":{{\"{REFUSED_META_KEY}\":{}}}}}}}",

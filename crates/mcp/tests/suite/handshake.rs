@@ -490,6 +490,50 @@ async fn calls_rmcp_cannot_read_are_answered_with_their_refusal() {
     s.finish().await;
 }
 
+/// A call that is not strict JSON (`NaN`, as Python's `json.dumps` writes it, a comma
+/// before a closing brace, a raw tab in a string, a line cut short) is answered with its
+/// refusal, `invalid_plan` saying how strict JSON differs, where it was dropped
+/// unanswered and the client waited for good; nothing is written. A line naming no id
+/// before its fault still cannot be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_are_not_strict_json_are_answered_with_their_refusal() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let call = |id: u32, arguments: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"write_json","arguments":{arguments}}}}}"#
+        )
+    };
+    s.send(&call(1, r#"{"path":"n.json","data":NaN}"#)).await;
+    s.send(&call(2, r#"{"path":"n.json","data":[1,2,],}"#))
+        .await;
+    s.send(&call(3, "{\"path\":\"n.json\",\"data\":\"a\tb\"}"))
+        .await;
+    s.send(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"write_json","argu"#)
+        .await;
+    s.send(r#"{"data":NaN,"jsonrpc":"2.0","method":"tools/call"}"#)
+        .await;
+    s.send(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#).await;
+    let mut answers = std::collections::BTreeMap::new();
+    for _ in 0..5 {
+        let a = s.answer().await;
+        answers.insert(a["id"].as_u64().unwrap(), a);
+    }
+    for id in 1..=4 {
+        let a = &answers[&id];
+        assert_eq!(a["result"]["isError"], true, "{a}");
+        let text = a["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.contains("invalid_plan")
+                && text.contains("the message is not valid: ")
+                && text.contains("must be strict JSON (RFC 8259): no NaN or Infinity"),
+            "{id}: {text}"
+        );
+    }
+    assert_eq!(answers[&5]["result"], serde_json::json!({}));
+    assert!(!s.root.join("n.json").exists());
+    s.finish().await;
+}
+
 /// A forbidden intent asked for as a tool in a call the screen refuses (arguments of the
 /// wrong type, a key given twice) is answered with the code its audit line records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
