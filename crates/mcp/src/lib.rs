@@ -780,6 +780,18 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 "session_workflow_id".into(),
                 self.workflow_id.to_string().into(),
             );
+            // The agent is shown no path outside the roots: the state directory is the
+            // operator's (`state` and `/agentic/state` give it).
+            m.remove("state_dir");
+            if let Some(serde_json::Value::Array(writable)) = m
+                .get_mut("kernel_confinement")
+                .and_then(|k| k.get_mut("writable"))
+            {
+                writable.retain(|w| {
+                    w.as_str()
+                        .is_some_and(|w| doc.sandbox_roots.iter().any(|r| r == w))
+                });
+            }
         }
         ok(text, structured)
     }

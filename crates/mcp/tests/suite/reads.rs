@@ -324,6 +324,10 @@ async fn artifacts_and_state_are_reported() {
     assert_eq!(st["session_workflow_id"], s.workflow_id.as_str());
     assert_eq!(st["sandbox_roots"][0], s.root.display().to_string());
     assert!(text(&r).contains(&s.workflow_id));
+    // No path outside the roots reaches the agent: the state directory is the operator's.
+    let state = s.state_dir.path().display().to_string();
+    assert!(!st.to_string().contains(&state), "{st}");
+    assert!(!text(&r).contains(&state), "{}", text(&r));
     s.finish().await;
 }
 
