@@ -2493,7 +2493,10 @@ fn an_uncreatable_default_state_directory_falls_back_to_the_users() {
         notices.contains("/opt/ai-lab/runtime/state cannot be used (state directory /opt/ai-lab/runtime/state cannot be created"),
         "{notices}"
     );
-    assert!(notices.contains("Read-only file system"), "{notices}");
+    assert!(
+        notices.contains("read-only filesystem or storage medium"),
+        "{notices}"
+    );
     assert!(used.join("sandbox_audit.jsonl").exists());
 }
 
