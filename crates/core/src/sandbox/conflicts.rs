@@ -340,7 +340,7 @@ impl Sandbox {
             .collect();
         let removes = self.removes(snaps, &undoing);
         // Read once, when a made directory is found gone.
-        let mut written: Option<Option<HashSet<(String, String)>>> = None;
+        let recorded = std::cell::OnceCell::new();
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
@@ -386,10 +386,10 @@ impl Sandbox {
                 && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
             let removed = created_dir
                 && current == TargetState::Missing
-                && written
-                    .get_or_insert_with(|| self.writes_recorded(workflow_id))
+                && recorded
+                    .get_or_init(|| self.writes_recorded(workflow_id))
                     .as_ref()
-                    .is_none_or(|w| {
+                    .is_none_or(|w: &HashSet<(String, String)>| {
                         w.contains(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
                     });
             claimed_by.sort();
