@@ -115,7 +115,7 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
     if path.is_empty() {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
-            "the path is empty; give a file path relative to a sandbox root, e.g. notes/hello.md",
+            "the path is empty; give the path of the file or directory relative to a sandbox root, e.g. notes/hello.md or notes",
         )
         .malformed());
     }

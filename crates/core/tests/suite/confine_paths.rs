@@ -651,3 +651,17 @@ fn block_list_wins_over_a_configured_allow_list() {
         refused.reason
     );
 }
+
+/// An empty path is refused with words that fit a directory's action as well as a
+/// file's.
+#[test]
+fn an_empty_path_is_asked_for_a_file_or_directory() {
+    let r = detect_path_traversal("").unwrap_err();
+    assert_eq!(r.reason_code, ReasonCode::PathTraversal);
+    assert!(
+        r.reason
+            .contains("give the path of the file or directory relative to a sandbox root"),
+        "{}",
+        r.reason
+    );
+}
