@@ -780,9 +780,15 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 "session_workflow_id".into(),
                 self.workflow_id.to_string().into(),
             );
-            // The agent is shown no path outside the roots: the state directory is the
-            // operator's (`state` and `/agentic/state` give it).
+            // The agent is shown no path outside the roots: the state directory and
+            // the roots refused at start (named with the folders above them) are the
+            // operator's (`state` and `/agentic/state` give them), and so is a notice
+            // naming the state directory (one the default could not be used for).
             m.remove("state_dir");
+            m.remove("skipped_roots");
+            if let Some(serde_json::Value::Array(notices)) = m.get_mut("notices") {
+                notices.retain(|n| n.as_str().is_none_or(|n| !n.contains(&doc.state_dir)));
+            }
             if let Some(serde_json::Value::Array(writable)) = m
                 .get_mut("kernel_confinement")
                 .and_then(|k| k.get_mut("writable"))

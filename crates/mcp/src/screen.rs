@@ -632,7 +632,11 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     let Some(head) = first.or_else(|| Head::of(line)) else {
         // Not JSON a parser reads whole: rmcp would not answer it, and the client would
         // wait for good. A call whose id and method come before the fault is refused.
-        if let Some(m) = unreadable_call(line, &refusal).filter(|_| was_started) {
+        // Text that is not UTF-8 is not read so: its id, bytes replaced, would not be
+        // the id sent, and could grow past what rmcp takes.
+        if let Some(m) =
+            unreadable_call(line, &refusal).filter(|_| was_started && not_text.is_none())
+        {
             return Pass::Instead(m);
         }
         tracing::debug!("a message that is not a JSON object, dropped");
@@ -975,6 +979,7 @@ fn oversized_call(text: &[u8], max_line: usize) -> Option<Vec<u8>> {
 /// A call no parser reads whole (`NaN`, a trailing comma, a raw control character in a
 /// string, a line cut short), refused as [`oversized_call`] refuses one too long to
 /// read: `invalid_plan`, with the parser's words (`said`) and how strict JSON differs.
+/// Its id and method are found by the object's structure, wherever the fault lies.
 fn unreadable_call(text: &[u8], said: &Refusal) -> Option<Vec<u8>> {
     refused_call(
         text,

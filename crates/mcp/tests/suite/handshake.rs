@@ -512,6 +512,9 @@ async fn calls_that_are_not_strict_json_are_answered_with_their_refusal() {
         .await;
     s.send(r#"{"data":NaN,"jsonrpc":"2.0","method":"tools/call"}"#)
         .await;
+    // Not UTF-8 either: its id, a byte replaced, would not be the one sent.
+    s.send_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":\"\xff\",\"method\":\"tools/call\",\"params\":{\"name\":\"write_json\",\"arguments\":{\"data\":NaN}}}")
+        .await;
     s.send(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#).await;
     let mut answers = std::collections::BTreeMap::new();
     for _ in 0..5 {

@@ -331,6 +331,29 @@ async fn artifacts_and_state_are_reported() {
     s.finish().await;
 }
 
+/// A root refused at start is named, with the folders above it, to the operator only:
+/// `get_state` shows the agent neither it nor the state directory.
+#[tokio::test]
+async fn get_state_names_no_refused_root_to_the_agent() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Session::start_with(Mode::Write, |c| {
+        let open = c.state_dir.with_file_name("open-to-all");
+        std::fs::create_dir_all(open.join("inner/r2")).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        c.roots.push(open.join("inner/r2"));
+    })
+    .await;
+    let r = s.ok("get_state", json!({})).await;
+    let said = format!("{} {}", structured(&r), text(&r));
+    assert!(!said.contains("open-to-all"), "{said}");
+    assert!(
+        !said.contains(&s.state_dir.path().display().to_string()),
+        "{said}"
+    );
+    assert_eq!(structured(&r)["sandbox_roots"].as_array().unwrap().len(), 1);
+    s.finish().await;
+}
+
 /// A file that is not valid UTF-8 cannot be shown as exact text: the result says so and
 /// where, and its size and checksum are of the bytes on disk.
 #[tokio::test]
