@@ -130,7 +130,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description (the content is not screened), and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
         }
         C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
-            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no absolute path outside the roots, no more components than get_state's limits.max_path_depth. Call get_state to see the roots and the limit."
+            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit."
         }
         C::ReservedPath => {
             "when the reason names a path you gave that is reserved ('.rollback/' or the state directory), choose another path; when it says the operator must give a folder or file of the runtime's back (the snapshot store, a snapshot), no path, wait or force helps: tell the user."
@@ -598,6 +598,17 @@ mod tests {
             .unwrap_or_default();
         assert!(text.contains("with rollback_action"), "{text}");
         assert!(!text.contains("input schema"), "{text}");
+    }
+
+    /// A call refused for its `root` is told what a root may be, not only how a path
+    /// is written.
+    #[test]
+    fn outside_the_roots_advice_names_the_root_argument() {
+        let said = what_to_do(ReasonCode::OutsideSandbox, None);
+        assert!(
+            said.contains("a 'root', when given, must be one of the roots get_state lists"),
+            "{said}"
+        );
     }
 
     #[test]
