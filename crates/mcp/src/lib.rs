@@ -181,7 +181,7 @@ impl SandboxMcp {
         };
         format!(
             "ailab-sandbox is a governed filesystem write runtime. Use its tools to create and edit text files, but only inside the sandbox roots: {roots}. \
-Give paths relative to the first root (e.g. \"notes/todo.md\"), or relative to another root named in the call's 'root' (read and write tools alike); '..', '~' and absolute paths outside the roots are refused. \
+Give paths relative to the first root (e.g. \"{example}\"), or relative to another root named in the call's 'root' (read and write tools alike); '..', '~' and absolute paths outside the roots are refused. \
 There is no shell and no delete, move or chmod: files are never made executable. \
 Each write tool checks the extension and size limit named in its description, the workflow's budget and a rate limit of {rate} writes per minute; \
 then it snapshots the target, writes atomically, records an artifact (sha256; a folder create_directory makes is none) and an audit entry. \
@@ -198,6 +198,10 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 .join(", "),
             rate = self.sandbox.config().limits.writes_per_minute,
             wf = self.workflow_id,
+            example = ailab_sandbox_core::catalog::op_for_intent("create_file").map_or_else(
+                || "notes/todo.md".to_owned(),
+                |op| render::example_file(op, &self.sandbox.config().extensions)
+            ),
         )
     }
 
@@ -600,6 +604,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 shown_path(id)
             }
         };
+        let whole_workflow = action_id.is_none();
         let what = match &action_id {
             Some(a) => format!("action {} of workflow {}", shown(a), shown(&workflow_id)),
             None => format!("workflow {}", shown(&workflow_id)),
@@ -612,7 +617,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .blocking(move |sb| sb.rollback_workflow(&workflow_id, &opts))
             .await
         {
-            Ok(rep) => render::rollback_result(&rep, &what),
+            Ok(rep) => render::rollback_result(&rep, &what, whole_workflow),
             Err(e) => e,
         }
     }

@@ -115,6 +115,22 @@ pub(crate) struct Writer<'a> {
     pub policy: &'a ExtensionPolicy,
 }
 
+/// A path to give as an example of a file `op` writes: one this server's extension policy
+/// lets it write, so that an agent copying it is not refused for its extension (`.md`
+/// where allowed, else the first allowed; a directory operation's is a folder's).
+pub(crate) fn example_file(op: &Operation, policy: &ExtensionPolicy) -> String {
+    if op.is_directory() {
+        return "notes/drafts".to_owned();
+    }
+    let exts = writable_extensions(op, policy);
+    let ext = if exts.iter().any(|e| e == ".md") {
+        ".md"
+    } else {
+        exts.first().map_or(".md", String::as_str)
+    };
+    format!("notes/todo{ext}")
+}
+
 /// What a caller should do after a refusal or failure with `code`. Exhaustive on purpose:
 /// a new reason code must be given advice here before the crate compiles.
 pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
@@ -130,7 +146,13 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description (the content is not screened), and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
         }
         C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
-            "use a path relative to the sandbox root, such as \"notes/todo.md\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit."
+            return format!(
+                "use a path relative to the sandbox root, such as \"{}\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit.",
+                op.map_or_else(
+                    || "notes/todo.md".to_owned(),
+                    |w| example_file(w.op, w.policy)
+                )
+            );
         }
         C::ReservedPath => {
             "when the reason names a path you gave that is reserved ('.rollback/' or the state directory), choose another path; when it says the operator must give a folder or file of the runtime's back (the snapshot store, a snapshot), no path, wait or force helps: tell the user."
@@ -430,8 +452,12 @@ pub(crate) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// A rollback report as a tool result.
-pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResult {
+/// A rollback report as a tool result; `whole_workflow` when no action was named.
+pub(crate) fn rollback_result(
+    rep: &RollbackReport,
+    what: &str,
+    whole_workflow: bool,
+) -> CallToolResult {
     let structured = to_value(rep);
     let mut lines = Vec::new();
     for s in &rep.steps {
@@ -539,6 +565,10 @@ pub(crate) fn rollback_result(rep: &RollbackReport, what: &str) -> CallToolResul
         ReasonCode::InvalidPlan => {
             "roll the workflow's actions back one at a time with rollback_action, newest first (list_artifacts names them).".to_owned()
         }
+        // what_to_do's advice speaks of an action's ids.
+        ReasonCode::NoRollbackData if whole_workflow => {
+            "there is nothing left to roll back in this workflow; check the workflow_id: each write tool's result names it (list_artifacts lists the files each workflow wrote), and leaving it out means this session's workflow.".to_owned()
+        }
         _ => what_to_do(code, None),
     };
     text.push_str(&format!("\nWhat to do instead: {advice}"));
@@ -569,7 +599,7 @@ mod tests {
             conflicts: Vec::new(),
             steps: Vec::new(),
         };
-        let r = rollback_result(&rep, "workflow wf_two");
+        let r = rollback_result(&rep, "workflow wf_two", true);
         let text = r.content[0]
             .as_text()
             .map(|t| t.text.clone())
@@ -591,7 +621,7 @@ mod tests {
             conflicts: Vec::new(),
             steps: Vec::new(),
         };
-        let r = rollback_result(&rep, "workflow wf_wide");
+        let r = rollback_result(&rep, "workflow wf_wide", true);
         let text = r.content[0]
             .as_text()
             .map(|t| t.text.clone())

@@ -6,8 +6,11 @@
 //! are derived from the same [`Field`] list, so what the schema promises is exactly what
 //! the parser accepts (`additionalProperties: false` is enforced, not just advertised).
 
+use crate::render::example_file;
 use ailab_sandbox_core::Sandbox;
-use ailab_sandbox_core::catalog::{MutationClass, OPERATIONS, Operation, Payload, human_bytes};
+use ailab_sandbox_core::catalog::{
+    MutationClass, OPERATIONS, Operation, Payload, human_bytes, writable_extensions,
+};
 use ailab_sandbox_core::plan::{Edit, ID_PATTERN};
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
@@ -392,32 +395,8 @@ fn ruled_out_because(op: &Operation, sandbox: &Sandbox) -> String {
     }
 }
 
-pub(crate) fn extensions_for(op: &Operation, sandbox: &Sandbox) -> Vec<String> {
-    let policy = &sandbox.config().extensions;
-    if op.extensions.is_empty() {
-        policy
-            .allowed()
-            .iter()
-            .filter(|e| !policy.is_extension_blocked(e))
-            .cloned()
-            .collect()
-    } else {
-        op.extensions
-            .iter()
-            .filter(|e| policy.is_extension_allowed(e) && !policy.is_extension_blocked(e))
-            .map(|e| (*e).to_owned())
-            .collect()
-    }
-}
-
-/// `depth`: the configured `limits.max_path_depth`.
-fn path_field(what: &str, required: bool, depth: usize) -> Field {
-    // A folder's example is a folder's.
-    let example = if what.starts_with("Directory") {
-        "notes/drafts"
-    } else {
-        "notes/todo.md"
-    };
+/// `depth`: the configured `limits.max_path_depth`; `example`, a path of the kind asked.
+fn path_field(what: &str, example: &str, required: bool, depth: usize) -> Field {
     Field::new(
         "path",
         Kind::Str,
@@ -442,7 +421,7 @@ fn workflow_field(what: &str) -> Field {
 }
 
 fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
-    let exts = extensions_for(op, sandbox);
+    let exts = writable_extensions(op, &sandbox.config().extensions);
     let ext_text = if op.is_directory() {
         "Creates directories only (mode 0755).".to_owned()
     } else if exts.is_empty() {
@@ -503,6 +482,7 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
         } else {
             "Target file"
         },
+        &example_file(op, &sandbox.config().extensions),
         true,
         sandbox.config().limits.max_path_depth,
     )];
@@ -567,7 +547,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         format!(
             "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
         ),
-        vec![path_field("File to read", true, depth), root_field()],
+        vec![path_field("File to read", "notes/todo.md", true, depth), root_field()],
         read_only("Read file"),
     ));
     out.push(ToolSpec::new(
@@ -576,7 +556,12 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         "List directory".into(),
         format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' (or give '.') for the top of the root; one trailing '/' is taken. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
         vec![
-            path_field("Directory to list (default: the root itself)", false, depth),
+            path_field(
+                "Directory to list (default: the root itself)",
+                "notes/drafts",
+                false,
+                depth,
+            ),
             root_field(),
             Field::new(
                 "offset",
@@ -592,7 +577,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         ToolKind::GetFileInfo,
         "Get file info".into(),
         "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link ('.' is the top of the root); for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
-        vec![path_field("Path to describe", true, depth), root_field()],
+        vec![path_field("Path to describe", "notes/todo.md", true, depth), root_field()],
         read_only("Get file info"),
     ));
     out.push(ToolSpec::new(
@@ -720,6 +705,58 @@ mod tests {
             .map(|d| d.to_string())
             .unwrap_or_default();
         assert!(text.contains("(blocked_extension)"), "{text}");
+    }
+
+    /// A write tool's path example is a file it may write under this server's policy: an
+    /// agent copying it is not refused for its extension.
+    #[test]
+    fn path_examples_follow_the_extension_policy() {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("tempdir")
+        };
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
+            Some(&[".txt".to_owned(), ".json".to_owned()]),
+            &[],
+        );
+        let Ok(sb) = Sandbox::open(config) else {
+            panic!("open")
+        };
+        let example = |name: &str| {
+            let Some(t) = all_tools(&sb).into_iter().find(|t| t.tool.name == name) else {
+                panic!("{name}")
+            };
+            let schema = serde_json::Value::Object((*t.tool.input_schema).clone());
+            schema["properties"]["path"]["description"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            example("create_file").contains("\"notes/todo.txt\""),
+            "{}",
+            example("create_file")
+        );
+        assert!(
+            example("write_json").contains("\"notes/todo.json\""),
+            "{}",
+            example("write_json")
+        );
+        assert!(example("create_directory").contains("\"notes/drafts\""));
+        let Some(op) = ailab_sandbox_core::catalog::op_for_intent("create_file") else {
+            panic!("create_file")
+        };
+        let advice = crate::render::what_to_do(
+            ailab_sandbox_core::reason::ReasonCode::PathTraversal,
+            Some(crate::render::Writer {
+                op,
+                policy: &sb.config().extensions,
+            }),
+        );
+        assert!(advice.contains("\"notes/todo.txt\""), "{advice}");
     }
 
     /// Every tool's path field states the depth this server allows, not a default.

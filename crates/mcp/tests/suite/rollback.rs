@@ -37,9 +37,11 @@ async fn rollback_workflow_restores_the_original_bytes() {
     assert_eq!(s.read("docs/plan.md"), b"# Plan\n\nstatus: draft\n");
     assert!(!s.path("docs/new.md").exists());
 
-    // Nothing is left to roll back.
+    // Nothing is left to roll back; the advice is about the workflow, not an action.
     let r = s.err("rollback_workflow", json!({})).await;
     assert!(text(&r).contains("no_rollback_data"), "{}", text(&r));
+    assert!(text(&r).contains("check the workflow_id"), "{}", text(&r));
+    assert!(!text(&r).contains("action_id"), "{}", text(&r));
 
     // The session's workflow goes on after a rollback, and can be rolled back again.
     s.ok(
@@ -85,6 +87,11 @@ async fn rollback_action_undoes_one_write() {
         .err("rollback_action", json!({"action_id": "act_unknown"}))
         .await;
     assert!(text(&r).contains("no_rollback_data"), "{}", text(&r));
+    assert!(
+        text(&r).contains("check the workflow_id and action_id"),
+        "{}",
+        text(&r)
+    );
     // An action of another workflow, named without it: the refusal names its workflow.
     let r = s
         .ok(
