@@ -1044,7 +1044,29 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
             format!("{} needs '{w}'{what}", op.name),
         ));
     }
-    Ok(())
+    // Before the target is looked at: edits that could change nothing are the plan's
+    // fault whatever the file holds, and every face says so alike.
+    a.edits.as_deref().map_or(Ok(()), check_edits)
+}
+
+/// Refuses an empty list of edits, or an edit with an empty `old`.
+fn check_edits(edits: &[Edit]) -> Verdict {
+    if edits.is_empty() {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            "sandbox_transform needs at least one edit",
+        ));
+    }
+    match edits.iter().position(|e| e.old.is_empty()) {
+        Some(i) => Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "edit {} has an empty 'old'; give the exact text to replace",
+                i + 1
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The bytes an operation leaves at its target, given what is there now (`current`,
@@ -1281,12 +1303,7 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
             format!("{shown} is not UTF-8 text; sandbox_transform edits text files only"),
         ));
     };
-    if edits.is_empty() {
-        return Err(Refusal::new(
-            ReasonCode::InvalidPlan,
-            "sandbox_transform needs at least one edit",
-        ));
-    }
+    check_edits(edits)?;
     let mut text = text.to_owned();
     for (i, e) in edits.iter().enumerate() {
         // Edits apply to what the ones before them left, which a caller may not have in
@@ -1297,15 +1314,6 @@ pub fn apply_edits(current: &[u8], edits: &[Edit], path: &str) -> Verdict<Vec<u8
             2 => format!("{shown} once edits 1 and 2 are applied"),
             _ => format!("{shown} once edits 1 to {i} are applied"),
         };
-        if e.old.is_empty() {
-            return Err(Refusal::new(
-                ReasonCode::InvalidPlan,
-                format!(
-                    "edit {} has an empty 'old'; give the exact text to replace",
-                    i + 1
-                ),
-            ));
-        }
         let Some(at) = text.find(&e.old) else {
             return Err(Refusal::new(
                 ReasonCode::EditNotFound,

@@ -830,6 +830,37 @@ fn sandbox_transform_of_missing_file_is_not_found() {
     assert_eq!(code(&r, 0).as_deref(), Some("not_found"));
 }
 
+/// Edits that could change nothing are refused as the plan's fault before the target is
+/// looked at, as MCP's schema refuses them: a missing file does not hide it.
+#[test]
+fn sandbox_transform_without_edits_is_invalid_whatever_the_target() {
+    let w = World::new();
+    for path in ["nope.md", "t.md"] {
+        if path == "t.md" {
+            w.write(path, b"text\n");
+        }
+        let r = one(
+            &w,
+            json!({"intent": "sandbox_transform", "path": path, "edits": []}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"), "{path}");
+        let r = one(
+            &w,
+            json!({"intent": "sandbox_transform", "path": path, "edits": [{"old": "x", "new": "y"}, {"old": "", "new": "z"}]}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"), "{path}");
+        assert!(
+            r.actions[0]
+                .reason
+                .as_deref()
+                .is_some_and(|t| t.contains("edit 2 has an empty 'old'")),
+            "{:?}",
+            r.actions[0].reason
+        );
+    }
+    assert_eq!(w.read("t.md"), b"text\n");
+}
+
 #[test]
 fn size_limit_counts_bytes_on_disk() {
     let w = World::new();

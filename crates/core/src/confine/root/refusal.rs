@@ -10,7 +10,7 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{} was changed by another program after it was read; it was left as it is, with that change: read it again, then retry",
+            "{} was changed by another program after it was read; it was left as it is, with that change: check what it holds now, then try again",
             shown_path(name)
         ),
     )
