@@ -648,6 +648,30 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
 mod tests {
     use super::*;
 
+    /// A sandbox on a new root and state directory in `dir` (`name` tells several
+    /// apart), its config changed by `tweak` first.
+    fn sandbox(
+        dir: &tempfile::TempDir,
+        name: &str,
+        tweak: impl FnOnce(&mut ailab_sandbox_core::Config),
+    ) -> Sandbox {
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join(format!("root{name}"))],
+            dir.path().join(format!("state{name}")),
+        );
+        tweak(&mut config);
+        let Ok(sb) = Sandbox::open(config) else {
+            panic!("open")
+        };
+        sb
+    }
+
+    /// An allow-list of `exts`, with the default block-list.
+    fn allowing(exts: &[&str]) -> ailab_sandbox_core::confine::ExtensionPolicy {
+        let exts: Vec<String> = exts.iter().map(|e| (*e).to_owned()).collect();
+        ailab_sandbox_core::confine::ExtensionPolicy::new(Some(&exts), &[])
+    }
+
     /// A tool whose files the extension policy allows none of says so, instead of
     /// "Only  files.".
     #[test]
@@ -655,17 +679,9 @@ mod tests {
         let Ok(dir) = tempfile::tempdir() else {
             panic!("tempdir")
         };
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
-            Some(&[".txt".to_owned(), ".md".to_owned()]),
-            &[],
-        );
-        let Ok(sb) = Sandbox::open(config) else {
-            panic!("open")
-        };
+        let sb = sandbox(&dir, "", |config| {
+            config.extensions = allowing(&[".txt", ".md"]);
+        });
         let describe = |name: &str| {
             let Some(op) = ailab_sandbox_core::catalog::op_for_intent(name) else {
                 panic!("{name}")
@@ -685,17 +701,12 @@ mod tests {
 
         // Ruled out by the block-list: the code a call gets says so. (A tool for any
         // extension cannot be: an allow-list the block-list empties is refused at start.)
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root2")],
-            dir.path().join("state2"),
-        );
-        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
-            Some(&[".txt".to_owned(), ".md".to_owned()]),
-            &[".md".to_owned()],
-        );
-        let Ok(sb) = Sandbox::open(config) else {
-            panic!("open")
-        };
+        let sb = sandbox(&dir, "2", |config| {
+            config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
+                Some(&[".txt".to_owned(), ".md".to_owned()]),
+                &[".md".to_owned()],
+            );
+        });
         let Some(op) = ailab_sandbox_core::catalog::op_for_intent("write_markdown") else {
             panic!("write_markdown")
         };
@@ -714,17 +725,9 @@ mod tests {
         let Ok(dir) = tempfile::tempdir() else {
             panic!("tempdir")
         };
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        config.extensions = ailab_sandbox_core::confine::ExtensionPolicy::new(
-            Some(&[".txt".to_owned(), ".json".to_owned()]),
-            &[],
-        );
-        let Ok(sb) = Sandbox::open(config) else {
-            panic!("open")
-        };
+        let sb = sandbox(&dir, "", |config| {
+            config.extensions = allowing(&[".txt", ".json"]);
+        });
         let example = |name: &str| {
             let Some(t) = all_tools(&sb).into_iter().find(|t| t.tool.name == name) else {
                 panic!("{name}")
@@ -765,14 +768,9 @@ mod tests {
         let Ok(dir) = tempfile::tempdir() else {
             panic!("tempdir")
         };
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        config.limits.max_path_depth = 3;
-        let Ok(sb) = Sandbox::open(config) else {
-            panic!("open")
-        };
+        let sb = sandbox(&dir, "", |config| {
+            config.limits.max_path_depth = 3;
+        });
         let mut with_path = 0;
         for t in all_tools(&sb) {
             let schema = serde_json::Value::Object((*t.tool.input_schema).clone());

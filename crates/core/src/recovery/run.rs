@@ -495,7 +495,8 @@ impl Sandbox {
                 "removed temporary files a dead start left in the state directory"
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot remove the temporary files a dead start left in the state directory")
+                // Listing the folder may be what failed: there may be none to remove.
+                tracing::warn!(error = %e, "could not look for or remove temporary files a dead start may have left in the state directory")
             }
         }
         let Ok(temps) = self.state.inflight_record_temp_files() else {
