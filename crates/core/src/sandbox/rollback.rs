@@ -109,6 +109,14 @@ impl RollbackReport {
 /// `limits.lock_wait_seconds`.
 const HELD_TRAIL: &str = "another process held the audit trail";
 
+/// What holds for every restore of one [`Sandbox::restore_all`].
+struct Pass<'a> {
+    workflow_id: &'a str,
+    mode: &'a RestoreMode,
+    /// Recovery finishing a dead run's undo, which differs from a rollback here and there.
+    recovering: bool,
+}
+
 /// How [`Sandbox::restore_all`] treats each target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RestoreMode {
@@ -1570,71 +1578,17 @@ impl Sandbox {
         // Targets whose newer restore failed, and the action it was: an older one would
         // find the file as the newer action left it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
+        let pass = Pass {
+            workflow_id,
+            mode: &mode,
+            recovering,
+        };
         for (i, s) in snaps {
             let meta = s.meta;
-            let abs = self.abs_path(i, &meta.target());
-            let mut before = self.target_checksum(i, &meta.target());
-            // Recovery finishing a dead run's own undo: a target back to what the action
-            // found, whose last recorded change is that action's own write, was put back
-            // by the dead run, whose line never came: that restore replaced the write's
-            // result, not the bytes it left (a line from them to themselves would break
-            // the file's record). A target never written since its last line (the run
-            // died before its write) keeps what it holds.
-            if recovering
-                && meta.kind != SnapshotKind::Directory
-                && before == meta.sha256
-                && let Some(last) = self.last_recorded(i, &meta.target())
-                && last.status == AuditStatus::Success
-                && last.workflow_id == workflow_id
-                && last.action_id == meta.action_id
-            {
-                before = last.after_checksum;
-            }
+            let before = self.found_before(&pass, i, &meta);
             let newer_failed = failed_on.get(&(i, meta.original_path.clone()));
-            let outcome = self.restore_one(
-                workflow_id,
-                i,
-                &meta,
-                (&mode, recovering),
-                &before,
-                newer_failed,
-            );
-            let mut step = match outcome {
-                Ok(o) => {
-                    // The ledger before the mark: a death between them leaves a line
-                    // about a step that recovery then finishes, never a step done with
-                    // its directories on no ledger.
-                    self.record_left_dirs(i, &meta, &o.left_dirs);
-                    if let Err(r) = self.mark_restored(
-                        i,
-                        &meta,
-                        execution_id,
-                        &o.restored_checksum,
-                        &o.left_dirs,
-                        Restorer::Rollback { found: &before },
-                    ) {
-                        // The restore itself stands: its audit line, which a later
-                        // rollback reads first, is written all the same.
-                        tracing::warn!(
-                            reason = %r,
-                            "the target was restored (its audit line is appended next); only the snapshot's restored mark could not be written"
-                        );
-                    }
-                    self.metrics
-                        .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
-                    RollbackStep {
-                        action_id: meta.action_id.clone(),
-                        intent: meta.intent.clone(),
-                        path: abs.clone(),
-                        restored: true,
-                        checksum_validated: o.checksum_validated,
-                        restored_checksum: o.restored_checksum,
-                        detail: o.detail,
-                        reason_code: None,
-                        reason: None,
-                        unrecorded: None,
-                    }
-                }
+            let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed) {
+                Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
                 Err(r) => {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
                         self.metrics.checksum_mismatches(1);
@@ -1642,28 +1596,10 @@ impl Sandbox {
                     failed_on
                         .entry((i, meta.original_path.clone()))
                         .or_insert_with(|| (meta.action_id.clone(), r.reason_code));
-                    RollbackStep::failed(&meta, abs.clone(), r)
+                    RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
-            let mut record = self.rollback_record(
-                execution_id,
-                workflow_id,
-                i,
-                &meta,
-                before,
-                step.restored_checksum.clone(),
-            );
-            if !step.restored {
-                record.status = AuditStatus::Failed;
-                record.reason_code = step.reason_code;
-                record.error = step.reason.clone();
-            } else if let Some(d) = step.detail.as_ref().filter(|d| {
-                d.starts_with(crate::snapshot::LEFT_IN_PLACE) || !step.checksum_validated
-            }) {
-                // What the trail keeps for good says too that the undo left a folder, or
-                // could not check what it left.
-                record.error = Some(d.clone());
-            }
+            let record = self.restore_line(execution_id, workflow_id, i, &meta, before, &step);
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
             // failure (the start says it; the undo that goes through is recorded).
@@ -1724,22 +1660,123 @@ impl Sandbox {
         steps
     }
 
-    /// One step of [`Sandbox::restore_all`]: `meta`'s target in root `i` judged by the
-    /// restore's mode (and whether `recovering` a dead run's undo), found holding
-    /// `before`, then restored (or left as it is when it holds what the undo leaves),
-    /// and covered by the sync the mode asks for. `newer_failed`: the newer action on
-    /// the same target whose restore failed, and why.
-    fn restore_one(
+    /// What `meta`'s target in root `i` holds, as its restore's line records it
+    /// replaced. Recovery finishing a dead run's own undo: a target back to what the
+    /// action found, whose last recorded change is that action's own write, was put back
+    /// by the dead run, whose line never came: that restore replaced the write's result,
+    /// not the bytes it left (a line from them to themselves would break the file's
+    /// record), and [`Sandbox::restore_one`] restores it again rather than leaving it. A
+    /// target never written since its last line (the run died before its write) keeps
+    /// what it holds.
+    fn found_before(&self, pass: &Pass<'_>, i: usize, meta: &SnapshotMeta) -> Option<String> {
+        let before = self.target_checksum(i, &meta.target());
+        if pass.recovering
+            && meta.kind != SnapshotKind::Directory
+            && before == meta.sha256
+            && let Some(last) = self.last_recorded(i, &meta.target())
+            && last.status == AuditStatus::Success
+            && last.workflow_id == pass.workflow_id
+            && last.action_id == meta.action_id
+        {
+            return last.after_checksum;
+        }
+        before
+    }
+
+    /// The step of a restore that went through, once its directories left are on the
+    /// ledger and its snapshot is marked restored (as found holding `before`).
+    fn restored_step(
         &self,
+        i: usize,
+        meta: &SnapshotMeta,
+        execution_id: &str,
+        before: &Option<String>,
+        o: crate::snapshot::RestoreOutcome,
+    ) -> RollbackStep {
+        // The ledger before the mark: a death between them leaves a line about a step
+        // that recovery then finishes, never a step done with its directories on no
+        // ledger.
+        self.record_left_dirs(i, meta, &o.left_dirs);
+        if let Err(r) = self.mark_restored(
+            i,
+            meta,
+            execution_id,
+            &o.restored_checksum,
+            &o.left_dirs,
+            Restorer::Rollback { found: before },
+        ) {
+            // The restore itself stands: its audit line, which a later rollback reads
+            // first, is written all the same.
+            tracing::warn!(
+                reason = %r,
+                "the target was restored (its audit line is appended next); only the snapshot's restored mark could not be written"
+            );
+        }
+        self.metrics
+            .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
+        RollbackStep {
+            action_id: meta.action_id.clone(),
+            intent: meta.intent.clone(),
+            path: self.abs_path(i, &meta.target()),
+            restored: true,
+            checksum_validated: o.checksum_validated,
+            restored_checksum: o.restored_checksum,
+            detail: o.detail,
+            reason_code: None,
+            reason: None,
+            unrecorded: None,
+        }
+    }
+
+    /// The audit record of `step`, a restore of `meta`'s target found holding `before`:
+    /// a failed one's reason, or what a done one left that the trail keeps for good.
+    fn restore_line(
+        &self,
+        execution_id: &str,
         workflow_id: &str,
         i: usize,
         meta: &SnapshotMeta,
-        (mode, recovering): (&RestoreMode, bool),
+        before: Option<String>,
+        step: &RollbackStep,
+    ) -> AuditRecord {
+        let mut record = self.rollback_record(
+            execution_id,
+            workflow_id,
+            i,
+            meta,
+            before,
+            step.restored_checksum.clone(),
+        );
+        if !step.restored {
+            record.status = AuditStatus::Failed;
+            record.reason_code = step.reason_code;
+            record.error = step.reason.clone();
+        } else if let Some(d) = step.detail.as_ref().filter(|d| {
+            d.starts_with(crate::snapshot::LEFT_IN_PLACE) || !step.checksum_validated
+        }) {
+            // The undo left a folder, or could not check what it left.
+            record.error = Some(d.clone());
+        }
+        record
+    }
+
+    /// One step of [`Sandbox::restore_all`]: `meta`'s target in root `i` judged by the
+    /// pass's mode (and whether it is recovery finishing a dead run's undo), found
+    /// holding `before` ([`Sandbox::found_before`]), then restored (or left as it is
+    /// when it holds what the undo leaves), and covered by the sync the mode asks for.
+    /// `newer_failed`: the newer action on the same target whose restore failed, and
+    /// why.
+    fn restore_one(
+        &self,
+        pass: &Pass<'_>,
+        i: usize,
+        meta: &SnapshotMeta,
         before: &Option<String>,
         newer_failed: Option<&(String, ReasonCode)>,
     ) -> Result<crate::snapshot::RestoreOutcome, Refusal> {
         let root = &self.roots[i];
         let durable = self.fsync_each();
+        let (workflow_id, mode, recovering) = (pass.workflow_id, pass.mode, pass.recovering);
         match mode {
             RestoreMode::Unchanged if let Some((newer, code)) = newer_failed => {
                 Err(crate::reason::Refusal::new(
