@@ -19,7 +19,8 @@ use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
 use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
 use crate::policy::{
-    Approval, GovernanceRequest, assess_sandbox_risk, check_size, check_target, resolve_target,
+    Approval, GovernanceRequest, assess_sandbox_risk, check_found_kind, check_size, check_target,
+    resolve_target,
 };
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
@@ -543,25 +544,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                         _ => None,
                     },
                 };
+                if let Some(found) = &current {
+                    let is_dir = matches!(found, Virtual::Dir);
+                    check_found_kind(approval.op, &approval.resolved.rel, is_dir)?;
+                }
                 let before = match &current {
-                    Some(Virtual::Dir) if !approval.op.is_directory() => {
-                        return Err(Refusal::new(
-                            ReasonCode::NotRegularFile,
-                            format!(
-                                "'{}' is a directory; {} writes regular files only",
-                                a.path, a.intent
-                            ),
-                        ));
-                    }
-                    Some(Virtual::File(_)) if approval.op.is_directory() => {
-                        return Err(Refusal::new(
-                            ReasonCode::AlreadyExists,
-                            format!(
-                                "'{}' exists and is a file, so no directory can be created there",
-                                a.path
-                            ),
-                        ));
-                    }
                     // Unread bytes do not change the result (render needs to know only
                     // that the file exists).
                     Some(Virtual::File(b)) => {
@@ -665,13 +652,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             }
         }
         if ran || used {
-            return Err(Refusal::new(
-                ReasonCode::InvalidId,
-                format!(
-                    "action_id '{}' was already used in workflow '{wf}'; give each action a new id",
-                    a.id()
-                ),
-            ));
+            return Err(crate::plan::action_id_used(a.id(), wf));
         }
         Ok(())
     }

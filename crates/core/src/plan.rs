@@ -855,6 +855,19 @@ fn decimal_value(text: &str) -> (bool, String, i64) {
     (negative, significant.to_owned(), point)
 }
 
+/// The refusal of an action id its workflow has already run (its trail or its snapshot
+/// folder says so): an id names the action's snapshot folder, used once.
+pub(crate) fn action_id_used(action_id: &str, workflow_id: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::InvalidId,
+        format!(
+            "action_id {} was already used in workflow {}; give each action a new id",
+            shown_path(action_id),
+            shown_path(workflow_id)
+        ),
+    )
+}
+
 impl Plan {
     /// Checks ids (`invalid_id`), fills in missing ones, and checks the plan's shape
     /// (`invalid_plan`).

@@ -764,13 +764,9 @@ impl Snapshotter {
                 if let Some(r) = not_a_folder(root, &wf, &meta.action_id, &rel, &scope) {
                     return Err(r);
                 }
-                return Err(Refusal::new(
-                    ReasonCode::InvalidId,
-                    format!(
-                        "action_id {} was already used in workflow {}; give each action a new id",
-                        shown_path(&meta.action_id),
-                        shown_path(&meta.workflow_id)
-                    ),
+                return Err(crate::plan::action_id_used(
+                    &meta.action_id,
+                    &meta.workflow_id,
                 ));
             }
             Err(e) => return Err(snap_io("create", &e)),

@@ -202,7 +202,17 @@ pub fn check_size(approval: &Approval, size: u64, extensions: &ExtensionPolicy) 
 
 fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {
     match kind {
-        TargetKind::Directory if !op.is_directory() => Err(Refusal::new(
+        TargetKind::Directory => check_found_kind(op, rel, true),
+        TargetKind::File { .. } => check_found_kind(op, rel, false),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses `op` on a target found to be a directory (`is_dir`) or a regular file, when
+/// that is not what it writes. Also asked of the tree a plan's earlier actions leave.
+pub(crate) fn check_found_kind(op: &Operation, rel: &RelPath, is_dir: bool) -> Verdict {
+    match is_dir {
+        true if !op.is_directory() => Err(Refusal::new(
             ReasonCode::NotRegularFile,
             format!(
                 "{} is a directory; {} writes regular files only",
@@ -210,7 +220,7 @@ fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {
                 op.name
             ),
         )),
-        TargetKind::File { .. } if op.is_directory() => Err(Refusal::new(
+        false if op.is_directory() => Err(Refusal::new(
             ReasonCode::AlreadyExists,
             format!(
                 "{} exists and is a file, so no directory can be created there",

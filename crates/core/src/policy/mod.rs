@@ -6,6 +6,7 @@ mod governance;
 mod permission;
 
 pub use chmod::{CHMOD_PATTERN_COUNT, detect_chmod_intent};
+pub(crate) use governance::check_found_kind;
 pub use governance::{
     Approval, GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_intent,
     check_sandbox_governance, check_size, check_target, intent_refusal, resolve_target,

@@ -1751,9 +1751,11 @@ impl Sandbox {
             record.status = AuditStatus::Failed;
             record.reason_code = step.reason_code;
             record.error = step.reason.clone();
-        } else if let Some(d) = step.detail.as_ref().filter(|d| {
-            d.starts_with(crate::snapshot::LEFT_IN_PLACE) || !step.checksum_validated
-        }) {
+        } else if let Some(d) = step
+            .detail
+            .as_ref()
+            .filter(|d| d.starts_with(crate::snapshot::LEFT_IN_PLACE) || !step.checksum_validated)
+        {
             // The undo left a folder, or could not check what it left.
             record.error = Some(d.clone());
         }

@@ -2561,3 +2561,31 @@ fn an_action_after_a_refused_one_whose_bytes_are_not_kept_is_not_judged_on_a_gue
         "{r:?}"
     );
 }
+
+/// A target whose kind an earlier action of the plan sets is refused in the words of one
+/// found so on disk: by its path relative to the root, even when the plan gave it whole.
+#[test]
+fn a_kind_set_by_an_earlier_action_is_refused_as_one_found_on_disk() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let abs = format!("{}/sub.txt", w.root.display());
+    for (first, second, code_wanted, words) in [
+        (
+            json!({"intent": "create_directory", "path": abs}),
+            json!({"intent": "create_file", "path": abs, "content": "x"}),
+            "not_regular_file",
+            "'sub.txt' is a directory; create_file writes regular files only",
+        ),
+        (
+            json!({"intent": "create_file", "path": "f.txt", "content": "x"}),
+            json!({"intent": "create_directory", "path": "f.txt"}),
+            "already_exists",
+            "'f.txt' exists and is a file, so no directory can be created there",
+        ),
+    ] {
+        let r = run(&sb, json!({ "actions": [first, second] }));
+        assert_eq!(code(&r, 1).as_deref(), Some(code_wanted), "{r:?}");
+        assert_eq!(r.actions[1].reason.as_deref(), Some(words), "{r:?}");
+        assert!(w.tree().is_empty(), "{:?}", w.tree());
+    }
+}
