@@ -1,7 +1,7 @@
 //! `SandboxWriteExecutor`: runs a plan (SPEC §6). The whole plan is validated first
 //! against the tree as its earlier actions would leave it; then, per action:
-//! governance → budget → rate limit → snapshot → atomic mutation → checksum → artifact
-//! registry → audit. A failure restores the action at once and, with
+//! governance → budget → rate limit → the new bytes rendered and checksummed → snapshot
+//! → atomic mutation → artifact registry → audit. A failure restores the action at once and, with
 //! `on_failure: rollback`, every earlier action of the run.
 
 use crate::artifact::ArtifactEntry;
@@ -188,7 +188,7 @@ struct Prepared {
     approval: Approval,
     /// Bytes that would be on disk (`None` for a directory).
     bytes: Option<Bytes>,
-    /// The checksum of what the target holds, when validation read it.
+    /// The checksum of what the target holds, when validation read it for a simulation.
     before_checksum: Option<String>,
 }
 
@@ -596,9 +596,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                     only_limited = Some((ri, rel.clone(), bytes));
                     return Err(r);
                 }
-                // Hashed last: an action refused above never needs it.
+                // Hashed last, and for a simulation only, which reports it: an action
+                // refused above never needs it, and a real write hashes what it finds
+                // under the target's lock.
                 let before_checksum = match &current {
-                    Some(Virtual::File(Some(b))) => Some(sha256_hex(b.of(&self.plan.actions))),
+                    Some(Virtual::File(Some(b))) if !executable => {
+                        Some(sha256_hex(b.of(&self.plan.actions)))
+                    }
                     _ => None,
                 };
                 Ok(Prepared {
@@ -1087,7 +1091,8 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         res.before_checksum = checked.before.as_deref().map(sha256_hex);
 
-        // snapshot
+        // The new bytes and their checksum are known before the snapshot is taken: its
+        // record names what the write will leave, so that recovery can tell it happened.
         let w = self.plan_write(a, &approval, checked, &res, &target);
         let rollback_path = match self.take_snapshot(&w) {
             Ok(p) => p,
@@ -1110,7 +1115,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             Err(r) => return Err(self.fail(a, res, r, target)),
         };
 
-        // mutate → checksum → registry → audit; any failure restores the snapshot.
+        // Mutate → registry → audit; any failure restores the snapshot.
         // Set once the write is made: a refusal after it (the registry busy, say) found a
         // changed target, which only a refusal before it does not.
         let mut written = false;
