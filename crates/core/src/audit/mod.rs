@@ -939,8 +939,8 @@ impl AuditLog {
         Ok(tat - (latest - made))
     }
 
-    /// `get_sandbox_audit_stats`.
-    pub fn stats(&self) -> io::Result<AuditStats> {
+    /// Counts by status, mutation class and intent (SPEC §8).
+    pub fn get_sandbox_audit_stats(&self) -> io::Result<AuditStats> {
         self.with(|ix| ix.stats.clone())
     }
 

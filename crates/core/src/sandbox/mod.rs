@@ -175,12 +175,22 @@ impl Sandbox {
     /// directory (falling back from an uncreatable default to the user's state
     /// directory), the registry and the audit log, and removes leftover temporary files.
     pub fn open_with_clock(config: Config, clock: Arc<dyn Clock>) -> Result<Self, Error> {
-        Self::open_armed(config, clock, Arc::default())
+        Self::open_with_failpoints(config, clock, Arc::default())
     }
 
     /// [`Sandbox::open_with_clock`] with failure points armed before the start-up
-    /// recovery runs, for crash tests of recovery itself.
+    /// recovery runs, for crash tests of recovery itself (built with the `failpoints`
+    /// feature only).
+    #[cfg(feature = "failpoints")]
     pub fn open_armed(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        failpoints: Arc<crate::failpoint::FailPoints>,
+    ) -> Result<Self, Error> {
+        Self::open_with_failpoints(config, clock, failpoints)
+    }
+
+    fn open_with_failpoints(
         config: Config,
         clock: Arc<dyn Clock>,
         failpoints: Arc<crate::failpoint::FailPoints>,
@@ -332,19 +342,22 @@ impl Sandbox {
         self.metrics.encode()
     }
 
-    /// The artifact registry.
+    /// The artifact registry, to read. An entry registered through it has no snapshot,
+    /// governance or audit line behind it: writes go through plans.
     pub fn registry(&self) -> &ArtifactRegistry {
         &self.registry
     }
 
-    /// The audit log.
+    /// The audit log, to read. A line appended through it is chained like any other but
+    /// stands for no write the runtime made: writes go through plans.
     pub fn audit_log(&self) -> &AuditLog {
         &self.audit
     }
 
-    /// Usable roots.
-    pub fn roots(&self) -> &[SandboxRoot] {
-        &self.roots
+    /// The usable roots' paths, as configured. Their handles stay inside: a write
+    /// through one would skip governance, the snapshot and the audit trail.
+    pub fn roots(&self) -> Vec<&Path> {
+        self.roots.iter().map(SandboxRoot::path).collect()
     }
 
     /// The state directory in use.
@@ -412,7 +425,7 @@ impl Sandbox {
             .map_err(Error::io("read the artifact registry"))?;
         let audit_entries = self
             .audit
-            .stats()
+            .get_sandbox_audit_stats()
             .map_err(Error::io("read the audit log"))?
             .total;
         Ok(StateDoc {

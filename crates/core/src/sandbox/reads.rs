@@ -218,9 +218,11 @@ impl Sandbox {
             .map_err(Error::io("read the audit log"))
     }
 
-    /// Audit statistics.
+    /// Audit statistics: [`crate::audit::AuditLog::get_sandbox_audit_stats`] of the runtime's trail.
     pub fn audit_stats(&self) -> Result<AuditStats, Error> {
-        self.audit.stats().map_err(Error::io("read the audit log"))
+        self.audit
+            .get_sandbox_audit_stats()
+            .map_err(Error::io("read the audit log"))
     }
 
     /// Verifies the audit chain, that the trail records every write the artifact

@@ -899,7 +899,7 @@ fn two_logs_on_one_file_keep_one_chain() {
         assert_eq!(written[0].seq, i as u64 + 1);
     }
     assert!(a.verify().unwrap().ok);
-    assert_eq!(b.stats().unwrap().total, 10);
+    assert_eq!(b.get_sandbox_audit_stats().unwrap().total, 10);
 }
 
 /// A successful write of `path` by action `a{i}` of workflow `wf`.
@@ -928,7 +928,7 @@ fn a_trail_line_that_is_not_utf8_is_skipped_alone() {
     bytes[at] = 0xff;
     std::fs::write(audit_path(&w), &bytes).unwrap();
     let b = AuditLog::open(&state, false, 10).unwrap();
-    assert_eq!(b.stats().unwrap().total, 2);
+    assert_eq!(b.get_sandbox_audit_stats().unwrap().total, 2);
     let listed: Vec<(String, String)> = b
         .list(10, None)
         .unwrap()
@@ -951,13 +951,13 @@ fn a_trail_line_that_is_not_utf8_is_skipped_alone() {
 fn a_trail_cut_under_an_open_log_is_indexed_as_it_now_is() {
     let (w, state, a) = relaxed_log();
     a.append((0..3).map(rec).collect()).unwrap();
-    assert_eq!(a.stats().unwrap().total, 3);
+    assert_eq!(a.get_sandbox_audit_stats().unwrap().total, 3);
     let first = lines(&w).remove(0);
     std::fs::write(audit_path(&w), format!("{first}\n")).unwrap();
     let b = AuditLog::open(&state, false, 10).unwrap();
     assert_eq!(b.append(vec![rec(7)]).unwrap()[0].seq, 2);
     // Not the three lines read before the cut plus the two there now.
-    assert_eq!(a.stats().unwrap().total, 2);
+    assert_eq!(a.get_sandbox_audit_stats().unwrap().total, 2);
     let listed: Vec<String> = a
         .list(10, None)
         .unwrap()
@@ -1007,7 +1007,7 @@ fn a_line_changed_in_place_under_an_open_log_is_refused_not_read() {
 fn a_trail_cut_and_written_again_under_an_open_log_is_indexed_as_it_now_is() {
     let (w, state, a) = relaxed_log();
     a.append((0..3).map(rec).collect()).unwrap();
-    assert_eq!(a.stats().unwrap().total, 3);
+    assert_eq!(a.get_sandbox_audit_stats().unwrap().total, 3);
     std::fs::write(audit_path(&w), "").unwrap();
     let b = AuditLog::open(&state, false, 10).unwrap();
     b.append(
@@ -1020,7 +1020,7 @@ fn a_trail_cut_and_written_again_under_an_open_log_is_indexed_as_it_now_is() {
     )
     .unwrap();
     // Longer than before the cut: only what was read before says it is not the same.
-    assert_eq!(a.stats().unwrap().total, 5);
+    assert_eq!(a.get_sandbox_audit_stats().unwrap().total, 5);
     assert!(a.by_workflow("wf").unwrap().is_empty());
     assert_eq!(a.by_workflow("other").unwrap().len(), 5);
     assert_eq!(a.append(vec![rec(20)]).unwrap()[0].seq, 6);
@@ -1353,7 +1353,7 @@ fn a_long_trail_read_in_one_go_is_indexed_in_file_order() {
     assert!(std::fs::metadata(audit_path(&w)).unwrap().len() > 2 << 20);
     // A fresh process reads the whole trail at once (parsed on two threads).
     let log = AuditLog::open(&state, false, 10).unwrap();
-    assert_eq!(log.stats().unwrap().total, n as u64);
+    assert_eq!(log.get_sandbox_audit_stats().unwrap().total, n as u64);
     let seqs = |v: Vec<ailab_sandbox_core::audit::SandboxAuditEntry>| -> Vec<u64> {
         v.into_iter().map(|e| e.seq).collect()
     };
