@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs and prune. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 25] = [
+pub const POINTS: [&str; 26] = [
     "after_validate",
     "read_target",
     "before_commit",
@@ -23,6 +23,7 @@ pub const POINTS: [&str; 25] = [
     "audit_head",
     "batch_sync",
     "trail_order",
+    "list_made_dir",
     "during_restore",
     "restore_verify",
     "after_restore",

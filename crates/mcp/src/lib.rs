@@ -193,7 +193,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 .sandbox
                 .roots()
                 .iter()
-                .map(|r| r.path().display().to_string())
+                .map(|r| r.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
             rate = self.sandbox.config().limits.writes_per_minute,
@@ -465,13 +465,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
         // With several roots, which one was listed (an absolute path says it itself).
-        let in_root = match self.sandbox.roots() {
+        let in_root = match self.sandbox.roots().as_slice() {
             [_] | [] => String::new(),
             _ if path.starts_with('/') => String::new(),
             [first, ..] => format!(
                 " in root {}",
-                root.clone()
-                    .unwrap_or_else(|| first.path().display().to_string())
+                root.clone().unwrap_or_else(|| first.display().to_string())
             ),
         };
         match self

@@ -40,6 +40,17 @@ impl Recorded {
     }
 }
 
+/// What the trail records of one workflow's own actions, read once for a check.
+#[derive(Default)]
+struct WorkflowRecord {
+    /// The writes made (by run and action: their success lines). No artifact records a
+    /// directory: an action that failed, its own undo's mark and lines lost to a full
+    /// disk, leaves nothing else to tell that its directory never stood.
+    writes: HashSet<(String, String)>,
+    /// Actions whose restore failed, with the time of the latest such line.
+    failed_restores: HashMap<String, String>,
+}
+
 /// What a rollback removes, by root and recorded path: an entry of a directory the
 /// workflow created is no obstacle to removing that directory when it is one of them,
 /// unless a `create_directory` outside the rollback keeps it.
@@ -54,16 +65,22 @@ impl Removes {
     /// Whether the directory `meta`'s action created at `rel` in root `i` holds what the
     /// rollback does not remove and no claim keeps (another's entry); directories of the
     /// workflow a claim keeps add their claimers to `claimed_by`. One that cannot be
-    /// listed is taken to hold another's.
+    /// listed is taken to hold another's, unless what failed says nothing of it (out of
+    /// descriptors, a failing disk: `io_error`, which refuses the check).
     fn leaves_in(
         &self,
         sb: &Sandbox,
         (i, rel): (usize, &RelPath),
         meta: &SnapshotMeta,
         claimed_by: &mut Vec<String>,
-    ) -> bool {
-        let Ok(entries) = sb.roots[i].list_dir(Some(rel)) else {
-            return true;
+    ) -> Verdict<bool> {
+        let listed = sb
+            .fail_at("list_made_dir")
+            .and_then(|()| sb.roots[i].list_dir(Some(rel)));
+        let entries = match listed {
+            Ok(entries) => entries,
+            Err(r) if r.reason_code == ReasonCode::IoError => return Err(r),
+            Err(_) => return Ok(true),
         };
         let mut foreign = false;
         for e in entries {
@@ -76,7 +93,7 @@ impl Removes {
                 None => foreign = true,
             }
         }
-        foreign
+        Ok(foreign)
     }
 }
 
@@ -339,8 +356,8 @@ impl Sandbox {
             .map(|(_, s)| s.meta.action_id.as_str())
             .collect();
         let removes = self.removes(snaps, &undoing);
-        // Read once, when a made directory is found gone.
-        let recorded = std::cell::OnceCell::new();
+        // Read once, when a target is found as a restore leaves it.
+        let record = std::cell::OnceCell::new();
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
@@ -383,19 +400,26 @@ impl Sandbox {
             // action only if the trail records that the action made it.
             let foreign = created_dir
                 && current == TargetState::Directory
-                && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by);
+                && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by)?;
+            let restored = || {
+                newer.is_none()
+                    && self.left_by_failed_restore(&record, workflow_id, &s.meta, &current)
+            };
             let removed = created_dir
                 && current == TargetState::Missing
-                && recorded
-                    .get_or_init(|| self.writes_recorded(workflow_id))
+                && !restored()
+                && record
+                    .get_or_init(|| self.workflow_record(workflow_id))
                     .as_ref()
-                    .is_none_or(|w: &HashSet<(String, String)>| {
-                        w.contains(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
+                    .is_none_or(|r| {
+                        r.writes
+                            .contains(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
                     });
             claimed_by.sort();
             claimed_by.dedup();
+            let unchanged = left.holds(&current, &s.meta) || restored();
             let (changed, changed_by) =
-                if !left.holds(&current, &s.meta) || !claimed_by.is_empty() || foreign || removed {
+                if !unchanged || !claimed_by.is_empty() || foreign || removed {
                     let by = found_by_action
                         .is_none()
                         .then(|| {
@@ -633,22 +657,47 @@ impl Sandbox {
         })
     }
 
-    /// The writes the trail records as made in the workflow (by run and action: their
-    /// success lines), or `None` when it cannot say. No artifact records a directory: an
-    /// action that failed, its own undo's mark and lines lost to a full disk, leaves
-    /// nothing else to tell that its directory never stood.
-    fn writes_recorded(&self, workflow_id: &str) -> Option<HashSet<(String, String)>> {
+    /// What the trail records of the workflow's own writes and restores, or `None` when
+    /// it cannot say.
+    fn workflow_record(&self, workflow_id: &str) -> Option<WorkflowRecord> {
         let lines = self.audit.by_workflow(workflow_id).ok()?;
-        Some(
-            lines
-                .into_iter()
-                .filter(|e| {
-                    e.status == crate::audit::AuditStatus::Success
-                        && e.mutation_class != Some(crate::catalog::MutationClass::Rollback)
-                })
-                .map(|e| (e.execution_id, e.action_id))
-                .collect(),
-        )
+        let mut r = WorkflowRecord::default();
+        for e in lines {
+            let rollback = e.mutation_class == Some(crate::catalog::MutationClass::Rollback);
+            match e.status {
+                crate::audit::AuditStatus::Success if !rollback => {
+                    r.writes.insert((e.execution_id, e.action_id));
+                }
+                crate::audit::AuditStatus::Failed if rollback => {
+                    let at = r.failed_restores.entry(e.action_id).or_default();
+                    if e.timestamp > *at {
+                        *at = e.timestamp;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(r)
+    }
+
+    /// Whether `now`, found at `meta`'s target, is what a restore of it the trail
+    /// records as failed since the snapshot may have left: the restore made, its end
+    /// (the root's sync, a check) failing after. That is the runtime's own doing, not
+    /// someone's change, and restoring again loses nothing. `record` is read when
+    /// first needed.
+    fn left_by_failed_restore(
+        &self,
+        record: &std::cell::OnceCell<Option<WorkflowRecord>>,
+        workflow_id: &str,
+        meta: &SnapshotMeta,
+        now: &TargetState,
+    ) -> bool {
+        *now == TargetState::found_by(meta)
+            && record
+                .get_or_init(|| self.workflow_record(workflow_id))
+                .as_ref()
+                .and_then(|r| r.failed_restores.get(&meta.action_id))
+                .is_some_and(|at| at.as_str() >= meta.taken_at.as_str())
     }
 
     /// The `create_directory` actions (`workflow/action`) that stand for the directory
@@ -747,7 +796,9 @@ impl Sandbox {
             return Ok((true, Put::Any));
         };
         let (now, put) = self.state_to_judge(root, meta)?;
-        if left.holds(&now, meta) {
+        if left.holds(&now, meta)
+            || self.left_by_failed_restore(&Default::default(), workflow_id, meta, &now)
+        {
             return Ok((true, put));
         }
         let advice = match now {

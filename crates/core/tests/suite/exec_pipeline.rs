@@ -1165,7 +1165,7 @@ fn metrics_expose_the_seven_names() {
 fn a_mistyped_path_is_no_escape_attempt() {
     let w = World::new();
     let sb = w.sandbox();
-    let root = sb.roots()[0].path().display().to_string();
+    let root = sb.roots()[0].display().to_string();
     let escapes = |sb: &ailab_sandbox_core::Sandbox| -> u64 {
         sb.metrics()
             .encode()

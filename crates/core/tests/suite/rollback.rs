@@ -3653,3 +3653,57 @@ fn stray_entries_in_a_workflows_snapshot_folder_are_counted_in_one_refusal() {
     assert_eq!(rollback(&sb, "wf_s", false).status, "rolled_back");
     assert_eq!(w.tree(), before);
 }
+
+/// A restore made whose end then failed (the root's sync, say) is recorded as failed, for
+/// it may not be on disk; a rollback run again finds its target as that restore left it
+/// and finishes without force: the runtime's own restore is nobody else's change.
+#[test]
+fn a_restore_made_whose_end_failed_is_finished_unforced() {
+    // Restored newest first: the directory, the replaced file, the created file.
+    for k in 1..=3 {
+        let w = World::new();
+        w.write("rep.txt", b"old\n");
+        let before = w.tree();
+        let sb = w.sandbox();
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_s", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "new.txt", "content": "n"},
+                {"action_id": "a2", "intent": "replace_file", "path": "rep.txt", "content": "new\n"},
+                {"action_id": "a3", "intent": "create_directory", "path": "newdir"}]}),
+        );
+        assert_eq!(status(&r), "success", "{:?}", r.actions);
+        sb.failpoints().arm("after_restore", k);
+        let first = rollback(&sb, "wf_s", false);
+        assert_ne!(first.status, "rolled_back", "{k}: {first:?}");
+        let again = rollback(&sb, "wf_s", false);
+        assert_eq!(again.status, "rolled_back", "{k}: {again:?}");
+        assert!(again.conflicts.is_empty(), "{k}: {again:?}");
+        assert_eq!(w.tree(), before, "{k}");
+    }
+}
+
+/// A directory the workflow made that cannot be listed for a cause that says nothing of
+/// it (the process out of descriptors) refuses the rollback with `io_error`, to be tried
+/// again: it is no change of someone else's, to be forced over.
+#[test]
+fn a_made_directory_out_of_descriptors_to_list_is_no_conflict() {
+    let w = World::new();
+    let before = w.tree();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_l", "actions": [
+            {"action_id": "a1", "intent": "create_directory", "path": "made"}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    sb.failpoints()
+        .arm_errno("list_made_dir", 1, rustix::io::Errno::MFILE.raw_os_error());
+    let refused = rollback(&sb, "wf_l", false);
+    assert_eq!(refused.reason_code, Some(ReasonCode::IoError), "{refused:?}");
+    assert!(refused.conflicts.is_empty(), "{refused:?}");
+    assert!(w.path("made").is_dir());
+    let again = rollback(&sb, "wf_l", false);
+    assert_eq!(again.status, "rolled_back", "{again:?}");
+    assert_eq!(w.tree(), before);
+}
