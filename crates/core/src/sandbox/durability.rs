@@ -161,7 +161,11 @@ impl Sandbox {
             let done = match self.state.try_lock_workflow(&wf) {
                 Ok(Some(_lock)) => match self.state.commit_log_file(&wf) {
                     Ok(Some(f)) => match crate::commit_log::position(&f) {
-                        Ok(Some(now)) if now == at => crate::commit_log::clear(&f).is_ok(),
+                        Ok(Some(now)) if now == at => crate::commit_log::clear(&f)
+                            .inspect_err(|e| {
+                                tracing::warn!(workflow = %wf, error = %e, "could not empty a commit log after a sync point; it is tried again at the next one (what it holds is durable elsewhere already)");
+                            })
+                            .is_ok(),
                         // Emptied since by another holder of the lock, or unreadable.
                         Ok(Some(now)) => now.generation != at.generation,
                         Ok(None) => true,

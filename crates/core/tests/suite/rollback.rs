@@ -3700,7 +3700,11 @@ fn a_made_directory_out_of_descriptors_to_list_is_no_conflict() {
     sb.failpoints()
         .arm_errno("list_made_dir", 1, rustix::io::Errno::MFILE.raw_os_error());
     let refused = rollback(&sb, "wf_l", false);
-    assert_eq!(refused.reason_code, Some(ReasonCode::IoError), "{refused:?}");
+    assert_eq!(
+        refused.reason_code,
+        Some(ReasonCode::IoError),
+        "{refused:?}"
+    );
     assert!(refused.conflicts.is_empty(), "{refused:?}");
     assert!(w.path("made").is_dir());
     let again = rollback(&sb, "wf_l", false);
