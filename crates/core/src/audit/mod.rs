@@ -163,6 +163,24 @@ impl SandboxAuditEntry {
     }
 }
 
+/// Writes `e`'s line (with its newline) to `out` and sets its `entry_hash`, serialising
+/// it once: the hash is over the line without the hash field, which goes last.
+fn write_hashed_line(out: &mut Vec<u8>, e: &mut SandboxAuditEntry) -> io::Result<()> {
+    e.entry_hash.clear();
+    let start = out.len();
+    crate::journal::write_line(out, e)?;
+    let Some(body) = out.len().checked_sub(2).filter(|&end| out[end..] == *b"}\n") else {
+        return Err(io::Error::other("an audit line did not end as an object"));
+    };
+    e.entry_hash = to_hex(&Sha256::digest(&out[start..=body]));
+    out.truncate(body);
+    out.extend_from_slice(b",\"entry_hash\":\"");
+    out.extend_from_slice(e.entry_hash.as_bytes());
+    out.extend_from_slice(b"\"}\n");
+    debug_assert!(e.is_as_written(&out[start..out.len() - 1]));
+    Ok(())
+}
+
 /// How an entry is turned into the bytes of its line (newline left out).
 #[derive(Clone, Copy)]
 enum Form {
@@ -524,10 +542,9 @@ impl AuditLog {
                     prev_hash: prev.clone(),
                     entry_hash: String::new(),
                 };
-                e.entry_hash = e.compute_hash();
-                prev = e.entry_hash.clone();
                 let before = bytes.len();
-                crate::journal::write_line(&mut bytes, &e)?;
+                write_hashed_line(&mut bytes, &mut e)?;
+                prev = e.entry_hash.clone();
                 lens.push((
                     bytes.len() - before,
                     index.keys.hash_one(&bytes[before..bytes.len() - 1]),
