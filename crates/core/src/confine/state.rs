@@ -1477,7 +1477,7 @@ fn to_be(path: &Path, hops: usize) -> Option<PathBuf> {
 
 /// Makes whole filesystems durable at once with `syncfs(2)`: one call per distinct
 /// filesystem among the given directories, in place of a `fsync` per file and directory
-/// touched since the last call. Concurrent callers share syncs ([`GroupCommit`]).
+/// touched since the last call. Concurrent callers share syncs (a group commit).
 #[derive(Debug)]
 pub struct FsSync {
     /// One open handle per filesystem, by device.
