@@ -79,6 +79,12 @@ impl Operation {
     pub fn is_directory(&self) -> bool {
         self.name == "create_directory"
     }
+
+    /// Whether what it leaves depends on the bytes the target holds (an append, an
+    /// edit): those must be read, and cannot be judged on a guess.
+    pub fn reads_target(&self) -> bool {
+        matches!(self.name, "append_file" | "sandbox_transform")
+    }
 }
 
 /// The largest file any operation writes (`generate_report`, `sandbox_transform`): what

@@ -218,14 +218,14 @@ struct Sketch {
 impl Sketch {
     /// Refuses a target in root `ri` beneath a path an earlier action makes a file, as
     /// the disk would refuse it at run time, before anything of the plan is written; and
-    /// an append or a transform (`op`) of a file whose bytes were not kept: what it
-    /// leaves is not judged on a guess, but refused with the earlier action's code.
+    /// an operation `op` that reads the target, of a file whose bytes were not kept: what
+    /// it leaves is not judged on a guess, but refused with the earlier action's code.
     /// Gives the target's key.
     fn check(
         &self,
         ri: usize,
         rel: &RelPath,
-        op: &str,
+        op: &Operation,
         path: &str,
     ) -> Result<(usize, String), Refusal> {
         let comps = rel.components();
@@ -236,7 +236,7 @@ impl Sketch {
         }
         let key = (ri, rel.as_string());
         if let Some(code) = self.unkept.get(&key)
-            && matches!(op, "append_file" | "sandbox_transform")
+            && op.reads_target()
         {
             return Err(Refusal::new(
                 *code,
@@ -511,26 +511,29 @@ impl<'a> SandboxWriteExecutor<'a> {
                 if stores_checked.insert(ri) {
                     crate::snapshot::check_store(&sb.roots[ri], Some(wf))?;
                 }
-                let key = sketch.check(ri, &approval.resolved.rel, approval.op.name, &a.path)?;
+                let key = sketch.check(ri, &approval.resolved.rel, approval.op, &a.path)?;
                 let current: Option<Virtual> = match sketch.tree.get(&key) {
                     // As for a file on disk: refused from its size before its bytes are
                     // hashed or added to (a thousand appends past the limit of a large
                     // file an earlier action makes would each copy and hash it).
                     Some(v @ Virtual::File(Some(b))) => {
-                        check_existing_size(approval.op, a, b.of(&self.plan.actions).len() as u64)?;
+                        check_existing_size(
+                            approval.op,
+                            a,
+                            &approval.resolved.rel,
+                            b.of(&self.plan.actions).len() as u64,
+                        )?;
                         Some(v.clone())
                     }
                     Some(v) => Some(v.clone()),
                     None => match approval.target.as_ref().map(|t| t.kind) {
                         Some(TargetKind::File { size, .. }) => {
-                            check_existing_size(approval.op, a, size)?;
+                            check_existing_size(approval.op, a, &approval.resolved.rel, size)?;
                             // Read only where the result depends on the bytes, or where a
                             // simulation reports their checksum and they are within what
                             // the operation itself may write.
-                            let needed =
-                                matches!(approval.op.name, "append_file" | "sandbox_transform")
-                                    || (!executable
-                                        && size <= approval.op.max_size_bytes.unwrap_or(0));
+                            let needed = approval.op.reads_target()
+                                || (!executable && size <= approval.op.max_size_bytes.unwrap_or(0));
                             Some(Virtual::File(if needed {
                                 Some(Bytes::Made(Arc::new(
                                     sb.roots[ri]
@@ -1214,7 +1217,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             .map_or(TargetKind::Missing, |t| t.kind);
         let (before, stamp) = match kind {
             TargetKind::File { size, .. } => {
-                check_existing_size(approval.op, a, size)?;
+                check_existing_size(approval.op, a, &rel, size)?;
                 let (bytes, stamp) = root.read_file_stamped(&rel, MAX_SNAPSHOT_BYTES)?;
                 (Some(bytes), Some(stamp))
             }
@@ -1748,13 +1751,19 @@ fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> 
 /// could not handle: one too large to snapshot, or one whose result would exceed the
 /// operation's limit (an append adds its content; a transform's result differs from the
 /// file by exactly what its edits add and remove, each applying once or not at all).
-fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) -> Verdict {
+fn check_existing_size(
+    op: &crate::catalog::Operation,
+    a: &Action,
+    rel: &RelPath,
+    size: u64,
+) -> Verdict {
     use crate::catalog::human_bytes;
+    // By its path in the root, as every refusal names a target.
+    let shown = shown_path(&rel.as_string());
     let too_big = |what: String| Err(Refusal::new(ReasonCode::SizeExceeded, what));
     if size > MAX_SNAPSHOT_BYTES {
         return too_big(format!(
-            "'{}' holds {} and a snapshot holds at most {}, so it cannot be changed",
-            a.path,
+            "{shown} holds {} and a snapshot holds at most {}, so it cannot be changed",
             human_bytes(size),
             human_bytes(MAX_SNAPSHOT_BYTES)
         ));
@@ -1767,8 +1776,7 @@ fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) ->
             let total = size.saturating_add(a.content.as_ref().map_or(0, |c| c.len() as u64));
             if total > max {
                 return too_big(format!(
-                    "append_file would leave {total} bytes in '{}'; its limit is {max} bytes ({})",
-                    a.path,
+                    "append_file would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
                     human_bytes(max)
                 ));
             }
@@ -1783,8 +1791,7 @@ fn check_existing_size(op: &crate::catalog::Operation, a: &Action, size: u64) ->
             let total = i128::from(size) + change;
             if total > i128::from(max) {
                 return too_big(format!(
-                    "sandbox_transform would leave {total} bytes in '{}'; its limit is {max} bytes ({})",
-                    a.path,
+                    "sandbox_transform would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
                     human_bytes(max)
                 ));
             }

@@ -169,7 +169,11 @@ fn write_hashed_line(out: &mut Vec<u8>, e: &mut SandboxAuditEntry) -> io::Result
     e.entry_hash.clear();
     let start = out.len();
     crate::journal::write_line(out, e)?;
-    let Some(body) = out.len().checked_sub(2).filter(|&end| out[end..] == *b"}\n") else {
+    let Some(body) = out
+        .len()
+        .checked_sub(2)
+        .filter(|&end| out[end..] == *b"}\n")
+    else {
         return Err(io::Error::other("an audit line did not end as an object"));
     };
     e.entry_hash = to_hex(&Sha256::digest(&out[start..=body]));

@@ -865,11 +865,19 @@ fn sandbox_transform_without_edits_is_invalid_whatever_the_target() {
 fn size_limit_counts_bytes_on_disk() {
     let w = World::new();
     w.write("big.txt", &vec![b'a'; 1024 * 1024 - 2]);
+    // Given whole, the target is named by its path in the root, as every refusal names it.
+    let whole = w.path("big.txt").display().to_string();
     let r = one(
         &w,
-        json!({"intent": "append_file", "path": "big.txt", "content": "bcd"}),
+        json!({"intent": "append_file", "path": whole, "content": "bcd"}),
     );
     assert_eq!(code(&r, 0).as_deref(), Some("size_exceeded"));
+    assert_eq!(
+        r.actions[0].reason.as_deref(),
+        Some(
+            "append_file would leave 1048577 bytes in 'big.txt'; its limit is 1048576 bytes (1 MiB)"
+        )
+    );
     let r = one(
         &w,
         json!({"intent": "append_file", "path": "big.txt", "content": "bc"}),
