@@ -543,7 +543,11 @@ impl Sandbox {
     /// folders. Before the snapshots are read: one killed between linking its `meta.json`
     /// into place and unlinking the temporary name left the file with a second link, which
     /// would make the snapshot untrusted. Returns how many; where they could not be
-    /// removed is said in `report` (see [`Self::left_behind`]).
+    /// removed is said in `report` (see [`Self::left_behind`]). Unlike
+    /// [`Self::remove_dead_temp_files`] it passes over no maker: the workflow's lock, held
+    /// here, keeps any snapshot of this process's from being under way in its folders;
+    /// and a disk that refuses in one root's folder stops nothing in the others', which
+    /// may lie on other disks.
     fn remove_dead_snapshot_temp_files(
         &self,
         rec: &InflightRecord,
