@@ -116,6 +116,25 @@ impl AppState {
         })
         .await
     }
+
+    /// [`Self::read`] of what a store answers, as JSON; a failure is `storage`'s, with
+    /// `what` (the store, "could not be read").
+    async fn read_json<T, F>(
+        &self,
+        stopping: &Stopping,
+        what: &'static str,
+        f: F,
+    ) -> Result<Response, ApiError>
+    where
+        F: FnOnce(&Sandbox) -> Result<T, ailab_sandbox_core::Error> + Send + 'static,
+        T: serde::Serialize + Send + 'static,
+    {
+        let value = self
+            .read(stopping, f)
+            .await?
+            .map_err(|e| ApiError::storage(what, &e))?;
+        Ok(Json(value).into_response())
+    }
 }
 
 /// The `workflow_id` a plan's text names, when it is a plan; else `None` (the runtime
@@ -283,11 +302,8 @@ pub(crate) async fn state(
     State(s): State<AppState>,
     stopping: Stopping,
 ) -> Result<Response, ApiError> {
-    let doc = s
-        .read(&stopping, Sandbox::state_doc)
-        .await?
-        .map_err(|e| ApiError::storage("the state could not be read", &e))?;
-    Ok(Json(doc).into_response())
+    s.read_json(&stopping, "the state could not be read", Sandbox::state_doc)
+        .await
 }
 
 /// `GET /agentic/executions?limit=&workflow_id=`.
@@ -298,11 +314,10 @@ pub(crate) async fn executions(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
-    let entries = s
-        .read(&stopping, move |sb| sb.audit_entries(limit, wf.as_deref()))
-        .await?
-        .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
-    Ok(Json(entries).into_response())
+    s.read_json(&stopping, "the audit log could not be read", move |sb| {
+        sb.audit_entries(limit, wf.as_deref())
+    })
+    .await
 }
 
 /// `GET /agentic/executions/stats`.
@@ -310,11 +325,12 @@ pub(crate) async fn execution_stats(
     State(s): State<AppState>,
     stopping: Stopping,
 ) -> Result<Response, ApiError> {
-    let stats = s
-        .read(&stopping, Sandbox::audit_stats)
-        .await?
-        .map_err(|e| ApiError::storage("the audit log could not be read", &e))?;
-    Ok(Json(stats).into_response())
+    s.read_json(
+        &stopping,
+        "the audit log could not be read",
+        Sandbox::audit_stats,
+    )
+    .await
 }
 
 /// `GET /agentic/artifacts?limit=&workflow_id=`.
@@ -325,11 +341,12 @@ pub(crate) async fn artifacts(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let (limit, wf) = list_params(q, &uri)?;
-    let entries = s
-        .read(&stopping, move |sb| sb.artifacts(limit, wf.as_deref()))
-        .await?
-        .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
-    Ok(Json(entries).into_response())
+    s.read_json(
+        &stopping,
+        "the artifact registry could not be read",
+        move |sb| sb.artifacts(limit, wf.as_deref()),
+    )
+    .await
 }
 
 /// `GET /agentic/artifacts/{id}`: the artifact and its lineage, 404 if unknown. An id that
