@@ -192,6 +192,31 @@ struct Prepared {
     before_checksum: Option<String>,
 }
 
+/// What validation carries from one action of the plan to the next.
+struct Tally {
+    /// The tree as the earlier actions would leave it.
+    sketch: Sketch,
+    /// What the workflow's earlier runs registered (its budget's use).
+    registered: Verdict<Usage>,
+    /// What the plan's actions judged so far would register.
+    planned: Usage,
+    /// Writes only the rate limit held back: they count against the budget of the
+    /// actions after them, so a plan over both limits is told of the budget now rather
+    /// than once its rate-limited part was sent again and written.
+    held_back: Usage,
+    /// The plan's writes counted against the rate limit so far, and in all.
+    writes: u32,
+    plan_writes: u32,
+    /// The rate limiter's state, and the time it is judged at.
+    tat: Verdict<f64>,
+    now: chrono::DateTime<chrono::Utc>,
+    /// Roots whose snapshot store was checked.
+    stores_checked: std::collections::HashSet<usize>,
+}
+
+/// What an action refused by a limit alone would leave: root, path, bytes.
+type Left = (usize, RelPath, Option<Bytes>);
+
 /// The virtual tree during validation: what earlier actions of the plan would leave.
 #[derive(Debug, Clone)]
 enum Virtual {
@@ -474,151 +499,38 @@ impl<'a> SandboxWriteExecutor<'a> {
     /// reads them again for the snapshot anyway.
     fn validate(&self, executable: bool) -> Vec<Result<Prepared, Refusal>> {
         let sb = self.sb;
-        let wf = &self.plan.workflow_id;
         let gctx = sb.governance_context();
-        let mut sketch = Sketch::default();
-        let registered = self.registered_usage();
-        let mut planned = Usage::default();
-        // Writes only the rate limit held back: they count against the budget of the
-        // actions after them, so a plan over both limits is told of the budget now rather
-        // than once its rate-limited part was sent again and written.
-        let mut held_back = Usage::default();
-        let mut writes = 0u32;
-        let plan_writes = u32::try_from(
-            self.plan
-                .actions
-                .iter()
-                .filter(|a| crate::catalog::is_sandbox_write_intent(&a.intent))
-                .count(),
-        )
-        .unwrap_or(u32::MAX);
-        let tat = self.rate_tat();
-        let now = sb.clock.now();
+        let mut t = Tally {
+            sketch: Sketch::default(),
+            registered: self.registered_usage(),
+            planned: Usage::default(),
+            held_back: Usage::default(),
+            writes: 0,
+            plan_writes: u32::try_from(
+                self.plan
+                    .actions
+                    .iter()
+                    .filter(|a| crate::catalog::is_sandbox_write_intent(&a.intent))
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
+            tat: self.rate_tat(),
+            now: sb.clock.now(),
+            stores_checked: std::collections::HashSet::new(),
+        };
         let mut out = Vec::new();
-        let mut stores_checked = std::collections::HashSet::new();
         for (k, a) in self.plan.actions.iter().enumerate() {
             // An action refused by a limit alone (budget, rate) is otherwise sound: the
             // actions after it are judged on the tree as it would leave it, so that what
             // they are told is true of the plan, not of the plan without it (a 429 must
             // mean the plan runs once the wait is over).
-            let mut only_limited: Option<(usize, RelPath, Option<Bytes>)> = None;
-            let r = (|| {
-                let approval = check_target(&self.request(a), &gctx)?;
-                check_payload(approval.op, a)?;
-                check_parent_artifact(sb, a)?;
-                let ri = approval.resolved.root_index;
-                self.check_new_id(a, ri)?;
-                if stores_checked.insert(ri) {
-                    crate::snapshot::check_store(&sb.roots[ri], Some(wf))?;
-                }
-                let key = sketch.check(ri, &approval.resolved.rel, approval.op, &a.path)?;
-                let current: Option<Virtual> = match sketch.tree.get(&key) {
-                    // As for a file on disk: refused from its size before its bytes are
-                    // hashed or added to (a thousand appends past the limit of a large
-                    // file an earlier action makes would each copy and hash it).
-                    Some(v @ Virtual::File(Some(b))) => {
-                        check_existing_size(
-                            approval.op,
-                            a,
-                            &approval.resolved.rel,
-                            b.of(&self.plan.actions).len() as u64,
-                        )?;
-                        Some(v.clone())
-                    }
-                    Some(v) => Some(v.clone()),
-                    None => match approval.target.as_ref().map(|t| t.kind) {
-                        Some(TargetKind::File { size, .. }) => {
-                            check_existing_size(approval.op, a, &approval.resolved.rel, size)?;
-                            // Read only where the result depends on the bytes, or where a
-                            // simulation reports their checksum and they are within what
-                            // the operation itself may write.
-                            let needed = approval.op.reads_target()
-                                || (!executable && size <= approval.op.max_size_bytes.unwrap_or(0));
-                            Some(Virtual::File(if needed {
-                                Some(Bytes::Made(Arc::new(
-                                    sb.roots[ri]
-                                        .read_file(&approval.resolved.rel, MAX_SNAPSHOT_BYTES)?,
-                                )))
-                            } else {
-                                None
-                            }))
-                        }
-                        Some(TargetKind::Directory) => Some(Virtual::Dir),
-                        _ => None,
-                    },
-                };
-                if let Some(found) = &current {
-                    let is_dir = matches!(found, Virtual::Dir);
-                    check_found_kind(approval.op, &approval.resolved.rel, is_dir)?;
-                }
-                let before = match &current {
-                    // Unread bytes do not change the result (render needs to know only
-                    // that the file exists).
-                    Some(Virtual::File(b)) => {
-                        Some(b.as_ref().map_or(&[][..], |b| b.of(&self.plan.actions)))
-                    }
-                    _ => None,
-                };
-                let bytes = render(approval.op, a, &approval.ext, before)?.map(|b| match b {
-                    Cow::Borrowed(_) => Bytes::Content(k),
-                    Cow::Owned(b) => Bytes::Made(Arc::new(b)),
-                });
-                let size = bytes
-                    .as_ref()
-                    .map_or(0, |b| b.of(&self.plan.actions).len() as u64);
-                check_size(&approval, size, &sb.config.extensions)?;
-                let rel = &approval.resolved.rel;
-                if bytes.is_some() {
-                    let asked = Usage {
-                        artifacts: planned.artifacts + held_back.artifacts,
-                        bytes: planned.bytes + held_back.bytes,
-                    };
-                    let registered = registered.clone()?;
-                    if let Err(r) = check_budget(wf, &sb.config.limits, registered, asked, size) {
-                        only_limited = Some((ri, rel.clone(), bytes));
-                        return Err(r);
-                    }
-                }
-                // Every write of the plan that gets this far counts, refused or not: the
-                // wait a refusal names is for all of them, so trying the plan again after
-                // it never comes too early, and a plan over the burst is named as such.
-                writes += 1;
-                let limited = check_rate(
-                    wf,
-                    sb.config.limits.writes_per_minute,
-                    tat.clone()?,
-                    now,
-                    writes,
-                    plan_writes,
-                );
-                if let Err(r) = limited {
-                    if bytes.is_some() {
-                        held_back.artifacts += 1;
-                        held_back.bytes += size;
-                    }
-                    only_limited = Some((ri, rel.clone(), bytes));
-                    return Err(r);
-                }
-                // Hashed last, and for a simulation only, which reports it: an action
-                // refused above never needs it, and a real write hashes what it finds
-                // under the target's lock.
-                let before_checksum = match &current {
-                    Some(Virtual::File(Some(b))) if !executable => {
-                        Some(sha256_hex(b.of(&self.plan.actions)))
-                    }
-                    _ => None,
-                };
-                Ok(Prepared {
-                    approval,
-                    bytes,
-                    before_checksum,
-                })
-            })();
+            let mut only_limited: Option<Left> = None;
+            let r = self.judge(k, a, executable, &gctx, &mut t, &mut only_limited);
             let left = match (&r, only_limited) {
                 (Ok(p), _) => {
                     if let Some(b) = &p.bytes {
-                        planned.artifacts += 1;
-                        planned.bytes += b.of(&self.plan.actions).len() as u64;
+                        t.planned.artifacts += 1;
+                        t.planned.bytes += b.of(&self.plan.actions).len() as u64;
                     }
                     let (ri, rel) = (p.approval.resolved.root_index, &p.approval.resolved.rel);
                     Some((ri, rel.clone(), p.bytes.clone()))
@@ -628,11 +540,153 @@ impl<'a> SandboxWriteExecutor<'a> {
             if let Some((ri, rel, bytes)) = left {
                 let refused = r.as_ref().err().map(|refused| refused.reason_code);
                 let (actions, budget) = (&self.plan.actions, sb.config.limits.max_workflow_bytes);
-                sketch.leave((ri, &rel), bytes, refused, actions, budget);
+                t.sketch.leave((ri, &rel), bytes, refused, actions, budget);
             }
             out.push(r);
         }
         out
+    }
+
+    /// One action `a` (the `k`-th) judged against the tree the earlier ones leave
+    /// (`t.sketch`): governance, payload, ids, the target as it would be found, what it
+    /// would leave, its size, then the limits. Refused by a limit alone, what it would
+    /// leave is set in `only_limited`.
+    fn judge(
+        &self,
+        k: usize,
+        a: &Action,
+        executable: bool,
+        gctx: &crate::policy::GovernanceContext<'_>,
+        t: &mut Tally,
+        only_limited: &mut Option<Left>,
+    ) -> Verdict<Prepared> {
+        let sb = self.sb;
+        let approval = check_target(&self.request(a), gctx)?;
+        check_payload(approval.op, a)?;
+        check_parent_artifact(sb, a)?;
+        let ri = approval.resolved.root_index;
+        self.check_new_id(a, ri)?;
+        if t.stores_checked.insert(ri) {
+            crate::snapshot::check_store(&sb.roots[ri], Some(&self.plan.workflow_id))?;
+        }
+        let key = t
+            .sketch
+            .check(ri, &approval.resolved.rel, approval.op, &a.path)?;
+        let current = self.found_at(&t.sketch, &key, &approval, a, executable)?;
+        if let Some(found) = &current {
+            let is_dir = matches!(found, Virtual::Dir);
+            check_found_kind(approval.op, &approval.resolved.rel, is_dir)?;
+        }
+        let before = match &current {
+            // Unread bytes do not change the result (render needs to know only that the
+            // file exists).
+            Some(Virtual::File(b)) => {
+                Some(b.as_ref().map_or(&[][..], |b| b.of(&self.plan.actions)))
+            }
+            _ => None,
+        };
+        let bytes = render(approval.op, a, &approval.ext, before)?.map(|b| match b {
+            Cow::Borrowed(_) => Bytes::Content(k),
+            Cow::Owned(b) => Bytes::Made(Arc::new(b)),
+        });
+        let size = bytes
+            .as_ref()
+            .map_or(0, |b| b.of(&self.plan.actions).len() as u64);
+        check_size(&approval, size, &sb.config.extensions)?;
+        if let Err(r) = self.check_limits(t, bytes.is_some(), size)? {
+            *only_limited = Some((ri, approval.resolved.rel.clone(), bytes));
+            return Err(r);
+        }
+        // Hashed last, and for a simulation only, which reports it: an action refused
+        // above never needs it, and a real write hashes what it finds under the target's
+        // lock.
+        let before_checksum = match &current {
+            Some(Virtual::File(Some(b))) if !executable => {
+                Some(sha256_hex(b.of(&self.plan.actions)))
+            }
+            _ => None,
+        };
+        Ok(Prepared {
+            approval,
+            bytes,
+            before_checksum,
+        })
+    }
+
+    /// What an action finds at its target (`key` in `sketch`): what an earlier action
+    /// of the plan leaves there, else what is on disk, its bytes read only where the
+    /// result depends on them or a simulation reports their checksum. A file too large
+    /// for the action is refused from its size before its bytes are read or hashed.
+    fn found_at(
+        &self,
+        sketch: &Sketch,
+        key: &(usize, String),
+        approval: &Approval,
+        a: &Action,
+        executable: bool,
+    ) -> Verdict<Option<Virtual>> {
+        let rel = &approval.resolved.rel;
+        Ok(match sketch.tree.get(key) {
+            // As for a file on disk (a thousand appends past the limit of a large file an
+            // earlier action makes would each copy and hash it).
+            Some(v @ Virtual::File(Some(b))) => {
+                check_existing_size(approval.op, a, rel, b.of(&self.plan.actions).len() as u64)?;
+                Some(v.clone())
+            }
+            Some(v) => Some(v.clone()),
+            None => match approval.target.as_ref().map(|t| t.kind) {
+                Some(TargetKind::File { size, .. }) => {
+                    check_existing_size(approval.op, a, rel, size)?;
+                    let needed = approval.op.reads_target()
+                        || (!executable && size <= approval.op.max_size_bytes.unwrap_or(0));
+                    Some(Virtual::File(if needed {
+                        let ri = approval.resolved.root_index;
+                        let read = self.sb.roots[ri].read_file(rel, MAX_SNAPSHOT_BYTES)?;
+                        Some(Bytes::Made(Arc::new(read)))
+                    } else {
+                        None
+                    }))
+                }
+                Some(TargetKind::Directory) => Some(Virtual::Dir),
+                _ => None,
+            },
+        })
+    }
+
+    /// The workflow's budget (for an action that leaves bytes, `makes_file`, of `size`)
+    /// and the rate limit, counting what the plan's earlier actions take (`t`): the
+    /// inner refusal is a limit's; the outer one, a log that could not be read to count.
+    fn check_limits(&self, t: &mut Tally, makes_file: bool, size: u64) -> Verdict<Verdict> {
+        let sb = self.sb;
+        let wf = &self.plan.workflow_id;
+        if makes_file {
+            let asked = Usage {
+                artifacts: t.planned.artifacts + t.held_back.artifacts,
+                bytes: t.planned.bytes + t.held_back.bytes,
+            };
+            let registered = t.registered.clone()?;
+            if let Err(r) = check_budget(wf, &sb.config.limits, registered, asked, size) {
+                return Ok(Err(r));
+            }
+        }
+        // Every write of the plan that gets this far counts, refused or not: the wait a
+        // refusal names is for all of them, so trying the plan again after it never comes
+        // too early, and a plan over the burst is named as such.
+        t.writes += 1;
+        let per_minute = sb.config.limits.writes_per_minute;
+        let limited = check_rate(
+            wf,
+            per_minute,
+            t.tat.clone()?,
+            t.now,
+            t.writes,
+            t.plan_writes,
+        );
+        if limited.is_err() && makes_file {
+            t.held_back.artifacts += 1;
+            t.held_back.bytes += size;
+        }
+        Ok(limited)
     }
 
     /// Refuses an action id already used in the workflow: recorded on the trail, or with
