@@ -898,21 +898,8 @@ impl Sandbox {
             .copied()
             .filter(|e| in_place(e))
             .collect();
-        if let Some(first) = elsewhere.first() {
-            let mut names: Vec<String> =
-                elsewhere.iter().map(|e| shown_path(&e.action_id)).collect();
-            names.sort_unstable();
-            names.dedup();
-            let (root, advice) = self.absent_root(&first.target_path, "rollback");
-            return Err((
-                ReasonCode::OutsideSandbox,
-                format!(
-                    "{} of workflow {} wrote into {root}, so the workflow cannot be rolled back as a whole (nothing is restored); {advice}, or roll back the other actions one at a time",
-                    named(&names),
-                    shown_path(workflow_id)
-                ),
-                Vec::new(),
-            ));
+        if !elsewhere.is_empty() {
+            return Err(self.written_elsewhere(workflow_id, &elsewhere));
         }
         let have: HashSet<&str> = snaps
             .iter()
@@ -941,28 +928,13 @@ impl Sandbox {
                 })
         });
         if pruned_but_present {
-            return Err((
-                ReasonCode::NoRollbackData,
-                format!(
-                    "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
-                    shown_path(workflow_id)
-                ),
-                Vec::new(),
-            ));
+            return Err(half_pruned(workflow_id));
         }
         if let (false, Some(e)) = (missing.is_empty(), damaged_marks) {
             return Err(unread("the workflow's prune record", e));
         }
         if !missing.is_empty() {
-            return Err((
-                ReasonCode::NoRollbackData,
-                format!(
-                    "the snapshots of {} are missing from .rollback/{}/ in their root although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so the workflow cannot be rolled back as a whole (nothing is restored); restore the folders, or roll back the other actions one at a time",
-                    named(&missing),
-                    workflow_id
-                ),
-                Vec::new(),
-            ));
+            return Err(snapshots_missing(workflow_id, &missing));
         }
         // One action undone under a later action of the workflow on the same file (or a
         // path beneath or above it) would leave that later action recorded as in place
@@ -995,6 +967,29 @@ impl Sandbox {
             return Err(refusal);
         }
         Ok((chosen, pruned))
+    }
+
+    /// The refusal of a workflow's rollback whose writes `elsewhere` went into a root
+    /// this process lacks.
+    fn written_elsewhere(
+        &self,
+        workflow_id: &str,
+        elsewhere: &[&SandboxAuditEntry],
+    ) -> RollbackRefusal {
+        let mut names: Vec<String> = elsewhere.iter().map(|e| shown_path(&e.action_id)).collect();
+        names.sort_unstable();
+        names.dedup();
+        let target = elsewhere.first().map_or("", |e| e.target_path.as_str());
+        let (root, advice) = self.absent_root(target, "rollback");
+        (
+            ReasonCode::OutsideSandbox,
+            format!(
+                "{} of workflow {} wrote into {root}, so the workflow cannot be rolled back as a whole (nothing is restored); {advice}, or roll back the other actions one at a time",
+                named(&names),
+                shown_path(workflow_id)
+            ),
+            Vec::new(),
+        )
     }
 
     /// Why a rollback of `action` (or the whole workflow) finds nothing left to roll
@@ -2086,4 +2081,30 @@ fn named_at_most(items: &[String], n: usize) -> String {
         0 => shown,
         more => format!("{shown} and {more} more"),
     }
+}
+
+/// The refusal of a rollback of a workflow a prune left half done.
+fn half_pruned(workflow_id: &str) -> RollbackRefusal {
+    (
+        ReasonCode::NoRollbackData,
+        format!(
+            "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
+            shown_path(workflow_id)
+        ),
+        Vec::new(),
+    )
+}
+
+/// The refusal of a workflow's rollback whose recorded writes have no snapshot
+/// (`missing`: action and path, in words).
+fn snapshots_missing(workflow_id: &str, missing: &[String]) -> RollbackRefusal {
+    (
+        ReasonCode::NoRollbackData,
+        format!(
+            "the snapshots of {} are missing from .rollback/{}/ in their root although the audit trail records their writes (removed, lost with unsynced data, or moved away for the moment: try again first): those files cannot be restored, so the workflow cannot be rolled back as a whole (nothing is restored); restore the folders, or roll back the other actions one at a time",
+            named(missing),
+            workflow_id
+        ),
+        Vec::new(),
+    )
 }
