@@ -613,6 +613,25 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The file's `[limits]` over these, where it gives one.
+    fn take(&mut self, l: RawLimits) {
+        if let Some(v) = l.max_artifacts_per_workflow {
+            self.max_artifacts_per_workflow = v;
+        }
+        if let Some(v) = l.max_workflow_bytes {
+            self.max_workflow_bytes = v;
+        }
+        if let Some(v) = l.writes_per_minute {
+            self.writes_per_minute = v;
+        }
+        if let Some(v) = l.max_path_depth {
+            self.max_path_depth = v;
+        }
+        if let Some(v) = l.lock_wait_seconds {
+            self.lock_wait_seconds = v;
+        }
+    }
+
     /// Each limit within its range.
     fn check(&self) -> Result<(), ConfigError> {
         if self.max_path_depth == 0 || self.max_path_depth > MAX_PATH_DEPTH {
@@ -800,20 +819,38 @@ impl Config {
         let env = |name: &str| env(name).filter(|_| !flags.overrides(name));
         let file = file.unwrap_or_default();
         let mut c = Config::default();
-
-        if let Some(roots) = file.roots {
-            c.roots = roots;
-            c.roots_explicit = true;
+        c.resolve_roots(file.roots, &env, flags)?;
+        c.resolve_state_dir(file.state_dir, &env, flags)?;
+        c.resolve_mode((file.phase, file.enable_write, file.dry_run), &env, flags)?;
+        if let Some(d) = file.durability {
+            c.durability = d;
         }
-        // A variable set to nothing (often an unset shell variable passed on) is an
-        // error, not the defaults: those would be other directories than intended.
-        let non_empty = |name: &str, unset_means: &str, give: &str| match env(name) {
-            Some(v) if v.is_empty() => Err(ConfigError(format!(
-                "{name} is set but empty; unset it to use {unset_means}, or give {give}"
-            ))),
-            v => Ok(v),
-        };
+        if let Some(l) = file.limits {
+            c.limits.take(l);
+        }
+        if let Some(x) = file.extensions {
+            check_extension_lists(&x)?;
+            c.extensions =
+                ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
+        }
+        c.resolve_server(file.server, &env, flags);
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The roots: the file's, then `AI_LAB_SANDBOX_ROOTS`, then `--root`.
+    fn resolve_roots(
+        &mut self,
+        file: Option<Vec<PathBuf>>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<(), ConfigError> {
+        if let Some(roots) = file {
+            self.roots = roots;
+            self.roots_explicit = true;
+        }
         if let Some(v) = non_empty(
+            env,
             env::ROOTS,
             "the configured or default roots",
             "absolute directories separated by ':'",
@@ -833,107 +870,106 @@ impl Config {
                     n + 1
                 )));
             }
-            c.roots = v.split(':').map(PathBuf::from).collect();
-            c.roots_explicit = true;
+            self.roots = v.split(':').map(PathBuf::from).collect();
+            self.roots_explicit = true;
         }
         if !flags.roots.is_empty() {
-            c.roots = flags.roots.clone();
-            c.roots_explicit = true;
+            self.roots = flags.roots.clone();
+            self.roots_explicit = true;
         }
+        Ok(())
+    }
 
-        if let Some(p) = file.state_dir {
-            c.state_dir = p;
-            c.state_dir_explicit = true;
+    /// The state directory: the file's, then `AI_LAB_STATE_DIR`, then `--state-dir`.
+    fn resolve_state_dir(
+        &mut self,
+        file: Option<PathBuf>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<(), ConfigError> {
+        if let Some(p) = file {
+            self.state_dir = p;
+            self.state_dir_explicit = true;
         }
         if let Some(v) = non_empty(
+            env,
             env::STATE_DIR,
             "the configured or default state directory",
             "an absolute directory",
         )? {
-            c.state_dir = PathBuf::from(v);
-            c.state_dir_explicit = true;
+            self.state_dir = PathBuf::from(v);
+            self.state_dir_explicit = true;
         }
         if let Some(p) = &flags.state_dir {
-            c.state_dir = p.clone();
-            c.state_dir_explicit = true;
+            self.state_dir = p.clone();
+            self.state_dir_explicit = true;
         }
+        Ok(())
+    }
 
-        if let Some(p) = file.phase {
-            c.phase = p;
+    /// The phase and the two switches (file, variable, flag; the phase has no
+    /// variable): `phase`, `enable_write` and `dry_run` as the file gives them.
+    fn resolve_mode(
+        &mut self,
+        (phase, enable_write, dry_run): (Option<String>, Option<bool>, Option<bool>),
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<(), ConfigError> {
+        if let Some(p) = flags.phase.clone().or(phase) {
+            self.phase = p;
         }
-        if let Some(p) = &flags.phase {
-            c.phase = p.clone();
-        }
-
-        if let Some(b) = file.enable_write {
-            c.enable_write = b;
+        if let Some(b) = enable_write {
+            self.enable_write = b;
         }
         if let Some(v) = env(env::ENABLE_WRITE) {
-            c.enable_write = parse_bool(env::ENABLE_WRITE, &v)?;
+            self.enable_write = parse_bool(env::ENABLE_WRITE, &v)?;
         }
         if flags.enable_write {
-            c.enable_write = true;
+            self.enable_write = true;
         }
-        if let Some(b) = file.dry_run {
-            c.dry_run = b;
+        if let Some(b) = dry_run {
+            self.dry_run = b;
         }
         if let Some(v) = env(env::DRY_RUN) {
-            c.dry_run = parse_bool(env::DRY_RUN, &v)?;
+            self.dry_run = parse_bool(env::DRY_RUN, &v)?;
         }
         if flags.no_dry_run {
-            c.dry_run = false;
+            self.dry_run = false;
         }
+        Ok(())
+    }
 
-        if let Some(d) = file.durability {
-            c.durability = d;
-        }
-        if let Some(l) = file.limits {
-            if let Some(v) = l.max_artifacts_per_workflow {
-                c.limits.max_artifacts_per_workflow = v;
-            }
-            if let Some(v) = l.max_workflow_bytes {
-                c.limits.max_workflow_bytes = v;
-            }
-            if let Some(v) = l.writes_per_minute {
-                c.limits.writes_per_minute = v;
-            }
-            if let Some(v) = l.max_path_depth {
-                c.limits.max_path_depth = v;
-            }
-            if let Some(v) = l.lock_wait_seconds {
-                c.limits.lock_wait_seconds = v;
-            }
-        }
-        if let Some(x) = file.extensions {
-            check_extension_lists(&x)?;
-            c.extensions =
-                ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
-        }
-        if let Some(s) = file.server {
+    /// The server's address, token and body limit: the file's `[server]`, then the
+    /// token's variable, then the flags.
+    fn resolve_server(
+        &mut self,
+        file: Option<RawServer>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) {
+        if let Some(s) = file {
             if let Some(a) = s.addr {
-                c.addr = a;
+                self.addr = a;
             }
-            c.token = s.token;
+            self.token = s.token;
             if let Some(m) = s.max_body_bytes {
-                c.max_body_bytes = m;
+                self.max_body_bytes = m;
             }
         }
         // An empty token is kept, for `serve` to refuse (it is no token), rather than
         // quietly serving without one.
         if let Some(t) = env(env::TOKEN) {
-            c.token = Some(t);
+            self.token = Some(t);
         }
         if let Some(a) = &flags.addr {
-            c.addr = a.clone();
+            self.addr = a.clone();
         }
         if let Some(t) = &flags.token {
-            c.token = Some(t.clone());
+            self.token = Some(t.clone());
         }
         if let Some(m) = flags.max_body_bytes {
-            c.max_body_bytes = m;
+            self.max_body_bytes = m;
         }
-        c.validate()?;
-        Ok(c)
     }
 
     /// Checks the values without I/O.
@@ -1113,6 +1149,22 @@ impl Config {
         env("HOME")
             .filter(|h| h.starts_with('/'))
             .map(|h| Path::new(&h).join(".local/state/ailab-sandbox"))
+    }
+}
+
+/// The variable `name`, refused when set but empty (often an unset shell variable
+/// passed on): the defaults it would fall back to are other directories than intended.
+fn non_empty(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    unset_means: &str,
+    give: &str,
+) -> Result<Option<String>, ConfigError> {
+    match env(name) {
+        Some(v) if v.is_empty() => Err(ConfigError(format!(
+            "{name} is set but empty; unset it to use {unset_means}, or give {give}"
+        ))),
+        v => Ok(v),
     }
 }
 
