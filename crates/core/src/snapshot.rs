@@ -35,6 +35,11 @@ pub const RESTORED_FILE: &str = "restored.json";
 /// file with other links): the runtime's own may only have been moved aside.
 pub const NOT_ITS_BACKUP: &str = "is not one the runtime wrote";
 
+/// How a failed rollback step's reason (and its audit line's `error`) begins when the
+/// restore was made, its target left as the undo leaves it, and what came after failed
+/// (the root's sync, say): a rollback run again takes the target as its own doing.
+pub const PUT_BACK_UNCONFIRMED: &str = "put back, but not confirmed: ";
+
 /// How a rollback step's `detail` begins when it left a directory in place.
 pub const LEFT_IN_PLACE: &str = "left in place: ";
 /// A directory left in place that holds what is not the workflow's.

@@ -43,12 +43,14 @@ impl Recorded {
 /// What the trail records of one workflow's own actions, read once for a check.
 #[derive(Default)]
 struct WorkflowRecord {
-    /// The writes made (by run and action: their success lines). No artifact records a
-    /// directory: an action that failed, its own undo's mark and lines lost to a full
-    /// disk, leaves nothing else to tell that its directory never stood.
-    writes: HashSet<(String, String)>,
-    /// Actions whose restore failed, with the time of the latest such line.
-    failed_restores: HashMap<String, String>,
+    /// The writes made (by run and action: their latest success line's `seq`). No
+    /// artifact records a directory: an action that failed, its own undo's mark and
+    /// lines lost to a full disk, leaves nothing else to tell that its directory never
+    /// stood.
+    writes: HashMap<(String, String), u64>,
+    /// Actions whose restore was made and then failed
+    /// ([`crate::snapshot::PUT_BACK_UNCONFIRMED`]), with the latest such line's `seq`.
+    put_back: HashMap<String, u64>,
 }
 
 /// What a rollback removes, by root and recorded path: an entry of a directory the
@@ -66,20 +68,22 @@ impl Removes {
     /// rollback does not remove and no claim keeps (another's entry); directories of the
     /// workflow a claim keeps add their claimers to `claimed_by`. One that cannot be
     /// listed is taken to hold another's, unless what failed says nothing of it (out of
-    /// descriptors, a failing disk: `io_error`, which refuses the check).
+    /// descriptors, a failing disk: `io_error`, which refuses an unforced check, to be
+    /// tried again; a forced one leaves the directory in place, as one holding another's).
     fn leaves_in(
         &self,
         sb: &Sandbox,
         (i, rel): (usize, &RelPath),
         meta: &SnapshotMeta,
         claimed_by: &mut Vec<String>,
+        forced: bool,
     ) -> Verdict<bool> {
         let listed = sb
             .fail_at("list_made_dir")
             .and_then(|()| sb.roots[i].list_dir(Some(rel)));
         let entries = match listed {
             Ok(entries) => entries,
-            Err(r) if r.reason_code == ReasonCode::IoError => return Err(r),
+            Err(r) if r.reason_code == ReasonCode::IoError && !forced => return Err(r),
             Err(_) => return Ok(true),
         };
         let mut foreign = false;
@@ -400,7 +404,7 @@ impl Sandbox {
             // action only if the trail records that the action made it.
             let foreign = created_dir
                 && current == TargetState::Directory
-                && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by)?;
+                && removes.leaves_in(self, (*i, &rel), &s.meta, &mut claimed_by, forced)?;
             let restored = || {
                 newer.is_none()
                     && self.left_by_failed_restore(&record, workflow_id, &s.meta, &current)
@@ -413,7 +417,7 @@ impl Sandbox {
                     .as_ref()
                     .is_none_or(|r| {
                         r.writes
-                            .contains(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
+                            .contains_key(&(s.meta.execution_id.clone(), s.meta.action_id.clone()))
                     });
             claimed_by.sort();
             claimed_by.dedup();
@@ -666,13 +670,15 @@ impl Sandbox {
             let rollback = e.mutation_class == Some(crate::catalog::MutationClass::Rollback);
             match e.status {
                 crate::audit::AuditStatus::Success if !rollback => {
-                    r.writes.insert((e.execution_id, e.action_id));
+                    r.writes.insert((e.execution_id, e.action_id), e.seq);
                 }
-                crate::audit::AuditStatus::Failed if rollback => {
-                    let at = r.failed_restores.entry(e.action_id).or_default();
-                    if e.timestamp > *at {
-                        *at = e.timestamp;
-                    }
+                crate::audit::AuditStatus::Failed
+                    if rollback
+                        && e.error.as_deref().is_some_and(|t| {
+                            t.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED)
+                        }) =>
+                {
+                    r.put_back.insert(e.action_id, e.seq);
                 }
                 _ => {}
             }
@@ -680,11 +686,10 @@ impl Sandbox {
         Some(r)
     }
 
-    /// Whether `now`, found at `meta`'s target, is what a restore of it the trail
-    /// records as failed since the snapshot may have left: the restore made, its end
-    /// (the root's sync, a check) failing after. That is the runtime's own doing, not
-    /// someone's change, and restoring again loses nothing. `record` is read when
-    /// first needed.
+    /// Whether `now`, found at `meta`'s target, is what the undo leaves there, and the
+    /// trail records, after the action's write, a restore of it made whose end failed
+    /// (the root's sync, say): the runtime's own doing, not someone's change, and
+    /// restoring again loses nothing. `record` is read when first needed.
     fn left_by_failed_restore(
         &self,
         record: &std::cell::OnceCell<Option<WorkflowRecord>>,
@@ -692,12 +697,19 @@ impl Sandbox {
         meta: &SnapshotMeta,
         now: &TargetState,
     ) -> bool {
-        *now == TargetState::found_by(meta)
-            && record
-                .get_or_init(|| self.workflow_record(workflow_id))
-                .as_ref()
-                .and_then(|r| r.failed_restores.get(&meta.action_id))
-                .is_some_and(|at| at.as_str() >= meta.taken_at.as_str())
+        if *now != TargetState::found_by(meta) {
+            return false;
+        }
+        let Some(r) = record
+            .get_or_init(|| self.workflow_record(workflow_id))
+            .as_ref()
+        else {
+            return false;
+        };
+        let written = r
+            .writes
+            .get(&(meta.execution_id.clone(), meta.action_id.clone()));
+        matches!((written, r.put_back.get(&meta.action_id)), (Some(w), Some(p)) if p > w)
     }
 
     /// The `create_directory` actions (`workflow/action`) that stand for the directory

@@ -1584,9 +1584,22 @@ impl Sandbox {
             let newer_failed = failed_on.get(&(i, meta.original_path.clone()));
             let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed) {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
-                Err(r) => {
+                Err((mut r, reached)) => {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
                         self.metrics.checksum_mismatches(1);
+                    }
+                    // Made, then something after it failed (the root's sync, say): the
+                    // line says so, for a rollback run again to take the target, as the
+                    // undo leaves it, for its own doing rather than someone's change.
+                    if reached
+                        && self.target_state(i, &meta.target())
+                            == super::conflicts::TargetState::found_by(&meta)
+                    {
+                        r.reason = format!(
+                            "{}{}; roll back again to finish",
+                            crate::snapshot::PUT_BACK_UNCONFIRMED,
+                            r.reason
+                        );
                     }
                     failed_on
                         .entry((i, meta.original_path.clone()))
@@ -1762,7 +1775,8 @@ impl Sandbox {
     /// holding `before` ([`Sandbox::found_before`]), then restored (or left as it is
     /// when it holds what the undo leaves), and covered by the sync the mode asks for.
     /// `newer_failed`: the newer action on the same target whose restore failed, and
-    /// why.
+    /// why. A failure says too whether the restore itself was set going (the target may
+    /// have changed).
     fn restore_one(
         &self,
         pass: &Pass<'_>,
@@ -1770,10 +1784,11 @@ impl Sandbox {
         meta: &SnapshotMeta,
         before: &Option<String>,
         newer_failed: Option<&(String, ReasonCode)>,
-    ) -> Result<crate::snapshot::RestoreOutcome, Refusal> {
+    ) -> Result<crate::snapshot::RestoreOutcome, (Refusal, bool)> {
         let root = &self.roots[i];
         let durable = self.fsync_each();
         let (workflow_id, mode, recovering) = (pass.workflow_id, pass.mode, pass.recovering);
+        let reached = std::cell::Cell::new(false);
         match mode {
             RestoreMode::Unchanged if let Some((newer, code)) = newer_failed => {
                 Err(crate::reason::Refusal::new(
@@ -1809,6 +1824,7 @@ impl Sandbox {
         .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
         .and_then(|(change, put)| {
             if change {
+                reached.set(true);
                 let maker = crate::left_dirs::Maker::of(meta);
                 let keep = |d: &str| self.claimed(i, d, &maker);
                 let forced = match mode {
@@ -1845,6 +1861,7 @@ impl Sandbox {
         .and_then(|o| self.cover_target(i, &meta.target()).map(|()| o))
         .and_then(|o| self.sync_point().map(|()| o))
         .and_then(|o| self.fail_at("after_restore").map(|()| o))
+        .map_err(|r| (r, reached.get()))
     }
 
     /// Marks a snapshot restored, with the restore's checksum and the directories it

@@ -3676,6 +3676,15 @@ fn a_restore_made_whose_end_failed_is_finished_unforced() {
         sb.failpoints().arm("after_restore", k);
         let first = rollback(&sb, "wf_s", false);
         assert_ne!(first.status, "rolled_back", "{k}: {first:?}");
+        let failed: Vec<_> = first.steps.iter().filter(|s| !s.restored).collect();
+        assert_eq!(failed.len(), 1, "{k}: {first:?}");
+        assert!(
+            failed[0].reason.as_deref().is_some_and(|r| {
+                r.starts_with("put back, but not confirmed: ")
+                    && r.ends_with("; roll back again to finish")
+            }),
+            "{k}: {first:?}"
+        );
         let again = rollback(&sb, "wf_s", false);
         assert_eq!(again.status, "rolled_back", "{k}: {again:?}");
         assert!(again.conflicts.is_empty(), "{k}: {again:?}");
@@ -3710,4 +3719,53 @@ fn a_made_directory_out_of_descriptors_to_list_is_no_conflict() {
     let again = rollback(&sb, "wf_l", false);
     assert_eq!(again.status, "rolled_back", "{again:?}");
     assert_eq!(w.tree(), before);
+}
+
+/// A restore that failed before it touched its target excuses nothing: a created file
+/// found missing afterwards, its folder moved away with it, is someone else's change, as
+/// without the failed try.
+#[test]
+fn a_restore_that_failed_untouched_excuses_no_later_change() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "dir/x.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    sb.failpoints().arm("during_restore", 1);
+    let first = rollback(&sb, "wf_m", false);
+    assert_eq!(first.status, "failed", "{first:?}");
+    assert!(
+        first.steps[0]
+            .reason
+            .as_deref()
+            .is_some_and(|r| !r.starts_with("put back")),
+        "{first:?}"
+    );
+    std::fs::rename(w.path("dir"), w.path("moved")).unwrap();
+    let again = rollback(&sb, "wf_m", false);
+    assert_eq!(again.reason_code, Some(ReasonCode::Conflict), "{again:?}");
+    assert_eq!(w.read("moved/x.txt"), b"x");
+}
+
+/// Forced, a made directory that cannot be listed blocks nothing: it is left in place,
+/// as one that may hold another's, and the rest of the workflow is rolled back.
+#[test]
+fn a_forced_rollback_leaves_a_made_directory_it_cannot_list() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_lf", "actions": [
+            {"action_id": "a1", "intent": "create_directory", "path": "made"},
+            {"action_id": "a2", "intent": "create_file", "path": "other.txt", "content": "o"}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    sb.failpoints()
+        .arm_errno("list_made_dir", 1, rustix::io::Errno::IO.raw_os_error());
+    let forced = rollback(&sb, "wf_lf", true);
+    assert_ne!(forced.status, "refused", "{forced:?}");
+    assert!(!w.path("other.txt").exists(), "{forced:?}");
 }
