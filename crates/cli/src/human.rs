@@ -192,6 +192,8 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
             safe(&s.intent),
             if s.restored {
                 "restored"
+            } else if s.is_unconfirmed() {
+                "unconfirmed"
             } else {
                 "NOT restored"
             },

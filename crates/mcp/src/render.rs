@@ -481,7 +481,12 @@ pub(crate) fn rollback_result(
             }
         } else {
             format!(
-                "NOT restored ({}): {}",
+                "{} ({}): {}",
+                if s.is_unconfirmed() {
+                    "NOT confirmed"
+                } else {
+                    "NOT restored"
+                },
                 s.reason_code.map_or("-", |c| c.as_str()),
                 s.reason.as_deref().unwrap_or("")
             )

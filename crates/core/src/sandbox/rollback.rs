@@ -166,6 +166,18 @@ pub struct RollbackStep {
 }
 
 impl RollbackStep {
+    /// Whether the step failed after its restore was made (the target holds what the
+    /// undo leaves; what came after, such as the root's sync, failed): its reason
+    /// begins [`crate::snapshot::PUT_BACK_UNCONFIRMED`], and a rollback run again
+    /// finishes it.
+    pub fn is_unconfirmed(&self) -> bool {
+        !self.restored
+            && self
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED))
+    }
+
     /// A step that restored nothing, and why.
     pub(crate) fn failed(meta: &SnapshotMeta, path: String, r: Refusal) -> Self {
         Self {
