@@ -786,7 +786,9 @@ impl Snapshotter {
                 Flush::Nothing
             };
             if let Some(bytes) = backup {
-                write_atomic_flush(&dir, BACKUP_FILE, bytes, 0o600, Put::New, flush)
+                // Straight into the new folder: until `meta.json` is there, recovery
+                // removes a folder holding a backup alone, torn or not.
+                crate::confine::root::write_new_in(&dir, BACKUP_FILE, bytes, 0o600, durable)
                     .map_err(|e| snap_io("write", &e))?;
             }
             let json = key.seal(meta).map_err(|e| snap_io("encode", &e))?;

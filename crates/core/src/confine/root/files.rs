@@ -351,6 +351,12 @@ pub fn write_atomic_flush(
     Ok(())
 }
 
+/// Creates `name` (which must not exist) in `dir` with `bytes` directly, no temporary
+/// file: for a file in a folder just made, whose completeness another file vouches for.
+pub fn write_new_in(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
+    write_new_file(dir, name, bytes, mode, None, sync)
+}
+
 /// The owner and group of the regular file `name` in `dir`, if there is one.
 fn owner_now(dir: &Dir, name: &str) -> Option<(u32, u32)> {
     dir.symlink_metadata(name)

@@ -131,7 +131,7 @@ pub(crate) use access::{
 use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, hash_regular, read_regular, remove_temp_files,
-    sync_dir, temp_name, write_atomic_flush, write_atomic_in,
+    sync_dir, temp_name, write_atomic_flush, write_atomic_in, write_new_in,
 };
 pub(crate) use files::{open_file_in, read_file_in};
 use refusal::{
