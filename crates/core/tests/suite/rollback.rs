@@ -3678,6 +3678,7 @@ fn a_restore_made_whose_end_failed_is_finished_unforced() {
         assert_ne!(first.status, "rolled_back", "{k}: {first:?}");
         let failed: Vec<_> = first.steps.iter().filter(|s| !s.restored).collect();
         assert_eq!(failed.len(), 1, "{k}: {first:?}");
+        assert!(failed[0].is_unconfirmed(), "{k}: {first:?}");
         assert!(
             failed[0].reason.as_deref().is_some_and(|r| {
                 r.starts_with("put back, but not confirmed: ")
@@ -3737,6 +3738,7 @@ fn a_restore_that_failed_untouched_excuses_no_later_change() {
     sb.failpoints().arm("during_restore", 1);
     let first = rollback(&sb, "wf_m", false);
     assert_eq!(first.status, "failed", "{first:?}");
+    assert!(!first.steps[0].is_unconfirmed(), "{first:?}");
     assert!(
         first.steps[0]
             .reason
