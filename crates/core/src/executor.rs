@@ -962,11 +962,70 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     fn execute_actions(mut self) -> RunResult {
         let actions = std::mem::take(&mut self.plan.actions);
+        let (mut results, done, failed) = self.run_each(&actions);
+        let artifacts = self.sb.registry.len().unwrap_or(0);
+        self.sb.metrics.set_artifacts(artifacts);
+        let Some(blocked) = failed else {
+            self.go(WorkflowState::Done);
+            return self.finish(RunStatus::Success, false, None, results);
+        };
+        self.go(WorkflowState::Failed);
+        if blocked {
+            // Refused before anything was written, as validation refuses.
+            let why = DryRunReason::GovernanceBlocked;
+            self.event("dry_run_reason", json!({ "reason": why }));
+            return self.finish(RunStatus::Blocked, false, Some(why), results);
+        }
+        if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
+            if done.is_empty()
+                && self.plan.on_failure == OnFailure::Rollback
+                && self.undo_failed.is_none()
+            {
+                // Nothing of this run remains to undo: the failed action restored itself.
+                self.event("rollback_started", json!({"steps": 0}));
+                self.event("rollback_finished", json!({"steps_rolled_back": 0}));
+                self.go(WorkflowState::RolledBack);
+                return self.finish(RunStatus::RolledBack, false, None, results);
+            }
+            return self.finish(RunStatus::Failed, false, None, results);
+        }
+        self.event("rollback_started", json!({"steps": done.len()}));
+        let steps = self.undo_run(done);
+        // As for a failed action's own undo: a restore whose line could not be appended
+        // (a full disk) leaves the run's record saying so, for recovery to audit it.
+        if steps.iter().any(|s| s.unrecorded.is_some()) {
+            self.unrecorded.set(true);
+        }
+        let all_ok = steps.iter().all(|s| s.restored);
+        undone_in(&mut results, &steps);
+        self.event(
+            "rollback_finished",
+            json!({"steps_rolled_back": steps.iter().filter(|s| s.restored).count(), "all_restored": all_ok}),
+        );
+        if all_ok && self.undo_failed.is_none() {
+            self.go(WorkflowState::RolledBack);
+            self.finish(RunStatus::RolledBack, false, None, results)
+        } else {
+            self.finish(RunStatus::Failed, false, None, results)
+        }
+    }
+
+    /// Runs the actions in order until one fails or is refused; those after it are
+    /// skipped. Gives every action's result, the snapshots of those done, and, when one
+    /// did not go through, whether it was refused (`Some(true)`) or failed.
+    fn run_each(
+        &mut self,
+        actions: &[Action],
+    ) -> (
+        Vec<ActionResult>,
+        Vec<(usize, StoredSnapshot)>,
+        Option<bool>,
+    ) {
         let mut results: Vec<ActionResult> = Vec::new();
         let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
-        let (mut failed, mut blocked) = (false, false);
+        let mut failed: Option<bool> = None;
         for (i, a) in actions.iter().enumerate() {
-            if failed {
+            if let Some(blocked) = failed {
                 let mut res = self.base_result(a, op_for_intent(&a.intent), ActionStatus::Skipped);
                 res.reason = Some(
                     if blocked {
@@ -997,7 +1056,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     results.push(res);
                 }
                 Err(res) => {
-                    blocked = res.status == ActionStatus::Blocked;
+                    let blocked = res.status == ActionStatus::Blocked;
                     let (result, event) = if blocked {
                         (ActionStatus::Blocked, "action_blocked")
                     } else {
@@ -1009,48 +1068,27 @@ impl<'a> SandboxWriteExecutor<'a> {
                         json!({"action_id": a.id(), "reason_code": res.reason_code}),
                     );
                     results.push(*res);
-                    failed = true;
+                    failed = Some(blocked);
                 }
             }
         }
-        let artifacts = self.sb.registry.len().unwrap_or(0);
-        self.sb.metrics.set_artifacts(artifacts);
-        if !failed {
-            self.go(WorkflowState::Done);
-            return self.finish(RunStatus::Success, false, None, results);
-        }
-        self.go(WorkflowState::Failed);
-        if blocked {
-            // Refused before anything was written, as validation refuses.
-            let why = DryRunReason::GovernanceBlocked;
-            self.event("dry_run_reason", json!({ "reason": why }));
-            return self.finish(RunStatus::Blocked, false, Some(why), results);
-        }
-        if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
-            if done.is_empty()
-                && self.plan.on_failure == OnFailure::Rollback
-                && self.undo_failed.is_none()
-            {
-                // Nothing of this run remains to undo: the failed action restored itself.
-                self.event("rollback_started", json!({"steps": 0}));
-                self.event("rollback_finished", json!({"steps_rolled_back": 0}));
-                self.go(WorkflowState::RolledBack);
-                return self.finish(RunStatus::RolledBack, false, None, results);
-            }
-            return self.finish(RunStatus::Failed, false, None, results);
-        }
-        self.event("rollback_started", json!({"steps": done.len()}));
-        let wf = self.plan.workflow_id.clone();
+        (results, done, failed)
+    }
+
+    /// The plan's rollback after a failure: the actions `done` restored newest first,
+    /// under their targets' locks (a step each that failed when those cannot be had).
+    fn undo_run(&self, done: Vec<(usize, StoredSnapshot)>) -> Vec<crate::sandbox::RollbackStep> {
+        let wf = &self.plan.workflow_id;
         // An undo goes on while earlier restores wait for the trail: its own lines then
         // wait after them.
         let held = self.sb.lock_targets_for_undo(
-            &wf,
+            wf,
             done.iter().map(|(i, s)| (*i, s.meta.target())).collect(),
         );
-        let steps = match held {
+        match held {
             Ok((_held, waiting)) => self.sb.restore_all(
                 &self.execution_id,
-                &wf,
+                wf,
                 done.into_iter().rev().collect(),
                 RollbackReason::WorkflowFailed,
                 crate::sandbox::RestoreMode::Unchanged,
@@ -1064,43 +1102,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                     crate::sandbox::RollbackStep::failed(&s.meta, path, r.clone())
                 })
                 .collect(),
-        };
-        // As for a failed action's own undo: a restore whose line could not be appended
-        // (a full disk) leaves the run's record saying so, for recovery to audit it.
-        if steps.iter().any(|s| s.unrecorded.is_some()) {
-            self.unrecorded.set(true);
-        }
-        let all_ok = steps.iter().all(|s| s.restored);
-        for s in &steps {
-            let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) else {
-                continue;
-            };
-            if s.restored {
-                r.status = ActionStatus::RolledBack;
-            } else {
-                // Still `success`: its write stands. Say why, and what to do.
-                r.reason_code = s.reason_code;
-                let why = s.reason.as_deref().unwrap_or("its restore failed");
-                // A step's reason may say what to do already.
-                let advice = if why.contains("roll back again") {
-                    ""
-                } else {
-                    "; roll the workflow back once that is put right"
-                };
-                r.reason = Some(format!(
-                    "written, and not undone by the plan's rollback: {why}{advice}"
-                ));
-            }
-        }
-        self.event(
-            "rollback_finished",
-            json!({"steps_rolled_back": steps.iter().filter(|s| s.restored).count(), "all_restored": all_ok}),
-        );
-        if all_ok && self.undo_failed.is_none() {
-            self.go(WorkflowState::RolledBack);
-            self.finish(RunStatus::RolledBack, false, None, results)
-        } else {
-            self.finish(RunStatus::Failed, false, None, results)
         }
     }
 
@@ -1791,6 +1792,31 @@ fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
         },
         || format!("could not {what}: {}", crate::error::state_io_words(e)),
     )
+}
+
+/// The plan's rollback `steps` told in the `results` of the actions they undid: rolled
+/// back, or still `success` (its write stands) with why and what to do.
+fn undone_in(results: &mut [ActionResult], steps: &[crate::sandbox::RollbackStep]) {
+    for s in steps {
+        let Some(r) = results.iter_mut().find(|r| r.action_id == s.action_id) else {
+            continue;
+        };
+        if s.restored {
+            r.status = ActionStatus::RolledBack;
+        } else {
+            r.reason_code = s.reason_code;
+            let why = s.reason.as_deref().unwrap_or("its restore failed");
+            // A step's reason may say what to do already.
+            let advice = if why.contains("roll back again") {
+                ""
+            } else {
+                "; roll the workflow back once that is put right"
+            };
+            r.reason = Some(format!(
+                "written, and not undone by the plan's rollback: {why}{advice}"
+            ));
+        }
+    }
 }
 
 /// A log that cannot be read to count a limit refuses the write, rather than counting
