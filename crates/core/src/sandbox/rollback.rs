@@ -1370,9 +1370,9 @@ impl Sandbox {
         }
     }
 
-    /// Writes the workflow's record saying the rollback `execution_id` is under way,
-    /// returning it for the rollback to finish.
-    fn mark_rolling_back(
+    /// Writes the workflow's record saying the rollback `execution_id` (or a failed
+    /// run's own) is under way, returning it for the rollback to finish.
+    pub(crate) fn mark_rolling_back(
         &self,
         workflow_id: &str,
         execution_id: &str,

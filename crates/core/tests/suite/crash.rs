@@ -4494,3 +4494,42 @@ fn a_made_directory_the_trail_never_recorded_and_that_is_gone_rolls_back() {
         "{rb:?}"
     );
 }
+
+/// A run that failed, killed while its plan's rollback was under way: the next start
+/// records the restores made, redoes none of what they undid (under `batched` the
+/// commit log held the undone actions' entries, and a replay put their bytes back), and
+/// says what is left for a rollback run again, which restores it all.
+#[test]
+fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Batched, Durability::Strict, Durability::Relaxed] {
+        let (w, c, original) = seeded(durability);
+        let sb = w.open(c.clone());
+        // The fourth action fails before its commit and leaves its target untouched (the
+        // first restore); the plan's rollback, newest first, removes new/c.txt, then dies
+        // right after restoring d/b.txt, before its mark.
+        sb.failpoints().arm("before_commit", 4);
+        sb.failpoints().arm_crash("after_restore", 3);
+        let mut p = plan_json();
+        p["on_failure"] = json!("rollback");
+        p["actions"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+        assert!(outcome.is_err(), "{durability:?}");
+        drop(sb);
+        let sb = w.open(c);
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
+        assert!(!w.path("new/c.txt").exists(), "{durability:?}");
+        assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
+        let told = sb.notices().join("\n");
+        assert!(
+            told.contains("not rolled back, which rolling it back again restores"),
+            "{durability:?}: {told}"
+        );
+        let again = sb.rollback_workflow("wf_crash", &Default::default());
+        assert_eq!(again.status, "rolled_back", "{durability:?}: {again:?}");
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
