@@ -1163,7 +1163,7 @@ impl Sandbox {
             String::new()
         } else if its.is_empty() {
             format!(
-                "; the audit trail records nothing of {what}: check the ids (each write's result, and its line on the trail, name its workflow and action)"
+                "; the audit trail records nothing of {what}: check the ids (each write's result, and its line on the trail, name its workflow and action), unless a run of it stopped before its first write (a start's notice then says it recovered that run)"
             )
         } else if its.iter().all(|s| *s == AuditStatus::Simulated) {
             format!(
@@ -2117,7 +2117,7 @@ fn half_pruned(workflow_id: &str) -> RollbackRefusal {
     (
         ReasonCode::NoRollbackData,
         format!(
-            "a prune of workflow {} stopped half way, so some of its snapshots are gone; run prune again to finish it before rolling back",
+            "a prune of workflow {} stopped half way, so its snapshots may be gone or going; run prune again to finish it: the writes it covered can no longer be rolled back (later ones can)",
             shown_path(workflow_id)
         ),
         Vec::new(),
