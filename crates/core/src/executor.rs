@@ -1088,10 +1088,11 @@ impl<'a> SandboxWriteExecutor<'a> {
         // As a rollback begins: the workflow's commit log emptied, so that no later
         // replay redoes what this undoes, and the record saying a rollback is under way,
         // so that a start after this process dies records the restores made and says
-        // what is left to roll back (unless a failed action's own undo failed: its record
-        // stays active, for recovery to check that action against the disk).
+        // what is left to roll back; unless a failed action's own undo failed: the log
+        // is emptied all the same, but the record stays active, for recovery to check
+        // that action against the disk.
         let held = held.and_then(|h| match self.undo_failed {
-            Some(_) => Ok(h),
+            Some(_) => self.sb.settle_commit_log(wf).map(|_| h),
             None => self
                 .sb
                 .mark_rolling_back(wf, &self.execution_id, &done)

@@ -4518,6 +4518,8 @@ fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
             .push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}));
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
         assert!(outcome.is_err(), "{durability:?}");
+        // A process that dies makes no last sync point, which would empty the log.
+        sb.failpoints().arm("batch_sync", 1);
         drop(sb);
         let sb = w.open(c);
         assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
@@ -4531,5 +4533,34 @@ fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
         let again = sb.rollback_workflow("wf_crash", &Default::default());
         assert_eq!(again.status, "rolled_back", "{durability:?}: {again:?}");
         assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
+
+/// The same when the failed action's own undo failed too (its record stays active, for
+/// recovery to check that action): the commit log is emptied before the plan's rollback
+/// all the same, so that a start after it dies redoes none of what it undid.
+#[test]
+fn a_failed_run_whose_undo_failed_killed_in_its_own_rollback_redoes_nothing() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Batched, Durability::Strict, Durability::Relaxed] {
+        let (w, c, _) = seeded(durability);
+        let sb = w.open(c.clone());
+        // The third action (logged: it makes no folder) fails at its audit line, its own
+        // undo fails, and the plan's rollback dies right after restoring d/b.txt, before
+        // its mark.
+        sb.failpoints().arm("before_audit", 3);
+        sb.failpoints().arm("during_restore", 1);
+        sb.failpoints().arm_crash("after_restore", 1);
+        let mut p = plan_json();
+        p["on_failure"] = json!("rollback");
+        p["actions"][2] = json!({"intent": "create_file", "path": "z.txt", "content": "z\n"});
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+        assert!(outcome.is_err(), "{durability:?}");
+        // A process that dies makes no last sync point, which would empty the log.
+        sb.failpoints().arm("batch_sync", 1);
+        drop(sb);
+        let sb = w.open(c);
+        assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
+        assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
     }
 }
