@@ -32,9 +32,17 @@ impl Sandbox {
                 _ => {}
             }
         }
-        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
+        let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
+        // A failed run's own rollback (its record names the run, whose snapshots carry
+        // its id) undid that run's actions alone; a rollback's own id names none.
+        if snaps
+            .iter()
+            .any(|(_, s)| s.meta.execution_id == rec.execution_id)
+        {
+            snaps.retain(|(_, s)| s.meta.execution_id == rec.execution_id);
+        }
         let removed;
         (report.unjudged, removed) = self.unjudged(
             rec,

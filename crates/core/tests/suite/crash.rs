@@ -4564,3 +4564,47 @@ fn a_failed_run_whose_undo_failed_killed_in_its_own_rollback_redoes_nothing() {
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
     }
 }
+
+/// A failed run's rollback cut short is judged by the run's own actions: an earlier run
+/// of the workflow is neither counted as left to roll back nor recorded as restored
+/// (its file removed by hand looked like a restore made).
+#[test]
+fn a_failed_run_killed_in_its_own_rollback_leaves_earlier_runs_out_of_it() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c.clone());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_crash", "actions": [
+            {"action_id": "e1", "intent": "create_file", "path": "e.txt", "content": "e\n"},
+            {"action_id": "e2", "intent": "create_file", "path": "gone.txt", "content": "g\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{:?}", r.actions);
+    std::fs::remove_file(w.path("gone.txt")).unwrap();
+    // The fourth action fails before its commit (its undo, the first mark); the plan's
+    // rollback dies after marking its last restore (a.txt), before that line.
+    sb.failpoints().arm("before_commit", 4);
+    sb.failpoints().arm_crash("after_mark", 4);
+    let mut p = plan_json();
+    p["on_failure"] = json!("rollback");
+    p["actions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}));
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+    assert!(outcome.is_err());
+    drop(sb);
+    let sb = w.open(c);
+    let told = sb.notices().join("\n");
+    assert!(!told.contains("not rolled back"), "{told}");
+    assert!(told.contains("1 restore it made recorded"), "{told}");
+    assert_eq!(w.read("e.txt"), b"e\n");
+    let undone: Vec<String> = sb
+        .audit_entries(100, Some("wf_crash"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .map(|e| e.action_id)
+        .collect();
+    assert!(!undone.iter().any(|a| a == "e1" || a == "e2"), "{undone:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
