@@ -4495,6 +4495,25 @@ fn a_made_directory_the_trail_never_recorded_and_that_is_gone_rolls_back() {
     );
 }
 
+/// Runs `plan_json` in `sb` with `on_failure: rollback` and its actions as `edit` leaves
+/// them, `sb` armed to die in the plan's own rollback; the process dies without the last
+/// sync point that would empty its commit log, and the next start's sandbox is returned.
+fn die_in_its_own_rollback(
+    w: &World,
+    c: ailab_sandbox_core::Config,
+    sb: ailab_sandbox_core::Sandbox,
+    edit: impl FnOnce(&mut Vec<serde_json::Value>),
+) -> ailab_sandbox_core::Sandbox {
+    let mut p = plan_json();
+    p["on_failure"] = json!("rollback");
+    edit(p["actions"].as_array_mut().unwrap());
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
+    assert!(outcome.is_err(), "{:?}", c.durability);
+    sb.failpoints().arm("batch_sync", 1);
+    drop(sb);
+    w.open(c)
+}
+
 /// A run that failed, killed while its plan's rollback was under way: the next start
 /// records the restores made, redoes none of what they undid (under `batched` the
 /// commit log held the undone actions' entries, and a replay put their bytes back), and
@@ -4510,18 +4529,9 @@ fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
         // right after restoring d/b.txt, before its mark.
         sb.failpoints().arm("before_commit", 4);
         sb.failpoints().arm_crash("after_restore", 3);
-        let mut p = plan_json();
-        p["on_failure"] = json!("rollback");
-        p["actions"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}));
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-        assert!(outcome.is_err(), "{durability:?}");
-        // A process that dies makes no last sync point, which would empty the log.
-        sb.failpoints().arm("batch_sync", 1);
-        drop(sb);
-        let sb = w.open(c);
+        let sb = die_in_its_own_rollback(&w, c, sb, |a| {
+            a.push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}))
+        });
         assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
         assert!(!w.path("new/c.txt").exists(), "{durability:?}");
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
@@ -4551,15 +4561,9 @@ fn a_failed_run_whose_undo_failed_killed_in_its_own_rollback_redoes_nothing() {
         sb.failpoints().arm("before_audit", 3);
         sb.failpoints().arm("during_restore", 1);
         sb.failpoints().arm_crash("after_restore", 1);
-        let mut p = plan_json();
-        p["on_failure"] = json!("rollback");
-        p["actions"][2] = json!({"intent": "create_file", "path": "z.txt", "content": "z\n"});
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-        assert!(outcome.is_err(), "{durability:?}");
-        // A process that dies makes no last sync point, which would empty the log.
-        sb.failpoints().arm("batch_sync", 1);
-        drop(sb);
-        let sb = w.open(c);
+        let sb = die_in_its_own_rollback(&w, c, sb, |a| {
+            a[2] = json!({"intent": "create_file", "path": "z.txt", "content": "z\n"})
+        });
         assert_eq!(w.read("d/b.txt"), b"beta\n", "{durability:?}");
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
     }
@@ -4584,16 +4588,9 @@ fn a_failed_run_killed_in_its_own_rollback_leaves_earlier_runs_out_of_it() {
     // rollback dies after marking its last restore (a.txt), before that line.
     sb.failpoints().arm("before_commit", 4);
     sb.failpoints().arm_crash("after_mark", 4);
-    let mut p = plan_json();
-    p["on_failure"] = json!("rollback");
-    p["actions"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}));
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-    assert!(outcome.is_err());
-    drop(sb);
-    let sb = w.open(c);
+    let sb = die_in_its_own_rollback(&w, c, sb, |a| {
+        a.push(json!({"intent": "create_file", "path": "z.txt", "content": "z\n"}))
+    });
     let told = sb.notices().join("\n");
     assert!(!told.contains("not rolled back"), "{told}");
     assert!(told.contains("1 restore it made recorded"), "{told}");
