@@ -286,7 +286,9 @@ pub fn verify(v: &VerifyReport) {
     }
 }
 
-pub fn artifacts(list: &[ArtifactEntry]) {
+/// `undone`: the ids whose write was rolled back, marked so that no listed version is
+/// taken for what its file holds.
+pub fn artifacts(list: &[ArtifactEntry], undone: &[String]) {
     let id_w = column(8, list.iter().map(|a| a.artifact_id.as_str()));
     let intent_w = column(18, list.iter().map(|a| safe(&a.mutation_type)));
     out!(
@@ -298,24 +300,26 @@ pub fn artifacts(list: &[ArtifactEntry]) {
     );
     for a in list {
         out!(
-            "{:<id_w$} {:<intent_w$} {:<12} {:>9} {}",
+            "{:<id_w$} {:<intent_w$} {:<12} {:>9} {}{}",
             a.artifact_id,
             safe(&a.mutation_type),
             short(Some(&a.checksum_sha256)),
             a.size_bytes,
-            safe(&a.path)
+            safe(&a.path),
+            rolled_back_mark(undone, a)
         );
     }
 }
 
-pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
+pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry], undone: &[String]) {
     out!(
-        "{}  {}  {}  {} bytes  sha256 {}",
+        "{}  {}  {}  {} bytes  sha256 {}{}",
         a.artifact_id,
         safe(&a.mutation_type),
         safe(&a.path),
         a.size_bytes,
-        a.checksum_sha256
+        a.checksum_sha256,
+        rolled_back_mark(undone, a)
     );
     out!(
         "  workflow {}  action {}  created {}",
@@ -328,12 +332,21 @@ pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry]) {
     }
     for (i, p) in lineage.iter().enumerate() {
         out!(
-            "  {}└ {}  {}  {}",
+            "  {}└ {}  {}  {}{}",
             "  ".repeat(i),
             p.artifact_id,
             safe(&p.mutation_type),
-            short(Some(&p.checksum_sha256))
+            short(Some(&p.checksum_sha256)),
+            rolled_back_mark(undone, p)
         );
+    }
+}
+
+fn rolled_back_mark(undone: &[String], a: &ArtifactEntry) -> String {
+    if undone.contains(&a.artifact_id) {
+        paint("  (rolled back)", false)
+    } else {
+        String::new()
     }
 }
 

@@ -940,7 +940,9 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
                     if json {
                         print_json(&serde_json::json!({"artifact": artifact, "lineage": lineage}))?;
                     } else {
-                        human::artifact_show(&artifact, &lineage);
+                        let mut undone = sandbox.rolled_back_ids(&lineage)?;
+                        undone.extend(sandbox.rolled_back_ids(std::slice::from_ref(&artifact))?);
+                        human::artifact_show(&artifact, &lineage, &undone);
                     }
                     Ok(EXIT_OK)
                 }
@@ -961,7 +963,7 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
             if json {
                 print_json(&list)?
             } else {
-                human::artifacts(&list)
+                human::artifacts(&list, &sandbox.rolled_back_ids(&list)?)
             }
             Ok(EXIT_OK)
         }

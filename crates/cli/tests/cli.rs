@@ -361,6 +361,61 @@ fn run_simulates_by_default_and_writes_when_enabled() {
     assert!(!e.root.join("n1.txt").exists());
 }
 
+/// The registry keeps every version, an undone one too: the people's listings mark the
+/// artifacts whose write was rolled back, lest one be taken for what its file holds.
+#[test]
+fn artifacts_mark_rolled_back_writes_for_people() {
+    let e = env();
+    let plan = e.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "m.txt", "content": "v1"},
+            {"action_id": "a2", "intent": "sandbox_transform", "path": "m.txt",
+             "edits": [{"old": "v1", "new": "v2"}]}]}),
+    );
+    assert_eq!(
+        e.live(&["run", plan.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+    let out = e.live(&["rollback", "wf_m", "--action", "a2"]);
+    assert_eq!(json_out(&out)["status"], "rolled_back");
+    assert_eq!(std::fs::read(e.root.join("m.txt")).unwrap(), b"v1");
+    let list = json_out(&e.cmd().args(["--json", "artifacts"]).output().unwrap());
+    let (undone, standing) = (&list[0], &list[1]);
+    assert_eq!(undone["action_id"], "a2");
+    let table = e.cmd().arg("artifacts").output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let line_of = |a: &Value| {
+        let id = a["artifact_id"].as_str().unwrap().to_owned();
+        table
+            .lines()
+            .find(|l| l.starts_with(&id))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(line_of(undone).ends_with("m.txt  (rolled back)"), "{table}");
+    assert!(line_of(standing).ends_with("/m.txt"), "{table}");
+    // One artifact and its lineage, each marked for itself.
+    let id = undone["artifact_id"].as_str().unwrap();
+    let shown = e.cmd().args(["artifacts", "show", id]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert!(lines[0].ends_with("(rolled back)"), "{shown}");
+    assert!(
+        lines[2].contains(standing["artifact_id"].as_str().unwrap()),
+        "{shown}"
+    );
+    assert!(!lines[2].contains("rolled back"), "{shown}");
+    // The documents `--json` prints keep the SPEC's shape.
+    let doc = json_out(
+        &e.cmd()
+            .args(["--json", "artifacts", "show", id])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(doc.as_object().unwrap().len(), 2, "{doc}");
+}
+
 #[test]
 fn plan_from_stdin_and_bad_plans() {
     let e = env();

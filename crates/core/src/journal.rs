@@ -142,6 +142,10 @@ impl Journal {
     }
 
     /// Whether the file is empty.
+    #[cfg_attr(
+        not(feature = "failpoints"),
+        expect(dead_code, reason = "the pair of `len`, for the tests")
+    )]
     pub fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
     }

@@ -171,7 +171,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
 /// A directory an action created that its restore had to leave because it was not empty
 /// then (a later action of the workflow or another workflow, not rolled back, or
 /// someone else had a file in it). Kept by identity as well as by path, so that a later
-/// restore removes it once it is empty (see [`crate::left_dirs`]), and never a
+/// restore removes it once it is empty (see `left_dirs`), and never a
 /// directory of the same name someone made since.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LeftDir {

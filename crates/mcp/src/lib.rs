@@ -635,7 +635,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         // Whose write was rolled back, so that no listed file is taken for what it holds.
         let listed = move |sb: &Sandbox| {
             let list = sb.artifacts(limit, wf.as_deref())?;
-            let undone = rolled_back_ids(sb, &list)?;
+            let undone = sb.rolled_back_ids(&list)?;
             Ok::<_, ailab_sandbox_core::Error>((list, undone))
         };
         match self.blocking(listed).await {
@@ -682,8 +682,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             // The artifact's own mark, and its lineage's (listed as list_artifacts does).
             let (undone, lineage_undone) = match &found {
                 Some((a, lineage)) => (
-                    !rolled_back_ids(sb, std::slice::from_ref(a))?.is_empty(),
-                    rolled_back_ids(sb, lineage)?,
+                    !sb.rolled_back_ids(std::slice::from_ref(a))?.is_empty(),
+                    sb.rolled_back_ids(lineage)?,
                 ),
                 None => (false, Vec::new()),
             };
@@ -1134,29 +1134,6 @@ fn undone_mark(undone: bool) -> &'static str {
     }
 }
 
-/// The ids of the artifacts in `list` whose write the trail records as rolled back. A
-/// trail that cannot be read fails the call: listed unmarked, an undone write would be
-/// taken for standing.
-fn rolled_back_ids(
-    sb: &Sandbox,
-    list: &[ailab_sandbox_core::artifact::ArtifactEntry],
-) -> Result<Vec<String>, ailab_sandbox_core::Error> {
-    let mut undone = Vec::new();
-    for a in list {
-        let rolled_back = sb
-            .audit_log()
-            .is_rolled_back(&a.workflow_id, &a.action_id)
-            .map_err(|cause| ailab_sandbox_core::Error::Io {
-                what: "read the audit trail",
-                cause,
-            })?;
-        if rolled_back {
-            undone.push(a.artifact_id.clone());
-        }
-    }
-    Ok(undone)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -1269,14 +1246,14 @@ mod tests {
             !root.join("cancelled.txt").exists(),
             "a cancelled call wrote"
         );
-        let audited = sandbox.audit_log().list(100, None).unwrap();
+        let audited = sandbox.audit_entries(100, None).unwrap();
         assert!(
             audited
                 .iter()
                 .all(|e| !e.target_path.ends_with("cancelled.txt")),
             "{audited:?}"
         );
-        assert_eq!(sandbox.registry().len().unwrap(), 1);
+        assert_eq!(sandbox.artifacts(100, None).unwrap().len(), 1);
         drop((input, answers));
         session.await.unwrap().unwrap();
     }

@@ -141,7 +141,7 @@ pub struct AuditRecord {
 }
 
 impl SandboxAuditEntry {
-    /// SHA-256 over the entry's line as [`crate::journal::write_line`] writes it, without
+    /// SHA-256 over the entry's line as `journal::write_line` writes it, without
     /// `entry_hash` and the newline.
     pub fn compute_hash(&self) -> String {
         self.hash_of(Form::Line)

@@ -610,7 +610,7 @@ impl StateDir {
     }
 
     /// A workflow's commit log file (`inflight/{workflow}.log`, see
-    /// [`crate::commit_log`]); `None` when it does not exist.
+    /// `commit_log`); `None` when it does not exist.
     pub fn commit_log_file(&self, workflow_id: &str) -> io::Result<Option<CommitLogFile>> {
         match self.open_file(
             &Self::commit_log_rel(workflow_id),
@@ -923,7 +923,7 @@ impl StateFile {
 }
 
 /// A commit log file: positioned reads and writes, and syncs (the format is
-/// [`crate::commit_log`]'s).
+/// `commit_log`'s).
 #[derive(Debug)]
 pub struct CommitLogFile {
     file: File,

@@ -342,14 +342,18 @@ impl Sandbox {
         self.metrics.encode()
     }
 
-    /// The artifact registry, to read. An entry registered through it has no snapshot,
-    /// governance or audit line behind it: writes go through plans.
+    /// The artifact registry itself, for the crash tests. Embedders read through
+    /// [`Sandbox::artifacts`] and [`Sandbox::artifact_with_lineage`]: an entry registered
+    /// here would have no snapshot, governance or audit line behind it.
+    #[cfg(feature = "failpoints")]
     pub fn registry(&self) -> &ArtifactRegistry {
         &self.registry
     }
 
-    /// The audit log, to read. A line appended through it is chained like any other but
-    /// stands for no write the runtime made: writes go through plans.
+    /// The audit log itself, for the crash tests. Embedders read through
+    /// [`Sandbox::audit_entries`], [`Sandbox::audit_stats`] and [`Sandbox::audit_verify`]:
+    /// a line appended here would stand for no write the runtime made.
+    #[cfg(feature = "failpoints")]
     pub fn audit_log(&self) -> &AuditLog {
         &self.audit
     }

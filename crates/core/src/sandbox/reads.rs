@@ -348,6 +348,24 @@ impl Sandbox {
             .map_err(Error::io("read the artifact registry"))?;
         Ok(Some((a, lineage)))
     }
+
+    /// The ids of the artifacts in `list` whose write the audit trail records as rolled
+    /// back: the registry keeps every version, so a listing shows these apart lest an
+    /// undone write be taken for what its file holds. A trail that cannot be read is an
+    /// error, not an empty answer.
+    pub fn rolled_back_ids(&self, list: &[ArtifactEntry]) -> Result<Vec<String>, Error> {
+        let mut undone = Vec::new();
+        for a in list {
+            if self
+                .audit
+                .is_rolled_back(&a.workflow_id, &a.action_id)
+                .map_err(Error::io("read the audit trail"))?
+            {
+                undone.push(a.artifact_id.clone());
+            }
+        }
+        Ok(undone)
+    }
 }
 
 /// Refuses an id a read is given that could not be one (see [`crate::plan::check_id`]).

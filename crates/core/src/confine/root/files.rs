@@ -574,7 +574,7 @@ pub fn temp_name() -> String {
 
 impl SandboxRoot {
     /// Removes the temporary files of the processes that made `made_by` (run ids, see
-    /// [`crate::ids`]) beside `rel` that are hard links to it: what a writer killed
+    /// `ids`) beside `rel` that are hard links to it: what a writer killed
     /// between linking its temporary file into place and unlinking the temporary name
     /// (where the filesystem lacks `RENAME_NOREPLACE`) left. Returns how many.
     pub fn remove_temp_links_of(&self, rel: &RelPath, made_by: &[&str]) -> usize {
@@ -612,7 +612,7 @@ impl SandboxRoot {
 
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
-/// With `made_by` (the id of a run, see [`crate::ids`]), only those made by the process
+/// With `made_by` (the id of a run, see `ids`), only those made by the process
 /// that made that id: another process's may belong to a write under way. Returns how
 /// many were removed.
 pub fn remove_temp_files(dir: &Dir, depth: usize, made_by: Option<&str>) -> io::Result<usize> {
