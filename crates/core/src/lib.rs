@@ -66,40 +66,31 @@
 #[macro_use]
 mod wire_enum;
 
+/// Internals the crash tests reach into: public only in the test builds (the
+/// `failpoints` feature), so that an embedder cannot append to a log behind the
+/// runtime's back.
+macro_rules! internals_public_to_tests {
+    ($($module:ident),*) => {$(
+        #[cfg(feature = "failpoints")]
+        pub mod $module;
+        #[cfg(not(feature = "failpoints"))]
+        mod $module;
+    )*};
+}
+internals_public_to_tests!(commit_log, failpoint, ids, journal, left_dirs, seal);
+
 pub mod artifact;
 pub mod audit;
 pub mod budget;
 pub mod catalog;
 pub mod clock;
-// Internals the crash tests reach into: public only in the test builds (the `failpoints`
-// feature), so that an embedder cannot append to a log behind the runtime's back.
-#[cfg(feature = "failpoints")]
-pub mod commit_log;
-#[cfg(not(feature = "failpoints"))]
-mod commit_log;
 pub mod config;
 pub mod confine;
 pub mod context;
 mod error;
 pub mod executor;
-#[cfg(feature = "failpoints")]
-pub mod failpoint;
-#[cfg(not(feature = "failpoints"))]
-mod failpoint;
 pub(crate) mod group_commit;
 pub mod hash;
-#[cfg(feature = "failpoints")]
-pub mod ids;
-#[cfg(not(feature = "failpoints"))]
-mod ids;
-#[cfg(feature = "failpoints")]
-pub mod journal;
-#[cfg(not(feature = "failpoints"))]
-mod journal;
-#[cfg(feature = "failpoints")]
-pub mod left_dirs;
-#[cfg(not(feature = "failpoints"))]
-mod left_dirs;
 pub mod metrics;
 pub mod plan;
 pub mod policy;
@@ -107,10 +98,6 @@ mod probes;
 pub mod reason;
 pub(crate) mod recovery;
 pub mod sandbox;
-#[cfg(feature = "failpoints")]
-pub mod seal;
-#[cfg(not(feature = "failpoints"))]
-mod seal;
 pub mod shape_words;
 pub mod snapshot;
 mod timed_lock;
