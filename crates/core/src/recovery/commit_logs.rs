@@ -92,18 +92,7 @@ impl Sandbox {
         let before = record().or_else(|| entries.last().map(|e| e.record.clone()));
         let mut swept = Recovered::default();
         if let Some(r) = &before {
-            let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
-            let dirs = entries
-                .iter()
-                .filter_map(|e| {
-                    let i = self
-                        .roots
-                        .iter()
-                        .position(|r| r.is_named_by(&e.meta.root))?;
-                    Some((i, e.meta.target().parent_components().to_vec()))
-                })
-                .collect();
-            self.remove_dead_temp_files(&earlier, dirs, &mut swept);
+            self.sweep_before_replay(r, &entries, &mut swept);
             self.claim(r);
         }
         let Replayed {
@@ -121,18 +110,7 @@ impl Sandbox {
         if !kept.is_empty()
             && let Some(r) = rec.as_mut()
         {
-            r.finished = false;
-            if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
-                r.state = "active".to_owned();
-            }
-            for &i in &kept {
-                if !r.roots.contains(&entries[i].meta.root) {
-                    r.roots.push(entries[i].meta.root.clone());
-                }
-            }
-            if let Err(e) = self.write_record(r, self.durable()) {
-                tracing::warn!(error = %e, workflow = %wf, "could not name a missing root in a run record");
-            }
+            self.name_kept_roots(r, &entries, &kept);
         }
         let dead = rec.as_ref().filter(|r| needs_recovery(r));
         // A replay that could not put every target's bytes in place leaves the run
@@ -155,18 +133,10 @@ impl Sandbox {
         // Entries for a root not configured now stay, alone, for a start that has it:
         // their writes were acknowledged, and the others must not be replayed again.
         let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
-        let concluded = if !complete {
+        let concluded = complete && self.empty_replayed_log(wf, &file, &keep);
+        if !complete {
             tracing::error!(workflow = %wf, "a commit log could not be replayed in full; it is kept for the next start");
-            false
-        } else if let Err(r) = self.sync_logged_writes() {
-            tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
-            false
-        } else if let Err(e) = crate::commit_log::retain(&file, &keep) {
-            tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
-            false
-        } else {
-            true
-        };
+        }
         if let Some(r) = dead
             && !report.retry
         {
@@ -197,6 +167,61 @@ impl Sandbox {
         let told = !complete
             || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))));
         told.then_some(report)
+    }
+
+    /// Removes what earlier replays or recoveries of this log that died (every maker
+    /// of `r` but the run itself) left beside the logged targets.
+    fn sweep_before_replay(
+        &self,
+        r: &InflightRecord,
+        entries: &[CommitEntry],
+        swept: &mut Recovered,
+    ) {
+        let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
+        let dirs = entries
+            .iter()
+            .filter_map(|e| {
+                let i = self
+                    .roots
+                    .iter()
+                    .position(|r| r.is_named_by(&e.meta.root))?;
+                Some((i, e.meta.target().parent_components().to_vec()))
+            })
+            .collect();
+        self.remove_dead_temp_files(&earlier, dirs, swept);
+    }
+
+    /// Names in the run record the roots of the entries `kept` (for roots not
+    /// configured now), so that until a start that has them replays those entries, no
+    /// run, rollback or prune of the workflow here empties the log.
+    fn name_kept_roots(&self, r: &mut InflightRecord, entries: &[CommitEntry], kept: &[usize]) {
+        r.finished = false;
+        if !matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED) {
+            r.state = "active".to_owned();
+        }
+        for &i in kept {
+            if !r.roots.contains(&entries[i].meta.root) {
+                r.roots.push(entries[i].meta.root.clone());
+            }
+        }
+        if let Err(e) = self.write_record(r, self.durable()) {
+            tracing::warn!(error = %e, workflow = %r.workflow_id, "could not name a missing root in a run record");
+        }
+    }
+
+    /// After a replay in full: the replayed writes made durable, then the log emptied
+    /// but for `keep`. False (logged) when either fails: the log stays for the next
+    /// start.
+    fn empty_replayed_log(&self, wf: &str, file: &CommitLogFile, keep: &[CommitEntry]) -> bool {
+        if let Err(r) = self.sync_logged_writes() {
+            tracing::warn!(reason = %r.reason, "cannot sync after replaying a commit log");
+            false
+        } else if let Err(e) = crate::commit_log::retain(file, keep) {
+            tracing::warn!(error = %e, workflow = %wf, "cannot empty a commit log");
+            false
+        } else {
+            true
+        }
     }
 
     /// Redoes what a commit log's entries committed and the disk lost: each entry's

@@ -2,6 +2,8 @@
 //! audited, and the rollback is left for the operator to run again.
 
 use super::*;
+use crate::audit::SandboxAuditEntry;
+use crate::snapshot::SnapshotMeta;
 
 impl Sandbox {
     /// A rollback died. It restored targets newest first and recorded each step after
@@ -16,22 +18,11 @@ impl Sandbox {
             rollback: true,
             ..Recovered::default()
         };
-        let mut done: HashMap<String, Option<String>> = HashMap::new();
         // Read, or nothing is judged: an empty view would take every step for undone.
         let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
             return report;
         };
-        for e in entries {
-            match e.status {
-                AuditStatus::Success => {
-                    done.insert(e.action_id, e.after_checksum);
-                }
-                AuditStatus::RolledBack => {
-                    done.remove(&e.action_id);
-                }
-                _ => {}
-            }
-        }
+        let done = standing_results(entries);
         let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
@@ -76,56 +67,17 @@ impl Sandbox {
                 report.not_rolled_back += 1;
                 continue;
             }
-            // Restored: the target is as the action found it and not as it left it.
-            // Compared as states, not checksums: a directory has none, and a removed
-            // `create_directory` is told from a standing one only by what is there.
-            let now = self.target_state(i, &s.meta.target());
-            let as_left = if s.meta.is_directory_action() {
-                TargetState::Directory
-            } else {
-                after
-                    .clone()
-                    .map_or(TargetState::Missing, TargetState::File)
-            };
-            if now != TargetState::found_by(&s.meta) || now == as_left {
-                settled.insert(key);
-                report.not_rolled_back += 1;
-                continue;
+            match self.dead_restore(rec, i, &s.meta, after) {
+                DeadRestore::NotMade => {
+                    settled.insert(key);
+                    report.not_rolled_back += 1;
+                }
+                DeadRestore::Unmarked => {}
+                DeadRestore::Marked(line) => {
+                    records.push(*line);
+                    report.restores_recorded += 1;
+                }
             }
-            let current = now.checksum();
-            // The dead rollback put the target back; the directories its action made on
-            // the way are finished here as the restore would have (removed, or left on
-            // the ledger).
-            let left = self.settle_created_dirs(i, &s.meta);
-            // What the restore replaced is on no mark: the trail's last word on the
-            // target says what it held (another workflow's change, under a forced
-            // rollback), else the action's own result. Kept on the mark, for a start
-            // that audits it should this one's line not be written.
-            let before = self
-                .last_recorded(i, &s.meta.target())
-                .map_or_else(|| after.clone(), |l| l.after_checksum);
-            if let Err(r) = self.mark_restored(
-                i,
-                &s.meta,
-                &rec.execution_id,
-                &current,
-                &left,
-                Restorer::Recovery {
-                    found: Some(&before),
-                },
-            ) {
-                tracing::warn!(reason = %r, "could not mark a snapshot restored");
-                continue;
-            }
-            records.push(self.rollback_record(
-                &rec.execution_id,
-                &rec.workflow_id,
-                i,
-                &s.meta,
-                before,
-                current,
-            ));
-            report.restores_recorded += 1;
         }
         // Each restore is marked before its line is written: lines that cannot be written
         // now are written from the marks by a later try, for which the record is kept
@@ -144,6 +96,65 @@ impl Sandbox {
             }
         }
         report
+    }
+
+    /// One unmarked snapshot of an action the trail says stands (`after`: what it left),
+    /// newest first for its target: whether the dead rollback restored it, and if so
+    /// its mark, written now, and its trail line to write.
+    fn dead_restore(
+        &self,
+        rec: &InflightRecord,
+        i: usize,
+        meta: &SnapshotMeta,
+        after: &Option<String>,
+    ) -> DeadRestore {
+        // Restored: the target is as the action found it and not as it left it.
+        // Compared as states, not checksums: a directory has none, and a removed
+        // `create_directory` is told from a standing one only by what is there.
+        let now = self.target_state(i, &meta.target());
+        let as_left = if meta.is_directory_action() {
+            TargetState::Directory
+        } else {
+            after
+                .clone()
+                .map_or(TargetState::Missing, TargetState::File)
+        };
+        if now != TargetState::found_by(meta) || now == as_left {
+            return DeadRestore::NotMade;
+        }
+        let current = now.checksum();
+        // The dead rollback put the target back; the directories its action made on
+        // the way are finished here as the restore would have (removed, or left on
+        // the ledger).
+        let left = self.settle_created_dirs(i, meta);
+        // What the restore replaced is on no mark: the trail's last word on the
+        // target says what it held (another workflow's change, under a forced
+        // rollback), else the action's own result. Kept on the mark, for a start
+        // that audits it should this one's line not be written.
+        let before = self
+            .last_recorded(i, &meta.target())
+            .map_or_else(|| after.clone(), |l| l.after_checksum);
+        if let Err(r) = self.mark_restored(
+            i,
+            meta,
+            &rec.execution_id,
+            &current,
+            &left,
+            Restorer::Recovery {
+                found: Some(&before),
+            },
+        ) {
+            tracing::warn!(reason = %r, "could not mark a snapshot restored");
+            return DeadRestore::Unmarked;
+        }
+        DeadRestore::Marked(Box::new(self.rollback_record(
+            &rec.execution_id,
+            &rec.workflow_id,
+            i,
+            meta,
+            before,
+            current,
+        )))
     }
 
     /// A restore is marked in its snapshot folder, then audited; a process that died
@@ -240,4 +251,33 @@ impl Sandbox {
         records.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(records)
     }
+}
+
+/// What the dead rollback did to one target, as [`Sandbox::dead_restore`] finds it.
+enum DeadRestore {
+    /// Not restored (the target is not as the action found it, or still as it left
+    /// it): the walk for that target ends.
+    NotMade,
+    /// Restored, but its mark could not be written (logged): left for a later start.
+    Unmarked,
+    /// Restored and marked: the trail line to write.
+    Marked(Box<AuditRecord>),
+}
+
+/// What each action of a workflow's trail `entries` left (its result's checksum), of
+/// those not rolled back since.
+fn standing_results(entries: Vec<SandboxAuditEntry>) -> HashMap<String, Option<String>> {
+    let mut done = HashMap::new();
+    for e in entries {
+        match e.status {
+            AuditStatus::Success => {
+                done.insert(e.action_id, e.after_checksum);
+            }
+            AuditStatus::RolledBack => {
+                done.remove(&e.action_id);
+            }
+            _ => {}
+        }
+    }
+    done
 }
