@@ -1333,6 +1333,19 @@ impl<'a> SandboxWriteExecutor<'a> {
         target: &str,
     ) -> ActionWrite<'b> {
         let sb = self.sb;
+        let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
+        // The directories the write may make: those its snapshot records, no others
+        // (for create_directory, the directory itself counts last).
+        let make = Make::From(if checked.kind == TargetKind::Missing {
+            existing
+        } else {
+            checked.rel.components().len()
+        });
+        // The outcome is known before anything is written: the registry entry and the
+        // success record are prepared here, so that a snapshot can carry them as its
+        // commit record.
+        let after = checked.bytes.as_deref().map(sha256_hex);
+        let mut meta = self.snapshot_meta(a, approval, &checked, res, existing, after.clone());
         let Checked {
             ri,
             rel,
@@ -1341,25 +1354,6 @@ impl<'a> SandboxWriteExecutor<'a> {
             stamp,
             bytes,
         } = checked;
-        let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
-        // The directories the write may make: those its snapshot records, no others
-        // (for create_directory, the directory itself counts last).
-        let make = Make::From(if kind == TargetKind::Missing {
-            existing
-        } else {
-            rel.components().len()
-        });
-        let parents = rel.parent_components();
-        let mut created_dirs: Vec<String> = (existing..parents.len())
-            .map(|d| parents[..=d].join("/"))
-            .collect();
-        if approval.op.is_directory() && kind == TargetKind::Missing {
-            created_dirs.push(rel.as_string());
-        }
-        // The outcome is known before anything is written: the registry entry and the
-        // success record are prepared here, so that a snapshot can carry them as its
-        // commit record.
-        let after = bytes.as_deref().map(sha256_hex);
         let left = match &after {
             Some(sum) => crate::sandbox::TargetState::File(sum.clone()),
             None => crate::sandbox::TargetState::Directory,
@@ -1373,33 +1367,6 @@ impl<'a> SandboxWriteExecutor<'a> {
                 res.before_checksum.as_deref(),
             )),
             _ => None,
-        };
-        let mut meta = SnapshotMeta {
-            format: 1,
-            snapshot_id: crate::ids::unique(),
-            workflow_id: self.plan.workflow_id.clone(),
-            action_id: a.id().to_owned(),
-            execution_id: self.execution_id.clone(),
-            root: sb.root_paths[ri].display().to_string(),
-            original_path: rel.as_string(),
-            existed: kind != TargetKind::Missing,
-            kind: match kind {
-                TargetKind::File { .. } => SnapshotKind::File,
-                TargetKind::Directory => SnapshotKind::Directory,
-                TargetKind::Missing => SnapshotKind::Missing,
-            },
-            size_bytes: before.as_ref().map(|b| b.len() as u64),
-            sha256: res.before_checksum.clone(),
-            mode: match kind {
-                TargetKind::File { mode, .. } => Some(mode),
-                _ => None,
-            },
-            intent: a.intent.clone(),
-            mutation_class: approval.op.mutation_class,
-            created_dirs,
-            taken_at: sb.now(),
-            after_sha256: after.clone(),
-            commit: None,
         };
         let mut done = res.clone();
         done.status = ActionStatus::Success;
@@ -1459,6 +1426,55 @@ impl<'a> SandboxWriteExecutor<'a> {
             put,
             make,
             staged_name,
+        }
+    }
+
+    /// The record of the snapshot [`Self::plan_write`] plans (no commit record yet):
+    /// what stands at the target, the `existing` of its parents (those beyond are the
+    /// directories the write makes), and `after`, the new bytes' checksum.
+    fn snapshot_meta(
+        &self,
+        a: &Action,
+        approval: &Approval,
+        checked: &Checked<'_>,
+        res: &ActionResult,
+        existing: usize,
+        after: Option<String>,
+    ) -> SnapshotMeta {
+        let Checked { ri, rel, kind, .. } = checked;
+        let parents = rel.parent_components();
+        let mut created_dirs: Vec<String> = (existing..parents.len())
+            .map(|d| parents[..=d].join("/"))
+            .collect();
+        if approval.op.is_directory() && *kind == TargetKind::Missing {
+            created_dirs.push(rel.as_string());
+        }
+        SnapshotMeta {
+            format: 1,
+            snapshot_id: crate::ids::unique(),
+            workflow_id: self.plan.workflow_id.clone(),
+            action_id: a.id().to_owned(),
+            execution_id: self.execution_id.clone(),
+            root: self.sb.root_paths[*ri].display().to_string(),
+            original_path: rel.as_string(),
+            existed: *kind != TargetKind::Missing,
+            kind: match kind {
+                TargetKind::File { .. } => SnapshotKind::File,
+                TargetKind::Directory => SnapshotKind::Directory,
+                TargetKind::Missing => SnapshotKind::Missing,
+            },
+            size_bytes: checked.before.as_ref().map(|b| b.len() as u64),
+            sha256: res.before_checksum.clone(),
+            mode: match kind {
+                TargetKind::File { mode, .. } => Some(*mode),
+                _ => None,
+            },
+            intent: a.intent.clone(),
+            mutation_class: approval.op.mutation_class,
+            created_dirs,
+            taken_at: self.sb.now(),
+            after_sha256: after,
+            commit: None,
         }
     }
 

@@ -1506,36 +1506,10 @@ impl RollbackEngine {
                 }
             }
             TargetKind::Directory => {
-                // Another action's result now, or holding what is not the
-                // workflow's in a forced rollback: left in place, as a directory
-                // the restore had to leave, so a later restore removes it once it
-                // is empty and no one's. Unforced, something put in it since the
-                // rollback's check is a change it never saw: a conflict.
-                let claimed = keep(&meta.original_path);
-                let removed = !claimed && root.remove_empty_dir(rel, None, durable)?;
-                if !removed && !claimed && forced == Forced::No {
-                    return Err(Refusal::new(
-                        ReasonCode::Conflict,
-                        format!(
-                            "{} is a directory that is no longer empty; it was left in place",
-                            shown_path(&meta.original_path)
-                        ),
-                    ));
-                }
-                if !removed {
-                    let mut left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
-                    if let Some(id) = root.dir_id(rel)? {
-                        left_dirs.push(LeftDir {
-                            path: meta.original_path.clone(),
-                            id,
-                        });
-                    }
-                    return Ok(RestoreOutcome {
-                        checksum_validated: true,
-                        restored_checksum: None,
-                        left_dirs,
-                        detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
-                    });
+                if let Some(left) =
+                    Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?
+                {
+                    return Ok(left);
                 }
             }
             TargetKind::Missing => {}
@@ -1577,20 +1551,57 @@ impl RollbackEngine {
                     } else {
                         Self::absent_detail(meta)
                     };
-                    if !left_dirs.is_empty() {
-                        let names: Vec<String> =
-                            left_dirs.iter().map(|l| shown_path(&l.path)).collect();
-                        d.push_str(&format!(
-                            "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
-                            names.join(", ")
-                        ));
-                    }
+                    d.push_str(&left_dirs_words(&left_dirs));
                     d
                 }),
                 left_dirs,
             }),
             Err(r) => Ok(unverified(meta, r)),
         }
+    }
+
+    /// [`Self::restore_absent`] of a directory standing where the action made one:
+    /// removed when empty and no one's (`None`: the restore goes on with the folders
+    /// made on the way); else left in place, as a directory the restore had to leave,
+    /// so that a later restore removes it once it is empty and no one's. Unforced,
+    /// something put in it since the rollback's check is a change it never saw: a
+    /// conflict.
+    fn remove_made_directory(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        (durable, forced): (bool, Forced),
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Verdict<Option<RestoreOutcome>> {
+        // Another action's result now, or holding what is not the workflow's in a
+        // forced rollback: kept.
+        let claimed = keep(&meta.original_path);
+        let removed = !claimed && root.remove_empty_dir(rel, None, durable)?;
+        if removed {
+            return Ok(None);
+        }
+        if !claimed && forced == Forced::No {
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{} is a directory that is no longer empty; it was left in place",
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        let mut left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+        if let Some(id) = root.dir_id(rel)? {
+            left_dirs.push(LeftDir {
+                path: meta.original_path.clone(),
+                id,
+            });
+        }
+        Ok(Some(RestoreOutcome {
+            checksum_validated: true,
+            restored_checksum: None,
+            left_dirs,
+            detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
+        }))
     }
 
     /// [`RollbackEngine::restore`] of a directory the action found: made again if gone.
@@ -1640,6 +1651,19 @@ fn unverified(meta: &SnapshotMeta, r: Refusal) -> RestoreOutcome {
             r.reason
         )),
     }
+}
+
+/// The clause a restore's detail ends with when folders the action made on the way
+/// had to stay (empty when none).
+fn left_dirs_words(left_dirs: &[LeftDir]) -> String {
+    if left_dirs.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = left_dirs.iter().map(|l| shown_path(&l.path)).collect();
+    format!(
+        "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
+        names.join(", ")
+    )
 }
 
 #[cfg(test)]
