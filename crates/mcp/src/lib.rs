@@ -533,7 +533,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     let note = if e.name.eq_ignore_ascii_case(".rollback") {
                         "  (reserved: rollback snapshots, never writable)"
                     } else if unaddressable {
-                        "  (control, bidirectional or invisible characters in the name: no tool can address it)"
+                        "  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)"
                     } else if shown_otherwise {
                         "  (shown escaped: the name holds characters readers do not show; give them as they are to address it)"
                     } else if e.not_utf8 {

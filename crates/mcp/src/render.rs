@@ -147,7 +147,7 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         }
         C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
             return format!(
-                "use a path relative to the sandbox root, such as \"{}\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit.",
+                "use a path relative to the sandbox root, such as \"{}\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no look-alikes of '/', '\\' or '..', no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit.",
                 op.map_or_else(
                     || "notes/todo.md".to_owned(),
                     |w| example_file(w.op, w.policy)

@@ -84,6 +84,31 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         )
         .malformed());
     }
+    if let Some(c) = path.chars().find(|c| is_separator_lookalike(*c)) {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!(
+                "the path {} contains U+{:04X}, which looks like a path separator, so that a name reads as folders (`..\\u{{2215}}etc` shows as `../etc`); paths may not contain slash or backslash look-alikes (U+2044, U+2215, U+2216, U+2571, U+29F5, U+29F8, U+29F9, U+FE68, U+FF0F, U+FF3C): name folders with `/`, and use another character within a name",
+                shown_path(path),
+                c as u32
+            ),
+        )
+        .malformed());
+    }
+    if let Some(part) = path.split('/').find(|part| reads_as_dot_component(part)) {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!(
+                "the path {} has a component written with dot look-alikes ({}), which reads as `.` or `..` (`\\u{{2024}}\\u{{2024}}/etc` shows as `../etc`); a path may not have such a component: remove it, or give the name other characters",
+                shown_path(path),
+                part.chars()
+                    .map(|c| format!("U+{:04X}", c as u32))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        )
+        .malformed());
+    }
     let Some(c) = super::unseen::first_unseen(path) else {
         return Ok(());
     };
@@ -96,6 +121,44 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         ),
     )
     .malformed())
+}
+
+/// Whether `c` looks like `/` or `\` (the fraction and division slashes, the set minus,
+/// the fullwidth and small forms, the mathematical and box-drawing diagonals).
+fn is_separator_lookalike(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2044}'
+            | '\u{2215}'
+            | '\u{2216}'
+            | '\u{2571}'
+            | '\u{29F5}'
+            | '\u{29F8}'
+            | '\u{29F9}'
+            | '\u{FE68}'
+            | '\u{FF0F}'
+            | '\u{FF3C}'
+    )
+}
+
+/// Whether a component is written with dot look-alikes (the leaders, the ellipsis, the
+/// small and fullwidth full stops, other scripts' dots) and shows one or two dots: it
+/// reads as `.` or `..` while being a name.
+fn reads_as_dot_component(part: &str) -> bool {
+    let mut dots = 0;
+    let mut lookalike = false;
+    for c in part.chars() {
+        dots += match c {
+            '.' => 1,
+            '\u{2024}' | '\u{FE52}' | '\u{FF0E}' | '\u{0701}' | '\u{0702}' | '\u{A4F8}'
+            | '\u{A60E}' | '\u{10A50}' => 1,
+            '\u{2025}' => 2,
+            '\u{2026}' => 3,
+            _ => return false,
+        };
+        lookalike |= c != '.';
+    }
+    lookalike && dots <= 2
 }
 
 /// Whether `c` is a bidirectional formatting character: an embedding, override or
@@ -407,10 +470,17 @@ pub(crate) fn folded(name: &str) -> String {
 }
 
 /// Whether `c`, in a name, makes it read otherwise than it is written where it is shown:
-/// a control character, a bidirectional formatting character, a line or paragraph
-/// separator, or a code point readers do not show (zero-width ones, fillers). A listing escapes
+/// a character readers do not see ([`is_unseen`]), a look-alike of `/` or `\`, or a dot
+/// leader (`\u{2024}\u{2024}` shows as `..`): a name shown as folders. A listing escapes
 /// such a name.
 pub fn shows_otherwise(c: char) -> bool {
+    is_unseen(c) || is_separator_lookalike(c) || matches!(c, '\u{2024}' | '\u{2025}')
+}
+
+/// Whether `c` is not seen where it is shown: a control character, a bidirectional
+/// formatting character, a line or paragraph separator, or a code point readers do not
+/// show (zero-width ones, fillers).
+pub(crate) fn is_unseen(c: char) -> bool {
     c.is_control() || is_bidi_control(c) || matches!(c, '\u{2028}' | '\u{2029}') || hides_in_text(c)
 }
 

@@ -2,19 +2,19 @@
 //! that scripts and emoji sequences need. Anywhere else such a character only makes one
 //! name look like another (`no\u{200B}tes.md`, `caf\u{E9}\u{FE0F}.md`).
 
-use super::path::shows_otherwise;
+use super::path::is_unseen;
 
-/// The first character of `path` readers do not show ([`shows_otherwise`]) that stands
+/// The first character of `path` readers do not show ([`is_unseen`]) that stands
 /// where no script or emoji sequence needs it.
 pub(crate) fn first_unseen(path: &str) -> Option<char> {
     // Most names hold none: they are not copied.
-    if !path.chars().any(shows_otherwise) {
+    if !path.chars().any(is_unseen) {
         return None;
     }
     let chars: Vec<char> = path.chars().collect();
     chars.iter().enumerate().find_map(|(i, &c)| {
         let next = chars.get(i + 1).copied();
-        (shows_otherwise(c) && !needed(c, &chars[..i], next)).then_some(c)
+        (is_unseen(c) && !needed(c, &chars[..i], next)).then_some(c)
     })
 }
 

@@ -116,6 +116,51 @@ fn bidirectional_formatting_characters_are_refused() {
     assert!(detect_misleading_name("notes/مرحبا.md").is_ok());
 }
 
+/// A character that looks like a path separator, or a component written with dots that
+/// are not `.`, makes a name read as folders (`..\u{2215}etc` shows as `../etc`):
+/// refused, the character named in the reason; the same characters inside a name that
+/// fakes no structure are kept.
+#[test]
+fn separator_and_dot_lookalikes_are_refused() {
+    for (p, named) in [
+        ("..\u{2215}..\u{2215}x.md", "U+2215"),
+        ("notes\u{FF0F}x.md", "U+FF0F"),
+        ("a\u{2044}b.md", "U+2044"),
+        ("a\u{29F8}b.md", "U+29F8"),
+        ("a\u{2571}b.md", "U+2571"),
+        ("a\u{FF3C}b.md", "U+FF3C"),
+        ("a\u{2216}b.md", "U+2216"),
+        ("a\u{FE68}b.md", "U+FE68"),
+        ("\u{2024}\u{2024}/x.md", "U+2024 U+2024"),
+        ("notes/\u{2025}/x.md", "U+2025"),
+        ("\u{FF0E}/x.md", "U+FF0E"),
+        (".\u{FE52}/x.md", "U+002E U+FE52"),
+        ("a/\u{2024}", "U+2024"),
+    ] {
+        let refusal = detect_misleading_name(p).expect_err(p);
+        assert_eq!(refusal.reason_code, ReasonCode::PathTraversal, "{p:?}");
+        assert!(refusal.reason.contains(named), "{p:?}: {}", refusal.reason);
+        // Quoted escaped: the reason itself does not read as folders.
+        let shown_otherwise = ailab_sandbox_core::confine::path::shows_otherwise;
+        assert!(
+            !refusal.reason.chars().any(shown_otherwise),
+            "{}",
+            refusal.reason
+        );
+    }
+    for p in [
+        "notes/\u{2026}.md",
+        "notes/wait\u{2026}/x.md",
+        "\u{2026}/x.md",
+        "notes/a\u{FF0E}b.md",
+        "\u{3002}/x.md",
+        "...",
+        "notes/\u{00B7}/x.md",
+    ] {
+        assert!(detect_misleading_name(p).is_ok(), "{p:?}");
+    }
+}
+
 /// A character readers do not show makes two names look the same (`no\u{200B}tes.md` is
 /// not `notes.md`): refused, named and escaped in the reason, wherever it stands; a
 /// joiner or a selector is kept where a script or an emoji needs it.

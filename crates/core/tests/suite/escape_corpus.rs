@@ -347,19 +347,19 @@ fn cases() -> Vec<Case> {
             name: "lookalike_fullwidth_dots",
             setup: nothing,
             action: |_| create("\u{ff0e}\u{ff0e}/x.txt"),
-            expect: None,
+            expect: Some("path_traversal"),
         },
         Case {
             name: "lookalike_one_dot_leader",
             setup: nothing,
             action: |_| create("\u{2024}\u{2024}/x.txt"),
-            expect: None,
+            expect: Some("path_traversal"),
         },
         Case {
             name: "lookalike_slash",
             setup: nothing,
             action: |_| create("a\u{2215}..\u{2215}x.txt"),
-            expect: None,
+            expect: Some("path_traversal"),
         },
         Case {
             name: "url_encoded_dotdot",

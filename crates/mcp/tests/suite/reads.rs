@@ -174,7 +174,7 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
     let t = text(&r);
     assert!(!t.contains('\u{202E}'), "{t}");
     assert!(
-        t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control, bidirectional or invisible characters in the name: no tool can address it)"),
+        t.contains("'invoice\\u{202e}txt.sh'  (1 byte)  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)"),
         "{t}"
     );
     // A line separator cannot make two lines of one name, nor a zero-width space hide.
@@ -185,10 +185,31 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
     assert!(!t.contains('\u{2028}') && !t.contains('\u{200B}'), "{t}");
     for shown in ["'c\\u{200b}.md'", "'b.md\\u{2028}file      secret.md'"] {
         assert!(
-            t.contains(&format!("{shown}  (1 byte)  (control, bidirectional or invisible characters in the name: no tool can address it)")),
+            t.contains(&format!("{shown}  (1 byte)  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)")),
             "{t}"
         );
     }
+    // A slash or dot look-alike would show a name as folders (`..\u{2215}x.md` as
+    // `../x.md`): escaped too, and refused as a path.
+    std::fs::create_dir(s.path("f")).unwrap();
+    std::fs::write(s.path("f/..\u{2215}x.md"), b"x").unwrap();
+    std::fs::create_dir(s.path("f/\u{2024}\u{2024}")).unwrap();
+    let t = text(&s.ok("list_directory", json!({"path": "f"})).await);
+    assert!(!t.contains('\u{2215}') && !t.contains('\u{2024}'), "{t}");
+    for shown in ["'..\\u{2215}x.md'  (1 byte)", "'\\u{2024}\\u{2024}'/"] {
+        assert!(
+            t.contains(&format!("{shown}  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)")),
+            "{shown}: {t}"
+        );
+    }
+    for path in ["f/..\u{2215}y.md", "f/\u{2024}\u{2024}/y.md"] {
+        let r = s
+            .err("create_file", json!({"path": path, "content": "x"}))
+            .await;
+        assert!(text(&r).contains("path_traversal"), "{}", text(&r));
+    }
+    assert!(!s.path("f/..\u{2215}y.md").exists());
+    assert!(!s.path("f/\u{2024}\u{2024}/y.md").exists());
     // What is said to be escaped is, a filler and a variation selector too, and a long
     // name is shown whole.
     std::fs::create_dir(s.path("e")).unwrap();
