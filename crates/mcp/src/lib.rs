@@ -198,10 +198,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 .join(", "),
             rate = self.sandbox.config().limits.writes_per_minute,
             wf = self.workflow_id,
-            example = ailab_sandbox_core::catalog::op_for_intent("create_file").map_or_else(
-                || "notes/todo.md".to_owned(),
-                |op| render::example_file(op, &self.sandbox.config().extensions)
-            ),
+            example = render::example_written_file(&self.sandbox.config().extensions),
         )
     }
 

@@ -131,6 +131,13 @@ pub(crate) fn example_file(op: &Operation, policy: &ExtensionPolicy) -> String {
     format!("notes/todo{ext}")
 }
 
+/// [`example_file`] of `create_file`: a file this server lets a session write, given as
+/// the example of a file to read or describe too.
+pub(crate) fn example_written_file(policy: &ExtensionPolicy) -> String {
+    ailab_sandbox_core::catalog::op_for_intent("create_file")
+        .map_or_else(|| "notes/todo.md".to_owned(), |op| example_file(op, policy))
+}
+
 /// What a caller should do after a refusal or failure with `code`. Exhaustive on purpose:
 /// a new reason code must be given advice here before the crate compiles.
 pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {

@@ -538,6 +538,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         .map(|op| write_tool(op, sandbox))
         .collect();
     let depth = sandbox.config().limits.max_path_depth;
+    let readable = crate::render::example_written_file(&sandbox.config().extensions);
     let read_limit =
         ailab_sandbox_core::catalog::human_bytes(ailab_sandbox_core::sandbox::READ_LIMIT);
     out.push(ToolSpec::new(
@@ -547,7 +548,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         format!(
             "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
         ),
-        vec![path_field("File to read", "notes/todo.md", true, depth), root_field()],
+        vec![path_field("File to read", &readable, true, depth), root_field()],
         read_only("Read file"),
     ));
     out.push(ToolSpec::new(
@@ -577,7 +578,7 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         ToolKind::GetFileInfo,
         "Get file info".into(),
         "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link ('.' is the top of the root); for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
-        vec![path_field("Path to describe", "notes/todo.md", true, depth), root_field()],
+        vec![path_field("Path to describe", &readable, true, depth), root_field()],
         read_only("Get file info"),
     ));
     out.push(ToolSpec::new(
@@ -749,6 +750,14 @@ mod tests {
             example("write_json")
         );
         assert!(example("create_directory").contains("\"notes/drafts\""));
+        // A file to read or describe: one a session may have written.
+        for read in ["read_file", "get_file_info"] {
+            assert!(
+                example(read).contains("\"notes/todo.txt\""),
+                "{}",
+                example(read)
+            );
+        }
         let Some(op) = ailab_sandbox_core::catalog::op_for_intent("create_file") else {
             panic!("create_file")
         };
