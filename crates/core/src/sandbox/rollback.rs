@@ -1593,7 +1593,19 @@ impl Sandbox {
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
-            let newer_failed = failed_on.get(&(i, meta.original_path.clone()));
+            // A newer step whose snapshot will never restore (its backup damaged or
+            // gone) holds back no forced restore: the older ones give the file what the
+            // workflow found, and nothing can bring that step's bytes back over them.
+            let newer_failed =
+                failed_on
+                    .get(&(i, meta.original_path.clone()))
+                    .filter(|(_, code)| {
+                        !(matches!(mode, RestoreMode::Force)
+                            && matches!(
+                                code,
+                                ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
+                            ))
+                    });
             let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed) {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
                 Err((mut r, reached)) => {
@@ -1802,7 +1814,10 @@ impl Sandbox {
         let (workflow_id, mode, recovering) = (pass.workflow_id, pass.mode, pass.recovering);
         let reached = std::cell::Cell::new(false);
         match mode {
-            RestoreMode::Unchanged if let Some((newer, code)) = newer_failed => {
+            // Forced too (and in recovery): undone beneath the newer action, this one
+            // would be recorded rolled back while that one's restore, once it goes
+            // through, brought its bytes back.
+            _ if let Some((newer, code)) = newer_failed => {
                 Err(crate::reason::Refusal::new(
                     *code,
                     format!(

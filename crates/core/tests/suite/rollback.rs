@@ -3080,33 +3080,48 @@ fn a_directory_made_on_the_way_and_left_is_named() {
 
 /// A restore that fails leaves its file as the newer action wrote it: the older actions
 /// of that file are not called conflicts (someone else's change, to force over) but are
-/// said to wait for the newer one's restore, with its code.
+/// said to wait for the newer one's restore, with its code. Forced too: undone beneath
+/// the newer action, the older one would be recorded rolled back while the newer one's
+/// later restore brought its bytes back.
 #[test]
 fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
-    let (w, sb) = history(b"orig", &[]);
-    run(
-        &sb,
-        json!({"workflow_id": "wf_f", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
-            {"action_id": "a2", "intent": "replace_file", "path": "f.txt", "content": "two"}]}),
-    );
-    sb.failpoints().arm("during_restore", 1);
-    let rb = rollback(&sb, "wf_f", false);
-    assert_eq!(rb.status, "failed", "{rb:?}");
-    let a1 = rb.steps.iter().find(|s| s.action_id == "a1").unwrap();
-    assert!(!a1.restored);
-    assert_eq!(a1.reason_code, Some(ReasonCode::IoError), "{a1:?}");
-    let why = a1.reason.as_deref().unwrap();
-    assert!(
-        why.contains("newer action 'a2'") && !why.contains("force"),
-        "{why}"
-    );
-    assert!(rb.conflicts.is_empty(), "{rb:?}");
-    assert_eq!(w.read("f.txt"), b"two");
-    // Once the failure is gone, a plain rollback finishes.
-    let rb = rollback(&sb, "wf_f", false);
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.read("f.txt"), b"orig");
+    for force in [false, true] {
+        let (w, sb) = history(b"orig", &[]);
+        run(
+            &sb,
+            json!({"workflow_id": "wf_f", "actions": [
+                {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+                {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"},
+                {"action_id": "a3", "intent": "append_file", "path": "f.txt", "content": "+three"}]}),
+        );
+        sb.failpoints().arm("during_restore", 1);
+        let rb = rollback(&sb, "wf_f", force);
+        assert_eq!(rb.status, "failed", "force {force}: {rb:?}");
+        for older in ["a2", "a1"] {
+            let step = rb.steps.iter().find(|s| s.action_id == older).unwrap();
+            assert!(!step.restored, "force {force}: {step:?}");
+            assert_eq!(step.reason_code, Some(ReasonCode::IoError), "{step:?}");
+            let why = step.reason.as_deref().unwrap();
+            assert!(
+                why.contains("newer action 'a3'") && !why.contains("force"),
+                "force {force}: {why}"
+            );
+        }
+        assert!(rb.conflicts.is_empty(), "{rb:?}");
+        assert_eq!(w.read("f.txt"), b"one+two+three", "force {force}");
+        let rolled_back = sb
+            .audit_log()
+            .by_workflow("wf_f")
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+            .count();
+        assert_eq!(rolled_back, 0, "force {force}");
+        // Once the failure is gone, a plain rollback finishes.
+        let rb = rollback(&sb, "wf_f", false);
+        assert_eq!(rb.status, "rolled_back", "force {force}: {rb:?}");
+        assert_eq!(w.read("f.txt"), b"orig", "force {force}");
+    }
 }
 
 /// A simulated rollback that cannot audit itself because another process holds the trail
