@@ -237,6 +237,9 @@ pub struct Recovered {
     pub restores_recorded: usize,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
+    /// Whether that rollback was a failed run's own (`on_failure: rollback`), under
+    /// that run's id, which then undid that run's actions alone.
+    pub failed_run_rollback: bool,
     /// For a dead rollback: the workflow's actions audited as done that are still not
     /// restored (the rollback had not reached them, or it was of another action).
     pub not_rolled_back: usize,

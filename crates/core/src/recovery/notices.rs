@@ -116,16 +116,30 @@ fn rollback_settled(r: &Recovered) -> String {
             counted(r.restores_recorded, "restore")
         )
     };
+    let (whose, of) = if r.failed_run_rollback {
+        ("the run's", "of the run")
+    } else {
+        ("the workflow's", "of the workflow")
+    };
     let left = match r.not_rolled_back {
-        0 => "none of the workflow's writes is left to roll back".to_owned(),
+        0 => format!("none of {whose} writes is left to roll back"),
         n => format!(
-            "{} of the workflow not rolled back, which rolling it back again restores",
+            "{} {of} not rolled back, which rolling the workflow back again restores",
             counted(n, "action")
         ),
     };
+    // A failed run's own rollback (`on_failure: rollback`) goes by that run's id.
+    let which = if r.failed_run_rollback {
+        format!(
+            "the interrupted on_failure rollback of run {}",
+            r.execution_id
+        )
+    } else {
+        format!("interrupted rollback {}", r.execution_id)
+    };
     format!(
-        "recovered interrupted rollback {} of workflow {}: {recorded}; {left}",
-        r.execution_id, r.workflow_id,
+        "recovered {which} of workflow {}: {recorded}; {left}",
+        r.workflow_id,
     )
 }
 

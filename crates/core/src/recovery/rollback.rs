@@ -28,10 +28,10 @@ impl Sandbox {
         };
         // A failed run's own rollback (its record names the run, whose snapshots carry
         // its id) undid that run's actions alone; a rollback's own id names none.
-        if snaps
+        report.failed_run_rollback = snaps
             .iter()
-            .any(|(_, s)| s.meta.execution_id == rec.execution_id)
-        {
+            .any(|(_, s)| s.meta.execution_id == rec.execution_id);
+        if report.failed_run_rollback {
             snaps.retain(|(_, s)| s.meta.execution_id == rec.execution_id);
         }
         let removed;

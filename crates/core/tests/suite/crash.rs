@@ -4536,8 +4536,20 @@ fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
         assert!(!w.path("new/c.txt").exists(), "{durability:?}");
         assert!(sb.audit_verify().unwrap().ok, "{durability:?}");
         let told = sb.notices().join("\n");
+        // Said as the run's own rollback, by the run's id, and of the run's actions.
+        let run_id = sb
+            .audit_entries(100, Some("wf_crash"))
+            .unwrap()
+            .into_iter()
+            .find(|e| e.target_path.ends_with("new/c.txt"))
+            .unwrap()
+            .execution_id;
         assert!(
-            told.contains("not rolled back, which rolling it back again restores"),
+            told.contains(&format!(
+                "recovered the interrupted on_failure rollback of run {run_id} of workflow wf_crash: "
+            )) && told.contains(
+                "1 action of the run not rolled back, which rolling the workflow back again restores"
+            ),
             "{durability:?}: {told}"
         );
         let again = sb.rollback_workflow("wf_crash", &Default::default());
