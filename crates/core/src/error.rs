@@ -224,7 +224,8 @@ pub(crate) fn sync_failed_words(what: &str, e: &std::io::Error) -> String {
     )
 }
 
-/// What to do about a limit of the process, the same wherever it is met.
+/// What to do about a limit of the process, or a device that failed, the same wherever
+/// it is met.
 fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
     use rustix::io::Errno;
     let errno = e.raw_os_error();
@@ -235,6 +236,11 @@ fn limit_advice(e: &std::io::Error) -> Option<&'static str> {
     } else if errno == Some(Errno::FBIG.raw_os_error()) {
         Some(
             "a file reached the largest size allowed: the process's file size limit, ulimit -f, or the filesystem's",
+        )
+    } else if errno == Some(Errno::IO.raw_os_error()) {
+        // The system's words ("Input/output error") say nothing of where to look.
+        Some(
+            "the disk or its filesystem failed to read or write: see the kernel's log (dmesg) and check the disk before trying again",
         )
     } else {
         None
@@ -403,6 +409,12 @@ mod tests {
             said(rustix::io::Errno::MFILE)
         );
         assert!(said(rustix::io::Errno::FBIG).contains("ulimit -f"));
+        assert!(
+            said(rustix::io::Errno::IO).contains("Input/output error")
+                && said(rustix::io::Errno::IO).contains("(dmesg)"),
+            "{}",
+            said(rustix::io::Errno::IO)
+        );
         assert_eq!(said(rustix::io::Errno::NOSPC), "no storage space");
         let start = super::Error::Io {
             what: "open the audit log",

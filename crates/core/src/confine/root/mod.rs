@@ -1247,7 +1247,7 @@ mod tests {
         let eio = root.map_open_error(&rel, io::Error::from_raw_os_error(5));
         assert_eq!(
             eio.reason,
-            "could not write 'locked/f.txt': Input/output error (os error 5)"
+            "could not write 'locked/f.txt': Input/output error (os error 5) (the disk or its filesystem failed to read or write: see the kernel's log (dmesg) and check the disk before trying again)"
         );
     }
 
