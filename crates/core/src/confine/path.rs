@@ -470,9 +470,9 @@ pub(crate) fn folded(name: &str) -> String {
 }
 
 /// Whether `c`, in a name, makes it read otherwise than it is written where it is shown:
-/// a character readers do not see ([`is_unseen`]), a look-alike of `/` or `\`, or a dot
-/// leader (`\u{2024}\u{2024}` shows as `..`): a name shown as folders. A listing escapes
-/// such a name.
+/// a character readers do not see (a control, bidirectional or invisible one), a
+/// look-alike of `/` or `\`, or a dot leader (`\u{2024}\u{2024}` shows as `..`): a name
+/// shown as folders. A listing escapes such a name.
 pub fn shows_otherwise(c: char) -> bool {
     is_unseen(c) || is_separator_lookalike(c) || matches!(c, '\u{2024}' | '\u{2025}')
 }
