@@ -1582,9 +1582,10 @@ impl Sandbox {
         // Why the trail refused a restore's line, once it did (or, given as `hold`, why
         // earlier restores wait to be recorded: these must not pass them).
         let mut held_back: Option<String> = hold;
-        // Targets whose newer restore failed, and the action it was: an older one would
-        // find the file as the newer action left it and call that someone's change.
-        let mut failed_on: HashMap<(usize, String), (String, ReasonCode)> = HashMap::new();
+        // Targets whose newer restore failed, the action it was, and whether that step
+        // will never restore: an older one would find the file as the newer action left
+        // it and call that someone's change.
+        let mut failed_on: HashMap<(usize, String), (String, ReasonCode, bool)> = HashMap::new();
         let pass = Pass {
             workflow_id,
             mode: &mode,
@@ -1593,20 +1594,17 @@ impl Sandbox {
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
-            // A newer step whose snapshot will never restore (its backup damaged or
-            // gone) holds back no forced restore: the older ones give the file what the
-            // workflow found, and nothing can bring that step's bytes back over them.
-            let newer_failed =
-                failed_on
-                    .get(&(i, meta.original_path.clone()))
-                    .filter(|(_, code)| {
-                        !(matches!(mode, RestoreMode::Force)
-                            && matches!(
-                                code,
-                                ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
-                            ))
-                    });
-            let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed) {
+            // A newer step whose snapshot will never restore (its backup found damaged or
+            // gone when read again) holds back no forced restore: the older ones give the
+            // file what the workflow found. Any other failure (one of the moment, or a
+            // restore made but not confirmed) holds them back, forced or not: undone
+            // beneath it, an older action would be recorded rolled back while that
+            // step's restore, once it went through, brought its bytes back.
+            let newer_failed = failed_on
+                .get(&(i, meta.original_path.clone()))
+                .filter(|(_, _, spent)| !(*spent && matches!(mode, RestoreMode::Force)))
+                .map(|(action, code, _)| (action.clone(), *code));
+            let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()) {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
                 Err((mut r, reached)) => {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
@@ -1625,9 +1623,15 @@ impl Sandbox {
                             r.reason
                         );
                     }
-                    failed_on
-                        .entry((i, meta.original_path.clone()))
-                        .or_insert_with(|| (meta.action_id.clone(), r.reason_code));
+                    if let std::collections::hash_map::Entry::Vacant(e) =
+                        failed_on.entry((i, meta.original_path.clone()))
+                    {
+                        let spent = matches!(
+                            r.reason_code,
+                            ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
+                        ) && self.backup_unusable(i, &meta);
+                        e.insert((meta.action_id.clone(), r.reason_code, spent));
+                    }
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
@@ -1690,6 +1694,16 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// Whether `meta`'s backup, read again now, is gone or not the bytes its record
+    /// names: its step will never restore. A directory has none.
+    fn backup_unusable(&self, i: usize, meta: &SnapshotMeta) -> bool {
+        meta.kind == SnapshotKind::File
+            && match Snapshotter::read_backup(&self.roots[i], meta) {
+                Ok(bytes) => Some(crate::hash::sha256_hex(&bytes)) != meta.sha256,
+                Err(r) => r.reason_code == ReasonCode::NoRollbackData,
+            }
     }
 
     /// What `meta`'s target in root `i` holds, as its restore's line records it

@@ -3124,6 +3124,42 @@ fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
     }
 }
 
+/// Force passes over a newer step only when its backup, read again, is damaged or gone:
+/// a step that failed otherwise (here its restore was made, then another program removed
+/// the file before it was read back) holds the older steps of its file back, forced or
+/// not. Undone beneath it, the older action was recorded rolled back, and the newer
+/// one's restore, once it went through, brought the older action's bytes back.
+#[test]
+fn force_passes_over_only_a_newer_backup_found_damaged() {
+    let (w, sb) = history(b"orig", &[]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_p", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+            {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"}]}),
+    );
+    let target = w.path("f.txt");
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || std::fs::remove_file(&target).unwrap()),
+    );
+    let rb = rollback(&sb, "wf_p", true);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    let step = |id: &str| rb.steps.iter().find(|s| s.action_id == id).unwrap().clone();
+    assert_eq!(step("a2").reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    assert!(!step("a1").restored, "{rb:?}");
+    assert!(
+        step("a1").reason.unwrap().contains("newer action 'a2'"),
+        "{rb:?}"
+    );
+    assert!(!w.path("f.txt").exists());
+    // Rolled back again (forced: the file is gone), each step in turn, the oldest last.
+    let rb = rollback(&sb, "wf_p", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A simulated rollback that cannot audit itself because another process holds the trail
 /// is busy (`conflict`), not a failure of the disk.
 #[test]
