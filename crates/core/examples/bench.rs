@@ -1,6 +1,7 @@
 //! Governance overhead, measured: governed writes through the executor against the bare
 //! floor for the same work in the same process, plus rollback, hashing and a large
-//! registry. `cargo run --release -p ailab-sandbox-core --example bench -- [--json] [--quick]`
+//! registry.
+//! `cargo run --release -p ailab-sandbox-core --features internals --example bench -- [--json] [--quick]`
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -66,14 +66,13 @@
 #[macro_use]
 mod wire_enum;
 
-/// Internals the crash tests reach into: public only in the test builds (the
-/// `failpoints` feature), so that an embedder cannot append to a log behind the
-/// runtime's back.
+/// Internals the tests and benchmarks reach into: public only with the `internals`
+/// feature, which an embedder leaves off.
 macro_rules! internals_public_to_tests {
     ($($module:ident),*) => {$(
-        #[cfg(feature = "failpoints")]
+        #[cfg(feature = "internals")]
         pub mod $module;
-        #[cfg(not(feature = "failpoints"))]
+        #[cfg(not(feature = "internals"))]
         mod $module;
     )*};
 }
@@ -109,4 +108,5 @@ pub use error::{Error, INVALID_CONFIG, io_words, is_link_loop};
 pub use executor::{ActionResult, ActionStatus, RunResult, RunStatus};
 pub use plan::Plan;
 pub use reason::{ReasonCode, Refusal, Verdict};
+pub use recovery::Recovered;
 pub use sandbox::Sandbox;

@@ -49,8 +49,15 @@ impl StateDir {
     /// `root::open_checked_dir`; a symlink as the directory itself is followed under the
     /// same rules), or when it is owned by another user or writable by others: it holds
     /// the audit trail, the registry and the seal key that decides which snapshots are
-    /// trusted.
+    /// trusted. Outside the crate only with the `internals` feature: the logs opened
+    /// through it take lines no governance stands behind.
+    #[cfg(feature = "internals")]
     pub fn open(path: &Path) -> io::Result<Self> {
+        Self::open_checked(path)
+    }
+
+    /// [`StateDir::open`], for the `Sandbox`.
+    pub(crate) fn open_checked(path: &Path) -> io::Result<Self> {
         let checked =
             super::root::open_checked_dir_through_link(path, true, STATE_DIR, STATE_DIR_MODE)
                 .map_err(walk_refusal)?;
@@ -96,9 +103,9 @@ impl StateDir {
         })
     }
 
-    /// What [`StateDir::open`] would refuse in what exists of `path` now (a file in its
-    /// place or above it, another user's directory or link on the way, a directory
-    /// others may write in), found without making anything.
+    /// What opening the state directory would refuse in what exists of `path` now (a
+    /// file in its place or above it, another user's directory or link on the way, a
+    /// directory others may write in), found without making anything.
     pub fn probe(path: &Path) -> io::Result<()> {
         match super::root::probe_checked_dir_through_link(path, STATE_DIR).map_err(walk_refusal)? {
             Some(meta) => check_private(&meta, &path.display().to_string()),

@@ -342,18 +342,18 @@ impl Sandbox {
         self.metrics.encode()
     }
 
-    /// The artifact registry itself, for the crash tests. Embedders read through
-    /// [`Sandbox::artifacts`] and [`Sandbox::artifact_with_lineage`]: an entry registered
-    /// here would have no snapshot, governance or audit line behind it.
-    #[cfg(feature = "failpoints")]
+    /// The artifact registry itself, for the tests (`internals` feature). Embedders read
+    /// through [`Sandbox::artifacts`] and [`Sandbox::artifact_with_lineage`]: an entry
+    /// registered here would have no snapshot, governance or audit line behind it.
+    #[cfg(feature = "internals")]
     pub fn registry(&self) -> &ArtifactRegistry {
         &self.registry
     }
 
-    /// The audit log itself, for the crash tests. Embedders read through
+    /// The audit log itself, for the tests (`internals` feature). Embedders read through
     /// [`Sandbox::audit_entries`], [`Sandbox::audit_stats`] and [`Sandbox::audit_verify`]:
     /// a line appended here would stand for no write the runtime made.
-    #[cfg(feature = "failpoints")]
+    #[cfg(feature = "internals")]
     pub fn audit_log(&self) -> &AuditLog {
         &self.audit
     }
@@ -640,7 +640,7 @@ fn open_root(
     opened: &mut Vec<(usize, SandboxRoot)>,
     skipped: &mut Vec<String>,
 ) {
-    match SandboxRoot::open(r, true) {
+    match SandboxRoot::open_checked(r, true) {
         Ok(root) => opened.push((i, root)),
         Err(why) => {
             tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
@@ -749,13 +749,13 @@ fn state_dir_refused(config: &Config, cause: io::Error) -> Error {
 }
 
 fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> {
-    match StateDir::open(&config.state_dir) {
+    match StateDir::open_checked(&config.state_dir) {
         Ok(s) => Ok((s, None)),
         Err(e) if may_fall_back(config) => {
             let Some(fallback) = Config::fallback_state_dir(&|k| std::env::var(k).ok()) else {
                 return Err(state_dir_refused(config, e));
             };
-            let s = StateDir::open(&fallback).map_err(|cause| Error::StateDir {
+            let s = StateDir::open_checked(&fallback).map_err(|cause| Error::StateDir {
                 path: fallback.clone(),
                 cause,
             })?;

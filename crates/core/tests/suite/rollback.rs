@@ -3146,7 +3146,11 @@ fn force_passes_over_only_a_newer_backup_found_damaged() {
     let rb = rollback(&sb, "wf_p", true);
     assert_eq!(rb.status, "failed", "{rb:?}");
     let step = |id: &str| rb.steps.iter().find(|s| s.action_id == id).unwrap().clone();
-    assert_eq!(step("a2").reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+    assert_eq!(
+        step("a2").reason_code,
+        Some(ReasonCode::ChecksumMismatch),
+        "{rb:?}"
+    );
     assert!(!step("a1").restored, "{rb:?}");
     assert!(
         step("a1").reason.unwrap().contains("newer action 'a2'"),

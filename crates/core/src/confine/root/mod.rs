@@ -189,8 +189,15 @@ impl SandboxRoot {
     /// of theirs; a symlink on the way is followed only when it is owned by root or by
     /// this user, and what it leads to is checked the same way. Each check is made on
     /// the open handle that the walk then descends from, so nothing can be swapped in
-    /// between.
+    /// between. Outside the crate only with the `internals` feature: writes through a
+    /// root opened by hand skip governance, the snapshot and the trail.
+    #[cfg(feature = "internals")]
     pub fn open(path: &Path, create: bool) -> Result<Self, String> {
+        Self::open_checked(path, create)
+    }
+
+    /// [`SandboxRoot::open`], for the `Sandbox`.
+    pub(crate) fn open_checked(path: &Path, create: bool) -> Result<Self, String> {
         let shown = path.display();
         let checked = open_checked_dir(path, create, "root", DIR_MODE)?;
         let (dir, opened) = (checked.dir, checked.meta);
