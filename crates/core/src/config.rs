@@ -600,11 +600,18 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// Limits in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[allow(missing_docs)]
 pub struct Limits {
+    /// Artifacts a workflow may register in all its runs (`budget_artifacts_exceeded`
+    /// past it); default [`MAX_ARTIFACTS_PER_WORKFLOW`].
     pub max_artifacts_per_workflow: u64,
+    /// Bytes a workflow may write in all its runs (`budget_bytes_exceeded` past it);
+    /// default [`MAX_WORKFLOW_BYTES`].
     pub max_workflow_bytes: u64,
+    /// Writes a workflow may make per minute (`rate_limited`, with the seconds to wait);
+    /// default [`RATE_LIMIT_WRITES_PER_MIN`].
     pub writes_per_minute: u32,
+    /// Components a path may have (`depth_exceeded` past it); 1 to
+    /// [`MAX_PATH_DEPTH`], the default.
     pub max_path_depth: usize,
     /// How long a write, run or rollback waits for a file, a workflow or a log another
     /// process holds before it gives up (`conflict` for files and workflows): a stopped or

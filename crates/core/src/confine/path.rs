@@ -557,7 +557,10 @@ pub struct ExtensionPolicy {
 /// from, normalised as extensions.
 const UNIT_FOLDER_SUFFIXES: [&str; 4] = [".d", ".wants", ".requires", ".upholds"];
 
-/// Default allow-list.
+/// Default allow-list: `.txt`, `.md`, `.markdown`, `.rst`, `.json`, `.jsonl`, `.yaml`,
+/// `.yml`, `.toml`, `.ini`, `.cfg`, `.conf`, `.csv`, `.tsv`, `.log`, `.xml`, `.html`,
+/// `.css`, `.js`, `.ts`, `.py`, `.sh`, `.sql`, `.diff`, `.patch` (files are never made
+/// executable, whatever their extension).
 pub const DEFAULT_ALLOWED_EXTENSIONS: [&str; 25] = [
     ".txt",
     ".md",
@@ -586,7 +589,9 @@ pub const DEFAULT_ALLOWED_EXTENSIONS: [&str; 25] = [
     ".patch",
 ];
 
-/// Default block-list: systemd unit types and loadable binaries.
+/// Default block-list: systemd unit types and loadable binaries (`.service`, `.socket`,
+/// `.device`, `.mount`, `.automount`, `.swap`, `.target`, `.path`, `.timer`, `.slice`,
+/// `.scope`, `.so`, `.dll`, `.dylib`, `.exe`, `.ko`).
 pub const DEFAULT_BLOCKED_EXTENSIONS: [&str; 16] = [
     ".service",
     ".socket",
