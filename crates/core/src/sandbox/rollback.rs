@@ -1623,14 +1623,16 @@ impl Sandbox {
                             r.reason
                         );
                     }
-                    if let std::collections::hash_map::Entry::Vacant(e) =
-                        failed_on.entry((i, meta.original_path.clone()))
-                    {
+                    // The newest failure on the file holds the older steps back, unless
+                    // spent; a failure of the moment after spent ones holds them back
+                    // too: only a chain of spent steps lets force pass.
+                    let key = (i, meta.original_path.clone());
+                    if failed_on.get(&key).is_none_or(|(_, _, spent)| *spent) {
                         let spent = matches!(
                             r.reason_code,
                             ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
                         ) && self.backup_unusable(i, &meta);
-                        e.insert((meta.action_id.clone(), r.reason_code, spent));
+                        failed_on.insert(key, (meta.action_id.clone(), r.reason_code, spent));
                     }
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }

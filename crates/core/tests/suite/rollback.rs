@@ -3164,6 +3164,44 @@ fn force_passes_over_only_a_newer_backup_found_damaged() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Only a chain of spent steps (backups damaged or gone) lets force pass: a failure of
+/// the moment after a spent step holds the older steps of the file back as well, or the
+/// failed step's restore, once it went through, would bring its bytes back over them.
+#[test]
+fn a_passing_failure_after_a_damaged_backup_still_holds_the_older_steps_back() {
+    let (w, sb) = history(b"orig", &[]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_c", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+            {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"},
+            {"action_id": "a3", "intent": "append_file", "path": "f.txt", "content": "+three"}]}),
+    );
+    std::fs::write(w.root.join(".rollback/wf_c/a3/backup"), b"garbage").unwrap();
+    // a3's restore meets its damaged backup; a2's fails for want of room.
+    sb.failpoints().arm_errno("during_restore", 2, 28);
+    let rb = rollback(&sb, "wf_c", true);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    let step = |id: &str| rb.steps.iter().find(|s| s.action_id == id).unwrap().clone();
+    assert_eq!(
+        step("a3").reason_code,
+        Some(ReasonCode::ChecksumMismatch),
+        "{rb:?}"
+    );
+    assert_eq!(step("a2").reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert!(!step("a1").restored, "{rb:?}");
+    assert!(
+        step("a1").reason.unwrap().contains("newer action 'a2'"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("f.txt"), b"one+two+three");
+    // Once there is room, force passes over the damaged backup alone, and the file gets
+    // what the workflow found.
+    let rb = rollback(&sb, "wf_c", true);
+    assert_eq!(w.read("f.txt"), b"orig", "{rb:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A simulated rollback that cannot audit itself because another process holds the trail
 /// is busy (`conflict`), not a failure of the disk.
 #[test]
