@@ -532,7 +532,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     } else if unaddressable {
                         "  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)"
                     } else if shown_otherwise {
-                        "  (shown escaped: the name holds characters readers do not show; give them as they are to address it)"
+                        "  (shown escaped: the name holds characters readers do not show, or that look like a slash or a dot; give them as they are to address it)"
                     } else if e.not_utf8 {
                         "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
                     } else if e.other_links {

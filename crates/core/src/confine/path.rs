@@ -88,7 +88,7 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
             format!(
-                "the path {} contains U+{:04X}, which looks like a path separator, so that a name reads as folders (`..\\u{{2215}}etc` shows as `../etc`); paths may not contain slash or backslash look-alikes (U+2044, U+2215, U+2216, U+2571, U+29F5, U+29F8, U+29F9, U+FE68, U+FF0F, U+FF3C): name folders with `/`, and use another character within a name",
+                "the path {} contains U+{:04X}, which looks like a path separator, so that a name reads as folders (`..\\u{{2215}}etc` shows as `../etc`); paths may not contain slash or backslash look-alikes (U+2044, U+2215, U+2216, U+2571, U+2572, U+27CB, U+27CD, U+29F5 to U+29F9, U+2AFB, U+2AFD, U+FE68, U+FF0F, U+FF3C, U+1F67C, U+1F67D): name folders with `/`, and use another character within a name",
                 shown_path(path),
                 c as u32
             ),
@@ -124,7 +124,8 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
 }
 
 /// Whether `c` looks like `/` or `\` (the fraction and division slashes, the set minus,
-/// the fullwidth and small forms, the mathematical and box-drawing diagonals).
+/// the fullwidth and small forms, the mathematical, box-drawing and ornamental
+/// diagonals and solidi).
 fn is_separator_lookalike(c: char) -> bool {
     matches!(
         c,
@@ -132,12 +133,21 @@ fn is_separator_lookalike(c: char) -> bool {
             | '\u{2215}'
             | '\u{2216}'
             | '\u{2571}'
+            | '\u{2572}'
+            | '\u{27CB}'
+            | '\u{27CD}'
             | '\u{29F5}'
+            | '\u{29F6}'
+            | '\u{29F7}'
             | '\u{29F8}'
             | '\u{29F9}'
+            | '\u{2AFB}'
+            | '\u{2AFD}'
             | '\u{FE68}'
             | '\u{FF0F}'
             | '\u{FF3C}'
+            | '\u{1F67C}'
+            | '\u{1F67D}'
     )
 }
 
@@ -150,8 +160,8 @@ fn reads_as_dot_component(part: &str) -> bool {
     for c in part.chars() {
         dots += match c {
             '.' => 1,
-            '\u{2024}' | '\u{FE52}' | '\u{FF0E}' | '\u{0701}' | '\u{0702}' | '\u{A4F8}'
-            | '\u{A60E}' | '\u{10A50}' => 1,
+            c if is_rare_dot(c) => 1,
+            '\u{FF0E}' | '\u{FF61}' | '\u{00B7}' => 1,
             '\u{2025}' => 2,
             '\u{2026}' => 3,
             _ => return false,
@@ -159,6 +169,25 @@ fn reads_as_dot_component(part: &str) -> bool {
         lookalike |= c != '.';
     }
     lookalike && dots <= 2
+}
+
+/// Dots other than `.` seldom met in a name (leaders, small and raised stops, other
+/// scripts' full stops and word separators): escaped wherever a name is shown. The
+/// fullwidth stops and the middle dot, common in CJK and Catalan names, are not.
+fn is_rare_dot(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2024}'
+            | '\u{2027}'
+            | '\u{FE52}'
+            | '\u{0701}'
+            | '\u{0702}'
+            | '\u{16EB}'
+            | '\u{2E31}'
+            | '\u{A4F8}'
+            | '\u{A60E}'
+            | '\u{10A50}'
+    )
 }
 
 /// Whether `c` is a bidirectional formatting character: an embedding, override or
@@ -471,10 +500,10 @@ pub(crate) fn folded(name: &str) -> String {
 
 /// Whether `c`, in a name, makes it read otherwise than it is written where it is shown:
 /// a character readers do not see (a control, bidirectional or invisible one), a
-/// look-alike of `/` or `\`, or a dot leader (`\u{2024}\u{2024}` shows as `..`): a name
-/// shown as folders. A listing escapes such a name.
+/// look-alike of `/` or `\`, or a dot seldom met in a name (`\u{2024}\u{2024}` shows as
+/// `..`): a name shown as folders. A listing escapes such a name.
 pub fn shows_otherwise(c: char) -> bool {
-    is_unseen(c) || is_separator_lookalike(c) || matches!(c, '\u{2024}' | '\u{2025}')
+    is_unseen(c) || is_separator_lookalike(c) || is_rare_dot(c) || c == '\u{2025}'
 }
 
 /// Whether `c` is not seen where it is shown: a control character, a bidirectional

@@ -349,7 +349,11 @@ impl Recovered {
 
     /// What died: `rollback` or `run`.
     pub fn what(&self) -> &'static str {
-        if self.rollback { "rollback" } else { "run" }
+        match (self.rollback, self.failed_run_rollback) {
+            (true, true) => "on_failure rollback of run",
+            (true, false) => "rollback",
+            (false, _) => "run",
+        }
     }
 
     /// Whether this recovery of `rec` is worth telling: a run that had finished (its

@@ -116,29 +116,29 @@ fn rollback_settled(r: &Recovered) -> String {
             counted(r.restores_recorded, "restore")
         )
     };
-    let (whose, of) = if r.failed_run_rollback {
-        ("the run's", "of the run")
+    // A failed run's own rollback (`on_failure: rollback`) goes by that run's id and
+    // undid that run's actions alone; a workflow's rollback undoes its other runs too.
+    let (whose, of, then) = if r.failed_run_rollback {
+        (
+            "the run's",
+            "of the run",
+            "which a rollback of the workflow restores (with the workflow's other runs)",
+        )
     } else {
-        ("the workflow's", "of the workflow")
+        (
+            "the workflow's",
+            "of the workflow",
+            "which rolling it back again restores",
+        )
     };
     let left = match r.not_rolled_back {
         0 => format!("none of {whose} writes is left to roll back"),
-        n => format!(
-            "{} {of} not rolled back, which rolling the workflow back again restores",
-            counted(n, "action")
-        ),
-    };
-    // A failed run's own rollback (`on_failure: rollback`) goes by that run's id.
-    let which = if r.failed_run_rollback {
-        format!(
-            "the interrupted on_failure rollback of run {}",
-            r.execution_id
-        )
-    } else {
-        format!("interrupted rollback {}", r.execution_id)
+        n => format!("{} {of} not rolled back, {then}", counted(n, "action")),
     };
     format!(
-        "recovered {which} of workflow {}: {recorded}; {left}",
+        "recovered interrupted {} {} of workflow {}: {recorded}; {left}",
+        r.what(),
+        r.execution_id,
         r.workflow_id,
     )
 }

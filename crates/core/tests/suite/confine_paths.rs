@@ -131,6 +131,14 @@ fn separator_and_dot_lookalikes_are_refused() {
         ("a\u{FF3C}b.md", "U+FF3C"),
         ("a\u{2216}b.md", "U+2216"),
         ("a\u{FE68}b.md", "U+FE68"),
+        ("a\u{2572}b.md", "U+2572"),
+        ("a\u{27CB}b.md", "U+27CB"),
+        ("a\u{2AFD}b.md", "U+2AFD"),
+        ("a\u{1F67C}b.md", "U+1F67C"),
+        ("x/\u{FE52}\u{FE52}/y.md", "U+FE52 U+FE52"),
+        ("\u{2027}\u{2027}/y.md", "U+2027 U+2027"),
+        ("\u{00B7}\u{00B7}/y.md", "U+00B7 U+00B7"),
+        ("\u{FF61}/y.md", "U+FF61"),
         ("\u{2024}\u{2024}/x.md", "U+2024 U+2024"),
         ("notes/\u{2025}/x.md", "U+2025"),
         ("\u{FF0E}/x.md", "U+FF0E"),
@@ -155,7 +163,8 @@ fn separator_and_dot_lookalikes_are_refused() {
         "notes/a\u{FF0E}b.md",
         "\u{3002}/x.md",
         "...",
-        "notes/\u{00B7}/x.md",
+        "notes/col\u{00B7}lecci\u{F3}.md",
+        "\u{6F22}\u{5B57}\u{3001}\u{3002}/x.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
     }

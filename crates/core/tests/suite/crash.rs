@@ -4546,9 +4546,9 @@ fn a_failed_run_killed_in_its_own_rollback_is_left_as_a_rollback_cut_short() {
             .execution_id;
         assert!(
             told.contains(&format!(
-                "recovered the interrupted on_failure rollback of run {run_id} of workflow wf_crash: "
+                "recovered interrupted on_failure rollback of run {run_id} of workflow wf_crash: "
             )) && told.contains(
-                "1 action of the run not rolled back, which rolling the workflow back again restores"
+                "1 action of the run not rolled back, which a rollback of the workflow restores (with the workflow's other runs)"
             ),
             "{durability:?}: {told}"
         );

@@ -238,7 +238,7 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
         assert!(t.contains("\u{1F468}\\u{200d}\u{1F469}.md'"), "{t}");
     }
     assert!(
-        text(&in_dir).contains("(shown escaped: the name holds characters readers do not show; give them as they are to address it)"),
+        text(&in_dir).contains("(shown escaped: the name holds characters readers do not show, or that look like a slash or a dot; give them as they are to address it)"),
         "{}",
         text(&in_dir)
     );
