@@ -3087,13 +3087,7 @@ fn a_directory_made_on_the_way_and_left_is_named() {
 fn an_older_restore_after_a_failed_newer_one_is_not_called_a_conflict() {
     for force in [false, true] {
         let (w, sb) = history(b"orig", &[]);
-        run(
-            &sb,
-            json!({"workflow_id": "wf_f", "actions": [
-                {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
-                {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"},
-                {"action_id": "a3", "intent": "append_file", "path": "f.txt", "content": "+three"}]}),
-        );
+        three_writes_on_one_file(&sb, "wf_f");
         sb.failpoints().arm("during_restore", 1);
         let rb = rollback(&sb, "wf_f", force);
         assert_eq!(rb.status, "failed", "force {force}: {rb:?}");
@@ -3170,13 +3164,7 @@ fn force_passes_over_only_a_newer_backup_found_damaged() {
 #[test]
 fn a_passing_failure_after_a_damaged_backup_still_holds_the_older_steps_back() {
     let (w, sb) = history(b"orig", &[]);
-    run(
-        &sb,
-        json!({"workflow_id": "wf_c", "actions": [
-            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
-            {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"},
-            {"action_id": "a3", "intent": "append_file", "path": "f.txt", "content": "+three"}]}),
-    );
+    three_writes_on_one_file(&sb, "wf_c");
     std::fs::write(w.root.join(".rollback/wf_c/a3/backup"), b"garbage").unwrap();
     // a3's restore meets its damaged backup; a2's fails for want of room.
     sb.failpoints().arm_errno("during_restore", 2, 28);
@@ -3200,6 +3188,17 @@ fn a_passing_failure_after_a_damaged_backup_still_holds_the_older_steps_back() {
     let rb = rollback(&sb, "wf_c", true);
     assert_eq!(w.read("f.txt"), b"orig", "{rb:?}");
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Runs `workflow_id`'s a1 (`f.txt` replaced by "one"), a2 (+two) and a3 (+three).
+fn three_writes_on_one_file(sb: &ailab_sandbox_core::Sandbox, workflow_id: &str) {
+    run(
+        sb,
+        json!({"workflow_id": workflow_id, "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"},
+            {"action_id": "a2", "intent": "append_file", "path": "f.txt", "content": "+two"},
+            {"action_id": "a3", "intent": "append_file", "path": "f.txt", "content": "+three"}]}),
+    );
 }
 
 /// A simulated rollback that cannot audit itself because another process holds the trail
