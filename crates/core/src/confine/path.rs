@@ -88,7 +88,7 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         return Err(Refusal::new(
             ReasonCode::PathTraversal,
             format!(
-                "the path {} contains U+{:04X}, which looks like a path separator, so that a name reads as folders (`..\\u{{2215}}etc` shows as `../etc`); paths may not contain slash or backslash look-alikes (U+2044, U+2215, U+2216, U+2571, U+2572, U+27CB, U+27CD, U+29F5 to U+29F9, U+2AFB, U+2AFD, U+FE68, U+FF0F, U+FF3C, U+1F67C, U+1F67D): name folders with `/`, and use another character within a name",
+                "the path {} contains U+{:04X}, which looks like a path separator, so that a name reads as folders (`..\\u{{2215}}etc` shows as `../etc`); paths may not contain slash or backslash look-alikes (U+2044, U+2215, U+2216, U+2571, U+2572, U+27CB, U+27CD, U+29F5 to U+29F9, U+2AFB, U+2AFD, U+FE68, U+FF0F, U+FF3C, U+1F67C, U+1F67D, other scripts' strokes drawn so, and the combining solidus overlays U+0337, U+0338, U+20E5): name folders with `/`, and use another character within a name",
                 shown_path(path),
                 c as u32
             ),
@@ -148,6 +148,22 @@ fn is_separator_lookalike(c: char) -> bool {
             | '\u{FF3C}'
             | '\u{1F67C}'
             | '\u{1F67D}'
+            // Strokes and signs of other scripts drawn as one, and the combining
+            // solidus overlays (`..\u{338}etc` shows as `../etc`).
+            | '\u{1735}'
+            | '\u{2041}'
+            | '\u{2CC6}'
+            | '\u{2F02}'
+            | '\u{2F03}'
+            | '\u{3033}'
+            | '\u{31D3}'
+            | '\u{31D4}'
+            | '\u{1D20F}'
+            | '\u{1D23A}'
+            | '\u{1D23B}'
+            | '\u{0337}'
+            | '\u{0338}'
+            | '\u{20E5}'
     )
 }
 
@@ -161,14 +177,16 @@ fn reads_as_dot_component(part: &str) -> bool {
         dots += match c {
             '.' => 1,
             c if is_rare_dot(c) => 1,
-            '\u{FF0E}' | '\u{FF61}' | '\u{00B7}' => 1,
+            '\u{FF0E}' | '\u{FF61}' | '\u{00B7}' | '\u{30FB}' | '\u{FF65}' => 1,
             '\u{2025}' => 2,
             '\u{2026}' => 3,
+            // A space beside the dots is not seen: `..\u{A0}` shows as `..`.
+            c if c.is_whitespace() => 0,
             _ => return false,
         };
         lookalike |= c != '.';
     }
-    lookalike && dots <= 2
+    lookalike && (1..=2).contains(&dots)
 }
 
 /// Dots other than `.` seldom met in a name (leaders, small and raised stops, other
@@ -180,13 +198,21 @@ fn is_rare_dot(c: char) -> bool {
         '\u{2024}'
             | '\u{2027}'
             | '\u{FE52}'
+            | '\u{0387}'
             | '\u{0701}'
             | '\u{0702}'
+            | '\u{1427}'
             | '\u{16EB}'
+            | '\u{2219}'
+            | '\u{22C5}'
             | '\u{2E31}'
+            | '\u{2E33}'
             | '\u{A4F8}'
             | '\u{A60E}'
+            | '\u{A78F}'
+            | '\u{10101}'
             | '\u{10A50}'
+            | '\u{1D16D}'
     )
 }
 

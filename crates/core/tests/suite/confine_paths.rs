@@ -139,6 +139,12 @@ fn separator_and_dot_lookalikes_are_refused() {
         ("\u{2027}\u{2027}/y.md", "U+2027 U+2027"),
         ("\u{00B7}\u{00B7}/y.md", "U+00B7 U+00B7"),
         ("\u{FF61}/y.md", "U+FF61"),
+        ("\u{0387}\u{0387}/y.md", "U+0387 U+0387"),
+        ("\u{30FB}\u{30FB}/y.md", "U+30FB U+30FB"),
+        ("notes/..\u{A0}/x.md", "U+002E U+002E U+00A0"),
+        ("notes/.\u{3000}/x.md", "U+002E U+3000"),
+        ("a\u{3033}b.md", "U+3033"),
+        ("..\u{338}etc/x.md", "U+0338"),
         ("\u{2024}\u{2024}/x.md", "U+2024 U+2024"),
         ("notes/\u{2025}/x.md", "U+2025"),
         ("\u{FF0E}/x.md", "U+FF0E"),
@@ -164,6 +170,8 @@ fn separator_and_dot_lookalikes_are_refused() {
         "\u{3002}/x.md",
         "...",
         "notes/col\u{00B7}lecci\u{F3}.md",
+        "\u{30B8}\u{30E7}\u{30F3}\u{30FB}\u{30B9}\u{30DF}\u{30B9}.md",
+        "notes/... /x.md",
         "\u{6F22}\u{5B57}\u{3001}\u{3002}/x.md",
     ] {
         assert!(detect_misleading_name(p).is_ok(), "{p:?}");
