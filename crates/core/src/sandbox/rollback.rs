@@ -1586,6 +1586,10 @@ impl Sandbox {
         // will never restore: an older one would find the file as the newer action left
         // it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode, bool)> = HashMap::new();
+        // Steps force passed over as spent, by target, with where they stand in `steps`;
+        // and what each target's last restore of the pass (its oldest step's) left.
+        let mut spent_on: HashMap<(usize, String), Vec<(usize, SnapshotMeta)>> = HashMap::new();
+        let mut restored_on: HashMap<(usize, String), (Option<String>, bool)> = HashMap::new();
         let pass = Pass {
             workflow_id,
             mode: &mode,
@@ -1632,11 +1636,23 @@ impl Sandbox {
                             r.reason_code,
                             ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
                         ) && self.backup_unusable(i, &meta);
+                        if spent && matches!(mode, RestoreMode::Force) {
+                            spent_on
+                                .entry(key.clone())
+                                .or_default()
+                                .push((steps.len(), meta.clone()));
+                        }
                         failed_on.insert(key, (meta.action_id.clone(), r.reason_code, spent));
                     }
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
+            if step.restored {
+                restored_on.insert(
+                    (i, meta.original_path.clone()),
+                    (step.restored_checksum.clone(), step.checksum_validated),
+                );
+            }
             let record = self.restore_line(execution_id, workflow_id, i, &meta, before, &step);
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
@@ -1678,6 +1694,17 @@ impl Sandbox {
             }
             steps.push(step);
         }
+        // Lines held back for an earlier one come from marks later; these wait for the
+        // next rollback then (recovery leaves them as they are).
+        if !recovering && held_back.is_none() {
+            self.record_undone_beneath(
+                execution_id,
+                workflow_id,
+                spent_on,
+                &restored_on,
+                &mut steps,
+            );
+        }
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
         }
@@ -1696,6 +1723,58 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// Steps force passed over as spent (`spent_on`: their backup damaged or gone) whose
+    /// target an older step of the pass then gave back (`restored_on`): their change is
+    /// undone beneath them, and recorded so, as a restore is (the mark, then the line,
+    /// from and to what the file holds now), lest their backup, put back later, restore
+    /// their bytes over the older restores. A step whose mark cannot be written stays
+    /// failed; one whose line cannot be written is held, as a restore's.
+    fn record_undone_beneath(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        spent_on: HashMap<(usize, String), Vec<(usize, SnapshotMeta)>>,
+        restored_on: &HashMap<(usize, String), (Option<String>, bool)>,
+        steps: &mut [RollbackStep],
+    ) {
+        for (key, spent) in spent_on {
+            let Some((now, validated)) = restored_on.get(&key) else {
+                continue;
+            };
+            for (at, meta) in spent {
+                let by = Restorer::Rollback { found: now };
+                if let Err(r) = self.mark_restored(key.0, &meta, execution_id, now, &[], by) {
+                    tracing::warn!(reason = %r, "could not mark a step undone beneath an older restore");
+                    continue;
+                }
+                let line = self.rollback_record(
+                    execution_id,
+                    workflow_id,
+                    key.0,
+                    &meta,
+                    now.clone(),
+                    now.clone(),
+                );
+                let unrecorded = self.audit.append(vec![line]).err().map(|e| {
+                    tracing::error!(error = %e, "could not append a rollback record to the audit log");
+                    crate::error::state_io_words(&e)
+                });
+                self.metrics
+                    .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
+                let step = &mut steps[at];
+                step.detail = Some(format!(
+                    "undone beneath it: {}; the older actions' restores gave the file what the workflow found",
+                    step.reason.take().unwrap_or_default()
+                ));
+                step.restored = true;
+                step.checksum_validated = *validated;
+                step.restored_checksum = now.clone();
+                step.reason_code = None;
+                step.unrecorded = unrecorded;
+            }
+        }
     }
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record

@@ -3201,6 +3201,43 @@ fn three_writes_on_one_file(sb: &ailab_sandbox_core::Sandbox, workflow_id: &str)
     );
 }
 
+/// A step force passes over as spent (its backup damaged) whose file the older steps
+/// then give back is recorded undone beneath them: the rollback finishes, and the backup
+/// put back later does not bring that step's bytes back over them.
+#[test]
+fn a_step_passed_over_as_spent_is_recorded_undone_beneath_the_older_restores() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_s");
+    let backup = w.root.join(".rollback/wf_s/a3/backup");
+    let good = std::fs::read(&backup).unwrap();
+    std::fs::write(&backup, b"garbage").unwrap();
+    let rb = rollback(&sb, "wf_s", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 3, "{rb:?}");
+    let a3 = rb.steps.iter().find(|s| s.action_id == "a3").unwrap();
+    assert!(a3.restored && a3.reason_code.is_none(), "{a3:?}");
+    let detail = a3.detail.as_deref().unwrap();
+    assert!(
+        detail.starts_with("undone beneath it: the backup of 'f.txt' does not match"),
+        "{detail}"
+    );
+    assert_eq!(w.read("f.txt"), b"orig");
+    let trail = sb.audit_log().by_workflow("wf_s").unwrap();
+    let undone = |id: &str| {
+        trail.iter().any(|e| {
+            e.action_id == id && e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack
+        })
+    };
+    assert!(undone("a1") && undone("a2") && undone("a3"), "{trail:?}");
+    // The good backup put back: nothing is left to roll back, and the file stays.
+    std::fs::write(&backup, good).unwrap();
+    let rb = rollback(&sb, "wf_s", true);
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 0, "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A simulated rollback that cannot audit itself because another process holds the trail
 /// is busy (`conflict`), not a failure of the disk.
 #[test]
