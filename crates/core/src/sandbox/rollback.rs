@@ -1587,7 +1587,8 @@ impl Sandbox {
         // it and call that someone's change.
         let mut failed_on: HashMap<(usize, String), (String, ReasonCode, bool)> = HashMap::new();
         // Steps force passed over as spent, by target, with where they stand in `steps`;
-        // and what each target's last restore of the pass (its oldest step's) left.
+        // and what the last restore of a target after one of them (an older step's:
+        // the pass goes newest first) left.
         let mut spent_on: HashMap<(usize, String), Vec<(usize, SnapshotMeta)>> = HashMap::new();
         let mut restored_on: HashMap<(usize, String), (Option<String>, bool)> = HashMap::new();
         let pass = Pass {
@@ -1647,7 +1648,7 @@ impl Sandbox {
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
-            if step.restored {
+            if step.restored && spent_on.contains_key(&(i, meta.original_path.clone())) {
                 restored_on.insert(
                     (i, meta.original_path.clone()),
                     (step.restored_checksum.clone(), step.checksum_validated),

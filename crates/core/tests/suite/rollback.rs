@@ -3238,6 +3238,29 @@ fn a_step_passed_over_as_spent_is_recorded_undone_beneath_the_older_restores() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Only an older step's restore undoes a spent step beneath it: with the newest step
+/// restored and the two older ones spent (one backup damaged, the other gone during the
+/// rollback), none is recorded undone, and the file keeps their writes.
+#[test]
+fn a_newer_restore_does_not_undo_a_spent_step_beneath() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_n");
+    std::fs::write(w.root.join(".rollback/wf_n/a2/backup"), b"garbage").unwrap();
+    let a1_backup = w.root.join(".rollback/wf_n/a1/backup");
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || std::fs::remove_file(&a1_backup).unwrap()),
+    );
+    let rb = rollback(&sb, "wf_n", true);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 1, "{rb:?}");
+    for older in ["a2", "a1"] {
+        let step = rb.steps.iter().find(|s| s.action_id == older).unwrap();
+        assert!(!step.restored, "{step:?}");
+    }
+    assert_eq!(w.read("f.txt"), b"one+two");
+}
+
 /// A simulated rollback that cannot audit itself because another process holds the trail
 /// is busy (`conflict`), not a failure of the disk.
 #[test]
