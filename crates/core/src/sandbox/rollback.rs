@@ -1582,15 +1582,8 @@ impl Sandbox {
         // Why the trail refused a restore's line, once it did (or, given as `hold`, why
         // earlier restores wait to be recorded: these must not pass them).
         let mut held_back: Option<String> = hold;
-        // Targets whose newer restore failed, the action it was, and whether that step
-        // will never restore: an older one would find the file as the newer action left
-        // it and call that someone's change.
-        let mut failed_on: HashMap<(usize, String), (String, ReasonCode, bool)> = HashMap::new();
-        // Steps force passed over as spent, by target, with where they stand in `steps`;
-        // and what the last restore of a target after one of them (an older step's:
-        // the pass goes newest first) left.
-        let mut spent_on: HashMap<(usize, String), Vec<(usize, SnapshotMeta)>> = HashMap::new();
-        let mut restored_on: HashMap<(usize, String), (Option<String>, bool)> = HashMap::new();
+        let force = matches!(mode, RestoreMode::Force);
+        let mut targets = PassTargets::default();
         let pass = Pass {
             workflow_id,
             mode: &mode,
@@ -1599,16 +1592,8 @@ impl Sandbox {
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
-            // A newer step whose snapshot will never restore (its backup found damaged or
-            // gone when read again) holds back no forced restore: the older ones give the
-            // file what the workflow found. Any other failure (one of the moment, or a
-            // restore made but not confirmed) holds them back, forced or not: undone
-            // beneath it, an older action would be recorded rolled back while that
-            // step's restore, once it went through, brought its bytes back.
-            let newer_failed = failed_on
-                .get(&(i, meta.original_path.clone()))
-                .filter(|(_, _, spent)| !(*spent && matches!(mode, RestoreMode::Force)))
-                .map(|(action, code, _)| (action.clone(), *code));
+            let key = (i, meta.original_path.clone());
+            let newer_failed = targets.newer_failed(&key, force);
             let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()) {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
                 Err((mut r, reached)) => {
@@ -1628,32 +1613,17 @@ impl Sandbox {
                             r.reason
                         );
                     }
-                    // The newest failure on the file holds the older steps back, unless
-                    // spent; a failure of the moment after spent ones holds them back
-                    // too: only a chain of spent steps lets force pass.
-                    let key = (i, meta.original_path.clone());
-                    if failed_on.get(&key).is_none_or(|(_, _, spent)| *spent) {
-                        let spent = matches!(
+                    let spent = || {
+                        matches!(
                             r.reason_code,
                             ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
-                        ) && self.backup_unusable(i, &meta);
-                        if spent && matches!(mode, RestoreMode::Force) {
-                            spent_on
-                                .entry(key.clone())
-                                .or_default()
-                                .push((steps.len(), meta.clone()));
-                        }
-                        failed_on.insert(key, (meta.action_id.clone(), r.reason_code, spent));
-                    }
+                        ) && self.backup_unusable(i, &meta)
+                    };
+                    targets.failed(&key, &meta, r.reason_code, spent, force, steps.len());
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
-            if step.restored && spent_on.contains_key(&(i, meta.original_path.clone())) {
-                restored_on.insert(
-                    (i, meta.original_path.clone()),
-                    (step.restored_checksum.clone(), step.checksum_validated),
-                );
-            }
+            targets.restored(&key, &step);
             let record = self.restore_line(execution_id, workflow_id, i, &meta, before, &step);
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
@@ -1698,13 +1668,7 @@ impl Sandbox {
         // Lines held back for an earlier one come from marks later; these wait for the
         // next rollback then (recovery leaves them as they are).
         if !recovering && held_back.is_none() {
-            self.record_undone_beneath(
-                execution_id,
-                workflow_id,
-                spent_on,
-                &restored_on,
-                &mut steps,
-            );
+            self.record_undone_beneath(execution_id, workflow_id, targets, &mut steps);
         }
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
@@ -1736,10 +1700,14 @@ impl Sandbox {
         &self,
         execution_id: &str,
         workflow_id: &str,
-        spent_on: HashMap<(usize, String), Vec<(usize, SnapshotMeta)>>,
-        restored_on: &HashMap<(usize, String), (Option<String>, bool)>,
+        targets: PassTargets,
         steps: &mut [RollbackStep],
     ) {
+        let PassTargets {
+            spent_on,
+            restored_on,
+            ..
+        } = targets;
         for (key, spent) in spent_on {
             let Some((now, validated)) = restored_on.get(&key) else {
                 continue;
@@ -2084,6 +2052,73 @@ pub(crate) enum Restorer<'a> {
         found: Option<&'a Option<String>>,
     },
 }
+/// A target of a rollback's pass: its root and its path in it.
+type TargetKey = (usize, String);
+
+/// What a pass of [`Sandbox::restore_all`] (newest step first) keeps of each target.
+#[derive(Default)]
+struct PassTargets {
+    /// The newest failed restore that holds the older steps back: its action, its code,
+    /// and whether it is spent (its backup damaged or gone when read again).
+    failed_on: HashMap<TargetKey, (String, ReasonCode, bool)>,
+    /// Spent steps a forced pass went past, with where they stand among its steps.
+    spent_on: HashMap<TargetKey, Vec<(usize, SnapshotMeta)>>,
+    /// What the last restore after one of those (an older step's) left, and whether it
+    /// was checked.
+    restored_on: HashMap<TargetKey, (Option<String>, bool)>,
+}
+
+impl PassTargets {
+    /// The newer failed step an older one of `key` waits for. A newer step whose
+    /// snapshot will never restore holds back no forced restore: the older ones give
+    /// the file what the workflow found. Any other failure (one of the moment, or a
+    /// restore made but not confirmed) holds them back, forced or not: undone beneath
+    /// it, an older action would be recorded rolled back while that step's restore,
+    /// once it went through, brought its bytes back.
+    fn newer_failed(&self, key: &TargetKey, force: bool) -> Option<(String, ReasonCode)> {
+        self.failed_on
+            .get(key)
+            .filter(|(_, _, spent)| !(*spent && force))
+            .map(|(action, code, _)| (action.clone(), *code))
+    }
+
+    /// A failed step of `key`, `at` its place among the pass's steps. The newest failure
+    /// on the file holds the older steps back, unless spent; a failure of the moment
+    /// after spent ones holds them back too: only a chain of spent steps lets force pass.
+    fn failed(
+        &mut self,
+        key: &TargetKey,
+        meta: &SnapshotMeta,
+        code: ReasonCode,
+        spent: impl FnOnce() -> bool,
+        force: bool,
+        at: usize,
+    ) {
+        if !self.failed_on.get(key).is_none_or(|(_, _, spent)| *spent) {
+            return;
+        }
+        let spent = spent();
+        if spent && force {
+            self.spent_on
+                .entry(key.clone())
+                .or_default()
+                .push((at, meta.clone()));
+        }
+        self.failed_on
+            .insert(key.clone(), (meta.action_id.clone(), code, spent));
+    }
+
+    /// A step of `key` done: a restore after a spent step undoes it beneath.
+    fn restored(&mut self, key: &TargetKey, step: &RollbackStep) {
+        if step.restored && self.spent_on.contains_key(key) {
+            self.restored_on.insert(
+                key.clone(),
+                (step.restored_checksum.clone(), step.checksum_validated),
+            );
+        }
+    }
+}
+
 /// A rollback refused before anything was restored.
 fn refused_rollback(
     workflow_id: &str,
