@@ -1092,6 +1092,26 @@ impl Snapshotter {
         Ok((out, untrusted))
     }
 
+    /// [`Snapshotter::read_backup`], its bytes checked against the checksum the record
+    /// names: the outer refusal when it cannot be read, the inner one (`checksum_mismatch`)
+    /// when it was read and is damaged.
+    pub fn read_checked_backup(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+    ) -> Verdict<Verdict<Vec<u8>>> {
+        let bytes = Snapshotter::read_backup(root, meta)?;
+        if Some(sha256_hex(&bytes)) == meta.sha256 {
+            return Ok(Ok(bytes));
+        }
+        Ok(Err(Refusal::new(
+            ReasonCode::ChecksumMismatch,
+            format!(
+                "the backup of {} does not match its recorded SHA-256; it was damaged",
+                shown_path(&meta.original_path)
+            ),
+        )))
+    }
+
     /// The backup bytes of a file snapshot.
     pub fn read_backup(root: &SandboxRoot, meta: &SnapshotMeta) -> Verdict<Vec<u8>> {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
@@ -1406,17 +1426,8 @@ impl RollbackEngine {
         put: Put,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
-        let bytes = Snapshotter::read_backup(root, meta)?;
+        let bytes = Snapshotter::read_checked_backup(root, meta)??;
         let expected = meta.sha256.clone().unwrap_or_default();
-        if sha256_hex(&bytes) != expected {
-            return Err(Refusal::new(
-                ReasonCode::ChecksumMismatch,
-                format!(
-                    "the backup of {} does not match its recorded SHA-256; it was damaged",
-                    shown_path(&meta.original_path)
-                ),
-            ));
-        }
         let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
         root.write_atomic_put(rel, &bytes, mode, put, Make::From(0), durable)?;
         let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {

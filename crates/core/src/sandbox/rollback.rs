@@ -725,19 +725,9 @@ impl Sandbox {
             .map(|(i, s)| (i, s, seen.insert((*i, s.meta.original_path.as_str()))))
             .filter(|(_, s, last)| (!forced || *last) && s.meta.kind == SnapshotKind::File)
             .filter_map(|(i, s, last)| {
-                match Snapshotter::read_backup(&self.roots[*i], &s.meta) {
-                    Err(r) => Some((r, last)),
-                    Ok(bytes) if Some(crate::hash::sha256_hex(&bytes)) != s.meta.sha256 => Some((
-                        Refusal::new(
-                            ReasonCode::ChecksumMismatch,
-                            format!(
-                                "the backup of {} does not match its recorded SHA-256; it was damaged",
-                                shown_path(&s.meta.original_path)
-                            ),
-                        ),
-                        last,
-                    )),
-                    Ok(_) => None,
+                match Snapshotter::read_checked_backup(&self.roots[*i], &s.meta) {
+                    Err(r) | Ok(Err(r)) => Some((r, last)),
+                    Ok(Ok(_)) => None,
                 }
             })
             .collect();
@@ -1750,8 +1740,8 @@ impl Sandbox {
     /// names: its step will never restore. A directory has none.
     fn backup_unusable(&self, i: usize, meta: &SnapshotMeta) -> bool {
         meta.kind == SnapshotKind::File
-            && match Snapshotter::read_backup(&self.roots[i], meta) {
-                Ok(bytes) => Some(crate::hash::sha256_hex(&bytes)) != meta.sha256,
+            && match Snapshotter::read_checked_backup(&self.roots[i], meta) {
+                Ok(checked) => checked.is_err(),
                 Err(r) => r.reason_code == ReasonCode::NoRollbackData,
             }
     }
