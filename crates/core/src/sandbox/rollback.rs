@@ -1639,12 +1639,7 @@ impl Sandbox {
                 .map_err(|r| std::io::Error::other(r.reason))
                 .and_then(|()| self.audit.append(vec![record]));
             if let Err(e) = appended {
-                tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                let words = if LockBusy::is_cause_of(&e) {
-                    format!("{HELD_TRAIL} ({e})")
-                } else {
-                    crate::error::state_io_words(&e)
-                };
+                let words = line_refused(&e);
                 if step.restored {
                     held_back = Some(words.clone());
                 }
@@ -1716,10 +1711,11 @@ impl Sandbox {
                     now.clone(),
                     now.clone(),
                 );
-                let unrecorded = self.audit.append(vec![line]).err().map(|e| {
-                    tracing::error!(error = %e, "could not append a rollback record to the audit log");
-                    crate::error::state_io_words(&e)
-                });
+                let unrecorded = self
+                    .audit
+                    .append(vec![line])
+                    .err()
+                    .map(|e| line_refused(&e));
                 self.metrics
                     .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
                 let step = &mut steps[at];
@@ -2042,6 +2038,17 @@ pub(crate) enum Restorer<'a> {
         found: Option<&'a Option<String>>,
     },
 }
+/// A restore's trail line the trail would not take: logged, and the words its step
+/// keeps (a trail another process held past the wait named so).
+fn line_refused(e: &std::io::Error) -> String {
+    tracing::error!(error = %e, "could not append a rollback record to the audit log");
+    if LockBusy::is_cause_of(e) {
+        format!("{HELD_TRAIL} ({e})")
+    } else {
+        crate::error::state_io_words(e)
+    }
+}
+
 /// A target of a rollback's pass: its root and its path in it.
 type TargetKey = (usize, String);
 
