@@ -176,10 +176,10 @@ fn reads_as_dot_component(part: &str) -> bool {
     for c in part.chars() {
         dots += match c {
             '.' => 1,
-            c if is_rare_dot(c) => 1,
-            '\u{FF0E}' | '\u{FF61}' | '\u{00B7}' | '\u{30FB}' | '\u{FF65}' => 1,
             '\u{2025}' => 2,
             '\u{2026}' => 3,
+            c if is_rare_dot(c) => 1,
+            '\u{FF0E}' | '\u{FF61}' | '\u{00B7}' | '\u{30FB}' | '\u{FF65}' => 1,
             // A space beside the dots is not seen: `..\u{A0}` shows as `..`.
             c if c.is_whitespace() => 0,
             _ => return false,
@@ -189,13 +189,15 @@ fn reads_as_dot_component(part: &str) -> bool {
     lookalike && (1..=2).contains(&dots)
 }
 
-/// Dots other than `.` seldom met in a name (leaders, small and raised stops, other
-/// scripts' full stops and word separators): escaped wherever a name is shown. The
-/// fullwidth stops and the middle dot, common in CJK and Catalan names, are not.
+/// Dots other than `.` seldom met in a name (the one and two dot leaders, small and
+/// raised stops, other scripts' full stops and word separators): escaped wherever a
+/// name is shown. The fullwidth stops and the middle dot, common in CJK and Catalan
+/// names, are not.
 fn is_rare_dot(c: char) -> bool {
     matches!(
         c,
         '\u{2024}'
+            | '\u{2025}'
             | '\u{2027}'
             | '\u{FE52}'
             | '\u{0387}'
@@ -529,7 +531,7 @@ pub(crate) fn folded(name: &str) -> String {
 /// look-alike of `/` or `\`, or a dot seldom met in a name (`\u{2024}\u{2024}` shows as
 /// `..`): a name shown as folders. A listing escapes such a name.
 pub fn shows_otherwise(c: char) -> bool {
-    is_unseen(c) || is_separator_lookalike(c) || is_rare_dot(c) || c == '\u{2025}'
+    is_unseen(c) || is_separator_lookalike(c) || is_rare_dot(c)
 }
 
 /// Whether `c` is not seen where it is shown: a control character, a bidirectional
