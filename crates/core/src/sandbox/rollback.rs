@@ -364,6 +364,86 @@ impl<'t> TrailWrites<'t> {
             None => self.undone.contains_key(action),
         }
     }
+
+    /// Of the writes kept apart (pruned, or into another root), whether `e` is one asked
+    /// for and not undone since.
+    fn in_place(&self, e: &SandboxAuditEntry, opts: &RollbackOptions) -> bool {
+        opts.takes(&e.action_id)
+            && self
+                .undone
+                .get(e.action_id.as_str())
+                .is_none_or(|u| *u < e.seq)
+    }
+
+    /// The writes asked for that need a snapshot and have none in `snaps`, as said to
+    /// people, sorted.
+    fn missing(&self, snaps: &RootedSnapshots, opts: &RollbackOptions) -> Vec<String> {
+        let have: HashSet<&str> = snaps
+            .iter()
+            .map(|(_, s)| s.meta.action_id.as_str())
+            .collect();
+        let mut missing: Vec<String> = self
+            .written
+            .iter()
+            .filter(|(a, _)| opts.takes(a))
+            .filter(|(a, _)| !have.contains(**a) && !self.is_undone(a))
+            .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
+            .collect();
+        missing.sort();
+        missing
+    }
+
+    /// The snapshots of `snaps` (oldest first, each marked restored as its mark or the
+    /// trail says) whose change an older action of the workflow on the same file took
+    /// with it when a rollback restored that one after this one's write: passed over as
+    /// spent (its backup damaged or gone) by a forced rollback that then could not
+    /// record it undone beneath (it died first, or the trail refused the older
+    /// restores' lines). Restoring its backup now would bring the older action's bytes
+    /// back over that restore. A write made after the older restore (a later run of the
+    /// workflow) stands. By snapshot id, with what the oldest such restore gave the
+    /// file (what its action found), which the file holds unless changed since.
+    fn undone_beneath(&self, snaps: &RootedSnapshots) -> HashMap<String, Option<String>> {
+        let mut beneath = HashMap::new();
+        for (at, (i, s)) in snaps.iter().enumerate() {
+            let Some((written, _)) = self.written.get(s.meta.action_id.as_str()) else {
+                continue;
+            };
+            if s.restored || self.is_undone(&s.meta.action_id) {
+                continue;
+            }
+            let older_restore = snaps[..at].iter().find(|(oi, o)| {
+                oi == i
+                    && o.restored
+                    && o.meta.original_path == s.meta.original_path
+                    && o.meta.action_id != s.meta.action_id
+                    && self
+                        .undone
+                        .get(o.meta.action_id.as_str())
+                        .is_some_and(|u| u > written)
+            });
+            if let Some((_, o)) = older_restore {
+                beneath.insert(s.meta.snapshot_id.clone(), o.meta.sha256.clone());
+            }
+        }
+        beneath
+    }
+}
+
+/// A snapshot undone beneath an older restore, with what that restore gave its file.
+type Beneath = (usize, StoredSnapshot, Option<String>);
+
+/// What a rollback of a workflow (or one of its actions) takes in, judged by
+/// [`Sandbox::rollback_selection`].
+struct Selection {
+    /// Its snapshots, oldest first, each marked restored when its mark or the trail
+    /// says so.
+    chosen: RootedSnapshots,
+    /// The ids of the snapshots of `chosen` undone beneath an older restore
+    /// ([`TrailWrites::undone_beneath`]), with what that restore gave their file:
+    /// recorded so, never restored.
+    beneath: HashMap<String, Option<String>>,
+    /// The writes whose snapshots a prune removed, as said to people.
+    pruned: Vec<String>,
 }
 
 impl Sandbox {
@@ -494,15 +574,21 @@ impl Sandbox {
             }
             Err(r) => return Err(r),
         };
-        let (snaps, refusal, pruned) = match self.rollback_selection(
+        let (snaps, refusal, pruned, beneath) = match self.rollback_selection(
             workflow_id,
             found.clone(),
             &RollbackOptions::default(),
         ) {
-            Ok((snaps, pruned)) => (snaps, None, pruned),
-            Err(refused) => (found, Some(refused), Vec::new()),
+            Ok(sel) => (sel.chosen, None, sel.pruned, sel.beneath),
+            Err(refused) => (found, Some(refused), Vec::new(), HashMap::new()),
         };
-        let pending: Vec<_> = snaps.iter().filter(|(_, s)| !s.restored).cloned().collect();
+        // Those undone beneath an older restore are recorded, not restored: nothing to
+        // check of their files.
+        let pending: Vec<_> = snaps
+            .iter()
+            .filter(|(_, s)| !s.restored && !beneath.contains_key(&s.meta.snapshot_id))
+            .cloned()
+            .collect();
         let (refusal, conflicts) = match refusal {
             Some((code, reason, conflicts)) => (Some((code, reason)), conflicts),
             None => match self.find_conflicts(workflow_id, &pending, false) {
@@ -530,7 +616,7 @@ impl Sandbox {
             .collect();
         Ok(RollbackInfo {
             workflow_id: workflow_id.to_owned(),
-            rollback_available: refusal.is_none() && !pending.is_empty(),
+            rollback_available: refusal.is_none() && (!pending.is_empty() || !beneath.is_empty()),
             reason_code: refusal.as_ref().map(|(code, _)| *code),
             // Not refused, yet not all of the workflow would come back: said as the
             // rollback would say it.
@@ -838,7 +924,7 @@ impl Sandbox {
         workflow_id: &str,
         snaps: RootedSnapshots,
         opts: &RollbackOptions,
-    ) -> Result<(RootedSnapshots, Vec<String>), RollbackRefusal> {
+    ) -> Result<Selection, RollbackRefusal> {
         // The audit trail lives in the state directory, out of reach of whoever can
         // write inside a root: it says which writes happened and which were undone, so a
         // snapshot folder or restore mark removed from `.rollback/` cannot turn into a
@@ -867,23 +953,15 @@ impl Sandbox {
                 .max()
         };
         let writes = TrailWrites::of(&trail, |e| self.root_of(&e.target_path), pruned_up_to);
-        // Of the writes kept apart, those asked for and not undone since.
-        let in_place = |e: &SandboxAuditEntry| {
-            opts.takes(&e.action_id)
-                && writes
-                    .undone
-                    .get(e.action_id.as_str())
-                    .is_none_or(|u| *u < e.seq)
-        };
         // Undone before a prune took their snapshots: rolled back, not lost.
         let undone_then_pruned = writes
             .pruned
             .iter()
-            .any(|e| opts.takes(&e.action_id) && !in_place(e));
+            .any(|e| opts.takes(&e.action_id) && !writes.in_place(e, opts));
         let pruned: Vec<String> = writes
             .pruned
             .iter()
-            .filter(|e| in_place(e))
+            .filter(|e| writes.in_place(e, opts))
             .map(|e| {
                 format!(
                     "{} ({})",
@@ -898,23 +976,12 @@ impl Sandbox {
             .elsewhere
             .iter()
             .copied()
-            .filter(|e| in_place(e))
+            .filter(|e| writes.in_place(e, opts))
             .collect();
         if !elsewhere.is_empty() {
             return Err(self.written_elsewhere(workflow_id, &elsewhere));
         }
-        let have: HashSet<&str> = snaps
-            .iter()
-            .map(|(_, s)| s.meta.action_id.as_str())
-            .collect();
-        let mut missing: Vec<String> = writes
-            .written
-            .iter()
-            .filter(|(a, _)| opts.takes(a))
-            .filter(|(a, _)| !have.contains(**a) && !writes.is_undone(a))
-            .map(|(a, (_, path))| format!("{} ({path})", shown_path(a)))
-            .collect();
-        missing.sort();
+        let missing = writes.missing(&snaps, opts);
         // A prune records itself before it removes anything: a snapshot still there of a
         // write it covered means it stopped half way, and its mark must not excuse the
         // folders it did remove.
@@ -950,14 +1017,18 @@ impl Sandbox {
                 return Err(self.later_actions_refusal(workflow_id, a, &later));
             }
         }
-        let chosen = snaps
+        let snaps = snaps
             .into_iter()
-            .filter(|(_, s)| opts.takes(&s.meta.action_id))
             .map(|(i, mut s)| {
                 // Undone according to the trail even if its mark was removed.
                 s.restored |= writes.is_undone(&s.meta.action_id);
                 (i, s)
             })
+            .collect::<RootedSnapshots>();
+        let beneath = writes.undone_beneath(&snaps);
+        let chosen = snaps
+            .into_iter()
+            .filter(|(_, s)| opts.takes(&s.meta.action_id))
             .collect::<RootedSnapshots>();
         if let Some(refusal) = self.nothing_left(
             workflow_id,
@@ -968,7 +1039,11 @@ impl Sandbox {
         ) {
             return Err(refusal);
         }
-        Ok((chosen, pruned))
+        Ok(Selection {
+            chosen,
+            beneath,
+            pruned,
+        })
     }
 
     /// The refusal of a workflow's rollback whose writes `elsewhere` went into a root
@@ -1191,16 +1266,34 @@ impl Sandbox {
             Ok(snaps) => snaps,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
-        let (mut chosen, pruned) = match self.rollback_selection(workflow_id, snaps, opts) {
+        let Selection {
+            chosen,
+            beneath,
+            pruned,
+        } = match self.rollback_selection(workflow_id, snaps, opts) {
             Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
         };
-        chosen.retain(|(_, s)| !s.restored);
+        let (under, chosen): (RootedSnapshots, RootedSnapshots) = chosen
+            .into_iter()
+            .filter(|(_, s)| !s.restored)
+            .partition(|(_, s)| beneath.contains_key(&s.meta.snapshot_id));
+        let beneath: Vec<Beneath> = under
+            .into_iter()
+            .map(|(i, s)| {
+                let gave = beneath.get(&s.meta.snapshot_id).cloned().flatten();
+                (i, s, gave)
+            })
+            .collect();
         // Every target's lock, from the conflict check to the last restore: a writer
         // landing in between would meet the rollback half done.
         let held = self.lock_targets_after_restores(
             workflow_id,
-            chosen.iter().map(|(i, s)| (*i, s.meta.target())).collect(),
+            chosen
+                .iter()
+                .map(|(i, s)| (*i, s.meta.target()))
+                .chain(beneath.iter().map(|(i, s, _)| (*i, s.meta.target())))
+                .collect(),
         );
         let _held = match held {
             Ok(h) => h,
@@ -1226,17 +1319,28 @@ impl Sandbox {
         if let (ctx, Some(why)) = self.execution_context()
             && !ctx.writes()
         {
-            return self.simulate_rollback(workflow_id, &chosen, &pruned, why, conflicts);
+            return self.simulate_rollback(
+                workflow_id,
+                (&chosen, &beneath),
+                &pruned,
+                why,
+                conflicts,
+            );
         }
         let execution_id = crate::plan::new_execution_id();
-        let record = match self.mark_rolling_back(workflow_id, &execution_id, &chosen) {
+        let all: RootedSnapshots = chosen
+            .iter()
+            .cloned()
+            .chain(beneath.iter().map(|(i, s, _)| (*i, s.clone())))
+            .collect();
+        let record = match self.mark_rolling_back(workflow_id, &execution_id, &all) {
             Ok(record) => record,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
         let steps = self.restore_chosen(
             &execution_id,
             workflow_id,
-            chosen,
+            (chosen, beneath),
             opts.force,
             &mut conflicts,
         );
@@ -1286,20 +1390,24 @@ impl Sandbox {
     }
 
     /// What a rollback with writes off or dry-run on says, audited like a simulated
-    /// plan's actions (SPEC §8): the restores that would happen, and the flag to change
-    /// for them to.
+    /// plan's actions (SPEC §8): the restores that would happen (`chosen`) and the steps
+    /// that would be recorded undone beneath older restores (`beneath`, newest on their
+    /// files: said first), and the flag to change for them to.
     fn simulate_rollback(
         &self,
         workflow_id: &str,
-        chosen: &[(usize, StoredSnapshot)],
+        (chosen, beneath): (&[(usize, StoredSnapshot)], &[Beneath]),
         pruned: &[String],
         why: DryRunReason,
         conflicts: Vec<Conflict>,
     ) -> RollbackReport {
-        let would: Vec<String> = chosen
-            .iter()
-            .rev()
-            .map(|(_, s)| {
+        // Each with whether it is undone beneath (its file left as it is).
+        let in_turn = || {
+            let under = beneath.iter().rev().map(|(i, s, _)| (i, s, true));
+            under.chain(chosen.iter().rev().map(|(i, s)| (i, s, false)))
+        };
+        let would: Vec<String> = in_turn()
+            .map(|(_, s, _)| {
                 format!(
                     "{} ({} {})",
                     s.meta.action_id,
@@ -1313,19 +1421,16 @@ impl Sandbox {
         // Simulated like a plan's actions, and audited like them (SPEC §8): one line
         // per restore that would happen.
         let execution_id = crate::plan::new_execution_id();
-        let records: Vec<AuditRecord> = chosen
-            .iter()
-            .rev()
-            .map(|(i, s)| {
+        let records: Vec<AuditRecord> = in_turn()
+            .map(|(i, s, under)| {
                 let current = self.target_checksum(*i, &s.meta.target());
-                let mut r = self.rollback_record(
-                    &execution_id,
-                    workflow_id,
-                    *i,
-                    &s.meta,
-                    current,
-                    s.meta.sha256.clone(),
-                );
+                let after = if under {
+                    current.clone()
+                } else {
+                    s.meta.sha256.clone()
+                };
+                let mut r =
+                    self.rollback_record(&execution_id, workflow_id, *i, &s.meta, current, after);
                 r.status = AuditStatus::Simulated;
                 r.rollback_path = None;
                 r
@@ -1392,16 +1497,18 @@ impl Sandbox {
         Ok(record)
     }
 
-    /// Restores the chosen snapshots, newest first, adding to `conflicts` the targets
-    /// whose restore met a change the check before it could not see.
+    /// Records the steps undone `beneath` older restores, then restores the chosen
+    /// snapshots, newest first, adding to `conflicts` the targets whose restore met a
+    /// change the check before it could not see.
     fn restore_chosen(
         &self,
         execution_id: &str,
         workflow_id: &str,
-        chosen: RootedSnapshots,
+        (chosen, beneath): (RootedSnapshots, Vec<Beneath>),
         force: bool,
         conflicts: &mut Vec<Conflict>,
     ) -> Vec<RollbackStep> {
+        let (mut steps, hold) = self.record_beneath(execution_id, workflow_id, beneath);
         // A step refused as a conflict (a change made without the runtime's locks after
         // the check above) is named among the conflicts like those found before.
         let targets: HashMap<String, (usize, RelPath, Option<String>)> = chosen
@@ -1411,7 +1518,7 @@ impl Sandbox {
                 (s.meta.action_id.clone(), (*i, s.meta.target(), after))
             })
             .collect();
-        let steps = self.restore_all(
+        let restored = self.restore_all(
             execution_id,
             workflow_id,
             chosen.into_iter().rev().collect(),
@@ -1421,8 +1528,14 @@ impl Sandbox {
             } else {
                 RestoreMode::Unchanged
             },
-            None,
+            hold,
         );
+        // One rollback, counted once (by its restores when it made any).
+        if steps.iter().any(|s| s.restored) && !restored.iter().any(|s| s.restored) {
+            self.metrics
+                .rollback(crate::metrics::RollbackReason::Manual);
+        }
+        steps.extend(restored);
         for s in steps
             .iter()
             .filter(|s| s.reason_code == Some(ReasonCode::Conflict))
@@ -1693,31 +1806,25 @@ impl Sandbox {
             restored_on,
             ..
         } = targets;
+        let mut held = None;
         for (key, spent) in spent_on {
             let Some((now, validated)) = restored_on.get(&key) else {
                 continue;
             };
             for (at, meta) in spent {
-                let by = Restorer::Rollback { found: now };
-                if let Err(r) = self.mark_restored(key.0, &meta, execution_id, now, &[], by) {
-                    tracing::warn!(reason = %r, "could not mark a step undone beneath an older restore");
-                    continue;
-                }
-                let line = self.rollback_record(
-                    execution_id,
-                    workflow_id,
+                let unrecorded = match self.mark_undone_beneath(
+                    (execution_id, workflow_id),
                     key.0,
                     &meta,
-                    now.clone(),
-                    now.clone(),
-                );
-                let unrecorded = self
-                    .audit
-                    .append(vec![line])
-                    .err()
-                    .map(|e| line_refused(&e));
-                self.metrics
-                    .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
+                    now,
+                    &mut held,
+                ) {
+                    Ok(unrecorded) => unrecorded,
+                    Err(r) => {
+                        tracing::warn!(reason = %r, "could not mark a step undone beneath an older restore");
+                        continue;
+                    }
+                };
                 let step = &mut steps[at];
                 step.detail = Some(format!(
                     "undone beneath it: {}; the older actions' restores gave the file what the workflow found",
@@ -1730,6 +1837,91 @@ impl Sandbox {
                 step.unrecorded = unrecorded;
             }
         }
+    }
+
+    /// Records the steps undone beneath restores an earlier rollback made
+    /// ([`TrailWrites::undone_beneath`]), newest first, as [`Sandbox::record_undone_beneath`]
+    /// does those of this pass. Returns their steps, and why the trail refused their
+    /// lines, if it did: the restores after them wait for those.
+    fn record_beneath(
+        &self,
+        execution_id: &str,
+        workflow_id: &str,
+        beneath: Vec<Beneath>,
+    ) -> (Vec<RollbackStep>, Option<String>) {
+        let mut held = None;
+        let steps: Vec<RollbackStep> = beneath
+            .into_iter()
+            .rev()
+            .map(|(i, s, gave)| {
+                let path = self.abs_path(i, &s.meta.target());
+                let meta = s.meta;
+                let now = self.target_checksum(i, &meta.target());
+                let ids = (execution_id, workflow_id);
+                match self.mark_undone_beneath(ids, i, &meta, &now, &mut held) {
+                    Ok(unrecorded) => RollbackStep {
+                        action_id: meta.action_id.clone(),
+                        intent: meta.intent.clone(),
+                        path,
+                        restored: true,
+                        checksum_validated: now == gave,
+                        detail: Some(format!(
+                            "undone beneath an older action's restore, made by an earlier rollback: its change went with that restore, so its backup was not restored over it{}",
+                            if now == gave {
+                                ""
+                            } else {
+                                " (the file has changed since)"
+                            }
+                        )),
+                        restored_checksum: now,
+                        reason_code: None,
+                        reason: None,
+                        unrecorded,
+                    },
+                    Err(r) => RollbackStep::failed(&meta, path, r),
+                }
+            })
+            .collect();
+        let waiting = steps
+            .iter()
+            .filter(|s| s.restored && s.unrecorded.is_some())
+            .count();
+        if waiting > 0 {
+            self.held_restores().add(workflow_id, execution_id, waiting);
+        }
+        (steps, held)
+    }
+
+    /// Records `meta`'s step (root `i`) undone beneath an older restore, its file
+    /// holding `now`: its mark, then its line from and to `now`, as a restore is
+    /// recorded. Returns why its line was not written, if it was not: the trail refused
+    /// it, or an earlier line of the pass (`held`, set on the first refusal), which it
+    /// must not pass. Refused when the mark cannot be written.
+    fn mark_undone_beneath(
+        &self,
+        (execution_id, workflow_id): (&str, &str),
+        i: usize,
+        meta: &SnapshotMeta,
+        now: &Option<String>,
+        held: &mut Option<String>,
+    ) -> Verdict<Option<String>> {
+        let by = Restorer::Rollback { found: now };
+        self.mark_restored(i, meta, execution_id, now, &[], by)?;
+        self.metrics
+            .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
+        if held.is_some() {
+            return Ok(held.clone());
+        }
+        let line =
+            self.rollback_record(execution_id, workflow_id, i, meta, now.clone(), now.clone());
+        let appended = self
+            .fail_at("after_mark")
+            .map_err(|r| std::io::Error::other(r.reason))
+            .and_then(|()| self.audit.append(vec![line]));
+        if let Err(e) = appended {
+            *held = Some(line_refused(&e));
+        }
+        Ok(held.clone())
     }
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record

@@ -3238,6 +3238,96 @@ fn a_step_passed_over_as_spent_is_recorded_undone_beneath_the_older_restores() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A step force passed over as spent whose rollback could not record it undone beneath
+/// the older restores (the trail refused their lines, or the rollback died before its
+/// record) is recorded so by the next rollback, unforced, with no restore: the workflow
+/// finishes, and its backup put back later does not bring its bytes back over them.
+#[test]
+fn a_spent_step_left_failed_is_recorded_undone_beneath_by_the_next_rollback() {
+    for died in [false, true] {
+        let (w, mut sb) = history(b"orig", &[]);
+        three_writes_on_one_file(&sb, "wf_l");
+        let backup = w.root.join(".rollback/wf_l/a3/backup");
+        let good = std::fs::read(&backup).unwrap();
+        std::fs::write(&backup, b"garbage").unwrap();
+        // The lines of a3's failed step, a2's restore, then a1's.
+        if died {
+            sb.failpoints().arm_crash("after_mark", 3);
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rollback(&sb, "wf_l", true)
+            }));
+            assert!(outcome.is_err(), "the rollback dies before a1's line");
+            drop(sb);
+            sb = w.sandbox();
+        } else {
+            sb.failpoints().arm("after_mark", 2);
+            let rb = rollback(&sb, "wf_l", true);
+            let a3 = rb.steps.iter().find(|s| s.action_id == "a3").unwrap();
+            assert!(!a3.restored, "{rb:?}");
+        }
+        assert_eq!(w.read("f.txt"), b"orig", "died {died}");
+        let info = sb.rollback_info("wf_l").unwrap();
+        assert!(info.rollback_available, "died {died}: {info:?}");
+        let rb = rollback(&sb, "wf_l", false);
+        assert_eq!(rb.status, "rolled_back", "died {died}: {rb:?}");
+        assert_eq!(rb.steps_rolled_back, 1, "died {died}: {rb:?}");
+        let a3 = &rb.steps[0];
+        assert_eq!(a3.action_id, "a3");
+        assert!(a3.checksum_validated, "{a3:?}");
+        assert!(
+            a3.detail
+                .as_deref()
+                .unwrap()
+                .starts_with("undone beneath an older action's restore"),
+            "{a3:?}"
+        );
+        assert_eq!(w.read("f.txt"), b"orig", "died {died}");
+        let trail = sb.audit_log().by_workflow("wf_l").unwrap();
+        let last = trail.last().unwrap();
+        assert_eq!(
+            (last.action_id.as_str(), last.status),
+            ("a3", ailab_sandbox_core::audit::AuditStatus::RolledBack),
+            "died {died}: {trail:?}"
+        );
+        assert_eq!(last.before_checksum, last.after_checksum);
+        // The good backup put back: nothing is left to roll back, forced or not.
+        std::fs::write(&backup, &good).unwrap();
+        for force in [false, true] {
+            let rb = rollback(&sb, "wf_l", force);
+            assert_eq!(
+                rb.reason_code,
+                Some(ReasonCode::NoRollbackData),
+                "died {died}: {rb:?}"
+            );
+        }
+        assert_eq!(w.read("f.txt"), b"orig", "died {died}");
+        assert!(sb.audit_verify().unwrap().ok, "died {died}");
+    }
+}
+
+/// A write made after an older action of its workflow on the same file was rolled back
+/// (a later run) stands: it is restored, not taken for one undone beneath that restore.
+#[test]
+fn a_write_after_an_older_rollback_of_its_file_is_restored() {
+    let (w, sb) = history(b"orig", &[]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "f.txt", "content": "one"}]}),
+    );
+    assert_eq!(rollback(&sb, "wf_r", false).status, "rolled_back");
+    run(
+        &sb,
+        json!({"workflow_id": "wf_r", "actions": [
+            {"action_id": "a2", "intent": "replace_file", "path": "f.txt", "content": "two"}]}),
+    );
+    let rb = rollback(&sb, "wf_r", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps[0].detail.is_none(), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Only an older step's restore undoes a spent step beneath it: with the newest step
 /// restored and the two older ones spent (one backup damaged, the other gone during the
 /// rollback), none is recorded undone, and the file keeps their writes.
