@@ -1525,10 +1525,18 @@ impl RollbackEngine {
             }
             TargetKind::Missing => {}
         }
-        let after = changed().and_then(|()| {
-            let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
-            Ok((left_dirs, root.inspect(rel)?.kind == TargetKind::Missing))
-        });
+        // Folders made on the way that could be neither removed nor put on the ledger (a
+        // descriptor or the disk failing) fail the step, put back but not confirmed:
+        // called done, it would leave them for good, where a rollback run again removes
+        // them.
+        let after = match changed() {
+            Ok(()) => {
+                let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+                root.inspect(rel)
+                    .map(|i| (left_dirs, i.kind == TargetKind::Missing))
+            }
+            Err(r) => Err(r),
+        };
         // Found missing beneath a missing directory: removed with it, or moved
         // away with it (and maybe back since); nothing says which, so the step
         // is not called verified.

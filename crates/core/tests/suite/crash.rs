@@ -192,20 +192,6 @@ fn batched(w: &World) -> ailab_sandbox_core::Config {
     c
 }
 
-/// Runs `f` on this thread without the capabilities that let root read and search any
-/// folder (capabilities are per thread): as a user other than root is, whatever its
-/// modes say. A process without them runs `f` as it is.
-fn without_dac_override<T>(f: impl FnOnce() -> T) -> T {
-    use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
-    let held = capabilities(None).unwrap();
-    let mut fewer = held;
-    fewer.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
-    set_capabilities(None, fewer).unwrap();
-    let out = std::panic::catch_unwind(AssertUnwindSafe(f));
-    set_capabilities(None, held).unwrap();
-    out.unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
 /// Under `batched`, a large write is committed by a sync point, not the commit log. A run
 /// that dies after that point, before its rename, in a folder this process may write in
 /// but not read (mode 0300), is finished by recovery: the sync point that concludes

@@ -3328,6 +3328,41 @@ fn a_write_after_an_older_rollback_of_its_file_is_restored() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Folders a created file's action made on the way that the restore could neither
+/// remove nor put on the ledger (here the outer one closed to it just after the file
+/// was removed) fail the step, put back but not confirmed: called done, they stayed for
+/// good. The rollback run again (forced here) removes them.
+#[test]
+fn folders_made_on_the_way_that_could_not_be_removed_fail_the_step() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_d", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "n1/n2/f.txt", "content": "x"}]}),
+    );
+    let outer = w.path("n1");
+    let closed = outer.clone();
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || {
+            std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o000)).unwrap()
+        }),
+    );
+    let rb = without_dac_override(|| rollback(&sb, "wf_d", false));
+    std::fs::set_permissions(&outer, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert!(!rb.steps[0].restored, "{rb:?}");
+    assert!(!w.path("n1/n2/f.txt").exists());
+    // Forced: the file's absence, read while its folder was closed, was not confirmed
+    // as the undo's, so it is a change to overwrite.
+    let rb = rollback(&sb, "wf_d", true);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!outer.exists(), "{rb:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Only an older step's restore undoes a spent step beneath it: with the newest step
 /// restored and the two older ones spent (one backup damaged, the other gone during the
 /// rollback), none is recorded undone, and the file keeps their writes.

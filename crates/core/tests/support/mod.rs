@@ -330,3 +330,17 @@ pub fn acl_giving_write(path: &std::path::Path, uid: u32, search: bool) -> rusti
         rustix::fs::XattrFlags::empty(),
     )
 }
+
+/// Runs `f` on this thread without the capabilities that let root read and search any
+/// folder (capabilities are per thread): as a user other than root is, whatever its
+/// modes say. A process without them runs `f` as it is.
+pub fn without_dac_override<T>(f: impl FnOnce() -> T) -> T {
+    use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+    let held = capabilities(None).unwrap();
+    let mut fewer = held;
+    fewer.effective -= CapabilitySet::DAC_OVERRIDE | CapabilitySet::DAC_READ_SEARCH;
+    set_capabilities(None, fewer).unwrap();
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    set_capabilities(None, held).unwrap();
+    out.unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
