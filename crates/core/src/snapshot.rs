@@ -1343,7 +1343,7 @@ impl RollbackEngine {
             }
             // Whether someone relies on it is only asked of an empty one (it may read the
             // whole trail).
-            let empty = root.list_dir(Some(&dir)).is_ok_and(|e| e.is_empty());
+            let empty = root.is_empty_dir(&dir).is_ok_and(|empty| empty);
             // One that cannot be removed now (busy as a mount point, a failing disk) is
             // left on the ledger like one that holds others' files: a later rollback
             // removes it once it can, rather than it staying for good.

@@ -470,22 +470,22 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 root.clone().unwrap_or_else(|| first.display().to_string())
             ),
         };
+        let from = usize::try_from(offset).unwrap_or(usize::MAX);
         match self
-            .blocking(move |sb| sb.list_directory(&p, root.as_deref()))
+            .blocking(move |sb| {
+                sb.list_directory_page(&p, root.as_deref(), from, tools::MAX_DIR_ENTRIES)
+            })
             .await
         {
-            Ok(Ok(mut entries)) => {
+            Ok(Ok(page)) => {
                 let shown = if path.is_empty() {
                     format!("/ (the root){in_root}")
                 } else {
                     format!("{path}{in_root}")
                 };
-                let total = entries.len();
-                let from = usize::try_from(offset).unwrap_or(usize::MAX).min(total);
-                entries.truncate(from.saturating_add(tools::MAX_DIR_ENTRIES).min(total));
-                let entries = entries.split_off(from);
-                let to = from + entries.len();
-                let next_offset = (to < total).then_some(to);
+                let (entries, total, next_offset) = (page.entries, page.total, page.next_offset);
+                let from = from.min(total);
+                let to = next_offset.unwrap_or(total);
                 let counted = if total == 1 {
                     "1 entry".to_owned()
                 } else {

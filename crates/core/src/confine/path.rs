@@ -508,6 +508,17 @@ fn list_roots(roots: &[PathBuf]) -> String {
 /// or `.rollback.` would open the snapshot store, and `x.\u{17f}ervice.d` hold a unit's
 /// drop-ins.
 pub(crate) fn folded(name: &str) -> String {
+    // Most names: no code point to drop or fold beyond ASCII's case.
+    if name.is_ascii() {
+        let mut kept = name.trim_end_matches(['.', ' ']).to_owned();
+        kept.make_ascii_lowercase();
+        return kept;
+    }
+    folded_by_unicode(name)
+}
+
+/// [`folded`] for any name, by Unicode's rules.
+fn folded_by_unicode(name: &str) -> String {
     let mut kept = String::with_capacity(name.len());
     for c in name.chars().filter(|&c| !is_ignorable(c)) {
         // Full case folding where it differs from lower case, for the letters that do.
@@ -565,7 +576,8 @@ fn hides_in_text(c: char) -> bool {
 /// one of a root holds its snapshots, but a deeper one may be another root's seen
 /// through a bind mount, so the name is refused wherever it appears.
 pub fn check_reserved(rel: &RelPath) -> Verdict {
-    if rel.components().iter().any(|c| folded(c) == ROLLBACK_DIR) {
+    let folded: Vec<String> = rel.components().iter().map(|c| folded(c)).collect();
+    if folded.iter().any(|c| c == ROLLBACK_DIR) {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
@@ -574,11 +586,7 @@ pub fn check_reserved(rel: &RelPath) -> Verdict {
             ),
         ));
     }
-    if rel
-        .components()
-        .iter()
-        .any(|c| folded(c).contains(TEMP_MARKER))
-    {
+    if folded.iter().any(|c| c.contains(TEMP_MARKER)) {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
@@ -877,6 +885,31 @@ pub(crate) fn path_strings(p: &Path) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    /// The ASCII shortcut folds as Unicode's rules do.
+    #[test]
+    fn ascii_names_fold_as_by_unicode_rules() {
+        let mut names: Vec<String> = (0u8..128).map(|b| format!("a{}Z", b as char)).collect();
+        names.extend(
+            [
+                ".RollBack",
+                ".rollback. . ",
+                "X.SERVICE",
+                "  ",
+                "...",
+                "Ab.Cd .",
+                "",
+            ]
+            .map(str::to_owned),
+        );
+        for name in names {
+            assert_eq!(
+                super::folded(&name),
+                super::folded_by_unicode(&name),
+                "{name:?}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -4,7 +4,7 @@ use super::Sandbox;
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use crate::confine::path::join_display;
-use crate::confine::root::DirEntryInfo;
+use crate::confine::root::{DirEntryInfo, DirPage};
 use crate::confine::{EntryKind, RelPath, check_reserved, resolve_sandbox_path};
 use crate::error::Error;
 use crate::hash::sha256_hex;
@@ -95,18 +95,26 @@ impl Sandbox {
     /// root's own absolute path for that root's; one trailing `/` taken). Entries no read or write may name (the
     /// snapshot store `.rollback`, the runtime's temporary files) are left out.
     pub fn list_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
-        let mut entries = self.list_any_directory(path, root)?;
-        entries.retain(|e| check_reserved(&RelPath::from_components(vec![e.name.clone()])).is_ok());
-        Ok(entries)
+        Ok(self.list_directory_page(path, root, 0, usize::MAX)?.entries)
     }
 
-    fn list_any_directory(&self, path: &str, root: Option<&str>) -> Verdict<Vec<DirEntryInfo>> {
+    /// [`Sandbox::list_directory`] a page at a time: at most `limit` entries from
+    /// `offset`, in name order. Only the page's entries are looked at beyond their names.
+    pub fn list_directory_page(
+        &self,
+        path: &str,
+        root: Option<&str>,
+        offset: usize,
+        limit: usize,
+    ) -> Verdict<DirPage> {
+        let shown =
+            |name: &str| check_reserved(&RelPath::from_components(vec![name.to_owned()])).is_ok();
         if let Some(i) = self.root_top_named(path, root)? {
-            return self.roots[i].list_dir(None);
+            return self.roots[i].list_dir_page(None, &shown, offset, limit);
         }
         // A directory is often written with a trailing `/`; one is taken, as for a root.
         let (i, rel) = self.resolve_read(path.strip_suffix('/').unwrap_or(path), root)?;
-        self.roots[i].list_dir(Some(&rel))
+        self.roots[i].list_dir_page(Some(&rel), &shown, offset, limit)
     }
 
     /// The root whose top `path` names, checked to be in place: `""`, `/` or `.` name the

@@ -720,14 +720,12 @@ impl Sandbox {
                 .iter()
                 .filter(|d| **d != s.meta.original_path)
                 .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()))
-                .filter(|d| root.list_dir(Some(d)).is_ok_and(|e| e.len() <= 1));
+                .filter(|d| root.count_entries(d, 2).is_ok_and(|n| n <= 1));
             // A directory action's target changes only when it made it and the folder
             // is empty again (one it found, or holding others' files, is left in place).
             let target_changes = !s.meta.is_directory_action()
                 || (!s.meta.existed
-                    && root
-                        .list_dir(Some(&s.meta.target()))
-                        .is_ok_and(|e| e.is_empty()));
+                    && root.is_empty_dir(&s.meta.target()).is_ok_and(|empty| empty));
             let target = target_changes.then(|| s.meta.target());
             for rel in target.into_iter().chain(made) {
                 let Ok((parent, _)) = root.open_parent(&rel, false, false) else {
@@ -1638,7 +1636,7 @@ impl Sandbox {
                 let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
                 // One someone has made the result of a create_directory stays on the
                 // ledger until that one is rolled back. (Asked of empty ones only.)
-                let empty = root.list_dir(Some(&rel)).is_ok_and(|e| e.is_empty());
+                let empty = root.is_empty_dir(&rel).is_ok_and(|empty| empty);
                 if empty && self.claimed(i, &d.path, &l.made_by) {
                     continue;
                 }

@@ -723,10 +723,100 @@ impl SandboxRoot {
         }
     }
 
-    /// Lists a directory: `(name, is_dir, size)` for each entry, symlinks and special
-    /// files reported as neither.
+    /// Lists a directory (the root's top for `None`), each entry described, in name
+    /// order.
     pub fn list_dir(&self, rel: Option<&RelPath>) -> Verdict<Vec<DirEntryInfo>> {
-        let dir = match rel {
+        Ok(self.list_dir_page(rel, &|_| true, 0, usize::MAX)?.entries)
+    }
+
+    /// A page of a directory's entries in name order: at most `limit` from `offset`
+    /// among those whose names `shown` keeps. Only the page's entries are described (a
+    /// `stat` each): a folder of a hundred thousand files is paged through at the cost
+    /// of reading and sorting its names.
+    pub fn list_dir_page(
+        &self,
+        rel: Option<&RelPath>,
+        shown: &dyn Fn(&str) -> bool,
+        offset: usize,
+        limit: usize,
+    ) -> Verdict<DirPage> {
+        let dir = self.listed_dir(rel)?;
+        let listed = rel.map_or(&[][..], RelPath::components);
+        let entries = dir.entries().map_err(|e| io_refusal("list", listed, &e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let raw = entry
+                .map_err(|e| io_refusal("list", listed, &e))?
+                .file_name();
+            let name = raw.to_string_lossy().into_owned();
+            if shown(&name) {
+                names.push((name, raw));
+            }
+        }
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        let total = names.len();
+        let mut out = Vec::new();
+        let mut next = offset.min(total);
+        for (name, raw) in names.into_iter().skip(offset).take(limit) {
+            next += 1;
+            let meta = match dir.symlink_metadata(&raw) {
+                Ok(meta) => meta,
+                // Removed or renamed since the directory was read (another program, or
+                // a write's temporary file put in place): a listing tells what is there.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_refusal("list", listed, &e)),
+            };
+            let ft = meta.file_type();
+            let kind = if ft.is_symlink() {
+                "symlink"
+            } else if ft.is_dir() {
+                "directory"
+            } else if ft.is_file() {
+                "file"
+            } else {
+                "special"
+            };
+            // A file with other links may be one outside the root: its size is not told,
+            // as its bytes are never read.
+            let other_links = ft.is_file() && meta.nlink() > 1;
+            out.push(DirEntryInfo {
+                name,
+                not_utf8: raw.to_str().is_none(),
+                kind,
+                size_bytes: (ft.is_file() && !other_links).then(|| meta.len()),
+                other_links,
+            });
+        }
+        Ok(DirPage {
+            entries: out,
+            total,
+            next_offset: (next < total).then_some(next),
+        })
+    }
+
+    /// Whether the directory `rel` has no entry (its names read, none described).
+    pub fn is_empty_dir(&self, rel: &RelPath) -> Verdict<bool> {
+        Ok(self.count_entries(rel, 1)? == 0)
+    }
+
+    /// How many entries the directory `rel` has, counting no further than `up_to`.
+    pub fn count_entries(&self, rel: &RelPath, up_to: usize) -> Verdict<usize> {
+        let dir = self.listed_dir(Some(rel))?;
+        let entries = dir
+            .entries()
+            .map_err(|e| io_refusal("list", rel.components(), &e))?;
+        let mut n = 0;
+        for entry in entries.take(up_to) {
+            entry.map_err(|e| io_refusal("list", rel.components(), &e))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The directory `rel` names, opened to be listed (the root's for `None`), or why
+    /// there is none to list.
+    fn listed_dir(&self, rel: Option<&RelPath>) -> Verdict<ParentDir<'_>> {
+        Ok(match rel {
             None => ParentDir::Root(&self.dir),
             Some(rel) => {
                 let (parent, _) = self.open_parent(rel, false, false)?;
@@ -764,45 +854,7 @@ impl SandboxRoot {
                 }
                 ParentDir::Owned(self.descend(&parent, full)?)
             }
-        };
-        let mut out = Vec::new();
-        let listed = rel.map_or(&[][..], RelPath::components);
-        let entries = dir.entries().map_err(|e| io_refusal("list", listed, &e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_refusal("list", listed, &e))?;
-            let raw = entry.file_name();
-            let not_utf8 = raw.to_str().is_none();
-            let name = raw.to_string_lossy().into_owned();
-            let meta = match entry.metadata() {
-                Ok(meta) => meta,
-                // Removed or renamed since the directory was read (another program, or
-                // a write's temporary file put in place): a listing tells what is there.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_refusal("list", listed, &e)),
-            };
-            let ft = meta.file_type();
-            let kind = if ft.is_symlink() {
-                "symlink"
-            } else if ft.is_dir() {
-                "directory"
-            } else if ft.is_file() {
-                "file"
-            } else {
-                "special"
-            };
-            // A file with other links may be one outside the root: its size is not told,
-            // as its bytes are never read.
-            let other_links = ft.is_file() && meta.nlink() > 1;
-            out.push(DirEntryInfo {
-                name,
-                not_utf8,
-                kind,
-                size_bytes: (ft.is_file() && !other_links).then(|| meta.len()),
-                other_links,
-            });
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        })
     }
 
     /// Opens the directory `comps` names in `dir`, which was one a moment ago. One gone
@@ -996,6 +1048,17 @@ impl SandboxRoot {
         }
         inside
     }
+}
+
+/// A page of a directory listing ([`SandboxRoot::list_dir_page`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirPage {
+    /// The page's entries, in name order.
+    pub entries: Vec<DirEntryInfo>,
+    /// How many entries the listing has in all.
+    pub total: usize,
+    /// Where the next page starts, when one is left.
+    pub next_offset: Option<usize>,
 }
 
 /// One entry of a directory listing.
