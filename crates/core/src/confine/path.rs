@@ -109,6 +109,16 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         )
         .malformed());
     }
+    if path.contains('\u{FFFD}') {
+        return Err(Refusal::new(
+            ReasonCode::PathTraversal,
+            format!(
+                "the path {} contains U+FFFD, the replacement character, which listings show in place of the bytes of a name that are not UTF-8 (`bad\\u{{FFFD}}.md` may be listed for a file whose name is not text, which no path can name); paths may not contain it: remove it, or use another character",
+                shown_path(path)
+            ),
+        )
+        .malformed());
+    }
     let Some(c) = super::unseen::first_unseen(path) else {
         return Ok(());
     };
@@ -815,14 +825,55 @@ impl ExtensionPolicy {
 pub fn shown_path(path: &str) -> String {
     const HEAD: usize = 48;
     const TAIL: usize = 71;
-    let escaped: Vec<char> = escaped(path).chars().collect();
-    if escaped.len() > HEAD + 1 + TAIL {
-        let head: String = escaped[..HEAD].iter().collect();
-        let tail: String = escaped[escaped.len() - TAIL..].iter().collect();
-        format!("'{head}…{tail}'")
-    } else {
-        format!("'{}'", escaped.iter().collect::<String>())
+    let escaped = escaped(path);
+    if escaped.chars().count() <= HEAD + 1 + TAIL {
+        return format!("'{escaped}'");
     }
+    // Cut between whole escapes, never between a character and the marks on it.
+    let units = shown_units(&escaped);
+    let within = |limit: usize, units: &mut dyn Iterator<Item = &&str>| {
+        let mut taken = 0;
+        units
+            .take_while(|u| {
+                taken += u.chars().count();
+                taken <= limit
+            })
+            .count()
+    };
+    let head = within(HEAD, &mut units.iter());
+    let tail = within(TAIL, &mut units.iter().rev());
+    format!(
+        "'{}…{}'",
+        units[..head].concat(),
+        units[units.len() - tail..].concat()
+    )
+}
+
+/// `escaped` (see [`escaped`]) in the pieces a shortened path may be cut between: an
+/// escape whole, or a character with the combining marks that follow it.
+fn shown_units(escaped: &str) -> Vec<&str> {
+    let mut units = Vec::new();
+    let mut rest = escaped;
+    while let Some(c) = rest.chars().next() {
+        let mut end = c.len_utf8();
+        if c == '\\' {
+            end += match rest[end..].chars().next() {
+                Some('u') => rest[end..].find('}').map_or(rest.len() - end, |at| at + 1),
+                Some(n) => n.len_utf8(),
+                None => 0,
+            };
+        } else {
+            end += rest[end..]
+                .chars()
+                .take_while(|&m| unicode_normalization::char::is_combining_mark(m))
+                .map(char::len_utf8)
+                .sum::<usize>();
+        }
+        let (unit, after) = rest.split_at(end);
+        units.push(unit);
+        rest = after;
+    }
+    units
 }
 
 /// `text` escaped as Rust escapes a string for debugging, and every character readers
@@ -885,6 +936,36 @@ pub(crate) fn path_strings(p: &Path) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    /// A shortened path is cut between whole escapes and never splits a character from
+    /// its combining marks.
+    #[test]
+    fn a_shortened_path_is_cut_between_whole_escapes() {
+        for path in [
+            format!("{}ab.md", "\u{1}".repeat(250)),
+            format!("{}{}.md", "\u{202e}".repeat(60), "x".repeat(10)),
+            format!("{}.md", "a\u{7f}".repeat(130)),
+            format!("{}.md", "e\u{301}\u{302}".repeat(100)),
+        ] {
+            let shown = super::shown_path(&path);
+            let (head, tail) = shown.split_once('…').unwrap();
+            for part in [&head[1..], &tail[..tail.len() - 1]] {
+                let units = super::shown_units(part);
+                assert_eq!(units.concat(), part);
+                for u in units {
+                    let whole = !u.starts_with('\\')
+                        || (u.len() == 2 && !u.ends_with('u'))
+                        || (u.starts_with("\\u{") && u.ends_with('}'));
+                    assert!(whole, "{u:?} in {shown}");
+                    let first = u.chars().next().unwrap();
+                    assert!(
+                        !unicode_normalization::char::is_combining_mark(first),
+                        "{u:?} in {shown}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The ASCII shortcut folds as Unicode's rules do.
     #[test]
     fn ascii_names_fold_as_by_unicode_rules() {

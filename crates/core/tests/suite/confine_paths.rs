@@ -116,6 +116,16 @@ fn bidirectional_formatting_characters_are_refused() {
     assert!(detect_misleading_name("notes/مرحبا.md").is_ok());
 }
 
+/// The replacement character, which listings show for the bytes of a name that are not
+/// UTF-8, is refused in a path: a listed `bad\u{FFFD}.md` would otherwise name another
+/// file than the one listed.
+#[test]
+fn the_replacement_character_is_refused() {
+    let refusal = detect_misleading_name("notes/bad\u{FFFD}.md").unwrap_err();
+    assert_eq!(refusal.reason_code, ReasonCode::PathTraversal);
+    assert!(refusal.reason.contains("U+FFFD"), "{}", refusal.reason);
+}
+
 /// A character that looks like a path separator, or a component written with dots that
 /// are not `.`, makes a name read as folders (`..\u{2215}etc` shows as `../etc`):
 /// refused, the character named in the reason; the same characters inside a name that
