@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
-/// the logs' syncs and prune. Arming or passing a point not listed is a bug (a test
+/// the logs' syncs, prune, and `get_file_info`'s hash. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 26] = [
+pub const POINTS: [&str; 27] = [
     "after_validate",
     "read_target",
     "before_commit",
@@ -36,6 +36,7 @@ pub const POINTS: [&str; 26] = [
     "recovery_audit",
     "recovery_sync",
     "during_prune",
+    "info_hash",
 ];
 
 /// What an armed point does when it fires.

@@ -1,6 +1,7 @@
 //! Reads: files in the roots, the audit trail and the artifact registry.
 
 use super::Sandbox;
+use crate::ReasonCode;
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use crate::confine::path::join_display;
@@ -152,6 +153,49 @@ impl Sandbox {
         Ok(Some(i))
     }
 
+    /// What `rel` in root `i` is, with a regular file's size and SHA-256 (up to
+    /// [`MAX_INFO_HASH_BYTES`]). A file put out of the way between the look and the hash
+    /// (removed, or a FIFO or link put in its place) is looked at again, once: the
+    /// answer says what stands there now rather than refusing it as a file.
+    fn described(
+        &self,
+        i: usize,
+        rel: &RelPath,
+    ) -> Verdict<(&'static str, Option<u64>, Option<String>)> {
+        let mut again = true;
+        loop {
+            let (entry, _) = self.roots[i].entry(rel)?;
+            return Ok(match entry {
+                EntryKind::File { .. } => {
+                    let hashed = self
+                        .fail_at("info_hash")
+                        .and_then(|()| self.roots[i].hash_file(rel, MAX_INFO_HASH_BYTES));
+                    match hashed {
+                        Ok((size, sum)) => ("file", Some(size), sum),
+                        Err(r)
+                            if again
+                                && matches!(
+                                    r.reason_code,
+                                    ReasonCode::NotFound
+                                        | ReasonCode::NotRegularFile
+                                        | ReasonCode::SymlinkRefused
+                                        | ReasonCode::SymlinkEscape
+                                ) =>
+                        {
+                            again = false;
+                            continue;
+                        }
+                        Err(r) => return Err(r),
+                    }
+                }
+                EntryKind::Directory => ("directory", None, None),
+                EntryKind::Missing => ("missing", None, None),
+                EntryKind::Symlink => ("symlink", None, None),
+                EntryKind::Special => ("special", None, None),
+            });
+        }
+    }
+
     /// Describes a path inside a root. A symlink, FIFO, socket or device at the path is
     /// named for what it is, never followed or opened; a file with other hard links is
     /// refused (`hardlink_refused`) as for `read_file`, since it may be a file outside.
@@ -167,20 +211,10 @@ impl Sandbox {
             });
         }
         let (i, rel) = self.resolve_read(path, root)?;
-        let (entry, _) = self.roots[i].entry(&rel)?;
+        let (kind, size_bytes, sha256) = self.described(i, &rel)?;
         let abs = join_display(&self.root_paths[i], &rel)
             .display()
             .to_string();
-        let (kind, size_bytes, sha256) = match entry {
-            EntryKind::File { .. } => {
-                let (size, sum) = self.roots[i].hash_file(&rel, MAX_INFO_HASH_BYTES)?;
-                ("file", Some(size), sum)
-            }
-            EntryKind::Directory => ("directory", None, None),
-            EntryKind::Missing => ("missing", None, None),
-            EntryKind::Symlink => ("symlink", None, None),
-            EntryKind::Special => ("special", None, None),
-        };
         let artifact_id = match (&sha256, size_bytes) {
             // A version whose write was rolled back is not what the file holds, even
             // when someone put the same bytes back by hand.

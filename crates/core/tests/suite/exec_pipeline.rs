@@ -2080,6 +2080,26 @@ fn read_file_takes_the_largest_file_an_operation_writes() {
     assert_eq!(err.reason_code, ReasonCode::SizeExceeded, "{}", err.reason);
 }
 
+/// A file swapped for a FIFO between get_file_info's look and its hash is described as
+/// what stands there now (`special`), not refused as a file that is not regular.
+#[test]
+fn get_file_info_looks_again_at_a_file_swapped_for_a_fifo() {
+    let w = World::new();
+    w.write("race.md", b"x");
+    let sb = w.sandbox();
+    let path = w.path("race.md");
+    sb.failpoints().interleave(
+        "info_hash",
+        std::sync::Arc::new(move || {
+            std::fs::remove_file(&path).unwrap();
+            rustix::fs::mkfifoat(rustix::fs::CWD, &path, 0o600.into()).unwrap();
+        }),
+    );
+    let info = sb.get_file_info("race.md", None).unwrap();
+    assert_eq!(info.kind, "special");
+    assert_eq!(info.sha256, None);
+}
+
 #[test]
 fn get_file_info_describes_a_file_of_any_size_and_hashes_up_to_a_limit() {
     use sha2::{Digest, Sha256};
