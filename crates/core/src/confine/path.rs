@@ -935,6 +935,7 @@ pub(crate) fn path_strings(p: &Path) -> Vec<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed step is a failed test
 mod tests {
     /// A shortened path is cut between whole escapes and never splits a character from
     /// its combining marks.
