@@ -72,6 +72,7 @@ impl Sandbox {
                     settled.insert(key);
                     report.not_rolled_back += 1;
                 }
+                DeadRestore::Spent => report.not_rolled_back += 1,
                 DeadRestore::Unmarked => {}
                 DeadRestore::Marked(line) => {
                     records.push(*line);
@@ -119,7 +120,15 @@ impl Sandbox {
                 .clone()
                 .map_or(TargetState::Missing, TargetState::File)
         };
-        if now != TargetState::found_by(meta) || now == as_left {
+        if now == as_left {
+            return DeadRestore::NotMade;
+        }
+        if now != TargetState::found_by(meta) {
+            // Its backup damaged or gone, a forced rollback passed over it, and the
+            // older restores may have given its file back: the walk goes on.
+            if self.backup_unusable(i, meta) {
+                return DeadRestore::Spent;
+            }
             return DeadRestore::NotMade;
         }
         let current = now.checksum();
@@ -258,6 +267,9 @@ enum DeadRestore {
     /// Not restored (the target is not as the action found it, or still as it left
     /// it): the walk for that target ends.
     NotMade,
+    /// Not restored, its backup damaged or gone, and the target no longer as it left it:
+    /// a forced rollback passed over it, and the walk goes on to the older restores.
+    Spent,
     /// Restored, but its mark could not be written (logged): left for a later start.
     Unmarked,
     /// Restored and marked: the trail line to write.

@@ -836,7 +836,7 @@ impl Sandbox {
             "a damaged or missing backup cannot give its file back, even with force (that file's earlier bytes must be restored by other means; the workflow's other files can be rolled back one action at a time)"
         } else {
             // Only newer writes' backups: an older write's restore gives the file back.
-            "roll back with force: each such file is given back by its oldest write's restore (the damaged step is then reported failed)"
+            "roll back with force: each such file is given back by its oldest write's restore (the damaged step is then recorded undone beneath it)"
         };
         let mismatched = bad
             .iter()
@@ -1806,15 +1806,18 @@ impl Sandbox {
         } = targets;
         let mut held = None;
         for (key, spent) in spent_on {
-            let Some((now, validated)) = restored_on.get(&key) else {
+            let Some((gave, validated)) = restored_on.get(&key) else {
                 continue;
             };
             for (at, meta) in spent {
+                // What the file holds now: a restore after the one that gave it back
+                // may have failed having changed it.
+                let now = self.target_checksum(key.0, &meta.target());
                 let unrecorded = match self.mark_undone_beneath(
                     (execution_id, workflow_id),
                     key.0,
                     &meta,
-                    now,
+                    &now,
                     &mut held,
                 ) {
                     Ok(unrecorded) => unrecorded,
@@ -1825,12 +1828,17 @@ impl Sandbox {
                 };
                 let step = &mut steps[at];
                 step.detail = Some(format!(
-                    "undone beneath it: {}; the older actions' restores gave the file what the workflow found",
-                    step.reason.take().unwrap_or_default()
+                    "undone beneath it: {}; {}",
+                    step.reason.take().unwrap_or_default(),
+                    if now == *gave {
+                        "the older actions' restores gave the file what the workflow found"
+                    } else {
+                        "the older actions' restores undid its change (the file changed after them: see their steps)"
+                    }
                 ));
                 step.restored = true;
-                step.checksum_validated = *validated;
-                step.restored_checksum = now.clone();
+                step.checksum_validated = *validated && now == *gave;
+                step.restored_checksum = now;
                 step.reason_code = None;
                 step.unrecorded = unrecorded;
             }
@@ -1924,7 +1932,7 @@ impl Sandbox {
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record
     /// names: its step will never restore. A directory has none.
-    fn backup_unusable(&self, i: usize, meta: &SnapshotMeta) -> bool {
+    pub(crate) fn backup_unusable(&self, i: usize, meta: &SnapshotMeta) -> bool {
         meta.kind == SnapshotKind::File
             && match Snapshotter::read_checked_backup(&self.roots[i], meta) {
                 Ok(checked) => checked.is_err(),

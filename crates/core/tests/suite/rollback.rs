@@ -3305,6 +3305,62 @@ fn a_spent_step_left_failed_is_recorded_undone_beneath_by_the_next_rollback() {
     }
 }
 
+/// A forced rollback that died after restoring an older step beneath one passed over as
+/// spent, before marking it: the start records that restore (its walk goes on past the
+/// spent step, whose file is no longer as its action left it), and the next rollback
+/// finishes, recording the spent step undone beneath it.
+#[test]
+fn a_restore_made_beneath_a_spent_step_by_a_rollback_that_died_is_recorded_at_start() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_k");
+    std::fs::write(w.root.join(".rollback/wf_k/a3/backup"), b"garbage").unwrap();
+    // a3's restore fails on its damaged backup; a2's is made, then the process dies.
+    sb.failpoints().arm_crash("after_restore", 1);
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rollback(&sb, "wf_k", true)));
+    assert!(outcome.is_err(), "the rollback dies after a2's restore");
+    drop(sb);
+    assert_eq!(w.read("f.txt"), b"one");
+    let sb = w.sandbox();
+    assert_noticed(&sb, "1 restore it made recorded on the audit trail");
+    let trail = sb.audit_log().by_workflow("wf_k").unwrap();
+    let last = trail.last().unwrap();
+    assert_eq!(
+        (last.action_id.as_str(), last.status),
+        ("a2", ailab_sandbox_core::audit::AuditStatus::RolledBack),
+        "{trail:?}"
+    );
+    assert_eq!(last.after_checksum, Some(sha(b"one")));
+    let rb = rollback(&sb, "wf_k", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A step undone beneath the older restores is recorded with what its file holds when
+/// the pass ends: here the oldest restore was made but not confirmed after the middle
+/// one, and the spent step's line names the file's bytes, not the middle restore's.
+#[test]
+fn a_step_undone_beneath_is_recorded_with_what_the_file_holds_at_the_end() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_u");
+    std::fs::write(w.root.join(".rollback/wf_u/a3/backup"), b"garbage").unwrap();
+    sb.failpoints().arm("after_restore", 2);
+    let rb = rollback(&sb, "wf_u", true);
+    let a1 = rb.steps.iter().find(|s| s.action_id == "a1").unwrap();
+    assert!(a1.is_unconfirmed(), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    let trail = sb.audit_log().by_workflow("wf_u").unwrap();
+    let a3 = trail.iter().rfind(|e| e.action_id == "a3").unwrap();
+    assert_eq!(
+        a3.status,
+        ailab_sandbox_core::audit::AuditStatus::RolledBack,
+        "{trail:?}"
+    );
+    assert_eq!(a3.after_checksum, Some(sha(b"orig")), "{trail:?}");
+    assert_eq!(a3.before_checksum, a3.after_checksum);
+}
+
 /// A write made after an older action of its workflow on the same file was rolled back
 /// (a later run) stands: it is restored, not taken for one undone beneath that restore.
 #[test]
