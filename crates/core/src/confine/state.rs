@@ -360,16 +360,20 @@ impl StateDir {
         Ok(made)
     }
 
-    /// Replaces `rel` with `bytes` whole and durably: a temporary file beside it, synced,
-    /// renamed over it, the directory synced. A crash leaves the old file or the new.
-    fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+    /// Replaces `rel` with `bytes` whole: a temporary file beside it, renamed over it
+    /// (when `durable`, the file synced first and the directory after). A crash leaves
+    /// the old file or the new.
+    fn replace_whole(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = self.write_aside(rel, bytes, true)?;
+        let tmp = self.write_aside(rel, bytes, durable)?;
         if let Err(e) = dir.rename(&tmp, dir, name) {
             let _ = dir.remove_file(&tmp);
             return Err(e);
         }
-        super::root::sync_dir(dir)
+        if durable {
+            super::root::sync_dir(dir)?;
+        }
+        Ok(())
     }
 
     /// A new temporary file beside `rel` (`.{name}.ailab-tmp-…`, which start-up removes
@@ -431,18 +435,23 @@ impl StateDir {
         }
     }
 
-    /// Records, durably, which of `workflow`'s snapshots prunes removed: for each root (as
-    /// configured), the audit seq the last prune there reached; writes audited up to it
-    /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
-    /// file, however many roots it names).
-    pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
+    /// Records (synced when `durable`) which of `workflow`'s snapshots prunes removed:
+    /// for each root (as configured), the audit seq the last prune there reached; writes
+    /// audited up to it into that root have no snapshot any more, by design. Replaced
+    /// whole (a small JSON file, however many roots it names).
+    pub fn write_prune_mark(
+        &self,
+        workflow: &str,
+        pruned: &[(String, u64)],
+        durable: bool,
+    ) -> io::Result<()> {
         let roots: Vec<serde_json::Value> = pruned
             .iter()
             .map(|(root, seq)| serde_json::json!({"root": root, "up_to_seq": seq}))
             .collect();
         let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
             .map_err(io::Error::other)?;
-        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
+        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text, durable)
     }
 
     /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq
@@ -543,9 +552,25 @@ impl StateDir {
         self.remove(&format!("{INFLIGHT_DIR}/{name}.json"))
     }
 
-    /// The workflows a prune has marked pruned (`inflight/{id}.pruned`), sorted.
-    pub fn pruned_ids(&self) -> io::Result<Vec<String>> {
-        self.inflight_ids(".pruned")
+    /// The workflows a prune has marked pruned (`inflight/{id}.pruned`) that still have a
+    /// run record or a commit log beside the mark, sorted: one reading of `inflight/`.
+    pub fn pruned_ids_with_records(&self) -> io::Result<Vec<String>> {
+        let mut marked = std::collections::HashSet::new();
+        let mut recorded = std::collections::HashSet::new();
+        for e in self.dirs.inflight.entries()? {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".pruned") {
+                marked.insert(id.to_owned());
+            } else if let Some(id) = name
+                .strip_suffix(".json")
+                .or_else(|| name.strip_suffix(".log"))
+            {
+                recorded.insert(id.to_owned());
+            }
+        }
+        let mut out: Vec<String> = marked.intersection(&recorded).cloned().collect();
+        out.sort();
+        Ok(out)
     }
 
     /// The ids of the files in `inflight/` named `{id}{suffix}`, sorted.

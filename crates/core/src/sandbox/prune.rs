@@ -122,7 +122,9 @@ impl Sandbox {
     /// lists those that do), when no run holds them and they hold nothing to recover.
     /// No later prune visits such a workflow otherwise.
     fn sweep_pruned_records(&self, with_snapshots: &[String]) {
-        let Ok(marked) = self.state.pruned_ids() else {
+        // Only those with a record left: a prune that finished left none, and a lock and
+        // several reads for each workflow ever pruned would make every prune slower.
+        let Ok(marked) = self.state.pruned_ids_with_records() else {
             return;
         };
         for wf in marked {
@@ -247,7 +249,7 @@ impl Sandbox {
                 let mut pruned = earlier.unwrap_or_default();
                 pruned.retain(|(r, _)| !holding.contains(r));
                 pruned.extend(holding.into_iter().map(|r| (r, seq)));
-                self.state.write_prune_mark(wf, &pruned)
+                self.state.write_prune_mark(wf, &pruned, self.durable())
             })
             .map_err(|e| {
                 crate::Refusal::new(
