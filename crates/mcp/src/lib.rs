@@ -529,12 +529,14 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     };
                     let note = if e.name.eq_ignore_ascii_case(".rollback") {
                         "  (reserved: rollback snapshots, never writable)"
+                    } else if e.not_utf8 {
+                        "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
+                    } else if e.name.contains('\u{FFFD}') {
+                        "  (the name holds U+FFFD, which listings show for bytes that are not text, so no path may hold it: no tool can address it)"
                     } else if unaddressable {
                         "  (control, bidirectional, invisible, slash-like or dot-like characters in the name: no tool can address it)"
                     } else if shown_otherwise {
                         "  (shown escaped: the name holds characters readers do not show, or that look like a slash or a dot; give them as they are to address it)"
-                    } else if e.not_utf8 {
-                        "  (the name is not UTF-8, shown with U+FFFD where its bytes are not text: no tool can address it)"
                     } else if e.other_links {
                         "  (has other hard links, so it may be a file outside the sandbox: never read or written)"
                     } else {

@@ -8,7 +8,7 @@
 use ailab_sandbox_core::catalog::{Operation, op_for_intent, writable_extensions};
 use ailab_sandbox_core::confine::path::ExtensionPolicy;
 use ailab_sandbox_core::context::DryRunReason;
-use ailab_sandbox_core::executor::{ActionStatus, RunResult, RunStatus};
+use ailab_sandbox_core::executor::{ActionResult, ActionStatus, RunResult, RunStatus};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
 use ailab_sandbox_core::sandbox::RollbackReport;
 use rmcp::model::{CallToolResult, ContentBlock};
@@ -284,6 +284,61 @@ pub(crate) fn dry_run_words(reason: Option<DryRunReason>, phase: &str) -> String
     }
 }
 
+/// What a one-action write run that went through says: what it wrote, where, and how
+/// to undo it (the workflow named when it is not the session's).
+fn written_text(
+    res: &RunResult,
+    a: &ActionResult,
+    op: &Operation,
+    session_wf: &str,
+    root: Option<&str>,
+) -> String {
+    let wf_arg = if res.workflow_id == session_wf {
+        String::new()
+    } else {
+        format!(", \"workflow_id\": \"{}\"", res.workflow_id)
+    };
+    let size = a.size_bytes.map_or_else(String::new, bytes);
+    let what = if op.is_directory() {
+        format!(
+            "{} created directory {} (or it already existed).",
+            op.name,
+            shown_name(&a.path)
+        )
+    } else {
+        format!(
+            "{} wrote {}: {size}, sha256 {}.",
+            op.name,
+            shown_name(&a.path),
+            sum(&a.after_checksum)
+        )
+    };
+    format!(
+        "{what}\npath: {path}{in_root}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
+        path = shown_name(&a.path),
+        in_root = root.map_or_else(String::new, |r| format!(
+            "\nroot: {r} (the path is in this root: pass it as 'root' to read or change the file)"
+        )),
+        sha = sum(&a.after_checksum),
+        size_n = a
+            .size_bytes
+            .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+        art = sum(&a.artifact_id),
+        wf = res.workflow_id,
+        act = a.action_id,
+        wf_hint = if wf_arg.is_empty() {
+            " with no arguments".to_owned()
+        } else {
+            format!(" with {{\"workflow_id\": \"{}\"}}", res.workflow_id)
+        },
+    )
+}
+
+/// A checksum or id as shown, `-` for none.
+fn sum(s: &Option<String>) -> String {
+    s.clone().unwrap_or_else(|| "-".to_owned())
+}
+
 /// The result of a one-action write run; `root`, the root the call named, is repeated
 /// beside the path, which is relative to it (read tools take the first root unless told).
 pub(crate) fn write_result(
@@ -311,50 +366,9 @@ pub(crate) fn write_result(
             structured,
         );
     };
-    let wf_arg = if res.workflow_id == session_wf {
-        String::new()
-    } else {
-        format!(", \"workflow_id\": \"{}\"", res.workflow_id)
-    };
-    let sum = |s: &Option<String>| s.clone().unwrap_or_else(|| "-".to_owned());
     let size = a.size_bytes.map_or_else(String::new, bytes);
     match res.status {
-        RunStatus::Success => {
-            let what = if op.is_directory() {
-                format!(
-                    "{} created directory {} (or it already existed).",
-                    op.name,
-                    shown_name(&a.path)
-                )
-            } else {
-                format!(
-                    "{} wrote {}: {size}, sha256 {}.",
-                    op.name,
-                    shown_name(&a.path),
-                    sum(&a.after_checksum)
-                )
-            };
-            let text = format!(
-                "{what}\npath: {path}{in_root}\nsha256: {sha}\nsize_bytes: {size_n}\nartifact_id: {art}\nworkflow_id: {wf}\naction_id: {act}\nTo undo this write: call rollback_action with {{\"action_id\": \"{act}\"{wf_arg}}}. To undo every write of the workflow: call rollback_workflow{wf_hint}.",
-                path = shown_name(&a.path),
-                in_root = root.map_or_else(String::new, |r| format!(
-                    "\nroot: {r} (the path is in this root: pass it as 'root' to read or change the file)"
-                )),
-                sha = sum(&a.after_checksum),
-                size_n = a
-                    .size_bytes
-                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
-                art = sum(&a.artifact_id),
-                wf = res.workflow_id,
-                act = a.action_id,
-                wf_hint = if wf_arg.is_empty() {
-                    " with no arguments".to_owned()
-                } else {
-                    format!(" with {{\"workflow_id\": \"{}\"}}", res.workflow_id)
-                },
-            );
-            ok(text, structured)
-        }
+        RunStatus::Success => ok(written_text(res, a, op, session_wf, root), structured),
         RunStatus::SimulatedSuccess => {
             let would = if op.is_directory() {
                 format!("would create directory {}", shown_name(&a.path))

@@ -279,6 +279,29 @@ fn later_writers<'a>(
         .collect()
 }
 
+/// Whether a snapshot of `snaps` asked for by `opts` is still there of a write a prune
+/// covered (`pruned_up_to` of its root, in `trail`): a prune records itself before it
+/// removes anything, so it stopped half way, and its mark must not excuse the folders it
+/// did remove.
+fn pruned_but_present(
+    snaps: &RootedSnapshots,
+    trail: &[SandboxAuditEntry],
+    opts: &RollbackOptions,
+    pruned_up_to: impl Fn(usize) -> Option<u64>,
+) -> bool {
+    snaps.iter().any(|(i, s)| {
+        let up_to = pruned_up_to(*i).unwrap_or(0);
+        up_to > 0
+            && opts.takes(&s.meta.action_id)
+            && trail.iter().any(|e| {
+                e.status == AuditStatus::Success
+                    && e.seq <= up_to
+                    && e.action_id == s.meta.action_id
+                    && e.execution_id == s.meta.execution_id
+            })
+    })
+}
+
 /// The refusal of a workflow whose snapshot folders hold `untrusted` entries: the
 /// first, and how many more, which would otherwise be met one refusal at a time.
 fn untrusted_refusal(workflow_id: &str, untrusted: &[crate::Refusal]) -> Option<crate::Refusal> {
@@ -980,21 +1003,7 @@ impl Sandbox {
             return Err(self.written_elsewhere(workflow_id, &elsewhere));
         }
         let missing = writes.missing(&snaps, opts);
-        // A prune records itself before it removes anything: a snapshot still there of a
-        // write it covered means it stopped half way, and its mark must not excuse the
-        // folders it did remove.
-        let pruned_but_present = snaps.iter().any(|(i, s)| {
-            let up_to = pruned_up_to(*i).unwrap_or(0);
-            up_to > 0
-                && opts.takes(&s.meta.action_id)
-                && trail.iter().any(|e| {
-                    e.status == AuditStatus::Success
-                        && e.seq <= up_to
-                        && e.action_id == s.meta.action_id
-                        && e.execution_id == s.meta.execution_id
-                })
-        });
-        if pruned_but_present {
+        if pruned_but_present(&snaps, &trail, opts, pruned_up_to) {
             return Err(half_pruned(workflow_id));
         }
         if let (false, Some(e)) = (missing.is_empty(), damaged_marks) {

@@ -271,8 +271,9 @@ async fn a_name_with_a_direction_override_is_listed_escaped() {
 }
 
 /// A name that is not UTF-8 is listed as a likeness (U+FFFD for its stray bytes), and
-/// said to be one: a file really named with U+FFFD would otherwise look the same, and a
-/// read of the likeness reads that other file.
+/// said to be one; a file really named with U+FFFD, which would look the same, is said to
+/// be out of reach too: no path may hold U+FFFD, so a read of the likeness is refused
+/// rather than reading that other file.
 #[tokio::test]
 async fn a_name_that_is_not_utf8_is_said_to_be_unaddressable() {
     use std::os::unix::ffi::OsStrExt;
@@ -294,6 +295,15 @@ async fn a_name_that_is_not_utf8_is_said_to_be_unaddressable() {
     );
     // The slash marks the directory's name, before the note.
     assert!(flagged.iter().any(|l| l.contains("dir\u{fffd}/  (")), "{t}");
+    assert!(
+        t.lines()
+            .any(|l| l.contains(".txt  (5 bytes)  (the name holds U+FFFD")),
+        "the file really so named: {t}"
+    );
+    let read = s
+        .call("read_file", json!({"path": "d/bad\u{fffd}.txt"}))
+        .await;
+    assert!(text(&read).contains("path_traversal"), "{}", text(&read));
     let entries = structured(&r)["entries"].as_array().unwrap().clone();
     let marked: Vec<_> = entries.iter().filter(|e| e["not_utf8"] == true).collect();
     assert_eq!(marked.len(), 2, "{entries:?}");
