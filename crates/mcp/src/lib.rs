@@ -520,6 +520,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         .chars()
                         .any(ailab_sandbox_core::confine::path::shows_otherwise);
                     let unaddressable = e.name.chars().any(char::is_control)
+                        || e.name.contains('\u{FFFD}')
                         || ailab_sandbox_core::confine::path::detect_misleading_name(&e.name)
                             .is_err();
                     let name = if shown_otherwise {

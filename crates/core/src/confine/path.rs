@@ -109,16 +109,6 @@ pub fn detect_misleading_name(path: &str) -> Verdict {
         )
         .malformed());
     }
-    if path.contains('\u{FFFD}') {
-        return Err(Refusal::new(
-            ReasonCode::PathTraversal,
-            format!(
-                "the path {} contains U+FFFD, the replacement character, which listings show in place of the bytes of a name that are not UTF-8 (`bad\\u{{FFFD}}.md` may be listed for a file whose name is not text, which no path can name); paths may not contain it: remove it, or use another character",
-                shown_path(path)
-            ),
-        )
-        .malformed());
-    }
     let Some(c) = super::unseen::first_unseen(path) else {
         return Ok(());
     };
@@ -467,7 +457,25 @@ pub fn resolve_sandbox_path(
     };
     // Last: a path that also aims out is refused for that, and counted so.
     detect_misleading_name(path)?;
+    detect_replacement_character(path, &rel)?;
     Ok(Resolved { root_index, rel })
+}
+
+/// Refuses a path (`rel` inside its root, `path` as given) holding U+FFFD, the character
+/// listings show in place of the bytes of a name that are not UTF-8: such a path would
+/// name another file than the one listed. A root's own path, the operator's, may.
+fn detect_replacement_character(path: &str, rel: &RelPath) -> Verdict {
+    if !rel.components().iter().any(|c| c.contains('\u{FFFD}')) {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        ReasonCode::PathTraversal,
+        format!(
+            "the path {} contains U+FFFD, the replacement character, which listings show in place of the bytes of a name that are not UTF-8 (`bad\\u{{FFFD}}.md` may be listed for a file whose name is not text, which no path can name); paths may not contain it: remove it, or use another character",
+            shown_path(path)
+        ),
+    )
+    .malformed())
 }
 
 fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
@@ -850,8 +858,10 @@ pub fn shown_path(path: &str) -> String {
 }
 
 /// `escaped` (see [`escaped`]) in the pieces a shortened path may be cut between: an
-/// escape whole, or a character with the combining marks that follow it.
+/// escape whole, or a character with the combining marks that follow it (one character
+/// at a time past eight marks, lest a pile of them leave nothing to show).
 fn shown_units(escaped: &str) -> Vec<&str> {
+    const MARKS: usize = 8;
     let mut units = Vec::new();
     let mut rest = escaped;
     while let Some(c) = rest.chars().next() {
@@ -870,7 +880,14 @@ fn shown_units(escaped: &str) -> Vec<&str> {
                 .sum::<usize>();
         }
         let (unit, after) = rest.split_at(end);
-        units.push(unit);
+        if unit.chars().count() > MARKS + 1 {
+            units.extend(
+                unit.char_indices()
+                    .map(|(at, c)| &unit[at..at + c.len_utf8()]),
+            );
+        } else {
+            units.push(unit);
+        }
         rest = after;
     }
     units
@@ -964,6 +981,22 @@ mod tests {
                     );
                 }
             }
+        }
+        // A pile of marks on one letter is cut inside, not hidden whole.
+        let piled = format!("a{}.md", "\u{301}".repeat(300));
+        let shown = super::shown_path(&piled);
+        assert!(shown.starts_with("'a\u{301}"), "{shown}");
+        assert!(shown.chars().count() > 100, "{shown}");
+        for path in ["\\", "\\u", "a\\", "\u{301}\u{301}"] {
+            super::shown_path(&path.repeat(80));
+        }
+    }
+
+    /// A backslash ending the text (no escape follows) is a piece of its own.
+    #[test]
+    fn shown_units_do_not_panic_on_a_trailing_backslash() {
+        for text in ["\\", "\\u", "\\u{", "x\\u{12"] {
+            assert_eq!(super::shown_units(text).concat(), text);
         }
     }
 

@@ -425,7 +425,7 @@ impl<'t> TrailWrites<'t> {
     /// back over that restore. A write made after the older restore (a later run of the
     /// workflow) stands. By snapshot id, with what the oldest such restore gave the
     /// file (what its action found), which the file holds unless changed since.
-    fn undone_beneath(&self, snaps: &RootedSnapshots) -> HashMap<String, Option<String>> {
+    fn undone_beneath(&self, snaps: &RootedSnapshots) -> HashMap<String, TargetState> {
         let mut beneath = HashMap::new();
         for (at, (i, s)) in snaps.iter().enumerate() {
             let Some((written, _)) = self.written.get(s.meta.action_id.as_str()) else {
@@ -445,7 +445,7 @@ impl<'t> TrailWrites<'t> {
                         .is_some_and(|u| u > written)
             });
             if let Some((_, o)) = older_restore {
-                beneath.insert(s.meta.snapshot_id.clone(), o.meta.sha256.clone());
+                beneath.insert(s.meta.snapshot_id.clone(), TargetState::found_by(&o.meta));
             }
         }
         beneath
@@ -453,7 +453,7 @@ impl<'t> TrailWrites<'t> {
 }
 
 /// A snapshot undone beneath an older restore, with what that restore gave its file.
-type Beneath = (usize, StoredSnapshot, Option<String>);
+type Beneath = (usize, StoredSnapshot, TargetState);
 
 /// What a rollback of a workflow (or one of its actions) takes in, judged by
 /// [`Sandbox::rollback_selection`].
@@ -464,7 +464,7 @@ struct Selection {
     /// The ids of the snapshots of `chosen` undone beneath an older restore
     /// ([`TrailWrites::undone_beneath`]), with what that restore gave their file:
     /// recorded so, never restored.
-    beneath: HashMap<String, Option<String>>,
+    beneath: HashMap<String, TargetState>,
     /// The writes whose snapshots a prune removed, as said to people.
     pruned: Vec<String>,
 }
@@ -1288,7 +1288,10 @@ impl Sandbox {
         let beneath: Vec<Beneath> = under
             .into_iter()
             .map(|(i, s)| {
-                let gave = beneath.get(&s.meta.snapshot_id).cloned().flatten();
+                let gave = beneath
+                    .get(&s.meta.snapshot_id)
+                    .cloned()
+                    .unwrap_or(TargetState::Missing);
                 (i, s, gave)
             })
             .collect();
@@ -1733,7 +1736,7 @@ impl Sandbox {
                     RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
                 }
             };
-            targets.restored(&key, &step);
+            targets.restored(&key, &meta, &step);
             let record = self.restore_line(execution_id, workflow_id, i, &meta, before, &step);
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
@@ -1821,7 +1824,7 @@ impl Sandbox {
             for (at, meta) in spent {
                 // What the file holds now: a restore after the one that gave it back
                 // may have failed having changed it.
-                let now = self.target_checksum(key.0, &meta.target());
+                let (now, same) = self.held_since(key.0, &meta, gave);
                 let unrecorded = match self.mark_undone_beneath(
                     (execution_id, workflow_id),
                     key.0,
@@ -1839,14 +1842,14 @@ impl Sandbox {
                 step.detail = Some(format!(
                     "undone beneath it: {}; {}",
                     step.reason.take().unwrap_or_default(),
-                    if now == *gave {
+                    if same {
                         "the older actions' restores gave the file what the workflow found"
                     } else {
                         "the older actions' restores undid its change (the file changed after them: see their steps)"
                     }
                 ));
                 step.restored = true;
-                step.checksum_validated = *validated && now == *gave;
+                step.checksum_validated = *validated && same;
                 step.restored_checksum = now;
                 step.reason_code = None;
                 step.unrecorded = unrecorded;
@@ -1871,7 +1874,7 @@ impl Sandbox {
             .map(|(i, s, gave)| {
                 let path = self.abs_path(i, &s.meta.target());
                 let meta = s.meta;
-                let now = self.target_checksum(i, &meta.target());
+                let (now, same) = self.held_since(i, &meta, &gave);
                 let ids = (execution_id, workflow_id);
                 match self.mark_undone_beneath(ids, i, &meta, &now, &mut held) {
                     Ok(unrecorded) => RollbackStep {
@@ -1879,10 +1882,10 @@ impl Sandbox {
                         intent: meta.intent.clone(),
                         path,
                         restored: true,
-                        checksum_validated: now == gave,
+                        checksum_validated: same,
                         detail: Some(format!(
                             "undone beneath an older action's restore, made by an earlier rollback: its change went with that restore, so its backup was not restored over it{}",
-                            if now == gave {
+                            if same {
                                 ""
                             } else {
                                 " (the file has changed since)"
@@ -1905,6 +1908,23 @@ impl Sandbox {
             self.held_restores().add(workflow_id, execution_id, waiting);
         }
         (steps, held)
+    }
+
+    /// What `meta`'s target in root `i` holds now, as a restore's line records it, and
+    /// whether it is what an older restore gave it (`gave`: a folder or an unreadable
+    /// file where that restore left none is not).
+    fn held_since(
+        &self,
+        i: usize,
+        meta: &SnapshotMeta,
+        gave: &TargetState,
+    ) -> (Option<String>, bool) {
+        let state = self.target_state(i, &meta.target());
+        let now = match &state {
+            TargetState::File(sum) => Some(sum.clone()),
+            _ => None,
+        };
+        (now, state == *gave)
     }
 
     /// Records `meta`'s step (root `i`) undone beneath an older restore, its file
@@ -2269,7 +2289,7 @@ struct PassTargets {
     spent_on: HashMap<TargetKey, Vec<(usize, SnapshotMeta)>>,
     /// What the last restore after one of those (an older step's) left, and whether it
     /// was checked.
-    restored_on: HashMap<TargetKey, (Option<String>, bool)>,
+    restored_on: HashMap<TargetKey, (TargetState, bool)>,
 }
 
 impl PassTargets {
@@ -2312,12 +2332,13 @@ impl PassTargets {
             .insert(key.clone(), (meta.action_id.clone(), code, spent));
     }
 
-    /// A step of `key` done: a restore after a spent step undoes it beneath.
-    fn restored(&mut self, key: &TargetKey, step: &RollbackStep) {
+    /// A step of `key` (`meta`'s) done: a restore after a spent step undoes it beneath,
+    /// giving the file what its action found.
+    fn restored(&mut self, key: &TargetKey, meta: &SnapshotMeta, step: &RollbackStep) {
         if step.restored && self.spent_on.contains_key(key) {
             self.restored_on.insert(
                 key.clone(),
-                (step.restored_checksum.clone(), step.checksum_validated),
+                (TargetState::found_by(meta), step.checksum_validated),
             );
         }
     }

@@ -3361,6 +3361,80 @@ fn a_step_undone_beneath_is_recorded_with_what_the_file_holds_at_the_end() {
     assert_eq!(a3.before_checksum, a3.after_checksum);
 }
 
+/// A start after a rollback that died before restoring anything does not take a step
+/// whose backup was damaged since (and whose file someone removed) for one the rollback
+/// passed over: only a step it recorded failed for its backup lets the walk go on, and
+/// the older step, found as its action found it by chance, is no restore it made.
+#[test]
+fn a_start_does_not_walk_past_a_step_the_dead_rollback_never_reached() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_v", "actions": [
+            {"action_id": "p", "intent": "create_file", "path": "d/f.txt", "content": "one"},
+            {"action_id": "s", "intent": "replace_file", "path": "d/f.txt", "content": "two"}]}),
+    );
+    sb.failpoints().arm_crash("during_restore", 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rollback(&sb, "wf_v", false)
+    }));
+    assert!(outcome.is_err(), "the rollback dies at its first restore");
+    drop(sb);
+    std::fs::remove_file(w.path("d/f.txt")).unwrap();
+    std::fs::write(w.root.join(".rollback/wf_v/s/backup"), b"garbage").unwrap();
+    let sb = w.sandbox();
+    let trail = sb.audit_log().by_workflow("wf_v").unwrap();
+    assert!(
+        !trail
+            .iter()
+            .any(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack),
+        "{trail:?}"
+    );
+    assert!(
+        w.path("d").is_dir(),
+        "the folder p made stays: nothing undid p"
+    );
+}
+
+/// A step undone beneath an older restore that left its path empty is not called
+/// validated when a folder stands there now: its line and step say the file changed.
+#[test]
+fn a_step_undone_beneath_over_a_folder_put_there_is_not_validated() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "m.txt", "content": "one"},
+            {"action_id": "a2", "intent": "append_file", "path": "m.txt", "content": "+two"},
+            {"action_id": "a3", "intent": "append_file", "path": "m.txt", "content": "+three"}]}),
+    );
+    std::fs::write(w.root.join(".rollback/wf_m/a3/backup"), b"garbage").unwrap();
+    // The lines of a3's failed step, then a2's restore: refused, a1's held after it.
+    sb.failpoints().arm("after_mark", 2);
+    let rb = rollback(&sb, "wf_m", true);
+    assert!(
+        !rb.steps
+            .iter()
+            .find(|s| s.action_id == "a3")
+            .unwrap()
+            .restored
+    );
+    assert!(!w.path("m.txt").exists());
+    std::fs::create_dir(w.path("m.txt")).unwrap();
+    let rb = rollback(&sb, "wf_m", false);
+    let a3 = rb.steps.iter().find(|s| s.action_id == "a3").unwrap();
+    assert!(a3.restored && !a3.checksum_validated, "{rb:?}");
+    assert!(
+        a3.detail
+            .as_deref()
+            .unwrap()
+            .ends_with("(the file has changed since)"),
+        "{a3:?}"
+    );
+}
+
 /// A write made after an older action of its workflow on the same file was rolled back
 /// (a later run) stands: it is restored, not taken for one undone beneath that restore.
 #[test]
