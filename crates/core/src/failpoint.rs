@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs, prune, and `get_file_info`'s hash. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 27] = [
+pub const POINTS: [&str; 28] = [
     "after_validate",
     "read_target",
     "before_commit",
@@ -28,6 +28,7 @@ pub const POINTS: [&str; 27] = [
     "restore_verify",
     "after_restore",
     "after_mark",
+    "mark_restored",
     "record_held",
     "replay_staged",
     "remove_dead_temp",

@@ -1824,20 +1824,12 @@ impl Sandbox {
             for (at, meta) in spent {
                 // What the file holds now: a restore after the one that gave it back
                 // may have failed having changed it.
-                let (now, same) = self.held_since(key.0, &meta, gave);
-                let unrecorded = match self.mark_undone_beneath(
-                    (execution_id, workflow_id),
-                    key.0,
-                    &meta,
-                    &now,
-                    &mut held,
-                ) {
-                    Ok(unrecorded) => unrecorded,
-                    Err(r) => {
-                        tracing::warn!(reason = %r, "could not mark a step undone beneath an older restore");
-                        continue;
-                    }
+                // Left failed, for a rollback run again to record.
+                let Ok((now, same)) = self.held_since(key.0, &meta, gave) else {
+                    continue;
                 };
+                let ids = (execution_id, workflow_id);
+                let unrecorded = self.mark_undone_beneath(ids, key.0, &meta, &now, &mut held);
                 let step = &mut steps[at];
                 step.detail = Some(format!(
                     "undone beneath it: {}; {}",
@@ -1874,10 +1866,13 @@ impl Sandbox {
             .map(|(i, s, gave)| {
                 let path = self.abs_path(i, &s.meta.target());
                 let meta = s.meta;
-                let (now, same) = self.held_since(i, &meta, &gave);
+                let (now, same) = match self.held_since(i, &meta, &gave) {
+                    Ok(judged) => judged,
+                    Err(r) => return RollbackStep::failed(&meta, path, r),
+                };
                 let ids = (execution_id, workflow_id);
-                match self.mark_undone_beneath(ids, i, &meta, &now, &mut held) {
-                    Ok(unrecorded) => RollbackStep {
+                let unrecorded = self.mark_undone_beneath(ids, i, &meta, &now, &mut held);
+                RollbackStep {
                         action_id: meta.action_id.clone(),
                         intent: meta.intent.clone(),
                         path,
@@ -1895,9 +1890,7 @@ impl Sandbox {
                         reason_code: None,
                         reason: None,
                         unrecorded,
-                    },
-                    Err(r) => RollbackStep::failed(&meta, path, r),
-                }
+                    }
             })
             .collect();
         let waiting = steps
@@ -1911,27 +1904,39 @@ impl Sandbox {
     }
 
     /// What `meta`'s target in root `i` holds now, as a restore's line records it, and
-    /// whether it is what an older restore gave it (`gave`: a folder or an unreadable
-    /// file where that restore left none is not).
+    /// whether it is what an older restore gave it (`gave`: a folder where that restore
+    /// left none is not); why not, when that cannot be told (the file could not be
+    /// read): a line then would call it absent.
     fn held_since(
         &self,
         i: usize,
         meta: &SnapshotMeta,
         gave: &TargetState,
-    ) -> (Option<String>, bool) {
+    ) -> Result<(Option<String>, bool), Refusal> {
         let state = self.target_state(i, &meta.target());
         let now = match &state {
             TargetState::File(sum) => Some(sum.clone()),
-            _ => None,
+            TargetState::Missing | TargetState::Directory => None,
+            TargetState::Failed(why) | TargetState::Unreachable(why) => {
+                return Err(unjudged_beneath(meta, ReasonCode::IoError, why));
+            }
+            TargetState::Unreadable => {
+                return Err(unjudged_beneath(
+                    meta,
+                    ReasonCode::NotRegularFile,
+                    "it is not a regular file that can be read",
+                ));
+            }
         };
-        (now, state == *gave)
+        Ok((now, state == *gave))
     }
 
     /// Records `meta`'s step (root `i`) undone beneath an older restore, its file
     /// holding `now`: its mark, then its line from and to `now`, as a restore is
-    /// recorded. Returns why its line was not written, if it was not: the trail refused
-    /// it, or an earlier line of the pass (`held`, set on the first refusal), which it
-    /// must not pass. Refused when the mark cannot be written.
+    /// recorded (a mark that cannot be written is logged, and the line, which later
+    /// rollbacks read first, written all the same). Returns why its line was not
+    /// written, if it was not: the trail refused it, or an earlier line of the pass
+    /// (`held`, set on the first refusal), which it must not pass.
     fn mark_undone_beneath(
         &self,
         (execution_id, workflow_id): (&str, &str),
@@ -1939,13 +1944,15 @@ impl Sandbox {
         meta: &SnapshotMeta,
         now: &Option<String>,
         held: &mut Option<String>,
-    ) -> Verdict<Option<String>> {
+    ) -> Option<String> {
         let by = Restorer::Rollback { found: now };
-        self.mark_restored(i, meta, execution_id, now, &[], by)?;
+        if let Err(r) = self.mark_restored(i, meta, execution_id, now, &[], by) {
+            tracing::warn!(reason = %r, "a step undone beneath older restores is recorded on the audit trail next; only its snapshot's restored mark could not be written");
+        }
         self.metrics
             .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
         if held.is_some() {
-            return Ok(held.clone());
+            return held.clone();
         }
         let line =
             self.rollback_record(execution_id, workflow_id, i, meta, now.clone(), now.clone());
@@ -1956,7 +1963,7 @@ impl Sandbox {
         if let Err(e) = appended {
             *held = Some(line_refused(&e));
         }
-        Ok(held.clone())
+        held.clone()
     }
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record
@@ -2184,6 +2191,7 @@ impl Sandbox {
             "execution_id": execution_id,
             "restored_checksum": restored_checksum,
         });
+        self.fail_at("mark_restored")?;
         if !left_dirs.is_empty() {
             record["left_dirs"] = serde_json::json!(left_dirs);
         }
@@ -2265,6 +2273,18 @@ pub(crate) enum Restorer<'a> {
         found: Option<&'a Option<String>>,
     },
 }
+/// Why a step undone beneath older restores is not recorded so now: what its file holds
+/// could not be told (`why`); a rollback run again records it.
+fn unjudged_beneath(meta: &SnapshotMeta, code: ReasonCode, why: &str) -> Refusal {
+    Refusal::new(
+        code,
+        format!(
+            "its change was undone beneath older restores, but what {} holds could not be read to record it so ({why}); roll back again to record it",
+            shown_path(&meta.original_path)
+        ),
+    )
+}
+
 /// A restore's trail line the trail would not take: logged, and the words its step
 /// keeps (a trail another process held past the wait named so).
 fn line_refused(e: &std::io::Error) -> String {

@@ -3435,6 +3435,66 @@ fn a_step_undone_beneath_over_a_folder_put_there_is_not_validated() {
     );
 }
 
+/// A step undone beneath older restores whose file cannot be read when it is to be
+/// recorded so is left failed, saying why, rather than recorded with no checksum (read
+/// as an absent file); the rollback run again records it.
+#[test]
+fn a_step_undone_beneath_whose_file_cannot_be_read_waits_for_the_next_rollback() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_q");
+    std::fs::write(w.root.join(".rollback/wf_q/a3/backup"), b"garbage").unwrap();
+    sb.failpoints().arm("after_mark", 2);
+    let rb = rollback(&sb, "wf_q", true);
+    assert!(
+        !rb.steps
+            .iter()
+            .find(|s| s.action_id == "a3")
+            .unwrap()
+            .restored
+    );
+    sb.failpoints().arm("read_target", 1);
+    let rb = rollback(&sb, "wf_q", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.steps[0].reason_code, Some(ReasonCode::IoError), "{rb:?}");
+    assert!(
+        rb.steps[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("roll back again to record it"),
+        "{rb:?}"
+    );
+    let rb = rollback(&sb, "wf_q", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let trail = sb.audit_log().by_workflow("wf_q").unwrap();
+    let last = trail.last().unwrap();
+    assert_eq!(last.action_id, "a3");
+    assert_eq!(last.after_checksum, Some(sha(b"orig")), "{trail:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A step undone beneath older restores whose mark cannot be written is recorded on the
+/// trail all the same, as a restore is: the trail is what later rollbacks read first.
+#[test]
+fn a_step_undone_beneath_without_its_mark_is_recorded_on_the_trail() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_z");
+    std::fs::write(w.root.join(".rollback/wf_z/a3/backup"), b"garbage").unwrap();
+    sb.failpoints().arm("after_mark", 2);
+    rollback(&sb, "wf_z", true);
+    sb.failpoints().arm("mark_restored", 1);
+    let rb = rollback(&sb, "wf_z", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let last = sb.audit_log().by_workflow("wf_z").unwrap().pop().unwrap();
+    assert_eq!(
+        (last.action_id.as_str(), last.status),
+        ("a3", ailab_sandbox_core::audit::AuditStatus::RolledBack)
+    );
+    let rb = rollback(&sb, "wf_z", true);
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+}
+
 /// A write made after an older action of its workflow on the same file was rolled back
 /// (a later run) stands: it is restored, not taken for one undone beneath that restore.
 #[test]
