@@ -3190,6 +3190,28 @@ fn a_passing_failure_after_a_damaged_backup_still_holds_the_older_steps_back() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Runs [`three_writes_on_one_file`], damages a3's backup, and rolls the workflow back
+/// with force while the trail refuses a2's line (a1's held after it): a3, passed over as
+/// spent, is left failed, the file given back.
+fn leave_a_spent_step_failed(w: &World, sb: &ailab_sandbox_core::Sandbox, workflow_id: &str) {
+    three_writes_on_one_file(sb, workflow_id);
+    std::fs::write(
+        w.root.join(format!(".rollback/{workflow_id}/a3/backup")),
+        b"garbage",
+    )
+    .unwrap();
+    sb.failpoints().arm("after_mark", 2);
+    let rb = rollback(sb, workflow_id, true);
+    assert!(
+        !rb.steps
+            .iter()
+            .find(|s| s.action_id == "a3")
+            .unwrap()
+            .restored
+    );
+    assert_eq!(w.read("f.txt"), b"orig");
+}
+
 /// Runs `workflow_id`'s a1 (`f.txt` replaced by "one"), a2 (+two) and a3 (+three).
 fn three_writes_on_one_file(sb: &ailab_sandbox_core::Sandbox, workflow_id: &str) {
     run(
@@ -3441,17 +3463,7 @@ fn a_step_undone_beneath_over_a_folder_put_there_is_not_validated() {
 #[test]
 fn a_step_undone_beneath_whose_file_cannot_be_read_waits_for_the_next_rollback() {
     let (w, sb) = history(b"orig", &[]);
-    three_writes_on_one_file(&sb, "wf_q");
-    std::fs::write(w.root.join(".rollback/wf_q/a3/backup"), b"garbage").unwrap();
-    sb.failpoints().arm("after_mark", 2);
-    let rb = rollback(&sb, "wf_q", true);
-    assert!(
-        !rb.steps
-            .iter()
-            .find(|s| s.action_id == "a3")
-            .unwrap()
-            .restored
-    );
+    leave_a_spent_step_failed(&w, &sb, "wf_q");
     sb.failpoints().arm("read_target", 1);
     let rb = rollback(&sb, "wf_q", false);
     assert_eq!(rb.status, "failed", "{rb:?}");
@@ -3478,10 +3490,7 @@ fn a_step_undone_beneath_whose_file_cannot_be_read_waits_for_the_next_rollback()
 #[test]
 fn a_step_undone_beneath_without_its_mark_is_recorded_on_the_trail() {
     let (w, sb) = history(b"orig", &[]);
-    three_writes_on_one_file(&sb, "wf_z");
-    std::fs::write(w.root.join(".rollback/wf_z/a3/backup"), b"garbage").unwrap();
-    sb.failpoints().arm("after_mark", 2);
-    rollback(&sb, "wf_z", true);
+    leave_a_spent_step_failed(&w, &sb, "wf_z");
     sb.failpoints().arm("mark_restored", 1);
     let rb = rollback(&sb, "wf_z", false);
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
