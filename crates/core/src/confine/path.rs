@@ -479,10 +479,17 @@ fn detect_replacement_character(path: &str, rel: &RelPath) -> Verdict {
 }
 
 fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
-    let wanted = Path::new(hint.strip_suffix('/').unwrap_or(hint));
+    let bare = hint.strip_suffix('/').unwrap_or(hint);
+    let wanted = Path::new(bare);
+    // Named as listed: a `.` or an empty component, which a path may not have, would
+    // name it as well once the path is read.
+    let as_listed = !bare
+        .split('/')
+        .skip(1)
+        .any(|c| c.is_empty() || c == "." || c == "..");
     roots
         .iter()
-        .position(|r| r.as_path() == wanted)
+        .position(|r| as_listed && r.as_path() == wanted)
         .ok_or_else(|| {
             let r = Refusal::new(
                 ReasonCode::OutsideSandbox,

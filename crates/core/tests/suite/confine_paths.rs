@@ -395,6 +395,26 @@ fn relative_path_with_root_hint_goes_to_that_root() {
     assert_eq!(r.root_index, 1);
 }
 
+/// A root is named as listed (one trailing `/` taken): `ROOT/.`, `//` inside it or
+/// `ROOT/x/..`, which a path may not hold, do not name it either.
+#[test]
+fn a_root_hint_with_a_dot_or_an_empty_component_names_no_root() {
+    for hint in [
+        "/srv/sandbox-b/.",
+        "/srv//sandbox-b",
+        "/srv/sandbox-b/./",
+        "/srv/sandbox-b/x/..",
+    ] {
+        let err = resolve_sandbox_path("x.txt", &roots(), Some(hint), MAX_PATH_DEPTH).unwrap_err();
+        assert_eq!(err.reason_code, ReasonCode::OutsideSandbox, "{hint}");
+        assert!(
+            err.reason.contains("is not a sandbox root in use"),
+            "{hint}: {}",
+            err.reason
+        );
+    }
+}
+
 #[test]
 fn unknown_root_hint_is_outside_sandbox() {
     let err = resolve_sandbox_path("x.txt", &roots(), Some("/etc"), MAX_PATH_DEPTH).unwrap_err();
