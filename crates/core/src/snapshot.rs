@@ -1453,8 +1453,9 @@ impl RollbackEngine {
                 ));
             }
             // The runtime's own reading failed (a disk error, no descriptor, a
-            // permission): the restore is done, unverified.
-            Err(r) => return Ok(unverified(meta, r)),
+            // permission): the restore is done, unverified; what it wrote is the
+            // backup's bytes, checked against their record before the write.
+            Err(r) => return Ok(unverified(meta, r, Some(expected))),
         };
         let restored = sha256_hex(&back);
         if restored != expected {
@@ -1575,7 +1576,7 @@ impl RollbackEngine {
                 }),
                 left_dirs,
             }),
-            Err(r) => Ok(unverified(meta, r)),
+            Err(r) => Ok(unverified(meta, r, None)),
         }
     }
 
@@ -1658,12 +1659,13 @@ impl RollbackEngine {
 }
 
 /// What a restore that could not be checked afterwards for the runtime's own reasons
-/// (`r`) did: done, unverified.
-fn unverified(meta: &SnapshotMeta, r: Refusal) -> RestoreOutcome {
+/// (`r`) did: done, unverified, having `written` (the checksum of the bytes it wrote;
+/// none for a removal), which its audit line names.
+fn unverified(meta: &SnapshotMeta, r: Refusal, written: Option<String>) -> RestoreOutcome {
     tracing::warn!(reason = %r, path = %meta.original_path, "a restored target could not be verified");
     RestoreOutcome {
         checksum_validated: false,
-        restored_checksum: None,
+        restored_checksum: written,
         left_dirs: Vec::new(),
         detail: Some(format!(
             "restored, but it could not be checked afterwards: {}",

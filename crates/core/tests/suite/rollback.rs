@@ -2806,6 +2806,15 @@ fn a_restore_that_cannot_be_verified_is_still_recorded_as_done() {
         .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
         .count();
     assert_eq!(undone, 2, "{trail:?}");
+    // The rewrite's line names the bytes it wrote (the backup's, checked before the
+    // write), not none, which reads as an absent file.
+    let a1 = trail
+        .iter()
+        .find(|e| {
+            e.action_id == "a1" && e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack
+        })
+        .unwrap();
+    assert_eq!(a1.after_checksum, Some(sha(b"orig")), "{a1:?}");
     let again = rollback(&sb, "wf_v", false);
     assert_eq!(
         again.reason_code,
