@@ -360,20 +360,16 @@ impl StateDir {
         Ok(made)
     }
 
-    /// Replaces `rel` with `bytes` whole: a temporary file beside it, renamed over it
-    /// (when `durable`, the file synced first and the directory after). A crash leaves
-    /// the old file or the new.
-    fn replace_whole(&self, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
+    /// Replaces `rel` with `bytes` whole and durably: a temporary file beside it, synced,
+    /// renamed over it, the directory synced. A crash leaves the old file or the new.
+    fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = self.write_aside(rel, bytes, durable)?;
+        let tmp = self.write_aside(rel, bytes, true)?;
         if let Err(e) = dir.rename(&tmp, dir, name) {
             let _ = dir.remove_file(&tmp);
             return Err(e);
         }
-        if durable {
-            super::root::sync_dir(dir)?;
-        }
-        Ok(())
+        super::root::sync_dir(dir)
     }
 
     /// A new temporary file beside `rel` (`.{name}.ailab-tmp-…`, which start-up removes
@@ -435,23 +431,20 @@ impl StateDir {
         }
     }
 
-    /// Records (synced when `durable`) which of `workflow`'s snapshots prunes removed:
-    /// for each root (as configured), the audit seq the last prune there reached; writes
-    /// audited up to it into that root have no snapshot any more, by design. Replaced
-    /// whole (a small JSON file, however many roots it names).
-    pub fn write_prune_mark(
-        &self,
-        workflow: &str,
-        pruned: &[(String, u64)],
-        durable: bool,
-    ) -> io::Result<()> {
+    /// Records, durably, which of `workflow`'s snapshots prunes removed: for each root (as
+    /// configured), the audit seq the last prune there reached; writes audited up to it
+    /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
+    /// file, however many roots it names). Synced in every durability mode: the removal
+    /// follows in another directory, often on another filesystem, and reaching the disk
+    /// before the mark it would leave the workflow's writes called missing for good.
+    pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
         let roots: Vec<serde_json::Value> = pruned
             .iter()
             .map(|(root, seq)| serde_json::json!({"root": root, "up_to_seq": seq}))
             .collect();
         let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
             .map_err(io::Error::other)?;
-        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text, durable)
+        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
     }
 
     /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq

@@ -249,7 +249,7 @@ impl Sandbox {
                 let mut pruned = earlier.unwrap_or_default();
                 pruned.retain(|(r, _)| !holding.contains(r));
                 pruned.extend(holding.into_iter().map(|r| (r, seq)));
-                self.state.write_prune_mark(wf, &pruned, self.durable())
+                self.state.write_prune_mark(wf, &pruned)
             })
             .map_err(|e| {
                 crate::Refusal::new(

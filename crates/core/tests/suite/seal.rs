@@ -878,7 +878,7 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     let seq = sb.audit_log().last_seq().unwrap();
     ailab_sandbox_core::confine::state::StateDir::open(&w.state)
         .unwrap()
-        .write_prune_mark("wf_half", &[(w.root.display().to_string(), seq)], true)
+        .write_prune_mark("wf_half", &[(w.root.display().to_string(), seq)])
         .unwrap();
     std::fs::remove_dir_all(w.root.join(".rollback/wf_half/a1")).unwrap();
     let rb = sb.rollback_workflow("wf_half", &RollbackOptions::default());
