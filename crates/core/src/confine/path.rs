@@ -887,7 +887,7 @@ fn shown_units(escaped: &str) -> Vec<&str> {
                 .sum::<usize>();
         }
         let (unit, after) = rest.split_at(end);
-        if unit.chars().count() > MARKS + 1 {
+        if c != '\\' && unit.chars().count() > MARKS + 1 {
             units.extend(
                 unit.char_indices()
                     .map(|(at, c)| &unit[at..at + c.len_utf8()]),
@@ -989,6 +989,18 @@ mod tests {
                 }
             }
         }
+        // An escape of ten characters stays whole.
+        let wide = format!(
+            "{}\u{FFFD}{}{}.md",
+            "a".repeat(44),
+            "\u{100000}".repeat(3),
+            "b".repeat(80)
+        );
+        let shown = super::shown_path(&wide);
+        assert!(
+            !shown.contains("\\u{…") && !shown.contains("\\…"),
+            "{shown}"
+        );
         // A pile of marks on one letter is cut inside, not hidden whole.
         let piled = format!("a{}.md", "\u{301}".repeat(300));
         let shown = super::shown_path(&piled);
