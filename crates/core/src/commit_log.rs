@@ -505,6 +505,7 @@ mod tests {
                 recovered_by: Vec::new(),
                 roots: Vec::new(),
                 rollback_recovered_at: None,
+                forced: false,
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

@@ -922,6 +922,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             recovered_by: Vec::new(),
             roots,
             rollback_recovered_at: None,
+            forced: false,
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();
@@ -1095,7 +1096,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             Some(_) => self.sb.settle_commit_log(wf).map(|_| h),
             None => self
                 .sb
-                .mark_rolling_back(wf, &self.execution_id, &done)
+                .mark_rolling_back(wf, &self.execution_id, &done, false)
                 .map(|_| h),
         });
         match held {

@@ -22,7 +22,6 @@ impl Sandbox {
         let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
             return report;
         };
-        let passed_over = passed_over_as_spent(&entries, &rec.execution_id);
         let done = standing_results(entries);
         let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
@@ -68,8 +67,7 @@ impl Sandbox {
                 report.not_rolled_back += 1;
                 continue;
             }
-            let spent = passed_over.contains(s.meta.action_id.as_str());
-            match self.dead_restore(rec, (i, &s.meta), after, spent) {
+            match self.dead_restore(rec, (i, &s.meta), after) {
                 DeadRestore::NotMade => {
                     settled.insert(key);
                     report.not_rolled_back += 1;
@@ -104,14 +102,11 @@ impl Sandbox {
     /// One unmarked snapshot of an action the trail says stands (`after`: what it left),
     /// newest first for its target: whether the dead rollback restored it, and if so
     /// its mark, written now, and its trail line to write.
-    /// `spent`: the dead rollback recorded this step failed for want of its backup
-    /// ([`passed_over_as_spent`]).
     fn dead_restore(
         &self,
         rec: &InflightRecord,
         (i, meta): (usize, &SnapshotMeta),
         after: &Option<String>,
-        spent: bool,
     ) -> DeadRestore {
         // Restored: the target is as the action found it and not as it left it.
         // Compared as states, not checksums: a directory has none, and a removed
@@ -128,10 +123,10 @@ impl Sandbox {
             return DeadRestore::NotMade;
         }
         if now != TargetState::found_by(meta) {
-            // Its backup damaged or gone, the dead rollback passed over it (forced: an
-            // unforced one is refused before restoring anything), and the older
-            // restores may have given its file back: the walk goes on.
-            if spent && self.backup_unusable(i, meta) {
+            // Its backup damaged or gone, a forced rollback passed over it, and the
+            // older restores may have given its file back: the walk goes on. (An
+            // unforced one, a failed run's own among them, holds them back.)
+            if rec.forced && self.backup_unusable(i, meta) {
                 return DeadRestore::Spent;
             }
             return DeadRestore::NotMade;
@@ -279,24 +274,6 @@ enum DeadRestore {
     Unmarked,
     /// Restored and marked: the trail line to write.
     Marked(Box<AuditRecord>),
-}
-
-/// The actions whose restore the rollback `execution_id` recorded failed for want of a
-/// usable backup (`checksum_mismatch`, `no_rollback_data`): steps a forced rollback
-/// passes over as spent.
-fn passed_over_as_spent(entries: &[SandboxAuditEntry], execution_id: &str) -> HashSet<String> {
-    entries
-        .iter()
-        .filter(|e| {
-            e.execution_id == execution_id
-                && e.status == AuditStatus::Failed
-                && matches!(
-                    e.reason_code,
-                    Some(ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData)
-                )
-        })
-        .map(|e| e.action_id.clone())
-        .collect()
 }
 
 /// What each action of a workflow's trail `entries` left (its result's checksum), of

@@ -1343,7 +1343,7 @@ impl Sandbox {
             .cloned()
             .chain(beneath.iter().map(|(i, s, _)| (*i, s.clone())))
             .collect();
-        let record = match self.mark_rolling_back(workflow_id, &execution_id, &all) {
+        let record = match self.mark_rolling_back(workflow_id, &execution_id, &all, opts.force) {
             Ok(record) => record,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
@@ -1482,6 +1482,7 @@ impl Sandbox {
         workflow_id: &str,
         execution_id: &str,
         chosen: &[(usize, StoredSnapshot)],
+        forced: bool,
     ) -> Verdict<crate::recovery::InflightRecord> {
         // The workflow's record says a rollback is under way, durably, before any target
         // changes: if the process dies between a restore and its record, the next start
@@ -1499,6 +1500,7 @@ impl Sandbox {
             recovered_by: Vec::new(),
             roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
             rollback_recovered_at: None,
+            forced,
         };
         self.settle_commit_log(workflow_id)
             .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })
@@ -1823,13 +1825,16 @@ impl Sandbox {
             };
             for (at, meta) in spent {
                 // What the file holds now: a restore after the one that gave it back
-                // may have failed having changed it.
-                // Left failed, for a rollback run again to record.
+                // may have failed having changed it. Left failed, for a rollback run
+                // again to record, when it cannot be read or recorded now.
                 let Ok((now, same)) = self.held_since(key.0, &meta, gave) else {
                     continue;
                 };
                 let ids = (execution_id, workflow_id);
-                let unrecorded = self.mark_undone_beneath(ids, key.0, &meta, &now, &mut held);
+                let Ok(unrecorded) = self.mark_undone_beneath(ids, key.0, &meta, &now, &mut held)
+                else {
+                    continue;
+                };
                 let step = &mut steps[at];
                 step.detail = Some(format!(
                     "undone beneath it: {}; {}",
@@ -1871,7 +1876,10 @@ impl Sandbox {
                     Err(r) => return RollbackStep::failed(&meta, path, r),
                 };
                 let ids = (execution_id, workflow_id);
-                let unrecorded = self.mark_undone_beneath(ids, i, &meta, &now, &mut held);
+                let unrecorded = match self.mark_undone_beneath(ids, i, &meta, &now, &mut held) {
+                    Ok(unrecorded) => unrecorded,
+                    Err(r) => return RollbackStep::failed(&meta, path, r),
+                };
                 RollbackStep {
                         action_id: meta.action_id.clone(),
                         intent: meta.intent.clone(),
@@ -1923,8 +1931,8 @@ impl Sandbox {
             TargetState::Unreadable => {
                 return Err(unjudged_beneath(
                     meta,
-                    ReasonCode::NotRegularFile,
-                    "it is not a regular file that can be read",
+                    ReasonCode::Conflict,
+                    "it is not a regular file this process can read: its kind or its permissions",
                 ));
             }
         };
@@ -1936,7 +1944,9 @@ impl Sandbox {
     /// recorded (a mark that cannot be written is logged, and the line, which later
     /// rollbacks read first, written all the same). Returns why its line was not
     /// written, if it was not: the trail refused it, or an earlier line of the pass
-    /// (`held`, set on the first refusal), which it must not pass.
+    /// (`held`, set on the first refusal), which it must not pass. Refused when neither
+    /// could be written: nothing would record it later, and the step stays failed for
+    /// a rollback run again.
     fn mark_undone_beneath(
         &self,
         (execution_id, workflow_id): (&str, &str),
@@ -1944,26 +1954,45 @@ impl Sandbox {
         meta: &SnapshotMeta,
         now: &Option<String>,
         held: &mut Option<String>,
-    ) -> Option<String> {
+    ) -> Verdict<Option<String>> {
         let by = Restorer::Rollback { found: now };
-        if let Err(r) = self.mark_restored(i, meta, execution_id, now, &[], by) {
-            tracing::warn!(reason = %r, "a step undone beneath older restores is recorded on the audit trail next; only its snapshot's restored mark could not be written");
+        let unmarked = self
+            .mark_restored(i, meta, execution_id, now, &[], by)
+            .inspect_err(|r| {
+                tracing::warn!(reason = %r, "a step undone beneath older restores is recorded on the audit trail next; only its snapshot's restored mark could not be written");
+            })
+            .err();
+        let unrecorded = match held {
+            Some(words) => Some(words.clone()),
+            None => {
+                let line = self.rollback_record(
+                    execution_id,
+                    workflow_id,
+                    i,
+                    meta,
+                    now.clone(),
+                    now.clone(),
+                );
+                let appended = self
+                    .fail_at("after_mark")
+                    .map_err(|r| std::io::Error::other(r.reason))
+                    .and_then(|()| self.audit.append(vec![line]));
+                *held = appended.err().map(|e| line_refused(&e));
+                held.clone()
+            }
+        };
+        if let (Some(r), Some(words)) = (unmarked, &unrecorded) {
+            return Err(Refusal::new(
+                r.reason_code,
+                format!(
+                    "its change was undone beneath older restores, but neither its mark ({}) nor its audit line ({words}) could be written; roll back again to record it",
+                    r.reason
+                ),
+            ));
         }
         self.metrics
             .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
-        if held.is_some() {
-            return held.clone();
-        }
-        let line =
-            self.rollback_record(execution_id, workflow_id, i, meta, now.clone(), now.clone());
-        let appended = self
-            .fail_at("after_mark")
-            .map_err(|r| std::io::Error::other(r.reason))
-            .and_then(|()| self.audit.append(vec![line]));
-        if let Err(e) = appended {
-            *held = Some(line_refused(&e));
-        }
-        held.clone()
+        Ok(unrecorded)
     }
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record

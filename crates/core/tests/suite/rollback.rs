@@ -3392,6 +3392,31 @@ fn a_step_undone_beneath_is_recorded_with_what_the_file_holds_at_the_end() {
     assert_eq!(a3.before_checksum, a3.after_checksum);
 }
 
+/// The same when the trail refused the spent step's failed line before the death: the
+/// rollback's record says it was forced, which is what lets the start look beneath a
+/// step whose backup is damaged or gone.
+#[test]
+fn a_restore_beneath_a_spent_step_whose_line_was_refused_is_recorded_at_start() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_k2");
+    std::fs::write(w.root.join(".rollback/wf_k2/a3/backup"), b"garbage").unwrap();
+    sb.failpoints().arm("after_mark", 1);
+    sb.failpoints().arm_crash("after_restore", 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rollback(&sb, "wf_k2", true)
+    }));
+    assert!(outcome.is_err(), "the rollback dies after a2's restore");
+    drop(sb);
+    let sb = w.sandbox();
+    assert_noticed(&sb, "1 restore it made recorded on the audit trail");
+    let last = sb.audit_log().by_workflow("wf_k2").unwrap().pop().unwrap();
+    assert_eq!(
+        (last.action_id.as_str(), last.status),
+        ("a2", ailab_sandbox_core::audit::AuditStatus::RolledBack)
+    );
+    assert_eq!(last.after_checksum, Some(sha(b"one")));
+}
+
 /// A start after a rollback that died before restoring anything does not take a step
 /// whose backup was damaged since (and whose file someone removed) for one the rollback
 /// passed over: only a step it recorded failed for its backup lets the walk go on, and
@@ -3511,6 +3536,33 @@ fn a_step_undone_beneath_without_its_mark_is_recorded_on_the_trail() {
     let rb = rollback(&sb, "wf_z", true);
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
     assert_eq!(w.read("f.txt"), b"orig");
+}
+
+/// A step undone beneath older restores whose mark and audit line both cannot be
+/// written is left failed, saying so: nothing would record it later (its held line is
+/// written from its mark), and the rollback run again records it.
+#[test]
+fn a_step_undone_beneath_with_neither_mark_nor_line_stays_failed() {
+    let (w, sb) = history(b"orig", &[]);
+    leave_a_spent_step_failed(&w, &sb, "wf_n2");
+    sb.failpoints().arm("mark_restored", 1);
+    sb.failpoints().arm("after_mark", 1);
+    let rb = rollback(&sb, "wf_n2", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    let a3 = &rb.steps[0];
+    assert!(!a3.restored, "{rb:?}");
+    assert!(
+        a3.reason.as_deref().unwrap().contains("neither its mark"),
+        "{rb:?}"
+    );
+    let rb = rollback(&sb, "wf_n2", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let last = sb.audit_log().by_workflow("wf_n2").unwrap().pop().unwrap();
+    assert_eq!(
+        (last.action_id.as_str(), last.status),
+        ("a3", ailab_sandbox_core::audit::AuditStatus::RolledBack)
+    );
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// A write made after an older action of its workflow on the same file was rolled back
