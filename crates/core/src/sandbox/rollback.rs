@@ -455,6 +455,29 @@ impl<'t> TrailWrites<'t> {
 /// A snapshot undone beneath an older restore, with what that restore gave its file.
 type Beneath = (usize, StoredSnapshot, TargetState);
 
+/// The snapshots of `chosen` not yet restored, apart from those undone `beneath` an
+/// older restore (each with what that restore gave its file).
+fn split_beneath(
+    chosen: RootedSnapshots,
+    beneath: &HashMap<String, TargetState>,
+) -> (RootedSnapshots, Vec<Beneath>) {
+    let (under, chosen): (RootedSnapshots, RootedSnapshots) = chosen
+        .into_iter()
+        .filter(|(_, s)| !s.restored)
+        .partition(|(_, s)| beneath.contains_key(&s.meta.snapshot_id));
+    let under = under
+        .into_iter()
+        .map(|(i, s)| {
+            let gave = beneath
+                .get(&s.meta.snapshot_id)
+                .cloned()
+                .unwrap_or(TargetState::Missing);
+            (i, s, gave)
+        })
+        .collect();
+    (chosen, under)
+}
+
 /// What a rollback of a workflow (or one of its actions) takes in, judged by
 /// [`Sandbox::rollback_selection`].
 struct Selection {
@@ -1281,20 +1304,7 @@ impl Sandbox {
             Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
         };
-        let (under, chosen): (RootedSnapshots, RootedSnapshots) = chosen
-            .into_iter()
-            .filter(|(_, s)| !s.restored)
-            .partition(|(_, s)| beneath.contains_key(&s.meta.snapshot_id));
-        let beneath: Vec<Beneath> = under
-            .into_iter()
-            .map(|(i, s)| {
-                let gave = beneath
-                    .get(&s.meta.snapshot_id)
-                    .cloned()
-                    .unwrap_or(TargetState::Missing);
-                (i, s, gave)
-            })
-            .collect();
+        let (chosen, beneath) = split_beneath(chosen, &beneath);
         // Every target's lock, from the conflict check to the last restore: a writer
         // landing in between would meet the rollback half done.
         let held = self.lock_targets_after_restores(
