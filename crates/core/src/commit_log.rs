@@ -505,7 +505,7 @@ mod tests {
                 recovered_by: Vec::new(),
                 roots: Vec::new(),
                 rollback_recovered_at: None,
-                forced: false,
+                forced: None,
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

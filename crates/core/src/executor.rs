@@ -922,7 +922,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             recovered_by: Vec::new(),
             roots,
             rollback_recovered_at: None,
-            forced: false,
+            forced: None,
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

@@ -127,11 +127,12 @@ pub struct InflightRecord {
     /// itself, right after the kill, would otherwise remove them as old).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback_recovered_at: Option<String>,
-    /// Set for a rollback forced over later changes: it passes over a step whose backup
-    /// is damaged or gone and restores the older ones on its file, which recovery then
-    /// looks for beneath such a step.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub forced: bool,
+    /// For a rollback, whether it was forced over later changes: a forced one passes
+    /// over a step whose backup is damaged or gone and restores the older ones on its
+    /// file, which recovery then looks for beneath such a step. `None` for a run, and in
+    /// a record an older version wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced: Option<bool>,
 }
 
 impl InflightRecord {
@@ -168,7 +169,7 @@ impl InflightRecord {
                 recovered_by: vec![id; MAX_RECOVERED_BY],
                 roots: vec![String::new()],
                 rollback_recovered_at: Some(stamp),
-                forced: true,
+                forced: Some(false),
             };
             let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
             // `[""]` stands in the record for the names' own JSON array.

@@ -22,6 +22,10 @@ impl Sandbox {
         let Some(entries) = report.read(self.audit.by_workflow(&rec.workflow_id)) else {
             return report;
         };
+        // Which steps the dead rollback passed over as spent, when its record does not
+        // say whether it was forced (an older version wrote it): those whose restore it
+        // recorded failed for want of a usable backup.
+        let passed_over = passed_over_as_spent(&entries, &rec.execution_id);
         let done = standing_results(entries);
         let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
@@ -67,7 +71,10 @@ impl Sandbox {
                 report.not_rolled_back += 1;
                 continue;
             }
-            match self.dead_restore(rec, (i, &s.meta), after) {
+            let spent = rec
+                .forced
+                .unwrap_or_else(|| passed_over.contains(&s.meta.action_id));
+            match self.dead_restore(rec, (i, &s.meta), after, spent) {
                 DeadRestore::NotMade => {
                     settled.insert(key);
                     report.not_rolled_back += 1;
@@ -102,11 +109,14 @@ impl Sandbox {
     /// One unmarked snapshot of an action the trail says stands (`after`: what it left),
     /// newest first for its target: whether the dead rollback restored it, and if so
     /// its mark, written now, and its trail line to write.
+    /// `may_be_spent`: the dead rollback may have passed over this step, were its backup
+    /// damaged or gone (it was forced).
     fn dead_restore(
         &self,
         rec: &InflightRecord,
         (i, meta): (usize, &SnapshotMeta),
         after: &Option<String>,
+        may_be_spent: bool,
     ) -> DeadRestore {
         // Restored: the target is as the action found it and not as it left it.
         // Compared as states, not checksums: a directory has none, and a removed
@@ -126,7 +136,7 @@ impl Sandbox {
             // Its backup damaged or gone, a forced rollback passed over it, and the
             // older restores may have given its file back: the walk goes on. (An
             // unforced one, a failed run's own among them, holds them back.)
-            if rec.forced && self.backup_unusable(i, meta) {
+            if may_be_spent && self.backup_unusable(i, meta) {
                 return DeadRestore::Spent;
             }
             return DeadRestore::NotMade;
@@ -274,6 +284,23 @@ enum DeadRestore {
     Unmarked,
     /// Restored and marked: the trail line to write.
     Marked(Box<AuditRecord>),
+}
+
+/// The actions whose restore the rollback `execution_id` recorded failed for want of a
+/// usable backup (`checksum_mismatch`, `no_rollback_data`).
+fn passed_over_as_spent(entries: &[SandboxAuditEntry], execution_id: &str) -> HashSet<String> {
+    entries
+        .iter()
+        .filter(|e| {
+            e.execution_id == execution_id
+                && e.status == AuditStatus::Failed
+                && matches!(
+                    e.reason_code,
+                    Some(ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData)
+                )
+        })
+        .map(|e| e.action_id.clone())
+        .collect()
 }
 
 /// What each action of a workflow's trail `entries` left (its result's checksum), of

@@ -1510,7 +1510,7 @@ impl Sandbox {
             recovered_by: Vec::new(),
             roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
             rollback_recovered_at: None,
-            forced,
+            forced: Some(forced),
         };
         self.settle_commit_log(workflow_id)
             .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })

@@ -3417,6 +3417,31 @@ fn a_restore_beneath_a_spent_step_whose_line_was_refused_is_recorded_at_start() 
     assert_eq!(last.after_checksum, Some(sha(b"one")));
 }
 
+/// A record an older version wrote says nothing of force: the start then looks beneath
+/// a step only where the dead rollback recorded it failed for its backup.
+#[test]
+fn a_rollback_record_without_force_said_is_judged_by_the_failed_lines() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_o");
+    std::fs::write(w.root.join(".rollback/wf_o/a3/backup"), b"garbage").unwrap();
+    sb.failpoints().arm_crash("after_restore", 1);
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rollback(&sb, "wf_o", true)));
+    assert!(outcome.is_err(), "the rollback dies after a2's restore");
+    drop(sb);
+    let record = w.state.join("inflight/wf_o.json");
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains("\"forced\":true"), "{text}");
+    std::fs::write(&record, text.replace("\"forced\":true", "\"forced\":null")).unwrap();
+    let sb = w.sandbox();
+    assert_noticed(&sb, "1 restore it made recorded on the audit trail");
+    let last = sb.audit_log().by_workflow("wf_o").unwrap().pop().unwrap();
+    assert_eq!(
+        (last.action_id.as_str(), last.status),
+        ("a2", ailab_sandbox_core::audit::AuditStatus::RolledBack)
+    );
+}
+
 /// A start after a rollback that died before restoring anything does not take a step
 /// whose backup was damaged since (and whose file someone removed) for one the rollback
 /// passed over: only a step it recorded failed for its backup lets the walk go on, and
