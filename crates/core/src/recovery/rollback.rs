@@ -57,6 +57,13 @@ impl Sandbox {
             .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
             .collect();
         self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
+        // The restores marked before the death, whose lines were held or cut off, were
+        // made before those the walk finds: recorded first, so that each file's lines
+        // follow its restores, and the walk's lines start from what they left.
+        let earlier = self
+            .failpoints
+            .check("recovery_audit")
+            .and_then(|()| self.try_record_marked_restores(&rec.workflow_id));
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -91,12 +98,7 @@ impl Sandbox {
         // now are written from the marks by a later try, for which the record is kept
         // (closed, nothing would ever write them, and the trail would go on naming the
         // workflow's writes as what the files hold).
-        match self
-            .failpoints
-            .check("recovery_audit")
-            .and_then(|()| self.audit.append(records))
-            .and_then(|_| self.try_record_marked_restores(&rec.workflow_id))
-        {
+        match earlier.and_then(|n| self.audit.append(records).map(|_| n)) {
             Ok(n) => report.restores_recorded += n,
             Err(e) => {
                 report.restores_recorded = 0;

@@ -3442,6 +3442,36 @@ fn a_rollback_record_without_force_said_is_judged_by_the_failed_lines() {
     );
 }
 
+/// A start records a dead rollback's restores in the order they were made: one marked
+/// before the death whose line the trail refused (a3) before one the start finds made
+/// and unmarked (a2), so that the file's newest line names what it holds.
+#[test]
+fn a_start_records_a_dead_rollbacks_restores_in_the_order_made() {
+    let (w, sb) = history(b"orig", &[]);
+    three_writes_on_one_file(&sb, "wf_ord");
+    sb.failpoints().arm("after_mark", 1);
+    sb.failpoints().arm_crash("after_restore", 2);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rollback(&sb, "wf_ord", false)
+    }));
+    assert!(outcome.is_err(), "the rollback dies after a2's restore");
+    drop(sb);
+    assert_eq!(w.read("f.txt"), b"one");
+    let sb = w.sandbox();
+    let trail = sb.audit_log().by_workflow("wf_ord").unwrap();
+    let undone: Vec<&str> = trail
+        .iter()
+        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .map(|e| e.action_id.as_str())
+        .collect();
+    assert_eq!(undone, ["a3", "a2"], "{trail:?}");
+    assert_eq!(trail.last().unwrap().after_checksum, Some(sha(b"one")));
+    let rb = rollback(&sb, "wf_ord", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("f.txt"), b"orig");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A start after a rollback that died before restoring anything does not take a step
 /// whose backup was damaged since (and whose file someone removed) for one the rollback
 /// passed over: only a step it recorded failed for its backup lets the walk go on, and
