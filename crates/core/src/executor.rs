@@ -1096,7 +1096,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             Some(_) => self.sb.settle_commit_log(wf).map(|_| h),
             None => self
                 .sb
-                .mark_rolling_back(wf, &self.execution_id, &done, false)
+                .mark_rolling_back(wf, &self.execution_id, done.iter().map(|(i, _)| *i), false)
                 .map(|_| h),
         });
         match held {

@@ -461,21 +461,14 @@ fn split_beneath(
     chosen: RootedSnapshots,
     beneath: &HashMap<String, TargetState>,
 ) -> (RootedSnapshots, Vec<Beneath>) {
-    let (under, chosen): (RootedSnapshots, RootedSnapshots) = chosen
-        .into_iter()
-        .filter(|(_, s)| !s.restored)
-        .partition(|(_, s)| beneath.contains_key(&s.meta.snapshot_id));
-    let under = under
-        .into_iter()
-        .map(|(i, s)| {
-            let gave = beneath
-                .get(&s.meta.snapshot_id)
-                .cloned()
-                .unwrap_or(TargetState::Missing);
-            (i, s, gave)
-        })
-        .collect();
-    (chosen, under)
+    let (mut rest, mut under) = (Vec::new(), Vec::new());
+    for (i, s) in chosen.into_iter().filter(|(_, s)| !s.restored) {
+        match beneath.get(&s.meta.snapshot_id) {
+            Some(gave) => under.push((i, s, gave.clone())),
+            None => rest.push((i, s)),
+        }
+    }
+    (rest, under)
 }
 
 /// What a rollback of a workflow (or one of its actions) takes in, judged by
@@ -1348,12 +1341,11 @@ impl Sandbox {
             );
         }
         let execution_id = crate::plan::new_execution_id();
-        let all: RootedSnapshots = chosen
+        let roots = chosen
             .iter()
-            .cloned()
-            .chain(beneath.iter().map(|(i, s, _)| (*i, s.clone())))
-            .collect();
-        let record = match self.mark_rolling_back(workflow_id, &execution_id, &all, opts.force) {
+            .map(|(i, _)| *i)
+            .chain(beneath.iter().map(|(i, _, _)| *i));
+        let record = match self.mark_rolling_back(workflow_id, &execution_id, roots, opts.force) {
             Ok(record) => record,
             Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
         };
@@ -1491,7 +1483,7 @@ impl Sandbox {
         &self,
         workflow_id: &str,
         execution_id: &str,
-        chosen: &[(usize, StoredSnapshot)],
+        roots: impl Iterator<Item = usize>,
         forced: bool,
     ) -> Verdict<crate::recovery::InflightRecord> {
         // The workflow's record says a rollback is under way, durably, before any target
@@ -1508,7 +1500,7 @@ impl Sandbox {
             finished: false,
             boot: crate::confine::state::boot_id().map(str::to_owned),
             recovered_by: Vec::new(),
-            roots: self.root_names(chosen.iter().map(|(i, _)| *i)),
+            roots: self.root_names(roots),
             rollback_recovered_at: None,
             forced: Some(forced),
         };
@@ -1769,12 +1761,7 @@ impl Sandbox {
                 steps.push(step);
                 continue;
             }
-            let appended = self
-                .fail_at("after_mark")
-                .map_err(|r| std::io::Error::other(r.reason))
-                .and_then(|()| self.audit.append(vec![record]));
-            if let Err(e) = appended {
-                let words = line_refused(&e);
+            if let Err(words) = self.append_restore_line(record) {
                 if step.restored {
                     held_back = Some(words.clone());
                 }
@@ -1890,25 +1877,26 @@ impl Sandbox {
                     Ok(unrecorded) => unrecorded,
                     Err(r) => return RollbackStep::failed(&meta, path, r),
                 };
-                RollbackStep {
-                        action_id: meta.action_id.clone(),
-                        intent: meta.intent.clone(),
-                        path,
-                        restored: true,
-                        checksum_validated: same,
-                        detail: Some(format!(
-                            "undone beneath an older action's restore, made by an earlier rollback: its change went with that restore, so its backup was not restored over it{}",
-                            if same {
-                                ""
-                            } else {
-                                " (the file has changed since)"
-                            }
-                        )),
-                        restored_checksum: now,
-                        reason_code: None,
-                        reason: None,
-                        unrecorded,
+                let detail = format!(
+                    "undone beneath an older action's restore, made by an earlier rollback: its change went with that restore, so its backup was not restored over it{}",
+                    if same {
+                        ""
+                    } else {
+                        " (the file has changed since)"
                     }
+                );
+                RollbackStep {
+                    action_id: meta.action_id.clone(),
+                    intent: meta.intent.clone(),
+                    path,
+                    restored: true,
+                    checksum_validated: same,
+                    detail: Some(detail),
+                    restored_checksum: now,
+                    reason_code: None,
+                    reason: None,
+                    unrecorded,
+                }
             })
             .collect();
         let waiting = steps
@@ -1983,11 +1971,7 @@ impl Sandbox {
                     now.clone(),
                     now.clone(),
                 );
-                let appended = self
-                    .fail_at("after_mark")
-                    .map_err(|r| std::io::Error::other(r.reason))
-                    .and_then(|()| self.audit.append(vec![line]));
-                *held = appended.err().map(|e| line_refused(&e));
+                *held = self.append_restore_line(line).err();
                 held.clone()
             }
         };
@@ -2003,6 +1987,16 @@ impl Sandbox {
         self.metrics
             .mutation(&meta.intent, crate::executor::ActionStatus::RolledBack);
         Ok(unrecorded)
+    }
+
+    /// Appends a restore's trail line (after its mark), or says why the trail would not
+    /// take it ([`line_refused`]).
+    fn append_restore_line(&self, line: AuditRecord) -> Result<(), String> {
+        self.fail_at("after_mark")
+            .map_err(|r| std::io::Error::other(r.reason))
+            .and_then(|()| self.audit.append(vec![line]))
+            .map(drop)
+            .map_err(|e| line_refused(&e))
     }
 
     /// Whether `meta`'s backup, read again now, is gone or not the bytes its record
