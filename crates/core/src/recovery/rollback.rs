@@ -25,7 +25,10 @@ impl Sandbox {
         // Which steps the dead rollback passed over as spent, when its record does not
         // say whether it was forced (an older version wrote it): those whose restore it
         // recorded failed for want of a usable backup.
-        let passed_over = passed_over_as_spent(&entries, &rec.execution_id);
+        let passed_over = match rec.forced {
+            None => passed_over_as_spent(&entries, &rec.execution_id),
+            Some(_) => HashSet::new(),
+        };
         let done = standing_results(entries);
         let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
