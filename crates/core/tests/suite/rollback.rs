@@ -1992,11 +1992,12 @@ fn a_directory_left_by_a_rollback_that_died_is_not_forgotten() {
         let sb = w.sandbox();
         share_a_new_dir(&sb, "d/e");
         sb.failpoints().arm_crash(point, 1);
-        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            sb.rollback_workflow("wf_a", &RollbackOptions::default())
-        }));
-        assert!(died.is_err(), "{point}: the rollback should die");
-        drop(sb);
+        rollback_dies(
+            sb,
+            "wf_a",
+            false,
+            &format!("{point}: the rollback should die"),
+        );
         let sb = w.sandbox();
         assert!(!w.path("d/e/a.txt").exists(), "{point}");
         assert_eq!(
@@ -2018,11 +2019,7 @@ fn directories_a_dead_rollback_emptied_go_at_the_next_start() {
     share_a_new_dir(&sb, "fd/sub");
     assert_eq!(rollback(&sb, "wf_a", false).status, "rolled_back");
     sb.failpoints().arm_crash("after_mark", 1);
-    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sb.rollback_workflow("wf_b", &RollbackOptions::default())
-    }));
-    assert!(died.is_err(), "the rollback should die");
-    drop(sb);
+    rollback_dies(sb, "wf_b", false, "the rollback should die");
     assert!(w.path("fd/sub").is_dir(), "left by the dead rollback");
     let _next = w.sandbox();
     assert_eq!(w.tree(), before);
@@ -3199,6 +3196,16 @@ fn a_passing_failure_after_a_damaged_backup_still_holds_the_older_steps_back() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Rolls `workflow_id` back (forced or not) with a crash armed in `sb`, which must
+/// fire (`why` says where), and drops the sandbox as a dead process leaves it.
+fn rollback_dies(sb: ailab_sandbox_core::Sandbox, workflow_id: &str, force: bool, why: &str) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rollback(&sb, workflow_id, force)
+    }));
+    assert!(outcome.is_err(), "{why}");
+    drop(sb);
+}
+
 /// Runs [`three_writes_on_one_file`], damages a3's backup, and rolls the workflow back
 /// with force while the trail refuses a2's line (a1's held after it): a3, passed over as
 /// spent, is left failed, the file given back.
@@ -3284,11 +3291,7 @@ fn a_spent_step_left_failed_is_recorded_undone_beneath_by_the_next_rollback() {
         // The lines of a3's failed step, a2's restore, then a1's.
         if died {
             sb.failpoints().arm_crash("after_mark", 3);
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                rollback(&sb, "wf_l", true)
-            }));
-            assert!(outcome.is_err(), "the rollback dies before a1's line");
-            drop(sb);
+            rollback_dies(sb, "wf_l", true, "the rollback dies before a1's line");
             sb = w.sandbox();
         } else {
             sb.failpoints().arm("after_mark", 2);
@@ -3347,10 +3350,7 @@ fn a_restore_made_beneath_a_spent_step_by_a_rollback_that_died_is_recorded_at_st
     std::fs::write(w.root.join(".rollback/wf_k/a3/backup"), b"garbage").unwrap();
     // a3's restore fails on its damaged backup; a2's is made, then the process dies.
     sb.failpoints().arm_crash("after_restore", 1);
-    let outcome =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rollback(&sb, "wf_k", true)));
-    assert!(outcome.is_err(), "the rollback dies after a2's restore");
-    drop(sb);
+    rollback_dies(sb, "wf_k", true, "the rollback dies after a2's restore");
     assert_eq!(w.read("f.txt"), b"one");
     let sb = w.sandbox();
     assert_noticed(&sb, "1 restore it made recorded on the audit trail");
@@ -3402,11 +3402,7 @@ fn a_restore_beneath_a_spent_step_whose_line_was_refused_is_recorded_at_start() 
     std::fs::write(w.root.join(".rollback/wf_k2/a3/backup"), b"garbage").unwrap();
     sb.failpoints().arm("after_mark", 1);
     sb.failpoints().arm_crash("after_restore", 1);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rollback(&sb, "wf_k2", true)
-    }));
-    assert!(outcome.is_err(), "the rollback dies after a2's restore");
-    drop(sb);
+    rollback_dies(sb, "wf_k2", true, "the rollback dies after a2's restore");
     let sb = w.sandbox();
     assert_noticed(&sb, "1 restore it made recorded on the audit trail");
     let last = sb.audit_log().by_workflow("wf_k2").unwrap().pop().unwrap();
@@ -3425,10 +3421,7 @@ fn a_rollback_record_without_force_said_is_judged_by_the_failed_lines() {
     three_writes_on_one_file(&sb, "wf_o");
     std::fs::write(w.root.join(".rollback/wf_o/a3/backup"), b"garbage").unwrap();
     sb.failpoints().arm_crash("after_restore", 1);
-    let outcome =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rollback(&sb, "wf_o", true)));
-    assert!(outcome.is_err(), "the rollback dies after a2's restore");
-    drop(sb);
+    rollback_dies(sb, "wf_o", true, "the rollback dies after a2's restore");
     let record = w.state.join("inflight/wf_o.json");
     let text = std::fs::read_to_string(&record).unwrap();
     assert!(text.contains("\"forced\":true"), "{text}");
@@ -3451,11 +3444,7 @@ fn a_start_records_a_dead_rollbacks_restores_in_the_order_made() {
     three_writes_on_one_file(&sb, "wf_ord");
     sb.failpoints().arm("after_mark", 1);
     sb.failpoints().arm_crash("after_restore", 2);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rollback(&sb, "wf_ord", false)
-    }));
-    assert!(outcome.is_err(), "the rollback dies after a2's restore");
-    drop(sb);
+    rollback_dies(sb, "wf_ord", false, "the rollback dies after a2's restore");
     assert_eq!(w.read("f.txt"), b"one");
     let sb = w.sandbox();
     let trail = sb.audit_log().by_workflow("wf_ord").unwrap();
@@ -3487,11 +3476,7 @@ fn a_start_does_not_walk_past_a_step_the_dead_rollback_never_reached() {
             {"action_id": "s", "intent": "replace_file", "path": "d/f.txt", "content": "two"}]}),
     );
     sb.failpoints().arm_crash("during_restore", 1);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rollback(&sb, "wf_v", false)
-    }));
-    assert!(outcome.is_err(), "the rollback dies at its first restore");
-    drop(sb);
+    rollback_dies(sb, "wf_v", false, "the rollback dies at its first restore");
     std::fs::remove_file(w.path("d/f.txt")).unwrap();
     std::fs::write(w.root.join(".rollback/wf_v/s/backup"), b"garbage").unwrap();
     let sb = w.sandbox();
