@@ -1,11 +1,11 @@
 //! Snapshots and rollback (SPEC §7).
 //!
-//! Before an action touches its target, [`Snapshotter::take`] writes
+//! Before an action touches its target, the runtime writes
 //! `{root}/.rollback/{workflow_id}/{action_id}/` with `backup` (the file's bytes, when it
 //! existed) and `meta.json` (the original-path marker: path, whether it existed, kind,
 //! size, SHA-256, mode, intent, time, and the directories the action will create), both
-//! durable before the target is touched. [`RollbackEngine::restore`] puts the original
-//! back (or removes what the action created) atomically and re-hashes the result.
+//! durable before the target is touched. A rollback puts the original back (or removes
+//! what the action created) atomically and re-hashes the result.
 
 use crate::catalog::MutationClass;
 use crate::confine::path::{ROLLBACK_DIR, TEMP_MARKER, shown_path};
@@ -193,7 +193,7 @@ pub struct StoredSnapshot {
 
 /// Takes and reads snapshots.
 #[derive(Debug, Clone, Copy)]
-pub struct Snapshotter;
+pub(crate) struct Snapshotter;
 
 fn snap_io(what: &str, e: &io::Error) -> Refusal {
     // Closed to this process (its mode, an immutable mark): the operator's to give
@@ -689,14 +689,9 @@ fn snapshot_dir(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> io::R
 
 impl Snapshotter {
     /// Whether a snapshot exists for this action (action ids are never reused in a
-    /// workflow).
-    pub fn exists(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> bool {
-        Self::place(root, workflow_id, action_id).unwrap_or(false)
-    }
-
-    /// [`Snapshotter::exists`], refused (`reserved_path`) when something other than a
-    /// folder stands in the action's place (`.rollback/{workflow}/{action}`), where no
-    /// snapshot of it could be taken: a plan checks it before it writes.
+    /// workflow), refused (`reserved_path`) when something other than a folder stands in
+    /// the action's place (`.rollback/{workflow}/{action}`), where no snapshot of it could
+    /// be taken: a plan checks it before it writes.
     pub fn place(root: &SandboxRoot, workflow_id: &str, action_id: &str) -> Verdict<bool> {
         let path = format!("{ROLLBACK_DIR}/{workflow_id}/{action_id}");
         // One lookup beneath the root rather than one per folder, following no link
@@ -1273,7 +1268,7 @@ impl Snapshotter {
 
 /// How far a restore takes what it finds as it is ([`RollbackEngine::restore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Forced {
+pub(crate) enum Forced {
     /// Not at all.
     No,
     /// A forced rollback: a directory the action made that holds what is not the
@@ -1302,7 +1297,7 @@ pub struct RestoreOutcome {
 
 /// Restores snapshots.
 #[derive(Debug, Clone, Copy)]
-pub struct RollbackEngine;
+pub(crate) struct RollbackEngine;
 
 impl RollbackEngine {
     /// Removes the directories the action created to reach its target, deepest first,

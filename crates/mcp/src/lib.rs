@@ -37,6 +37,7 @@ mod tools;
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::Operation;
 use ailab_sandbox_core::confine::path::shown_path;
+use ailab_sandbox_core::confine::root::PathKind;
 use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::plan::{self, Plan};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
@@ -512,7 +513,11 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     let size = e
                         .size_bytes
                         .map_or_else(String::new, |n| format!("  ({})", render::bytes(n)));
-                    let slash = if e.kind == "directory" { "/" } else { "" };
+                    let slash = if e.kind == PathKind::Directory {
+                        "/"
+                    } else {
+                        ""
+                    };
                     // A name is one line of the list, read as it is written: what would
                     // break it or hide in it is escaped.
                     let shown_otherwise = e
@@ -575,7 +580,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 }
                 match (&info.sha256, info.kind) {
                     (Some(s), _) => text.push_str(&format!(", sha256 {s}")),
-                    (None, "file") => {
+                    (None, PathKind::File) => {
                         text.push_str(", not hashed (over 1 GiB)");
                     }
                     _ => {}

@@ -67,13 +67,28 @@ pub fn room_for_a_runtime() -> std::io::Result<()> {
         })
 }
 
+wire_enum! {
+    /// How far the kernel confines the process.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum ConfinementStatus {
+        /// Every requested restriction is in force.
+        FullyEnforced = "fully_enforced",
+        /// The kernel's Landlock ABI lacks some of the access rights asked for.
+        PartiallyEnforced = "partially_enforced",
+        /// Landlock exists but restricted nothing.
+        NotEnforced = "not_enforced",
+        /// Landlock could not be used at all.
+        Unavailable = "unavailable",
+    }
+}
+
 /// What the kernel enforces.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KernelConfinement {
     /// `landlock`.
     pub mechanism: &'static str,
-    /// `fully_enforced`, `partially_enforced`, `not_enforced` or `unavailable`.
-    pub status: &'static str,
+    /// How far.
+    pub status: ConfinementStatus,
     /// The Landlock ABI in effect, when there is one.
     pub abi: Option<u32>,
     /// Directories the process may write beneath.
@@ -85,7 +100,10 @@ pub struct KernelConfinement {
 impl KernelConfinement {
     /// Whether every requested restriction is enforced.
     pub fn is_enforced(&self) -> bool {
-        self.status == "fully_enforced" || self.status == "partially_enforced"
+        matches!(
+            self.status,
+            ConfinementStatus::FullyEnforced | ConfinementStatus::PartiallyEnforced
+        )
     }
 }
 
@@ -175,14 +193,15 @@ pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinemen
                 _ => None,
             };
             let (st, detail) = match status.ruleset {
-                RulesetStatus::FullyEnforced => ("fully_enforced", None),
+                RulesetStatus::FullyEnforced => (ConfinementStatus::FullyEnforced, None),
                 RulesetStatus::PartiallyEnforced => (
-                    "partially_enforced",
+                    ConfinementStatus::PartiallyEnforced,
                     Some("the kernel's Landlock ABI lacks some access rights".to_owned()),
                 ),
-                RulesetStatus::NotEnforced => {
-                    ("not_enforced", Some(not_enforced(&status.landlock)))
-                }
+                RulesetStatus::NotEnforced => (
+                    ConfinementStatus::NotEnforced,
+                    Some(not_enforced(&status.landlock)),
+                ),
             };
             KernelConfinement {
                 mechanism: "landlock",
@@ -194,7 +213,7 @@ pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinemen
         }
         Err(e) => KernelConfinement {
             mechanism: "landlock",
-            status: "unavailable",
+            status: ConfinementStatus::Unavailable,
             abi: None,
             writable: shown,
             detail: Some(e.to_string()),
@@ -207,7 +226,7 @@ pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinemen
 pub fn restrict_to_dirs(writable: &[(&str, BorrowedFd<'_>)]) -> KernelConfinement {
     KernelConfinement {
         mechanism: "landlock",
-        status: "unavailable",
+        status: ConfinementStatus::Unavailable,
         abi: None,
         writable: writable.iter().map(|(p, _)| (*p).to_owned()).collect(),
         detail: Some("Landlock exists only on Linux".to_owned()),
@@ -234,7 +253,7 @@ fn open_path(path: &Path) -> Result<OwnedFd, String> {
 fn unrestricted(writable: Vec<String>, why: String) -> KernelConfinement {
     KernelConfinement {
         mechanism: "landlock",
-        status: "unavailable",
+        status: ConfinementStatus::Unavailable,
         abi: None,
         writable,
         detail: Some(format!("{why}; nothing was restricted")),

@@ -14,4 +14,6 @@ pub use path::{
     ExtensionPolicy, MAX_PATH_DEPTH, RelPath, Resolved, check_path_depth, check_reserved,
     detect_path_traversal, is_within_sandbox, normalize_extension, resolve_sandbox_path,
 };
-pub use root::{DirId, EntryKind, SandboxRoot, TargetInfo, TargetKind, read_operator_file};
+pub use root::{
+    DirId, EntryKind, PathKind, SandboxRoot, TargetInfo, TargetKind, read_operator_file,
+};

@@ -5,7 +5,7 @@ use crate::ReasonCode;
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use crate::confine::path::join_display;
-use crate::confine::root::{DirEntryInfo, DirPage};
+use crate::confine::root::{DirEntryInfo, DirPage, PathKind};
 use crate::confine::{EntryKind, RelPath, check_reserved, resolve_sandbox_path};
 use crate::error::Error;
 use crate::hash::sha256_hex;
@@ -32,8 +32,8 @@ pub struct FileRead {
 pub struct FileInfo {
     /// The path as given.
     pub path: String,
-    /// `file`, `directory`, `symlink`, `special` (a FIFO, socket or device) or `missing`.
-    pub kind: &'static str,
+    /// What the path names.
+    pub kind: PathKind,
     /// Size of a file.
     pub size_bytes: Option<u64>,
     /// SHA-256 of a file of at most [`MAX_INFO_HASH_BYTES`]; larger files are not read.
@@ -161,7 +161,7 @@ impl Sandbox {
         &self,
         i: usize,
         rel: &RelPath,
-    ) -> Verdict<(&'static str, Option<u64>, Option<String>)> {
+    ) -> Verdict<(PathKind, Option<u64>, Option<String>)> {
         let mut again = true;
         loop {
             let (entry, _) = self.roots[i].entry(rel)?;
@@ -171,7 +171,7 @@ impl Sandbox {
                         .fail_at("info_hash")
                         .and_then(|()| self.roots[i].hash_file(rel, MAX_INFO_HASH_BYTES));
                     match hashed {
-                        Ok((size, sum)) => ("file", Some(size), sum),
+                        Ok((size, sum)) => (PathKind::File, Some(size), sum),
                         Err(r)
                             if again
                                 && matches!(
@@ -188,10 +188,10 @@ impl Sandbox {
                         Err(r) => return Err(r),
                     }
                 }
-                EntryKind::Directory => ("directory", None, None),
-                EntryKind::Missing => ("missing", None, None),
-                EntryKind::Symlink => ("symlink", None, None),
-                EntryKind::Special => ("special", None, None),
+                EntryKind::Directory => (PathKind::Directory, None, None),
+                EntryKind::Missing => (PathKind::Missing, None, None),
+                EntryKind::Symlink => (PathKind::Symlink, None, None),
+                EntryKind::Special => (PathKind::Special, None, None),
             });
         }
     }
@@ -204,7 +204,7 @@ impl Sandbox {
         if self.root_top_named(path, root)?.is_some() {
             return Ok(FileInfo {
                 path: path.to_owned(),
-                kind: "directory",
+                kind: PathKind::Directory,
                 size_bytes: None,
                 sha256: None,
                 artifact_id: None,

@@ -932,7 +932,7 @@ fn list_dir_reports_kinds_without_following_links() {
     let list = fx.root.list_dir(None).unwrap();
     let kinds: Vec<(&str, &str, Option<u64>)> = list
         .iter()
-        .map(|e| (e.name.as_str(), e.kind, e.size_bytes))
+        .map(|e| (e.name.as_str(), e.kind.as_str(), e.size_bytes))
         .collect();
     assert_eq!(
         kinds,

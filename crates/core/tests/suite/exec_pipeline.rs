@@ -2096,7 +2096,7 @@ fn get_file_info_looks_again_at_a_file_swapped_for_a_fifo() {
         }),
     );
     let info = sb.get_file_info("race.md", None).unwrap();
-    assert_eq!(info.kind, "special");
+    assert_eq!(info.kind.as_str(), "special");
     assert_eq!(info.sha256, None);
 }
 
@@ -2109,7 +2109,7 @@ fn get_file_info_describes_a_file_of_any_size_and_hashes_up_to_a_limit() {
     let bytes: Vec<u8> = (0..1_000_003u32).map(|i| (i % 251) as u8).collect();
     w.write("data.bin", &bytes);
     let info = sb.get_file_info("data.bin", None).unwrap();
-    assert_eq!(info.kind, "file");
+    assert_eq!(info.kind.as_str(), "file");
     assert_eq!(info.size_bytes, Some(1_000_003));
     assert_eq!(
         info.sha256.as_deref(),
@@ -2226,13 +2226,19 @@ fn a_folder_is_listed_with_a_trailing_slash_and_a_roots_top_described() {
         let info = sb
             .get_file_info(path, None)
             .unwrap_or_else(|e| panic!("{path}: {}", e.reason));
-        assert_eq!((info.kind, info.path.as_str()), ("directory", path));
+        assert_eq!(
+            (info.kind.as_str(), info.path.as_str()),
+            ("directory", path)
+        );
         assert_eq!(
             (info.size_bytes, info.sha256, info.artifact_id),
             (None, None, None)
         );
     }
-    assert_eq!(sb.get_file_info("d/in.txt", None).unwrap().kind, "file");
+    assert_eq!(
+        sb.get_file_info("d/in.txt", None).unwrap().kind.as_str(),
+        "file"
+    );
     let err = sb.get_file_info("d/in.txt/", None).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::PathTraversal, "{}", err.reason);
 }
@@ -2284,14 +2290,14 @@ fn get_file_info_names_links_and_special_files_without_following_them() {
         ("pipe.txt", "special"),
     ] {
         let info = sb.get_file_info(path, None).unwrap();
-        assert_eq!(info.kind, kind, "{path}");
+        assert_eq!(info.kind.as_str(), kind, "{path}");
         assert_eq!((info.size_bytes, info.sha256), (None, None), "{path}");
     }
     let listed: Vec<_> = sb
         .list_directory("", None)
         .unwrap()
         .into_iter()
-        .map(|e| (e.name, e.kind))
+        .map(|e| (e.name, e.kind.as_str()))
         .collect();
     assert!(
         listed.contains(&("out.txt".to_owned(), "symlink")),
@@ -2349,7 +2355,7 @@ fn get_file_info_names_the_artifact_the_file_holds() {
     assert_eq!(info().artifact_id, None, "no registered version");
     w.write("n.txt", b"1");
     assert!(sb.rollback_workflow("wf_i", &one("l1")).is_success());
-    assert_eq!(info().kind, "missing");
+    assert_eq!(info().kind.as_str(), "missing");
     assert_eq!(info().artifact_id, None);
     // The same bytes put back by hand are no registered version either: every write of
     // them was rolled back (the rolled-back l2 was named).

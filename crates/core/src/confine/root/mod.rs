@@ -43,6 +43,23 @@ pub enum TargetKind {
     Directory,
 }
 
+wire_enum! {
+    /// What a path names, as listings and `get_file_info` tell it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum PathKind {
+        /// A regular file.
+        File = "file",
+        /// A directory.
+        Directory = "directory",
+        /// A symbolic link (never followed).
+        Symlink = "symlink",
+        /// A FIFO, socket or device node (never opened).
+        Special = "special",
+        /// Nothing there.
+        Missing = "missing",
+    }
+}
+
 /// What is at a path, looked at without following or opening it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -768,13 +785,13 @@ impl SandboxRoot {
             };
             let ft = meta.file_type();
             let kind = if ft.is_symlink() {
-                "symlink"
+                PathKind::Symlink
             } else if ft.is_dir() {
-                "directory"
+                PathKind::Directory
             } else if ft.is_file() {
-                "file"
+                PathKind::File
             } else {
-                "special"
+                PathKind::Special
             };
             // A file with other links may be one outside the root: its size is not told,
             // as its bytes are never read.
@@ -1070,8 +1087,8 @@ pub struct DirEntryInfo {
     /// no path given as text can name the entry.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub not_utf8: bool,
-    /// `file`, `directory`, `symlink` or `special`.
-    pub kind: &'static str,
+    /// What the entry is (never [`PathKind::Missing`]).
+    pub kind: PathKind,
     /// Size of a regular file with one link; none otherwise (null in JSON, as for
     /// `get_file_info`: a folder has no size, and a 0 would read as an empty file).
     pub size_bytes: Option<u64>,
