@@ -44,7 +44,7 @@ mod human;
 use ailab_sandbox_core::catalog::{OPERATIONS, writable_extensions};
 use ailab_sandbox_core::config::{Config, ConfigError, Overrides, RawConfig, env as envvars};
 use ailab_sandbox_core::plan::check_id;
-use ailab_sandbox_core::sandbox::RollbackOptions;
+use ailab_sandbox_core::sandbox::{CheckRequest, RollbackOptions};
 use ailab_sandbox_core::{ReasonCode, Refusal, Sandbox};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -769,11 +769,13 @@ fn run_command(
             in_root,
         } => check(
             &sandbox,
-            &intent,
-            &path,
-            description.as_deref(),
-            size,
-            in_root.as_deref(),
+            &CheckRequest {
+                intent: &intent,
+                path: &path,
+                description: description.as_deref(),
+                size,
+                root: in_root.as_deref(),
+            },
             json,
         ),
         Command::Rollback {
@@ -847,16 +849,8 @@ fn run_plan(sandbox: &Sandbox, bytes: &[u8], json: bool) -> Result<u8> {
 }
 
 /// `check`: governance's verdict on one action, exit 1 when it would be refused.
-fn check(
-    sandbox: &Sandbox,
-    intent: &str,
-    path: &str,
-    description: Option<&str>,
-    size: u64,
-    in_root: Option<&str>,
-    json: bool,
-) -> Result<u8> {
-    let v = sandbox.check(intent, path, description, size, in_root);
+fn check(sandbox: &Sandbox, asked: &CheckRequest<'_>, json: bool) -> Result<u8> {
+    let v = sandbox.check(asked);
     if json {
         print_json(&v)?;
     } else {

@@ -109,6 +109,22 @@ const _: () = {
 /// Snapshots with the index of the root they are in.
 pub(crate) type RootedSnapshots = Vec<(usize, StoredSnapshot)>;
 
+/// What [`Sandbox::check`] is asked about: one write, as a plan's action gives it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckRequest<'a> {
+    /// An operation's name as a plan writes it (`create_file`, …).
+    pub intent: &'a str,
+    /// The target as a plan action gives it: relative to a root, or absolute inside one.
+    pub path: &'a str,
+    /// The text looked at for permission changes, as an action's `description`.
+    pub description: Option<&'a str>,
+    /// The bytes the file would hold once written (for `append_file`, the whole file
+    /// after the append).
+    pub size: u64,
+    /// The root a relative path is meant for, as an action's `root`.
+    pub root: Option<&'a str>,
+}
+
 /// `check`'s answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckVerdict {
@@ -455,23 +471,17 @@ impl Sandbox {
         })
     }
 
-    /// Governance verdict only (`check`): no write, no audit.
-    ///
-    /// `intent` is an operation's name as a plan writes it; `path` the target as a plan
-    /// action gives it (relative to a root, or absolute inside one); `description` the
-    /// text looked at for permission changes, as an action's; `size` the bytes the file
-    /// would hold once written (for `append_file`, the whole file after the append); `root`
-    /// the root a relative path is meant for, as an action's `root`. The verdict is
-    /// governance's (SPEC §5), not the plan's: whether the file is already there, an edit,
-    /// a budget or the rate limit are not judged.
-    pub fn check(
-        &self,
-        intent: &str,
-        path: &str,
-        description: Option<&str>,
-        size: u64,
-        root: Option<&str>,
-    ) -> CheckVerdict {
+    /// Governance verdict only (`check`): no write, no audit. The verdict is governance's
+    /// (SPEC §5), not the plan's: whether the file is already there, an edit, a budget or
+    /// the rate limit are not judged.
+    pub fn check(&self, asked: &CheckRequest<'_>) -> CheckVerdict {
+        let CheckRequest {
+            intent,
+            path,
+            description,
+            size,
+            root,
+        } = *asked;
         let req = GovernanceRequest {
             intent,
             path,

@@ -1,6 +1,7 @@
 //! Each of the 11 operations: bytes on disk, checksums, artifacts, audit.
 
 use crate::support::*;
+use ailab_sandbox_core::sandbox::CheckRequest;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
 
@@ -259,13 +260,13 @@ fn an_unusable_snapshot_store_blocks_the_plan_before_anything_is_written() {
     sim.dry_run = true;
     let r = run(&w.open(sim), p);
     assert_eq!(status(&r), "blocked", "{r:?}");
-    let v = w.open(both.clone()).check(
-        "create_file",
-        "b.txt",
-        None,
-        1,
-        Some(&root2.display().to_string()),
-    );
+    let v = w.open(both.clone()).check(&CheckRequest {
+        intent: "create_file",
+        path: "b.txt",
+        size: 1,
+        root: Some(&root2.display().to_string()),
+        ..CheckRequest::default()
+    });
     assert!(!v.allowed, "{v:?}");
     assert_eq!(
         v.reason_code,
@@ -409,7 +410,13 @@ fn a_snapshot_folder_an_access_control_list_opens_to_others_stops_the_plan() {
     };
     refused_for(&replace("wf_new"), ".rollback");
     assert_eq!(names(), ["wf_acl"], "nothing written in the store");
-    let v = sb.check("replace_file", "doc.md", None, 4, None);
+    let doc_md = CheckRequest {
+        intent: "replace_file",
+        path: "doc.md",
+        size: 4,
+        ..CheckRequest::default()
+    };
+    let v = sb.check(&doc_md);
     assert!(!v.allowed, "{v:?}");
     assert_eq!(
         v.reason_code,
@@ -417,13 +424,13 @@ fn a_snapshot_folder_an_access_control_list_opens_to_others_stops_the_plan() {
     );
     // A mode without group write is the list's mask: it caps the other user's entry.
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
-    assert!(sb.check("replace_file", "doc.md", None, 4, None).allowed);
+    assert!(sb.check(&doc_md).allowed);
 
     acl_giving_write(&store, me, true).unwrap();
     acl_giving_write(&store.join("wf_acl"), other, true).unwrap();
     refused_for(&replace("wf_acl"), ".rollback/wf_acl");
     assert_eq!(std::fs::read_dir(store.join("wf_acl")).unwrap().count(), 0);
-    assert!(sb.check("replace_file", "doc.md", None, 4, None).allowed);
+    assert!(sb.check(&doc_md).allowed);
     let r = replace("wf_mine");
     assert_eq!(status(&r), "success", "{r:?}");
     assert_eq!(w.read("doc.md"), b"new\n");
