@@ -1,8 +1,9 @@
-//! `SandboxWriteExecutor`: runs a plan (SPEC §6). The whole plan is validated first
-//! against the tree as its earlier actions would leave it; then, per action:
-//! governance → budget → rate limit → the new bytes rendered and checksummed → snapshot
-//! → atomic mutation → artifact registry → audit. A failure restores the action at once and, with
-//! `on_failure: rollback`, every earlier action of the run.
+//! The plan executor behind [`Sandbox::run_plan`](crate::Sandbox::run_plan) (SPEC §6):
+//! the whole plan is validated first against the tree as its earlier actions would leave
+//! it; then, per action: governance → budget → rate limit → the new bytes rendered and
+//! checksummed → snapshot → atomic mutation → artifact registry → audit. A failure
+//! restores the action at once and, with `on_failure: rollback`, every earlier action of
+//! the run.
 
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
@@ -332,7 +333,7 @@ impl Bytes {
 
 /// Runs one plan.
 #[derive(Debug)]
-pub struct SandboxWriteExecutor<'a> {
+pub(crate) struct SandboxWriteExecutor<'a> {
     sb: &'a Sandbox,
     plan: ValidPlan,
     execution_id: String,
@@ -396,7 +397,7 @@ impl Sandbox {
 
 impl<'a> SandboxWriteExecutor<'a> {
     /// A run of `plan` on `sb`.
-    pub fn new(sb: &'a Sandbox, plan: ValidPlan) -> Self {
+    pub(crate) fn new(sb: &'a Sandbox, plan: ValidPlan) -> Self {
         Self {
             sb,
             plan,
@@ -451,7 +452,7 @@ impl<'a> SandboxWriteExecutor<'a> {
     }
 
     /// Runs the plan.
-    pub fn run(mut self) -> RunResult {
+    pub(crate) fn run(mut self) -> RunResult {
         let wf = self.plan.workflow_id.clone();
         self.event(
             "execution_started",
