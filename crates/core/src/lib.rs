@@ -59,7 +59,10 @@
 //!   ends the process. Ignore or catch it (the binary catches it) and the write fails with
 //!   `EFBIG` instead, which the runtime reports and undoes like any I/O error.
 //! - Every method is blocking (file I/O, `fsync`): from async code, call it on a blocking
-//!   thread (`tokio::task::spawn_blocking`).
+//!   thread (`tokio::task::spawn_blocking`). A method that writes (a run, a rollback, a
+//!   prune) or reads the state directory's logs waits for a log or workflow another
+//!   instance holds for at most `limits.lock_wait_seconds` (default 30 s), then answers
+//!   busy ([`Error::is_busy`], or `conflict` in a result) rather than block for good.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
