@@ -10,7 +10,7 @@ use ailab_sandbox_core::confine::path::ExtensionPolicy;
 use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::executor::{ActionResult, ActionStatus, RunResult, RunStatus};
 use ailab_sandbox_core::reason::{ReasonCode, Refusal};
-use ailab_sandbox_core::sandbox::RollbackReport;
+use ailab_sandbox_core::sandbox::{RollbackReport, RollbackStep};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 use serde_json::Value;
@@ -473,6 +473,46 @@ pub(crate) fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// One step of a rollback, as a line of its tool result.
+fn step_line(s: &RollbackStep) -> String {
+    let state = if s.restored {
+        let verified = if s.checksum_validated {
+            " and verified by checksum"
+        } else {
+            ""
+        };
+        match (&s.restored_checksum, &s.detail) {
+            (Some(sum), _) => format!("restored{verified}, sha256 {sum}"),
+            (None, Some(detail)) => format!(
+                "{detail} ({})",
+                if s.checksum_validated {
+                    "verified"
+                } else {
+                    "not verified"
+                }
+            ),
+            (None, None) => format!("restored{verified}"),
+        }
+    } else {
+        format!(
+            "{} ({}): {}",
+            if s.is_unconfirmed() {
+                "NOT confirmed"
+            } else {
+                "NOT restored"
+            },
+            s.reason_code.map_or("-", |c| c.as_str()),
+            s.reason.as_deref().unwrap_or("")
+        )
+    };
+    format!(
+        "- {} {} {}: {state}",
+        s.action_id,
+        s.intent,
+        shown_name(&s.path)
+    )
+}
+
 /// A rollback report as a tool result; `whole_workflow` when no action was named.
 pub(crate) fn rollback_result(
     rep: &RollbackReport,
@@ -480,45 +520,7 @@ pub(crate) fn rollback_result(
     whole_workflow: bool,
 ) -> CallToolResult {
     let structured = to_value(rep);
-    let mut lines = Vec::new();
-    for s in &rep.steps {
-        let state = if s.restored {
-            let verified = if s.checksum_validated {
-                " and verified by checksum"
-            } else {
-                ""
-            };
-            match (&s.restored_checksum, &s.detail) {
-                (Some(sum), _) => format!("restored{verified}, sha256 {sum}"),
-                (None, Some(detail)) => format!(
-                    "{detail} ({})",
-                    if s.checksum_validated {
-                        "verified"
-                    } else {
-                        "not verified"
-                    }
-                ),
-                (None, None) => format!("restored{verified}"),
-            }
-        } else {
-            format!(
-                "{} ({}): {}",
-                if s.is_unconfirmed() {
-                    "NOT confirmed"
-                } else {
-                    "NOT restored"
-                },
-                s.reason_code.map_or("-", |c| c.as_str()),
-                s.reason.as_deref().unwrap_or("")
-            )
-        };
-        lines.push(format!(
-            "- {} {} {}: {state}",
-            s.action_id,
-            s.intent,
-            shown_name(&s.path)
-        ));
-    }
+    let lines: Vec<String> = rep.steps.iter().map(step_line).collect();
     if rep.is_simulated() {
         let text = format!(
             "Simulated rollback of {what}: {}.",

@@ -192,29 +192,34 @@ impl Sandbox {
                 tracing::warn!(workflow = %h.workflow_id, execution = %h.execution_id, "some restores the audit trail refused have no readable mark; the run's record is kept for the next start");
                 continue;
             }
-            let record = self.run_record(&h.workflow_id);
-            // As the run or rollback would have left it, had the trail taken its lines;
-            // one a later run took over, or left under way for recovery, stays as it is.
-            if let Some(rec) = record.filter(|r| {
-                r.execution_id == h.execution_id
-                    && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
-            }) {
-                if h.kept {
-                    // What recovery appended is durable before its record says no more
-                    // recovery is needed, as at start.
-                    match self.conclude_sync() {
-                        Ok(()) => self.write_recovered_record(&rec),
-                        Err(r) => {
-                            tracing::warn!(reason = %r.reason, "could not sync the restores recorded for a dead run; its record is kept for the next start");
-                        }
-                    }
-                } else {
-                    self.run_finished(rec, None);
-                }
-            }
+            self.finish_recorded(h);
         }
         self.held_restores().held.retain(|h| !recorded.contains(h));
         Ok(())
+    }
+
+    /// Leaves the run record of `h`, whose restores are on the trail now, as the run or
+    /// rollback would have left it had the trail taken its lines; one a later run took
+    /// over, or left under way for recovery, stays as it is.
+    fn finish_recorded(&self, h: &Held) {
+        let Some(rec) = self.run_record(&h.workflow_id).filter(|r| {
+            r.execution_id == h.execution_id
+                && matches!(r.state.as_str(), ROLLING_BACK | RESTORES_UNAUDITED)
+        }) else {
+            return;
+        };
+        if !h.kept {
+            self.run_finished(rec, None);
+            return;
+        }
+        // What recovery appended is durable before its record says no more recovery is
+        // needed, as at start.
+        match self.conclude_sync() {
+            Ok(()) => self.write_recovered_record(&rec),
+            Err(r) => {
+                tracing::warn!(reason = %r.reason, "could not sync the restores recorded for a dead run; its record is kept for the next start");
+            }
+        }
     }
 
     fn held_restores_refusal(&self, workflows: &[&str], e: &std::io::Error) -> Refusal {

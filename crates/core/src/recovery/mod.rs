@@ -641,23 +641,16 @@ impl Sandbox {
             // that wrote into another root is refused. The roots are named in the log
             // only: a refusal reaches clients, who learn no path outside the roots from it.
             tracing::warn!(workflow = workflow_id, roots = %missing.join(", "), "an interrupted {what} wrote into roots this process lacks");
+            let (roots, them, those) = if missing.len() == 1 {
+                ("a root", "it", "that root")
+            } else {
+                ("roots", "them", "those roots")
+            };
             return Err(Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {} this process is not configured with or skipped at start (missing, say; the run record and the log name {}); run any command with {} configured and in place as the run left {}, to recover it, then retry",
+                    "workflow {workflow_id} has an interrupted {what} ({}) that wrote into {roots} this process is not configured with or skipped at start (missing, say; the run record and the log name {them}); run any command with {those} configured and in place as the run left {them}, to recover it, then retry",
                     rec.execution_id,
-                    if missing.len() == 1 {
-                        "a root"
-                    } else {
-                        "roots"
-                    },
-                    if missing.len() == 1 { "it" } else { "them" },
-                    if missing.len() == 1 {
-                        "that root"
-                    } else {
-                        "those roots"
-                    },
-                    if missing.len() == 1 { "it" } else { "them" },
                 ),
             ));
         }
@@ -677,38 +670,8 @@ impl Sandbox {
         // this undoes.
         self.settle_commit_log(workflow_id)?;
         let report = self.recover_record(&rec);
-        if !report.unjudged.is_empty() {
-            // Something someone put in the way, not a failure of the disk (HTTP 500).
-            return Err(Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be judged yet: {}; remove that second hard link, symbolic link or special file, then retry",
-                    rec.execution_id,
-                    report.unjudged.join("; ")
-                ),
-            ));
-        }
-        if let Some(busy) = &report.busy {
-            return Err(Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that cannot be recovered now: {busy}; nothing was done: try again later, or raise limits.lock_wait_seconds",
-                    rec.execution_id
-                ),
-            ));
-        }
-        if report.retry {
-            let why = report.why.as_deref().map_or_else(
-                || "none of its snapshots could be read (see the log); make its sandbox roots readable again".to_owned(),
-                |why| format!("{why} (see the log); put that right"),
-            );
-            return Err(Refusal::new(
-                report.why_code.unwrap_or(ReasonCode::IoError),
-                format!(
-                    "workflow {workflow_id} has an interrupted {what} ({}) that could not be recovered: {why}, then retry",
-                    rec.execution_id
-                ),
-            ));
+        if let Some(refused) = unfinished_recovery(&report, workflow_id, what, &rec.execution_id) {
+            return Err(refused);
         }
         self.conclude_sync().inspect_err(|_| self.unclaim(&rec))?;
         tracing::warn!(
@@ -870,5 +833,46 @@ fn found_its_result(
 ) -> bool {
     meta.after_sha256.as_deref().is_some_and(|after| {
         meta.sha256.as_deref() != Some(after) && first.before_checksum.as_deref() == Some(after)
+    })
+}
+
+/// Why a recovery that `report` tells of did not finish, for a client: what someone put
+/// in the way, a log held past the wait, or what could not be read; `None` when it did.
+/// `what` names the dead process's work (`run` or `rollback`), `execution_id` its run.
+fn unfinished_recovery(
+    report: &Recovered,
+    workflow_id: &str,
+    what: &str,
+    execution_id: &str,
+) -> Option<Refusal> {
+    if !report.unjudged.is_empty() {
+        // Something someone put in the way, not a failure of the disk (HTTP 500).
+        return Some(Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "workflow {workflow_id} has an interrupted {what} ({execution_id}) that cannot be judged yet: {}; remove that second hard link, symbolic link or special file, then retry",
+                report.unjudged.join("; ")
+            ),
+        ));
+    }
+    if let Some(busy) = &report.busy {
+        return Some(Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "workflow {workflow_id} has an interrupted {what} ({execution_id}) that cannot be recovered now: {busy}; nothing was done: try again later, or raise limits.lock_wait_seconds"
+            ),
+        ));
+    }
+    report.retry.then(|| {
+        let why = report.why.as_deref().map_or_else(
+            || "none of its snapshots could be read (see the log); make its sandbox roots readable again".to_owned(),
+            |why| format!("{why} (see the log); put that right"),
+        );
+        Refusal::new(
+            report.why_code.unwrap_or(ReasonCode::IoError),
+            format!(
+                "workflow {workflow_id} has an interrupted {what} ({execution_id}) that could not be recovered: {why}, then retry"
+            ),
+        )
     })
 }

@@ -19,6 +19,21 @@ struct Named<'a> {
     read: HashMap<(String, Option<String>), Recorded>,
 }
 
+impl<'a> Named<'a> {
+    /// None read yet, for a rollback of `snaps`: only lines after the earliest snapshot can
+    /// name a change since one of them.
+    fn after_earliest_of(snaps: &'a [(usize, StoredSnapshot)]) -> Self {
+        Self {
+            after: snaps
+                .iter()
+                .map(|(_, s)| s.meta.taken_at.as_str())
+                .min()
+                .unwrap_or(""),
+            read: HashMap::new(),
+        }
+    }
+}
+
 /// The trail's lines of changes to files of one name and folder, by the path they
 /// record (in the log's order): a target's lines are those of the paths that
 /// [`Sandbox::names_target`] takes for it, under whatever spelling of its root.
@@ -346,15 +361,7 @@ impl Sandbox {
         forced: bool,
     ) -> Verdict<Vec<Conflict>> {
         let mut out = Vec::new();
-        let mut named = Named {
-            // Only lines after the earliest snapshot can name a change since one of them.
-            after: snaps
-                .iter()
-                .map(|(_, s)| s.meta.taken_at.as_str())
-                .min()
-                .unwrap_or(""),
-            read: HashMap::new(),
-        };
+        let mut named = Named::after_earliest_of(snaps);
         let undoing: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
@@ -365,14 +372,7 @@ impl Sandbox {
         // Restoring newest first, the newest action on a path is compared with what the
         // path holds now, and each older one with what the newer snapshot will put back:
         // a difference is a change someone else made in between.
-        // What the rollback leaves at each path in the end: what its oldest action there
-        // found (`snaps` is oldest first).
-        let mut left_at_end: HashMap<String, TargetState> = HashMap::new();
-        for (i, s) in snaps {
-            left_at_end
-                .entry(self.abs_path(*i, &s.meta.target()))
-                .or_insert_with(|| TargetState::found_by(&s.meta));
-        }
+        let left_at_end = self.left_at_end(snaps);
         let mut will_hold: HashMap<String, (TargetState, &SnapshotMeta)> = HashMap::new();
         for (i, s) in snaps.iter().rev() {
             let rel = s.meta.target();
@@ -462,6 +462,17 @@ impl Sandbox {
             }
         }
         Ok(out)
+    }
+
+    /// What a rollback of `snaps` (oldest first) leaves at each path in the end: what its
+    /// oldest action there found.
+    fn left_at_end(&self, snaps: &[(usize, StoredSnapshot)]) -> HashMap<String, TargetState> {
+        let mut left: HashMap<String, TargetState> = HashMap::new();
+        for (i, s) in snaps {
+            left.entry(self.abs_path(*i, &s.meta.target()))
+                .or_insert_with(|| TargetState::found_by(&s.meta));
+        }
+        left
     }
 
     /// What a rollback of `snaps` (their actions `undoing`) removes: the paths its
