@@ -156,6 +156,40 @@ impl Sandbox {
         }
     }
 
+    /// Records workflow `wf` pruned in the roots `holding` (their paths): up to the trail's
+    /// end now; roots an earlier prune went through keep the seq it reached (a write
+    /// audited since in such a root still has its snapshot), as do roots this process is
+    /// not configured with.
+    fn mark_pruned(&self, wf: &str, holding: Vec<String>) -> Verdict {
+        self.state
+            .prune_mark(wf)
+            .or_else(|e| match e.kind() {
+                // Replaced by this prune's: what it says of the roots pruned now is
+                // whole again; the roots only a damaged mark named are not.
+                std::io::ErrorKind::InvalidData => {
+                    tracing::warn!(error = %e, "replacing a damaged prune record");
+                    Ok(None)
+                }
+                _ => Err(e),
+            })
+            .and_then(|earlier| {
+                let seq = self.audit.last_seq()?;
+                let mut pruned = earlier.unwrap_or_default();
+                pruned.retain(|(r, _)| !holding.contains(r));
+                pruned.extend(holding.into_iter().map(|r| (r, seq)));
+                self.state.write_prune_mark(wf, &pruned)
+            })
+            .map_err(|e| {
+                crate::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not record the prune: {}",
+                        crate::error::state_io_words(&e)
+                    ),
+                )
+            })
+    }
+
     /// Prunes one workflow (its lock held) when what can be trusted — sealed snapshots
     /// and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
     /// (another state directory's, a lost key's, planted) keep the workflow: nothing
@@ -229,37 +263,7 @@ impl Sandbox {
         // audited up to here are about to lose theirs by design. A mark without the
         // removal only spares writes that still have snapshots; the other way round,
         // every later rollback of the workflow would be refused.
-        // Per root: the roots this prune removes snapshots in are pruned up to the trail's
-        // end now; those an earlier prune went through keep the seq it reached (a write
-        // audited since in such a root still has its snapshot), as do roots this
-        // process is not configured with.
-        self.state
-            .prune_mark(wf)
-            .or_else(|e| match e.kind() {
-                // Replaced by this prune's: what it says of the roots pruned now is
-                // whole again; the roots only a damaged mark named are not.
-                std::io::ErrorKind::InvalidData => {
-                    tracing::warn!(error = %e, "replacing a damaged prune record");
-                    Ok(None)
-                }
-                _ => Err(e),
-            })
-            .and_then(|earlier| {
-                let seq = self.audit.last_seq()?;
-                let mut pruned = earlier.unwrap_or_default();
-                pruned.retain(|(r, _)| !holding.contains(r));
-                pruned.extend(holding.into_iter().map(|r| (r, seq)));
-                self.state.write_prune_mark(wf, &pruned)
-            })
-            .map_err(|e| {
-                crate::Refusal::new(
-                    ReasonCode::IoError,
-                    format!(
-                        "could not record the prune: {}",
-                        crate::error::state_io_words(&e)
-                    ),
-                )
-            })?;
+        self.mark_pruned(wf, holding)?;
         for root in &self.roots {
             if let Some(aside) = Snapshotter::set_aside(root, wf, self.durable())? {
                 self.fail_at("during_prune")?;
