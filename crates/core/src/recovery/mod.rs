@@ -242,6 +242,9 @@ pub struct Recovered {
     /// rollback, files found restored but unmarked; for either, marked snapshots the
     /// audit trail does not mention.
     pub restores_recorded: usize,
+    /// For a dead rollback: the restores its own lines (or an earlier start's) already
+    /// record on the audit trail.
+    pub restores_on_trail: usize,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
     /// Whether that rollback was a failed run's own (`on_failure: rollback`), under

@@ -108,13 +108,14 @@ fn not_settled(r: &Recovered) -> Option<String> {
 fn rollback_settled(r: &Recovered) -> String {
     // The stopped rollback recorded its own restores up to a moment; only
     // those after it are left to recovery, often none.
-    let recorded = if r.restores_recorded == 0 {
-        "every restore it made was already on the audit trail".to_owned()
-    } else {
-        format!(
+    let recorded = match (r.restores_recorded, r.restores_on_trail) {
+        // Killed before its first restore changed anything.
+        (0, 0) => "it had restored nothing".to_owned(),
+        (0, _) => "every restore it made was already on the audit trail".to_owned(),
+        (n, _) => format!(
             "{} it made recorded on the audit trail",
-            counted(r.restores_recorded, "restore")
-        )
+            counted(n, "restore")
+        ),
     };
     // A failed run's own rollback (`on_failure: rollback`) goes by that run's id and
     // undid that run's actions alone; a workflow's rollback undoes its other runs too.

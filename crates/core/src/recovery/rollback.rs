@@ -29,6 +29,14 @@ impl Sandbox {
             None => passed_over_as_spent(&entries, &rec.execution_id),
             Some(_) => HashSet::new(),
         };
+        report.restores_on_trail = entries
+            .iter()
+            .filter(|e| {
+                e.execution_id == rec.execution_id
+                    && e.mutation_class == Some(crate::catalog::MutationClass::Rollback)
+                    && e.status == crate::audit::AuditStatus::RolledBack
+            })
+            .count();
         let done = standing_results(entries);
         let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;

@@ -4603,3 +4603,39 @@ fn a_failed_run_killed_in_its_own_rollback_leaves_earlier_runs_out_of_it() {
     assert!(!undone.iter().any(|a| a == "e1" || a == "e2"), "{undone:?}");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback killed before its first restore changed anything is said to have restored
+/// nothing (it was said to have had every restore "already on the audit trail"); one
+/// killed after a restore it recorded itself says that one is on the trail.
+#[test]
+fn a_rollback_killed_before_any_restore_is_said_to_have_restored_nothing() {
+    for (nth, said) in [
+        (1, "it had restored nothing"),
+        (2, "every restore it made was already on the audit trail"),
+    ] {
+        let w = World::new();
+        let sb = w.open(w.writable_config());
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_k", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "alpha\n"},
+                {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+        sb.failpoints().arm_crash("during_restore", nth);
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.rollback_workflow("wf_k", &RollbackOptions::default())
+        }));
+        assert!(died.is_err(), "the rollback dies at restore {nth}");
+        drop(sb);
+        assert!(w.path("a.txt").exists(), "restore {nth}");
+        assert_eq!(w.path("b.txt").exists(), nth == 1, "restore {nth}");
+        let sb = w.open(w.writable_config());
+        assert_noticed(&sb, "recovered interrupted rollback");
+        assert_noticed(&sb, said);
+        let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
