@@ -101,6 +101,10 @@ pub struct CommitEntry {
     pub backup: Option<Vec<u8>>,
     /// The target's new bytes.
     pub bytes: Vec<u8>,
+    /// The identity of the staged file that took the target's place, when it was known:
+    /// a target still that very file yet holding other bytes lost them to a power cut
+    /// (its name reached the disk, its data did not), and gets the entry's bytes.
+    pub staged: Option<crate::confine::DirId>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -108,6 +112,8 @@ pub struct CommitEntry {
 struct Header {
     record: InflightRecord,
     meta: SnapshotMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    staged: Option<crate::confine::DirId>,
 }
 
 fn new_generation() -> u64 {
@@ -182,12 +188,13 @@ pub fn append(
     meta: &SnapshotMeta,
     backup: Option<&[u8]>,
     bytes: &[u8],
+    staged: Option<crate::confine::DirId>,
 ) -> io::Result<Option<Position>> {
     let at = match position(file)? {
         Some(p) => p,
         None => initialize(file)?,
     };
-    let frame = encode(at.generation, record, meta, backup, bytes);
+    let frame = encode(at.generation, (record, meta, staged), backup, bytes);
     let next = Position {
         end: at.end + frame.len() as u64,
         ..at
@@ -244,8 +251,7 @@ fn write_retained(file: &File, keep: &[CommitEntry]) -> io::Result<Position> {
     for e in keep {
         frames.extend(encode(
             generation,
-            &e.record,
-            &e.meta,
+            (&e.record, &e.meta, e.staged),
             e.backup.as_deref(),
             &e.bytes,
         ));
@@ -384,8 +390,7 @@ fn frame_lens(log: &[u8]) -> Option<(usize, Option<usize>, usize)> {
 /// The log entry of a commit.
 fn encode(
     generation: u64,
-    record: &InflightRecord,
-    meta: &SnapshotMeta,
+    (record, meta, staged): (&InflightRecord, &SnapshotMeta, Option<crate::confine::DirId>),
     backup: Option<&[u8]>,
     bytes: &[u8],
 ) -> Vec<u8> {
@@ -393,8 +398,15 @@ fn encode(
     struct HeaderRef<'a> {
         record: &'a InflightRecord,
         meta: &'a SnapshotMeta,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        staged: Option<crate::confine::DirId>,
     }
-    let header = serde_json::to_vec(&HeaderRef { record, meta }).unwrap_or_default();
+    let header = serde_json::to_vec(&HeaderRef {
+        record,
+        meta,
+        staged,
+    })
+    .unwrap_or_default();
     let backup_bytes = backup.unwrap_or_default();
     let mut out = Vec::with_capacity(PREFIX + header.len() + backup_bytes.len() + bytes.len());
     out.extend_from_slice(FRAME_MAGIC);
@@ -456,6 +468,7 @@ fn decode_one(generation: u64, log: &[u8]) -> Option<(CommitEntry, &[u8])> {
         meta: header.meta,
         backup: backup.map(|_| body[header_len..header_len + backup_size].to_vec()),
         bytes: body[header_len + backup_size..].to_vec(),
+        staged: header.staged,
     };
     // An entry must describe a finishable write: a commit record whose checksum the
     // new bytes have.
@@ -510,11 +523,12 @@ mod tests {
             meta,
             backup: backup.map(<[u8]>::to_vec),
             bytes: bytes.to_vec(),
+            staged: None,
         }
     }
 
     fn append_entry(f: &File, e: &CommitEntry) -> Position {
-        match append(f, &e.record, &e.meta, e.backup.as_deref(), &e.bytes) {
+        match append(f, &e.record, &e.meta, e.backup.as_deref(), &e.bytes, e.staged) {
             Ok(Some(p)) => p,
             Ok(None) => panic!("append: no room"),
             Err(err) => panic!("append: {err}"),
@@ -621,7 +635,7 @@ mod tests {
         let (_dir, f) = log_file();
         let e = entry(None, &[b'x'; MAX_LOGGED_BYTES]);
         let mut appended = 0;
-        while append(&f, &e.record, &e.meta, None, &e.bytes)
+        while append(&f, &e.record, &e.meta, None, &e.bytes, None)
             .unwrap_or_else(|err| panic!("append: {err}"))
             .is_some()
         {
@@ -687,7 +701,7 @@ mod tests {
             f
         };
         let e = entry(None, b"sound");
-        let sound = encode(generation, &e.record, &e.meta, None, &e.bytes);
+        let sound = encode(generation, (&e.record, &e.meta, None), None, &e.bytes);
         let with = |look_alikes: usize| {
             let mut rest = vec![0u8];
             for _ in 0..look_alikes {

@@ -357,7 +357,7 @@ impl SandboxWriteExecutor<'_> {
         // The commit point: one append to the workflow's commit log for a small staged
         // write, else one sync point.
         let log_entry = match (staged, &w.bytes, &self.record) {
-            (Some(_), Some(b), Some(record))
+            (Some(st), Some(b), Some(record))
                 if sb.logs_commit(w.before.as_ref().map_or(0, Vec::len) + b.len()) =>
             {
                 Some(crate::sandbox::LogEntry {
@@ -365,6 +365,7 @@ impl SandboxWriteExecutor<'_> {
                     meta: &w.meta,
                     backup: w.before.as_deref(),
                     bytes: b,
+                    staged: st.id().ok(),
                 })
             }
             _ => None,

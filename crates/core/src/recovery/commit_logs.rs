@@ -418,9 +418,15 @@ impl Sandbox {
                 current == o.meta.sha256
                     || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
             });
+        // The very file the write put in place, holding other bytes: its name reached
+        // the disk and its data did not (a power cut before the sync point; a new
+        // file's data, say, on a filesystem that delays allocation). Every writer of the
+        // runtime puts a new file in place, so no later write of its left this one.
+        let lost = e.staged.is_some() && self.roots[i].file_id(&rel) == e.staged;
         // What the target holds may be older bytes of this log's that a later run
         // of another workflow wrote back.
-        if !known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)) {
+        if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))
+        {
             tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
             return Placing::Untouched;
         }

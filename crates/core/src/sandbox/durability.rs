@@ -13,6 +13,7 @@ pub(crate) struct LogEntry<'a> {
     pub meta: &'a SnapshotMeta,
     pub backup: Option<&'a [u8]>,
     pub bytes: &'a [u8],
+    pub staged: Option<crate::confine::DirId>,
 }
 
 /// Commits a sandbox logs between two sync points.
@@ -225,7 +226,8 @@ impl Sandbox {
             return synced.map(|()| None);
         };
         let Some(at) =
-            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes).map_err(io)?
+            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes, e.staged)
+                .map_err(io)?
         else {
             // The log is full (many commits since the last sync point): this one syncs.
             return self.sync_point().map(|()| None);

@@ -150,6 +150,52 @@ fn logged_writes_survive_a_power_cut() {
     }
 }
 
+/// A power cut that keeps the names a batched run put in place but not their data (a
+/// new file's, say, on a filesystem that delays allocation): each target is the very
+/// file the run staged, emptied. The next start writes the logged bytes in again; they
+/// were taken for another program's change and left empty, the trail saying the writes
+/// had succeeded. A file another program put in the target's place keeps its bytes.
+#[test]
+fn logged_writes_whose_data_a_power_cut_lost_are_written_again() {
+    for replaced_by_hand in [false, true] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        w.write("d/b.txt", b"beta\n");
+        let original = w.tree();
+        prime(&w);
+        let sb = w.open(batched(&w));
+        run_killed(&sb, three_writes(), "before_audit", 3);
+        std::mem::forget(sb);
+        for f in ["a.txt", "d/b.txt", "c.txt"] {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(w.path(f))
+                .unwrap();
+            file.set_len(0).unwrap();
+        }
+        if replaced_by_hand {
+            // Made while the emptied file still stands: another inode.
+            w.write("c.new", b"by hand\n");
+            std::fs::rename(w.path("c.new"), w.path("c.txt")).unwrap();
+        }
+        let sb = w.open(batched(&w));
+        assert_eq!(w.read("a.txt"), b"ALPHA\n", "{replaced_by_hand}");
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{replaced_by_hand}");
+        let c: &[u8] = if replaced_by_hand {
+            b"by hand\n"
+        } else {
+            b"gamma\n"
+        };
+        assert_eq!(w.read("c.txt"), c, "{replaced_by_hand}");
+        assert!(sb.audit_verify().unwrap().ok);
+        if !replaced_by_hand {
+            let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+            assert_eq!(rb.status, "rolled_back", "{rb:?}");
+            assert_eq!(w.tree(), original);
+        }
+    }
+}
+
 /// A start that dies while it replays a commit log, between writing a target's bytes
 /// under a temporary name and renaming them into place, leaves that file; the next
 /// start removes it with the dead run's own (it stayed in the root for good: the run's

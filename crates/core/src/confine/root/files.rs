@@ -476,6 +476,13 @@ impl StagedWrite {
         &self.dir
     }
 
+    /// The staged file's identity: the target's once the file takes its place.
+    pub fn id(&self) -> io::Result<DirId> {
+        self.dir
+            .symlink_metadata(&self.staged)
+            .map(|m| DirId::of(&m))
+    }
+
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
     /// the directory when `sync`.
     pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
@@ -535,6 +542,15 @@ impl SandboxRoot {
             staged,
             name: rel.file_name().to_owned(),
         })
+    }
+
+    /// The identity of the regular file standing at `rel` (never followed), if one does.
+    pub fn file_id(&self, rel: &RelPath) -> Option<DirId> {
+        let (dir, _) = self.open_parent(rel, false, false).ok()?;
+        dir.symlink_metadata(rel.file_name())
+            .ok()
+            .filter(cap_std::fs::Metadata::is_file)
+            .map(|m| DirId::of(&m))
     }
 
     /// A file staged earlier under `staged` beside `rel`, when it is still there and is a

@@ -91,9 +91,9 @@ pub struct TargetInfo {
     pub existing_parents: usize,
 }
 
-/// Which directory a path names, so that one removed and made again under the same name
-/// is told apart: device, inode and birth time (a freed inode is reused at once on some
-/// filesystems, and the birth time, where the filesystem keeps one, differs).
+/// Which directory (or file) a path names, so that one removed and made again under the
+/// same name is told apart: device, inode and birth time (a freed inode is reused at once
+/// on some filesystems, and the birth time, where the filesystem keeps one, differs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DirId {
     /// Device.
