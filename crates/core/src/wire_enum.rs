@@ -38,9 +38,10 @@ macro_rules! wire_enum {
             }
         }
 
+        // Padded as a string is (`{:<9}` lines up a listing's columns).
         impl ::std::fmt::Display for $name {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
 
@@ -100,5 +101,13 @@ mod tests {
             "{err}"
         );
         assert_eq!(Sample::from_wire("three"), None);
+    }
+
+    #[test]
+    fn a_value_is_padded_as_its_name_would_be() {
+        assert_eq!(
+            format!("{:<5}|{:>5}", Sample::One, Sample::One),
+            "one  |  one"
+        );
     }
 }

@@ -28,8 +28,10 @@ async fn read_tools_are_confined_and_exact() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["r.md", "sub"]);
+    assert!(text(&r).contains(": 2 entries"), "{}", text(&r));
+    // One entry a line, its kind in a column of its own.
     assert!(
-        text(&r).contains("r.md") && text(&r).contains("sub/") && text(&r).contains(": 2 entries"),
+        text(&r).contains("\nfile      r.md  (") && text(&r).contains("\ndirectory sub/"),
         "{}",
         text(&r)
     );
