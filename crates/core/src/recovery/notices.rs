@@ -109,7 +109,8 @@ fn rollback_settled(r: &Recovered) -> String {
     // The stopped rollback recorded its own restores up to a moment; only
     // those after it are left to recovery, often none.
     let recorded = match (r.restores_recorded, r.restores_on_trail) {
-        // Killed before its first restore changed anything.
+        // Killed before its first restore changed anything (none done, none put back
+        // unconfirmed).
         (0, 0) => "it had restored nothing".to_owned(),
         (0, _) => "every restore it made was already on the audit trail".to_owned(),
         (n, _) => format!(

@@ -29,12 +29,16 @@ impl Sandbox {
             None => passed_over_as_spent(&entries, &rec.execution_id),
             Some(_) => HashSet::new(),
         };
+        // Made restores: done, or put back but not confirmed (a failed line).
         report.restores_on_trail = entries
             .iter()
             .filter(|e| {
                 e.execution_id == rec.execution_id
                     && e.mutation_class == Some(crate::catalog::MutationClass::Rollback)
-                    && e.status == crate::audit::AuditStatus::RolledBack
+                    && (e.status == crate::audit::AuditStatus::RolledBack
+                        || e.error
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED)))
             })
             .count();
         let done = standing_results(entries);
