@@ -18,25 +18,25 @@ struct Tally {
     /// The tree as the earlier actions would leave it.
     sketch: Sketch,
     /// What the workflow's earlier runs registered (its budget's use).
-    pub(super) registered: Verdict<Usage>,
+    registered: Verdict<Usage>,
     /// What the plan's actions judged so far would register.
-    pub(super) planned: Usage,
+    planned: Usage,
     /// Writes only the rate limit held back: they count against the budget of the
     /// actions after them, so a plan over both limits is told of the budget now rather
     /// than once its rate-limited part was sent again and written.
-    pub(super) held_back: Usage,
+    held_back: Usage,
     /// The plan's writes counted against the rate limit so far, and in all.
-    pub(super) writes: u32,
-    pub(super) plan_writes: u32,
+    writes: u32,
+    plan_writes: u32,
     /// The rate limiter's state, and the time it is judged at.
-    pub(super) tat: Verdict<f64>,
-    pub(super) now: chrono::DateTime<chrono::Utc>,
+    tat: Verdict<f64>,
+    now: chrono::DateTime<chrono::Utc>,
     /// Roots whose snapshot store was checked.
     stores_checked: std::collections::HashSet<usize>,
 }
 
 /// What an action refused by a limit alone would leave: root, path, bytes.
-pub(super) type Left = (usize, RelPath, Option<Bytes>);
+type Left = (usize, RelPath, Option<Bytes>);
 
 /// The virtual tree during validation: what earlier actions of the plan would leave.
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ enum Virtual {
 /// validation goes through them.
 #[derive(Debug, Default)]
 struct Sketch {
-    pub(super) tree: HashMap<(usize, String), Virtual>,
+    tree: HashMap<(usize, String), Virtual>,
     /// Bytes made for actions refused by a limit alone, kept for the actions after
     /// them; past the workflow's byte budget they are not kept (the plan is refused
     /// already), so that a plan of a thousand appends to large files never holds a
@@ -67,7 +67,7 @@ impl Sketch {
     /// an operation `op` that reads the target, of a file whose bytes were not kept: what
     /// it leaves is not judged on a guess, but refused with the earlier action's code.
     /// Gives the target's key.
-    pub(super) fn check(
+    fn check(
         &self,
         ri: usize,
         rel: &RelPath,

@@ -594,41 +594,41 @@ impl SandboxWriteExecutor<'_> {
 
 /// An approved action's target as read under its lock, with the bytes the action would
 /// leave there, past every check made again at write time.
-pub(super) struct Checked<'b> {
+struct Checked<'b> {
     /// The root's index.
-    pub(super) ri: usize,
+    ri: usize,
     /// The target in that root.
-    pub(super) rel: RelPath,
+    rel: RelPath,
     /// What stands there.
-    pub(super) kind: TargetKind,
+    kind: TargetKind,
     /// The file's bytes, when it is one.
-    pub(super) before: Option<Vec<u8>>,
+    before: Option<Vec<u8>>,
     /// The file as read, for the write to replace only it.
-    pub(super) stamp: Option<FileStamp>,
+    stamp: Option<FileStamp>,
     /// The new bytes; none for a directory.
-    pub(super) bytes: Option<Cow<'b, [u8]>>,
+    bytes: Option<Cow<'b, [u8]>>,
 }
 
 /// An action's write, worked out before anything is written.
 struct ActionWrite<'b> {
-    pub(super) op: &'static Operation,
-    pub(super) ri: usize,
-    pub(super) rel: RelPath,
-    pub(super) before: Option<Vec<u8>>,
-    pub(super) stamp: Option<FileStamp>,
-    pub(super) bytes: Option<Cow<'b, [u8]>>,
+    op: &'static Operation,
+    ri: usize,
+    rel: RelPath,
+    before: Option<Vec<u8>>,
+    stamp: Option<FileStamp>,
+    bytes: Option<Cow<'b, [u8]>>,
     /// What the write leaves at the target, for its undo.
-    pub(super) left: crate::sandbox::TargetState,
-    pub(super) entry: Option<ArtifactEntry>,
-    pub(super) meta: SnapshotMeta,
+    left: crate::sandbox::TargetState,
+    entry: Option<ArtifactEntry>,
+    meta: SnapshotMeta,
     /// The action's result once it succeeded.
-    pub(super) done: ActionResult,
+    done: ActionResult,
     /// Its success line in the audit trail.
-    pub(super) done_record: AuditRecord,
-    pub(super) mode: u32,
-    pub(super) no_replace: bool,
-    pub(super) put: Put,
-    pub(super) make: Make,
+    done_record: AuditRecord,
+    mode: u32,
+    no_replace: bool,
+    put: Put,
+    make: Make,
     /// The temporary file's name when the bytes are staged.
-    pub(super) staged_name: Option<String>,
+    staged_name: Option<String>,
 }

@@ -1,4 +1,7 @@
-//! Rollback (SPEC §7): what can be restored, and restoring it.
+//! Rollback (SPEC §7): the reports, and the entry points — a rollback, its preview
+//! (`rollback_info`), its simulation, the record a rollback keeps while it restores.
+//! `select` chooses what a rollback restores and refuses what it cannot; `restore` puts
+//! each chosen snapshot back; `beneath` records the steps undone beneath older restores.
 
 use super::conflicts::{ChangedFile, Conflict, TargetState};
 use super::locks::workflow_lock_refusal;

@@ -3,11 +3,11 @@
 use super::*;
 
 /// What holds for every restore of one [`Sandbox::restore_all`].
-pub(super) struct Pass<'a> {
-    pub(super) workflow_id: &'a str,
-    pub(super) mode: &'a RestoreMode,
+struct Pass<'a> {
+    workflow_id: &'a str,
+    mode: &'a RestoreMode,
     /// Recovery finishing a dead run's undo, which differs from a rollback here and there.
-    pub(super) recovering: bool,
+    recovering: bool,
 }
 
 /// How [`Sandbox::restore_all`] treats each target.
@@ -95,7 +95,7 @@ impl Sandbox {
     /// had to leave. Only a directory known by its birth time too is told apart from one
     /// made again later in the same inode (a filesystem without birth times reuses inodes
     /// at once): others are left for good, never removed by mistake.
-    pub(crate) fn record_left_dirs(&self, root: usize, meta: &SnapshotMeta, left: &[LeftDir]) {
+    fn record_left_dirs(&self, root: usize, meta: &SnapshotMeta, left: &[LeftDir]) {
         let known: Vec<LeftDir> = left
             .iter()
             .filter(|d| d.id.born_ns.is_some())
@@ -130,11 +130,7 @@ impl Sandbox {
     /// removes on the way, as [`RollbackEngine::remove_created_dirs`] does for it: those
     /// still there and not claimed by a create_directory that stands, if empty; returns
     /// those it had to leave.
-    pub(crate) fn remove_created_dirs_of(
-        &self,
-        root: usize,
-        meta: &SnapshotMeta,
-    ) -> Verdict<Vec<LeftDir>> {
+    fn remove_created_dirs_of(&self, root: usize, meta: &SnapshotMeta) -> Verdict<Vec<LeftDir>> {
         let maker = crate::left_dirs::Maker::of(meta);
         RollbackEngine::remove_created_dirs(&self.roots[root], meta, self.fsync_each(), &|d| {
             self.claimed(root, d, &maker)

@@ -147,7 +147,7 @@ impl<'t> TrailWrites<'t> {
 
     /// Of the writes kept apart (pruned, or into another root), whether `e` is one asked
     /// for and not undone since.
-    pub(super) fn in_place(&self, e: &SandboxAuditEntry, opts: &RollbackOptions) -> bool {
+    fn in_place(&self, e: &SandboxAuditEntry, opts: &RollbackOptions) -> bool {
         opts.takes(&e.action_id)
             && self
                 .undone
@@ -157,7 +157,7 @@ impl<'t> TrailWrites<'t> {
 
     /// The writes asked for that need a snapshot and have none in `snaps`, as said to
     /// people, sorted.
-    pub(super) fn missing(&self, snaps: &RootedSnapshots, opts: &RollbackOptions) -> Vec<String> {
+    fn missing(&self, snaps: &RootedSnapshots, opts: &RollbackOptions) -> Vec<String> {
         let have: HashSet<&str> = snaps
             .iter()
             .map(|(_, s)| s.meta.action_id.as_str())
