@@ -416,7 +416,13 @@ fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String, io::Error
     for e in dir.entries().map_err(here)? {
         let e = e.map_err(here)?;
         match e.file_name().to_str() {
-            Some(BACKUP_FILE) if e.file_type().map_err(here)?.is_file() => backup = true,
+            Some(BACKUP_FILE)
+                if crate::confine::root::entry_type(&e)
+                    .map_err(here)?
+                    .is_file() =>
+            {
+                backup = true
+            }
             _ => return Ok(false),
         }
     }

@@ -186,7 +186,7 @@ impl StateDir {
             }
             for e in dir.entries()? {
                 let e = e?;
-                if e.file_type()?.is_dir()
+                if crate::confine::root::entry_type(&e)?.is_dir()
                     && let Ok(sub) = dir.open_dir_nofollow(e.file_name())
                 {
                     pending.push(sub);
@@ -599,7 +599,7 @@ impl StateDir {
                         .or_else(|| record.strip_suffix(".pruned"))
                 });
             if let Some(id) = id
-                && e.file_type()?.is_file()
+                && crate::confine::root::entry_type(&e)?.is_file()
             {
                 out.push((name.clone(), id.to_owned()));
             }

@@ -626,6 +626,17 @@ impl SandboxRoot {
     }
 }
 
+/// What a directory entry is, looked up without following it when the directory does
+/// not say (`DT_UNKNOWN`, which some filesystems give for every entry: FUSE ones, older
+/// XFS).
+pub(crate) fn entry_type(entry: &cap_std::fs::DirEntry) -> io::Result<cap_std::fs::FileType> {
+    let ft = entry.file_type()?;
+    if ft.is_file() || ft.is_dir() || ft.is_symlink() {
+        return Ok(ft);
+    }
+    entry.metadata().map(|m| m.file_type())
+}
+
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
 /// With `made_by` (the id of a run, see `ids`), only those made by the process
@@ -638,7 +649,7 @@ pub fn remove_temp_files(dir: &Dir, depth: usize, made_by: Option<&str>) -> io::
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let ft = entry.file_type()?;
+        let ft = entry_type(&entry)?;
         if ft.is_file()
             && name.starts_with(TEMP_MARKER)
             && seed.is_none_or(|s| crate::ids::process_seed(name) == s)
