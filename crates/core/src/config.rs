@@ -58,7 +58,10 @@ pub enum Durability {
     /// slower where other programs write heavily to the same filesystem (each sync waits
     /// for their data too). Linux only; elsewhere it behaves as `strict`.
     Batched,
-    /// No fsync: atomic, but a power cut may lose the last writes.
+    /// No fsync: atomic when the process dies, but a power cut may lose the writes made
+    /// since the system last flushed its caches, leaving their files (and snapshots, and
+    /// the registry's tail) empty or short; a start then says which records were torn,
+    /// and a rollback may be refused for them. For trees that can be made again.
     Relaxed,
 }
 
