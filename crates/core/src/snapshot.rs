@@ -412,16 +412,19 @@ fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String, io::Error
     let Ok(dir) = wf.open_dir_nofollow(name) else {
         return Ok(false);
     };
-    let mut backup = false;
+    let (mut backup, mut empty_meta) = (false, false);
     for e in dir.entries().map_err(here)? {
         let e = e.map_err(here)?;
+        let file = crate::confine::root::entry_type(&e)
+            .map_err(here)?
+            .is_file();
         match e.file_name().to_str() {
-            Some(BACKUP_FILE)
-                if crate::confine::root::entry_type(&e)
-                    .map_err(here)?
-                    .is_file() =>
-            {
-                backup = true
+            Some(BACKUP_FILE) if file => backup = true,
+            // Metadata whose name reached the disk and whose bytes did not (a power cut
+            // before the sync point that was to make the snapshot durable, which comes
+            // before the target is touched): none.
+            Some(META_FILE) if file && e.metadata().map_err(here)?.len() == 0 => {
+                empty_meta = true;
             }
             _ => return Ok(false),
         }
@@ -434,6 +437,9 @@ fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String, io::Error
     let gone = (|| {
         if backup {
             dir.remove_file(BACKUP_FILE)?;
+        }
+        if empty_meta {
+            dir.remove_file(META_FILE)?;
         }
         wf.remove_dir(&aside)
     })();
@@ -977,8 +983,9 @@ impl Snapshotter {
         }))
     }
 
-    /// Removes the workflow's action folders in one root that hold no metadata and
-    /// nothing but a backup, of actions `ran` says the trail records no write of:
+    /// Removes the workflow's action folders in one root that hold no metadata (or an
+    /// empty file in its place) and nothing but a backup, of actions `ran` says the
+    /// trail records no write of:
     /// snapshots a killed process never finished ([`Self::take`] writes the metadata
     /// last), whose actions never touched their targets. Their ids are free again, as
     /// after a snapshot that failed. (An action that ran keeps its folder: its record

@@ -4639,3 +4639,37 @@ fn a_rollback_killed_before_any_restore_is_said_to_have_restored_nothing() {
         assert!(sb.audit_verify().unwrap().ok);
     }
 }
+
+/// A snapshot whose metadata a power cut emptied before the sync point that was to make
+/// it durable (its name kept, its bytes lost) is of an action that never touched its
+/// target: the next start removes it as unfinished, and the workflow rolls back. It
+/// stayed, "damaged", and refused every rollback of the workflow, forced too.
+#[test]
+fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let sb = w.open(w.writable_config());
+    sb.failpoints().arm_crash("before_mutate", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_e", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies before its second write");
+    drop(sb);
+    let meta = w.path(".rollback/wf_e/a2/meta.json");
+    let file = std::fs::OpenOptions::new().write(true).open(meta).unwrap();
+    file.set_len(0).unwrap();
+    let sb = w.open(w.writable_config());
+    assert_noticed(&sb, "recovered interrupted run");
+    assert!(!w.path(".rollback/wf_e/a2").exists(), "{:?}", sb.notices());
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    let rb = sb.rollback_workflow("wf_e", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
