@@ -970,6 +970,9 @@ impl Snapshotter {
             )));
         }
         let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
+            // Its name reached the disk, its bytes did not (a power cut before the
+            // rollback's sync point): no mark, the step is judged by what its file holds.
+            Ok(b) if b.is_empty() => None,
             Ok(b) => Some(
                 open_mark(key, &b, &meta)
                     .map_err(|e| trust(untrusted(&folder, RESTORED_FILE, &e)))?,

@@ -4348,3 +4348,41 @@ fn a_forced_rollback_leaves_a_made_directory_it_cannot_list() {
     assert_ne!(forced.status, "refused", "{forced:?}");
     assert!(!w.path("other.txt").exists(), "{forced:?}");
 }
+
+/// A restore mark whose name reached the disk and whose bytes did not (a power cut
+/// before a `batched` rollback's sync point) is no mark: the step is judged by what its
+/// file holds and the trail says. It was taken for a damaged record and refused every
+/// later rollback of the workflow, forced too.
+#[test]
+fn an_empty_restore_mark_is_no_mark() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+            {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("during_restore", 2);
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(w.read("a.txt"), b"alpha\n", "a2 restored before a1 failed");
+    let mark = w.path(".rollback/wf_m/a2/restored.json");
+    let file = std::fs::OpenOptions::new().write(true).open(mark).unwrap();
+    file.set_len(0).unwrap();
+    for opts in [RollbackOptions::default(), forced()] {
+        let info = sb.rollback_info("wf_m");
+        assert!(info.is_ok(), "{info:?}");
+        let rb = sb.rollback_workflow("wf_m", &opts);
+        assert_ne!(rb.reason_code, Some(ReasonCode::ChecksumMismatch), "{rb:?}");
+        assert!(
+            rb.status == "rolled_back" || rb.reason_code == Some(ReasonCode::NoRollbackData),
+            "{rb:?}"
+        );
+    }
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
