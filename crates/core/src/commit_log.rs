@@ -101,10 +101,11 @@ pub struct CommitEntry {
     pub backup: Option<Vec<u8>>,
     /// The target's new bytes.
     pub bytes: Vec<u8>,
-    /// The identity of the staged file that took the target's place, when it was known:
-    /// a target still that very file yet holding other bytes lost them to a power cut
-    /// (its name reached the disk, its data did not), and gets the entry's bytes.
-    pub staged: Option<crate::confine::DirId>,
+    /// The staged file that took the target's place, as written, when it was known: a
+    /// target still that very file, unwritten since, yet holding other bytes lost them to
+    /// a power cut (its name reached the disk, its data did not), and gets the entry's
+    /// bytes.
+    pub staged: Option<crate::confine::WrittenFile>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -113,7 +114,7 @@ struct Header {
     record: InflightRecord,
     meta: SnapshotMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    staged: Option<crate::confine::DirId>,
+    staged: Option<crate::confine::WrittenFile>,
 }
 
 fn new_generation() -> u64 {
@@ -188,7 +189,7 @@ pub fn append(
     meta: &SnapshotMeta,
     backup: Option<&[u8]>,
     bytes: &[u8],
-    staged: Option<crate::confine::DirId>,
+    staged: Option<crate::confine::WrittenFile>,
 ) -> io::Result<Option<Position>> {
     let at = match position(file)? {
         Some(p) => p,
@@ -390,7 +391,7 @@ fn frame_lens(log: &[u8]) -> Option<(usize, Option<usize>, usize)> {
 /// The log entry of a commit.
 fn encode(
     generation: u64,
-    (record, meta, staged): (&InflightRecord, &SnapshotMeta, Option<crate::confine::DirId>),
+    (record, meta, staged): (&InflightRecord, &SnapshotMeta, Option<crate::confine::WrittenFile>),
     backup: Option<&[u8]>,
     bytes: &[u8],
 ) -> Vec<u8> {
@@ -399,7 +400,7 @@ fn encode(
         record: &'a InflightRecord,
         meta: &'a SnapshotMeta,
         #[serde(skip_serializing_if = "Option::is_none")]
-        staged: Option<crate::confine::DirId>,
+        staged: Option<crate::confine::WrittenFile>,
     }
     let header = serde_json::to_vec(&HeaderRef {
         record,

@@ -15,5 +15,6 @@ pub use path::{
     detect_path_traversal, is_within_sandbox, normalize_extension, resolve_sandbox_path,
 };
 pub use root::{
-    DirId, EntryKind, PathKind, SandboxRoot, TargetInfo, TargetKind, read_operator_file,
+    DirId, EntryKind, PathKind, SandboxRoot, TargetInfo, TargetKind, WrittenFile,
+    read_operator_file,
 };

@@ -365,7 +365,7 @@ impl SandboxWriteExecutor<'_> {
                     meta: &w.meta,
                     backup: w.before.as_deref(),
                     bytes: b,
-                    staged: st.id().ok(),
+                    staged: st.written().ok(),
                 })
             }
             _ => None,

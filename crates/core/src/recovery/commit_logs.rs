@@ -418,11 +418,12 @@ impl Sandbox {
                 current == o.meta.sha256
                     || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
             });
-        // The very file the write put in place, holding other bytes: its name reached
-        // the disk and its data did not (a power cut before the sync point; a new
-        // file's data, say, on a filesystem that delays allocation). Every writer of the
-        // runtime puts a new file in place, so no later write of its left this one.
-        let lost = e.staged.is_some() && self.roots[i].file_id(&rel) == e.staged;
+        // The very file the write put in place, as it left it but for its bytes: its
+        // name reached the disk and its data did not (a power cut before the sync
+        // point; a new file's data, say, on a filesystem that delays allocation). Every
+        // writer of the runtime puts a new file in place, and a write in place by
+        // another program changes the modification time: neither is taken for this.
+        let lost = e.staged.is_some() && self.roots[i].written_file(&rel) == e.staged;
         // What the target holds may be older bytes of this log's that a later run
         // of another workflow wrote back.
         if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))

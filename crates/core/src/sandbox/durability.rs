@@ -13,7 +13,7 @@ pub(crate) struct LogEntry<'a> {
     pub meta: &'a SnapshotMeta,
     pub backup: Option<&'a [u8]>,
     pub bytes: &'a [u8],
-    pub staged: Option<crate::confine::DirId>,
+    pub staged: Option<crate::confine::WrittenFile>,
 }
 
 /// Commits a sandbox logs between two sync points.

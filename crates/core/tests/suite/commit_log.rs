@@ -152,12 +152,14 @@ fn logged_writes_survive_a_power_cut() {
 
 /// A power cut that keeps the names a batched run put in place but not their data (a
 /// new file's, say, on a filesystem that delays allocation): each target is the very
-/// file the run staged, emptied. The next start writes the logged bytes in again; they
-/// were taken for another program's change and left empty, the trail saying the writes
-/// had succeeded. A file another program put in the target's place keeps its bytes.
+/// file the run staged, its modification time as the write left it, emptied. The next
+/// start writes the logged bytes in again; they were taken for another program's change
+/// and left empty, the trail saying the writes had succeeded. A file another program
+/// put in the target's place, or wrote in place (a new modification time), keeps its
+/// bytes.
 #[test]
 fn logged_writes_whose_data_a_power_cut_lost_are_written_again() {
-    for replaced_by_hand in [false, true] {
+    for by_hand in ["nothing", "replaced", "edited"] {
         let w = World::new();
         w.write("a.txt", b"alpha\n");
         w.write("d/b.txt", b"beta\n");
@@ -171,24 +173,39 @@ fn logged_writes_whose_data_a_power_cut_lost_are_written_again() {
                 .write(true)
                 .open(w.path(f))
                 .unwrap();
+            let written = file.metadata().unwrap().modified().unwrap();
             file.set_len(0).unwrap();
+            file.set_modified(written).unwrap();
         }
-        if replaced_by_hand {
+        match by_hand {
             // Made while the emptied file still stands: another inode.
-            w.write("c.new", b"by hand\n");
-            std::fs::rename(w.path("c.new"), w.path("c.txt")).unwrap();
+            "replaced" => {
+                w.write("c.new", b"by hand\n");
+                std::fs::rename(w.path("c.new"), w.path("c.txt")).unwrap();
+            }
+            "edited" => {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(w.path("c.txt"))
+                    .unwrap();
+                let written = file.metadata().unwrap().modified().unwrap();
+                std::io::Write::write_all(&mut &file, b"by hand\n").unwrap();
+                file.set_modified(written + std::time::Duration::from_secs(1))
+                    .unwrap();
+            }
+            _ => {}
         }
         let sb = w.open(batched(&w));
-        assert_eq!(w.read("a.txt"), b"ALPHA\n", "{replaced_by_hand}");
-        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{replaced_by_hand}");
-        let c: &[u8] = if replaced_by_hand {
-            b"by hand\n"
-        } else {
+        assert_eq!(w.read("a.txt"), b"ALPHA\n", "{by_hand}");
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{by_hand}");
+        let c: &[u8] = if by_hand == "nothing" {
             b"gamma\n"
+        } else {
+            b"by hand\n"
         };
-        assert_eq!(w.read("c.txt"), c, "{replaced_by_hand}");
+        assert_eq!(w.read("c.txt"), c, "{by_hand}");
         assert!(sb.audit_verify().unwrap().ok);
-        if !replaced_by_hand {
+        if by_hand == "nothing" {
             let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
             assert_eq!(rb.status, "rolled_back", "{rb:?}");
             assert_eq!(w.tree(), original);

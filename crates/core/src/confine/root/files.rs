@@ -476,11 +476,11 @@ impl StagedWrite {
         &self.dir
     }
 
-    /// The staged file's identity: the target's once the file takes its place.
-    pub fn id(&self) -> io::Result<DirId> {
+    /// The staged file as written: the target's once the file takes its place.
+    pub fn written(&self) -> io::Result<WrittenFile> {
         self.dir
             .symlink_metadata(&self.staged)
-            .map(|m| DirId::of(&m))
+            .map(|m| WrittenFile::of(&m))
     }
 
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
@@ -544,13 +544,14 @@ impl SandboxRoot {
         })
     }
 
-    /// The identity of the regular file standing at `rel` (never followed), if one does.
-    pub fn file_id(&self, rel: &RelPath) -> Option<DirId> {
+    /// The regular file standing at `rel` (never followed), if one does, as
+    /// [`WrittenFile`] describes it.
+    pub fn written_file(&self, rel: &RelPath) -> Option<WrittenFile> {
         let (dir, _) = self.open_parent(rel, false, false).ok()?;
         dir.symlink_metadata(rel.file_name())
             .ok()
             .filter(cap_std::fs::Metadata::is_file)
-            .map(|m| DirId::of(&m))
+            .map(|m| WrittenFile::of(&m))
     }
 
     /// A file staged earlier under `staged` beside `rel`, when it is still there and is a
@@ -623,6 +624,32 @@ impl SandboxRoot {
             }
         }
         removed
+    }
+}
+
+/// A file as its last write left it: the inode and birth time that name it, and the
+/// modification time that write gave it. A later write in place changes the time; a
+/// power cut that loses the write's data keeps it (it is the inode's, journaled with
+/// its name). No device number: it may change when the filesystem is mounted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WrittenFile {
+    /// Inode.
+    pub ino: u64,
+    /// Birth time, nanoseconds since the epoch, where the filesystem keeps one.
+    #[serde(default)]
+    pub born_ns: Option<u64>,
+    /// Modification time: seconds and nanoseconds since the epoch.
+    pub mtime: (i64, i64),
+}
+
+impl WrittenFile {
+    fn of(m: &cap_std::fs::Metadata) -> Self {
+        let id = DirId::of(m);
+        Self {
+            ino: id.ino,
+            born_ns: id.born_ns,
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
     }
 }
 

@@ -91,9 +91,9 @@ pub struct TargetInfo {
     pub existing_parents: usize,
 }
 
-/// Which directory (or file) a path names, so that one removed and made again under the
-/// same name is told apart: device, inode and birth time (a freed inode is reused at once
-/// on some filesystems, and the birth time, where the filesystem keeps one, differs).
+/// Which directory a path names, so that one removed and made again under the same name
+/// is told apart: device, inode and birth time (a freed inode is reused at once on some
+/// filesystems, and the birth time, where the filesystem keeps one, differs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct DirId {
     /// Device.
@@ -147,8 +147,8 @@ pub(crate) use access::{
 };
 use files::flush_for;
 pub use files::{
-    FileStamp, Flush, Make, Put, StagedWrite, hash_regular, read_regular, remove_temp_files,
-    sync_dir, temp_name, write_atomic_flush, write_atomic_in, write_new_in,
+    FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
+    remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in, write_new_in,
 };
 pub(crate) use files::{entry_type, open_file_in, read_file_in};
 use refusal::{
