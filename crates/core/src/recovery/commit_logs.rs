@@ -100,6 +100,7 @@ impl Sandbox {
             complete,
             kept,
             log_failure,
+            left_changed,
         } = self.replay_commits(wf, &entries);
         // The record was not synced with the log: if it is gone, the log's last run
         // stands in for it.
@@ -128,6 +129,7 @@ impl Sandbox {
             },
         };
         report.completed += replayed;
+        report.logged_left_changed = left_changed;
         report.temp_files_removed += swept.temp_files_removed;
         report.temp_files_left.append(&mut swept.temp_files_left);
         // Entries for a root not configured now stay, alone, for a start that has it:
@@ -165,6 +167,7 @@ impl Sandbox {
             }
         }
         let told = !complete
+            || !report.logged_left_changed.is_empty()
             || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))));
         told.then_some(report)
     }
@@ -250,6 +253,7 @@ impl Sandbox {
             complete: replay.complete,
             kept: replay.kept,
             log_failure: replay.log_failure,
+            left_changed: replay.left_changed,
         }
     }
 
@@ -372,6 +376,9 @@ impl Sandbox {
                     replay.changed.insert(meta.snapshot_id.clone());
                 }
                 Placing::Untouched => {}
+                Placing::LeftChanged => replay
+                    .left_changed
+                    .push(crate::confine::path::shown_path(&meta.original_path)),
                 Placing::Failed => {
                     replay.complete = false;
                     replay.unplaced.insert((i, meta.original_path.as_str()));
@@ -429,7 +436,16 @@ impl Sandbox {
         if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))
         {
             tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
-            return Placing::Untouched;
+            // Said at start unless a write the trail records (another workflow's) left
+            // it so: then the trail names what it holds.
+            let recorded = self
+                .last_recorded(i, &rel)
+                .is_some_and(|l| l.after_checksum == current);
+            return if recorded {
+                Placing::Untouched
+            } else {
+                Placing::LeftChanged
+            };
         }
         match self.write_logged_bytes(i, &rel, e) {
             Ok(()) => Placing::Written,
@@ -602,6 +618,8 @@ struct Replayed {
     kept: Vec<usize>,
     /// Why the registry or the trail would not take an entry, when one would not.
     log_failure: Option<std::io::Error>,
+    /// Targets found changed since by someone else and left as they are, as shown.
+    left_changed: Vec<String>,
 }
 
 /// What a commit log's replay has found and done so far, handed from step to step of
@@ -624,6 +642,8 @@ struct Replay<'e> {
     kept: Vec<usize>,
     /// Targets this replay could not put (or confirm) in place, or settle.
     unplaced: HashSet<(usize, &'e str)>,
+    /// Targets found changed since by someone else and left as they are, as shown.
+    left_changed: Vec<String>,
 }
 
 impl<'e> Replay<'e> {
@@ -637,6 +657,7 @@ impl<'e> Replay<'e> {
             superseded: false,
             kept: Vec::new(),
             unplaced: HashSet::new(),
+            left_changed: Vec::new(),
         }
     }
 
@@ -659,8 +680,10 @@ impl<'e> Replay<'e> {
 enum Placing {
     /// The entry's bytes were put in place.
     Written,
-    /// Already in place (and covered for the sync), or changed since and left as it is.
+    /// Already in place (and covered for the sync).
     Untouched,
+    /// Changed since by a write the trail does not record, and left as it is.
+    LeftChanged,
     /// Could not be locked, covered or written: the replay is not complete.
     Failed,
 }

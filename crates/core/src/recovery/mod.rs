@@ -245,6 +245,10 @@ pub struct Recovered {
     /// For a dead rollback: the restores its own lines (or an earlier start's) already
     /// record on the audit trail.
     pub restores_on_trail: usize,
+    /// Targets of writes a commit log held, found changed since by a write the trail does
+    /// not record and left as they are (as shown to people): the trail still names the
+    /// logged bytes.
+    pub logged_left_changed: Vec<String>,
     /// Whether the dead process was rolling the workflow back (not running a plan).
     pub rollback: bool,
     /// Whether that rollback was a failed run's own (`on_failure: rollback`), under

@@ -179,6 +179,10 @@ fn run_settled(r: &Recovered) -> String {
             r.not_undone.join("; ")
         )
     });
+    let not_undone = match (not_undone, logged_left_changed(r)) {
+        (Some(n), Some(l)) => Some(format!("{n}; {l}")),
+        (n, l) => n.or(l),
+    };
     let mut done = match (done.is_empty(), not_undone) {
         // Its finished writes stand as audited; none was left half done.
         (true, None) => "no unfinished action was left to undo or finish".to_owned(),
@@ -203,6 +207,17 @@ fn run_settled(r: &Recovered) -> String {
         "recovered interrupted run {} of workflow {}: {done}",
         r.execution_id, r.workflow_id
     )
+}
+
+/// The logged targets someone changed since, which the replay left as they are.
+fn logged_left_changed(r: &Recovered) -> Option<String> {
+    (!r.logged_left_changed.is_empty()).then(|| {
+        format!(
+            "{} of its logged writes found changed since by another program and left as found ({}): the audit trail still names the logged bytes; if that change was not wanted, roll the workflow back (with force) or write the file again",
+            counted(r.logged_left_changed.len(), "target"),
+            r.logged_left_changed.join(", ")
+        )
+    })
 }
 
 /// What recovery left for the operator to remove.
