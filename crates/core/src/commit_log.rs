@@ -108,6 +108,34 @@ pub struct CommitEntry {
     pub staged: Option<crate::confine::WrittenFile>,
 }
 
+impl CommitEntry {
+    /// The entry as [`append`] takes it.
+    pub fn as_new(&self) -> NewEntry<'_> {
+        NewEntry {
+            record: &self.record,
+            meta: &self.meta,
+            backup: self.backup.as_deref(),
+            bytes: &self.bytes,
+            staged: self.staged,
+        }
+    }
+}
+
+/// An entry to append: what a [`CommitEntry`] holds, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEntry<'a> {
+    /// The run that makes it.
+    pub record: &'a InflightRecord,
+    /// Its snapshot's metadata.
+    pub meta: &'a SnapshotMeta,
+    /// The target's bytes before, for a replaced file.
+    pub backup: Option<&'a [u8]>,
+    /// The target's new bytes.
+    pub bytes: &'a [u8],
+    /// The staged file as written (see [`CommitEntry::staged`]).
+    pub staged: Option<crate::confine::WrittenFile>,
+}
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Header {
@@ -183,19 +211,12 @@ pub fn position(file: &File) -> io::Result<Option<Position>> {
 /// the entry is not in the log.
 /// `None`, with nothing written, when the entry would take the log past
 /// [`MAX_LOG_BYTES`] or its header past 256 KiB: the commit syncs instead.
-pub fn append(
-    file: &File,
-    record: &InflightRecord,
-    meta: &SnapshotMeta,
-    backup: Option<&[u8]>,
-    bytes: &[u8],
-    staged: Option<crate::confine::WrittenFile>,
-) -> io::Result<Option<Position>> {
+pub fn append(file: &File, entry: &NewEntry<'_>) -> io::Result<Option<Position>> {
     let at = match position(file)? {
         Some(p) => p,
         None => initialize(file)?,
     };
-    let frame = encode(at.generation, (record, meta, staged), backup, bytes);
+    let frame = encode(at.generation, entry);
     let next = Position {
         end: at.end + frame.len() as u64,
         ..at
@@ -250,12 +271,7 @@ fn write_retained(file: &File, keep: &[CommitEntry]) -> io::Result<Position> {
     let generation = new_generation();
     let mut frames = Vec::new();
     for e in keep {
-        frames.extend(encode(
-            generation,
-            (&e.record, &e.meta, e.staged),
-            e.backup.as_deref(),
-            &e.bytes,
-        ));
+        frames.extend(encode(generation, &e.as_new()));
     }
     // Clear of the entries the header counts and of any it lost count of, which a crash
     // before the switch must still find: before them when there is room (the space the
@@ -389,12 +405,14 @@ fn frame_lens(log: &[u8]) -> Option<(usize, Option<usize>, usize)> {
 }
 
 /// The log entry of a commit.
-fn encode(
-    generation: u64,
-    (record, meta, staged): (&InflightRecord, &SnapshotMeta, Option<crate::confine::WrittenFile>),
-    backup: Option<&[u8]>,
-    bytes: &[u8],
-) -> Vec<u8> {
+fn encode(generation: u64, e: &NewEntry<'_>) -> Vec<u8> {
+    let NewEntry {
+        record,
+        meta,
+        backup,
+        bytes,
+        staged,
+    } = *e;
     #[derive(Serialize)]
     struct HeaderRef<'a> {
         record: &'a InflightRecord,
@@ -529,7 +547,7 @@ mod tests {
     }
 
     fn append_entry(f: &File, e: &CommitEntry) -> Position {
-        match append(f, &e.record, &e.meta, e.backup.as_deref(), &e.bytes, e.staged) {
+        match append(f, &e.as_new()) {
             Ok(Some(p)) => p,
             Ok(None) => panic!("append: no room"),
             Err(err) => panic!("append: {err}"),
@@ -636,7 +654,7 @@ mod tests {
         let (_dir, f) = log_file();
         let e = entry(None, &[b'x'; MAX_LOGGED_BYTES]);
         let mut appended = 0;
-        while append(&f, &e.record, &e.meta, None, &e.bytes, None)
+        while append(&f, &e.as_new())
             .unwrap_or_else(|err| panic!("append: {err}"))
             .is_some()
         {
@@ -702,7 +720,7 @@ mod tests {
             f
         };
         let e = entry(None, b"sound");
-        let sound = encode(generation, (&e.record, &e.meta, None), None, &e.bytes);
+        let sound = encode(generation, &e.as_new());
         let with = |look_alikes: usize| {
             let mut rest = vec![0u8];
             for _ in 0..look_alikes {

@@ -360,7 +360,7 @@ impl SandboxWriteExecutor<'_> {
             (Some(st), Some(b), Some(record))
                 if sb.logs_commit(w.before.as_ref().map_or(0, Vec::len) + b.len()) =>
             {
-                Some(crate::sandbox::LogEntry {
+                Some(crate::commit_log::NewEntry {
                     record,
                     meta: &w.meta,
                     backup: w.before.as_deref(),

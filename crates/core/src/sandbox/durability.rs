@@ -5,16 +5,6 @@ use super::{Sandbox, lock_or_recover};
 use crate::commit_log::Position;
 use crate::confine::RelPath;
 use crate::reason::{ReasonCode, Verdict};
-use crate::snapshot::SnapshotMeta;
-
-/// What a commit log entry holds (see [`crate::commit_log::CommitEntry`]).
-pub(crate) struct LogEntry<'a> {
-    pub record: &'a crate::recovery::InflightRecord,
-    pub meta: &'a SnapshotMeta,
-    pub backup: Option<&'a [u8]>,
-    pub bytes: &'a [u8],
-    pub staged: Option<crate::confine::WrittenFile>,
-}
 
 /// Commits a sandbox logs between two sync points.
 const LOGGED_PER_SYNC: usize = 32;
@@ -196,7 +186,10 @@ impl Sandbox {
     /// commit log, synced, and the log's position is returned for
     /// [`Sandbox::commit_finished`]; otherwise, and for a workflow's first commit, a sync
     /// point, which also makes the new log durable. Call with the workflow's lock held.
-    pub(crate) fn commit_point(&self, entry: Option<LogEntry<'_>>) -> Verdict<Option<Position>> {
+    pub(crate) fn commit_point(
+        &self,
+        entry: Option<crate::commit_log::NewEntry<'_>>,
+    ) -> Verdict<Option<Position>> {
         let io = |e: std::io::Error| {
             crate::reason::Refusal::new(
                 ReasonCode::IoError,
@@ -225,10 +218,7 @@ impl Sandbox {
             }
             return synced.map(|()| None);
         };
-        let Some(at) =
-            crate::commit_log::append(&log, e.record, e.meta, e.backup, e.bytes, e.staged)
-                .map_err(io)?
-        else {
+        let Some(at) = crate::commit_log::append(&log, &e).map_err(io)? else {
             // The log is full (many commits since the last sync point): this one syncs.
             return self.sync_point().map(|()| None);
         };

@@ -33,7 +33,6 @@ mod rollback;
 
 pub(crate) use conflicts::TargetState;
 pub use conflicts::{ChangedBy, Conflict};
-pub(crate) use durability::LogEntry;
 use locks::TARGET_LOCK_STRIPES;
 pub(crate) use locks::workflow_lock_refusal;
 pub use prune::{PruneFailure, PruneReport};
