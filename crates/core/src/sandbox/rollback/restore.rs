@@ -194,9 +194,10 @@ impl Sandbox {
     /// Restores snapshots in the order given, recording each step (its "restored" mark
     /// and audit line) before the next one starts, so that a rollback that dies leaves
     /// its finished steps recorded. With per-file syncs each restore, then its record,
-    /// is durable as it is written; with batched syncs a sync point separates a restore
-    /// from its record (a mark must never reach the disk ahead of the bytes it vouches
-    /// for), and the last record is made durable by a final one. The caller holds the
+    /// is durable as it is written; with batched syncs each restore's bytes are synced
+    /// as strict's are, a sync point separates a restore from its record (a mark must
+    /// never reach the disk ahead of the bytes it vouches for), and the last record is
+    /// made durable by a final one. The caller holds the
     /// lock of every target ([`Sandbox::lock_targets`]) from its judgement of them to the
     /// end, so that no writer lands between two steps.
     pub(crate) fn restore_all(
@@ -451,7 +452,10 @@ impl Sandbox {
         newer_failed: Option<&(String, ReasonCode)>,
     ) -> Result<crate::snapshot::RestoreOutcome, (Refusal, bool)> {
         let root = &self.roots[i];
-        let durable = self.fsync_each();
+        // Under `batched` too: a restore is in no commit log, so its bytes reach the
+        // disk before they take the target's place, not only at the sync point after it
+        // (a power cut between the two could leave the name and lose the bytes).
+        let durable = self.durable();
         let (workflow_id, mode, recovering) = (pass.workflow_id, pass.mode, pass.recovering);
         let reached = std::cell::Cell::new(false);
         match mode {
