@@ -400,8 +400,11 @@ impl SandboxWriteExecutor<'_> {
         sb.fail_at("before_mutate")?;
         match (&w.bytes, staged) {
             (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
+            // Not staged (its folders are made here): in no commit log, so under
+            // `batched` too its bytes reach the disk before they take the target's
+            // place, not only at the sync point after it.
             (Some(b), None) => {
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, durable)?;
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, sb.durable())?;
             }
             (None, _) => {
                 root.create_dir_all_making(&w.rel, w.make, durable)?;
