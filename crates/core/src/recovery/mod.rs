@@ -484,12 +484,17 @@ impl Sandbox {
         let Some(rec) = rec.filter(|r| r.workflow_id == id) else {
             let removed = self.state.inflight_remove(id);
             tracing::warn!(record = %id, removed = removed.is_ok(), "unreadable in-flight record");
-            out.push(Recovered {
+            let mut report = Recovered {
                 workflow_id: id.to_owned(),
                 unreadable_record: true,
                 why: removed.err().map(|e| crate::error::io_words(&e)),
                 ..Recovered::default()
-            });
+            };
+            // Its run's snapshots that never got their metadata (a record torn by a
+            // power cut before the run's first sync point, with them) are of actions
+            // the trail never recorded: they would refuse the workflow's rollbacks.
+            self.remove_unfinished_snapshots(id, &mut report);
+            out.push(report);
             return None;
         };
         Some((lock, rec))

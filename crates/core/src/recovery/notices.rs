@@ -57,8 +57,15 @@ fn unreadable_record(r: &Recovered) -> String {
             r.workflow_id
         ),
     };
+    let unfinished = match r.unfinished_snapshots_removed {
+        0 => String::new(),
+        n => format!(
+            "; {} its run never finished removed",
+            counted(n, "snapshot folder")
+        ),
+    };
     format!(
-        "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and {removed}; a write its run left unrecorded, if any, was neither finished nor undone: `audit verify` and the workflow's files show what it did",
+        "the run record of workflow {} could not be read (torn by a crash, or changed by hand) and {removed}; a write its run left unrecorded, if any, was neither finished nor undone: `audit verify` and the workflow's files show what it did{unfinished}",
         r.workflow_id
     )
 }

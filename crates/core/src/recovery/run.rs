@@ -525,7 +525,7 @@ impl Sandbox {
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec, report);
-        self.remove_unfinished_snapshots(rec, report);
+        self.remove_unfinished_snapshots(&rec.workflow_id, report);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
             Err(r) => {
@@ -608,15 +608,11 @@ impl Sandbox {
     /// `report`; a folder that cannot be removed stays whole, as a failed snapshot's
     /// would, and is named there for the operator (the others go); so does one of an
     /// action the trail cannot be read about, unnamed.
-    fn remove_unfinished_snapshots(&self, rec: &InflightRecord, report: &mut Recovered) {
-        let ran = |action: &str| {
-            self.audit
-                .ran_action(&rec.workflow_id, action)
-                .unwrap_or(true)
-        };
+    pub(super) fn remove_unfinished_snapshots(&self, workflow_id: &str, report: &mut Recovered) {
+        let ran = |action: &str| self.audit.ran_action(workflow_id, action).unwrap_or(true);
         for root in &self.roots {
-            let store = root.path().join(ROLLBACK_DIR).join(&rec.workflow_id);
-            match crate::snapshot::Snapshotter::remove_unfinished(root, &rec.workflow_id, ran) {
+            let store = root.path().join(ROLLBACK_DIR).join(workflow_id);
+            match crate::snapshot::Snapshotter::remove_unfinished(root, workflow_id, ran) {
                 Ok((removed, left)) => {
                     report.unfinished_snapshots_removed += removed;
                     for (name, e) in left {
@@ -629,7 +625,7 @@ impl Sandbox {
                     }
                 }
                 Err(e) => tracing::warn!(
-                    workflow = %rec.workflow_id,
+                    workflow = %workflow_id,
                     error = %e,
                     "cannot list the workflow's snapshot folders"
                 ),

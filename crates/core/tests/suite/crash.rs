@@ -4673,3 +4673,43 @@ fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
     assert_eq!(w.tree(), original);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A run record torn to nothing by the same power cut that emptied a snapshot's metadata
+/// (the run's first sync point never came): the start removes the record, and with it
+/// the snapshot folder of the action the trail never recorded, so that the workflow
+/// rolls back. The folder stayed and refused every rollback and prune of the workflow.
+#[test]
+fn a_torn_run_record_leaves_no_unfinished_snapshot_behind() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let original = w.tree();
+    let sb = w.open(w.writable_config());
+    sb.failpoints().arm_crash("before_mutate", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_t", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies before its second write");
+    drop(sb);
+    for emptied in [
+        w.path(".rollback/wf_t/a2/meta.json"),
+        w.state.join("inflight/wf_t.json"),
+    ] {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(emptied)
+            .unwrap();
+        file.set_len(0).unwrap();
+    }
+    let sb = w.open(w.writable_config());
+    assert_noticed(&sb, "1 snapshot folder its run never finished removed");
+    assert!(!w.path(".rollback/wf_t/a2").exists(), "{:?}", sb.notices());
+    let rb = sb.rollback_workflow("wf_t", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+    assert!(sb.audit_verify().unwrap().ok);
+}
