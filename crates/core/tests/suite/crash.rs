@@ -4643,73 +4643,49 @@ fn a_rollback_killed_before_any_restore_is_said_to_have_restored_nothing() {
 /// A snapshot whose metadata a power cut emptied before the sync point that was to make
 /// it durable (its name kept, its bytes lost) is of an action that never touched its
 /// target: the next start removes it as unfinished, and the workflow rolls back. It
-/// stayed, "damaged", and refused every rollback of the workflow, forced too.
+/// stayed, "damaged", and refused every rollback of the workflow, forced too. So when
+/// the same cut tore the run's new record to nothing: the start that removes the record
+/// removes such folders with it (one stayed, and refused every rollback and prune).
 #[test]
 fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    let original = w.tree();
-    let sb = w.open(w.writable_config());
-    sb.failpoints().arm_crash("before_mutate", 2);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run(
+    for torn_record in [false, true] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        let original = w.tree();
+        let sb = w.open(w.writable_config());
+        sb.failpoints().arm_crash("before_mutate", 2);
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run(
+                &sb,
+                json!({"workflow_id": "wf_e", "actions": [
+                    {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+                    {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+            )
+        }));
+        assert!(died.is_err(), "the run dies before its second write");
+        drop(sb);
+        let mut emptied = vec![w.path(".rollback/wf_e/a2/meta.json")];
+        if torn_record {
+            emptied.push(w.state.join("inflight/wf_e.json"));
+        }
+        for path in emptied {
+            let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            file.set_len(0).unwrap();
+        }
+        let sb = w.open(w.writable_config());
+        assert_noticed(
             &sb,
-            json!({"workflow_id": "wf_e", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
-                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
-        )
-    }));
-    assert!(died.is_err(), "the run dies before its second write");
-    drop(sb);
-    let meta = w.path(".rollback/wf_e/a2/meta.json");
-    let file = std::fs::OpenOptions::new().write(true).open(meta).unwrap();
-    file.set_len(0).unwrap();
-    let sb = w.open(w.writable_config());
-    assert_noticed(&sb, "recovered interrupted run");
-    assert!(!w.path(".rollback/wf_e/a2").exists(), "{:?}", sb.notices());
-    assert_eq!(w.read("a.txt"), b"alpha\n");
-    let rb = sb.rollback_workflow("wf_e", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), original);
-    assert!(sb.audit_verify().unwrap().ok);
-}
-
-/// A run record torn to nothing by the same power cut that emptied a snapshot's metadata
-/// (the run's first sync point never came): the start removes the record, and with it
-/// the snapshot folder of the action the trail never recorded, so that the workflow
-/// rolls back. The folder stayed and refused every rollback and prune of the workflow.
-#[test]
-fn a_torn_run_record_leaves_no_unfinished_snapshot_behind() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    let original = w.tree();
-    let sb = w.open(w.writable_config());
-    sb.failpoints().arm_crash("before_mutate", 2);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run(
-            &sb,
-            json!({"workflow_id": "wf_t", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
-                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
-        )
-    }));
-    assert!(died.is_err(), "the run dies before its second write");
-    drop(sb);
-    for emptied in [
-        w.path(".rollback/wf_t/a2/meta.json"),
-        w.state.join("inflight/wf_t.json"),
-    ] {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(emptied)
-            .unwrap();
-        file.set_len(0).unwrap();
+            if torn_record {
+                "1 snapshot folder its run never finished removed"
+            } else {
+                "recovered interrupted run"
+            },
+        );
+        assert!(!w.path(".rollback/wf_e/a2").exists(), "{:?}", sb.notices());
+        assert_eq!(w.read("a.txt"), b"alpha\n");
+        let rb = sb.rollback_workflow("wf_e", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{torn_record}: {rb:?}");
+        assert_eq!(w.tree(), original);
+        assert!(sb.audit_verify().unwrap().ok);
     }
-    let sb = w.open(w.writable_config());
-    assert_noticed(&sb, "1 snapshot folder its run never finished removed");
-    assert!(!w.path(".rollback/wf_t/a2").exists(), "{:?}", sb.notices());
-    let rb = sb.rollback_workflow("wf_t", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), original);
-    assert!(sb.audit_verify().unwrap().ok);
 }
