@@ -141,6 +141,17 @@ pub struct AuditRecord {
 }
 
 impl SandboxAuditEntry {
+    /// Whether the line records a rollback's restore that was made but not confirmed:
+    /// failed, its error beginning [`crate::snapshot::PUT_BACK_UNCONFIRMED`].
+    pub(crate) fn is_unconfirmed_restore(&self) -> bool {
+        self.mutation_class == Some(MutationClass::Rollback)
+            && self.status == AuditStatus::Failed
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|t| t.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED))
+    }
+
     /// SHA-256 over the entry's line as `journal::write_line` writes it, without
     /// `entry_hash` and the newline.
     pub fn compute_hash(&self) -> String {

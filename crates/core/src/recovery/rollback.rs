@@ -34,11 +34,9 @@ impl Sandbox {
             .iter()
             .filter(|e| {
                 e.execution_id == rec.execution_id
-                    && e.mutation_class == Some(crate::catalog::MutationClass::Rollback)
-                    && (e.status == crate::audit::AuditStatus::RolledBack
-                        || e.error
-                            .as_deref()
-                            .is_some_and(|r| r.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED)))
+                    && ((e.mutation_class == Some(crate::catalog::MutationClass::Rollback)
+                        && e.status == crate::audit::AuditStatus::RolledBack)
+                        || e.is_unconfirmed_restore())
             })
             .count();
         let done = standing_results(entries);

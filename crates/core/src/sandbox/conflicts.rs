@@ -678,20 +678,12 @@ impl Sandbox {
         let lines = self.audit.by_workflow(workflow_id).ok()?;
         let mut r = WorkflowRecord::default();
         for e in lines {
-            let rollback = e.mutation_class == Some(crate::catalog::MutationClass::Rollback);
-            match e.status {
-                crate::audit::AuditStatus::Success if !rollback => {
-                    r.writes.insert((e.execution_id, e.action_id), e.seq);
-                }
-                crate::audit::AuditStatus::Failed
-                    if rollback
-                        && e.error.as_deref().is_some_and(|t| {
-                            t.starts_with(crate::snapshot::PUT_BACK_UNCONFIRMED)
-                        }) =>
-                {
-                    r.put_back.insert(e.action_id, e.seq);
-                }
-                _ => {}
+            if e.is_unconfirmed_restore() {
+                r.put_back.insert(e.action_id, e.seq);
+            } else if e.status == crate::audit::AuditStatus::Success
+                && e.mutation_class != Some(crate::catalog::MutationClass::Rollback)
+            {
+                r.writes.insert((e.execution_id, e.action_id), e.seq);
             }
         }
         Some(r)
