@@ -40,7 +40,7 @@ impl Sandbox {
             })
             .count();
         let done = standing_results(entries);
-        let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
+        let Some((mut snaps, _)) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
         // A failed run's own rollback (its record names the run, whose snapshots carry

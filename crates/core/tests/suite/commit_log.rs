@@ -1299,3 +1299,89 @@ fn a_failed_sync_point_leaves_its_runs_to_recovery() {
     assert_eq!(run_record(&w, "w1")["state"], "idle");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A power cut that emptied a write's snapshot metadata (not yet synced) kept the staged
+/// file beside its target: the start removes the snapshot as unfinished, and with it,
+/// when the run began in an earlier boot, the staged file that nothing else names, in
+/// whatever folder of the root it is. A run of the same process still awaiting recovery
+/// keeps its staged file, its committed write's only copy (its own recovery puts it in
+/// place); another process's stays. In this boot the process may be alive: nothing is
+/// looked for beyond the run's known folders.
+#[test]
+fn a_staged_file_whose_snapshot_a_power_cut_emptied_goes_with_it() {
+    for earlier_boot in [true, false] {
+        let w = World::new();
+        w.write("d/e/a.txt", b"alpha\n");
+        w.write("f/big.txt", b"small\n");
+        let others = format!(".ailab-tmp-{}0badf00d", "0".repeat(24));
+        w.write(&format!("d/e/{others}"), b"another process's\n");
+        let sb = w.open(batched(&w));
+        run_killed(
+            &sb,
+            json!({"workflow_id": "wf_a", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+                {"action_id": "a2", "intent": "replace_file", "path": "d/e/a.txt", "content": "ALPHA\n"}]}),
+            "before_commit",
+            2,
+        );
+        let big = "x".repeat(100_000);
+        run_killed(
+            &sb,
+            json!({"workflow_id": "wf_b", "actions": [
+                {"action_id": "b1", "intent": "replace_file", "path": "f/big.txt", "content": big}]}),
+            "before_mutate",
+            1,
+        );
+        std::mem::forget(sb);
+        let staged = |dir: &str| -> Vec<String> {
+            std::fs::read_dir(w.path(dir))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.starts_with(".ailab-tmp-") && *n != others)
+                .collect()
+        };
+        assert_eq!(staged("d/e").len(), 1, "a2's staged file");
+        assert_eq!(staged("f").len(), 1, "b1's staged file");
+        // The cut: a2's metadata never reached the disk.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(w.path(".rollback/wf_a/a2/meta.json"))
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        if earlier_boot {
+            for wf in ["wf_a", "wf_b"] {
+                let record = w.state.join(format!("inflight/{wf}.json"));
+                let mut rec: serde_json::Value = serde_json::from_str(
+                    std::fs::read_to_string(&record)
+                        .unwrap()
+                        .trim_end_matches('\0'),
+                )
+                .unwrap();
+                rec["boot"] = json!("an-earlier-boot");
+                std::fs::write(&record, rec.to_string()).unwrap();
+            }
+        }
+        let sb = w.open(batched(&w));
+        assert_noticed(&sb, "1 unfinished snapshot folder removed");
+        assert!(!w.path(".rollback/wf_a/a2").exists());
+        assert_eq!(
+            staged("d/e").len(),
+            usize::from(!earlier_boot),
+            "{earlier_boot}: {:?}",
+            sb.notices()
+        );
+        assert_eq!(w.read(&format!("d/e/{others}")), b"another process's\n");
+        assert_eq!(w.read("d/e/a.txt"), b"alpha\n");
+        assert_eq!(
+            w.read("f/big.txt"),
+            big.as_bytes(),
+            "{earlier_boot}: wf_b's committed write finished"
+        );
+        assert!(staged("f").is_empty(), "{earlier_boot}");
+        assert!(sb.audit_verify().unwrap().ok);
+        let rb = sb.rollback_workflow("wf_a", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert!(!w.path("b.txt").exists());
+    }
+}

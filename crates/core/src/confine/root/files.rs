@@ -664,6 +664,57 @@ pub(crate) fn entry_type(entry: &cap_std::fs::DirEntry) -> io::Result<cap_std::f
     entry.metadata().map(|m| m.file_type())
 }
 
+/// Removes the temporary files made by the process of `seed` (see `ids::process_seed`)
+/// anywhere in a root's tree (`dir`), at most `depth` levels down, never through
+/// symlinks nor into the snapshot store, and leaving those in the folders `keep` names
+/// (by their components). A folder that cannot be opened or listed is passed over: what
+/// it holds stays as it would without the walk. A file that cannot be removed stops the
+/// walk, returning the components of its folder with the error.
+pub(crate) fn remove_temp_files_in_tree(
+    dir: &Dir,
+    depth: usize,
+    seed: &str,
+    keep: &dyn Fn(&[String]) -> bool,
+) -> Result<usize, (Vec<String>, io::Error)> {
+    fn walk(
+        dir: &Dir,
+        comps: &mut Vec<String>,
+        depth: usize,
+        seed: &str,
+        keep: &dyn Fn(&[String]) -> bool,
+    ) -> Result<usize, (Vec<String>, io::Error)> {
+        let Ok(entries) = dir.entries() else {
+            return Ok(0);
+        };
+        let kept = keep(comps);
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Ok(ft) = entry_type(&entry) else { continue };
+            if ft.is_file()
+                && !kept
+                && name.starts_with(TEMP_MARKER)
+                && crate::ids::process_seed(name) == seed
+            {
+                dir.remove_file(name).map_err(|e| (comps.clone(), e))?;
+                removed += 1;
+            } else if ft.is_dir()
+                && depth > 0
+                && !(comps.is_empty() && name == crate::confine::path::ROLLBACK_DIR)
+                && let Ok(sub) = dir.open_dir_nofollow(name)
+            {
+                comps.push(name.to_owned());
+                let below = walk(&sub, comps, depth - 1, seed, keep);
+                comps.pop();
+                removed += below?;
+            }
+        }
+        Ok(removed)
+    }
+    walk(dir, &mut Vec::new(), depth, seed, keep)
+}
+
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
 /// With `made_by` (the id of a run, see `ids`), only those made by the process

@@ -150,7 +150,7 @@ pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
     remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in, write_new_in,
 };
-pub(crate) use files::{entry_type, open_file_in, read_file_in};
+pub(crate) use files::{entry_type, open_file_in, read_file_in, remove_temp_files_in_tree};
 use refusal::{
     changed_meanwhile, hardlink_refusal, moved_meanwhile, named_in_full, removed_meanwhile,
     special_refusal, swapped_while_read,
