@@ -245,6 +245,10 @@ pub struct Recovered {
     /// For a dead rollback: the restores its own lines (or an earlier start's) already
     /// record on the audit trail.
     pub restores_on_trail: usize,
+    /// For a dead rollback: the empty folders the actions of the restores it left
+    /// unrecorded had made, which it had not yet removed and recovery did, as the restore
+    /// would have.
+    pub folders_removed: usize,
     /// Targets of writes a commit log held, found changed since by a write the trail does
     /// not record and left as they are (as shown to people): the trail still names the
     /// logged bytes.

@@ -125,6 +125,15 @@ fn rollback_settled(r: &Recovered) -> String {
             counted(n, "restore")
         ),
     };
+    // The restore of a created file removes the folders its action made on the way;
+    // a rollback killed before it had removed them all leaves the rest to recovery.
+    let recorded = match r.folders_removed {
+        0 => recorded,
+        n => format!(
+            "{recorded}, and {} the restored actions had made on the way removed, as their restores would have",
+            counted(n, "folder")
+        ),
+    };
     // A failed run's own rollback (`on_failure: rollback`) goes by that run's id and
     // undid that run's actions alone; a workflow's rollback undoes its other runs too.
     let (whose, of, then) = if r.failed_run_rollback {

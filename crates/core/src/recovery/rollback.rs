@@ -94,7 +94,7 @@ impl Sandbox {
             let spent = rec
                 .forced
                 .unwrap_or_else(|| passed_over.contains(&s.meta.action_id));
-            match self.dead_restore(rec, (i, &s.meta), after, spent) {
+            match self.dead_restore(rec, (i, &s.meta), after, spent, &mut report) {
                 DeadRestore::NotMade => {
                     settled.insert(key);
                     report.not_rolled_back += 1;
@@ -125,13 +125,15 @@ impl Sandbox {
     /// newest first for its target: whether the dead rollback restored it, and if so
     /// its mark, written now, and its trail line to write.
     /// `may_be_spent`: the dead rollback may have passed over this step, were its backup
-    /// damaged or gone (it was forced).
+    /// damaged or gone (it was forced). The folders its action made that are removed
+    /// here are counted in `report`.
     fn dead_restore(
         &self,
         rec: &InflightRecord,
         (i, meta): (usize, &SnapshotMeta),
         after: &Option<String>,
         may_be_spent: bool,
+        report: &mut Recovered,
     ) -> DeadRestore {
         // Restored: the target is as the action found it and not as it left it.
         // Compared as states, not checksums: a directory has none, and a removed
@@ -160,7 +162,17 @@ impl Sandbox {
         // The dead rollback put the target back; the directories its action made on
         // the way are finished here as the restore would have (removed, or left on
         // the ledger).
+        let standing = meta
+            .created_dirs
+            .iter()
+            .filter(|d| **d != meta.original_path)
+            .filter(|d| {
+                let rel = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+                self.roots[i].dir_id(&rel).is_ok_and(|id| id.is_some())
+            })
+            .count();
         let left = self.settle_created_dirs(i, meta);
+        report.folders_removed += standing.saturating_sub(left.len());
         // What the restore replaced is on no mark: the trail's last word on the
         // target says what it held (another workflow's change, under a forced
         // rollback), else the action's own result. Kept on the mark, for a start

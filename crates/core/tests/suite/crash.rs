@@ -4689,3 +4689,34 @@ fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
         assert!(sb.audit_verify().unwrap().ok);
     }
 }
+
+/// A rollback killed after it removed a created file and before it removed the folders
+/// the file's action made on the way: the start records the restore and removes the
+/// folders left empty, as the restore would have, and says so (it did so silently).
+#[test]
+fn a_rollback_killed_before_removing_made_folders_has_them_removed_and_said() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d1/d2/x.txt", "content": "x\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm_crash("restore_verify", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_k", &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback dies after removing the file");
+    drop(sb);
+    assert!(!w.path("d1/d2/x.txt").exists());
+    assert!(w.path("d1/d2").is_dir(), "the folders are still there");
+    let sb = w.open(w.writable_config());
+    assert_noticed(
+        &sb,
+        "1 restore it made recorded on the audit trail, and 2 folders the restored actions had made on the way removed",
+    );
+    assert!(!w.path("d1").exists());
+    assert!(w.tree().is_empty(), "{:?}", w.tree());
+    assert!(sb.audit_verify().unwrap().ok);
+}
