@@ -5,34 +5,20 @@
 //! restores the action at once and, with `on_failure: rollback`, every earlier action of
 //! the run.
 
-use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
-use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
-use crate::commit_log::Position;
-use crate::confine::path::{resolve_sandbox_path, shown_path};
-use crate::confine::root::{
-    FILE_MODE, FileStamp, Make, Put, StagedWrite, not_a_directory, temp_name,
-};
-use crate::confine::{RelPath, TargetKind};
+use crate::confine::path::resolve_sandbox_path;
 use crate::context::DryRunReason;
 use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
-use crate::plan::{Action, OnFailure, ValidPlan, check_payload, new_execution_id, render};
-use crate::policy::{
-    Approval, GovernanceRequest, assess_sandbox_risk, check_found_kind, check_size, check_target,
-    resolve_target,
-};
+use crate::plan::{Action, OnFailure, ValidPlan, new_execution_id};
+use crate::policy::{GovernanceRequest, assess_sandbox_risk};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
-use crate::snapshot::{
-    MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
-};
+use crate::snapshot::StoredSnapshot;
 use crate::workflow::{TimelineEvent, WorkflowState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -1,7 +1,21 @@
 //! A plan judged before anything is written: each action against the tree as the plan's
 //! earlier actions leave it, the workflow's limits and budget, the rate limit.
 
-use super::*;
+use super::{Bytes, SandboxWriteExecutor};
+use crate::budget::{Usage, check_budget, check_rate};
+use crate::catalog::Operation;
+use crate::confine::path::shown_path;
+use crate::confine::root::not_a_directory;
+use crate::confine::{RelPath, TargetKind};
+use crate::hash::sha256_hex;
+use crate::plan::{Action, check_payload, render};
+use crate::policy::{Approval, check_found_kind, check_size, check_target};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::Sandbox;
+use crate::snapshot::{MAX_SNAPSHOT_BYTES, Snapshotter};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// What validation found for an action that passed.
 #[derive(Debug, Clone)]

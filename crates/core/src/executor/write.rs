@@ -2,7 +2,25 @@
 //! and committed, its artifact and audit line, and its undo when a step fails.
 
 use super::validate::check_existing_size;
-use super::*;
+use super::{ActionResult, ActionStatus, SandboxWriteExecutor, log_failure};
+use crate::artifact::ArtifactEntry;
+use crate::audit::{AuditRecord, AuditStatus};
+use crate::budget::{Usage, check_budget, check_rate};
+use crate::catalog::{Operation, op_for_intent};
+use crate::commit_log::Position;
+use crate::confine::path::shown_path;
+use crate::confine::root::{FILE_MODE, FileStamp, Make, Put, StagedWrite, temp_name};
+use crate::confine::{RelPath, TargetKind};
+use crate::hash::sha256_hex;
+use crate::metrics::RollbackReason;
+use crate::plan::{Action, check_payload, render};
+use crate::policy::{Approval, check_size, check_target, resolve_target};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::snapshot::{
+    MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+};
+use serde_json::json;
+use std::borrow::Cow;
 
 impl SandboxWriteExecutor<'_> {
     /// One action, for real. On failure the action's own change is undone and the

@@ -1,9 +1,17 @@
 //! Start-up recovery of `batched` commit logs: what a log holds is written again where
 //! a power cut lost it, and each target gets its newest logged bytes.
 
-use super::*;
+use super::{
+    InflightRecord, RESTORES_UNAUDITED, ROLLING_BACK, Recovered, dead_makers, found_its_result,
+    needs_recovery,
+};
+use crate::audit::AuditStatus;
 use crate::commit_log::CommitEntry;
+use crate::confine::RelPath;
 use crate::confine::state::CommitLogFile;
+use crate::reason::Verdict;
+use crate::sandbox::{Restorer, Sandbox};
+use std::collections::HashSet;
 
 impl Sandbox {
     /// Replays the commit logs of workflows no process is running (see

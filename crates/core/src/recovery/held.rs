@@ -4,7 +4,11 @@
 //! change it makes, in the order they were made, so that the trail's lines of a file
 //! follow what the file went through.
 
-use super::*;
+use super::{RESTORES_UNAUDITED, ROLLING_BACK};
+use crate::audit::AuditRecord;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::Sandbox;
+use std::collections::HashSet;
 
 /// The runs and rollbacks of this process whose restores the trail refused, oldest first.
 #[derive(Debug, Default)]

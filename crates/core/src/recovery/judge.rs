@@ -1,7 +1,11 @@
 //! What the trail and the disk say about a target a dead run touched: the last recorded
 //! change, changes other runs made since, and whether it holds what an action left.
 
-use super::*;
+use super::{InflightRecord, dead_makers};
+use crate::confine::RelPath;
+use crate::reason::ReasonCode;
+use crate::sandbox::{Sandbox, TargetState};
+use std::collections::HashSet;
 
 impl Sandbox {
     /// The trail's last change to a target (a write or a restore, any workflow's);
@@ -72,6 +76,8 @@ impl Sandbox {
     /// refuses to look at is not. A second link that is the dead run's own temporary file
     /// (see [`crate::confine::root::SandboxRoot::remove_temp_links_of`]) is removed first.
     /// Also returns how many temporary names it removed.
+    ///
+    /// [`Recovered::unjudged`]: super::Recovered::unjudged
     pub(super) fn unjudged<'a>(
         &self,
         rec: &InflightRecord,

@@ -7,15 +7,10 @@
 //! before its audit line): those are finished. The temporary files the run left are
 //! removed.
 
-use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
-use crate::confine::path::ROLLBACK_DIR;
-use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use crate::sandbox::{Restorer, Sandbox, TargetState};
-use cap_fs_ext::DirExt;
+use crate::sandbox::Sandbox;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
 
 /// The record state of a workflow whose rollback is under way.
 pub const ROLLING_BACK: &str = "rolling_back";
@@ -210,6 +205,7 @@ impl InflightRecord {
 
 /// What recovery did for one dead run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Recovered {
     /// The dead run.
     pub execution_id: String,

@@ -1,9 +1,13 @@
 //! Start-up recovery of an interrupted rollback: the restores its marks record are
 //! audited, and the rollback is left for the operator to run again.
 
-use super::*;
-use crate::audit::SandboxAuditEntry;
+use super::{InflightRecord, Recovered, dead_makers};
+use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
+use crate::confine::RelPath;
+use crate::reason::ReasonCode;
+use crate::sandbox::{Restorer, Sandbox, TargetState};
 use crate::snapshot::SnapshotMeta;
+use std::collections::{HashMap, HashSet};
 
 impl Sandbox {
     /// A rollback died. It restored targets newest first and recorded each step after

@@ -1,7 +1,15 @@
 //! Start-up recovery of a dead run: each action snapshotted but never audited as done
 //! is finished or undone, and the temporary files the run left are removed.
 
-use super::*;
+use super::{InflightRecord, Recovered, child, dead_makers, found_its_result, needs_recovery};
+use crate::audit::{AuditRecord, AuditStatus};
+use crate::confine::RelPath;
+use crate::confine::path::ROLLBACK_DIR;
+use crate::confine::root::remove_temp_files;
+use crate::reason::ReasonCode;
+use crate::sandbox::{Restorer, Sandbox};
+use cap_fs_ext::DirExt;
+use std::collections::{HashMap, HashSet};
 
 /// What the trail and the registry say of a dead run, read before any of its actions
 /// is judged.

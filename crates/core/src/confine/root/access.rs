@@ -1,7 +1,7 @@
 //! Who may change what: this process's identity, and the permissions, marks and owners
 //! that refuse a change before it is tried.
 
-use super::*;
+use cap_std::fs::{Dir, MetadataExt};
 
 /// This process's effective uid, asked once: the runtime never changes it, and it is
 /// compared on every write (the snapshot store's owner).

@@ -2,7 +2,14 @@
 //! one atomically (a temporary file, then a rename), staging a write for a later commit,
 //! and the runtime's temporary names.
 
-use super::*;
+use super::access::euid;
+use super::refusal::{changed_meanwhile, hardlink_refusal, swapped_while_read};
+use super::{DirId, SandboxRoot};
+use crate::confine::path::{RelPath, TEMP_MARKER, shown_path};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
+use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
+use std::io::{self, Read, Write};
 
 /// fsyncs a directory. `Dir` handles are `O_PATH`, so `"."` is opened for reading first.
 pub fn sync_dir(dir: &Dir) -> io::Result<()> {

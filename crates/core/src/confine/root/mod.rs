@@ -11,12 +11,11 @@
 // chmod and subprocess bans of clippy.toml (SPEC §12.1-2) still hold in this module.
 #![allow(clippy::disallowed_types)]
 
-use super::path::{RelPath, TEMP_MARKER, lexical_normalize, path_strings, shown_path};
+use super::path::{RelPath, lexical_normalize, path_strings, shown_path};
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
-use cap_std::ambient_authority;
-use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt, OpenOptions, OpenOptionsExt};
-use std::io::{self, Read, Write};
+use cap_fs_ext::DirExt;
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// Mode of every file the runtime creates: never an execute bit.
@@ -142,9 +141,7 @@ mod files;
 mod refusal;
 mod walk;
 
-pub(crate) use access::{
-    NotOurs, change_refused, egid, euid, not_ours, shut_to_reading, writable_by_others,
-};
+pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading};
 use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
@@ -153,7 +150,7 @@ pub use files::{
 pub(crate) use files::{entry_type, open_file_in, read_file_in, remove_temp_files_in_tree};
 use refusal::{
     changed_meanwhile, hardlink_refusal, moved_meanwhile, named_in_full, removed_meanwhile,
-    special_refusal, swapped_while_read,
+    special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
@@ -1162,6 +1159,7 @@ pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::refusal::swapped_while_read;
     use super::*;
 
     /// A file's lock is named alike through a root and a root inside it, and in another

@@ -2,7 +2,9 @@
 //! the way maps to one (`SandboxRoot::map_error` and its kin, which know the root's own
 //! paths, build on these).
 
-use super::*;
+use crate::confine::path::{RelPath, shown_path};
+use crate::reason::{ReasonCode, Refusal};
+use std::io;
 
 /// The refusal for a file `name` that changed after it was read, just before it would
 /// have been replaced or removed.

@@ -1,8 +1,15 @@
 //! Reaching a directory one component at a time, never through a link another user
 //! could have placed: how roots and the state directory are opened, and folders made.
 
-use super::*;
+use super::access::{egid, euid, writable_by_others};
+use super::{ANCESTOR_HOPS, Ancestor, DIR_MODE};
+use crate::confine::path::path_strings;
 use crate::error::io_words;
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt};
+use std::io;
+use std::path::{Path, PathBuf};
 
 /// A directory opened by [`open_checked_dir`].
 pub(crate) struct CheckedDir {

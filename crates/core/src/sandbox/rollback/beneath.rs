@@ -1,8 +1,14 @@
 //! Steps undone beneath: a spent step still standing over an older restore of its file,
 //! recorded as undone by that restore rather than restored.
 
-use super::restore::PassTargets;
-use super::*;
+use super::RollbackStep;
+use super::restore::{PassTargets, Restorer};
+use crate::confine::path::shown_path;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::conflicts::TargetState;
+use crate::sandbox::{RootedSnapshots, Sandbox};
+use crate::snapshot::{SnapshotMeta, StoredSnapshot};
+use std::collections::HashMap;
 
 /// A snapshot undone beneath an older restore, with what that restore gave its file.
 pub(super) type Beneath = (usize, StoredSnapshot, TargetState);

@@ -3,22 +3,18 @@
 //! `select` chooses what a rollback restores and refuses what it cannot; `restore` puts
 //! each chosen snapshot back; `beneath` records the steps undone beneath older restores.
 
-use super::conflicts::{ChangedFile, Conflict, TargetState};
+use super::conflicts::Conflict;
 use super::locks::workflow_lock_refusal;
 use super::{RootedSnapshots, Sandbox, workflow_folder};
-use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
+use crate::audit::{AuditRecord, AuditStatus};
 use crate::catalog::MutationClass;
 use crate::confine::path::shown_path;
-use crate::confine::root::Put;
 use crate::confine::state::LockBusy;
-use crate::confine::{EntryKind, RelPath};
 use crate::context::DryRunReason;
 use crate::reason::{ReasonCode, Refusal, Verdict};
-use crate::snapshot::{
-    Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
-};
+use crate::snapshot::{SnapshotMeta, StoredSnapshot};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 mod beneath;
 mod restore;

@@ -1,6 +1,20 @@
 //! The restore pass: each chosen snapshot put back, verified, marked and recorded.
 
-use super::*;
+use super::beneath::Beneath;
+use super::{HELD_TRAIL, RollbackStep};
+use crate::audit::{AuditRecord, AuditStatus};
+use crate::catalog::MutationClass;
+use crate::confine::RelPath;
+use crate::confine::path::shown_path;
+use crate::confine::root::Put;
+use crate::confine::state::LockBusy;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::conflicts::{Conflict, TargetState};
+use crate::sandbox::{RootedSnapshots, Sandbox};
+use crate::snapshot::{
+    Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+};
+use std::collections::HashMap;
 
 /// What holds for every restore of one [`Sandbox::restore_all`].
 struct Pass<'a> {

@@ -1,7 +1,16 @@
 //! Which snapshots a rollback restores, in what order, and what refuses it before it
 //! starts.
 
-use super::*;
+use super::{RollbackOptions, RollbackRefusal, named, named_at_most};
+use crate::audit::{AuditStatus, SandboxAuditEntry};
+use crate::catalog::MutationClass;
+use crate::confine::path::shown_path;
+use crate::confine::{EntryKind, RelPath};
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use crate::sandbox::conflicts::{ChangedFile, Conflict, TargetState};
+use crate::sandbox::{RootedSnapshots, Sandbox};
+use crate::snapshot::{SnapshotKind, Snapshotter, StoredSnapshot};
+use std::collections::{HashMap, HashSet};
 
 /// The snapshots of `snaps` (oldest first) taken after one of `action`'s, in the same
 /// root, on its target or a path beneath or above it, by other actions not yet undone
