@@ -154,11 +154,29 @@ fn rollback_settled(r: &Recovered) -> String {
         n => format!("{} {of} not rolled back, {then}", counted(n, "action")),
     };
     format!(
-        "recovered interrupted {} {} of workflow {}: {recorded}; {left}",
+        "recovered interrupted {} {} of workflow {}: {recorded}{}; {left}",
         r.what(),
         r.execution_id,
         r.workflow_id,
+        earlier_tries(r),
     )
+}
+
+/// What an earlier recovery settled is on the trail, not in a notice's counts: the run
+/// or rollback may not have settled by itself (empty when no earlier start tried).
+fn earlier_tries(r: &Recovered) -> String {
+    match r.earlier_tries {
+        0 => String::new(),
+        n => format!(
+            " ({} began recovering it before and did not finish: what {} settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
+            if n == 1 {
+                "an earlier start".to_owned()
+            } else {
+                format!("{n} earlier starts")
+            },
+            if n == 1 { "it" } else { "they" }
+        ),
+    }
 }
 
 fn run_settled(r: &Recovered) -> String {
@@ -206,19 +224,7 @@ fn run_settled(r: &Recovered) -> String {
         (false, None) => done.join(", "),
         (false, Some(n)) => format!("{}; {n}", done.join(", ")),
     };
-    // What an earlier recovery settled is on the trail, not in these counts: the
-    // run may not have settled by itself.
-    if r.earlier_tries > 0 {
-        done.push_str(&format!(
-            " ({} began recovering it before and did not finish: what {} settled, if anything, is on the workflow's lines of the audit trail, not counted here)",
-            if r.earlier_tries == 1 {
-                "an earlier start".to_owned()
-            } else {
-                format!("{} earlier starts", r.earlier_tries)
-            },
-            if r.earlier_tries == 1 { "it" } else { "they" }
-        ));
-    }
+    done.push_str(&earlier_tries(r));
     format!(
         "recovered interrupted run {} of workflow {}: {done}",
         r.execution_id, r.workflow_id

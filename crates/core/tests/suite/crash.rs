@@ -4720,3 +4720,38 @@ fn a_rollback_killed_before_removing_made_folders_has_them_removed_and_said() {
     assert!(w.tree().is_empty(), "{:?}", w.tree());
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A start after one that began recovering a dead rollback and did not finish says so,
+/// as it does for a run: the restores that start recorded are on the trail, and "already
+/// on the audit trail" alone would credit the rollback with lines it never wrote.
+#[test]
+fn a_rollback_recovery_after_one_that_was_stopped_says_so() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "alpha\n"},
+            {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm_crash("during_restore", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_k", &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback dies at its second restore");
+    drop(sb);
+    let mut rec = run_record(&w, "wf_k");
+    rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
+    std::fs::write(
+        w.state.join("inflight/wf_k.json"),
+        serde_json::to_vec(&rec).unwrap(),
+    )
+    .unwrap();
+    let sb = w.open(w.writable_config());
+    assert_noticed(
+        &sb,
+        "every restore it made was already on the audit trail (an earlier start began recovering it before and did not finish: what it settled, if anything, is on the workflow's lines of the audit trail, not counted here); ",
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
