@@ -44,7 +44,7 @@ impl Sandbox {
             })
             .count();
         let done = standing_results(entries);
-        let Some((mut snaps, _)) = self.dead_run_snapshots(rec, &mut report) else {
+        let Some(mut snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
         // A failed run's own rollback (its record names the run, whose snapshots carry
@@ -166,17 +166,21 @@ impl Sandbox {
         // The dead rollback put the target back; the directories its action made on
         // the way are finished here as the restore would have (removed, or left on
         // the ledger).
-        let standing = meta
-            .created_dirs
-            .iter()
-            .filter(|d| **d != meta.original_path)
-            .filter(|d| {
-                let rel = RelPath::from_components(d.split('/').map(str::to_owned).collect());
-                self.roots[i].dir_id(&rel).is_ok_and(|id| id.is_some())
-            })
-            .count();
+        // Counted by looking, before and after: the ledger's list is empty too when
+        // the folders could not be looked at.
+        let standing = || {
+            meta.created_dirs
+                .iter()
+                .filter(|d| **d != meta.original_path)
+                .filter(|d| {
+                    let rel = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+                    self.roots[i].dir_id(&rel).is_ok_and(|id| id.is_some())
+                })
+                .count()
+        };
+        let made_standing = standing();
         let left = self.settle_created_dirs(i, meta);
-        report.folders_removed += standing.saturating_sub(left.len());
+        report.folders_removed += made_standing.saturating_sub(standing());
         // What the restore replaced is on no mark: the trail's last word on the
         // target says what it held (another workflow's change, under a forced
         // rollback), else the action's own result. Kept on the mark, for a start

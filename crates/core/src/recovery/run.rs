@@ -7,7 +7,7 @@ use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::ReasonCode;
-use crate::sandbox::{Restorer, Sandbox};
+use crate::sandbox::{Restorer, Sandbox, lock_or_recover};
 use cap_fs_ext::DirExt;
 use std::collections::{HashMap, HashSet};
 
@@ -44,7 +44,7 @@ impl Sandbox {
         let Some(audited) = self.audited_outcomes(rec, &mut report) else {
             return report;
         };
-        let Some((snaps, unfinished_in)) = self.dead_run_snapshots(rec, &mut report) else {
+        let Some(snaps) = self.dead_run_snapshots(rec, &mut report) else {
             return report;
         };
         let Some(registered) = report.read(self.registry.get_by_workflow(&rec.workflow_id)) else {
@@ -74,8 +74,8 @@ impl Sandbox {
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
         self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
-        if !unfinished_in.is_empty() && !report.retry {
-            self.remove_unplaced_staged_files(rec, &unfinished_in, &mut report);
+        if !report.retry {
+            self.remove_power_cut_leftovers(rec, &mut report);
         }
         self.undo_in_doubt(rec, judged.in_doubt, &mut report);
         match self.try_record_marked_restores(&rec.workflow_id) {
@@ -529,16 +529,14 @@ impl Sandbox {
     }
 
     /// The workflow's trusted snapshots, once the dead run's temporary files among them
-    /// are gone, with the roots (indexes) where unfinished snapshot folders were removed
-    /// (see [`Self::remove_unfinished_snapshots`]); `None` (the recovery left for a later
-    /// try) when they cannot be read.
+    /// are gone; `None` (the recovery left for a later try) when they cannot be read.
     pub(super) fn dead_run_snapshots(
         &self,
         rec: &InflightRecord,
         report: &mut Recovered,
-    ) -> Option<(crate::sandbox::RootedSnapshots, Vec<usize>)> {
+    ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec, report);
-        let unfinished_in = self.remove_unfinished_snapshots(&rec.workflow_id, report);
+        self.remove_unfinished_snapshots(&rec.workflow_id, report);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
             Err(r) => {
@@ -549,57 +547,81 @@ impl Sandbox {
             }
         };
         report.untrusted += untrusted.len();
-        Some((snaps, unfinished_in))
+        Some(snaps)
     }
 
-    /// Removes the temporary files the dead run's process left anywhere in the roots
-    /// `unfinished_in` (indexes), where snapshot folders it never finished were removed,
-    /// when the run was cut short by the end of an earlier boot. A power cut can empty a
-    /// snapshot's metadata not yet synced (under `batched`) and keep the staged file its
-    /// write had made beside its target: once the folder is gone as unfinished, nothing
-    /// names that file or its folder. Only then: in this boot the process may be alive
-    /// (a run that left its record for later), its files elsewhere writes under way. The
-    /// folders of the targets of that process's other runs still awaiting recovery are
-    /// left to those recoveries (a staged file there may be the only copy of a committed
-    /// write); and nothing is removed when those runs' snapshots cannot all be read.
-    fn remove_unplaced_staged_files(
-        &self,
-        rec: &InflightRecord,
-        unfinished_in: &[usize],
-        report: &mut Recovered,
-    ) {
-        if rec.boot.is_none() || rec.this_boot() {
+    /// Removes the temporary files the dead run's process left anywhere in the run's
+    /// roots, when the run was cut short by the end of an earlier boot. A power cut can
+    /// empty a snapshot's metadata not yet synced (under `batched`) and keep the staged
+    /// file its write had made beside its target: once the snapshot is removed as
+    /// unfinished (by this recovery or an earlier try of it), nothing names that file or
+    /// its folder. Only then: in this boot the process may be alive (a run that left its
+    /// record for later), its files elsewhere writes under way; and only where this
+    /// process knows its boot (a process that cannot tell takes every record for an
+    /// earlier boot's). The folders of the targets of that process's other runs still
+    /// awaiting recovery are left to those recoveries (a staged file there may be the
+    /// only copy of a committed write); and nothing is removed when those runs cannot
+    /// all be told. A root is walked once per process of an earlier boot once no such
+    /// run of it is left, not again for each of its runs. Called once the run's own
+    /// actions are settled: its committed writes are finished from their staged files
+    /// first.
+    fn remove_power_cut_leftovers(&self, rec: &InflightRecord, report: &mut Recovered) {
+        if rec.boot.is_none() || crate::confine::state::boot_id().is_none() || rec.this_boot() {
             return;
         }
         let seed = crate::ids::process_seed(&rec.execution_id);
         let Some(kept) = self.folders_of_pending_runs(rec, seed) else {
-            tracing::warn!(workflow = %rec.workflow_id, "other runs of a dead process await recovery and their snapshots cannot all be read: the temporary files it may have left elsewhere are not looked for");
+            tracing::warn!(workflow = %rec.workflow_id, "other runs of a dead process await recovery and cannot all be told: the temporary files it may have left elsewhere are not looked for now");
             return;
         };
-        for &i in unfinished_in {
+        let roots: Vec<usize> = (0..self.roots.len())
+            .filter(|&i| {
+                rec.roots.is_empty() || rec.roots.iter().any(|r| self.roots[i].is_named_by(r))
+            })
+            .collect();
+        for i in roots {
+            let key = (i, seed.to_owned());
+            if lock_or_recover(&self.swept_for_dead).contains(&key) {
+                continue;
+            }
             let keep = |comps: &[String]| kept.contains(&(i, comps.to_vec()));
-            let walked = crate::confine::root::remove_temp_files_in_tree(
+            let mut stopped = false;
+            let mut refused = |comps: &[String], e: std::io::Error| {
+                let folder = self.abs_path(i, &RelPath::from_components(comps.to_vec()));
+                match Self::left_behind(report, &folder, "its temporary files in", e) {
+                    Some(left) => {
+                        report.temp_files_left.push(left);
+                        true
+                    }
+                    // The disk refuses: the rest waits for the start that finds it
+                    // taking writes again (the record is kept for it).
+                    None => {
+                        stopped = true;
+                        false
+                    }
+                }
+            };
+            let removed = crate::confine::root::remove_temp_files_in_tree(
                 self.roots[i].dir(),
                 crate::confine::path::MAX_PATH_DEPTH,
                 seed,
                 &keep,
+                &mut refused,
             );
-            match walked {
-                Ok(n) => report.temp_files_removed += n,
-                Err((comps, e)) => {
-                    let folder = self.abs_path(i, &RelPath::from_components(comps));
-                    match Self::left_behind(report, &folder, "its temporary files in", e) {
-                        Some(left) => report.temp_files_left.push(left),
-                        None => return,
-                    }
-                }
+            report.temp_files_removed += removed;
+            if stopped {
+                return;
+            }
+            if kept.is_empty() {
+                lock_or_recover(&self.swept_for_dead).insert(key);
             }
         }
     }
 
     /// The folders (root index, components) of the targets of the runs, other than
     /// `rec`'s, that the process of `seed` began and that still await recovery; `None`
-    /// when the records cannot be listed or such a run's snapshots cannot all be read.
+    /// when the records cannot be listed, such a run's snapshots cannot all be read, or a
+    /// record that does not read is being written now (its workflow's lock held).
     fn folders_of_pending_runs(
         &self,
         rec: &InflightRecord,
@@ -607,15 +629,19 @@ impl Sandbox {
     ) -> Option<HashSet<(usize, Vec<String>)>> {
         let mut kept = HashSet::new();
         for (id, bytes) in self.state.inflight_list().ok()? {
-            // A record that cannot be read is of a run nothing will judge: its staged
-            // files are finished by no one.
-            let Ok(other) = serde_json::from_slice::<InflightRecord>(&bytes) else {
+            if id == rec.workflow_id {
                 continue;
+            }
+            let Ok(other) = serde_json::from_slice::<InflightRecord>(&bytes) else {
+                // Torn for good (a power cut), its run is judged by no one and its staged
+                // files finished by no one; read half rewritten by a recovery under way,
+                // it cannot be told.
+                match self.state.try_lock_workflow(&id) {
+                    Ok(Some(_)) => continue,
+                    _ => return None,
+                }
             };
-            if id == rec.workflow_id
-                || !needs_recovery(&other)
-                || crate::ids::process_seed(&other.execution_id) != seed
-            {
+            if !needs_recovery(&other) || crate::ids::process_seed(&other.execution_id) != seed {
                 continue;
             }
             let (snaps, untrusted) = self.trusted_workflow_snapshots(&other.workflow_id).ok()?;
@@ -699,23 +725,14 @@ impl Sandbox {
     /// actions' ids used although the trail records no write of them. Counted in
     /// `report`; a folder that cannot be removed stays whole, as a failed snapshot's
     /// would, and is named there for the operator (the others go); so does one of an
-    /// action the trail cannot be read about, unnamed. Returns the roots (indexes) where
-    /// folders were removed.
-    pub(super) fn remove_unfinished_snapshots(
-        &self,
-        workflow_id: &str,
-        report: &mut Recovered,
-    ) -> Vec<usize> {
+    /// action the trail cannot be read about, unnamed.
+    pub(super) fn remove_unfinished_snapshots(&self, workflow_id: &str, report: &mut Recovered) {
         let ran = |action: &str| self.audit.ran_action(workflow_id, action).unwrap_or(true);
-        let mut removed_in = Vec::new();
-        for (i, root) in self.roots.iter().enumerate() {
+        for root in &self.roots {
             let store = root.path().join(ROLLBACK_DIR).join(workflow_id);
             match crate::snapshot::Snapshotter::remove_unfinished(root, workflow_id, ran) {
                 Ok((removed, left)) => {
                     report.unfinished_snapshots_removed += removed;
-                    if removed > 0 {
-                        removed_in.push(i);
-                    }
                     for (name, e) in left {
                         let path = store.join(name).display().to_string();
                         if let Some(left) =
@@ -732,7 +749,6 @@ impl Sandbox {
                 ),
             }
         }
-        removed_in
     }
 
     /// The success line of a dead run's registered write whose snapshot is gone or not

@@ -83,6 +83,11 @@ pub struct Sandbox {
     /// Runs and rollbacks of this instance whose records it left for a later recovery:
     /// no dead ones, whose temporary files (named by this process) may be removed.
     left_for_later: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The roots (indexes) and processes of an earlier boot (their ids' seeds) whose
+    /// temporary files recovery has looked for in the whole root, none of their other
+    /// runs then awaiting recovery: not looked for again (see
+    /// `Sandbox::remove_power_cut_leftovers`).
+    pub(crate) swept_for_dead: std::sync::Mutex<std::collections::HashSet<(usize, String)>>,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of
@@ -258,6 +263,7 @@ impl Sandbox {
             held_restores: std::sync::Mutex::default(),
             recording_held: crate::timed_lock::Gate::default(),
             left_for_later: std::sync::Mutex::default(),
+            swept_for_dead: std::sync::Mutex::default(),
         };
         sb.recover_at_start();
         Ok(sb)

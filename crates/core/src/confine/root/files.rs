@@ -675,51 +675,67 @@ pub(crate) fn entry_type(entry: &cap_std::fs::DirEntry) -> io::Result<cap_std::f
 /// anywhere in a root's tree (`dir`), at most `depth` levels down, never through
 /// symlinks nor into the snapshot store, and leaving those in the folders `keep` names
 /// (by their components). A folder that cannot be opened or listed is passed over: what
-/// it holds stays as it would without the walk. A file that cannot be removed stops the
-/// walk, returning the components of its folder with the error.
+/// it holds stays as it would without the walk. A file that cannot be removed is given
+/// to `refused` with its folder's components, and the rest of that folder passed over;
+/// the walk goes on while `refused` says so. Returns how many were removed.
 pub(crate) fn remove_temp_files_in_tree(
     dir: &Dir,
     depth: usize,
     seed: &str,
     keep: &dyn Fn(&[String]) -> bool,
-) -> Result<usize, (Vec<String>, io::Error)> {
-    fn walk(
-        dir: &Dir,
-        comps: &mut Vec<String>,
-        depth: usize,
-        seed: &str,
-        keep: &dyn Fn(&[String]) -> bool,
-    ) -> Result<usize, (Vec<String>, io::Error)> {
+    refused: &mut dyn FnMut(&[String], io::Error) -> bool,
+) -> usize {
+    struct Walk<'a> {
+        seed: &'a str,
+        keep: &'a dyn Fn(&[String]) -> bool,
+        refused: &'a mut dyn FnMut(&[String], io::Error) -> bool,
+        removed: usize,
+        stopped: bool,
+    }
+    fn walk(w: &mut Walk<'_>, dir: &Dir, comps: &mut Vec<String>, depth: usize) {
         let Ok(entries) = dir.entries() else {
-            return Ok(0);
+            return;
         };
-        let kept = keep(comps);
-        let mut removed = 0;
+        let mut kept = (w.keep)(comps);
         for entry in entries.flatten() {
+            if w.stopped {
+                return;
+            }
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             let Ok(ft) = entry_type(&entry) else { continue };
             if ft.is_file()
                 && !kept
                 && name.starts_with(TEMP_MARKER)
-                && crate::ids::process_seed(name) == seed
+                && crate::ids::process_seed(name) == w.seed
             {
-                dir.remove_file(name).map_err(|e| (comps.clone(), e))?;
-                removed += 1;
+                match dir.remove_file(name) {
+                    Ok(()) => w.removed += 1,
+                    Err(e) => {
+                        w.stopped = !(w.refused)(comps, e);
+                        kept = true;
+                    }
+                }
             } else if ft.is_dir()
                 && depth > 0
                 && !(comps.is_empty() && name == crate::confine::path::ROLLBACK_DIR)
                 && let Ok(sub) = dir.open_dir_nofollow(name)
             {
                 comps.push(name.to_owned());
-                let below = walk(&sub, comps, depth - 1, seed, keep);
+                walk(w, &sub, comps, depth - 1);
                 comps.pop();
-                removed += below?;
             }
         }
-        Ok(removed)
     }
-    walk(dir, &mut Vec::new(), depth, seed, keep)
+    let mut w = Walk {
+        seed,
+        keep,
+        refused,
+        removed: 0,
+        stopped: false,
+    };
+    walk(&mut w, dir, &mut Vec::new(), depth);
+    w.removed
 }
 
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
