@@ -4613,21 +4613,7 @@ fn a_rollback_killed_before_any_restore_is_said_to_have_restored_nothing() {
         (1, "it had restored nothing"),
         (2, "every restore it made was already on the audit trail"),
     ] {
-        let w = World::new();
-        let sb = w.open(w.writable_config());
-        let r = run(
-            &sb,
-            json!({"workflow_id": "wf_k", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "alpha\n"},
-                {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}]}),
-        );
-        assert_eq!(status(&r), "success", "{r:?}");
-        sb.failpoints().arm_crash("during_restore", nth);
-        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            sb.rollback_workflow("wf_k", &RollbackOptions::default())
-        }));
-        assert!(died.is_err(), "the rollback dies at restore {nth}");
-        drop(sb);
+        let w = wf_k_rollback_killed_at(two_created(), "during_restore", nth);
         assert!(w.path("a.txt").exists(), "restore {nth}");
         assert_eq!(w.path("b.txt").exists(), nth == 1, "restore {nth}");
         let sb = w.open(w.writable_config());
@@ -4638,6 +4624,28 @@ fn a_rollback_killed_before_any_restore_is_said_to_have_restored_nothing() {
         assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
         assert!(sb.audit_verify().unwrap().ok);
     }
+}
+
+/// Workflow `wf_k` of a new world, run with `actions` (each a success), then rolled
+/// back with a crash at the `nth` hit of `point`.
+fn wf_k_rollback_killed_at(actions: serde_json::Value, point: &str, nth: u32) -> World {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let r = run(&sb, json!({"workflow_id": "wf_k", "actions": actions}));
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm_crash(point, nth);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_k", &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback dies at {point} {nth}");
+    w
+}
+
+/// Two created files, `a.txt` then `b.txt`.
+fn two_created() -> serde_json::Value {
+    json!([
+        {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "alpha\n"},
+        {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}])
 }
 
 /// A snapshot whose metadata a power cut emptied before the sync point that was to make
@@ -4695,20 +4703,11 @@ fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
 /// folders left empty, as the restore would have, and says so (it did so silently).
 #[test]
 fn a_rollback_killed_before_removing_made_folders_has_them_removed_and_said() {
-    let w = World::new();
-    let sb = w.open(w.writable_config());
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_k", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d1/d2/x.txt", "content": "x\n"}]}),
+    let w = wf_k_rollback_killed_at(
+        json!([{"action_id": "a1", "intent": "create_file", "path": "d1/d2/x.txt", "content": "x\n"}]),
+        "restore_verify",
+        1,
     );
-    assert_eq!(status(&r), "success", "{r:?}");
-    sb.failpoints().arm_crash("restore_verify", 1);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.rollback_workflow("wf_k", &RollbackOptions::default())
-    }));
-    assert!(died.is_err(), "the rollback dies after removing the file");
-    drop(sb);
     assert!(!w.path("d1/d2/x.txt").exists());
     assert!(w.path("d1/d2").is_dir(), "the folders are still there");
     let sb = w.open(w.writable_config());
@@ -4726,21 +4725,7 @@ fn a_rollback_killed_before_removing_made_folders_has_them_removed_and_said() {
 /// on the audit trail" alone would credit the rollback with lines it never wrote.
 #[test]
 fn a_rollback_recovery_after_one_that_was_stopped_says_so() {
-    let w = World::new();
-    let sb = w.open(w.writable_config());
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_k", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "alpha\n"},
-            {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    sb.failpoints().arm_crash("during_restore", 2);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.rollback_workflow("wf_k", &RollbackOptions::default())
-    }));
-    assert!(died.is_err(), "the rollback dies at its second restore");
-    drop(sb);
+    let w = wf_k_rollback_killed_at(two_created(), "during_restore", 2);
     let mut rec = run_record(&w, "wf_k");
     rec["recovered_by"] = json!(["00000000000000000000000a0badcafe"]);
     std::fs::write(
