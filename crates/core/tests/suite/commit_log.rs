@@ -280,17 +280,11 @@ fn a_replay_that_dies_leaves_no_temporary_file_behind() {
 #[test]
 fn a_run_finished_in_an_earlier_boot_is_replayed() {
     let (w, _, _) = three_writes_then_a_power_cut();
-    let record = w.state.join("inflight/wf_log.json");
-    let mut rec: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(&record)
-            .unwrap()
-            .trim_end_matches('\0'),
-    )
-    .unwrap();
+    let mut rec = run_record(&w, "wf_log");
     rec["state"] = json!("active");
     rec["finished"] = json!(true);
     rec["boot"] = json!("an-earlier-boot");
-    std::fs::write(&record, rec.to_string()).unwrap();
+    std::fs::write(w.state.join("inflight/wf_log.json"), rec.to_string()).unwrap();
     let sb = w.open(batched(&w));
     assert_noticed(&sb, ": 3 actions finished");
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
@@ -1358,15 +1352,10 @@ fn a_staged_file_whose_snapshot_a_power_cut_emptied_goes_with_it() {
             .unwrap();
         if earlier_boot {
             for wf in workflows {
-                let record = w.state.join(format!("inflight/{wf}.json"));
-                let mut rec: serde_json::Value = serde_json::from_str(
-                    std::fs::read_to_string(&record)
-                        .unwrap()
-                        .trim_end_matches('\0'),
-                )
-                .unwrap();
+                let mut rec = run_record(&w, wf);
                 rec["boot"] = json!("an-earlier-boot");
-                std::fs::write(&record, rec.to_string()).unwrap();
+                std::fs::write(w.state.join(format!("inflight/{wf}.json")), rec.to_string())
+                    .unwrap();
             }
         }
         if retried {

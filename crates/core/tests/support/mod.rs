@@ -238,8 +238,9 @@ pub fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
 
 /// A workflow's run record as the state directory holds it.
 pub fn run_record(w: &World, wf: &str) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(w.state.join(format!("inflight/{wf}.json"))).unwrap())
-        .unwrap()
+    let text = std::fs::read_to_string(w.state.join(format!("inflight/{wf}.json"))).unwrap();
+    // A record rewritten in place is padded to its block with NUL bytes.
+    serde_json::from_str(text.trim_end_matches('\0')).unwrap()
 }
 
 /// A second root beside the world's, made, and `config` with both roots.
