@@ -140,7 +140,7 @@ impl SnapshotMeta {
 
     /// The target as a relative path.
     pub fn target(&self) -> RelPath {
-        RelPath::from_components(self.original_path.split('/').map(str::to_owned).collect())
+        RelPath::from_recorded(&self.original_path)
     }
 }
 
@@ -1333,7 +1333,7 @@ impl RollbackEngine {
             if *d == meta.original_path {
                 continue;
             }
-            let dir = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+            let dir = RelPath::from_recorded(d);
             // Beyond a symbolic link or special file someone put on the way, it is out of
             // the root's reach: nothing there can be removed or recorded through it (and
             // a write refused at that link made nothing beyond it).

@@ -58,6 +58,12 @@ impl RelPath {
     pub fn from_components(components: Vec<String>) -> Self {
         Self { components }
     }
+
+    /// Builds from a path as the runtime records it (components joined by `/`, validated
+    /// when it was recorded).
+    pub fn from_recorded(path: &str) -> Self {
+        Self::from_components(path.split('/').map(str::to_owned).collect())
+    }
 }
 
 impl std::fmt::Display for RelPath {
@@ -1076,7 +1082,7 @@ mod tests {
     #[test]
     fn reserved_names_are_refused_as_a_case_folding_filesystem_reads_them() {
         let refused = |p: &str| {
-            let rel = RelPath::from_components(p.split('/').map(str::to_owned).collect());
+            let rel = RelPath::from_recorded(p);
             check_reserved(&rel).map_err(|r| r.reason_code)
         };
         for p in [

@@ -173,7 +173,7 @@ impl Sandbox {
                 .iter()
                 .filter(|d| **d != meta.original_path)
                 .filter(|d| {
-                    let rel = RelPath::from_components(d.split('/').map(str::to_owned).collect());
+                    let rel = RelPath::from_recorded(d);
                     self.roots[i].dir_id(&rel).is_ok_and(|id| id.is_some())
                 })
                 .count()

@@ -728,7 +728,7 @@ impl Sandbox {
         maker: &crate::left_dirs::Maker,
         undoing: &HashSet<&str>,
     ) -> Vec<String> {
-        let rel = RelPath::from_components(dir.split('/').map(str::to_owned).collect());
+        let rel = RelPath::from_recorded(dir);
         match self
             .audit
             .directory_claims(|t| self.names_target(t, root, &rel))

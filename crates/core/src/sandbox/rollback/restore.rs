@@ -179,7 +179,7 @@ impl Sandbox {
                 if !wanted(i, &d.path) {
                     continue;
                 }
-                let rel = RelPath::from_components(d.path.split('/').map(str::to_owned).collect());
+                let rel = RelPath::from_recorded(&d.path);
                 // One someone has made the result of a create_directory stays on the
                 // ledger until that one is rolled back. (Asked of empty ones only.)
                 let empty = root.is_empty_dir(&rel).is_ok_and(|empty| empty);

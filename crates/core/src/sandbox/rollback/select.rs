@@ -405,7 +405,7 @@ impl Sandbox {
                 .created_dirs
                 .iter()
                 .filter(|d| **d != s.meta.original_path)
-                .map(|d| RelPath::from_components(d.split('/').map(str::to_owned).collect()))
+                .map(|d| RelPath::from_recorded(d))
                 .filter(|d| root.count_entries(d, 2).is_ok_and(|n| n <= 1));
             // A directory action's target changes only when it made it and the folder
             // is empty again (one it found, or holding others' files, is left in place).
