@@ -128,6 +128,13 @@ pub struct InflightRecord {
     /// a record an older version wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced: Option<bool>,
+    /// For a rollback, that it marks each step begun in its snapshot's folder before it
+    /// touches the target ([`crate::snapshot::BEGUN_FILE`]): a start in the same boot
+    /// judges by its target's state only a step so marked, and takes a file someone
+    /// else changed while the process was down, to what an unmarked step found, for
+    /// theirs. Unset in a run's record, and in one an older version wrote.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub marks_begun: bool,
 }
 
 impl InflightRecord {
@@ -165,6 +172,7 @@ impl InflightRecord {
                 roots: vec![String::new()],
                 rollback_recovered_at: Some(stamp),
                 forced: Some(false),
+                marks_begun: true,
             };
             let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
             // `[""]` stands in the record for the names' own JSON array.

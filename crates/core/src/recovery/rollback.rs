@@ -6,7 +6,7 @@ use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::confine::RelPath;
 use crate::reason::ReasonCode;
 use crate::sandbox::{Restorer, Sandbox, TargetState};
-use crate::snapshot::SnapshotMeta;
+use crate::snapshot::{SnapshotMeta, Snapshotter};
 use std::collections::{HashMap, HashSet};
 
 impl Sandbox {
@@ -14,7 +14,8 @@ impl Sandbox {
     /// its restore, so at most the step in progress is unrecorded: per target, newest
     /// first, an unmarked snapshot of an action audited as done whose target holds the
     /// action's `before` checksum was restored by it and is recorded now; one whose target
-    /// still holds the action's result, or anything else, ends the walk for that target.
+    /// still holds the action's result, or anything else, ends the walk for that target,
+    /// as does one the rollback never began when its record is of this boot.
     pub(super) fn recover_rollback(&self, rec: &InflightRecord) -> Recovered {
         let mut report = Recovered {
             execution_id: rec.execution_id.clone(),
@@ -151,6 +152,11 @@ impl Sandbox {
                 .map_or(TargetState::Missing, TargetState::File)
         };
         if now == as_left {
+            return DeadRestore::NotMade;
+        }
+        // Never begun: whatever its file holds now, someone else put it there (a mark
+        // not synced is seen by a start in the same boot only).
+        if rec.marks_begun && rec.this_boot() && !Snapshotter::restore_begun(&self.roots[i], meta) {
             return DeadRestore::NotMade;
         }
         if now != TargetState::found_by(meta) {

@@ -4740,3 +4740,68 @@ fn a_rollback_recovery_after_one_that_was_stopped_says_so() {
     );
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A rollback killed before it reached a step: a file someone changed while the process
+/// was down to what that step's action found (a created file removed) is theirs, not a
+/// restore the rollback made (it was recorded as one, the trail crediting the runtime
+/// with the removal). After a crash of the machine the unsynced marks of the steps
+/// begun may be lost: a start in a later boot judges by the file, as before.
+#[test]
+fn a_file_changed_by_hand_after_a_killed_rollback_is_not_taken_for_its_restore() {
+    for earlier_boot in [false, true] {
+        let w = wf_k_rollback_killed_at(two_created(), "during_restore", 1);
+        // The rollback died on b.txt's restore (newest first), before a.txt's began.
+        assert_eq!(w.read("b.txt"), b"beta\n");
+        std::fs::remove_file(w.path("a.txt")).unwrap();
+        if earlier_boot {
+            let mut rec = run_record(&w, "wf_k");
+            rec["boot"] = json!("an-earlier-boot");
+            std::fs::write(w.state.join("inflight/wf_k.json"), rec.to_string()).unwrap();
+        }
+        let sb = w.open(w.writable_config());
+        assert_noticed(&sb, "recovered interrupted rollback");
+        let undone: Vec<String> = sb
+            .audit_entries(100, Some("wf_k"))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+            .map(|e| e.action_id)
+            .collect();
+        let told = sb.notices().join("\n");
+        if earlier_boot {
+            assert_eq!(undone, ["a1"], "{told}");
+            assert!(told.contains("1 restore it made recorded"), "{told}");
+        } else {
+            assert!(undone.is_empty(), "{undone:?} {told}");
+            assert!(told.contains("it had restored nothing"), "{told}");
+            assert!(
+                told.contains("2 actions of the workflow not rolled back"),
+                "{told}"
+            );
+        }
+        assert_eq!(w.read("b.txt"), b"beta\n", "earlier boot: {earlier_boot}");
+        // Run again, the rollback sees the removal for someone's change, and is told
+        // so; forced, it finishes.
+        let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+        if earlier_boot {
+            assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        } else {
+            assert_eq!(rb.status, "refused", "{rb:?}");
+            assert_eq!(
+                rb.reason_code,
+                Some(ailab_sandbox_core::ReasonCode::Conflict),
+                "{rb:?}"
+            );
+            assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+            assert_eq!(rb.conflicts[0].action_id, "a1", "{rb:?}");
+            let forced = RollbackOptions {
+                force: true,
+                ..RollbackOptions::default()
+            };
+            let rb = sb.rollback_workflow("wf_k", &forced);
+            assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        }
+        assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}

@@ -507,6 +507,14 @@ impl Sandbox {
             RestoreMode::Force => Ok((true, Put::Any)),
             RestoreMode::Untouched => Ok((false, Put::Any)),
         }
+        // Marked before anything changes: a start after this process dies takes only
+        // a step so marked for one it may have restored (see `mark_restore_begun`).
+        .and_then(|judged| {
+            if recovering {
+                return Ok(judged);
+            }
+            Snapshotter::mark_restore_begun(root, meta).map(|()| judged)
+        })
         .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
         .and_then(|(change, put)| {
             if change {
