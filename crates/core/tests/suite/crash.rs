@@ -2527,13 +2527,7 @@ fn a_restore_line_lost_then_audited(nth: u32) {
     lose_restore_line(&sb, nth);
     assert!(!w.path("one.txt").exists() && !w.path("two.txt").exists());
     let undone = |sb: &ailab_sandbox_core::Sandbox| {
-        let mut ids: Vec<_> = sb
-            .audit_entries(50, Some("wf_m"))
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.status == AuditStatus::RolledBack)
-            .map(|e| e.action_id)
-            .collect();
+        let mut ids = rolled_back_ids(sb, "wf_m");
         ids.sort();
         ids
     };
@@ -2902,7 +2896,6 @@ fn a_change_waits_for_another_threads_recording_no_longer_than_a_lock() {
 /// is free.
 #[test]
 fn a_run_undoes_itself_while_the_trail_is_held() {
-    use ailab_sandbox_core::audit::AuditStatus;
     let w = World::new();
     let mut c = w.writable_config();
     c.limits.lock_wait_seconds = 1;
@@ -2950,15 +2943,7 @@ fn a_run_undoes_itself_while_the_trail_is_held() {
             {"intent": "create_file", "path": "c.txt", "content": "c"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
-    let undone: Vec<_> = sb
-        .audit_entries(50, Some("wf_b"))
-        .unwrap()
-        .into_iter()
-        .rev()
-        .filter(|e| e.status == AuditStatus::RolledBack)
-        .map(|e| e.action_id)
-        .collect();
-    assert_eq!(undone, ["b2", "b1"]);
+    assert_eq!(rolled_back_ids(&sb, "wf_b"), ["b1", "b2"]);
     assert_eq!(run_record(&w, "wf_b")["state"], "idle");
     assert!(sb.audit_verify().unwrap().ok);
 }
@@ -4593,13 +4578,7 @@ fn a_failed_run_killed_in_its_own_rollback_leaves_earlier_runs_out_of_it() {
     assert!(!told.contains("not rolled back"), "{told}");
     assert!(told.contains("1 restore it made recorded"), "{told}");
     assert_eq!(w.read("e.txt"), b"e\n");
-    let undone: Vec<String> = sb
-        .audit_entries(100, Some("wf_crash"))
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
-        .map(|e| e.action_id)
-        .collect();
+    let undone = rolled_back_ids(&sb, "wf_crash");
     assert!(!undone.iter().any(|a| a == "e1" || a == "e2"), "{undone:?}");
     assert!(sb.audit_verify().unwrap().ok);
 }
@@ -4760,13 +4739,7 @@ fn a_file_changed_by_hand_after_a_killed_rollback_is_not_taken_for_its_restore()
         }
         let sb = w.open(w.writable_config());
         assert_noticed(&sb, "recovered interrupted rollback");
-        let undone: Vec<String> = sb
-            .audit_entries(100, Some("wf_k"))
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
-            .map(|e| e.action_id)
-            .collect();
+        let undone = rolled_back_ids(&sb, "wf_k");
         let told = sb.notices().join("\n");
         if earlier_boot {
             assert_eq!(undone, ["a1"], "{told}");
@@ -4804,4 +4777,14 @@ fn a_file_changed_by_hand_after_a_killed_rollback_is_not_taken_for_its_restore()
         assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
         assert!(sb.audit_verify().unwrap().ok);
     }
+}
+
+/// The action ids of the workflow's `rolled_back` trail lines, newest first.
+fn rolled_back_ids(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
+    sb.audit_entries(100, Some(wf))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .map(|e| e.action_id)
+        .collect()
 }
