@@ -1287,6 +1287,16 @@ impl Snapshotter {
         Ok(Some(aside))
     }
 
+    /// Makes the moves of [`Snapshotter::set_aside`] in this root durable, however many
+    /// workflows were moved (one sync of the store's folder).
+    pub fn sync_store(root: &SandboxRoot) -> Verdict {
+        match rollback_dir(root) {
+            Ok(Some(rb)) => sync_dir(&rb).map_err(|e| snap_io("sync", &e)),
+            Ok(None) => Ok(()),
+            Err(e) => Err(snap_io("open", &e)),
+        }
+    }
+
     /// Removes a folder [`Snapshotter::set_aside`] moved aside (gone already is fine).
     pub fn remove_aside(root: &SandboxRoot, name: &str) -> Verdict {
         let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {

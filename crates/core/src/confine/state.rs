@@ -364,12 +364,12 @@ impl StateDir {
     /// renamed over it, the directory synced. A crash leaves the old file or the new.
     fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = self.write_aside(rel, bytes, true)?;
+        let tmp = self.write_aside(rel, bytes, false)?;
         if let Err(e) = dir.rename(&tmp, dir, name) {
             let _ = dir.remove_file(&tmp);
             return Err(e);
         }
-        super::root::sync_dir(dir)
+        Ok(())
     }
 
     /// A new temporary file beside `rel` (`.{name}.ailab-tmp-…`, which start-up removes
@@ -431,12 +431,12 @@ impl StateDir {
         }
     }
 
-    /// Records, durably, which of `workflow`'s snapshots prunes removed: for each root (as
+    /// Records which of `workflow`'s snapshots prunes removed: for each root (as
     /// configured), the audit seq the last prune there reached; writes audited up to it
     /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
-    /// file, however many roots it names). Synced in every durability mode: the removal
-    /// follows in another directory, often on another filesystem, and reaching the disk
-    /// before the mark it would leave the workflow's writes called missing for good.
+    /// file, however many roots it names), not synced: [`StateDir::sync_prune_marks`]
+    /// makes the marks of many workflows durable at once, before any of their snapshots
+    /// go.
     pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
         let roots: Vec<serde_json::Value> = pruned
             .iter()
@@ -445,6 +445,24 @@ impl StateDir {
         let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
             .map_err(io::Error::other)?;
         self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
+    }
+
+    /// Makes the prune marks written so far durable, in every durability mode, with one
+    /// sync of the filesystem that holds them (`syncfs(2)`) however many there are: the
+    /// removals follow in another directory, often on another filesystem, and one that
+    /// reached the disk before its mark would leave the workflow's writes called missing
+    /// for good.
+    pub fn sync_prune_marks(&self) -> io::Result<()> {
+        use rustix::fs::{Mode, OFlags};
+        // The state's directory handles may be `O_PATH`, which `syncfs` refuses.
+        let fd = rustix::fs::openat(
+            &self.dirs.inflight,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )?;
+        rustix::fs::syncfs(&fd)?;
+        Ok(())
     }
 
     /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq

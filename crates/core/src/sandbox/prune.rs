@@ -35,6 +35,24 @@ pub struct PruneFailure {
     pub reason: String,
 }
 
+/// Workflows pruned together: their marks are made durable by one sync, then their
+/// folders moved aside and each root's store synced once, instead of three syncs for
+/// each. Each is locked from its judgement to its removal: bounded, so that a prune of
+/// many holds few locks and files open, none for long.
+const PRUNE_BATCH: usize = 64;
+
+impl PruneReport {
+    /// `wf` could not be pruned: one workflow that cannot be does not keep the others.
+    fn failed(&mut self, wf: &str, r: crate::Refusal) {
+        tracing::error!(workflow = %wf, reason = %r, "a workflow could not be pruned");
+        self.workflows_failed.push(PruneFailure {
+            workflow_id: wf.to_owned(),
+            reason_code: r.reason_code,
+            reason: r.reason,
+        });
+    }
+}
+
 impl Sandbox {
     /// Removes the snapshots of workflows whose newest snapshot is older than
     /// `older_than` and that no process is running now. Removing snapshots makes writes
@@ -69,45 +87,21 @@ impl Sandbox {
         if !simulated {
             self.sweep_pruned_records(&ids);
         }
-        for wf in ids {
-            if !crate::plan::is_valid_id(&wf) {
-                continue;
-            }
-            // A workflow being run or rolled back now is kept, not waited for: it is not
-            // finished, and one stopped process must not hold up the prune of the others.
-            let pruned = self
-                .state
-                .try_lock_workflow(&wf)
-                .map_err(|e| {
-                    crate::Refusal::new(
-                        ReasonCode::IoError,
-                        format!("could not take the workflow's lock: {e}"),
-                    )
-                })
-                .and_then(|lock| match lock {
-                    None => Ok(false),
-                    Some(_lock) => {
-                        // A run that died holding the lock: its in-doubt writes are judged
-                        // from the snapshots about to go.
-                        if !simulated {
-                            self.recover_dead_run(&wf)?;
-                        }
-                        self.prune_workflow(&wf, cutoff, simulated)
-                    }
-                });
-            match pruned {
-                Ok(true) => report.workflows_pruned.push(wf),
-                Ok(false) => report.workflows_kept += 1,
-                // One workflow that cannot be pruned does not keep the others.
-                Err(r) => {
-                    tracing::error!(workflow = %wf, reason = %r, "a workflow could not be pruned");
-                    report.workflows_failed.push(PruneFailure {
-                        workflow_id: wf,
-                        reason_code: r.reason_code,
-                        reason: r.reason,
-                    });
+        for batch in ids.chunks(PRUNE_BATCH) {
+            // Locks held until the batch is pruned.
+            let mut marked = Vec::new();
+            for wf in batch {
+                if !crate::plan::is_valid_id(wf) {
+                    continue;
+                }
+                match self.judge_for_prune(wf, cutoff, simulated) {
+                    Ok(Some(lock)) if !simulated => marked.push((wf.clone(), lock)),
+                    Ok(Some(_)) => report.workflows_pruned.push(wf.clone()),
+                    Ok(None) => report.workflows_kept += 1,
+                    Err(r) => report.failed(wf, r),
                 }
             }
+            self.remove_marked(marked, &mut report);
         }
         // Rollbacks look only near what they restored: folders on the ledger emptied
         // some other way (by hand, say) are removed here, in the housekeeping.
@@ -156,10 +150,127 @@ impl Sandbox {
         }
     }
 
+    /// Judges one workflow for the prune, under its lock: `None` when it is kept (run
+    /// or rolled back now, or young), else its lock, held, once the workflow is marked
+    /// pruned (unless `simulated`) and its snapshots are to go.
+    fn judge_for_prune(
+        &self,
+        wf: &str,
+        cutoff: chrono::DateTime<chrono::Utc>,
+        simulated: bool,
+    ) -> Verdict<Option<crate::confine::state::FileLock>> {
+        // A workflow being run or rolled back now is kept, not waited for: it is not
+        // finished, and one stopped process must not hold up the prune of the others.
+        let lock = self.state.try_lock_workflow(wf).map_err(|e| {
+            crate::Refusal::new(
+                ReasonCode::IoError,
+                format!("could not take the workflow's lock: {e}"),
+            )
+        })?;
+        let Some(lock) = lock else {
+            return Ok(None);
+        };
+        // A run that died holding the lock: its in-doubt writes are judged from the
+        // snapshots about to go.
+        if !simulated {
+            self.recover_dead_run(wf)?;
+        }
+        Ok(self.mark_for_prune(wf, cutoff, simulated)?.then_some(lock))
+    }
+
+    /// Removes the snapshots of the workflows `marked` (each with its lock), once their
+    /// marks are durable, and reports each pruned or failed.
+    fn remove_marked(
+        &self,
+        marked: Vec<(String, crate::confine::state::FileLock)>,
+        report: &mut PruneReport,
+    ) {
+        if marked.is_empty() {
+            return;
+        }
+        // Recorded first: rollback checks snapshots against the audit trail, and writes
+        // audited up to here are about to lose theirs by design. A mark without the
+        // removal only spares writes that still have snapshots; the other way round,
+        // every later rollback of the workflow would be refused.
+        let synced = self
+            .failpoints
+            .check("sync_prune_marks")
+            .and_then(|()| self.state.sync_prune_marks());
+        if let Err(e) = synced {
+            for (wf, _) in &marked {
+                report.failed(wf, mark_refusal(&e));
+            }
+            return;
+        }
+        let mut moved: Vec<(String, Vec<(usize, String)>)> = Vec::new();
+        for (wf, _) in &marked {
+            let mut aside = Vec::new();
+            let set = self.roots.iter().enumerate().try_for_each(|(i, root)| {
+                if let Some(name) = Snapshotter::set_aside(root, wf, false)? {
+                    aside.push((i, name));
+                }
+                Ok(())
+            });
+            match set {
+                Ok(()) => moved.push((wf.clone(), aside)),
+                Err(r) => report.failed(wf, r),
+            }
+        }
+        // The moves reach the disk before the folders go: one sync per root.
+        let mut unsynced: Vec<(usize, crate::Refusal)> = Vec::new();
+        if self.durable() {
+            for (i, root) in self.roots.iter().enumerate() {
+                if moved.iter().any(|(_, a)| a.iter().any(|(r, _)| *r == i))
+                    && let Err(r) = Snapshotter::sync_store(root)
+                {
+                    unsynced.push((i, r));
+                }
+            }
+        }
+        for (wf, aside) in moved {
+            // Left for the next prune's sweep, as a folder that could not be removed.
+            if let Some((_, r)) = unsynced
+                .iter()
+                .find(|(i, _)| aside.iter().any(|(r, _)| r == i))
+            {
+                report.failed(&wf, r.clone());
+                continue;
+            }
+            if let Err(r) = self.remove_pruned(&wf, &aside) {
+                report.failed(&wf, r);
+                continue;
+            }
+            report.workflows_pruned.push(wf);
+        }
+    }
+
+    /// Removes a pruned workflow's folders moved aside (`aside`: root index, name) and
+    /// its run record and commit log.
+    fn remove_pruned(&self, wf: &str, aside: &[(usize, String)]) -> Verdict {
+        for (i, name) in aside {
+            self.fail_at("during_prune")?;
+            // The workflow has no snapshots here any more: a folder that cannot be
+            // removed now is left for the next prune's sweep.
+            if let Err(r) = Snapshotter::remove_aside(&self.roots[*i], name) {
+                tracing::warn!(reason = %r, "a pruned snapshot folder is left for the next prune");
+            }
+        }
+        if let Err(e) = self
+            .state
+            .inflight_remove(wf)
+            .and_then(|()| self.state.commit_log_remove(wf))
+        {
+            tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
+        }
+        Ok(())
+    }
+
     /// Records workflow `wf` pruned in the roots `holding` (their paths): up to the trail's
     /// end now; roots an earlier prune went through keep the seq it reached (a write
     /// audited since in such a root still has its snapshot), as do roots this process is
-    /// not configured with.
+    /// not configured with. Not yet durable ([`StateDir::sync_prune_marks`]).
+    ///
+    /// [`StateDir::sync_prune_marks`]: crate::confine::state::StateDir::sync_prune_marks
     fn mark_pruned(&self, wf: &str, holding: Vec<String>) -> Verdict {
         self.state
             .prune_mark(wf)
@@ -179,22 +290,14 @@ impl Sandbox {
                 pruned.extend(holding.into_iter().map(|r| (r, seq)));
                 self.state.write_prune_mark(wf, &pruned)
             })
-            .map_err(|e| {
-                crate::Refusal::new(
-                    ReasonCode::IoError,
-                    format!(
-                        "could not record the prune: {}",
-                        crate::error::state_io_words(&e)
-                    ),
-                )
-            })
+            .map_err(|e| mark_refusal(&e))
     }
 
-    /// Prunes one workflow (its lock held) when what can be trusted — sealed snapshots
-    /// and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
+    /// Marks one workflow pruned (its lock held) when what can be trusted — sealed
+    /// snapshots and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
     /// (another state directory's, a lost key's, planted) keep the workflow: nothing
-    /// proves their age. Returns whether it was pruned.
-    fn prune_workflow(
+    /// proves their age. Returns whether its snapshots are to go.
+    fn mark_for_prune(
         &self,
         wf: &str,
         cutoff: chrono::DateTime<chrono::Utc>,
@@ -259,28 +362,18 @@ impl Sandbox {
         }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;
-        // Recorded first: rollback checks snapshots against the audit trail, and writes
-        // audited up to here are about to lose theirs by design. A mark without the
-        // removal only spares writes that still have snapshots; the other way round,
-        // every later rollback of the workflow would be refused.
         self.mark_pruned(wf, holding)?;
-        for root in &self.roots {
-            if let Some(aside) = Snapshotter::set_aside(root, wf, self.durable())? {
-                self.fail_at("during_prune")?;
-                // The workflow has no snapshots here any more: a folder that cannot be
-                // removed now is left for the next prune's sweep.
-                if let Err(r) = Snapshotter::remove_aside(root, &aside) {
-                    tracing::warn!(reason = %r, "a pruned snapshot folder is left for the next prune");
-                }
-            }
-        }
-        if let Err(e) = self
-            .state
-            .inflight_remove(wf)
-            .and_then(|()| self.state.commit_log_remove(wf))
-        {
-            tracing::warn!(error = %e, "could not remove a pruned workflow's run record");
-        }
         Ok(true)
     }
+}
+
+/// Why a prune could not be recorded.
+fn mark_refusal(e: &std::io::Error) -> crate::Refusal {
+    crate::Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "could not record the prune: {}",
+            crate::error::state_io_words(e)
+        ),
+    )
 }

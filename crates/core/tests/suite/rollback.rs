@@ -2085,13 +2085,7 @@ fn a_directory_made_again_by_others_is_kept() {
 fn a_prune_that_fails_is_reported_and_finished_later() {
     let w = World::new();
     let sb = w.sandbox();
-    for wf in ["wf_p1", "wf_p2"] {
-        run(
-            &sb,
-            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": format!("{wf}.txt"), "content": "p"}]}),
-        );
-    }
-    w.clock.advance(chrono::Duration::days(10));
+    ten_days_old(&w, &sb, &["wf_p1", "wf_p2"]);
     sb.failpoints().arm("during_prune", 1);
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
@@ -2112,6 +2106,114 @@ fn a_prune_that_fails_is_reported_and_finished_later() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// A prune of more workflows than it takes at once (64) prunes them all; one whose
+/// removal fails in the second batch is reported alone and finished by the next prune;
+/// and their locks are let go (a run of a pruned workflow goes through).
+#[test]
+fn a_prune_of_more_workflows_than_a_batch_prunes_them_all() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let ids: Vec<String> = (0..70).map(|n| format!("wf_{n:02}")).collect();
+    ten_days_old(&w, &sb, &ids);
+    // The removals of the first batch pass it 64 times; this is the second batch's third.
+    sb.failpoints().arm("during_prune", 67);
+    let week = std::time::Duration::from_secs(7 * 86_400);
+    let report = sb.prune(week).unwrap();
+    assert_eq!(report.workflows_pruned.len(), 69, "{report:?}");
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    assert_eq!(report.workflows_failed[0].workflow_id, "wf_66");
+    let inflight = w.state.join("inflight");
+    for wf in &report.workflows_pruned {
+        assert!(inflight.join(format!("{wf}.pruned")).exists(), "{wf}");
+        assert!(!inflight.join(format!("{wf}.json")).exists(), "{wf}");
+    }
+    let left: Vec<_> = std::fs::read_dir(w.root.join(".rollback"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].starts_with(".ailab-pruned-"), "{left:?}");
+    let again = sb.prune(week).unwrap();
+    assert!(again.workflows_failed.is_empty(), "{again:?}");
+    assert_eq!(
+        std::fs::read_dir(w.root.join(".rollback")).unwrap().count(),
+        0
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_00", "actions": [{"intent": "create_file", "path": "after.txt", "content": "a"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Prune marks not made durable remove nothing: every workflow of the batch is reported
+/// failed and keeps its snapshots, a rollback says to finish the prune, and the next
+/// prune does.
+#[test]
+fn a_prune_whose_marks_cannot_be_synced_removes_nothing() {
+    let w = World::new();
+    let sb = w.sandbox();
+    ten_days_old(&w, &sb, &["wf_s1", "wf_s2"]);
+    sb.failpoints().arm("sync_prune_marks", 1);
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    let failed: Vec<_> = report
+        .workflows_failed
+        .iter()
+        .map(|f| (f.workflow_id.as_str(), f.reason_code))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("wf_s1", ReasonCode::IoError),
+            ("wf_s2", ReasonCode::IoError)
+        ]
+    );
+    assert!(
+        report.workflows_failed[0]
+            .reason
+            .starts_with("could not record the prune:"),
+        "{report:?}"
+    );
+    for wf in ["wf_s1", "wf_s2"] {
+        assert!(w.root.join(".rollback").join(wf).is_dir(), "{wf}");
+        let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+        assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+        assert!(
+            rb.reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("run prune again"),
+            "{rb:?}"
+        );
+        assert!(w.path(&format!("{wf}.txt")).exists(), "{wf}");
+    }
+    let again = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(again.workflows_pruned, ["wf_s1", "wf_s2"], "{again:?}");
+    assert_eq!(
+        std::fs::read_dir(w.root.join(".rollback")).unwrap().count(),
+        0
+    );
+}
+
+/// Workflows `ids`, each having written `{id}.txt`, ten days old.
+fn ten_days_old(w: &World, sb: &ailab_sandbox_core::Sandbox, ids: &[impl AsRef<str>]) {
+    for wf in ids {
+        let wf = wf.as_ref();
+        let r = run(
+            sb,
+            json!({"workflow_id": wf, "actions": [{"intent": "create_file", "path": format!("{wf}.txt"), "content": "p"}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    }
+    w.clock.advance(chrono::Duration::days(10));
 }
 
 /// An action id stays used once the trail records its write, even after its snapshot is
