@@ -362,9 +362,9 @@ impl StateDir {
 
     /// Replaces `rel` with `bytes` whole and durably: a temporary file beside it, synced,
     /// renamed over it, the directory synced. A crash leaves the old file or the new.
-    fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
+    fn replace_whole(&self, rel: &str, bytes: &[u8], sync_data: bool) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = self.write_aside(rel, bytes, false)?;
+        let tmp = self.write_aside(rel, bytes, sync_data)?;
         if let Err(e) = dir.rename(&tmp, dir, name) {
             let _ = dir.remove_file(&tmp);
             return Err(e);
@@ -434,9 +434,13 @@ impl StateDir {
     /// Records which of `workflow`'s snapshots prunes removed: for each root (as
     /// configured), the audit seq the last prune there reached; writes audited up to it
     /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
-    /// file, however many roots it names), not synced: [`StateDir::sync_prune_marks`]
+    /// file, however many roots it names), the name not synced: [`StateDir::sync_prune_marks`]
     /// makes the marks of many workflows durable at once, before any of their snapshots
-    /// go.
+    /// go. A first mark's bytes are not synced either: a power cut before that sync may
+    /// leave it empty, which harms nothing (a mark is read where snapshots are missing,
+    /// and its prune had removed none; the next prune replaces it); one that replaces an
+    /// earlier mark has its bytes synced first, so that the earlier prunes' record is
+    /// never lost to an empty file.
     pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
         let roots: Vec<serde_json::Value> = pruned
             .iter()
@@ -444,7 +448,14 @@ impl StateDir {
             .collect();
         let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
             .map_err(io::Error::other)?;
-        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
+        let rel = format!("{INFLIGHT_DIR}/{workflow}.pruned");
+        let (dir, name) = self.locate(&rel)?;
+        let replacing = match dir.symlink_metadata(name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            // Cannot tell: synced, as for a replacement.
+            _ => true,
+        };
+        self.replace_whole(&rel, &text, replacing)
     }
 
     /// Makes the prune marks written so far durable, in every durability mode, with one
