@@ -305,6 +305,31 @@ const RUNNERS: [&str; 6] = [
     "execute_python",
 ];
 
+/// Endings of names of tools that run code, commands or what their files say, which
+/// the rules above do not catch: a notebook's cell, a script in a browser, keys typed
+/// into a terminal, a new process, a playbook, a manifest or plan applied, a chart
+/// installed, a function invoked (`execute_cell`, `mcp__jupyter__execute_cell`,
+/// `Run Cell`, `browser_evaluate`, `kubectl_apply`). At the name's end only:
+/// `execute_cell_notes` writes notes.
+const RUNNER_ENDINGS: [[&str; 2]; 16] = [
+    ["execute", "cell"],
+    ["run", "cell"],
+    ["jupyter", "execute"],
+    ["evaluate", "script"],
+    ["browser", "evaluate"],
+    ["send", "keys"],
+    ["create", "process"],
+    ["launch", "app"],
+    ["run", "playbook"],
+    ["ansible", "playbook"],
+    ["kubectl", "apply"],
+    ["terraform", "apply"],
+    ["helm", "install"],
+    ["compose", "up"],
+    ["gradle", "run"],
+    ["invoke", "lambda"],
+];
+
 /// What a script is called by: a tool that is a script runs commands.
 const SCRIPT_ENDINGS: [&str; 10] = [
     ".sh", ".bash", ".zsh", ".ps1", ".bat", ".cmd", ".py", ".pl", ".rb", ".vbs",
@@ -389,7 +414,13 @@ fn parts_name_runner(words: &[&str]) -> bool {
         parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
-    has(&SHELL_PARTS) || (has(&RUN_PARTS) && has(&RUN_WHAT)) || run_word_names_runner(&seq)
+    let ends_so = |ending: &[&str; 2]| {
+        seq.len() >= 2 && seq[seq.len() - 2..].iter().zip(ending).all(|(p, e)| p == e)
+    };
+    has(&SHELL_PARTS)
+        || (has(&RUN_PARTS) && has(&RUN_WHAT))
+        || run_word_names_runner(&seq)
+        || RUNNER_ENDINGS.iter().any(ends_so)
 }
 
 /// Whether a run word stands where it runs a shell, an interpreter or a runner, in the
