@@ -102,8 +102,18 @@ const SHELL_TOOLS: [&str; 72] = [
 /// only where a command line names its program (see [`programs`]), written in lower
 /// case (`bun run deploy`, `/usr/bin/env julia`, `julia1.10`, `make deploy`,
 /// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
-/// container runners run what their files or images say.
-const RUNNERS_ALONE: [&str; 20] = [
+/// container runners run what their files or images say, and so do the tools that
+/// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
+/// `expect` runs its scripts.
+const RUNNERS_ALONE: [&str; 28] = [
+    "expect",
+    "terraform",
+    "helm",
+    "ansible",
+    "ansible_playbook",
+    "gradle",
+    "gradlew",
+    "mvn",
     "bun",
     "julia",
     "npm",
