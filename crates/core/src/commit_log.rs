@@ -538,7 +538,7 @@ mod tests {
                 roots: Vec::new(),
                 rollback_recovered_at: None,
                 forced: None,
-                marks_begun: false,
+                restoring: None,
             },
             meta,
             backup: backup.map(<[u8]>::to_vec),

@@ -30,9 +30,6 @@ pub const BACKUP_FILE: &str = "backup";
 pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
-/// Made, empty, just before a rollback starts to restore a snapshot: a start after the
-/// rollback died in this boot judges by its target's state only the steps that bear it.
-pub const BEGUN_FILE: &str = "restore-begun";
 
 /// What a refusal says of something standing in a backup's place (a link, a FIFO, a
 /// file with other links): the runtime's own may only have been moved aside.
@@ -1177,40 +1174,6 @@ impl Snapshotter {
                 ),
             )
         })
-    }
-
-    /// Marks that a rollback is about to restore a snapshot, before its target is
-    /// touched. Not synced: a process killed leaves it in the page cache, where a start
-    /// in the same boot finds it; after a crash of the machine the start judges every
-    /// step by its target's state, as before the mark existed. Made new, never through
-    /// a link; one standing from an earlier try is kept.
-    pub fn mark_restore_begun(root: &SandboxRoot, meta: &SnapshotMeta) -> Verdict {
-        let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
-            .map_err(|e| open_refusal(root, &meta.workflow_id, &meta.action_id, &e))?
-            .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
-        match crate::confine::root::write_new_in(&dir, BEGUN_FILE, &[], 0o600, false) {
-            Err(e)
-                if e.kind() == io::ErrorKind::AlreadyExists
-                    && dir.symlink_metadata(BEGUN_FILE).is_ok_and(|m| m.is_file()) =>
-            {
-                Ok(())
-            }
-            r => r.map_err(|e| snap_io("mark the restore begun in", &e)),
-        }
-    }
-
-    /// Whether a rollback began to restore this snapshot ([`Snapshotter::mark_restore_begun`]).
-    /// A folder or mark that cannot be looked at counts as begun: the step is then
-    /// judged by its target's state.
-    pub fn restore_begun(root: &SandboxRoot, meta: &SnapshotMeta) -> bool {
-        match snapshot_dir(root, &meta.workflow_id, &meta.action_id) {
-            Ok(Some(dir)) => match dir.symlink_metadata(BEGUN_FILE) {
-                Ok(m) => m.is_file(),
-                Err(e) => e.kind() != io::ErrorKind::NotFound,
-            },
-            Ok(None) => false,
-            Err(_) => true,
-        }
     }
 
     /// Records that a snapshot was restored, so it is not restored twice.

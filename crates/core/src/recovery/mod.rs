@@ -128,13 +128,13 @@ pub struct InflightRecord {
     /// a record an older version wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced: Option<bool>,
-    /// For a rollback, that it marks each step begun in its snapshot's folder before it
-    /// touches the target ([`crate::snapshot::BEGUN_FILE`]): a start in the same boot
-    /// judges by its target's state only a step so marked, and takes a file someone
-    /// else changed while the process was down, to what an unmarked step found, for
-    /// theirs. Unset in a run's record, and in one an older version wrote.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub marks_begun: bool,
+    /// For a rollback, the action whose restore it began last (empty before the first),
+    /// written on the record before it touches that action's target, not synced: a
+    /// start in the same boot credits no other step without its restore's mark with a
+    /// restore, whatever its file holds (someone may have changed it while the process
+    /// was down). `None` for a run, and in a record an older version wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restoring: Option<String>,
 }
 
 impl InflightRecord {
@@ -172,7 +172,7 @@ impl InflightRecord {
                 roots: vec![String::new()],
                 rollback_recovered_at: Some(stamp),
                 forced: Some(false),
-                marks_begun: true,
+                restoring: Some("a".repeat(crate::plan::MAX_ID_LEN)),
             };
             let without = serde_json::to_vec(&longest).map_or(usize::MAX, |v| v.len());
             // `[""]` stands in the record for the names' own JSON array.

@@ -6,7 +6,7 @@ use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::confine::RelPath;
 use crate::reason::ReasonCode;
 use crate::sandbox::{Restorer, Sandbox, TargetState};
-use crate::snapshot::{SnapshotMeta, Snapshotter};
+use crate::snapshot::SnapshotMeta;
 use std::collections::{HashMap, HashSet};
 
 impl Sandbox {
@@ -15,7 +15,7 @@ impl Sandbox {
     /// first, an unmarked snapshot of an action audited as done whose target holds the
     /// action's `before` checksum was restored by it and is recorded now; one whose target
     /// still holds the action's result, or anything else, ends the walk for that target,
-    /// as does one the rollback never began when its record is of this boot.
+    /// as does, when its record is of this boot, one that was not the step under way.
     pub(super) fn recover_rollback(&self, rec: &InflightRecord) -> Recovered {
         let mut report = Recovered {
             execution_id: rec.execution_id.clone(),
@@ -154,11 +154,6 @@ impl Sandbox {
         if now == as_left {
             return DeadRestore::NotMade;
         }
-        // Never begun: whatever its file holds now, someone else put it there (a mark
-        // not synced is seen by a start in the same boot only).
-        if rec.marks_begun && rec.this_boot() && !Snapshotter::restore_begun(&self.roots[i], meta) {
-            return DeadRestore::NotMade;
-        }
         if now != TargetState::found_by(meta) {
             // Its backup damaged or gone, a forced rollback passed over it, and the
             // older restores may have given its file back: the walk goes on. (An
@@ -166,6 +161,18 @@ impl Sandbox {
             if may_be_spent && self.backup_unusable(i, meta) {
                 return DeadRestore::Spent;
             }
+            return DeadRestore::NotMade;
+        }
+        // Not the step under way when it died: whatever its file holds now, someone
+        // else put it there (the record's step, not synced, is read in the same boot
+        // only). Only that one can have been made and left unmarked, unless its mark
+        // could not be written.
+        if rec.this_boot()
+            && rec
+                .restoring
+                .as_ref()
+                .is_some_and(|step| *step != meta.action_id)
+        {
             return DeadRestore::NotMade;
         }
         let current = now.checksum();

@@ -447,7 +447,7 @@ impl Sandbox {
     }
 
     /// [`Sandbox::write_record`] through `file` when the caller holds the record open.
-    fn write_record_to(
+    pub(in crate::sandbox) fn write_record_to(
         &self,
         rec: &crate::recovery::InflightRecord,
         durable: bool,

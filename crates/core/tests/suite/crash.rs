@@ -4723,8 +4723,9 @@ fn a_rollback_recovery_after_one_that_was_stopped_says_so() {
 /// A rollback killed before it reached a step: a file someone changed while the process
 /// was down to what that step's action found (a created file removed) is theirs, not a
 /// restore the rollback made (it was recorded as one, the trail crediting the runtime
-/// with the removal). After a crash of the machine the unsynced marks of the steps
-/// begun may be lost: a start in a later boot judges by the file, as before.
+/// with the removal). After a crash of the machine the record, whose step under way is
+/// not synced, may be older than the last step: a start in a later boot judges by the
+/// file, as before.
 #[test]
 fn a_file_changed_by_hand_after_a_killed_rollback_is_not_taken_for_its_restore() {
     for earlier_boot in [false, true] {

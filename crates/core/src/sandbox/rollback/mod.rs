@@ -629,7 +629,7 @@ impl Sandbox {
             roots: self.root_names(roots),
             rollback_recovered_at: None,
             forced: Some(forced),
-            marks_begun: true,
+            restoring: Some(String::new()),
         };
         self.settle_commit_log(workflow_id)
             .and_then(|synced| if synced { Ok(()) } else { self.sync_point() })

@@ -237,12 +237,25 @@ impl Sandbox {
             mode: &mode,
             recovering,
         };
+        // This rollback's record, held open: it names each step before its target is
+        // touched.
+        let mut record = (!recovering)
+            .then(|| self.state.inflight_open(workflow_id).ok().flatten())
+            .flatten()
+            .and_then(|file| {
+                let rec: crate::recovery::InflightRecord =
+                    serde_json::from_slice(&file.read().ok()?).ok()?;
+                (rec.execution_id == execution_id && rec.restoring.is_some()).then_some((rec, file))
+            });
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
             let key = (i, meta.original_path.clone());
             let newer_failed = targets.newer_failed(&key, force);
-            let mut step = match self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()) {
+            let made = self
+                .begin_step(record.as_mut(), &meta)
+                .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
+            let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
                 Err((mut r, reached)) => {
                     if r.reason_code == ReasonCode::ChecksumMismatch {
@@ -326,6 +339,34 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// Names `meta`'s action on the rollback's `record` as the step under way, before its
+    /// target is touched (in place, not synced: a start in this boot reads it from the
+    /// page cache; after a crash of the machine every step is judged by its file).
+    fn begin_step(
+        &self,
+        record: Option<&mut (
+            crate::recovery::InflightRecord,
+            crate::confine::state::BlockFile,
+        )>,
+        meta: &SnapshotMeta,
+    ) -> Result<(), (Refusal, bool)> {
+        let Some((record, file)) = record else {
+            return Ok(());
+        };
+        record.restoring = Some(meta.action_id.clone());
+        self.write_record_to(record, false, Some(file))
+            .map_err(|e| {
+                let r = Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not record the restore begun in the state directory: {}",
+                        crate::error::state_io_words(&e)
+                    ),
+                );
+                (r, false)
+            })
     }
 
     /// Appends a restore's trail line (after its mark), or says why the trail would not
@@ -507,14 +548,6 @@ impl Sandbox {
             RestoreMode::Force => Ok((true, Put::Any)),
             RestoreMode::Untouched => Ok((false, Put::Any)),
         }
-        // Marked before anything changes: a start after this process dies takes only
-        // a step so marked for one it may have restored (see `mark_restore_begun`).
-        .and_then(|judged| {
-            if recovering {
-                return Ok(judged);
-            }
-            Snapshotter::mark_restore_begun(root, meta).map(|()| judged)
-        })
         .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
         .and_then(|(change, put)| {
             if change {
