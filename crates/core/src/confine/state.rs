@@ -360,11 +360,12 @@ impl StateDir {
         Ok(made)
     }
 
-    /// Replaces `rel` with `bytes` whole and durably: a temporary file beside it, synced,
-    /// renamed over it, the directory synced. A crash leaves the old file or the new.
-    fn replace_whole(&self, rel: &str, bytes: &[u8], sync_data: bool) -> io::Result<()> {
+    /// Replaces `rel` with `bytes` whole: a temporary file beside it, its data synced,
+    /// renamed over it. A crash leaves the old file or the new; the new one's name is
+    /// durable once its directory is synced ([`StateDir::sync_prune_marks`]).
+    fn replace_whole(&self, rel: &str, bytes: &[u8]) -> io::Result<()> {
         let (dir, name) = self.locate(rel)?;
-        let tmp = self.write_aside(rel, bytes, sync_data)?;
+        let tmp = self.write_aside(rel, bytes, true)?;
         if let Err(e) = dir.rename(&tmp, dir, name) {
             let _ = dir.remove_file(&tmp);
             return Err(e);
@@ -434,13 +435,9 @@ impl StateDir {
     /// Records which of `workflow`'s snapshots prunes removed: for each root (as
     /// configured), the audit seq the last prune there reached; writes audited up to it
     /// into that root have no snapshot any more, by design. Replaced whole (a small JSON
-    /// file, however many roots it names), the name not synced: [`StateDir::sync_prune_marks`]
-    /// makes the marks of many workflows durable at once, before any of their snapshots
-    /// go. A first mark's bytes are not synced either: a power cut before that sync may
-    /// leave it empty, which harms nothing (a mark is read where snapshots are missing,
-    /// and its prune had removed none; the next prune replaces it); one that replaces an
-    /// earlier mark has its bytes synced first, so that the earlier prunes' record is
-    /// never lost to an empty file.
+    /// file, however many roots it names), its bytes synced, its name not:
+    /// [`StateDir::sync_prune_marks`] makes the names of many workflows' marks durable
+    /// at once, before any of their snapshots go.
     pub fn write_prune_mark(&self, workflow: &str, pruned: &[(String, u64)]) -> io::Result<()> {
         let roots: Vec<serde_json::Value> = pruned
             .iter()
@@ -448,32 +445,18 @@ impl StateDir {
             .collect();
         let text = serde_json::to_vec(&serde_json::json!({ "pruned": roots }))
             .map_err(io::Error::other)?;
-        let rel = format!("{INFLIGHT_DIR}/{workflow}.pruned");
-        let (dir, name) = self.locate(&rel)?;
-        let replacing = match dir.symlink_metadata(name) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-            // Cannot tell: synced, as for a replacement.
-            _ => true,
-        };
-        self.replace_whole(&rel, &text, replacing)
+        self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
     }
 
     /// Makes the prune marks written so far durable, in every durability mode, with one
-    /// sync of the filesystem that holds them (`syncfs(2)`) however many there are: the
-    /// removals follow in another directory, often on another filesystem, and one that
-    /// reached the disk before its mark would leave the workflow's writes called missing
-    /// for good.
+    /// sync of their folder however many there are (their bytes were synced as each was
+    /// written: a sync per file, unlike a whole filesystem's, holds on every filesystem,
+    /// FUSE mounts among them, reports its own write's failure, and waits for no other
+    /// writer's data): the removals follow in another directory, often on another
+    /// filesystem, and one that reached the disk before its mark would leave the
+    /// workflow's writes called missing for good.
     pub fn sync_prune_marks(&self) -> io::Result<()> {
-        use rustix::fs::{Mode, OFlags};
-        // The state's directory handles may be `O_PATH`, which `syncfs` refuses.
-        let fd = rustix::fs::openat(
-            &self.dirs.inflight,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-        )?;
-        rustix::fs::syncfs(&fd)?;
-        Ok(())
+        super::root::sync_dir(&self.dirs.inflight)
     }
 
     /// The roots the prunes of `workflow` removed snapshots in, each with the audit seq

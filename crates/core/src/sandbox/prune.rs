@@ -35,11 +35,11 @@ pub struct PruneFailure {
     pub reason: String,
 }
 
-/// Workflows pruned together: their marks are made durable by one sync, then their
-/// folders moved aside and each root's store synced once, instead of three syncs for
-/// each. Each is locked from its judgement to its removal: bounded, so that a prune of
-/// many holds few locks and files open, none for long.
-const PRUNE_BATCH: usize = 64;
+/// Workflows pruned together: their marks' names are made durable by one sync of their
+/// folder, then their folders moved aside and each root's store synced once, instead
+/// of two directory syncs for each. Each is locked from its judgement to its removal:
+/// bounded, so that a prune of many holds few locks and files open, none for long.
+const PRUNE_BATCH: usize = 32;
 
 impl PruneReport {
     /// `wf` could not be pruned: one workflow that cannot be does not keep the others.

@@ -2108,8 +2108,8 @@ fn a_prune_that_fails_is_reported_and_finished_later() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// A prune of more workflows than it takes at once (64) prunes them all; one whose
-/// removal fails in the second batch is reported alone and finished by the next prune;
+/// A prune of more workflows than it takes at once (32) prunes them all; one whose
+/// removal fails in the third batch is reported alone and finished by the next prune;
 /// and their locks are let go (a run of a pruned workflow goes through).
 #[test]
 fn a_prune_of_more_workflows_than_a_batch_prunes_them_all() {
@@ -2117,7 +2117,7 @@ fn a_prune_of_more_workflows_than_a_batch_prunes_them_all() {
     let sb = w.sandbox();
     let ids: Vec<String> = (0..70).map(|n| format!("wf_{n:02}")).collect();
     ten_days_old(&w, &sb, &ids);
-    // The removals of the first batch pass it 64 times; this is the second batch's third.
+    // The removals of the first two batches pass it 64 times; this is the third's third.
     sb.failpoints().arm("during_prune", 67);
     let week = std::time::Duration::from_secs(7 * 86_400);
     let report = sb.prune(week).unwrap();
