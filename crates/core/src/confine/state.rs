@@ -1538,8 +1538,28 @@ pub struct FsSync {
     group: GroupCommit,
 }
 
+/// `statfs`'s type of a FUSE filesystem, whose kernel side passes no `syncfs` on to the
+/// program that stores its files.
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+
+/// Refuses a filesystem a `syncfs` would not make durable (FUSE), naming `what`.
+fn syncfs_reaches(fd: impl std::os::fd::AsFd, what: &dyn std::fmt::Display) -> io::Result<()> {
+    let kind = rustix::fs::fstatfs(fd)?.f_type;
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)] // `f_type`'s width varies
+    if u64::try_from(kind).is_ok_and(|k| k == FUSE_SUPER_MAGIC) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{what} is on a FUSE filesystem, which does not pass a whole-filesystem sync (syncfs) on to where it stores its files, so batched durability could not make writes there durable; use durability = \"strict\""
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl FsSync {
-    /// Opens one handle per distinct filesystem (by device) among `dirs`.
+    /// Opens one handle per distinct filesystem (by device) among `dirs`; refuses one on
+    /// a filesystem a `syncfs` does not reach (FUSE).
     pub fn open(dirs: &[&Path]) -> io::Result<Self> {
         use std::os::unix::fs::MetadataExt;
         let mut handles: Vec<(u64, File)> = Vec::new();
@@ -1547,6 +1567,7 @@ impl FsSync {
             let f = File::open(d)?;
             let dev = f.metadata()?.dev();
             if !handles.iter().any(|(d, _)| *d == dev) {
+                syncfs_reaches(&f, &d.display())?;
                 handles.push((dev, f));
             }
         }
@@ -1575,6 +1596,7 @@ impl FsSync {
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                 Mode::empty(),
             )?;
+            syncfs_reaches(&fd, &"the target's folder")?;
             handles.push((dev, File::from(fd)));
         }
         Ok(())

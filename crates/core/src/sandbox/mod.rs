@@ -1023,10 +1023,14 @@ fn open_batch_sync(
     if config.durability == crate::config::Durability::Batched && cfg!(target_os = "linux") {
         let mut dirs: Vec<&Path> = roots.iter().map(SandboxRoot::path).collect();
         dirs.push(state.path());
-        Ok(Some(
-            crate::confine::state::FsSync::open(&dirs)
-                .map_err(Error::io("open the filesystems for syncing"))?,
-        ))
+        match crate::confine::state::FsSync::open(&dirs) {
+            Ok(s) => Ok(Some(s)),
+            // A setting to change, not a failing disk.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                Err(Error::Config(crate::config::ConfigError(e.to_string())))
+            }
+            Err(e) => Err(Error::io("open the filesystems for syncing")(e)),
+        }
     } else {
         Ok(None)
     }
