@@ -597,13 +597,20 @@ fn acl_lets_others_write(fd: impl std::os::fd::AsFd, mode: u32) -> bool {
     others_write && mask_writes
 }
 
-/// Makes one directory (mode 0755); one that appeared meanwhile is left for the caller
-/// to inspect like any existing one.
+/// Makes one directory (mode 0755), its name made durable in its parent: a state
+/// directory made at a first start would otherwise go with a power cut, its trail and
+/// seal key with it, while the snapshots sealed with that key stay in the roots. One
+/// that appeared meanwhile is left for the caller to inspect like any existing one.
 fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
     let mut builder = DirBuilder::new();
     builder.mode(mode);
     match parent.create_dir_with(name, &builder) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        other => other,
+        Err(e) => Err(e),
+        // A parent this process may write in but not read cannot be synced.
+        Ok(()) => match super::files::sync_dir(parent) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
+            r => r,
+        },
     }
 }

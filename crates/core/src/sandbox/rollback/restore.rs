@@ -14,7 +14,7 @@ use crate::sandbox::{RootedSnapshots, Sandbox};
 use crate::snapshot::{
     Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// What holds for every restore of one [`Sandbox::restore_all`].
 struct Pass<'a> {
@@ -237,6 +237,8 @@ impl Sandbox {
             mode: &mode,
             recovering,
         };
+        // The files of the steps whose records may not be durable yet.
+        let mut on_file: HashSet<(usize, String)> = HashSet::new();
         // This rollback's record, held open: it names each step before its target is
         // touched.
         let mut record = (!recovering)
@@ -252,8 +254,19 @@ impl Sandbox {
             let before = self.found_before(&pass, i, &meta);
             let key = (i, meta.original_path.clone());
             let newer_failed = targets.newer_failed(&key, force);
-            let made = self
-                .begin_step(record.as_mut(), &meta)
+            // Under batched syncs a step's mark and line wait for the next sync point,
+            // and a restore's own syncs would put an older step's restore of the same
+            // file on the disk ahead of them: a power cut then leaves the file as
+            // neither step left it unrecorded, which recovery's walk (a file's newest
+            // unrecorded step first) cannot follow. The records go first.
+            let ahead = if self.stages_writes() && on_file.contains(&key) {
+                on_file.clear();
+                self.sync_point().map_err(|r| (r, false))
+            } else {
+                Ok(())
+            };
+            let made = ahead
+                .and_then(|()| self.begin_step(record.as_mut(), &meta))
                 .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
             let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
@@ -285,6 +298,7 @@ impl Sandbox {
                 }
             };
             targets.restored(&key, &meta, &step);
+            on_file.insert(key.clone());
             let record = self.restore_line(execution_id, workflow_id, i, &meta, before, &step);
             // Recovery stopped by the disk keeps its record and tries again at each start
             // until the undo goes through: a line per try would fill the trail with one
