@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs, prune, and `get_file_info`'s hash. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 29] = [
+pub const POINTS: [&str; 30] = [
     "after_validate",
     "read_target",
     "before_commit",
@@ -38,6 +38,7 @@ pub const POINTS: [&str; 29] = [
     "recovery_sync",
     "during_prune",
     "sync_prune_marks",
+    "open_rollback_record",
     "info_hash",
 ];
 

@@ -4789,3 +4789,36 @@ fn rolled_back_ids(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
         .map(|e| e.action_id)
         .collect()
 }
+
+/// A rollback whose record cannot be read back restores nothing: the record names each
+/// step before its file is touched, and a step made unnamed, were the process to die
+/// before its mark, would be taken by the next start for someone's change.
+#[test]
+fn a_rollback_that_cannot_read_its_record_restores_nothing() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": two_created()}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm("open_rollback_record", 1);
+    let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::IoError),
+        "{rb:?}"
+    );
+    let why = rb.reason.unwrap_or_default();
+    assert!(
+        why.contains("could not read the rollback's record"),
+        "{why}"
+    );
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    assert_eq!(w.read("b.txt"), b"beta\n");
+    let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -240,15 +240,15 @@ impl Sandbox {
         // The files of the steps whose records may not be durable yet.
         let mut on_file: HashSet<(usize, String)> = HashSet::new();
         // This rollback's record, held open: it names each step before its target is
-        // touched.
-        let mut record = (!recovering)
-            .then(|| self.state.inflight_open(workflow_id).ok().flatten())
-            .flatten()
-            .and_then(|file| {
-                let rec: crate::recovery::InflightRecord =
-                    serde_json::from_slice(&file.read().ok()?).ok()?;
-                (rec.execution_id == execution_id && rec.restoring.is_some()).then_some((rec, file))
-            });
+        // touched. (A run's own undo of a failed action goes on its run record, which
+        // names none.)
+        let mut record = match why {
+            crate::metrics::RollbackReason::Manual
+            | crate::metrics::RollbackReason::WorkflowFailed => {
+                self.rollback_record_open(workflow_id, execution_id)
+            }
+            _ => Ok(None),
+        };
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
@@ -266,7 +266,12 @@ impl Sandbox {
                 Ok(())
             };
             let made = ahead
-                .and_then(|()| self.begin_step(record.as_mut(), &meta))
+                .and_then(|()| match &mut record {
+                    Ok(record) => self.begin_step(record.as_mut(), &meta),
+                    // Unnamed, a step made and left unmarked would be taken for
+                    // someone's change: none is made.
+                    Err(r) => Err((r.clone(), false)),
+                })
                 .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
             let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
@@ -353,6 +358,43 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// The rollback `execution_id`'s record of `workflow_id`, held open, when it names
+    /// its steps (`None`: a failed run's own rollback whose failed action's undo failed
+    /// keeps its run record, which names none); a record that cannot be read refuses
+    /// the rollback's steps.
+    fn rollback_record_open(
+        &self,
+        workflow_id: &str,
+        execution_id: &str,
+    ) -> Result<
+        Option<(
+            crate::recovery::InflightRecord,
+            crate::confine::state::BlockFile,
+        )>,
+        Refusal,
+    > {
+        let unread = |why: String| {
+            Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not read the rollback's record in the state directory ({why}), which names each step before its file is touched; nothing is restored"
+                ),
+            )
+        };
+        let file = self
+            .failpoints
+            .check("open_rollback_record")
+            .and_then(|()| self.state.inflight_open(workflow_id))
+            .map_err(|e| unread(crate::error::state_io_words(&e)))?
+            .ok_or_else(|| unread("it is gone".to_owned()))?;
+        let bytes = file
+            .read()
+            .map_err(|e| unread(crate::error::state_io_words(&e)))?;
+        let rec: crate::recovery::InflightRecord =
+            serde_json::from_slice(&bytes).map_err(|e| unread(e.to_string()))?;
+        Ok((rec.execution_id == execution_id && rec.restoring.is_some()).then_some((rec, file)))
     }
 
     /// Names `meta`'s action on the rollback's `record` as the step under way, before its
