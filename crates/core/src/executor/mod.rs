@@ -541,7 +541,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             roots,
             rollback_recovered_at: None,
             forced: None,
-            restoring: None,
+            restoring: Some(String::new()),
         };
         if let Err(r) = self.sb.begin_record(&record, self.record_file.as_ref()) {
             let checks = self.plan.actions.iter().map(|_| Err(r.clone())).collect();

@@ -128,11 +128,11 @@ pub struct InflightRecord {
     /// a record an older version wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced: Option<bool>,
-    /// For a rollback, the action whose restore it began last (empty before the first),
-    /// written on the record before it touches that action's target, not synced: a
-    /// start in the same boot credits no other step without its restore's mark with a
-    /// restore, whatever its file holds (someone may have changed it while the process
-    /// was down). `None` for a run, and in a record an older version wrote.
+    /// The action whose restore a rollback, or a run undoing its own writes, began last
+    /// (empty before the first), written on the record before it touches that action's
+    /// target, not synced: a start in the same boot credits no other step without its
+    /// restore's mark with a restore, whatever its file holds (someone may have changed
+    /// it while the process was down). `None` in a record an older version wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restoring: Option<String>,
 }
@@ -203,6 +203,17 @@ impl InflightRecord {
     /// Whether the run finished in this boot of the machine.
     fn finished_this_boot(&self) -> bool {
         self.finished && self.this_boot()
+    }
+
+    /// Whether the record, written in this boot, names a step under way other than
+    /// `action_id`'s (see [`InflightRecord::restoring`]): that action's target was not
+    /// being restored when the process died, whatever it holds now.
+    fn names_another_step(&self, action_id: &str) -> bool {
+        self.this_boot()
+            && self
+                .restoring
+                .as_ref()
+                .is_some_and(|step| step != action_id)
     }
 
     /// Whether the record was written in this boot of the machine.

@@ -167,12 +167,7 @@ impl Sandbox {
         // else put it there (the record's step, not synced, is read in the same boot
         // only). Only that one can have been made and left unmarked, unless its mark
         // could not be written.
-        if rec.this_boot()
-            && rec
-                .restoring
-                .as_ref()
-                .is_some_and(|step| *step != meta.action_id)
-        {
+        if rec.names_another_step(&meta.action_id) {
             return DeadRestore::NotMade;
         }
         let current = now.checksum();

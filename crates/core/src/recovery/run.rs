@@ -273,7 +273,7 @@ impl Sandbox {
             report.completed += 1;
             return true;
         }
-        self.stands_finished(i, meta, current, outcome)
+        self.stands_finished(run.rec, i, meta, current, outcome)
     }
 
     /// Settles a never-audited action of the dead run whose target was changed since by
@@ -346,6 +346,7 @@ impl Sandbox {
     /// says of it); if not, it is to be undone.
     fn stands_finished(
         &self,
+        rec: &InflightRecord,
         i: usize,
         meta: &crate::snapshot::SnapshotMeta,
         current: Option<String>,
@@ -360,17 +361,22 @@ impl Sandbox {
             }),
             // Audited as done: undone only if the target is back to what it held
             // before (with batched syncs the audit line can reach the disk before the
-            // target). Anything else is the result, or a later change by someone
-            // else, which is theirs to keep.
+            // target), and, in the boot the run died in, only for the action the run
+            // was undoing then (its record names it): the trail's line comes after
+            // the write, so the file of another was put back by someone else. Anything
+            // else is the result, or a later change by someone else, which is theirs
+            // to keep.
             // A directory made has no checksum to compare: it is done while it
             // stands, and undone once gone again as the action found it (the dead run
             // was rolling back its failure; the restore finishes and records that).
             Some(Some(_)) if meta.is_directory_action() => {
                 !self.back_to_before(i, meta, current.as_deref())
+                    || rec.names_another_step(&meta.action_id)
             }
             Some(Some(after)) => {
                 current == *after
                     || !self.back_to_before(i, meta, current.as_deref())
+                    || rec.names_another_step(&meta.action_id)
                     || self.put_back_by_another(i, meta, &current, true)
             }
             Some(None) => true,

@@ -4822,3 +4822,71 @@ fn a_rollback_that_cannot_read_its_record_restores_nothing() {
     assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A run killed after a finished action: the action's file removed by hand while the
+/// process was down is someone's change, not the run's undo (it was recorded rolled
+/// back, the trail crediting the runtime with the removal). In a later boot the
+/// record's step under way may be older than the last: judged by the file, as before.
+#[test]
+fn a_finished_actions_file_removed_by_hand_after_a_kill_is_not_taken_for_an_undo() {
+    for earlier_boot in [false, true] {
+        let w = World::new();
+        let sb = w.open(w.writable_config());
+        sb.failpoints().arm_crash("before_mutate", 2);
+        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run(
+                &sb,
+                json!({"workflow_id": "wf_k", "actions": two_created()}),
+            )
+        }));
+        assert!(died.is_err(), "the run dies before its second write");
+        drop(sb);
+        std::fs::remove_file(w.path("a.txt")).unwrap();
+        if earlier_boot {
+            let mut rec = run_record(&w, "wf_k");
+            rec["boot"] = json!("an-earlier-boot");
+            std::fs::write(w.state.join("inflight/wf_k.json"), rec.to_string()).unwrap();
+        }
+        let sb = w.open(w.writable_config());
+        let told = sb.notices().join("\n");
+        let mut undone = rolled_back_ids(&sb, "wf_k");
+        undone.sort();
+        // a2, never written, is undone either way.
+        if earlier_boot {
+            assert_eq!(undone, ["a1", "a2"], "{told}");
+            assert!(told.contains("2 unfinished actions rolled back"), "{told}");
+        } else {
+            assert_eq!(undone, ["a2"], "{told}");
+            assert!(told.contains("1 unfinished action rolled back"), "{told}");
+        }
+        assert!(!w.path("a.txt").exists() && !w.path("b.txt").exists());
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
+/// A run killed while undoing an action whose success line it had written (its sync
+/// failed) names that action on its record first: the next start in the same boot
+/// takes the file put back for the run's own undo and records it, as it did before
+/// files found put back were told from someone's change.
+#[test]
+fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
+    let w = World::new();
+    let sb = w.open(batched(&w));
+    // The second sync point is the one after the action's success line.
+    sb.failpoints().arm("batch_sync", 2);
+    sb.failpoints().arm_crash("after_restore", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_u", "actions": [
+                {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]}),
+        )
+    }));
+    assert!(died.is_err(), "the run dies after its undo's restore");
+    drop(sb);
+    assert!(!w.path("d/a.txt").exists());
+    let sb = w.open(batched(&w));
+    let told = sb.notices().join("\n");
+    assert_eq!(rolled_back_ids(&sb, "wf_u"), ["u1"], "{told}");
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -239,15 +239,22 @@ impl Sandbox {
         };
         // The files of the steps whose records may not be durable yet.
         let mut on_file: HashSet<(usize, String)> = HashSet::new();
-        // This rollback's record, held open: it names each step before its target is
-        // touched. (A run's own undo of a failed action goes on its run record, which
-        // names none.)
+        // The rollback's record (or the run's, for its own undo), held open: it names
+        // each step before its target is touched. A run's undo of one failed action
+        // goes on unnamed when its record cannot be read: not undone, the failure
+        // would leave its change.
         let mut record = match why {
             crate::metrics::RollbackReason::Manual
             | crate::metrics::RollbackReason::WorkflowFailed => {
                 self.rollback_record_open(workflow_id, execution_id)
             }
-            _ => Ok(None),
+            crate::metrics::RollbackReason::ActionFailed => self
+                .rollback_record_open(workflow_id, execution_id)
+                .or_else(|r| {
+                    tracing::warn!(reason = %r.reason, "a failed action is undone without naming it on its run's record");
+                    Ok(None)
+                }),
+            crate::metrics::RollbackReason::Recovery => Ok(None),
         };
         for (i, s) in snaps {
             let meta = s.meta;
