@@ -3326,14 +3326,12 @@ fn an_earlier_run_of_the_workflow_timed_later_is_no_change_since() {
     assert_eq!(status(&r), "success", "{r:?}");
     w.clock.advance(chrono::Duration::hours(-1));
     sb.failpoints().arm_crash("after_mutate", 1);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run(
-            &sb,
-            json!({"workflow_id": "wf_t", "actions": [
-                {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "b2"}]}),
-        )
-    }));
-    assert!(died.is_err(), "the run dies after its write");
+    run_dies(
+        &sb,
+        json!({"workflow_id": "wf_t", "actions": [
+            {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "b2"}]}),
+        "the run dies after its write",
+    );
     drop(sb);
     let sb = w.sandbox();
     assert_eq!(w.read("g.txt"), b"a1", "b2's write undone");
@@ -4641,15 +4639,13 @@ fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
         let original = w.tree();
         let sb = w.open(w.writable_config());
         sb.failpoints().arm_crash("before_mutate", 2);
-        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            run(
-                &sb,
-                json!({"workflow_id": "wf_e", "actions": [
-                    {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
-                    {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
-            )
-        }));
-        assert!(died.is_err(), "the run dies before its second write");
+        run_dies(
+            &sb,
+            json!({"workflow_id": "wf_e", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
+                {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+            "the run dies before its second write",
+        );
         drop(sb);
         let mut emptied = vec![w.path(".rollback/wf_e/a2/meta.json")];
         if torn_record {
@@ -4833,13 +4829,11 @@ fn a_finished_actions_file_removed_by_hand_after_a_kill_is_not_taken_for_an_undo
         let w = World::new();
         let sb = w.open(w.writable_config());
         sb.failpoints().arm_crash("before_mutate", 2);
-        let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            run(
-                &sb,
-                json!({"workflow_id": "wf_k", "actions": two_created()}),
-            )
-        }));
-        assert!(died.is_err(), "the run dies before its second write");
+        run_dies(
+            &sb,
+            json!({"workflow_id": "wf_k", "actions": two_created()}),
+            "the run dies before its second write",
+        );
         drop(sb);
         std::fs::remove_file(w.path("a.txt")).unwrap();
         if earlier_boot {
@@ -4875,18 +4869,22 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     // The second sync point is the one after the action's success line.
     sb.failpoints().arm("batch_sync", 2);
     sb.failpoints().arm_crash("after_restore", 1);
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run(
-            &sb,
-            json!({"workflow_id": "wf_u", "actions": [
-                {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]}),
-        )
-    }));
-    assert!(died.is_err(), "the run dies after its undo's restore");
+    run_dies(
+        &sb,
+        json!({"workflow_id": "wf_u", "actions": [
+            {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]}),
+        "the run dies after its undo's restore",
+    );
     drop(sb);
     assert!(!w.path("d/a.txt").exists());
     let sb = w.open(batched(&w));
     let told = sb.notices().join("\n");
     assert_eq!(rolled_back_ids(&sb, "wf_u"), ["u1"], "{told}");
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Runs `plan`, which must die at the crash point armed for it (`why`: where).
+fn run_dies(sb: &ailab_sandbox_core::Sandbox, plan: serde_json::Value, why: &str) {
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| run(sb, plan)));
+    assert!(died.is_err(), "{why}");
 }
