@@ -16,6 +16,12 @@ use crate::snapshot::{
 };
 use std::collections::{HashMap, HashSet};
 
+/// A run or rollback's record, and its file held open to rewrite it in place.
+type OpenRecord = (
+    crate::recovery::InflightRecord,
+    crate::confine::state::BlockFile,
+);
+
 /// What holds for every restore of one [`Sandbox::restore_all`].
 struct Pass<'a> {
     workflow_id: &'a str,
@@ -239,46 +245,14 @@ impl Sandbox {
         };
         // The files of the steps whose records may not be durable yet.
         let mut on_file: HashSet<(usize, String)> = HashSet::new();
-        // The rollback's record (or the run's, for its own undo), held open: it names
-        // each step before its target is touched. A run's undo of one failed action
-        // goes on unnamed when its record cannot be read: not undone, the failure
-        // would leave its change.
-        let mut record = match why {
-            crate::metrics::RollbackReason::Manual
-            | crate::metrics::RollbackReason::WorkflowFailed => {
-                self.rollback_record_open(workflow_id, execution_id)
-            }
-            crate::metrics::RollbackReason::ActionFailed => self
-                .rollback_record_open(workflow_id, execution_id)
-                .or_else(|r| {
-                    tracing::warn!(reason = %r.reason, "a failed action is undone without naming it on its run's record");
-                    Ok(None)
-                }),
-            crate::metrics::RollbackReason::Recovery => Ok(None),
-        };
+        let mut record = self.steps_record(why, workflow_id, execution_id);
         for (i, s) in snaps {
             let meta = s.meta;
             let before = self.found_before(&pass, i, &meta);
             let key = (i, meta.original_path.clone());
             let newer_failed = targets.newer_failed(&key, force);
-            // Under batched syncs a step's mark and line wait for the next sync point,
-            // and a restore's own syncs would put an older step's restore of the same
-            // file on the disk ahead of them: a power cut then leaves the file as
-            // neither step left it unrecorded, which recovery's walk (a file's newest
-            // unrecorded step first) cannot follow. The records go first.
-            let ahead = if self.stages_writes() && on_file.contains(&key) {
-                on_file.clear();
-                self.sync_point().map_err(|r| (r, false))
-            } else {
-                Ok(())
-            };
-            let made = ahead
-                .and_then(|()| match &mut record {
-                    Ok(record) => self.begin_step(record.as_mut(), &meta),
-                    // Unnamed, a step made and left unmarked would be taken for
-                    // someone's change: none is made.
-                    Err(r) => Err((r.clone(), false)),
-                })
+            let made = self
+                .before_step(&mut record, &mut on_file, &key, &meta)
                 .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
             let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
@@ -367,6 +341,55 @@ impl Sandbox {
         steps
     }
 
+    /// The record that names a pass's steps (see [`Sandbox::before_step`]): the
+    /// rollback's, or the run's for its own undo, held open. A run's undo of one failed
+    /// action goes on unnamed when its record cannot be read: not undone, the failure
+    /// would leave its change. Recovery's passes name none.
+    fn steps_record(
+        &self,
+        why: crate::metrics::RollbackReason,
+        workflow_id: &str,
+        execution_id: &str,
+    ) -> Result<Option<OpenRecord>, Refusal> {
+        use crate::metrics::RollbackReason;
+        match why {
+            RollbackReason::Manual | RollbackReason::WorkflowFailed => {
+                self.rollback_record_open(workflow_id, execution_id)
+            }
+            RollbackReason::ActionFailed => self
+                .rollback_record_open(workflow_id, execution_id)
+                .or_else(|r| {
+                    tracing::warn!(reason = %r.reason, "a failed action is undone without naming it on its run's record");
+                    Ok(None)
+                }),
+            RollbackReason::Recovery => Ok(None),
+        }
+    }
+
+    /// What comes before a step touches its file `key`: under batched syncs, a sync
+    /// point when an earlier step restored that file (a step's mark and line wait for
+    /// the next one, and a restore's own syncs would put this step's restore on the
+    /// disk ahead of them: a power cut would leave the file as neither step left it,
+    /// unrecorded, which recovery's walk, a file's newest unrecorded step first, cannot
+    /// follow); then the step named on `record`. A record that could not be read makes
+    /// no step: one made unnamed and left unmarked would be taken for someone's change.
+    fn before_step(
+        &self,
+        record: &mut Result<Option<OpenRecord>, Refusal>,
+        on_file: &mut HashSet<(usize, String)>,
+        key: &(usize, String),
+        meta: &SnapshotMeta,
+    ) -> Result<(), (Refusal, bool)> {
+        if self.stages_writes() && on_file.contains(key) {
+            on_file.clear();
+            self.sync_point().map_err(|r| (r, false))?;
+        }
+        match record {
+            Ok(record) => self.begin_step(record.as_mut(), meta),
+            Err(r) => Err((r.clone(), false)),
+        }
+    }
+
     /// The rollback `execution_id`'s record of `workflow_id`, held open, when it names
     /// its steps (`None`: a failed run's own rollback whose failed action's undo failed
     /// keeps its run record, which names none); a record that cannot be read refuses
@@ -375,13 +398,7 @@ impl Sandbox {
         &self,
         workflow_id: &str,
         execution_id: &str,
-    ) -> Result<
-        Option<(
-            crate::recovery::InflightRecord,
-            crate::confine::state::BlockFile,
-        )>,
-        Refusal,
-    > {
+    ) -> Result<Option<OpenRecord>, Refusal> {
         let unread = |why: String| {
             Refusal::new(
                 ReasonCode::IoError,
@@ -409,10 +426,7 @@ impl Sandbox {
     /// page cache; after a crash of the machine every step is judged by its file).
     fn begin_step(
         &self,
-        record: Option<&mut (
-            crate::recovery::InflightRecord,
-            crate::confine::state::BlockFile,
-        )>,
+        record: Option<&mut OpenRecord>,
         meta: &SnapshotMeta,
     ) -> Result<(), (Refusal, bool)> {
         let Some((record, file)) = record else {
