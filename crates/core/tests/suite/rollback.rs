@@ -2151,7 +2151,8 @@ fn a_prune_of_more_workflows_than_a_batch_prunes_them_all() {
 
 /// Prune marks not made durable remove nothing: every workflow of the batch is reported
 /// failed and keeps its snapshots, a rollback says to finish the prune, and the next
-/// prune does.
+/// prune does; one written to since is kept young by it, and its later action rolls back
+/// alone, as the refusal says (which said only to run prune again).
 #[test]
 fn a_prune_whose_marks_cannot_be_synced_removes_nothing() {
     let w = World::new();
@@ -2193,14 +2194,25 @@ fn a_prune_whose_marks_cannot_be_synced_removes_nothing() {
         );
         assert!(w.path(&format!("{wf}.txt")).exists(), "{wf}");
     }
+    // Written to since, wf_s2 is young for a prune, and its later action rolls back
+    // alone, as the refusal says.
+    let later = json!({"workflow_id": "wf_s2", "actions": [
+        {"action_id": "later", "intent": "create_file", "path": "later.txt", "content": "l"}]});
+    assert_eq!(status(&run(&sb, later)), "success");
+    let rb = sb.rollback_workflow("wf_s2", &RollbackOptions::default());
+    let why = rb.reason.unwrap_or_default();
+    assert!(
+        why.contains("later ones can, one action at a time"),
+        "{why}"
+    );
     let again = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
         .unwrap();
-    assert_eq!(again.workflows_pruned, ["wf_s1", "wf_s2"], "{again:?}");
-    assert_eq!(
-        std::fs::read_dir(w.root.join(".rollback")).unwrap().count(),
-        0
-    );
+    assert_eq!(again.workflows_pruned, ["wf_s1"], "{again:?}");
+    assert_eq!(again.workflows_kept, 1, "{again:?}");
+    let rb = rollback_action(&sb, "wf_s2", "later", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.root.join("later.txt").exists());
 }
 
 /// Workflows `ids`, each having written `{id}.txt`, ten days old.

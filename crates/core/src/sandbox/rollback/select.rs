@@ -910,7 +910,7 @@ fn half_pruned(workflow_id: &str) -> RollbackRefusal {
     (
         ReasonCode::NoRollbackData,
         format!(
-            "a prune of workflow {} stopped half way, so its snapshots may be gone or going; run prune again to finish it: the writes it covered can no longer be rolled back (later ones can)",
+            "a prune of workflow {} stopped half way, so its snapshots may be gone or going; run prune again to finish it: the writes it covered can no longer be rolled back (later ones can, one action at a time; a prune takes a workflow written to since only once that write is older than its age)",
             shown_path(workflow_id)
         ),
         Vec::new(),
