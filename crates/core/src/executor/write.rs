@@ -350,8 +350,13 @@ impl SandboxWriteExecutor<'_> {
         match (&w.staged_name, &w.bytes) {
             (Some(name), Some(b)) => match root
                 .stage_write(&w.rel, name, b, w.mode, w.stamp.filter(|_| !w.no_replace))
-                .and_then(|st| sb.cover_for_sync(st.dir()).map(|()| st))
-            {
+                .and_then(|st| match sb.cover_for_sync(st.dir()) {
+                    Ok(()) => Ok(st),
+                    Err(r) => {
+                        st.discard();
+                        Err(r)
+                    }
+                }) {
                 Ok(st) => Ok(Some(st)),
                 Err(r) => {
                     self.undo_refused(snap, &w.left, &r);

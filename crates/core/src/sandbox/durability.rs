@@ -67,23 +67,19 @@ impl Sandbox {
 
     /// Makes the next sync points cover the filesystem of `dir`, a directory the
     /// pipeline just wrote into (a no-op unless syncs are batched).
+    /// A folder on a filesystem no sync point reaches (a FUSE mount inside a root) is
+    /// refused, in words that say so: a write staged there could never be made durable.
     pub(crate) fn cover_for_sync(&self, dir: &cap_std::fs::Dir) -> Verdict {
         match &self.batch_sync {
-            Some(s) => s.cover(dir).map_err(|e| {
-                crate::reason::Refusal::new(
-                    ReasonCode::IoError,
-                    format!(
-                        "could not open the target's filesystem for syncing: {}",
-                        crate::error::io_words(&e)
-                    ),
-                )
-            }),
+            Some(s) => s.cover(dir).map_err(|e| cover_refusal(&e)),
             None => Ok(()),
         }
     }
 
     /// [`Sandbox::cover_for_sync`] for the nearest existing directory above `rel` (a
-    /// restore may have removed the directories an action created).
+    /// restore may have removed the directories an action created). A restore into a
+    /// folder no sync point reaches (FUSE) has that folder synced on its own instead,
+    /// as under `strict`: refused, its file could never be put back.
     pub(crate) fn cover_target(&self, root: usize, rel: &RelPath) -> Verdict {
         if !self.stages_writes() {
             return Ok(());
@@ -93,7 +89,23 @@ impl Sandbox {
             if let Ok((dir, _)) =
                 self.roots[root].open_parent(&RelPath::from_components(comps.clone()), false, false)
             {
-                return self.cover_for_sync(&dir);
+                let Some(s) = &self.batch_sync else {
+                    return Ok(());
+                };
+                return match s.cover(&dir) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                        crate::confine::root::sync_dir(&dir).map_err(|e| {
+                            crate::reason::Refusal::new(
+                                ReasonCode::IoError,
+                                format!(
+                                    "could not sync the target's folder: {}",
+                                    crate::error::io_words(&e)
+                                ),
+                            )
+                        })
+                    }
+                    r => r.map_err(|e| cover_refusal(&e)),
+                };
             }
             comps.pop();
         }
@@ -516,4 +528,18 @@ impl Sandbox {
                 )
             })
     }
+}
+
+/// Why a folder could not be covered by the sync points: the filesystem's own words
+/// when no sync point reaches it (FUSE), else the error's.
+fn cover_refusal(e: &std::io::Error) -> crate::reason::Refusal {
+    let words = if e.kind() == std::io::ErrorKind::Unsupported {
+        e.to_string()
+    } else {
+        format!(
+            "could not open the target's filesystem for syncing: {}",
+            crate::error::io_words(e)
+        )
+    };
+    crate::reason::Refusal::new(ReasonCode::IoError, words)
 }
