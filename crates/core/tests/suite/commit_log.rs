@@ -8,7 +8,6 @@ use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::audit::AuditStatus;
 use ailab_sandbox_core::sandbox::RollbackOptions;
 use serde_json::json;
-use std::panic::AssertUnwindSafe;
 
 type Tree = std::collections::BTreeMap<String, Option<Vec<u8>>>;
 
@@ -45,13 +44,6 @@ fn open_failing_a_replayed_write(w: &World) -> ailab_sandbox_core::Sandbox {
         armed,
     )
     .unwrap()
-}
-
-/// Runs `plan` and makes it die at the `nth` hit of `point`.
-fn run_killed(sb: &ailab_sandbox_core::Sandbox, p: serde_json::Value, point: &str, nth: u32) {
-    sb.failpoints().arm_crash(point, nth);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(p))));
-    assert!(outcome.is_err(), "the run dies at {point}");
 }
 
 fn three_writes() -> serde_json::Value {

@@ -3325,12 +3325,12 @@ fn an_earlier_run_of_the_workflow_timed_later_is_no_change_since() {
     );
     assert_eq!(status(&r), "success", "{r:?}");
     w.clock.advance(chrono::Duration::hours(-1));
-    sb.failpoints().arm_crash("after_mutate", 1);
-    run_dies(
+    run_killed(
         &sb,
         json!({"workflow_id": "wf_t", "actions": [
             {"action_id": "b2", "intent": "replace_file", "path": "g.txt", "content": "b2"}]}),
-        "the run dies after its write",
+        "after_mutate",
+        1,
     );
     drop(sb);
     let sb = w.sandbox();
@@ -4638,13 +4638,13 @@ fn a_snapshot_whose_metadata_a_power_cut_emptied_is_removed_as_unfinished() {
         w.write("a.txt", b"alpha\n");
         let original = w.tree();
         let sb = w.open(w.writable_config());
-        sb.failpoints().arm_crash("before_mutate", 2);
-        run_dies(
+        run_killed(
             &sb,
             json!({"workflow_id": "wf_e", "actions": [
                 {"action_id": "a1", "intent": "create_file", "path": "b.txt", "content": "beta\n"},
                 {"action_id": "a2", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
-            "the run dies before its second write",
+            "before_mutate",
+            2,
         );
         drop(sb);
         let mut emptied = vec![w.path(".rollback/wf_e/a2/meta.json")];
@@ -4828,11 +4828,11 @@ fn a_finished_actions_file_removed_by_hand_after_a_kill_is_not_taken_for_an_undo
     for earlier_boot in [false, true] {
         let w = World::new();
         let sb = w.open(w.writable_config());
-        sb.failpoints().arm_crash("before_mutate", 2);
-        run_dies(
+        run_killed(
             &sb,
             json!({"workflow_id": "wf_k", "actions": two_created()}),
-            "the run dies before its second write",
+            "before_mutate",
+            2,
         );
         drop(sb);
         std::fs::remove_file(w.path("a.txt")).unwrap();
@@ -4868,12 +4868,12 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     let sb = w.open(batched(&w));
     // The second sync point is the one after the action's success line.
     sb.failpoints().arm("batch_sync", 2);
-    sb.failpoints().arm_crash("after_restore", 1);
-    run_dies(
+    run_killed(
         &sb,
         json!({"workflow_id": "wf_u", "actions": [
             {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]}),
-        "the run dies after its undo's restore",
+        "after_restore",
+        1,
     );
     drop(sb);
     assert!(!w.path("d/a.txt").exists());
@@ -4881,10 +4881,4 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     let told = sb.notices().join("\n");
     assert_eq!(rolled_back_ids(&sb, "wf_u"), ["u1"], "{told}");
     assert!(sb.audit_verify().unwrap().ok);
-}
-
-/// Runs `plan`, which must die at the crash point armed for it (`why`: where).
-fn run_dies(sb: &ailab_sandbox_core::Sandbox, plan: serde_json::Value, why: &str) {
-    let died = std::panic::catch_unwind(AssertUnwindSafe(|| run(sb, plan)));
-    assert!(died.is_err(), "{why}");
 }

@@ -345,3 +345,10 @@ pub fn without_dac_override<T>(f: impl FnOnce() -> T) -> T {
     set_capabilities(None, held).unwrap();
     out.unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
+
+/// Runs `plan` and makes it die at the `nth` hit of the crash point `point`.
+pub fn run_killed(sb: &Sandbox, p: serde_json::Value, point: &str, nth: u32) {
+    sb.failpoints().arm_crash(point, nth);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sb.run_plan(plan(p))));
+    assert!(outcome.is_err(), "the run dies at {point}");
+}
