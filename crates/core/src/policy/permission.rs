@@ -104,9 +104,13 @@ const SHELL_TOOLS: [&str; 72] = [
 /// `nice make`, `ls && make`, `$(make)`, `docker run img`, `py -3`). Build tools and
 /// container runners run what their files or images say, and so do the tools that
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
-/// `expect` runs its scripts.
-const RUNNERS_ALONE: [&str; 28] = [
+/// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
+/// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
+const RUNNERS_ALONE: [&str; 31] = [
     "expect",
+    "screen",
+    "aws",
+    "gcloud",
     "terraform",
     "helm",
     "ansible",
@@ -318,10 +322,10 @@ const RUNNERS: [&str; 6] = [
 /// Endings of names of tools that run code, commands or what their files say, which
 /// the rules above do not catch: a notebook's cell, a script in a browser, keys typed
 /// into a terminal, a new process, a playbook, a manifest or plan applied, a chart
-/// installed, a function invoked (`execute_cell`, `mcp__jupyter__execute_cell`,
-/// `Run Cell`, `browser_evaluate`, `kubectl_apply`). At the name's end only:
-/// `execute_cell_notes` writes notes.
-const RUNNER_ENDINGS: [[&str; 2]; 16] = [
+/// installed, a function invoked, a cloud's command line (`execute_cell`,
+/// `mcp__jupyter__execute_cell`, `Run Cell`, `browser_evaluate`, `kubectl_apply`,
+/// `aws_cli`). At the name's end only: `execute_cell_notes` writes notes.
+const RUNNER_ENDINGS: [[&str; 2]; 19] = [
     ["execute", "cell"],
     ["run", "cell"],
     ["jupyter", "execute"],
@@ -338,6 +342,9 @@ const RUNNER_ENDINGS: [[&str; 2]; 16] = [
     ["compose", "up"],
     ["gradle", "run"],
     ["invoke", "lambda"],
+    ["aws", "cli"],
+    ["gcloud", "cli"],
+    ["azure", "cli"],
 ];
 
 /// What a script is called by: a tool that is a script runs commands.
