@@ -4819,6 +4819,42 @@ fn a_rollback_that_cannot_read_its_record_restores_nothing() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A failed action whose run's record cannot be read is not undone, and says so: a
+/// restore made unnamed, the process dying before its mark, would be taken by the next
+/// start for someone's change, the action's success line left standing over its file
+/// removed. Its change stays until a rollback, which then goes through unforced.
+#[test]
+fn a_failed_actions_undo_that_cannot_name_itself_leaves_its_change() {
+    let w = World::new();
+    let sb = w.open(batched(&w));
+    // The sync after u1's success line fails, then its record cannot be opened; a
+    // death right after an undo's restore, were one made.
+    sb.failpoints().arm("batch_sync", 2);
+    sb.failpoints().arm("open_rollback_record", 1);
+    sb.failpoints().arm_crash("after_restore", 1);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_u", "actions": [
+            {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]})))
+    }))
+    .expect("no restore is made, so none dies after one")
+    .unwrap();
+    let a = &r.actions[0];
+    assert_eq!(a.status.as_str(), "failed", "{r:?}");
+    let why = a.reason.clone().unwrap_or_default();
+    assert!(
+        why.contains("could not read the rollback's record"),
+        "{why}"
+    );
+    assert_eq!(w.read("d/a.txt"), b"alpha\n");
+    drop(sb);
+    let sb = w.open(batched(&w));
+    let rb = sb.rollback_workflow("wf_u", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?} {:?}", sb.notices());
+    assert!(!w.path("d/a.txt").exists());
+    assert_eq!(rolled_back_ids(&sb, "wf_u"), ["u1"]);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A run killed after a finished action: the action's file removed by hand while the
 /// process was down is someone's change, not the run's undo (it was recorded rolled
 /// back, the trail crediting the runtime with the removal). In a later boot the

@@ -342,27 +342,25 @@ impl Sandbox {
     }
 
     /// The record that names a pass's steps (see [`Sandbox::before_step`]): the
-    /// rollback's, or the run's for its own undo, held open. A run's undo of one failed
-    /// action goes on unnamed when its record cannot be read: not undone, the failure
-    /// would leave its change. Recovery's passes name none.
+    /// rollback's, or the run's for its own undo, held open. A record that cannot be
+    /// read refuses the steps, a run's undo of its failed action's too: the run's record
+    /// says no step is under way, so a restore made unnamed, were the process to die
+    /// before its mark, would be taken by a start in this boot for someone's change and
+    /// the action's success line left standing over a file it no longer describes. Its
+    /// change stays, said so, for a rollback once the state directory reads again.
+    /// Recovery's passes name none.
     fn steps_record(
         &self,
         why: crate::metrics::RollbackReason,
         workflow_id: &str,
         execution_id: &str,
     ) -> Result<Option<OpenRecord>, Refusal> {
-        use crate::metrics::RollbackReason;
+        use crate::metrics::RollbackReason as Why;
         match why {
-            RollbackReason::Manual | RollbackReason::WorkflowFailed => {
+            Why::Manual | Why::WorkflowFailed | Why::ActionFailed => {
                 self.rollback_record_open(workflow_id, execution_id)
             }
-            RollbackReason::ActionFailed => self
-                .rollback_record_open(workflow_id, execution_id)
-                .or_else(|r| {
-                    tracing::warn!(reason = %r.reason, "a failed action is undone without naming it on its run's record");
-                    Ok(None)
-                }),
-            RollbackReason::Recovery => Ok(None),
+            Why::Recovery => Ok(None),
         }
     }
 
