@@ -106,8 +106,9 @@ const SHELL_TOOLS: [&str; 72] = [
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
 /// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
 /// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
-const RUNNERS_ALONE: [&str; 31] = [
+const RUNNERS_ALONE: [&str; 32] = [
     "expect",
+    "pulumi",
     "screen",
     "aws",
     "gcloud",
@@ -319,18 +320,23 @@ const RUNNERS: [&str; 6] = [
     "execute_python",
 ];
 
-/// Endings of names of tools that run code, commands or what their files say, which
-/// the rules above do not catch: a notebook's cell, a script in a browser, keys typed
-/// into a terminal, a new process, a playbook, a manifest or plan applied, a chart
-/// installed, a function invoked, a cloud's command line (`execute_cell`,
-/// `mcp__jupyter__execute_cell`, `Run Cell`, `browser_evaluate`, `kubectl_apply`,
-/// `aws_cli`). At the name's end only: `execute_cell_notes` writes notes.
-const RUNNER_ENDINGS: [[&str; 2]; 19] = [
-    ["execute", "cell"],
-    ["run", "cell"],
+/// Pairs of parts that name a tool that runs code, commands or what its files say,
+/// which the rules above do not catch: a script in a browser or a page, keys typed into
+/// a terminal, a new process, a playbook, a manifest or plan applied, a chart installed
+/// or upgraded, a function invoked, a cloud's command line (`browser_evaluate`,
+/// `puppeteer_evaluate`, `send_keys`, `kubectl_apply`, `aws_cli`). At the name's end or
+/// before what qualifies the run (`kubectl_apply_manifest`, `send_keys_to_pane`,
+/// `terraform_apply_auto_approve`), not before a thing written ([`WRITTEN`]:
+/// `send_keys_doc`, `aws_cli_notes`). A notebook's cells are [`runs_cells`]'.
+const RUNNER_PAIRS: [[&str; 2]; 26] = [
     ["jupyter", "execute"],
     ["evaluate", "script"],
+    ["evaluate", "javascript"],
+    ["evaluate", "js"],
     ["browser", "evaluate"],
+    ["page", "evaluate"],
+    ["puppeteer", "evaluate"],
+    ["playwright", "evaluate"],
     ["send", "keys"],
     ["create", "process"],
     ["launch", "app"],
@@ -339,13 +345,71 @@ const RUNNER_ENDINGS: [[&str; 2]; 19] = [
     ["kubectl", "apply"],
     ["terraform", "apply"],
     ["helm", "install"],
+    ["helm", "upgrade"],
+    ["pulumi", "up"],
     ["compose", "up"],
     ["gradle", "run"],
     ["invoke", "lambda"],
+    ["lambda", "invoke"],
+    ["invoke", "function"],
     ["aws", "cli"],
     ["gcloud", "cli"],
     ["azure", "cli"],
 ];
+
+/// Things written about a run rather than running it, when they follow what names one
+/// (`execute_cell_notes`, `kubectl_apply_docs`, `create_process_diagram`).
+const WRITTEN: [&str; 22] = [
+    "notes",
+    "note",
+    "doc",
+    "docs",
+    "documentation",
+    "guide",
+    "guides",
+    "log",
+    "logs",
+    "report",
+    "reports",
+    "summary",
+    "readme",
+    "history",
+    "diagram",
+    "template",
+    "templates",
+    "checklist",
+    "tutorial",
+    "reference",
+    "results",
+    "md",
+];
+
+/// Whether the parts `seq` of a name run a notebook's cells: `run`, `exec` or `execute`
+/// before `cell` or `cells`, one word between at most (`execute_cell`, `run_all_cells`,
+/// `execute_cell_with_progress`, `mcp__jupyter__execute_cell`, `Run Cell`), not before
+/// a thing written (`execute_cell_notes`).
+fn runs_cells(seq: &[String]) -> bool {
+    let cells = |p: &String| p == "cell" || p == "cells";
+    seq.iter().enumerate().any(|(i, p)| {
+        ["run", "exec", "execute"].contains(&p.as_str())
+            && (i + 1..=i + 2)
+                .find(|&j| seq.get(j).is_some_and(cells))
+                .is_some_and(|j| !written_at(seq, j + 1))
+    })
+}
+
+/// Whether the parts `seq` of a name hold one of [`RUNNER_PAIRS`], not before a thing
+/// written.
+fn pair_names_runner(seq: &[String]) -> bool {
+    seq.windows(2).enumerate().any(|(i, w)| {
+        RUNNER_PAIRS.iter().any(|[a, b]| w[0] == *a && w[1] == *b) && !written_at(seq, i + 2)
+    })
+}
+
+/// Whether the part at `at` of `seq` names a thing written ([`WRITTEN`]).
+fn written_at(seq: &[String], at: usize) -> bool {
+    seq.get(at).is_some_and(|p| WRITTEN.contains(&p.as_str()))
+}
 
 /// What a script is called by: a tool that is a script runs commands.
 const SCRIPT_ENDINGS: [&str; 10] = [
@@ -431,13 +495,11 @@ fn parts_name_runner(words: &[&str]) -> bool {
         parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
-    let ends_so = |ending: &[&str; 2]| {
-        seq.len() >= 2 && seq[seq.len() - 2..].iter().zip(ending).all(|(p, e)| p == e)
-    };
     has(&SHELL_PARTS)
         || (has(&RUN_PARTS) && has(&RUN_WHAT))
         || run_word_names_runner(&seq)
-        || RUNNER_ENDINGS.iter().any(ends_so)
+        || pair_names_runner(&seq)
+        || runs_cells(&seq)
 }
 
 /// Whether a run word stands where it runs a shell, an interpreter or a runner, in the
@@ -451,10 +513,13 @@ fn parts_name_runner(words: &[&str]) -> bool {
 fn run_word_names_runner(seq: &[String]) -> bool {
     let run = |p: &str| RUN_PARTS.contains(&p);
     // An interpreter's or a runner's name (`ctr` beside a run word is more often a
-    // click-through rate: `run_ctr_report`).
+    // click-through rate, `run_ctr_report`; `expect`, `screen` and the clouds' command
+    // lines more often what is run: `run_expect_report`, `run_aws_cost_report`).
     let interprets = |p: &str| {
         let p = unversioned(p);
-        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p)) && !run(p) && p != "ctr"
+        (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p))
+            && !run(p)
+            && !["ctr", "expect", "screen", "aws", "gcloud"].contains(&p)
     };
     let runs = |p: &str| interprets(p) || RUN_NEXT.contains(&unversioned(p));
     let runs_where = |p: &str| runs(p) || RUN_WHERE.contains(&p);
