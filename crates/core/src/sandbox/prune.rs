@@ -197,8 +197,17 @@ impl Sandbox {
             .check("sync_prune_marks")
             .and_then(|()| self.state.sync_prune_marks());
         if let Err(e) = synced {
+            // The marks stand (removing them could take an earlier prune's with them):
+            // the report says what that means for the workflows' rollbacks.
+            let r = crate::Refusal::new(
+                ReasonCode::IoError,
+                format!(
+                    "could not make the prune's mark durable: {}; nothing of the workflow was removed, but its rollback is refused as pruned until a prune runs again and finishes",
+                    crate::error::state_io_words(&e)
+                ),
+            );
             for (wf, _) in &marked {
-                report.failed(wf, mark_refusal(&e));
+                report.failed(wf, r.clone());
             }
             return;
         }
