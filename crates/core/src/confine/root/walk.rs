@@ -607,9 +607,17 @@ fn make_dir(parent: &Dir, name: &str, mode: u32) -> io::Result<()> {
     match parent.create_dir_with(name, &builder) {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
-        // A parent this process may write in but not read cannot be synced.
+        // A parent this process may write in but not read cannot be synced, nor one on
+        // a filesystem that syncs no directory (EINVAL): made as before, not durably.
         Ok(()) => match super::files::sync_dir(parent) {
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::InvalidInput
+                ) =>
+            {
+                Ok(())
+            }
             r => r,
         },
     }
