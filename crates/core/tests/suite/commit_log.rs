@@ -1177,12 +1177,10 @@ fn finished_runs_of_a_killed_process_are_settled_and_never_misjudged() {
         // Killed: no last sync point.
         std::mem::forget(killed);
         for wf in ["w1", "w2"] {
-            let mut rec = run_record(&w, wf);
+            let rec = run_record(&w, wf);
             assert_eq!(rec["finished"], true, "{wf}: {rec}");
             if reboot {
-                rec["boot"] = json!("an-earlier-boot");
-                std::fs::write(w.state.join(format!("inflight/{wf}.json")), rec.to_string())
-                    .unwrap();
+                from_an_earlier_boot(&w, wf);
             }
         }
         let sb = w.open(batched(&w));
@@ -1344,10 +1342,7 @@ fn a_staged_file_whose_snapshot_a_power_cut_emptied_goes_with_it() {
             .unwrap();
         if earlier_boot {
             for wf in workflows {
-                let mut rec = run_record(&w, wf);
-                rec["boot"] = json!("an-earlier-boot");
-                std::fs::write(w.state.join(format!("inflight/{wf}.json")), rec.to_string())
-                    .unwrap();
+                from_an_earlier_boot(&w, wf);
             }
         }
         if retried {

@@ -4730,9 +4730,7 @@ fn a_file_changed_by_hand_after_a_killed_rollback_is_not_taken_for_its_restore()
         assert_eq!(w.read("b.txt"), b"beta\n");
         std::fs::remove_file(w.path("a.txt")).unwrap();
         if earlier_boot {
-            let mut rec = run_record(&w, "wf_k");
-            rec["boot"] = json!("an-earlier-boot");
-            std::fs::write(w.state.join("inflight/wf_k.json"), rec.to_string()).unwrap();
+            from_an_earlier_boot(&w, "wf_k");
         }
         let sb = w.open(w.writable_config());
         assert_noticed(&sb, "recovered interrupted rollback");
@@ -4819,6 +4817,15 @@ fn a_rollback_that_cannot_read_its_record_restores_nothing() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A plan of one write (u1, `d/a.txt` of workflow `wf_u`) whose sync after its success
+/// line will fail (the second sync point under `batched`): its run then undoes an action
+/// the trail calls done.
+fn undone_after_its_line(sb: &ailab_sandbox_core::Sandbox) -> serde_json::Value {
+    sb.failpoints().arm("batch_sync", 2);
+    json!({"workflow_id": "wf_u", "actions": [
+        {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]})
+}
+
 /// A failed action whose run's record cannot be read is not undone, and says so: a
 /// restore made unnamed, the process dying before its mark, would be taken by the next
 /// start for someone's change, the action's success line left standing over its file
@@ -4827,17 +4834,14 @@ fn a_rollback_that_cannot_read_its_record_restores_nothing() {
 fn a_failed_actions_undo_that_cannot_name_itself_leaves_its_change() {
     let w = World::new();
     let sb = w.open(batched(&w));
-    // The sync after u1's success line fails, then its record cannot be opened; a
-    // death right after an undo's restore, were one made.
-    sb.failpoints().arm("batch_sync", 2);
+    let p = undone_after_its_line(&sb);
+    // Its record cannot be opened then; a death right after an undo's restore, were
+    // one made.
     sb.failpoints().arm("open_rollback_record", 1);
     sb.failpoints().arm_crash("after_restore", 1);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sb.run_plan(plan(json!({"workflow_id": "wf_u", "actions": [
-            {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]})))
-    }))
-    .expect("no restore is made, so none dies after one")
-    .unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sb.run_plan(plan(p))))
+        .expect("no restore is made, so none dies after one")
+        .unwrap();
     let a = &r.actions[0];
     assert_eq!(a.status.as_str(), "failed", "{r:?}");
     let why = a.reason.clone().unwrap_or_default();
@@ -4873,9 +4877,7 @@ fn a_finished_actions_file_removed_by_hand_after_a_kill_is_not_taken_for_an_undo
         drop(sb);
         std::fs::remove_file(w.path("a.txt")).unwrap();
         if earlier_boot {
-            let mut rec = run_record(&w, "wf_k");
-            rec["boot"] = json!("an-earlier-boot");
-            std::fs::write(w.state.join("inflight/wf_k.json"), rec.to_string()).unwrap();
+            from_an_earlier_boot(&w, "wf_k");
         }
         let sb = w.open(w.writable_config());
         let told = sb.notices().join("\n");
@@ -4902,15 +4904,7 @@ fn a_finished_actions_file_removed_by_hand_after_a_kill_is_not_taken_for_an_undo
 fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     let w = World::new();
     let sb = w.open(batched(&w));
-    // The second sync point is the one after the action's success line.
-    sb.failpoints().arm("batch_sync", 2);
-    run_killed(
-        &sb,
-        json!({"workflow_id": "wf_u", "actions": [
-            {"action_id": "u1", "intent": "create_file", "path": "d/a.txt", "content": "alpha\n"}]}),
-        "after_restore",
-        1,
-    );
+    run_killed(&sb, undone_after_its_line(&sb), "after_restore", 1);
     drop(sb);
     assert!(!w.path("d/a.txt").exists());
     let sb = w.open(batched(&w));

@@ -243,6 +243,14 @@ pub fn run_record(w: &World, wf: &str) -> serde_json::Value {
     serde_json::from_str(text.trim_end_matches('\0')).unwrap()
 }
 
+/// Makes workflow `wf`'s run record say it was written in an earlier boot of the machine
+/// (one a crash ended), as a start after a reboot finds it.
+pub fn from_an_earlier_boot(w: &World, wf: &str) {
+    let mut rec = run_record(w, wf);
+    rec["boot"] = serde_json::json!("an-earlier-boot");
+    std::fs::write(w.state.join(format!("inflight/{wf}.json")), rec.to_string()).unwrap();
+}
+
 /// A second root beside the world's, made, and `config` with both roots.
 pub fn with_second_root(
     w: &World,
