@@ -106,7 +106,9 @@ const SHELL_TOOLS: [&str; 72] = [
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
 /// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
 /// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
-const RUNNERS_ALONE: [&str; 32] = [
+const RUNNERS_ALONE: [&str; 34] = [
+    "istioctl",
+    "argocd",
     "expect",
     "pulumi",
     "screen",
@@ -256,10 +258,19 @@ const SHELL_PARTS: [&str; 8] = [
 /// A part that runs something, and one that says what: together they name a runner of
 /// commands or code (`run_cmd`, `run_in_terminal`, `execute_code`, `run_script`,
 /// `start_process`, `desktop_commander__execute_command`, `docker_exec`,
-/// `run_container`), where either alone does not (`write_to_terminal_log`,
-/// `run_report`, `docker_docs`, `make_run_report`).
-const RUN_PARTS: [&str; 7] = [
-    "run", "exec", "execute", "spawn", "eval", "start", "interact",
+/// `run_container`, `code_execution`, `CodeExecutor`), where either alone does not
+/// (`write_to_terminal_log`, `run_report`, `docker_docs`, `make_run_report`), nor what
+/// is written about a run (`run_command_history`).
+const RUN_PARTS: [&str; 9] = [
+    "run",
+    "exec",
+    "execute",
+    "spawn",
+    "eval",
+    "start",
+    "interact",
+    "execution",
+    "executor",
 ];
 const RUN_WHAT: [&str; 25] = [
     "command",
@@ -311,7 +322,8 @@ const RUN_IN: [&str; 6] = ["in", "on", "inside", "via", "with", "using"];
 const RUN_LAST: [&str; 4] = ["run", "exec", "execute", "spawn"];
 
 /// Whole names of runners that the rules above do not catch.
-const RUNNERS: [&str; 6] = [
+const RUNNERS: [&str; 7] = [
+    "e2b_data_analysis",
     "invoke_expression",
     "os.system",
     "child_process.exec",
@@ -321,14 +333,40 @@ const RUNNERS: [&str; 6] = [
 ];
 
 /// Pairs of parts that name a tool that runs code, commands or what its files say,
-/// which the rules above do not catch: a script in a browser or a page, keys typed into
-/// a terminal, a new process, a playbook, a manifest or plan applied, a chart installed
-/// or upgraded, a function invoked, a cloud's command line (`browser_evaluate`,
-/// `puppeteer_evaluate`, `send_keys`, `kubectl_apply`, `aws_cli`). At the name's end or
+/// which the rules above do not catch: a script in a browser or a page, keys or text
+/// typed into a terminal, a new process, a playbook, a manifest or plan applied, a chart
+/// installed or upgraded, a function invoked, a cloud's command line, an IDE's task,
+/// tests or run configuration, a desktop automated (`browser_evaluate`,
+/// `puppeteer_evaluate`, `send_keys`, `write_to_terminal`, `kubectl_apply`,
+/// `apply_terraform`, `aws_cli`, `call_aws`, `run_task`). At the name's end or
 /// before what qualifies the run (`kubectl_apply_manifest`, `send_keys_to_pane`,
 /// `terraform_apply_auto_approve`), not before a thing written ([`WRITTEN`]:
 /// `send_keys_doc`, `aws_cli_notes`). A notebook's cells are [`runs_cells`]'.
-const RUNNER_PAIRS: [[&str; 2]; 26] = [
+const RUNNER_PAIRS: [[&str; 2]; 50] = [
+    ["off", "dyno"],
+    ["template", "apply"],
+    ["install", "helm"],
+    ["upgrade", "helm"],
+    ["apply", "terraform"],
+    ["cli", "up"],
+    ["browserbase", "evaluate"],
+    ["kubectl", "create"],
+    ["kubectl", "generic"],
+    ["local", "invoke"],
+    ["to", "terminal"],
+    ["write", "stdin"],
+    ["resources", "create"],
+    ["apply", "yaml"],
+    ["deploy", "compose"],
+    ["recreate", "container"],
+    ["call", "aws"],
+    ["use", "aws"],
+    ["extension", "az"],
+    ["automation", "script"],
+    ["computer", "control"],
+    ["run", "task"],
+    ["run", "tests"],
+    ["run", "configuration"],
     ["jupyter", "execute"],
     ["evaluate", "script"],
     ["evaluate", "javascript"],
@@ -359,7 +397,9 @@ const RUNNER_PAIRS: [[&str; 2]; 26] = [
 
 /// Things written about a run rather than running it, when they follow what names one
 /// (`execute_cell_notes`, `kubectl_apply_docs`, `create_process_diagram`).
-const WRITTEN: [&str; 22] = [
+const WRITTEN: [&str; 24] = [
+    "help",
+    "analysis",
     "notes",
     "note",
     "doc",
@@ -402,13 +442,32 @@ fn runs_cells(seq: &[String]) -> bool {
 /// written.
 fn pair_names_runner(seq: &[String]) -> bool {
     seq.windows(2).enumerate().any(|(i, w)| {
-        RUNNER_PAIRS.iter().any(|[a, b]| w[0] == *a && w[1] == *b) && !written_at(seq, i + 2)
+        RUNNER_PAIRS.iter().any(|[a, b]| w[0] == *a && w[1] == *b)
+            && !written_at(seq, i + 2)
+            && !business_process(seq, i + 1)
     })
 }
 
 /// Whether the part at `at` of `seq` names a thing written ([`WRITTEN`]).
 fn written_at(seq: &[String], at: usize) -> bool {
     seq.get(at).is_some_and(|p| WRITTEN.contains(&p.as_str()))
+}
+
+/// Whether the part at `at` of `seq` is a business process, not a program's
+/// (`start_process_instance`, `create_process_definition` of a workflow engine).
+fn business_process(seq: &[String], at: usize) -> bool {
+    seq.get(at).is_some_and(|p| p == "process")
+        && seq.get(at + 1).is_some_and(|p| {
+            [
+                "instance",
+                "instances",
+                "definition",
+                "definitions",
+                "model",
+                "variables",
+            ]
+            .contains(&p.as_str())
+        })
 }
 
 /// What a script is called by: a tool that is a script runs commands.
@@ -444,7 +503,10 @@ fn is_shell_tool(tool: &str) -> bool {
         None if name.trim().is_empty() => plain.as_str(),
         None => name,
     };
+    // A tool named only `execute` or `run` (Open Interpreter's) runs what it is given;
+    // beside another word it may run a query (`Execute Query`).
     words.iter().any(|w| names_runner(w))
+        || (words.len() == 1 && ["execute", "run"].contains(&base_name(words[0]).as_str()))
         || programs(line).iter().any(|w| {
             w.starts_with(|c: char| !c.is_uppercase())
                 && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
@@ -495,8 +557,15 @@ fn parts_name_runner(words: &[&str]) -> bool {
         parts.extend(of(&w.to_ascii_lowercase()));
     }
     let has = |set: &[&str]| parts.iter().any(|p| set.contains(&p.as_str()));
+    // What a run word runs, not a thing written about it (`run_command_history`) nor a
+    // business process (`start_process_instance`).
+    let what = seq.iter().enumerate().any(|(i, p)| {
+        RUN_WHAT.contains(&p.as_str()) && !written_at(&seq, i + 1) && !business_process(&seq, i)
+    }) || parts
+        .iter()
+        .any(|p| RUN_WHAT.contains(&p.as_str()) && !seq.contains(p));
     has(&SHELL_PARTS)
-        || (has(&RUN_PARTS) && has(&RUN_WHAT))
+        || (has(&RUN_PARTS) && what)
         || run_word_names_runner(&seq)
         || pair_names_runner(&seq)
         || runs_cells(&seq)
@@ -532,7 +601,8 @@ fn run_word_names_runner(seq: &[String]) -> bool {
                 (b, "exec") => {
                     !["to", "for", "the", "an", "each", "my", "our", "your"].contains(&b)
                 }
-                (b, l) if RUN_LAST.contains(&l) => runs_where(b),
+                // (`save_to_file_and_run` runs what it saved.)
+                (b, l) if RUN_LAST.contains(&l) => runs_where(b) || b == "and",
                 (b, "eval" | "interact") => interprets(b) || EVAL_LANGUAGES.contains(&b),
                 // (`start_compose` may write mail.)
                 (b, what) if run(b) || b == "invoke" => {
