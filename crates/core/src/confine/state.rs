@@ -1539,7 +1539,9 @@ pub struct FsSync {
 }
 
 /// `statfs`'s type of a FUSE filesystem, whose kernel side passes no `syncfs` on to the
-/// program that stores its files.
+/// program that stores its files. virtiofs has it too: it passes `syncfs` on since Linux
+/// 5.15, but a daemon that does not implement it answers success unsynced, which cannot
+/// be told from here.
 const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
 
 /// Refuses a filesystem a `syncfs` would not make durable (FUSE), naming `what`.
@@ -1550,7 +1552,7 @@ fn syncfs_reaches(fd: impl std::os::fd::AsFd, what: &dyn std::fmt::Display) -> i
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             format!(
-                "{what} is on a FUSE filesystem, which does not pass a whole-filesystem sync (syncfs) on to where it stores its files, so batched durability could not make writes there durable; use durability = \"strict\""
+                "{what} is on a FUSE filesystem (virtiofs is one), which does not surely pass a whole-filesystem sync (syncfs) on to where it stores its files, so batched durability could not make writes there durable; use durability = \"strict\""
             ),
         ));
     }
