@@ -1227,15 +1227,11 @@ impl Snapshotter {
     }
 
     /// Moves a workflow's snapshots in this root aside for removal, in one step, under a
-    /// name no workflow can have (durably when `durable`): from then on the workflow has
-    /// none here, and a removal that dies half way leaves only that folder, which
-    /// [`Snapshotter::sweep_pruned`] removes. Returns the folder's name, `None` when the
-    /// workflow wrote nothing in this root.
-    pub fn set_aside(
-        root: &SandboxRoot,
-        workflow_id: &str,
-        durable: bool,
-    ) -> Verdict<Option<String>> {
+    /// name no workflow can have (durable once [`Snapshotter::sync_store`] has run): from
+    /// then on the workflow has none here, and a removal that dies half way leaves only
+    /// that folder, which [`Snapshotter::sweep_pruned`] removes. Returns the folder's
+    /// name, `None` when the workflow wrote nothing in this root.
+    pub fn set_aside(root: &SandboxRoot, workflow_id: &str) -> Verdict<Option<String>> {
         let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
             return Ok(None);
         };
@@ -1243,9 +1239,6 @@ impl Snapshotter {
         match rb.rename(workflow_id, &rb, &aside) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             r => r.map_err(|e| snap_io("remove", &e))?,
-        }
-        if durable {
-            sync_dir(&rb).map_err(|e| snap_io("sync", &e))?;
         }
         Ok(Some(aside))
     }

@@ -582,8 +582,9 @@ fn parts_name_runner(words: &[&str]) -> bool {
 fn run_word_names_runner(seq: &[String]) -> bool {
     let run = |p: &str| RUN_PARTS.contains(&p);
     // An interpreter's or a runner's name (`ctr` beside a run word is more often a
-    // click-through rate, `run_ctr_report`; `expect`, `screen` and the clouds' command
-    // lines more often what is run: `run_expect_report`, `run_aws_cost_report`).
+    // click-through rate, `run_ctr_report`; after one, `expect`, `screen`, `aws` and
+    // `gcloud` more often say what a report is about: `run_expect_report`,
+    // `run_aws_cost_report`).
     let interprets = |p: &str| {
         let p = unversioned(p);
         (SHELL_TOOLS.contains(&p) || RUNNERS_ALONE.contains(&p))

@@ -77,21 +77,19 @@ impl Sandbox {
     }
 
     /// [`Sandbox::cover_for_sync`] for the nearest existing directory above `rel` (a
-    /// restore may have removed the directories an action created). A restore into a
-    /// folder no sync point reaches (FUSE) has that folder synced on its own instead,
-    /// as under `strict`: refused, its file could never be put back.
+    /// restore may have removed the directories an action created). A folder no sync
+    /// point reaches (FUSE), where a restore, a directory made or a write not staged
+    /// has landed, is synced on its own instead, as under `strict`: refused, the change
+    /// there could never be made durable.
     pub(crate) fn cover_target(&self, root: usize, rel: &RelPath) -> Verdict {
-        if !self.stages_writes() {
+        let Some(s) = &self.batch_sync else {
             return Ok(());
-        }
+        };
         let mut comps = rel.components().to_vec();
         while !comps.is_empty() {
             if let Ok((dir, _)) =
                 self.roots[root].open_parent(&RelPath::from_components(comps.clone()), false, false)
             {
-                let Some(s) = &self.batch_sync else {
-                    return Ok(());
-                };
                 return match s.cover(&dir) {
                     Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                         crate::confine::root::sync_dir(&dir).map_err(|e| {

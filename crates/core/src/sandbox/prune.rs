@@ -215,7 +215,7 @@ impl Sandbox {
         for (wf, _) in &marked {
             let mut aside = Vec::new();
             let set = self.roots.iter().enumerate().try_for_each(|(i, root)| {
-                if let Some(name) = Snapshotter::set_aside(root, wf, false)? {
+                if let Some(name) = Snapshotter::set_aside(root, wf)? {
                     aside.push((i, name));
                 }
                 Ok(())
@@ -299,7 +299,15 @@ impl Sandbox {
                 pruned.extend(holding.into_iter().map(|r| (r, seq)));
                 self.state.write_prune_mark(wf, &pruned)
             })
-            .map_err(|e| mark_refusal(&e))
+            .map_err(|e| {
+                crate::Refusal::new(
+                    ReasonCode::IoError,
+                    format!(
+                        "could not record the prune: {}",
+                        crate::error::state_io_words(&e)
+                    ),
+                )
+            })
     }
 
     /// Marks one workflow pruned (its lock held) when what can be trusted — sealed
@@ -374,15 +382,4 @@ impl Sandbox {
         self.mark_pruned(wf, holding)?;
         Ok(true)
     }
-}
-
-/// Why a prune could not be recorded.
-fn mark_refusal(e: &std::io::Error) -> crate::Refusal {
-    crate::Refusal::new(
-        ReasonCode::IoError,
-        format!(
-            "could not record the prune: {}",
-            crate::error::state_io_words(e)
-        ),
-    )
 }
