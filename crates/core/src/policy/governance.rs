@@ -231,6 +231,18 @@ pub(crate) fn check_found_kind(op: &Operation, rel: &RelPath, is_dir: bool) -> V
     }
 }
 
+/// `intent` as an operation's name would spell it: read as a person reads it (see
+/// [`super::chmod::plain`]: `ｄｅｌｅｔｅ_file` is `delete_file`), lower case, its words
+/// (split at white space, `-` and `_`) joined by `_`.
+fn fold_intent(intent: &str) -> String {
+    super::chmod::plain(intent)
+        .split(|c: char| c.is_whitespace() || c == '-' || c == '_')
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
 /// Why `intent` is refused when it names no operation (or asks for one through a shell):
 /// `chmod_forbidden`, `forbidden_intent`, `not_sandbox_write` or `unknown_operation`.
 /// Faces that offer operations by name (MCP tools) use it to refuse names they lack as a
@@ -255,11 +267,19 @@ pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
             ),
         );
     }
-    if FORBIDDEN_INTENTS.contains(&intent) {
+    // Spelt otherwise (`DELETE_FILE`, `delete-file`, ` run command`), a forbidden intent
+    // is still a probe for one, and counted as such.
+    let folded = fold_intent(intent);
+    if FORBIDDEN_INTENTS.contains(&folded.as_str()) {
+        let read_as = if folded == intent {
+            String::new()
+        } else {
+            format!(" (read as {folded})")
+        };
         return Refusal::new(
             ReasonCode::ForbiddenIntent,
             format!(
-                "the intent {} is forbidden and never executed; sandbox writes are: {allowed}",
+                "the intent {}{read_as} is forbidden and never executed; sandbox writes are: {allowed}",
                 shown_path(intent)
             ),
         );
@@ -291,10 +311,14 @@ pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !well_formed {
+        let meant = match op_for_intent(&folded) {
+            Some(op) => format!(" (names are lower case, words joined by `_`: {})", op.name),
+            None => String::new(),
+        };
         return Refusal::new(
             ReasonCode::UnknownOperation,
             format!(
-                "{} is not an operation name; sandbox writes are: {allowed}",
+                "{} is not an operation name{meant}; sandbox writes are: {allowed}",
                 shown_path(intent)
             ),
         );

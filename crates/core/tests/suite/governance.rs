@@ -143,6 +143,27 @@ fn forbidden_intents_are_forbidden_intent() {
 }
 
 #[test]
+fn a_forbidden_intent_spelt_otherwise_is_still_forbidden_intent() {
+    for intent in [
+        "DELETE_FILE",
+        "Delete_File",
+        "delete-file",
+        "run command",
+        "run_command ",
+        " Install-Package",
+        "ｄｅｌｅｔｅ_file",
+    ] {
+        let refusal = lexical(&req(intent, "x.txt"), 1).unwrap_err();
+        assert_eq!(
+            refusal.reason_code,
+            ReasonCode::ForbiddenIntent,
+            "{intent:?}"
+        );
+        assert!(refusal.reason.contains("(read as "), "{}", refusal.reason);
+    }
+}
+
+#[test]
 fn unknown_and_read_intents_are_not_sandbox_write() {
     for intent in [
         "read_file",
@@ -182,6 +203,15 @@ fn malformed_intent_strings_are_unknown_operation() {
             "{intent:?}"
         );
     }
+    // A write operation's name spelt otherwise is answered with its name.
+    let refusal = lexical(&req("Create-File", "x.txt"), 1).unwrap_err();
+    assert!(
+        refusal
+            .reason
+            .contains("(names are lower case, words joined by `_`: create_file)"),
+        "{}",
+        refusal.reason
+    );
 }
 
 #[test]

@@ -272,10 +272,12 @@ async fn bad_arguments_and_unknown_tools_are_tool_errors() {
         assert!(text(&r).contains("(chmod_forbidden)"), "{}", text(&r));
         assert_eq!(audited().await, before + n, "{tool}");
     }
-    // Any other tool the server lacks too, with the code a plan's intent gets.
+    // Any other tool the server lacks too, with the code a plan's intent gets (a
+    // forbidden intent spelt otherwise is one still).
     for (tool, code, n) in [
         ("make_coffee", "(not_sandbox_write)", 4),
-        ("DELETE_FILE", "(unknown_operation)", 5),
+        ("Make-Coffee", "(unknown_operation)", 5),
+        ("DELETE_FILE", "(forbidden_intent)", 6),
     ] {
         let r = s.err(tool, json!({"path": "x.md"})).await;
         assert!(
