@@ -299,9 +299,13 @@ fn short(v: &str) -> String {
     }
 }
 
-/// The parser's list of fields ("`a`, `b` or `c`", "one of `a`, `b`"), quoted as fields.
+/// The parser's list of fields ("`a` or `b`", "one of `a`, `b`, `c`"), quoted as fields
+/// and said as a list of what a place holds (`'old' and 'new'`): its "or" would read as
+/// a choice between fields an edit needs both of.
 fn fields(list: &str) -> String {
-    list.trim_start_matches("one of ").replace('`', "'")
+    list.trim_start_matches("one of ")
+        .replace("` or `", "` and `")
+        .replace('`', "'")
 }
 
 #[cfg(test)]
@@ -377,7 +381,7 @@ mod tests {
             ),
             (
                 r#"{"actions": [{"path": "a", "pth": 1}]}"#,
-                "action 1 has no field 'pth'; it takes 'path' or 'edits'",
+                "action 1 has no field 'pth'; it takes 'path' and 'edits'",
             ),
         ] {
             assert_eq!(words(json).as_deref(), Some(said), "{json}");
@@ -421,12 +425,12 @@ mod tests {
             ),
             (
                 r#"{"actions": [{"path": "a", "colour, expected nothing": 1}]}"#,
-                "action 1 has no field 'colour, expected nothing'; it takes 'path' or 'edits'",
+                "action 1 has no field 'colour, expected nothing'; it takes 'path' and 'edits'",
             ),
             // What a reader does not see is shown escaped.
             (
                 "{\"actions\": [{\"path\": \"a\", \"q\u{3164}\": 1}]}",
-                "action 1 has no field 'q\\u{3164}'; it takes 'path' or 'edits'",
+                "action 1 has no field 'q\\u{3164}'; it takes 'path' and 'edits'",
             ),
         ] {
             assert_eq!(words(json).as_deref(), Some(said), "{json}");
@@ -434,7 +438,7 @@ mod tests {
         let long = format!("x, expected {}", "y".repeat(3000));
         let said = words(&format!(r#"{{"actions": [{{"path": "a", "{long}": 1}}]}}"#)).unwrap();
         assert!(
-            said.len() < 300 && said.ends_with("; it takes 'path' or 'edits'"),
+            said.len() < 300 && said.ends_with("; it takes 'path' and 'edits'"),
             "{said}"
         );
     }

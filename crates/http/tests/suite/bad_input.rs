@@ -165,7 +165,7 @@ async fn unknown_query_parameters_are_400() {
     let why = v["reason"].as_str().unwrap();
     assert_eq!(
         why,
-        "the query is not valid: the query has no field 'workflow'; it takes 'limit' or 'workflow_id'",
+        "the query is not valid: the query has no field 'workflow'; it takes 'limit' and 'workflow_id'",
         "said once: {v}"
     );
     assert!(!why.contains("Failed to deserialize"), "{v}");
