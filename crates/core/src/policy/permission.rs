@@ -338,11 +338,21 @@ const RUNNERS: [&str; 7] = [
 /// installed or upgraded, a function invoked, a cloud's command line, an IDE's task,
 /// tests or run configuration, a desktop automated (`browser_evaluate`,
 /// `puppeteer_evaluate`, `send_keys`, `write_to_terminal`, `kubectl_apply`,
-/// `apply_terraform`, `aws_cli`, `call_aws`, `run_task`). At the name's end or
+/// `apply_terraform`, `aws_cli`, `call_aws`, `run_task`), a package installed (its
+/// scripts run), a proxy that calls whatever tool it is given (`execute_tool`,
+/// `use_mcp_tool`), a slash command (whose lines may run a shell). At the name's end or
 /// before what qualifies the run (`kubectl_apply_manifest`, `send_keys_to_pane`,
 /// `terraform_apply_auto_approve`), not before a thing written ([`WRITTEN`]:
 /// `send_keys_doc`, `aws_cli_notes`). A notebook's cells are [`runs_cells`]'.
-const RUNNER_PAIRS: [[&str; 2]; 50] = [
+const RUNNER_PAIRS: [[&str; 2]; 58] = [
+    ["install", "package"],
+    ["install", "packages"],
+    ["execute", "tool"],
+    ["use", "mcp"],
+    ["slash", "command"],
+    ["pulumi", "preview"],
+    ["cli", "preview"],
+    ["launch", "tool"],
     ["off", "dyno"],
     ["template", "apply"],
     ["install", "helm"],

@@ -303,6 +303,16 @@ fn shell_tools_make_any_intent_forbidden() {
         "terraform_apply_auto_approve",
         "kubectl_apply_manifest",
         "send_keys_to_pane",
+        // A package installed, a proxy calling any tool, a slash command, a program
+        // previewed by running it (Riza, Cline, Claude Code, Pulumi).
+        "pip_install_package",
+        "npm_install_packages",
+        "install_package",
+        "execute_tool",
+        "use_mcp_tool",
+        "SlashCommand",
+        "pulumi-cli-preview",
+        "Launch-Tool",
         // Real tools of public MCP servers and agents that run code or commands
         // (Kubernetes, Helm, Pulumi, Browserbase, AWS, Azure, Docker, iTerm, Codex, the
         // Anthropic and Gemini APIs, AutoGen, VS Code, JetBrains, Goose, agno, Open
@@ -460,6 +470,10 @@ fn shell_tools_make_any_intent_forbidden() {
         "run_screen_reader_check",
         "kubectl_apply_docs",
         "create_process_diagram",
+        "install_package_docs",
+        "slash_command_help",
+        "execute_tool_notes",
+        "list_mcp_tools",
         "run_cell_notes",
         "select_all_cells",
         "cell_run_history",
