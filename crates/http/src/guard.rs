@@ -154,27 +154,45 @@ pub(crate) fn header_list(
 
 /// Middleware: refuses browser requests (403) and requests without the token (401) on
 /// every route, `/healthz` included (SPEC §10), so that nothing answers a caller who does
-/// not hold the token.
+/// not hold the token. Each such refusal closes its connection (see [`closing`]).
 pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> Response {
+    match admitted(&g, &req) {
+        Some(refusal) => closing(refusal.into_response()),
+        None => next.run(req).await,
+    }
+}
+
+/// `response` with `Connection: close`, so that the connection ends once it is sent: a
+/// caller refused for who it is would otherwise keep its connection, and its place among
+/// the server's connections, by sending a request now and then (one holding no token
+/// could so take every place of a server serving other hosts).
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+/// Why the request is refused before it is routed, if it is.
+fn admitted(g: &Guard, req: &Request) -> Option<ApiError> {
     // RFC 9112 §3.2: answered 400. Served, several would pass the loopback check on one
     // Host while a proxy or the application could read another, and none would skip it.
     let hosts = req.headers().get_all(header::HOST).iter().count();
     if hosts != 1 {
-        return ApiError::bad_request(format!(
+        return Some(ApiError::bad_request(format!(
             "the request has {hosts} Host headers; this server needs exactly one (such as 'Host: localhost')"
-        ))
-        .into_response();
+        )));
     }
-    if let Some(refusal) = browser_refusal(&req, g.token_digest.is_some()) {
-        return refusal.into_response();
+    if let Some(refusal) = browser_refusal(req, g.token_digest.is_some()) {
+        return Some(refusal);
     }
     if !g.authorized(req.headers()) {
-        return ApiError::new(
+        return Some(ApiError::new(
             StatusCode::UNAUTHORIZED,
             codes::UNAUTHORIZED,
             "this server needs 'Authorization: Bearer <token>' with the configured token",
-        )
-        .into_response();
+        ));
     }
     // A transfer coding the server does not apply: read as plain, the body would differ
     // from what a proxy that applies it passed on. RFC 9112 §6.1 suggests 501; SPEC §10
@@ -182,12 +200,11 @@ pub(crate) async fn guard(State(g): State<Guard>, req: Request, next: Next) -> R
     let codings: Vec<&[u8]> = header_list(req.headers(), header::TRANSFER_ENCODING).collect();
     // `chunked` once, alone: anything else is a coding not applied (or applied twice).
     if codings.len() > 1 || codings.iter().any(|c| !c.eq_ignore_ascii_case(b"chunked")) {
-        return ApiError::bad_request(
+        return Some(ApiError::bad_request(
             "the request's Transfer-Encoding names a coding this server does not apply; send the body as is, or chunked",
-        )
-        .into_response();
+        ));
     }
-    next.run(req).await
+    None
 }
 
 #[cfg(test)]

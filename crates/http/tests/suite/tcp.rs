@@ -214,6 +214,72 @@ async fn keep_alive_serves_many_requests_on_one_connection() {
     server.stop().await;
 }
 
+/// A caller refused for who it is (no token, a web page, no loopback name) loses its
+/// connection with the answer: it held it, and its place among the server's
+/// connections, by sending a request every so often.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_refused_for_who_it_is_loses_its_connection() {
+    let with_token = env_with(Opts {
+        token: Some(TOKEN),
+        ..Opts::default()
+    });
+    let without = simulating();
+    let servers = [
+        Server::start(with_token.app.clone()).await,
+        Server::start(without.app.clone()).await,
+    ];
+    let addrs = [servers[0].addr, servers[1].addr];
+    tokio::task::spawn_blocking(move || {
+        let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+        for (addr, extra, status) in [
+            (addrs[0], String::new(), 401),
+            (
+                addrs[0],
+                format!("{auth}Origin: http://evil.example\r\n"),
+                403,
+            ),
+            (addrs[1], "Origin: null\r\n".to_owned(), 403),
+        ] {
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut r = BufReader::new(s);
+            write!(w, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n{extra}\r\n").unwrap();
+            let (got, head, body) = read_answer(&mut r);
+            assert_eq!(got, status, "{body}");
+            assert!(
+                head.iter().any(|(k, v)| k == "connection" && v == "close"),
+                "{head:?}"
+            );
+            let mut rest = Vec::new();
+            assert_eq!(
+                r.read_to_end(&mut rest).unwrap(),
+                0,
+                "the connection is closed"
+            );
+        }
+        // Served callers keep theirs.
+        let s = TcpStream::connect(addrs[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        for _ in 0..2 {
+            write!(
+                w,
+                "GET /healthz HTTP/1.1\r\nHost: {}\r\n{auth}\r\n",
+                addrs[0]
+            )
+            .unwrap();
+            assert_eq!(read_one(&mut r).0, 200);
+        }
+    })
+    .await
+    .unwrap();
+    for s in servers {
+        s.stop().await;
+    }
+}
+
 /// A client that shuts its sending side after a whole request is answered, and its plan
 /// runs: it was dropped without a word and the plan never ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
