@@ -27,6 +27,11 @@ pub const MAX_BLOCKING_THREADS: usize = 64;
 /// closes. Each holds a descriptor, and the runtime needs its own for its logs and locks.
 pub const MAX_CONNECTIONS: usize = 256;
 
+/// Most connections one remote address may hold at once, so that one host cannot take
+/// every place of a server that serves others (a server bound beyond loopback, with a
+/// token). Loopback callers are not counted apart: they all share one address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = MAX_CONNECTIONS / 4;
+
 /// How long a connection may take to send a request's headers, and how long a kept-alive
 /// connection may stay idle between requests, before it is closed.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,6 +48,9 @@ pub const WRITE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ConnLimits {
     /// Connections served at once (at least 1; default [`MAX_CONNECTIONS`]).
     pub max_connections: usize,
+    /// Connections one remote, non-loopback address may hold at once (at least 1;
+    /// default [`MAX_CONNECTIONS_PER_PEER`]); one more is closed at once.
+    pub max_per_peer: usize,
     /// See [`HEADER_READ_TIMEOUT`] (the default).
     pub header_read_timeout: Duration,
     /// See [`WRITE_STALL_TIMEOUT`] (the default).
@@ -53,6 +61,7 @@ impl Default for ConnLimits {
     fn default() -> Self {
         Self {
             max_connections: MAX_CONNECTIONS,
+            max_per_peer: MAX_CONNECTIONS_PER_PEER,
             header_read_timeout: HEADER_READ_TIMEOUT,
             write_stall_timeout: WRITE_STALL_TIMEOUT,
         }
@@ -397,6 +406,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let room = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let peers = Peers::new(limits.max_per_peer);
     // Told to every request: calls still waiting for their turn or room once the stop
     // begins give up at once (see `turns.rs`), those under way run to their end.
     let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(false);
@@ -412,10 +422,14 @@ where
             a = accept(&listener, &room) => a,
         };
         let (stream, permit) = accepted;
+        let Some(peer) = stream.peer_addr().ok().and_then(|a| peers.admit(a.ip())) else {
+            tracing::debug!(peer = ?stream.peer_addr().ok(), "a remote address holding its share of connections opened another: closed");
+            continue;
+        };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permit = (permit, peer);
             let mut builder = hyper::server::conn::http1::Builder::new();
             // A client may shut its sending side once the request is out (`nc -N`,
             // scripts): it is still answered, rather than dropped unanswered with its
@@ -455,6 +469,62 @@ where
         ),
     }
     Ok(())
+}
+
+/// The connections each remote address holds (see [`ConnLimits::max_per_peer`]).
+#[derive(Debug, Clone)]
+struct Peers {
+    most: usize,
+    held: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// A connection counted to its address until dropped (`None` for a loopback one).
+struct PeerPermit(Option<(Peers, std::net::IpAddr)>);
+
+impl Peers {
+    fn new(most: usize) -> Self {
+        Self {
+            most: most.max(1),
+            held: Arc::default(),
+        }
+    }
+
+    /// The connection's place among its address's, or `None` when the address holds
+    /// its share already.
+    fn admit(&self, ip: std::net::IpAddr) -> Option<PeerPermit> {
+        let ip = ip.to_canonical();
+        if ip.is_loopback() {
+            return Some(PeerPermit(None));
+        }
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.most {
+            return None;
+        }
+        *n += 1;
+        Some(PeerPermit(Some((self.clone(), ip))))
+    }
+}
+
+impl Drop for PeerPermit {
+    fn drop(&mut self) {
+        let Some((peers, ip)) = self.0.take() else {
+            return;
+        };
+        let mut held = peers
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = held.entry(ip) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
 }
 
 /// The next connection once there is room for it. An accept error (out of descriptors,
@@ -538,6 +608,7 @@ async fn shutdown_signal() {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -553,5 +624,28 @@ mod tests {
         assert_eq!(fitted(1024), (248, 46));
         assert_eq!(fitted(64), (8, 1));
         assert_eq!(fitted(16), (1, 1));
+    }
+
+    /// A remote address holds its share of connections at most, each given back when
+    /// dropped; others are not held back by it, nor is loopback counted.
+    #[test]
+    fn a_remote_address_holds_its_share_of_connections() {
+        let peers = Peers::new(2);
+        let one: std::net::IpAddr = "203.0.113.7".parse().unwrap();
+        let other: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        // The same address written as IPv4 mapped into IPv6 is the same peer.
+        let mapped: std::net::IpAddr = "::ffff:203.0.113.7".parse().unwrap();
+        let first = peers.admit(one).unwrap();
+        let _second = peers.admit(mapped).unwrap();
+        assert!(peers.admit(one).is_none());
+        let _others: Vec<_> = (0..2).map(|_| peers.admit(other).unwrap()).collect();
+        assert!(peers.admit(other).is_none());
+        drop(first);
+        assert!(peers.admit(one).is_some());
+        let local: Vec<_> = (0..10)
+            .map(|_| peers.admit("127.0.0.1".parse().unwrap()))
+            .collect();
+        assert!(local.iter().all(Option::is_some));
+        assert!(peers.admit("::1".parse().unwrap()).is_some());
     }
 }
