@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 #![deny(clippy::print_stdout)]
 
+mod answers;
 mod render;
 mod screen;
 mod tools;
@@ -1003,6 +1004,7 @@ where
     let writer = Watched {
         inner: writer,
         gone: server.gone.clone(),
+        flow: Arc::clone(&server.flow),
     };
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(rmcp_input, writer)
         .with_max_line_length(MAX_MESSAGE_BYTES + screen::MAX_GROWTH + 2);
@@ -1085,10 +1087,12 @@ async fn stdout_closed() {
     }
 }
 
-/// The session's output, which marks the client gone when a write to it fails.
+/// The session's output, which marks the client gone when a write to it fails, and
+/// tells the pump of each answer written (see `answers`).
 struct Watched<W> {
     inner: W,
     gone: CancellationToken,
+    flow: Arc<screen::Flow>,
 }
 
 impl<W: AsyncWrite + Unpin> Watched<W> {
@@ -1110,6 +1114,11 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        match &polled {
+            std::task::Poll::Ready(Ok(n)) => self.flow.answers.written(buf.get(..*n)),
+            std::task::Poll::Pending => self.flow.answers.written(None),
+            std::task::Poll::Ready(Err(_)) => {}
+        }
         self.watch(polled)
     }
 
@@ -1190,6 +1199,64 @@ mod tests {
         assert!(!waiting.is_finished(), "a call ran with every slot taken");
         drop(held);
         assert_eq!(waiting.await.unwrap(), Some(7));
+    }
+
+    /// A client that sends requests and reads no answer has them held back once enough
+    /// answers wait for it (each `tools/list` answer is some 14 KB that rmcp would hold),
+    /// and gets every one, in order, once it reads.
+    #[tokio::test]
+    async fn requests_wait_while_their_answers_are_unread() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        let server = SandboxMcp::new(Arc::new(Sandbox::open(config).unwrap()));
+        let flow = Arc::clone(&server.flow);
+        let (client, served) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(served);
+        let session = tokio::spawn(serve_io(server, r, w));
+        let (answers, mut input) = tokio::io::split(client);
+        let mut answers = tokio::io::BufReader::new(answers).lines();
+        let requests = 2_000;
+        let mut text = String::from(
+            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+"#,
+        );
+        for id in 1..=requests {
+            text.push_str(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/list\"}}\n"
+            ));
+        }
+        let writer = tokio::spawn(async move {
+            input.write_all(text.as_bytes()).await.unwrap();
+            input
+        });
+        // Read by nobody, the answers fill the output's buffer and the rest wait.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let passed = flow.answers.passed();
+        assert!(
+            passed <= (answers::MAX_UNANSWERED + 16) as u64,
+            "{passed} requests passed on while their answers went unread"
+        );
+        for id in 0..=requests {
+            let line = tokio::time::timeout(Duration::from_secs(60), answers.next_line())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["id"], id, "{}", &line[..line.len().min(200)]);
+            assert!(v["result"].is_object(), "{}", &line[..line.len().min(200)]);
+        }
+        writer.await.unwrap().shutdown().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), session)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 
     /// A call cancelled while it waits for a slot is never run: no file, no audit line,

@@ -33,7 +33,12 @@
 //! cancellation of the pump's own right behind it, so that the handler sees it cancelled
 //! before it starts (and still audits a forbidden tool). At the end of the client's input
 //! the pump closes rmcp's only once every call has been passed on and answered.
+//!
+//! Requests of every kind are paced by their answers too (see [`crate::answers`]): while
+//! too many passed on wait for their answer to be written, the next ones are held as
+//! sent, within the same [`MAX_HELD_BYTES`].
 
+use crate::answers::MAX_UNANSWERED;
 use ailab_sandbox_core::ReasonCode;
 use ailab_sandbox_core::plan::{check_numbers_kept, check_unique_keys};
 use ailab_sandbox_core::reason::Refusal;
@@ -84,6 +89,8 @@ pub(crate) struct Flow {
     count: Mutex<Count>,
     changed: tokio::sync::Notify,
     settle: Duration,
+    /// Every request passed on, calls and others, until its answer is written.
+    pub(crate) answers: crate::answers::Answers,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +161,7 @@ impl Flow {
             count: Mutex::new(Count::default()),
             changed: tokio::sync::Notify::new(),
             settle,
+            answers: crate::answers::Answers::settling_in(settle),
         }
     }
 
@@ -236,12 +244,14 @@ enum Kind {
     Call(Value),
     /// `notifications/cancelled`, with the id of the request it cancels.
     Cancel(Value),
+    /// Any other request, with its id as rmcp reads it (`None`: one it cannot read).
+    Request(Option<Value>),
     Other,
 }
 
 /// A request id as the SDK reads it: a string, or a whole number (`100`, `100.0` and
 /// `1e2` name one request).
-fn request_id(text: &str) -> Option<Value> {
+pub(crate) fn request_id(text: &str) -> Option<Value> {
     match serde_json::from_str::<Value>(text).ok()? {
         Value::String(s) => Some(Value::String(s)),
         // The SDK holds ids as i64.
@@ -268,6 +278,7 @@ fn kind_of(message: &[u8]) -> Kind {
             .and_then(|[p]| pick(p?.get().as_bytes(), ["requestId"]))
             .and_then(|[r]| request_id(r?.get()))
             .map_or(Kind::Other, Kind::Cancel),
+        (Some(_), Some(id)) => Kind::Request(request_id(id.get())),
         _ => Kind::Other,
     }
 }
@@ -892,13 +903,20 @@ where
     let mut lines = Lines::new(reader, max_line + BOM.len() + 1);
     let mut started = false;
     let mut held = std::collections::VecDeque::<Held>::new();
+    // Other requests held while too many are unanswered (see `answers`), with their ids.
+    let mut requests = std::collections::VecDeque::<(Option<Value>, Vec<u8>)>::new();
     let mut held_bytes = 0usize;
     let mut ended = false;
+    let answered = &flow.answers;
     loop {
         let may_read = !ended && held_bytes < MAX_HELD_BYTES;
+        let call_room = async {
+            flow.below(MAX_QUEUED_CALLS, next_room(&held)).await;
+            answered.below(MAX_UNANSWERED).await;
+        };
         tokio::select! {
             biased;
-            () = flow.below(MAX_QUEUED_CALLS, next_room(&held)), if !held.is_empty() => {
+            () = call_room, if !held.is_empty() => {
                 // The oldest call, unless it waits for room: then the oldest that takes
                 // none, so that small calls never wait behind large ones.
                 let at = if flow.fits(held.front().map_or(0, |h| h.room)) {
@@ -910,10 +928,23 @@ where
                     held_bytes -= h.text.len();
                     // Noted before rmcp can read it: the handler may begin it at once.
                     flow.passed(h.id.clone(), h.room, h.cancelled);
+                    answered.asked(Some(h.id.clone()));
                     if !forward(&mut out, &h.text).await {
                         return;
                     }
-                    if h.cancelled && !forward(&mut out, &cancellation(&h.id)).await {
+                    if h.cancelled {
+                        if !forward(&mut out, &cancellation(&h.id)).await {
+                            return;
+                        }
+                        answered.cancelled(&h.id);
+                    }
+                }
+            }
+            () = answered.below(MAX_UNANSWERED), if !requests.is_empty() => {
+                if let Some((id, text)) = requests.pop_front() {
+                    held_bytes -= text.len();
+                    answered.asked(id);
+                    if !forward(&mut out, &text).await {
                         return;
                     }
                 }
@@ -941,7 +972,22 @@ where
                         let room = data_room_of(&message);
                         held.push_back(Held { id, text: message.into_owned(), room, cancelled: false });
                     }
-                    (_, Kind::Call(_) | Kind::Cancel(_) | Kind::Other) => {
+                    // A call before `initialize` is answered at once, with an error.
+                    (false, Kind::Call(id)) => {
+                        held_bytes += message.len();
+                        requests.push_back((Some(id), message.into_owned()));
+                    }
+                    (_, Kind::Request(id)) => {
+                        held_bytes += message.len();
+                        requests.push_back((id, message.into_owned()));
+                    }
+                    (_, Kind::Cancel(id)) => {
+                        if !forward(&mut out, &message).await {
+                            return;
+                        }
+                        answered.cancelled(&id);
+                    }
+                    (_, Kind::Other) => {
                         if !forward(&mut out, &message).await {
                             return;
                         }

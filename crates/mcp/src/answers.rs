@@ -1,0 +1,249 @@
+//! The requests passed on to rmcp and not yet answered on the session's output.
+//!
+//! rmcp reads every request as soon as it can and sends each answer from a task of its
+//! own, however slowly the client reads: a client that sends requests faster than it
+//! reads the answers (or never reads them) would have the answers pile up in memory, some
+//! 14 KB for each `tools/list`, gigabytes for a flood. So the pump passes on no request
+//! while [`MAX_UNANSWERED`] it passed on are unanswered, and the session's output tells
+//! [`Answers`] each answer it writes: the start of each line is read for its `id` (rmcp
+//! writes `{"jsonrpc":"2.0","id":…` first). A request rmcp answers with no id of its own
+//! (a parse error's `null`) takes the place of the oldest unanswered one without a
+//! readable id. A request unanswered after [`SETTLE`] is let go of while the client reads
+//! its output (a tool call that runs long is paced by [`crate::screen::Flow`] until it
+//! ends, and a request rmcp gets no answer to, a cancelled one, takes no room), and a
+//! cancelled one after [`SETTLE`] in any case (rmcp drops its answer): a client that stops
+//! reading holds its requests back.
+
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Most requests passed on and not yet answered: the calls the pump lets through at
+/// once (see [`crate::screen::MAX_QUEUED_CALLS`]) and as many other requests again and
+/// more, so that a `ping` or `tools/list` is never held back by calls under way.
+pub(crate) const MAX_UNANSWERED: usize = 4 * crate::screen::MAX_QUEUED_CALLS as usize;
+
+/// How long a request that gets no answer (see the module) counts.
+pub(crate) const SETTLE: Duration = crate::screen::SETTLE;
+
+/// How much of the start of an answer's line is kept to read its `id`: an id longer
+/// than this is not read (its request is answered in the place of the oldest one whose
+/// id was too long to keep).
+const ID_PREFIX: usize = 512;
+
+/// One request passed on.
+#[derive(Debug)]
+struct Asked {
+    /// Its id as rmcp reads it, `None` when it has none rmcp reads or too long to match.
+    id: Option<Value>,
+    at: Instant,
+    cancelled: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    asked: VecDeque<Asked>,
+    /// Requests passed on since the session began.
+    passed: u64,
+    /// A write to the client waits for it to read.
+    stalled: bool,
+    /// The start of the line being written, up to [`ID_PREFIX`] bytes.
+    line: Vec<u8>,
+}
+
+/// See the module.
+#[derive(Debug)]
+pub(crate) struct Answers {
+    waiting: Mutex<Waiting>,
+    changed: tokio::sync::Notify,
+    settle: Duration,
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Self::settling_in(SETTLE)
+    }
+}
+
+impl Answers {
+    pub(crate) fn settling_in(settle: Duration) -> Self {
+        Self {
+            waiting: Mutex::default(),
+            changed: tokio::sync::Notify::new(),
+            settle,
+        }
+    }
+
+    fn note<T>(&self, change: impl FnOnce(&mut Waiting) -> T) -> T {
+        let out = change(&mut self.waiting.lock().unwrap_or_else(PoisonError::into_inner));
+        self.changed.notify_waiters();
+        out
+    }
+
+    /// The pump passed on a request of id `id` (`None`: none rmcp reads).
+    pub(crate) fn asked(&self, id: Option<Value>) {
+        let id = id.filter(|id| id.to_string().len() <= ID_PREFIX / 2);
+        self.note(|w| {
+            w.passed += 1;
+            w.asked.push_back(Asked {
+                id,
+                at: Instant::now(),
+                cancelled: None,
+            });
+        });
+    }
+
+    /// The pump passed on a cancellation of request `id`: its answer may never come.
+    pub(crate) fn cancelled(&self, id: &Value) {
+        self.note(|w| {
+            if let Some(a) = w
+                .asked
+                .iter_mut()
+                .find(|a| a.cancelled.is_none() && a.id.as_ref() == Some(id))
+            {
+                a.cancelled = Some(Instant::now());
+            }
+        });
+    }
+
+    /// The session's output wrote `bytes` (`None`: a write waits for the client).
+    pub(crate) fn written(&self, bytes: Option<&[u8]>) {
+        let Some(mut bytes) = bytes else {
+            self.waiting
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .stalled = true;
+            return;
+        };
+        self.note(|w| {
+            w.stalled = false;
+            while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+                keep_start(&mut w.line, &bytes[..end]);
+                let id = id_of(&w.line);
+                w.line.clear();
+                answered(&mut w.asked, id.as_ref());
+                bytes = &bytes[end + 1..];
+            }
+            keep_start(&mut w.line, bytes);
+        });
+    }
+
+    /// How many requests were passed on since the session began.
+    #[cfg(test)]
+    pub(crate) fn passed(&self) -> u64 {
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .passed
+    }
+
+    /// Returns once fewer than `most` requests passed on are unanswered.
+    pub(crate) async fn below(&self, most: usize) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+                let stalled = w.stalled;
+                let settle = self.settle;
+                w.asked.retain(|a| match a.cancelled {
+                    Some(at) => at.elapsed() < settle,
+                    None => stalled || a.at.elapsed() < settle,
+                });
+                if w.asked.len() < most {
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout(self.settle, changed).await;
+        }
+    }
+}
+
+/// Adds to `line` what of `bytes` fits in [`ID_PREFIX`].
+fn keep_start(line: &mut Vec<u8>, bytes: &[u8]) {
+    let room = ID_PREFIX.saturating_sub(line.len());
+    line.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
+
+/// The id an answer's line starts with, as rmcp reads ids; `None` when it has none that
+/// can be read there.
+fn id_of(line: &[u8]) -> Option<Value> {
+    const KEY: &[u8] = b"\"id\":";
+    let at = line.windows(KEY.len()).position(|w| w == KEY)?;
+    let rest = &line[at + KEY.len()..];
+    let raw = serde_json::Deserializer::from_slice(rest)
+        .into_iter::<&serde_json::value::RawValue>()
+        .next()?
+        .ok()?;
+    crate::screen::request_id(raw.get())
+}
+
+/// Takes the request `id` answers off `asked`: the oldest of that id, or, for an answer
+/// with no id read, the oldest whose id is unknown.
+fn answered(asked: &mut VecDeque<Asked>, id: Option<&Value>) {
+    let at = match id {
+        Some(id) => asked.iter().position(|a| a.id.as_ref() == Some(id)),
+        None => asked.iter().position(|a| a.id.is_none()),
+    };
+    if let Some(at) = at {
+        asked.remove(at);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ready_at_once(f: impl std::future::Future<Output = ()>) -> bool {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        f.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[tokio::test]
+    async fn answers_are_matched_by_the_id_their_line_starts_with() {
+        let a = Answers::settling_in(Duration::from_secs(3600));
+        a.asked(Some(json!(1)));
+        a.asked(Some(json!("two")));
+        a.asked(None);
+        assert!(!ready_at_once(a.below(3)));
+        // In pieces, as the output writes them, two answers in one write.
+        a.written(Some(br#"{"jsonrpc":"2.0","i"#));
+        a.written(Some(
+            b"d\":\"two\",\"result\":{}}\n{\"jsonrpc\":\"2.0\",\"id\":1.0,",
+        ));
+        assert!(ready_at_once(a.below(3)));
+        assert!(!ready_at_once(a.below(2)));
+        a.written(Some(b"\"result\":{}}\n"));
+        assert!(ready_at_once(a.below(2)));
+        assert!(!ready_at_once(a.below(1)), "the unknown id is still asked");
+        a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{}}\n"));
+        assert!(ready_at_once(a.below(1)));
+        // An answer to no request passed on takes nothing.
+        a.asked(Some(json!(5)));
+        a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}\n"));
+        assert!(!ready_at_once(a.below(1)));
+    }
+
+    #[tokio::test]
+    async fn requests_with_no_answer_are_let_go_of_unless_the_client_reads_nothing() {
+        let a = Answers::settling_in(Duration::ZERO);
+        a.asked(Some(json!(1)));
+        a.asked(Some(json!(2)));
+        assert!(ready_at_once(a.below(1)));
+        // While a write waits for the client, nothing settles but cancellations.
+        a.asked(Some(json!(3)));
+        a.asked(Some(json!(4)));
+        a.written(None);
+        assert!(!ready_at_once(a.below(2)));
+        a.cancelled(&json!(3));
+        assert!(ready_at_once(a.below(2)));
+        assert!(!ready_at_once(a.below(1)));
+        a.written(Some(b""));
+        assert!(ready_at_once(a.below(1)));
+    }
+}
