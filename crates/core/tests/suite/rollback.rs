@@ -353,8 +353,20 @@ fn a_later_action_on_the_same_file_is_rolled_back_first_even_with_force() {
                 .contains("'y' (replace_file 'o.md')"),
             "{rb:?}"
         );
+        // The file of the action asked for, as the later one left it.
         assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
-        assert_eq!(rb.conflicts[0].action_id, "y");
+        let c = &rb.conflicts[0];
+        assert_eq!(c.action_id, "x");
+        assert!(c.path.ends_with("o.md"), "{c:?}");
+        assert_eq!(
+            c.expected_checksum,
+            Some(ailab_sandbox_core::hash::sha256_hex(b"x\n"))
+        );
+        assert_eq!(
+            c.current_checksum,
+            Some(ailab_sandbox_core::hash::sha256_hex(b"y\n"))
+        );
+        assert_eq!(c.changed_by, write_by("wf_xy/y"));
         assert_eq!(w.read("o.md"), b"y\n", "nothing restored");
     }
     assert_eq!(

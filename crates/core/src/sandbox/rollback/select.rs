@@ -623,7 +623,7 @@ impl Sandbox {
                 s.restored || writes.is_undone(&s.meta.action_id)
             });
             if !later.is_empty() {
-                return Err(self.later_actions_refusal(workflow_id, a, &later));
+                return Err(self.later_actions_refusal(workflow_id, a, &snaps, &later));
             }
         }
         let snaps = snaps
@@ -746,12 +746,16 @@ impl Sandbox {
         None
     }
 
-    /// The refusal of a rollback of action `a` of `workflow_id` under the `later`
-    /// actions of the workflow that changed what it wrote (see [`later_writers`]).
+    /// The refusal of a rollback of action `a` of `workflow_id` (its snapshots among
+    /// `snaps`) under the `later` actions of the workflow that changed what it wrote (see
+    /// [`later_writers`]). Each conflict is one of `a`'s files as a later action left it:
+    /// what `a` left there (when it wrote that very path), what is there now, and the
+    /// later write that changed it, to be rolled back first.
     fn later_actions_refusal(
         &self,
         workflow_id: &str,
         a: &str,
+        snaps: &[(usize, StoredSnapshot)],
         later: &[&(usize, StoredSnapshot)],
     ) -> RollbackRefusal {
         let names: Vec<String> = later
@@ -769,15 +773,21 @@ impl Sandbox {
             .iter()
             .map(|(i, s)| {
                 let rel = s.meta.target();
+                let own = snaps.iter().find(|(j, m)| {
+                    j == i && m.meta.action_id == a && m.meta.original_path == s.meta.original_path
+                });
                 Conflict {
-                    action_id: s.meta.action_id.clone(),
+                    action_id: a.to_owned(),
                     path: self.abs_path(*i, &rel),
-                    expected_checksum: self
-                        .left_by(workflow_id, &s.meta)
+                    expected_checksum: own
+                        .and_then(|(_, m)| self.left_by(workflow_id, &m.meta))
                         .and_then(|l| l.state.checksum()),
                     current_checksum: self.target_state(*i, &rel).checksum(),
                     found_by_action: None,
-                    changed_by: None,
+                    changed_by: Some(crate::sandbox::conflicts::ChangedBy {
+                        action: format!("{workflow_id}/{}", s.meta.action_id),
+                        rollback: false,
+                    }),
                     claimed_by: Vec::new(),
                 }
             })
