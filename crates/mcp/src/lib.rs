@@ -1178,15 +1178,18 @@ mod tests {
         assert!(said.contains("(io_error)"), "{said}");
     }
 
+    /// A session over a sandbox of one root in `dir`, writing off.
+    fn simulating_server(dir: &std::path::Path) -> SandboxMcp {
+        let config =
+            ailab_sandbox_core::Config::with_roots(vec![dir.join("root")], dir.join("state"));
+        SandboxMcp::new(Arc::new(Sandbox::open(config).unwrap()))
+    }
+
     /// With every slot taken, a call waits; it runs as soon as one is free.
     #[tokio::test]
     async fn calls_beyond_the_cap_wait_for_a_slot() {
         let dir = tempfile::tempdir().unwrap();
-        let config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        let server = SandboxMcp::new(Arc::new(Sandbox::open(config).unwrap()));
+        let server = simulating_server(dir.path());
         let held = Arc::clone(&server.calls)
             .acquire_many_owned(u32::try_from(MAX_CONCURRENT_CALLS).unwrap())
             .await
@@ -1208,11 +1211,7 @@ mod tests {
     async fn requests_wait_while_their_answers_are_unread() {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
         let dir = tempfile::tempdir().unwrap();
-        let config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        let server = SandboxMcp::new(Arc::new(Sandbox::open(config).unwrap()));
+        let server = simulating_server(dir.path());
         let flow = Arc::clone(&server.flow);
         let (client, served) = tokio::io::duplex(1 << 16);
         let (r, w) = tokio::io::split(served);
