@@ -250,14 +250,27 @@ pub fn audit_stats(s: &AuditStats) {
         s.simulated,
         s.rolled_back
     );
+    let intents: Vec<(String, &u64)> = s
+        .by_intent
+        .iter()
+        .map(|(k, v)| (k.escape_debug().to_string(), v))
+        .collect();
+    // One column for the counts, however long a reason code (`budget_artifacts_exceeded`).
+    let w = s
+        .by_mutation_class
+        .keys()
+        .chain(s.by_reason_code.keys())
+        .map(|k| k.chars().count())
+        .chain(intents.iter().map(|(k, _)| k.chars().count()))
+        .fold(18, usize::max);
     for (k, v) in &s.by_mutation_class {
-        out!("  class  {k:<18} {v}");
+        out!("  class  {k:<w$} {v}");
     }
-    for (k, v) in &s.by_intent {
-        out!("  intent {:<18} {v}", k.escape_debug().to_string());
+    for (k, v) in &intents {
+        out!("  intent {k:<w$} {v}");
     }
     for (k, v) in &s.by_reason_code {
-        out!("  reason {k:<18} {v}");
+        out!("  reason {k:<w$} {v}");
     }
 }
 

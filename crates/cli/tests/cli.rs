@@ -3243,12 +3243,30 @@ fn human_output_says_what_the_json_says() {
         let sha = row.split_whitespace().nth(2).unwrap();
         assert_eq!(row.find(sha), rows[0].find("SHA256"), "{table}");
     }
+    let wrong_kind = e.write_plan(
+        "k.json",
+        &json!({"workflow_id": "wf_k", "actions": [
+            {"intent": "write_json", "path": "k.txt", "data": {}}]}),
+    );
+    let out = e.cmd().arg("run").arg(&wrong_kind).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     let out = e.cmd().args(["audit", "stats"]).output().unwrap();
     let stats = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         stats
             .lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["reason", "path_traversal", "1"]),
+        "{stats}"
+    );
+    // The counts stand in one column, a reason code longer than the others included.
+    assert!(stats.contains("extension_not_allowed"), "{stats}");
+    let counts: Vec<usize> = stats
+        .lines()
+        .skip(1)
+        .map(|l| l.trim_end().rfind(' ').unwrap())
+        .collect();
+    assert!(
+        counts.len() > 3 && counts.windows(2).all(|w| w[0] == w[1]),
         "{stats}"
     );
     let out = e
