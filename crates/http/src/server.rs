@@ -422,8 +422,9 @@ where
             a = accept(&listener, &room) => a,
         };
         let (stream, permit) = accepted;
-        let Some(peer) = stream.peer_addr().ok().and_then(|a| peers.admit(a.ip())) else {
-            tracing::debug!(peer = ?stream.peer_addr().ok(), "a remote address holding its share of connections opened another: closed");
+        let addr = stream.peer_addr().ok();
+        let Some(peer) = addr.and_then(|a| peers.admit(a.ip())) else {
+            tracing::debug!(peer = ?addr, "a remote address holding its share of connections opened another: closed");
             continue;
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());

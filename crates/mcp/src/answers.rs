@@ -140,24 +140,16 @@ impl Answers {
 
     /// Returns once fewer than `most` requests passed on are unanswered.
     pub(crate) async fn below(&self, most: usize) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            {
-                let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-                let stalled = w.stalled;
-                let settle = self.settle;
-                w.asked.retain(|a| match a.cancelled {
-                    Some(at) => at.elapsed() < settle,
-                    None => stalled || a.at.elapsed() < settle,
-                });
-                if w.asked.len() < most {
-                    return;
-                }
-            }
-            let _ = tokio::time::timeout(self.settle, changed).await;
-        }
+        let settle = self.settle;
+        crate::screen::wait_for(&self.waiting, &self.changed, settle, |w| {
+            let stalled = w.stalled;
+            w.asked.retain(|a| match a.cancelled {
+                Some(at) => at.elapsed() < settle,
+                None => stalled || a.at.elapsed() < settle,
+            });
+            w.asked.len() < most
+        })
+        .await;
     }
 }
 

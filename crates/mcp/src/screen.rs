@@ -213,28 +213,40 @@ impl Flow {
     /// Returns once fewer than `most` calls passed on are unanswered and a call taking
     /// `room` fits beside them (see [`DATA_ROOM`]).
     async fn below(&self, most: u64, room: usize) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
+        let settle = self.settle;
+        wait_for(&self.count, &self.changed, settle, |c| {
+            // A call passed on that the handler has not begun for `settle` never will
+            // be: rmcp answered it itself.
+            while let Some(u) = c.unbegun.front()
+                && u.at.elapsed() >= settle
             {
-                let mut c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-                // A call passed on that the handler has not begun for `settle` never will
-                // be: rmcp answered it itself.
-                while let Some(u) = c.unbegun.front()
-                    && u.at.elapsed() >= self.settle
-                {
-                    c.room_taken -= u.room;
-                    c.unbegun.pop_front();
-                    c.passed -= 1;
-                }
-                // The handler may also serve calls that did not come through the pump.
-                if c.passed.saturating_sub(c.finished) < most && c.fits(room) {
-                    return;
-                }
+                c.room_taken -= u.room;
+                c.unbegun.pop_front();
+                c.passed -= 1;
             }
-            let _ = tokio::time::timeout(self.settle, changed).await;
+            // The handler may also serve calls that did not come through the pump.
+            c.passed.saturating_sub(c.finished) < most && c.fits(room)
+        })
+        .await;
+    }
+}
+
+/// Returns once `ready` holds of the state under `lock`, asked again at each change
+/// `changed` announces and at least every `settle` (what `ready` lets go of with time).
+pub(crate) async fn wait_for<T>(
+    lock: &Mutex<T>,
+    changed: &tokio::sync::Notify,
+    settle: Duration,
+    mut ready: impl FnMut(&mut T) -> bool,
+) {
+    loop {
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if ready(&mut lock.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return;
         }
+        let _ = tokio::time::timeout(settle, notified).await;
     }
 }
 
@@ -966,28 +978,28 @@ where
                 let Some(message) = screened(&line, too_long, max_line, &mut started) else {
                     continue;
                 };
-                match (started, kind_of(&message)) {
-                    (true, Kind::Call(id)) => {
+                let kind = match kind_of(&message) {
+                    // A call before `initialize` is answered at once, with an error.
+                    Kind::Call(id) if !started => Kind::Request(Some(id)),
+                    kind => kind,
+                };
+                match kind {
+                    Kind::Call(id) => {
                         held_bytes += message.len();
                         let room = data_room_of(&message);
                         held.push_back(Held { id, text: message.into_owned(), room, cancelled: false });
                     }
-                    // A call before `initialize` is answered at once, with an error.
-                    (false, Kind::Call(id)) => {
-                        held_bytes += message.len();
-                        requests.push_back((Some(id), message.into_owned()));
-                    }
-                    (_, Kind::Request(id)) => {
+                    Kind::Request(id) => {
                         held_bytes += message.len();
                         requests.push_back((id, message.into_owned()));
                     }
-                    (_, Kind::Cancel(id)) => {
+                    Kind::Cancel(id) => {
                         if !forward(&mut out, &message).await {
                             return;
                         }
                         answered.cancelled(&id);
                     }
-                    (_, Kind::Other) => {
+                    Kind::Other => {
                         if !forward(&mut out, &message).await {
                             return;
                         }
