@@ -143,8 +143,8 @@ impl Journal {
 
     /// Whether the file is empty.
     #[cfg_attr(
-        not(feature = "failpoints"),
-        expect(dead_code, reason = "the pair of `len`, for the tests")
+        not(any(feature = "failpoints", feature = "internals")),
+        expect(dead_code, reason = "the pair of `len`, for the tests and embedders of the internals")
     )]
     pub fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
