@@ -201,13 +201,17 @@ fn list_params(
             .and_then(|t| t.parse::<u32>().ok())
             .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
             .ok_or_else(|| {
+                // Decoded where that reads the same to everyone (`%2B5` is "+5"); as sent
+                // where decoding made a space of `+` or replaced a stray byte.
+                let plain = text.bytes().all(|b| b.is_ascii_graphic());
+                let quoted = if plain {
+                    text
+                } else {
+                    sent(uri, "limit").unwrap_or(text)
+                };
                 ApiError::bad_request(format!(
                     "limit must be a whole number from 1 to {MAX_LIST_LIMIT}, got {:?}",
-                    sent(uri, "limit")
-                        .unwrap_or(text)
-                        .chars()
-                        .take(40)
-                        .collect::<String>()
+                    quoted.chars().take(40).collect::<String>()
                 ))
             })?,
     };

@@ -320,11 +320,13 @@ async fn invalid_workflow_ids_in_the_path_are_400() {
             .await
             .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
         assert!(v["reason"].as_str().unwrap().contains("\"+5\""), "{v}");
-        // A sign sent encoded is refused too, as the CLI refuses `--limit +5`.
-        for limit in ["%2B5", "-5"] {
-            get(&e.app, &format!("{route}?limit={limit}"))
+        // A sign sent encoded is refused too, as the CLI refuses `--limit +5`, and quoted
+        // as the text it stands for; a stray byte is quoted as sent.
+        for (limit, quoted) in [("%2B5", "\"+5\""), ("-5", "\"-5\""), ("%FF", "\"%FF\"")] {
+            let v = get(&e.app, &format!("{route}?limit={limit}"))
                 .await
                 .assert_error(StatusCode::BAD_REQUEST, "invalid_request");
+            assert!(v["reason"].as_str().unwrap().contains(quoted), "{v}");
         }
     }
 }
