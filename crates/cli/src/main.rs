@@ -61,7 +61,7 @@ struct Cli {
     /// TOML config file (else AI_LAB_SANDBOX_CONFIG).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Sandbox root, an absolute path; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, defaults).
+    /// Sandbox root, an absolute path; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, /tmp/opencode/sandbox and /opt/ai-lab/sandbox).
     #[arg(long = "root", global = true, value_name = "DIR")]
     roots: Vec<PathBuf>,
     /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made, $XDG_STATE_HOME/ailab-sandbox, else ~/.local/state/ailab-sandbox).
@@ -76,7 +76,8 @@ struct Cli {
     /// Turn dry-run off (AI_LAB_SANDBOX_DRY_RUN=false).
     #[arg(long, global = true)]
     no_dry_run: bool,
-    /// Print machine-readable JSON.
+    /// Print machine-readable JSON (serve: its start-up errors only; mcp: never, its
+    /// standard output is the session's).
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -102,14 +103,15 @@ enum Command {
         /// The action's description (searched for chmod requests).
         #[arg(long)]
         description: Option<String>,
-        /// Bytes the action would leave on disk.
+        /// Bytes the action would leave on disk (0, the default: the size is not judged).
         #[arg(long, default_value_t = 0, value_parser = byte_count, allow_hyphen_values = true)]
         size: u64,
         /// The root, by its configured path.
         #[arg(long = "in-root", value_name = "ROOT")]
         in_root: Option<String>,
     },
-    /// Roll a workflow (or one action) back, verified by checksum.
+    /// Roll a workflow (or one action) back, verified by checksum; only said, not done,
+    /// unless writing is on and dry-run off (--enable-write --no-dry-run).
     Rollback {
         /// The workflow.
         workflow_id: String,
@@ -144,7 +146,8 @@ enum Command {
     },
     /// MCP server on standard input/output.
     Mcp,
-    /// Remove snapshots of finished workflows older than a duration (e.g. 7d, 12h, 30m).
+    /// Remove snapshots of finished workflows older than a duration (e.g. 7d, 12h, 30m);
+    /// only said, not done, unless writing is on and dry-run off.
     Prune {
         /// Age, e.g. 7d.
         #[arg(long = "older-than", value_parser = parse_duration, allow_hyphen_values = true)]
@@ -169,7 +172,7 @@ struct AuditArgs {
 
 #[derive(Debug, Subcommand)]
 enum AuditSub {
-    /// Counts by status, mutation class and intent.
+    /// Counts by status, reason code, mutation class and intent.
     Stats,
     /// Check the hash chain and head; exit 1 when broken.
     Verify,
@@ -726,7 +729,7 @@ fn run(cli: Cli) -> Result<u8> {
         &cli.command,
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
-    let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_strict());
+    let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_durable());
     // Verifying a state directory that is not there (a mistyped path) must neither make
     // one nor call its empty trail intact: the operator's own path, looked at before the
     // runtime opens anything.

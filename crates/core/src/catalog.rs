@@ -50,6 +50,39 @@ pub enum Payload {
     None,
 }
 
+/// What an operation leaves at its target, given what is there. Every place where
+/// operations behave differently (rendering, the checks before a write, the payload
+/// taken, the MCP descriptions) matches on it exhaustively, so a new operation is given
+/// each behaviour on purpose rather than falling into another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// `content` as a new file; refused when the path exists.
+    Create,
+    /// The file's bytes followed by `content`; the file is made when missing.
+    Append,
+    /// `content` in place of an existing file's bytes; refused when it is missing.
+    Replace,
+    /// `content`, whether the file exists or not.
+    Write,
+    /// `data` serialized in a format.
+    Serialize(Format),
+    /// The file's bytes with `edits` applied; refused when it is missing.
+    Edit,
+    /// A directory and its missing parents: no bytes.
+    Directory,
+}
+
+/// The format [`Effect::Serialize`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Pretty-printed JSON.
+    Json,
+    /// YAML.
+    Yaml,
+    /// Chosen by the target's extension: JSON, YAML, TOML or INI.
+    ByExtension,
+}
+
 /// One entry of the catalog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Operation {
@@ -66,9 +99,9 @@ pub struct Operation {
     pub risk_level: RiskLevel,
     /// Whether every use is governed even where others are not.
     pub requires_governance: bool,
-    /// The input it takes.
+    /// What it leaves at its target.
     #[serde(skip)]
-    pub payload: Payload,
+    pub effect: Effect,
     /// One line for people and for LLM tool descriptions.
     #[serde(skip)]
     pub summary: &'static str,
@@ -77,13 +110,30 @@ pub struct Operation {
 impl Operation {
     /// Whether the operation creates directories rather than files.
     pub fn is_directory(&self) -> bool {
-        self.name == "create_directory"
+        self.effect == Effect::Directory
     }
 
     /// Whether what it leaves depends on the bytes the target holds (an append, an
     /// edit): those must be read, and cannot be judged on a guess.
     pub fn reads_target(&self) -> bool {
-        matches!(self.name, "append_file" | "sandbox_transform")
+        match self.effect {
+            Effect::Append | Effect::Edit => true,
+            Effect::Create
+            | Effect::Replace
+            | Effect::Write
+            | Effect::Serialize(_)
+            | Effect::Directory => false,
+        }
+    }
+
+    /// The input it takes besides its path.
+    pub fn payload(&self) -> Payload {
+        match self.effect {
+            Effect::Create | Effect::Append | Effect::Replace | Effect::Write => Payload::Content,
+            Effect::Serialize(_) => Payload::Data,
+            Effect::Edit => Payload::Edits,
+            Effect::Directory => Payload::None,
+        }
     }
 }
 
@@ -100,7 +150,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(MIB),
         risk_level: RiskLevel::Medium,
         requires_governance: false,
-        payload: Payload::Content,
+        effect: Effect::Create,
         summary: "Create a new text file with the given content; fails if the path already exists.",
     },
     Operation {
@@ -110,7 +160,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(MIB),
         risk_level: RiskLevel::Medium,
         requires_governance: false,
-        payload: Payload::Content,
+        effect: Effect::Append,
         summary: "Append content to a file, creating it when missing.",
     },
     Operation {
@@ -120,7 +170,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(MIB),
         risk_level: RiskLevel::Medium,
         requires_governance: false,
-        payload: Payload::Content,
+        effect: Effect::Replace,
         summary: "Replace the whole content of an existing regular file.",
     },
     Operation {
@@ -130,7 +180,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: None,
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::None,
+        effect: Effect::Directory,
         summary: "Create a directory and any missing parents (mkdir -p); succeeds if it exists.",
     },
     Operation {
@@ -140,7 +190,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(2 * MIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Data,
+        effect: Effect::Serialize(Format::Json),
         summary: "Serialize a structured value as pretty JSON into a .json file.",
     },
     Operation {
@@ -150,7 +200,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(MIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Data,
+        effect: Effect::Serialize(Format::Yaml),
         summary: "Serialize a structured value as YAML into a .yaml or .yml file.",
     },
     Operation {
@@ -160,7 +210,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(2 * MIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Content,
+        effect: Effect::Write,
         summary: "Write a Markdown document (.md), creating or replacing it.",
     },
     Operation {
@@ -170,7 +220,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(5 * MIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Content,
+        effect: Effect::Write,
         summary: "Write a Markdown report (.md), creating or replacing it.",
     },
     Operation {
@@ -180,7 +230,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(512 * KIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Data,
+        effect: Effect::Serialize(Format::ByExtension),
         summary: "Serialize a structured value as a config file chosen by extension (json, yaml, toml, ini).",
     },
     Operation {
@@ -190,7 +240,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(MIB),
         risk_level: RiskLevel::Medium,
         requires_governance: true,
-        payload: Payload::Content,
+        effect: Effect::Write,
         summary: "Write a .py or .sh script as plain text; it is never made executable.",
     },
     Operation {
@@ -200,7 +250,7 @@ pub static OPERATIONS: [Operation; 11] = [
         max_size_bytes: Some(5 * MIB),
         risk_level: RiskLevel::Low,
         requires_governance: false,
-        payload: Payload::Edits,
+        effect: Effect::Edit,
         summary: "Apply exact-text edits to an existing file; each `old` must match exactly once; all or nothing.",
     },
 ];

@@ -67,7 +67,7 @@ pub enum Durability {
 
 impl Durability {
     /// Whether writes survive a power cut once an action reports success.
-    pub fn is_strict(self) -> bool {
+    pub fn is_durable(self) -> bool {
         self != Durability::Relaxed
     }
 }
@@ -993,8 +993,9 @@ impl Config {
         self.check_roots_fit_a_run_record()?;
         if !is_phase_syntax(&self.phase) {
             return Err(ConfigError(format!(
-                "phase '{}' is not written as a phase is, two numbers of at most four digits without leading zeros joined by a dot, such as 28.3 (sandbox writes need 28.3, 28.5, 28.6, 28.7 or 28.8; any other phase so written, 29.0 say, allows reads only)",
-                self.phase.escape_debug()
+                "phase '{}' is not written as a phase is, two numbers of at most four digits without leading zeros joined by a dot, such as 28.3 (sandbox writes need {}; any other phase so written, 29.0 say, allows reads only)",
+                self.phase.escape_debug(),
+                crate::policy::write_phases_listed("or")
             )));
         }
         check_extension_entries(Some(self.extensions.allowed()), self.extensions.blocked())?;

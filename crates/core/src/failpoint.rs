@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 pub const POINTS: [&str; 30] = [
     "after_validate",
     "read_target",
-    "before_commit",
     "snapshot_synced",
     "after_snapshot",
+    "before_commit",
     "before_mutate",
     "after_mutate",
     "before_registry",

@@ -1,7 +1,7 @@
 //! Plans: the JSON a caller submits (SPEC §6), its parsing and validation, and the bytes
 //! each operation would leave on disk.
 
-use crate::catalog::{Operation, Payload};
+use crate::catalog::{Effect, Format, Operation, Payload};
 use crate::confine::path::shown_path;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use serde::{Deserialize, Serialize};
@@ -1028,7 +1028,7 @@ pub fn check_payload(op: &Operation, a: &Action) -> Verdict {
         ("data", a.data.as_ref().is_some_and(|d| !d.is_null())),
         ("edits", a.edits.is_some()),
     ];
-    let wanted = match op.payload {
+    let wanted = match op.payload() {
         Payload::Content => Some("content"),
         Payload::Data => Some("data"),
         Payload::Edits => Some("edits"),
@@ -1097,40 +1097,42 @@ pub fn render<'a>(
     let content = || Cow::Borrowed(a.content.as_deref().unwrap_or("").as_bytes());
     static NULL: serde_json::Value = serde_json::Value::Null;
     let data = || a.data.as_ref().unwrap_or(&NULL);
-    Ok(Some(match op.name {
-        "create_directory" => return Ok(None),
-        "create_file" => {
+    Ok(Some(match op.effect {
+        Effect::Directory => return Ok(None),
+        Effect::Create => {
             if current.is_some() {
                 return Err(Refusal::new(
                     ReasonCode::AlreadyExists,
                     format!(
-                        "{shown} already exists; create_file never overwrites (use replace_file)"
+                        "{shown} already exists; {} never overwrites (use replace_file)",
+                        op.name
                     ),
                 ));
             }
             content()
         }
-        "replace_file" => {
+        Effect::Replace => {
             if current.is_none() {
                 return Err(Refusal::new(
                     ReasonCode::NotFound,
                     format!(
-                        "{shown} does not exist; replace_file needs an existing file (use create_file)"
+                        "{shown} does not exist; {} needs an existing file (use create_file)",
+                        op.name
                     ),
                 ));
             }
             content()
         }
-        "append_file" => {
+        Effect::Append => {
             let mut out = current.map(<[u8]>::to_vec).unwrap_or_default();
             out.extend_from_slice(a.content.as_deref().unwrap_or("").as_bytes());
             Cow::Owned(out)
         }
-        "sandbox_transform" => {
+        Effect::Edit => {
             let Some(cur) = current else {
                 return Err(Refusal::new(
                     ReasonCode::NotFound,
-                    format!("{shown} does not exist; sandbox_transform edits an existing file"),
+                    format!("{shown} does not exist; {} edits an existing file", op.name),
                 ));
             };
             Cow::Owned(apply_edits(
@@ -1139,9 +1141,9 @@ pub fn render<'a>(
                 &a.path,
             )?)
         }
-        "write_json" => Cow::Owned(to_json(indented_fits(op, data())?)?),
-        "write_yaml" => Cow::Owned(to_yaml(indented_fits(op, data())?)?),
-        "generate_config" => Cow::Owned(match ext {
+        Effect::Serialize(Format::Json) => Cow::Owned(to_json(indented_fits(op, data())?)?),
+        Effect::Serialize(Format::Yaml) => Cow::Owned(to_yaml(indented_fits(op, data())?)?),
+        Effect::Serialize(Format::ByExtension) => Cow::Owned(match ext {
             ".json" => to_json(indented_fits(op, data())?)?,
             ".yaml" | ".yml" => to_yaml(indented_fits(op, data())?)?,
             ".toml" => to_toml(toml_headers_fit(op, data())?)?,
@@ -1149,11 +1151,11 @@ pub fn render<'a>(
             _ => {
                 return Err(Refusal::new(
                     ReasonCode::ExtensionNotAllowed,
-                    format!("generate_config cannot write {ext} files"),
+                    format!("{} cannot write {ext} files", op.name),
                 ));
             }
         }),
-        _ => content(),
+        Effect::Write => content(),
     }))
 }
 

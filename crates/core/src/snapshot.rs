@@ -38,6 +38,8 @@ pub const NOT_ITS_BACKUP: &str = "is not one the runtime wrote";
 /// How a failed rollback step's reason (and its audit line's `error`) begins when the
 /// restore was made, its target left as the undo leaves it, and what came after failed
 /// (the root's sync, say): a rollback run again takes the target as its own doing.
+/// Part of the trail's format: recovery and later rollbacks read audit lines written by
+/// earlier builds by this prefix, so it never changes.
 pub const PUT_BACK_UNCONFIRMED: &str = "put back, but not confirmed: ";
 
 /// How a rollback step's `detail` begins when it left a directory in place.

@@ -5,7 +5,9 @@
 //! instead; a simulation is a normal result that says nothing was written and why; a
 //! success names the path, checksum, size, artifact, workflow and how to roll back.
 
-use ailab_sandbox_core::catalog::{Operation, op_for_intent, writable_extensions};
+use ailab_sandbox_core::catalog::{
+    Effect, OPERATIONS, Operation, op_for_intent, writable_extensions,
+};
 use ailab_sandbox_core::confine::path::ExtensionPolicy;
 use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::executor::{ActionResult, ActionStatus, RunResult, RunStatus};
@@ -147,7 +149,11 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "the phase in force does not allow sandbox writes; only the operator can change it (--phase 28.3). Tell the user."
         }
         C::NotSandboxWrite | C::ForbiddenIntent | C::UnknownOperation => {
-            "use one of the write tools of this server (create_file, append_file, replace_file, create_directory, write_json, write_yaml, write_markdown, generate_report, generate_config, generate_script, sandbox_transform); deleting, moving, running commands or installing packages is never possible here."
+            let tools: Vec<&str> = OPERATIONS.iter().map(|o| o.name).collect();
+            return format!(
+                "use one of the write tools of this server ({}); deleting, moving, running commands or installing packages is never possible here.",
+                tools.join(", ")
+            );
         }
         C::ChmodForbidden => {
             "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description (the content is not screened), and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
@@ -204,11 +210,11 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             };
         }
         // The limit is on the whole file: appending in parts meets it all the same.
-        C::SizeExceeded => match op.map(|w| w.op.name) {
-            Some("append_file") => {
+        C::SizeExceeded => match op.map(|w| w.op.effect) {
+            Some(Effect::Append) => {
                 "the file would grow over the tool's size limit (see its description), which counts the whole file; put what does not fit into a new file with create_file (over several, when it is over the limit by itself)."
             }
-            Some("write_json" | "write_yaml" | "generate_config") => {
+            Some(Effect::Serialize(_)) => {
                 "the document would be over the tool's size limit (see its description); split the data over several smaller files."
             }
             _ => {
@@ -233,9 +239,10 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         C::InvalidId => {
             "fix the id the reason names (1-64 letters, digits, '.', '_' or '-'; an action id runs once in its workflow); a workflow_id may also be left out, to use this session's workflow."
         }
-        C::InvalidPlan if op.is_some_and(|w| w.op.name == "sandbox_transform") => {
+        C::InvalidPlan if let Some(w) = op.filter(|w| w.op.effect == Effect::Edit) => {
             return format!(
-                "fix what the reason above names and call again: sandbox_transform takes 1 to {} edits, each with a non-empty 'old' found in the file, and edits UTF-8 text only (to change a file that is not text, write its new content whole with replace_file).",
+                "fix what the reason above names and call again: {} takes 1 to {} edits, each with a non-empty 'old' found in the file, and edits UTF-8 text only (to change a file that is not text, write its new content whole with replace_file).",
+                w.op.name,
                 ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN
             );
         }

@@ -9,7 +9,7 @@
 use crate::render::example_file;
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::{
-    MutationClass, OPERATIONS, Operation, Payload, human_bytes, writable_extensions,
+    Effect, Format, MutationClass, OPERATIONS, Operation, Payload, human_bytes, writable_extensions,
 };
 use ailab_sandbox_core::plan::{Edit, ID_PATTERN};
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
@@ -438,16 +438,16 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
         Some(max) => format!(" Size limit: {} on disk.", human_bytes(max)),
         None => String::new(),
     };
-    let payload = match op.payload {
+    let payload = match op.payload() {
         Payload::Content => Some(Field::new(
             "content",
             Kind::Str,
             true,
-            match op.name {
-                "append_file" => {
+            match op.effect {
+                Effect::Append => {
                     "Text appended to the end of the file, as given (include a trailing newline if you want one)."
                 }
-                "generate_script" => {
+                _ if op.name == "generate_script" => {
                     "The script's full text. It is written as a plain file and never made executable."
                 }
                 _ => "The file's full text, written exactly as given (UTF-8).",
@@ -457,9 +457,13 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
             "data",
             Kind::Any,
             true,
-            match op.name {
-                "write_json" => "Any JSON value except null; it is written as pretty-printed JSON.",
-                "write_yaml" => "Any JSON value except null; it is written as YAML.",
+            match op.effect {
+                Effect::Serialize(Format::Json) => {
+                    "Any JSON value except null; it is written as pretty-printed JSON."
+                }
+                Effect::Serialize(Format::Yaml) => {
+                    "Any JSON value except null; it is written as YAML."
+                }
                 _ => {
                     "The config as a JSON value (an object for .toml and .ini); it is serialized by the target's extension: .json, .yaml/.yml, .toml or .ini (INI: an object of sections, each an object of plain values)."
                 }

@@ -1,9 +1,12 @@
 //! The plan executor behind [`Sandbox::run_plan`](crate::Sandbox::run_plan) (SPEC §6):
 //! the whole plan is validated first against the tree as its earlier actions would leave
-//! it; then, per action: governance → budget → rate limit → the new bytes rendered and
-//! checksummed → snapshot → atomic mutation → artifact registry → audit. A failure
-//! restores the action at once and, with `on_failure: rollback`, every earlier action of
-//! the run.
+//! it (`validate`); then, per action (`write`): the target locked → governance → the
+//! payload, what the target holds now and the new bytes rendered from it → size, budget
+//! and rate limit → snapshot → atomic mutation → artifact registry → audit. The checks
+//! run twice, at validation and again under the target's lock, since the tree, the
+//! budget and the rate may have changed between: `render` must give the same bytes for
+//! the same input. A failure restores the action at once and, with
+//! `on_failure: rollback`, every earlier action of the run.
 
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};
@@ -28,7 +31,8 @@ mod write;
 use validate::Prepared;
 
 /// The words a failed action's reason carries when undoing its own change failed too
-/// (faces that summarise the outcome must not say the change was undone).
+/// (faces that summarise the outcome must not say the change was undone). The MCP face
+/// looks for them in the reason: changing them is changing what it tells agents.
 pub const UNDO_FAILED: &str = "undoing its change failed";
 
 wire_enum! {
@@ -207,7 +211,7 @@ pub(crate) struct SandboxWriteExecutor<'a> {
     record_file: Option<crate::confine::state::BlockFile>,
     /// Why a failed action's own change could not be undone, if it could not: the change
     /// is still on disk, so the run is not rolled back, whatever else it undoes.
-    undo_failed: Option<String>,
+    undo_failure: Option<String>,
     /// The action whose own change was last undone: its snapshot is restored, so its
     /// failure line offers no rollback.
     undone: Option<String>,
@@ -268,7 +272,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             timeline: Vec::new(),
             record: None,
             record_file: None,
-            undo_failed: None,
+            undo_failure: None,
             undone: None,
             unrecorded: std::rc::Rc::default(),
             unsettled: std::rc::Rc::default(),
@@ -389,7 +393,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    fn record(
+    fn audit_record(
         &self,
         a: &Action,
         r: &ActionResult,
@@ -467,7 +471,12 @@ impl<'a> SandboxWriteExecutor<'a> {
                         "action_blocked",
                         json!({"action_id": a.id(), "reason_code": r.reason_code}),
                     );
-                    records.push(self.record(a, &res, AuditStatus::Blocked, self.target_path(a)));
+                    records.push(self.audit_record(
+                        a,
+                        &res,
+                        AuditStatus::Blocked,
+                        self.target_path(a),
+                    ));
                     results.push(res);
                 }
                 Some(Ok(p)) => {
@@ -509,7 +518,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             let target = self
                 .sb
                 .abs_path(p.approval.resolved.root_index, &p.approval.resolved.rel);
-            records.push(self.record(a, &res, AuditStatus::Simulated, target));
+            records.push(self.audit_record(a, &res, AuditStatus::Simulated, target));
             results.push(res);
         }
         // Simulations are audited (SPEC §4): one the trail cannot take (another process
@@ -582,15 +591,15 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     fn execute_actions(mut self) -> RunResult {
         let actions = std::mem::take(&mut self.plan.actions);
-        let (mut results, done, failed) = self.run_each(&actions);
+        let (mut results, done, stopped) = self.run_each(&actions);
         let artifacts = self.sb.registry.len().unwrap_or(0);
         self.sb.metrics.set_artifacts(artifacts);
-        let Some(blocked) = failed else {
+        let Some(stopped) = stopped else {
             self.go(WorkflowState::Done);
             return self.finish(RunStatus::Success, false, None, results);
         };
         self.go(WorkflowState::Failed);
-        if blocked {
+        if stopped == ActionStatus::Blocked {
             // Refused before anything was written, as validation refuses.
             let why = DryRunReason::GovernanceBlocked;
             self.event("dry_run_reason", json!({ "reason": why }));
@@ -599,7 +608,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         if self.plan.on_failure == OnFailure::Stop || done.is_empty() {
             if done.is_empty()
                 && self.plan.on_failure == OnFailure::Rollback
-                && self.undo_failed.is_none()
+                && self.undo_failure.is_none()
             {
                 // Nothing of this run remains to undo: the failed action restored itself.
                 self.event("rollback_started", json!({"steps": 0}));
@@ -622,7 +631,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             "rollback_finished",
             json!({"steps_rolled_back": steps.iter().filter(|s| s.restored).count(), "all_restored": all_ok}),
         );
-        if all_ok && self.undo_failed.is_none() {
+        if all_ok && self.undo_failure.is_none() {
             self.go(WorkflowState::RolledBack);
             self.finish(RunStatus::RolledBack, false, None, results)
         } else {
@@ -632,23 +641,24 @@ impl<'a> SandboxWriteExecutor<'a> {
 
     /// Runs the actions in order until one fails or is refused; those after it are
     /// skipped. Gives every action's result, the snapshots of those done, and, when one
-    /// did not go through, whether it was refused (`Some(true)`) or failed.
+    /// did not go through, its status: `Blocked` (refused before anything of the run was
+    /// written) or `Failed`.
     fn run_each(
         &mut self,
         actions: &[Action],
     ) -> (
         Vec<ActionResult>,
         Vec<(usize, StoredSnapshot)>,
-        Option<bool>,
+        Option<ActionStatus>,
     ) {
         let mut results: Vec<ActionResult> = Vec::new();
         let mut done: Vec<(usize, StoredSnapshot)> = Vec::new();
-        let mut failed: Option<bool> = None;
+        let mut stopped: Option<ActionStatus> = None;
         for (i, a) in actions.iter().enumerate() {
-            if let Some(blocked) = failed {
+            if let Some(status) = stopped {
                 let mut res = self.base_result(a, op_for_intent(&a.intent), ActionStatus::Skipped);
                 res.reason = Some(
-                    if blocked {
+                    if status == ActionStatus::Blocked {
                         "not run: another action of the plan was refused"
                     } else {
                         "not run: an earlier action failed"
@@ -676,8 +686,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                     results.push(res);
                 }
                 Err(res) => {
-                    let blocked = res.status == ActionStatus::Blocked;
-                    let (result, event) = if blocked {
+                    let (result, event) = if res.status == ActionStatus::Blocked {
                         (ActionStatus::Blocked, "action_blocked")
                     } else {
                         (ActionStatus::Failed, "action_failed")
@@ -688,11 +697,11 @@ impl<'a> SandboxWriteExecutor<'a> {
                         json!({"action_id": a.id(), "reason_code": res.reason_code}),
                     );
                     results.push(*res);
-                    failed = Some(blocked);
+                    stopped = Some(result);
                 }
             }
         }
-        (results, done, failed)
+        (results, done, stopped)
     }
 
     /// The plan's rollback after a failure: the actions `done` restored newest first,
@@ -711,7 +720,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         // what is left to roll back; unless a failed action's own undo failed: the log
         // is emptied all the same, but the record stays active, for recovery to check
         // that action against the disk.
-        let held = held.and_then(|h| match self.undo_failed {
+        let held = held.and_then(|h| match self.undo_failure {
             Some(_) => self.sb.settle_commit_log(wf).map(|_| h),
             None => self
                 .sb
@@ -738,18 +747,19 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
-    /// An action's failure or refusal, counted, audited and turned into its result.
-    /// `refused`: nothing of the action was written either; refused so while `first`,
-    /// it blocks the plan as validation would have.
+    /// An action's failure or refusal, counted, audited and turned into its result. A
+    /// refusal before anything of the action was written, while nothing of the run is
+    /// either, blocks the plan as validation would have.
     fn fail_or_block(
         &self,
         a: &Action,
-        first: bool,
+        reached: Reached,
         mut res: ActionResult,
         r: Refusal,
         target: String,
-        refused: bool,
     ) -> Box<ActionResult> {
+        let refused = matches!(reached, Reached::Checks { .. });
+        let first = matches!(reached, Reached::Checks { first: true });
         let code = r.reason_code;
         // Refused by a check made again at write time, or by the disk as a way out
         // (a link met mid-write): denied wherever the action stands in the plan.
@@ -770,7 +780,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         };
         res.reason_code = Some(r.reason_code);
         res.reason = Some(r.reason);
-        let rec = self.record(a, &res, status, target);
+        let rec = self.audit_record(a, &res, status, target);
         if let Err(e) = self.sb.audit.append(vec![rec]) {
             tracing::error!(error = %e, "could not audit a failed action");
         }
@@ -790,13 +800,13 @@ impl<'a> SandboxWriteExecutor<'a> {
         if self.undone.as_deref() == Some(a.id()) {
             res.rollback_path = None;
         }
-        if let Some(why) = &self.undo_failed {
+        if let Some(why) = &self.undo_failure {
             r.reason = format!(
                 "{}; {UNDO_FAILED} ({why}), so the change may still be in place: roll the workflow back once that is fixed",
                 r.reason.strip_suffix(UNDONE_LATER).unwrap_or(&r.reason)
             );
         }
-        self.fail_or_block(a, false, res, r, target, false)
+        self.fail_or_block(a, Reached::Writing, res, r, target)
     }
 }
 
@@ -806,6 +816,16 @@ const UNDONE_LATER: &str = "; the change was undone, and what the trail still la
 
 /// Why an append to the registry or the audit trail failed: a log another process held
 /// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
+/// How far a failed action got, which decides how its failure counts.
+#[derive(Debug, Clone, Copy)]
+enum Reached {
+    /// Its checks at write time: nothing of it was written. `first`: nor anything of
+    /// the run.
+    Checks { first: bool },
+    /// Its snapshot was taken: it had begun writing.
+    Writing,
+}
+
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     crate::error::busy_or_failed(
         e,

@@ -3,13 +3,13 @@
 
 use super::{Bytes, SandboxWriteExecutor};
 use crate::budget::{Usage, check_budget, check_rate};
-use crate::catalog::Operation;
+use crate::catalog::{Effect, Operation};
 use crate::confine::path::shown_path;
 use crate::confine::root::not_a_directory;
 use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::plan::{Action, check_payload, render};
-use crate::policy::{Approval, check_found_kind, check_size, check_target};
+use crate::policy::{Approval, check_content_size, check_found_kind, check_size, check_target};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::Sandbox;
 use crate::snapshot::{MAX_SNAPSHOT_BYTES, Snapshotter};
@@ -232,6 +232,7 @@ impl SandboxWriteExecutor<'_> {
             let is_dir = matches!(found, Virtual::Dir);
             check_found_kind(approval.op, &approval.resolved.rel, is_dir)?;
         }
+        check_content_size(&approval, a.content.as_deref(), &sb.config.extensions)?;
         let before = match &current {
             // Unread bytes do not change the result (render needs to know only that the
             // file exists).
@@ -425,17 +426,18 @@ pub(super) fn check_existing_size(
     let Some(max) = op.max_size_bytes else {
         return Ok(());
     };
-    match op.name {
-        "append_file" => {
+    match op.effect {
+        Effect::Append => {
             let total = size.saturating_add(a.content.as_ref().map_or(0, |c| c.len() as u64));
             if total > max {
                 return too_big(format!(
-                    "append_file would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
+                    "{} would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
+                    op.name,
                     human_bytes(max)
                 ));
             }
         }
-        "sandbox_transform" => {
+        Effect::Edit => {
             let change: i128 = a
                 .edits
                 .iter()
@@ -445,12 +447,19 @@ pub(super) fn check_existing_size(
             let total = i128::from(size) + change;
             if total > i128::from(max) {
                 return too_big(format!(
-                    "sandbox_transform would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
+                    "{} would leave {total} bytes in {shown}; its limit is {max} bytes ({})",
+                    op.name,
                     human_bytes(max)
                 ));
             }
         }
-        _ => {}
+        // What they leave does not depend on what is there: the limit is checked on
+        // what is rendered.
+        Effect::Create
+        | Effect::Replace
+        | Effect::Write
+        | Effect::Serialize(_)
+        | Effect::Directory => {}
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! and committed, its artifact and audit line, and its undo when a step fails.
 
 use super::validate::check_existing_size;
-use super::{ActionResult, ActionStatus, SandboxWriteExecutor, log_failure};
+use super::{ActionResult, ActionStatus, Reached, SandboxWriteExecutor, log_failure};
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{Usage, check_budget, check_rate};
@@ -14,7 +14,7 @@ use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
 use crate::plan::{Action, check_payload, render};
-use crate::policy::{Approval, check_size, check_target, resolve_target};
+use crate::policy::{Approval, check_content_size, check_size, check_target, resolve_target};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
@@ -48,7 +48,13 @@ impl SandboxWriteExecutor<'_> {
             {
                 Ok(l) => Some(l),
                 Err(r) => {
-                    return Err(self.fail_or_block(a, first, res, r, self.target_path(a), true));
+                    return Err(self.fail_or_block(
+                        a,
+                        Reached::Checks { first },
+                        res,
+                        r,
+                        self.target_path(a),
+                    ));
                 }
             },
             Err(_) => None,
@@ -56,14 +62,20 @@ impl SandboxWriteExecutor<'_> {
         let approval = match check_target(&req, &gctx) {
             Ok(ap) => ap,
             Err(r) => {
-                return Err(self.fail_or_block(a, first, res, r, self.target_path(a), true));
+                return Err(self.fail_or_block(
+                    a,
+                    Reached::Checks { first },
+                    res,
+                    r,
+                    self.target_path(a),
+                ));
             }
         };
         res.risk = approval.risk;
         let target = sb.abs_path(approval.resolved.root_index, &approval.resolved.rel);
         let checked = match self.read_and_check(a, &approval) {
             Ok(c) => c,
-            Err(r) => return Err(self.fail_or_block(a, first, res, r, target, true)),
+            Err(r) => return Err(self.fail_or_block(a, Reached::Checks { first }, res, r, target)),
         };
         res.before_checksum = checked.before.as_deref().map(sha256_hex);
 
@@ -86,7 +98,7 @@ impl SandboxWriteExecutor<'_> {
             Ok(st) => st,
             Err(r) => return Err(self.fail(a, res, r, target)),
         };
-        let logged = match self.commit(&w, staged.as_ref(), &snap) {
+        let logged = match self.reach_commit_point(&w, staged.as_ref(), &snap) {
             Ok(l) => l,
             Err(r) => return Err(self.fail(a, res, r, target)),
         };
@@ -123,6 +135,7 @@ impl SandboxWriteExecutor<'_> {
         sb.check_syncs()?;
         sb.root_in_place(ri)?;
         check_payload(approval.op, a)?;
+        check_content_size(approval, a.content.as_deref(), &sb.config.extensions)?;
         let kind = approval
             .target
             .as_ref()
@@ -185,9 +198,6 @@ impl SandboxWriteExecutor<'_> {
         } else {
             checked.rel.components().len()
         });
-        // The outcome is known before anything is written: the registry entry and the
-        // success record are prepared here, so that a snapshot can carry them as its
-        // commit record.
         let after = checked.bytes.as_deref().map(sha256_hex);
         let mut meta = self.snapshot_meta(a, approval, &checked, res, existing, after.clone());
         let Checked {
@@ -218,7 +228,7 @@ impl SandboxWriteExecutor<'_> {
         done.size_bytes = bytes.as_ref().map(|b| b.len() as u64);
         done.artifact_id = entry.as_ref().map(|e| e.artifact_id.clone());
         done.rollback_path = Some(meta.rollback_path());
-        let done_record = self.record(a, &done, AuditStatus::Success, target.to_owned());
+        let done_record = self.audit_record(a, &done, AuditStatus::Success, target.to_owned());
         let mode = match kind {
             TargetKind::File { mode, .. } => mode & 0o666,
             _ => FILE_MODE,
@@ -227,7 +237,8 @@ impl SandboxWriteExecutor<'_> {
         // place: a file another program created meanwhile is never replaced. One found
         // must still be the file that was read: another program's change made meanwhile
         // (a line appended to a log) is never overwritten unseen.
-        let no_replace = approval.op.name == "create_file" || matches!(kind, TargetKind::Missing);
+        let no_replace = approval.op.effect == crate::catalog::Effect::Create
+            || matches!(kind, TargetKind::Missing);
         let put = match &stamp {
             Some(was) if !no_replace => Put::Unchanged(*was),
             _ => Put::new_or_any(no_replace),
@@ -337,15 +348,19 @@ impl SandboxWriteExecutor<'_> {
         )
     }
 
-    /// With batched syncs, stages the new bytes beside the target, for the commit point
-    /// to make them durable with the snapshot before the target changes; none otherwise.
-    /// A failure undoes the snapshot as a refusal would.
+    /// Right after the snapshot: with batched syncs, stages the new bytes beside the
+    /// target, for the commit point to make them durable with the snapshot before the
+    /// target changes; none otherwise. A failure undoes the snapshot as a refusal would.
     fn stage(
         &mut self,
         w: &ActionWrite<'_>,
         snap: &(usize, StoredSnapshot),
     ) -> Verdict<Option<StagedWrite>> {
         let sb = self.sb;
+        if let Err(r) = sb.fail_at("after_snapshot") {
+            self.undo(snap, &w.left);
+            return Err(r);
+        }
         let root = &sb.roots[w.ri];
         match (&w.staged_name, &w.bytes) {
             (Some(name), Some(b)) => match root
@@ -370,7 +385,7 @@ impl SandboxWriteExecutor<'_> {
     /// Makes the snapshot (and a staged write) durable before the target changes,
     /// returning where the workflow's commit log stands when an append to it did; a
     /// failure discards the staged bytes and undoes the snapshot.
-    fn commit(
+    fn reach_commit_point(
         &mut self,
         w: &ActionWrite<'_>,
         staged: Option<&StagedWrite>,
@@ -418,8 +433,7 @@ impl SandboxWriteExecutor<'_> {
     ) -> Verdict {
         let sb = self.sb;
         let root = &sb.roots[w.ri];
-        let durable = sb.fsync_each();
-        sb.fail_at("after_snapshot")?;
+        let fsync_each = sb.fsync_each();
         sb.fail_at("before_mutate")?;
         match (&w.bytes, staged) {
             (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
@@ -430,7 +444,7 @@ impl SandboxWriteExecutor<'_> {
                 root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, sb.durable())?;
             }
             (None, _) => {
-                root.create_dir_all_making(&w.rel, w.make, durable)?;
+                root.create_dir_all_making(&w.rel, w.make, fsync_each)?;
             }
         }
         *written = true;
@@ -451,22 +465,16 @@ impl SandboxWriteExecutor<'_> {
     /// write durable: the action succeeded only once both are done.
     fn audit_write(&self, done_record: AuditRecord, staged: bool) -> Verdict {
         let sb = self.sb;
-        let appended = sb
-            .fail_at("before_audit")
+        sb.fail_at("before_audit")
             .map_err(|r| std::io::Error::other(r.reason))
             .and_then(|()| sb.audit.append(vec![done_record]))
-            // The second durability point: the target, the registry and the
-            // audit line, all at once. Recovery checks audited targets against
-            // their after_checksum, so their order on disk does not matter. A
-            // staged write needs none: its commit record is durable already.
-            .and_then(|_| {
-                if staged {
-                    Ok(())
-                } else {
-                    sb.sync_point().map_err(|r| std::io::Error::other(r.reason))
-                }
-            });
-        appended.map_err(|e| log_failure("append to the audit log", &e))
+            .map_err(|e| log_failure("append to the audit log", &e))?;
+        // Under `batched`, the second durability point: the target, the registry and
+        // the audit line, all at once (recovery checks audited targets against their
+        // after_checksum, so their order on disk does not matter). A staged write needs
+        // none: its commit record is durable already. Under `strict` each was synced as
+        // it was written, and under `relaxed` nothing is: a no-op.
+        if staged { Ok(()) } else { sb.sync_point() }
     }
 
     /// Undoes a write that failed with `r` (discarding its staged bytes), returning the
@@ -608,7 +616,7 @@ impl SandboxWriteExecutor<'_> {
             self.undone = Some(snap.1.meta.action_id.clone());
         } else {
             self.unsettled.set(true);
-            self.undo_failed = Some(
+            self.undo_failure = Some(
                 steps
                     .iter()
                     .find_map(|s| s.reason.clone())

@@ -3,7 +3,8 @@
 use super::chmod::detect_chmod_intent;
 use super::permission::{PermissionScope, classify_permission_scope, phase_supports_sandbox_write};
 use crate::catalog::{
-    FORBIDDEN_INTENTS, Operation, READ_INTENTS, RiskLevel, is_allowed_operation, op_for_intent,
+    Effect, FORBIDDEN_INTENTS, Operation, READ_INTENTS, RiskLevel, is_allowed_operation,
+    op_for_intent,
 };
 use crate::confine::path::shown_path;
 use crate::confine::{
@@ -82,8 +83,9 @@ pub fn check_intent(req: &GovernanceRequest<'_>) -> Verdict<&'static Operation> 
         return Err(Refusal::new(
             ReasonCode::PhaseNotSupported,
             format!(
-                "phase {} does not allow sandbox writes; writes are allowed in phases 28.3, 28.5, 28.6, 28.7 and 28.8",
-                shown_path(req.phase)
+                "phase {} does not allow sandbox writes; writes are allowed in phases {}",
+                shown_path(req.phase),
+                super::write_phases_listed("and")
             ),
         ));
     }
@@ -198,6 +200,23 @@ pub fn resolve_target(
 /// The size check, last of all.
 pub fn check_size(approval: &Approval, size: u64, extensions: &ExtensionPolicy) -> Verdict {
     is_allowed_operation(approval.op, &approval.ext, size, extensions)
+}
+
+/// The size check where the bytes an operation leaves are its `content` as given, made
+/// before the target's preconditions are judged, as SPEC §5 orders it with governance:
+/// a `create_file` of 2 MiB on an existing file is `size_exceeded`, as `check --size`
+/// says, not `already_exists`. The others are judged once rendered.
+pub fn check_content_size(
+    approval: &Approval,
+    content: Option<&str>,
+    extensions: &ExtensionPolicy,
+) -> Verdict {
+    match approval.op.effect {
+        Effect::Create | Effect::Replace | Effect::Write => {
+            check_size(approval, content.map_or(0, |c| c.len() as u64), extensions)
+        }
+        Effect::Append | Effect::Edit | Effect::Serialize(_) | Effect::Directory => Ok(()),
+    }
 }
 
 fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {

@@ -646,6 +646,15 @@ pub fn classify_permission_scope(intent: &str, tool: Option<&str>) -> Permission
     }
 }
 
+/// The phases that allow sandbox writes, in order.
+pub const WRITE_PHASES: [&str; 5] = ["28.3", "28.5", "28.6", "28.7", "28.8"];
+
+/// [`WRITE_PHASES`] as a sentence lists them, the last after `last_word` ("and", "or").
+pub fn write_phases_listed(last_word: &str) -> String {
+    let (last, rest) = WRITE_PHASES.split_last().unwrap_or((&"", &[]));
+    format!("{} {last_word} {last}", rest.join(", "))
+}
+
 /// The scopes a phase allows. An unknown phase allows only `readonly`.
 pub fn allowed_scopes(phase: &str) -> &'static [PermissionScope] {
     use PermissionScope::*;

@@ -10,11 +10,17 @@ use crate::reason::{ReasonCode, Verdict};
 const LOGGED_PER_SYNC: usize = 32;
 
 impl Sandbox {
+    /// Whether writes must survive a power cut once reported done (`strict` or
+    /// `batched`), however they are made so.
+    pub(crate) fn durable(&self) -> bool {
+        self.config.durability.is_durable()
+    }
+
     /// Whether each write syncs its own file and directory (strict durability without
     /// batched syncs). Paths that are not on the hot path (rollback, recovery) use
     /// [`Sandbox::durable`] instead.
     pub(crate) fn fsync_each(&self) -> bool {
-        self.config.durability.is_strict() && self.batch_sync.is_none()
+        self.config.durability.is_durable() && self.batch_sync.is_none()
     }
 
     /// With batched durability, how many whole-filesystem syncs this sandbox has made so

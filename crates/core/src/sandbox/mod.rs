@@ -415,10 +415,6 @@ impl Sandbox {
             .collect()
     }
 
-    pub(crate) fn durable(&self) -> bool {
-        self.config.durability.is_strict()
-    }
-
     /// The execution context and, when simulating, why.
     pub fn execution_context(&self) -> (ExecutionContext, Option<DryRunReason>) {
         ExecutionContext::from_flags(
@@ -1055,7 +1051,7 @@ impl StateFiles {
         failpoints: &Arc<crate::failpoint::FailPoints>,
     ) -> Result<Self, Error> {
         // With batched syncs the logs are made durable by the executor's sync points.
-        let durable = config.durability.is_strict() && !batched;
+        let durable = config.durability.is_durable() && !batched;
         let registry = ArtifactRegistry::open(state, durable)
             .map_err(Error::io("open the artifact registry"))?;
         let mut audit =

@@ -6,9 +6,20 @@ use PermissionScope::{
 use ailab_sandbox_core::catalog::{FORBIDDEN_INTENTS, OPERATIONS, READ_INTENTS};
 use ailab_sandbox_core::context::{DryRunReason, ExecutionContext, ExecutionMode};
 use ailab_sandbox_core::policy::{
-    DEFAULT_PHASE, PermissionScope, allowed_scopes, classify_permission_scope, is_scope_allowed,
-    phase_supports_sandbox_write,
+    DEFAULT_PHASE, PermissionScope, WRITE_PHASES, allowed_scopes, classify_permission_scope,
+    is_scope_allowed, phase_supports_sandbox_write, write_phases_listed,
 };
+
+/// The list refusals quote is the table's: every phase that allows writes, no other.
+#[test]
+fn the_write_phases_listed_are_those_the_table_allows() {
+    let writing: Vec<String> = (0..=40)
+        .flat_map(|major| (0..=12).map(move |minor| format!("{major}.{minor}")))
+        .filter(|p| phase_supports_sandbox_write(p))
+        .collect();
+    assert_eq!(writing, WRITE_PHASES);
+    assert_eq!(write_phases_listed("or"), "28.3, 28.5, 28.6, 28.7 or 28.8");
+}
 
 #[test]
 fn phases_28_1_28_2_and_28_4_are_readonly_only() {

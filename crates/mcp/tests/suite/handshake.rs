@@ -113,7 +113,7 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-        let payload = match op.payload {
+        let payload = match op.payload() {
             Payload::Content => Some("content"),
             Payload::Data => Some("data"),
             Payload::Edits => Some("edits"),
