@@ -317,3 +317,62 @@ fn a_client_that_stops_reading_ends_the_session() {
     assert!(status.success(), "{status}");
     drop(stdin);
 }
+
+/// A client that closes its input and reads its answers only later, after the few
+/// seconds the SDK gives answers still on their way once the input ends, gets every one
+/// of them, and the process then ends cleanly. Standard output takes each answer at
+/// once; only its flush waits for the client.
+#[test]
+fn a_client_that_reads_late_after_closing_its_input_gets_every_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
+        .arg("mcp")
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}});
+    writeln!(stdin, "{hello}").unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    // Answers of some 25 KB each: far more than a pipe holds.
+    let requests = 150;
+    for id in 1..=requests {
+        writeln!(
+            stdin,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+        )
+        .unwrap();
+    }
+    drop(stdin);
+    // Longer than it takes requests to be let go of three times over (5 s each), had
+    // they not been held back, and than the SDK's drain after them.
+    std::thread::sleep(Duration::from_secs(17));
+    // In any order: each is answered from a task of its own.
+    let mut ids: Vec<u64> = BufReader::new(stdout)
+        .lines()
+        .map(|l| {
+            let v = serde_json::from_str::<Value>(&l.unwrap()).unwrap();
+            assert!(v["result"].is_object(), "{v}");
+            v["id"].as_u64().unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..=requests).collect::<Vec<u64>>());
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "mcp did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}

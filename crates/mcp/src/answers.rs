@@ -3,10 +3,12 @@
 //! rmcp reads every request as soon as it can and sends each answer from a task of its
 //! own, however slowly the client reads: a client that sends requests faster than it
 //! reads the answers (or never reads them) would have the answers pile up in memory, some
-//! 14 KB for each `tools/list`, gigabytes for a flood. So the pump passes on no request
+//! 25 KB for each `tools/list`, gigabytes for a flood. So the pump passes on no request
 //! while [`MAX_UNANSWERED`] it passed on are unanswered, and the session's output tells
 //! [`Answers`] each answer it writes: the start of each line is read for its `id` (rmcp
-//! writes `{"jsonrpc":"2.0","id":…` first). A request rmcp answers with no id of its own
+//! writes `{"jsonrpc":"2.0","id":…` first), and the answer counts once a flush after it
+//! completes. Standard output takes a write into a buffer of its own at once, whether or
+//! not the client reads; it is its flush (rmcp flushes after each message) that waits. A request rmcp answers with no id of its own
 //! (a parse error's `null`) takes the place of the oldest unanswered one without a
 //! readable id. A request unanswered after [`SETTLE`] is let go of while the client reads
 //! its output (a tool call that runs long is paced by [`crate::screen::Flow`] until it
@@ -46,10 +48,12 @@ struct Waiting {
     asked: VecDeque<Asked>,
     /// Requests passed on since the session began.
     passed: u64,
-    /// A write to the client waits for it to read.
+    /// A write or flush to the client waits for it to read.
     stalled: bool,
     /// The start of the line being written, up to [`ID_PREFIX`] bytes.
     line: Vec<u8>,
+    /// The ids of the answers written whole and not yet flushed.
+    unflushed: Vec<Option<Value>>,
 }
 
 /// See the module.
@@ -94,6 +98,17 @@ impl Answers {
         });
     }
 
+    /// Whether a request of id `id` was passed on and has no answer yet: rmcp keeps one
+    /// entry per id, so a second request of that id would run and its answer be lost.
+    pub(crate) fn pending(&self, id: &Value) -> bool {
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .asked
+            .iter()
+            .any(|a| a.id.as_ref() == Some(id))
+    }
+
     /// The pump passed on a cancellation of request `id`: its answer may never come.
     pub(crate) fn cancelled(&self, id: &Value) {
         self.note(|w| {
@@ -107,25 +122,39 @@ impl Answers {
         });
     }
 
-    /// The session's output wrote `bytes` (`None`: a write waits for the client).
+    /// The session's output took `bytes` (`None`: a write waits for the client). They
+    /// count once flushed.
     pub(crate) fn written(&self, bytes: Option<&[u8]>) {
+        let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(mut bytes) = bytes else {
+            w.stalled = true;
+            return;
+        };
+        while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+            keep_start(&mut w.line, &bytes[..end]);
+            let id = id_of(&w.line);
+            w.line.clear();
+            w.unflushed.push(id);
+            bytes = &bytes[end + 1..];
+        }
+        keep_start(&mut w.line, bytes);
+    }
+
+    /// The session's output flushed what it took (`false`: the flush waits for the
+    /// client).
+    pub(crate) fn flushed(&self, done: bool) {
+        if !done {
             self.waiting
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .stalled = true;
             return;
-        };
+        }
         self.note(|w| {
             w.stalled = false;
-            while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
-                keep_start(&mut w.line, &bytes[..end]);
-                let id = id_of(&w.line);
-                w.line.clear();
+            for id in std::mem::take(&mut w.unflushed) {
                 answered(&mut w.asked, id.as_ref());
-                bytes = &bytes[end + 1..];
             }
-            keep_start(&mut w.line, bytes);
         });
     }
 
@@ -140,14 +169,37 @@ impl Answers {
 
     /// Returns once fewer than `most` requests passed on are unanswered.
     pub(crate) async fn below(&self, most: usize) {
+        self.below_counting(most, true).await;
+    }
+
+    /// Returns once every request passed on and not cancelled is answered: the answer
+    /// of a cancelled one never comes (rmcp drops it).
+    pub(crate) async fn all_answered(&self) {
+        self.below_counting(1, false).await;
+    }
+
+    async fn below_counting(&self, most: usize, cancelled_count: bool) {
         let settle = self.settle;
-        crate::screen::wait_for(&self.waiting, &self.changed, settle, |w| {
+        crate::screen::wait_for(&self.waiting, &self.changed, |w| {
             let stalled = w.stalled;
-            w.asked.retain(|a| match a.cancelled {
-                Some(at) => at.elapsed() < settle,
-                None => stalled || a.at.elapsed() < settle,
-            });
-            w.asked.len() < most
+            // How long each request still counts; `None` while the client reads nothing
+            // (until a change is announced).
+            let left = |a: &Asked| match a.cancelled {
+                Some(at) => Some(settle.saturating_sub(at.elapsed())),
+                None if stalled => None,
+                None => Some(settle.saturating_sub(a.at.elapsed())),
+            };
+            w.asked.retain(|a| left(a).is_none_or(|d| !d.is_zero()));
+            let counted = w
+                .asked
+                .iter()
+                .filter(|a| cancelled_count || a.cancelled.is_none())
+                .count();
+            if counted < most {
+                return None;
+            }
+            // Asked again when the first still counted would be let go of.
+            Some(w.asked.iter().filter_map(left).min().unwrap_or(settle))
         })
         .await;
     }
@@ -203,22 +255,46 @@ mod tests {
         a.asked(Some(json!("two")));
         a.asked(None);
         assert!(!ready_at_once(a.below(3)));
-        // In pieces, as the output writes them, two answers in one write.
+        // In pieces, as the output writes them, two answers in one write; each counts
+        // once flushed.
         a.written(Some(br#"{"jsonrpc":"2.0","i"#));
         a.written(Some(
             b"d\":\"two\",\"result\":{}}\n{\"jsonrpc\":\"2.0\",\"id\":1.0,",
         ));
+        assert!(!ready_at_once(a.below(3)), "taken, not yet flushed");
+        a.flushed(false);
+        assert!(!ready_at_once(a.below(3)), "the flush waits for the client");
+        a.flushed(true);
         assert!(ready_at_once(a.below(3)));
         assert!(!ready_at_once(a.below(2)));
         a.written(Some(b"\"result\":{}}\n"));
+        a.flushed(true);
         assert!(ready_at_once(a.below(2)));
         assert!(!ready_at_once(a.below(1)), "the unknown id is still asked");
         a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{}}\n"));
+        a.flushed(true);
         assert!(ready_at_once(a.below(1)));
         // An answer to no request passed on takes nothing.
         a.asked(Some(json!(5)));
         a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}\n"));
+        a.flushed(true);
         assert!(!ready_at_once(a.below(1)));
+    }
+
+    /// A request with no answer is let go of `settle` after it was passed on, however
+    /// recently a wait for room began (the pump begins one at each line it reads).
+    #[tokio::test]
+    async fn a_request_is_let_go_of_on_time_by_a_wait_begun_late() {
+        let a = Answers::settling_in(Duration::from_millis(600));
+        a.asked(Some(json!(1)));
+        a.written(Some(b""));
+        a.flushed(true);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let waited = tokio::time::timeout(Duration::from_millis(450), a.below(1)).await;
+        assert!(
+            waited.is_ok(),
+            "let go of a full settle after the wait began"
+        );
     }
 
     #[tokio::test]
@@ -227,15 +303,22 @@ mod tests {
         a.asked(Some(json!(1)));
         a.asked(Some(json!(2)));
         assert!(ready_at_once(a.below(1)));
-        // While a write waits for the client, nothing settles but cancellations.
-        a.asked(Some(json!(3)));
-        a.asked(Some(json!(4)));
-        a.written(None);
-        assert!(!ready_at_once(a.below(2)));
-        a.cancelled(&json!(3));
-        assert!(ready_at_once(a.below(2)));
-        assert!(!ready_at_once(a.below(1)));
-        a.written(Some(b""));
-        assert!(ready_at_once(a.below(1)));
+        // While a write or a flush waits for the client, nothing settles but
+        // cancellations.
+        for stall in [
+            |a: &Answers| a.written(None),
+            |a: &Answers| a.flushed(false),
+        ] {
+            a.asked(Some(json!(3)));
+            a.asked(Some(json!(4)));
+            stall(&a);
+            assert!(!ready_at_once(a.below(2)));
+            a.cancelled(&json!(3));
+            assert!(ready_at_once(a.below(2)));
+            assert!(!ready_at_once(a.below(1)));
+            a.written(Some(b""));
+            a.flushed(true);
+            assert!(ready_at_once(a.below(1)));
+        }
     }
 }

@@ -1127,6 +1127,11 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        match &polled {
+            std::task::Poll::Ready(Ok(())) => self.flow.answers.flushed(true),
+            std::task::Poll::Pending => self.flow.answers.flushed(false),
+            std::task::Poll::Ready(Err(_)) => {}
+        }
         self.watch(polled)
     }
 
@@ -1204,18 +1209,89 @@ mod tests {
         assert_eq!(waiting.await.unwrap(), Some(7));
     }
 
+    /// An output that takes each write into a buffer of its own at once and waits only
+    /// in its flush, as tokio's standard output does.
+    struct LikeStdout<W> {
+        inner: W,
+        buf: Vec<u8>,
+    }
+
+    impl<W: AsyncWrite + Unpin> LikeStdout<W> {
+        fn drain(
+            &mut self,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            while !self.buf.is_empty() {
+                match std::pin::Pin::new(&mut self.inner).poll_write(cx, &self.buf) {
+                    std::task::Poll::Ready(Ok(0)) => {
+                        return std::task::Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+                    }
+                    std::task::Poll::Ready(Ok(n)) => drop(self.buf.drain(..n)),
+                    other => return other.map(|r| r.map(|_| ())),
+                }
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for LikeStdout<W> {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::ready!(self.drain(cx))?;
+            self.buf.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::ready!(self.drain(cx))?;
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
     /// A client that sends requests and reads no answer has them held back once enough
-    /// answers wait for it (each `tools/list` answer is some 14 KB that rmcp would hold),
-    /// and gets every one, in order, once it reads.
+    /// answers wait for it (each `tools/list` answer is some 25 KB that rmcp would hold),
+    /// for as long as it reads nothing, whether the output waits in its writes or, as
+    /// standard output does, in its flushes; it gets every one, in order, once it reads.
     #[tokio::test]
     async fn requests_wait_while_their_answers_are_unread() {
+        for like_stdout in [false, true] {
+            unread_answers_hold_requests_back(like_stdout).await;
+        }
+    }
+
+    async fn unread_answers_hold_requests_back(like_stdout: bool) {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
         let dir = tempfile::tempdir().unwrap();
-        let server = simulating_server(dir.path());
+        let mut server = simulating_server(dir.path());
+        // Requests that get no answer are let go of quickly, but not while the client
+        // reads nothing.
+        server.flow = Arc::new(screen::Flow::settling_in(Duration::from_millis(200)));
         let flow = Arc::clone(&server.flow);
         let (client, served) = tokio::io::duplex(1 << 16);
         let (r, w) = tokio::io::split(served);
-        let session = tokio::spawn(serve_io(server, r, w));
+        let session = if like_stdout {
+            let w = LikeStdout {
+                inner: w,
+                buf: Vec::new(),
+            };
+            tokio::spawn(serve_io(server, r, w))
+        } else {
+            tokio::spawn(serve_io(server, r, w))
+        };
         let (answers, mut input) = tokio::io::split(client);
         let mut answers = tokio::io::BufReader::new(answers).lines();
         let requests = 2_000;
@@ -1229,16 +1305,18 @@ mod tests {
                 "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/list\"}}\n"
             ));
         }
+        // The input ends before the client reads: the session still answers them all.
         let writer = tokio::spawn(async move {
             input.write_all(text.as_bytes()).await.unwrap();
-            input
+            input.shutdown().await.unwrap();
         });
-        // Read by nobody, the answers fill the output's buffer and the rest wait.
+        // Read by nobody, the answers fill the output's buffer and the rest wait, well
+        // past the time a request with no answer counts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let passed = flow.answers.passed();
         assert!(
             passed <= (answers::MAX_UNANSWERED + 16) as u64,
-            "{passed} requests passed on while their answers went unread"
+            "{passed} requests passed on while their answers went unread (like stdout: {like_stdout})"
         );
         for id in 0..=requests {
             let line = tokio::time::timeout(Duration::from_secs(60), answers.next_line())
@@ -1250,7 +1328,7 @@ mod tests {
             assert_eq!(v["id"], id, "{}", &line[..line.len().min(200)]);
             assert!(v["result"].is_object(), "{}", &line[..line.len().min(200)]);
         }
-        writer.await.unwrap().shutdown().await.unwrap();
+        writer.await.unwrap();
         tokio::time::timeout(Duration::from_secs(30), session)
             .await
             .unwrap()
@@ -1325,6 +1403,87 @@ mod tests {
             "{audited:?}"
         );
         assert_eq!(sandbox.artifacts(100, None).unwrap().len(), 1);
+        drop((input, answers));
+        session.await.unwrap().unwrap();
+    }
+
+    /// A call reusing the id of one still unanswered is dropped unrun: rmcp would run
+    /// both and answer one, a write the client never hears of. Once the first is
+    /// answered, the id may be used again.
+    #[tokio::test]
+    async fn a_call_reusing_a_pending_id_is_not_run() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ailab_sandbox_core::Config::with_roots(
+            vec![dir.path().join("root")],
+            dir.path().join("state"),
+        );
+        config.enable_write = true;
+        config.dry_run = false;
+        let sandbox = Arc::new(Sandbox::open(config).unwrap());
+        let server = SandboxMcp::new(Arc::clone(&sandbox));
+        let (client, served) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(served);
+        let session = tokio::spawn(serve_io(server, r, w));
+        let (answers, mut input) = tokio::io::split(client);
+        let mut answers = tokio::io::BufReader::new(answers).lines();
+        let call = |id: u32, path: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
+            )
+        };
+        let hello = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+"#;
+        input.write_all(hello.as_bytes()).await.unwrap();
+        let mut next = async || {
+            let line = tokio::time::timeout(Duration::from_secs(30), answers.next_line());
+            serde_json::from_str::<serde_json::Value>(&line.await.unwrap().unwrap().unwrap())
+                .unwrap()
+        };
+        assert_eq!(next().await["id"], 0);
+        let rounds = 5;
+        for round in 0..rounds {
+            // Five calls of one id and a ping in one write, as a client sending a burst:
+            // all read before any call runs.
+            let id = 10 + round;
+            let mut burst: String = (0..5)
+                .map(|i| call(id, &format!("r{round}_dup{i}.txt")) + "\n")
+                .collect();
+            burst.push_str(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"ping\"}}\n",
+                100 + round
+            ));
+            input.write_all(burst.as_bytes()).await.unwrap();
+            let (first, second) = (next().await, next().await);
+            let answer = if first["id"] == 100 + round {
+                second
+            } else {
+                first
+            };
+            assert_eq!(answer["id"], id, "{answer}");
+            assert_eq!(answer["result"]["isError"], false, "{answer}");
+        }
+        // Answered, an id is free again.
+        input
+            .write_all(format!("{}\n", call(10, "again.txt")).as_bytes())
+            .await
+            .unwrap();
+        let answer = next().await;
+        assert_eq!(answer["id"], 10, "{answer}");
+        assert_eq!(answer["result"]["isError"], false, "{answer}");
+        let root = dir.path().join("root");
+        let written: Vec<(u32, u32)> = (0..rounds)
+            .flat_map(|r| (0..5).map(move |i| (r, i)))
+            .filter(|(r, i)| root.join(format!("r{r}_dup{i}.txt")).exists())
+            .collect();
+        let firsts: Vec<(u32, u32)> = (0..rounds).map(|r| (r, 0)).collect();
+        assert_eq!(written, firsts, "only the first call of each id ran");
+        assert!(root.join("again.txt").exists());
+        assert_eq!(
+            sandbox.artifacts(100, None).unwrap().len(),
+            rounds as usize + 1
+        );
         drop((input, answers));
         session.await.unwrap().unwrap();
     }

@@ -156,7 +156,9 @@ impl Drop for Serving {
 }
 
 impl Flow {
-    fn settling_in(settle: Duration) -> Self {
+    /// Taking a request that gets no answer as settled after `settle` (see
+    /// [`crate::answers`]).
+    pub(crate) fn settling_in(settle: Duration) -> Self {
         Self {
             count: Mutex::new(Count::default()),
             changed: tokio::sync::Notify::new(),
@@ -214,7 +216,7 @@ impl Flow {
     /// `room` fits beside them (see [`DATA_ROOM`]).
     async fn below(&self, most: u64, room: usize) {
         let settle = self.settle;
-        wait_for(&self.count, &self.changed, settle, |c| {
+        wait_for(&self.count, &self.changed, |c| {
             // A call passed on that the handler has not begun for `settle` never will
             // be: rmcp answered it itself.
             while let Some(u) = c.unbegun.front()
@@ -225,28 +227,36 @@ impl Flow {
                 c.passed -= 1;
             }
             // The handler may also serve calls that did not come through the pump.
-            c.passed.saturating_sub(c.finished) < most && c.fits(room)
+            if c.passed.saturating_sub(c.finished) < most && c.fits(room) {
+                return None;
+            }
+            // Asked again when the oldest unbegun would be let go of.
+            Some(
+                c.unbegun
+                    .front()
+                    .map_or(settle, |u| settle.saturating_sub(u.at.elapsed())),
+            )
         })
         .await;
     }
 }
 
-/// Returns once `ready` holds of the state under `lock`, asked again at each change
-/// `changed` announces and at least every `settle` (what `ready` lets go of with time).
+/// Returns once `ready` gives `None` of the state under `lock`, asked again at each
+/// change `changed` announces and, when it gives `Some(d)`, after `d` at the latest
+/// (what it lets go of with time: a fresh wait does not start the time again).
 pub(crate) async fn wait_for<T>(
     lock: &Mutex<T>,
     changed: &tokio::sync::Notify,
-    settle: Duration,
-    mut ready: impl FnMut(&mut T) -> bool,
+    mut ready: impl FnMut(&mut T) -> Option<Duration>,
 ) {
     loop {
         let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if ready(&mut lock.lock().unwrap_or_else(PoisonError::into_inner)) {
+        let Some(wait) = ready(&mut lock.lock().unwrap_or_else(PoisonError::into_inner)) else {
             return;
-        }
-        let _ = tokio::time::timeout(settle, notified).await;
+        };
+        let _ = tokio::time::timeout(wait, notified).await;
     }
 }
 
@@ -938,6 +948,10 @@ where
                 };
                 if let Some(h) = at.and_then(|at| held.remove(at)) {
                     held_bytes -= h.text.len();
+                    if answered.pending(&h.id) {
+                        reused(&h.id);
+                        continue;
+                    }
                     // Noted before rmcp can read it: the handler may begin it at once.
                     flow.passed(h.id.clone(), h.room, h.cancelled);
                     answered.asked(Some(h.id.clone()));
@@ -955,6 +969,10 @@ where
             () = answered.below(MAX_UNANSWERED), if !requests.is_empty() => {
                 if let Some((id, text)) = requests.pop_front() {
                     held_bytes -= text.len();
+                    if let Some(id) = id.as_ref().filter(|id| answered.pending(id)) {
+                        reused(id);
+                        continue;
+                    }
                     answered.asked(id);
                     if !forward(&mut out, &text).await {
                         return;
@@ -1009,9 +1027,19 @@ where
             else => break,
         }
     }
-    // Every call answered before rmcp hears that the input ended.
+    // Every call answered, and every answer flushed to the client, before rmcp hears
+    // that the input ended: it then gives the answers still on their way a few seconds
+    // only, which a client slow to read may need more than.
     flow.below(1, 0).await;
+    answered.all_answered().await;
     let _ = out.shutdown().await;
+}
+
+/// A request whose id is that of one passed on and still unanswered is dropped unrun:
+/// JSON-RPC ids name one request, and rmcp, keeping one entry per id, would run both and
+/// send one answer (a write made and audited that the client never hears of).
+fn reused(id: &Value) {
+    tracing::warn!(%id, "a request reusing the id of one still unanswered, dropped unrun");
 }
 
 /// How much of the start of a line too long to read is kept, to answer its call.
