@@ -290,42 +290,20 @@ fn calls_not_started_when_the_client_is_gone_are_not_run() {
 #[test]
 fn a_client_that_stops_reading_ends_the_session() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
-        .arg("mcp")
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let hello = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"}}});
-    writeln!(stdin, "{hello}").unwrap();
+    let (mut child, stdin, stdout) = initialized(tmp.path());
+    let mut stdout = BufReader::new(stdout);
     let mut line = String::new();
     assert!(stdout.read_line(&mut line).unwrap() > 0, "no answer");
     drop(stdout);
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "mcp still runs for a client that reads nothing"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exited(&mut child, "mcp still runs for a client that reads nothing");
     assert!(status.success(), "{status}");
     drop(stdin);
 }
 
-/// A client that closes its input and reads its answers only later, after the few
-/// seconds the SDK gives answers still on their way once the input ends, gets every one
-/// of them, and the process then ends cleanly. Standard output takes each answer at
-/// once; only its flush waits for the client.
-#[test]
-fn a_client_that_reads_late_after_closing_its_input_gets_every_answer() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut child = mcp_command(&tmp.path().join("root"), &tmp.path().join("state"))
+/// `mcp` writing in `dir`, sent `initialize` (id 0) and `notifications/initialized`;
+/// its input and output.
+fn initialized(dir: &std::path::Path) -> (Child, ChildStdin, std::process::ChildStdout) {
+    let mut child = mcp_command(&dir.join("root"), &dir.join("state"))
         .arg("mcp")
         .spawn()
         .unwrap();
@@ -335,12 +313,31 @@ fn a_client_that_reads_late_after_closing_its_input_gets_every_answer() {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}});
     writeln!(stdin, "{hello}").unwrap();
-    writeln!(
-        stdin,
-        "{}",
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
-    )
-    .unwrap();
+    let ready = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    writeln!(stdin, "{ready}").unwrap();
+    (child, stdin, stdout)
+}
+
+/// How `child` exited, within [`TIMEOUT`]; `why` names what it failed to do otherwise.
+fn exited(child: &mut Child, why: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that closes its input and reads its answers only later, after the few
+/// seconds the SDK gives answers still on their way once the input ends, gets every one
+/// of them, and the process then ends cleanly. Standard output takes each answer at
+/// once; only its flush waits for the client.
+#[test]
+fn a_client_that_reads_late_after_closing_its_input_gets_every_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut child, mut stdin, stdout) = initialized(tmp.path());
     // Answers of some 25 KB each: far more than a pipe holds.
     let requests = 150;
     for id in 1..=requests {
@@ -366,13 +363,6 @@ fn a_client_that_reads_late_after_closing_its_input_gets_every_answer() {
         .collect();
     ids.sort_unstable();
     assert_eq!(ids, (0..=requests).collect::<Vec<u64>>());
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "mcp did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exited(&mut child, "mcp did not end");
     assert!(status.success(), "{status}");
 }

@@ -1336,34 +1336,57 @@ mod tests {
             .unwrap();
     }
 
+    /// A sandbox writing for real in `dir`'s `root`, its state in `state`.
+    fn writing_sandbox(dir: &std::path::Path) -> Arc<Sandbox> {
+        let mut config =
+            ailab_sandbox_core::Config::with_roots(vec![dir.join("root")], dir.join("state"));
+        config.enable_write = true;
+        config.dry_run = false;
+        Arc::new(Sandbox::open(config).unwrap())
+    }
+
+    /// A `create_file` call of id `id` writing "x" to `path`.
+    fn create_call(id: u32, path: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
+        )
+    }
+
+    type Session = tokio::task::JoinHandle<Result<(), McpError>>;
+    type AnswerLines =
+        tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>;
+
+    /// A session of `server` over an in-memory pipe: its task, the lines of its answers
+    /// and its input.
+    fn in_memory(
+        server: SandboxMcp,
+    ) -> (
+        Session,
+        AnswerLines,
+        tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    ) {
+        use tokio::io::AsyncBufReadExt;
+        let (client, served) = tokio::io::duplex(1 << 16);
+        let (r, w) = tokio::io::split(served);
+        let session = tokio::spawn(serve_io(server, r, w));
+        let (answers, input) = tokio::io::split(client);
+        (session, tokio::io::BufReader::new(answers).lines(), input)
+    }
+
     /// A call cancelled while it waits for a slot is never run: no file, no audit line,
     /// no artifact, no answer; the session goes on.
     #[tokio::test]
     async fn a_call_cancelled_before_it_starts_does_nothing() {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let dir = tempfile::tempdir().unwrap();
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        config.enable_write = true;
-        config.dry_run = false;
-        let sandbox = Arc::new(Sandbox::open(config).unwrap());
+        let sandbox = writing_sandbox(dir.path());
         let server = SandboxMcp::new(Arc::clone(&sandbox));
         let held = Arc::clone(&server.calls)
             .acquire_many_owned(u32::try_from(MAX_CONCURRENT_CALLS).unwrap())
             .await
             .unwrap();
-        let (client, served) = tokio::io::duplex(1 << 16);
-        let (r, w) = tokio::io::split(served);
-        let session = tokio::spawn(serve_io(server, r, w));
-        let (answers, mut input) = tokio::io::split(client);
-        let mut answers = tokio::io::BufReader::new(answers).lines();
-        let call = |id: u32, path: &str| {
-            format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
-            )
-        };
+        let (session, mut answers, mut input) = in_memory(server);
+        let call = create_call;
         for line in [
             r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#.to_owned(),
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned(),
@@ -1412,26 +1435,12 @@ mod tests {
     /// answered, the id may be used again.
     #[tokio::test]
     async fn a_call_reusing_a_pending_id_is_not_run() {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let dir = tempfile::tempdir().unwrap();
-        let mut config = ailab_sandbox_core::Config::with_roots(
-            vec![dir.path().join("root")],
-            dir.path().join("state"),
-        );
-        config.enable_write = true;
-        config.dry_run = false;
-        let sandbox = Arc::new(Sandbox::open(config).unwrap());
+        let sandbox = writing_sandbox(dir.path());
         let server = SandboxMcp::new(Arc::clone(&sandbox));
-        let (client, served) = tokio::io::duplex(1 << 16);
-        let (r, w) = tokio::io::split(served);
-        let session = tokio::spawn(serve_io(server, r, w));
-        let (answers, mut input) = tokio::io::split(client);
-        let mut answers = tokio::io::BufReader::new(answers).lines();
-        let call = |id: u32, path: &str| {
-            format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
-            )
-        };
+        let (session, mut answers, mut input) = in_memory(server);
+        let call = create_call;
         let hello = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
 {"jsonrpc":"2.0","method":"notifications/initialized"}
 "#;

@@ -292,28 +292,27 @@ fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
     }
 }
 
-/// The same crash, but the staged bytes never reached the disk (the commit point did
-/// not complete): nothing can be finished, so the action is undone.
-#[test]
-fn batched_crash_before_the_commit_point_is_rolled_back() {
+/// A world whose `a.txt` a batched run of `one_replace` died replacing, at `point`, and
+/// its tree as seeded.
+fn batched_crash_at(point: &str) -> (World, Tree) {
     let w = World::new();
     w.write("a.txt", b"alpha\n");
     let original = w.tree();
     let sb = w.open(batched(&w));
-    sb.failpoints().arm_crash("before_mutate", 1);
+    sb.failpoints().arm_crash(point, 1);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
     assert!(outcome.is_err());
     drop(sb);
-    let staged = temp_files(&w.root);
-    assert_eq!(staged.len(), 1, "the staged new bytes: {staged:?}");
-    std::fs::remove_file(&staged[0]).unwrap();
-    // A workflow's first commit is a sync point (it creates the commit log); had it
-    // been logged, the entry would be gone too.
-    std::fs::write(w.state.join("inflight/wf_commit.log"), b"").unwrap();
-    let sb = w.open(batched(&w));
+    (w, original)
+}
+
+/// The next start undoes the one action of a run that died before its commit point:
+/// the tree as seeded, no artifact, the trail intact.
+fn undone_at_start(w: &World, original: &Tree) -> ailab_sandbox_core::Sandbox {
+    let sb = w.open(batched(w));
     assert_noticed(&sb, ": 1 unfinished action rolled back");
     assert!(!sb.notices().iter().any(|n| n.contains("0 finished")));
-    assert_eq!(w.tree(), original);
+    assert_eq!(w.tree(), *original);
     assert!(
         sb.registry()
             .get_by_workflow("wf_commit")
@@ -321,6 +320,21 @@ fn batched_crash_before_the_commit_point_is_rolled_back() {
             .is_empty()
     );
     assert!(sb.audit_verify().unwrap().ok);
+    sb
+}
+
+/// The same crash, but the staged bytes never reached the disk (the commit point did
+/// not complete): nothing can be finished, so the action is undone.
+#[test]
+fn batched_crash_before_the_commit_point_is_rolled_back() {
+    let (w, original) = batched_crash_at("before_mutate");
+    let staged = temp_files(&w.root);
+    assert_eq!(staged.len(), 1, "the staged new bytes: {staged:?}");
+    std::fs::remove_file(&staged[0]).unwrap();
+    // A workflow's first commit is a sync point (it creates the commit log); had it
+    // been logged, the entry would be gone too.
+    std::fs::write(w.state.join("inflight/wf_commit.log"), b"").unwrap();
+    undone_at_start(&w, &original);
 }
 
 /// A batched run that dies between its snapshot and the commit point (nothing staged
@@ -328,25 +342,9 @@ fn batched_crash_before_the_commit_point_is_rolled_back() {
 /// trail records the first one's undoing).
 #[test]
 fn batched_crash_right_after_the_snapshot_is_rolled_back() {
-    let w = World::new();
-    w.write("a.txt", b"alpha\n");
-    let original = w.tree();
-    let sb = w.open(batched(&w));
-    sb.failpoints().arm_crash("after_snapshot", 1);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| sb.run_plan(plan(one_replace()))));
-    assert!(outcome.is_err());
-    drop(sb);
+    let (w, original) = batched_crash_at("after_snapshot");
     assert!(temp_files(&w.root).is_empty(), "nothing staged yet");
-    let sb = w.open(batched(&w));
-    assert_noticed(&sb, ": 1 unfinished action rolled back");
-    assert_eq!(w.tree(), original);
-    assert!(
-        sb.registry()
-            .get_by_workflow("wf_commit")
-            .unwrap()
-            .is_empty()
-    );
-    assert!(sb.audit_verify().unwrap().ok);
+    let sb = undone_at_start(&w, &original);
     let mut again = one_replace();
     again["actions"][0]["action_id"] = json!("a2");
     let r = run(&sb, again);
