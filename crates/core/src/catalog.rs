@@ -50,10 +50,11 @@ pub enum Payload {
     None,
 }
 
-/// What an operation leaves at its target, given what is there. Every place where
-/// operations behave differently (rendering, the checks before a write, the payload
-/// taken, the MCP descriptions) matches on it exhaustively, so a new operation is given
-/// each behaviour on purpose rather than falling into another's.
+/// What an operation leaves at its target, given what is there. Where operations behave
+/// differently they match on it, and exhaustively wherever a default could change what
+/// is written or refused (rendering, the checks before a write, the payload taken), so
+/// a new operation is given each such behaviour on purpose rather than falling into
+/// another's; words (the MCP descriptions and advice) fall back on general ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effect {
     /// `content` as a new file; refused when the path exists.

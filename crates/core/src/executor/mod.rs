@@ -814,8 +814,6 @@ impl<'a> SandboxWriteExecutor<'a> {
 /// dropped when the undo failed, which is said instead.
 const UNDONE_LATER: &str = "; the change was undone, and what the trail still lacks is recorded before this process's next change, when this workflow is next used or at the next start";
 
-/// Why an append to the registry or the audit trail failed: a log another process held
-/// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 /// How far a failed action got, which decides how its failure counts.
 #[derive(Debug, Clone, Copy)]
 enum Reached {
@@ -826,6 +824,8 @@ enum Reached {
     Writing,
 }
 
+/// Why an append to the registry or the audit trail failed: a log another process held
+/// past `limits.lock_wait_seconds` is `conflict`, named as such, like a busy file.
 fn log_failure(what: &str, e: &std::io::Error) -> Refusal {
     crate::error::busy_or_failed(
         e,

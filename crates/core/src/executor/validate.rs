@@ -227,12 +227,18 @@ impl SandboxWriteExecutor<'_> {
         let key = t
             .sketch
             .check(ri, &approval.resolved.rel, approval.op, &a.path)?;
-        let current = self.found_at(&t.sketch, &key, &approval, a, executable)?;
-        if let Some(found) = &current {
-            let is_dir = matches!(found, Virtual::Dir);
-            check_found_kind(approval.op, &approval.resolved.rel, is_dir)?;
+        // What an earlier action leaves is judged as `check_target` judged the disk: its
+        // kind, then the size of content given whole, both before anything is read (a
+        // simulation reads a file to report its checksum, which may fail).
+        if let Some(v) = t.sketch.tree.get(&key) {
+            check_found_kind(
+                approval.op,
+                &approval.resolved.rel,
+                matches!(v, Virtual::Dir),
+            )?;
         }
         check_content_size(&approval, a.content.as_deref(), &sb.config.extensions)?;
+        let current = self.found_at(&t.sketch, &key, &approval, a, executable)?;
         let before = match &current {
             // Unread bytes do not change the result (render needs to know only that the
             // file exists).

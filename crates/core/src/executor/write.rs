@@ -6,7 +6,7 @@ use super::{ActionResult, ActionStatus, Reached, SandboxWriteExecutor, log_failu
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::budget::{Usage, check_budget, check_rate};
-use crate::catalog::{Operation, op_for_intent};
+use crate::catalog::{Effect, Operation, op_for_intent};
 use crate::commit_log::Position;
 use crate::confine::path::shown_path;
 use crate::confine::root::{FILE_MODE, FileStamp, Make, Put, StagedWrite, temp_name};
@@ -237,8 +237,8 @@ impl SandboxWriteExecutor<'_> {
         // place: a file another program created meanwhile is never replaced. One found
         // must still be the file that was read: another program's change made meanwhile
         // (a line appended to a log) is never overwritten unseen.
-        let no_replace = approval.op.effect == crate::catalog::Effect::Create
-            || matches!(kind, TargetKind::Missing);
+        let no_replace =
+            approval.op.effect == Effect::Create || matches!(kind, TargetKind::Missing);
         let put = match &stamp {
             Some(was) if !no_replace => Put::Unchanged(*was),
             _ => Put::new_or_any(no_replace),
@@ -500,7 +500,7 @@ impl SandboxWriteExecutor<'_> {
         } else {
             self.undo_refused(snap, &w.left, &r);
         }
-        if r.reason_code == ReasonCode::AlreadyExists && w.op.name != "create_file" {
+        if r.reason_code == ReasonCode::AlreadyExists && w.op.effect != Effect::Create {
             r = Refusal::new(
                 ReasonCode::Conflict,
                 format!(

@@ -205,7 +205,9 @@ pub fn check_size(approval: &Approval, size: u64, extensions: &ExtensionPolicy) 
 /// The size check where the bytes an operation leaves are its `content` as given, made
 /// before the target's preconditions are judged, as SPEC §5 orders it with governance:
 /// a `create_file` of 2 MiB on an existing file is `size_exceeded`, as `check --size`
-/// says, not `already_exists`. The others are judged once rendered.
+/// says, not `already_exists`. What stands at the path is judged first, as by `check`
+/// (a folder where a file would be written, a file where a folder is needed). The others
+/// are judged once rendered.
 pub fn check_content_size(
     approval: &Approval,
     content: Option<&str>,

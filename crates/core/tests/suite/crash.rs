@@ -241,7 +241,7 @@ fn one_replace() -> serde_json::Value {
 #[test]
 fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
     // `after_snapshot` comes before the commit point.
-    for point in POINTS.into_iter().skip(1) {
+    for point in POINTS.into_iter().filter(|p| *p != "after_snapshot") {
         let w = World::new();
         w.write("a.txt", b"alpha\n");
         let original = w.tree();

@@ -2637,4 +2637,27 @@ fn content_too_large_is_size_exceeded_before_the_targets_preconditions() {
     }
     assert_eq!(w.read("b.md"), b"b\n");
     assert!(!w.path("missing.md").exists());
+    // Before the target is read: a simulation reads an existing file for its checksum,
+    // which a file closed to this process would make a `conflict`.
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o200)
+            .open(w.path("closed.md"))
+            .unwrap();
+        f.write_all(b"c\n").unwrap();
+    }
+    for config in [w.writable_config(), w.config()] {
+        let r = without_dac_override(|| {
+            let sb = w.open(config);
+            run(
+                &sb,
+                json!({"actions": [{"intent": "create_file", "path": "closed.md", "content": big}]}),
+            )
+        });
+        assert_eq!(code(&r, 0).as_deref(), Some("size_exceeded"), "{r:?}");
+    }
 }
