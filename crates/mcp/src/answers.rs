@@ -54,6 +54,8 @@ struct Waiting {
     line: Vec<u8>,
     /// The ids of the answers written whole and not yet flushed.
     unflushed: Vec<Option<Value>>,
+    /// When the output last took or flushed anything (`None`: not yet).
+    progress: Option<Instant>,
 }
 
 /// See the module.
@@ -87,7 +89,7 @@ impl Answers {
 
     /// The pump passed on a request of id `id` (`None`: none rmcp reads).
     pub(crate) fn asked(&self, id: Option<Value>) {
-        let id = id.filter(|id| id.to_string().len() <= ID_PREFIX / 2);
+        let id = id.filter(kept);
         self.note(|w| {
             w.passed += 1;
             w.asked.push_back(Asked {
@@ -130,9 +132,11 @@ impl Answers {
             w.stalled = true;
             return;
         };
+        w.progress = Some(Instant::now());
         while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
             keep_start(&mut w.line, &bytes[..end]);
-            let id = id_of(&w.line);
+            // An id too long to have been kept when asked is matched as those were.
+            let id = id_of(&w.line).filter(kept);
             w.line.clear();
             w.unflushed.push(id);
             bytes = &bytes[end + 1..];
@@ -152,6 +156,7 @@ impl Answers {
         }
         self.note(|w| {
             w.stalled = false;
+            w.progress = Some(Instant::now());
             for id in std::mem::take(&mut w.unflushed) {
                 answered(&mut w.asked, id.as_ref());
             }
@@ -181,13 +186,18 @@ impl Answers {
     async fn below_counting(&self, most: usize, cancelled_count: bool) {
         let settle = self.settle;
         crate::screen::wait_for(&self.waiting, &self.changed, |w| {
-            let stalled = w.stalled;
+            let (stalled, progress) = (w.stalled, w.progress);
             // How long each request still counts; `None` while the client reads nothing
-            // (until a change is announced).
+            // (until a change is announced). One not cancelled counts until the output
+            // has been idle for `settle` since it was handed over: answers still on
+            // their way (a slow reader's) keep the output busy.
             let left = |a: &Asked| match a.cancelled {
                 Some(at) => Some(settle.saturating_sub(at.elapsed())),
                 None if stalled => None,
-                None => Some(settle.saturating_sub(a.at.elapsed())),
+                None => {
+                    let since = progress.map_or(a.at, |p| p.max(a.at));
+                    Some(settle.saturating_sub(since.elapsed()))
+                }
             };
             w.asked.retain(|a| left(a).is_none_or(|d| !d.is_zero()));
             let counted = w
@@ -203,6 +213,11 @@ impl Answers {
         })
         .await;
     }
+}
+
+/// Whether an id is short enough to be matched with its answer (see [`ID_PREFIX`]).
+fn kept(id: &Value) -> bool {
+    id.to_string().len() <= ID_PREFIX / 2
 }
 
 /// Adds to `line` what of `bytes` fits in [`ID_PREFIX`].
@@ -279,6 +294,20 @@ mod tests {
         a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}\n"));
         a.flushed(true);
         assert!(!ready_at_once(a.below(1)));
+    }
+
+    /// An answer whose id was too long to keep when its request was asked takes the place
+    /// of the oldest such request, as its request was kept without one.
+    #[tokio::test]
+    async fn an_answer_with_a_long_id_answers_a_request_kept_without_one() {
+        let a = Answers::settling_in(Duration::from_secs(3600));
+        let long = "i".repeat(300);
+        a.asked(Some(json!(long)));
+        a.written(Some(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":\"{long}\",\"result\":{{}}}}\n").as_bytes(),
+        ));
+        a.flushed(true);
+        assert!(ready_at_once(a.below(1)));
     }
 
     /// A request with no answer is let go of `settle` after it was passed on, however

@@ -1318,7 +1318,20 @@ mod tests {
             passed <= (answers::MAX_UNANSWERED + 16) as u64,
             "{passed} requests passed on while their answers went unread (like stdout: {like_stdout})"
         );
+        // Read slowly, one answer every 50 ms, for 2 s: the output moves, but no faster
+        // than the client reads, and as many requests pass on as answers are read.
+        let slowly = 40;
         for id in 0..=requests {
+            if id <= slowly {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if id == slowly {
+                let passed = flow.answers.passed();
+                assert!(
+                    passed <= (slowly as usize + answers::MAX_UNANSWERED + 16) as u64,
+                    "{passed} requests passed on while {slowly} answers were read (like stdout: {like_stdout})"
+                );
+            }
             let line = tokio::time::timeout(Duration::from_secs(60), answers.next_line())
                 .await
                 .unwrap()

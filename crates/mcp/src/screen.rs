@@ -103,6 +103,8 @@ struct Count {
     unbegun: std::collections::VecDeque<Unbegun>,
     /// The room taken by the calls passed on and not finished (see [`DATA_ROOM`]).
     room_taken: usize,
+    /// The ids of the calls the handler serves now, each once per call.
+    running: Vec<Value>,
 }
 
 /// A call passed on that the handler has not begun.
@@ -131,14 +133,18 @@ impl Default for Flow {
 /// A call the handler is serving, with the room it took and whether it was cancelled
 /// while held, when it is one the pump passed on and still counts; finished when
 /// dropped (also when rmcp drops the call).
-pub(crate) struct Serving(Arc<Flow>, Option<(usize, bool)>);
+pub(crate) struct Serving {
+    flow: Arc<Flow>,
+    counted: Option<(usize, bool)>,
+    id: Option<Value>,
+}
 
 impl Serving {
     /// Whether the client cancelled the call while the pump held it: the call is then
     /// not run. The pump's own cancellation follows the call, but rmcp may read a long
     /// call and begin it before that cancellation is even written.
     pub(crate) fn cancelled_before_start(&self) -> bool {
-        self.1.is_some_and(|(_, cancelled)| cancelled)
+        self.counted.is_some_and(|(_, cancelled)| cancelled)
     }
 }
 
@@ -146,12 +152,16 @@ impl Drop for Serving {
     fn drop(&mut self) {
         // A call no longer counted (taken as settled, or never passed on) was let go
         // of already: counting it finished would let one more than the most through.
-        if let Some((room, _)) = self.1 {
-            self.0.note(|c| {
+        let (counted, id) = (self.counted, self.id.take());
+        self.flow.note(|c| {
+            if let Some((room, _)) = counted {
                 c.finished += 1;
                 c.room_taken -= room;
-            });
-        }
+            }
+            if let Some(at) = id.and_then(|id| c.running.iter().position(|r| *r == id)) {
+                c.running.swap_remove(at);
+            }
+        });
     }
 }
 
@@ -200,8 +210,20 @@ impl Flow {
             taken = at
                 .and_then(|at| c.unbegun.remove(at))
                 .map(|u| (u.room, u.cancelled));
+            c.running.extend(id.cloned());
         });
-        Serving(Arc::clone(self), taken)
+        Serving {
+            flow: Arc::clone(self),
+            counted: taken,
+            id: id.cloned(),
+        }
+    }
+
+    /// Whether a call of id `id` was passed on and has not ended: waiting for the
+    /// handler, or served (also past the time its answer stops being counted).
+    pub(crate) fn under_way(&self, id: &Value) -> bool {
+        let c = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        c.running.contains(id) || c.unbegun.iter().any(|u| u.id == *id)
     }
 
     /// Whether a call taking `room` fits beside those passed on (see [`DATA_ROOM`]).
@@ -290,10 +312,22 @@ pub(crate) fn request_id(text: &str) -> Option<Value> {
 
 fn kind_of(message: &[u8]) -> Kind {
     // `params` is picked (copied) only for a cancellation: a call's may be megabytes.
-    let Some([method, id]) = pick(message, ["method", "id"]) else {
+    let Some([method, id, version, result, error]) =
+        pick(message, ["method", "id", "jsonrpc", "result", "error"])
+    else {
         return Kind::Other;
     };
     let method = method.and_then(|m| serde_json::from_str::<String>(m.get()).ok());
+    // rmcp refuses a request whose envelope is not one (a version other than "2.0", a
+    // `result` or `error` beside its method) with `-32600` and no id: its answer names
+    // no request, and it runs nothing.
+    let version = version.and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+    if method.is_some()
+        && id.is_some()
+        && (version.as_deref() != Some("2.0") || result.is_some() || error.is_some())
+    {
+        return Kind::Request(None);
+    }
     match (method.as_deref(), id) {
         (Some("tools/call"), Some(id)) => request_id(id.get()).map_or(Kind::Other, Kind::Call),
         (Some("notifications/cancelled"), None) => pick(message, ["params"])
@@ -948,7 +982,7 @@ where
                 };
                 if let Some(h) = at.and_then(|at| held.remove(at)) {
                     held_bytes -= h.text.len();
-                    if answered.pending(&h.id) {
+                    if answered.pending(&h.id) || flow.under_way(&h.id) {
                         reused(&h.id);
                         continue;
                     }
@@ -969,7 +1003,10 @@ where
             () = answered.below(MAX_UNANSWERED), if !requests.is_empty() => {
                 if let Some((id, text)) = requests.pop_front() {
                     held_bytes -= text.len();
-                    if let Some(id) = id.as_ref().filter(|id| answered.pending(id)) {
+                    if let Some(id) = id
+                        .as_ref()
+                        .filter(|id| answered.pending(id) || flow.under_way(id))
+                    {
                         reused(id);
                         continue;
                     }
@@ -1288,6 +1325,42 @@ mod tests {
         (msg.clone(), refusal_in(meta).unwrap())
     }
 
+    /// A call keeps its id taken from the time it is passed on until the handler ends
+    /// it, however long it waits (on a lock, say) and whether or not its answer is still
+    /// counted: a request reusing the id meanwhile would run beside it in rmcp.
+    #[tokio::test]
+    async fn a_call_is_under_way_from_its_passing_on_to_its_end() {
+        let flow = Arc::new(Flow::settling_in(Duration::ZERO));
+        flow.passed(json!(7), 0, false);
+        assert!(flow.under_way(&json!(7)));
+        assert!(!flow.under_way(&json!(8)));
+        let serving = flow.serve(Some(&json!(7)));
+        assert!(flow.under_way(&json!(7)));
+        drop(serving);
+        assert!(!flow.under_way(&json!(7)));
+    }
+
+    /// A request rmcp refuses for its envelope is answered with no id: it is counted as
+    /// one whose answer names no request.
+    #[test]
+    fn requests_refused_for_their_envelope_are_taken_as_answered_without_an_id() {
+        for refused in [
+            r#"{"jsonrpc":"1.0","id":7,"method":"ping"}"#,
+            r#"{"id":7,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"ping","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","error":{}}"#,
+        ] {
+            assert!(
+                matches!(kind_of(refused.as_bytes()), Kind::Request(None)),
+                "{refused}"
+            );
+        }
+        let ping = kind_of(br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+        assert!(matches!(ping, Kind::Request(Some(id)) if id == json!(7)));
+        let call = kind_of(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{}}"#);
+        assert!(matches!(call, Kind::Call(id) if id == json!(7)));
+    }
+
     #[tokio::test]
     async fn calls_kept_as_sent_pass_unchanged_and_others_carry_their_refusal() {
         let lossy_meta = r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"_meta":{"progressToken":3},"name":"read_file","arguments":{"path":"a","path":"b"}}}"#;
@@ -1423,7 +1496,7 @@ mod tests {
         let input = format!(
             "{INITIALIZE}\n{}\n{}\n{}\n{}\n{}\n",
             r#"{"jsonrpc":"2.0","id":1.0000000000000000001,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"a","content":"x"}}}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":[1e400]}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"ping","params":[1e400]}"#,
             r#"{"jsonrpc":"2.0","id":"s","method":"tools/list","params":null,"x":{"a":1,"a":2}}"#,
             // Parameters rmcp would answer without the id: the request goes on without.
             r#"{"jsonrpc":"2.0","id":7,"method":"ping","params":[]}"#,
@@ -1439,7 +1512,7 @@ mod tests {
             out[1]
         );
         assert!(out[1].contains(REFUSED_META_KEY), "{}", out[1]);
-        assert_eq!(out[2], r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+        assert_eq!(out[2], r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
         assert_eq!(
             out[3],
             r#"{"jsonrpc":"2.0","id":"s","method":"tools/list"}"#
