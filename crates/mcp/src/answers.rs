@@ -100,15 +100,33 @@ impl Answers {
         });
     }
 
-    /// Whether a request of id `id` was passed on and has no answer yet: rmcp keeps one
-    /// entry per id, so a second request of that id would run and its answer be lost.
+    /// Whether a request of id `id` was passed on and has no answer written yet: rmcp
+    /// keeps one entry per id, so a second request of that id would run and its answer
+    /// be lost. An answer the output took counts here before its flush completes: the
+    /// client may read it, and send the id again, meanwhile.
     pub(crate) fn pending(&self, id: &Value) -> bool {
-        self.waiting
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .asked
+        let w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let asked = w.asked.iter().filter(|a| a.id.as_ref() == Some(id)).count();
+        let written = w
+            .unflushed
             .iter()
-            .any(|a| a.id.as_ref() == Some(id))
+            .filter(|u| u.as_ref() == Some(id))
+            .count();
+        asked > written
+    }
+
+    /// The call of id `id` ended: if it was cancelled, its answer never comes (rmcp
+    /// drops it), and it stops counting at once rather than 5 s after its cancellation.
+    pub(crate) fn ended(&self, id: &Value) {
+        self.note(|w| {
+            if let Some(at) = w
+                .asked
+                .iter()
+                .position(|a| a.cancelled.is_some() && a.id.as_ref() == Some(id))
+            {
+                w.asked.remove(at);
+            }
+        });
     }
 
     /// The pump passed on a cancellation of request `id`: its answer may never come.
@@ -294,6 +312,31 @@ mod tests {
         a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":6,\"result\":{}}\n"));
         a.flushed(true);
         assert!(!ready_at_once(a.below(1)));
+    }
+
+    /// A request's id is free again once its answer is written, before its flush
+    /// completes (the client may already have read it); a cancelled call stops counting
+    /// once it ended, its answer never to come.
+    #[tokio::test]
+    async fn ids_are_freed_by_a_written_answer_and_cancelled_calls_by_their_end() {
+        let a = Answers::settling_in(Duration::from_secs(3600));
+        a.asked(Some(json!(7)));
+        assert!(a.pending(&json!(7)));
+        a.written(Some(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}\n"));
+        assert!(!a.pending(&json!(7)), "answered, not yet flushed");
+        a.flushed(true);
+        assert!(!a.pending(&json!(7)));
+        a.asked(Some(json!(8)));
+        a.asked(Some(json!(9)));
+        a.ended(&json!(8));
+        assert!(
+            !ready_at_once(a.below(2)),
+            "an uncancelled call's answer is still to come"
+        );
+        a.cancelled(&json!(9));
+        a.ended(&json!(9));
+        assert!(ready_at_once(a.below(2)));
+        assert!(!a.pending(&json!(9)));
     }
 
     /// An answer whose id was too long to keep when its request was asked takes the place

@@ -158,10 +158,16 @@ impl Drop for Serving {
                 c.finished += 1;
                 c.room_taken -= room;
             }
-            if let Some(at) = id.and_then(|id| c.running.iter().position(|r| *r == id)) {
+            if let Some(at) = id
+                .as_ref()
+                .and_then(|id| c.running.iter().position(|r| r == id))
+            {
                 c.running.swap_remove(at);
             }
         });
+        if let Some(id) = &id {
+            self.flow.answers.ended(id);
+        }
     }
 }
 
