@@ -7,14 +7,16 @@
 //! while [`MAX_UNANSWERED`] it passed on are unanswered, and the session's output tells
 //! [`Answers`] each answer it writes: the start of each line is read for its `id` (rmcp
 //! writes `{"jsonrpc":"2.0","id":…` first), and the answer counts once a flush after it
-//! completes. Standard output takes a write into a buffer of its own at once, whether or
-//! not the client reads; it is its flush (rmcp flushes after each message) that waits. A request rmcp answers with no id of its own
-//! (a parse error's `null`) takes the place of the oldest unanswered one without a
-//! readable id. A request unanswered after [`SETTLE`] is let go of while the client reads
-//! its output (a tool call that runs long is paced by [`crate::screen::Flow`] until it
-//! ends, and a request rmcp gets no answer to, a cancelled one, takes no room), and a
-//! cancelled one after [`SETTLE`] in any case (rmcp drops its answer): a client that stops
-//! reading holds its requests back.
+//! completes: standard output takes a write into a buffer of its own at once, whether
+//! or not the client reads; it is its flush (rmcp flushes after each message) that
+//! waits. A request rmcp answers with no id of its own (a parse error's `null`) takes
+//! the place of the oldest unanswered one without a readable id. A request unanswered
+//! once [`SETTLE`] has passed since it was handed over and since the output last moved
+//! is let go of (a tool call that runs long is paced by [`crate::screen::Flow`] until it
+//! ends, and a request rmcp gets no answer to takes no room); a cancelled call once it
+//! has ended, another cancelled request [`SETTLE`] after its cancellation (rmcp drops
+//! their answers). A client that stops reading holds its requests back, and one that
+//! reads slowly has no more handed over than it reads.
 
 use serde_json::Value;
 use std::collections::VecDeque;

@@ -1295,11 +1295,7 @@ mod tests {
         let (answers, mut input) = tokio::io::split(client);
         let mut answers = tokio::io::BufReader::new(answers).lines();
         let requests = 2_000;
-        let mut text = String::from(
-            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
-{"jsonrpc":"2.0","method":"notifications/initialized"}
-"#,
-        );
+        let mut text = String::from(HELLO);
         for id in 1..=requests {
             text.push_str(&format!(
                 "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/list\"}}\n"
@@ -1365,6 +1361,17 @@ mod tests {
         )
     }
 
+    /// A client's `initialize` (id 0) and `notifications/initialized`, as lines.
+    const HELLO: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
+{"jsonrpc":"2.0","method":"notifications/initialized"}
+"#;
+
+    /// The next answer on `answers`, within 30 s.
+    async fn next_answer(answers: &mut AnswerLines) -> serde_json::Value {
+        let line = tokio::time::timeout(Duration::from_secs(30), answers.next_line());
+        serde_json::from_str(&line.await.unwrap().unwrap().unwrap()).unwrap()
+    }
+
     type Session = tokio::task::JoinHandle<Result<(), McpError>>;
     type AnswerLines =
         tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>;
@@ -1400,20 +1407,15 @@ mod tests {
             .unwrap();
         let (session, mut answers, mut input) = in_memory(server);
         let call = create_call;
+        input.write_all(HELLO.as_bytes()).await.unwrap();
         for line in [
-            r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#.to_owned(),
-            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned(),
             call(1, "cancelled.txt"),
             r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"gave up"}}"#.to_owned(),
             r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#.to_owned(),
         ] {
             input.write_all(format!("{line}\n").as_bytes()).await.unwrap();
         }
-        let mut next = async || {
-            let line = tokio::time::timeout(Duration::from_secs(30), answers.next_line());
-            serde_json::from_str::<serde_json::Value>(&line.await.unwrap().unwrap().unwrap())
-                .unwrap()
-        };
+        let mut next = async || next_answer(&mut answers).await;
         assert_eq!(next().await["id"], 0);
         // Messages are handled in order: the ping's answer means the cancel was seen.
         assert_eq!(next().await["id"], 2);
@@ -1454,15 +1456,8 @@ mod tests {
         let server = SandboxMcp::new(Arc::clone(&sandbox));
         let (session, mut answers, mut input) = in_memory(server);
         let call = create_call;
-        let hello = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}
-{"jsonrpc":"2.0","method":"notifications/initialized"}
-"#;
-        input.write_all(hello.as_bytes()).await.unwrap();
-        let mut next = async || {
-            let line = tokio::time::timeout(Duration::from_secs(30), answers.next_line());
-            serde_json::from_str::<serde_json::Value>(&line.await.unwrap().unwrap().unwrap())
-                .unwrap()
-        };
+        input.write_all(HELLO.as_bytes()).await.unwrap();
+        let mut next = async || next_answer(&mut answers).await;
         assert_eq!(next().await["id"], 0);
         let rounds = 5;
         for round in 0..rounds {

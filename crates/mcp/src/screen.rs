@@ -232,6 +232,12 @@ impl Flow {
         c.running.contains(id) || c.unbegun.iter().any(|u| u.id == *id)
     }
 
+    /// Whether `id` names a request passed on that is unanswered or a call under way:
+    /// one more of that id would run beside it in rmcp, one of them unanswered.
+    fn id_taken(&self, id: &Value) -> bool {
+        self.answers.pending(id) || self.under_way(id)
+    }
+
     /// Whether a call taking `room` fits beside those passed on (see [`DATA_ROOM`]).
     fn fits(&self, room: usize) -> bool {
         self.count
@@ -988,7 +994,7 @@ where
                 };
                 if let Some(h) = at.and_then(|at| held.remove(at)) {
                     held_bytes -= h.text.len();
-                    if answered.pending(&h.id) || flow.under_way(&h.id) {
+                    if flow.id_taken(&h.id) {
                         reused(&h.id);
                         continue;
                     }
@@ -1009,10 +1015,7 @@ where
             () = answered.below(MAX_UNANSWERED), if !requests.is_empty() => {
                 if let Some((id, text)) = requests.pop_front() {
                     held_bytes -= text.len();
-                    if let Some(id) = id
-                        .as_ref()
-                        .filter(|id| answered.pending(id) || flow.under_way(id))
-                    {
+                    if let Some(id) = id.as_ref().filter(|id| flow.id_taken(id)) {
                         reused(id);
                         continue;
                     }
