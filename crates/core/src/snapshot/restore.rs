@@ -1,0 +1,430 @@
+//! Putting snapshots back ([`RollbackEngine`]): a file's bytes, its absence, the folders
+//! an action made, each checked against the snapshot's SHA-256 afterwards.
+
+use crate::confine::path::shown_path;
+use crate::confine::root::{FILE_MODE, Make, Put};
+use crate::confine::{RelPath, SandboxRoot, TargetKind};
+use crate::hash::sha256_hex;
+use crate::reason::{ReasonCode, Refusal, Verdict};
+use serde::Serialize;
+
+use super::{
+    LEFT_IN_PLACE_FOUND, LEFT_IN_PLACE_SHARED, LeftDir, MAX_SNAPSHOT_BYTES, SnapshotKind,
+    SnapshotMeta, Snapshotter,
+};
+
+/// How far a restore takes what it finds as it is ([`RollbackEngine::restore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forced {
+    /// Not at all.
+    No,
+    /// A forced rollback: a directory the action made that holds what is not the
+    /// workflow's is left in place rather than refused.
+    Yes,
+    /// Recovery of a dead run: as forced, and a file whose directory goes just as it is
+    /// to be removed is taken as gone with it (the undo must come to an end).
+    Recovering,
+}
+
+/// What a restore found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RestoreOutcome {
+    /// Whether the target now matches the snapshot (same SHA-256, or absent as before).
+    pub checksum_validated: bool,
+    /// SHA-256 of the restored file, when one was restored.
+    pub restored_checksum: Option<String>,
+    /// Directories the action created that were not empty, so stayed.
+    #[serde(skip)]
+    pub left_dirs: Vec<LeftDir>,
+    /// What became of a target no checksum describes (removed, or a directory left or
+    /// made again), for people.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Restores snapshots.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RollbackEngine;
+
+impl RollbackEngine {
+    /// Removes the directories the action created to reach its target, deepest first,
+    /// those that are empty; returns those that were not.
+    ///
+    /// `keep` names the directories someone else has come to rely on since (another
+    /// workflow's `create_directory` found one and made it its result): those stay, and
+    /// are returned as left like one that is not empty.
+    pub fn remove_created_dirs(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        durable: bool,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Verdict<Vec<LeftDir>> {
+        let mut left_dirs = Vec::new();
+        for d in meta.created_dirs.iter().rev() {
+            if *d == meta.original_path {
+                continue;
+            }
+            let dir = RelPath::from_recorded(d);
+            // Beyond a symbolic link or special file someone put on the way, it is out of
+            // the root's reach: nothing there can be removed or recorded through it (and
+            // a write refused at that link made nothing beyond it).
+            match root.dir_id(&dir) {
+                Err(r)
+                    if matches!(
+                        r.reason_code,
+                        ReasonCode::SymlinkEscape
+                            | ReasonCode::SymlinkRefused
+                            | ReasonCode::NotRegularFile
+                    ) =>
+                {
+                    tracing::warn!(dir = %d, reason = %r.reason, "a directory its action may have made is out of reach");
+                    continue;
+                }
+                Err(r) => return Err(r),
+                Ok(_) => {}
+            }
+            // Whether someone relies on it is only asked of an empty one (it may read the
+            // whole trail).
+            let empty = root.is_empty_dir(&dir).is_ok_and(|empty| empty);
+            // One that cannot be removed now (busy as a mount point, a failing disk) is
+            // left on the ledger like one that holds others' files: a later rollback
+            // removes it once it can, rather than it staying for good.
+            let removed = empty
+                && !keep(d)
+                && root
+                    .remove_empty_dir(&dir, None, durable)
+                    .unwrap_or_else(|r| {
+                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now; left for a later rollback beneath it or the next prune");
+                        false
+                    });
+            if !removed && let Some(id) = root.dir_id(&dir)? {
+                left_dirs.push(LeftDir {
+                    path: d.clone(),
+                    id,
+                });
+            }
+        }
+        Ok(left_dirs)
+    }
+
+    /// The detail of a restore that left the target absent, as its action found it.
+    pub(crate) fn absent_detail(meta: &SnapshotMeta) -> String {
+        if meta.is_directory_action() {
+            "removed: the action made it".to_owned()
+        } else {
+            "removed: it did not exist before the action".to_owned()
+        }
+    }
+
+    /// Puts the original back: rewrites a file from its backup (atomically), or removes
+    /// what the action created, then verifies by hashing.
+    ///
+    /// `changed` runs once the target is changed, before it is verified. From then on a
+    /// verification that cannot be made for the runtime's own reasons (`changed` fails,
+    /// or reading back fails on a full table of open files, a disk error or a
+    /// permission) leaves the
+    /// restore done but unverified (`checksum_validated: false`, the detail saying why),
+    /// not failed: it must be recorded as what happened. A restored file that is no
+    /// longer there to read back (another program moved it away, or put a link or a
+    /// folder in its place at that instant) is a mismatch like different bytes: the
+    /// snapshot's bytes are not what stands there, and the step is left for a rollback
+    /// to do again.
+    ///
+    /// `put` says what the caller judged the target to be: a file ([`Put::Unchanged`]),
+    /// which alone is then replaced or removed, nothing ([`Put::New`]), or anything
+    /// (forced), so that a change another program makes after the judgement is not
+    /// undone unseen (`conflict`). `forced`: a directory the action made that holds what
+    /// is not the workflow's is left in place rather than refused.
+    ///
+    /// A file the action made whose directory is missing is not called verified gone:
+    /// the directory may have been moved away with it (and come back). One whose
+    /// directory goes between the look and the removal is a `conflict` (nothing was
+    /// removed), except when `recovering`: a dead run's undo must come to an end.
+    pub fn restore(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        durable: bool,
+        put: Put,
+        forced: Forced,
+        keep: &dyn Fn(&str) -> bool,
+        changed: impl Fn() -> Verdict,
+    ) -> Verdict<RestoreOutcome> {
+        let rel = meta.target();
+        match meta.kind {
+            SnapshotKind::File => Self::restore_file(root, meta, &rel, durable, put, changed),
+            SnapshotKind::Missing => {
+                Self::restore_absent(root, meta, &rel, (durable, put, forced), keep, changed)
+            }
+            SnapshotKind::Directory => Self::restore_directory(root, meta, &rel, durable),
+        }
+    }
+
+    /// [`RollbackEngine::restore`] of a file the action found: rewritten from its backup.
+    fn restore_file(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        durable: bool,
+        put: Put,
+        changed: impl Fn() -> Verdict,
+    ) -> Verdict<RestoreOutcome> {
+        let bytes = Snapshotter::read_checked_backup(root, meta)??;
+        let expected = meta.sha256.clone().unwrap_or_default();
+        let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
+        root.write_atomic_put(rel, &bytes, mode, put, Make::From(0), durable)?;
+        let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
+            Ok(b) => b,
+            // Gone, or something else in its place: not what the restore wrote.
+            Err(r)
+                if matches!(
+                    r.reason_code,
+                    ReasonCode::NotFound
+                        | ReasonCode::SymlinkEscape
+                        | ReasonCode::SymlinkRefused
+                        | ReasonCode::HardlinkRefused
+                        | ReasonCode::NotRegularFile
+                ) =>
+            {
+                return Err(Refusal::new(
+                    ReasonCode::ChecksumMismatch,
+                    format!(
+                        "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; roll back again, with force if it is then a conflict",
+                        shown_path(&meta.original_path),
+                        r.reason
+                    ),
+                ));
+            }
+            // The runtime's own reading failed (a disk error, no descriptor, a
+            // permission): the restore is done, unverified; what it wrote is the
+            // backup's bytes, checked against their record before the write.
+            Err(r) => return Ok(unverified(meta, r, Some(expected))),
+        };
+        let restored = sha256_hex(&back);
+        if restored != expected {
+            return Err(Refusal::new(
+                ReasonCode::ChecksumMismatch,
+                format!(
+                    "{} reads back with SHA-256 {restored}, not the snapshot's {expected}",
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        Ok(RestoreOutcome {
+            checksum_validated: true,
+            restored_checksum: Some(restored),
+            left_dirs: Vec::new(),
+            detail: None,
+        })
+    }
+
+    /// [`RollbackEngine::restore`] of a path the action found absent: what it made
+    /// there removed, with the folders it made on the way that are no one else's.
+    fn restore_absent(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        (durable, put, forced): (bool, Put, Forced),
+        keep: &dyn Fn(&str) -> bool,
+        changed: impl Fn() -> Verdict,
+    ) -> Verdict<RestoreOutcome> {
+        let info = root.inspect(rel)?;
+        let found = info.kind;
+        // The outermost directory missing on the way to the target, if any: the
+        // target may live on where it was moved.
+        let parents = rel.parent_components();
+        let away = (info.existing_parents < parents.len())
+            .then(|| parents[..=info.existing_parents].join("/"));
+        match found {
+            // A directory action made no file: one there now is someone else's.
+            TargetKind::File { .. } if meta.is_directory_action() => {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} is now a file where the action made a directory; it was left in place",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
+            TargetKind::File { .. } => {
+                // Its directory gone between the look and the removal: the file
+                // was seen, and not removed. A later rollback finds it again, or
+                // finds the directory gone.
+                if !root.remove_file_put(rel, put, durable)? && forced != Forced::Recovering {
+                    return Err(Refusal::new(
+                        ReasonCode::Conflict,
+                        format!(
+                            "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: roll back again",
+                            shown_path(&meta.original_path)
+                        ),
+                    ));
+                }
+            }
+            TargetKind::Directory => {
+                if let Some(left) =
+                    Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?
+                {
+                    return Ok(left);
+                }
+            }
+            TargetKind::Missing => {}
+        }
+        // Folders made on the way that could be neither removed nor put on the ledger (a
+        // descriptor or the disk failing) fail the step, put back but not confirmed:
+        // called done, it would leave them for good, where a rollback run again removes
+        // them.
+        let after = match changed() {
+            Ok(()) => {
+                let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+                root.inspect(rel)
+                    .map(|i| (left_dirs, i.kind == TargetKind::Missing))
+            }
+            Err(r) => Err(r),
+        };
+        // Found missing beneath a missing directory: removed with it, or moved
+        // away with it (and maybe back since); nothing says which, so the step
+        // is not called verified.
+        let unseen = away.filter(|_| found == TargetKind::Missing);
+        if let (Ok((_, false)), Some(dir)) = (&after, &unseen) {
+            // The directory came back, the file in it: nothing was removed.
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: roll back again",
+                    shown_path(dir),
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        match after {
+            Ok((left_dirs, gone)) => Ok(RestoreOutcome {
+                checksum_validated: gone && unseen.is_none(),
+                restored_checksum: None,
+                detail: Some({
+                    let mut d = if !gone {
+                        "removed, but something stands there again: another program put it there after the removal".to_owned()
+                    } else if let Some(dir) = &unseen {
+                        format!(
+                            "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
+                            shown_path(dir)
+                        )
+                    } else if found == TargetKind::Missing {
+                        // Someone removed it before the rollback: nothing was.
+                        "already gone before this restore, as before the action".to_owned()
+                    } else {
+                        Self::absent_detail(meta)
+                    };
+                    d.push_str(&left_dirs_words(&left_dirs));
+                    d
+                }),
+                left_dirs,
+            }),
+            Err(r) => Ok(unverified(meta, r, None)),
+        }
+    }
+
+    /// [`Self::restore_absent`] of a directory standing where the action made one:
+    /// removed when empty and no one's (`None`: the restore goes on with the folders
+    /// made on the way); else left in place, as a directory the restore had to leave,
+    /// so that a later restore removes it once it is empty and no one's. Unforced,
+    /// something put in it since the rollback's check is a change it never saw: a
+    /// conflict.
+    fn remove_made_directory(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        (durable, forced): (bool, Forced),
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Verdict<Option<RestoreOutcome>> {
+        // Another action's result now, or holding what is not the workflow's in a
+        // forced rollback: kept.
+        let claimed = keep(&meta.original_path);
+        let removed = !claimed && root.remove_empty_dir(rel, None, durable)?;
+        if removed {
+            return Ok(None);
+        }
+        if !claimed && forced == Forced::No {
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "{} is a directory that is no longer empty; it was left in place",
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        let mut left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+        if let Some(id) = root.dir_id(rel)? {
+            left_dirs.push(LeftDir {
+                path: meta.original_path.clone(),
+                id,
+            });
+        }
+        Ok(Some(RestoreOutcome {
+            checksum_validated: true,
+            restored_checksum: None,
+            left_dirs,
+            detail: Some(LEFT_IN_PLACE_SHARED.to_owned()),
+        }))
+    }
+
+    /// [`RollbackEngine::restore`] of a directory the action found: made again if gone.
+    fn restore_directory(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        rel: &RelPath,
+        durable: bool,
+    ) -> Verdict<RestoreOutcome> {
+        // The action found the directory there; if it is gone, it is made again.
+        let detail = match root.inspect(rel)?.kind {
+            TargetKind::Directory => LEFT_IN_PLACE_FOUND,
+            TargetKind::Missing => {
+                root.create_dir_all(rel, durable)?;
+                "made again: it existed before the action"
+            }
+            TargetKind::File { .. } => {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} was a directory and is now a file; it was left in place",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
+        };
+        let still = root.inspect(rel)?.kind == TargetKind::Directory;
+        Ok(RestoreOutcome {
+            checksum_validated: still,
+            restored_checksum: None,
+            left_dirs: Vec::new(),
+            detail: still.then(|| detail.to_owned()),
+        })
+    }
+}
+
+/// What a restore that could not be checked afterwards for the runtime's own reasons
+/// (`r`) did: done, unverified, having `written` (the checksum of the bytes it wrote;
+/// none for a removal), which its audit line names.
+fn unverified(meta: &SnapshotMeta, r: Refusal, written: Option<String>) -> RestoreOutcome {
+    tracing::warn!(reason = %r, path = %meta.original_path, "a restored target could not be verified");
+    RestoreOutcome {
+        checksum_validated: false,
+        restored_checksum: written,
+        left_dirs: Vec::new(),
+        detail: Some(format!(
+            "restored, but it could not be checked afterwards: {}",
+            r.reason
+        )),
+    }
+}
+
+/// The clause a restore's detail ends with when folders the action made on the way
+/// had to stay (empty when none).
+fn left_dirs_words(left_dirs: &[LeftDir]) -> String {
+    if left_dirs.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = left_dirs.iter().map(|l| shown_path(&l.path)).collect();
+    format!(
+        "; {} it made on the way left in place: other files are in it, it is another action's result, or it could not be removed now (removed by a later rollback beneath it, or the next prune, once empty and no one's)",
+        names.join(", ")
+    )
+}
