@@ -218,12 +218,12 @@ pub(crate) struct SandboxWriteExecutor<'a> {
     /// Set when a restore's audit line could not be appended (its mark is on disk): the
     /// run's record then says so, and the next run or start audits the restore from its
     /// mark, as after a crash.
-    unrecorded: std::rc::Rc<std::cell::Cell<bool>>,
+    unrecorded: bool,
     /// Set when a failed action's change could not be undone: the run's record then
     /// stays `active`, so that the next run of the workflow or the next start judges
     /// its actions against the disk, as after a crash (a write whose audit line and
     /// undo both failed, on a full disk, stood on no line of the trail).
-    unsettled: std::rc::Rc<std::cell::Cell<bool>>,
+    unsettled: bool,
 }
 
 impl Sandbox {
@@ -274,8 +274,8 @@ impl<'a> SandboxWriteExecutor<'a> {
             record_file: None,
             undo_failure: None,
             undone: None,
-            unrecorded: std::rc::Rc::default(),
-            unsettled: std::rc::Rc::default(),
+            unrecorded: false,
+            unsettled: false,
         }
     }
 
@@ -418,8 +418,9 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
     }
 
+    /// The run's result; its timeline is handed over with it.
     fn finish(
-        mut self,
+        &mut self,
         status: RunStatus,
         simulation_only: bool,
         dry_run_reason: Option<DryRunReason>,
@@ -437,7 +438,7 @@ impl<'a> SandboxWriteExecutor<'a> {
             dry_run_reason,
             state: self.state,
             actions,
-            timeline: self.timeline,
+            timeline: std::mem::take(&mut self.timeline),
         }
     }
 
@@ -559,17 +560,16 @@ impl<'a> SandboxWriteExecutor<'a> {
         let sb = self.sb;
         self.record = Some(record.clone());
         let file = self.record_file.take();
-        let unrecorded = std::rc::Rc::clone(&self.unrecorded);
-        let unsettled = std::rc::Rc::clone(&self.unsettled);
         let result = self.execute_actions();
+        let (unrecorded, unsettled) = (self.unrecorded, self.unsettled);
         // After a failed sync the record stays active instead (`run_finished`): the next
         // start checks the whole run against the disk.
-        if unsettled.get() || unrecorded.get() {
+        if unsettled || unrecorded {
             sb.left_for_later(&record.execution_id);
         }
-        if unsettled.get() {
+        if unsettled {
             tracing::warn!(workflow = %record.workflow_id, "a failed action of this run could not be undone; its record stays active, for the next run or start to check it against the disk");
-        } else if unrecorded.get()
+        } else if unrecorded
             && sb.sync_failure().is_none()
             // Unless its undo, recording first what its failed action's undo held back,
             // recorded them all.
@@ -589,7 +589,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         result
     }
 
-    fn execute_actions(mut self) -> RunResult {
+    fn execute_actions(&mut self) -> RunResult {
         let actions = std::mem::take(&mut self.plan.actions);
         let (mut results, done, stopped) = self.run_each(&actions);
         let artifacts = self.sb.registry.len().unwrap_or(0);
@@ -623,7 +623,7 @@ impl<'a> SandboxWriteExecutor<'a> {
         // As for a failed action's own undo: a restore whose line could not be appended
         // (a full disk) leaves the run's record saying so, for recovery to audit it.
         if steps.iter().any(|s| s.unrecorded.is_some()) {
-            self.unrecorded.set(true);
+            self.unrecorded = true;
         }
         let all_ok = steps.iter().all(|s| s.restored);
         undone_in(&mut results, &steps);

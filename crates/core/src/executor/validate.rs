@@ -6,7 +6,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{Effect, Operation};
 use crate::confine::path::shown_path;
 use crate::confine::root::not_a_directory;
-use crate::confine::{RelPath, TargetKind};
+use crate::confine::{ExtensionPolicy, RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::plan::{Action, check_payload, render};
 use crate::policy::{Approval, check_content_size, check_found_kind, check_size, check_target};
@@ -247,14 +247,12 @@ impl SandboxWriteExecutor<'_> {
             }
             _ => None,
         };
-        let bytes = render(approval.op, a, &approval.ext, before)?.map(|b| match b {
+        let rendered = leaves(&approval, a, before, &sb.config.extensions)?;
+        let size = rendered.as_ref().map_or(0, |b| b.len() as u64);
+        let bytes = rendered.map(|b| match b {
             Cow::Borrowed(_) => Bytes::Content(k),
             Cow::Owned(b) => Bytes::Made(Arc::new(b)),
         });
-        let size = bytes
-            .as_ref()
-            .map_or(0, |b| b.of(&self.plan.actions).len() as u64);
-        check_size(&approval, size, &sb.config.extensions)?;
         if let Err(r) = self.check_limits(t, bytes.is_some(), size)? {
             *only_limited = Some((ri, approval.resolved.rel.clone(), bytes));
             return Err(r);
@@ -296,8 +294,8 @@ impl SandboxWriteExecutor<'_> {
                 Some(v.clone())
             }
             Some(v) => Some(v.clone()),
-            None => match approval.target.as_ref().map(|t| t.kind) {
-                Some(TargetKind::File { size, .. }) => {
+            None => match approval.target.kind {
+                TargetKind::File { size, .. } => {
                     check_existing_size(approval.op, a, rel, size)?;
                     let needed = approval.op.reads_target()
                         || (!executable && size <= approval.op.max_size_bytes.unwrap_or(0));
@@ -309,8 +307,8 @@ impl SandboxWriteExecutor<'_> {
                         None
                     }))
                 }
-                Some(TargetKind::Directory) => Some(Virtual::Dir),
-                _ => None,
+                TargetKind::Directory => Some(Virtual::Dir),
+                TargetKind::Missing => None,
             },
         })
     }
@@ -406,6 +404,25 @@ fn uncountable(log: &str, what: &str, workflow_id: &str, e: &std::io::Error) -> 
     let words =
         || format!("the {log} could not be read to count workflow '{workflow_id}''s {what}: {e}");
     crate::error::busy_or_failed(e, words, words)
+}
+
+/// What an action leaves at its target given what the target holds (`before`), refused
+/// (`size_exceeded`) when larger than its operation allows. Validation and the write
+/// under the target's lock both come by the bytes through it alone, so that a simulation
+/// and a run cannot disagree on them.
+pub(super) fn leaves<'a>(
+    approval: &Approval,
+    a: &'a Action,
+    before: Option<&[u8]>,
+    extensions: &ExtensionPolicy,
+) -> Verdict<Option<Cow<'a, [u8]>>> {
+    let bytes = render(approval.op, a, &approval.ext, before)?;
+    check_size(
+        approval,
+        bytes.as_ref().map_or(0, |b| b.len() as u64),
+        extensions,
+    )?;
+    Ok(bytes)
 }
 
 /// Refuses, from its size alone and before reading it, an existing file the action

@@ -1,7 +1,7 @@
 //! One action's write: its checks under the target's lock, its snapshot, its bytes staged
 //! and committed, its artifact and audit line, and its undo when a step fails.
 
-use super::validate::check_existing_size;
+use super::validate::{check_existing_size, leaves};
 use super::{ActionResult, ActionStatus, Reached, SandboxWriteExecutor, log_failure};
 use crate::artifact::ArtifactEntry;
 use crate::audit::{AuditRecord, AuditStatus};
@@ -13,8 +13,8 @@ use crate::confine::root::{FILE_MODE, FileStamp, Make, Put, StagedWrite, temp_na
 use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
-use crate::plan::{Action, check_payload, render};
-use crate::policy::{Approval, check_content_size, check_size, check_target, resolve_target};
+use crate::plan::{Action, check_payload};
+use crate::policy::{Approval, check_content_size, check_target, resolve_target};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::snapshot::{
     MAX_SNAPSHOT_BYTES, SnapshotCommit, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
@@ -136,10 +136,7 @@ impl SandboxWriteExecutor<'_> {
         sb.root_in_place(ri)?;
         check_payload(approval.op, a)?;
         check_content_size(approval, a.content.as_deref(), &sb.config.extensions)?;
-        let kind = approval
-            .target
-            .as_ref()
-            .map_or(TargetKind::Missing, |t| t.kind);
+        let kind = approval.target.kind;
         let (before, stamp) = match kind {
             TargetKind::File { size, .. } => {
                 check_existing_size(approval.op, a, &rel, size)?;
@@ -148,9 +145,8 @@ impl SandboxWriteExecutor<'_> {
             }
             _ => (None, None),
         };
-        let bytes = render(approval.op, a, &approval.ext, before.as_deref())?;
+        let bytes = leaves(approval, a, before.as_deref(), &sb.config.extensions)?;
         let size = bytes.as_ref().map_or(0, |b| b.len() as u64);
-        check_size(approval, size, &sb.config.extensions)?;
         if bytes.is_some() {
             check_budget(
                 wf,
@@ -190,7 +186,7 @@ impl SandboxWriteExecutor<'_> {
         target: &str,
     ) -> ActionWrite<'b> {
         let sb = self.sb;
-        let existing = approval.target.as_ref().map_or(0, |t| t.existing_parents);
+        let existing = approval.target.existing_parents;
         // The directories the write may make: those its snapshot records, no others
         // (for create_directory, the directory itself counts last).
         let make = Make::From(if checked.kind == TargetKind::Missing {
@@ -606,7 +602,7 @@ impl SandboxWriteExecutor<'_> {
         );
         let restored = steps.iter().all(|s| s.restored);
         if steps.iter().any(|s| s.unrecorded.is_some()) {
-            self.unrecorded.set(true);
+            self.unrecorded = true;
         }
         self.event(
             "action_restored",
@@ -615,7 +611,7 @@ impl SandboxWriteExecutor<'_> {
         if restored {
             self.undone = Some(snap.1.meta.action_id.clone());
         } else {
-            self.unsettled.set(true);
+            self.unsettled = true;
             self.undo_failure = Some(
                 steps
                     .iter()

@@ -36,11 +36,11 @@ pub struct GovernanceRequest<'a> {
 pub struct GovernanceContext<'a> {
     /// Configured root paths, in order.
     pub root_paths: &'a [PathBuf],
-    /// Open root handles, parallel to `root_paths`; without them the filesystem checks
-    /// (symlinks, hard links, special files) are skipped.
-    pub roots: Option<&'a [SandboxRoot]>,
+    /// Open root handles, parallel to `root_paths`: every target is looked at through
+    /// them (links, hard links, special files, what stands in the path's place).
+    pub roots: &'a [SandboxRoot],
     /// The state directory, reserved.
-    pub state_dir: Option<&'a Path>,
+    pub state_dir: &'a Path,
     /// Extension lists.
     pub extensions: &'a ExtensionPolicy,
     /// Largest number of path components.
@@ -57,8 +57,8 @@ pub struct Approval {
     pub op: &'static Operation,
     /// The root and relative path.
     pub resolved: Resolved,
-    /// What is at the target now (when root handles were given).
-    pub target: Option<TargetInfo>,
+    /// What is at the target now.
+    pub target: TargetInfo,
     /// The normalised extension.
     pub ext: String,
     /// Assessed risk.
@@ -114,39 +114,30 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
     let op = check_intent(req)?;
     let resolved = resolve_target(req, ctx)?;
     check_reserved(&resolved.rel)?;
-    if let Some(state) = ctx.state_dir {
-        let abs =
-            crate::confine::path::join_display(&ctx.root_paths[resolved.root_index], &resolved.rel);
-        if is_within_sandbox(&abs, state) {
-            return Err(Refusal::new(
-                ReasonCode::ReservedPath,
-                format!(
-                    "the path {} is inside the runtime's state directory, which is never writable by actions",
-                    shown_path(req.path)
-                ),
-            ));
-        }
+    let abs =
+        crate::confine::path::join_display(&ctx.root_paths[resolved.root_index], &resolved.rel);
+    if is_within_sandbox(&abs, ctx.state_dir) {
+        return Err(Refusal::new(
+            ReasonCode::ReservedPath,
+            format!(
+                "the path {} is inside the runtime's state directory, which is never writable by actions",
+                shown_path(req.path)
+            ),
+        ));
     }
     // A link or special file on the way or in place is governance's (SPEC §5, before the
     // extension); an entry of the wrong kind (a file where the operation needs a folder,
     // a folder where it writes a file) and what this process may change are the
     // operation's own refusals, told once governance has passed the path.
-    let mut found = None;
-    let mut precondition = None;
-    if let Some(roots) = ctx.roots {
-        let root = &roots[resolved.root_index];
-        match root.inspect(&resolved.rel) {
-            // A folder where a file would be written, or a file where a folder would be
-            // made, is neither a link nor a special file: the operation's own refusal.
-            Ok(info) => match check_kind(op, &resolved.rel, info.kind) {
-                Ok(()) => found = Some((root, info)),
-                Err(r) => precondition = Some(r),
-            },
-            // A file where a parent folder would be.
-            Err(r) if r.reason_code == ReasonCode::NotFound => precondition = Some(r),
-            Err(r) => return Err(r),
-        }
-    }
+    let root = &ctx.roots[resolved.root_index];
+    let found = match root.inspect(&resolved.rel) {
+        // A folder where a file would be written, or a file where a folder would be
+        // made, is neither a link nor a special file: the operation's own refusal.
+        Ok(info) => check_kind(op, &resolved.rel, info.kind).map(|()| info),
+        // A file where a parent folder would be.
+        Err(r) if r.reason_code == ReasonCode::NotFound => Err(r),
+        Err(r) => return Err(r),
+    };
     let dirs = if op.is_directory() {
         resolved.rel.components()
     } else {
@@ -168,16 +159,8 @@ pub fn check_target(req: &GovernanceRequest<'_>, ctx: &GovernanceContext<'_>) ->
             r
         }
     })?;
-    if let Some(r) = precondition {
-        return Err(r);
-    }
-    let target = match found {
-        Some((root, info)) => {
-            root.may_change(&resolved.rel, &info, ctx.syncs_folders)?;
-            Some(info)
-        }
-        None => None,
-    };
+    let target = found?;
+    root.may_change(&resolved.rel, &target, ctx.syncs_folders)?;
     let risk = assess_sandbox_risk(req.intent, &resolved.rel.as_string());
     Ok(Approval {
         op,

@@ -427,8 +427,8 @@ impl Sandbox {
     pub(crate) fn governance_context(&self) -> GovernanceContext<'_> {
         GovernanceContext {
             root_paths: &self.root_paths,
-            roots: Some(&self.roots),
-            state_dir: Some(self.state.path()),
+            roots: &self.roots,
+            state_dir: self.state.path(),
             extensions: &self.config.extensions,
             max_depth: self.config.limits.max_path_depth,
             syncs_folders: self.fsync_each(),

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
 const ROOT: &str = "/srv/gov-root";
+const STATE: &str = "/srv/gov-state";
 
 fn req<'a>(intent: &'a str, path: &'a str) -> GovernanceRequest<'a> {
     GovernanceRequest {
@@ -26,14 +27,17 @@ fn req<'a>(intent: &'a str, path: &'a str) -> GovernanceRequest<'a> {
     }
 }
 
-/// Governance without root handles (lexical checks only).
+/// Governance of a path configured under [`ROOT`] whose root holds nothing: the path's
+/// own checks decide.
 fn lexical(r: &GovernanceRequest<'_>, size: u64) -> Verdict<Approval> {
-    let roots = [PathBuf::from(ROOT)];
+    let root_paths = [PathBuf::from(ROOT)];
+    let empty = TempDir::new().unwrap();
+    let roots = [SandboxRoot::open(empty.path(), false).unwrap()];
     let ext = ExtensionPolicy::default();
     let ctx = GovernanceContext {
-        root_paths: &roots,
-        roots: None,
-        state_dir: None,
+        root_paths: &root_paths,
+        roots: &roots,
+        state_dir: Path::new(STATE),
         extensions: &ext,
         max_depth: MAX_PATH_DEPTH,
         syncs_folders: false,
@@ -53,6 +57,7 @@ struct Disk {
     _tmp: TempDir,
     root_path: PathBuf,
     outside: PathBuf,
+    state: PathBuf,
     roots: Vec<SandboxRoot>,
 }
 
@@ -64,25 +69,22 @@ fn disk() -> Disk {
         fs::DirBuilder::new().mode(0o755).create(d).unwrap();
     }
     let roots = vec![SandboxRoot::open(&root_path, false).unwrap()];
+    let state = tmp.path().join("state");
     Disk {
         _tmp: tmp,
         root_path,
         outside,
+        state,
         roots,
     }
 }
 
-fn on_disk(
-    d: &Disk,
-    r: &GovernanceRequest<'_>,
-    state_dir: Option<&Path>,
-    size: u64,
-) -> Verdict<Approval> {
+fn on_disk(d: &Disk, r: &GovernanceRequest<'_>, state_dir: &Path, size: u64) -> Verdict<Approval> {
     let root_paths = [d.root_path.clone()];
     let ext = ExtensionPolicy::default();
     let ctx = GovernanceContext {
         root_paths: &root_paths,
-        roots: Some(&d.roots),
+        roots: &d.roots,
         state_dir,
         extensions: &ext,
         max_depth: MAX_PATH_DEPTH,
@@ -92,7 +94,7 @@ fn on_disk(
 }
 
 fn disk_code(d: &Disk, intent: &str, path: &str) -> Option<ReasonCode> {
-    on_disk(d, &req(intent, path), None, 1)
+    on_disk(d, &req(intent, path), &d.state, 1)
         .err()
         .map(|e| e.reason_code)
 }
@@ -105,7 +107,7 @@ fn a_plain_create_file_is_approved() {
     assert_eq!(a.resolved.rel.as_string(), "notes/hello.md");
     assert_eq!(a.ext, ".md");
     assert_eq!(a.risk, RiskLevel::Medium);
-    assert!(a.target.is_none());
+    assert_eq!(a.target.kind, TargetKind::Missing);
 }
 
 #[test]
@@ -525,13 +527,10 @@ fn target_kind_decides_file_versus_directory_operations() {
         disk_code(&d, "create_directory", "f.txt"),
         Some(ReasonCode::AlreadyExists)
     );
-    let a = on_disk(&d, &req("create_directory", "dir"), None, 0).unwrap();
-    assert_eq!(a.target.unwrap().kind, TargetKind::Directory);
-    let a = on_disk(&d, &req("replace_file", "f.txt"), None, 3).unwrap();
-    assert!(matches!(
-        a.target.unwrap().kind,
-        TargetKind::File { size: 3, .. }
-    ));
+    let a = on_disk(&d, &req("create_directory", "dir"), &d.state, 0).unwrap();
+    assert_eq!(a.target.kind, TargetKind::Directory);
+    let a = on_disk(&d, &req("replace_file", "f.txt"), &d.state, 3).unwrap();
+    assert!(matches!(a.target.kind, TargetKind::File { size: 3, .. }));
 }
 
 /// What an operation finds on disk (a file where its folder or a parent folder would be,
@@ -566,17 +565,11 @@ fn a_blocked_extension_is_named_before_what_the_operation_finds_on_disk() {
 fn state_directory_is_reserved() {
     let d = disk();
     let state = d.root_path.join("state");
-    let err = on_disk(
-        &d,
-        &req("create_file", "state/artifacts.txt"),
-        Some(&state),
-        1,
-    )
-    .unwrap_err();
+    let err = on_disk(&d, &req("create_file", "state/artifacts.txt"), &state, 1).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::ReservedPath);
-    let err = on_disk(&d, &req("create_directory", "state"), Some(&state), 0).unwrap_err();
+    let err = on_disk(&d, &req("create_directory", "state"), &state, 0).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::ReservedPath);
-    assert!(on_disk(&d, &req("create_file", "stateful.txt"), Some(&state), 1).is_ok());
+    assert!(on_disk(&d, &req("create_file", "stateful.txt"), &state, 1).is_ok());
 }
 
 // ---- risk ----------------------------------------------------------------------------------
