@@ -174,6 +174,53 @@ impl SandboxAuditEntry {
     }
 }
 
+/// A new line's length (with its newline), keyed hash and name keys, as the index keeps
+/// them ([`Index::insert`]).
+type LineKeys = (usize, u64, (u32, u32));
+
+/// The entries of `records` chained after the last line `index` holds, numbered on from
+/// it, with their lines' bytes and each line's [`LineKeys`].
+fn chained(
+    index: &Index,
+    records: Vec<AuditRecord>,
+) -> io::Result<(Vec<u8>, Vec<SandboxAuditEntry>, Vec<LineKeys>)> {
+    let mut prev = index.last_hash.clone();
+    let mut bytes = Vec::new();
+    let mut out = Vec::new();
+    let mut lens = Vec::new();
+    for (seq, r) in (index.last_seq + 1..).zip(records) {
+        let mut e = SandboxAuditEntry {
+            seq,
+            timestamp: r.timestamp,
+            execution_id: r.execution_id,
+            workflow_id: r.workflow_id,
+            action_id: r.action_id,
+            mutation_class: r.mutation_class,
+            mutation_type: bounded(r.mutation_type, MAX_RECORDED_INTENT),
+            target_path: bounded(r.target_path, MAX_RECORDED_PATH),
+            before_checksum: r.before_checksum,
+            after_checksum: r.after_checksum,
+            rollback_available: r.rollback_available,
+            rollback_path: r.rollback_path,
+            status: r.status,
+            reason_code: r.reason_code,
+            error: r.error.map(|e| bounded(e, MAX_RECORDED_ERROR)),
+            prev_hash: prev.clone(),
+            entry_hash: String::new(),
+        };
+        let before = bytes.len();
+        write_hashed_line(&mut bytes, &mut e)?;
+        prev = e.entry_hash.clone();
+        lens.push((
+            bytes.len() - before,
+            index.keys.hash_one(&bytes[before..bytes.len() - 1]),
+            name_of(&index.keys, e.status, &e.target_path),
+        ));
+        out.push(e);
+    }
+    Ok((bytes, out, lens))
+}
+
 /// Writes `e`'s line (with its newline) to `out` and sets its `entry_hash`, serialising
 /// it once: the hash is over the line without the hash field, which goes last.
 fn write_hashed_line(out: &mut Vec<u8>, e: &mut SandboxAuditEntry) -> io::Result<()> {
@@ -533,40 +580,7 @@ impl AuditLog {
             if let Some(why) = head_mismatch(index, file, &self.head_on_disk()?) {
                 self.freeze(why);
             }
-            let mut prev = index.last_hash.clone();
-            let mut bytes = Vec::new();
-            let mut out = Vec::new();
-            let mut lens = Vec::new();
-            for (seq, r) in (index.last_seq + 1..).zip(records) {
-                let mut e = SandboxAuditEntry {
-                    seq,
-                    timestamp: r.timestamp,
-                    execution_id: r.execution_id,
-                    workflow_id: r.workflow_id,
-                    action_id: r.action_id,
-                    mutation_class: r.mutation_class,
-                    mutation_type: bounded(r.mutation_type, MAX_RECORDED_INTENT),
-                    target_path: bounded(r.target_path, MAX_RECORDED_PATH),
-                    before_checksum: r.before_checksum,
-                    after_checksum: r.after_checksum,
-                    rollback_available: r.rollback_available,
-                    rollback_path: r.rollback_path,
-                    status: r.status,
-                    reason_code: r.reason_code,
-                    error: r.error.map(|e| bounded(e, MAX_RECORDED_ERROR)),
-                    prev_hash: prev.clone(),
-                    entry_hash: String::new(),
-                };
-                let before = bytes.len();
-                write_hashed_line(&mut bytes, &mut e)?;
-                prev = e.entry_hash.clone();
-                lens.push((
-                    bytes.len() - before,
-                    index.keys.hash_one(&bytes[before..bytes.len() - 1]),
-                    name_of(&index.keys, e.status, &e.target_path),
-                ));
-                out.push(e);
-            }
+            let (bytes, out, lens) = chained(index, records)?;
             let copy = moves_after_sync.then(|| bytes.clone());
             Ok((bytes, (out, copy, lens)))
         })?;
@@ -591,37 +605,48 @@ impl AuditLog {
         // The lines are durable (or, under relaxed durability, written): a head that
         // cannot follow them only lags until it next moves, so this append still stands.
         let moved = match (written.last(), copy) {
-            (Some(last), Some(copy)) => self.under_log_lock(|_, file| {
-                // Under the log's lock, like every head write. The lines were out of the
-                // lock while they synced: a head moved over lines cut meanwhile (and
-                // replaced by another writer's) would hide the cut, so they are read back.
-                let still = match file.read_range(at, len) {
-                    Ok(b) => b == copy,
-                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
-                    Err(e) => return Err(e),
-                };
-                if !still {
-                    // The head is set to the entry this process made durable, so that
-                    // every later check finds the log no longer holds it.
-                    return self.record_cut(
-                        last.seq,
-                        &last.entry_hash,
-                        format!(
-                            "entry {} was cut from the log or rewritten while it was being synced",
-                            last.seq
-                        ),
-                    );
-                }
-                // Appends of other threads may finish their syncs first: the head only
-                // moves forward.
-                self.write_head(last.seq, &last.entry_hash)
-            }),
+            (Some(last), Some(copy)) => self.head_to_synced(last, (at, len), &copy),
             _ => self.relaxed_progress(&written),
         };
         if let Err(e) = moved {
             tracing::warn!(error = %e, "the audit head could not follow the log; it lags until it next moves");
         }
         Ok(written)
+    }
+
+    /// Moves the head (strict durability) to `last`, the last of the lines an append
+    /// wrote (at `at`, `len` bytes: `written`) and synced out of the log's lock, once
+    /// they are read back as written: a head moved over lines cut meanwhile (and replaced
+    /// by another writer's) would hide the cut.
+    fn head_to_synced(
+        &self,
+        last: &SandboxAuditEntry,
+        (at, len): (u64, u64),
+        written: &[u8],
+    ) -> io::Result<()> {
+        // Under the log's lock, like every head write.
+        self.under_log_lock(|_, file| {
+            let still = match file.read_range(at, len) {
+                Ok(b) => b == written,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => false,
+                Err(e) => return Err(e),
+            };
+            if !still {
+                // The head is set to the entry this process made durable, so that
+                // every later check finds the log no longer holds it.
+                return self.record_cut(
+                    last.seq,
+                    &last.entry_hash,
+                    format!(
+                        "entry {} was cut from the log or rewritten while it was being synced",
+                        last.seq
+                    ),
+                );
+            }
+            // Appends of other threads may finish their syncs first: the head only
+            // moves forward.
+            self.write_head(last.seq, &last.entry_hash)
+        })
     }
 
     /// Writes the head at an entry this process made durable and the log no longer
