@@ -229,16 +229,7 @@ impl SandboxWriteExecutor<'_> {
             TargetKind::File { mode, .. } => mode & 0o666,
             _ => FILE_MODE,
         };
-        // A target found missing must still be missing when the new file takes its
-        // place: a file another program created meanwhile is never replaced. One found
-        // must still be the file that was read: another program's change made meanwhile
-        // (a line appended to a log) is never overwritten unseen.
-        let no_replace =
-            approval.op.effect == Effect::Create || matches!(kind, TargetKind::Missing);
-        let put = match &stamp {
-            Some(was) if !no_replace => Put::Unchanged(*was),
-            _ => Put::new_or_any(no_replace),
-        };
+        let (no_replace, put) = how_put(approval.op, kind, stamp.as_ref());
 
         // With batched syncs a file write whose directories exist takes one durability
         // point: its new bytes are staged beside the target and the snapshot doubles as
@@ -661,4 +652,18 @@ struct ActionWrite<'b> {
     make: Make,
     /// The temporary file's name when the bytes are staged.
     staged_name: Option<String>,
+}
+
+/// Whether the new bytes may only take a missing target's place, and how they are put
+/// there. A target found missing must still be missing when the new file takes its place:
+/// a file another program created meanwhile is never replaced. One found must still be
+/// the file that was read (`stamp`): another program's change made meanwhile (a line
+/// appended to a log) is never overwritten unseen.
+fn how_put(op: &Operation, kind: TargetKind, stamp: Option<&FileStamp>) -> (bool, Put) {
+    let no_replace = op.effect == Effect::Create || matches!(kind, TargetKind::Missing);
+    let put = match stamp {
+        Some(was) if !no_replace => Put::Unchanged(*was),
+        _ => Put::new_or_any(no_replace),
+    };
+    (no_replace, put)
 }

@@ -299,23 +299,13 @@ impl RollbackEngine {
             Ok((left_dirs, gone)) => Ok(RestoreOutcome {
                 checksum_validated: gone && unseen.is_none(),
                 restored_checksum: None,
-                detail: Some({
-                    let mut d = if !gone {
-                        "removed, but something stands there again: another program put it there after the removal".to_owned()
-                    } else if let Some(dir) = &unseen {
-                        format!(
-                            "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
-                            shown_path(dir)
-                        )
-                    } else if found == TargetKind::Missing {
-                        // Someone removed it before the rollback: nothing was.
-                        "already gone before this restore, as before the action".to_owned()
-                    } else {
-                        Self::absent_detail(meta)
-                    };
-                    d.push_str(&left_dirs_words(&left_dirs));
-                    d
-                }),
+                detail: Some(absent_words(
+                    meta,
+                    found,
+                    gone,
+                    unseen.as_deref(),
+                    &left_dirs,
+                )),
                 left_dirs,
             }),
             Err(r) => Ok(unverified(meta, r, None)),
@@ -414,6 +404,34 @@ fn unverified(meta: &SnapshotMeta, r: Refusal, written: Option<String>) -> Resto
             r.reason
         )),
     }
+}
+
+/// What a restore of a target the action created tells of it: `found` before the
+/// removal, `gone` after it, `unseen` beneath the missing directory named, `left_dirs`
+/// the folders made on the way that stayed.
+fn absent_words(
+    meta: &SnapshotMeta,
+    found: TargetKind,
+    gone: bool,
+    unseen: Option<&str>,
+    left_dirs: &[LeftDir],
+) -> String {
+    let mut d = if !gone {
+        "removed, but something stands there again: another program put it there after the removal"
+            .to_owned()
+    } else if let Some(dir) = unseen {
+        format!(
+            "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
+            shown_path(dir)
+        )
+    } else if found == TargetKind::Missing {
+        // Someone removed it before the rollback: nothing was.
+        "already gone before this restore, as before the action".to_owned()
+    } else {
+        RollbackEngine::absent_detail(meta)
+    };
+    d.push_str(&left_dirs_words(left_dirs));
+    d
 }
 
 /// The clause a restore's detail ends with when folders the action made on the way

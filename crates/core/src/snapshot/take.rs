@@ -9,7 +9,7 @@ use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::seal::{SealKey, Unsealed};
 use cap_fs_ext::DirExt;
-use cap_std::fs::{DirBuilder, DirBuilderExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt};
 use std::io;
 
 use super::store::{
@@ -243,60 +243,13 @@ impl Snapshotter {
             Ok(b) => key
                 .open(&b)
                 .map_err(|e| trust(untrusted(&folder, META_FILE, &e)))?,
-            // A snapshot stopped before its record: the folder holds at most its backup
-            // and temporary files. Anything else was put there by someone else, and a
-            // prune that took the folder for an unfinished snapshot would remove it.
+            // No record: a snapshot stopped before it, or someone else's folder.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let foreign: Vec<String> = dir
-                    .entries()
-                    .map_err(|e| (snap_io("list", &e), is_passing(&e)))?
-                    .filter_map(|entry| {
-                        let name = entry.ok()?.file_name().to_string_lossy().into_owned();
-                        // A record that appeared since it was looked for is a snapshot
-                        // being made, not something foreign.
-                        (name != BACKUP_FILE && name != META_FILE && !name.starts_with(TEMP_MARKER))
-                            .then_some(name)
-                    })
-                    .collect();
-                if foreign.is_empty() {
-                    return Ok(None);
-                }
-                return Err(trust(untrusted_said(
-                    &folder,
-                    &format!(
-                        "has no {META_FILE} but holds what the runtime did not make there ({})",
-                        foreign
-                            .iter()
-                            .map(|n| shown_path(n))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                )));
+                return unfinished(&dir, &folder).map(|()| None);
             }
             Err(e) => return Err(unread(META_FILE, &e)),
         };
-        // A backup this process may not read cannot give its file back: its snapshot is
-        // neither rolled back nor judged nor pruned, as for its record (root reads all).
-        if meta.kind == SnapshotKind::File
-            && crate::confine::root::shut_to_reading(&dir, BACKUP_FILE)
-        {
-            return Err(trust(shut_out_of(root, &format!("{folder}/{BACKUP_FILE}"))));
-        }
-        // A genuine record copied into another folder or root is still not this one.
-        if meta.workflow_id != workflow_id || meta.action_id != action_id {
-            return Err(trust(untrusted(&folder, META_FILE, &Unsealed::Forged)));
-        }
-        if !root.is_named_by(&meta.root) {
-            return Err(trust(sealed_for_another_root(&folder, &meta.root)));
-        }
-        if let Some(why) = unwritable_path(&meta) {
-            return Err(trust(untrusted_said(
-                &format!("{folder}/{META_FILE}"),
-                &format!(
-                    "names {why}, which no action may write: it was not written by this runtime"
-                ),
-            )));
-        }
+        its_own(root, &dir, &folder, &meta, (workflow_id, action_id)).map_err(trust)?;
         let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
             // Its name reached the disk, its bytes did not (a power cut before the
             // rollback's sync point): no mark, the step is judged by what its file holds.
@@ -611,4 +564,69 @@ impl Snapshotter {
             })
             .count()
     }
+}
+
+/// Whether the record `meta`, read in `folder` (`dir`), may be taken as the snapshot of
+/// action `action_id` of workflow `workflow_id` in `root`.
+fn its_own(
+    root: &SandboxRoot,
+    dir: &Dir,
+    folder: &str,
+    meta: &SnapshotMeta,
+    (workflow_id, action_id): (&str, &str),
+) -> Verdict {
+    // A backup this process may not read cannot give its file back: its snapshot is
+    // neither rolled back nor judged nor pruned, as for its record (root reads all).
+    if meta.kind == SnapshotKind::File && crate::confine::root::shut_to_reading(dir, BACKUP_FILE) {
+        return Err(shut_out_of(root, &format!("{folder}/{BACKUP_FILE}")));
+    }
+    // A genuine record copied into another folder or root is still not this one.
+    if meta.workflow_id != workflow_id || meta.action_id != action_id {
+        return Err(untrusted(folder, META_FILE, &Unsealed::Forged));
+    }
+    if !root.is_named_by(&meta.root) {
+        return Err(sealed_for_another_root(folder, &meta.root));
+    }
+    if let Some(why) = unwritable_path(meta) {
+        return Err(untrusted_said(
+            &format!("{folder}/{META_FILE}"),
+            &format!("names {why}, which no action may write: it was not written by this runtime"),
+        ));
+    }
+    Ok(())
+}
+
+/// An action's snapshot folder (`dir`, at `folder`) with no record: a snapshot stopped
+/// before its record holds at most its backup and temporary files. Anything else was put
+/// there by someone else, and a prune that took the folder for an unfinished snapshot
+/// would remove it.
+fn unfinished(dir: &Dir, folder: &str) -> Result<(), (Refusal, bool)> {
+    let foreign: Vec<String> = dir
+        .entries()
+        .map_err(|e| (snap_io("list", &e), is_passing(&e)))?
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().to_string_lossy().into_owned();
+            // A record that appeared since it was looked for is a snapshot being made,
+            // not something foreign.
+            (name != BACKUP_FILE && name != META_FILE && !name.starts_with(TEMP_MARKER))
+                .then_some(name)
+        })
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    Err((
+        untrusted_said(
+            folder,
+            &format!(
+                "has no {META_FILE} but holds what the runtime did not make there ({})",
+                foreign
+                    .iter()
+                    .map(|n| shown_path(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        false,
+    ))
 }

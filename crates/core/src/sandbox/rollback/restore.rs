@@ -256,31 +256,9 @@ impl Sandbox {
                 .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
             let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
-                Err((mut r, reached)) => {
-                    if r.reason_code == ReasonCode::ChecksumMismatch {
-                        self.metrics.checksum_mismatches(1);
-                    }
-                    // Made, then something after it failed (the root's sync, say): the
-                    // line says so, for a rollback run again to take the target, as the
-                    // undo leaves it, for its own doing rather than someone's change.
-                    if reached
-                        && self.target_state(i, &meta.target())
-                            == crate::sandbox::conflicts::TargetState::found_by(&meta)
-                    {
-                        r.reason = format!(
-                            "{}{}; roll back again to finish",
-                            crate::snapshot::PUT_BACK_UNCONFIRMED,
-                            r.reason
-                        );
-                    }
-                    let spent = || {
-                        matches!(
-                            r.reason_code,
-                            ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
-                        ) && self.backup_unusable(i, &meta)
-                    };
-                    targets.failed(&key, &meta, r.reason_code, spent, force, steps.len());
-                    RollbackStep::failed(&meta, self.abs_path(i, &meta.target()), r)
+                Err(failure) => {
+                    let at = steps.len();
+                    self.failed_step(i, &meta, failure, (&mut targets, &key, at), force)
                 }
             };
             targets.restored(&key, &meta, &step);
@@ -339,6 +317,43 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// The step of a restore that failed with `r` (`reached`: the restore was made, and
+    /// what came after it failed), noted in the pass's `targets` for `key` as the pass's
+    /// step `at`: the older steps of its file wait for it.
+    fn failed_step(
+        &self,
+        i: usize,
+        meta: &SnapshotMeta,
+        (mut r, reached): (Refusal, bool),
+        (targets, key, at): (&mut PassTargets, &TargetKey, usize),
+        force: bool,
+    ) -> RollbackStep {
+        if r.reason_code == ReasonCode::ChecksumMismatch {
+            self.metrics.checksum_mismatches(1);
+        }
+        // Made, then something after it failed (the root's sync, say): the line says so,
+        // for a rollback run again to take the target, as the undo leaves it, for its own
+        // doing rather than someone's change.
+        if reached
+            && self.target_state(i, &meta.target())
+                == crate::sandbox::conflicts::TargetState::found_by(meta)
+        {
+            r.reason = format!(
+                "{}{}; roll back again to finish",
+                crate::snapshot::PUT_BACK_UNCONFIRMED,
+                r.reason
+            );
+        }
+        let spent = || {
+            matches!(
+                r.reason_code,
+                ReasonCode::ChecksumMismatch | ReasonCode::NoRollbackData
+            ) && self.backup_unusable(i, meta)
+        };
+        targets.failed(key, meta, r.reason_code, spent, force, at);
+        RollbackStep::failed(meta, self.abs_path(i, &meta.target()), r)
     }
 
     /// The record that names a pass's steps (see [`Sandbox::before_step`]): the
