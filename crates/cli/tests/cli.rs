@@ -2394,6 +2394,18 @@ fn a_damaged_seal_key_leaves_the_trail_verifiable() {
         err.contains("holds 3 bytes, not the 32 of a key") && err.contains("verified read-only"),
         "{err}"
     );
+    // Past what is read of a state file, too (it was a failure of the disk, and the
+    // trail went unverified).
+    std::fs::remove_file(&key).unwrap();
+    write_private(&key, &vec![7u8; 2 << 20]);
+    let out = e.cmd().args(["audit", "verify"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("holds more than 1048576 bytes, not the 32 of a key")
+            && err.contains("verified read-only"),
+        "{err}"
+    );
     let log = e.state.join("sandbox_audit.jsonl");
     std::fs::rename(&log, e.dir.join("kept.jsonl")).unwrap();
     std::fs::create_dir(&log).unwrap();

@@ -729,20 +729,35 @@ impl StateDir {
     }
 
     fn read_secret(&self, name: &str) -> io::Result<Option<[u8; 32]>> {
-        let Some(bytes) = self.read_optional(name)? else {
-            return Ok(None);
-        };
-        self.check_secret_private(name)?;
-        bytes.as_slice().try_into().map(Some).map_err(|_| {
+        let damaged = |held: &str| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                "{} holds {} bytes, not the 32 of a key; it was damaged (put it back from a backup; a new one, made by hand, leaves every existing snapshot untrusted)",
-                self.path.join(name).display(),
-                bytes.len()
-            ),
+                    "{} holds {held}, not the 32 of a key; it was damaged (put it back from a backup; a new one, made by hand, leaves every existing snapshot untrusted)",
+                    self.path.join(name).display(),
+                ),
             )
-        })
+        };
+        let bytes = match self.read_optional(name) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
+            // Damaged like one of any other wrong length, not a failing disk: what needs
+            // no key (verifying the trail) still goes on.
+            Err(e)
+                if e.get_ref()
+                    .and_then(|i| i.downcast_ref::<crate::reason::Refusal>())
+                    .is_some_and(|r| r.reason_code == crate::reason::ReasonCode::SizeExceeded) =>
+            {
+                return Err(damaged(&format!("more than {MAX_STATE_FILE} bytes")));
+            }
+            Err(e) => return Err(e),
+        };
+        self.check_secret_private(name)?;
+        bytes
+            .as_slice()
+            .try_into()
+            .map(Some)
+            .map_err(|_| damaged(&format!("{} bytes", bytes.len())))
     }
 
     /// Refuses the secret `name` when another user owns it or its mode lets others read
