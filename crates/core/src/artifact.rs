@@ -339,6 +339,41 @@ fn parse_lines(buf: &[u8], keys: &RandomState) -> Parsed {
     })
 }
 
+/// The number (from 1, blank lines counted) of the first whole line of the registry
+/// read through `read_at` (`len` bytes) that does not read as an artifact, if any.
+pub(crate) fn first_unreadable_line(
+    read_at: &dyn Fn(&mut [u8], u64) -> io::Result<()>,
+    len: u64,
+) -> io::Result<Option<u64>> {
+    use crate::journal::Piece;
+    use std::ops::ControlFlow;
+    let mut lines = 0u64;
+    let mut first = None;
+    crate::journal::scan(read_at, 0, len, &mut |piece| {
+        match piece {
+            Piece::Lines(_, buf) => {
+                for line in buf
+                    .strip_suffix(b"\n")
+                    .unwrap_or(&buf)
+                    .split(|&b| b == b'\n')
+                {
+                    lines += 1;
+                    if !line.is_empty() && serde_json::from_slice::<ArtifactEntry>(line).is_err() {
+                        first = Some(lines);
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+            }
+            Piece::Overlong(..) => {
+                first = Some(lines + 1);
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok(first)
+}
+
 /// Loads a whole registry file: the journal's chunks go, in turn, to two parser threads
 /// while this thread inserts the parsed chunks in file order. Parsing is most of a load;
 /// this keeps both cores busy and overlaps the index inserts with it.
@@ -758,5 +793,14 @@ impl ArtifactRegistry {
     /// Lines that could not be read (skipped).
     pub fn corrupt_lines(&self) -> io::Result<u64> {
         self.with(|ix| ix.corrupt_lines)
+    }
+
+    /// The number (from 1) of the registry's first line that does not read as an
+    /// artifact, read from the file again: the index keeps a count of them only, and a
+    /// verification that finds some names where.
+    pub fn first_unreadable_line(&self) -> io::Result<Option<u64>> {
+        let g = self.inner.lock()?;
+        let file = g.0.file();
+        first_unreadable_line(&|buf, at| file.read_exact_at(buf, at), file.len()?)
     }
 }

@@ -86,18 +86,28 @@ pub(crate) fn with_unlogged(
 /// `report`, failed when the registry holds `unreadable` whole lines that are no
 /// artifact: no write of the runtime leaves one (a line a crash cut short is removed when
 /// the registry is opened), so they were added there or damaged.
-pub(crate) fn with_unreadable_registry(report: VerifyReport, unreadable: u64) -> VerifyReport {
+/// `first_line` names where (see [`crate::artifact::first_unreadable_line`]), asked for
+/// only when there are some.
+pub(crate) fn with_unreadable_registry(
+    report: VerifyReport,
+    unreadable: u64,
+    first_line: impl FnOnce() -> io::Result<Option<u64>>,
+) -> io::Result<VerifyReport> {
     if unreadable == 0 || !report.ok {
-        return report;
+        return Ok(report);
     }
-    VerifyReport {
+    let first = match first_line()? {
+        Some(n) => format!(" (the first: line {n} of {ARTIFACTS_FILE})"),
+        None => String::new(),
+    };
+    Ok(VerifyReport {
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the artifact registry holds {unreadable} line(s) that cannot be read as artifacts: lines were added to or damaged in the registry"
+            "the artifact registry holds {unreadable} line(s) that cannot be read as artifacts{first}: lines were added to or damaged in the registry"
         )),
         ..report
-    }
+    })
 }
 
 /// A file write the trail records as done, as the artifact registry must hold it.
@@ -253,7 +263,13 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
         Some(file) => registry_entries(file)?,
         None => (Vec::new(), 0),
     };
-    let report = with_unreadable_registry(report, unreadable);
+    let report = with_unreadable_registry(report, unreadable, || match &registered {
+        Some(file) => crate::artifact::first_unreadable_line(
+            &|buf, at| file.read_exact_at(buf, at),
+            file.len()?,
+        ),
+        None => Ok(None),
+    })?;
     if !report.ok {
         return Ok(report);
     }

@@ -287,7 +287,10 @@ impl Sandbox {
             .registry
             .corrupt_lines()
             .map_err(Error::io("read the artifact registry"))?;
-        let report = crate::audit::with_unreadable_registry(report, unreadable);
+        let report = crate::audit::with_unreadable_registry(report, unreadable, || {
+            self.registry.first_unreadable_line()
+        })
+        .map_err(Error::io("read the artifact registry"))?;
         if !report.ok {
             return Ok(report);
         }

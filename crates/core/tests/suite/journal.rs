@@ -283,16 +283,18 @@ fn writes_the_trail_records_must_be_in_the_registry() {
         relaxed.durability = ailab_sandbox_core::config::Durability::Relaxed;
         assert!(w.open(relaxed).audit_verify().unwrap().ok, "{case}");
     }
-    // A whole line that is no artifact was put there; a last line a crash cut short
-    // (no newline) was not.
-    std::fs::write(&registry, format!("{original}not an artifact\n")).unwrap();
+    // A whole line that is no artifact was put there, named by its number (a blank
+    // line counted); a last line a crash cut short (no newline) was not.
+    let (head, rest) = original.split_once('\n').unwrap();
+    std::fs::write(&registry, format!("{head}\n\nnot an artifact\n{rest}")).unwrap();
     for v in verified_both_ways(&w) {
         assert!(!v.ok, "{v:?}");
+        let reason = v.reason.unwrap();
         assert!(
-            v.reason
-                .unwrap()
-                .contains("1 line(s) that cannot be read as artifacts"),
-            "garbage"
+            reason.contains(
+                "1 line(s) that cannot be read as artifacts (the first: line 3 of artifacts.jsonl)"
+            ),
+            "garbage: {reason}"
         );
     }
     std::fs::write(&registry, format!("{original}{{\"artifact_id\": \"art_")).unwrap();
@@ -2477,7 +2479,8 @@ fn a_long_line_in_the_trail_or_the_registry_is_named_and_passed_over() {
         assert!(!v.ok);
         let reason = v.reason.unwrap();
         assert!(
-            reason.contains("holds 1 line(s) that cannot be read"),
+            reason
+                .contains("holds 1 line(s) that cannot be read as artifacts (the first: line 2 of"),
             "{reason}"
         );
     }
