@@ -1,6 +1,11 @@
 //! The artifact registry: every file an action leaves behind, with its checksum and
 //! lineage. Append-only JSONL (`artifacts.jsonl`) plus an in-memory index kept current
 //! incrementally, so queries never rescan the file.
+//!
+//! The index finds an entry by id, workflow, path and action, and links each entry to the
+//! one before it at its path, so a write's default parent is found among all of the path's
+//! versions. An entry is held as its strings in one allocation; queries hand out
+//! `ArtifactEntry` copies, and filters see an `ArtifactRef`.
 
 use crate::confine::state::StateDir;
 use crate::journal::Journal;

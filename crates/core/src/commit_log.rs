@@ -11,6 +11,16 @@
 //! the log, and what it held was never reported done. The file is allocated ahead (zeros)
 //! and a header in its first sector says where the entries end and which generation they
 //! belong to, so an append changes neither the file's size nor its blocks.
+//!
+//! An append needs no directory sync. Emptying the log starts a new generation, so stale
+//! entries past the end are never read again. Keeping some entries only (those for a root
+//! not configured now, after a replay) writes them after the others as a new generation,
+//! syncs, and then switches the header to them in one sector write, so a crash keeps either
+//! all the entries or just those. A workflow's first commit creates its log and is a sync
+//! point instead, which makes the new file durable with everything else (many workflows
+//! commit only once or twice). Entries are synced one at a time, so only the last can be
+//! torn. Only small writes (backup and new bytes up to 64 KiB together) are logged: a log
+//! would write a larger one's bytes twice.
 
 use crate::confine::state::CommitLogFile as File;
 use crate::hash::sha256_hex;

@@ -1,4 +1,11 @@
 //! Execution modes and the reasons a run is only simulated (SPEC §4).
+//!
+//! A rollback asked for by a user is a write, and is only simulated (and audited as such)
+//! unless writes are real (`ExecutionContext::writes`: `sandbox_write` with dry-run off;
+//! the `readonly` mode of a phase that allows no writes executes reads alone). So is a
+//! prune, which makes writes irreversible: it reports the workflows it would prune,
+//! `simulated: true`, and removes nothing. Start-up recovery is not: it only finishes or
+//! undoes what a dead run left half done.
 
 use serde::{Deserialize, Serialize};
 

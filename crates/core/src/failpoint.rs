@@ -1,7 +1,10 @@
 //! Failure injection for crash-consistency tests. A [`FailPoints`] set belongs to one
-//! [`crate::Sandbox`]; production code only asks it whether a named point should fire.
-//! Points can be armed only in a build with the `failpoints` feature (the tests'); in any
-//! other build nothing can arm them and asking costs nothing.
+//! [`crate::Sandbox`]; production code only asks it whether a named point should fire (an
+//! error, or a crash). Points can be armed only in a build with the `failpoints` feature
+//! (the tests'); in any other build nothing can arm them and asking costs nothing.
+//!
+//! The `failpoints` feature, which the tests turn on and the binary never has, brings
+//! `internals`, which the benchmark needs too (see the crate's doc).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,10 @@
 //! takes a ticket once its writes are made; a sync covers every ticket taken before it
 //! started. One sync runs at a time: callers that arrive meanwhile wait for it, and the
 //! first of those it does not cover runs the next one for all of them.
+//!
+//! After a failed sync every later ticket fails too: the kernel may have dropped the pages
+//! it could not write, so a later sync proves nothing. Used by the journals' `fdatasync`
+//! and by `batched`'s `syncfs` (one `GroupCommit` for the filesystems a sandbox writes to).
 
 use std::io;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};

@@ -3,6 +3,29 @@
 //! from a crashed writer repaired. Durable appends are synced after the lock is let go,
 //! so that appenders waiting at the same time share one `fdatasync` (group commit) and
 //! readers never wait for a disk flush.
+//!
+//! A torn tail is repaired at open, before each append, and by a reader that meets one
+//! longer than a line. `write_line` is the one way a line is made (C1 controls and
+//! U+2028/U+2029 escaped too), and `json_lines` parses the whole lines of a large read (the
+//! registry, the trail) with the buffer checked for UTF-8 once. Every read goes through
+//! `scan`, a few MiB at a time: a line longer than any the runtime writes (`MAX_LINE`, 8
+//! MiB: a hole ended by a newline, a line made by hand) is passed over unread and handed on
+//! as a stand-in (`OVERLONG`) that no reader parses, the next buffer's offset after it.
+//!
+//! A journal keeps the last bytes it read: found otherwise, the file was cut (and maybe
+//! written again), and it is read again from offset 0, which its reader takes as the sign
+//! to start its index again. Before an append it checks that the state directory still
+//! names the file it holds open: one moved away or replaced would take the lines out of
+//! sight. One opened as rewritable (the left-dirs ledger) may be rewritten in place
+//! (`rewrite_with`): each rewrite begins with a line of its own (`{"rewrite":"<id>"}`), and
+//! readers compare the file's first line at every read, since a rewrite can leave the file
+//! as long as, and ending like, what they read.
+//!
+//! After a failed sync the journal appends nothing more: the kernel may have dropped the
+//! pages it could not write, so no later line could be promised durable. The failed
+//! append's lines stay in the file (other processes may have read them; cutting them would
+//! break their cursors): an action audited as done whose sync failed was undone, and
+//! recovery records its undoing after them.
 
 use crate::confine::state::{LogFile, LogLock, StateDir};
 use crate::group_commit::GroupCommit;

@@ -63,6 +63,14 @@
 //!   prune) or reads the state directory's logs waits for a log or workflow another
 //!   instance holds for at most `limits.lock_wait_seconds` (default 30 s), then answers
 //!   busy ([`Error::is_busy`], or `conflict` in a result) rather than block for good.
+//! - Leave the `internals` feature off (the `failpoints` feature of the tests brings it,
+//!   and the benchmark needs it): with it only, `commit_log`, `failpoint`, `ids`,
+//!   `journal`, `left_dirs` and `seal` are public modules, `StateDir::open` and
+//!   `SandboxRoot::open` are callable from outside the crate, and `Sandbox::registry()` and
+//!   `audit_log()` exist, for the tests to reach into. Without it an embedder cannot open a
+//!   root or the state directory by hand: it reads through the `Sandbox`'s read methods,
+//!   and no root handle, log or registry it could write through behind governance is within
+//!   its reach (its own `std::fs` calls are beyond any library's).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

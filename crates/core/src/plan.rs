@@ -1,5 +1,6 @@
 //! Plans: the JSON a caller submits (SPEC §6), its parsing and validation, and the bytes
-//! each operation would leave on disk.
+//! each operation would leave on disk (`render`: JSON, YAML, TOML and INI serialisation,
+//! exact-text edits).
 
 use crate::catalog::{Effect, Format, Operation, Payload};
 use crate::confine::path::shown_path;

@@ -4,6 +4,11 @@
 //! the wrong type, an id malformed or given twice, an element that is no action), so
 //! that an agent probing for a shell or a delete leaves a trace. Nothing else of the
 //! text is trusted, and nothing of it is built but the probes themselves.
+//!
+//! Such a plan (refused unread by the CLI or HTTP) is read leniently, from the first 1,000
+//! elements of its first and latest lists of actions (the first and last value of each
+//! key), without building the rest; the executor puts the probes on the trail blocked, so a
+//! broken sibling hides no probe for a shell or a delete.
 
 use crate::plan::{Action, MAX_ACTIONS_PER_PLAN, Plan};
 use crate::reason::ReasonCode;

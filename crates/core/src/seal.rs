@@ -3,6 +3,12 @@
 //! record there is trusted only if it carries an HMAC-SHA-256 made with a key that lives in
 //! the state directory: a snapshot planted in `.rollback/` by anyone who cannot read that
 //! key is never restored, finished or audited.
+//!
+//! A rollback refuses a workflow with a record that fails its seal (`checksum_mismatch`,
+//! naming the file), and recovery leaves such a record alone: a planted snapshot can
+//! neither restore bytes, nor finish a commit, nor add a registry entry or an audit line.
+//! Snapshot folders without a seal (written before seals existed) are refused like forged
+//! ones.
 
 use crate::hash::to_hex;
 use hmac::{Hmac, KeyInit, Mac};

@@ -1,6 +1,9 @@
-//! How a JSON document that does not fit its shape (a plan, a rollback's options) is
-//! told: where, in the reader's terms ("'content' of action 1"), and what, without the
-//! parser's type names ("invalid type: integer `5`, expected a string").
+//! How a JSON document that does not fit its shape (a plan, a rollback's options, a config
+//! value) is told: where, in the reader's terms ("'content' of action 1"), and what,
+//! without the parser's type names ("invalid type: integer `5`, expected a string"). On a
+//! refusal the JSON is read again tracking the path (`serde_path_to_error`), and the place
+//! and the fault are put in words ("'content' of action 1 must be a string, not a number
+//! (5)").
 
 use serde::de::DeserializeOwned;
 use serde_path_to_error::Segment;

@@ -1,4 +1,8 @@
 //! The workflow state machine and timeline (SPEC §6), as pure values.
+//!
+//! The machine is a run's: each plan starts in `planning`, and `rolled_back` ends that run.
+//! A workflow id may take further plans after a rollback; its budgets, rate limit and
+//! snapshots span all of its runs.
 
 use serde::{Deserialize, Serialize};
 

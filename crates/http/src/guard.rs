@@ -1,5 +1,8 @@
-//! Who may call: the bearer token (compared in constant time) and the refusal of
-//! requests made by web pages (SPEC §10: a page in a browser must not drive the runtime).
+//! Who may call: the bearer token (compared in constant time) and the refusal of requests
+//! made by web pages (SPEC §10: a page in a browser must not drive the runtime). Browser
+//! requests (`Origin`, a cross-site `Sec-Fetch-Site`) are refused; without a token, so are
+//! non-loopback `Host` headers and request targets in absolute form (DNS rebinding), and a
+//! request needs exactly one `Host`.
 
 use ailab_sandbox_core::hash::sha256_hex;
 use axum::extract::{Request, State};

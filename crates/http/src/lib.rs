@@ -48,6 +48,17 @@
 //! name, which defeats DNS rebinding. [`run`] refuses to listen on a non-loopback
 //! address without a token.
 //!
+//! Memory: a semaphore holds room for request bodies ([`BODIES_IN_FLIGHT`] times the body
+//! limit in all). A body is charged as its bytes arrive (in 1/1024ths of the limit) and
+//! gives the room back when its response is ready, so concurrent uploads cannot take more
+//! memory than that whatever their number, and a client holds only as much as it has sent.
+//! A body that holds no room waits for room; one that holds some and finds no more is
+//! answered 503 `server_busy` with `Retry-After`, so no upload waits while holding room
+//! (none waits for another). A second semaphore bounds the plans' `data` parsed and held at
+//! once ([`PLAN_DATA_IN_FLIGHT`] times the most one plan may hold, in values as the core
+//! counts them): a plan takes room for what its text could hold, outside its strings,
+//! before it is parsed.
+//!
 //! The [`Sandbox`] is synchronous: every call runs on Tokio's blocking pool.
 //!
 //! ```no_run

@@ -1,4 +1,10 @@
 //! Listening: address checks, the Tokio runtime, graceful shutdown.
+//!
+//! `serve` runs its own accept loop over hyper's HTTP/1 connection builder, since axum's
+//! `serve` has no time-outs: at most `MAX_CONNECTIONS` (256) connections at once, each
+//! closed when its request headers take more than 30 s, when it idles that long, or when an
+//! answer makes no progress for 30 s (`StallGuard`: the client reads nothing), so silent or
+//! deaf clients cannot hold the server's descriptors.
 
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::config::DEFAULT_ADDR;

@@ -8,6 +8,11 @@
 //! ([`Shares`]): at most three quarters of its threads run changes, fewer than the rest
 //! run reads, and the few left serve `/metrics` (which waits for no lock) and the short
 //! work of reading a plan's text. Calls beyond their share wait without a thread.
+//!
+//! A plan or rollback takes its workflow's turn (one call per workflow on the pool), then,
+//! after its data's room, room to run; a read of the logs takes room to read. A call beyond
+//! its share waits at most `limits.lock_wait_seconds` in all, then is answered 503
+//! `server_busy` (or 400 for a plan that is not valid).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

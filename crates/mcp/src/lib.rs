@@ -15,6 +15,19 @@
 //! the reason code), never a protocol error. Standard output carries protocol frames
 //! only; logs go through `tracing` (the binary sends them to standard error).
 //!
+//! At most [`MAX_CONCURRENT_CALLS`] (8) calls of a session run in the sandbox at once (a
+//! semaphore). A call waits for its turn while watching the cancellation rmcp hands it (a
+//! task-local token), so a call the client cancels before it starts never runs. The
+//! session's input passes through `screen::pump` on its way to rmcp, which screens each
+//! message's text and paces the calls (`screen::Flow`) and every request by its answer
+//! (`answers::Answers`, told by the session's output, `Watched`, of each answer line it
+//! flushes). A request reusing the id of one still unanswered, or of a call still under way
+//! (`Flow` keeps the ids of the calls it passed on until they end), is dropped unrun: rmcp
+//! keeps one entry per id. A client gone (standard output polled as closed, or an answer
+//! that cannot be written) cancels the session's `gone` token: calls not started are
+//! dropped unrun, and the session is cancelled once every slot of the semaphore is free
+//! again.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use ailab_sandbox_core::{Config, Sandbox};

@@ -15,7 +15,10 @@
 //! flight. A refusal a client puts there itself only refuses its own call. Any other
 //! message that fails never reaches rmcp as sent either: a request goes on without its
 //! parameters, anything else is dropped. Lines are read past a byte order mark, as rmcp
-//! reads them, and a line too long for rmcp is dropped here, never passed on unscreened.
+//! reads them, and a line too long for rmcp is dropped here, never passed on unscreened
+//! (a call among them is answered from its first 4 KiB, when they name its id). A
+//! `tools/call` that rmcp could not read (its text not UTF-8, its parameters of the wrong
+//! type) is refused too, passed on without its arguments.
 //!
 //! rmcp also ends a session at a notification or response that comes before
 //! `initialize` (other requests it answers); notifications and responses are never
@@ -32,7 +35,8 @@
 //! through at once. A call cancelled while held is passed on in its turn with a
 //! cancellation of the pump's own right behind it, so that the handler sees it cancelled
 //! before it starts (and still audits a forbidden tool). At the end of the client's input
-//! the pump closes rmcp's only once every call has been passed on and answered.
+//! the pump closes rmcp's only once every call has been passed on and answered, and the
+//! answers flushed (rmcp would also drop answers not yet written once its input ends).
 //!
 //! Requests of every kind are paced by their answers too (see [`crate::answers`]): while
 //! too many passed on wait for their answer to be written, the next ones are held as

@@ -1,6 +1,25 @@
 //! The trail's index in memory: where each line lies (the lines are read back from the
 //! file when asked for), the chains of changes to files of each name and folder, each
 //! workflow's lines, actions and rate, the directories claimed, and the counts.
+//!
+//! It holds where each line lies and what each workflow did (actions written and rolled
+//! back, rate-limiter state), not the lines: those are read back from the file when asked
+//! for, since a line once written never changes. Each slot keeps a keyed hash of its line,
+//! and a line read back that is not the one indexed is refused, naming `audit verify`.
+//!
+//! Look-ups of the changes to one file (recovery's, and a rollback's conflict check) follow
+//! a chain of the lines by file name, built the first time it is asked for. Each slot keeps
+//! its line's time to the second, so a look-up of the changes since a snapshot reads back
+//! only the lines that may be dated after it, and a hash of the name of the folder holding
+//! the file, so one for a file in a folder of its root reads back only the lines of that
+//! folder's name (`Ending`: what every spelling of the root leaves of the path). Lines are
+//! picked under the index's lock and read back after it is let go: an append never waits
+//! behind a long look-up.
+//!
+//! A `create_directory` that found its directory standing claims it: the index keeps, per
+//! directory, the claims that stand. One counts against a maker only when recorded after
+//! the maker ran, and is withdrawn by its rollback, whatever spelling of the root that
+//! used.
 
 #[cfg(doc)]
 use super::AuditLog;

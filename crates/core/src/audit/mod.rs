@@ -3,6 +3,20 @@
 //! `entry_hash`) so an edited, removed or reordered line is found by [`AuditLog::verify`].
 //! The chain's head is also kept in `sandbox_audit.head.json`, outside the log, so a cut
 //! tail is found too.
+//!
+//! The head is rewritten in place but never synced, and moves only over lines that are
+//! durable: it can only lag the log, never lead it. It is read and written only under the
+//! log's file lock (`audit verify` reads it under the same lock as the log), and each
+//! append checks the log against it under that lock first. Under `strict` it moves as soon
+//! as the append's sync has finished, after reading the lines back: lines cut while they
+//! synced (and replaced by another writer's) set the head to the entry that was cut, so the
+//! cut stays visible to every check. Under `batched` it moves at sync points; under
+//! `relaxed`, after the log's own `fdatasync` every 64 appends and at exit, so that a power
+//! cut that loses unsynced lines is not mistaken for tampering. A new log gets its head
+//! (seq 0, durable) before its first line, so a missing head always means a removed one.
+//! Once the log no longer matches its head (a cut tail, a rewritten entry, a head removed
+//! or damaged) the head is never written again, so `audit verify` keeps reporting it
+//! however many lines follow, and the next start says so in its notices.
 
 use crate::catalog::MutationClass;
 use crate::confine::state::{BLOCK, BlockFile, LogFile, StateDir};

@@ -1,6 +1,15 @@
 //! `audit verify`: one pass over the whole trail checking its chain and head, and the
 //! report it gives, with the registry's artifacts whose writes the trail does not
 //! record.
+//!
+//! Each line must be the very bytes the runtime wrote. The trail is read once, streamed
+//! (`TrailCheck`): the chain, the head and the writes the lines record, without holding the
+//! file. `Sandbox::audit_verify` then reads the registry against it, under each affected
+//! workflow's lock in turn (`Sandbox::with_registry_on_trail`): a write is registered, then
+//! audited, under its workflow's lock, so a registered artifact the trail lacks is a run
+//! still under way, not a forgery. Recovery of a dead run keeps the same order (it audits
+//! what was registered); changing the order would make verify report false unlogged
+//! entries.
 
 #[cfg(doc)]
 use super::AuditLog;

@@ -1,5 +1,11 @@
 //! String-level path checks. They run before any I/O and produce the reason codes; the
 //! root directory handle (see [`super::root`]) is what actually guarantees confinement.
+//!
+//! `detect_path_traversal`, `check_path_depth`, `resolve_sandbox_path`,
+//! `is_within_sandbox`, `check_reserved` and `ExtensionPolicy` judge a path as written;
+//! `detect_misleading_name` refuses a name that reads otherwise than it is written, with
+//! `unseen` saying where an invisible character belongs to a script or an emoji sequence
+//! and where it only hides.
 
 use crate::catalog::shown_ext;
 use crate::reason::{ReasonCode, Refusal, Verdict};

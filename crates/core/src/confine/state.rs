@@ -1,5 +1,23 @@
 //! The state directory: the runtime's own files (artifact registry, audit log, its head,
 //! lock files). It lies outside every sandbox root and is never reachable by an action.
+//!
+//! It holds locked append-only logs, lock files, small atomic files, the per-workflow run
+//! records (`inflight/`) and the workflow locks (`lock_workflow`). It is opened once, by
+//! the walk from `/` a root takes (`root::open_checked_dir_through_link`): unlike a root,
+//! the directory itself may be a symlink, followed under the rules for the folders above
+//! it, since the runtime only reaches it and never hands it out. It is refused unless
+//! private to the runtime's user; every file in it is then opened by a single name under
+//! one of its three handles, never following a symlink.
+//!
+//! Every lock here (the target stripes, the workflow locks, the audit and registry logs) is
+//! taken by polling a non-blocking `flock` against a deadline, `limits.lock_wait_seconds`
+//! (30 s by default), since `flock` has no timeout: a stopped or hung process holding one
+//! gets the others refused, not stalled (`conflict` for targets and workflows; an I/O
+//! failure for a log, undone like any other). A process's threads share the bound: a
+//! stripe's in-process turn is polled against the same deadline, a rollback takes one
+//! deadline for all its stripes, and threads queued behind a log just found stuck give up
+//! at once (`timed_lock`). A wait that runs out is a `LockBusy` (busy: `conflict`, to try
+//! again), told apart from the system's own time-outs (`io_error`).
 // confine/ is where paths are opened. Only the types are allowed module-wide: the path
 // functions are allowed one function at a time, so that the chmod and subprocess bans of
 // clippy.toml (SPEC §12.1-2) still hold in the rest of this module.

@@ -1,6 +1,7 @@
-//! Where a character readers do not see has a use in a name: the joiners and selectors
-//! that scripts and emoji sequences need. Anywhere else such a character only makes one
-//! name look like another (`no\u{200B}tes.md`, `caf\u{E9}\u{FE0F}.md`).
+//! Where a character readers do not see has a use in a name: the joiners and selectors that
+//! scripts and emoji sequences need (a joiner after a virama, the tag letters of a
+//! subdivision flag). Anywhere else such a character only makes one name look like another
+//! (`no\u{200B}tes.md`, `caf\u{E9}\u{FE0F}.md`).
 
 use super::path::is_unseen;
 

@@ -7,6 +7,10 @@
 //! budget and the rate may have changed between: `render` must give the same bytes for
 //! the same input. A failure restores the action at once and, with
 //! `on_failure: rollback`, every earlier action of the run.
+//!
+//! `SandboxWriteExecutor` is crate-private: `Sandbox::run_plan` is the one public way to
+//! run a plan. This file runs it (simulated, blocked or executed) and undoes the run on
+//! failure.
 
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::catalog::{MutationClass, Operation, RiskLevel, op_for_intent};

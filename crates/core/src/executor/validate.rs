@@ -1,5 +1,8 @@
 //! A plan judged before anything is written: each action against the tree as the plan's
 //! earlier actions leave it, the workflow's limits and budget, the rate limit.
+//!
+//! Each root the plan writes into has its snapshot store checked (`snapshot::check_store`)
+//! once here, since it must be usable before anything is written.
 
 use super::{Bytes, SandboxWriteExecutor};
 use crate::budget::{Usage, check_budget, check_rate};

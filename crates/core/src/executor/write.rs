@@ -1,5 +1,8 @@
 //! One action's write: its checks under the target's lock, its snapshot, its bytes staged
 //! and committed, its artifact and audit line, and its undo when a step fails.
+//!
+//! An action makes no directory its snapshot does not record: one that was there when it
+//! was checked and has gone since is a `conflict`, not made again.
 
 use super::validate::{check_existing_size, leaves};
 use super::{ActionResult, ActionStatus, Reached, SandboxWriteExecutor, log_failure};

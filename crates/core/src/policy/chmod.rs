@@ -1,5 +1,6 @@
 //! `detect_chmod_intent`: recognises requests to change permissions or set an execute bit.
-//! Such an action is always blocked, whatever else it asks for.
+//! Such an action is always blocked, whatever else it asks for. The text is read as a
+//! person reads it: case and the punctuation around words do not hide a pattern.
 
 /// One recognised pattern.
 struct Pattern {

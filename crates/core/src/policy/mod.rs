@@ -1,5 +1,9 @@
 //! Governance: permission scopes and phases, chmod detection, risk, and
 //! `check_sandbox_governance`, which returns a decision value rather than an error.
+//!
+//! Values in, values out, but for one step: given the roots, `check_target` looks at the
+//! target through its root's handle (links, special files, its kind, what this process may
+//! change), since SPEC §5 orders those checks among governance's.
 
 mod chmod;
 mod governance;

@@ -1,4 +1,5 @@
-//! Permission scopes and the phase table (SPEC §4).
+//! Permission scopes and the phase table (SPEC §4), and which tool names a shell, an
+//! interpreter or a permission change (an action routed to one is forbidden).
 
 use crate::catalog::{FORBIDDEN_INTENTS, READ_INTENTS, is_sandbox_write_intent};
 use serde::{Deserialize, Serialize};

@@ -1,5 +1,35 @@
 //! Start-up recovery of `batched` commit logs: what a log holds is written again where
-//! a power cut lost it, and each target gets its newest logged bytes.
+//! a power cut lost it, and each target gets its newest logged bytes. It runs before any
+//! dead run is judged.
+//!
+//! A non-empty log whose workflow lock is free is replayed: each entry's snapshot (folder,
+//! backup, metadata), registry entry and audit record is put back if missing, and per
+//! target (under its target lock) the newest entry's bytes are put in place, unless the
+//! target holds none of the contents the log knew for it (someone changed it since; it is
+//! left alone). An entry whose snapshot is marked restored was undone and is skipped: the
+//! undo's mark is durable before a run reports the failure (a full root can refuse the
+//! mark: the undo's audit line still says so, and a rollback takes the trail's word that
+//! the action is undone). A torn last entry ends the log: that write never committed. Since
+//! entries are synced one at a time, an entry that does not check out before one that does
+//! was damaged or changed since: the log is not replayed, emptied or judged from, and its
+//! run stays unfinished and the workflow refused, naming it, until the log is put back or
+//! moved away.
+//!
+//! After a power cut the logs are replayed in the order their first writes were made. A
+//! replay covers every logged target for its closing sync, even one already in place (the
+//! writer may have written beneath a filesystem mounted inside a root); it never marks an
+//! audited action undone, and never puts a log's older bytes over a later run's audited
+//! write that put them back. A log whose replay failed anywhere (a target's bytes not put
+//! in place, say) is kept, its run left for the start that can replay it all. Log entries a
+//! replay keeps for a root not configured add that root to the run record. A start that
+//! replays a log names itself in the run record before it writes, as a recovery does
+//! (`recovered_by`), and first removes what earlier replays or recoveries that died left
+//! beside the log's targets.
+//!
+//! The log of a `batched` run that finished in this boot (its record `finished`, left so by
+//! a killed process) is made durable and emptied, never replayed. A run record from an
+//! earlier boot whose log is still unreplayed refuses a new run rather than having its log
+//! settled.
 
 use super::{
     InflightRecord, RESTORES_UNAUDITED, ROLLING_BACK, Recovered, dead_makers, found_its_result,

@@ -3,6 +3,21 @@
 //! records them from their marks; this process also records them before any other
 //! change it makes, in the order they were made, so that the trail's lines of a file
 //! follow what the file went through.
+//!
+//! A run whose restore's audit line could not be appended marks its record
+//! `restores_unaudited`: the next run or start audits those restores from their marks and
+//! touches nothing else. The process that made such restores keeps their runs and rollbacks
+//! in memory, oldest first (`HeldRestores`; a start that could not record a dead run's
+//! restores adds its record there too). Before any change (a run, a rollback, each action's
+//! target locks, and again once those are held if more were held back meanwhile) it records
+//! their marked restores, one thread at a time (the others wait their turn,
+//! `timed_lock::Gate`, no longer than a lock's wait), in one append ordered by the times
+//! the marks record, under their workflows' locks, up to the first workflow whose lock is
+//! taken; then it marks those records finished (kept when a mark could not be read). A
+//! change is refused while the trail will not take them, so no line of this process
+//! overtakes them. A run undoing itself is the exception: its undo goes on, its own lines
+//! held back after them. A start takes dead records in the same order: by the time on the
+//! earliest mark of their unrecorded restores, else by their execution ids' time.
 
 use super::{RESTORES_UNAUDITED, ROLLING_BACK};
 use crate::audit::AuditRecord;

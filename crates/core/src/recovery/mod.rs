@@ -6,6 +6,45 @@
 //! bytes are durable, and those whose result is in place and registered (the run died
 //! before its audit line): those are finished. The temporary files the run left are
 //! removed.
+//!
+//! This file keeps the run records, says which runs are dead and claims one; `commit_logs`
+//! replays the commit logs first (`batched`), `run` settles a dead run, `rollback` a dead
+//! rollback, `held` the restores the trail would not take, `judge` says what the trail and
+//! the disk hold for a target, `notices` words it all for the start.
+//!
+//! A recovery the disk stops (an undo refused `io_error`, restore lines the trail will not
+//! take) keeps the run record for the next start or the workflow's next run; one stopped
+//! for good (a damaged backup) closes it and says so.
+//!
+//! A recovery names its process in the run record before it starts (`recovered_by`, the
+//! last four), so that the temporary files of one that died are removed by the next; one
+//! that ends unfinished, or cannot sync what it did, takes its name back. A run record
+//! names the boot it began in and the roots its run writes into. A start configured without
+//! one of those roots leaves the run unjudged (saying so), and refuses a new run of the
+//! workflow, until a start that has them recovers it; a root missing at start that a run
+//! awaiting recovery wrote into is not made (made empty, it would be taken for what the run
+//! left there). A start removes an unreadable run record only under the workflow's lock,
+//! after reading it again there; records are created whole (written aside, then linked), so
+//! a start racing a run never mistakes the run's record for a damaged one.
+//!
+//! A `batched` run that ended is `finished` until its process's next sync point marks it
+//! idle. A start (any process) leaves such a run alone when the boot is this one: the
+//! process may live on, and a kill loses nothing from the page cache, so judging its
+//! audited writes against the disk could only take another workflow's later write-back of
+//! the old bytes for an undo. It makes the writes of such runs (left so by a killed
+//! process) durable and marks their records idle, so no later boot has to judge them,
+//! except for a run whose commit log holds entries for a root the process lacks: that one
+//! it leaves `finished`, so no process drops an acknowledged write. After a crash of the
+//! machine the boot differs, and the run is recovered and its log replayed (`commit_logs`).
+//!
+//! The next run or rollback of a workflow settles a dead run of it the same way (it finds
+//! the record under way and the workflow's lock free) before it takes the record over, so a
+//! run that dies while others live on needs no restart. Recovery holds the locks of all of
+//! a dead run's targets from judging them to finishing or restoring them. It runs at every
+//! start whatever the write flags, since it only finishes or undoes what a dead run left
+//! half done. An action whose result is in place and registered is audited, so the registry
+//! never lists an artifact the trail does not. An action a dead run audited stays:
+//! `rollback --force` restores the original tree.
 
 use crate::confine::RelPath;
 use crate::reason::{ReasonCode, Refusal, Verdict};

@@ -1,5 +1,24 @@
 //! Start-up recovery of an interrupted rollback: the restores its marks record are
 //! audited, and the rollback is left for the operator to run again.
+//!
+//! A rollback marks the workflow's record `rolling_back` (durably) before it restores
+//! anything. If it dies between a restore and that step's record, the next start walks the
+//! workflow's unmarked snapshots newest first per target and records each one whose target
+//! holds the action's `before` checksum, stopping at the first whose target still holds the
+//! action's result, or anything else. Only when the record says the rollback was forced
+//! does it pass over a step whose backup is damaged or gone: a forced rollback passes over
+//! such a *spent* step, and the older restores beneath it may have been made; an unforced
+//! one, a failed run's own among them, holds them back. Since a rollback names the step it
+//! is restoring on its record (`restoring`), a start in the boot the record was written in
+//! credits no other unmarked step with a restore, whatever its file holds (someone may have
+//! changed it by hand while the process was down); after a crash of the machine the record
+//! may be older than the last step, and every step is judged by its file.
+//!
+//! A step's mark is written before its audit line: a process that dies between the two (a
+//! rollback, or a run undoing its failure) leaves a marked snapshot the trail does not
+//! mention, and recovery audits it from the mark, which names the restoring execution, the
+//! restored checksum and, for a rollback, what the target held before the restore, so that
+//! the line says what a forced restore overwrote.
 
 use super::{InflightRecord, Recovered, dead_makers};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};

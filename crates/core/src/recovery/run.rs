@@ -1,5 +1,45 @@
 //! Start-up recovery of a dead run: each action snapshotted but never audited as done
 //! is finished or undone, and the temporary files the run left are removed.
+//!
+//! The temporary files it removes: the run's own beside its targets (also those of a dead
+//! rollback); for a run of an earlier boot (a power cut), its process's anywhere in the
+//! run's roots, found by the process's id, since the staged file of a write whose snapshot
+//! metadata the cut emptied is named nowhere else once that snapshot is removed as
+//! unfinished (the target folders of that process's other runs awaiting recovery are left
+//! to them, and a root is walked once per such process); a run record's own when its writer
+//! died making it; and, once ten minutes old, those a start killed while making the seal
+//! key or the trail's head left at the state directory's top.
+//!
+//! A dead run's actions are judged newest first, one target at a time: an action is
+//! compared with what its target will hold once the newer in-doubt actions on it are
+//! undone, and a finished action settles the older ones on the same target. The run is
+//! judged once, on the snapshot folders recovery can trust; only when none of the
+//! workflow's snapshots can be read at all does it stay unfinished for the next start.
+//! Under `batched` an action whose snapshot holds a commit record is finished from it (the
+//! staged bytes put in place unless the target already holds them, the missing registry and
+//! audit lines appended), and undone when the staged bytes are gone or damaged. A start in
+//! the boot the run's record was written in credits no dead run with the undo of an action
+//! audited as done whose file is back to what it found, whatever the file holds: someone
+//! may have changed it by hand while the process was down, and the trail's line comes after
+//! the write.
+//!
+//! A dead run's locks go with it, so another run may change one of its targets before
+//! recovery: an unaudited action whose target another run changed since its snapshot (the
+//! trail says so, or the target holds neither its `before` nor its result) is never redone,
+//! finished from the commit log, nor restored over that change. It is recorded as done when
+//! it had reached the file (its artifact is registered, or the first change made after its
+//! snapshot found its result), else marked undone and audited as rolled back. "Another run"
+//! is judged by target, not by the text of its path: a process given the root through a
+//! symlink records the same file under another path. Nor does recovery take another
+//! workflow's write-back of a file's old bytes for the undo of an audited write. A
+//! registered write of the dead run that no trusted snapshot stands for (its folder
+//! removed, or holding another action's record) landed, since registration follows the
+//! write: it is recorded as done with nothing to roll it back, its line saying so.
+//!
+//! A run one of whose failed actions could not be undone leaves its record `active`, so
+//! that the next run of the workflow or the next start judges that action against the disk
+//! as after a crash (its change stood on no line of the trail when both its audit line and
+//! its undo failed).
 
 use super::{InflightRecord, Recovered, child, dead_makers, found_its_result, needs_recovery};
 use crate::audit::{AuditRecord, AuditStatus};

@@ -1,5 +1,63 @@
 //! How [`Sandbox`] makes writes durable: targeted syncs under `strict`, sync points
 //! and commit logs under `batched`, and the per-workflow run records recovery reads.
+//!
+//! `strict` (the default) syncs, per action: the snapshot's files and then its folder
+//! (before the target is touched), the target's temporary file and its directory (the
+//! atomic write), then one `fdatasync` each for the registry and audit appends. Those two
+//! are made after the logs' locks are let go, so that readers of the registry or the trail
+//! never wait for a disk flush, and appends waiting at the same time share one sync; an
+//! action returns only once its lines are durable. A run marks its workflow's record in
+//! `inflight/` active before its first write and idle after (rewritten in place), which is
+//! how start-up recovery finds runs that died.
+//!
+//! `batched` replaces the per-file syncs with whole-filesystem ones (`syncfs`), one per
+//! file write. The executor prepares the action's outcome first (new bytes, checksum,
+//! registry entry, audit record), stages the new bytes in a temporary file beside the
+//! target and writes the snapshot with a commit record in its `meta.json` (the staged name,
+//! the checksum, the entry and the record). One `syncfs` then makes the run record, the
+//! snapshot and the staged bytes durable together, before the target changes; the rename
+//! and the two log appends follow unsynced and reach the disk with the next sync point. A
+//! small file write commits through its workflow's commit log instead (`commit_log`);
+//! larger writes keep the `syncfs` commit point, since a log would write their bytes twice.
+//! Because a run's last writes are durable only at the next sync point, its idle mark and
+//! the audit head wait for that point too (or for the sandbox's drop, which makes one), so
+//! neither can reach the disk ahead of the lines it vouches for. A `batched` run that ends
+//! marks its record `finished`, with the kernel's boot id, until its process's next sync
+//! point marks it idle, so that an ended run waiting for its sync point is not taken for
+//! dead.
+//!
+//! A logged commit's snapshot, staged file, rename and log lines stay in memory until a
+//! sync point: every 32 logged commits (between runs), a write that needs one anyway, a
+//! rollback, a prune, or the sandbox's drop. A sync point empties the logs whose workflows
+//! are idle and that are still where their last finished commit left them (same generation,
+//! same end): a commit registers for emptying only once its writes are made, so no sync
+//! that began earlier can empty its entry. A rollback or prune (in any process), and a
+//! failed run before its own rollback, first makes the workflow's log's writes durable and
+//! empties it, so no later replay can redo an action they undid or recreate a snapshot they
+//! removed; that run's record then says a rollback is under way, as a rollback's does, so a
+//! start after it dies records the restores made and says what is left to roll back.
+//! Emptying another process's log takes a whole-system sync first. Whatever a run record
+//! says, a run, rollback or prune of a workflow is refused while its log holds entries for
+//! a root this process lacks (another process's acknowledged writes, which its sync point
+//! would empty with the log; the log is read only when it holds entries this process did
+//! not log). A sync point that fails puts the records of the runs it was to make durable
+//! back to under way: the kernel may have dropped their pages, and the next start checks
+//! them and replays their logs.
+//!
+//! A write that creates directories, and `create_directory`, keep two sync points (after
+//! the snapshot; after the target and the logs), with recovery checking an audited target
+//! against its `after_checksum`. Each sync covers every filesystem the pipeline wrote to,
+//! since a directory inside a root may be a mount. A FUSE filesystem, which passes no
+//! `syncfs` on, is refused: at start for a root or the state directory, and at a staged
+//! write into a mount inside a root; there the writes that are not staged, the directories
+//! made and the restores sync their folder themselves. Concurrent actions share syncs
+//! (`GroupCommit`). After a failed sync no later ticket is reported durable: the journals
+//! append nothing more, the executor refuses every action before its snapshot and every
+//! rollback before its first restore (`io_error`, saying to restart), and the run's record
+//! stays active, so that the next start's recovery checks the run against what reached the
+//! disk.
+//!
+//! `relaxed` keeps every atomic rename and drops the syncs.
 
 use super::{Sandbox, lock_or_recover};
 use crate::commit_log::Position;

@@ -1,5 +1,13 @@
 //! The locks that serialise changes to one target, and to one workflow, across
-//! threads and processes.
+//! threads and processes, and the words for why one could not be taken.
+//!
+//! An action holds its target's lock from reading the target's bytes to writing the new
+//! ones. Two stripes serve each target, both taken: one picked by the root's identity and
+//! the path beneath it, the same through every path to the root; one by the file's real
+//! path, folded as a filesystem that ignores case reads it, the same through roots that lie
+//! one inside another in processes sharing a state directory. Lock order: a workflow's
+//! lock, then one target lock, or several in stripe order; a holder takes no other lock it
+//! could wait for.
 
 use super::Sandbox;
 use crate::confine::RelPath;

@@ -1,5 +1,9 @@
 //! [`Sandbox`]: the runtime a face holds. It opens the roots and the state directory once,
 //! and offers every operation of SPEC §6–10 as a synchronous call.
+//!
+//! This file opens it (the roots, the state directory, the start's recovery) and answers
+//! `state` and `check`. The other files are each an `impl Sandbox` for one concern:
+//! `reads`, `locks`, `durability`, `conflicts`, `rollback`, `prune`.
 
 use crate::artifact::ArtifactRegistry;
 use crate::audit::AuditLog;

@@ -1,4 +1,22 @@
 //! Pruning the snapshots of old workflows.
+//!
+//! A prune keeps a workflow whose lock is held (a run or rollback under way) rather than
+//! waiting for it, and recovers a run that died holding it before it judges the workflow's
+//! age.
+//!
+//! A prune is recorded in the state directory before it removes anything: its mark
+//! (`inflight/ID.pruned`) says, per root, how far in the trail prunes went there, so the
+//! writes it made irreversible are not taken for missing snapshots. It moves the workflow's
+//! folder aside in one rename before removing it, so a prune that dies never leaves a
+//! half-removed workflow (the next prune sweeps what it left). It takes workflows 32 at a
+//! time, each locked from its judgement to its removal: each mark's bytes are synced as it
+//! is written, the batch's names by one sync of `inflight/`, and its moves by one sync of
+//! each root's store, before any folder is removed (no `syncfs`: a FUSE filesystem does not
+//! pass it on, and it waits for every writer). A workflow with snapshot folders it cannot
+//! date (unsealed ones, written before seals existed) is kept and listed among
+//! `workflows_failed` with why (exit 1): such folders are removed by hand. Prune makes
+//! writes irreversible, so unless writes are real it only reports the workflows it would
+//! prune (`simulated: true`) and removes nothing.
 
 use super::Sandbox;
 use crate::audit::AuditStatus;

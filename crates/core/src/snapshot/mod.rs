@@ -6,6 +6,10 @@
 //! size, SHA-256, mode, intent, time, and the directories the action will create), both
 //! durable before the target is touched. A rollback puts the original back (or removes
 //! what the action created) atomically and re-hashes the result.
+//!
+//! This file holds the records (`SnapshotMeta`, the restored mark); `store` the store's
+//! folders and their trust checks, `take` the `Snapshotter` (taking, reading, pruning),
+//! `restore` the `RollbackEngine` (putting back).
 
 use crate::catalog::MutationClass;
 use crate::confine::RelPath;

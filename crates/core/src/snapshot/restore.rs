@@ -1,5 +1,16 @@
 //! Putting snapshots back ([`RollbackEngine`]): a file's bytes, its absence, the folders
 //! an action made, each checked against the snapshot's SHA-256 afterwards.
+//!
+//! Rollback removes only the directories an action created, and only when they are empty.
+//! One that still holds another's file is put on the left-dirs ledger (`left_dirs`),
+//! removed by a later restore beneath it once it is empty. A `create_directory` that found
+//! a directory makes its existence that action's result (a claim, which the trail's index
+//! keeps): the directory stays until that one is rolled back too, and the rollback of the
+//! `create_directory` that made it is a `conflict` naming it. Forced, it leaves the
+//! directory in place, on the ledger, as it leaves one holding another's file; unforced, a
+//! file put in it after the rollback's check is a `conflict`. A `create_directory` that
+//! completes between a removal's claim check and its `rmdir` can still lose its directory:
+//! the removal takes no lock of the directory's own path.
 
 use crate::confine::path::shown_path;
 use crate::confine::root::{FILE_MODE, Make, Put};

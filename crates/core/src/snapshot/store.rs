@@ -1,5 +1,11 @@
 //! The snapshot store: `{root}/.rollback` and its folders, opened without following a
 //! link, and trusted (written to, read back) only while private to the runtime's user.
+//!
+//! A store, workflow or action folder another user owns or could write in (by its mode or
+//! its access control list) is neither written nor read. A link or special file in a
+//! folder's or a record's place is named for what it is (`reserved_path` for the store and
+//! a workflow's folder, `checksum_mismatch` for an action's), never taken for the disk
+//! failing.
 
 use crate::confine::SandboxRoot;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};

@@ -1,4 +1,11 @@
 //! Taking, reading and pruning snapshots ([`Snapshotter`]).
+//!
+//! A snapshot is durable before its target is touched, and its `meta.json` is written last:
+//! a snapshot folder without it belongs to an action that never began. Under `batched` the
+//! same sync also makes the new bytes durable (staged beside the target), so an action past
+//! that point is finished by recovery, never lost. No operation changes an existing
+//! directory (`create_directory` is `mkdir -p`), so a directory's snapshot records that it
+//! existed instead of copying its tree.
 
 use crate::confine::SandboxRoot;
 use crate::confine::path::{ROLLBACK_DIR, TEMP_MARKER, shown_path};

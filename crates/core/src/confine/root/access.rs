@@ -1,5 +1,5 @@
-//! Who may change what: this process's identity, and the permissions, marks and owners
-//! that refuse a change before it is tried.
+//! Who may change what: this process's identity, and the permissions (modes), immutable and
+//! append-only marks, sticky folders and owners that refuse a change before it is tried.
 
 use cap_std::fs::{Dir, MetadataExt};
 

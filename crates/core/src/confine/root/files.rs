@@ -1,6 +1,19 @@
 //! Files beneath a root: reading one regular file without following links, writing
 //! one atomically (a temporary file, then a rename), staging a write for a later commit,
 //! and the runtime's temporary names.
+//!
+//! Nothing is written in place: every write is a temporary file in the target's directory,
+//! flushed, then renamed, so a hard link can never carry a write outside. A write to a
+//! target found missing (every `create_file`) never replaces what appeared meanwhile
+//! (`renameat2(RENAME_NOREPLACE)`, or `linkat` then `unlinkat` where the filesystem lacks
+//! it).
+//!
+//! A file is read only while its name names it alone. A link count read from the open file
+//! says how many names it has, not where: a hard link to an outside file, planted and
+//! removed around the open, would pass it. So after the open and again after the read, the
+//! directory is read (which waits for a link or unlink under way in it to end) and the
+//! name's own status must be the opened file with one link; a file replaced meanwhile by a
+//! rename is read again.
 
 use super::access::euid;
 use super::refusal::{changed_meanwhile, hardlink_refusal, swapped_while_read};

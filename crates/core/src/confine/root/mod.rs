@@ -7,6 +7,21 @@
 //! component is opened with `O_NOFOLLOW` or replaced by `renameat`, so symlinks are never
 //! followed for writes. The lexical checks before this produce the reason codes; this
 //! module is what holds the line.
+//!
+//! `SandboxRoot::open` walks from `/`, checking each directory above the root;
+//! `nested_roots` finds roots that lie one inside another; `detect_symlink_escape` words a
+//! link met on the way as an escape or not. The file operations (`inspect`, `write_atomic`,
+//! `create_dir_all`, the removals, the reads) are here; beside them, `files` (one regular
+//! file read, an atomic write, a staged write and its commit, temporary names), `walk`
+//! (directories reached one component at a time), `access` (what this process may change)
+//! and `refusal` (the refusals these operations end in).
+//!
+//! A root is reached only through directories no one else controls: its path is walked from
+//! `/` one handle at a time; every directory above it belongs to root or to this user and
+//! is writable only by its owner (or sticky), every symlink on the way belongs to root or
+//! to this user, and each check is made on the handle the walk descends from. The
+//! directories it was reached through are kept, so roots are compared as directories, not
+//! strings: one inside another is refused at start-up.
 // confine/ is where paths are opened. Only the types are allowed module-wide, so that the
 // chmod and subprocess bans of clippy.toml (SPEC §12.1-2) still hold in this module.
 #![allow(clippy::disallowed_types)]

@@ -1,5 +1,7 @@
-//! Reaching a directory one component at a time, never through a link another user
-//! could have placed: how roots and the state directory are opened, and folders made.
+//! Reaching a directory one component at a time, never through a link another user could
+//! have placed: how roots and the state directory are opened, and folders made, and how the
+//! operator's config file is reached (`read_operator_file` reads it only if no other user
+//! could change it).
 
 use super::access::{egid, euid, writable_by_others};
 use super::{ANCESTOR_HOPS, Ancestor, DIR_MODE};

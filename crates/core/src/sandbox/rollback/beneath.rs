@@ -1,5 +1,13 @@
 //! Steps undone beneath: a spent step still standing over an older restore of its file,
 //! recorded as undone by that restore rather than restored.
+//!
+//! A spent step (its backup damaged or gone, passed over by a forced rollback) whose file
+//! an older restore then gave back is recorded undone beneath it (its mark, then a line
+//! from and to what the file holds) by that rollback, or, when it could not (it died first,
+//! its trail lines were held, the file could not be read), by the next rollback
+//! (`TrailWrites::undone_beneath`: a step still standing over an older step of its workflow
+//! on the same file restored after its write). It is never restored, which would bring the
+//! older actions' bytes back over their restores.
 
 use super::RollbackStep;
 use super::restore::{PassTargets, Restorer};

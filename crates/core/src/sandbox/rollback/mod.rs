@@ -2,6 +2,9 @@
 //! (`rollback_info`), its simulation, the record a rollback keeps while it restores.
 //! `select` chooses what a rollback restores and refuses what it cannot; `restore` puts
 //! each chosen snapshot back; `beneath` records the steps undone beneath older restores.
+//!
+//! A rollback restores newest first, in the order the audit trail recorded the writes: ids
+//! follow each process's clock, which may have been set back between runs.
 
 use super::conflicts::Conflict;
 use super::locks::workflow_lock_refusal;

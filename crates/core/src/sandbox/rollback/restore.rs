@@ -1,4 +1,16 @@
 //! The restore pass: each chosen snapshot put back, verified, marked and recorded.
+//!
+//! A rollback records each step (its restored mark and its audit line) as soon as the
+//! step's restore is durable, before the next step starts, so a rollback that dies leaves
+//! the tree agreeing with the audit trail. Under `batched` one sync separates a restore
+//! from its record (no mark can be durable before the bytes it vouches for), and another
+//! comes before a step on a file an earlier step restored: that restore, synced on its own,
+//! would otherwise reach the disk ahead of the step's record, and a power cut would leave
+//! the file as neither left it, unrecorded. A step's mark is written before its audit line.
+//! Before it touches each step's target, a rollback (or a run undoing its own writes) names
+//! that step's action on its record (`restoring`, in place, not synced: a killed process
+//! leaves it in the page cache). A restore that fails leaves the older restores of that
+//! file waiting for it, said as such rather than as someone's change.
 
 use super::beneath::Beneath;
 use super::{HELD_TRAIL, RollbackStep};

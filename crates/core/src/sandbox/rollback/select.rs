@@ -1,5 +1,24 @@
 //! Which snapshots a rollback restores, in what order, and what refuses it before it
-//! starts.
+//! starts (conflicts, damaged backups, unwritable folders, later actions).
+//!
+//! Removal of a snapshot is caught through the audit trail, which lives in the state
+//! directory: a workflow whose trail records a write with no snapshot left is refused
+//! (`no_rollback_data`, naming the actions) rather than reported rolled back, and an action
+//! the trail records as undone is not restored again if its mark is removed.
+//!
+//! A rollback (and a failed plan undoing its earlier actions) holds the locks of all its
+//! targets, taken in stripe order, from its conflict check to its last restore, so no
+//! writer lands on a half-restored tree. A restore without force goes ahead only if the
+//! target still holds what its action left, so no restore throws away a change it never
+//! saw, and one that meets such a change names it among the conflicts. Before anything is
+//! restored, with the locks held, a rollback refuses, forced or not, what force cannot
+//! override (`beyond_force`: a directory where the workflow wrote a file, a file where it
+//! made one, a second hard link, a FIFO, a symbolic link in place of a target or on the
+//! way, another root on the way), what this process may not change (`unwritable_folders`: a
+//! folder of a target, or of a directory an action made that the rollback removes, without
+//! write permission for it, read-only, marked immutable or append-only, or sticky with the
+//! entry another user's), and a backup that cannot give its file back (`damaged_backups`),
+//! so it never stops half way on one of them. The preview runs the same checks.
 
 use super::{RollbackOptions, RollbackRefusal, named, named_at_most};
 use crate::audit::{AuditStatus, SandboxAuditEntry};
