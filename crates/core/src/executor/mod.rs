@@ -855,7 +855,7 @@ fn undone_in(results: &mut [ActionResult], steps: &[crate::sandbox::RollbackStep
             r.reason_code = s.reason_code;
             let why = s.reason.as_deref().unwrap_or("its restore failed");
             // A step's reason may say what to do already.
-            let advice = if why.contains("roll back again") {
+            let advice = if why.contains(crate::snapshot::ROLL_BACK_AGAIN) {
                 ""
             } else {
                 "; roll the workflow back once that is put right"

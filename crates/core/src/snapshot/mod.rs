@@ -46,6 +46,10 @@ pub const NOT_ITS_BACKUP: &str = "is not one the runtime wrote";
 /// earlier builds by this prefix, so it never changes.
 pub const PUT_BACK_UNCONFIRMED: &str = "put back, but not confirmed: ";
 
+/// The words with which a rollback step's reason says itself what to do next: a run's
+/// result that tells of the step adds no advice of its own after them.
+pub(crate) const ROLL_BACK_AGAIN: &str = "roll back again";
+
 /// How a rollback step's `detail` begins when it left a directory in place.
 pub const LEFT_IN_PLACE: &str = "left in place: ";
 /// A directory left in place that holds what is not the workflow's.

@@ -20,8 +20,8 @@ use crate::reason::{ReasonCode, Refusal, Verdict};
 use serde::Serialize;
 
 use super::{
-    LEFT_IN_PLACE_FOUND, LEFT_IN_PLACE_SHARED, LeftDir, MAX_SNAPSHOT_BYTES, SnapshotKind,
-    SnapshotMeta, Snapshotter,
+    LEFT_IN_PLACE_FOUND, LEFT_IN_PLACE_SHARED, LeftDir, MAX_SNAPSHOT_BYTES, ROLL_BACK_AGAIN,
+    SnapshotKind, SnapshotMeta, Snapshotter,
 };
 
 /// How far a restore takes what it finds as it is ([`RollbackEngine::restore`]).
@@ -199,7 +199,7 @@ impl RollbackEngine {
                 return Err(Refusal::new(
                     ReasonCode::ChecksumMismatch,
                     format!(
-                        "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; roll back again, with force if it is then a conflict",
+                        "{} was restored, but what stands there now cannot be read back ({}): another program changed it at that instant; {ROLL_BACK_AGAIN}, with force if it is then a conflict",
                         shown_path(&meta.original_path),
                         r.reason
                     ),
@@ -264,7 +264,7 @@ impl RollbackEngine {
                     return Err(Refusal::new(
                         ReasonCode::Conflict,
                         format!(
-                            "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: roll back again",
+                            "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: {ROLL_BACK_AGAIN}",
                             shown_path(&meta.original_path)
                         ),
                     ));
@@ -300,7 +300,7 @@ impl RollbackEngine {
             return Err(Refusal::new(
                 ReasonCode::Conflict,
                 format!(
-                    "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: roll back again",
+                    "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: {ROLL_BACK_AGAIN}",
                     shown_path(dir),
                     shown_path(&meta.original_path)
                 ),

@@ -15,7 +15,7 @@ use crate::confine::path::shown_path;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::conflicts::TargetState;
 use crate::sandbox::{RootedSnapshots, Sandbox};
-use crate::snapshot::{SnapshotMeta, StoredSnapshot};
+use crate::snapshot::{ROLL_BACK_AGAIN, SnapshotMeta, StoredSnapshot};
 use std::collections::HashMap;
 
 /// A snapshot undone beneath an older restore, with what that restore gave its file.
@@ -220,7 +220,7 @@ impl Sandbox {
             return Err(Refusal::new(
                 r.reason_code,
                 format!(
-                    "its change was undone beneath older restores, but neither its mark ({}) nor its audit line ({words}) could be written; roll back again to record it",
+                    "its change was undone beneath older restores, but neither its mark ({}) nor its audit line ({words}) could be written; {ROLL_BACK_AGAIN} to record it",
                     r.reason
                 ),
             ));
@@ -237,7 +237,7 @@ fn unjudged_beneath(meta: &SnapshotMeta, code: ReasonCode, why: &str) -> Refusal
     Refusal::new(
         code,
         format!(
-            "its change was undone beneath older restores, but what {} holds could not be read to record it so ({why}); roll back again to record it",
+            "its change was undone beneath older restores, but what {} holds could not be read to record it so ({why}); {ROLL_BACK_AGAIN} to record it",
             shown_path(&meta.original_path)
         ),
     )

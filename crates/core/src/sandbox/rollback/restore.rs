@@ -24,7 +24,8 @@ use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::conflicts::{Conflict, TargetState};
 use crate::sandbox::{RootedSnapshots, Sandbox};
 use crate::snapshot::{
-    Forced, LeftDir, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter, StoredSnapshot,
+    Forced, LeftDir, ROLL_BACK_AGAIN, RollbackEngine, SnapshotKind, SnapshotMeta, Snapshotter,
+    StoredSnapshot,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -353,7 +354,7 @@ impl Sandbox {
                 == crate::sandbox::conflicts::TargetState::found_by(meta)
         {
             r.reason = format!(
-                "{}{}; roll back again to finish",
+                "{}{}; {ROLL_BACK_AGAIN} to finish",
                 crate::snapshot::PUT_BACK_UNCONFIRMED,
                 r.reason
             );
@@ -623,7 +624,7 @@ impl Sandbox {
                 Err(crate::reason::Refusal::new(
                     *code,
                     format!(
-                        "{} was not restored to what it was before action {}: the restore of the newer action {} on it did not go through first (see that step); roll back again once that is put right",
+                        "{} was not restored to what it was before action {}: the restore of the newer action {} on it did not go through first (see that step); {ROLL_BACK_AGAIN} once that is put right",
                         shown_path(&meta.original_path),
                         shown_path(&meta.action_id),
                         shown_path(newer)
