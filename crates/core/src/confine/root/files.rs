@@ -21,7 +21,7 @@ use super::{DirId, SandboxRoot};
 use crate::confine::path::{RelPath, TEMP_MARKER, shown_path};
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
-use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
+use cap_std::fs::{Dir, File, MetadataExt, OpenOptions, OpenOptionsExt};
 use std::io::{self, Read, Write};
 
 /// fsyncs a directory. `Dir` handles are `O_PATH`, so `"."` is opened for reading first.
@@ -110,7 +110,16 @@ pub(crate) fn read_file_in(
     limit: u64,
     single_link: bool,
 ) -> io::Result<(Vec<u8>, FileStamp)> {
-    retrying_swaps(name, || read_once(dir, name, limit, single_link))
+    retrying_swaps(name, || {
+        read_once(dir, name, limit, single_link).map(|(bytes, stamp, _)| (bytes, stamp))
+    })
+}
+
+/// [`read_regular`], the file given back open with its bytes.
+fn read_regular_open(dir: &Dir, name: &str, limit: u64) -> io::Result<(Vec<u8>, File)> {
+    retrying_swaps(name, || {
+        read_once(dir, name, limit, true).map(|(bytes, _, file)| (bytes, file))
+    })
 }
 
 fn read_once(
@@ -118,7 +127,7 @@ fn read_once(
     name: &str,
     limit: u64,
     single_link: bool,
-) -> io::Result<(Vec<u8>, FileStamp)> {
+) -> io::Result<(Vec<u8>, FileStamp, File)> {
     let (file, meta) = open_regular(dir, name, single_link)?;
     // Taken before the bytes are read: a change made while they are read then shows as
     // a different stamp, never as the same stamp over other bytes.
@@ -134,7 +143,9 @@ fn read_once(
         )));
     }
     let mut buf = Vec::with_capacity(meta.len() as usize);
-    file.take(limit.saturating_add(1)).read_to_end(&mut buf)?;
+    (&file)
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut buf)?;
     // The file may have grown since the size check: one byte past the limit is enough to know.
     if buf.len() as u64 > limit {
         return Err(io::Error::other(Refusal::new(
@@ -148,7 +159,7 @@ fn read_once(
     if single_link {
         named_alone(dir, name, &meta)?;
     }
-    Ok((buf, stamp))
+    Ok((buf, stamp, file))
 }
 
 /// The size and SHA-256 of a regular file with one link, read in chunks: a file of any
@@ -353,28 +364,96 @@ pub fn write_atomic_flush(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
+    write_atomic_then(dir, name, (bytes, mode), put, flush, |_| Ok(()))
+}
+
+/// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
+/// race: the temporary file's name, out in the target's folder, may have another file
+/// renamed over it (a hard link to a file outside the root, a FIFO) just before it is
+/// moved, and the rename then puts that in the target's place. Refused (`conflict`) when
+/// the target is not the file written once the rename is made, rather than reported
+/// written with bytes it does not hold.
+pub fn write_atomic_placed(
+    dir: &Dir,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    put: Put,
+    flush: Flush,
+) -> io::Result<()> {
+    write_atomic_then(dir, name, (bytes, mode), put, flush, |file| {
+        placed(dir, name, file)
+    })
+}
+
+/// The atomic write, `check` run on the written file (still open, so that its inode
+/// cannot be freed and given to another) once it is renamed into place.
+fn write_atomic_then(
+    dir: &Dir,
+    name: &str,
+    (bytes, mode): (&[u8], u32),
+    put: Put,
+    flush: Flush,
+    check: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = temp_name();
     let owner = match put {
         Put::Unchanged(was) => Some(was.owner),
         Put::Any => owner_now(dir, name),
         Put::New => None,
     };
-    let result = write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing)
-        .and_then(|()| put_in_place(dir, &tmp, name, put));
-    if let Err(e) = result {
-        let _ = dir.remove_file(&tmp);
-        return Err(e);
-    }
+    let result =
+        write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing).and_then(|file| {
+            #[cfg(test)]
+            BEFORE_RENAME.with(|hook| hook.take().map(|f| f(dir, &tmp)));
+            put_in_place(dir, &tmp, name, put).map(|()| file)
+        });
+    let file = match result {
+        Ok(file) => file,
+        Err(e) => {
+            let _ = dir.remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    check(&file)?;
     if flush == Flush::FileAndDir {
         sync_dir(dir)?;
     }
     Ok(())
 }
 
+/// What a test runs between a temporary file's making and its rename.
+#[cfg(test)]
+type RaceHook = Box<dyn FnOnce(&Dir, &str)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Run once, on this thread's next atomic write, between the temporary file's making
+    /// and its rename (given the folder and the temporary name): a test plays there the
+    /// program that races the write.
+    pub(super) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether `name` in `dir` names `file`, the file just renamed there.
+fn placed(dir: &Dir, name: &str, file: &File) -> io::Result<()> {
+    let ours = file.metadata()?;
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.dev() == ours.dev() && m.ino() == ours.ino() => Ok(()),
+        Ok(_) => Err(io::Error::other(super::refusal::replaced_before_placed(
+            name,
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(io::Error::other(
+            super::refusal::replaced_before_placed(name),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates `name` (which must not exist) in `dir` with `bytes` directly, no temporary
 /// file: for a file in a folder just made, whose completeness another file vouches for.
 pub fn write_new_in(dir: &Dir, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
-    write_new_file(dir, name, bytes, mode, None, sync)
+    write_new_file(dir, name, bytes, mode, None, sync).map(drop)
 }
 
 /// The owner and group of the regular file `name` in `dir`, if there is one.
@@ -385,8 +464,9 @@ fn owner_now(dir: &Dir, name: &str) -> Option<(u32, u32)> {
         .map(|m| (m.uid(), m.gid()))
 }
 
-/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`. A
-/// file it created but could not fill (the disk is full) is removed again.
+/// Creates `name` (which must not exist) with `bytes`, its data synced when `sync`, and
+/// gives the file back open. A file it created but could not fill (the disk is full) is
+/// removed again.
 ///
 /// `owner`: the owner and group of the file it is to replace, given to it where this
 /// process may (as root, or for a group it is in), so that a replacement, and a
@@ -399,7 +479,7 @@ fn write_new_file(
     mode: u32,
     owner: Option<(u32, u32)>,
     sync: bool,
-) -> io::Result<()> {
+) -> io::Result<File> {
     // A runtime that is not root keeps every file it writes (it cannot give one away):
     // its owner bits let it read and write it, or a kept mode such as 0044 would shut it
     // out of its own write, never to be rolled back.
@@ -426,11 +506,12 @@ fn write_new_file(
     let filled = file
         .write_all(bytes)
         .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
-    if filled.is_err() {
+    if let Err(e) = filled {
         drop(file);
         let _ = dir.remove_file(name);
+        return Err(e);
     }
-    filled
+    Ok(file)
 }
 
 /// Moves the temporary file `tmp` to `name` in one step. With [`Put::New`] an existing
@@ -483,6 +564,8 @@ pub struct StagedWrite {
     dir: Dir,
     staged: String,
     name: String,
+    /// The staged file, held open until it is in place (see [`write_atomic_placed`]).
+    file: File,
 }
 
 impl StagedWrite {
@@ -507,6 +590,7 @@ impl StagedWrite {
     /// the directory when `sync`.
     pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
         put_in_place(&self.dir, &self.staged, &self.name, put)?;
+        placed(&self.dir, &self.name, &self.file)?;
         if sync {
             sync_dir(&self.dir)?;
         }
@@ -548,7 +632,7 @@ impl SandboxRoot {
         }
         let (dir, _) = self.open_parent(rel, false, false)?;
         let staged = staged.to_owned();
-        write_new_file(
+        let file = write_new_file(
             &dir,
             &staged,
             bytes,
@@ -561,6 +645,7 @@ impl SandboxRoot {
             dir: dir.into_owned().map_err(|e| self.map_open_error(rel, e))?,
             staged,
             name: rel.file_name().to_owned(),
+            file,
         })
     }
 
@@ -586,12 +671,13 @@ impl SandboxRoot {
             return None;
         }
         let (dir, _) = self.open_parent(rel, false, false).ok()?;
-        let bytes = read_regular(&dir, staged, limit).ok()?;
+        let (bytes, file) = read_regular_open(&dir, staged, limit).ok()?;
         Some((
             StagedWrite {
                 dir: dir.into_owned().ok()?,
                 staged: staged.to_owned(),
                 name: rel.file_name().to_owned(),
+                file,
             },
             bytes,
         ))

@@ -160,7 +160,8 @@ pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading
 use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
-    remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in, write_new_in,
+    remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
+    write_atomic_placed, write_new_in,
 };
 pub(crate) use files::{entry_type, open_file_in, read_file_in, remove_temp_files_in_tree};
 use refusal::{
@@ -591,7 +592,7 @@ impl SandboxRoot {
         durable: bool,
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, durable)?;
-        write_atomic_flush(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
+        write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
             .map_err(|e| self.map_write_error_in(&dir, rel, e))?;
         Ok(created)
     }
@@ -1213,6 +1214,49 @@ mod tests {
             .map_error("write", &top, io::Error::other(changed_meanwhile("x.json")))
             .reason;
         assert!(said.starts_with("'x.json' was "), "{said}");
+    }
+
+    /// Another program renaming its own file over a write's temporary name just before
+    /// the rename (a hard link to a file outside the root, a FIFO) puts that file in the
+    /// target's place: the write is refused as a conflict rather than reported made with
+    /// bytes the target does not hold, and the file outside keeps its bytes. A staged
+    /// write is checked the same way.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, linking by path
+    fn a_temporary_file_replaced_before_its_rename_is_not_taken_for_the_write() {
+        let (tmp, root) = root();
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, b"outside").unwrap();
+        let rel = RelPath::from_components(comps("t.txt"));
+        let folder = tmp.path().join("root");
+        let plant = |outside: &std::path::Path, folder: &std::path::Path, name: &str| {
+            let planted = folder.join("planted");
+            std::fs::hard_link(outside, &planted).unwrap();
+            std::fs::rename(&planted, folder.join(name)).unwrap();
+        };
+        let (o, f) = (outside.clone(), folder.clone());
+        files::BEFORE_RENAME.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
+        });
+        let r = root
+            .write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), false)
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert!(r.reason.contains("did not take its place"), "{}", r.reason);
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+        // Left alone, the write is made and checked.
+        std::fs::remove_file(folder.join("t.txt")).unwrap();
+        root.write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), false)
+            .unwrap();
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        let staged = root
+            .stage_write(&rel, &files::temp_name(), b"newer", 0o644, None)
+            .unwrap();
+        plant(&outside, &folder, staged.staged_name());
+        let e = staged.commit(Put::Any, false).unwrap_err();
+        let r = root.map_error("write", &rel, e);
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 
     /// The link count of an open file says how many names it has, not where: an outside

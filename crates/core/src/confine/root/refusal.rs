@@ -18,6 +18,18 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a write whose new bytes did not take `name`'s place: another program
+/// renamed something over the temporary file beside it before it was moved there.
+pub(super) fn replaced_before_placed(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the new bytes for {} did not take its place: another program replaced the temporary file beside it just before it was moved there, so what stands there now is that program's, not what was written; check what it holds, then try again",
+            shown_path(name)
+        ),
+    )
+}
+
 /// The refusal for a file `name` that its name stopped naming while it was opened or
 /// read.
 pub(super) fn swapped_while_read(name: &str) -> Refusal {
