@@ -804,8 +804,11 @@ impl ArtifactRegistry {
     /// artifact, read from the file again: the index keeps a count of them only, and a
     /// verification that finds some names where.
     pub fn first_unreadable_line(&self) -> io::Result<Option<u64>> {
-        let g = self.inner.lock()?;
-        let file = g.0.file();
+        // Read without the registry's lock, which registrations and look-ups take (a
+        // whole read of a large registry would hold them all back), under the file's
+        // shared lock, so that no append or cut lands during it.
+        let file = self.inner.lock()?.0.shared_file();
+        let _shared = file.lock_shared()?;
         first_unreadable_line(&|buf, at| file.read_exact_at(buf, at), file.len()?)
     }
 }

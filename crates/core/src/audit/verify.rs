@@ -2,12 +2,14 @@
 //! report it gives, with the registry's artifacts whose writes the trail does not
 //! record.
 //!
-//! Each line must be the very bytes the runtime wrote. The trail is read once, streamed
-//! (`TrailCheck`): the chain, the head and the writes the lines record, without holding the
-//! file. `Sandbox::audit_verify` then reads the registry against it, under each affected
-//! workflow's lock in turn (`Sandbox::with_registry_on_trail`): a write is registered, then
-//! audited, under its workflow's lock, so a registered artifact the trail lacks is a run
-//! still under way, not a forgery. Recovery of a dead run keeps the same order (it audits
+//! Each line must be the very bytes the runtime wrote. The trail is read in one streamed
+//! pass (`TrailCheck`): the chain, the head and the writes the lines record, without
+//! holding the file. `Sandbox::audit_verify` then reads the registry against it
+//! (`Sandbox::with_registry_on_trail`); when artifacts lack their writes' lines, it waits
+//! for each of their workflows' locks to be free for a moment and reads the trail again: a
+//! write is registered, then audited, under its workflow's lock, so a registered artifact
+//! the trail still lacks then is no run under way but a forgery (or a run awaiting
+//! recovery, which is said apart). Recovery of a dead run keeps the same order (it audits
 //! what was registered); changing the order would make verify report false unlogged
 //! entries.
 
@@ -96,27 +98,32 @@ pub(crate) fn with_unlogged(
 /// artifact: no write of the runtime leaves one (a line a crash cut short is removed when
 /// the registry is opened), so they were added there or damaged.
 /// `first_line` names where (see [`crate::artifact::first_unreadable_line`]), asked for
-/// only when there are some.
+/// only when there are some; the report stands without it when the registry cannot be
+/// read again.
 pub(crate) fn with_unreadable_registry(
     report: VerifyReport,
     unreadable: u64,
     first_line: impl FnOnce() -> io::Result<Option<u64>>,
-) -> io::Result<VerifyReport> {
+) -> VerifyReport {
     if unreadable == 0 || !report.ok {
-        return Ok(report);
+        return report;
     }
-    let first = match first_line()? {
-        Some(n) => format!(" (the first: line {n} of {ARTIFACTS_FILE})"),
-        None => String::new(),
+    let first = match first_line() {
+        Ok(Some(n)) => format!(" (the first: line {n} of {ARTIFACTS_FILE})"),
+        Ok(None) => String::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, "the artifact registry could not be read again to name its first unreadable line");
+            String::new()
+        }
     };
-    Ok(VerifyReport {
+    VerifyReport {
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
             "the artifact registry holds {unreadable} line(s) that cannot be read as artifacts{first}: lines were added to or damaged in the registry"
         )),
         ..report
-    })
+    }
 }
 
 /// A file write the trail records as done, as the artifact registry must hold it.
@@ -278,7 +285,7 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
             file.len()?,
         ),
         None => Ok(None),
-    })?;
+    });
     if !report.ok {
         return Ok(report);
     }

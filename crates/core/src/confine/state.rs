@@ -766,6 +766,8 @@ impl StateDir {
                     .and_then(|i| i.downcast_ref::<crate::reason::Refusal>())
                     .is_some_and(|r| r.reason_code == crate::reason::ReasonCode::SizeExceeded) =>
             {
+                // One others may have read says so first, as for a key of any size.
+                self.check_secret_private(name)?;
                 return Err(damaged(&format!("more than {MAX_STATE_FILE} bytes")));
             }
             Err(e) => return Err(e),

@@ -289,8 +289,7 @@ impl Sandbox {
             .map_err(Error::io("read the artifact registry"))?;
         let report = crate::audit::with_unreadable_registry(report, unreadable, || {
             self.registry.first_unreadable_line()
-        })
-        .map_err(Error::io("read the artifact registry"))?;
+        });
         if !report.ok {
             return Ok(report);
         }
