@@ -182,7 +182,25 @@ impl RollbackEngine {
         let bytes = Snapshotter::read_checked_backup(root, meta)??;
         let expected = meta.sha256.clone().unwrap_or_default();
         let mode = meta.mode.unwrap_or(FILE_MODE) & 0o666;
-        root.write_atomic_put(rel, &bytes, mode, put, Make::From(0), durable)?;
+        // The file's folders were there when it was snapshotted. One missing now was
+        // moved or removed since, maybe with the workflow's files in it: a restore into
+        // a folder made again would leave those where they went, and a later step take
+        // their absence for its own removal. Nothing is made, forced or not.
+        let parents = rel.parent_components();
+        // What stands at the target itself (a link, say) the write judges, as before.
+        if let Ok(info) = root.inspect(rel)
+            && info.existing_parents < parents.len()
+        {
+            return Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "the directory {} on the way to {} is missing: it was moved or removed since the action, maybe with the workflow's files in it; nothing was restored: put it back, then {ROLL_BACK_AGAIN}",
+                    shown_path(&parents[..=info.existing_parents].join("/")),
+                    shown_path(&meta.original_path)
+                ),
+            ));
+        }
+        root.write_atomic_put(rel, &bytes, mode, put, Make::From(parents.len()), durable)?;
         let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
             Ok(b) => b,
             // Gone, or something else in its place: not what the restore wrote.

@@ -2782,6 +2782,48 @@ fn links_and_files_put_on_the_way_refuse_the_rollback_up_front() {
     }
 }
 
+/// A folder moved away (with the workflow's files in it) is not made again by a forced
+/// rollback to give a replaced file back: that would leave the files where they went,
+/// let the step of a file the workflow created take its absence from the new folder for
+/// its removal, and end the workflow rolled back for good. The step is a conflict, the
+/// workflow stays open, and with the folder back the rollback gives the file back. (The
+/// created file's step, its folder missing, is done unchecked, as it says.)
+#[test]
+fn a_forced_rollback_does_not_make_again_a_folder_moved_away() {
+    let w = World::new();
+    w.write("s/f.txt", b"ORIG-f");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_m", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "s/new.txt", "content": "W-new"},
+            {"action_id": "a2", "intent": "replace_file", "path": "s/f.txt", "content": "W-f"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::rename(w.path("s"), w.path("s.aside")).unwrap();
+    let rb = sb.rollback_workflow("wf_m", &forced());
+    assert!(!rb.is_success(), "{rb:?}");
+    let a2 = rb.steps.iter().find(|s| s.action_id == "a2").unwrap();
+    assert!(!a2.restored, "{a2:?}");
+    assert_eq!(a2.reason_code, Some(ReasonCode::Conflict), "{a2:?}");
+    assert!(
+        a2.reason
+            .as_deref()
+            .unwrap()
+            .contains("the directory 's' on the way"),
+        "{a2:?}"
+    );
+    let a1 = rb.steps.iter().find(|s| s.action_id == "a1").unwrap();
+    assert!(!a1.checksum_validated, "{a1:?}");
+    assert!(!w.path("s").exists(), "the folder is not made again");
+    assert_eq!(w.read("s.aside/f.txt"), b"W-f");
+    assert_eq!(w.read("s.aside/new.txt"), b"W-new");
+    std::fs::rename(w.path("s.aside"), w.path("s")).unwrap();
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert!(rb.is_success(), "{rb:?}");
+    assert_eq!(w.read("s/f.txt"), b"ORIG-f");
+}
+
 /// A replaced file whose folder is now someone else's file cannot be given back, forced
 /// or not, and the refusal says so rather than advise force.
 #[test]
