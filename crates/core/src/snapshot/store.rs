@@ -28,9 +28,13 @@ pub(super) fn snap_io(what: &str, e: &io::Error) -> Refusal {
             ),
         );
     }
-    // Found a moment ago, then gone or a link: another program moved a folder of the
-    // store while it was in use, which is no failing disk (HTTP 500).
-    if e.kind() == io::ErrorKind::NotFound || crate::confine::root::is_escape_error(e) {
+    // Found a moment ago, then gone, a link or a file: another program moved a folder of
+    // the store while it was in use (and may have put it back since, so that a second
+    // look finds nothing wrong), which is no failing disk (HTTP 500).
+    if e.kind() == io::ErrorKind::NotFound
+        || crate::confine::root::is_escape_error(e)
+        || stands_in_place(e)
+    {
         return Refusal::new(
             ReasonCode::Conflict,
             format!(
@@ -547,6 +551,9 @@ mod tests {
         for e in [
             io::Error::from(io::ErrorKind::NotFound),
             io::Error::new(io::ErrorKind::PermissionDenied, "a path led outside"),
+            // A link or a file met where a folder was opened without following links.
+            io::Error::from_raw_os_error(rustix::io::Errno::LOOP.raw_os_error()),
+            io::Error::from_raw_os_error(rustix::io::Errno::NOTDIR.raw_os_error()),
         ] {
             let r = snap_io("create", &e);
             assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
