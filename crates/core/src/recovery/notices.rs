@@ -235,7 +235,7 @@ fn run_settled(r: &Recovered) -> String {
 fn logged_left_changed(r: &Recovered) -> Option<String> {
     (!r.logged_left_changed.is_empty()).then(|| {
         format!(
-            "{} of its logged writes found changed since by another program and left as found ({}): the audit trail still names the logged bytes; if that change was not wanted, roll the workflow back (with force) or write the file again",
+            "{} of its logged writes found changed since by another run or program and left as found ({}): the audit trail still names the logged bytes; if that change was not wanted, roll the workflow back (with force) or write the file again",
             counted(r.logged_left_changed.len(), "target"),
             r.logged_left_changed.join(", ")
         )

@@ -196,7 +196,7 @@ fn logged_writes_whose_data_a_power_cut_lost_are_written_again() {
             b"by hand\n"
         };
         assert_eq!(w.read("c.txt"), c, "{by_hand}");
-        let said = "1 target of its logged writes found changed since by another program and left as found ('c.txt')";
+        let said = "1 target of its logged writes found changed since by another run or program and left as found ('c.txt')";
         assert_eq!(
             sb.notices().iter().any(|n| n.contains(said)),
             by_hand != "nothing",
