@@ -418,7 +418,7 @@ pub(crate) fn write_result(
                 .reason
                 .clone()
                 .unwrap_or_else(|| "the action failed".to_owned());
-            let undone = if reason.contains(ailab_sandbox_core::executor::UNDO_FAILED) {
+            let undone = if undo_failed(res, &a.action_id) {
                 " Undoing the action's own change failed too, so the change may still be in place."
             } else if restored_own(res, &a.action_id) {
                 " The action's own change was undone from its snapshot, so its target is as it was before."
@@ -437,6 +437,16 @@ pub(crate) fn write_result(
             error(text, structured)
         }
     }
+}
+
+/// Whether the run tried to undo `action`'s own change and could not (the change may
+/// still be in place; its reason says so too), as its timeline says.
+fn undo_failed(res: &RunResult, action: &str) -> bool {
+    res.timeline.iter().any(|e| {
+        e.event == "action_restored"
+            && e.detail["action_id"] == action
+            && e.detail["restored"] == false
+    })
 }
 
 /// Whether the run undid a change `action` made to its target, from its snapshot (its
@@ -692,7 +702,8 @@ mod tests {
         use ailab_sandbox_core::executor::ActionResult;
         use ailab_sandbox_core::workflow::WorkflowState;
         let policy = ExtensionPolicy::default();
-        let text_of = |restored: Option<bool>| {
+        // `restored`: the executor's undo of the action, `(undone, untouched)`.
+        let text_of = |restored: Option<(bool, bool)>| {
             let action = ActionResult {
                 reason_code: Some(ReasonCode::IoError),
                 reason: Some("could not write the snapshot: no storage space".to_owned()),
@@ -717,10 +728,10 @@ mod tests {
                 // gives no rollback_path: the snapshot was spent).
                 // `Some(untouched)`: the executor undid the action.
                 timeline: restored
-                    .map(|untouched| ailab_sandbox_core::workflow::TimelineEvent {
+                    .map(|(undone, untouched)| ailab_sandbox_core::workflow::TimelineEvent {
                         at: String::new(),
                         event: "action_restored".to_owned(),
-                        detail: serde_json::json!({"action_id": "act_1", "restored": true, "untouched": untouched}),
+                        detail: serde_json::json!({"action_id": "act_1", "restored": undone, "untouched": untouched}),
                     })
                     .into_iter()
                     .collect(),
@@ -738,7 +749,10 @@ mod tests {
                 .map(|t| t.text.clone())
                 .unwrap_or_default()
         };
-        for (case, restored) in [("no snapshot", None), ("target untouched", Some(true))] {
+        for (case, restored) in [
+            ("no snapshot", None),
+            ("target untouched", Some((true, true))),
+        ] {
             let said = text_of(restored);
             assert!(
                 said.contains("before it changed its target"),
@@ -746,8 +760,15 @@ mod tests {
             );
             assert!(!said.contains("snapshot, so"), "{case}: {said}");
         }
-        let late = text_of(Some(false));
+        let late = text_of(Some((true, false)));
         assert!(late.contains("undone from its snapshot"), "{late}");
+        // An undo that failed: the change may still be there.
+        let stuck = text_of(Some((false, false)));
+        assert!(
+            stuck.contains("Undoing the action's own change failed too")
+                && !stuck.contains("undone from its snapshot"),
+            "{stuck}"
+        );
     }
 
     /// Advice fits the tool refused: a directory or an edit has its own.

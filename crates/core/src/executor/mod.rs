@@ -35,9 +35,9 @@ mod write;
 use validate::Prepared;
 
 /// The words a failed action's reason carries when undoing its own change failed too
-/// (faces that summarise the outcome must not say the change was undone). The MCP face
-/// looks for them in the reason: changing them is changing what it tells agents.
-pub const UNDO_FAILED: &str = "undoing its change failed";
+/// (the run's timeline says it as `action_restored` with `restored: false`, which is
+/// what faces that summarise the outcome look at).
+const UNDO_FAILED: &str = "undoing its change failed";
 
 wire_enum! {
     /// Overall outcome of a run.
