@@ -487,8 +487,8 @@ impl Index {
         if let Some(err) = parsed.first_error {
             tracing::warn!(
                 lines = parsed.unreadable,
-                first = %err,
-                "skipping unreadable lines in the artifact registry"
+                first_within_its_line = %err,
+                "skipping unreadable lines in the artifact registry (audit verify names the first by its number)"
             );
         }
     }

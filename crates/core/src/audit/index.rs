@@ -424,7 +424,7 @@ impl Index {
         if let (lines, Some(err)) = unreadable {
             tracing::warn!(
                 lines,
-                first = %err,
+                first_within_its_line = %err,
                 "unreadable audit lines (audit verify will report them)"
             );
         }
