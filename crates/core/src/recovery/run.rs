@@ -840,14 +840,18 @@ impl Sandbox {
     ) -> Option<std::io::Result<Option<AuditRecord>>> {
         let made_by = format!("{}/{}", meta.execution_id, meta.action_id);
         let staged = meta.commit.as_ref().and_then(|c| {
-            self.roots[root].find_staged(
-                &meta.target(),
-                &c.staged_name,
-                crate::snapshot::MAX_SNAPSHOT_BYTES,
-            )
+            self.roots[root]
+                .find_staged(
+                    &meta.target(),
+                    &c.staged_name,
+                    crate::snapshot::MAX_SNAPSHOT_BYTES,
+                )
+                .filter(|(_, bytes)| crate::hash::sha256_hex(bytes) == c.after_sha256)
         });
         // A commit record's staged file is made after the record: its absence proves
-        // nothing, its presence that the rename never happened.
+        // nothing, its presence with the new bytes that the rename never happened (the
+        // exchange that puts them in place leaves the replaced file under that name
+        // until it is removed, which the dead run's temporary files go with).
         let is_registered = registered.iter().any(|e| e.generated_by_action == made_by);
         let landed = staged.is_none()
             && (is_registered || first_change.is_some_and(|first| found_its_result(meta, first)));

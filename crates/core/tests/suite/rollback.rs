@@ -2896,6 +2896,60 @@ fn a_file_that_appears_under_a_write_is_kept() {
     }
 }
 
+/// A file another program renames over a write's staged file before it is put in place
+/// (under `batched` the bytes are staged before the commit point) never takes the
+/// target's place: the action fails `conflict`, the file it was to replace keeps its
+/// bytes, nothing is registered, and the trail still verifies. (The check's own test,
+/// with the write's other paths, is in the root's unit tests.)
+#[test]
+fn a_staged_file_replaced_before_its_rename_leaves_the_target_as_it_was() {
+    let w = World::new();
+    w.write("d/f.txt", b"ORIGINAL");
+    let mut c = w.writable_config();
+    c.durability = ailab_sandbox_core::config::Durability::Batched;
+    let sb = w.open(c);
+    let folder = w.path("d");
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            let staged = std::fs::read_dir(&folder)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with(".ailab-tmp-")
+                })
+                .expect("the write is staged beside its target");
+            let planted = folder.join("planted");
+            std::fs::write(&planted, b"INTRUDER").unwrap();
+            std::fs::rename(&planted, staged).unwrap();
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_swap", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "d/f.txt", "content": "NEW"}]}),
+    );
+    assert_eq!(
+        r.actions[0].reason_code,
+        Some(ReasonCode::Conflict),
+        "{r:?}"
+    );
+    assert_eq!(w.read("d/f.txt"), b"ORIGINAL");
+    assert!(sb.artifacts(10, Some("wf_swap")).unwrap().is_empty());
+    assert!(sb.audit_verify().unwrap().ok);
+    drop(sb);
+    let names: Vec<String> = std::fs::read_dir(w.path("d"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["f.txt"], "no temporary file left");
+}
+
 /// A failed action whose undo failed too has no artifact; its snapshot still says what it
 /// was about to write. A later rollback restores its target only when the target holds
 /// that or what the action found, and otherwise refuses with `conflict`: another

@@ -364,15 +364,15 @@ pub fn write_atomic_flush(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, |_| Ok(()))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, false)
 }
 
 /// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
 /// race: the temporary file's name, out in the target's folder, may have another file
 /// renamed over it (a hard link to a file outside the root, a FIFO) just before it is
-/// moved, and the rename then puts that in the target's place. Refused (`conflict`) when
-/// the target is not the file written once the rename is made, rather than reported
-/// written with bytes it does not hold.
+/// moved. Put in place by [`put_in_place_checked`]: refused (`conflict`) when the target
+/// would not be the file written, the file there before kept, rather than reported
+/// written with bytes the target does not hold.
 pub fn write_atomic_placed(
     dir: &Dir,
     name: &str,
@@ -381,20 +381,18 @@ pub fn write_atomic_placed(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, |file| {
-        placed(dir, name, file)
-    })
+    write_atomic_then(dir, name, (bytes, mode), put, flush, true)
 }
 
-/// The atomic write, `check` run on the written file (still open, so that its inode
-/// cannot be freed and given to another) once it is renamed into place.
+/// The atomic write, its file put in place by [`put_in_place_checked`] when `checked`
+/// (held open until then, so that its inode cannot be freed and given to another).
 fn write_atomic_then(
     dir: &Dir,
     name: &str,
     (bytes, mode): (&[u8], u32),
     put: Put,
     flush: Flush,
-    check: impl FnOnce(&File) -> io::Result<()>,
+    checked: bool,
 ) -> io::Result<()> {
     let tmp = temp_name();
     let owner = match put {
@@ -406,16 +404,16 @@ fn write_atomic_then(
         write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing).and_then(|file| {
             #[cfg(test)]
             BEFORE_RENAME.with(|hook| hook.take().map(|f| f(dir, &tmp)));
-            put_in_place(dir, &tmp, name, put).map(|()| file)
+            if checked {
+                put_in_place_checked(dir, &tmp, name, put, &file)
+            } else {
+                put_in_place(dir, &tmp, name, put)
+            }
         });
-    let file = match result {
-        Ok(file) => file,
-        Err(e) => {
-            let _ = dir.remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    check(&file)?;
+    if let Err(e) = result {
+        let _ = dir.remove_file(&tmp);
+        return Err(e);
+    }
     if flush == Flush::FileAndDir {
         sync_dir(dir)?;
     }
@@ -524,14 +522,7 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
         Put::New => {}
         Put::Any => return dir.rename(tmp, dir, name),
         Put::Unchanged(was) => {
-            let now = match dir.symlink_metadata(name) {
-                Ok(m) => Some(FileStamp::of(&m)),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e),
-            };
-            if now != Some(was) {
-                return Err(io::Error::other(changed_meanwhile(name)));
-            }
+            unchanged(dir, name, was)?;
             return dir.rename(tmp, dir, name);
         }
     }
@@ -549,6 +540,72 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
     }
     dir.hard_link(tmp, dir, name)?;
     dir.remove_file(tmp)
+}
+
+/// [`put_in_place`] of `file`, the open file written at `tmp`, for a target others may
+/// race: `name` is checked to hold `file` once it is put there ([`placed`]). Replacing a
+/// file, the two names are exchanged (`renameat2(RENAME_EXCHANGE)`), and the file
+/// replaced, now at `tmp`, is removed only once `name` is seen to hold `file` (and, for
+/// [`Put::Unchanged`], the file replaced is seen to be the one read); otherwise the
+/// exchange is undone and the write refused, the file there kept: another program's file
+/// renamed over `tmp` never takes its place. Where the filesystem cannot exchange names,
+/// a plain rename, checked after it.
+fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File) -> io::Result<()> {
+    if put == Put::New {
+        put_in_place(dir, tmp, name, put)?;
+        return placed(dir, name, file);
+    }
+    if let Put::Unchanged(was) = put {
+        unchanged(dir, name, was)?;
+    }
+    #[cfg(target_os = "linux")]
+    if is_single_component(tmp) && is_single_component(name) {
+        use rustix::fs::{RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        let exchange = || renameat_with(dir, tmp, dir, name, RenameFlags::EXCHANGE);
+        match exchange() {
+            Ok(()) => {
+                let replaced = match put {
+                    Put::Unchanged(was) => dir.symlink_metadata(tmp).and_then(|m| {
+                        if FileStamp::of(&m).id == was.id {
+                            Ok(())
+                        } else {
+                            Err(io::Error::other(changed_meanwhile(name)))
+                        }
+                    }),
+                    _ => Ok(()),
+                };
+                let done = placed(dir, name, file)
+                    .and(replaced)
+                    .and_then(|()| dir.remove_file(tmp));
+                if done.is_err() {
+                    // What stood at `name` goes back; what stood at `tmp` is the
+                    // caller's to remove.
+                    let _ = exchange();
+                }
+                return done;
+            }
+            // Nothing at `name`: nothing there to keep.
+            Err(Errno::NOENT | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dir.rename(tmp, dir, name)?;
+    placed(dir, name, file)
+}
+
+/// Refuses (`conflict`) when `name` is no longer the file `was` describes.
+fn unchanged(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
+    let now = match dir.symlink_metadata(name) {
+        Ok(m) => Some(FileStamp::of(&m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    if now == Some(was) {
+        Ok(())
+    } else {
+        Err(io::Error::other(changed_meanwhile(name)))
+    }
 }
 
 /// A name that stays in its directory: not empty, no `/`, not `.` or `..`.
@@ -589,8 +646,7 @@ impl StagedWrite {
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
     /// the directory when `sync`.
     pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
-        put_in_place(&self.dir, &self.staged, &self.name, put)?;
-        placed(&self.dir, &self.name, &self.file)?;
+        put_in_place_checked(&self.dir, &self.staged, &self.name, put, &self.file)?;
         if sync {
             sync_dir(&self.dir)?;
         }

@@ -1217,10 +1217,10 @@ mod tests {
     }
 
     /// Another program renaming its own file over a write's temporary name just before
-    /// the rename (a hard link to a file outside the root, a FIFO) puts that file in the
-    /// target's place: the write is refused as a conflict rather than reported made with
-    /// bytes the target does not hold, and the file outside keeps its bytes. A staged
-    /// write is checked the same way.
+    /// the rename (a hard link to a file outside the root, a FIFO) does not have it
+    /// reported written: the write is refused as a conflict, the file outside keeps its
+    /// bytes, and a file being replaced stays in place rather than being lost to the
+    /// planted one. A staged write is checked the same way.
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, linking by path
     fn a_temporary_file_replaced_before_its_rename_is_not_taken_for_the_write() {
@@ -1249,6 +1249,29 @@ mod tests {
         root.write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), false)
             .unwrap();
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        // Replacing a file, the file there is kept, not lost to the planted one, and
+        // the planted name goes.
+        use std::os::unix::fs::MetadataExt as _;
+        let before = std::fs::metadata(folder.join("t.txt")).unwrap().ino();
+        let (o, f) = (outside.clone(), folder.clone());
+        files::BEFORE_RENAME.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
+        });
+        let r = root
+            .write_atomic_put(&rel, b"newer", 0o644, Put::Any, Make::From(0), false)
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        assert_eq!(
+            std::fs::metadata(folder.join("t.txt")).unwrap().ino(),
+            before
+        );
+        assert_eq!(
+            std::fs::metadata(&outside).unwrap().nlink(),
+            1,
+            "planted name gone"
+        );
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
         let staged = root
             .stage_write(&rel, &files::temp_name(), b"newer", 0o644, None)
             .unwrap();
@@ -1256,6 +1279,7 @@ mod tests {
         let e = staged.commit(Put::Any, false).unwrap_err();
         let r = root.map_error("write", &rel, e);
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 
