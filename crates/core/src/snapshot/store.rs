@@ -33,7 +33,7 @@ pub(super) fn snap_io(what: &str, e: &io::Error) -> Refusal {
     // look finds nothing wrong), which is no failing disk (HTTP 500).
     if e.kind() == io::ErrorKind::NotFound
         || crate::confine::root::is_escape_error(e)
-        || stands_in_place(e)
+        || is_link_or_file(e)
     {
         return Refusal::new(
             ReasonCode::Conflict,
@@ -175,6 +175,15 @@ pub(super) fn sealed_for_another_root(folder: &str, sealed_root: &str) -> Refusa
             shown_path(sealed_root)
         ),
     )
+}
+
+/// Whether `e` says a link or a file stood where a folder was opened without following
+/// links (not `EMLINK`, which `mkdir` also gives for a folder that holds too many).
+fn is_link_or_file(e: &io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::LOOP, Errno::NOTDIR]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }
 
 /// Whether `e` says a path was not opened for what stands there: a symbolic link (never
@@ -564,6 +573,12 @@ mod tests {
         }
         let eio = snap_io("create", &io::Error::from_raw_os_error(5));
         assert_eq!(eio.reason_code, ReasonCode::IoError);
+        // A folder too full for another (`mkdir`'s EMLINK) is no swap to try again.
+        let full = snap_io(
+            "create",
+            &io::Error::from_raw_os_error(rustix::io::Errno::MLINK.raw_os_error()),
+        );
+        assert_eq!(full.reason_code, ReasonCode::IoError, "{}", full.reason);
         // One closed to this process is the operator's to give back (it was io_error).
         let closed = snap_io("create", &io::Error::from_raw_os_error(13));
         assert_eq!(
