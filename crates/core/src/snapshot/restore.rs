@@ -194,7 +194,7 @@ impl RollbackEngine {
             return Err(Refusal::new(
                 ReasonCode::Conflict,
                 format!(
-                    "the directory {} on the way to {} is missing: it was moved or removed since the action, maybe with the workflow's files in it; nothing was restored: put it back, then {ROLL_BACK_AGAIN}",
+                    "the directory {} on the way to {} is missing: it was moved or removed since the action, maybe with the workflow's files in it; nothing was restored: put it back where it was (or, if it was removed, make it again), then {ROLL_BACK_AGAIN}, with force if the file is then found changed",
                     shown_path(&parents[..=info.existing_parents].join("/")),
                     shown_path(&meta.original_path)
                 ),
