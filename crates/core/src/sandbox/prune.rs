@@ -25,6 +25,10 @@ use crate::reason::{ReasonCode, Verdict};
 use crate::snapshot::Snapshotter;
 use serde::Serialize;
 
+/// The folder standing as a workflow's in each root (device and inode), as a prune judged
+/// it.
+type Judged = Vec<Option<(u64, u64)>>;
+
 /// What pruning removed.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PruneReport {
@@ -113,7 +117,7 @@ impl Sandbox {
                     continue;
                 }
                 match self.judge_for_prune(wf, cutoff, simulated) {
-                    Ok(Some(lock)) if !simulated => marked.push((wf.clone(), lock)),
+                    Ok(Some(judged)) if !simulated => marked.push((wf.clone(), judged)),
                     Ok(Some(_)) => report.workflows_pruned.push(wf.clone()),
                     Ok(None) => report.workflows_kept += 1,
                     Err(r) => report.failed(wf, r),
@@ -169,14 +173,14 @@ impl Sandbox {
     }
 
     /// Judges one workflow for the prune, under its lock: `None` when it is kept (run
-    /// or rolled back now, or young), else its lock, held, once the workflow is marked
-    /// pruned (unless `simulated`) and its snapshots are to go.
+    /// or rolled back now, or young), else its lock, held, and the folders judged, once
+    /// the workflow is marked pruned (unless `simulated`) and its snapshots are to go.
     fn judge_for_prune(
         &self,
         wf: &str,
         cutoff: chrono::DateTime<chrono::Utc>,
         simulated: bool,
-    ) -> Verdict<Option<crate::confine::state::FileLock>> {
+    ) -> Verdict<Option<(crate::confine::state::FileLock, Judged)>> {
         // A workflow being run or rolled back now is kept, not waited for: it is not
         // finished, and one stopped process must not hold up the prune of the others.
         let lock = self.state.try_lock_workflow(wf).map_err(|e| {
@@ -193,14 +197,32 @@ impl Sandbox {
         if !simulated {
             self.recover_dead_run(wf)?;
         }
-        Ok(self.mark_for_prune(wf, cutoff, simulated)?.then_some(lock))
+        Ok(self
+            .mark_for_prune(wf, cutoff, simulated)?
+            .map(|judged| (lock, judged)))
+    }
+
+    /// Which folder stands as workflow `wf`'s in each root (`None` where none does), by
+    /// identity: what a prune judged is what it moves aside, not whatever another
+    /// program has put under the name since.
+    fn judged_folders(&self, wf: &str) -> Judged {
+        use cap_std::fs::MetadataExt as _;
+        self.roots
+            .iter()
+            .map(|root| {
+                super::workflow_folder_in(root, wf)
+                    .ok()
+                    .filter(cap_std::fs::Metadata::is_dir)
+                    .map(|m| (m.dev(), m.ino()))
+            })
+            .collect()
     }
 
     /// Removes the snapshots of the workflows `marked` (each with its lock), once their
     /// marks are durable, and reports each pruned or failed.
     fn remove_marked(
         &self,
-        marked: Vec<(String, crate::confine::state::FileLock)>,
+        marked: Vec<(String, (crate::confine::state::FileLock, Judged))>,
         report: &mut PruneReport,
     ) {
         if marked.is_empty() {
@@ -230,10 +252,13 @@ impl Sandbox {
             return;
         }
         let mut moved: Vec<(String, Vec<(usize, String)>)> = Vec::new();
-        for (wf, _) in &marked {
+        for (wf, (_, judged)) in &marked {
             let mut aside = Vec::new();
             let set = self.roots.iter().enumerate().try_for_each(|(i, root)| {
-                if let Some(name) = Snapshotter::set_aside(root, wf)? {
+                let Some(folder) = judged[i] else {
+                    return Ok(());
+                };
+                if let Some(name) = Snapshotter::set_aside(root, wf, folder)? {
                     aside.push((i, name));
                 }
                 Ok(())
@@ -331,13 +356,14 @@ impl Sandbox {
     /// Marks one workflow pruned (its lock held) when what can be trusted — sealed
     /// snapshots and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
     /// (another state directory's, a lost key's, planted) keep the workflow: nothing
-    /// proves their age. Returns whether its snapshots are to go.
+    /// proves their age. Returns the folders judged when its snapshots are to go.
     fn mark_for_prune(
         &self,
         wf: &str,
         cutoff: chrono::DateTime<chrono::Utc>,
         simulated: bool,
-    ) -> Verdict<bool> {
+    ) -> Verdict<Option<Judged>> {
+        let judged = self.judged_folders(wf);
         let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
         let trail = self
             .audit
@@ -373,8 +399,18 @@ impl Sandbox {
                 ),
             ));
         }
-        if recent {
-            return Ok(false);
+        // No folder, nothing on the trail: a name met while another program renamed
+        // folders in the store. Nothing to prune, and no workflow to say pruned.
+        let nowhere = judged.iter().all(Option::is_none) && trail.is_empty();
+        if recent || nowhere {
+            return Ok(None);
+        }
+        // Moved or replaced while it was read, what was judged is not what stands there.
+        if self.judged_folders(wf) != judged {
+            return Err(crate::Refusal::new(
+                ReasonCode::Conflict,
+                "kept: its snapshot folder was moved or replaced by another program while it was judged; prune again once it is left alone",
+            ));
         }
         // A store closed to this process could not be emptied: refused before the mark,
         // which would otherwise call the intact snapshots pruned half way (and so is a
@@ -393,11 +429,11 @@ impl Sandbox {
             }
         }
         if simulated {
-            return Ok(true);
+            return Ok(Some(judged));
         }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;
         self.mark_pruned(wf, holding)?;
-        Ok(true)
+        Ok(Some(judged))
     }
 }

@@ -519,7 +519,12 @@ impl Snapshotter {
     /// then on the workflow has none here, and a removal that dies half way leaves only
     /// that folder, which [`Snapshotter::sweep_pruned`] removes. Returns the folder's
     /// name, `None` when the workflow wrote nothing in this root.
-    pub fn set_aside(root: &SandboxRoot, workflow_id: &str) -> Verdict<Option<String>> {
+    pub fn set_aside(
+        root: &SandboxRoot,
+        workflow_id: &str,
+        judged: (u64, u64),
+    ) -> Verdict<Option<String>> {
+        use cap_std::fs::MetadataExt as _;
         let Some(rb) = rollback_dir(root).map_err(|e| snap_io("open", &e))? else {
             return Ok(None);
         };
@@ -528,7 +533,27 @@ impl Snapshotter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             r => r.map_err(|e| snap_io("remove", &e))?,
         }
-        Ok(Some(aside))
+        let moved = rb.symlink_metadata(&aside).map(|m| (m.dev(), m.ino()));
+        if moved.is_ok_and(|id| id == judged) {
+            return Ok(Some(aside));
+        }
+        // Another program put another folder under the name since it was judged: it
+        // goes back, unless something has taken the name meanwhile (then the next
+        // prune's sweep of folders set aside finds it).
+        let back = rustix::fs::renameat_with(
+            &rb,
+            aside.as_str(),
+            &rb,
+            workflow_id,
+            rustix::fs::RenameFlags::NOREPLACE,
+        );
+        if let Err(e) = back {
+            tracing::warn!(error = %e, workflow = %workflow_id, "a folder put in a pruned workflow's place could not be moved back");
+        }
+        Err(Refusal::new(
+            ReasonCode::Conflict,
+            "kept: another program put another folder in its snapshot folder's place while it was pruned; nothing of it was removed: prune again once the store is left alone",
+        ))
     }
 
     /// Makes the moves of [`Snapshotter::set_aside`] in this root durable, however many

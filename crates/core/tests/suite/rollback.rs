@@ -528,6 +528,71 @@ fn restore_through_a_parent_swapped_for_a_symlink_stays_inside() {
     assert!(!w.outside.join("f.txt").exists());
 }
 
+/// A prune moves aside only the folder it judged: another program that puts a young
+/// workflow's folder under an old one's name between the judgement and the removal
+/// does not have the young one's snapshots removed. The old one is kept and said, and
+/// the young one, its folder back under its name, still rolls back.
+#[test]
+fn a_prune_removes_only_the_folder_it_judged() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_old", "actions": [{"action_id": "a1", "intent": "create_file", "path": "o.txt", "content": "o"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    run(
+        &sb,
+        json!({"workflow_id": "wf_young", "actions": [{"action_id": "a1", "intent": "create_file", "path": "y.txt", "content": "y"}]}),
+    );
+    let store = w.root.join(".rollback");
+    let swap = store.clone();
+    sb.failpoints().interleave(
+        "sync_prune_marks",
+        std::sync::Arc::new(move || {
+            std::fs::rename(swap.join("wf_old"), swap.join("wf_old.x")).unwrap();
+            std::fs::rename(swap.join("wf_young"), swap.join("wf_old")).unwrap();
+        }),
+    );
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    assert_eq!(report.workflows_failed[0].workflow_id, "wf_old");
+    assert_eq!(report.workflows_failed[0].reason_code, ReasonCode::Conflict);
+    std::fs::rename(store.join("wf_old"), store.join("wf_young")).unwrap();
+    std::fs::rename(store.join("wf_old.x"), store.join("wf_old")).unwrap();
+    let rb = sb.rollback_workflow("wf_young", &RollbackOptions::default());
+    assert!(rb.is_success(), "{rb:?}");
+    assert!(!w.path("y.txt").exists());
+}
+
+/// A name found in the store whose folder is gone by the time it is judged, with no
+/// line on the trail (another program renaming folders there) is no workflow: not said
+/// pruned, and no prune recorded for it.
+#[test]
+fn a_name_gone_before_its_judgement_is_not_said_pruned() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"action_id": "a1", "intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    let ghost = w.root.join(".rollback/wf_ghost");
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(&ghost)
+        .unwrap();
+    w.clock.advance(chrono::Duration::days(10));
+    let away = w.tmp.path().join("away");
+    sb.failpoints().interleave(
+        "trail_order",
+        std::sync::Arc::new(move || std::fs::rename(&ghost, &away).unwrap()),
+    );
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_a"], "{report:?}");
+    assert!(report.workflows_failed.is_empty(), "{report:?}");
+    assert!(!w.state.join("inflight/wf_ghost.pruned").exists());
+}
+
 #[test]
 fn prune_removes_old_finished_workflows_only() {
     let w = World::new();
