@@ -6,7 +6,11 @@
 //! flushed, then renamed, so a hard link can never carry a write outside. A write to a
 //! target found missing (every `create_file`) never replaces what appeared meanwhile
 //! (`renameat2(RENAME_NOREPLACE)`, or `linkat` then `unlinkat` where the filesystem lacks
-//! it).
+//! it). The temporary file's name is out in the target's folder, where whoever may write
+//! there can rename another file over it first: a target (or a restore's) is written by
+//! `write_atomic_placed`, which reports it written only once it holds the very file
+//! written, and replaces a file by exchanging the two names, undone otherwise, so that
+//! the file replaced is never lost to another's.
 //!
 //! A file is read only while its name names it alone. A link count read from the open file
 //! says how many names it has, not where: a hard link to an outside file, planted and
