@@ -374,7 +374,7 @@ pub fn write_atomic_flush(
 /// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
 /// race: the temporary file's name, out in the target's folder, may have another file
 /// renamed over it (a hard link to a file outside the root, a FIFO) just before it is
-/// moved. Put in place by [`put_in_place_checked`]: refused (`conflict`) when the target
+/// moved. Put in place by `put_in_place_checked`: refused (`conflict`) when the target
 /// would not be the file written, the file there before kept, rather than reported
 /// written with bytes the target does not hold.
 pub fn write_atomic_placed(
