@@ -1234,13 +1234,17 @@ mod tests {
             std::fs::hard_link(outside, &planted).unwrap();
             std::fs::rename(&planted, folder.join(name)).unwrap();
         };
-        let (o, f) = (outside.clone(), folder.clone());
-        files::BEFORE_RENAME.with(|hook| {
-            hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
-        });
-        let r = root
-            .write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), false)
-            .unwrap_err();
+        // A write of `bytes` with the other program planting its link over the
+        // temporary name just before the rename.
+        let raced = |put: Put, bytes: &[u8]| {
+            let (o, f) = (outside.clone(), folder.clone());
+            files::BEFORE_RENAME.with(|hook| {
+                hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
+            });
+            root.write_atomic_put(&rel, bytes, 0o644, put, Make::From(0), false)
+                .unwrap_err()
+        };
+        let r = raced(Put::New, b"new");
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert!(r.reason.contains("did not take its place"), "{}", r.reason);
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
@@ -1253,13 +1257,7 @@ mod tests {
         // the planted name goes.
         use std::os::unix::fs::MetadataExt as _;
         let before = std::fs::metadata(folder.join("t.txt")).unwrap().ino();
-        let (o, f) = (outside.clone(), folder.clone());
-        files::BEFORE_RENAME.with(|hook| {
-            hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
-        });
-        let r = root
-            .write_atomic_put(&rel, b"newer", 0o644, Put::Any, Make::From(0), false)
-            .unwrap_err();
+        let r = raced(Put::Any, b"newer");
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         assert_eq!(
