@@ -477,9 +477,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
         // With several roots, which one was listed (an absolute path says it itself).
+        // `/` names the root's top (its one trailing slash dropped), as no path does:
+        // said as the root's, not the filesystem's.
+        let top = path.is_empty() || path == "/";
         let in_root = match self.sandbox.roots().as_slice() {
             [_] | [] => String::new(),
-            _ if path.starts_with('/') => String::new(),
+            _ if path.starts_with('/') && !top => String::new(),
             [first, ..] => format!(
                 " in root {}",
                 root.clone().unwrap_or_else(|| first.display().to_string())
@@ -493,7 +496,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .await
         {
             Ok(Ok(page)) => {
-                let shown = if path.is_empty() {
+                let shown = if top {
                     format!("/ (the root){in_root}")
                 } else {
                     format!("{path}{in_root}")

@@ -50,6 +50,13 @@ async fn read_tools_are_confined_and_exact() {
     );
     let r = s.ok("list_directory", json!({})).await;
     assert!(text(&r).contains("notes/"), "{}", text(&r));
+    // `/` is the root's top as no path is, and said so: not the filesystem's.
+    let r = s.ok("list_directory", json!({"path": "/"})).await;
+    assert!(
+        text(&r).starts_with("Directory / (the root):") && text(&r).contains("notes/"),
+        "{}",
+        text(&r)
+    );
 
     let r = s.ok("get_file_info", json!({"path": "notes/r.md"})).await;
     let st = structured(&r);
