@@ -19,12 +19,13 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
 }
 
 /// The refusal for a write whose new bytes did not take `name`'s place: another program
-/// renamed something over the temporary file beside it before it was moved there.
+/// renamed something over the temporary file beside it before it was moved there (a
+/// file being replaced is kept; a missing target's place may hold that program's).
 pub(super) fn replaced_before_placed(name: &str) -> Refusal {
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "the new bytes for {} did not take its place: another program replaced the temporary file beside it just before it was moved there, so what stands there now is that program's, not what was written; check what it holds, then try again",
+            "the new bytes for {} did not take its place: another program replaced the temporary file beside it just before it was to be moved there; a file that stood there is kept (unless the filesystem cannot exchange two names), and where none stood, that program's may stand there now: check what it holds, then try again",
             shown_path(name)
         ),
     )
