@@ -442,13 +442,11 @@ fn placed(dir: &Dir, name: &str, file: &File) -> io::Result<()> {
     let ours = file.metadata()?;
     match dir.symlink_metadata(name) {
         Ok(m) if m.dev() == ours.dev() && m.ino() == ours.ino() => Ok(()),
-        Ok(_) => Err(io::Error::other(super::refusal::replaced_before_placed(
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        // Another file there, or none.
+        _ => Err(io::Error::other(super::refusal::replaced_before_placed(
             name,
         ))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(io::Error::other(
-            super::refusal::replaced_before_placed(name),
-        )),
-        Err(e) => Err(e),
     }
 }
 
@@ -642,9 +640,8 @@ impl StagedWrite {
 
     /// The staged file as written: the target's once the file takes its place.
     pub fn written(&self) -> io::Result<WrittenFile> {
-        self.dir
-            .symlink_metadata(&self.staged)
-            .map(|m| WrittenFile::of(&m))
+        // From the file held open, not its name, which another program may have taken.
+        self.file.metadata().map(|m| WrittenFile::of(&m))
     }
 
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
