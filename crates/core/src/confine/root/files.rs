@@ -435,6 +435,10 @@ thread_local! {
     /// program that races the write.
     pub(super) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
+    /// Run once, on this thread's next refused exchange of names, just before it is
+    /// undone (given the folder and the target's name).
+    pub(super) static AFTER_EXCHANGE: std::cell::Cell<Option<RaceHook>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Whether `name` in `dir` names `file`, the file just renamed there.
@@ -581,9 +585,15 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                     .and(replaced)
                     .and_then(|()| dir.remove_file(tmp));
                 if done.is_err() {
+                    #[cfg(test)]
+                    AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, name)));
                     // What stood at `name` goes back; what stood at `tmp` is the
-                    // caller's to remove.
-                    let _ = exchange();
+                    // caller's to remove. Should `name` have been taken away meanwhile,
+                    // the file replaced goes back under it all the same (never over
+                    // another), rather than be removed with the temporary name.
+                    if exchange() == Err(Errno::NOENT) {
+                        let _ = renameat_with(dir, tmp, dir, name, RenameFlags::NOREPLACE);
+                    }
                 }
                 return done;
             }

@@ -1275,10 +1275,27 @@ mod tests {
             .unwrap();
         plant(&outside, &folder, staged.staged_name());
         let e = staged.commit(Put::Any, false).unwrap_err();
+        staged.discard();
         let r = root.map_error("write", &rel, e);
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+        // The planted file taken away from the target's name before the exchange is
+        // undone: the file replaced goes back there, not out with the temporary name.
+        files::AFTER_EXCHANGE.with(|hook| {
+            hook.set(Some(Box::new(|dir: &Dir, name: &str| {
+                dir.remove_file(name).unwrap();
+            })));
+        });
+        let r = raced(Put::Any, b"newest");
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 1);
+        let names: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["t.txt"], "no name left beside it");
     }
 
     /// The link count of an open file says how many names it has, not where: an outside
