@@ -471,23 +471,26 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         }
     }
 
+    /// Where a read tool says `path` is, with several roots: ` in root R` (the root
+    /// given, else the first), or nothing where it is plain (one root, or an absolute
+    /// path, which names its root itself).
+    fn in_root(&self, path: &str, root: Option<&str>) -> String {
+        match self.sandbox.roots().as_slice() {
+            [_] | [] => String::new(),
+            _ if path.starts_with('/') && !is_top(path) => String::new(),
+            [first, ..] => format!(
+                " in root {}",
+                root.map_or_else(|| first.display().to_string(), str::to_owned)
+            ),
+        }
+    }
+
     async fn list_directory(&self, args: Args) -> CallToolResult {
         let path = args.str("path").unwrap_or_default();
         let root = args.str("root");
         let offset = args.uint("offset").unwrap_or(0);
         let p = path.clone();
-        // With several roots, which one was listed (an absolute path says it itself).
-        // `/` names the root's top (its one trailing slash dropped), as no path does:
-        // said as the root's, not the filesystem's.
-        let top = path.is_empty() || path == "/";
-        let in_root = match self.sandbox.roots().as_slice() {
-            [_] | [] => String::new(),
-            _ if path.starts_with('/') && !top => String::new(),
-            [first, ..] => format!(
-                " in root {}",
-                root.clone().unwrap_or_else(|| first.display().to_string())
-            ),
-        };
+        let in_root = self.in_root(&path, root.as_deref());
         let from = usize::try_from(offset).unwrap_or(usize::MAX);
         match self
             .blocking(move |sb| {
@@ -496,7 +499,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .await
         {
             Ok(Ok(page)) => {
-                let shown = if top {
+                let shown = if is_top(&path) {
                     format!("/ (the root){in_root}")
                 } else {
                     format!("{path}{in_root}")
@@ -586,12 +589,15 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
     async fn get_file_info(&self, args: Args) -> CallToolResult {
         let path = args.str("path").unwrap_or_default();
         let root = args.str("root");
+        let top =
+            is_top(&path).then(|| format!("/ (the root){}", self.in_root(&path, root.as_deref())));
         match self
             .blocking(move |sb| sb.get_file_info(&path, root.as_deref()))
             .await
         {
             Ok(Ok(info)) => {
-                let mut text = format!("{}: {}", render::shown_name(&info.path), info.kind);
+                let shown = top.unwrap_or_else(|| render::shown_name(&info.path).into_owned());
+                let mut text = format!("{shown}: {}", info.kind);
                 if let Some(n) = info.size_bytes {
                     text.push_str(&format!(", {}", render::bytes(n)));
                 }
@@ -1167,6 +1173,12 @@ fn undone_mark(undone: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// Whether a read tool's `path` names a root's top: none, `.`, or `/` (its one trailing
+/// slash dropped), said as the root's, not the filesystem's.
+fn is_top(path: &str) -> bool {
+    matches!(path, "" | "." | "/")
 }
 
 #[cfg(test)]

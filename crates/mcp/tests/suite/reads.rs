@@ -58,6 +58,16 @@ async fn read_tools_are_confined_and_exact() {
         text(&r)
     );
 
+    // Looked at, the root's top is the root's, not the filesystem's `/`.
+    let r = s.ok("get_file_info", json!({"path": "/"})).await;
+    assert_eq!(text(&r), "/ (the root): directory");
+    let r = s.ok("list_directory", json!({"path": "."})).await;
+    assert!(
+        text(&r).starts_with("Directory / (the root):"),
+        "{}",
+        text(&r)
+    );
+
     let r = s.ok("get_file_info", json!({"path": "notes/r.md"})).await;
     let st = structured(&r);
     assert_eq!(st["kind"], "file");
@@ -550,5 +560,18 @@ async fn a_listing_names_its_root_when_there_are_several() {
         "{}",
         text(&r)
     );
+    // So does a look at the root's top, however named.
+    for top in ["/", ".", ""] {
+        let r = s
+            .ok(
+                "get_file_info",
+                json!({"path": top, "root": other.display().to_string()}),
+            )
+            .await;
+        assert_eq!(
+            text(&r),
+            format!("/ (the root) in root {}: directory", other.display())
+        );
+    }
     s.finish().await;
 }
