@@ -287,6 +287,28 @@ fn count(map: &mut BTreeMap<String, u64>, key: &str) {
     }
 }
 
+/// Counts the line `e` in the trail's stats.
+fn count_line(s: &mut AuditStats, e: &LineView<'_>) {
+    s.total += 1;
+    match e.status {
+        AuditStatus::Success => s.success += 1,
+        AuditStatus::Failed => s.failed += 1,
+        AuditStatus::Blocked => s.blocked += 1,
+        AuditStatus::Simulated => s.simulated += 1,
+        AuditStatus::RolledBack => s.rolled_back += 1,
+    }
+    if let Some(c) = e.mutation_class {
+        count(&mut s.by_mutation_class, c.as_str());
+    }
+    count(
+        &mut s.by_intent,
+        crate::catalog::intent_label(&e.mutation_type),
+    );
+    if let Some(r) = e.reason_code {
+        count(&mut s.by_reason_code, r.as_str());
+    }
+}
+
 /// What the index knows of one workflow.
 #[derive(Debug)]
 pub(super) struct Workflow {
@@ -440,25 +462,7 @@ impl Index {
         len: usize,
         (print, (name, folder)): (u64, (u32, u32)),
     ) {
-        let s = &mut self.stats;
-        s.total += 1;
-        match e.status {
-            AuditStatus::Success => s.success += 1,
-            AuditStatus::Failed => s.failed += 1,
-            AuditStatus::Blocked => s.blocked += 1,
-            AuditStatus::Simulated => s.simulated += 1,
-            AuditStatus::RolledBack => s.rolled_back += 1,
-        }
-        if let Some(c) = e.mutation_class {
-            count(&mut s.by_mutation_class, c.as_str());
-        }
-        count(
-            &mut s.by_intent,
-            crate::catalog::intent_label(&e.mutation_type),
-        );
-        if let Some(r) = e.reason_code {
-            count(&mut s.by_reason_code, r.as_str());
-        }
+        count_line(&mut self.stats, e);
         let wrote =
             e.status == AuditStatus::Success && e.mutation_class != Some(MutationClass::Rollback);
         // A failure may come after the action's artifact was registered (the registry's
@@ -472,71 +476,13 @@ impl Index {
                 && e.mutation_class != Some(MutationClass::Rollback)
                 && e.rollback_path.is_some());
         if e.mutation_type == "create_directory" {
-            let key = (e.workflow_id.to_string(), e.action_id.to_string());
-            match e.status {
-                AuditStatus::Success => {
-                    self.dir_claims
-                        .entry(e.target_path.to_string())
-                        .or_default()
-                        .push(DirClaim {
-                            workflow_id: key.0.clone(),
-                            action_id: key.1.clone(),
-                            at: e.timestamp.to_string(),
-                        });
-                    self.claim_paths.insert(key, e.target_path.to_string());
-                }
-                AuditStatus::RolledBack => {
-                    if let Some(path) = self.claim_paths.remove(&key)
-                        && let Some(claims) = self.dir_claims.get_mut(&path)
-                    {
-                        claims.retain(|c| (&c.workflow_id, &c.action_id) != (&key.0, &key.1));
-                    }
-                }
-                _ => {}
-            }
+            self.note_dir_claim(e);
         }
         self.last_seq = e.seq;
         self.last_hash.clear();
         self.last_hash.push_str(&e.entry_hash);
         let here = self.slots.len();
-        if !self.workflows.contains_key(e.workflow_id.as_ref()) {
-            self.workflows.insert(
-                e.workflow_id.to_string(),
-                Workflow {
-                    lines: Vec::new(),
-                    ran: HashSet::new(),
-                    undone: HashSet::new(),
-                    tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
-                    ahead: None,
-                },
-            );
-        }
-        let per_minute = self.per_minute;
-        if let Some(w) = self.workflows.get_mut(e.workflow_id.as_ref()) {
-            w.lines.push(here);
-            if ran {
-                w.ran.insert(e.action_id.as_ref().into());
-            }
-            if e.status == AuditStatus::RolledBack {
-                w.undone.insert(e.action_id.as_ref().into());
-            }
-            if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
-                let made = w.ahead.filter(|(seen, _)| *seen == w.tat.1).map(|(_, m)| m);
-                let (tat, latest) = &mut w.tat;
-                let at = crate::budget::epoch_seconds(t);
-                // Dated before the workflow's latest write: the clock went back. The
-                // earlier writes are taken as made just before this one (the bucket as
-                // they left it), not as still to come; or when this process's limiter
-                // looked at them ahead, as made when that look took them to be (see
-                // [`AuditLog::rate_tat`]), so that the refill it counted stands.
-                if at < *latest {
-                    *tat -= *latest - made.map_or(at, |m| m.min(at));
-                    w.ahead = None;
-                }
-                *tat = crate::budget::advance_tat(*tat, at, per_minute);
-                *latest = at;
-            }
-        }
+        self.note_in_workflow(e, here, ran, wrote);
         self.slots.push(Slot {
             at,
             // A line is at most a few KiB (paths and intents are cut): never near 4 GiB.
@@ -549,6 +495,80 @@ impl Index {
             folder,
         });
         self.link(here);
+    }
+
+    /// Keeps the claim of a `create_directory` line on its folder, or drops it when the
+    /// line says the action was rolled back.
+    fn note_dir_claim(&mut self, e: &LineView<'_>) {
+        let key = (e.workflow_id.to_string(), e.action_id.to_string());
+        match e.status {
+            AuditStatus::Success => {
+                self.dir_claims
+                    .entry(e.target_path.to_string())
+                    .or_default()
+                    .push(DirClaim {
+                        workflow_id: key.0.clone(),
+                        action_id: key.1.clone(),
+                        at: e.timestamp.to_string(),
+                    });
+                self.claim_paths.insert(key, e.target_path.to_string());
+            }
+            AuditStatus::RolledBack => {
+                if let Some(path) = self.claim_paths.remove(&key)
+                    && let Some(claims) = self.dir_claims.get_mut(&path)
+                {
+                    claims.retain(|c| (&c.workflow_id, &c.action_id) != (&key.0, &key.1));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Files the line `e`, slot `here`, under its workflow: its place among the
+    /// workflow's lines, the action's id spent when it `ran`, undone, and, when it
+    /// `wrote`, the workflow's rate-limit bucket advanced.
+    fn note_in_workflow(&mut self, e: &LineView<'_>, here: usize, ran: bool, wrote: bool) {
+        let per_minute = self.per_minute;
+        // Looked up before it is made: most lines' workflows are known, and their ids
+        // are not copied for the look.
+        if !self.workflows.contains_key(e.workflow_id.as_ref()) {
+            self.workflows.insert(
+                e.workflow_id.to_string(),
+                Workflow {
+                    lines: Vec::new(),
+                    ran: HashSet::new(),
+                    undone: HashSet::new(),
+                    tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
+                    ahead: None,
+                },
+            );
+        }
+        let Some(w) = self.workflows.get_mut(e.workflow_id.as_ref()) else {
+            return;
+        };
+        w.lines.push(here);
+        if ran {
+            w.ran.insert(e.action_id.as_ref().into());
+        }
+        if e.status == AuditStatus::RolledBack {
+            w.undone.insert(e.action_id.as_ref().into());
+        }
+        if wrote && let Some(t) = crate::clock::parse_timestamp(&e.timestamp) {
+            let made = w.ahead.filter(|(seen, _)| *seen == w.tat.1).map(|(_, m)| m);
+            let (tat, latest) = &mut w.tat;
+            let at = crate::budget::epoch_seconds(t);
+            // Dated before the workflow's latest write: the clock went back. The
+            // earlier writes are taken as made just before this one (the bucket as
+            // they left it), not as still to come; or when this process's limiter
+            // looked at them ahead, as made when that look took them to be (see
+            // [`AuditLog::rate_tat`]), so that the refill it counted stands.
+            if at < *latest {
+                *tat -= *latest - made.map_or(at, |m| m.min(at));
+                w.ahead = None;
+            }
+            *tat = crate::budget::advance_tat(*tat, at, per_minute);
+            *latest = at;
+        }
     }
 
     /// Links slot `i` into the chain of its file name, when it is a change and the
