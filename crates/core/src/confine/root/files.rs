@@ -439,14 +439,31 @@ thread_local! {
     /// undone (given the folder and the target's name).
     pub(super) static AFTER_EXCHANGE: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
+    /// The error (its number) the next look after a rename on this thread meets, as if
+    /// the system had refused it.
+    pub(super) static FAIL_CHECK: std::cell::Cell<Option<i32>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// Whether `name` in `dir` names `file`, the file just renamed there.
 fn placed(dir: &Dir, name: &str, file: &File) -> io::Result<()> {
-    let ours = file.metadata()?;
-    match dir.symlink_metadata(name) {
+    let unchecked = |e: io::Error| {
+        io::Error::other(super::refusal::failed_once_placed(
+            name,
+            "the look at what holds its name",
+            &e,
+        ))
+    };
+    let ours = file.metadata().map_err(unchecked)?;
+    let looked = dir.symlink_metadata(name);
+    #[cfg(test)]
+    let looked = match FAIL_CHECK.take() {
+        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+        None => looked,
+    };
+    match looked {
         Ok(m) if m.dev() == ours.dev() && m.ino() == ours.ino() => Ok(()),
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(unchecked(e)),
         // Another file there, or none.
         _ => Err(io::Error::other(super::refusal::replaced_before_placed(
             name,
@@ -545,7 +562,13 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
         }
     }
     dir.hard_link(tmp, dir, name)?;
-    dir.remove_file(tmp)
+    dir.remove_file(tmp).map_err(|e| {
+        io::Error::other(super::refusal::failed_once_placed(
+            name,
+            "the removal of its temporary name",
+            &e,
+        ))
+    })
 }
 
 /// [`put_in_place`] of `file`, the open file written at `tmp`, for a target others may

@@ -1298,6 +1298,29 @@ mod tests {
         assert_eq!(names, ["t.txt"], "no name left beside it");
     }
 
+    /// A look after the rename that fails (here refused, as a security module may) is an
+    /// I/O error, not a refusal made before anything was touched: the target may hold
+    /// the new bytes, and the write's undo must look at it rather than leave them.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test reads the file as a user would
+    fn a_failed_look_after_the_rename_is_no_refusal_before_the_write() {
+        let (tmp, root) = root();
+        let rel = RelPath::from_components(comps("t.txt"));
+        for put in [Put::New, Put::Any] {
+            files::FAIL_CHECK.with(|f| f.set(Some(13)));
+            let r = root
+                .write_atomic_put(&rel, b"new", 0o644, put, Make::From(0), false)
+                .unwrap_err();
+            assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
+            assert!(r.reason.contains("were put in its place"), "{}", r.reason);
+        }
+        // Created, the file stands with the new bytes (the replacement was undone).
+        assert_eq!(
+            std::fs::read(tmp.path().join("root/t.txt")).unwrap(),
+            b"new"
+        );
+    }
+
     /// The link count of an open file says how many names it has, not where: an outside
     /// file linked into the root, opened there, and its link in the root removed has one
     /// link left, outside. Only the name's own status tells.

@@ -31,6 +31,20 @@ pub(super) fn replaced_before_placed(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a write whose new bytes were put in place as `name`, after which
+/// `then` failed with `e`: an I/O error, never taken for a refusal before anything was
+/// touched (the target may hold the new bytes: undoing the write must look).
+pub(super) fn failed_once_placed(name: &str, then: &str, e: &io::Error) -> Refusal {
+    Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "the new bytes for {} were put in its place, then {then} failed: {}",
+            shown_path(name),
+            crate::error::io_words(e)
+        ),
+    )
+}
+
 /// The refusal for a file `name` that its name stopped naming while it was opened or
 /// read.
 pub(super) fn swapped_while_read(name: &str) -> Refusal {
