@@ -46,7 +46,7 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
-use crate::reason::ReasonCode;
+use crate::reason::{ReasonCode, Refusal};
 use crate::sandbox::{Restorer, Sandbox, lock_or_recover};
 use cap_fs_ext::DirExt;
 use std::collections::{HashMap, HashSet};
@@ -500,35 +500,64 @@ impl Sandbox {
     ) {
         'dirs: for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
-            let dir = if comps.is_empty() {
-                self.roots[i].dir().try_clone().ok()
-            } else {
-                self.roots[i]
-                    .open_parent(&child(&rel), false, false)
-                    .ok()
-                    .and_then(|(d, _)| d.into_owned().ok())
+            let failed =
+                |e: std::io::Error| Refusal::new(ReasonCode::IoError, crate::error::io_words(&e));
+            let dir = self
+                .failpoints
+                .check("open_dead_temp_folder")
+                .map_err(failed)
+                .and_then(|()| {
+                    if comps.is_empty() {
+                        self.roots[i].dir().try_clone().map_err(failed)
+                    } else {
+                        self.roots[i]
+                            .open_parent(&child(&rel), false, false)
+                            .and_then(|(d, _)| d.into_owned().map_err(failed))
+                    }
+                });
+            let d = match dir {
+                Ok(d) => d,
+                // Gone, and its temporary files with it.
+                Err(r) if r.reason_code == ReasonCode::NotFound => continue,
+                // The disk refused the look (failing, or out of descriptors): the files
+                // are left with the record for a start that can look, not for good.
+                Err(r) if r.reason_code == ReasonCode::IoError => {
+                    let folder = crate::confine::path::shown_path(&self.abs_path(i, &rel));
+                    report.retry_for(format!(
+                        "its temporary files in {folder} could not be looked for ({})",
+                        r.reason
+                    ));
+                    break 'dirs;
+                }
+                // Out of reach for a reason of its own (another user's, or no longer a
+                // folder): said where, for the operator.
+                Err(r) => {
+                    let folder = crate::confine::path::shown_path(&self.abs_path(i, &rel));
+                    report
+                        .temp_files_left
+                        .push(format!("{folder} ({})", r.reason));
+                    continue;
+                }
             };
-            if let Some(d) = dir {
-                // A run or rollback of this process that left its record for later is
-                // no dead one: its id names this process's writes under way too.
-                for by in makers.iter().filter(|m| !self.is_left_for_later(m)) {
-                    let removed = self
-                        .failpoints
-                        .check("remove_dead_temp")
-                        .and_then(|()| remove_temp_files(&d, 0, Some(by)));
-                    match removed {
-                        Ok(n) => report.temp_files_removed += n,
-                        // The disk refused (mounted read-only, failing): kept for the
-                        // start that finds it taking writes again, as an undo it refused
-                        // is, rather than left in the user's tree for good; the rest
-                        // with it. Any other cause (a folder another user took, say)
-                        // is said where, not only logged.
-                        Err(e) => {
-                            let folder = self.abs_path(i, &rel);
-                            match Self::left_behind(report, &folder, "its temporary files in", e) {
-                                Some(left) => report.temp_files_left.push(left),
-                                None => break 'dirs,
-                            }
+            // A run or rollback of this process that left its record for later is
+            // no dead one: its id names this process's writes under way too.
+            for by in makers.iter().filter(|m| !self.is_left_for_later(m)) {
+                let removed = self
+                    .failpoints
+                    .check("remove_dead_temp")
+                    .and_then(|()| remove_temp_files(&d, 0, Some(by)));
+                match removed {
+                    Ok(n) => report.temp_files_removed += n,
+                    // The disk refused (mounted read-only, failing): kept for the
+                    // start that finds it taking writes again, as an undo it refused
+                    // is, rather than left in the user's tree for good; the rest
+                    // with it. Any other cause (a folder another user took, say)
+                    // is said where, not only logged.
+                    Err(e) => {
+                        let folder = self.abs_path(i, &rel);
+                        match Self::left_behind(report, &folder, "its temporary files in", e) {
+                            Some(left) => report.temp_files_left.push(left),
+                            None => break 'dirs,
                         }
                     }
                 }
@@ -909,6 +938,10 @@ impl Sandbox {
 /// Whether the disk refused `e`'s operation (mounted read-only, failing), which a later
 /// start may find put right, as opposed to a refusal that stays (another user's folder).
 fn disk_refused(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::ReadOnlyFilesystem
-        || e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
+    use std::io::ErrorKind as K;
+    // Full, or a call interrupted, as much as read-only or failing: each may pass.
+    matches!(
+        e.kind(),
+        K::ReadOnlyFilesystem | K::StorageFull | K::QuotaExceeded | K::Interrupted
+    ) || e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
 }

@@ -3489,6 +3489,18 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ROFS);
     assert_noticed(&sb, "could not be settled now (its temporary files in");
     kept_until_the_disk_lets_go(&w, &c, sb, &left);
+    // So are a full disk and an interrupted call, which may pass too.
+    for errno in [rustix::io::Errno::NOSPC, rustix::io::Errno::INTR] {
+        let left = died_leaving_a_recovery_temp_file(&w, &c);
+        let sb = open_refusing_temp_removal(&c, errno);
+        kept_until_the_disk_lets_go(&w, &c, sb, &left);
+    }
+    // And a folder the disk would not open to look for them in (they were left there
+    // for good, the run said settled).
+    let left = died_leaving_a_recovery_temp_file(&w, &c);
+    let sb = open_refusing_at("open_dead_temp_folder", &c, rustix::io::Errno::IO);
+    assert_noticed(&sb, "could not be looked for");
+    kept_until_the_disk_lets_go(&w, &c, sb, &left);
     // Another cause names the folder and closes the record.
     died_leaving_a_recovery_temp_file(&w, &c);
     let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
