@@ -29,6 +29,22 @@ use serde::Serialize;
 /// it.
 type Judged = Vec<Option<(u64, u64)>>;
 
+/// A workflow marked pruned: its lock, held until its folders are gone, the folders
+/// judged, and what its record of prunes held before.
+type Marked = (crate::confine::state::FileLock, (Judged, Before));
+
+/// What a workflow's record of prunes held before this prune's mark replaced it: put
+/// back should the prune then move none of its folders, so that a prune that failed
+/// before touching anything leaves the workflow's rollback as it was.
+enum Before {
+    /// No record: withdrawing this prune's mark removes it.
+    Unmarked,
+    /// An earlier prune's, written back.
+    Marked(Vec<(String, u64)>),
+    /// A damaged one, replaced: not withdrawn (which roots it named is unknown).
+    Damaged,
+}
+
 /// What pruning removed.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PruneReport {
@@ -173,14 +189,15 @@ impl Sandbox {
     }
 
     /// Judges one workflow for the prune, under its lock: `None` when it is kept (run
-    /// or rolled back now, or young), else its lock, held, and the folders judged, once
-    /// the workflow is marked pruned (unless `simulated`) and its snapshots are to go.
+    /// or rolled back now, or young), else its lock, held, the folders judged and what
+    /// its record of prunes held before, once the workflow is marked pruned (unless
+    /// `simulated`) and its snapshots are to go.
     fn judge_for_prune(
         &self,
         wf: &str,
         cutoff: chrono::DateTime<chrono::Utc>,
         simulated: bool,
-    ) -> Verdict<Option<(crate::confine::state::FileLock, Judged)>> {
+    ) -> Verdict<Option<Marked>> {
         // A workflow being run or rolled back now is kept, not waited for: it is not
         // finished, and one stopped process must not hold up the prune of the others.
         let lock = self.state.try_lock_workflow(wf).map_err(|e| {
@@ -220,11 +237,7 @@ impl Sandbox {
 
     /// Removes the snapshots of the workflows `marked` (each with its lock), once their
     /// marks are durable, and reports each pruned or failed.
-    fn remove_marked(
-        &self,
-        marked: Vec<(String, (crate::confine::state::FileLock, Judged))>,
-        report: &mut PruneReport,
-    ) {
+    fn remove_marked(&self, marked: Vec<(String, Marked)>, report: &mut PruneReport) {
         if marked.is_empty() {
             return;
         }
@@ -252,7 +265,7 @@ impl Sandbox {
             return;
         }
         let mut moved: Vec<(String, Vec<(usize, String)>)> = Vec::new();
-        for (wf, (_, judged)) in &marked {
+        for (wf, (_, (judged, before))) in &marked {
             let mut aside = Vec::new();
             let set = self.roots.iter().enumerate().try_for_each(|(i, root)| {
                 let Some(folder) = judged[i] else {
@@ -265,6 +278,7 @@ impl Sandbox {
             });
             match set {
                 Ok(()) => moved.push((wf.clone(), aside)),
+                Err(r) if aside.is_empty() => report.failed(wf, self.withdraw_mark(wf, before, r)),
                 Err(r) => report.failed(wf, r),
             }
         }
@@ -323,24 +337,28 @@ impl Sandbox {
     /// not configured with. Not yet durable ([`StateDir::sync_prune_marks`]).
     ///
     /// [`StateDir::sync_prune_marks`]: crate::confine::state::StateDir::sync_prune_marks
-    fn mark_pruned(&self, wf: &str, holding: Vec<String>) -> Verdict {
+    fn mark_pruned(&self, wf: &str, holding: Vec<String>) -> Verdict<Before> {
         self.state
             .prune_mark(wf)
+            .map(|m| m.map_or(Before::Unmarked, Before::Marked))
             .or_else(|e| match e.kind() {
                 // Replaced by this prune's: what it says of the roots pruned now is
                 // whole again; the roots only a damaged mark named are not.
                 std::io::ErrorKind::InvalidData => {
                     tracing::warn!(error = %e, "replacing a damaged prune record");
-                    Ok(None)
+                    Ok(Before::Damaged)
                 }
                 _ => Err(e),
             })
-            .and_then(|earlier| {
+            .and_then(|before| {
                 let seq = self.audit.last_seq()?;
-                let mut pruned = earlier.unwrap_or_default();
+                let mut pruned = match &before {
+                    Before::Marked(m) => m.clone(),
+                    Before::Unmarked | Before::Damaged => Vec::new(),
+                };
                 pruned.retain(|(r, _)| !holding.contains(r));
                 pruned.extend(holding.into_iter().map(|r| (r, seq)));
-                self.state.write_prune_mark(wf, &pruned)
+                self.state.write_prune_mark(wf, &pruned).map(|()| before)
             })
             .map_err(|e| {
                 crate::Refusal::new(
@@ -356,13 +374,14 @@ impl Sandbox {
     /// Marks one workflow pruned (its lock held) when what can be trusted — sealed
     /// snapshots and the audit trail — says it is older than `cutoff`. Folders nothing vouches for
     /// (another state directory's, a lost key's, planted) keep the workflow: nothing
-    /// proves their age. Returns the folders judged when its snapshots are to go.
+    /// proves their age. Returns the folders judged when its snapshots are to go, and
+    /// what its record of prunes held before this prune's mark.
     fn mark_for_prune(
         &self,
         wf: &str,
         cutoff: chrono::DateTime<chrono::Utc>,
         simulated: bool,
-    ) -> Verdict<Option<Judged>> {
+    ) -> Verdict<Option<(Judged, Before)>> {
         let judged = self.judged_folders(wf);
         let (snaps, untrusted) = self.trusted_workflow_snapshots(wf)?;
         let trail = self
@@ -429,11 +448,30 @@ impl Sandbox {
             }
         }
         if simulated {
-            return Ok(Some(judged));
+            return Ok(Some((judged, Before::Unmarked)));
         }
         // A commit log entry must not outlive the snapshot it would recreate.
         let _synced = self.settle_commit_log(wf)?;
-        self.mark_pruned(wf, holding)?;
-        Ok(Some(judged))
+        let before = self.mark_pruned(wf, holding)?;
+        Ok(Some((judged, before)))
+    }
+
+    /// The refusal `r` of a prune of `wf` that moved none of its folders, once the
+    /// prune's mark is withdrawn (`before`: what the record held): its rollback is then
+    /// as it was, and said so.
+    fn withdraw_mark(&self, wf: &str, before: &Before, r: crate::Refusal) -> crate::Refusal {
+        let withdrawn = match before {
+            Before::Unmarked => self.state.inflight_remove_file(&format!("{wf}.pruned")),
+            Before::Marked(m) => self.state.write_prune_mark(wf, m),
+            Before::Damaged => return r,
+        };
+        let then = match withdrawn {
+            Ok(()) => "nothing of the workflow was moved, and its rollback is as it was".to_owned(),
+            Err(e) => format!(
+                "nothing of the workflow was moved, but the prune's mark could not be withdrawn ({}), so its rollback is refused as pruned until a prune runs again and finishes",
+                crate::error::state_io_words(&e)
+            ),
+        };
+        crate::Refusal::new(r.reason_code, format!("{}; {then}", r.reason))
     }
 }

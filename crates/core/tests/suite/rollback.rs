@@ -564,6 +564,14 @@ fn a_prune_removes_only_the_folder_it_judged() {
     let rb = sb.rollback_workflow("wf_young", &RollbackOptions::default());
     assert!(rb.is_success(), "{rb:?}");
     assert!(!w.path("y.txt").exists());
+    // Nothing of the old one moved: its prune's mark is withdrawn, and it too rolls
+    // back as before (it was refused as pruned half way).
+    let failure = &report.workflows_failed[0].reason;
+    assert!(failure.contains("its rollback is as it was"), "{failure}");
+    assert!(!w.state.join("inflight/wf_old.pruned").exists());
+    let rb = sb.rollback_workflow("wf_old", &RollbackOptions::default());
+    assert!(rb.is_success(), "{rb:?}");
+    assert!(!w.path("o.txt").exists());
 }
 
 /// A name found in the store whose folder is gone by the time it is judged, with no
