@@ -444,7 +444,16 @@ impl Sandbox {
                 return Placing::Failed;
             }
         };
-        let current = self.target_checksum(i, &rel);
+        // A target the disk will not read is judged by no guess: the log is kept for a
+        // start that can read it.
+        let current = match self.target_state(i, &rel) {
+            crate::sandbox::TargetState::File(sum) => Some(sum),
+            crate::sandbox::TargetState::Failed(why) => {
+                tracing::error!(reason = %why, "recovery could not read a logged action's target");
+                return Placing::Failed;
+            }
+            _ => None,
+        };
         let after = meta.commit.as_ref().map(|c| c.after_sha256.clone());
         if current == after {
             // In place, perhaps only in memory, maybe beneath a mount inside the

@@ -47,7 +47,7 @@ use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use crate::confine::root::remove_temp_files;
 use crate::reason::{ReasonCode, Refusal};
-use crate::sandbox::{Restorer, Sandbox, lock_or_recover};
+use crate::sandbox::{Restorer, Sandbox, TargetState, lock_or_recover};
 use cap_fs_ext::DirExt;
 use std::collections::{HashMap, HashSet};
 
@@ -109,7 +109,9 @@ impl Sandbox {
             return report;
         }
         let orphans = self.registered_without_snapshot(&run, &mine);
-        let judged = self.judge_newest_first(&run, mine, &mut report);
+        let Some(judged) = self.judge_newest_first(&run, mine, &mut report) else {
+            return report;
+        };
         self.audit_finished(judged.finish_audits, orphans, &mut report);
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone.
@@ -216,13 +218,14 @@ impl Sandbox {
     }
 
     /// Judges the dead run's actions (`mine`, oldest first) newest first: each finished,
-    /// recorded as superseded, or left in doubt, to be undone.
+    /// recorded as superseded, or left in doubt, to be undone; `None` (the recovery
+    /// left for a later try) when a target cannot be read.
     fn judge_newest_first(
         &self,
         run: &DeadRun<'_>,
         mine: crate::sandbox::RootedSnapshots,
         report: &mut Recovered,
-    ) -> Judged {
+    ) -> Option<Judged> {
         let mut judged = Judged {
             dirs: HashSet::new(),
             in_doubt: Vec::new(),
@@ -242,10 +245,24 @@ impl Sandbox {
             if s.restored || settled.contains(&key) {
                 continue;
             }
-            let current = expected
-                .entry(key.clone())
-                .or_insert_with(|| self.target_checksum(i, &s.meta.target()))
-                .clone();
+            let current = match expected.get(&key) {
+                Some(c) => c.clone(),
+                None => match self.target_state(i, &s.meta.target()) {
+                    TargetState::File(sum) => Some(sum),
+                    // A disk's failure is no change by anyone: judged on it, an action
+                    // would be called overwritten or undone on a guess. The run is left
+                    // for a start that can read it (what was settled before stands).
+                    TargetState::Failed(why) => {
+                        report.retry_for(format!(
+                            "its target {} could not be read ({why})",
+                            crate::confine::path::shown_path(&self.abs_path(i, &s.meta.target()))
+                        ));
+                        return None;
+                    }
+                    _ => None,
+                },
+            };
+            expected.insert(key.clone(), current.clone());
             if self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report) {
                 settled.insert(key);
             } else {
@@ -255,7 +272,7 @@ impl Sandbox {
                 judged.in_doubt.push((i, s));
             }
         }
-        judged
+        Some(judged)
     }
 
     /// Judges one action of the dead run against what its target holds (`current`, once

@@ -3513,6 +3513,42 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     assert_eq!(w.tree(), original);
 }
 
+/// A dead run's target the disk will not read is no change by anyone: the run is left
+/// for a start that can read it (it was judged overwritten by another run, its change
+/// left in place for good and its record closed), and that start undoes it.
+#[test]
+fn a_target_the_disk_will_not_read_leaves_the_dead_run_for_later() {
+    for durability in [
+        ailab_sandbox_core::config::Durability::Strict,
+        ailab_sandbox_core::config::Durability::Batched,
+    ] {
+        let (w, c, original) = seeded(durability);
+        die_before_the_second_record(&w, &c);
+        let sb = open_refusing_at("read_target", &c, rustix::io::Errno::IO);
+        // Under `batched`, met by the commit log's replay, which keeps the log.
+        assert!(
+            sb.notices()
+                .iter()
+                .any(|n| n.contains("could not be read (") || n.contains("replayed in full")),
+            "{:?}",
+            sb.notices()
+        );
+        assert!(
+            !sb.notices().iter().any(|n| n.contains("another run or program")),
+            "{:?}",
+            sb.notices()
+        );
+        assert_eq!(run_record(&w, "wf_crash")["state"], "active");
+        drop(sb);
+        let sb = w.open(c.clone());
+        assert_noticed(&sb, "recovered interrupted run");
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{rb:?}");
+        assert_eq!(w.tree(), original, "{durability:?}");
+    }
+}
+
 /// The same for the dead process's temporary files in the workflow's snapshot folders,
 /// which recovery removes before it reads them: kept for a start the disk lets remove
 /// them when it refuses writes, named when another cause does (they used to be passed
