@@ -402,14 +402,23 @@ impl Sandbox {
     /// entries' bytes were written over by the newer ones when they ran.
     fn put_newest_bytes(&self, replay: &mut Replay<'_>) {
         let mut seen: HashSet<(usize, &str)> = HashSet::new();
-        for &(i, e, _) in replay.live.iter().rev() {
+        for &(i, e, was_audited) in replay.live.iter().rev() {
             let meta = &e.meta;
             if !seen.insert((i, meta.original_path.as_str()))
                 || replay.unplaced.contains(&(i, meta.original_path.as_str()))
             {
                 continue;
             }
-            match self.put_logged_target(i, e, replay) {
+            match self.put_logged_target(i, e, was_audited, replay) {
+                Placing::Overtaken => {
+                    if let Err(r) = self.mark_overtaken_undone(i, e) {
+                        tracing::error!(reason = %r, "recovery could not mark an overtaken logged action undone");
+                        replay.complete = false;
+                        replay.unplaced.insert((i, meta.original_path.as_str()));
+                    }
+                    replay.superseded = true;
+                    replay.overtaken.insert(meta.snapshot_id.as_str());
+                }
                 Placing::Written => {
                     replay.changed.insert(meta.snapshot_id.clone());
                 }
@@ -431,13 +440,17 @@ impl Sandbox {
         &self,
         i: usize,
         e: &crate::commit_log::CommitEntry,
+        was_audited: bool,
         replay: &Replay<'_>,
     ) -> Placing {
         let meta = &e.meta;
         let rel = meta.target();
         // A live process may be writing the target: judge and replace it under the
         // target's lock, as every writer does.
-        let _held = match self.lock_target(i, &rel) {
+        let held = self
+            .fail_at("lock_logged_target")
+            .and_then(|()| self.lock_target(i, &rel));
+        let _held = match held {
             Ok(h) => h,
             Err(r) => {
                 tracing::error!(reason = %r, "recovery could not lock a logged action's target");
@@ -482,6 +495,16 @@ impl Sandbox {
         // of another workflow wrote back.
         if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))
         {
+            // Overtaken as `rewrite_logged_snapshots` tells, by a write that was under way
+            // when it looked (another process held the target's lock): looked at again
+            // under the lock, where no writer of the runtime is.
+            if !was_audited
+                && self
+                    .first_change_by_another(i, meta, replay.of_latest(meta))
+                    .is_some_and(|first| !found_its_result(meta, &first))
+            {
+                return Placing::Overtaken;
+            }
             tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
             // Said at start unless a write the trail records (another workflow's) left
             // it so: then the trail names what it holds.
@@ -546,6 +569,9 @@ impl Sandbox {
             let Some(commit) = &e.meta.commit else {
                 continue;
             };
+            if replay.overtaken.contains(e.meta.snapshot_id.as_str()) {
+                continue;
+            }
             if replay
                 .unplaced
                 .contains(&(i, e.meta.original_path.as_str()))
@@ -588,6 +614,14 @@ impl Sandbox {
                 &c.staged_name,
                 crate::snapshot::MAX_SNAPSHOT_BYTES,
             )?;
+            // Changed since the action found it: by a later run once the dead one's
+            // lock was gone, which read the file as it found it and may have told its
+            // caller so. That write stands; the staged bytes, older, never go over it
+            // (the log's replay has said the logged write was left changed).
+            if !self.back_to_before(root, meta, current) {
+                staged.discard();
+                return Some(self.complete_logs(c, audited));
+            }
             // Under `batched` the sync point that concludes recovery makes the rename
             // durable (covering the target's filesystem), as for any batched write: a
             // sync of the folder itself must open it for reading, which a folder this
@@ -685,6 +719,9 @@ struct Replay<'e> {
     log_failure: Option<std::io::Error>,
     /// Whether an entry overtaken by another run was marked undone.
     superseded: bool,
+    /// The snapshots of live entries found overtaken once their targets were locked:
+    /// marked undone, and never told to the registry or the trail as written.
+    overtaken: HashSet<&'e str>,
     /// The entries kept for a root not configured now.
     kept: Vec<usize>,
     /// Targets this replay could not put (or confirm) in place, or settle.
@@ -702,6 +739,7 @@ impl<'e> Replay<'e> {
             complete: true,
             log_failure: None,
             superseded: false,
+            overtaken: HashSet::new(),
             kept: Vec::new(),
             unplaced: HashSet::new(),
             left_changed: Vec::new(),
@@ -727,6 +765,9 @@ impl<'e> Replay<'e> {
 enum Placing {
     /// The entry's bytes were put in place.
     Written,
+    /// Never in place, and overtaken by another run's write since (see
+    /// `rewrite_logged_snapshots`): to be marked undone, its target left as it is.
+    Overtaken,
     /// Already in place (and covered for the sync).
     Untouched,
     /// Changed since by a write the trail does not record, and left as it is.

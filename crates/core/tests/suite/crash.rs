@@ -292,6 +292,110 @@ fn batched_crash_after_the_commit_point_is_finished_by_recovery() {
     }
 }
 
+/// Makes a batched run die at `point` (its second hit) replacing `a.txt` with `ALPHA`:
+/// the workflow's second write, which commits by its log, the first by a sync point.
+fn died_in_a_logged_write(w: &World, point: &str) {
+    let sb = w.open(batched(w));
+    sb.failpoints().arm_crash(point, 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_commit", "actions": [
+            {"action_id": "a0", "intent": "create_file", "path": "first.txt", "content": "1"},
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+    }));
+    assert!(outcome.is_err(), "{point} should crash");
+}
+
+/// Appends `later` to `a.txt` in workflow `wf_later`, as another process would.
+fn append_later(sb: &ailab_sandbox_core::Sandbox) {
+    let r = run(
+        sb,
+        json!({"workflow_id": "wf_later", "actions": [
+            {"action_id": "b1", "intent": "append_file", "path": "a.txt", "content": "later\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+}
+
+/// A batched run that died after its commit point, before its rename, whose target
+/// another process then wrote (the dead run's lock went with it, and that process read
+/// the file as it found it): recovery keeps that later, acknowledged write, and never
+/// puts the dead run's staged bytes over it (it did, once the log's replay had recorded
+/// the dead write done, when both were timed alike).
+#[test]
+fn batched_recovery_never_puts_a_dead_runs_staged_bytes_over_a_later_write() {
+    for point in ["before_mutate", "after_mutate"] {
+        let w = World::new();
+        w.write("a.txt", b"alpha\n");
+        // Running before the other died, so its start recovered nothing.
+        let live = w.open(batched(&w));
+        died_in_a_logged_write(&w, point);
+        let found: &[u8] = if point == "before_mutate" {
+            b"alpha\n"
+        } else {
+            b"ALPHA\n"
+        };
+        append_later(&live);
+        let later = [found, b"later\n"].concat();
+        assert_eq!(w.read("a.txt"), later, "{point}");
+        drop(live);
+        let sb = w.open(batched(&w));
+        assert_eq!(w.read("a.txt"), later, "{point}: {:?}", sb.notices());
+        assert!(temp_files(&w.root).is_empty(), "{point}");
+        assert!(sb.audit_verify().unwrap().ok, "{point}");
+        // The later write rolls back to what it found.
+        let rb = sb.rollback_workflow("wf_later", &RollbackOptions::default());
+        assert_eq!(rb.status, "rolled_back", "{point}: {rb:?}");
+        assert_eq!(w.read("a.txt"), found, "{point}");
+    }
+}
+
+/// The same later write still under way (its process holding the target's lock) when
+/// a start replays the dead run's log, and recorded only then: looked at again under the
+/// lock, the dead write is found overtaken and recorded undone, not done, and the later
+/// write stands.
+#[test]
+fn a_logged_write_overtaken_while_its_log_is_replayed_is_recorded_undone() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let live = std::sync::Arc::new(w.open(batched(&w)));
+    died_in_a_logged_write(&w, "before_mutate");
+    w.clock.advance(chrono::Duration::seconds(1));
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    let other = live.clone();
+    armed.interleave(
+        "lock_logged_target",
+        std::sync::Arc::new(move || append_later(&other)),
+    );
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        batched(&w),
+        std::sync::Arc::new(w.clock.clone()),
+        armed,
+    )
+    .unwrap();
+    assert_eq!(w.read("a.txt"), b"alpha\nlater\n", "{:?}", sb.notices());
+    assert!(
+        sb.notices()
+            .iter()
+            .all(|n| !n.contains("2 actions finished")),
+        "{:?}",
+        sb.notices()
+    );
+    let a1: Vec<_> = sb
+        .audit_entries(100, Some("wf_commit"))
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action_id == "a1")
+        .map(|e| e.status)
+        .collect();
+    assert_eq!(
+        a1,
+        [ailab_sandbox_core::audit::AuditStatus::RolledBack],
+        "recorded undone, never done"
+    );
+    assert!(sb.registry().get_by_workflow("wf_commit").unwrap().len() == 1);
+    assert!(temp_files(&w.root).is_empty());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A world whose `a.txt` a batched run of `one_replace` died replacing, at `point`, and
 /// its tree as seeded.
 fn batched_crash_at(point: &str) -> (World, Tree) {
@@ -3534,7 +3638,9 @@ fn a_target_the_disk_will_not_read_leaves_the_dead_run_for_later() {
             sb.notices()
         );
         assert!(
-            !sb.notices().iter().any(|n| n.contains("another run or program")),
+            !sb.notices()
+                .iter()
+                .any(|n| n.contains("another run or program")),
             "{:?}",
             sb.notices()
         );
