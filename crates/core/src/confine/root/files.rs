@@ -435,8 +435,8 @@ thread_local! {
     /// program that races the write.
     pub(super) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
-    /// Run once, on this thread's next refused exchange of names, just before it is
-    /// undone (given the folder and the target's name).
+    /// Run once, on this thread's next exchange of names, just after it (given the
+    /// folder and the temporary name, which now names the file replaced).
     pub(super) static AFTER_EXCHANGE: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
     /// The error (its number) the next look after a rename on this thread meets, as if
@@ -594,6 +594,9 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
         let exchange = || renameat_with(dir, tmp, dir, name, RenameFlags::EXCHANGE);
         match exchange() {
             Ok(()) => {
+                #[cfg(test)]
+                AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, tmp)));
+                let ours = placed(dir, name, file);
                 let replaced = match put {
                     Put::Unchanged(was) => dir.symlink_metadata(tmp).and_then(|m| {
                         if FileStamp::of(&m).id == was.id {
@@ -604,12 +607,23 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                     }),
                     _ => Ok(()),
                 };
-                let done = placed(dir, name, file)
-                    .and(replaced)
-                    .and_then(|()| dir.remove_file(tmp));
+                // The file written stands, and what it replaced is neither the file read
+                // nor a plain file another writer may have put there meanwhile: a link
+                // to a file outside, a FIFO, renamed over `tmp` since the exchange. That
+                // never takes the target's place: the write is reported failed once
+                // placed, for its undo to give the file read back from its snapshot.
+                if ours.is_ok()
+                    && replaced.is_err()
+                    && !dir
+                        .symlink_metadata(tmp)
+                        .is_ok_and(|m| m.is_file() && m.nlink() == 1)
+                {
+                    return Err(io::Error::other(super::refusal::replaced_by_another_kind(
+                        name,
+                    )));
+                }
+                let done = ours.and(replaced).and_then(|()| dir.remove_file(tmp));
                 if done.is_err() {
-                    #[cfg(test)]
-                    AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, name)));
                     // What stood at `name` goes back; what stood at `tmp` is the
                     // caller's to remove. Should `name` have been taken away meanwhile,
                     // the file replaced goes back under it all the same (never over

@@ -1283,8 +1283,8 @@ mod tests {
         // The planted file taken away from the target's name before the exchange is
         // undone: the file replaced goes back there, not out with the temporary name.
         files::AFTER_EXCHANGE.with(|hook| {
-            hook.set(Some(Box::new(|dir: &Dir, name: &str| {
-                dir.remove_file(name).unwrap();
+            hook.set(Some(Box::new(|dir: &Dir, _: &str| {
+                dir.remove_file("t.txt").unwrap();
             })));
         });
         let r = raced(Put::Any, b"newest");
@@ -1296,6 +1296,54 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["t.txt"], "no name left beside it");
+    }
+
+    /// After the exchange, another program renames a symbolic link (or a FIFO) over the
+    /// temporary name, where the file replaced waits to be removed: that never takes the
+    /// target's place, the file written stays there, and the write fails as one placed,
+    /// for its undo to give the file read back from its snapshot.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn what_is_renamed_over_the_file_replaced_never_takes_the_targets_place() {
+        let (tmp, root) = root();
+        let folder = tmp.path().join("root");
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, b"outside").unwrap();
+        std::fs::write(folder.join("t.txt"), b"read").unwrap();
+        let rel = RelPath::from_components(comps("t.txt"));
+        let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+        let (o, f) = (outside.clone(), folder.clone());
+        files::AFTER_EXCHANGE.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, tmp: &str| {
+                let planted = f.join("planted");
+                std::os::unix::fs::symlink(&o, &planted).unwrap();
+                std::fs::rename(&planted, f.join(tmp)).unwrap();
+            })));
+        });
+        let r = root
+            .write_atomic_put(
+                &rel,
+                b"new",
+                0o644,
+                Put::Unchanged(stamp),
+                Make::From(0),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
+        assert!(r.reason.contains("not put back"), "{}", r.reason);
+        assert!(
+            std::fs::symlink_metadata(folder.join("t.txt"))
+                .unwrap()
+                .is_file()
+        );
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        let names: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["t.txt"], "the link went with the temporary name");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 
     /// A look after the rename that fails (here refused, as a security module may) is an
