@@ -478,9 +478,6 @@ impl SandboxWriteExecutor<'_> {
         written: bool,
         mut r: Refusal,
     ) -> Refusal {
-        if let Some(st) = staged {
-            st.discard();
-        }
         // Only the no-replace rename (or a directory's creation) refuses with
         // `already_exists`, and only the rename over the file that was read with
         // `conflict`: the target was not touched, and what holds it now is
@@ -489,6 +486,12 @@ impl SandboxWriteExecutor<'_> {
             self.undo(snap, &w.left);
         } else {
             self.undo_refused(snap, &w.left, &r);
+        }
+        // Discarded once the undo is marked: a process that dies before has a start
+        // that finds the staged bytes and the commit log entry together, and finishes
+        // the write as it finishes any that died after its commit point.
+        if let Some(st) = staged {
+            st.discard();
         }
         if r.reason_code == ReasonCode::AlreadyExists && w.op.effect != Effect::Create {
             r = Refusal::new(
