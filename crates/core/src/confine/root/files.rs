@@ -943,6 +943,8 @@ pub(crate) fn remove_temp_files_in_tree(
 
 /// Removes the runtime's leftover temporary files below `dir` (a crash between creating
 /// and renaming one), descending at most `depth` levels and never through symlinks.
+/// What another program renamed over such a name (a link, a FIFO) goes too: the name
+/// is the runtime's, and removing it follows nothing.
 /// With `made_by` (the id of a run, see `ids`), only those made by the process
 /// that made that id: another process's may belong to a write under way. Returns how
 /// many were removed.
@@ -954,7 +956,7 @@ pub fn remove_temp_files(dir: &Dir, depth: usize, made_by: Option<&str>) -> io::
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let ft = entry_type(&entry)?;
-        if ft.is_file()
+        if !ft.is_dir()
             && name.starts_with(TEMP_MARKER)
             && seed.is_none_or(|s| crate::ids::process_seed(name) == s)
         {

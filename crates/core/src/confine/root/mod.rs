@@ -1346,6 +1346,35 @@ mod tests {
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 
+    /// A dead process's temporary name that another program renamed a link or a FIFO
+    /// over is removed with its other temporary files (left, it stayed in the tree for
+    /// good); what the link names is left as it is.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn what_stands_under_a_dead_temporary_name_is_removed_whatever_it_is() {
+        let (tmp, root) = root();
+        let folder = tmp.path().join("root");
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, b"outside").unwrap();
+        let link = files::temp_name();
+        std::os::unix::fs::symlink(&outside, folder.join(&link)).unwrap();
+        let fifo = files::temp_name();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            folder.join(&fifo),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let file = files::temp_name();
+        std::fs::write(folder.join(&file), b"x").unwrap();
+        let removed = remove_temp_files(root.dir(), 0, Some(&crate::ids::unique())).unwrap();
+        assert_eq!(removed, 3);
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+    }
+
     /// A look after the rename that fails (here refused, as a security module may) is an
     /// I/O error, not a refusal made before anything was touched: the target may hold
     /// the new bytes, and the write's undo must look at it rather than leave them.
