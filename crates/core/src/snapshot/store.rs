@@ -100,7 +100,7 @@ pub(super) fn untrusted(folder: &str, file: &str, why: &Unsealed) -> Refusal {
     let detail = match why {
         Unsealed::Malformed(e) => format!("is damaged ({e})"),
         Unsealed::Forged => {
-            "does not carry this runtime's seal: it was changed or written by something else, or the state directory's seal key was replaced since it was sealed"
+            "does not carry this runtime's seal: it was changed or written by something else (a runtime with another state directory writing in this root, say: every process that writes in a root must use the same one), or the state directory's seal key was replaced since it was sealed"
                 .to_owned()
         }
     };

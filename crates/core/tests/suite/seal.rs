@@ -616,6 +616,32 @@ fn prune_is_not_stopped_by_untrusted_folders() {
     assert!(w.root.join(".rollback/wf_junk/a1/meta.json").exists());
 }
 
+/// A second runtime writing in the same root with another state directory (which the
+/// README forbids) makes snapshots the first cannot trust: the first says that this may
+/// be why, rather than only blame tampering or a replaced key.
+#[test]
+fn another_state_directorys_snapshots_are_said_to_be_possibly_that() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let mut other = w.writable_config();
+    other.state_dir = w.tmp.path().join("state2");
+    run(
+        &w.open(other),
+        json!({"workflow_id": "wf_other", "actions": [{"intent": "create_file", "path": "x.txt", "content": "x"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert_eq!(report.workflows_failed.len(), 1, "{report:?}");
+    let kept = &report.workflows_failed[0];
+    assert_eq!(kept.workflow_id, "wf_other");
+    assert!(
+        kept.reason
+            .contains("a runtime with another state directory writing in this root"),
+        "{kept:?}"
+    );
+    assert!(w.path("x.txt").exists());
+}
+
 /// A folder without a record holds at most a snapshot the runtime stopped making (its
 /// backup, temporary files): one that holds anything else was filled by someone else,
 /// and is kept and named like any folder nothing vouches for, not pruned as unfinished.
