@@ -379,15 +379,8 @@ fn a_logged_write_overtaken_while_its_log_is_replayed_is_recorded_undone() {
         "{:?}",
         sb.notices()
     );
-    let a1: Vec<_> = sb
-        .audit_entries(100, Some("wf_commit"))
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.action_id == "a1")
-        .map(|e| e.status)
-        .collect();
     assert_eq!(
-        a1,
+        action_statuses(&sb, "wf_commit", "a1"),
         [ailab_sandbox_core::audit::AuditStatus::RolledBack],
         "recorded undone, never done"
     );
@@ -2435,16 +2428,8 @@ fn a_dead_runs_audited_directory_stays() {
                     .map(|e| (e.action_id.clone(), e.status, e.after_checksum.clone()))
                     .collect::<Vec<_>>()
             );
-            let trail: Vec<_> = sb
-                .audit_log()
-                .by_workflow("wf_dir")
-                .unwrap()
-                .into_iter()
-                .filter(|e| e.action_id == "a1")
-                .map(|e| e.status)
-                .collect();
             assert_eq!(
-                trail,
+                action_statuses(&sb, "wf_dir", "a1"),
                 [ailab_sandbox_core::audit::AuditStatus::Success],
                 "{d:?} live={live}"
             );

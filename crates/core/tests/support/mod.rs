@@ -121,6 +121,21 @@ pub fn run(sb: &Sandbox, v: serde_json::Value) -> RunResult {
     sb.run_plan(plan(v)).unwrap()
 }
 
+/// The statuses of action `action`'s lines on workflow `wf`'s trail, oldest first.
+pub fn action_statuses(
+    sb: &Sandbox,
+    wf: &str,
+    action: &str,
+) -> Vec<ailab_sandbox_core::audit::AuditStatus> {
+    sb.audit_log()
+        .by_workflow(wf)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action_id == action)
+        .map(|e| e.status)
+        .collect()
+}
+
 pub fn sha(bytes: &[u8]) -> String {
     ailab_sandbox_core::hash::sha256_hex(bytes)
 }
