@@ -597,7 +597,8 @@ impl Sandbox {
     /// lack; `Some(Ok(true))` when that changed anything, `Some(Err(_))` when an append
     /// failed (the run's record must stay for a later recovery to finish them). `None`
     /// when the new bytes are neither in place nor staged intact: the action is then
-    /// rolled back like any unfinished one.
+    /// rolled back like any unfinished one. `Err` (why) when the disk would not say
+    /// what the target holds: nothing is done.
     pub(super) fn finish_commit(
         &self,
         root: usize,
@@ -605,22 +606,24 @@ impl Sandbox {
         c: &crate::snapshot::SnapshotCommit,
         audited: bool,
         current: Option<&str>,
-    ) -> Option<std::io::Result<bool>> {
+    ) -> Result<Option<std::io::Result<bool>>, String> {
         let rel = meta.target();
         let mut changed = false;
         if current != Some(c.after_sha256.as_str()) {
-            let (staged, bytes) = self.roots[root].find_staged(
+            let Some((staged, bytes)) = self.roots[root].find_staged(
                 &rel,
                 &c.staged_name,
                 crate::snapshot::MAX_SNAPSHOT_BYTES,
-            )?;
+            ) else {
+                return Ok(None);
+            };
             // Changed since the action found it: by a later run once the dead one's
             // lock was gone, which read the file as it found it and may have told its
             // caller so. That write stands; the staged bytes, older, never go over it
             // (the log's replay has said the logged write was left changed).
-            if !self.back_to_before(root, meta, current) {
+            if !self.back_to_before(root, meta, current)? {
                 staged.discard();
-                return Some(self.complete_logs(c, audited));
+                return Ok(Some(self.complete_logs(c, audited)));
             }
             // Under `batched` the sync point that concludes recovery makes the rename
             // durable (covering the target's filesystem), as for any batched write: a
@@ -639,14 +642,14 @@ impl Sandbox {
                     )
                     .is_err()
             {
-                return None;
+                return Ok(None);
             }
             changed = true;
         }
-        Some(
+        Ok(Some(
             self.complete_logs(c, audited)
                 .map(|logged| changed || logged),
-        )
+        ))
     }
 
     /// Appends a committed action's registry entry unless the registry has it, and its

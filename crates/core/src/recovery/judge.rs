@@ -118,21 +118,23 @@ impl Sandbox {
 
     /// Whether a target (`current`: its checksum, `None` when it is no file) holds what
     /// it held before the snapshot's action: the same bytes, or still nothing, or still a
-    /// directory.
+    /// directory. `Err` (why) when the disk would not say: a failure is no change by
+    /// anyone, and the judgement waits for a start that can read it.
     pub(super) fn back_to_before(
         &self,
         root: usize,
         meta: &crate::snapshot::SnapshotMeta,
         current: Option<&str>,
-    ) -> bool {
+    ) -> Result<bool, String> {
         match meta.kind {
             crate::snapshot::SnapshotKind::File => {
-                current.is_some() && current == meta.sha256.as_deref()
+                Ok(current.is_some() && current == meta.sha256.as_deref())
             }
-            _ => {
-                current.is_none()
-                    && self.target_state(root, &meta.target()) == TargetState::found_by(meta)
-            }
+            _ if current.is_some() => Ok(false),
+            _ => match self.target_state(root, &meta.target()) {
+                TargetState::Failed(why) => Err(why),
+                state => Ok(state == TargetState::found_by(meta)),
+            },
         }
     }
 

@@ -263,7 +263,19 @@ impl Sandbox {
                 },
             };
             expected.insert(key.clone(), current.clone());
-            if self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report) {
+            let judgement =
+                self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report);
+            let settled_now = match judgement {
+                Ok(settled_now) => settled_now,
+                Err(why) => {
+                    report.retry_for(format!(
+                        "its target {} could not be read ({why})",
+                        crate::confine::path::shown_path(&self.abs_path(i, &s.meta.target()))
+                    ));
+                    return None;
+                }
+            };
+            if settled_now {
                 settled.insert(key);
             } else {
                 // Undone once all are judged: the target will hold what it held before
@@ -278,7 +290,8 @@ impl Sandbox {
     /// Judges one action of the dead run against what its target holds (`current`, once
     /// the newer in-doubt actions on it are undone): whether it is settled (finished,
     /// its success line added to `finish_audits` when it needs one, or recorded as
-    /// superseded); if not, it is to be undone.
+    /// superseded); if not, it is to be undone. `Err` (why) when the disk would not
+    /// say what the target holds.
     fn judge_action(
         &self,
         run: &DeadRun<'_>,
@@ -287,7 +300,7 @@ impl Sandbox {
         current: Option<String>,
         finish_audits: &mut Vec<AuditRecord>,
         report: &mut Recovered,
-    ) -> bool {
+    ) -> Result<bool, String> {
         let outcome = run.audited.get(&meta.action_id);
         // Never audited, and another run changed the target since (the dead run's
         // locks went with it): the trail says so, or the target holds neither what it
@@ -299,7 +312,8 @@ impl Sandbox {
             .then(|| self.first_change_by_another(i, meta, true))
             .flatten();
         if outcome.is_none()
-            && ((current != meta.after_sha256 && !self.back_to_before(i, meta, current.as_deref()))
+            && ((current != meta.after_sha256
+                && !self.back_to_before(i, meta, current.as_deref())?)
                 || first_change.is_some())
         {
             finish_audits.extend(self.settle_superseded(
@@ -310,10 +324,10 @@ impl Sandbox {
                 first_change.as_ref(),
                 report,
             ));
-            return true;
+            return Ok(true);
         }
-        if self.finish_from_commit(i, meta, outcome, current.as_deref(), report) {
-            return true;
+        if self.finish_from_commit(i, meta, outcome, current.as_deref(), report)? {
+            return Ok(true);
         }
         // Written and registered, not yet audited (the run died between the two
         // appends): finished by auditing it, so the registry never lists an
@@ -328,7 +342,7 @@ impl Sandbox {
         {
             finish_audits.push(self.done_record(i, meta));
             report.completed += 1;
-            return true;
+            return Ok(true);
         }
         self.stands_finished(run.rec, i, meta, current, outcome)
     }
@@ -381,9 +395,9 @@ impl Sandbox {
         outcome: Option<&Option<Option<String>>>,
         current: Option<&str>,
         report: &mut Recovered,
-    ) -> bool {
+    ) -> Result<bool, String> {
         if let (Some(c), None | Some(Some(_))) = (&meta.commit, outcome)
-            && let Some(finished) = self.finish_commit(i, meta, c, outcome.is_some(), current)
+            && let Some(finished) = self.finish_commit(i, meta, c, outcome.is_some(), current)?
         {
             // Logs left incomplete are completed by the recovery that retries.
             match finished {
@@ -393,9 +407,9 @@ impl Sandbox {
                     report.writes_unaudited(&e);
                 }
             }
-            return true;
+            return Ok(true);
         }
-        false
+        Ok(false)
     }
 
     /// Whether an action of the dead run that was neither superseded nor finished from
@@ -408,14 +422,16 @@ impl Sandbox {
         meta: &crate::snapshot::SnapshotMeta,
         current: Option<String>,
         outcome: Option<&Option<Option<String>>>,
-    ) -> bool {
-        match outcome {
+    ) -> Result<bool, String> {
+        let back = || self.back_to_before(i, meta, current.as_deref());
+        Ok(match outcome {
             // Never audited: undone, unless the target holds neither what it held
             // before nor what the action wrote, which is someone else's later write
             // (the action's lock was released when its run died), theirs to keep.
-            None => meta.after_sha256.as_ref().is_some_and(|after| {
-                current.as_ref() != Some(after) && !self.back_to_before(i, meta, current.as_deref())
-            }),
+            None => match &meta.after_sha256 {
+                Some(after) => current.as_ref() != Some(after) && !back()?,
+                None => false,
+            },
             // Audited as done: undone only if the target is back to what it held
             // before (with batched syncs the audit line can reach the disk before the
             // target), and, in the boot the run died in, only for the action the run
@@ -427,17 +443,16 @@ impl Sandbox {
             // stands, and undone once gone again as the action found it (the dead run
             // was rolling back its failure; the restore finishes and records that).
             Some(Some(_)) if meta.is_directory_action() => {
-                !self.back_to_before(i, meta, current.as_deref())
-                    || rec.names_another_step(&meta.action_id)
+                !back()? || rec.names_another_step(&meta.action_id)
             }
             Some(Some(after)) => {
                 current == *after
-                    || !self.back_to_before(i, meta, current.as_deref())
+                    || !back()?
                     || rec.names_another_step(&meta.action_id)
                     || self.put_back_by_another(i, meta, &current, true)
             }
             Some(None) => true,
-        }
+        })
     }
 
     /// Appends the success lines of the actions judged finished (`finish_audits`, newest

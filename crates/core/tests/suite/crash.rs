@@ -389,6 +389,54 @@ fn a_logged_write_overtaken_while_its_log_is_replayed_is_recorded_undone() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A dead batched create whose target the disk will not read at one of recovery's looks
+/// (whichever) is never recorded done while its file is missing: a failed look is no
+/// change by another, for which its staged file was thrown away.
+#[test]
+fn a_failed_look_anywhere_in_recovery_never_records_a_missing_file_done() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    // The workflow's first write, committed by a sync point (a logged one is put in
+    // place by the log's replay first), then a logged one.
+    for (crash, nth) in (1..=2).flat_map(|c| (1..=4).map(move |n| (c, n))) {
+        let w = World::new();
+        let sb = w.open(batched(&w));
+        sb.failpoints().arm_crash("before_mutate", crash);
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            sb.run_plan(plan(json!({"workflow_id": "wf_new", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "new.txt", "content": "NEW\n"},
+                {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "TWO\n"}]})))
+        }));
+        assert!(outcome.is_err());
+        drop(sb);
+        let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+        armed.arm_errno("read_target", nth, rustix::io::Errno::IO.raw_os_error());
+        drop(
+            ailab_sandbox_core::Sandbox::open_armed(
+                batched(&w),
+                std::sync::Arc::new(w.clock.clone()),
+                armed,
+            )
+            .unwrap(),
+        );
+        let sb = w.open(batched(&w));
+        for (action, path, bytes) in [("a1", "new.txt", b"NEW\n"), ("a2", "two.txt", b"TWO\n")] {
+            let statuses = action_statuses(&sb, "wf_new", action);
+            let done = statuses.last() == Some(&AuditStatus::Success);
+            let file = std::fs::read(w.path(path)).ok();
+            assert_eq!(
+                file.is_some(),
+                done,
+                "crash {crash}, look {nth}, {action}: {file:?}, {statuses:?}"
+            );
+            if let Some(found) = file {
+                assert_eq!(found, bytes, "crash {crash}, look {nth}");
+            }
+        }
+        assert!(temp_files(&w.root).is_empty(), "crash {crash}, look {nth}");
+        assert!(sb.audit_verify().unwrap().ok, "crash {crash}, look {nth}");
+    }
+}
+
 /// A world whose `a.txt` a batched run of `one_replace` died replacing, at `point`, and
 /// its tree as seeded.
 fn batched_crash_at(point: &str) -> (World, Tree) {
