@@ -246,27 +246,22 @@ impl Sandbox {
                 continue;
             }
             let current = match expected.get(&key) {
-                Some(c) => c.clone(),
+                Some(c) => Ok(c.clone()),
                 None => match self.target_state(i, &s.meta.target()) {
-                    TargetState::File(sum) => Some(sum),
-                    // A disk's failure is no change by anyone: judged on it, an action
-                    // would be called overwritten or undone on a guess. The run is left
-                    // for a start that can read it (what was settled before stands).
-                    TargetState::Failed(why) => {
-                        report.retry_for(format!(
-                            "its target {} could not be read ({why})",
-                            crate::confine::path::shown_path(&self.abs_path(i, &s.meta.target()))
-                        ));
-                        return None;
-                    }
-                    _ => None,
+                    TargetState::File(sum) => Ok(Some(sum)),
+                    TargetState::Failed(why) => Err(why),
+                    _ => Ok(None),
                 },
             };
-            expected.insert(key.clone(), current.clone());
-            let judgement =
-                self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report);
+            let judgement = current.and_then(|current| {
+                expected.insert(key.clone(), current.clone());
+                self.judge_action(run, i, &s.meta, current, &mut judged.finish_audits, report)
+            });
             let settled_now = match judgement {
                 Ok(settled_now) => settled_now,
+                // A disk's failure is no change by anyone: judged on it, an action would
+                // be called overwritten or undone on a guess. The run is left for a
+                // start that can read it (what was settled before stands).
                 Err(why) => {
                     report.retry_for(format!(
                         "its target {} could not be read ({why})",
