@@ -617,6 +617,11 @@ impl Sandbox {
             ) else {
                 return Ok(None);
             };
+            // Not the new bytes (the file an exchange cut short left under that name):
+            // nothing to finish from.
+            if crate::hash::sha256_hex(&bytes) != c.after_sha256 {
+                return Ok(None);
+            }
             // Changed since the action found it: by a later run once the dead one's
             // lock was gone, which read the file as it found it and may have told its
             // caller so. That write stands; the staged bytes, older, never go over it
@@ -630,8 +635,7 @@ impl Sandbox {
             // sync of the folder itself must open it for reading, which a folder this
             // process may only write in (mode 0300) refuses, and the write would be
             // undone.
-            if crate::hash::sha256_hex(&bytes) != c.after_sha256
-                || self
+            if self
                     .cover_target(root, &rel)
                     .inspect_err(|r| tracing::warn!(reason = %r, "recovery cannot cover a committed write's folder for its sync; the write is undone"))
                     .is_err()
