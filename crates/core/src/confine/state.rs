@@ -466,6 +466,11 @@ impl StateDir {
         self.replace_whole(&format!("{INFLIGHT_DIR}/{workflow}.pruned"), &text)
     }
 
+    /// Removes `workflow`'s prune mark (gone already is an error the caller may ignore).
+    pub fn remove_prune_mark(&self, workflow: &str) -> io::Result<()> {
+        self.remove(&format!("{INFLIGHT_DIR}/{workflow}.pruned"))
+    }
+
     /// Makes the prune marks written so far durable, in every durability mode, with one
     /// sync of their folder however many there are (their bytes were synced as each was
     /// written: a sync per file, unlike a whole filesystem's, holds on every filesystem,

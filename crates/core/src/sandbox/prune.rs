@@ -461,7 +461,7 @@ impl Sandbox {
     /// as it was, and said so.
     fn withdraw_mark(&self, wf: &str, before: &Before, r: crate::Refusal) -> crate::Refusal {
         let withdrawn = match before {
-            Before::Unmarked => self.state.inflight_remove_file(&format!("{wf}.pruned")),
+            Before::Unmarked => self.state.remove_prune_mark(wf),
             Before::Marked(m) => self.state.write_prune_mark(wf, m),
             Before::Damaged => return r,
         };
