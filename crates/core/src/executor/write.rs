@@ -327,6 +327,7 @@ impl SandboxWriteExecutor<'_> {
     /// be undone and recovery knows of it, returning where it is kept.
     fn take_snapshot(&self, w: &ActionWrite<'_>) -> Verdict<String> {
         let sb = self.sb;
+        sb.confirm_store(&sb.roots[w.ri])?;
         // The snapshot first, so that recovery knows of the staged file if it survives.
         Snapshotter::take(
             &sb.roots[w.ri],

@@ -22,7 +22,7 @@ use crate::policy::{
     phase_supports_sandbox_write,
 };
 use crate::reason::{ReasonCode, Verdict};
-use crate::snapshot::StoredSnapshot;
+use crate::snapshot::{Claim, Ownership, StoreOwner, StoredSnapshot};
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -92,6 +92,8 @@ pub struct Sandbox {
     /// runs then awaiting recovery: not looked for again (see
     /// `Sandbox::remove_power_cut_leftovers`).
     pub(crate) swept_for_dead: std::sync::Mutex<std::collections::HashSet<(usize, String)>>,
+    /// This state directory, as the roots' snapshot stores name their owner.
+    pub(crate) store_owner: StoreOwner,
 }
 
 /// Where it writes and how: not its registry or trail, which may hold millions of
@@ -227,7 +229,7 @@ impl Sandbox {
         refuse_layout_before_making(&config)?;
         let found = open_existing_roots(&config)?;
         let (state, note) = open_state_dir(&config)?;
-        let (mut roots, skipped) = make_missing_roots(&config, &state, found)?;
+        let (mut roots, mut skipped) = make_missing_roots(&config, &state, found)?;
         let state = state.with_lock_wait(std::time::Duration::from_secs(
             config.limits.lock_wait_seconds,
         ));
@@ -241,6 +243,32 @@ impl Sandbox {
         refuse_roots_inside_state_dir(&roots, &state)?;
         let batch_sync = open_batch_sync(&config, &roots, &state)?;
         let files = StateFiles::open(&config, &state, batch_sync.is_some(), &failpoints)?;
+        let store_owner = StoreOwner {
+            state_dir: state.path().display().to_string(),
+            state_dir_id: state
+                .dir_ids()
+                .map_err(Error::io("look at the state directory"))?[0],
+        };
+        let claim = match ExecutionContext::from_flags(
+            config.enable_write,
+            config.dry_run,
+            phase_supports_sandbox_write(&config.phase),
+        )
+        .0
+        .writes()
+        {
+            true => Claim::IfThere,
+            false => Claim::No,
+        };
+        let durable = config.durability.is_durable() && batch_sync.is_none();
+        let roots = confirm_stores(
+            roots,
+            &mut skipped,
+            &store_owner,
+            &files.seal,
+            claim,
+            durable,
+        )?;
         let metrics = Metrics::new();
         metrics.set_artifacts(files.registry.len().unwrap_or(0));
         let root_paths = roots.iter().map(|r| r.path().to_path_buf()).collect();
@@ -268,6 +296,7 @@ impl Sandbox {
             recording_held: crate::timed_lock::Gate::default(),
             left_for_later: std::sync::Mutex::default(),
             swept_for_dead: std::sync::Mutex::default(),
+            store_owner,
         };
         sb.recover_at_start();
         Ok(sb)
@@ -426,6 +455,25 @@ impl Sandbox {
             self.config.dry_run,
             phase_supports_sandbox_write(&self.config.phase),
         )
+    }
+
+    /// Before the first snapshot this process takes in `root`: that its store is this
+    /// state directory's, claimed when no one's; `conflict` when another's (see
+    /// [`StoreOwner`]).
+    pub(crate) fn confirm_store(&self, root: &SandboxRoot) -> Verdict {
+        if root.store_confirmed() {
+            return Ok(());
+        }
+        match self
+            .store_owner
+            .confirm(root, &self.seal, Claim::Make, self.fsync_each())?
+        {
+            Ownership::Foreign(r) => Err(r),
+            _ => {
+                root.set_store_confirmed();
+                Ok(())
+            }
+        }
     }
 
     pub(crate) fn governance_context(&self) -> GovernanceContext<'_> {
@@ -927,6 +975,49 @@ fn make_missing_roots(
     check_apart(&roots)?;
     state_dir_outside(state.path(), &roots)?;
     Ok((roots, skipped))
+}
+
+/// Keeps the roots whose snapshot store is this state directory's, or no one's yet,
+/// claiming those there and unclaimed as `claim` allows; a root another state directory claimed is
+/// skipped, saying whose it is (see [`StoreOwner`]). A store that cannot be read is
+/// looked at again before the first snapshot taken in it.
+fn confirm_stores(
+    roots: Vec<SandboxRoot>,
+    skipped: &mut Vec<String>,
+    owner: &StoreOwner,
+    key: &crate::seal::SealKey,
+    claim: Claim,
+    durable: bool,
+) -> Result<Vec<SandboxRoot>, Error> {
+    let mut kept = Vec::with_capacity(roots.len());
+    for root in roots {
+        match owner.confirm(&root, key, claim, durable) {
+            Ok(Ownership::Foreign(r)) => {
+                tracing::warn!(why = %r.reason, "skipping sandbox root");
+                skipped.push(r.reason);
+                continue;
+            }
+            Ok(Ownership::Unsettled) => {}
+            Ok(Ownership::ClaimedAgain) => {
+                root.set_store_confirmed();
+                tracing::warn!(
+                    root = %root.path().display(),
+                    "the snapshot store named this state directory under an earlier seal key: claimed again; the snapshots sealed with that key stay refused"
+                );
+            }
+            Ok(Ownership::Ours | Ownership::Claimed) => root.set_store_confirmed(),
+            Err(r) => {
+                tracing::warn!(root = %root.path().display(), why = %r.reason, "could not confirm whose the snapshot store is");
+            }
+        }
+        kept.push(root);
+    }
+    if kept.is_empty() {
+        return Err(Error::NoUsableRoot {
+            problems: std::mem::take(skipped),
+        });
+    }
+    Ok(kept)
 }
 
 /// The target locks (see [`Sandbox::lock_target`]), made once so that every thread of

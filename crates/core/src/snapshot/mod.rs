@@ -8,7 +8,8 @@
 //! what the action created) atomically and re-hashes the result.
 //!
 //! This file holds the records (`SnapshotMeta`, the restored mark); `store` the store's
-//! folders and their trust checks, `take` the `Snapshotter` (taking, reading, pruning),
+//! folders and their trust checks, `owner` which state directory a store belongs to,
+//! `take` the `Snapshotter` (taking, reading, pruning),
 //! `restore` the `RollbackEngine` (putting back).
 
 use crate::catalog::MutationClass;
@@ -16,10 +17,12 @@ use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
 use serde::{Deserialize, Serialize};
 
+mod owner;
 mod restore;
 mod store;
 mod take;
 
+pub use owner::{Claim, OWNER_FILE, Ownership, StoreOwner};
 pub use restore::RestoreOutcome;
 pub(crate) use restore::{Forced, RollbackEngine};
 pub use store::check_store;

@@ -642,6 +642,156 @@ fn another_state_directorys_snapshots_are_said_to_be_possibly_that() {
     assert!(w.path("x.txt").exists());
 }
 
+/// The config of a second runtime over the world's root, with its own state directory.
+fn with_other_state_dir(w: &World) -> ailab_sandbox_core::config::Config {
+    let mut other = w.writable_config();
+    other.state_dir = w.tmp.path().join("state2");
+    other
+}
+
+fn owner_record(w: &World) -> Value {
+    serde_json::from_slice(&std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap()).unwrap()
+}
+
+/// A runtime started over a root whose snapshot store another state directory claimed
+/// writes nothing there: the root is skipped at start, saying whose the store is and what
+/// to do, and the other's files and snapshots are left as they are.
+#[test]
+fn a_root_another_state_directory_writes_in_is_skipped_at_start() {
+    let w = World::new();
+    run(
+        &w.sandbox(),
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    assert_eq!(
+        owner_record(&w)["state_dir"],
+        json!(w.state.display().to_string())
+    );
+    let before = w.tree();
+    let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
+        std::sync::Arc::new(w.clock.clone());
+    let err = ailab_sandbox_core::Sandbox::open_with_clock(with_other_state_dir(&w), clock)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "belongs to the runtime whose state directory is '{}', not to this runtime's state directory '{}'",
+            w.state.display(),
+            w.tmp.path().join("state2").display()
+        )) && err.contains("remove ")
+            && err.contains(".rollback/.ailab-owner"),
+        "{err}"
+    );
+    assert_eq!(w.tree(), before);
+    // With a root of its own beside it, it starts, and says why the shared one is not used.
+    let (config, own) = {
+        let mut c = with_other_state_dir(&w);
+        let own = w.tmp.path().join("own");
+        c.roots.push(own.clone());
+        (c, own)
+    };
+    let other = w.open(config);
+    assert_eq!(other.roots(), [own.as_path()]);
+    assert!(
+        other.skipped_roots()[0].contains("two runtimes writing in one root"),
+        "{:?}",
+        other.skipped_roots()
+    );
+    assert_eq!(w.tree(), before);
+    // The owner goes on writing there.
+    run(
+        &w.sandbox(),
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(w.read("b.txt"), b"b");
+}
+
+/// Two runtimes with different state directories started before either wrote: the one
+/// that writes second is refused (`conflict`) before it touches its target, and the
+/// first keeps writing.
+#[test]
+fn a_store_claimed_after_start_refuses_the_other_runtimes_first_snapshot() {
+    let w = World::new();
+    w.write("t.txt", b"mine");
+    let first = w.sandbox();
+    let second = w.open(with_other_state_dir(&w));
+    run(
+        &first,
+        json!({"workflow_id": "wf_1", "actions": [{"intent": "create_file", "path": "one.txt", "content": "1"}]}),
+    );
+    let r = run(
+        &second,
+        json!({"workflow_id": "wf_2", "actions": [{"intent": "replace_file", "path": "t.txt", "content": "theirs"}]}),
+    );
+    assert_eq!(action_status(&r, 0), "failed", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{r:?}");
+    assert_eq!(w.read("t.txt"), b"mine");
+    assert!(!w.root.join(".rollback/wf_2").exists());
+    run(
+        &first,
+        json!({"workflow_id": "wf_3", "actions": [{"intent": "replace_file", "path": "t.txt", "content": "again"}]}),
+    );
+    assert_eq!(w.read("t.txt"), b"again");
+}
+
+/// A store claimed by this very state directory under an earlier seal key (the operator
+/// made a new key after losing the old one) is claimed again with the new key, and
+/// writing goes on; a state directory copied to another path keeps its roots (its key
+/// is the same); a start that may not write claims nothing.
+#[test]
+fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
+    let w = World::new();
+    // Never claimed (as a store made before claims were), opened without writes: left
+    // unclaimed.
+    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
+    std::fs::set_permissions(
+        w.root.join(".rollback"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    drop(w.open(w.config()));
+    assert!(!w.root.join(".rollback/.ailab-owner").exists());
+    run(
+        &w.sandbox(),
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    let first = std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap();
+    let key = w.state.join("seal.key");
+    std::fs::remove_file(&key).unwrap();
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &[9u8; 32]).unwrap();
+    }
+    let sb = w.sandbox();
+    assert_eq!(sb.roots(), [w.root.as_path()]);
+    let again = std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap();
+    assert_ne!(again, first, "sealed again with the new key");
+    assert!(seal_key(&w).open::<Value>(&again).is_ok());
+    run(
+        &sb,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "create_file", "path": "b.txt", "content": "b"}]}),
+    );
+    assert_eq!(w.read("b.txt"), b"b");
+    drop(sb);
+    let moved = w.tmp.path().join("state_moved");
+    std::fs::rename(&w.state, &moved).unwrap();
+    let mut c = w.writable_config();
+    c.state_dir = moved;
+    let sb = w.open(c);
+    assert_eq!(sb.roots(), [w.root.as_path()]);
+    run(
+        &sb,
+        json!({"workflow_id": "wf_c", "actions": [{"intent": "create_file", "path": "c.txt", "content": "c"}]}),
+    );
+    assert_eq!(w.read("c.txt"), b"c");
+}
+
 /// A folder without a record holds at most a snapshot the runtime stopped making (its
 /// backup, temporary files): one that holds anything else was filled by someone else,
 /// and is kept and named like any folder nothing vouches for, not pruned as unfinished.

@@ -149,6 +149,9 @@ pub struct SandboxRoot {
     /// Where the names of the target locks of its files begin (see
     /// [`SandboxRoot::lock_seeds`]).
     lock_seeds: [u64; 2],
+    /// Whether its snapshot store was found to be this runtime's state directory's
+    /// (see [`crate::snapshot::StoreOwner`]): looked at once a process.
+    store_confirmed: std::sync::atomic::AtomicBool,
 }
 
 mod access;
@@ -262,7 +265,20 @@ impl SandboxRoot {
                 ),
                 lock_hash(LOCK_HASH_START, &checked.real.to_string_lossy()),
             ],
+            store_confirmed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether its snapshot store was confirmed this state directory's in this process.
+    pub(crate) fn store_confirmed(&self) -> bool {
+        self.store_confirmed
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records that its snapshot store is this state directory's.
+    pub(crate) fn set_store_confirmed(&self) {
+        self.store_confirmed
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The starts of the two hashes that name the target locks of a file of this root

@@ -1,0 +1,166 @@
+//! Which state directory a root's snapshot store belongs to.
+//!
+//! Two runtimes writing in one root with different state directories (which the README
+//! forbids) cannot trust each other's snapshots, and each one's recovery and rollbacks take
+//! the other's writes for changes by another program: an undo by one can put old bytes
+//! back over the other's acknowledged write. So the first runtime to use a store claims
+//! it: `.rollback/.ailab-owner` names its state directory and carries its seal. A runtime
+//! whose key did not make that seal leaves the root alone (skipped at start, its writes
+//! refused), unless the record names this very state directory, by path and by the
+//! directory itself: then it is this one's with its key replaced since, and it is
+//! claimed again.
+
+use crate::confine::SandboxRoot;
+use crate::confine::path::{ROLLBACK_DIR, shown_path};
+use crate::confine::root::{Flush, Put, read_regular, sync_dir, write_atomic_flush};
+use crate::reason::{ReasonCode, Refusal};
+use crate::seal::{SealKey, Unsealed};
+use serde::{Deserialize, Serialize};
+use std::io;
+
+use super::store::{check_private_to_read, rollback_dir, snap_io, snapshot_store, store_refusal};
+
+/// The owner record's name in the store: no workflow id starts with a dot.
+pub const OWNER_FILE: &str = ".ailab-owner";
+
+/// A state directory, as its owner record names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreOwner {
+    /// Its path, as configured.
+    pub state_dir: String,
+    /// Its `(st_dev, st_ino)`: with the path, what tells this state directory with a
+    /// replaced key from another one.
+    pub state_dir_id: (u64, u64),
+}
+
+/// What confirming a store may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing: a start that may not write.
+    No,
+    /// The owner record of a store that is there: a start that may write.
+    IfThere,
+    /// The store and its owner record: before a snapshot.
+    Make,
+}
+
+/// What confirming a store found.
+#[derive(Debug)]
+pub enum Ownership {
+    /// The store is this state directory's.
+    Ours,
+    /// No one had claimed it: it is now this state directory's.
+    Claimed,
+    /// It named this state directory under an earlier seal key: it is claimed again.
+    ClaimedAgain,
+    /// Not confirmed, and nothing was written: no store yet, or it is unclaimed or under
+    /// an earlier key while this process may not write.
+    Unsettled,
+    /// Another state directory's, or its record is damaged: nothing is written here.
+    Foreign(Refusal),
+}
+
+impl StoreOwner {
+    /// Confirms that `root`'s snapshot store is this state directory's, claiming it when
+    /// no one has (or this one under an earlier key) and `how` allows writing.
+    /// [`Claim::Make`] makes a missing store first (synced into the root when
+    /// `durable`, as the snapshot that follows will not know it was new).
+    pub fn confirm(
+        &self,
+        root: &SandboxRoot,
+        key: &SealKey,
+        how: Claim,
+        durable: bool,
+    ) -> Result<Ownership, Refusal> {
+        let claim = how != Claim::No;
+        let rb = if how == Claim::Make {
+            let (rb, made) = snapshot_store(root)?;
+            if made && durable {
+                sync_dir(root.dir()).map_err(|e| snap_io("sync", &e))?;
+            }
+            rb
+        } else {
+            match rollback_dir(root) {
+                Ok(Some(rb)) => {
+                    check_private_to_read(root, &rb, ROLLBACK_DIR)?;
+                    rb
+                }
+                Ok(None) => return Ok(Ownership::Unsettled),
+                Err(e) => return Err(store_refusal(root, &e)),
+            }
+        };
+        let at = format!("{ROLLBACK_DIR}/{OWNER_FILE}");
+        // Twice at most: a claim lost to a process of the same state directory is read.
+        for _ in 0..2 {
+            let bytes = match read_regular(&rb, OWNER_FILE, 1 << 12) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(snap_io(&format!("read {at} of"), &e)),
+            };
+            // Empty: never claimed, or a claim a power cut left without its bytes
+            // (`relaxed` syncs nothing).
+            let again = match bytes.is_empty() {
+                true => false,
+                false => match key.open::<StoreOwner>(&bytes) {
+                    Ok(_) => return Ok(Ownership::Ours),
+                    Err(why) => match serde_json::from_slice::<StoreOwner>(&bytes) {
+                        Ok(named) if named == *self => true,
+                        named => {
+                            return Ok(Ownership::Foreign(self.foreign(root, named.ok(), &why)));
+                        }
+                    },
+                },
+            };
+            if !claim {
+                return Ok(Ownership::Unsettled);
+            }
+            let sealed = key.seal(self).map_err(|e| snap_io("encode", &e))?;
+            let put = if again { Put::Any } else { Put::New };
+            let flush = if durable {
+                Flush::FileAndDir
+            } else {
+                Flush::Nothing
+            };
+            match write_atomic_flush(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
+                Ok(()) if again => return Ok(Ownership::ClaimedAgain),
+                Ok(()) => return Ok(Ownership::Claimed),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !again => continue,
+                Err(e) => return Err(snap_io(&format!("write {at} of"), &e)),
+            }
+        }
+        Err(snap_io(
+            &format!("claim {at} of"),
+            &io::Error::other("it kept changing while it was read"),
+        ))
+    }
+
+    /// The refusal for a store another state directory claimed (`named`, when its record
+    /// could be read as one).
+    fn foreign(&self, root: &SandboxRoot, named: Option<StoreOwner>, why: &Unsealed) -> Refusal {
+        let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
+        let whose = match (&named, why) {
+            (Some(o), _) if o.state_dir == self.state_dir => format!(
+                "a runtime whose state directory was {} too, but another directory at that path (or this one under a key that is not its present one)",
+                shown_path(&o.state_dir)
+            ),
+            (Some(o), _) => format!(
+                "the runtime whose state directory is {}",
+                shown_path(&o.state_dir)
+            ),
+            (None, Unsealed::Malformed(e)) => {
+                format!("no state directory it can name: its record is damaged ({e})")
+            }
+            (None, Unsealed::Forged) => "another runtime".to_owned(),
+        };
+        Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "the snapshot store of root {} belongs to {whose}, not to this runtime's state directory {} (so says {}, which this state directory's seal key did not seal): two runtimes writing in one root with different state directories take each other's writes for changes to undo, so nothing is written here; give each runtime a root of its own, or start this one with that state directory; if that one is gone for good and this one is to take its place, remove {} (the snapshots it sealed stay refused)",
+                root.path().display(),
+                shown_path(&self.state_dir),
+                shown_path(&at),
+                shown_path(&at)
+            ),
+        )
+    }
+}
