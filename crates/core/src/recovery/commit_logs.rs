@@ -92,37 +92,12 @@ impl Sandbox {
         let Ok(Some(_lock)) = self.state.try_lock_workflow(wf) else {
             return None;
         };
-        let record = || self.run_record(wf);
-        // Its run finished in this boot: nothing the log covers was lost, so it is
-        // not replayed, only made durable and emptied (as that process's next sync
-        // point would); settling refuses a log that covers a root this start lacks.
-        if record().is_some_and(|r| r.finished_this_boot()) {
-            if let Err(r) = self.settle_commit_log(wf) {
-                tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
-            }
-            return None;
-        }
-        let read = self.read_commit_log(wf);
-        let (file, entries) = match read {
-            Ok(Some((f, e))) if !e.is_empty() => (f, e),
-            Ok(_) => return None,
-            // Its run is not judged without what the log holds (the acknowledged
-            // writes a power cut may have taken from the files): it stays recorded
-            // as unfinished, and the workflow refused, until the log can be read.
-            Err(e) => {
-                tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
-                return Some(Recovered {
-                    execution_id: record().map(|r| r.execution_id).unwrap_or_default(),
-                    workflow_id: wf.to_owned(),
-                    why: Some(format!(
-                        "its commit log inflight/{wf}.log could not be read ({})",
-                        crate::error::io_words(&e)
-                    )),
-                    retry: true,
-                    ..Recovered::default()
-                });
-            }
+        let (file, entries) = match self.log_to_replay(wf) {
+            Ok(Some(log)) => log,
+            Ok(None) => return None,
+            Err(unread) => return Some(*unread),
         };
+        let record = || self.run_record(wf);
         // The replay writes targets through temporary files. What earlier replays or
         // recoveries of this log that died left beside them goes first (the run's
         // own, staged bytes among them, are its recovery's to judge), and this
@@ -208,6 +183,45 @@ impl Sandbox {
             || !report.logged_left_changed.is_empty()
             || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))));
         told.then_some(report)
+    }
+
+    /// The commit log of `wf` to replay, `None` when there is none to replay (empty, or
+    /// its run finished in this boot: then made durable and emptied); the recovery to
+    /// report when it cannot be read.
+    fn log_to_replay(
+        &self,
+        wf: &str,
+    ) -> Result<Option<(CommitLogFile, Vec<CommitEntry>)>, Box<Recovered>> {
+        let record = || self.run_record(wf);
+        // Its run finished in this boot: nothing the log covers was lost, so it is
+        // not replayed, only made durable and emptied (as that process's next sync
+        // point would); settling refuses a log that covers a root this start lacks.
+        if record().is_some_and(|r| r.finished_this_boot()) {
+            if let Err(r) = self.settle_commit_log(wf) {
+                tracing::warn!(reason = %r.reason, workflow = %wf, "cannot empty a finished run's commit log");
+            }
+            return Ok(None);
+        }
+        match self.read_commit_log(wf) {
+            Ok(Some((f, e))) if !e.is_empty() => Ok(Some((f, e))),
+            Ok(_) => Ok(None),
+            // Its run is not judged without what the log holds (the acknowledged
+            // writes a power cut may have taken from the files): it stays recorded
+            // as unfinished, and the workflow refused, until the log can be read.
+            Err(e) => {
+                tracing::warn!(error = %e, workflow = %wf, "cannot read a commit log");
+                Err(Box::new(Recovered {
+                    execution_id: record().map(|r| r.execution_id).unwrap_or_default(),
+                    workflow_id: wf.to_owned(),
+                    why: Some(format!(
+                        "its commit log inflight/{wf}.log could not be read ({})",
+                        crate::error::io_words(&e)
+                    )),
+                    retry: true,
+                    ..Recovered::default()
+                }))
+            }
+        }
     }
 
     /// Removes what earlier replays or recoveries of this log that died (every maker

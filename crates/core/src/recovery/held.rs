@@ -124,24 +124,7 @@ impl Sandbox {
         // Waited for as a lock is: threads in line would otherwise each wait out the
         // trail's refusal in turn, the last many times the wait.
         let Some(_turn) = self.recording_held.enter(self.state.lock_wait()) else {
-            let held = self.held_restores().held.clone();
-            let mut workflows: Vec<&str> = Vec::new();
-            for h in &held {
-                if !workflows.contains(&h.workflow_id.as_str()) {
-                    workflows.push(&h.workflow_id);
-                }
-            }
-            if workflows.is_empty() {
-                // Recorded meanwhile, by the thread whose turn it was.
-                return Ok(());
-            }
-            return Err(Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "{}: another thread of this process was recording them for longer than limits.lock_wait_seconds; nothing was done: try again later",
-                    held_whose(&workflows)
-                ),
-            ));
+            return self.held_turn_not_come();
         };
         let held = self.held_restores().held.clone();
         let mut locks = Vec::new();
@@ -215,6 +198,28 @@ impl Sandbox {
         }
         self.held_restores().held.retain(|h| !recorded.contains(h));
         Ok(())
+    }
+
+    /// After a whole wait for the turn to record held restores: fine if the thread whose
+    /// turn it was recorded them all meanwhile, refused otherwise.
+    fn held_turn_not_come(&self) -> Verdict {
+        let held = self.held_restores().held.clone();
+        let mut workflows: Vec<&str> = Vec::new();
+        for h in &held {
+            if !workflows.contains(&h.workflow_id.as_str()) {
+                workflows.push(&h.workflow_id);
+            }
+        }
+        if workflows.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{}: another thread of this process was recording them for longer than limits.lock_wait_seconds; nothing was done: try again later",
+                held_whose(&workflows)
+            ),
+        ))
     }
 
     /// Leaves the run record of `h`, whose restores are on the trail now, as the run or

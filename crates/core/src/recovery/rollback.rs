@@ -101,6 +101,32 @@ impl Sandbox {
             .failpoints
             .check("recovery_audit")
             .and_then(|()| self.try_record_marked_restores(&rec.workflow_id));
+        let records = self.walk_dead_restores(rec, snaps, &done, &passed_over, &mut report);
+        // Each restore is marked before its line is written: lines that cannot be written
+        // now are written from the marks by a later try, for which the record is kept
+        // (closed, nothing would ever write them, and the trail would go on naming the
+        // workflow's writes as what the files hold).
+        match earlier.and_then(|n| self.audit.append(records).map(|_| n)) {
+            Ok(n) => report.restores_recorded += n,
+            Err(e) => {
+                report.restores_recorded = 0;
+                report.restores_unaudited(&e);
+            }
+        }
+        report
+    }
+
+    /// The walk of [`Sandbox::recover_rollback`]: per target, newest first, each unmarked
+    /// snapshot of an action `done` says stands, judged until one ends the walk for its
+    /// target. Returns the trail lines of the restores found made and marked now.
+    fn walk_dead_restores(
+        &self,
+        rec: &InflightRecord,
+        snaps: crate::sandbox::RootedSnapshots,
+        done: &HashMap<String, Option<String>>,
+        passed_over: &HashSet<String>,
+        report: &mut Recovered,
+    ) -> Vec<AuditRecord> {
         let mut settled: HashSet<(usize, String)> = HashSet::new();
         let mut records = Vec::new();
         for (i, s) in snaps.into_iter().rev() {
@@ -118,7 +144,7 @@ impl Sandbox {
             let spent = rec
                 .forced
                 .unwrap_or_else(|| passed_over.contains(&s.meta.action_id));
-            match self.dead_restore(rec, (i, &s.meta), after, spent, &mut report) {
+            match self.dead_restore(rec, (i, &s.meta), after, spent, report) {
                 DeadRestore::NotMade => {
                     settled.insert(key);
                     report.not_rolled_back += 1;
@@ -131,18 +157,7 @@ impl Sandbox {
                 }
             }
         }
-        // Each restore is marked before its line is written: lines that cannot be written
-        // now are written from the marks by a later try, for which the record is kept
-        // (closed, nothing would ever write them, and the trail would go on naming the
-        // workflow's writes as what the files hold).
-        match earlier.and_then(|n| self.audit.append(records).map(|_| n)) {
-            Ok(n) => report.restores_recorded += n,
-            Err(e) => {
-                report.restores_recorded = 0;
-                report.restores_unaudited(&e);
-            }
-        }
-        report
+        records
     }
 
     /// One unmarked snapshot of an action the trail says stands (`after`: what it left),

@@ -393,36 +393,42 @@ impl Sandbox {
         }
     }
 
+    /// The first steps of a rollback: the request checked, the workflow's lock taken (and
+    /// returned, held), its dead run settled, its snapshots read and chosen.
+    fn lock_and_select(
+        &self,
+        workflow_id: &str,
+        opts: &RollbackOptions,
+    ) -> Result<(crate::confine::state::FileLock, Selection), RollbackRefusal> {
+        let refused = |r: Refusal| (r.reason_code, r.reason, Vec::new());
+        self.check_rollback_request(workflow_id, opts)
+            .map_err(refused)?;
+        let wf_lock = self
+            .state
+            .lock_workflow(workflow_id)
+            .map_err(|e| refused(workflow_lock_refusal(workflow_id, &e)))?;
+        // Before the snapshots are read: the dead run's recovery may restore some. After
+        // the restores held back before it (its own among them) are recorded.
+        if self.execution_context().0.writes() {
+            self.settle_before_change(workflow_id).map_err(refused)?;
+        }
+        let snaps = self.snapshots_to_roll_back(workflow_id).map_err(refused)?;
+        let selected = self.rollback_selection(workflow_id, snaps, opts)?;
+        Ok((wf_lock, selected))
+    }
+
     fn rollback_unaudited(&self, workflow_id: &str, opts: &RollbackOptions) -> RollbackReport {
         let refused = |code: ReasonCode, reason: String, conflicts: Vec<Conflict>| {
             refused_rollback(workflow_id, code, reason, conflicts)
         };
-        if let Err(r) = self.check_rollback_request(workflow_id, opts) {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        let wf_lock = match self.state.lock_workflow(workflow_id) {
-            Ok(l) => l,
-            Err(e) => {
-                let r = workflow_lock_refusal(workflow_id, &e);
-                return refused(r.reason_code, r.reason, Vec::new());
-            }
-        };
-        // Before the snapshots are read: the dead run's recovery may restore some. After
-        // the restores held back before it (its own among them) are recorded.
-        if self.execution_context().0.writes()
-            && let Err(r) = self.settle_before_change(workflow_id)
-        {
-            return refused(r.reason_code, r.reason, Vec::new());
-        }
-        let snaps = match self.snapshots_to_roll_back(workflow_id) {
-            Ok(snaps) => snaps,
-            Err(r) => return refused(r.reason_code, r.reason, Vec::new()),
-        };
-        let Selection {
-            chosen,
-            beneath,
-            pruned,
-        } = match self.rollback_selection(workflow_id, snaps, opts) {
+        let (
+            wf_lock,
+            Selection {
+                chosen,
+                beneath,
+                pruned,
+            },
+        ) = match self.lock_and_select(workflow_id, opts) {
             Ok(selected) => selected,
             Err((code, reason, conflicts)) => return refused(code, reason, conflicts),
         };

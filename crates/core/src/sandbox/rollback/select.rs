@@ -173,6 +173,34 @@ impl<'t> TrailWrites<'t> {
         }
     }
 
+    /// `snaps`, each marked restored when the trail says it was undone, even if its
+    /// restore's mark was removed.
+    fn marked_undone(&self, snaps: RootedSnapshots) -> RootedSnapshots {
+        snaps
+            .into_iter()
+            .map(|(i, mut s)| {
+                s.restored |= self.is_undone(&s.meta.action_id);
+                (i, s)
+            })
+            .collect()
+    }
+
+    /// The writes asked for whose snapshots a prune removed and that are still in
+    /// place, as said to people: "action (target)".
+    fn pruned_in_place(&self, opts: &RollbackOptions) -> Vec<String> {
+        self.pruned
+            .iter()
+            .filter(|e| self.in_place(e, opts))
+            .map(|e| {
+                format!(
+                    "{} ({})",
+                    shown_path(&e.action_id),
+                    shown_path(&e.target_path)
+                )
+            })
+            .collect()
+    }
+
     /// Of the writes kept apart (pruned, or into another root), whether `e` is one asked
     /// for and not undone since.
     fn in_place(&self, e: &SandboxAuditEntry, opts: &RollbackOptions) -> bool {
@@ -600,18 +628,7 @@ impl Sandbox {
             .pruned
             .iter()
             .any(|e| opts.takes(&e.action_id) && !writes.in_place(e, opts));
-        let pruned: Vec<String> = writes
-            .pruned
-            .iter()
-            .filter(|e| writes.in_place(e, opts))
-            .map(|e| {
-                format!(
-                    "{} ({})",
-                    shown_path(&e.action_id),
-                    shown_path(&e.target_path)
-                )
-            })
-            .collect();
+        let pruned = writes.pruned_in_place(opts);
         // Writes into a root this process is not configured with cannot be restored from
         // here: rolling back the rest and saying "rolled back" would leave them unsaid.
         let elsewhere: Vec<&SandboxAuditEntry> = writes
@@ -645,14 +662,7 @@ impl Sandbox {
                 return Err(self.later_actions_refusal(workflow_id, a, &snaps, &later));
             }
         }
-        let snaps = snaps
-            .into_iter()
-            .map(|(i, mut s)| {
-                // Undone according to the trail even if its mark was removed.
-                s.restored |= writes.is_undone(&s.meta.action_id);
-                (i, s)
-            })
-            .collect::<RootedSnapshots>();
+        let snaps = writes.marked_undone(snaps);
         let beneath = writes.undone_beneath(&snaps);
         let chosen = snaps
             .into_iter()
