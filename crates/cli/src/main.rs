@@ -1026,8 +1026,9 @@ fn prune(sandbox: &Sandbox, older_than: std::time::Duration, json: bool) -> Resu
 }
 
 /// `audit verify` where the runtime cannot start because it may not write (a read-only
-/// copy of the state directory, a read-only mount) or a state file it does not read here
-/// is of the wrong kind (the seal key): the trail is checked as it is on disk.
+/// copy of the state directory, a read-only mount), a state file it does not read here
+/// is of the wrong kind (the seal key), or no root is usable: the trail is checked as it
+/// is on disk.
 fn verify_read_only(
     state_dir: &std::path::Path,
     durable: bool,

@@ -2367,6 +2367,39 @@ fn verified_read_only(e: &Env, said: &str) {
     );
 }
 
+/// A runtime given a root whose snapshot store another state directory claimed stops
+/// (exit 2), naming the owner and what to do, and writes nothing; its own trail is still
+/// verified, read-only.
+#[test]
+fn a_root_of_another_state_directory_stops_the_runtime_not_its_verify() {
+    let e = env();
+    e.seed_and_run(
+        &[],
+        &json!({"workflow_id": "wf_o", "actions": [
+            {"intent": "create_file", "path": "x.txt", "content": "x"}]}),
+    );
+    let mut other = env();
+    other.root = e.root.clone();
+    let plan = other.write_plan(
+        "p.json",
+        &json!({"workflow_id": "wf_t", "actions": [
+            {"intent": "replace_file", "path": "x.txt", "content": "theirs"}]}),
+    );
+    let out = other.live(&["run", plan.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "belongs to the runtime whose state directory is '{}'",
+            e.state.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(e.root.join("x.txt")).unwrap(), b"x");
+    assert!(!e.root.join(".rollback/wf_t").exists());
+    verified_read_only(&other, "no sandbox root is usable");
+}
+
 /// A seal key of the wrong kind stops the runtime, not the verification of the trail,
 /// which does not read it: verified read-only, saying why; a log of the wrong kind is
 /// named by the verification too.

@@ -148,11 +148,13 @@ impl Error {
     }
 
     /// Whether the runtime could not start for a reason that leaves its trail readable
-    /// as it is on disk: it may not write ([`Self::is_unwritable`]), or a state file is of
+    /// as it is on disk: it may not write ([`Self::is_unwritable`]), a state file is of
     /// the wrong kind (a link, folder or FIFO where the seal key or a log should be),
-    /// which a read-only verification names again if it is one it reads.
+    /// which a read-only verification names again if it is one it reads, or no root is
+    /// usable (the trail lies in the state directory alone).
     pub fn allows_read_only_verify(&self) -> bool {
         self.is_unwritable()
+            || matches!(self, Self::NoUsableRoot { .. })
             || matches!(self, Self::Io { cause, .. }
                 if cause.kind() == std::io::ErrorKind::InvalidData && cause.get_ref().is_some())
     }
