@@ -18,7 +18,9 @@ use crate::seal::{SealKey, Unsealed};
 use serde::{Deserialize, Serialize};
 use std::io;
 
-use super::store::{check_private_to_read, rollback_dir, snap_io, snapshot_store, store_refusal};
+use super::store::{
+    check_private_to_read, is_passing, rollback_dir, snap_io, snapshot_store, store_refusal,
+};
 
 /// The owner record's name in the store: no workflow id starts with a dot.
 pub const OWNER_FILE: &str = ".ailab-owner";
@@ -95,7 +97,19 @@ impl StoreOwner {
             let bytes = match read_regular(&rb, OWNER_FILE, 1 << 12) {
                 Ok(b) => b,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(snap_io(&format!("read {at} of"), &e)),
+                // The disk, or this process, not the record: the same read may pass later.
+                Err(e) if is_passing(&e) || crate::confine::root::is_denied(&e) => {
+                    return Err(snap_io(&format!("read {at} of"), &e));
+                }
+                // A link, a folder, a FIFO, a file with other links, one too large.
+                Err(e) => {
+                    let whose = format!(
+                        "an owner this runtime cannot tell ({} is not a record the runtime wrote: {})",
+                        shown_path(&at),
+                        crate::error::io_words(&e)
+                    );
+                    return Ok(Ownership::Foreign(self.foreign(root, &whose)));
+                }
             };
             // Empty: never claimed, or a claim a power cut left without its bytes
             // (`relaxed` syncs nothing).
@@ -106,7 +120,8 @@ impl StoreOwner {
                     Err(why) => match serde_json::from_slice::<StoreOwner>(&bytes) {
                         Ok(named) if named == *self => true,
                         named => {
-                            return Ok(Ownership::Foreign(self.foreign(root, named.ok(), &why)));
+                            let whose = self.owner_named(named.ok(), &why);
+                            return Ok(Ownership::Foreign(self.foreign(root, &whose)));
                         }
                     },
                 },
@@ -134,11 +149,10 @@ impl StoreOwner {
         ))
     }
 
-    /// The refusal for a store another state directory claimed (`named`, when its record
-    /// could be read as one).
-    fn foreign(&self, root: &SandboxRoot, named: Option<StoreOwner>, why: &Unsealed) -> Refusal {
-        let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
-        let whose = match (&named, why) {
+    /// Whose a store is, in words, by an owner record this key did not seal (`named`,
+    /// when it could be read as one).
+    fn owner_named(&self, named: Option<StoreOwner>, why: &Unsealed) -> String {
+        match (&named, why) {
             (Some(o), _) if o.state_dir == self.state_dir => format!(
                 "a runtime whose state directory was {} too, but another directory at that path (or this one under a key that is not its present one)",
                 shown_path(&o.state_dir)
@@ -148,10 +162,15 @@ impl StoreOwner {
                 shown_path(&o.state_dir)
             ),
             (None, Unsealed::Malformed(e)) => {
-                format!("no state directory it can name: its record is damaged ({e})")
+                format!("an owner this runtime cannot tell (its record is damaged: {e})")
             }
             (None, Unsealed::Forged) => "another runtime".to_owned(),
-        };
+        }
+    }
+
+    /// The refusal for a store claimed by another state directory (`whose`, in words).
+    fn foreign(&self, root: &SandboxRoot, whose: &str) -> Refusal {
+        let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
         Refusal::new(
             ReasonCode::Conflict,
             format!(

@@ -698,6 +698,31 @@ fn a_root_another_state_directory_writes_in_is_skipped_at_start() {
         other.skipped_roots()
     );
     assert_eq!(w.tree(), before);
+    // A record damaged, or something else in its place, is no one's to take over unsaid.
+    let record = w.root.join(".rollback/.ailab-owner");
+    let sealed = std::fs::read(&record).unwrap();
+    for (what, said) in [
+        ("damaged", "its record is damaged"),
+        ("link", "is not a record the runtime wrote"),
+    ] {
+        std::fs::remove_file(&record).unwrap();
+        match what {
+            "damaged" => std::fs::write(&record, b"{\"state_dir\": 7").unwrap(),
+            _ => std::os::unix::fs::symlink(w.tmp.path().join("elsewhere"), &record).unwrap(),
+        }
+        let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
+            std::sync::Arc::new(w.clock.clone());
+        let err = ailab_sandbox_core::Sandbox::open_with_clock(w.writable_config(), clock)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("belongs to an owner this runtime cannot tell") && err.contains(said),
+            "{what}: {err}"
+        );
+    }
+    std::fs::remove_file(&record).unwrap();
+    std::fs::write(&record, &sealed).unwrap();
+    std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // The owner goes on writing there.
     run(
         &w.sandbox(),
