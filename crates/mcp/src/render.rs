@@ -149,24 +149,12 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
             "the phase in force does not allow sandbox writes; only the operator can change it (--phase 28.3). Tell the user."
         }
         C::NotSandboxWrite | C::ForbiddenIntent | C::UnknownOperation => {
-            let tools: Vec<&str> = OPERATIONS.iter().map(|o| o.name).collect();
-            return format!(
-                "use one of the write tools of this server ({}); deleting, moving, running commands or installing packages is never possible here.",
-                tools.join(", ")
-            );
+            return use_the_write_tools();
         }
         C::ChmodForbidden => {
             "files written here are never executable and nothing is ever chmod-ed; drop the request for an executable file or chmod from the description (the content is not screened), and tell the user to run scripts with an interpreter (e.g. `python3 file.py`, `sh file.sh`)."
         }
-        C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => {
-            return format!(
-                "use a path relative to the sandbox root, such as \"{}\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no look-alikes of '/', '\\' or '..', no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit.",
-                op.map_or_else(
-                    || "notes/todo.md".to_owned(),
-                    |w| example_file(w.op, w.policy)
-                )
-            );
-        }
+        C::PathTraversal | C::OutsideSandbox | C::DepthExceeded => return advice_on_path(op),
         C::ReservedPath => {
             "when the reason names a path you gave that is reserved ('.rollback/' or the state directory), choose another path; when it says the operator must give a folder or file of the runtime's back (the snapshot store, a snapshot), no path, wait or force helps: tell the user."
         }
@@ -179,54 +167,9 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         C::NotRegularFile => {
             "the target is a directory, FIFO, socket or device; choose a regular file path (check it with get_file_info)."
         }
-        C::BlockedExtension | C::ExtensionNotAllowed => {
-            return match op {
-                // What this server's policy lets it write, not the catalog's list: the
-                // operator's allow-list may take some away.
-                Some(w) => {
-                    let mine = writable_extensions(w.op, w.policy);
-                    let any = op_for_intent("create_file")
-                        .map(|c| writable_extensions(c, w.policy))
-                        .unwrap_or_default();
-                    match (mine.is_empty(), w.op.extensions.is_empty() || any.is_empty()) {
-                        (true, _) => format!(
-                            "{} can write no file on this server: the operator's extension policy allows none of its extensions. Tell the user.",
-                            w.op.name
-                        ),
-                        (false, true) => format!(
-                            "give the path one of the extensions {} may write here: {}.",
-                            w.op.name,
-                            mine.join(" ")
-                        ),
-                        (false, false) => format!(
-                            "give the path one of the extensions {} may write here ({}), or use create_file, which writes {}.",
-                            w.op.name,
-                            mine.join(" "),
-                            any.join(" ")
-                        ),
-                    }
-                }
-                None => "choose an allowed extension (.md, .txt, .json, .yaml, ... as listed in the tool's description); system unit files and binaries are never writable.".to_owned(),
-            };
-        }
-        // The limit is on the whole file: appending in parts meets it all the same.
-        C::SizeExceeded => match op.map(|w| w.op.effect) {
-            Some(Effect::Append) => {
-                "the file would grow over the tool's size limit (see its description), which counts the whole file; put what does not fit into a new file with create_file (over several, when it is over the limit by itself)."
-            }
-            Some(Effect::Serialize(_)) => {
-                "the document would be over the tool's size limit (see its description); split the data over several smaller files."
-            }
-            _ => {
-                "the result would be over the tool's size limit (see its description); split the content over several smaller files."
-            }
-        },
-        C::AlreadyExists if op.is_some_and(|w| w.op.is_directory()) => {
-            "a file stands where the directory would be made; choose another path for the directory (get_file_info shows what a path holds)."
-        }
-        C::AlreadyExists => {
-            "the file exists and create_file never overwrites; use replace_file to replace it, sandbox_transform to edit it, or choose a new path."
-        }
+        C::BlockedExtension | C::ExtensionNotAllowed => return advice_on_extension(op),
+        C::SizeExceeded => advice_on_size(op),
+        C::AlreadyExists => advice_on_existing(op),
         C::NotFound => {
             "the path does not exist; check it with list_directory or get_file_info, or create the file first with create_file."
         }
@@ -239,28 +182,14 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         C::InvalidId => {
             "fix the id the reason names (1-64 letters, digits, '.', '_' or '-'; an action id runs once in its workflow); a workflow_id may also be left out, to use this session's workflow."
         }
-        C::InvalidPlan if let Some(w) = op.filter(|w| w.op.effect == Effect::Edit) => {
-            return format!(
-                "fix what the reason above names and call again: {} takes 1 to {} edits, each with a non-empty 'old' found in the file, and edits UTF-8 text only (to change a file that is not text, write its new content whole with replace_file).",
-                w.op.name,
-                ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN
-            );
-        }
-        C::InvalidPlan => {
-            "check the arguments against the tool's input schema (tools/list) and call it again."
-        }
+        C::InvalidPlan => return advice_on_plan(op),
         C::BudgetArtifactsExceeded | C::BudgetBytesExceeded => {
             "this workflow has used its budget of artifacts or bytes; ask the user whether to continue in a new workflow (pass a new workflow_id) or to have the operator raise the limits. When the reason says the file alone is larger than a workflow's whole budget, no new workflow helps: write less, or ask for the limit to be raised."
         }
         C::RateLimited => {
             "too many writes in the last minute; wait the number of seconds stated above, then retry the same call."
         }
-        C::Conflict if op.is_none() => {
-            "when the reason says a file or folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), or that the sandbox root is no longer the directory opened at start, neither waiting nor force helps: tell the user, so that the operator puts that right; when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; when it names another workflow's write to a file (written by workflow/action), roll that back first (an action at a time, newest first, where workflows wrote in turn), then this; when it names another workflow's rollback that took this write with it, nothing of this workflow's write is left there: force would bring back what that rollback undid, so ask the user first; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
-        }
-        C::Conflict => {
-            "when the reason says the file or its folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), calling again will not help: write to another path, or tell the user, so that the operator gives the runtime's user access there; when it says the sandbox root is no longer the directory opened at start, calling again will not help either: tell the user, so that the operator puts it back or restarts the runtime; otherwise another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."
-        }
+        C::Conflict => advice_on_conflict(op),
         C::NoRollbackData => {
             "there is nothing left to roll back here; when the reason names the workflow whose trail records the action, call rollback_action again with that workflow_id; otherwise check the workflow_id and action_id: each write tool's result names them (list_artifacts lists the files written; a directory made has no artifact)."
         }
@@ -272,6 +201,108 @@ pub(crate) fn what_to_do(code: ReasonCode, op: Option<Writer<'_>>) -> String {
         }
     };
     s.to_owned()
+}
+
+/// [`what_to_do`] after a request for something no tool of this server does.
+fn use_the_write_tools() -> String {
+    let tools: Vec<&str> = OPERATIONS.iter().map(|o| o.name).collect();
+    format!(
+        "use one of the write tools of this server ({}); deleting, moving, running commands or installing packages is never possible here.",
+        tools.join(", ")
+    )
+}
+
+/// [`what_to_do`] after a path refused for its form or depth.
+fn advice_on_path(op: Option<Writer<'_>>) -> String {
+    format!(
+        "use a path relative to the sandbox root, such as \"{}\": no '..', no '~', no control, bidirectional formatting or invisible characters (zero-width ones, except where a script or an emoji needs one), no look-alikes of '/', '\\' or '..', no absolute path outside the roots, no more components than get_state's limits.max_path_depth; a 'root', when given, must be one of the roots get_state lists (leave it out for the first). Call get_state to see the roots and the limit.",
+        op.map_or_else(
+            || "notes/todo.md".to_owned(),
+            |w| example_file(w.op, w.policy)
+        )
+    )
+}
+
+/// [`what_to_do`] after an extension refused.
+fn advice_on_extension(op: Option<Writer<'_>>) -> String {
+    match op {
+        // What this server's policy lets it write, not the catalog's list: the
+        // operator's allow-list may take some away.
+        Some(w) => {
+            let mine = writable_extensions(w.op, w.policy);
+            let any = op_for_intent("create_file")
+                .map(|c| writable_extensions(c, w.policy))
+                .unwrap_or_default();
+            match (mine.is_empty(), w.op.extensions.is_empty() || any.is_empty()) {
+                (true, _) => format!(
+                    "{} can write no file on this server: the operator's extension policy allows none of its extensions. Tell the user.",
+                    w.op.name
+                ),
+                (false, true) => format!(
+                    "give the path one of the extensions {} may write here: {}.",
+                    w.op.name,
+                    mine.join(" ")
+                ),
+                (false, false) => format!(
+                    "give the path one of the extensions {} may write here ({}), or use create_file, which writes {}.",
+                    w.op.name,
+                    mine.join(" "),
+                    any.join(" ")
+                ),
+            }
+        }
+        None => "choose an allowed extension (.md, .txt, .json, .yaml, ... as listed in the tool's description); system unit files and binaries are never writable.".to_owned(),
+    }
+}
+
+/// [`what_to_do`] after a write over its tool's size limit.
+fn advice_on_size(op: Option<Writer<'_>>) -> &'static str {
+    // The limit is on the whole file: appending in parts meets it all the same.
+    match op.map(|w| w.op.effect) {
+        Some(Effect::Append) => {
+            "the file would grow over the tool's size limit (see its description), which counts the whole file; put what does not fit into a new file with create_file (over several, when it is over the limit by itself)."
+        }
+        Some(Effect::Serialize(_)) => {
+            "the document would be over the tool's size limit (see its description); split the data over several smaller files."
+        }
+        _ => {
+            "the result would be over the tool's size limit (see its description); split the content over several smaller files."
+        }
+    }
+}
+
+/// [`what_to_do`] when something already stands at the path.
+fn advice_on_existing(op: Option<Writer<'_>>) -> &'static str {
+    if op.is_some_and(|w| w.op.is_directory()) {
+        "a file stands where the directory would be made; choose another path for the directory (get_file_info shows what a path holds)."
+    } else {
+        "the file exists and create_file never overwrites; use replace_file to replace it, sandbox_transform to edit it, or choose a new path."
+    }
+}
+
+/// [`what_to_do`] after arguments that make no plan.
+fn advice_on_plan(op: Option<Writer<'_>>) -> String {
+    match op.filter(|w| w.op.effect == Effect::Edit) {
+        Some(w) => format!(
+            "fix what the reason above names and call again: {} takes 1 to {} edits, each with a non-empty 'old' found in the file, and edits UTF-8 text only (to change a file that is not text, write its new content whole with replace_file).",
+            w.op.name,
+            ailab_sandbox_core::plan::MAX_EDITS_PER_PLAN
+        ),
+        None => {
+            "check the arguments against the tool's input schema (tools/list) and call it again."
+                .to_owned()
+        }
+    }
+}
+
+/// [`what_to_do`] after a conflict, which a write tool (`op`) meets otherwise than the
+/// other tools do.
+fn advice_on_conflict(op: Option<Writer<'_>>) -> &'static str {
+    if op.is_none() {
+        "when the reason says a file or folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), or that the sandbox root is no longer the directory opened at start, neither waiting nor force helps: tell the user, so that the operator puts that right; when the reason says another process held a file or log, call again in a moment (it is busy, nothing is wrong); when it names later actions of the workflow, roll those back first (rollback_action, newest first), or the whole workflow; when it names another workflow's write to a file (written by workflow/action), roll that back first (an action at a time, newest first, where workflows wrote in turn), then this; when it names another workflow's rollback that took this write with it, nothing of this workflow's write is left there: force would bring back what that rollback undid, so ask the user first; otherwise the listed files changed after they were written: check them with read_file, then call again with force: true only if overwriting those changes is intended."
+    } else {
+        "when the reason says the file or its folder is another user's, closed to this process or marked (a permission, a sticky folder, an immutable mark), calling again will not help: write to another path, or tell the user, so that the operator gives the runtime's user access there; when it says the sandbox root is no longer the directory opened at start, calling again will not help either: tell the user, so that the operator puts it back or restarts the runtime; otherwise another writer or process held the file or a log of the runtime (a long write, or a stopped one), or the file changed since it was looked at: call again in a moment, after read_file if you rely on its content."
+    }
 }
 
 /// Why a run was simulated, in words.
