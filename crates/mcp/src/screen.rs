@@ -49,6 +49,7 @@ use ailab_sandbox_core::reason::Refusal;
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -527,44 +528,6 @@ const MAX_COPIED_PART: usize = 1024;
 /// "method not found", naming nothing). None of them would reach the handler. Read as
 /// sent; nothing is built.
 fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
-    use serde_json::value::RawValue;
-    // A member given, null included (`Option` alone would read null as absent).
-    fn given<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-        <&RawValue>::deserialize(d).map(Some)
-    }
-    #[derive(Deserialize)]
-    struct Envelope<'a> {
-        #[serde(borrow)]
-        method: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "given")]
-        params: Option<&'a RawValue>,
-    }
-    #[derive(Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow, default, deserialize_with = "given")]
-        name: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "given")]
-        arguments: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "given", rename = "_meta")]
-        meta: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "given", rename = "inputResponses")]
-        input_responses: Option<&'a RawValue>,
-        #[serde(borrow, default, deserialize_with = "given", rename = "requestState")]
-        request_state: Option<&'a RawValue>,
-    }
-    // What a value is, for a sentence: its kind and, when short, itself.
-    let shown = |raw: &RawValue| {
-        let (t, kind) = (raw.get(), crate::tools::json_type_of_text(raw.get()));
-        if t == "null" || t.len() > 40 {
-            kind.to_owned()
-        } else {
-            format!("{kind} ({t})")
-        }
-    };
-    let is = |raw: Option<&RawValue>, first: char| {
-        raw.is_none_or(|r| r.get().starts_with(first) || r.get() == "null")
-    };
-    let refuse = |why: String| Err(Refusal::new(ReasonCode::InvalidPlan, why));
     // Not an object: other rules (and rmcp) answer it.
     let Ok(envelope) = serde_json::from_slice::<Envelope>(line) else {
         return Ok(());
@@ -573,14 +536,14 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
         .method
         .and_then(|m| serde_json::from_str::<String>(m.get()).ok())
         .is_some_and(|m| m == "tools/call");
-    const WANTED: &str =
-        "an object with the tool's 'name' (a string) and its 'arguments' (an object)";
     let params = match envelope.params {
         Some(p) if p.get().starts_with('{') => p,
-        None if call => return refuse(format!("a tools/call needs 'params', {WANTED}")),
+        None if call => {
+            return refuse_shape(format!("a tools/call needs 'params', {WANTED_PARAMS}"));
+        }
         Some(p) if call => {
-            return refuse(format!(
-                "'params' of a tools/call must be {WANTED}, not {}",
+            return refuse_shape(format!(
+                "'params' of a tools/call must be {WANTED_PARAMS}, not {}",
                 shown(p)
             ));
         }
@@ -588,7 +551,7 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
         // `-32600` without its id, which no client can match: such a request goes on
         // without them, as any other that fails.
         Some(p) if p.get() != "null" => {
-            return refuse(format!(
+            return refuse_shape(format!(
                 "'params' of a request must be an object, not {}",
                 shown(p)
             ));
@@ -598,8 +561,8 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
     let Ok(p) = serde_json::from_str::<Params>(params.get()) else {
         return Ok(());
     };
-    if !is(p.meta, '{') {
-        return refuse(format!(
+    if !absent_null_or(p.meta, '{') {
+        return refuse_shape(format!(
             "'_meta' of a request must be an object, not {}",
             p.meta.map_or(String::new(), shown)
         ));
@@ -607,14 +570,20 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
     if !call {
         return Ok(());
     }
+    check_call_params(&p)
+}
+
+/// What [`check_request_shape`] asks further of a `tools/call`'s `params`, read as an
+/// object: its tool's name, then the members rmcp reads beside it.
+fn check_call_params(p: &Params) -> Result<(), Refusal> {
     match p.name {
         None => {
-            return refuse(format!(
-                "'params' of a tools/call has no 'name'; it must be {WANTED}"
+            return refuse_shape(format!(
+                "'params' of a tools/call has no 'name'; it must be {WANTED_PARAMS}"
             ));
         }
         Some(n) if !n.get().starts_with('"') => {
-            return refuse(format!(
+            return refuse_shape(format!(
                 "'name' of a tools/call must be a string, the tool's name, not {}",
                 shown(n)
             ));
@@ -631,14 +600,67 @@ fn check_request_shape(line: &[u8]) -> Result<(), Refusal> {
         ("inputResponses", p.input_responses, '{', "an object"),
         ("requestState", p.request_state, '"', "a string"),
     ] {
-        if !is(raw, first) {
-            return refuse(format!(
+        if !absent_null_or(raw, first) {
+            return refuse_shape(format!(
                 "'{key}' of a tools/call must be {what}, not {}",
                 raw.map_or(String::new(), shown)
             ));
         }
     }
     Ok(())
+}
+
+/// A member given, null included (`Option` alone would read null as absent).
+fn given<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// The members of a request that [`check_request_shape`] reads, as sent.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given")]
+    params: Option<&'a RawValue>,
+}
+
+/// The members of a request's `params` that [`check_request_shape`] reads, as sent.
+#[derive(Deserialize)]
+struct Params<'a> {
+    #[serde(borrow, default, deserialize_with = "given")]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given")]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given", rename = "_meta")]
+    meta: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given", rename = "inputResponses")]
+    input_responses: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given", rename = "requestState")]
+    request_state: Option<&'a RawValue>,
+}
+
+/// What a `tools/call`'s `params` must be, as its refusals say it.
+const WANTED_PARAMS: &str =
+    "an object with the tool's 'name' (a string) and its 'arguments' (an object)";
+
+/// What a value is, for a sentence: its kind and, when short, itself.
+fn shown(raw: &RawValue) -> String {
+    let (t, kind) = (raw.get(), crate::tools::json_type_of_text(raw.get()));
+    if t == "null" || t.len() > 40 {
+        kind.to_owned()
+    } else {
+        format!("{kind} ({t})")
+    }
+}
+
+/// Whether a member is absent, null, or a value whose text starts with `first`.
+fn absent_null_or(raw: Option<&RawValue>, first: char) -> bool {
+    raw.is_none_or(|r| r.get().starts_with(first) || r.get() == "null")
+}
+
+/// A request refused for a shape rmcp cannot read.
+fn refuse_shape(why: String) -> Result<(), Refusal> {
+    Err(Refusal::new(ReasonCode::InvalidPlan, why))
 }
 
 /// The most of a client's `params._meta` copied onto a message passed on in another's
@@ -676,38 +698,12 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // Read before the first request, and again only when the check fails.
     let mut first = None;
     if !*started {
-        let Some(head) = Head::of(line) else {
-            // Not a JSON object: rmcp would not answer it, only build its values.
-            tracing::debug!("a message that is not a JSON object, dropped");
+        let Some(head) = head_before_start(line, started) else {
             return Pass::Drop;
         };
-        if !head.is_request() {
-            tracing::debug!("a notification or response before `initialize`, dropped");
-            return Pass::Drop;
-        }
-        // rmcp answers other requests before `initialize`, but ends the session at a
-        // notification or response that comes before it: those wait for `initialize`,
-        // or for a request that opens the session without one (its `_meta` names the
-        // protocol version, as clients of the 2026-07-28 protocol send it).
-        if head.method().as_deref() == Some("initialize") || head.names_inline_version() {
-            *started = true;
-        }
         first = Some(head);
     }
-    // The whole message, so that neither an escaped method name (`tools\/call`) nor a
-    // second `arguments` hides the call from the check.
-    let checked = match not_text {
-        Some(at) => Err(Refusal::new(
-            ReasonCode::InvalidPlan,
-            format!(
-                "the message is not UTF-8 text (byte {at} starts no UTF-8 character); JSON-RPC messages are UTF-8: send text (the tools write text, so a file's content must be text too)"
-            ),
-        )),
-        None => check_numbers_kept(line)
-            .and_then(|()| check_unique_keys(line))
-            .and_then(|()| check_request_shape(line)),
-    };
-    let Err(refusal) = checked else {
+    let Err(refusal) = check_message(line, not_text) else {
         return Pass::Line;
     };
     // From here on the message never reaches rmcp as sent: rmcp would build all its
@@ -725,6 +721,59 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         tracing::debug!("a message that is not a JSON object, dropped");
         return Pass::Drop;
     };
+    refused_request(&head, &refusal, not_text, was_started, started)
+}
+
+/// The head of a message read before the session opens; `None` when the message is
+/// dropped. Sets `started` when the message opens the session.
+fn head_before_start(line: &[u8], started: &mut bool) -> Option<Head> {
+    let Some(head) = Head::of(line) else {
+        // Not a JSON object: rmcp would not answer it, only build its values.
+        tracing::debug!("a message that is not a JSON object, dropped");
+        return None;
+    };
+    if !head.is_request() {
+        tracing::debug!("a notification or response before `initialize`, dropped");
+        return None;
+    }
+    // rmcp answers other requests before `initialize`, but ends the session at a
+    // notification or response that comes before it: those wait for `initialize`,
+    // or for a request that opens the session without one (its `_meta` names the
+    // protocol version, as clients of the 2026-07-28 protocol send it).
+    if head.method().as_deref() == Some("initialize") || head.names_inline_version() {
+        *started = true;
+    }
+    Some(head)
+}
+
+/// What [`screen`] checks of a whole line; `not_text`: where a line that is not UTF-8
+/// stops being UTF-8.
+fn check_message(line: &[u8], not_text: Option<usize>) -> Result<(), Refusal> {
+    // The whole message, so that neither an escaped method name (`tools\/call`) nor a
+    // second `arguments` hides the call from the check.
+    match not_text {
+        Some(at) => Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "the message is not UTF-8 text (byte {at} starts no UTF-8 character); JSON-RPC messages are UTF-8: send text (the tools write text, so a file's content must be text too)"
+            ),
+        )),
+        None => check_numbers_kept(line)
+            .and_then(|()| check_unique_keys(line))
+            .and_then(|()| check_request_shape(line)),
+    }
+}
+
+/// What [`screen`] passes on in place of a message (`head`) that failed with `refusal`:
+/// a request whose answer can name it as sent goes on without its parameters (a call
+/// with its refusal); anything else is dropped. `not_text`: see [`check_message`].
+fn refused_request(
+    head: &Head,
+    refusal: &Refusal,
+    not_text: Option<usize>,
+    was_started: bool,
+    started: &mut bool,
+) -> Pass {
     let (Some(method), Some(id)) = (head.method(), head.id.as_ref()) else {
         // A notification or a response (the server asks the client nothing): never
         // answered.
@@ -736,19 +785,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         tracing::debug!("a request with an id or version that is not a plain value, dropped");
         return Pass::Drop;
     }
-    // From text that is not UTF-8 only short parts are copied (the message passed on
-    // must stay within what rmcp takes), and no id with a replaced byte: its answer
-    // would name another id than was sent, the same for every bad byte.
-    // Nor a version with one: the SDK would answer it without an id.
-    let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_PART);
-    let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains(REPLACED));
-    if not_text.is_some()
-        && !(copyable(head.jsonrpc.as_ref())
-            && copyable(head.method.as_ref())
-            && copyable(Some(id))
-            && !replaced(Some(id))
-            && !replaced(head.jsonrpc.as_ref()))
-    {
+    if not_text.is_some() && !copyable_from_lossy(head, id) {
         tracing::debug!("a request that is not UTF-8 whose id cannot be answered as sent, dropped");
         return Pass::Drop;
     }
@@ -771,7 +808,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     let refused = (method == "tools/call").then(|| {
         format!(
             "\"{REFUSED_META_KEY}\":{}",
-            serde_json::to_string(&refusal).unwrap_or_else(|_| "{}".to_owned())
+            serde_json::to_string(refusal).unwrap_or_else(|_| "{}".to_owned())
         )
     });
     // rmcp drops unanswered a message it cannot read: a `_meta` that is itself what
@@ -779,7 +816,7 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     // the parser's limit) goes on left out, and so, if need be, do the members that
     // open a session.
     for (meta, may_open) in [(meta, true), (None, true), (None, false)] {
-        let (message, opens) = instead(&head, id, &params, meta, refused.as_deref(), may_open);
+        let (message, opens) = instead(head, id, &params, meta, refused.as_deref(), may_open);
         if serde_json::from_slice::<serde_json::Value>(&message).is_ok() || !may_open {
             if !opens {
                 *started = was_started;
@@ -788,6 +825,22 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         }
     }
     unreachable!("the last try is always returned")
+}
+
+/// Whether the id, method and version of a request read from text that is not UTF-8 may
+/// be copied into the message passed on in its place.
+fn copyable_from_lossy(head: &Head, id: &Raw) -> bool {
+    // From text that is not UTF-8 only short parts are copied (the message passed on
+    // must stay within what rmcp takes), and no id with a replaced byte: its answer
+    // would name another id than was sent, the same for every bad byte.
+    // Nor a version with one: the SDK would answer it without an id.
+    let copyable = |r: Option<&Raw>| r.is_none_or(|r| r.get().len() <= MAX_COPIED_PART);
+    let replaced = |r: Option<&Raw>| r.is_some_and(|r| r.get().contains(REPLACED));
+    copyable(head.jsonrpc.as_ref())
+        && copyable(head.method.as_ref())
+        && copyable(Some(id))
+        && !replaced(Some(id))
+        && !replaced(head.jsonrpc.as_ref())
 }
 
 /// The message passed on in place of a request that failed the screen: its id and
@@ -959,6 +1012,16 @@ struct Held {
     cancelled: bool,
 }
 
+/// What [`pump`] read and holds, not yet passed on.
+#[derive(Default)]
+struct Waiting {
+    calls: std::collections::VecDeque<Held>,
+    /// Other requests held while too many are unanswered (see `answers`), with their ids.
+    requests: std::collections::VecDeque<(Option<Value>, Vec<u8>)>,
+    /// Of calls and requests together, against [`MAX_HELD_BYTES`].
+    bytes: usize,
+}
+
 /// Copies `reader` to `out` a line at a time, screening each line (see the module). A
 /// message longer than `max_line` bytes (a leading byte order mark and a `\r` before the
 /// newline aside) is dropped, as rmcp drops an over-long line, and a last line without a
@@ -974,59 +1037,26 @@ where
     // What a line may hold while it is read: the message, a mark and a `\r`.
     let mut lines = Lines::new(reader, max_line + BOM.len() + 1);
     let mut started = false;
-    let mut held = std::collections::VecDeque::<Held>::new();
-    // Other requests held while too many are unanswered (see `answers`), with their ids.
-    let mut requests = std::collections::VecDeque::<(Option<Value>, Vec<u8>)>::new();
-    let mut held_bytes = 0usize;
+    let mut waiting = Waiting::default();
     let mut ended = false;
     let answered = &flow.answers;
     loop {
-        let may_read = !ended && held_bytes < MAX_HELD_BYTES;
+        let may_read = !ended && waiting.bytes < MAX_HELD_BYTES;
         let call_room = async {
-            flow.below(MAX_QUEUED_CALLS, next_room(&held)).await;
+            flow.below(MAX_QUEUED_CALLS, next_room(&waiting.calls))
+                .await;
             answered.below(MAX_UNANSWERED).await;
         };
         tokio::select! {
             biased;
-            () = call_room, if !held.is_empty() => {
-                // The oldest call, unless it waits for room: then the oldest that takes
-                // none, so that small calls never wait behind large ones.
-                let at = if flow.fits(held.front().map_or(0, |h| h.room)) {
-                    Some(0)
-                } else {
-                    held.iter().position(|h| h.room == 0)
-                };
-                if let Some(h) = at.and_then(|at| held.remove(at)) {
-                    held_bytes -= h.text.len();
-                    if flow.id_taken(&h.id) {
-                        reused(&h.id);
-                        continue;
-                    }
-                    // Noted before rmcp can read it: the handler may begin it at once.
-                    flow.passed(h.id.clone(), h.room, h.cancelled);
-                    answered.asked(Some(h.id.clone()));
-                    if !forward(&mut out, &h.text).await {
-                        return;
-                    }
-                    if h.cancelled {
-                        if !forward(&mut out, &cancellation(&h.id)).await {
-                            return;
-                        }
-                        answered.cancelled(&h.id);
-                    }
+            () = call_room, if !waiting.calls.is_empty() => {
+                if !pass_held_call(&mut out, flow, &mut waiting).await {
+                    return;
                 }
             }
-            () = answered.below(MAX_UNANSWERED), if !requests.is_empty() => {
-                if let Some((id, text)) = requests.pop_front() {
-                    held_bytes -= text.len();
-                    if let Some(id) = id.as_ref().filter(|id| flow.id_taken(id)) {
-                        reused(id);
-                        continue;
-                    }
-                    answered.asked(id);
-                    if !forward(&mut out, &text).await {
-                        return;
-                    }
+            () = answered.below(MAX_UNANSWERED), if !waiting.requests.is_empty() => {
+                if !pass_held_request(&mut out, flow, &mut waiting).await {
+                    return;
                 }
             }
             next = lines.next(), if may_read => {
@@ -1034,44 +1064,12 @@ where
                     ended = true;
                     continue;
                 };
-                // A held call the client cancels never runs, even when the cancellation
-                // itself does not pass the screen (a lossy number in its `_meta`, say).
-                if !held.is_empty()
-                    && !too_long
-                    && let Kind::Cancel(id) = kind_of(line.strip_prefix(BOM).unwrap_or(&line))
-                    && let Some(h) = held.iter_mut().find(|h| h.id == id)
-                {
-                    h.cancelled = true;
-                }
+                note_cancelled(&mut waiting.calls, &line, too_long);
                 let Some(message) = screened(&line, too_long, max_line, &mut started) else {
                     continue;
                 };
-                let kind = match kind_of(&message) {
-                    // A call before `initialize` is answered at once, with an error.
-                    Kind::Call(id) if !started => Kind::Request(Some(id)),
-                    kind => kind,
-                };
-                match kind {
-                    Kind::Call(id) => {
-                        held_bytes += message.len();
-                        let room = data_room_of(&message);
-                        held.push_back(Held { id, text: message.into_owned(), room, cancelled: false });
-                    }
-                    Kind::Request(id) => {
-                        held_bytes += message.len();
-                        requests.push_back((id, message.into_owned()));
-                    }
-                    Kind::Cancel(id) => {
-                        if !forward(&mut out, &message).await {
-                            return;
-                        }
-                        answered.cancelled(&id);
-                    }
-                    Kind::Other => {
-                        if !forward(&mut out, &message).await {
-                            return;
-                        }
-                    }
+                if !pass_or_hold(message, started, &mut waiting, &mut out, flow).await {
+                    return;
                 }
             }
             else => break,
@@ -1083,6 +1081,122 @@ where
     flow.below(1, 0).await;
     answered.all_answered().await;
     let _ = out.shutdown().await;
+}
+
+/// Passes on the call [`pump`] holds that goes next, if one may; false when `out` is
+/// closed.
+async fn pass_held_call<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    flow: &Flow,
+    waiting: &mut Waiting,
+) -> bool {
+    let answered = &flow.answers;
+    // The oldest call, unless it waits for room: then the oldest that takes
+    // none, so that small calls never wait behind large ones.
+    let at = if flow.fits(waiting.calls.front().map_or(0, |h| h.room)) {
+        Some(0)
+    } else {
+        waiting.calls.iter().position(|h| h.room == 0)
+    };
+    if let Some(h) = at.and_then(|at| waiting.calls.remove(at)) {
+        waiting.bytes -= h.text.len();
+        if flow.id_taken(&h.id) {
+            reused(&h.id);
+            return true;
+        }
+        // Noted before rmcp can read it: the handler may begin it at once.
+        flow.passed(h.id.clone(), h.room, h.cancelled);
+        answered.asked(Some(h.id.clone()));
+        if !forward(out, &h.text).await {
+            return false;
+        }
+        if h.cancelled {
+            if !forward(out, &cancellation(&h.id)).await {
+                return false;
+            }
+            answered.cancelled(&h.id);
+        }
+    }
+    true
+}
+
+/// Passes on the oldest request [`pump`] holds; false when `out` is closed.
+async fn pass_held_request<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    flow: &Flow,
+    waiting: &mut Waiting,
+) -> bool {
+    let answered = &flow.answers;
+    if let Some((id, text)) = waiting.requests.pop_front() {
+        waiting.bytes -= text.len();
+        if let Some(id) = id.as_ref().filter(|id| flow.id_taken(id)) {
+            reused(id);
+            return true;
+        }
+        answered.asked(id);
+        if !forward(out, &text).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Marks a held call cancelled when `line` cancels it.
+fn note_cancelled(held: &mut std::collections::VecDeque<Held>, line: &[u8], too_long: bool) {
+    // A held call the client cancels never runs, even when the cancellation
+    // itself does not pass the screen (a lossy number in its `_meta`, say).
+    if !held.is_empty()
+        && !too_long
+        && let Kind::Cancel(id) = kind_of(line.strip_prefix(BOM).unwrap_or(line))
+        && let Some(h) = held.iter_mut().find(|h| h.id == id)
+    {
+        h.cancelled = true;
+    }
+}
+
+/// Holds a `message` that passed the screen, or passes it on at once when it is neither
+/// a call nor another request; false when `out` is closed.
+async fn pass_or_hold<W: AsyncWrite + Unpin>(
+    message: std::borrow::Cow<'_, [u8]>,
+    started: bool,
+    waiting: &mut Waiting,
+    out: &mut W,
+    flow: &Flow,
+) -> bool {
+    let answered = &flow.answers;
+    let kind = match kind_of(&message) {
+        // A call before `initialize` is answered at once, with an error.
+        Kind::Call(id) if !started => Kind::Request(Some(id)),
+        kind => kind,
+    };
+    match kind {
+        Kind::Call(id) => {
+            waiting.bytes += message.len();
+            let room = data_room_of(&message);
+            waiting.calls.push_back(Held {
+                id,
+                text: message.into_owned(),
+                room,
+                cancelled: false,
+            });
+        }
+        Kind::Request(id) => {
+            waiting.bytes += message.len();
+            waiting.requests.push_back((id, message.into_owned()));
+        }
+        Kind::Cancel(id) => {
+            if !forward(out, &message).await {
+                return false;
+            }
+            answered.cancelled(&id);
+        }
+        Kind::Other => {
+            if !forward(out, &message).await {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// A request whose id is that of one passed on and still unanswered is dropped unrun:
