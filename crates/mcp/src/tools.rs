@@ -421,8 +421,44 @@ fn workflow_field(what: &str) -> Field {
 }
 
 fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
+    let ext_text = extensions_text(op, sandbox);
+    let size_text = match op.max_size_bytes {
+        Some(max) => format!(" Size limit: {} on disk.", human_bytes(max)),
+        None => String::new(),
+    };
+    let fields = write_fields(op, sandbox);
+    let registered = if op.is_directory() {
+        "Each call is checked and snapshotted first (a folder is not registered as an artifact)"
+    } else {
+        "Each write is checked, snapshotted first and registered as an artifact"
+    };
+    let description = format!(
+        "{} {ext_text}{size_text} Writes only inside the sandbox roots, never through a shell, and never sets execute bits (files 0644). {registered}; undo it with rollback_action or rollback_workflow. When the operator has not enabled writing, the call is only simulated: the result says so and nothing is written.",
+        op.summary
+    );
+    let destructive = !matches!(
+        op.mutation_class,
+        MutationClass::Create | MutationClass::Append
+    );
+    let annotations = ToolAnnotations::with_title(title_of(op.name))
+        .read_only(false)
+        .destructive(destructive)
+        .idempotent(op.is_directory())
+        .open_world(false);
+    ToolSpec::new(
+        op.name,
+        ToolKind::Write(op),
+        title_of(op.name),
+        description,
+        fields,
+        annotations,
+    )
+}
+
+/// What a write tool's description says of the files `op` may write on this server.
+fn extensions_text(op: &Operation, sandbox: &Sandbox) -> String {
     let exts = writable_extensions(op, &sandbox.config().extensions);
-    let ext_text = if op.is_directory() {
+    if op.is_directory() {
         "Creates directories only (mode 0755).".to_owned()
     } else if exts.is_empty() {
         format!(
@@ -433,12 +469,38 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
         format!("Allowed extensions: {}.", exts.join(" "))
     } else {
         format!("Only {} files.", exts.join(" "))
-    };
-    let size_text = match op.max_size_bytes {
-        Some(max) => format!(" Size limit: {} on disk.", human_bytes(max)),
-        None => String::new(),
-    };
-    let payload = match op.payload() {
+    }
+}
+
+/// A write tool's fields, its payload's (when it takes one) after the path.
+fn write_fields(op: &Operation, sandbox: &Sandbox) -> Vec<Field> {
+    let mut fields = vec![path_field(
+        if op.is_directory() {
+            "Directory to create"
+        } else {
+            "Target file"
+        },
+        &example_file(op, &sandbox.config().extensions),
+        true,
+        sandbox.config().limits.max_path_depth,
+    )];
+    fields.extend(payload_field(op));
+    fields.push(workflow_field(
+        "Groups this write with others for rollback; default: this MCP session's workflow. 1-64 letters, digits, '.', '_' or '-'.",
+    ));
+    fields.push(Field::new(
+        "description",
+        Kind::Str,
+        false,
+        "What the write is for, read by governance only (it is not stored): asking here for chmod or an executable file gets the call refused.",
+    ));
+    fields.push(root_field());
+    fields
+}
+
+/// The field of what `op` writes: content, data or edits; `None` when it takes none.
+fn payload_field(op: &Operation) -> Option<Field> {
+    match op.payload() {
         Payload::Content => Some(Field::new(
             "content",
             Kind::Str,
@@ -479,54 +541,7 @@ fn write_tool(op: &'static Operation, sandbox: &Sandbox) -> ToolSpec {
             ),
         )),
         Payload::None => None,
-    };
-    let mut fields = vec![path_field(
-        if op.is_directory() {
-            "Directory to create"
-        } else {
-            "Target file"
-        },
-        &example_file(op, &sandbox.config().extensions),
-        true,
-        sandbox.config().limits.max_path_depth,
-    )];
-    fields.extend(payload);
-    fields.push(workflow_field(
-        "Groups this write with others for rollback; default: this MCP session's workflow. 1-64 letters, digits, '.', '_' or '-'.",
-    ));
-    fields.push(Field::new(
-        "description",
-        Kind::Str,
-        false,
-        "What the write is for, read by governance only (it is not stored): asking here for chmod or an executable file gets the call refused.",
-    ));
-    fields.push(root_field());
-    let registered = if op.is_directory() {
-        "Each call is checked and snapshotted first (a folder is not registered as an artifact)"
-    } else {
-        "Each write is checked, snapshotted first and registered as an artifact"
-    };
-    let description = format!(
-        "{} {ext_text}{size_text} Writes only inside the sandbox roots, never through a shell, and never sets execute bits (files 0644). {registered}; undo it with rollback_action or rollback_workflow. When the operator has not enabled writing, the call is only simulated: the result says so and nothing is written.",
-        op.summary
-    );
-    let destructive = !matches!(
-        op.mutation_class,
-        MutationClass::Create | MutationClass::Append
-    );
-    let annotations = ToolAnnotations::with_title(title_of(op.name))
-        .read_only(false)
-        .destructive(destructive)
-        .idempotent(op.is_directory())
-        .open_world(false);
-    ToolSpec::new(
-        op.name,
-        ToolKind::Write(op),
-        title_of(op.name),
-        description,
-        fields,
-        annotations,
-    )
+    }
 }
 
 fn read_only(title: &str) -> ToolAnnotations {
@@ -541,103 +556,9 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         .iter()
         .map(|op| write_tool(op, sandbox))
         .collect();
-    let depth = sandbox.config().limits.max_path_depth;
-    let readable = crate::render::example_written_file(&sandbox.config().extensions);
-    let read_limit =
-        ailab_sandbox_core::catalog::human_bytes(ailab_sandbox_core::sandbox::READ_LIMIT);
-    out.push(ToolSpec::new(
-        "read_file",
-        ToolKind::ReadFile,
-        "Read file".into(),
-        format!(
-            "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
-        ),
-        vec![path_field("File to read", &readable, true, depth), root_field()],
-        read_only("Read file"),
-    ));
-    out.push(ToolSpec::new(
-        "list_directory",
-        ToolKind::ListDirectory,
-        "List directory".into(),
-        format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' (or give '.') for the top of the root; one trailing '/' is taken. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
-        vec![
-            path_field(
-                "Directory to list (default: the root itself)",
-                "notes/drafts",
-                false,
-                depth,
-            ),
-            root_field(),
-            Field::new(
-                "offset",
-                Kind::Uint { min: 0, max: u64::MAX },
-                false,
-                "How many entries (in name order) to skip; default 0.".to_owned(),
-            ),
-        ],
-        read_only("List directory"),
-    ));
-    out.push(ToolSpec::new(
-        "get_file_info",
-        ToolKind::GetFileInfo,
-        "Get file info".into(),
-        "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link ('.' is the top of the root); for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
-        vec![path_field("Path to describe", &readable, true, depth), root_field()],
-        read_only("Get file info"),
-    ));
-    out.push(ToolSpec::new(
-        "rollback_workflow",
-        ToolKind::RollbackWorkflow,
-        "Roll back workflow".into(),
-        "Undo every write of a workflow, newest first, restoring each file from its snapshot and verifying it by checksum. Default: this session's workflow. Refuses with 'conflict' if a file changed after the workflow wrote it, unless force is true.".into(),
-        vec![
-            workflow_field("Workflow to roll back; default: this MCP session's workflow."),
-            Field::new("force", Kind::Bool, false, "Restore even files that changed after the workflow wrote them (default false)."),
-        ],
-        ToolAnnotations::with_title("Roll back workflow").read_only(false).destructive(true).open_world(false),
-    ));
-    out.push(ToolSpec::new(
-        "rollback_action",
-        ToolKind::RollbackAction,
-        "Roll back one action".into(),
-        "Undo one write (by the action_id a write tool returned), restoring the file from its snapshot, verified by checksum. Refuses with 'conflict' if the file changed since, unless force is true.".into(),
-        vec![
-            Field::new("action_id", Kind::Id, true, "The action to undo, as returned by the write tool (act_...)."),
-            workflow_field("The action's workflow; default: this MCP session's workflow."),
-            Field::new("force", Kind::Bool, false, "Restore even if the file changed after the action wrote it (default false)."),
-        ],
-        ToolAnnotations::with_title("Roll back one action").read_only(false).destructive(true).open_world(false),
-    ));
-    out.push(ToolSpec::new(
-        "list_artifacts",
-        ToolKind::ListArtifacts,
-        "List artifacts".into(),
-        "List registered artifacts (files written), newest first, with path, checksum, size, intent, workflow and action; those whose write was rolled back are marked so.".into(),
-        vec![
-            Field::new(
-                "limit",
-                Kind::Uint { min: 1, max: MAX_LIST_LIMIT },
-                false,
-                format!("How many, newest first (default {DEFAULT_LIST_LIMIT}, at most {MAX_LIST_LIMIT})."),
-            ),
-            workflow_field("Only this workflow's artifacts (default: all workflows)."),
-        ],
-        read_only("List artifacts"),
-    ));
-    out.push(ToolSpec::new(
-        "get_artifact",
-        ToolKind::GetArtifact,
-        "Get artifact".into(),
-        "One artifact with its lineage: the earlier artifacts it derives from, nearest first."
-            .into(),
-        vec![Field::new(
-            "artifact_id",
-            Kind::Id,
-            true,
-            "The artifact (art_...), as returned by a write tool or list_artifacts.",
-        )],
-        read_only("Get artifact"),
-    ));
+    out.extend(read_tools(sandbox));
+    out.extend(rollback_tools());
+    out.extend(artifact_tools());
     out.push(ToolSpec::new(
         "get_state",
         ToolKind::GetState,
@@ -647,6 +568,121 @@ pub(crate) fn all_tools(sandbox: &Sandbox) -> Vec<ToolSpec> {
         read_only("Get state"),
     ));
     out
+}
+
+/// The tools that read the sandbox's files.
+fn read_tools(sandbox: &Sandbox) -> [ToolSpec; 3] {
+    let depth = sandbox.config().limits.max_path_depth;
+    let readable = crate::render::example_written_file(&sandbox.config().extensions);
+    let read_limit =
+        ailab_sandbox_core::catalog::human_bytes(ailab_sandbox_core::sandbox::READ_LIMIT);
+    [
+        ToolSpec::new(
+            "read_file",
+            ToolKind::ReadFile,
+            "Read file".into(),
+            format!(
+                "Read a text file inside the sandbox (at most {read_limit}). The text content is the file's text, exactly for a UTF-8 file; the structured result also gives size_bytes and sha256. A file that is not valid UTF-8 shows each invalid sequence as U+FFFD, with invalid_utf8_at (the first bad byte's offset) and a note saying so. Confined like writes: no '..', no symlinks, nothing outside the roots."
+            ),
+            vec![path_field("File to read", &readable, true, depth), root_field()],
+            read_only("Read file"),
+        ),
+        ToolSpec::new(
+            "list_directory",
+            ToolKind::ListDirectory,
+            "List directory".into(),
+            format!("List a directory inside the sandbox, sorted by name: each entry's name, kind (file, directory, symlink, special) and size. Omit 'path' (or give '.') for the top of the root; one trailing '/' is taken. At most {MAX_DIR_ENTRIES} entries per call: a larger directory is listed in pages, each answer saying the 'offset' of the next."),
+            vec![
+                path_field(
+                    "Directory to list (default: the root itself)",
+                    "notes/drafts",
+                    false,
+                    depth,
+                ),
+                root_field(),
+                Field::new(
+                    "offset",
+                    Kind::Uint { min: 0, max: u64::MAX },
+                    false,
+                    "How many entries (in name order) to skip; default 0.".to_owned(),
+                ),
+            ],
+            read_only("List directory"),
+        ),
+        ToolSpec::new(
+            "get_file_info",
+            ToolKind::GetFileInfo,
+            "Get file info".into(),
+            "Describe a path inside the sandbox: file, directory, symlink, special (FIFO, socket, device) or missing, never following a link ('.' is the top of the root); for a file its size and sha256 (up to 1 GiB), and the artifact it holds (none once changed by hand or rolled back).".into(),
+            vec![path_field("Path to describe", &readable, true, depth), root_field()],
+            read_only("Get file info"),
+        ),
+    ]
+}
+
+/// The tools that undo writes.
+fn rollback_tools() -> [ToolSpec; 2] {
+    [
+        ToolSpec::new(
+            "rollback_workflow",
+            ToolKind::RollbackWorkflow,
+            "Roll back workflow".into(),
+            "Undo every write of a workflow, newest first, restoring each file from its snapshot and verifying it by checksum. Default: this session's workflow. Refuses with 'conflict' if a file changed after the workflow wrote it, unless force is true.".into(),
+            vec![
+                workflow_field("Workflow to roll back; default: this MCP session's workflow."),
+                Field::new("force", Kind::Bool, false, "Restore even files that changed after the workflow wrote them (default false)."),
+            ],
+            ToolAnnotations::with_title("Roll back workflow").read_only(false).destructive(true).open_world(false),
+        ),
+        ToolSpec::new(
+            "rollback_action",
+            ToolKind::RollbackAction,
+            "Roll back one action".into(),
+            "Undo one write (by the action_id a write tool returned), restoring the file from its snapshot, verified by checksum. Refuses with 'conflict' if the file changed since, unless force is true.".into(),
+            vec![
+                Field::new("action_id", Kind::Id, true, "The action to undo, as returned by the write tool (act_...)."),
+                workflow_field("The action's workflow; default: this MCP session's workflow."),
+                Field::new("force", Kind::Bool, false, "Restore even if the file changed after the action wrote it (default false)."),
+            ],
+            ToolAnnotations::with_title("Roll back one action").read_only(false).destructive(true).open_world(false),
+        ),
+    ]
+}
+
+/// The tools that look up the artifacts written.
+fn artifact_tools() -> [ToolSpec; 2] {
+    [
+        ToolSpec::new(
+            "list_artifacts",
+            ToolKind::ListArtifacts,
+            "List artifacts".into(),
+            "List registered artifacts (files written), newest first, with path, checksum, size, intent, workflow and action; those whose write was rolled back are marked so.".into(),
+            vec![
+                Field::new(
+                    "limit",
+                    Kind::Uint { min: 1, max: MAX_LIST_LIMIT },
+                    false,
+                    format!("How many, newest first (default {DEFAULT_LIST_LIMIT}, at most {MAX_LIST_LIMIT})."),
+                ),
+                workflow_field("Only this workflow's artifacts (default: all workflows)."),
+            ],
+            read_only("List artifacts"),
+        ),
+        ToolSpec::new(
+            "get_artifact",
+            ToolKind::GetArtifact,
+            "Get artifact".into(),
+            "One artifact with its lineage: the earlier artifacts it derives from, nearest first."
+                .into(),
+            vec![Field::new(
+                "artifact_id",
+                Kind::Id,
+                true,
+                "The artifact (art_...), as returned by a write tool or list_artifacts.",
+            )],
+            read_only("Get artifact"),
+        ),
+    ]
 }
 
 #[cfg(test)]
