@@ -156,7 +156,11 @@ impl Sandbox {
             && !report.retry
         {
             if concluded {
-                self.write_recovered_record(r);
+                if !self.write_recovered_record(r) {
+                    report.retry_for(
+                        "its record could not be marked settled (the log says why)".to_owned(),
+                    );
+                }
             } else {
                 self.unclaim(r);
             }

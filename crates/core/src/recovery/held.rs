@@ -239,7 +239,9 @@ impl Sandbox {
         // What recovery appended is durable before its record says no more recovery is
         // needed, as at start.
         match self.conclude_sync() {
-            Ok(()) => self.write_recovered_record(&rec),
+            Ok(()) => {
+                self.write_recovered_record(&rec);
+            }
             Err(r) => {
                 tracing::warn!(reason = %r.reason, "could not sync the restores recorded for a dead run; its record is kept for the next start");
             }

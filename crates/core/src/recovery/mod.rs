@@ -581,22 +581,30 @@ impl Sandbox {
         if !needs_recovery(&rec) {
             return;
         }
-        let report = self.recover_record(&rec);
+        let mut report = self.recover_record(&rec);
         let retry = report.retry;
+        // What recovery appended must be durable before the record says the run
+        // needs no more recovery; a record left as it was is said so, not "recovered".
+        match self.conclude_sync() {
+            Err(r) => {
+                tracing::warn!(reason = %r.reason, "cannot sync after recovery");
+                if !retry {
+                    self.unclaim(&rec);
+                    report.retry_for(format!(
+                        "what its recovery did could not be made durable: {}",
+                        r.reason
+                    ));
+                }
+            }
+            Ok(()) if !retry && !self.write_recovered_record(&rec) => {
+                report.retry_for(
+                    "its record could not be marked settled (the log says why)".to_owned(),
+                );
+            }
+            Ok(()) => {}
+        }
         if report.worth_telling(&rec) {
             out.push(report);
-        }
-        // What recovery appended must be durable before the record says the run
-        // needs no more recovery.
-        if let Err(r) = self.conclude_sync() {
-            tracing::warn!(reason = %r.reason, "cannot sync after recovery");
-            if !retry {
-                self.unclaim(&rec);
-            }
-            return;
-        }
-        if !retry {
-            self.write_recovered_record(&rec);
         }
         drop(lock);
     }
@@ -763,10 +771,15 @@ impl Sandbox {
         Ok(Some(file))
     }
 
-    /// Marks `rec`'s run settled by recovery (see [`InflightRecord::recovered`]).
-    pub(super) fn write_recovered_record(&self, rec: &InflightRecord) {
-        if let Err(e) = self.write_record(&rec.recovered(self.now()), self.durable()) {
-            tracing::warn!(error = %e, "could not mark a recovered workflow's record idle");
+    /// Marks `rec`'s run settled by recovery (see [`InflightRecord::recovered`]); says
+    /// whether it could.
+    pub(super) fn write_recovered_record(&self, rec: &InflightRecord) -> bool {
+        match self.write_record(&rec.recovered(self.now()), self.durable()) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not mark a recovered workflow's record idle");
+                false
+            }
         }
     }
 

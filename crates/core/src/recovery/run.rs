@@ -488,13 +488,19 @@ impl Sandbox {
             None,
         );
         report.rolled_back = steps.iter().filter(|s| s.restored).count();
-        if let Some(stopped) = steps
-            .iter()
-            .find(|s| !s.restored && s.reason_code == Some(ReasonCode::IoError))
-        {
-            // The disk stopped the undo (full, read-only, failing): the record is kept
-            // for a later try. Closed, the dead run's write would stand for good, its
-            // only line saying that its undo failed.
+        // What may pass, or the operator put right: the disk (full, read-only, failing),
+        // a permission (the target's folder closed to this process, the snapshot store
+        // not private), a folder another program moved meanwhile. A damaged backup never
+        // comes back.
+        let passing = |code: Option<ReasonCode>| {
+            matches!(
+                code,
+                Some(ReasonCode::IoError | ReasonCode::Conflict | ReasonCode::ReservedPath)
+            )
+        };
+        if let Some(stopped) = steps.iter().find(|s| !s.restored && passing(s.reason_code)) {
+            // The record is kept for a later try. Closed, the dead run's write would
+            // stand for good, its only line saying that its undo failed.
             report.why = Some(format!(
                 "an unfinished action could not be undone: {}",
                 stopped.reason.as_deref().unwrap_or("the disk refused it")
@@ -648,6 +654,19 @@ impl Sandbox {
                 return None;
             }
         };
+        // A folder this process is shut out of (its mode, its owner, an access control
+        // list) is kept for the operator to give back, and judged then: the record waits
+        // for that. Closed now, no start would judge it, and the dead run's write would
+        // stand for good, unrecorded. Damaged or forged records are left alone for good.
+        if let Some(r) = untrusted
+            .iter()
+            .find(|r| r.reason_code == ReasonCode::ReservedPath)
+        {
+            report.why = Some(format!("a snapshot of it could not be read ({})", r.reason));
+            report.why_code = Some(r.reason_code);
+            report.retry = true;
+            return None;
+        }
         report.untrusted += untrusted.len();
         Some(snaps)
     }

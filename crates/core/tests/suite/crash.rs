@@ -2284,6 +2284,41 @@ fn a_recovery_that_cannot_sync_does_not_leave_its_process_named() {
     assert_eq!(w.tree(), original);
 }
 
+/// A start whose recovery cannot make what it did durable keeps the dead run's record,
+/// and its notice says so: not "recovered", which a server's state would show as settled.
+/// The next start settles it.
+#[test]
+fn a_start_that_cannot_sync_its_recovery_does_not_say_recovered() {
+    let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    die_before_the_second_record(&w, &c);
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm("recovery_sync", 1);
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        c.clone(),
+        std::sync::Arc::new(w.clock.clone()),
+        armed,
+    )
+    .unwrap();
+    assert!(
+        sb.notices()
+            .iter()
+            .all(|n| !n.contains("recovered interrupted run"))
+            && sb.notices().iter().any(|n| n.contains(
+                "could not be settled now (what its recovery did could not be made durable: "
+            ) && n.contains("its record is kept")),
+        "{:?}",
+        sb.notices()
+    );
+    assert_eq!(run_record(&w, "wf_crash")["state"], "active");
+    drop(sb);
+    let sb = w.open(c);
+    assert_noticed(&sb, "recovered interrupted run");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    let rb = sb.rollback_workflow("wf_crash", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
 /// Another process that starts while a run is under way may find the run's record
 /// unreadable (caught while being written, say). The run holds its workflow's lock, so
 /// the record is its own and stays: removed, a `kill -9` of the run would leave its
@@ -4418,6 +4453,52 @@ fn a_dead_run_whose_backup_is_damaged_is_told_not_kept() {
         b"beta\nmore\n",
         "left as the dead run left it"
     );
+}
+
+/// A dead run whose in-doubt snapshot this process may not read (its mode, another
+/// user's), or whose target's folder it may not write in when the undo comes, is kept for
+/// the operator to put right: closed, no start would ever undo its write. Once access is
+/// given back, the next start undoes it.
+#[test]
+fn a_dead_run_shut_out_of_its_snapshot_or_target_waits_for_access() {
+    use std::os::unix::fs::PermissionsExt as _;
+    for (what, said) in [
+        ("snapshot", "cannot be read by this process"),
+        ("target folder", "an unfinished action could not be undone"),
+    ] {
+        let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
+        die_before_the_second_record(&w, &c);
+        let in_doubt = std::fs::read_dir(w.root.join(".rollback/wf_crash"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|f| std::fs::read(f.join("backup")).is_ok_and(|b| b == b"beta\n"))
+            .expect("the in-doubt append's snapshot");
+        let (closed, mode) = match what {
+            "snapshot" => (in_doubt.join("meta.json"), 0o000),
+            _ => (w.path("d"), 0o500),
+        };
+        let was = std::fs::metadata(&closed).unwrap().permissions().mode();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(mode)).unwrap();
+        let notices = without_dac_override(|| w.open(c.clone()).notices().to_vec());
+        assert!(
+            notices.iter().any(|n| n.contains(said)),
+            "{what}: {notices:?}"
+        );
+        assert_eq!(run_record(&w, "wf_crash")["state"], "active", "{what}");
+        assert_eq!(w.read("d/b.txt"), b"beta\nmore\n", "{what}: not undone yet");
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(was)).unwrap();
+        let sb = w.open(c.clone());
+        assert_noticed(&sb, "1 unfinished action rolled back");
+        assert_eq!(
+            w.read("d/b.txt"),
+            b"beta\n",
+            "{what}: undone once access is back"
+        );
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{what}");
+        let rb = sb.rollback_workflow("wf_crash", &forced());
+        assert_eq!(rb.status, "rolled_back", "{what}: {rb:?}");
+        assert_eq!(w.tree(), original, "{what}");
+    }
 }
 
 /// A dead action that never reached its file (killed after its snapshot) is undone
