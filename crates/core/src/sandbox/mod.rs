@@ -263,7 +263,7 @@ impl Sandbox {
         let durable = config.durability.is_durable() && batch_sync.is_none();
         let roots = confirm_stores(
             roots,
-            &mut skipped,
+            (&mut skipped, &mut notices),
             &store_owner,
             &files.seal,
             claim,
@@ -979,11 +979,12 @@ fn make_missing_roots(
 
 /// Keeps the roots whose snapshot store is this state directory's, or no one's yet,
 /// claiming those there and unclaimed as `claim` allows; a root another state directory claimed is
-/// skipped, saying whose it is (see [`StoreOwner`]). A store that cannot be read is
-/// looked at again before the first snapshot taken in it.
+/// skipped, saying whose it is (see [`StoreOwner`]); one claimed again is said in the
+/// start's notices. A store that cannot be read is looked at again before the first
+/// snapshot taken in it.
 fn confirm_stores(
     roots: Vec<SandboxRoot>,
-    skipped: &mut Vec<String>,
+    (skipped, notices): (&mut Vec<String>, &mut Vec<String>),
     owner: &StoreOwner,
     key: &crate::seal::SealKey,
     claim: Claim,
@@ -1000,10 +1001,12 @@ fn confirm_stores(
             Ok(Ownership::Unsettled) => {}
             Ok(Ownership::ClaimedAgain) => {
                 root.set_store_confirmed();
-                tracing::warn!(
-                    root = %root.path().display(),
-                    "the snapshot store named this state directory under an earlier seal key: claimed again; the snapshots sealed with that key stay refused"
+                let said = format!(
+                    "the snapshot store of root {} named this state directory under an earlier seal key: it is claimed again with the present one; the snapshots sealed with the earlier key stay refused",
+                    root.path().display()
                 );
+                tracing::warn!(%said, "a snapshot store claimed again");
+                notices.push(said);
             }
             Ok(Ownership::Ours | Ownership::Claimed) => root.set_store_confirmed(),
             Err(r) => {

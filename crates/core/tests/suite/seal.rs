@@ -795,6 +795,10 @@ fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
     }
     let sb = w.sandbox();
     assert_eq!(sb.roots(), [w.root.as_path()]);
+    assert_noticed(
+        &sb,
+        "named this state directory under an earlier seal key: it is claimed again",
+    );
     let again = std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap();
     assert_ne!(again, first, "sealed again with the new key");
     assert!(seal_key(&w).open::<Value>(&again).is_ok());
