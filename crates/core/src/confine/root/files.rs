@@ -30,6 +30,10 @@ use std::io::{self, Read, Write};
 
 /// fsyncs a directory. `Dir` handles are `O_PATH`, so `"."` is opened for reading first.
 pub fn sync_dir(dir: &Dir) -> io::Result<()> {
+    #[cfg(test)]
+    if let Some(errno) = FAIL_DIR_SYNC.take() {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
     dir.open(".")?.sync_all()
 }
 
@@ -419,7 +423,15 @@ fn write_atomic_then(
         return Err(e);
     }
     if flush == Flush::FileAndDir {
-        sync_dir(dir)?;
+        sync_dir(dir).map_err(|e| match checked {
+            // In place: never taken for a refusal before anything was touched.
+            true => io::Error::other(super::refusal::failed_once_placed(
+                name,
+                "the sync of its folder",
+                &e,
+            )),
+            false => e,
+        })?;
     }
     Ok(())
 }
@@ -442,6 +454,9 @@ thread_local! {
     /// The error (its number) the next look after a rename on this thread meets, as if
     /// the system had refused it.
     pub(super) static FAIL_CHECK: std::cell::Cell<Option<i32>> =
+        const { std::cell::Cell::new(None) };
+    /// The error (its number) the next sync of a folder on this thread meets.
+    pub(super) static FAIL_DIR_SYNC: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
 }
 

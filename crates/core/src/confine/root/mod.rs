@@ -168,8 +168,8 @@ pub use files::{
 };
 pub(crate) use files::{entry_type, open_file_in, read_file_in, remove_temp_files_in_tree};
 use refusal::{
-    changed_meanwhile, hardlink_refusal, moved_meanwhile, named_in_full, removed_meanwhile,
-    special_refusal,
+    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
+    removed_meanwhile, special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
@@ -505,9 +505,24 @@ impl SandboxRoot {
         make: Make,
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
+        let mut created = Vec::new();
+        match self.descend_making(rel, make, durable, &mut created) {
+            Ok(dir) => Ok((dir, created)),
+            Err(r) => Err(made_then(&created, r)),
+        }
+    }
+
+    /// The walk of [`SandboxRoot::open_parent_making`], adding to `created` each folder
+    /// it makes.
+    fn descend_making(
+        &self,
+        rel: &RelPath,
+        make: Make,
+        durable: bool,
+        created: &mut Vec<String>,
+    ) -> Verdict<ParentDir<'_>> {
         let comps = rel.components();
         let mut dir = ParentDir::Root(&self.dir);
-        let mut created = Vec::new();
         for (i, comp) in rel.parent_components().iter().enumerate() {
             match dir.symlink_metadata(comp) {
                 Ok(m) if m.file_type().is_symlink() => {
@@ -552,7 +567,7 @@ impl SandboxRoot {
                 Err(r) => return Err(r),
             };
         }
-        Ok((dir, created))
+        Ok(dir)
     }
 
     /// Reads a regular file (no symlink, no FIFO; opened non-blocking and checked on the
@@ -609,7 +624,7 @@ impl SandboxRoot {
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, durable)?;
         write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
-            .map_err(|e| self.map_write_error_in(&dir, rel, e))?;
+            .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
     }
 
@@ -628,8 +643,24 @@ impl SandboxRoot {
         durable: bool,
     ) -> Verdict<Vec<String>> {
         let (dir, mut created) = self.open_parent_making(rel, make, durable)?;
-        let name = rel.file_name();
         let may_make = make.may_make(rel.parent_components().len());
+        match self.make_last(&dir, rel, may_make, durable, &mut created) {
+            Ok(()) => Ok(created),
+            Err(r) => Err(made_then(&created, r)),
+        }
+    }
+
+    /// The last step of [`SandboxRoot::create_dir_all_making`]: the directory itself in
+    /// its parent `dir`, made when `may_make` (added to `created`), else found there.
+    fn make_last(
+        &self,
+        dir: &ParentDir<'_>,
+        rel: &RelPath,
+        may_make: bool,
+        durable: bool,
+        created: &mut Vec<String>,
+    ) -> Verdict {
+        let name = rel.file_name();
         let mut builder = DirBuilder::new();
         builder.mode(DIR_MODE);
         let made = if may_make {
@@ -641,7 +672,7 @@ impl SandboxRoot {
             Ok(()) => {
                 created.push(rel.as_string());
                 if durable {
-                    sync_dir(&dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
+                    sync_dir(dir).map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -668,7 +699,7 @@ impl SandboxRoot {
             }
             Err(e) => return Err(io_refusal("create directory", rel.components(), &e)),
         }
-        Ok(created)
+        Ok(())
     }
 
     /// Removes a regular file (never following a symlink; a symlink found there is left
@@ -1412,6 +1443,58 @@ mod tests {
             std::fs::read(tmp.path().join("root/t.txt")).unwrap(),
             b"new"
         );
+    }
+
+    /// A folder's sync refused (EACCES, as a security module may) once the new bytes or
+    /// folders are in place is no refusal before the write either: the new file, or
+    /// the folders made, stand, and the write's undo must look at them (`conflict` had it
+    /// leave them, saying nothing remained).
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test looks at the tree as a user would
+    fn a_refused_folder_sync_after_the_change_is_no_refusal_before_it() {
+        let (tmp, root) = root();
+        let file = RelPath::from_components(comps("t.txt"));
+        for put in [Put::New, Put::Any] {
+            files::FAIL_DIR_SYNC.with(|f| f.set(Some(13)));
+            let r = root
+                .write_atomic_put(&file, b"new", 0o644, put, Make::From(0), true)
+                .unwrap_err();
+            assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
+            assert!(
+                r.reason
+                    .contains("were put in its place, then the sync of its folder failed"),
+                "{}",
+                r.reason
+            );
+        }
+        // Folders made on the way, then the sync refused: each case names what was made.
+        for (rel, dir) in [("a/b.txt", false), ("c/d", true)] {
+            let rel = RelPath::from_components(comps(rel));
+            files::FAIL_DIR_SYNC.with(|f| f.set(Some(13)));
+            let r = match dir {
+                true => root.create_dir_all_making(&rel, Make::From(0), true),
+                false => root
+                    .write_atomic_put(&rel, b"x", 0o644, Put::New, Make::From(0), true)
+                    .map(|_| Vec::new()),
+            }
+            .unwrap_err();
+            assert_eq!(r.reason_code, ReasonCode::IoError, "{rel:?}: {}", r.reason);
+            let first = &rel.components()[0];
+            assert!(
+                r.reason
+                    .starts_with(&format!("'{first}' was made for it, then: ")),
+                "{}",
+                r.reason
+            );
+            assert!(tmp.path().join("root").join(first).is_dir());
+        }
+        // The last folder itself made, then its parent's sync refused.
+        files::FAIL_DIR_SYNC.with(|f| f.set(Some(13)));
+        let r = root
+            .create_dir_all_making(&RelPath::from_components(comps("e")), Make::From(0), true)
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
+        assert!(r.reason.starts_with("'e' was made for it"), "{}", r.reason);
     }
 
     /// The link count of an open file says how many names it has, not where: an outside

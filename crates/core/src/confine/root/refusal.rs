@@ -45,6 +45,28 @@ pub(super) fn failed_once_placed(name: &str, then: &str, e: &io::Error) -> Refus
     )
 }
 
+/// `r`, met after the folders `created` were made for a write: an I/O error whatever it
+/// was (a permission is `conflict` only before anything is touched), so that the
+/// write's undo looks at what is there and removes the folders it made.
+pub(super) fn made_then(created: &[String], r: Refusal) -> Refusal {
+    if created.is_empty() || r.reason_code == ReasonCode::IoError {
+        return r;
+    }
+    Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "{} {} made for it, then: {}",
+            created
+                .iter()
+                .map(|c| shown_path(c))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if created.len() == 1 { "was" } else { "were" },
+            r.reason
+        ),
+    )
+}
+
 /// The refusal for a write whose new bytes took `name`'s place, after which the file
 /// they replaced was found swapped for something that is no plain file (a link to a
 /// file elsewhere, a FIFO): not put back. An I/O error, so that undoing the write looks
