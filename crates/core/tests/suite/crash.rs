@@ -2319,6 +2319,53 @@ fn a_start_that_cannot_sync_its_recovery_does_not_say_recovered() {
     assert_eq!(w.tree(), original);
 }
 
+/// A `batched` rollback whose last sync fails has restored and recorded its files, none
+/// of it durable: it says so (`io_error`), not `rolled_back`, which a client would take
+/// for done while this process now takes no more changes. Every earlier sync failing
+/// fails it too; the next start settles what reached the disk, and a rollback run again
+/// gives back the original tree.
+#[test]
+fn a_rollback_whose_last_sync_fails_is_not_said_rolled_back() {
+    let mut last_sync_seen = false;
+    for n in 1..=16 {
+        let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Batched);
+        let sb = w.open(c.clone());
+        assert_eq!(status(&run(&sb, plan_json())), "success");
+        sb.failpoints().arm("batch_sync", n);
+        let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+        if rb.status == "rolled_back" {
+            // Past the rollback's last sync: nothing failed.
+            assert!(last_sync_seen, "n = {n}: {rb:?}");
+            return;
+        }
+        assert_eq!(
+            rb.reason_code,
+            Some(ailab_sandbox_core::ReasonCode::IoError),
+            "n = {n}: {rb:?}"
+        );
+        if !rb.steps.is_empty() && rb.steps.iter().all(|s| s.restored) {
+            last_sync_seen = true;
+            assert!(
+                rb.reason.as_deref().is_some_and(|r| r.starts_with(
+                    "the files were restored and the rollback recorded, but neither could be made durable: "
+                )),
+                "n = {n}: {rb:?}"
+            );
+        }
+        drop(sb);
+        let sb = w.open(c);
+        let again = sb.rollback_workflow("wf_crash", &forced());
+        assert!(
+            again.status == "rolled_back"
+                || again.reason_code == Some(ailab_sandbox_core::ReasonCode::NoRollbackData),
+            "n = {n}: {again:?}"
+        );
+        assert_eq!(w.tree(), original, "n = {n}");
+        assert!(sb.audit_verify().unwrap().ok, "n = {n}");
+    }
+    panic!("the rollback never went through");
+}
+
 /// Another process that starts while a run is under way may find the run's record
 /// unreadable (caught while being written, say). The run holds its workflow's lock, so
 /// the record is its own and stays: removed, a `kill -9` of the run would leave its

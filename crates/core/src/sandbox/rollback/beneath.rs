@@ -137,6 +137,7 @@ impl Sandbox {
                     reason_code: None,
                     reason: None,
                     unrecorded,
+                    unsynced: None,
                 }
             })
             .collect();

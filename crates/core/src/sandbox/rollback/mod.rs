@@ -145,6 +145,10 @@ pub struct RollbackStep {
     /// Why its audit line could not be written, if it could not.
     #[serde(skip)]
     pub unrecorded: Option<String>,
+    /// Why the rollback's last sync failed, if it did: restored and recorded, neither
+    /// durable.
+    #[serde(skip)]
+    pub unsynced: Option<String>,
 }
 
 impl RollbackStep {
@@ -173,6 +177,7 @@ impl RollbackStep {
             reason_code: Some(r.reason_code),
             reason: Some(r.reason),
             unrecorded: None,
+            unsynced: None,
         }
     }
 }
@@ -691,6 +696,13 @@ fn rolled_back_report(
             Some(ReasonCode::IoError),
             Some(format!(
                 "the files were restored, but the audit trail could not record it: {e}; it is recorded before this process's next change, when this workflow is next used, or at the next start, once the state directory can be written"
+            )),
+        ),
+        // Done and recorded, not durable: this process takes no more changes.
+        (None, None) if let Some(e) = steps.iter().find_map(|s| s.unsynced.as_deref()) => (
+            Some(ReasonCode::IoError),
+            Some(format!(
+                "the files were restored and the rollback recorded, but neither could be made durable: {e}"
             )),
         ),
         // Done, yet not everything the workflow wrote is back as it was: say so.

@@ -314,6 +314,9 @@ impl Sandbox {
         }
         if let Err(r) = self.sync_point() {
             tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
+            for s in steps.iter_mut().filter(|s| s.restored) {
+                s.unsynced = Some(r.reason.clone());
+            }
         }
         // Recorded before this process's next change (`record_held_restores`). Those of
         // a dead run's undo are left with its record, kept for the next start.
@@ -557,6 +560,7 @@ impl Sandbox {
             reason_code: None,
             reason: None,
             unrecorded: None,
+            unsynced: None,
         }
     }
 
