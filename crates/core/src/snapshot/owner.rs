@@ -12,7 +12,7 @@
 
 use crate::confine::SandboxRoot;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
-use crate::confine::root::{Flush, Put, read_regular, sync_dir, write_atomic_flush};
+use crate::confine::root::{Flush, Put, read_file_in, sync_dir, write_atomic_flush};
 use crate::reason::{ReasonCode, Refusal};
 use crate::seal::{SealKey, Unsealed};
 use serde::{Deserialize, Serialize};
@@ -94,9 +94,9 @@ impl StoreOwner {
         let at = format!("{ROLLBACK_DIR}/{OWNER_FILE}");
         // Twice at most: a claim lost to a process of the same state directory is read.
         for _ in 0..2 {
-            let bytes = match read_regular(&rb, OWNER_FILE, 1 << 12) {
-                Ok(b) => b,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            let (bytes, read) = match read_file_in(&rb, OWNER_FILE, 1 << 12, true) {
+                Ok((b, stamp)) => (b, Some(stamp)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), None),
                 // The disk, or this process, not the record: the same read may pass later.
                 Err(e) if is_passing(&e) || crate::confine::root::is_denied(&e) => {
                     return Err(snap_io(&format!("read {at} of"), &e));
@@ -112,7 +112,7 @@ impl StoreOwner {
                 }
             };
             // Empty: never claimed, or a claim a power cut left without its bytes
-            // (`relaxed` syncs nothing).
+            // (`relaxed` syncs nothing), which is replaced as it was read.
             let again = match bytes.is_empty() {
                 true => false,
                 false => match key.open::<StoreOwner>(&bytes) {
@@ -130,7 +130,9 @@ impl StoreOwner {
                 return Ok(Ownership::Unsettled);
             }
             let sealed = key.seal(self).map_err(|e| snap_io("encode", &e))?;
-            let put = if again { Put::Any } else { Put::New };
+            // A record replaced only as it was read: of two claims at once, one loses
+            // and reads the other's.
+            let put = read.map_or(Put::New, Put::Unchanged);
             let flush = if durable {
                 Flush::FileAndDir
             } else {
@@ -139,7 +141,7 @@ impl StoreOwner {
             match write_atomic_flush(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
                 Ok(()) if again => return Ok(Ownership::ClaimedAgain),
                 Ok(()) => return Ok(Ownership::Claimed),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !again => continue,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => continue,
                 Err(e) => return Err(snap_io(&format!("write {at} of"), &e)),
             }
         }
@@ -182,4 +184,11 @@ impl StoreOwner {
             ),
         )
     }
+}
+
+/// Whether a write refused because its file was no longer as it was read.
+fn is_changed(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|r| r.downcast_ref::<Refusal>())
+        .is_some_and(|r| r.reason_code == ReasonCode::Conflict)
 }

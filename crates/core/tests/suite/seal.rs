@@ -821,6 +821,52 @@ fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
     assert_eq!(w.read("c.txt"), b"c");
 }
 
+/// An empty owner record, as a power cut can leave a claim written without syncs
+/// (`relaxed`), or as a hand may make one, names no one: a runtime that may write claims
+/// it and writes, and one of another state directory then finds it claimed.
+#[test]
+fn an_empty_owner_record_is_claimed_by_the_first_writer() {
+    let w = World::new();
+    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
+    std::fs::set_permissions(
+        w.root.join(".rollback"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(w.root.join(".rollback/.ailab-owner"))
+            .unwrap();
+    }
+    let sb = w.sandbox();
+    assert_eq!(sb.roots(), [w.root.as_path()]);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    assert_eq!(action_status(&r, 0), "success", "{r:?}");
+    assert_eq!(w.read("a.txt"), b"a");
+    let record = std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap();
+    assert!(seal_key(&w).open::<Value>(&record).is_ok());
+    assert_eq!(
+        owner_record(&w)["state_dir"],
+        json!(w.state.display().to_string())
+    );
+    let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
+        std::sync::Arc::new(w.clock.clone());
+    let err = ailab_sandbox_core::Sandbox::open_with_clock(with_other_state_dir(&w), clock)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("belongs to the runtime whose state directory is"),
+        "{err}"
+    );
+}
+
 /// A folder without a record holds at most a snapshot the runtime stopped making (its
 /// backup, temporary files): one that holds anything else was filled by someone else,
 /// and is kept and named like any folder nothing vouches for, not pruned as unfinished.
