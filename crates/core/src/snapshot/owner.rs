@@ -12,7 +12,7 @@
 
 use crate::confine::SandboxRoot;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
-use crate::confine::root::{Flush, Put, read_file_in, sync_dir, write_atomic_flush};
+use crate::confine::root::{Flush, Put, read_file_in, sync_dir, write_atomic_placed};
 use crate::reason::{ReasonCode, Refusal};
 use crate::seal::{SealKey, Unsealed};
 use serde::{Deserialize, Serialize};
@@ -130,15 +130,15 @@ impl StoreOwner {
                 return Ok(Ownership::Unsettled);
             }
             let sealed = key.seal(self).map_err(|e| snap_io("encode", &e))?;
-            // A record replaced only as it was read: of two claims at once, one loses
-            // and reads the other's.
+            // A record replaced only as it was read (names exchanged, then the one
+            // replaced checked): of two claims at once, one loses and reads the other's.
             let put = read.map_or(Put::New, Put::Unchanged);
             let flush = if durable {
                 Flush::FileAndDir
             } else {
                 Flush::Nothing
             };
-            match write_atomic_flush(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
+            match write_atomic_placed(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
                 Ok(()) if again => return Ok(Ownership::ClaimedAgain),
                 Ok(()) => return Ok(Ownership::Claimed),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => continue,
