@@ -345,6 +345,21 @@ impl Left {
     }
 }
 
+/// A rollback's target as its conflict check found it.
+struct Found<'s> {
+    /// Its root's index.
+    root: usize,
+    /// The snapshot of the action whose write is judged.
+    meta: &'s SnapshotMeta,
+    /// What the target holds when that action's restore comes: now, or what a newer
+    /// action's restore will put back.
+    current: &'s TargetState,
+    /// That newer action's snapshot, if any.
+    newer: Option<&'s SnapshotMeta>,
+    /// Whether the rollback leaves the target holding `current` in the end anyway.
+    ends_so: bool,
+}
+
 impl Sandbox {
     /// Files a rollback would overwrite although they changed since the action.
     /// `snaps` is oldest first.
@@ -422,33 +437,16 @@ impl Sandbox {
             claimed_by.sort();
             claimed_by.dedup();
             let unchanged = left.holds(&current, &s.meta) || restored();
+            let changed_anyhow = !unchanged || !claimed_by.is_empty() || foreign || removed;
+            let found = Found {
+                root: *i,
+                meta: &s.meta,
+                current: &current,
+                newer,
+                ends_so: left_at_end.get(&abs) == Some(&current),
+            };
             let (changed, changed_by) =
-                if !unchanged || !claimed_by.is_empty() || foreign || removed {
-                    let by = found_by_action
-                        .is_none()
-                        .then(|| {
-                            let changes = self.changes_since_in(&mut named, *i, &s.meta).ok()?;
-                            Self::changed_by(&changes, &s.meta, left.state.checksum(), &current)
-                        })
-                        .flatten();
-                    (true, by)
-                } else if current == left.state
-                    && matches!(current, TargetState::File(_))
-                    && left_at_end.get(&abs) != Some(&current)
-                {
-                    // The very bytes the action left, yet other workflows may have written
-                    // there since and come back to them (X, then Y, then X again):
-                    // restoring would undo the last of those writes unseen.
-                    match self.changes_since_in(&mut named, *i, &s.meta) {
-                        Ok(changes) => Self::written_back(&changes, &s.meta, &current, newer),
-                        Err(_) if forced => (false, None),
-                        Err(e) => {
-                            return Err(crate::error::log_refusal("read the audit trail", &e));
-                        }
-                    }
-                } else {
-                    (false, None)
-                };
+                self.changed_since(&mut named, &found, &left, changed_anyhow, forced)?;
             if changed {
                 out.push(Conflict {
                     action_id: s.meta.action_id.clone(),
@@ -462,6 +460,44 @@ impl Sandbox {
             }
         }
         Ok(out)
+    }
+
+    /// Whether the target `found` changed since its action left it, and by which write
+    /// when the trail tells (`changed_anyhow`: the check found it so already, a
+    /// difference or a folder someone else claims). Holding the very bytes the action
+    /// left, it may still have been written since and come back to them.
+    fn changed_since(
+        &self,
+        named: &mut Named<'_>,
+        found: &Found<'_>,
+        left: &Left,
+        changed_anyhow: bool,
+        forced: bool,
+    ) -> Verdict<(bool, Option<ChangedBy>)> {
+        let (i, meta, current) = (found.root, found.meta, found.current);
+        if changed_anyhow {
+            // A newer action of the rollback is what changed it, or the trail may name who.
+            let by = found
+                .newer
+                .is_none()
+                .then(|| {
+                    let changes = self.changes_since_in(named, i, meta).ok()?;
+                    Self::changed_by(&changes, meta, left.state.checksum(), current)
+                })
+                .flatten();
+            return Ok((true, by));
+        }
+        if *current != left.state || !matches!(current, TargetState::File(_)) || found.ends_so {
+            return Ok((false, None));
+        }
+        // The very bytes the action left, yet other workflows may have written there
+        // since and come back to them (X, then Y, then X again): restoring would undo
+        // the last of those writes unseen.
+        match self.changes_since_in(named, i, meta) {
+            Ok(changes) => Ok(Self::written_back(&changes, meta, current, found.newer)),
+            Err(_) if forced => Ok((false, None)),
+            Err(e) => Err(crate::error::log_refusal("read the audit trail", &e)),
+        }
     }
 
     /// What a rollback of `snaps` (oldest first) leaves at each path in the end: what its

@@ -223,56 +223,12 @@ fn open_ancestors(
             .last()
             .ok_or_else(|| format!("{what} {shown} cannot be reached"))?;
         let here = parent.path.join(&name);
-        let meta = match parent.dir.symlink_metadata(&name) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => {
-                return Ok(None);
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
-                make_dir(&parent.dir, &name, DIR_MODE).map_err(|e| {
-                    format!(
-                        "{what} {shown} cannot be created: its parent {} cannot be created: {}",
-                        here.display(),
-                        io_words(&e)
-                    )
-                })?;
-                parent.dir.symlink_metadata(&name).map_err(|e| {
-                    format!(
-                        "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
-                        here.display(),
-                        io_words(&e)
-                    )
-                })?
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
-                    here.display(),
-                    io_words(&e)
-                ));
-            }
+        let Some(meta) = look_making(parent, &name, &here, walk, (what, root))? else {
+            return Ok(None);
         };
         if meta.file_type().is_symlink() {
-            if meta.uid() != 0 && meta.uid() != euid {
-                return Err(format!(
-                    "{what} {shown} {REFUSED_ABOVE}{} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
-                    here.display(),
-                    meta.uid()
-                ));
-            }
             hops += 1;
-            if hops > ANCESTOR_HOPS {
-                return Err(format!(
-                    "{what} {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
-                ));
-            }
-            let target = parent.dir.read_link_contents(&name).map_err(|e| {
-                format!(
-                    "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {}",
-                    here.display(),
-                    io_words(&e)
-                )
-            })?;
+            let target = link_above(parent, &name, &here, &meta, hops, (euid, what, root))?;
             if target.is_absolute() {
                 chain.truncate(1);
             }
@@ -297,6 +253,78 @@ fn open_ancestors(
         chain.push(checked_ancestor(root, here, dir, euid, what)?);
     }
     Ok(Some(chain))
+}
+
+/// What `name` in `parent` is (`here`), made first when missing and `walk` makes
+/// folders; `None` when it is missing and `walk` only probes. `(what, root)`: the
+/// folder being reached, for the words.
+fn look_making(
+    parent: &Ancestor,
+    name: &str,
+    here: &Path,
+    walk: Walk,
+    (what, root): (&str, &Path),
+) -> Result<Option<cap_std::fs::Metadata>, String> {
+    let shown = root.display();
+    let not_inspected = |e: &io::Error| {
+        format!(
+            "{what} {shown} cannot be inspected: its parent {} cannot be inspected: {}",
+            here.display(),
+            io_words(e)
+        )
+    };
+    match parent.dir.symlink_metadata(name) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Probe => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && walk == Walk::Create => {
+            make_dir(&parent.dir, name, DIR_MODE).map_err(|e| {
+                format!(
+                    "{what} {shown} cannot be created: its parent {} cannot be created: {}",
+                    here.display(),
+                    io_words(&e)
+                )
+            })?;
+            parent
+                .dir
+                .symlink_metadata(name)
+                .map(Some)
+                .map_err(|e| not_inspected(&e))
+        }
+        Err(e) => Err(not_inspected(&e)),
+    }
+}
+
+/// Where the symbolic link `name` in `parent` (`here`, described by `meta`) points, the
+/// `hops`-th met on the way: refused when another user could point it elsewhere, or past
+/// [`ANCESTOR_HOPS`].
+fn link_above(
+    parent: &Ancestor,
+    name: &str,
+    here: &Path,
+    meta: &cap_std::fs::Metadata,
+    hops: usize,
+    (euid, what, root): (u32, &str, &Path),
+) -> Result<PathBuf, String> {
+    let shown = root.display();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(format!(
+            "{what} {shown} {REFUSED_ABOVE}{} above it is a symbolic link owned by uid {}; a symbolic link above a {what} must be owned by root (uid 0) or by this process's uid {euid}, or its owner could point it elsewhere",
+            here.display(),
+            meta.uid()
+        ));
+    }
+    if hops > ANCESTOR_HOPS {
+        return Err(format!(
+            "{what} {shown} cannot be reached: more than {ANCESTOR_HOPS} symbolic links above it (a loop?)"
+        ));
+    }
+    parent.dir.read_link_contents(name).map_err(|e| {
+        format!(
+            "{what} {shown} cannot be inspected: the symbolic link {} above it cannot be read: {}",
+            here.display(),
+            io_words(&e)
+        )
+    })
 }
 
 /// Reads a file the operator names to configure the runtime (`what`: "config file"), at

@@ -312,12 +312,7 @@ impl Sandbox {
         if !recovering && held_back.is_none() {
             self.record_undone_beneath(execution_id, workflow_id, targets, &mut steps);
         }
-        if let Err(r) = self.sync_point() {
-            tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
-            for s in steps.iter_mut().filter(|s| s.restored) {
-                s.unsynced = Some(r.reason.clone());
-            }
-        }
+        self.sync_last_record(&mut steps);
         // Recorded before this process's next change (`record_held_restores`). Those of
         // a dead run's undo are left with its record, kept for the next start.
         let held = steps
@@ -333,6 +328,17 @@ impl Sandbox {
             self.metrics.rollback(why);
         }
         steps
+    }
+
+    /// Makes the rollback's last record durable, or says in each restored step that it
+    /// could not be.
+    fn sync_last_record(&self, steps: &mut [RollbackStep]) {
+        if let Err(r) = self.sync_point() {
+            tracing::error!(reason = %r.reason, "could not sync the rollback's last record");
+            for s in steps.iter_mut().filter(|s| s.restored) {
+                s.unsynced = Some(r.reason.clone());
+            }
+        }
     }
 
     /// The step of a restore that failed with `r` (`reached`: the restore was made, and
