@@ -653,6 +653,37 @@ fn owner_record(w: &World) -> Value {
     serde_json::from_slice(&std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap()).unwrap()
 }
 
+/// Why a start with `config` over the world's root is refused.
+fn start_refused(w: &World, config: ailab_sandbox_core::config::Config) -> String {
+    let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
+        std::sync::Arc::new(w.clock.clone());
+    ailab_sandbox_core::Sandbox::open_with_clock(config, clock)
+        .unwrap_err()
+        .to_string()
+}
+
+/// A snapshot store as the runtime makes it, with nothing in it.
+fn make_private_store(w: &World) {
+    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
+    std::fs::set_permissions(
+        w.root.join(".rollback"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+}
+
+/// Makes a file private to its owner holding `bytes`, as the runtime's own are.
+fn write_private(path: &std::path::Path, bytes: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, bytes).unwrap();
+}
+
 /// A runtime started over a root whose snapshot store another state directory claimed
 /// writes nothing there: the root is skipped at start, saying whose the store is and what
 /// to do, and the other's files and snapshots are left as they are.
@@ -668,11 +699,7 @@ fn a_root_another_state_directory_writes_in_is_skipped_at_start() {
         json!(w.state.display().to_string())
     );
     let before = w.tree();
-    let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
-        std::sync::Arc::new(w.clock.clone());
-    let err = ailab_sandbox_core::Sandbox::open_with_clock(with_other_state_dir(&w), clock)
-        .unwrap_err()
-        .to_string();
+    let err = start_refused(&w, with_other_state_dir(&w));
     assert!(
         err.contains(&format!(
             "belongs to the runtime whose state directory is '{}', not to this runtime's state directory '{}'",
@@ -710,11 +737,7 @@ fn a_root_another_state_directory_writes_in_is_skipped_at_start() {
             "damaged" => std::fs::write(&record, b"{\"state_dir\": 7").unwrap(),
             _ => std::os::unix::fs::symlink(w.tmp.path().join("elsewhere"), &record).unwrap(),
         }
-        let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
-            std::sync::Arc::new(w.clock.clone());
-        let err = ailab_sandbox_core::Sandbox::open_with_clock(w.writable_config(), clock)
-            .unwrap_err()
-            .to_string();
+        let err = start_refused(&w, w.writable_config());
         assert!(
             err.contains("belongs to an owner this runtime cannot tell") && err.contains(said),
             "{what}: {err}"
@@ -768,12 +791,7 @@ fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
     let w = World::new();
     // Never claimed (as a store made before claims were), opened without writes: left
     // unclaimed.
-    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
-    std::fs::set_permissions(
-        w.root.join(".rollback"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
+    make_private_store(&w);
     drop(w.open(w.config()));
     assert!(!w.root.join(".rollback/.ailab-owner").exists());
     run(
@@ -783,16 +801,7 @@ fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
     let first = std::fs::read(w.root.join(".rollback/.ailab-owner")).unwrap();
     let key = w.state.join("seal.key");
     std::fs::remove_file(&key).unwrap();
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&key)
-            .unwrap();
-        std::io::Write::write_all(&mut f, &[9u8; 32]).unwrap();
-    }
+    write_private(&key, &[9u8; 32]);
     let sb = w.sandbox();
     assert_eq!(sb.roots(), [w.root.as_path()]);
     assert_noticed(
@@ -827,21 +836,8 @@ fn a_replaced_key_or_a_moved_state_directory_keeps_the_root() {
 #[test]
 fn an_empty_owner_record_is_claimed_by_the_first_writer() {
     let w = World::new();
-    std::fs::create_dir_all(w.root.join(".rollback")).unwrap();
-    std::fs::set_permissions(
-        w.root.join(".rollback"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )
-    .unwrap();
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(w.root.join(".rollback/.ailab-owner"))
-            .unwrap();
-    }
+    make_private_store(&w);
+    write_private(&w.root.join(".rollback/.ailab-owner"), b"");
     let sb = w.sandbox();
     assert_eq!(sb.roots(), [w.root.as_path()]);
     let r = run(
@@ -856,11 +852,7 @@ fn an_empty_owner_record_is_claimed_by_the_first_writer() {
         owner_record(&w)["state_dir"],
         json!(w.state.display().to_string())
     );
-    let clock: std::sync::Arc<dyn ailab_sandbox_core::clock::Clock> =
-        std::sync::Arc::new(w.clock.clone());
-    let err = ailab_sandbox_core::Sandbox::open_with_clock(with_other_state_dir(&w), clock)
-        .unwrap_err()
-        .to_string();
+    let err = start_refused(&w, with_other_state_dir(&w));
     assert!(
         err.contains("belongs to the runtime whose state directory is"),
         "{err}"
