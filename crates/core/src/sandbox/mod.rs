@@ -22,7 +22,7 @@ use crate::policy::{
     phase_supports_sandbox_write,
 };
 use crate::reason::{ReasonCode, Verdict};
-use crate::snapshot::{Claim, Ownership, StoreOwner, StoredSnapshot};
+use crate::snapshot::{Claim, OWNER_FILE, Ownership, Settled, StoreOwner, StoredSnapshot};
 use serde::Serialize;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -457,22 +457,34 @@ impl Sandbox {
         )
     }
 
-    /// Before the first snapshot this process takes in `root`: that its store is this
-    /// state directory's, claimed when no one's; `conflict` when another's (see
-    /// [`StoreOwner`]).
+    /// Before a snapshot in `root`: that its store is this state directory's, claimed
+    /// when no one's; `conflict` when another's (see [`StoreOwner`]). The owner record is
+    /// read again only when it is no longer the file last found naming this one (one
+    /// look at it a snapshot): a record removed, or replaced by another runtime's claim,
+    /// while this process runs is seen at its next write.
     pub(crate) fn confirm_store(&self, root: &SandboxRoot) -> Verdict {
-        if root.store_confirmed() {
+        let record = format!("{}/{}", crate::confine::path::ROLLBACK_DIR, OWNER_FILE);
+        if let Some(was) = root.store_record()
+            && crate::confine::root::stamp_now(root.dir(), &record).ok() == Some(Some(was))
+        {
             return Ok(());
         }
         match self
             .store_owner
             .confirm(root, &self.seal, Claim::Make, self.fsync_each())?
         {
-            Ownership::Foreign(r) => Err(r),
-            _ => {
-                root.set_store_confirmed();
+            Ownership::Foreign(r) => {
+                root.set_store_record(None);
+                Err(r)
+            }
+            Ownership::Ours(stamp, settled) => {
+                if let Some(said) = settled_words(root, &settled) {
+                    tracing::warn!(%said, "a snapshot store claimed again");
+                }
+                root.set_store_record(Some(stamp));
                 Ok(())
             }
+            Ownership::Unsettled => Ok(()),
         }
     }
 
@@ -999,16 +1011,13 @@ fn confirm_stores(
                 continue;
             }
             Ok(Ownership::Unsettled) => {}
-            Ok(Ownership::ClaimedAgain) => {
-                root.set_store_confirmed();
-                let said = format!(
-                    "the snapshot store of root {} named this state directory under an earlier seal key: it is claimed again with the present one; the snapshots sealed with the earlier key stay refused",
-                    root.path().display()
-                );
-                tracing::warn!(%said, "a snapshot store claimed again");
-                notices.push(said);
+            Ok(Ownership::Ours(stamp, settled)) => {
+                if let Some(said) = settled_words(&root, &settled) {
+                    tracing::warn!(%said, "a snapshot store claimed again");
+                    notices.push(said);
+                }
+                root.set_store_record(Some(stamp));
             }
-            Ok(Ownership::Ours | Ownership::Claimed) => root.set_store_confirmed(),
             Err(r) => {
                 tracing::warn!(root = %root.path().display(), why = %r.reason, "could not confirm whose the snapshot store is");
             }
@@ -1021,6 +1030,22 @@ fn confirm_stores(
         });
     }
     Ok(kept)
+}
+
+/// What a start says of a store whose owner record was made to name this state
+/// directory again, if anything.
+fn settled_words(root: &SandboxRoot, settled: &Settled) -> Option<String> {
+    let root = root.path().display();
+    match settled {
+        Settled::Already | Settled::Claimed => None,
+        Settled::ClaimedAgain => Some(format!(
+            "the snapshot store of root {root} named this state directory under an earlier seal key: it is claimed again with the present one; the snapshots sealed with the earlier key stay refused"
+        )),
+        Settled::Moved(was) => Some(format!(
+            "the snapshot store of root {root} named this state directory as {} (moved since, or put back from a copy): its record now names it as it is, so that a copy left there is refused",
+            crate::confine::path::shown_path(was)
+        )),
+    }
 }
 
 /// The target locks (see [`Sandbox::lock_target`]), made once so that every thread of

@@ -22,7 +22,7 @@ mod restore;
 mod store;
 mod take;
 
-pub use owner::{Claim, OWNER_FILE, Ownership, StoreOwner};
+pub use owner::{Claim, OWNER_FILE, Ownership, Settled, StoreOwner};
 pub use restore::RestoreOutcome;
 pub(crate) use restore::{Forced, RollbackEngine};
 pub use store::check_store;

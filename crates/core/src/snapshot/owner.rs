@@ -8,11 +8,15 @@
 //! whose key did not make that seal leaves the root alone (skipped at start, its writes
 //! refused), unless the record names this very state directory, by path and by the
 //! directory itself: then it is this one's with its key replaced since, and it is
-//! claimed again.
+//! claimed again. A copy of the state directory has the key but is another runtime (its
+//! own trail and locks): a record under this key must also name this directory, by what
+//! it is (moved) or where it is (put back from a copy), and is then made to name it as
+//! it is now. Each snapshot looks at the record first (one `statx`), so a claim removed
+//! or taken over while a process runs is seen at its next write.
 
 use crate::confine::SandboxRoot;
 use crate::confine::path::{ROLLBACK_DIR, shown_path};
-use crate::confine::root::{Flush, Put, read_file_in, sync_dir, write_atomic_placed};
+use crate::confine::root::{FileStamp, Flush, Put, read_file_in, sync_dir, write_atomic_placed};
 use crate::reason::{ReasonCode, Refusal};
 use crate::seal::{SealKey, Unsealed};
 use serde::{Deserialize, Serialize};
@@ -49,17 +53,30 @@ pub enum Claim {
 /// What confirming a store found.
 #[derive(Debug)]
 pub enum Ownership {
-    /// The store is this state directory's.
-    Ours,
-    /// No one had claimed it: it is now this state directory's.
-    Claimed,
-    /// It named this state directory under an earlier seal key: it is claimed again.
-    ClaimedAgain,
+    /// The store is this state directory's: its owner record as it stands (while the
+    /// same file, unchanged, stands there, the store is still this one's), and how it
+    /// came to name it.
+    Ours(FileStamp, Settled),
     /// Not confirmed, and nothing was written: no store yet, or it is unclaimed or under
     /// an earlier key while this process may not write.
     Unsettled,
     /// Another state directory's, or its record is damaged: nothing is written here.
     Foreign(Refusal),
+}
+
+/// How a store's owner record came to name this state directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// It did already.
+    Already,
+    /// No one had claimed the store: this state directory now has.
+    Claimed,
+    /// It named this state directory under an earlier seal key: it is claimed again.
+    ClaimedAgain,
+    /// Under this key, it named this very directory at another path (moved), or another
+    /// directory at this path (put back from a copy): it names this one as it is now,
+    /// so that a copy left at the other place is not taken for it. The place it named.
+    Moved(String),
 }
 
 impl StoreOwner {
@@ -92,8 +109,10 @@ impl StoreOwner {
             }
         };
         let at = format!("{ROLLBACK_DIR}/{OWNER_FILE}");
-        // Twice at most: a claim lost to a process of the same state directory is read.
-        for _ in 0..2 {
+        // What this process wrote, once it did: read back, to know the file as it stands.
+        let mut wrote = None;
+        // Three reads at most: a claim lost to another process is read as that one's.
+        for _ in 0..3 {
             let (bytes, read) = match read_file_in(&rb, OWNER_FILE, 1 << 12, true) {
                 Ok((b, stamp)) => (b, Some(stamp)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => (Vec::new(), None),
@@ -113,18 +132,30 @@ impl StoreOwner {
             };
             // Empty: never claimed, or a claim a power cut left without its bytes
             // (`relaxed` syncs nothing), which is replaced as it was read.
-            let again = match bytes.is_empty() {
-                true => false,
-                false => match key.open::<StoreOwner>(&bytes) {
-                    Ok(_) => return Ok(Ownership::Ours),
+            let settled = match (read, bytes.is_empty()) {
+                (Some(stamp), false) => match key.open::<StoreOwner>(&bytes) {
+                    Ok(named) if named == *self => {
+                        return Ok(Ownership::Ours(stamp, wrote.unwrap_or(Settled::Already)));
+                    }
+                    // A copy of the state directory has its key too: the record must name
+                    // this directory, by what it is or where it is.
+                    Ok(named)
+                        if named.state_dir_id != self.state_dir_id
+                            && named.state_dir != self.state_dir =>
+                    {
+                        return Ok(Ownership::Foreign(self.copy_refusal(root, &named)));
+                    }
+                    Ok(_) if !claim => return Ok(Ownership::Ours(stamp, Settled::Already)),
+                    Ok(named) => Settled::Moved(named.state_dir),
                     Err(why) => match serde_json::from_slice::<StoreOwner>(&bytes) {
-                        Ok(named) if named == *self => true,
+                        Ok(named) if named == *self => Settled::ClaimedAgain,
                         named => {
                             let whose = self.owner_named(named.ok(), &why);
                             return Ok(Ownership::Foreign(self.foreign(root, &whose)));
                         }
                     },
                 },
+                _ => Settled::Claimed,
             };
             if !claim {
                 return Ok(Ownership::Unsettled);
@@ -139,9 +170,8 @@ impl StoreOwner {
                 Flush::Nothing
             };
             match write_atomic_placed(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
-                Ok(()) if again => return Ok(Ownership::ClaimedAgain),
-                Ok(()) => return Ok(Ownership::Claimed),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => continue,
+                Ok(()) => wrote = Some(settled),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => {}
                 Err(e) => return Err(snap_io(&format!("write {at} of"), &e)),
             }
         }
@@ -168,6 +198,25 @@ impl StoreOwner {
             }
             (None, Unsealed::Forged) => "another runtime".to_owned(),
         }
+    }
+
+    /// The refusal for a store whose record, sealed with this state directory's key,
+    /// names another directory at another path (`named`): a copy of this one, or this
+    /// one a copy of it, each with its own trail and locks.
+    fn copy_refusal(&self, root: &SandboxRoot, named: &StoreOwner) -> Refusal {
+        let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
+        Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "the snapshot store of root {} belongs to the state directory {}, which has this runtime's seal key but is another directory than this runtime's state directory {} (a copy of it, or it a copy of that one; so says {}): two runtimes with copies of one state directory keep separate trails and locks, and take each other's writes for changes to undo, so nothing is written here; start this runtime with {}, or, if that one is gone for good (this one was copied from it), remove {}: this runtime then claims the root, and the snapshots stay valid (the key is the same)",
+                root.path().display(),
+                shown_path(&named.state_dir),
+                shown_path(&self.state_dir),
+                shown_path(&at),
+                shown_path(&named.state_dir),
+                shown_path(&at)
+            ),
+        )
     }
 
     /// The refusal for a store claimed by another state directory (`whose`, in words).

@@ -859,6 +859,118 @@ fn an_empty_owner_record_is_claimed_by_the_first_writer() {
     );
 }
 
+/// A running runtime's claim removed (or emptied) by hand, then taken by a runtime of
+/// another state directory: the first sees it at its next write, refused `conflict`
+/// before it touches anything, and the other's files stay; a claim removed and taken by
+/// no one is made again by the next write.
+#[test]
+fn a_claim_lost_while_running_is_seen_at_the_next_write() {
+    let w = World::new();
+    let first = w.sandbox();
+    run(
+        &first,
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "f.txt", "content": "a"}]}),
+    );
+    let record = w.root.join(".rollback/.ailab-owner");
+    // Removed, no one else about: claimed again by the next write.
+    std::fs::remove_file(&record).unwrap();
+    run(
+        &first,
+        json!({"workflow_id": "wf_b", "actions": [{"intent": "replace_file", "path": "f.txt", "content": "b"}]}),
+    );
+    assert_eq!(w.read("f.txt"), b"b");
+    assert!(
+        seal_key(&w)
+            .open::<Value>(&std::fs::read(&record).unwrap())
+            .is_ok()
+    );
+    for how in ["removed", "emptied"] {
+        match how {
+            "removed" => std::fs::remove_file(&record).unwrap(),
+            _ => std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&record)
+                .map(drop)
+                .unwrap(),
+        }
+        let other_dir = w.tmp.path().join(format!("state_{how}"));
+        let mut c = w.writable_config();
+        c.state_dir = other_dir.clone();
+        let other = w.open(c);
+        let wf = format!("wf_other_{how}");
+        let r = run(
+            &other,
+            json!({"workflow_id": wf, "actions": [{"intent": "replace_file", "path": "f.txt", "content": "theirs"}]}),
+        );
+        assert_eq!(action_status(&r, 0), "success", "{how}: {r:?}");
+        assert_eq!(
+            owner_record(&w)["state_dir"],
+            json!(other_dir.display().to_string())
+        );
+        let r = run(
+            &first,
+            json!({"workflow_id": format!("wf_late_{how}"), "actions": [{"intent": "replace_file", "path": "f.txt", "content": "mine"}]}),
+        );
+        assert_eq!(code(&r, 0).as_deref(), Some("conflict"), "{how}: {r:?}");
+        assert_eq!(w.read("f.txt"), b"theirs", "{how}");
+        assert!(!w.root.join(format!(".rollback/wf_late_{how}")).exists());
+        // Given back to the first, as the refusal says (the other gone for good).
+        drop(other);
+        std::fs::remove_file(&record).unwrap();
+        std::fs::remove_dir_all(w.root.join(format!(".rollback/{wf}"))).unwrap();
+        let r = run(
+            &first,
+            json!({"workflow_id": format!("wf_back_{how}"), "actions": [{"intent": "replace_file", "path": "f.txt", "content": "back"}]}),
+        );
+        assert_eq!(action_status(&r, 0), "success", "{how}: {r:?}");
+        assert_eq!(
+            owner_record(&w)["state_dir"],
+            json!(w.state.display().to_string())
+        );
+    }
+}
+
+/// A copy of the state directory at another path has its seal key, but is another
+/// runtime with its own trail and locks: it is refused the root the original claimed,
+/// told how to take it over if the original is gone, and then the original is refused.
+#[test]
+fn a_copy_of_the_state_directory_is_not_taken_for_it() {
+    let w = World::new();
+    run(
+        &w.sandbox(),
+        json!({"workflow_id": "wf_0", "actions": [{"intent": "create_file", "path": "f.txt", "content": "0"}]}),
+    );
+    let copy = w.tmp.path().join("state_copy");
+    copy_tree(&w.state, &copy);
+    let copied = {
+        let mut c = w.writable_config();
+        c.state_dir = copy.clone();
+        c
+    };
+    let err = start_refused(&w, copied.clone());
+    assert!(
+        err.contains(&format!(
+            "belongs to the state directory '{}', which has this runtime's seal key but is another directory",
+            w.state.display()
+        )) && err.contains("remove "),
+        "{err}"
+    );
+    // The original gone for good: its copy takes the root, with its snapshots.
+    std::fs::remove_file(w.root.join(".rollback/.ailab-owner")).unwrap();
+    let taken = w.open(copied);
+    run(
+        &taken,
+        json!({"workflow_id": "wf_1", "actions": [{"intent": "replace_file", "path": "f.txt", "content": "1"}]}),
+    );
+    assert_eq!(w.read("f.txt"), b"1");
+    let err = start_refused(&w, w.writable_config());
+    assert!(
+        err.contains("another directory than this runtime's state directory"),
+        "{err}"
+    );
+}
+
 /// A folder without a record holds at most a snapshot the runtime stopped making (its
 /// backup, temporary files): one that holds anything else was filled by someone else,
 /// and is kept and named like any folder nothing vouches for, not pruned as unfinished.

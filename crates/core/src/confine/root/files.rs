@@ -658,13 +658,19 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
     placed(dir, name, file)
 }
 
+/// What stands at `name` now, as [`read_file_in`] stamps a file (`None`: nothing); a
+/// link is described, not followed.
+pub(crate) fn stamp_now(dir: &Dir, name: &str) -> io::Result<Option<FileStamp>> {
+    match dir.symlink_metadata(name) {
+        Ok(m) => Ok(Some(FileStamp::of(&m))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Refuses (`conflict`) when `name` is no longer the file `was` describes.
 fn unchanged(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
-    let now = match dir.symlink_metadata(name) {
-        Ok(m) => Some(FileStamp::of(&m)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e),
-    };
+    let now = stamp_now(dir, name)?;
     if now == Some(was) {
         Ok(())
     } else {

@@ -149,9 +149,10 @@ pub struct SandboxRoot {
     /// Where the names of the target locks of its files begin (see
     /// [`SandboxRoot::lock_seeds`]).
     lock_seeds: [u64; 2],
-    /// Whether its snapshot store was found to be this runtime's state directory's
-    /// (see [`crate::snapshot::StoreOwner`]): looked at once a process.
-    store_confirmed: std::sync::atomic::AtomicBool,
+    /// The owner record of its snapshot store as last found naming this runtime's state
+    /// directory (see [`crate::snapshot::StoreOwner`]): while it is the same file,
+    /// unchanged, it is not read again.
+    store_record: std::sync::Mutex<Option<FileStamp>>,
 }
 
 mod access;
@@ -166,7 +167,9 @@ pub use files::{
     remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
     write_atomic_placed, write_new_in,
 };
-pub(crate) use files::{entry_type, open_file_in, read_file_in, remove_temp_files_in_tree};
+pub(crate) use files::{
+    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_now,
+};
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
     removed_meanwhile, special_refusal,
@@ -265,20 +268,25 @@ impl SandboxRoot {
                 ),
                 lock_hash(LOCK_HASH_START, &checked.real.to_string_lossy()),
             ],
-            store_confirmed: std::sync::atomic::AtomicBool::new(false),
+            store_record: std::sync::Mutex::new(None),
         })
     }
 
-    /// Whether its snapshot store was confirmed this state directory's in this process.
-    pub(crate) fn store_confirmed(&self) -> bool {
-        self.store_confirmed
-            .load(std::sync::atomic::Ordering::Acquire)
+    /// The owner record of its snapshot store as last found naming this state directory.
+    pub(crate) fn store_record(&self) -> Option<FileStamp> {
+        *self
+            .store_record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records that its snapshot store is this state directory's.
-    pub(crate) fn set_store_confirmed(&self) {
-        self.store_confirmed
-            .store(true, std::sync::atomic::Ordering::Release);
+    /// Records the owner record found naming this state directory (`None`: not, or no
+    /// longer).
+    pub(crate) fn set_store_record(&self, record: Option<FileStamp>) {
+        *self
+            .store_record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = record;
     }
 
     /// The starts of the two hashes that name the target locks of a file of this root
