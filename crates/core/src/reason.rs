@@ -72,6 +72,10 @@ pub struct Refusal {
     /// as the target), not for where it leads: not counted as an escape attempt.
     #[serde(skip)]
     pub malformed: bool,
+    /// The system refused the operation for a permission (EACCES, EPERM): something a
+    /// later try may pass, once access is given, not what the path holds.
+    #[serde(skip)]
+    pub denied: bool,
 }
 
 impl Refusal {
@@ -82,6 +86,7 @@ impl Refusal {
             reason: reason.into(),
             retry_after_seconds: None,
             malformed: false,
+            denied: false,
         }
     }
 

@@ -479,7 +479,7 @@ impl Sandbox {
         // start that can read it.
         let current = match self.target_state(i, &rel) {
             crate::sandbox::TargetState::File(sum) => Some(sum),
-            crate::sandbox::TargetState::Failed(why) => {
+            crate::sandbox::TargetState::Failed(why) | crate::sandbox::TargetState::Denied(why) => {
                 tracing::error!(reason = %why, "recovery could not read a logged action's target");
                 return Placing::Failed;
             }

@@ -132,7 +132,7 @@ impl Sandbox {
             }
             _ if current.is_some() => Ok(false),
             _ => match self.target_state(root, &meta.target()) {
-                TargetState::Failed(why) => Err(why),
+                TargetState::Failed(why) | TargetState::Denied(why) => Err(why),
                 state => Ok(state == TargetState::found_by(meta)),
             },
         }

@@ -150,7 +150,17 @@ impl Sandbox {
                     report.not_rolled_back += 1;
                 }
                 DeadRestore::Spent => report.not_rolled_back += 1,
-                DeadRestore::Unmarked => {}
+                // The record is kept: the start that reads the target, or writes the
+                // mark, records the restore (the step under way is named on it).
+                DeadRestore::Unmarked => {
+                    report.retry_for(
+                        "a restore it made could not be marked so (the log says why)".to_owned(),
+                    );
+                }
+                DeadRestore::Unjudged(why) => {
+                    settled.insert(key);
+                    report.retry_for(why);
+                }
                 DeadRestore::Marked(line) => {
                     records.push(*line);
                     report.restores_recorded += 1;
@@ -178,6 +188,12 @@ impl Sandbox {
         // Compared as states, not checksums: a directory has none, and a removed
         // `create_directory` is told from a standing one only by what is there.
         let now = self.target_state(i, &meta.target());
+        if let TargetState::Failed(why) | TargetState::Denied(why) = &now {
+            return DeadRestore::Unjudged(format!(
+                "its target {} could not be read ({why})",
+                crate::confine::path::shown_path(&self.abs_path(i, &meta.target()))
+            ));
+        }
         let as_left = if meta.is_directory_action() {
             TargetState::Directory
         } else {
@@ -359,6 +375,9 @@ enum DeadRestore {
     Spent,
     /// Restored, but its mark could not be written (logged): left for a later start.
     Unmarked,
+    /// Its target could not be read (why): no guess is made, the rollback is left for
+    /// a start that can read it.
+    Unjudged(String),
     /// Restored and marked: the trail line to write.
     Marked(Box<AuditRecord>),
 }

@@ -249,7 +249,7 @@ impl Sandbox {
                 Some(c) => Ok(c.clone()),
                 None => match self.target_state(i, &s.meta.target()) {
                     TargetState::File(sum) => Ok(Some(sum)),
-                    TargetState::Failed(why) => Err(why),
+                    TargetState::Failed(why) | TargetState::Denied(why) => Err(why),
                     _ => Ok(None),
                 },
             };

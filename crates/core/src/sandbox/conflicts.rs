@@ -265,6 +265,11 @@ pub(crate) enum TargetState {
     Directory,
     Missing,
     Unreadable,
+    /// Closed to this process by a permission (its mode, a folder's, a security
+    /// module's rule): judged as [`TargetState::Unreadable`] by a rollback, but
+    /// recovery, which must not take it for another program's change, waits for
+    /// access; why.
+    Denied(String),
     /// A folder on the way is not a folder; why.
     Unreachable(String),
     /// Reading it failed for a reason not its own (out of descriptors or memory, a disk
@@ -276,7 +281,7 @@ impl TargetState {
     pub(crate) fn checksum(&self) -> Option<String> {
         match self {
             Self::File(sum) => Some(sum.clone()),
-            Self::Unreadable | Self::Unreachable(_) | Self::Failed(_) => {
+            Self::Unreadable | Self::Denied(_) | Self::Unreachable(_) | Self::Failed(_) => {
                 Some("unreadable".to_owned())
             }
             _ => None,
@@ -297,7 +302,7 @@ impl TargetState {
             Self::File(sum) => format!("a file with SHA-256 {sum}"),
             Self::Directory => "a directory".to_owned(),
             Self::Missing => "nothing".to_owned(),
-            Self::Unreadable => "something unreadable".to_owned(),
+            Self::Unreadable | Self::Denied(_) => "something unreadable".to_owned(),
             Self::Unreachable(why) => format!("nothing that can be reached ({why})"),
             Self::Failed(why) => format!("something that could not be read ({why})"),
         }
@@ -808,6 +813,7 @@ impl Sandbox {
                 Err(e) if e.reason_code == ReasonCode::IoError => {
                     (TargetState::Failed(e.reason), Put::Any)
                 }
+                Err(e) if e.denied => (TargetState::Denied(e.reason), Put::Any),
                 Err(_) => (TargetState::Unreadable, Put::Any),
             },
             Ok(TargetKind::Directory) => (TargetState::Directory, Put::Any),
@@ -820,6 +826,7 @@ impl Sandbox {
             Err(r) if r.reason_code == ReasonCode::IoError => {
                 (TargetState::Failed(r.reason), Put::Any)
             }
+            Err(r) if r.denied => (TargetState::Denied(r.reason), Put::Any),
             Err(_) => (TargetState::Unreadable, Put::Any),
         }
     }

@@ -3270,6 +3270,45 @@ fn restores_a_start_could_not_record_come_before_its_first_change() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A start that finds a dead rollback's restore made but cannot mark it, or cannot read
+/// its target, keeps the rollback's record (it said "recovered", and no later start recorded that restore:
+/// the trail went on naming the workflow's bytes), and the next start records it.
+#[test]
+fn a_restore_recovery_cannot_mark_or_judge_is_recorded_by_the_next_start() {
+    use ailab_sandbox_core::audit::AuditStatus;
+    for fails in ["mark_restored", "read_target"] {
+        let (w, c, _) = rollback_killed_at(
+            "after_restore",
+            ailab_sandbox_core::config::Durability::Strict,
+        );
+        let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+        armed.arm(fails, 1);
+        let sb = ailab_sandbox_core::Sandbox::open_armed(
+            c.clone(),
+            std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+            armed,
+        )
+        .unwrap();
+        assert_noticed(&sb, "its record is kept");
+        assert_eq!(
+            run_record(&w, "wf_crash")["state"],
+            "rolling_back",
+            "{fails}"
+        );
+        drop(sb);
+        let sb = w.open(c);
+        let restored = sb
+            .audit_entries(100, None)
+            .unwrap()
+            .iter()
+            .filter(|e| e.workflow_id == "wf_crash" && e.status == AuditStatus::RolledBack)
+            .count();
+        assert_eq!(restored, 2, "{fails}: {:?}", sb.notices());
+        assert_eq!(run_record(&w, "wf_crash")["state"], "idle", "{fails}");
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
 /// Recording the restores a rollback held back reads only their marks: a link on
 /// another file of the workflow, which a recovery of a dead run would refuse to judge,
 /// does not keep them off the trail.
@@ -4512,6 +4551,10 @@ fn a_dead_run_shut_out_of_its_snapshot_or_target_waits_for_access() {
     for (what, said) in [
         ("snapshot", "cannot be read by this process"),
         ("target folder", "an unfinished action could not be undone"),
+        (
+            "target",
+            "d/b.txt' could not be read (could not read 'd/b.txt': permission denied",
+        ),
     ] {
         let (w, c, original) = seeded(ailab_sandbox_core::config::Durability::Strict);
         die_before_the_second_record(&w, &c);
@@ -4522,6 +4565,7 @@ fn a_dead_run_shut_out_of_its_snapshot_or_target_waits_for_access() {
             .expect("the in-doubt append's snapshot");
         let (closed, mode) = match what {
             "snapshot" => (in_doubt.join("meta.json"), 0o000),
+            "target" => (w.path("d/b.txt"), 0o000),
             _ => (w.path("d"), 0o500),
         };
         let was = std::fs::metadata(&closed).unwrap().permissions().mode();

@@ -184,12 +184,14 @@ pub(crate) fn io_refusal(what: &str, comps: &[String], e: &io::Error) -> Refusal
         // A permission someone set in the tree (another user's file or folder, a mode,
         // a sticky folder, an immutable mark): theirs to put right, not a failing disk,
         // as a rollback meeting one says.
-        return Refusal::new(
+        let mut r = Refusal::new(
             ReasonCode::Conflict,
             format!(
                 "{said}; it, or a folder on its way, is another user's or closed to this process (its mode, a sticky folder, an immutable mark): give the runtime's user access there, or use another path"
             ),
         );
+        r.denied = true;
+        return r;
     }
     Refusal::new(ReasonCode::IoError, said)
 }

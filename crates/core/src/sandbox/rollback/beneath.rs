@@ -168,7 +168,7 @@ impl Sandbox {
             TargetState::Failed(why) | TargetState::Unreachable(why) => {
                 return Err(unjudged_beneath(meta, ReasonCode::IoError, why));
             }
-            TargetState::Unreadable => {
+            TargetState::Unreadable | TargetState::Denied(_) => {
                 return Err(unjudged_beneath(
                     meta,
                     ReasonCode::Conflict,
