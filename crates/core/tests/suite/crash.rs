@@ -3309,6 +3309,40 @@ fn a_restore_recovery_cannot_mark_or_judge_is_recorded_by_the_next_start() {
     }
 }
 
+/// A rollback whose sync of the trail fails after its first step restores nothing
+/// after it: the process writes nothing more (as it would have refused to start the
+/// rollback), and says so in each step left, rather than restoring files it then says
+/// were not restored.
+#[test]
+fn a_rollback_stops_at_a_failed_sync() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c);
+    assert_eq!(status(&run(&sb, plan_json())), "success");
+    sb.failpoints().arm("audit_sync", 1);
+    let rb = sb.rollback_workflow("wf_crash", &RollbackOptions::default());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    let failed_at = rb
+        .steps
+        .iter()
+        .position(|s| !s.restored)
+        .unwrap_or_else(|| panic!("a step not restored: {rb:?}"));
+    assert!(
+        rb.steps[failed_at..].iter().all(|s| !s.restored),
+        "{:?}",
+        rb.steps
+    );
+    assert!(
+        rb.steps[failed_at + 1..].iter().all(|s| s
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("writes nothing more"))),
+        "{:?}",
+        rb.steps
+    );
+    // Not rolled back: the files the later steps would restore hold the workflow's bytes.
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+}
+
 /// Recording the restores a rollback held back reads only their marks: a link on
 /// another file of the workflow, which a recovery of a dead run would refuse to judge,
 /// does not keep them off the trail.

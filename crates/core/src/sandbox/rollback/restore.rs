@@ -41,7 +41,16 @@ struct Pass<'a> {
     mode: &'a RestoreMode,
     /// Recovery finishing a dead run's undo, which differs from a rollback here and there.
     recovering: bool,
+    /// A rollback asked for, which a failed sync stops (a failed action's undo goes on:
+    /// what it puts back is what the disk held before, as the next start would).
+    asked_for: bool,
 }
+
+/// A rollback's record, and the files of the steps whose records may not be durable yet.
+type StepRecords<'r> = (
+    &'r mut Result<Option<OpenRecord>, Refusal>,
+    &'r mut HashSet<(usize, String)>,
+);
 
 /// How [`Sandbox::restore_all`] treats each target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -255,6 +264,7 @@ impl Sandbox {
             workflow_id,
             mode: &mode,
             recovering,
+            asked_for: why == crate::metrics::RollbackReason::Manual,
         };
         // The files of the steps whose records may not be durable yet.
         let mut on_file: HashSet<(usize, String)> = HashSet::new();
@@ -265,7 +275,7 @@ impl Sandbox {
             let key = (i, meta.original_path.clone());
             let newer_failed = targets.newer_failed(&key, force);
             let made = self
-                .before_step(&mut record, &mut on_file, &key, &meta)
+                .before_step(&pass, (&mut record, &mut on_file), &key, &meta)
                 .and_then(|()| self.restore_one(&pass, i, &meta, &before, newer_failed.as_ref()));
             let mut step = match made {
                 Ok(o) => self.restored_step(i, &meta, execution_id, &before, o),
@@ -410,11 +420,16 @@ impl Sandbox {
     /// no step: one made unnamed and left unmarked would be taken for someone's change.
     fn before_step(
         &self,
-        record: &mut Result<Option<OpenRecord>, Refusal>,
-        on_file: &mut HashSet<(usize, String)>,
+        pass: &Pass<'_>,
+        (record, on_file): StepRecords<'_>,
         key: &(usize, String),
         meta: &SnapshotMeta,
     ) -> Result<(), (Refusal, bool)> {
+        // A sync that failed during a rollback asked for stops it, as it would have
+        // refused to start: nothing written from then on could be promised durable.
+        if pass.asked_for {
+            self.check_syncs().map_err(|r| (r, false))?;
+        }
         if self.stages_writes() && on_file.contains(key) {
             on_file.clear();
             self.sync_point().map_err(|r| (r, false))?;
