@@ -117,6 +117,10 @@ impl Sandbox {
                 if swept > 0 {
                     tracing::info!(folders = swept, "removed what an earlier prune left");
                 }
+                let claims = crate::snapshot::StoreOwner::sweep_dead_claims(root, &names);
+                if claims > 0 {
+                    tracing::info!(files = claims, "removed what owner claims that died left");
+                }
             }
             ids.extend(names);
         }

@@ -29,6 +29,10 @@ use super::store::{
 /// The owner record's name in the store: no workflow id starts with a dot.
 pub const OWNER_FILE: &str = ".ailab-owner";
 
+/// How old a temporary file in the store's top must be for a prune to take it for a
+/// dead claim's.
+pub const DEAD_CLAIM_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// A state directory, as its owner record names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreOwner {
@@ -179,6 +183,32 @@ impl StoreOwner {
             &format!("claim {at} of"),
             &io::Error::other("it kept changing while it was read"),
         ))
+    }
+
+    /// Removes, of `names` (what [`super::Snapshotter::list_workflows`] found in this
+    /// root's store), the temporary files of owner claims whose process died before
+    /// their rename: those older than [`DEAD_CLAIM_AGE`], as a claim's lives for an
+    /// instant (a younger one may be another process's claim under way). Nothing else
+    /// in the store's top is a file the runtime writes. Returns how many were removed.
+    pub fn sweep_dead_claims(root: &SandboxRoot, names: &[String]) -> usize {
+        let Ok(Some(rb)) = rollback_dir(root) else {
+            return 0;
+        };
+        let now = std::time::SystemTime::now();
+        names
+            .iter()
+            .filter(|n| n.starts_with(crate::confine::path::TEMP_MARKER))
+            .filter(|n| {
+                rb.symlink_metadata(n.as_str()).is_ok_and(|m| {
+                    !m.is_dir()
+                        && m.modified().is_ok_and(|t| {
+                            now.duration_since(t.into_std())
+                                .is_ok_and(|age| age > DEAD_CLAIM_AGE)
+                        })
+                })
+            })
+            .filter(|n| rb.remove_file(n.as_str()).is_ok())
+            .count()
     }
 
     /// Whose a store is, in words, by an owner record this key did not seal (`named`,

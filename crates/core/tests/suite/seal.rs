@@ -971,6 +971,32 @@ fn a_copy_of_the_state_directory_is_not_taken_for_it() {
     );
 }
 
+/// What a claim killed before its rename leaves in the store's top (its temporary file)
+/// is removed by a prune once it is too old to be a claim under way; a young one stays.
+#[test]
+fn a_prune_removes_what_a_dead_claim_left() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    let old = w.root.join(".rollback/.ailab-tmp-dead");
+    let young = w.root.join(".rollback/.ailab-tmp-young");
+    write_private(&old, b"");
+    write_private(&young, b"");
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+        .unwrap();
+    sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
+    assert!(!old.exists());
+    assert!(young.exists());
+    assert!(w.root.join(".rollback/.ailab-owner").exists());
+}
+
 /// A folder without a record holds at most a snapshot the runtime stopped making (its
 /// backup, temporary files): one that holds anything else was filled by someone else,
 /// and is kept and named like any folder nothing vouches for, not pruned as unfinished.
