@@ -2137,6 +2137,9 @@ fn refusal_on_a_filled_state_dir(fill: &str) -> Option<String> {
     );
     let tiny = e.dir.join("tiny");
     std::fs::create_dir_all(&tiny).unwrap();
+    // The copy takes the state directory's place, as a copy refused the root is told:
+    // the root's owner record, naming the original, goes.
+    std::fs::remove_file(e.root.join(".rollback/.ailab-owner")).unwrap();
     let plan = e.write_plan(
         "p.json",
         &json!({"workflow_id": "wf_full", "actions": [
