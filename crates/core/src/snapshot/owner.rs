@@ -185,7 +185,7 @@ impl StoreOwner {
         ))
     }
 
-    /// Removes, of `names` (what [`super::Snapshotter::list_workflows`] found in this
+    /// Removes, of `names` (what `Snapshotter::list_workflows` found in this
     /// root's store), the temporary files of owner claims whose process died before
     /// their rename: those older than [`DEAD_CLAIM_AGE`], as a claim's lives for an
     /// instant (a younger one may be another process's claim under way). Nothing else
