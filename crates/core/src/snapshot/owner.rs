@@ -187,7 +187,7 @@ impl StoreOwner {
 
     /// Removes, of `names` (what `Snapshotter::list_workflows` found in this
     /// root's store), the temporary files of owner claims whose process died before
-    /// their rename: those older than [`DEAD_CLAIM_AGE`], as a claim's lives for an
+    /// their rename: those older than ten minutes, as a claim's lives for an
     /// instant (a younger one may be another process's claim under way). Nothing else
     /// in the store's top is a file the runtime writes. Returns how many were removed.
     pub fn sweep_dead_claims(root: &SandboxRoot, names: &[String]) -> usize {
