@@ -465,7 +465,7 @@ impl Sandbox {
     pub(crate) fn confirm_store(&self, root: &SandboxRoot) -> Verdict {
         let record = format!("{}/{}", crate::confine::path::ROLLBACK_DIR, OWNER_FILE);
         if let Some(was) = root.store_record()
-            && crate::confine::root::stamp_now(root.dir(), &record).ok() == Some(Some(was))
+            && crate::confine::root::stamp_at(root.dir(), &record).ok() == Some(Some(was))
         {
             return Ok(());
         }

@@ -668,6 +668,24 @@ pub(crate) fn stamp_now(dir: &Dir, name: &str) -> io::Result<Option<FileStamp>> 
     }
 }
 
+/// [`stamp_now`] of `path` below `dir` in one look (`fstatat`, its last name not
+/// followed): to tell whether a file read before is still the one standing there, which
+/// a link on the way cannot fake (it would have to lead to that very file, unchanged).
+pub(crate) fn stamp_at(dir: &Dir, path: &str) -> io::Result<Option<FileStamp>> {
+    use rustix::fs::{AtFlags, statat};
+    match statat(dir, path, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(FileStamp {
+            id: (st.st_dev, st.st_ino),
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime: (st.st_mtime, i64::try_from(st.st_mtime_nsec).unwrap_or(-1)),
+            ctime: (st.st_ctime, i64::try_from(st.st_ctime_nsec).unwrap_or(-1)),
+            owner: (st.st_uid, st.st_gid),
+        })),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Refuses (`conflict`) when `name` is no longer the file `was` describes.
 fn unchanged(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
     let now = stamp_now(dir, name)?;

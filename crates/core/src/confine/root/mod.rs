@@ -168,7 +168,7 @@ pub use files::{
     write_atomic_placed, write_new_in,
 };
 pub(crate) use files::{
-    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_now,
+    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
 };
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
@@ -1230,6 +1230,7 @@ pub fn nested_roots(roots: &[SandboxRoot]) -> Option<(usize, usize)> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::files::stamp_now;
     use super::refusal::swapped_while_read;
     use super::*;
 
@@ -1252,6 +1253,25 @@ mod tests {
         let path = tmp.path().join("root");
         let root = SandboxRoot::open(&path, true).unwrap();
         (tmp, root)
+    }
+
+    /// A file stamped as it is read is stamped alike by the one-look `stamp_at` below
+    /// its root, and differently once replaced: a store's owner record is not read again
+    /// at each snapshot while it stands unchanged.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_is_stamped_alike_by_its_read_and_by_one_look() {
+        let (_tmp, root) = root();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        std::fs::write(root.path().join("d/f"), b"one").unwrap();
+        let d = root.dir().open_dir("d").unwrap();
+        let (_, read) = read_file_in(&d, "f", 64, true).unwrap();
+        assert_eq!(stamp_at(root.dir(), "d/f").unwrap(), Some(read));
+        assert_eq!(stamp_now(&d, "f").unwrap(), Some(read));
+        write_atomic_in(&d, "f", b"two", 0o600, false, false).unwrap();
+        assert_ne!(stamp_at(root.dir(), "d/f").unwrap(), Some(read));
+        std::fs::remove_file(root.path().join("d/f")).unwrap();
+        assert_eq!(stamp_at(root.dir(), "d/f").unwrap(), None);
     }
 
     /// A refusal worded below, where only the file's name in its folder is known, names
