@@ -1037,7 +1037,11 @@ fn confirm_stores(
 fn settled_words(root: &SandboxRoot, settled: &Settled) -> Option<String> {
     let root = root.path().display();
     match settled {
-        Settled::Already | Settled::Claimed => None,
+        Settled::Already | Settled::Claimed(0) => None,
+        Settled::Claimed(n) => Some(format!(
+            "the snapshot store of root {root} held the snapshots of {} and no owner record (made before owner records were, or its record was removed): it is now claimed for this state directory; if another state directory's runtime wrote them, its writes in this root are now refused",
+            counted(*n, "workflow")
+        )),
         Settled::ClaimedAgain => Some(format!(
             "the snapshot store of root {root} named this state directory under an earlier seal key: it is claimed again with the present one; the snapshots sealed with the earlier key stay refused"
         )),

@@ -73,8 +73,10 @@ pub enum Ownership {
 pub enum Settled {
     /// It did already.
     Already,
-    /// No one had claimed the store: this state directory now has.
-    Claimed,
+    /// No one had claimed the store: this state directory now has. How many workflows'
+    /// snapshots it held then (made before owner records were, or by a runtime whose
+    /// record was removed: perhaps another state directory's).
+    Claimed(usize),
     /// It named this state directory under an earlier seal key: it is claimed again.
     ClaimedAgain,
     /// Under this key, it named this very directory at another path (moved), or another
@@ -159,7 +161,7 @@ impl StoreOwner {
                         }
                     },
                 },
-                _ => Settled::Claimed,
+                _ => Settled::Claimed(0),
             };
             if !claim {
                 return Ok(Ownership::Unsettled);
@@ -174,7 +176,12 @@ impl StoreOwner {
                 Flush::Nothing
             };
             match write_atomic_placed(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
-                Ok(()) => wrote = Some(settled),
+                Ok(()) => {
+                    wrote = Some(match settled {
+                        Settled::Claimed(_) => Settled::Claimed(workflows_in(&rb)),
+                        other => other,
+                    });
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => {}
                 Err(e) => return Err(snap_io(&format!("write {at} of"), &e)),
             }
@@ -263,6 +270,18 @@ impl StoreOwner {
             ),
         )
     }
+}
+
+/// How many workflows' snapshot folders the store `rb` holds (what cannot be listed
+/// counts none: it is only said).
+fn workflows_in(rb: &cap_std::fs::Dir) -> usize {
+    rb.entries().map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| e.file_name().to_str().is_some_and(crate::plan::is_valid_id))
+            .count()
+    })
 }
 
 /// Whether a write refused because its file was no longer as it was read.

@@ -971,6 +971,37 @@ fn a_copy_of_the_state_directory_is_not_taken_for_it() {
     );
 }
 
+/// A store with snapshots and no owner record (its record removed, or made before
+/// records were) is claimed by the next runtime that may write, which says so: they may
+/// be another state directory's, whose runtime is refused the root from then on.
+#[test]
+fn claiming_a_store_that_holds_snapshots_says_so() {
+    let w = World::new();
+    run(
+        &w.sandbox(),
+        json!({"workflow_id": "wf_a", "actions": [{"intent": "create_file", "path": "a.txt", "content": "a"}]}),
+    );
+    std::fs::remove_file(w.root.join(".rollback/.ailab-owner")).unwrap();
+    let other = w.open(with_other_state_dir(&w));
+    assert_noticed(
+        &other,
+        "held the snapshots of 1 workflow and no owner record",
+    );
+    assert_eq!(
+        owner_record(&w)["state_dir"],
+        json!(w.tmp.path().join("state2").display().to_string())
+    );
+    // An empty store claimed says nothing.
+    let fresh = World::new();
+    make_private_store(&fresh);
+    let sb = fresh.sandbox();
+    assert!(
+        sb.notices().iter().all(|n| !n.contains("owner record")),
+        "{:?}",
+        sb.notices()
+    );
+}
+
 /// What a claim killed before its rename leaves in the store's top (its temporary file)
 /// is removed by a prune once it is too old to be a claim under way; a young one stays.
 #[test]
