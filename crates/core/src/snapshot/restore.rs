@@ -105,7 +105,8 @@ impl RollbackEngine {
                 && root
                     .remove_empty_dir(&dir, None, durable)
                     .unwrap_or_else(|r| {
-                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now; left for a later rollback beneath it or the next prune");
+                        // The removal may have been made, its folder's sync failing after.
+                        tracing::warn!(dir = %d, reason = %r.reason, "a directory its action made could not be removed now, or its removal made durable; if it stands, a later rollback beneath it or the next prune removes it");
                         false
                     });
             if !removed && let Some(id) = root.dir_id(&dir)? {
