@@ -249,14 +249,7 @@ impl Sandbox {
                 .dir_ids()
                 .map_err(Error::io("look at the state directory"))?[0],
         };
-        let claim = match ExecutionContext::from_flags(
-            config.enable_write,
-            config.dry_run,
-            phase_supports_sandbox_write(&config.phase),
-        )
-        .0
-        .writes()
-        {
+        let claim = match context_of(&config).0.writes() {
             true => Claim::IfThere,
             false => Claim::No,
         };
@@ -450,11 +443,7 @@ impl Sandbox {
 
     /// The execution context and, when simulating, why.
     pub fn execution_context(&self) -> (ExecutionContext, Option<DryRunReason>) {
-        ExecutionContext::from_flags(
-            self.config.enable_write,
-            self.config.dry_run,
-            phase_supports_sandbox_write(&self.config.phase),
-        )
+        context_of(&self.config)
     }
 
     /// Before a snapshot in `root`: that its store is this state directory's, claimed
@@ -1030,6 +1019,15 @@ fn confirm_stores(
         });
     }
     Ok(kept)
+}
+
+/// The execution context `config` sets and, when simulating, why.
+fn context_of(config: &Config) -> (ExecutionContext, Option<DryRunReason>) {
+    ExecutionContext::from_flags(
+        config.enable_write,
+        config.dry_run,
+        phase_supports_sandbox_write(&config.phase),
+    )
 }
 
 /// What a start says of a store whose owner record was made to name this state
