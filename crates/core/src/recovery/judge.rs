@@ -116,6 +116,20 @@ impl Sandbox {
         (reasons, removed)
     }
 
+    /// Why recovery leaves a dead run or rollback for a later start: the target of
+    /// `meta` (in root `i`) could not be read (`why`).
+    pub(super) fn target_unread(
+        &self,
+        i: usize,
+        meta: &crate::snapshot::SnapshotMeta,
+        why: &str,
+    ) -> String {
+        format!(
+            "its target {} could not be read ({why})",
+            crate::confine::path::shown_path(&self.abs_path(i, &meta.target()))
+        )
+    }
+
     /// Whether a target (`current`: its checksum, `None` when it is no file) holds what
     /// it held before the snapshot's action: the same bytes, or still nothing, or still a
     /// directory. `Err` (why) when the disk would not say: a failure is no change by

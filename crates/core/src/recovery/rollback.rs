@@ -189,10 +189,7 @@ impl Sandbox {
         // `create_directory` is told from a standing one only by what is there.
         let now = self.target_state(i, &meta.target());
         if let TargetState::Failed(why) | TargetState::Denied(why) = &now {
-            return DeadRestore::Unjudged(format!(
-                "its target {} could not be read ({why})",
-                crate::confine::path::shown_path(&self.abs_path(i, &meta.target()))
-            ));
+            return DeadRestore::Unjudged(self.target_unread(i, meta, why));
         }
         let as_left = if meta.is_directory_action() {
             TargetState::Directory

@@ -263,10 +263,7 @@ impl Sandbox {
                 // be called overwritten or undone on a guess. The run is left for a
                 // start that can read it (what was settled before stands).
                 Err(why) => {
-                    report.retry_for(format!(
-                        "its target {} could not be read ({why})",
-                        crate::confine::path::shown_path(&self.abs_path(i, &s.meta.target()))
-                    ));
+                    report.retry_for(self.target_unread(i, &s.meta, &why));
                     return None;
                 }
             };
