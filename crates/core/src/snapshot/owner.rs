@@ -11,7 +11,7 @@
 //! claimed again. A copy of the state directory has the key but is another runtime (its
 //! own trail and locks): a record under this key must also name this directory, by what
 //! it is (moved) or where it is (put back from a copy), and is then made to name it as
-//! it is now. Each snapshot looks at the record first (one `statx`), so a claim removed
+//! it is now. Each snapshot looks at the record first (one `fstatat`), so a claim removed
 //! or taken over while a process runs is seen at its next write.
 
 use crate::confine::SandboxRoot;

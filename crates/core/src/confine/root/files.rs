@@ -658,19 +658,10 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
     placed(dir, name, file)
 }
 
-/// What stands at `name` now, as [`read_file_in`] stamps a file (`None`: nothing); a
-/// link is described, not followed.
-pub(crate) fn stamp_now(dir: &Dir, name: &str) -> io::Result<Option<FileStamp>> {
-    match dir.symlink_metadata(name) {
-        Ok(m) => Ok(Some(FileStamp::of(&m))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// [`stamp_now`] of `path` below `dir` in one look (`fstatat`, its last name not
-/// followed): to tell whether a file read before is still the one standing there, which
-/// a link on the way cannot fake (it would have to lead to that very file, unchanged).
+/// What stands at `path` below `dir` now, as [`read_file_in`] stamps a file (`None`:
+/// nothing), in one look (`fstatat`, its last name not followed: a link is described):
+/// to tell whether a file read before is still the one standing there, which a link on
+/// the way cannot fake (it would have to lead to that very file, unchanged).
 pub(crate) fn stamp_at(dir: &Dir, path: &str) -> io::Result<Option<FileStamp>> {
     use rustix::fs::{AtFlags, statat};
     match statat(dir, path, AtFlags::SYMLINK_NOFOLLOW) {
@@ -688,7 +679,13 @@ pub(crate) fn stamp_at(dir: &Dir, path: &str) -> io::Result<Option<FileStamp>> {
 
 /// Refuses (`conflict`) when `name` is no longer the file `was` describes.
 fn unchanged(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
-    let now = stamp_now(dir, name)?;
+    // Through the handle (cap-std), whatever `name` holds: only the look at the owner
+    // record, a fixed path, takes the one-call `stamp_at`.
+    let now = match dir.symlink_metadata(name) {
+        Ok(m) => Some(FileStamp::of(&m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
     if now == Some(was) {
         Ok(())
     } else {
