@@ -467,10 +467,7 @@ impl Sandbox {
                 Err(r)
             }
             Ownership::Ours(stamp, settled) => {
-                if let Some(said) = settled_words(root, &settled) {
-                    tracing::warn!(%said, "a snapshot store claimed again");
-                }
-                root.set_store_record(Some(stamp));
+                settled_said(root, stamp, &settled);
                 Ok(())
             }
             Ownership::Unsettled => Ok(()),
@@ -1001,11 +998,7 @@ fn confirm_stores(
             }
             Ok(Ownership::Unsettled) => {}
             Ok(Ownership::Ours(stamp, settled)) => {
-                if let Some(said) = settled_words(&root, &settled) {
-                    tracing::warn!(%said, "a snapshot store claimed again");
-                    notices.push(said);
-                }
-                root.set_store_record(Some(stamp));
+                notices.extend(settled_said(&root, stamp, &settled));
             }
             Err(r) => {
                 tracing::warn!(root = %root.path().display(), why = %r.reason, "could not confirm whose the snapshot store is");
@@ -1030,8 +1023,24 @@ fn context_of(config: &Config) -> (ExecutionContext, Option<DryRunReason>) {
     )
 }
 
-/// What a start says of a store whose owner record was made to name this state
-/// directory again, if anything.
+/// Records `root`'s store as this state directory's (its owner record as `stamp`
+/// describes it) and, when the record was made to name it again, says so in the log
+/// and returns the words for a start's notices.
+fn settled_said(
+    root: &SandboxRoot,
+    stamp: crate::confine::root::FileStamp,
+    settled: &Settled,
+) -> Option<String> {
+    root.set_store_record(Some(stamp));
+    let said = settled_words(root, settled);
+    if let Some(said) = &said {
+        tracing::warn!(%said, "a snapshot store's owner record now names this state directory");
+    }
+    said
+}
+
+/// What is said of a store whose owner record was made to name this state directory,
+/// if anything.
 fn settled_words(root: &SandboxRoot, settled: &Settled) -> Option<String> {
     let root = root.path().display();
     match settled {
