@@ -156,11 +156,7 @@ impl Sandbox {
             && !report.retry
         {
             if concluded {
-                if !self.write_recovered_record(r) {
-                    report.retry_for(
-                        "its record could not be marked settled (the log says why)".to_owned(),
-                    );
-                }
+                self.settle_record(r, &mut report);
             } else {
                 self.unclaim(r);
             }

@@ -596,11 +596,7 @@ impl Sandbox {
                     ));
                 }
             }
-            Ok(()) if !retry && !self.write_recovered_record(&rec) => {
-                report.retry_for(
-                    "its record could not be marked settled (the log says why)".to_owned(),
-                );
-            }
+            Ok(()) if !retry => self.settle_record(&rec, &mut report),
             Ok(()) => {}
         }
         if report.worth_telling(&rec) {
@@ -769,6 +765,15 @@ impl Sandbox {
         }
         self.write_recovered_record(&rec);
         Ok(Some(file))
+    }
+
+    /// [`Sandbox::write_recovered_record`], the recovery left for a later try in
+    /// `report` when the record could not be written.
+    pub(super) fn settle_record(&self, rec: &InflightRecord, report: &mut Recovered) {
+        if !self.write_recovered_record(rec) {
+            report
+                .retry_for("its record could not be marked settled (the log says why)".to_owned());
+        }
     }
 
     /// Marks `rec`'s run settled by recovery (see [`InflightRecord::recovered`]); says
