@@ -164,9 +164,10 @@ pub struct StateDoc {
     pub executor_enabled: bool,
     /// Whether dry-run is on.
     pub dry_run: bool,
-    /// Usable roots.
+    /// Usable roots: those whose snapshot store is this state directory's or no one's.
     pub sandbox_roots: Vec<String>,
-    /// Roots that could not be used, and why.
+    /// Roots that could not be used, and why: those skipped at start, and those whose
+    /// snapshot store another state directory claimed since (every write refused).
     pub skipped_roots: Vec<String>,
     /// The state directory.
     pub state_dir: String,
@@ -452,10 +453,7 @@ impl Sandbox {
     /// look at it a snapshot): a record removed, or replaced by another runtime's claim,
     /// while this process runs is seen at its next write.
     pub(crate) fn confirm_store(&self, root: &SandboxRoot) -> Verdict {
-        let record = format!("{}/{}", crate::confine::path::ROLLBACK_DIR, OWNER_FILE);
-        if let Some(was) = root.store_record()
-            && crate::confine::root::stamp_at(root.dir(), &record).ok() == Some(Some(was))
-        {
+        if still_ours(root) {
             return Ok(());
         }
         match self
@@ -471,6 +469,19 @@ impl Sandbox {
                 Ok(())
             }
             Ownership::Unsettled => Ok(()),
+        }
+    }
+
+    /// Why writes into `root` are refused now that another state directory claimed its
+    /// snapshot store, if one did since this process last confirmed it: a look, which
+    /// writes nothing (a record removed is claimed again by the next write, not here).
+    fn store_taken(&self, root: &SandboxRoot) -> Option<String> {
+        if still_ours(root) {
+            return None;
+        }
+        match self.store_owner.confirm(root, &self.seal, Claim::No, false) {
+            Ok(Ownership::Foreign(r)) => Some(r.reason),
+            Ok(_) | Err(_) => None,
         }
     }
 
@@ -499,18 +510,24 @@ impl Sandbox {
             .get_sandbox_audit_stats()
             .map_err(Error::io("read the audit log"))?
             .total;
+        // A root whose store another state directory claimed since start refuses every
+        // write, as one skipped at start does: it is told with those.
+        let mut skipped_roots = self.skipped_roots.clone();
+        let mut sandbox_roots = Vec::with_capacity(self.roots.len());
+        for (root, path) in self.roots.iter().zip(&self.root_paths) {
+            match self.store_taken(root) {
+                Some(why) => skipped_roots.push(why),
+                None => sandbox_roots.push(path.display().to_string()),
+            }
+        }
         Ok(StateDoc {
             execution_mode: ctx.mode,
             dry_run_reason: reason,
             phase: self.config.phase.clone(),
             executor_enabled: self.config.enable_write,
             dry_run: self.config.dry_run,
-            sandbox_roots: self
-                .root_paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect(),
-            skipped_roots: self.skipped_roots.clone(),
+            sandbox_roots,
+            skipped_roots,
             state_dir: self.state.path().display().to_string(),
             durability: self.config.durability,
             limits: self.config.limits,
@@ -1021,6 +1038,15 @@ fn context_of(config: &Config) -> (ExecutionContext, Option<DryRunReason>) {
         config.dry_run,
         phase_supports_sandbox_write(&config.phase),
     )
+}
+
+/// Whether `root`'s owner record is still the file last found naming this state
+/// directory, unchanged (one `fstatat`).
+fn still_ours(root: &SandboxRoot) -> bool {
+    let record = format!("{}/{}", crate::confine::path::ROLLBACK_DIR, OWNER_FILE);
+    root.store_record().is_some_and(|was| {
+        crate::confine::root::stamp_at(root.dir(), &record).ok() == Some(Some(was))
+    })
 }
 
 /// Records `root`'s store as this state directory's (its owner record as `stamp`

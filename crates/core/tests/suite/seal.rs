@@ -884,6 +884,13 @@ fn a_claim_lost_while_running_is_seen_at_the_next_write() {
             .open::<Value>(&std::fs::read(&record).unwrap())
             .is_ok()
     );
+    let root = w.root.display().to_string();
+    // What the state document tells of the root: usable, or skipped and why.
+    let told = |sb: &ailab_sandbox_core::Sandbox| {
+        let doc = sb.state_doc().unwrap();
+        (doc.sandbox_roots.contains(&root), doc.skipped_roots)
+    };
+    assert_eq!(told(&first), (true, vec![]));
     for how in ["removed", "emptied"] {
         match how {
             "removed" => std::fs::remove_file(&record).unwrap(),
@@ -908,6 +915,15 @@ fn a_claim_lost_while_running_is_seen_at_the_next_write() {
             owner_record(&w)["state_dir"],
             json!(other_dir.display().to_string())
         );
+        let (usable, skipped) = told(&first);
+        assert!(!usable, "{how}");
+        assert!(
+            skipped.len() == 1
+                && skipped[0].contains(&format!("the snapshot store of root {root} belongs to"))
+                && skipped[0].contains(&other_dir.display().to_string()),
+            "{how}: {skipped:?}"
+        );
+        assert_eq!(told(&other), (true, vec![]), "{how}");
         let r = run(
             &first,
             json!({"workflow_id": format!("wf_late_{how}"), "actions": [{"intent": "replace_file", "path": "f.txt", "content": "mine"}]}),
@@ -919,6 +935,8 @@ fn a_claim_lost_while_running_is_seen_at_the_next_write() {
         drop(other);
         std::fs::remove_file(&record).unwrap();
         std::fs::remove_dir_all(w.root.join(format!(".rollback/{wf}"))).unwrap();
+        // No one's now: usable, claimed again by the next write.
+        assert_eq!(told(&first), (true, vec![]), "{how}");
         let r = run(
             &first,
             json!({"workflow_id": format!("wf_back_{how}"), "actions": [{"intent": "replace_file", "path": "f.txt", "content": "back"}]}),
