@@ -618,6 +618,16 @@ impl ArtifactRegistry {
 
     /// The newest `limit` entries, newest first, optionally of one workflow.
     pub fn list(&self, limit: usize, workflow_id: Option<&str>) -> io::Result<Vec<ArtifactEntry>> {
+        self.list_where(limit, workflow_id, |_| true)
+    }
+
+    /// The newest `limit` entries `keep` picks, newest first, optionally of one workflow.
+    pub fn list_where(
+        &self,
+        limit: usize,
+        workflow_id: Option<&str>,
+        mut keep: impl FnMut(ArtifactRef<'_>) -> bool,
+    ) -> io::Result<Vec<ArtifactEntry>> {
         self.with(|ix| match workflow_id {
             Some(w) => ix
                 .by_workflow
@@ -625,8 +635,10 @@ impl ArtifactRegistry {
                 .map(|(ids, _)| {
                     ids.iter()
                         .rev()
+                        .map(|&i| ix.at(i))
+                        .filter(|&e| keep(ArtifactRef(e)))
                         .take(limit)
-                        .map(|&i| ix.at(i).entry())
+                        .map(Stored::entry)
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -634,6 +646,7 @@ impl ArtifactRegistry {
                 .entries
                 .iter()
                 .rev()
+                .filter(|&e| keep(ArtifactRef(e)))
                 .take(limit)
                 .map(Stored::entry)
                 .collect(),

@@ -662,7 +662,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let wf = workflow_id.clone();
         // Whose write was rolled back, so that no listed file is taken for what it holds.
         let listed = move |sb: &Sandbox| {
-            let list = sb.artifacts(limit, wf.as_deref())?;
+            // The agent is shown no path outside the roots: a state directory shared
+            // with a runtime of other roots records their writes too.
+            let list = sb.artifacts_in_roots(limit, wf.as_deref())?;
             let undone = sb.rolled_back_ids(&list)?;
             Ok::<_, ailab_sandbox_core::Error>((list, undone))
         };
@@ -706,7 +708,15 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         }
         let lookup = id.clone();
         let found = move |sb: &Sandbox| {
-            let found = sb.artifact_with_lineage(&lookup)?;
+            // One written in a root this server lacks is not told, as list_artifacts
+            // does not list it.
+            let found = sb
+                .artifact_with_lineage(&lookup)?
+                .filter(|(a, _)| sb.in_roots(&a.path))
+                .map(|(a, mut lineage)| {
+                    lineage.retain(|l| sb.in_roots(&l.path));
+                    (a, lineage)
+                });
             // The artifact's own mark, and its lineage's (listed as list_artifacts does).
             let (undone, lineage_undone) = match &found {
                 Some((a, lineage)) => (
@@ -760,7 +770,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             Ok(Ok(None)) => render::refusal_advising(
                 &Refusal::new(
                     ReasonCode::NotFound,
-                    format!("there is no artifact with id {id:?}"),
+                    format!("there is no artifact with id {id:?} in this server's roots"),
                 ),
                 ".",
                 FIND_IT,

@@ -404,6 +404,51 @@ async fn get_state_names_no_refused_root_to_the_agent() {
     s.finish().await;
 }
 
+/// A state directory shared with the operator's runtime of another root records that
+/// root's writes too: the agent is shown none of them, listed or looked up by id.
+#[tokio::test]
+async fn artifacts_in_roots_the_server_lacks_are_not_shown() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let other_root = elsewhere.path().join("operator-root");
+    let mut other_id = String::new();
+    let s = Session::start_with(Mode::Write, |c| {
+        let mut theirs = c.clone();
+        theirs.roots = vec![other_root.clone()];
+        let sb = ailab_sandbox_core::Sandbox::open(theirs).unwrap();
+        let r = sb
+            .run_plan_json(
+                br#"{"workflow_id": "wf_operator", "actions": [{"intent": "create_file", "path": "secret-name.md", "content": "x"}]}"#,
+            )
+            .unwrap();
+        other_id = r.actions[0].artifact_id.clone().unwrap();
+    })
+    .await;
+    let mine = s
+        .ok("create_file", json!({"path": "mine.md", "content": "m"}))
+        .await;
+    let mine = structured(&mine)["actions"][0]["artifact_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = s.ok("list_artifacts", json!({"limit": 1})).await;
+    assert_eq!(structured(&r)["artifacts"][0]["artifact_id"], mine.as_str());
+    let r = s.ok("list_artifacts", json!({})).await;
+    let listed = structured(&r)["artifacts"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(!text(&r).contains("operator-root"), "{}", text(&r));
+    let r = s
+        .ok("list_artifacts", json!({"workflow_id": "wf_operator"}))
+        .await;
+    assert_eq!(structured(&r)["artifacts"], json!([]));
+    let r = s
+        .err("get_artifact", json!({"artifact_id": other_id}))
+        .await;
+    assert!(text(&r).contains("not_found"), "{}", text(&r));
+    assert!(!format!("{r:?}").contains("operator-root"), "{r:?}");
+    s.ok("get_artifact", json!({"artifact_id": mine})).await;
+    s.finish().await;
+}
+
 /// A file that is not valid UTF-8 cannot be shown as exact text: the result says so and
 /// where, and its size and checksum are of the bytes on disk.
 #[tokio::test]
