@@ -11,7 +11,6 @@
 //! broken sibling hides no probe for a shell or a delete.
 
 use crate::plan::{Action, MAX_ACTIONS_PER_PLAN, Plan};
-use crate::reason::ReasonCode;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
@@ -55,12 +54,7 @@ fn probe_of(fields: &Fields) -> Option<Action> {
         description: description.cloned(),
         ..Action::default()
     };
-    let forbidden = |intent: &str, tool: Option<&str>| {
-        matches!(
-            crate::policy::intent_refusal(intent, tool).reason_code,
-            ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
-        )
-    };
+    let forbidden = crate::policy::never_allowed;
     let first_intent = fields.intent.first().map_or("", String::as_str);
     if let Some(d) = fields
         .description

@@ -239,12 +239,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         // in a plan). Of a call the screen refused (its name may not be the one sent),
         // only a forbidden intent is taken as a probe; any other is answered with the
         // screen's refusal.
-        let forbidden = |name: &str| {
-            matches!(
-                ailab_sandbox_core::policy::intent_refusal(name, None).reason_code,
-                ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
-            )
-        };
+        let forbidden = |name: &str| ailab_sandbox_core::policy::never_allowed(name, None);
         let probed = match spec {
             Some(_) => None,
             None if refused.is_some() && !forbidden(name) => None,
@@ -254,25 +249,9 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None)),
             ),
         };
-        // A write would store other values, a read or rollback would act on another target
-        // than the caller named, and a name given twice may not be the one it meant.
-        // What the trail records is what the caller hears: a probe first.
-        if let Some(r) = refused.filter(|_| probed.is_none()) {
-            return match spec.map(|s| s.kind) {
-                Some(ToolKind::Write(op)) => {
-                    refusal(&r, Some(self.writer(op)), ". Nothing was written.")
-                }
-                _ => refusal(&r, None, ". Nothing was done."),
-            };
-        }
-        let (Some(spec), None) = (spec, &probed) else {
-            let recorded =
-                probed.unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
-            return unknown_tool(name, recorded, &self.tools);
-        };
         // A write asking readably for a permission change keeps what its probe's record
         // names (the call's content is not copied for it).
-        let asks_chmod = matches!(spec.kind, ToolKind::Write(_))
+        let asks_chmod = matches!(spec.map(|s| s.kind), Some(ToolKind::Write(_)))
             && arguments
                 .as_ref()
                 .and_then(|a| a.get("description"))
@@ -286,16 +265,39 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         });
+        // A permission change asked for readably is a probe, whatever else is wrong with
+        // the call (the screen's refusal, its arguments): on the trail, as the same
+        // action in a plan refused unread.
+        let chmod_probe = async |arguments: Option<&JsonObject>| {
+            let recorded = self
+                .audit_probe(name, arguments)
+                .await
+                .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
+            refusal(&recorded, None, ". Nothing was written.")
+        };
+        // A write would store other values, a read or rollback would act on another target
+        // than the caller named, and a name given twice may not be the one it meant.
+        // What the trail records is what the caller hears: a probe first.
+        if let Some(r) = refused.filter(|_| probed.is_none()) {
+            if probe_arguments.is_some() {
+                return chmod_probe(probe_arguments.as_ref()).await;
+            }
+            return match spec.map(|s| s.kind) {
+                Some(ToolKind::Write(op)) => {
+                    refusal(&r, Some(self.writer(op)), ". Nothing was written.")
+                }
+                _ => refusal(&r, None, ". Nothing was done."),
+            };
+        }
+        let (Some(spec), None) = (spec, &probed) else {
+            let recorded =
+                probed.unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
+            return unknown_tool(name, recorded, &self.tools);
+        };
         let args = match spec.parse(arguments.unwrap_or_default()) {
             Ok(a) => a,
-            // A permission change asked for readably is a probe, whatever else is wrong
-            // with the call: on the trail, as the same action in a plan refused unread.
             Err(_) if probe_arguments.is_some() => {
-                let recorded = self
-                    .audit_probe(name, probe_arguments.as_ref())
-                    .await
-                    .unwrap_or_else(|| ailab_sandbox_core::policy::intent_refusal(name, None));
-                return refusal(&recorded, None, ". Nothing was written.");
+                return chmod_probe(probe_arguments.as_ref()).await;
             }
             Err(problem) => return render::bad_arguments(name, &problem),
         };

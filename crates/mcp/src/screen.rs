@@ -9,7 +9,8 @@
 //! message's text says what was sent, so [`pump`] reads each line whole and checks a
 //! `tools/call`'s text ([`ailab_sandbox_core::plan::check_numbers_kept`],
 //! [`ailab_sandbox_core::plan::check_unique_keys`], which stops counting at the limit).
-//! A call that fails is passed on without its arguments, its refusal under
+//! A call that fails is passed on without its arguments (but for the few, small strings a
+//! probe's audit line takes, when it asks for what is never allowed), its refusal under
 //! [`REFUSED_META_KEY`] in `params._meta`: the handler answers with it (`invalid_plan`, as
 //! the same plan is refused over HTTP and the CLI), whatever the number of such calls in
 //! flight. A refusal a client puts there itself only refuses its own call. Any other
@@ -379,23 +380,29 @@ type Raw = Box<serde_json::value::RawValue>;
 /// key given twice keeps its last value, as rmcp reads it. `None` when `text` is not one
 /// JSON object.
 fn pick<const N: usize>(text: &[u8], keys: [&str; N]) -> Option<[Option<Raw>; N]> {
+    pick_all(text, keys).map(|all| all.map(|mut values| values.pop()))
+}
+
+/// Every value of each of `keys` in the JSON object `text`, as sent and in order (see
+/// [`pick`]).
+fn pick_all<const N: usize>(text: &[u8], keys: [&str; N]) -> Option<[Vec<Raw>; N]> {
     struct Pick<'k, const N: usize>(&'k [&'k str; N]);
     impl<'de, const N: usize> DeserializeSeed<'de> for Pick<'_, N> {
-        type Value = [Option<Raw>; N];
+        type Value = [Vec<Raw>; N];
         fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
             d.deserialize_map(self)
         }
     }
     impl<'de, const N: usize> Visitor<'de> for Pick<'_, N> {
-        type Value = [Option<Raw>; N];
+        type Value = [Vec<Raw>; N];
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("an object")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut picked = std::array::from_fn(|_| None);
+            let mut picked = std::array::from_fn(|_| Vec::new());
             while let Some(key) = map.next_key::<String>()? {
                 match self.0.iter().position(|k| *k == key) {
-                    Some(i) => picked[i] = Some(map.next_value()?),
+                    Some(i) => picked[i].push(map.next_value()?),
                     None => {
                         map.next_value::<IgnoredAny>()?;
                     }
@@ -415,23 +422,29 @@ struct Head {
     jsonrpc: Option<Raw>,
     method: Option<Raw>,
     id: Option<Raw>,
+    /// The last `params`, the one rmcp reads.
     params: Option<Raw>,
+    /// The `params` given before it, if the key was given more than once.
+    earlier_params: Vec<Raw>,
     /// It has a `result` or an `error`: a response, whatever else it has.
     answer: bool,
 }
 
 impl Head {
     fn of(line: &[u8]) -> Option<Head> {
-        let [jsonrpc, method, id, params, result, error] = pick(
+        let [jsonrpc, method, id, mut earlier_params, result, error] = pick_all(
             line,
             ["jsonrpc", "method", "id", "params", "result", "error"],
         )?;
+        let params = earlier_params.pop();
+        let last = |mut v: Vec<Raw>| v.pop();
         Some(Head {
-            jsonrpc,
-            method,
-            id,
+            jsonrpc: last(jsonrpc),
+            method: last(method),
+            id: last(id),
             params,
-            answer: result.is_some() || error.is_some(),
+            earlier_params,
+            answer: !result.is_empty() || !error.is_empty(),
         })
     }
 
@@ -466,6 +479,61 @@ impl Head {
         // Copied as sent, so it must be small: its values are not counted apart.
         let meta = meta.filter(|m| m.get().starts_with('{') && m.get().len() <= MAX_META_BYTES);
         (name, meta)
+    }
+
+    /// What a refused `tools/call` asks for that is never allowed, among every value of
+    /// its keys given twice (one reader keeps the first, another the last: a probe for a
+    /// forbidden tool or a permission change hides behind neither): the name of a
+    /// forbidden tool, and the arguments its audit line takes (a description asking for
+    /// a permission change, the path, the workflow), as an object's text to pass on.
+    /// Only strings are copied, as sent, and only small ones.
+    fn probe(&self) -> (Option<Raw>, Option<String>) {
+        let mut names = Vec::new();
+        let mut fields: [Vec<Raw>; 3] = Default::default();
+        for params in self.earlier_params.iter().chain(&self.params) {
+            let Some([name, arguments]) = pick_all(params.get().as_bytes(), ["name", "arguments"])
+            else {
+                continue;
+            };
+            names.extend(name);
+            for a in arguments {
+                let found = pick_all(a.get().as_bytes(), ["description", "path", "workflow_id"]);
+                for (all, more) in fields.iter_mut().zip(found.into_iter().flatten()) {
+                    all.extend(more);
+                }
+            }
+        }
+        let text = |r: &Raw, most: usize| {
+            (r.get().len() <= most)
+                .then(|| serde_json::from_str::<String>(r.get()).ok())
+                .flatten()
+        };
+        let forbidden = names.into_iter().find(|n| {
+            text(n, MAX_COPIED_PART)
+                .is_some_and(|n| ailab_sandbox_core::policy::never_allowed(&n, None))
+        });
+        let [descriptions, paths, workflows] = fields;
+        let chmod = descriptions.into_iter().find(|d| {
+            text(d, MAX_META_BYTES)
+                .is_some_and(|d| ailab_sandbox_core::policy::detect_chmod_intent(&d).is_some())
+        });
+        if forbidden.is_none() && chmod.is_none() {
+            return (None, None);
+        }
+        let last = |v: Vec<Raw>| {
+            v.into_iter()
+                .rev()
+                .find(|r| text(r, MAX_COPIED_PART).is_some())
+        };
+        let members: Vec<String> = [
+            ("description", chmod),
+            ("path", last(paths)),
+            ("workflow_id", last(workflows)),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| format!("\"{k}\":{}", v.get())))
+        .collect();
+        (forbidden, Some(format!("{{{}}}", members.join(","))))
     }
 
     /// Whether `params._meta` names the protocol version and the client's capabilities,
@@ -799,10 +867,20 @@ fn refused_request(
     let meta = meta.filter(|_| not_text.is_none());
     let mut params = Vec::new();
     if method == "tools/call" {
+        // What the call asks for that is never allowed goes on too, so that the handler
+        // audits it as a probe whatever else is wrong with the call.
+        let (forbidden, probe_arguments) = match not_text {
+            None => head.probe(),
+            Some(_) => (None, None),
+        };
         params.push(format!(
             "\"name\":{}",
-            name.as_ref().map_or("\"\"", |n| n.get())
+            forbidden
+                .as_ref()
+                .or(name.as_ref())
+                .map_or("\"\"", |n| n.get())
         ));
+        params.extend(probe_arguments.map(|a| format!("\"arguments\":{a}")));
     }
     // For a call the refusal, answered by the handler as a tool result.
     let refused = (method == "tools/call").then(|| {

@@ -247,6 +247,17 @@ fn fold_intent(intent: &str) -> String {
         .join("_")
 }
 
+/// Whether `intent` (with `tool`) asks for what is never allowed: a forbidden intent, a
+/// permission change, a shell or interpreter as a write's tool ([`intent_refusal`] says
+/// `forbidden_intent` or `chmod_forbidden`). Such an ask is audited however the rest of
+/// its plan or call is broken: an agent probing for one leaves a trace.
+pub fn never_allowed(intent: &str, tool: Option<&str>) -> bool {
+    matches!(
+        intent_refusal(intent, tool).reason_code,
+        ReasonCode::ForbiddenIntent | ReasonCode::ChmodForbidden
+    )
+}
+
 /// Why `intent` is refused when it names no operation (or asks for one through a shell):
 /// `chmod_forbidden`, `forbidden_intent`, `not_sandbox_write` or `unknown_operation`.
 /// Faces that offer operations by name (MCP tools) use it to refuse names they lack as a

@@ -14,7 +14,7 @@ pub(crate) use governance::check_found_kind;
 pub use governance::{
     Approval, GovernanceContext, GovernanceRequest, assess_sandbox_risk, check_content_size,
     check_intent, check_sandbox_governance, check_size, check_target, intent_refusal,
-    resolve_target,
+    never_allowed, resolve_target,
 };
 pub use permission::{
     DEFAULT_PHASE, PermissionScope, WRITE_PHASES, allowed_scopes, classify_permission_scope,

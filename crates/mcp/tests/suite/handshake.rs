@@ -537,33 +537,81 @@ async fn calls_that_are_not_strict_json_are_answered_with_their_refusal() {
     s.finish().await;
 }
 
-/// A forbidden intent asked for as a tool in a call the screen refuses (arguments of the
-/// wrong type, a key given twice) is answered with the code its audit line records.
+/// A forbidden intent or a permission change asked for in a call the screen refuses
+/// (arguments of the wrong type, a key given twice: then whichever of its values) is
+/// answered with the code its audit line records, as the same plan is over HTTP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_tool_in_a_refused_call_is_answered_as_audited() {
     let mut s = RawSession::start(Mode::Write).await;
-    for (id, params) in [
-        (1, r#"{"name":"delete_file","arguments":[1]}"#),
+    let cases = [
+        (
+            1,
+            r#""params":{"name":"delete_file","arguments":[1]}"#,
+            "forbidden_intent",
+        ),
         (
             2,
-            r#"{"name":"delete_file","arguments":{"path":"a","path":"b"}}"#,
+            r#""params":{"name":"delete_file","arguments":{"path":"a","path":"b"}}"#,
+            "forbidden_intent",
         ),
-    ] {
+        (
+            3,
+            r#""params":{"name":"delete_file","name":"create_file","arguments":{"path":"p3.md","content":"x","workflow_id":"wf_p3"}}"#,
+            "forbidden_intent",
+        ),
+        (
+            4,
+            r#""params":{"name":"chmod","arguments":{"path":"p4.sh"}},"params":{"name":"create_file","arguments":{"path":"p4.md","content":"x"}}"#,
+            "chmod_forbidden",
+        ),
+        (
+            5,
+            r#""params":{"name":"create_file","arguments":{"path":"p5.md","content":"x","description":"chmod +x it","description":"fine"}}"#,
+            "chmod_forbidden",
+        ),
+    ];
+    for (id, params, code) in cases {
         s.send(&format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call",{params}}}"#
         ))
         .await;
         let a = s.answer().await;
         assert_eq!(a["id"], id, "{a}");
         let text = a["result"]["content"][0]["text"].as_str().unwrap();
-        assert!(text.contains("forbidden_intent"), "{text}");
+        assert!(text.contains(code), "{id}: {text}");
     }
     let trail = std::fs::read_to_string(s.state.join("sandbox_audit.jsonl")).unwrap();
-    let forbidden = trail
+    let lines: Vec<serde_json::Value> = trail
         .lines()
-        .filter(|l| l.contains("\"delete_file\"") && l.contains("forbidden_intent"))
-        .count();
-    assert_eq!(forbidden, 2, "{trail}");
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let blocked = |intent: &str, code: &str| {
+        lines
+            .iter()
+            .filter(|l| l["mutation_type"] == intent && l["reason_code"] == code)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        blocked("delete_file", "forbidden_intent").len(),
+        3,
+        "{trail}"
+    );
+    // Recorded under the workflow and path the call named.
+    assert!(
+        blocked("delete_file", "forbidden_intent")
+            .iter()
+            .any(|l| l["workflow_id"] == "wf_p3" && l.to_string().contains("p3.md")),
+        "{trail}"
+    );
+    assert_eq!(blocked("chmod", "chmod_forbidden").len(), 1, "{trail}");
+    assert_eq!(
+        blocked("create_file", "chmod_forbidden").len(),
+        1,
+        "{trail}"
+    );
+    for f in ["p3.md", "p4.sh", "p4.md", "p5.md"] {
+        assert!(!s.root.join(f).exists(), "{f}");
+    }
     s.finish().await;
 }
 

@@ -331,8 +331,8 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
             "{answer}"
         );
     }
-    // A name given twice is refused whichever comes last; a forbidden one the SDK reads
-    // (the last) is still on the trail, as a probe, and answered as the trail records it.
+    // A name given twice is refused whichever comes last; a forbidden one, first or last,
+    // is still on the trail, as a probe, and answered as the trail records it.
     let trail = |s: &RawSession| {
         std::fs::read_to_string(s.state.join("sandbox_audit.jsonl"))
             .unwrap_or_default()
@@ -351,7 +351,14 @@ async fn numbers_that_would_change_are_refused_not_rounded() {
         (
             "10",
             r#""name":"delete_file","name":"get_state""#,
-            1,
+            2,
+            "forbidden_intent",
+            "'delete_file' is a forbidden intent",
+        ),
+        (
+            "11",
+            r#""name":"create_file","name":"get_state""#,
+            2,
             "invalid_plan",
             "'name' appears twice",
         ),
