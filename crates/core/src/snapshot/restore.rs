@@ -289,6 +289,17 @@ impl RollbackEngine {
                     ));
                 }
             }
+            // A directory where the action made a file is someone else's, put there
+            // since the rollback judged the target: never taken for one the action made.
+            TargetKind::Directory if !meta.is_directory_action() => {
+                return Err(Refusal::new(
+                    ReasonCode::NotRegularFile,
+                    format!(
+                        "{} is now a directory where the action made a file (another program put it there); it was left in place, and nothing was removed: move it away, then {ROLL_BACK_AGAIN}",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
             TargetKind::Directory => {
                 if let Some(left) =
                     Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?

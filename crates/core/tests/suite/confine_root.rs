@@ -570,19 +570,24 @@ fn symlink_loop_is_refused_without_hanging() {
     );
 }
 
+/// An atomic write replaces only a plain file: a link found at its target (another
+/// program's, put there since the target was judged) is neither followed nor removed.
 #[test]
-fn write_atomic_over_a_symlink_replaces_the_link_not_the_target() {
+fn write_atomic_over_a_symlink_neither_follows_nor_removes_it() {
     let fx = fx();
     let secret = fx.outside.join("secret.txt");
     fs::write(&secret, b"outside").unwrap();
     symlink(&secret, fx.root_path.join("link.txt")).unwrap();
-    fx.root
+    let r = fx
+        .root
         .write_atomic(&rel("link.txt"), b"inside", FILE_MODE, false, false)
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+    assert!(r.reason.contains("a symbolic link"), "{}", r.reason);
     assert_eq!(fs::read(&secret).unwrap(), b"outside");
     let meta = fs::symlink_metadata(fx.root_path.join("link.txt")).unwrap();
-    assert!(meta.file_type().is_file());
-    assert_eq!(fs::read(fx.root_path.join("link.txt")).unwrap(), b"inside");
+    assert!(meta.file_type().is_symlink());
+    assert!(leftover_temp_files(&fx.root_path).is_empty());
 }
 
 #[test]
@@ -660,13 +665,19 @@ fn write_atomic_on_a_hard_link_leaves_the_outside_file_unchanged() {
     let secret = fx.outside.join("secret.txt");
     fs::write(&secret, b"outside").unwrap();
     fs::hard_link(&secret, fx.root_path.join("h.txt")).unwrap();
-    fx.root
+    let r = fx
+        .root
         .write_atomic(&rel("h.txt"), b"replaced", FILE_MODE, false, false)
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+    assert!(
+        r.reason.contains("a file with 2 hard links"),
+        "{}",
+        r.reason
+    );
     assert_eq!(fs::read(&secret).unwrap(), b"outside");
-    assert_eq!(fs::metadata(&secret).unwrap().nlink(), 1);
-    assert_eq!(fs::read(fx.root_path.join("h.txt")).unwrap(), b"replaced");
-    assert_eq!(fs::metadata(fx.root_path.join("h.txt")).unwrap().nlink(), 1);
+    assert_eq!(fs::metadata(&secret).unwrap().nlink(), 2);
+    assert!(leftover_temp_files(&fx.root_path).is_empty());
 }
 
 #[test]

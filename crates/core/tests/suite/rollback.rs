@@ -4680,3 +4680,97 @@ fn an_empty_restore_mark_is_no_mark() {
     assert_eq!(w.tree(), original);
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A forced rollback takes each target as it judged it, but replaces or removes only a
+/// plain file: what another program puts at a target between that judgement and the
+/// restore (a folder where the workflow made a file, a link to a file outside, a FIFO) is
+/// left in place, the step failing with what to do, and nothing outside changes. Once it
+/// is moved away, the rollback goes through.
+#[test]
+fn a_forced_rollback_leaves_what_another_program_puts_at_a_target_meanwhile() {
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    type Plant = fn(&std::path::Path, &std::path::Path);
+    let cases: [(&str, Plant, ReasonCode); 5] = [
+        (
+            "create_file",
+            |t, _| {
+                std::fs::create_dir(t).unwrap();
+                std::fs::write(t.join("inner.txt"), b"theirs").unwrap();
+            },
+            ReasonCode::NotRegularFile,
+        ),
+        (
+            "create_file",
+            |t, _| std::fs::create_dir(t).unwrap(),
+            ReasonCode::NotRegularFile,
+        ),
+        (
+            "replace_file",
+            |t, secret| std::os::unix::fs::symlink(secret, t).unwrap(),
+            ReasonCode::Conflict,
+        ),
+        (
+            "replace_file",
+            |t, secret| std::fs::hard_link(secret, t).unwrap(),
+            ReasonCode::Conflict,
+        ),
+        (
+            "append_file",
+            |t, _| {
+                let made = std::process::Command::new("mkfifo").arg(t).status();
+                assert!(made.unwrap().success());
+            },
+            ReasonCode::Conflict,
+        ),
+    ];
+    for (n, (intent, plant, code)) in cases.into_iter().enumerate() {
+        let w = World::new();
+        let replaces = intent != "create_file";
+        if replaces {
+            w.write("d/t.txt", b"original\n");
+        }
+        let before = w.tree();
+        let outside = w.outside_tree();
+        let sb = w.sandbox();
+        act(
+            &sb,
+            "wf_n",
+            json!({"intent": intent, "path": "d/t.txt", "content": "workflow's\n"}),
+        );
+        let (target, secret) = (w.path("d/t.txt"), w.outside.join("secret.txt"));
+        sb.failpoints().interleave(
+            "during_restore",
+            std::sync::Arc::new(move || {
+                std::fs::remove_file(&target).unwrap();
+                plant(&target, &secret);
+            }),
+        );
+        let rb = rollback(&sb, "wf_n", true);
+        assert_eq!(rb.status, "failed", "{n}: {rb:?}");
+        assert_eq!(rb.reason_code, Some(code), "{n}: {rb:?}");
+        let said = rb.reason.clone().unwrap_or_default();
+        assert!(said.contains("move it away"), "{n}: {said}");
+        let left = std::fs::symlink_metadata(w.path("d/t.txt")).unwrap();
+        match n {
+            0 => assert_eq!(w.read("d/t.txt/inner.txt"), b"theirs"),
+            1 => assert!(left.is_dir()),
+            2 => assert!(left.file_type().is_symlink()),
+            3 => assert_eq!(left.nlink(), 2),
+            _ => assert!(left.file_type().is_fifo()),
+        }
+        assert_eq!(w.outside_tree(), outside, "{n}");
+        assert!(sb.audit_verify().unwrap().ok, "{n}");
+        // Moved away, the rollback puts back what the workflow found.
+        match n {
+            0 | 1 => std::fs::remove_dir_all(w.path("d/t.txt")).unwrap(),
+            _ => std::fs::remove_file(w.path("d/t.txt")).unwrap(),
+        }
+        let rb = rollback(&sb, "wf_n", true);
+        assert_eq!(rb.status, "rolled_back", "{n}: {rb:?}");
+        if replaces {
+            assert_eq!(w.read("d/t.txt"), b"original\n", "{n}");
+        } else {
+            assert_eq!(w.tree(), before, "{n}");
+        }
+    }
+}

@@ -94,7 +94,11 @@ impl Make {
 pub enum Put {
     /// Nothing: the name must be free (`already_exists` otherwise).
     New,
-    /// Whatever is there.
+    /// Whatever plain file is there (one with no other link), or nothing. Where the
+    /// write is checked in place (in a root), a link, a folder, a special file or a file
+    /// with other links found there (another program's, put there since the target was
+    /// judged) is left in place (`conflict`): the runtime replaces or removes nothing
+    /// else.
     Any,
     /// Only the file as it was read (`conflict` otherwise), looked at just before the
     /// rename: a change another program made since is kept, unless it lands between
@@ -620,14 +624,26 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                             Err(io::Error::other(changed_meanwhile(name)))
                         }
                     }),
-                    _ => Ok(()),
+                    // Taken as it is (a forced rollback), the target is still only ever
+                    // a plain file replaced: a link, a folder or a special file another
+                    // program put there since it was judged goes back.
+                    _ => dir.symlink_metadata(tmp).and_then(|m| {
+                        if m.is_file() && m.nlink() == 1 {
+                            Ok(())
+                        } else {
+                            Err(io::Error::other(super::refusal::put_there_meanwhile(
+                                name, &m,
+                            )))
+                        }
+                    }),
                 };
                 // The file written stands, and what it replaced is neither the file read
                 // nor a plain file another writer may have put there meanwhile: a link
                 // to a file outside, a FIFO, renamed over `tmp` since the exchange. That
                 // never takes the target's place: the write is reported failed once
                 // placed, for its undo to give the file read back from its snapshot.
-                if ours.is_ok()
+                if matches!(put, Put::Unchanged(_))
+                    && ours.is_ok()
                     && replaced.is_err()
                     && !dir
                         .symlink_metadata(tmp)

@@ -599,8 +599,9 @@ impl SandboxRoot {
     /// Writes `bytes` to `rel` atomically: a temporary file in the same directory,
     /// flushed (and fsync'd when `durable`), then renamed over the target, then the
     /// directory fsync'd. With `no_replace`, an existing target is never replaced
-    /// (`already_exists`), even one created a moment ago by someone else. Missing parents
-    /// are created; their components are returned.
+    /// (`already_exists`), even one created a moment ago by someone else; without it, only
+    /// a plain file is (see [`Put::Any`]). Missing parents are created; their components
+    /// are returned.
     pub fn write_atomic(
         &self,
         rel: &RelPath,
@@ -738,6 +739,12 @@ impl SandboxRoot {
                         shown_path(&rel.as_string())
                     ),
                 ));
+            }
+            // Taken as it is (a forced rollback), the target is still only ever a plain
+            // file removed: a special file or another link another program put there
+            // since it was judged stays.
+            Ok(m) if put == Put::Any && !(m.is_file() && m.nlink() == 1) => {
+                return Err(refusal::put_there_meanwhile(&rel.as_string(), &m));
             }
             Ok(m) => {
                 let changed = match put {

@@ -31,6 +31,30 @@ pub(super) fn replaced_before_placed(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a write or removal that found at `name`, as it was to replace or
+/// remove the file there, what is no plain file (`m` describes it): another program put
+/// it there since the target was judged (a forced rollback takes the target as it is).
+/// It is left in place.
+pub(super) fn put_there_meanwhile(name: &str, m: &cap_std::fs::Metadata) -> Refusal {
+    use cap_std::fs::MetadataExt as _;
+    let what = if m.is_dir() {
+        "a directory".to_owned()
+    } else if m.file_type().is_symlink() {
+        "a symbolic link".to_owned()
+    } else if m.is_file() {
+        format!("a file with {} hard links", m.nlink())
+    } else {
+        "a FIFO, socket or device".to_owned()
+    };
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was {what} just as it was to be replaced or removed: another program put it there since it was judged; it was left in place, and nothing was written there: move it away, then try again",
+            shown_path(name)
+        ),
+    )
+}
+
 /// The refusal for a write whose new bytes were put in place as `name`, after which
 /// `then` failed with `e`: an I/O error, never taken for a refusal before anything was
 /// touched (the target may hold the new bytes: undoing the write must look).
