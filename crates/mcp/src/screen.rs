@@ -771,7 +771,11 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
         };
         first = Some(head);
     }
-    let Err(refusal) = check_message(line, not_text) else {
+    let checked = check_message(line, not_text).and_then(|()| match &first {
+        Some(head) => check_opening(head),
+        None => Ok(()),
+    });
+    let Err(refusal) = checked else {
         return Pass::Line;
     };
     // From here on the message never reaches rmcp as sent: rmcp would build all its
@@ -812,6 +816,31 @@ fn head_before_start(line: &[u8], started: &mut bool) -> Option<Head> {
         *started = true;
     }
     Some(head)
+}
+
+/// Refuses an `initialize` (before the session opens) whose parameters the SDK cannot
+/// take: it would answer with words about another request's `_meta`, yet take the
+/// `initialize` as sent, and end the session at the client's next notification
+/// (`notifications/initialized`). Refused here, it goes on without its parameters and
+/// opens nothing: the session waits for an `initialize` it can take.
+fn check_opening(head: &Head) -> Result<(), Refusal> {
+    if head.method().as_deref() != Some("initialize") {
+        return Ok(());
+    }
+    let params = head.params.as_ref().map_or("null", |p| p.get());
+    match serde_json::from_str::<rmcp::model::InitializeRequestParams>(params) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let refusal = Refusal::new(
+                ReasonCode::InvalidPlan,
+                format!(
+                    "the initialize request's params are not what the protocol asks ({e}): protocolVersion (a string), capabilities (an object) and clientInfo (an object with the strings name and version); the session stays unopened until one is"
+                ),
+            );
+            tracing::warn!(reason = %refusal.reason, "an initialize the session cannot open with");
+            Err(refusal)
+        }
+    }
 }
 
 /// What [`screen`] checks of a whole line; `not_text`: where a line that is not UTF-8
@@ -1506,7 +1535,7 @@ mod tests {
         )
     }
 
-    const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#;
+    const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
 
     async fn pumped(input: &str, max_line: usize) -> Vec<String> {
         let mut out = Vec::new();
@@ -1822,8 +1851,10 @@ mod tests {
     /// else over the limit is dropped, as rmcp drops it.
     #[tokio::test]
     async fn lines_over_the_limit_are_refused_or_dropped() {
-        let line = call("7", "12345678901234567890123");
+        // Longer than `initialize`, which must fit.
+        let line = call("7", &format!("{}12345678901234567890123", " ".repeat(100)));
         let fits = call("8", "[1]");
+        assert!(INITIALIZE.len() < line.len());
         let input = format!("{INITIALIZE}\n{line}\n{fits}\n{line}");
         let out = pumped(&input, line.len() - 1).await;
         assert_eq!(out.len(), 5, "{out:?}");

@@ -761,11 +761,31 @@ async fn what_the_sdk_will_not_open_a_session_with_leaves_it_waiting() {
         r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{"experimental":{{"x":{{"pad":"{}"}}}}}}}},"name":"read_file","arguments":{{"path":"a.md","path":"b.md"}}}}}}"#,
         "A".repeat(70_000)
     );
-    for first in [
+    let bad_params = [
+        r#""clientInfo":{"name":"raw","version":"0"}"#,
+        r#""clientInfo":{"name":"raw"}"#,
+        r#""capabilities":null"#,
+        r#""protocolVersion":5"#,
+    ];
+    let mut firsts = vec![
         INITIALIZE.replace(r#""id":0"#, r#""id":9223372036854775808"#),
         big_caps,
         refused_initialize,
-    ] {
+        r#"{"jsonrpc":"2.0","id":9,"method":"initialize"}"#.to_owned(),
+    ];
+    // Parameters the SDK cannot take: without clientInfo, its version, with capabilities
+    // null, a version that is no string.
+    firsts.extend(bad_params.iter().enumerate().map(|(i, p)| {
+        let bad = match i {
+            0 => INITIALIZE.replace(&format!(",{p}"), ""),
+            1 => INITIALIZE.replace(bad_params[0], p),
+            2 => INITIALIZE.replace(r#""capabilities":{}"#, p),
+            _ => INITIALIZE.replace(r#""protocolVersion":"2025-06-18""#, p),
+        };
+        assert_ne!(bad, INITIALIZE);
+        bad.replace(r#""id":0"#, r#""id":9"#)
+    }));
+    for first in firsts {
         let mut s = RawSession::connect(Mode::Default);
         s.send(&first).await;
         s.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
