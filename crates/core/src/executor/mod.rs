@@ -495,6 +495,20 @@ impl<'a> SandboxWriteExecutor<'a> {
         }
         if let Err(e) = self.sb.audit.append(records) {
             tracing::error!(error = %e, "could not audit blocked actions");
+            // Nothing ran, but the caller is told that the trail lacks the refusal
+            // (SPEC §8 has every blocked action audited).
+            let words = crate::error::io_words(&e);
+            for res in results
+                .iter_mut()
+                .filter(|r| r.status == ActionStatus::Blocked)
+            {
+                if let Some(reason) = &mut res.reason {
+                    reason.push_str(&format!(
+                        " (this refusal's audit line could not be written or made durable: {words})"
+                    ));
+                }
+            }
+            self.event("audit_failed", json!({ "error": words }));
         }
         // A phase without sandbox writes refuses every action for that one reason: say so,
         // rather than the generic governance refusal.

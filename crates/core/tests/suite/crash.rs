@@ -2214,6 +2214,34 @@ fn a_simulating_process_after_a_failed_sync_previews_the_refusal() {
     assert_refused_as_previewed(&sb, "wf_crash", ailab_sandbox_core::ReasonCode::IoError);
 }
 
+/// A refused plan whose refusal the trail cannot take (its sync fails) runs nothing, and
+/// its result says that the trail lacks the refusal, as the log does.
+#[test]
+fn a_refusal_the_trail_cannot_take_is_said_in_the_result() {
+    let (w, c, _) = seeded(ailab_sandbox_core::config::Durability::Strict);
+    let sb = w.open(c);
+    let before = w.tree();
+    sb.failpoints().arm("audit_sync", 1);
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_probe", "actions": [
+            {"intent": "delete_file", "path": "a.txt"},
+            {"intent": "create_file", "path": "n.txt", "content": "n"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(code(&r, 0).as_deref(), Some("forbidden_intent"), "{r:?}");
+    let said = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        said.contains("this refusal's audit line could not be written or made durable"),
+        "{said}"
+    );
+    assert!(
+        r.timeline.iter().any(|e| e.event == "audit_failed"),
+        "{r:?}"
+    );
+    assert_eq!(w.tree(), before);
+}
+
 /// A failed sync is said (`write_failure`, what `/healthz` asks) even while another
 /// thread holds the trail's in-process lock, waiting for another process's file lock.
 #[test]
