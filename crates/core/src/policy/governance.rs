@@ -237,10 +237,37 @@ pub(crate) fn check_found_kind(op: &Operation, rel: &RelPath, is_dir: bool) -> V
 
 /// `intent` as an operation's name would spell it: read as a person reads it (see
 /// [`super::chmod::plain`]: `ｄｅｌｅｔｅ_file` is `delete_file`), lower case, its words
-/// (split at white space, `-` and `_`) joined by `_`.
+/// joined by `_`. Words are split at white space, control characters, `-`, `_`, `.`, any
+/// other dash (`delete‐file`, U+2010), and where a capital follows a small letter or a
+/// digit (`deleteFile`): spelt so, a forbidden intent is still a probe for one.
 fn fold_intent(intent: &str) -> String {
-    super::chmod::plain(intent)
-        .split(|c: char| c.is_whitespace() || c == '-' || c == '_')
+    let plain = super::chmod::plain(intent);
+    let mut words = String::with_capacity(plain.len() + 4);
+    let mut after_small = false;
+    for c in plain.chars() {
+        if c.is_uppercase() && after_small {
+            words.push(' ');
+        }
+        after_small = c.is_lowercase() || c.is_ascii_digit();
+        words.push(c);
+    }
+    let apart = |c: char| {
+        c.is_whitespace()
+            || c.is_control()
+            || matches!(
+                c,
+                '-' | '_' | '.' | '\u{058A}' | '\u{2010}'
+                    ..='\u{2015}'
+                        | '\u{2212}'
+                        | '\u{2E3A}'
+                        | '\u{2E3B}'
+                        | '\u{FE58}'
+                        | '\u{FE63}'
+                        | '\u{FF0D}'
+            )
+    };
+    words
+        .split(apart)
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
         .collect::<Vec<_>>()

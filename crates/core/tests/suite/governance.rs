@@ -154,6 +154,14 @@ fn a_forbidden_intent_spelt_otherwise_is_still_forbidden_intent() {
         "run_command ",
         " Install-Package",
         "ｄｅｌｅｔｅ_file",
+        "deleteFile",
+        "DeleteFile",
+        "runCommand",
+        "delete.file",
+        "delete\u{2010}file",
+        "delete\u{2212}file",
+        "delete_file\0",
+        "delete\tfile",
     ] {
         let refusal = lexical(&req(intent, "x.txt"), 1).unwrap_err();
         assert_eq!(
