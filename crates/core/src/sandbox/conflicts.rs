@@ -859,8 +859,12 @@ impl Sandbox {
         {
             return Ok((true, put));
         }
+        // Force overwrites a changed file, never a link, a special file, a file with
+        // other links or a folder (nor reaches beneath what stands for a folder).
         let advice = match now {
-            TargetState::Unreachable(_) => "force would not help: move that away, then roll back",
+            TargetState::Unreachable(_) | TargetState::Unreadable | TargetState::Directory => {
+                "force would not help: move that away, then roll back"
+            }
             _ => "roll back with force to overwrite it",
         };
         Err(crate::reason::Refusal::new(

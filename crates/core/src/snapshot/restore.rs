@@ -234,7 +234,7 @@ impl RollbackEngine {
             return Err(Refusal::new(
                 ReasonCode::ChecksumMismatch,
                 format!(
-                    "{} reads back with SHA-256 {restored}, not the snapshot's {expected}",
+                    "{} reads back with SHA-256 {restored}, not the snapshot's {expected}: another program changed it as it was restored; {ROLL_BACK_AGAIN}, with force if it is then a conflict",
                     shown_path(&meta.original_path)
                 ),
             ));

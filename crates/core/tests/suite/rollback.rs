@@ -4774,3 +4774,52 @@ fn a_forced_rollback_leaves_what_another_program_puts_at_a_target_meanwhile() {
         }
     }
 }
+
+/// A link put at a target as the rollback comes to it (after its look up front) makes
+/// the step a conflict that says force would not help, as the look up front says.
+#[test]
+fn a_link_put_at_a_target_as_its_step_comes_is_not_for_force() {
+    let w = World::new();
+    w.write("t.txt", b"original\n");
+    let sb = std::sync::Arc::new(w.sandbox());
+    act(
+        &sb,
+        "wf_l",
+        json!({"intent": "replace_file", "path": "t.txt", "content": "new\n"}),
+    );
+    let (target, secret) = (w.path("t.txt"), w.outside.join("secret.txt"));
+    // The first look is the one up front; the link comes at the step's own.
+    let again = std::sync::Arc::clone(&sb);
+    sb.failpoints().interleave(
+        "read_target",
+        std::sync::Arc::new(move || {
+            let (target, secret) = (target.clone(), secret.clone());
+            again.failpoints().interleave(
+                "read_target",
+                std::sync::Arc::new(move || {
+                    std::fs::remove_file(&target).unwrap();
+                    std::os::unix::fs::symlink(&secret, &target).unwrap();
+                }),
+            );
+        }),
+    );
+    let rb = rollback(&sb, "wf_l", false);
+    assert_eq!(rb.status, "failed", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let said = rb.reason.unwrap_or_default();
+    assert!(
+        said.contains("force would not help: move that away"),
+        "{said}"
+    );
+    assert!(
+        std::fs::symlink_metadata(w.path("t.txt"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(w.outside_tree().len(), 1);
+    assert_eq!(
+        std::fs::read(w.outside.join("secret.txt")).unwrap(),
+        b"outside-secret"
+    );
+}

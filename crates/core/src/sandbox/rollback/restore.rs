@@ -365,6 +365,19 @@ impl Sandbox {
         if r.reason_code == ReasonCode::ChecksumMismatch {
             self.metrics.checksum_mismatches(1);
         }
+        // What stands in the way (put there as the step came to it: the rollback's own
+        // look found none) is never forced: the step says what to do, as a refusal does.
+        if matches!(
+            r.reason_code,
+            ReasonCode::SymlinkEscape
+                | ReasonCode::SymlinkRefused
+                | ReasonCode::HardlinkRefused
+                | ReasonCode::NotRegularFile
+        ) && !r.reason.contains("move it away")
+        {
+            r.reason
+                .push_str("; nothing is written through it or over it, even with force: move it away, then roll back");
+        }
         // Made, then something after it failed (the root's sync, say): the line says so,
         // for a rollback run again to take the target, as the undo leaves it, for its own
         // doing rather than someone's change.
