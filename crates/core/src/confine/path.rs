@@ -442,7 +442,7 @@ pub fn resolve_sandbox_path(
                     .malformed());
                 }
                 _ => format!(
-                    "the absolute path {} is not inside a sandbox root in use (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
+                    "the absolute path {} is not inside a sandbox root in use (a configured root that could not be used at start is skipped: the operator's state document, `state` or `GET /agentic/state`, says why in skipped_roots); roots in use: {}",
                     shown_path(path),
                     list_roots(roots)
                 ),
@@ -506,7 +506,7 @@ fn find_root(hint: &str, roots: &[PathBuf]) -> Verdict<usize> {
             let r = Refusal::new(
                 ReasonCode::OutsideSandbox,
                 format!(
-                    "the root {} is not a sandbox root in use{} (a configured root that could not be opened at start is skipped: see skipped_roots in the state); roots in use: {}",
+                    "the root {} is not a sandbox root in use{} (a configured root that could not be used at start is skipped: the operator's state document, `state` or `GET /agentic/state`, says why in skipped_roots); roots in use: {}",
                     shown_path(hint),
                     if wanted.is_absolute() {
                         ""
