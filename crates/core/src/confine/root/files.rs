@@ -594,10 +594,12 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
 /// race: `name` is checked to hold `file` once it is put there ([`placed`]). Replacing a
 /// file, the two names are exchanged (`renameat2(RENAME_EXCHANGE)`), and the file
 /// replaced, now at `tmp`, is removed only once `name` is seen to hold `file` (and, for
-/// [`Put::Unchanged`], the file replaced is seen to be the one read); otherwise the
-/// exchange is undone and the write refused, the file there kept: another program's file
-/// renamed over `tmp` never takes its place. Where the filesystem cannot exchange names,
-/// a plain rename, checked after it.
+/// [`Put::Unchanged`], the file replaced is seen to be the one read; for [`Put::Any`], a
+/// plain file); otherwise the exchange is undone and the write refused: what the
+/// exchange took out goes back under the target's name, whether it stood there or
+/// another program renamed it over `tmp` since (nothing tells which), and nothing of
+/// another program's is removed. Where the filesystem cannot exchange names, a plain
+/// rename, checked after it.
 fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File) -> io::Result<()> {
     if put == Put::New {
         put_in_place(dir, tmp, name, put)?;
@@ -637,22 +639,11 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                         }
                     }),
                 };
-                // The file written stands, and what it replaced is neither the file read
-                // nor a plain file another writer may have put there meanwhile: a link
-                // to a file outside, a FIFO, renamed over `tmp` since the exchange. That
-                // never takes the target's place: the write is reported failed once
-                // placed, for its undo to give the file read back from its snapshot.
-                if matches!(put, Put::Unchanged(_))
-                    && ours.is_ok()
-                    && replaced.is_err()
-                    && !dir
-                        .symlink_metadata(tmp)
-                        .is_ok_and(|m| m.is_file() && m.nlink() == 1)
-                {
-                    return Err(io::Error::other(super::refusal::replaced_by_another_kind(
-                        name,
-                    )));
-                }
+                // What the exchange took out is not the file judged: another program put
+                // it at the target just before the exchange, or renamed it over `tmp`
+                // since; nothing tells which. It goes back under the target's name
+                // either way (below), never removed with the temporary name: the runtime
+                // removes nothing another program made.
                 let done = ours.and(replaced).and_then(|()| dir.remove_file(tmp));
                 if done.is_err() {
                     // What stood at `name` goes back; what stood at `tmp` is the

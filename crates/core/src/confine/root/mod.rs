@@ -1378,13 +1378,14 @@ mod tests {
         assert_eq!(names, ["t.txt"], "no name left beside it");
     }
 
-    /// After the exchange, another program renames a symbolic link (or a FIFO) over the
-    /// temporary name, where the file replaced waits to be removed: that never takes the
-    /// target's place, the file written stays there, and the write fails as one placed,
-    /// for its undo to give the file read back from its snapshot.
-    #[test]
+    /// Writes `new` over `t.txt` (holding `read`, read first) in a fresh root, with
+    /// `after_exchange` playing another program just after the exchange (given the root's
+    /// folder, a file outside holding `outside`, and the temporary name); the refusal,
+    /// the folder and the outside file, and the root's directories.
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
-    fn what_is_renamed_over_the_file_replaced_never_takes_the_targets_place() {
+    fn raced_after_exchange(
+        after_exchange: fn(&Path, &Path, &str),
+    ) -> (Refusal, PathBuf, PathBuf, tempfile::TempDir) {
         let (tmp, root) = root();
         let folder = tmp.path().join("root");
         let outside = tmp.path().join("secret.txt");
@@ -1395,9 +1396,7 @@ mod tests {
         let (o, f) = (outside.clone(), folder.clone());
         files::AFTER_EXCHANGE.with(|hook| {
             hook.set(Some(Box::new(move |_: &Dir, tmp: &str| {
-                let planted = f.join("planted");
-                std::os::unix::fs::symlink(&o, &planted).unwrap();
-                std::fs::rename(&planted, f.join(tmp)).unwrap();
+                after_exchange(&f, &o, tmp);
             })));
         });
         let r = root
@@ -1410,19 +1409,60 @@ mod tests {
                 false,
             )
             .unwrap_err();
-        assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
-        assert!(r.reason.contains("not put back"), "{}", r.reason);
+        (r, folder, outside, tmp)
+    }
+
+    /// After the exchange, another program renames a symbolic link (or a FIFO) over the
+    /// temporary name, where the file replaced waits to be removed; nothing tells that
+    /// from a link put at the target just before the exchange: either way it goes back
+    /// under the target's name, never removed, and the write is refused, nothing of it
+    /// left.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn what_is_renamed_over_the_file_replaced_is_never_removed() {
+        let (r, folder, outside, _tmp) = raced_after_exchange(|f, o, tmp| {
+            let planted = f.join("planted");
+            std::os::unix::fs::symlink(o, &planted).unwrap();
+            std::fs::rename(&planted, f.join(tmp)).unwrap();
+        });
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert!(
             std::fs::symlink_metadata(folder.join("t.txt"))
                 .unwrap()
-                .is_file()
+                .file_type()
+                .is_symlink()
         );
-        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         let names: Vec<_> = std::fs::read_dir(&folder)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["t.txt"], "the link went with the temporary name");
+        assert_eq!(
+            names,
+            ["t.txt"],
+            "the new bytes went with the temporary name"
+        );
+        assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+    }
+
+    /// A hard link to a file outside, put at the target between the look that finds the
+    /// file read there and the exchange, is exchanged back, never removed: the outside
+    /// file keeps its link.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_link_put_at_the_target_just_before_the_exchange_goes_back() {
+        use std::os::unix::fs::MetadataExt as _;
+        // What the exchange then took out: the link (the file read moved away).
+        let (r, folder, outside, _tmp) = raced_after_exchange(|f, o, tmp| {
+            std::fs::rename(f.join(tmp), f.join("moved.txt")).unwrap();
+            std::fs::hard_link(o, f.join(tmp)).unwrap();
+        });
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 2);
+        assert_eq!(
+            std::fs::metadata(folder.join("t.txt")).unwrap().ino(),
+            std::fs::metadata(&outside).unwrap().ino()
+        );
+        assert_eq!(std::fs::read(folder.join("moved.txt")).unwrap(), b"read");
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 

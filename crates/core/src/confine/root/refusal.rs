@@ -91,20 +91,6 @@ pub(super) fn made_then(created: &[String], r: Refusal) -> Refusal {
     )
 }
 
-/// The refusal for a write whose new bytes took `name`'s place, after which the file
-/// they replaced was found swapped for something that is no plain file (a link to a
-/// file elsewhere, a FIFO): not put back. An I/O error, so that undoing the write looks
-/// at the target and gives back the file read, from its snapshot.
-pub(super) fn replaced_by_another_kind(name: &str) -> Refusal {
-    Refusal::new(
-        ReasonCode::IoError,
-        format!(
-            "the new bytes for {} were put in its place, but another program then put something that is not a plain file (a link, a FIFO) where the file they replaced was kept; that was not put back in its place",
-            shown_path(name)
-        ),
-    )
-}
-
 /// The refusal for a file `name` that its name stopped naming while it was opened or
 /// read.
 pub(super) fn swapped_while_read(name: &str) -> Refusal {
