@@ -486,7 +486,7 @@ impl Head {
     /// forbidden tool or a permission change hides behind neither): the name of a
     /// forbidden tool, and the arguments its audit line takes (a description asking for
     /// a permission change, the path, the workflow), as an object's text to pass on.
-    /// Only strings are copied, as sent, and only small ones.
+    /// Only strings are copied, as sent: a name, path or workflow only when small.
     fn probe(&self) -> (Option<Raw>, Option<String>) {
         let mut names = Vec::new();
         let mut fields: [Vec<Raw>; 3] = Default::default();
@@ -513,8 +513,10 @@ impl Head {
                 .is_some_and(|n| ailab_sandbox_core::policy::never_allowed(&n, None))
         });
         let [descriptions, paths, workflows] = fields;
+        // Whatever its length (a plan's is not bounded): copied as sent, it makes the
+        // message passed on no longer than the one sent, which held it and another.
         let chmod = descriptions.into_iter().find(|d| {
-            text(d, MAX_META_BYTES)
+            text(d, usize::MAX)
                 .is_some_and(|d| ailab_sandbox_core::policy::detect_chmod_intent(&d).is_some())
         });
         if forbidden.is_none() && chmod.is_none() {

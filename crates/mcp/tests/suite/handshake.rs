@@ -570,6 +570,15 @@ async fn a_forbidden_tool_in_a_refused_call_is_answered_as_audited() {
             "chmod_forbidden",
         ),
     ];
+    // A description past any bound a copy could have (the text is passed on as sent).
+    let long = format!(
+        r#""params":{{"name":"create_file","arguments":{{"path":"p6.md","content":"x","description":"{} chmod +x it","description":"fine"}}}}"#,
+        "x".repeat(200_000)
+    );
+    let cases = cases
+        .into_iter()
+        .map(|(id, p, c)| (id, p.to_owned(), c))
+        .chain([(6, long, "chmod_forbidden")]);
     for (id, params, code) in cases {
         s.send(&format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call",{params}}}"#
@@ -606,10 +615,10 @@ async fn a_forbidden_tool_in_a_refused_call_is_answered_as_audited() {
     assert_eq!(blocked("chmod", "chmod_forbidden").len(), 1, "{trail}");
     assert_eq!(
         blocked("create_file", "chmod_forbidden").len(),
-        1,
+        2,
         "{trail}"
     );
-    for f in ["p3.md", "p4.sh", "p4.md", "p5.md"] {
+    for f in ["p3.md", "p4.sh", "p4.md", "p5.md", "p6.md"] {
         assert!(!s.root.join(f).exists(), "{f}");
     }
     s.finish().await;
