@@ -917,6 +917,14 @@ pub(super) fn conflicts_said(conflicts: &[Conflict]) -> String {
             advice.push_str("roll back the writes named first (an action at a time, newest first, where workflows wrote in turn), or ");
         }
         advice.push_str("roll back with force to overwrite them");
+        // Unreadable: a link, a special file, a file with another link (or one closed
+        // to this process), which force never writes over.
+        if changed
+            .iter()
+            .any(|c| c.current_checksum.as_deref() == Some("unreadable"))
+        {
+            advice.push_str(" (but what reads as unreadable, a link, a special file or a file with another link, force never overwrites: move it away first)");
+        }
         if names(true) {
             advice.push_str(" (where a rollback is named, nothing of this workflow's write is left there: force would put back what this workflow found, which that rollback had undone)");
         }
