@@ -856,12 +856,17 @@ fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolRe
     let code = recorded.reason_code;
     // Cut as the trail cuts it: a name of megabytes is not said back whole, twice.
     let name = ailab_sandbox_core::confine::path::shown_path(name);
+    // A trail that could not take the probe's line: said, whatever the words.
+    let unaudited = recorded
+        .reason
+        .find(ailab_sandbox_core::executor::UNAUDITED)
+        .map_or("", |at| &recorded.reason[at..]);
     let r = match code {
         // Said here, not in governance's words: those list the write intents, which
         // what to do lists again as this server's tools.
         ReasonCode::ForbiddenIntent => Refusal::new(
             code,
-            format!("{name} is a forbidden intent, never executed; no tool offers it"),
+            format!("{name} is a forbidden intent, never executed; no tool offers it{unaudited}"),
         ),
         // A permission change: no tool offers one either.
         ReasonCode::ChmodForbidden => {
@@ -878,7 +883,7 @@ fn unknown_tool(name: &str, recorded: Refusal, tools: &[ToolSpec]) -> CallToolRe
         _ => Refusal::new(
             code,
             format!(
-                "there is no tool named {name}; the tools are: {}",
+                "there is no tool named {name}; the tools are: {}{unaudited}",
                 names.join(", ")
             ),
         ),

@@ -167,6 +167,11 @@ pub struct RunResult {
     pub timeline: Vec<TimelineEvent>,
 }
 
+/// How a blocked action's reason says that the trail lacks its refusal (the line could
+/// not be written or synced), followed by why and a closing parenthesis: faces that
+/// word a refusal their own way keep it.
+pub const UNAUDITED: &str = " (this refusal's audit line could not be written or made durable: ";
+
 impl RunResult {
     /// Whether the run wrote everything it was asked to (not a simulation: see
     /// [`RunResult::is_simulated`]), as [`crate::sandbox::RollbackReport::is_success`]
@@ -503,9 +508,7 @@ impl<'a> SandboxWriteExecutor<'a> {
                 .filter(|r| r.status == ActionStatus::Blocked)
             {
                 if let Some(reason) = &mut res.reason {
-                    reason.push_str(&format!(
-                        " (this refusal's audit line could not be written or made durable: {words})"
-                    ));
+                    reason.push_str(&format!("{UNAUDITED}{words})"));
                 }
             }
             self.event("audit_failed", json!({ "error": words }));

@@ -405,3 +405,25 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
     assert!(t.contains("only simulates writes"), "{t}");
     s.finish().await;
 }
+
+/// A tool the server lacks is answered in the server's words, and says when the audit
+/// trail could not take its line (here the trail was moved away by another program).
+#[tokio::test]
+async fn a_probe_the_trail_cannot_take_says_so() {
+    let s = Session::start(Mode::Write).await;
+    let state = s.state_dir.path().join("state");
+    std::fs::rename(
+        state.join("sandbox_audit.jsonl"),
+        state.join("moved-away.jsonl"),
+    )
+    .unwrap();
+    for tool in ["delete_file", "frobnicate"] {
+        let r = s.err(tool, json!({"path": "a.md"})).await;
+        let said = text(&r);
+        assert!(
+            said.contains("this refusal's audit line could not be written or made durable"),
+            "{tool}: {said}"
+        );
+    }
+    s.finish().await;
+}
