@@ -1137,6 +1137,25 @@ fn the_audit_cross_check_spares_pruned_writes_and_other_roots() {
         "no path outside this process's roots: {reason}"
     );
     assert!(w.path("here.txt").exists(), "nothing rolled back");
+    // Asked for alone, it is refused for itself, with no word of the other actions.
+    let alone = sb.rollback_workflow(
+        "wf_two",
+        &RollbackOptions {
+            action_id: Some("a2".to_owned()),
+            ..RollbackOptions::default()
+        },
+    );
+    assert_eq!(
+        alone.reason_code,
+        Some(ReasonCode::OutsideSandbox),
+        "{alone:?}"
+    );
+    let reason = alone.reason.unwrap_or_default();
+    assert!(
+        reason.contains("so it cannot be rolled back by this process")
+            && !reason.contains("other actions"),
+        "{reason}"
+    );
     let one = sb.rollback_workflow(
         "wf_two",
         &RollbackOptions {

@@ -638,7 +638,7 @@ impl Sandbox {
             .filter(|e| writes.in_place(e, opts))
             .collect();
         if !elsewhere.is_empty() {
-            return Err(self.written_elsewhere(workflow_id, &elsewhere));
+            return Err(self.written_elsewhere(workflow_id, &elsewhere, opts.action_id.is_some()));
         }
         let missing = writes.missing(&snaps, opts);
         if pruned_but_present(&snaps, &trail, opts, pruned_up_to) {
@@ -684,22 +684,30 @@ impl Sandbox {
         })
     }
 
-    /// The refusal of a workflow's rollback whose writes `elsewhere` went into a root
-    /// this process lacks.
+    /// The refusal of a workflow's rollback (of one action's, when `one`) whose writes
+    /// `elsewhere` went into a root this process lacks.
     fn written_elsewhere(
         &self,
         workflow_id: &str,
         elsewhere: &[&SandboxAuditEntry],
+        one: bool,
     ) -> RollbackRefusal {
         let mut names: Vec<String> = elsewhere.iter().map(|e| shown_path(&e.action_id)).collect();
         names.sort_unstable();
         names.dedup();
         let target = elsewhere.first().map_or("", |e| e.target_path.as_str());
         let (root, advice) = self.absent_root(target, "rollback");
+        let (what, instead) = match one {
+            true => ("it cannot be rolled back by this process", ""),
+            false => (
+                "the workflow cannot be rolled back as a whole",
+                ", or roll back the other actions one at a time",
+            ),
+        };
         (
             ReasonCode::OutsideSandbox,
             format!(
-                "{} of workflow {} wrote into {root}, so the workflow cannot be rolled back as a whole (nothing is restored); {advice}, or roll back the other actions one at a time",
+                "{} of workflow {} wrote into {root}, so {what} (nothing is restored); {advice}{instead}",
                 named(&names),
                 shown_path(workflow_id)
             ),
