@@ -597,9 +597,8 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
 /// [`Put::Unchanged`], the file replaced is seen to be the one read; for [`Put::Any`], a
 /// plain file); otherwise the exchange is undone and the write refused: what the
 /// exchange took out goes back under the target's name, whether it stood there or
-/// another program renamed it over `tmp` since (nothing tells which), and nothing of
-/// another program's is removed. Where the filesystem cannot exchange names, a plain
-/// rename, checked after it.
+/// another program renamed it over `tmp` since (nothing tells which). Where the
+/// filesystem cannot exchange names, a plain rename, checked after it.
 fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File) -> io::Result<()> {
     if put == Put::New {
         put_in_place(dir, tmp, name, put)?;
@@ -642,8 +641,11 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                 // What the exchange took out is not the file judged: another program put
                 // it at the target just before the exchange, or renamed it over `tmp`
                 // since; nothing tells which. It goes back under the target's name
-                // either way (below), never removed with the temporary name: the runtime
-                // removes nothing another program made.
+                // either way (below), not removed with the temporary name. (What stands
+                // under that name when the write gives up is removed as the runtime's:
+                // a program that renames something over it, or swaps names again within
+                // the microseconds between two calls, loses that name, never what a link
+                // names.)
                 let done = ours.and(replaced).and_then(|()| dir.remove_file(tmp));
                 if done.is_err() {
                     // What stood at `name` goes back; what stood at `tmp` is the
