@@ -629,13 +629,7 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                     // a plain file replaced: a link, a folder or a special file another
                     // program put there since it was judged goes back.
                     _ => dir.symlink_metadata(tmp).and_then(|m| {
-                        if m.is_file() && m.nlink() == 1 {
-                            Ok(())
-                        } else {
-                            Err(io::Error::other(super::refusal::put_there_meanwhile(
-                                name, &m,
-                            )))
-                        }
+                        super::refusal::only_plain(name, &m).map_err(io::Error::other)
                     }),
                 };
                 // What the exchange took out is not the file judged: another program put

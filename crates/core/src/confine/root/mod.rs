@@ -740,18 +740,18 @@ impl SandboxRoot {
                     ),
                 ));
             }
-            // Taken as it is (a forced rollback), the target is still only ever a plain
-            // file removed: a special file or another link another program put there
-            // since it was judged stays.
-            Ok(m) if put == Put::Any && !(m.is_file() && m.nlink() == 1) => {
-                return Err(refusal::put_there_meanwhile(&rel.as_string(), &m));
-            }
             Ok(m) => {
                 let changed = match put {
                     Put::Unchanged(was) => FileStamp::of(&m) != was,
                     // Judged missing: a file there now is someone else's since.
                     Put::New => true,
-                    Put::Any => false,
+                    // Taken as it is (a forced rollback), the target is still only ever
+                    // a plain file removed: a special file or another link another
+                    // program put there since it was judged stays.
+                    Put::Any => {
+                        refusal::only_plain(&rel.as_string(), &m)?;
+                        false
+                    }
                 };
                 if changed {
                     return Err(changed_meanwhile(&rel.as_string()));

@@ -31,11 +31,24 @@ pub(super) fn replaced_before_placed(name: &str) -> Refusal {
     )
 }
 
+/// `Ok` when `m`, what stands at `name`, is a plain file with no other link: all that a
+/// write or removal taking its target as it is ([`super::Put::Any`], a forced rollback)
+/// ever replaces or removes. Else the refusal for what another program put there since
+/// the target was judged, left in place.
+pub(super) fn only_plain(name: &str, m: &cap_std::fs::Metadata) -> Result<(), Refusal> {
+    use cap_std::fs::MetadataExt as _;
+    if m.is_file() && m.nlink() == 1 {
+        Ok(())
+    } else {
+        Err(put_there_meanwhile(name, m))
+    }
+}
+
 /// The refusal for a write or removal that found at `name`, as it was to replace or
 /// remove the file there, what is no plain file (`m` describes it): another program put
 /// it there since the target was judged (a forced rollback takes the target as it is).
 /// It is left in place.
-pub(super) fn put_there_meanwhile(name: &str, m: &cap_std::fs::Metadata) -> Refusal {
+fn put_there_meanwhile(name: &str, m: &cap_std::fs::Metadata) -> Refusal {
     use cap_std::fs::MetadataExt as _;
     let what = if m.is_dir() {
         "a directory".to_owned()
