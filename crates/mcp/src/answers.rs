@@ -36,6 +36,26 @@ pub(crate) const SETTLE: Duration = crate::screen::SETTLE;
 /// id was too long to keep).
 const ID_PREFIX: usize = 512;
 
+impl Waiting {
+    /// The output took `bytes` (`None`: a write waits for the client).
+    fn took(&mut self, bytes: Option<&[u8]>) {
+        let Some(mut bytes) = bytes else {
+            self.stalled = true;
+            return;
+        };
+        self.progress = Some(Instant::now());
+        while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
+            keep_start(&mut self.line, &bytes[..end]);
+            // An id too long to have been kept when asked is matched as those were.
+            let id = id_of(&self.line).filter(kept);
+            self.line.clear();
+            self.unflushed.push(id);
+            bytes = &bytes[end + 1..];
+        }
+        keep_start(&mut self.line, bytes);
+    }
+}
+
 /// One request passed on.
 #[derive(Debug)]
 struct Asked {
@@ -146,22 +166,32 @@ impl Answers {
 
     /// The session's output took `bytes` (`None`: a write waits for the client). They
     /// count once flushed.
+    #[cfg(test)]
     pub(crate) fn written(&self, bytes: Option<&[u8]>) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .took(bytes);
+    }
+
+    /// Has the session's output take `buf` through `write`, and notes what it took under
+    /// the lock [`Answers::pending`] takes: the client can read an answer only once the
+    /// output took it, and by then it is noted, so that a request the client sends after
+    /// reading it never finds its id still pending (it would be dropped as a reuse).
+    /// `write` must not wait (a poll).
+    pub(crate) fn write_noted(
+        &self,
+        buf: &[u8],
+        write: impl FnOnce() -> std::task::Poll<std::io::Result<usize>>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
         let mut w = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(mut bytes) = bytes else {
-            w.stalled = true;
-            return;
-        };
-        w.progress = Some(Instant::now());
-        while let Some(end) = bytes.iter().position(|b| *b == b'\n') {
-            keep_start(&mut w.line, &bytes[..end]);
-            // An id too long to have been kept when asked is matched as those were.
-            let id = id_of(&w.line).filter(kept);
-            w.line.clear();
-            w.unflushed.push(id);
-            bytes = &bytes[end + 1..];
+        let polled = write();
+        match &polled {
+            std::task::Poll::Ready(Ok(n)) => w.took(buf.get(..*n)),
+            std::task::Poll::Pending => w.took(None),
+            std::task::Poll::Ready(Err(_)) => {}
         }
-        keep_start(&mut w.line, bytes);
+        polled
     }
 
     /// The session's output flushed what it took (`false`: the flush waits for the
@@ -281,6 +311,35 @@ mod tests {
         let mut f = std::pin::pin!(f);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         f.as_mut().poll(&mut cx).is_ready()
+    }
+
+    /// An answer the output takes is noted before anyone else can look at its id: the
+    /// client may read it as soon as it is taken and send the id again, and that request
+    /// must not be dropped as the reuse of an id still pending.
+    #[test]
+    fn an_answer_is_noted_as_the_output_takes_it() {
+        let a = std::sync::Arc::new(Answers::settling_in(Duration::from_secs(3600)));
+        a.asked(Some(json!(1)));
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n";
+        let (tx, rx) = std::sync::mpsc::channel();
+        let polled = a.write_noted(line, || {
+            // The pump looks at the id while the output is still in its write.
+            let (a, tx) = (std::sync::Arc::clone(&a), tx.clone());
+            std::thread::spawn(move || tx.send(a.pending(&json!(1))).unwrap());
+            std::thread::sleep(Duration::from_millis(100));
+            std::task::Poll::Ready(Ok(line.len()))
+        });
+        assert!(matches!(polled, std::task::Poll::Ready(Ok(n)) if n == line.len()));
+        assert!(
+            !rx.recv().unwrap(),
+            "the id was pending after its answer was taken"
+        );
+        // A write that takes nothing notes nothing.
+        a.asked(Some(json!(2)));
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n";
+        let polled = a.write_noted(line, || std::task::Poll::Pending);
+        assert!(polled.is_pending());
+        assert!(a.pending(&json!(2)));
     }
 
     #[tokio::test]

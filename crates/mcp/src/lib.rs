@@ -1152,12 +1152,12 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Watched<W> {
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        match &polled {
-            std::task::Poll::Ready(Ok(n)) => self.flow.answers.written(buf.get(..*n)),
-            std::task::Poll::Pending => self.flow.answers.written(None),
-            std::task::Poll::Ready(Err(_)) => {}
-        }
+        let this = &mut *self;
+        let inner = &mut this.inner;
+        let polled = this
+            .flow
+            .answers
+            .write_noted(buf, || std::pin::Pin::new(inner).poll_write(cx, buf));
         self.watch(polled)
     }
 
