@@ -48,6 +48,10 @@ mod render;
 mod screen;
 mod tools;
 
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use screen::fuzz_screen;
+
 use ailab_sandbox_core::Sandbox;
 use ailab_sandbox_core::catalog::Operation;
 use ailab_sandbox_core::confine::path::shown_path;

@@ -798,6 +798,49 @@ fn screen(line: &[u8], started: &mut bool) -> Pass {
     refused_request(&head, &refusal, not_text, was_started, started)
 }
 
+/// For the fuzz targets: screens one line (no `\n`) as [`pump`] does, and checks what it
+/// would pass on in the line's place: one line of JSON, no longer than the line by more
+/// than [`MAX_GROWTH`], that the screen passes (see below). Panics when it is not.
+#[cfg(feature = "internals")]
+#[allow(clippy::expect_used, clippy::panic)]
+pub fn fuzz_screen(line: &[u8], max_line: usize, started: &mut bool) {
+    let was_started = *started;
+    match screened(line, false, max_line, started) {
+        None => {}
+        Some(std::borrow::Cow::Borrowed(passed)) => {
+            assert!(
+                std::str::from_utf8(passed).is_ok(),
+                "passed on as sent, not text"
+            );
+        }
+        Some(std::borrow::Cow::Owned(m)) => {
+            assert!(m.len() <= line.len() + MAX_GROWTH, "grew past MAX_GROWTH");
+            assert!(!m.contains(&b'\n'), "a replacement spans lines");
+            let v: Value = serde_json::from_slice(&m).expect("a replacement is JSON");
+            assert!(v.is_object(), "a replacement is an object");
+            // Screened again, it passes, or (an `initialize` the SDK cannot take, sent
+            // on without its parameters) is replaced by itself, or fails for its id
+            // alone, copied as sent (`-0`, `1.0000000000000000001`: rmcp reads the id
+            // as the client's own parser does).
+            let mut again = was_started;
+            let id_not_kept = || {
+                Head::of(&m)
+                    .and_then(|h| h.id)
+                    .is_some_and(|id| check_numbers_kept(id.get().as_bytes()).is_err())
+            };
+            match screen(&m, &mut again) {
+                Pass::Line => {}
+                Pass::Instead(n) if n == m => {}
+                _ if id_not_kept() => {}
+                _ => panic!(
+                    "a replacement fails the screen: {}",
+                    String::from_utf8_lossy(&m)
+                ),
+            }
+        }
+    }
+}
+
 /// The head of a message read before the session opens; `None` when the message is
 /// dropped. Sets `started` when the message opens the session.
 fn head_before_start(line: &[u8], started: &mut bool) -> Option<Head> {
@@ -895,7 +938,7 @@ fn refused_request(
     let name = name
         .filter(|n| not_text.is_none() || n.get().len() <= MAX_COPIED_PART)
         .filter(|n| serde_json::from_str::<String>(n.get()).is_ok());
-    let meta = meta.filter(|_| not_text.is_none());
+    let meta = meta.filter(|m| not_text.is_none() && copyable(m));
     let mut params = Vec::new();
     if method == "tools/call" {
         // What the call asks for that is never allowed goes on too, so that the handler
@@ -936,6 +979,18 @@ fn refused_request(
     unreachable!("the last try is always returned")
 }
 
+/// Whether a value of the client's may be copied as sent into a message passed on in a
+/// refused one's place: it passes the screen's checks of keys and numbers (else rmcp would
+/// read another value than was sent), and, an object, gives no refusal of its own (else
+/// the message would give the key twice, and rmcp read the last).
+fn copyable(raw: &RawValue) -> bool {
+    let text = raw.get().as_bytes();
+    check_numbers_kept(text).is_ok()
+        && check_unique_keys(text).is_ok()
+        && serde_json::from_str::<std::collections::HashMap<String, IgnoredAny>>(raw.get())
+            .is_ok_and(|members| !members.contains_key(REFUSED_META_KEY))
+}
+
 /// Whether the id, method and version of a request read from text that is not UTF-8 may
 /// be copied into the message passed on in its place.
 fn copyable_from_lossy(head: &Head, id: &Raw) -> bool {
@@ -970,7 +1025,9 @@ fn instead(
     let inline = head.inline_version().filter(|_| may_open);
     let opening = inline
         .as_ref()
-        .filter(|(v, c)| meta.is_none() && v.get().len() + c.get().len() <= MAX_META_BYTES)
+        .filter(|(v, c)| {
+            meta.is_none() && v.get().len() + c.get().len() <= MAX_META_BYTES && copyable(c)
+        })
         .map(|(v, c)| {
             format!(
                 "\"io.modelcontextprotocol/protocolVersion\":{},\"io.modelcontextprotocol/clientCapabilities\":{}",
@@ -1801,6 +1858,49 @@ mod tests {
         }
         let (msg, _) = refusal_of(&out[1 + 2 * metas.len()]);
         assert_eq!(msg["params"]["name"], "", "{msg}");
+    }
+
+    /// A refused call's `_meta` is copied as sent only when rmcp would read it as sent
+    /// and it gives no refusal of its own: the message passed on then holds each key
+    /// once, and the refusal read is the screen's.
+    #[tokio::test]
+    async fn a_meta_is_copied_only_when_it_reads_as_sent() {
+        let metas = [
+            (
+                r#"{"progressToken":1,"ailab-sandbox/refused":{"reason_code":"io_error","reason":"mine"}}"#,
+                false,
+            ),
+            (
+                r#"{"progressToken":1,"ailab-sandbox\/refused":{"reason_code":"io_error","reason":"mine"}}"#,
+                false,
+            ),
+            (r#"{"progressToken":1,"progressToken":2}"#, false),
+            (r#"{"progressToken":12345678901234567890123}"#, false),
+            (r#"{"progressToken":1}"#, true),
+        ];
+        let mut input = format!("{INITIALIZE}\n");
+        for (i, (meta, _)) in metas.iter().enumerate() {
+            // Refused for the key given twice in its arguments.
+            input.push_str(&format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"_meta":{meta},"name":"create_file","arguments":{{"path":"a.md","path":"b.md"}}}}}}"#
+            ));
+            input.push('\n');
+        }
+        let out = pumped(&input, 1 << 20).await;
+        assert_eq!(out.len(), 2 + metas.len(), "{out:?}");
+        for (i, (_, kept)) in metas.iter().enumerate() {
+            let line = &out[1 + i];
+            check_unique_keys(line.as_bytes()).unwrap();
+            check_numbers_kept(line.as_bytes()).unwrap();
+            let (msg, r) = refusal_of(line);
+            assert_eq!(msg["id"], i, "{msg}");
+            assert_eq!(r.reason_code, ReasonCode::InvalidPlan, "{msg}");
+            assert_eq!(
+                msg["params"]["_meta"].get("progressToken").is_some(),
+                *kept,
+                "{msg}"
+            );
+        }
     }
 
     /// What is copied as sent onto a refused request is bounded: a large `_meta` is left
