@@ -119,13 +119,16 @@ pub fn run_result(r: &RunResult) {
         paint(status, r.is_success() || r.is_simulated()),
         r.state,
         match r.dry_run_reason {
-            Some(d) if r.simulation_only => format!(
-                "  (simulated: {})",
-                serde_json::to_value(d)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            ),
+            Some(d) if r.simulation_only => {
+                let (flag, fix) = d.explained();
+                format!(
+                    "  (simulated: {}; {flag}: {fix} to write)",
+                    serde_json::to_value(d)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                )
+            }
             _ => String::new(),
         }
     );

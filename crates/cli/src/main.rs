@@ -64,7 +64,7 @@ struct Cli {
     /// Sandbox root, an absolute path; repeat for several (else AI_LAB_SANDBOX_ROOTS, config, /tmp/opencode/sandbox and /opt/ai-lab/sandbox).
     #[arg(long = "root", global = true, value_name = "DIR")]
     roots: Vec<PathBuf>,
-    /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made, $XDG_STATE_HOME/ailab-sandbox, else ~/.local/state/ailab-sandbox).
+    /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made or other users could change it, $XDG_STATE_HOME/ailab-sandbox, else ~/.local/state/ailab-sandbox).
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Phase in force (default 28.3).
@@ -146,10 +146,10 @@ enum Command {
     },
     /// MCP server on standard input/output.
     Mcp,
-    /// Remove snapshots of finished workflows older than a duration (e.g. 7d, 12h, 30m);
+    /// Remove snapshots of finished workflows older than a duration (e.g. 2w, 7d, 12h, 30m, 90s);
     /// only said, not done, unless writing is on and dry-run off.
     Prune {
-        /// Age, e.g. 7d.
+        /// Age: a number and a unit, s, m, h, d or w (e.g. 7d).
         #[arg(long = "older-than", value_parser = parse_duration, allow_hyphen_values = true)]
         older_than: std::time::Duration,
     },

@@ -330,6 +330,25 @@ fn run_simulates_by_default_and_writes_when_enabled() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(json_out(&out)["status"], "simulated_success");
     assert!(!e.root.join("n0.txt").exists());
+    // In words, the run says what would let it write.
+    let out = e.cmd().arg("run").arg(&plan).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(simulated: sandbox_disabled; writing is disabled: turn writing on (--enable-write --no-dry-run"),
+        "{text}"
+    );
+    let out = e
+        .cmd()
+        .args(["--enable-write", "run"])
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(simulated: dry_run; dry-run is on: turn dry-run off (--no-dry-run"),
+        "{text}"
+    );
     let out = e
         .cmd()
         .args(["--json", "--enable-write", "--no-dry-run", "run"])

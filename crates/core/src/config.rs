@@ -828,6 +828,39 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let env = |name: &str| env(name).filter(|_| !flags.overrides(name));
         let file = file.unwrap_or_default();
+        // Where each path and the phase come from, for a refusal to say which to change.
+        let from = |flag: Option<&str>, var: Option<&str>, key: Option<&str>| {
+            flag.map(str::to_owned)
+                .or_else(|| var.filter(|v| env(v).is_some()).map(str::to_owned))
+                .or_else(|| key.map(|k| format!("{k} in the config file")))
+                .unwrap_or_else(|| "the default".to_owned())
+        };
+        let sources = [
+            (
+                "root",
+                from(
+                    (!flags.roots.is_empty()).then_some("--root"),
+                    Some(env::ROOTS),
+                    file.roots.as_ref().map(|_| "roots"),
+                ),
+            ),
+            (
+                "state_dir",
+                from(
+                    flags.state_dir.as_ref().map(|_| "--state-dir"),
+                    Some(env::STATE_DIR),
+                    file.state_dir.as_ref().map(|_| "state_dir"),
+                ),
+            ),
+            (
+                "phase",
+                from(
+                    flags.phase.as_ref().map(|_| "--phase"),
+                    None,
+                    file.phase.as_ref().map(|_| "phase"),
+                ),
+            ),
+        ];
         let mut c = Config::default();
         c.resolve_roots(file.roots, &env, flags)?;
         c.resolve_state_dir(file.state_dir, &env, flags)?;
@@ -844,7 +877,16 @@ impl Config {
                 ExtensionPolicy::new(x.allowed.as_deref(), x.blocked.as_deref().unwrap_or(&[]));
         }
         c.resolve_server(file.server, &env, flags);
-        c.validate()?;
+        c.validate().map_err(|ConfigError(why)| {
+            let source = sources.iter().find(|(what, _)| {
+                why.strip_prefix(what)
+                    .is_some_and(|rest| rest.starts_with([' ', 's', ':']))
+            });
+            ConfigError(match source {
+                Some((what, source)) => format!("{why} ({what} from {source})"),
+                None => why,
+            })
+        })?;
         Ok(c)
     }
 

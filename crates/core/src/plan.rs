@@ -1186,7 +1186,7 @@ fn indented_fits<'v>(
             return Err(too_large_rendered(
                 op,
                 max,
-                "its values and keys, and the indentation their nesting takes, come to more than that; split the data over several files, or flatten it",
+                "its values and keys, and the indentation their nesting takes, come to more than that; split the data over several files (or, when it is deeply nested, flatten it)",
             ));
         }
         match v {
@@ -1453,7 +1453,7 @@ fn ini_problem(what: &str, text: &str) -> Option<String> {
         // A value follows `key = `: only a name can open a line.
         "starts with U+FEFF, which readers take for a byte order mark and drop"
     } else if what == "section name" && text == "DEFAULT" {
-        "is DEFAULT, which readers (Python's configparser) take for defaults copied into every other section"
+        "names the section readers (Python's configparser) take for defaults copied into every other section; give the section another name, or put its keys at the top of each section that needs them"
     } else if (value || what == "key") && text.starts_with([';', '#']) {
         "starts with ';' or '#', which readers take for a comment"
     } else if value && text.contains('%') {

@@ -365,13 +365,24 @@ impl Args {
     }
 }
 
+/// A tool's title: its name's words, the first capitalised, a format's name in capitals
+/// ("Write JSON").
 fn title_of(name: &str) -> String {
-    let words = name.replace('_', " ");
-    let mut c = words.chars();
-    match c.next() {
-        Some(first) => first.to_uppercase().chain(c).collect(),
-        None => String::new(),
-    }
+    let words: Vec<String> = name
+        .split('_')
+        .enumerate()
+        .map(|(i, w)| match w {
+            "json" | "yaml" => w.to_uppercase(),
+            _ if i == 0 => {
+                let mut c = w.chars();
+                c.next()
+                    .map(|first| first.to_uppercase().chain(c).collect())
+                    .unwrap_or_default()
+            }
+            _ => w.to_owned(),
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// The extensions `op` may write under the operator's extension policy.

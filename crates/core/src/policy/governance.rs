@@ -96,12 +96,15 @@ pub fn check_intent(req: &GovernanceRequest<'_>) -> Verdict<&'static Operation> 
     if classify_permission_scope(req.intent, req.tool) == PermissionScope::Forbidden {
         return Err(intent_refusal(req.intent, req.tool));
     }
-    for text in [Some(req.intent), req.description].into_iter().flatten() {
-        if let Some(pattern) = detect_chmod_intent(text) {
+    for (field, text) in [
+        ("intent", Some(req.intent)),
+        ("description", req.description),
+    ] {
+        if let Some(pattern) = text.and_then(detect_chmod_intent) {
             return Err(Refusal::new(
                 ReasonCode::ChmodForbidden,
                 format!(
-                    "the action asks to change permissions ({pattern}); the sandbox never runs chmod or sets an execute bit, so remove that request"
+                    "the action's {field} asks to change permissions ({pattern}); the sandbox never runs chmod or sets an execute bit, so remove that request from the {field}"
                 ),
             ));
         }
@@ -333,7 +336,7 @@ pub fn intent_refusal(intent: &str, tool: Option<&str>) -> Refusal {
         return Refusal::new(
             ReasonCode::ForbiddenIntent,
             format!(
-                "the tool {} runs commands or code, or changes permissions (a shell, an interpreter, chmod); sandbox writes are plain file writes and never go through such a tool",
+                "the tool {} runs commands or code, or changes permissions (a shell, an interpreter, chmod); sandbox writes are plain file writes and never go through such a tool (a tool that only writes files may be named without such a word: python, bash, node, exec, run…)",
                 shown_path(tool)
             ),
         );

@@ -479,6 +479,42 @@ fn relative_root_is_refused() {
     )
     .unwrap_err();
     assert!(err.0.contains("rel/dir"), "{err}");
+    // Each refusal says where the value came from, so that the right one is changed.
+    assert!(
+        err.0.ends_with(" (root from AI_LAB_SANDBOX_ROOTS)"),
+        "{err}"
+    );
+    let err = resolve(Some("roots = [\"sandbox\"]\n"), &[], &Overrides::default()).unwrap_err();
+    assert!(
+        err.0.ends_with(" (root from roots in the config file)"),
+        "{err}"
+    );
+    let flags = Overrides {
+        roots: paths(&["/srv/a", "/srv/a/b"]),
+        ..Overrides::default()
+    };
+    let err = resolve(None, &[(env::ROOTS, "rel")], &flags).unwrap_err();
+    assert!(
+        err.0.contains("overlap") && err.0.ends_with(" (root from --root)"),
+        "{err}"
+    );
+    let err = resolve(
+        Some("state_dir = \"/x\"\n"),
+        &[(env::STATE_DIR, "relative/state")],
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.0
+            .starts_with("state_dir 'relative/state' is not an absolute path")
+            && err.0.ends_with(" (state_dir from AI_LAB_STATE_DIR)"),
+        "{err}"
+    );
+    let err = resolve(Some("phase = \"28\"\n"), &[], &Overrides::default()).unwrap_err();
+    assert!(
+        err.0.ends_with(" (phase from phase in the config file)"),
+        "{err}"
+    );
     // An empty one is shown as empty, quoted (it read "root  is not ..."), with an example.
     let err = resolve(Some("roots = [\"\"]\n"), &[], &Overrides::default()).unwrap_err();
     assert!(

@@ -653,7 +653,7 @@ fn generate_config_refuses_data_that_would_not_read_back() {
         (
             "c.ini",
             json!({"DEFAULT": {"t": "5"}, "db": {"h": "h"}}),
-            "is DEFAULT",
+            "the section name 'DEFAULT' names the section readers (Python's configparser) take for defaults copied into every other section; give the section another name",
         ),
         (
             "c.ini",

@@ -233,6 +233,20 @@ fn a_shell_tool_makes_a_write_intent_forbidden() {
         };
         assert_eq!(code(&r), Some(ReasonCode::ForbiddenIntent), "{tool}");
     }
+    // The refusal names the tool and says how a tool that only writes files passes.
+    let refusal =
+        ailab_sandbox_core::policy::intent_refusal("create_file", Some("Write Python File"));
+    assert_eq!(refusal.reason_code, ReasonCode::ForbiddenIntent);
+    assert!(
+        refusal
+            .reason
+            .starts_with("the tool 'Write Python File' runs commands or code")
+            && refusal
+                .reason
+                .ends_with("may be named without such a word: python, bash, node, exec, run…)"),
+        "{}",
+        refusal.reason
+    );
     let r = GovernanceRequest {
         tool: Some("editor"),
         ..req("create_file", "x.txt")
@@ -295,7 +309,16 @@ fn chmod_in_the_description_is_chmod_forbidden() {
     };
     let err = lexical(&r, 10).unwrap_err();
     assert_eq!(err.reason_code, ReasonCode::ChmodForbidden);
-    assert!(err.reason.contains("chmod"), "{}", err.reason);
+    // It says which of the action's texts asks for it, so that the right one is changed.
+    assert!(
+        err.reason
+            .starts_with("the action's description asks to change permissions (")
+            && err
+                .reason
+                .ends_with("so remove that request from the description"),
+        "{}",
+        err.reason
+    );
 }
 
 #[test]

@@ -160,6 +160,13 @@ async fn tools_list_has_the_catalog_and_the_other_tools() {
         read.annotations.as_ref().unwrap().read_only_hint,
         Some(true)
     );
+    let title = |name: &str| {
+        let tool = tools.iter().find(|t| t.name == name).unwrap();
+        tool.annotations.as_ref().unwrap().title.clone().unwrap()
+    };
+    assert_eq!(title("write_json"), "Write JSON");
+    assert_eq!(title("write_yaml"), "Write YAML");
+    assert_eq!(title("sandbox_transform"), "Sandbox transform");
     for name in ["write_json", "write_yaml"] {
         let tool = tools.iter().find(|t| t.name == name).unwrap();
         assert_eq!(

@@ -240,7 +240,7 @@ impl SandboxRoot {
         let euid = euid();
         if opened.uid() != euid {
             return Err(format!(
-                "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it",
+                "root {shown} is owned by uid {}, not by this process's uid {euid}; someone else may control it: give a root of this user's own, or run as its owner",
                 opened.uid()
             ));
         }
