@@ -56,7 +56,13 @@ use std::process::ExitCode;
 /// Governed filesystem write runtime: plans of write actions, confined to sandbox roots,
 /// snapshotted, audited and reversible.
 #[derive(Debug, Parser)]
-#[command(name = "ailab-sandbox", version, about, long_about = None)]
+#[command(
+    name = "ailab-sandbox",
+    version,
+    about,
+    long_about = None,
+    after_help = "Logs go to standard error; AI_LAB_SANDBOX_LOG sets their level (error, warn, info, debug, trace; default info for serve and mcp, warn otherwise)."
+)]
 struct Cli {
     /// TOML config file (else AI_LAB_SANDBOX_CONFIG).
     #[arg(long, global = true, value_name = "FILE")]
@@ -67,13 +73,13 @@ struct Cli {
     /// State directory for the audit log and artifact registry, an absolute path (else AI_LAB_STATE_DIR, config, /opt/ai-lab/runtime/state or, when that cannot be made or other users could change it, $XDG_STATE_HOME/ailab-sandbox, else ~/.local/state/ailab-sandbox).
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// Phase in force (default 28.3).
+    /// Phase in force (else phase in the config; default 28.3).
     #[arg(long, global = true)]
     phase: Option<String>,
-    /// Turn the write executor on (AI_LAB_ENABLE_SANDBOX_WRITE).
+    /// Turn the write executor on (else AI_LAB_ENABLE_SANDBOX_WRITE, then enable_write in the config; default off).
     #[arg(long, global = true)]
     enable_write: bool,
-    /// Turn dry-run off (AI_LAB_SANDBOX_DRY_RUN=false).
+    /// Turn dry-run off (else AI_LAB_SANDBOX_DRY_RUN=false, then dry_run = false in the config; default on).
     #[arg(long, global = true)]
     no_dry_run: bool,
     /// Print machine-readable JSON (serve: its start-up errors only; mcp: never, its
@@ -133,14 +139,14 @@ enum Command {
     Ops,
     /// Serve the HTTP API (JSON + Prometheus /metrics).
     Serve {
-        /// Address to bind (default 127.0.0.1:8787).
+        /// Address to bind (else addr in the config's [server]; default 127.0.0.1:8787).
         #[arg(long)]
         addr: Option<String>,
         /// Bearer token every route requires. Other local users can read a command line:
         /// prefer AI_LAB_SANDBOX_TOKEN or the config file.
         #[arg(long)]
         token: Option<String>,
-        /// Largest request body in bytes, 1024 to 268435456 (default 64 MiB).
+        /// Largest request body in bytes, 1024 to 268435456 (else max_body_bytes in the config's [server]; default 64 MiB).
         #[arg(long, value_name = "BYTES", value_parser = body_bytes, allow_hyphen_values = true)]
         max_body_bytes: Option<usize>,
     },
