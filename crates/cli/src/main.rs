@@ -941,7 +941,17 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
             match sandbox.artifact_with_lineage(&id)? {
                 Some((artifact, lineage)) => {
                     if json {
-                        print_json(&serde_json::json!({"artifact": artifact, "lineage": lineage}))?;
+                        // A struct, not `json!`: the artifact's fields keep the order
+                        // every other document gives them.
+                        #[derive(Serialize)]
+                        struct Shown<'a> {
+                            artifact: &'a ailab_sandbox_core::artifact::ArtifactEntry,
+                            lineage: &'a [ailab_sandbox_core::artifact::ArtifactEntry],
+                        }
+                        print_json(&Shown {
+                            artifact: &artifact,
+                            lineage: &lineage,
+                        })?;
                     } else {
                         let mut undone = sandbox.rolled_back_ids(&lineage)?;
                         undone.extend(sandbox.rolled_back_ids(std::slice::from_ref(&artifact))?);

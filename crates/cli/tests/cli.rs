@@ -426,13 +426,23 @@ fn artifacts_mark_rolled_back_writes_for_people() {
     );
     assert!(!lines[2].contains("rolled back"), "{shown}");
     // The documents `--json` prints keep the SPEC's shape.
-    let doc = json_out(
-        &e.cmd()
-            .args(["--json", "artifacts", "show", id])
-            .output()
-            .unwrap(),
-    );
+    let out = e
+        .cmd()
+        .args(["--json", "artifacts", "show", id])
+        .output()
+        .unwrap();
+    let doc = json_out(&out);
     assert_eq!(doc.as_object().unwrap().len(), 2, "{doc}");
+    // Its fields in the order `artifacts --json` gives them (the SPEC's).
+    let text = String::from_utf8_lossy(&out.stdout);
+    let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap();
+    assert!(
+        at("artifact") < at("lineage")
+            && at("artifact_id") < at("path")
+            && at("path") < at("checksum_sha256")
+            && at("checksum_sha256") < at("created_at"),
+        "{text}"
+    );
 }
 
 #[test]
