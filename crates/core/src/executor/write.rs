@@ -112,7 +112,7 @@ impl SandboxWriteExecutor<'_> {
         let mut written = false;
         let outcome = match self.mutate_and_register(&w, staged.as_ref(), &mut written) {
             Ok(()) => self
-                .audit_write(w.done_record, staged.is_some())
+                .audit_write(w.done_record, logged.is_some())
                 .inspect_err(|_| self.undo(&snap, &w.left)),
             Err(r) => Err(self.undo_failed_write(&w, staged.as_ref(), &snap, written, r)),
         };
@@ -452,9 +452,9 @@ impl SandboxWriteExecutor<'_> {
         Ok(())
     }
 
-    /// Appends the action's success to the audit trail, then (unless `staged`) makes the
+    /// Appends the action's success to the audit trail, then (unless `logged`) makes the
     /// write durable: the action succeeded only once both are done.
-    fn audit_write(&self, done_record: AuditRecord, staged: bool) -> Verdict {
+    fn audit_write(&self, done_record: AuditRecord, logged: bool) -> Verdict {
         let sb = self.sb;
         sb.fail_at("before_audit")
             .map_err(|r| std::io::Error::other(r.reason))
@@ -462,10 +462,14 @@ impl SandboxWriteExecutor<'_> {
             .map_err(|e| log_failure("append to the audit log", &e))?;
         // Under `batched`, the second durability point: the target, the registry and
         // the audit line, all at once (recovery checks audited targets against their
-        // after_checksum, so their order on disk does not matter). A staged write needs
-        // none: its commit record is durable already. Under `strict` each was synced as
-        // it was written, and under `relaxed` nothing is: a no-op.
-        if staged { Ok(()) } else { sb.sync_point() }
+        // after_checksum, so their order on disk does not matter). A write in the
+        // workflow's commit log needs none: a start redoes it from the log. One committed
+        // by a sync point (the workflow's first, one too large for the log) needs it as
+        // much as a write not staged: the log's later writes to the same file build on
+        // its result, and a start that found the file as before it would take them for
+        // overtaken by another program, losing all of them. Under `strict` each was
+        // synced as it was written, and under `relaxed` nothing is: a no-op.
+        if logged { Ok(()) } else { sb.sync_point() }
     }
 
     /// Undoes a write that failed with `r` (discarding its staged bytes), returning the

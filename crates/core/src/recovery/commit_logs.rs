@@ -504,7 +504,16 @@ impl Sandbox {
         // point; a new file's data, say, on a filesystem that delays allocation). Every
         // writer of the runtime puts a new file in place, and a write in place by
         // another program changes the modification time: neither is taken for this.
-        let lost = e.staged.is_some() && self.roots[i].written_file(&rel) == e.staged;
+        // Any of the log's writes to the target: the newest one's name may not have
+        // reached the disk while an older one's did.
+        let standing = self.roots[i].written_file(&rel);
+        let lost = standing.is_some()
+            && (e.staged == standing
+                || replay
+                    .live
+                    .iter()
+                    .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
+                    .any(|(_, o, _)| o.staged == standing));
         // What the target holds may be older bytes of this log's that a later run
         // of another workflow wrote back.
         if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))

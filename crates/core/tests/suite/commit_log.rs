@@ -1420,3 +1420,100 @@ fn a_rollback_syncs_its_records_before_a_second_step_on_the_same_file() {
     assert_eq!(syncs_of("wf_same"), other + 1);
     assert!(!w.path("wf_same/a.txt").exists() && !w.path("wf_other/b.txt").exists());
 }
+
+/// Three writes of one file in a new workflow: the first committed by a sync point (a
+/// workflow's first commit makes its log), the two after it by the log, each of those
+/// built on the one before.
+fn one_file_three_times() -> serde_json::Value {
+    json!({"workflow_id": "wf_m", "actions": [
+        {"action_id": "a1", "intent": "append_file", "path": "m.md", "content": "one\n"},
+        {"action_id": "a2", "intent": "append_file", "path": "m.md", "content": "two\n"},
+        {"action_id": "a3", "intent": "replace_file", "path": "m.md", "content": "three\n"}]})
+}
+
+/// A sandbox on `w`, batched, whose sync points record in `last` what they make durable.
+fn recording_sync_points(
+    w: &World,
+) -> (
+    ailab_sandbox_core::Sandbox,
+    std::sync::Arc<std::sync::Mutex<Option<Durable>>>,
+) {
+    let points = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    let last = std::sync::Arc::new(std::sync::Mutex::new(None));
+    Durable::record_sync_points(&points, w, &last);
+    let sb = ailab_sandbox_core::Sandbox::open_armed(
+        batched(w),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        points,
+    )
+    .unwrap();
+    (sb, last)
+}
+
+/// A run that reported success, then a power cut before any later sync point: what the
+/// last sync point made durable stays, and the commit log. The next start gives the file
+/// the run's last bytes, and the trail and the registry every write. (The first write's
+/// rename was left to a later sync point: the log's writes found the file as before the
+/// run, were taken for overtaken by another program, and the whole run was lost.)
+#[test]
+fn a_power_cut_after_a_run_keeps_the_writes_built_on_its_first() {
+    let w = World::new();
+    w.write("m.md", b"before\n");
+    let (sb, last) = recording_sync_points(&w);
+    let r = run(&sb, one_file_three_times());
+    assert_eq!(status(&r), "success");
+    // A power cut: no drop, so no last sync point.
+    std::mem::forget(sb);
+    let durable = last.lock().unwrap().take().expect("a sync point was made");
+    durable.restore_except_commit_logs(&w);
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("m.md"), b"three\n", "{:?}", sb.notices());
+    assert!(
+        !sb.notices().iter().any(|n| n.contains("changed since")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(
+        audit_statuses(&sb, "wf_m"),
+        ["success", "success", "success"]
+    );
+    assert_eq!(sb.registry().get_by_workflow("wf_m").unwrap().len(), 3);
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.md"), b"before\n");
+}
+
+/// A power cut that kept the name of one of a log's older writes to a file but not its
+/// data, nor the newer write's name: the file is the older write's, emptied. The next
+/// start writes the newest logged bytes; it took the emptied file for another program's
+/// change, left it empty, and the trail said the writes had succeeded.
+#[test]
+fn a_file_an_older_logged_write_left_emptied_is_written_again() {
+    let w = World::new();
+    w.write("m.md", b"before\n");
+    let sb = w.open(batched(&w));
+    // Dies once the third write is committed, before it takes the file's place.
+    run_killed(&sb, one_file_three_times(), "before_mutate", 3);
+    std::mem::forget(sb);
+    assert_eq!(w.read("m.md"), b"before\none\ntwo\n");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(w.path("m.md"))
+        .unwrap();
+    let written = file.metadata().unwrap().modified().unwrap();
+    file.set_len(0).unwrap();
+    file.set_modified(written).unwrap();
+    drop(file);
+    let sb = w.open(batched(&w));
+    assert_eq!(w.read("m.md"), b"three\n", "{:?}", sb.notices());
+    assert!(
+        !sb.notices().iter().any(|n| n.contains("changed since")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.md"), b"before\n");
+}

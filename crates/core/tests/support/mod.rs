@@ -195,10 +195,39 @@ pub struct Durable {
 
 impl Durable {
     pub fn take(w: &World) -> Self {
+        Self::of(&w.root, &w.state)
+    }
+
+    /// [`Durable::take`] of a world's root and state directory given by path.
+    pub fn of(root: &Path, state: &Path) -> Self {
         let saved = tempfile::tempdir().unwrap();
-        copy_tree(&w.root, &saved.path().join("root"));
-        copy_tree(&w.state, &saved.path().join("state"));
+        copy_tree(root, &saved.path().join("root"));
+        copy_tree(state, &saved.path().join("state"));
         Self { saved }
+    }
+
+    /// Has every sync point of a sandbox armed with `points` record, just before it
+    /// syncs, what it makes durable: `last` holds the latest.
+    pub fn record_sync_points(
+        points: &Arc<ailab_sandbox_core::failpoint::FailPoints>,
+        w: &World,
+        last: &Arc<std::sync::Mutex<Option<Durable>>>,
+    ) {
+        fn arm(
+            points: &Arc<ailab_sandbox_core::failpoint::FailPoints>,
+            dirs: (PathBuf, PathBuf),
+            last: Arc<std::sync::Mutex<Option<Durable>>>,
+        ) {
+            let again = Arc::clone(points);
+            points.interleave(
+                "batch_sync",
+                Arc::new(move || {
+                    *last.lock().unwrap() = Some(Durable::of(&dirs.0, &dirs.1));
+                    arm(&again, dirs.clone(), Arc::clone(&last));
+                }),
+            );
+        }
+        arm(points, (w.root.clone(), w.state.clone()), Arc::clone(last));
     }
 
     /// The power cut: the root and the state directory go back to this sync point,
