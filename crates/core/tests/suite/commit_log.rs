@@ -1431,6 +1431,28 @@ fn one_file_three_times() -> serde_json::Value {
         {"action_id": "a3", "intent": "replace_file", "path": "m.md", "content": "three\n"}]})
 }
 
+/// The start after the cut: `one_file_three_times` is whole again (the file's last
+/// bytes, a success line and an artifact per write, nothing said changed by another),
+/// and rolls back to the file as it was.
+fn redone_then_rolled_back(w: &World) {
+    let sb = w.open(batched(w));
+    assert_eq!(w.read("m.md"), b"three\n", "{:?}", sb.notices());
+    assert!(
+        !sb.notices().iter().any(|n| n.contains("changed since")),
+        "{:?}",
+        sb.notices()
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(
+        audit_statuses(&sb, "wf_m"),
+        ["success", "success", "success"]
+    );
+    assert_eq!(sb.registry().get_by_workflow("wf_m").unwrap().len(), 3);
+    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("m.md"), b"before\n");
+}
+
 /// A sandbox on `w`, batched, whose sync points record in `last` what they make durable.
 fn recording_sync_points(
     w: &World,
@@ -1466,22 +1488,7 @@ fn a_power_cut_after_a_run_keeps_the_writes_built_on_its_first() {
     std::mem::forget(sb);
     let durable = last.lock().unwrap().take().expect("a sync point was made");
     durable.restore_except_commit_logs(&w);
-    let sb = w.open(batched(&w));
-    assert_eq!(w.read("m.md"), b"three\n", "{:?}", sb.notices());
-    assert!(
-        !sb.notices().iter().any(|n| n.contains("changed since")),
-        "{:?}",
-        sb.notices()
-    );
-    assert!(sb.audit_verify().unwrap().ok);
-    assert_eq!(
-        audit_statuses(&sb, "wf_m"),
-        ["success", "success", "success"]
-    );
-    assert_eq!(sb.registry().get_by_workflow("wf_m").unwrap().len(), 3);
-    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.read("m.md"), b"before\n");
+    redone_then_rolled_back(&w);
 }
 
 /// A power cut that kept the name of one of a log's older writes to a file but not its
@@ -1505,15 +1512,5 @@ fn a_file_an_older_logged_write_left_emptied_is_written_again() {
     file.set_len(0).unwrap();
     file.set_modified(written).unwrap();
     drop(file);
-    let sb = w.open(batched(&w));
-    assert_eq!(w.read("m.md"), b"three\n", "{:?}", sb.notices());
-    assert!(
-        !sb.notices().iter().any(|n| n.contains("changed since")),
-        "{:?}",
-        sb.notices()
-    );
-    assert!(sb.audit_verify().unwrap().ok);
-    let rb = sb.rollback_workflow("wf_m", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.read("m.md"), b"before\n");
+    redone_then_rolled_back(&w);
 }
