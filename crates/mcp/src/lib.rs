@@ -202,7 +202,7 @@ impl SandboxMcp {
             "ailab-sandbox is a governed filesystem write runtime. Use its tools to create and edit text files, but only inside the sandbox roots: {roots}. \
 Give paths relative to the first root (e.g. \"{example}\"), or relative to another root named in the call's 'root' (read and write tools alike); '..', '~' and absolute paths outside the roots are refused. \
 There is no shell and no delete, move or chmod: files are never made executable. \
-Each write tool checks the extension and size limit named in its description, the workflow's budget and a rate limit of {rate} writes per minute; \
+Each write tool checks the extension and size limit named in its description, the workflow's budget and its rate limit of {rate} writes per minute; \
 then it snapshots the target, writes atomically, records an artifact (sha256; a folder create_directory makes is none) and an audit entry. \
 Every write can be undone with rollback_action (one write) or rollback_workflow (all writes of a workflow). \
 All writes of this session belong to workflow {wf} unless a call passes workflow_id. \
@@ -804,7 +804,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             ),
         };
         let text = format!(
-            "execution_mode: {} — {mode}\nphase: {}\nexecutor_enabled: {}\ndry_run: {}\nsandbox_roots: {}\nsession workflow_id: {}\nlimits: {} artifacts and {} bytes per workflow, {} writes per minute, path depth {}\nartifacts_total: {}\naudit_entries: {}\nversion: {}",
+            "execution_mode: {} — {mode}\nphase: {}\nexecutor_enabled: {}\ndry_run: {}\nsandbox_roots: {}\nsession workflow_id: {}\nlimits: {} artifacts, {} bytes and {} writes per minute per workflow, path depth {}\nartifacts_total: {}\naudit_entries: {}\nversion: {}",
             serde_json::to_value(doc.execution_mode)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))

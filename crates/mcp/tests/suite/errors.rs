@@ -373,6 +373,15 @@ async fn a_refusal_says_writes_are_simulated_only_when_they_are() {
     );
     let t = text(&s.ok("get_state", json!({})).await);
     assert!(t.contains("writes are refused (phase_not_supported"), "{t}");
+    // The rate limit is a workflow's, as the budget is: both say so.
+    assert!(
+        t.contains(" bytes and 1000 writes per minute per workflow"),
+        "{t}"
+    );
+    assert!(
+        instructions.contains("the workflow's budget and its rate limit of 1000 writes per minute"),
+        "{instructions}"
+    );
     // A forbidden intent asked for as a tool is answered with what the trail records of
     // it, as a plan holding it is: here the phase, named first.
     for tool in ["delete_file", "chmod"] {
