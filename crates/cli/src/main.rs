@@ -139,14 +139,14 @@ enum Command {
     Ops,
     /// Serve the HTTP API (JSON + Prometheus /metrics).
     Serve {
-        /// Address to bind (else addr in the config's [server]; default 127.0.0.1:8787).
+        /// Address to bind (else addr in the config's server table; default 127.0.0.1:8787).
         #[arg(long)]
         addr: Option<String>,
         /// Bearer token every route requires. Other local users can read a command line:
         /// prefer AI_LAB_SANDBOX_TOKEN or the config file.
         #[arg(long)]
         token: Option<String>,
-        /// Largest request body in bytes, 1024 to 268435456 (else max_body_bytes in the config's [server]; default 64 MiB).
+        /// Largest request body in bytes, 1024 to 268435456 (else max_body_bytes in the config's server table; default 64 MiB).
         #[arg(long, value_name = "BYTES", value_parser = body_bytes, allow_hyphen_values = true)]
         max_body_bytes: Option<usize>,
     },
