@@ -491,29 +491,25 @@ impl Sandbox {
             }
             return Placing::Untouched;
         }
-        let known = replay
-            .live
-            .iter()
-            .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
-            .any(|(_, o, _)| {
-                current == o.meta.sha256
-                    || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
-            });
-        // The very file the write put in place, as it left it but for its bytes: its
-        // name reached the disk and its data did not (a power cut before the sync
-        // point; a new file's data, say, on a filesystem that delays allocation). Every
-        // writer of the runtime puts a new file in place, and a write in place by
-        // another program changes the modification time: neither is taken for this.
-        // Any of the log's writes to the target: the newest one's name may not have
-        // reached the disk while an older one's did.
+        // The log's live entries for this target, `e` (the newest) among them.
+        let of_target = || {
+            replay
+                .live
+                .iter()
+                .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
+        };
+        let known = of_target().any(|(_, o, _)| {
+            current == o.meta.sha256
+                || current == o.meta.commit.as_ref().map(|c| c.after_sha256.clone())
+        });
+        // The very file one of the log's writes put in place, as it left it but for its
+        // bytes: its name reached the disk and its data did not (a power cut before the
+        // sync point; a new file's data, say, on a filesystem that delays allocation),
+        // and the newer writes' names may not have. Every writer of the runtime puts a
+        // new file in place, and a write in place by another program changes the
+        // modification time: neither is taken for this.
         let standing = self.roots[i].written_file(&rel);
-        let lost = standing.is_some()
-            && (e.staged == standing
-                || replay
-                    .live
-                    .iter()
-                    .filter(|(j, o, _)| *j == i && o.meta.original_path == meta.original_path)
-                    .any(|(_, o, _)| o.staged == standing));
+        let lost = standing.is_some() && of_target().any(|(_, o, _)| o.staged == standing);
         // What the target holds may be older bytes of this log's that a later run
         // of another workflow wrote back.
         if !lost && (!known || self.put_back_by_another(i, meta, &current, replay.of_latest(meta)))
