@@ -241,6 +241,15 @@ impl StateDir {
     /// a FIFO read as an empty log would lose the record without a word, and one opened
     /// for writing alone would wait for a reader for ever.
     fn open_file(&self, rel: &str, opts: &mut OpenOptions) -> io::Result<File> {
+        self.open_file_meta(rel, opts).map(|(f, _)| f)
+    }
+
+    /// [`StateDir::open_file`], with the file's metadata.
+    fn open_file_meta(
+        &self,
+        rel: &str,
+        opts: &mut OpenOptions,
+    ) -> io::Result<(File, cap_std::fs::Metadata)> {
         let (dir, name) = self.locate(rel)?;
         opts.follow(FollowSymlinks::No).nonblock(true);
         let file = dir.open_with(name, opts).map_err(|e| {
@@ -252,10 +261,11 @@ impl StateDir {
                 _ => shut_out(e, rel),
             }
         })?;
-        if !file.metadata()?.is_file() {
+        let meta = file.metadata()?;
+        if !meta.is_file() {
             return Err(not_regular(dir, name, rel));
         }
-        Ok(file.into_std())
+        Ok((file.into_std(), meta))
     }
 
     /// Opens (creating) an append-only log file.
@@ -321,26 +331,78 @@ impl StateDir {
 
     /// [`StateDir::try_lock_workflow`] for a look that must leave nothing behind (a
     /// rollback's preview, which any id may name): `None` as well when no run or
-    /// rollback of the workflow ever took its lock, which then guards nothing to settle.
-    pub fn try_lock_workflow_if_used(&self, id: &str) -> io::Result<Option<FileLock>> {
-        match self.open_file(
-            &lock_path(&workflow_lock(id)),
-            OpenOptions::new().read(true).write(true),
-        ) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            r => try_holding(r?),
-        }
+    /// rollback of the workflow holds its lock or left a record, which it then guards
+    /// nothing of.
+    pub fn try_lock_workflow_if_used(&self, id: &str) -> io::Result<Option<WorkflowLock>> {
+        self.workflow_lock_with(id, false, None)
     }
 
-    /// Takes workflow `id`'s lock ([`StateDir::lock`]): a run, rollback, recovery or
-    /// prune of one workflow at a time, across threads and processes.
-    pub fn lock_workflow(&self, id: &str) -> io::Result<FileLock> {
-        self.lock(&workflow_lock(id))
+    /// Takes workflow `id`'s lock: a run, rollback, recovery or prune of one workflow at
+    /// a time, across threads and processes, waited for as [`StateDir::lock`] does.
+    pub fn lock_workflow(&self, id: &str) -> io::Result<WorkflowLock> {
+        self.workflow_lock_with(id, true, Some(self.lock_wait))
+            .and_then(|l| l.ok_or_else(|| io::Error::other("a workflow lock taken was not held")))
     }
 
     /// Like [`StateDir::lock_workflow`] but does not wait: `None` when another holder has it.
-    pub fn try_lock_workflow(&self, id: &str) -> io::Result<Option<FileLock>> {
-        self.try_lock(&workflow_lock(id))
+    pub fn try_lock_workflow(&self, id: &str) -> io::Result<Option<WorkflowLock>> {
+        self.workflow_lock_with(id, true, None)
+    }
+
+    /// Workflow `id`'s lock on the file its name holds now (made when `create`, else
+    /// `None` when there is none), waited for up to `wait`, else `None` when another
+    /// holder has it. A holder removes the file when it lets go of a workflow that keeps
+    /// no record ([`WorkflowLock`]), so a waiter may get the lock of a file no longer
+    /// under the name: it checks the name after locking, and on another file lets go and
+    /// locks the name's file instead. Two holders of one workflow would otherwise hold
+    /// two files.
+    fn workflow_lock_with(
+        &self,
+        id: &str,
+        create: bool,
+        wait: Option<std::time::Duration>,
+    ) -> io::Result<Option<WorkflowLock>> {
+        use cap_std::fs::MetadataExt as _;
+        let rel = lock_path(&workflow_lock(id));
+        let deadline = wait.map(|w| (std::time::Instant::now() + w, w));
+        // Each turn follows another holder's removal of the file: a name replaced this
+        // many times while one waiter looks is a fault, not contention.
+        for _ in 0..LOCK_FILE_TURNS {
+            let mut opts = OpenOptions::new();
+            opts.read(true).write(true);
+            if create {
+                opts.create(true).truncate(false).mode(0o600);
+            }
+            let (file, meta) = match self.open_file_meta(&rel, &mut opts) {
+                Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                r => r?,
+            };
+            match deadline {
+                Some((at, w)) => flock_until(&file, false, at, w)?,
+                None => match file.try_lock() {
+                    Ok(()) => {}
+                    Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                    Err(std::fs::TryLockError::Error(e)) => return Err(e),
+                },
+            }
+            let (dir, name) = self.locate(&rel)?;
+            let named = match dir.symlink_metadata(name) {
+                Ok(m) => (m.dev(), m.ino()) == (meta.dev(), meta.ino()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                Err(e) => return Err(e),
+            };
+            if named {
+                return Ok(Some(WorkflowLock {
+                    dirs: self.dirs.clone(),
+                    id: id.to_owned(),
+                    _lock: FileLock { file },
+                }));
+            }
+            // Dropping `file` lets its lock go.
+        }
+        Err(io::Error::other(format!(
+            "the state directory's {rel} was removed or replaced {LOCK_FILE_TURNS} times while it was being locked"
+        )))
     }
 
     /// Writes `name`'s run record in place (see [`StateDir::write_block`]).
@@ -1255,6 +1317,54 @@ pub struct FileLock {
 impl Drop for FileLock {
     fn drop(&mut self) {
         let _ = self.file.unlock();
+    }
+}
+
+/// How many times a workflow lock's file may be found removed or replaced after locking
+/// it before the lock is refused (see `StateDir::workflow_lock_with`).
+const LOCK_FILE_TURNS: usize = 64;
+
+/// A workflow's lock ([`StateDir::lock_workflow`]), released on drop. A workflow that keeps
+/// no record in `inflight/` then (a run record, a prune's mark, a commit log) has its
+/// lock's file removed first: plans only simulated or refused, and rollbacks of ids that
+/// never ran, would otherwise leave a file each, and any client may name any id.
+pub struct WorkflowLock {
+    dirs: std::sync::Arc<Handles>,
+    id: String,
+    _lock: FileLock,
+}
+
+impl std::fmt::Debug for WorkflowLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkflowLock")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl WorkflowLock {
+    /// Whether the workflow has a record a later holder must find; an error to look
+    /// counts as one.
+    fn keeps_a_record(&self) -> bool {
+        ["json", "pruned", "log"].iter().any(|ext| {
+            !matches!(
+                self.dirs.inflight.symlink_metadata(format!("{}.{ext}", self.id)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound
+            )
+        })
+    }
+}
+
+impl Drop for WorkflowLock {
+    fn drop(&mut self) {
+        // Removed while still locked: only a holder of the file under the name removes
+        // it, and a waiter on it finds the name gone once it gets the lock.
+        if !self.keeps_a_record() {
+            let _ = self
+                .dirs
+                .locks
+                .remove_file(format!("{}.lock", workflow_lock(&self.id)));
+        }
     }
 }
 

@@ -520,7 +520,7 @@ impl Sandbox {
         &self,
         id: &str,
         out: &mut Vec<Recovered>,
-    ) -> Option<(crate::confine::state::FileLock, InflightRecord)> {
+    ) -> Option<(crate::confine::state::WorkflowLock, InflightRecord)> {
         let lock = match self.state.try_lock_workflow(id) {
             Ok(Some(l)) => l,
             Ok(None) => return None,
@@ -565,10 +565,10 @@ impl Sandbox {
     fn settle_locked(
         &self,
         id: &str,
-        lock: crate::confine::state::FileLock,
+        lock: crate::confine::state::WorkflowLock,
         rec: InflightRecord,
         out: &mut Vec<Recovered>,
-        finished: &mut Vec<(crate::confine::state::FileLock, InflightRecord)>,
+        finished: &mut Vec<(crate::confine::state::WorkflowLock, InflightRecord)>,
     ) {
         if rec.finished_this_boot() {
             // A log that could not be emptied (it holds entries for a root this start
@@ -607,7 +607,10 @@ impl Sandbox {
 
     /// Makes the writes of the runs in `finished` (finished in this boot, each with its
     /// workflow's lock held) durable, then marks their records idle.
-    fn make_finished_idle(&self, finished: &[(crate::confine::state::FileLock, InflightRecord)]) {
+    fn make_finished_idle(
+        &self,
+        finished: &[(crate::confine::state::WorkflowLock, InflightRecord)],
+    ) {
         if !finished.is_empty() {
             match self.sync_logged_writes() {
                 Ok(()) => {

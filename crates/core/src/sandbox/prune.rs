@@ -31,7 +31,7 @@ type Judged = Vec<Option<(u64, u64)>>;
 
 /// A workflow marked pruned: its lock, held until its folders are gone, the folders
 /// judged, and what its record of prunes held before.
-type Marked = (crate::confine::state::FileLock, (Judged, Before));
+type Marked = (crate::confine::state::WorkflowLock, (Judged, Before));
 
 /// What a workflow's record of prunes held before this prune's mark replaced it: put
 /// back should the prune then move none of its folders, so that a prune that failed

@@ -463,3 +463,107 @@ fn an_access_control_list_giving_others_write_is_refused() {
         assert!(err.contains("access control list"), "{which}: {err}");
     }
 }
+
+/// The workflow locks' files (`locks/wf-ID.lock`).
+fn workflow_lock_files(w: &World) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(w.state.join("locks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("wf-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Any client may name any workflow id: plans only simulated or refused, and rollbacks of
+/// ids that never ran, leave no lock file behind (one each would fill the state
+/// directory), while a workflow that wrote is still locked, rolled back and run again.
+#[test]
+fn workflows_that_keep_nothing_leave_no_lock_file() {
+    let w = World::new();
+    let simulating = w.open(w.config());
+    for i in 0..3 {
+        let r = run(
+            &simulating,
+            json!({"workflow_id": format!("wf_sim_{i}"), "actions": [
+                {"intent": "create_file", "path": format!("s{i}.txt"), "content": "s"}]}),
+        );
+        assert_eq!(status(&r), "simulated_success");
+    }
+    drop(simulating);
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_refused", "actions": [
+            {"intent": "create_file", "path": "../escape.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    for i in 0..3 {
+        let rb = sb.rollback_workflow(&format!("wf_unknown_{i}"), &Default::default());
+        assert_eq!(
+            rb.reason_code,
+            Some(ailab_sandbox_core::ReasonCode::NoRollbackData)
+        );
+    }
+    assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
+
+    let wrote = json!({"workflow_id": "wf_wrote", "actions": [
+        {"intent": "create_file", "path": "kept.txt", "content": "k"}]});
+    assert_eq!(status(&run(&sb, wrote.clone())), "success");
+    assert!(
+        workflow_lock_files(&w)
+            .iter()
+            .all(|n| n == "wf-wf_wrote.lock"),
+        "{:?}",
+        workflow_lock_files(&w)
+    );
+    let rb = sb.rollback_workflow("wf_wrote", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("kept.txt").exists());
+    assert_eq!(status(&run(&sb, wrote)), "success");
+    assert_eq!(w.read("kept.txt"), b"k");
+}
+
+/// A waiter that opened a workflow lock's file before its holder removed it gets the
+/// lock of a file no longer under the name: it must lock the name's file instead, or a
+/// third taker would make a new file and hold the workflow at the same time.
+#[test]
+fn a_lock_whose_file_was_removed_meanwhile_is_taken_on_the_new_file() {
+    let w = World::new();
+    drop(w.sandbox());
+    let state = StateDir::open(&w.state).unwrap();
+    let first = state.lock_workflow("wf_turns").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let waiter = {
+        let state = state.clone();
+        std::thread::spawn(move || {
+            let second = state.lock_workflow("wf_turns").unwrap();
+            tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            drop(second);
+        })
+    };
+    // The waiter has opened the file and polls its lock (a slower start only makes it
+    // open the next file, which the check below passes as well).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    drop(first);
+    rx.recv().unwrap();
+    assert!(
+        state.try_lock_workflow("wf_turns").unwrap().is_none(),
+        "two holders of one workflow at once"
+    );
+    assert!(
+        state
+            .try_lock_workflow_if_used("wf_turns")
+            .unwrap()
+            .is_none(),
+        "two holders of one workflow at once"
+    );
+    release_tx.send(()).unwrap();
+    waiter.join().unwrap();
+    let third = state.try_lock_workflow("wf_turns").unwrap();
+    assert!(third.is_some(), "the lock is free once both let go");
+    drop(third);
+    assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
+}

@@ -404,7 +404,7 @@ impl Sandbox {
         &self,
         workflow_id: &str,
         opts: &RollbackOptions,
-    ) -> Result<(crate::confine::state::FileLock, Selection), RollbackRefusal> {
+    ) -> Result<(crate::confine::state::WorkflowLock, Selection), RollbackRefusal> {
         let refused = |r: Refusal| (r.reason_code, r.reason, Vec::new());
         self.check_rollback_request(workflow_id, opts)
             .map_err(refused)?;
