@@ -395,6 +395,7 @@ impl StateDir {
                 return Ok(Some(WorkflowLock {
                     dirs: self.dirs.clone(),
                     id: id.to_owned(),
+                    kept: false,
                     _lock: FileLock { file },
                 }));
             }
@@ -1331,6 +1332,8 @@ const LOCK_FILE_TURNS: usize = 64;
 pub struct WorkflowLock {
     dirs: std::sync::Arc<Handles>,
     id: String,
+    /// Its holder knows the workflow keeps a record: its file stays, unlooked at.
+    kept: bool,
     _lock: FileLock,
 }
 
@@ -1343,6 +1346,12 @@ impl std::fmt::Debug for WorkflowLock {
 }
 
 impl WorkflowLock {
+    /// Keeps the lock's file when let go, without looking for the workflow's records
+    /// (its holder has one open).
+    pub fn keep_file(&mut self) {
+        self.kept = true;
+    }
+
     /// Whether the workflow has a record a later holder must find; an error to look
     /// counts as one.
     fn keeps_a_record(&self) -> bool {
@@ -1359,7 +1368,7 @@ impl Drop for WorkflowLock {
     fn drop(&mut self) {
         // Removed while still locked: only a holder of the file under the name removes
         // it, and a waiter on it finds the name gone once it gets the lock.
-        if !self.keeps_a_record() {
+        if !self.kept && !self.keeps_a_record() {
             let _ = self
                 .dirs
                 .locks

@@ -334,16 +334,23 @@ impl<'a> SandboxWriteExecutor<'a> {
             json!({"workflow_id": wf, "actions": self.plan.actions.len(), "on_failure": self.plan.on_failure}),
         );
         let (ctx, sim_reason) = self.sb.execution_context();
-        let lock = self.sb.state.lock_workflow(&wf);
-        if let Err(e) = &lock {
-            let r = crate::sandbox::workflow_lock_refusal(&wf, e);
-            return self.blocked(vec![Err(r)], !ctx.writes());
-        }
+        let mut lock = match self.sb.state.lock_workflow(&wf) {
+            Ok(l) => l,
+            Err(e) => {
+                let r = crate::sandbox::workflow_lock_refusal(&wf, &e);
+                return self.blocked(vec![Err(r)], !ctx.writes());
+            }
+        };
         // Before validation, which must see the tree as the dead run's recovery leaves it;
         // after the restores held back before it (its own among them) are recorded.
         if ctx.writes() {
             match self.sb.settle_before_change(&wf) {
-                Ok(file) => self.record_file = file,
+                Ok(file) => {
+                    if file.is_some() {
+                        lock.keep_file();
+                    }
+                    self.record_file = file;
+                }
                 Err(r) => return self.blocked(vec![Err(r)], false),
             }
         }
