@@ -437,6 +437,9 @@ fn failure_code(e: &anyhow::Error) -> &'static str {
         if let Some(e) = cause.downcast_ref::<ailab_sandbox_http::ServeError>() {
             return e.reason_code();
         }
+        if let Some(e) = cause.downcast_ref::<RefusedToken>() {
+            return e.error.reason_code();
+        }
         if cause.is::<UnreadablePlan>() {
             return ReasonCode::InvalidPlan.as_str();
         }
@@ -728,8 +731,8 @@ fn run(cli: Cli) -> Result<u8> {
     if let Command::Ops = cli.command {
         return ops(&config, cli.json);
     }
-    if let Command::Serve { .. } = cli.command {
-        return serve(config);
+    if let Command::Serve { token, .. } = &cli.command {
+        return serve(config, token_source(token.is_some()));
     }
     let verify_only = matches!(
         &cli.command,
@@ -1199,7 +1202,28 @@ fn ops(config: &Config, json: bool) -> Result<u8> {
     Ok(EXIT_OK)
 }
 
-fn serve(config: Config) -> Result<u8> {
+/// Where `serve`'s token came from, in the order the configuration reads them: the
+/// refusal of a bad one names it, since a variable left set in the environment wins over
+/// the config file unseen.
+fn token_source(flag: bool) -> &'static str {
+    if flag {
+        "--token"
+    } else if std::env::var_os(envvars::TOKEN).is_some() {
+        "the environment's AI_LAB_SANDBOX_TOKEN"
+    } else {
+        "[server] token in the config file"
+    }
+}
+
+/// A token `serve` refuses ([`ailab_sandbox_http::ServeError`]), naming where it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}; this one came from {from}")]
+struct RefusedToken {
+    error: ailab_sandbox_http::ServeError,
+    from: &'static str,
+}
+
+fn serve(config: Config, token_from: &'static str) -> Result<u8> {
     let opts = ailab_sandbox_http::ServeOptions {
         addr: config.addr.clone(),
         token: config.token.clone(),
@@ -1208,7 +1232,17 @@ fn serve(config: Config) -> Result<u8> {
     };
     // Refuse a public address without a token before touching the roots.
     let resolved = ailab_sandbox_http::resolve_addr(&opts.addr)?;
-    ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref())?;
+    ailab_sandbox_http::check_exposure(&opts.addr, &resolved, opts.token.as_deref()).map_err(
+        |error| match error {
+            ailab_sandbox_http::ServeError::EmptyToken
+            | ailab_sandbox_http::ServeError::ShortToken
+            | ailab_sandbox_http::ServeError::UnsendableToken => anyhow::Error::new(RefusedToken {
+                error,
+                from: token_from,
+            }),
+            other => other.into(),
+        },
+    )?;
     let mut sandbox = Sandbox::open(config)?;
     for n in sandbox.notices() {
         err!("note: {}", human::safe(n));

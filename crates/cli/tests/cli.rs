@@ -1575,8 +1575,72 @@ fn a_short_token_stops_the_server_only() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("shorter than 16 characters"), "{err}");
     assert!(
-        err.contains("AI_LAB_SANDBOX_TOKEN"),
-        "names where tokens come from: {err}"
+        err.contains("this one came from the environment's AI_LAB_SANDBOX_TOKEN"),
+        "names where this token came from: {err}"
+    );
+}
+
+/// A bad token's refusal names which of its three places gave it: a variable left set in
+/// the environment wins over the config file unseen.
+#[test]
+fn a_refused_token_names_where_it_came_from() {
+    let e = env();
+    let cfg = e.dir.join("server.toml");
+    std::fs::write(&cfg, "[server]\ntoken = \"short\"\n").unwrap();
+    let refused = |c: &mut Command| {
+        let out = c.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["reason_code"], "invalid_config", "{v}");
+        v["reason"].as_str().unwrap().to_owned()
+    };
+    let from_file = refused(e.cmd().args([
+        "--config",
+        cfg.to_str().unwrap(),
+        "--json",
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+    ]));
+    assert!(
+        from_file.contains("shorter than 16 characters"),
+        "{from_file}"
+    );
+    assert!(
+        from_file.ends_with("this one came from [server] token in the config file"),
+        "{from_file}"
+    );
+    let from_env = refused(e.cmd().env("AI_LAB_SANDBOX_TOKEN", "").args([
+        "--config",
+        cfg.to_str().unwrap(),
+        "--json",
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+    ]));
+    assert!(from_env.contains("the token is empty"), "{from_env}");
+    assert!(
+        from_env.ends_with("this one came from the environment's AI_LAB_SANDBOX_TOKEN"),
+        "{from_env}"
+    );
+    let from_flag = refused(
+        e.cmd()
+            .env("AI_LAB_SANDBOX_TOKEN", "a-long-enough-token-0123")
+            .args([
+                "--config",
+                cfg.to_str().unwrap(),
+                "--json",
+                "serve",
+                "--addr",
+                "127.0.0.1:0",
+                "--token",
+                " padded-token-0123456789 ",
+            ]),
+    );
+    assert!(from_flag.contains("white space"), "{from_flag}");
+    assert!(
+        from_flag.ends_with("this one came from --token"),
+        "{from_flag}"
     );
 }
 
