@@ -349,6 +349,30 @@ impl StateDir {
         self.workflow_lock_with(id, true, None)
     }
 
+    /// Removes the lock files of workflows that keep no record and that nobody holds
+    /// now (left by versions that kept every one, or by a process killed holding one).
+    /// Returns how many went.
+    pub fn sweep_unused_workflow_locks(&self) -> io::Result<usize> {
+        let mut removed = 0;
+        for e in self.dirs.locks.entries()? {
+            let name = e?.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("wf-"))
+                .and_then(|n| n.strip_suffix(".lock"))
+                .filter(|id| crate::plan::is_valid_id(id))
+            else {
+                continue;
+            };
+            if let Ok(Some(lock)) = self.workflow_lock_with(id, false, None)
+                && !lock.keeps_a_record()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Workflow `id`'s lock on the file its name holds now (made when `create`, else
     /// `None` when there is none), waited for up to `wait`, else `None` when another
     /// holder has it. A holder removes the file when it lets go of a workflow that keeps

@@ -149,6 +149,14 @@ impl Sandbox {
         // some other way (by hand, say) are removed here, in the housekeeping.
         if !simulated {
             self.remove_left_dirs(None);
+            match self.state.sweep_unused_workflow_locks() {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    files = n,
+                    "removed lock files of workflows that keep nothing"
+                ),
+                Err(e) => tracing::warn!(error = %e, "could not list the workflow locks"),
+            }
         }
         Ok(report)
     }

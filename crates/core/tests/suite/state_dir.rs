@@ -567,3 +567,52 @@ fn a_lock_whose_file_was_removed_meanwhile_is_taken_on_the_new_file() {
     drop(third);
     assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
 }
+
+/// Lock files an earlier version left for every id it was given go at the next prune,
+/// but for a workflow that keeps a record or that someone holds now; a simulated prune
+/// removes none.
+#[test]
+fn a_prune_removes_lock_files_of_workflows_that_keep_nothing() {
+    use rustix::fs::{FlockOperation, flock};
+    let w = World::new();
+    let sb = w.sandbox();
+    let wrote = json!({"workflow_id": "wf_wrote", "actions": [
+        {"intent": "create_file", "path": "kept.txt", "content": "k"}]});
+    assert_eq!(status(&run(&sb, wrote)), "success");
+    let locks = w.state.join("locks");
+    for id in ["wf_old_1", "wf_old_2", "wf_held"] {
+        fs::write(locks.join(format!("wf-{id}.lock")), b"").unwrap();
+    }
+    fs::write(locks.join("wf-not an id.lock"), b"").unwrap();
+    let held = fs::File::open(locks.join("wf-wf_held.lock")).unwrap();
+    flock(&held, FlockOperation::LockExclusive).unwrap();
+    let all = [
+        "wf-wf_held.lock",
+        "wf-wf_old_1.lock",
+        "wf-wf_old_2.lock",
+        "wf-wf_wrote.lock",
+    ];
+
+    let simulating = w.open(w.config());
+    assert!(
+        simulating
+            .prune(std::time::Duration::from_secs(3600))
+            .unwrap()
+            .simulated
+    );
+    drop(simulating);
+    assert_eq!(
+        workflow_lock_files(&w),
+        [&["wf-not an id.lock"][..], &all].concat()
+    );
+
+    let report = sb.prune(std::time::Duration::from_secs(3600)).unwrap();
+    assert!(report.workflows_pruned.is_empty(), "{report:?}");
+    assert_eq!(
+        workflow_lock_files(&w),
+        ["wf-not an id.lock", "wf-wf_held.lock", "wf-wf_wrote.lock"]
+    );
+    drop(held);
+    let rb = sb.rollback_workflow("wf_wrote", &Default::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+}
