@@ -419,6 +419,7 @@ impl StateDir {
                 return Ok(Some(WorkflowLock {
                     dirs: self.dirs.clone(),
                     id: id.to_owned(),
+                    identity: (meta.dev(), meta.ino()),
                     kept: false,
                     _lock: FileLock { file },
                 }));
@@ -1356,6 +1357,8 @@ const LOCK_FILE_TURNS: usize = 64;
 pub struct WorkflowLock {
     dirs: std::sync::Arc<Handles>,
     id: String,
+    /// Device and inode of the file locked.
+    identity: (u64, u64),
     /// Its holder knows the workflow keeps a record: its file stays, unlooked at.
     kept: bool,
     _lock: FileLock,
@@ -1390,13 +1393,22 @@ impl WorkflowLock {
 
 impl Drop for WorkflowLock {
     fn drop(&mut self) {
-        // Removed while still locked: only a holder of the file under the name removes
-        // it, and a waiter on it finds the name gone once it gets the lock.
-        if !self.kept && !self.keeps_a_record() {
-            let _ = self
-                .dirs
-                .locks
-                .remove_file(format!("{}.lock", workflow_lock(&self.id)));
+        use cap_std::fs::MetadataExt as _;
+        // Removed while still locked, and only while the name still holds the file
+        // locked: a waiter on it finds the name gone once it gets the lock, and a file
+        // someone else removed meanwhile, whose name a new holder's file took, is not
+        // taken from under that holder.
+        if self.kept || self.keeps_a_record() {
+            return;
+        }
+        let name = format!("{}.lock", workflow_lock(&self.id));
+        if self
+            .dirs
+            .locks
+            .symlink_metadata(&name)
+            .is_ok_and(|m| (m.dev(), m.ino()) == self.identity)
+        {
+            let _ = self.dirs.locks.remove_file(&name);
         }
     }
 }

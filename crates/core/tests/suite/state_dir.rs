@@ -616,3 +616,24 @@ fn a_prune_removes_lock_files_of_workflows_that_keep_nothing() {
     let rb = sb.rollback_workflow("wf_wrote", &Default::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
 }
+
+/// A holder whose lock's file someone else removed (an operator clearing `locks/` by
+/// hand) does not, letting go, remove the file a new holder took under the name: a third
+/// taker would otherwise make another and hold the workflow at the same time.
+#[test]
+fn a_holder_whose_file_was_removed_leaves_the_new_holders_file() {
+    let w = World::new();
+    drop(w.sandbox());
+    let state = StateDir::open(&w.state).unwrap();
+    let stale = state.lock_workflow("wf_cleared").unwrap();
+    fs::remove_file(w.state.join("locks/wf-wf_cleared.lock")).unwrap();
+    let current = state.lock_workflow("wf_cleared").unwrap();
+    drop(stale);
+    assert_eq!(workflow_lock_files(&w), ["wf-wf_cleared.lock"]);
+    assert!(
+        state.try_lock_workflow("wf_cleared").unwrap().is_none(),
+        "two holders of one workflow at once"
+    );
+    drop(current);
+    assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
+}
