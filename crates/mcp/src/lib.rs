@@ -462,12 +462,15 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
             .await
         {
             Ok(Ok(f)) => {
-                let mut r = ok(f.content.clone(), to_value(&f));
-                if let Some(at) = f.invalid_utf8_at {
+                // The text goes into both blocks: moved into one, not copied a third time
+                // (a file of some megabytes, and calls may be many).
+                let (invalid_at, size) = (f.invalid_utf8_at, f.size_bytes);
+                let structured = to_value(&f);
+                let mut r = ok(f.content, structured);
+                if let Some(at) = invalid_at {
                     // A separate block, so that the first one stays the file's text.
                     r.content.push(rmcp::model::ContentBlock::text(format!(
-                        "Note: this file is not valid UTF-8 (first invalid byte at offset {at} of {}): each invalid sequence is shown as U+FFFD, so the text above is not the file's exact bytes; size_bytes and sha256 are of the bytes on disk.",
-                        f.size_bytes
+                        "Note: this file is not valid UTF-8 (first invalid byte at offset {at} of {size}): each invalid sequence is shown as U+FFFD, so the text above is not the file's exact bytes; size_bytes and sha256 are of the bytes on disk."
                     )));
                 }
                 r
