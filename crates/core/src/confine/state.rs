@@ -265,6 +265,19 @@ impl StateDir {
         if !meta.is_file() {
             return Err(not_regular(dir, name, rel));
         }
+        // Opened, yet another user's (its mode let this process in, or this process is
+        // root): its owner could change it at will. Only root or the runtime's user can
+        // put one here, the folders being private.
+        let euid = super::root::euid();
+        if cap_std::fs::MetadataExt::uid(&meta) != euid {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                TakenFile(format!(
+                    "the state directory's {rel}: permission denied: another user owns it (uid {}); the state directory's files must be the runtime user's own: give it back to uid {euid}, or move it away",
+                    cap_std::fs::MetadataExt::uid(&meta)
+                )),
+            ));
+        }
         Ok((file.into_std(), meta))
     }
 

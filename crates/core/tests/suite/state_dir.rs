@@ -637,3 +637,48 @@ fn a_holder_whose_file_was_removed_leaves_the_new_holders_file() {
     drop(current);
     assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
 }
+
+/// A state file another user owns is refused even when its mode lets this process in
+/// (or this process is root): its owner could change it at will. Named where it is met.
+#[test]
+fn a_state_file_another_user_owns_is_refused_whatever_its_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let w = World::new();
+    let sb = w.sandbox();
+    write_one(&sb);
+    let lock = w.state.join("locks/wf-wf_planted.lock");
+    fs::write(&lock, b"").unwrap();
+    fs::set_permissions(&lock, fs::Permissions::from_mode(0o666)).unwrap();
+    if std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).is_err() {
+        eprintln!("skipped: changing a file's owner needs root");
+        return;
+    }
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_planted", "actions": [
+            {"intent": "create_file", "path": "p.txt", "content": "p"}]}),
+    );
+    assert_eq!(status(&r), "blocked");
+    let reason = r.actions[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains(
+            "the state directory's locks/wf-wf_planted.lock: permission denied: another user owns it (uid 65534)"
+        ),
+        "{reason}"
+    );
+    assert!(!w.path("p.txt").exists());
+    assert_eq!(
+        fs::metadata(&lock)
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+            .unwrap(),
+        65534,
+        "left where it was"
+    );
+    fs::remove_file(&lock).unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_planted", "actions": [
+            {"intent": "create_file", "path": "p.txt", "content": "p"}]}),
+    );
+    assert_eq!(status(&r), "success");
+}
