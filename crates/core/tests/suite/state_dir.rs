@@ -682,3 +682,47 @@ fn a_state_file_another_user_owns_is_refused_whatever_its_mode() {
     );
     assert_eq!(status(&r), "success");
 }
+
+/// Many threads (each its own open file, as processes are) taking one workflow's lock in
+/// every way a caller does, each letting go of a workflow that keeps nothing (so each
+/// release removes the file): never two holders at once, and nothing left at the end.
+#[test]
+fn workflow_locks_taken_and_removed_by_many_threads_never_have_two_holders() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let w = World::new();
+    drop(w.sandbox());
+    let state = StateDir::open(&w.state).unwrap();
+    let holders = std::sync::Arc::new(AtomicUsize::new(0));
+    let taken = std::sync::Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let (state, holders, taken) = (state.clone(), holders.clone(), taken.clone());
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    let lock = match (t + i) % 3 {
+                        0 => Some(state.lock_workflow("wf_many").unwrap()),
+                        1 => state.try_lock_workflow("wf_many").unwrap(),
+                        _ => state.try_lock_workflow_if_used("wf_many").unwrap(),
+                    };
+                    if let Some(lock) = lock {
+                        assert_eq!(
+                            holders.fetch_add(1, Ordering::SeqCst),
+                            0,
+                            "two holders of one workflow at once"
+                        );
+                        taken.fetch_add(1, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        drop(lock);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Every waiting taker gets it in the end: at least those 300 took it.
+    assert!(taken.load(Ordering::SeqCst) >= 300);
+    assert_eq!(workflow_lock_files(&w), Vec::<String>::new());
+}
