@@ -268,13 +268,12 @@ impl StateDir {
         // Opened, yet another user's (its mode let this process in, or this process is
         // root): its owner could change it at will. Only root or the runtime's user can
         // put one here, the folders being private.
-        let euid = super::root::euid();
-        if cap_std::fs::MetadataExt::uid(&meta) != euid {
+        let (owner, euid) = (cap_std::fs::MetadataExt::uid(&meta), super::root::euid());
+        if owner != euid {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 TakenFile(format!(
-                    "the state directory's {rel}: permission denied: another user owns it (uid {}); the state directory's files must be the runtime user's own: give it back to uid {euid}, or move it away",
-                    cap_std::fs::MetadataExt::uid(&meta)
+                    "the state directory's {rel}: permission denied: another user owns it (uid {owner}); the state directory's files must be the runtime user's own: give it back to uid {euid}, or move it away"
                 )),
             ));
         }
@@ -307,13 +306,8 @@ impl StateDir {
     /// Whether `rel` still names the file `log` was opened as: one moved away, or
     /// replaced by another, would take appends out of the state directory unseen.
     pub fn still_names(&self, rel: &str, log: &LogFile) -> io::Result<bool> {
-        use cap_std::fs::MetadataExt as _;
         let (dir, name) = self.locate(rel)?;
-        match dir.symlink_metadata(name) {
-            Ok(m) => Ok((m.dev(), m.ino()) == log.identity),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
-        }
+        names_file(dir, name, log.identity)
     }
 
     /// Takes an exclusive lock named `name` (a file under `locks/`), held until the guard
@@ -423,12 +417,7 @@ impl StateDir {
                 },
             }
             let (dir, name) = self.locate(&rel)?;
-            let named = match dir.symlink_metadata(name) {
-                Ok(m) => (m.dev(), m.ino()) == (meta.dev(), meta.ino()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
-                Err(e) => return Err(e),
-            };
-            if named {
+            if names_file(dir, name, (meta.dev(), meta.ino()))? {
                 return Ok(Some(WorkflowLock {
                     dirs: self.dirs.clone(),
                     id: id.to_owned(),
@@ -955,6 +944,17 @@ fn lock_path(name: &str) -> String {
     format!("locks/{name}.lock")
 }
 
+/// Whether `name` in `dir` holds the file of `identity` (device, inode) now, looked at
+/// without following a link: `false` when nothing does.
+fn names_file(dir: &Dir, name: &str, identity: (u64, u64)) -> io::Result<bool> {
+    use cap_std::fs::MetadataExt as _;
+    match dir.symlink_metadata(name) {
+        Ok(m) => Ok((m.dev(), m.ino()) == identity),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The name of workflow `id`'s lock.
 fn workflow_lock(id: &str) -> String {
     format!("wf-{id}")
@@ -1406,7 +1406,6 @@ impl WorkflowLock {
 
 impl Drop for WorkflowLock {
     fn drop(&mut self) {
-        use cap_std::fs::MetadataExt as _;
         // Removed while still locked, and only while the name still holds the file
         // locked: a waiter on it finds the name gone once it gets the lock, and a file
         // someone else removed meanwhile, whose name a new holder's file took, is not
@@ -1415,12 +1414,7 @@ impl Drop for WorkflowLock {
             return;
         }
         let name = format!("{}.lock", workflow_lock(&self.id));
-        if self
-            .dirs
-            .locks
-            .symlink_metadata(&name)
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.identity)
-        {
+        if names_file(&self.dirs.locks, &name, self.identity).unwrap_or(false) {
             let _ = self.dirs.locks.remove_file(&name);
         }
     }
