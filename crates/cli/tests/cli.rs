@@ -1587,21 +1587,29 @@ fn a_refused_token_names_where_it_came_from() {
     let e = env();
     let cfg = e.dir.join("server.toml");
     std::fs::write(&cfg, "[server]\ntoken = \"short\"\n").unwrap();
-    let refused = |c: &mut Command| {
+    // `serve` with the config file, the token in the environment (when given) and the
+    // flags `extra`: its refusal's sentence.
+    let refused = |env_token: Option<&str>, extra: &[&str]| {
+        let mut c = e.cmd();
+        if let Some(t) = env_token {
+            c.env("AI_LAB_SANDBOX_TOKEN", t);
+        }
+        c.args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+        ])
+        .args(extra);
         let out = c.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["reason_code"], "invalid_config", "{v}");
         v["reason"].as_str().unwrap().to_owned()
     };
-    let from_file = refused(e.cmd().args([
-        "--config",
-        cfg.to_str().unwrap(),
-        "--json",
-        "serve",
-        "--addr",
-        "127.0.0.1:0",
-    ]));
+    let from_file = refused(None, &[]);
     assert!(
         from_file.contains("shorter than 16 characters"),
         "{from_file}"
@@ -1610,32 +1618,15 @@ fn a_refused_token_names_where_it_came_from() {
         from_file.ends_with("this one came from [server] token in the config file"),
         "{from_file}"
     );
-    let from_env = refused(e.cmd().env("AI_LAB_SANDBOX_TOKEN", "").args([
-        "--config",
-        cfg.to_str().unwrap(),
-        "--json",
-        "serve",
-        "--addr",
-        "127.0.0.1:0",
-    ]));
+    let from_env = refused(Some(""), &[]);
     assert!(from_env.contains("the token is empty"), "{from_env}");
     assert!(
         from_env.ends_with("this one came from the environment's AI_LAB_SANDBOX_TOKEN"),
         "{from_env}"
     );
     let from_flag = refused(
-        e.cmd()
-            .env("AI_LAB_SANDBOX_TOKEN", "a-long-enough-token-0123")
-            .args([
-                "--config",
-                cfg.to_str().unwrap(),
-                "--json",
-                "serve",
-                "--addr",
-                "127.0.0.1:0",
-                "--token",
-                " padded-token-0123456789 ",
-            ]),
+        Some("a-long-enough-token-0123"),
+        &["--token", " padded-token-0123456789 "],
     );
     assert!(from_flag.contains("white space"), "{from_flag}");
     assert!(
