@@ -330,9 +330,28 @@ fn settle(dir: &Dir) -> io::Result<()> {
         Err(e) => return Err(e.into()),
     };
     // Any answer will do: the read that follows waits for the lock wherever it starts.
-    let _ = rustix::fs::seek(&fd, SeekFrom::End(0));
-    if let Some(entry) = rustix::fs::Dir::new(fd)?.read() {
-        entry?;
+    let at_end = rustix::fs::seek(&fd, SeekFrom::End(0)).is_ok();
+    let mut entries = rustix::fs::Dir::new(fd)?;
+    let first = entries.read();
+    #[cfg(test)]
+    let (at_end, first) = match FAIL_READ_AT_END.take() {
+        Some(errno) => (true, Some(Err(rustix::io::Errno::from_raw_os_error(errno)))),
+        None => (at_end, first),
+    };
+    match first {
+        // A file system that takes the end for a position it cannot read from (a FUSE
+        // daemon's own offsets) is read from the start, as any other: an error there
+        // may also come before the lock was taken.
+        Some(Err(_)) if at_end => {
+            entries.rewind();
+            if let Some(entry) = entries.read() {
+                entry?;
+            }
+        }
+        Some(entry) => {
+            entry?;
+        }
+        None => {}
     }
     Ok(())
 }
@@ -469,6 +488,11 @@ thread_local! {
         const { std::cell::Cell::new(None) };
     /// The error (its number) the next sync of a folder on this thread meets.
     pub(super) static FAIL_DIR_SYNC: std::cell::Cell<Option<i32>> =
+        const { std::cell::Cell::new(None) };
+    /// The error (its number) the next read of a folder from its end on this thread
+    /// meets, as a file system that took the seek and then refused the read may answer
+    /// (whether or not this one can seek a folder to its end).
+    pub(super) static FAIL_READ_AT_END: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
 }
 

@@ -1518,6 +1518,23 @@ mod tests {
         );
     }
 
+    /// A folder read from its end that the file system refuses (a FUSE daemon taking the
+    /// end for an offset it never gave) is read again from its start: a file's read waits
+    /// for its folder's changes under way as before, and is not refused for it.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the file is put there as a user would
+    fn a_folder_read_refused_at_its_end_is_read_from_its_start() {
+        let (tmp, root) = root();
+        std::fs::write(tmp.path().join("root/t.txt"), b"old").unwrap();
+        let rel = RelPath::from_components(comps("t.txt"));
+        files::FAIL_READ_AT_END.with(|f| f.set(Some(5)));
+        assert_eq!(root.read_file(&rel, 1024).unwrap(), b"old");
+        assert!(
+            files::FAIL_READ_AT_END.with(|f| f.get()).is_none(),
+            "the read never asked for the folder's entries"
+        );
+    }
+
     /// A folder's sync refused (EACCES, as a security module may) once the new bytes or
     /// folders are in place is no refusal before the write either: the new file, or
     /// the folders made, stand, and the write's undo must look at them (`conflict` had it
