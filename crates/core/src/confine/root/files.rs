@@ -169,7 +169,7 @@ fn read_once(
         )));
     }
     if single_link {
-        named_alone(dir, name, &meta)?;
+        named_alone(dir, name, &file, &meta)?;
     }
     Ok((buf, stamp, file))
 }
@@ -204,7 +204,7 @@ fn hash_once(dir: &Dir, name: &str, limit: u64) -> io::Result<(u64, Option<Strin
             Err(e) => return Err(e),
         }
     }
-    named_alone(dir, name, &meta)?;
+    named_alone(dir, name, &file, &meta)?;
     Ok((size, Some(crate::hash::to_hex(&hasher.finalize()))))
 }
 
@@ -245,21 +245,31 @@ fn open_regular(
         )));
     }
     if single_link {
-        named_alone(dir, name, &meta)?;
+        named_alone(dir, name, &file, &meta)?;
     }
     Ok((file, meta))
 }
 
-/// Refuses the file opened as `name` (its status `opened`) unless `name` still names it
-/// and it has no other link. The open file's link count says how many names it has, not
-/// where they are: a link to a file outside the root, planted at `name` and removed
-/// between the open and that look, would leave an outside file with one link open. The
-/// name's own status says in one call which file it names and how many names that file
-/// has; one, and the file opened, means that the file was wholly in the root then.
-/// Called once the file is opened and again once it is read, each time after the
-/// directory is read ([`settle`]): a reader of an outside file would have to land an
-/// unlink between that read and the look, twice.
-pub(super) fn named_alone(dir: &Dir, name: &str, opened: &cap_std::fs::Metadata) -> io::Result<()> {
+/// Refuses `file`, opened as `name` (its status `opened`, taken just after the open),
+/// unless `name` still names it and it has no other link. The open file's link count
+/// says how many names it has, not where they are: a link to a file outside the root,
+/// planted at `name` and removed between the open and that look, would leave an outside
+/// file with one link open. The name's own status says in one call which file it names
+/// and how many names that file has; one, and the file opened, means that the file was
+/// wholly in the root then, unless that look landed inside the removal of a planted
+/// link (the count already lowered, the name not yet gone). Every link made or removed
+/// changes the file's status-change time, and since Linux 6.13 (multigrain time stamps
+/// on ext4, XFS, btrfs and tmpfs) a change after that time was looked at always gives a
+/// new one: a file whose time moved since the open has had its links changed (or been
+/// changed otherwise) while it was read, and is read again ([`Swapped`]). Called once the
+/// file is opened and again once it is read, each time after the directory is read
+/// ([`settle`]).
+pub(super) fn named_alone(
+    dir: &Dir,
+    name: &str,
+    file: &File,
+    opened: &cap_std::fs::Metadata,
+) -> io::Result<()> {
     // A link being removed is still found by its name, its count already lowered, until
     // the removal ends; reading the directory waits for changes to it under way to end.
     settle(dir)?;
@@ -273,6 +283,14 @@ pub(super) fn named_alone(dir: &Dir, name: &str, opened: &cap_std::fs::Metadata)
             let links = m.nlink().max(opened.nlink());
             if links > 1 {
                 return Err(io::Error::other(hardlink_refusal(name, links)));
+            }
+            // Looked at after the name: a removal the look at the name landed in has
+            // changed the time by now, or is still under way and the next look waits
+            // for it (the removal that made the count one was under way at the open,
+            // or a link made since moved the time).
+            let now = file.metadata()?;
+            if (now.ctime(), now.ctime_nsec()) != (opened.ctime(), opened.ctime_nsec()) {
+                return Err(io::Error::other(Swapped));
             }
             Ok(())
         }

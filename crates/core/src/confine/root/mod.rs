@@ -1614,23 +1614,92 @@ mod tests {
         std::fs::remove_file(&inside).unwrap();
         let opened = file.metadata().unwrap();
         assert_eq!(opened.nlink(), 1, "one link left, outside the root");
-        let alone = |m: &cap_std::fs::Metadata| files::named_alone(&root.dir, "t.txt", m);
-        assert_eq!(code(alone(&opened)), Some(ReasonCode::Conflict));
+        let alone = |f: &cap_std::fs::File, m: &cap_std::fs::Metadata| {
+            files::named_alone(&root.dir, "t.txt", f, m)
+        };
+        assert_eq!(code(alone(&file, &opened)), Some(ReasonCode::Conflict));
         // Linked in again: the name names the file, which has another link.
         std::fs::hard_link(&outside, &inside).unwrap();
-        assert_eq!(code(alone(&opened)), Some(ReasonCode::HardlinkRefused));
+        assert_eq!(
+            code(alone(&file, &opened)),
+            Some(ReasonCode::HardlinkRefused)
+        );
         // Another file at the name.
         std::fs::remove_file(&inside).unwrap();
         std::fs::write(&inside, b"inside").unwrap();
-        assert_eq!(code(alone(&opened)), Some(ReasonCode::Conflict));
+        assert_eq!(code(alone(&file, &opened)), Some(ReasonCode::Conflict));
         // The root's own file, alone at its name.
-        let own = root.dir.open("t.txt").unwrap().metadata().unwrap();
-        alone(&own).unwrap();
+        let own = root.dir.open("t.txt").unwrap();
+        alone(&own, &own.metadata().unwrap()).unwrap();
+        // Given a link outside and that link removed while it was open, it is alone at
+        // its name again, but its links changed while it was read: it is read again.
+        let opened = own.metadata().unwrap();
+        let away = tmp.path().join("away.txt");
+        std::fs::hard_link(&inside, &away).unwrap();
+        std::fs::remove_file(&away).unwrap();
+        assert_eq!(own.metadata().unwrap().nlink(), 1);
+        assert_eq!(code(alone(&own, &opened)), Some(ReasonCode::Conflict));
         // And read whole through the root: an outside file's bytes never are.
         assert_eq!(
             files::read_regular(&root.dir, "t.txt", 1 << 10).unwrap(),
             b"inside"
         );
+    }
+
+    /// A link to an outside file planted at a name and removed again, as fast as another
+    /// program can, while the name is read: no read ever gives the outside file's bytes
+    /// (a look at the name landing inside a removal, the count already lowered and the
+    /// name not yet gone, took the outside file for the root's own). Bounded by a count
+    /// of reads, not by time.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, linking by path
+    fn a_link_to_an_outside_file_planted_and_removed_in_a_loop_is_never_read() {
+        let (tmp, root) = root();
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, b"outside secret").unwrap();
+        let inside = tmp.path().join("root/t.txt");
+        // The check relies on every change of links giving the file a new status-change
+        // time (multigrain time stamps, Linux 6.13 and later); where a change within the
+        // clock's tick keeps the time, it is only as fine as that tick.
+        for _ in 0..100 {
+            let before = std::fs::metadata(&outside).unwrap();
+            std::fs::hard_link(&outside, &inside).unwrap();
+            let linked = std::fs::metadata(&outside).unwrap();
+            std::fs::remove_file(&inside).unwrap();
+            let after = std::fs::metadata(&outside).unwrap();
+            let time = |m: &std::fs::Metadata| {
+                use std::os::unix::fs::MetadataExt as _;
+                (m.ctime(), m.ctime_nsec())
+            };
+            if time(&before) == time(&linked) || time(&linked) == time(&after) {
+                eprintln!("this file system keeps a file's time through a change of links");
+                return;
+            }
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let racer = {
+            let stop = stop.clone();
+            let (outside, inside) = (outside.clone(), inside.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = std::fs::hard_link(&outside, &inside);
+                    let _ = std::fs::remove_file(&inside);
+                }
+            })
+        };
+        let mut read = 0;
+        for _ in 0..40_000 {
+            if let Ok(bytes) = files::read_regular(&root.dir, "t.txt", 1 << 10) {
+                assert_ne!(
+                    bytes, b"outside secret",
+                    "an outside file's bytes were read"
+                );
+                read += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        racer.join().unwrap();
+        assert_eq!(read, 0, "only the outside file was ever at the name");
     }
 
     /// A write refused for its permissions because its folder was moved out of the root
