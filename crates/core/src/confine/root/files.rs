@@ -272,7 +272,7 @@ pub(super) fn named_alone(
 ) -> io::Result<()> {
     // A link being removed is still found by its name, its count already lowered, until
     // the removal ends; reading the directory waits for changes to it under way to end.
-    settle(dir)?;
+    settle(dir, name)?;
     let named = match dir.symlink_metadata(name) {
         Ok(m) => Some(m),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -327,24 +327,34 @@ fn retrying_swaps<T>(name: &str, mut read: impl FnMut() -> io::Result<T>) -> io:
 
 /// Waits for changes under way to the names in `dir` to end: reading a directory takes
 /// the lock that removing, linking or renaming in it holds throughout. A directory this
-/// process may pass through but not list is not waited for (the name's status is still
-/// looked at).
+/// process may pass through but not list is waited for by renaming `name` to itself
+/// without replacing (see [`settle_unlisted`]).
 ///
 /// The lock is taken before the file system is asked for entries, wherever the read
 /// starts, so the read starts at the end where the file system lets it: ext4 otherwise
 /// sorts a whole block of a hashed directory's entries for each read (a tenth of a
 /// replacement's time in a folder of a thousand files). Where it does not (tmpfs), the
 /// read starts at the first entry.
-fn settle(dir: &Dir) -> io::Result<()> {
+fn settle(dir: &Dir, name: &str) -> io::Result<()> {
     use rustix::fs::{Mode, OFlags, SeekFrom};
-    let fd = match rustix::fs::openat(
+    let opened = rustix::fs::openat(
         dir,
         ".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    ) {
+    );
+    #[cfg(test)]
+    let opened = if UNLISTED.get() {
+        Err(rustix::io::Errno::ACCESS)
+    } else {
+        opened
+    };
+    let fd = match opened {
         Ok(fd) => fd,
-        Err(rustix::io::Errno::ACCESS) => return Ok(()),
+        Err(rustix::io::Errno::ACCESS) => {
+            settle_unlisted(dir, name);
+            return Ok(());
+        }
         Err(e) => return Err(e.into()),
     };
     // Any answer will do: the read that follows waits for the lock wherever it starts.
@@ -372,6 +382,16 @@ fn settle(dir: &Dir) -> io::Result<()> {
         None => {}
     }
     Ok(())
+}
+
+/// [`settle`] in a directory this process may not list: `name` renamed to itself
+/// without replacing. The kernel takes the directory's lock before it looks the names
+/// up, then answers that the name exists (or that it is gone) without changing anything,
+/// before any permission to write is asked for. Where even that cannot be done (a
+/// read-only mount), nothing is waited for, and only the file's status-change time tells
+/// a removal under way ([`named_alone`]).
+fn settle_unlisted(dir: &Dir, name: &str) {
+    let _ = rustix::fs::renameat_with(dir, name, dir, name, rustix::fs::RenameFlags::NOREPLACE);
 }
 
 /// How far a write is made durable before it returns.
@@ -507,6 +527,9 @@ thread_local! {
     /// The error (its number) the next sync of a folder on this thread meets.
     pub(super) static FAIL_DIR_SYNC: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
+    /// Whether folders are taken, on this thread, for folders this process may not list
+    /// (as for a runtime not running as root in a folder of mode 0311).
+    pub(super) static UNLISTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The error (its number) the next read of a folder from its end on this thread
     /// meets, as a file system that took the seek and then refused the read may answer
     /// (whether or not this one can seek a folder to its end).
