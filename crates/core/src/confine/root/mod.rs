@@ -1637,8 +1637,13 @@ mod tests {
         let away = tmp.path().join("away.txt");
         std::fs::hard_link(&inside, &away).unwrap();
         std::fs::remove_file(&away).unwrap();
-        assert_eq!(own.metadata().unwrap().nlink(), 1);
-        assert_eq!(code(alone(&own, &opened)), Some(ReasonCode::Conflict));
+        let now = own.metadata().unwrap();
+        assert_eq!(now.nlink(), 1);
+        // (A file system without multigrain time stamps may keep the time through
+        // changes within one tick of its clock: then nothing can tell them.)
+        if (now.ctime(), now.ctime_nsec()) != (opened.ctime(), opened.ctime_nsec()) {
+            assert_eq!(code(alone(&own, &opened)), Some(ReasonCode::Conflict));
+        }
         // And read whole through the root: an outside file's bytes never are.
         assert_eq!(
             files::read_regular(&root.dir, "t.txt", 1 << 10).unwrap(),
