@@ -67,6 +67,17 @@ fn cli(cfg: &Path) -> Command {
     c
 }
 
+/// `ailab-sandbox run PLAN`, started, its output dropped.
+fn spawn_run(cfg: &Path, plan: &Path) -> std::process::Child {
+    cli(cfg)
+        .arg("run")
+        .arg(plan)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn kill_9_at_random_moments_is_always_recoverable() {
     let tmp = tempfile::tempdir().unwrap();
@@ -127,13 +138,7 @@ fn kill_9_at_random_moments_is_always_recoverable() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let delay = Duration::from_micros(2_000 + seed % 60_000);
-        let mut child = cli(cfg)
-            .arg("run")
-            .arg(&plan)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_run(cfg, &plan);
         std::thread::sleep(delay);
         let finished = child.try_wait().unwrap().is_some();
         child.kill().ok();
@@ -242,4 +247,80 @@ fn kill_9_at_random_moments_is_always_recoverable() {
         "only {killed_mid_run} of {TRIALS} kills landed mid-run"
     );
     assert!(noticed > 0, "no start said it recovered a run");
+}
+
+/// A run's first snapshot in a root claims the root's snapshot store (`.rollback/.ailab-owner`),
+/// written beside it first under a temporary name. A run killed before that name's rename
+/// left the file in the store's top, where no snapshot folder of the run names it: the next
+/// start removes it with the dead run's other temporary files. Another process's (a claim
+/// that may be under way) stays.
+#[test]
+fn a_claim_a_killed_run_was_writing_is_removed_at_the_next_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&root).unwrap();
+    let cfg = tmp.path().join("strict.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "roots = [\"{}\"]\nstate_dir = \"{}\"\nenable_write = true\ndry_run = false\ndurability = \"strict\"\n[limits]\nwrites_per_minute = 100000\nmax_workflow_bytes = 1000000000\n",
+            root.display(),
+            state.display()
+        ),
+    )
+    .unwrap();
+    // Long enough to be killed mid-run once its claim is made.
+    let actions: Vec<Value> = (0..100)
+        .map(|i| json!({"intent": "create_file", "path": format!("d{i}/f.txt"), "content": "x".repeat(1 << 18)}))
+        .collect();
+    let plan = tmp.path().join("plan.json");
+    std::fs::write(
+        &plan,
+        serde_json::to_vec(&json!({"workflow_id": "wf_claim", "actions": actions})).unwrap(),
+    )
+    .unwrap();
+    let mut child = spawn_run(&cfg, &plan);
+    let record = state.join("inflight/wf_claim.json");
+    let owner = root.join(".rollback/.ailab-owner");
+    let mut execution = None;
+    for _ in 0..20_000 {
+        if owner.exists()
+            && let Ok(bytes) = std::fs::read(&record)
+            && let Ok(rec) = serde_json::from_slice::<Value>(&bytes)
+        {
+            execution = rec["execution_id"].as_str().map(str::to_owned);
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let running = child.try_wait().unwrap().is_none();
+    child.kill().ok();
+    child.wait().unwrap();
+    let execution = execution.expect("the run wrote its record and claimed the store");
+    assert!(running, "the run finished before it could be killed");
+    let seed = &execution[execution.len() - 8..];
+    let dead = root.join(format!(
+        ".rollback/.ailab-tmp-18ee7552ab2419fd00000030{seed}"
+    ));
+    let other = root.join(".rollback/.ailab-tmp-18ee7552ab2419fd000000300badcafe");
+    std::fs::write(&dead, b"claim").unwrap();
+    std::fs::write(&other, b"claim").unwrap();
+    let out = cli(&cfg).arg("state").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        doc["notices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("recovered interrupted run")),
+        "{doc}"
+    );
+    assert!(!dead.exists(), "the killed run's claim was left: {doc}");
+    assert!(other.exists(), "another process's claim may be under way");
+    assert!(
+        !std::fs::read(&owner).unwrap().is_empty(),
+        "the claim the run made stays"
+    );
 }

@@ -6,7 +6,8 @@
 //! run's roots, found by the process's id, since the staged file of a write whose snapshot
 //! metadata the cut emptied is named nowhere else once that snapshot is removed as
 //! unfinished (the target folders of that process's other runs awaiting recovery are left
-//! to them, and a root is walked once per such process); a run record's own when its writer
+//! to them, and a root is walked once per such process); those of the owner claim the
+//! run's process was writing at a snapshot store's top; a run record's own when its writer
 //! died making it; and, once ten minutes old, those a start killed while making the seal
 //! key or the trail's head left at the state directory's top.
 //!
@@ -784,6 +785,12 @@ impl Sandbox {
     /// here, keeps any snapshot of this process's from being under way in its folders;
     /// and a disk that refuses in one root's folder stops nothing in the others', which
     /// may lie on other disks.
+    ///
+    /// Also those of an owner claim the process was making at the store's top (its first
+    /// snapshot in a root claims the store), whatever the root: the claim comes before
+    /// the snapshot folder, so none may name that root. There no lock covers this
+    /// process's own claims, so the makers are only other processes' (its own left no
+    /// run dead).
     fn remove_dead_snapshot_temp_files(
         &self,
         rec: &InflightRecord,
@@ -792,30 +799,47 @@ impl Sandbox {
         let makers = dead_makers(rec);
         let mut removed = 0;
         for root in &self.roots {
-            if let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR)
-                && let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id)
-            {
-                for by in &makers {
-                    let gone = self
-                        .failpoints
-                        .check("remove_dead_snapshot_temp")
-                        .and_then(|()| remove_temp_files(&wf, 1, Some(by)));
-                    match gone {
-                        Ok(n) => removed += n,
-                        Err(e) => {
-                            let store = root.path().join(ROLLBACK_DIR).join(&rec.workflow_id);
-                            let store = store.display().to_string();
-                            if let Some(left) =
-                                Self::left_behind(report, &store, "its temporary files in", e)
-                            {
-                                report.temp_files_left.push(left);
-                            }
-                        }
-                    }
-                }
+            let Ok(rb) = root.dir().open_dir_nofollow(ROLLBACK_DIR) else {
+                continue;
+            };
+            let store = root.path().join(ROLLBACK_DIR);
+            for by in makers.iter().filter(|m| !crate::ids::made_here(m)) {
+                let gone = remove_temp_files(&rb, 0, Some(by));
+                removed += Self::removed_or_said(gone, &store, report);
+            }
+            let Ok(wf) = rb.open_dir_nofollow(&rec.workflow_id) else {
+                continue;
+            };
+            let folder = store.join(&rec.workflow_id);
+            for by in &makers {
+                let gone = self
+                    .failpoints
+                    .check("remove_dead_snapshot_temp")
+                    .and_then(|()| remove_temp_files(&wf, 1, Some(by)));
+                removed += Self::removed_or_said(gone, &folder, report);
             }
         }
         removed
+    }
+
+    /// How many temporary files a removal in the snapshot store's `folder` took; when it
+    /// failed, what it left is said in `report` (see [`Self::left_behind`]).
+    fn removed_or_said(
+        gone: std::io::Result<usize>,
+        folder: &std::path::Path,
+        report: &mut Recovered,
+    ) -> usize {
+        match gone {
+            Ok(n) => n,
+            Err(e) => {
+                let folder = folder.display().to_string();
+                if let Some(left) = Self::left_behind(report, &folder, "its temporary files in", e)
+                {
+                    report.temp_files_left.push(left);
+                }
+                0
+            }
+        }
     }
 
     /// Says what recovery could not remove of a dead run's (`what` at `path`, in the
