@@ -3226,8 +3226,35 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     assert_eq!(run["status"], "success", "{run}");
     let rb = json_out(&nobody(&["--config", relaxed, "rollback", "wf_wx"]));
     assert_eq!(rb["status"], "rolled_back", "{rb}");
-    std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
+    // Nor with whole-filesystem syncs (`batched`), which make the names a write or a
+    // restore changed there durable: its rollback too (its restores synced the folder,
+    // failing `io_error` for good, "roll back again").
+    let batched = e.dir.join("batched.toml");
+    std::fs::write(&batched, "durability = \"batched\"\n").unwrap();
+    let batched = batched.to_str().unwrap();
+    let plan = e.write_plan(
+        "wxb.json",
+        &json!({"workflow_id": "wf_wxb", "actions": [
+            {"intent": "replace_file", "path": "wx/x.txt", "content": "newer"},
+            {"intent": "create_file", "path": "wx/y.txt", "content": "made"}]}),
+    );
+    let run = json_out(&nobody(&[
+        "--config",
+        batched,
+        "run",
+        plan.to_str().unwrap(),
+    ]));
+    assert_eq!(run["status"], "success", "{run}");
+    assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"newer");
+    let rb = json_out(&nobody(&["--config", batched, "rollback", "wf_wxb"]));
+    assert_eq!(rb["status"], "rolled_back", "{rb}");
+    assert_eq!(rb["steps_rolled_back"], 2, "{rb}");
+    assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
+    assert!(!wx.join("y.txt").exists());
+    let verify = json_out(&nobody(&["--config", batched, "audit", "verify"]));
+    assert_eq!(verify["ok"], true, "{verify}");
+    std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o755)).unwrap();
     // In a setgid folder a replaced file keeps its group (it took the folder's), and so
     // does its restore.
     use std::os::unix::fs::MetadataExt;

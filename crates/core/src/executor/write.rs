@@ -432,7 +432,8 @@ impl SandboxWriteExecutor<'_> {
             // `batched` too its bytes reach the disk before they take the target's
             // place, not only at the sync point after it.
             (Some(b), None) => {
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, sb.durable())?;
+                let flush = crate::confine::root::flush_for(sb.durable());
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, flush)?;
             }
             (None, _) => {
                 root.create_dir_all_making(&w.rel, w.make, fsync_each)?;

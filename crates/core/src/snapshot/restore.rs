@@ -13,7 +13,7 @@
 //! the removal takes no lock of the directory's own path.
 
 use crate::confine::path::shown_path;
-use crate::confine::root::{FILE_MODE, Make, Put};
+use crate::confine::root::{FILE_MODE, Flush, Make, Put};
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
@@ -152,22 +152,28 @@ impl RollbackEngine {
     /// the directory may have been moved away with it (and come back). One whose
     /// directory goes between the look and the removal is a `conflict` (nothing was
     /// removed), except when `recovering`: a dead run's undo must come to an end.
+    ///
+    /// `flush`: what is synced. A file's bytes, when anything is, before they take the
+    /// target's place; the folders changed only with [`Flush::FileAndDir`] (with
+    /// [`Flush::FileOnly`] the caller syncs their filesystem after, which a folder this
+    /// process may not read allows where its own sync does not).
     pub fn restore(
         root: &SandboxRoot,
         meta: &SnapshotMeta,
-        durable: bool,
+        flush: Flush,
         put: Put,
         forced: Forced,
         keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
         let rel = meta.target();
+        let dirs = flush == Flush::FileAndDir;
         match meta.kind {
-            SnapshotKind::File => Self::restore_file(root, meta, &rel, durable, put, changed),
+            SnapshotKind::File => Self::restore_file(root, meta, &rel, flush, put, changed),
             SnapshotKind::Missing => {
-                Self::restore_absent(root, meta, &rel, (durable, put, forced), keep, changed)
+                Self::restore_absent(root, meta, &rel, (dirs, put, forced), keep, changed)
             }
-            SnapshotKind::Directory => Self::restore_directory(root, meta, &rel, durable),
+            SnapshotKind::Directory => Self::restore_directory(root, meta, &rel, dirs),
         }
     }
 
@@ -176,7 +182,7 @@ impl RollbackEngine {
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         rel: &RelPath,
-        durable: bool,
+        flush: Flush,
         put: Put,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
@@ -201,7 +207,7 @@ impl RollbackEngine {
                 ),
             ));
         }
-        root.write_atomic_put(rel, &bytes, mode, put, Make::From(parents.len()), durable)?;
+        root.write_atomic_put(rel, &bytes, mode, put, Make::From(parents.len()), flush)?;
         let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
             Ok(b) => b,
             // Gone, or something else in its place: not what the restore wrote.

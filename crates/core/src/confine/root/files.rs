@@ -424,7 +424,7 @@ pub fn write_atomic_in(
     )
 }
 
-pub(super) fn flush_for(durable: bool) -> Flush {
+pub(crate) fn flush_for(durable: bool) -> Flush {
     if durable {
         Flush::FileAndDir
     } else {

@@ -161,14 +161,13 @@ mod refusal;
 mod walk;
 
 pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading};
-use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
     remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
     write_atomic_placed, write_new_in,
 };
 pub(crate) use files::{
-    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
+    entry_type, flush_for, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
 };
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
@@ -616,12 +615,14 @@ impl SandboxRoot {
             mode,
             Put::new_or_any(no_replace),
             Make::From(0),
-            durable,
+            flush_for(durable),
         )
     }
 
-    /// [`SandboxRoot::write_atomic`], saying what the rename may replace and which
-    /// missing parents may be made.
+    /// [`SandboxRoot::write_atomic`], saying what the rename may replace, which missing
+    /// parents may be made, and what is synced: with [`Flush::FileOnly`] the caller makes
+    /// the new name durable otherwise (a sync of the whole filesystem), and the folders
+    /// made on the way are not synced either.
     pub fn write_atomic_put(
         &self,
         rel: &RelPath,
@@ -629,10 +630,10 @@ impl SandboxRoot {
         mode: u32,
         put: Put,
         make: Make,
-        durable: bool,
+        flush: Flush,
     ) -> Verdict<Vec<String>> {
-        let (dir, created) = self.open_parent_making(rel, make, durable)?;
-        write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush_for(durable))
+        let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
+        write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush)
             .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
     }
@@ -1321,7 +1322,7 @@ mod tests {
             files::BEFORE_RENAME.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
             });
-            root.write_atomic_put(&rel, bytes, 0o644, put, Make::From(0), false)
+            root.write_atomic_put(&rel, bytes, 0o644, put, Make::From(0), Flush::Nothing)
                 .unwrap_err()
         };
         let r = raced(Put::New, b"new");
@@ -1330,7 +1331,7 @@ mod tests {
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
         // Left alone, the write is made and checked.
         std::fs::remove_file(folder.join("t.txt")).unwrap();
-        root.write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), false)
+        root.write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), Flush::Nothing)
             .unwrap();
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         // Replacing a file, the file there is kept, not lost to the planted one, and
@@ -1406,7 +1407,7 @@ mod tests {
                 0o644,
                 Put::Unchanged(stamp),
                 Make::From(0),
-                false,
+                Flush::Nothing,
             )
             .unwrap_err();
         (r, folder, outside, tmp)
@@ -1506,7 +1507,7 @@ mod tests {
         for put in [Put::New, Put::Any] {
             files::FAIL_CHECK.with(|f| f.set(Some(13)));
             let r = root
-                .write_atomic_put(&rel, b"new", 0o644, put, Make::From(0), false)
+                .write_atomic_put(&rel, b"new", 0o644, put, Make::From(0), Flush::Nothing)
                 .unwrap_err();
             assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
             assert!(r.reason.contains("were put in its place"), "{}", r.reason);
@@ -1547,7 +1548,7 @@ mod tests {
         for put in [Put::New, Put::Any] {
             files::FAIL_DIR_SYNC.with(|f| f.set(Some(13)));
             let r = root
-                .write_atomic_put(&file, b"new", 0o644, put, Make::From(0), true)
+                .write_atomic_put(&file, b"new", 0o644, put, Make::From(0), Flush::FileAndDir)
                 .unwrap_err();
             assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
             assert!(
@@ -1564,7 +1565,14 @@ mod tests {
             let r = match dir {
                 true => root.create_dir_all_making(&rel, Make::From(0), true),
                 false => root
-                    .write_atomic_put(&rel, b"x", 0o644, Put::New, Make::From(0), true)
+                    .write_atomic_put(
+                        &rel,
+                        b"x",
+                        0o644,
+                        Put::New,
+                        Make::From(0),
+                        Flush::FileAndDir,
+                    )
                     .map(|_| Vec::new()),
             }
             .unwrap_err();
