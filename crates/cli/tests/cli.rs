@@ -3229,7 +3229,8 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
     // Nor with whole-filesystem syncs (`batched`), which make the names a write or a
     // restore changed there durable: its rollback too (its restores synced the folder,
-    // failing `io_error` for good, "roll back again").
+    // failing `io_error` for good, "roll back again"), and a file whose folder is made
+    // with it (its write synced the folder it made that folder in, failing `io_error`).
     let batched = e.dir.join("batched.toml");
     std::fs::write(&batched, "durability = \"batched\"\n").unwrap();
     let batched = batched.to_str().unwrap();
@@ -3237,7 +3238,8 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
         "wxb.json",
         &json!({"workflow_id": "wf_wxb", "actions": [
             {"intent": "replace_file", "path": "wx/x.txt", "content": "newer"},
-            {"intent": "create_file", "path": "wx/y.txt", "content": "made"}]}),
+            {"intent": "create_file", "path": "wx/y.txt", "content": "made"},
+            {"intent": "create_file", "path": "wx/sub/z.txt", "content": "made in a folder made"}]}),
     );
     let run = json_out(&nobody(&[
         "--config",
@@ -3249,9 +3251,10 @@ fn as_another_user_permissions_are_theirs_to_put_right() {
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"newer");
     let rb = json_out(&nobody(&["--config", batched, "rollback", "wf_wxb"]));
     assert_eq!(rb["status"], "rolled_back", "{rb}");
-    assert_eq!(rb["steps_rolled_back"], 2, "{rb}");
+    assert_eq!(rb["steps_rolled_back"], 3, "{rb}");
     assert_eq!(std::fs::read(wx.join("x.txt")).unwrap(), b"orig");
     assert!(!wx.join("y.txt").exists());
+    assert!(!wx.join("sub").exists());
     let verify = json_out(&nobody(&["--config", batched, "audit", "verify"]));
     assert_eq!(verify["ok"], true, "{verify}");
     std::fs::set_permissions(&wx, std::fs::Permissions::from_mode(0o755)).unwrap();

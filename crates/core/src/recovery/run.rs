@@ -110,12 +110,24 @@ impl Sandbox {
             return report;
         }
         let orphans = self.registered_without_snapshot(&run, &mine);
+        let staged: Vec<(usize, RelPath, String)> = mine
+            .iter()
+            .filter_map(|(i, s)| {
+                Some((
+                    *i,
+                    s.meta.target(),
+                    s.meta.commit.as_ref()?.staged_name.clone(),
+                ))
+            })
+            .collect();
         let Some(judged) = self.judge_newest_first(&run, mine, &mut report) else {
             return report;
         };
         self.audit_finished(judged.finish_audits, orphans, &mut report);
         // Temporary files first: a directory the run created is only empty, and so
-        // removable by the restore, once they are gone.
+        // removable by the restore, once they are gone. The staged files its snapshots
+        // name go by their names, also from a folder this process may not list.
+        self.remove_staged_files(&staged, &mut report);
         self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
         if !report.retry {
             self.remove_power_cut_leftovers(rec, &mut report);
@@ -774,6 +786,25 @@ impl Sandbox {
             );
         }
         Some(kept)
+    }
+
+    /// Removes, by their names, the staged files `staged` (root index, target, name) of
+    /// a dead run's snapshots that are still there once its actions are judged (a
+    /// finished one's went into place). Where the disk refuses, as for the run's other
+    /// temporary files (see [`Self::left_behind`]).
+    fn remove_staged_files(&self, staged: &[(usize, RelPath, String)], report: &mut Recovered) {
+        for (i, rel, name) in staged {
+            match self.roots[*i].remove_staged(rel, name) {
+                Ok(gone) => report.temp_files_removed += usize::from(gone),
+                Err(e) => {
+                    let path = self.abs_path(*i, rel);
+                    match Self::left_behind(report, &path, "the staged file beside", e) {
+                        Some(left) => report.temp_files_left.push(left),
+                        None => return,
+                    }
+                }
+            }
+        }
     }
 
     /// Removes the temporary files the dead run's process left in the workflow's snapshot

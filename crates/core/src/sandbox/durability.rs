@@ -81,6 +81,21 @@ impl Sandbox {
         self.config.durability.is_durable() && self.batch_sync.is_none()
     }
 
+    /// How a file write in no commit log (a restore, a write whose folders are made with
+    /// it) is flushed: its bytes before they take the target's place whenever writes are
+    /// durable; its folder too under `strict` only. Under `batched` the names it changes
+    /// are the sync point's that follows, as a staged write's are, so that a folder this
+    /// process may write in but not read, which `batched` writes in, never needs its own
+    /// sync.
+    pub(crate) fn unlogged_flush(&self) -> crate::confine::root::Flush {
+        use crate::confine::root::Flush;
+        match (self.durable(), self.fsync_each()) {
+            (true, true) => Flush::FileAndDir,
+            (true, false) => Flush::FileOnly,
+            (false, _) => Flush::Nothing,
+        }
+    }
+
     /// With batched durability, how many whole-filesystem syncs this sandbox has made so
     /// far (concurrent actions share them); `None` otherwise.
     pub fn batched_syncs(&self) -> Option<u64> {

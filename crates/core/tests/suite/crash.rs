@@ -5368,3 +5368,31 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     assert_eq!(rolled_back_ids(&sb, "wf_u"), ["u1"], "{told}");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A batched run that dies between staging a write's new bytes beside its target and
+/// the rename leaves them under the name its snapshot records; the next start finishes
+/// the write from its commit record, and what still stands under that name goes by the
+/// name, also where recovery cannot list the folder to find its dead processes'
+/// temporary files (a folder the runtime may write in but not read, as a user other than
+/// root; the list is refused here): it stayed there for good, as large as the write.
+#[test]
+fn staged_bytes_of_a_dead_run_go_where_their_folder_cannot_be_listed() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.open(batched(&w));
+    sb.failpoints().arm_crash("before_mutate", 2);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_staged", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
+            {"action_id": "a2", "intent": "create_file", "path": "b.txt", "content": "beta\n"}]})))
+    }));
+    assert!(outcome.is_err());
+    drop(sb);
+    assert_eq!(temp_files(&w.root).len(), 1, "b.txt's bytes staged");
+    let sb = open_refusing_at("remove_dead_temp", &batched(&w), rustix::io::Errno::ACCESS);
+    assert_noticed(&sb, "1 action finished, 1 temporary file removed");
+    assert!(temp_files(&w.root).is_empty(), "{:?}", sb.notices());
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("b.txt"), b"beta\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}

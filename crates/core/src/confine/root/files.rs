@@ -424,7 +424,7 @@ pub fn write_atomic_in(
     )
 }
 
-pub(crate) fn flush_for(durable: bool) -> Flush {
+pub(super) fn flush_for(durable: bool) -> Flush {
     if durable {
         Flush::FileAndDir
     } else {
@@ -897,6 +897,28 @@ impl SandboxRoot {
             },
             bytes,
         ))
+    }
+
+    /// Removes what stands under the staged name `staged` beside `rel` (not a folder):
+    /// the staged bytes of a write that never took their place, or the file a rename
+    /// exchanged out of it. Found by its name, not by listing the folder, which a folder
+    /// this process may write in but not read refuses. Says whether something went.
+    pub fn remove_staged(&self, rel: &RelPath, staged: &str) -> io::Result<bool> {
+        if !is_temp_name(staged) {
+            return Ok(false);
+        }
+        let dir = match self.open_parent(rel, false, false) {
+            Ok((dir, _)) => dir,
+            Err(_) => return Ok(false),
+        };
+        match dir.remove_file(staged) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -161,13 +161,14 @@ mod refusal;
 mod walk;
 
 pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading};
+use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
     remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
     write_atomic_placed, write_new_in,
 };
 pub(crate) use files::{
-    entry_type, flush_for, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
+    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
 };
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,

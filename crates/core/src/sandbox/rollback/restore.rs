@@ -18,7 +18,7 @@ use crate::audit::{AuditRecord, AuditStatus};
 use crate::catalog::MutationClass;
 use crate::confine::RelPath;
 use crate::confine::path::shown_path;
-use crate::confine::root::{Flush, Put};
+use crate::confine::root::Put;
 use crate::confine::state::LockBusy;
 use crate::reason::{ReasonCode, Refusal, Verdict};
 use crate::sandbox::conflicts::{Conflict, TargetState};
@@ -650,15 +650,8 @@ impl Sandbox {
         let root = &self.roots[i];
         // Under `batched` too: a restore is in no commit log, so its bytes reach the
         // disk before they take the target's place, not only at the sync point after it
-        // (a power cut between the two could leave the name and lose the bytes). The
-        // names it changes are that sync point's, as a write's are: a folder this
-        // process may write in but not read, which `batched` writes in, cannot be
-        // synced by itself.
-        let flush = match (self.durable(), self.fsync_each()) {
-            (true, true) => Flush::FileAndDir,
-            (true, false) => Flush::FileOnly,
-            (false, _) => Flush::Nothing,
-        };
+        // (a power cut between the two could leave the name and lose the bytes).
+        let flush = self.unlogged_flush();
         let (workflow_id, mode, recovering) = (pass.workflow_id, pass.mode, pass.recovering);
         let reached = std::cell::Cell::new(false);
         match mode {
