@@ -66,9 +66,14 @@ pub fn process_seed(id: &str) -> &str {
     id.get(id.len().saturating_sub(8)..).unwrap_or("")
 }
 
+/// This process's part of the ids it makes (see [`process_seed`]).
+pub fn own_seed() -> String {
+    format!("{:08x}", seed())
+}
+
 /// Whether an id (or a name ending in one) was made by this process.
 pub fn made_here(id: &str) -> bool {
-    process_seed(id) == format!("{:08x}", seed())
+    process_seed(id) == own_seed()
 }
 
 #[cfg(test)]

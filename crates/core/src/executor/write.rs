@@ -432,7 +432,8 @@ impl SandboxWriteExecutor<'_> {
             // `batched` too its bytes reach the disk before they take the target's
             // place, not only at the sync point after it.
             (Some(b), None) => {
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, sb.unlogged_flush())?;
+                let flush = sb.unlogged_flush();
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, (flush, None))?;
             }
             (None, _) => {
                 root.create_dir_all_making(&w.rel, w.make, fsync_each)?;

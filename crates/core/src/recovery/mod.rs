@@ -909,6 +909,31 @@ fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
         .collect()
 }
 
+/// The temporary files a dead process may have left beside the targets of `snaps` (root
+/// index, snapshot record) under names recovery knows without listing their folders,
+/// which a folder the runtime may write in but not read refuses: each write's staged
+/// bytes (its commit record names them), and the restore's of each of `makers` (see
+/// [`crate::confine::root::restore_temp_name`]).
+fn named_temp_files<'a>(
+    snaps: impl Iterator<Item = (usize, &'a crate::snapshot::SnapshotMeta)>,
+    makers: &[&str],
+) -> Vec<(usize, RelPath, String)> {
+    let mut named = Vec::new();
+    for (i, meta) in snaps {
+        let target = meta.target();
+        if let Some(c) = &meta.commit {
+            named.push((i, target.clone(), c.staged_name.clone()));
+        }
+        for by in makers {
+            let seed = crate::ids::process_seed(by);
+            let name =
+                crate::confine::root::restore_temp_name(&meta.workflow_id, &meta.action_id, seed);
+            named.push((i, target.clone(), name));
+        }
+    }
+    named
+}
+
 /// A path one level below `dir`, so that `open_parent` opens `dir` itself.
 fn child(dir: &RelPath) -> RelPath {
     let mut c = dir.components().to_vec();

@@ -20,7 +20,7 @@
 //! restored checksum and, for a rollback, what the target held before the restore, so that
 //! the line says what a forced restore overwrote.
 
-use super::{InflightRecord, Recovered, dead_makers};
+use super::{InflightRecord, Recovered, dead_makers, named_temp_files};
 use crate::audit::{AuditRecord, AuditStatus, SandboxAuditEntry};
 use crate::confine::RelPath;
 use crate::reason::ReasonCode;
@@ -89,6 +89,8 @@ impl Sandbox {
         }
         // A restore writes its bytes aside first (and its mark): the dead rollback's
         // temporary files may lie beside any of the workflow's targets.
+        let named = named_temp_files(snaps.iter().map(|(i, s)| (*i, &s.meta)), &dead_makers(rec));
+        self.remove_named_temp_files(&named, &mut report);
         let dirs = snaps
             .iter()
             .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))

@@ -42,7 +42,10 @@
 //! as after a crash (its change stood on no line of the trail when both its audit line and
 //! its undo failed).
 
-use super::{InflightRecord, Recovered, child, dead_makers, found_its_result, needs_recovery};
+use super::{
+    InflightRecord, Recovered, child, dead_makers, found_its_result, named_temp_files,
+    needs_recovery,
+};
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
@@ -110,16 +113,7 @@ impl Sandbox {
             return report;
         }
         let orphans = self.registered_without_snapshot(&run, &mine);
-        let staged: Vec<(usize, RelPath, String)> = mine
-            .iter()
-            .filter_map(|(i, s)| {
-                Some((
-                    *i,
-                    s.meta.target(),
-                    s.meta.commit.as_ref()?.staged_name.clone(),
-                ))
-            })
-            .collect();
+        let named = named_temp_files(mine.iter().map(|(i, s)| (*i, &s.meta)), &dead_makers(rec));
         let Some(judged) = self.judge_newest_first(&run, mine, &mut report) else {
             return report;
         };
@@ -127,7 +121,7 @@ impl Sandbox {
         // Temporary files first: a directory the run created is only empty, and so
         // removable by the restore, once they are gone. The staged files its snapshots
         // name go by their names, also from a folder this process may not list.
-        self.remove_staged_files(&staged, &mut report);
+        self.remove_named_temp_files(&named, &mut report);
         self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
         if !report.retry {
             self.remove_power_cut_leftovers(rec, &mut report);
@@ -788,12 +782,16 @@ impl Sandbox {
         Some(kept)
     }
 
-    /// Removes, by their names, the staged files `staged` (root index, target, name) of
-    /// a dead run's snapshots that are still there once its actions are judged (a
-    /// finished one's went into place). Where the disk refuses, as for the run's other
-    /// temporary files (see [`Self::left_behind`]).
-    fn remove_staged_files(&self, staged: &[(usize, RelPath, String)], report: &mut Recovered) {
-        for (i, rel, name) in staged {
+    /// Removes, by their names, the temporary files `named` (root index, target, name,
+    /// see [`named_temp_files`]) of a dead run or rollback that are still there once its
+    /// actions are judged (a finished write's staged bytes went into place). Where the
+    /// disk refuses, as for its other temporary files (see [`Self::left_behind`]).
+    pub(super) fn remove_named_temp_files(
+        &self,
+        named: &[(usize, RelPath, String)],
+        report: &mut Recovered,
+    ) {
+        for (i, rel, name) in named {
             match self.roots[*i].remove_staged(rel, name) {
                 Ok(gone) => report.temp_files_removed += usize::from(gone),
                 Err(e) => {

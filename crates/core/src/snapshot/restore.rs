@@ -207,7 +207,13 @@ impl RollbackEngine {
                 ),
             ));
         }
-        root.write_atomic_put(rel, &bytes, mode, put, Make::From(parents.len()), flush)?;
+        let tmp = crate::confine::root::restore_temp_name(
+            &meta.workflow_id,
+            &meta.action_id,
+            &crate::ids::own_seed(),
+        );
+        let make = Make::From(parents.len());
+        root.write_atomic_put(rel, &bytes, mode, put, make, (flush, Some(&tmp)))?;
         let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
             Ok(b) => b,
             // Gone, or something else in its place: not what the restore wrote.

@@ -5396,3 +5396,45 @@ fn staged_bytes_of_a_dead_run_go_where_their_folder_cannot_be_listed() {
     assert_eq!(w.read("b.txt"), b"beta\n");
     assert!(sb.audit_verify().unwrap().ok);
 }
+
+/// A restore writes the file's bytes under a temporary name first, one the next start
+/// knows without listing the folder (`restore_temp_name`: the action and the restoring
+/// process). One a dead rollback left goes, also where the folder cannot be listed (a
+/// folder the runtime may write in but not read, as a user other than root; the list
+/// is refused here): it stayed there for good, as large as the file.
+#[test]
+fn a_dead_rollbacks_restore_file_goes_where_its_folder_cannot_be_listed() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    w.write("b.txt", b"beta\n");
+    let c = w.writable_config();
+    let sb = w.open(c.clone());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_rb", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
+            {"action_id": "a2", "intent": "replace_file", "path": "b.txt", "content": "BETA\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().arm_crash("during_restore", 2);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.rollback_workflow("wf_rb", &RollbackOptions::default())
+    }));
+    assert!(died.is_err(), "the rollback dies at its second restore");
+    drop(sb);
+    assert_eq!(w.read("b.txt"), b"beta\n", "restored first, newest first");
+    // What the second restore had written aside when it died.
+    let seed = ailab_sandbox_core::ids::own_seed();
+    let left = w.path(&ailab_sandbox_core::confine::root::restore_temp_name(
+        "wf_rb", "a1", &seed,
+    ));
+    std::fs::write(&left, b"alpha\n").unwrap();
+    let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
+    assert_noticed(&sb, "recovered interrupted rollback");
+    assert!(!left.exists(), "{:?}", sb.notices());
+    let rb = sb.rollback_workflow("wf_rb", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    assert!(temp_files(&w.root).is_empty());
+    assert!(sb.audit_verify().unwrap().ok);
+}

@@ -441,7 +441,7 @@ pub fn write_atomic_flush(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, false)
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (&temp_name(), false))
 }
 
 /// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
@@ -458,7 +458,24 @@ pub fn write_atomic_placed(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, true)
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (&temp_name(), true))
+}
+
+/// [`write_atomic_placed`] through the temporary name `tmp` (see [`restore_temp_name`]),
+/// what a stale file left under it by this process is removed for first.
+pub fn write_atomic_placed_as(
+    dir: &Dir,
+    (name, tmp): (&str, &str),
+    bytes: &[u8],
+    mode: u32,
+    put: Put,
+    flush: Flush,
+) -> io::Result<()> {
+    match dir.remove_file(tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (tmp, true))
 }
 
 /// The atomic write, its file put in place by [`put_in_place_checked`] when `checked`
@@ -469,9 +486,9 @@ fn write_atomic_then(
     (bytes, mode): (&[u8], u32),
     put: Put,
     flush: Flush,
-    checked: bool,
+    (tmp, checked): (&str, bool),
 ) -> io::Result<()> {
-    let tmp = temp_name();
+    let tmp = tmp.to_owned();
     let owner = match put {
         Put::Unchanged(was) => Some(was.owner),
         Put::Any => owner_now(dir, name),
@@ -926,6 +943,16 @@ impl SandboxRoot {
 /// snapshot is only trusted as that).
 fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_MARKER) && !name.contains('/')
+}
+
+/// The temporary name a restore of action `action_id` of workflow `workflow_id` by the
+/// process whose ids end in `seed` writes its bytes under. Known without listing the
+/// folder, which a folder the runtime may write in but not read refuses: the recovery of
+/// a dead rollback removes it by this name. One restore of an action at a time: its
+/// target is locked.
+pub fn restore_temp_name(workflow_id: &str, action_id: &str, seed: &str) -> String {
+    let of = crate::hash::sha256_hex(format!("{workflow_id}/{action_id}").as_bytes());
+    format!("{TEMP_MARKER}r{}{seed}", &of[..24])
 }
 
 /// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.

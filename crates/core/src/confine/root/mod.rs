@@ -164,8 +164,8 @@ pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading
 use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
-    remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
-    write_atomic_placed, write_new_in,
+    remove_temp_files, restore_temp_name, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
+    write_atomic_placed, write_atomic_placed_as, write_new_in,
 };
 pub(crate) use files::{
     entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
@@ -616,14 +616,15 @@ impl SandboxRoot {
             mode,
             Put::new_or_any(no_replace),
             Make::From(0),
-            flush_for(durable),
+            (flush_for(durable), None),
         )
     }
 
     /// [`SandboxRoot::write_atomic`], saying what the rename may replace, which missing
     /// parents may be made, and what is synced: with [`Flush::FileOnly`] the caller makes
     /// the new name durable otherwise (a sync of the whole filesystem), and the folders
-    /// made on the way are not synced either.
+    /// made on the way are not synced either. `tmp`: the temporary name, when the caller
+    /// must know it (see [`restore_temp_name`]); else a fresh one.
     pub fn write_atomic_put(
         &self,
         rel: &RelPath,
@@ -631,11 +632,16 @@ impl SandboxRoot {
         mode: u32,
         put: Put,
         make: Make,
-        flush: Flush,
+        (flush, tmp): (Flush, Option<&str>),
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
-        write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush)
-            .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
+        match tmp {
+            Some(tmp) => {
+                write_atomic_placed_as(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
+            }
+            None => write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush),
+        }
+        .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
     }
 
@@ -1323,8 +1329,15 @@ mod tests {
             files::BEFORE_RENAME.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, tmp: &str| plant(&o, &f, tmp))));
             });
-            root.write_atomic_put(&rel, bytes, 0o644, put, Make::From(0), Flush::Nothing)
-                .unwrap_err()
+            root.write_atomic_put(
+                &rel,
+                bytes,
+                0o644,
+                put,
+                Make::From(0),
+                (Flush::Nothing, None),
+            )
+            .unwrap_err()
         };
         let r = raced(Put::New, b"new");
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
@@ -1332,8 +1345,15 @@ mod tests {
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
         // Left alone, the write is made and checked.
         std::fs::remove_file(folder.join("t.txt")).unwrap();
-        root.write_atomic_put(&rel, b"new", 0o644, Put::New, Make::From(0), Flush::Nothing)
-            .unwrap();
+        root.write_atomic_put(
+            &rel,
+            b"new",
+            0o644,
+            Put::New,
+            Make::From(0),
+            (Flush::Nothing, None),
+        )
+        .unwrap();
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         // Replacing a file, the file there is kept, not lost to the planted one, and
         // the planted name goes.
@@ -1408,7 +1428,7 @@ mod tests {
                 0o644,
                 Put::Unchanged(stamp),
                 Make::From(0),
-                Flush::Nothing,
+                (Flush::Nothing, None),
             )
             .unwrap_err();
         (r, folder, outside, tmp)
@@ -1508,7 +1528,14 @@ mod tests {
         for put in [Put::New, Put::Any] {
             files::FAIL_CHECK.with(|f| f.set(Some(13)));
             let r = root
-                .write_atomic_put(&rel, b"new", 0o644, put, Make::From(0), Flush::Nothing)
+                .write_atomic_put(
+                    &rel,
+                    b"new",
+                    0o644,
+                    put,
+                    Make::From(0),
+                    (Flush::Nothing, None),
+                )
                 .unwrap_err();
             assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
             assert!(r.reason.contains("were put in its place"), "{}", r.reason);
@@ -1549,7 +1576,14 @@ mod tests {
         for put in [Put::New, Put::Any] {
             files::FAIL_DIR_SYNC.with(|f| f.set(Some(13)));
             let r = root
-                .write_atomic_put(&file, b"new", 0o644, put, Make::From(0), Flush::FileAndDir)
+                .write_atomic_put(
+                    &file,
+                    b"new",
+                    0o644,
+                    put,
+                    Make::From(0),
+                    (Flush::FileAndDir, None),
+                )
                 .unwrap_err();
             assert_eq!(r.reason_code, ReasonCode::IoError, "{put:?}: {}", r.reason);
             assert!(
@@ -1572,7 +1606,7 @@ mod tests {
                         0o644,
                         Put::New,
                         Make::From(0),
-                        Flush::FileAndDir,
+                        (Flush::FileAndDir, None),
                     )
                     .map(|_| Vec::new()),
             }
