@@ -431,9 +431,16 @@ impl SandboxWriteExecutor<'_> {
             // Not staged (its folders are made here): in no commit log, so under
             // `batched` too its bytes reach the disk before they take the target's
             // place, not only at the sync point after it.
+            // Its temporary name is known ahead, so that recovery finds it where the
+            // folder cannot be listed.
             (Some(b), None) => {
-                let flush = sb.unlogged_flush();
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, (flush, None))?;
+                let tmp = crate::confine::root::action_temp_name(
+                    &w.meta.workflow_id,
+                    &w.meta.action_id,
+                    &crate::ids::own_seed(),
+                );
+                let flush = (sb.unlogged_flush(), Some(tmp.as_str()));
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, flush)?;
             }
             (None, _) => {
                 root.create_dir_all_making(&w.rel, w.make, fsync_each)?;

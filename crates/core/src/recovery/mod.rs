@@ -913,7 +913,7 @@ fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
 /// index, snapshot record) under names recovery knows without listing their folders,
 /// which a folder the runtime may write in but not read refuses: each write's staged
 /// bytes (its commit record names them), and the restore's of each of `makers` (see
-/// [`crate::confine::root::restore_temp_name`]).
+/// [`crate::confine::root::action_temp_name`]).
 fn named_temp_files<'a>(
     snaps: impl Iterator<Item = (usize, &'a crate::snapshot::SnapshotMeta)>,
     makers: &[&str],
@@ -927,7 +927,7 @@ fn named_temp_files<'a>(
         for by in makers {
             let seed = crate::ids::process_seed(by);
             let name =
-                crate::confine::root::restore_temp_name(&meta.workflow_id, &meta.action_id, seed);
+                crate::confine::root::action_temp_name(&meta.workflow_id, &meta.action_id, seed);
             named.push((i, target.clone(), name));
         }
     }

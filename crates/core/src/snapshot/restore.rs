@@ -207,7 +207,7 @@ impl RollbackEngine {
                 ),
             ));
         }
-        let tmp = crate::confine::root::restore_temp_name(
+        let tmp = crate::confine::root::action_temp_name(
             &meta.workflow_id,
             &meta.action_id,
             &crate::ids::own_seed(),

@@ -5398,7 +5398,7 @@ fn staged_bytes_of_a_dead_run_go_where_their_folder_cannot_be_listed() {
 }
 
 /// A restore writes the file's bytes under a temporary name first, one the next start
-/// knows without listing the folder (`restore_temp_name`: the action and the restoring
+/// knows without listing the folder (`action_temp_name`: the action and the restoring
 /// process). One a dead rollback left goes, also where the folder cannot be listed (a
 /// folder the runtime may write in but not read, as a user other than root; the list
 /// is refused here): it stayed there for good, as large as the file.
@@ -5425,7 +5425,7 @@ fn a_dead_rollbacks_restore_file_goes_where_its_folder_cannot_be_listed() {
     assert_eq!(w.read("b.txt"), b"beta\n", "restored first, newest first");
     // What the second restore had written aside when it died.
     let seed = ailab_sandbox_core::ids::own_seed();
-    let left = w.path(&ailab_sandbox_core::confine::root::restore_temp_name(
+    let left = w.path(&ailab_sandbox_core::confine::root::action_temp_name(
         "wf_rb", "a1", &seed,
     ));
     std::fs::write(&left, b"alpha\n").unwrap();
@@ -5437,4 +5437,60 @@ fn a_dead_rollbacks_restore_file_goes_where_its_folder_cannot_be_listed() {
     assert_eq!(w.read("a.txt"), b"alpha\n");
     assert!(temp_files(&w.root).is_empty());
     assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// The same for a write's temporary file (under `relaxed` or `strict`, a write in no
+/// commit log): its name is known ahead too, so a run that died with it aside leaves
+/// nothing where the folder cannot be listed.
+#[test]
+fn a_dead_runs_write_file_goes_where_its_folder_cannot_be_listed() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let mut c = w.writable_config();
+    c.durability = ailab_sandbox_core::config::Durability::Relaxed;
+    let sb = w.open(c.clone());
+    sb.failpoints().arm_crash("before_mutate", 1);
+    let died = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_w", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})))
+    }));
+    assert!(died.is_err(), "the run dies at its write");
+    drop(sb);
+    // What the write had written aside when it died.
+    let seed = ailab_sandbox_core::ids::own_seed();
+    let left = w.path(&ailab_sandbox_core::confine::root::action_temp_name(
+        "wf_w", "a1", &seed,
+    ));
+    std::fs::write(&left, b"ALPHA\n").unwrap();
+    let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
+    assert_noticed(&sb, "recovered interrupted run");
+    assert!(!left.exists(), "{:?}", sb.notices());
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    assert!(temp_files(&w.root).is_empty());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A name known ahead can be taken by someone else first (or by a write of this process
+/// that could not clean up): the write that needs it takes it back, and succeeds.
+#[test]
+fn a_file_under_a_writes_known_temporary_name_is_taken_back() {
+    let w = World::new();
+    w.write("a.txt", b"alpha\n");
+    let sb = w.open(w.writable_config());
+    let seed = ailab_sandbox_core::ids::own_seed();
+    let name = ailab_sandbox_core::confine::root::action_temp_name("wf_k", "a1", &seed);
+    std::fs::write(w.path(&name), b"planted").unwrap();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert!(temp_files(&w.root).is_empty());
+    std::fs::write(w.path(&name), b"planted").unwrap();
+    let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("a.txt"), b"alpha\n");
+    assert!(temp_files(&w.root).is_empty());
 }

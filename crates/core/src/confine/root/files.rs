@@ -441,7 +441,7 @@ pub fn write_atomic_flush(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (&temp_name(), false))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (None, false))
 }
 
 /// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
@@ -458,11 +458,10 @@ pub fn write_atomic_placed(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (&temp_name(), true))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (None, true))
 }
 
-/// [`write_atomic_placed`] through the temporary name `tmp` (see [`restore_temp_name`]),
-/// what a stale file left under it by this process is removed for first.
+/// [`write_atomic_placed`] through the temporary name `tmp` (see [`action_temp_name`]).
 pub fn write_atomic_placed_as(
     dir: &Dir,
     (name, tmp): (&str, &str),
@@ -471,39 +470,46 @@ pub fn write_atomic_placed_as(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    match dir.remove_file(tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (tmp, true))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (Some(tmp), true))
 }
 
 /// The atomic write, its file put in place by [`put_in_place_checked`] when `checked`
-/// (held open until then, so that its inode cannot be freed and given to another).
+/// (held open until then, so that its inode cannot be freed and given to another). Its
+/// temporary name is `known` (see [`action_temp_name`]) or a fresh one.
 fn write_atomic_then(
     dir: &Dir,
     name: &str,
     (bytes, mode): (&[u8], u32),
     put: Put,
     flush: Flush,
-    (tmp, checked): (&str, bool),
+    (known, checked): (Option<&str>, bool),
 ) -> io::Result<()> {
-    let tmp = tmp.to_owned();
+    let tmp = known.map_or_else(temp_name, str::to_owned);
     let owner = match put {
         Put::Unchanged(was) => Some(was.owner),
         Put::Any => owner_now(dir, name),
         Put::New => None,
     };
-    let result =
-        write_new_file(dir, &tmp, bytes, mode, owner, flush != Flush::Nothing).and_then(|file| {
-            #[cfg(test)]
-            BEFORE_RENAME.with(|hook| hook.take().map(|f| f(dir, &tmp)));
-            if checked {
-                put_in_place_checked(dir, &tmp, name, put, &file)
-            } else {
-                put_in_place(dir, &tmp, name, put)
-            }
-        });
+    let sync = flush != Flush::Nothing;
+    let made = match write_new_file(dir, &tmp, bytes, mode, owner, sync) {
+        // A name known ahead may hold what a write under it that this process could not
+        // clean up left, or what another program put there: the runtime's name either
+        // way (no action may write it), taken back once. Never opened: removed.
+        Err(e) if known.is_some() && e.kind() == io::ErrorKind::AlreadyExists => {
+            dir.remove_file(&tmp)?;
+            write_new_file(dir, &tmp, bytes, mode, owner, sync)
+        }
+        made => made,
+    };
+    let result = made.and_then(|file| {
+        #[cfg(test)]
+        BEFORE_RENAME.with(|hook| hook.take().map(|f| f(dir, &tmp)));
+        if checked {
+            put_in_place_checked(dir, &tmp, name, put, &file)
+        } else {
+            put_in_place(dir, &tmp, name, put)
+        }
+    });
     if let Err(e) = result {
         let _ = dir.remove_file(&tmp);
         return Err(e);
@@ -945,14 +951,14 @@ fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_MARKER) && !name.contains('/')
 }
 
-/// The temporary name a restore of action `action_id` of workflow `workflow_id` by the
-/// process whose ids end in `seed` writes its bytes under. Known without listing the
-/// folder, which a folder the runtime may write in but not read refuses: the recovery of
-/// a dead rollback removes it by this name. One restore of an action at a time: its
-/// target is locked.
-pub fn restore_temp_name(workflow_id: &str, action_id: &str, seed: &str) -> String {
+/// The temporary name a write or a restore of action `action_id` of workflow
+/// `workflow_id` by the process whose ids end in `seed` writes its bytes under. Known
+/// without listing the folder, which a folder the runtime may write in but not read
+/// refuses: the recovery of a dead run or rollback removes it by this name. One write or
+/// restore of an action at a time: its workflow and its target are locked.
+pub fn action_temp_name(workflow_id: &str, action_id: &str, seed: &str) -> String {
     let of = crate::hash::sha256_hex(format!("{workflow_id}/{action_id}").as_bytes());
-    format!("{TEMP_MARKER}r{}{seed}", &of[..24])
+    format!("{TEMP_MARKER}a{}{seed}", &of[..24])
 }
 
 /// A fresh temporary name carrying [`TEMP_MARKER`], so recovery can find leftovers.

@@ -163,8 +163,8 @@ mod walk;
 pub(crate) use access::{NotOurs, change_refused, euid, not_ours, shut_to_reading};
 use files::flush_for;
 pub use files::{
-    FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, hash_regular, read_regular,
-    remove_temp_files, restore_temp_name, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
+    FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, action_temp_name, hash_regular,
+    read_regular, remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
     write_atomic_placed, write_atomic_placed_as, write_new_in,
 };
 pub(crate) use files::{
@@ -624,7 +624,7 @@ impl SandboxRoot {
     /// parents may be made, and what is synced: with [`Flush::FileOnly`] the caller makes
     /// the new name durable otherwise (a sync of the whole filesystem), and the folders
     /// made on the way are not synced either. `tmp`: the temporary name, when the caller
-    /// must know it (see [`restore_temp_name`]); else a fresh one.
+    /// must know it (see [`action_temp_name`]); else a fresh one.
     pub fn write_atomic_put(
         &self,
         rel: &RelPath,
