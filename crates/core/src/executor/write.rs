@@ -430,9 +430,8 @@ impl SandboxWriteExecutor<'_> {
             (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
             // Not staged (its folders are made here): in no commit log, so under
             // `batched` too its bytes reach the disk before they take the target's
-            // place, not only at the sync point after it.
-            // Its temporary name is known ahead, so that recovery finds it where the
-            // folder cannot be listed.
+            // place, not only at the sync point after it. Its temporary name is known
+            // ahead, so that recovery finds it where the folder cannot be listed.
             (Some(b), None) => {
                 let tmp = crate::confine::root::action_temp_name(
                     &w.meta.workflow_id,

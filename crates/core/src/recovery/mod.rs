@@ -912,7 +912,8 @@ fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
 /// The temporary files a dead process may have left beside the targets of `snaps` (root
 /// index, snapshot record) under names recovery knows without listing their folders,
 /// which a folder the runtime may write in but not read refuses: each write's staged
-/// bytes (its commit record names them), and the restore's of each of `makers` (see
+/// bytes (its commit record names them), and the temporary file of a write in no commit
+/// log or of a restore by each of `makers` (see
 /// [`crate::confine::root::action_temp_name`]).
 fn named_temp_files<'a>(
     snaps: impl Iterator<Item = (usize, &'a crate::snapshot::SnapshotMeta)>,

@@ -119,8 +119,9 @@ impl Sandbox {
         };
         self.audit_finished(judged.finish_audits, orphans, &mut report);
         // Temporary files first: a directory the run created is only empty, and so
-        // removable by the restore, once they are gone. The staged files its snapshots
-        // name go by their names, also from a folder this process may not list.
+        // removable by the restore, once they are gone. Those it knows by name (staged
+        // bytes, a write's or restore's file) go first, also from a folder this process
+        // may not list.
         self.remove_named_temp_files(&named, &mut report);
         self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
         if !report.retry {
@@ -792,11 +793,11 @@ impl Sandbox {
         report: &mut Recovered,
     ) {
         for (i, rel, name) in named {
-            match self.roots[*i].remove_staged(rel, name) {
+            match self.roots[*i].remove_known_temp(rel, name) {
                 Ok(gone) => report.temp_files_removed += usize::from(gone),
                 Err(e) => {
                     let path = self.abs_path(*i, rel);
-                    match Self::left_behind(report, &path, "the staged file beside", e) {
+                    match Self::left_behind(report, &path, "the temporary file beside", e) {
                         Some(left) => report.temp_files_left.push(left),
                         None => return,
                     }

@@ -922,19 +922,20 @@ impl SandboxRoot {
         ))
     }
 
-    /// Removes what stands under the staged name `staged` beside `rel` (not a folder):
-    /// the staged bytes of a write that never took their place, or the file a rename
-    /// exchanged out of it. Found by its name, not by listing the folder, which a folder
-    /// this process may write in but not read refuses. Says whether something went.
-    pub fn remove_staged(&self, rel: &RelPath, staged: &str) -> io::Result<bool> {
-        if !is_temp_name(staged) {
+    /// Removes what stands under the temporary name `tmp` beside `rel` (not a folder): a
+    /// write's bytes that never took their place, or the file a rename exchanged out of
+    /// it. Found by its name (a staged write's, see [`action_temp_name`]), not by
+    /// listing the folder, which a folder this process may write in but not read
+    /// refuses. Says whether something went.
+    pub fn remove_known_temp(&self, rel: &RelPath, tmp: &str) -> io::Result<bool> {
+        if !is_temp_name(tmp) {
             return Ok(false);
         }
         let dir = match self.open_parent(rel, false, false) {
             Ok((dir, _)) => dir,
             Err(_) => return Ok(false),
         };
-        match dir.remove_file(staged) {
+        match dir.remove_file(tmp) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) => {
