@@ -243,7 +243,7 @@ impl Sandbox {
                 Some((i, e.meta.target().parent_components().to_vec()))
             })
             .collect();
-        self.remove_dead_temp_files(&earlier, dirs, swept);
+        self.remove_dead_temp_files(&earlier, dirs, &super::TempNames::new(), swept);
     }
 
     /// Names in the run record the roots of the entries `kept` (for roots not

@@ -909,6 +909,9 @@ fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
         .collect()
 }
 
+/// Temporary files by folder (root index, components): their names.
+type TempNames = std::collections::HashMap<(usize, Vec<String>), Vec<String>>;
+
 /// The temporary files a dead process may have left beside the targets of `snaps` (root
 /// index, snapshot record) under names recovery knows without listing their folders,
 /// which a folder the runtime may write in but not read refuses: each write's staged
@@ -918,18 +921,22 @@ fn dead_makers(rec: &InflightRecord) -> Vec<&str> {
 fn named_temp_files<'a>(
     snaps: impl Iterator<Item = (usize, &'a crate::snapshot::SnapshotMeta)>,
     makers: &[&str],
-) -> Vec<(usize, RelPath, String)> {
-    let mut named = Vec::new();
+) -> TempNames {
+    let mut named = TempNames::new();
     for (i, meta) in snaps {
-        let target = meta.target();
+        let names = named
+            .entry((i, meta.target().parent_components().to_vec()))
+            .or_default();
         if let Some(c) = &meta.commit {
-            named.push((i, target.clone(), c.staged_name.clone()));
+            names.push(c.staged_name.clone());
         }
         for by in makers {
             let seed = crate::ids::process_seed(by);
-            let name =
-                crate::confine::root::action_temp_name(&meta.workflow_id, &meta.action_id, seed);
-            named.push((i, target.clone(), name));
+            names.push(crate::confine::root::action_temp_name(
+                &meta.workflow_id,
+                &meta.action_id,
+                seed,
+            ));
         }
     }
     named

@@ -89,13 +89,9 @@ impl Sandbox {
         }
         // A restore writes its bytes aside first (and its mark): the dead rollback's
         // temporary files may lie beside any of the workflow's targets.
-        let named = named_temp_files(snaps.iter().map(|(i, s)| (*i, &s.meta)), &dead_makers(rec));
-        self.remove_named_temp_files(&named, &mut report);
-        let dirs = snaps
-            .iter()
-            .map(|(i, s)| (*i, s.meta.target().parent_components().to_vec()))
-            .collect();
-        self.remove_dead_temp_files(&dead_makers(rec), dirs, &mut report);
+        let makers = dead_makers(rec);
+        let named = named_temp_files(snaps.iter().map(|(i, s)| (*i, &s.meta)), &makers);
+        self.remove_dead_temp_files(&makers, HashSet::new(), &named, &mut report);
         // The restores marked before the death, whose lines were held or cut off, were
         // made before those the walk finds: recorded first, so that each file's lines
         // follow its restores, and the walk's lines start from what they left.

@@ -43,13 +43,13 @@
 //! its undo failed).
 
 use super::{
-    InflightRecord, Recovered, child, dead_makers, found_its_result, named_temp_files,
+    InflightRecord, Recovered, TempNames, child, dead_makers, found_its_result, named_temp_files,
     needs_recovery,
 };
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
-use crate::confine::root::remove_temp_files;
+use crate::confine::root::{remove_temp_files, remove_temp_named};
 use crate::reason::{ReasonCode, Refusal};
 use crate::sandbox::{Restorer, Sandbox, TargetState, lock_or_recover};
 use cap_fs_ext::DirExt;
@@ -113,17 +113,15 @@ impl Sandbox {
             return report;
         }
         let orphans = self.registered_without_snapshot(&run, &mine);
-        let named = named_temp_files(mine.iter().map(|(i, s)| (*i, &s.meta)), &dead_makers(rec));
+        let makers = dead_makers(rec);
+        let named = named_temp_files(mine.iter().map(|(i, s)| (*i, &s.meta)), &makers);
         let Some(judged) = self.judge_newest_first(&run, mine, &mut report) else {
             return report;
         };
         self.audit_finished(judged.finish_audits, orphans, &mut report);
         // Temporary files first: a directory the run created is only empty, and so
-        // removable by the restore, once they are gone. Those it knows by name (staged
-        // bytes, a write's or restore's file) go first, also from a folder this process
-        // may not list.
-        self.remove_named_temp_files(&named, &mut report);
-        self.remove_dead_temp_files(&dead_makers(rec), judged.dirs, &mut report);
+        // removable by the restore, once they are gone.
+        self.remove_dead_temp_files(&makers, judged.dirs, &named, &mut report);
         if !report.retry {
             self.remove_power_cut_leftovers(rec, &mut report);
         }
@@ -377,7 +375,13 @@ impl Sandbox {
                 // Its temporary file first: a folder it made that holds only
                 // that is empty, and removed rather than put on the ledger.
                 let dir = (i, meta.target().parent_components().to_vec());
-                self.remove_dead_temp_files(&dead_makers(run.rec), HashSet::from([dir]), report);
+                let makers = dead_makers(run.rec);
+                self.remove_dead_temp_files(
+                    &makers,
+                    HashSet::from([dir]),
+                    &TempNames::new(),
+                    report,
+                );
                 self.undo_superseded(i, meta, run.rec, current);
                 report.superseded += 1;
                 None
@@ -529,13 +533,17 @@ impl Sandbox {
     /// Removes the temporary files dead processes (`makers`, see [`dead_makers`]) left
     /// in `dirs` (root index, components), counting them in `report`, and the folders
     /// where they could not be. Once the disk refuses, the rest are left with the record
-    /// for the start that finds it taking writes again.
+    /// for the start that finds it taking writes again. Those `named` in a folder (see
+    /// [`named_temp_files`]) go by their names first, also from a folder this process
+    /// may not list.
     pub(super) fn remove_dead_temp_files(
         &self,
         makers: &[&str],
-        dirs: HashSet<(usize, Vec<String>)>,
+        mut dirs: HashSet<(usize, Vec<String>)>,
+        named: &TempNames,
         report: &mut Recovered,
     ) {
+        dirs.extend(named.keys().cloned());
         'dirs: for (i, comps) in dirs {
             let rel = RelPath::from_components(comps.clone());
             let failed =
@@ -577,13 +585,19 @@ impl Sandbox {
                     continue;
                 }
             };
+            let by_name = named.get(&(i, comps)).into_iter().flatten();
+            let by_name = by_name.map(|tmp| remove_temp_named(&d, tmp).map(usize::from));
             // A run or rollback of this process that left its record for later is
             // no dead one: its id names this process's writes under way too.
-            for by in makers.iter().filter(|m| !self.is_left_for_later(m)) {
-                let removed = self
-                    .failpoints
-                    .check("remove_dead_temp")
-                    .and_then(|()| remove_temp_files(&d, 0, Some(by)));
+            let listed = makers
+                .iter()
+                .filter(|m| !self.is_left_for_later(m))
+                .map(|by| {
+                    self.failpoints
+                        .check("remove_dead_temp")
+                        .and_then(|()| remove_temp_files(&d, 0, Some(by)))
+                });
+            for removed in by_name.chain(listed) {
                 match removed {
                     Ok(n) => report.temp_files_removed += n,
                     // The disk refused (mounted read-only, failing): kept for the
@@ -781,29 +795,6 @@ impl Sandbox {
             );
         }
         Some(kept)
-    }
-
-    /// Removes, by their names, the temporary files `named` (root index, target, name,
-    /// see [`named_temp_files`]) of a dead run or rollback that are still there once its
-    /// actions are judged (a finished write's staged bytes went into place). Where the
-    /// disk refuses, as for its other temporary files (see [`Self::left_behind`]).
-    pub(super) fn remove_named_temp_files(
-        &self,
-        named: &[(usize, RelPath, String)],
-        report: &mut Recovered,
-    ) {
-        for (i, rel, name) in named {
-            match self.roots[*i].remove_known_temp(rel, name) {
-                Ok(gone) => report.temp_files_removed += usize::from(gone),
-                Err(e) => {
-                    let path = self.abs_path(*i, rel);
-                    match Self::left_behind(report, &path, "the temporary file beside", e) {
-                        Some(left) => report.temp_files_left.push(left),
-                        None => return,
-                    }
-                }
-            }
-        }
     }
 
     /// Removes the temporary files the dead run's process left in the workflow's snapshot

@@ -461,16 +461,17 @@ pub fn write_atomic_placed(
     write_atomic_then(dir, name, (bytes, mode), put, flush, (None, true))
 }
 
-/// [`write_atomic_placed`] through the temporary name `tmp` (see [`action_temp_name`]).
+/// [`write_atomic_placed`] through the temporary name `tmp` when given (see
+/// [`action_temp_name`]), else a fresh one.
 pub fn write_atomic_placed_as(
     dir: &Dir,
-    (name, tmp): (&str, &str),
+    (name, tmp): (&str, Option<&str>),
     bytes: &[u8],
     mode: u32,
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (Some(tmp), true))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (tmp, true))
 }
 
 /// The atomic write, its file put in place by [`put_in_place_checked`] when `checked`
@@ -921,35 +922,29 @@ impl SandboxRoot {
             bytes,
         ))
     }
-
-    /// Removes what stands under the temporary name `tmp` beside `rel` (not a folder): a
-    /// write's bytes that never took their place, or the file a rename exchanged out of
-    /// it. Found by its name (a staged write's, see [`action_temp_name`]), not by
-    /// listing the folder, which a folder this process may write in but not read
-    /// refuses. Says whether something went.
-    pub fn remove_known_temp(&self, rel: &RelPath, tmp: &str) -> io::Result<bool> {
-        if !is_temp_name(tmp) {
-            return Ok(false);
-        }
-        let dir = match self.open_parent(rel, false, false) {
-            Ok((dir, _)) => dir,
-            Err(_) => return Ok(false),
-        };
-        match dir.remove_file(tmp) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) => {
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
-    }
 }
 
 /// Whether `name` is one file name made by [`temp_name`] (a staged file recorded in a
 /// snapshot is only trusted as that).
 fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_MARKER) && !name.contains('/')
+}
+
+/// Removes what stands under the temporary name `tmp` in `dir` (not a folder): a write's
+/// bytes that never took their place, or the file a rename exchanged out of it. Found by
+/// its name (a staged write's, or one [`action_temp_name`] gives), not by listing the
+/// folder, which a folder this process may write in but not read refuses. Says whether
+/// something went.
+pub(crate) fn remove_temp_named(dir: &Dir, tmp: &str) -> io::Result<bool> {
+    if !is_temp_name(tmp) {
+        return Ok(false);
+    }
+    match dir.remove_file(tmp) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ISDIR.raw_os_error()) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The temporary name a write or a restore of action `action_id` of workflow

@@ -168,7 +168,7 @@ pub use files::{
     write_atomic_placed, write_atomic_placed_as, write_new_in,
 };
 pub(crate) use files::{
-    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, stamp_at,
+    entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, remove_temp_named, stamp_at,
 };
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
@@ -635,13 +635,8 @@ impl SandboxRoot {
         (flush, tmp): (Flush, Option<&str>),
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
-        match tmp {
-            Some(tmp) => {
-                write_atomic_placed_as(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
-            }
-            None => write_atomic_placed(&dir, rel.file_name(), bytes, mode, put, flush),
-        }
-        .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
+        write_atomic_placed_as(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
+            .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
     }
 
