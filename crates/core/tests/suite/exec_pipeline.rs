@@ -277,6 +277,28 @@ fn mid_run_failure_rolls_back_earlier_actions() {
     assert!(sb.audit_verify().unwrap().ok);
     // The two earlier actions, and the failed action's own immediate restore.
     assert_eq!(sb.audit_stats().unwrap().rolled_back, 3);
+    // In the trail's order: the failed action's undo comes before its `failed` line,
+    // which says how that undo went; the plan's rollback follows, newest first.
+    let mut lines = sb.audit_entries(100, Some("wf_fail")).unwrap();
+    lines.sort_by_key(|e| e.seq);
+    let told: Vec<_> = lines
+        .iter()
+        .map(|e| {
+            let i = r.actions.iter().position(|a| a.action_id == e.action_id);
+            format!("{}:{}", i.unwrap() + 1, json!(e.status).as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        told,
+        [
+            "1:success",
+            "2:success",
+            "3:rolled_back",
+            "3:failed",
+            "2:rolled_back",
+            "1:rolled_back"
+        ]
+    );
 }
 
 #[test]
