@@ -59,6 +59,49 @@ async fn a_second_initialize_is_refused_and_the_session_goes_on() {
     s.finish().await;
 }
 
+/// The MCP features the server does not advertise are refused with a sentence that
+/// says what it does offer (the SDK's own refusal names only the method), and the
+/// session goes on.
+#[tokio::test]
+async fn features_not_offered_are_refused_with_what_is() {
+    let mut s = RawSession::start(Mode::Default).await;
+    let asks = [
+        (r#""resources/list""#, "{}"),
+        (r#""resources/templates/list""#, "{}"),
+        (r#""resources/read""#, r#"{"uri":"file:///etc/passwd"}"#),
+        (r#""prompts/list""#, "{}"),
+        (r#""prompts/get""#, r#"{"name":"x"}"#),
+        (
+            r#""completion/complete""#,
+            r#"{"ref":{"type":"ref/prompt","name":"x"},"argument":{"name":"a","value":"b"}}"#,
+        ),
+    ];
+    for (id, (method, params)) in asks.iter().enumerate() {
+        s.send(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":{method},"params":{params}}}"#,
+            id = id + 1
+        ))
+        .await;
+        let refused = s.answer().await;
+        assert_eq!(refused["id"], id + 1, "{refused}");
+        assert_eq!(refused["error"]["code"], -32601, "{refused}");
+        let said = refused["error"]["message"].as_str().unwrap_or_default();
+        let method = method.trim_matches('"');
+        assert!(
+            said.starts_with(&format!("{method} is not offered"))
+                && said.contains("tools/list")
+                && said.contains("tools/call"),
+            "{said}"
+        );
+    }
+    s.send(r#"{"jsonrpc":"2.0","id":99,"method":"tools/list"}"#)
+        .await;
+    let listed = s.answer().await;
+    assert_eq!(listed["id"], 99, "{listed}");
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    s.finish().await;
+}
+
 /// A session opened by a request naming its version inline (any method, even one the
 /// server does not serve) takes no `initialize` after it, even one sent right behind it,
 /// which the SDK may begin first.
