@@ -49,7 +49,7 @@ use super::{
 use crate::audit::{AuditRecord, AuditStatus};
 use crate::confine::RelPath;
 use crate::confine::path::ROLLBACK_DIR;
-use crate::confine::root::{remove_temp_files, remove_temp_named};
+use crate::confine::root::{remove_temp_files, remove_temp_named, temp_files_made_by};
 use crate::reason::{ReasonCode, Refusal};
 use crate::sandbox::{Restorer, Sandbox, TargetState, lock_or_recover};
 use cap_fs_ext::DirExt;
@@ -585,19 +585,43 @@ impl Sandbox {
                     continue;
                 }
             };
-            let by_name = named.get(&(i, comps)).into_iter().flatten();
-            let by_name = by_name.map(|tmp| remove_temp_named(&d, tmp).map(usize::from));
+            let mut removed: Vec<std::io::Result<usize>> = named
+                .get(&(i, comps))
+                .into_iter()
+                .flatten()
+                .map(|tmp| remove_temp_named(&d, tmp).map(usize::from))
+                .collect();
             // A run or rollback of this process that left its record for later is
             // no dead one: its id names this process's writes under way too.
-            let listed = makers
+            let seeds: Vec<&str> = makers
                 .iter()
                 .filter(|m| !self.is_left_for_later(m))
-                .map(|by| {
-                    self.failpoints
-                        .check("remove_dead_temp")
-                        .and_then(|()| remove_temp_files(&d, 0, Some(by)))
-                });
-            for removed in by_name.chain(listed) {
+                .map(|m| crate::ids::process_seed(m))
+                .collect();
+            let listed = match self
+                .failpoints
+                .check("remove_dead_temp")
+                .and_then(|()| temp_files_made_by(&d, &seeds))
+            {
+                Ok(names) => names,
+                // A folder this process may write in but not read (a user other than
+                // root's): every temporary file this version leaves there has a name
+                // known ahead, gone above; only an older version's could stay unseen.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error()) => {
+                    tracing::warn!(folder = %crate::confine::path::shown_path(&self.abs_path(i, &rel)), "could not list a dead process's folder for temporary files other than those known by name (permission denied)");
+                    Vec::new()
+                }
+                Err(e) => {
+                    removed.push(Err(e));
+                    Vec::new()
+                }
+            };
+            removed.extend(
+                listed
+                    .iter()
+                    .map(|tmp| remove_temp_named(&d, tmp).map(usize::from)),
+            );
+            for removed in removed {
                 match removed {
                     Ok(n) => report.temp_files_removed += n,
                     // The disk refused (mounted read-only, failing): kept for the

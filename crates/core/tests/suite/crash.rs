@@ -3823,8 +3823,17 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     kept_until_the_disk_lets_go(&w, &c, sb, &left);
     // Another cause names the folder and closes the record.
     died_leaving_a_recovery_temp_file(&w, &c);
-    let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
+    let sb = open_refusing_temp_removal(&c, rustix::io::Errno::PERM);
     assert_noticed(&sb, "could not remove the dead process's temporary files");
+    assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
+    drop(sb);
+    // A folder this process may write in but not list (a user other than root's) has
+    // its files known by name removed (see below); one of a name no run of this version
+    // gives, as this planted one, stays unseen there, and the record is closed with no
+    // word to the operator, who would find nothing of this version's to remove.
+    died_leaving_a_recovery_temp_file(&w, &c);
+    let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
+    nothing_said_left(&sb);
     assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
     // Refused in whichever folder came first: this one's may have gone all the same.
     let _ = std::fs::remove_file(&left);
@@ -5369,6 +5378,16 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// No notice of `sb`'s start sends the operator to remove temporary files: where
+/// the folder could not be listed, those the dead process left went by name.
+fn nothing_said_left(sb: &ailab_sandbox_core::Sandbox) {
+    assert!(
+        !sb.notices().iter().any(|n| n.contains("could not remove")),
+        "{:?}",
+        sb.notices()
+    );
+}
+
 /// A batched run that dies between staging a write's new bytes beside its target and
 /// the rename leaves them under the name its snapshot records; the next start finishes
 /// the write from its commit record, and what still stands under that name goes by the
@@ -5391,6 +5410,7 @@ fn staged_bytes_of_a_dead_run_go_where_their_folder_cannot_be_listed() {
     assert_eq!(temp_files(&w.root).len(), 1, "b.txt's bytes staged");
     let sb = open_refusing_at("remove_dead_temp", &batched(&w), rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "1 action finished, 1 temporary file removed");
+    nothing_said_left(&sb);
     assert!(temp_files(&w.root).is_empty(), "{:?}", sb.notices());
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("b.txt"), b"beta\n");
@@ -5431,6 +5451,7 @@ fn a_dead_rollbacks_restore_file_goes_where_its_folder_cannot_be_listed() {
     std::fs::write(&left, b"alpha\n").unwrap();
     let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "recovered interrupted rollback");
+    nothing_said_left(&sb);
     assert!(!left.exists(), "{:?}", sb.notices());
     let rb = sb.rollback_workflow("wf_rb", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
@@ -5464,6 +5485,7 @@ fn a_dead_runs_write_file_goes_where_its_folder_cannot_be_listed() {
     std::fs::write(&left, b"ALPHA\n").unwrap();
     let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "recovered interrupted run");
+    nothing_said_left(&sb);
     assert!(!left.exists(), "{:?}", sb.notices());
     assert_eq!(w.read("a.txt"), b"alpha\n");
     assert!(temp_files(&w.root).is_empty());

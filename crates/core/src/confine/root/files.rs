@@ -947,6 +947,28 @@ pub(crate) fn remove_temp_named(dir: &Dir, tmp: &str) -> io::Result<bool> {
     }
 }
 
+/// The temporary files in `dir` (not below it) made by the processes whose ids end in
+/// one of `seeds` (see [`crate::ids::process_seed`]): a list, for
+/// [`remove_temp_named`] to take them by name.
+pub(crate) fn temp_files_made_by(dir: &Dir, seeds: &[&str]) -> io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    if seeds.is_empty() {
+        return Ok(names);
+    }
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with(TEMP_MARKER)
+            && seeds.contains(&crate::ids::process_seed(name))
+            && !entry_type(&entry)?.is_dir()
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
 /// The temporary name a write or a restore of action `action_id` of workflow
 /// `workflow_id` by the process whose ids end in `seed` writes its bytes under. Known
 /// without listing the folder, which a folder the runtime may write in but not read

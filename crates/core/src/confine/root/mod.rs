@@ -169,6 +169,7 @@ pub use files::{
 };
 pub(crate) use files::{
     entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, remove_temp_named, stamp_at,
+    temp_files_made_by,
 };
 use refusal::{
     changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
