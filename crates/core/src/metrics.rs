@@ -225,3 +225,51 @@ impl Metrics {
         out
     }
 }
+
+/// `openmetrics` (as [`Metrics::encode`] writes it) in Prometheus's classic text format
+/// (version 0.0.4), for scrapers that do not ask for OpenMetrics: a counter family is
+/// named there with its `_total` suffix, as its samples are (read as OpenMetrics by such
+/// a parser, each counter would lose its type), `unknown` is `untyped`, and there is
+/// no `# UNIT`, `_created` sample or `# EOF`.
+pub fn classic_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        let family = |prefix: &str| {
+            line.strip_prefix(prefix)
+                .and_then(|rest| rest.split_once(' '))
+        };
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some((name, rest)) = family("# HELP ").or_else(|| family("# TYPE ")) {
+            let kind = &line[..7];
+            let rest = if kind == "# TYPE " && rest == "unknown" {
+                "untyped"
+            } else {
+                rest
+            };
+            let suffix = if counters.contains(name) {
+                "_total"
+            } else {
+                ""
+            };
+            out.push_str(&format!("{kind}{name}{suffix} {rest}\n"));
+            continue;
+        }
+        let sample = line.split(['{', ' ']).next().unwrap_or_default();
+        if sample
+            .strip_suffix("_created")
+            .is_some_and(|f| counters.contains(f))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}

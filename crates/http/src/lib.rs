@@ -12,7 +12,7 @@
 //! | `GET /agentic/rollback/{workflow_id}` | what a rollback would restore |
 //! | `POST /agentic/plans` | runs the plan in the body |
 //! | `POST /agentic/rollback/{workflow_id}` | rolls back; optional body `{"force", "action_id"}` |
-//! | `GET /metrics` | OpenMetrics text |
+//! | `GET /metrics` | OpenMetrics text when `Accept` prefers it, else the classic text format |
 //! | `GET /healthz` | `{"status": "ok"}`; 503 `io_error` once the process can write nothing more until restarted |
 //!
 //! Statuses: `POST /agentic/plans` answers 200 for `success` and `simulated_success`,
@@ -97,7 +97,7 @@ use tower_http::timeout::RequestBodyDeadlineLayer;
 
 pub use error::codes;
 pub use guard::constant_time_eq;
-pub use routes::OPENMETRICS_CONTENT_TYPE;
+pub use routes::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE};
 pub use server::{
     ConnLimits, HEADER_READ_TIMEOUT, MAX_BLOCKING_THREADS, MAX_CONNECTIONS,
     MAX_CONNECTIONS_PER_PEER, MIN_TOKEN_LEN, ServeError, ServeOptions, WRITE_STALL_TIMEOUT,

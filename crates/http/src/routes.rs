@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::path::ErrorKind;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
@@ -19,9 +19,13 @@ use crate::wire::{
     RollbackRequest,
 };
 
-/// Content type of `/metrics` (OpenMetrics text, as `prometheus-client` encodes it).
+/// Content type of `/metrics` for a scraper that asks for OpenMetrics (as Prometheus
+/// does), the text `prometheus-client` encodes.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Content type of `/metrics` otherwise: Prometheus's classic text format.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 const ROLLBACK_BODY_HINT: &str = r#"send no body, or {"force": true|false, "action_id": "..."}"#;
 
@@ -546,18 +550,50 @@ pub(crate) async fn rollback(
     Ok((rollback_status(&report), Json(report)).into_response())
 }
 
-/// `GET /metrics`: OpenMetrics text.
-pub(crate) async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
+/// `GET /metrics`: OpenMetrics text when the `Accept` header prefers it, else
+/// Prometheus's classic text format (as Prometheus's own client libraries answer).
+pub(crate) async fn metrics(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let sb = s.sandbox;
     let text = blocking(move || sb.metrics_text()).await?;
+    let (text, kind) = if wants_openmetrics(&headers) {
+        (text, OPENMETRICS_CONTENT_TYPE)
+    } else {
+        (
+            ailab_sandbox_core::metrics::classic_text(&text),
+            PROMETHEUS_TEXT_CONTENT_TYPE,
+        )
+    };
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
-        )],
+        [(header::CONTENT_TYPE, HeaderValue::from_static(kind))],
         text,
     )
         .into_response())
+}
+
+/// Whether `Accept` weighs OpenMetrics at least as high as plain text (and above 0).
+fn wants_openmetrics(headers: &HeaderMap) -> bool {
+    let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
+    for range in crate::guard::header_list(headers, header::ACCEPT) {
+        let Ok(range) = std::str::from_utf8(range) else {
+            continue;
+        };
+        let mut parts = range.split(';').map(str::trim);
+        let kind = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok())
+            .unwrap_or(0.0);
+        match kind.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" => text = text.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
 }
 
 /// Refuses a body in a content coding (RFC 9110 §15.5.16: 415): bodies are read as

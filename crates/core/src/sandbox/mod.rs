@@ -379,7 +379,8 @@ impl Sandbox {
         &self.metrics
     }
 
-    /// The metrics in the Prometheus text format, with the artifacts gauge read from the
+    /// The metrics in the OpenMetrics text format ([`crate::metrics::classic_text`] gives
+    /// Prometheus's classic one), with the artifacts gauge read from the
     /// registry at this moment (other processes register artifacts too), unless a
     /// thread or process is appending to it: then as last read, since a scrape never
     /// waits for a lock.

@@ -1,7 +1,7 @@
 //! The read routes.
 
 use crate::support::*;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use serde_json::json;
 
 #[tokio::test]
@@ -152,8 +152,12 @@ async fn rollback_info_of_an_unknown_workflow_is_empty() {
     assert_eq!(v["reason_code"], "no_rollback_data", "as POST answers");
 }
 
+/// `/metrics` as Prometheus's own `Accept` header asks for it, OpenMetrics, and
+/// otherwise in the classic text format, where each counter family is declared under
+/// the name its samples carry (read as OpenMetrics, a classic parser gave each counter's
+/// samples no type).
 #[tokio::test]
-async fn metrics_are_openmetrics_text() {
+async fn metrics_are_openmetrics_text_or_classic_text_as_asked() {
     let e = writable();
     post_json(&e.app, "/agentic/plans", &create_plan("wf_m", "m.txt", "x")).await;
     post_json(
@@ -162,29 +166,96 @@ async fn metrics_are_openmetrics_text() {
         &create_plan("wf_m2", "../m.txt", "x"),
     )
     .await;
-    let r = get(&e.app, "/metrics").await;
-    assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(
-        r.headers.get(header::CONTENT_TYPE).unwrap(),
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    );
-    assert_eq!(
-        ailab_sandbox_http::OPENMETRICS_CONTENT_TYPE,
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-    );
-    let text = r.text();
-    for name in [
+    let scrape = |accept: Option<&'static str>| {
+        let mut req = request(Method::GET, "/metrics");
+        if let Some(a) = accept {
+            req = req.header(header::ACCEPT, a);
+        }
+        send(&e.app, req.body(axum::body::Body::empty()).unwrap())
+    };
+    const PROMETHEUS: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let families = [
         "ailab_sandbox_mutations_total",
         "ailab_sandbox_policy_denied_total",
         "ailab_sandbox_escape_attempts_total",
         "ailab_sandbox_artifacts_total",
         "ailab_sandbox_checksum_mismatch_total",
         "ailab_sandbox_mutation_duration_seconds",
-    ] {
-        assert!(text.contains(name), "{name} missing from\n{text}");
+    ];
+    for accept in [Some(PROMETHEUS), Some("application/openmetrics-text")] {
+        let r = scrape(accept).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            r.headers.get(header::CONTENT_TYPE).unwrap(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        let text = r.text();
+        for name in families {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+        assert!(
+            text.contains("# TYPE ailab_sandbox_mutations counter"),
+            "{text}"
+        );
+        assert!(text.contains("create_file"), "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }
-    assert!(text.contains("create_file"), "{text}");
-    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    assert_eq!(
+        ailab_sandbox_http::OPENMETRICS_CONTENT_TYPE,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("text/plain; version=0.0.4"),
+        Some("application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9"),
+        Some("application/openmetrics-text;q=0"),
+    ] {
+        let r = scrape(accept).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            r.headers.get(header::CONTENT_TYPE).unwrap(),
+            "text/plain; version=0.0.4; charset=utf-8",
+            "{accept:?}"
+        );
+        let text = r.text();
+        assert!(!text.contains("# EOF"), "{text}");
+        // Every sample's family is declared, counters under their `_total` names.
+        let typed: std::collections::HashMap<&str, &str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        for name in families {
+            assert!(typed.contains_key(name), "{name} not declared in\n{text}");
+        }
+        assert_eq!(typed["ailab_sandbox_mutations_total"], "counter", "{text}");
+        assert_eq!(typed["ailab_sandbox_artifacts_total"], "gauge", "{text}");
+        assert_eq!(
+            typed["ailab_sandbox_mutation_duration_seconds"], "histogram",
+            "{text}"
+        );
+        for sample in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = sample.split(['{', ' ']).next().unwrap();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|f| typed.get(f) == Some(&"histogram"))
+                })
+                .unwrap_or(name);
+            assert!(
+                typed.contains_key(family),
+                "{sample} has no TYPE in\n{text}"
+            );
+        }
+        assert!(
+            text.contains(
+                r#"ailab_sandbox_mutations_total{type="create_file",result="success"} 1"#
+            ),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]
