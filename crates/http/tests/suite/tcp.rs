@@ -136,7 +136,7 @@ async fn real_tcp_with_token_auth() {
 
         let (status, head, body) = raw_http(addr, &get_req(addr, "/metrics", &auth));
         assert_eq!(status, 200);
-        assert!(head.contains("application/openmetrics-text; version=1.0.0; charset=utf-8"), "{head}");
+        assert!(head.contains("text/plain; version=0.0.4; charset=utf-8"), "{head}");
         assert!(body.contains("ailab_sandbox_mutations_total"), "{body}");
     })
     .await
