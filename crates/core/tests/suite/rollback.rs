@@ -927,6 +927,48 @@ fn a_rolled_back_workflow_pruned_since_says_it_was_rolled_back() {
     assert!(why.contains("already rolled back"), "{why}");
 }
 
+/// After a prune took a write's snapshot, a refusal that speaks of that write says so:
+/// a workflow rolled back since is "already rolled back" but for that write, and an
+/// action named under a workflow that never ran it is not sent to one whose snapshot of
+/// it is gone.
+#[test]
+fn refusals_after_a_prune_name_the_pruned_write() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let write = |a: &str| {
+        run(
+            &sb,
+            json!({"workflow_id": "wf_p", "actions": [{"action_id": a, "intent": "create_file", "path": format!("{a}.txt"), "content": a}]}),
+        )
+    };
+    assert_eq!(status(&write("a1")), "success");
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_p"]);
+    assert_eq!(status(&write("a2")), "success");
+    let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let again = sb.rollback_workflow("wf_p", &RollbackOptions::default());
+    assert_eq!(again.reason_code, Some(ReasonCode::NoRollbackData));
+    let why = again.reason.unwrap();
+    assert!(
+        why.contains("was already rolled back")
+            && why.contains("1 earlier write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: 'a1'"),
+        "{why}"
+    );
+    assert_eq!(w.read("a1.txt"), b"a1");
+    let rb = rollback_action(&sb, "wf_none", "a1", false);
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let why = rb.reason.unwrap();
+    assert!(
+        why.contains("records a write of action 'a1' not rolled back in workflow 'wf_p', whose snapshot of it is gone (pruned): that write can no longer be rolled back")
+            && !why.contains("name its workflow"),
+        "{why}"
+    );
+}
+
 /// A simulated rollback of a workflow whose earlier writes were pruned says so, as the
 /// real one does (it listed only what it would restore, as if all came back).
 #[test]

@@ -771,10 +771,16 @@ impl Sandbox {
             ));
         }
         if chosen.iter().all(|(_, s)| s.restored) {
+            // Not all of it, when a prune took some writes' snapshots first.
+            let pruned = if pruned.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", pruned_left(pruned))
+            };
             return Some((
                 ReasonCode::NoRollbackData,
                 format!(
-                    "{} was already rolled back (by an earlier rollback, at once when its action failed, or by the recovery of an interrupted run); nothing is left to roll back",
+                    "{} was already rolled back (by an earlier rollback, at once when its action failed, or by the recovery of an interrupted run){pruned}; nothing is left to roll back",
                     what()
                 ),
                 Vec::new(),
@@ -850,17 +856,35 @@ impl Sandbox {
             return String::new();
         };
         let found = self.audit.workflows_that_ran(a).unwrap_or_default();
-        if found.is_empty() {
-            return String::new();
-        }
+        // A workflow whose snapshot of the action is gone (pruned) cannot roll it back:
+        // named apart, not as a way to do it.
+        let (kept, gone): (Vec<&String>, Vec<&String>) = found.iter().partition(|w| {
+            self.roots
+                .iter()
+                .any(|r| crate::snapshot::Snapshotter::place(r, w, a).unwrap_or(true))
+        });
         // A few, and how many more: an id as common as `a1` may be every workflow's,
         // and which one was meant is the caller's to know.
-        let shown = named_at_most(&found.iter().map(|w| shown_path(w)).collect::<Vec<_>>(), 3);
-        let plural = if found.len() == 1 { "" } else { "s" };
-        format!(
-            "; the audit trail records a write of action {} not rolled back in workflow{plural} {shown}: name its workflow to roll it back",
-            shown_path(a),
-        )
+        let workflows = |ws: &[&String]| {
+            let plural = if ws.len() == 1 { "" } else { "s" };
+            let shown = named_at_most(&ws.iter().map(|w| shown_path(w)).collect::<Vec<_>>(), 3);
+            format!("workflow{plural} {shown}")
+        };
+        if !kept.is_empty() {
+            format!(
+                "; the audit trail records a write of action {} not rolled back in {}: name its workflow to roll it back",
+                shown_path(a),
+                workflows(&kept)
+            )
+        } else if !gone.is_empty() {
+            format!(
+                "; the audit trail records a write of action {} not rolled back in {}, whose snapshot of it is gone (pruned): that write can no longer be rolled back",
+                shown_path(a),
+                workflows(&gone)
+            )
+        } else {
+            String::new()
+        }
     }
 
     /// For a workflow (or action) with no snapshot, nothing pruned and no write in
