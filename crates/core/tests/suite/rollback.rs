@@ -927,17 +927,12 @@ fn a_rolled_back_workflow_pruned_since_says_it_was_rolled_back() {
     assert!(why.contains("already rolled back"), "{why}");
 }
 
-/// After a prune took a write's snapshot, a refusal that speaks of that write says so:
-/// a workflow rolled back since is "already rolled back" but for that write, and an
-/// action named under a workflow that never ran it is not sent to one whose snapshot of
-/// it is gone.
-#[test]
-fn refusals_after_a_prune_name_the_pruned_write() {
-    let w = World::new();
-    let sb = w.sandbox();
+/// Workflow `wf_p` writes `a1.txt` (action `a1`), is pruned ten days later, then
+/// writes `a2.txt` (`a2`).
+fn a1_pruned_then_a2_written(w: &World, sb: &ailab_sandbox_core::Sandbox) {
     let write = |a: &str| {
         run(
-            &sb,
+            sb,
             json!({"workflow_id": "wf_p", "actions": [{"action_id": a, "intent": "create_file", "path": format!("{a}.txt"), "content": a}]}),
         )
     };
@@ -948,6 +943,17 @@ fn refusals_after_a_prune_name_the_pruned_write() {
         .unwrap();
     assert_eq!(report.workflows_pruned, ["wf_p"]);
     assert_eq!(status(&write("a2")), "success");
+}
+
+/// After a prune took a write's snapshot, a refusal that speaks of that write says so:
+/// a workflow rolled back since is "already rolled back" but for that write, and an
+/// action named under a workflow that never ran it is not sent to one whose snapshot of
+/// it is gone.
+#[test]
+fn refusals_after_a_prune_name_the_pruned_write() {
+    let w = World::new();
+    let sb = w.sandbox();
+    a1_pruned_then_a2_written(&w, &sb);
     let rb = sb.rollback_workflow("wf_p", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     let again = sb.rollback_workflow("wf_p", &RollbackOptions::default());
@@ -975,19 +981,7 @@ fn refusals_after_a_prune_name_the_pruned_write() {
 fn a_simulated_rollback_names_the_pruned_writes() {
     let w = World::new();
     let sb = w.sandbox();
-    let write = |a: &str| {
-        run(
-            &sb,
-            json!({"workflow_id": "wf_p", "actions": [{"action_id": a, "intent": "create_file", "path": format!("{a}.txt"), "content": a}]}),
-        )
-    };
-    assert_eq!(status(&write("a1")), "success");
-    w.clock.advance(chrono::Duration::days(10));
-    let report = sb
-        .prune(std::time::Duration::from_secs(7 * 86_400))
-        .unwrap();
-    assert_eq!(report.workflows_pruned, ["wf_p"]);
-    assert_eq!(status(&write("a2")), "success");
+    a1_pruned_then_a2_written(&w, &sb);
     drop(sb);
     let simulating = w.open(w.config());
     let rb = simulating.rollback_workflow("wf_p", &RollbackOptions::default());
