@@ -945,6 +945,12 @@ impl AuditLog {
         })
     }
 
+    /// Whether the trail records any line of the workflow: a write, a simulated or
+    /// refused action, a rollback.
+    pub fn knows_workflow(&self, workflow_id: &str) -> io::Result<bool> {
+        self.with(|ix| ix.workflow(workflow_id).is_some())
+    }
+
     /// Whether the trail records a write (not a rollback) by this action of the
     /// workflow: done, undone, or failed after its snapshot was taken. Its snapshot may
     /// be gone since (pruned, removed): the id stays used all the same. An action refused

@@ -221,7 +221,7 @@ impl SandboxWriteExecutor<'_> {
         let sb = self.sb;
         let approval = check_target(&self.request(a), gctx)?;
         check_payload(approval.op, a)?;
-        check_parent_artifact(sb, a)?;
+        check_parents(sb, self.plan.parent_workflow_id(), a)?;
         let ri = approval.resolved.root_index;
         self.check_new_id(a, ri)?;
         if t.stores_checked.insert(ri) {
@@ -490,13 +490,25 @@ pub(super) fn check_existing_size(
     Ok(())
 }
 
-fn check_parent_artifact(sb: &Sandbox, a: &Action) -> Verdict {
+/// The lineage an action names must exist: its parent artifact in the registry, its
+/// plan's parent workflow on the audit trail (recorded dangling, it led nowhere).
+fn check_parents(sb: &Sandbox, parent_workflow: Option<&str>, a: &Action) -> Verdict {
     if let Some(p) = &a.parent_artifact_id
         && sb.registry.get(p).ok().flatten().is_none()
     {
         return Err(Refusal::new(
             ReasonCode::InvalidPlan,
             format!("parent_artifact_id '{p}' is not a registered artifact"),
+        ));
+    }
+    if let Some(p) = parent_workflow
+        && !sb.audit.knows_workflow(p).unwrap_or(true)
+    {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "parent_workflow_id '{p}' names no workflow the audit trail records (nothing was run, simulated or refused under it): name one that was, or leave it out"
+            ),
         ));
     }
     Ok(())

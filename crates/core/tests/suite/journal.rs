@@ -1565,6 +1565,30 @@ fn successive_writes_of_one_path_form_a_lineage_by_default() {
         json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "d", "parent_artifact_id": "art_missing"}]}),
     );
     assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
+    // Nor a parent workflow the trail records nothing of: the lineage would lead nowhere.
+    let r4 = run(
+        &sb,
+        json!({"workflow_id": "wf_l3", "parent_workflow_id": "wf_never", "actions": [
+            {"intent": "create_file", "path": "y.md", "content": "d"}]}),
+    );
+    assert_eq!(status(&r4), "blocked", "{r4:?}");
+    assert_eq!(code(&r4, 0).as_deref(), Some("invalid_plan"));
+    assert!(
+        r4.actions[0]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("parent_workflow_id 'wf_never' names no workflow the audit trail records"),
+        "{r4:?}"
+    );
+    assert!(!w.path("y.md").exists());
+    // One only refused, or only simulated, is on the trail: it may be named.
+    let r5 = run(
+        &sb,
+        json!({"workflow_id": "wf_l4", "parent_workflow_id": "wf_l3", "actions": [
+            {"intent": "create_file", "path": "y.md", "content": "d"}]}),
+    );
+    assert_eq!(status(&r5), "success", "{r5:?}");
 }
 
 /// The library's reads refuse an id that could not be one (`invalid_id`), as the faces
