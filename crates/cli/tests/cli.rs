@@ -2718,6 +2718,30 @@ fn the_default_state_directory_set_explicitly_does_not_fall_back_and_says_so() {
     assert!(!xdg.exists());
 }
 
+/// With no home of the user's own to fall back to (neither `XDG_STATE_HOME` nor `HOME`
+/// set), the refusal of the default says that no fallback was there, and what to set.
+#[test]
+fn no_fallback_for_the_default_state_directory_is_said() {
+    let e = env();
+    let mut c = with_private_mount("mount -t tmpfs -o ro,size=64k tmpfs /opt", &[]);
+    c.arg("--root")
+        .arg(&e.root)
+        .args(["--json", "state"])
+        .env_remove("AI_LAB_STATE_DIR")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("HOME");
+    let Some(out) = output_unless_unshared(c) else {
+        return;
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("/opt/ai-lab/runtime/state cannot be created")
+            && err.contains("nor is there one of this user's own to fall back to: neither XDG_STATE_HOME nor HOME is set to an absolute path"),
+        "{err}"
+    );
+}
+
 /// The binary, run in a private mount namespace once `mount` (a shell command, given
 /// `args` as `$1`, `$2`, …) has succeeded; never without it.
 fn with_private_mount(mount: &str, args: &[&std::ffi::OsStr]) -> std::process::Command {
