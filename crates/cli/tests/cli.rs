@@ -2685,6 +2685,14 @@ fn an_uncreatable_default_state_directory_falls_back_to_the_users() {
         "{notices}"
     );
     assert!(used.join("sandbox_audit.jsonl").exists());
+    // Said once on standard error.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.matches("/opt/ai-lab/runtime/state cannot be used")
+            .count(),
+        1,
+        "{err}"
+    );
 }
 
 /// The default state directory named explicitly (as a config file or a client's

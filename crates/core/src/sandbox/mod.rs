@@ -856,7 +856,7 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
                 state_dir_refused(config, e),
                 fallback.display()
             );
-            tracing::warn!("{note}");
+            // A notice, which the faces print: logged as well, it was said twice.
             Ok((s, Some(note)))
         }
         Err(cause) => Err(state_dir_refused(config, cause)),
