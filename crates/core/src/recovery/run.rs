@@ -621,6 +621,7 @@ impl Sandbox {
                     .iter()
                     .map(|tmp| remove_temp_named(&d, tmp).map(usize::from)),
             );
+            let mut left = None;
             for removed in removed {
                 match removed {
                     Ok(n) => report.temp_files_removed += n,
@@ -628,16 +629,17 @@ impl Sandbox {
                     // start that finds it taking writes again, as an undo it refused
                     // is, rather than left in the user's tree for good; the rest
                     // with it. Any other cause (a folder another user took, say)
-                    // is said where, not only logged.
+                    // is said where, once, not only logged.
                     Err(e) => {
                         let folder = self.abs_path(i, &rel);
                         match Self::left_behind(report, &folder, "its temporary files in", e) {
-                            Some(left) => report.temp_files_left.push(left),
+                            Some(said) => _ = left.get_or_insert(said),
                             None => break 'dirs,
                         }
                     }
                 }
             }
+            report.temp_files_left.extend(left);
         }
     }
 
