@@ -145,6 +145,9 @@ impl Sandbox {
         report.logged_left_changed = left_changed;
         report.temp_files_removed += swept.temp_files_removed;
         report.temp_files_left.append(&mut swept.temp_files_left);
+        report
+            .temp_folders_unlisted
+            .append(&mut swept.temp_folders_unlisted);
         // Entries for a root not configured now stay, alone, for a start that has it:
         // their writes were acknowledged, and the others must not be replayed again.
         let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();

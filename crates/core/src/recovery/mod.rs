@@ -292,6 +292,10 @@ pub struct Recovered {
     /// Folders (absolute, quoted) where the dead process's temporary files could not be
     /// removed, each with why: left for the operator, who is told.
     pub temp_files_left: Vec<String>,
+    /// Folders (absolute, quoted) this process may write in but not list: the dead
+    /// process's temporary files whose names recovery knew went, others could not be
+    /// looked for there; the operator is told.
+    pub temp_folders_unlisted: Vec<String>,
     /// Restores the dead process made without auditing them, now audited: for a dead
     /// rollback, files found restored but unmarked; for either, marked snapshots the
     /// audit trail does not mention.
@@ -441,6 +445,7 @@ impl Recovered {
                 + self.restores_recorded
                 + self.untrusted
                 + self.temp_files_left.len()
+                + self.temp_folders_unlisted.len()
                 + self.unfinished_snapshots_left.len()
                 + self.not_undone.len()
                 > 0

@@ -19,6 +19,7 @@ impl Sandbox {
             run_settled(r)
         }];
         out.extend(left_for_the_operator(r));
+        out.extend(unlisted(r));
         if r.untrusted > 0 {
             out.push(self.untrusted(r));
         }
@@ -238,6 +239,24 @@ fn logged_left_changed(r: &Recovered) -> Option<String> {
             "{} of its logged writes found changed since by another run or program and left as found ({}): the audit trail still names the logged bytes; if that change was not wanted, roll the workflow back (with force) or write the file again",
             counted(r.logged_left_changed.len(), "target"),
             r.logged_left_changed.join(", ")
+        )
+    })
+}
+
+/// The folders recovery could not list for the dead process's temporary files, those
+/// it knew by name removed.
+fn unlisted(r: &Recovered) -> Option<String> {
+    (!r.temp_folders_unlisted.is_empty()).then(|| {
+        format!(
+            "recovery of {} (workflow {}) removed the dead process's temporary files it knew by name in {}, but may not list {} to look for others (permission denied): look there for files named .ailab-tmp-… and remove any by hand",
+            r.execution_id,
+            r.workflow_id,
+            r.temp_folders_unlisted.join(", "),
+            if r.temp_folders_unlisted.len() == 1 {
+                "that folder"
+            } else {
+                "those folders"
+            }
         )
     })
 }

@@ -585,12 +585,16 @@ impl Sandbox {
                     continue;
                 }
             };
-            let mut removed: Vec<std::io::Result<usize>> = named
-                .get(&(i, comps))
-                .into_iter()
-                .flatten()
-                .map(|tmp| remove_temp_named(&d, tmp).map(usize::from))
-                .collect();
+            let folder = self.abs_path(i, &rel);
+            // Said once a folder, however many of its files could not be removed.
+            let mut left = None;
+            let known = named.get(&(i, comps)).into_iter().flatten();
+            for tmp in known {
+                let removed = remove_temp_named(&d, tmp);
+                if Self::settled(report, &folder, removed, &mut left).is_break() {
+                    break 'dirs;
+                }
+            }
             // A run or rollback of this process that left its record for later is
             // no dead one: its id names this process's writes under way too.
             let seeds: Vec<&str> = makers
@@ -598,49 +602,62 @@ impl Sandbox {
                 .filter(|m| !self.is_left_for_later(m))
                 .map(|m| crate::ids::process_seed(m))
                 .collect();
-            let listed = match self
+            if seeds.is_empty() {
+                report.temp_files_left.extend(left);
+                continue;
+            }
+            let listed = self
                 .failpoints
                 .check("remove_dead_temp")
-                .and_then(|()| temp_files_made_by(&d, &seeds))
-            {
-                Ok(names) => names,
+                .and_then(|()| temp_files_made_by(&d, &seeds));
+            match listed {
+                Ok(names) => {
+                    for tmp in &names {
+                        let removed = remove_temp_named(&d, tmp);
+                        if Self::settled(report, &folder, removed, &mut left).is_break() {
+                            break 'dirs;
+                        }
+                    }
+                }
                 // A folder this process may write in but not read (a user other than
-                // root's): every temporary file this version leaves there has a name
-                // known ahead, gone above; only an older version's could stay unseen.
+                // root's): those known by name went above; others (a replay's, an
+                // older version's) cannot be looked for, which the operator is told.
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error()) => {
-                    tracing::warn!(folder = %crate::confine::path::shown_path(&self.abs_path(i, &rel)), "could not list a dead process's folder for temporary files other than those known by name (permission denied)");
-                    Vec::new()
+                    let shown = crate::confine::path::shown_path(&folder);
+                    report.temp_folders_unlisted.push(shown);
                 }
                 Err(e) => {
-                    removed.push(Err(e));
-                    Vec::new()
-                }
-            };
-            removed.extend(
-                listed
-                    .iter()
-                    .map(|tmp| remove_temp_named(&d, tmp).map(usize::from)),
-            );
-            let mut left = None;
-            for removed in removed {
-                match removed {
-                    Ok(n) => report.temp_files_removed += n,
-                    // The disk refused (mounted read-only, failing): kept for the
-                    // start that finds it taking writes again, as an undo it refused
-                    // is, rather than left in the user's tree for good; the rest
-                    // with it. Any other cause (a folder another user took, say)
-                    // is said where, once, not only logged.
-                    Err(e) => {
-                        let folder = self.abs_path(i, &rel);
-                        match Self::left_behind(report, &folder, "its temporary files in", e) {
-                            Some(said) => _ = left.get_or_insert(said),
-                            None => break 'dirs,
-                        }
+                    if Self::settled(report, &folder, Err(e), &mut left).is_break() {
+                        break 'dirs;
                     }
                 }
             }
             report.temp_files_left.extend(left);
         }
+    }
+
+    /// Counts in `report` a temporary file of `folder` `removed` (or found gone), or
+    /// keeps in `left` why it could not be, for the operator; `Break` once the disk
+    /// refuses (mounted read-only, failing): the rest are kept with the record for the
+    /// start that finds it taking writes again, as an undo it refused is, rather than
+    /// left in the user's tree for good.
+    fn settled(
+        report: &mut Recovered,
+        folder: &str,
+        removed: std::io::Result<bool>,
+        left: &mut Option<String>,
+    ) -> std::ops::ControlFlow<()> {
+        match removed {
+            Ok(gone) => report.temp_files_removed += usize::from(gone),
+            Err(e) => match Self::left_behind(report, folder, "its temporary files in", e) {
+                Some(said) => _ = left.get_or_insert(said),
+                None => {
+                    report.temp_files_left.extend(left.take());
+                    return std::ops::ControlFlow::Break(());
+                }
+            },
+        }
+        std::ops::ControlFlow::Continue(())
     }
 
     /// Removes the temporary files of run records whose writers died: a record is made

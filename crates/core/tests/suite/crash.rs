@@ -3828,12 +3828,12 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
     drop(sb);
     // A folder this process may write in but not list (a user other than root's) has
-    // its files known by name removed (see below); one of a name no run of this version
-    // gives, as this planted one, stays unseen there, and the record is closed with no
-    // word to the operator, who would find nothing of this version's to remove.
+    // its files known by name removed (see below); one of a name recovery cannot know,
+    // as this planted one, may stay there: the operator is told to look (in whichever
+    // folder was refused first), and the record is closed.
     died_leaving_a_recovery_temp_file(&w, &c);
     let sb = open_refusing_temp_removal(&c, rustix::io::Errno::ACCESS);
-    nothing_said_left(&sb);
+    told_unlisted(&sb, None);
     assert_eq!(run_record(&w, "wf_crash")["state"], "idle");
     // Refused in whichever folder came first: this one's may have gone all the same.
     let _ = std::fs::remove_file(&left);
@@ -5378,13 +5378,20 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// No notice of `sb`'s start sends the operator to remove temporary files: where
-/// the folder could not be listed, those the dead process left went by name.
-fn nothing_said_left(sb: &ailab_sandbox_core::Sandbox) {
+/// `sb`'s start, refused the list of `folder` (of any, `None`), says that the dead process's temporary
+/// files it knew by name went from there and that others could not be looked for (not
+/// that files could not be removed).
+fn told_unlisted(sb: &ailab_sandbox_core::Sandbox, folder: Option<&std::path::Path>) {
+    let told = sb.notices().join("\n");
+    assert!(!told.contains("could not remove"), "{told}");
+    let said = "but may not list that folder to look for others (permission denied)";
     assert!(
-        !sb.notices().iter().any(|n| n.contains("could not remove")),
-        "{:?}",
-        sb.notices()
+        told.contains(said)
+            && folder.is_none_or(|f| told.contains(&format!(
+                "temporary files it knew by name in '{}', {said}",
+                f.display()
+            ))),
+        "{told}"
     );
 }
 
@@ -5410,7 +5417,7 @@ fn staged_bytes_of_a_dead_run_go_where_their_folder_cannot_be_listed() {
     assert_eq!(temp_files(&w.root).len(), 1, "b.txt's bytes staged");
     let sb = open_refusing_at("remove_dead_temp", &batched(&w), rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "1 action finished, 1 temporary file removed");
-    nothing_said_left(&sb);
+    told_unlisted(&sb, Some(&w.root));
     assert!(temp_files(&w.root).is_empty(), "{:?}", sb.notices());
     assert_eq!(w.read("a.txt"), b"ALPHA\n");
     assert_eq!(w.read("b.txt"), b"beta\n");
@@ -5451,7 +5458,7 @@ fn a_dead_rollbacks_restore_file_goes_where_its_folder_cannot_be_listed() {
     std::fs::write(&left, b"alpha\n").unwrap();
     let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "recovered interrupted rollback");
-    nothing_said_left(&sb);
+    told_unlisted(&sb, Some(&w.root));
     assert!(!left.exists(), "{:?}", sb.notices());
     let rb = sb.rollback_workflow("wf_rb", &RollbackOptions::default());
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
@@ -5485,7 +5492,7 @@ fn a_dead_runs_write_file_goes_where_its_folder_cannot_be_listed() {
     std::fs::write(&left, b"ALPHA\n").unwrap();
     let sb = open_refusing_at("remove_dead_temp", &c, rustix::io::Errno::ACCESS);
     assert_noticed(&sb, "recovered interrupted run");
-    nothing_said_left(&sb);
+    told_unlisted(&sb, Some(&w.root));
     assert!(!left.exists(), "{:?}", sb.notices());
     assert_eq!(w.read("a.txt"), b"alpha\n");
     assert!(temp_files(&w.root).is_empty());
