@@ -321,6 +321,9 @@ pub(super) struct Workflow {
     /// The actions the trail records as rolled back: asked for a write's default
     /// parent, so not a scan either.
     pub(super) undone: HashSet<Box<str>>,
+    /// Whether a line of it is no refusal: a write, a simulated or failed action, a
+    /// rollback (a workflow named as a plan's parent must have done something).
+    pub(super) acted: bool,
     /// Rate-limiter state (GCRA TAT) and the latest write's time, kept current as lines
     /// arrive.
     pub(super) tat: (f64, f64),
@@ -538,6 +541,7 @@ impl Index {
                     lines: Vec::new(),
                     ran: HashSet::new(),
                     undone: HashSet::new(),
+                    acted: false,
                     tat: (f64::NEG_INFINITY, f64::NEG_INFINITY),
                     ahead: None,
                 },
@@ -547,6 +551,7 @@ impl Index {
             return;
         };
         w.lines.push(here);
+        w.acted |= e.status != AuditStatus::Blocked;
         if ran {
             w.ran.insert(e.action_id.as_ref().into());
         }

@@ -945,10 +945,10 @@ impl AuditLog {
         })
     }
 
-    /// Whether the trail records any line of the workflow: a write, a simulated or
-    /// refused action, a rollback.
-    pub fn knows_workflow(&self, workflow_id: &str) -> io::Result<bool> {
-        self.with(|ix| ix.workflow(workflow_id).is_some())
+    /// Whether the trail records the workflow doing something: a line of it that is no
+    /// refusal (a write, a simulated or failed action, a rollback).
+    pub fn workflow_acted(&self, workflow_id: &str) -> io::Result<bool> {
+        self.with(|ix| ix.workflow(workflow_id).is_some_and(|w| w.acted))
     }
 
     /// Whether the trail records a write (not a rollback) by this action of the

@@ -221,7 +221,11 @@ impl SandboxWriteExecutor<'_> {
         let sb = self.sb;
         let approval = check_target(&self.request(a), gctx)?;
         check_payload(approval.op, a)?;
-        check_parents(sb, self.plan.parent_workflow_id(), a)?;
+        let ids = (
+            self.plan.workflow_id.as_str(),
+            self.plan.parent_workflow_id(),
+        );
+        check_parents(sb, ids, a)?;
         let ri = approval.resolved.root_index;
         self.check_new_id(a, ri)?;
         if t.stores_checked.insert(ri) {
@@ -492,7 +496,11 @@ pub(super) fn check_existing_size(
 
 /// The lineage an action names must exist: its parent artifact in the registry, its
 /// plan's parent workflow on the audit trail (recorded dangling, it led nowhere).
-fn check_parents(sb: &Sandbox, parent_workflow: Option<&str>, a: &Action) -> Verdict {
+fn check_parents(
+    sb: &Sandbox,
+    (workflow_id, parent_workflow): (&str, Option<&str>),
+    a: &Action,
+) -> Verdict {
     if let Some(p) = &a.parent_artifact_id
         && sb.registry.get(p).ok().flatten().is_none()
     {
@@ -501,13 +509,24 @@ fn check_parents(sb: &Sandbox, parent_workflow: Option<&str>, a: &Action) -> Ver
             format!("parent_artifact_id '{p}' is not a registered artifact"),
         ));
     }
-    if let Some(p) = parent_workflow
-        && !sb.audit.knows_workflow(p).unwrap_or(true)
-    {
+    let Some(p) = parent_workflow else {
+        return Ok(());
+    };
+    if p == workflow_id {
         return Err(Refusal::new(
             ReasonCode::InvalidPlan,
             format!(
-                "parent_workflow_id '{p}' names no workflow the audit trail records (nothing was run, simulated or refused under it): name one that was, or leave it out"
+                "parent_workflow_id '{p}' is the plan's own workflow_id: a workflow is not its own parent; name the workflow this one derives from, or leave it out"
+            ),
+        ));
+    }
+    // Refused plans do not count: one refused for this very lineage would make the
+    // parent known to the same plan sent again.
+    if !sb.audit.workflow_acted(p).unwrap_or(true) {
+        return Err(Refusal::new(
+            ReasonCode::InvalidPlan,
+            format!(
+                "parent_workflow_id '{p}' names no workflow the audit trail records doing anything (nothing was written, simulated or rolled back under it): name one that did, or leave it out"
             ),
         ));
     }

@@ -1565,27 +1565,65 @@ fn successive_writes_of_one_path_form_a_lineage_by_default() {
         json!({"actions": [{"intent": "create_file", "path": "x.md", "content": "d", "parent_artifact_id": "art_missing"}]}),
     );
     assert_eq!(code(&r3, 0).as_deref(), Some("invalid_plan"));
-    // Nor a parent workflow the trail records nothing of: the lineage would lead nowhere.
-    let r4 = run(
+    // Nor a parent workflow the trail records doing nothing: the lineage would lead
+    // nowhere. Refused again when sent again (its refusal is no deed of the parent's),
+    // as is a workflow named its own parent.
+    let orphan = json!({"workflow_id": "wf_l3", "parent_workflow_id": "wf_never", "actions": [
+        {"intent": "create_file", "path": "y.md", "content": "d"}]});
+    let own = json!({"workflow_id": "wf_l5", "parent_workflow_id": "wf_l5", "actions": [
+        {"intent": "create_file", "path": "y.md", "content": "d"}]});
+    // Nor one whose only lines are refusals.
+    let refused = run(
         &sb,
-        json!({"workflow_id": "wf_l3", "parent_workflow_id": "wf_never", "actions": [
-            {"intent": "create_file", "path": "y.md", "content": "d"}]}),
+        json!({"workflow_id": "wf_ref", "actions": [
+            {"intent": "create_file", "path": "../out.md", "content": "d"}]}),
     );
-    assert_eq!(status(&r4), "blocked", "{r4:?}");
-    assert_eq!(code(&r4, 0).as_deref(), Some("invalid_plan"));
-    assert!(
-        r4.actions[0]
-            .reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("parent_workflow_id 'wf_never' names no workflow the audit trail records"),
-        "{r4:?}"
-    );
+    assert_eq!(status(&refused), "blocked", "{refused:?}");
+    let child = json!({"workflow_id": "wf_l6", "parent_workflow_id": "wf_ref", "actions": [
+        {"intent": "create_file", "path": "y.md", "content": "d"}]});
+    let nothing_done = |wf: &str| {
+        format!(
+            "parent_workflow_id '{wf}' names no workflow the audit trail records doing anything"
+        )
+    };
+    for (plan, said) in [
+        (&child, nothing_done("wf_ref")),
+        (&orphan, nothing_done("wf_never")),
+        (&orphan, nothing_done("wf_never")),
+        (
+            &own,
+            "parent_workflow_id 'wf_l5' is the plan's own workflow_id".to_owned(),
+        ),
+        (
+            &own,
+            "parent_workflow_id 'wf_l5' is the plan's own workflow_id".to_owned(),
+        ),
+    ] {
+        let r = run(&sb, plan.clone());
+        assert_eq!(status(&r), "blocked", "{r:?}");
+        assert_eq!(code(&r, 0).as_deref(), Some("invalid_plan"));
+        assert!(
+            r.actions[0]
+                .reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains(&said),
+            "{r:?}"
+        );
+    }
     assert!(!w.path("y.md").exists());
-    // One only refused, or only simulated, is on the trail: it may be named.
+    // A parent only simulated did something: it may be named.
+    let simulating = w.open(w.config());
+    let sim = run(
+        &simulating,
+        json!({"workflow_id": "wf_sim", "actions": [
+            {"intent": "create_file", "path": "s.md", "content": "s"}]}),
+    );
+    assert_eq!(status(&sim), "simulated_success", "{sim:?}");
+    drop(simulating);
     let r5 = run(
         &sb,
-        json!({"workflow_id": "wf_l4", "parent_workflow_id": "wf_l3", "actions": [
+        json!({"workflow_id": "wf_l4", "parent_workflow_id": "wf_sim", "actions": [
             {"intent": "create_file", "path": "y.md", "content": "d"}]}),
     );
     assert_eq!(status(&r5), "success", "{r5:?}");
