@@ -856,13 +856,21 @@ impl Sandbox {
             return String::new();
         };
         let found = self.audit.workflows_that_ran(a).unwrap_or_default();
-        // A workflow whose snapshot of the action is gone (pruned) cannot roll it back:
-        // named apart, not as a way to do it.
-        let (kept, gone): (Vec<&String>, Vec<&String>) = found.iter().partition(|w| {
-            self.roots
+        // A workflow a prune took the action's snapshot from cannot roll it back: named
+        // apart, not as a way to do it. One whose snapshot is missing otherwise (removed
+        // by hand, in a root not configured now) is named as usual: its own rollback
+        // says what to do.
+        let pruned = |w: &str| {
+            !self
+                .roots
                 .iter()
                 .any(|r| crate::snapshot::Snapshotter::place(r, w, a).unwrap_or(true))
-        });
+                && self
+                    .state
+                    .prune_mark(w)
+                    .is_ok_and(|marks| marks.is_some_and(|m| !m.is_empty()))
+        };
+        let (gone, kept): (Vec<&String>, Vec<&String>) = found.iter().partition(|w| pruned(w));
         // A few, and how many more: an id as common as `a1` may be every workflow's,
         // and which one was meant is the caller's to know.
         let workflows = |ws: &[&String]| {
