@@ -566,16 +566,20 @@ pub(crate) async fn metrics(
             PROMETHEUS_TEXT_CONTENT_TYPE,
         )
     };
-    Ok((
-        [(header::CONTENT_TYPE, HeaderValue::from_static(kind))],
-        text,
-    )
-        .into_response())
+    // Caches keep one answer per `Accept`.
+    let headers = [
+        (header::CONTENT_TYPE, HeaderValue::from_static(kind)),
+        (header::VARY, HeaderValue::from_static("accept")),
+    ];
+    Ok((headers, text).into_response())
 }
 
-/// Whether `Accept` weighs OpenMetrics at least as high as plain text (and above 0).
+/// Whether `Accept` names OpenMetrics and weighs it at least as high as plain text
+/// (and above 0); plain text weighed by its most specific range (RFC 9110 §12.5.1:
+/// `text/plain`, else `text/*`, else `*/*`), so a bare `*/*` keeps the classic format.
 fn wants_openmetrics(headers: &HeaderMap) -> bool {
-    let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
+    // OpenMetrics named; plain text as `text/plain`, `text/*`, `*/*`.
+    let (mut openmetrics, mut text) = (None::<f32>, [None::<f32>; 3]);
     for range in crate::guard::header_list(headers, header::ACCEPT) {
         let Ok(range) = std::str::from_utf8(range) else {
             continue;
@@ -586,14 +590,19 @@ fn wants_openmetrics(headers: &HeaderMap) -> bool {
             .filter_map(|p| p.split_once('='))
             .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
             .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok())
+            .filter(|q| !q.is_nan())
             .unwrap_or(0.0);
+        let weigh = |slot: &mut Option<f32>| *slot = Some(slot.map_or(q, |w| w.max(q)));
         match kind.as_str() {
-            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
-            "text/plain" => text = text.max(q),
+            "application/openmetrics-text" => weigh(&mut openmetrics),
+            "text/plain" => weigh(&mut text[0]),
+            "text/*" => weigh(&mut text[1]),
+            "*/*" => weigh(&mut text[2]),
             _ => {}
         }
     }
-    openmetrics > 0.0 && openmetrics >= text
+    let text = text.into_iter().flatten().next();
+    openmetrics.is_some_and(|om| om > 0.0 && text.is_none_or(|t| om >= t))
 }
 
 /// Refuses a body in a content coding (RFC 9110 §15.5.16: 415): bodies are read as

@@ -182,13 +182,19 @@ async fn metrics_are_openmetrics_text_or_classic_text_as_asked() {
         "ailab_sandbox_checksum_mismatch_total",
         "ailab_sandbox_mutation_duration_seconds",
     ];
-    for accept in [Some(PROMETHEUS), Some("application/openmetrics-text")] {
+    for accept in [
+        Some(PROMETHEUS),
+        Some("application/openmetrics-text"),
+        Some("text/*;q=0.3, Application/OpenMetrics-Text;q=0.3"),
+    ] {
         let r = scrape(accept).await;
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(
             r.headers.get(header::CONTENT_TYPE).unwrap(),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "{accept:?}"
         );
+        assert_eq!(r.headers.get(header::VARY).unwrap(), "accept");
         let text = r.text();
         for name in families {
             assert!(text.contains(name), "{name} missing from\n{text}");
@@ -210,6 +216,9 @@ async fn metrics_are_openmetrics_text_or_classic_text_as_asked() {
         Some("text/plain; version=0.0.4"),
         Some("application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.9"),
         Some("application/openmetrics-text;q=0"),
+        Some("text/*;q=1, application/openmetrics-text;q=0.2"),
+        Some("*/*, application/openmetrics-text;q=0.9"),
+        Some("application/openmetrics-text;q=nan"),
     ] {
         let r = scrape(accept).await;
         assert_eq!(r.status, StatusCode::OK);

@@ -71,6 +71,8 @@ async fn features_not_offered_are_refused_with_what_is() {
         (r#""resources/read""#, r#"{"uri":"file:///etc/passwd"}"#),
         (r#""prompts/list""#, "{}"),
         (r#""prompts/get""#, r#"{"name":"x"}"#),
+        (r#""resources/subscribe""#, r#"{"uri":"file:///x"}"#),
+        (r#""resources/unsubscribe""#, r#"{"uri":"file:///x"}"#),
         (
             r#""completion/complete""#,
             r#"{"ref":{"type":"ref/prompt","name":"x"},"argument":{"name":"a","value":"b"}}"#,
