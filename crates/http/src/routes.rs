@@ -590,7 +590,8 @@ fn wants_openmetrics(headers: &HeaderMap) -> bool {
             .filter_map(|p| p.split_once('='))
             .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
             .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok())
-            .filter(|q| !q.is_nan())
+            // RFC 9110's weights lie from 0 to 1: `inf`, `2` or `-1` weigh nothing.
+            .filter(|q| (0.0..=1.0).contains(q))
             .unwrap_or(0.0);
         let weigh = |slot: &mut Option<f32>| *slot = Some(slot.map_or(q, |w| w.max(q)));
         match kind.as_str() {

@@ -143,11 +143,11 @@ impl Sandbox {
         };
         report.completed += replayed;
         report.logged_left_changed = left_changed;
-        report.temp_files_removed += swept.temp_files_removed;
-        report.temp_files_left.append(&mut swept.temp_files_left);
-        report
-            .temp_folders_unlisted
-            .append(&mut swept.temp_folders_unlisted);
+        // What the sweep could not do is said even when the replay is not.
+        let swept_said = swept.retry
+            || !swept.temp_files_left.is_empty()
+            || !swept.temp_folders_unlisted.is_empty();
+        report.take_temp_files_of(swept);
         // Entries for a root not configured now stay, alone, for a start that has it:
         // their writes were acknowledged, and the others must not be replayed again.
         let keep: Vec<_> = kept.iter().map(|&i| entries[i].clone()).collect();
@@ -183,6 +183,7 @@ impl Sandbox {
             }
         }
         let told = !complete
+            || swept_said
             || !report.logged_left_changed.is_empty()
             || (concluded && (replayed > 0 || dead.is_some_and(|r| report.worth_telling(r))));
         told.then_some(report)

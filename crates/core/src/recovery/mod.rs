@@ -414,6 +414,38 @@ impl Recovered {
 
     /// Left for a later try, for `why` unless a cause was said first, which stands (an
     /// undo the disk refused: then not every file is back); whether `why` is said.
+    /// Says `folder` (with why) among those where temporary files were left, once:
+    /// several passes of one recovery may look in the same folder.
+    pub(super) fn left_in(&mut self, said: String) {
+        if !self.temp_files_left.contains(&said) {
+            self.temp_files_left.push(said);
+        }
+    }
+
+    /// Says `folder` among those that could not be listed, once.
+    pub(super) fn unlisted(&mut self, folder: String) {
+        if !self.temp_folders_unlisted.contains(&folder) {
+            self.temp_folders_unlisted.push(folder);
+        }
+    }
+
+    /// Takes in what a pass of its own (`other`) found of temporary files: removed,
+    /// left, unlisted, and a refusal of the disk, which keeps the record for a retry.
+    pub(super) fn take_temp_files_of(&mut self, other: Recovered) {
+        self.temp_files_removed += other.temp_files_removed;
+        other
+            .temp_files_left
+            .into_iter()
+            .for_each(|l| self.left_in(l));
+        other
+            .temp_folders_unlisted
+            .into_iter()
+            .for_each(|f| self.unlisted(f));
+        if other.retry {
+            self.retry_for(other.why.unwrap_or_default());
+        }
+    }
+
     pub(super) fn retry_for(&mut self, why: String) -> bool {
         self.retry = true;
         if self.why.is_some() {

@@ -243,20 +243,15 @@ fn logged_left_changed(r: &Recovered) -> Option<String> {
     })
 }
 
-/// The folders recovery could not list for the dead process's temporary files, those
-/// it knew by name removed.
+/// The folders recovery could not list for the dead process's temporary files (those
+/// it knew by name it removed, or said it could not).
 fn unlisted(r: &Recovered) -> Option<String> {
     (!r.temp_folders_unlisted.is_empty()).then(|| {
         format!(
-            "recovery of {} (workflow {}) removed the dead process's temporary files it knew by name in {}, but may not list {} to look for others (permission denied): look there for files named .ailab-tmp-… and remove any by hand",
+            "recovery of {} (workflow {}) may not list {} to look for the dead process's temporary files (permission denied; those whose names it knew are dealt with): look there for files named .ailab-tmp-… and remove any by hand",
             r.execution_id,
             r.workflow_id,
             r.temp_folders_unlisted.join(", "),
-            if r.temp_folders_unlisted.len() == 1 {
-                "that folder"
-            } else {
-                "those folders"
-            }
         )
     })
 }

@@ -579,9 +579,7 @@ impl Sandbox {
                 // folder): said where, for the operator.
                 Err(r) => {
                     let folder = crate::confine::path::shown_path(&self.abs_path(i, &rel));
-                    report
-                        .temp_files_left
-                        .push(format!("{folder} ({})", r.reason));
+                    report.left_in(format!("{folder} ({})", r.reason));
                     continue;
                 }
             };
@@ -589,8 +587,13 @@ impl Sandbox {
             // Said once a folder, however many of its files could not be removed.
             let mut left = None;
             let known = named.get(&(i, comps)).into_iter().flatten();
+            let remove = |tmp: &str| {
+                self.failpoints
+                    .check("remove_dead_temp_file")
+                    .and_then(|()| remove_temp_named(&d, tmp))
+            };
             for tmp in known {
-                let removed = remove_temp_named(&d, tmp);
+                let removed = remove(tmp);
                 if Self::settled(report, &folder, removed, &mut left).is_break() {
                     break 'dirs;
                 }
@@ -603,7 +606,7 @@ impl Sandbox {
                 .map(|m| crate::ids::process_seed(m))
                 .collect();
             if seeds.is_empty() {
-                report.temp_files_left.extend(left);
+                left.into_iter().for_each(|l| report.left_in(l));
                 continue;
             }
             let listed = self
@@ -613,7 +616,7 @@ impl Sandbox {
             match listed {
                 Ok(names) => {
                     for tmp in &names {
-                        let removed = remove_temp_named(&d, tmp);
+                        let removed = remove(tmp);
                         if Self::settled(report, &folder, removed, &mut left).is_break() {
                             break 'dirs;
                         }
@@ -624,7 +627,7 @@ impl Sandbox {
                 // older version's) cannot be looked for, which the operator is told.
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::ACCESS.raw_os_error()) => {
                     let shown = crate::confine::path::shown_path(&folder);
-                    report.temp_folders_unlisted.push(shown);
+                    report.unlisted(shown);
                 }
                 Err(e) => {
                     if Self::settled(report, &folder, Err(e), &mut left).is_break() {
@@ -632,7 +635,7 @@ impl Sandbox {
                     }
                 }
             }
-            report.temp_files_left.extend(left);
+            left.into_iter().for_each(|l| report.left_in(l));
         }
     }
 
@@ -652,7 +655,7 @@ impl Sandbox {
             Err(e) => match Self::left_behind(report, folder, "its temporary files in", e) {
                 Some(said) => _ = left.get_or_insert(said),
                 None => {
-                    report.temp_files_left.extend(left.take());
+                    left.take().into_iter().for_each(|l| report.left_in(l));
                     return std::ops::ControlFlow::Break(());
                 }
             },
@@ -773,7 +776,7 @@ impl Sandbox {
                 let folder = self.abs_path(i, &RelPath::from_components(comps.to_vec()));
                 match Self::left_behind(report, &folder, "its temporary files in", e) {
                     Some(left) => {
-                        report.temp_files_left.push(left);
+                        report.left_in(left);
                         true
                     }
                     // The disk refuses: the rest waits for the start that finds it
@@ -899,7 +902,7 @@ impl Sandbox {
                 let folder = folder.display().to_string();
                 if let Some(left) = Self::left_behind(report, &folder, "its temporary files in", e)
                 {
-                    report.temp_files_left.push(left);
+                    report.left_in(left);
                 }
                 0
             }
@@ -1069,10 +1072,15 @@ impl Sandbox {
 /// Whether the disk refused `e`'s operation (mounted read-only, failing), which a later
 /// start may find put right, as opposed to a refusal that stays (another user's folder).
 fn disk_refused(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
     use std::io::ErrorKind as K;
-    // Full, or a call interrupted, as much as read-only or failing: each may pass.
+    // Full, or a call interrupted, as much as read-only or failing: each may pass; so
+    // may a process out of descriptors or memory (a folder's list), as where a folder
+    // could not be opened.
     matches!(
         e.kind(),
-        K::ReadOnlyFilesystem | K::StorageFull | K::QuotaExceeded | K::Interrupted
-    ) || e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
+        K::ReadOnlyFilesystem | K::StorageFull | K::QuotaExceeded | K::Interrupted | K::OutOfMemory
+    ) || [Errno::IO, Errno::MFILE, Errno::NFILE, Errno::NOMEM]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }

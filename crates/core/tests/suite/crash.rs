@@ -3810,11 +3810,24 @@ fn temporary_files_the_disk_will_not_let_go_keep_the_dead_runs_record() {
     assert_noticed(&sb, "could not be settled now (its temporary files in");
     kept_until_the_disk_lets_go(&w, &c, sb, &left);
     // So are a full disk and an interrupted call, which may pass too.
-    for errno in [rustix::io::Errno::NOSPC, rustix::io::Errno::INTR] {
+    for errno in [
+        rustix::io::Errno::NOSPC,
+        rustix::io::Errno::INTR,
+        rustix::io::Errno::MFILE,
+    ] {
         let left = died_leaving_a_recovery_temp_file(&w, &c);
         let sb = open_refusing_temp_removal(&c, errno);
         kept_until_the_disk_lets_go(&w, &c, sb, &left);
     }
+    // The first removal refused stops the rest: a second file of the dead process's
+    // in the same folder is left for the start that finds the disk taking writes.
+    let left = died_leaving_a_recovery_temp_file(&w, &c);
+    let second = w.path(".ailab-tmp-2222222222222222000000020badcafe");
+    std::fs::write(&second, b"more restore bytes").unwrap();
+    let sb = open_refusing_at("remove_dead_temp_file", &c, rustix::io::Errno::ROFS);
+    assert!(second.exists() && left.exists(), "{:?}", sb.notices());
+    kept_until_the_disk_lets_go(&w, &c, sb, &left);
+    assert!(!second.exists());
     // And a folder the disk would not open to look for them in (they were left there
     // for good, the run said settled).
     let left = died_leaving_a_recovery_temp_file(&w, &c);
@@ -5378,19 +5391,17 @@ fn a_run_killed_undoing_an_audited_action_has_the_undo_recorded() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// `sb`'s start, refused the list of `folder` (of any, `None`), says that the dead process's temporary
-/// files it knew by name went from there and that others could not be looked for (not
-/// that files could not be removed).
+/// `sb`'s start, refused the list of `folder` (of any, `None`), says that it could not
+/// look there for the dead process's temporary files (not that files could not be
+/// removed).
 fn told_unlisted(sb: &ailab_sandbox_core::Sandbox, folder: Option<&std::path::Path>) {
     let told = sb.notices().join("\n");
     assert!(!told.contains("could not remove"), "{told}");
-    let said = "but may not list that folder to look for others (permission denied)";
+    let said = "to look for the dead process's temporary files (permission denied; those whose names it knew are dealt with)";
     assert!(
         told.contains(said)
-            && folder.is_none_or(|f| told.contains(&format!(
-                "temporary files it knew by name in '{}', {said}",
-                f.display()
-            ))),
+            && folder
+                .is_none_or(|f| told.contains(&format!("may not list '{}' {said}", f.display()))),
         "{told}"
     );
 }

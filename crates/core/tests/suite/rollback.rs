@@ -973,18 +973,20 @@ fn refusals_after_a_prune_name_the_pruned_write() {
             && !why.contains("name its workflow"),
         "{why}"
     );
-    // A snapshot removed by hand, no prune: the workflow is named, its own rollback
-    // says what to do.
-    run(
-        &sb,
-        json!({"workflow_id": "wf_q", "actions": [{"action_id": "b1", "intent": "create_file", "path": "b1.txt", "content": "b"}]}),
-    );
-    std::fs::remove_dir_all(w.path(".rollback/wf_q/b1")).unwrap();
-    let why = rollback_action(&sb, "wf_none", "b1", false).reason.unwrap();
-    assert!(
-        why.contains("records a write of action 'b1' not rolled back in workflow 'wf_q': name its workflow to roll it back"),
-        "{why}"
-    );
+    // A snapshot removed by hand, no prune (in a workflow never pruned, or pruned
+    // before that write): the workflow is named, its own rollback says what to do.
+    for (wf, a) in [("wf_q", "b1"), ("wf_p", "a3")] {
+        run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [{"action_id": a, "intent": "create_file", "path": format!("{a}.txt"), "content": a}]}),
+        );
+        std::fs::remove_dir_all(w.path(&format!(".rollback/{wf}/{a}"))).unwrap();
+        let why = rollback_action(&sb, "wf_none", a, false).reason.unwrap();
+        assert!(
+            why.contains(&format!("records a write of action '{a}' not rolled back in workflow '{wf}': name its workflow to roll it back")),
+            "{why}"
+        );
+    }
 }
 
 /// A simulated rollback of a workflow whose earlier writes were pruned says so, as the

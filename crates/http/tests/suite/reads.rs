@@ -219,6 +219,7 @@ async fn metrics_are_openmetrics_text_or_classic_text_as_asked() {
         Some("text/*;q=1, application/openmetrics-text;q=0.2"),
         Some("*/*, application/openmetrics-text;q=0.9"),
         Some("application/openmetrics-text;q=nan"),
+        Some("text/plain;q=0.5, application/openmetrics-text;q=inf"),
     ] {
         let r = scrape(accept).await;
         assert_eq!(r.status, StatusCode::OK);

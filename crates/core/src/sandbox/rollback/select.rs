@@ -614,14 +614,7 @@ impl Sandbox {
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => (Vec::new(), Some(e)),
             Err(e) => return Err(unread("the workflow's prune record", e)),
         };
-        // How far in the trail prunes went through this process's root `i`, if any did.
-        let pruned_up_to = |i: usize| {
-            pruned_marks
-                .iter()
-                .filter(|(r, _)| self.roots[i].is_named_by(r))
-                .map(|(_, seq)| *seq)
-                .max()
-        };
+        let pruned_up_to = |i: usize| self.pruned_up_to(&pruned_marks, i);
         let writes = TrailWrites::of(&trail, |e| self.root_of(&e.target_path), pruned_up_to);
         // Undone before a prune took their snapshots: rolled back, not lost.
         let undone_then_pruned = writes
@@ -865,10 +858,7 @@ impl Sandbox {
                 .roots
                 .iter()
                 .any(|r| crate::snapshot::Snapshotter::place(r, w, a).unwrap_or(true))
-                && self
-                    .state
-                    .prune_mark(w)
-                    .is_ok_and(|marks| marks.is_some_and(|m| !m.is_empty()))
+                && self.write_pruned(w, a)
         };
         let (gone, kept): (Vec<&String>, Vec<&String>) = found.iter().partition(|w| pruned(w));
         // A few, and how many more: an id as common as `a1` may be every workflow's,
@@ -893,6 +883,33 @@ impl Sandbox {
         } else {
             String::new()
         }
+    }
+
+    /// How far in the trail the prunes `marks` (root as configured, sequence number)
+    /// went through this process's root `i`, if any did.
+    fn pruned_up_to(&self, marks: &[(String, u64)], i: usize) -> Option<u64> {
+        marks
+            .iter()
+            .filter(|(r, _)| self.roots[i].is_named_by(r))
+            .map(|(_, seq)| *seq)
+            .max()
+    }
+
+    /// Whether a prune of `workflow_id` took the snapshot of its write by `action`
+    /// (not rolled back since), as its rollback would judge it.
+    fn write_pruned(&self, workflow_id: &str, action: &str) -> bool {
+        let (Ok(trail), Ok(Some(marks))) = (
+            self.audit.by_workflow(workflow_id),
+            self.state.prune_mark(workflow_id),
+        ) else {
+            return false;
+        };
+        let writes = TrailWrites::of(
+            &trail,
+            |e| self.root_of(&e.target_path),
+            |i| self.pruned_up_to(&marks, i),
+        );
+        writes.pruned.iter().any(|e| e.action_id == action)
     }
 
     /// For a workflow (or action) with no snapshot, nothing pruned and no write in
