@@ -296,6 +296,9 @@ pub struct Recovered {
     /// process's temporary files whose names recovery knew went, others could not be
     /// looked for there; the operator is told.
     pub temp_folders_unlisted: Vec<String>,
+    /// The folder (absolute, quoted, with why) where the disk first refused a removal of
+    /// temporary files (the record then kept for a retry).
+    pub refused_in: Option<String>,
     /// Restores the dead process made without auditing them, now audited: for a dead
     /// rollback, files found restored but unmarked; for either, marked snapshots the
     /// audit trail does not mention.
@@ -412,8 +415,6 @@ impl Recovered {
         }
     }
 
-    /// Left for a later try, for `why` unless a cause was said first, which stands (an
-    /// undo the disk refused: then not every file is back); whether `why` is said.
     /// Says `folder` (with why) among those where temporary files were left, once:
     /// several passes of one recovery may look in the same folder.
     pub(super) fn left_in(&mut self, said: String) {
@@ -429,23 +430,24 @@ impl Recovered {
         }
     }
 
-    /// Takes in what a pass of its own (`other`) found of temporary files: removed,
-    /// left, unlisted, and a refusal of the disk, which keeps the record for a retry.
+    /// Takes in what a pass of its own (`other`, which nothing repeats) found of
+    /// temporary files: removed, left, unlisted; a folder where the disk refused a
+    /// removal is named for the operator, as nothing would try it again.
     pub(super) fn take_temp_files_of(&mut self, other: Recovered) {
         self.temp_files_removed += other.temp_files_removed;
         other
             .temp_files_left
             .into_iter()
+            .chain(other.refused_in)
             .for_each(|l| self.left_in(l));
         other
             .temp_folders_unlisted
             .into_iter()
             .for_each(|f| self.unlisted(f));
-        if other.retry {
-            self.retry_for(other.why.unwrap_or_default());
-        }
     }
 
+    /// Left for a later try, for `why` unless a cause was said first, which stands (an
+    /// undo the disk refused: then not every file is back); whether `why` is said.
     pub(super) fn retry_for(&mut self, why: String) -> bool {
         self.retry = true;
         if self.why.is_some() {

@@ -924,6 +924,7 @@ impl Sandbox {
         let words = crate::error::io_words(&e);
         if disk_refused(&e) {
             report.retry_for(format!("{what} {path} could not be removed ({words})"));
+            report.refused_in.get_or_insert(format!("{path} ({words})"));
             return None;
         }
         Some(format!("{path} ({words})"))

@@ -46,6 +46,23 @@ fn open_failing_a_replayed_write(w: &World) -> ailab_sandbox_core::Sandbox {
     .unwrap()
 }
 
+/// Opens `w` batched with the first step at `point` refused with `errno` (a read-only
+/// or failing disk).
+fn open_batched_refusing(
+    w: &World,
+    point: &str,
+    errno: rustix::io::Errno,
+) -> ailab_sandbox_core::Sandbox {
+    let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
+    armed.arm_errno(point, 1, errno.raw_os_error());
+    ailab_sandbox_core::Sandbox::open_armed(
+        batched(w),
+        std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
+        armed,
+    )
+    .unwrap()
+}
+
 fn three_writes() -> serde_json::Value {
     json!({"workflow_id": "wf_log", "actions": [
         {"intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
@@ -218,6 +235,30 @@ fn logged_writes_whose_data_a_power_cut_lost_are_written_again() {
 /// record did not name the replaying process).
 #[test]
 fn a_replay_that_dies_leaves_no_temporary_file_behind() {
+    let (w, original, _) = died_replaying(false);
+    let temps = |w: &World| -> Vec<String> {
+        w.tree()
+            .into_keys()
+            .filter(|k| k.rsplit('/').next().unwrap().starts_with(".ailab-tmp"))
+            .collect()
+    };
+    let sb = w.open(batched(&w));
+    assert_eq!(temps(&w), Vec::<String>::new());
+    assert_noticed(&sb, "1 temporary file removed");
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert!(sb.audit_verify().unwrap().ok);
+    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), original);
+}
+
+/// [`three_writes_then_a_power_cut`], then a start that dies replaying the log with
+/// one write's bytes staged under a temporary name, its process moved to another seed
+/// (this process is no dead one); the run's record `active` when asked (a run not
+/// finished), else as the replay left it. Gives the world, the tree before the writes
+/// and the staged file's path in the root.
+fn died_replaying(active: bool) -> (World, Tree, String) {
     let (w, original, _) = three_writes_then_a_power_cut();
     let temps = |w: &World| -> Vec<String> {
         w.tree()
@@ -256,15 +297,44 @@ fn a_replay_that_dies_leaves_no_temporary_file_behind() {
         w.path(&left[0].replace(&seed, "0badcafe")),
     )
     .unwrap();
-    let sb = w.open(batched(&w));
-    assert_eq!(temps(&w), Vec::<String>::new());
-    assert_noticed(&sb, "1 temporary file removed");
-    assert_eq!(w.read("a.txt"), b"ALPHA\n");
-    assert_eq!(w.read("c.txt"), b"gamma\n");
-    assert!(sb.audit_verify().unwrap().ok);
-    let rb = sb.rollback_workflow("wf_log", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), original);
+    if active {
+        let mut rec = run_record(&w, "wf_log");
+        rec["state"] = json!("active");
+        std::fs::write(&record, rec.to_string()).unwrap();
+    }
+    (w, original, left[0].replace(&seed, "0badcafe"))
+}
+
+/// A start whose look for a dead replay's temporary files the disk refuses (read-only,
+/// failing) names the folder for the operator: only that look (before a replay) finds
+/// a replay's staged bytes, so nothing would look again (they were left unsaid, for
+/// good). The run's record is closed, or no longer names this process, which lives on
+/// (a later recovery would take its files for a dead one's).
+#[test]
+fn a_dead_replays_files_the_disk_will_not_let_go_are_said() {
+    for active in [true, false] {
+        let (w, _, left) = died_replaying(active);
+        let sb = open_batched_refusing(&w, "remove_dead_temp_file", rustix::io::Errno::ROFS);
+        let told = sb.notices().join("\n");
+        assert!(
+            told.contains(&format!(
+                "could not remove the dead process's temporary files (named .ailab-tmp-…) in '{}' (read-only filesystem",
+                w.root.display()
+            )),
+            "{active}: {told}"
+        );
+        assert!(w.path(&left).exists());
+        let rec = run_record(&w, "wf_log");
+        assert!(
+            rec["state"] == "idle"
+                || rec["recovered_by"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|id| !ailab_sandbox_core::ids::made_here(id.as_str().unwrap())),
+            "{active}: {rec}"
+        );
+    }
 }
 
 /// A run marked finished in an earlier boot of the machine may have lost its writes to
@@ -1346,18 +1416,7 @@ fn a_staged_file_whose_snapshot_a_power_cut_emptied_goes_with_it() {
             }
         }
         if retried {
-            let armed = std::sync::Arc::new(ailab_sandbox_core::failpoint::FailPoints::default());
-            armed.arm_errno(
-                "remove_dead_temp",
-                1,
-                rustix::io::Errno::ROFS.raw_os_error(),
-            );
-            let sb = ailab_sandbox_core::Sandbox::open_armed(
-                batched(&w),
-                std::sync::Arc::new(ailab_sandbox_core::clock::SystemClock),
-                armed,
-            )
-            .unwrap();
+            let sb = open_batched_refusing(&w, "remove_dead_temp", rustix::io::Errno::ROFS);
             assert_noticed(&sb, "could not be settled now");
             assert!(!w.path(".rollback/wf_a/a2").exists());
             assert_eq!(staged("d/e").len(), 1);
