@@ -293,8 +293,8 @@ pub struct Recovered {
     /// removed, each with why: left for the operator, who is told.
     pub temp_files_left: Vec<String>,
     /// Folders (absolute, quoted) this process may write in but not list: the dead
-    /// process's temporary files whose names recovery knew went, others could not be
-    /// looked for there; the operator is told.
+    /// process's temporary files whose names recovery knew are dealt with, others could
+    /// not be looked for there; the operator is told.
     pub temp_folders_unlisted: Vec<String>,
     /// The folder (absolute, quoted, with why) where the disk first refused a removal of
     /// temporary files (the record then kept for a retry).

@@ -605,15 +605,13 @@ impl Sandbox {
                 .filter(|m| !self.is_left_for_later(m))
                 .map(|m| crate::ids::process_seed(m))
                 .collect();
-            if seeds.is_empty() {
-                left.into_iter().for_each(|l| report.left_in(l));
-                continue;
-            }
-            let listed = self
-                .failpoints
-                .check("remove_dead_temp")
-                .and_then(|()| temp_files_made_by(&d, &seeds));
-            match listed {
+            // No dead maker's: nothing to list for.
+            let listed = (!seeds.is_empty()).then(|| {
+                self.failpoints
+                    .check("remove_dead_temp")
+                    .and_then(|()| temp_files_made_by(&d, &seeds))
+            });
+            match listed.unwrap_or(Ok(Vec::new())) {
                 Ok(names) => {
                     for tmp in &names {
                         let removed = remove(tmp);
