@@ -237,17 +237,26 @@ impl Sandbox {
         swept: &mut Recovered,
     ) {
         let earlier: Vec<&str> = dead_makers(r).into_iter().skip(1).collect();
-        let dirs = entries
-            .iter()
-            .filter_map(|e| {
-                let i = self
-                    .roots
-                    .iter()
-                    .position(|r| r.is_named_by(&e.meta.root))?;
-                Some((i, e.meta.target().parent_components().to_vec()))
-            })
-            .collect();
-        self.remove_dead_temp_files(&earlier, dirs, &super::TempNames::new(), swept);
+        // Each entry's bytes as an earlier replay staged them: named from its action and
+        // that replay's process.
+        let mut named = super::TempNames::new();
+        for e in entries {
+            let Some(i) = self.roots.iter().position(|r| r.is_named_by(&e.meta.root)) else {
+                continue;
+            };
+            let folder = (i, e.meta.target().parent_components().to_vec());
+            named
+                .entry(folder)
+                .or_default()
+                .extend(earlier.iter().map(|by| {
+                    crate::confine::root::action_temp_name(
+                        &e.meta.workflow_id,
+                        &e.meta.action_id,
+                        crate::ids::process_seed(by),
+                    )
+                }));
+        }
+        self.remove_dead_temp_files(&earlier, std::collections::HashSet::new(), &named, swept);
     }
 
     /// Names in the run record the roots of the entries `kept` (for roots not
@@ -561,14 +570,15 @@ impl Sandbox {
             .meta
             .mode
             .map_or(crate::confine::root::FILE_MODE, |m| m & 0o666);
+        // Under a name known ahead (its action's, this process's): should this process
+        // die, the next start removes it by that name, also from a folder it may not list.
+        let staged = crate::confine::root::action_temp_name(
+            &e.meta.workflow_id,
+            &e.meta.action_id,
+            &crate::ids::own_seed(),
+        );
         self.roots[i]
-            .stage_write(
-                rel,
-                &crate::confine::root::temp_name(),
-                &e.bytes,
-                mode,
-                None,
-            )
+            .stage_write(rel, &staged, &e.bytes, mode, None)
             .and_then(|st| {
                 // Staged bytes that are not put in place are not left beside it.
                 self.fail_at("replay_staged")

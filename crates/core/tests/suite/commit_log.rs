@@ -259,7 +259,12 @@ fn a_replay_that_dies_leaves_no_temporary_file_behind() {
 /// finished), else as the replay left it. Gives the world, the tree before the writes
 /// and the staged file's path in the root.
 fn died_replaying(active: bool) -> (World, Tree, String) {
-    let (w, original, _) = three_writes_then_a_power_cut();
+    died_replaying_after(three_writes(), active)
+}
+
+/// [`died_replaying`] after the plan `writes` (of workflow `wf_log`).
+fn died_replaying_after(writes: serde_json::Value, active: bool) -> (World, Tree, String) {
+    let (w, original, _) = power_cut_after(writes);
     let temps = |w: &World| -> Vec<String> {
         w.tree()
             .into_keys()
@@ -305,6 +310,28 @@ fn died_replaying(active: bool) -> (World, Tree, String) {
     (w, original, left[0].replace(&seed, "0badcafe"))
 }
 
+/// A replay stages each entry's bytes under a name known ahead (its action's and its
+/// process's): one a dead replay left goes by that name, also from a folder the start
+/// may not list (as a user other than root; the list is refused here), where it stayed
+/// for good.
+#[test]
+fn a_dead_replays_staged_bytes_go_where_their_folder_cannot_be_listed() {
+    // Every write in the root, the one folder there is to list.
+    let (w, _, left) = died_replaying_after(
+        json!({"workflow_id": "wf_log", "actions": [
+            {"intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"},
+            {"intent": "create_file", "path": "c.txt", "content": "gamma\n"},
+            {"intent": "create_file", "path": "e.txt", "content": "epsilon\n"}]}),
+        false,
+    );
+    let sb = open_batched_refusing(&w, "remove_dead_temp", rustix::io::Errno::ACCESS);
+    assert!(!w.path(&left).exists(), "{:?}", sb.notices());
+    assert_noticed(&sb, &format!("may not list '{}' ", w.root.display()));
+    assert_eq!(w.read("a.txt"), b"ALPHA\n");
+    assert_eq!(w.read("c.txt"), b"gamma\n");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A start whose look for a dead replay's temporary files the disk refuses (read-only,
 /// failing) names the folder for the operator: only that look (before a replay) finds
 /// a replay's staged bytes, so nothing would look again (they were left unsaid, for
@@ -318,11 +345,12 @@ fn a_dead_replays_files_the_disk_will_not_let_go_are_said() {
         let told = sb.notices().join("\n");
         assert!(
             told.contains(&format!(
-                "could not remove the dead process's temporary files (named .ailab-tmp-…) in '{}' (read-only filesystem",
+                "could not remove the dead process's temporary files (named .ailab-tmp-…) in '{}",
                 w.root.display()
             )),
             "{active}: {told}"
         );
+        assert!(told.contains("(read-only filesystem"), "{told}");
         assert!(w.path(&left).exists());
         let rec = run_record(&w, "wf_log");
         assert!(
