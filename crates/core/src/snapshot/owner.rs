@@ -175,7 +175,7 @@ impl StoreOwner {
             } else {
                 Flush::Nothing
             };
-            match write_atomic_placed(&rb, OWNER_FILE, &sealed, 0o600, put, flush) {
+            match write_atomic_placed(&rb, (OWNER_FILE, None), &sealed, 0o600, put, flush) {
                 Ok(()) => {
                     wrote = Some(match settled {
                         Settled::Claimed(_) => Settled::Claimed(workflows_in(&rb)),

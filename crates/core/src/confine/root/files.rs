@@ -449,21 +449,9 @@ pub fn write_atomic_flush(
 /// renamed over it (a hard link to a file outside the root, a FIFO) just before it is
 /// moved. Put in place by `put_in_place_checked`: refused (`conflict`) when the target
 /// would not be the file written, the file there before kept, rather than reported
-/// written with bytes the target does not hold.
+/// written with bytes the target does not hold. Written through the temporary name
+/// `tmp` when given (see [`action_temp_name`]), else a fresh one.
 pub fn write_atomic_placed(
-    dir: &Dir,
-    name: &str,
-    bytes: &[u8],
-    mode: u32,
-    put: Put,
-    flush: Flush,
-) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (None, true))
-}
-
-/// [`write_atomic_placed`] through the temporary name `tmp` when given (see
-/// [`action_temp_name`]), else a fresh one.
-pub fn write_atomic_placed_as(
     dir: &Dir,
     (name, tmp): (&str, Option<&str>),
     bytes: &[u8],

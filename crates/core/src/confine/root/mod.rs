@@ -165,7 +165,7 @@ use files::flush_for;
 pub use files::{
     FileStamp, Flush, Make, Put, StagedWrite, WrittenFile, action_temp_name, hash_regular,
     read_regular, remove_temp_files, sync_dir, temp_name, write_atomic_flush, write_atomic_in,
-    write_atomic_placed, write_atomic_placed_as, write_new_in,
+    write_atomic_placed, write_new_in,
 };
 pub(crate) use files::{
     entry_type, open_file_in, read_file_in, remove_temp_files_in_tree, remove_temp_named, stamp_at,
@@ -636,7 +636,7 @@ impl SandboxRoot {
         (flush, tmp): (Flush, Option<&str>),
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
-        write_atomic_placed_as(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
+        write_atomic_placed(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
             .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
     }
