@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs, prune, and `get_file_info`'s hash. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 33] = [
+pub const POINTS: [&str; 34] = [
     "after_validate",
     "read_target",
     "snapshot_synced",
@@ -39,6 +39,7 @@ pub const POINTS: [&str; 33] = [
     "remove_dead_temp",
     "remove_dead_temp_file",
     "remove_dead_snapshot_temp",
+    "remove_unfinished_snapshot",
     "recovery_register",
     "recovery_audit",
     "recovery_sync",

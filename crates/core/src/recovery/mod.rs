@@ -338,9 +338,12 @@ pub struct Recovered {
     /// Roots the run writes into that this start is not configured with.
     pub missing_roots: Vec<String>,
     /// The workflow's run record could not be read (torn by a crash, or changed by hand)
-    /// and was removed ([`Self::why`] says why not, when it could not be): nothing of its
-    /// run was judged.
+    /// and was removed ([`Self::record_left`] says why not, when it could not be):
+    /// nothing of its run was judged.
     pub unreadable_record: bool,
+    /// Why an unreadable run record could not be removed (it is tried again at the next
+    /// start): words for the operator.
+    pub record_left: Option<String>,
     /// Why nothing was judged when the cause was another process holding a log or a
     /// target past `limits.lock_wait_seconds` ([`Self::retry`] is set): a sentence.
     pub busy: Option<String>,
@@ -584,13 +587,16 @@ impl Sandbox {
             let mut report = Recovered {
                 workflow_id: id.to_owned(),
                 unreadable_record: true,
-                why: removed.err().map(|e| crate::error::io_words(&e)),
+                record_left: removed.err().map(|e| crate::error::io_words(&e)),
                 ..Recovered::default()
             };
             // Its run's snapshots that never got their metadata (a record torn by a
             // power cut before the run's first sync point, with them) are of actions
-            // the trail never recorded: they would refuse the workflow's rollbacks.
-            self.remove_unfinished_snapshots(id, &mut report);
+            // the trail never recorded: they would refuse the workflow's rollbacks. A
+            // record removed brings no second try: what the disk refused is the
+            // operator's then.
+            let retried = report.record_left.is_some();
+            self.remove_unfinished_snapshots(id, &mut report, retried);
             out.push(report);
             return None;
         };

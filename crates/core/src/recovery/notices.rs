@@ -8,7 +8,9 @@ impl Sandbox {
     /// next. They reach clients (a server's state), so no path outside the roots is named.
     pub(crate) fn recovery_notices(&self, r: &Recovered) -> Vec<String> {
         if r.unreadable_record {
-            return vec![unreadable_record(r)];
+            let mut out = vec![unreadable_record(r)];
+            out.extend(left_for_the_operator(r));
+            return out;
         }
         if let Some(left) = not_settled(r) {
             return vec![left];
@@ -51,7 +53,7 @@ impl Sandbox {
 }
 
 fn unreadable_record(r: &Recovered) -> String {
-    let removed = match &r.why {
+    let removed = match &r.record_left {
         None => "was removed".to_owned(),
         Some(why) => format!(
             "could not be removed either ({why}): remove inflight/{}.json from the state directory once that is put right",
@@ -287,10 +289,21 @@ fn left_for_the_operator(r: &Recovered) -> impl Iterator<Item = String> + '_ {
     .filter(|(left, ..)| !left.is_empty())
     .map(|(left, what, then, them)| {
         format!(
-            "recovery of {} (workflow {}) could not remove {what} {}{then}; remove {them} by hand once that is put right",
-            r.execution_id,
-            r.workflow_id,
+            "{} could not remove {what} {}{then}; remove {them} by hand once that is put right",
+            recovery_of(r),
             left.join(", ")
         )
     })
+}
+
+/// "recovery of RUN (workflow W)", or of the workflow alone when no record named its run.
+fn recovery_of(r: &Recovered) -> String {
+    if r.execution_id.is_empty() {
+        format!("recovery of workflow {}", r.workflow_id)
+    } else {
+        format!(
+            "recovery of {} (workflow {})",
+            r.execution_id, r.workflow_id
+        )
+    }
 }

@@ -707,7 +707,7 @@ impl Sandbox {
         report: &mut Recovered,
     ) -> Option<crate::sandbox::RootedSnapshots> {
         report.temp_files_removed += self.remove_dead_snapshot_temp_files(rec, report);
-        self.remove_unfinished_snapshots(&rec.workflow_id, report);
+        self.remove_unfinished_snapshots(&rec.workflow_id, report, true);
         let (snaps, untrusted) = match self.trusted_workflow_snapshots(&rec.workflow_id) {
             Ok(s) => s,
             Err(r) => {
@@ -918,36 +918,51 @@ impl Sandbox {
         what: &str,
         e: std::io::Error,
     ) -> Option<String> {
-        let path = crate::confine::path::shown_path(path);
-        let words = crate::error::io_words(&e);
         if disk_refused(&e) {
+            let (path, words) = (
+                crate::confine::path::shown_path(path),
+                crate::error::io_words(&e),
+            );
             report.retry_for(format!("{what} {path} could not be removed ({words})"));
             report.refused_in.get_or_insert(format!("{path} ({words})"));
             return None;
         }
-        Some(format!("{path} ({words})"))
+        Some(left_words(path, &e))
     }
 
     /// Removes the workflow's snapshot folders a dead process never finished (see
     /// [`crate::snapshot::Snapshotter::remove_unfinished`]): left, they would keep their
     /// actions' ids used although the trail records no write of them. Counted in
     /// `report`; a folder that cannot be removed stays whole, as a failed snapshot's
-    /// would, and is named there for the operator (the others go); so does one of an
-    /// action the trail cannot be read about, unnamed.
-    pub(super) fn remove_unfinished_snapshots(&self, workflow_id: &str, report: &mut Recovered) {
+    /// would, and is named there for the operator (the others go), unless the disk
+    /// refused it and the run is `retried`; so does one of an action the trail cannot
+    /// be read about, unnamed.
+    pub(super) fn remove_unfinished_snapshots(
+        &self,
+        workflow_id: &str,
+        report: &mut Recovered,
+        retried: bool,
+    ) {
         let ran = |action: &str| self.audit.ran_action(workflow_id, action).unwrap_or(true);
         for root in &self.roots {
             let store = root.path().join(ROLLBACK_DIR).join(workflow_id);
-            match crate::snapshot::Snapshotter::remove_unfinished(root, workflow_id, ran) {
+            let may_remove = || self.failpoints.check("remove_unfinished_snapshot");
+            match crate::snapshot::Snapshotter::remove_unfinished(
+                root,
+                workflow_id,
+                ran,
+                may_remove,
+            ) {
                 Ok((removed, left)) => {
                     report.unfinished_snapshots_removed += removed;
                     for (name, e) in left {
                         let path = store.join(name).display().to_string();
-                        if let Some(left) =
+                        let left = if retried {
                             Self::left_behind(report, &path, "its unfinished snapshot folder", e)
-                        {
-                            report.unfinished_snapshots_left.push(left);
-                        }
+                        } else {
+                            Some(left_words(&path, &e))
+                        };
+                        report.unfinished_snapshots_left.extend(left);
                     }
                 }
                 Err(e) => tracing::warn!(
@@ -1082,4 +1097,13 @@ fn disk_refused(e: &std::io::Error) -> bool {
     ) || [Errno::IO, Errno::MFILE, Errno::NFILE, Errno::NOMEM]
         .iter()
         .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
+}
+
+/// `path` (shown as to people) and why it could not be removed, for the operator.
+fn left_words(path: &str, e: &std::io::Error) -> String {
+    format!(
+        "{} ({})",
+        crate::confine::path::shown_path(path),
+        crate::error::io_words(e)
+    )
 }

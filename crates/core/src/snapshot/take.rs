@@ -284,11 +284,13 @@ impl Snapshotter {
     /// recovery, holding the workflow's lock (no run of it is taking a snapshot) with the
     /// dead run's temporary files gone; the workflow's folder too when that leaves it
     /// empty. Returns how many, and the folders (names in the workflow's folder) that
-    /// could not be removed, each with why: those stay.
+    /// could not be removed, each with why: those stay. `may_remove` is asked before
+    /// each folder (a failure point): its refusal leaves that folder as the disk's would.
     pub fn remove_unfinished(
         root: &SandboxRoot,
         workflow_id: &str,
         ran: impl Fn(&str) -> bool,
+        may_remove: impl Fn() -> io::Result<()>,
     ) -> io::Result<(usize, Vec<(String, io::Error)>)> {
         let Some(rb) = rollback_dir(root)? else {
             return Ok(Default::default());
@@ -309,7 +311,10 @@ impl Snapshotter {
                 continue;
             }
             // One folder that cannot be looked at or removed stays; the others go.
-            match remove_if_unfinished(&wf, &name) {
+            let removed_here = may_remove()
+                .map_err(|e| (name.clone(), e))
+                .and_then(|()| remove_if_unfinished(&wf, &name));
+            match removed_here {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
                 Err(stays) => left.push(stays),

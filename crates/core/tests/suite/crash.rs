@@ -881,6 +881,53 @@ fn one_unfinished_snapshot_folder_left_is_named_as_one() {
     assert_names_stuck_folders(&notices, &[a1]);
 }
 
+/// A run record that cannot be read is removed, and with it any later try: an
+/// unfinished snapshot folder of its workflow that recovery could not remove, whatever
+/// refused it (the disk, or permissions), is named for the operator, and the record is
+/// said removed (it was once said "could not be removed either", the folder unnamed).
+#[test]
+fn an_unreadable_records_unfinished_snapshot_that_stays_is_named() {
+    use std::os::unix::fs::PermissionsExt;
+    for cause in ["disk", "permissions"] {
+        let (w, c, _, a1) = killed_mid_snapshot(replace_a());
+        let record = w.state.join("inflight/wf_crash.json");
+        std::fs::write(&record, b"{ torn").unwrap();
+        let notices = if cause == "disk" {
+            let sb = open_refusing_at("remove_unfinished_snapshot", &c, rustix::io::Errno::ROFS);
+            sb.notices().to_vec()
+        } else {
+            std::fs::set_permissions(&a1, std::fs::Permissions::from_mode(0o500)).unwrap();
+            let n = without_dac_override(|| w.open(c.clone()).notices().to_vec());
+            std::fs::set_permissions(&a1, std::fs::Permissions::from_mode(0o700)).unwrap();
+            assert_names_stuck_folders(&n, std::slice::from_ref(&a1));
+            n
+        };
+        assert!(!record.exists(), "{cause}");
+        assert_eq!(
+            w.read(".rollback/wf_crash/a1/backup"),
+            b"alpha\n",
+            "{cause}"
+        );
+        assert!(
+            notices
+                .iter()
+                .any(|n| n.contains("could not be read") && n.contains("and was removed;")),
+            "{cause}: {notices:?}"
+        );
+        let left = notices
+            .iter()
+            .find(|n| {
+                n.contains("recovery of workflow wf_crash could not remove the snapshot folder")
+            })
+            .unwrap_or_else(|| panic!("{cause}: {notices:?}"));
+        assert!(left.contains(&format!("'{}' (", a1.display())), "{left}");
+        assert!(
+            notices.iter().all(|n| !n.contains("removed either")),
+            "{cause}: {notices:?}"
+        );
+    }
+}
+
 /// A process killed while creating a run record leaves the record's temporary file:
 /// recovery removes it once the workflow's lock is free, and never while a live run
 /// holds it (it may be that run's own record being made).
