@@ -2727,27 +2727,43 @@ fn the_default_state_directory_set_explicitly_does_not_fall_back_and_says_so() {
 }
 
 /// With no home of the user's own to fall back to (neither `XDG_STATE_HOME` nor `HOME`
-/// set), the refusal of the default says that no fallback was there, and what to set.
+/// set), the refusal of the default says that no fallback was there, and what to set:
+/// whether the default cannot be made (a read-only `/opt`) or others could swap it
+/// (`/opt` writable by all), which keeps its reason code.
 #[test]
 fn no_fallback_for_the_default_state_directory_is_said() {
-    let e = env();
-    let mut c = with_private_mount("mount -t tmpfs -o ro,size=64k tmpfs /opt", &[]);
-    c.arg("--root")
-        .arg(&e.root)
-        .args(["--json", "state"])
-        .env_remove("AI_LAB_STATE_DIR")
-        .env_remove("XDG_STATE_HOME")
-        .env_remove("HOME");
-    let Some(out) = output_unless_unshared(c) else {
-        return;
-    };
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("/opt/ai-lab/runtime/state cannot be created")
-            && err.contains("nor is there one of this user's own to fall back to: neither XDG_STATE_HOME nor HOME is set to an absolute path"),
-        "{err}"
-    );
+    for (mount, refused, code) in [
+        (
+            "mount -t tmpfs -o ro,size=64k tmpfs /opt",
+            "/opt/ai-lab/runtime/state cannot be created",
+            "io_error",
+        ),
+        (
+            "mount -t tmpfs -o size=64k,mode=0777 tmpfs /opt",
+            "the directory /opt above it (owner uid 0, group 0, mode 0777) is writable by other users",
+            "invalid_config",
+        ),
+    ] {
+        let e = env();
+        let mut c = with_private_mount(mount, &[]);
+        c.arg("--root")
+            .arg(&e.root)
+            .args(["--json", "state"])
+            .env_remove("AI_LAB_STATE_DIR")
+            .env_remove("XDG_STATE_HOME")
+            .env_remove("HOME");
+        let Some(out) = output_unless_unshared(c) else {
+            return;
+        };
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(refused)
+                && err.contains("nor is there one of this user's own to fall back to: neither XDG_STATE_HOME nor HOME is set to an absolute path"),
+            "{err}"
+        );
+        assert_eq!(json_out(&out)["reason_code"], code, "{err}");
+    }
 }
 
 /// The binary, run in a private mount namespace once `mount` (a shell command, given

@@ -998,6 +998,17 @@ impl NotPrivate {
     pub fn is_cause_of(e: &io::Error) -> bool {
         e.get_ref().is_some_and(|e| e.is::<Self>())
     }
+
+    /// `e` with `more` said after it, still such a refusal when it was one (its
+    /// reason code and exit code go by that).
+    pub(crate) fn said_with(e: io::Error, more: &str) -> io::Error {
+        let words = format!("{e}; {more}");
+        if Self::is_cause_of(&e) {
+            io::Error::new(e.kind(), Self(words))
+        } else {
+            io::Error::new(e.kind(), words)
+        }
+    }
 }
 
 /// A state file this process may not open (another user took it, or its mode shuts

@@ -833,17 +833,8 @@ fn open_state_dir(config: &Config) -> Result<(StateDir, Option<String>), Error> 
         Err(e) if may_fall_back(config) => {
             let Some(fallback) = Config::fallback_state_dir(&|k| std::env::var(k).ok()) else {
                 // Said, or the operator looks for a fallback that was never tried.
-                let cause = if NotPrivate::is_cause_of(&e) {
-                    e
-                } else {
-                    io::Error::new(
-                        e.kind(),
-                        format!(
-                            "{e}; nor is there one of this user's own to fall back to: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one, or give a state directory (--state-dir, AI_LAB_STATE_DIR)"
-                        ),
-                    )
-                };
-                return Err(state_dir_refused(config, cause));
+                let more = "nor is there one of this user's own to fall back to: neither XDG_STATE_HOME nor HOME is set to an absolute path; set one, or give a state directory (--state-dir, AI_LAB_STATE_DIR)";
+                return Err(state_dir_refused(config, NotPrivate::said_with(e, more)));
             };
             let s = StateDir::open_checked(&fallback).map_err(|cause| Error::StateDir {
                 path: fallback.clone(),
