@@ -219,6 +219,15 @@ fn check_kind(op: &Operation, rel: &RelPath, kind: TargetKind) -> Verdict {
 /// that is not what it writes. Also asked of the tree a plan's earlier actions leave.
 pub(crate) fn check_found_kind(op: &Operation, rel: &RelPath, is_dir: bool) -> Verdict {
     match is_dir {
+        // SPEC §3: create_file fails if the target exists, whatever it is.
+        true if op.effect == Effect::Create => Err(Refusal::new(
+            ReasonCode::AlreadyExists,
+            format!(
+                "{} already exists, as a directory; {} makes new files only",
+                shown_path(&rel.as_string()),
+                op.name
+            ),
+        )),
         true if !op.is_directory() => Err(Refusal::new(
             ReasonCode::NotRegularFile,
             format!(

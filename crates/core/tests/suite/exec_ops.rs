@@ -1014,18 +1014,22 @@ fn a_file_created_earlier_in_the_plan_is_no_parent_for_a_later_action() {
 
 #[test]
 fn a_directory_created_earlier_in_the_plan_is_no_place_for_a_later_file() {
-    for (first, second) in [
+    // create_file refuses whatever exists (SPEC §3), the others what is no file.
+    for (first, second, wanted) in [
         (
             json!({"intent": "create_directory", "path": "a.txt/b"}),
             json!({"intent": "create_file", "path": "a.txt", "content": "x"}),
+            "already_exists",
         ),
         (
             json!({"intent": "create_file", "path": "a.txt/b.md/c.txt", "content": "c"}),
             json!({"intent": "append_file", "path": "a.txt/b.md", "content": "x"}),
+            "not_regular_file",
         ),
         (
             json!({"intent": "create_directory", "path": "d.json"}),
             json!({"intent": "write_json", "path": "d.json", "data": {"k": 1}}),
+            "not_regular_file",
         ),
     ] {
         let w = World::new();
@@ -1033,12 +1037,12 @@ fn a_directory_created_earlier_in_the_plan_is_no_place_for_a_later_file() {
         let r = run(&sb, json!({"actions": [first.clone(), second.clone()]}));
         assert_eq!(status(&r), "blocked", "{second}: {:?}", r.actions);
         assert_eq!(action_status(&r, 0), "skipped");
-        assert_eq!(code(&r, 1).as_deref(), Some("not_regular_file"), "{second}");
+        assert_eq!(code(&r, 1).as_deref(), Some(wanted), "{second}");
         assert!(w.tree().is_empty(), "nothing written: {:?}", w.tree());
         drop(sb);
         let disk = World::new();
         let (on_disk, _) = refusal_on_disk(&disk, first, second.clone());
-        assert_eq!(on_disk, "not_regular_file", "{second}");
+        assert_eq!(on_disk, wanted, "{second}");
     }
 }
 

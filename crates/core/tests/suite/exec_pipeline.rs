@@ -2621,8 +2621,8 @@ fn a_kind_set_by_an_earlier_action_is_refused_as_one_found_on_disk() {
         (
             json!({"intent": "create_directory", "path": abs}),
             json!({"intent": "create_file", "path": abs, "content": "x"}),
-            "not_regular_file",
-            "'sub.txt' is a directory; create_file writes regular files only",
+            "already_exists",
+            "'sub.txt' already exists, as a directory; create_file makes new files only",
         ),
         (
             json!({"intent": "create_file", "path": "f.txt", "content": "x"}),

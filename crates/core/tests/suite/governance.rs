@@ -552,6 +552,10 @@ fn target_kind_decides_file_versus_directory_operations() {
     fs::write(d.root_path.join("f.txt"), b"abc").unwrap();
     assert_eq!(
         disk_code(&d, "create_file", "dir.md"),
+        Some(ReasonCode::AlreadyExists)
+    );
+    assert_eq!(
+        disk_code(&d, "replace_file", "dir.md"),
         Some(ReasonCode::NotRegularFile)
     );
     assert_eq!(
