@@ -304,11 +304,14 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
                 )));
             }
             "" => {
+                let fix = if body.ends_with('/') && !body.contains("//") && !body.starts_with('/') {
+                    "a trailing '/'); write it without, for a directory too"
+                } else {
+                    "'//'); write each directory once, with one '/' between names"
+                };
                 return Err(slip(Refusal::new(
                     ReasonCode::PathTraversal,
-                    format!(
-                        "the path {shown} has an empty component ('//' or a trailing '/'); write each directory once"
-                    ),
+                    format!("the path {shown} has an empty component ({fix}"),
                 )));
             }
             _ => {}

@@ -351,6 +351,25 @@ fn double_slash_trailing_slash_and_dot_components_are_traversal() {
     }
 }
 
+/// An empty component is named for what it is: a trailing '/' (as `mkdir` would take)
+/// is said to be written without, a doubled one to be written once.
+#[test]
+fn an_empty_component_says_which_slash_to_drop() {
+    for (p, said) in [
+        (
+            "notes/sub/",
+            "(a trailing '/'); write it without, for a directory too",
+        ),
+        ("/srv/sandbox-a/a/", "(a trailing '/')"),
+        ("a//b.txt", "('//'); write each directory once"),
+        ("a//b/", "('//')"),
+        ("//srv/x.txt", "('//')"),
+    ] {
+        let r = detect_path_traversal(p).unwrap_err();
+        assert!(r.reason.contains(said), "{p}: {}", r.reason);
+    }
+}
+
 #[test]
 fn the_top_of_the_filesystem_is_said_to_name_no_file() {
     let r = detect_path_traversal("/").unwrap_err();
