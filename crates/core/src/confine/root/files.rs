@@ -68,6 +68,15 @@ impl FileStamp {
             owner: (m.uid(), m.gid()),
         }
     }
+
+    /// Whether `now` is this very file with nothing written to it since, the change
+    /// time aside: a rename of the file itself moves that (ext4, XFS, btrfs).
+    fn unwritten_since(self, now: Self) -> bool {
+        Self {
+            ctime: now.ctime,
+            ..self
+        } == now
+    }
 }
 
 /// Which missing directories on the way to a path, and the path itself for a directory,
@@ -703,8 +712,10 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                 AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, tmp)));
                 let ours = placed(dir, name, file);
                 let replaced = match put {
+                    // Written to since the look before the exchange (an append by
+                    // another program in between): it goes back, bytes and all.
                     Put::Unchanged(was) => dir.symlink_metadata(tmp).and_then(|m| {
-                        if FileStamp::of(&m).id == was.id {
+                        if was.unwritten_since(FileStamp::of(&m)) {
                             Ok(())
                         } else {
                             Err(io::Error::other(changed_meanwhile(name)))

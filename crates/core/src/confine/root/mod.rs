@@ -1484,6 +1484,36 @@ mod tests {
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
     }
 
+    /// Another program's append to the file read, landing just before the exchange (here
+    /// just after, into the same file, which comes to the same): the file goes back
+    /// with those bytes, the write refused, rather than be removed with them.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn an_append_to_the_file_read_just_before_the_exchange_is_kept() {
+        use std::io::Write as _;
+        let (r, folder, _outside, _tmp) = raced_after_exchange(|f, _, tmp| {
+            let mut other = std::fs::OpenOptions::new()
+                .append(true)
+                .open(f.join(tmp))
+                .unwrap();
+            other.write_all(b" and more").unwrap();
+        });
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(
+            std::fs::read(folder.join("t.txt")).unwrap(),
+            b"read and more"
+        );
+        let names: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            ["t.txt"],
+            "the new bytes went with the temporary name"
+        );
+    }
+
     /// A dead process's temporary name that another program renamed a link or a FIFO
     /// over is removed with its other temporary files (left, it stayed in the tree for
     /// good); what the link names is left as it is.
