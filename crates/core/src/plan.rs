@@ -869,6 +869,20 @@ pub(crate) fn action_id_used(action_id: &str, workflow_id: &str) -> Refusal {
     )
 }
 
+/// The refusal of an action id whose snapshot folder already stands in a root though
+/// the audit trail records no action of that id in the workflow: put there by another
+/// program, or left by a trail since replaced.
+pub(crate) fn action_folder_in_the_way(action_id: &str, workflow_id: &str) -> Refusal {
+    let (action, workflow) = (shown_path(action_id), shown_path(workflow_id));
+    Refusal::new(
+        ReasonCode::InvalidId,
+        format!(
+            "action_id {action} cannot be used in workflow {workflow}: a folder .rollback/{}/{} already stands in a sandbox root, though the audit trail records no action of that id in that workflow (another program may have put it there); give the action a new id, or remove that folder if it holds nothing of yours",
+            workflow_id, action_id
+        ),
+    )
+}
+
 impl Plan {
     /// Checks ids (`invalid_id`), fills in missing ones, and checks the plan's shape
     /// (`invalid_plan`).

@@ -379,8 +379,11 @@ impl SandboxWriteExecutor<'_> {
                 Err(_) => {}
             }
         }
-        if ran || used {
+        if ran {
             return Err(crate::plan::action_id_used(a.id(), wf));
+        }
+        if used {
+            return Err(crate::plan::action_folder_in_the_way(a.id(), wf));
         }
         Ok(())
     }
