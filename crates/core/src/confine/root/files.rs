@@ -110,8 +110,10 @@ pub enum Put {
     /// else.
     Any,
     /// Only the file as it was read (`conflict` otherwise), looked at just before the
-    /// rename: a change another program made since is kept, unless it lands between
-    /// that look and the rename.
+    /// rename and, where names are exchanged, once more when taken out: a change another
+    /// program made since is kept, unless it lands after that last look (through a
+    /// descriptor it opened before), or, where names cannot be exchanged, between the
+    /// look and the rename.
     Unchanged(FileStamp),
 }
 
