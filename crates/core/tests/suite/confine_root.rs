@@ -553,6 +553,23 @@ fn symlink_chain_leaving_the_root_is_symlink_escape() {
     assert_eq!(inspect_code(&fx, "hop1/x.txt"), ReasonCode::SymlinkEscape);
 }
 
+/// A chain as long as the kernel follows (40 links) that ends outside is an escape too.
+#[test]
+fn a_long_symlink_chain_leaving_the_root_is_symlink_escape() {
+    let fx = fx();
+    symlink(&fx.outside, fx.root_path.join("ch1")).unwrap();
+    for i in 2..=40 {
+        symlink(format!("ch{}", i - 1), fx.root_path.join(format!("ch{i}"))).unwrap();
+    }
+    for i in [9, 16, 40] {
+        assert_eq!(
+            inspect_code(&fx, &format!("ch{i}/x.txt")),
+            ReasonCode::SymlinkEscape,
+            "ch{i}"
+        );
+    }
+}
+
 #[test]
 fn symlink_loop_is_refused_without_hanging() {
     let fx = fx();

@@ -38,8 +38,10 @@ pub const FILE_MODE: u32 = 0o644;
 /// Mode of every directory the runtime creates.
 pub const DIR_MODE: u32 = 0o755;
 
-/// How deep a symlink chain is followed (lexically) to tell an escape from an inside link.
-const SYMLINK_HOPS: usize = 8;
+/// How deep a symlink chain is followed (lexically) to tell an escape from an inside link:
+/// as far as the kernel would follow one (`MAXSYMLINKS`), so that no chain it would take
+/// out of the root is called an inside link (and left out of the escape count).
+const SYMLINK_HOPS: usize = 40;
 
 /// What is at a target path, found without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
