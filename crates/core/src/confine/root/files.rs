@@ -539,8 +539,9 @@ thread_local! {
     /// program that races the write.
     pub(super) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
-    /// Run once, on this thread's next exchange of names, just after it (given the
-    /// folder and the temporary name, which now names the file replaced).
+    /// Run once, on this thread's next exchange of names (or move aside of a file
+    /// being removed), just after it (given the folder and the temporary name, which
+    /// now names the file replaced or being removed).
     pub(super) static AFTER_EXCHANGE: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
     /// The error (its number) the next look after a rename on this thread meets, as if
@@ -757,6 +758,40 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
     }
     dir.rename(tmp, dir, name)?;
     placed(dir, name, file)
+}
+
+/// Removes `name` in `dir`, found a moment ago to be the file `was` describes, only if
+/// nothing was written to it since: moved aside under a fresh temporary name first, so
+/// that what another program appends up to that move is seen there and the file put
+/// back (never over another file), `conflict`. Gone meanwhile: nothing to remove.
+pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    if is_single_component(name) {
+        use rustix::fs::{RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        let aside = temp_name();
+        match renameat_with(dir, name, dir, &aside, RenameFlags::NOREPLACE) {
+            Ok(()) => {
+                #[cfg(test)]
+                AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, &aside)));
+                let now = dir.symlink_metadata(&aside).map(|m| FileStamp::of(&m));
+                if now.as_ref().is_ok_and(|now| was.unwritten_since(*now)) {
+                    return dir.remove_file(&aside);
+                }
+                // Back under its name, with what was written to it; should another
+                // file have taken the name meanwhile, it stays where it is, named.
+                return match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
+                    Ok(()) => Err(io::Error::other(changed_meanwhile(name))),
+                    Err(_) => Err(io::Error::other(super::refusal::kept_aside(name, &aside))),
+                };
+            }
+            Err(Errno::NOENT) => return Ok(()),
+            // No such rename here: the look just made is the last.
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    dir.remove_file(name)
 }
 
 /// What stands at `path` below `dir` now, as [`read_file_in`] stamps a file (`None`:

@@ -748,7 +748,16 @@ impl SandboxRoot {
             }
             Ok(m) => {
                 let changed = match put {
-                    Put::Unchanged(was) => FileStamp::of(&m) != was,
+                    Put::Unchanged(was) if FileStamp::of(&m) == was => {
+                        files::remove_unwritten(&dir, rel.file_name(), was)
+                            .map_err(|e| self.map_error("remove", rel, e))?;
+                        if durable {
+                            sync_dir(&dir)
+                                .map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
+                        }
+                        return Ok(true);
+                    }
+                    Put::Unchanged(_) => true,
                     // Judged missing: a file there now is someone else's since.
                     Put::New => true,
                     // Taken as it is (a forced rollback), the target is still only ever
@@ -1514,6 +1523,69 @@ mod tests {
             ["t.txt"],
             "the new bytes went with the temporary name"
         );
+    }
+
+    /// A removal of the file as read (a rollback taking away a file its action made)
+    /// moves it aside first: another program's append landing up to that move puts it
+    /// back, bytes and all (`conflict`); should another file have taken its name by
+    /// then, both stay, the refusal naming where. Unwritten, it goes, nothing left.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_appended_to_as_it_is_removed_is_kept() {
+        use std::io::Write as _;
+        fn append(path: &Path) {
+            let mut other = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+            other.write_all(b" and more").unwrap();
+        }
+        for case in ["unwritten", "appended", "appended, name taken"] {
+            let (tmp, root) = root();
+            let folder = tmp.path().join("root");
+            std::fs::write(folder.join("t.txt"), b"read").unwrap();
+            let rel = RelPath::from_components(comps("t.txt"));
+            let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+            let f = folder.clone();
+            files::AFTER_EXCHANGE.with(|hook| {
+                hook.set(Some(Box::new(move |_: &Dir, aside: &str| {
+                    if case != "unwritten" {
+                        append(&f.join(aside));
+                    }
+                    if case == "appended, name taken" {
+                        std::fs::write(f.join("t.txt"), b"newcomer").unwrap();
+                    }
+                })));
+            });
+            let removed = root.remove_file_put(&rel, Put::Unchanged(stamp), false);
+            let mut names: Vec<_> = std::fs::read_dir(&folder)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            match case {
+                "unwritten" => {
+                    assert_eq!(removed, Ok(true), "{case}");
+                    assert!(names.is_empty(), "{case}: {names:?}");
+                }
+                "appended" => {
+                    let r = removed.unwrap_err();
+                    assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+                    assert_eq!(names, ["t.txt"], "{case}");
+                    assert_eq!(
+                        std::fs::read(folder.join("t.txt")).unwrap(),
+                        b"read and more"
+                    );
+                }
+                _ => {
+                    let r = removed.unwrap_err();
+                    assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+                    assert_eq!(names.len(), 2, "{names:?}");
+                    assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"newcomer");
+                    let aside = &names[0];
+                    assert!(aside.starts_with(".ailab-tmp-"), "{names:?}");
+                    assert_eq!(std::fs::read(folder.join(aside)).unwrap(), b"read and more");
+                    assert!(r.reason.contains(aside.as_str()), "{}", r.reason);
+                }
+            }
+        }
     }
 
     /// A dead process's temporary name that another program renamed a link or a FIFO

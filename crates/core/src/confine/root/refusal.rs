@@ -18,6 +18,19 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a removal of `name` that found it written to by another program once
+/// moved aside, and another file at its name by then: what it held is kept as `aside`.
+pub(super) fn kept_aside(name: &str, aside: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was changed by another program as it was being removed, and another file took its name meanwhile; it was not removed: what it holds is kept beside it as {}, to be moved back by hand",
+            shown_path(name),
+            shown_path(aside)
+        ),
+    )
+}
+
 /// The refusal for a write whose new bytes did not take `name`'s place: another program
 /// renamed something over the temporary file beside it before it was moved there (a
 /// file being replaced is kept; a missing target's place may hold that program's).
