@@ -2640,21 +2640,28 @@ fn a_kind_set_by_an_earlier_action_is_refused_as_one_found_on_disk() {
 
 /// The size of content given as it is written is judged with governance, before the
 /// operation's preconditions (SPEC §5, §6), in a run and a simulation as by `check`: a
-/// file too large is `size_exceeded` whether or not its path exists.
+/// file too large is `size_exceeded` whether or not its path exists. What the target is
+/// comes before (governance's look at it): a directory is refused for what it is.
 #[test]
 fn content_too_large_is_size_exceeded_before_the_targets_preconditions() {
     let w = World::new();
     w.write("b.md", b"b\n");
+    std::fs::create_dir(w.path("d.md")).unwrap();
     let big = "x".repeat(2 * 1024 * 1024);
     for config in [w.writable_config(), w.config()] {
         let sb = w.open(config);
-        for (intent, path) in [("create_file", "b.md"), ("replace_file", "missing.md")] {
+        for (intent, path, wanted) in [
+            ("create_file", "b.md", "size_exceeded"),
+            ("replace_file", "missing.md", "size_exceeded"),
+            ("create_file", "d.md", "already_exists"),
+            ("replace_file", "d.md", "not_regular_file"),
+        ] {
             let r = run(
                 &sb,
                 json!({"actions": [{"intent": intent, "path": path, "content": big}]}),
             );
             assert_eq!(status(&r), "blocked", "{intent}: {r:?}");
-            assert_eq!(code(&r, 0).as_deref(), Some("size_exceeded"), "{intent}");
+            assert_eq!(code(&r, 0).as_deref(), Some(wanted), "{intent} {path}");
         }
     }
     assert_eq!(w.read("b.md"), b"b\n");
