@@ -856,8 +856,8 @@ fn decimal_value(text: &str) -> (bool, String, i64) {
     (negative, significant.to_owned(), point)
 }
 
-/// The refusal of an action id its workflow has already run (its trail or its snapshot
-/// folder says so): an id names the action's snapshot folder, used once.
+/// The refusal of an action id its workflow has already run (its trail says so): an id
+/// names the action's snapshot folder, used once.
 pub(crate) fn action_id_used(action_id: &str, workflow_id: &str) -> Refusal {
     Refusal::new(
         ReasonCode::InvalidId,
@@ -869,16 +869,25 @@ pub(crate) fn action_id_used(action_id: &str, workflow_id: &str) -> Refusal {
     )
 }
 
-/// The refusal of an action id whose snapshot folder already stands in a root though
-/// the audit trail records no action of that id in the workflow: put there by another
-/// program, or left by a trail since replaced.
-pub(crate) fn action_folder_in_the_way(action_id: &str, workflow_id: &str) -> Refusal {
+/// The refusal of an action id whose snapshot folder already stands in `root` though
+/// the audit trail records no action of that id in the workflow: left by a run that did
+/// not finish (one recovery could not remove, and named), or put there by another
+/// program.
+pub(crate) fn action_folder_in_the_way(
+    action_id: &str,
+    workflow_id: &str,
+    root: &std::path::Path,
+) -> Refusal {
     let (action, workflow) = (shown_path(action_id), shown_path(workflow_id));
+    let folder = root
+        .join(crate::confine::path::ROLLBACK_DIR)
+        .join(workflow_id)
+        .join(action_id);
     Refusal::new(
         ReasonCode::InvalidId,
         format!(
-            "action_id {action} cannot be used in workflow {workflow}: a folder .rollback/{}/{} already stands in a sandbox root, though the audit trail records no action of that id in that workflow (another program may have put it there); give the action a new id, or remove that folder if it holds nothing of yours",
-            workflow_id, action_id
+            "action_id {action} cannot be used in workflow {workflow}: the folder {} already stands, though the audit trail records no action of that id in that workflow (left by a run that did not finish, or put there by another program); give the action a new id, or remove that folder if it holds nothing to keep",
+            shown_path(&folder.display().to_string())
         ),
     )
 }

@@ -304,14 +304,23 @@ pub fn detect_path_traversal(path: &str) -> Verdict {
                 )));
             }
             "" => {
-                let fix = if body.ends_with('/') && !body.contains("//") && !body.starts_with('/') {
-                    "a trailing '/'); write it without, for a directory too"
-                } else {
-                    "'//'); write each directory once, with one '/' between names"
+                let comps: Vec<&str> = body.split('/').collect();
+                let trailing = comps.len() > 1 && body.ends_with('/');
+                let doubled = comps[..comps.len() - 1].iter().any(|c| c.is_empty());
+                let (what, fix) = match (doubled, trailing) {
+                    (true, true) => (
+                        "'//' and a trailing '/'",
+                        "write one '/' between names and none at the end",
+                    ),
+                    (false, true) => ("a trailing '/'", "write it without, for a directory too"),
+                    _ => (
+                        "'//'",
+                        "write each directory once, with one '/' between names",
+                    ),
                 };
                 return Err(slip(Refusal::new(
                     ReasonCode::PathTraversal,
-                    format!("the path {shown} has an empty component ({fix}"),
+                    format!("the path {shown} has an empty component ({what}); {fix}"),
                 )));
             }
             _ => {}

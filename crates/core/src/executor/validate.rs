@@ -371,10 +371,13 @@ impl SandboxWriteExecutor<'_> {
             };
             crate::error::busy_or_failed(&e, words, words)
         })?;
-        let mut used = false;
+        let mut used = None;
         for (i, root) in self.sb.roots.iter().enumerate() {
             match Snapshotter::place(root, wf, a.id()) {
-                Ok(u) => used |= u,
+                Ok(true) => {
+                    used.get_or_insert(root.path());
+                }
+                Ok(false) => {}
                 Err(r) if i == ri => return Err(r),
                 Err(_) => {}
             }
@@ -382,8 +385,8 @@ impl SandboxWriteExecutor<'_> {
         if ran {
             return Err(crate::plan::action_id_used(a.id(), wf));
         }
-        if used {
-            return Err(crate::plan::action_folder_in_the_way(a.id(), wf));
+        if let Some(root) = used {
+            return Err(crate::plan::action_folder_in_the_way(a.id(), wf, root));
         }
         Ok(())
     }

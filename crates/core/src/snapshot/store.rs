@@ -245,8 +245,13 @@ pub(super) fn open_existing(dir: &Dir, name: &str) -> io::Result<Option<Dir>> {
 
 /// Removes the action folder `name` in the workflow's folder `wf` when it holds nothing
 /// but a regular backup (see [`Snapshotter::remove_unfinished`]); says whether it did,
-/// or, when it could not, under which name the folder stays and why.
-pub(super) fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String, io::Error)> {
+/// or, when it could not, under which name the folder stays and why. `may_remove` is
+/// asked just before the folder is moved aside (a failure point).
+pub(super) fn remove_if_unfinished(
+    wf: &Dir,
+    name: &str,
+    may_remove: &impl Fn() -> io::Result<()>,
+) -> Result<bool, (String, io::Error)> {
     let here = |e| (name.to_owned(), e);
     // Not followed: a link or a file in a folder's place is no snapshot of ours.
     let Ok(dir) = wf.open_dir_nofollow(name) else {
@@ -273,6 +278,7 @@ pub(super) fn remove_if_unfinished(wf: &Dir, name: &str) -> Result<bool, (String
     // before its backup is gone; put back if it cannot be emptied. The name is no
     // action id (ids hold no dot at their start), and no other folder's.
     let aside = format!(".ailab-unfinished-{}-{name}", crate::ids::unique());
+    may_remove().map_err(here)?;
     wf.rename(name, wf, &aside).map_err(here)?;
     let gone = (|| {
         if backup {

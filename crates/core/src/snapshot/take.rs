@@ -285,7 +285,8 @@ impl Snapshotter {
     /// dead run's temporary files gone; the workflow's folder too when that leaves it
     /// empty. Returns how many, and the folders (names in the workflow's folder) that
     /// could not be removed, each with why: those stay. `may_remove` is asked before
-    /// each folder (a failure point): its refusal leaves that folder as the disk's would.
+    /// each unfinished folder is moved aside (a failure point): its refusal leaves that
+    /// folder as the disk's would.
     pub fn remove_unfinished(
         root: &SandboxRoot,
         workflow_id: &str,
@@ -311,10 +312,7 @@ impl Snapshotter {
                 continue;
             }
             // One folder that cannot be looked at or removed stays; the others go.
-            let removed_here = may_remove()
-                .map_err(|e| (name.clone(), e))
-                .and_then(|()| remove_if_unfinished(&wf, &name));
-            match removed_here {
+            match remove_if_unfinished(&wf, &name, &may_remove) {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
                 Err(stays) => left.push(stays),

@@ -362,7 +362,10 @@ fn an_empty_component_says_which_slash_to_drop() {
         ),
         ("/srv/sandbox-a/a/", "(a trailing '/')"),
         ("a//b.txt", "('//'); write each directory once"),
-        ("a//b/", "('//')"),
+        (
+            "a//b/",
+            "('//' and a trailing '/'); write one '/' between names and none at the end",
+        ),
         ("//srv/x.txt", "('//')"),
     ] {
         let r = detect_path_traversal(p).unwrap_err();
