@@ -548,6 +548,10 @@ thread_local! {
     /// the system had refused it.
     pub(super) static FAIL_CHECK: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
+    /// The error (its number) the next undoing of an exchange of names on this thread
+    /// meets, as if the system had refused it.
+    pub(super) static FAIL_UNDO: std::cell::Cell<Option<i32>> =
+        const { std::cell::Cell::new(None) };
     /// The error (its number) the next sync of a folder on this thread meets.
     pub(super) static FAIL_DIR_SYNC: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
@@ -745,8 +749,21 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                     // caller's to remove. Should `name` have been taken away meanwhile,
                     // the file replaced goes back under it all the same (never over
                     // another), rather than be removed with the temporary name.
-                    if exchange() == Err(Errno::NOENT) {
-                        let _ = renameat_with(dir, tmp, dir, name, RenameFlags::NOREPLACE);
+                    #[cfg(test)]
+                    let refused = FAIL_UNDO.take();
+                    #[cfg(not(test))]
+                    let refused: Option<i32> = None;
+                    let back = match refused.map(Errno::from_raw_os_error) {
+                        Some(e) => Err(e),
+                        None => match exchange() {
+                            Err(Errno::NOENT) => {
+                                renameat_with(dir, tmp, dir, name, RenameFlags::NOREPLACE)
+                            }
+                            back => back,
+                        },
+                    };
+                    if let Err(e) = back {
+                        return Err(not_put_back(dir, tmp, name, e.into()));
                     }
                 }
                 return done;
@@ -758,6 +775,28 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
     }
     dir.rename(tmp, dir, name)?;
     placed(dir, name, file)
+}
+
+/// The refusal of a write given up whose exchange of names could not be undone (`e`):
+/// the new bytes stand at `name`, and what the exchange took out, under `tmp`, is moved
+/// to a name of its own, so that the removal of the write's temporary file that follows
+/// does not take it (where the disk refuses that too, it stays under `tmp`).
+fn not_put_back(dir: &Dir, tmp: &str, name: &str, e: io::Error) -> io::Error {
+    use rustix::fs::{RenameFlags, renameat_with};
+    let kept = temp_name();
+    let kept = match renameat_with(dir, tmp, dir, &kept, RenameFlags::NOREPLACE) {
+        Ok(()) => kept,
+        Err(_) => tmp.to_owned(),
+    };
+    io::Error::other(Refusal::new(
+        ReasonCode::IoError,
+        format!(
+            "{} could not be put back as it was after the write was given up ({}): the new bytes stand there, and the file that stood there is kept beside it as {}; put it back by hand once the disk is put right",
+            shown_path(name),
+            crate::error::io_words(&e),
+            shown_path(&kept)
+        ),
+    ))
 }
 
 /// Removes `name` in `dir`, found a moment ago to be the file `was` describes, only if

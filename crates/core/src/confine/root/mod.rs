@@ -1501,14 +1501,8 @@ mod tests {
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn an_append_to_the_file_read_just_before_the_exchange_is_kept() {
-        use std::io::Write as _;
-        let (r, folder, _outside, _tmp) = raced_after_exchange(|f, _, tmp| {
-            let mut other = std::fs::OpenOptions::new()
-                .append(true)
-                .open(f.join(tmp))
-                .unwrap();
-            other.write_all(b" and more").unwrap();
-        });
+        let (r, folder, _outside, _tmp) =
+            raced_after_exchange(|f, _, tmp| append_as_another_program(&f.join(tmp)));
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert_eq!(
             std::fs::read(folder.join("t.txt")).unwrap(),
@@ -1525,6 +1519,39 @@ mod tests {
         );
     }
 
+    /// Appends " and more" to `path`, as another program would.
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn append_as_another_program(path: &Path) {
+        use std::io::Write as _;
+        let mut other = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        other.write_all(b" and more").unwrap();
+    }
+
+    /// A write given up whose exchange of names cannot be undone (the disk refuses it)
+    /// leaves its new bytes in place and says so; the file it took out, appended to by
+    /// another program, is kept under a name of its own, which the refusal gives, not
+    /// removed with the write's temporary file.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_replaced_that_cannot_be_put_back_is_kept_under_a_name_of_its_own() {
+        files::FAIL_UNDO.set(Some(rustix::io::Errno::IO.raw_os_error()));
+        let (r, folder, _outside, _tmp) =
+            raced_after_exchange(|f, _, tmp| append_as_another_program(&f.join(tmp)));
+        assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
+        let kept: Vec<_> = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != "t.txt")
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(
+            std::fs::read(folder.join(&kept[0])).unwrap(),
+            b"read and more"
+        );
+        assert!(r.reason.contains(&kept[0]), "{}", r.reason);
+    }
+
     /// A removal of the file as read (a rollback taking away a file its action made)
     /// moves it aside first: another program's append landing up to that move puts it
     /// back, bytes and all (`conflict`); should another file have taken its name by
@@ -1532,11 +1559,6 @@ mod tests {
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn a_file_appended_to_as_it_is_removed_is_kept() {
-        use std::io::Write as _;
-        fn append(path: &Path) {
-            let mut other = std::fs::OpenOptions::new().append(true).open(path).unwrap();
-            other.write_all(b" and more").unwrap();
-        }
         for case in ["unwritten", "appended", "appended, name taken"] {
             let (tmp, root) = root();
             let folder = tmp.path().join("root");
@@ -1547,7 +1569,7 @@ mod tests {
             files::AFTER_EXCHANGE.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, aside: &str| {
                     if case != "unwritten" {
-                        append(&f.join(aside));
+                        append_as_another_program(&f.join(aside));
                     }
                     if case == "appended, name taken" {
                         std::fs::write(f.join("t.txt"), b"newcomer").unwrap();
