@@ -802,7 +802,7 @@ impl Sandbox {
 
     /// [`Sandbox::target_state`], with what a restore judged by it may replace: the very
     /// file it read, nothing where it found nothing.
-    fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
+    pub(super) fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
         let r = &self.roots[root];
         if let Err(e) = self.fail_at("read_target") {
             return (TargetState::Failed(e.reason), Put::Any);

@@ -4873,3 +4873,31 @@ fn a_link_put_at_a_target_as_its_step_comes_is_not_for_force() {
         b"outside-secret"
     );
 }
+
+/// A forced rollback restores over whatever the target holds when it looks at it, never
+/// over what another program writes from that look on: an append landing then is kept
+/// (`conflict`), and the rollback can be made again (recovery undoes a dead run's
+/// action the same way).
+#[test]
+fn a_forced_rollback_keeps_an_append_made_after_its_look() {
+    let w = World::new();
+    w.write("log.txt", b"one\n");
+    let sb = w.sandbox();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_f", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "log.txt", "content": "two\n"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    sb.failpoints().interleave(
+        "during_restore",
+        another_program_appends(w.path("log.txt"), b"three\n"),
+    );
+    let rb = sb.rollback_workflow("wf_f", &forced());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(w.read("log.txt"), b"two\nthree\n");
+    let rb = sb.rollback_workflow("wf_f", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("log.txt"), b"one\n");
+}

@@ -856,16 +856,15 @@ pub(crate) fn stamp_at(dir: &Dir, path: &str) -> io::Result<Option<FileStamp>> {
 fn unchanged(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
     // Through the handle (cap-std), whatever `name` holds: only the look at the owner
     // record, a fixed path, takes the one-call `stamp_at`.
-    let now = match dir.symlink_metadata(name) {
-        Ok(m) => Some(FileStamp::of(&m)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+    match dir.symlink_metadata(name) {
+        Ok(m) if FileStamp::of(&m) == was => return Ok(()),
+        // What is no plain file is said for what it is (a link, a folder: to be moved
+        // away, not merely looked at again).
+        Ok(m) => super::refusal::only_plain(name, &m).map_err(io::Error::other)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
-    };
-    if now == Some(was) {
-        Ok(())
-    } else {
-        Err(io::Error::other(changed_meanwhile(name)))
     }
+    Err(io::Error::other(changed_meanwhile(name)))
 }
 
 /// A name that stays in its directory: not empty, no `/`, not `.` or `..`.

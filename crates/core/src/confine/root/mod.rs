@@ -757,7 +757,10 @@ impl SandboxRoot {
                         }
                         return Ok(true);
                     }
-                    Put::Unchanged(_) => true,
+                    Put::Unchanged(_) => {
+                        refusal::only_plain(&rel.as_string(), &m)?;
+                        true
+                    }
                     // Judged missing: a file there now is someone else's since.
                     Put::New => true,
                     // Taken as it is (a forced rollback), the target is still only ever

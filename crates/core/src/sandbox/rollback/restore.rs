@@ -686,7 +686,9 @@ impl Sandbox {
             {
                 Ok((false, Put::Any))
             }
-            RestoreMode::Force => Ok((true, Put::Any)),
+            // Whatever it holds, but only as it holds it now: what another program
+            // writes from this look on (an append) is kept, `conflict`.
+            RestoreMode::Force => Ok((true, self.target_state_judged(i, &meta.target()).1)),
             RestoreMode::Untouched => Ok((false, Put::Any)),
         }
         .and_then(|judged| self.fail_at("during_restore").map(|()| judged))
