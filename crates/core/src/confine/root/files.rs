@@ -815,7 +815,10 @@ pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Res
                 AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, &aside)));
                 let now = dir.symlink_metadata(&aside).map(|m| FileStamp::of(&m));
                 if now.as_ref().is_ok_and(|now| was.unwritten_since(*now)) {
-                    return dir.remove_file(&aside);
+                    // Not removed (the disk refusing it): back under its name.
+                    return dir.remove_file(&aside).inspect_err(|_| {
+                        let _ = renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE);
+                    });
                 }
                 // Back under its name, with what was written to it; should another
                 // file have taken the name meanwhile, it stays where it is, named.
