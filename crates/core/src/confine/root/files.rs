@@ -511,7 +511,9 @@ fn write_atomic_then(
         }
     });
     if let Err(e) = result {
-        let _ = dir.remove_file(&tmp);
+        if !temp_holds_kept(&e) {
+            let _ = dir.remove_file(&tmp);
+        }
         return Err(e);
     }
     if flush == Flush::FileAndDir {
@@ -548,8 +550,9 @@ thread_local! {
     /// the system had refused it.
     pub(super) static FAIL_CHECK: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
-    /// The error (its number) the next undoing of an exchange of names on this thread
-    /// meets, as if the system had refused it.
+    /// The error (its number) the next undoing of an exchange of names, or removal of a
+    /// file moved aside to be removed, on this thread meets, as if the system had
+    /// refused it.
     pub(super) static FAIL_UNDO: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
     /// The error (its number) the next sync of a folder on this thread meets.
@@ -779,24 +782,56 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
 
 /// The refusal of a write given up whose exchange of names could not be undone (`e`):
 /// the new bytes stand at `name`, and what the exchange took out, under `tmp`, is moved
-/// to a name of its own, so that the removal of the write's temporary file that follows
-/// does not take it (where the disk refuses that too, it stays under `tmp`).
+/// to a [`kept_name`] (a temporary name is one a later start removes). Where the disk
+/// refuses that too, it stays under `tmp`, and the refusal tells the caller not to
+/// remove that name ([`TempHoldsKept`]).
 fn not_put_back(dir: &Dir, tmp: &str, name: &str, e: io::Error) -> io::Error {
     use rustix::fs::{RenameFlags, renameat_with};
-    let kept = temp_name();
-    let kept = match renameat_with(dir, tmp, dir, &kept, RenameFlags::NOREPLACE) {
-        Ok(()) => kept,
-        Err(_) => tmp.to_owned(),
-    };
-    io::Error::other(Refusal::new(
+    let (name, why) = (shown_path(name), crate::error::io_words(&e));
+    let kept = kept_name();
+    if renameat_with(dir, tmp, dir, &kept, RenameFlags::NOREPLACE).is_ok() {
+        return io::Error::other(Refusal::new(
+            ReasonCode::IoError,
+            format!(
+                "{name} could not be put back as it was after the write was given up ({why}): the new bytes stand there, and the file that stood there is kept beside it as {}; put it back by hand once the disk is put right",
+                shown_path(&kept)
+            ),
+        ));
+    }
+    io::Error::other(TempHoldsKept(Refusal::new(
         ReasonCode::IoError,
         format!(
-            "{} could not be put back as it was after the write was given up ({}): the new bytes stand there, and the file that stood there is kept beside it as {}; put it back by hand once the disk is put right",
-            shown_path(name),
-            crate::error::io_words(&e),
-            shown_path(&kept)
+            "{name} could not be put back as it was after the write was given up ({why}): the new bytes stand there, and the file that stood there is beside it under the temporary name {}, which the next start of the runtime removes: move it back by hand before then",
+            shown_path(tmp)
         ),
-    ))
+    )))
+}
+
+/// A name for a file the runtime keeps for a person (one it could not put back): no
+/// temporary name, which recovery would remove as a dead process's.
+fn kept_name() -> String {
+    format!("{KEPT_MARKER}{}", crate::ids::unique())
+}
+
+/// What names of [`kept_name`] begin with.
+const KEPT_MARKER: &str = ".ailab-kept-";
+
+/// A write's refusal after which its temporary name holds a file to keep (see
+/// [`not_put_back`]): the caller does not remove that name.
+#[derive(Debug)]
+pub(crate) struct TempHoldsKept(pub(crate) Refusal);
+
+impl std::fmt::Display for TempHoldsKept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.reason)
+    }
+}
+
+impl std::error::Error for TempHoldsKept {}
+
+/// Whether `e` says the write's temporary name holds a file to keep.
+fn temp_holds_kept(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|e| e.is::<TempHoldsKept>())
 }
 
 /// Removes `name` in `dir`, found a moment ago to be the file `was` describes, only if
@@ -815,17 +850,29 @@ pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Res
                 AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, &aside)));
                 let now = dir.symlink_metadata(&aside).map(|m| FileStamp::of(&m));
                 if now.as_ref().is_ok_and(|now| was.unwritten_since(*now)) {
+                    #[cfg(test)]
+                    let removed = match FAIL_UNDO.take() {
+                        Some(e) => Err(io::Error::from_raw_os_error(e)),
+                        None => dir.remove_file(&aside),
+                    };
+                    #[cfg(not(test))]
+                    let removed = dir.remove_file(&aside);
                     // Not removed (the disk refusing it): back under its name.
-                    return dir.remove_file(&aside).inspect_err(|_| {
+                    return removed.inspect_err(|_| {
                         let _ = renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE);
                     });
                 }
                 // Back under its name, with what was written to it; should another
-                // file have taken the name meanwhile, it stays where it is, named.
-                return match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
-                    Ok(()) => Err(io::Error::other(changed_meanwhile(name))),
-                    Err(_) => Err(io::Error::other(super::refusal::kept_aside(name, &aside))),
+                // file have taken the name meanwhile, it is kept beside it, named.
+                if renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE).is_ok() {
+                    return Err(io::Error::other(changed_meanwhile(name)));
+                }
+                let kept = kept_name();
+                let kept = match renameat_with(dir, &aside, dir, &kept, RenameFlags::NOREPLACE) {
+                    Ok(()) => kept,
+                    Err(_) => aside,
                 };
+                return Err(io::Error::other(super::refusal::kept_aside(name, &kept)));
             }
             Err(Errno::NOENT) => return Ok(()),
             // No such rename here: the look just made is the last.
@@ -885,6 +932,8 @@ pub struct StagedWrite {
     name: String,
     /// The staged file, held open until it is in place (see [`write_atomic_placed`]).
     file: File,
+    /// Whether the staged name came to hold a file to keep (see [`TempHoldsKept`]).
+    keep: std::cell::Cell<bool>,
 }
 
 impl StagedWrite {
@@ -907,7 +956,8 @@ impl StagedWrite {
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
     /// the directory when `sync`.
     pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
-        put_in_place_checked(&self.dir, &self.staged, &self.name, put, &self.file)?;
+        put_in_place_checked(&self.dir, &self.staged, &self.name, put, &self.file)
+            .inspect_err(|e| self.keep.set(temp_holds_kept(e)))?;
         if sync {
             sync_dir(&self.dir)?;
         }
@@ -922,9 +972,12 @@ impl StagedWrite {
             .map_err(|e| root.map_write_error_in(&self.dir, rel, e))
     }
 
-    /// Removes the staged file; the target is left as it is.
+    /// Removes the staged file; the target is left as it is. A name that came to hold
+    /// a file to keep stays.
     pub fn discard(&self) {
-        let _ = self.dir.remove_file(&self.staged);
+        if !self.keep.get() {
+            let _ = self.dir.remove_file(&self.staged);
+        }
     }
 }
 
@@ -963,6 +1016,7 @@ impl SandboxRoot {
             staged,
             name: rel.file_name().to_owned(),
             file,
+            keep: std::cell::Cell::new(false),
         })
     }
 
@@ -995,6 +1049,7 @@ impl SandboxRoot {
                 staged: staged.to_owned(),
                 name: rel.file_name().to_owned(),
                 file,
+                keep: std::cell::Cell::new(false),
             },
             bytes,
         ))

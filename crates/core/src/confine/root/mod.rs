@@ -1078,10 +1078,11 @@ impl SandboxRoot {
             ),
             _ if crate::error::is_link_loop(&e) => self.detect_symlink_escape(rel.components()),
             _ if is_escape_error(&e) => self.detect_symlink_escape(rel.components()),
-            _ => match e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<Refusal>())
-            {
+            _ => match e.get_ref().and_then(|inner| {
+                inner
+                    .downcast_ref::<Refusal>()
+                    .or_else(|| inner.downcast_ref::<files::TempHoldsKept>().map(|k| &k.0))
+            }) {
                 Some(r) => named_in_full(r.clone(), rel),
                 None => io_refusal(what, rel.components(), &e),
             },
@@ -1548,6 +1549,8 @@ mod tests {
             .filter(|n| n != "t.txt")
             .collect();
         assert_eq!(kept.len(), 1, "{kept:?}");
+        // No temporary name, which a later start would remove as a dead process's.
+        assert!(kept[0].starts_with(".ailab-kept-"), "{kept:?}");
         assert_eq!(
             std::fs::read(folder.join(&kept[0])).unwrap(),
             b"read and more"
@@ -1558,11 +1561,20 @@ mod tests {
     /// A removal of the file as read (a rollback taking away a file its action made)
     /// moves it aside first: another program's append landing up to that move puts it
     /// back, bytes and all (`conflict`); should another file have taken its name by
-    /// then, both stay, the refusal naming where. Unwritten, it goes, nothing left.
+    /// then, both stay, the refusal naming where. Unwritten, it goes, nothing left;
+    /// should the disk refuse that, it goes back under its name.
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn a_file_appended_to_as_it_is_removed_is_kept() {
-        for case in ["unwritten", "appended", "appended, name taken"] {
+        for case in [
+            "unwritten",
+            "appended",
+            "appended, name taken",
+            "unwritten, removal refused",
+        ] {
+            if case == "unwritten, removal refused" {
+                files::FAIL_UNDO.set(Some(rustix::io::Errno::IO.raw_os_error()));
+            }
             let (tmp, root) = root();
             let folder = tmp.path().join("root");
             std::fs::write(folder.join("t.txt"), b"read").unwrap();
@@ -1571,7 +1583,7 @@ mod tests {
             let f = folder.clone();
             files::AFTER_EXCHANGE.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, aside: &str| {
-                    if case != "unwritten" {
+                    if case.starts_with("appended") {
                         append_as_another_program(&f.join(aside));
                     }
                     if case == "appended, name taken" {
@@ -1590,6 +1602,12 @@ mod tests {
                     assert_eq!(removed, Ok(true), "{case}");
                     assert!(names.is_empty(), "{case}: {names:?}");
                 }
+                "unwritten, removal refused" => {
+                    let r = removed.unwrap_err();
+                    assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
+                    assert_eq!(names, ["t.txt"], "{case}: back under its name");
+                    assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"read");
+                }
                 "appended" => {
                     let r = removed.unwrap_err();
                     assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
@@ -1605,7 +1623,7 @@ mod tests {
                     assert_eq!(names.len(), 2, "{names:?}");
                     assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"newcomer");
                     let aside = &names[0];
-                    assert!(aside.starts_with(".ailab-tmp-"), "{names:?}");
+                    assert!(aside.starts_with(".ailab-kept-"), "{names:?}");
                     assert_eq!(std::fs::read(folder.join(aside)).unwrap(), b"read and more");
                     assert!(r.reason.contains(aside.as_str()), "{}", r.reason);
                 }

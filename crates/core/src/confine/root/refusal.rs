@@ -19,14 +19,19 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
 }
 
 /// The refusal for a removal of `name` that found it written to by another program once
-/// moved aside, and another file at its name by then: what it held is kept as `aside`.
-pub(super) fn kept_aside(name: &str, aside: &str) -> Refusal {
+/// moved aside, and another file at its name by then: what it held is kept as `kept`.
+pub(super) fn kept_aside(name: &str, kept: &str) -> Refusal {
+    let temporary = if kept.starts_with(crate::confine::path::TEMP_MARKER) {
+        " (a temporary name, which the next start of the runtime removes: move it before then)"
+    } else {
+        ""
+    };
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{} was changed by another program as it was being removed, and another file took its name meanwhile; it was not removed: what it holds is kept beside it as {}, to be moved back by hand",
+            "{} was changed by another program as it was being removed, and another file took its name meanwhile; it was not removed: what it holds is kept beside it as {}{temporary}, to be moved back by hand",
             shown_path(name),
-            shown_path(aside)
+            shown_path(kept)
         ),
     )
 }
