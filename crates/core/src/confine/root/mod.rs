@@ -1404,10 +1404,7 @@ mod tests {
         assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
         assert_eq!(std::fs::metadata(&outside).unwrap().nlink(), 1);
-        let names: Vec<_> = std::fs::read_dir(&folder)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names = names_in(&folder);
         assert_eq!(names, ["t.txt"], "no name left beside it");
     }
 
@@ -1465,10 +1462,7 @@ mod tests {
                 .file_type()
                 .is_symlink()
         );
-        let names: Vec<_> = std::fs::read_dir(&folder)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names = names_in(&folder);
         assert_eq!(
             names,
             ["t.txt"],
@@ -1512,15 +1506,23 @@ mod tests {
             std::fs::read(folder.join("t.txt")).unwrap(),
             b"read and more"
         );
-        let names: Vec<_> = std::fs::read_dir(&folder)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names = names_in(&folder);
         assert_eq!(
             names,
             ["t.txt"],
             "the new bytes went with the temporary name"
         );
+    }
+
+    /// The names in `folder`, sorted.
+    #[allow(clippy::disallowed_methods)] // the test looks as a person would, by path
+    fn names_in(folder: &Path) -> Vec<String> {
+        let mut names: Vec<_> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
     }
 
     /// Appends " and more" to `path`, as another program would.
@@ -1543,9 +1545,8 @@ mod tests {
             raced_after_exchange(|f, _, tmp| append_as_another_program(&f.join(tmp)));
         assert_eq!(r.reason_code, ReasonCode::IoError, "{}", r.reason);
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"new");
-        let kept: Vec<_> = std::fs::read_dir(&folder)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
+        let kept: Vec<_> = names_in(&folder)
+            .into_iter()
             .filter(|n| n != "t.txt")
             .collect();
         assert_eq!(kept.len(), 1, "{kept:?}");
@@ -1592,11 +1593,7 @@ mod tests {
                 })));
             });
             let removed = root.remove_file_put(&rel, Put::Unchanged(stamp), false);
-            let mut names: Vec<_> = std::fs::read_dir(&folder)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            names.sort();
+            let names = names_in(&folder);
             match case {
                 "unwritten" => {
                     assert_eq!(removed, Ok(true), "{case}");
