@@ -175,7 +175,9 @@ impl StoreOwner {
             } else {
                 Flush::Nothing
             };
-            match write_atomic_placed(&rb, (OWNER_FILE, None), &sealed, 0o600, put, flush) {
+            let here = || Ok(());
+            match write_atomic_placed(&rb, (OWNER_FILE, None), &sealed, 0o600, (put, flush), &here)
+            {
                 Ok(()) => {
                     wrote = Some(match settled {
                         Settled::Claimed(_) => Settled::Claimed(workflows_in(&rb)),

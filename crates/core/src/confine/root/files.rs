@@ -452,7 +452,7 @@ pub fn write_atomic_flush(
     put: Put,
     flush: Flush,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (None, false))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (None, None))
 }
 
 /// [`write_atomic_flush`] of a target in a root, which whoever may write in the root can
@@ -461,28 +461,31 @@ pub fn write_atomic_flush(
 /// moved. Put in place by `put_in_place_checked`: refused (`conflict`) when the target
 /// would not be the file written, the file there before kept, rather than reported
 /// written with bytes the target does not hold. Written through the temporary name
-/// `tmp` when given (see [`action_temp_name`]), else a fresh one.
+/// `tmp` when given (see [`action_temp_name`]), else a fresh one. `still` says, once the
+/// file is in place, whether `dir` is still where the write was meant: when it is not,
+/// the write is taken back (the file replaced put back, a new file removed).
 pub fn write_atomic_placed(
     dir: &Dir,
     (name, tmp): (&str, Option<&str>),
     bytes: &[u8],
     mode: u32,
-    put: Put,
-    flush: Flush,
+    (put, flush): (Put, Flush),
+    still: &dyn Fn() -> io::Result<()>,
 ) -> io::Result<()> {
-    write_atomic_then(dir, name, (bytes, mode), put, flush, (tmp, true))
+    write_atomic_then(dir, name, (bytes, mode), put, flush, (tmp, Some(still)))
 }
 
 /// The atomic write, its file put in place by [`put_in_place_checked`] when `checked`
-/// (held open until then, so that its inode cannot be freed and given to another). Its
-/// temporary name is `known` (see [`action_temp_name`]) or a fresh one.
+/// (given what says the folder is still in place; the file held open until then, so
+/// that its inode cannot be freed and given to another). Its temporary name is `known`
+/// (see [`action_temp_name`]) or a fresh one.
 fn write_atomic_then(
     dir: &Dir,
     name: &str,
     (bytes, mode): (&[u8], u32),
     put: Put,
     flush: Flush,
-    (known, checked): (Option<&str>, bool),
+    (known, checked): (Option<&str>, Option<&dyn Fn() -> io::Result<()>>),
 ) -> io::Result<()> {
     let tmp = known.map_or_else(temp_name, str::to_owned);
     let owner = match put {
@@ -504,10 +507,9 @@ fn write_atomic_then(
     let result = made.and_then(|file| {
         #[cfg(test)]
         BEFORE_RENAME.with(|hook| hook.take().map(|f| f(dir, &tmp)));
-        if checked {
-            put_in_place_checked(dir, &tmp, name, put, &file)
-        } else {
-            put_in_place(dir, &tmp, name, put)
+        match checked {
+            Some(still) => put_in_place_checked(dir, (&tmp, name), put, &file, still),
+            None => put_in_place(dir, &tmp, name, put),
         }
     });
     if let Err(e) = result {
@@ -517,7 +519,7 @@ fn write_atomic_then(
         return Err(e);
     }
     if flush == Flush::FileAndDir {
-        sync_dir(dir).map_err(|e| match checked {
+        sync_dir(dir).map_err(|e| match checked.is_some() {
             // In place: never taken for a refusal before anything was touched.
             true => io::Error::other(super::refusal::failed_once_placed(
                 name,
@@ -532,7 +534,7 @@ fn write_atomic_then(
 
 /// What a test runs between a temporary file's making and its rename.
 #[cfg(test)]
-type RaceHook = Box<dyn FnOnce(&Dir, &str)>;
+pub(super) type RaceHook = Box<dyn FnOnce(&Dir, &str)>;
 
 #[cfg(test)]
 thread_local! {
@@ -703,10 +705,22 @@ fn put_in_place(dir: &Dir, tmp: &str, name: &str, put: Put) -> io::Result<()> {
 /// exchange took out goes back under the target's name, whether it stood there or
 /// another program renamed it over `tmp` since (nothing tells which). Where the
 /// filesystem cannot exchange names, a plain rename, checked after it.
-fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File) -> io::Result<()> {
+fn put_in_place_checked(
+    dir: &Dir,
+    (tmp, name): (&str, &str),
+    put: Put,
+    file: &File,
+    still: &dyn Fn() -> io::Result<()>,
+) -> io::Result<()> {
     if put == Put::New {
         put_in_place(dir, tmp, name, put)?;
-        return placed(dir, name, file);
+        placed(dir, name, file)?;
+        // The folder moved meanwhile (into another root, say): the new file goes back
+        // under its temporary name, which the caller removes.
+        return still().inspect_err(|_| {
+            let _ =
+                rustix::fs::renameat_with(dir, name, dir, tmp, rustix::fs::RenameFlags::NOREPLACE);
+        });
     }
     if let Put::Unchanged(was) = put {
         unchanged(dir, name, was)?;
@@ -746,7 +760,10 @@ fn put_in_place_checked(dir: &Dir, tmp: &str, name: &str, put: Put, file: &File)
                 // a program that renames something over it, or swaps names again within
                 // the microseconds between two calls, loses that name, never what a link
                 // names.)
-                let done = ours.and(replaced).and_then(|()| dir.remove_file(tmp));
+                let done = ours
+                    .and(replaced)
+                    .and_then(|()| still())
+                    .and_then(|()| dir.remove_file(tmp));
                 if done.is_err() {
                     // What stood at `name` goes back; what stood at `tmp` is the
                     // caller's to remove. Should `name` have been taken away meanwhile,
@@ -956,8 +973,25 @@ impl StagedWrite {
     /// Puts the staged bytes in place (see [`Put`] for what it may replace), then syncs
     /// the directory when `sync`.
     pub fn commit(&self, put: Put, sync: bool) -> io::Result<()> {
-        put_in_place_checked(&self.dir, &self.staged, &self.name, put, &self.file)
-            .inspect_err(|e| self.keep.set(temp_holds_kept(e)))?;
+        self.commit_checked(put, sync, &|| Ok(()))
+    }
+
+    /// [`StagedWrite::commit`], `still` saying once the file is in place whether its
+    /// folder is still where the write was meant (see [`put_in_place_checked`]).
+    fn commit_checked(
+        &self,
+        put: Put,
+        sync: bool,
+        still: &dyn Fn() -> io::Result<()>,
+    ) -> io::Result<()> {
+        put_in_place_checked(
+            &self.dir,
+            (&self.staged, &self.name),
+            put,
+            &self.file,
+            still,
+        )
+        .inspect_err(|e| self.keep.set(temp_holds_kept(e)))?;
         if sync {
             sync_dir(&self.dir)?;
         }
@@ -968,7 +1002,7 @@ impl StagedWrite {
     /// `root`, as a write's: one refused because the folder was moved out of the root
     /// meanwhile says so.
     pub fn commit_in(&self, root: &SandboxRoot, rel: &RelPath, put: Put, sync: bool) -> Verdict {
-        self.commit(put, sync)
+        self.commit_checked(put, sync, &|| root.still_in_place(&self.dir, rel))
             .map_err(|e| root.map_write_error_in(&self.dir, rel, e))
     }
 

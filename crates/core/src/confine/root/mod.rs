@@ -174,8 +174,8 @@ pub(crate) use files::{
     temp_files_made_by,
 };
 use refusal::{
-    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, named_in_full,
-    removed_meanwhile, special_refusal,
+    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, moved_while_written,
+    named_in_full, removed_meanwhile, special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
@@ -638,9 +638,46 @@ impl SandboxRoot {
         (flush, tmp): (Flush, Option<&str>),
     ) -> Verdict<Vec<String>> {
         let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
-        write_atomic_placed(&dir, (rel.file_name(), tmp), bytes, mode, put, flush)
-            .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
+        let still = || self.still_in_place(&dir, rel);
+        write_atomic_placed(
+            &dir,
+            (rel.file_name(), tmp),
+            bytes,
+            mode,
+            (put, flush),
+            &still,
+        )
+        .map_err(|e| made_then(&created, self.map_write_error_in(&dir, rel, e)))?;
         Ok(created)
+    }
+
+    /// `Ok` while `dir`, opened as `rel`'s parent, is still what the root holds at that
+    /// path; else the refusal of a write whose folder another program moved meanwhile
+    /// (into another root or the state directory, which Landlock allows, or elsewhere
+    /// in this root), to be taken back.
+    pub(crate) fn still_in_place(&self, dir: &Dir, rel: &RelPath) -> io::Result<()> {
+        if rel.parent_components().is_empty() {
+            return Ok(());
+        }
+        let moved = || {
+            Err(io::Error::other(moved_while_written(
+                rel.parent_components(),
+            )))
+        };
+        let Ok(was) = dir.dir_metadata() else {
+            return Ok(());
+        };
+        match self.open_parent(rel, false, false) {
+            Ok((now, _)) => match now.dir_metadata() {
+                Ok(m) if (m.dev(), m.ino()) == (was.dev(), was.ino()) => Ok(()),
+                Ok(_) => moved(),
+                Err(_) => Ok(()),
+            },
+            // Not looked at (out of descriptors, a failing disk): not judged moved.
+            Err(r) if r.reason_code == ReasonCode::IoError => Ok(()),
+            // Gone, or a link or a file in its place.
+            Err(_) => moved(),
+        }
     }
 
     /// `mkdir -p`: creates the directory and missing parents (mode 0755). Returns the
@@ -1523,6 +1560,56 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    /// A folder another program moves away (here into another root) while a write puts
+    /// its file there takes no write: the file replaced goes back, a new file is taken
+    /// back, nothing of the write is left where the folder went, and the write is
+    /// refused `conflict` naming the folder.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_folder_moved_away_as_the_write_lands_takes_nothing() {
+        for replacing in [true, false] {
+            let (tmp, root) = root();
+            let (folder, elsewhere) = (tmp.path().join("root/d"), tmp.path().join("other"));
+            std::fs::create_dir(&folder).unwrap();
+            std::fs::create_dir(&elsewhere).unwrap();
+            let rel = RelPath::from_components(comps("d/t.txt"));
+            let put = if replacing {
+                std::fs::write(folder.join("t.txt"), b"read").unwrap();
+                Put::Unchanged(root.read_file_stamped(&rel, 1024).unwrap().1)
+            } else {
+                Put::New
+            };
+            let (from, to) = (folder.clone(), elsewhere.join("d"));
+            let mover: files::RaceHook = Box::new(move |_: &Dir, _: &str| {
+                std::fs::rename(&from, &to).unwrap();
+            });
+            if replacing {
+                files::AFTER_EXCHANGE.with(|hook| hook.set(Some(mover)));
+            } else {
+                files::BEFORE_RENAME.with(|hook| hook.set(Some(mover)));
+            }
+            let r = root
+                .write_atomic_put(
+                    &rel,
+                    b"new",
+                    0o644,
+                    put,
+                    Make::Nothing,
+                    (Flush::Nothing, None),
+                )
+                .unwrap_err();
+            assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+            assert!(r.reason.contains("'d' was moved away"), "{}", r.reason);
+            let moved = elsewhere.join("d");
+            if replacing {
+                assert_eq!(names_in(&moved), ["t.txt"]);
+                assert_eq!(std::fs::read(moved.join("t.txt")).unwrap(), b"read");
+            } else {
+                assert!(names_in(&moved).is_empty(), "{:?}", names_in(&moved));
+            }
+        }
     }
 
     /// Appends " and more" to `path`, as another program would.

@@ -174,6 +174,19 @@ pub(super) fn moved_meanwhile(comps: &[String]) -> Refusal {
     )
 }
 
+/// The refusal for a write whose folder `comps` (root-relative) another program moved
+/// away from that path while the write put its file in place (into another root, say):
+/// the write is taken back there, what it replaced put back.
+pub(super) fn moved_while_written(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} was moved away from that path while the action wrote into it; the write was taken back where the directory went, nothing of it left: try again",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
 /// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
 /// validation gives the same answer for a parent an earlier action makes a file.
 pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
