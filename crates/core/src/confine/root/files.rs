@@ -552,9 +552,9 @@ thread_local! {
     /// the system had refused it.
     pub(super) static FAIL_CHECK: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
-    /// The error (its number) the next undoing of an exchange of names, or removal of a
-    /// file moved aside to be removed, on this thread meets, as if the system had
-    /// refused it.
+    /// The error (its number) the next undoing of an exchange of names, taking back of a
+    /// new file, or removal of a file moved aside to be removed, on this thread meets,
+    /// as if the system had refused it.
     pub(super) static FAIL_UNDO: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
     /// The error (its number) the next sync of a folder on this thread meets.
@@ -717,9 +717,24 @@ fn put_in_place_checked(
         placed(dir, name, file)?;
         // The folder moved meanwhile (into another root, say): the new file goes back
         // under its temporary name, which the caller removes.
-        return still().inspect_err(|_| {
-            let _ =
-                rustix::fs::renameat_with(dir, name, dir, tmp, rustix::fs::RenameFlags::NOREPLACE);
+        let Err(moved) = still() else {
+            return Ok(());
+        };
+        #[cfg(test)]
+        let refused = FAIL_UNDO.take();
+        #[cfg(not(test))]
+        let refused: Option<i32> = None;
+        let back = match refused {
+            Some(e) => Err(io::Error::from_raw_os_error(e)),
+            None => {
+                rustix::fs::renameat_with(dir, name, dir, tmp, rustix::fs::RenameFlags::NOREPLACE)
+                    .map_err(io::Error::from)
+            }
+        };
+        // Where the folder went may refuse it (Landlock, outside every root): said.
+        return Err(match back {
+            Ok(()) => moved,
+            Err(e) => io::Error::other(super::refusal::not_taken_back(name, &e)),
         });
     }
     if let Put::Unchanged(was) = put {

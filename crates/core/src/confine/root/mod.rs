@@ -1612,6 +1612,38 @@ mod tests {
         }
     }
 
+    /// A new file that cannot be taken back where its moved folder went (Landlock refuses
+    /// it there, outside every root) is said to be there, never "nothing of it left".
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_new_file_not_taken_back_is_said_to_be_where_its_folder_went() {
+        let (tmp, root) = root();
+        let (folder, elsewhere) = (tmp.path().join("root/d"), tmp.path().join("other"));
+        std::fs::create_dir(&folder).unwrap();
+        let to = elsewhere.clone();
+        files::BEFORE_RENAME.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, _: &str| {
+                std::fs::rename(&folder, &to).unwrap();
+            })))
+        });
+        files::FAIL_UNDO.set(Some(rustix::io::Errno::ACCESS.raw_os_error()));
+        let rel = RelPath::from_components(comps("d/t.txt"));
+        let r = root
+            .write_atomic_put(
+                &rel,
+                b"new",
+                0o644,
+                Put::New,
+                Make::Nothing,
+                (Flush::Nothing, None),
+            )
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert!(r.reason.contains("could not be taken back"), "{}", r.reason);
+        assert!(!r.reason.contains("nothing of it left"), "{}", r.reason);
+        assert_eq!(std::fs::read(elsewhere.join("t.txt")).unwrap(), b"new");
+    }
+
     /// Appends " and more" to `path`, as another program would.
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn append_as_another_program(path: &Path) {

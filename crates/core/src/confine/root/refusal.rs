@@ -187,6 +187,19 @@ pub(super) fn moved_while_written(comps: &[String]) -> Refusal {
     )
 }
 
+/// The refusal for a new file `name` whose folder another program moved away as it was
+/// put there, and that could not be taken back where the folder went (`e`).
+pub(super) fn not_taken_back(name: &str, e: &std::io::Error) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{}: its directory was moved away from that path while the action wrote into it, and the new file could not be taken back where the directory went ({}): it may stand there",
+            shown_path(name),
+            crate::error::io_words(e)
+        ),
+    )
+}
+
 /// The refusal for a path whose parent `comps` (root-relative) is not a directory; plan
 /// validation gives the same answer for a parent an earlier action makes a file.
 pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
