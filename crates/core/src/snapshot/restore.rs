@@ -149,7 +149,9 @@ impl RollbackEngine {
     /// is not the workflow's is left in place rather than refused.
     ///
     /// A file the action made whose directory is missing is not called verified gone:
-    /// the directory may have been moved away with it (and come back). One whose
+    /// the directory may have been moved away with it (and come back). Unforced, when
+    /// the caller saw the file (`put` [`Put::Unchanged`]), that is a `conflict`: nothing
+    /// is removed, and the rollback is left to be run again. One whose
     /// directory goes between the look and the removal is a `conflict` (nothing was
     /// removed), except when `recovering`: a dead run's undo must come to an end.
     ///
@@ -317,6 +319,23 @@ impl RollbackEngine {
                     Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?
                 {
                     return Ok(left);
+                }
+            }
+            // Unforced, the rollback's check saw the file the action made: its folder
+            // gone since was moved away with it, where the file lives on, or removed;
+            // nothing tells which, and taken for removed the workflow would be called
+            // rolled back with the file standing wherever the folder went, and at its
+            // path again once the folder is back.
+            TargetKind::Missing if forced == Forced::No && matches!(put, Put::Unchanged(_)) => {
+                if let Some(dir) = &away {
+                    return Err(Refusal::new(
+                        ReasonCode::Conflict,
+                        format!(
+                            "the directory {} on the way to {} went missing after the rollback's check (moved away with the file, or removed); nothing was removed: put it back and {ROLL_BACK_AGAIN}, or, if it was removed, {ROLL_BACK_AGAIN} with force",
+                            shown_path(dir),
+                            shown_path(&meta.original_path)
+                        ),
+                    ));
                 }
             }
             TargetKind::Missing => {}

@@ -4283,6 +4283,55 @@ fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_verified_gone(
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Unforced, the rollback's check saw the files the workflow made; their folder moved
+/// away after it is no removal of theirs: the steps are refused `conflict`, nothing is
+/// called rolled back, and once the folder is back a rollback removes the files.
+#[test]
+fn a_folder_moved_away_after_the_check_refuses_an_unforced_rollback() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_moved", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let (d, away) = (w.path("d"), w.path("d.away"));
+    let (d2, away2) = (d.clone(), away.clone());
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            let _ = std::fs::rename(&d2, &away2);
+        }),
+    );
+    let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
+    std::fs::rename(&away, &d).unwrap();
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    let first = &rb.steps[0];
+    assert_eq!(first.action_id, "a2", "{rb:?}");
+    assert!(!first.restored, "{rb:?}");
+    assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert!(
+        first
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the directory 'd' on the way to 'd/f2.md' went missing"),
+        "{rb:?}"
+    );
+    assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
+    assert_eq!(w.read("d/f1.md"), b"one");
+    assert_eq!(w.read("d/f2.md"), b"two");
+    let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A folder the workflow made, removed for good by someone else with the workflow's files
 /// in it: a forced rollback finishes, removes the folders the workflow made, and says it
 /// could not check the files.
