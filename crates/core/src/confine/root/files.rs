@@ -869,8 +869,14 @@ fn temp_holds_kept(e: &io::Error) -> bool {
 /// Removes `name` in `dir`, found a moment ago to be the file `was` describes, only if
 /// nothing was written to it since: moved aside under a fresh temporary name first, so
 /// that what another program appends up to that move is seen there and the file put
-/// back (never over another file), `conflict`. Gone meanwhile: nothing to remove.
-pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Result<()> {
+/// back (never over another file), `conflict`. So too when `still` refuses: the folder
+/// is no longer at its path. Gone meanwhile: nothing to remove.
+pub(super) fn remove_unwritten(
+    dir: &Dir,
+    name: &str,
+    was: FileStamp,
+    still: &dyn Fn() -> Result<(), Refusal>,
+) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     if is_single_component(name) {
         use rustix::fs::{RenameFlags, renameat_with};
@@ -881,7 +887,11 @@ pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Res
                 #[cfg(test)]
                 AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, &aside)));
                 let now = dir.symlink_metadata(&aside).map(|m| FileStamp::of(&m));
-                if now.as_ref().is_ok_and(|now| was.unwritten_since(*now)) {
+                let (why, moved) = if !now.as_ref().is_ok_and(|now| was.unwritten_since(*now)) {
+                    (changed_meanwhile(name), false)
+                } else if let Err(moved) = still() {
+                    (moved, true)
+                } else {
                     #[cfg(test)]
                     let removed = match FAIL_UNDO.take() {
                         Some(e) => Err(io::Error::from_raw_os_error(e)),
@@ -893,18 +903,20 @@ pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Res
                     return removed.inspect_err(|_| {
                         let _ = renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE);
                     });
-                }
+                };
                 // Back under its name, with what was written to it; should another
                 // file have taken the name meanwhile, it is kept beside it, named.
                 if renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE).is_ok() {
-                    return Err(io::Error::other(changed_meanwhile(name)));
+                    return Err(io::Error::other(why));
                 }
                 let kept = kept_name();
                 let kept = match renameat_with(dir, &aside, dir, &kept, RenameFlags::NOREPLACE) {
                     Ok(()) => kept,
                     Err(_) => aside,
                 };
-                return Err(io::Error::other(super::refusal::kept_aside(name, &kept)));
+                return Err(io::Error::other(super::refusal::kept_aside(
+                    name, &kept, moved,
+                )));
             }
             Err(Errno::NOENT) => return Ok(()),
             // No such rename here: the look just made is the last.
@@ -912,6 +924,7 @@ pub(super) fn remove_unwritten(dir: &Dir, name: &str, was: FileStamp) -> io::Res
             Err(e) => return Err(e.into()),
         }
     }
+    still().map_err(io::Error::other)?;
     dir.remove_file(name)
 }
 

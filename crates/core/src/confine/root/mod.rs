@@ -174,8 +174,8 @@ pub(crate) use files::{
     temp_files_made_by,
 };
 use refusal::{
-    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, moved_while_written,
-    named_in_full, removed_meanwhile, special_refusal,
+    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, moved_while_removed,
+    moved_while_written, named_in_full, removed_meanwhile, special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
@@ -656,27 +656,29 @@ impl SandboxRoot {
     /// (into another root or the state directory, which Landlock allows, or elsewhere
     /// in this root), to be taken back.
     pub(crate) fn still_in_place(&self, dir: &Dir, rel: &RelPath) -> io::Result<()> {
-        if rel.parent_components().is_empty() {
-            return Ok(());
-        }
-        let moved = || {
-            Err(io::Error::other(moved_while_written(
+        if self.moved_from(dir, rel) {
+            return Err(io::Error::other(moved_while_written(
                 rel.parent_components(),
-            )))
-        };
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `dir`, opened as `rel`'s parent, is no longer what the root holds at that
+    /// path: gone, or a link, a file or another folder in its place. One that cannot be
+    /// looked at (out of descriptors, a failing disk) is not judged moved.
+    fn moved_from(&self, dir: &Dir, rel: &RelPath) -> bool {
+        if rel.parent_components().is_empty() {
+            return false;
+        }
         let Ok(was) = dir.dir_metadata() else {
-            return Ok(());
+            return false;
         };
         match self.open_parent(rel, false, false) {
-            Ok((now, _)) => match now.dir_metadata() {
-                Ok(m) if (m.dev(), m.ino()) == (was.dev(), was.ino()) => Ok(()),
-                Ok(_) => moved(),
-                Err(_) => Ok(()),
-            },
-            // Not looked at (out of descriptors, a failing disk): not judged moved.
-            Err(r) if r.reason_code == ReasonCode::IoError => Ok(()),
-            // Gone, or a link or a file in its place.
-            Err(_) => moved(),
+            Ok((now, _)) => now
+                .dir_metadata()
+                .is_ok_and(|m| (m.dev(), m.ino()) != (was.dev(), was.ino())),
+            Err(r) => r.reason_code != ReasonCode::IoError,
         }
     }
 
@@ -786,7 +788,15 @@ impl SandboxRoot {
             Ok(m) => {
                 let changed = match put {
                     Put::Unchanged(was) if FileStamp::of(&m) == was => {
-                        files::remove_unwritten(&dir, rel.file_name(), was)
+                        // Its folder moved away meanwhile (into another root, say), the
+                        // file is no longer the one at this path: left where it went.
+                        let still = || {
+                            if self.moved_from(&dir, rel) {
+                                return Err(moved_while_removed(rel));
+                            }
+                            Ok(())
+                        };
+                        files::remove_unwritten(&dir, rel.file_name(), was, &still)
                             .map_err(|e| self.map_error("remove", rel, e))?;
                         if durable {
                             sync_dir(&dir)
@@ -1745,6 +1755,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A removal (a rollback taking away a file its action made) whose folder another
+    /// program moves away (here out of the root) as the file is moved aside removes
+    /// nothing: the file goes back under its name where the folder went, and the
+    /// removal is refused `conflict`, naming the folder.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_whose_folder_moves_away_as_it_is_removed_is_kept_there() {
+        let (tmp, root) = root();
+        let (folder, elsewhere) = (tmp.path().join("root/d"), tmp.path().join("other"));
+        std::fs::create_dir(&folder).unwrap();
+        std::fs::write(folder.join("t.txt"), b"read").unwrap();
+        let rel = RelPath::from_components(comps("d/t.txt"));
+        let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+        let to = elsewhere.clone();
+        files::AFTER_EXCHANGE.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, _: &str| {
+                std::fs::rename(&folder, &to).unwrap();
+            })));
+        });
+        let r = root
+            .remove_file_put(&rel, Put::Unchanged(stamp), false)
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert!(r.reason.contains("'d' was moved away"), "{}", r.reason);
+        assert_eq!(names_in(&elsewhere), ["t.txt"]);
+        assert_eq!(std::fs::read(elsewhere.join("t.txt")).unwrap(), b"read");
     }
 
     /// A dead process's temporary name that another program renamed a link or a FIFO

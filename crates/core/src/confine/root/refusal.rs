@@ -19,8 +19,9 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
 }
 
 /// The refusal for a removal of `name` that found it written to by another program once
-/// moved aside, and another file at its name by then: what it held is kept as `kept`.
-pub(super) fn kept_aside(name: &str, kept: &str) -> Refusal {
+/// moved aside (or its folder `moved` away), and another file at its name by then: what
+/// it held is kept as `kept`.
+pub(super) fn kept_aside(name: &str, kept: &str, moved: bool) -> Refusal {
     let temporary = if kept.starts_with(crate::confine::path::TEMP_MARKER) {
         " (a temporary name, which the next start of the runtime removes: move it before then)"
     } else {
@@ -29,8 +30,13 @@ pub(super) fn kept_aside(name: &str, kept: &str) -> Refusal {
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{} was changed by another program as it was being removed, and another file took its name meanwhile; it was not removed: what it holds is kept beside it as {}{temporary}, to be moved back by hand",
+            "{} {} as it was being removed, and another file took its name meanwhile; it was not removed: what it holds is kept beside it as {}{temporary}, to be moved back by hand",
             shown_path(name),
+            if moved {
+                "had its directory moved away by another program"
+            } else {
+                "was changed by another program"
+            },
             shown_path(kept)
         ),
     )
@@ -183,6 +189,19 @@ pub(super) fn moved_while_written(comps: &[String]) -> Refusal {
         format!(
             "the directory {} was moved away from that path while the action wrote into it; the write was taken back where the directory went, nothing of it left: try again",
             shown_path(&comps.join("/"))
+        ),
+    )
+}
+
+/// The refusal for a removal of `rel` whose folder another program moved away as it
+/// was removed: the file was put back under its name, where the folder went.
+pub(super) fn moved_while_removed(rel: &crate::confine::RelPath) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} was moved away from that path as {} was being removed; nothing was removed (the file is where the directory went): put the directory back, then try again",
+            shown_path(&rel.parent_components().join("/")),
+            shown_path(&rel.as_string())
         ),
     )
 }
