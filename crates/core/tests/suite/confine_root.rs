@@ -688,7 +688,8 @@ fn write_atomic_on_a_hard_link_leaves_the_outside_file_unchanged() {
         .unwrap_err();
     assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
     assert!(
-        r.reason.contains("a file with 2 hard links"),
+        r.reason.contains("a file with 2 hard links")
+            && r.reason.contains("gave it another name or put it there"),
         "{}",
         r.reason
     );

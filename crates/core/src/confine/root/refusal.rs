@@ -74,19 +74,23 @@ pub(super) fn only_plain(name: &str, m: &cap_std::fs::Metadata) -> Result<(), Re
 /// It is left in place.
 fn put_there_meanwhile(name: &str, m: &cap_std::fs::Metadata) -> Refusal {
     use cap_std::fs::MetadataExt as _;
-    let what = if m.is_dir() {
-        "a directory".to_owned()
+    // A file with other links may be the very one judged, linked since.
+    let (what, done) = if m.is_dir() {
+        ("a directory".to_owned(), "put it there")
     } else if m.file_type().is_symlink() {
-        "a symbolic link".to_owned()
+        ("a symbolic link".to_owned(), "put it there")
     } else if m.is_file() {
-        format!("a file with {} hard links", m.nlink())
+        (
+            format!("a file with {} hard links", m.nlink()),
+            "gave it another name or put it there",
+        )
     } else {
-        "a FIFO, socket or device".to_owned()
+        ("a FIFO, socket or device".to_owned(), "put it there")
     };
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{} was {what} just as it was to be replaced or removed: another program put it there since it was judged; it was left in place, and nothing was written there: move it away, then try again",
+            "{} was {what} just as it was to be replaced or removed: another program {done} since it was judged; it was left in place, and nothing was written there: move it away, then try again",
             shown_path(name)
         ),
     )
