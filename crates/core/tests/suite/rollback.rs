@@ -4242,6 +4242,31 @@ fn a_left_folder_emptied_by_hand_is_removed_by_the_next_prune() {
     assert!(!w.path("d").exists(), "removed by the prune's housekeeping");
 }
 
+/// Runs `wf_moved`, two files made in a new folder `d`, and arms its move to `d.away` at
+/// the next restore (before the first step's restore; back by the caller after):
+/// `(d, d.away)`.
+fn two_files_moved_away_at_their_restore(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let r = run(
+        sb,
+        json!({"workflow_id": "wf_moved", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let (d, away) = (w.path("d"), w.path("d.away"));
+    let (d2, away2) = (d.clone(), away.clone());
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            let _ = std::fs::rename(&d2, &away2);
+        }),
+    );
+    (d, away)
+}
+
 /// A file the workflow made beneath a folder that is missing when the rollback comes to
 /// it is not called verified gone: the folder may have been moved away with the file in
 /// it, for an instant (another program renaming it and back) or for good. The step says
@@ -4251,22 +4276,7 @@ fn a_file_beneath_a_folder_missing_at_its_restore_is_never_called_verified_gone(
     let w = World::new();
     w.write("keep.txt", b"k");
     let sb = w.open(w.writable_config());
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_moved", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
-            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    // Moved away while the rollback runs (just before its restores), and back after.
-    let (d, away) = (w.path("d"), w.path("d.away"));
-    let (d2, away2) = (d.clone(), away.clone());
-    sb.failpoints().interleave(
-        "during_restore",
-        std::sync::Arc::new(move || {
-            let _ = std::fs::rename(&d2, &away2);
-        }),
-    );
+    let (d, away) = two_files_moved_away_at_their_restore(&w, &sb);
     let rb = sb.rollback_workflow("wf_moved", &forced());
     std::fs::rename(&away, &d).unwrap();
     assert_eq!(rb.steps.len(), 2, "{rb:?}");
@@ -4292,21 +4302,7 @@ fn a_folder_moved_away_after_the_check_refuses_an_unforced_rollback() {
     w.write("keep.txt", b"k");
     let sb = w.open(w.writable_config());
     let before = w.tree();
-    let r = run(
-        &sb,
-        json!({"workflow_id": "wf_moved", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
-            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
-    let (d, away) = (w.path("d"), w.path("d.away"));
-    let (d2, away2) = (d.clone(), away.clone());
-    sb.failpoints().interleave(
-        "during_restore",
-        std::sync::Arc::new(move || {
-            let _ = std::fs::rename(&d2, &away2);
-        }),
-    );
+    let (d, away) = two_files_moved_away_at_their_restore(&w, &sb);
     let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
     std::fs::rename(&away, &d).unwrap();
     assert_ne!(rb.status, "rolled_back", "{rb:?}");
