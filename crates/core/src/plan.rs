@@ -24,7 +24,7 @@ pub const MAX_EDITS_PER_PLAN: usize = 256;
 /// aside). A scalar, an array or an empty object renders to at least two bytes, so data
 /// of those never needs more than half its operation's largest file (2 MiB) and a plan
 /// holds two such actions; data of very many small objects (`{"a":0}` counts 18 and
-/// renders in 7 bytes) is refused before its file would be, at some 110,000 of them.
+/// renders in 7 bytes) is refused before its file would be, at some 116,500 of them.
 pub const MAX_DATA_VALUES_PER_PLAN: usize = 2 * 1024 * 1024;
 
 /// Data of fewer values than this (a few MiB parsed) is small: the HTTP and MCP faces,

@@ -220,7 +220,7 @@ pub enum ServeError {
     EmptyToken,
     /// The token is too short to resist guessing.
     #[error(
-        "the token is shorter than {MIN_TOKEN_LEN} characters{TOKEN_SOURCES}; use a long \
+        "the token is shorter than {MIN_TOKEN_LEN} bytes{TOKEN_SOURCES}; use a long \
          random token (for example 32 hexadecimal digits)"
     )]
     ShortToken,
@@ -286,7 +286,7 @@ fn bind_advice(error: &std::io::Error) -> &'static str {
 /// `AI_LAB_SANDBOX_TOKEN` left in the environment is the usual surprise.
 const TOKEN_SOURCES: &str = " (it is taken from --token, else AI_LAB_SANDBOX_TOKEN, else [server] token in the config file: check each)";
 
-/// The shortest token `serve` accepts.
+/// The shortest token `serve` accepts, in bytes (a random token is ASCII).
 pub const MIN_TOKEN_LEN: usize = 16;
 
 /// Resolves `host:port` (an IP literal or a name such as `localhost`).
