@@ -297,7 +297,7 @@ impl RollbackEngine {
                     return Err(Refusal::new(
                         ReasonCode::Conflict,
                         format!(
-                            "the directory holding {} was moved or removed just as it was to be removed; nothing was removed: {ROLL_BACK_AGAIN}",
+                            "{}, or the directory holding it, was moved or removed just as it was to be removed; nothing was removed: {ROLL_BACK_AGAIN}",
                             shown_path(&meta.original_path)
                         ),
                     ));
@@ -321,22 +321,13 @@ impl RollbackEngine {
                     return Ok(left);
                 }
             }
-            // Unforced, the rollback's check saw the file the action made: its folder
-            // gone since was moved away with it, where the file lives on, or removed;
-            // nothing tells which, and taken for removed the workflow would be called
-            // rolled back with the file standing wherever the folder went, and at its
-            // path again once the folder is back.
+            // Unforced, the rollback's check saw the file the action made: gone since,
+            // or its folder gone, it was moved away (with its folder, or its folder
+            // swapped for another, where it lives on) or removed; nothing tells which,
+            // and taken for removed the workflow would be called rolled back with the
+            // file standing wherever it went, and at its path again once it is back.
             TargetKind::Missing if forced == Forced::No && matches!(put, Put::Unchanged(_)) => {
-                if let Some(dir) = &away {
-                    return Err(Refusal::new(
-                        ReasonCode::Conflict,
-                        format!(
-                            "the directory {} on the way to {} went missing after the rollback's check (moved away with the file, or removed); nothing was removed: put it back and {ROLL_BACK_AGAIN}, or, if it was removed, {ROLL_BACK_AGAIN} with force",
-                            shown_path(dir),
-                            shown_path(&meta.original_path)
-                        ),
-                    ));
-                }
+                return Err(gone_since_checked(meta, away.as_deref()));
             }
             TargetKind::Missing => {}
         }
@@ -460,6 +451,28 @@ impl RollbackEngine {
             detail: still.then(|| detail.to_owned()),
         })
     }
+}
+
+/// The refusal of an unforced restore that found gone the file its action made, which
+/// the rollback's check saw (`away`: the missing directory on the way, if any).
+fn gone_since_checked(meta: &SnapshotMeta, away: Option<&str>) -> Refusal {
+    let what = match away {
+        Some(dir) => format!(
+            "the directory {} on the way to {} went missing after the rollback's check",
+            shown_path(dir),
+            shown_path(&meta.original_path)
+        ),
+        None => format!(
+            "{} went missing after the rollback's check saw it (its directory may have been swapped for another)",
+            shown_path(&meta.original_path)
+        ),
+    };
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{what}: moved away, where the file lives on, or removed; nothing was removed: put it back and {ROLL_BACK_AGAIN}, or, if it was removed, {ROLL_BACK_AGAIN} with force"
+        ),
+    )
 }
 
 /// What a restore that could not be checked afterwards for the runtime's own reasons

@@ -4242,6 +4242,18 @@ fn a_left_folder_emptied_by_hand_is_removed_by_the_next_prune() {
     assert!(!w.path("d").exists(), "removed by the prune's housekeeping");
 }
 
+/// Runs workflow `wf`: two files, `d/f1.md` ("one", action a1) and `d/f2.md` ("two",
+/// a2), made in a new folder `d`.
+fn two_files_made_in_d(sb: &ailab_sandbox_core::Sandbox, wf: &str) {
+    let r = run(
+        sb,
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+}
+
 /// Runs `wf_moved`, two files made in a new folder `d`, and arms its move to `d.away` at
 /// the next restore (before the first step's restore; back by the caller after):
 /// `(d, d.away)`.
@@ -4249,13 +4261,7 @@ fn two_files_moved_away_at_their_restore(
     w: &World,
     sb: &ailab_sandbox_core::Sandbox,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let r = run(
-        sb,
-        json!({"workflow_id": "wf_moved", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d/f1.md", "content": "one"},
-            {"action_id": "a2", "intent": "create_file", "path": "d/f2.md", "content": "two"}]}),
-    );
-    assert_eq!(status(&r), "success", "{r:?}");
+    two_files_made_in_d(sb, "wf_moved");
     let (d, away) = (w.path("d"), w.path("d.away"));
     let (d2, away2) = (d.clone(), away.clone());
     sb.failpoints().interleave(
@@ -4265,6 +4271,52 @@ fn two_files_moved_away_at_their_restore(
         }),
     );
     (d, away)
+}
+
+/// Unforced, a folder swapped for an empty one of the same name after the rollback's
+/// check (the one holding the workflow's files moved aside) is no removal of the files:
+/// the steps are refused `conflict`, the stand-in is not taken for the folder the
+/// workflow made, and once the folder is back a rollback removes the files.
+#[test]
+fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollback() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    two_files_made_in_d(&sb, "wf_swapped");
+    let (d, real) = (w.path("d"), w.path("d.real"));
+    let (d2, real2) = (d.clone(), real.clone());
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&d2, &real2).unwrap();
+            std::fs::create_dir(&d2).unwrap();
+        }),
+    );
+    let rb = sb.rollback_workflow("wf_swapped", &RollbackOptions::default());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
+    let first = &rb.steps[0];
+    assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let reason = first.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("'d/f2.md' went missing after the rollback's check saw it"),
+        "{rb:?}"
+    );
+    assert!(!reason.starts_with("put back"), "{rb:?}");
+    assert!(
+        w.path("d").is_dir(),
+        "the stand-in is not removed as the workflow's"
+    );
+    std::fs::remove_dir(&d).unwrap();
+    std::fs::rename(&real, &d).unwrap();
+    assert_eq!(w.read("d/f1.md"), b"one");
+    assert_eq!(w.read("d/f2.md"), b"two");
+    let rb = sb.rollback_workflow("wf_swapped", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
 }
 
 /// A file the workflow made beneath a folder that is missing when the rollback comes to
@@ -4310,14 +4362,13 @@ fn a_folder_moved_away_after_the_check_refuses_an_unforced_rollback() {
     assert_eq!(first.action_id, "a2", "{rb:?}");
     assert!(!first.restored, "{rb:?}");
     assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let reason = first.reason.as_deref().unwrap_or_default();
     assert!(
-        first
-            .reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("the directory 'd' on the way to 'd/f2.md' went missing"),
+        reason.contains("the directory 'd' on the way to 'd/f2.md' went missing"),
         "{rb:?}"
     );
+    // Not taken for a restore made: a rollback run again judges the file anew.
+    assert!(!reason.starts_with("put back"), "{rb:?}");
     assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
     assert_eq!(w.read("d/f1.md"), b"one");
     assert_eq!(w.read("d/f2.md"), b"two");

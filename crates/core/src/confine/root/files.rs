@@ -833,7 +833,7 @@ fn not_put_back(dir: &Dir, tmp: &str, name: &str, e: io::Error) -> io::Error {
     io::Error::other(TempHoldsKept(Refusal::new(
         ReasonCode::IoError,
         format!(
-            "{name} could not be put back as it was after the write was given up ({why}): the new bytes stand there, and the file that stood there is beside it under the temporary name {}, which the next start of the runtime removes: move it back by hand before then",
+            "{name} could not be put back as it was after the write was given up ({why}): the new bytes stand there, and the file that stood there is beside it under the temporary name {}, which the runtime may remove as a leftover of a process that died: move it back by hand now",
             shown_path(tmp)
         ),
     )))
@@ -870,13 +870,14 @@ fn temp_holds_kept(e: &io::Error) -> bool {
 /// nothing was written to it since: moved aside under a fresh temporary name first, so
 /// that what another program appends up to that move is seen there and the file put
 /// back (never over another file), `conflict`. So too when `still` refuses: the folder
-/// is no longer at its path. Gone meanwhile: nothing to remove.
+/// is no longer at its path. Whether it was found: gone meanwhile (removed, or its
+/// folder swapped for another), `false`, nothing removed.
 pub(super) fn remove_unwritten(
     dir: &Dir,
     name: &str,
     was: FileStamp,
     still: &dyn Fn() -> Result<(), Refusal>,
-) -> io::Result<()> {
+) -> io::Result<bool> {
     #[cfg(target_os = "linux")]
     if is_single_component(name) {
         use rustix::fs::{RenameFlags, renameat_with};
@@ -899,33 +900,64 @@ pub(super) fn remove_unwritten(
                     };
                     #[cfg(not(test))]
                     let removed = dir.remove_file(&aside);
-                    // Not removed (the disk refusing it): back under its name.
-                    return removed.inspect_err(|_| {
-                        let _ = renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE);
-                    });
+                    let Err(e) = removed else {
+                        return Ok(true);
+                    };
+                    // Not removed (the disk refusing it, or the folder moved where the
+                    // runtime may change nothing): back under its name, else said
+                    // where it stays.
+                    return Err(
+                        match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
+                            Ok(()) => e,
+                            Err(back) => io::Error::other(super::refusal::stays_aside(
+                                name,
+                                &keep_aside(dir, aside),
+                                &io::Error::from(back),
+                                still().is_err(),
+                            )),
+                        },
+                    );
                 };
                 // Back under its name, with what was written to it; should another
                 // file have taken the name meanwhile, it is kept beside it, named.
-                if renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE).is_ok() {
-                    return Err(io::Error::other(why));
-                }
-                let kept = kept_name();
-                let kept = match renameat_with(dir, &aside, dir, &kept, RenameFlags::NOREPLACE) {
-                    Ok(()) => kept,
-                    Err(_) => aside,
-                };
-                return Err(io::Error::other(super::refusal::kept_aside(
-                    name, &kept, moved,
-                )));
+                return Err(io::Error::other(
+                    match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
+                        Ok(()) => why,
+                        Err(Errno::EXIST) => {
+                            super::refusal::kept_aside(name, &keep_aside(dir, aside), moved)
+                        }
+                        Err(back) => super::refusal::stays_aside(
+                            name,
+                            &keep_aside(dir, aside),
+                            &io::Error::from(back),
+                            moved,
+                        ),
+                    },
+                ));
             }
-            Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::NOENT) => return Ok(false),
             // No such rename here: the look just made is the last.
             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
             Err(e) => return Err(e.into()),
         }
     }
     still().map_err(io::Error::other)?;
-    dir.remove_file(name)
+    match dir.remove_file(name) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        r => r.map(|()| true),
+    }
+}
+
+/// Moves the file at `aside`, a temporary name, to a name of its own that no start of
+/// the runtime removes ([`kept_name`]), for a person to put back: that name, or `aside`
+/// where the move fails too.
+fn keep_aside(dir: &Dir, aside: String) -> String {
+    use rustix::fs::{RenameFlags, renameat_with};
+    let kept = kept_name();
+    match renameat_with(dir, &aside, dir, &kept, RenameFlags::NOREPLACE) {
+        Ok(()) => kept,
+        Err(_) => aside,
+    }
 }
 
 /// What stands at `path` below `dir` now, as [`read_file_in`] stamps a file (`None`:

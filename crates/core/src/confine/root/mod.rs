@@ -764,8 +764,10 @@ impl SandboxRoot {
 
     /// [`SandboxRoot::remove_file`], removing only the file as it was read when `put` is
     /// [`Put::Unchanged`], and none when it is [`Put::New`] (`conflict` otherwise, and
-    /// the file stays). Whether its directory was there: `false` when a directory on
-    /// the way is missing (the file may live on where it was moved).
+    /// the file stays). Whether it was found: `false` when a directory on the way is
+    /// missing, or, for [`Put::Unchanged`], the file itself is gone since it was read
+    /// (its folder may have been swapped for another): it may live on where it was
+    /// moved, and nothing tells that it was removed.
     pub fn remove_file_put(&self, rel: &RelPath, put: Put, durable: bool) -> Verdict<bool> {
         let (dir, _) = match self.open_parent(rel, false, false) {
             Ok(d) => d,
@@ -796,13 +798,13 @@ impl SandboxRoot {
                             }
                             Ok(())
                         };
-                        files::remove_unwritten(&dir, rel.file_name(), was, &still)
+                        let found = files::remove_unwritten(&dir, rel.file_name(), was, &still)
                             .map_err(|e| self.map_error("remove", rel, e))?;
-                        if durable {
+                        if found && durable {
                             sync_dir(&dir)
                                 .map_err(|e| io_refusal("sync", rel.parent_components(), &e))?;
                         }
-                        return Ok(true);
+                        return Ok(found);
                     }
                     Put::Unchanged(_) => {
                         refusal::only_plain(&rel.as_string(), &m)?;
@@ -822,7 +824,9 @@ impl SandboxRoot {
                     return Err(changed_meanwhile(&rel.as_string()));
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(!matches!(put, Put::Unchanged(_)));
+            }
             Err(e) => return Err(io_refusal("inspect", rel.components(), &e)),
         }
         dir.remove_file(rel.file_name())
@@ -1327,6 +1331,24 @@ mod tests {
         (tmp, root)
     }
 
+    /// A root holding `t.txt` ("read") at its top, read and stamped as a removal judges
+    /// it: the root's temporary folder, the root, its path, the file's and its stamp.
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn read_at_top() -> (
+        tempfile::TempDir,
+        SandboxRoot,
+        std::path::PathBuf,
+        RelPath,
+        FileStamp,
+    ) {
+        let (tmp, root) = root();
+        let folder = tmp.path().join("root");
+        std::fs::write(folder.join("t.txt"), b"read").unwrap();
+        let rel = RelPath::from_components(comps("t.txt"));
+        let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+        (tmp, root, folder, rel, stamp)
+    }
+
     /// A file stamped as it is read is stamped alike by the one-look `stamp_at` below
     /// its root, and differently once replaced: a store's owner record is not read again
     /// at each snapshot while it stands unchanged.
@@ -1705,11 +1727,7 @@ mod tests {
             if case == "unwritten, removal refused" {
                 files::FAIL_UNDO.set(Some(rustix::io::Errno::IO.raw_os_error()));
             }
-            let (tmp, root) = root();
-            let folder = tmp.path().join("root");
-            std::fs::write(folder.join("t.txt"), b"read").unwrap();
-            let rel = RelPath::from_components(comps("t.txt"));
-            let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+            let (_tmp, root, folder, rel, stamp) = read_at_top();
             let f = folder.clone();
             files::AFTER_EXCHANGE.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, aside: &str| {
@@ -1783,6 +1801,52 @@ mod tests {
         assert!(r.reason.contains("'d' was moved away"), "{}", r.reason);
         assert_eq!(names_in(&elsewhere), ["t.txt"]);
         assert_eq!(std::fs::read(elsewhere.join("t.txt")).unwrap(), b"read");
+    }
+
+    /// A removal that moved its file aside, then could neither unlink it (the disk
+    /// refusing) nor put it back (another file took the name) keeps it under a name of
+    /// its own and says where, `conflict`: never taken for a restore made.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_neither_removed_nor_put_back_is_kept_and_said() {
+        let (_tmp, root, folder, rel, stamp) = read_at_top();
+        let f = folder.clone();
+        files::AFTER_EXCHANGE.with(|hook| {
+            hook.set(Some(Box::new(move |_: &Dir, _: &str| {
+                std::fs::write(f.join("t.txt"), b"newcomer").unwrap();
+            })));
+        });
+        files::FAIL_UNDO.set(Some(rustix::io::Errno::IO.raw_os_error()));
+        let r = root
+            .remove_file_put(&rel, Put::Unchanged(stamp), false)
+            .unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        let names = names_in(&folder);
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with(".ailab-kept-"), "{names:?}");
+        assert_eq!(std::fs::read(folder.join(&names[0])).unwrap(), b"read");
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"newcomer");
+        assert!(
+            r.reason.contains("neither removed nor put back"),
+            "{}",
+            r.reason
+        );
+        assert!(r.reason.contains(names[0].as_str()), "{}", r.reason);
+    }
+
+    /// A file read to be removed and gone by the removal is not said removed when it was
+    /// to go only as read: removed, or moved away with its folder swapped for another,
+    /// nothing tells which. Taken as it is, nothing to remove is done.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_file_gone_before_its_removal_is_not_said_found() {
+        let (_tmp, root, folder, rel, stamp) = read_at_top();
+        std::fs::remove_file(folder.join("t.txt")).unwrap();
+        assert_eq!(
+            root.remove_file_put(&rel, Put::Unchanged(stamp), false),
+            Ok(false)
+        );
+        assert_eq!(root.remove_file_put(&rel, Put::Any, false), Ok(true));
     }
 
     /// A dead process's temporary name that another program renamed a link or a FIFO

@@ -22,11 +22,7 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
 /// moved aside (or its folder `moved` away), and another file at its name by then: what
 /// it held is kept as `kept`.
 pub(super) fn kept_aside(name: &str, kept: &str, moved: bool) -> Refusal {
-    let temporary = if kept.starts_with(crate::confine::path::TEMP_MARKER) {
-        " (a temporary name, which the next start of the runtime removes: move it before then)"
-    } else {
-        ""
-    };
+    let temporary = temporary_note(kept);
     Refusal::new(
         ReasonCode::Conflict,
         format!(
@@ -40,6 +36,37 @@ pub(super) fn kept_aside(name: &str, kept: &str, moved: bool) -> Refusal {
             shown_path(kept)
         ),
     )
+}
+
+/// The refusal for a removal of `name` that moved it aside, then could neither remove
+/// it nor put it back under its name (`e`: the disk refusing, or its folder `moved`
+/// away where the runtime may change nothing): it stays as `kept`.
+pub(super) fn stays_aside(name: &str, kept: &str, e: &std::io::Error, moved: bool) -> Refusal {
+    let why = if moved {
+        "its directory was moved away from that path as it was being removed"
+    } else {
+        "it was being removed"
+    };
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{}: {why}, and it could be neither removed nor put back under its name ({}); it was not removed: it stays beside where it was, as {}{}, to be moved back by hand (and its directory put back), then roll back again",
+            shown_path(name),
+            crate::error::io_words(e),
+            shown_path(kept),
+            temporary_note(kept)
+        ),
+    )
+}
+
+/// What a refusal adds of a file kept for a person under `kept`: nothing for a kept
+/// name; for a temporary name, that the runtime may take it for a leftover.
+fn temporary_note(kept: &str) -> &'static str {
+    if kept.starts_with(crate::confine::path::TEMP_MARKER) {
+        " (a temporary name, which the runtime may remove as a leftover of a process that died: move it now)"
+    } else {
+        ""
+    }
 }
 
 /// The refusal for a write whose new bytes did not take `name`'s place: another program

@@ -380,8 +380,10 @@ impl Sandbox {
         }
         // Made, then something after it failed (the root's sync, say): the line says so,
         // for a rollback run again to take the target, as the undo leaves it, for its own
-        // doing rather than someone's change.
+        // doing rather than someone's change. A conflict is another program's doing, the
+        // restore not made (a file it found gone, or left aside): never so taken.
         if reached
+            && r.reason_code != ReasonCode::Conflict
             && self.target_state(i, &meta.target())
                 == crate::sandbox::conflicts::TargetState::found_by(meta)
         {
