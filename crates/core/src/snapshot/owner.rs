@@ -161,7 +161,9 @@ impl StoreOwner {
                         }
                     },
                 },
-                _ => Settled::Claimed(0),
+                // Counted before the claim: once it stands, other threads and processes
+                // make their snapshot folders under it, which are no one else's.
+                _ => Settled::Claimed(if claim { workflows_in(&rb) } else { 0 }),
             };
             if !claim {
                 return Ok(Ownership::Unsettled);
@@ -178,12 +180,7 @@ impl StoreOwner {
             let here = || Ok(());
             match write_atomic_placed(&rb, (OWNER_FILE, None), &sealed, 0o600, (put, flush), &here)
             {
-                Ok(()) => {
-                    wrote = Some(match settled {
-                        Settled::Claimed(_) => Settled::Claimed(workflows_in(&rb)),
-                        other => other,
-                    });
-                }
+                Ok(()) => wrote = Some(settled),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_changed(&e) => {}
                 Err(e) => return Err(snap_io(&format!("write {at} of"), &e)),
             }
@@ -291,4 +288,34 @@ fn is_changed(e: &io::Error) -> bool {
     e.get_ref()
         .and_then(|r| r.downcast_ref::<Refusal>())
         .is_some_and(|r| r.reason_code == ReasonCode::Conflict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh store claimed while another thread of the process makes its snapshot
+    /// folder under the new claim holds no one else's snapshots: the claim says none.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another thread, by path
+    fn folders_made_under_a_new_claim_are_not_counted_as_found() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("root");
+        let root = SandboxRoot::open(&path, true).unwrap();
+        let owner = StoreOwner {
+            state_dir: tmp.path().join("state").display().to_string(),
+            state_dir_id: (1, 2),
+        };
+        let store = path.join(ROLLBACK_DIR);
+        let hook: crate::confine::root::RaceHook =
+            Box::new(move |_: &cap_std::fs::Dir, _: &str| {
+                std::fs::create_dir(store.join("wf_other")).unwrap();
+            });
+        crate::confine::root::BEFORE_RENAME.with(|h| h.set(Some(hook)));
+        let key = SealKey::new([7; 32]);
+        match owner.confirm(&root, &key, Claim::Make, false).unwrap() {
+            Ownership::Ours(_, settled) => assert_eq!(settled, Settled::Claimed(0)),
+            other => panic!("{other:?}"),
+        }
+    }
 }

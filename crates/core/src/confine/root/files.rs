@@ -534,14 +534,14 @@ fn write_atomic_then(
 
 /// What a test runs between a temporary file's making and its rename.
 #[cfg(test)]
-pub(super) type RaceHook = Box<dyn FnOnce(&Dir, &str)>;
+pub(crate) type RaceHook = Box<dyn FnOnce(&Dir, &str)>;
 
 #[cfg(test)]
 thread_local! {
     /// Run once, on this thread's next atomic write, between the temporary file's making
     /// and its rename (given the folder and the temporary name): a test plays there the
     /// program that races the write.
-    pub(super) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
+    pub(crate) static BEFORE_RENAME: std::cell::Cell<Option<RaceHook>> =
         const { std::cell::Cell::new(None) };
     /// Run once, on this thread's next exchange of names (or move aside of a file
     /// being removed), just after it (given the folder and the temporary name, which

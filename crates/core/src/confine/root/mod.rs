@@ -159,6 +159,8 @@ pub struct SandboxRoot {
 
 mod access;
 mod files;
+#[cfg(test)]
+pub(crate) use files::{BEFORE_RENAME, RaceHook};
 mod refusal;
 mod walk;
 
