@@ -291,6 +291,7 @@ fn is_changed(e: &io::Error) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
