@@ -537,17 +537,17 @@ impl Sandbox {
             {
                 return Placing::Overtaken;
             }
-            tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
-            // Said at start unless a write the trail records (another workflow's) left
-            // it so: then the trail names what it holds.
+            // Said at start (and logged) unless a write the trail records left it so
+            // (another workflow's, or one of this one's too large for the log): then the
+            // trail names what it holds, and nothing changed unsaid.
             let recorded = self
                 .last_recorded(i, &rel)
                 .is_some_and(|l| l.after_checksum == current);
-            return if recorded {
-                Placing::Untouched
-            } else {
-                Placing::LeftChanged
-            };
+            if recorded {
+                return Placing::Untouched;
+            }
+            tracing::warn!(path = %meta.original_path, "a logged target changed since; left as it is");
+            return Placing::LeftChanged;
         }
         match self.write_logged_bytes(i, &rel, e) {
             Ok(()) => Placing::Written,
