@@ -278,6 +278,10 @@ impl RollbackEngine {
         let parents = rel.parent_components();
         let away = (info.existing_parents < parents.len())
             .then(|| parents[..=info.existing_parents].join("/"));
+        // Seen by the caller's look (`Put::Unchanged`) and gone by the step, in a
+        // forced rollback or recovery: removed, or moved away with its folder (or its
+        // folder swapped for another), where it lives on; not called checked.
+        let mut vanished = false;
         match found {
             // A directory action made no file: one there now is someone else's.
             TargetKind::File { .. } if meta.is_directory_action() => {
@@ -293,7 +297,8 @@ impl RollbackEngine {
                 // Its directory gone between the look and the removal: the file
                 // was seen, and not removed. A later rollback finds it again, or
                 // finds the directory gone.
-                if !root.remove_file_put(rel, put, durable)? && forced != Forced::Recovering {
+                vanished = !root.remove_file_put(rel, put, durable)?;
+                if vanished && forced != Forced::Recovering {
                     return Err(Refusal::new(
                         ReasonCode::Conflict,
                         format!(
@@ -329,7 +334,7 @@ impl RollbackEngine {
             TargetKind::Missing if forced == Forced::No && matches!(put, Put::Unchanged(_)) => {
                 return Err(gone_since_checked(meta, away.as_deref()));
             }
-            TargetKind::Missing => {}
+            TargetKind::Missing => vanished = matches!(put, Put::Unchanged(_)),
         }
         // Folders made on the way that could be neither removed nor put on the ledger (a
         // descriptor or the disk failing) fail the step, put back but not confirmed:
@@ -360,11 +365,11 @@ impl RollbackEngine {
         }
         match after {
             Ok((left_dirs, gone)) => Ok(RestoreOutcome {
-                checksum_validated: gone && unseen.is_none(),
+                checksum_validated: gone && unseen.is_none() && !vanished,
                 restored_checksum: None,
                 detail: Some(absent_words(
                     meta,
-                    found,
+                    (found, vanished),
                     gone,
                     unseen.as_deref(),
                     &left_dirs,
@@ -492,11 +497,12 @@ fn unverified(meta: &SnapshotMeta, r: Refusal, written: Option<String>) -> Resto
 }
 
 /// What a restore of a target the action created tells of it: `found` before the
-/// removal, `gone` after it, `unseen` beneath the missing directory named, `left_dirs`
+/// removal (and whether it `vanished`, seen by the caller's look and gone by the
+/// step), `gone` after it, `unseen` beneath the missing directory named, `left_dirs`
 /// the folders made on the way that stayed.
 fn absent_words(
     meta: &SnapshotMeta,
-    found: TargetKind,
+    (found, vanished): (TargetKind, bool),
     gone: bool,
     unseen: Option<&str>,
     left_dirs: &[LeftDir],
@@ -509,6 +515,9 @@ fn absent_words(
             "not found, nor the directory {} on the way: removed with it, or moved away with it (where it would live on); nothing was removed, and nothing could be checked",
             shown_path(dir)
         )
+    } else if vanished {
+        "not found, though the rollback's look saw it a moment before: removed, or moved away (with its directory, or its directory swapped for another), where it would live on; nothing was removed, and nothing could be checked"
+            .to_owned()
     } else if found == TargetKind::Missing {
         // Someone removed it before the rollback: nothing was.
         "already gone before this restore, as before the action".to_owned()

@@ -4254,6 +4254,24 @@ fn two_files_made_in_d(sb: &ailab_sandbox_core::Sandbox, wf: &str) {
     assert_eq!(status(&r), "success", "{r:?}");
 }
 
+/// Arms the swap of folder `d` for an empty one of that name, the first moved to
+/// `d.real`, at the next restore (after its look): `(d, d.real)`.
+fn swap_d_for_an_empty_one_at_the_next_restore(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (d, real) = (w.path("d"), w.path("d.real"));
+    let (d2, real2) = (d.clone(), real.clone());
+    sb.failpoints().interleave(
+        "during_restore",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&d2, &real2).unwrap();
+            std::fs::create_dir(&d2).unwrap();
+        }),
+    );
+    (d, real)
+}
+
 /// Runs `wf_moved`, two files made in a new folder `d`, and arms its move to `d.away` at
 /// the next restore (before the first step's restore; back by the caller after):
 /// `(d, d.away)`.
@@ -4284,15 +4302,7 @@ fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollbac
     let sb = w.open(w.writable_config());
     let before = w.tree();
     two_files_made_in_d(&sb, "wf_swapped");
-    let (d, real) = (w.path("d"), w.path("d.real"));
-    let (d2, real2) = (d.clone(), real.clone());
-    sb.failpoints().interleave(
-        "during_restore",
-        std::sync::Arc::new(move || {
-            std::fs::rename(&d2, &real2).unwrap();
-            std::fs::create_dir(&d2).unwrap();
-        }),
-    );
+    let (d, real) = swap_d_for_an_empty_one_at_the_next_restore(&w, &sb);
     let rb = sb.rollback_workflow("wf_swapped", &RollbackOptions::default());
     assert_ne!(rb.status, "rolled_back", "{rb:?}");
     assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
@@ -4316,6 +4326,34 @@ fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollbac
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
     assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// Forced, a file its look saw and that is gone by its step (its folder swapped for an
+/// empty one of the same name at that instant) is not called checked: it may live on
+/// where the folder went, and the step says so.
+#[test]
+fn a_file_gone_after_a_forced_rollbacks_look_is_not_called_checked() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    two_files_made_in_d(&sb, "wf_swapped");
+    let (_, real) = swap_d_for_an_empty_one_at_the_next_restore(&w, &sb);
+    let rb = sb.rollback_workflow("wf_swapped", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    let first = &rb.steps[0];
+    assert_eq!(first.action_id, "a2", "{rb:?}");
+    assert!(!first.checksum_validated, "{rb:?}");
+    assert!(
+        first
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .contains("though the rollback's look saw it a moment before"),
+        "{rb:?}"
+    );
+    // What the report does not call checked lives on where the folder went.
+    assert_eq!(std::fs::read(real.join("f2.md")).unwrap(), b"two");
     assert!(sb.audit_verify().unwrap().ok);
 }
 

@@ -908,7 +908,9 @@ pub(super) fn remove_unwritten(
                     // where it stays.
                     return Err(
                         match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
-                            Ok(()) => e,
+                            // Refused for the folder's move out of the root (Landlock),
+                            // not for its permissions: said so.
+                            Ok(()) => still().err().map_or(e, io::Error::other),
                             Err(back) => io::Error::other(super::refusal::stays_aside(
                                 name,
                                 &keep_aside(dir, aside),

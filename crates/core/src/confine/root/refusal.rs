@@ -42,15 +42,23 @@ pub(super) fn kept_aside(name: &str, kept: &str, moved: bool) -> Refusal {
 /// it nor put it back under its name (`e`: the disk refusing, or its folder `moved`
 /// away where the runtime may change nothing): it stays as `kept`.
 pub(super) fn stays_aside(name: &str, kept: &str, e: &std::io::Error, moved: bool) -> Refusal {
-    let why = if moved {
-        "its directory was moved away from that path as it was being removed"
+    let (why, then) = if moved {
+        (
+            "its directory was moved away from that path as it was being removed",
+            "in its directory, wherever that went, as",
+        )
     } else {
-        "it was being removed"
+        ("it was being removed", "beside where it was, as")
+    };
+    let back = if moved {
+        " (and its directory put back)"
+    } else {
+        ""
     };
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{}: {why}, and it could be neither removed nor put back under its name ({}); it was not removed: it stays beside where it was, as {}{}, to be moved back by hand (and its directory put back), then roll back again",
+            "{}: {why}, and it could be neither removed nor put back under its name ({}); it was not removed: it stays {then} {}{}, to be moved back by hand{back}, then roll back again",
             shown_path(name),
             crate::error::io_words(e),
             shown_path(kept),

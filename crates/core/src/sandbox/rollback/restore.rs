@@ -381,9 +381,11 @@ impl Sandbox {
         // Made, then something after it failed (the root's sync, say): the line says so,
         // for a rollback run again to take the target, as the undo leaves it, for its own
         // doing rather than someone's change. A conflict is another program's doing, the
-        // restore not made (a file it found gone, or left aside): never so taken.
+        // restore not made (a file it found gone, or left aside): never so taken; a
+        // permission refused (`conflict` too) is the system's, after the restore's own
+        // change maybe (the removal of the folders it made).
         if reached
-            && r.reason_code != ReasonCode::Conflict
+            && (r.reason_code != ReasonCode::Conflict || r.denied)
             && self.target_state(i, &meta.target())
                 == crate::sandbox::conflicts::TargetState::found_by(meta)
         {
