@@ -352,16 +352,27 @@ impl RollbackEngine {
         // away with it (and maybe back since); nothing says which, so the step
         // is not called verified.
         let unseen = away.filter(|_| found == TargetKind::Missing);
-        if let (Ok((_, false)), Some(dir)) = (&after, &unseen) {
+        if let Ok((_, false)) = &after {
             // The directory came back, the file in it: nothing was removed.
-            return Err(Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: {ROLL_BACK_AGAIN}",
-                    shown_path(dir),
-                    shown_path(&meta.original_path)
-                ),
-            ));
+            if let Some(dir) = &unseen {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "the directory {} on the way to {} was missing, and is back with something in the target's place; nothing was removed: {ROLL_BACK_AGAIN}",
+                        shown_path(dir),
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
+            if vanished {
+                return Err(Refusal::new(
+                    ReasonCode::Conflict,
+                    format!(
+                        "{} was gone as it was to be removed, and something stands in its place again; nothing was removed: {ROLL_BACK_AGAIN}",
+                        shown_path(&meta.original_path)
+                    ),
+                ));
+            }
         }
         match after {
             Ok((left_dirs, gone)) => Ok(RestoreOutcome {

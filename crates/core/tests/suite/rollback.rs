@@ -4357,6 +4357,42 @@ fn a_file_gone_after_a_forced_rollbacks_look_is_not_called_checked() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Forced, a file its look saw, gone by its step (its folder swapped for an empty one)
+/// and back before the step ends (the folder swapped back): nothing was removed, so the
+/// step fails `conflict`, and a later rollback removes the file.
+#[test]
+fn a_file_gone_and_back_within_a_forced_step_leaves_it_to_a_later_rollback() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    two_files_made_in_d(&sb, "wf_back");
+    let (d, real) = swap_d_for_an_empty_one_at_the_next_restore(&w, &sb);
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || {
+            std::fs::remove_dir(&d).unwrap();
+            std::fs::rename(&real, &d).unwrap();
+        }),
+    );
+    let rb = sb.rollback_workflow("wf_back", &forced());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    let first = &rb.steps[0];
+    assert!(!first.restored, "{rb:?}");
+    assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert!(
+        first.reason.as_deref().unwrap_or_default().contains(
+            "'d/f2.md' was gone as it was to be removed, and something stands in its place again"
+        ),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("d/f2.md"), b"two");
+    let rb = sb.rollback_workflow("wf_back", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A file the workflow made beneath a folder that is missing when the rollback comes to
 /// it is not called verified gone: the folder may have been moved away with the file in
 /// it, for an instant (another program renaming it and back) or for good. The step says

@@ -557,6 +557,10 @@ thread_local! {
     /// as if the system had refused it.
     pub(super) static FAIL_UNDO: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
+    /// The error (its number) the next move aside of a file to be removed on this thread
+    /// meets, as if the system had refused it.
+    pub(super) static FAIL_ASIDE: std::cell::Cell<Option<i32>> =
+        const { std::cell::Cell::new(None) };
     /// The error (its number) the next sync of a folder on this thread meets.
     pub(super) static FAIL_DIR_SYNC: std::cell::Cell<Option<i32>> =
         const { std::cell::Cell::new(None) };
@@ -883,7 +887,14 @@ pub(super) fn remove_unwritten(
         use rustix::fs::{RenameFlags, renameat_with};
         use rustix::io::Errno;
         let aside = temp_name();
-        match renameat_with(dir, name, dir, &aside, RenameFlags::NOREPLACE) {
+        #[cfg(test)]
+        let moved_aside = match FAIL_ASIDE.take() {
+            Some(e) => Err(Errno::from_raw_os_error(e)),
+            None => renameat_with(dir, name, dir, &aside, RenameFlags::NOREPLACE),
+        };
+        #[cfg(not(test))]
+        let moved_aside = renameat_with(dir, name, dir, &aside, RenameFlags::NOREPLACE);
+        match moved_aside {
             Ok(()) => {
                 #[cfg(test)]
                 AFTER_EXCHANGE.with(|hook| hook.take().map(|f| f(dir, &aside)));
@@ -911,10 +922,10 @@ pub(super) fn remove_unwritten(
                             // Refused for the folder's move out of the root (Landlock),
                             // not for its permissions: said so.
                             Ok(()) => still().err().map_or(e, io::Error::other),
-                            Err(back) => io::Error::other(super::refusal::stays_aside(
-                                name,
-                                &keep_aside(dir, aside),
-                                &io::Error::from(back),
+                            Err(back) => io::Error::other(left_aside(
+                                dir,
+                                (name, aside),
+                                (Some(&e), back),
                                 still().is_err(),
                             )),
                         },
@@ -925,28 +936,57 @@ pub(super) fn remove_unwritten(
                 return Err(io::Error::other(
                     match renameat_with(dir, &aside, dir, name, RenameFlags::NOREPLACE) {
                         Ok(()) => why,
-                        Err(Errno::EXIST) => {
-                            super::refusal::kept_aside(name, &keep_aside(dir, aside), moved)
-                        }
-                        Err(back) => super::refusal::stays_aside(
-                            name,
-                            &keep_aside(dir, aside),
-                            &io::Error::from(back),
-                            moved,
-                        ),
+                        Err(back) => left_aside(dir, (name, aside), (None, back), moved),
                     },
                 ));
             }
             Err(Errno::NOENT) => return Ok(false),
             // No such rename here: the look just made is the last.
             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(moved_or(e.into(), still)),
         }
     }
     still().map_err(io::Error::other)?;
     match dir.remove_file(name) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        r => r.map(|()| true),
+        r => r.map(|()| true).map_err(|e| moved_or(e, still)),
+    }
+}
+
+/// `e`, a removal's refusal; or, where it is a permission and `still` finds the folder
+/// moved (out of the root, where Landlock refuses every change), that move's.
+fn moved_or(e: io::Error, still: &dyn Fn() -> Result<(), Refusal>) -> io::Error {
+    if super::refusal::is_denied(&e)
+        && let Err(moved) = still()
+    {
+        return io::Error::other(moved);
+    }
+    e
+}
+
+/// The refusal of a removal whose file, moved aside as `aside`, could not go back under
+/// `name` (`back`), after its unlink failed (`unlink`) or it was found changed or its
+/// folder `moved`: kept beside another file that took the name, gone (another program
+/// took it from there), or staying where it is, named.
+#[cfg(target_os = "linux")]
+fn left_aside(
+    dir: &Dir,
+    (name, aside): (&str, String),
+    (unlink, back): (Option<&io::Error>, rustix::io::Errno),
+    moved: bool,
+) -> Refusal {
+    use rustix::io::Errno;
+    match back {
+        Errno::EXIST if unlink.is_none() => {
+            super::refusal::kept_aside(name, &keep_aside(dir, aside), moved)
+        }
+        Errno::NOENT => super::refusal::taken_from_aside(name),
+        back => super::refusal::stays_aside(
+            name,
+            &keep_aside(dir, aside),
+            (unlink, &io::Error::from(back)),
+            moved,
+        ),
     }
 }
 

@@ -1090,28 +1090,10 @@ impl SandboxRoot {
     pub(crate) fn map_write_error_in(&self, dir: &Dir, rel: &RelPath, e: io::Error) -> Refusal {
         // One moved out and back before the look cannot be told from a permission; a
         // hint that it might have been would send every real one to try again.
-        if is_denied(&e) && self.moved_away(dir, rel) {
+        if is_denied(&e) && self.moved_from(dir, rel) {
             return moved_meanwhile(rel.parent_components());
         }
         self.map_open_error(rel, e)
-    }
-
-    /// Whether `dir`, opened as `rel`'s parent, is no longer what the root holds at that
-    /// path (moved away or removed, something else there or nothing). The root itself
-    /// moved away is refused before each action, not here.
-    fn moved_away(&self, dir: &Dir, rel: &RelPath) -> bool {
-        if rel.parent_components().is_empty() {
-            return false;
-        }
-        let Ok(was) = dir.dir_metadata() else {
-            return false;
-        };
-        match self.open_parent(rel, false, false) {
-            Ok((now, _)) => now
-                .dir_metadata()
-                .is_ok_and(|m| (m.dev(), m.ino()) != (was.dev(), was.ino())),
-            Err(r) => r.reason_code == ReasonCode::NotFound,
-        }
     }
 
     /// [`SandboxRoot::map_open_error`] for a read: what failed is named as a read.
@@ -1333,10 +1315,13 @@ mod tests {
         (tmp, root)
     }
 
-    /// A root holding `t.txt` ("read") at its top, read and stamped as a removal judges
-    /// it: the root's temporary folder, the root, its path, the file's and its stamp.
+    /// A root holding the file `at` ("read"), its folders made, read and stamped as a
+    /// removal judges it: the root's temporary folder, the root, its path, the file's
+    /// and its stamp.
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
-    fn read_at_top() -> (
+    fn read_at(
+        at: &str,
+    ) -> (
         tempfile::TempDir,
         SandboxRoot,
         std::path::PathBuf,
@@ -1345,8 +1330,10 @@ mod tests {
     ) {
         let (tmp, root) = root();
         let folder = tmp.path().join("root");
-        std::fs::write(folder.join("t.txt"), b"read").unwrap();
-        let rel = RelPath::from_components(comps("t.txt"));
+        let path = folder.join(at);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"read").unwrap();
+        let rel = RelPath::from_components(comps(at));
         let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
         (tmp, root, folder, rel, stamp)
     }
@@ -1729,7 +1716,7 @@ mod tests {
             if case == "unwritten, removal refused" {
                 files::FAIL_UNDO.set(Some(rustix::io::Errno::IO.raw_os_error()));
             }
-            let (_tmp, root, folder, rel, stamp) = read_at_top();
+            let (_tmp, root, folder, rel, stamp) = read_at("t.txt");
             let f = folder.clone();
             files::AFTER_EXCHANGE.with(|hook| {
                 hook.set(Some(Box::new(move |_: &Dir, aside: &str| {
@@ -1784,12 +1771,8 @@ mod tests {
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn a_file_whose_folder_moves_away_as_it_is_removed_is_kept_there() {
-        let (tmp, root) = root();
-        let (folder, elsewhere) = (tmp.path().join("root/d"), tmp.path().join("other"));
-        std::fs::create_dir(&folder).unwrap();
-        std::fs::write(folder.join("t.txt"), b"read").unwrap();
-        let rel = RelPath::from_components(comps("d/t.txt"));
-        let (_, stamp) = root.read_file_stamped(&rel, 1024).unwrap();
+        let (tmp, root, top, rel, stamp) = read_at("d/t.txt");
+        let (folder, elsewhere) = (top.join("d"), tmp.path().join("other"));
         let to = elsewhere.clone();
         files::AFTER_EXCHANGE.with(|hook| {
             hook.set(Some(Box::new(move |_: &Dir, _: &str| {
@@ -1811,7 +1794,7 @@ mod tests {
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn a_file_neither_removed_nor_put_back_is_kept_and_said() {
-        let (_tmp, root, folder, rel, stamp) = read_at_top();
+        let (_tmp, root, folder, rel, stamp) = read_at("t.txt");
         let f = folder.clone();
         files::AFTER_EXCHANGE.with(|hook| {
             hook.set(Some(Box::new(move |_: &Dir, _: &str| {
@@ -1829,11 +1812,39 @@ mod tests {
         assert_eq!(std::fs::read(folder.join(&names[0])).unwrap(), b"read");
         assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"newcomer");
         assert!(
-            r.reason.contains("neither removed nor put back"),
+            r.reason.contains("could be neither removed (")
+                && r.reason.contains("nor put back under its name ("),
             "{}",
             r.reason
         );
         assert!(r.reason.contains(names[0].as_str()), "{}", r.reason);
+    }
+
+    /// A removal whose move aside the system refuses for a permission because the
+    /// folder was just moved out of the root (Landlock refuses every change there) says
+    /// the folder moved, not that the runtime's user lacks a permission (which a
+    /// rollback would take for its own restore's failure); the file is where the
+    /// folder went.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, by path
+    fn a_move_aside_refused_in_a_folder_moved_out_says_it_moved() {
+        let (tmp, root, top, rel, stamp) = read_at("d/t.txt");
+        let (folder, elsewhere) = (top.join("d"), tmp.path().join("other"));
+        let (dir, _) = root.open_parent(&rel, false, false).unwrap();
+        std::fs::rename(&folder, &elsewhere).unwrap();
+        files::FAIL_ASIDE.set(Some(rustix::io::Errno::ACCESS.raw_os_error()));
+        let still = || {
+            if root.moved_from(&dir, &rel) {
+                return Err(moved_while_removed(&rel));
+            }
+            Ok(())
+        };
+        let e = files::remove_unwritten(&dir, "t.txt", stamp, &still).unwrap_err();
+        let r = root.map_error("remove", &rel, e);
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert!(!r.denied, "{}", r.reason);
+        assert!(r.reason.contains("'d' was moved away"), "{}", r.reason);
+        assert_eq!(std::fs::read(elsewhere.join("t.txt")).unwrap(), b"read");
     }
 
     /// A file read to be removed and gone by the removal is not said removed when it was
@@ -1842,7 +1853,7 @@ mod tests {
     #[test]
     #[allow(clippy::disallowed_methods)] // the test plays another program, by path
     fn a_file_gone_before_its_removal_is_not_said_found() {
-        let (_tmp, root, folder, rel, stamp) = read_at_top();
+        let (_tmp, root, folder, rel, stamp) = read_at("t.txt");
         std::fs::remove_file(folder.join("t.txt")).unwrap();
         assert_eq!(
             root.remove_file_put(&rel, Put::Unchanged(stamp), false),

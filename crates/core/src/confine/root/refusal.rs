@@ -38,31 +38,59 @@ pub(super) fn kept_aside(name: &str, kept: &str, moved: bool) -> Refusal {
     )
 }
 
-/// The refusal for a removal of `name` that moved it aside, then could neither remove
-/// it nor put it back under its name (`e`: the disk refusing, or its folder `moved`
-/// away where the runtime may change nothing): it stays as `kept`.
-pub(super) fn stays_aside(name: &str, kept: &str, e: &std::io::Error, moved: bool) -> Refusal {
-    let (why, then) = if moved {
+/// The refusal for a removal of `name` that moved it aside, then could not put it back
+/// under its name (`back`), after its unlink failed (`unlink`), or having found it
+/// changed or its folder `moved` away (where the runtime may change nothing): it stays
+/// as `kept`.
+pub(super) fn stays_aside(
+    name: &str,
+    kept: &str,
+    (unlink, back): (Option<&std::io::Error>, &std::io::Error),
+    moved: bool,
+) -> Refusal {
+    let why = match (moved, unlink) {
+        (true, _) => "its directory was moved away from that path as it was being removed",
+        (false, Some(_)) => "it was being removed",
+        (false, None) => "another program changed it as it was being removed",
+    };
+    let failed = match unlink {
+        Some(e) => format!(
+            "it could be neither removed ({}) nor put back under its name ({})",
+            crate::error::io_words(e),
+            crate::error::io_words(back)
+        ),
+        None => format!(
+            "it could not be put back under its name ({})",
+            crate::error::io_words(back)
+        ),
+    };
+    let (then, back_too) = if moved {
         (
-            "its directory was moved away from that path as it was being removed",
             "in its directory, wherever that went, as",
+            " (and its directory put back)",
         )
     } else {
-        ("it was being removed", "beside where it was, as")
-    };
-    let back = if moved {
-        " (and its directory put back)"
-    } else {
-        ""
+        ("beside where it was, as", "")
     };
     Refusal::new(
         ReasonCode::Conflict,
         format!(
-            "{}: {why}, and it could be neither removed nor put back under its name ({}); it was not removed: it stays {then} {}{}, to be moved back by hand{back}, then roll back again",
+            "{}: {why}, and {failed}; it was not removed: it stays {then} {}{}, to be moved back by hand{back_too}, then roll back again",
             shown_path(name),
-            crate::error::io_words(e),
             shown_path(kept),
             temporary_note(kept)
+        ),
+    )
+}
+
+/// The refusal for a removal of `name` that moved it aside, from where another program
+/// took it before the runtime removed it or put it back.
+pub(super) fn taken_from_aside(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was moved aside to be removed, and another program took it from there before the runtime removed it or put it back; nothing was removed by the runtime: find where it went, then roll back again",
+            shown_path(name)
         ),
     )
 }
