@@ -149,11 +149,13 @@ impl RollbackEngine {
     /// is not the workflow's is left in place rather than refused.
     ///
     /// A file the action made whose directory is missing is not called verified gone:
-    /// the directory may have been moved away with it (and come back). Unforced, when
-    /// the caller saw the file (`put` [`Put::Unchanged`]), that is a `conflict`: nothing
-    /// is removed, and the rollback is left to be run again. One whose
-    /// directory goes between the look and the removal is a `conflict` (nothing was
-    /// removed), except when `recovering`: a dead run's undo must come to an end.
+    /// the directory may have been moved away with it (and come back). Nor is one the
+    /// caller saw (`put` [`Put::Unchanged`]) and that is gone by the step, its folder
+    /// there or not (swapped for another, maybe); unforced, either is a `conflict`:
+    /// nothing is removed, and the rollback is left to be run again. One that goes,
+    /// or whose directory goes, between the step's look and the removal is a
+    /// `conflict` (nothing was removed), except when `recovering`: a dead run's undo
+    /// must come to an end.
     ///
     /// `flush`: what is synced. A file's bytes, when anything is, before they take the
     /// target's place; the folders changed only with [`Flush::FileAndDir`] (with
@@ -294,9 +296,9 @@ impl RollbackEngine {
                 ));
             }
             TargetKind::File { .. } => {
-                // Its directory gone between the look and the removal: the file
-                // was seen, and not removed. A later rollback finds it again, or
-                // finds the directory gone.
+                // It, or its directory, gone between the look and the removal: the
+                // file was seen, and not removed. A later rollback finds it again, or
+                // finds it gone.
                 vanished = !root.remove_file_put(rel, put, durable)?;
                 if vanished && forced != Forced::Recovering {
                     return Err(Refusal::new(
