@@ -366,11 +366,13 @@ impl RollbackEngine {
                     ),
                 ));
             }
-            if vanished {
+            // Nothing removed (gone by the removal, or not there at the step's look),
+            // and something there now: its folder back with it, say.
+            if vanished || found == TargetKind::Missing {
                 return Err(Refusal::new(
                     ReasonCode::Conflict,
                     format!(
-                        "{} was gone as it was to be removed, and something stands in its place again; nothing was removed: {ROLL_BACK_AGAIN}",
+                        "{} was not there as it was to be removed, and something stands in its place again (another program put it there, or moved its folder back); nothing was removed: {ROLL_BACK_AGAIN}",
                         shown_path(&meta.original_path)
                     ),
                 ));

@@ -229,6 +229,39 @@ fn batched_recovery_finishes_a_write_in_a_folder_it_may_not_read() {
     assert_eq!(w.read("d/a.txt"), b"alpha\n");
 }
 
+/// A dead run's `create_file` into a folder that stood when it was snapshotted, found
+/// with that folder missing at the next start (moved away by another program, maybe
+/// with the file in it), is not recorded as "not written", checked: its undo says it
+/// could not be checked, naming the folder.
+#[test]
+fn recovery_does_not_call_unwritten_a_file_whose_folder_went_away() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    sb.failpoints().arm_crash("before_mutate", 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_away", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should crash");
+    drop(sb);
+    let away = w.tmp.path().join("away");
+    std::fs::rename(w.root.join("d"), &away).unwrap();
+    let sb = w.open(w.writable_config());
+    let line = sb
+        .audit_entries(10, Some("wf_away"))
+        .unwrap()
+        .into_iter()
+        .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .expect("recovery's undo is on the trail");
+    let said = line.error.as_deref().unwrap_or_default();
+    assert!(
+        said.contains("nor the directory 'd' on the way"),
+        "{line:?}"
+    );
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 fn one_replace() -> serde_json::Value {
     json!({"workflow_id": "wf_commit", "actions": [
         {"action_id": "a1", "intent": "replace_file", "path": "a.txt", "content": "ALPHA\n"}]})

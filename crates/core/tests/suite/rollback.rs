@@ -4260,10 +4260,19 @@ fn swap_d_for_an_empty_one_at_the_next_restore(
     w: &World,
     sb: &ailab_sandbox_core::Sandbox,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
+    swap_d_for_an_empty_one_at(w, sb, "during_restore")
+}
+
+/// [`swap_d_for_an_empty_one_at_the_next_restore`], at the next hit of `point`.
+fn swap_d_for_an_empty_one_at(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+    point: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let (d, real) = (w.path("d"), w.path("d.real"));
     let (d2, real2) = (d.clone(), real.clone());
     sb.failpoints().interleave(
-        "during_restore",
+        point,
         std::sync::Arc::new(move || {
             std::fs::rename(&d2, &real2).unwrap();
             std::fs::create_dir(&d2).unwrap();
@@ -4357,40 +4366,48 @@ fn a_file_gone_after_a_forced_rollbacks_look_is_not_called_checked() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
-/// Forced, a file its look saw, gone by its step (its folder swapped for an empty one)
-/// and back before the step ends (the folder swapped back): nothing was removed, so the
-/// step fails `conflict`, and a later rollback removes the file.
+/// Forced, a file gone by its step or already at the step's look (its folder swapped for
+/// an empty one then) and back before the step ends (the folder swapped back): nothing
+/// was removed, so the step fails `conflict`, and a later rollback removes the file.
 #[test]
 fn a_file_gone_and_back_within_a_forced_step_leaves_it_to_a_later_rollback() {
-    let w = World::new();
-    w.write("keep.txt", b"k");
-    let sb = w.open(w.writable_config());
-    let before = w.tree();
-    two_files_made_in_d(&sb, "wf_back");
-    let (d, real) = swap_d_for_an_empty_one_at_the_next_restore(&w, &sb);
-    sb.failpoints().interleave(
-        "restore_verify",
-        std::sync::Arc::new(move || {
-            std::fs::remove_dir(&d).unwrap();
-            std::fs::rename(&real, &d).unwrap();
-        }),
-    );
-    let rb = sb.rollback_workflow("wf_back", &forced());
-    assert_ne!(rb.status, "rolled_back", "{rb:?}");
-    let first = &rb.steps[0];
-    assert!(!first.restored, "{rb:?}");
-    assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-    assert!(
-        first.reason.as_deref().unwrap_or_default().contains(
-            "'d/f2.md' was gone as it was to be removed, and something stands in its place again"
-        ),
-        "{rb:?}"
-    );
-    assert_eq!(w.read("d/f2.md"), b"two");
-    let rb = sb.rollback_workflow("wf_back", &forced());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert_eq!(w.tree(), before);
-    assert!(sb.audit_verify().unwrap().ok);
+    // At `during_restore`, after the step's look; at `read_target`, before every look
+    // of the rollback's (its conflict check's first).
+    for point in ["during_restore", "read_target"] {
+        let w = World::new();
+        w.write("keep.txt", b"k");
+        let sb = w.open(w.writable_config());
+        let before = w.tree();
+        two_files_made_in_d(&sb, "wf_back");
+        let (d, real) = swap_d_for_an_empty_one_at(&w, &sb, point);
+        sb.failpoints().interleave(
+            "restore_verify",
+            std::sync::Arc::new(move || {
+                std::fs::remove_dir(&d).unwrap();
+                std::fs::rename(&real, &d).unwrap();
+            }),
+        );
+        let rb = sb.rollback_workflow("wf_back", &forced());
+        assert_ne!(rb.status, "rolled_back", "{point}: {rb:?}");
+        let first = &rb.steps[0];
+        assert!(!first.restored, "{point}: {rb:?}");
+        assert_eq!(
+            first.reason_code,
+            Some(ReasonCode::Conflict),
+            "{point}: {rb:?}"
+        );
+        assert!(
+            first.reason.as_deref().unwrap_or_default().contains(
+                "'d/f2.md' was not there as it was to be removed, and something stands in its place again"
+            ),
+            "{point}: {rb:?}"
+        );
+        assert_eq!(w.read("d/f2.md"), b"two");
+        let rb = sb.rollback_workflow("wf_back", &forced());
+        assert_eq!(rb.status, "rolled_back", "{point}: {rb:?}");
+        assert_eq!(w.tree(), before);
+        assert!(sb.audit_verify().unwrap().ok);
+    }
 }
 
 /// A file the workflow made beneath a folder that is missing when the rollback comes to

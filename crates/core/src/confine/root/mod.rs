@@ -176,8 +176,8 @@ pub(crate) use files::{
     temp_files_made_by,
 };
 use refusal::{
-    changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile, moved_while_removed,
-    moved_while_written, named_in_full, removed_meanwhile, special_refusal,
+    appeared_meanwhile, changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile,
+    moved_while_removed, moved_while_written, named_in_full, removed_meanwhile, special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
 pub use walk::read_operator_file;
@@ -812,8 +812,9 @@ impl SandboxRoot {
                         refusal::only_plain(&rel.as_string(), &m)?;
                         true
                     }
-                    // Judged missing: a file there now is someone else's since.
-                    Put::New => true,
+                    // Judged missing: a file there now is someone else's since, or
+                    // came back with its folder.
+                    Put::New => return Err(appeared_meanwhile(&rel.as_string())),
                     // Taken as it is (a forced rollback), the target is still only ever
                     // a plain file removed: a special file or another link another
                     // program put there since it was judged stays.
@@ -1860,6 +1861,16 @@ mod tests {
             Ok(false)
         );
         assert_eq!(root.remove_file_put(&rel, Put::Any, false), Ok(true));
+        // Judged missing, and there again: not taken for a change to what was read.
+        std::fs::write(folder.join("t.txt"), b"back").unwrap();
+        let r = root.remove_file_put(&rel, Put::New, false).unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert!(
+            r.reason.contains("was not there when it was judged"),
+            "{}",
+            r.reason
+        );
+        assert_eq!(std::fs::read(folder.join("t.txt")).unwrap(), b"back");
     }
 
     /// A dead process's temporary name that another program renamed a link or a FIFO

@@ -18,6 +18,18 @@ pub(super) fn changed_meanwhile(name: &str) -> Refusal {
     )
 }
 
+/// The refusal for a removal of `name`, judged missing, that found a file there: put
+/// there by another program since, or back with its folder.
+pub(super) fn appeared_meanwhile(name: &str) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "{} was not there when it was judged, and a file stands there now (another program put it there, or moved its folder back); it was left as it is: check what it holds, then try again",
+            shown_path(name)
+        ),
+    )
+}
+
 /// The refusal for a removal of `name` that found it written to by another program once
 /// moved aside (or its folder `moved` away), and another file at its name by then: what
 /// it held is kept as `kept`.
