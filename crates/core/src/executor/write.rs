@@ -320,6 +320,7 @@ impl SandboxWriteExecutor<'_> {
             taken_at: self.sb.now(),
             after_sha256: after,
             commit: None,
+            folder: approval.target.folder,
         }
     }
 

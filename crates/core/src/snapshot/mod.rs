@@ -120,6 +120,13 @@ pub struct SnapshotMeta {
     /// durability): recovery finishes such an action instead of undoing it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<SnapshotCommit>,
+    /// Which directory the deepest folder on the way to the target that stood at the
+    /// snapshot was ([`SnapshotMeta::folder_rel`]; none at the root's top, and in
+    /// snapshots written before it was recorded): a folder another program put in its
+    /// place since, the action's file living on where the first went, is not taken for
+    /// one where the file is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<crate::confine::root::DirId>,
 }
 
 /// Everything recovery needs to finish a file write whose new bytes were made durable
@@ -154,6 +161,17 @@ impl SnapshotMeta {
     /// The target as a relative path.
     pub fn target(&self) -> RelPath {
         RelPath::from_recorded(&self.original_path)
+    }
+
+    /// Where [`SnapshotMeta::folder`] is: the target's parent, or the one the outermost
+    /// directory the action makes is made in; none at the root's top.
+    pub fn folder_rel(&self) -> Option<RelPath> {
+        let first = match self.created_dirs.first() {
+            Some(d) => RelPath::from_recorded(d),
+            None => self.target(),
+        };
+        let parents = first.parent_components();
+        (!parents.is_empty()).then(|| RelPath::from_components(parents.to_vec()))
     }
 }
 

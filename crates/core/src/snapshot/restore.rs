@@ -119,6 +119,18 @@ impl RollbackEngine {
         Ok(left_dirs)
     }
 
+    /// The folder [`SnapshotMeta::folder`] records, when another directory stands at
+    /// its path now (another program moved the first away, or removed it, and made one
+    /// of the same name): what the action wrote there is not where the path leads.
+    /// A folder missing, or one that cannot be looked at, is not named here.
+    pub(crate) fn folder_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
+        let (was, rel) = (meta.folder?, meta.folder_rel()?);
+        match root.dir_id(&rel) {
+            Ok(Some(now)) if !now.same_as(&was) => Some(rel.as_string()),
+            _ => None,
+        }
+    }
+
     /// The detail of a restore that left the target absent, as its action found it.
     pub(crate) fn absent_detail(meta: &SnapshotMeta) -> String {
         if meta.is_directory_action() {
@@ -280,6 +292,11 @@ impl RollbackEngine {
         let parents = rel.parent_components();
         let away = (info.existing_parents < parents.len())
             .then(|| parents[..=info.existing_parents].join("/"));
+        // Or there, but not the folder the action wrote in.
+        let replaced = match (&away, found) {
+            (None, TargetKind::Missing) => Self::folder_replaced(root, meta),
+            _ => None,
+        };
         // Seen by the caller's look (`Put::Unchanged`) and gone by the step, in a
         // forced rollback or recovery: removed, or moved away with its folder (or its
         // folder swapped for another), where it lives on; not called checked.
@@ -334,7 +351,11 @@ impl RollbackEngine {
             // and taken for removed the workflow would be called rolled back with the
             // file standing wherever it went, and at its path again once it is back.
             TargetKind::Missing if forced == Forced::No && matches!(put, Put::Unchanged(_)) => {
-                return Err(gone_since_checked(meta, away.as_deref()));
+                return Err(gone_since_checked(
+                    meta,
+                    away.as_deref(),
+                    replaced.as_deref(),
+                ));
             }
             TargetKind::Missing => vanished = matches!(put, Put::Unchanged(_)),
         }
@@ -380,13 +401,13 @@ impl RollbackEngine {
         }
         match after {
             Ok((left_dirs, gone)) => Ok(RestoreOutcome {
-                checksum_validated: gone && unseen.is_none() && !vanished,
+                checksum_validated: gone && unseen.is_none() && replaced.is_none() && !vanished,
                 restored_checksum: None,
                 detail: Some(absent_words(
                     meta,
                     (found, vanished),
                     gone,
-                    unseen.as_deref(),
+                    (unseen.as_deref(), replaced.as_deref()),
                     &left_dirs,
                 )),
                 left_dirs,
@@ -474,15 +495,21 @@ impl RollbackEngine {
 }
 
 /// The refusal of an unforced restore that found gone the file its action made, which
-/// the rollback's check saw (`away`: the missing directory on the way, if any).
-fn gone_since_checked(meta: &SnapshotMeta, away: Option<&str>) -> Refusal {
-    let what = match away {
-        Some(dir) => format!(
+/// the rollback's check saw (`away`: the missing directory on the way, if any;
+/// `replaced`: the folder there that is not the one the action wrote in).
+fn gone_since_checked(meta: &SnapshotMeta, away: Option<&str>, replaced: Option<&str>) -> Refusal {
+    let what = match (away, replaced) {
+        (Some(dir), _) => format!(
             "the directory {} on the way to {} went missing after the rollback's check",
             shown_path(dir),
             shown_path(&meta.original_path)
         ),
-        None => format!(
+        (None, Some(dir)) => format!(
+            "{} went missing after the rollback's check saw it, and the directory {} holding it is not the one the action wrote in (another program put another in its place)",
+            shown_path(&meta.original_path),
+            shown_path(dir)
+        ),
+        (None, None) => format!(
             "{} went missing after the rollback's check saw it (its directory may have been swapped for another)",
             shown_path(&meta.original_path)
         ),
@@ -513,13 +540,13 @@ fn unverified(meta: &SnapshotMeta, r: Refusal, written: Option<String>) -> Resto
 
 /// What a restore of a target the action created tells of it: `found` before the
 /// removal (and whether it `vanished`, seen by the caller's look and gone by the
-/// step), `gone` after it, `unseen` beneath the missing directory named, `left_dirs`
-/// the folders made on the way that stayed.
+/// step), `gone` after it, `unseen` beneath the missing directory named, or in the
+/// `replaced` folder named, `left_dirs` the folders made on the way that stayed.
 fn absent_words(
     meta: &SnapshotMeta,
     (found, vanished): (TargetKind, bool),
     gone: bool,
-    unseen: Option<&str>,
+    (unseen, replaced): (Option<&str>, Option<&str>),
     left_dirs: &[LeftDir],
 ) -> String {
     let mut d = if !gone {
@@ -533,6 +560,11 @@ fn absent_words(
     } else if vanished {
         "not found, though the rollback's look saw it a moment before: removed, or moved away (with its directory, or its directory swapped for another), where it would live on; nothing was removed, and nothing could be checked"
             .to_owned()
+    } else if let Some(dir) = replaced {
+        format!(
+            "not found in the directory {}, which is not the one the action wrote in: another program moved that away (where the file would live on) or removed it, and put another in its place; nothing was removed, and nothing could be checked",
+            shown_path(dir)
+        )
     } else if found == TargetKind::Missing {
         // Someone removed it before the rollback: nothing was.
         "already gone before this restore, as before the action".to_owned()

@@ -229,37 +229,58 @@ fn batched_recovery_finishes_a_write_in_a_folder_it_may_not_read() {
     assert_eq!(w.read("d/a.txt"), b"alpha\n");
 }
 
+/// A dead run's `create_file` of `d/f.md` (`d` there at its snapshot), killed at `point`,
+/// `then` done to the tree, and the next start: the error its recovery's undo line
+/// gives.
+fn dead_create_in_d_then(point: &str, then: impl FnOnce(&World)) -> String {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    sb.failpoints().arm_crash(point, 1);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        sb.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"}]})))
+    }));
+    assert!(outcome.is_err(), "the run should crash");
+    drop(sb);
+    then(&w);
+    let sb = w.open(w.writable_config());
+    assert!(sb.audit_verify().unwrap().ok);
+    rolled_back_line(&sb, "wf_dead").error.unwrap_or_default()
+}
+
 /// A dead run's `create_file` into a folder that stood when it was snapshotted, found
 /// with that folder missing at the next start (moved away by another program, maybe
 /// with the file in it), is not recorded as "not written", checked: its undo says it
 /// could not be checked, naming the folder.
 #[test]
 fn recovery_does_not_call_unwritten_a_file_whose_folder_went_away() {
-    let w = World::new();
-    w.write("d/keep.txt", b"k");
-    let sb = w.open(w.writable_config());
-    sb.failpoints().arm_crash("before_mutate", 1);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.run_plan(plan(json!({"workflow_id": "wf_away", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"}]})))
-    }));
-    assert!(outcome.is_err(), "the run should crash");
-    drop(sb);
-    let away = w.tmp.path().join("away");
-    std::fs::rename(w.root.join("d"), &away).unwrap();
-    let sb = w.open(w.writable_config());
-    let line = sb
-        .audit_entries(10, Some("wf_away"))
-        .unwrap()
-        .into_iter()
-        .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
-        .expect("recovery's undo is on the trail");
-    let said = line.error.as_deref().unwrap_or_default();
+    let said = dead_create_in_d_then("before_mutate", |w| {
+        std::fs::rename(w.root.join("d"), w.tmp.path().join("away")).unwrap();
+    });
+    assert!(said.contains("nor the directory 'd' on the way"), "{said}");
+}
+
+/// Nor one whose folder, there at the snapshot, has another in its place (the first
+/// moved away, the dead run's file in it): undone, not called checked, and said so.
+#[test]
+fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
+    let mut away = None;
+    let said = dead_create_in_d_then("before_audit", |w| {
+        let to = w.tmp.path().join("away");
+        std::fs::rename(w.root.join("d"), &to).unwrap();
+        std::fs::create_dir(w.root.join("d")).unwrap();
+        away = Some(std::fs::read(to.join("f.md")).unwrap());
+    });
     assert!(
-        said.contains("nor the directory 'd' on the way"),
-        "{line:?}"
+        said.contains("not found in the directory 'd', which is not the one the action wrote in"),
+        "{said}"
     );
-    assert!(sb.audit_verify().unwrap().ok);
+    assert_eq!(
+        away.as_deref(),
+        Some(&b"one"[..]),
+        "the dead write lives on where it went"
+    );
 }
 
 fn one_replace() -> serde_json::Value {
@@ -1759,11 +1780,7 @@ fn forced_rollback_killed_at(
     drop(sb);
     let sb = w.sandbox();
     assert!(sb.audit_verify().unwrap().ok);
-    sb.audit_entries(100, Some(wf))
-        .unwrap()
-        .into_iter()
-        .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
-        .unwrap()
+    rolled_back_line(&sb, wf)
 }
 
 /// The seeded plan run with `on_failure: rollback`, its third action failing at its

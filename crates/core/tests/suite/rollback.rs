@@ -4319,7 +4319,7 @@ fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollbac
     assert_eq!(first.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
     let reason = first.reason.as_deref().unwrap_or_default();
     assert!(
-        reason.contains("'d/f2.md' went missing after the rollback's check saw it"),
+        reason.contains("'d/f2.md' went missing after the rollback's check saw it, and the directory 'd' holding it is not the one the action wrote in"),
         "{rb:?}"
     );
     assert!(!reason.starts_with("put back"), "{rb:?}");
@@ -4335,6 +4335,42 @@ fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollbac
     assert_eq!(rb.status, "rolled_back", "{rb:?}");
     assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
     assert_eq!(w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A folder swapped for an empty one of the same name before a forced rollback, the
+/// action's file living on where the first went, is told from one whose file is gone:
+/// the step is not called checked, and its detail and audit line say why.
+#[test]
+fn a_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_before", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let (d, real) = (w.path("d"), w.path("d.real"));
+    std::fs::rename(&d, &real).unwrap();
+    std::fs::create_dir(&d).unwrap();
+    let rb = sb.rollback_workflow("wf_before", &forced());
+    let step = &rb.steps[0];
+    assert!(step.restored, "{rb:?}");
+    assert!(!step.checksum_validated, "{rb:?}");
+    let said = "not found in the directory 'd', which is not the one the action wrote in";
+    assert!(
+        step.detail.as_deref().unwrap_or_default().contains(said),
+        "{rb:?}"
+    );
+    let line = rolled_back_line(&sb, "wf_before");
+    assert!(
+        line.error.as_deref().unwrap_or_default().contains(said),
+        "{line:?}"
+    );
+    assert_eq!(std::fs::read(real.join("f.md")).unwrap(), b"one");
+    assert!(d.is_dir(), "the stand-in stays");
     assert!(sb.audit_verify().unwrap().ok);
 }
 

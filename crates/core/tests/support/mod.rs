@@ -271,6 +271,18 @@ pub fn forced() -> ailab_sandbox_core::sandbox::RollbackOptions {
     }
 }
 
+/// The newest `rolled_back` line of workflow `wf` on the trail.
+pub fn rolled_back_line(
+    sb: &ailab_sandbox_core::Sandbox,
+    wf: &str,
+) -> ailab_sandbox_core::audit::SandboxAuditEntry {
+    sb.audit_entries(100, Some(wf))
+        .unwrap()
+        .into_iter()
+        .find(|e| e.status == ailab_sandbox_core::audit::AuditStatus::RolledBack)
+        .expect("a rolled_back line is on the trail")
+}
+
 /// `action:Status` for each of a workflow's audit lines, newest first.
 pub fn statuses_of(sb: &ailab_sandbox_core::Sandbox, wf: &str) -> Vec<String> {
     sb.audit_entries(50, Some(wf))

@@ -105,6 +105,10 @@ pub struct TargetInfo {
     pub kind: TargetKind,
     /// How many of the parent components exist (as real directories).
     pub existing_parents: usize,
+    /// The deepest of them, as its name held it at the look (none at the root's top):
+    /// a snapshot records it, so that a folder another program puts in its place since
+    /// is told from the one the action wrote in.
+    pub folder: Option<DirId>,
 }
 
 /// Which directory a path names, so that one removed and made again under the same name
@@ -122,6 +126,16 @@ pub struct DirId {
 }
 
 impl DirId {
+    /// Whether `other` names the same directory: device and inode, and the birth time
+    /// where both know it (one read where the filesystem keeps none is not a difference).
+    pub fn same_as(&self, other: &DirId) -> bool {
+        (self.dev, self.ino) == (other.dev, other.ino)
+            && match (self.born_ns, other.born_ns) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
     fn of(m: &cap_std::fs::Metadata) -> Self {
         let born_ns = m
             .created()
@@ -360,7 +374,7 @@ impl SandboxRoot {
     /// a regular file with more than one link (`hardlink_refused`) and FIFOs, sockets or
     /// devices (`not_regular_file`).
     pub fn inspect(&self, rel: &RelPath) -> Verdict<TargetInfo> {
-        let (entry, existing_parents) = self.entry(rel)?;
+        let (entry, existing_parents, folder) = self.walk_entry(rel)?;
         let kind = match entry {
             EntryKind::Missing => TargetKind::Missing,
             EntryKind::Directory => TargetKind::Directory,
@@ -374,6 +388,7 @@ impl SandboxRoot {
         Ok(TargetInfo {
             kind,
             existing_parents,
+            folder,
         })
     }
 
@@ -455,29 +470,40 @@ impl SandboxRoot {
     /// are walked as for a write (a symlink among them is refused); the last component
     /// is looked at, never opened or followed, so a symlink or a FIFO there is described.
     pub fn entry(&self, rel: &RelPath) -> Verdict<(EntryKind, usize)> {
+        self.walk_entry(rel)
+            .map(|(kind, existing, _)| (kind, existing))
+    }
+
+    /// [`SandboxRoot::entry`], with the deepest existing parent's [`DirId`] (see
+    /// [`TargetInfo::folder`]), taken from the look the walk makes anyway.
+    fn walk_entry(&self, rel: &RelPath) -> Verdict<(EntryKind, usize, Option<DirId>)> {
         let comps = rel.components();
         let mut dir = ParentDir::Root(&self.dir);
         let parents = rel.parent_components();
+        let mut folder = None;
         for (i, comp) in parents.iter().enumerate() {
             match dir.symlink_metadata(comp) {
                 Ok(m) if m.file_type().is_symlink() => {
                     return Err(self.detect_symlink_escape(&comps[..=i]));
                 }
-                Ok(m) if m.is_dir() => {}
+                Ok(m) if m.is_dir() => {
+                    dir = match self.descend(&dir, &comps[..=i]) {
+                        Ok(d) => ParentDir::Owned(d),
+                        // Moved or removed since it was looked at: missing now, as if
+                        // not found.
+                        Err(r) if r.reason_code == ReasonCode::NotFound => {
+                            return Ok((EntryKind::Missing, i, folder));
+                        }
+                        Err(r) => return Err(r),
+                    };
+                    folder = Some(DirId::of(&m));
+                }
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Ok((EntryKind::Missing, i));
+                    return Ok((EntryKind::Missing, i, folder));
                 }
                 Err(e) => return Err(io_refusal("inspect", &comps[..=i], &e)),
             }
-            dir = match self.descend(&dir, &comps[..=i]) {
-                Ok(d) => ParentDir::Owned(d),
-                // Moved or removed since it was looked at: missing now, as if not found.
-                Err(r) if r.reason_code == ReasonCode::NotFound => {
-                    return Ok((EntryKind::Missing, i));
-                }
-                Err(r) => return Err(r),
-            };
         }
         let kind = match dir.symlink_metadata(rel.file_name()) {
             Ok(m) if m.file_type().is_symlink() => EntryKind::Symlink,
@@ -495,7 +521,7 @@ impl SandboxRoot {
             Err(e) if e.kind() == io::ErrorKind::NotFound => EntryKind::Missing,
             Err(e) => return Err(io_refusal("inspect", comps, &e)),
         };
-        Ok((kind, parents.len()))
+        Ok((kind, parents.len(), folder))
     }
 
     /// Opens the directory that holds `rel`, walking each parent without following

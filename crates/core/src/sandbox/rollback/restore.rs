@@ -682,9 +682,9 @@ impl Sandbox {
             // set to that write's result, and is finished by a restore as ever.) A
             // folder has no checksum, made or not: a `create_directory` is undone
             // by its restore, which removes what it finds.
-            // Not so when a folder that stood on the way at the snapshot is missing: the
-            // file may have been written and moved away with it (restored, the step
-            // says it could not be checked).
+            // Not so when a folder that stood on the way at the snapshot is missing, or
+            // another is in its place: the file may have been written and moved away
+            // with it (restored, the step says it could not be checked).
             RestoreMode::Force
                 if recovering
                     && meta.kind != SnapshotKind::Directory
@@ -743,17 +743,19 @@ impl Sandbox {
     }
 
     /// Whether a folder on the way to `meta`'s target that stood when it was
-    /// snapshotted (one its action was not to make) is missing now: moved or removed by
-    /// another program, maybe with the action's file in it.
+    /// snapshotted (one its action was not to make) is missing now, or another stands
+    /// in its place: moved or removed by another program, maybe with the action's file
+    /// in it.
     fn folder_gone_since(&self, i: usize, meta: &SnapshotMeta) -> bool {
         let rel = meta.target();
         let parents = rel.parent_components();
-        self.roots[i].inspect(&rel).is_ok_and(|info| {
+        let missing = self.roots[i].inspect(&rel).is_ok_and(|info| {
             info.existing_parents < parents.len()
                 && !meta
                     .created_dirs
                     .contains(&parents[..=info.existing_parents].join("/"))
-        })
+        });
+        missing || RollbackEngine::folder_replaced(&self.roots[i], meta).is_some()
     }
 
     /// Marks a snapshot restored, with the restore's checksum and the directories it
