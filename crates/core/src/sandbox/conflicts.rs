@@ -803,13 +803,28 @@ impl Sandbox {
     /// [`Sandbox::target_state`], with what a restore judged by it may replace: the very
     /// file it read, nothing where it found nothing.
     pub(super) fn target_state_judged(&self, root: usize, rel: &RelPath) -> (TargetState, Put) {
-        let r = &self.roots[root];
         if let Err(e) = self.fail_at("read_target") {
             return (TargetState::Failed(e.reason), Put::Any);
         }
-        match r.inspect(rel).map(|t| t.kind) {
-            Ok(TargetKind::File { .. }) => match r.read_file_stamped(rel, MAX_SNAPSHOT_BYTES) {
+        // A file gone between the look and the read is looked at again: missing now, or
+        // whatever took its place, not "something unreadable" that force would not help.
+        // One that keeps changing under every look is.
+        (0..3)
+            .find_map(|_| self.target_state_once(root, rel))
+            .unwrap_or((TargetState::Unreadable, Put::Any))
+    }
+
+    /// One look and read of [`Sandbox::target_state_judged`]; `None` when the file the
+    /// look saw was gone by the read.
+    fn target_state_once(&self, root: usize, rel: &RelPath) -> Option<(TargetState, Put)> {
+        let r = &self.roots[root];
+        Some(match r.inspect(rel).map(|t| t.kind) {
+            Ok(TargetKind::File { .. }) => match self
+                .fail_at("target_looked")
+                .and_then(|()| r.read_file_stamped(rel, MAX_SNAPSHOT_BYTES))
+            {
                 Ok((b, stamp)) => (TargetState::File(sha256_hex(&b)), Put::Unchanged(stamp)),
+                Err(e) if e.reason_code == ReasonCode::NotFound => return None,
                 Err(e) if e.reason_code == ReasonCode::IoError => {
                     (TargetState::Failed(e.reason), Put::Any)
                 }
@@ -828,7 +843,7 @@ impl Sandbox {
             }
             Err(r) if r.denied => (TargetState::Denied(r.reason), Put::Any),
             Err(_) => (TargetState::Unreadable, Put::Any),
-        }
+        })
     }
 
     /// What `meta`'s target holds now, to judge a restore by; refused (`io_error`) when

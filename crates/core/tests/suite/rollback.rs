@@ -4374,6 +4374,41 @@ fn a_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal(
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A file the rollback's look saw and that is gone by the time it is read is looked at
+/// again: judged missing (a change force overrides), not "something unreadable" that
+/// force would not help.
+#[test]
+fn a_file_gone_between_the_rollbacks_look_and_read_is_judged_missing() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let before = w.tree();
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_gone", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "f.md", "content": "one"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let f = w.path("f.md");
+    sb.failpoints().interleave(
+        "target_looked",
+        std::sync::Arc::new(move || {
+            let _ = std::fs::remove_file(&f);
+        }),
+    );
+    let rb = sb.rollback_workflow("wf_gone", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+    assert_eq!(rb.conflicts[0].current_checksum, None, "{rb:?}");
+    let said = rb.reason.as_deref().unwrap_or_default();
+    assert!(
+        said.contains("roll back with force to overwrite them"),
+        "{rb:?}"
+    );
+    let rb = sb.rollback_workflow("wf_gone", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.tree(), before);
+}
+
 /// Forced, a file its look saw and that is gone by its step (its folder swapped for an
 /// empty one of the same name at that instant) is not called checked: it may live on
 /// where the folder went, and the step says so.
