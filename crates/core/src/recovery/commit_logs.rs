@@ -421,6 +421,7 @@ impl Sandbox {
             // Changed nothing (see `undo_superseded`).
             Restorer::Recovery {
                 found: Some(&current),
+                said: None,
             },
         )
     }

@@ -249,6 +249,7 @@ impl Sandbox {
             &left,
             Restorer::Recovery {
                 found: Some(&before),
+                said: None,
             },
         ) {
             tracing::warn!(reason = %r, "could not mark a snapshot restored");
@@ -341,17 +342,16 @@ impl Sandbox {
                     .and_then(|e| e.after_checksum.clone())
             });
             let at = mark.restored_at.clone().unwrap_or_default();
-            records.push((
-                at,
-                self.rollback_record(
-                    &mark.execution_id,
-                    workflow_id,
-                    i,
-                    &s.meta,
-                    before,
-                    mark.restored_checksum,
-                ),
-            ));
+            let mut record = self.rollback_record(
+                &mark.execution_id,
+                workflow_id,
+                i,
+                &s.meta,
+                before,
+                mark.restored_checksum,
+            );
+            record.error = mark.error;
+            records.push((at, record));
         }
         // Stable: ties keep the rollbacks' order.
         records.sort_by(|a, b| a.1.execution_id.cmp(&b.1.execution_id));

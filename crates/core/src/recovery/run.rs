@@ -1068,6 +1068,15 @@ impl Sandbox {
         // a reader of the trail (a rollback naming who left a file as it is) must not
         // take this line for their change.
         let current = current.cloned();
+        // The change may be another folder put in the one's place the action wrote in,
+        // its file living on where that went: the line says so.
+        let said = crate::snapshot::RollbackEngine::folder_replaced(&self.roots[root], meta)
+            .map(|dir| {
+                format!(
+                    "left as it is: the directory {} holding it is not the one the action wrote in (another program moved that away, where what the action wrote may live on, or removed it, and put another in its place); nothing could be checked",
+                    crate::confine::path::shown_path(&dir)
+                )
+            });
         if let Err(r) = self.mark_restored(
             root,
             meta,
@@ -1076,6 +1085,7 @@ impl Sandbox {
             &left,
             Restorer::Recovery {
                 found: Some(&current),
+                said: said.as_deref(),
             },
         ) {
             tracing::warn!(reason = %r, "could not mark a dead run's overwritten action undone");

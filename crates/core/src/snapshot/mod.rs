@@ -192,6 +192,10 @@ pub struct RestoredMark {
     /// when the mark does not say (recovery's, or one written before marks said it).
     #[serde(default, deserialize_with = "present")]
     pub before_checksum: Option<Option<String>>,
+    /// What the undo could not check, for its audit line's `error` (recovery's, of an
+    /// action it left as another program left its target).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// A field that is there, null or not, as `Some` (absent: the default, `None`).

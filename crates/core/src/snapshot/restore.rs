@@ -126,7 +126,7 @@ impl RollbackEngine {
     pub(crate) fn folder_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
         let (was, rel) = (meta.folder?, meta.folder_rel()?);
         match root.dir_id(&rel) {
-            Ok(Some(now)) if !now.same_as(&was) => Some(rel.as_string()),
+            Ok(Some(now)) if was.replaced_by(&now) => Some(rel.as_string()),
             _ => None,
         }
     }
@@ -223,6 +223,10 @@ impl RollbackEngine {
                 ),
             ));
         }
+        // One there, but not the folder the action wrote in: the restore puts the bytes
+        // at the path, as asked, and says that what the action wrote may live on where
+        // that folder went.
+        let replaced = Self::folder_replaced(root, meta);
         let tmp = crate::confine::root::action_temp_name(
             &meta.workflow_id,
             &meta.action_id,
@@ -268,10 +272,13 @@ impl RollbackEngine {
             ));
         }
         Ok(RestoreOutcome {
-            checksum_validated: true,
+            checksum_validated: replaced.is_none(),
             restored_checksum: Some(restored),
             left_dirs: Vec::new(),
-            detail: None,
+            detail: replaced.map(|dir| format!(
+                "restored into the directory {}, which is not the one the action wrote in: another program moved that away (where the action's file would live on) or removed it, and put another in its place; what the action left could not be checked",
+                shown_path(&dir)
+            )),
         })
     }
 

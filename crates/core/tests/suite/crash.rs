@@ -229,17 +229,21 @@ fn batched_recovery_finishes_a_write_in_a_folder_it_may_not_read() {
     assert_eq!(w.read("d/a.txt"), b"alpha\n");
 }
 
-/// A dead run's `create_file` of `d/f.md` (`d` there at its snapshot), killed at `point`,
-/// `then` done to the tree, and the next start: the error its recovery's undo line
-/// gives.
-fn dead_create_in_d_then(point: &str, then: impl FnOnce(&World)) -> String {
+/// A dead run's `action` in folder `d` (there at its snapshot, holding `keep.txt` and
+/// `old.md`), killed at `point`, `then` done to the tree, and the next start: the error
+/// its recovery's undo line gives.
+fn dead_action_in_d_then(
+    point: &str,
+    action: serde_json::Value,
+    then: impl FnOnce(&World),
+) -> String {
     let w = World::new();
     w.write("d/keep.txt", b"k");
+    w.write("d/old.md", b"old");
     let sb = w.open(w.writable_config());
     sb.failpoints().arm_crash(point, 1);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"}]})))
+        sb.run_plan(plan(json!({"workflow_id": "wf_dead", "actions": [action]})))
     }));
     assert!(outcome.is_err(), "the run should crash");
     drop(sb);
@@ -249,38 +253,52 @@ fn dead_create_in_d_then(point: &str, then: impl FnOnce(&World)) -> String {
     rolled_back_line(&sb, "wf_dead").error.unwrap_or_default()
 }
 
+fn create_in_d() -> serde_json::Value {
+    json!({"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"})
+}
+
+/// `d` moved to `away` beside the root and an empty `d` made in its place: what
+/// `away/name` holds then.
+fn swap_d(w: &World, name: &str) -> Vec<u8> {
+    let to = w.tmp.path().join("away");
+    std::fs::rename(w.root.join("d"), &to).unwrap();
+    std::fs::create_dir(w.root.join("d")).unwrap();
+    std::fs::read(to.join(name)).unwrap()
+}
+
 /// A dead run's `create_file` into a folder that stood when it was snapshotted, found
 /// with that folder missing at the next start (moved away by another program, maybe
 /// with the file in it), is not recorded as "not written", checked: its undo says it
 /// could not be checked, naming the folder.
 #[test]
 fn recovery_does_not_call_unwritten_a_file_whose_folder_went_away() {
-    let said = dead_create_in_d_then("before_mutate", |w| {
+    let said = dead_action_in_d_then("before_mutate", create_in_d(), |w| {
         std::fs::rename(w.root.join("d"), w.tmp.path().join("away")).unwrap();
     });
     assert!(said.contains("nor the directory 'd' on the way"), "{said}");
 }
 
 /// Nor one whose folder, there at the snapshot, has another in its place (the first
-/// moved away, the dead run's file in it): undone, not called checked, and said so.
+/// moved away, the dead run's file in it): undone, not called checked, and said so. A
+/// dead `replace_file` so found is left as it is (another program's change), its line
+/// saying why.
 #[test]
 fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
-    let mut away = None;
-    let said = dead_create_in_d_then("before_audit", |w| {
-        let to = w.tmp.path().join("away");
-        std::fs::rename(w.root.join("d"), &to).unwrap();
-        std::fs::create_dir(w.root.join("d")).unwrap();
-        away = Some(std::fs::read(to.join("f.md")).unwrap());
-    });
+    let mut away = Vec::new();
+    let said = dead_action_in_d_then("before_audit", create_in_d(), |w| away = swap_d(w, "f.md"));
     assert!(
         said.contains("not found in the directory 'd', which is not the one the action wrote in"),
         "{said}"
     );
-    assert_eq!(
-        away.as_deref(),
-        Some(&b"one"[..]),
-        "the dead write lives on where it went"
+    assert_eq!(away, b"one", "the dead write lives on where it went");
+    let replace =
+        json!({"action_id": "a1", "intent": "replace_file", "path": "d/old.md", "content": "new"});
+    let said = dead_action_in_d_then("after_mutate", replace, |w| away = swap_d(w, "old.md"));
+    assert!(
+        said.contains("the directory 'd' holding it is not the one the action wrote in"),
+        "{said}"
     );
+    assert_eq!(away, b"new", "the dead write lives on where it went");
 }
 
 fn one_replace() -> serde_json::Value {

@@ -4374,6 +4374,60 @@ fn a_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal(
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// So is one a forced rollback of a replacement finds: the file's bytes are put back at
+/// its path, in the stand-in, and the step says the action's file may live on where the
+/// first folder went (not checked). A file removed by hand, its folder left, is still
+/// "already gone", checked.
+#[test]
+fn a_replacement_in_a_swapped_folder_is_put_back_unchecked() {
+    let w = World::new();
+    w.write("d/f.md", b"old");
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_rep", "actions": [
+            {"action_id": "a1", "intent": "replace_file", "path": "d/f.md", "content": "new"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/g.md", "content": "g"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::remove_file(w.path("d/g.md")).unwrap();
+    let one = RollbackOptions {
+        action_id: Some("a2".into()),
+        force: true,
+    };
+    let control = sb.rollback_workflow("wf_rep", &one);
+    assert!(control.steps[0].checksum_validated, "{control:?}");
+    assert!(
+        control.steps[0]
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("already gone"),
+        "{control:?}"
+    );
+    let (d, real) = (w.path("d"), w.path("d.real"));
+    std::fs::rename(&d, &real).unwrap();
+    std::fs::create_dir(&d).unwrap();
+    let rb = sb.rollback_workflow("wf_rep", &forced());
+    let step = &rb.steps[0];
+    assert!(step.restored, "{rb:?}");
+    assert!(!step.checksum_validated, "{rb:?}");
+    let said = "restored into the directory 'd', which is not the one the action wrote in";
+    assert!(
+        step.detail.as_deref().unwrap_or_default().contains(said),
+        "{rb:?}"
+    );
+    assert!(
+        rolled_back_line(&sb, "wf_rep")
+            .error
+            .unwrap_or_default()
+            .contains(said)
+    );
+    assert_eq!(w.read("d/f.md"), b"old");
+    assert_eq!(std::fs::read(real.join("f.md")).unwrap(), b"new");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// A file the rollback's look saw and that is gone by the time it is read is looked at
 /// again: judged missing (a change force overrides), not "something unreadable" that
 /// force would not help.

@@ -126,14 +126,15 @@ pub struct DirId {
 }
 
 impl DirId {
-    /// Whether `other` names the same directory: device and inode, and the birth time
-    /// where both know it (one read where the filesystem keeps none is not a difference).
-    pub fn same_as(&self, other: &DirId) -> bool {
-        (self.dev, self.ino) == (other.dev, other.ino)
-            && match (self.born_ns, other.born_ns) {
-                (Some(a), Some(b)) => a == b,
-                _ => true,
-            }
+    /// Whether `now`, read at this one's path later, is surely another directory: the
+    /// same device, another inode. A folder moved away keeps its inode, so one made in
+    /// its place cannot have it; one freed and its inode reused means the first was
+    /// removed, which is what the same inode is then taken for. The birth time is not
+    /// compared (an overlay copies a lower layer's folder up at the first write in it,
+    /// with a new birth time and the same inode), nor are inodes across a change of
+    /// device number (a remount may renumber the device): neither says another folder.
+    pub fn replaced_by(&self, now: &DirId) -> bool {
+        self.dev == now.dev && self.ino != now.ino
     }
 
     fn of(m: &cap_std::fs::Metadata) -> Self {
@@ -1872,6 +1873,23 @@ mod tests {
         assert!(!r.denied, "{}", r.reason);
         assert!(r.reason.contains("'d' was moved away"), "{}", r.reason);
         assert_eq!(std::fs::read(elsewhere.join("t.txt")).unwrap(), b"read");
+    }
+
+    /// A folder is said replaced only by another inode on the same device: not by a new
+    /// birth time (an overlay's copy-up keeps the inode), nor across a renumbered device.
+    #[test]
+    fn a_folder_is_said_replaced_only_by_another_inode_on_its_device() {
+        let was = DirId {
+            dev: 7,
+            ino: 100,
+            born_ns: Some(1),
+        };
+        let at = |dev, ino, born_ns| DirId { dev, ino, born_ns };
+        assert!(was.replaced_by(&at(7, 101, Some(1))));
+        assert!(was.replaced_by(&at(7, 101, None)));
+        assert!(!was.replaced_by(&at(7, 100, Some(2))));
+        assert!(!was.replaced_by(&at(7, 100, None)));
+        assert!(!was.replaced_by(&at(8, 101, Some(1))));
     }
 
     /// A file read to be removed and gone by the removal is not said removed when it was

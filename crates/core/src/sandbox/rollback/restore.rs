@@ -784,10 +784,13 @@ impl Sandbox {
             Restorer::Rollback { found } => {
                 record["before_checksum"] = serde_json::json!(found);
             }
-            Restorer::Recovery { found } => {
+            Restorer::Recovery { found, said } => {
                 record["recorded_by"] = serde_json::json!("recovery");
                 if let Some(found) = found {
                     record["before_checksum"] = serde_json::json!(found);
+                }
+                if let Some(said) = said {
+                    record["error"] = serde_json::json!(said);
                 }
             }
         }
@@ -851,9 +854,11 @@ pub(crate) enum Restorer<'a> {
     Rollback {
         found: &'a Option<String>,
     },
-    /// `found`: what the restore replaced, when recovery knows it.
+    /// `found`: what the restore replaced, when recovery knows it; `said`: what its
+    /// audit line's `error` tells of an undo that could not be checked.
     Recovery {
         found: Option<&'a Option<String>>,
+        said: Option<&'a str>,
     },
 }
 /// A restore's trail line the trail would not take: logged, and the words its step
