@@ -150,6 +150,11 @@ pub struct Conflict {
     /// (`workflow/action`) that found it since and stand, whose result it is now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
+    /// The folder on the way (root-relative) that is not the one the action wrote in:
+    /// another program moved that away, where the action's file may live on, and put
+    /// another in its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder_replaced: Option<String>,
 }
 
 impl Conflict {
@@ -461,6 +466,15 @@ impl Sandbox {
                     found_by_action,
                     changed_by,
                     claimed_by,
+                    folder_replaced: newer
+                        .is_none()
+                        .then(|| {
+                            crate::snapshot::RollbackEngine::folder_replaced(
+                                &self.roots[*i],
+                                &s.meta,
+                            )
+                        })
+                        .flatten(),
                 });
             }
         }

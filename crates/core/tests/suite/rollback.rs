@@ -4355,6 +4355,20 @@ fn a_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal(
     let (d, real) = (w.path("d"), w.path("d.real"));
     std::fs::rename(&d, &real).unwrap();
     std::fs::create_dir(&d).unwrap();
+    // Unforced, the refusal names the folder, and what to do.
+    let rb = sb.rollback_workflow("wf_before", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].folder_replaced.as_deref(),
+        Some("d"),
+        "{rb:?}"
+    );
+    assert!(
+        rb.reason.as_deref().unwrap_or_default().contains(
+            "the directory 'd' holding some of them is not the one the workflow wrote in"
+        ),
+        "{rb:?}"
+    );
     let rb = sb.rollback_workflow("wf_before", &forced());
     let step = &rb.steps[0];
     assert!(step.restored, "{rb:?}");

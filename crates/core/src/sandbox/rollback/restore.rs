@@ -127,6 +127,7 @@ impl Sandbox {
                     found_by_action: None,
                     changed_by: None,
                     claimed_by: Vec::new(),
+                    folder_replaced: None,
                 });
             }
         }

@@ -825,6 +825,7 @@ impl Sandbox {
                         rollback: false,
                     }),
                     claimed_by: Vec::new(),
+                    folder_replaced: None,
                 }
             })
             .collect();
@@ -989,6 +990,25 @@ pub(super) fn conflicts_said(conflicts: &[Conflict]) -> String {
             "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
             named(&entries)
         ));
+        let mut swapped: Vec<String> = changed
+            .iter()
+            .filter_map(|c| c.folder_replaced.as_deref().map(shown_path))
+            .collect();
+        swapped.sort();
+        swapped.dedup();
+        if !swapped.is_empty() {
+            let (dirs, that, it, one) = if swapped.len() == 1 {
+                ("directory", "that", "it", "the one")
+            } else {
+                ("directories", "those", "them", "the ones")
+            };
+            why.push(format!(
+                "the {dirs} {} holding some of them {} not {one} the workflow wrote in (another program moved {that} away, where the workflow's files may live on, or removed {it}, and put another in {} place): put {it} back, then roll back; force would write in what stands there now and leave those files where they went",
+                swapped.join(", "),
+                if swapped.len() == 1 { "is" } else { "are" },
+                if swapped.len() == 1 { "its" } else { "their" },
+            ));
+        }
     }
     for c in claimed {
         why.push(format!(
