@@ -321,6 +321,7 @@ impl SandboxWriteExecutor<'_> {
             after_sha256: after,
             commit: None,
             folder: approval.target.folder,
+            made: None,
         }
     }
 
@@ -440,10 +441,12 @@ impl SandboxWriteExecutor<'_> {
                     &crate::ids::own_seed(),
                 );
                 let flush = (sb.unlogged_flush(), Some(tmp.as_str()));
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, flush)?;
+                let made = root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, flush)?;
+                self.mark_made(w, &made);
             }
             (None, _) => {
-                root.create_dir_all_making(&w.rel, w.make, fsync_each)?;
+                let made = root.create_dir_all_making(&w.rel, w.make, fsync_each)?;
+                self.mark_made(w, &made);
             }
         }
         *written = true;
@@ -458,6 +461,28 @@ impl SandboxWriteExecutor<'_> {
                 .map_err(|e| log_failure("register the artifact", &e))?;
         }
         Ok(())
+    }
+
+    /// Records which directory the outermost folder the write made (`made`, as its
+    /// snapshot says it makes it) is, in the snapshot's "made" mark: a hint a rollback
+    /// reads to tell it from one another program puts in its place, so a failure to
+    /// write it is only logged.
+    fn mark_made(&self, w: &ActionWrite<'_>, made: &[String]) {
+        let Some(first) = made
+            .first()
+            .filter(|&f| w.meta.created_dirs.first() == Some(f))
+        else {
+            return;
+        };
+        let root = &self.sb.roots[w.ri];
+        let marked = match root.dir_id(&RelPath::from_recorded(first)) {
+            Ok(Some(id)) => Snapshotter::mark_made(root, &self.sb.seal, &w.meta, id),
+            Ok(None) => return,
+            Err(r) => Err(r),
+        };
+        if let Err(r) = marked {
+            tracing::warn!(reason = %r.reason, dir = %first, "could not record which folder the action made; a rollback will not tell it from one put in its place");
+        }
     }
 
     /// Appends the action's success to the audit trail, then (unless `logged`) makes the

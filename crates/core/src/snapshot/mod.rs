@@ -37,6 +37,9 @@ pub const BACKUP_FILE: &str = "backup";
 pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
+/// Written once the action has made the folders its snapshot records it makes: which
+/// directory the outermost one is ([`SnapshotMeta::made`]).
+pub const MADE_FILE: &str = "made.json";
 
 /// What a refusal says of something standing in a backup's place (a link, a FIFO, a
 /// file with other links): the runtime's own may only have been moved aside.
@@ -127,6 +130,12 @@ pub struct SnapshotMeta {
     /// one where the file is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder: Option<crate::confine::root::DirId>,
+    /// Which directory the outermost of `created_dirs` was once the action made it, as
+    /// its own mark (`made.json`, written after the snapshot) says, read with the
+    /// snapshot; none when the action made no folder, or stopped before the mark. Not
+    /// part of the sealed record.
+    #[serde(skip)]
+    pub made: Option<crate::confine::root::DirId>,
 }
 
 /// Everything recovery needs to finish a file write whose new bytes were made durable

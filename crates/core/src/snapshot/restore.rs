@@ -13,7 +13,7 @@
 //! the removal takes no lock of the directory's own path.
 
 use crate::confine::path::shown_path;
-use crate::confine::root::{FILE_MODE, Flush, Make, Put};
+use crate::confine::root::{DirId, FILE_MODE, Flush, Make, Put};
 use crate::confine::{RelPath, SandboxRoot, TargetKind};
 use crate::hash::sha256_hex;
 use crate::reason::{ReasonCode, Refusal, Verdict};
@@ -124,11 +124,18 @@ impl RollbackEngine {
     /// of the same name): what the action wrote there is not where the path leads.
     /// A folder missing, or one that cannot be looked at, is not named here.
     pub(crate) fn folder_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
-        let (was, rel) = (meta.folder?, meta.folder_rel()?);
-        match root.dir_id(&rel) {
-            Ok(Some(now)) if was.replaced_by(&now) => Some(rel.as_string()),
-            _ => None,
-        }
+        let replaced = |was: Option<DirId>, rel: Option<RelPath>| {
+            let (was, rel) = (was?, rel?);
+            match root.dir_id(&rel) {
+                Ok(Some(now)) if was.replaced_by(&now) => Some(rel.as_string()),
+                _ => None,
+            }
+        };
+        // Then the outermost folder the action made, when its mark says which it was.
+        replaced(meta.folder, meta.folder_rel()).or_else(|| {
+            let made = meta.created_dirs.first().map(|d| RelPath::from_recorded(d));
+            replaced(meta.made, made)
+        })
     }
 
     /// The detail of a restore that left the target absent, as its action found it.

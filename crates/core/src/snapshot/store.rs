@@ -15,7 +15,7 @@ use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, MetadataExt as _};
 use std::io;
 
-use super::{BACKUP_FILE, META_FILE, SNAPSHOT_DIR_MODE, SnapshotMeta};
+use super::{BACKUP_FILE, MADE_FILE, META_FILE, SNAPSHOT_DIR_MODE, SnapshotMeta};
 
 pub(super) fn snap_io(what: &str, e: &io::Error) -> Refusal {
     // Closed to this process (its mode, an immutable mark): the operator's to give
@@ -257,7 +257,7 @@ pub(super) fn remove_if_unfinished(
     let Ok(dir) = wf.open_dir_nofollow(name) else {
         return Ok(false);
     };
-    let (mut backup, mut empty_meta) = (false, false);
+    let (mut backup, mut empty_meta, mut made) = (false, false, false);
     for e in dir.entries().map_err(here)? {
         let e = e.map_err(here)?;
         let file = crate::confine::root::entry_type(&e)
@@ -265,6 +265,8 @@ pub(super) fn remove_if_unfinished(
             .is_file();
         match e.file_name().to_str() {
             Some(BACKUP_FILE) if file => backup = true,
+            // A mark whose record was lost with it (nothing synced under `relaxed`).
+            Some(MADE_FILE) if file => made = true,
             // Metadata whose name reached the disk and whose bytes did not (a power cut
             // before the sync point that was to make the snapshot durable, which comes
             // before the target is touched): none.
@@ -286,6 +288,9 @@ pub(super) fn remove_if_unfinished(
         }
         if empty_meta {
             dir.remove_file(META_FILE)?;
+        }
+        if made {
+            dir.remove_file(MADE_FILE)?;
         }
         wf.remove_dir(&aside)
     })();

@@ -26,8 +26,8 @@ use super::store::{
     store_refusal, unreadable_record, untrusted, untrusted_said, unwritable_path, workflow_folder,
 };
 use super::{
-    BACKUP_FILE, MAX_SNAPSHOT_BYTES, META_FILE, NOT_ITS_BACKUP, PRUNED_MARKER, RESTORED_FILE,
-    RestoredMark, SNAPSHOT_DIR_MODE, SnapshotKind, SnapshotMeta, StoredSnapshot,
+    BACKUP_FILE, MADE_FILE, MAX_SNAPSHOT_BYTES, META_FILE, NOT_ITS_BACKUP, PRUNED_MARKER,
+    RESTORED_FILE, RestoredMark, SNAPSHOT_DIR_MODE, SnapshotKind, SnapshotMeta, StoredSnapshot,
 };
 
 /// Takes and reads snapshots.
@@ -257,6 +257,8 @@ impl Snapshotter {
             Err(e) => return Err(unread(META_FILE, &e)),
         };
         its_own(root, &dir, &folder, &meta, (workflow_id, action_id)).map_err(trust)?;
+        let mut meta = meta;
+        meta.made = made_mark(&dir, key, &meta);
         let mark = match read_regular(&dir, RESTORED_FILE, 1 << 16) {
             // Its name reached the disk, its bytes did not (a power cut before the
             // rollback's sync point): no mark, the step is judged by what its file holds.
@@ -486,6 +488,24 @@ impl Snapshotter {
             .map_err(|e| snap_io("mark", &e))
     }
 
+    /// Records which directory the outermost folder `meta`'s action made is (`id`), so
+    /// that a rollback tells it from one another program puts in its place. Not synced:
+    /// a mark lost to a crash leaves the folder unrecorded, as before marks were written.
+    pub fn mark_made(
+        root: &SandboxRoot,
+        key: &SealKey,
+        meta: &SnapshotMeta,
+        id: crate::confine::root::DirId,
+    ) -> Verdict {
+        let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
+            .map_err(|e| open_refusal(root, &meta.workflow_id, &meta.action_id, &e))?
+            .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
+        let record = serde_json::json!({"made": id, "snapshot_id": meta.snapshot_id});
+        let bytes = key.seal(&record).map_err(|e| snap_io("encode", &e))?;
+        write_atomic_in(&dir, MADE_FILE, &bytes, 0o600, false, false)
+            .map_err(|e| snap_io("mark", &e))
+    }
+
     /// The "restored" mark of a snapshot (what [`Snapshotter::mark_restored`] wrote);
     /// `None` when there is none, it cannot be read, or its seal is not `key`'s.
     pub fn restored_mark(
@@ -601,6 +621,18 @@ impl Snapshotter {
     }
 }
 
+/// What `meta`'s "made" mark in its folder `dir` says (see [`Snapshotter::mark_made`]):
+/// none when there is none, or it cannot be read or trusted (a hint, which only makes a
+/// rollback say more: without it, nothing is told of the folder).
+fn made_mark(dir: &Dir, key: &SealKey, meta: &SnapshotMeta) -> Option<crate::confine::root::DirId> {
+    if meta.created_dirs.is_empty() {
+        return None;
+    }
+    let bytes = read_regular(dir, MADE_FILE, 1 << 12).ok()?;
+    let mark = open_mark(key, &bytes, meta).ok()?;
+    serde_json::from_value(mark.get("made")?.clone()).ok()
+}
+
 /// Whether the record `meta`, read in `folder` (`dir`), may be taken as the snapshot of
 /// action `action_id` of workflow `workflow_id` in `root`.
 fn its_own(
@@ -643,8 +675,11 @@ fn unfinished(dir: &Dir, folder: &str) -> Result<(), (Refusal, bool)> {
             let name = entry.ok()?.file_name().to_string_lossy().into_owned();
             // A record that appeared since it was looked for is a snapshot being made,
             // not something foreign.
-            (name != BACKUP_FILE && name != META_FILE && !name.starts_with(TEMP_MARKER))
-                .then_some(name)
+            (name != BACKUP_FILE
+                && name != META_FILE
+                && name != MADE_FILE
+                && !name.starts_with(TEMP_MARKER))
+            .then_some(name)
         })
         .collect();
     if foreign.is_empty() {

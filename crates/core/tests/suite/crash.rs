@@ -291,6 +291,20 @@ fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
         "{said}"
     );
     assert_eq!(away, b"one", "the dead write lives on where it went");
+    // A folder the dead action made, by the mark it left once it made it.
+    let made =
+        json!({"action_id": "a1", "intent": "create_file", "path": "d/n/f.md", "content": "one"});
+    let said = dead_action_in_d_then("before_audit", made, |w| {
+        let to = w.tmp.path().join("away");
+        std::fs::rename(w.root.join("d/n"), &to).unwrap();
+        std::fs::create_dir(w.root.join("d/n")).unwrap();
+        away = std::fs::read(to.join("f.md")).unwrap();
+    });
+    assert!(
+        said.contains("not found in the directory 'd/n', which is not the one the action wrote in"),
+        "{said}"
+    );
+    assert_eq!(away, b"one", "the dead write lives on where it went");
     let replace =
         json!({"action_id": "a1", "intent": "replace_file", "path": "d/old.md", "content": "new"});
     let said = dead_action_in_d_then("after_mutate", replace, |w| away = swap_d(w, "old.md"));

@@ -4388,6 +4388,33 @@ fn a_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal(
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// And a folder the workflow made, swapped so, is told apart by the mark its action left
+/// once it made it: neither of its files is called checked.
+#[test]
+fn a_made_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_removal() {
+    let w = World::new();
+    w.write("keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    two_files_made_in_d(&sb, "wf_made");
+    let (d, real) = (w.path("d"), w.path("d.real"));
+    std::fs::rename(&d, &real).unwrap();
+    std::fs::create_dir(&d).unwrap();
+    let rb = sb.rollback_workflow("wf_made", &forced());
+    assert_eq!(rb.steps.len(), 2, "{rb:?}");
+    for step in &rb.steps {
+        assert!(!step.checksum_validated, "{rb:?}");
+        assert!(
+            step.detail.as_deref().unwrap_or_default().contains(
+                "not found in the directory 'd', which is not the one the action wrote in"
+            ),
+            "{rb:?}"
+        );
+    }
+    assert_eq!(std::fs::read(real.join("f1.md")).unwrap(), b"one");
+    assert_eq!(std::fs::read(real.join("f2.md")).unwrap(), b"two");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
 /// its path, in the stand-in, and the step says the action's file may live on where the
 /// first folder went (not checked). A file removed by hand, its folder left, is still
