@@ -1072,8 +1072,21 @@ impl Sandbox {
         // its file living on where that went: the line says so.
         let said = crate::snapshot::RollbackEngine::folder_replaced(&self.roots[root], meta)
             .map(|dir| {
+                // Where what it replaced is kept, for a person to put back by hand: no
+                // rollback will (this line records the action undone).
+                let kept = match meta.kind {
+                    crate::snapshot::SnapshotKind::File => format!(
+                        "; what the file held before the action is kept in {} until the workflow is pruned",
+                        crate::confine::path::shown_path(&format!(
+                            "{}/{}",
+                            meta.rollback_path(),
+                            crate::snapshot::BACKUP_FILE
+                        ))
+                    ),
+                    _ => String::new(),
+                };
                 format!(
-                    "left as it is: the directory {} holding it is not the one the action wrote in (another program moved that away, where what the action wrote may live on, or removed it, and put another in its place); nothing could be checked",
+                    "left as it is: the directory {} holding it is not the one the action wrote in (that was moved away, where what the action wrote may live on, or removed, and another put in its place); nothing could be checked{kept}",
                     crate::confine::path::shown_path(&dir)
                 )
             });

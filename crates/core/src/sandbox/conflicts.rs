@@ -151,8 +151,8 @@ pub struct Conflict {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
     /// The folder on the way (root-relative) that is not the one the action wrote in:
-    /// another program moved that away, where the action's file may live on, and put
-    /// another in its place.
+    /// that was moved away, where the action's file may live on, or removed, and another
+    /// put in its place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder_replaced: Option<String>,
 }

@@ -124,12 +124,19 @@ impl RollbackEngine {
     /// of the same name): what the action wrote there is not where the path leads.
     /// A folder missing, or one that cannot be looked at, is not named here.
     pub(crate) fn folder_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
+        let (_, opened) = root.inspect_walked(&meta.target()).ok()?;
+        Self::replaced_as_walked(meta, &opened)
+    }
+
+    /// [`Self::folder_replaced`], judged by `opened`: the folders a look at the target
+    /// walked through, outermost first ([`SandboxRoot::inspect_walked`]), so that what
+    /// the look found is judged with the folders it found it in (not ones swapped back
+    /// a moment later).
+    fn replaced_as_walked(meta: &SnapshotMeta, opened: &[DirId]) -> Option<String> {
         let replaced = |was: Option<DirId>, rel: Option<RelPath>| {
             let (was, rel) = (was?, rel?);
-            match root.dir_id(&rel) {
-                Ok(Some(now)) if was.replaced_by(&now) => Some(rel.as_string()),
-                _ => None,
-            }
+            let now = opened.get(rel.components().len().checked_sub(1)?)?;
+            was.replaced_by(now).then(|| rel.as_string())
         };
         // Then the outermost folder the action made, when its mark says which it was.
         replaced(meta.folder, meta.folder_rel()).or_else(|| {
@@ -218,7 +225,8 @@ impl RollbackEngine {
         // their absence for its own removal. Nothing is made, forced or not.
         let parents = rel.parent_components();
         // What stands at the target itself (a link, say) the write judges, as before.
-        if let Ok(info) = root.inspect(rel)
+        let walked = root.inspect_walked(rel);
+        if let Ok((info, _)) = &walked
             && info.existing_parents < parents.len()
         {
             return Err(Refusal::new(
@@ -233,7 +241,9 @@ impl RollbackEngine {
         // One there, but not the folder the action wrote in: the restore puts the bytes
         // at the path, as asked, and says that what the action wrote may live on where
         // that folder went.
-        let replaced = Self::folder_replaced(root, meta);
+        let replaced = walked
+            .ok()
+            .and_then(|(_, opened)| Self::replaced_as_walked(meta, &opened));
         let tmp = crate::confine::root::action_temp_name(
             &meta.workflow_id,
             &meta.action_id,
@@ -283,7 +293,7 @@ impl RollbackEngine {
             restored_checksum: Some(restored),
             left_dirs: Vec::new(),
             detail: replaced.map(|dir| format!(
-                "restored into the directory {}, which is not the one the action wrote in: another program moved that away (where the action's file would live on) or removed it, and put another in its place; what the action left could not be checked",
+                "restored into the directory {}, which is not the one the action wrote in: that was moved away (where the action's file would live on) or removed, and another put in its place; what the action left could not be checked",
                 shown_path(&dir)
             )),
         })
@@ -299,7 +309,7 @@ impl RollbackEngine {
         keep: &dyn Fn(&str) -> bool,
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
-        let info = root.inspect(rel)?;
+        let (info, opened) = root.inspect_walked(rel)?;
         let found = info.kind;
         // The outermost directory missing on the way to the target, if any: the
         // target may live on where it was moved.
@@ -308,7 +318,7 @@ impl RollbackEngine {
             .then(|| parents[..=info.existing_parents].join("/"));
         // Or there, but not the folder the action wrote in.
         let replaced = match (&away, found) {
-            (None, TargetKind::Missing) => Self::folder_replaced(root, meta),
+            (None, TargetKind::Missing) => Self::replaced_as_walked(meta, &opened),
             _ => None,
         };
         // Seen by the caller's look (`Put::Unchanged`) and gone by the step, in a
@@ -519,7 +529,7 @@ fn gone_since_checked(meta: &SnapshotMeta, away: Option<&str>, replaced: Option<
             shown_path(&meta.original_path)
         ),
         (None, Some(dir)) => format!(
-            "{} went missing after the rollback's check saw it, and the directory {} holding it is not the one the action wrote in (another program put another in its place)",
+            "{} went missing after the rollback's check saw it, and the directory {} holding it is not the one the action wrote in (another was put in its place)",
             shown_path(&meta.original_path),
             shown_path(dir)
         ),
@@ -576,7 +586,7 @@ fn absent_words(
             .to_owned()
     } else if let Some(dir) = replaced {
         format!(
-            "not found in the directory {}, which is not the one the action wrote in: another program moved that away (where the file would live on) or removed it, and put another in its place; nothing was removed, and nothing could be checked",
+            "not found in the directory {}, which is not the one the action wrote in: that was moved away (where the file would live on) or removed, and another put in its place; nothing was removed, and nothing could be checked",
             shown_path(dir)
         )
     } else if found == TargetKind::Missing {

@@ -312,6 +312,10 @@ fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
         said.contains("the directory 'd' holding it is not the one the action wrote in"),
         "{said}"
     );
+    assert!(
+        said.contains("is kept in '.rollback/wf_dead/a1/backup'"),
+        "{said}"
+    );
     assert_eq!(away, b"new", "the dead write lives on where it went");
 }
 

@@ -4415,6 +4415,46 @@ fn a_made_folder_swapped_before_a_forced_rollback_is_not_taken_for_the_files_rem
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// A folder another workflow's rollback removed (taking this workflow's write with it)
+/// and a later write made again is named, with what to do whether it was moved or
+/// removed: not only "put it back", which cannot be done.
+#[test]
+fn a_folder_a_rollback_removed_and_a_write_made_again_is_advised_as_removed_too() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let step = |wf: &str, intent: &str, path: &str| {
+        let r = run(
+            &sb,
+            json!({"workflow_id": wf, "actions": [
+                {"action_id": "a1", "intent": intent, "path": path, "content": "x\n"}]}),
+        );
+        assert_eq!(status(&r), "success", "{r:?}");
+    };
+    step("wf_1", "create_file", "d/x.md");
+    step("wf_2", "append_file", "d/x.md");
+    let rb = sb.rollback_workflow("wf_1", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(!w.path("d").exists());
+    step("wf_3", "create_file", "d/y.md");
+    let rb = sb.rollback_workflow("wf_2", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].folder_replaced.as_deref(),
+        Some("d"),
+        "{rb:?}"
+    );
+    let said = rb.reason.as_deref().unwrap_or_default();
+    assert!(
+        said.contains(
+            "if it was moved, put it back, then roll back; if removed, roll back with force"
+        ),
+        "{rb:?}"
+    );
+    let rb = sb.rollback_workflow("wf_2", &forced());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(w.read("d/y.md"), b"x\n", "another workflow's file stays");
+}
+
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
 /// its path, in the stand-in, and the step says the action's file may live on where the
 /// first folder went (not checked). A file removed by hand, its folder left, is still

@@ -375,7 +375,19 @@ impl SandboxRoot {
     /// a regular file with more than one link (`hardlink_refused`) and FIFOs, sockets or
     /// devices (`not_regular_file`).
     pub fn inspect(&self, rel: &RelPath) -> Verdict<TargetInfo> {
-        let (entry, existing_parents, folder) = self.walk_entry(rel)?;
+        self.inspect_with(rel, None)
+    }
+
+    /// [`SandboxRoot::inspect`], with which directory each existing parent was as the
+    /// walk opened it, outermost first: what the target was found in, in the same look.
+    pub fn inspect_walked(&self, rel: &RelPath) -> Verdict<(TargetInfo, Vec<DirId>)> {
+        let mut opened = Vec::new();
+        let info = self.inspect_with(rel, Some(&mut opened))?;
+        Ok((info, opened))
+    }
+
+    fn inspect_with(&self, rel: &RelPath, opened: Option<&mut Vec<DirId>>) -> Verdict<TargetInfo> {
+        let (entry, existing_parents, folder) = self.walk_entry(rel, opened)?;
         let kind = match entry {
             EntryKind::Missing => TargetKind::Missing,
             EntryKind::Directory => TargetKind::Directory,
@@ -471,13 +483,18 @@ impl SandboxRoot {
     /// are walked as for a write (a symlink among them is refused); the last component
     /// is looked at, never opened or followed, so a symlink or a FIFO there is described.
     pub fn entry(&self, rel: &RelPath) -> Verdict<(EntryKind, usize)> {
-        self.walk_entry(rel)
+        self.walk_entry(rel, None)
             .map(|(kind, existing, _)| (kind, existing))
     }
 
     /// [`SandboxRoot::entry`], with the deepest existing parent's [`DirId`] (see
-    /// [`TargetInfo::folder`]), taken from the look the walk makes anyway.
-    fn walk_entry(&self, rel: &RelPath) -> Verdict<(EntryKind, usize, Option<DirId>)> {
+    /// [`TargetInfo::folder`]), taken from the look the walk makes anyway, and, into
+    /// `opened`, each parent's as it was opened (one `fstat` more a folder).
+    fn walk_entry(
+        &self,
+        rel: &RelPath,
+        mut opened: Option<&mut Vec<DirId>>,
+    ) -> Verdict<(EntryKind, usize, Option<DirId>)> {
         let comps = rel.components();
         let mut dir = ParentDir::Root(&self.dir);
         let parents = rel.parent_components();
@@ -498,6 +515,12 @@ impl SandboxRoot {
                         Err(r) => return Err(r),
                     };
                     folder = Some(DirId::of(&m));
+                    if let Some(ids) = opened.as_deref_mut() {
+                        let m = dir
+                            .dir_metadata()
+                            .map_err(|e| io_refusal("inspect", &comps[..=i], &e))?;
+                        ids.push(DirId::of(&m));
+                    }
                 }
                 Ok(_) => return Err(not_a_directory(&comps[..=i])),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {

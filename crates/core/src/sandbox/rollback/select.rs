@@ -990,23 +990,33 @@ pub(super) fn conflicts_said(conflicts: &[Conflict]) -> String {
             "these files or directories changed after the workflow wrote them: {}; {advice} (a directory that holds what is not the workflow's is left in place even then)",
             named(&entries)
         ));
+        // Not where the trail names a rollback that took the workflow's write with it
+        // (its folder, emptied, went too, and another may have been made since).
         let mut swapped: Vec<String> = changed
             .iter()
+            .filter(|c| !c.changed_by.as_ref().is_some_and(|b| b.rollback))
             .filter_map(|c| c.folder_replaced.as_deref().map(shown_path))
             .collect();
         swapped.sort();
         swapped.dedup();
         if !swapped.is_empty() {
-            let (dirs, that, it, one) = if swapped.len() == 1 {
-                ("directory", "that", "it", "the one")
+            // One folder, or several: the same words.
+            let [dirs, are, one, that, it, its, was] = if swapped.len() == 1 {
+                ["directory", "is", "the one", "that was", "it", "its", "was"]
             } else {
-                ("directories", "those", "them", "the ones")
+                [
+                    "directories",
+                    "are",
+                    "the ones",
+                    "those were",
+                    "them",
+                    "their",
+                    "were",
+                ]
             };
             why.push(format!(
-                "the {dirs} {} holding some of them {} not {one} the workflow wrote in (another program moved {that} away, where the workflow's files may live on, or removed {it}, and put another in {} place): put {it} back, then roll back; force would write in what stands there now and leave those files where they went",
+                "the {dirs} {} holding some of them {are} not {one} the workflow wrote in ({that} moved away, where the workflow's files may live on, or removed, and another put in {its} place): if {it} {was} moved, put {it} back, then roll back; if removed, roll back with force, which writes in what stands there now",
                 swapped.join(", "),
-                if swapped.len() == 1 { "is" } else { "are" },
-                if swapped.len() == 1 { "its" } else { "their" },
             ));
         }
     }
