@@ -363,6 +363,16 @@ impl RollbackEngine {
                 ));
             }
             TargetKind::Directory => {
+                // Not the directory the action made (or not in the folder it made it
+                // in): another's, never removed as the action's.
+                let made = meta.created_dirs.first() == Some(&meta.original_path);
+                let other = Self::replaced_as_walked(meta, &opened).or_else(|| {
+                    let (was, now) = (meta.made.filter(|_| made)?, root.dir_id(rel).ok()??);
+                    was.replaced_by(&now).then(|| meta.original_path.clone())
+                });
+                if let Some(dir) = other {
+                    return not_the_made_directory(meta, &dir, forced);
+                }
                 if let Some(left) =
                     Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?
                 {
@@ -516,6 +526,45 @@ impl RollbackEngine {
             detail: still.then(|| detail.to_owned()),
         })
     }
+}
+
+/// What a restore of a `create_directory` does with a directory at its path that is not
+/// the one the action made, or stands in a folder that is not the one it was made in
+/// (`dir`): nothing is removed; refused unforced, left and said forced.
+fn not_the_made_directory(
+    meta: &SnapshotMeta,
+    dir: &str,
+    forced: Forced,
+) -> Verdict<RestoreOutcome> {
+    let what = if dir == meta.original_path {
+        format!(
+            "{} is not the directory the action made",
+            shown_path(&meta.original_path)
+        )
+    } else {
+        format!(
+            "{} stands in the directory {}, which is not the one the action made it in",
+            shown_path(&meta.original_path),
+            shown_path(dir)
+        )
+    };
+    let why = "that was moved away (where the action's directory would live on) or removed, and another put in its place";
+    if forced == Forced::No {
+        return Err(Refusal::new(
+            ReasonCode::Conflict,
+            format!(
+                "{what}: {why}; nothing was removed: if it was moved, put it back, then {ROLL_BACK_AGAIN}; if removed, {ROLL_BACK_AGAIN} with force"
+            ),
+        ));
+    }
+    Ok(RestoreOutcome {
+        checksum_validated: false,
+        restored_checksum: None,
+        left_dirs: Vec::new(),
+        detail: Some(format!(
+            "left in place: {what} ({why}); nothing was removed, and nothing could be checked"
+        )),
+    })
 }
 
 /// The refusal of an unforced restore that found gone the file its action made, which

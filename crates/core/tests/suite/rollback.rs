@@ -4455,6 +4455,46 @@ fn a_folder_a_rollback_removed_and_a_write_made_again_is_advised_as_removed_too(
     assert_eq!(w.read("d/y.md"), b"x\n", "another workflow's file stays");
 }
 
+/// A directory a `create_directory` made, swapped for another of the same name, is not
+/// removed as the action's: refused unforced, left and said forced.
+#[test]
+fn a_made_directory_swapped_for_another_is_not_removed_as_the_actions() {
+    let w = World::new();
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_dir", "actions": [
+            {"action_id": "a1", "intent": "create_directory", "path": "nd"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let (nd, real) = (w.path("nd"), w.path("nd.real"));
+    std::fs::rename(&nd, &real).unwrap();
+    std::fs::create_dir(&nd).unwrap();
+    let rb = sb.rollback_workflow("wf_dir", &RollbackOptions::default());
+    assert_ne!(rb.status, "rolled_back", "{rb:?}");
+    let step = &rb.steps[0];
+    assert_eq!(step.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert!(
+        step.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("'nd' is not the directory the action made"),
+        "{rb:?}"
+    );
+    let rb = sb.rollback_workflow("wf_dir", &forced());
+    let step = &rb.steps[0];
+    assert!(!step.checksum_validated, "{rb:?}");
+    assert!(
+        step.detail
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("left in place: 'nd' is not the directory the action made"),
+        "{rb:?}"
+    );
+    assert!(nd.is_dir() && real.is_dir());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
 /// its path, in the stand-in, and the step says the action's file may live on where the
 /// first folder went (not checked). A file removed by hand, its folder left, is still
