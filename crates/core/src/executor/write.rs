@@ -12,7 +12,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{Effect, Operation, op_for_intent};
 use crate::commit_log::Position;
 use crate::confine::path::shown_path;
-use crate::confine::root::{FILE_MODE, FileStamp, Make, Put, StagedWrite, temp_name};
+use crate::confine::root::{FILE_MODE, FileStamp, Flush, Make, Put, StagedWrite, temp_name};
 use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
@@ -321,7 +321,7 @@ impl SandboxWriteExecutor<'_> {
             after_sha256: after,
             commit: None,
             folder: approval.target.folder,
-            made: None,
+            made: Vec::new(),
         }
     }
 
@@ -440,9 +440,17 @@ impl SandboxWriteExecutor<'_> {
                     &w.meta.action_id,
                     &crate::ids::own_seed(),
                 );
-                let flush = (sb.unlogged_flush(), Some(tmp.as_str()));
-                let made = root.write_atomic_put(&w.rel, b, w.mode, w.put, w.make, flush)?;
-                self.mark_made(w, &made);
+                let flush = sb.unlogged_flush();
+                // The folders it makes first, and which they are marked before anything
+                // of the action's is in them: a folder swapped after the mark is told
+                // from its own, and one swapped before holds nothing of the action's.
+                let made = self.make_folders(w, flush == Flush::FileAndDir)?;
+                let make = match made.is_empty() {
+                    true => w.make,
+                    false => Make::From(w.rel.parent_components().len()),
+                };
+                root.write_atomic_put(&w.rel, b, w.mode, w.put, make, (flush, Some(tmp.as_str())))
+                    .map_err(|r| crate::confine::root::made_then(&made, r))?;
             }
             (None, _) => {
                 let made = root.create_dir_all_making(&w.rel, w.make, fsync_each)?;
@@ -468,21 +476,43 @@ impl SandboxWriteExecutor<'_> {
     /// reads to tell it from one another program puts in its place, so a failure to
     /// write it is only logged.
     fn mark_made(&self, w: &ActionWrite<'_>, made: &[String]) {
-        let Some(first) = made
-            .first()
-            .filter(|&f| w.meta.created_dirs.first() == Some(f))
-        else {
+        // Only when it made each folder its snapshot names (another creator may have
+        // made one first: that one is not the action's to record).
+        if made.is_empty() || made != w.meta.created_dirs.as_slice() {
             return;
-        };
-        let root = &self.sb.roots[w.ri];
-        let marked = match root.dir_id(&RelPath::from_recorded(first)) {
-            Ok(Some(id)) => Snapshotter::mark_made(root, &self.sb.seal, &w.meta, id),
-            Ok(None) => return,
-            Err(r) => Err(r),
-        };
-        if let Err(r) = marked {
-            tracing::warn!(reason = %r.reason, dir = %first, "could not record which folder the action made; a rollback will not tell it from one put in its place");
         }
+        let root = &self.sb.roots[w.ri];
+        let gone = || Refusal::new(ReasonCode::NotFound, "a folder it made is gone already");
+        let ids = root.inspect_walked(&w.rel).and_then(|(_, opened)| {
+            made.iter()
+                .map(|d| match d == &w.meta.original_path {
+                    true => root.dir_id(&w.rel)?.ok_or_else(gone),
+                    false => RelPath::from_recorded(d)
+                        .components()
+                        .len()
+                        .checked_sub(1)
+                        .and_then(|at| opened.get(at).copied())
+                        .ok_or_else(gone),
+                })
+                .collect::<Verdict<Vec<_>>>()
+        });
+        if let Err(r) =
+            ids.and_then(|ids| Snapshotter::mark_made(root, &self.sb.seal, &w.meta, &ids))
+        {
+            tracing::warn!(reason = %r.reason, "could not record which folders the action made; a rollback will not tell them from ones put in their place");
+        }
+    }
+
+    /// Makes the folders a file write makes on its way (none when its snapshot names
+    /// none), synced when `durable`, and marks which they are ([`Self::mark_made`]).
+    fn make_folders(&self, w: &ActionWrite<'_>, durable: bool) -> Verdict<Vec<String>> {
+        if w.meta.created_dirs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let parent = RelPath::from_components(w.rel.parent_components().to_vec());
+        let made = self.sb.roots[w.ri].create_dir_all_making(&parent, w.make, durable)?;
+        self.mark_made(w, &made);
+        Ok(made)
     }
 
     /// Appends the action's success to the audit trail, then (unless `logged`) makes the

@@ -38,7 +38,7 @@ pub const PRUNED_MARKER: &str = ".ailab-pruned-";
 /// Written once a snapshot has been restored.
 pub const RESTORED_FILE: &str = "restored.json";
 /// Written once the action has made the folders its snapshot records it makes: which
-/// directory the outermost one is ([`SnapshotMeta::made`]).
+/// directory each is ([`SnapshotMeta::made`]).
 pub const MADE_FILE: &str = "made.json";
 
 /// What a refusal says of something standing in a backup's place (a link, a FIFO, a
@@ -130,12 +130,12 @@ pub struct SnapshotMeta {
     /// one where the file is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder: Option<crate::confine::root::DirId>,
-    /// Which directory the outermost of `created_dirs` was once the action made it, as
-    /// its own mark (`made.json`, written after the snapshot) says, read with the
-    /// snapshot; none when the action made no folder, or stopped before the mark. Not
-    /// part of the sealed record.
+    /// Which directory each of `created_dirs` was once the action made it, in their
+    /// order, as its own mark (`made.json`, written once they are made, before anything
+    /// is written in them) says, read with the snapshot; empty when the action made no
+    /// folder, or stopped before the mark. Not part of the sealed record.
     #[serde(skip)]
-    pub made: Option<crate::confine::root::DirId>,
+    pub made: Vec<crate::confine::root::DirId>,
 }
 
 /// Everything recovery needs to finish a file write whose new bytes were made durable

@@ -138,10 +138,13 @@ impl RollbackEngine {
             let now = opened.get(rel.components().len().checked_sub(1)?)?;
             was.replaced_by(now).then(|| rel.as_string())
         };
-        // Then the outermost folder the action made, when its mark says which it was.
+        // Then the folders the action made, when its mark says which they were (the
+        // target itself, a directory the action made, is not among those walked).
         replaced(meta.folder, meta.folder_rel()).or_else(|| {
-            let made = meta.created_dirs.first().map(|d| RelPath::from_recorded(d));
-            replaced(meta.made, made)
+            meta.created_dirs
+                .iter()
+                .zip(&meta.made)
+                .find_map(|(d, id)| replaced(Some(*id), Some(RelPath::from_recorded(d))))
         })
     }
 
@@ -365,9 +368,13 @@ impl RollbackEngine {
             TargetKind::Directory => {
                 // Not the directory the action made (or not in the folder it made it
                 // in): another's, never removed as the action's.
-                let made = meta.created_dirs.first() == Some(&meta.original_path);
+                let made = meta
+                    .created_dirs
+                    .iter()
+                    .zip(&meta.made)
+                    .find_map(|(d, id)| (*d == meta.original_path).then_some(*id));
                 let other = Self::replaced_as_walked(meta, &opened).or_else(|| {
-                    let (was, now) = (meta.made.filter(|_| made)?, root.dir_id(rel).ok()??);
+                    let (was, now) = (made?, root.dir_id(rel).ok()??);
                     was.replaced_by(&now).then(|| meta.original_path.clone())
                 });
                 if let Some(dir) = other {
@@ -399,7 +406,12 @@ impl RollbackEngine {
         // them.
         let after = match changed() {
             Ok(()) => {
-                let left_dirs = Self::remove_created_dirs(root, meta, durable, keep)?;
+                // Those beneath a folder that is not the one the action wrote in are
+                // not the action's either: left as they are.
+                let left_dirs = match replaced {
+                    Some(_) => Vec::new(),
+                    None => Self::remove_created_dirs(root, meta, durable, keep)?,
+                };
                 root.inspect(rel)
                     .map(|i| (left_dirs, i.kind == TargetKind::Missing))
             }
@@ -635,7 +647,7 @@ fn absent_words(
             .to_owned()
     } else if let Some(dir) = replaced {
         format!(
-            "not found in the directory {}, which is not the one the action wrote in: that was moved away (where the file would live on) or removed, and another put in its place; nothing was removed, and nothing could be checked",
+            "not found in the directory {}, which is not the one the action wrote in: that was moved away (where what the action made would live on) or removed, and another put in its place; nothing was removed, and nothing could be checked",
             shown_path(dir)
         )
     } else if found == TargetKind::Missing {

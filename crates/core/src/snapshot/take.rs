@@ -488,19 +488,20 @@ impl Snapshotter {
             .map_err(|e| snap_io("mark", &e))
     }
 
-    /// Records which directory the outermost folder `meta`'s action made is (`id`), so
-    /// that a rollback tells it from one another program puts in its place. Not synced:
-    /// a mark lost to a crash leaves the folder unrecorded, as before marks were written.
+    /// Records which directory each folder `meta`'s action made is (`ids`, in the order
+    /// of its `created_dirs`), so that a rollback tells them from ones another program
+    /// puts in their place. Not synced: a mark lost to a crash leaves the folders
+    /// unrecorded, as before marks were written.
     pub fn mark_made(
         root: &SandboxRoot,
         key: &SealKey,
         meta: &SnapshotMeta,
-        id: crate::confine::root::DirId,
+        ids: &[crate::confine::root::DirId],
     ) -> Verdict {
         let dir = snapshot_dir(root, &meta.workflow_id, &meta.action_id)
             .map_err(|e| open_refusal(root, &meta.workflow_id, &meta.action_id, &e))?
             .ok_or_else(|| Refusal::new(ReasonCode::NoRollbackData, "the snapshot is gone"))?;
-        let record = serde_json::json!({"made": id, "snapshot_id": meta.snapshot_id});
+        let record = serde_json::json!({"made": ids, "snapshot_id": meta.snapshot_id});
         let bytes = key.seal(&record).map_err(|e| snap_io("encode", &e))?;
         write_atomic_in(&dir, MADE_FILE, &bytes, 0o600, false, false)
             .map_err(|e| snap_io("mark", &e))
@@ -624,13 +625,18 @@ impl Snapshotter {
 /// What `meta`'s "made" mark in its folder `dir` says (see [`Snapshotter::mark_made`]):
 /// none when there is none, or it cannot be read or trusted (a hint, which only makes a
 /// rollback say more: without it, nothing is told of the folder).
-fn made_mark(dir: &Dir, key: &SealKey, meta: &SnapshotMeta) -> Option<crate::confine::root::DirId> {
+fn made_mark(dir: &Dir, key: &SealKey, meta: &SnapshotMeta) -> Vec<crate::confine::root::DirId> {
+    let read = || {
+        let bytes = read_regular(dir, MADE_FILE, 1 << 16).ok()?;
+        let mark = open_mark(key, &bytes, meta).ok()?;
+        let ids: Vec<crate::confine::root::DirId> =
+            serde_json::from_value(mark.get("made")?.clone()).ok()?;
+        (ids.len() == meta.created_dirs.len()).then_some(ids)
+    };
     if meta.created_dirs.is_empty() {
-        return None;
+        return Vec::new();
     }
-    let bytes = read_regular(dir, MADE_FILE, 1 << 12).ok()?;
-    let mark = open_mark(key, &bytes, meta).ok()?;
-    serde_json::from_value(mark.get("made")?.clone()).ok()
+    read().unwrap_or_default()
 }
 
 /// Whether the record `meta`, read in `folder` (`dir`), may be taken as the snapshot of

@@ -4495,6 +4495,52 @@ fn a_made_directory_swapped_for_another_is_not_removed_as_the_actions() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// Each folder an action makes is told apart, not only the outermost: a deeper one
+/// swapped leaves its file unchecked (and the stand-in in place), and a directory a
+/// `create_directory` made beneath another it made is not removed as the action's.
+#[test]
+fn a_deeper_made_folder_swapped_is_told_apart_too() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_deep", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/n/m/f.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_directory", "path": "x/y"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    for (dir, away) in [("d/n/m", "d/n/m.real"), ("x/y", "x/y.real")] {
+        std::fs::rename(w.path(dir), w.path(away)).unwrap();
+        std::fs::create_dir(w.path(dir)).unwrap();
+    }
+    let rb = sb.rollback_workflow("wf_deep", &forced());
+    let step = |a: &str| rb.steps.iter().find(|s| s.action_id == a).unwrap();
+    assert!(!step("a1").checksum_validated, "{rb:?}");
+    assert!(
+        step("a1").detail.as_deref().unwrap_or_default().contains(
+            "not found in the directory 'd/n/m', which is not the one the action wrote in"
+        ),
+        "{rb:?}"
+    );
+    assert!(!step("a2").checksum_validated, "{rb:?}");
+    assert!(
+        step("a2")
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("left in place: 'x/y' is not the directory the action made"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("d/n/m.real/f.md"), b"one");
+    assert!(
+        w.path("d/n/m").is_dir(),
+        "the stand-in is not removed as the action's"
+    );
+    assert!(w.path("x/y").is_dir() && w.path("x/y.real").is_dir());
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
 /// its path, in the stand-in, and the step says the action's file may live on where the
 /// first folder went (not checked). A file removed by hand, its folder left, is still

@@ -191,10 +191,10 @@ pub(crate) use files::{
     temp_files_made_by,
 };
 use refusal::{
-    appeared_meanwhile, changed_meanwhile, hardlink_refusal, made_then, moved_meanwhile,
-    moved_while_removed, moved_while_written, named_in_full, removed_meanwhile, special_refusal,
+    appeared_meanwhile, changed_meanwhile, hardlink_refusal, moved_meanwhile, moved_while_removed,
+    moved_while_written, named_in_full, removed_meanwhile, special_refusal,
 };
-pub(crate) use refusal::{io_refusal, is_denied, not_a_directory};
+pub(crate) use refusal::{io_refusal, is_denied, made_then, not_a_directory};
 pub use walk::read_operator_file;
 pub(crate) use walk::{
     REFUSED_ABOVE, list_may_give_write, open_checked_dir, open_checked_dir_through_link,

@@ -188,7 +188,7 @@ pub(super) fn failed_once_placed(name: &str, then: &str, e: &io::Error) -> Refus
 /// `r`, met after the folders `created` were made for a write: an I/O error whatever it
 /// was (a permission is `conflict` only before anything is touched), so that the
 /// write's undo looks at what is there and removes the folders it made.
-pub(super) fn made_then(created: &[String], r: Refusal) -> Refusal {
+pub(crate) fn made_then(created: &[String], r: Refusal) -> Refusal {
     if created.is_empty() || r.reason_code == ReasonCode::IoError {
         return r;
     }
