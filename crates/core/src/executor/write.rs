@@ -445,9 +445,11 @@ impl SandboxWriteExecutor<'_> {
                 // of the action's is in them: a folder swapped after the mark is told
                 // from its own, and one swapped before holds nothing of the action's.
                 let made = self.make_folders(w, flush == Flush::FileAndDir)?;
-                let make = match made.is_empty() {
-                    true => w.make,
-                    false => Make::From(w.rel.parent_components().len()),
+                // Those made are not made again: one gone by the write is `conflict`.
+                let make = if made.is_empty() {
+                    w.make
+                } else {
+                    Make::From(w.rel.parent_components().len())
                 };
                 root.write_atomic_put(&w.rel, b, w.mode, w.put, make, (flush, Some(tmp.as_str())))
                     .map_err(|r| crate::confine::root::made_then(&made, r))?;
@@ -471,10 +473,10 @@ impl SandboxWriteExecutor<'_> {
         Ok(())
     }
 
-    /// Records which directory the outermost folder the write made (`made`, as its
-    /// snapshot says it makes it) is, in the snapshot's "made" mark: a hint a rollback
-    /// reads to tell it from one another program puts in its place, so a failure to
-    /// write it is only logged.
+    /// Records which directory each folder the write made is (`made`, the folders its
+    /// snapshot names), in the snapshot's "made" mark: a hint a rollback reads to tell
+    /// them from ones another program puts in their place, so a failure to write it is
+    /// only logged.
     fn mark_made(&self, w: &ActionWrite<'_>, made: &[String]) {
         // Only when it made each folder its snapshot names (another creator may have
         // made one first: that one is not the action's to record).
@@ -485,14 +487,15 @@ impl SandboxWriteExecutor<'_> {
         let gone = || Refusal::new(ReasonCode::NotFound, "a folder it made is gone already");
         let ids = root.inspect_walked(&w.rel).and_then(|(_, opened)| {
             made.iter()
-                .map(|d| match d == &w.meta.original_path {
-                    true => root.dir_id(&w.rel)?.ok_or_else(gone),
-                    false => RelPath::from_recorded(d)
-                        .components()
-                        .len()
+                .map(|d| {
+                    if *d == w.meta.original_path {
+                        return root.dir_id(&w.rel)?.ok_or_else(gone);
+                    }
+                    let depth = RelPath::from_recorded(d).components().len();
+                    depth
                         .checked_sub(1)
                         .and_then(|at| opened.get(at).copied())
-                        .ok_or_else(gone),
+                        .ok_or_else(gone)
                 })
                 .collect::<Verdict<Vec<_>>>()
         });
