@@ -321,6 +321,7 @@ impl SandboxWriteExecutor<'_> {
             after_sha256: after,
             commit: None,
             folder: approval.target.folder,
+            root_id: Some(self.sb.roots[*ri].dir_id_of_root()),
             made: Vec::new(),
         }
     }

@@ -447,7 +447,14 @@ impl Sandbox {
             claimed_by.sort();
             claimed_by.dedup();
             let unchanged = left.holds(&current, &s.meta) || restored();
-            let changed_anyhow = !unchanged || !claimed_by.is_empty() || foreign || removed;
+            // What stands there now, in a folder that is not the one the action wrote
+            // in, is another's, whatever it holds (a copy of the action's file, say).
+            let replaced = newer.is_none().then(|| {
+                crate::snapshot::RollbackEngine::folder_replaced(&self.roots[*i], &s.meta)
+            });
+            let replaced = replaced.flatten();
+            let changed_anyhow =
+                !unchanged || !claimed_by.is_empty() || foreign || removed || replaced.is_some();
             let found = Found {
                 root: *i,
                 meta: &s.meta,
@@ -466,15 +473,7 @@ impl Sandbox {
                     found_by_action,
                     changed_by,
                     claimed_by,
-                    folder_replaced: newer
-                        .is_none()
-                        .then(|| {
-                            crate::snapshot::RollbackEngine::folder_replaced(
-                                &self.roots[*i],
-                                &s.meta,
-                            )
-                        })
-                        .flatten(),
+                    folder_replaced: replaced,
                 });
             }
         }

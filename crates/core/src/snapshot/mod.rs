@@ -130,6 +130,10 @@ pub struct SnapshotMeta {
     /// one where the file is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder: Option<crate::confine::root::DirId>,
+    /// Which directory the root was when the snapshot was taken: folders are compared
+    /// with their records only in that same root, not in a copy of it put back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_id: Option<crate::confine::root::DirId>,
     /// Which directory each of `created_dirs` was once the action made it, in their
     /// order, as its own mark (`made.json`, written once they are made, before anything
     /// is written in them) says, read with the snapshot; empty when the action made no

@@ -124,15 +124,31 @@ impl RollbackEngine {
     /// of the same name): what the action wrote there is not where the path leads.
     /// A folder missing, or one that cannot be looked at, is not named here.
     pub(crate) fn folder_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
+        // Nothing recorded (a target at the root's top): no look.
+        if meta.folder.is_none() && meta.made.is_empty() {
+            return None;
+        }
         let (_, opened) = root.inspect_walked(&meta.target()).ok()?;
-        Self::replaced_as_walked(meta, &opened)
+        Self::replaced_as_walked(root, meta, &opened)
     }
 
     /// [`Self::folder_replaced`], judged by `opened`: the folders a look at the target
     /// walked through, outermost first ([`SandboxRoot::inspect_walked`]), so that what
     /// the look found is judged with the folders it found it in (not ones swapped back
     /// a moment later).
-    fn replaced_as_walked(meta: &SnapshotMeta, opened: &[DirId]) -> Option<String> {
+    fn replaced_as_walked(
+        root: &SandboxRoot,
+        meta: &SnapshotMeta,
+        opened: &[DirId],
+    ) -> Option<String> {
+        // A root that is itself another directory now (the tree copied back from a
+        // backup, say) has every folder anew: nothing can be told of one.
+        if meta
+            .root_id
+            .is_some_and(|was| !was.same_as(&root.dir_id_of_root()))
+        {
+            return None;
+        }
         let replaced = |was: Option<DirId>, rel: Option<RelPath>| {
             let (was, rel) = (was?, rel?);
             let now = opened.get(rel.components().len().checked_sub(1)?)?;
@@ -202,7 +218,9 @@ impl RollbackEngine {
         let rel = meta.target();
         let dirs = flush == Flush::FileAndDir;
         match meta.kind {
-            SnapshotKind::File => Self::restore_file(root, meta, &rel, flush, put, changed),
+            SnapshotKind::File => {
+                Self::restore_file(root, meta, &rel, (flush, put, forced), changed)
+            }
             SnapshotKind::Missing => {
                 Self::restore_absent(root, meta, &rel, (dirs, put, forced), keep, changed)
             }
@@ -215,8 +233,7 @@ impl RollbackEngine {
         root: &SandboxRoot,
         meta: &SnapshotMeta,
         rel: &RelPath,
-        flush: Flush,
-        put: Put,
+        (flush, put, forced): (Flush, Put, Forced),
         changed: impl Fn() -> Verdict,
     ) -> Verdict<RestoreOutcome> {
         let bytes = Snapshotter::read_checked_backup(root, meta)??;
@@ -241,12 +258,18 @@ impl RollbackEngine {
                 ),
             ));
         }
-        // One there, but not the folder the action wrote in: the restore puts the bytes
-        // at the path, as asked, and says that what the action wrote may live on where
-        // that folder went.
+        // One there, but not the folder the action wrote in: a forced restore puts the
+        // bytes at the path, as asked, and says that what the action wrote may live on
+        // where that folder went.
         let replaced = walked
             .ok()
-            .and_then(|(_, opened)| Self::replaced_as_walked(meta, &opened));
+            .and_then(|(_, opened)| Self::replaced_as_walked(root, meta, &opened));
+        // Unforced, what stands there is another's: nothing is written over it.
+        if let Some(dir) = &replaced
+            && forced == Forced::No
+        {
+            return not_the_actions(meta, dir, forced);
+        }
         let tmp = crate::confine::root::action_temp_name(
             &meta.workflow_id,
             &meta.action_id,
@@ -319,11 +342,16 @@ impl RollbackEngine {
         let parents = rel.parent_components();
         let away = (info.existing_parents < parents.len())
             .then(|| parents[..=info.existing_parents].join("/"));
-        // Or there, but not the folder the action wrote in.
-        let replaced = match (&away, found) {
-            (None, TargetKind::Missing) => Self::replaced_as_walked(meta, &opened),
-            _ => None,
-        };
+        // Or there (or some of the folders on the way there), but not the folders the
+        // action wrote in: what stands there is another's, what the action made lives
+        // on, if anywhere, where those went.
+        let replaced = Self::replaced_as_walked(root, meta, &opened);
+        if let Some(dir) = &replaced
+            && matches!(found, TargetKind::File { .. })
+            && !meta.is_directory_action()
+        {
+            return not_the_actions(meta, dir, forced);
+        }
         // Seen by the caller's look (`Put::Unchanged`) and gone by the step, in a
         // forced rollback or recovery: removed, or moved away with its folder (or its
         // folder swapped for another), where it lives on; not called checked.
@@ -373,12 +401,12 @@ impl RollbackEngine {
                     .iter()
                     .zip(&meta.made)
                     .find_map(|(d, id)| (*d == meta.original_path).then_some(*id));
-                let other = Self::replaced_as_walked(meta, &opened).or_else(|| {
+                let other = replaced.clone().or_else(|| {
                     let (was, now) = (made?, root.dir_id(rel).ok()??);
                     was.replaced_by(&now).then(|| meta.original_path.clone())
                 });
                 if let Some(dir) = other {
-                    return not_the_made_directory(meta, &dir, forced);
+                    return not_the_actions(meta, &dir, forced);
                 }
                 if let Some(left) =
                     Self::remove_made_directory(root, meta, rel, (durable, forced), keep)?
@@ -540,14 +568,12 @@ impl RollbackEngine {
     }
 }
 
-/// What a restore of a `create_directory` does with a directory at its path that is not
-/// the one the action made, or stands in a folder that is not the one it was made in
-/// (`dir`): nothing is removed; refused unforced, left and said forced.
-fn not_the_made_directory(
-    meta: &SnapshotMeta,
-    dir: &str,
-    forced: Forced,
-) -> Verdict<RestoreOutcome> {
+/// What a restore does with what stands at its path when that is not what the action
+/// made or wrote: a directory that is not the one a `create_directory` made, or anything
+/// in a folder (`dir`) that is not the one the action wrote in. Nothing is removed or
+/// written; refused unforced, left and said forced (a restore writing back a file's
+/// bytes asks only unforced).
+fn not_the_actions(meta: &SnapshotMeta, dir: &str, forced: Forced) -> Verdict<RestoreOutcome> {
     let what = if dir == meta.original_path {
         format!(
             "{} is not the directory the action made",
@@ -555,17 +581,17 @@ fn not_the_made_directory(
         )
     } else {
         format!(
-            "{} stands in the directory {}, which is not the one the action made it in",
+            "{} stands in the directory {}, which is not the one the action wrote in",
             shown_path(&meta.original_path),
             shown_path(dir)
         )
     };
-    let why = "that was moved away (where the action's directory would live on) or removed, and another put in its place";
+    let why = "that was moved away (where what the action made would live on) or removed, and another put in its place";
     if forced == Forced::No {
         return Err(Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "{what}: {why}; nothing was removed: if it was moved, put it back, then {ROLL_BACK_AGAIN}; if removed, {ROLL_BACK_AGAIN} with force"
+                "{what}: {why}; nothing was changed: if it was moved, put it back, then {ROLL_BACK_AGAIN}; if removed, {ROLL_BACK_AGAIN} with force"
             ),
         ));
     }

@@ -4541,6 +4541,84 @@ fn a_deeper_made_folder_swapped_is_told_apart_too() {
     assert!(sb.audit_verify().unwrap().ok);
 }
 
+/// What stands in a folder put in the place of one the action made is another's, even
+/// a copy of the action's file: never removed as the action's (refused unforced, left
+/// and said forced); and an empty stand-in for an outer folder it made stays too.
+#[test]
+fn a_copy_in_a_stand_in_folder_is_not_removed_as_the_actions() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let sb = w.open(w.writable_config());
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_copy", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "d/n/f.md", "content": "one"},
+            {"action_id": "a2", "intent": "create_file", "path": "d/p/q/g.md", "content": "two"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    std::fs::rename(w.path("d/n"), w.path("d/n.real")).unwrap();
+    w.write("d/n/f.md", b"one");
+    std::fs::rename(w.path("d/p"), w.path("d/p.real")).unwrap();
+    std::fs::create_dir(w.path("d/p")).unwrap();
+    let said = "'d/n/f.md' stands in the directory 'd/n', which is not the one the action wrote in";
+    let rb = sb.rollback_workflow("wf_copy", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    let replaced: Vec<_> = rb
+        .conflicts
+        .iter()
+        .map(|c| (c.action_id.as_str(), c.folder_replaced.as_deref()))
+        .collect();
+    assert_eq!(
+        replaced,
+        [("a2", Some("d/p")), ("a1", Some("d/n"))],
+        "{rb:?}"
+    );
+    let rb = sb.rollback_workflow("wf_copy", &forced());
+    let step = |a: &str| rb.steps.iter().find(|s| s.action_id == a).unwrap();
+    assert!(!step("a1").checksum_validated, "{rb:?}");
+    assert!(
+        step("a1")
+            .detail
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with(&format!("left in place: {said}")),
+        "{rb:?}"
+    );
+    assert!(!step("a2").checksum_validated, "{rb:?}");
+    assert_eq!(w.read("d/n/f.md"), b"one", "the copy stays");
+    assert_eq!(w.read("d/n.real/f.md"), b"one");
+    assert!(w.path("d/p").is_dir(), "the empty stand-in stays");
+    assert_eq!(w.read("d/p.real/q/g.md"), b"two");
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
+/// A root copied back whole (from a backup, say) has every folder anew: its folders are
+/// not taken for swapped ones, and the workflow rolls back as it would have.
+#[test]
+fn a_root_copied_back_whole_rolls_back_as_before() {
+    let w = World::new();
+    w.write("d/keep.txt", b"k");
+    let before = w.tree();
+    let sb = w.open(w.writable_config());
+    two_files_made_in_d(&sb, "wf_copied");
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_copied", "actions": [
+            {"action_id": "a3", "intent": "create_file", "path": "d/e/f3.md", "content": "three"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    drop(sb);
+    let copy = w.tmp.path().join("copy");
+    copy_tree(&w.root, &copy);
+    std::fs::remove_dir_all(&w.root).unwrap();
+    copy_tree(&copy, &w.root);
+    let sb = w.open(w.writable_config());
+    let rb = sb.rollback_workflow("wf_copied", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
+    assert_eq!(w.tree(), before);
+}
+
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
 /// its path, in the stand-in, and the step says the action's file may live on where the
 /// first folder went (not checked). A file removed by hand, its folder left, is still
@@ -4575,6 +4653,18 @@ fn a_replacement_in_a_swapped_folder_is_put_back_unchecked() {
     let (d, real) = (w.path("d"), w.path("d.real"));
     std::fs::rename(&d, &real).unwrap();
     std::fs::create_dir(&d).unwrap();
+    // Unforced, a copy of what the action left, standing in the stand-in, is another's:
+    // nothing is written over it.
+    w.write("d/f.md", b"new");
+    let rb = sb.rollback_workflow("wf_rep", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+    assert_eq!(
+        rb.conflicts[0].folder_replaced.as_deref(),
+        Some("d"),
+        "{rb:?}"
+    );
+    assert_eq!(w.read("d/f.md"), b"new");
+    std::fs::remove_file(w.path("d/f.md")).unwrap();
     let rb = sb.rollback_workflow("wf_rep", &forced());
     let step = &rb.steps[0];
     assert!(step.restored, "{rb:?}");

@@ -188,6 +188,34 @@ pub fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// Makes `to` hold what `from` holds, keeping each folder both hold (as a power cut keeps
+/// a durable folder, inode and all, which snapshots record): files copied again, what
+/// `from` does not hold removed.
+pub fn put_back_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(to).unwrap() {
+        let e = e.unwrap();
+        let path = e.path();
+        let kept = std::fs::symlink_metadata(from.join(e.file_name())).is_ok_and(|m| m.is_dir());
+        if e.file_type().unwrap().is_dir() {
+            if !kept {
+                std::fs::remove_dir_all(&path).unwrap();
+            }
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().unwrap().is_dir() {
+            put_back_tree(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
 /// What the disk holds at a sync point: the root and the state directory.
 pub struct Durable {
     saved: tempfile::TempDir,
@@ -233,8 +261,7 @@ impl Durable {
     /// The power cut: the root and the state directory go back to this sync point,
     /// except the commit logs, which were synced since.
     pub fn restore_except_commit_logs(&self, w: &World) {
-        std::fs::remove_dir_all(&w.root).unwrap();
-        copy_tree(&self.saved.path().join("root"), &w.root);
+        put_back_tree(&self.saved.path().join("root"), &w.root);
         let logs = w.state.join("inflight");
         let kept: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&logs)
             .unwrap()

@@ -137,6 +137,13 @@ impl DirId {
         self.dev == now.dev && self.ino != now.ino
     }
 
+    /// Whether `now` is surely this very directory: the same device and inode, and the
+    /// same birth time where both know one.
+    pub fn same_as(&self, now: &DirId) -> bool {
+        (self.dev, self.ino) == (now.dev, now.ino)
+            && (self.born_ns.is_none() || now.born_ns.is_none() || self.born_ns == now.born_ns)
+    }
+
     fn of(m: &cap_std::fs::Metadata) -> Self {
         let born_ns = m
             .created()
@@ -158,6 +165,9 @@ pub struct SandboxRoot {
     dir: Dir,
     /// The root directory's `(st_dev, st_ino)`.
     id: (u64, u64),
+    /// The same with its birth time, where the filesystem keeps one (see
+    /// [`SandboxRoot::dir_id_of_root`]).
+    root_dir_id: DirId,
     /// The same for every directory the root was reached through, `/` first: where the
     /// root really lies, whatever symlinks its configured path names.
     ancestry: Vec<(u64, u64)>,
@@ -273,12 +283,17 @@ impl SandboxRoot {
                 opened.mode() & 0o7777
             ));
         }
+        let root_dir_id = dir
+            .dir_metadata()
+            .map(|m| DirId::of(&m))
+            .map_err(|e| format!("root {shown} cannot be looked at: {e}"))?;
         Ok(Self {
             // One spelling, whatever the configuration wrote (`//`, a trailing `/`): the
             // registry and the audit trail record paths beneath it as text.
             path: path.components().collect(),
             dir,
             id: (opened.dev(), opened.ino()),
+            root_dir_id,
             ancestry: checked.ancestry,
             reserved: Vec::new(),
             lock_seeds: [
@@ -357,6 +372,13 @@ impl SandboxRoot {
     /// The root directory's `(st_dev, st_ino)`: the same for every spelling of its path.
     pub fn id(&self) -> (u64, u64) {
         self.id
+    }
+
+    /// Which directory the root is, birth time included, as opened: a snapshot records
+    /// it, so that a root made anew (a copy put back, its inode maybe reused) is not
+    /// taken for the one whose folders the snapshot recorded.
+    pub fn dir_id_of_root(&self) -> DirId {
+        self.root_dir_id
     }
 
     /// The configured path.
