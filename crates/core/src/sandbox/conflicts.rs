@@ -159,9 +159,11 @@ pub struct Conflict {
 
 impl Conflict {
     /// Whether the target holds the very bytes the action left, written over and back
-    /// since.
+    /// since (not when its folder is another: those bytes are a copy there).
     fn came_back(&self) -> bool {
-        self.expected_checksum.is_some() && self.expected_checksum == self.current_checksum
+        self.expected_checksum.is_some()
+            && self.expected_checksum == self.current_checksum
+            && self.folder_replaced.is_none()
     }
 }
 

@@ -141,12 +141,7 @@ impl RollbackEngine {
         meta: &SnapshotMeta,
         opened: &[DirId],
     ) -> Option<String> {
-        // A root that is itself another directory now (the tree copied back from a
-        // backup, say) has every folder anew: nothing can be told of one.
-        if meta
-            .root_id
-            .is_some_and(|was| !was.same_as(&root.dir_id_of_root()))
-        {
+        if !Self::same_root(root, meta) {
             return None;
         }
         let replaced = |was: Option<DirId>, rel: Option<RelPath>| {
@@ -162,6 +157,14 @@ impl RollbackEngine {
                 .zip(&meta.made)
                 .find_map(|(d, id)| replaced(Some(*id), Some(RelPath::from_recorded(d))))
         })
+    }
+
+    /// Whether `root` is the directory the root was when `meta` was taken: one that is
+    /// another directory now (the tree copied back from a backup, say) has every folder
+    /// anew, so nothing can be told of one by its record.
+    fn same_root(root: &SandboxRoot, meta: &SnapshotMeta) -> bool {
+        meta.root_id
+            .is_none_or(|was| was.same_as(&root.dir_id_of_root()))
     }
 
     /// The detail of a restore that left the target absent, as its action found it.
@@ -400,7 +403,8 @@ impl RollbackEngine {
                     .created_dirs
                     .iter()
                     .zip(&meta.made)
-                    .find_map(|(d, id)| (*d == meta.original_path).then_some(*id));
+                    .find_map(|(d, id)| (*d == meta.original_path).then_some(*id))
+                    .filter(|_| Self::same_root(root, meta));
                 let other = replaced.clone().or_else(|| {
                     let (was, now) = (made?, root.dir_id(rel).ok()??);
                     was.replaced_by(&now).then(|| meta.original_path.clone())

@@ -4573,6 +4573,14 @@ fn a_copy_in_a_stand_in_folder_is_not_removed_as_the_actions() {
         [("a2", Some("d/p")), ("a1", Some("d/n"))],
         "{rb:?}"
     );
+    // The copy's bytes are the action's, but it was never written over and back.
+    assert!(
+        !rb.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("written over and back"),
+        "{rb:?}"
+    );
     let rb = sb.rollback_workflow("wf_copy", &forced());
     let step = |a: &str| rb.steps.iter().find(|s| s.action_id == a).unwrap();
     assert!(!step("a1").checksum_validated, "{rb:?}");
@@ -4604,7 +4612,8 @@ fn a_root_copied_back_whole_rolls_back_as_before() {
     let r = run(
         &sb,
         json!({"workflow_id": "wf_copied", "actions": [
-            {"action_id": "a3", "intent": "create_file", "path": "d/e/f3.md", "content": "three"}]}),
+            {"action_id": "a3", "intent": "create_file", "path": "d/e/f3.md", "content": "three"},
+            {"action_id": "a4", "intent": "create_directory", "path": "k/l"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
     drop(sb);

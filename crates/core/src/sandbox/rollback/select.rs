@@ -1015,7 +1015,7 @@ pub(super) fn conflicts_said(conflicts: &[Conflict]) -> String {
                 ]
             };
             why.push(format!(
-                "the {dirs} {} holding some of them {are} not {one} the workflow wrote in ({that} moved away, where the workflow's files may live on, or removed, and another put in {its} place): if {it} {was} moved, put {it} back, then roll back; if removed, roll back with force, which writes in what stands there now",
+                "the {dirs} {} holding some of them {are} not {one} the workflow wrote in ({that} moved away, where the workflow's files may live on, or removed, and another put in {its} place): if {it} {was} moved, put {it} back, then roll back; if removed, roll back with force, which leaves what stands there now as it is and writes back into it what the workflow replaced",
                 swapped.join(", "),
             ));
         }
