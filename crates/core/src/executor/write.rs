@@ -429,6 +429,7 @@ impl SandboxWriteExecutor<'_> {
         let root = &sb.roots[w.ri];
         let fsync_each = sb.fsync_each();
         sb.fail_at("before_mutate")?;
+        self.folder_as_recorded(w)?;
         match (&w.bytes, staged) {
             (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
             // Not staged (its folders are made here): in no commit log, so under
@@ -446,7 +447,8 @@ impl SandboxWriteExecutor<'_> {
                 // of the action's is in them: a folder swapped after the mark is told
                 // from its own, and one swapped before holds nothing of the action's.
                 let made = self.make_folders(w, flush == Flush::FileAndDir)?;
-                // Those made are not made again: one gone by the write is `conflict`.
+                // Those made are not made again: one gone by the write is refused (and
+                // the refusal says which were made for it).
                 let make = if made.is_empty() {
                     w.make
                 } else {
@@ -504,6 +506,30 @@ impl SandboxWriteExecutor<'_> {
             ids.and_then(|ids| Snapshotter::mark_made(root, &self.sb.seal, &w.meta, &ids))
         {
             tracing::warn!(reason = %r.reason, "could not record which folders the action made; a rollback will not tell them from ones put in their place");
+        }
+    }
+
+    /// Refuses (`conflict`) a write whose target's folder is no longer the one its
+    /// snapshot records (taken at the action's check): another workflow's rollback
+    /// removed it and a third made it again, or another program swapped it, meanwhile.
+    /// Written there, the file would stand in a folder the record does not name, and
+    /// every later rollback would take it for another's.
+    fn folder_as_recorded(&self, w: &ActionWrite<'_>) -> Verdict {
+        let (Some(was), Some(rel)) = (w.meta.folder, w.meta.folder_rel()) else {
+            return Ok(());
+        };
+        let (_, opened) = self.sb.roots[w.ri].inspect_walked(&w.rel)?;
+        let depth = rel.components().len();
+        match depth.checked_sub(1).and_then(|at| opened.get(at)) {
+            Some(now) if was.replaced_by(now) => Err(Refusal::new(
+                ReasonCode::Conflict,
+                format!(
+                    "the directory {} holding {} is not the one there when the action was checked (removed and made again, or swapped, meanwhile); nothing was written: run the plan again",
+                    shown_path(&rel.as_string()),
+                    shown_path(&w.meta.original_path)
+                ),
+            )),
+            _ => Ok(()),
         }
     }
 

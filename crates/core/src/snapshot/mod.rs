@@ -124,7 +124,7 @@ pub struct SnapshotMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<SnapshotCommit>,
     /// Which directory the deepest folder on the way to the target that stood at the
-    /// snapshot was ([`SnapshotMeta::folder_rel`]; none at the root's top, and in
+    /// action's check was (the write refuses to go on in another) ([`SnapshotMeta::folder_rel`]; none at the root's top, and in
     /// snapshots written before it was recorded): a folder another program put in its
     /// place since, the action's file living on where the first went, is not taken for
     /// one where the file is gone.

@@ -97,31 +97,6 @@ fn hide_snapshots(w: &World) -> impl FnOnce() {
     }
 }
 
-fn temp_files(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in walk(dir) {
-        if e.contains(".ailab-tmp-") {
-            out.push(e);
-        }
-    }
-    out
-}
-
-fn walk(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        out.push(p.display().to_string());
-        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            out.extend(walk(&p));
-        }
-    }
-    out
-}
-
 #[test]
 fn crash_at_every_step_of_every_action_is_recoverable() {
     use ailab_sandbox_core::config::Durability;
@@ -1196,7 +1171,7 @@ fn a_rollback_that_dies_leaves_its_finished_steps_recorded() {
         let (w, c, original) = rollback_killed_at("during_restore", durability);
         // Newest first: new/c.txt was removed, and that step is recorded.
         assert!(!w.path("new/c.txt").exists(), "{durability:?}");
-        let marks: Vec<String> = walk(&w.root.join(".rollback"))
+        let marks: Vec<String> = paths_in(&w.root.join(".rollback"))
             .into_iter()
             .filter(|p| p.ends_with("restored.json"))
             .collect();
@@ -1640,7 +1615,7 @@ fn a_dead_rollbacks_temporary_files_are_removed() {
         // What the dead process would have left (its temporary names carry its seed).
         let beside_target = w.path(&format!("d/{}", temp_name()));
         std::fs::write(&beside_target, b"restoring").unwrap();
-        let folder = walk(&w.root.join(".rollback"))
+        let folder = paths_in(&w.root.join(".rollback"))
             .into_iter()
             .find(|p| p.ends_with("meta.json"))
             .map(|p| std::path::Path::new(&p).parent().unwrap().to_path_buf())

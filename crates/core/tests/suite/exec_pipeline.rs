@@ -1536,6 +1536,50 @@ fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() 
     }
 }
 
+/// A folder removed and made again (or swapped) between an action's check and its write
+/// is not written in: its snapshot records the first, and a file written in the second
+/// would be taken for another's by every rollback. The action fails `conflict`, nothing
+/// written, in every durability mode.
+#[test]
+fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Relaxed, Durability::Batched, Durability::Strict] {
+        let w = World::new();
+        w.write("p/keep.txt", b"k");
+        let mut config = w.writable_config();
+        config.durability = durability;
+        let sb = w.open(config);
+        let (p, kept) = (w.path("p"), w.path("p.keep"));
+        sb.failpoints().interleave(
+            "before_mutate",
+            std::sync::Arc::new(move || {
+                std::fs::rename(&p, &kept).unwrap();
+                std::fs::create_dir(&p).unwrap();
+            }),
+        );
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_again", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
+        );
+        assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
+        assert_eq!(
+            r.actions[0].reason_code,
+            Some(ReasonCode::Conflict),
+            "{r:?}"
+        );
+        let reason = r.actions[0].reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("the directory 'p' holding 'p/c.md' is not the one there when the action was checked"),
+            "{durability:?}: {reason}"
+        );
+        assert!(!w.path("p/c.md").exists(), "{durability:?}");
+        assert!(!w.path("p.keep/c.md").exists(), "{durability:?}");
+        assert!(temp_files(&w.root).is_empty(), "{durability:?}");
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
 /// Another program that changes a file while an action rewrites it (a line appended to
 /// a log between the action's read and its rename) keeps its change: the action fails
 /// with `conflict` and leaves the file as that program made it, in every durability

@@ -443,3 +443,27 @@ pub fn run_killed(sb: &Sandbox, p: serde_json::Value, point: &str, nth: u32) {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sb.run_plan(plan(p))));
     assert!(outcome.is_err(), "the run dies at {point}");
 }
+
+/// The runtime's temporary files anywhere beneath `dir`.
+pub fn temp_files(dir: &Path) -> Vec<String> {
+    paths_in(dir)
+        .into_iter()
+        .filter(|e| e.contains(".ailab-tmp-"))
+        .collect()
+}
+
+/// Every path beneath `dir`, folders before what they hold.
+pub fn paths_in(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        out.push(p.display().to_string());
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            out.extend(paths_in(&p));
+        }
+    }
+    out
+}
