@@ -1495,33 +1495,48 @@ fn a_later_action_refused_at_write_time_counts_as_an_escape_attempt() {
     }
 }
 
+/// `create_file p/c.md` run under `durability` in a world with `p/keep.txt`, whose `p`
+/// is moved to `p.keep` and `stand_in` put in its place just before the write.
+fn create_in_p_swapped(
+    durability: ailab_sandbox_core::config::Durability,
+    stand_in: fn(&std::path::Path),
+) -> (
+    World,
+    ailab_sandbox_core::Sandbox,
+    ailab_sandbox_core::RunResult,
+) {
+    let w = World::new();
+    w.write("p/keep.txt", b"k");
+    let mut config = w.writable_config();
+    config.durability = durability;
+    let sb = w.open(config);
+    let (p, kept) = (w.path("p"), w.path("p.keep"));
+    sb.failpoints().interleave(
+        "before_mutate",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&p, &kept).unwrap();
+            stand_in(&p);
+        }),
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_swap", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
+    );
+    (w, sb, r)
+}
+
 /// A folder swapped for something that is not a folder while a create runs: the create
 /// fails, and its undo cannot see beneath that place (the folder may have moved with the
 /// file in it), so the run ends `failed`, its reason naming what stands in the way rather
-/// than "something unreadable" at the target. (`batched` has opened the folder when it
-/// stages the write, before this point, and writes into it wherever it was moved.)
+/// than "something unreadable" at the target.
 #[test]
 fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict] {
-        let w = World::new();
-        w.write("p/keep.txt", b"k");
-        let mut config = w.writable_config();
-        config.durability = durability;
-        let sb = w.open(config);
-        let (p, kept) = (w.path("p"), w.path("p.keep"));
-        sb.failpoints().interleave(
-            "before_mutate",
-            std::sync::Arc::new(move || {
-                std::fs::rename(&p, &kept).unwrap();
-                std::fs::write(&p, b"not a folder").unwrap();
-            }),
-        );
-        let r = run(
-            &sb,
-            json!({"workflow_id": "wf_swap", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
-        );
+        let (w, sb, r) = create_in_p_swapped(durability, |p| {
+            std::fs::write(p, b"not a folder").unwrap();
+        });
         assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
         let reason = r.actions[0].reason.clone().unwrap_or_default();
         assert!(
@@ -1539,29 +1554,13 @@ fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() 
 /// A folder removed and made again (or swapped) between an action's check and its write
 /// is not written in: its snapshot records the first, and a file written in the second
 /// would be taken for another's by every rollback. The action fails `conflict`, nothing
-/// written, in every durability mode.
+/// written, in every durability mode (`batched` too, which staged the new bytes in the
+/// first folder before this point: they are discarded).
 #[test]
 fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Batched, Durability::Strict] {
-        let w = World::new();
-        w.write("p/keep.txt", b"k");
-        let mut config = w.writable_config();
-        config.durability = durability;
-        let sb = w.open(config);
-        let (p, kept) = (w.path("p"), w.path("p.keep"));
-        sb.failpoints().interleave(
-            "before_mutate",
-            std::sync::Arc::new(move || {
-                std::fs::rename(&p, &kept).unwrap();
-                std::fs::create_dir(&p).unwrap();
-            }),
-        );
-        let r = run(
-            &sb,
-            json!({"workflow_id": "wf_again", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "p/c.md", "content": "x"}]}),
-        );
+        let (w, sb, r) = create_in_p_swapped(durability, |p| std::fs::create_dir(p).unwrap());
         assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
         assert_eq!(
             r.actions[0].reason_code,
@@ -1570,7 +1569,9 @@ fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
         );
         let reason = r.actions[0].reason.clone().unwrap_or_default();
         assert!(
-            reason.contains("the directory 'p' holding 'p/c.md' is not the one there when the action was checked"),
+            reason.contains(
+                "the directory 'p' holding 'p/c.md' is not the one there when the action was checked"
+            ),
             "{durability:?}: {reason}"
         );
         assert!(!w.path("p/c.md").exists(), "{durability:?}");
