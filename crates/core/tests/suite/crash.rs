@@ -232,12 +232,12 @@ fn create_in_d() -> serde_json::Value {
     json!({"action_id": "a1", "intent": "create_file", "path": "d/f.md", "content": "one"})
 }
 
-/// `d` moved to `away` beside the root and an empty `d` made in its place: what
-/// `away/name` holds then.
-fn swap_d(w: &World, name: &str) -> Vec<u8> {
+/// Folder `dir` of the root moved to `away` beside it and an empty one made in its
+/// place: what `away/name` holds then.
+fn swap(w: &World, dir: &str, name: &str) -> Vec<u8> {
     let to = w.tmp.path().join("away");
-    std::fs::rename(w.root.join("d"), &to).unwrap();
-    std::fs::create_dir(w.root.join("d")).unwrap();
+    std::fs::rename(w.root.join(dir), &to).unwrap();
+    std::fs::create_dir(w.root.join(dir)).unwrap();
     std::fs::read(to.join(name)).unwrap()
 }
 
@@ -260,7 +260,9 @@ fn recovery_does_not_call_unwritten_a_file_whose_folder_went_away() {
 #[test]
 fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
     let mut away = Vec::new();
-    let said = dead_action_in_d_then("before_audit", create_in_d(), |w| away = swap_d(w, "f.md"));
+    let said = dead_action_in_d_then("before_audit", create_in_d(), |w| {
+        away = swap(w, "d", "f.md")
+    });
     assert!(
         said.contains("not found in the directory 'd', which is not the one the action wrote in"),
         "{said}"
@@ -269,12 +271,7 @@ fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
     // A folder the dead action made, by the mark it left once it made it.
     let made =
         json!({"action_id": "a1", "intent": "create_file", "path": "d/n/f.md", "content": "one"});
-    let said = dead_action_in_d_then("before_audit", made, |w| {
-        let to = w.tmp.path().join("away");
-        std::fs::rename(w.root.join("d/n"), &to).unwrap();
-        std::fs::create_dir(w.root.join("d/n")).unwrap();
-        away = std::fs::read(to.join("f.md")).unwrap();
-    });
+    let said = dead_action_in_d_then("before_audit", made, |w| away = swap(w, "d/n", "f.md"));
     assert!(
         said.contains("not found in the directory 'd/n', which is not the one the action wrote in"),
         "{said}"
@@ -282,7 +279,7 @@ fn recovery_does_not_call_unwritten_a_file_whose_folder_was_replaced() {
     assert_eq!(away, b"one", "the dead write lives on where it went");
     let replace =
         json!({"action_id": "a1", "intent": "replace_file", "path": "d/old.md", "content": "new"});
-    let said = dead_action_in_d_then("after_mutate", replace, |w| away = swap_d(w, "old.md"));
+    let said = dead_action_in_d_then("after_mutate", replace, |w| away = swap(w, "d", "old.md"));
     assert!(
         said.contains("the directory 'd' holding it is not the one the action wrote in"),
         "{said}"

@@ -4254,6 +4254,21 @@ fn two_files_made_in_d(sb: &ailab_sandbox_core::Sandbox, wf: &str) {
     assert_eq!(status(&r), "success", "{r:?}");
 }
 
+/// Rolls `wf` back unforced: `rolled_back`, every step checked, the tree `before`, the
+/// trail sound.
+fn rolls_back_to(
+    w: &World,
+    sb: &ailab_sandbox_core::Sandbox,
+    wf: &str,
+    before: &std::collections::BTreeMap<String, Option<Vec<u8>>>,
+) {
+    let rb = sb.rollback_workflow(wf, &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
+    assert_eq!(&w.tree(), before);
+    assert!(sb.audit_verify().unwrap().ok);
+}
+
 /// Arms the swap of folder `d` for an empty one of that name, the first moved to
 /// `d.real`, at the next restore (after its look): `(d, d.real)`.
 fn swap_d_for_an_empty_one_at_the_next_restore(
@@ -4331,11 +4346,7 @@ fn a_folder_swapped_for_an_empty_one_after_the_check_refuses_an_unforced_rollbac
     std::fs::rename(&real, &d).unwrap();
     assert_eq!(w.read("d/f1.md"), b"one");
     assert_eq!(w.read("d/f2.md"), b"two");
-    let rb = sb.rollback_workflow("wf_swapped", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
-    assert_eq!(w.tree(), before);
-    assert!(sb.audit_verify().unwrap().ok);
+    rolls_back_to(&w, &sb, "wf_swapped", &before);
 }
 
 /// A folder swapped for an empty one of the same name before a forced rollback, the
@@ -4622,10 +4633,7 @@ fn a_root_copied_back_whole_rolls_back_as_before() {
     std::fs::remove_dir_all(&w.root).unwrap();
     copy_tree(&copy, &w.root);
     let sb = w.open(w.writable_config());
-    let rb = sb.rollback_workflow("wf_copied", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
-    assert_eq!(w.tree(), before);
+    rolls_back_to(&w, &sb, "wf_copied", &before);
 }
 
 /// So is one a forced rollback of a replacement finds: the file's bytes are put back at
@@ -4854,11 +4862,7 @@ fn a_folder_moved_away_after_the_check_refuses_an_unforced_rollback() {
     assert!(rb.steps.iter().all(|s| !s.restored), "{rb:?}");
     assert_eq!(w.read("d/f1.md"), b"one");
     assert_eq!(w.read("d/f2.md"), b"two");
-    let rb = sb.rollback_workflow("wf_moved", &RollbackOptions::default());
-    assert_eq!(rb.status, "rolled_back", "{rb:?}");
-    assert!(rb.steps.iter().all(|s| s.checksum_validated), "{rb:?}");
-    assert_eq!(w.tree(), before);
-    assert!(sb.audit_verify().unwrap().ok);
+    rolls_back_to(&w, &sb, "wf_moved", &before);
 }
 
 /// A folder the workflow made, removed for good by someone else with the workflow's files
