@@ -201,8 +201,9 @@ pub(crate) use files::{
     temp_files_made_by,
 };
 use refusal::{
-    appeared_meanwhile, changed_meanwhile, hardlink_refusal, moved_meanwhile, moved_while_removed,
-    moved_while_written, named_in_full, removed_meanwhile, special_refusal,
+    appeared_meanwhile, changed_meanwhile, hardlink_refusal, mkdir_refusal, moved_meanwhile,
+    moved_while_removed, moved_while_written, named_in_full, removed_as_opened, removed_meanwhile,
+    special_refusal,
 };
 pub(crate) use refusal::{io_refusal, is_denied, made_then, not_a_directory};
 pub use walk::read_operator_file;
@@ -627,7 +628,7 @@ impl SandboxRoot {
                         }
                         // Lost a race with another creator: the descent below decides.
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                        Err(e) => return Err(io_refusal("create directory", &comps[..=i], &e)),
+                        Err(e) => return Err(mkdir_refusal(&dir, &comps[..=i], &e)),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound && make != Make::Nothing => {
@@ -825,7 +826,7 @@ impl SandboxRoot {
                     ));
                 }
             }
-            Err(e) => return Err(io_refusal("create directory", rel.components(), &e)),
+            Err(e) => return Err(mkdir_refusal(dir, rel.components(), &e)),
         }
         Ok(())
     }
@@ -1165,6 +1166,12 @@ impl SandboxRoot {
         // hint that it might have been would send every real one to try again.
         if is_denied(&e) && self.moved_from(dir, rel) {
             return moved_meanwhile(rel.parent_components());
+        }
+        // A name made in a folder already removed is refused ENOENT: the race of a
+        // rollback taking an emptied folder away, which "does not exist" would blame on
+        // the caller's path.
+        if e.kind() == io::ErrorKind::NotFound && removed_as_opened(dir) {
+            return removed_meanwhile(rel.parent_components());
         }
         self.map_open_error(rel, e)
     }
@@ -2278,6 +2285,53 @@ mod tests {
             "{}",
             eio.reason
         );
+    }
+
+    /// A write or a `mkdir` in a folder that a rollback (or another program) removed
+    /// after the walk opened it is refused `ENOENT` by the kernel: that is the race, to
+    /// try again (`conflict`), not a path the caller got wrong (`not_found`) nor a
+    /// failing disk (`io_error`, HTTP 500).
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test plays another program, removing by path
+    fn a_folder_removed_under_a_write_or_mkdir_is_said_removed_meanwhile() {
+        let (tmp, root) = root();
+        std::fs::create_dir_all(tmp.path().join("root/r/s")).unwrap();
+        let file = RelPath::from_components(comps("r/s/t.txt"));
+        let made = RelPath::from_components(comps("r/s/n"));
+        let (dir, _) = root.open_parent(&file, false, false).unwrap();
+        // In place, a name not found is still the caller's.
+        let in_place = root.map_write_error_in(&dir, &file, io::ErrorKind::NotFound.into());
+        assert_eq!(
+            in_place.reason_code,
+            ReasonCode::NotFound,
+            "{}",
+            in_place.reason
+        );
+        std::fs::remove_dir(tmp.path().join("root/r/s")).unwrap();
+        let e = dir.create("t.txt").err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        let r = root.map_write_error_in(&dir, &file, e);
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(
+            r.reason,
+            "the directory 'r/s' was removed while the action ran; nothing was written: try again"
+        );
+        // Made again by another: the folder held is still the removed one.
+        std::fs::create_dir(tmp.path().join("root/r/s")).unwrap();
+        let mut created = Vec::new();
+        let r = root
+            .make_last(&dir, &made, true, false, &mut created)
+            .err()
+            .unwrap();
+        assert_eq!(r.reason_code, ReasonCode::Conflict, "{}", r.reason);
+        assert_eq!(
+            r.reason,
+            "the directory 'r/s' was removed while the action ran; nothing was written: try again"
+        );
+        assert!(created.is_empty(), "{created:?}");
+        // Another failure of a mkdir is said as it is.
+        let eio = mkdir_refusal(&dir, made.components(), &io::Error::from_raw_os_error(5));
+        assert_eq!(eio.reason_code, ReasonCode::IoError, "{}", eio.reason);
     }
 
     /// A read that fails says it could not read (it said "write"), naming the file.

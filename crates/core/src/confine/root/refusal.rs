@@ -244,6 +244,23 @@ pub(super) fn removed_meanwhile(comps: &[String]) -> Refusal {
     )
 }
 
+/// Whether `dir`, an open folder, has been removed since it was opened (no link left):
+/// what a name made in it is refused `ENOENT` for.
+pub(super) fn removed_as_opened(dir: &cap_std::fs::Dir) -> bool {
+    use cap_std::fs::MetadataExt;
+    dir.dir_metadata().is_ok_and(|m| m.nlink() == 0)
+}
+
+/// The refusal of making the folder `comps` in `parent`, its open parent, which failed
+/// with `e`: one refused because `parent` was removed meanwhile is that race, to try
+/// again, not a failing disk (HTTP 500).
+pub(super) fn mkdir_refusal(parent: &cap_std::fs::Dir, comps: &[String], e: &io::Error) -> Refusal {
+    if e.kind() == io::ErrorKind::NotFound && comps.len() > 1 && removed_as_opened(parent) {
+        return removed_meanwhile(&comps[..comps.len() - 1]);
+    }
+    io_refusal("create directory", comps, e)
+}
+
 /// The refusal for a write into the directory `comps`, refused for its permissions
 /// because the directory was moved out of the root (or removed) while the action wrote
 /// into it: Landlock refuses a write outside the root, and the permissions are not to
