@@ -150,11 +150,15 @@ pub struct Conflict {
     /// (`workflow/action`) that found it since and stand, whose result it is now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claimed_by: Vec<String>,
-    /// The folder on the way (root-relative) that is not the one the action wrote in:
+    /// The folder on the way (root-relative) that is not the one the action wrote in,
+    /// or the directory the action made (`create_directory`), not the one it made:
     /// that was moved away, where the action's file may live on, or removed, and another
     /// put in its place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder_replaced: Option<String>,
+    /// Whether `folder_replaced` is the target itself, a directory the action made.
+    #[serde(skip)]
+    pub(crate) made_dir_replaced: bool,
 }
 
 impl Conflict {
@@ -452,9 +456,15 @@ impl Sandbox {
             // What stands there now, in a folder that is not the one the action wrote
             // in, is another's, whatever it holds (a copy of the action's file, say).
             let replaced = newer.is_none().then(|| {
-                crate::snapshot::RollbackEngine::folder_replaced(&self.roots[*i], &s.meta)
+                let root = &self.roots[*i];
+                crate::snapshot::RollbackEngine::folder_replaced(root, &s.meta).or_else(|| {
+                    (created_dir && current == TargetState::Directory)
+                        .then(|| crate::snapshot::RollbackEngine::made_dir_replaced(root, &s.meta))
+                        .flatten()
+                })
             });
             let replaced = replaced.flatten();
+            let made_dir_replaced = replaced.as_deref() == Some(s.meta.original_path.as_str());
             let changed_anyhow =
                 !unchanged || !claimed_by.is_empty() || foreign || removed || replaced.is_some();
             let found = Found {
@@ -476,6 +486,7 @@ impl Sandbox {
                     changed_by,
                     claimed_by,
                     folder_replaced: replaced,
+                    made_dir_replaced,
                 });
             }
         }

@@ -159,6 +159,19 @@ impl RollbackEngine {
         })
     }
 
+    /// For an action that made its target directory (`create_directory`): that
+    /// directory's path, when another stands there now (its mark records which it made).
+    pub(crate) fn made_dir_replaced(root: &SandboxRoot, meta: &SnapshotMeta) -> Option<String> {
+        let was = meta
+            .created_dirs
+            .iter()
+            .zip(&meta.made)
+            .find_map(|(d, id)| (*d == meta.original_path).then_some(*id))
+            .filter(|_| Self::same_root(root, meta))?;
+        let now = root.dir_id(&meta.target()).ok()??;
+        was.replaced_by(&now).then(|| meta.original_path.clone())
+    }
+
     /// Whether `root` is the directory the root was when `meta` was taken: one that is
     /// another directory now (the tree copied back from a backup, say) has every folder
     /// anew, so nothing can be told of one by its record.
@@ -399,16 +412,9 @@ impl RollbackEngine {
             TargetKind::Directory => {
                 // Not the directory the action made (or not in the folder it made it
                 // in): another's, never removed as the action's.
-                let made = meta
-                    .created_dirs
-                    .iter()
-                    .zip(&meta.made)
-                    .find_map(|(d, id)| (*d == meta.original_path).then_some(*id))
-                    .filter(|_| Self::same_root(root, meta));
-                let other = replaced.clone().or_else(|| {
-                    let (was, now) = (made?, root.dir_id(rel).ok()??);
-                    was.replaced_by(&now).then(|| meta.original_path.clone())
-                });
+                let other = replaced
+                    .clone()
+                    .or_else(|| Self::made_dir_replaced(root, meta));
                 if let Some(dir) = other {
                     return not_the_actions(meta, &dir, forced);
                 }

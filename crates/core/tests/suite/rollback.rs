@@ -4467,7 +4467,8 @@ fn a_folder_a_rollback_removed_and_a_write_made_again_is_advised_as_removed_too(
 }
 
 /// A directory a `create_directory` made, swapped for another of the same name, is not
-/// removed as the action's: refused unforced, left and said forced.
+/// removed as the action's: unforced, the rollback's check refuses it before any step
+/// (the stand-in empty or not) and names it; forced, it is left and said.
 #[test]
 fn a_made_directory_swapped_for_another_is_not_removed_as_the_actions() {
     let w = World::new();
@@ -4475,25 +4476,39 @@ fn a_made_directory_swapped_for_another_is_not_removed_as_the_actions() {
     let r = run(
         &sb,
         json!({"workflow_id": "wf_dir", "actions": [
-            {"action_id": "a1", "intent": "create_directory", "path": "nd"}]}),
+            {"action_id": "a1", "intent": "create_directory", "path": "nd"},
+            {"action_id": "a2", "intent": "create_file", "path": "top.md", "content": "t"}]}),
     );
     assert_eq!(status(&r), "success", "{r:?}");
     let (nd, real) = (w.path("nd"), w.path("nd.real"));
     std::fs::rename(&nd, &real).unwrap();
     std::fs::create_dir(&nd).unwrap();
-    let rb = sb.rollback_workflow("wf_dir", &RollbackOptions::default());
-    assert_ne!(rb.status, "rolled_back", "{rb:?}");
-    let step = &rb.steps[0];
-    assert_eq!(step.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
-    assert!(
-        step.reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("'nd' is not the directory the action made"),
-        "{rb:?}"
-    );
+    // Unforced, the check refuses the lot (the later write is not undone first), the
+    // stand-in named, empty or not.
+    for stand_in_holds in [None, Some("nd/other.md")] {
+        if let Some(other) = stand_in_holds {
+            w.write(other, b"another's");
+        }
+        let rb = sb.rollback_workflow("wf_dir", &RollbackOptions::default());
+        assert_eq!(rb.status, "refused", "{stand_in_holds:?}: {rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        assert_eq!(rb.conflicts.len(), 1, "{rb:?}");
+        assert_eq!(
+            rb.conflicts[0].folder_replaced.as_deref(),
+            Some("nd"),
+            "{rb:?}"
+        );
+        assert!(
+            rb.reason
+                .as_deref()
+                .unwrap_or_default()
+                .contains("the workflow made 'nd', and what stands there now is another directory"),
+            "{rb:?}"
+        );
+        assert_eq!(w.read("top.md"), b"t", "nothing is rolled back");
+    }
     let rb = sb.rollback_workflow("wf_dir", &forced());
-    let step = &rb.steps[0];
+    let step = rb.steps.iter().find(|s| s.action_id == "a1").unwrap();
     assert!(!step.checksum_validated, "{rb:?}");
     assert!(
         step.detail
@@ -4503,6 +4518,7 @@ fn a_made_directory_swapped_for_another_is_not_removed_as_the_actions() {
         "{rb:?}"
     );
     assert!(nd.is_dir() && real.is_dir());
+    assert_eq!(w.read("nd/other.md"), b"another's");
     assert!(sb.audit_verify().unwrap().ok);
 }
 

@@ -128,6 +128,7 @@ impl Sandbox {
                     changed_by: None,
                     claimed_by: Vec::new(),
                     folder_replaced: None,
+                    made_dir_replaced: false,
                 });
             }
         }

@@ -826,6 +826,7 @@ impl Sandbox {
                     }),
                     claimed_by: Vec::new(),
                     folder_replaced: None,
+                    made_dir_replaced: false,
                 }
             })
             .collect();
@@ -992,13 +993,25 @@ pub(super) fn conflicts_said(conflicts: &[Conflict]) -> String {
         ));
         // Not where the trail names a rollback that took the workflow's write with it
         // (its folder, emptied, went too, and another may have been made since).
-        let mut swapped: Vec<String> = changed
-            .iter()
-            .filter(|c| !c.changed_by.as_ref().is_some_and(|b| b.rollback))
-            .filter_map(|c| c.folder_replaced.as_deref().map(shown_path))
-            .collect();
-        swapped.sort();
-        swapped.dedup();
+        let replaced = |made: bool| {
+            let mut dirs: Vec<String> = changed
+                .iter()
+                .filter(|c| !c.changed_by.as_ref().is_some_and(|b| b.rollback))
+                .filter(|c| c.made_dir_replaced == made)
+                .filter_map(|c| c.folder_replaced.as_deref().map(shown_path))
+                .collect();
+            dirs.sort();
+            dirs.dedup();
+            dirs
+        };
+        let swapped = replaced(false);
+        let made = replaced(true);
+        if !made.is_empty() {
+            why.push(format!(
+                "the workflow made {}, and what stands there now is another directory (the one made was moved away, where what the workflow put in it may live on, or removed, and another put in its place): if it was moved, put it back, then roll back; if removed, roll back with force, which leaves what stands there now as it is",
+                made.join(", "),
+            ));
+        }
         if !swapped.is_empty() {
             // One folder, or several: the same words.
             let [dirs, are, one, that, it, its, was] = if swapped.len() == 1 {
