@@ -380,6 +380,18 @@ pub struct Resolved {
     pub rel: RelPath,
 }
 
+/// The refusal of an absolute `path` outside every root in use.
+fn outside_roots(path: &str, roots: &[PathBuf]) -> Refusal {
+    Refusal::new(
+        ReasonCode::OutsideSandbox,
+        format!(
+            "the absolute path {} is not inside a sandbox root in use (a configured root that could not be used at start is skipped: the operator's state document, `state` or `GET /agentic/state`, says why in skipped_roots); roots in use: {}",
+            shown_path(path),
+            list_roots(roots)
+        ),
+    )
+}
+
 /// Resolves an action's path to a root and a relative path, lexically.
 ///
 /// A relative path belongs to `root_hint` (a configured root, given by its path) or else
@@ -406,7 +418,10 @@ pub fn resolve_sandbox_path(
         if cleaned == Path::new("/") || roots.iter().any(|root| is_within_sandbox(&cleaned, root)) {
             r.malformed()
         } else {
-            r
+            // Outside every root, however it is spelt: counted and said as the way out
+            // it is (`//etc/passwd` is `/etc/passwd`), so that what watches for
+            // `outside_sandbox` sees it.
+            outside_roots(path, roots)
         }
     })?;
     // A relative path's depth is known before its root: judged first, as SPEC §5
@@ -439,27 +454,20 @@ pub fn resolve_sandbox_path(
             None => first_inside,
         };
         let Some(i) = found else {
-            let reason = match (hinted, first_inside) {
-                (Some(h), Some(other)) => {
-                    // Inside a root, only not the one named: a mistake, not an escape.
-                    return Err(Refusal::new(
-                        ReasonCode::OutsideSandbox,
-                        format!(
-                            "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
-                            shown_path(path),
-                            shown_path(&roots[other].display().to_string()),
-                            shown_path(&roots[h].display().to_string())
-                        ),
-                    )
-                    .malformed());
-                }
-                _ => format!(
-                    "the absolute path {} is not inside a sandbox root in use (a configured root that could not be used at start is skipped: the operator's state document, `state` or `GET /agentic/state`, says why in skipped_roots); roots in use: {}",
-                    shown_path(path),
-                    list_roots(roots)
-                ),
-            };
-            return Err(Refusal::new(ReasonCode::OutsideSandbox, reason));
+            if let (Some(h), Some(other)) = (hinted, first_inside) {
+                // Inside a root, only not the one named: a mistake, not an escape.
+                return Err(Refusal::new(
+                    ReasonCode::OutsideSandbox,
+                    format!(
+                        "the absolute path {} lies in root {}, not in the root the action names ({}); name that root, or none",
+                        shown_path(path),
+                        shown_path(&roots[other].display().to_string()),
+                        shown_path(&roots[h].display().to_string())
+                    ),
+                )
+                .malformed());
+            }
+            return Err(outside_roots(path, roots));
         };
         let rest = abs
             .strip_prefix(&roots[i])

@@ -501,6 +501,36 @@ fn absolute_path_outside_every_root_is_refused() {
     }
 }
 
+/// However it is spelt (`//`, `/./`, a trailing `/`), an absolute path outside every
+/// root is the way out it is, an attempt (not a slip), and is said so: what watches
+/// for `outside_sandbox` sees `//etc/passwd` as it sees `/etc/passwd`.
+#[test]
+fn an_absolute_path_out_spelt_oddly_is_outside_the_sandbox() {
+    for p in ["//etc/passwd", "/etc//passwd", "/etc/./passwd", "/etc/ssh/"] {
+        let r = resolve_sandbox_path(p, &roots(), None, MAX_PATH_DEPTH).unwrap_err();
+        assert_eq!(
+            r.reason_code,
+            ReasonCode::OutsideSandbox,
+            "{p:?}: {}",
+            r.reason
+        );
+        assert!(!r.malformed, "{p:?}");
+        assert!(
+            r.reason.starts_with(&format!(
+                "the absolute path '{p}' is not inside a sandbox root in use"
+            )),
+            "{p:?}: {}",
+            r.reason
+        );
+    }
+    // Spelt oddly inside a root, or naming no file, it stays a slip.
+    for p in ["/srv/sandbox-a//x.txt", "//"] {
+        let r = resolve_sandbox_path(p, &roots(), None, MAX_PATH_DEPTH).unwrap_err();
+        assert_eq!(r.reason_code, ReasonCode::PathTraversal, "{p:?}");
+        assert!(r.malformed, "{p:?}");
+    }
+}
+
 #[test]
 fn absolute_path_in_another_root_than_the_hint_is_refused() {
     let err = resolve_sandbox_path(
