@@ -15,6 +15,6 @@ pub use path::{
     detect_path_traversal, is_within_sandbox, normalize_extension, resolve_sandbox_path,
 };
 pub use root::{
-    DirId, EntryKind, PathKind, SandboxRoot, TargetInfo, TargetKind, WrittenFile,
+    DirId, EntryKind, PathKind, SandboxRoot, TargetInfo, TargetKind, Walk, WrittenFile,
     read_operator_file,
 };

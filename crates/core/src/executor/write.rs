@@ -12,7 +12,7 @@ use crate::budget::{Usage, check_budget, check_rate};
 use crate::catalog::{Effect, Operation, op_for_intent};
 use crate::commit_log::Position;
 use crate::confine::path::shown_path;
-use crate::confine::root::{FILE_MODE, FileStamp, Flush, Make, Put, StagedWrite, temp_name};
+use crate::confine::root::{FILE_MODE, FileStamp, Flush, Make, Put, StagedWrite, Walk, temp_name};
 use crate::confine::{RelPath, TargetKind};
 use crate::hash::sha256_hex;
 use crate::metrics::RollbackReason;
@@ -358,7 +358,16 @@ impl SandboxWriteExecutor<'_> {
         let root = &sb.roots[w.ri];
         match (&w.staged_name, &w.bytes) {
             (Some(name), Some(b)) => match root
-                .stage_write(&w.rel, name, b, w.mode, w.stamp.filter(|_| !w.no_replace))
+                .stage_write(
+                    &w.rel,
+                    // Its folders all stood at the check (none is made for a staged
+                    // write): one gone since was removed meanwhile.
+                    Self::walk(w, Make::From(w.rel.parent_components().len())),
+                    name,
+                    b,
+                    w.mode,
+                    w.stamp.filter(|_| !w.no_replace),
+                )
                 .and_then(|st| match sb.cover_for_sync(st.dir()) {
                     Ok(()) => Ok(st),
                     Err(r) => {
@@ -429,9 +438,13 @@ impl SandboxWriteExecutor<'_> {
         let root = &sb.roots[w.ri];
         let fsync_each = sb.fsync_each();
         sb.fail_at("before_mutate")?;
-        self.folder_as_recorded(w)?;
         match (&w.bytes, staged) {
-            (Some(_), Some(st)) => st.commit_in(root, &w.rel, w.put, false)?,
+            (Some(_), Some(st)) => {
+                // Staged through the folder the check found (its walk said so); this
+                // refuses, before anything is in place, one swapped for another since.
+                self.folder_as_recorded(w)?;
+                st.commit_in(root, &w.rel, w.put, false)?;
+            }
             // Not staged (its folders are made here): in no commit log, so under
             // `batched` too its bytes reach the disk before they take the target's
             // place, not only at the sync point after it. Its temporary name is known
@@ -454,11 +467,18 @@ impl SandboxWriteExecutor<'_> {
                 } else {
                     Make::From(w.rel.parent_components().len())
                 };
-                root.write_atomic_put(&w.rel, b, w.mode, w.put, make, (flush, Some(tmp.as_str())))
-                    .map_err(|r| crate::confine::root::made_then(&made, r))?;
+                root.write_atomic_put(
+                    &w.rel,
+                    b,
+                    w.mode,
+                    w.put,
+                    Self::walk(w, make),
+                    (flush, Some(tmp.as_str())),
+                )
+                .map_err(|r| crate::confine::root::made_then(&made, r))?;
             }
             (None, _) => {
-                let made = root.create_dir_all_making(&w.rel, w.make, fsync_each)?;
+                let made = root.create_dir_all_making(&w.rel, Self::walk(w, w.make), fsync_each)?;
                 self.mark_made(w, &made);
             }
         }
@@ -509,25 +529,36 @@ impl SandboxWriteExecutor<'_> {
         }
     }
 
-    /// Refuses (`conflict`) a write whose target's folder is no longer the one its
-    /// snapshot records (taken at the action's check): another workflow's rollback
-    /// removed it and a third made it again, or another program swapped it, meanwhile.
-    /// Written there, the file would stand in a folder the record does not name, and
-    /// every later rollback would take it for another's.
+    /// The walk of `w`'s writes: making what `make` allows, and finding on the way the
+    /// folder its snapshot records (taken at the action's check), refusing (`conflict`)
+    /// another there: one another workflow's rollback removed and a third made again,
+    /// or another program swapped, meanwhile. Written there, the file would stand in a
+    /// folder the record does not name, and every later rollback would take it for
+    /// another's.
+    fn walk(w: &ActionWrite<'_>, make: Make) -> Walk {
+        let folder = w
+            .meta
+            .folder
+            .zip(w.meta.folder_rel())
+            .map(|(id, rel)| (rel.components().len(), id));
+        Walk { make, folder }
+    }
+
+    /// For a staged write, whose folder its staging's walk found as recorded: refuses
+    /// one swapped since, before its bytes are put in place (where the commit's own
+    /// look would take them back).
     fn folder_as_recorded(&self, w: &ActionWrite<'_>) -> Verdict {
-        let (Some(was), Some(rel)) = (w.meta.folder, w.meta.folder_rel()) else {
+        let Walk {
+            folder: Some((depth, was)),
+            ..
+        } = Self::walk(w, Make::Nothing)
+        else {
             return Ok(());
         };
         let (_, opened) = self.sb.roots[w.ri].inspect_walked(&w.rel)?;
-        let depth = rel.components().len();
         match depth.checked_sub(1).and_then(|at| opened.get(at)) {
-            Some(now) if was.replaced_by(now) => Err(Refusal::new(
-                ReasonCode::Conflict,
-                format!(
-                    "the directory {} holding {} is not the one there when the action was checked (removed and made again, or swapped, meanwhile); nothing was written: run the plan again",
-                    shown_path(&rel.as_string()),
-                    shown_path(&w.meta.original_path)
-                ),
+            Some(now) if was.replaced_by(now) => Err(crate::confine::root::not_as_checked(
+                &w.rel.components()[..depth],
             )),
             _ => Ok(()),
         }
@@ -540,7 +571,8 @@ impl SandboxWriteExecutor<'_> {
             return Ok(Vec::new());
         }
         let parent = RelPath::from_components(w.rel.parent_components().to_vec());
-        let made = self.sb.roots[w.ri].create_dir_all_making(&parent, w.make, durable)?;
+        let made =
+            self.sb.roots[w.ri].create_dir_all_making(&parent, Self::walk(w, w.make), durable)?;
         self.mark_made(w, &made);
         Ok(made)
     }

@@ -579,7 +579,14 @@ impl Sandbox {
             &crate::ids::own_seed(),
         );
         self.roots[i]
-            .stage_write(rel, &staged, &e.bytes, mode, None)
+            .stage_write(
+                rel,
+                crate::confine::root::Make::Nothing,
+                &staged,
+                &e.bytes,
+                mode,
+                None,
+            )
             .and_then(|st| {
                 // Staged bytes that are not put in place are not left beside it.
                 self.fail_at("replay_staged")

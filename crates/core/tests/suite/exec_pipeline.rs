@@ -1498,7 +1498,7 @@ fn a_later_action_refused_at_write_time_counts_as_an_escape_attempt() {
 /// `create_file p/c.md` run under `durability` in a world with `p/keep.txt`, whose `p`
 /// is moved to `p.keep` and `stand_in` put in its place just before the write.
 fn create_in_p_swapped(
-    durability: ailab_sandbox_core::config::Durability,
+    (durability, point): (ailab_sandbox_core::config::Durability, &str),
     stand_in: fn(&std::path::Path),
 ) -> (
     World,
@@ -1512,7 +1512,7 @@ fn create_in_p_swapped(
     let sb = w.open(config);
     let (p, kept) = (w.path("p"), w.path("p.keep"));
     sb.failpoints().interleave(
-        "before_mutate",
+        point,
         std::sync::Arc::new(move || {
             std::fs::rename(&p, &kept).unwrap();
             stand_in(&p);
@@ -1534,7 +1534,7 @@ fn create_in_p_swapped(
 fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Relaxed, Durability::Strict] {
-        let (w, sb, r) = create_in_p_swapped(durability, |p| {
+        let (w, sb, r) = create_in_p_swapped((durability, "before_mutate"), |p| {
             std::fs::write(p, b"not a folder").unwrap();
         });
         assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
@@ -1554,14 +1554,24 @@ fn a_create_whose_folder_became_a_file_meanwhile_names_what_stands_in_the_way() 
 /// A folder removed and made again (or swapped) between an action's check and its write
 /// is not written in: its snapshot records the first, and a file written in the second
 /// would be taken for another's by every rollback. The action fails `conflict`, nothing
-/// written, in every durability mode (`batched` too, which staged the new bytes in the
-/// first folder before this point: they are discarded).
+/// written, in every durability mode: refused by the very walk the write goes through
+/// (no look before it leaves a moment between), and under `batched` by its staging's
+/// walk, or after it, before the staged bytes are put in place (they are discarded).
 #[test]
 fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
     use ailab_sandbox_core::config::Durability;
-    for durability in [Durability::Relaxed, Durability::Batched, Durability::Strict] {
-        let (w, sb, r) = create_in_p_swapped(durability, |p| std::fs::create_dir(p).unwrap());
-        assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
+    // Before the staging (`batched` stages right after the snapshot) or before the write.
+    for (durability, point) in [Durability::Relaxed, Durability::Batched, Durability::Strict]
+        .into_iter()
+        .flat_map(|d| [(d, "after_snapshot"), (d, "before_mutate")])
+    {
+        let (w, sb, r) =
+            create_in_p_swapped((durability, point), |p| std::fs::create_dir(p).unwrap());
+        assert_eq!(
+            action_status(&r, 0),
+            "failed",
+            "{durability:?} {point} {r:?}"
+        );
         assert_eq!(
             r.actions[0].reason_code,
             Some(ReasonCode::Conflict),
@@ -1569,13 +1579,58 @@ fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
         );
         let reason = r.actions[0].reason.clone().unwrap_or_default();
         assert!(
-            reason.contains(
-                "the directory 'p' holding 'p/c.md' is not the one there when the action was checked"
+            reason.starts_with(
+                "the directory 'p' is not the one there when the action was checked (removed and made again, or swapped, meanwhile); nothing was written"
             ),
-            "{durability:?}: {reason}"
+            "{durability:?} {point}: {reason}"
         );
-        assert!(!w.path("p/c.md").exists(), "{durability:?}");
-        assert!(!w.path("p.keep/c.md").exists(), "{durability:?}");
+        assert!(!w.path("p/c.md").exists(), "{durability:?} {point}");
+        assert!(!w.path("p.keep/c.md").exists(), "{durability:?} {point}");
+        assert!(temp_files(&w.root).is_empty(), "{durability:?} {point}");
+        assert!(sb.audit_verify().unwrap().ok);
+    }
+}
+
+/// A folder the check found that is removed before the write (another workflow's
+/// rollback taking it away, emptied) is that race, to try again (`conflict`), in every
+/// durability mode: `batched`, which stages the new bytes beside the target right after
+/// the snapshot, said "does not exist" (`not_found`), blaming the caller's path.
+#[test]
+fn a_folder_removed_between_the_check_and_the_staging_is_a_conflict() {
+    use ailab_sandbox_core::config::Durability;
+    for durability in [Durability::Batched, Durability::Relaxed, Durability::Strict] {
+        let w = World::new();
+        std::fs::create_dir_all(w.path("p/q")).unwrap();
+        let mut config = w.writable_config();
+        config.durability = durability;
+        let sb = w.open(config);
+        let q = w.path("p/q");
+        sb.failpoints().interleave(
+            "after_snapshot",
+            std::sync::Arc::new(move || std::fs::remove_dir(&q).unwrap()),
+        );
+        let r = run(
+            &sb,
+            json!({"workflow_id": "wf_gone", "actions": [
+                {"action_id": "a1", "intent": "create_file", "path": "p/q/c.md", "content": "x"}]}),
+        );
+        assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
+        assert_eq!(
+            code(&r, 0).as_deref(),
+            Some("conflict"),
+            "{durability:?} {r:?}"
+        );
+        assert_eq!(
+            r.actions[0].reason.as_deref(),
+            Some(
+                "the directory 'p/q' was removed while the action ran; nothing was written: try again"
+            ),
+            "{durability:?}"
+        );
+        assert!(
+            !w.path("p/q").exists(),
+            "{durability:?}: nothing is made again"
+        );
         assert!(temp_files(&w.root).is_empty(), "{durability:?}");
         assert!(sb.audit_verify().unwrap().ok);
     }

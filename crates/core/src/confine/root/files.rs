@@ -1121,10 +1121,12 @@ impl SandboxRoot {
     /// Stages `bytes` for `rel` under `staged`, a fresh [`temp_name`] (not synced), owned
     /// like the file it is `replacing` (or, not given, the one there now), where this
     /// process may. The target's parents must exist: directories are only created by
-    /// [`SandboxRoot::write_atomic`].
+    /// [`SandboxRoot::write_atomic`]; `walk` says whether a missing one was there when
+    /// the action was checked, and which folder must be found on the way.
     pub fn stage_write(
         &self,
         rel: &RelPath,
+        walk: impl Into<super::Walk>,
         staged: &str,
         bytes: &[u8],
         mode: u32,
@@ -1136,7 +1138,7 @@ impl SandboxRoot {
                 format!("{} is not a temporary name", shown_path(staged)),
             ));
         }
-        let (dir, _) = self.open_parent(rel, false, false)?;
+        let (dir, _) = self.open_parent_making(rel, walk.into(), false)?;
         let staged = staged.to_owned();
         let file = write_new_file(
             &dir,

@@ -158,6 +158,24 @@ impl DirId {
     }
 }
 
+/// What a write's walk to its folder may make ([`Make`]), and which folder it must find
+/// on the way: the one the action's check found there (its depth in components, its
+/// identity), so that a folder removed and made again, or swapped, since the check is
+/// refused (`conflict`) by the very walk whose handles the write goes through.
+#[derive(Debug, Clone, Copy)]
+pub struct Walk {
+    /// Which missing folders may be made.
+    pub make: Make,
+    /// The folder to find at that depth, if any.
+    pub folder: Option<(usize, DirId)>,
+}
+
+impl From<Make> for Walk {
+    fn from(make: Make) -> Self {
+        Walk { make, folder: None }
+    }
+}
+
 /// A sandbox root: its configured path and the directory handle opened at start-up.
 #[derive(Debug)]
 pub struct SandboxRoot {
@@ -205,7 +223,7 @@ use refusal::{
     moved_while_removed, moved_while_written, named_in_full, removed_as_opened, removed_meanwhile,
     special_refusal,
 };
-pub(crate) use refusal::{io_refusal, is_denied, made_then, not_a_directory};
+pub(crate) use refusal::{io_refusal, is_denied, made_then, not_a_directory, not_as_checked};
 pub use walk::read_operator_file;
 pub(crate) use walk::{
     REFUSED_ABOVE, list_may_give_write, open_checked_dir, open_checked_dir_through_link,
@@ -581,18 +599,19 @@ impl SandboxRoot {
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
         let make = if create { Make::From(0) } else { Make::Nothing };
-        self.open_parent_making(rel, make, durable)
+        self.open_parent_making(rel, make.into(), durable)
     }
 
-    /// [`SandboxRoot::open_parent`], making the missing parents `make` allows.
+    /// [`SandboxRoot::open_parent`], making the missing parents `walk` allows and
+    /// finding there the folder it names.
     fn open_parent_making(
         &self,
         rel: &RelPath,
-        make: Make,
+        walk: Walk,
         durable: bool,
     ) -> Verdict<(ParentDir<'_>, Vec<String>)> {
         let mut created = Vec::new();
-        match self.descend_making(rel, make, durable, &mut created) {
+        match self.descend_making(rel, walk, durable, &mut created) {
             Ok(dir) => Ok((dir, created)),
             Err(r) => Err(made_then(&created, r)),
         }
@@ -603,7 +622,7 @@ impl SandboxRoot {
     fn descend_making(
         &self,
         rel: &RelPath,
-        make: Make,
+        Walk { make, folder }: Walk,
         durable: bool,
         created: &mut Vec<String>,
     ) -> Verdict<ParentDir<'_>> {
@@ -652,6 +671,14 @@ impl SandboxRoot {
                 }
                 Err(r) => return Err(r),
             };
+            if let Some((depth, was)) = folder
+                && depth == i + 1
+                && dir
+                    .dir_metadata()
+                    .is_ok_and(|m| was.replaced_by(&DirId::of(&m)))
+            {
+                return Err(not_as_checked(&comps[..=i]));
+            }
         }
         Ok(dir)
     }
@@ -709,10 +736,11 @@ impl SandboxRoot {
         bytes: &[u8],
         mode: u32,
         put: Put,
-        make: Make,
+        walk: impl Into<Walk>,
         (flush, tmp): (Flush, Option<&str>),
     ) -> Verdict<Vec<String>> {
-        let (dir, created) = self.open_parent_making(rel, make, flush == Flush::FileAndDir)?;
+        let (dir, created) =
+            self.open_parent_making(rel, walk.into(), flush == Flush::FileAndDir)?;
         let still = || self.still_in_place(&dir, rel);
         write_atomic_placed(
             &dir,
@@ -768,10 +796,12 @@ impl SandboxRoot {
     pub fn create_dir_all_making(
         &self,
         rel: &RelPath,
-        make: Make,
+        walk: impl Into<Walk>,
         durable: bool,
     ) -> Verdict<Vec<String>> {
-        let (dir, mut created) = self.open_parent_making(rel, make, durable)?;
+        let walk = walk.into();
+        let make = walk.make;
+        let (dir, mut created) = self.open_parent_making(rel, walk, durable)?;
         let may_make = make.may_make(rel.parent_components().len());
         match self.make_last(&dir, rel, may_make, durable, &mut created) {
             Ok(()) => Ok(created),
@@ -1522,7 +1552,14 @@ mod tests {
         );
         assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
         let staged = root
-            .stage_write(&rel, &files::temp_name(), b"newer", 0o644, None)
+            .stage_write(
+                &rel,
+                Make::Nothing,
+                &files::temp_name(),
+                b"newer",
+                0o644,
+                None,
+            )
             .unwrap();
         plant(&outside, &folder, staged.staged_name());
         let e = staged.commit(Put::Any, false).unwrap_err();

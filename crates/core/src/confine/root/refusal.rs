@@ -244,6 +244,18 @@ pub(super) fn removed_meanwhile(comps: &[String]) -> Refusal {
     )
 }
 
+/// The refusal of a write whose folder `comps` is not the one the action's check found
+/// there: removed and made again, or swapped, since.
+pub(crate) fn not_as_checked(comps: &[String]) -> Refusal {
+    Refusal::new(
+        ReasonCode::Conflict,
+        format!(
+            "the directory {} is not the one there when the action was checked (removed and made again, or swapped, meanwhile); nothing was written: run the plan again",
+            shown_path(&comps.join("/"))
+        ),
+    )
+}
+
 /// Whether `dir`, an open folder, has been removed since it was opened (no link left):
 /// what a name made in it is refused `ENOENT` for.
 pub(super) fn removed_as_opened(dir: &cap_std::fs::Dir) -> bool {
