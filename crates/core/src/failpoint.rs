@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 /// The points where a failure can be injected: the write pipeline, rollback, recovery,
 /// the logs' syncs, prune, and `get_file_info`'s hash. Arming or passing a point not listed is a bug (a test
 /// arming a misspelt point would pass for the wrong reason): debug builds panic on it.
-pub const POINTS: [&str; 35] = [
+pub const POINTS: [&str; 36] = [
     "after_validate",
     "read_target",
     "target_looked",
@@ -20,6 +20,7 @@ pub const POINTS: [&str; 35] = [
     "after_snapshot",
     "before_commit",
     "before_mutate",
+    "folders_made",
     "after_mutate",
     "before_registry",
     "before_audit",

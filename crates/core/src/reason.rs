@@ -76,6 +76,10 @@ pub struct Refusal {
     /// later try may pass, once access is given, not what the path holds.
     #[serde(skip)]
     pub denied: bool,
+    /// Met after the action had made something (folders on its target's way): its
+    /// undo must look at what stands rather than take the target as untouched.
+    #[serde(skip)]
+    pub touched: bool,
 }
 
 impl Refusal {
@@ -87,6 +91,7 @@ impl Refusal {
             retry_after_seconds: None,
             malformed: false,
             denied: false,
+            touched: false,
         }
     }
 

@@ -460,6 +460,8 @@ impl SandboxWriteExecutor<'_> {
                 // of the action's is in them: a folder swapped after the mark is told
                 // from its own, and one swapped before holds nothing of the action's.
                 let made = self.make_folders(w, flush == Flush::FileAndDir)?;
+                sb.fail_at("folders_made")
+                    .map_err(|r| crate::confine::root::made_then(&made, r))?;
                 // Those made are not made again: one gone by the write is refused (and
                 // the refusal says which were made for it).
                 let make = if made.is_empty() {
@@ -698,15 +700,17 @@ impl SandboxWriteExecutor<'_> {
         left: &crate::sandbox::TargetState,
         r: &Refusal,
     ) {
-        if matches!(
-            r.reason_code,
-            ReasonCode::Conflict
-                | ReasonCode::AlreadyExists
-                | ReasonCode::SymlinkEscape
-                | ReasonCode::SymlinkRefused
-                | ReasonCode::HardlinkRefused
-                | ReasonCode::NotRegularFile
-        ) {
+        if !r.touched
+            && matches!(
+                r.reason_code,
+                ReasonCode::Conflict
+                    | ReasonCode::AlreadyExists
+                    | ReasonCode::SymlinkEscape
+                    | ReasonCode::SymlinkRefused
+                    | ReasonCode::HardlinkRefused
+                    | ReasonCode::NotRegularFile
+            )
+        {
             self.undo_with(snap, crate::sandbox::RestoreMode::Untouched);
         } else {
             self.undo(snap, left);

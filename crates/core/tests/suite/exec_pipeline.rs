@@ -1591,28 +1591,34 @@ fn a_folder_made_again_between_the_check_and_the_write_is_not_written_in() {
     }
 }
 
-/// A folder the check found that is removed before the write (another workflow's
-/// rollback taking it away, emptied) is that race, to try again (`conflict`), in every
-/// durability mode: `batched`, which stages the new bytes beside the target right after
-/// the snapshot, said "does not exist" (`not_found`), blaming the caller's path.
-#[test]
-fn a_folder_removed_between_the_check_and_the_staging_is_a_conflict() {
+/// Runs a `create_file` of `path` in each durability mode, the folders `standing` made
+/// first, and `gone` (root-relative) removed at `point` by another writer; checks that
+/// the action fails `conflict` with `reason` and leaves no temporary file, then hands the
+/// world and the result to `then`.
+fn create_while_removed(
+    (standing, point, gone): (Option<&str>, &'static str, &str),
+    path: &str,
+    reason: &str,
+    then: impl Fn(&World, &ailab_sandbox_core::RunResult),
+) {
     use ailab_sandbox_core::config::Durability;
     for durability in [Durability::Batched, Durability::Relaxed, Durability::Strict] {
         let w = World::new();
-        std::fs::create_dir_all(w.path("p/q")).unwrap();
+        if let Some(dir) = standing {
+            std::fs::create_dir_all(w.path(dir)).unwrap();
+        }
         let mut config = w.writable_config();
         config.durability = durability;
         let sb = w.open(config);
-        let q = w.path("p/q");
+        let gone = w.path(gone);
         sb.failpoints().interleave(
-            "after_snapshot",
-            std::sync::Arc::new(move || std::fs::remove_dir(&q).unwrap()),
+            point,
+            std::sync::Arc::new(move || std::fs::remove_dir(&gone).unwrap()),
         );
         let r = run(
             &sb,
             json!({"workflow_id": "wf_gone", "actions": [
-                {"action_id": "a1", "intent": "create_file", "path": "p/q/c.md", "content": "x"}]}),
+                {"action_id": "a1", "intent": "create_file", "path": path, "content": "x"}]}),
         );
         assert_eq!(action_status(&r, 0), "failed", "{durability:?} {r:?}");
         assert_eq!(
@@ -1622,18 +1628,50 @@ fn a_folder_removed_between_the_check_and_the_staging_is_a_conflict() {
         );
         assert_eq!(
             r.actions[0].reason.as_deref(),
-            Some(
-                "the directory 'p/q' was removed while the action ran; nothing was written: try again"
-            ),
+            Some(reason),
             "{durability:?}"
         );
-        assert!(
-            !w.path("p/q").exists(),
-            "{durability:?}: nothing is made again"
-        );
+        then(&w, &r);
         assert!(temp_files(&w.root).is_empty(), "{durability:?}");
         assert!(sb.audit_verify().unwrap().ok);
     }
+}
+
+/// A folder the check found that is removed before the write (another workflow's
+/// rollback taking it away, emptied) is that race, to try again (`conflict`), in every
+/// durability mode: `batched`, which stages the new bytes beside the target right after
+/// the snapshot, said "does not exist" (`not_found`), blaming the caller's path.
+#[test]
+fn a_folder_removed_between_the_check_and_the_staging_is_a_conflict() {
+    create_while_removed(
+        (Some("p/q"), "after_snapshot", "p/q"),
+        "p/q/c.md",
+        "the directory 'p/q' was removed while the action ran; nothing was written: try again",
+        |w, _| assert!(!w.path("p/q").exists(), "nothing is made again"),
+    );
+}
+
+/// A folder the action made, removed by another writer before the action's file is in
+/// it (another workflow's rollback taking it for its own, emptied), is the same race:
+/// `conflict` naming what was made, not an I/O error (HTTP 500, which a client would
+/// not retry); the undo removes what is left of what the action made.
+#[test]
+fn a_folder_the_action_made_removed_before_its_file_is_a_conflict() {
+    create_while_removed(
+        (None, "folders_made", "n/m"),
+        "n/m/c.md",
+        "'n', 'n/m' were made for it, then: the directory 'n/m' was removed while the action ran; nothing was written: try again",
+        |w, r| {
+            assert!(!w.path("n").exists(), "what it made is removed");
+            // Its change (the folders) was undone, looking at what stands: not said
+            // untouched.
+            let restored = r.timeline.iter().find(|e| e.event == "action_restored");
+            assert_eq!(
+                restored.map(|e| e.detail["untouched"].clone()),
+                Some(json!(false))
+            );
+        },
+    );
 }
 
 /// Another program that changes a file while an action rewrites it (a line appended to

@@ -185,15 +185,25 @@ pub(super) fn failed_once_placed(name: &str, then: &str, e: &io::Error) -> Refus
     )
 }
 
-/// `r`, met after the folders `created` were made for a write: an I/O error whatever it
-/// was (a permission is `conflict` only before anything is touched), so that the
-/// write's undo looks at what is there and removes the folders it made.
+/// `r`, met after the folders `created` were made for a write, marked so
+/// ([`Refusal::touched`]) for the write's undo to look at what is there and remove the
+/// folders it made. A race with another writer (`conflict`: a folder removed or
+/// replaced meanwhile) stays one, to try again; anything else is an I/O error (a
+/// permission is `conflict` only before anything is touched).
 pub(crate) fn made_then(created: &[String], r: Refusal) -> Refusal {
-    if created.is_empty() || r.reason_code == ReasonCode::IoError {
+    if created.is_empty() || r.touched {
         return r;
     }
-    Refusal::new(
-        ReasonCode::IoError,
+    if r.reason_code == ReasonCode::IoError {
+        return Refusal { touched: true, ..r };
+    }
+    let race = r.reason_code == ReasonCode::Conflict && !r.denied;
+    let mut then = Refusal::new(
+        if race {
+            r.reason_code
+        } else {
+            ReasonCode::IoError
+        },
         format!(
             "{} {} made for it, then: {}",
             created
@@ -204,7 +214,9 @@ pub(crate) fn made_then(created: &[String], r: Refusal) -> Refusal {
             if created.len() == 1 { "was" } else { "were" },
             r.reason
         ),
-    )
+    );
+    then.touched = true;
+    then
 }
 
 /// The refusal for a file `name` that its name stopped naming while it was opened or
