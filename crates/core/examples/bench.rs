@@ -315,9 +315,45 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// A rollback of a workflow of 100 `create_file` actions (`d{i % 10}/f{i}.txt`), the
 /// trail holding `earlier` lines before its writes and `later` lines after them, each
 /// of a write by another workflow to a file of one of its files' names in another folder.
-fn rollback_100(durability: Durability, earlier: usize, later: usize) -> Duration {
+fn rollback_100(durability: Durability, (earlier, later): (usize, usize), left: u64) -> Duration {
     let tmp = keep(tempfile::tempdir().unwrap());
     let sb = sandbox(&tmp, durability);
+    // Folders earlier rollbacks had to leave elsewhere in the root (other workflows'
+    // files still in them), as the ledger holds them after a long churn.
+    if left > 0 {
+        use ailab_sandbox_core::confine::DirId;
+        use ailab_sandbox_core::left_dirs::{LeftDirs, Maker};
+        use ailab_sandbox_core::snapshot::LeftDir;
+        let state = StateDir::open(&tmp.join("state")).unwrap();
+        let ledger = LeftDirs::open(&state, false).unwrap();
+        let maker = Maker {
+            workflow_id: "wf_old".into(),
+            action_id: "a1".into(),
+            at: "2026-01-01T00:00:00.000000Z".into(),
+        };
+        let dirs: Vec<LeftDir> = (0..left)
+            .map(|i| LeftDir {
+                path: format!("other/g{}/d/e/k{i}", i / 10),
+                id: DirId {
+                    dev: 1,
+                    ino: i,
+                    born_ns: Some(i),
+                },
+            })
+            .collect();
+        let root = tmp.join("root").display().to_string();
+        for chunk in dirs.chunks(1_000) {
+            ledger.record(&root, chunk, &maker).unwrap();
+        }
+        // A rollback before, as a server's earlier ones: the ledger is read (once a
+        // process) before the one timed.
+        let plan: Plan = serde_json::from_value(json!({"workflow_id": "wf_warm", "actions": [
+            {"intent": "create_file", "path": "warm.txt", "content": "w"}]}))
+        .unwrap();
+        assert!(sb.run_plan(plan).unwrap().is_success());
+        let warm = sb.rollback_workflow("wf_warm", &RollbackOptions::default());
+        assert_eq!(warm.steps_rolled_back, 1);
+    }
     let others = |n: usize, when: &str, folder: &str| {
         let state = StateDir::open(&tmp.join("state")).unwrap();
         let log = AuditLog::open(&state, false, 1_000_000).unwrap();
@@ -756,14 +792,17 @@ fn run() {
         // A rollback alone, and with `--n` lines naming its files' names in other
         // folders, older than its writes, then newer.
         let n = flag("--n", 100_000);
-        let plain = rollback_100(Durability::Relaxed, 0, 0);
-        let older = rollback_100(Durability::Relaxed, n, 0);
-        let newer = rollback_100(Durability::Relaxed, 0, n);
+        let plain = rollback_100(Durability::Relaxed, (0, 0), 0);
+        let older = rollback_100(Durability::Relaxed, (n, 0), 0);
+        let newer = rollback_100(Durability::Relaxed, (0, n), 0);
+        let left = rollback_100(Durability::Relaxed, (0, 0), n as u64 / 5);
         println!(
-            "rollback of 100 actions (relaxed) {:.1} ms; with {n} lines naming its file names in other folders: older {:.1} ms, newer {:.1} ms",
+            "rollback of 100 actions (relaxed) {:.1} ms; with {n} lines naming its file names in other folders: older {:.1} ms, newer {:.1} ms; with {} folders of others left on the ledger {:.1} ms",
             plain.as_secs_f64() * 1e3,
             older.as_secs_f64() * 1e3,
-            newer.as_secs_f64() * 1e3
+            newer.as_secs_f64() * 1e3,
+            n / 5,
+            left.as_secs_f64() * 1e3
         );
         return;
     }
@@ -888,17 +927,22 @@ fn run() {
     ] {
         rows.push(timed_row(
             format!("rollback of a 100-action workflow ({label}), total"),
-            rollback_100(d, 0, 0),
+            rollback_100(d, (0, 0), 0),
         ));
     }
     let earlier = if quick { 2_000 } else { 100_000 };
     rows.push(timed_row(
         format!("same (relaxed), after {earlier} older lines naming its file names"),
-        rollback_100(Durability::Relaxed, earlier, 0),
+        rollback_100(Durability::Relaxed, (earlier, 0), 0),
     ));
     rows.push(timed_row(
         format!("same (relaxed), before {earlier} newer lines naming them in other folders"),
-        rollback_100(Durability::Relaxed, 0, earlier),
+        rollback_100(Durability::Relaxed, (0, earlier), 0),
+    ));
+    let left = if quick { 2_000 } else { 20_000 };
+    rows.push(timed_row(
+        format!("same (relaxed), {left} folders of others left elsewhere on the ledger"),
+        rollback_100(Durability::Relaxed, (0, 0), left),
     ));
     let (sha_hex, sha_raw) = sha_throughput();
     let entries = if quick { 20_000 } else { 1_000_000 };

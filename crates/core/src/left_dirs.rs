@@ -186,16 +186,18 @@ impl LeftDirs {
         self.ledger().append(&lines(root, &left, false))
     }
 
-    /// The directories left in the root `is_root` names (recorded under any spelling
-    /// of it) and not yet settled, deepest first, each with the spelling it was recorded
-    /// under (for [`LeftDirs::settle`]).
-    pub fn in_root(&self, is_root: impl Fn(&str) -> bool) -> io::Result<Vec<(String, Left)>> {
+    /// The directories left and not yet settled that `keep` keeps (given the spelling
+    /// of the root each was recorded under and the directory), deepest first, each with
+    /// that spelling (for [`LeftDirs::settle`]). Only those kept are copied and sorted:
+    /// the ledger holds every folder left that another workflow's files still fill,
+    /// which a rollback looking near its own targets has no need to go through.
+    pub fn in_root(&self, keep: impl Fn(&str, &Left) -> bool) -> io::Result<Vec<(String, Left)>> {
         let mut ledger = self.ledger();
         ledger.catch_up()?;
         let mut left: Vec<(String, Left)> = ledger
             .left
             .iter()
-            .filter(|l| is_root(&l.root))
+            .filter(|l| keep(&l.root, &l.left))
             .map(|l| (l.root.clone(), l.left.clone()))
             .collect();
         left.sort_by(|(_, a), (_, b)| {

@@ -2193,7 +2193,7 @@ fn a_trail_holding_raw_unicode_line_breaks_still_verifies() {
 /// The folders a ledger holds as left in root `/r`, sorted.
 fn ledger_paths(l: &ailab_sandbox_core::left_dirs::LeftDirs) -> Vec<String> {
     let mut p: Vec<String> = l
-        .in_root(|r| r == "/r")
+        .in_root(|r, _| r == "/r")
         .unwrap()
         .into_iter()
         .map(|(_, l)| l.dir.path)

@@ -188,15 +188,13 @@ impl Sandbox {
     /// places (root index, components): what a rollback restored can empty no other, and
     /// a ledger that grows with every partial rollback is not walked whole each time.
     pub(in crate::sandbox) fn remove_left_dirs(&self, near: Option<&[(usize, Vec<String>)]>) {
-        let wanted = |i: usize, path: &str| {
-            let Some(near) = near else { return true };
-            let dir: Vec<&str> = path.split('/').collect();
-            near.iter()
-                .any(|(r, at)| *r == i && dir.iter().zip(at).all(|(d, a)| *d == a.as_str()))
-        };
         for (i, root) in self.roots.iter().enumerate() {
             let name = self.root_names(std::iter::once(i)).concat();
-            let left = match self.left_dirs.in_root(|r| r == name || root.is_named_by(r)) {
+            let near = Near::of(near, i);
+            let left = match self
+                .left_dirs
+                .in_root(|r, l| near.wants(&l.dir.path) && (r == name || root.is_named_by(r)))
+            {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the ledger of directories rollbacks left");
@@ -206,9 +204,6 @@ impl Sandbox {
             let mut settled: HashMap<String, Vec<crate::left_dirs::Left>> = HashMap::new();
             for (spelled, l) in left {
                 let d = &l.dir;
-                if !wanted(i, &d.path) {
-                    continue;
-                }
                 let rel = RelPath::from_recorded(&d.path);
                 // One someone has made the result of a create_directory stays on the
                 // ledger until that one is rolled back. (Asked of empty ones only.)
@@ -939,5 +934,72 @@ impl PassTargets {
                 (TargetState::found_by(meta), step.checksum_validated),
             );
         }
+    }
+}
+
+/// Which folders on the ledger of those left a rollback looks at, in one root: those on
+/// the way to the folder of one of its targets (or that folder) and those beneath one;
+/// every one for a prune or a start (no targets) or a target at the root's top. Looked
+/// up by name, so that a ledger long with others' folders is not compared target by
+/// target.
+struct Near {
+    all: bool,
+    on_way: HashSet<String>,
+    folders: HashSet<String>,
+}
+
+impl Near {
+    fn of(near: Option<&[(usize, Vec<String>)]>, root: usize) -> Self {
+        let mut n = Near {
+            all: near.is_none(),
+            on_way: HashSet::new(),
+            folders: HashSet::new(),
+        };
+        for (_, at) in near.unwrap_or_default().iter().filter(|(r, _)| *r == root) {
+            n.all |= at.is_empty();
+            for k in 1..=at.len() {
+                n.on_way.insert(at[..k].join("/"));
+            }
+            n.folders.insert(at.join("/"));
+        }
+        n
+    }
+
+    fn wants(&self, path: &str) -> bool {
+        self.all
+            || self.on_way.contains(path)
+            || path
+                .match_indices('/')
+                .any(|(k, _)| self.folders.contains(&path[..k]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Near;
+
+    /// The ledger's folders a rollback looks at: on the way to its targets' folders, or
+    /// beneath one, in their root (a name that only starts alike is another folder);
+    /// all of them with no targets or a target at the root's top.
+    #[test]
+    fn a_rollback_looks_at_the_left_folders_on_its_targets_way_and_beneath() {
+        let at = |p: &str| p.split('/').map(str::to_owned).collect::<Vec<_>>();
+        let near = [(0, at("a/b")), (1, at("x"))];
+        let n = Near::of(Some(&near), 0);
+        for (path, wanted) in [
+            ("a", true),
+            ("a/b", true),
+            ("a/b/c", true),
+            ("a/b/c/d", true),
+            ("a/bc", false),
+            ("ab", false),
+            ("a/c", false),
+            ("x", false),
+        ] {
+            assert_eq!(n.wants(path), wanted, "{path}");
+        }
+        assert!(!Near::of(Some(&near), 2).wants("a"));
+        assert!(Near::of(None, 0).wants("anything"));
+        assert!(Near::of(Some(&[(0, Vec::new())]), 0).wants("anything"));
     }
 }
