@@ -83,13 +83,16 @@ struct Ledger {
     journal: Journal,
     /// What the file says so far: the directories still left, by root.
     left: HashSet<Line>,
+    /// How many lines the file holds, as far as read: with `left`, whether settled
+    /// lines make up most of it, known without writing out what a rewrite would keep.
+    lines: usize,
 }
 
 impl Ledger {
     fn catch_up(&mut self) -> io::Result<()> {
-        let left = &mut self.left;
+        let (left, lines) = (&mut self.left, &mut self.lines);
         self.journal
-            .read_new(&mut |at, buf| fold_all(left, at, buf))
+            .read_new(&mut |at, buf| fold_all((left, lines), at, buf))
     }
 
     fn append(&mut self, lines: &[Line]) -> io::Result<()> {
@@ -97,13 +100,15 @@ impl Ledger {
         for l in lines {
             crate::journal::write_line(&mut bytes, l)?;
         }
-        let left = &mut self.left;
+        let (left, count) = (&mut self.left, &mut self.lines);
         let ((), pending) = self.journal.append_with(|new, _| {
-            new.iter().for_each(|(at, b)| fold_all(left, *at, b));
+            new.iter()
+                .for_each(|(at, b)| fold_all((&mut *left, &mut *count), *at, b));
             Ok((bytes, ()))
         })?;
         pending.wait()?;
         lines.iter().for_each(|l| fold_line(left, l.clone()));
+        *count += lines.len();
         Ok(())
     }
 
@@ -113,12 +118,15 @@ impl Ledger {
     /// leaves at worst an empty directory in place (the ledger is a hint).
     fn compact(&mut self) -> io::Result<()> {
         let len = self.journal.len()?;
-        if len < COMPACT_AT {
+        // Most lines still live: nothing to gain (and every folder left to write out
+        // to find that out, at each settle, on a ledger long with others' folders).
+        if len < COMPACT_AT || self.left.len() * 4 > self.lines {
             return Ok(());
         }
-        let left = &mut self.left;
-        self.journal.rewrite_with(|new| {
-            new.iter().for_each(|(at, b)| fold_all(left, *at, b));
+        let (left, count) = (&mut self.left, &mut self.lines);
+        let rewritten = self.journal.rewrite_with(|new| {
+            new.iter()
+                .for_each(|(at, b)| fold_all((&mut *left, &mut *count), *at, b));
             let mut live: Vec<&Line> = left.iter().collect();
             live.sort_by(|a, b| (&a.root, &a.left.dir.path).cmp(&(&b.root, &b.left.dir.path)));
             let mut bytes = Vec::new();
@@ -127,6 +135,10 @@ impl Ledger {
             }
             (bytes.len() as u64 * 4 <= len).then_some(bytes)
         })?;
+        if rewritten {
+            // The rewrite's own first line, then those still left.
+            self.lines = self.left.len() + 1;
+        }
         Ok(())
     }
 }
@@ -136,11 +148,15 @@ const COMPACT_AT: u64 = 64 << 10;
 
 /// Applies the lines read at offset `at`. Read again from the start, the file was cut
 /// (and maybe written again): what it said before is forgotten.
-fn fold_all(left: &mut HashSet<Line>, at: u64, buf: &[u8]) {
+fn fold_all((left, count): (&mut HashSet<Line>, &mut usize), at: u64, buf: &[u8]) {
     if at == 0 {
         left.clear();
+        *count = 0;
     }
-    journal::lines(buf).for_each(|l| fold(left, l));
+    journal::lines(buf).for_each(|l| {
+        *count += 1;
+        fold(left, l);
+    });
 }
 
 /// Applies one line of the file; one that does not parse is skipped (a hint only).
@@ -166,6 +182,7 @@ impl LeftDirs {
             inner: Mutex::new(Ledger {
                 journal: Journal::open_rewritable(state, LEFT_DIRS_FILE, durable)?,
                 left: HashSet::new(),
+                lines: 0,
             }),
         })
     }
