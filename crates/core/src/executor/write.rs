@@ -361,8 +361,9 @@ impl SandboxWriteExecutor<'_> {
                 .stage_write(
                     &w.rel,
                     // Its folders all stood at the check (none is made for a staged
-                    // write): one gone since was removed meanwhile.
-                    Self::walk(w, Make::From(w.rel.parent_components().len())),
+                    // write, and `make` allows none): one gone since was removed
+                    // meanwhile.
+                    Self::walk(w, w.make),
                     name,
                     b,
                     w.mode,
@@ -538,23 +539,25 @@ impl SandboxWriteExecutor<'_> {
     /// folder the record does not name, and every later rollback would take it for
     /// another's.
     fn walk(w: &ActionWrite<'_>, make: Make) -> Walk {
-        let folder = w
-            .meta
+        Walk {
+            make,
+            folder: Self::recorded_folder(w),
+        }
+    }
+
+    /// The folder `w`'s snapshot records on its way: its depth and identity.
+    fn recorded_folder(w: &ActionWrite<'_>) -> Option<(usize, crate::confine::DirId)> {
+        w.meta
             .folder
             .zip(w.meta.folder_rel())
-            .map(|(id, rel)| (rel.components().len(), id));
-        Walk { make, folder }
+            .map(|(id, rel)| (rel.components().len(), id))
     }
 
     /// For a staged write, whose folder its staging's walk found as recorded: refuses
     /// one swapped since, before its bytes are put in place (where the commit's own
     /// look would take them back).
     fn folder_as_recorded(&self, w: &ActionWrite<'_>) -> Verdict {
-        let Walk {
-            folder: Some((depth, was)),
-            ..
-        } = Self::walk(w, Make::Nothing)
-        else {
+        let Some((depth, was)) = Self::recorded_folder(w) else {
             return Ok(());
         };
         let (_, opened) = self.sb.roots[w.ri].inspect_walked(&w.rel)?;
