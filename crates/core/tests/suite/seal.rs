@@ -1310,9 +1310,10 @@ fn prune_over_several_roots_and_root_spellings() {
     assert!(!w.path("s.txt").exists());
 }
 
-/// A prune records itself before removing anything; if it stops half way, the rollback
-/// refuses (rather than skip the writes whose snapshots it removed) until a prune
-/// finishes. With every folder gone and no prune, the refusal names the actions.
+/// A prune records itself before removing anything; the writes its mark covers are
+/// pruned, whatever of their snapshots is left (here one removed, one still there): the
+/// rollback names them and restores none, and the next prune removes what is left. With
+/// every folder gone and no prune, the refusal names the actions as missing.
 #[test]
 fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     let w = World::new();
@@ -1332,8 +1333,15 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     std::fs::remove_dir_all(w.root.join(".rollback/wf_half/a1")).unwrap();
     let rb = sb.rollback_workflow("wf_half", &RollbackOptions::default());
     assert_eq!(rb.status, "refused", "{rb:?}");
-    assert!(rb.reason.unwrap().contains("prune again"));
-    assert!(w.path("two.txt").exists());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
+    let said = rb.reason.unwrap();
+    assert!(
+        said.contains("2 write(s) had their snapshots pruned")
+            && said.contains("'a1' (")
+            && said.contains("two.txt')"),
+        "{said}"
+    );
+    assert!(w.path("one.txt").exists() && w.path("two.txt").exists());
     w.clock.advance(chrono::Duration::days(10));
     let report = sb
         .prune(std::time::Duration::from_secs(7 * 86_400))
@@ -1348,6 +1356,71 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     let rb = sb.rollback_workflow("wf_gone", &RollbackOptions::default());
     assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData));
     assert!(rb.reason.unwrap().contains("'g1'"));
+}
+
+/// A prune killed once its mark is made and before it moves the workflow's folder
+/// leaves the folder whole: the writes the mark covers stay pruned (as a prune that
+/// finished leaves them), and a plan run on the workflow since rolls back as a whole,
+/// the file it replaced given back its pruned write's bytes. The next prune removes
+/// the folder (both were refused as "a prune stopped half way" until a prune ran again
+/// and the later writes had aged too).
+#[test]
+fn a_prune_killed_before_moving_the_folder_leaves_later_writes_reversible() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    sb.failpoints().arm_crash("sync_prune_marks", 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sb.prune(std::time::Duration::from_secs(7 * 86_400))
+    }));
+    assert!(outcome.is_err(), "the prune dies");
+    drop(sb);
+    assert!(w.state.join("inflight/wf_k.pruned").exists(), "marked");
+    assert!(w.root.join(".rollback/wf_k/a1").is_dir(), "not moved");
+
+    let sb = w.sandbox();
+    // Nothing written since: nothing to roll back, the covered writes named.
+    let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+    assert_eq!(rb.reason_code, Some(ReasonCode::NoRollbackData), "{rb:?}");
+    let said = rb.reason.unwrap();
+    assert!(
+        said.contains("2 write(s) had their snapshots pruned") && said.contains("two.txt')"),
+        "{said}"
+    );
+    let r = run(
+        &sb,
+        json!({"workflow_id": "wf_k", "actions": [
+            {"action_id": "a3", "intent": "create_file", "path": "three.txt", "content": "3"},
+            {"action_id": "a4", "intent": "replace_file", "path": "one.txt", "content": "1b"}]}),
+    );
+    assert_eq!(status(&r), "success", "{r:?}");
+    let rb = sb.rollback_workflow("wf_k", &RollbackOptions::default());
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert_eq!(rb.steps_rolled_back, 2, "{rb:?}");
+    assert!(!w.path("three.txt").exists());
+    assert_eq!(std::fs::read(w.path("one.txt")).unwrap(), b"1");
+    assert_eq!(std::fs::read(w.path("two.txt")).unwrap(), b"2");
+    let said = rb.reason.unwrap_or_default();
+    assert!(
+        said.contains("2 earlier write(s) had their snapshots pruned")
+            && said.contains("one.txt')")
+            && said.contains("two.txt')"),
+        "{said}"
+    );
+
+    w.clock.advance(chrono::Duration::days(10));
+    let report = sb
+        .prune(std::time::Duration::from_secs(7 * 86_400))
+        .unwrap();
+    assert_eq!(report.workflows_pruned, ["wf_k"], "{report:?}");
+    assert!(!w.root.join(".rollback/wf_k").exists());
+    assert_eq!(std::fs::read(w.path("one.txt")).unwrap(), b"1");
 }
 
 /// A prune moves a workflow's snapshot folder aside in one step before removing it: one

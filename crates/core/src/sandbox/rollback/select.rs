@@ -61,27 +61,31 @@ fn later_writers<'a>(
         .collect()
 }
 
-/// Whether a snapshot of `snaps` asked for by `opts` is still there of a write a prune
-/// covered (`pruned_up_to` of its root, in `trail`): a prune records itself before it
-/// removes anything, so it stopped half way, and its mark must not excuse the folders it
-/// did remove.
-fn pruned_but_present(
-    snaps: &RootedSnapshots,
+/// `snaps` without those of writes a prune covered (`pruned_up_to` of its root, in
+/// `trail`): a prune makes its mark durable before it moves a workflow's folders aside,
+/// so one stopped in between (killed, or the machine cut) leaves them in place. Its
+/// decision stands as if it had finished: those writes are pruned, their snapshots left
+/// unused for the next prune, and the workflow's later writes roll back as after a
+/// prune that finished. Refusing the workflow instead would keep its later writes from
+/// a rollback as a whole until that prune ran again and the later writes had aged too.
+fn without_pruned(
+    snaps: RootedSnapshots,
     trail: &[SandboxAuditEntry],
-    opts: &RollbackOptions,
     pruned_up_to: impl Fn(usize) -> Option<u64>,
-) -> bool {
-    snaps.iter().any(|(i, s)| {
-        let up_to = pruned_up_to(*i).unwrap_or(0);
-        up_to > 0
-            && opts.takes(&s.meta.action_id)
-            && trail.iter().any(|e| {
-                e.status == AuditStatus::Success
-                    && e.seq <= up_to
-                    && e.action_id == s.meta.action_id
-                    && e.execution_id == s.meta.execution_id
-            })
-    })
+) -> RootedSnapshots {
+    snaps
+        .into_iter()
+        .filter(|(i, s)| {
+            let up_to = pruned_up_to(*i).unwrap_or(0);
+            up_to == 0
+                || !trail.iter().any(|e| {
+                    e.status == AuditStatus::Success
+                        && e.seq <= up_to
+                        && e.action_id == s.meta.action_id
+                        && e.execution_id == s.meta.execution_id
+                })
+        })
+        .collect()
 }
 
 /// The refusal of a workflow whose snapshot folders hold `untrusted` entries: the
@@ -633,10 +637,8 @@ impl Sandbox {
         if !elsewhere.is_empty() {
             return Err(self.written_elsewhere(workflow_id, &elsewhere, opts.action_id.is_some()));
         }
+        let snaps = without_pruned(snaps, &trail, pruned_up_to);
         let missing = writes.missing(&snaps, opts);
-        if pruned_but_present(&snaps, &trail, opts, pruned_up_to) {
-            return Err(half_pruned(workflow_id));
-        }
         if let (false, Some(e)) = (missing.is_empty(), damaged_marks) {
             return Err(unread("the workflow's prune record", e));
         }
@@ -1049,18 +1051,6 @@ pub(super) fn pruned_left(pruned: &[String]) -> String {
         "{} earlier write(s) had their snapshots pruned and cannot be rolled back; those files stay as they are: {}",
         pruned.len(),
         named(pruned)
-    )
-}
-
-/// The refusal of a rollback of a workflow a prune left half done.
-fn half_pruned(workflow_id: &str) -> RollbackRefusal {
-    (
-        ReasonCode::NoRollbackData,
-        format!(
-            "a prune of workflow {} stopped half way, so its snapshots may be gone or going; run prune again to finish it: the writes it covered can no longer be rolled back (later ones can, one action at a time; a prune takes a workflow written to since only once that write is older than its age)",
-            shown_path(workflow_id)
-        ),
-        Vec::new(),
     )
 }
 
