@@ -185,6 +185,12 @@ impl Sandbox {
                             again = false;
                             continue;
                         }
+                        // Gone again between the second look and its open: a file that
+                        // comes and goes is as often missing as there, and missing is
+                        // what a look at it would say now.
+                        Err(r) if r.reason_code == ReasonCode::NotFound => {
+                            (PathKind::Missing, None, None)
+                        }
                         Err(r) => return Err(r),
                     }
                 }

@@ -293,7 +293,7 @@ pub(super) fn named_alone(
         Some(m) if (m.dev(), m.ino()) == (opened.dev(), opened.ino()) => {
             let links = m.nlink().max(opened.nlink());
             if links > 1 {
-                return Err(io::Error::other(hardlink_refusal(name, links)));
+                return Err(io::Error::other(hardlink_refusal(name)));
             }
             // Looked at after the name: a removal the look at the name landed in has
             // changed the time by now, or is still under way and the next look waits

@@ -433,7 +433,7 @@ impl SandboxRoot {
             EntryKind::Missing => TargetKind::Missing,
             EntryKind::Directory => TargetKind::Directory,
             EntryKind::File { links, .. } if links > 1 => {
-                return Err(hardlink_refusal(&rel.as_string(), links));
+                return Err(hardlink_refusal(&rel.as_string()));
             }
             EntryKind::File { size, mode, .. } => TargetKind::File { size, mode },
             EntryKind::Symlink => return Err(self.detect_symlink_escape(rel.components())),

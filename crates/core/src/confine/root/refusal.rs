@@ -351,12 +351,14 @@ pub(crate) fn not_a_directory(comps: &[String]) -> Refusal {
     )
 }
 
-/// `path` is the path as the caller should see it (root-relative, or a file name).
-pub(super) fn hardlink_refusal(path: &str, nlink: u64) -> Refusal {
+/// `path` is the path as the caller should see it (root-relative, or a file name). How
+/// many links the file has is not said: the others may be names outside the sandbox,
+/// and their count is none of the caller's business.
+pub(super) fn hardlink_refusal(path: &str) -> Refusal {
     Refusal::new(
         ReasonCode::HardlinkRefused,
         format!(
-            "{} has {nlink} hard links; a file with more than one link may alias a file outside the sandbox, so it is never read or written",
+            "{} has other hard links; a file with more than one link may alias a file outside the sandbox, so it is never read or written",
             shown_path(path)
         ),
     )
