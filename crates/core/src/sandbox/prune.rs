@@ -267,7 +267,7 @@ impl Sandbox {
             let r = crate::Refusal::new(
                 ReasonCode::IoError,
                 format!(
-                    "could not make the prune's mark durable: {}; nothing of the workflow was removed, but the writes the mark covers count as pruned: a rollback leaves them as they are (later writes roll back), and the next prune removes their snapshots",
+                    "could not make the prune's mark durable: {}; nothing of the workflow was removed, but the writes the mark covers count as pruned: a rollback leaves them as they are (later writes roll back), and a later prune removes their snapshots with the workflow's",
                     crate::error::state_io_words(&e)
                 ),
             );
@@ -480,7 +480,7 @@ impl Sandbox {
         let then = match withdrawn {
             Ok(()) => "nothing of the workflow was moved, and its rollback is as it was".to_owned(),
             Err(e) => format!(
-                "nothing of the workflow was moved, but the prune's mark could not be withdrawn ({}), so the writes it covers count as pruned: a rollback leaves them as they are (later writes roll back), and the next prune removes their snapshots",
+                "nothing of the workflow was moved, but the prune's mark could not be withdrawn ({}), so the writes it covers count as pruned: a rollback leaves them as they are (later writes roll back), and a later prune removes their snapshots with the workflow's",
                 crate::error::state_io_words(&e)
             ),
         };
