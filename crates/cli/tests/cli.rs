@@ -3595,3 +3595,53 @@ fn verifying_a_state_directory_that_is_not_there_says_so() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(json_out(&out)["ok"], true);
 }
+
+/// `mcp` stops on SIGTERM or SIGINT as on a closed input: what it read is answered, and
+/// it exits 0 (the signal killed it, a write half done, its temporary file left in the
+/// root for the next start).
+#[test]
+fn mcp_stops_cleanly_on_sigterm_and_sigint() {
+    use std::io::{BufRead, Write};
+    for signal in ["-TERM", "-INT"] {
+        let e = env();
+        let mut child = e
+            .std_cmd()
+            .args(["--enable-write", "--no-dry-run", "mcp"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"create_file","arguments":{"path":"s.md","content":"s"}}}"#,
+        ] {
+            writeln!(stdin, "{line}").unwrap();
+        }
+        let mut answers = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let second: Value = serde_json::from_str(&answers.nth(1).unwrap().unwrap()).unwrap();
+        assert_eq!(second["id"], 2, "{second}");
+        assert_eq!(second["result"]["isError"], false, "{second}");
+        let killed = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("{signal}: mcp did not stop");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(0), "{signal}: {status:?}");
+        assert_eq!(std::fs::read(e.root.join("s.md")).unwrap(), b"s");
+        drop(stdin);
+    }
+}

@@ -26,7 +26,8 @@
 //! keeps one entry per id. A client gone (standard output polled as closed, or an answer
 //! that cannot be written) cancels the session's `gone` token: calls not started are
 //! dropped unrun, and the session is cancelled once every slot of the semaphore is free
-//! again.
+//! again. A session asked to stop ([`SandboxMcp::stop`]; SIGTERM or SIGINT for
+//! [`run_stdio`]) reads its input as ended, and so ends as when the client closes it.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -111,6 +112,9 @@ pub struct SandboxMcp {
     /// Cancelled once no answer can reach the client (its end of the output is closed):
     /// calls not started by then are not run, since nobody would learn what they did.
     gone: CancellationToken,
+    /// Cancelled when the session is asked to stop ([`SandboxMcp::stop`]; SIGTERM or
+    /// SIGINT for [`run_stdio`]): its input then reads as ended.
+    stopping: CancellationToken,
     /// The session's `initialize` has been answered: a later one is refused.
     initialized: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -150,8 +154,17 @@ impl SandboxMcp {
             calls: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_CALLS)),
             flow: Arc::default(),
             gone: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             initialized: Arc::default(),
         }
+    }
+
+    /// Ends the session as if the client had closed its input: nothing more is read
+    /// from it, the calls read so far are run and answered, and then the session ends
+    /// (what [`run_stdio`] does on SIGTERM or SIGINT, rather than die with a write half
+    /// done, its temporary file left for the next start to remove).
+    pub fn stop(&self) {
+        self.stopping.cancel();
     }
 
     /// The session's workflow.
@@ -1123,6 +1136,7 @@ where
     // only parsed values (see `screen`).
     let (to_rmcp, rmcp_input) = tokio::io::duplex(64 * 1024);
     let flow = Arc::clone(&server.flow);
+    let reader = Stoppable::new(reader, server.stopping.clone());
     tokio::spawn(async move { screen::pump(reader, to_rmcp, MAX_MESSAGE_BYTES, &flow).await });
     // A message must fit whatever the operations accept once JSON-escaped (a content of
     // control characters grows sixfold), as the HTTP body limit does; rmcp's default of
@@ -1176,8 +1190,15 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
         workflow_id = server.workflow_id(),
         "MCP server listening on stdin/stdout"
     );
-    let gone = server.gone.clone();
+    let (gone, stopping) = (server.gone.clone(), server.stopping.clone());
     let result = runtime.block_on(async move {
+        tokio::spawn(async move {
+            stop_asked().await;
+            tracing::info!(
+                "asked to stop: the calls read so far are run and answered, then the session ends"
+            );
+            stopping.cancel();
+        });
         // Learnt at once, not at the next answer, which a call waiting on a lock may
         // give only after a while.
         tokio::spawn(async move {
@@ -1190,6 +1211,57 @@ pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     // A blocking stdin read may still be pending if the session ended for another reason.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// Resolves at the first SIGTERM or SIGINT; never, where they cannot be caught.
+async fn stop_asked() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// The session's input, which reads as ended once `stop` is cancelled: the screen then
+/// ends the session as for a client that closed its input (every call passed on
+/// answered first).
+struct Stoppable<R> {
+    inner: R,
+    stop: CancellationToken,
+    stopped: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<R> Stoppable<R> {
+    fn new(inner: R, stop: CancellationToken) -> Self {
+        let stopped = Box::pin(stop.clone().cancelled_owned());
+        Self {
+            inner,
+            stop,
+            stopped,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Stoppable<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        // Polled to be woken by the stop while the read waits.
+        if self.stop.is_cancelled() || self.stopped.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
 }
 
 /// Resolves once nobody reads standard output any more: a pipe or socket whose reading

@@ -863,3 +863,28 @@ async fn what_the_sdk_will_not_open_a_session_with_leaves_it_waiting() {
         s.finish().await;
     }
 }
+
+/// A session asked to stop (as `mcp` is by SIGTERM or SIGINT, which killed it with a
+/// write half done) reads nothing more, and ends cleanly once what it read is answered,
+/// the client's input still open: a call sent after the stop is not run.
+#[tokio::test]
+async fn a_session_asked_to_stop_answers_what_it_read_and_ends() {
+    let mut s = RawSession::start(Mode::Write).await;
+    let call = |id: u32, path: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"create_file","arguments":{{"path":"{path}","content":"x"}}}}}}"#
+        )
+    };
+    s.send(&call(1, "a.txt")).await;
+    let a = s.answer().await;
+    assert_eq!(a["id"], 1);
+    assert_eq!(a["result"]["isError"], false, "{a}");
+    s.server.stop();
+    s.send(&call(2, "b.txt")).await;
+    s.ends_while_open().await;
+    assert_eq!(std::fs::read(s.root.join("a.txt")).unwrap(), b"x");
+    assert!(
+        !s.root.join("b.txt").exists(),
+        "read after the stop: not run"
+    );
+}

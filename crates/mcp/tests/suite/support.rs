@@ -161,6 +161,8 @@ pub struct RawSession {
         tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
     pub root: PathBuf,
     pub state: PathBuf,
+    /// The session's server, to stop it ([`SandboxMcp::stop`]).
+    pub server: SandboxMcp,
     served: JoinHandle<Result<(), McpError>>,
     _dirs: [tempfile::TempDir; 2],
 }
@@ -176,13 +178,15 @@ impl RawSession {
         let state = sandbox.state_dir().to_path_buf();
         let (client_io, server_io) = tokio::io::duplex(1 << 16);
         let (r, w) = tokio::io::split(server_io);
-        let served = tokio::spawn(serve_io(SandboxMcp::new(sandbox), r, w));
+        let server = SandboxMcp::new(sandbox);
+        let served = tokio::spawn(serve_io(server.clone(), r, w));
         let (cr, input) = tokio::io::split(client_io);
         Self {
             input,
             answers: tokio::io::BufReader::new(cr).lines(),
             root,
             state,
+            server,
             served,
             _dirs: dirs,
         }
@@ -219,6 +223,18 @@ impl RawSession {
                 .unwrap()
                 .expect("the session is open");
         serde_json::from_str(&line).unwrap()
+    }
+
+    /// The session must end cleanly on its own, the client's input still open; then
+    /// no more answers come.
+    pub async fn ends_while_open(&mut self) {
+        tokio::time::timeout(std::time::Duration::from_secs(10), &mut self.served)
+            .await
+            .expect("the session ends")
+            .unwrap()
+            .unwrap();
+        let more = self.answers.next_line().await.unwrap();
+        assert_eq!(more, None, "nothing more is answered");
     }
 
     /// Closes the client's end; the session must end cleanly.
