@@ -1358,6 +1358,26 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
     assert!(rb.reason.unwrap().contains("'g1'"));
 }
 
+/// A world whose workflow `wf` created `one.txt` and `two.txt` (actions `a1`, `a2`) ten
+/// days ago, and whose prune of a week then died at failure point `point`.
+fn pruned_until_it_dies(wf: &str, point: &str) -> World {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": wf, "actions": [
+            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
+            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
+    );
+    w.clock.advance(chrono::Duration::days(10));
+    sb.failpoints().arm_crash(point, 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sb.prune(std::time::Duration::from_secs(7 * 86_400))
+    }));
+    assert!(outcome.is_err(), "the prune dies");
+    w
+}
+
 /// A prune killed once its mark is made and before it moves the workflow's folder
 /// leaves the folder whole: the writes the mark covers stay pruned (as a prune that
 /// finished leaves them), and a plan run on the workflow since rolls back as a whole,
@@ -1366,21 +1386,7 @@ fn a_prune_that_stopped_half_way_or_a_removed_workflow_folder_is_refused() {
 /// and the later writes had aged too).
 #[test]
 fn a_prune_killed_before_moving_the_folder_leaves_later_writes_reversible() {
-    let w = World::new();
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_k", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
-            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
-    );
-    w.clock.advance(chrono::Duration::days(10));
-    sb.failpoints().arm_crash("sync_prune_marks", 1);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sb.prune(std::time::Duration::from_secs(7 * 86_400))
-    }));
-    assert!(outcome.is_err(), "the prune dies");
-    drop(sb);
+    let w = pruned_until_it_dies("wf_k", "sync_prune_marks");
     assert!(w.state.join("inflight/wf_k.pruned").exists(), "marked");
     assert!(w.root.join(".rollback/wf_k/a1").is_dir(), "not moved");
 
@@ -1428,21 +1434,7 @@ fn a_prune_killed_before_moving_the_folder_leaves_later_writes_reversible() {
 /// workflow stay reversible, and the next prune removes what it left.
 #[test]
 fn a_prune_that_dies_while_removing_leaves_the_workflow_reversible() {
-    let w = World::new();
-    let sb = w.sandbox();
-    run(
-        &sb,
-        json!({"workflow_id": "wf_cut", "actions": [
-            {"action_id": "a1", "intent": "create_file", "path": "one.txt", "content": "1"},
-            {"action_id": "a2", "intent": "create_file", "path": "two.txt", "content": "2"}]}),
-    );
-    w.clock.advance(chrono::Duration::days(10));
-    sb.failpoints().arm_crash("during_prune", 1);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sb.prune(std::time::Duration::from_secs(7 * 86_400))
-    }));
-    assert!(outcome.is_err(), "the prune dies");
-    drop(sb);
+    let w = pruned_until_it_dies("wf_cut", "during_prune");
     let aside = || {
         std::fs::read_dir(w.root.join(".rollback"))
             .unwrap()
