@@ -27,7 +27,7 @@
 //! that cannot be written) cancels the session's `gone` token: calls not started are
 //! dropped unrun, and the session is cancelled once every slot of the semaphore is free
 //! again. A session asked to stop ([`SandboxMcp::stop`]; SIGTERM or SIGINT for
-//! [`run_stdio`]) reads its input as ended, and so ends as when the client closes it.
+//! [`run_stdio`]) reads no more of its input, and so ends as when the client closes it.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -1230,9 +1230,9 @@ async fn stop_asked() {
     }
 }
 
-/// The session's input, which reads as ended once `stop` is cancelled: the screen then
-/// ends the session as for a client that closed its input (every call passed on
-/// answered first).
+/// The session's input, which fails once `stop` is cancelled: the screen then ends the
+/// session as for a client that closed its input (every call passed on answered first),
+/// but drops a message it has only part of, whose sender is still writing it.
 struct Stoppable<R> {
     inner: R,
     stop: CancellationToken,
@@ -1258,7 +1258,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for Stoppable<R> {
     ) -> std::task::Poll<std::io::Result<()>> {
         // Polled to be woken by the stop while the read waits.
         if self.stop.is_cancelled() || self.stopped.as_mut().poll(cx).is_ready() {
-            return std::task::Poll::Ready(Ok(()));
+            return std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the session was asked to stop",
+            )));
         }
         std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
     }

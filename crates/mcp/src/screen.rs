@@ -1125,7 +1125,8 @@ impl<R: AsyncRead + Unpin> Lines<R> {
     }
 
     /// The next line without its newline, and whether it was too long; `None` at the end
-    /// of the input (a last line without a newline is a line).
+    /// of the input (a last line without a newline is a line, but not one cut off by a
+    /// read that failed: a session asked to stop reads so, its sender still writing).
     async fn next(&mut self) -> Option<(Vec<u8>, bool)> {
         loop {
             let rest = &self.pending[self.at..];
@@ -1149,7 +1150,12 @@ impl<R: AsyncRead + Unpin> Lines<R> {
                 });
             }
             match self.reader.read(&mut self.buf).await {
-                Ok(0) | Err(_) => self.ended = true,
+                Ok(0) => self.ended = true,
+                Err(_) => {
+                    self.line.clear();
+                    self.too_long = false;
+                    self.ended = true;
+                }
                 Ok(n) => self.pending.extend_from_slice(&self.buf[..n]),
             }
         }

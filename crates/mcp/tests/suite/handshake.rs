@@ -866,7 +866,9 @@ async fn what_the_sdk_will_not_open_a_session_with_leaves_it_waiting() {
 
 /// A session asked to stop (as `mcp` is by SIGTERM or SIGINT, which killed it with a
 /// write half done) reads nothing more, and ends cleanly once what it read is answered,
-/// the client's input still open: a call sent after the stop is not run.
+/// the client's input still open: a call sent after the stop is not run, and one only
+/// partly read when it came is dropped unanswered (it was answered `invalid_plan`, "the
+/// text ends inside a string", as a last line without a newline at the input's end).
 #[tokio::test]
 async fn a_session_asked_to_stop_answers_what_it_read_and_ends() {
     let mut s = RawSession::start(Mode::Write).await;
@@ -879,12 +881,24 @@ async fn a_session_asked_to_stop_answers_what_it_read_and_ends() {
     let a = s.answer().await;
     assert_eq!(a["id"], 1);
     assert_eq!(a["result"]["isError"], false, "{a}");
+    let third = call(3, "c.txt");
+    let (head, tail) = third.split_at(third.len() - 8);
+    tokio::io::AsyncWriteExt::write_all(&mut s.input, head.as_bytes())
+        .await
+        .unwrap();
+    // Read by the session (its input is a pipe in memory) before the stop.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     s.server.stop();
+    s.send(tail).await;
     s.send(&call(2, "b.txt")).await;
     s.ends_while_open().await;
     assert_eq!(std::fs::read(s.root.join("a.txt")).unwrap(), b"x");
     assert!(
         !s.root.join("b.txt").exists(),
         "read after the stop: not run"
+    );
+    assert!(
+        !s.root.join("c.txt").exists(),
+        "cut off by the stop: not run"
     );
 }
