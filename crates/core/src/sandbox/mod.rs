@@ -919,7 +919,15 @@ fn open_existing_roots(config: &Config) -> Result<RootsFound, Error> {
     let mut skipped = Vec::new();
     for (i, r) in config.roots.iter().enumerate() {
         if !SandboxRoot::exists(r) {
-            missing.push(i);
+            // Judged now by what stands on its way: a start refused for want of a root
+            // must not leave a state directory made for nothing.
+            match SandboxRoot::refused_before_made(r) {
+                Some(why) => {
+                    tracing::warn!(root = %r.display(), %why, "skipping sandbox root");
+                    skipped.push(why);
+                }
+                None => missing.push(i),
+            }
             continue;
         }
         open_root(i, r, &mut opened, &mut skipped);

@@ -183,6 +183,20 @@ fn wrong_value_types_are_said_in_plain_words() {
             "[limits]\nmax_path_depth = \"8\"\n",
             "'max_path_depth' must be a whole number (no sign), not a string (\"8\")",
         ),
+        // A list's entry is named as one, not the list (which said "'allowed' must be
+        // a string"); the list itself of the wrong type is named as the list.
+        (
+            "[extensions]\nallowed = [\".md\", 1]\n",
+            "each entry of 'allowed' must be a string, not a number (1)",
+        ),
+        (
+            "[extensions]\nallowed = \".md\"\n",
+            "'allowed' must be an array, not a string (\".md\")",
+        ),
+        (
+            "roots = [3]\n",
+            "each entry of 'roots' must be a path (a string), not a number (3)",
+        ),
         (
             "[limits]\nwrites_per_minute = -1\n",
             "'writes_per_minute' is a number (-1); it must be a whole number (no sign)",
@@ -999,6 +1013,10 @@ fn a_config_file_another_user_could_change_is_refused() {
     symlink(&good, &link).unwrap();
     assert_eq!(read(&link).unwrap().unwrap(), b"enable_write = true\n");
     assert_eq!(read_operator_file(&good, "config file", 4).unwrap(), None);
+    // A trailing `/` names a directory, as the system takes it (the file was read).
+    let slashed = std::path::PathBuf::from(format!("{}/", good.display()));
+    let err = read(&slashed).unwrap_err();
+    assert!(err.ends_with("/ names a directory, not a file"), "{err}");
 
     let open = dir.path().join("open.toml");
     fs::write(&open, "enable_write = true\n").unwrap();

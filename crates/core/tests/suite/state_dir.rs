@@ -377,6 +377,39 @@ fn a_refused_state_directory_leaves_no_root_behind() {
     }
 }
 
+/// A start refused because no root can be made makes nothing either: no state
+/// directory is left behind for a root below a file or a folder other users may change
+/// (both made one, then refused, `inflight/` and `locks/` in it).
+#[test]
+fn a_root_that_cannot_be_made_leaves_no_state_directory_behind() {
+    let w = World::new();
+    let tmp = w.tmp.path();
+    fs::write(tmp.join("afile"), b"x").unwrap();
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(tmp.join("open"))
+        .unwrap();
+    fs::set_permissions(tmp.join("open"), fs::Permissions::from_mode(0o777)).unwrap();
+    for (root, says) in [
+        ("afile/below", "above it is not a directory"),
+        ("open/below/root", "writable by other users"),
+    ] {
+        let mut c = w.writable_config();
+        c.roots = vec![tmp.join(root)];
+        c.state_dir = tmp.join("new-state/st");
+        let err = open_err(c);
+        assert!(
+            err.contains("no sandbox root is usable") && err.contains(says),
+            "{root}: {err}"
+        );
+        assert!(
+            !tmp.join("new-state").exists(),
+            "{root}: a state directory was made"
+        );
+        assert!(!tmp.join("open/below").exists(), "{root}");
+    }
+}
+
 /// A start killed while it made the state directory's key or the trail's head leaves a
 /// temporary file beside it; a later start removes it once it is old enough that no
 /// living process can still be making it, and leaves a fresh one, and every other file,

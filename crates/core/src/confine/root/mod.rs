@@ -267,6 +267,12 @@ impl SandboxRoot {
         std::fs::symlink_metadata(path).is_ok()
     }
 
+    /// Why a root not there yet could not be made, judged by what stands on its way now
+    /// (a file above it, a folder another user may change), without making anything.
+    pub(crate) fn refused_before_made(path: &Path) -> Option<String> {
+        walk::probe_checked_dir(path, "root").err()
+    }
+
     /// Opens (and, with `create`, first creates) a root through `open_checked_dir`,
     /// refusing one owned by another user or writable by others without the sticky bit.
     ///

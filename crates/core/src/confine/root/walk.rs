@@ -84,6 +84,13 @@ pub(crate) fn probe_checked_dir_through_link(
     open_dir_checked(path, Walk::Probe, what, 0, true).map(|c| c.map(|c| c.meta))
 }
 
+/// What [`open_checked_dir`] would refuse in what exists of `path` now, found without
+/// making anything: for a root still to be made, judged before the state directory is
+/// made for it.
+pub(crate) fn probe_checked_dir(path: &Path, what: &str) -> Result<(), String> {
+    open_dir_checked(path, Walk::Probe, what, 0, false).map(drop)
+}
+
 impl Walk {
     fn made_if(create: bool) -> Self {
         if create { Walk::Create } else { Walk::Open }
@@ -341,6 +348,11 @@ pub fn read_operator_file(path: &Path, what: &str, limit: u64) -> Result<Option<
     use std::io::Read as _;
     let euid = euid();
     let given = path.display().to_string();
+    // The walk below goes by components, which drop a trailing `/`: the system would
+    // take such a path for a directory's, and so does this.
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(format!("{what} {given} names a directory, not a file"));
+    }
     if let Some(read) = read_operator_pipe(path, what, limit) {
         return read;
     }
