@@ -90,8 +90,11 @@ fn browser_refusal(req: &Request, token_set: bool) -> Option<ApiError> {
             "requests from web pages (with an Origin header) are refused: this API is for agents and scripts, not browsers",
         ));
     }
-    if let Some(site) = headers.get("sec-fetch-site")
-        && site.as_bytes() != b"none"
+    // Every value: a second one after `none` must not pass for the first.
+    if headers
+        .get_all("sec-fetch-site")
+        .iter()
+        .any(|site| site.as_bytes() != b"none")
     {
         return Some(ApiError::new(
             StatusCode::FORBIDDEN,

@@ -136,6 +136,18 @@ async fn requests_from_web_pages_are_refused() {
             .await
             .assert_error(StatusCode::FORBIDDEN, "forbidden_origin");
     }
+    // Every value counts: a second after `none` does not pass behind the first.
+    let req = request(Method::POST, "/agentic/plans")
+        .header("sec-fetch-site", "none")
+        .header("sec-fetch-site", "cross-site")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(
+            serde_json::to_vec(&create_plan("wf_csrf", "csrf.txt", "x")).unwrap(),
+        ))
+        .unwrap();
+    send(&e.app, req)
+        .await
+        .assert_error(StatusCode::FORBIDDEN, "forbidden_origin");
     assert!(!e.root.join("csrf.txt").exists());
     // Typing the URL into the address bar (Sec-Fetch-Site: none) is not a page's request.
     let req = request(Method::GET, "/agentic/state")
