@@ -726,6 +726,55 @@ fn check_workflow_filter(workflow: Option<&str>) -> Result<(), Refusal> {
     workflow.map_or(Ok(()), |w| check_id("workflow_id", w))
 }
 
+/// An id the command names that cannot be one: refused before the runtime opens, which
+/// would make the roots and the state directory for a command that cannot run.
+fn malformed_id(command: &Command) -> Option<Refusal> {
+    match command {
+        Command::Rollback {
+            workflow_id,
+            action_id,
+            ..
+        } => check_id("workflow_id", workflow_id)
+            .and_then(|()| {
+                action_id
+                    .as_deref()
+                    .map_or(Ok(()), |a| check_id("action_id", a))
+            })
+            .err(),
+        Command::Audit(a) if a.sub.is_none() => check_workflow_filter(a.workflow.as_deref()).err(),
+        Command::Artifacts(a) => match &a.sub {
+            Some(ArtifactSub::Show { id }) => check_id("artifact_id", id).err(),
+            None => check_workflow_filter(a.workflow.as_deref()).err(),
+        },
+        _ => None,
+    }
+}
+
+/// The refusal of a command naming a malformed id (`r`), as the command would have
+/// printed it: a rollback's report, or the refusal alone.
+fn malformed_id_exit(command: &Command, r: &Refusal, json: bool) -> Result<u8> {
+    match command {
+        Command::Rollback {
+            workflow_id,
+            action_id,
+            ..
+        } => show_rollback(
+            &ailab_sandbox_core::sandbox::RollbackReport {
+                workflow_id: workflow_id.clone(),
+                status: ailab_sandbox_core::sandbox::RollbackStatus::Refused,
+                steps_rolled_back: 0,
+                reason_code: Some(r.reason_code),
+                reason: Some(r.reason.clone()),
+                conflicts: Vec::new(),
+                steps: Vec::new(),
+            },
+            action_id.as_deref(),
+            json,
+        ),
+        _ => refusal_exit(json, r, EXIT_USAGE),
+    }
+}
+
 fn run(cli: Cli) -> Result<u8> {
     let config = load_config(&cli).map_err(|e| ConfigError(format!("{e:#}")))?;
     if let Command::Ops = cli.command {
@@ -744,7 +793,13 @@ fn run(cli: Cli) -> Result<u8> {
     // runtime opens anything.
     let missing = explicit_state_dir_missing(&config);
     if verify_only && missing {
-        return show_verified(&no_state_dir_to_verify(&state_dir), cli.json);
+        // A path to correct, not a trail found broken (exit 1, which a script may take
+        // for tampering).
+        show_verified(&no_state_dir_to_verify(&state_dir), cli.json)?;
+        return Ok(EXIT_USAGE);
+    }
+    if let Some(r) = malformed_id(&cli.command) {
+        return malformed_id_exit(&cli.command, &r, cli.json);
     }
     // Read before the runtime opens: a plan that cannot be read leaves nothing behind
     // (no root or state directory created).
@@ -813,7 +868,7 @@ fn explicit_state_dir_missing(config: &Config) -> bool {
 }
 
 /// What `audit verify` says of a state directory that is not there: a failed check that
-/// names the path, never an empty trail called intact.
+/// names the path, never an empty trail called intact (exit 2: the command could not run).
 fn no_state_dir_to_verify(state_dir: &Path) -> ailab_sandbox_core::audit::VerifyReport {
     ailab_sandbox_core::audit::VerifyReport {
         ok: false,
@@ -887,15 +942,24 @@ fn rollback(
             force,
         },
     );
+    show_rollback(&report, action_id.as_deref(), json)
+}
+
+/// Prints a rollback's report and says its exit code.
+fn show_rollback(
+    report: &ailab_sandbox_core::sandbox::RollbackReport,
+    action_id: Option<&str>,
+    json: bool,
+) -> Result<u8> {
     if json {
-        print_json(&report)?;
+        print_json(report)?;
         // As for any refusal: the reason on standard error too, under the status (a
         // rollback that failed midway restored some of its steps).
         if let (Some(code), Some(why)) = (report.reason_code, &report.reason) {
             err!("{} ({code}): {}", report.status.as_str(), human::safe(why));
         }
     } else {
-        human::rollback(&report, action_id.as_deref());
+        human::rollback(report, action_id);
     }
     Ok(if report.is_success() || report.is_simulated() {
         EXIT_OK
@@ -918,10 +982,8 @@ fn audit(sandbox: &Sandbox, a: AuditArgs, json: bool) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Some(AuditSub::Verify) => show_verified(&sandbox.audit_verify()?, json),
+        // A malformed `--workflow` was refused before the runtime opened.
         None => {
-            if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
-                return refusal_exit(json, &r, EXIT_USAGE);
-            }
             let entries = sandbox.audit_entries(a.limit, a.workflow.as_deref())?;
             if json {
                 print_json(&entries)?
@@ -937,10 +999,8 @@ fn audit(sandbox: &Sandbox, a: AuditArgs, json: bool) -> Result<u8> {
 /// malformed id or `--workflow` refused as an input error, an unknown id as not found.
 fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
     match a.sub {
+        // Malformed ids were refused before the runtime opened.
         Some(ArtifactSub::Show { id }) => {
-            if let Err(r) = check_id("artifact_id", &id) {
-                return refusal_exit(json, &r, EXIT_USAGE);
-            }
             match sandbox.artifact_with_lineage(&id)? {
                 Some((artifact, lineage)) => {
                     if json {
@@ -972,9 +1032,6 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
             }
         }
         None => {
-            if let Err(r) = check_workflow_filter(a.workflow.as_deref()) {
-                return refusal_exit(json, &r, EXIT_USAGE);
-            }
             let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
             if json {
                 print_json(&list)?

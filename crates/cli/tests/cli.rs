@@ -3567,7 +3567,8 @@ fn human_tables_make_room_for_long_ids_and_intents() {
 }
 
 /// `audit verify` of a state directory that does not exist (a mistyped path) neither makes
-/// it nor calls its trail intact: exit 1, saying so.
+/// it nor calls its trail intact: exit 2, a command that could not run, saying so (exit 1,
+/// a trail found broken, told a script of tampering).
 #[test]
 fn verifying_a_state_directory_that_is_not_there_says_so() {
     let e = env();
@@ -3576,7 +3577,7 @@ fn verifying_a_state_directory_that_is_not_there_says_so() {
         .args(["--json", "audit", "verify"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let v = json_out(&out);
     assert_eq!(v["ok"], false, "{v}");
     assert_eq!(v["entries"], 0, "{v}");
@@ -3643,5 +3644,34 @@ fn mcp_stops_cleanly_on_sigterm_and_sigint() {
         assert_eq!(status.code(), Some(0), "{signal}: {status:?}");
         assert_eq!(std::fs::read(e.root.join("s.md")).unwrap(), b"s");
         drop(stdin);
+    }
+}
+
+/// A malformed id is refused before the runtime opens: exit 2, `invalid_id`, and no root
+/// or state directory made for a command that could not run (all three were made).
+#[test]
+fn a_malformed_id_is_refused_before_anything_is_made() {
+    for args in [
+        &["rollback", "../x"][..],
+        &["rollback", "wf_ok", "--action", "a b"],
+        &["audit", "--workflow", "../x"],
+        &["artifacts", "show", "../x"],
+        &["artifacts", "--workflow", "x/y"],
+    ] {
+        let e = env();
+        let out = e.cmd().arg("--json").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let v = json_out(&out);
+        assert_eq!(v["reason_code"], "invalid_id", "{args:?}: {v}");
+        assert!(
+            v["reason"].as_str().unwrap().contains("is not a valid id"),
+            "{args:?}: {v}"
+        );
+        if args[0] == "rollback" {
+            assert_eq!(v["status"], "refused", "{v}");
+            assert_eq!(v["workflow_id"], args[1], "{v}");
+        }
+        assert!(!e.root.exists(), "{args:?}: a root was made");
+        assert!(!e.state.exists(), "{args:?}: a state directory was made");
     }
 }
