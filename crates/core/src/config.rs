@@ -461,7 +461,16 @@ fn plain_words(message: &str, key: &str) -> String {
     if key.is_empty() {
         return m;
     }
-    crate::shape_words::value_said(&format!("'{}'", key.escape_debug()), &m).unwrap_or(m)
+    // The reader names the list, not which of its entries is wrong, for a list's entry
+    // of the wrong type: not the list itself, which is one.
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    let place =
+        if matches!(leaf, "roots" | "allowed" | "blocked") && !m.contains("expected a sequence") {
+            format!("each entry of '{}'", key.escape_debug())
+        } else {
+            format!("'{}'", key.escape_debug())
+        };
+    crate::shape_words::value_said(&place, &m).unwrap_or(m)
 }
 
 /// The range a numeric key takes when narrower than its type's (see `validate`).
