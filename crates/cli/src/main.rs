@@ -1300,13 +1300,16 @@ fn serve(config: Config, token_from: &'static str) -> Result<u8> {
             other => other.into(),
         },
     )?;
+    // Bound before the runtime opens: a port another program holds makes no root or
+    // state directory.
+    let listener = ailab_sandbox_http::bind(&opts)?;
     let mut sandbox = Sandbox::open(config)?;
     for n in sandbox.notices() {
         err!("note: {}", human::safe(n));
     }
     // Before the runtime starts its threads: Landlock binds only threads created later.
     report_confinement(sandbox.confine_process(), false);
-    ailab_sandbox_http::run_announcing(std::sync::Arc::new(sandbox), opts, |local| {
+    ailab_sandbox_http::run_bound(std::sync::Arc::new(sandbox), opts, listener, |local| {
         // A supervisor that closed its end of stderr must not stop the server.
         err!("listening on http://{local}");
     })?;

@@ -1634,6 +1634,8 @@ fn a_refused_token_names_where_it_came_from() {
 
 /// `serve` announces the address it listens on only once bound, with the real port for
 /// port 0, so a supervisor waiting for the line is never told of a server that failed.
+/// A port another program holds is refused before the roots and the state directory are
+/// made (they were, and stayed).
 #[test]
 fn serve_announces_the_bound_address_only_after_binding() {
     use std::io::{Read, Write};
@@ -1646,6 +1648,7 @@ fn serve_announces_the_bound_address_only_after_binding() {
     assert!(err.contains(&format!("cannot listen on {busy}")), "{err}");
     assert!(err.contains("another program holds this port"), "{err}");
     assert!(!err.contains("listening on"), "{err}");
+    assert!(!e.root.exists() && !e.state.exists(), "made for nothing");
 
     let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ailab-sandbox"))
         .env("AI_LAB_SANDBOX_LOG", "error")

@@ -100,8 +100,8 @@ pub use guard::constant_time_eq;
 pub use routes::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE};
 pub use server::{
     ConnLimits, HEADER_READ_TIMEOUT, MAX_BLOCKING_THREADS, MAX_CONNECTIONS,
-    MAX_CONNECTIONS_PER_PEER, MIN_TOKEN_LEN, ServeError, ServeOptions, WRITE_STALL_TIMEOUT,
-    check_exposure, resolve_addr, run, run_announcing, serve, serve_with,
+    MAX_CONNECTIONS_PER_PEER, MIN_TOKEN_LEN, ServeError, ServeOptions, WRITE_STALL_TIMEOUT, bind,
+    check_exposure, resolve_addr, run, run_announcing, run_bound, serve, serve_with,
 };
 
 /// Default largest request body: 64 MiB, the configuration's default, so that every plan

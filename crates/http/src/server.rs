@@ -348,12 +348,36 @@ pub fn run_announcing(
     opts: ServeOptions,
     listening: impl FnOnce(SocketAddr) + Send,
 ) -> Result<(), ServeError> {
+    let listener = bind(&opts)?;
+    run_bound(sandbox, opts, listener, listening)
+}
+
+/// Checks `opts` as [`run`] does and binds its address: called before the runtime is
+/// opened, a port another program holds, or an address that cannot be served, is
+/// refused before any root or state directory is made.
+pub fn bind(opts: &ServeOptions) -> Result<std::net::TcpListener, ServeError> {
     use ailab_sandbox_core::config::{MAX_BODY_BYTES_LIMIT, MIN_BODY_BYTES_LIMIT};
     if !(MIN_BODY_BYTES_LIMIT..=MAX_BODY_BYTES_LIMIT).contains(&opts.body_limit_bytes) {
         return Err(ServeError::BodyLimitOutOfRange(opts.body_limit_bytes));
     }
     let addrs = resolve_addr(&opts.addr)?;
     check_exposure(&opts.addr, &addrs, opts.token.as_deref())?;
+    let failed = |error| ServeError::Bind {
+        addr: opts.addr.clone(),
+        error,
+    };
+    let listener = std::net::TcpListener::bind(&addrs[..]).map_err(failed)?;
+    listener.set_nonblocking(true).map_err(failed)?;
+    Ok(listener)
+}
+
+/// [`run_announcing`] on a `listener` [`bind`] gave for `opts`.
+pub fn run_bound(
+    sandbox: Arc<Sandbox>,
+    opts: ServeOptions,
+    listener: std::net::TcpListener,
+    listening: impl FnOnce(SocketAddr) + Send,
+) -> Result<(), ServeError> {
     ailab_sandbox_core::confine::kernel::room_for_a_runtime().map_err(ServeError::Runtime)?;
     let (limits, calls) = within_open_files(
         opts.limits,
@@ -366,16 +390,12 @@ pub fn run_announcing(
         .build()
         .map_err(ServeError::Runtime)?;
     rt.block_on(async move {
-        let listener = TcpListener::bind(&addrs[..])
-            .await
-            .map_err(|error| ServeError::Bind {
-                addr: opts.addr.clone(),
-                error,
-            })?;
-        let local = listener.local_addr().map_err(|error| ServeError::Bind {
+        let failed = |error| ServeError::Bind {
             addr: opts.addr.clone(),
             error,
-        })?;
+        };
+        let listener = TcpListener::from_std(listener).map_err(failed)?;
+        let local = listener.local_addr().map_err(failed)?;
         tracing::info!(addr = %local, auth = opts.token.is_some(), "HTTP server listening");
         listening(local);
         let app = crate::router_for_pool(sandbox, opts.token, opts.body_limit_bytes, calls);
