@@ -428,6 +428,8 @@ struct Head {
     earlier_params: Vec<Raw>,
     /// It has a `result` or an `error`: a response, whatever else it has.
     answer: bool,
+    /// Its `jsonrpc`, `method` or `id` is given more than once.
+    repeated: bool,
 }
 
 impl Head {
@@ -437,6 +439,7 @@ impl Head {
             ["jsonrpc", "method", "id", "params", "result", "error"],
         )?;
         let params = earlier_params.pop();
+        let repeated = [&jsonrpc, &method, &id].iter().any(|v| v.len() > 1);
         let last = |mut v: Vec<Raw>| v.pop();
         Some(Head {
             jsonrpc: last(jsonrpc),
@@ -445,6 +448,7 @@ impl Head {
             params,
             earlier_params,
             answer: !result.is_empty() || !error.is_empty(),
+            repeated,
         })
     }
 
@@ -925,6 +929,16 @@ fn refused_request(
     if !head.scalar_envelope() {
         // An id or version rmcp would refuse, and might hold any number of values.
         tracing::debug!("a request with an id or version that is not a plain value, dropped");
+        // A dropped `initialize` opens nothing.
+        *started = was_started;
+        return Pass::Drop;
+    }
+    if head.repeated {
+        // Which id, method or version was meant cannot be told: answered under the last
+        // id (which the client may not wait for), or run as the last method (a ping for
+        // a tool call), it would mislead.
+        tracing::warn!("a request naming its id, method or version twice, dropped unanswered");
+        *started = was_started;
         return Pass::Drop;
     }
     if not_text.is_some() && !copyable_from_lossy(head, id) {
@@ -1658,6 +1672,39 @@ mod tests {
         assert!(matches!(ping, Kind::Request(Some(id)) if id == json!(7)));
         let call = kind_of(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{}}"#);
         assert!(matches!(call, Kind::Call(id) if id == json!(7)));
+    }
+
+    /// A request naming its id, method or version twice is dropped: answered under the
+    /// last id, or run as the last method, it misled (`"method":"tools/call"` then
+    /// `"ping"` got a ping's empty success). One whose `params` repeat a key still goes
+    /// on, refused, under its one id.
+    #[tokio::test]
+    async fn a_request_naming_its_id_method_or_version_twice_is_dropped() {
+        let repeated = [
+            r#"{"jsonrpc":"2.0","id":"d1","id":"d2","method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":"m1","method":"tools/call","method":"ping","params":{"name":"create_file","arguments":{"path":"a.md","content":"x"}}}"#,
+            r#"{"jsonrpc":"2.0","id":"m2","method":"ping","method":"tools/call","params":{"name":"create_file","arguments":{"path":"a.md","content":"x"}}}"#,
+            r#"{"jsonrpc":"2.0","jsonrpc":"2.0","id":"v1","method":"ping"}"#,
+        ];
+        let input = format!(
+            "{INITIALIZE}\n{}\n{}",
+            repeated.join("\n"),
+            call("9", r#"{"k": 1, "k": 2}"#)
+        );
+        let out = pumped(&input, 1 << 20).await;
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out[0], INITIALIZE);
+        let (msg, r) = refusal_of(&out[1]);
+        assert_eq!(msg["id"], 9);
+        assert!(r.reason.contains("'k' appears twice"), "{}", r.reason);
+        // Before `initialize`, a repeated one opens nothing: what follows is not passed.
+        let twice = INITIALIZE.replacen(r#""id":0"#, r#""id":0,"id":1"#, 1);
+        let out = pumped(
+            &format!("{twice}\n{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}}"),
+            1 << 20,
+        )
+        .await;
+        assert_eq!(out, [""], "{out:?}");
     }
 
     #[tokio::test]
