@@ -92,13 +92,18 @@ impl Error {
     }
 
     /// The stable code every face gives this error: [`INVALID_CONFIG`] for a setting to
-    /// correct, `conflict` for a log another process of the runtime held past
+    /// correct (a state directory others could change, or that is no directory, among
+    /// them), `conflict` for a log another process of the runtime held past
     /// `limits.lock_wait_seconds` (busy: try again, see [`Self::is_busy`]), an id's own
     /// refusal code, else `io_error`.
     pub fn reason_code(&self) -> &'static str {
         use crate::reason::ReasonCode;
         match self {
             Self::StateDir { .. } if self.is_unsafe_state_dir() => INVALID_CONFIG,
+            // A file where the state directory, or one on its way, should be.
+            Self::StateDir { cause, .. } if cause.kind() == std::io::ErrorKind::NotADirectory => {
+                INVALID_CONFIG
+            }
             // A state file others may read or change (the seal key): a setting too.
             Self::Io { cause, .. } if crate::confine::state::NotPrivate::is_cause_of(cause) => {
                 INVALID_CONFIG

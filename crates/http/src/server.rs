@@ -335,6 +335,12 @@ pub fn check_exposure(
 /// Serves until SIGINT or SIGTERM, then lets in-flight requests finish (for at most 30 s)
 /// and returns. Builds its own multi-thread Tokio runtime; refuses a non-loopback address
 /// without a token. Logs one line per request with `tracing`.
+///
+/// For a program of its own, as the `ailab-sandbox` binary is: it takes SIGINT and
+/// SIGTERM over for the rest of the process's life (Tokio's handlers are never removed),
+/// so that after it returns neither ends the process any more. A host that stops the
+/// server itself, or keeps its own signal handling, serves with [`serve`] or
+/// [`serve_with`] and a shutdown future of its own.
 pub fn run(sandbox: Arc<Sandbox>, opts: ServeOptions) -> Result<(), ServeError> {
     run_announcing(sandbox, opts, |_| {})
 }

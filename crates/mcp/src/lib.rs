@@ -1177,7 +1177,14 @@ where
 }
 
 /// Serves MCP over standard input/output until the client closes standard input (EOF),
-/// then returns. Builds its own tokio runtime; call it from synchronous code.
+/// or SIGTERM or SIGINT asks it to stop, then returns. Builds its own tokio runtime;
+/// call it from synchronous code.
+///
+/// For a program of its own, as the `ailab-sandbox` binary is: it takes SIGINT and
+/// SIGTERM over for the rest of the process's life (Tokio's handlers are never removed),
+/// so that after it returns neither ends the process any more. A host with signal
+/// handling of its own serves with [`serve_io`] and ends the session with
+/// [`SandboxMcp::stop`].
 pub fn run_stdio(sandbox: Arc<Sandbox>) -> Result<(), McpError> {
     ailab_sandbox_core::confine::kernel::room_for_a_runtime().map_err(McpError::Runtime)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1593,9 +1593,15 @@ const STATE_DIR: &str = "state directory";
 
 /// A refusal of the walk to the state directory. One refused for what lies above it is
 /// [`NotPrivate`]: others could swap it for theirs, as unsafe as one they could write in.
+/// One that is no directory (a file in its place or on its way) is
+/// [`io::ErrorKind::NotADirectory`]: a path to correct, as a root's is
+/// ([`crate::Error::reason_code`]), not a failing disk.
 fn walk_refusal(why: String) -> io::Error {
     if why.contains(super::root::REFUSED_ABOVE) {
         io::Error::new(io::ErrorKind::PermissionDenied, NotPrivate(why))
+    } else if why.ends_with(" is not a directory") || why.ends_with(" above it is not a directory")
+    {
+        io::Error::new(io::ErrorKind::NotADirectory, why)
     } else {
         io::Error::other(why)
     }

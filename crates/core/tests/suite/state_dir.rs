@@ -370,8 +370,12 @@ fn a_refused_state_directory_leaves_no_root_behind() {
         let mut c = w.writable_config();
         c.roots = vec![tmp.join("new-root/deep")];
         c.state_dir = tmp.join(state);
-        let err = open_err(c);
+        let err = open_err(c.clone());
         assert!(err.contains(says), "{state}: {err}");
+        // A setting to correct, every one (a file in the state directory's place was
+        // `io_error`, as a failing disk is).
+        let code = Sandbox::open(c).err().map(|e| e.reason_code());
+        assert_eq!(code, Some("invalid_config"), "{state}");
         assert!(!tmp.join("new-root").exists(), "{state}: a root was made");
         assert!(!tmp.join("open/below").exists(), "{state}");
     }
