@@ -9,7 +9,7 @@
 //! This crate is synchronous and knows nothing of HTTP, MCP or the command line.
 //!
 //! ```
-//! use ailab_sandbox_core::{Config, Sandbox};
+//! use ailab_sandbox_core::{Config, RollbackOptions, RollbackStatus, Sandbox};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let mut config = Config::with_roots(vec![dir.path().join("root")], dir.path().join("state"));
@@ -24,8 +24,8 @@
 //! assert_eq!(std::fs::read(dir.path().join("root/notes/hi.md"))?, b"# Hi\n");
 //!
 //! // Every action can be undone, verified by checksum.
-//! let report = sandbox.rollback_workflow(&result.workflow_id, &Default::default());
-//! assert!(report.is_success());
+//! let report = sandbox.rollback_workflow(&result.workflow_id, &RollbackOptions::default());
+//! assert_eq!(report.status, RollbackStatus::RolledBack);
 //! assert!(!dir.path().join("root/notes/hi.md").exists());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -121,3 +121,7 @@ pub use plan::Plan;
 pub use reason::{ReasonCode, Refusal, Verdict};
 pub use recovery::Recovered;
 pub use sandbox::Sandbox;
+// What the headline calls take and give, beside the `Sandbox`: reachable from the root
+// as the run's types are (they stay in `sandbox::` too).
+pub use audit::AuditStatus;
+pub use sandbox::{CheckRequest, PruneReport, RollbackOptions, RollbackReport, RollbackStatus};

@@ -53,16 +53,21 @@ pub const HEAD_FILE: &str = "sandbox_audit.head.json";
 /// `prev_hash` of the first entry.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// Outcome recorded for an action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(missing_docs)]
-pub enum AuditStatus {
-    Success,
-    Simulated,
-    Blocked,
-    Failed,
-    RolledBack,
+wire_enum! {
+    /// Outcome recorded for an action, as its line's `status` says it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum AuditStatus {
+        /// Written (or rolled back, for a rollback's own line).
+        Success = "success",
+        /// Writing off or dry-run on: said, not done.
+        Simulated = "simulated",
+        /// Refused before anything was written.
+        Blocked = "blocked",
+        /// Tried, and failed; its own change undone.
+        Failed = "failed",
+        /// Undone: by a rollback, or by its plan when a later action failed.
+        RolledBack = "rolled_back",
+    }
 }
 
 /// One audit line. Field order is the hashing order: a persisted format.
