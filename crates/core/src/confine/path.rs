@@ -634,7 +634,12 @@ fn hides_in_text(c: char) -> bool {
 /// through a bind mount, so the name is refused wherever it appears.
 pub fn check_reserved(rel: &RelPath) -> Verdict {
     let folded: Vec<String> = rel.components().iter().map(|c| folded(c)).collect();
-    if folded.iter().any(|c| c == ROLLBACK_DIR) {
+    // With white space of any kind at its end too: `.rollback` and a no-break space
+    // reads as the store's name, though no filesystem drops it.
+    if folded
+        .iter()
+        .any(|c| c.trim_end_matches(|ch: char| ch == '.' || ch.is_whitespace()) == ROLLBACK_DIR)
+    {
         return Err(Refusal::new(
             ReasonCode::ReservedPath,
             format!(
@@ -1118,6 +1123,9 @@ mod tests {
             ".roll\u{200b}back/x.txt",
             "d/\u{feff}.Rollback\u{fe0f}/x.txt",
             ".rollback. ./x.txt",
+            // White space no filesystem drops, which reads as none.
+            ".rollback\u{a0}/x.txt",
+            ".rollback\u{3000}./x.txt",
             "x.ailab\u{ad}-tmp-1",
             "x.AILAB-TMP-1",
         ] {
