@@ -23,7 +23,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 72] = [
+const SHELL_TOOLS: [&str; 90] = [
     "shell",
     "sh",
     "bash",
@@ -96,6 +96,26 @@ const SHELL_TOOLS: [&str; 72] = [
     "nsenter",
     "chroot",
     "systemd_run",
+    // Interpreters, Windows' and macOS's runners and permission tools, and the
+    // schedulers and service managers that run what they are given.
+    "pypy",
+    "micropython",
+    "runghc",
+    "toybox",
+    "popen",
+    "psexec",
+    "mshta",
+    "rundll32",
+    "schtasks",
+    "launchctl",
+    "systemctl",
+    "crontab",
+    "chattr",
+    "icacls",
+    "cacls",
+    "takeown",
+    "capsh",
+    "set_executionpolicy",
 ];
 
 /// Runners whose names are also common words or parts of them (`Baking Bun Recipes`,
@@ -107,7 +127,7 @@ const SHELL_TOOLS: [&str; 72] = [
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
 /// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
 /// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
-const RUNNERS_ALONE: [&str; 34] = [
+const RUNNERS_ALONE: [&str; 48] = [
     "istioctl",
     "argocd",
     "expect",
@@ -142,6 +162,22 @@ const RUNNERS_ALONE: [&str; 34] = [
     "kubectl",
     "py",
     "iex",
+    // Interpreters and debuggers whose names are also words (`Java Formatter`, `Swift
+    // Notes`, `Mono Repo Map`, `Wish List`): a runner where a command line names them.
+    "java",
+    "groovy",
+    "kotlin",
+    "scala",
+    "erl",
+    "elixir",
+    "swift",
+    "dotnet",
+    "mono",
+    "csi",
+    "wish",
+    "gdb",
+    "jupyter",
+    "winrm",
 ];
 
 /// Commands that run the command after them (and their options): `env -i make`,
@@ -514,10 +550,10 @@ fn is_shell_tool(tool: &str) -> bool {
         None if name.trim().is_empty() => plain.as_str(),
         None => name,
     };
-    // A tool named only `execute` or `run` (Open Interpreter's) runs what it is given;
+    // A tool named only `execute`, `run` (Open Interpreter's) or `eval` runs what it is given;
     // beside another word it may run a query (`Execute Query`).
     words.iter().any(|w| names_runner(w))
-        || (words.len() == 1 && ["execute", "run"].contains(&base_name(words[0]).as_str()))
+        || (words.len() == 1 && ["execute", "run", "eval"].contains(&base_name(words[0]).as_str()))
         || programs(line).iter().any(|w| {
             w.starts_with(|c: char| !c.is_uppercase())
                 && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
