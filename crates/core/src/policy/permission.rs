@@ -529,10 +529,17 @@ const SCRIPT_ENDINGS: [&str; 10] = [
 /// person reads it: see [`super::chmod::plain`]). Any word of it counts, so a title that
 /// names an interpreter (`Write Python File`) is refused too: a false refusal costs a
 /// renamed tool, a missed runner a shell. What stands in parentheses is the tool's
-/// argument, not its name (`Write(deploy.sh)` writes a file).
+/// argument, not its name (`Write(deploy.sh)` writes a file); what stands after them is
+/// the name's again (`Write(x) bash`), and a tool that is only an argument is named by
+/// it (`(bash)`).
 fn is_shell_tool(tool: &str) -> bool {
     let plain = super::chmod::plain_keeping_accents(tool);
-    let name = plain.split('(').next().unwrap_or_default();
+    let outside = outside_parentheses(&plain);
+    let name = if outside.trim().is_empty() && !plain.contains('$') {
+        plain.as_str()
+    } else {
+        outside.as_str()
+    };
     // A Windows drive letter is part of the path, not a word of its own.
     let name = match name.as_bytes() {
         [d, b':', b'\\' | b'/', ..] if d.is_ascii_alphabetic() => &name[2..],
@@ -559,6 +566,22 @@ fn is_shell_tool(tool: &str) -> bool {
                 && RUNNERS_ALONE.contains(&unversioned(&base_name(w)))
         })
         || parts_name_runner(&words)
+}
+
+/// `text` without what stands in parentheses (nested ones too); an opening one never
+/// closed takes the rest.
+fn outside_parentheses(text: &str) -> String {
+    let mut depth = 0usize;
+    let mut kept = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth > 0 => depth -= 1,
+            c if depth == 0 => kept.push(c),
+            _ => {}
+        }
+    }
+    kept
 }
 
 /// Whether one word of a tool's name names a shell or runner wherever it stands: its

@@ -469,6 +469,9 @@ fn shell_tools_make_any_intent_forbidden() {
         "takeown",
         "Set-ExecutionPolicy",
         "toybox",
+        // A name goes on after what stands in parentheses; only an argument names it.
+        "Write(x) bash",
+        "(bash)",
     ] {
         assert_eq!(
             classify_permission_scope("create_file", Some(tool)),
