@@ -1,6 +1,6 @@
 //! Output for people: short tables, colour only on a terminal.
 
-use ailab_sandbox_core::artifact::ArtifactEntry;
+use ailab_sandbox_core::artifact::ListedArtifact;
 use ailab_sandbox_core::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use ailab_sandbox_core::catalog::{OPERATIONS, human_bytes};
 use ailab_sandbox_core::executor::RunResult;
@@ -302,11 +302,11 @@ pub fn verify(v: &VerifyReport) {
     }
 }
 
-/// `undone`: the ids whose write was rolled back, marked so that no listed version is
-/// taken for what its file holds.
-pub fn artifacts(list: &[ArtifactEntry], undone: &[String]) {
-    let id_w = column(8, list.iter().map(|a| a.artifact_id.as_str()));
-    let intent_w = column(18, list.iter().map(|a| safe(&a.mutation_type)));
+/// Each entry whose write was rolled back is marked, so that no listed version is taken
+/// for what its file holds.
+pub fn artifacts(list: &[ListedArtifact]) {
+    let id_w = column(8, list.iter().map(|a| a.entry.artifact_id.as_str()));
+    let intent_w = column(18, list.iter().map(|a| safe(&a.entry.mutation_type)));
     out!(
         "{:<id_w$} {:<intent_w$} {:<12} {:>9} PATH",
         "ARTIFACT",
@@ -314,7 +314,8 @@ pub fn artifacts(list: &[ArtifactEntry], undone: &[String]) {
         "SHA256",
         "BYTES"
     );
-    for a in list {
+    for l in list {
+        let a = &l.entry;
         out!(
             "{:<id_w$} {:<intent_w$} {:<12} {:>9} {}{}",
             a.artifact_id,
@@ -322,12 +323,13 @@ pub fn artifacts(list: &[ArtifactEntry], undone: &[String]) {
             short(Some(&a.checksum_sha256)),
             a.size_bytes,
             safe(&a.path),
-            rolled_back_mark(undone, a)
+            rolled_back_mark(l)
         );
     }
 }
 
-pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry], undone: &[String]) {
+pub fn artifact_show(shown: &ListedArtifact, lineage: &[ListedArtifact]) {
+    let a = &shown.entry;
     out!(
         "{}  {}  {}  {} bytes  sha256 {}{}",
         a.artifact_id,
@@ -335,7 +337,7 @@ pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry], undone: &[Str
         safe(&a.path),
         a.size_bytes,
         a.checksum_sha256,
-        rolled_back_mark(undone, a)
+        rolled_back_mark(shown)
     );
     out!(
         "  workflow {}  action {}  created {}",
@@ -346,20 +348,21 @@ pub fn artifact_show(a: &ArtifactEntry, lineage: &[ArtifactEntry], undone: &[Str
     if lineage.is_empty() {
         out!("  lineage: (none)");
     }
-    for (i, p) in lineage.iter().enumerate() {
+    for (i, l) in lineage.iter().enumerate() {
+        let p = &l.entry;
         out!(
             "  {}└ {}  {}  {}{}",
             "  ".repeat(i),
             p.artifact_id,
             safe(&p.mutation_type),
             short(Some(&p.checksum_sha256)),
-            rolled_back_mark(undone, p)
+            rolled_back_mark(l)
         );
     }
 }
 
-fn rolled_back_mark(undone: &[String], a: &ArtifactEntry) -> String {
-    if undone.contains(&a.artifact_id) {
+fn rolled_back_mark(a: &ListedArtifact) -> String {
+    if a.rolled_back {
         paint("  (rolled back)", false)
     } else {
         String::new()

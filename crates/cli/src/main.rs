@@ -41,6 +41,7 @@ fn output_failed(e: std::io::Error) {
 
 mod human;
 
+use ailab_sandbox_core::artifact::ListedArtifact;
 use ailab_sandbox_core::catalog::{OPERATIONS, writable_extensions};
 use ailab_sandbox_core::config::{Config, ConfigError, Overrides, RawConfig, env as envvars};
 use ailab_sandbox_core::plan::check_id;
@@ -1003,22 +1004,18 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
         Some(ArtifactSub::Show { id }) => {
             match sandbox.artifact_with_lineage(&id)? {
                 Some((artifact, lineage)) => {
+                    let (artifact, lineage) = (sandbox.mark(artifact)?, sandbox.marked(lineage)?);
                     if json {
                         // A struct, not `json!`: the artifact's fields keep the order
                         // every other document gives them.
                         #[derive(Serialize)]
-                        struct Shown<'a> {
-                            artifact: &'a ailab_sandbox_core::artifact::ArtifactEntry,
-                            lineage: &'a [ailab_sandbox_core::artifact::ArtifactEntry],
+                        struct Shown {
+                            artifact: ListedArtifact,
+                            lineage: Vec<ListedArtifact>,
                         }
-                        print_json(&Shown {
-                            artifact: &artifact,
-                            lineage: &lineage,
-                        })?;
+                        print_json(&Shown { artifact, lineage })?;
                     } else {
-                        let mut undone = sandbox.rolled_back_ids(&lineage)?;
-                        undone.extend(sandbox.rolled_back_ids(std::slice::from_ref(&artifact))?);
-                        human::artifact_show(&artifact, &lineage, &undone);
+                        human::artifact_show(&artifact, &lineage);
                     }
                     Ok(EXIT_OK)
                 }
@@ -1032,11 +1029,11 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
             }
         }
         None => {
-            let list = sandbox.artifacts(a.limit, a.workflow.as_deref())?;
+            let list = sandbox.marked(sandbox.artifacts(a.limit, a.workflow.as_deref())?)?;
             if json {
                 print_json(&list)?
             } else {
-                human::artifacts(&list, &sandbox.rolled_back_ids(&list)?)
+                human::artifacts(&list)
             }
             Ok(EXIT_OK)
         }

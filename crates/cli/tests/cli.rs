@@ -380,10 +380,11 @@ fn run_simulates_by_default_and_writes_when_enabled() {
     assert!(!e.root.join("n1.txt").exists());
 }
 
-/// The registry keeps every version, an undone one too: the people's listings mark the
-/// artifacts whose write was rolled back, lest one be taken for what its file holds.
+/// The registry keeps every version, an undone one too: the listings mark the artifacts
+/// whose write was rolled back, for people and in the documents `--json` prints, lest
+/// one be taken for what its file holds.
 #[test]
-fn artifacts_mark_rolled_back_writes_for_people() {
+fn artifacts_mark_rolled_back_writes() {
     let e = env();
     let plan = e.write_plan(
         "p.json",
@@ -402,6 +403,8 @@ fn artifacts_mark_rolled_back_writes_for_people() {
     let list = json_out(&e.cmd().args(["--json", "artifacts"]).output().unwrap());
     let (undone, standing) = (&list[0], &list[1]);
     assert_eq!(undone["action_id"], "a2");
+    assert_eq!(undone["rolled_back"], true, "{list}");
+    assert_eq!(standing["rolled_back"], false, "{list}");
     let table = e.cmd().arg("artifacts").output().unwrap();
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     let line_of = |a: &Value| {
@@ -433,6 +436,9 @@ fn artifacts_mark_rolled_back_writes_for_people() {
         .unwrap();
     let doc = json_out(&out);
     assert_eq!(doc.as_object().unwrap().len(), 2, "{doc}");
+    assert_eq!(doc["artifact"]["rolled_back"], true, "{doc}");
+    assert_eq!(doc["lineage"][0]["artifact_id"], standing["artifact_id"]);
+    assert_eq!(doc["lineage"][0]["rolled_back"], false, "{doc}");
     // Its fields in the order `artifacts --json` gives them (the SPEC's).
     let text = String::from_utf8_lossy(&out.stdout);
     let at = |key: &str| text.find(&format!("\"{key}\"")).unwrap();
@@ -440,7 +446,8 @@ fn artifacts_mark_rolled_back_writes_for_people() {
         at("artifact") < at("lineage")
             && at("artifact_id") < at("path")
             && at("path") < at("checksum_sha256")
-            && at("checksum_sha256") < at("created_at"),
+            && at("checksum_sha256") < at("created_at")
+            && at("created_at") < at("rolled_back"),
         "{text}"
     );
 }

@@ -46,6 +46,19 @@ pub struct ArtifactEntry {
     pub created_at: String,
 }
 
+/// An artifact as the faces list it: the registry's entry, as stored, and whether the
+/// audit trail records its write as rolled back since. The registry keeps every version
+/// it was given, so an undone write's entry still names bytes its file no longer holds;
+/// a listing says so beside the entry rather than leaving a script to read the trail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ListedArtifact {
+    /// The registry's entry (its fields are the document's).
+    #[serde(flatten)]
+    pub entry: ArtifactEntry,
+    /// Its write was rolled back: the file no longer holds what `checksum_sha256` names.
+    pub rolled_back: bool,
+}
+
 /// The string fields of an [`ArtifactEntry`], in the order [`Stored`] keeps them.
 const ARTIFACT_ID: usize = 0;
 const PATH: usize = 1;

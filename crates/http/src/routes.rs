@@ -352,7 +352,7 @@ pub(crate) async fn artifacts(
     s.read_json(
         &stopping,
         "the artifact registry could not be read",
-        move |sb| sb.artifacts(limit, wf.as_deref()),
+        move |sb| sb.marked(sb.artifacts(limit, wf.as_deref())?),
     )
     .await
 }
@@ -385,7 +385,11 @@ pub(crate) async fn artifact(
     }
     let lookup = id.clone();
     let found = s
-        .read(&stopping, move |sb| sb.artifact_with_lineage(&lookup))
+        .read(&stopping, move |sb| {
+            sb.artifact_with_lineage(&lookup)?
+                .map(|(artifact, lineage)| Ok((sb.mark(artifact)?, sb.marked(lineage)?)))
+                .transpose()
+        })
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     match found {

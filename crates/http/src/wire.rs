@@ -2,7 +2,7 @@
 //! the documents it answers with besides the core's own serializable types.
 
 use ailab_sandbox_core::RunResult;
-use ailab_sandbox_core::artifact::ArtifactEntry;
+use ailab_sandbox_core::artifact::ListedArtifact;
 use serde::{Deserialize, Serialize};
 
 /// Default `limit` of the list routes (the core's, as every face's).
@@ -56,10 +56,10 @@ fn some_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>,
 /// `GET /agentic/artifacts/{id}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ArtifactDoc {
-    /// The artifact.
-    pub artifact: ArtifactEntry,
-    /// Its ancestors, nearest first.
-    pub lineage: Vec<ArtifactEntry>,
+    /// The artifact, marked whether its write was rolled back.
+    pub artifact: ListedArtifact,
+    /// Its ancestors, nearest first, marked the same way.
+    pub lineage: Vec<ListedArtifact>,
 }
 
 /// `POST /agentic/plans`: the run result of SPEC §6, plus, when the run did not

@@ -689,8 +689,12 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
         let listed = move |sb: &Sandbox| {
             // The agent is shown no path outside the roots: a state directory shared
             // with a runtime of other roots records their writes too.
-            let list = sb.artifacts_in_roots(limit, wf.as_deref())?;
-            let undone = sb.rolled_back_ids(&list)?;
+            let list = sb.marked(sb.artifacts_in_roots(limit, wf.as_deref())?)?;
+            let undone: Vec<String> = list
+                .iter()
+                .filter(|l| l.rolled_back)
+                .map(|l| l.entry.artifact_id.clone())
+                .collect();
             Ok::<_, ailab_sandbox_core::Error>((list, undone))
         };
         match self.blocking(listed).await {
@@ -701,7 +705,8 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                 } else {
                     format!("{} artifact(s){scope}, newest first:", list.len())
                 };
-                for a in &list {
+                for l in &list {
+                    let a = &l.entry;
                     text.push_str(&format!(
                         "\n{} {} {} ({}, sha256 {}) workflow {} action {} at {}{}",
                         a.artifact_id,
@@ -712,7 +717,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                         a.workflow_id,
                         a.action_id,
                         a.created_at,
-                        undone_mark(undone.contains(&a.artifact_id))
+                        undone_mark(l.rolled_back)
                     ));
                 }
                 ok(
@@ -743,17 +748,16 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     (a, lineage)
                 });
             // The artifact's own mark, and its lineage's (listed as list_artifacts does).
-            let (undone, lineage_undone) = match &found {
-                Some((a, lineage)) => (
-                    !sb.rolled_back_ids(std::slice::from_ref(a))?.is_empty(),
-                    sb.rolled_back_ids(lineage)?,
-                ),
-                None => (false, Vec::new()),
-            };
-            Ok::<_, ailab_sandbox_core::Error>(found.map(|f| (f, undone, lineage_undone)))
+            let marked = found
+                .map(|(a, lineage)| {
+                    Ok::<_, ailab_sandbox_core::Error>((sb.mark(a)?, sb.marked(lineage)?))
+                })
+                .transpose()?;
+            Ok::<_, ailab_sandbox_core::Error>(marked)
         };
         match self.blocking(found).await {
-            Ok(Ok(Some(((a, lineage), undone, lineage_undone)))) => {
+            Ok(Ok(Some((shown, lineage)))) => {
+                let a = &shown.entry;
                 let mut text = format!(
                     "{} {} {} ({}, sha256 {}){}\nworkflow {} action {} at {}\nparent artifact: {}",
                     a.artifact_id,
@@ -761,7 +765,7 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     render::shown_name(&a.path),
                     render::bytes(a.size_bytes),
                     a.checksum_sha256,
-                    undone_mark(undone),
+                    undone_mark(shown.rolled_back),
                     a.workflow_id,
                     a.action_id,
                     a.created_at,
@@ -774,20 +778,25 @@ Use read_file, list_directory and get_file_info to look before you write, sandbo
                     for l in &lineage {
                         text.push_str(&format!(
                             "\n- {} {} {} sha256 {}{}",
-                            l.artifact_id,
-                            l.mutation_type,
-                            render::shown_name(&l.path),
-                            l.checksum_sha256,
-                            undone_mark(lineage_undone.contains(&l.artifact_id))
+                            l.entry.artifact_id,
+                            l.entry.mutation_type,
+                            render::shown_name(&l.entry.path),
+                            l.entry.checksum_sha256,
+                            undone_mark(l.rolled_back)
                         ));
                     }
                 }
+                let lineage_undone: Vec<&str> = lineage
+                    .iter()
+                    .filter(|l| l.rolled_back)
+                    .map(|l| l.entry.artifact_id.as_str())
+                    .collect();
                 ok(
                     text,
                     Some(serde_json::json!({
-                        "artifact": a,
+                        "artifact": shown,
                         "lineage": lineage,
-                        "rolled_back": undone,
+                        "rolled_back": shown.rolled_back,
                         "lineage_rolled_back": lineage_undone,
                     })),
                 )

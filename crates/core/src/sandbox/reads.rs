@@ -2,7 +2,7 @@
 
 use super::Sandbox;
 use crate::ReasonCode;
-use crate::artifact::ArtifactEntry;
+use crate::artifact::{ArtifactEntry, ListedArtifact};
 use crate::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use crate::confine::path::join_display;
 use crate::confine::root::{DirEntryInfo, DirPage, PathKind};
@@ -429,22 +429,20 @@ impl Sandbox {
         Ok(Some((a, lineage)))
     }
 
-    /// The ids of the artifacts in `list` whose write the audit trail records as rolled
-    /// back: the registry keeps every version, so a listing shows these apart lest an
-    /// undone write be taken for what its file holds. A trail that cannot be read is an
-    /// error, not an empty answer.
-    pub fn rolled_back_ids(&self, list: &[ArtifactEntry]) -> Result<Vec<String>, Error> {
-        let mut undone = Vec::new();
-        for a in list {
-            if self
-                .audit
-                .is_rolled_back(&a.workflow_id, &a.action_id)
-                .map_err(Error::io("read the audit trail"))?
-            {
-                undone.push(a.artifact_id.clone());
-            }
-        }
-        Ok(undone)
+    /// `list`, each entry marked with whether the audit trail records its write as
+    /// rolled back ([`ListedArtifact`]). A trail that cannot be read is an error, not
+    /// entries marked standing.
+    pub fn marked(&self, list: Vec<ArtifactEntry>) -> Result<Vec<ListedArtifact>, Error> {
+        list.into_iter().map(|entry| self.mark(entry)).collect()
+    }
+
+    /// One entry marked as [`Sandbox::marked`] marks a list's.
+    pub fn mark(&self, entry: ArtifactEntry) -> Result<ListedArtifact, Error> {
+        let rolled_back = self
+            .audit
+            .is_rolled_back(&entry.workflow_id, &entry.action_id)
+            .map_err(Error::io("read the audit trail"))?;
+        Ok(ListedArtifact { entry, rolled_back })
     }
 }
 

@@ -382,6 +382,33 @@ async fn artifact_lineage_across_workflows() {
         .await
         .json();
     assert_eq!(doc["lineage"].as_array().unwrap().len(), 0);
+
+    // Undone, the second write stays in the registry, marked: its file holds v1 again.
+    assert_eq!(doc["artifact"]["rolled_back"], false, "{doc}");
+    let rb = post_json(&e.app, "/agentic/rollback/wf_l2", &json!({})).await;
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    assert_eq!(
+        std::fs::read_to_string(e.root.join("doc.md")).unwrap(),
+        "v1"
+    );
+    let doc = get(&e.app, &format!("/agentic/artifacts/{second}"))
+        .await
+        .json();
+    assert_eq!(doc["artifact"]["rolled_back"], true, "{doc}");
+    assert_eq!(doc["lineage"][0]["rolled_back"], false, "{doc}");
+    let list = get(&e.app, "/agentic/artifacts").await.json();
+    let marks: Vec<(&str, bool)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["artifact_id"].as_str().unwrap(),
+                a["rolled_back"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(marks, [(second, true), (first, false)], "{list}");
 }
 
 #[tokio::test]

@@ -212,6 +212,14 @@ async fn artifacts_of_rolled_back_writes_say_so() {
     );
     assert!(!line(&kept_art).contains("rolled back"), "{t}");
     assert_eq!(structured(&r)["rolled_back"], json!([undone_art]));
+    // Each entry says it too, as the CLI's and HTTP's listings do.
+    for a in structured(&r)["artifacts"].as_array().unwrap() {
+        assert_eq!(
+            a["rolled_back"],
+            json!(a["artifact_id"] == undone_art),
+            "{a}"
+        );
+    }
     let r = s
         .ok("get_artifact", json!({"artifact_id": undone_art}))
         .await;
