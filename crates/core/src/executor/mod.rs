@@ -480,9 +480,13 @@ impl<'a> SandboxWriteExecutor<'a> {
                     res.reason_code = Some(r.reason_code);
                     res.reason = Some(r.reason.clone());
                     res.retry_after_seconds = r.retry_after_seconds;
-                    self.sb
-                        .metrics
-                        .denied(&a.intent, r.reason_code, r.is_escape_attempt());
+                    // A plan the state directory or the disk could not take was
+                    // refused by no policy, as a write that fails is not.
+                    if r.reason_code != ReasonCode::IoError {
+                        self.sb
+                            .metrics
+                            .denied(&a.intent, r.reason_code, r.is_escape_attempt());
+                    }
                     self.sb.metrics.mutation(&a.intent, ActionStatus::Blocked);
                     self.event(
                         "action_blocked",

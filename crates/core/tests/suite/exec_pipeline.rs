@@ -1159,6 +1159,15 @@ fn metrics_expose_the_seven_names() {
         json!({"actions": [{"intent": "create_file", "path": "f.txt", "content": "x"}]}),
     );
     assert_eq!(status(&r), "rolled_back", "{r:?}");
+    // Nor is a plan the state directory could not take (a full disk, say): nothing
+    // written, but no policy refused it.
+    sb.failpoints().arm("after_validate", 1);
+    let r = run(
+        &sb,
+        json!({"actions": [{"intent": "create_file", "path": "g.txt", "content": "x"}]}),
+    );
+    assert_eq!(status(&r), "blocked", "{r:?}");
+    assert_eq!(r.actions[0].reason_code, Some(ReasonCode::IoError), "{r:?}");
     let text = sb.metrics().encode();
     assert!(!text.contains("frobnicate"), "{text}");
     assert!(!text.contains("reason=\"io_error\""), "{text}");
