@@ -236,6 +236,11 @@ impl<'a> ArtifactRef<'a> {
         self.0.field(ACTION_ID)
     }
 
+    /// `{execution_id}/{action_id}`: the action execution that wrote it.
+    pub fn generated_by_action(self) -> &'a str {
+        self.0.field(GENERATED_BY_ACTION)
+    }
+
     /// The whole entry, copied.
     pub fn to_entry(self) -> ArtifactEntry {
         self.0.entry()

@@ -143,7 +143,7 @@ pub struct RecordedWrite {
 
 /// `report` (of a sound chain), failed when writes the trail records as done,
 /// `unregistered` (see [`RecordedWrite`]), are missing from the artifact registry
-/// or registered there with other bytes than their lines name.
+/// or registered there with another path or other bytes than their lines name.
 pub(crate) fn with_unregistered(
     report: VerifyReport,
     unregistered: &[&RecordedWrite],
@@ -155,7 +155,7 @@ pub(crate) fn with_unregistered(
         ok: false,
         first_bad_seq: None,
         reason: Some(format!(
-            "the audit trail records {} write(s) the artifact registry does not hold as recorded, one artifact with the bytes its line names (the first: line {}, action {} of workflow {}, {}): lines were removed from, changed in or added to the registry",
+            "the audit trail records {} write(s) the artifact registry does not hold as recorded, one artifact of the path and bytes its line names (the first: line {}, action {} of workflow {}, {}): lines were removed from, changed in or added to the registry, or that trail line was changed and the chain recomputed after it",
             unregistered.len(),
             first.seq,
             shown_path(&first.action_id),
@@ -178,7 +178,7 @@ pub const DONE_WITHOUT_SNAPSHOT: &str = "written by a run that died before recor
 
 /// The writes of `recorded` the registry (`registered`: its entries for their actions,
 /// or more) does not hold as their lines name them: one artifact per action, with the
-/// checksum its line names. An action with no entry, with an entry of other bytes, or
+/// path and checksum its line names. An action with no entry, with an entry of other bytes, or
 /// with a second line beside its own (added, or a copy of it) is listed.
 pub fn unregistered<'a>(
     recorded: &'a [RecordedWrite],
@@ -199,7 +199,7 @@ pub fn unregistered<'a>(
                 .map_or(&[][..], Vec::as_slice);
             // Exactly one: a copy of the action's own line, however exact, counts its
             // write twice in the lists and budgets.
-            !matches!(entries, [a] if a.checksum_sha256 == e.after_checksum)
+            !matches!(entries, [a] if a.checksum_sha256 == e.after_checksum && a.path == e.target_path)
         })
         .collect()
 }
@@ -232,14 +232,19 @@ pub(crate) fn with_doubled(report: VerifyReport, registered: &[ArtifactEntry]) -
     report
 }
 
-/// The actions, by workflow, that an audit log records as having written.
+/// The action executions, by workflow, that an audit log records as having written (or
+/// tried to): each as `{execution_id}/{action_id}`, the form an artifact's
+/// `generated_by_action` names its write by.
 pub type Writes = std::collections::HashMap<String, std::collections::HashSet<String>>;
 
-/// Whether `logged` records the write that registered `artifact`.
-pub fn records(logged: &Writes, workflow_id: &str, action_id: &str) -> bool {
+/// Whether `logged` records the write that registered an artifact of workflow
+/// `workflow_id` (its `generated_by_action`): a line of that very run, not merely one of
+/// the action's. A later rollback's line is its own run's: were it to count, undoing an
+/// action would hide a write cut from the trail.
+pub fn records(logged: &Writes, workflow_id: &str, generated_by_action: &str) -> bool {
     logged
         .get(workflow_id)
-        .is_some_and(|actions| actions.contains(action_id))
+        .is_some_and(|runs| runs.contains(generated_by_action))
 }
 
 /// [`AuditLog::verify`] for the state directory at `state_dir`, writing nothing: no
@@ -291,7 +296,7 @@ pub fn verify_read_only(state_dir: &std::path::Path, registry: bool) -> io::Resu
     }
     let missing: Vec<ArtifactEntry> = entries
         .iter()
-        .filter(|a| !records(&logged, &a.workflow_id, &a.action_id))
+        .filter(|a| !records(&logged, &a.workflow_id, &a.generated_by_action))
         .cloned()
         .collect();
     let awaiting = awaiting_recovery(state_dir, &missing);
@@ -531,10 +536,12 @@ impl TrailCheck {
             AuditStatus::Success | AuditStatus::Failed | AuditStatus::RolledBack
         ) && of_a_file
         {
+            // The run's own lines (its write, its failure, its undo) and recovery's,
+            // which speaks for the run it recovers under that run's id.
             self.writes
                 .entry(e.workflow_id)
                 .or_default()
-                .insert(e.action_id);
+                .insert(format!("{}/{}", e.execution_id, e.action_id));
         }
     }
 

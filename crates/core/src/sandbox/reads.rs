@@ -307,7 +307,7 @@ impl Sandbox {
         // line is appended: every write the trail read records is in it.
         let registered = self
             .registry
-            .find(|a| crate::audit::records(&logged, a.workflow_id(), a.action_id()))
+            .find(|a| crate::audit::records(&logged, a.workflow_id(), a.generated_by_action()))
             .map_err(Error::io("read the artifact registry"))?;
         let report = crate::audit::with_unregistered(
             report,
@@ -328,7 +328,7 @@ impl Sandbox {
     ) -> Result<VerifyReport, Error> {
         let mut missing = self
             .registry
-            .find(|a| !crate::audit::records(logged, a.workflow_id(), a.action_id()))
+            .find(|a| !crate::audit::records(logged, a.workflow_id(), a.generated_by_action()))
             .map_err(Error::io("read the artifact registry"))?;
         if missing.is_empty() {
             return Ok(report);
@@ -356,7 +356,7 @@ impl Sandbox {
         if !report.ok {
             return Ok(report);
         }
-        missing.retain(|a| !crate::audit::records(&logged, &a.workflow_id, &a.action_id));
+        missing.retain(|a| !crate::audit::records(&logged, &a.workflow_id, &a.generated_by_action));
         // A run that could not write its lines (a full disk) left its record for
         // recovery: its writes are unrecorded yet, not cut from the trail.
         let (pending, missing): (Vec<_>, Vec<_>) = missing

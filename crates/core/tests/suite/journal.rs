@@ -219,9 +219,48 @@ fn writes_the_registry_holds_must_be_on_the_trail() {
     }
 }
 
+/// A write cut from the trail stays missing from it once a rollback has undone its
+/// action: the rollback's line is its own run's, no record of the write, and must not
+/// vouch for the artifact the write registered (anyone allowed to roll back could
+/// otherwise hide the cut).
+#[test]
+fn a_rollback_line_does_not_stand_for_a_write_cut_from_the_trail() {
+    let (w, sb) = audited_world(2);
+    drop(sb);
+    let original = lines(&w);
+    let last: serde_json::Value = serde_json::from_str(&original[original.len() - 1]).unwrap();
+    let kept: serde_json::Value = serde_json::from_str(&original[original.len() - 2]).unwrap();
+    assert_eq!(last["status"], "success", "{last}");
+    write_lines(&w, &original[..original.len() - 1]);
+    std::fs::write(
+        w.state.join("sandbox_audit.head.json"),
+        json!({"seq": kept["seq"], "entry_hash": kept["entry_hash"]}).to_string(),
+    )
+    .unwrap();
+    let sb = w.open(strict(&w));
+    let undone = sb.rollback_workflow(
+        "wf_a",
+        &ailab_sandbox_core::RollbackOptions {
+            action_id: Some(last["action_id"].as_str().unwrap().to_owned()),
+            force: false,
+        },
+    );
+    assert_eq!(undone.steps_rolled_back, 1, "{undone:?}");
+    assert_eq!(lines(&w).len(), original.len(), "the rollback's line");
+    drop(sb);
+    for v in verified_both_ways(&w) {
+        assert!(!v.ok, "{v:?}");
+        let reason = v.reason.unwrap();
+        assert!(
+            reason.contains("1 artifact(s) whose writes the audit trail does not record"),
+            "{reason}"
+        );
+    }
+}
+
 /// The trail, chained, names every file write it records as done: a registry line
-/// removed, or its checksum changed, is found by `audit verify` (a folder, which is no
-/// artifact, is not looked for).
+/// removed, or its checksum or path changed, is found by `audit verify` (a folder, which
+/// is no artifact, is not looked for).
 #[test]
 fn writes_the_trail_records_must_be_in_the_registry() {
     use ailab_sandbox_core::audit::verify_read_only;
@@ -260,9 +299,12 @@ fn writes_the_trail_records_must_be_in_the_registry() {
     let added = beside(&"f".repeat(64));
     let doubled = beside(first["checksum_sha256"].as_str().unwrap());
     let copied = format!("{original}{}\n", original.lines().next().unwrap());
+    // Pointed at another file of the root: its lineage and listing would name that one.
+    let moved = original.replacen("f0.txt", "other.txt", 1);
     for (case, tampered, line) in [
         ("removed", removed, "f1.txt"),
         ("changed", changed, "f0.txt"),
+        ("moved", moved, "f0.txt"),
         ("added", added, "f0.txt"),
         ("doubled", doubled, "f0.txt"),
         ("copied", copied, "f0.txt"),
@@ -1470,7 +1512,8 @@ fn entry(id: &str, parent: Option<&str>, wf: &str) -> ArtifactEntry {
         action_id: format!("act_{id}"),
         parent_workflow_id: None,
         parent_artifact_id: parent.map(str::to_owned),
-        generated_by_action: format!("ex/{id}"),
+        // The run of `rec`'s lines: a line of it with this action records the write.
+        generated_by_action: format!("ex/act_{id}"),
         created_at: "2026-01-01T00:00:00Z".into(),
     }
 }
