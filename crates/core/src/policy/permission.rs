@@ -23,7 +23,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 90] = [
+const SHELL_TOOLS: [&str; 106] = [
     "shell",
     "sh",
     "bash",
@@ -116,6 +116,24 @@ const SHELL_TOOLS: [&str; 90] = [
     "takeown",
     "capsh",
     "set_executionpolicy",
+    // Shells and interpreters of fewer users, and tools that run the command or
+    // shell they are given (`socat exec:…`, `strace make`).
+    "xonsh",
+    "elvish",
+    "yash",
+    "murex",
+    "ysh",
+    "nushell",
+    "sbcl",
+    "guile",
+    "racket",
+    "clisp",
+    "pry",
+    "zx",
+    "socat",
+    "ncat",
+    "strace",
+    "ltrace",
 ];
 
 /// Runners whose names are also common words or parts of them (`Baking Bun Recipes`,
@@ -127,7 +145,7 @@ const SHELL_TOOLS: [&str; 90] = [
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
 /// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
 /// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
-const RUNNERS_ALONE: [&str; 48] = [
+const RUNNERS_ALONE: [&str; 63] = [
     "istioctl",
     "argocd",
     "expect",
@@ -178,6 +196,23 @@ const RUNNERS_ALONE: [&str; 48] = [
     "gdb",
     "jupyter",
     "winrm",
+    // Shells, runners and package managers (which run what a package's scripts say)
+    // whose names are words too (`Go To Line`, `Parallel Sort`, `Gem Catalog`).
+    "nu",
+    "osh",
+    "go",
+    "nc",
+    "parallel",
+    "cron",
+    "pip",
+    "apt",
+    "apt_get",
+    "yum",
+    "dnf",
+    "brew",
+    "gem",
+    "cpan",
+    "conda",
 ];
 
 /// Commands that run the command after them (and their options): `env -i make`,
