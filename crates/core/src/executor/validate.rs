@@ -48,8 +48,9 @@ struct Tally {
     /// The rate limiter's state, and the time it is judged at.
     tat: Verdict<f64>,
     now: chrono::DateTime<chrono::Utc>,
-    /// Roots whose snapshot store was checked.
-    stores_checked: std::collections::HashSet<usize>,
+    /// Each root's verdict, judged once per plan and given to every action in it: still
+    /// the directory opened at start, its snapshot store usable.
+    roots_checked: std::collections::HashMap<usize, Verdict>,
 }
 
 /// What an action refused by a limit alone would leave: root, path, bytes.
@@ -174,7 +175,7 @@ impl SandboxWriteExecutor<'_> {
             .unwrap_or(u32::MAX),
             tat: self.rate_tat(),
             now: sb.clock.now(),
-            stores_checked: std::collections::HashSet::new(),
+            roots_checked: std::collections::HashMap::new(),
         };
         let mut out = Vec::new();
         for (k, a) in self.plan.actions.iter().enumerate() {
@@ -228,9 +229,15 @@ impl SandboxWriteExecutor<'_> {
         check_parents(sb, ids, a)?;
         let ri = approval.resolved.root_index;
         self.check_new_id(a, ri)?;
-        if t.stores_checked.insert(ri) {
-            crate::snapshot::check_store(&sb.roots[ri], Some(&self.plan.workflow_id))?;
-        }
+        // A root moved or removed since the start (a write there would be refused) is
+        // named for each of its actions, as is an unusable store.
+        t.roots_checked
+            .entry(ri)
+            .or_insert_with(|| {
+                sb.root_in_place(ri)?;
+                crate::snapshot::check_store(&sb.roots[ri], Some(&self.plan.workflow_id))
+            })
+            .clone()?;
         let key = t
             .sketch
             .check(ri, &approval.resolved.rel, approval.op, &a.path)?;

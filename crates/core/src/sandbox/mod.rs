@@ -511,12 +511,18 @@ impl Sandbox {
             .get_sandbox_audit_stats()
             .map_err(Error::io("read the audit log"))?
             .total;
-        // A root whose store another state directory claimed since start refuses every
-        // write, as one skipped at start does: it is told with those.
+        // A root moved, removed or replaced since start, or whose store another state
+        // directory claimed since, refuses every write, as one skipped at start does: it
+        // is told with those.
         let mut skipped_roots = self.skipped_roots.clone();
         let mut sandbox_roots = Vec::with_capacity(self.roots.len());
-        for (root, path) in self.roots.iter().zip(&self.root_paths) {
-            match self.store_taken(root) {
+        for (i, (root, path)) in self.roots.iter().zip(&self.root_paths).enumerate() {
+            let refused = self
+                .root_still(i, "written there since")
+                .err()
+                .map(|r| r.reason)
+                .or_else(|| self.store_taken(root));
+            match refused {
                 Some(why) => skipped_roots.push(why),
                 None => sandbox_roots.push(path.display().to_string()),
             }

@@ -1434,6 +1434,17 @@ fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
             )),
             "{why}"
         );
+        // Every action into it is named, as validation names each it refuses.
+        let two = run(
+            &sb,
+            json!({"workflow_id": "wf_moved_2", "actions": [
+                {"intent": "create_file", "path": "c.txt", "content": "x"},
+                {"intent": "create_file", "path": "d.txt", "content": "x"}]}),
+        );
+        assert_eq!(status(&two), "blocked", "{two:?}");
+        for i in 0..2 {
+            assert_eq!(code(&two, i).as_deref(), Some("conflict"), "{two:?}");
+        }
         let rb = sb.rollback_workflow(
             "wf_moved",
             &ailab_sandbox_core::sandbox::RollbackOptions::default(),
@@ -1459,12 +1470,59 @@ fn a_root_moved_away_while_the_runtime_runs_takes_no_writes() {
             sb.list_directory(&w.root.display().to_string(), None)
                 .map(drop),
         );
+        // The state document lists it among the roots that take no writes, and why.
+        let doc = sb.state_doc().unwrap();
+        assert!(doc.sandbox_roots.is_empty(), "{doc:?}");
+        assert!(
+            doc.skipped_roots[0].starts_with(&format!(
+                "the sandbox root {} is no longer the directory this process opened",
+                w.root.display()
+            )),
+            "{doc:?}"
+        );
     }
     std::fs::remove_dir(&w.root).unwrap();
     std::fs::rename(&aside, &w.root).unwrap();
+    let doc = sb.state_doc().unwrap();
+    assert_eq!(doc.sandbox_roots, [w.root.display().to_string()], "{doc:?}");
+    assert!(doc.skipped_roots.is_empty(), "{doc:?}");
     assert_eq!(status(&run(&sb, one("b.txt"))), "success");
     assert_eq!(w.read("b.txt"), b"x");
     assert_eq!(sb.read_file("b.txt", None).unwrap().content, "x");
+}
+
+/// A root removed while the runtime runs takes its snapshots with it: a rollback then
+/// names the root no longer there (`conflict`), what to put right, rather than sending
+/// the operator after snapshots said to be missing.
+#[test]
+fn a_rollback_in_a_root_removed_while_the_runtime_runs_names_the_root() {
+    let w = World::new();
+    let sb = w.sandbox();
+    let plan = json!({"workflow_id": "wf_gone", "actions": [
+        {"intent": "create_file", "path": "a.txt", "content": "x"}]});
+    assert_eq!(status(&run(&sb, plan)), "success");
+    std::fs::remove_dir_all(&w.root).unwrap();
+    for replaced in [false, true] {
+        if replaced {
+            std::fs::create_dir(&w.root).unwrap();
+        }
+        let rb = sb.rollback_workflow(
+            "wf_gone",
+            &ailab_sandbox_core::sandbox::RollbackOptions::default(),
+        );
+        assert_eq!(rb.status, "refused", "{rb:?}");
+        assert_eq!(rb.reason_code, Some(ReasonCode::Conflict), "{rb:?}");
+        let why = rb.reason.unwrap_or_default();
+        assert!(
+            why.contains(&format!(
+                "the sandbox root {} is no longer the directory this process opened at start",
+                w.root.display()
+            )),
+            "{why}"
+        );
+        let info = sb.rollback_info("wf_gone").unwrap();
+        assert_eq!(info.reason_code, Some(ReasonCode::Conflict), "{info:?}");
+    }
 }
 
 /// A folder swapped for a link out of the root while an earlier action of the plan runs:

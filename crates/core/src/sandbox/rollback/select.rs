@@ -643,6 +643,17 @@ impl Sandbox {
             return Err(unread("the workflow's prune record", e));
         }
         if !missing.is_empty() {
+            // A root moved, removed or replaced since start: its path no longer leads to
+            // the folder this process holds, which is what to put right (missing
+            // snapshots would send the operator looking for lost files).
+            let moved = writes
+                .written
+                .values()
+                .filter_map(|(_, target)| self.root_of(target))
+                .find_map(|i| self.root_in_place(i).err());
+            if let Some(r) = moved {
+                return Err((r.reason_code, r.reason, Vec::new()));
+            }
             return Err(snapshots_missing(workflow_id, &missing));
         }
         // One action undone under a later action of the workflow on the same file (or a
