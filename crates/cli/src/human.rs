@@ -3,6 +3,7 @@
 use ailab_sandbox_core::artifact::ListedArtifact;
 use ailab_sandbox_core::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use ailab_sandbox_core::catalog::{OPERATIONS, human_bytes};
+use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::executor::RunResult;
 use ailab_sandbox_core::sandbox::{CheckVerdict, RollbackReport, StateDoc};
 use std::io::IsTerminal;
@@ -119,6 +120,9 @@ pub fn run_result(r: &RunResult) {
         paint(status, r.is_success() || r.is_simulated()),
         r.state,
         match r.dry_run_reason {
+            // Refused whatever the flags: what to mend is said under each action.
+            Some(DryRunReason::GovernanceBlocked) if r.simulation_only =>
+                "  (simulated: governance_blocked: nothing is written until the refused actions below are mended)".to_owned(),
             Some(d) if r.simulation_only => {
                 let (flag, fix) = d.explained();
                 format!(

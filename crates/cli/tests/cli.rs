@@ -338,6 +338,20 @@ fn run_simulates_by_default_and_writes_when_enabled() {
         text.contains("(simulated: sandbox_disabled; writing is disabled: turn writing on (--enable-write --no-dry-run"),
         "{text}"
     );
+    // A plan refused is refused with writing on too: what to mend is the action.
+    let refused = e.write_plan(
+        "refused.json",
+        &json!({"workflow_id": "wf_r", "actions": [
+            {"intent": "create_file", "path": "../out.txt", "content": "x"}]}),
+    );
+    let out = e.cmd().arg("run").arg(&refused).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(simulated: governance_blocked: nothing is written until the refused actions below are mended)"),
+        "{text}"
+    );
+    assert!(!text.contains("turn writing on"), "{text}");
     let out = e
         .cmd()
         .args(["--enable-write", "run"])

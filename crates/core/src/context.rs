@@ -47,9 +47,14 @@ impl DryRunReason {
                 "the phase does not allow sandbox writes",
                 "switch to phase 28.3 (or 28.5 to 28.8)",
             ),
-            Self::SandboxDisabled | Self::GovernanceBlocked => (
+            Self::SandboxDisabled => (
                 "writing is disabled",
                 "turn writing on (--enable-write --no-dry-run, or enable_write = true and dry_run = false in the configuration)",
+            ),
+            // Turning writing on would not help: the plan is refused either way.
+            Self::GovernanceBlocked => (
+                "an action was refused",
+                "mend or remove the refused actions (each says why)",
             ),
         }
     }
