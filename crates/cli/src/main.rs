@@ -134,7 +134,8 @@ enum Command {
     /// The artifact registry: its latest artifacts (with no subcommand), or `show ID`
     /// with lineage.
     Artifacts(ArtifactArgs),
-    /// Execution mode, phase, flags, roots and version.
+    /// Execution mode, phase, flags, roots (and those skipped), limits, durability,
+    /// counts, notices and version.
     State,
     /// The operation catalog.
     Ops,
@@ -181,7 +182,7 @@ struct AuditArgs {
 enum AuditSub {
     /// Counts by status, reason code, mutation class and intent.
     Stats,
-    /// Check the hash chain and head; exit 1 when broken.
+    /// Check the hash chain and head; exit 1 when broken, 2 when it cannot be read.
     Verify,
 }
 
@@ -794,10 +795,9 @@ fn run(cli: Cli) -> Result<u8> {
     // runtime opens anything.
     let missing = explicit_state_dir_missing(&config);
     if verify_only && missing {
-        // A path to correct, not a trail found broken (exit 1, which a script may take
-        // for tampering).
-        show_verified(&no_state_dir_to_verify(&state_dir), cli.json)?;
-        return Ok(EXIT_USAGE);
+        // A path to correct (`invalid_config`, exit 2), not a trail found broken (exit
+        // 1, which a script may take for tampering).
+        return Err(no_state_dir_to_verify(&state_dir).into());
     }
     if let Some(r) = malformed_id(&cli.command) {
         return malformed_id_exit(&cli.command, &r, cli.json);
@@ -868,18 +868,13 @@ fn explicit_state_dir_missing(config: &Config) -> bool {
         && matches!(std::fs::symlink_metadata(&config.state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
-/// What `audit verify` says of a state directory that is not there: a failed check that
-/// names the path, never an empty trail called intact (exit 2: the command could not run).
-fn no_state_dir_to_verify(state_dir: &Path) -> ailab_sandbox_core::audit::VerifyReport {
-    ailab_sandbox_core::audit::VerifyReport {
-        ok: false,
-        entries: 0,
-        first_bad_seq: None,
-        reason: Some(format!(
-            "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
-            human::safe(&state_dir.display().to_string())
-        )),
-    }
+/// What `audit verify` says of a state directory that is not there: a setting to correct
+/// that names the path, never an empty trail called intact, nor a broken one.
+fn no_state_dir_to_verify(state_dir: &Path) -> ConfigError {
+    ConfigError(format!(
+        "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
+        state_dir.display()
+    ))
 }
 
 /// Says on standard error what the start noticed, and how the process is confined.

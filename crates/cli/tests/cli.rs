@@ -3603,12 +3603,22 @@ fn verifying_a_state_directory_that_is_not_there_says_so() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // The document of a command that could not run, as for any setting to correct: a
+    // script reading `reason_code` first finds one.
     let v = json_out(&out);
-    assert_eq!(v["ok"], false, "{v}");
-    assert_eq!(v["entries"], 0, "{v}");
+    assert_eq!(v["reason_code"], "invalid_config", "{v}");
+    assert!(v.get("ok").is_none(), "{v}");
     assert!(
         v["reason"].as_str().unwrap().contains("does not exist"),
         "{v}"
+    );
+    let out = e.cmd().args(["audit", "verify"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.starts_with("error: the state directory "), "{said}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("BROKEN"),
+        "{out:?}"
     );
     assert!(!e.state.exists() && !e.root.exists());
     // Once the runtime has used it, an empty trail is intact.
