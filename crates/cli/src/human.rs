@@ -5,7 +5,7 @@ use ailab_sandbox_core::audit::{AuditStats, SandboxAuditEntry, VerifyReport};
 use ailab_sandbox_core::catalog::{OPERATIONS, human_bytes};
 use ailab_sandbox_core::context::DryRunReason;
 use ailab_sandbox_core::executor::RunResult;
-use ailab_sandbox_core::sandbox::{CheckVerdict, RollbackReport, StateDoc};
+use ailab_sandbox_core::sandbox::{CheckVerdict, RollbackReport, RollbackStatus, StateDoc};
 use std::io::IsTerminal;
 
 fn paint(text: &str, good: bool) -> String {
@@ -175,6 +175,15 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
         (Some(reason), Some(code)) => out!("  {code}: {}", safe(reason)),
         (Some(reason), None) => out!("  {}", safe(reason)),
         (None, _) => {}
+    }
+    // Conflicts are what force overrides (a refusal force would not help lists none):
+    // the command that does it, spelt out.
+    if r.status == RollbackStatus::Refused && !r.conflicts.is_empty() {
+        out!(
+            "  to overwrite them: ailab-sandbox rollback {}{} --force",
+            safe(&r.workflow_id),
+            action.map_or(String::new(), |a| format!(" --action {}", safe(a)))
+        );
     }
     let overwritten = r.overwritten_paths();
     if r.is_success() && !overwritten.is_empty() {

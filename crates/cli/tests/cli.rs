@@ -1186,7 +1186,7 @@ fn a_prune_of_a_read_only_root_marks_nothing_pruned() {
 }
 
 /// In words, a simulated rollback says why nothing was written (no code placeholder),
-/// and a forced one what it overwrote.
+/// one refused over conflicts how to force it, and a forced one what it overwrote.
 #[test]
 fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
     let e = env();
@@ -1206,6 +1206,19 @@ fn a_rollback_in_words_says_why_simulated_and_what_force_overwrote() {
     std::fs::remove_file(e.root.join("g.txt")).unwrap();
     // A directory holding what is not the workflow's is left in place: not overwritten.
     std::fs::write(e.root.join("gd/theirs.txt"), b"theirs\n").unwrap();
+    // Unforced, the refusal spells out the command that overrides its conflicts.
+    let out = e.live(&["rollback", "wf_f"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let out = e
+        .cmd()
+        .args(["--enable-write", "--no-dry-run", "rollback", "wf_f"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("\n  to overwrite them: ailab-sandbox rollback wf_f --force\n"),
+        "{said}"
+    );
     let out = e
         .cmd()
         .args([
