@@ -183,6 +183,15 @@ impl SandboxAuditEntry {
         to_hex(&Sha256::digest(form.bytes(&copy)))
     }
 
+    /// Whether the entry's `entry_hash` is the hash of what it says (in either form of
+    /// [`Self::is_as_written`]): a line edited without its hash made again fails. The
+    /// chain is `audit verify`'s to check; this is for what acts on a few lines.
+    pub(crate) fn hash_holds(&self) -> bool {
+        [Form::Line, Form::Plain]
+            .into_iter()
+            .any(|form| self.hash_of(form) == self.entry_hash)
+    }
+
     /// Whether `line` (without its newline) is exactly what the runtime writes for this
     /// entry, and the entry's hash is right: in the current form, or in the form of
     /// trails written before C1 controls and U+2028/U+2029 were escaped.

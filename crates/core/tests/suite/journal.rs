@@ -258,6 +258,53 @@ fn a_rollback_line_does_not_stand_for_a_write_cut_from_the_trail() {
     }
 }
 
+/// A line of a workflow edited in place (a write made to read as rolled back, its hash
+/// left as it was) is not acted on: the rollback, which would have left that write's
+/// file as it is, restores nothing and says why, and so does its preview.
+#[test]
+fn a_rollback_resting_on_an_edited_line_restores_nothing() {
+    let (w, sb) = audited_world(2);
+    drop(sb);
+    let original = lines(&w);
+    let n = original.len();
+    assert!(original[n - 2].contains("\"status\":\"success\""));
+    let mut edited = original.clone();
+    edited[n - 2] = original[n - 2].replace("\"status\":\"success\"", "\"status\":\"rolled_back\"");
+    write_lines(&w, &edited);
+    let sb = w.open(strict(&w));
+    let rb = sb.rollback_workflow("wf_a", &ailab_sandbox_core::RollbackOptions::default());
+    assert_eq!(rb.status.as_str(), "refused", "{rb:?}");
+    assert_eq!(
+        rb.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::ChecksumMismatch),
+        "{rb:?}"
+    );
+    assert!(
+        rb.reason.as_deref().unwrap().contains(&format!(
+            "entry {} of the audit trail, a line of workflow wf_a, does not match its hash",
+            n - 1
+        )),
+        "{rb:?}"
+    );
+    assert!(w.root.join("f0.txt").exists() && w.root.join("f1.txt").exists());
+    assert_eq!(
+        lines(&w)[..n],
+        edited[..],
+        "nothing appended but the refusal"
+    );
+    let info = sb.rollback_info("wf_a").unwrap();
+    assert!(!info.rollback_available, "{info:?}");
+    assert_eq!(
+        info.reason_code,
+        Some(ailab_sandbox_core::ReasonCode::ChecksumMismatch),
+        "{info:?}"
+    );
+    drop(sb);
+    for v in verified_both_ways(&w) {
+        assert!(!v.ok, "{v:?}");
+    }
+}
+
 /// The trail, chained, names every file write it records as done: a registry line
 /// removed, or its checksum or path changed, is found by `audit verify` (a folder, which
 /// is no artifact, is not looked for).

@@ -611,6 +611,19 @@ impl Sandbox {
             .audit
             .by_workflow(workflow_id)
             .map_err(|e| unread("the audit trail", e))?;
+        // What is restored, and what counts as undone already, rests on these lines: one
+        // edited since it was written (a write made to read as rolled back) is not acted
+        // on.
+        if let Some(e) = trail.iter().find(|e| !e.hash_holds()) {
+            return Err((
+                ReasonCode::ChecksumMismatch,
+                format!(
+                    "entry {} of the audit trail, a line of workflow {workflow_id}, does not match its hash: it was edited since it was written, and a rollback rests on what the trail says, so nothing is restored; verify the trail (audit verify) and put back a good copy of it",
+                    e.seq
+                ),
+                Vec::new(),
+            ));
+        }
         // A damaged record of prunes matters only where snapshots are missing: it may
         // be what removed them.
         let (pruned_marks, damaged_marks) = match self.state.prune_mark(workflow_id) {
