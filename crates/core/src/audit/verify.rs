@@ -481,7 +481,7 @@ impl TrailCheck {
             return self.fail(
                 e.seq,
                 format!(
-                    "entry {} does not chain to the entry before it: a line was removed or reordered",
+                    "entry {} does not chain to the entry before it: a line was removed or reordered, or the line before it was edited and its hash made again",
                     e.seq
                 ),
             );

@@ -158,6 +158,29 @@ fn removed_line_is_detected() {
     assert_eq!(v.first_bad_seq, Some(3));
 }
 
+/// A line edited and given its new hash (but the chain not made again after it) reads
+/// as sound by itself: the next line is where the chain breaks, and the report says
+/// that the line before it may be the one changed.
+#[test]
+fn a_line_edited_and_rehashed_is_found_at_the_next() {
+    let (w, sb) = audited_world(4);
+    let mut l = lines(&w);
+    let mut e: ailab_sandbox_core::audit::SandboxAuditEntry = serde_json::from_str(&l[1]).unwrap();
+    e.target_path.push_str(".moved");
+    e.entry_hash = String::new();
+    e.entry_hash = e.compute_hash();
+    l[1] = serde_json::to_string(&e).unwrap();
+    write_lines(&w, &l);
+    let v = sb.audit_verify().unwrap();
+    assert!(!v.ok);
+    assert_eq!(v.first_bad_seq, Some(3), "{v:?}");
+    assert!(
+        v.reason
+            .unwrap()
+            .ends_with("or the line before it was edited and its hash made again"),
+    );
+}
+
 #[test]
 fn reordered_lines_are_detected() {
     let (w, sb) = audited_world(4);
