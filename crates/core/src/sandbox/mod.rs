@@ -319,9 +319,7 @@ impl Sandbox {
             self.notices.extend(said);
         }
         if let Some(problem) = self.audit.head_problem() {
-            self.notices.push(format!(
-                "the audit trail was tampered with: {problem}; its head is kept as it is so `audit verify` keeps reporting it"
-            ));
+            self.notices.push(tampered_notice(&problem));
         }
     }
 
@@ -540,10 +538,24 @@ impl Sandbox {
             limits: self.config.limits,
             artifacts_total,
             audit_entries,
-            notices: self.notices.clone(),
+            notices: self.notices_now(),
             kernel_confinement: self.kernel_confinement.clone(),
             version: env!("CARGO_PKG_VERSION"),
         })
+    }
+
+    /// The start's notices, and the trail found tampered with since (by this process's
+    /// appends or reads), which a long-running server would otherwise tell only in its
+    /// log.
+    fn notices_now(&self) -> Vec<String> {
+        let mut notices = self.notices.clone();
+        if let Some(problem) = self.audit.head_problem() {
+            let notice = tampered_notice(&problem);
+            if !notices.contains(&notice) {
+                notices.push(notice);
+            }
+        }
+        notices
     }
 
     /// Governance verdict only (`check`): no write, no audit. The verdict is governance's
@@ -1297,4 +1309,11 @@ pub(crate) fn workflow_folder_in(
         "{}/{workflow_id}",
         crate::confine::path::ROLLBACK_DIR
     ))
+}
+
+/// The notice of an audit trail found not to match its head.
+fn tampered_notice(problem: &str) -> String {
+    format!(
+        "the audit trail was tampered with: {problem}; its head is kept as it is so `audit verify` keeps reporting it"
+    )
 }

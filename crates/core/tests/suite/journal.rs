@@ -747,13 +747,22 @@ fn a_cut_tail_stays_detected_after_more_appends() {
     let mut l = lines(&w);
     l.truncate(3);
     write_lines(&w, &l);
+    assert!(sb.state_doc().unwrap().notices.is_empty());
     one_more_line(&sb, "g1.txt");
     let v = sb.audit_verify().unwrap();
     assert!(!v.ok, "{v:?}");
     assert!(sb.audit_log().head_problem().is_some());
+    // The process that found it says so in its state, as the next start does.
+    let notices = sb.state_doc().unwrap().notices;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(
+        notices[0].starts_with("the audit trail was tampered with: "),
+        "{notices:?}"
+    );
     drop(sb);
     let sb = w.sandbox();
     assert_noticed(&sb, "tampered");
+    assert_eq!(sb.state_doc().unwrap().notices.len(), 1, "said once");
     for i in 0..4 {
         one_more_line(&sb, &format!("h{i}.txt"));
     }
