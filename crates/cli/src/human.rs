@@ -177,13 +177,10 @@ pub fn rollback(r: &RollbackReport, action: Option<&str>) {
         (None, _) => {}
     }
     // Conflicts are what force overrides (a refusal force would not help lists none):
-    // the command that does it, spelt out.
+    // the flag that does it, spelt out (the command's other options, a root or a
+    // configuration, stay as they were given).
     if r.status == RollbackStatus::Refused && !r.conflicts.is_empty() {
-        out!(
-            "  to overwrite them: ailab-sandbox rollback {}{} --force",
-            safe(&r.workflow_id),
-            action.map_or(String::new(), |a| format!(" --action {}", safe(a)))
-        );
+        out!("  to overwrite them: run the same rollback with --force");
     }
     let overwritten = r.overwritten_paths();
     if r.is_success() && !overwritten.is_empty() {

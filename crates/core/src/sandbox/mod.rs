@@ -1107,9 +1107,9 @@ fn settled_words(root: &SandboxRoot, settled: &Settled) -> Option<String> {
         Settled::ClaimedAgain => Some(format!(
             "the snapshot store of root {root} named this state directory under an earlier seal key: it is claimed again with the present one; the snapshots sealed with the earlier key stay refused"
         )),
-        Settled::Moved(was) => Some(format!(
-            "the snapshot store of root {root} named this state directory as {} (moved since, or put back from a copy): its record now names it as it is, so that a copy left there is refused",
-            crate::confine::path::shown_path(was)
+        // The path it had is not told: an agent reads the notices too.
+        Settled::Moved(_) => Some(format!(
+            "the snapshot store of root {root} named this state directory at another path (moved since, or put back from a copy): its record now names it as it is, so that a copy left there is refused"
         )),
     }
 }

@@ -149,7 +149,7 @@ impl StoreOwner {
                         if named.state_dir_id != self.state_dir_id
                             && named.state_dir != self.state_dir =>
                     {
-                        return Ok(Ownership::Foreign(self.copy_refusal(root, &named)));
+                        return Ok(Ownership::Foreign(self.copy_refusal(root)));
                     }
                     Ok(_) if !claim => return Ok(Ownership::Ours(stamp, Settled::Already)),
                     Ok(named) => Settled::Moved(named.state_dir),
@@ -221,14 +221,8 @@ impl StoreOwner {
     /// when it could be read as one).
     fn owner_named(&self, named: Option<StoreOwner>, why: &Unsealed) -> String {
         match (&named, why) {
-            (Some(o), _) if o.state_dir == self.state_dir => format!(
-                "a runtime whose state directory was {} too, but another directory at that path (or this one under a key that is not its present one)",
-                shown_path(&o.state_dir)
-            ),
-            (Some(o), _) => format!(
-                "the runtime whose state directory is {}",
-                shown_path(&o.state_dir)
-            ),
+            (Some(o), _) if o.state_dir == self.state_dir => "a runtime whose state directory was at this one's path too, but another directory there (or this one under a key that is not its present one)".to_owned(),
+            (Some(_), _) => "another runtime's state directory, the one its record names".to_owned(),
             (None, Unsealed::Malformed(e)) => {
                 format!("an owner this runtime cannot tell (its record is damaged: {e})")
             }
@@ -236,20 +230,22 @@ impl StoreOwner {
         }
     }
 
+    // The refusals below name no state directory, this one's or another's: a plan's
+    // caller (an agent over MCP, a client over HTTP) reads them, and no path outside
+    // the roots is told to it. The owner record, in the root, names the other; the
+    // operator reads it there.
+
     /// The refusal for a store whose record, sealed with this state directory's key,
     /// names another directory at another path (`named`): a copy of this one, or this
     /// one a copy of it, each with its own trail and locks.
-    fn copy_refusal(&self, root: &SandboxRoot, named: &StoreOwner) -> Refusal {
+    fn copy_refusal(&self, root: &SandboxRoot) -> Refusal {
         let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
         Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "the snapshot store of root {} belongs to the state directory {}, which has this runtime's seal key but is another directory than this runtime's state directory {} (a copy of it, or it a copy of that one; so says {}): two runtimes with copies of one state directory keep separate trails and locks, and take each other's writes for changes to undo, so nothing is written here; start this runtime with {}, or, if that one is gone for good (this one was copied from it), remove {}: this runtime then claims the root, and the snapshots stay valid (the key is the same)",
+                "the snapshot store of root {} belongs to a copy of this runtime's state directory at another path (it has this runtime's seal key; {} names it): two runtimes with copies of one state directory keep separate trails and locks, and take each other's writes for changes to undo, so nothing is written here; start this runtime with the state directory that record names, or, if that one is gone for good (this one was copied from it), remove {}: this runtime then claims the root, and the snapshots stay valid (the key is the same)",
                 root.path().display(),
-                shown_path(&named.state_dir),
-                shown_path(&self.state_dir),
                 shown_path(&at),
-                shown_path(&named.state_dir),
                 shown_path(&at)
             ),
         )
@@ -261,9 +257,8 @@ impl StoreOwner {
         Refusal::new(
             ReasonCode::Conflict,
             format!(
-                "the snapshot store of root {} belongs to {whose}, not to this runtime's state directory {} (so says {}, which this state directory's seal key did not seal): two runtimes writing in one root with different state directories take each other's writes for changes to undo, so nothing is written here; give each runtime a root of its own, or start this one with that state directory; if that one is gone for good and this one is to take its place, remove {} (the snapshots it sealed stay refused)",
+                "the snapshot store of root {} belongs to {whose}, not to this runtime's state directory (so says {}, which this state directory's seal key did not seal): two runtimes writing in one root with different state directories take each other's writes for changes to undo, so nothing is written here; give each runtime a root of its own, or start this one with the state directory that record names; if that one is gone for good and this one is to take its place, remove {} (the snapshots it sealed stay refused)",
                 root.path().display(),
-                shown_path(&self.state_dir),
                 shown_path(&at),
                 shown_path(&at)
             ),

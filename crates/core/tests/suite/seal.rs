@@ -700,15 +700,18 @@ fn a_root_another_state_directory_writes_in_is_skipped_at_start() {
     );
     let before = w.tree();
     let err = start_refused(&w, with_other_state_dir(&w));
+    // The refusal is read by plans' callers too: it names no state directory (the
+    // record in the root names the owner).
     assert!(
-        err.contains(&format!(
-            "belongs to the runtime whose state directory is '{}', not to this runtime's state directory '{}'",
-            w.state.display(),
-            w.tmp.path().join("state2").display()
-        )) && err.contains("remove ")
+        err.contains(
+            "belongs to another runtime's state directory, the one its record names, not to this runtime's state directory"
+        ) && err.contains("remove ")
             && err.contains(".rollback/.ailab-owner"),
         "{err}"
     );
+    for state in [w.state.clone(), w.tmp.path().join("state2")] {
+        assert!(!err.contains(&state.display().to_string()), "{err}");
+    }
     assert_eq!(w.tree(), before);
     // With a root of its own beside it, it starts, and says why the shared one is not used.
     let (config, own) = {
@@ -854,7 +857,7 @@ fn an_empty_owner_record_is_claimed_by_the_first_writer() {
     );
     let err = start_refused(&w, with_other_state_dir(&w));
     assert!(
-        err.contains("belongs to the runtime whose state directory is"),
+        err.contains("belongs to another runtime's state directory"),
         "{err}"
     );
 }
@@ -920,7 +923,7 @@ fn a_claim_lost_while_running_is_seen_at_the_next_write() {
         assert!(
             skipped.len() == 1
                 && skipped[0].contains(&format!("the snapshot store of root {root} belongs to"))
-                && skipped[0].contains(&other_dir.display().to_string()),
+                && skipped[0].contains(&format!("'{}'", record.display())),
             "{how}: {skipped:?}"
         );
         assert_eq!(told(&other), (true, vec![]), "{how}");
@@ -968,12 +971,12 @@ fn a_copy_of_the_state_directory_is_not_taken_for_it() {
     };
     let err = start_refused(&w, copied.clone());
     assert!(
-        err.contains(&format!(
-            "belongs to the state directory '{}', which has this runtime's seal key but is another directory",
-            w.state.display()
-        )) && err.contains("remove "),
+        err.contains(
+            "belongs to a copy of this runtime's state directory at another path (it has this runtime's seal key;"
+        ) && err.contains("remove "),
         "{err}"
     );
+    assert!(!err.contains(&w.state.display().to_string()), "{err}");
     // The original gone for good: its copy takes the root, with its snapshots.
     std::fs::remove_file(w.root.join(".rollback/.ailab-owner")).unwrap();
     let taken = w.open(copied);
@@ -984,7 +987,7 @@ fn a_copy_of_the_state_directory_is_not_taken_for_it() {
     assert_eq!(w.read("f.txt"), b"1");
     let err = start_refused(&w, w.writable_config());
     assert!(
-        err.contains("another directory than this runtime's state directory"),
+        err.contains("belongs to a copy of this runtime's state directory at another path"),
         "{err}"
     );
 }
