@@ -790,17 +790,17 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Audit(a) if matches!(a.sub, Some(AuditSub::Verify))
     );
     let (state_dir, durable) = (config.state_dir.clone(), config.durability.is_durable());
-    // Verifying a state directory that is not there (a mistyped path) must neither make
-    // one nor call its empty trail intact: the operator's own path, looked at before the
-    // runtime opens anything.
-    let missing = explicit_state_dir_missing(&config);
-    if verify_only && missing {
-        // A path to correct (`invalid_config`, exit 2), not a trail found broken (exit
-        // 1, which a script may take for tampering).
-        return Err(no_state_dir_to_verify(&state_dir).into());
-    }
     if let Some(r) = malformed_id(&cli.command) {
         return malformed_id_exit(&cli.command, &r, cli.json);
+    }
+    // Reading the records of a state directory that is not there (a mistyped path) must
+    // neither make one nor call its empty trail intact, or list nothing as if it held
+    // nothing: the operator's own path, looked at before the runtime opens anything.
+    let missing = explicit_state_dir_missing(&config);
+    if missing && matches!(&cli.command, Command::Audit(_) | Command::Artifacts(_)) {
+        // A path to correct (`invalid_config`, exit 2), not a trail found broken (exit
+        // 1, which a script may take for tampering).
+        return Err(no_state_dir_to_read(&state_dir).into());
     }
     // Read before the runtime opens: a plan that cannot be read leaves nothing behind
     // (no root or state directory created).
@@ -868,11 +868,11 @@ fn explicit_state_dir_missing(config: &Config) -> bool {
         && matches!(std::fs::symlink_metadata(&config.state_dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
-/// What `audit verify` says of a state directory that is not there: a setting to correct
-/// that names the path, never an empty trail called intact, nor a broken one.
-fn no_state_dir_to_verify(state_dir: &Path) -> ConfigError {
+/// What `audit` and `artifacts` say of a state directory that is not there: a setting to
+/// correct that names the path, never an empty trail called intact, nor a broken one.
+fn no_state_dir_to_read(state_dir: &Path) -> ConfigError {
     ConfigError(format!(
-        "the state directory {} does not exist: there is no audit trail there to verify (nothing was made); give the state directory the runtime writes to",
+        "the state directory {} does not exist: there is no audit trail or registry there to read (nothing was made); give the state directory the runtime writes to",
         state_dir.display()
     ))
 }

@@ -3632,6 +3632,17 @@ fn verifying_a_state_directory_that_is_not_there_says_so() {
         !String::from_utf8_lossy(&out.stdout).contains("BROKEN"),
         "{out:?}"
     );
+    // Nor do the other reads of the records list nothing as if it held nothing.
+    for read in [
+        &["audit"][..],
+        &["audit", "stats"],
+        &["artifacts"],
+        &["artifacts", "show", "art_x"],
+    ] {
+        let out = e.cmd().arg("--json").args(read).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{read:?}: {out:?}");
+        assert_eq!(json_out(&out)["reason_code"], "invalid_config", "{read:?}");
+    }
     assert!(!e.state.exists() && !e.root.exists());
     // Once the runtime has used it, an empty trail is intact.
     e.cmd().arg("state").assert().success();
