@@ -516,7 +516,7 @@ impl Sandbox {
         let mut sandbox_roots = Vec::with_capacity(self.roots.len());
         for (i, (root, path)) in self.roots.iter().zip(&self.root_paths).enumerate() {
             let refused = self
-                .root_still(i, "written there since")
+                .root_still(i, "this process writes nothing there")
                 .err()
                 .map(|r| r.reason)
                 .or_else(|| self.store_taken(root));
@@ -609,21 +609,21 @@ impl Sandbox {
     /// Refuses (`conflict`) to change anything in root `i` once its configured path no
     /// longer leads to the directory this process opened (see [`SandboxRoot::in_place`]).
     pub(crate) fn root_in_place(&self, i: usize) -> Verdict {
-        self.root_still(i, "written")
+        self.root_still(i, "nothing was written")
     }
 
     /// [`Sandbox::root_in_place`] for a read: what the moved directory holds is not what
     /// its path names now.
     fn root_in_place_to_read(&self, i: usize) -> Verdict {
-        self.root_still(i, "read")
+        self.root_still(i, "nothing was read")
     }
 
-    fn root_still(&self, i: usize, done: &str) -> Verdict {
+    fn root_still(&self, i: usize, so: &str) -> Verdict {
         self.roots[i].in_place().map_err(|now| {
             crate::reason::Refusal::new(
                 ReasonCode::Conflict,
                 format!(
-                    "the sandbox root {} is no longer the directory this process opened at start (it was moved, removed or replaced; the path now holds: {now}); nothing was {done}: put the directory back, or restart the runtime to use what is there now",
+                    "the sandbox root {} is no longer the directory this process opened at start (it was moved, removed or replaced; the path now holds: {now}); {so}: put the directory back, or restart the runtime to use what is there now",
                     self.root_paths[i].display()
                 ),
             )
