@@ -23,7 +23,7 @@ pub const DEFAULT_PHASE: &str = "28.3";
 /// them, or change permissions: anything routed to them is forbidden. Names are compared
 /// without a version at their end (`python3.12`, `perl5`, `ruby3.2` are `python`,
 /// `perl`, `ruby`).
-const SHELL_TOOLS: [&str; 106] = [
+const SHELL_TOOLS: [&str; 107] = [
     "shell",
     "sh",
     "bash",
@@ -134,6 +134,7 @@ const SHELL_TOOLS: [&str; 106] = [
     "ncat",
     "strace",
     "ltrace",
+    "ocaml",
 ];
 
 /// Runners whose names are also common words or parts of them (`Baking Bun Recipes`,
@@ -145,7 +146,7 @@ const SHELL_TOOLS: [&str; 106] = [
 /// apply manifests and playbooks (`terraform apply`, `ansible-playbook site.yml`);
 /// `expect` runs its scripts, `screen` the command it is given, and the cloud's command
 /// lines what they are asked on remote machines (`gcloud compute ssh vm --command x`).
-const RUNNERS_ALONE: [&str; 63] = [
+const RUNNERS_ALONE: [&str; 82] = [
     "istioctl",
     "argocd",
     "expect",
@@ -213,6 +214,25 @@ const RUNNERS_ALONE: [&str; 63] = [
     "gem",
     "cpan",
     "conda",
+    "mamba",
+    "micromamba",
+    "zypper",
+    "pacman",
+    "apk",
+    "snap",
+    "emerge",
+    "opam",
+    "composer",
+    "nix",
+    "corepack",
+    "flatpak",
+    "rake",
+    "ant",
+    "lein",
+    "sbt",
+    "mix",
+    "cabal",
+    "stack",
 ];
 
 /// Commands that run the command after them (and their options): `env -i make`,
