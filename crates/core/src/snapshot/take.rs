@@ -156,6 +156,13 @@ impl Snapshotter {
             // behind would stand for a write that never happened: a later rollback would
             // expect its result (`conflict`), and, forced, put back what it found.
             let _ = wf.remove_dir_all(&meta.action_id);
+            // So does the workflow's folder once that leaves it empty (its first
+            // snapshot failed): nothing but a prune would remove it, and on a full disk
+            // each try would leave one more. The run holds the workflow's lock, so no
+            // other snapshot of it is being made; one that holds others stays
+            // (`ENOTEMPTY`).
+            drop(wf);
+            let _ = rb.remove_dir(&meta.workflow_id);
             return Err(r);
         }
         Ok(meta.rollback_path())
