@@ -525,14 +525,22 @@ impl<'a> SandboxWriteExecutor<'a> {
             self.event("audit_failed", json!({ "error": words }));
         }
         // A phase without sandbox writes refuses every action for that one reason: say so,
-        // rather than the generic governance refusal.
+        // rather than the generic governance refusal. A plan the state directory or the
+        // disk alone refused (`io_error`) was refused by no policy: a simulation says why
+        // it was one, a real run gives no such reason.
+        let refused = || results.iter().filter(|r| r.status == ActionStatus::Blocked);
+        let storage_only = refused().next().is_some()
+            && refused().all(|r| r.reason_code == Some(ReasonCode::IoError));
         let why = match self.sb.execution_context().1 {
-            Some(DryRunReason::PhaseNotSupported) => DryRunReason::PhaseNotSupported,
-            _ => DryRunReason::GovernanceBlocked,
+            Some(DryRunReason::PhaseNotSupported) => Some(DryRunReason::PhaseNotSupported),
+            context if storage_only => context,
+            _ => Some(DryRunReason::GovernanceBlocked),
         };
-        self.event("dry_run_reason", json!({ "reason": why }));
+        if let Some(why) = why {
+            self.event("dry_run_reason", json!({ "reason": why }));
+        }
         self.go(WorkflowState::Failed);
-        self.finish(RunStatus::Blocked, simulation_only, Some(why), results)
+        self.finish(RunStatus::Blocked, simulation_only, why, results)
     }
 
     fn simulate(mut self, prepared: Vec<Prepared>, reason: Option<DryRunReason>) -> RunResult {

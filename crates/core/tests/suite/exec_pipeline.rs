@@ -1173,6 +1173,8 @@ fn metrics_expose_the_seven_names() {
     );
     assert_eq!(status(&r), "blocked", "{r:?}");
     assert_eq!(r.actions[0].reason_code, Some(ReasonCode::IoError), "{r:?}");
+    // Nor is it said to be governance's.
+    assert_eq!(r.dry_run_reason, None, "{r:?}");
     let text = sb.metrics().encode();
     assert!(!text.contains("frobnicate"), "{text}");
     assert!(!text.contains("reason=\"io_error\""), "{text}");
