@@ -296,16 +296,7 @@ impl RollbackEngine {
         let back = match changed().and_then(|()| root.read_file(rel, MAX_SNAPSHOT_BYTES)) {
             Ok(b) => b,
             // Gone, or something else in its place: not what the restore wrote.
-            Err(r)
-                if matches!(
-                    r.reason_code,
-                    ReasonCode::NotFound
-                        | ReasonCode::SymlinkEscape
-                        | ReasonCode::SymlinkRefused
-                        | ReasonCode::HardlinkRefused
-                        | ReasonCode::NotRegularFile
-                ) =>
-            {
+            Err(r) if r.reason_code == ReasonCode::NotFound || is_put_in_the_way(r.reason_code) => {
                 return Err(Refusal::new(
                     ReasonCode::ChecksumMismatch,
                     format!(
@@ -496,6 +487,18 @@ impl RollbackEngine {
                 )),
                 left_dirs,
             }),
+            // A link or a special file on the way as it was looked at afterwards:
+            // another program's change at that instant, as something put back there
+            // is; the removal is done.
+            Err(r) if is_put_in_the_way(r.reason_code) => Ok(RestoreOutcome {
+                checksum_validated: false,
+                restored_checksum: None,
+                left_dirs: Vec::new(),
+                detail: Some(format!(
+                    "removed, but what stands on its way could not be looked at afterwards ({}): another program changed it at that instant",
+                    r.reason
+                )),
+            }),
             Err(r) => Ok(unverified(meta, r, None)),
         }
     }
@@ -640,6 +643,18 @@ fn gone_since_checked(meta: &SnapshotMeta, away: Option<&str>, replaced: Option<
         format!(
             "{what}: moved away, where the file lives on, or removed; nothing was removed: put it back and {ROLL_BACK_AGAIN}, or, if it was removed, {ROLL_BACK_AGAIN} with force"
         ),
+    )
+}
+
+/// Whether a look refused with `code` met what another program put in the way: a
+/// link, a file with another link, a special file.
+fn is_put_in_the_way(code: ReasonCode) -> bool {
+    matches!(
+        code,
+        ReasonCode::SymlinkEscape
+            | ReasonCode::SymlinkRefused
+            | ReasonCode::HardlinkRefused
+            | ReasonCode::NotRegularFile
     )
 }
 

@@ -3231,6 +3231,45 @@ fn a_removal_undone_by_another_program_says_so() {
     assert_eq!(w.read("n.md"), b"theirs");
 }
 
+/// A removal whose folder another program swaps for a link out of the root the instant
+/// after: the removal is done, through the root's handle, nothing outside is touched,
+/// and the step says another program changed the way, not that the runtime failed.
+#[test]
+fn a_removal_whose_folder_is_swapped_for_a_link_after_says_so() {
+    let w = World::new();
+    let sb = w.sandbox();
+    run(
+        &sb,
+        json!({"workflow_id": "wf_l", "actions": [
+        {"action_id": "a1", "intent": "create_file", "path": "d/t.md", "content": "t"}]}),
+    );
+    std::fs::create_dir_all(w.outside.join("away")).unwrap();
+    std::fs::write(w.outside.join("away/t.md"), b"bait").unwrap();
+    let (d, aside, away) = (w.path("d"), w.path("d.aside"), w.outside.join("away"));
+    sb.failpoints().interleave(
+        "restore_verify",
+        std::sync::Arc::new(move || {
+            std::fs::rename(&d, &aside).unwrap();
+            std::os::unix::fs::symlink(&away, &d).unwrap();
+        }),
+    );
+    let rb = rollback(&sb, "wf_l", false);
+    assert_eq!(rb.status, "rolled_back", "{rb:?}");
+    assert!(rb.steps[0].restored && !rb.steps[0].checksum_validated);
+    let detail = rb.steps[0].detail.clone().unwrap();
+    assert!(
+        detail
+            .starts_with("removed, but what stands on its way could not be looked at afterwards (")
+            && detail.ends_with("): another program changed it at that instant"),
+        "{detail}"
+    );
+    assert!(
+        !w.path("d.aside/t.md").exists(),
+        "removed through the handle"
+    );
+    assert_eq!(std::fs::read(w.outside.join("away/t.md")).unwrap(), b"bait");
+}
+
 /// Interleaved appends by two workflows: each of the rolled back workflow's actions is a
 /// conflict of its own, but the sentence names the file once.
 #[test]
