@@ -178,8 +178,9 @@ pub const DONE_WITHOUT_SNAPSHOT: &str = "written by a run that died before recor
 
 /// The writes of `recorded` the registry (`registered`: its entries for their actions,
 /// or more) does not hold as their lines name them: one artifact per action, with the
-/// path and checksum its line names. An action with no entry, with an entry of other bytes, or
-/// with a second line beside its own (added, or a copy of it) is listed.
+/// path and checksum its line names. An action with no entry, with an entry of another
+/// path or other bytes, or with a second line beside its own (added, or a copy of it)
+/// is listed.
 pub fn unregistered<'a>(
     recorded: &'a [RecordedWrite],
     registered: &[ArtifactEntry],
@@ -199,7 +200,10 @@ pub fn unregistered<'a>(
                 .map_or(&[][..], Vec::as_slice);
             // Exactly one: a copy of the action's own line, however exact, counts its
             // write twice in the lists and budgets.
-            !matches!(entries, [a] if a.checksum_sha256 == e.after_checksum && a.path == e.target_path)
+            !matches!(
+                entries,
+                [a] if a.checksum_sha256 == e.after_checksum && a.path == e.target_path
+            )
         })
         .collect()
 }

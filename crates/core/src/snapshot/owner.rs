@@ -236,8 +236,8 @@ impl StoreOwner {
     // operator reads it there.
 
     /// The refusal for a store whose record, sealed with this state directory's key,
-    /// names another directory at another path (`named`): a copy of this one, or this
-    /// one a copy of it, each with its own trail and locks.
+    /// names another directory at another path: a copy of this one, or this one a copy
+    /// of it, each with its own trail and locks.
     fn copy_refusal(&self, root: &SandboxRoot) -> Refusal {
         let at = format!("{}/{ROLLBACK_DIR}/{OWNER_FILE}", root.path().display());
         Refusal::new(
