@@ -223,7 +223,8 @@ then it snapshots the target, writes atomically, records an artifact (sha256; a 
 Every write can be undone with rollback_action (one write) or rollback_workflow (all writes of a workflow). \
 All writes of this session belong to workflow {wf} unless a call passes workflow_id. \
 A refused or failed call returns isError with a reason_code, the reason and what to do instead; read it and adapt rather than retrying unchanged. \
-Use read_file, list_directory and get_file_info to look before you write, sandbox_transform for small exact edits, and get_state to see the mode, roots and limits. {mode}",
+Use read_file, list_directory and get_file_info to look before you write, sandbox_transform for small exact edits, and get_state to see the mode, roots and limits. \
+Calls sent without waiting for their answers run together, in no set order: wait for a call's answer before sending one that depends on it (a write after another to the same file, a rollback after the write it undoes). {mode}",
             roots = self
                 .sandbox
                 .roots()

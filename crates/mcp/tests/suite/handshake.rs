@@ -27,6 +27,11 @@ async fn initialize_names_the_server_and_advertises_tools() {
     let instructions = info.instructions.as_deref().unwrap_or_default();
     assert!(instructions.contains(&s.workflow_id), "{instructions}");
     assert!(instructions.contains("NOT enabled"), "{instructions}");
+    // Calls pipelined run together: an agent is told before it sends any.
+    assert!(
+        instructions.contains("wait for a call's answer before sending one that depends on it"),
+        "{instructions}"
+    );
     assert!(s.workflow_id.starts_with("wf_mcp_"), "{}", s.workflow_id);
     s.finish().await;
 }
