@@ -404,6 +404,46 @@ async fn get_state_names_no_refused_root_to_the_agent() {
     s.finish().await;
 }
 
+/// A root another runtime's state directory claims while the session runs: the write
+/// is refused without naming either state directory, and the agent is told that
+/// calling again will not help.
+#[tokio::test]
+async fn a_root_another_state_directory_owns_is_refused_naming_no_state_directory() {
+    let s = Session::start(Mode::Write).await;
+    let theirs = tempfile::tempdir().unwrap();
+    let config = ailab_sandbox_core::Config {
+        roots: vec![s.root.clone()],
+        state_dir: theirs.path().join("state"),
+        enable_write: true,
+        dry_run: false,
+        ..ailab_sandbox_core::Config::default()
+    };
+    let other = ailab_sandbox_core::Sandbox::open(config).unwrap();
+    let r = other
+        .run_plan_json(br#"{"workflow_id": "wf_theirs", "actions": [{"intent": "create_file", "path": "t.md", "content": "t"}]}"#)
+        .unwrap();
+    assert_eq!(r.status.as_str(), "success", "{r:?}");
+    let r = s
+        .err("create_file", json!({"path": "mine.md", "content": "m"}))
+        .await;
+    let said = format!("{} {}", text(&r), structured(&r));
+    assert!(
+        said.contains("belongs to another runtime's state directory"),
+        "{said}"
+    );
+    for state in [s.state_dir.path(), theirs.path()] {
+        assert!(!said.contains(&state.display().to_string()), "{said}");
+    }
+    assert!(
+        text(&r)
+            .contains("belongs to another runtime's state directory, calling again will not help"),
+        "{}",
+        text(&r)
+    );
+    assert!(!s.root.join("mine.md").exists());
+    s.finish().await;
+}
+
 /// A state directory shared with the operator's runtime of another root records that
 /// root's writes too: the agent is shown none of them, listed or looked up by id.
 #[tokio::test]
