@@ -51,10 +51,12 @@ fn lock_refusal(rel: &RelPath, e: &std::io::Error) -> Refusal {
             )
         },
         || {
+            // The lock is a file of the state directory's (`locks/`): a full disk there
+            // is said as the workflow's lock says it, with what to free.
             format!(
-                "could not lock {}: {}",
+                "could not lock {} (its lock is kept in the state directory): {}",
                 shown_path(&rel.as_string()),
-                crate::error::io_words(e)
+                crate::error::state_io_words(e)
             )
         },
     )
@@ -166,5 +168,28 @@ impl Sandbox {
         self.roots[root].lock_seeds().map(|seed| {
             (crate::confine::root::lock_hash(seed, &rel) % TARGET_LOCK_STRIPES as u64) as usize
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target's lock refused by a full state directory says where space is missing and
+    /// what to do, as the workflow's lock does (it named the target alone).
+    #[test]
+    fn a_target_lock_refused_for_space_names_the_state_directory() {
+        let e = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let r = lock_refusal(&RelPath::from_recorded("r/q6.txt"), &e);
+        assert_eq!(r.reason_code, crate::ReasonCode::IoError, "{r:?}");
+        assert!(
+            r.reason.starts_with(
+                "could not lock 'r/q6.txt' (its lock is kept in the state directory): "
+            ) && r.reason.contains(
+                "the state directory's filesystem is full, of space or of inodes (df -h, df -i)"
+            ),
+            "{}",
+            r.reason
+        );
     }
 }
