@@ -380,23 +380,25 @@ impl Snapshotter {
                 // leave the folder alone for good.
                 Err((r, true)) => return Err(r),
                 Err((r, _)) if r.reason_code == ReasonCode::ChecksumMismatch => untrusted.push(r),
-                Err((r, _)) => untrusted.push(Refusal::new(
-                    r.reason_code,
-                    format!(
-                        "{}: {}",
-                        // In full: with several roots, each has a store.
-                        shown_path(
-                            &root
-                                .path()
-                                .join(ROLLBACK_DIR)
-                                .join(workflow_id)
-                                .join(&name)
-                                .display()
-                                .to_string()
-                        ),
+                Err((r, _)) => {
+                    // In full: with several roots, each has a store.
+                    let folder = shown_path(
+                        &root
+                            .path()
+                            .join(ROLLBACK_DIR)
+                            .join(workflow_id)
+                            .join(&name)
+                            .display()
+                            .to_string(),
+                    );
+                    // Named once: a reason that names the folder already stands as it is.
+                    let reason = if r.reason.contains(&folder) {
                         r.reason
-                    ),
-                )),
+                    } else {
+                        format!("{folder}: {}", r.reason)
+                    };
+                    untrusted.push(Refusal::new(r.reason_code, reason));
+                }
             }
         }
         out.sort_by(|a, b| a.meta.snapshot_id.cmp(&b.meta.snapshot_id));

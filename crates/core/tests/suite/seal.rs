@@ -277,6 +277,9 @@ fn refused_and_kept(w: &World, sb: &ailab_sandbox_core::Sandbox, wf: &str, rel: 
         reason.contains(words) && reason.contains("its snapshots are kept"),
         "{rel}: {reason}"
     );
+    // The folder is named once.
+    let folder = format!("{}'", w.path(rel).display());
+    assert_eq!(reason.matches(&folder).count(), 1, "{rel}: {reason}");
     let report = sb.prune(std::time::Duration::from_secs(86_400)).unwrap();
     assert!(report.workflows_pruned.is_empty(), "{rel}: {report:?}");
     assert!(
