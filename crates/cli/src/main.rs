@@ -997,9 +997,8 @@ fn artifacts(sandbox: &Sandbox, a: ArtifactArgs, json: bool) -> Result<u8> {
     match a.sub {
         // Malformed ids were refused before the runtime opened.
         Some(ArtifactSub::Show { id }) => {
-            match sandbox.artifact_with_lineage(&id)? {
+            match sandbox.marked_with_lineage(&id)? {
                 Some((artifact, lineage)) => {
-                    let (artifact, lineage) = (sandbox.mark(artifact)?, sandbox.marked(lineage)?);
                     if json {
                         // A struct, not `json!`: the artifact's fields keep the order
                         // every other document gives them.

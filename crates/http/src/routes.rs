@@ -385,11 +385,7 @@ pub(crate) async fn artifact(
     }
     let lookup = id.clone();
     let found = s
-        .read(&stopping, move |sb| {
-            sb.artifact_with_lineage(&lookup)?
-                .map(|(artifact, lineage)| Ok((sb.mark(artifact)?, sb.marked(lineage)?)))
-                .transpose()
-        })
+        .read(&stopping, move |sb| sb.marked_with_lineage(&lookup))
         .await?
         .map_err(|e| ApiError::storage("the artifact registry could not be read", &e))?;
     match found {

@@ -740,21 +740,15 @@ Calls sent without waiting for their answers run together, in no set order: wait
         let lookup = id.clone();
         let found = move |sb: &Sandbox| {
             // One written in a root this server lacks is not told, as list_artifacts
-            // does not list it.
+            // does not list it; each is marked as list_artifacts marks them.
             let found = sb
-                .artifact_with_lineage(&lookup)?
-                .filter(|(a, _)| sb.in_roots(&a.path))
+                .marked_with_lineage(&lookup)?
+                .filter(|(a, _)| sb.in_roots(&a.entry.path))
                 .map(|(a, mut lineage)| {
-                    lineage.retain(|l| sb.in_roots(&l.path));
+                    lineage.retain(|l| sb.in_roots(&l.entry.path));
                     (a, lineage)
                 });
-            // The artifact's own mark, and its lineage's (listed as list_artifacts does).
-            let marked = found
-                .map(|(a, lineage)| {
-                    Ok::<_, ailab_sandbox_core::Error>((sb.mark(a)?, sb.marked(lineage)?))
-                })
-                .transpose()?;
-            Ok::<_, ailab_sandbox_core::Error>(marked)
+            Ok::<_, ailab_sandbox_core::Error>(found)
         };
         match self.blocking(found).await {
             Ok(Ok(Some((shown, lineage)))) => {

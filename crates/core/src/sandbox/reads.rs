@@ -436,8 +436,19 @@ impl Sandbox {
         list.into_iter().map(|entry| self.mark(entry)).collect()
     }
 
+    /// [`Sandbox::artifact_with_lineage`], the artifact and each ancestor marked as
+    /// [`Sandbox::marked`] marks a list's: what every face shows of one artifact.
+    pub fn marked_with_lineage(
+        &self,
+        id: &str,
+    ) -> Result<Option<(ListedArtifact, Vec<ListedArtifact>)>, Error> {
+        self.artifact_with_lineage(id)?
+            .map(|(artifact, lineage)| Ok((self.mark(artifact)?, self.marked(lineage)?)))
+            .transpose()
+    }
+
     /// One entry marked as [`Sandbox::marked`] marks a list's.
-    pub fn mark(&self, entry: ArtifactEntry) -> Result<ListedArtifact, Error> {
+    fn mark(&self, entry: ArtifactEntry) -> Result<ListedArtifact, Error> {
         let rolled_back = self
             .audit
             .is_rolled_back(&entry.workflow_id, &entry.action_id)
